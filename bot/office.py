@@ -52,7 +52,7 @@ class Human(_Strict):
 
 
 class RunConfig(_Strict):
-    triggers: list[RunKind] = Field(default_factory=lambda: ["mail"])
+    triggers: list[RunKind] = Field(default_factory=lambda: list[RunKind](["mail"]))
     dispatch: str = "none"
 
     @field_validator("dispatch")
@@ -144,10 +144,8 @@ class Office(_Strict):
         return next((h for h in self.humans if h.email == email.lower()), None)
 
     def by_login(self, login: str) -> Human | Agent | None:
-        for who in (*self.humans, *self.agents):
-            if who.login.lower() == login.lower():
-                return who
-        return None
+        people: list[Human | Agent] = [*self.humans, *self.agents]
+        return next((who for who in people if who.login.lower() == login.lower()), None)
 
     def agent_for_vault(self, full_name: str) -> Agent | None:
         return next((a for a in self.agents if self.vault_of(a).lower() == full_name.lower()), None)

@@ -1,0 +1,9 @@
+"""Webhook handlers, one module per concern, each with its own gidgethub Router."""
+
+from gidgethub.routing import Router
+
+from handlers import comments, installation, mail
+
+
+def build_router() -> Router:
+    return Router(installation.router, mail.router, comments.router)

@@ -1,0 +1,104 @@
+"""The Forge interface handlers program against.
+
+Repositories are named ``"owner/name"``. Results are plain dicts in GitHub's JSON shape (an
+issue has ``number``, ``title``, ``body``, ``state``, ``labels`` [{name, color, ...}], ``user``,
+...), so a Gitea implementation translates to that shape rather than the handlers learning two
+dialects.
+
+Semantics every implementation keeps:
+
+* writes are serialised and paced per installation; reads are conditional where the forge allows;
+* ``create_issue`` / ``create_comment`` with a ``marker`` (a string contained in ``body``, such as a
+  mail id) are idempotent: after an ambiguous failure the implementation looks for an existing
+  item containing the marker before retrying, and returns that item if found;
+* ``remove_label`` ignores a label that is not on the issue (returns ``False``);
+* ``permission`` returns ``"none"`` when the user is unknown to the repository;
+* ``get_file`` returns ``None`` when the file does not exist;
+* errors are :mod:`bot.forge.errors` exceptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+from labels.catalogue import Label
+
+JSON = dict[str, Any]
+
+
+@runtime_checkable
+class Forge(Protocol):
+    """One installation's view of the forge (GitHub: one installation token)."""
+
+    installation_id: int
+
+    # issues
+    async def get_issue(self, repo: str, number: int) -> JSON: ...
+
+    async def create_issue(
+        self,
+        repo: str,
+        title: str,
+        body: str,
+        labels: Sequence[str] = (),
+        marker: str | None = None,
+    ) -> JSON: ...
+
+    async def update_issue(self, repo: str, number: int, **fields: Any) -> JSON:
+        """``fields``: title, body, state ("open"/"closed"), state_reason, labels, assignees."""
+        ...
+
+    def iter_issues(
+        self,
+        repo: str,
+        state: str = "all",
+        labels: Sequence[str] | None = None,
+        since: str | datetime | None = None,
+    ) -> AsyncIterator[JSON]:
+        """All issues (pull requests excluded), paginated; ``labels`` are ANDed (GitHub)."""
+        ...
+
+    async def search_issues(self, q: str) -> list[JSON]: ...
+
+    # labels
+    async def add_labels(self, repo: str, number: int, labels: Sequence[str]) -> list[JSON]: ...
+
+    async def remove_label(self, repo: str, number: int, name: str) -> bool: ...
+
+    async def set_labels(self, repo: str, number: int, labels: Sequence[str]) -> list[JSON]: ...
+
+    async def ensure_labels(self, repo: str, labels: Sequence[Label]) -> Mapping[str, list[str]]:
+        """Create missing labels and fix wrong colours/descriptions; returns
+        ``{"created": [...], "updated": [...]}`` (both empty when nothing was written)."""
+        ...
+
+    # comments
+    async def create_comment(
+        self, repo: str, number: int, body: str, marker: str | None = None
+    ) -> JSON: ...
+
+    async def update_comment(self, repo: str, comment_id: int, body: str) -> JSON: ...
+
+    async def get_comment(self, repo: str, comment_id: int) -> JSON: ...
+
+    async def list_comments(
+        self, repo: str, number: int, since: str | datetime | None = None
+    ) -> list[JSON]: ...
+
+    # repository
+    async def permission(self, repo: str, login: str) -> str:
+        """The user's role on the repository: admin|maintain|write|triage|read|none."""
+        ...
+
+    async def get_file(self, repo: str, path: str) -> str | None: ...
+
+    async def dispatch(
+        self, repo: str, event_type: str, client_payload: Mapping[str, Any]
+    ) -> None: ...
+
+    async def list_installation_repos(self) -> list[str]: ...
+
+
+__all__ = ["JSON", "Forge"]

@@ -1,0 +1,94 @@
+"""Errors raised by the forge client.
+
+Every error carries the HTTP ``status`` (``None`` when no response came back), the ``method`` and
+the ``url`` of the request, and a readable message, e.g.
+``POST /repos/acme/vault/issues -> 422: Validation Failed``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+
+class ForgeError(Exception):
+    """A forge request failed."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        method: str = "",
+        url: str = "",
+        headers: Mapping[str, str] | None = None,
+        details: Any = None,
+    ) -> None:
+        self.message = message
+        self.status = status
+        self.method = method
+        self.url = url
+        self.headers: Mapping[str, str] = dict(headers or {})
+        self.details = details
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = ""
+        if self.method or self.url:
+            path = urlsplit(self.url).path or self.url
+            where = f"{self.method} {path}".strip()
+            where += f" -> {self.status}" if self.status is not None else ""
+            where += ": "
+        elif self.status is not None:
+            where = f"{self.status}: "
+        return f"{where}{self.message}"
+
+
+class NotFound(ForgeError):
+    """404: the repository, issue, comment, label or file does not exist (or is hidden)."""
+
+
+class Unauthorized(ForgeError):
+    """401 even after a fresh token / JWT: the app's credentials are rejected."""
+
+
+class PermissionDenied(ForgeError):
+    """403 that is not a rate limit: the installation lacks a permission."""
+
+
+class ValidationFailed(ForgeError):
+    """422: the forge refused the request's content (``details`` holds GitHub's ``errors``)."""
+
+
+class RateLimited(ForgeError):
+    """A primary or secondary rate limit that the client would not (or could no longer) wait out.
+
+    ``retry_after`` is the number of seconds after which a retry may succeed, when known; a worker
+    can reschedule the job for then.
+    """
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kw: Any) -> None:
+        self.retry_after = retry_after
+        super().__init__(message, **kw)
+
+
+class TransientError(ForgeError):
+    """5xx, timeouts or connection errors persisted through every retry."""
+
+
+class OutcomeUnknown(TransientError):
+    """A non-idempotent write (a create without a marker, a dispatch) failed in a way that leaves
+    unknown whether it landed; it was not retried."""
+
+
+__all__ = [
+    "ForgeError",
+    "NotFound",
+    "OutcomeUnknown",
+    "PermissionDenied",
+    "RateLimited",
+    "TransientError",
+    "Unauthorized",
+    "ValidationFailed",
+]

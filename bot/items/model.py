@@ -1,0 +1,91 @@
+"""What an item is, read from a forge issue: its kind, parent, author and claim."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from bot.office import Office
+
+ItemKind = Literal["goal", "outcome", "plan", "evidence"]
+ITEM_KINDS: tuple[ItemKind, ...] = ("goal", "outcome", "plan", "evidence")
+
+# "Part of #12" or "Part of acme/product#12", on a line of its own or inside a sentence.
+_PART_OF = re.compile(r"\bpart of\s+(?P<repo>[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)?#(?P<n>[0-9]+)\b",
+                      re.IGNORECASE)
+_ISSUE_URL = re.compile(r"/repos/(?P<repo>[^/]+/[^/]+)/issues/(?P<n>[0-9]+)$")
+_REF = re.compile(r"^(?P<repo>[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)#(?P<n>[1-9][0-9]*)$")
+
+
+def make_ref(repo: str, number: int) -> str:
+    """The canonical name of an issue: repository lower-cased (the forge ignores case)."""
+    return f"{repo.lower()}#{number}"
+
+
+def split_ref(ref: str) -> tuple[str, int] | None:
+    m = _REF.match(ref.strip())
+    return (m["repo"].lower(), int(m["n"])) if m else None
+
+
+def kind_of(labels: list[str]) -> ItemKind | None:
+    names = {name.lower() for name in labels}
+    return next((k for k in ITEM_KINDS if k in names), None)
+
+
+def parent_of(repo: str, issue: dict[str, Any]) -> str | None:
+    """The parent named by `Part of #N` in the body, else by a forge sub-issue link."""
+    m = _PART_OF.search(issue.get("body") or "")
+    if m:
+        return make_ref(m["repo"] or repo, int(m["n"]))
+    link = _ISSUE_URL.search(str(issue.get("parent_issue_url") or ""))
+    return make_ref(link["repo"], int(link["n"])) if link else None
+
+
+@dataclass(frozen=True)
+class Item:
+    repo: str
+    number: int
+    kind: ItemKind
+    title: str
+    state: str
+    author_login: str
+    parent: str | None = None
+    assignees: tuple[str, ...] = field(default_factory=tuple)
+    author: str | None = None  # office principal of the author, when they are in the office
+    claim: str | None = None  # agent principal assigned (outcomes); for plans/evidence, filled
+    #                           in from the parent outcome by the service
+
+    @property
+    def ref(self) -> str:
+        return make_ref(self.repo, self.number)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"ref": self.ref, "kind": self.kind, "title": self.title, "state": self.state,
+                "parent": self.parent, "author": self.author or f"forge:{self.author_login}",
+                "assignees": list(self.assignees), "claim": self.claim}
+
+
+def claim_of(office: Office, assignees: list[str]) -> str | None:
+    """The agent holding an outcome's claim: the first assignee who is one of the office's agents."""
+    for login in assignees:
+        who = office.by_login(login)
+        if who is not None and who.principal.startswith("agent:"):
+            return who.principal
+    return None
+
+
+def item_from_issue(office: Office, repo: str, issue: dict[str, Any]) -> Item | None:
+    """The item an issue is, or None when it carries none of the item labels."""
+    labels = [str(label["name"]) for label in issue.get("labels", [])]
+    kind = kind_of(labels)
+    if kind is None or issue.get("pull_request"):
+        return None
+    login = str((issue.get("user") or {}).get("login") or "")
+    who = office.by_login(login) if login else None
+    assignees = [str(a["login"]) for a in issue.get("assignees") or []]
+    return Item(repo=repo.lower(), number=int(issue["number"]), kind=kind,
+                title=str(issue.get("title") or ""), state=str(issue.get("state") or "open"),
+                author_login=login, parent=parent_of(repo, issue), assignees=tuple(assignees),
+                author=who.principal if who else None,
+                claim=claim_of(office, assignees) if kind == "outcome" else None)

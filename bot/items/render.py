@@ -1,0 +1,200 @@
+"""How comments look in the forge, and reading what people write there. Pure text in, text out.
+
+A question card shows the header, the question, a "Context" fold and one task-list box per
+option (label and description: never `then`, which is the asker's own note). Only people
+reached personally are @-mentioned: the mention is what makes the forge notify them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.items.questions import Question
+from bot.items.threads import ThreadState
+
+_MARK = "<!-- vaultmail:comment id={id}{extra} -->"
+_ADDRESS_LINE = re.compile(r"^\s*(?P<field>to|cc)\s*:\s*(?P<rest>.*)$", re.IGNORECASE)
+_MENTION = re.compile(r"(?<![\w/`@.])@(?P<name>[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+                      r"(?:/[A-Za-z0-9_.-]+)?)")
+_TASK = re.compile(r"^\s*[-*]\s+\[(?P<mark>[ xX])\]\s+(?P<text>.+?)\s*$")
+_RECOMMENDED = re.compile(r"\s*\((recommended|recommend)\)\s*", re.IGNORECASE)
+_DASH = re.compile(r"\s+[—–]\s+|\s+-\s+")
+
+
+def marker(comment_id: str, **extra: str) -> str:
+    tail = "".join(f" {k}={v}" for k, v in extra.items())
+    return _MARK.format(id=comment_id, extra=tail)
+
+
+def _neutralise(text: str) -> str:
+    """Keep data from forging option boxes or commands inside the app's own comment."""
+    out = []
+    for line in text.splitlines():
+        if _TASK.match(line):
+            line = line.replace("[", "\\[", 1)
+        out.append(line)
+    return "\n".join(out)
+
+
+def mention_list(logins: list[str]) -> str:
+    return ", ".join(f"@{login}" for login in logins)
+
+
+def render_comment(comment_id: str, *, author: str, body: str, mentions: list[str],
+                   thread: str | None, note: str = "") -> str:
+    head = f"💬 **{author}**"
+    if thread:
+        head += f" replied in thread `{thread}`"
+    if note:
+        head += f" ({note})"
+    if mentions:
+        head += f" · for {mention_list(mentions)}"
+    return f"{marker(comment_id)}\n{head}\n\n{_neutralise(body)}\n"
+
+
+def option_line(i: int, q: Question, ticked: bool) -> str:
+    o = q.options[i]
+    text = f"**{o.label}**" + (" (recommended)" if o.recommended else "")
+    if o.description:
+        text += f" — {o.description}"
+    return f"- [{'x' if ticked else ' '}] {i + 1}. {text}"
+
+
+def render_card(comment_id: str, *, author: str, state: ThreadState, mentions: list[str],
+                logins: dict[str, str]) -> str:
+    q = state.question
+    assert q is not None
+    who = mention_list(mentions) or ", ".join(state.asked)
+    head = f"❓ **Question** from **{author}** for {who}"
+    if q.human_only:
+        head += " · *a person decides (human only)*"
+    parts = [marker(comment_id, kind="question"), head, ""]
+    if q.header:
+        parts += [f"### {q.header}", ""]
+    parts += [_neutralise(q.body), ""]
+    if q.context:
+        parts += ["<details><summary>Context</summary>", "", _neutralise(q.context), "",
+                  "</details>", ""]
+    chosen = None
+    if state.answer and state.answer.option:
+        chosen = next(i for i, o in enumerate(q.options) if o.label == state.answer.option)
+    for i in range(len(q.options)):
+        parts.append(option_line(i, q, i == chosen))
+    if q.options:
+        parts.append("")
+    parts.append(_status(state, logins))
+    return "\n".join(parts) + "\n"
+
+
+def _said(a: Any, logins: dict[str, str]) -> str:
+    by = logins.get(a.by, a.by)
+    what = a.option or ""
+    if a.body:
+        what = f"{what}: {a.body}" if what else a.body
+    relay = f" (their person {logins.get(a.person, a.person)}'s answer)" \
+        if a.confirmed_with_person else ""
+    return f"{by}{relay}: {what.splitlines()[0] if what else '(no words)'}"
+
+
+def _status(state: ThreadState, logins: dict[str, str]) -> str:
+    if state.answer is None:
+        if state.question and state.question.options:
+            return ("Tick a box, or reply `/answer <number>` (or `/answer` and your own "
+                    "words).")
+        return "Reply `/answer` and your answer."
+    lines = [f"**Answered** by {_said(state.answer, logins)}"]
+    lines += [f"- changed from {_said(a, logins)}" for a in reversed(state.history)]
+    if state.resolved:
+        lines.append("*Resolved.*")
+    return "\n".join(lines)
+
+
+def ticked_option(card: str, q: Question, new_body: str) -> int | None:
+    """The option a person ticked by editing the card: a box ticked now that was not before."""
+    new_lines = {line.strip() for line in new_body.splitlines()}
+    old_lines = {line.strip() for line in card.splitlines()}
+    for i in range(len(q.options)):
+        on = option_line(i, q, True).strip()
+        if on in new_lines and on not in old_lines:
+            return i
+    return None
+
+
+@dataclass
+class Addressed:
+    to: list[str] = field(default_factory=list)  # raw entries: emails, team:k, @login, ...
+    cc: list[str] = field(default_factory=list)
+    body: str = ""
+
+
+def parse_addressing(text: str) -> Addressed:
+    """`to:` / `cc:` lines at the top of a comment, and @mentions in the rest (as `to`)."""
+    lines = text.replace("\r\n", "\n").split("\n")
+    out = Addressed()
+    i = 0
+    while i < len(lines):
+        m = _ADDRESS_LINE.match(lines[i])
+        if not m:
+            if lines[i].strip():
+                break
+            i += 1
+            continue
+        entries = [e for e in re.split(r"[,\s]+", m["rest"]) if e]
+        (out.to if m["field"].lower() == "to" else out.cc).extend(entries)
+        i += 1
+    out.body = "\n".join(lines[i:]).strip("\n")
+    for name in mentions(out.body):
+        entry = f"@{name}"
+        if entry not in out.to and entry not in out.cc:
+            out.to.append(entry)
+    return out
+
+
+def mentions(text: str) -> list[str]:
+    """@login and @org/team outside quotes and code, in order, without repeats."""
+    found: list[str] = []
+    fenced = False
+    for line in text.splitlines():
+        if line.strip().startswith(("```", "~~~")):
+            fenced = not fenced
+            continue
+        if fenced or line.lstrip().startswith(">"):
+            continue
+        for m in _MENTION.finditer(re.sub(r"`[^`]*`", "", line)):
+            if m["name"] not in found:
+                found.append(m["name"])
+    return found
+
+
+@dataclass
+class Ask:
+    body: str
+    options: list[dict[str, Any]]
+    header: str | None
+
+
+def parse_ask(args: str, body: str) -> Ask:
+    """`/ask <question>` with `- [ ] label — description` lines (at most four) below.
+
+    A `header: …` line names the card; an option marked "(recommended)" is the pick; other
+    lines join the question."""
+    header: str | None = None
+    text: list[str] = [args] if args else []
+    options: list[dict[str, Any]] = []
+    for line in body.splitlines():
+        task = _TASK.match(line)
+        if task:
+            label_text = task["text"]
+            recommended = bool(_RECOMMENDED.search(label_text))
+            label_text = _RECOMMENDED.sub(" ", label_text).strip()
+            parts = _DASH.split(label_text, maxsplit=1)
+            label, description = parts[0], parts[1] if len(parts) > 1 else ""
+            options.append({"label": label.strip().strip("*"), "description": description,
+                            "recommended": recommended})
+        elif line.lower().startswith("header:") and header is None:
+            header = line.split(":", 1)[1].strip()
+        else:
+            text.append(line)
+    return Ask("\n".join(text).strip(), options, header)

@@ -1,0 +1,163 @@
+"""A thread's state machine: who is in it, whose turn it is, the answer and its history.
+
+A question waits on the people asked until one of them replies; the first such reply is the
+answer and the turn goes back to the asker. The asker's follow-up hands it back. A reply `to`
+someone new passes the question on: they join and it waits on them too (an agent passing to
+its own person steps out of the turn, as the question is now theirs). `amend` replaces the
+answer, keeps the old one in the history, hands the turn to the asker and reopens the thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+from bot.errors import Conflict, Denied, InvalidArguments
+from bot.items.address import Reached, Way, person_of, way_of_writer
+from bot.items.questions import Question
+from bot.office import Office
+
+ReplyKind = Literal["answer", "amend", "follow_up", "pass_on", "comment"]
+
+
+@dataclass(frozen=True)
+class Answer:
+    comment: str
+    by: str  # who replied
+    at: float
+    option: str | None = None  # the chosen option's label
+    body: str = ""
+    confirmed_with_person: bool = False
+    person: str | None = None  # whose answer it was, when an agent relayed its person's
+
+    def view(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"comment": self.comment, "by": self.by, "option": self.option,
+                               "body": self.body, "at": self.at}
+        if self.confirmed_with_person:
+            out.update(confirmedWithPerson=True, personsAnswer=self.person)
+        return out
+
+
+@dataclass(frozen=True)
+class ThreadState:
+    asker: str
+    members: dict[str, Way]
+    asked: tuple[str, ...] = ()
+    waiting_on: tuple[str, ...] = ()
+    question: Question | None = None
+    answer: Answer | None = None
+    history: tuple[Answer, ...] = field(default_factory=tuple)
+    resolved: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"asker": self.asker, "members": self.members, "asked": list(self.asked),
+                "waiting_on": list(self.waiting_on),
+                "question": self.question.to_json() if self.question else None,
+                "answer": asdict(self.answer) if self.answer else None,
+                "history": [asdict(a) for a in self.history], "resolved": self.resolved}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ThreadState:
+        return cls(asker=d["asker"], members=dict(d["members"]), asked=tuple(d["asked"]),
+                   waiting_on=tuple(d["waiting_on"]),
+                   question=Question.from_json(d["question"]) if d["question"] else None,
+                   answer=Answer(**d["answer"]) if d["answer"] else None,
+                   history=tuple(Answer(**a) for a in d["history"]), resolved=d["resolved"])
+
+    @property
+    def is_question(self) -> bool:
+        return self.question is not None
+
+
+def start(asker: str, *, question: Question | None, to: list[Reached],
+          cc: list[Reached], default_asked: list[Reached]) -> ThreadState:
+    """A new thread from its first comment; a question asks `to`, else whom the item reaches."""
+    members: dict[str, Way] = {asker: way_of_writer(asker)}
+    for r in [*to, *cc]:
+        members.setdefault(r.principal, r.way)
+    if question is None:
+        return ThreadState(asker=asker, members=members)
+    asked = _unique(r.principal for r in (to or default_asked) if r.principal != asker)
+    if not asked:
+        raise InvalidArguments('to: a question needs someone to answer it: address them with '
+                               'to (an email, team:<key>, "agent" or "me")')
+    for p in asked:
+        members.setdefault(p, "agents" if p.startswith("agent:") else "personal")
+    return ThreadState(asker=asker, members=members, asked=asked, waiting_on=asked,
+                       question=question)
+
+
+def _unique(items: Any) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+def may_answer(state: ThreadState, office: Office, who: str) -> bool:
+    """Someone asked, the agent of someone asked, or the person of an agent asked."""
+    if not state.is_question or who == state.asker:
+        return False
+    if who in state.asked:
+        return True
+    mine = person_of(office, who)
+    return any(mine is not None and person_of(office, a) == mine for a in state.asked)
+
+
+def may_resolve(state: ThreadState, office: Office, who: str, *, editor: bool) -> bool:
+    """Resolving a question says its answer was used: its asker, their person, or an editor."""
+    if not state.is_question or editor or who == state.asker:
+        return True
+    return person_of(office, state.asker) == who
+
+
+def reply(state: ThreadState, office: Office, who: str, *, comment: str, at: float,
+          body: str, option: int | None, amend: bool, confirmed: bool,
+          to: list[Reached], cc: list[Reached]) -> tuple[ThreadState, ReplyKind]:
+    """The thread after `who` replies; raises when the reply breaks a rule of the thread."""
+    q = state.question
+    answerer = may_answer(state, office, who)
+    if (option is not None or amend) and q is None:
+        raise InvalidArguments("option/amend: this thread is not a question; reply with body")
+    if (option is not None or amend) and not answerer:
+        raise Denied(f"only those the question asks ({', '.join(state.asked)}) can answer it; "
+                     "reply with body, or ask them to")
+    if amend and state.answer is None:
+        raise InvalidArguments("amend: nothing has been answered yet; reply without amend")
+    if option is not None and state.answer is not None and not amend:
+        raise Conflict("this question is already answered; to change the answer, reply with "
+                        "amend: true")
+    members = dict(state.members)
+    members.setdefault(who, way_of_writer(who))
+    if way_of_writer(who) == "personal":
+        members[who] = "personal"  # wrote in the thread themselves
+    for r in [*to, *cc]:
+        members.setdefault(r.principal, r.way)
+    new_people = [r.principal for r in to if r.principal not in (who, state.asker)]
+    answering = q is not None and answerer and (
+        amend or (state.answer is None and (option is not None or not new_people)))
+    if answering and q is not None and q.human_only and who.startswith("agent:") \
+            and not confirmed:
+        raise Denied("this question is humanOnly: your person must decide. Tell them, then "
+                     "reply with what they said and confirmedWithPerson: true (or pass it to "
+                     'them with to: ["me"])')
+    base = replace(state, members=members, asked=_unique([*state.asked, *new_people]))
+    if answering and q is not None:
+        relayed = confirmed and who.startswith("agent:")
+        answer = Answer(comment=comment, by=who, at=at,
+                        option=q.options[option].label if option is not None else None,
+                        body=body, confirmed_with_person=relayed,
+                        person=person_of(office, who) if relayed else None)
+        history = (*state.history, state.answer) if amend and state.answer else state.history
+        kind: ReplyKind = "amend" if amend else "answer"
+        return replace(base, answer=answer, history=history, waiting_on=(state.asker,),
+                       resolved=False if amend else state.resolved), kind
+    if q is None:
+        return base, "comment"
+    if new_people:
+        waiting = [*state.waiting_on, *new_people]
+        if who.startswith("agent:") and person_of(office, who) in new_people:
+            waiting = [p for p in waiting if p != who]  # handed to its person to decide
+        return replace(base, waiting_on=_unique(waiting)), "pass_on"
+    if who == state.asker or who == person_of(office, state.asker):
+        back = [state.answer.by] if state.answer else list(state.asked)
+        return replace(base, waiting_on=_unique(back)), "follow_up"
+    return base, "comment"
+

@@ -1,0 +1,67 @@
+"""`vaultmail forge [--seed FILE] [--host] [--port] [--dialect github] [--data DIR]`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from .forge import LocalForge
+from .seed import seed_office
+
+
+def add_forge_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "forge", help="run the local forge alone (GitHub-compatible REST, App auth, webhooks)")
+    configure_parser(p)
+    p.set_defaults(func=run_forge)
+    return p
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", metavar="FILE", help="office config (YAML) to seed the forge from")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8081)
+    p.add_argument("--dialect", default="github", choices=["github"])
+    p.add_argument("--data", metavar="DIR", default=None, help="persist the forge state here")
+    p.add_argument("--tokens", metavar="FILE", default=None,
+                   help="write {login: token} of the seeded accounts here (JSON)")
+
+
+async def run_forge(args: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
+    """Serve until SIGINT/SIGTERM (or `stop` is set); prints `forge ready <url>`."""
+    forge = LocalForge(dialect=args.dialect, data_dir=args.data)
+    await forge.start(host=args.host, port=args.port)
+    try:
+        if args.seed:
+            from ..office import load_office
+
+            tokens = seed_office(forge, load_office(args.seed))
+            if args.tokens:
+                Path(args.tokens).write_text(json.dumps(
+                    {"forge_url": forge.url, "forge_tokens": tokens}, indent=2))
+        print(f"forge ready {forge.url}", flush=True)
+        stop = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await forge.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bot.localforge")
+    configure_parser(parser)
+    return asyncio.run(run_forge(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

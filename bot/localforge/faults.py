@@ -1,0 +1,126 @@
+"""Fault injection: 5xx (before or after the write lands), delays, rate-limit refusals per route,
+and dropped or duplicated webhook deliveries. Driven from Python or POST /_forge/faults."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+FaultMode = Literal["fail", "after"]  # fail: refuse before the write; after: write, then 502
+FaultKind = Literal["error", "secondary_limit", "primary_limit", "timeout"]
+
+
+@dataclass
+class RouteFault:
+    route: str = "*"  # "POST /repos/{owner}/{repo}/issues", "POST *", or "*"
+    status: int = 502
+    rate: float = 1.0
+    count: int | None = None  # None: unlimited
+    mode: FaultMode = "fail"
+    kind: FaultKind = "error"
+    delay: float = 0.0  # seconds before answering (with status 0: only a delay)
+    fired: int = 0
+
+    def matches(self, method: str, template: str) -> bool:
+        if self.route in ("*", ""):
+            return True
+        want_method, _, want_path = self.route.partition(" ")
+        if want_method not in ("*", method):
+            return False
+        return want_path in ("*", template)
+
+
+@dataclass
+class WebhookFault:
+    rate: float = 0.0
+    count: int = 0  # the next N deliveries, then `rate`
+
+    def fire(self, rng: random.Random) -> bool:
+        if self.count > 0:
+            self.count -= 1
+            return True
+        return self.rate > 0 and rng.random() < self.rate
+
+
+@dataclass
+class Faults:
+    routes: list[RouteFault] = field(default_factory=list)
+    drop: WebhookFault = field(default_factory=WebhookFault)
+    duplicate: WebhookFault = field(default_factory=WebhookFault)
+    rng: random.Random = field(default_factory=random.Random)
+
+    def add(self, route: str = "*", status: int = 502, rate: float = 1.0,
+            count: int | None = None, mode: FaultMode = "fail", kind: FaultKind = "error",
+            delay: float = 0.0) -> RouteFault:
+        fault = RouteFault(route=route, status=status, rate=rate, count=count, mode=mode,
+                           kind=kind, delay=delay)
+        self.routes.append(fault)
+        return fault
+
+    def delay(self, route: str, seconds: float) -> RouteFault:
+        """Answer `route` only after `seconds` (no error)."""
+        return self.add(route=route, status=0, delay=seconds)
+
+    def drop_webhooks(self, rate: float = 0.0, count: int = 0) -> None:
+        self.drop = WebhookFault(rate=rate, count=count)
+
+    def duplicate_webhooks(self, rate: float = 0.0, count: int = 0) -> None:
+        self.duplicate = WebhookFault(rate=rate, count=count)
+
+    def seed(self, n: int) -> None:
+        self.rng.seed(n)
+
+    def clear(self) -> None:
+        self.routes.clear()
+        self.drop = WebhookFault()
+        self.duplicate = WebhookFault()
+
+    def pick(self, method: str, template: str) -> tuple[float, RouteFault | None]:
+        """The total delay to apply and the error fault (if any) firing for this request."""
+        delay = 0.0
+        chosen: RouteFault | None = None
+        for fault in list(self.routes):
+            if not fault.matches(method, template):
+                continue
+            if fault.count is not None and fault.fired >= fault.count:
+                continue
+            if fault.rate < 1.0 and self.rng.random() >= fault.rate:
+                continue
+            if fault.status == 0:
+                fault.fired += 1
+                delay += fault.delay
+                continue
+            if chosen is None:
+                fault.fired += 1
+                delay += fault.delay
+                chosen = fault
+        self.routes = [f for f in self.routes if f.count is None or f.fired < f.count]
+        return delay, chosen
+
+    def configure(self, spec: dict[str, Any]) -> None:
+        """Apply an HTTP control body (see README of the local forge in docs)."""
+        if spec.get("clear"):
+            self.clear()
+        if "seed" in spec:
+            self.seed(int(spec["seed"]))
+        if "route" in spec:
+            self.add(
+                route=str(spec["route"]), status=int(spec.get("status", 502)),
+                rate=float(spec.get("rate", 1.0)),
+                count=None if spec.get("count") is None else int(spec["count"]),
+                mode=spec.get("mode", "fail"), kind=spec.get("kind", "error"),
+                delay=float(spec.get("delay", 0.0)),
+            )
+        hooks = spec.get("webhooks") or {}
+        for name in ("drop", "duplicate"):
+            if name in hooks:
+                cfg = hooks[name] or {}
+                setattr(self, name, WebhookFault(rate=float(cfg.get("rate", 0.0)),
+                                                 count=int(cfg.get("count", 0))))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "routes": [asdict(f) for f in self.routes],
+            "webhooks": {"drop": asdict(self.drop), "duplicate": asdict(self.duplicate)},
+        }

@@ -1,0 +1,278 @@
+"""LocalForge: the in-process forge tests and `vaultmail up` run (see docs/internals.md)."""
+
+from __future__ import annotations
+
+import secrets
+import string
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from .clock import Clock
+from .dialect import Dialect, get_dialect
+from .faults import Faults
+from .limits import Limits, RateTracker
+from .persist import Snapshotter
+from .reqlog import RequestLog
+from .state import PERMISSIONS, Account, App, Installation, Org, Repo, State, Team, Token
+from .webhooks import Dispatcher
+
+_ALNUM = string.ascii_letters + string.digits
+
+
+def public_half(private_pem: str) -> str:
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(private_pem.encode(), password=None)
+    return key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+
+def random_token(prefix: str, length: int) -> str:
+    return prefix + "".join(secrets.choice(_ALNUM) for _ in range(length))
+
+
+class LocalForge:
+    def __init__(self, dialect: str = "github", data_dir: str | Path | None = None) -> None:
+        self.dialect_name = dialect
+        self.dialect: Dialect = get_dialect(dialect)
+        self.clock = Clock()
+        self.state = State()
+        self._snap: Snapshotter | None = None
+        if data_dir is not None:
+            self._snap = Snapshotter(data_dir)
+            loaded = self._snap.load()
+            if loaded is not None:
+                self.state, self.clock.offset = loaded
+        self.faults = Faults()
+        self.limits = Limits()
+        self.rates = RateTracker(self.limits, self.clock)
+        self.requests = RequestLog()
+        self.webhooks = Dispatcher(self.state, self.clock, self.faults, self._headers,
+                                   self.save)
+        self.url = "http://127.0.0.1:0"
+        self._runner: web.AppRunner | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        app = self.dialect.build_app(self)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        server = site._server
+        assert server is not None
+        sockets = getattr(server, "sockets", None) or []
+        bound = sockets[0].getsockname()[1] if sockets else port
+        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        self.url = f"http://{shown}:{bound}"
+        self.webhooks.start()
+        return self.url
+
+    async def stop(self) -> None:
+        await self.webhooks.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        self.save()
+        if self._snap is not None:
+            self._snap.close()
+            self._snap = None
+
+    async def webhooks_idle(self) -> None:
+        await self.webhooks.idle()
+
+    def save(self) -> None:
+        if self._snap is not None:
+            self._snap.save(self.state, self.clock.offset)
+
+    def _headers(self, app: App, delivery: Any, body: bytes) -> dict[str, str]:
+        return self.dialect.delivery_headers(self, app, delivery, body)
+
+    # -- seeding -----------------------------------------------------------------------
+    def _account(self, login: str, type_: str = "User", email: str | None = None,
+                 name: str | None = None) -> Account:
+        acct = self.state.account(login)
+        if acct is None:
+            now = self.clock.now()
+            acct = Account(id=self.state.next_id("account"), login=login, type=type_,  # type: ignore[arg-type]
+                           email=email, name=name, created_at=now, updated_at=now)
+            self.state.accounts[login.lower()] = acct
+        return acct
+
+    def add_user(self, login: str, email: str | None = None, name: str | None = None) -> str:
+        """Create the user (if new) and return a new personal access token for it."""
+        acct = self._account(login, "User", email, name)
+        if email and not acct.email:
+            acct.email = email
+        token = random_token("ghp_", 36)
+        self.state.tokens[token] = Token(token=token, kind="user", login=acct.login,
+                                         created_at=self.clock.now())
+        self.save()
+        return token
+
+    def user_token(self, login: str) -> str:
+        """An existing personal access token of `login` (a new one if it has none)."""
+        for tok in self.state.tokens.values():
+            if tok.kind == "user" and tok.login and tok.login.lower() == login.lower():
+                return tok.token
+        return self.add_user(login)
+
+    def add_org(self, login: str, owner: str = "admin") -> None:
+        if self.state.account(owner) is None:
+            self.add_user(owner)
+        self._account(login, "Organization")
+        owner_login = self.state.account(owner).login  # type: ignore[union-attr]
+        org = self.state.org(login) or Org(login=login)
+        if owner_login not in org.owners:
+            org.owners.append(owner_login)
+        if owner_login not in org.members:
+            org.members.append(owner_login)
+        self.state.orgs[login.lower()] = org
+        self.save()
+
+    def add_org_member(self, org: str, login: str, role: str = "member") -> None:
+        o = self._org(org)
+        if self.state.account(login) is None:
+            self.add_user(login)
+        real = self.state.account(login).login  # type: ignore[union-attr]
+        if real not in o.members:
+            o.members.append(real)
+        if role == "admin" and real not in o.owners:
+            o.owners.append(real)
+        self.save()
+
+    def add_team(self, org: str, slug: str, members: list[str],
+                 name: str | None = None) -> int:
+        self._org(org)
+        team = self.state.team(org, slug)
+        if team is None:
+            team = Team(id=self.state.next_id("team"), org=org, slug=slug, name=name or slug)
+            self.state.teams.append(team)
+        for m in members:
+            if self.state.account(m) is None:
+                self.add_user(m)
+            real = self.state.account(m).login  # type: ignore[union-attr]
+            if real not in team.members:
+                team.members.append(real)
+        self.save()
+        return team.id
+
+    def add_repo(self, owner: str, name: str, private: bool = True,
+                 description: str | None = None, sender: str | None = None) -> int:
+        """Create a repository (issues enabled); installations on all repos hear about it."""
+        existing = self.state.repo(owner, name)
+        if existing is not None:
+            return existing.id
+        acct = self.state.account(owner)
+        if acct is None:
+            raise KeyError(f"no user or org {owner!r}")
+        now = self.clock.now()
+        repo = Repo(id=self.state.next_id("repo"), owner=acct.login, name=name, private=private,
+                    description=description, created_at=now, updated_at=now, pushed_at=now)
+        self.state.repos[repo.id] = repo
+        org = self.state.org(owner)
+        who = sender or (org.owners[0] if org and org.owners else acct.login)
+        self.dialect.repo_created(self, repo, who)
+        self.save()
+        return repo.id
+
+    def set_permission(self, full_name: str, login: str, permission: str) -> None:
+        if permission not in PERMISSIONS:
+            raise ValueError(f"permission must be one of {PERMISSIONS}")
+        repo = self._repo(full_name)
+        if self.state.account(login) is None:
+            self.add_user(login)
+        repo.collaborators[login.lower()] = permission
+        self.save()
+
+    def set_team_permission(self, org: str, slug: str, full_name: str, permission: str) -> None:
+        team = self.state.team(org, slug)
+        if team is None:
+            raise KeyError(f"no team {org}/{slug}")
+        team.repo_permissions[self._repo(full_name).id] = permission
+        self.save()
+
+    def put_file(self, full_name: str, path: str, text: str) -> None:
+        repo = self._repo(full_name)
+        repo.files[path.strip("/")] = text
+        repo.pushed_at = repo.updated_at = self.clock.now()
+        self.save()
+
+    def register_app(self, slug: str, name: str, public_key_pem: str | bytes,
+                     webhook_url: str | None = None, webhook_secret: str | None = None,
+                     events: list[str] | None = None,
+                     permissions: dict[str, str] | None = None,
+                     owner: str | None = None, description: str = "") -> int:
+        pem = public_key_pem.decode() if isinstance(public_key_pem, bytes) else public_key_pem
+        if "PRIVATE KEY" in pem:  # accept the private key too: keep only its public half
+            pem = public_half(pem)
+        owner_login = owner or next(iter(self.state.orgs.values()), Org(login="admin")).login
+        if self.state.account(owner_login) is None:
+            self.add_user(owner_login)
+        app_id = self.state.next_id("app")
+        bot_login = f"{slug}[bot]"
+        self._account(bot_login, "Bot")
+        self.state.apps[app_id] = App(
+            id=app_id, slug=slug, name=name, owner=owner_login, public_key_pem=pem,
+            webhook_url=webhook_url, webhook_secret=webhook_secret, events=list(events or []),
+            permissions=dict(permissions or {"issues": "write", "metadata": "read"}),
+            created_at=self.clock.now(), client_id=random_token("Iv1.", 16),
+            hook_id=self.state.next_id("hook"), bot_login=bot_login, description=description,
+        )
+        self.save()
+        return app_id
+
+    def set_webhook(self, app_id: int, url: str | None = None,
+                    secret: str | None = None) -> None:
+        app = self.state.apps[app_id]
+        if url is not None:
+            app.webhook_url = url
+        if secret is not None:
+            app.webhook_secret = secret
+        self.save()
+
+    def install_app(self, app_id: int, account: str,
+                    repositories: list[str] | None = None, sender: str | None = None) -> int:
+        """Install on `account` (all repos, or the named ones); sends installation.created."""
+        app = self.state.apps[app_id]
+        acct = self.state.account(account)
+        if acct is None:
+            raise KeyError(f"no user or org {account!r}")
+        now = self.clock.now()
+        inst = Installation(id=self.state.next_id("installation"), app_id=app.id,
+                            account=acct.login, created_at=now, updated_at=now)
+        if repositories is not None:
+            inst.repository_selection = "selected"
+            inst.repo_ids = [self._repo(r if "/" in r else f"{acct.login}/{r}").id
+                             for r in repositories]
+        self.state.installations[inst.id] = inst
+        org = self.state.org(account)
+        who = sender or (org.owners[0] if org and org.owners else acct.login)
+        self.dialect.installation_created(self, inst, who)
+        self.save()
+        return inst.id
+
+    def create_installation_token(self, installation_id: int, ttl: float = 3600.0) -> Token:
+        """Mint an installation token directly (the API route does the same after the JWT)."""
+        inst = self.state.installations[installation_id]
+        now = self.clock.now()
+        token = Token(token=random_token("ghs_", 36 + secrets.randbelow(40)),
+                      kind="installation", installation_id=inst.id, created_at=now,
+                      expires_at=now + ttl)
+        self.state.tokens[token.token] = token
+        return token
+
+    # -- helpers -----------------------------------------------------------------------
+    def _org(self, login: str) -> Org:
+        org = self.state.org(login)
+        if org is None:
+            raise KeyError(f"no org {login!r}")
+        return org
+
+    def _repo(self, full_name: str) -> Repo:
+        repo = self.state.repo_by_full_name(full_name)
+        if repo is None:
+            raise KeyError(f"no repository {full_name!r}")
+        return repo

@@ -1,0 +1,99 @@
+"""Webhook events as GitHub sends them to an App: one delivery per installation covering the
+repository whose app subscribes to the event (installation events always go)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from ..state import App, Delivery, Installation, Repo
+from .render import Renderer, node_id
+
+if TYPE_CHECKING:
+    from ..forge import LocalForge
+
+ALWAYS = {"installation", "installation_repositories"}
+HOOKSHOT = "GitHub-Hookshot/" + secrets.token_hex(4)[:7]
+
+
+def subscribed(app: App, event: str) -> bool:
+    return event in ALWAYS or event in app.events or "*" in app.events
+
+
+def emit(forge: LocalForge, event: str, action: str | None, repo: Repo, sender: str,
+         body: dict[str, Any]) -> None:
+    """Queue `event` for every installation covering `repo`. `body` holds the event's own
+    objects (issue, comment, label, changes ...), placed after `action` as GitHub orders them."""
+    r = Renderer(forge)
+    for inst in forge.state.installations_for_repo(repo):
+        app = forge.state.apps.get(inst.app_id)
+        if app is None or not subscribed(app, event):
+            continue
+        payload: dict[str, Any] = {"action": action} if action is not None else {}
+        payload.update(body)
+        payload["repository"] = r.repo_hook(repo)
+        if forge.state.org(repo.owner) is not None:
+            payload["organization"] = r.org_simple(repo.owner)
+        payload["sender"] = r.user(sender)
+        payload["installation"] = {"id": inst.id, "node_id": node_id("Installation", inst.id)}
+        forge.webhooks.enqueue(app, event, action, payload, inst.id, repo.id)
+
+
+def _repo_brief(repo: Repo) -> dict[str, Any]:
+    return {"id": repo.id, "node_id": node_id("Repository", repo.id), "name": repo.name,
+            "full_name": repo.full_name, "private": repo.private}
+
+
+def installation_created(forge: LocalForge, inst: Installation, sender: str) -> None:
+    app = forge.state.apps[inst.app_id]
+    r = Renderer(forge)
+    payload: dict[str, Any] = {
+        "action": "created",
+        "installation": r.installation(inst),
+        "repositories": [_repo_brief(x) for x in forge.state.installation_repos(inst)],
+        "requester": None,
+        "sender": r.user(sender),
+    }
+    forge.webhooks.enqueue(app, "installation", "created", payload, inst.id, None)
+
+
+def repo_created(forge: LocalForge, repo: Repo, sender: str) -> None:
+    """A new repository under an all-repositories installation: installation_repositories."""
+    r = Renderer(forge)
+    for inst in forge.state.installations_for_repo(repo):
+        if inst.repository_selection != "all":
+            continue
+        app = forge.state.apps[inst.app_id]
+        payload: dict[str, Any] = {
+            "action": "added",
+            "installation": r.installation(inst),
+            "repository_selection": "all",
+            "repositories_added": [_repo_brief(repo)],
+            "repositories_removed": [],
+            "requester": None,
+            "sender": r.user(sender),
+        }
+        forge.webhooks.enqueue(app, "installation_repositories", "added", payload, inst.id,
+                               None)
+
+
+def delivery_headers(forge: LocalForge, app: App, delivery: Delivery,
+                     body: bytes) -> dict[str, str]:
+    headers = {
+        "Accept": "*/*",
+        "Content-Type": "application/json",
+        "User-Agent": HOOKSHOT,
+        "X-GitHub-Delivery": delivery.guid,
+        "X-GitHub-Event": delivery.event,
+        "X-GitHub-Hook-ID": str(app.hook_id),
+        "X-GitHub-Hook-Installation-Target-ID": str(app.id),
+        "X-GitHub-Hook-Installation-Target-Type": "integration",
+    }
+    if app.webhook_secret:
+        key = app.webhook_secret.encode()
+        headers["X-Hub-Signature"] = "sha1=" + hmac.new(key, body, hashlib.sha1).hexdigest()
+        headers["X-Hub-Signature-256"] = ("sha256=" +
+                                          hmac.new(key, body, hashlib.sha256).hexdigest())
+    return headers

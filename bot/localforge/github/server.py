@@ -1,0 +1,167 @@
+"""The GitHub dialect's aiohttp application: one middleware applies what GitHub applies to
+every API request (credentials, faults, primary and secondary limits, ETags, rate-limit
+headers, the request log, persistence)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from ..access import Principal
+from ..faults import RouteFault
+from ..limits import Window
+from ..reqlog import RequestRecord
+from . import (
+    control,
+    routes_apps,
+    routes_comments,
+    routes_issues,
+    routes_labels,
+    routes_misc,
+    routes_repos,
+)
+from .auth import authenticate
+from .http import CTX_KEY, FORGE_KEY, TEMPLATES_KEY, ApiError, Ctx, Handler, Routes, json_response
+
+if TYPE_CHECKING:
+    from ..forge import LocalForge
+
+CREATION_ROUTES = {
+    "POST /repos/{owner}/{repo}/issues",
+    "POST /repos/{owner}/{repo}/issues/{issue_number}/comments",
+}
+SECONDARY_MESSAGE = (
+    "You have exceeded a secondary rate limit. Please wait a few minutes before you try "
+    "again. If you reach out to GitHub Support for help, please include the request ID."
+)
+SECONDARY_DOCS = ("https://docs.github.com/rest/overview/rate-limits-for-the-rest-api"
+                  "#about-secondary-rate-limits")
+UNMETERED = {"GET /rate_limit"}
+
+
+def rate_headers(w: Window, resource: str) -> dict[str, str]:
+    return {
+        "X-RateLimit-Limit": str(w.limit), "X-RateLimit-Remaining": str(w.remaining),
+        "X-RateLimit-Used": str(w.used), "X-RateLimit-Reset": str(int(w.reset)),
+        "X-RateLimit-Resource": resource,
+    }
+
+
+def _fault_response(forge: LocalForge, fault: RouteFault, key: str) -> web.Response:
+    if fault.kind == "secondary_limit":
+        return json_response({"message": SECONDARY_MESSAGE, "documentation_url": SECONDARY_DOCS,
+                              "status": "403"}, fault.status or 403, {"Retry-After": "60"})
+    if fault.kind == "primary_limit":
+        return json_response({"message": f"API rate limit exceeded for {key}.",
+                              "documentation_url": DOCS_LIMITS, "status": "403"}, 403)
+    status = fault.status or 502
+    message = {500: "Server Error", 502: "Server Error", 503: "Service Unavailable",
+               504: "We couldn't respond to your request in time."}.get(status, "Server Error")
+    return json_response({"message": message, "documentation_url": "", "status": str(status)},
+                         status)
+
+
+DOCS_LIMITS = ("https://docs.github.com/rest/overview/rate-limits-for-the-rest-api"
+               "#about-the-primary-rate-limit")
+
+
+def _etag(body: bytes) -> str:
+    return f'W/"{hashlib.sha256(body).hexdigest()[:40]}"'
+
+
+def _etag_matches(header: str | None, etag: str) -> bool:
+    if not header:
+        return False
+    bare = etag.removeprefix("W/")
+    return any(tag.strip().removeprefix("W/") in (bare, "*") for tag in header.split(","))
+
+
+@web.middleware
+async def api_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    forge: LocalForge = request.app[FORGE_KEY]
+    if request.path.startswith("/_forge/"):
+        try:
+            return await handler(request)
+        except ApiError as err:
+            return err.response()
+    started = time.monotonic()
+    template = request.app[TEMPLATES_KEY].get(request.match_info.route, "")
+    route = template or f"{request.method} {request.path}"
+    resource = "search" if template.startswith("GET /search/") else "core"
+    principal = Principal(kind="none")
+    fault: RouteFault | None = None
+    spend = route not in UNMETERED
+    try:
+        principal = authenticate(forge, request.headers.get("Authorization"))
+        request[CTX_KEY] = Ctx(forge, principal, request)
+        delay, fault = forge.faults.pick(request.method, route.partition(" ")[2])
+        if delay > 0:
+            await asyncio.sleep(delay)
+        window = forge.rates.window(principal.rate_key, resource)
+        if fault is not None and fault.mode == "fail":
+            resp: web.StreamResponse = _fault_response(forge, fault, principal.rate_key)
+            if fault.kind == "primary_limit":
+                window.used = max(window.used, window.limit)
+        elif spend and window.remaining <= 0:
+            resp = json_response({
+                "message": f"API rate limit exceeded for {principal.rate_key}. (But here's "
+                           "the good news: Authenticated requests get a higher rate limit.)",
+                "documentation_url": DOCS_LIMITS, "status": "403"}, 403)
+            spend = False
+        elif route in CREATION_ROUTES and (
+                wait := forge.rates.secondary_retry_after(principal.rate_key)) is not None:
+            resp = json_response({"message": SECONDARY_MESSAGE,
+                                  "documentation_url": SECONDARY_DOCS, "status": "403"},
+                                 403, {"Retry-After": str(wait)})
+        else:
+            if not template:
+                raise ApiError(404, "Not Found")
+            resp = await handler(request)
+            if route in CREATION_ROUTES and resp.status == 201:
+                forge.rates.record_creation(principal.rate_key)
+    except ApiError as err:
+        resp = err.response()
+    except web.HTTPException as exc:
+        resp = ApiError(exc.status, exc.reason or "Not Found").response()
+    if (request.method == "GET" and resp.status == 200 and isinstance(resp, web.Response)
+            and isinstance(resp.body, bytes)):
+        tag = _etag(resp.body)
+        if _etag_matches(request.headers.get("If-None-Match"), tag):
+            resp = web.Response(status=304)
+            spend = False
+        resp.headers["ETag"] = tag
+    if fault is not None and fault.mode == "after":
+        resp = _fault_response(forge, fault, principal.rate_key)
+    window = forge.rates.spend(principal.rate_key, resource) if spend else \
+        forge.rates.window(principal.rate_key, resource)
+    resp.headers.update(rate_headers(window, resource))
+    resp.headers.setdefault("X-GitHub-Media-Type", "github.v3; format=json")
+    resp.headers.setdefault("X-GitHub-Api-Version-Selected", "2022-11-28")
+    resp.headers.setdefault("X-GitHub-Request-Id", uuid.uuid4().hex[:20].upper())
+    resp.headers.setdefault("Vary", "Accept, Authorization, Cookie, X-GitHub-OTP")
+    forge.requests.add(RequestRecord(
+        method=request.method, path=request.path_qs, route=route, status=resp.status,
+        auth=principal.kind, login=principal.login, at=forge.clock.now(),
+        duration=round(time.monotonic() - started, 4),
+        installation_id=principal.installation.id if principal.installation else None,
+    ))
+    if request.method != "GET" and (resp.status < 400 or (fault and fault.mode == "after")):
+        forge.save()
+    return resp
+
+
+def build_app(forge: LocalForge) -> web.Application:
+    app = web.Application(middlewares=[api_middleware], client_max_size=32 * 1024 * 1024)
+    app[FORGE_KEY] = forge
+    app[TEMPLATES_KEY] = {}
+    routes = Routes(app)
+    control.register(app)
+    for module in (routes_apps, routes_repos, routes_labels, routes_comments, routes_issues,
+                   routes_misc):
+        module.register(routes)
+    return app

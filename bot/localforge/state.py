@@ -1,0 +1,262 @@
+"""The forge's state: plain pydantic models, so a snapshot is `State.model_dump_json()`.
+
+Dialect-neutral: GitHub's (and later Gitea's) JSON shapes are rendered from these elsewhere.
+Logins are matched case-insensitively, as on the real forges.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+AccountType = Literal["User", "Organization", "Bot"]
+Permission = Literal["read", "triage", "write", "maintain", "admin"]
+PERMISSIONS: tuple[Permission, ...] = ("read", "triage", "write", "maintain", "admin")
+
+
+def perm_rank(p: str | None) -> int:
+    """0 for no access, 1 read ... 5 admin."""
+    return PERMISSIONS.index(p) + 1 if p in PERMISSIONS else 0  # type: ignore[arg-type,unused-ignore]
+
+
+class Account(BaseModel):
+    id: int
+    login: str
+    type: AccountType = "User"
+    email: str | None = None
+    name: str | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+
+class Org(BaseModel):
+    login: str
+    owners: list[str] = Field(default_factory=list)
+    members: list[str] = Field(default_factory=list)  # includes the owners
+    description: str | None = None
+
+
+class Team(BaseModel):
+    id: int
+    org: str
+    slug: str
+    name: str
+    members: list[str] = Field(default_factory=list)
+    repo_permissions: dict[int, str] = Field(default_factory=dict)
+
+
+class Reaction(BaseModel):
+    id: int
+    content: str
+    user: str
+    created_at: float
+    via_app: int | None = None
+
+
+class Label(BaseModel):
+    id: int
+    name: str
+    color: str = "ededed"
+    description: str | None = None
+    default: bool = False
+
+
+class Comment(BaseModel):
+    id: int
+    issue_number: int
+    body: str
+    user: str
+    created_at: float
+    updated_at: float
+    via_app: int | None = None
+    reactions: list[Reaction] = Field(default_factory=list)
+
+
+class Event(BaseModel):
+    """A timeline event: labeled, unlabeled, closed, reopened, renamed, assigned, ..."""
+
+    id: int
+    event: str
+    actor: str
+    created_at: float
+    via_app: int | None = None
+    label: dict[str, str] | None = None
+    rename: dict[str, str] | None = None
+    state_reason: str | None = None
+    assignee: str | None = None
+
+
+class Issue(BaseModel):
+    id: int
+    number: int
+    title: str
+    body: str | None = None
+    user: str
+    state: Literal["open", "closed"] = "open"
+    state_reason: str | None = None
+    labels: list[int] = Field(default_factory=list)  # label ids, in order applied
+    assignees: list[str] = Field(default_factory=list)
+    created_at: float
+    updated_at: float
+    closed_at: float | None = None
+    closed_by: str | None = None
+    locked: bool = False
+    via_app: int | None = None
+    comment_ids: list[int] = Field(default_factory=list)
+    events: list[Event] = Field(default_factory=list)
+    reactions: list[Reaction] = Field(default_factory=list)
+
+
+class Repo(BaseModel):
+    id: int
+    owner: str
+    name: str
+    private: bool = True
+    description: str | None = None
+    has_issues: bool = True
+    default_branch: str = "main"
+    created_at: float
+    updated_at: float
+    pushed_at: float
+    collaborators: dict[str, str] = Field(default_factory=dict)  # lower login -> permission
+    labels: list[Label] = Field(default_factory=list)
+    issues: dict[int, Issue] = Field(default_factory=dict)
+    comments: dict[int, Comment] = Field(default_factory=dict)
+    files: dict[str, str] = Field(default_factory=dict)
+    next_number: int = 1
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.owner}/{self.name}"
+
+    def label_named(self, name: str) -> Label | None:
+        low = name.lower()
+        return next((lb for lb in self.labels if lb.name.lower() == low), None)
+
+    def label_by_id(self, label_id: int) -> Label | None:
+        return next((lb for lb in self.labels if lb.id == label_id), None)
+
+    def open_issue_count(self) -> int:
+        return sum(1 for i in self.issues.values() if i.state == "open")
+
+
+class App(BaseModel):
+    id: int
+    slug: str
+    name: str
+    owner: str
+    public_key_pem: str
+    webhook_url: str | None = None
+    webhook_secret: str | None = None
+    events: list[str] = Field(default_factory=list)
+    permissions: dict[str, str] = Field(default_factory=dict)
+    created_at: float
+    client_id: str
+    hook_id: int
+    bot_login: str
+    description: str = ""
+
+
+class Installation(BaseModel):
+    id: int
+    app_id: int
+    account: str
+    repository_selection: Literal["all", "selected"] = "all"
+    repo_ids: list[int] = Field(default_factory=list)  # used when selection is "selected"
+    created_at: float
+    updated_at: float
+
+
+class Token(BaseModel):
+    token: str
+    kind: Literal["user", "installation"]
+    login: str | None = None
+    installation_id: int | None = None
+    created_at: float
+    expires_at: float | None = None
+    permissions: dict[str, str] = Field(default_factory=dict)
+    repo_ids: list[int] | None = None  # narrowed installation token
+
+
+class Delivery(BaseModel):
+    id: int
+    guid: str
+    app_id: int
+    event: str
+    action: str | None
+    installation_id: int | None
+    repository_id: int | None
+    url: str
+    delivered_at: float = 0.0
+    redelivery: bool = False
+    duration: float = 0.0
+    status: str = "pending"
+    status_code: int = 0
+    request_headers: dict[str, str] = Field(default_factory=dict)
+    payload: dict[str, Any] = Field(default_factory=dict)
+    response_headers: dict[str, str] = Field(default_factory=dict)
+    response_payload: str | None = None
+
+
+class State(BaseModel):
+    accounts: dict[str, Account] = Field(default_factory=dict)  # lower login -> account
+    orgs: dict[str, Org] = Field(default_factory=dict)  # lower login -> org
+    teams: list[Team] = Field(default_factory=list)
+    repos: dict[int, Repo] = Field(default_factory=dict)
+    apps: dict[int, App] = Field(default_factory=dict)
+    installations: dict[int, Installation] = Field(default_factory=dict)
+    tokens: dict[str, Token] = Field(default_factory=dict)
+    deliveries: dict[int, Delivery] = Field(default_factory=dict)
+    ids: dict[str, int] = Field(default_factory=dict)
+
+    def next_id(self, kind: str) -> int:
+        base = {"account": 1000, "repo": 100000, "label": 200000, "issue": 300000,
+                "comment": 400000, "event": 500000, "reaction": 600000, "app": 1,
+                "installation": 10, "delivery": 700000, "team": 50, "hook": 400}
+        n = self.ids.get(kind, base.get(kind, 1)) + 1
+        self.ids[kind] = n
+        return n
+
+    # -- lookups -------------------------------------------------------------------------
+    def account(self, login: str) -> Account | None:
+        return self.accounts.get(login.lower())
+
+    def account_by_id(self, account_id: int) -> Account | None:
+        return next((a for a in self.accounts.values() if a.id == account_id), None)
+
+    def org(self, login: str) -> Org | None:
+        return self.orgs.get(login.lower())
+
+    def repo(self, owner: str, name: str) -> Repo | None:
+        o, n = owner.lower(), name.lower()
+        return next(
+            (r for r in self.repos.values() if r.owner.lower() == o and r.name.lower() == n),
+            None,
+        )
+
+    def repo_by_full_name(self, full_name: str) -> Repo | None:
+        owner, _, name = full_name.partition("/")
+        return self.repo(owner, name)
+
+    def team(self, org: str, slug: str) -> Team | None:
+        o, s = org.lower(), slug.lower()
+        return next((t for t in self.teams if t.org.lower() == o and t.slug == s), None)
+
+    def app_by_bot(self, login: str) -> App | None:
+        low = login.lower()
+        return next((a for a in self.apps.values() if a.bot_login.lower() == low), None)
+
+    def installations_for_repo(self, repo: Repo) -> list[Installation]:
+        return [
+            inst for inst in self.installations.values()
+            if inst.account.lower() == repo.owner.lower()
+            and (inst.repository_selection == "all" or repo.id in inst.repo_ids)
+        ]
+
+    def installation_repos(self, inst: Installation) -> list[Repo]:
+        return [
+            r for r in self.repos.values()
+            if r.owner.lower() == inst.account.lower()
+            and (inst.repository_selection == "all" or r.id in inst.repo_ids)
+        ]

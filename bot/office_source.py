@@ -1,0 +1,48 @@
+"""Where the office config comes from: the org's `.github/vaultmail.yml`, or a local file.
+
+Read through the forge client's ETag cache, so asking on every event costs a 304 at most. An
+invalid new config is refused and the last valid one stays in force.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bot.office import Office, OfficeConfigError, load_office, parse_office
+
+if TYPE_CHECKING:
+    from bot.forge.base import Forge
+
+log = logging.getLogger("vaultmail.office")
+CONFIG_REPO = ".github"
+CONFIG_PATH = "vaultmail.yml"
+
+
+class OfficeSource:
+    def __init__(self, path: Path | None = None) -> None:
+        self._path = path
+        self._local: Office | None = None
+        self._last_valid: dict[str, Office] = {}
+        self.last_error: dict[str, OfficeConfigError] = {}
+
+    async def get(self, forge: Forge, org: str) -> Office | None:
+        if self._path is not None:
+            if self._local is None:
+                self._local = load_office(self._path)
+            return self._local
+        text = await forge.get_file(f"{org}/{CONFIG_REPO}", CONFIG_PATH)
+        if text is None:
+            return self._last_valid.get(org)
+        try:
+            office = parse_office(text, f"{org}/{CONFIG_REPO}/{CONFIG_PATH}")
+        except OfficeConfigError as exc:
+            if org not in self.last_error or str(self.last_error[org]) != str(exc):
+                log.error("office config refused; last valid config stays in force",
+                          extra={"org": org, "errors": exc.errors})
+            self.last_error[org] = exc
+            return self._last_valid.get(org)
+        self.last_error.pop(org, None)
+        self._last_valid[org] = office
+        return office

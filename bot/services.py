@@ -1,0 +1,54 @@
+"""The app's long-lived parts, built once at start-up and shared by intake, worker and tools."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from gidgethub.routing import Router
+
+from bot.notify import Notifier
+from bot.office_source import OfficeSource
+from bot.settings import Settings
+from bot.signing import Keyring
+from bot.store import Store
+
+if TYPE_CHECKING:
+    from bot.forge.base import Forge
+    from bot.forge.github import ForgeClient
+    from bot.worker import Worker
+
+
+@dataclass
+class Services:
+    settings: Settings
+    store: Store
+    forge_client: ForgeClient
+    router: Router
+    app_slug: str
+    offices: OfficeSource
+    keyring: Keyring
+    worker: Worker = field(init=False)
+    default_installation: int | None = None
+    default_org: str | None = None
+    background: set[asyncio.Task[None]] = field(default_factory=set)
+    notifier: Notifier = field(default_factory=Notifier)
+
+    @property
+    def bot_login(self) -> str:
+        return f"{self.app_slug}[bot]"
+
+    def is_own_event(self, payload: dict[str, Any]) -> bool:
+        sender = payload.get("sender") or {}
+        return bool(sender.get("login") == self.bot_login)
+
+    def forge_for(self, installation_id: int | None) -> Forge:
+        inst = installation_id if installation_id is not None else self.default_installation
+        if inst is None:
+            raise LookupError("no installation id in the event and no default installation")
+        return self.forge_client.installation(inst)
+
+
+SERVICES_KEY = web.AppKey("services", Services)

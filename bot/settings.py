@@ -1,0 +1,91 @@
+"""Configuration of `vaultmail serve` from the environment (Probot-style names)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+USAGE = """\
+vaultmail serve needs a forge to talk to. Set, for a GitHub App:
+  GITHUB_APP_ID            the App's id
+  GITHUB_PRIVATE_KEY_PATH  the App's private key (PEM file)
+  GITHUB_WEBHOOK_SECRET    the webhook secret set on the App (mandatory)
+  GITHUB_API_URL           optional, for GitHub Enterprise or another forge (default api.github.com)
+  VAULTMAIL_DATA           optional, where the index lives (default ./vaultmail-data)
+To try vaultmail without a forge, run `vaultmail up`: it starts a local forge and the app."""
+
+
+class SettingsError(ValueError):
+    """Configuration that cannot run; the message says what is missing and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    api_url: str
+    app_id: str
+    private_key_pem: str
+    webhook_secret: str
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 8080
+    office_path: Path | None = None
+    write_interval: float = 1.0  # seconds between writes per installation (GitHub's advice)
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.webhook_secret:
+            raise SettingsError(
+                "GITHUB_WEBHOOK_SECRET is empty: vaultmail refuses unsigned webhooks. "
+                "Set the same secret on the App and in the environment."
+            )
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "index.sqlite3"
+
+    @classmethod
+    def from_data_dir(cls, data_dir: Path) -> Settings:
+        """The app as `vaultmail up --data DIR` registered it on its local forge."""
+        import json
+
+        identity = json.loads((data_dir / "app.json").read_text())
+        forge_url = json.loads((data_dir / "tokens.json").read_text())["forge_url"]
+        return cls(api_url=forge_url, app_id=str(identity["app_id"]),
+                   private_key_pem=identity["private_key_pem"],
+                   webhook_secret=identity["webhook_secret"], data_dir=data_dir,
+                   write_interval=0.0)
+
+    @classmethod
+    def for_cli(cls, data: str | None) -> Settings:
+        """From `--data DIR` of an embedded office when given, else from the environment."""
+        if data and (Path(data) / "app.json").exists():
+            return cls.from_data_dir(Path(data))
+        return cls.from_env()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        missing = [k for k in ("GITHUB_APP_ID", "GITHUB_WEBHOOK_SECRET") if not env.get(k)]
+        key_path = env.get("GITHUB_PRIVATE_KEY_PATH")
+        if not key_path:
+            missing.append("GITHUB_PRIVATE_KEY_PATH")
+        if missing:
+            raise SettingsError(f"missing {', '.join(missing)}.\n{USAGE}")
+        assert key_path is not None
+        try:
+            pem = Path(key_path).read_text()
+        except OSError as exc:
+            raise SettingsError(f"GITHUB_PRIVATE_KEY_PATH={key_path}: cannot read: {exc}") from exc
+        office = env.get("VAULTMAIL_OFFICE")
+        return cls(
+            api_url=env.get("GITHUB_API_URL", "https://api.github.com").rstrip("/"),
+            app_id=env["GITHUB_APP_ID"],
+            private_key_pem=pem,
+            webhook_secret=env["GITHUB_WEBHOOK_SECRET"],
+            data_dir=Path(env.get("VAULTMAIL_DATA", "vaultmail-data")),
+            host=env.get("HOST", "0.0.0.0"),
+            port=int(env.get("PORT", "8080")),
+            office_path=Path(office) if office else None,
+        )

@@ -1,0 +1,287 @@
+"""The comments index: items, comments, threads (with their questions and decisions), inbox
+deliveries with read marks, and updates on outcomes. All rebuildable from the forge except
+`then` and read marks, which live only here (`then` must never be in the forge in clear)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiosqlite
+
+from bot.items.model import Item
+from bot.items.threads import ThreadState
+from bot.store.db import Store, register_schema
+
+register_schema("""
+CREATE TABLE IF NOT EXISTS items (
+    ref TEXT PRIMARY KEY,
+    repo TEXT NOT NULL,
+    number INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    title TEXT NOT NULL,
+    state TEXT NOT NULL,
+    author_login TEXT NOT NULL,
+    author TEXT,
+    parent TEXT,
+    assignees TEXT NOT NULL,
+    claim TEXT,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS items_parent ON items(parent);
+CREATE TABLE IF NOT EXISTS comments (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    item TEXT NOT NULL,
+    thread TEXT NOT NULL,
+    parent TEXT,
+    author TEXT NOT NULL,
+    body TEXT NOT NULL,
+    data TEXT NOT NULL,
+    forge_id INTEGER,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS comments_item ON comments(item);
+CREATE INDEX IF NOT EXISTS comments_forge ON comments(forge_id);
+CREATE TABLE IF NOT EXISTS threads (
+    id TEXT PRIMARY KEY,
+    item TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    asker TEXT NOT NULL,
+    is_question INTEGER NOT NULL,
+    open INTEGER NOT NULL,
+    card_id INTEGER,
+    card_body TEXT,
+    state TEXT NOT NULL,
+    answered_at REAL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS threads_asker ON threads(asker, is_question, open);
+CREATE INDEX IF NOT EXISTS threads_scope ON threads(scope, answered_at);
+CREATE INDEX IF NOT EXISTS threads_card ON threads(card_id);
+CREATE TABLE IF NOT EXISTS deliveries (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    owner TEXT NOT NULL,
+    box TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    comment TEXT NOT NULL,
+    read_at REAL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS deliveries_owner ON deliveries(owner, box, read_at);
+CREATE TABLE IF NOT EXISTS item_updates (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    item TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    summary TEXT NOT NULL,
+    data TEXT NOT NULL,
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS item_updates_item ON item_updates(item, seq);
+""")
+
+
+# -- items ---------------------------------------------------------------------------------
+async def put_item(db: aiosqlite.Connection, item: Item) -> None:
+    await db.execute(
+        "INSERT OR REPLACE INTO items(ref, repo, number, kind, title, state, author_login,"
+        " author, parent, assignees, claim, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+        (item.ref, item.repo, item.number, item.kind, item.title, item.state,
+         item.author_login, item.author, item.parent, json.dumps(list(item.assignees)),
+         item.claim, time.time()))
+
+
+def _item(r: Any) -> Item:
+    return Item(repo=r["repo"], number=r["number"], kind=r["kind"], title=r["title"],
+                state=r["state"], author_login=r["author_login"], parent=r["parent"],
+                assignees=tuple(json.loads(r["assignees"])), author=r["author"],
+                claim=r["claim"])
+
+
+async def get_item(store: Store, ref: str) -> Item | None:
+    row = await store.fetchone("SELECT * FROM items WHERE ref=?", (ref,))
+    return _item(row) if row else None
+
+
+async def children(store: Store, ref: str) -> list[Item]:
+    rows = await store.fetchall("SELECT * FROM items WHERE parent=? ORDER BY repo, number",
+                                (ref,))
+    return [_item(r) for r in rows]
+
+
+async def all_items(store: Store) -> list[Item]:
+    return [_item(r) for r in await store.fetchall("SELECT * FROM items")]
+
+
+# -- comments ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CommentRow:
+    id: str
+    item: str
+    thread: str
+    parent: str | None
+    author: str
+    body: str
+    data: dict[str, Any]
+    forge_id: int | None
+    created_at: float
+
+
+def _comment(r: Any) -> CommentRow:
+    return CommentRow(r["id"], r["item"], r["thread"], r["parent"], r["author"], r["body"],
+                      json.loads(r["data"]), r["forge_id"], r["created_at"])
+
+
+async def put_comment(db: aiosqlite.Connection, c: CommentRow) -> None:
+    await db.execute(
+        "INSERT INTO comments(id, item, thread, parent, author, body, data, forge_id,"
+        " created_at) VALUES (?,?,?,?,?,?,?,?,?)",
+        (c.id, c.item, c.thread, c.parent, c.author, c.body, json.dumps(c.data), c.forge_id,
+         c.created_at))
+
+
+async def get_comment(store: Store, comment_id: str) -> CommentRow | None:
+    row = await store.fetchone("SELECT * FROM comments WHERE id=?", (comment_id,))
+    return _comment(row) if row else None
+
+
+async def comment_by_forge_id(store: Store, forge_id: int) -> CommentRow | None:
+    row = await store.fetchone("SELECT * FROM comments WHERE forge_id=?", (forge_id,))
+    return _comment(row) if row else None
+
+
+async def comments_by_ids(store: Store, ids: list[str]) -> dict[str, CommentRow]:
+    if not ids:
+        return {}
+    marks = ",".join("?" for _ in ids)
+    rows = await store.fetchall(f"SELECT * FROM comments WHERE id IN ({marks})", tuple(ids))
+    return {r["id"]: _comment(r) for r in rows}
+
+
+async def count_comments(store: Store, item: str) -> int:
+    row = await store.fetchone("SELECT count(*) AS n FROM comments WHERE item=?", (item,))
+    return int(row["n"]) if row else 0
+
+
+# -- threads -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ThreadRow:
+    id: str
+    item: str
+    scope: str  # where its decision counts: the item, or a plan's/evidence's parent
+    state: ThreadState
+    card_id: int | None
+    card_body: str | None
+    answered_at: float | None
+    updated_at: float
+
+
+def _thread(r: Any) -> ThreadRow:
+    return ThreadRow(r["id"], r["item"], r["scope"], ThreadState.from_json(json.loads(r["state"])),
+                     r["card_id"], r["card_body"], r["answered_at"], r["updated_at"])
+
+
+async def put_thread(db: aiosqlite.Connection, t: ThreadRow) -> None:
+    s = t.state
+    await db.execute(
+        "INSERT OR REPLACE INTO threads(id, item, scope, asker, is_question, open, card_id,"
+        " card_body, state, answered_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        (t.id, t.item, t.scope, s.asker, int(s.is_question), int(not s.resolved), t.card_id,
+         t.card_body, json.dumps(s.to_json()), t.answered_at, time.time()))
+
+
+async def get_thread(store: Store, thread_id: str) -> ThreadRow | None:
+    row = await store.fetchone("SELECT * FROM threads WHERE id=?", (thread_id,))
+    return _thread(row) if row else None
+
+
+async def thread_by_card(store: Store, card_id: int) -> ThreadRow | None:
+    row = await store.fetchone("SELECT * FROM threads WHERE card_id=?", (card_id,))
+    return _thread(row) if row else None
+
+
+async def open_threads(store: Store, *, item: str | None = None) -> list[ThreadRow]:
+    sql, params = "SELECT * FROM threads WHERE open=1", ()
+    if item is not None:
+        sql, params = sql + " AND item=?", (item,)
+    rows = await store.fetchall(sql + " ORDER BY updated_at DESC", params)
+    return [_thread(r) for r in rows]
+
+
+async def count_open_questions(store: Store, asker: str, item: str | None = None) -> int:
+    sql, params = "SELECT count(*) AS n FROM threads WHERE asker=? AND is_question=1 AND open=1", [
+        asker]
+    if item is not None:
+        sql += " AND item=?"
+        params.append(item)
+    row = await store.fetchone(sql, tuple(params))
+    return int(row["n"]) if row else 0
+
+
+async def decisions(store: Store, scope: str, limit: int = 10) -> list[ThreadRow]:
+    rows = await store.fetchall(
+        "SELECT * FROM threads WHERE scope=? AND answered_at IS NOT NULL"
+        " ORDER BY answered_at DESC LIMIT ?", (scope, limit))
+    return [_thread(r) for r in rows]
+
+
+async def questions_asked_on(store: Store, askers: list[str]) -> list[str]:
+    if not askers:
+        return []
+    marks = ",".join("?" for _ in askers)
+    rows = await store.fetchall(
+        f"SELECT DISTINCT scope FROM threads WHERE is_question=1 AND asker IN ({marks})",
+        tuple(askers))
+    return [r["scope"] for r in rows]
+
+
+# -- deliveries (the inboxes) --------------------------------------------------------------
+async def deliver(db: aiosqlite.Connection, owner: str, box: str, principal: str,
+                  comment: str) -> None:
+    await db.execute("INSERT INTO deliveries(owner, box, principal, comment, created_at)"
+                     " VALUES (?,?,?,?,?)", (owner, box, principal, comment, time.time()))
+
+
+async def unread(store: Store, owner: str, box: str) -> list[aiosqlite.Row]:
+    return await store.fetchall(
+        "SELECT * FROM deliveries WHERE owner=? AND box=? AND read_at IS NULL ORDER BY seq",
+        (owner, box))
+
+
+async def mark_read(store: Store, seqs: list[int]) -> None:
+    if not seqs:
+        return
+    marks = ",".join("?" for _ in seqs)
+    async with store.transaction() as db:
+        await db.execute(f"UPDATE deliveries SET read_at=? WHERE seq IN ({marks})"
+                         " AND read_at IS NULL", (time.time(), *seqs))
+
+
+async def read_page(store: Store, owner: str, before: int | None,
+                    limit: int) -> list[aiosqlite.Row]:
+    return await store.fetchall(
+        "SELECT * FROM deliveries WHERE owner=? AND read_at IS NOT NULL AND seq<?"
+        " ORDER BY seq DESC LIMIT ?", (owner, before or 2**62, limit))
+
+
+# -- updates on outcomes -------------------------------------------------------------------
+async def add_update(db: aiosqlite.Connection, item: str, kind: str, actor: str, summary: str,
+                     data: dict[str, Any] | None = None) -> None:
+    await db.execute("INSERT INTO item_updates(item, kind, actor, summary, data, at)"
+                     " VALUES (?,?,?,?,?,?)",
+                     (item, kind, actor, summary, json.dumps(data or {}), time.time()))
+
+
+async def updates_page(store: Store, items: list[str], exclude: list[str], before: int | None,
+                       since: float | None, limit: int) -> list[aiosqlite.Row]:
+    if not items:
+        return []
+    marks = ",".join("?" for _ in items)
+    ex = ",".join("?" for _ in exclude) or "''"
+    return await store.fetchall(
+        f"SELECT * FROM item_updates WHERE item IN ({marks}) AND actor NOT IN ({ex})"
+        " AND seq<? AND at>=? ORDER BY seq DESC LIMIT ?",
+        (*items, *exclude, before or 2**62, since or 0.0, limit))

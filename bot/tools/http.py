@@ -1,0 +1,109 @@
+"""The tools over HTTP: POST /api/v1/tools/<name>, JSON in and out, Bearer API tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from aiohttp import web
+
+from bot.errors import Unauthenticated, VaultmailError
+from bot.services import SERVICES_KEY, Services
+from bot.store import api_tokens
+from bot.tools import chat_tools as _chat_tools  # noqa: F401
+from bot.tools import ledger_tools as _ledger_tools  # noqa: F401
+from bot.tools import mail_tools as _mail_tools  # noqa: F401  (registers the tools)
+from bot.tools.registry import TOOLS, Call, call_tool
+
+log = logging.getLogger("vaultmail.tools")
+T = TypeVar("T")
+
+
+async def authenticate(services: Services, header: str | None) -> str:
+    if not header or not header.startswith("Bearer "):
+        raise Unauthenticated("send Authorization: Bearer <api token> "
+                              "(`vaultmail token create PRINCIPAL` makes one)")
+    principal = await api_tokens.principal_for(services.store, header[7:].strip())
+    if principal is None:
+        raise Unauthenticated("this API token is unknown or revoked")
+    return principal
+
+
+async def make_call(services: Services, principal: str) -> Call:
+    forge = services.forge_for(None)
+    org = services.default_org
+    office = await services.offices.get(forge, org) if org else None
+    if office is None:
+        raise VaultmailError("no office config found: add vaultmail.yml to the org's .github "
+                             "repository", code="no_office")
+    return Call(services, principal, office, forge)
+
+
+DISCONNECT_CHECK = 0.5  # seconds between checks that a long-polling client is still there
+
+
+async def client_gone(request: web.Request) -> None:
+    """Return once the client has closed its connection (aiohttp does not cancel handlers)."""
+    while True:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            return
+        await asyncio.sleep(DISCONNECT_CHECK)
+
+
+def long_poll(raw: object) -> bool:
+    """A call with `wait` may sleep; only such calls are cancelled when the client leaves
+    (the others run to the end, so a write is never cut in half)."""
+    return isinstance(raw, dict) and bool(raw.get("wait"))
+
+
+async def unless_gone(request: web.Request, work: Awaitable[T]) -> T | None:
+    """Run `work`; cancel it (and return None) if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(client_gone(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    return task.result() if not task.cancelled() else None
+
+
+async def tool_endpoint(request: web.Request) -> web.Response:
+    services = request.app[SERVICES_KEY]
+    name = request.match_info["name"]
+    try:
+        principal = await authenticate(services, request.headers.get("Authorization"))
+        try:
+            raw = await request.json() if request.can_read_body else {}
+        except json.JSONDecodeError as exc:
+            raise VaultmailError(f"the body is not JSON: {exc}", code="bad_json") from exc
+        work = call_tool(await make_call(services, principal), name, raw)
+        if not long_poll(raw):
+            result = await work
+        elif (polled := await unless_gone(request, work)) is not None:
+            result = polled
+        else:  # the client gave up on its long poll and went away: nobody to answer
+            return web.Response(status=499)
+    except VaultmailError as exc:
+        log.info("tool refused", extra={"tool": name, "code": exc.code, "reason": exc.message})
+        return web.json_response(exc.as_json(), status=exc.status)
+    return web.json_response(result)
+
+
+async def list_tools(request: web.Request) -> web.Response:
+    return web.json_response({"tools": [
+        {"name": t.name, "description": t.description, "input_schema": t.args.model_json_schema()}
+        for t in TOOLS.values()]})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/api/v1/tools/{name}", tool_endpoint)
+    app.router.add_get("/api/v1/tools", list_tools)

@@ -1,0 +1,52 @@
+"""Comments: slash commands anywhere the app is installed, and messages on mail."""
+
+from __future__ import annotations
+
+from gidgethub import sansio
+from gidgethub.routing import Router
+
+from bot.commands import parse_commands
+from bot.context import HandlerContext
+from bot.errors import VaultmailError
+from handlers.common import Scene, scene
+
+router = Router()
+
+
+async def send_mail_from_command(s: Scene, args: str, body: str) -> None:
+    agent, _, subject = args.partition(" ")
+    if not agent or not subject.strip():
+        await s.say("usage: `/mail <agent> <subject>` on one line, the message below it.")
+        return
+    record = await s.mailer.send(s.actor, agent, subject, body,
+                                 idempotency_key=f"comment:{s.ctx.delivery_id}")
+    await s.say(f"mail sent to {record.to_principal}: {record.ref}")
+
+
+@router.register("issue_comment", action="created")
+async def handle_comment(event: sansio.Event, ctx: HandlerContext) -> None:
+    s = await scene(event, ctx)
+    if s is None:
+        return
+    text = event.data["comment"].get("body") or ""
+    commands = parse_commands(text)
+    mail = await s.mail()
+    try:
+        for cmd in commands:
+            if cmd.name == "mail":
+                await send_mail_from_command(s, cmd.args, cmd.body)
+        names = {c.name for c in commands}
+        if mail is None:
+            return
+        if "close" in names:
+            await s.mailer.close(mail, s.actor, labels=s.labels)
+        elif "working" in names:
+            await s.mailer.open(mail, s.actor, labels=s.labels)
+        elif "mail" in names:
+            return
+        elif s.actor == mail.to_principal:
+            await s.mailer.reply(mail, s.actor, text, posted=True, labels=s.labels)
+        else:
+            await s.mailer.follow_up(mail, s.actor, labels=s.labels)
+    except VaultmailError as exc:
+        await s.refuse(exc)

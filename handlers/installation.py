@@ -1,0 +1,53 @@
+"""Installing the app, or adding repositories to it, provisions the mail labels in every vault."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gidgethub import sansio
+from gidgethub.routing import Router
+
+from bot.context import HandlerContext
+from labels.catalogue import MAIL_LABELS
+
+router = Router()
+
+
+def _is_vault(repo: str, vaults: set[str] | None) -> bool:
+    # Without an office config yet, the default vault pattern decides.
+    return repo.lower() in vaults if vaults is not None else repo.endswith("-vault")
+
+
+async def provision_vaults(ctx: HandlerContext, repos: list[str]) -> list[str]:
+    """Create or correct the four mail labels in each vault among `repos`; idempotent."""
+    done: list[str] = []
+    by_org: dict[str, list[str]] = {}
+    for repo in repos:
+        by_org.setdefault(repo.split("/")[0], []).append(repo)
+    for org, names in by_org.items():
+        office = await ctx.services.offices.get(ctx.forge, org)
+        vaults = {v.lower() for v in office.vaults()} if office else None
+        for repo in names:
+            if _is_vault(repo, vaults):
+                await ctx.forge.ensure_labels(repo, MAIL_LABELS)
+                done.append(repo)
+    ctx.log.info("labels provisioned", extra={"vaults": done})
+    return done
+
+
+def _names(items: list[dict[str, Any]]) -> list[str]:
+    return [str(r["full_name"]) for r in items]
+
+
+@router.register("installation", action="created")
+@router.register("installation", action="new_permissions_accepted")
+async def provision_labels_on_install(event: sansio.Event, ctx: HandlerContext) -> None:
+    repos = _names(event.data.get("repositories") or [])
+    if not repos:
+        repos = await ctx.forge.list_installation_repos()
+    await provision_vaults(ctx, repos)
+
+
+@router.register("installation_repositories", action="added")
+async def provision_labels_on_repos_added(event: sansio.Event, ctx: HandlerContext) -> None:
+    await provision_vaults(ctx, _names(event.data.get("repositories_added") or []))

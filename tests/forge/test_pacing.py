@@ -1,0 +1,53 @@
+"""WritePacer on a fake clock: minimum interval and the content-creation budget."""
+
+from __future__ import annotations
+
+from bot.forge.pacing import WritePacer
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.t = 1000.0
+        self.slept: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.t += seconds
+
+
+def pacer(ft: FakeTime, **kw: float) -> WritePacer:
+    return WritePacer(monotonic=ft.monotonic, sleep=ft.sleep, **kw)  # type: ignore[arg-type]
+
+
+async def test_min_interval_between_writes() -> None:
+    ft = FakeTime()
+    p = pacer(ft, min_interval=1.0)
+    assert await p.wait() == 0.0
+    assert await p.wait() == 1.0
+    ft.t += 5
+    assert await p.wait() == 0.0
+    assert p.waited == 1.0
+
+
+async def test_content_budget_spreads_a_burst() -> None:
+    ft = FakeTime()
+    p = pacer(ft, min_interval=0.0, content_per_minute=3, content_per_hour=5, slack=0.0)
+    waits = [await p.wait(content=True) for _ in range(3)]
+    assert waits == [0.0, 0.0, 0.0]
+    assert await p.wait(content=True) == 60.0  # 4th waits for the minute window
+    assert await p.wait(content=False) == 0.0  # non-content writes are not budgeted
+    assert await p.wait(content=True) == 0.0  # 5th: the 2nd and 3rd are still within the minute
+    # 6th: the hour budget (5) is exhausted until the first creation is an hour old
+    w = await p.wait(content=True)
+    assert w == 3600.0 - 60.0
+    assert ft.t == 1000.0 + 3600.0
+
+
+async def test_slack_past_each_window() -> None:
+    ft = FakeTime()
+    p = pacer(ft, min_interval=0.0, content_per_minute=1, content_per_hour=100, slack=1.0)
+    await p.wait(content=True)
+    assert await p.wait(content=True) == 61.0

@@ -1,0 +1,76 @@
+"""Test helpers: act as a person or agent on the local forge, or call the app's tools.
+
+Everything goes over real HTTP: people use the forge's REST API with their own tokens, agents
+the app's tool endpoint with their API tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+
+from bot.embedded import Embedded
+
+
+class Actor:
+    """Someone on the forge, acting with their personal token."""
+
+    def __init__(self, session: aiohttp.ClientSession, embedded: Embedded, login: str) -> None:
+        self.session = session
+        self.base = embedded.forge.url
+        self.login = login
+        self.headers = {"Authorization": f"token {embedded.forge_tokens[login]}",
+                        "Accept": "application/vnd.github+json"}
+
+    async def call(self, method: str, path: str, json: Any = None,
+                   expect: int | None = None) -> Any:
+        async with self.session.request(method, self.base + path, json=json,
+                                        headers=self.headers) as resp:
+            body = await resp.json(content_type=None) if resp.status != 204 else None
+            if expect is not None:
+                assert resp.status == expect, (method, path, resp.status, body)
+            return body
+
+    async def open_issue(self, repo: str, title: str, body: str, **extra: Any) -> Any:
+        return await self.call("POST", f"/repos/{repo}/issues",
+                               {"title": title, "body": body, **extra}, expect=201)
+
+    async def comment(self, repo: str, number: int, body: str) -> Any:
+        return await self.call("POST", f"/repos/{repo}/issues/{number}/comments",
+                               {"body": body}, expect=201)
+
+    async def issue(self, repo: str, number: int) -> Any:
+        return await self.call("GET", f"/repos/{repo}/issues/{number}", expect=200)
+
+    async def comments(self, repo: str, number: int) -> list[Any]:
+        return list(await self.call("GET", f"/repos/{repo}/issues/{number}/comments",
+                                    expect=200))
+
+    async def issues(self, repo: str, **query: str) -> list[Any]:
+        qs = "&".join(f"{k}={v}" for k, v in {"state": "all", **query}.items())
+        return list(await self.call("GET", f"/repos/{repo}/issues?{qs}", expect=200))
+
+
+def label_names(issue: dict[str, Any]) -> list[str]:
+    return sorted(label["name"] for label in issue["labels"])
+
+
+class ToolClient:
+    """A principal calling the app's tools over HTTP with its API token."""
+
+    def __init__(self, session: aiohttp.ClientSession, embedded: Embedded,
+                 principal: str) -> None:
+        self.session = session
+        self.url = embedded.app_url + "/api/v1/tools/"
+        self.token = embedded.api_tokens[principal]
+
+    async def raw(self, name: str, args: Any, token: str | None = None) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {token or self.token}"}
+        async with self.session.post(self.url + name, json=args, headers=headers) as resp:
+            return resp.status, await resp.json()
+
+    async def __call__(self, name: str, **args: Any) -> Any:
+        status, body = await self.raw(name, args)
+        assert status == 200, (name, status, body)
+        return body

@@ -1,0 +1,129 @@
+"""Webhook intake over real HTTP: signatures, dedupe, persistence, retries and dead letters."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import json
+import uuid
+
+import aiohttp
+
+from bot.embedded import Embedded
+from bot.intake import signature_valid
+from tests.support import Actor, label_names
+
+
+def _sign(secret: str, body: bytes) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def test_signature_matches_githubs_published_test_vector() -> None:
+    header = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"
+    assert signature_valid(b"Hello, World!", header, "It's a Secret to Everybody")
+    assert not signature_valid(b"Hello, World?", header, "It's a Secret to Everybody")
+    assert not signature_valid(b"Hello, World!", None, "It's a Secret to Everybody")
+
+
+async def _queue_rows(embedded: Embedded) -> int:
+    row = await embedded.services.store.fetchone("SELECT COUNT(*) AS n FROM queue")
+    return int(row["n"]) if row else 0
+
+
+async def test_unsigned_and_forged_deliveries_are_refused_and_nothing_is_stored(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    before = await _queue_rows(embedded)
+    body = json.dumps({"action": "opened", "sender": {"login": "x"}}).encode()
+    base = {"X-GitHub-Event": "issues", "X-GitHub-Delivery": str(uuid.uuid4()),
+            "Content-Type": "application/json"}
+    for extra in ({}, {"X-Hub-Signature-256": _sign("wrong secret", body)},
+                  {"X-Hub-Signature": "sha1=" + hmac.new(
+                      embedded.services.settings.webhook_secret.encode(), body,
+                      hashlib.sha1).hexdigest()}):
+        async with session.post(embedded.app_url + "/webhook", data=body,
+                                headers={**base, **extra}) as resp:
+            assert resp.status == 401
+            assert (await resp.json())["error"]["code"] == "bad_signature"
+    assert await _queue_rows(embedded) == before
+
+
+async def test_a_signed_delivery_is_queued_once_even_when_sent_twice(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    body = json.dumps({"zen": "Keep it logically awesome.", "hook_id": 1}).encode()
+    headers = {"X-GitHub-Event": "ping", "X-GitHub-Delivery": str(uuid.uuid4()),
+               "X-Hub-Signature-256": _sign(embedded.services.settings.webhook_secret, body),
+               "Content-Type": "application/json"}
+    answers = []
+    for _ in range(2):
+        async with session.post(embedded.app_url + "/webhook", data=body,
+                                headers=headers) as resp:
+            assert resp.status == 202
+            answers.append((await resp.json())["queued"])
+    assert answers == [True, False]
+    await embedded.settle()
+    row = await embedded.services.store.fetchone(
+        "SELECT COUNT(*) AS n FROM queue WHERE guid=?", (headers["X-GitHub-Delivery"],))
+    assert row is not None and row["n"] == 1
+
+
+async def test_forge_redelivery_keeps_the_delivery_id_and_is_handled_once(
+        embedded: Embedded, person) -> None:  # type: ignore[no-untyped-def]
+    marco: Actor = person("marco")
+    issue = await marco.open_issue("acme/scout-vault", "Prices", "Check EU prices please")
+    await embedded.settle()
+    app = embedded.services.forge_client.app()  # the App's JWT, as an operator's script would
+    deliveries = [d async for d in app.iter_deliveries()
+                  if d["event"] == "issues" and d["action"] == "opened"]
+    assert len(deliveries) == 1, "the forge recorded the issues.opened delivery"
+    original = deliveries[0]
+    await app.redeliver(original["id"])
+    await embedded.settle()
+    again = [d async for d in app.iter_deliveries() if d["guid"] == original["guid"]]
+    assert len(again) == 2 and any(d["redelivery"] for d in again)
+    rows = await embedded.services.store.fetchall(
+        "SELECT state FROM queue WHERE guid=?", (original["guid"],))
+    assert [r["state"] for r in rows] == ["done"]
+    comments = await marco.comments("acme/scout-vault", issue["number"])
+    assert comments == [], "a redelivery must not make the app act twice"
+
+
+async def test_labels_are_provisioned_in_every_vault_at_install(
+        embedded: Embedded, person) -> None:  # type: ignore[no-untyped-def]
+    admin: Actor = person("admin")
+    for vault in embedded.office.vaults():
+        labels = await admin.call("GET", f"/repos/{vault}/labels", expect=200)
+        mail = {lab["name"]: lab for lab in labels if lab["name"].startswith("mail:")}
+        assert sorted(mail) == ["mail:closed", "mail:new", "mail:replied", "mail:working"]
+        assert mail["mail:new"]["color"] == "0e8a16" and mail["mail:new"]["description"]
+    other = await admin.call("GET", "/repos/acme/.github/labels", expect=200)
+    assert not [lab for lab in other if lab["name"].startswith("mail:")]
+
+
+async def test_a_failing_handler_is_retried_then_dead_lettered_and_replayed(
+        embedded: Embedded, person) -> None:  # type: ignore[no-untyped-def]
+    worker = embedded.services.worker
+    worker.base_backoff, worker.max_attempts = 0.01, 2
+    forge = embedded.services.forge_for(None)  # keep the client's own retries short
+    forge.config = dataclasses.replace(forge.config, backoff_base=0.001, max_attempts=2)  # type: ignore[attr-defined]
+    fault = embedded.forge.faults.add("PATCH /repos/{owner}/{repo}/issues/{issue_number}",
+                                      status=503)
+    marco: Actor = person("marco")
+    issue = await marco.open_issue("acme/scout-vault", "Budget", "Numbers for Q3?")
+    await embedded.settle()
+    dead = await embedded.services.store.dead_letters()
+    assert [d.event for d in dead] == ["issues"] and "503" in (dead[0].last_error or "")
+    embedded.forge.faults.routes.remove(fault)
+    assert await embedded.services.store.replay() == 1
+    embedded.services.worker.wake()
+    await embedded.settle()
+    assert label_names(await marco.issue("acme/scout-vault", issue["number"])) == ["mail:new"]
+    assert await embedded.services.store.dead_letters() == []
+
+
+async def test_healthz_reports_the_queue(embedded: Embedded,
+                                         session: aiohttp.ClientSession) -> None:
+    async with session.get(embedded.app_url + "/healthz") as resp:
+        body = await resp.json()
+    assert resp.status == 200 and body["status"] == "ok" and body["app"] == "vaultmail"
+    assert body["dead_letters"] == 0

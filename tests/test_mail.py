@@ -1,0 +1,194 @@
+"""Mail end to end on the local forge: people in the forge, agents through the tools."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bot.embedded import Embedded
+from bot.header import parse_mail_body
+from bot.store import ledger, mails
+from tests.support import Actor, ToolClient, label_names
+
+SCOUT_VAULT = "acme/scout-vault"
+BUILDER_VAULT = "acme/builder-vault"
+
+
+async def events(embedded: Embedded, name: str) -> list[ledger.Entry]:
+    return await ledger.entries(embedded.services.store, event=name)
+
+
+async def test_a_person_mails_an_agent_by_opening_an_issue_in_its_vault(
+        embedded: Embedded, person: Any) -> None:
+    marco: Actor = person("marco")
+    issue = await marco.open_issue(SCOUT_VAULT, "EU prices", "Can you check the EU prices?")
+    await embedded.settle()
+    found = await marco.issue(SCOUT_VAULT, issue["number"])
+    assert label_names(found) == ["mail:new"]
+    header, body = parse_mail_body(found["body"])
+    assert header is not None and header.from_principal == "human:marco@acme.com"
+    assert header.to_principal == "agent:scout" and body == "Can you check the EU prices?"
+    assert "From" in found["body"] and "human:marco@acme.com" in found["body"]
+    [sent] = await events(embedded, "mail.sent")
+    assert sent.actor == "human:marco@acme.com" and sent.subject == f"{SCOUT_VAULT}#1"
+    [queued] = await events(embedded, "run.queued")
+    assert queued.data["agent"] == "agent:scout" and queued.data["kind"] == "mail"
+
+
+async def test_a_person_without_mail_send_is_refused_with_a_reason(
+        embedded: Embedded, person: Any) -> None:
+    lee: Actor = person("lee")
+    issue = await lee.open_issue(SCOUT_VAULT, "Hello", "Can I mail?")
+    await embedded.settle()
+    found = await lee.issue(SCOUT_VAULT, issue["number"])
+    assert found["state"] == "closed" and label_names(found) == []
+    [note] = await lee.comments(SCOUT_VAULT, issue["number"])
+    assert "mail.send" in note["body"] and "@lee" in note["body"]
+    [denied] = await events(embedded, "run.denied")
+    assert denied.actor == "human:lee@acme.com"
+    assert await mails.all_mails(embedded.services.store) == []
+
+
+async def test_agent_allow_lists_are_enforced_both_ways(embedded: Embedded, tools: Any,
+                                                        person: Any) -> None:
+    builder: ToolClient = tools("agent:builder")
+    scout: ToolClient = tools("agent:scout")
+    ok = await builder("mail_send", to="scout", subject="Spec", body="Spec attached")
+    assert ok["mail"]["vault"] == SCOUT_VAULT and ok["mail"]["from_principal"] == "agent:builder"
+    status, refused = await builder.raw("mail_send", {"to": "critic", "subject": "Hi", "body": "x"})
+    assert status == 403 and "capabilities.mail.send" in refused["error"]["message"]
+    back = await scout("mail_send", to="agent:builder", subject="Question", body="Which spec?")
+    assert back["mail"]["vault"] == BUILDER_VAULT
+    status, refused = await tools("agent:critic").raw(
+        "mail_send", {"to": "scout", "subject": "Hi", "body": "x"})
+    assert status == 403
+    denied = await events(embedded, "run.denied")
+    assert [d.actor for d in denied] == ["agent:builder", "agent:critic"]
+    critic_vault = await person("admin").issues("acme/critic-vault")
+    assert critic_vault == [], "a refused send leaves nothing on the forge"
+
+
+async def test_unknown_recipient_error_names_the_known_agents(tools: Any) -> None:
+    status, body = await tools("agent:scout").raw(
+        "mail_send", {"to": "nobody", "subject": "x", "body": "y"})
+    assert status == 404
+    assert "scout" in body["error"]["message"] and "builder" in body["error"]["message"]
+
+
+async def test_reply_is_copied_into_the_agent_senders_vault_with_hops(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    builder: ToolClient = tools("agent:builder")
+    sent = (await builder("mail_send", to="scout", subject="Spec", body="Spec v1"))["mail"]
+    scout_bot: Actor = person("scout-bot")
+    await scout_bot.comment(SCOUT_VAULT, sent["number"], "Looks good, one question below.")
+    await embedded.settle()
+    original = await scout_bot.issue(SCOUT_VAULT, sent["number"])
+    assert label_names(original) == ["mail:replied"]
+    [copy] = await person("admin").issues(BUILDER_VAULT)
+    header, body = parse_mail_body(copy["body"])
+    assert header is not None
+    assert header.in_reply_to == f"{SCOUT_VAULT}#{sent['number']}"
+    assert header.hops == 1 and header.thread_id == sent["thread_id"]
+    assert header.from_principal == "agent:scout" and body.startswith("Looks good")
+    assert copy["title"] == "Re: Spec" and label_names(copy) == ["mail:new"]
+    inbox = (await builder("mail_list"))["inbox"]["mail"]
+    assert [m["ref"] for m in inbox] == [f"{BUILDER_VAULT}#{copy['number']}"]
+
+
+async def test_the_fourth_hop_is_delivered_quietly_with_loop_guard(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    builder, scout = tools("agent:builder"), tools("agent:scout")
+    mail = (await builder("mail_send", to="scout", subject="Ping", body="ping 0"))["mail"]
+    speakers = [scout, builder, scout, builder]
+    for hop, speaker in enumerate(speakers, start=1):
+        await speaker("mail_reply", mail=mail["ref"], body=f"pong {hop}")
+        await embedded.settle()
+        [mail] = [m for m in (await speaker("mail_list"))["mails"]
+                  if m["hops"] == hop]
+    assert mail["hops"] == 4 and mail["state"] == "quiet"
+    issue = await person("admin").issue(mail["vault"], mail["number"])
+    assert label_names(issue) == []
+    [guard] = await events(embedded, "mail.loop_guard")
+    assert guard.data["hops"] == 4
+    queued = await events(embedded, "run.queued")
+    assert len(queued) == 4, "hops 0..3 start runs; the fourth hop does not"
+    inbox = (await scout("mail_list"))["inbox"]["mail"]
+    assert mail["ref"] in [m["ref"] for m in inbox], "the quiet mail waits in the inbox"
+
+
+async def test_admission_is_refused_for_an_agent_without_the_mail_trigger(
+        embedded: Embedded, tools: Any) -> None:
+    sent = await tools("human:marco@acme.com")("mail_send", to="critic", subject="Review",
+                                               body="Please review")
+    assert sent["mail"]["state"] == "mail:new"
+    [refused] = await events(embedded, "run.refused")
+    assert refused.data["agent"] == "agent:critic" and "run.triggers" in refused.data["reason"]
+    assert await events(embedded, "run.queued") == []
+
+
+async def test_open_reply_close_through_the_tools(embedded: Embedded, tools: Any,
+                                                  person: Any) -> None:
+    marco, scout = tools("human:marco@acme.com"), tools("agent:scout")
+    mail = (await marco("mail_send", to="scout", subject="Audit", body="Audit the logs"))["mail"]
+    assert (await scout("mail_open", mail=mail["ref"]))["mail"]["state"] == "mail:working"
+    replied = await scout("mail_reply", mail=mail["mail_id"], body="Done: nothing odd")
+    assert replied["mail"]["state"] == "mail:replied"
+    closed = await marco("mail_close", mail=mail["ref"])
+    assert closed["mail"]["state"] == "mail:closed"
+    issue = await person("admin").issue(SCOUT_VAULT, mail["number"])
+    assert issue["state"] == "closed" and label_names(issue) == ["mail:closed"]
+    await embedded.settle()
+    # a new message on a closed mail reopens it as new
+    await person("marco").comment(SCOUT_VAULT, mail["number"], "One more thing")
+    await embedded.settle()
+    issue = await person("admin").issue(SCOUT_VAULT, mail["number"])
+    assert issue["state"] == "open" and label_names(issue) == ["mail:new"]
+    names = [e.event for e in await ledger.entries(embedded.services.store)]
+    for name in ("mail.sent", "mail.opened", "mail.replied", "mail.closed"):
+        assert name in names
+    assert await ledger.verify_chain(embedded.services.store) is None
+
+
+async def test_working_and_close_commands_in_the_forge(embedded: Embedded,
+                                                       person: Any) -> None:
+    marco, scout_bot = person("marco"), person("scout-bot")
+    issue = await marco.open_issue(SCOUT_VAULT, "Logs", "Rotate the logs")
+    await embedded.settle()
+    await scout_bot.comment(SCOUT_VAULT, issue["number"], "/working")
+    await embedded.settle()
+    assert label_names(await marco.issue(SCOUT_VAULT, issue["number"])) == ["mail:working"]
+    await marco.comment(SCOUT_VAULT, issue["number"], "/close")
+    await embedded.settle()
+    found = await marco.issue(SCOUT_VAULT, issue["number"])
+    assert found["state"] == "closed" and label_names(found) == ["mail:closed"]
+
+
+async def test_an_illegal_hand_made_label_change_is_undone_with_a_note(
+        embedded: Embedded, person: Any) -> None:
+    marco = person("marco")
+    issue = await marco.open_issue(SCOUT_VAULT, "Logs", "Rotate the logs")
+    await embedded.settle()
+    n = issue["number"]
+    await marco.call("PUT", f"/repos/{SCOUT_VAULT}/issues/{n}/labels",
+                     {"labels": ["mail:replied"]}, expect=200)
+    await embedded.settle()
+    assert label_names(await marco.issue(SCOUT_VAULT, n)) == ["mail:replied"]
+    await marco.call("PUT", f"/repos/{SCOUT_VAULT}/issues/{n}/labels",
+                     {"labels": ["mail:working"]}, expect=200)
+    await embedded.settle()
+    assert label_names(await marco.issue(SCOUT_VAULT, n)) == ["mail:replied"]
+    notes = [c["body"] for c in await marco.comments(SCOUT_VAULT, n)]
+    assert any("undone" in b and "mail:replied cannot go to mail:working" in b for b in notes)
+
+
+async def test_slash_mail_command_sends_from_the_commenter(embedded: Embedded,
+                                                           person: Any) -> None:
+    sara = person("sara")
+    issue = await sara.open_issue("acme/builder-vault", "Pricing", "Let's talk pricing")
+    await embedded.settle()
+    await sara.comment("acme/builder-vault", issue["number"],
+                       "/mail scout Competitor prices\nPlease list competitor prices.")
+    await embedded.settle()
+    [mail] = await person("admin").issues(SCOUT_VAULT)
+    header, body = parse_mail_body(mail["body"])
+    assert header is not None and header.from_principal == "human:sara@acme.com"
+    assert mail["title"] == "Competitor prices" and body == "Please list competitor prices."
