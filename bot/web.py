@@ -12,6 +12,7 @@ from gidgethub.aiohttp import GitHubAPI
 from bot.forge.github import ForgeClient, ForgeConfig
 from bot.forge.tokens import AppAuth
 from bot.intake import receive_webhook
+from bot.mcp_server import add_mcp_routes
 from bot.office_source import OfficeSource
 from bot.services import SERVICES_KEY, Services
 from bot.settings import Settings
@@ -89,4 +90,5 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/.well-known/vaultmail-keys.json", published_keys)
     add_routes(app)
+    add_mcp_routes(app)
     return app

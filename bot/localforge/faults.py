@@ -68,6 +68,11 @@ class Faults:
     def duplicate_webhooks(self, rate: float = 0.0, count: int = 0) -> None:
         self.duplicate = WebhookFault(rate=rate, count=count)
 
+    def remove(self, fault: RouteFault) -> None:
+        """Withdraw a fault (no error if it already ran out and was dropped)."""
+        if fault in self.routes:
+            self.routes.remove(fault)
+
     def seed(self, n: int) -> None:
         self.rng.seed(n)
 

@@ -23,7 +23,9 @@ ORG = "acme"
 VAULT = "acme/scout-vault"
 SECRET = "It's a Secret to Everybody"
 OFFICE_YML = "org: acme\nvault_pattern: \"{slug}-vault\"\n"
-EVENTS = ["issues", "issue_comment", "label", "installation", "installation_repositories"]
+# The events an App subscribes to; installation and installation_repositories always go and
+# are not subscribable on GitHub (they are not in the events enum of performed_via_github_app).
+EVENTS = ["issues", "issue_comment", "label"]
 PERMISSIONS = {"issues": "write", "metadata": "read", "contents": "read", "members": "read"}
 
 

@@ -32,13 +32,29 @@ def emit(forge: LocalForge, event: str, action: str | None, repo: Repo, sender: 
         if app is None or not subscribed(app, event):
             continue
         payload: dict[str, Any] = {"action": action} if action is not None else {}
-        payload.update(body)
+        payload.update(_webhook_shape(body))
         payload["repository"] = r.repo_hook(repo)
         if forge.state.org(repo.owner) is not None:
             payload["organization"] = r.org_simple(repo.owner)
         payload["sender"] = r.user(sender)
         payload["installation"] = {"id": inst.id, "node_id": node_id("Installation", inst.id)}
         forge.webhooks.enqueue(app, event, action, payload, inst.id, repo.id)
+
+
+# Webhook issue/comment objects differ from the REST ones: these REST-only fields are in
+# neither the official webhooks description nor any real payload, and real issue payloads
+# carry "draft": false (tests/conformance compares both).
+_REST_ONLY = {"issue": ("closed_by", "pinned_comment"), "comment": ("minimized", "pin")}
+
+
+def _webhook_shape(body: dict[str, Any]) -> dict[str, Any]:
+    out = dict(body)
+    for key, drop in _REST_ONLY.items():
+        if isinstance(out.get(key), dict):
+            out[key] = {k: v for k, v in out[key].items() if k not in drop}
+    if isinstance(out.get("issue"), dict) and "pull_request" not in out["issue"]:
+        out["issue"].setdefault("draft", False)
+    return out
 
 
 def _repo_brief(repo: Repo) -> dict[str, Any]:

@@ -1,0 +1,83 @@
+"""`vaultmail up` as a newcomer runs it: a real process, ready line, tokens.json, restart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import aiohttp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _up(data: Path, port: int, forge_port: int) -> tuple[asyncio.subprocess.Process, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.cli", "up", "--data", str(data), "--port", str(port),
+        "--forge-port", str(forge_port), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL)
+    assert proc.stdout is not None
+    line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+    return proc, line
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return await asyncio.wait_for(proc.wait(), 30)
+
+
+async def test_up_serves_writes_tokens_and_continues_after_a_restart(tmp_path: Path) -> None:
+    port, forge_port = _free_port(), _free_port()
+    proc, line = await _up(tmp_path, port, forge_port)
+    try:
+        assert "ready" in line
+        tokens = json.loads((tmp_path / "tokens.json").read_text())
+        assert tokens["app_url"] == f"http://127.0.0.1:{port}"
+        assert tokens["forge_url"] == f"http://127.0.0.1:{forge_port}"
+        assert {"admin", "marco", "scout-bot"} <= set(tokens["forge_tokens"])
+        assert "agent:scout" in tokens["api_tokens"]
+        async with aiohttp.ClientSession() as s:
+            async with s.get(tokens["app_url"] + "/healthz") as resp:
+                assert resp.status == 200
+            headers = {"Authorization": f"Bearer {tokens['api_tokens']['human:marco@acme.com']}"}
+            async with s.post(tokens["app_url"] + "/api/v1/tools/mail_send", headers=headers,
+                              json={"to": "scout", "subject": "Hi", "body": "x"}) as resp:
+                assert resp.status == 200, await resp.text()
+    finally:
+        assert await _stop(proc) == 0
+
+    proc, line = await _up(tmp_path, port, forge_port)
+    try:
+        assert "ready" in line
+        again = json.loads((tmp_path / "tokens.json").read_text())
+        assert again["forge_tokens"] == tokens["forge_tokens"]
+        async with aiohttp.ClientSession() as s:
+            headers = {"Authorization": f"token {again['forge_tokens']['marco']}"}
+            url = again["forge_url"] + "/repos/acme/scout-vault/issues?state=all"
+            async with s.get(url, headers=headers) as resp:
+                issues = await resp.json()
+            assert [i["title"] for i in issues] == ["Hi"], "the forge kept its state"
+            headers = {"Authorization": f"Bearer {again['api_tokens']['agent:scout']}"}
+            async with s.post(again["app_url"] + "/api/v1/tools/mail_list", headers=headers,
+                              json={}) as resp:
+                listed = await resp.json()
+            assert [m["subject"] for m in listed["mails"]] == ["Hi"], "the index kept its state"
+    finally:
+        assert await _stop(proc) == 0
+
+
+async def test_serve_without_configuration_says_what_is_missing(tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.cli", "serve", stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT, env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2
+    text = out.decode()
+    assert "GITHUB_WEBHOOK_SECRET" in text and "vaultmail up" in text
