@@ -22,7 +22,7 @@ from bot.office import Office, load_office
 from bot.office_source import CONFIG_PATH, CONFIG_REPO
 from bot.services import SERVICES_KEY, Services
 from bot.settings import Settings
-from bot.store import api_tokens
+from bot.store import api_tokens, ledger
 from bot.web import create_app
 
 APP_SLUG = "vaultmail"
@@ -93,6 +93,9 @@ class Embedded:
             await self.forge.webhooks_idle()
             if await self.services.store.pending_count() == 0:
                 return
+
+    async def ledger_events(self, event: str) -> list[ledger.Entry]:
+        return await ledger.entries(self.services.store, event=event)
 
     async def stop(self) -> None:
         await self.runner.cleanup()

@@ -1,0 +1,116 @@
+"""Mail is delivered exactly once through forge failures, retries and redeliveries."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from bot.embedded import start_embedded
+from bot.signing import PublicKeys
+from tests.support import Actor, label_names
+
+SCOUT_VAULT = "acme/scout-vault"
+
+
+async def test_a_create_that_landed_before_a_502_is_not_made_twice(
+        embedded: Any, tools: Any, person: Any) -> None:
+    embedded.forge.faults.add("POST /repos/{owner}/{repo}/issues", status=502, count=1,
+                              mode="after")
+    sent = await tools("agent:builder")("mail_send", to="scout", subject="Once", body="only once")
+    issues = await person("admin").issues(SCOUT_VAULT)
+    assert [i["number"] for i in issues] == [sent["mail"]["number"]]
+
+
+async def test_a_send_retried_with_the_same_key_returns_the_first_mail(
+        embedded: Any, tools: Any, person: Any) -> None:
+    builder = tools("agent:builder")
+    first = await builder("mail_send", to="scout", subject="Once", body="x", idempotencyKey="k1")
+    again = await builder("mail_send", to="scout", subject="Once", body="x", idempotencyKey="k1")
+    assert first["mail"]["mail_id"] == again["mail"]["mail_id"]
+    assert len(await person("admin").issues(SCOUT_VAULT)) == 1
+
+
+async def test_a_duplicated_webhook_delivery_adopts_the_issue_once(
+        embedded: Any, person: Any) -> None:
+    embedded.forge.faults.duplicate_webhooks(count=3)
+    marco: Actor = person("marco")
+    issue = await marco.open_issue(SCOUT_VAULT, "Twice?", "Only once please")
+    await embedded.settle()
+    found = await marco.issue(SCOUT_VAULT, issue["number"])
+    assert label_names(found) == ["mail:new"]
+    assert found["body"].count("vaultmail:header") == 1
+    sent = [e for e in await embedded.ledger_events("mail.sent")]
+    assert len(sent) == 1
+
+
+async def test_a_follow_up_on_a_replied_mail_wakes_the_recipient(
+        embedded: Any, person: Any) -> None:
+    marco, scout_bot = person("marco"), person("scout-bot")
+    issue = await marco.open_issue(SCOUT_VAULT, "Numbers", "Q3 numbers?")
+    await embedded.settle()
+    await scout_bot.comment(SCOUT_VAULT, issue["number"], "Q3 is up 4%.")
+    await embedded.settle()
+    assert label_names(await marco.issue(SCOUT_VAULT, issue["number"])) == ["mail:replied"]
+    await marco.comment(SCOUT_VAULT, issue["number"], "And Q2?")
+    await embedded.settle()
+    assert label_names(await marco.issue(SCOUT_VAULT, issue["number"])) == ["mail:new"]
+    queued = await embedded.ledger_events("run.queued")
+    assert len(queued) == 2, "the follow-up queued a second run for scout"
+
+
+async def test_runs_are_dispatched_as_signed_posts(tmp_path: Path) -> None:
+    received: list[tuple[bytes, str]] = []
+
+    async def runner(request: web.Request) -> web.Response:
+        received.append((await request.read(), request.headers["X-Vaultmail-Signature"]))
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/runs", runner)
+    site_runner = web.AppRunner(app)
+    await site_runner.setup()
+    site = web.TCPSite(site_runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    office = (Path(__file__).parents[1] / "bot" / "example_office.yml").read_text()
+    office = office.replace("dispatch: none\n    capabilities:\n      mail.send: [\"*\"]",
+                            f"dispatch: http://127.0.0.1:{port}/runs\n    capabilities:\n"
+                            "      mail.send: [\"*\"]", 1)
+    (tmp_path / "office.yml").write_text(office)
+    emb = await start_embedded(office_path=tmp_path / "office.yml", data_dir=tmp_path / "d",
+                               port=0, forge_port=0)
+    try:
+        marco = emb.api_tokens["human:marco@acme.com"]
+        async with __import__("aiohttp").ClientSession() as s:
+            async with s.post(emb.app_url + "/api/v1/tools/mail_send",
+                              headers={"Authorization": f"Bearer {marco}"},
+                              json={"to": "scout", "subject": "Go", "body": "run"}) as resp:
+                assert resp.status == 200
+            for _ in range(100):
+                if received:
+                    break
+                await asyncio.sleep(0.05)
+            async with s.get(emb.app_url + "/.well-known/vaultmail-keys.json") as resp:
+                keys = PublicKeys.from_jwks(await resp.json())
+        [(body, signature)] = received
+        kid, _, sig = signature.partition(".")
+        assert keys.verify(kid, body, sig)
+        assert json.loads(body)["agent"] == "scout" and json.loads(body)["kind"] == "mail"
+    finally:
+        await emb.stop()
+        await site_runner.cleanup()
+
+
+async def test_the_demo_story_passes() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.cli", "demo", stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    text = out.decode()
+    assert proc.returncode == 0, text
+    assert "loop guard" in text and "demo passed" in text and "✗" not in text
