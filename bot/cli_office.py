@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -43,11 +44,14 @@ async def cmd_reindex(args: argparse.Namespace) -> int:
 
     async with app_services(args.data) as services:
         forge = services.forge_for(None)
+        cache = services.settings.data_dir / "etag-cache.json"
+        forge.load_etag_cache(cache)
         office = await services.offices.get(forge, services.default_org or "")
         if office is None:
             print("vaultmail: no office config found (vaultmail.yml in the org's .github repo)")
             return 2
         report = await reindex(services.store, forge, office, services.keyring, progress=True)
+        forge.save_etag_cache(cache)
     print(f"reindexed {report.mails} mail(s) from {report.issues} issue(s) in "
           f"{report.vaults} vault(s); tampered: {', '.join(report.tampered) or 'none'}")
     return 0
@@ -110,6 +114,43 @@ async def cmd_token_create(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_token_revoke(args: argparse.Namespace) -> int:
+    store = await Store.open(data_dir(args) / "index.sqlite3")
+    try:
+        revoked = await api_tokens.revoke_token(store, args.token_id)
+    finally:
+        await store.close()
+    if not revoked:
+        print(f"vaultmail token revoke: no live token {args.token_id} (see `vaultmail token "
+              "list`)")
+        return 1
+    print(f"token {args.token_id} revoked: calls with it are refused from now on")
+    return 0
+
+
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) if t is not None else "never"
+
+
+async def cmd_token_list(args: argparse.Namespace) -> int:
+    store = await Store.open(data_dir(args) / "index.sqlite3")
+    try:
+        tokens = await api_tokens.list_tokens(store)
+    finally:
+        await store.close()
+    if args.json:
+        print(json.dumps([{"id": t.id, "principal": t.principal, "created": _when(t.created_at),
+                           "last_used": _when(t.last_used_at) if t.last_used_at else None,
+                           "revoked": t.revoked} for t in tokens]))
+        return 0
+    for t in tokens:
+        print(f"{t.id:>4}  {t.principal:<32} created {_when(t.created_at)}  "
+              f"last used {_when(t.last_used_at)}{'  REVOKED' if t.revoked else ''}")
+    if not tokens:
+        print("no API tokens (`vaultmail token create PRINCIPAL` makes one)")
+    return 0
+
+
 async def cmd_ledger(args: argparse.Namespace) -> int:
     store = await Store.open(data_dir(args) / "index.sqlite3")
     try:
@@ -149,6 +190,12 @@ def add_office_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p = with_data(tsub.add_parser("create", help="issue an API token for a principal"))
     p.add_argument("principal", metavar="PRINCIPAL")
     p.set_defaults(func=cmd_token_create)
+    p = with_data(tsub.add_parser("revoke", help="revoke an API token by its id (token list)"))
+    p.add_argument("token_id", metavar="ID", type=int)
+    p.set_defaults(func=cmd_token_revoke)
+    p = with_data(tsub.add_parser("list", help="the API tokens: id, principal, last use"))
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_token_list)
     p = with_data(sub.add_parser("ledger", help="print the ledger"))
     p.add_argument("--since", type=int, default=0)
     p.add_argument("--limit", type=int, default=1000)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from labels.catalogue import Label
@@ -97,6 +98,12 @@ class Forge(Protocol):
     async def dispatch(
         self, repo: str, event_type: str, client_payload: Mapping[str, Any]
     ) -> None: ...
+
+    def save_etag_cache(self, path: Path) -> None:
+        """Keep the conditional-read cache for the next process (CLI runs)."""
+        ...
+
+    def load_etag_cache(self, path: Path) -> None: ...
 
     async def list_installation_repos(self) -> list[str]: ...
 

@@ -26,6 +26,7 @@ import asyncio
 import base64
 import binascii
 import copy
+import json
 import logging
 import random
 import time
@@ -34,6 +35,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote, urlsplit
 
@@ -520,6 +522,28 @@ class GitHubForge(_Caller):
 
     def _invalidate(self, credentials: Mapping[str, str]) -> None:
         self.client.auth.invalidate(self.installation_id, credentials.get("oauth_token"))
+
+    # -- the ETag cache across processes (so a second `vaultmail reindex` gets 304s) -------------
+    def save_etag_cache(self, path: Path) -> None:
+        cache = self._gh._cache
+        if cache is None:
+            return
+        entries = [[url, list(value)] for url, value in cache.items()]
+        path.write_text(json.dumps({"installation_id": self.installation_id,
+                                    "entries": entries}))
+
+    def load_etag_cache(self, path: Path) -> None:
+        cache = self._gh._cache
+        if cache is None or not path.exists():
+            return
+        try:
+            doc = json.loads(path.read_text())
+        except ValueError:
+            return  # a damaged cache only costs full reads
+        if doc.get("installation_id") != self.installation_id:
+            return
+        for url, value in doc.get("entries", []):
+            cache[url] = tuple(value)
 
     def _by_app(self, item: Mapping[str, Any]) -> bool:
         user = item.get("user") or {}

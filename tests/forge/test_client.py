@@ -286,7 +286,7 @@ async def test_writes_paced_by_min_interval(env: Env) -> None:
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     await asyncio.gather(*(inst.add_labels(REPO, issue["number"], [f"l{i}"]) for i in range(3)))
-    assert loop.time() - t0 >= 0.5  # 3 writes after the create, ~0.2 s apart
+    assert loop.time() - t0 >= 0.35  # 3 writes after the create, at least 0.2 s apart
 
 
 # -- the interface --------------------------------------------------------------------------------
