@@ -194,11 +194,18 @@ class LocalForge:
         team.repo_permissions[self._repo(full_name).id] = permission
         self.save()
 
-    def put_file(self, full_name: str, path: str, text: str) -> None:
+    def put_file(self, full_name: str, path: str, text: str, pusher: str | None = None) -> None:
+        """Commit one file to the default branch; with `pusher`, as a push that sends the
+        `push` webhook (seeding passes no pusher: the repository starts with the file)."""
         repo = self._repo(full_name)
+        existed = path.strip("/") in repo.files
         repo.files[path.strip("/")] = text
         repo.pushed_at = repo.updated_at = self.clock.now()
         self.save()
+        if pusher is not None:
+            from .github.events import pushed
+
+            pushed(self, repo, pusher, path.strip("/"), existed)
 
     def register_app(self, slug: str, name: str, public_key_pem: str | bytes,
                      webhook_url: str | None = None, webhook_secret: str | None = None,

@@ -8,6 +8,7 @@ import hmac
 import secrets
 from typing import TYPE_CHECKING, Any
 
+from ..clock import iso
 from ..state import App, Delivery, Installation, Repo
 from .render import Renderer, node_id
 
@@ -52,9 +53,30 @@ def _webhook_shape(body: dict[str, Any]) -> dict[str, Any]:
     for key, drop in _REST_ONLY.items():
         if isinstance(out.get(key), dict):
             out[key] = {k: v for k, v in out[key].items() if k not in drop}
+            via = out[key].get("performed_via_github_app")
+            if isinstance(via, dict):  # the webhooks description's App has no client_id
+                out[key]["performed_via_github_app"] = {
+                    k: v for k, v in via.items() if k != "client_id"}
     if isinstance(out.get("issue"), dict) and "pull_request" not in out["issue"]:
         out["issue"].setdefault("draft", False)
     return out
+
+
+def pushed(forge: LocalForge, repo: Repo, pusher: str, path: str, existed: bool) -> None:
+    """A one-file commit pushed to the default branch (how config files change on GitHub)."""
+    before, after = secrets.token_hex(20), secrets.token_hex(20)
+    user = forge.state.account(pusher)
+    who = {"name": pusher, "email": getattr(user, "email", None) or f"{pusher}@users.noreply"}
+    commit = {"id": after, "tree_id": secrets.token_hex(20), "distinct": True,
+              "message": f"Update {path}", "timestamp": iso(forge.clock.now()),
+              "url": f"{forge.url}/{repo.full_name}/commit/{after}", "author": who,
+              "committer": who, "added": [] if existed else [path],
+              "removed": [], "modified": [path] if existed else []}
+    emit(forge, "push", None, repo, pusher, {
+        "ref": f"refs/heads/{repo.default_branch}", "before": before, "after": after,
+        "created": False, "deleted": False, "forced": False, "base_ref": None,
+        "compare": f"{forge.url}/{repo.full_name}/compare/{before[:12]}...{after[:12]}",
+        "commits": [commit], "head_commit": commit, "pusher": who})
 
 
 def _repo_brief(repo: Repo) -> dict[str, Any]:

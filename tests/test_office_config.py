@@ -1,0 +1,39 @@
+"""The office config lives in the org's .github repo; a push reloads it, a bad one is refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bot.embedded import Embedded
+
+
+async def test_a_valid_push_takes_effect_at_once(embedded: Embedded, tools: Any) -> None:
+    builder = tools("agent:builder")
+    await builder("mail_send", to="scout", subject="Before", body="allowed")
+    text = _example()
+    text = text.replace("      mail.send: [scout]", "      mail.send: []")
+    embedded.forge.put_file("acme/.github", "vaultmail.yml", text, pusher="admin")
+    await embedded.settle()
+    status, body = await builder.raw("mail_send", {"to": "scout", "subject": "After", "body": "x"})
+    assert status == 403 and "capabilities.mail.send" in body["error"]["message"]
+
+
+async def test_an_invalid_push_is_refused_on_the_forge_and_the_old_config_stays(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    broken = _example().replace("slug: scout", "slug: Scout!").replace(
+        "org: acme", "org: acme\nflavour: vanilla")
+    embedded.forge.put_file("acme/.github", "vaultmail.yml", broken, pusher="admin")
+    await embedded.settle()
+    [issue] = await person("admin").issues("acme/.github")
+    assert issue["title"] == "vaultmail.yml was refused" and "@admin" in issue["body"]
+    assert "agents[0].slug" in issue["body"] and "flavour" in issue["body"]
+    [refused] = await embedded.ledger_events("office.config_refused")
+    assert len(refused.data["errors"]) == 2
+    sent = await tools("agent:builder")("mail_send", to="scout", subject="Still", body="works")
+    assert sent["mail"]["to_principal"] == "agent:scout"
+
+
+def _example() -> str:
+    from importlib import resources
+
+    return resources.files("bot").joinpath("example_office.yml").read_text()
