@@ -125,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_office_commands(sub)
 
+    from bot.cli_tools import add_tool_commands
+
+    add_tool_commands(sub)
+
     dead = sub.add_parser("dead-letters", help="list or replay deliveries that kept failing")
     dead.add_argument("--data", default="vaultmail-data")
     dead.add_argument("--replay", metavar="ID|all")

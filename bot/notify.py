@@ -38,5 +38,16 @@ class Notifier:
                 if self._events.get(principal) is event and not event.is_set():
                     del self._events[principal]
 
+    async def wait_any(self, principals: Iterable[str], timeout: float) -> bool:
+        """Like `wait`, woken by something new for any of `principals`."""
+        waits = [asyncio.ensure_future(self.wait(p, timeout)) for p in set(principals)]
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            return any(task.result() for task in done)
+        finally:
+            for task in waits:
+                task.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
     def waiting(self) -> int:
         return sum(self._waiters.values())

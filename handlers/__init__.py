@@ -2,9 +2,9 @@
 
 from gidgethub.routing import Router
 
-from handlers import comments, installation, mail, office_config
+from handlers import comments, installation, items, mail, office_config
 
 
 def build_router() -> Router:
-    return Router(installation.router, mail.router, comments.router,
+    return Router(installation.router, mail.router, comments.router, items.router,
                   office_config.router)

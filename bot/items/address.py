@@ -3,8 +3,8 @@ their agents.
 
 Everything here is per principal: `human:<email>` is a person, `agent:<slug>` an agent whose
 inbox is its person's "agents" inbox. A person reached for any personal reason is reached
-personally (mentioned in the forge, so the forge notifies them); otherwise everyone of theirs
-reached is reached through their agents, which never pings the person.
+personally (mentioned in the forge, so the forge notifies them); a person whose agents alone
+are reached is reached only through them, and is never pinged.
 """
 
 from __future__ import annotations
@@ -95,8 +95,12 @@ def resolve(office: Office, entries: Iterable[str], *, author: str,
     return out
 
 
-def count_people(reached: Iterable[Reached]) -> int:
-    return len({r.principal for r in reached})
+def check_addressed(reached: list[Reached]) -> None:
+    """At most 20 people (a team counts as its members), so nobody broadcasts by comment."""
+    people = len({r.principal for r in reached})
+    if people > MAX_ADDRESSED:
+        raise InvalidArguments(f"to/cc: {people} people; at most {MAX_ADDRESSED}. Address fewer "
+                               "people, or post where the rest already follow the work")
 
 
 @dataclass(frozen=True)
@@ -117,26 +121,23 @@ def table_reach(table: Table) -> list[Reached]:
     return out
 
 
-def audience(office: Office, *, author: str, candidates: Iterable[Reached]) -> list[Reached]:
-    """Per person: personally if any reason is personal, else each of their agents reached.
+def audience(office: Office, *, author: str, candidates: Iterable[Reached],
+             explicit: Iterable[str] = ()) -> list[Reached]:
+    """Who hears a comment: people reached for a personal reason are reached personally (and
+    pinged); agents reached put it in their person's agents inbox, which never pings anyone.
 
-    The author never reaches themselves. A person writing on their own agent's work still
-    reaches that agent: it is the one doing the work."""
+    The author never reaches themselves, and an agent writing does not reach its own person
+    unless it addresses them (`cc: ["me"]`): nobody wants to hear about their agents' work."""
+    mine = person_of(office, author) if author.startswith("agent:") else None
+    wanted = set(explicit)
     personal: dict[str, None] = {}
-    through: dict[str, list[str]] = {}
+    through: dict[str, None] = {}
     for r in candidates:
-        if r.principal == author:
+        if r.principal == author or (r.principal == mine and r.principal not in wanted):
             continue
-        owner = owner_of(office, r.principal)
         if r.way == "personal" and r.principal.startswith("human:"):
             personal[r.principal] = None
         else:
-            through.setdefault(owner, [])
-            if r.principal not in through[owner]:
-                through[owner].append(r.principal)
-    out = [Reached(p, "personal") for p in personal]
-    for owner, principals in through.items():
-        if owner in personal:
-            continue
-        out += [Reached(p, "agents") for p in principals]
-    return out
+            through[r.principal] = None
+    return [*(Reached(p, "personal") for p in personal),
+            *(Reached(p, "agents") for p in through if p not in personal)]

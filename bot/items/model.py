@@ -67,7 +67,7 @@ class Item:
 
 
 def claim_of(office: Office, assignees: list[str]) -> str | None:
-    """The agent holding an outcome's claim: the first assignee who is one of the office's agents."""
+    """The agent holding an outcome's claim: the first assignee who is an office agent."""
     for login in assignees:
         who = office.by_login(login)
         if who is not None and who.principal.startswith("agent:"):

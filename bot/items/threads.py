@@ -70,14 +70,16 @@ class ThreadState:
 
 
 def start(asker: str, *, question: Question | None, to: list[Reached],
-          cc: list[Reached], default_asked: list[Reached]) -> ThreadState:
-    """A new thread from its first comment; a question asks `to`, else whom the item reaches."""
+          cc: list[Reached], reached: list[Reached]) -> ThreadState:
+    """A new thread from its first comment. Everyone it reaches is in the thread (so replies
+    reach them too); a question asks `to`, else whom the item reaches (a plan's author, the
+    agent holding the claim)."""
     members: dict[str, Way] = {asker: way_of_writer(asker)}
-    for r in [*to, *cc]:
+    for r in [*to, *cc, *reached]:
         members.setdefault(r.principal, r.way)
     if question is None:
         return ThreadState(asker=asker, members=members)
-    asked = _unique(r.principal for r in (to or default_asked) if r.principal != asker)
+    asked = _unique(r.principal for r in (to or reached) if r.principal != asker)
     if not asked:
         raise InvalidArguments('to: a question needs someone to answer it: address them with '
                                'to (an email, team:<key>, "agent" or "me")')

@@ -91,13 +91,14 @@ class Dispatcher:
     async def _run(self) -> None:
         while True:
             delivery_id = await self.queue.get()
+            delivery = self.state.deliveries.get(delivery_id)
             try:
-                delivery = self.state.deliveries.get(delivery_id)
                 if delivery is not None:
                     await self._deliver(delivery)
                     self.on_change()
-            except Exception:  # noqa: BLE001 - a bad delivery must not stop the sender
-                pass
+            except Exception as exc:  # a bad delivery must not stop the sender; record it
+                if delivery is not None:
+                    delivery.status, delivery.status_code = f"forge error: {exc!r}", 0
             finally:
                 self.queue.task_done()
 

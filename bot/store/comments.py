@@ -61,7 +61,7 @@ CREATE TABLE IF NOT EXISTS threads (
 CREATE INDEX IF NOT EXISTS threads_asker ON threads(asker, is_question, open);
 CREATE INDEX IF NOT EXISTS threads_scope ON threads(scope, answered_at);
 CREATE INDEX IF NOT EXISTS threads_card ON threads(card_id);
-CREATE TABLE IF NOT EXISTS deliveries (
+CREATE TABLE IF NOT EXISTS inbox_deliveries (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     owner TEXT NOT NULL,
     box TEXT NOT NULL,
@@ -70,7 +70,7 @@ CREATE TABLE IF NOT EXISTS deliveries (
     read_at REAL,
     created_at REAL NOT NULL
 );
-CREATE INDEX IF NOT EXISTS deliveries_owner ON deliveries(owner, box, read_at);
+CREATE INDEX IF NOT EXISTS inbox_deliveries_owner ON inbox_deliveries(owner, box, read_at);
 CREATE TABLE IF NOT EXISTS item_updates (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     item TEXT NOT NULL,
@@ -204,10 +204,10 @@ async def thread_by_card(store: Store, card_id: int) -> ThreadRow | None:
 
 
 async def open_threads(store: Store, *, item: str | None = None) -> list[ThreadRow]:
-    sql, params = "SELECT * FROM threads WHERE open=1", ()
+    sql, params = "SELECT * FROM threads WHERE open=1", []
     if item is not None:
-        sql, params = sql + " AND item=?", (item,)
-    rows = await store.fetchall(sql + " ORDER BY updated_at DESC", params)
+        sql, params = sql + " AND item=?", [item]
+    rows = await store.fetchall(sql + " ORDER BY updated_at DESC", tuple(params))
     return [_thread(r) for r in rows]
 
 
@@ -241,13 +241,13 @@ async def questions_asked_on(store: Store, askers: list[str]) -> list[str]:
 # -- deliveries (the inboxes) --------------------------------------------------------------
 async def deliver(db: aiosqlite.Connection, owner: str, box: str, principal: str,
                   comment: str) -> None:
-    await db.execute("INSERT INTO deliveries(owner, box, principal, comment, created_at)"
+    await db.execute("INSERT INTO inbox_deliveries(owner, box, principal, comment, created_at)"
                      " VALUES (?,?,?,?,?)", (owner, box, principal, comment, time.time()))
 
 
 async def unread(store: Store, owner: str, box: str) -> list[aiosqlite.Row]:
     return await store.fetchall(
-        "SELECT * FROM deliveries WHERE owner=? AND box=? AND read_at IS NULL ORDER BY seq",
+        "SELECT * FROM inbox_deliveries WHERE owner=? AND box=? AND read_at IS NULL ORDER BY seq",
         (owner, box))
 
 
@@ -256,14 +256,14 @@ async def mark_read(store: Store, seqs: list[int]) -> None:
         return
     marks = ",".join("?" for _ in seqs)
     async with store.transaction() as db:
-        await db.execute(f"UPDATE deliveries SET read_at=? WHERE seq IN ({marks})"
+        await db.execute(f"UPDATE inbox_deliveries SET read_at=? WHERE seq IN ({marks})"
                          " AND read_at IS NULL", (time.time(), *seqs))
 
 
 async def read_page(store: Store, owner: str, before: int | None,
                     limit: int) -> list[aiosqlite.Row]:
     return await store.fetchall(
-        "SELECT * FROM deliveries WHERE owner=? AND read_at IS NOT NULL AND seq<?"
+        "SELECT * FROM inbox_deliveries WHERE owner=? AND read_at IS NOT NULL AND seq<?"
         " ORDER BY seq DESC LIMIT ?", (owner, before or 2**62, limit))
 
 

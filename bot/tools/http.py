@@ -15,6 +15,7 @@ from bot.errors import Unauthenticated, VaultmailError
 from bot.services import SERVICES_KEY, Services
 from bot.store import api_tokens
 from bot.tools import chat_tools as _chat_tools  # noqa: F401
+from bot.tools import comment_tools as _comment_tools  # noqa: F401
 from bot.tools import ledger_tools as _ledger_tools  # noqa: F401
 from bot.tools import mail_tools as _mail_tools  # noqa: F401  (registers the tools)
 from bot.tools.registry import TOOLS, Call, call_tool

@@ -44,7 +44,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         f"({s.responses} responses, {len(s.statuses)} operation/status pairs), "
         f"{s.webhooks} webhook payloads validated ({len(s.webhook_names)} kinds), "
         f"{len(validator.KNOWN_DRIFTS)} known drifts "
-        f"(applied: {dict(s.drifts_applied) or 'none'})")
+        f"(applied: {dict(s.drifts_applied) or 'none'}), "
+        f"{len(validator.ALLOWED_EXTRA_KEYS)} allowed extra fields "
+        f"(applied: {dict(s.allowances_applied) or 'none'})")
     missing = sorted({o.operation_id for o in validator.rest_operations()} - s.operations)
     if missing and s.responses:
         terminalreporter.write_line(f"conformance: operations not validated: {missing}")

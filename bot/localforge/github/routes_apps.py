@@ -76,8 +76,14 @@ async def create_token(request: web.Request) -> web.Response:
         else inst.repository_selection,
     }
     if narrowed is not None:
-        out["repositories"] = [ctx.r.repo_full(r) for r in repos if r.id in narrowed]
+        out["repositories"] = [_installation_repo(ctx, r) for r in repos if r.id in narrowed]
     return json_response(out, 201)
+
+
+def _installation_repo(ctx: Ctx, repo: Any, role: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = ctx.r.repo_full(repo, role)
+    out.pop("organization", None)
+    return out
 
 
 async def installation_repositories(request: web.Request) -> web.Response:
@@ -96,7 +102,9 @@ async def installation_repositories(request: web.Request) -> web.Response:
     return json_response({
         "total_count": len(repos),
         "repository_selection": p.installation.repository_selection,
-        "repositories": [ctx.r.repo_full(r, role) for r in page],
+        # Neither the "repository" schema nor GitHub's example has organization here
+        # (tests/conformance checks for undeclared fields).
+        "repositories": [_installation_repo(ctx, r, role) for r in page],
     }, headers=headers)
 
 

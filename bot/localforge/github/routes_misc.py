@@ -153,6 +153,7 @@ async def search_issues(request: web.Request) -> web.Response:
         item = ctx.r.issue(repo, issue)
         item["score"] = 1.0
         item["body"] = item["body"] or ""  # search items type body as a (non-null) string
+        item.pop("closed_by", None)  # not a field of issue-search-result-item
         items.append(item)
     from .http import paginate  # local: reuse Link building over the reachable window
 

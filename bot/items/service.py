@@ -1,0 +1,361 @@
+"""Comments on items, with their I/O: validate, write the forge, then index + ledger in one
+transaction, then wake the inboxes. The tools and the webhook handler both call `Comments`.
+
+Order matters: every rule is checked before anything is written, so a refusal leaves nothing
+behind; the forge write comes before the index so the index never points at a comment the
+forge does not have (the hidden comment id is the marker that makes a retried write
+idempotent).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from bot.errors import Conflict, Denied, InvalidArguments, NotFoundError
+from bot.forge.errors import NotFound
+from bot.items import render
+from bot.items.address import (
+    Reached,
+    Table,
+    audience,
+    check_addressed,
+    owner_of,
+    resolve,
+    table_reach,
+)
+from bot.items.model import Item, item_from_issue, split_ref
+from bot.items.questions import validate_question
+from bot.items.threads import ReplyKind, ThreadState, may_answer, may_resolve, reply, start
+from bot.items.views import comment_view, thread_view
+from bot.mailer import login_of
+from bot.office import Office
+from bot.store import comments as db
+from bot.store import ledger
+
+if TYPE_CHECKING:
+    from bot.forge.base import Forge
+    from bot.services import Services
+
+MAX_BODY = 10_000
+MAX_COMMENTS_PER_ITEM = 2_000
+MAX_OPEN_PER_ITEM = 5
+MAX_OPEN_OVERALL = 100
+CONTRIBUTOR = ("admin", "maintain", "write")
+
+
+@dataclass
+class NewComment:
+    body: str = ""
+    to: list[str] = field(default_factory=list)
+    cc: list[str] = field(default_factory=list)
+    parent: str | None = None
+    needs_reply: bool = False
+    options: list[dict[str, Any]] | None = None
+    header: str | None = None
+    human_only: bool = False
+    context: str | None = None
+    option: str | int | None = None
+    amend: bool = False
+    confirmed: bool = False
+    forge_id: int | None = None  # set when the comment was written in the forge by hand
+    quiet: bool = False  # a tick in a card: the card shows it, no comment is posted
+
+
+@dataclass
+class Comments:
+    services: Services
+    forge: Forge
+    office: Office
+    _roles: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    # -- items ------------------------------------------------------------------------------
+    async def load_item(self, repo: str, number: int) -> Item:
+        """The item as the forge has it now (indexed on the way), with its claim filled in."""
+        try:
+            issue = await self.forge.get_issue(repo, number)
+        except NotFound as exc:
+            raise NotFoundError(f"no issue {repo}#{number}: give owner/repo#N of a goal, "
+                                "outcome, plan or evidence") from exc
+        item = item_from_issue(self.office, repo, issue)
+        if item is None:
+            raise NotFoundError(f"{repo}#{number} is not an item: label it goal, outcome, plan "
+                                "or evidence", code="not_an_item")
+        return await self.index_item(item)
+
+    async def index_item(self, item: Item) -> Item:
+        if item.kind in ("plan", "evidence") and item.parent:
+            parent = await self.parent_item(item.parent)
+            if parent is not None and parent.kind == "outcome":
+                item = replace(item, claim=parent.claim)
+        async with self.services.store.transaction() as tx:
+            await db.put_item(tx, item)
+        return item
+
+    async def parent_item(self, ref: str) -> Item | None:
+        known = await db.get_item(self.services.store, ref)
+        if known is not None:
+            return known
+        where = split_ref(ref)
+        if where is None:
+            return None
+        try:
+            return await self.load_item(*where)
+        except NotFoundError:
+            return None
+
+    async def target(self, target: str, kind: str | None) -> Item:
+        where = split_ref(target)
+        if where is None:
+            raise InvalidArguments(f"target: {target!r} is not owner/repo#N")
+        item = await self.load_item(*where)
+        if kind is not None and item.kind != kind:
+            raise InvalidArguments(f"targetType: {item.ref} is a {item.kind}, not a {kind}")
+        return item
+
+    def scope_of(self, item: Item) -> str:
+        """Questions on a plan or evidence count for the outcome or goal it belongs to."""
+        return item.parent if item.kind in ("plan", "evidence") and item.parent else item.ref
+
+    # -- access -----------------------------------------------------------------------------
+    async def role(self, repo: str, principal: str) -> str:
+        if principal == "office":
+            return "admin"
+        login = login_of(self.office, principal) or (
+            principal[6:] if principal.startswith("forge:") else None)
+        if login is None:
+            return "none"
+        key = (repo, login)
+        if key not in self._roles:
+            self._roles[key] = await self.forge.permission(repo, login)
+        return self._roles[key]
+
+    async def deny(self, actor: str, subject: str, reason: str) -> Denied:
+        await ledger.record(self.services.store, "run.denied", actor, subject, {"reason": reason})
+        return Denied(reason)
+
+    def is_editor(self, principal: str) -> bool:
+        human = self.office.human(principal[6:]) if principal.startswith("human:") else None
+        return bool(human and "editor" in human.permissions)
+
+    def login(self, principal: str) -> str:
+        return login_of(self.office, principal) or principal
+
+    # -- adding -----------------------------------------------------------------------------
+    async def add(self, actor: str, item: Item, new: NewComment) -> dict[str, Any]:
+        store = self.services.store
+        body = new.body.replace("\r\n", "\n").strip()
+        if not body and new.option is None:
+            raise InvalidArguments("body: empty; write the comment, or answer with option")
+        if len(body) > MAX_BODY:
+            raise InvalidArguments(f"body: {len(body):,} characters; a comment takes at most "
+                                   f"{MAX_BODY:,}. Shorten it or split it into a few comments")
+        if await db.count_comments(store, item.ref) >= MAX_COMMENTS_PER_ITEM:
+            raise Conflict(f"{item.ref} already has {MAX_COMMENTS_PER_ITEM:,} comments, the most "
+                           "an item takes; continue on a new item that is `Part of` it",
+                           code="item_full")
+        parent = await self._parent_thread(item, new.parent)
+        table = Table(item.kind, item.author if item.kind == "plan" else None, item.claim)
+        to = resolve(self.office, new.to, author=actor, claim=item.claim, field="to")
+        cc = resolve(self.office, new.cc, author=actor, claim=item.claim, field="cc")
+        check_addressed([*to, *cc])
+        await self._check_access(actor, item, parent, [*to, *cc])
+        comment_id = "c" + secrets.token_hex(5)
+        now = time.time()
+        if parent is None:
+            state = await self._start(actor, item, new, body, to, cc, table)
+            thread_id, kind = comment_id, ("question" if state.is_question else "comment")
+            candidates = [*table_reach(table), *to, *cc]
+            row = db.ThreadRow(thread_id, item.ref, self.scope_of(item), state, None, None,
+                               None, now)
+        else:
+            state, reply_kind = self._reply(actor, parent, new, body, to, cc, comment_id, now)
+            thread_id, kind = parent.id, reply_kind
+            candidates = [Reached(p, w) for p, w in state.members.items()]
+            answered = now if reply_kind in ("answer", "amend") else parent.answered_at
+            row = replace(parent, state=state, answered_at=answered)
+        reached = audience(self.office, author=actor, candidates=candidates,
+                           explicit=[r.principal for r in [*to, *cc]])
+        mentions = [self.login(r.principal) for r in reached if r.way == "personal"]
+        row, forge_id = await self._write_forge(actor, item, new, body, comment_id, row, kind,
+                                                mentions)
+        answer = row.state.answer if kind in ("answer", "amend") else None
+        record = db.CommentRow(comment_id, item.ref, thread_id, new.parent, actor, body, {
+            "to": new.to, "cc": new.cc, "kind": kind, "option": answer.option if answer else None,
+            "amend": new.amend, "confirmedWithPerson": new.confirmed,
+        }, forge_id, now)
+        await self._commit(actor, item, record, row, kind, reached, to, cc)
+        return {"comment": comment_view(record), "thread": thread_view(row, actor),
+                "notify": [r.as_json() for r in reached],
+                "addressed": [r.principal for r in [*to, *cc]]}
+
+    async def _parent_thread(self, item: Item, parent: str | None) -> db.ThreadRow | None:
+        if parent is None:
+            return None
+        store = self.services.store
+        c = await db.get_comment(store, parent)
+        if c is None or c.item != item.ref:
+            raise NotFoundError(f"parent: no comment {parent!r} on {item.ref}; give the `id` "
+                                "of a comment on this item")
+        t = await db.get_thread(store, c.thread)
+        assert t is not None
+        return t
+
+    async def _check_access(self, actor: str, item: Item, parent: db.ThreadRow | None,
+                            addressed: list[Reached]) -> None:
+        asked = parent is not None and may_answer(parent.state, self.office, actor)
+        if await self.role(item.repo, actor) not in CONTRIBUTOR and not asked:
+            raise await self.deny(actor, item.ref, (
+                f"{actor} needs contributor (write) access to {item.repo} to comment on "
+                f"{item.ref}; only people a question is addressed to may reply without it"))
+        blind = [r.principal for r in addressed
+                 if await self.role(item.repo, r.principal) == "none"]
+        if blind:
+            raise await self.deny(actor, item.ref, (
+                f"{', '.join(blind)} cannot see {item.ref}; a comment never shares an item. "
+                "Give them access on the forge first, or address someone who can see it"))
+
+    async def _start(self, actor: str, item: Item, new: NewComment, body: str,
+                     to: list[Reached], cc: list[Reached], table: Table) -> ThreadState:
+        question = validate_question(body, needs_reply=new.needs_reply, options=new.options,
+                                     header=new.header, human_only=new.human_only,
+                                     context=new.context)
+        if new.option is not None or new.amend or new.confirmed:
+            raise InvalidArguments("option/amend/confirmedWithPerson answer a question: give "
+                                   "parent, the id of the question's comment")
+        if question is not None:
+            store = self.services.store
+            if await db.count_open_questions(store, actor, item.ref) >= MAX_OPEN_PER_ITEM:
+                raise Conflict(f"you have {MAX_OPEN_PER_ITEM} open questions on {item.ref}, the "
+                               "most one asker may; follow up in a thread you have, or resolve "
+                               "the ones you have used", code="too_many_questions")
+            if await db.count_open_questions(store, actor) >= MAX_OPEN_OVERALL:
+                raise Conflict(f"you have {MAX_OPEN_OVERALL} open questions in all, the most "
+                               "one asker may; resolve the ones you have used",
+                               code="too_many_questions")
+        return start(actor, question=question, to=to, cc=cc, reached=table_reach(table))
+
+    def _reply(self, actor: str, parent: db.ThreadRow, new: NewComment, body: str,
+               to: list[Reached], cc: list[Reached], comment_id: str,
+               now: float) -> tuple[ThreadState, ReplyKind]:
+        if new.needs_reply or new.options or new.header or new.human_only or new.context:
+            raise InvalidArguments("a reply cannot ask a new question: leave out parent to ask "
+                                   "one, or reply in words")
+        q = parent.state.question
+        option = q.option_index(new.option) if new.option is not None and q else None
+        if new.option is not None and q is None:
+            raise InvalidArguments("option: this thread is not a question; reply with body")
+        return reply(parent.state, self.office, actor, comment=comment_id, at=now, body=body,
+                     option=option, amend=new.amend, confirmed=new.confirmed, to=to, cc=cc)
+
+    async def _write_forge(self, actor: str, item: Item, new: NewComment, body: str,
+                           comment_id: str, row: db.ThreadRow, kind: str,
+                           mentions: list[str]) -> tuple[db.ThreadRow, int | None]:
+        """Post what the forge lacks: the card for a question, the comment for a tool call.
+
+        Returns the thread (its card rewritten when the reply changed it) and the forge id of
+        the comment that stands for this one."""
+        forge_id = new.forge_id
+        author = self.login(actor) if actor.startswith("human:") else actor
+        if kind == "question":
+            card = render.render_card(comment_id, author=author, state=row.state,
+                                      mentions=mentions, logins=self._logins())
+            posted = await self.forge.create_comment(item.repo, item.number, card,
+                                                     marker=render.marker(comment_id,
+                                                                          kind="question"))
+            row = replace(row, card_id=int(posted["id"]), card_body=card)
+            return row, new.forge_id if new.forge_id is not None else row.card_id
+        if new.forge_id is None and not new.quiet:
+            note = {"answer": f"answer: {row.state.answer.option}" if row.state.answer
+                    and row.state.answer.option else "answer", "amend": "changed the answer",
+                    "pass_on": "passed on"}.get(kind, "")
+            text = render.render_comment(comment_id, author=author, body=body,
+                                         mentions=mentions,
+                                         thread=row.id if new.parent else None, note=note)
+            posted = await self.forge.create_comment(item.repo, item.number, text,
+                                                     marker=render.marker(comment_id))
+            forge_id = int(posted["id"])
+        if row.state.is_question and row.card_id is not None and kind != "comment":
+            row = await self.refresh_card(item, row)
+        return row, forge_id
+
+    def _logins(self) -> dict[str, str]:
+        people = {h.principal: h.login for h in self.office.humans}
+        return people | {a.principal: a.principal for a in self.office.agents}
+
+    async def refresh_card(self, item: Item, row: db.ThreadRow) -> db.ThreadRow:
+        """Rewrite the card to show the answer, its history and whether it is resolved."""
+        if row.card_id is None:
+            return row
+        asker = row.state.asker
+        author = self.login(asker) if asker.startswith("human:") else asker
+        mentions = [self.login(p) for p in row.state.asked if p.startswith("human:")]
+        card = render.render_card(row.id, author=author, state=row.state,
+                                  mentions=mentions, logins=self._logins())
+        if card != row.card_body:
+            await self.forge.update_comment(item.repo, row.card_id, card)
+        return replace(row, card_body=card)
+
+    async def _commit(self, actor: str, item: Item, record: db.CommentRow, row: db.ThreadRow,
+                      kind: str, reached: list[Reached], to: list[Reached],
+                      cc: list[Reached]) -> None:
+        s = row.state
+        data: dict[str, Any] = {
+            "comment": record.id, "item": item.ref, "thread": row.id, "parent": record.parent,
+            "kind": kind, "notify": [r.as_json() for r in reached],
+            "to": [r.principal for r in to], "cc": [r.principal for r in cc],
+        }
+        if s.question is not None:
+            data.update(needsReply=True, header=s.question.header, humanOnly=s.question.human_only,
+                        waitingOn=list(s.waiting_on),
+                        options=[o.public() for o in s.question.options])
+            if s.answer is not None:
+                data["answers"] = [{"option": a.option, "body": a.body, "by": a.by,
+                                    "confirmedWithPerson": a.confirmed_with_person}
+                                   for a in (s.answer, *reversed(s.history))]
+        owners = []
+        async with self.services.store.transaction() as tx:
+            await db.put_comment(tx, record)
+            await db.put_thread(tx, row)
+            for r in reached:
+                owner = owner_of(self.office, r.principal)
+                owners.append(owner)
+                box = "you" if r.way == "personal" else "agents"
+                await db.deliver(tx, owner, box, r.principal, record.id)
+            await ledger.append(tx, "comment.added", actor, item.ref, data)
+            if kind in ("answer", "amend"):
+                await ledger.append(tx, "comment.answered", actor, item.ref, {
+                    "thread": row.id, "comment": record.id, "amend": kind == "amend",
+                    "answers": data.get("answers", [])})
+        self.services.notifier.notify(owners)
+
+    # -- resolving --------------------------------------------------------------------------
+    async def resolve(self, actor: str, comment_id: str) -> db.ThreadRow:
+        store = self.services.store
+        c = await db.get_comment(store, comment_id)
+        t = await db.get_thread(store, c.thread) if c else None
+        if c is None or t is None:
+            raise NotFoundError(f"comment: no comment {comment_id!r}; give a comment's `id`")
+        item = await db.get_item(store, t.item)
+        assert item is not None
+        s = t.state
+        if not may_resolve(s, self.office, actor, editor=self.is_editor(actor)):
+            raise await self.deny(actor, t.item, (
+                f"only the asker ({s.asker}) or an editor can resolve this question: resolving "
+                "says its answer was used"))
+        if not s.is_question and await self.role(item.repo, actor) not in CONTRIBUTOR \
+                and actor not in s.members:
+            raise await self.deny(actor, t.item, f"{actor} needs contributor access to "
+                                                 f"{item.repo} to resolve threads")
+        if s.resolved:
+            return t
+        row = replace(t, state=replace(s, resolved=True))
+        if s.is_question:
+            row = await self.refresh_card(item, row)
+        async with store.transaction() as tx:
+            await db.put_thread(tx, row)
+            await ledger.append(tx, "comment.resolved", actor, t.item,
+                                {"thread": t.id, "comment": comment_id})
+        return row

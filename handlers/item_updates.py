@@ -1,0 +1,50 @@
+"""Updates on outcomes (seed: `updates` in the inbox): status, plans, evidence and claims,
+recorded from the forge's issue events for those who created, hold, are assigned to or asked
+about the outcome."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bot.items.address import owner_of
+from bot.items.model import Item
+from bot.items.service import Comments
+from bot.store import comments as db
+
+
+def describe(item: Item, known: Item | None, data: dict[str, Any]) -> tuple[str, str] | None:
+    """(kind, summary) of what happened to an item, as an update on its outcome, or None."""
+    action = str(data.get("action"))
+    became_item = action == "opened" or (action == "labeled" and known is None)
+    if item.kind in ("plan", "evidence"):
+        if became_item:
+            return item.kind, f"new {item.kind} {item.ref}: {item.title}"
+        if action in ("closed", "reopened"):
+            return item.kind, f"{item.kind} {item.ref} {action}: {item.title}"
+        return None
+    if item.kind != "outcome":
+        return None
+    if action in ("assigned", "unassigned"):
+        login = (data.get("assignee") or {}).get("login", "?")
+        claim = item.claim or "nobody"
+        return "claim", f"{login} {action}; the claim is now held by {claim}"
+    if action in ("closed", "reopened"):
+        return "status", f"outcome {action}: {item.title}"
+    return None
+
+
+async def record_update(service: Comments, actor: str, item: Item, known: Item | None,
+                        data: dict[str, Any]) -> None:
+    what = describe(item, known, data)
+    if what is None:
+        return
+    outcome = item.parent if item.kind in ("plan", "evidence") else item.ref
+    if outcome is None:
+        return
+    kind, summary = what
+    async with service.services.store.transaction() as tx:
+        await db.add_update(tx, outcome, kind, actor, summary, {"item": item.ref})
+    target = await db.get_item(service.services.store, outcome)
+    if target is not None:
+        people = [p for p in (target.author, target.claim) if p]
+        service.services.notifier.notify(owner_of(service.office, p) for p in people)

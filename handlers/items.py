@@ -1,0 +1,203 @@
+"""Items in the forge by hand (DESIGN §3.6): comments that address people (`to:` / `cc:` lines,
+@mentions), `/ask`, `/answer`, `/resolve`, ticks in question cards, and the issue events that
+make updates on outcomes (status, plans, evidence, claims).
+
+Mail issues and `/mail` belong to handlers.comments and handlers.mail; this router leaves them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gidgethub import sansio
+from gidgethub.routing import Router
+
+from bot.commands import Command, parse_commands
+from bot.context import HandlerContext
+from bot.errors import InvalidArguments, NotFoundError, VaultmailError
+from bot.items.model import Item, item_from_issue
+from bot.items.render import (
+    marker,
+    mention_list,
+    mentions,
+    parse_addressing,
+    parse_ask,
+    ticked_option,
+)
+from bot.items.service import Comments, NewComment
+from bot.items.threads import may_answer
+from bot.mailer import login_of
+from bot.office import Office
+from bot.store import comments as db
+from handlers.common import Scene, scene
+from handlers.item_updates import record_update
+
+router = Router()
+
+
+async def _item_scene(event: sansio.Event, ctx: HandlerContext) -> tuple[Scene, Item] | None:
+    s = await scene(event, ctx)
+    if s is None or await s.mail() is not None:
+        return None
+    item = item_from_issue(s.office, s.repo, s.issue)
+    return (s, item) if item is not None else None
+
+
+def office_entries(office: Office, raw: list[str]) -> list[str]:
+    """Forge spellings as `to` entries: @login → email or agent:<slug>, @org/team → team:<key>.
+
+    A mention of someone outside the office is left to the forge (it has notified them)."""
+    out: list[str] = []
+    for entry in raw:
+        if not entry.startswith("@"):
+            out.append(entry)
+            continue
+        name = entry[1:]
+        if "/" in name:
+            org, _, team = name.partition("/")
+            if org.lower() == office.org.lower() and team in office.teams:
+                out.append(f"team:{team}")
+            continue
+        who = office.by_login(name)
+        if who is not None:  # a person by email, an agent by agent:<slug>
+            out.append(who.principal.removeprefix("human:"))
+    return list(dict.fromkeys(out))
+
+
+@router.register("issue_comment", action="created")
+async def comment_on_item(event: sansio.Event, ctx: HandlerContext) -> None:
+    found = await _item_scene(event, ctx)
+    if found is None:
+        return
+    s, item = found
+    comment = event.data["comment"]
+    text = str(comment.get("body") or "")
+    commands = parse_commands(text)
+    if any(c.name == "mail" for c in commands):
+        return  # /mail is the mail handler's
+    service = Comments(ctx.services, ctx.forge, s.office)
+    try:
+        item = await service.index_item(item)
+        by_name = {c.name: c for c in commands}
+        addressed = parse_addressing(text)
+        to, cc = office_entries(s.office, addressed.to), office_entries(s.office, addressed.cc)
+        forge_id = int(comment["id"])
+        if "ask" in by_name:
+            ask = parse_ask(by_name["ask"].args, by_name["ask"].body)
+            await service.add(s.actor, item, NewComment(
+                body=ask.body, to=to, cc=cc, needs_reply=True, options=ask.options or None,
+                header=ask.header, forge_id=forge_id))
+        elif "answer" in by_name:
+            await answer_from_forge(service, s, item, by_name["answer"], forge_id)
+        elif "resolve" in by_name:
+            await resolve_from_forge(service, s, item, by_name["resolve"])
+        else:
+            added = await service.add(s.actor, item, NewComment(
+                body=addressed.body or text, to=to, cc=cc, forge_id=forge_id))
+            await ping_addressed(s, text, added)
+    except VaultmailError as exc:
+        await s.refuse(exc)
+
+
+async def ping_addressed(s: Scene, text: str, added: dict[str, Any]) -> None:
+    """People a `to:` / `cc:` line names by email or team are reached personally, but the forge
+    notifies only @-mentions: the app mentions them, once, in a short note."""
+    mentioned = {m.lower() for m in mentions(text)}
+    for entry in office_entries(s.office, [f"@{m}" for m in mentions(text) if "/" in m]):
+        team = s.office.teams.get(entry.removeprefix("team:"), [])
+        mentioned |= {h.login.lower() for e in team if (h := s.office.human(e))}
+    missing = [login for r in added["notify"]
+               if r["way"] == "personal" and r["principal"] in added["addressed"]
+               and (login := login_of(s.office, r["principal"])) and login.lower()
+               not in mentioned]
+    if missing:
+        note = f"{marker(added['comment']['id'], kind='ping')}\n" \
+               f"{mention_list(missing)}: @{s.login}'s comment above is addressed to you."
+        await s.ctx.forge.create_comment(s.repo, s.number, note)
+
+
+async def _question_for(s: Scene, item: Item) -> db.ThreadRow:
+    """The newest open question on the item that asks the commenter (waiting on them first)."""
+    asking = [t for t in await db.open_threads(s.ctx.services.store, item=item.ref)
+              if may_answer(t.state, s.office, s.actor)]
+    if not asking:
+        raise NotFoundError(f"no open question on {item.ref} asks {s.actor}; "
+                            "comment in words instead")
+    waiting = [t for t in asking if s.actor in t.state.waiting_on]
+    return (waiting or asking)[0]
+
+
+async def answer_from_forge(service: Comments, s: Scene, item: Item, cmd: Command,
+                            forge_id: int) -> None:
+    t = await _question_for(s, item)
+    words = cmd.args.strip()
+    option: str | int | None = None
+    body = cmd.body.strip()
+    if words.isdigit() and t.state.question and t.state.question.options:
+        option = int(words)
+    elif words:
+        body = f"{words}\n{body}".strip()
+    if option is None and not body:
+        raise InvalidArguments("usage: `/answer <option number>` or `/answer <your words>`")
+    await service.add(s.actor, item, NewComment(
+        body=body, parent=t.id, option=option, amend=t.state.answer is not None,
+        forge_id=forge_id))
+
+
+async def resolve_from_forge(service: Comments, s: Scene, item: Item, cmd: Command) -> None:
+    target = cmd.args.strip().split()[0] if cmd.args.strip() else None
+    if target is None:
+        mine = [t for t in await db.open_threads(s.ctx.services.store, item=item.ref)
+                if t.state.asker == s.actor]
+        if not mine:
+            raise NotFoundError(f"no open thread of yours on {item.ref}; use `/resolve <id>` "
+                                "with the comment id shown in its card")
+        target = mine[0].id
+    await service.resolve(s.actor, target)
+
+
+@router.register("issue_comment", action="edited")
+async def card_edited(event: sansio.Event, ctx: HandlerContext) -> None:
+    """A person ticked a box in a question card (the app's own edits never reach here)."""
+    found = await _item_scene(event, ctx)
+    if found is None:
+        return
+    s, item = found
+    store = ctx.services.store
+    t = await db.thread_by_card(store, int(event.data["comment"]["id"]))
+    if t is None or t.state.question is None or t.card_body is None or t.card_id is None:
+        return
+    service = Comments(ctx.services, ctx.forge, s.office)
+    choice = ticked_option(t.card_body, t.state.question,
+                           str(event.data["comment"].get("body") or ""))
+    if choice is not None and may_answer(t.state, s.office, s.actor):
+        try:
+            await service.add(s.actor, await service.index_item(item), NewComment(
+                parent=t.id, option=choice + 1, amend=t.state.answer is not None, quiet=True))
+            return
+        except VaultmailError as exc:
+            await ctx.forge.update_comment(s.repo, t.card_id, t.card_body)
+            await s.say(f"your tick was undone: {exc.message}")
+            return
+    await ctx.forge.update_comment(s.repo, t.card_id, t.card_body)
+    if choice is not None or not may_answer(t.state, s.office, s.actor):
+        await s.say("your change to the question card was undone: only the people it asks "
+                    f"({', '.join(t.state.asked)}) can tick its boxes. Comment in words instead.")
+
+
+@router.register("issues", action="opened")
+@router.register("issues", action="edited")
+@router.register("issues", action="labeled")
+@router.register("issues", action="assigned")
+@router.register("issues", action="unassigned")
+@router.register("issues", action="closed")
+@router.register("issues", action="reopened")
+async def item_changed(event: sansio.Event, ctx: HandlerContext) -> None:
+    found = await _item_scene(event, ctx)
+    if found is None:
+        return
+    s, item = found
+    service = Comments(ctx.services, ctx.forge, s.office)
+    known = await db.get_item(ctx.services.store, item.ref)
+    item = await service.index_item(item)
+    await record_update(service, s.actor, item, known, event.data)

@@ -1,0 +1,94 @@
+"""Chat (seed mail.md, "Mail versus chat"): people only, kept in the index (never on the
+forge), a `chat` run admitted by the agent's run.triggers, answered by the agent."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from bot.embedded import Embedded
+from bot.store import ledger, mails
+from bot.tools.chat_tools import get_chat
+from tests.support import ToolClient
+from tests.tool_scenario import forge_issues
+
+MARCO, SARA, LEE = "human:marco@acme.com", "human:sara@acme.com", "human:lee@acme.com"
+
+
+async def events(embedded: Embedded, name: str) -> list[ledger.Entry]:
+    return await ledger.entries(embedded.services.store, event=name)
+
+
+async def test_a_person_chats_with_an_agent_and_waits_for_the_answer(
+        embedded: Embedded, tools: Any) -> None:
+    marco: ToolClient = tools(MARCO)
+    scout: ToolClient = tools("agent:scout")
+    asking = asyncio.create_task(marco("agent_chat", agent="scout",
+                                       message="Quick: EU or US prices first?", wait=10))
+    chats: list[dict[str, Any]] = []
+    for _ in range(100):  # the agent sees the chat in the inbox of any tool result
+        chats = (await scout("mail_list"))["inbox"]["chats"]
+        if chats:
+            break
+        await asyncio.sleep(0.05)
+    [chat] = chats
+    assert chat["from"] == MARCO and chat["message"] == "Quick: EU or US prices first?"
+    answered = await scout("chat_reply", chat=chat["chat"], message="EU first")
+    assert answered["chat"]["answer"] == "EU first"
+    result = (await asyncio.wait_for(asking, 5))["chat"]
+    assert result["answer"] == "EU first" and result["agent"] == "agent:scout"
+    assert "inbox" not in (await marco("chat_get", chat=chat["chat"])), "people get no inbox"
+    assert (await scout("mail_list"))["inbox"]["chats"] == []
+
+    [queued] = await events(embedded, "run.queued")
+    assert queued.data == {"agent": "agent:scout", "kind": "chat", "run": queued.data["run"]}
+    assert queued.subject == f"chat:{chat['chat']}" and queued.actor == MARCO
+    [run] = await mails.runs_for(embedded.services.store, "scout")
+    assert run["kind"] == "chat" and run["state"] == "queued"
+    row = await get_chat(embedded.services.store, chat["chat"])
+    assert row is not None and row["message"] == "Quick: EU or US prices first?"
+    assert await forge_issues(embedded, "acme/scout-vault") == [], "chat stays off the forge"
+
+
+async def test_a_chat_the_agents_triggers_do_not_admit_is_refused_and_not_kept(
+        embedded: Embedded, tools: Any) -> None:
+    status, body = await tools(SARA).raw("agent_chat", {"agent": "builder", "message": "hi"})
+    assert status == 409 and body["error"]["code"] == "run_refused"
+    assert "run.triggers" in body["error"]["message"] and "mail_send" in body["error"]["message"]
+    [refused] = await events(embedded, "run.refused")
+    assert refused.data["kind"] == "chat" and refused.data["agent"] == "agent:builder"
+    assert await events(embedded, "run.queued") == []
+    assert await embedded.services.store.fetchall("SELECT * FROM chats") == []
+
+
+async def test_agents_and_people_without_mail_send_are_denied(embedded: Embedded,
+                                                              tools: Any) -> None:
+    status, body = await tools("agent:builder").raw("agent_chat",
+                                                    {"agent": "scout", "message": "hi"})
+    assert status == 403 and body["error"]["code"] == "denied"
+    assert "for people" in body["error"]["message"]
+    status, body = await tools(LEE).raw("agent_chat", {"agent": "scout", "message": "hi"})
+    assert status == 403 and "mail.send permission" in body["error"]["message"]
+    denied = await events(embedded, "run.denied")
+    assert [d.actor for d in denied] == ["agent:builder", LEE]
+    assert await embedded.services.store.fetchall("SELECT * FROM chats") == []
+    assert await events(embedded, "run.queued") == []
+
+
+async def test_only_the_addressed_agent_answers_and_only_once(embedded: Embedded,
+                                                              tools: Any) -> None:
+    chat = (await tools(MARCO)("agent_chat", agent="agent:scout", message="ping"))["chat"]
+    assert chat["answer"] is None
+    status, body = await tools("agent:critic").raw("chat_reply",
+                                                   {"chat": chat["chat"], "message": "pong"})
+    assert status == 404
+    await tools("agent:scout")("chat_reply", chat=chat["chat"], message="pong")
+    status, body = await tools("agent:scout").raw("chat_reply",
+                                                  {"chat": chat["chat"], "message": "again"})
+    assert status == 409 and body["error"]["code"] == "already_answered"
+    status, body = await tools(MARCO).raw("agent_chat", {"agent": "nobody", "message": "x"})
+    assert status == 404 and "scout" in body["error"]["message"]
+    status, body = await tools(MARCO).raw("agent_chat", {"agent": "scout", "wait": 99})
+    assert status == 422
+    assert "message: Field required" in body["error"]["message"]
+    assert "wait: Input should be less than or equal to 50" in body["error"]["message"]

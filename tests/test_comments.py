@@ -1,0 +1,409 @@
+"""Comments and questions on items, end to end: people in the forge, agents through the tools.
+
+Items are issues labelled goal / outcome / plan / evidence in the vaults of the example office
+(marco: editor; scout and critic are marco's agents, builder is sara's; every person has write
+access to the vaults, each agent to its own vault only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bot.embedded import Embedded
+from bot.store import comments as db
+from tests.items_support import (
+    BUILDER,
+    CRITIC,
+    MARCO,
+    SARA,
+    SCOUT,
+    TOKEN_TTL,
+    events,
+    forge_comments,
+    make_item,
+    where,
+)
+from tests.support import ToolClient
+
+
+async def test_token_ttl_through_the_tools(embedded: Embedded, person: Any,
+                                           tools: Any) -> None:
+    outcome = await make_item(embedded, person("marco"), "outcome", "Auth migration",
+                              assignees=["scout-bot"])
+    scout: ToolClient = tools(SCOUT)
+    asked = await scout("add_comment", target=outcome, **TOKEN_TTL)
+    qid = asked["comment"]["id"]
+    assert asked["thread"]["waitingOn"] == [MARCO]
+    assert asked["thread"]["options"][0]["then"].startswith("Add dual-read"), "the asker sees then"
+    assert asked["notify"] == [{"principal": MARCO, "way": "personal"}]
+
+    [card] = await forge_comments(person("admin"), outcome)
+    assert card["user"]["login"] == "vaultmail[bot]" and "@marco" in card["body"]
+    assert "### Token TTL" in card["body"] and "<summary>Context</summary>" in card["body"]
+    assert "- [ ] 1. **Keep 30 days** (recommended)" in card["body"]
+    assert "dual-read in refreshSession" not in card["body"], "then never reaches the forge"
+    assert f"vaultmail:comment id={qid}" in card["body"]
+
+    marco_tools: ToolClient = tools(MARCO)
+    turn = (await marco_tools("list_inbox"))["you"]["yourTurn"]
+    assert [t["header"] for t in turn] == ["Token TTL"]
+    assert "then" not in turn[0]["options"][0], "then is only for the asker"
+
+    # humanOnly: marco's other agent may relay his answer only once he confirmed it
+    critic: ToolClient = tools(CRITIC)
+    status, refused = await critic.raw("add_comment", {
+        "targetType": "outcome", "target": outcome, "parent": qid, "option": 1})
+    assert status == 403 and "confirmedWithPerson" in refused["error"]["message"]
+    answered = await critic("add_comment", targetType="outcome", target=outcome, parent=qid,
+                            option="Keep 30 days", body="Marco says keep them",
+                            confirmedWithPerson=True)
+    assert answered["thread"]["answer"]["personsAnswer"] == MARCO
+    assert answered["thread"]["waitingOn"] == [SCOUT]
+
+    # the asker gets the answer back, with its `then` and that it was the person's answer
+    inbox = (await scout("list_changes"))["inbox"]
+    [back] = inbox["yourTurn"]
+    assert back["forAgent"] == SCOUT and back["answer"]["option"] == "Keep 30 days"
+    assert back["answer"]["confirmedWithPerson"] is True
+    assert back["answer"]["then"].startswith("Add dual-read")
+    got = await scout("get_outcome", outcome=outcome)
+    [decision] = got["decisions"]
+    assert decision["header"] == "Token TTL" and decision["decidedBy"] == MARCO
+    assert decision["relayedBy"] == CRITIC and decision["answer"]["option"] == "Keep 30 days"
+    card_now = (await forge_comments(person("admin"), outcome))[0]["body"]
+    assert "- [x] 1. **Keep 30 days**" in card_now and "**Answered**" in card_now
+
+    added = [e.data for e in await events(embedded, "comment.added")]
+    assert [d["kind"] for d in added] == ["question", "answer"]
+    assert added[0]["needsReply"] is True and added[0]["waitingOn"] == [MARCO]
+    assert [o["label"] for o in added[0]["options"]] == ["Keep 30 days", "Force re-login"]
+    assert all("then" not in o for d in added for o in d["options"])
+    assert added[1]["answers"][0]["option"] == "Keep 30 days" and added[1]["thread"] == qid
+    assert added[1]["notify"] == [{"principal": SCOUT, "way": "agents"}]
+    changes = await scout("list_changes")
+    assert {e["event"] for e in changes["events"]} >= {"comment.added", "comment.answered"}
+
+
+async def test_token_ttl_through_the_forge_by_ticking_the_card(embedded: Embedded, person: Any,
+                                                               tools: Any) -> None:
+    marco, lee = person("marco"), person("lee")
+    outcome = await make_item(embedded, marco, "outcome", "Auth migration",
+                              assignees=["scout-bot"])
+    asked = await tools(SCOUT)("add_comment", target=outcome, **TOKEN_TTL)
+    [card] = await forge_comments(marco, outcome)
+    repo, _ = where(outcome)
+    path = f"/repos/{repo}/issues/comments/{card['id']}"
+
+    # lee was not asked: the tick is undone with a note
+    await lee.call("PATCH", path, {"body": card["body"].replace("- [ ] 2.", "- [x] 2.")},
+                   expect=200)
+    await embedded.settle()
+    after = await forge_comments(marco, outcome)
+    assert after[0]["body"] == card["body"]
+    assert "@lee" in after[-1]["body"] and "undone" in after[-1]["body"]
+
+    await marco.call("PATCH", path, {"body": card["body"].replace("- [ ] 2.", "- [x] 2.")},
+                     expect=200)
+    await embedded.settle()
+    card_now = (await forge_comments(marco, outcome))[0]["body"]
+    assert "- [x] 2. **Force re-login**" in card_now and "**Answered** by marco" in card_now
+    thread = await db.get_thread(embedded.services.store, asked["comment"]["id"])
+    assert thread is not None and thread.state.answer is not None
+    assert thread.state.answer.by == MARCO and thread.state.answer.option == "Force re-login"
+    back = (await tools(SCOUT)("list_inbox"))["agents"]["yourTurn"][0]["answer"]
+    assert back["then"].startswith("Invalidate legacy tokens")
+
+
+async def test_ask_answer_and_resolve_by_hand_in_the_forge(embedded: Embedded,
+                                                           person: Any, tools: Any) -> None:
+    marco, sara = person("marco"), person("sara")
+    goal = await make_item(embedded, marco, "goal", "EU launch")
+    repo, n = where(goal)
+    await marco.comment(repo, n, "/ask Which currency do we show first? @sara\n"
+                                 "header: Currency\n"
+                                 "- [ ] EUR (recommended) — most EU buyers\n"
+                                 "- [ ] Local currency — more work per country")
+    await embedded.settle()
+    card = (await forge_comments(marco, goal))[-1]
+    assert card["user"]["login"] == "vaultmail[bot]" and "@sara" in card["body"]
+    assert "### Currency" in card["body"] and "- [ ] 2. **Local currency**" in card["body"]
+    await sara.comment(repo, n, "/answer 2")
+    await embedded.settle()
+    card = (await forge_comments(marco, goal))[1]
+    assert "**Answered** by sara: Local currency" in card["body"]
+    await sara.comment(repo, n, "/resolve")
+    await embedded.settle()
+    assert "no open thread of yours" in (await forge_comments(marco, goal))[-1]["body"]
+    await marco.comment(repo, n, "/resolve")
+    await embedded.settle()
+    assert "*Resolved.*" in (await forge_comments(marco, goal))[1]["body"]
+    tree = await tools(SARA)("get_tree", goal=goal)
+    [decision] = tree["decisions"]
+    assert decision["answer"]["option"] == "Local currency" and decision["decidedBy"] == SARA
+    assert decision["resolved"] is True, "decisions stay after the thread is resolved"
+
+
+async def last_app_comment(person: Any, ref: str) -> str:
+    found = [c for c in await forge_comments(person("admin"), ref)
+             if c["user"]["login"] == "vaultmail[bot]"]
+    return str(found[-1]["body"])
+
+
+async def unread_ids(tools: Any, principal: str, box: str) -> list[str]:
+    got = (await tools(principal)("list_inbox"))[box]["unread"]
+    return [c["id"] for c in got]
+
+
+async def test_every_row_of_the_reach_table_personal_and_through_agents(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    marco, sara = person("marco"), person("sara")
+    outcome = await make_item(embedded, marco, "outcome", "Checkout", assignees=["scout-bot"])
+    _, n = where(outcome)
+    plan = await make_item(embedded, sara, "plan", "Plan A", body=f"Part of #{n}")
+    bot_plan = await make_item(embedded, person("scout-bot"), "plan", "Plan B",
+                               body=f"Part of #{n}")
+    evidence = await make_item(embedded, sara, "evidence", "Logs", body=f"Part of #{n}")
+    lee: ToolClient = tools("human:lee@acme.com")
+
+    # on a plan a person wrote: its author, personally (mentioned in the forge), and the agent
+    # holding the outcome's claim, through marco's agents inbox (marco is never mentioned)
+    c = await lee("add_comment", targetType="plan", target=plan, body="Looks thin")
+    assert c["notify"] == [{"principal": SARA, "way": "personal"},
+                           {"principal": SCOUT, "way": "agents"}]
+    text = await last_app_comment(person, plan)
+    assert "@sara" in text and "@marco" not in text and "Looks thin" in text
+    assert await unread_ids(tools, SARA, "you") == [c["comment"]["id"]]
+    assert await unread_ids(tools, MARCO, "agents") == [c["comment"]["id"]]
+    assert await unread_ids(tools, MARCO, "you") == []
+
+    # on a plan an agent wrote, on an outcome, on evidence: the claim holder's agent only
+    for kind, ref in (("plan", bot_plan), ("outcome", outcome), ("evidence", evidence)):
+        c = await lee("add_comment", targetType=kind, target=ref, body=f"On the {kind}")
+        assert c["notify"] == [{"principal": SCOUT, "way": "agents"}], kind
+        assert "@" not in (await last_app_comment(person, ref)).split("\n")[1], kind
+
+    # a reply: everyone in the thread (marco wrote in it himself: personally); `to` as well
+    root = await lee("add_comment", targetType="outcome", target=outcome, body="Status?")
+    await tools(MARCO)("add_comment", targetType="outcome", target=outcome,
+                       parent=root["comment"]["id"], body="Soon")
+    again = await lee("add_comment", targetType="outcome", target=outcome,
+                      parent=root["comment"]["id"], body="Thanks", to=["sara@acme.com"])
+    assert {(r["principal"], r["way"]) for r in again["notify"]} == {
+        (MARCO, "personal"), (SARA, "personal"), (SCOUT, "agents")}
+    text = await last_app_comment(person, outcome)
+    assert "@marco" in text and "@sara" in text and f"thread `{root['comment']['id']}`" in text
+
+    # on a goal, only `to`: a team and "me" personally, "agent" through the agent
+    goal = await make_item(embedded, marco, "goal", "Launch")
+    c = await tools(SCOUT)("add_comment", targetType="goal", target=goal, body="FYI",
+                           to=["team:pricing"], cc=["me"])
+    assert {(r["principal"], r["way"]) for r in c["notify"]} == {
+        (MARCO, "personal"), (SARA, "personal")}
+    c = await lee("add_comment", targetType="outcome", target=outcome, body="Yours",
+                  to=["agent"])
+    assert c["notify"] == [{"principal": SCOUT, "way": "agents"}]
+
+
+async def test_a_person_writing_a_comment_by_hand_addresses_with_to_lines_and_mentions(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    marco = person("marco")
+    outcome = await make_item(embedded, marco, "outcome", "Checkout", assignees=["builder-bot"])
+    repo, n = where(outcome)
+    await marco.comment(repo, n, "to: sara@acme.com\ncc: @lee\n\nCan you check this?")
+    await embedded.settle()
+    [added] = [e.data for e in await events(embedded, "comment.added")]
+    assert {(r["principal"], r["way"]) for r in added["notify"]} == {
+        (SARA, "personal"), ("human:lee@acme.com", "personal"), (BUILDER, "agents")}
+    [c] = (await tools(SARA)("list_inbox"))["you"]["unread"]
+    assert c["body"] == "Can you check this?" and c["author"] == MARCO
+    # sara, named by email only, is mentioned by the app so that the forge notifies her
+    ping = await last_app_comment(person, outcome)
+    assert "@sara" in ping and "@lee" not in ping and "@builder" not in ping
+    # a team mention addresses its members (the forge notifies them itself)
+    await person("lee").comment(repo, n, "Thoughts, @acme/pricing?")
+    await embedded.settle()
+    added = (await events(embedded, "comment.added"))[-1].data
+    assert {r["principal"] for r in added["notify"]} >= {SARA, MARCO}
+    assert await last_app_comment(person, outcome) == ping, "no extra ping for a team mention"
+
+
+async def test_limits_are_refused_with_a_clear_error(embedded: Embedded, person: Any,
+                                                     tools: Any) -> None:
+    marco = person("marco")
+    outcome = await make_item(embedded, marco, "outcome", "Checkout", assignees=["scout-bot"])
+    scout: ToolClient = tools(SCOUT)
+    base = {"targetType": "outcome", "target": outcome}
+
+    status, err = await scout.raw("add_comment", {**base, "body": "x" * 10_001})
+    assert status == 422 and "at most 10,000" in err["error"]["message"]
+    assert (await scout("add_comment", **base, body="x" * 10_000))["comment"]["id"]
+
+    for i in range(5):
+        await scout("add_comment", **base, body=f"Question {i}?", needsReply=True,
+                    to=["marco@acme.com"])
+    status, err = await scout.raw("add_comment", {**base, "body": "Sixth?", "needsReply": True,
+                                                  "to": ["marco@acme.com"]})
+    assert status == 409 and "5 open questions" in err["error"]["message"]
+    assert "resolve" in err["error"]["message"]
+
+    # writing takes contributor access: builder's account may only read scout's vault...
+    builder: ToolClient = tools(BUILDER)
+    status, err = await builder.raw("add_comment", {**base, "body": "Hello"})
+    assert status == 403 and "contributor" in err["error"]["message"]
+    assert (await events(embedded, "run.denied"))[-1].actor == BUILDER
+    # ...except to reply to a question addressed to it (or to its person)
+    q = await tools(MARCO)("add_comment", **base, body="Builder, is the API ready?",
+                           needsReply=True, to=["agent:builder"])
+    ok = await builder("add_comment", **base, parent=q["comment"]["id"], body="Yes, v2")
+    assert ok["thread"]["answer"]["body"] == "Yes, v2"
+
+    # everyone addressed must already see the item: critic's account cannot see this repo
+    embedded.forge.add_repo("acme", "secret")
+    embedded.forge.set_permission("acme/secret", "marco", "admin")
+    hidden = await make_item(embedded, marco, "goal", "Secret", repo="acme/secret")
+    status, err = await tools(MARCO).raw("add_comment", {
+        "targetType": "goal", "target": hidden, "body": "hi", "to": ["agent:critic"]})
+    assert status == 403 and "cannot see" in err["error"]["message"], err
+
+    # 100 open questions in all, and 2,000 comments per item (filled in the index directly)
+    store = embedded.services.store
+    row = await db.get_thread(store, q["comment"]["id"])
+    assert row is not None
+    async with store.transaction() as tx:
+        for i in range(95):
+            await db.put_thread(tx, db.ThreadRow(f"fill{i}", f"acme/other#{i}", "x",
+                                                 row.state.__class__.from_json(
+                                                     {**row.state.to_json(), "asker": SCOUT}),
+                                                 None, None, None, 0.0))
+    goal = await make_item(embedded, marco, "goal", "Another")
+    status, err = await scout.raw("add_comment", {
+        "targetType": "goal", "target": goal, "body": "One more?", "needsReply": True,
+        "to": ["marco@acme.com"]})
+    assert status == 409 and "100 open questions in all" in err["error"]["message"]
+    async with store.transaction() as tx:
+        for i in range(2_000):
+            await db.put_comment(tx, db.CommentRow(f"bulk{i}", goal, f"bulk{i}", None, MARCO,
+                                                   "x", {}, None, 0.0))
+    status, err = await tools(MARCO).raw("add_comment", {
+        "targetType": "goal", "target": goal, "body": "hi"})
+    assert status == 409 and "2,000 comments" in err["error"]["message"]
+
+
+async def test_pass_on_amend_and_resolve_rights(embedded: Embedded, person: Any,
+                                                tools: Any) -> None:
+    marco = person("marco")
+    outcome = await make_item(embedded, marco, "outcome", "Pricing", assignees=["scout-bot"])
+    scout, marco_t, sara_t = tools(SCOUT), tools(MARCO), tools(SARA)
+    base = {"targetType": "outcome", "target": outcome}
+    q = await scout("add_comment", **base, body="Discount for schools?",
+                    options=[{"label": "Yes, 20%", "then": "add the coupon"},
+                             {"label": "No discount"}], to=["marco@acme.com"])
+    qid = q["comment"]["id"]
+
+    passed = await marco_t("add_comment", **base, parent=qid, body="Sara owns pricing",
+                           to=["sara@acme.com"])
+    assert passed["thread"]["waitingOn"] == [MARCO, SARA] and passed["thread"]["answer"] is None
+    assert "@sara" in await last_app_comment(person, outcome)
+    assert [t["thread"] for t in (await sara_t("list_inbox"))["you"]["yourTurn"]] == [qid]
+
+    answered = await sara_t("add_comment", **base, parent=qid, option=1)
+    assert answered["thread"]["answer"]["option"] == "Yes, 20%"
+    status, err = await sara_t.raw("resolve_comment", {"comment": qid})
+    assert status == 403 and "only the asker" in err["error"]["message"]
+    await scout("resolve_comment", comment=qid)
+    seen = await scout("list_inbox")  # consume what came back so far
+    assert seen["agents"]["yourTurn"] == []
+
+    amended = await sara_t("add_comment", **base, parent=qid, option="No discount",
+                           body="Budget got cut", amend=True)
+    t = amended["thread"]
+    assert t["resolved"] is False and t["answer"]["option"] == "No discount"
+    assert [h["option"] for h in t["history"]] == ["Yes, 20%"]
+    assert "changed from sara: Yes, 20%" in (await forge_comments(marco, outcome))[0]["body"]
+    told = (await scout("list_inbox"))["agents"]
+    assert [c["id"] for c in told["unread"]] == [amended["comment"]["id"]]
+    assert told["yourTurn"][0]["answer"]["option"] == "No discount", "its turn again"
+    decision = (await scout("get_outcome", outcome=outcome))["decisions"][0]
+    assert decision["answer"]["option"] == "No discount"
+    assert decision["history"][0]["option"] == "Yes, 20%"
+    # an editor may resolve someone else's question
+    done = await marco_t("resolve_comment", comment=qid)
+    assert done["thread"]["resolved"] is True
+    assert [e.data["thread"] for e in await events(embedded, "comment.resolved")] == [qid, qid]
+
+
+async def test_an_agent_passes_a_question_to_its_person_with_me(embedded: Embedded,
+                                                                person: Any,
+                                                                tools: Any) -> None:
+    outcome = await make_item(embedded, person("sara"), "outcome", "API",
+                              assignees=["builder-bot"], repo="acme/builder-vault")
+    base = {"targetType": "outcome", "target": outcome}
+    q = await tools(MARCO)("add_comment", **base, body="Can we drop v1?", needsReply=True,
+                           to=["agent"])
+    assert q["thread"]["waitingOn"] == [BUILDER]
+    assert "@" not in (await last_app_comment(person, outcome)).split("\n")[1]
+    builder = tools(BUILDER)
+    passed = await builder("add_comment", **base, parent=q["comment"]["id"],
+                           body="Sara decides this", to=["me"])
+    assert passed["thread"]["waitingOn"] == [SARA]
+    assert "@sara" in await last_app_comment(person, outcome)
+    assert [t["thread"] for t in (await tools(SARA)("list_inbox"))["you"]["yourTurn"]] == [
+        q["comment"]["id"]]
+
+
+async def test_get_outcome_lists_decisions_up_the_goals_and_plans_count_for_the_outcome(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    marco = person("marco")
+    top = await make_item(embedded, marco, "goal", "Grow")
+    _, top_n = where(top)
+    goal = await make_item(embedded, marco, "goal", "EU", body=f"Part of #{top_n}")
+    _, goal_n = where(goal)
+    outcome = await make_item(embedded, marco, "outcome", "Prices", body=f"Part of #{goal_n}",
+                              assignees=["scout-bot"])
+    _, out_n = where(outcome)
+    plan = await make_item(embedded, person("scout-bot"), "plan", "Plan",
+                           body=f"Part of #{out_n}")
+    scout, marco_t = tools(SCOUT), tools(MARCO)
+
+    async def decide(kind: str, ref: str, text: str) -> None:
+        q = await scout("add_comment", targetType=kind, target=ref, body=text, needsReply=True,
+                        to=["marco@acme.com"])
+        await marco_t("add_comment", targetType=kind, target=ref, parent=q["comment"]["id"],
+                      body=f"yes to {text}")
+        await scout("resolve_comment", comment=q["comment"]["id"])  # used: 5 open at most
+
+    await decide("goal", top, "Grow in 2027?")
+    await decide("goal", goal, "EU first?")
+    await decide("plan", plan, "Use Stripe?")
+    for i in range(11):
+        await decide("outcome", outcome, f"Detail {i}?")
+    got = await marco_t("get_outcome", outcome=outcome)
+    assert len(got["decisions"]) == 10, "the newest 10"
+    assert got["decisions"][0]["question"] == "Detail 10?"
+    assert "Use Stripe?" not in [d["question"] for d in got["decisions"]], "older than 10"
+    assert [(g["ref"], [d["question"] for d in g["decisions"]]) for g in got["goals"]] == [
+        (goal, ["EU first?"]), (top, ["Grow in 2027?"])]
+    assert got["decisions"][0]["answer"]["body"] == "yes to Detail 10?"
+    assert "then" not in got["decisions"][0]
+    tree = await marco_t("get_tree", goal=goal)
+    assert [d["question"] for d in tree["decisions"]] == ["EU first?"]
+    [child] = tree["children"]
+    assert child["ref"] == outcome and [c["ref"] for c in child["children"]] == [plan]
+    store = embedded.services.store
+    plan_scope = [t for t in await db.decisions(store, outcome, limit=20)
+                  if t.item == plan]
+    assert len(plan_scope) == 1, "a question on a plan counts for its outcome"
+
+
+async def test_refusals_in_the_forge_get_a_one_line_reply_and_quotes_run_nothing(
+        embedded: Embedded, person: Any) -> None:
+    outcome = await make_item(embedded, person("marco"), "outcome", "Logs",
+                              assignees=["scout-bot"])
+    repo, n = where(outcome)
+    await person("builder-bot").comment(repo, n, "Can I help?")
+    await embedded.settle()
+    await person("marco").comment(repo, n, "> /ask Should we?\n> - [ ] Yes\n\nquoted above")
+    await embedded.settle()
+    comments = await forge_comments(person("admin"), outcome)
+    assert len(comments) == 3, "a reply for the refusal, and no card for the quoted /ask"
+    assert comments[1]["body"].startswith("@builder-bot")
+    assert "contributor" in comments[1]["body"] and "\n" not in comments[1]["body"].strip()

@@ -1,0 +1,61 @@
+"""API tokens: `vaultmail token create|list|revoke`, shown once, stored hashed, last use kept,
+revocation effective at the next call."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from bot.embedded import Embedded
+from bot.store import api_tokens
+from tests.test_cli_tools import vaultmail
+
+
+async def test_create_use_list_and_revoke_a_token(embedded: Embedded, tools: Any) -> None:
+    data = str(embedded.data_dir)
+    code, out, err = await vaultmail("token", "create", "agent:scout", "--data", data)
+    assert code == 0, err
+    assert "shown once" in out
+    token = out.strip().splitlines()[-1]
+    assert token.startswith("vm_")
+
+    status, body = await tools("agent:scout").raw("mail_list", {}, token=token)
+    assert status == 200 and "inbox" in body
+
+    code, out, err = await vaultmail("token", "list", "--data", data, "--json")
+    assert code == 0, err
+    listed = json.loads(out)
+    mine = listed[-1]
+    assert mine["principal"] == "agent:scout" and not mine["revoked"]
+    assert mine["last_used"] is not None, "the last use is kept"
+    assert all(token not in json.dumps(t) for t in listed)
+
+    code, out, err = await vaultmail("token", "list", "--data", data)
+    assert code == 0 and f"{mine['id']:>4}  agent:scout" in out
+
+    code, out, err = await vaultmail("token", "revoke", str(mine["id"]), "--data", data)
+    assert code == 0 and "revoked" in out
+    status, body = await tools("agent:scout").raw("mail_list", {}, token=token)
+    assert status == 401 and "revoked" in body["error"]["message"]
+    code, out, err = await vaultmail("token", "revoke", str(mine["id"]), "--data", data)
+    assert code == 1 and "no live token" in out
+
+    other = embedded.api_tokens["agent:scout"]
+    status, _ = await tools("agent:scout").raw("mail_list", {}, token=other)
+    assert status == 200, "revoking one token leaves the principal's others alive"
+
+
+async def test_tokens_are_stored_hashed(embedded: Embedded) -> None:
+    store = embedded.services.store
+    token = await api_tokens.create_token(store, "human:sara@acme.com")
+    rows = await store.fetchall("SELECT token_hash FROM api_tokens")
+    assert all(token not in r["token_hash"] for r in rows)
+    raw = b"".join(p.read_bytes() for p in embedded.data_dir.glob("index.sqlite3*"))
+    assert token.encode() not in raw
+    assert await api_tokens.principal_for(store, token) == "human:sara@acme.com"
+    assert await api_tokens.principal_for(store, token + "x") is None
+
+
+async def test_a_bad_principal_is_refused(embedded: Embedded) -> None:
+    code, out, _ = await vaultmail("token", "create", "scout", "--data", str(embedded.data_dir))
+    assert code == 2 and "agent:<slug>" in out
