@@ -93,6 +93,8 @@ class Story:
         guards = await ledger.entries(e.services.store, event="mail.loop_guard")
         self.check(len(guards) == 1, "the ledger records mail.loop_guard once")
 
+        await self.ask_and_answer(scout_vault)
+
         closed = await self.tool("human:marco@acme.com", "mail_close", mail=f"{scout_vault}#{n}")
         self.check(closed["mail"]["state"] == "mail:closed", "marco closes his mail")
         print("\nfinal labels:")
@@ -103,6 +105,37 @@ class Story:
                       f"{item['title']}")
         ok = await ledger.verify_chain(e.services.store) is None
         self.check(ok, "the ledger's hash chain holds")
+
+
+    async def ask_and_answer(self, vault: str) -> None:
+        e = self.e
+        outcome = await self.forge("marco", "POST", f"/repos/{vault}/issues", {
+            "title": "Auth migration", "body": "Move sessions to the new store",
+            "labels": ["outcome"], "assignees": ["scout-bot"]})
+        ref = f"{vault}#{outcome['number']}"
+        await e.settle()
+        asked = await self.tool(
+            "agent:scout", "add_comment", targetType="outcome", target=ref,
+            to=["marco@acme.com"], header="Token TTL", humanOnly=True,
+            body="After the migration, should existing sessions keep working?",
+            options=[{"label": "Keep 30 days", "recommended": True,
+                      "description": "Nobody is signed out; dual-read code for a month.",
+                      "then": "Add dual-read and a removal task 30 days out."},
+                     {"label": "Force re-login",
+                      "description": "Everyone signs in again once.",
+                      "then": "Invalidate legacy tokens at cutover."}])
+        self.check(asked["thread"]["waitingOn"] == ["human:marco@acme.com"],
+                   f"scout asks marco a question on {ref}; it waits on marco")
+        turn = (await self.tool("human:marco@acme.com", "list_inbox"))["you"]["yourTurn"]
+        self.check([t["header"] for t in turn] == ["Token TTL"],
+                   "the question is in marco's inbox, his turn")
+        await self.forge("marco", "POST", f"/repos/{vault}/issues/{outcome['number']}/comments",
+                         {"body": "/answer 1"})
+        await e.settle()
+        got = await self.tool("agent:scout", "get_outcome", outcome=ref)
+        decisions = got["decisions"]
+        self.check(bool(decisions) and decisions[0]["answer"]["option"] == "Keep 30 days",
+                   "marco answers `/answer 1` in the forge: the decision is on the outcome")
 
 
 async def run_demo(data: str | None = None) -> int:

@@ -26,8 +26,8 @@ from bot.store import api_tokens, ledger
 from bot.web import create_app
 
 APP_SLUG = "vaultmail"
-APP_EVENTS = ["issues", "issue_comment", "installation", "installation_repositories", "label",
-              "push"]
+# installation and installation_repositories always reach an App; it cannot subscribe to them.
+APP_EVENTS = ["issues", "issue_comment", "label", "push"]
 APP_PERMISSIONS = {"issues": "write", "metadata": "read", "contents": "read"}
 
 

@@ -8,14 +8,13 @@ work in its inbox).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import aiosqlite
 
 from bot.office import Agent
+from bot.signed_post import post_signed
 from bot.store import ledger, mails
 
 if TYPE_CHECKING:
@@ -59,22 +58,10 @@ async def _dispatch(services: Services, forge: Forge, agent: Agent, vault: str,
             if agent.run.dispatch == "repository_dispatch":
                 await forge.dispatch(vault, "vaultmail.run", payload)
             else:
-                await _post_signed(services, agent.run.dispatch, payload)
+                await post_signed(services.keyring, agent.run.dispatch, payload)
             return
         except Exception as exc:  # network or forge failure: retry with backoff
             log.warning("run dispatch failed (attempt %d): %r", attempt, exc,
                         extra={"agent": agent.slug, "subject": payload.get("subject")})
             await asyncio.sleep(0.5 * 2 ** attempt)
     log.error("run dispatch gave up", extra={"agent": agent.slug})
-
-
-async def _post_signed(services: Services, url: str, payload: dict[str, Any]) -> None:
-    body = json.dumps(payload, sort_keys=True).encode()
-    kid, sig = services.keyring.sign(body)
-    headers = {"Content-Type": "application/json",
-               "X-Vaultmail-Signature": f"{kid}.{sig}"}
-    timeout = aiohttp.ClientTimeout(total=10)
-    async with aiohttp.ClientSession(timeout=timeout) as session, \
-            session.post(url, data=body, headers=headers) as resp:
-        if resp.status >= 300:
-            raise RuntimeError(f"dispatch to {url} answered {resp.status}")

@@ -14,6 +14,7 @@ from bot.forge.tokens import AppAuth
 from bot.intake import receive_webhook
 from bot.mcp_server import add_mcp_routes
 from bot.office_source import OfficeSource
+from bot.outbound import LedgerForwarder
 from bot.services import SERVICES_KEY, Services
 from bot.settings import Settings
 from bot.signing import Keyring
@@ -80,8 +81,11 @@ def create_app(settings: Settings) -> web.Application:
             services = await build_services(settings, session)
             app[SERVICES_KEY] = services
             services.worker.start()
+            forwarder = LedgerForwarder(services)
+            forwarder.start()
             log.info("app started", extra={"app": services.app_slug, "api": settings.api_url})
             yield
+            await forwarder.stop()
             await services.worker.stop()
             await services.store.close()
 

@@ -1,0 +1,53 @@
+"""Helpers shared by the benchmarks: percentiles, resident memory, a load client in its own
+process (so the app's event loop is not also the load generator's)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100) of `values`; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(p / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def rss_bytes() -> int:
+    """This process's resident set size, from /proc (Linux)."""
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f}"
+
+
+async def run_client(module: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Run `python -m MODULE --client` with `spec` as JSON on stdin; its JSON stdout back.
+
+    The app keeps serving on this process's loop meanwhile."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, "--client",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate(json.dumps(spec).encode())
+    if proc.returncode != 0:
+        raise RuntimeError(f"{module} --client exited with {proc.returncode}")
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def client_main(handler: Any) -> None:
+    """Entry of a `--client` subprocess: spec on stdin, `await handler(spec)` as JSON on stdout."""
+    spec = json.loads(sys.stdin.read())
+    result = asyncio.run(handler(spec))
+    sys.stdout.write(json.dumps(result))

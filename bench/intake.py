@@ -1,0 +1,155 @@
+"""Webhook intake latency under load.
+
+Signed deliveries (valid X-Hub-Signature-256 with the app's secret, a fresh X-GitHub-Delivery
+uuid each) are POSTed straight to the embedded app's /webhook by a load client running in its
+own process, at 1, 10 and 50 in flight: `issues.opened` in a repository of the org that is no
+vault (the payload the local forge itself sent for such an issue; the worker reads the office
+config (a 304) and finds nothing to do), then `ping` (no handler: intake and queue alone).
+Reported: answer latency p50/p95/p99/max, deliveries accepted a second, and the worker's
+drain: seconds from the last answer until the queue is empty, and deliveries handled a second
+from the first POST to the empty queue. Each level is drained before the next starts.
+
+Run: .venv/bin/python -m bench.intake
+Target (DESIGN §6): webhook intake answered in under 50 ms at p99 under load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.common import client_main, ms, percentile, run_client
+from bot.embedded import Embedded, start_embedded
+
+LEVELS = [("issues", 1, 500), ("issues", 10, 1500), ("issues", 50, 2500), ("ping", 50, 1000)]
+WARMUP = 20
+TARGET_P99 = 0.050
+
+
+# -- the load client (its own process) --------------------------------------------------------
+async def _load(spec: dict[str, Any]) -> dict[str, Any]:
+    body = json.dumps(spec["payload"]).encode()
+    signature = "sha256=" + hmac.new(spec["secret"].encode(), body, hashlib.sha256).hexdigest()
+    url, event = spec["url"], spec["event"]
+    latencies: list[float] = []
+    statuses: dict[str, int] = {}
+    remaining = spec["count"]
+    connector = aiohttp.TCPConnector(limit=spec["concurrency"])
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def post() -> None:
+            headers = {"X-GitHub-Event": event, "X-GitHub-Delivery": str(uuid.uuid4()),
+                       "X-Hub-Signature-256": signature, "Content-Type": "application/json",
+                       "User-Agent": "GitHub-Hookshot/bench"}
+            t = time.perf_counter()
+            async with session.post(url, data=body, headers=headers) as resp:
+                await resp.read()
+            latencies.append(time.perf_counter() - t)
+            statuses[str(resp.status)] = statuses.get(str(resp.status), 0) + 1
+
+        async def sender() -> None:
+            nonlocal remaining
+            while remaining > 0:
+                remaining -= 1
+                await post()
+
+        for _ in range(spec["warmup"]):
+            await post()
+        latencies.clear()
+        statuses.clear()
+        start = time.perf_counter()
+        await asyncio.gather(*(sender() for _ in range(spec["concurrency"])))
+        elapsed = time.perf_counter() - start
+    return {"latencies": latencies, "statuses": statuses, "elapsed": elapsed}
+
+
+# -- the run ----------------------------------------------------------------------------------
+async def _non_vault_payload(embedded: Embedded) -> dict[str, Any]:
+    """The `issues.opened` payload the forge sends for an issue in acme/website (no vault)."""
+    org = embedded.office.org
+    embedded.forge.add_repo(org, "website")
+    embedded.forge.set_permission(f"{org}/website", "marco", "write")
+    await embedded.settle()
+    async with aiohttp.ClientSession() as session, session.post(
+            f"{embedded.forge.url}/repos/{org}/website/issues",
+            json={"title": "Fix the footer", "body": "The footer overlaps on mobile."},
+            headers={"Authorization": f"token {embedded.forge_tokens['marco']}"}) as resp:
+        assert resp.status == 201, resp.status
+    await embedded.settle()
+    row = await embedded.services.store.fetchone(
+        "SELECT payload FROM queue WHERE event='issues' ORDER BY id DESC LIMIT 1")
+    assert row is not None
+    payload: dict[str, Any] = json.loads(row["payload"])
+    assert payload["action"] == "opened" and payload["repository"]["name"] == "website"
+    return payload
+
+
+PING = {"zen": "Keep it logically awesome.", "hook_id": 1,
+        "hook": {"type": "App", "id": 1, "events": ["issues"], "active": True}}
+
+
+async def main() -> None:
+    embedded = await start_embedded(data_dir=Path(tempfile.mkdtemp()), port=0, forge_port=0)
+    rows: list[list[str]] = []
+    failures: list[str] = []
+    try:
+        store = embedded.services.store
+        issue = await _non_vault_payload(embedded)
+        for event, concurrency, count in LEVELS:
+            await embedded.settle()
+            done_before = await store.fetchone("SELECT count(*) AS n FROM queue")
+            start = time.perf_counter()
+            result = await run_client("bench.intake", {
+                "url": embedded.app_url + "/webhook",
+                "secret": embedded.services.settings.webhook_secret,
+                "event": event, "payload": issue if event == "issues" else PING,
+                "concurrency": concurrency, "count": count, "warmup": WARMUP})
+            answered = time.perf_counter()
+            await embedded.services.worker.idle(timeout=300)
+            drained = time.perf_counter()
+            after = await store.fetchone("SELECT count(*) AS n FROM queue")
+            queued = (after["n"] if after else 0) - (done_before["n"] if done_before else 0)
+            lat: list[float] = result["latencies"]
+            bad = {s: n for s, n in result["statuses"].items() if s != "202"}
+            if bad:
+                failures.append(f"{event} x{concurrency}: answers other than 202: {bad}")
+            dead = await store.dead_letters()
+            if dead:
+                failures.append(f"{event} x{concurrency}: {len(dead)} dead letters")
+            p99 = percentile(lat, 99)
+            rows.append([
+                f"{event}{'.opened (no vault)' if event == 'issues' else ''}", str(concurrency),
+                f"{len(lat)} ({queued} queued)", ms(percentile(lat, 50)), ms(percentile(lat, 95)),
+                ms(p99), ms(max(lat)), f"{len(lat) / result['elapsed']:.0f}",
+                f"{drained - answered:.2f}", f"{count / (drained - start):.0f}",
+                f"{'OK' if p99 < TARGET_P99 else 'FAIL'} (<{TARGET_P99 * 1000:.0f} ms)"])
+    finally:
+        await embedded.stop()
+    print("command: .venv/bin/python -m bench.intake\n")
+    head = ["event", "in flight", "deliveries", "p50 ms", "p95 ms", "p99 ms", "max ms",
+            "accepted/s", "drain after last answer s", "handled/s (first POST to empty queue)",
+            "p99 target"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "|".join("---" for _ in head) + "|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    print(f"\n{WARMUP} warm-up deliveries per level not counted; load client in its own process; "
+          "2-core machine shared with other work.")
+    for line in failures:
+        print(f"- {line}")
+
+
+if __name__ == "__main__":
+    if "--client" in sys.argv:
+        client_main(_load)
+    else:
+        asyncio.run(main())

@@ -1,0 +1,101 @@
+"""Outbound triggers: ledger events POSTed, signed, in order, to the office's webhook URLs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from bot.embedded import Embedded, start_embedded
+from bot.signing import PublicKeys
+
+
+class Receiver:
+    def __init__(self) -> None:
+        self.events: list[tuple[bytes, dict[str, str]]] = []
+        self.down = False
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        if self.down:
+            return web.Response(status=503)
+        self.events.append((await request.read(), dict(request.headers)))
+        return web.Response(status=204)
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    rec = Receiver()
+    app = web.Application()
+    app.router.add_post("/hook", rec.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    rec.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/hook"  # type: ignore[union-attr]
+    yield rec
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def office_with_hook(tmp_path: Path, receiver: Receiver) -> AsyncIterator[Embedded]:
+    from importlib import resources
+
+    text = resources.files("bot").joinpath("example_office.yml").read_text()
+    (tmp_path / "office.yml").write_text(text + f"webhooks:\n  - {receiver.url}\n")
+    emb = await start_embedded(office_path=tmp_path / "office.yml", data_dir=tmp_path / "d",
+                               port=0, forge_port=0)
+    yield emb
+    await emb.stop()
+
+
+async def _until(check: Any, timeout: float = 10.0) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+async def _send(emb: Embedded, subject: str) -> None:
+    headers = {"Authorization": f"Bearer {emb.api_tokens['human:marco@acme.com']}"}
+    async with aiohttp.ClientSession() as s, s.post(
+            emb.app_url + "/api/v1/tools/mail_send", headers=headers,
+            json={"to": "scout", "subject": subject, "body": "x"}) as resp:
+        assert resp.status == 200
+
+
+async def test_ledger_events_reach_the_office_webhook_signed_and_in_order(
+        office_with_hook: Embedded, receiver: Receiver) -> None:
+    emb = office_with_hook
+    await _send(emb, "First")
+    await _until(lambda: len(receiver.events) >= 2)
+    async with aiohttp.ClientSession() as s, s.get(
+            emb.app_url + "/.well-known/vaultmail-keys.json") as resp:
+        keys = PublicKeys.from_jwks(await resp.json())
+    bodies = []
+    for body, headers in receiver.events:
+        kid, _, sig = headers["X-Vaultmail-Signature"].partition(".")
+        assert keys.verify(kid, body, sig)
+        bodies.append(json.loads(body))
+    assert [b["event"] for b in bodies[:2]] == ["mail.sent", "run.queued"]
+    assert [b["seq"] for b in bodies] == sorted(b["seq"] for b in bodies)
+    assert receiver.events[0][1]["X-Vaultmail-Event"] == "mail.sent"
+
+
+async def test_a_receiver_that_was_down_gets_every_event_once_it_is_back(
+        office_with_hook: Embedded, receiver: Receiver) -> None:
+    receiver.down = True
+    await _send(office_with_hook, "While down")
+    await asyncio.sleep(0.8)
+    assert receiver.events == []
+    receiver.down = False
+    await _until(lambda: len(receiver.events) >= 2, timeout=15)
+    seqs = [json.loads(body)["seq"] for body, _ in receiver.events]
+    assert seqs == sorted(set(seqs)), "each event once, in ledger order"
