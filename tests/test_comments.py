@@ -46,6 +46,7 @@ async def test_token_ttl_through_the_tools(embedded: Embedded, person: Any,
     marco_tools: ToolClient = tools(MARCO)
     turn = (await marco_tools("list_inbox"))["you"]["yourTurn"]
     assert [t["header"] for t in turn] == ["Token TTL"]
+    assert (turn[0]["targetType"], turn[0]["target"]) == ("outcome", outcome)
     assert "then" not in turn[0]["options"][0], "then is only for the asker"
 
     # humanOnly: marco's other agent may relay his answer only once he confirmed it

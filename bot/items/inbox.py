@@ -101,6 +101,11 @@ async def boxes(store: Store, office: Office, viewer: str, *, mark_you: bool,
               "unread": await _unread(store, who, "agents", mark=mark_agents),
               "waitingOnOthers": _waiting_on_others(threads, list(who.agents), viewer,
                                                     "agents")}
+    cards = [v for box in (you, agents) for key in ("yourTurn", "waitingOnOthers")
+             for v in box[key]]
+    kinds = await db.item_kinds(store, {str(v["item"]) for v in cards})
+    for view in cards:  # answering needs targetType and target: give them with the card
+        view.update(targetType=kinds.get(str(view["item"])), target=view["item"])
     return {"you": you, "agents": agents}
 
 

@@ -31,11 +31,43 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", metavar="DIR", default=None, help="persist the forge state here")
     p.add_argument("--tokens", metavar="FILE", default=None,
                    help="write {login: token} of the seeded accounts here (JSON)")
+    p.add_argument("--fault", metavar="ROUTE=STATUS[@RATE]", action="append", default=[],
+                   help='inject errors, e.g. "POST /repos/{owner}/{repo}/issues=502@0.1" '
+                        '(repeatable; also POST /_forge/faults at run time)')
+    p.add_argument("--drop-webhooks", metavar="RATE", type=float, default=0.0,
+                   help="drop this fraction of webhook deliveries (recorded as failed)")
+    p.add_argument("--duplicate-webhooks", metavar="RATE", type=float, default=0.0,
+                   help="deliver this fraction of webhooks twice, with the same delivery id")
+
+
+def parse_fault(spec: str) -> tuple[str, int, float]:
+    """ "ROUTE=STATUS[@RATE]" -> (route, status, rate); raises ValueError saying what is wrong."""
+    route, sep, rest = spec.rpartition("=")
+    status_text, _, rate_text = rest.partition("@")
+    try:
+        status, rate = int(status_text), float(rate_text or 1.0)
+    except ValueError:
+        raise ValueError(f"--fault {spec!r}: expected ROUTE=STATUS[@RATE], "
+                         'like "POST /repos/{owner}/{repo}/issues=502@0.1"') from None
+    if not sep or not route or not 0.0 <= rate <= 1.0:
+        raise ValueError(f"--fault {spec!r}: expected ROUTE=STATUS[@RATE] with RATE in 0..1")
+    return route, status, rate
+
+
+def apply_fault_options(forge: LocalForge, args: argparse.Namespace) -> None:
+    for spec in getattr(args, "fault", []):
+        route, status, rate = parse_fault(spec)
+        forge.faults.add(route=route, status=status, rate=rate)
+    if getattr(args, "drop_webhooks", 0.0):
+        forge.faults.drop_webhooks(rate=args.drop_webhooks)
+    if getattr(args, "duplicate_webhooks", 0.0):
+        forge.faults.duplicate_webhooks(rate=args.duplicate_webhooks)
 
 
 async def run_forge(args: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
     """Serve until SIGINT/SIGTERM (or `stop` is set); prints `forge ready <url>`."""
     forge = LocalForge(dialect=args.dialect, data_dir=args.data)
+    apply_fault_options(forge, args)
     await forge.start(host=args.host, port=args.port)
     try:
         if args.seed:

@@ -106,6 +106,16 @@ async def get_item(store: Store, ref: str) -> Item | None:
     return _item(row) if row else None
 
 
+async def item_kinds(store: Store, refs: set[str]) -> dict[str, str]:
+    """goal/outcome/plan/evidence for each known item among `refs` (for inbox cards)."""
+    if not refs:
+        return {}
+    marks = ",".join("?" for _ in refs)
+    rows = await store.fetchall(f"SELECT ref, kind FROM items WHERE ref IN ({marks})",
+                                tuple(refs))
+    return {str(r["ref"]): str(r["kind"]) for r in rows}
+
+
 async def children(store: Store, ref: str) -> list[Item]:
     rows = await store.fetchall("SELECT * FROM items WHERE parent=? ORDER BY repo, number",
                                 (ref,))
