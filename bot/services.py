@@ -18,6 +18,7 @@ from bot.store import Store
 if TYPE_CHECKING:
     from bot.forge.base import Forge
     from bot.forge.github import ForgeClient
+    from bot.reconcile import Reconciler
     from bot.worker import Worker
 
 
@@ -31,6 +32,7 @@ class Services:
     offices: OfficeSource
     keyring: Keyring
     worker: Worker = field(init=False)
+    reconciler: Reconciler = field(init=False)
     default_installation: int | None = None
     default_org: str | None = None
     background: set[asyncio.Task[None]] = field(default_factory=set)

@@ -32,6 +32,7 @@ class Settings:
     port: int = 8080
     office_path: Path | None = None
     write_interval: float = 1.0  # seconds between writes per installation (GitHub's advice)
+    reconcile_interval: float = 300.0  # seconds between looks for failed webhook deliveries
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -88,4 +89,5 @@ class Settings:
             host=env.get("HOST", "0.0.0.0"),
             port=int(env.get("PORT", "8080")),
             office_path=Path(office) if office else None,
+            reconcile_interval=float(env.get("VAULTMAIL_RECONCILE_SECONDS", "300")),
         )

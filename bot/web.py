@@ -15,6 +15,7 @@ from bot.intake import receive_webhook
 from bot.mcp_server import add_mcp_routes
 from bot.office_source import OfficeSource
 from bot.outbound import LedgerForwarder
+from bot.reconcile import Reconciler
 from bot.services import SERVICES_KEY, Services
 from bot.settings import Settings
 from bot.signing import Keyring
@@ -57,6 +58,7 @@ async def build_services(settings: Settings, session: aiohttp.ClientSession) -> 
                         offices=OfficeSource(settings.office_path),
                         keyring=Keyring.in_data_dir(settings.data_dir))
     services.worker = Worker(services)
+    services.reconciler = Reconciler(services, settings.reconcile_interval)
     await _adopt_single_installation(services, auth, session)
     return services
 
@@ -83,8 +85,10 @@ def create_app(settings: Settings) -> web.Application:
             services.worker.start()
             forwarder = LedgerForwarder(services)
             forwarder.start()
+            services.reconciler.start()
             log.info("app started", extra={"app": services.app_slug, "api": settings.api_url})
             yield
+            await services.reconciler.stop()
             await forwarder.stop()
             await services.worker.stop()
             await services.store.close()
