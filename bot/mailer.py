@@ -143,8 +143,14 @@ class Mailer:
         return record
 
     async def _record_new(self, record: MailRecord, actor: str, agent: Agent) -> None:
+        """Index a mail now on the forge, ledger it and admit its run: once per mail id,
+        whichever of the sender and the crash-recovery path (`record_found`) comes first."""
         admitted = False
         async with self.services.store.transaction() as db:
+            async with db.execute("SELECT 1 FROM mails WHERE mail_id=?",
+                                  (record.mail_id,)) as cur:
+                if await cur.fetchone() is not None:
+                    return
             await mails.put_mail(db, record)
             await ledger.append(db, "mail.sent", actor, record.ref, {
                 "mail": record.mail_id, "to": record.to_principal, "subject": record.subject,
@@ -159,6 +165,20 @@ class Mailer:
         self.services.notifier.notify([record.to_principal])
         if admitted:
             self._dispatch(agent, record)
+
+    async def record_found(self, repo: str, issue: dict[str, Any]) -> MailRecord | None:
+        """Index a mail the app created but did not get to record (it crashed in between):
+        the issue's own signed header says everything. None when it is not such a mail."""
+        from bot.reindex import mail_from_issue
+
+        record = mail_from_issue(repo, issue, self.services.keyring)
+        if record is None or record.tampered:
+            return None
+        agent = self.office.agent(record.to_principal.removeprefix("agent:"))
+        if agent is None or await mails.get_mail(self.services.store, record.mail_id):
+            return None
+        await self._record_new(record, record.from_principal, agent)
+        return record
 
     def _dispatch(self, agent: Agent, record: MailRecord) -> None:
         runs.dispatch(self.services, self.forge, agent, record.vault, {

@@ -7,6 +7,7 @@ invalid new config is refused and the last valid one stays in force.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,17 +22,25 @@ CONFIG_PATH = "vaultmail.yml"
 
 
 class OfficeSource:
-    def __init__(self, path: Path | None = None) -> None:
+    """`max_age`: how long a fetched config is used without asking the forge again; a push
+    to the config asks at once (`fresh=True`), so this only bounds edits made without one."""
+
+    def __init__(self, path: Path | None = None, max_age: float = 60.0) -> None:
         self._path = path
         self._local: Office | None = None
         self._last_valid: dict[str, Office] = {}
+        self._fetched: dict[str, float] = {}
+        self.max_age = max_age
         self.last_error: dict[str, OfficeConfigError] = {}
 
-    async def get(self, forge: Forge, org: str) -> Office | None:
+    async def get(self, forge: Forge, org: str, *, fresh: bool = False) -> Office | None:
         if self._path is not None:
             if self._local is None:
                 self._local = load_office(self._path)
             return self._local
+        if not fresh and time.monotonic() - self._fetched.get(org, -1e18) < self.max_age:
+            return self._last_valid.get(org)
+        self._fetched[org] = time.monotonic()
         text = await forge.get_file(f"{org}/{CONFIG_REPO}", CONFIG_PATH)
         if text is None:
             return self._last_valid.get(org)

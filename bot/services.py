@@ -28,6 +28,7 @@ class Services:
     store: Store
     forge_client: ForgeClient
     router: Router
+    own_router: Router  # the few events the app caused that it still reads (recovery)
     app_slug: str
     offices: OfficeSource
     keyring: Keyring

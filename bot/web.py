@@ -22,7 +22,7 @@ from bot.signing import Keyring
 from bot.store import Store
 from bot.tools.http import add_routes
 from bot.worker import Worker
-from handlers import build_router
+from handlers import build_own_router, build_router
 
 log = logging.getLogger("vaultmail.web")
 
@@ -54,7 +54,7 @@ async def build_services(settings: Settings, session: aiohttp.ClientSession) -> 
     client = ForgeClient(auth, session, settings.api_url, config=config)
     store = await Store.open(settings.db_path)
     services = Services(settings=settings, store=store, forge_client=client,
-                        router=build_router(), app_slug=slug,
+                        router=build_router(), own_router=build_own_router(), app_slug=slug,
                         offices=OfficeSource(settings.office_path),
                         keyring=Keyring.in_data_dir(settings.data_dir))
     services.worker = Worker(services)

@@ -84,11 +84,13 @@ class Worker:
         store = services.store
         logger = bound(log, delivery_id=item.guid, installation_id=item.installation_id,
                        event=item.event, action=item.payload.get("action"))
-        if services.is_own_event(item.payload):
+        own = services.is_own_event(item.payload)
+        router = services.own_router if own else services.router
+        event = sansio.Event(item.payload, event=item.event, delivery_id=item.guid)
+        if own and not router.fetch(event):
             await store.finish(item.id, "ignored")
             logger.debug("ignored: caused by the app itself")
             return
-        event = sansio.Event(item.payload, event=item.event, delivery_id=item.guid)
         ctx = HandlerContext(
             services=services,
             forge=services.forge_for(item.installation_id),
@@ -97,7 +99,7 @@ class Worker:
             log=logger,
         )
         try:
-            await services.router.dispatch(event, ctx)
+            await router.dispatch(event, ctx)
         except Exception as exc:  # a handler failed: retry later, then dead-letter
             attempt = item.attempts + 1
             if attempt >= self.max_attempts:

@@ -8,3 +8,8 @@ from handlers import comments, installation, items, mail, office_config
 def build_router() -> Router:
     return Router(installation.router, mail.router, comments.router, items.router,
                   office_config.router)
+
+
+def build_own_router() -> Router:
+    """Handlers for events the app caused itself: only crash recovery reads those."""
+    return Router(mail.own_router)

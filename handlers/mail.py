@@ -7,12 +7,14 @@ from gidgethub.routing import Router
 
 from bot.context import HandlerContext
 from bot.errors import VaultmailError
+from bot.header import parse_mail_body
 from bot.store import ledger, mails
 from bot.store.mails import QUIET
 from handlers.common import scene
 from labels.states import MailState, review_label_change
 
 router = Router()
+own_router = Router()
 ITEM_LABELS = frozenset({"goal", "outcome", "plan", "evidence"})
 
 _LEDGER_FOR = {MailState.NEW: "mail.sent", MailState.WORKING: "mail.opened",
@@ -89,3 +91,15 @@ async def detect_tampering(event: sansio.Event, ctx: HandlerContext) -> None:
     mail = await s.mail() if s else None
     if s is not None and mail is not None:
         await s.mailer.check_tamper(mail, s.issue, s.actor)
+
+
+@own_router.register("issues", action="opened")
+async def index_mail_the_app_created(event: sansio.Event, ctx: HandlerContext) -> None:
+    """The app's own new issue, seen again: if a crash kept it out of the index, index it."""
+    header, _ = parse_mail_body(event.data["issue"].get("body"))
+    if header is None or await mails.get_mail(ctx.services.store, header.mail_id):
+        return  # the usual case: the sender recorded it already, at no forge request
+    s = await scene(event, ctx)
+    if s is not None and s.office.agent_for_vault(s.repo) is not None:
+        if await s.mailer.record_found(s.repo, s.issue) is not None:
+            ctx.log.warning("mail recovered from its own webhook", extra={"mail": s.ref})

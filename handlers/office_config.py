@@ -33,7 +33,7 @@ async def reload_office_config(event: sansio.Event, ctx: HandlerContext) -> None
         return
     org = repo["owner"]["login"]
     offices = ctx.services.offices
-    office = await offices.get(ctx.forge, org)
+    office = await offices.get(ctx.forge, org, fresh=True)
     error = offices.last_error.get(org)
     if error is None:
         ctx.log.info("office config reloaded", extra={"org": org})

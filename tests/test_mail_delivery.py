@@ -114,3 +114,23 @@ async def test_the_demo_story_passes() -> None:
     text = out.decode()
     assert proc.returncode == 0, text
     assert "loop guard" in text and "demo passed" in text and "✗" not in text
+
+
+async def test_a_mail_created_just_before_a_crash_is_recovered_from_its_webhook(
+        embedded: Any, person: Any) -> None:
+    """The app created the issue, then died before indexing it: its own webhook indexes it."""
+    from bot.header import render_mail_body, sign_header
+
+    header = sign_header(keyring=embedded.services.keyring, from_principal="agent:builder",
+                         to_principal="agent:scout", vault=SCOUT_VAULT, subject="Orphan",
+                         body="created, then the process died")
+    forge = embedded.services.forge_for(None)
+    await forge.create_issue(SCOUT_VAULT, "Orphan", render_mail_body(header, "created, then "
+                             "the process died"), labels=["mail:new"])
+    await embedded.settle()
+    found = await embedded.services.store.fetchone(
+        "SELECT state FROM mails WHERE mail_id=?", (header.mail_id,))
+    assert found is not None and found["state"] == "mail:new"
+    [sent] = await embedded.ledger_events("mail.sent")
+    assert sent.actor == "agent:builder"
+    assert len(await embedded.ledger_events("run.queued")) == 1
