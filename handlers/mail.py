@@ -100,6 +100,7 @@ async def index_mail_the_app_created(event: sansio.Event, ctx: HandlerContext) -
     if header is None or await mails.get_mail(ctx.services.store, header.mail_id):
         return  # the usual case: the sender recorded it already, at no forge request
     s = await scene(event, ctx)
-    if s is not None and s.office.agent_for_vault(s.repo) is not None:
-        if await s.mailer.record_found(s.repo, s.issue) is not None:
-            ctx.log.warning("mail recovered from its own webhook", extra={"mail": s.ref})
+    if s is None or s.office.agent_for_vault(s.repo) is None:
+        return
+    if await s.mailer.record_found(s.repo, s.issue) is not None:
+        ctx.log.warning("mail recovered from its own webhook", extra={"mail": s.ref})
