@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import time
 from collections.abc import AsyncIterator
@@ -14,8 +15,8 @@ import aiohttp
 
 from bot.header import verify_mail
 from bot.services import Services
-from bot.settings import Settings
-from bot.signing import Keyring, PublicKeys
+from bot.settings import Settings, SettingsError
+from bot.signing import KEYS_FILE_NAME, Keyring, PublicKeys
 from bot.store import Store, api_tokens, ledger
 
 _REF = re.compile(r"^([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)#([1-9][0-9]*)$")
@@ -36,7 +37,7 @@ async def app_services(data: str | None) -> AsyncIterator[Services]:
 
 
 def data_dir(args: argparse.Namespace) -> Path:
-    return Path(args.data or "vaultmail-data")
+    return Path(args.data or os.environ.get("VAULTMAIL_DATA") or "vaultmail-data")
 
 
 async def cmd_reindex(args: argparse.Namespace) -> int:
@@ -63,14 +64,19 @@ async def _published_keys(data: str | None, keys_url: str | None,
         app_url = json.loads((Path(data) / "tokens.json").read_text())["app_url"]
         keys_url = f"{app_url}/.well-known/vaultmail-keys.json"
     if keys_url is None:
-        return Keyring.in_data_dir(data_dir_or_default(data)).public_keys()
+        path = data_dir_or_default(data) / KEYS_FILE_NAME
+        if not path.exists():
+            raise SettingsError(f"no published keys to check against: give --keys-url "
+                                f"https://YOUR-APP/.well-known/vaultmail-keys.json, or --data "
+                                f"with the app's data directory ({path} does not exist)")
+        return Keyring.load_or_create(path).public_keys()
     async with session.get(keys_url) as resp:
         resp.raise_for_status()
         return PublicKeys.from_jwks(await resp.json())
 
 
 def data_dir_or_default(data: str | None) -> Path:
-    return Path(data or "vaultmail-data")
+    return Path(data or os.environ.get("VAULTMAIL_DATA") or "vaultmail-data")
 
 
 async def cmd_verify(args: argparse.Namespace) -> int:

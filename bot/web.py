@@ -13,6 +13,7 @@ from bot.forge.github import ForgeClient, ForgeConfig
 from bot.forge.tokens import AppAuth
 from bot.intake import receive_webhook
 from bot.mcp_server import add_mcp_routes
+from bot.office import load_office
 from bot.office_source import OfficeSource
 from bot.outbound import LedgerForwarder
 from bot.reconcile import Reconciler
@@ -52,6 +53,8 @@ async def build_services(settings: Settings, session: aiohttp.ClientSession) -> 
     slug = await fetch_app_slug(auth, session, settings.api_url)
     config = ForgeConfig(write_interval=settings.write_interval, bot_login=f"{slug}[bot]")
     client = ForgeClient(auth, session, settings.api_url, config=config)
+    if settings.office_path is not None:
+        load_office(settings.office_path)  # an invalid file stops the start, with every error
     store = await Store.open(settings.db_path)
     services = Services(settings=settings, store=store, forge_client=client,
                         router=build_router(), own_router=build_own_router(), app_slug=slug,

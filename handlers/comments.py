@@ -13,13 +13,13 @@ from handlers.common import Scene, scene
 router = Router()
 
 
-async def send_mail_from_command(s: Scene, args: str, body: str) -> None:
+async def send_mail_from_command(s: Scene, args: str, body: str, index: int) -> None:
     agent, _, subject = args.partition(" ")
     if not agent or not subject.strip():
         await s.say("usage: `/mail <agent> <subject>` on one line, the message below it.")
         return
     record = await s.mailer.send(s.actor, agent, subject, body,
-                                 idempotency_key=f"comment:{s.ctx.delivery_id}")
+                                 idempotency_key=f"comment:{s.ctx.delivery_id}:{index}")
     await s.say(f"mail sent to {record.to_principal}: {record.ref}")
 
 
@@ -32,9 +32,9 @@ async def handle_comment(event: sansio.Event, ctx: HandlerContext) -> None:
     commands = parse_commands(text)
     mail = await s.mail()
     try:
-        for cmd in commands:
+        for index, cmd in enumerate(commands):
             if cmd.name == "mail":
-                await send_mail_from_command(s, cmd.args, cmd.body)
+                await send_mail_from_command(s, cmd.args, cmd.body, index)
         names = {c.name for c in commands}
         if mail is None:
             return
@@ -46,6 +46,10 @@ async def handle_comment(event: sansio.Event, ctx: HandlerContext) -> None:
             return
         elif s.actor == mail.to_principal:
             await s.mailer.reply(mail, s.actor, text, posted=True, labels=s.labels)
+        elif s.actor.startswith("forge:"):
+            # someone outside the office: their words stay on the forge, but wake no one
+            ctx.log.info("comment from outside the office leaves the mail as it is",
+                         extra={"mail": mail.ref, "login": s.login})
         else:
             await s.mailer.follow_up(mail, s.actor, labels=s.labels)
     except VaultmailError as exc:

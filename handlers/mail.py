@@ -68,10 +68,16 @@ async def review_hand_made_label_change(event: sansio.Event, ctx: HandlerContext
     labels = [str(label["name"]) for label in fresh.get("labels", [])]
     previous = None if mail.state == QUIET else MailState(mail.state)
     review = review_label_change(previous, labels)
+    fields: dict[str, object] = {}
     if not review.changes.empty:
-        fields: dict[str, object] = {"labels": review.changes.apply(labels)}
-        if review.accepted and review.state is MailState.CLOSED:
+        fields["labels"] = review.changes.apply(labels)
+    if review.accepted:  # the issue's open/closed state follows an accepted label
+        is_open = fresh.get("state") == "open"
+        if review.state is MailState.CLOSED and is_open:
             fields.update(state="closed", state_reason="completed")
+        elif review.state not in (None, MailState.CLOSED) and not is_open:
+            fields["state"] = "open"
+    if fields:
         await ctx.forge.update_issue(s.repo, s.number, **fields)
     if not review.accepted:
         await s.say(f"label change undone: {review.reason}.")

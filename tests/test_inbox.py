@@ -31,7 +31,13 @@ async def test_you_and_agents_with_your_turn_unread_once_and_waiting_on_others(
     assert waiting["byAgent"] == SCOUT and waiting["header"] == "Token TTL"
     assert inbox["you"]["waitingOnOthers"] == [] and inbox["you"]["yourTurn"] == []
     again = await marco("list_inbox")
-    assert again["you"]["unread"] == [] and again["agents"]["unread"] == [], "delivered once"
+    assert again["you"]["unread"] == [], "delivered once"
+    assert [c["id"] for c in again["agents"]["unread"]] == [note["comment"]["id"]], (
+        "marco looking at his agents' box leaves it unread for them")
+    seen = await scout("mail_list")
+    assert [c["id"] for c in seen["inbox"]["unread"]] == [note["comment"]["id"]]
+    after = await marco("list_inbox")
+    assert after["agents"]["unread"] == [], "once an agent has it, it is read"
 
     sara_box = await sara("list_inbox")
     assert [t["thread"] for t in sara_box["you"]["yourTurn"]] == [q["comment"]["id"]]

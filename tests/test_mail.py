@@ -192,3 +192,41 @@ async def test_slash_mail_command_sends_from_the_commenter(embedded: Embedded,
     header, body = parse_mail_body(mail["body"])
     assert header is not None and header.from_principal == "human:sara@acme.com"
     assert mail["title"] == "Competitor prices" and body == "Please list competitor prices."
+
+
+async def test_two_mail_commands_in_one_comment_send_two_mails(embedded: Embedded,
+                                                               person: Any) -> None:
+    sara = person("sara")
+    issue = await sara.open_issue("acme/builder-vault", "Plans", "Planning notes")
+    await embedded.settle()
+    await sara.comment("acme/builder-vault", issue["number"],
+                       "/mail scout First\nOne.\n/mail scout Second\nTwo.")
+    await embedded.settle()
+    titles = sorted(i["title"] for i in await person("admin").issues(SCOUT_VAULT))
+    assert titles == ["First", "Second"]
+
+
+async def test_closing_by_label_swap_closes_the_issue(embedded: Embedded, person: Any) -> None:
+    marco = person("marco")
+    issue = await marco.open_issue(SCOUT_VAULT, "Done?", "Wrap up")
+    await embedded.settle()
+    n = issue["number"]
+    await marco.call("PUT", f"/repos/{SCOUT_VAULT}/issues/{n}/labels",
+                     {"labels": ["mail:closed"]}, expect=200)
+    await embedded.settle()
+    found = await marco.issue(SCOUT_VAULT, n)
+    assert found["state"] == "closed" and label_names(found) == ["mail:closed"]
+    [closed] = await events(embedded, "mail.closed")
+    assert closed.actor == "human:marco@acme.com"
+
+
+async def test_a_comment_from_outside_the_office_wakes_no_one(embedded: Embedded,
+                                                              person: Any) -> None:
+    marco, scout_bot = person("marco"), person("scout-bot")
+    issue = await marco.open_issue(SCOUT_VAULT, "Numbers", "Q3?")
+    await embedded.settle()
+    await scout_bot.comment(SCOUT_VAULT, issue["number"], "Up 4%.")
+    await embedded.settle()
+    await person("admin").comment(SCOUT_VAULT, issue["number"], "ping from outside")
+    await embedded.settle()
+    assert label_names(await marco.issue(SCOUT_VAULT, issue["number"])) == ["mail:replied"]

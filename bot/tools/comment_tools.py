@@ -99,7 +99,7 @@ async def list_inbox(call: Call, args: InboxArgs) -> dict[str, Any]:
         await _wait_for_new(call, args.wait)
     is_person = call.principal == inbox.Whose.of(office, call.principal).person
     result = await inbox.boxes(store, office, call.principal, mark_you=is_person,
-                               mark_agents=True)
+                               mark_agents=call.is_agent)
     if args.read:
         result |= await inbox.read_page(store, office, call.principal, args.readBefore)
     result |= await inbox.updates_page(store, office, call.principal, args.updatesBefore, since)

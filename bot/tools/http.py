@@ -12,6 +12,7 @@ from typing import TypeVar
 from aiohttp import web
 
 from bot.errors import Unauthenticated, VaultmailError
+from bot.forge.errors import ForgeError
 from bot.services import SERVICES_KEY, Services
 from bot.store import api_tokens
 from bot.tools import chat_tools as _chat_tools  # noqa: F401
@@ -96,6 +97,15 @@ async def tool_endpoint(request: web.Request) -> web.Response:
     except VaultmailError as exc:
         log.info("tool refused", extra={"tool": name, "code": exc.code, "reason": exc.message})
         return web.json_response(exc.as_json(), status=exc.status)
+    except ForgeError as exc:  # the forge refused or failed: say so, never a stack trace
+        log.warning("tool failed at the forge", extra={"tool": name, "error": str(exc)})
+        return web.json_response({"error": {"code": "forge_error", "message": (
+            f"{name}: the forge answered {exc}; nothing was recorded, try again later")}},
+            status=502)
+    except Exception:
+        log.exception("tool crashed", extra={"tool": name})
+        return web.json_response({"error": {"code": "internal", "message": (
+            f"{name} failed inside vaultmail; the app's log has the details")}}, status=500)
     return web.json_response(result)
 
 
