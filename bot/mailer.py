@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from bot import runs
@@ -98,6 +98,10 @@ class Mailer:
         """Recipient, sender, the recipient agent's person, or an editor may open/close."""
         if actor in (mail.to_principal, mail.from_principal, "office"):
             return True
+        return self.speaks_for_recipient(actor, mail)
+
+    def speaks_for_recipient(self, actor: str, mail: MailRecord) -> bool:
+        """The recipient agent's person, or an editor."""
         agent = self.office.agent(mail.to_principal.removeprefix("agent:"))
         if agent and agent.person and actor == f"human:{agent.person.lower()}":
             return True
@@ -123,16 +127,20 @@ class Mailer:
         if existing is not None:
             return existing
         vault = self.office.vault_of(agent).lower()
-        hops = reply_to.hops + 1 if reply_to else 0
+        hops = reply_to.hops + reply_to.agent_turns + 1 if reply_to else 0
         header = sign_header(
             keyring=self.services.keyring, from_principal=actor, to_principal=agent.principal,
             vault=vault, subject=subject, body=body, mail_id=mail_id, hops=hops,
             in_reply_to=reply_to.ref if reply_to else None,
             thread_id=reply_to.thread_id if reply_to else None)
         quiet = hops > LOOP_GUARD_HOPS
-        issue = await self.forge.create_issue(
-            vault, header.subject, render_mail_body(header, body),
-            labels=[] if quiet else [MailState.NEW.value], marker=mail_id)
+        issue = None
+        if not await mails.intend_send(self.services.store, mail_id, vault):
+            issue = await self.forge.find_issue(vault, mail_id)  # begun before: did it land?
+        if issue is None:
+            issue = await self.forge.create_issue(
+                vault, header.subject, render_mail_body(header, body),
+                labels=[] if quiet else [MailState.NEW.value], marker=mail_id)
         record = MailRecord(
             mail_id=mail_id, vault=vault, number=int(issue["number"]), subject=header.subject,
             body=body, from_principal=actor, to_principal=agent.principal, sent=header.sent,
@@ -152,6 +160,7 @@ class Mailer:
                 if await cur.fetchone() is not None:
                     return
             await mails.put_mail(db, record)
+            await mails.sent(db, record.mail_id)
             await ledger.append(db, "mail.sent", actor, record.ref, {
                 "mail": record.mail_id, "to": record.to_principal, "subject": record.subject,
                 "hops": record.hops, "thread": record.thread_id,
@@ -208,7 +217,8 @@ class Mailer:
             mail_id=mail_id, vault=repo.lower(), number=number, subject=header.subject,
             body=body, from_principal=actor, to_principal=agent.principal, sent=header.sent,
             hops=0, in_reply_to=None, thread_id=header.thread_id, key_id=header.key_id,
-            body_sha256=header.body_sha256, state=MailState.NEW.value)
+            body_sha256=header.body_sha256, state=MailState.NEW.value,
+            other_labels=tuple(n for n in current if not n.lower().startswith("mail:")))
         await self._record_new(record, actor, agent)
         return record
 
@@ -222,10 +232,10 @@ class Mailer:
         except IllegalTransition as exc:
             raise Conflict(f"{mail.ref}: {exc}") from exc
         fields: dict[str, Any] = {}
+        current = labels if labels is not None else mail.labels
+        after = labels_for(new, current).apply(current)
         if new.value != mail.state:
-            current = labels if labels is not None else (
-                [] if mail.state == QUIET else [mail.state])
-            fields["labels"] = labels_for(new, current).apply(current)
+            fields["labels"] = after
         if issue_state is not None:
             fields["state"] = issue_state
             if issue_state == "closed":
@@ -236,7 +246,7 @@ class Mailer:
         agent = self.office.agent(mail.to_principal.removeprefix("agent:"))
         admitted = False
         async with self.services.store.transaction() as db:
-            await mails.set_state(db, mail.mail_id, new.value)
+            await mails.set_state(db, mail.mail_id, new.value, after)
             await ledger.append(db, ledger_event, actor, mail.ref,
                                 {"mail": mail.mail_id, "from": mail.state, "to": new.value,
                                  **(data or {})})
@@ -258,31 +268,51 @@ class Mailer:
         return await self._move(mail, MailEvent.OPEN, actor, "mail.opened", labels=labels)
 
     async def reply(self, mail: MailRecord, actor: str, text: str, *,
-                    posted: bool, labels: list[str] | None = None) -> MailRecord:
-        """The recipient replied (`posted`: its comment is already on the forge)."""
+                    posted: bool, labels: list[str] | None = None,
+                    key: str | None = None) -> MailRecord:
+        """The recipient replied (`posted`: its comment is already on the forge). `key` names
+        this reply (the forge comment id, or the caller's idempotency key), so a retry copies
+        it to an agent sender once, while two replies with the same words are two copies."""
         if actor != mail.to_principal:
             raise await self.deny(actor, mail.ref, (
                 f"{actor} cannot reply to {mail.ref} as its recipient ({mail.to_principal}); "
                 "comment on the issue to add a message instead"))
         if not text.strip():
             raise InvalidArguments("body is empty: write the reply")
+        key = key or str(uuid.uuid4())
         if not posted:
+            marker = f"<!-- vaultmail:reply {key} -->"
             await self.forge.create_comment(mail.vault, mail.number,
-                                            f"**{actor}** replied:\n\n{text}")
+                                            f"**{actor}** replied:\n\n{text}\n\n{marker}",
+                                            marker=marker)
         reopen = "open" if mail.state == MailState.CLOSED.value else None
         updated = await self._move(mail, MailEvent.REPLY, actor, "mail.replied",
                                    labels=labels, issue_state=reopen)
         if mail.from_principal.startswith("agent:") and mail.from_principal != actor:
             await self.send(actor, mail.from_principal, "Re: " + _RE.sub("", mail.subject),
                             text, reply_to=mail, check=False,
-                            idempotency_key=f"reply\n{mail.mail_id}\n{_digest(text)}")
+                            idempotency_key=f"reply\n{mail.mail_id}\n{key}")
         return updated
 
     async def follow_up(self, mail: MailRecord, actor: str, *,
                         labels: list[str] | None = None) -> MailRecord:
-        """Someone other than the recipient wrote: the mail is the recipient's turn again."""
+        """Someone other than the recipient wrote: the mail is the recipient's turn again, if
+        they may write to it (the sender, or anyone who may mail the recipient). An agent's
+        follow-ups count toward the loop guard like reply hops do."""
+        if actor not in (mail.from_principal, "office"):
+            await self.check_may_send(actor, self.recipient(mail.to_principal))
         if mail.state == MailState.NEW.value:
             return mail
+        if actor.startswith("agent:"):
+            turns = mail.agent_turns + 1
+            async with self.services.store.transaction() as db:
+                await mails.add_agent_turn(db, mail.mail_id)
+                if mail.hops + turns > LOOP_GUARD_HOPS:
+                    await ledger.append(db, "mail.loop_guard", "office", mail.ref, {
+                        "mail": mail.mail_id, "hops": mail.hops + turns, "follow_up": True,
+                        "reason": f"beyond {LOOP_GUARD_HOPS} hops: the follow-up wakes no one"})
+                    return replace(mail, agent_turns=turns)
+            mail = replace(mail, agent_turns=turns)
         reopen = "open" if mail.state == MailState.CLOSED.value else None
         return await self._move(mail, MailEvent.FOLLOW_UP, actor, "mail.sent", labels=labels,
                                 issue_state=reopen, data={"follow_up": True})
@@ -323,8 +353,3 @@ class Mailer:
                 f"{mail.to_principal}, sent {mail.sent}, subject “{mail.subject}”."))
         return False
 
-
-def _digest(text: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -35,22 +35,24 @@ def mail_from_issue(vault: str, issue: dict[str, Any], keys: Verifier) -> MailRe
     """The index row an issue stands for, or None when it is not a signed mail."""
     verdict = verify_mail(issue.get("title") or "", issue.get("body"), vault, keys)
     header = verdict.header
-    if header is None or not verdict.signed:
-        return None
-    state = state_from_labels(label["name"] for label in issue.get("labels", []))
+    if header is None or not verdict.signed or header.vault != vault.lower():
+        return None  # not a mail, or a copy of one signed for another vault
+    names = [str(label["name"]) for label in issue.get("labels", [])]
+    state = state_from_labels(names)
     return MailRecord(
         mail_id=header.mail_id, vault=vault.lower(), number=int(issue["number"]),
         subject=header.subject, body=verdict.body, from_principal=header.from_principal,
         to_principal=header.to_principal, sent=header.sent, hops=header.hops,
         in_reply_to=header.in_reply_to, thread_id=header.thread_id, key_id=header.key_id,
         body_sha256=header.body_sha256, state=state.value if state else QUIET,
-        tampered=not verdict.valid)
+        tampered=not verdict.valid,
+        other_labels=tuple(n for n in names if not n.lower().startswith("mail:")))
 
 
 async def scan(forge: Forge, office: Office, keys: Verifier, *,
                progress: bool = False) -> tuple[list[MailRecord], ReindexReport]:
     report = ReindexReport()
-    found: list[MailRecord] = []
+    found: dict[str, MailRecord] = {}
     bar = tqdm(total=None, unit="issue", desc="reindex", disable=not progress, leave=True)
     for vault in office.vaults():
         report.vaults += 1
@@ -59,13 +61,16 @@ async def scan(forge: Forge, office: Office, keys: Verifier, *,
             report.issues += 1
             bar.update(1)
             record = mail_from_issue(vault, issue, keys)
-            if record is not None:
-                found.append(record)
-                if record.tampered:
-                    report.tampered.append(record.ref)
+            if record is None:
+                continue
+            if record.tampered:
+                report.tampered.append(record.ref)
+            kept = found.get(record.mail_id)
+            if kept is None or (kept.tampered and not record.tampered):
+                found[record.mail_id] = record  # a pasted copy never displaces the original
     bar.close()
     report.mails = len(found)
-    return found, report
+    return list(found.values()), report
 
 
 async def reindex(store: Store, forge: Forge, office: Office, keys: Verifier, *,

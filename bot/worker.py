@@ -77,7 +77,12 @@ class Worker:
                     await asyncio.wait_for(self._wake.wait(), delay)
                 continue
             self._idle.clear()
-            await self.process(item)
+            try:
+                await self.process(item)
+            except Exception:  # the store itself failed: keep the worker alive, retry soon
+                log.exception("worker could not record the outcome of a delivery",
+                              extra={"delivery_id": item.guid})
+                await asyncio.sleep(1.0)
 
     async def process(self, item: QueueItem) -> None:
         services = self.services
@@ -91,13 +96,21 @@ class Worker:
             await store.finish(item.id, "ignored")
             logger.debug("ignored: caused by the app itself")
             return
-        ctx = HandlerContext(
-            services=services,
-            forge=services.forge_for(item.installation_id),
-            installation_id=item.installation_id,
-            delivery_id=item.guid,
-            log=logger,
-        )
+        if not router.fetch(event):
+            await store.finish(item.id, "ignored")  # ping, meta, events no handler wants
+            return
+        try:
+            ctx = HandlerContext(
+                services=services,
+                forge=services.forge_for(item.installation_id),
+                installation_id=item.installation_id,
+                delivery_id=item.guid,
+                log=logger,
+            )
+        except LookupError as exc:  # no installation to act through: nothing can be done
+            await store.fail(item.id, repr(exc), None)
+            logger.error("dead letter: %s", exc)
+            return
         try:
             await router.dispatch(event, ctx)
         except Exception as exc:  # a handler failed: retry later, then dead-letter

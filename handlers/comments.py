@@ -45,7 +45,8 @@ async def handle_comment(event: sansio.Event, ctx: HandlerContext) -> None:
         elif "mail" in names:
             return
         elif s.actor == mail.to_principal:
-            await s.mailer.reply(mail, s.actor, text, posted=True, labels=s.labels)
+            await s.mailer.reply(mail, s.actor, text, posted=True, labels=s.labels,
+                                 key=f"comment:{event.data['comment']['id']}")
         elif s.actor.startswith("forge:"):
             # someone outside the office: their words stay on the forge, but wake no one
             ctx.log.info("comment from outside the office leaves the mail as it is",

@@ -8,10 +8,11 @@ from gidgethub.routing import Router
 from bot.context import HandlerContext
 from bot.errors import VaultmailError
 from bot.header import parse_mail_body
+from bot.mailer import Mailer
 from bot.store import ledger, mails
-from bot.store.mails import QUIET
+from bot.store.mails import QUIET, MailRecord
 from handlers.common import scene
-from labels.states import MailState, review_label_change
+from labels.states import LabelReview, MailState, labels_for, review_label_change
 
 router = Router()
 own_router = Router()
@@ -53,8 +54,14 @@ async def close_mail(event: sansio.Event, ctx: HandlerContext) -> None:
 async def reopen_mail(event: sansio.Event, ctx: HandlerContext) -> None:
     s = await scene(event, ctx)
     mail = await s.mail() if s else None
-    if s is not None and mail is not None:
-        await s.mailer.reopened(mail, s.actor, labels=s.labels)
+    if s is None or mail is None:
+        return
+    if not s.mailer.may_manage(s.actor, mail):
+        await ctx.forge.update_issue(s.repo, s.number, state="closed")
+        await s.refuse(await s.mailer.deny(s.actor, mail.ref, (
+            f"{s.actor} may not reopen {mail.ref}: write to it instead, or ask its sender")))
+        return
+    await s.mailer.reopened(mail, s.actor, labels=s.labels)
 
 
 @router.register("issues", action="labeled")
@@ -68,6 +75,11 @@ async def review_hand_made_label_change(event: sansio.Event, ctx: HandlerContext
     labels = [str(label["name"]) for label in fresh.get("labels", [])]
     previous = None if mail.state == QUIET else MailState(mail.state)
     review = review_label_change(previous, labels)
+    if review.accepted and review.state not in (None, previous):
+        refusal = _who_may_set(s.mailer, s.actor, mail, review.state)
+        if refusal is not None:  # a legal move, but not this person's to make
+            await s.mailer.deny(s.actor, mail.ref, refusal)
+            review = LabelReview(previous, False, refusal, labels_for(previous, labels))
     fields: dict[str, object] = {}
     if not review.changes.empty:
         fields["labels"] = review.changes.apply(labels)
@@ -82,13 +94,29 @@ async def review_hand_made_label_change(event: sansio.Event, ctx: HandlerContext
     if not review.accepted:
         await s.say(f"label change undone: {review.reason}.")
         return
+    after = review.changes.apply(labels)
     if review.state is None or review.state.value == mail.state:
+        async with ctx.services.store.transaction() as db:  # other labels may have changed
+            await mails.set_state(db, mail.mail_id, mail.state, after)
         return
     async with ctx.services.store.transaction() as db:
-        await mails.set_state(db, mail.mail_id, review.state.value)
+        await mails.set_state(db, mail.mail_id, review.state.value, after)
         await ledger.append(db, _LEDGER_FOR[review.state], s.actor, mail.ref,
                             {"mail": mail.mail_id, "from": mail.state, "to": review.state.value,
                              "by_hand": True})
+
+
+def _who_may_set(mailer: Mailer, actor: str, mail: MailRecord,
+                 target: MailState) -> str | None:
+    """Why `actor` may not move `mail` to `target` by hand, or None when they may."""
+    if target in (MailState.WORKING, MailState.REPLIED):  # the recipient's side of the mail
+        if actor == mail.to_principal or mailer.speaks_for_recipient(actor, mail):
+            return None
+        return f"only {mail.to_principal} (or its person, or an editor) sets {target.value}"
+    if mailer.may_manage(actor, mail):
+        return None
+    return (f"{actor} may not set {target.value} on {mail.ref}: only its recipient, its "
+            "sender, the recipient's person or an editor can")
 
 
 @router.register("issues", action="edited")

@@ -61,6 +61,10 @@ class Forge(Protocol):
         """All issues (pull requests excluded), paginated; ``labels`` are ANDed (GitHub)."""
         ...
 
+    async def find_issue(self, repo: str, marker: str) -> JSON | None:
+        """A recent issue by the app whose body contains `marker` (did a create land?)."""
+        ...
+
     async def search_issues(self, q: str) -> list[JSON]: ...
 
     # labels

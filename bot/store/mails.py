@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -27,8 +28,15 @@ CREATE TABLE IF NOT EXISTS mails (
     body_sha256 TEXT NOT NULL,
     state TEXT NOT NULL,
     tampered INTEGER NOT NULL DEFAULT 0,
+    other_labels TEXT NOT NULL DEFAULT '[]',
+    agent_turns INTEGER NOT NULL DEFAULT 0,
     updated_at REAL NOT NULL,
     UNIQUE(vault, number)
+);
+CREATE TABLE IF NOT EXISTS pending_sends (
+    mail_id TEXT PRIMARY KEY,
+    vault TEXT NOT NULL,
+    created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS mails_to ON mails(to_principal, state);
 CREATE INDEX IF NOT EXISTS mails_thread ON mails(thread_id);
@@ -65,6 +73,8 @@ class MailRecord:
     body_sha256: str
     state: str
     tampered: bool = False
+    other_labels: tuple[str, ...] = ()  # labels besides mail:*, kept so writes keep them
+    agent_turns: int = 0  # agents' follow-ups on this mail: they count toward the loop guard
 
     @property
     def ref(self) -> str:
@@ -72,6 +82,11 @@ class MailRecord:
 
     def with_state(self, state: str) -> MailRecord:
         return replace(self, state=state)
+
+    @property
+    def labels(self) -> list[str]:
+        """The issue's labels as the index knows them (no mail label while quiet)."""
+        return [*self.other_labels, *([] if self.state == QUIET else [self.state])]
 
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -85,6 +100,7 @@ _COLUMNS = [f for f in MailRecord.__dataclass_fields__]
 def _record(row: Any) -> MailRecord:
     values = {c: row[c] for c in _COLUMNS}
     values["tampered"] = bool(values["tampered"])
+    values["other_labels"] = tuple(json.loads(values["other_labels"]))
     return MailRecord(**values)
 
 
@@ -93,17 +109,42 @@ async def put_mail(db: aiosqlite.Connection, mail: MailRecord) -> None:
     marks = ",".join("?" for _ in _COLUMNS)
     values = [getattr(mail, c) for c in _COLUMNS]
     values[_COLUMNS.index("tampered")] = int(mail.tampered)
+    values[_COLUMNS.index("other_labels")] = json.dumps(list(mail.other_labels))
     await db.execute(
         f"INSERT OR REPLACE INTO mails({cols}, updated_at) VALUES ({marks}, ?)",
         (*values, time.time()),
     )
 
 
-async def set_state(db: aiosqlite.Connection, mail_id: str, state: str) -> None:
+async def set_state(db: aiosqlite.Connection, mail_id: str, state: str,
+                    labels: list[str] | None = None) -> None:
+    """The new state; with `labels` (the issue's whole label list) the other labels too."""
     if state not in STATES:
         raise ValueError(f"unknown mail state {state!r}")
     await db.execute("UPDATE mails SET state=?, updated_at=? WHERE mail_id=?",
                      (state, time.time(), mail_id))
+    if labels is not None:
+        others = [name for name in labels if not name.lower().startswith("mail:")]
+        await db.execute("UPDATE mails SET other_labels=? WHERE mail_id=?",
+                         (json.dumps(others), mail_id))
+
+
+async def add_agent_turn(db: aiosqlite.Connection, mail_id: str) -> None:
+    await db.execute("UPDATE mails SET agent_turns=agent_turns+1 WHERE mail_id=?", (mail_id,))
+
+
+async def intend_send(store: Store, mail_id: str, vault: str) -> bool:
+    """Note a send before its forge write; False when one with this id was begun before
+    (a retry after a crash or timeout: look on the forge before creating again)."""
+    async with store.transaction() as db:
+        cur = await db.execute(
+            "INSERT OR IGNORE INTO pending_sends(mail_id, vault, created_at) VALUES (?,?,?)",
+            (mail_id, vault, time.time()))
+        return cur.rowcount == 1
+
+
+async def sent(db: aiosqlite.Connection, mail_id: str) -> None:
+    await db.execute("DELETE FROM pending_sends WHERE mail_id=?", (mail_id,))
 
 
 async def mark_tampered(db: aiosqlite.Connection, mail_id: str) -> None:

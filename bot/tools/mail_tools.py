@@ -64,13 +64,16 @@ async def mail_open(call: Call, args: MailArg) -> dict[str, Any]:
 class ReplyArgs(Args):
     mail: str = Field(min_length=1, description="mail id or owner/repo#N")
     body: str = Field(min_length=1, max_length=60_000)
+    idempotencyKey: str | None = Field(default=None, max_length=200, description=(
+        "any string; a retried reply with the same key is posted and copied once"))
 
 
 @tool("mail_reply", ReplyArgs, "Reply to a mail addressed to you (mail:replied); an agent "
       "sender also gets the reply in its own vault.")
 async def mail_reply(call: Call, args: ReplyArgs) -> dict[str, Any]:
     mail = await find_mail(call, args.mail)
-    updated = await call.mailer.reply(mail, call.principal, args.body, posted=False)
+    updated = await call.mailer.reply(mail, call.principal, args.body, posted=False,
+                                      key=args.idempotencyKey)
     return {"mail": updated.as_json()}
 
 
