@@ -226,7 +226,19 @@ class Mailer:
     async def _move(self, mail: MailRecord, event: MailEvent, actor: str, ledger_event: str,
                     *, labels: list[str] | None = None, issue_state: str | None = None,
                     data: dict[str, Any] | None = None) -> MailRecord:
-        """Apply `event`: one forge write when anything changes, then index + ledger."""
+        """Apply `event` under the mail's lock, so a tool call and the worker never
+        interleave on one mail: one forge write when anything changes, then index + ledger."""
+        async with self.services.lock_for(mail.mail_id):
+            latest = await mails.get_mail(self.services.store, mail.mail_id)
+            if latest is not None and latest.state != mail.state:
+                labels = None  # the caller's view is stale: go by the index
+            return await self._move_locked(latest or mail, event, actor, ledger_event,
+                                           labels=labels, issue_state=issue_state, data=data)
+
+    async def _move_locked(self, mail: MailRecord, event: MailEvent, actor: str,
+                           ledger_event: str, *, labels: list[str] | None,
+                           issue_state: str | None,
+                           data: dict[str, Any] | None) -> MailRecord:
         try:
             new = transition(_state(mail), event)
         except IllegalTransition as exc:

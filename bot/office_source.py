@@ -44,8 +44,9 @@ class OfficeSource:
         text = await forge.get_file(f"{org}/{CONFIG_REPO}", CONFIG_PATH)
         if text is None:
             return self._last_valid.get(org)
+        source = f"{org}/{CONFIG_REPO}/{CONFIG_PATH}"
         try:
-            office = parse_office(text, f"{org}/{CONFIG_REPO}/{CONFIG_PATH}")
+            office = bound_to_org(parse_office(text, source), org, source)
         except OfficeConfigError as exc:
             if org not in self.last_error or str(self.last_error[org]) != str(exc):
                 log.error("office config refused; last valid config stays in force",
@@ -55,3 +56,19 @@ class OfficeSource:
         self.last_error.pop(org, None)
         self._last_valid[org] = office
         return office
+
+
+def bound_to_org(office: Office, org: str, source: str) -> Office:
+    """An org's config speaks for that org only: its `org` and every vault must be in it, or
+    one installation could have the office sign mail for another's people."""
+    errors = []
+    if office.org.lower() != org.lower():
+        errors.append(f"{source}: org: is {office.org!r}, but this config lives in {org!r}")
+    for i, agent in enumerate(office.agents):
+        owner = office.vault_of(agent).split("/")[0]
+        if owner.lower() != org.lower():
+            errors.append(f"{source}: agents[{i}].vault: {office.vault_of(agent)} is outside "
+                          f"{org}")
+    if errors:
+        raise OfficeConfigError(source, errors)
+    return office

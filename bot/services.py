@@ -38,6 +38,17 @@ class Services:
     default_org: str | None = None
     background: set[asyncio.Task[None]] = field(default_factory=set)
     notifier: Notifier = field(default_factory=Notifier)
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    def lock_for(self, key: str) -> asyncio.Lock:
+        """One lock per mail (or other key): serialises the worker and tool calls on it."""
+        lock = self._locks.get(key)
+        if lock is None:
+            if len(self._locks) > 10_000:  # drop idle locks; a held one is never dropped
+                for k in [k for k, v in self._locks.items() if not v.locked()]:
+                    del self._locks[k]
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
 
     @property
     def bot_login(self) -> str:

@@ -37,3 +37,12 @@ def _example() -> str:
     from importlib import resources
 
     return resources.files("bot").joinpath("example_office.yml").read_text()
+
+
+async def test_a_config_naming_another_org_is_refused(embedded: Embedded, person: Any) -> None:
+    foreign = _example().replace("org: acme", "org: globex").replace(
+        "  - slug: scout\n", "  - slug: scout\n    vault: globex/scout-vault\n")
+    embedded.forge.put_file("acme/.github", "vaultmail.yml", foreign, pusher="admin")
+    await embedded.settle()
+    [issue] = await person("admin").issues("acme/.github")
+    assert "org: is 'globex'" in issue["body"] and "outside acme" in issue["body"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import aiohttp
+
 from bot.embedded import Embedded
 from bot.store import api_tokens
 from tests.test_cli_tools import vaultmail
@@ -59,3 +61,14 @@ async def test_tokens_are_stored_hashed(embedded: Embedded) -> None:
 async def test_a_bad_principal_is_refused(embedded: Embedded) -> None:
     code, out, _ = await vaultmail("token", "create", "scout", "--data", str(embedded.data_dir))
     assert code == 2 and "agent:<slug>" in out
+
+
+async def test_a_token_for_someone_not_in_the_office_acts_for_no_one(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    from bot.store import api_tokens
+
+    token = await api_tokens.create_token(embedded.services.store, "agent:ghost")
+    async with session.post(embedded.app_url + "/api/v1/tools/mail_list", json={},
+                            headers={"Authorization": f"Bearer {token}"}) as resp:
+        body = await resp.json()
+    assert resp.status == 403 and "not in the office config" in body["error"]["message"]

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from aiohttp import web
 
-from bot.errors import Unauthenticated, VaultmailError
+from bot.errors import Denied, Unauthenticated, VaultmailError
 from bot.forge.errors import ForgeError
 from bot.services import SERVICES_KEY, Services
 from bot.store import api_tokens
@@ -42,6 +42,11 @@ async def make_call(services: Services, principal: str) -> Call:
     if office is None:
         raise VaultmailError("no office config found: add vaultmail.yml to the org's .github "
                              "repository", code="no_office")
+    members = {"office"} | {h.principal for h in office.humans} | {
+        a.principal for a in office.agents}
+    if principal not in members:
+        raise Denied(f"{principal} is not in the office config any more; its token acts for "
+                     "no one until an admin adds it back to vaultmail.yml")
     return Call(services, principal, office, forge)
 
 
