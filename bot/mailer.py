@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from bot import runs
 from bot.errors import Conflict, Denied, InvalidArguments, NotFoundError
 from bot.header import render_mail_body, sign_header, verify_mail
+from bot.markdown import defuse_mentions
 from bot.office import Agent, Office
 from bot.store import ledger, mails
 from bot.store.mails import QUIET, MailRecord
@@ -114,7 +115,8 @@ class Mailer:
                    reply_to: MailRecord | None = None, idempotency_key: str | None = None,
                    check: bool = True) -> MailRecord:
         agent = self.recipient(to)
-        subject, body = subject.strip(), body.replace("\r\n", "\n")
+        # what the app posts never pings anyone by itself: mentions in it are defused
+        subject, body = subject.strip(), defuse_mentions(body.replace("\r\n", "\n"))
         if not subject:
             raise InvalidArguments("subject is empty: give the mail a one-line subject")
         if len(body) > MAX_BODY:
@@ -253,7 +255,8 @@ class Mailer:
             if issue_state == "closed":
                 fields["state_reason"] = "completed"
         if fields:
-            await self.forge.update_issue(mail.vault, mail.number, **fields)
+            issue = await self.forge.update_issue(mail.vault, mail.number, **fields)
+            await self.check_tamper(mail, issue, "office")  # the answer carries it: no request
         wakes = new is MailState.NEW and mail.state != MailState.NEW.value
         agent = self.office.agent(mail.to_principal.removeprefix("agent:"))
         admitted = False
@@ -295,7 +298,8 @@ class Mailer:
         if not posted:
             marker = f"<!-- vaultmail:reply {key} -->"
             await self.forge.create_comment(mail.vault, mail.number,
-                                            f"**{actor}** replied:\n\n{text}\n\n{marker}",
+                                            f"**{actor}** replied:\n\n"
+                                            f"{defuse_mentions(text)}\n\n{marker}",
                                             marker=marker)
         reopen = "open" if mail.state == MailState.CLOSED.value else None
         updated = await self._move(mail, MailEvent.REPLY, actor, "mail.replied",
@@ -362,6 +366,7 @@ class Mailer:
             await self.forge.create_comment(mail.vault, mail.number, (
                 f"⚠️ This mail was changed after it was sent ({verdict.reason}). vaultmail "
                 f"keeps the signed original: from {mail.from_principal} to "
-                f"{mail.to_principal}, sent {mail.sent}, subject “{mail.subject}”."))
+                f"{mail.to_principal}, sent {mail.sent}, subject "
+                f"“{defuse_mentions(mail.subject)}”."))
         return False
 

@@ -10,6 +10,7 @@ from gidgethub import sansio
 from bot.context import HandlerContext
 from bot.errors import VaultmailError
 from bot.mailer import Mailer, principal_of
+from bot.markdown import defuse_mentions
 from bot.office import Office
 from bot.store import mails
 from bot.store.mails import MailRecord
@@ -37,8 +38,12 @@ class Scene:
         return await mails.mail_at(self.ctx.services.store, self.repo, self.number)
 
     async def say(self, text: str) -> None:
-        """A one-line reply on the issue (refusals and confirmations)."""
-        await self.ctx.forge.create_comment(self.repo, self.number, f"@{self.login} {text}")
+        """A one-line reply on the issue (refusals and confirmations) to the one who acted.
+
+        Only they are mentioned: `text` often quotes what they wrote, so its @mentions are
+        defused."""
+        await self.ctx.forge.create_comment(self.repo, self.number,
+                                            f"@{self.login} {defuse_mentions(text)}")
 
     async def refuse(self, exc: VaultmailError) -> None:
         self.ctx.log.info("refused", extra={"reason": exc.message, "issue": self.ref})

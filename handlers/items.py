@@ -111,9 +111,9 @@ async def ping_addressed(s: Scene, text: str, added: dict[str, Any]) -> None:
                and (login := login_of(s.office, r["principal"])) and login.lower()
                not in mentioned]
     if missing:
-        note = f"{marker(added['comment']['id'], kind='ping')}\n" \
-               f"{mention_list(missing)}: @{s.login}'s comment above is addressed to you."
-        await s.ctx.forge.create_comment(s.repo, s.number, note)
+        mark = marker(added['comment']['id'], kind='ping')
+        note = f"{mark}\n{mention_list(missing)}: @{s.login}'s comment above is addressed to you."
+        await s.ctx.forge.create_comment(s.repo, s.number, note, marker=mark)
 
 
 async def _question_for(s: Scene, item: Item) -> db.ThreadRow:

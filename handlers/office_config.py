@@ -10,6 +10,7 @@ from gidgethub import sansio
 from gidgethub.routing import Router
 
 from bot.context import HandlerContext
+from bot.markdown import defuse_mentions
 from bot.office_source import CONFIG_PATH, CONFIG_REPO
 from bot.store import ledger
 
@@ -41,7 +42,7 @@ async def reload_office_config(event: sansio.Event, ctx: HandlerContext) -> None
     pusher = data.get("sender", {}).get("login", "")
     kept = "the last valid config stays in force" if office else "no config is in force yet"
     body = (f"@{pusher} the push to `{CONFIG_PATH}` was refused; {kept}.\n\n"
-            + "\n".join(f"- `{line}`" for line in error.errors)
+            + "\n".join(f"- {defuse_mentions(line)}" for line in error.errors)
             + "\n\nFix these and push again.")
     await ctx.forge.create_issue(f"{org}/{CONFIG_REPO}", f"{CONFIG_PATH} was refused", body,
                                  labels=[])

@@ -8,6 +8,7 @@ from typing import Any
 
 from bot.embedded import Embedded
 from bot.store import ledger, mails
+from bot.tools import chat_tools
 from bot.tools.chat_tools import get_chat
 from tests.support import ToolClient
 from tests.tool_scenario import forge_issues
@@ -92,3 +93,24 @@ async def test_only_the_addressed_agent_answers_and_only_once(embedded: Embedded
     assert status == 422
     assert "message: Field required" in body["error"]["message"]
     assert "wait: Input should be less than or equal to 50" in body["error"]["message"]
+
+
+async def test_two_replies_racing_past_the_check_answer_once(
+        embedded: Embedded, tools: Any, monkeypatch: Any) -> None:
+    """Both replies read the chat unanswered; only the first may land, the second is a 409."""
+    chat = (await tools(MARCO)("agent_chat", agent="scout", message="ping"))["chat"]
+    store = embedded.services.store
+    stale = await get_chat(store, chat["chat"])
+    assert stale is not None and stale["answered_at"] is None
+    await tools("agent:scout")("chat_reply", chat=chat["chat"], message="pong")
+
+    async def read_before_the_first_reply(call: Any, chat_id: int) -> Any:
+        return stale
+
+    monkeypatch.setattr(chat_tools, "_visible_chat", read_before_the_first_reply)
+    status, body = await tools("agent:scout").raw("chat_reply",
+                                                  {"chat": chat["chat"], "message": "again"})
+    assert status == 409 and body["error"]["code"] == "already_answered", body
+    assert "already answered" in body["error"]["message"]
+    row = await get_chat(store, chat["chat"])
+    assert row is not None and row["answer"] == "pong"

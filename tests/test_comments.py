@@ -6,9 +6,12 @@ access to the vaults, each agent to its own vault only)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import handlers.items as hi
 from bot.embedded import Embedded
+from bot.items.service import Comments
 from bot.store import comments as db
 from tests.items_support import (
     BUILDER,
@@ -23,6 +26,8 @@ from tests.items_support import (
     where,
 )
 from tests.support import ToolClient
+
+BUILDER_VAULT = "acme/builder-vault"
 
 
 async def test_token_ttl_through_the_tools(embedded: Embedded, person: Any,
@@ -408,3 +413,102 @@ async def test_refusals_in_the_forge_get_a_one_line_reply_and_quotes_run_nothing
     assert len(comments) == 3, "a reply for the refusal, and no card for the quoted /ask"
     assert comments[1]["body"].startswith("@builder-bot")
     assert "contributor" in comments[1]["body"] and "\n" not in comments[1]["body"].strip()
+
+
+# -- what the app posts for others mentions nobody the reach rules did not choose -------------
+LIVE = re.compile(r"(?<![A-Za-z0-9_])@(?P<name>[A-Za-z0-9][A-Za-z0-9-]*(?:/[\w.-]+)?)")
+
+
+def live_mentions(body: str) -> list[str]:
+    """What the forge takes for @mentions (a login or org/team after a non-word character)."""
+    return [m["name"] for m in LIVE.finditer(body)]
+
+
+async def test_mentions_in_text_from_tools_and_commands_are_not_posted_live(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    marco = person("marco")
+    outcome = await make_item(embedded, marco, "outcome", "Ship v2")
+    scout: ToolClient = tools(SCOUT)
+    out = await scout("add_comment", targetType="outcome", target=outcome,
+                      body="FYI @lee @acme/pricing")
+    assert out["notify"] == []
+    body = await last_app_comment(person, outcome)
+    assert "FYI" in body and live_mentions(body) == [], body
+    assert "@\u2060lee @\u2060acme/pricing" in body, "the text still reads the same"
+
+    # a card: only the people the question reaches are mentioned, never those in its text
+    await scout("add_comment", targetType="outcome", target=outcome, to=["marco@acme.com"],
+                header="Ping @lee?", body="Should I loop in @acme/pricing?",
+                context="@sara said so", options=[
+                    {"label": "Yes, @lee", "description": "and @acme/pricing"},
+                    {"label": "No"}])
+    card = await last_app_comment(person, outcome)
+    assert "❓" in card and live_mentions(card) == ["marco"], card
+
+    # say(): a refusal quoting what someone wrote mentions only them
+    issue = await person("sara").open_issue(BUILDER_VAULT, "Pricing", "talk")
+    await embedded.settle()
+    await person("sara").comment(BUILDER_VAULT, issue["number"], "/mail @acme/pricing x\nhi")
+    await embedded.settle()
+    [reply] = [c["body"] for c in await person("admin").comments(BUILDER_VAULT, issue["number"])
+               if c["user"]["login"] == "vaultmail[bot]"]
+    assert "acme/pricing" in reply and live_mentions(reply) == ["sara"], reply
+
+
+# -- a retried delivery records a hand-written comment once -----------------------------------
+async def test_a_retried_delivery_records_a_hand_written_comment_once(
+        embedded: Embedded, person: Any, tools: Any, monkeypatch: Any) -> None:
+    """Something failing after Comments.add committed (the ping note's POST) runs the whole
+    delivery again: the comment is indexed, delivered and ledgered once; the note posted once."""
+    real = hi.ping_addressed
+    calls = {"n": 0}
+
+    async def fail_once(*a: Any, **k: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("502 on the ping note")
+        await real(*a, **k)
+
+    monkeypatch.setattr(hi, "ping_addressed", fail_once)
+    embedded.services.worker.base_backoff = 0.05
+    marco = person("marco")
+    outcome = await make_item(embedded, marco, "outcome", "Ship v2")
+    repo, n = where(outcome)
+    await marco.comment(repo, n, "to: sara@acme.com\nplease review")
+    await embedded.settle()
+    assert calls["n"] == 2, "the delivery was run again"
+    added = await events(embedded, "comment.added")
+    assert len(added) == 1, [e.data["comment"] for e in added]
+    assert await unread_ids(tools, SARA, "you") == [added[0].data["comment"]]
+    pings = [c for c in await forge_comments(person("admin"), outcome)
+             if c["user"]["login"] == "vaultmail[bot]"]
+    assert len(pings) == 1 and "@sara" in pings[0]["body"]
+
+
+async def test_a_retried_ask_posts_one_card_and_records_once(
+        embedded: Embedded, person: Any, monkeypatch: Any) -> None:
+    """A crash after the card was posted, before the index: the retry finds the card by its
+    marker (the comment id comes from the forge comment's id), and records the question once."""
+    real = Comments._commit
+    calls = {"n": 0}
+
+    async def crash_once(self: Comments, *a: Any, **k: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("killed before the index write")
+        await real(self, *a, **k)
+
+    monkeypatch.setattr(Comments, "_commit", crash_once)
+    embedded.services.worker.base_backoff = 0.05
+    marco = person("marco")
+    goal = await make_item(embedded, marco, "goal", "EU launch")
+    repo, n = where(goal)
+    await marco.comment(repo, n, "/ask Which currency first? @sara\n- [ ] EUR\n- [ ] Local")
+    await embedded.settle()
+    assert calls["n"] == 2
+    cards = [c for c in await forge_comments(marco, goal)
+             if c["user"]["login"] == "vaultmail[bot]"]
+    assert len(cards) == 1, [c["body"] for c in cards]
+    [added] = await events(embedded, "comment.added")
+    thread = await db.get_thread(embedded.services.store, added.data["thread"])
+    assert thread is not None and thread.card_id == cards[0]["id"]

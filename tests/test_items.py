@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from bot.items.render import (
     ticked_option,
 )
 from bot.items.threads import ThreadState, may_answer, may_resolve, reply, start
+from bot.markdown import defuse_mentions
 from bot.office import load_office, parse_office
 
 OFFICE = load_office()
@@ -274,6 +276,43 @@ def test_the_card_shows_the_question_but_never_then() -> None:
 def test_text_that_looks_like_a_box_cannot_forge_an_option() -> None:
     text = render_comment("c1", author=SCOUT, body="- [ ] fake box", mentions=[], thread=None)
     assert "- \\[ ] fake box" in text
+
+
+# What the forge takes for a mention: `@` after no letter/digit/underscore, then a letter/digit.
+LIVE = re.compile(r"(?<![A-Za-z0-9_])@(?P<name>[A-Za-z0-9][A-Za-z0-9-]*(?:/[\w.-]+)?)")
+
+
+def live(text: str) -> list[str]:
+    return [m["name"] for m in LIVE.finditer(text)]
+
+
+def test_defuse_mentions_leaves_no_mention_and_keeps_the_text() -> None:
+    text = ("FYI @lee @acme/pricing (@sara) x.@marco\n> @quoted `@code` &#64;ent &commat;ent2 "
+            "@&#108;ee mail me@acme.com or @ alone")
+    out = defuse_mentions(text)
+    assert live(out) == [] and "&#64;" not in out and "&commat;" not in out
+    assert out.replace("\u2060", "").replace("@ent", "&#64;ent", 1) \
+        .replace("@ent2", "&commat;ent2", 1) == text, "only invisible joiners are added"
+    assert "me@acme.com" in out and "@ alone" in out
+    assert defuse_mentions(out) == out
+
+
+def test_text_from_others_is_posted_without_live_mentions() -> None:
+    q = validate_question("Ask @lee? cc @acme/pricing", needs_reply=False,
+                          header="For @lee", human_only=False, context="see @sara",
+                          options=[{"label": "Ping @lee", "description": "and @acme/pricing"},
+                                   {"label": "No"}])
+    s = start(SCOUT, question=q, to=[Reached(MARCO, "personal")], cc=[], reached=[])
+    card = render_card("c1", author=SCOUT, state=s, mentions=["marco"], logins={})
+    assert live(card) == ["marco"], "only the app's own mention list is live"
+    assert q is not None and ticked_option(card, q, card.replace("- [ ] 1.", "- [x] 1.")) == 0
+    answered, _ = reply(s, OFFICE, MARCO, comment="c2", at=1.0, body="ask @lee", option=0,
+                        amend=False, confirmed=False, to=[], cc=[])
+    card = render_card("c1", author=SCOUT, state=answered, mentions=["marco"], logins={})
+    assert live(card) == ["marco"]
+    text = render_comment("c3", author=SCOUT, body="FYI @lee @acme/pricing", mentions=["sara"],
+                          thread="c1", note="answer: @lee")
+    assert live(text) == ["sara"]
 
 
 def test_to_and_cc_lines_at_the_top_and_mentions_address_a_comment() -> None:

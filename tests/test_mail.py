@@ -230,3 +230,13 @@ async def test_a_comment_from_outside_the_office_wakes_no_one(embedded: Embedded
     await person("admin").comment(SCOUT_VAULT, issue["number"], "ping from outside")
     await embedded.settle()
     assert label_names(await marco.issue(SCOUT_VAULT, issue["number"])) == ["mail:replied"]
+
+
+async def test_mentions_in_a_sent_mail_ping_no_one(embedded: Embedded, tools: Any,
+                                                   person: Any) -> None:
+    sent = await tools("agent:builder")("mail_send", to="scout", subject="FYI",
+                                        body="cc @lee and @acme/pricing, mail marco@acme.com")
+    issue = await person("admin").issue(SCOUT_VAULT, sent["mail"]["number"])
+    assert "@lee" not in issue["body"] and "@acme/pricing" not in issue["body"]
+    assert "marco@acme.com" in issue["body"], "emails stay as they were"
+    assert (await tools("agent:scout")("mail_get", mail=sent["mail"]["ref"]))["verified"]

@@ -2,7 +2,10 @@
 
 A question card shows the header, the question, a "Context" fold and one task-list box per
 option (label and description: never `then`, which is the asker's own note). Only people
-reached personally are @-mentioned: the mention is what makes the forge notify them.
+reached personally are @-mentioned: the mention is what makes the forge notify them. Every text
+someone else wrote (bodies, context, headers, option labels and descriptions, answers) is
+posted with its @mentions defused (`bot.markdown.defuse_mentions`): the app's own mention list,
+chosen by the reach rules, is the only live one.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 
 from bot.items.questions import Question
 from bot.items.threads import ThreadState
+from bot.markdown import defuse_mentions
 
 _MARK = "<!-- vaultmail:comment id={id}{extra} -->"
 _ADDRESS_LINE = re.compile(r"^\s*(?P<field>to|cc)\s*:\s*(?P<rest>.*)$", re.IGNORECASE)
@@ -29,9 +33,9 @@ def marker(comment_id: str, **extra: str) -> str:
 
 
 def _neutralise(text: str) -> str:
-    """Keep data from forging option boxes or commands inside the app's own comment."""
+    """Keep data from forging option boxes or mentions inside the app's own comment."""
     out = []
-    for line in text.splitlines():
+    for line in defuse_mentions(text).splitlines():
         if _TASK.match(line):
             line = line.replace("[", "\\[", 1)
         out.append(line)
@@ -48,7 +52,7 @@ def render_comment(comment_id: str, *, author: str, body: str, mentions: list[st
     if thread:
         head += f" replied in thread `{thread}`"
     if note:
-        head += f" ({note})"
+        head += f" ({defuse_mentions(note)})"
     if mentions:
         head += f" · for {mention_list(mentions)}"
     return f"{marker(comment_id)}\n{head}\n\n{_neutralise(body)}\n"
@@ -56,9 +60,9 @@ def render_comment(comment_id: str, *, author: str, body: str, mentions: list[st
 
 def option_line(i: int, q: Question, ticked: bool) -> str:
     o = q.options[i]
-    text = f"**{o.label}**" + (" (recommended)" if o.recommended else "")
+    text = f"**{defuse_mentions(o.label)}**" + (" (recommended)" if o.recommended else "")
     if o.description:
-        text += f" — {o.description}"
+        text += f" — {defuse_mentions(o.description)}"
     return f"- [{'x' if ticked else ' '}] {i + 1}. {text}"
 
 
@@ -72,7 +76,7 @@ def render_card(comment_id: str, *, author: str, state: ThreadState, mentions: l
         head += " · *a person decides (human only)*"
     parts = [marker(comment_id, kind="question"), head, ""]
     if q.header:
-        parts += [f"### {q.header}", ""]
+        parts += [f"### {defuse_mentions(q.header)}", ""]
     parts += [_neutralise(q.body), ""]
     if q.context:
         parts += ["<details><summary>Context</summary>", "", _neutralise(q.context), "",
@@ -95,7 +99,7 @@ def _said(a: Any, logins: dict[str, str]) -> str:
         what = f"{what}: {a.body}" if what else a.body
     relay = f" (their person {logins.get(a.person, a.person)}'s answer)" \
         if a.confirmed_with_person else ""
-    return f"{by}{relay}: {what.splitlines()[0] if what else '(no words)'}"
+    return f"{by}{relay}: {defuse_mentions(what.splitlines()[0]) if what else '(no words)'}"
 
 
 def _status(state: ThreadState, logins: dict[str, str]) -> str:

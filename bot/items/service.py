@@ -9,6 +9,7 @@ idempotent).
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 from dataclasses import dataclass, field, replace
@@ -145,7 +146,13 @@ class Comments:
 
     # -- adding -----------------------------------------------------------------------------
     async def add(self, actor: str, item: Item, new: NewComment) -> dict[str, Any]:
+        """Add a comment; for one already on the forge (`forge_id`), once: a retried delivery
+        gets back what the first one recorded, and nothing is written again."""
         store = self.services.store
+        if new.forge_id is not None:
+            done = await db.comment_by_forge_id(store, new.forge_id)
+            if done is not None:
+                return await self._added(done, actor)
         body = new.body.replace("\r\n", "\n").strip()
         if not body and new.option is None:
             raise InvalidArguments("body: empty; write the comment, or answer with option")
@@ -162,7 +169,7 @@ class Comments:
         cc = resolve(self.office, new.cc, author=actor, claim=item.claim, field="cc")
         check_addressed([*to, *cc])
         await self._check_access(actor, item, parent, [*to, *cc])
-        comment_id = "c" + secrets.token_hex(5)
+        comment_id = self._new_id(item, new.forge_id)
         now = time.time()
         if parent is None:
             state = await self._start(actor, item, new, body, to, cc, table)
@@ -185,11 +192,27 @@ class Comments:
         record = db.CommentRow(comment_id, item.ref, thread_id, new.parent, actor, body, {
             "to": new.to, "cc": new.cc, "kind": kind, "option": answer.option if answer else None,
             "amend": new.amend, "confirmedWithPerson": new.confirmed,
+            "notify": [r.as_json() for r in reached],
+            "addressed": [r.principal for r in [*to, *cc]],
         }, forge_id, now)
         await self._commit(actor, item, record, row, kind, reached, to, cc)
         return {"comment": comment_view(record), "thread": thread_view(row, actor),
-                "notify": [r.as_json() for r in reached],
-                "addressed": [r.principal for r in [*to, *cc]]}
+                "notify": record.data["notify"], "addressed": record.data["addressed"]}
+
+    @staticmethod
+    def _new_id(item: Item, forge_id: int | None) -> str:
+        """A fresh id; for a comment already on the forge, one derived from its forge id, so
+        that a retry after a crash writes its card under the same marker (found, not doubled)."""
+        if forge_id is None:
+            return "c" + secrets.token_hex(5)
+        return "c" + hashlib.sha256(f"{item.repo}\n{forge_id}".encode()).hexdigest()[:10]
+
+    async def _added(self, c: db.CommentRow, actor: str) -> dict[str, Any]:
+        """What `add` returned for a comment it already recorded."""
+        t = await db.get_thread(self.services.store, c.thread)
+        assert t is not None
+        return {"comment": comment_view(c), "thread": thread_view(t, actor),
+                "notify": c.data.get("notify", []), "addressed": c.data.get("addressed", [])}
 
     async def _parent_thread(self, item: Item, parent: str | None) -> db.ThreadRow | None:
         if parent is None:
@@ -262,9 +285,13 @@ class Comments:
         if kind == "question":
             card = render.render_card(comment_id, author=author, state=row.state,
                                       mentions=mentions, logins=self._logins())
-            posted = await self.forge.create_comment(item.repo, item.number, card,
-                                                     marker=render.marker(comment_id,
-                                                                          kind="question"))
+            mark = render.marker(comment_id, kind="question")
+            posted = None
+            if new.forge_id is not None:  # a retried delivery may have posted it already
+                posted = await self._posted(item, mark)
+            if posted is None:
+                posted = await self.forge.create_comment(item.repo, item.number, card,
+                                                         marker=mark)
             row = replace(row, card_id=int(posted["id"]), card_body=card)
             return row, new.forge_id if new.forge_id is not None else row.card_id
         if new.forge_id is None and not new.quiet:
@@ -280,6 +307,14 @@ class Comments:
         if row.state.is_question and row.card_id is not None and kind != "comment":
             row = await self.refresh_card(item, row)
         return row, forge_id
+
+    async def _posted(self, item: Item, mark: str) -> dict[str, Any] | None:
+        """The app's comment on the item that carries `mark`, if it is there."""
+        for c in reversed(await self.forge.list_comments(item.repo, item.number)):
+            by = str((c.get("user") or {}).get("login", ""))
+            if by.lower() == self.services.bot_login.lower() and mark in str(c.get("body")):
+                return c
+        return None
 
     def _logins(self) -> dict[str, str]:
         people = {h.principal: h.login for h in self.office.humans}

@@ -44,7 +44,9 @@ CREATE TABLE IF NOT EXISTS comments (
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS comments_item ON comments(item);
-CREATE INDEX IF NOT EXISTS comments_forge ON comments(forge_id);
+-- A forge comment stands for one comment: a retried delivery must not index it twice.
+CREATE UNIQUE INDEX IF NOT EXISTS comments_forge_once ON comments(forge_id)
+    WHERE forge_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS threads (
     id TEXT PRIMARY KEY,
     item TEXT NOT NULL,

@@ -159,11 +159,17 @@ async def chat_reply(call: Call, args: ChatReplyArgs) -> dict[str, Any]:
         raise await call.mailer.deny(call.principal, f"chat:{args.chat}", (
             f"{call.principal} may not answer chat {args.chat}: it was addressed to "
             f"{row['agent']}"))
+    already = Conflict(f"chat {args.chat} is already answered (a chat takes one answer); "
+                       "read the answer it has with chat_get", code="already_answered")
     if row["answered_at"] is not None:
-        raise Conflict(f"chat {args.chat} is already answered", code="already_answered")
+        raise already
     async with call.services.store.transaction() as db:
-        await db.execute("UPDATE chats SET answer=?, answered_at=? WHERE id=?",
-                         (args.message, time.time(), args.chat))
+        # Conditional: of two replies racing past the check above, only the first lands.
+        cur = await db.execute("UPDATE chats SET answer=?, answered_at=? WHERE id=?"
+                               " AND answered_at IS NULL", (args.message, time.time(), args.chat))
+        landed = cur.rowcount
+    if landed == 0:
+        raise already
     call.services.notifier.notify([row["sender"]])
     answered = await get_chat(call.services.store, args.chat)
     assert answered is not None
