@@ -1,12 +1,11 @@
-"""Helpers shared by the benchmarks: percentiles, resident memory, a load client in its own
-process (so the app's event loop is not also the load generator's)."""
+"""Helpers shared by the benchmarks: percentiles, and a load client in its own process (so the
+app's event loop is not also the load generator's)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import math
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -19,13 +18,6 @@ def percentile(values: Sequence[float], p: float) -> float:
     ordered = sorted(values)
     rank = max(1, math.ceil(p / 100 * len(ordered)))
     return ordered[rank - 1]
-
-
-def rss_bytes() -> int:
-    """This process's resident set size, from /proc (Linux)."""
-    with open("/proc/self/statm") as f:
-        pages = int(f.read().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def ms(seconds: float) -> str:

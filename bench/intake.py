@@ -2,12 +2,15 @@
 
 Signed deliveries (valid X-Hub-Signature-256 with the app's secret, a fresh X-GitHub-Delivery
 uuid each) are POSTed straight to the embedded app's /webhook by a load client running in its
-own process, at 1, 10 and 50 in flight: `issues.opened` in a repository of the org that is no
-vault (the payload the local forge itself sent for such an issue; the worker reads the office
-config (a 304) and finds nothing to do), then `ping` (no handler: intake and queue alone).
+own process: `issues.opened` in a repository of the org that is no vault (the payload the local
+forge itself sent for such an issue; the worker reads the office config, a 304, and finds
+nothing to do) at 1, 10 and 50 in flight (closed loop) and at a fixed 40 and 150 a second (open
+loop: below and above what the worker drains), then `ping` at 50 in flight (no handler: intake
+and queue alone).
 Reported: answer latency p50/p95/p99/max, deliveries accepted a second, and the worker's
-drain: seconds from the last answer until the queue is empty, and deliveries handled a second
-from the first POST to the empty queue. Each level is drained before the next starts.
+drain: seconds from the last answer until the queue is empty, deliveries handled a second from
+the first POST to the empty queue, and a second by the worker alone once the load has stopped.
+Each level is drained before the next starts.
 
 Run: .venv/bin/python -m bench.intake
 Target (DESIGN §6): webhook intake answered in under 50 ms at p99 under load.
@@ -31,7 +34,11 @@ import aiohttp
 from bench.common import client_main, ms, percentile, run_client
 from bot.embedded import Embedded, start_embedded
 
-LEVELS = [("issues", 1, 500), ("issues", 10, 1500), ("issues", 50, 2500), ("ping", 50, 1000)]
+# (event, in flight, offered rate a second, deliveries): a fixed number in flight (closed loop:
+# each sender posts again as soon as answered), or a fixed arrival rate (open loop) when given.
+LEVELS: list[tuple[str, int, float | None, int]] = [
+    ("issues", 1, None, 300), ("issues", 10, None, 1000), ("issues", 50, None, 1500),
+    ("issues", 0, 40.0, 600), ("issues", 0, 150.0, 900), ("ping", 50, None, 1000)]
 WARMUP = 20
 TARGET_P99 = 0.050
 
@@ -44,7 +51,7 @@ async def _load(spec: dict[str, Any]) -> dict[str, Any]:
     latencies: list[float] = []
     statuses: dict[str, int] = {}
     remaining = spec["count"]
-    connector = aiohttp.TCPConnector(limit=spec["concurrency"])
+    connector = aiohttp.TCPConnector(limit=spec["concurrency"] or 500)
     async with aiohttp.ClientSession(connector=connector) as session:
         async def post() -> None:
             headers = {"X-GitHub-Event": event, "X-GitHub-Delivery": str(uuid.uuid4()),
@@ -62,12 +69,19 @@ async def _load(spec: dict[str, Any]) -> dict[str, Any]:
                 remaining -= 1
                 await post()
 
+        async def at(when: float) -> None:
+            await asyncio.sleep(max(0.0, when - time.perf_counter()))
+            await post()
+
         for _ in range(spec["warmup"]):
             await post()
         latencies.clear()
         statuses.clear()
         start = time.perf_counter()
-        await asyncio.gather(*(sender() for _ in range(spec["concurrency"])))
+        if spec["rate"]:
+            await asyncio.gather(*(at(start + i / spec["rate"]) for i in range(spec["count"])))
+        else:
+            await asyncio.gather(*(sender() for _ in range(spec["concurrency"])))
         elapsed = time.perf_counter() - start
     return {"latencies": latencies, "statuses": statuses, "elapsed": elapsed}
 
@@ -104,7 +118,7 @@ async def main() -> None:
     try:
         store = embedded.services.store
         issue = await _non_vault_payload(embedded)
-        for event, concurrency, count in LEVELS:
+        for event, concurrency, rate, count in LEVELS:
             await embedded.settle()
             done_before = await store.fetchone("SELECT count(*) AS n FROM queue")
             start = time.perf_counter()
@@ -112,32 +126,35 @@ async def main() -> None:
                 "url": embedded.app_url + "/webhook",
                 "secret": embedded.services.settings.webhook_secret,
                 "event": event, "payload": issue if event == "issues" else PING,
-                "concurrency": concurrency, "count": count, "warmup": WARMUP})
+                "concurrency": concurrency, "rate": rate, "count": count, "warmup": WARMUP})
             answered = time.perf_counter()
+            backlog = await store.pending_count()
             await embedded.services.worker.idle(timeout=300)
             drained = time.perf_counter()
             after = await store.fetchone("SELECT count(*) AS n FROM queue")
             queued = (after["n"] if after else 0) - (done_before["n"] if done_before else 0)
             lat: list[float] = result["latencies"]
             bad = {s: n for s, n in result["statuses"].items() if s != "202"}
+            load = f"{rate:.0f}/s offered" if rate else f"{concurrency} in flight"
             if bad:
-                failures.append(f"{event} x{concurrency}: answers other than 202: {bad}")
+                failures.append(f"{event}, {load}: answers other than 202: {bad}")
             dead = await store.dead_letters()
             if dead:
-                failures.append(f"{event} x{concurrency}: {len(dead)} dead letters")
+                failures.append(f"{event}, {load}: {len(dead)} dead letters")
             p99 = percentile(lat, 99)
             rows.append([
-                f"{event}{'.opened (no vault)' if event == 'issues' else ''}", str(concurrency),
+                f"{event}{'.opened (no vault)' if event == 'issues' else ''}", load,
                 f"{len(lat)} ({queued} queued)", ms(percentile(lat, 50)), ms(percentile(lat, 95)),
                 ms(p99), ms(max(lat)), f"{len(lat) / result['elapsed']:.0f}",
                 f"{drained - answered:.2f}", f"{count / (drained - start):.0f}",
+                f"{backlog / (drained - answered):.0f}" if backlog > 20 else "-",
                 f"{'OK' if p99 < TARGET_P99 else 'FAIL'} (<{TARGET_P99 * 1000:.0f} ms)"])
     finally:
         await embedded.stop()
     print("command: .venv/bin/python -m bench.intake\n")
-    head = ["event", "in flight", "deliveries", "p50 ms", "p95 ms", "p99 ms", "max ms",
+    head = ["event", "load", "deliveries", "p50 ms", "p95 ms", "p99 ms", "max ms",
             "accepted/s", "drain after last answer s", "handled/s (first POST to empty queue)",
-            "p99 target"]
+            "handled/s (worker alone)", "p99 target"]
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
     for row in rows:

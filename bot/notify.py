@@ -1,7 +1,8 @@
 """Wake-ups for long polls: `list_inbox` with `wait` sleeps here until something is new for it.
 
-No busy loop: each waiting call awaits one asyncio.Event per principal; whoever makes something
-new for a principal (a comment, a mail, an answer) calls `notify`.
+No busy loop and no task per waiter: each waiting call owns one asyncio.Event, registered under
+every principal it waits for; whoever makes something new for a principal (a comment, a mail,
+an answer) calls `notify`, which sets the events registered under it.
 """
 
 from __future__ import annotations
@@ -13,41 +14,37 @@ from collections.abc import Iterable
 
 class Notifier:
     def __init__(self) -> None:
-        self._events: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
-        self._waiters: defaultdict[str, int] = defaultdict(int)
+        self._waiting: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
 
     def notify(self, principals: Iterable[str]) -> None:
         for principal in set(principals):
-            event = self._events.pop(principal, None)
-            if event is not None:
-                event.set()  # wakes everyone waiting on this principal, once
+            for event in self._waiting.pop(principal, ()):
+                event.set()
 
     async def wait(self, principal: str, timeout: float) -> bool:
         """True when woken by something new, False on timeout (or cancellation upstream)."""
-        event = self._events[principal]
-        self._waiters[principal] += 1
+        return await self.wait_any([principal], timeout)
+
+    async def wait_any(self, principals: Iterable[str], timeout: float) -> bool:
+        """Like `wait`, woken by something new for any of `principals`."""
+        event = asyncio.Event()
+        keys = set(principals)
+        for key in keys:
+            self._waiting[key].add(event)
         try:
-            await asyncio.wait_for(event.wait(), timeout)
+            async with asyncio.timeout(timeout):  # no extra task, unlike wait_for
+                await event.wait()
             return True
         except TimeoutError:
             return False
         finally:
-            self._waiters[principal] -= 1
-            if not self._waiters[principal]:
-                del self._waiters[principal]
-                if self._events.get(principal) is event and not event.is_set():
-                    del self._events[principal]
-
-    async def wait_any(self, principals: Iterable[str], timeout: float) -> bool:
-        """Like `wait`, woken by something new for any of `principals`."""
-        waits = [asyncio.ensure_future(self.wait(p, timeout)) for p in set(principals)]
-        try:
-            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            return any(task.result() for task in done)
-        finally:
-            for task in waits:
-                task.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
+            for key in keys:
+                waiting = self._waiting.get(key)
+                if waiting is not None:
+                    waiting.discard(event)
+                    if not waiting:
+                        del self._waiting[key]
 
     def waiting(self) -> int:
-        return sum(self._waiters.values())
+        """How many principal registrations are waiting (a wait on two counts twice)."""
+        return sum(len(events) for events in self._waiting.values())

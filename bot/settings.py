@@ -31,7 +31,8 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8080
     office_path: Path | None = None
-    write_interval: float = 1.0  # seconds between writes per installation (GitHub's advice)
+    # seconds between writes per installation: 60/80, GitHub's content-creation limit a minute
+    write_interval: float = 0.75
     reconcile_interval: float = 300.0  # seconds between looks for failed webhook deliveries
     extra: dict[str, str] = field(default_factory=dict)
 
