@@ -44,6 +44,7 @@ class Store(QueueMixin):
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
         self._lock = asyncio.Lock()
+        self._arrivals = []
 
     @classmethod
     async def open(cls, path: str | Path) -> Store:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -11,6 +12,28 @@ if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
 
     import aiosqlite
+
+
+BATCH = 500  # deliveries written in one transaction at most
+
+
+@dataclass(eq=False)
+class _Arrival:
+    guid: str
+    event: str
+    payload: dict[str, Any]
+    raw: bytes
+    done: asyncio.Future[bool]
+
+    @property
+    def action(self) -> str | None:
+        action = self.payload.get("action")
+        return action if isinstance(action, str) else None
+
+    @property
+    def installation_id(self) -> int | None:
+        inst = (self.payload.get("installation") or {}).get("id")
+        return inst if isinstance(inst, int) else None
 
 
 @dataclass(frozen=True)
@@ -41,6 +64,8 @@ def _item(row: Any) -> QueueItem:
 class QueueMixin:
     """The queue's half of Store (see bot.store.db)."""
 
+    _arrivals: list[_Arrival]  # deliveries waiting for the next group commit
+
     if TYPE_CHECKING:
         def transaction(self) -> AbstractAsyncContextManager[aiosqlite.Connection]: ...
         async def fetchone(self, sql: str,
@@ -51,24 +76,60 @@ class QueueMixin:
     async def enqueue_delivery(
         self, guid: str, event: str, payload: dict[str, Any], raw: bytes
     ) -> bool:
-        """Record a delivery and queue it; False when this delivery id was seen before."""
-        action = payload.get("action") if isinstance(payload, dict) else None
-        inst = (payload.get("installation") or {}).get("id") if isinstance(payload, dict) else None
+        """Record a delivery and queue it; False when this delivery id was seen before.
+
+        Deliveries arriving together are written in one transaction (group commit), and each
+        caller is answered only once its delivery is committed: durable before the 2xx, with
+        a handful of statements per batch instead of per delivery."""
+        pending = self._arrivals
+        arrival = _Arrival(guid, event, payload, raw, asyncio.get_running_loop().create_future())
+        pending.append(arrival)
+        if len(pending) == 1:  # the first of a batch starts its writer
+            asyncio.get_running_loop().create_task(self._write_arrivals())
+        return await arrival.done
+
+    async def _write_arrivals(self) -> None:
+        pending = self._arrivals
+        await asyncio.sleep(0)  # let deliveries that arrived together join this batch
+        batch = pending[:BATCH]
+        del pending[:BATCH]
+        if pending:
+            asyncio.get_running_loop().create_task(self._write_arrivals())
+        try:
+            fresh = await self._insert_arrivals(batch)
+        except Exception as exc:
+            for a in batch:
+                if not a.done.done():
+                    a.done.set_exception(exc)
+            return
+        for a in batch:
+            if not a.done.done():
+                a.done.set_result(a in fresh)
+
+    async def _insert_arrivals(self, batch: list[_Arrival]) -> set[_Arrival]:
         now = time.time()
+        guids = list({a.guid for a in batch})
         async with self.transaction() as db:
-            cur = await db.execute(
-                "INSERT OR IGNORE INTO deliveries"
-                "(guid, event, action, installation_id, received_at) VALUES (?,?,?,?,?)",
-                (guid, event, action, inst, now),
-            )
-            if cur.rowcount == 0:
-                return False
-            await db.execute(
+            marks = ",".join("?" for _ in guids)
+            async with db.execute(f"SELECT guid FROM deliveries WHERE guid IN ({marks})",
+                                  guids) as cur:
+                seen = {row[0] for row in await cur.fetchall()}
+            fresh: set[_Arrival] = set()
+            for a in batch:  # the first arrival of an id not seen before is the one queued
+                if a.guid not in seen:
+                    seen.add(a.guid)
+                    fresh.add(a)
+            rows = [a for a in batch if a in fresh]
+            await db.executemany(
+                "INSERT INTO deliveries(guid, event, action, installation_id, received_at)"
+                " VALUES (?,?,?,?,?)",
+                [(a.guid, a.event, a.action, a.installation_id, now) for a in rows])
+            await db.executemany(
                 "INSERT INTO queue(guid, event, installation_id, payload, next_at, created_at)"
                 " VALUES (?,?,?,?,?,?)",
-                (guid, event, inst, raw.decode("utf-8"), now, now),
-            )
-        return True
+                [(a.guid, a.event, a.installation_id, a.raw.decode("utf-8"), now, now)
+                 for a in rows])
+        return fresh
 
     async def next_due(self, now: float | None = None) -> QueueItem | None:
         row = await self.fetchone(
