@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--port", type=int, default=8080)
     up.add_argument("--forge-port", type=int, default=8081)
-    up.add_argument("--forge", choices=["github"], default="github")
+    up.add_argument("--forge", choices=["github", "gitea"], default="github",
+                    help="the local forge's dialect (gitea: Gitea/Forgejo API, a bot user)")
     up.set_defaults(func=cmd_up)
 
     demo = sub.add_parser("demo", help="a scripted end-to-end story on the embedded forge")

@@ -29,6 +29,7 @@ APP_SLUG = "vaultmail"
 # installation and installation_repositories always reach an App; it cannot subscribe to them.
 APP_EVENTS = ["issues", "issue_comment", "label", "push"]
 APP_PERMISSIONS = {"issues": "write", "metadata": "read", "contents": "read"}
+GITEA_EVENTS = ["issues", "issue_comment", "push"]  # "issues" covers issue_label and the like
 
 
 def principals(office: Office) -> list[str]:
@@ -43,6 +44,8 @@ class Identity:
     installation_id: int
     webhook_secret: str
     private_key_pem: str
+    dialect: str = "github"
+    token: str = ""  # gitea: the bot user's access token
 
     @classmethod
     def load(cls, path: Path) -> Identity | None:
@@ -127,7 +130,9 @@ async def start_embedded(
     tokens_path = data_dir / "tokens.json"
     identity = Identity.load(identity_path) if persist_forge else None
     fresh = identity is None
-    if identity is None:
+    if identity is None and dialect == "gitea":
+        forge_tokens, identity = _seed_gitea(forge, office, office_path, app_url)
+    elif identity is None:
         forge_tokens = seed_office(forge, office)
         forge.put_file(f"{office.org}/{CONFIG_REPO}", CONFIG_PATH, _office_text(office_path))
         pem = _new_private_key()
@@ -143,12 +148,15 @@ async def start_embedded(
     settings = Settings(api_url=forge.url, app_id=str(identity.app_id),
                         private_key_pem=identity.private_key_pem,
                         webhook_secret=identity.webhook_secret, data_dir=data_dir,
-                        host=host, port=sock.getsockname()[1], write_interval=0.0)
+                        host=host, port=sock.getsockname()[1], write_interval=0.0,
+                        dialect=identity.dialect, token=identity.token)
     runner = web.AppRunner(create_app(settings), access_log=None)
     await runner.setup()
     await web.SockSite(runner, sock).start()
 
-    if fresh:
+    if fresh and identity.dialect == "gitea":
+        identity.save(identity_path)  # the org webhook was made while seeding
+    elif fresh:
         identity.installation_id = forge.install_app(identity.app_id, office.org)
         identity.save(identity_path)
     embedded = Embedded(forge, runner, app_url, data_dir, office, forge_tokens)
@@ -161,6 +169,22 @@ async def start_embedded(
     tokens_path.chmod(0o600)
     await embedded.settle()
     return embedded
+
+
+def _seed_gitea(forge: LocalForge, office: Office, office_path: str | Path | None,
+                app_url: str) -> tuple[dict[str, str], Identity]:
+    """Gitea has no Apps: the app is a bot user (an org owner) with a token, and an org
+    webhook points at it. Its labels are provisioned by the app at start."""
+    from bot.forge.gitea import SYNTHETIC_INSTALLATION_ID
+    from bot.localforge.gitea.seed import add_bot
+
+    forge_tokens = seed_office(forge, office)
+    forge.put_file(f"{office.org}/{CONFIG_REPO}", CONFIG_PATH, _office_text(office_path))
+    secret = secrets.token_hex(20)
+    token, _ = add_bot(forge, office.org, APP_SLUG, f"{app_url}/webhook", secret,
+                       events=GITEA_EVENTS)
+    return forge_tokens, Identity(0, SYNTHETIC_INSTALLATION_ID, secret, "", dialect="gitea",
+                                  token=token)
 
 
 async def _api_tokens(embedded: Embedded, path: Path, fresh: bool) -> dict[str, str]:

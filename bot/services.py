@@ -17,6 +17,7 @@ from bot.store import Store
 
 if TYPE_CHECKING:
     from bot.forge.base import Forge
+    from bot.forge.gitea import GiteaClient
     from bot.forge.github import ForgeClient
     from bot.reconcile import Reconciler
     from bot.worker import Worker
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 class Services:
     settings: Settings
     store: Store
-    forge_client: ForgeClient
+    forge_client: ForgeClient | GiteaClient
     router: Router
     own_router: Router  # the few events the app caused that it still reads (recovery)
     app_slug: str
@@ -39,6 +40,7 @@ class Services:
     background: set[asyncio.Task[None]] = field(default_factory=set)
     notifier: Notifier = field(default_factory=Notifier)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    bot_user: str | None = None  # gitea: the bot is a plain user, not "<slug>[bot]"
 
     def lock_for(self, key: str) -> asyncio.Lock:
         """One lock per mail (or other key): serialises the worker and tool calls on it."""
@@ -52,7 +54,7 @@ class Services:
 
     @property
     def bot_login(self) -> str:
-        return f"{self.app_slug}[bot]"
+        return self.bot_user or f"{self.app_slug}[bot]"
 
     def is_own_event(self, payload: dict[str, Any]) -> bool:
         sender = payload.get("sender") or {}

@@ -13,6 +13,10 @@ vaultmail serve needs a forge to talk to. Set, for a GitHub App:
   GITHUB_PRIVATE_KEY_PATH  the App's private key (PEM file)
   GITHUB_WEBHOOK_SECRET    the webhook secret set on the App (mandatory)
   GITHUB_API_URL           optional, for GitHub Enterprise or another forge (default api.github.com)
+or, for a Gitea/Forgejo bot user:
+  GITEA_URL                the forge's URL (e.g. https://gitea.example.com)
+  GITEA_TOKEN              the bot user's access token
+  GITEA_WEBHOOK_SECRET     the secret of the org webhook pointed at /webhook (mandatory)
   VAULTMAIL_DATA           optional, where the index lives (default ./vaultmail-data)
 To try vaultmail without a forge, run `vaultmail up`: it starts a local forge and the app."""
 
@@ -35,12 +39,16 @@ class Settings:
     write_interval: float = 0.75
     reconcile_interval: float = 300.0  # seconds between looks for failed webhook deliveries
     extra: dict[str, str] = field(default_factory=dict)
+    dialect: str = "github"  # github | gitea (Gitea and Forgejo)
+    token: str = ""  # gitea: the bot user's access token
 
     def __post_init__(self) -> None:
         if not self.webhook_secret:
+            name = "GITEA_WEBHOOK_SECRET" if self.dialect == "gitea" else "GITHUB_WEBHOOK_SECRET"
+            where = "the org webhook" if self.dialect == "gitea" else "the App"
             raise SettingsError(
-                "GITHUB_WEBHOOK_SECRET is empty: vaultmail refuses unsigned webhooks. "
-                "Set the same secret on the App and in the environment."
+                f"{name} is empty: vaultmail refuses unsigned webhooks. "
+                f"Set the same secret on {where} and in the environment."
             )
 
     @property
@@ -54,6 +62,10 @@ class Settings:
 
         identity = json.loads((data_dir / "app.json").read_text())
         forge_url = json.loads((data_dir / "tokens.json").read_text())["forge_url"]
+        if identity.get("dialect") == "gitea":
+            return cls(api_url=forge_url, app_id="", private_key_pem="",
+                       webhook_secret=identity["webhook_secret"], data_dir=data_dir,
+                       write_interval=0.0, dialect="gitea", token=identity["token"])
         return cls(api_url=forge_url, app_id=str(identity["app_id"]),
                    private_key_pem=identity["private_key_pem"],
                    webhook_secret=identity["webhook_secret"], data_dir=data_dir,
@@ -69,6 +81,8 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
+        if env.get("GITEA_URL") or env.get("GITEA_TOKEN"):
+            return cls._gitea_from_env(env)
         missing = [k for k in ("GITHUB_APP_ID", "GITHUB_WEBHOOK_SECRET") if not env.get(k)]
         key_path = env.get("GITHUB_PRIVATE_KEY_PATH")
         if not key_path:
@@ -91,4 +105,21 @@ class Settings:
             port=int(env.get("PORT", "8080")),
             office_path=Path(office) if office else None,
             reconcile_interval=float(env.get("VAULTMAIL_RECONCILE_SECONDS", "300")),
+        )
+
+    @classmethod
+    def _gitea_from_env(cls, env: Mapping[str, str]) -> Settings:
+        missing = [k for k in ("GITEA_URL", "GITEA_TOKEN", "GITEA_WEBHOOK_SECRET")
+                   if not env.get(k)]
+        if missing:
+            raise SettingsError(f"missing {', '.join(missing)}.\n{USAGE}")
+        office = env.get("VAULTMAIL_OFFICE")
+        return cls(
+            api_url=env["GITEA_URL"].rstrip("/"), app_id="", private_key_pem="",
+            webhook_secret=env["GITEA_WEBHOOK_SECRET"],
+            data_dir=Path(env.get("VAULTMAIL_DATA", "vaultmail-data")),
+            host=env.get("HOST", "0.0.0.0"), port=int(env.get("PORT", "8080")),
+            office_path=Path(office) if office else None,
+            reconcile_interval=float(env.get("VAULTMAIL_RECONCILE_SECONDS", "300")),
+            dialect="gitea", token=env["GITEA_TOKEN"],
         )

@@ -49,6 +49,8 @@ async def fetch_app_slug(auth: AppAuth, session: aiohttp.ClientSession, api_url:
 
 
 async def build_services(settings: Settings, session: aiohttp.ClientSession) -> Services:
+    if settings.dialect == "gitea":
+        return await build_gitea_services(settings, session)
     auth = AppAuth(settings.app_id, settings.private_key_pem, settings.api_url, session)
     slug = await fetch_app_slug(auth, session, settings.api_url)
     config = ForgeConfig(write_interval=settings.write_interval, bot_login=f"{slug}[bot]")
@@ -64,6 +66,41 @@ async def build_services(settings: Settings, session: aiohttp.ClientSession) -> 
     services.reconciler = Reconciler(services, settings.reconcile_interval)
     await _adopt_single_installation(services, auth, session)
     return services
+
+
+async def build_gitea_services(settings: Settings, session: aiohttp.ClientSession) -> Services:
+    """Gitea/Forgejo: the bot user's token; one (synthetic) installation covering its orgs."""
+    from bot.forge.gitea import SYNTHETIC_INSTALLATION_ID, GiteaClient
+
+    probe = GiteaClient(settings.token, session, settings.api_url)
+    login = await probe.whoami()
+    config = ForgeConfig(write_interval=settings.write_interval, bot_login=login)
+    client = GiteaClient(settings.token, session, settings.api_url, bot_login=login,
+                         config=config)
+    if settings.office_path is not None:
+        load_office(settings.office_path)
+    store = await Store.open(settings.db_path)
+    services = Services(settings=settings, store=store, forge_client=client,
+                        router=build_router(), own_router=build_own_router(), app_slug=login,
+                        offices=OfficeSource(settings.office_path),
+                        keyring=Keyring.in_data_dir(settings.data_dir), bot_user=login,
+                        default_installation=SYNTHETIC_INSTALLATION_ID)
+    services.worker = Worker(services)
+    services.reconciler = Reconciler(services, settings.reconcile_interval)
+    orgs = await client.installation().user_orgs()
+    if len(orgs) == 1:
+        services.default_org = orgs[0]
+    return services
+
+
+async def _provision_at_start(services: Services) -> None:
+    """Gitea sends no installation event: queue a synthetic one, so the installation handler
+    provisions the mail labels in every vault, as on GitHub."""
+    from bot.dialects import gitea
+
+    guid, event, payload = gitea.startup_delivery()
+    if await services.store.enqueue_delivery(guid, event, payload, gitea.encode(payload)):
+        services.worker.wake()
 
 
 async def _adopt_single_installation(services: Services, auth: AppAuth,
@@ -86,6 +123,8 @@ def create_app(settings: Settings) -> web.Application:
             services = await build_services(settings, session)
             app[SERVICES_KEY] = services
             services.worker.start()
+            if settings.dialect == "gitea":
+                await _provision_at_start(services)
             forwarder = LedgerForwarder(services)
             forwarder.start()
             services.reconciler.start()

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 from urllib.parse import quote, urlsplit
 
 import aiohttp
@@ -221,10 +221,30 @@ def _error(exc: HTTPException, method: str, url: str) -> ForgeError:
     )
 
 
-class _Caller:
-    """The request loop shared by installation and App clients: credentials, retries, waits."""
+class CallerClient(Protocol):
+    """What the request loop needs from its process-wide client (GitHub's or Gitea's)."""
 
-    def __init__(self, client: ForgeClient, installation_id: int | None) -> None:
+    config: ForgeConfig
+    session: aiohttp.ClientSession
+    requester: str
+    api_url: str
+    sleep: Sleep
+    monotonic: Callable[[], float]
+    stats: RequestStats
+    semaphore: asyncio.Semaphore
+
+    @property
+    def clock(self) -> Clock: ...
+
+
+class _Caller:
+    """The request loop shared by installation and App clients (and by the Gitea forge, whose
+    API gidgethub speaks as well: `Authorization: token`, Link pagination, JSON errors):
+    credentials, retries, waits."""
+
+    client: CallerClient
+
+    def __init__(self, client: CallerClient, installation_id: int | None) -> None:
         self.client = client
         self.config = client.config
         self.stats = RequestStats()
@@ -510,8 +530,30 @@ class _Caller:
             next_url = more
 
 
+def save_etag_cache(cache: Any, installation_id: int, path: Path) -> None:
+    if cache is None:
+        return
+    entries = [[url, list(value)] for url, value in cache.items()]
+    path.write_text(json.dumps({"installation_id": installation_id, "entries": entries}))
+
+
+def load_etag_cache(cache: Any, installation_id: int, path: Path) -> None:
+    if cache is None or not path.exists():
+        return
+    try:
+        doc = json.loads(path.read_text())
+    except ValueError:
+        return  # a damaged cache only costs full reads
+    if doc.get("installation_id") != installation_id:
+        return
+    for url, value in doc.get("entries", []):
+        cache[url] = tuple(value)
+
+
 class GitHubForge(_Caller):
     """The Forge interface for one installation (an installation token)."""
+
+    client: ForgeClient
 
     def __init__(self, client: ForgeClient, installation_id: int) -> None:
         self.installation_id = int(installation_id)
@@ -525,25 +567,10 @@ class GitHubForge(_Caller):
 
     # -- the ETag cache across processes (so a second `vaultmail reindex` gets 304s) -------------
     def save_etag_cache(self, path: Path) -> None:
-        cache = self._gh._cache
-        if cache is None:
-            return
-        entries = [[url, list(value)] for url, value in cache.items()]
-        path.write_text(json.dumps({"installation_id": self.installation_id,
-                                    "entries": entries}))
+        save_etag_cache(self._gh._cache, self.installation_id, path)
 
     def load_etag_cache(self, path: Path) -> None:
-        cache = self._gh._cache
-        if cache is None or not path.exists():
-            return
-        try:
-            doc = json.loads(path.read_text())
-        except ValueError:
-            return  # a damaged cache only costs full reads
-        if doc.get("installation_id") != self.installation_id:
-            return
-        for url, value in doc.get("entries", []):
-            cache[url] = tuple(value)
+        load_etag_cache(self._gh._cache, self.installation_id, path)
 
     def _by_app(self, item: Mapping[str, Any]) -> bool:
         user = item.get("user") or {}
@@ -881,6 +908,8 @@ def _implements_forge(forge: GitHubForge) -> Forge:
 
 class AppForge(_Caller):
     """Calls made as the App itself (JWT): installations, webhook deliveries, redelivery."""
+
+    client: ForgeClient
 
     async def _credentials(self) -> dict[str, str]:
         return {"jwt": self.client.auth.app_jwt()}

@@ -1,4 +1,4 @@
-"""`vaultmail forge [--seed FILE] [--host] [--port] [--dialect github] [--data DIR]`."""
+"""`vaultmail forge [--seed FILE] [--host] [--port] [--dialect github|gitea] [--data DIR]`."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", metavar="FILE", help="office config (YAML) to seed the forge from")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8081)
-    p.add_argument("--dialect", default="github", choices=["github"])
+    p.add_argument("--dialect", default="github", choices=["github", "gitea"])
     p.add_argument("--data", metavar="DIR", default=None, help="persist the forge state here")
     p.add_argument("--tokens", metavar="FILE", default=None,
                    help="write {login: token} of the seeded accounts here (JSON)")

@@ -1,4 +1,4 @@
-"""What a forge dialect (GitHub now, Gitea later) supplies to the dialect-neutral core."""
+"""What a forge dialect (GitHub, Gitea) supplies to the dialect-neutral core."""
 
 from __future__ import annotations
 
@@ -25,10 +25,17 @@ class Dialect(Protocol):
 
     def repo_created(self, forge: LocalForge, repo: Repo, sender: str) -> None: ...
 
+    def pushed(self, forge: LocalForge, repo: Repo, pusher: str, path: str,
+               existed: bool) -> None: ...
+
 
 def get_dialect(name: str) -> Dialect:
     if name == "github":
         from .github import GITHUB
 
         return GITHUB
-    raise ValueError(f"unknown forge dialect {name!r} (available: github)")
+    if name == "gitea":
+        from .gitea import GITEA
+
+        return GITEA
+    raise ValueError(f"unknown forge dialect {name!r} (available: github, gitea)")

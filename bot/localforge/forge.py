@@ -106,7 +106,8 @@ class LocalForge:
         acct = self._account(login, "User", email, name)
         if email and not acct.email:
             acct.email = email
-        token = random_token("ghp_", 36)
+        token = (secrets.token_hex(20) if self.dialect_name == "gitea"  # Gitea: 40 hex chars
+                 else random_token("ghp_", 36))
         self.state.tokens[token] = Token(token=token, kind="user", login=acct.login,
                                          created_at=self.clock.now())
         self.save()
@@ -203,9 +204,7 @@ class LocalForge:
         repo.pushed_at = repo.updated_at = self.clock.now()
         self.save()
         if pusher is not None:
-            from .github.events import pushed
-
-            pushed(self, repo, pusher, path.strip("/"), existed)
+            self.dialect.pushed(self, repo, pusher, path.strip("/"), existed)
 
     def register_app(self, slug: str, name: str, public_key_pem: str | bytes,
                      webhook_url: str | None = None, webhook_secret: str | None = None,

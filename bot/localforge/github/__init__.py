@@ -31,5 +31,9 @@ class GitHubDialect:
     def repo_created(self, forge: LocalForge, repo: Repo, sender: str) -> None:
         events.repo_created(forge, repo, sender)
 
+    def pushed(self, forge: LocalForge, repo: Repo, pusher: str, path: str,
+               existed: bool) -> None:
+        events.pushed(forge, repo, pusher, path, existed)
+
 
 GITHUB = GitHubDialect()

@@ -1,0 +1,1 @@
+"""Adapters that turn another forge's webhooks into the GitHub-shaped events handlers read."""

@@ -1,0 +1,434 @@
+"""The Gitea/Forgejo implementation of the Forge interface.
+
+Gitea has no Apps: the app is a bot user with a personal access token (sent as
+``Authorization: token``, which gidgethub already speaks), its webhooks come from an org hook,
+and there is one "installation" (a synthetic id) for everything the token can reach.
+
+The request loop is GitHub's (:class:`bot.forge.github._Caller`): writes serialised and paced,
+5xx/timeouts retried with backoff for reads and idempotent writes, a create never retried blind
+(looked up by its marker after an ambiguous failure), 429 + ``Retry-After`` from a proxy waited
+out, ETags used if the forge sends them (Gitea mostly does not). What differs, and is translated
+here so handlers keep seeing GitHub-shaped dicts:
+
+* the API lives under ``/api/v1``; pages are ``page`` + ``limit`` (at most 50), ``Link`` rel=next;
+* labels are addressed by **id**: names are resolved through a per-repository cache (refreshed
+  on a miss; a name still unknown is created, as GitHub auto-creates unknown labels);
+* ``PATCH .../issues/{index}`` takes no labels: a label change is a ``PUT .../labels`` with ids
+  first, then the PATCH (whose answer carries the new labels) when other fields change too;
+* ``GET .../issues/{index}/comments`` is not paged; ``labels=`` on issue lists is OR, so the
+  AND the interface promises is applied here;
+* the collaborator permission ``owner`` is ``admin``; there is no ``repository_dispatch``, no
+  issue search and no webhook delivery log (reconciliation finds nothing to redeliver).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from uritemplate import variable
+
+from labels.catalogue import MAIL_LABELS, Label
+
+from .base import JSON, Forge
+from .clock import Clock, SystemClock
+from .errors import ForgeError, NotFound
+from .github import (
+    ForgeConfig,
+    RequestStats,
+    _Caller,
+    _iso,
+    _iso_epoch,
+    load_etag_cache,
+    save_etag_cache,
+    split_repo,
+)
+from .pacing import Sleep
+
+log = logging.getLogger("vaultmail.forge.gitea")
+
+SYNTHETIC_INSTALLATION_ID = 1  # the one "installation" a Gitea bot has
+PAGE = 50  # Gitea's MAX_RESPONSE_ITEMS default
+EDIT_FIELDS = frozenset({"title", "body", "state", "assignees", "milestone"})
+KNOWN_FIELDS = EDIT_FIELDS | {"labels", "state_reason"}
+CATALOGUE = {label.name.lower(): label for label in MAIL_LABELS}
+
+
+def api_base(url: str) -> str:
+    url = url.rstrip("/")
+    return url if url.endswith("/api/v1") else url + "/api/v1"
+
+
+def github_issue(issue: JSON) -> JSON:
+    """Gitea's issue as the GitHub-shaped dict handlers read (only what differs is touched)."""
+    out = dict(issue)
+    if not out.get("pull_request"):
+        out.pop("pull_request", None)  # GitHub marks pull requests by the key's presence
+    out["assignees"] = out.get("assignees") or []
+    out["body"] = out.get("body") or ""
+    out["labels"] = [{**lb, "color": str(lb.get("color", "")).lstrip("#")}
+                     for lb in out.get("labels") or []]
+    return out
+
+
+class GiteaForge(_Caller):
+    """The Forge interface for the bot user's token."""
+
+    client: GiteaClient
+
+    def __init__(self, client: GiteaClient, installation_id: int) -> None:
+        self.installation_id = int(installation_id)
+        super().__init__(client, self.installation_id)
+        self._labels: dict[str, dict[str, int]] = {}  # repo -> lower name -> id
+
+    async def _credentials(self) -> dict[str, str]:
+        return {"oauth_token": self.client.token}
+
+    def _invalidate(self, credentials: Mapping[str, str]) -> None:
+        """Gitea tokens do not expire: a 401 is retried once, then Unauthorized."""
+
+    def save_etag_cache(self, path: Path) -> None:
+        save_etag_cache(self._gh._cache, self.installation_id, path)
+
+    def load_etag_cache(self, path: Path) -> None:
+        load_etag_cache(self._gh._cache, self.installation_id, path)
+
+    def _by_app(self, item: Mapping[str, Any]) -> bool:
+        user = item.get("user") or {}
+        return str(user.get("login", "")).lower() == self.client.bot_login.lower()
+
+    # -- labels by id --------------------------------------------------------------------------
+    async def _repo_labels(self, repo: str) -> list[JSON]:
+        labels = [lb async for lb in self._paginate(
+            "/repos/{owner}/{repo}/labels{?limit}", {**split_repo(repo), "limit": PAGE})]
+        self._labels[repo.lower()] = {str(lb["name"]).lower(): int(lb["id"]) for lb in labels}
+        return labels
+
+    async def _label_ids(self, repo: str, names: Sequence[str], create: bool = True) -> list[int]:
+        """Ids for label names, from the cache; a miss refreshes it once, and a name still
+        unknown is created (from the catalogue when it is one of ours)."""
+        key = repo.lower()
+        wanted = [n.lower() for n in names]
+        if key not in self._labels or any(n not in self._labels[key] for n in wanted):
+            await self._repo_labels(repo)
+        ids: list[int] = []
+        for name in names:
+            known = self._labels[key].get(name.lower())
+            if known is None:
+                if not create:
+                    continue
+                spec = CATALOGUE.get(name.lower(), Label(name, "ededed", ""))
+                made = await self._create_label(repo, spec, name)
+                known = self._labels[key][name.lower()] = int(made["id"])
+            if known not in ids:
+                ids.append(known)
+        return ids
+
+    async def _create_label(self, repo: str, want: Label, name: str | None = None) -> JSON:
+        data: JSON
+        data, _, _ = await self._request(
+            "POST", "/repos/{owner}/{repo}/labels", split_repo(repo),
+            {"name": name or want.name, "color": "#" + want.color,
+             "description": want.description})
+        return data
+
+    # -- issues ----------------------------------------------------------------------------------
+    async def get_issue(self, repo: str, number: int) -> JSON:
+        data = await self._get("/repos/{owner}/{repo}/issues/{number}",
+                               {**split_repo(repo), "number": number})
+        return github_issue(data)
+
+    async def create_issue(self, repo: str, title: str, body: str, labels: Sequence[str] = (),
+                           marker: str | None = None) -> JSON:
+        if marker is not None and marker not in body:
+            raise ValueError("marker must be contained in the body")
+        payload: JSON = {"title": title, "body": body}
+        if labels:
+            payload["labels"] = await self._label_ids(repo, labels)
+        find = None
+        if marker is not None:
+
+            async def find() -> JSON | None:
+                return await self.find_issue(repo, marker)
+
+        data, _, _ = await self._request(
+            "POST", "/repos/{owner}/{repo}/issues", split_repo(repo), payload,
+            policy="create", content=True, find_existing=find)
+        return github_issue(data)
+
+    async def find_issue(self, repo: str, marker: str) -> JSON | None:
+        since = _iso_epoch(self.client.clock.now() - self.config.marker_window)
+        async for issue in self._paginate(
+            "/repos/{owner}/{repo}/issues{?state,type,since,limit}",
+            {**split_repo(repo), "state": "all", "type": "issues", "since": since,
+             "limit": PAGE},
+            max_pages=self.config.marker_search_pages,
+        ):
+            if self._by_app(issue) and marker in (issue.get("body") or ""):
+                return github_issue(issue)
+        return None
+
+    async def update_issue(self, repo: str, number: int, **fields: Any) -> JSON:
+        unknown = set(fields) - KNOWN_FIELDS
+        if unknown:
+            raise TypeError(f"update_issue: unknown fields {sorted(unknown)}")
+        fields.pop("state_reason", None)  # Gitea has no close reason
+        rv: dict[str, variable.VariableValue] = {**split_repo(repo), "number": number}
+        if "labels" in fields:
+            await self.set_labels(repo, number, list(fields.pop("labels")))
+        edit = {k: v for k, v in fields.items() if k in EDIT_FIELDS}
+        if not edit:
+            return await self.get_issue(repo, number)
+        data, _, _ = await self._request("PATCH", "/repos/{owner}/{repo}/issues/{number}",
+                                         rv, edit)
+        return github_issue(data)
+
+    async def iter_issues(self, repo: str, state: str = "all",
+                          labels: Sequence[str] | None = None,
+                          since: str | datetime | None = None) -> AsyncIterator[JSON]:
+        url_vars: dict[str, variable.VariableValue] = {
+            **split_repo(repo), "state": state, "type": "issues", "limit": PAGE}
+        if labels:
+            url_vars["labels"] = ",".join(labels)
+        since_s = _iso(since)
+        if since_s:
+            url_vars["since"] = since_s
+        wanted = {n.lower() for n in labels or ()}
+        async for issue in self._paginate(
+                "/repos/{owner}/{repo}/issues{?state,type,labels,since,limit}", url_vars):
+            have = {str(lb.get("name", "")).lower() for lb in issue.get("labels") or []}
+            if issue.get("pull_request") or not wanted <= have:  # Gitea's labels= is OR
+                continue
+            yield github_issue(issue)
+
+    async def search_issues(self, q: str) -> list[JSON]:
+        raise ForgeError("issue search is not used on Gitea; list a repository's issues",
+                         method="GET", url="/repos/issues/search")
+
+    # -- labels ----------------------------------------------------------------------------------
+    async def add_labels(self, repo: str, number: int, labels: Sequence[str]) -> list[JSON]:
+        if not labels:
+            return list((await self.get_issue(repo, number)).get("labels", []))
+        data, _, _ = await self._request(
+            "POST", "/repos/{owner}/{repo}/issues/{number}/labels",
+            {**split_repo(repo), "number": number},
+            {"labels": await self._label_ids(repo, labels)}, policy="idempotent")
+        return list(github_issue({"labels": data or []})["labels"])
+
+    async def remove_label(self, repo: str, number: int, name: str) -> bool:
+        """Gitea answers 204 whether or not the label was there: look first (a free read)."""
+        issue = await self.get_issue(repo, number)
+        on = [lb for lb in issue.get("labels", [])
+              if str(lb.get("name", "")).lower() == name.lower()]
+        if not on:
+            return False
+        try:
+            await self._request(
+                "DELETE", "/repos/{owner}/{repo}/issues/{number}/labels/{id}",
+                {**split_repo(repo), "number": number, "id": int(on[0]["id"])})
+        except NotFound:
+            return False
+        return True
+
+    async def set_labels(self, repo: str, number: int, labels: Sequence[str]) -> list[JSON]:
+        data, _, _ = await self._request(
+            "PUT", "/repos/{owner}/{repo}/issues/{number}/labels",
+            {**split_repo(repo), "number": number},
+            {"labels": await self._label_ids(repo, labels)})
+        return list(github_issue({"labels": data or []})["labels"])
+
+    async def ensure_labels(self, repo: str, labels: Sequence[Label]) -> dict[str, list[str]]:
+        existing = {str(lb.get("name", "")).lower(): lb for lb in await self._repo_labels(repo)}
+        created: list[str] = []
+        updated: list[str] = []
+        for want in labels:
+            have = existing.get(want.name.lower())
+            if have is None:
+                made = await self._create_label(repo, want)
+                self._labels[repo.lower()][want.name.lower()] = int(made["id"])
+                created.append(want.name)
+                continue
+            if (str(have.get("name")) != want.name
+                    or str(have.get("color", "")).lstrip("#").lower() != want.color.lower()
+                    or (have.get("description") or "") != want.description):
+                await self._request(
+                    "PATCH", "/repos/{owner}/{repo}/labels/{id}",
+                    {**split_repo(repo), "id": int(have["id"])},
+                    {"name": want.name, "color": "#" + want.color,
+                     "description": want.description})
+                updated.append(want.name)
+        if created or updated:
+            log.info("labels ensured in %s: created %s, updated %s", repo, created, updated,
+                     extra={**self._log_extra, "repo": repo})
+        return {"created": created, "updated": updated}
+
+    # -- comments --------------------------------------------------------------------------------
+    async def create_comment(self, repo: str, number: int, body: str,
+                             marker: str | None = None) -> JSON:
+        if marker is not None and marker not in body:
+            raise ValueError("marker must be contained in the body")
+        find = None
+        if marker is not None:
+
+            async def find() -> JSON | None:
+                return await self.find_comment(repo, number, marker)
+
+        data: JSON
+        data, _, _ = await self._request(
+            "POST", "/repos/{owner}/{repo}/issues/{number}/comments",
+            {**split_repo(repo), "number": number}, {"body": body},
+            policy="create", content=True, find_existing=find)
+        return data
+
+    async def find_comment(self, repo: str, number: int, marker: str) -> JSON | None:
+        since = _iso_epoch(self.client.clock.now() - self.config.marker_window)
+        for comment in reversed(await self.list_comments(repo, number, since=since)):
+            if self._by_app(comment) and marker in (comment.get("body") or ""):
+                return comment
+        return None
+
+    async def update_comment(self, repo: str, comment_id: int, body: str) -> JSON:
+        data: JSON
+        data, _, _ = await self._request(
+            "PATCH", "/repos/{owner}/{repo}/issues/comments/{comment_id}",
+            {**split_repo(repo), "comment_id": comment_id}, {"body": body})
+        return data
+
+    async def get_comment(self, repo: str, comment_id: int) -> JSON:
+        data: JSON = await self._get("/repos/{owner}/{repo}/issues/comments/{comment_id}",
+                                     {**split_repo(repo), "comment_id": comment_id})
+        return data
+
+    async def list_comments(self, repo: str, number: int,
+                            since: str | datetime | None = None) -> list[JSON]:
+        """One request: Gitea returns every comment of an issue at once (no paging)."""
+        url_vars: dict[str, variable.VariableValue] = {**split_repo(repo), "number": number}
+        since_s = _iso(since)
+        if since_s:
+            url_vars["since"] = since_s
+        data = await self._get("/repos/{owner}/{repo}/issues/{number}/comments{?since}",
+                               url_vars)
+        return list(data or [])
+
+    # -- repository ------------------------------------------------------------------------------
+    async def permission(self, repo: str, login: str) -> str:
+        try:
+            data = await self._get(
+                "/repos/{owner}/{repo}/collaborators/{username}/permission",
+                {**split_repo(repo), "username": login})
+        except NotFound:
+            return "none"
+        role = str(data.get("permission") or data.get("role_name") or "none")
+        return "admin" if role == "owner" else role
+
+    async def get_file(self, repo: str, path: str) -> str | None:
+        import base64
+        import binascii
+        from urllib.parse import quote
+
+        encoded = quote(path.lstrip("/"), safe="/")
+        try:
+            data = await self._get(f"/repos/{{owner}}/{{repo}}/contents/{encoded}",
+                                   split_repo(repo))
+        except NotFound:
+            return None
+        if not isinstance(data, dict) or data.get("type", "file") != "file":
+            return None
+        raw = data.get("content")
+        if data.get("encoding") != "base64" or not isinstance(raw, str):
+            raise ForgeError(f"{path}: unsupported content encoding {data.get('encoding')!r}",
+                             method="GET", url=path)
+        try:
+            return base64.b64decode(raw).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError) as exc:
+            raise ForgeError(f"{path}: cannot decode content: {exc}", method="GET",
+                             url=path) from exc
+
+    async def dispatch(self, repo: str, event_type: str,
+                       client_payload: Mapping[str, Any]) -> None:
+        raise ForgeError("Gitea has no repository_dispatch: use `dispatch: <webhook URL>` for "
+                         "this agent's runs", method="POST", url=f"/repos/{repo}/dispatches")
+
+    async def list_installation_repos(self) -> list[str]:
+        """Every repository of the bot's organisations."""
+        repos: list[str] = []
+        async for org in self._paginate("/user/orgs{?limit}", {"limit": PAGE}):
+            login = org.get("username") or org.get("name")
+            async for r in self._paginate("/orgs/{org}/repos{?limit}",
+                                          {"org": login, "limit": PAGE}):
+                repos.append(str(r["full_name"]))
+        return repos
+
+    async def user_orgs(self) -> list[str]:
+        return [str(o.get("username") or o.get("name"))
+                async for o in self._paginate("/user/orgs{?limit}", {"limit": PAGE})]
+
+
+def _implements_forge(forge: GiteaForge) -> Forge:
+    return forge  # mypy checks GiteaForge against the Forge protocol here
+
+
+class GiteaHooks:
+    """Gitea's REST API has no webhook delivery log (only the web UI replays deliveries), so
+    there is nothing for the reconciler to list or redeliver."""
+
+    async def iter_deliveries(self, status: str | None = None,
+                              per_page: int = 100) -> AsyncIterator[JSON]:
+        return
+        yield {}  # an async generator that yields nothing
+
+    async def redeliver(self, delivery_id: int) -> None:
+        raise ForgeError("Gitea's API cannot redeliver webhooks", method="POST", url="")
+
+
+class GiteaClient:
+    """The process-wide Gitea client: the bot's one forge (any installation id maps to it)."""
+
+    def __init__(self, token: str, session: aiohttp.ClientSession, url: str,
+                 bot_login: str = "", requester: str = "vaultmail", *,
+                 config: ForgeConfig | None = None, sleep: Sleep = asyncio.sleep,
+                 monotonic: Callable[[], float] = time.monotonic,
+                 clock: Clock | None = None) -> None:
+        self.token = token
+        self.session = session
+        self.api_url = api_base(url)
+        self.bot_login = bot_login
+        self.requester = requester
+        self.config = config or ForgeConfig()
+        self.sleep = sleep
+        self.monotonic = monotonic
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self.stats = RequestStats()
+        self.semaphore = asyncio.Semaphore(max(1, self.config.max_concurrency))
+        self._forge: GiteaForge | None = None
+        self._hooks = GiteaHooks()
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    def installation(self, installation_id: int | None = None) -> GiteaForge:
+        if self._forge is None:
+            self._forge = GiteaForge(self, SYNTHETIC_INSTALLATION_ID)
+        return self._forge
+
+    def app(self) -> GiteaHooks:
+        return self._hooks
+
+    def forget(self, installation_id: int) -> None:
+        self._forge = None
+
+    async def whoami(self) -> str:
+        """The bot's login (`GET /user`)."""
+        data = await self.installation()._get("/user")
+        return str(data.get("login") or data.get("username"))
+
+
+__all__ = ["SYNTHETIC_INSTALLATION_ID", "GiteaClient", "GiteaForge", "GiteaHooks", "api_base",
+           "github_issue"]

@@ -1,0 +1,586 @@
+"""The Gitea API subset vaultmail uses (Gitea 1.22 swagger): version, users, orgs and their
+hooks, repositories, issues, issue labels (ids or names), repository labels by id, comments,
+contents, collaborator permission."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from ..access import at_least, user_level, visible
+from ..clock import parse_iso
+from ..github.http import ApiError, Ctx, invalid
+from ..state import Comment, Issue, Label, Org, Repo
+from . import events
+from .http import Routes, int_list, issue_of, json_response, paginate
+from .render import GiteaRenderer
+
+VERSION = "1.22.6"
+
+
+def _r(ctx: Ctx) -> GiteaRenderer:
+    return GiteaRenderer(ctx.forge)
+
+
+def _auth(ctx: Ctx) -> str:
+    if ctx.principal.kind != "user" or not ctx.principal.login:
+        raise ApiError(401, "token is required")
+    return ctx.principal.login
+
+
+def _writer(ctx: Ctx, repo: Repo) -> bool:
+    return at_least(ctx.role(repo), "write")
+
+
+def _need_write(ctx: Ctx) -> Repo:
+    _auth(ctx)
+    repo = ctx.repo()
+    if not _writer(ctx, repo):
+        raise ApiError(403, "user should have permission to write issues")
+    return repo
+
+
+def _since(request: web.Request, name: str = "since") -> float | None:
+    raw = request.query.get(name)
+    if not raw:
+        return None
+    try:
+        return parse_iso(raw)
+    except ValueError as exc:
+        raise invalid("Query", name) from exc
+
+
+def _org(ctx: Ctx) -> Org:
+    org = ctx.forge.state.org(ctx.request.match_info["org"])
+    if org is None:
+        raise ApiError(404, "Not Found")
+    return org
+
+
+def _touch(ctx: Ctx, repo: Repo, issue: Issue) -> None:
+    issue.updated_at = repo.updated_at = ctx.forge.clock.now()
+
+
+# -- misc, users, orgs ---------------------------------------------------------------------
+async def version(request: web.Request) -> web.Response:
+    return json_response({"version": VERSION})
+
+
+async def get_me(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    login = _auth(ctx)
+    return json_response(_r(ctx).user(login))
+
+
+async def my_orgs(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    login = _auth(ctx).lower()
+    orgs = [o for o in ctx.forge.state.orgs.values()
+            if login in (m.lower() for m in o.members)]
+    page, headers = paginate(request, orgs, ctx.forge.url)
+    return json_response([_r(ctx).org(o.login) for o in page], headers=headers)
+
+
+async def get_user(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    acct = ctx.forge.state.account(request.match_info["username"])
+    if acct is None:
+        raise ApiError(404, "Not Found")
+    return json_response(_r(ctx).user(acct))
+
+
+async def org_repos(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    org = _org(ctx)
+    st = ctx.forge.state
+    repos = sorted((r for r in st.repos.values() if r.owner.lower() == org.login.lower()
+                    and visible(st, ctx.principal, r)), key=lambda r: r.id)
+    page, headers = paginate(request, repos, ctx.forge.url)
+    return json_response([_r(ctx).repo(r, ctx.role(r)) for r in page], headers=headers)
+
+
+def _hook_json(app: Any) -> dict[str, Any]:
+    from ..clock import iso
+
+    return {"id": app.hook_id, "type": "gitea", "branch_filter": "*",
+            "config": {"url": app.webhook_url or "", "content_type": "json"},
+            "events": list(app.events), "authorization_header": "",
+            "active": app.webhook_url is not None, "updated_at": iso(app.created_at),
+            "created_at": iso(app.created_at)}
+
+
+def _org_owner(ctx: Ctx, org: Org) -> None:
+    login = _auth(ctx).lower()
+    if login not in (o.lower() for o in org.owners):
+        raise ApiError(403, "Must be an organization owner")
+
+
+async def create_org_hook(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    org = _org(ctx)
+    _org_owner(ctx, org)
+    body = await ctx.body()
+    if body.get("type") not in ("gitea", "forgejo", "gogs", "slack", "discord"):
+        raise ApiError(422, "Invalid hook type")
+    config = body.get("config") or {}
+    url = config.get("url") if isinstance(config, dict) else None
+    if not isinstance(url, str) or not url:
+        raise ApiError(422, "Missing config option: url")
+    if config.get("content_type", "json") not in ("json", "form"):
+        raise ApiError(422, "Invalid content type")
+    hook_events = body.get("events") or ["push"]
+    app = events.add_org_hook(ctx.forge, org.login, url, config.get("secret") or None,
+                              [str(e) for e in hook_events], bool(body.get("active", False)))
+    return json_response(_hook_json(app), 201)
+
+
+async def list_org_hooks(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    org = _org(ctx)
+    _org_owner(ctx, org)
+    hooks = [app for app, _ in events.org_hooks(ctx.forge, org.login)]
+    page, headers = paginate(request, hooks, ctx.forge.url)
+    return json_response([_hook_json(h) for h in page], headers=headers)
+
+
+# -- repositories --------------------------------------------------------------------------
+async def get_repo(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    repo = ctx.repo()
+    return json_response(_r(ctx).repo(repo, ctx.role(repo)))
+
+
+async def collaborator_permission(request: web.Request) -> web.Response:
+    """Gitea lets collaborators query only themselves; repo admins (and org owners) anyone."""
+    ctx = Ctx.of(request)
+    me = _auth(ctx)
+    repo = ctx.repo()
+    who = request.match_info["collaborator"]
+    if who.lower() != me.lower() and not at_least(ctx.role(repo), "admin"):
+        raise ApiError(403, "Only admins can query all permissions, repo admins can query all "
+                            "repo permissions, collaborators can query only their own")
+    acct = ctx.forge.state.account(who)
+    if acct is None or acct.type == "Organization":
+        raise ApiError(404, "Not Found")
+    role = user_level(ctx.forge.state, acct.login, repo)
+    org = ctx.forge.state.org(repo.owner)
+    owner = repo.owner.lower() == acct.login.lower() or (
+        org is not None and acct.login.lower() in (o.lower() for o in org.owners))
+    mode = "owner" if owner else {"admin": "admin", "maintain": "write", "write": "write",
+                                  "triage": "write", "read": "read"}.get(role or "", "none")
+    return json_response({"permission": mode, "role_name": mode,
+                          "user": _r(ctx).user(acct)})
+
+
+async def get_contents(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    repo = ctx.repo(scope="contents")
+    path = request.match_info["filepath"].strip("/")
+    text = repo.files.get(path)
+    if text is None:
+        raise ApiError(404, "Not Found")
+    return json_response(_r(ctx).content_file(repo, path, text))
+
+
+# -- issues --------------------------------------------------------------------------------
+async def list_issues(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    repo = ctx.repo()
+    q = request.query
+    state = q.get("state", "open")
+    if state not in ("open", "closed", "all"):
+        raise invalid("Issue", "state")
+    items = [i for i in repo.issues.values() if state == "all" or i.state == state]
+    if q.get("type") == "pulls":
+        items = []
+    if q.get("labels"):  # any of the labels (OR); unknown names are discarded
+        wanted = {n.strip().lower() for n in q["labels"].split(",") if n.strip()}
+        ids = {lb.id for lb in repo.labels if lb.name.lower() in wanted}
+        if ids:
+            items = [i for i in items if ids & set(i.labels)]
+    since, before = _since(request), _since(request, "before")
+    if since is not None:
+        items = [i for i in items if i.updated_at >= since]
+    if before is not None:
+        items = [i for i in items if i.updated_at <= before]
+    if q.get("created_by"):
+        items = [i for i in items if i.user.lower() == q["created_by"].lower()]
+    items.sort(key=lambda i: (i.created_at, i.number), reverse=True)
+    page, headers = paginate(request, items, ctx.forge.url)
+    return json_response([_r(ctx).issue(repo, i) for i in page], headers=headers)
+
+
+async def create_issue(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    login = _auth(ctx)
+    repo = ctx.repo()
+    if not repo.has_issues:
+        raise ApiError(404, "Not Found")
+    body = await ctx.body()
+    title = body.get("title")
+    if not isinstance(title, str) or not title.strip():
+        raise ApiError(422, "[Title]: Required")
+    text = body.get("body")
+    if text is not None and not isinstance(text, str):
+        raise invalid("CreateIssueOption", "body")
+    label_ids = int_list(body.get("labels"), "labels")  # ids only: names are refused
+    now = ctx.forge.clock.now()
+    issue = Issue(id=ctx.forge.state.next_id("issue"), number=repo.next_number,
+                  title=title, body=text or "", user=login, created_at=now, updated_at=now)
+    if _writer(ctx, repo):  # labels (and assignees) from others are silently dropped
+        issue.labels = list(dict.fromkeys(i for i in label_ids if repo.label_by_id(i)))
+        accts = [a for x in body.get("assignees") or []
+                 if (a := ctx.forge.state.account(str(x))) is not None]
+        issue.assignees = list(dict.fromkeys(a.login for a in accts))
+    if body.get("closed") is True:
+        issue.state, issue.closed_at = "closed", now
+    repo.next_number += 1
+    repo.issues[issue.number] = issue
+    repo.updated_at = now
+    events.issue_event(ctx.forge, "opened", repo, login, issue)  # no label events on create
+    return json_response(_r(ctx).issue(repo, issue), 201)
+
+
+async def get_issue(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    repo = ctx.repo()
+    return json_response(_r(ctx).issue(repo, issue_of(ctx, repo)))
+
+
+async def edit_issue(request: web.Request) -> web.Response:
+    """EditIssueOption: title, body, assignees, milestone, state, due_date, ref (no labels)."""
+    ctx = Ctx.of(request)
+    login = _auth(ctx)
+    repo = ctx.repo()
+    issue = issue_of(ctx, repo)
+    writer = _writer(ctx, repo)
+    if not writer and issue.user.lower() != login.lower():
+        raise ApiError(403, "Forbidden")
+    body = await ctx.body()
+    changes: dict[str, Any] = {}
+    if isinstance(body.get("title"), str) and body["title"] != issue.title:
+        if not body["title"].strip():
+            raise ApiError(422, "[Title]: Required")
+        changes["title"] = {"from": issue.title}
+        issue.title = body["title"]
+    if isinstance(body.get("body"), str) and body["body"] != (issue.body or ""):
+        changes["body"] = {"from": issue.body or ""}
+        issue.body = body["body"]
+    if changes:
+        _touch(ctx, repo, issue)
+        events.issue_event(ctx.forge, "edited", repo, login, issue, changes)
+    if writer and isinstance(body.get("assignees"), list):
+        wanted = [a.login for x in body["assignees"]
+                  if (a := ctx.forge.state.account(str(x))) is not None]
+        for who in [a for a in issue.assignees if a not in wanted]:
+            issue.assignees.remove(who)
+            events.issue_event(ctx.forge, "unassigned", repo, login, issue)
+        for who in [a for a in wanted if a not in issue.assignees]:
+            issue.assignees.append(who)
+            events.issue_event(ctx.forge, "assigned", repo, login, issue)
+    state = body.get("state")
+    if state is not None and state not in ("open", "closed"):
+        raise invalid("EditIssueOption", "state")
+    if state == "closed" and issue.state == "open":
+        issue.state, issue.closed_at = "closed", ctx.forge.clock.now()
+        _touch(ctx, repo, issue)
+        events.issue_event(ctx.forge, "closed", repo, login, issue)
+    elif state == "open" and issue.state == "closed":
+        issue.state, issue.closed_at = "open", None
+        _touch(ctx, repo, issue)
+        events.issue_event(ctx.forge, "reopened", repo, login, issue)
+    return json_response(_r(ctx).issue(repo, issue), 201)
+
+
+# -- issue labels --------------------------------------------------------------------------
+async def _label_refs(ctx: Ctx, repo: Repo) -> list[Label]:
+    """IssueLabelsOption.labels: label ids, or label names (unknown ones are refused)."""
+    body = await ctx.body()
+    raw = body.get("labels")
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list):
+        raise invalid("IssueLabelsOption", "labels")
+    out: list[Label] = []
+    for item in raw:
+        if isinstance(item, bool):
+            raise invalid("IssueLabelsOption", "labels")
+        label = (repo.label_by_id(item) if isinstance(item, int) else
+                 repo.label_named(item) if isinstance(item, str) else None)
+        if label is None:
+            raise ApiError(422, f"label does not exist [id: 0, name: {item}]")
+        if label not in out:
+            out.append(label)
+    return out
+
+
+def _labels_changed(ctx: Ctx, repo: Repo, issue: Issue, before: list[int],
+                    cleared: bool = False) -> None:
+    """One delivery per API call, with the whole list: label_updated (also when the last label
+    goes), or label_cleared for `DELETE .../labels` (Gitea's IssueClearLabels)."""
+    if issue.labels == before:
+        return
+    _touch(ctx, repo, issue)
+    action = "label_cleared" if cleared else "label_updated"
+    events.issue_event(ctx.forge, action, repo, ctx.sender, issue)
+
+
+async def list_issue_labels(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    repo = ctx.repo()
+    return json_response(_r(ctx).issue_labels(repo, issue_of(ctx, repo)))
+
+
+async def add_issue_labels(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    repo = _need_write(ctx)
+    issue = issue_of(ctx, repo)
+    before = list(issue.labels)
+    for label in await _label_refs(ctx, repo):
+        if label.id not in issue.labels:
+            issue.labels.append(label.id)
+    _labels_changed(ctx, repo, issue, before)
+    return json_response(_r(ctx).issue_labels(repo, issue))
+
+
+async def replace_issue_labels(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    repo = _need_write(ctx)
+    issue = issue_of(ctx, repo)
+    before = list(issue.labels)
+    issue.labels = [lb.id for lb in await _label_refs(ctx, repo)]
+    if set(issue.labels) == set(before):
+        issue.labels = before
+    _labels_changed(ctx, repo, issue, before)
+    return json_response(_r(ctx).issue_labels(repo, issue))
+
+
+async def clear_issue_labels(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    repo = _need_write(ctx)
+    issue = issue_of(ctx, repo)
+    before = list(issue.labels)
+    issue.labels = []
+    _labels_changed(ctx, repo, issue, before, cleared=True)
+    return web.Response(status=204)
+
+
+async def delete_issue_label(request: web.Request) -> web.Response:
+    """By label id; a label not on the issue is no error (204), an unknown id is 422."""
+    ctx = Ctx.of(request)
+    repo = _need_write(ctx)
+    issue = issue_of(ctx, repo)
+    try:
+        label = repo.label_by_id(int(request.match_info["id"]))
+    except ValueError:
+        label = None
+    if label is None:
+        raise ApiError(422, "label does not exist")
+    before = list(issue.labels)
+    issue.labels = [lid for lid in issue.labels if lid != label.id]
+    _labels_changed(ctx, repo, issue, before)
+    return web.Response(status=204)
+
+
+# -- repository labels (by id) -------------------------------------------------------------
+def _label(ctx: Ctx, repo: Repo) -> Label:
+    try:
+        label = repo.label_by_id(int(ctx.request.match_info["id"]))
+    except ValueError:
+        label = None
+    if label is None:
+        raise ApiError(404, "Not Found")
+    return label
+
+
+def _color(value: Any) -> str:
+    import re
+
+    color = str(value or "").strip().removeprefix("#")
+    if not re.fullmatch(r"[0-9a-fA-F]{6}", color):
+        raise ApiError(422, "Color: invalid color")
+    return color.lower()
+
+
+async def list_labels(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    repo = ctx.repo()
+    page, headers = paginate(request, repo.labels, ctx.forge.url)
+    return json_response([_r(ctx).label(repo, lb) for lb in page], headers=headers)
+
+
+async def get_label(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    repo = ctx.repo()
+    return json_response(_r(ctx).label(repo, _label(ctx, repo)))
+
+
+async def create_label(request: web.Request) -> web.Response:
+    """Gitea allows two labels with the same name; the forge does too."""
+    ctx = Ctx.of(request)
+    repo = _need_write(ctx)
+    body = await ctx.body()
+    name = body.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ApiError(422, "[Name]: Required")
+    desc = body.get("description")
+    label = Label(id=ctx.forge.state.next_id("label"), name=name, color=_color(body.get("color")),
+                  description=desc if isinstance(desc, str) else "")
+    repo.labels.append(label)
+    return json_response(_r(ctx).label(repo, label), 201)
+
+
+async def edit_label(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    repo = _need_write(ctx)
+    label = _label(ctx, repo)
+    body = await ctx.body()
+    if isinstance(body.get("name"), str) and body["name"].strip():
+        label.name = body["name"]
+    if body.get("color") is not None:
+        label.color = _color(body["color"])
+    if isinstance(body.get("description"), str):
+        label.description = body["description"]
+    return json_response(_r(ctx).label(repo, label))
+
+
+async def delete_label(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    repo = _need_write(ctx)
+    label = _label(ctx, repo)
+    repo.labels.remove(label)
+    for issue in repo.issues.values():
+        if label.id in issue.labels:
+            issue.labels.remove(label.id)
+    return web.Response(status=204)
+
+
+# -- comments ------------------------------------------------------------------------------
+def _comment(ctx: Ctx, repo: Repo) -> Comment:
+    try:
+        c = repo.comments.get(int(ctx.request.match_info["id"]))
+    except ValueError:
+        c = None
+    if c is None:
+        raise ApiError(404, "Not Found")
+    return c
+
+
+async def list_issue_comments(request: web.Request) -> web.Response:
+    """All of them: this endpoint has since/before but no paging."""
+    ctx = Ctx.of(request)
+    repo = ctx.repo()
+    issue = issue_of(ctx, repo)
+    since, before = _since(request), _since(request, "before")
+    items = [c for cid in issue.comment_ids if (c := repo.comments.get(cid)) is not None
+             and (since is None or c.updated_at >= since)
+             and (before is None or c.updated_at <= before)]
+    return json_response([_r(ctx).comment(repo, c) for c in items])
+
+
+async def list_repo_comments(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    repo = ctx.repo()
+    since = _since(request)
+    items = sorted((c for c in repo.comments.values()
+                    if since is None or c.updated_at >= since), key=lambda c: c.id)
+    page, headers = paginate(request, items, ctx.forge.url)
+    return json_response([_r(ctx).comment(repo, c) for c in page], headers=headers)
+
+
+async def create_comment(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    login = _auth(ctx)
+    repo = ctx.repo()
+    issue = issue_of(ctx, repo)
+    text = (await ctx.body()).get("body")
+    if not isinstance(text, str) or not text:
+        raise ApiError(422, "[Body]: Required")
+    if issue.locked and not _writer(ctx, repo):
+        raise ApiError(403, "Forbidden")
+    now = ctx.forge.clock.now()
+    c = Comment(id=ctx.forge.state.next_id("comment"), issue_number=issue.number, body=text,
+                user=login, created_at=now, updated_at=now)
+    repo.comments[c.id] = c
+    issue.comment_ids.append(c.id)
+    _touch(ctx, repo, issue)
+    events.comment_event(ctx.forge, "created", repo, login, issue, _r(ctx).comment(repo, c))
+    return json_response(_r(ctx).comment(repo, c), 201)
+
+
+async def get_comment(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    repo = ctx.repo()
+    return json_response(_r(ctx).comment(repo, _comment(ctx, repo)))
+
+
+def _may_edit(ctx: Ctx, repo: Repo, c: Comment) -> str:
+    login = _auth(ctx)
+    if c.user.lower() != login.lower() and not _writer(ctx, repo):
+        raise ApiError(403, "Forbidden")
+    return login
+
+
+async def edit_comment(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    repo = ctx.repo()
+    c = _comment(ctx, repo)
+    login = _may_edit(ctx, repo, c)
+    text = (await ctx.body()).get("body")
+    if not isinstance(text, str) or not text:
+        raise ApiError(422, "[Body]: Required")
+    old, c.body = c.body, text
+    c.updated_at = ctx.forge.clock.now()
+    issue = repo.issues[c.issue_number]
+    events.comment_event(ctx.forge, "edited", repo, login, issue, _r(ctx).comment(repo, c),
+                         {"body": {"from": old}})
+    return json_response(_r(ctx).comment(repo, c))
+
+
+async def delete_comment(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    repo = ctx.repo()
+    c = _comment(ctx, repo)
+    login = _may_edit(ctx, repo, c)
+    rendered = _r(ctx).comment(repo, c)
+    del repo.comments[c.id]
+    issue = repo.issues[c.issue_number]
+    issue.comment_ids.remove(c.id)
+    events.comment_event(ctx.forge, "deleted", repo, login, issue, rendered)
+    return web.Response(status=204)
+
+
+def register(routes: Routes) -> None:
+    base = "/repos/{owner}/{repo}"
+    routes.add("GET", "/version", version)
+    routes.add("GET", "/user", get_me)
+    routes.add("GET", "/user/orgs", my_orgs)
+    routes.add("GET", "/users/{username}", get_user)
+    routes.add("GET", "/orgs/{org}/repos", org_repos)
+    routes.add("GET", "/orgs/{org}/hooks", list_org_hooks)
+    routes.add("POST", "/orgs/{org}/hooks", create_org_hook)
+    routes.add("GET", base, get_repo)
+    routes.add("GET", f"{base}/collaborators/{{collaborator}}/permission",
+               collaborator_permission)
+    routes.add("GET", f"{base}/contents/{{filepath}}", get_contents)
+    routes.add("GET", f"{base}/labels", list_labels)
+    routes.add("POST", f"{base}/labels", create_label)
+    routes.add("GET", f"{base}/labels/{{id}}", get_label)
+    routes.add("PATCH", f"{base}/labels/{{id}}", edit_label)
+    routes.add("DELETE", f"{base}/labels/{{id}}", delete_label)
+    routes.add("GET", f"{base}/issues", list_issues)
+    routes.add("POST", f"{base}/issues", create_issue)
+    routes.add("GET", f"{base}/issues/comments", list_repo_comments)
+    routes.add("GET", f"{base}/issues/comments/{{id}}", get_comment)
+    routes.add("PATCH", f"{base}/issues/comments/{{id}}", edit_comment)
+    routes.add("DELETE", f"{base}/issues/comments/{{id}}", delete_comment)
+    routes.add("GET", f"{base}/issues/{{index}}", get_issue)
+    routes.add("PATCH", f"{base}/issues/{{index}}", edit_issue)
+    routes.add("GET", f"{base}/issues/{{index}}/labels", list_issue_labels)
+    routes.add("POST", f"{base}/issues/{{index}}/labels", add_issue_labels)
+    routes.add("PUT", f"{base}/issues/{{index}}/labels", replace_issue_labels)
+    routes.add("DELETE", f"{base}/issues/{{index}}/labels", clear_issue_labels)
+    routes.add("DELETE", f"{base}/issues/{{index}}/labels/{{id}}", delete_issue_label)
+    routes.add("GET", f"{base}/issues/{{index}}/comments", list_issue_comments)
+    routes.add("POST", f"{base}/issues/{{index}}/comments", create_comment)
