@@ -252,15 +252,17 @@ async def breakdown(embedded: Embedded, principal: str) -> dict[str, str]:
     office = (await make_call(embedded.services, principal)).office
     who = inbox.Whose.of(office, principal)
     items = await inbox.relevant_items(store, office, who)
+    mine = who.everyone
+    logins = inbox.logins_of(office, who)
     parts: dict[str, Callable[[], Awaitable[object]]] = {
-        "open_threads (all open threads, JSON decoded)": lambda: db.open_threads(store),
-        "unread (both boxes)": lambda: asyncio.gather(db.unread(store, who.owner, "you"),
-                                                      db.unread(store, who.owner, "agents")),
-        "relevant_items (every item read, then filtered)": lambda: inbox.relevant_items(
-            store, office, who),
+        "open questions involving the caller (thread_waiting, asker index; cached decode)":
+            lambda: db.open_questions_involving(store, mine),
+        "unread (both boxes)": lambda: db.unread_in(store, who.owner, ["you", "agents"]),
+        "relevant_items (in SQL; list_inbox no longer builds it when the newest updates "
+        "fill the page)": lambda: inbox.relevant_items(store, office, who),
         "  of which questions_asked_on": lambda: db.questions_asked_on(store, who.everyone),
-        "updates_page query (item IN the relevant items)": lambda: db.updates_page(
-            store, items, who.everyone, None, None, inbox.PAGE + 1),
+        "updates_for (the updates page list_inbox reads)": lambda: db.updates_for(
+            store, mine, logins, mine, None, None, inbox.PAGE + 1),
         "mail_waiting (mail:new, quiet)": lambda: asyncio.gather(
             mails.list_mails(store, to=principal, state="mail:new"),
             mails.list_mails(store, to=principal, state="quiet")),
@@ -465,8 +467,8 @@ async def main() -> None:
     names = list(next(iter(parts.values())))
     _table(["filled index: each read list_inbox makes (median of 5, ms)", *parts],
            [[name, *(parts[p][name] for p in parts)] for name in names])
-    print("\nan agent's list_inbox runs open_threads three times (its boxes, its `inbox` "
-          "field's boxes, its person's counts) and relevant_items once.\n")
+    print("\nan agent's list_inbox reads the open questions involving it once, shared by its "
+          "boxes, its `inbox` field and its person's counts.\n")
     _table(["waiters (fresh index)", "held, traced MB", "one woken among all ms",
             "waiters of 20 people: n: p99 / max ms", "all the rest at once: n: p50 / p99 / "
             "max ms", "targets"], wait_rows)

@@ -7,6 +7,7 @@ Unread comments are delivered once: whoever reads a box marks what it returned a
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,24 @@ from bot.store import Store
 from bot.store import comments as db
 
 PAGE = 30
+_VIEWS_CACHED = 16384
+# thread_view of the row objects the store's thread cache hands out, for the asker and for
+# everyone else (the only way a view depends on its viewer); a row rewritten is a new object.
+_views: OrderedDict[tuple[str, bool], tuple[db.ThreadRow, dict[str, Any]]] = OrderedDict()
+
+
+def _thread_view(t: db.ThreadRow, viewer: str) -> dict[str, Any]:
+    """A fresh copy of `thread_view(t, viewer)` (its top level is the caller's to extend)."""
+    key = (t.id, viewer == t.state.asker)
+    hit = _views.get(key)
+    if hit is not None and hit[0] is t:
+        _views.move_to_end(key)
+        return dict(hit[1])
+    view = thread_view(t, viewer)
+    _views[key] = (t, view)
+    if len(_views) > _VIEWS_CACHED:
+        _views.popitem(last=False)
+    return dict(view)
 
 
 @dataclass(frozen=True)
@@ -43,20 +62,29 @@ class Whose:
         return [*([self.person] if self.person else []), *self.agents]
 
 
-async def _unread(store: Store, who: Whose, box: str, *, mark: bool) -> list[dict[str, Any]]:
-    rows = await db.unread(store, who.owner, box)
+async def _unread(store: Store, who: Whose, boxes: list[str], *,
+                  mark: set[str]) -> dict[str, tuple[list[dict[str, Any]], int]]:
+    """Each box's unread comments (views, and how many deliveries), oldest first; marks as
+    read what it returns of the boxes in `mark`."""
+    rows = await db.unread_in(store, who.owner, boxes)
     found = await db.comments_by_ids(store, [r["comment"] for r in rows])
-    out = []
-    for r in rows:
-        c = found.get(r["comment"])
-        if c is None:
-            continue
-        view = comment_view(c)
-        if box == "agents":
-            view["forAgent"] = r["principal"]
-        out.append(view)
-    if mark:
-        await db.mark_read(store, [int(r["seq"]) for r in rows])
+    out: dict[str, tuple[list[dict[str, Any]], int]] = {}
+    seen = []
+    for box in boxes:
+        views = []
+        mine = [r for r in rows if r["box"] == box]
+        for r in mine:
+            c = found.get(r["comment"])
+            if c is None:
+                continue
+            view = comment_view(c)
+            if box == "agents":
+                view["forAgent"] = r["principal"]
+            views.append(view)
+        out[box] = (views, len(mine))
+        if box in mark:
+            seen += [int(r["seq"]) for r in mine]
+    await db.mark_read(store, seen)
     return out
 
 
@@ -67,7 +95,7 @@ def _turns(threads: list[db.ThreadRow], targets: list[str], viewer: str,
         mine = [p for p in t.state.waiting_on if p in targets]
         if not mine or not t.state.is_question:
             continue
-        view = thread_view(t, viewer)
+        view = _thread_view(t, viewer)
         if box == "agents":
             view["forAgent"] = mine[0]
         out.append(view)
@@ -81,24 +109,44 @@ def _waiting_on_others(threads: list[db.ThreadRow], askers: list[str], viewer: s
         s = t.state
         if not s.is_question or s.answer is not None or s.asker not in askers:
             continue
-        view = thread_view(t, viewer)
+        view = _thread_view(t, viewer)
         if box == "agents":
             view["byAgent"] = s.asker
         out.append(view)
     return out
 
 
-async def boxes(store: Store, office: Office, viewer: str, *, mark_you: bool,
-                mark_agents: bool) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Computed:
+    """One look at a viewer's inboxes: both boxes, and the counts of the person's own."""
+
+    boxes: dict[str, Any]
+    person_unread: int
+    person_waiting: int
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {"unreadForYourPerson": self.person_unread,
+                "waitingOnYourPerson": self.person_waiting}
+
+
+async def compute(store: Store, office: Office, viewer: str, *, mark_you: bool,
+                  mark_agents: bool) -> Computed:
+    """The boxes (see `boxes`) and the person's counts, from one read of the open threads."""
     who = Whose.of(office, viewer)
-    threads = await db.open_threads(store)
+    threads = await db.open_questions_involving(store, who.everyone)
+    names = ["you", "agents"] if who.person is not None else ["agents"]
+    unread = await _unread(store, who, names, mark={
+        n for n, m in (("you", mark_you), ("agents", mark_agents)) if m})
     you: dict[str, Any] = {"yourTurn": [], "unread": [], "waitingOnOthers": []}
+    person_unread = person_waiting = 0
     if who.person is not None:
         you = {"yourTurn": _turns(threads, [who.person], viewer, "you"),
-               "unread": await _unread(store, who, "you", mark=mark_you),
+               "unread": unread["you"][0],
                "waitingOnOthers": _waiting_on_others(threads, [who.person], viewer, "you")}
+        person_unread, person_waiting = unread["you"][1], len(you["yourTurn"])
     agents = {"yourTurn": _turns(threads, list(who.agents), viewer, "agents"),
-              "unread": await _unread(store, who, "agents", mark=mark_agents),
+              "unread": unread["agents"][0],
               "waitingOnOthers": _waiting_on_others(threads, list(who.agents), viewer,
                                                     "agents")}
     cards = [v for box in (you, agents) for key in ("yourTurn", "waitingOnOthers")
@@ -106,15 +154,17 @@ async def boxes(store: Store, office: Office, viewer: str, *, mark_you: bool,
     kinds = await db.item_kinds(store, {str(v["item"]) for v in cards})
     for view in cards:  # answering needs targetType and target: give them with the card
         view.update(targetType=kinds.get(str(view["item"])), target=view["item"])
-    return {"you": you, "agents": agents}
+    return Computed({"you": you, "agents": agents}, person_unread, person_waiting)
+
+
+async def boxes(store: Store, office: Office, viewer: str, *, mark_you: bool,
+                mark_agents: bool) -> dict[str, Any]:
+    computed = await compute(store, office, viewer, mark_you=mark_you, mark_agents=mark_agents)
+    return computed.boxes
 
 
 async def has_unread(store: Store, office: Office, viewer: str) -> bool:
-    who = Whose.of(office, viewer)
-    for box in ("you", "agents"):
-        if await db.unread(store, who.owner, box):
-            return True
-    return False
+    return await db.has_unread(store, Whose.of(office, viewer).owner)
 
 
 async def read_page(store: Store, office: Office, viewer: str,
@@ -133,13 +183,11 @@ async def read_page(store: Store, office: Office, viewer: str,
 
 async def relevant_items(store: Store, office: Office, who: Whose) -> list[str]:
     """Outcomes the person (or an agent of theirs) created, holds, is assigned or asked about."""
-    mine = set(who.everyone)
-    logins = {login for p in mine if (login := _login(office, p))}
-    refs = set(await db.questions_asked_on(store, list(mine)))
-    for item in await db.all_items(store):
-        if item.author in mine or item.claim in mine or logins & set(item.assignees):
-            refs.add(item.ref)
-    return sorted(refs)
+    return await db.relevant_items(store, who.everyone, logins_of(office, who))
+
+
+def logins_of(office: Office, who: Whose) -> list[str]:
+    return sorted({login for p in who.everyone if (login := _login(office, p))})
 
 
 def _login(office: Office, principal: str) -> str | None:
@@ -151,8 +199,8 @@ def _login(office: Office, principal: str) -> str | None:
 async def updates_page(store: Store, office: Office, viewer: str, before: int | None,
                        since: float | None) -> dict[str, Any]:
     who = Whose.of(office, viewer)
-    items = await relevant_items(store, office, who)
-    rows = await db.updates_page(store, items, who.everyone, before, since, PAGE + 1)
+    rows = await db.updates_for(store, who.everyone, logins_of(office, who), who.everyone,
+                                before, since, PAGE + 1)
     updates = [{"item": r["item"], "kind": r["kind"], "actor": r["actor"],
                 "summary": r["summary"], "at": iso(r["at"]), "cursor": int(r["seq"])}
                for r in rows[:PAGE]]
@@ -162,10 +210,7 @@ async def updates_page(store: Store, office: Office, viewer: str, before: int | 
 
 async def counts_for_person(store: Store, office: Office, viewer: str) -> dict[str, int]:
     """What waits in the person's own inbox, for their agent to mention (never to handle)."""
-    who = Whose.of(office, viewer)
-    if who.person is None:
+    if Whose.of(office, viewer).person is None:
         return {"unreadForYourPerson": 0, "waitingOnYourPerson": 0}
-    unread = await db.unread(store, who.person, "you")
-    threads = await db.open_threads(store)
-    waiting = sum(1 for t in threads if t.state.is_question and who.person in t.state.waiting_on)
-    return {"unreadForYourPerson": len(unread), "waitingOnYourPerson": waiting}
+    computed = await compute(store, office, viewer, mark_you=False, mark_agents=False)
+    return computed.counts

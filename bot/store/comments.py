@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import aiosqlite
 
@@ -85,6 +87,72 @@ CREATE TABLE IF NOT EXISTS item_updates (
 CREATE INDEX IF NOT EXISTS item_updates_item ON item_updates(item, seq);
 """)
 
+# Indexes and derived tables for the inboxes (additive: an existing index gets them at open).
+# `thread_waiting` holds who each open question waits on (`waiting_on` from the JSON state);
+# triggers keep it in step with every write to `threads`, whoever makes it, and the last
+# statement fills it for threads written before it existed (a no-op once it is filled).
+# `item_assignees` does the same for the logins assigned to an item.
+register_schema("""
+CREATE INDEX IF NOT EXISTS threads_open ON threads(updated_at) WHERE open=1;
+CREATE INDEX IF NOT EXISTS threads_open_asked
+    ON threads(asker, open, is_question, updated_at, id) WHERE open=1 AND is_question=1;
+CREATE INDEX IF NOT EXISTS threads_asked_scope ON threads(asker, is_question, scope);
+CREATE INDEX IF NOT EXISTS threads_scope_asked ON threads(scope, is_question, asker);
+CREATE INDEX IF NOT EXISTS items_author ON items(author);
+CREATE INDEX IF NOT EXISTS items_claim ON items(claim);
+CREATE INDEX IF NOT EXISTS inbox_deliveries_owner_seq ON inbox_deliveries(owner, seq);
+CREATE INDEX IF NOT EXISTS inbox_deliveries_unread ON inbox_deliveries(owner, box, seq)
+    WHERE read_at IS NULL;
+CREATE TABLE IF NOT EXISTS thread_waiting (
+    principal TEXT NOT NULL,
+    thread TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (principal, thread)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS thread_waiting_thread ON thread_waiting(thread);
+CREATE TRIGGER IF NOT EXISTS threads_waiting_insert AFTER INSERT ON threads BEGIN
+    DELETE FROM thread_waiting WHERE thread=NEW.id;
+    INSERT OR IGNORE INTO thread_waiting(principal, thread, updated_at)
+        SELECT value, NEW.id, NEW.updated_at FROM json_each(NEW.state, '$.waiting_on')
+        WHERE NEW.open=1 AND NEW.is_question=1;
+END;
+CREATE TRIGGER IF NOT EXISTS threads_waiting_update AFTER UPDATE ON threads BEGIN
+    DELETE FROM thread_waiting WHERE thread=OLD.id;
+    DELETE FROM thread_waiting WHERE thread=NEW.id;
+    INSERT OR IGNORE INTO thread_waiting(principal, thread, updated_at)
+        SELECT value, NEW.id, NEW.updated_at FROM json_each(NEW.state, '$.waiting_on')
+        WHERE NEW.open=1 AND NEW.is_question=1;
+END;
+CREATE TRIGGER IF NOT EXISTS threads_waiting_delete AFTER DELETE ON threads BEGIN
+    DELETE FROM thread_waiting WHERE thread=OLD.id;
+END;
+INSERT OR IGNORE INTO thread_waiting(principal, thread, updated_at)
+    SELECT w.value, t.id, t.updated_at FROM threads t, json_each(t.state, '$.waiting_on') w
+    WHERE t.open=1 AND t.is_question=1;
+CREATE TABLE IF NOT EXISTS item_assignees (
+    login TEXT NOT NULL,
+    item TEXT NOT NULL,
+    PRIMARY KEY (login, item)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS item_assignees_item ON item_assignees(item);
+CREATE TRIGGER IF NOT EXISTS items_assignees_insert AFTER INSERT ON items BEGIN
+    DELETE FROM item_assignees WHERE item=NEW.ref;
+    INSERT OR IGNORE INTO item_assignees(login, item)
+        SELECT value, NEW.ref FROM json_each(NEW.assignees);
+END;
+CREATE TRIGGER IF NOT EXISTS items_assignees_update AFTER UPDATE ON items BEGIN
+    DELETE FROM item_assignees WHERE item=OLD.ref;
+    DELETE FROM item_assignees WHERE item=NEW.ref;
+    INSERT OR IGNORE INTO item_assignees(login, item)
+        SELECT value, NEW.ref FROM json_each(NEW.assignees);
+END;
+CREATE TRIGGER IF NOT EXISTS items_assignees_delete AFTER DELETE ON items BEGIN
+    DELETE FROM item_assignees WHERE item=OLD.ref;
+END;
+INSERT OR IGNORE INTO item_assignees(login, item)
+    SELECT a.value, i.ref FROM items i, json_each(i.assignees) a;
+""")
+
 
 # -- items ---------------------------------------------------------------------------------
 async def put_item(db: aiosqlite.Connection, item: Item) -> None:
@@ -122,10 +190,6 @@ async def children(store: Store, ref: str) -> list[Item]:
     rows = await store.fetchall("SELECT * FROM items WHERE parent=? ORDER BY repo, number",
                                 (ref,))
     return [_item(r) for r in rows]
-
-
-async def all_items(store: Store) -> list[Item]:
-    return [_item(r) for r in await store.fetchall("SELECT * FROM items")]
 
 
 # -- comments ------------------------------------------------------------------------------
@@ -223,6 +287,60 @@ async def open_threads(store: Store, *, item: str | None = None) -> list[ThreadR
     return [_thread(r) for r in rows]
 
 
+# Decoded thread rows, per store, checked against the row's updated_at (every write of a thread
+# sets it), so a list_inbox does not decode the same JSON on each call.
+_THREAD_CACHE_SIZE = 8192
+_thread_caches: WeakKeyDictionary[Store, OrderedDict[str, tuple[float, ThreadRow]]] = (
+    WeakKeyDictionary())
+
+
+def _marks(values: Any) -> str:
+    return ",".join("?" for _ in values)
+
+
+async def open_questions_involving(store: Store, principals: list[str]) -> list[ThreadRow]:
+    """Open questions that wait on or were asked by any of `principals`, newest first (the
+    open threads a caller's inbox can show, found through `thread_waiting` and the asker)."""
+    if not principals:
+        return []
+    ps = _marks(principals)
+    # thread_waiting holds only open questions; the asker side reads a covering partial index
+    found = {str(r["thread"]): float(r["updated_at"]) for r in await store.fetchall(
+        f"SELECT thread, updated_at FROM thread_waiting WHERE principal IN ({ps})",
+        tuple(principals))}
+    found.update((str(r["id"]), float(r["updated_at"])) for r in await store.fetchall(
+        "SELECT id, updated_at FROM threads INDEXED BY threads_open_asked"
+        f" WHERE asker IN ({ps}) AND open=1"
+        " AND is_question=1", tuple(principals)))
+    keys = sorted(found.items(), key=lambda kv: kv[1], reverse=True)
+    cache = _thread_caches.get(store)
+    if cache is None:
+        cache = _thread_caches[store] = OrderedDict()
+    out: list[ThreadRow | None] = []
+    missing: dict[str, int] = {}
+    for thread_id, updated_at in keys:
+        hit = cache.get(thread_id)
+        if hit is not None and hit[0] == updated_at:
+            cache.move_to_end(thread_id)
+            out.append(hit[1])
+        else:
+            missing[thread_id] = len(out)
+            out.append(None)
+    ids = list(missing)
+    for start in range(0, len(ids), 500):
+        chunk = ids[start:start + 500]
+        for r in await store.fetchall(
+                f"SELECT * FROM threads WHERE id IN ({_marks(chunk)}) AND open=1",
+                tuple(chunk)):
+            row = _thread(r)
+            out[missing[row.id]] = row
+            cache[row.id] = (row.updated_at, row)
+            cache.move_to_end(row.id)
+    while len(cache) > _THREAD_CACHE_SIZE:
+        cache.popitem(last=False)
+    return [t for t in out if t is not None]
+
+
 async def count_open_questions(store: Store, asker: str, item: str | None = None) -> int:
     sql, params = "SELECT count(*) AS n FROM threads WHERE asker=? AND is_question=1 AND open=1", [
         asker]
@@ -245,9 +363,69 @@ async def questions_asked_on(store: Store, askers: list[str]) -> list[str]:
         return []
     marks = ",".join("?" for _ in askers)
     rows = await store.fetchall(
-        f"SELECT DISTINCT scope FROM threads WHERE is_question=1 AND asker IN ({marks})",
+        "SELECT DISTINCT scope FROM threads INDEXED BY threads_asked_scope"
+        f" WHERE is_question=1 AND asker IN ({marks})",
         tuple(askers))
     return [r["scope"] for r in rows]
+
+
+def _relevant_sql(mine: list[str], logins: list[str]) -> tuple[str, tuple[str, ...]]:
+    """The refs of items `mine` created, hold or were asked about, or `logins` are assigned."""
+    m = _marks(mine)
+    sql = (f"SELECT ref FROM items WHERE author IN ({m})"
+           f" UNION SELECT ref FROM items WHERE claim IN ({m})"
+           " UNION SELECT scope FROM threads INDEXED BY threads_asked_scope"
+           f" WHERE asker IN ({m}) AND is_question=1")
+    params: tuple[str, ...] = (*mine, *mine, *mine)
+    if logins:
+        sql += f" UNION SELECT item FROM item_assignees WHERE login IN ({_marks(logins)})"
+        params += tuple(logins)
+    return sql, params
+
+
+async def relevant_items(store: Store, mine: list[str], logins: list[str]) -> list[str]:
+    if not mine and not logins:
+        return []
+    sql, params = _relevant_sql(mine or [""], logins)
+    return sorted(str(r["ref"]) for r in await store.fetchall(sql, params))
+
+
+UPDATES_WINDOW = 512  # newest updates checked one by one before the relevant set is built
+
+
+async def updates_for(store: Store, mine: list[str], logins: list[str], exclude: list[str],
+                      before: int | None, since: float | None,
+                      limit: int) -> list[aiosqlite.Row]:
+    """`updates_page` over the items relevant to `mine`/`logins` (see `_relevant_sql`), newest
+    first, without building that set when the newest updates already fill the page."""
+    mine = mine or [""]
+    m, ex = _marks(mine), _marks(exclude) or "''"
+    page = (before or 2**62, since or 0.0)
+    assigned = (f" OR EXISTS (SELECT 1 FROM item_assignees a WHERE a.item=u.item"
+                f" AND a.login IN ({_marks(logins)}))") if logins else ""
+    rows = await store.fetchall(
+        "SELECT u.* FROM (SELECT * FROM item_updates WHERE seq<? AND at>=?"
+        " ORDER BY seq DESC LIMIT ?) u"
+        f" WHERE u.actor NOT IN ({ex}) AND ("
+        " EXISTS (SELECT 1 FROM items i WHERE i.ref=u.item"
+        f"  AND (i.author IN ({m}) OR i.claim IN ({m})))"
+        " OR EXISTS (SELECT 1 FROM threads t INDEXED BY threads_scope_asked"
+        " WHERE t.scope=u.item AND t.is_question=1"
+        f"  AND t.asker IN ({m})){assigned})"
+        " ORDER BY u.seq DESC LIMIT ?",
+        (*page, UPDATES_WINDOW, *exclude, *mine, *mine, *mine, *logins, limit))
+    if len(rows) >= limit:
+        return rows
+    window = await store.fetchone(
+        "SELECT count(*) AS n FROM (SELECT 1 FROM item_updates WHERE seq<? AND at>=?"
+        " LIMIT ?)", (*page, UPDATES_WINDOW))
+    if window is None or int(window["n"]) < UPDATES_WINDOW:
+        return rows  # the window held every candidate
+    sql, params = _relevant_sql(mine, logins)
+    return await store.fetchall(
+        f"SELECT * FROM item_updates WHERE item IN ({sql}) AND actor NOT IN ({ex})"
+        " AND seq<? AND at>=? ORDER BY seq DESC LIMIT ?",
+        (*params, *exclude, *page, limit))
 
 
 # -- deliveries (the inboxes) --------------------------------------------------------------
@@ -257,10 +435,22 @@ async def deliver(db: aiosqlite.Connection, owner: str, box: str, principal: str
                      " VALUES (?,?,?,?,?)", (owner, box, principal, comment, time.time()))
 
 
-async def unread(store: Store, owner: str, box: str) -> list[aiosqlite.Row]:
+async def unread_in(store: Store, owner: str, boxes: list[str]) -> list[aiosqlite.Row]:
+    """The owner's unread deliveries in `boxes`, oldest first."""
+    if not boxes:
+        return []
     return await store.fetchall(
-        "SELECT * FROM inbox_deliveries WHERE owner=? AND box=? AND read_at IS NULL ORDER BY seq",
-        (owner, box))
+        "SELECT * FROM inbox_deliveries INDEXED BY inbox_deliveries_unread"
+        f" WHERE owner=? AND box IN ({_marks(boxes)})"
+        " AND read_at IS NULL ORDER BY seq", (owner, *boxes))
+
+
+async def has_unread(store: Store, owner: str) -> bool:
+    row = await store.fetchone(
+        "SELECT 1 FROM inbox_deliveries INDEXED BY inbox_deliveries_unread"
+        " WHERE owner=? AND box IN ('you', 'agents')"
+        " AND read_at IS NULL LIMIT 1", (owner,))
+    return row is not None
 
 
 async def mark_read(store: Store, seqs: list[int]) -> None:
@@ -287,13 +477,3 @@ async def add_update(db: aiosqlite.Connection, item: str, kind: str, actor: str,
                      (item, kind, actor, summary, json.dumps(data or {}), time.time()))
 
 
-async def updates_page(store: Store, items: list[str], exclude: list[str], before: int | None,
-                       since: float | None, limit: int) -> list[aiosqlite.Row]:
-    if not items:
-        return []
-    marks = ",".join("?" for _ in items)
-    ex = ",".join("?" for _ in exclude) or "''"
-    return await store.fetchall(
-        f"SELECT * FROM item_updates WHERE item IN ({marks}) AND actor NOT IN ({ex})"
-        " AND seq<? AND at>=? ORDER BY seq DESC LIMIT ?",
-        (*items, *exclude, before or 2**62, since or 0.0, limit))

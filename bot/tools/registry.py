@@ -7,7 +7,7 @@ tool as a principal, and adds the `inbox` field to every result for an agent.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -33,6 +33,8 @@ class Call:
     principal: str
     office: Office
     forge: Forge
+    # what a tool already computed for the `inbox` field of its own result, by provider name
+    inbox_ready: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def mailer(self) -> Mailer:
@@ -97,6 +99,7 @@ async def call_tool(call: Call, name: str, raw: Any) -> dict[str, Any]:
         args = spec.args.model_validate(raw)
     except ValidationError as exc:
         raise InvalidArguments(f"{name}: {_field_errors(exc)}") from exc
+    call.inbox_ready.clear()
     result = await spec.fn(call, args)
     if call.is_agent:
         result["inbox"] = await agent_inbox(call)
