@@ -35,8 +35,10 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8080
     office_path: Path | None = None
-    # seconds between writes per installation: 60/80, GitHub's content-creation limit a minute
-    write_interval: float = 0.75
+    # extra seconds between writes per installation. None by default: writes are serialised,
+    # and creations are paced by the client's budget of GitHub's 80 a minute and 500 an hour,
+    # which lets a burst go as fast as those limits allow (bench.burst)
+    write_interval: float = 0.0
     reconcile_interval: float = 300.0  # seconds between looks for failed webhook deliveries
     extra: dict[str, str] = field(default_factory=dict)
     dialect: str = "github"  # github | gitea (Gitea and Forgejo)

@@ -77,7 +77,7 @@ ISSUE_FIELDS = frozenset(
 class ForgeConfig:
     """Tunables; the defaults follow GitHub's advice, tests shrink the waits."""
 
-    write_interval: float = 0.75  # between two writes of one installation: 80 a minute at most
+    write_interval: float = 0.0  # extra pause between writes; creations have their own budget
     content_per_minute: int = 80  # content-creating requests (issues, comments) per minute
     content_per_hour: int = 500  # ... and per hour
     timeout: float = 30.0  # aiohttp total timeout per request
