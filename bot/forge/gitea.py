@@ -4,7 +4,7 @@ Gitea has no Apps: the app is a bot user with a personal access token (sent as
 ``Authorization: token``, which gidgethub already speaks), its webhooks come from an org hook,
 and there is one "installation" (a synthetic id) for everything the token can reach.
 
-The request loop is GitHub's (:class:`bot.forge.github._Caller`): writes serialised and paced,
+The request loop is GitHub's (:class:`bot.forge.github.RepoCaller`): writes serialised and paced,
 5xx/timeouts retried with backoff for reads and idempotent writes, a create never retried blind
 (looked up by its marker after an ambiguous failure), 429 + ``Retry-After`` from a proxy waited
 out, ETags used if the forge sends them (Gitea mostly does not). What differs, and is translated
@@ -28,7 +28,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -41,12 +40,10 @@ from .clock import Clock, SystemClock
 from .errors import ForgeError, NotFound
 from .github import (
     ForgeConfig,
+    RepoCaller,
     RequestStats,
-    _Caller,
     _iso,
     _iso_epoch,
-    load_etag_cache,
-    save_etag_cache,
     split_repo,
 )
 from .pacing import Sleep
@@ -77,7 +74,7 @@ def github_issue(issue: JSON) -> JSON:
     return out
 
 
-class GiteaForge(_Caller):
+class GiteaForge(RepoCaller):
     """The Forge interface for the bot user's token."""
 
     client: GiteaClient
@@ -92,12 +89,6 @@ class GiteaForge(_Caller):
 
     def _invalidate(self, credentials: Mapping[str, str]) -> None:
         """Gitea tokens do not expire: a 401 is retried once, then Unauthorized."""
-
-    def save_etag_cache(self, path: Path) -> None:
-        save_etag_cache(self._gh._cache, self.installation_id, path)
-
-    def load_etag_cache(self, path: Path) -> None:
-        load_etag_cache(self._gh._cache, self.installation_id, path)
 
     def _by_app(self, item: Mapping[str, Any]) -> bool:
         user = item.get("user") or {}
@@ -269,22 +260,6 @@ class GiteaForge(_Caller):
         return {"created": created, "updated": updated}
 
     # -- comments --------------------------------------------------------------------------------
-    async def create_comment(self, repo: str, number: int, body: str,
-                             marker: str | None = None) -> JSON:
-        if marker is not None and marker not in body:
-            raise ValueError("marker must be contained in the body")
-        find = None
-        if marker is not None:
-
-            async def find() -> JSON | None:
-                return await self.find_comment(repo, number, marker)
-
-        data: JSON
-        data, _, _ = await self._request(
-            "POST", "/repos/{owner}/{repo}/issues/{number}/comments",
-            {**split_repo(repo), "number": number}, {"body": body},
-            policy="create", content=True, find_existing=find)
-        return data
 
     async def find_comment(self, repo: str, number: int, marker: str) -> JSON | None:
         since = _iso_epoch(self.client.clock.now() - self.config.marker_window)
@@ -292,18 +267,6 @@ class GiteaForge(_Caller):
             if self._by_app(comment) and marker in (comment.get("body") or ""):
                 return comment
         return None
-
-    async def update_comment(self, repo: str, comment_id: int, body: str) -> JSON:
-        data: JSON
-        data, _, _ = await self._request(
-            "PATCH", "/repos/{owner}/{repo}/issues/comments/{comment_id}",
-            {**split_repo(repo), "comment_id": comment_id}, {"body": body})
-        return data
-
-    async def get_comment(self, repo: str, comment_id: int) -> JSON:
-        data: JSON = await self._get("/repos/{owner}/{repo}/issues/comments/{comment_id}",
-                                     {**split_repo(repo), "comment_id": comment_id})
-        return data
 
     async def list_comments(self, repo: str, number: int,
                             since: str | datetime | None = None) -> list[JSON]:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 from urllib.parse import quote, urlsplit
 
 import aiohttp
@@ -550,7 +550,63 @@ def load_etag_cache(cache: Any, installation_id: int, path: Path) -> None:
         cache[url] = tuple(value)
 
 
-class GitHubForge(_Caller):
+class RepoCaller(_Caller):
+    """What every forge's installation client does the same way: comments by id, and the
+    conditional-read cache kept across processes (so a second `vaultmail reindex` gets 304s)."""
+
+    installation_id: int
+
+    if TYPE_CHECKING:  # each forge finds its own comments (by the app, with a marker)
+        async def find_comment(self, repo: str, number: int, marker: str) -> JSON | None: ...
+
+    def save_etag_cache(self, path: Path) -> None:
+        save_etag_cache(self._gh._cache, self.installation_id, path)
+
+    def load_etag_cache(self, path: Path) -> None:
+        load_etag_cache(self._gh._cache, self.installation_id, path)
+
+    async def create_comment(
+        self, repo: str, number: int, body: str, marker: str | None = None
+    ) -> JSON:
+        if marker is not None and marker not in body:
+            raise ValueError("marker must be contained in the body")
+        find = None
+        if marker is not None:
+
+            async def find() -> JSON | None:
+                return await self.find_comment(repo, number, marker)
+
+        data: JSON
+        data, _, _ = await self._request(
+            "POST",
+            "/repos/{owner}/{repo}/issues/{number}/comments",
+            {**split_repo(repo), "number": number},
+            {"body": body},
+            policy="create",
+            content=True,
+            find_existing=find,
+        )
+        return data
+
+    async def update_comment(self, repo: str, comment_id: int, body: str) -> JSON:
+        data: JSON
+        data, _, _ = await self._request(
+            "PATCH",
+            "/repos/{owner}/{repo}/issues/comments/{comment_id}",
+            {**split_repo(repo), "comment_id": comment_id},
+            {"body": body},
+        )
+        return data
+
+    async def get_comment(self, repo: str, comment_id: int) -> JSON:
+        data: JSON = await self._get(
+            "/repos/{owner}/{repo}/issues/comments/{comment_id}",
+            {**split_repo(repo), "comment_id": comment_id},
+        )
+        return data
+
+
+class GitHubForge(RepoCaller):
     """The Forge interface for one installation (an installation token)."""
 
     client: ForgeClient
@@ -566,11 +622,6 @@ class GitHubForge(_Caller):
         self.client.auth.invalidate(self.installation_id, credentials.get("oauth_token"))
 
     # -- the ETag cache across processes (so a second `vaultmail reindex` gets 304s) -------------
-    def save_etag_cache(self, path: Path) -> None:
-        save_etag_cache(self._gh._cache, self.installation_id, path)
-
-    def load_etag_cache(self, path: Path) -> None:
-        load_etag_cache(self._gh._cache, self.installation_id, path)
 
     def _by_app(self, item: Mapping[str, Any]) -> bool:
         user = item.get("user") or {}
@@ -776,29 +827,6 @@ class GitHubForge(_Caller):
 
     # -- comments --------------------------------------------------------------------------------
 
-    async def create_comment(
-        self, repo: str, number: int, body: str, marker: str | None = None
-    ) -> JSON:
-        if marker is not None and marker not in body:
-            raise ValueError("marker must be contained in the body")
-        find = None
-        if marker is not None:
-
-            async def find() -> JSON | None:
-                return await self.find_comment(repo, number, marker)
-
-        data: JSON
-        data, _, _ = await self._request(
-            "POST",
-            "/repos/{owner}/{repo}/issues/{number}/comments",
-            {**split_repo(repo), "number": number},
-            {"body": body},
-            policy="create",
-            content=True,
-            find_existing=find,
-        )
-        return data
-
     async def find_comment(self, repo: str, number: int, marker: str) -> JSON | None:
         """The newest recent comment by the app on the issue whose body contains ``marker``."""
         since = _iso_epoch(self.client.clock.now() - self.config.marker_window)
@@ -807,23 +835,6 @@ class GitHubForge(_Caller):
             if self._by_app(comment) and marker in (comment.get("body") or ""):
                 return comment
         return None
-
-    async def update_comment(self, repo: str, comment_id: int, body: str) -> JSON:
-        data: JSON
-        data, _, _ = await self._request(
-            "PATCH",
-            "/repos/{owner}/{repo}/issues/comments/{comment_id}",
-            {**split_repo(repo), "comment_id": comment_id},
-            {"body": body},
-        )
-        return data
-
-    async def get_comment(self, repo: str, comment_id: int) -> JSON:
-        data: JSON = await self._get(
-            "/repos/{owner}/{repo}/issues/comments/{comment_id}",
-            {**split_repo(repo), "comment_id": comment_id},
-        )
-        return data
 
     async def list_comments(
         self, repo: str, number: int, since: str | datetime | None = None
