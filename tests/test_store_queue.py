@@ -35,3 +35,28 @@ async def test_queued_deliveries_survive_a_restart(tmp_path: Path) -> None:
         assert item is not None and item.guid == "g"
     finally:
         await reopened.close()
+
+
+async def test_an_index_from_before_later_columns_opens_and_gains_them(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "index.sqlite3"
+    old = sqlite3.connect(path)
+    old.execute("CREATE TABLE mails (mail_id TEXT PRIMARY KEY, vault TEXT NOT NULL, number "
+                "INTEGER NOT NULL, subject TEXT NOT NULL, body TEXT NOT NULL, from_principal "
+                "TEXT NOT NULL, to_principal TEXT NOT NULL, sent TEXT NOT NULL, hops INTEGER "
+                "NOT NULL, in_reply_to TEXT, thread_id TEXT NOT NULL, key_id TEXT NOT NULL, "
+                "body_sha256 TEXT NOT NULL, state TEXT NOT NULL, tampered INTEGER NOT NULL "
+                "DEFAULT 0, updated_at REAL NOT NULL, UNIQUE(vault, number))")
+    old.execute("INSERT INTO mails VALUES ('m1','acme/scout-vault',1,'Hi','x','agent:a',"
+                "'agent:scout','2026-01-01T00:00:00Z',0,NULL,'m1','k','h','mail:new',0,0)")
+    old.commit()
+    old.close()
+    from bot.store import mails
+
+    store = await Store.open(path)
+    try:
+        mail = await mails.get_mail(store, "m1")
+        assert mail is not None and mail.other_labels == () and mail.agent_turns == 0
+    finally:
+        await store.close()

@@ -62,9 +62,16 @@ class Store(QueueMixin):
         return store
 
     async def _migrate_extra(self) -> None:
-        """Hook for schema parts owned by other modules (index, ledger)."""
+        """Hook for schema parts owned by other modules (index, ledger), and the columns they
+        added later, so a data directory from an older version opens as it is."""
         for schema in _EXTRA_SCHEMAS:
             await self._db.executescript(schema)
+        for table, columns in _EXTRA_COLUMNS.items():
+            async with self._db.execute(f"PRAGMA table_info({table})") as cur:
+                have = {row[1] for row in await cur.fetchall()}
+            for name, decl in columns.items():
+                if name not in have:
+                    await self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
         await self._db.commit()
 
     async def close(self) -> None:
@@ -97,11 +104,17 @@ class Store(QueueMixin):
 
 
 _EXTRA_SCHEMAS: list[str] = []
+_EXTRA_COLUMNS: dict[str, dict[str, str]] = {}
 
 
 def register_schema(sql: str) -> None:
     """Let a store module add its tables; applied idempotently at open."""
     _EXTRA_SCHEMAS.append(sql)
+
+
+def register_columns(table: str, columns: dict[str, str]) -> None:
+    """Columns added to a table after its first release: added at open where missing."""
+    _EXTRA_COLUMNS.setdefault(table, {}).update(columns)
 
 
 __all__ = ["QueueItem", "Store", "register_schema"]

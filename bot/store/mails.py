@@ -9,7 +9,7 @@ from typing import Any
 
 import aiosqlite
 
-from bot.store.db import Store, register_schema
+from bot.store.db import Store, register_columns, register_schema
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS mails (
@@ -49,6 +49,9 @@ CREATE TABLE IF NOT EXISTS runs (
     created_at REAL NOT NULL
 );
 """)
+
+register_columns("mails", {"other_labels": "TEXT NOT NULL DEFAULT '[]'",
+                          "agent_turns": "INTEGER NOT NULL DEFAULT 0"})
 
 # The states a mail row can hold: the four label names, and "quiet" for a reply delivered
 # past the loop guard (it carries no state label until someone acts on it).
