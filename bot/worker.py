@@ -1,7 +1,11 @@
-"""Drains the durable queue through the handlers' routers, one delivery at a time, in order.
+"""Drains the durable queue through the handlers' routers.
 
-A failing delivery is retried with exponential backoff and, after `max_attempts`, becomes a
-dead letter that an operator lists and replays (`vaultmail dead-letters`).
+Deliveries about one issue are handled one at a time, in the order they arrived; deliveries
+about different issues run side by side (up to `concurrency`), so one slow forge round trip
+does not hold up the rest. Deliveries about no issue (installation, push, label) are barriers:
+everything before them finishes first. A failing delivery is retried with exponential backoff
+and, after `max_attempts`, becomes a dead letter that an operator lists and replays
+(`vaultmail dead-letters`).
 """
 
 from __future__ import annotations
@@ -23,14 +27,25 @@ if TYPE_CHECKING:
     from bot.services import Services
 
 log = logging.getLogger("vaultmail.worker")
+BATCH = 64  # due deliveries taken at a time
+
+
+def issue_key(item: QueueItem) -> str | None:
+    """The issue a delivery is about (its order matters only among those), or None."""
+    issue = item.payload.get("issue")
+    repo = item.payload.get("repository")
+    if isinstance(issue, dict) and isinstance(repo, dict):
+        return f"{repo.get('full_name')}#{issue.get('number')}"
+    return None
 
 
 class Worker:
     def __init__(self, services: Services, *, max_attempts: int = 6,
-                 base_backoff: float = 2.0) -> None:
+                 base_backoff: float = 2.0, concurrency: int = 8) -> None:
         self.services = services
         self.max_attempts = max_attempts
         self.base_backoff = base_backoff
+        self.concurrency = concurrency
         self._wake = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -65,8 +80,8 @@ class Worker:
     async def _run(self) -> None:
         store = self.services.store
         while True:
-            item = await store.next_due()
-            if item is None:
+            items = await store.due_items(limit=BATCH)
+            if not items:
                 if self._stopping:
                     return
                 self._idle.set()
@@ -77,12 +92,37 @@ class Worker:
                     await asyncio.wait_for(self._wake.wait(), delay)
                 continue
             self._idle.clear()
-            try:
-                await self.process(item)
-            except Exception:  # the store itself failed: keep the worker alive, retry soon
-                log.exception("worker could not record the outcome of a delivery",
-                              extra={"delivery_id": item.guid})
-                await asyncio.sleep(1.0)
+            await self._run_batch(items)
+
+    async def _run_batch(self, items: list[QueueItem]) -> None:
+        groups: dict[str, list[QueueItem]] = {}
+        for item in items:
+            key = issue_key(item)
+            if key is None:  # a barrier: what came before it first, then it alone
+                await self._run_groups(groups)
+                groups = {}
+                await self._process_safely(item)
+            else:
+                groups.setdefault(key, []).append(item)
+        await self._run_groups(groups)
+
+    async def _run_groups(self, groups: dict[str, list[QueueItem]]) -> None:
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def in_order(group: list[QueueItem]) -> None:
+            async with gate:
+                for item in group:
+                    await self._process_safely(item)
+
+        await asyncio.gather(*(in_order(g) for g in groups.values()))
+
+    async def _process_safely(self, item: QueueItem) -> None:
+        try:
+            await self.process(item)
+        except Exception:  # the store itself failed: keep the worker alive, retry soon
+            log.exception("worker could not record the outcome of a delivery",
+                          extra={"delivery_id": item.guid})
+            await asyncio.sleep(1.0)
 
     async def process(self, item: QueueItem) -> None:
         services = self.services

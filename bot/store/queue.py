@@ -138,6 +138,13 @@ class QueueMixin:
         )
         return _item(row) if row else None
 
+    async def due_items(self, limit: int, now: float | None = None) -> list[QueueItem]:
+        """The oldest due deliveries, in arrival order."""
+        rows = await self.fetchall(
+            "SELECT * FROM queue WHERE state='pending' AND next_at<=? ORDER BY id LIMIT ?",
+            (time.time() if now is None else now, limit))
+        return [_item(r) for r in rows]
+
     async def next_wakeup(self) -> float | None:
         row = await self.fetchone("SELECT MIN(next_at) AS t FROM queue WHERE state='pending'")
         return float(row["t"]) if row and row["t"] is not None else None
