@@ -1,0 +1,159 @@
+"""Killed at random: `vaultmail serve` is killed with SIGKILL in the middle of a burst of mail,
+restarted, and every mail still lands exactly once (clients retry with their keys; webhooks
+missed while it was down are reconciled)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bot.embedded import APP_EVENTS, APP_PERMISSIONS, APP_SLUG, _new_private_key
+from bot.localforge import LocalForge
+from bot.localforge.seed import seed_office
+from bot.office import load_office
+from bot.office_source import CONFIG_PATH, CONFIG_REPO
+
+VAULT = "acme/scout-vault"
+VAULTMAIL = str(Path(sys.executable).parent / "vaultmail")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class App:
+    """`vaultmail serve` as an operator runs it, in its own process."""
+
+    def __init__(self, env: dict[str, str], url: str) -> None:
+        self.env, self.url = env, url
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            VAULTMAIL, "serve", env={**os.environ, **self.env},
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        async with aiohttp.ClientSession() as s:
+            for _ in range(300):
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with s.get(self.url + "/healthz") as resp:
+                        if resp.status == 200:
+                            return
+                await asyncio.sleep(0.05)
+        raise AssertionError("vaultmail serve did not start")
+
+    async def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()  # SIGKILL: no drain, no cleanup
+        await self.proc.wait()
+
+    async def pending(self) -> int:
+        async with aiohttp.ClientSession() as s, s.get(self.url + "/healthz") as resp:
+            return int((await resp.json())["queue_pending"])
+
+
+@pytest.fixture
+async def deployed(tmp_path: Path) -> AsyncIterator[tuple[LocalForge, App, dict[str, str]]]:
+    office = load_office()
+    forge = LocalForge()
+    await forge.start()
+    tokens = seed_office(forge, office)
+    from importlib import resources
+
+    forge.put_file(f"{office.org}/{CONFIG_REPO}", CONFIG_PATH,
+                   resources.files("bot").joinpath("example_office.yml").read_text())
+    pem = _new_private_key()
+    (tmp_path / "key.pem").write_text(pem)
+    secret, port = secrets.token_hex(20), _free_port()
+    url = f"http://127.0.0.1:{port}"
+    app_id = forge.register_app(slug=APP_SLUG, name="vaultmail", public_key_pem=pem,
+                                webhook_url=f"{url}/webhook", webhook_secret=secret,
+                                events=APP_EVENTS, permissions=APP_PERMISSIONS)
+    forge.install_app(app_id, office.org)  # its webhook fails: reconciliation brings it
+    env = {"GITHUB_API_URL": forge.url, "GITHUB_APP_ID": str(app_id),
+           "GITHUB_PRIVATE_KEY_PATH": str(tmp_path / "key.pem"),
+           "GITHUB_WEBHOOK_SECRET": secret, "VAULTMAIL_DATA": str(tmp_path / "data"),
+           "HOST": "127.0.0.1", "PORT": str(port), "VAULTMAIL_RECONCILE_SECONDS": "0.5"}
+    made = await asyncio.create_subprocess_exec(
+        VAULTMAIL, "token", "create", "agent:builder", env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE)
+    out, _ = await made.communicate()
+    tokens["api:agent:builder"] = out.decode().split()[-1]
+    app = App(env, url)
+    await app.start()
+    try:
+        yield forge, app, tokens
+    finally:
+        if app.proc is not None and app.proc.returncode is None:
+            await app.kill()
+        await forge.stop()
+
+
+async def _until(check: Any, timeout: float = 60.0) -> None:
+    for _ in range(int(timeout / 0.1)):
+        if await check():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+async def test_no_mail_lost_or_duplicated_when_the_app_is_killed(
+        deployed: tuple[LocalForge, App, dict[str, str]]) -> None:
+    forge, app, tokens = deployed
+    api = {"Authorization": f"Bearer {tokens['api:agent:builder']}"}
+    person = {"Authorization": f"token {tokens['marco']}"}
+    delivered: set[int] = set()
+
+    async def send(s: aiohttp.ClientSession, i: int) -> None:
+        while True:  # a client retries with its key until it has an answer
+            with contextlib.suppress(aiohttp.ClientError):
+                async with s.post(app.url + "/api/v1/tools/mail_send", headers=api, json={
+                        "to": "scout", "subject": f"Tool {i}", "body": f"body {i}",
+                        "idempotencyKey": f"kill-{i}"}) as resp:
+                    if resp.status == 200:
+                        delivered.add(i)
+                        return
+            await asyncio.sleep(0.05)
+
+    async with aiohttp.ClientSession() as s:
+        senders = [asyncio.create_task(send(s, i)) for i in range(30)]
+        await _until(lambda: _at_least(delivered, 8), timeout=30)
+        await app.kill()
+        for i in range(5):  # people keep writing while the app is down
+            async with s.post(forge.url + f"/repos/{VAULT}/issues", headers=person,
+                              json={"title": f"By hand {i}", "body": "while down"}) as resp:
+                assert resp.status == 201
+        await app.start()
+        await asyncio.gather(*senders)
+
+        async def settled() -> bool:
+            await forge.webhooks_idle()
+            if await app.pending():
+                return False
+            async with s.get(forge.url + f"/repos/{VAULT}/issues?state=all&per_page=100",
+                             headers=person) as resp:
+                issues = await resp.json()
+            return sum(1 for i in issues if i["labels"]) == 35
+
+        await _until(settled)
+        async with s.get(forge.url + f"/repos/{VAULT}/issues?state=all&per_page=100",
+                         headers=person) as resp:
+            issues = await resp.json()
+    titles = sorted(i["title"] for i in issues)
+    assert titles == sorted([f"Tool {i}" for i in range(30)] + [f"By hand {i}" for i in range(5)])
+    assert all([lab["name"] for lab in i["labels"]] == ["mail:new"] for i in issues)
+
+
+async def _at_least(items: set[int], n: int) -> bool:
+    return len(items) >= n
