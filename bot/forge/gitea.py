@@ -36,9 +36,7 @@ from uritemplate import variable
 from labels.catalogue import MAIL_LABELS, Label
 
 from .base import JSON, Forge
-from .clock import Clock, SystemClock
-from .errors import ForgeError, NotFound
-from .github import (
+from .caller import (
     ForgeConfig,
     RepoCaller,
     RequestStats,
@@ -46,6 +44,8 @@ from .github import (
     _iso_epoch,
     split_repo,
 )
+from .clock import Clock, SystemClock
+from .errors import ForgeError, NotFound
 from .pacing import Sleep
 
 log = logging.getLogger("vaultmail.forge.gitea")

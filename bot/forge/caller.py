@@ -1,0 +1,591 @@
+"""The request loop every forge client shares, over gidgethub.
+
+Per installation (or bot token): an ETag cache (``cachetools.LRUCache`` handed to gidgethub,
+which keys by URL only, hence one cache per installation) so an unchanged read comes back 304
+and costs no rate limit; one token refresh and retry on 401; writes serialised through an
+``asyncio.Lock`` and paced by a :class:`~bot.forge.pacing.WritePacer`; 403/429 rate limits
+waited out (``retry-after``, else ``x-ratelimit-reset`` when nothing remains, else
+``secondary_wait`` doubling), then :class:`RateLimited`; 5xx, timeouts and connection errors
+retried with backoff and jitter for reads and idempotent writes; a create never retried blind
+(the item carrying the caller's ``marker`` is looked for after an ambiguous failure); request
+counters (:class:`RequestStats`) and structured logs with the installation id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import random
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+from urllib.parse import urlsplit
+
+import aiohttp
+import cachetools
+import gidgethub.aiohttp
+from gidgethub import HTTPException, InvalidField, ValidationError, sansio
+from uritemplate import variable
+
+from .base import JSON
+from .clock import Clock
+from .errors import (
+    ForgeError,
+    NotFound,
+    OutcomeUnknown,
+    PermissionDenied,
+    RateLimited,
+    TransientError,
+    Unauthorized,
+    ValidationFailed,
+)
+from .pacing import Sleep, WritePacer
+
+log = logging.getLogger("vaultmail.forge")
+
+ACCEPT = sansio.accept_format()
+UrlVars = Mapping[str, variable.VariableValue]
+Policy = Literal["read", "idempotent", "create", "once"]
+_NO_BODY = b""
+ISSUE_FIELDS = frozenset(
+    {"title", "body", "state", "state_reason", "labels", "assignees", "milestone"}
+)
+
+
+@dataclass(frozen=True)
+class ForgeConfig:
+    """Tunables; the defaults follow GitHub's advice, tests shrink the waits."""
+
+    write_interval: float = 0.0  # extra pause between writes; creations have their own budget
+    content_per_minute: int = 80  # content-creating requests (issues, comments) per minute
+    content_per_hour: int = 500  # ... and per hour
+    timeout: float = 30.0  # aiohttp total timeout per request
+    max_attempts: int = 4  # tries for 5xx / timeouts / connection errors
+    backoff_base: float = 1.0  # first backoff; doubles each retry
+    backoff_max: float = 30.0
+    jitter: float = 0.25  # +/- fraction applied to each backoff
+    rate_limit_attempts: int = 6  # tries for 403/429 rate limits
+    secondary_wait: float = 60.0  # first wait on a secondary limit without retry-after
+    max_wait: float = 900.0  # a longer rate-limit wait raises RateLimited (the worker reschedules)
+    max_concurrency: int = 20  # requests in flight per client (GitHub allows 100)
+    etag_cache_size: int = 1024  # cached GET responses per installation
+    marker_window: float = 3600.0  # marker search looks at items updated this recently
+    marker_search_pages: int = 3
+    bot_login: str | None = None  # "<slug>[bot]"; when unset, any Bot-authored item matches
+
+
+@dataclass
+class RequestStats:
+    """Counters for benchmarks and the request log."""
+
+    by_method: Counter[str] = field(default_factory=Counter)
+    by_status: Counter[int] = field(default_factory=Counter)
+    not_modified: int = 0  # 304s: conditional reads served from the ETag cache
+    retries: int = 0  # 5xx / timeout retries
+    auth_refreshes: int = 0  # 401 -> new token -> retry
+    rate_limit_waits: int = 0
+    waited: float = 0.0  # seconds slept on rate limits and backoff (not pacing)
+    paced: float = 0.0  # seconds slept by write pacing
+    marker_recoveries: int = 0  # creates found by marker after an ambiguous failure
+
+    @property
+    def requests(self) -> int:
+        return sum(self.by_method.values())
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "by_method": dict(self.by_method),
+            "by_status": dict(self.by_status),
+            "not_modified": self.not_modified,
+            "retries": self.retries,
+            "auth_refreshes": self.auth_refreshes,
+            "rate_limit_waits": self.rate_limit_waits,
+            "waited": round(self.waited, 3),
+            "paced": round(self.paced, 3),
+            "marker_recoveries": self.marker_recoveries,
+        }
+
+
+Observer = Callable[[str, str, int, Mapping[str, str]], None]
+
+
+class _GitHubAPI(gidgethub.aiohttp.GitHubAPI):
+    """gidgethub with a per-request timeout and a response observer (counters, rate headers)."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        requester: str,
+        *,
+        base_url: str,
+        cache: cachetools.LRUCache[str, Any] | None,
+        timeout: float,
+        observe: Observer,
+    ) -> None:
+        super().__init__(session, requester, cache=cache, base_url=base_url)
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._observe = observe
+
+    async def _request(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes = b""
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        async with self._session.request(
+            method, url, headers=headers, data=body, timeout=self._timeout
+        ) as response:
+            payload = await response.read()
+        self._observe(method, url, response.status, response.headers)
+        return response.status, response.headers, payload
+
+    async def call(
+        self,
+        method: str,
+        url: str,
+        url_vars: UrlVars | None,
+        data: Any,
+        *,
+        oauth_token: str | None = None,
+        jwt: str | None = None,
+    ) -> tuple[Any, str | None, int]:
+        return await self._make_request(
+            method, url, url_vars, data, ACCEPT, jwt=jwt, oauth_token=oauth_token
+        )
+
+
+def split_repo(repo: str) -> dict[str, str]:
+    owner, sep, name = repo.partition("/")
+    if not sep or not owner or not name or "/" in name:
+        raise ValueError(f"repository must be 'owner/name', not {repo!r}")
+    return {"owner": owner, "repo": name}
+
+
+def _iso(value: str | datetime | None) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _iso_epoch(ts: float) -> str:
+    return datetime.fromtimestamp(int(ts), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    value = headers.get(name)
+    if value is None:
+        value = headers.get(name.title())
+    return value
+
+
+def _error(exc: HTTPException, method: str, url: str) -> ForgeError:
+    status = int(exc.status_code)
+    message = str(exc) or exc.status_code.phrase
+    kind: type[ForgeError] = ForgeError
+    details: Any = None
+    if status == 404:
+        kind = NotFound
+    elif status == 401:
+        kind = Unauthorized
+    elif status == 403:
+        kind = PermissionDenied
+    elif status == 422:
+        kind = ValidationFailed
+        if isinstance(exc, InvalidField | ValidationError):
+            details = exc.errors
+    elif status >= 500:
+        kind = TransientError
+    return kind(
+        message, status=status, method=method, url=url, headers=exc.headers, details=details
+    )
+
+
+class CallerClient(Protocol):
+    """What the request loop needs from its process-wide client (GitHub's or Gitea's)."""
+
+    config: ForgeConfig
+    session: aiohttp.ClientSession
+    requester: str
+    api_url: str
+    sleep: Sleep
+    monotonic: Callable[[], float]
+    stats: RequestStats
+    semaphore: asyncio.Semaphore
+
+    @property
+    def clock(self) -> Clock: ...
+
+
+class _Caller:
+    """The request loop shared by installation and App clients (and by the Gitea forge, whose
+    API gidgethub speaks as well: `Authorization: token`, Link pagination, JSON errors):
+    credentials, retries, waits."""
+
+    client: CallerClient
+
+    def __init__(self, client: CallerClient, installation_id: int | None) -> None:
+        self.client = client
+        self.config = client.config
+        self.stats = RequestStats()
+        self._log_extra: dict[str, Any] = {"installation_id": installation_id}
+        self._gh = _GitHubAPI(
+            client.session,
+            client.requester,
+            base_url=client.api_url,
+            cache=cachetools.LRUCache(maxsize=self.config.etag_cache_size),
+            timeout=self.config.timeout,
+            observe=self._observe,
+        )
+        self._write_lock = asyncio.Lock()
+        self.pacer = WritePacer(
+            min_interval=self.config.write_interval,
+            content_per_minute=self.config.content_per_minute,
+            content_per_hour=self.config.content_per_hour,
+            monotonic=client.monotonic,
+            sleep=client.sleep,
+        )
+        self._blocked_until = 0.0  # on the auth clock: primary limit exhausted until then
+        self.rate_limit: dict[str, int] | None = None  # last x-ratelimit-{limit,remaining,reset}
+
+    # -- credentials (overridden) ----------------------------------------------------------------
+
+    async def _credentials(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def _invalidate(self, credentials: Mapping[str, str]) -> None:
+        raise NotImplementedError
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+
+    def _observe(self, method: str, url: str, status: int, headers: Mapping[str, str]) -> None:
+        for stats in (self.stats, self.client.stats):
+            stats.by_method[method] += 1
+            stats.by_status[status] += 1
+            if status == 304:
+                stats.not_modified += 1
+        try:
+            limit = int(_header(headers, "x-ratelimit-limit") or "")
+            remaining = int(_header(headers, "x-ratelimit-remaining") or "")
+            reset = int(float(_header(headers, "x-ratelimit-reset") or ""))
+        except ValueError:
+            pass
+        else:
+            resource = _header(headers, "x-ratelimit-resource") or "core"
+            if resource == "core":  # search has its own, per-minute budget
+                self.rate_limit = {"limit": limit, "remaining": remaining, "reset": reset}
+                if remaining <= 0 and status < 400:
+                    self._blocked_until = max(self._blocked_until, float(reset))
+        log.debug(
+            "%s %s -> %s",
+            method,
+            urlsplit(url).path,
+            status,
+            extra={**self._log_extra, "method": method, "url": url, "status": status},
+        )
+
+    def _count(self, attr: str, amount: float = 1) -> None:
+        for stats in (self.stats, self.client.stats):
+            setattr(stats, attr, getattr(stats, attr) + amount)
+
+    async def _sleep(self, seconds: float, attr: str = "waited") -> None:
+        if seconds > 0:
+            self._count(attr, seconds)
+            await self.client.sleep(seconds)
+
+    def _backoff(self, attempt: int) -> float:
+        cfg = self.config
+        base = min(cfg.backoff_max, cfg.backoff_base * 2.0 ** (attempt - 1))
+        return max(0.0, base * (1 + random.uniform(-cfg.jitter, cfg.jitter)))
+
+    def _limit_wait(self, exc: HTTPException, limit_tries: int) -> float | None:
+        """Seconds to wait for a rate-limited response, or None if it is no rate limit."""
+        status = int(exc.status_code)
+        if status not in (403, 429):
+            return None
+        headers = exc.headers
+        retry_after = _header(headers, "retry-after")
+        if retry_after:
+            try:
+                return max(0.0, float(retry_after))
+            except ValueError:
+                try:
+                    when = parsedate_to_datetime(retry_after).timestamp()
+                    return max(0.0, when - self.client.clock.now())
+                except (TypeError, ValueError):
+                    pass
+        remaining = _header(headers, "x-ratelimit-remaining")
+        reset = _header(headers, "x-ratelimit-reset")
+        if remaining is not None and remaining.strip() == "0" and reset:
+            try:
+                return max(0.0, float(reset) - self.client.clock.now()) + 1.0
+            except ValueError:
+                pass
+        message = str(exc).lower()
+        if status == 429 or "rate limit" in message or "abuse" in message:
+            return self.config.secondary_wait * 2.0 ** (limit_tries - 1)
+        return None  # a plain 403: permission denied
+
+    async def _respect_primary_limit(self, method: str, url: str) -> None:
+        wait = self._blocked_until - self.client.clock.now()
+        if wait <= 0:
+            return
+        if wait > self.config.max_wait:
+            raise RateLimited(
+                f"primary rate limit exhausted for {wait:.0f} s more",
+                retry_after=wait,
+                method=method,
+                url=url,
+            )
+        log.warning(
+            "primary rate limit exhausted; waiting %.1f s",
+            wait,
+            extra={**self._log_extra, "method": method, "url": url, "wait": wait},
+        )
+        self._count("rate_limit_waits")
+        await self._sleep(wait)
+
+    # -- the request loop ------------------------------------------------------------------------
+
+    async def _request(
+        self,
+        method: str,
+        url: str,
+        url_vars: UrlVars | None = None,
+        data: Any = _NO_BODY,
+        *,
+        policy: Policy | None = None,
+        content: bool = False,
+        find_existing: Callable[[], Awaitable[Any]] | None = None,
+    ) -> tuple[Any, str | None, int]:
+        """One logical request: returns ``(data, next_url, status)``.
+
+        ``policy`` says what may be retried after an ambiguous failure (5xx, timeout, dropped
+        connection): ``read`` and ``idempotent`` retry; ``create`` calls ``find_existing`` and
+        returns what it finds (as status 200) before retrying, or raises OutcomeUnknown without
+        it; ``once`` raises OutcomeUnknown.
+        """
+        if policy is None:
+            policy = "read" if method == "GET" else "idempotent"
+        if method == "GET":
+            result = await self._attempts(
+                method, url, url_vars, data, policy, content, find_existing
+            )
+            return copy.deepcopy(result[0]), result[1], result[2]
+        async with self._write_lock:
+            return await self._attempts(method, url, url_vars, data, policy, content, find_existing)
+
+    async def _attempts(
+        self,
+        method: str,
+        url: str,
+        url_vars: UrlVars | None,
+        data: Any,
+        policy: Policy,
+        content: bool,
+        find_existing: Callable[[], Awaitable[Any]] | None,
+    ) -> tuple[Any, str | None, int]:
+        cfg = self.config
+        full_url = sansio.format_url(url, url_vars, base_url=self.client.api_url)
+        extra = {**self._log_extra, "method": method, "url": full_url}
+        transient_tries = 0
+        limit_tries = 0
+        refreshed = False
+        while True:
+            await self._respect_primary_limit(method, full_url)
+            if method != "GET":
+                self._count("paced", await self.pacer.wait(content))
+            credentials = await self._credentials()
+            failure: str
+            try:
+                async with self.client.semaphore:
+                    return await self._gh.call(method, url, url_vars, data, **credentials)
+            except HTTPException as exc:
+                status = int(exc.status_code)
+                if status == 401 and not refreshed:
+                    refreshed = True
+                    self._count("auth_refreshes")
+                    log.info("401; refreshing credentials and retrying", extra=extra)
+                    self._invalidate(credentials)
+                    continue
+                if status in (403, 429):
+                    limit_tries += 1
+                    wait = self._limit_wait(exc, limit_tries)
+                    if wait is not None:
+                        if limit_tries >= cfg.rate_limit_attempts or wait > cfg.max_wait:
+                            raise RateLimited(
+                                f"rate limited, gave up after {limit_tries} tries: {exc}",
+                                retry_after=wait,
+                                status=status,
+                                method=method,
+                                url=full_url,
+                                headers=exc.headers,
+                            ) from exc
+                        log.warning(
+                            "rate limited (%s); waiting %.1f s",
+                            status,
+                            wait,
+                            extra={**extra, "status": status, "wait": wait, "attempt": limit_tries},
+                        )
+                        self._count("rate_limit_waits")
+                        await self._sleep(wait)
+                        continue
+                if status < 500:
+                    raise _error(exc, method, full_url) from exc
+                failure = f"{status} {exc}"
+                last_exc: Exception = exc
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                failure = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                last_exc = exc
+            # an ambiguous failure: 5xx, timeout or connection error
+            transient_tries += 1
+            status_or_none = (
+                int(last_exc.status_code) if isinstance(last_exc, HTTPException) else None
+            )
+            if policy == "once" or (policy == "create" and find_existing is None):
+                raise OutcomeUnknown(
+                    f"{failure}; the write may or may not have landed, not retried",
+                    status=status_or_none,
+                    method=method,
+                    url=full_url,
+                ) from last_exc
+            delay = self._backoff(transient_tries)
+            if policy == "create" and find_existing is not None:
+                # never retry a create blind: did it land after all? (look even after the last try)
+                await self._sleep(delay)
+                try:
+                    found = await find_existing()
+                except ForgeError as search_exc:
+                    raise OutcomeUnknown(
+                        f"{failure}; looking for the marker failed too ({search_exc})",
+                        status=status_or_none,
+                        method=method,
+                        url=full_url,
+                    ) from search_exc
+                if found is not None:
+                    log.info("create had landed; found it by marker", extra=extra)
+                    self._count("marker_recoveries")
+                    return found, None, 200
+                delay = 0.0
+            if transient_tries >= cfg.max_attempts:
+                raise TransientError(
+                    f"{failure}; gave up after {transient_tries} tries",
+                    status=status_or_none,
+                    method=method,
+                    url=full_url,
+                ) from last_exc
+            log.warning(
+                "%s; retrying",
+                failure,
+                extra={**extra, "status": status_or_none, "attempt": transient_tries},
+            )
+            self._count("retries")
+            await self._sleep(delay)
+
+    async def _get(self, url: str, url_vars: UrlVars | None = None) -> Any:
+        data, _, _ = await self._request("GET", url, url_vars)
+        return data
+
+    async def _paginate(
+        self,
+        url: str,
+        url_vars: UrlVars | None = None,
+        *,
+        iterable_key: str | None = None,
+        max_pages: int | None = None,
+    ) -> AsyncIterator[Any]:
+        """Follow ``Link: rel="next"``; never constructs page URLs itself."""
+        next_url: str | None = url
+        pages = 0
+        while next_url:
+            data, more, _ = await self._request("GET", next_url, url_vars)
+            url_vars = None  # next links are complete URLs
+            if iterable_key is not None and isinstance(data, dict):
+                data = data.get(iterable_key, [])
+            for item in data or []:
+                yield item
+            pages += 1
+            if max_pages is not None and pages >= max_pages:
+                return
+            next_url = more
+
+
+def save_etag_cache(cache: Any, installation_id: int, path: Path) -> None:
+    if cache is None:
+        return
+    entries = [[url, list(value)] for url, value in cache.items()]
+    path.write_text(json.dumps({"installation_id": installation_id, "entries": entries}))
+
+
+def load_etag_cache(cache: Any, installation_id: int, path: Path) -> None:
+    if cache is None or not path.exists():
+        return
+    try:
+        doc = json.loads(path.read_text())
+    except ValueError:
+        return  # a damaged cache only costs full reads
+    if doc.get("installation_id") != installation_id:
+        return
+    for url, value in doc.get("entries", []):
+        cache[url] = tuple(value)
+
+
+class RepoCaller(_Caller):
+    """What every forge's installation client does the same way: comments by id, and the
+    conditional-read cache kept across processes (so a second `vaultmail reindex` gets 304s)."""
+
+    installation_id: int
+
+    if TYPE_CHECKING:  # each forge finds its own comments (by the app, with a marker)
+        async def find_comment(self, repo: str, number: int, marker: str) -> JSON | None: ...
+
+    def save_etag_cache(self, path: Path) -> None:
+        save_etag_cache(self._gh._cache, self.installation_id, path)
+
+    def load_etag_cache(self, path: Path) -> None:
+        load_etag_cache(self._gh._cache, self.installation_id, path)
+
+    async def create_comment(
+        self, repo: str, number: int, body: str, marker: str | None = None
+    ) -> JSON:
+        if marker is not None and marker not in body:
+            raise ValueError("marker must be contained in the body")
+        find = None
+        if marker is not None:
+
+            async def find() -> JSON | None:
+                return await self.find_comment(repo, number, marker)
+
+        data: JSON
+        data, _, _ = await self._request(
+            "POST",
+            "/repos/{owner}/{repo}/issues/{number}/comments",
+            {**split_repo(repo), "number": number},
+            {"body": body},
+            policy="create",
+            content=True,
+            find_existing=find,
+        )
+        return data
+
+    async def update_comment(self, repo: str, comment_id: int, body: str) -> JSON:
+        data: JSON
+        data, _, _ = await self._request(
+            "PATCH",
+            "/repos/{owner}/{repo}/issues/comments/{comment_id}",
+            {**split_repo(repo), "comment_id": comment_id},
+            {"body": body},
+        )
+        return data
+
+    async def get_comment(self, repo: str, comment_id: int) -> JSON:
+        data: JSON = await self._get(
+            "/repos/{owner}/{repo}/issues/comments/{comment_id}",
+            {**split_repo(repo), "comment_id": comment_id},
+        )
+        return data
