@@ -13,6 +13,7 @@ counters (:class:`RequestStats`) and structured logs with the installation id.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import copy
 import json
@@ -222,7 +223,7 @@ class CallerClient(Protocol):
     def clock(self) -> Clock: ...
 
 
-class _Caller:
+class _Caller(abc.ABC):
     """The request loop shared by installation and App clients (and by the Gitea forge, whose
     API gidgethub speaks as well: `Authorization: token`, Link pagination, JSON errors):
     credentials, retries, waits."""
@@ -253,13 +254,15 @@ class _Caller:
         self._blocked_until = 0.0  # on the auth clock: primary limit exhausted until then
         self.rate_limit: dict[str, int] | None = None  # last x-ratelimit-{limit,remaining,reset}
 
-    # -- credentials (overridden) ----------------------------------------------------------------
+    # -- credentials: each kind of caller says how it authenticates ----------------------------
 
+    @abc.abstractmethod
     async def _credentials(self) -> dict[str, str]:
-        raise NotImplementedError
+        """gidgethub keyword arguments (oauth_token= or jwt=) for the next request."""
 
+    @abc.abstractmethod
     def _invalidate(self, credentials: Mapping[str, str]) -> None:
-        raise NotImplementedError
+        """Forget credentials the forge refused with a 401."""
 
     # -- bookkeeping -----------------------------------------------------------------------------
 
