@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
@@ -27,6 +28,33 @@ class Dialect(Protocol):
 
     def pushed(self, forge: LocalForge, repo: Repo, pusher: str, path: str,
                existed: bool) -> None: ...
+
+
+class EventsDialect:
+    """A dialect made of its server module (`build_app`) and events module (webhooks)."""
+
+    name: str
+    events: ModuleType
+    server: ModuleType
+
+    def build_app(self, forge: LocalForge) -> web.Application:
+        app: web.Application = self.server.build_app(forge)
+        return app
+
+    def delivery_headers(self, forge: LocalForge, app: App, delivery: Delivery,
+                         body: bytes) -> dict[str, str]:
+        headers: dict[str, str] = self.events.delivery_headers(forge, app, delivery, body)
+        return headers
+
+    def installation_created(self, forge: LocalForge, inst: Installation, sender: str) -> None:
+        self.events.installation_created(forge, inst, sender)
+
+    def repo_created(self, forge: LocalForge, repo: Repo, sender: str) -> None:
+        self.events.repo_created(forge, repo, sender)
+
+    def pushed(self, forge: LocalForge, repo: Repo, pusher: str, path: str,
+               existed: bool) -> None:
+        self.events.pushed(forge, repo, pusher, path, existed)
 
 
 def get_dialect(name: str) -> Dialect:

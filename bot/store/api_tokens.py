@@ -21,6 +21,7 @@ CREATE TABLE IF NOT EXISTS api_tokens (
 """)
 
 PREFIX = "vm_"
+LAST_USED_RESOLUTION = 60.0  # seconds: how fresh `last used` is kept
 
 
 @dataclass(frozen=True)
@@ -49,14 +50,18 @@ async def create_token(store: Store, principal: str) -> str:
 async def principal_for(store: Store, token: str) -> str | None:
     """The principal a live token belongs to (and note its use), or None."""
     row = await store.fetchone(
-        "SELECT id, principal FROM api_tokens WHERE token_hash=? AND revoked_at IS NULL",
+        "SELECT id, principal, last_used_at FROM api_tokens"
+        " WHERE token_hash=? AND revoked_at IS NULL",
         (_hash(token),),
     )
     if row is None:
         return None
-    async with store.transaction() as db:
-        await db.execute("UPDATE api_tokens SET last_used_at=? WHERE id=?",
-                         (time.time(), row["id"]))
+    now = time.time()
+    if row["last_used_at"] is None or now - row["last_used_at"] > LAST_USED_RESOLUTION:
+        # a write on every call would put every tool call in the write queue
+        async with store.transaction() as db:
+            await db.execute("UPDATE api_tokens SET last_used_at=? WHERE id=?",
+                             (now, row["id"]))
     return str(row["principal"])
 
 
