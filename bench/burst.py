@@ -1,7 +1,7 @@
 """A burst of mail under GitHub's secondary limits, on the forge clock.
 
 The embedded default's forge applies GitHub's secondary limits (80 content creations a minute,
-500 an hour, `bot/localforge/limits.py`) on its clock. As the forge tests do (`fast_time`), the
+500 an hour, `localforge/limits.py`) on its clock. As the forge tests do (`fast_time`), the
 app's forge client is handed sleep/monotonic that move that clock instead of waiting, and its
 tokens are reckoned on it, so an hour of pacing passes in seconds of real time; the app's
 pacer is rebuilt with them (same settings as the app's). Four senders (two people, two
@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from bot.embedded import Embedded, start_embedded
+from bot.app.embedded import Embedded, start_embedded
 from bot.forge.github import ForgeClient
 from bot.forge.pacing import WritePacer
 

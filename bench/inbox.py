@@ -41,7 +41,7 @@ from typing import Any
 import aiohttp
 
 from bench.common import client_main, ms, percentile, run_client
-from bot.embedded import Embedded, start_embedded
+from bot.app.embedded import Embedded, start_embedded
 from bot.items import inbox
 from bot.items.questions import Option, Question
 from bot.items.threads import Answer, ThreadState

@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 
 from bench.common import client_main, ms, percentile, run_client
-from bot.embedded import Embedded, start_embedded
+from bot.app.embedded import Embedded, start_embedded
 
 # (event, in flight, offered rate a second, deliveries): a fixed number in flight (closed loop:
 # each sender posts again as soon as answered), or a fixed arrival rate (open loop) when given.

@@ -1,7 +1,7 @@
 """vaultmail against a minimal Probot app, side by side in one run (DESIGN §6).
 
-One local forge (bot.localforge.LocalForge, in this process) holds two copies of the example
-office: `acme` (vaultmail, seeded, registered and installed as bot.embedded does it, and run as
+One local forge (localforge.LocalForge, in this process) holds two copies of the example
+office: `acme` (vaultmail, seeded, registered and installed as bot.app.embedded does it, and run as
 deployed, `vaultmail serve`, in its own process; with --embedded, start_embedded instead, so the
 forge and vaultmail share one event loop) and `globex` (the same office under another org; the
 Probot app in bench/probot/index.js, registered through the forge's Python API with its own key
@@ -53,7 +53,7 @@ from typing import Any
 import aiohttp
 
 from bench.common import client_main, ms, percentile, run_client
-from bot.embedded import (
+from bot.app.embedded import (
     APP_EVENTS,
     APP_PERMISSIONS,
     APP_SLUG,
@@ -62,9 +62,10 @@ from bot.embedded import (
     _office_text,
     start_embedded,
 )
-from bot.localforge import Limits, LocalForge, seed_office
-from bot.office import Office, load_office
-from bot.office_source import CONFIG_PATH, CONFIG_REPO
+from bot.office.config import Office, load_office
+from bot.office.seed import seed_office
+from bot.office.source import CONFIG_PATH, CONFIG_REPO
+from localforge import Limits, LocalForge
 
 PROBOT_DIR = Path(__file__).parent / "probot"
 PROBOT_ORG = "globex"
@@ -193,7 +194,7 @@ async def _start_probot(forge: LocalForge, app_id: int, key_path: Path, secret: 
 async def _vaultmail_process(forge: LocalForge, office: Office, data_dir: Path,
                              procs: list[Process]) -> tuple[Target, dict[str, str]]:
     """vaultmail as deployed (`vaultmail serve`, its own process), registered and installed
-    on the forge as bot.embedded does it."""
+    on the forge as bot.app.embedded does it."""
     forge_tokens = seed_office(forge, office)
     forge.put_file(f"{office.org}/{CONFIG_REPO}", CONFIG_PATH, _office_text(None))
     pem, key_path = _key_file(data_dir, "vaultmail-key.pem")

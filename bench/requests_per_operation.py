@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from bot.embedded import Embedded, start_embedded
+from bot.app.embedded import Embedded, start_embedded
 
 
 async def _count(embedded: Embedded, action: Callable[[], Awaitable[Any]]) -> list[str]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from gidgethub import sansio
 from gidgethub.routing import Router
 
-from bot.commands import parse_commands
-from bot.context import HandlerContext
+from bot.app.context import HandlerContext
 from bot.errors import VaultmailError
+from bot.mail.commands import parse_commands
 from handlers.common import Scene, scene
 
 router = Router()

@@ -7,11 +7,11 @@ from typing import Any
 
 from gidgethub import sansio
 
-from bot.context import HandlerContext
+from bot.app.context import HandlerContext
 from bot.errors import VaultmailError
-from bot.mailer import Mailer, principal_of
-from bot.markdown import defuse_mentions
-from bot.office import Office
+from bot.mail.mailer import Mailer, principal_of
+from bot.mail.markdown import defuse_mentions
+from bot.office.config import Office
 from bot.store import mails
 from bot.store.mails import MailRecord
 

@@ -7,7 +7,7 @@ from typing import Any
 from gidgethub import sansio
 from gidgethub.routing import Router
 
-from bot.context import HandlerContext
+from bot.app.context import HandlerContext
 from labels.catalogue import MAIL_LABELS
 
 router = Router()

@@ -12,8 +12,7 @@ from typing import Any
 from gidgethub import sansio
 from gidgethub.routing import Router
 
-from bot.commands import Command, parse_commands
-from bot.context import HandlerContext
+from bot.app.context import HandlerContext
 from bot.errors import InvalidArguments, NotFoundError, VaultmailError
 from bot.items.model import Item, item_from_issue
 from bot.items.render import (
@@ -26,8 +25,9 @@ from bot.items.render import (
 )
 from bot.items.service import Comments, NewComment
 from bot.items.threads import may_answer
-from bot.mailer import login_of
-from bot.office import Office
+from bot.mail.commands import Command, parse_commands
+from bot.mail.mailer import login_of
+from bot.office.config import Office
 from bot.store import comments as db
 from handlers.common import Scene, scene
 from handlers.item_updates import record_update

@@ -5,10 +5,10 @@ from __future__ import annotations
 from gidgethub import sansio
 from gidgethub.routing import Router
 
-from bot.context import HandlerContext
+from bot.app.context import HandlerContext
 from bot.errors import VaultmailError
-from bot.header import parse_mail_body
-from bot.mailer import Mailer
+from bot.mail.header import parse_mail_body
+from bot.mail.mailer import Mailer
 from bot.store import ledger, mails
 from bot.store.mails import QUIET, MailRecord
 from handlers.common import scene

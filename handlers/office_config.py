@@ -9,9 +9,9 @@ from __future__ import annotations
 from gidgethub import sansio
 from gidgethub.routing import Router
 
-from bot.context import HandlerContext
-from bot.markdown import defuse_mentions
-from bot.office_source import CONFIG_PATH, CONFIG_REPO
+from bot.app.context import HandlerContext
+from bot.mail.markdown import defuse_mentions
+from bot.office.source import CONFIG_PATH, CONFIG_REPO
 from bot.store import ledger
 
 router = Router()

@@ -6,7 +6,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from bot.embedded import Embedded, start_embedded
+from bot.app.embedded import Embedded, start_embedded
 from tests.support import Actor, ToolClient
 
 

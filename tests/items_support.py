@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bot.embedded import Embedded
+from bot.app.embedded import Embedded
 from bot.store import ledger
 from tests.support import Actor
 

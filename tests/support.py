@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from bot.embedded import Embedded
+from bot.app.embedded import Embedded
 
 
 class Actor:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from bot.embedded import Embedded
+from bot.app.embedded import Embedded
 from tests.support import Actor, label_names
 
 SCOUT_VAULT = "acme/scout-vault"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from bot.embedded import Embedded
+from bot.app.embedded import Embedded
 from bot.store import ledger, mails
 from bot.tools import chat_tools
 from bot.tools.chat_tools import get_chat

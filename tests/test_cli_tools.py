@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bot.embedded import Embedded
+from bot.app.embedded import Embedded
 from tests.tool_scenario import run_refusals, run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,7 +19,7 @@ _REFUSED = re.compile(r"refused \((\d{3}) (\S+)\): (.*)$", re.S)
 
 async def vaultmail(*argv: str, stdin: str | None = None) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot.cli", *argv, cwd=str(ROOT),
+        sys.executable, "-m", "bot.cli.main", *argv, cwd=str(ROOT),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
     out, err = await proc.communicate(stdin.encode() if stdin is not None else None)

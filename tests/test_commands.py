@@ -1,4 +1,4 @@
-from bot.commands import parse_commands
+from bot.mail.commands import parse_commands
 
 
 def test_mail_command_takes_agent_subject_and_body() -> None:

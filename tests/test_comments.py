@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 import handlers.items as hi
-from bot.embedded import Embedded
+from bot.app.embedded import Embedded
 from bot.items.service import Comments
 from bot.store import comments as db
 from tests.items_support import (

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
-from bot.header import (
+from bot.mail.header import (
     MailHeader,
     VerdictStatus,
     body_sha256,
@@ -19,7 +19,7 @@ from bot.header import (
     split_mail_body,
     verify_mail,
 )
-from bot.signing import Keyring, PublicKeys
+from bot.mail.signing import Keyring, PublicKeys
 
 VAULT = "acme/scout-vault"
 SUBJECT = "Prices for Q3"

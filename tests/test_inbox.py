@@ -7,7 +7,7 @@ import asyncio
 import time
 from typing import Any
 
-from bot.embedded import Embedded
+from bot.app.embedded import Embedded
 from bot.store import comments as db
 from tests.items_support import CRITIC, MARCO, SARA, SCOUT, TOKEN_TTL, make_item, where
 from tests.support import ToolClient

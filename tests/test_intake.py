@@ -10,8 +10,8 @@ import uuid
 
 import aiohttp
 
-from bot.embedded import Embedded
-from bot.intake import signature_valid
+from bot.app.embedded import Embedded
+from bot.app.intake import signature_valid
 from tests.support import Actor, label_names
 
 

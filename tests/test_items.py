@@ -27,8 +27,8 @@ from bot.items.render import (
     ticked_option,
 )
 from bot.items.threads import ThreadState, may_answer, may_resolve, reply, start
-from bot.markdown import defuse_mentions
-from bot.office import load_office, parse_office
+from bot.mail.markdown import defuse_mentions
+from bot.office.config import load_office, parse_office
 
 OFFICE = load_office()
 MARCO, SARA, LEE = "human:marco@acme.com", "human:sara@acme.com", "human:lee@acme.com"

@@ -17,11 +17,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.embedded import APP_EVENTS, APP_PERMISSIONS, APP_SLUG, _new_private_key
-from bot.localforge import LocalForge
-from bot.localforge.seed import seed_office
-from bot.office import load_office
-from bot.office_source import CONFIG_PATH, CONFIG_REPO
+from bot.app.embedded import APP_EVENTS, APP_PERMISSIONS, APP_SLUG, _new_private_key
+from bot.office.config import load_office
+from bot.office.seed import seed_office
+from bot.office.source import CONFIG_PATH, CONFIG_REPO
+from localforge import LocalForge
 
 VAULT = "acme/scout-vault"
 VAULTMAIL = str(Path(sys.executable).parent / "vaultmail")

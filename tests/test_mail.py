@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bot.embedded import Embedded
-from bot.header import parse_mail_body
+from bot.app.embedded import Embedded
+from bot.mail.header import parse_mail_body
 from bot.store import ledger, mails
 from tests.support import Actor, ToolClient, label_names
 

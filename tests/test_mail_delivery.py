@@ -10,8 +10,8 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.embedded import start_embedded
-from bot.signing import PublicKeys
+from bot.app.embedded import start_embedded
+from bot.mail.signing import PublicKeys
 from tests.support import Actor, label_names
 
 SCOUT_VAULT = "acme/scout-vault"
@@ -108,7 +108,7 @@ async def test_runs_are_dispatched_as_signed_posts(tmp_path: Path) -> None:
 
 async def test_the_demo_story_passes() -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot.cli", "demo", stdout=asyncio.subprocess.PIPE,
+        sys.executable, "-m", "bot.cli.main", "demo", stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT)
     out, _ = await asyncio.wait_for(proc.communicate(), 120)
     text = out.decode()
@@ -119,7 +119,7 @@ async def test_the_demo_story_passes() -> None:
 async def test_a_mail_created_just_before_a_crash_is_recovered_from_its_webhook(
         embedded: Any, person: Any) -> None:
     """The app created the issue, then died before indexing it: its own webhook indexes it."""
-    from bot.header import render_mail_body, sign_header
+    from bot.mail.header import render_mail_body, sign_header
 
     header = sign_header(keyring=embedded.services.keyring, from_principal="agent:builder",
                          to_principal="agent:scout", vault=SCOUT_VAULT, subject="Orphan",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bot.mailer import Mailer
-from bot.reindex import reindex
+from bot.mail.mailer import Mailer
+from bot.mail.reindex import reindex
 from bot.store import mails
 from tests.support import label_names
 

@@ -19,7 +19,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from bot.embedded import Embedded
+from bot.app.embedded import Embedded
 from bot.store import api_tokens
 from bot.tools import TOOLS
 from tests.tool_scenario import run_refusals, run_scenario
@@ -42,7 +42,7 @@ async def mcp_http(embedded: Embedded, token: str, mode: str = "auto") -> AsyncI
 
 def _stdio_params(embedded: Embedded, *who: str) -> StdioServerParameters:
     return StdioServerParameters(command=sys.executable,
-                                 args=["-m", "bot.cli", "mcp", *who], cwd=str(ROOT))
+                                 args=["-m", "bot.cli.main", "mcp", *who], cwd=str(ROOT))
 
 
 @asynccontextmanager
@@ -143,7 +143,7 @@ async def test_refusals_over_mcp_streamable_http(embedded: Embedded) -> None:
 
 async def test_refusals_over_mcp_stdio(embedded: Embedded) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot.cli", "mcp", cwd=str(ROOT),
+        sys.executable, "-m", "bot.cli.main", "mcp", cwd=str(ROOT),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     _, err = await proc.communicate()
     assert proc.returncode == 2 and b"--token" in err, "no token: it says how to give one"

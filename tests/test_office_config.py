@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bot.embedded import Embedded
+from bot.app.embedded import Embedded
 
 
 async def test_a_valid_push_takes_effect_at_once(embedded: Embedded, tools: Any) -> None:

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from bot.embedded import Embedded, start_embedded
-from bot.signing import PublicKeys
+from bot.app.embedded import Embedded, start_embedded
+from bot.mail.signing import PublicKeys
 
 
 class Receiver:

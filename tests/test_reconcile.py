@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bot.embedded import Embedded
+from bot.app.embedded import Embedded
 from tests.support import Actor, label_names
 
 SCOUT_VAULT = "acme/scout-vault"

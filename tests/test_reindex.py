@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bot.embedded import Embedded
-from bot.reindex import reindex
+from bot.app.embedded import Embedded
+from bot.mail.reindex import reindex
 from bot.store import mails
 from tests.test_tamper import vaultmail
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.signing import KEYS_FILE_NAME, Keyring, KeyringError, PublicKeys, b64url_decode
+from bot.mail.signing import KEYS_FILE_NAME, Keyring, KeyringError, PublicKeys, b64url_decode
 
 DATA = b"vaultmail-header-v1\n{}"
 

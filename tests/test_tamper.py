@@ -6,7 +6,7 @@ import asyncio
 import sys
 from typing import Any
 
-from bot.embedded import Embedded
+from bot.app.embedded import Embedded
 from bot.store import ledger, mails
 from tests.support import Actor
 
@@ -15,7 +15,7 @@ SCOUT_VAULT = "acme/scout-vault"
 
 async def vaultmail(embedded: Embedded, *args: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot.cli", *args, "--data", str(embedded.data_dir),
+        sys.executable, "-m", "bot.cli.main", *args, "--data", str(embedded.data_dir),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     out, _ = await proc.communicate()
     return proc.returncode or 0, out.decode()

@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 
-from bot.embedded import Embedded
+from bot.app.embedded import Embedded
 from bot.store import api_tokens
 from tests.test_cli_tools import vaultmail
 

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.embedded import Embedded
+from bot.app.embedded import Embedded
 from tests.support import ToolClient
 from tests.test_mcp import mcp_http
 from tests.tool_scenario import run_refusals, run_scenario

@@ -20,7 +20,7 @@ def _free_port() -> int:
 
 async def _up(data: Path, port: int, forge_port: int) -> tuple[asyncio.subprocess.Process, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot.cli", "up", "--data", str(data), "--port", str(port),
+        sys.executable, "-m", "bot.cli.main", "up", "--data", str(data), "--port", str(port),
         "--forge-port", str(forge_port), stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL)
     assert proc.stdout is not None
@@ -75,7 +75,7 @@ async def test_up_serves_writes_tokens_and_continues_after_a_restart(tmp_path: P
 
 async def test_serve_without_configuration_says_what_is_missing(tmp_path: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot.cli", "serve", stdout=asyncio.subprocess.PIPE,
+        sys.executable, "-m", "bot.cli.main", "serve", stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT, env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path)
     out, _ = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2

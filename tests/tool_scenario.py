@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from bot.embedded import Embedded
+from bot.app.embedded import Embedded
 from bot.store import api_tokens, ledger, mails
 from bot.tools import TOOLS
 from tests.support import label_names

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bot.errors import InvalidArguments
-from bot.office import Office
+from bot.office.config import Office
 
 Way = Literal["personal", "agents"]
 MAX_ADDRESSED = 20

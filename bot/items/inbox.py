@@ -13,7 +13,7 @@ from typing import Any
 
 from bot.items.address import agents_of, owner_of
 from bot.items.views import comment_view, iso, thread_view
-from bot.office import Office
+from bot.office.config import Office
 from bot.store import Store
 from bot.store import comments as db
 

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from bot.office import Office
+from bot.office.config import Office
 
 ItemKind = Literal["goal", "outcome", "plan", "evidence"]
 ITEM_KINDS: tuple[ItemKind, ...] = ("goal", "outcome", "plan", "evidence")

@@ -4,7 +4,7 @@ A question card shows the header, the question, a "Context" fold and one task-li
 option (label and description: never `then`, which is the asker's own note). Only people
 reached personally are @-mentioned: the mention is what makes the forge notify them. Every text
 someone else wrote (bodies, context, headers, option labels and descriptions, answers) is
-posted with its @mentions defused (`bot.markdown.defuse_mentions`): the app's own mention list,
+posted with its @mentions defused (`bot.mail.markdown.defuse_mentions`): the app's own mention list,
 chosen by the reach rules, is the only live one.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from bot.items.questions import Question
 from bot.items.threads import ThreadState
-from bot.markdown import defuse_mentions
+from bot.mail.markdown import defuse_mentions
 
 _MARK = "<!-- vaultmail:comment id={id}{extra} -->"
 _ADDRESS_LINE = re.compile(r"^\s*(?P<field>to|cc)\s*:\s*(?P<rest>.*)$", re.IGNORECASE)

@@ -31,14 +31,14 @@ from bot.items.model import Item, item_from_issue, split_ref
 from bot.items.questions import validate_question
 from bot.items.threads import ReplyKind, ThreadState, may_answer, may_resolve, reply, start
 from bot.items.views import comment_view, thread_view
-from bot.mailer import login_of
-from bot.office import Office
+from bot.mail.mailer import login_of
+from bot.office.config import Office
 from bot.store import comments as db
 from bot.store import ledger
 
 if TYPE_CHECKING:
+    from bot.app.services import Services
     from bot.forge.base import Forge
-    from bot.services import Services
 
 MAX_BODY = 10_000
 MAX_COMMENTS_PER_ITEM = 2_000

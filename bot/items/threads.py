@@ -15,7 +15,7 @@ from typing import Any, Literal
 from bot.errors import Conflict, Denied, InvalidArguments
 from bot.items.address import Reached, Way, person_of, way_of_writer
 from bot.items.questions import Question
-from bot.office import Office
+from bot.office.config import Office
 
 ReplyKind = Literal["answer", "amend", "follow_up", "pass_on", "comment"]
 

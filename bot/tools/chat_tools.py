@@ -15,9 +15,9 @@ from typing import Any
 import aiosqlite
 from pydantic import Field
 
-from bot import runs
+from bot.app import runs
 from bot.errors import Conflict, NotFoundError
-from bot.office import Agent
+from bot.office.config import Agent
 from bot.store import Store
 from bot.store.db import register_schema
 from bot.tools.registry import Args, Call, inbox_provider, tool

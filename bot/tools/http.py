@@ -11,9 +11,9 @@ from typing import TypeVar
 
 from aiohttp import web
 
+from bot.app.services import SERVICES_KEY, Services
 from bot.errors import Denied, Unauthenticated, VaultmailError
 from bot.forge.errors import ForgeError
-from bot.services import SERVICES_KEY, Services
 from bot.store import api_tokens
 from bot.tools import chat_tools as _chat_tools  # noqa: F401
 from bot.tools import comment_tools as _comment_tools  # noqa: F401

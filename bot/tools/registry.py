@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from bot.errors import InvalidArguments, NotFoundError
-from bot.mailer import Mailer
-from bot.office import Office
+from bot.mail.mailer import Mailer
+from bot.office.config import Office
 
 if TYPE_CHECKING:
+    from bot.app.services import Services
     from bot.forge.base import Forge
-    from bot.services import Services
 
 
 class Args(BaseModel):

@@ -229,7 +229,7 @@ class World:
 
 
 async def make_world(key: AppKey, http: aiohttp.ClientSession, receiver: Receiver) -> World:
-    from bot.localforge import LocalForge
+    from localforge import LocalForge
 
     forge = LocalForge(dialect="github")
     await forge.start(host="127.0.0.1", port=0)

@@ -46,7 +46,7 @@ def rsa_keys() -> tuple[str, str]:
 
 @pytest.fixture
 async def forge() -> AsyncIterator[Any]:
-    from bot.localforge import LocalForge
+    from localforge import LocalForge
 
     f = LocalForge(dialect="github")
     await f.start(host="127.0.0.1", port=0)

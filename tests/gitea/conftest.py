@@ -12,10 +12,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from bot.embedded import Embedded, start_embedded
-from bot.localforge import LocalForge, seed_office
-from bot.localforge.gitea.seed import add_bot
-from bot.office import load_office
+from bot.app.embedded import Embedded, start_embedded
+from bot.office.config import load_office
+from bot.office.seed import seed_office
+from localforge import LocalForge
+from localforge.gitea.seed import add_bot
 
 SECRET = "It's a Secret to Everybody"
 

@@ -1,4 +1,4 @@
-"""The Gitea adapter (bot.dialects.gitea), the settings read from GITEA_*, the client's
+"""The Gitea adapter (bot.forge.gitea_events), the settings read from GITEA_*, the client's
 never-blind-create rule on Gitea, and the commands that select the dialect."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from bot.forge import gitea_events as gitea
 
-from bot.cli import build_parser
-from bot.dialects import gitea
-from bot.embedded import Embedded
+from bot.app.embedded import Embedded
+from bot.app.settings import Settings, SettingsError
+from bot.cli.main import build_parser
 from bot.forge.gitea import SYNTHETIC_INSTALLATION_ID, api_base
-from bot.settings import Settings, SettingsError
 
 
 def _issue_payload(action: str) -> dict[str, object]:
@@ -110,7 +110,7 @@ def _free_port() -> int:
 async def test_vaultmail_up_forge_gitea(tmp_path: Path) -> None:
     port, forge_port = _free_port(), _free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot.cli", "up", "--forge", "gitea", "--data", str(tmp_path),
+        sys.executable, "-m", "bot.cli.main", "up", "--forge", "gitea", "--data", str(tmp_path),
         "--port", str(port), "--forge-port", str(forge_port),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
     assert proc.stdout is not None

@@ -7,7 +7,7 @@ from typing import Any
 
 import aiohttp
 
-from bot.embedded import Embedded
+from bot.app.embedded import Embedded
 
 VAULT = "acme/scout-vault"
 

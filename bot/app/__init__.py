@@ -1,0 +1,1 @@
+"""The process: web app, webhook intake, worker, services, and what runs beside them."""

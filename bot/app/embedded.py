@@ -1,0 +1,204 @@
+"""The embedded default: a local forge and the app in one process, seeded from an office.
+
+Used by `vaultmail up`, `vaultmail demo`, the tests and the benchmarks, so all of them run the
+same start-up path a newcomer runs.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from bot.app.services import SERVICES_KEY, Services
+from bot.app.settings import Settings
+from bot.app.web import create_app
+from bot.office.config import Office, load_office
+from bot.office.seed import seed_office
+from bot.office.source import CONFIG_PATH, CONFIG_REPO
+from bot.store import api_tokens, ledger
+from localforge import LocalForge
+
+APP_SLUG = "vaultmail"
+# installation and installation_repositories always reach an App; it cannot subscribe to them.
+APP_EVENTS = ["issues", "issue_comment", "label", "push"]
+APP_PERMISSIONS = {"issues": "write", "metadata": "read", "contents": "read"}
+GITEA_EVENTS = ["issues", "issue_comment", "push"]  # "issues" covers issue_label and the like
+
+
+def principals(office: Office) -> list[str]:
+    return [h.principal for h in office.humans] + [a.principal for a in office.agents]
+
+
+@dataclass
+class Identity:
+    """The App as registered on the local forge; kept in DATA/app.json across restarts."""
+
+    app_id: int
+    installation_id: int
+    webhook_secret: str
+    private_key_pem: str
+    dialect: str = "github"
+    token: str = ""  # gitea: the bot user's access token
+
+    @classmethod
+    def load(cls, path: Path) -> Identity | None:
+        if not path.exists():
+            return None
+        return cls(**json.loads(path.read_text()))
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.__dict__))
+        path.chmod(0o600)
+
+
+def _new_private_key() -> str:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption()).decode()
+
+
+def _public_pem(private_pem: str) -> str:
+    key = serialization.load_pem_private_key(private_pem.encode(), password=None)
+    return key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+
+@dataclass
+class Embedded:
+    forge: LocalForge
+    runner: web.AppRunner
+    app_url: str
+    data_dir: Path
+    office: Office
+    forge_tokens: dict[str, str]
+    api_tokens: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def services(self) -> Services:
+        return self.runner.app[SERVICES_KEY]
+
+    @property
+    def tokens_path(self) -> Path:
+        return self.data_dir / "tokens.json"
+
+    async def settle(self, timeout: float = 30.0) -> None:
+        """Wait until every webhook has been delivered and handled (and what they caused)."""
+        for _ in range(20):
+            await self.forge.webhooks_idle()
+            await self.services.worker.idle(timeout)
+            await self.forge.webhooks_idle()
+            if await self.services.store.pending_count() == 0:
+                return
+
+    async def ledger_events(self, event: str) -> list[ledger.Entry]:
+        return await ledger.entries(self.services.store, event=event)
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+        await self.forge.stop()
+
+
+async def start_embedded(
+    *,
+    office_path: str | Path | None = None,
+    data_dir: Path,
+    persist_forge: bool = False,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    forge_port: int = 8081,
+    dialect: str = "github",
+) -> Embedded:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    office = load_office(office_path)
+    forge = LocalForge(dialect=dialect, data_dir=data_dir / "forge" if persist_forge else None)
+    await forge.start(host=host, port=forge_port)
+
+    # Bind the app's socket first, so the App can be registered with its real webhook URL.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    app_url = f"http://{host}:{sock.getsockname()[1]}"
+
+    identity_path = data_dir / "app.json"
+    tokens_path = data_dir / "tokens.json"
+    identity = Identity.load(identity_path) if persist_forge else None
+    fresh = identity is None
+    if identity is None and dialect == "gitea":
+        forge_tokens, identity = _seed_gitea(forge, office, office_path, app_url)
+    elif identity is None:
+        forge_tokens = seed_office(forge, office)
+        forge.put_file(f"{office.org}/{CONFIG_REPO}", CONFIG_PATH, _office_text(office_path))
+        pem = _new_private_key()
+        secret = secrets.token_hex(20)
+        app_id = forge.register_app(
+            slug=APP_SLUG, name="vaultmail", public_key_pem=_public_pem(pem),
+            webhook_url=f"{app_url}/webhook", webhook_secret=secret,
+            events=APP_EVENTS, permissions=APP_PERMISSIONS)
+        identity = Identity(app_id, 0, secret, pem)
+    else:
+        forge_tokens = json.loads(tokens_path.read_text())["forge_tokens"]
+
+    settings = Settings(api_url=forge.url, app_id=str(identity.app_id),
+                        private_key_pem=identity.private_key_pem,
+                        webhook_secret=identity.webhook_secret, data_dir=data_dir,
+                        host=host, port=sock.getsockname()[1], write_interval=0.0,
+                        dialect=identity.dialect, token=identity.token)
+    runner = web.AppRunner(create_app(settings), access_log=None)
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+
+    if fresh and identity.dialect == "gitea":
+        identity.save(identity_path)  # the org webhook was made while seeding
+    elif fresh:
+        identity.installation_id = forge.install_app(identity.app_id, office.org)
+        identity.save(identity_path)
+    embedded = Embedded(forge, runner, app_url, data_dir, office, forge_tokens)
+    embedded.services.default_installation = identity.installation_id
+    embedded.services.default_org = office.org
+    embedded.api_tokens = await _api_tokens(embedded, tokens_path, fresh)
+    tokens_path.write_text(json.dumps({
+        "forge_url": forge.url, "app_url": app_url,
+        "forge_tokens": forge_tokens, "api_tokens": embedded.api_tokens}, indent=2))
+    tokens_path.chmod(0o600)
+    await embedded.settle()
+    return embedded
+
+
+def _seed_gitea(forge: LocalForge, office: Office, office_path: str | Path | None,
+                app_url: str) -> tuple[dict[str, str], Identity]:
+    """Gitea has no Apps: the app is a bot user (an org owner) with a token, and an org
+    webhook points at it. Its labels are provisioned by the app at start."""
+    from bot.forge.gitea import SYNTHETIC_INSTALLATION_ID
+    from localforge.gitea.seed import add_bot
+
+    forge_tokens = seed_office(forge, office)
+    forge.put_file(f"{office.org}/{CONFIG_REPO}", CONFIG_PATH, _office_text(office_path))
+    secret = secrets.token_hex(20)
+    token, _ = add_bot(forge, office.org, APP_SLUG, f"{app_url}/webhook", secret,
+                       events=GITEA_EVENTS)
+    return forge_tokens, Identity(0, SYNTHETIC_INSTALLATION_ID, secret, "", dialect="gitea",
+                                  token=token)
+
+
+async def _api_tokens(embedded: Embedded, path: Path, fresh: bool) -> dict[str, str]:
+    if not fresh and path.exists():
+        kept: dict[str, str] = json.loads(path.read_text()).get("api_tokens", {})
+        if kept:
+            return kept
+    store = embedded.services.store
+    return {p: await api_tokens.create_token(store, p) for p in principals(embedded.office)}
+
+
+def _office_text(office_path: str | Path | None) -> str:
+    if office_path is None:
+        from importlib import resources
+
+        return resources.files("bot").joinpath("example_office.yml").read_text()
+    return Path(office_path).read_text()

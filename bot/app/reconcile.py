@@ -1,0 +1,68 @@
+"""Reconciliation: webhooks the forge failed to deliver are asked for again.
+
+GitHub never retries a failed delivery by itself. Every `interval` seconds this lists the App's
+failed deliveries (newest first, with the App's JWT) and redelivers each one whose delivery id
+the app has not recorded; redelivery keeps the id, so intake still handles it exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bot.app.services import Services
+
+log = logging.getLogger("vaultmail.reconcile")
+MAX_SCAN = 1000  # failed deliveries looked at per round (GitHub keeps three days of them)
+
+
+class Reconciler:
+    def __init__(self, services: Services, interval: float = 300.0) -> None:
+        self.services = services
+        self.interval = interval
+        self._asked: dict[str, float] = {}  # delivery id -> when this process asked for it
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="vaultmail-reconcile")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.run_once()
+            except Exception as exc:  # the forge may be down; try again next round
+                log.warning("reconciliation failed: %r", exc)
+
+    async def _recorded(self, guid: str) -> bool:
+        row = await self.services.store.fetchone(
+            "SELECT 1 FROM deliveries WHERE guid=?", (guid,))
+        return row is not None
+
+    async def run_once(self) -> int:
+        """Redeliver what was missed; returns how many deliveries were asked for again."""
+        app = self.services.forge_client.app()
+        asked = scanned = 0
+        async for delivery in app.iter_deliveries(status="failure"):
+            scanned += 1
+            if scanned > MAX_SCAN:
+                break
+            guid = str(delivery["guid"])
+            recent = time.monotonic() - self._asked.get(guid, -1e18) < self.interval
+            if recent or await self._recorded(guid):
+                continue  # asked already this round or the last (a redelivery may fail too)
+            await app.redeliver(int(delivery["id"]))
+            self._asked[guid] = time.monotonic()
+            asked += 1
+            log.info("missed webhook redelivered", extra={
+                "delivery_id": guid, "event": delivery.get("event"),
+                "installation_id": delivery.get("installation_id")})
+        return asked

@@ -1,0 +1,168 @@
+"""Drains the durable queue through the handlers' routers.
+
+Deliveries about one issue are handled one at a time, in the order they arrived; deliveries
+about different issues run side by side (up to `concurrency`), so one slow forge round trip
+does not hold up the rest. Deliveries about no issue (installation, push, label) are barriers:
+everything before them finishes first. A failing delivery is retried with exponential backoff
+and, after `max_attempts`, becomes a dead letter that an operator lists and replays
+(`vaultmail dead-letters`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from typing import TYPE_CHECKING
+
+from gidgethub import sansio
+
+from bot.app.context import HandlerContext
+from bot.app.logs import bound
+from bot.store import QueueItem
+
+if TYPE_CHECKING:
+    from bot.app.services import Services
+
+log = logging.getLogger("vaultmail.worker")
+BATCH = 64  # due deliveries taken at a time
+
+
+def issue_key(item: QueueItem) -> str | None:
+    """The issue a delivery is about (its order matters only among those), or None."""
+    issue = item.payload.get("issue")
+    repo = item.payload.get("repository")
+    if isinstance(issue, dict) and isinstance(repo, dict):
+        return f"{repo.get('full_name')}#{issue.get('number')}"
+    return None
+
+
+class Worker:
+    def __init__(self, services: Services, *, max_attempts: int = 6,
+                 base_backoff: float = 2.0, concurrency: int = 8) -> None:
+        self.services = services
+        self.max_attempts = max_attempts
+        self.base_backoff = base_backoff
+        self.concurrency = concurrency
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="vaultmail-worker")
+
+    async def stop(self, drain_timeout: float = 10.0) -> None:
+        """Stop after draining what is due now (graceful shutdown), within drain_timeout."""
+        self._stopping = True
+        self.wake()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), drain_timeout)
+            except TimeoutError:
+                log.warning("shutdown: queue not drained in time; it resumes at next start")
+                self._task.cancel()
+
+    async def idle(self, timeout: float = 30.0) -> None:
+        """Wait until nothing is pending, retries included (for tests, demo and benchmarks)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._idle.is_set() and await self.services.store.pending_count() == 0:
+                return
+            await asyncio.sleep(0.01)
+        raise TimeoutError("worker still busy")
+
+    async def _run(self) -> None:
+        store = self.services.store
+        while True:
+            items = await store.due_items(limit=BATCH)
+            if not items:
+                if self._stopping:
+                    return
+                self._idle.set()
+                wakeup = await store.next_wakeup()
+                delay = 5.0 if wakeup is None else max(0.0, min(5.0, wakeup - time.time()))
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                continue
+            self._idle.clear()
+            await self._run_batch(items)
+
+    async def _run_batch(self, items: list[QueueItem]) -> None:
+        groups: dict[str, list[QueueItem]] = {}
+        for item in items:
+            key = issue_key(item)
+            if key is None:  # a barrier: what came before it first, then it alone
+                await self._run_groups(groups)
+                groups = {}
+                await self._process_safely(item)
+            else:
+                groups.setdefault(key, []).append(item)
+        await self._run_groups(groups)
+
+    async def _run_groups(self, groups: dict[str, list[QueueItem]]) -> None:
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def in_order(group: list[QueueItem]) -> None:
+            async with gate:
+                for item in group:
+                    await self._process_safely(item)
+
+        await asyncio.gather(*(in_order(g) for g in groups.values()))
+
+    async def _process_safely(self, item: QueueItem) -> None:
+        try:
+            await self.process(item)
+        except Exception:  # the store itself failed: keep the worker alive, retry soon
+            log.exception("worker could not record the outcome of a delivery",
+                          extra={"delivery_id": item.guid})
+            await asyncio.sleep(1.0)
+
+    async def process(self, item: QueueItem) -> None:
+        services = self.services
+        store = services.store
+        logger = bound(log, delivery_id=item.guid, installation_id=item.installation_id,
+                       event=item.event, action=item.payload.get("action"))
+        own = services.is_own_event(item.payload)
+        router = services.own_router if own else services.router
+        event = sansio.Event(item.payload, event=item.event, delivery_id=item.guid)
+        if own and not router.fetch(event):
+            await store.finish(item.id, "ignored")
+            logger.debug("ignored: caused by the app itself")
+            return
+        if not router.fetch(event):
+            await store.finish(item.id, "ignored")  # ping, meta, events no handler wants
+            return
+        try:
+            ctx = HandlerContext(
+                services=services,
+                forge=services.forge_for(item.installation_id),
+                installation_id=item.installation_id,
+                delivery_id=item.guid,
+                log=logger,
+            )
+        except LookupError as exc:  # no installation to act through: nothing can be done
+            await store.fail(item.id, repr(exc), None)
+            logger.error("dead letter: %s", exc)
+            return
+        try:
+            await router.dispatch(event, ctx)
+        except Exception as exc:  # a handler failed: retry later, then dead-letter
+            attempt = item.attempts + 1
+            if attempt >= self.max_attempts:
+                await store.fail(item.id, repr(exc), None)
+                logger.error("dead letter after %d attempts: %r", attempt, exc)
+            else:
+                delay = self.base_backoff * 2 ** (attempt - 1) * (0.5 + random.random())
+                await store.fail(item.id, repr(exc), time.time() + delay)
+                logger.warning("handler failed (attempt %d), retry in %.1fs: %r",
+                               attempt, delay, exc)
+            return
+        await store.finish(item.id)
+        logger.info("handled")

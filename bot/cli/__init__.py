@@ -1,0 +1,1 @@
+"""The `vaultmail` command line."""

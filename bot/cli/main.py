@@ -1,0 +1,155 @@
+"""The `vaultmail` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from bot.app.logs import setup_logging
+from bot.app.settings import Settings, SettingsError
+from bot.office.config import OfficeConfigError
+
+
+async def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def cmd_up(args: argparse.Namespace) -> int:
+    from bot.app.embedded import start_embedded
+
+    data = Path(args.data) if args.data else Path(tempfile.mkdtemp(prefix="vaultmail-"))
+    embedded = await start_embedded(
+        office_path=args.office, data_dir=data, persist_forge=bool(args.data), host=args.host,
+        port=args.port, forge_port=args.forge_port, dialect=args.forge)
+    print(f"vaultmail ready: app {embedded.app_url}  forge {embedded.forge.url}  "
+          f"tokens {embedded.tokens_path}", flush=True)
+    try:
+        await _wait_for_signal()
+    finally:
+        await embedded.stop()
+    return 0
+
+
+async def cmd_serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from bot.app.web import create_app
+
+    settings = Settings.from_env()
+    runner = web.AppRunner(create_app(settings))
+    await runner.setup()
+    await web.TCPSite(runner, settings.host, settings.port).start()
+    print(f"vaultmail serving on http://{settings.host}:{settings.port}", flush=True)
+    try:
+        await _wait_for_signal()
+    finally:
+        await runner.cleanup()
+    return 0
+
+
+async def cmd_forge(args: argparse.Namespace) -> int:
+    from bot.office.seed import seed_office_file
+    from localforge.cli import run_forge
+
+    return await run_forge(args, seeder=seed_office_file)
+
+
+async def cmd_demo(args: argparse.Namespace) -> int:
+    from bot.cli.demo import run_demo
+
+    return await run_demo(args.data)
+
+
+async def cmd_dead_letters(args: argparse.Namespace) -> int:
+    from bot.store import Store
+
+    store = await Store.open(Path(args.data) / "index.sqlite3")
+    try:
+        if args.replay is not None:
+            n = await store.replay(None if args.replay == "all" else int(args.replay))
+            print(f"{n} dead letter(s) queued again; the app handles them when it runs")
+            return 0
+        dead = await store.dead_letters()
+        if args.json:
+            print(json.dumps([{"id": d.id, "delivery": d.guid, "event": d.event,
+                               "attempts": d.attempts, "error": d.last_error} for d in dead]))
+        for d in dead if not args.json else []:
+            action = d.payload.get("action", "")
+            print(f"{d.id}\t{d.guid}\t{d.event}.{action}\t{d.attempts} attempts\t{d.last_error}")
+        if not dead and not args.json:
+            print("no dead letters")
+        return 0
+    finally:
+        await store.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vaultmail", description="Durable mail between people and agents on a forge.")
+    parser.add_argument("--log-level", default="WARNING")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="local forge + app in one process (the embedded default)")
+    up.add_argument("--office", help="office config (YAML); default: the built-in example")
+    up.add_argument("--data", help="keep state here across restarts (default: a temp dir)")
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--port", type=int, default=8080)
+    up.add_argument("--forge-port", type=int, default=8081)
+    up.add_argument("--forge", choices=["github", "gitea"], default="github",
+                    help="the local forge's dialect (gitea: Gitea/Forgejo API, a bot user)")
+    up.set_defaults(func=cmd_up)
+
+    demo = sub.add_parser("demo", help="a scripted end-to-end story on the embedded forge")
+    demo.add_argument("--data", help="keep the demo's state here (default: a temp dir)")
+    demo.set_defaults(func=cmd_demo)
+
+    serve = sub.add_parser("serve", help="the app alone, against a real forge (env config)")
+    serve.set_defaults(func=cmd_serve)
+
+    from localforge.cli import add_forge_parser
+
+    add_forge_parser(sub).set_defaults(func=cmd_forge)
+
+    from bot.cli.office import add_office_commands
+
+    add_office_commands(sub)
+
+    from bot.cli.tools import add_tool_commands
+
+    add_tool_commands(sub)
+
+    dead = sub.add_parser("dead-letters", help="list or replay deliveries that kept failing")
+    dead.add_argument("--data", default="vaultmail-data")
+    dead.add_argument("--replay", metavar="ID|all")
+    dead.add_argument("--json", action="store_true")
+    dead.set_defaults(func=cmd_dead_letters)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
+    try:
+        code: int = asyncio.run(args.func(args))
+        return code
+    except (SettingsError, OfficeConfigError) as exc:
+        print(f"vaultmail: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Shell commands that act on an office: reindex, verify, keys, tokens, ledger."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import aiohttp
+
+from bot.app.services import Services
+from bot.app.settings import Settings, SettingsError
+from bot.mail.header import verify_mail
+from bot.mail.signing import KEYS_FILE_NAME, Keyring, PublicKeys
+from bot.store import Store, api_tokens, ledger
+
+_REF = re.compile(r"^([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)#([1-9][0-9]*)$")
+_PRINCIPAL = re.compile(r"^(human:[^@\s]+@[^@\s]+|agent:[a-z0-9-]+|office)$")
+
+
+@asynccontextmanager
+async def app_services(data: str | None) -> AsyncIterator[Services]:
+    from bot.app.web import build_services
+
+    settings = Settings.for_cli(data)
+    async with aiohttp.ClientSession() as session:
+        services = await build_services(settings, session)
+        try:
+            yield services
+        finally:
+            await services.store.close()
+
+
+def data_dir(args: argparse.Namespace) -> Path:
+    return Path(args.data or os.environ.get("VAULTMAIL_DATA") or "vaultmail-data")
+
+
+async def cmd_reindex(args: argparse.Namespace) -> int:
+    from bot.mail.reindex import reindex
+
+    async with app_services(args.data) as services:
+        forge = services.forge_for(None)
+        cache = services.settings.data_dir / "etag-cache.json"
+        forge.load_etag_cache(cache)
+        office = await services.offices.get(forge, services.default_org or "")
+        if office is None:
+            print("vaultmail: no office config found (vaultmail.yml in the org's .github repo)")
+            return 2
+        report = await reindex(services.store, forge, office, services.keyring, progress=True)
+        forge.save_etag_cache(cache)
+    print(f"reindexed {report.mails} mail(s) from {report.issues} issue(s) in "
+          f"{report.vaults} vault(s); tampered: {', '.join(report.tampered) or 'none'}")
+    return 0
+
+
+async def _published_keys(data: str | None, keys_url: str | None,
+                          session: aiohttp.ClientSession) -> PublicKeys:
+    if keys_url is None and data and (Path(data) / "tokens.json").exists():
+        app_url = json.loads((Path(data) / "tokens.json").read_text())["app_url"]
+        keys_url = f"{app_url}/.well-known/vaultmail-keys.json"
+    if keys_url is None:
+        path = data_dir_or_default(data) / KEYS_FILE_NAME
+        if not path.exists():
+            raise SettingsError(f"no published keys to check against: give --keys-url "
+                                f"https://YOUR-APP/.well-known/vaultmail-keys.json, or --data "
+                                f"with the app's data directory ({path} does not exist)")
+        return Keyring.load_or_create(path).public_keys()
+    async with session.get(keys_url) as resp:
+        resp.raise_for_status()
+        return PublicKeys.from_jwks(await resp.json())
+
+
+def data_dir_or_default(data: str | None) -> Path:
+    return Path(data or os.environ.get("VAULTMAIL_DATA") or "vaultmail-data")
+
+
+async def cmd_verify(args: argparse.Namespace) -> int:
+    m = _REF.match(args.mail)
+    if not m:
+        print(f"vaultmail verify: {args.mail!r} is not OWNER/REPO#N")
+        return 2
+    repo, number = m[1], int(m[2])
+    async with app_services(args.data) as services, aiohttp.ClientSession() as session:
+        keys = await _published_keys(args.data, args.keys_url, session)
+        issue = await services.forge_for(None).get_issue(repo, number)
+    verdict = verify_mail(issue.get("title") or "", issue.get("body"), repo, keys)
+    if verdict.valid and verdict.header is not None:
+        h = verdict.header
+        print(f"valid: {args.mail} from {h.from_principal} to {h.to_principal}, sent {h.sent}, "
+              f"key {h.key_id}")
+        return 0
+    print(f"{verdict.status.value}: {args.mail}: {verdict.reason}")
+    return 1
+
+
+async def cmd_keys_rotate(args: argparse.Namespace) -> int:
+    ring = Keyring.in_data_dir(data_dir(args))
+    kid = ring.rotate()
+    print(f"new signing key {kid} is active; kept for verifying: "
+          f"{', '.join(k for k in ring.key_ids if k != kid)}")
+    return 0
+
+
+async def cmd_token_create(args: argparse.Namespace) -> int:
+    if not _PRINCIPAL.match(args.principal):
+        print(f"vaultmail token create: {args.principal!r} is not human:<email>, agent:<slug> "
+              "or office")
+        return 2
+    store = await Store.open(data_dir(args) / "index.sqlite3")
+    try:
+        token = await api_tokens.create_token(store, args.principal)
+    finally:
+        await store.close()
+    print(f"API token for {args.principal} (shown once, stored hashed):\n{token}")
+    return 0
+
+
+async def cmd_token_revoke(args: argparse.Namespace) -> int:
+    store = await Store.open(data_dir(args) / "index.sqlite3")
+    try:
+        revoked = await api_tokens.revoke_token(store, args.token_id)
+    finally:
+        await store.close()
+    if not revoked:
+        print(f"vaultmail token revoke: no live token {args.token_id} (see `vaultmail token "
+              "list`)")
+        return 1
+    print(f"token {args.token_id} revoked: calls with it are refused from now on")
+    return 0
+
+
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) if t is not None else "never"
+
+
+async def cmd_token_list(args: argparse.Namespace) -> int:
+    store = await Store.open(data_dir(args) / "index.sqlite3")
+    try:
+        tokens = await api_tokens.list_tokens(store)
+    finally:
+        await store.close()
+    if args.json:
+        print(json.dumps([{"id": t.id, "principal": t.principal, "created": _when(t.created_at),
+                           "last_used": _when(t.last_used_at) if t.last_used_at else None,
+                           "revoked": t.revoked} for t in tokens]))
+        return 0
+    for t in tokens:
+        print(f"{t.id:>4}  {t.principal:<32} created {_when(t.created_at)}  "
+              f"last used {_when(t.last_used_at)}{'  REVOKED' if t.revoked else ''}")
+    if not tokens:
+        print("no API tokens (`vaultmail token create PRINCIPAL` makes one)")
+    return 0
+
+
+async def cmd_ledger(args: argparse.Namespace) -> int:
+    store = await Store.open(data_dir(args) / "index.sqlite3")
+    try:
+        entries = await ledger.entries(store, since=args.since, limit=args.limit)
+        broken = await ledger.verify_chain(store)
+    finally:
+        await store.close()
+    for e in entries:
+        if args.json:
+            print(json.dumps(e.as_json()))
+        else:
+            print(f"{e.seq:>5}  {e.as_json()['time']}  {e.event:<16} {e.actor:<28} {e.subject}"
+                  f"  {json.dumps(e.data, sort_keys=True)}")
+    if broken is not None:
+        print(f"ledger chain broken at entry {broken}")
+        return 1
+    return 0
+
+
+def add_office_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    def with_data(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--data", help="the data dir of `vaultmail up --data` (or VAULTMAIL_DATA)")
+        return p
+
+    p = with_data(sub.add_parser("reindex", help="rebuild the index from the forge"))
+    p.set_defaults(func=cmd_reindex)
+    p = with_data(sub.add_parser("verify", help="check a mail's signed header"))
+    p.add_argument("mail", metavar="OWNER/REPO#N")
+    p.add_argument("--keys-url", help="published keys (default: the app's well-known URL)")
+    p.set_defaults(func=cmd_verify)
+    keys = sub.add_parser("keys", help="signing keys")
+    ksub = keys.add_subparsers(dest="keys_command", required=True)
+    p = with_data(ksub.add_parser("rotate", help="add a new active key; old ones keep verifying"))
+    p.set_defaults(func=cmd_keys_rotate)
+    token = sub.add_parser("token", help="API tokens")
+    tsub = token.add_subparsers(dest="token_command", required=True)
+    p = with_data(tsub.add_parser("create", help="issue an API token for a principal"))
+    p.add_argument("principal", metavar="PRINCIPAL")
+    p.set_defaults(func=cmd_token_create)
+    p = with_data(tsub.add_parser("revoke", help="revoke an API token by its id (token list)"))
+    p.add_argument("token_id", metavar="ID", type=int)
+    p.set_defaults(func=cmd_token_revoke)
+    p = with_data(tsub.add_parser("list", help="the API tokens: id, principal, last use"))
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_token_list)
+    p = with_data(sub.add_parser("ledger", help="print the ledger"))
+    p.add_argument("--since", type=int, default=0)
+    p.add_argument("--limit", type=int, default=1000)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ledger)

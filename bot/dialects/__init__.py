@@ -1,1 +1,0 @@
-"""Adapters that turn another forge's webhooks into the GitHub-shaped events handlers read."""

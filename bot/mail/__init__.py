@@ -1,0 +1,1 @@
+"""Mail: sending, the signed header, slash commands, reindex."""

@@ -1,0 +1,1 @@
+"""The office config: its model and where it comes from."""
