@@ -129,7 +129,7 @@ async def main() -> None:
                 "concurrency": concurrency, "rate": rate, "count": count, "warmup": WARMUP})
             answered = time.perf_counter()
             backlog = await store.pending_count()
-            await embedded.services.worker.idle(timeout=300)
+            await embedded.worker.idle(timeout=300)
             drained = time.perf_counter()
             after = await store.fetchone("SELECT count(*) AS n FROM queue")
             queued = (after["n"] if after else 0) - (done_before["n"] if done_before else 0)

@@ -29,7 +29,7 @@ async def test_no_mail_lost_or_duplicated_with_failing_forge_and_dropped_webhook
     forge = services.forge_for(None)
     forge.config = dataclasses.replace(  # type: ignore[attr-defined]
         forge.config, backoff_base=0.01, backoff_max=0.05)
-    services.worker.base_backoff = 0.02
+    embedded.worker.base_backoff = 0.02
     faults = embedded.forge.faults
     faults.seed(11)
     failing = faults.add(route="*", status=502, rate=0.1)
@@ -51,10 +51,10 @@ async def test_no_mail_lost_or_duplicated_with_failing_forge_and_dropped_webhook
     assert len(dropped) >= 1, "and really dropped webhooks"
     faults.clear()
     for _ in range(3):
-        await services.reconciler.run_once()
+        await embedded.reconciler.run_once()
         await embedded.settle(timeout=60)
     await services.store.replay()  # anything that ran out of retries while the forge failed
-    services.worker.wake()
+    embedded.worker.wake()
     await embedded.settle(timeout=60)
 
     issues = await person("admin").issues(SCOUT_VAULT)

@@ -470,7 +470,7 @@ async def test_a_retried_delivery_records_a_hand_written_comment_once(
         await real(*a, **k)
 
     monkeypatch.setattr(hi, "ping_addressed", fail_once)
-    embedded.services.worker.base_backoff = 0.05
+    embedded.worker.base_backoff = 0.05
     marco = person("marco")
     outcome = await make_item(embedded, marco, "outcome", "Ship v2")
     repo, n = where(outcome)
@@ -499,7 +499,7 @@ async def test_a_retried_ask_posts_one_card_and_records_once(
         await real(self, *a, **k)
 
     monkeypatch.setattr(Comments, "_commit", crash_once)
-    embedded.services.worker.base_backoff = 0.05
+    embedded.worker.base_backoff = 0.05
     marco = person("marco")
     goal = await make_item(embedded, marco, "goal", "EU launch")
     repo, n = where(goal)

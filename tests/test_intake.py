@@ -102,7 +102,7 @@ async def test_labels_are_provisioned_in_every_vault_at_install(
 
 async def test_a_failing_handler_is_retried_then_dead_lettered_and_replayed(
         embedded: Embedded, person) -> None:  # type: ignore[no-untyped-def]
-    worker = embedded.services.worker
+    worker = embedded.worker
     worker.base_backoff, worker.max_attempts = 0.01, 2
     forge = embedded.services.forge_for(None)  # keep the client's own retries short
     forge.config = dataclasses.replace(forge.config, backoff_base=0.001, max_attempts=2)  # type: ignore[attr-defined]
@@ -115,7 +115,7 @@ async def test_a_failing_handler_is_retried_then_dead_lettered_and_replayed(
     assert [d.event for d in dead] == ["issues"] and "503" in (dead[0].last_error or "")
     embedded.forge.faults.routes.remove(fault)
     assert await embedded.services.store.replay() == 1
-    embedded.services.worker.wake()
+    embedded.worker.wake()
     await embedded.settle()
     assert label_names(await marco.issue("acme/scout-vault", issue["number"])) == ["mail:new"]
     assert await embedded.services.store.dead_letters() == []

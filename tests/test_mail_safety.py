@@ -36,7 +36,7 @@ async def test_a_send_retried_after_a_crash_makes_no_second_issue(
 
     monkeypatch.setattr(Mailer, "_record_new", crash_once)
     monkeypatch.setattr(Mailer, "send", send_app_down)
-    embedded.services.worker.base_backoff = 0.05
+    embedded.worker.base_backoff = 0.05
     sara = person("sara")
     issue = await sara.open_issue(BUILDER, "Pricing", "talk")
     await embedded.settle()
@@ -152,7 +152,7 @@ async def test_an_event_without_installation_does_not_kill_the_worker(
         assert resp.status == 202
     import asyncio
     await asyncio.sleep(0.5)
-    task = svc.worker._task
+    task = embedded.worker._task
     assert task is not None and not task.done(), task.exception() if task and task.done() else None
 
 

@@ -17,10 +17,10 @@ async def test_a_dropped_webhook_is_redelivered_and_handled_once(
     issue = await marco.open_issue(SCOUT_VAULT, "Lost?", "This webhook is dropped")
     await embedded.settle()
     assert label_names(await marco.issue(SCOUT_VAULT, issue["number"])) == []
-    assert await embedded.services.reconciler.run_once() == 1
+    assert await embedded.reconciler.run_once() == 1
     await embedded.settle()
     assert label_names(await marco.issue(SCOUT_VAULT, issue["number"])) == ["mail:new"]
-    assert await embedded.services.reconciler.run_once() == 0, "nothing left to ask for"
+    assert await embedded.reconciler.run_once() == 0, "nothing left to ask for"
     assert len(await embedded.ledger_events("mail.sent")) == 1
 
 
@@ -34,7 +34,7 @@ async def test_with_a_fifth_of_webhooks_dropped_every_mail_is_adopted_once(
     await embedded.settle()
     embedded.forge.faults.drop_webhooks(rate=0.0)
     for _ in range(3):  # a redelivery can itself be dropped while the fault is on
-        await embedded.services.reconciler.run_once()
+        await embedded.reconciler.run_once()
         await embedded.settle()
     for n in numbers:
         assert label_names(await marco.issue(SCOUT_VAULT, n)) == ["mail:new"], n

@@ -16,9 +16,11 @@ from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from bot.app.reconcile import Reconciler
 from bot.app.services import SERVICES_KEY, Services
 from bot.app.settings import Settings
-from bot.app.web import create_app
+from bot.app.web import RECONCILER_KEY, WORKER_KEY, create_app
+from bot.app.worker import Worker
 from bot.office.config import Office, load_office
 from bot.office.seed import seed_office
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
@@ -85,6 +87,14 @@ class Embedded:
         return self.runner.app[SERVICES_KEY]
 
     @property
+    def worker(self) -> Worker:
+        return self.runner.app[WORKER_KEY]
+
+    @property
+    def reconciler(self) -> Reconciler:
+        return self.runner.app[RECONCILER_KEY]
+
+    @property
     def tokens_path(self) -> Path:
         return self.data_dir / "tokens.json"
 
@@ -92,7 +102,7 @@ class Embedded:
         """Wait until every webhook has been delivered and handled (and what they caused)."""
         for _ in range(20):
             await self.forge.webhooks_idle()
-            await self.services.worker.idle(timeout)
+            await self.worker.idle(timeout)
             await self.forge.webhooks_idle()
             if await self.services.store.pending_count() == 0:
                 return

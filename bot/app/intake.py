@@ -82,5 +82,5 @@ async def receive_webhook(request: web.Request) -> web.Response:
              extra={"delivery_id": guid, "installation_id": installation_id, "event": event,
                     "action": payload.get("action")})
     if queued:
-        services.worker.wake()
+        services.wake_worker()
     return web.json_response({"delivery": guid, "queued": queued}, status=202)

@@ -10,18 +10,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from bot.app.services import Services
+from bot.store import Store
+
+
+class Deliveries(Protocol):
+    """The App-JWT calls reconciliation makes (GitHub's `AppForge`; Gitea's lists none)."""
+
+    def iter_deliveries(self, status: str | None = None,
+                        per_page: int = 100) -> AsyncIterator[dict[str, Any]]: ...
+
+    async def redeliver(self, delivery_id: int) -> None: ...
+
 
 log = logging.getLogger("vaultmail.reconcile")
 MAX_SCAN = 1000  # failed deliveries looked at per round (GitHub keeps three days of them)
 
 
 class Reconciler:
-    def __init__(self, services: Services, interval: float = 300.0) -> None:
-        self.services = services
+    def __init__(self, store: Store, app_forge: Callable[[], Deliveries],
+                 interval: float = 300.0) -> None:
+        self.store = store
+        self.app_forge = app_forge  # App-JWT calls (deliveries, redelivery)
         self.interval = interval
         self._asked: dict[str, float] = {}  # delivery id -> when this process asked for it
         self._task: asyncio.Task[None] | None = None
@@ -43,13 +55,13 @@ class Reconciler:
                 log.warning("reconciliation failed: %r", exc)
 
     async def _recorded(self, guid: str) -> bool:
-        row = await self.services.store.fetchone(
+        row = await self.store.fetchone(
             "SELECT 1 FROM deliveries WHERE guid=?", (guid,))
         return row is not None
 
     async def run_once(self) -> int:
         """Redeliver what was missed; returns how many deliveries were asked for again."""
-        app = self.services.forge_client.app()
+        app = self.app_forge()
         asked = scanned = 0
         async for delivery in app.iter_deliveries(status="failure"):
             scanned += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +17,6 @@ from bot.office.source import OfficeSource
 from bot.store import Store
 
 if TYPE_CHECKING:
-    from bot.app.reconcile import Reconciler
-    from bot.app.worker import Worker
     from bot.forge.base import Forge
     from bot.forge.gitea import GiteaClient
     from bot.forge.github import ForgeClient
@@ -33,14 +32,14 @@ class Services:
     app_slug: str
     offices: OfficeSource
     keyring: Keyring
-    worker: Worker = field(init=False)
-    reconciler: Reconciler = field(init=False)
     default_installation: int | None = None
     default_org: str | None = None
     background: set[asyncio.Task[None]] = field(default_factory=set)
     notifier: Notifier = field(default_factory=Notifier)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     bot_user: str | None = None  # gitea: the bot is a plain user, not "<slug>[bot]"
+    # set by whoever runs the worker: new deliveries are queued, look now
+    wake_worker: Callable[[], None] = lambda: None
 
     def lock_for(self, key: str) -> asyncio.Lock:
         """One lock per mail (or other key): serialises the worker and tool calls on it."""

@@ -9,6 +9,7 @@ import aiohttp
 from aiohttp import web
 from gidgethub.aiohttp import GitHubAPI
 
+from bot.app.context import context_for
 from bot.app.intake import receive_webhook
 from bot.app.outbound import LedgerForwarder
 from bot.app.reconcile import Reconciler
@@ -47,6 +48,8 @@ async def fetch_app_slug(auth: AppAuth, session: aiohttp.ClientSession, api_url:
     data = await gh.getitem("/app", jwt=auth.app_jwt(), accept="application/vnd.github+json")
     return str(data["slug"])
 
+WORKER_KEY = web.AppKey("worker", Worker)
+RECONCILER_KEY = web.AppKey("reconciler", Reconciler)
 
 async def build_services(settings: Settings, session: aiohttp.ClientSession) -> Services:
     if settings.dialect == "gitea":
@@ -62,8 +65,6 @@ async def build_services(settings: Settings, session: aiohttp.ClientSession) -> 
                         router=build_router(), own_router=build_own_router(), app_slug=slug,
                         offices=OfficeSource(settings.office_path),
                         keyring=Keyring.in_data_dir(settings.data_dir))
-    services.worker = Worker(services)
-    services.reconciler = Reconciler(services, settings.reconcile_interval)
     await _adopt_single_installation(services, auth, session)
     return services
 
@@ -85,12 +86,17 @@ async def build_gitea_services(settings: Settings, session: aiohttp.ClientSessio
                         offices=OfficeSource(settings.office_path),
                         keyring=Keyring.in_data_dir(settings.data_dir), bot_user=login,
                         default_installation=SYNTHETIC_INSTALLATION_ID)
-    services.worker = Worker(services)
-    services.reconciler = Reconciler(services, settings.reconcile_interval)
     orgs = await client.installation().user_orgs()
     if len(orgs) == 1:
         services.default_org = orgs[0]
     return services
+
+
+def build_worker(services: Services) -> Worker:
+    worker = Worker(services.store, services.router, services.own_router,
+                    services.is_own_event, lambda item, log: context_for(services, item, log))
+    services.wake_worker = worker.wake
+    return worker
 
 
 async def _provision_at_start(services: Services) -> None:
@@ -100,7 +106,7 @@ async def _provision_at_start(services: Services) -> None:
 
     guid, event, payload = gitea.startup_delivery()
     if await services.store.enqueue_delivery(guid, event, payload, gitea.encode(payload)):
-        services.worker.wake()
+        services.wake_worker()
 
 
 async def _adopt_single_installation(services: Services, auth: AppAuth,
@@ -122,17 +128,20 @@ def create_app(settings: Settings) -> web.Application:
         async with aiohttp.ClientSession() as session:
             services = await build_services(settings, session)
             app[SERVICES_KEY] = services
-            services.worker.start()
+            worker = app[WORKER_KEY] = build_worker(services)
+            reconciler = app[RECONCILER_KEY] = Reconciler(
+                services.store, services.forge_client.app, settings.reconcile_interval)
+            worker.start()
             if settings.dialect == "gitea":
                 await _provision_at_start(services)
             forwarder = LedgerForwarder(services)
             forwarder.start()
-            services.reconciler.start()
+            reconciler.start()
             log.info("app started", extra={"app": services.app_slug, "api": settings.api_url})
             yield
-            await services.reconciler.stop()
+            await reconciler.stop()
             await forwarder.stop()
-            await services.worker.stop()
+            await worker.stop()
             await services.store.close()
 
     app.cleanup_ctx.append(lifecycle)

@@ -15,16 +15,18 @@ import contextlib
 import logging
 import random
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any
 
 from gidgethub import sansio
+from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
 from bot.app.logs import bound
-from bot.store import QueueItem
+from bot.store import QueueItem, Store
 
-if TYPE_CHECKING:
-    from bot.app.services import Services
+# (delivery, its bound logger) -> what its handlers receive; LookupError when nothing can act
+ContextFactory = Callable[[QueueItem, logging.LoggerAdapter[logging.Logger]], HandlerContext]
 
 log = logging.getLogger("vaultmail.worker")
 BATCH = 64  # due deliveries taken at a time
@@ -40,9 +42,15 @@ def issue_key(item: QueueItem) -> str | None:
 
 
 class Worker:
-    def __init__(self, services: Services, *, max_attempts: int = 6,
-                 base_backoff: float = 2.0, concurrency: int = 8) -> None:
-        self.services = services
+    def __init__(self, store: Store, router: Router, own_router: Router,
+                 is_own_event: Callable[[dict[str, Any]], bool], make_context: ContextFactory,
+                 *, max_attempts: int = 6, base_backoff: float = 2.0,
+                 concurrency: int = 8) -> None:
+        self.store = store
+        self.router = router
+        self.own_router = own_router  # the few events the app caused that it still reads
+        self.is_own_event = is_own_event
+        self.make_context = make_context
         self.max_attempts = max_attempts
         self.base_backoff = base_backoff
         self.concurrency = concurrency
@@ -72,13 +80,13 @@ class Worker:
         """Wait until nothing is pending, retries included (for tests, demo and benchmarks)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self._idle.is_set() and await self.services.store.pending_count() == 0:
+            if self._idle.is_set() and await self.store.pending_count() == 0:
                 return
             await asyncio.sleep(0.01)
         raise TimeoutError("worker still busy")
 
     async def _run(self) -> None:
-        store = self.services.store
+        store = self.store
         while True:
             items = await store.due_items(limit=BATCH)
             if not items:
@@ -125,12 +133,11 @@ class Worker:
             await asyncio.sleep(1.0)
 
     async def process(self, item: QueueItem) -> None:
-        services = self.services
-        store = services.store
+        store = self.store
         logger = bound(log, delivery_id=item.guid, installation_id=item.installation_id,
                        event=item.event, action=item.payload.get("action"))
-        own = services.is_own_event(item.payload)
-        router = services.own_router if own else services.router
+        own = self.is_own_event(item.payload)
+        router = self.own_router if own else self.router
         event = sansio.Event(item.payload, event=item.event, delivery_id=item.guid)
         if own and not router.fetch(event):
             await store.finish(item.id, "ignored")
@@ -140,13 +147,7 @@ class Worker:
             await store.finish(item.id, "ignored")  # ping, meta, events no handler wants
             return
         try:
-            ctx = HandlerContext(
-                services=services,
-                forge=services.forge_for(item.installation_id),
-                installation_id=item.installation_id,
-                delivery_id=item.guid,
-                log=logger,
-            )
+            ctx = self.make_context(item, logger)
         except LookupError as exc:  # no installation to act through: nothing can be done
             await store.fail(item.id, repr(exc), None)
             logger.error("dead letter: %s", exc)

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from bot.forge import gitea_events as gitea
 
 from bot.app.embedded import Embedded
 from bot.app.settings import Settings, SettingsError
 from bot.cli.main import build_parser
+from bot.forge import gitea_events as gitea
 from bot.forge.gitea import SYNTHETIC_INSTALLATION_ID, api_base
 
 
