@@ -111,14 +111,14 @@ PING = {"zen": "Keep it logically awesome.", "hook_id": 1,
         "hook": {"type": "App", "id": 1, "events": ["issues"], "active": True}}
 
 
-async def main() -> None:
+async def main(levels: list[tuple[str, int, float | None, int]]) -> None:
     embedded = await start_embedded(data_dir=Path(tempfile.mkdtemp()), port=0, forge_port=0)
     rows: list[list[str]] = []
     failures: list[str] = []
     try:
         store = embedded.services.store
         issue = await _non_vault_payload(embedded)
-        for event, concurrency, rate, count in LEVELS:
+        for event, concurrency, rate, count in levels:
             await embedded.settle()
             done_before = await store.fetchone("SELECT count(*) AS n FROM queue")
             start = time.perf_counter()
@@ -151,7 +151,8 @@ async def main() -> None:
                 f"{'OK' if p99 < TARGET_P99 else 'FAIL'} (<{TARGET_P99 * 1000:.0f} ms)"])
     finally:
         await embedded.stop()
-    print("command: .venv/bin/python -m bench.intake\n")
+    args = "".join(f" {a}" for a in sys.argv[1:])
+    print(f"command: .venv/bin/python -m bench.intake{args}\n")
     head = ["event", "load", "deliveries", "p50 ms", "p95 ms", "p99 ms", "max ms",
             "accepted/s", "drain after last answer s", "handled/s (first POST to empty queue)",
             "handled/s (worker alone)", "p99 target"]
@@ -169,4 +170,9 @@ if __name__ == "__main__":
     if "--client" in sys.argv:
         client_main(_load)
     else:
-        asyncio.run(main())
+        # --levels 3,6: only those rows of LEVELS (1-based), e.g. under a profiler
+        chosen = LEVELS
+        if "--levels" in sys.argv:
+            picks = sys.argv[sys.argv.index("--levels") + 1]
+            chosen = [LEVELS[int(i) - 1] for i in picks.split(",")]
+        asyncio.run(main(chosen))

@@ -1,30 +1,39 @@
-"""vaultmail against a minimal Probot app, side by side in one run (DESIGN §6).
+"""vaultmail against a minimal Probot app, side by side in one run, under every GitHub
+secondary limit (DESIGN §6, issue 14).
 
-One local forge (localforge.LocalForge, in this process) holds two copies of the example
-office: `acme` (vaultmail, seeded, registered and installed as bot.app.embedded does it, and run as
-deployed, `vaultmail serve`, in its own process; with --embedded, start_embedded instead, so the
-forge and vaultmail share one event loop) and `globex` (the same office under another org; the
-Probot app in bench/probot/index.js, registered through the forge's Python API with its own key
-and webhook URL, in its own Node process, installed on globex only, so neither app hears the
-other's writes). The representative event is `issues.opened` in an agent's vault: both
-apps read the office config `{org}/.github/vaultmail.yml` (kept 60 s, so one GET per run) and
-PATCH the issue once (marked body, `mail:new` label). vaultmail also signs the mail header and
-records the mail in its store; Probot does no more than the two requests.
+One local forge (localforge.LocalForge, in this process) with its GitHub limits as shipped
+(`localforge.Limits()`: 100 requests in flight, 900 points a minute per endpoint with a write
+at 5, 80 creations a minute and 500 an hour, 5,000 requests an hour, per installation). Three
+apps, each in its own process and installed on its own organisations so that none hears the
+others' writes, every organisation a copy of the example office:
 
-The issues are made beforehand (webhooks dropped meanwhile, and those failed deliveries then
-removed so no reconciliation replays them); their `issues.opened` payloads, as the forge
-rendered them, are signed with each app's secret and POSTed straight to each app's webhook
-endpoint by a load client in its own process: the same count, at the same number in flight,
-vaultmail first then Probot, one issue per delivery. Measured per app: deliveries accepted a
-second, p50/p99 answer latency, and events fully handled a second — from the first POST until
-the forge's request log holds the resulting PATCH (status 200, by that app's installation) for
-every delivery. Probot answers after its handler ran (its webhook middleware awaits it);
-vaultmail answers once the delivery is queued, and a single worker then handles them in order.
+- vaultmail as deployed (`vaultmail serve`), as shipped;
+- the Probot app of bench/probot/index.js (probot 14) as users run it: @octokit/plugin-throttling
+  on, its default (writes one at a time a second per process, whatever the installation);
+- the same Probot app with the throttling turned off.
 
-Probot is run with @octokit/plugin-throttling off (like vaultmail here: no write pacing); its
-default throttling lets one write through a second, which a short extra row shows.
+The representative event is `issues.opened` in an agent's vault: every app reads the office
+config `{org}/.github/vaultmail.yml` (kept 60 s) and PATCHes the issue once (marked body,
+`mail:new` label); vaultmail also signs the mail header and records the mail and a ledger entry.
 
-Run: .venv/bin/python -m bench.probot_compare [--embedded]   (`npm ci` in bench/probot once)
+A cell is a number of installations (1, 10, 50): the deliveries are spread round-robin over
+that many organisations, fresh ones for each cell and app (so one cell's minute of points does
+not fall into the next, and each cell pays its own token and config reads). The issues are made
+beforehand with webhooks dropped; their `issues.opened` payloads, as the forge rendered them,
+are signed with each app's secret and POSTed to its webhook endpoint by a load client in its own
+process, 50 in flight, each answer waited for at most 10 s (GitHub's webhook timeout).
+
+Measured per cell and app: events a second (deliveries whose PATCH the forge answered 200,
+from the first POST to the last such PATCH); p50/p99 to acknowledge (the webhook answer) and
+to the forge write (the POST to its PATCH's 200); the secondary-limit refusals the app received
+(403/429 to its installations); CPU seconds per 1,000 events and peak RSS of the app's process
+(/proc: utime+stime, VmHWM reset per cell); and the ratio vaultmail / Probot. Where the limits
+themselves cap a cell (more than 180 PATCHes per installation, the endpoint's points in a minute),
+the fastest they allow is computed (the k-th write to an endpoint no sooner than a minute after
+the (k-180)-th) and vaultmail's time compared with it.
+
+Run: .venv/bin/python -m bench.probot_compare   (`npm ci` in bench/probot once)
+     [--count N] [--stock-count N] [--cells 1,10,50]
 """
 
 from __future__ import annotations
@@ -34,10 +43,12 @@ import contextlib
 import hashlib
 import hmac
 import json
+import math
 import os
 import re
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -45,6 +56,7 @@ import tempfile
 import time
 import uuid
 from asyncio.subprocess import Process
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,86 +65,62 @@ from typing import Any
 import aiohttp
 
 from bench.common import client_main, ms, percentile, run_client
-from bot.app.embedded import (
-    APP_EVENTS,
-    APP_PERMISSIONS,
-    APP_SLUG,
-    Embedded,
-    _new_private_key,
-    _office_text,
-    start_embedded,
-)
+from bot.app.embedded import APP_EVENTS, APP_PERMISSIONS, APP_SLUG, _new_private_key
 from bot.office.config import Office, load_office
 from bot.office.seed import seed_office
-from bot.office.source import CONFIG_PATH, CONFIG_REPO
 from localforge import Limits, LocalForge
 
 PROBOT_DIR = Path(__file__).parent / "probot"
-PROBOT_ORG = "globex"
 VAULT = "scout-vault"
 PATCH_ROUTE = "PATCH /repos/{owner}/{repo}/issues/{issue_number}"
-# (in flight, deliveries) for both apps; then Probot with its default throttling, briefly.
-LEVELS: list[tuple[int, int]] = [(10, 1000), (50, 1000)]
-STOCK_LEVEL = (10, 10)
+CELLS = (1, 10, 50)  # installations the deliveries are spread over
+COUNT = 600  # deliveries per cell for vaultmail and Probot without throttling
+STOCK_COUNT = 120  # ... for Probot with its default throttling (a write a second: 2 minutes)
+IN_FLIGHT = 50
+ACK_TIMEOUT = 10.0  # GitHub gives up on a webhook answer after 10 s
 WARMUP = 20
-HANDLED_TIMEOUT = 60.0
-ISSUE_NUMBER = re.compile(r"/issues/(\d+)$")
+TARGET_CAP = 0.05  # within 5 % of the fastest the limits allow
+ISSUE_NUMBER = re.compile(r"/repos/([^/]+)/([^/]+)/issues/(\d+)$")
+WRITES_PER_MINUTE = Limits().endpoint_points_per_minute // 5  # a PATCH costs 5 points
 
 
 # -- the load client (its own process) --------------------------------------------------------
 async def _load(spec: dict[str, Any]) -> dict[str, Any]:
-    """POST every body once, `concurrency` in flight; answer latencies and statuses."""
+    """POST every body once, `concurrency` in flight; per body: when it was sent (wall clock),
+    how long its answer took, its status ("timeout" past the ack timeout)."""
     secret = spec["secret"].encode()
-    signed = [(body.encode(), "sha256=" + hmac.new(secret, body.encode(), hashlib.sha256)
-               .hexdigest()) for body in spec["bodies"]]
-    latencies: list[float] = []
-    statuses: dict[str, int] = {}
+    signed = [(i, body.encode(), "sha256=" + hmac.new(secret, body.encode(), hashlib.sha256)
+               .hexdigest()) for i, body in enumerate(spec["bodies"])]
+    sent: list[float] = [0.0] * len(signed)
+    latency: list[float] = [0.0] * len(signed)
+    status: list[str] = [""] * len(signed)
     queue = list(reversed(signed))
+    timeout = aiohttp.ClientTimeout(total=spec["timeout"])
     connector = aiohttp.TCPConnector(limit=spec["concurrency"])
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         async def sender() -> None:
             while queue:
-                body, signature = queue.pop()
+                i, body, signature = queue.pop()
                 headers = {"X-GitHub-Event": spec["event"],
                            "X-GitHub-Delivery": str(uuid.uuid4()),
                            "X-Hub-Signature-256": signature,
                            "Content-Type": "application/json",
                            "User-Agent": "GitHub-Hookshot/bench"}
+                sent[i] = time.time()
                 t = time.perf_counter()
-                async with session.post(spec["url"], data=body, headers=headers) as resp:
-                    await resp.read()
-                latencies.append(time.perf_counter() - t)
-                statuses[str(resp.status)] = statuses.get(str(resp.status), 0) + 1
+                try:
+                    async with session.post(spec["url"], data=body, headers=headers) as resp:
+                        await resp.read()
+                    status[i] = str(resp.status)
+                except TimeoutError:
+                    status[i] = "timeout"
+                latency[i] = time.perf_counter() - t
 
-        started_wall = time.time()
-        start = time.perf_counter()
         await asyncio.gather(*(sender() for _ in range(spec["concurrency"])))
-        elapsed = time.perf_counter() - start
-    return {"latencies": latencies, "statuses": statuses, "elapsed": elapsed,
-            "started_wall": started_wall}
+    return {"sent": sent, "latency": latency, "status": status}
 
 
-# -- set-up -----------------------------------------------------------------------------------
-Settle = Callable[[], Awaitable[None]]
-
-
-@dataclass
-class Target:
-    name: str
-    url: str  # the app's webhook endpoint
-    secret: str
-    installation_id: int
-    org: str
-    settle: Settle  # until the app has handled everything it was sent
-    payloads: list[dict[str, Any]] = field(default_factory=list)  # issues.opened, in order
-
-    def take(self, n: int) -> list[dict[str, Any]]:
-        taken, self.payloads = self.payloads[:n], self.payloads[n:]
-        if len(taken) < n:
-            raise RuntimeError(f"{self.name}: only {len(taken)} prepared issues left, {n} needed")
-        return taken
-
-
+# -- processes --------------------------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -149,9 +137,11 @@ def _key_file(directory: Path, name: str) -> tuple[str, Path]:
 
 
 async def _start(argv: list[str], cwd: Path, env: dict[str, str], health: str,
-                 what: str) -> Process:
-    """Start a server process and wait until `health` answers 200."""
-    proc = await asyncio.create_subprocess_exec(*argv, cwd=cwd, env={**os.environ, **env})
+                 what: str, log: Path) -> Process:
+    """Start a server process (its output to `log`) and wait until `health` answers 200."""
+    with log.open("ab") as out:
+        proc = await asyncio.create_subprocess_exec(*argv, cwd=cwd, env={**os.environ, **env},
+                                                    stdout=out, stderr=out)
     deadline = time.monotonic() + 30
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
@@ -161,7 +151,7 @@ async def _start(argv: list[str], cwd: Path, env: dict[str, str], health: str,
                 async with session.get(health) as resp:
                     if resp.status == 200:
                         return proc
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # a bounded poll of another process's probe
     await _stop(proc)
     raise RuntimeError(f"{what} did not answer {health} within 30 s")
 
@@ -176,27 +166,61 @@ async def _stop(proc: Process) -> None:
             await proc.wait()
 
 
-async def _start_probot(forge: LocalForge, app_id: int, key_path: Path, secret: str,
-                        port: int, *, throttle: bool) -> Process:
-    node = shutil.which("node")
-    if node is None:
-        raise RuntimeError("node is not on PATH (the Probot app needs Node 20 or later)")
-    if not (PROBOT_DIR / "node_modules" / "probot").is_dir():
-        raise RuntimeError(f"run `npm ci` in {PROBOT_DIR} first (installs probot@14)")
-    env = {"APP_ID": str(app_id), "PRIVATE_KEY_PATH": str(key_path), "WEBHOOK_SECRET": secret,
-           "PORT": str(port), "HOST": "127.0.0.1", "FORGE_URL": forge.url,
-           "LOG_LEVEL": "warn", "NODE_ENV": "production",
-           "PROBOT_THROTTLE": "on" if throttle else "off"}
-    return await _start([node, "index.js"], PROBOT_DIR, env,
-                        f"http://127.0.0.1:{port}/ping", "the Probot app")
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _vaultmail_process(forge: LocalForge, office: Office, data_dir: Path,
-                             procs: list[Process]) -> tuple[Target, dict[str, str]]:
-    """vaultmail as deployed (`vaultmail serve`, its own process), registered and installed
-    on the forge as bot.app.embedded does it."""
-    forge_tokens = seed_office(forge, office)
-    forge.put_file(f"{office.org}/{CONFIG_REPO}", CONFIG_PATH, _office_text(None))
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread of a process (name:tid), from /proc."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            stat = (task / "stat").read_text()
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            fields = stat.rpartition(")")[2].split()
+            out[f"{name}:{task.name}"] = (int(fields[11]) + int(fields[12])) / os.sysconf(
+                "SC_CLK_TCK")
+    return out
+
+
+def _reset_peak(pid: int) -> None:
+    """Start VmHWM over from the current RSS (Linux: clear_refs 5)."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def _peak_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+# -- the apps ---------------------------------------------------------------------------------
+@dataclass
+class App:
+    name: str
+    key: str  # prefix of its organisations
+    app_id: int
+    secret: str
+    url: str  # its webhook endpoint
+    proc: Process
+    idle: Callable[[], Awaitable[bool]]  # nothing left to do (answers in, queue empty)
+    count: int  # deliveries per cell
+    # an answer after which the app still works on the delivery: vaultmail's 202 (queued; its
+    # queue says when it is done), Probot's 202 (@octokit/webhooks answers "still processing"
+    # after 9 s and its handler runs on): only with none of these is an app's idle() final
+    unfinished: frozenset[str] = frozenset({"timeout"})
+    orgs: dict[str, int] = field(default_factory=dict)  # org -> installation id
+    payloads: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # org -> opened
+
+    def cell_orgs(self, cell: int | str) -> list[str]:
+        return [org for org in self.orgs if org.startswith(f"{self.key}{cell}-")]
+
+
+async def _vaultmail(forge: LocalForge, data_dir: Path) -> App:
     pem, key_path = _key_file(data_dir, "vaultmail-key.pem")
     secret = secrets.token_hex(20)
     port = _free_port()
@@ -204,241 +228,323 @@ async def _vaultmail_process(forge: LocalForge, office: Office, data_dir: Path,
     app_id = forge.register_app(
         slug=APP_SLUG, name="vaultmail", public_key_pem=pem, webhook_url=f"{url}/webhook",
         webhook_secret=secret, events=APP_EVENTS, permissions=APP_PERMISSIONS)
-    procs.append(await _start(
+    proc = await _start(
         [str(Path(sys.executable).parent / "vaultmail"), "serve"], Path.cwd(),
         {"GITHUB_API_URL": forge.url, "GITHUB_APP_ID": str(app_id),
          "GITHUB_PRIVATE_KEY_PATH": str(key_path), "GITHUB_WEBHOOK_SECRET": secret,
          "VAULTMAIL_DATA": str(data_dir / "vaultmail"), "HOST": "127.0.0.1",
-         "PORT": str(port)}, f"{url}/healthz", "vaultmail serve"))
-    installation = forge.install_app(app_id, office.org)
+         "PORT": str(port)}, f"{url}/healthz", "vaultmail serve", data_dir / "vaultmail.log")
+    session = aiohttp.ClientSession()
 
-    async def settle() -> None:
-        async with aiohttp.ClientSession() as session:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                await forge.webhooks_idle()
-                async with session.get(f"{url}/healthz") as resp:
-                    health = await resp.json()
-                if health["queue_pending"] == 0:
-                    await forge.webhooks_idle()
-                    if forge.webhooks.queue.empty():
-                        return
-                await asyncio.sleep(0.02)
-        raise TimeoutError("vaultmail still busy")
+    async def idle() -> bool:
+        await forge.webhooks_idle()
+        async with session.get(f"{url}/healthz") as resp:
+            health = await resp.json()
+        return bool(health["queue_pending"] == 0 and forge.webhooks.queue.empty())
 
-    return (Target("vaultmail", f"{url}/webhook", secret, installation, office.org, settle),
-            forge_tokens)
+    app = App("vaultmail", "vm", app_id, secret, f"{url}/webhook", proc, idle, COUNT)
+    app.session = session  # type: ignore[attr-defined]
+    return app
 
 
-def _vaultmail_embedded(embedded: Embedded) -> Target:
-    async def settle() -> None:
-        await embedded.settle(timeout=120)
-        await embedded.forge.webhooks_idle()
+async def _probot(forge: LocalForge, data_dir: Path, *, throttle: bool, count: int) -> App:
+    node = shutil.which("node")
+    if node is None:
+        raise RuntimeError("node is not on PATH (the Probot app needs Node 20 or later)")
+    if not (PROBOT_DIR / "node_modules" / "probot").is_dir():
+        raise RuntimeError(f"run `npm ci` in {PROBOT_DIR} first (installs probot@14)")
+    key = "pd" if throttle else "po"
+    pem, key_path = _key_file(data_dir, f"probot-{key}.pem")
+    secret = secrets.token_hex(20)
+    port = _free_port()
+    webhook = f"http://127.0.0.1:{port}/api/github/webhooks"
+    app_id = forge.register_app(
+        slug=f"probot-bench-{key}", name=f"probot-bench-{key}", public_key_pem=pem,
+        webhook_url=webhook, webhook_secret=secret, events=["issues"],
+        permissions={"issues": "write", "metadata": "read", "contents": "read"})
+    env = {"APP_ID": str(app_id), "PRIVATE_KEY_PATH": str(key_path), "WEBHOOK_SECRET": secret,
+           "PORT": str(port), "HOST": "127.0.0.1", "FORGE_URL": forge.url,
+           "LOG_LEVEL": "info", "NODE_ENV": "production",  # both apps log as they ship
+           "PROBOT_THROTTLE": "on" if throttle else "off"}
+    proc = await _start([node, "index.js"], PROBOT_DIR, env, f"http://127.0.0.1:{port}/ping",
+                        "the Probot app", data_dir / f"probot-{key}.log")
 
-    services = embedded.services
-    return Target("vaultmail", embedded.app_url + "/webhook", services.settings.webhook_secret,
-                  int(services.default_installation or 0), embedded.office.org, settle)
+    async def idle() -> bool:  # Probot answers a webhook once its handler is done
+        await forge.webhooks_idle()
+        return True
+
+    name = "Probot, default throttling" if throttle else "Probot, throttling off"
+    return App(name, key, app_id, secret, webhook, proc, idle, count,
+               unfinished=frozenset({"timeout", "202"}))
 
 
-async def _make_issues(forge: LocalForge, token: str, repo: str, count: int) -> None:
-    async with aiohttp.ClientSession(
-            headers={"Authorization": f"token {token}"}) as session:
-        remaining = list(range(count))
+def _install(forge: LocalForge, office: Office, app: App, cells: tuple[int, ...]) -> None:
+    """The app's organisations: a warm-up one and, per cell, as many as installations."""
+    names = [f"{app.key}w-00"] + [f"{app.key}{cell}-{i:02d}"
+                                  for cell in cells for i in range(cell)]
+    for org in names:
+        seed_office(forge, office.model_copy(update={"org": org}))
+        app.orgs[org] = forge.install_app(app.app_id, org)
 
+
+async def _make_issues(forge: LocalForge, token: str, jobs: list[tuple[str, int]]) -> None:
+    """Open `n` issues in each org's vault, 16 at a time."""
+    todo = [(org, i) for org, n in jobs for i in range(n)]
+    async with aiohttp.ClientSession(headers={"Authorization": f"token {token}"}) as session:
         async def maker() -> None:
-            while remaining:
-                i = remaining.pop()
-                async with session.post(f"{forge.url}/repos/{repo}/issues", json={
+            while todo:
+                org, i = todo.pop()
+                async with session.post(f"{forge.url}/repos/{org}/{VAULT}/issues", json={
                         "title": f"Bench mail {i}",
                         "body": f"Please look at item {i} of the quarterly numbers."}) as resp:
                     if resp.status != 201:
-                        raise RuntimeError(f"creating an issue in {repo}: {resp.status} "
+                        raise RuntimeError(f"creating an issue in {org}: {resp.status} "
                                            f"{await resp.text()}")
 
         await asyncio.gather(*(maker() for _ in range(16)))
 
 
-def _take_opened(forge: LocalForge, installation_id: int) -> list[dict[str, Any]]:
-    """The (dropped) issues.opened deliveries to an installation: their payloads; and forget
-    them, so no reconciliation asks for them again."""
-    found = [d for d in forge.state.deliveries.values()
-             if d.installation_id == installation_id and d.event == "issues"
-             and d.action == "opened"]
-    for d in found:
-        del forge.state.deliveries[d.id]
-    return [d.payload for d in sorted(found, key=lambda d: d.payload["issue"]["number"])]
+def _take_opened(forge: LocalForge, app: App) -> None:
+    """The (dropped) issues.opened deliveries to each of the app's installations: their
+    payloads; and forget them, so no reconciliation asks for them again."""
+    by_installation = {inst: org for org, inst in app.orgs.items()}
+    found: dict[str, list[dict[str, Any]]] = {}
+    for d in list(forge.state.deliveries.values()):
+        if d.installation_id in by_installation and d.event == "issues":
+            if d.action == "opened":
+                found.setdefault(by_installation[d.installation_id], []).append(d.payload)
+            del forge.state.deliveries[d.id]
+    app.payloads = {org: sorted(p, key=lambda x: x["issue"]["number"])
+                    for org, p in found.items()}
 
 
-# -- measuring --------------------------------------------------------------------------------
-async def _until_handled(forge: LocalForge, installation_id: int, repo: str,
-                         numbers: set[int], since: int) -> float:
-    """Wait until the forge has answered 200 to a PATCH of every issue in `numbers` by this
-    installation; the forge-clock time of the last one."""
-    waiting = set(numbers)
-    last = 0.0
-    index = since
-    deadline = time.monotonic() + HANDLED_TIMEOUT
-    prefix = f"/repos/{repo}/issues/"
-    while waiting:
-        records = forge.requests.records
-        for rec in records[index:]:
-            if (rec.installation_id == installation_id and rec.route == PATCH_ROUTE
-                    and rec.status == 200 and rec.path.startswith(prefix)):
-                m = ISSUE_NUMBER.search(rec.path.split("?")[0])
-                if m and int(m.group(1)) in waiting:
-                    waiting.discard(int(m.group(1)))
-                    last = max(last, rec.at)
-        index = len(records)
-        if waiting:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{len(waiting)} deliveries never led to their PATCH")
-            await asyncio.sleep(0.005)
-    return last
+async def _until_idle(app: App, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not await app.idle():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{app.name} still busy")
+        await asyncio.sleep(0.05)  # a bounded poll of the app's probe
 
 
-async def _measure(forge: LocalForge, target: Target, concurrency: int,
-                   count: int) -> dict[str, Any]:
-    await target.settle()
-    payloads = target.take(count)
-    repo = f"{target.org}/{VAULT}"
+# -- one cell ---------------------------------------------------------------------------------
+def fastest_allowed(per_installation: list[int]) -> float:
+    """Seconds from the first write to the last that the per-endpoint points allow: the k-th
+    PATCH of an installation no sooner than a minute after its (k - 180)-th."""
+    return max((math.floor((n - 1) / WRITES_PER_MINUTE) * 60.0 for n in per_installation
+                if n > 0), default=0.0)
+
+
+async def _measure(forge: LocalForge, app: App, cell: int | str, count: int) -> dict[str, Any]:
+    await _until_idle(app)
+    orgs = app.cell_orgs(cell)
+    bodies: list[dict[str, Any]] = []
+    for i in range(count):  # round-robin over the cell's installations
+        org = orgs[i % len(orgs)]
+        if not app.payloads[org]:
+            raise RuntimeError(f"{org}: no prepared issue left")
+        bodies.append(app.payloads[org].pop(0))
+    key_of = [(b["repository"]["full_name"].lower(), int(b["issue"]["number"])) for b in bodies]
+    index = {k: i for i, k in enumerate(key_of)}
+    installations = {app.orgs[o] for o in orgs}
     since = len(forge.requests.records)
-    result = await run_client("bench.probot_compare", {
-        "url": target.url, "secret": target.secret, "event": "issues",
-        "concurrency": concurrency,
-        "bodies": [json.dumps(p, separators=(",", ":")) for p in payloads]})
-    last = await _until_handled(forge, target.installation_id, repo,
-                                {int(p["issue"]["number"]) for p in payloads}, since)
-    handled_window = last - forge.clock.offset - result["started_wall"]
-    routes: dict[str, int] = {}
-    for r in forge.requests.records[since:]:
-        if r.installation_id == target.installation_id:
-            routes[r.route] = routes.get(r.route, 0) + 1
-    await target.settle()
-    lat: list[float] = result["latencies"]
-    return {"count": count, "concurrency": concurrency, "latencies": lat,
-            "statuses": result["statuses"], "accepted": len(lat) / result["elapsed"],
-            "handled": count / handled_window, "routes": routes}
+    refused_before = Counter(forge.rates.refused)
+    cpu0 = _cpu_seconds(app.proc.pid)
+    threads0 = _thread_cpu(app.proc.pid)
+    _reset_peak(app.proc.pid)
+    written: dict[int, float] = {}  # body index -> wall time of its PATCH's 200
+    refusals: Counter[int] = Counter()
+    scanned = since
+
+    def scan() -> None:
+        nonlocal scanned
+        records = forge.requests.records
+        for rec in records[scanned:]:
+            if rec.installation_id not in installations:
+                continue
+            if rec.status in (403, 429):
+                refusals[rec.status] += 1
+            elif rec.route == PATCH_ROUTE and rec.status == 200:
+                m = ISSUE_NUMBER.search(rec.path.split("?")[0])
+                if m:
+                    i = index.get((f"{m.group(1)}/{m.group(2)}".lower(), int(m.group(3))))
+                    if i is not None and i not in written:
+                        written[i] = rec.at - forge.clock.offset
+        scanned = len(records)
+
+    profiler = None
+    if (profile := os.environ.get("BENCH_PROFILE")) and app.key == "vm" and cell != "w":
+        # py-spy's raw stacks of `vaultmail serve` (the GIL holder) during this cell
+        profiler = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "py-spy"), "record", "-r", "250", "-f", "raw",
+            "--gil", "-o", f"{profile}.{cell}", "--pid", str(app.proc.pid),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = asyncio.create_task(run_client("bench.probot_compare", {
+        "url": app.url, "secret": app.secret, "event": "issues", "concurrency": IN_FLIGHT,
+        "timeout": ACK_TIMEOUT, "bodies": [json.dumps(b, separators=(",", ":"))
+                                           for b in bodies]}))
+    ideal = fastest_allowed([sum(1 for i in range(count) if orgs[i % len(orgs)] == o)
+                             for o in orgs])
+    deadline = time.monotonic() + ideal * 1.5 + 180
+    while True:
+        scan()
+        if len(written) == count:
+            break
+        if client.done() and not (set(client.result()["status"]) & app.unfinished) \
+                and await app.idle():
+            scan()
+            break  # everything answered and the app has nothing left: what landed, landed
+        if time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.01)
+    result = await client
+    if profiler is not None:  # py-spy writes its stacks on SIGINT
+        profiler.send_signal(signal.SIGINT)
+        await profiler.wait()
+    cpu = _cpu_seconds(app.proc.pid) - cpu0
+    peak = _peak_mb(app.proc.pid)
+    await _until_idle(app, timeout=ideal + 300)
+    scan()
+    sent: list[float] = result["sent"]
+    first = min(sent)
+    last = max(written.values(), default=first)
+    handled = len(written)
+    statuses = Counter(result["status"])
+    if os.environ.get("BENCH_DEBUG"):  # where the time goes, on the forge's side
+        recs = [r for r in forge.requests.records[since:] if r.installation_id in installations]
+        durations = [r.duration for r in recs if r.route == PATCH_ROUTE]
+        threads = {k: round(v - threads0.get(k, 0.0), 2) for k, v in
+                   _thread_cpu(app.proc.pid).items() if v - threads0.get(k, 0.0) > 0.01}
+        print(f"[debug] {app.name} cell {cell}: threads' CPU {threads}; {len(recs)} requests "
+              f"{dict(Counter(r.route for r in recs).most_common(6))}; PATCH duration "
+              f"p50 {ms(percentile(durations, 50))} p99 {ms(percentile(durations, 99))} ms; "
+              f"bench process CPU {time.process_time():.1f} s", file=sys.stderr)
+    forge_refused = Counter(forge.rates.refused) - refused_before
+    return {
+        "cell": cell, "count": count, "handled": handled,
+        "events_s": handled / (last - first) if last > first else 0.0,
+        "window": last - first, "ideal": ideal,
+        "ack": [lat for lat, s in zip(result["latency"], result["status"], strict=True)
+                if s != "timeout"],
+        "timeouts": statuses.get("timeout", 0),
+        "bad": {s: n for s, n in statuses.items() if not s.startswith("2") and s != "timeout"},
+        "write": [written[i] - sent[i] for i in written],
+        "refusals": sum(refusals.values()), "forge_refused": dict(forge_refused),
+        "cpu_per_1000": cpu / handled * 1000 if handled else math.inf, "cpu": cpu,
+        "peak_mb": peak,
+    }
 
 
-async def main(embedded_mode: bool) -> None:
+# -- the run ----------------------------------------------------------------------------------
+async def main(cells: tuple[int, ...], count: int, stock_count: int,
+               only: set[str] | None = None) -> None:
     t0 = time.perf_counter()
     data_dir = Path(tempfile.mkdtemp(prefix="vaultmail-probot-"))
-    procs: list[Process] = []
-    embedded: Embedded | None = None
-    rows: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
-    stock: dict[str, Any] | None = None
+    forge, office = LocalForge(), load_office(None)
+    await forge.start()
+    apps: list[App] = []
+    rows: list[tuple[App, dict[str, Any]]] = []
     try:
-        if embedded_mode:  # the forge and vaultmail in this process, on one event loop
-            embedded = await start_embedded(data_dir=data_dir / "embedded", port=0,
-                                            forge_port=0)
-            forge, office = embedded.forge, embedded.office
-            vm, tokens = _vaultmail_embedded(embedded), embedded.forge_tokens
-        else:  # the forge here; vaultmail and Probot each in its own process
-            forge, office = LocalForge(), load_office(None)
-            await forge.start()
-            vm, tokens = await _vaultmail_process(forge, office, data_dir, procs)
-        await vm.settle()
-
-        # The Probot app's org: the same office, under another org.
-        seed_office(forge, office.model_copy(update={"org": PROBOT_ORG}))
-        probot_pem, key_path = _key_file(data_dir, "probot-key.pem")
-        probot_secret = secrets.token_hex(20)
-        port = _free_port()
-        probot_app = forge.register_app(
-            slug="probot-bench", name="probot-bench", public_key_pem=probot_pem,
-            webhook_url=f"http://127.0.0.1:{port}/api/github/webhooks",
-            webhook_secret=probot_secret, events=["issues"],
-            permissions={"issues": "write", "metadata": "read", "contents": "read"})
-        procs.append(await _start_probot(forge, probot_app, key_path, probot_secret, port,
-                                         throttle=False))
-        probot_inst = forge.install_app(probot_app, PROBOT_ORG)
-
-        async def probot_settle() -> None:
-            await forge.webhooks_idle()
-
-        pb = Target("Probot", f"http://127.0.0.1:{port}/api/github/webhooks", probot_secret,
-                    probot_inst, PROBOT_ORG, probot_settle)
-        await vm.settle()
-
-        # The issues, made while every webhook is dropped; their payloads kept for the load.
-        needed = WARMUP + sum(n for _, n in LEVELS)
-        forge.limits.update({"primary": 10**7, "secondary_per_minute": 10**7,
-                             "secondary_per_hour": 10**7})
+        vm = await _vaultmail(forge, data_dir)
+        apps.append(vm)
+        vm.count = count
+        if only is None or "po" in only:
+            apps.append(await _probot(forge, data_dir, throttle=False, count=count))
+        if only is None or "pd" in only:
+            apps.append(await _probot(forge, data_dir, throttle=True, count=stock_count))
+        # set-up without limits: seeding, installing, and the issues (webhooks dropped)
+        forge.limits.update({"primary": 10**7, "secondary_per_minute": 0,
+                             "secondary_per_hour": 0, "concurrent_requests": 0,
+                             "endpoint_points_per_minute": 0})
+        for app in apps:
+            _install(forge, office, app, cells)
+        for app in apps:
+            await _until_idle(app)
         forge.faults.drop_webhooks(rate=1.0)
-        await asyncio.gather(
-            _make_issues(forge, tokens["marco"], f"{office.org}/{VAULT}", needed),
-            _make_issues(forge, tokens["marco"], f"{PROBOT_ORG}/{VAULT}",
-                         needed + STOCK_LEVEL[1]))
+        marco = forge.user_token("marco")
+        jobs = []
+        for app in apps:
+            jobs.append((f"{app.key}w-00", WARMUP))
+            for cell in cells:
+                orgs = app.cell_orgs(cell)
+                jobs += [(org, -(-app.count // cell)) for org in orgs]
+        await _make_issues(forge, marco, jobs)
         await forge.webhooks_idle()
         forge.faults.drop_webhooks(rate=0.0)
+        for app in apps:
+            _take_opened(forge, app)
         forge.limits.update(Limits().as_dict())  # the run itself under GitHub's limits
-        vm.payloads = _take_opened(forge, vm.installation_id)
-        pb.payloads = _take_opened(forge, pb.installation_id)
+        forge.rates.windows.clear()  # and with the set-up's spending forgotten
         setup = time.perf_counter() - t0
-
-        for target in (vm, pb):  # warm-up: token, config, connections, JIT
-            await _measure(forge, target, 5, WARMUP)
-        for concurrency, count in LEVELS:
-            a = await _measure(forge, vm, concurrency, count)
-            b = await _measure(forge, pb, concurrency, count)
-            rows.append((f"{concurrency} in flight", a, b))
-
-        # Probot as it ships: @octokit/plugin-throttling paces writes one a second.
-        await _stop(procs.pop())
-        port = _free_port()
-        pb.url = f"http://127.0.0.1:{port}/api/github/webhooks"
-        forge.set_webhook(probot_app, url=pb.url)
-        procs.append(await _start_probot(forge, probot_app, key_path, probot_secret, port,
-                                         throttle=True))
-        stock = await _measure(forge, pb, *STOCK_LEVEL)
+        for app in apps:  # warm-up: connections, code paths, JIT
+            await _measure(forge, app, "w", min(WARMUP, app.count))
+        for cell in cells:
+            for app in apps:
+                rows.append((app, await _measure(forge, app, cell, app.count)))
     finally:
-        for proc in procs:
-            await _stop(proc)
-        if embedded is not None:
-            await embedded.stop()
-        else:
-            await forge.stop()
+        for app in apps:
+            await _stop(app.proc)
+            session = getattr(app, "session", None)
+            if session is not None:
+                await session.close()
+        await forge.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
-    total = time.perf_counter() - t0
-    _report(rows, stock, embedded_mode, setup, total)
+    _report(rows, cells, count, stock_count, setup, time.perf_counter() - t0)
 
 
-def _report(rows: list[tuple[str, dict[str, Any], dict[str, Any]]],
-            stock: dict[str, Any] | None, embedded_mode: bool, setup: float,
-            total: float) -> None:
-    notes: list[str] = []
-    flag = " --embedded" if embedded_mode else ""
-    print(f"command: .venv/bin/python -m bench.probot_compare{flag}\n")
-    head = ["load", "app", "deliveries", "p50 ms", "p99 ms", "accepted/s", "handled/s",
-            "forge requests by its installation", "handled/s vaultmail ÷ Probot"]
+def _report(rows: list[tuple[App, dict[str, Any]]], cells: tuple[int, ...], count: int,
+            stock_count: int, setup: float, total: float) -> None:
+    args = "".join(f" {a}" for a in sys.argv[1:])
+    print(f"command: .venv/bin/python -m bench.probot_compare{args}\n")
+    head = ["installations", "app", "deliveries", "handled", "events/s", "ack p50 ms",
+            "ack p99 ms", "acks > 10 s", "write p50 ms", "write p99 ms", "refusals",
+            "CPU s / 1,000 events", "peak RSS MB", "vaultmail ÷ this"]
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
-
-    def line(load: str, name: str, r: dict[str, Any], ratio: str) -> str:
-        bad = {s: n for s, n in r["statuses"].items() if not s.startswith("2")}
-        if bad:
-            notes.append(f"{name}, {load}: answers other than 2xx: {bad}")
-        routes = ", ".join(f"{n} {route}" for route, n in sorted(r["routes"].items()))
-        lat = r["latencies"]
-        return (f"| {load} | {name} | {r['count']} | {ms(percentile(lat, 50))} | "
-                f"{ms(percentile(lat, 99))} | {r['accepted']:.0f} | {r['handled']:.0f} | "
-                f"{routes} | {ratio} |")
-
-    for load, a, b in rows:
-        print(line(load, "vaultmail", a, f"**{a['handled'] / b['handled']:.2f}**"))
-        print(line(load, "Probot 14.3.2, throttling off", b, ""))
-    if stock is not None:
-        print(line(f"{STOCK_LEVEL[0]} in flight", "Probot 14.3.2, default throttling", stock,
-                   "(not compared)"))
-    where = ("the forge and vaultmail share this process's event loop (start_embedded)"
-             if embedded_mode else
-             "the forge in this process, vaultmail (`vaultmail serve`) and Probot each in its "
-             "own")
-    print(f"\nOne issue per delivery; {WARMUP} warm-up deliveries per app not counted; load "
-          f"client in its own process; {where}; Probot on Node {_node_version()}; "
-          f"{os.cpu_count()} cores; set-up {setup:.1f} s, whole run {total:.1f} s.")
-    for note in notes:
-        print(f"- {note}")
+    verdicts: list[str] = []
+    notes: list[str] = []
+    for cell in cells:
+        cell_rows = [(a, r) for a, r in rows if r["cell"] == cell]
+        vm = next(r for a, r in cell_rows if a.key == "vm")
+        for app, r in cell_rows:
+            if r["bad"]:
+                notes.append(f"{app.name}, {cell} installations: answers {r['bad']}")
+            ratio = "" if app.key == "vm" else (
+                f"**{vm['events_s'] / r['events_s']:.2f}**" if r["events_s"] else "∞")
+            print(f"| {cell} | {app.name} | {r['count']} | {r['handled']} | "
+                  f"{r['events_s']:.1f} | {ms(percentile(r['ack'], 50))} | "
+                  f"{ms(percentile(r['ack'], 99))} | {r['timeouts']} | "
+                  f"{ms(percentile(r['write'], 50))} | {ms(percentile(r['write'], 99))} | "
+                  f"{r['refusals']} | {r['cpu_per_1000']:.1f} | {r['peak_mb']:.0f} | {ratio} |")
+            if app.key != "vm":
+                clean = r["refusals"] == 0 and r["handled"] == r["count"]
+                if clean:
+                    ok = vm["events_s"] > r["events_s"]
+                    verdicts.append(f"{cell} installations, {app.name} (no refusal): "
+                                    f"vaultmail {vm['events_s'] / r['events_s']:.2f}x "
+                                    f"{'ahead: met' if ok else 'behind: NOT met'}")
+                else:
+                    verdicts.append(f"{cell} installations, {app.name}: {r['refusals']} "
+                                    f"refusals, {r['count'] - r['handled']} events lost "
+                                    "(no comparison owed)")
+        ok = vm["refusals"] == 0
+        verdicts.append(f"{cell} installations, vaultmail: {vm['refusals']} refusals "
+                        f"({'met' if ok else 'NOT met'})")
+        if vm["ideal"] > 0:
+            over = vm["window"] / vm["ideal"] - 1
+            verdicts.append(
+                f"{cell} installations: the limits cap it (at most {WRITES_PER_MINUTE} "
+                f"PATCHes a minute per installation): fastest allowed {vm['ideal']:.0f} s, "
+                f"vaultmail {vm['window']:.1f} s, {over * 100:+.1f} % "
+                f"({'met' if over <= TARGET_CAP else 'NOT met'}, within 5 %)")
+    print(f"\n{count} deliveries per cell ({stock_count} for Probot with its default "
+          f"throttling, a write a second), spread round-robin over the cell's installations, "
+          f"{IN_FLIGHT} in flight, answers waited for {ACK_TIMEOUT:.0f} s; {WARMUP} warm-up "
+          "deliveries per app not counted; the forge in this process under localforge.Limits()"
+          " as shipped; vaultmail (`vaultmail serve`), each Probot app (probot 14.3.2 on Node "
+          f"{_node_version()}) and the load client each in its own process; {os.cpu_count()} "
+          f"cores; set-up {setup:.0f} s, whole run {total:.0f} s.")
+    for line in verdicts + notes:
+        print(f"- {line}")
 
 
 def _node_version() -> str:
@@ -448,8 +554,16 @@ def _node_version() -> str:
     return subprocess.run([node, "--version"], capture_output=True, text=True).stdout.strip()
 
 
+def _arg(name: str, default: str) -> str:
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+
 if __name__ == "__main__":
     if "--client" in sys.argv:
         client_main(_load)
     else:
-        asyncio.run(main(embedded_mode="--embedded" in sys.argv))
+        apps = _arg("--apps", "")  # e.g. "vm,po" while working on one; the report needs vm
+        asyncio.run(main(tuple(int(c) for c in _arg("--cells", "1,10,50").split(",")),
+                         int(_arg("--count", str(COUNT))),
+                         int(_arg("--stock-count", str(STOCK_COUNT))),
+                         set(apps.split(",")) if apps else None))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class VaultmailError(Exception):
     status = 400
@@ -12,9 +14,11 @@ class VaultmailError(Exception):
         self.message = message
         if code:
             self.code = code
+        # what the error result carries besides `error`: for an agent, its `inbox`
+        self.extra: dict[str, Any] = {}
 
-    def as_json(self) -> dict[str, dict[str, str]]:
-        return {"error": {"code": self.code, "message": self.message}}
+    def as_json(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message}, **self.extra}
 
 
 class InvalidArguments(VaultmailError):
@@ -28,10 +32,20 @@ class Unauthenticated(VaultmailError):
 
 
 class Denied(VaultmailError):
-    """Outside the actor's permissions or capabilities; ledgered as run.denied."""
+    """Outside the actor's permissions or capabilities; ledgered as run.denied.
+
+    Every Denied is ledgered once: where it is raised when the subject is known there (the
+    `deny` helpers, which set `ledgered`), else by the surface that reports it (the tool
+    layer), with the `subject` given here when there is one."""
 
     status = 403
     code = "denied"
+
+    def __init__(self, message: str, *, code: str | None = None, subject: str | None = None,
+                 ledgered: bool = False) -> None:
+        super().__init__(message, code=code)
+        self.subject = subject
+        self.ledgered = ledgered
 
 
 class NotFoundError(VaultmailError):
@@ -42,3 +56,31 @@ class NotFoundError(VaultmailError):
 class Conflict(VaultmailError):
     status = 409
     code = "conflict"
+
+
+class ForgeUnavailable(VaultmailError):
+    """The forge refused or failed a request a tool needed (never a stack trace)."""
+
+    status = 502
+    code = "forge_error"
+
+
+class TooManyRequests(VaultmailError):
+    """Over a per-token limit (long polls held at once); nothing was done."""
+
+    status = 429
+    code = "too_many_long_polls"
+
+
+class NotInstalled(VaultmailError):
+    """The caller's office is in an organisation where the App is not installed (now)."""
+
+    status = 503
+    code = "not_installed"
+
+
+class PayloadTooLarge(VaultmailError):
+    """A request body over the limit of where it was sent (the message names the limit)."""
+
+    status = 413
+    code = "too_large"

@@ -2,24 +2,33 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gidgethub import sansio
 from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
-from bot.errors import VaultmailError
+from bot.errors import InvalidArguments, VaultmailError
 from bot.mail.commands import parse_commands
 from handlers.common import Scene, scene
 
 router = Router()
 
 
-async def send_mail_from_command(s: Scene, args: str, body: str, index: int) -> None:
-    agent, _, subject = args.partition(" ")
+def comment_key(repo: str, comment: dict[str, Any]) -> str:
+    """What a command in a comment is keyed on: the comment itself (its id and its update
+    time), never the delivery that brought it, which a redelivery replaces."""
+    return f"comment:{repo}:{comment.get('id')}:{comment.get('updated_at')}"
+
+
+async def send_mail_from_command(s: Scene, args: str, body: str, key: str) -> None:
+    agent, subject = (args.split(None, 1) + ["", ""])[:2]  # a tab separates them too
     if not agent or not subject.strip():
-        await s.say("usage: `/mail <agent> <subject>` on one line, the message below it.")
+        await s.refuse(InvalidArguments(
+            "usage: `/mail <agent> <subject>` on one line, the message below it."))
         return
     record = await s.mailer.send(s.actor, agent, subject, body,
-                                 idempotency_key=f"comment:{s.ctx.delivery_id}:{index}")
+                                 idempotency_key=key)
     await s.say(f"mail sent to {record.to_principal}: {record.ref}")
 
 
@@ -34,7 +43,8 @@ async def handle_comment(event: sansio.Event, ctx: HandlerContext) -> None:
     try:
         for index, cmd in enumerate(commands):
             if cmd.name == "mail":
-                await send_mail_from_command(s, cmd.args, cmd.body, index)
+                await send_mail_from_command(
+                    s, cmd.args, cmd.body, f"{comment_key(s.repo, event.data['comment'])}:{index}")
         names = {c.name for c in commands}
         if mail is None:
             return
@@ -52,6 +62,6 @@ async def handle_comment(event: sansio.Event, ctx: HandlerContext) -> None:
             ctx.log.info("comment from outside the office leaves the mail as it is",
                          extra={"mail": mail.ref, "login": s.login})
         else:
-            await s.mailer.follow_up(mail, s.actor, labels=s.labels)
+            await s.mailer.follow_up(mail, s.actor, labels=s.labels, text=text)
     except VaultmailError as exc:
         await s.refuse(exc)

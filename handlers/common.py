@@ -8,11 +8,12 @@ from typing import Any
 from gidgethub import sansio
 
 from bot.app.context import HandlerContext
-from bot.errors import VaultmailError
+from bot.errors import Denied, VaultmailError
+from bot.forge.pacing import writes_for
 from bot.mail.mailer import Mailer, principal_of
 from bot.mail.markdown import defuse_mentions
 from bot.office.config import Office
-from bot.store import mails
+from bot.store import idempotency, ledger, mails, strangers
 from bot.store.mails import MailRecord
 
 
@@ -42,12 +43,36 @@ class Scene:
 
         Only they are mentioned: `text` often quotes what they wrote, so its @mentions are
         defused."""
-        await self.ctx.forge.create_comment(self.repo, self.number,
-                                            f"@{self.login} {defuse_mentions(text)}")
+        marker = self.ctx.next_marker()  # a retry finds what an earlier attempt said
+        if (self.ctx.retry or idempotency.resumed()) and await self.ctx.forge.find_comment(
+                self.repo, self.number, marker) is not None:
+            return
+        await self.ctx.forge.create_comment(
+            self.repo, self.number, f"@{self.login} {defuse_mentions(text)} {marker}",
+            marker=marker)
 
-    async def refuse(self, exc: VaultmailError) -> None:
+    @property
+    def stranger(self) -> bool:
+        """Someone outside the office (on a public repository, anyone may comment)."""
+        return self.actor.startswith("forge:")
+
+    async def refuse(self, exc: VaultmailError, text: str | None = None) -> None:
+        """Tell the one who acted why not, in one line (`text`, else the error's message).
+
+        Someone outside the office hears it once: their further refusals within
+        `strangers.QUIET_FOR` are only ledgered (`run.denied` with `quiet`), so a stranger's
+        flood of commands costs one reply, not one each."""
+        said = text if text is not None else exc.message
+        store = self.ctx.services.store
+        if self.stranger and not await strangers.may_reply(store, self.login,
+                                                           self.ctx.delivery_id):
+            self.ctx.log.info("refused quietly", extra={"reason": exc.message, "issue": self.ref})
+            if not (isinstance(exc, Denied) and exc.ledgered):
+                await ledger.record(store, "run.denied", self.actor, self.ref,
+                                    {"reason": exc.message, "quiet": True})
+            return
         self.ctx.log.info("refused", extra={"reason": exc.message, "issue": self.ref})
-        await self.say(exc.message)
+        await self.say(said)
 
     @property
     def ref(self) -> str:
@@ -64,4 +89,5 @@ async def scene(event: sansio.Event, ctx: HandlerContext) -> Scene | None:
         return None
     login = data["sender"]["login"]
     actor = principal_of(office, login) or f"forge:{login}"
+    writes_for.set(actor)  # its forge writes take the actor's turns (the worker resets it)
     return Scene(ctx, office, repo, int(data["issue"]["number"]), data["issue"], login, actor)

@@ -1,4 +1,5 @@
-"""Installing the app, or adding repositories to it, provisions the mail labels in every vault."""
+"""Installing the app, or adding repositories to it, provisions the mail labels in every vault;
+the app keeps which organisation each installation is for, so tools act through the right one."""
 
 from __future__ import annotations
 
@@ -37,6 +38,32 @@ async def provision_vaults(ctx: HandlerContext, repos: list[str]) -> list[str]:
 
 def _names(items: list[dict[str, Any]]) -> list[str]:
     return [str(r["full_name"]) for r in items]
+
+
+def _account(event: sansio.Event) -> tuple[str, int] | None:
+    inst = event.data.get("installation") or {}
+    login = (inst.get("account") or {}).get("login")
+    return (str(login).lower(), int(inst["id"])) if login and "id" in inst else None
+
+
+@router.register("installation", action="created")
+@router.register("installation", action="unsuspend")
+async def remember_installation(event: sansio.Event, ctx: HandlerContext) -> None:
+    if (found := _account(event)) is not None:
+        org, inst = found
+        ctx.services.installations[org] = inst
+        ctx.log.info("installation added", extra={"org": org})
+
+
+@router.register("installation", action="deleted")
+@router.register("installation", action="suspend")
+async def forget_installation(event: sansio.Event, ctx: HandlerContext) -> None:
+    if (found := _account(event)) is not None:
+        org, inst = found
+        if ctx.services.installations.get(org) == inst:
+            del ctx.services.installations[org]
+        ctx.services.forge_client.forget(inst)
+        ctx.log.info("installation removed", extra={"org": org})
 
 
 @router.register("installation", action="created")

@@ -26,8 +26,8 @@ from bot.items.render import (
 from bot.items.service import Comments, NewComment
 from bot.items.threads import may_answer
 from bot.mail.commands import Command, parse_commands
-from bot.mail.mailer import login_of
 from bot.office.config import Office
+from bot.office.visibility import login_of
 from bot.store import comments as db
 from handlers.common import Scene, scene
 from handlers.item_updates import record_update
@@ -153,6 +153,11 @@ async def resolve_from_forge(service: Comments, s: Scene, item: Item, cmd: Comma
             raise NotFoundError(f"no open thread of yours on {item.ref}; use `/resolve <id>` "
                                 "with the comment id shown in its card")
         target = mine[0].id
+    found = await db.get_comment(s.ctx.services.store, target)
+    if found is None or found.item != item.ref:  # a thread elsewhere is not this item's: and
+        # is not named, so a comment never tells of an item its reader may not see
+        raise NotFoundError(f"no comment {target!r} on {item.ref}; use `/resolve <id>` with "
+                            "the comment id shown in a card on this item")
     await service.resolve(s.actor, target)
 
 
@@ -181,8 +186,10 @@ async def card_edited(event: sansio.Event, ctx: HandlerContext) -> None:
             return
     await ctx.forge.update_comment(s.repo, t.card_id, t.card_body)
     if choice is not None or not may_answer(t.state, s.office, s.actor):
-        await s.say("your change to the question card was undone: only the people it asks "
-                    f"({', '.join(t.state.asked)}) can tick its boxes. Comment in words instead.")
+        reason = (f"only the people it asks ({', '.join(t.state.asked)}) can tick its boxes")
+        await service.deny(s.actor, item.ref, f"question card {t.id}: {reason}")
+        await s.say(f"your change to the question card was undone: {reason}. Comment in words "
+                    "instead.")
 
 
 @router.register("issues", action="opened")

@@ -32,7 +32,7 @@ async def adopt_issue_as_mail(event: sansio.Event, ctx: HandlerContext) -> None:
     try:
         await s.mailer.adopt(s.repo, s.issue, s.actor)
     except VaultmailError as exc:
-        await s.say(f"this issue cannot become mail: {exc.message}")
+        await s.refuse(exc, f"this issue cannot become mail: {exc.message}")
         await ctx.forge.update_issue(s.repo, s.number, state="closed",
                                      state_reason="not_planned")
 
@@ -109,7 +109,11 @@ async def review_hand_made_label_change(event: sansio.Event, ctx: HandlerContext
 def _who_may_set(mailer: Mailer, actor: str, mail: MailRecord,
                  target: MailState) -> str | None:
     """Why `actor` may not move `mail` to `target` by hand, or None when they may."""
-    if target in (MailState.WORKING, MailState.REPLIED):  # the recipient's side of the mail
+    if target is MailState.WORKING:  # "mail:working (the agent opened it)"
+        if actor in (mail.to_principal, "office"):
+            return None
+        return f"only {mail.to_principal} sets mail:working: it means the agent opened it"
+    if target is MailState.REPLIED:  # the recipient's side of the mail
         if actor == mail.to_principal or mailer.speaks_for_recipient(actor, mail):
             return None
         return f"only {mail.to_principal} (or its person, or an editor) sets {target.value}"

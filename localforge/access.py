@@ -35,7 +35,13 @@ class Principal:
 
     @property
     def via_app(self) -> int | None:
-        return self.app.id if self.kind == "installation" and self.app else None
+        """The App a write goes through: an installation's, or a user access token's."""
+        return self.app.id if self.kind in ("installation", "user") and self.app else None
+
+    @property
+    def user_via_app(self) -> bool:
+        """A user access token (ghu_): the user, as far as the App's installation reaches."""
+        return self.kind == "user" and self.app is not None
 
 
 def user_level(state: State, login: str, repo: Repo) -> str | None:
@@ -71,6 +77,37 @@ def installation_covers(state: State, p: Principal, repo: Repo) -> bool:
                 and repo.id not in p.token.repo_ids)
 
 
+def _app_role(permissions: dict[str, str], scope: str) -> str | None:
+    granted = permissions.get(scope)
+    if scope == "metadata" and granted is None:
+        granted = "read"
+    return granted if granted in ("read", "write", "admin") else None
+
+
+def app_user_level(state: State, p: Principal, repo: Repo, scope: str) -> str | None:
+    """A user access token reaches what both the user and the App's installation reach, with
+    the lesser of the user's role and the App's permission (GitHub's user-to-server tokens).
+    A public repository the App is not installed on is read-only to it."""
+    assert p.login is not None and p.app is not None
+    user = user_level(state, p.login, repo)
+    if user is None:
+        return None
+    app = p.app
+    if not any(i.app_id == app.id for i in state.installations_for_repo(repo)):
+        return "read" if not repo.private and scope in ("metadata", "issues", "contents") \
+            else None
+    role = _app_role(app.permissions, scope)
+    return PERMISSIONS[min(perm_rank(user), perm_rank(role)) - 1] if role else None
+
+
+def app_level(state: State, p: Principal, repo: Repo, scope: str) -> str | None:
+    """What the App behind a user access token may do on `repo` for `scope` by itself."""
+    if p.app is None or not any(i.app_id == p.app.id
+                                for i in state.installations_for_repo(repo)):
+        return None
+    return _app_role(p.app.permissions, scope)
+
+
 def installation_permissions(p: Principal) -> dict[str, str]:
     if p.token is not None and p.token.permissions:
         return p.token.permissions
@@ -80,6 +117,8 @@ def installation_permissions(p: Principal) -> dict[str, str]:
 def visible(state: State, p: Principal, repo: Repo) -> bool:
     if not repo.private:
         return True
+    if p.user_via_app:
+        return app_user_level(state, p, repo, "metadata") is not None
     if p.kind == "user" and p.login:
         return user_level(state, p.login, repo) is not None
     if p.kind == "installation":
@@ -89,6 +128,8 @@ def visible(state: State, p: Principal, repo: Repo) -> bool:
 
 def level(state: State, p: Principal, repo: Repo, scope: str = "issues") -> str | None:
     """Permission held on `repo` for `scope`; installations map app permissions to roles."""
+    if p.user_via_app:
+        return app_user_level(state, p, repo, scope)
     if p.kind == "user" and p.login:
         return user_level(state, p.login, repo)
     if p.kind == "installation":

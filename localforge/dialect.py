@@ -24,6 +24,9 @@ class Dialect(Protocol):
     def installation_created(self, forge: LocalForge, inst: Installation,
                              sender: str) -> None: ...
 
+    def installation_deleted(self, forge: LocalForge, inst: Installation,
+                             sender: str) -> None: ...
+
     def repo_created(self, forge: LocalForge, repo: Repo, sender: str) -> None: ...
 
     def pushed(self, forge: LocalForge, repo: Repo, pusher: str, path: str,
@@ -48,6 +51,9 @@ class EventsDialect:
 
     def installation_created(self, forge: LocalForge, inst: Installation, sender: str) -> None:
         self.events.installation_created(forge, inst, sender)
+
+    def installation_deleted(self, forge: LocalForge, inst: Installation, sender: str) -> None:
+        self.events.installation_deleted(forge, inst, sender)
 
     def repo_created(self, forge: LocalForge, repo: Repo, sender: str) -> None:
         self.events.repo_created(forge, repo, sender)

@@ -3,6 +3,7 @@ and dropped or duplicated webhook deliveries. Driven from Python or POST /_forge
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -20,6 +21,7 @@ class RouteFault:
     mode: FaultMode = "fail"
     kind: FaultKind = "error"
     delay: float = 0.0  # seconds before answering (with status 0: only a delay)
+    retry_after: int = 60  # the Retry-After of a secondary_limit refusal
     fired: int = 0
 
     def matches(self, method: str, template: str) -> bool:
@@ -29,6 +31,37 @@ class RouteFault:
         if want_method not in ("*", method):
             return False
         return want_path in ("*", template)
+
+
+@dataclass
+class Hold:
+    """Requests to `route` wait at the forge until `release()` (the next `count` of them, or all
+    with None): a test holds a write in flight and knows when it is there (`arrived`)."""
+
+    route: str
+    count: int | None = 1
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    caught: int = 0
+    _more: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def matches(self, method: str, template: str) -> bool:
+        return RouteFault(route=self.route).matches(method, template) and (
+            self.count is None or self.caught < self.count)
+
+    def release(self) -> None:
+        self.released.set()
+
+    async def caught_at_least(self, n: int) -> None:
+        """Return once `n` requests are held here (a test meets its burst at the forge)."""
+        while self.caught < n:
+            self._more.clear()
+            await self._more.wait()
+
+    def _caught_one(self) -> None:
+        self.caught += 1
+        self.arrived.set()
+        self._more.set()
 
 
 @dataclass
@@ -46,21 +79,37 @@ class WebhookFault:
 @dataclass
 class Faults:
     routes: list[RouteFault] = field(default_factory=list)
+    holds: list[Hold] = field(default_factory=list)
     drop: WebhookFault = field(default_factory=WebhookFault)
     duplicate: WebhookFault = field(default_factory=WebhookFault)
     rng: random.Random = field(default_factory=random.Random)
 
     def add(self, route: str = "*", status: int = 502, rate: float = 1.0,
             count: int | None = None, mode: FaultMode = "fail", kind: FaultKind = "error",
-            delay: float = 0.0) -> RouteFault:
+            delay: float = 0.0, retry_after: int = 60) -> RouteFault:
         fault = RouteFault(route=route, status=status, rate=rate, count=count, mode=mode,
-                           kind=kind, delay=delay)
+                           kind=kind, delay=delay, retry_after=retry_after)
         self.routes.append(fault)
         return fault
 
     def delay(self, route: str, seconds: float) -> RouteFault:
         """Answer `route` only after `seconds` (no error)."""
         return self.add(route=route, status=0, delay=seconds)
+
+    def hold(self, route: str, count: int | None = 1) -> Hold:
+        """Hold requests to `route` until the returned hold is released."""
+        held = Hold(route=route, count=count)
+        self.holds.append(held)
+        return held
+
+    async def held(self, method: str, template: str) -> None:
+        """Where the API applies holds: wait while a hold catches this request."""
+        for held in list(self.holds):
+            if held.matches(method, template) and not held.released.is_set():
+                held._caught_one()
+                await held.released.wait()
+        self.holds = [h for h in self.holds
+                      if not h.released.is_set() and (h.count is None or h.caught < h.count)]
 
     def drop_webhooks(self, rate: float = 0.0, count: int = 0) -> None:
         self.drop = WebhookFault(rate=rate, count=count)
@@ -78,6 +127,9 @@ class Faults:
 
     def clear(self) -> None:
         self.routes.clear()
+        for held in self.holds:
+            held.release()
+        self.holds.clear()
         self.drop = WebhookFault()
         self.duplicate = WebhookFault()
 
@@ -116,6 +168,7 @@ class Faults:
                 count=None if spec.get("count") is None else int(spec["count"]),
                 mode=spec.get("mode", "fail"), kind=spec.get("kind", "error"),
                 delay=float(spec.get("delay", 0.0)),
+                retry_after=int(spec.get("retry_after", 60)),
             )
         hooks = spec.get("webhooks") or {}
         for name in ("drop", "duplicate"):

@@ -116,9 +116,23 @@ class LocalForge:
     def user_token(self, login: str) -> str:
         """An existing personal access token of `login` (a new one if it has none)."""
         for tok in self.state.tokens.values():
-            if tok.kind == "user" and tok.login and tok.login.lower() == login.lower():
+            if (tok.kind == "user" and tok.app_id is None and tok.login
+                    and tok.login.lower() == login.lower()):
                 return tok.token
         return self.add_user(login)
+
+    def user_password(self, login: str) -> str:
+        """The password `login` signs in to the forge's web pages with (made on first ask)."""
+        acct = self.state.account(login)
+        if acct is None or acct.type != "User":
+            raise KeyError(f"no user {login!r}")
+        key = acct.login.lower()
+        password = self.state.web.passwords.get(key)
+        if password is None:
+            password = secrets.token_urlsafe(15)
+            self.state.web.passwords[key] = password
+            self.save()
+        return password
 
     def add_org(self, login: str, owner: str = "admin") -> None:
         if self.state.account(owner) is None:
@@ -142,6 +156,13 @@ class LocalForge:
             o.members.append(real)
         if role == "admin" and real not in o.owners:
             o.owners.append(real)
+        self.save()
+
+    def remove_org_member(self, org: str, login: str) -> None:
+        """Take someone out of an org (and its owners): what they saw as a member, they lose."""
+        o = self._org(org)
+        o.members[:] = [m for m in o.members if m.lower() != login.lower()]
+        o.owners[:] = [m for m in o.owners if m.lower() != login.lower()]
         self.save()
 
     def add_team(self, org: str, slug: str, members: list[str],
@@ -188,6 +209,11 @@ class LocalForge:
         repo.collaborators[login.lower()] = permission
         self.save()
 
+    def remove_permission(self, full_name: str, login: str) -> None:
+        """Remove a collaborator from a repository (what the forge's UI calls "Remove")."""
+        self._repo(full_name).collaborators.pop(login.lower(), None)
+        self.save()
+
     def set_team_permission(self, org: str, slug: str, full_name: str, permission: str) -> None:
         team = self.state.team(org, slug)
         if team is None:
@@ -210,7 +236,12 @@ class LocalForge:
                      webhook_url: str | None = None, webhook_secret: str | None = None,
                      events: list[str] | None = None,
                      permissions: dict[str, str] | None = None,
-                     owner: str | None = None, description: str = "") -> int:
+                     owner: str | None = None, description: str = "",
+                     callback_urls: list[str] | None = None, client_secret: str | None = None,
+                     expiring_user_tokens: bool = True) -> int:
+        """Register a GitHub App. `callback_urls` are where the OAuth web flow may send a user
+        back (`redirect_uri`); the client secret is made up unless given (40 hex characters,
+        as GitHub's) and read back with `client_credentials`."""
         pem = public_key_pem.decode() if isinstance(public_key_pem, bytes) else public_key_pem
         if "PRIVATE KEY" in pem:  # accept the private key too: keep only its public half
             pem = public_half(pem)
@@ -226,9 +257,25 @@ class LocalForge:
             permissions=dict(permissions or {"issues": "write", "metadata": "read"}),
             created_at=self.clock.now(), client_id=random_token("Iv1.", 16),
             hook_id=self.state.next_id("hook"), bot_login=bot_login, description=description,
+            callback_urls=list(callback_urls or []),
+            client_secret=client_secret or secrets.token_hex(20),
+            expiring_user_tokens=expiring_user_tokens,
         )
         self.save()
         return app_id
+
+    def client_credentials(self, app_id: int) -> tuple[str, str]:
+        """The App's OAuth client id and client secret (a secret is made if it has none)."""
+        app = self.state.apps[app_id]
+        if not app.client_secret:
+            app.client_secret = secrets.token_hex(20)
+            self.save()
+        return app.client_id, app.client_secret
+
+    def set_callback_urls(self, app_id: int, urls: list[str]) -> None:
+        """Replace the App's OAuth callback URLs (e.g. once the app's port is known)."""
+        self.state.apps[app_id].callback_urls = list(urls)
+        self.save()
 
     def set_webhook(self, app_id: int, url: str | None = None,
                     secret: str | None = None) -> None:
@@ -259,6 +306,19 @@ class LocalForge:
         self.dialect.installation_created(self, inst, who)
         self.save()
         return inst.id
+
+    def uninstall_app(self, installation_id: int, sender: str | None = None) -> None:
+        """Uninstall (as an org owner would): sends installation.deleted, then the
+        installation and its tokens are gone (its calls answer 401 or 404)."""
+        inst = self.state.installations[installation_id]
+        org = self.state.org(inst.account)
+        who = sender or (org.owners[0] if org and org.owners else inst.account)
+        self.dialect.installation_deleted(self, inst, who)
+        del self.state.installations[installation_id]
+        for value, token in list(self.state.tokens.items()):
+            if token.installation_id == installation_id:
+                del self.state.tokens[value]
+        self.save()
 
     def create_installation_token(self, installation_id: int, ttl: float = 3600.0) -> Token:
         """Mint an installation token directly (the API route does the same after the JWT)."""

@@ -20,8 +20,8 @@ def apply(forge: LocalForge, kind: str, body: dict[str, Any]) -> dict[str, Any]:
     """Run one seeding call; raises ValueError/KeyError on bad input."""
     if kind == "users":
         login = _str(body, "login")
-        return {"login": login, "token": forge.add_user(login, email=body.get("email"),
-                                                        name=body.get("name"))}
+        token = forge.add_user(login, email=body.get("email"), name=body.get("name"))
+        return {"login": login, "token": token, "password": forge.user_password(login)}
     if kind == "orgs":
         forge.add_org(_str(body, "login"), owner=body.get("owner") or "admin")
         for member in body.get("members") or []:
@@ -47,8 +47,12 @@ def apply(forge: LocalForge, kind: str, body: dict[str, Any]) -> dict[str, Any]:
             slug=_str(body, "slug"), name=body.get("name") or body["slug"],
             public_key_pem=_str(body, "public_key_pem"), webhook_url=body.get("webhook_url"),
             webhook_secret=body.get("webhook_secret"), events=body.get("events"),
-            permissions=body.get("permissions"), owner=body.get("owner"))
-        return {"id": app_id}
+            permissions=body.get("permissions"), owner=body.get("owner"),
+            callback_urls=[str(u) for u in body.get("callback_urls") or []],
+            client_secret=body.get("client_secret"),
+            expiring_user_tokens=bool(body.get("expiring_user_tokens", True)))
+        client_id, client_secret = forge.client_credentials(app_id)
+        return {"id": app_id, "client_id": client_id, "client_secret": client_secret}
     if kind == "installations":
         repos = body.get("repositories")
         inst = forge.install_app(int(body["app_id"]), _str(body, "account"),

@@ -28,6 +28,7 @@ class Account(BaseModel):
     name: str | None = None
     created_at: float = 0.0
     updated_at: float = 0.0
+    site_admin: bool = False  # Gitea's instance administrator (sees others' private fields)
 
 
 class Org(BaseModel):
@@ -156,6 +157,27 @@ class App(BaseModel):
     hook_id: int
     bot_login: str
     description: str = ""
+    # what a manifest sets (apps registered through /settings/apps/new)
+    external_url: str | None = None  # the manifest's `url`, the App's homepage
+    setup_url: str | None = None
+    setup_on_update: bool = False
+    callback_urls: list[str] = Field(default_factory=list)
+    request_oauth_on_install: bool = False
+    public: bool = True  # a private App installs only on its owner's account
+    client_secret: str | None = None
+    # user access tokens expire after 8 hours and come with a refresh token (GitHub's
+    # default for new Apps; "Opt out of user access token expiration" turns it off)
+    expiring_user_tokens: bool = True
+
+
+class ManifestCode(BaseModel):
+    """A manifest submitted on the form, waiting for its conversion (one hour, used once)."""
+
+    code: str
+    owner: str  # the user or org the App will belong to
+    creator: str  # who submitted the form
+    manifest: dict[str, Any]
+    created_at: float
 
 
 class Installation(BaseModel):
@@ -177,6 +199,48 @@ class Token(BaseModel):
     expires_at: float | None = None
     permissions: dict[str, str] = Field(default_factory=dict)
     repo_ids: list[int] | None = None  # narrowed installation token
+    app_id: int | None = None  # a user access token (ghu_): the App it acts through
+
+
+class WebSession(BaseModel):
+    """A signed-in browser (the `user_session` cookie), on the forge clock."""
+
+    id: str
+    login: str
+    created_at: float
+    expires_at: float
+
+
+class OAuthCode(BaseModel):
+    """A code from /login/oauth/authorize: single use, ten minutes on the forge clock."""
+
+    code: str
+    app_id: int
+    login: str
+    redirect_uri: str | None  # as given to authorize (None: the first callback URL)
+    created_at: float
+    code_challenge: str | None = None  # PKCE (S256 or plain)
+    code_challenge_method: str | None = None
+
+
+class RefreshToken(BaseModel):
+    """A `ghr_` refresh token: trades once for a new user access token and refresh token."""
+
+    token: str
+    app_id: int
+    login: str
+    access_token: str  # revoked when this one is used
+    expires_at: float
+
+
+class WebState(BaseModel):
+    """What the forge's web side keeps: passwords, sessions, OAuth grants and codes."""
+
+    passwords: dict[str, str] = Field(default_factory=dict)  # lower login -> password
+    sessions: dict[str, WebSession] = Field(default_factory=dict)
+    authorizations: dict[str, list[int]] = Field(default_factory=dict)  # lower login -> apps
+    codes: dict[str, OAuthCode] = Field(default_factory=dict)
+    refresh_tokens: dict[str, RefreshToken] = Field(default_factory=dict)
 
 
 class Delivery(BaseModel):
@@ -208,6 +272,8 @@ class State(BaseModel):
     installations: dict[int, Installation] = Field(default_factory=dict)
     tokens: dict[str, Token] = Field(default_factory=dict)
     deliveries: dict[int, Delivery] = Field(default_factory=dict)
+    manifest_codes: dict[str, ManifestCode] = Field(default_factory=dict)
+    web: WebState = Field(default_factory=WebState)
     ids: dict[str, int] = Field(default_factory=dict)
 
     def next_id(self, kind: str) -> int:

@@ -16,6 +16,9 @@ async def embedded(tmp_path: Path) -> AsyncIterator[Embedded]:
     emb = await start_embedded(data_dir=tmp_path, port=0, forge_port=0)
     try:
         yield emb
+        # the app paces itself under GitHub's secondary limits: the forge refused it nothing
+        # (faults a test injects are not counted here)
+        assert not emb.forge.rates.refused, f"secondary limits hit: {emb.forge.rates.refused}"
     finally:
         await emb.stop()
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
 
 from bot.app.embedded import Embedded
+from bot.tools import TOOLS
 
 
 class Actor:
@@ -73,4 +76,20 @@ class ToolClient:
     async def __call__(self, name: str, **args: Any) -> Any:
         status, body = await self.raw(name, args)
         assert status == 200, (name, status, body)
+        check_output(name, body)
         return body
+
+
+_validators: dict[str, Draft202012Validator] = {}
+
+
+def check_output(name: str, result: Any) -> None:
+    """Every result a test gets from a tool matches the outputSchema the tool declares."""
+    schema = TOOLS[name].output_schema() if name in TOOLS else None
+    if schema is None:
+        return
+    validator = _validators.setdefault(name, Draft202012Validator(schema))
+    error = best_match(validator.iter_errors(result))
+    assert error is None, (f"{name}: the result does not match its output schema "
+                           f"(bot/tools/outputs.py): {error.message} at "
+                           f"{list(error.absolute_path)}")

@@ -50,7 +50,9 @@ async def test_the_scenario_through_the_shell(embedded: Embedded) -> None:
         code, out, err = await vaultmail(*_argv(tool, args), *_as(embedded, principal),
                                          "--json")
         assert code == 0, err
-        result: dict[str, Any] = json.loads(out)
+        shown = json.loads(out)
+        assert set(shown) == {"ok", "result"} and shown["ok"] is True
+        result: dict[str, Any] = shown["result"]
         return result
 
     await run_scenario(embedded, call)
@@ -68,7 +70,10 @@ async def test_refusals_through_the_shell(embedded: Embedded) -> None:
         assert code == 1, (code, out, err)
         m = _REFUSED.search(err.strip())
         assert m, err
-        assert json.loads(out) == {"error": {"code": m[2], "message": m[3]}}
+        shown = json.loads(out)
+        assert shown["ok"] is False and shown["error"] == {"code": m[2], "message": m[3]}
+        assert set(shown) == ({"ok", "error", "inbox"} if who.startswith("agent:")
+                              else {"ok", "error"})
         return int(m[1]), m[2], m[3]
 
     await run_refusals(embedded, refusal, no_token=False)
@@ -83,7 +88,7 @@ async def test_human_readable_output_and_the_generic_call(embedded: Embedded) ->
                                      "--arg", "subject=More", "--arg", "body=42",
                                      *_as(embedded, "marco"), "--json")
     assert code == 0, err
-    assert json.loads(out)["mail"]["body"] == "42", "a JSON number for a text field is text"
+    assert json.loads(out)["result"]["mail"]["body"] == "42", "a number for a text field is text"
     code, out, err = await vaultmail("inbox", *_as(embedded, "scout"))
     assert code == 0, err
     assert "Mail waiting for you (2):" in out and "from agent:builder: Spec" in out

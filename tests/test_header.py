@@ -126,9 +126,16 @@ def test_invalid_fields_are_refused() -> None:
             body=BODY,
         )
     with pytest.raises(ValidationError):
-        make(subject="two\nlines")
+        make(subject="\t\u202e\n")  # nothing left once control and bidi characters go
     with pytest.raises(ValidationError):
         make(in_reply_to="not a ref!")
+
+
+def test_a_subject_is_signed_without_control_invisible_or_bidi_characters() -> None:
+    header, _ = make(subject="two\nlines\twith \u202eevil\u200b")
+    assert header.subject == "two lines with evil"
+    with pytest.raises(ValidationError):  # a header that holds a control character is not ours
+        MailHeader.model_validate({**header.model_dump(), "subject": "two\nlines"})
 
 
 # -- verifying -------------------------------------------------------------------------------
@@ -320,3 +327,30 @@ def test_split_reports_structure() -> None:
     assert parsed.has_header and parsed.has_separator and parsed.error is None
     assert parsed.readable is not None and "| From | To | Sent |" in parsed.readable
     assert "\r" not in parsed.body
+
+
+# -- what the header shows people ------------------------------------------------------------
+
+
+def test_the_table_shows_people_by_forge_login_not_by_email_address() -> None:
+    header, issue_body = make(from_name="login:marco", to_name="agent:scout")
+    table = split_mail_body(issue_body).readable  # type: ignore[union-attr]
+    assert table is not None and "`marco`" in table and "acme.com" not in table
+    assert "@marco" not in table, "a login in the table mentions nobody"
+    assert header.signed_fields()["from_principal"] == "human:marco@acme.com", \
+        "the principal stays in the signed data"
+    assert check(issue_body).startswith("valid")
+
+
+def test_the_names_in_the_table_are_signed() -> None:
+    _, issue_body = make(from_name="login:marco", to_name="agent:scout")
+    forged = issue_body.replace('"from_name":"login:marco"', '"from_name":"login:ceo"')
+    forged = forged.replace("| `marco` |", "| `ceo` |")
+    assert check(forged).startswith("tampered")
+
+
+def test_a_header_without_names_shows_the_principals_and_verifies_as_before() -> None:
+    header, issue_body = make()
+    assert "from_name" not in header.to_json() and "from_name" not in header.signed_fields()
+    assert "`human:marco@acme.com`" in issue_body
+    assert check(issue_body).startswith("valid")

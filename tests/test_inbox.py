@@ -37,7 +37,7 @@ async def test_you_and_agents_with_your_turn_unread_once_and_waiting_on_others(
     seen = await scout("mail_list")
     assert [c["id"] for c in seen["inbox"]["unread"]] == [note["comment"]["id"]]
     after = await marco("list_inbox")
-    assert after["agents"]["unread"] == [], "once an agent has it, it is read"
+    assert after["agents"]["unread"] == [], "once the agent it is for has it, it is handled"
 
     sara_box = await sara("list_inbox")
     assert [t["thread"] for t in sara_box["you"]["yourTurn"]] == [q["comment"]["id"]]
@@ -96,8 +96,11 @@ async def test_updates_on_my_outcomes_newest_first_30_at_a_time(embedded: Embedd
     assert sara_updates == [], "sara did all of it herself"
 
     store = embedded.services.store
-    cut = time.time()
-    await asyncio.sleep(0.01)
+    cut_ms = int(time.time() * 1000) + 1  # a millisecond after every update above
+    for _ in range(1000):  # and, once the clock has reached it, before every update below
+        if time.time() * 1000 >= cut_ms:
+            break
+        await asyncio.sleep(0.0005)
     async with store.transaction() as tx:
         for i in range(40):
             await db.add_update(tx, outcome, "status", SARA, f"update {i}")
@@ -108,8 +111,9 @@ async def test_updates_on_my_outcomes_newest_first_30_at_a_time(embedded: Embedd
                                                            range(9, -1, -1)]
     assert len(more["updates"]) == 14 and more["moreUpdatesBefore"] is None
     since = await tools(MARCO)("list_inbox", updatesBefore=page["moreUpdatesBefore"],
-                               since=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(cut))
-                               + f".{int(cut % 1 * 1000):03d}Z")
+                               since=time.strftime("%Y-%m-%dT%H:%M:%S",
+                                                   time.gmtime(cut_ms // 1000))
+                               + f".{cut_ms % 1000:03d}Z")
     assert len(since["updates"]) == 10, "stopped at since"
 
 
@@ -121,8 +125,13 @@ async def test_wait_returns_within_a_second_of_something_new(embedded: Embedded,
     empty = await marco("list_inbox", wait=0.5)
     assert 0.4 < time.monotonic() - start < 2 and empty["you"]["unread"] == []
 
+    notifier = embedded.services.notifier
     waiting = asyncio.create_task(marco("list_inbox", wait=20))
-    await asyncio.sleep(0.5)
+    deadline = time.monotonic() + 5
+    while notifier.waiting() == 0:  # until the long poll is registered and asleep
+        assert not waiting.done(), waiting.result()
+        assert time.monotonic() < deadline, "the long poll never started waiting"
+        await asyncio.sleep(0.01)
     assert not waiting.done()
     sent_at = time.monotonic()
     await tools(SARA)("add_comment", targetType="goal", target=goal, body="Ping",

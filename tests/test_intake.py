@@ -12,6 +12,7 @@ import aiohttp
 
 from bot.app.embedded import Embedded
 from bot.app.intake import signature_valid
+from bot.store import ledger
 from tests.support import Actor, label_names
 
 
@@ -86,6 +87,20 @@ async def test_forge_redelivery_keeps_the_delivery_id_and_is_handled_once(
     assert [r["state"] for r in rows] == ["done"]
     comments = await marco.comments("acme/scout-vault", issue["number"])
     assert comments == [], "a redelivery must not make the app act twice"
+    # what adopting does happened once: one mail indexed, ledgered and run, one label set
+    ref = f"acme/scout-vault#{issue['number']}"
+    ledgered = [e.event for e in await ledger.entries(embedded.services.store)
+                if e.subject == ref]
+    assert ledgered == ["mail.sent", "run.queued"], ledgered
+    indexed = await embedded.services.store.fetchall(
+        "SELECT mail_id FROM mails WHERE vault=? AND number=?",
+        ("acme/scout-vault", issue["number"]))
+    assert len(indexed) == 1
+    timeline = await marco.call(
+        "GET", f"/repos/acme/scout-vault/issues/{issue['number']}/timeline", expect=200)
+    labelled = [e for e in timeline if e.get("event") == "labeled"
+                and e["label"]["name"] == "mail:new"]
+    assert len(labelled) == 1, "the app labelled the issue once"
 
 
 async def test_labels_are_provisioned_in_every_vault_at_install(

@@ -47,7 +47,7 @@ class App:
         async with aiohttp.ClientSession() as s:
             for _ in range(300):
                 with contextlib.suppress(aiohttp.ClientError):
-                    async with s.get(self.url + "/healthz") as resp:
+                    async with s.get(self.url + "/readyz") as resp:
                         if resp.status == 200:
                             return
                 await asyncio.sleep(0.05)
@@ -85,13 +85,13 @@ async def deployed(tmp_path: Path) -> AsyncIterator[tuple[LocalForge, App, dict[
            "GITHUB_PRIVATE_KEY_PATH": str(tmp_path / "key.pem"),
            "GITHUB_WEBHOOK_SECRET": secret, "VAULTMAIL_DATA": str(tmp_path / "data"),
            "HOST": "127.0.0.1", "PORT": str(port), "VAULTMAIL_RECONCILE_SECONDS": "0.5"}
+    app = App(env, url)
+    await app.start()  # makes the data directory, which `token create` then writes to
     made = await asyncio.create_subprocess_exec(
         VAULTMAIL, "token", "create", "agent:builder", env={**os.environ, **env},
         stdout=asyncio.subprocess.PIPE)
     out, _ = await made.communicate()
     tokens["api:agent:builder"] = out.decode().split()[-1]
-    app = App(env, url)
-    await app.start()
     try:
         yield forge, app, tokens
     finally:

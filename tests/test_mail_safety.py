@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from bot.mail.mailer import Mailer
 from bot.mail.reindex import reindex
 from bot.store import mails
@@ -110,8 +112,9 @@ async def test_agent_without_capability_cannot_wake_recipient_by_comment(
     assert len(after) == before, [(e.actor, e.subject) for e in after[before:]]
 
 
+@pytest.mark.parametrize("where", [BUILDER, SCOUT], ids=["another_vault", "the_same_vault"])
 async def test_reindex_is_not_poisoned_by_a_copied_header(
-        embedded: Any, person: Any) -> None:
+        embedded: Any, person: Any, where: str) -> None:
     marco, lee = person("marco"), person("lee")
     issue = await marco.open_issue(SCOUT, "Secret plan", "the real mail")
     await embedded.settle()
@@ -119,17 +122,19 @@ async def test_reindex_is_not_poisoned_by_a_copied_header(
     store = embedded.services.store
     rec = await mails.mail_at(store, SCOUT, issue["number"])
     assert rec is not None
-    # lee (no mail.send) pastes the signed mail into another vault: adoption refuses and
-    # closes it, but the copied header stays at the top of that issue.
-    copy = await lee.open_issue(BUILDER, genuine["title"], genuine["body"])
+    # lee (no mail.send) pastes the signed mail into another vault, or into the same one (a
+    # newer issue, listed first): adoption refuses and closes it, but the copied header stays
+    # at the top of that issue.
+    copy = await lee.open_issue(where, genuine["title"], genuine["body"])
     await embedded.settle()
     svc = embedded.services
     forge = svc.forge_for(None)
     office = await svc.offices.get(forge, "acme")
-    await reindex(store, forge, office, svc.keyring)
+    await mails.replace_all(store, [])  # rebuilt from the forge alone
+    await reindex(store, forge, office, svc.keyring, app_login=svc.bot_login)
     after = await mails.get_mail(store, rec.mail_id)
     assert after is not None and after.ref == rec.ref, (after.ref if after else None,
-                                                        f"copy at {BUILDER}#{copy['number']}")
+                                                        f"copy at {where}#{copy['number']}")
 
 
 async def test_an_event_without_installation_does_not_kill_the_worker(
@@ -141,7 +146,7 @@ async def test_an_event_without_installation_does_not_kill_the_worker(
     import hmac
     import json
     svc = embedded.services
-    svc.default_installation = None
+    svc.installations["another-org"] = 999  # two installations: no default one
     body = json.dumps({"zen": "Keep it logically awesome.", "hook_id": 1,
                        "sender": {"login": "admin"}}).encode()
     sig = "sha256=" + hmac.new(svc.settings.webhook_secret.encode(), body,
@@ -151,9 +156,17 @@ async def test_an_event_without_installation_does_not_kill_the_worker(
             "X-Hub-Signature-256": sig, "Content-Type": "application/json"}) as resp:
         assert resp.status == 202
     import asyncio
-    await asyncio.sleep(0.5)
+    import time
     task = embedded.worker._task
-    assert task is not None and not task.done(), task.exception() if task and task.done() else None
+    assert task is not None
+    deadline = time.monotonic() + 10  # until the worker ends the ping, or dies trying
+    while not task.done():
+        row = await svc.store.fetchone("SELECT state FROM queue WHERE guid='ping-1'")
+        if row is not None and row["state"] != "pending":
+            break
+        assert time.monotonic() < deadline, "the ping is still pending"
+        await asyncio.sleep(0.01)
+    assert not task.done(), task.exception() if task.done() else None
 
 
 async def test_a_forge_failure_in_a_tool_is_a_json_error(embedded: Any, session: Any) -> None:
@@ -177,7 +190,11 @@ async def test_agents_trading_comments_on_one_mail_are_stopped_by_the_loop_guard
         await embedded.settle()
         await builder_bot.comment(SCOUT, sent["number"], f"follow-up {turn}")
         await embedded.settle()
-    assert label_names(await scout_bot.issue(SCOUT, sent["number"])) == ["mail:replied"], (
-        "the fourth follow-up wakes no one")
+    # Follow-ups count no hops (issue 10, item 7): the automatic copies of scout's replies do,
+    # so the fourth copy reaches builder quietly and wakes it no more.
+    copies = [m for m in await mails.all_mails(embedded.services.store) if m.vault == BUILDER]
+    assert sorted(m.hops for m in copies) == [1, 2, 3, 4]
+    quiet = [m for m in copies if m.state == "quiet"]
+    assert [m.hops for m in quiet] == [4]
     guards = await embedded.ledger_events("mail.loop_guard")
-    assert guards and guards[-1].data.get("follow_up") is True
+    assert [g.subject for g in guards] == [quiet[0].ref]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import sys
 from collections.abc import AsyncIterator
@@ -25,7 +26,7 @@ from bot.tools import TOOLS
 from tests.tool_scenario import run_refusals, run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
-_ERROR = re.compile(r"^error (\d{3}) (\S+): (.*)$", re.S)
+_ERROR = re.compile(r"^error (\d{3}) (\S+): ([^\n]*)(?:\n\n(\{.*\}))?$", re.S)
 
 
 def _token(embedded: Embedded, who: str) -> str:
@@ -64,7 +65,11 @@ def _refused(result: types.CallToolResult) -> tuple[int, str, str]:
     assert isinstance(content, types.TextContent)
     m = _ERROR.match(content.text)
     assert m, content.text
-    assert result.structured_content == {"error": {"code": m[2], "message": m[3]}}
+    assert isinstance(result.structured_content, dict)
+    assert result.structured_content["error"] == {"code": m[2], "message": m[3]}
+    extra = {k: v for k, v in result.structured_content.items() if k != "error"}
+    assert set(extra) <= {"inbox"}, "an agent's inbox comes with its errors too"
+    assert (json.loads(m[4]) if m[4] else {}) == extra, "and in the text a model reads"
     return int(m[1]), m[2], m[3]
 
 
@@ -156,10 +161,18 @@ async def test_refusals_over_mcp_stdio(embedded: Embedded) -> None:
             assert who is not None
             if who == "agent:scout":
                 who = "agent:builder"  # one server less to start: bad arguments are bad for all
+            if who.startswith("vm_"):  # a token that acts for no one: it does not start
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "bot.cli.main", "mcp", "--token", who, "--app",
+                    embedded.app_url, "--json", cwd=str(ROOT), stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                out, err = await proc.communicate()
+                shown = json.loads(out)
+                assert proc.returncode == 2 and shown["ok"] is False, err
+                assert len(err.decode().strip().splitlines()) == 1, err
+                return 401, shown["error"]["code"], shown["error"]["message"]
             if who not in clients:
-                params = (_stdio_params(embedded, "--token", who, "--app", embedded.app_url)
-                          if who.startswith("vm_") else
-                          _stdio_params(embedded, "--as", who, "--data", str(embedded.data_dir)))
+                params = _stdio_params(embedded, "--as", who, "--data", str(embedded.data_dir))
                 clients[who] = await stack.enter_async_context(Client(params))
             return _refused(await clients[who].call_tool(tool, args))
 

@@ -29,7 +29,7 @@ async def test_seed_office_sets_up_the_org_as_designed() -> None:
     try:
         tokens = seed_office(forge, office)
         assert set(tokens) == {"admin", "marco", "sara", "lee", "scout-bot", "builder-bot",
-                               "critic-bot"}
+                               "critic-bot", "echo-bot"}
 
         async def perm(repo: str, login: str) -> str:
             status, body = await _get(

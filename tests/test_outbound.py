@@ -14,18 +14,24 @@ from aiohttp import web
 
 from bot.app.embedded import Embedded, start_embedded
 from bot.mail.signing import PublicKeys
+from bot.store import ledger
 
 
 class Receiver:
     def __init__(self) -> None:
         self.events: list[tuple[bytes, dict[str, str]]] = []
+        self.refused: list[int] = []  # the seq of each POST answered 503 while "down"
+        self.tried_while_down = asyncio.Event()
         self.down = False
         self.url = ""
 
     async def handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
         if self.down:
+            self.refused.append(json.loads(body)["seq"])
+            self.tried_while_down.set()
             return web.Response(status=503)
-        self.events.append((await request.read(), dict(request.headers)))
+        self.events.append((body, dict(request.headers)))
         return web.Response(status=204)
 
 
@@ -91,11 +97,15 @@ async def test_ledger_events_reach_the_office_webhook_signed_and_in_order(
 
 async def test_a_receiver_that_was_down_gets_every_event_once_it_is_back(
         office_with_hook: Embedded, receiver: Receiver) -> None:
+    emb = office_with_hook
     receiver.down = True
-    await _send(office_with_hook, "While down")
-    await asyncio.sleep(0.8)
-    assert receiver.events == []
+    await _send(emb, "While down")
+    await asyncio.wait_for(receiver.tried_while_down.wait(), 10)  # a POST was refused
+    assert receiver.events == [], "nothing was accepted while the receiver was down"
+    ledger_seqs = [e.seq for e in await ledger.entries(emb.services.store)]
+    assert receiver.refused[0] == ledger_seqs[0], "the first event was tried, and refused"
     receiver.down = False
-    await _until(lambda: len(receiver.events) >= 2, timeout=15)
+    await _until(lambda: len(receiver.events) >= len(ledger_seqs), timeout=15)
     seqs = [json.loads(body)["seq"] for body, _ in receiver.events]
+    assert seqs[:len(ledger_seqs)] == ledger_seqs, "every event, the refused ones first"
     assert seqs == sorted(set(seqs)), "each event once, in ledger order"

@@ -81,3 +81,109 @@ async def test_a_copied_header_in_a_hand_made_issue_is_unsigned_mail(
     copy = await admin.open_issue("acme/builder-vault", "Budget", original["body"])
     code, out = await vaultmail(embedded, "verify", f"acme/builder-vault#{copy['number']}")
     assert code == 1 and "acme/scout-vault" in out
+
+
+# -- issue 9, item 9: a signed header proves a mail, not a copy of it ---------------------------
+
+
+async def _paste(person: Any, who: str, vault: str, original: dict[str, Any]) -> int:
+    copy = await person(who).open_issue(vault, original["title"], original["body"])
+    return int(copy["number"])
+
+
+async def test_a_sent_mail_pasted_into_a_new_issue_in_the_same_vault_does_not_verify(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    mail = await _sent(embedded, tools)
+    original = await person("admin").issue(SCOUT_VAULT, mail["number"])
+    n = await _paste(person, "lee", SCOUT_VAULT, original)  # lee may not send: not adopted
+    await embedded.settle()
+    code, out = await vaultmail(embedded, "verify", f"{SCOUT_VAULT}#{n}")
+    assert code == 1 and not out.startswith("valid"), out
+    assert "opened by lee" in out, out
+    code, out = await vaultmail(embedded, "verify", mail["ref"])
+    assert code == 0 and out.startswith("valid:"), out
+
+
+async def test_a_hand_opened_mail_pasted_into_the_same_vault_does_not_verify(
+        embedded: Embedded, person: Any) -> None:
+    issue = await person("marco").open_issue(SCOUT_VAULT, "Logs", "Rotate the logs")
+    await embedded.settle()
+    original = await person("admin").issue(SCOUT_VAULT, issue["number"])
+    n = await _paste(person, "lee", SCOUT_VAULT, original)
+    await embedded.settle()
+    code, out = await vaultmail(embedded, "verify", f"{SCOUT_VAULT}#{n}")
+    assert code == 1 and f"#{issue['number']}" in out, out
+    code, out = await vaultmail(embedded, "verify", f"{SCOUT_VAULT}#{issue['number']}")
+    assert code == 0, out
+
+
+async def test_reindex_keeps_the_original_when_a_copy_sits_in_the_same_vault(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    mail = await _sent(embedded, tools)
+    original = await person("admin").issue(SCOUT_VAULT, mail["number"])
+    await _paste(person, "lee", SCOUT_VAULT, original)  # newer: listed before the original
+    await embedded.settle()
+    await mails.replace_all(embedded.services.store, [])  # rebuilt from the forge alone
+    code, out = await vaultmail(embedded, "reindex")
+    assert code == 0, out
+    kept = await mails.get_mail(embedded.services.store, mail["mail_id"])
+    assert kept is not None and kept.ref == mail["ref"] and not kept.tampered, kept
+
+
+async def test_a_header_edited_into_another_of_the_apps_issues_is_a_copy(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """Someone with write access replaces a later mail's text with an earlier one's: both
+    issues are the app's, so the author proves nothing; the index (and, rebuilding it, the
+    issue opened when the header was signed) says which is the mail."""
+    first = await _sent(embedded, tools)
+    later = (await tools("human:marco@acme.com")("mail_send", to="scout", subject="Other",
+                                                 body="something else"))["mail"]
+    await embedded.settle()
+    admin: Actor = person("admin")
+    original = await admin.issue(SCOUT_VAULT, first["number"])
+    await admin.call("PATCH", f"/repos/{SCOUT_VAULT}/issues/{later['number']}",
+                     {"title": original["title"], "body": original["body"]}, expect=200)
+    await embedded.settle()
+    code, out = await vaultmail(embedded, "verify", later["ref"])
+    assert code == 1, out
+    await mails.replace_all(embedded.services.store, [])
+    code, out = await vaultmail(embedded, "reindex")
+    assert code == 0, out
+    kept = await mails.get_mail(embedded.services.store, first["mail_id"])
+    assert kept is not None and kept.ref == first["ref"], kept
+    code, out = await vaultmail(embedded, "verify", later["ref"])
+    assert code == 1 and first["ref"] in out, out
+
+
+async def test_a_pasted_mail_adopted_as_new_mail_does_not_show_the_originals_sender(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """Sara (mail.send) pastes marco's signed mail into a new issue in scout's vault. It is
+    adopted as sara's mail, and her signed body still carries marco's header and its
+    "From marco" table: the issue shows two senders, and scout's copy of the body (mail_get,
+    its run) holds a genuine-looking header of another mail."""
+    mail = await _sent(embedded, tools)
+    original = await person("admin").issue(SCOUT_VAULT, mail["number"])
+    copy = await person("sara").open_issue(SCOUT_VAULT, original["title"], original["body"])
+    await embedded.settle()
+    shown = await person("admin").issue(SCOUT_VAULT, copy["number"])
+    got = await tools("agent:scout")("mail_get", mail=f"{SCOUT_VAULT}#{copy['number']}")
+    assert got["mail"]["from_principal"] == "human:sara@acme.com"
+    assert shown["body"].count("vaultmail:header") == 1, shown["body"]
+    assert "vaultmail:header" not in got["mail"]["body"]
+
+
+async def test_a_header_quoted_further_down_an_adopted_issue_is_disarmed(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """Sara quotes marco's signed mail below words of her own: her mail is her words with the
+    quoted header renamed, so no copy of it carries a genuine-looking header."""
+    mail = await _sent(embedded, tools)
+    original = await person("admin").issue(SCOUT_VAULT, mail["number"])
+    pasted = "See below.\n\n" + original["body"]
+    copy = await person("sara").open_issue(SCOUT_VAULT, "About marco's mail", pasted)
+    await embedded.settle()
+    got = await tools("agent:scout")("mail_get", mail=f"{SCOUT_VAULT}#{copy['number']}")
+    assert got["mail"]["from_principal"] == "human:sara@acme.com"
+    assert got["mail"]["body"].startswith("See below.")
+    assert "vaultmail:header" not in got["mail"]["body"]
+    assert "vaultmail:quoted-header" in got["mail"]["body"]
+    assert got["verified"] is True

@@ -26,7 +26,7 @@ async def test_create_use_list_and_revoke_a_token(embedded: Embedded, tools: Any
 
     code, out, err = await vaultmail("token", "list", "--data", data, "--json")
     assert code == 0, err
-    listed = json.loads(out)
+    listed = json.loads(out)["result"]["tokens"]
     mine = listed[-1]
     assert mine["principal"] == "agent:scout" and not mine["revoked"]
     assert mine["last_used"] is not None, "the last use is kept"
@@ -59,8 +59,8 @@ async def test_tokens_are_stored_hashed(embedded: Embedded) -> None:
 
 
 async def test_a_bad_principal_is_refused(embedded: Embedded) -> None:
-    code, out, _ = await vaultmail("token", "create", "scout", "--data", str(embedded.data_dir))
-    assert code == 2 and "agent:<slug>" in out
+    code, _, err = await vaultmail("token", "create", "scout", "--data", str(embedded.data_dir))
+    assert code == 2 and "agent:<slug>" in err
 
 
 async def test_a_token_for_someone_not_in_the_office_acts_for_no_one(

@@ -74,10 +74,21 @@ async def test_up_serves_writes_tokens_and_continues_after_a_restart(tmp_path: P
 
 
 async def test_serve_without_configuration_says_what_is_missing(tmp_path: Path) -> None:
+    """As Probot does: instead of exiting, it serves the registration page on its port and
+    says in one line what is missing and where to go (tests/app/test_register.py goes on)."""
+    port = _free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot.cli.main", "serve", stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT, env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path)
-    out, _ = await asyncio.wait_for(proc.communicate(), 30)
-    assert proc.returncode == 2
-    text = out.decode()
-    assert "GITHUB_WEBHOOK_SECRET" in text and "vaultmail up" in text
+        sys.executable, "-m", "bot.cli.main", "serve", stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE, cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "HOST": "127.0.0.1", "PORT": str(port)})
+    try:
+        assert proc.stderr is not None
+        line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+        assert "GITHUB_WEBHOOK_SECRET" in line and "vaultmail up" in line, line
+        assert f"not registered yet: open http://127.0.0.1:{port}/setup" in line, line
+        async with aiohttp.ClientSession() as s, \
+                s.get(f"http://127.0.0.1:{port}/setup") as resp:
+            assert resp.status == 200
+            assert 'action="https://github.com/settings/apps/new?state=' in await resp.text()
+    finally:
+        assert await _stop(proc) == 0

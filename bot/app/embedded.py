@@ -16,11 +16,13 @@ from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from bot.app import runs
 from bot.app.reconcile import Reconciler
 from bot.app.services import SERVICES_KEY, Services
 from bot.app.settings import Settings
 from bot.app.web import RECONCILER_KEY, WORKER_KEY, create_app
 from bot.app.worker import Worker
+from bot.console.signin import CALLBACK
 from bot.office.config import Office, load_office
 from bot.office.seed import seed_office
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
@@ -99,12 +101,15 @@ class Embedded:
         return self.data_dir / "tokens.json"
 
     async def settle(self, timeout: float = 30.0) -> None:
-        """Wait until every webhook has been delivered and handled (and what they caused)."""
+        """Wait until every webhook has been delivered and handled (and what they caused,
+        run dispatches and local agents' command runs among them)."""
         for _ in range(20):
             await self.forge.webhooks_idle()
             await self.worker.idle(timeout)
+            await runs.idle(self.services, timeout)
             await self.forge.webhooks_idle()
-            if await self.services.store.pending_count() == 0:
+            if (await self.services.store.pending_count() == 0
+                    and not self.services.background):
                 return
 
     async def ledger_events(self, event: str) -> list[ledger.Entry]:
@@ -155,11 +160,17 @@ async def start_embedded(
     else:
         forge_tokens = json.loads(tokens_path.read_text())["forge_tokens"]
 
+    client_id = client_secret = ""
+    if identity.dialect == "github":  # the console's sign-in: the App's OAuth client
+        client_id, client_secret = forge.client_credentials(identity.app_id)
+        forge.set_callback_urls(identity.app_id, [app_url + CALLBACK])
     settings = Settings(api_url=forge.url, app_id=str(identity.app_id),
                         private_key_pem=identity.private_key_pem,
                         webhook_secret=identity.webhook_secret, data_dir=data_dir,
                         host=host, port=sock.getsockname()[1], write_interval=0.0,
-                        dialect=identity.dialect, token=identity.token)
+                        dialect=identity.dialect, token=identity.token,
+                        client_id=client_id, client_secret=client_secret, public_url=app_url,
+                        token_sign_in=True)
     runner = web.AppRunner(create_app(settings), access_log=None)
     await runner.setup()
     await web.SockSite(runner, sock).start()
@@ -170,8 +181,7 @@ async def start_embedded(
         identity.installation_id = forge.install_app(identity.app_id, office.org)
         identity.save(identity_path)
     embedded = Embedded(forge, runner, app_url, data_dir, office, forge_tokens)
-    embedded.services.default_installation = identity.installation_id
-    embedded.services.default_org = office.org
+    embedded.services.installations[office.org.lower()] = identity.installation_id
     embedded.api_tokens = await _api_tokens(embedded, tokens_path, fresh)
     tokens_path.write_text(json.dumps({
         "forge_url": forge.url, "app_url": app_url,
@@ -203,7 +213,8 @@ async def _api_tokens(embedded: Embedded, path: Path, fresh: bool) -> dict[str, 
         if kept:
             return kept
     store = embedded.services.store
-    return {p: await api_tokens.create_token(store, p) for p in principals(embedded.office)}
+    return {p: await api_tokens.create_token(store, p, embedded.office.org)
+            for p in principals(embedded.office)}
 
 
 def _office_text(office_path: str | Path | None) -> str:

@@ -1,40 +1,84 @@
-"""Structured logs: one JSON object a line, carrying delivery and installation ids."""
+"""Structured logs: one JSON object a line (structlog), UTC times to the millisecond.
+
+The code logs through the standard library (`log.info("...", extra={...})`); structlog renders
+every record, the app's and its libraries', as JSON. What a delivery is about (`delivery_id`,
+`installation_id`, `event`, `action`) is bound in a context variable by the worker, so every
+line logged while the delivery is handled carries it, the forge layer's included, and each
+line keeps its own fields beside them.
+"""
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import sys
+import time
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+import structlog
+from structlog.contextvars import bound_contextvars, merge_contextvars
+
+LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for key, value in record.__dict__.items():
-            if key not in _STANDARD and not key.startswith("_"):
-                out[key] = value
-        if record.exc_info:
-            out["error"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
+def _utc_millis(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    now = time.time()
+    event["time"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + \
+        f".{int(now % 1 * 1000):03d}Z"
+    return event
 
 
-def setup_logging(level: str = "INFO") -> None:
+def _rename_event(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    event["msg"] = event.pop("event", "")
+    return event
+
+
+def _formatter() -> structlog.stdlib.ProcessorFormatter:
+    return structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[
+            _rename_event,  # first: `event` is the webhook's event name in these lines
+            merge_contextvars,
+            structlog.stdlib.add_log_level,
+            structlog.stdlib.add_logger_name,
+            structlog.stdlib.ExtraAdder(),
+            _utc_millis,
+        ],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(default=str),
+        ],
+    )
+
+
+def setup_logging(level: str = "info") -> None:
+    """JSON lines on stderr at `level` (debug, info, warning, error, critical)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
+    handler.setFormatter(_formatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    root.setLevel(level.upper())
+    for noisy in ("aiohttp.access", "aiosqlite", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def delivery_context(**fields: Any) -> Iterator[None]:
+    """Every line logged inside (by any module, in this task) carries `fields`."""
+    with bound_contextvars(**fields):
+        yield
+
+
+class _Merging(logging.LoggerAdapter[logging.Logger]):
+    """Adds its fields to a line's own `extra` instead of replacing it (the stdlib adapter's
+    way), so a `refused` line keeps its `reason` and `issue`."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, Any]:
+        kwargs["extra"] = {**(self.extra or {}), **(kwargs.get("extra") or {})}
+        return msg, kwargs
 
 
 def bound(logger: logging.Logger, **fields: Any) -> logging.LoggerAdapter[logging.Logger]:
     """A logger that adds `fields` (delivery_id, installation_id, mail, ...) to every line."""
-    return logging.LoggerAdapter(logger, fields)
+    return _Merging(logger, fields)

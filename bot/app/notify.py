@@ -1,8 +1,10 @@
 """Wake-ups for long polls: `list_inbox` with `wait` sleeps here until something is new for it.
 
 No busy loop and no task per waiter: each waiting call owns one asyncio.Event, registered under
-every principal it waits for; whoever makes something new for a principal (a comment, a mail,
-an answer) calls `notify`, which sets the events registered under it.
+every key it waits for; whoever makes something new under a key calls `notify`, which sets the
+events registered under it. A key is a principal (an agent's mail and chats, a chat's answer)
+or an inbox box (`you:<owner>`, `agents:<owner>`: see `bot.items.inbox.wait_keys`), so that a
+person's long poll wakes for their own box only, never for their agents'.
 """
 
 from __future__ import annotations
@@ -11,10 +13,20 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Iterable
 
+from bot import metrics
+
 
 class Notifier:
     def __init__(self) -> None:
         self._waiting: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
+        self.closed = False  # shutting down: every wait answers at once with what is there
+
+    def close(self) -> None:
+        """On SIGTERM: wake every long poll now, and let no new one wait."""
+        self.closed = True
+        for events in self._waiting.values():
+            for event in events:
+                event.set()
 
     def notify(self, principals: Iterable[str]) -> None:
         for principal in set(principals):
@@ -27,17 +39,21 @@ class Notifier:
 
     async def wait_any(self, principals: Iterable[str], timeout: float) -> bool:
         """Like `wait`, woken by something new for any of `principals`."""
+        if self.closed:
+            return False
         event = asyncio.Event()
         keys = set(principals)
         for key in keys:
             self._waiting[key].add(event)
+        metrics.LONG_POLLS.inc()
         try:
             async with asyncio.timeout(timeout):  # no extra task, unlike wait_for
                 await event.wait()
-            return True
+            return not self.closed
         except TimeoutError:
             return False
         finally:
+            metrics.LONG_POLLS.dec()
             for key in keys:
                 waiting = self._waiting.get(key)
                 if waiting is not None:

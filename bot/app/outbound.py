@@ -55,10 +55,11 @@ class LedgerForwarder:
 
     async def _urls(self) -> list[str]:
         services = self.services
-        if services.default_org is None or services.default_installation is None:
-            return []
-        office = await services.offices.get(services.forge_for(None), services.default_org)
-        return list(office.webhooks) if office else []
+        urls: list[str] = []
+        for org in sorted(services.installations):  # every installed office's webhooks
+            office = await services.offices.get(services.forge_for_org(org), org)
+            urls += [u for u in (office.webhooks if office else []) if u not in urls]
+        return urls
 
     async def _run(self) -> None:
         while True:

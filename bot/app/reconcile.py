@@ -63,14 +63,18 @@ class Reconciler:
         """Redeliver what was missed; returns how many deliveries were asked for again."""
         app = self.app_forge()
         asked = scanned = 0
+        seen: set[str] = set()  # a delivery id lists once per failed attempt: ask once a round
         async for delivery in app.iter_deliveries(status="failure"):
             scanned += 1
             if scanned > MAX_SCAN:
                 break
             guid = str(delivery["guid"])
+            if guid in seen:
+                continue
+            seen.add(guid)
             recent = time.monotonic() - self._asked.get(guid, -1e18) < self.interval
             if recent or await self._recorded(guid):
-                continue  # asked already this round or the last (a redelivery may fail too)
+                continue  # asked the last round, still in flight (a redelivery may fail too)
             await app.redeliver(int(delivery["id"]))
             self._asked[guid] = time.monotonic()
             asked += 1

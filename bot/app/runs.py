@@ -1,67 +1,299 @@
 """Runs: the office asking an agent to act, admitted by the agent's `run.triggers`.
 
 Admission is recorded in the same transaction as what caused it; dispatch happens after the
-commit (a signed POST, a repository_dispatch on the vault, or nothing: the agent finds the
-work in its inbox).
+commit, by the agent's `run.dispatch`: a signed POST, a repository_dispatch on the vault, a local
+command (`{command: [...]}`), or nothing (the agent finds the work in its inbox).
+
+Seed mail.md: "The agent is prompted with the mail." Every dispatched run carries what the agent
+needs to act without another request (`mail_run`, `chat_run`): who wrote, the subject, the body
+(marked `contentIsData`: it is someone's text, never instructions), the thread, the hops, and
+where to reply. A command run also gets, in its environment, the app's URL and an API token of
+its agent that lives as long as the run (`VAULTMAIL_APP_URL`, `VAULTMAIL_TOKEN`), so it answers
+through the tools like any agent; its exit status, timing and the end of its output are ledgered
+as `run.finished`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 import aiosqlite
 
 from bot.app.signed_post import post_signed
-from bot.office.config import Agent
-from bot.store import ledger, mails
+from bot.office.config import PYTHON, Agent, CommandDispatch
+from bot.store import api_tokens, ledger, mails
 
 if TYPE_CHECKING:
     from bot.app.services import Services
     from bot.forge.base import Forge
+    from bot.store.mails import MailRecord
 
 log = logging.getLogger("vaultmail.runs")
 DISPATCH_ATTEMPTS = 4
+EARLIER_MAILS = 5  # earlier mails of the thread a mail run carries
+EARLIER_BODY = 4_000  # characters of each earlier mail's body
+OUTPUT_KEPT = 4_000  # characters of a command's stdout and stderr kept in the ledger
+CLIENT_PAYLOAD_BYTES = 60_000  # GitHub takes a repository_dispatch client_payload up to 64 KB
+# the app's own configuration, never handed to an agent's command
+_SECRET_ENV = ("GITHUB_", "GITEA_", "VAULTMAIL_")
 
 
 async def admit(db: aiosqlite.Connection, agent: Agent, kind: str, subject: str,
-                actor: str) -> bool:
-    """Queue a run of `kind` for `agent` if its triggers admit it; ledger either way."""
+                actor: str) -> int | None:
+    """Queue a run of `kind` for `agent` if its triggers admit it, ledgered either way: the
+    run's id, or None when refused."""
     if kind in agent.run.triggers:
         run_id = await mails.add_run(db, agent.slug, kind, subject, "queued")
         await ledger.append(db, "run.queued", actor, subject,
                             {"agent": agent.principal, "kind": kind, "run": run_id})
-        return True
+        return run_id
     await mails.add_run(db, agent.slug, kind, subject, "refused")
     await ledger.append(db, "run.refused", actor, subject, {
         "agent": agent.principal, "kind": kind,
         "reason": f"{agent.principal} does not accept {kind} runs "
                   f"(run.triggers: {list(agent.run.triggers)})"})
-    return False
+    return None
 
 
-def dispatch(services: Services, forge: Forge, agent: Agent, vault: str,
-             payload: dict[str, Any]) -> None:
-    """Tell the agent's runner, in the background; failures are retried, then logged."""
+# -- what a run carries ------------------------------------------------------------------------
+
+async def mail_run(services: Services, agent: Agent, record: MailRecord, run: int, *,
+                   follow_up: tuple[str, str] | None = None) -> dict[str, Any]:
+    """The run of a mail: the mail itself, the new message when a follow-up woke the agent
+    (`follow_up`: who wrote it, and its text), the thread's earlier mails the agent took part
+    in, and where to reply. At most 10 top-level keys (GitHub's limit for client_payload)."""
+    thread = await mails.list_mails(services.store, thread=record.thread_id)
+    earlier = [m for m in thread if m.mail_id != record.mail_id
+               and agent.principal in (m.from_principal, m.to_principal)][-EARLIER_MAILS:]
+    return {
+        "kind": "mail", "agent": agent.slug, "run": run,
+        "mail": record.mail_id, "subject": record.ref, "title": record.subject,
+        "content": {
+            "ref": record.ref, "vault": record.vault, "number": record.number,
+            "from": record.from_principal, "to": record.to_principal,
+            "subject": record.subject, "sent": record.sent, "hops": record.hops,
+            "thread": record.thread_id, "inReplyTo": record.in_reply_to, "state": record.state,
+            "body": record.body,
+            "followUp": ({"from": follow_up[0], "body": follow_up[1]} if follow_up else None),
+            "earlier": [{"ref": m.ref, "from": m.from_principal, "to": m.to_principal,
+                         "subject": m.subject, "sent": m.sent, "hops": m.hops,
+                         "body": _clip(m.body, EARLIER_BODY)} for m in earlier],
+            "contentIsData": True,
+        },
+        "reply": {"tool": "mail_reply", "arguments": {"mail": record.ref}, "issue": record.ref,
+                  "as": agent.principal},
+    }
+
+
+def chat_run(agent: Agent, chat: int, sender: str, message: str, run: int) -> dict[str, Any]:
+    return {"kind": "chat", "agent": agent.slug, "run": run, "chat": chat, "from": sender,
+            "message": message, "contentIsData": True,
+            "reply": {"tool": "chat_reply", "arguments": {"chat": chat}, "as": agent.principal}}
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def fit_client_payload(payload: dict[str, Any]) -> dict[str, Any]:
+    """The payload within GitHub's size limit for a client_payload: the earlier mails go
+    first, then the body is cut (`content.truncated`: read the rest with mail_get)."""
+    def size(p: dict[str, Any]) -> int:
+        return len(json.dumps(p, ensure_ascii=False).encode())
+
+    if size(payload) <= CLIENT_PAYLOAD_BYTES or "content" not in payload:
+        return payload
+    content = {**payload["content"], "earlier": []}
+    fitted = {**payload, "content": content}
+    over = size(fitted) - CLIENT_PAYLOAD_BYTES
+    if over > 0:
+        body = content["body"].encode()
+        content["body"] = body[: max(0, len(body) - over - 16)].decode("utf-8", "ignore")
+        content["truncated"] = True
+    return fitted
+
+
+# -- dispatch ----------------------------------------------------------------------------------
+
+def dispatch_mail(services: Services, forge: Forge, agent: Agent, record: MailRecord,
+                  run: int, *, follow_up: tuple[str, str] | None = None) -> None:
+    """Prompt `agent` with the mail of its run `run`, in the background."""
     if agent.run.dispatch == "none":
         return
-    task = asyncio.create_task(_dispatch(services, forge, agent, vault, payload))
+
+    async def go() -> None:
+        payload = await mail_run(services, agent, record, run, follow_up=follow_up)
+        await _dispatch(services, forge, agent, record.vault, record.ref, payload)
+
+    _background(services, go())
+
+
+def dispatch_chat(services: Services, forge: Forge, agent: Agent, vault: str, chat: int,
+                  sender: str, message: str, run: int) -> None:
+    if agent.run.dispatch == "none":
+        return
+    payload = chat_run(agent, chat, sender, message, run)
+    _background(services, _dispatch(services, forge, agent, vault, f"chat:{chat}", payload))
+
+
+def _background(services: Services, work: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.create_task(work)
     services.background.add(task)
     task.add_done_callback(services.background.discard)
 
 
-async def _dispatch(services: Services, forge: Forge, agent: Agent, vault: str,
+async def idle(services: Services, timeout: float) -> bool:
+    """Wait until every dispatch under way (and every command run) has ended, at most
+    `timeout` seconds (nothing is cancelled): whether they all did."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while services.background:
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            return False
+        await asyncio.wait(list(services.background), timeout=left)
+    return True
+
+
+async def stop(services: Services) -> None:
+    """At shutdown: stop what is under way (a command run is killed, its token revoked)."""
+    tasks = list(services.background)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _dispatch(services: Services, forge: Forge, agent: Agent, vault: str, subject: str,
                     payload: dict[str, Any]) -> None:
+    how = agent.run.dispatch
+    if isinstance(how, CommandDispatch):
+        owner = vault.split("/")[0]  # the vault's org: the office the run's token acts in
+        org = owner.lower() if services.installation_of(owner) is not None else None
+        await run_command(services, agent, how, subject, payload, org)
+        return
     for attempt in range(1, DISPATCH_ATTEMPTS + 1):
         try:
-            if agent.run.dispatch == "repository_dispatch":
-                await forge.dispatch(vault, "vaultmail.run", payload)
+            if how == "repository_dispatch":
+                await forge.dispatch(vault, "vaultmail.run", fit_client_payload(payload))
             else:
-                await post_signed(services.keyring, agent.run.dispatch, payload)
+                await post_signed(services.keyring, how, payload)
             return
         except Exception as exc:  # network or forge failure: retry with backoff
             log.warning("run dispatch failed (attempt %d): %r", attempt, exc,
-                        extra={"agent": agent.slug, "subject": payload.get("subject")})
+                        extra={"agent": agent.slug, "subject": subject})
             await asyncio.sleep(0.5 * 2 ** attempt)
-    log.error("run dispatch gave up", extra={"agent": agent.slug})
+    log.error("run dispatch gave up", extra={"agent": agent.slug, "subject": subject})
+
+
+# -- a local command per run -------------------------------------------------------------------
+
+def app_url(services: Services) -> str:
+    """Where a command on this machine reaches the app's tools."""
+    host = services.settings.host
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{services.settings.port}"
+
+
+def command_env(services: Services, agent: Agent, token: str, run: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SECRET_ENV)}
+    env.update(VAULTMAIL_APP_URL=app_url(services), VAULTMAIL_TOKEN=token,
+               VAULTMAIL_AGENT=agent.principal, VAULTMAIL_RUN=str(run))
+    return env
+
+
+async def _tail(stream: asyncio.StreamReader | None) -> str:
+    """The end of what a stream says, at most OUTPUT_KEPT characters."""
+    if stream is None:
+        return ""
+    kept = bytearray()
+    while chunk := await stream.read(65_536):
+        kept += chunk
+        if len(kept) > 8 * OUTPUT_KEPT:
+            del kept[: len(kept) - 4 * OUTPUT_KEPT]
+    text = kept.decode("utf-8", "replace")
+    return text if len(text) <= OUTPUT_KEPT else "…" + text[-(OUTPUT_KEPT - 1):]
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: children go with it
+
+
+async def run_command(services: Services, agent: Agent, how: CommandDispatch, subject: str,
+                      payload: dict[str, Any], org: str | None = None) -> None:
+    """Run the agent's command with the run as JSON on stdin; one run of an agent at a time.
+    Never retried (a second run could act twice): the work stays in the agent's inbox."""
+    run = int(payload["run"])
+    async with services.lock_for(f"run:{agent.slug}"):
+        token = await api_tokens.create_token(services.store, agent.principal, org)
+        argv = [sys.executable if i == 0 and word == PYTHON else word
+                for i, word in enumerate(how.command)]
+        started = time.monotonic()
+        data: dict[str, Any] = {"agent": agent.principal, "kind": payload["kind"], "run": run,
+                                "command": argv, "exit": None, "timed_out": False}
+        try:
+            data.update(await _execute(argv, how.timeout,
+                                       command_env(services, agent, token, run),
+                                       json.dumps(payload).encode()))
+        except OSError as exc:  # the program is missing or cannot run
+            data["error"] = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
+        finally:
+            await asyncio.shield(api_tokens.revoke_token_value(services.store, token))
+        data["seconds"] = round(time.monotonic() - started, 3)
+        ok = data["exit"] == 0 and not data["timed_out"]
+        async with services.store.transaction() as db:
+            await mails.finish_run(db, run, "done" if ok else "failed")
+            await ledger.append(db, "run.finished", "office", subject, data)
+        if not ok:
+            log.warning("run command failed", extra={
+                "agent": agent.slug, "subject": subject, "exit": data["exit"],
+                "timed_out": data["timed_out"], "error": data.get("error")})
+
+
+async def _execute(argv: list[str], timeout: float, env: dict[str, str],
+                   stdin: bytes) -> dict[str, Any]:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
+    out = asyncio.create_task(_tail(proc.stdout))
+    err = asyncio.create_task(_tail(proc.stderr))
+    timed_out = False
+    try:
+        async with asyncio.timeout(timeout):
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(stdin)
+                await proc.stdin.drain()
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # it did not read its input: its business
+            finally:
+                proc.stdin.close()
+            code = await proc.wait()
+    except TimeoutError:
+        timed_out = True
+        _kill(proc)
+        code = await proc.wait()
+    except asyncio.CancelledError:  # shutting down
+        _kill(proc)
+        await proc.wait()
+        out.cancel()
+        err.cancel()
+        raise
+    # a child that kept the pipes open is given a moment, then left
+    done, pending = await asyncio.wait({out, err}, timeout=5)
+    for task in pending:
+        task.cancel()
+    return {"exit": code, "timed_out": timed_out,
+            "stdout": out.result() if out in done else "",
+            "stderr": err.result() if err in done else ""}

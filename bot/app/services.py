@@ -12,9 +12,12 @@ from gidgethub.routing import Router
 
 from bot.app.notify import Notifier
 from bot.app.settings import Settings
+from bot.errors import NotInstalled
 from bot.mail.signing import Keyring
 from bot.office.source import OfficeSource
+from bot.office.visibility import Visibility
 from bot.store import Store
+from bot.tools.polls import LongPolls
 
 if TYPE_CHECKING:
     from bot.forge.base import Forge
@@ -32,10 +35,12 @@ class Services:
     app_slug: str
     offices: OfficeSource
     keyring: Keyring
-    default_installation: int | None = None
-    default_org: str | None = None
+    # org (lower case) -> installation id: read at start, kept by installation events
+    installations: dict[str, int] = field(default_factory=dict)
     background: set[asyncio.Task[None]] = field(default_factory=set)
     notifier: Notifier = field(default_factory=Notifier)
+    long_polls: LongPolls = field(default_factory=LongPolls)  # `wait` calls held per API token
+    visibility: Visibility = field(default_factory=Visibility)  # who sees which repository
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     bot_user: str | None = None  # gitea: the bot is a plain user, not "<slug>[bot]"
     # set by whoever runs the worker: new deliveries are queued, look now
@@ -56,8 +61,29 @@ class Services:
         return self.bot_user or f"{self.app_slug}[bot]"
 
     def is_own_event(self, payload: dict[str, Any]) -> bool:
-        sender = payload.get("sender") or {}
-        return bool(sender.get("login") == self.bot_login)
+        sender = payload.get("sender")
+        return isinstance(sender, dict) and sender.get("login") == self.bot_login
+
+    @property
+    def default_installation(self) -> int | None:
+        """The installation, when there is exactly one (the usual case)."""
+        return next(iter(self.installations.values())) if len(self.installations) == 1 else None
+
+    @property
+    def default_org(self) -> str | None:
+        return next(iter(self.installations)) if len(self.installations) == 1 else None
+
+    def installation_of(self, org: str) -> int | None:
+        return self.installations.get(org.lower())
+
+    def forge_for_org(self, org: str) -> Forge:
+        """This org's installation's forge; NotInstalled (503) naming the org otherwise."""
+        inst = self.installation_of(org)
+        if inst is None:
+            raise NotInstalled(
+                f"the App is not installed on {org}: an owner of {org} installs it (the App's "
+                "page on the forge, Install), then the office works again", code="not_installed")
+        return self.forge_client.installation(inst)
 
     def forge_for(self, installation_id: int | None) -> Forge:
         inst = installation_id if installation_id is not None else self.default_installation

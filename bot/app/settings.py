@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 USAGE = """\
-vaultmail serve needs a forge to talk to. Set, for a GitHub App:
-  GITHUB_APP_ID            the App's id
-  GITHUB_PRIVATE_KEY_PATH  the App's private key (PEM file)
-  GITHUB_WEBHOOK_SECRET    the webhook secret set on the App (mandatory)
-  GITHUB_API_URL           optional, for GitHub Enterprise or another forge (default api.github.com)
+vaultmail serve needs a forge to talk to. Set (in the environment or in .env), for a GitHub App
+(`vaultmail register` writes these to .env):
+  GITHUB_APP_ID or APP_ID  the App's id
+  GITHUB_PRIVATE_KEY_PATH or PRIVATE_KEY_PATH   the App's private key (PEM file),
+    or PRIVATE_KEY          the key itself
+  GITHUB_WEBHOOK_SECRET or WEBHOOK_SECRET       the webhook secret set on the App (mandatory)
+  GHE_HOST                 optional, your GitHub Enterprise Server's host (or GITHUB_API_URL)
 or, for a Gitea/Forgejo bot user:
   GITEA_URL                the forge's URL (e.g. https://gitea.example.com)
   GITEA_TOKEN              the bot user's access token
@@ -21,8 +28,38 @@ or, for a Gitea/Forgejo bot user:
 To try vaultmail without a forge, run `vaultmail up`: it starts a local forge and the app."""
 
 
+# what each setting `serve` cannot start without should hold, for the one-line refusal
+_WANTED = {
+    "GITHUB_APP_ID": "the App's id (APP_ID also works)",
+    "GITHUB_WEBHOOK_SECRET": "the webhook secret set on the App (WEBHOOK_SECRET also works)",
+    "GITHUB_PRIVATE_KEY_PATH": "the path of the App's private key, a PEM file "
+                               "(PRIVATE_KEY_PATH, or PRIVATE_KEY with the key itself)",
+    "GITEA_URL": "the forge's URL, e.g. https://gitea.example.com",
+    "GITEA_TOKEN": "the bot user's access token",
+    "GITEA_WEBHOOK_SECRET": "the secret of the org webhook pointed at /webhook",
+}
+
+
+def _missing(names: list[str]) -> str:
+    """One line naming each missing setting and what it should hold."""
+    return ("missing " + "; ".join(f"{n} ({_WANTED[n]})" for n in names)
+            + ": set it in the environment or in .env (`vaultmail serve --help` lists all)")
+
+
 class SettingsError(ValueError):
     """Configuration that cannot run; the message says what is missing and how to fix it."""
+
+
+class NotRegistered(SettingsError):
+    """No App credentials at all: `serve` then offers the registration page (as Probot does),
+    with what it needs to build it (where to listen, the forge, GH_ORG, the public URL)."""
+
+    def __init__(self, message: str, *, missing: list[str], host: str, port: int,
+                 api_url: str, org: str | None, public_url: str | None,
+                 env_file: Path | None) -> None:
+        super().__init__(message)
+        self.missing, self.host, self.port, self.api_url = missing, host, port, api_url
+        self.org, self.public_url, self.env_file = org, public_url, env_file
 
 
 @dataclass(frozen=True)
@@ -43,6 +80,18 @@ class Settings:
     extra: dict[str, str] = field(default_factory=dict)
     dialect: str = "github"  # github | gitea (Gitea and Forgejo)
     token: str = ""  # gitea: the bot user's access token
+    log_level: str = "info"
+    # the console's sign-in (bot/console): the App's OAuth client (GITHUB_CLIENT_ID and
+    # GITHUB_CLIENT_SECRET), the address people reach the app at (VAULTMAIL_PUBLIC_URL: the
+    # OAuth callback and Secure cookies; else the request's own), and on the embedded default
+    # sign-in with an API token too
+    client_id: str = ""
+    client_secret: str = ""
+    public_url: str = ""
+    token_sign_in: bool = False
+    # the Origins a browser page may call /mcp from (VAULTMAIL_ALLOWED_ORIGINS); none by default
+    allowed_origins: tuple[str, ...] = field(default_factory=lambda: parse_origins(
+        os.environ.get("VAULTMAIL_ALLOWED_ORIGINS")))
 
     def __post_init__(self) -> None:
         if not self.webhook_secret:
@@ -56,6 +105,14 @@ class Settings:
     @property
     def db_path(self) -> Path:
         return self.data_dir / "index.sqlite3"
+
+    @property
+    def web_url(self) -> str:
+        """The forge's web address (sign-in pages, issue links), from its API's: github.com
+        for api.github.com, the host of GitHub Enterprise's /api/v3, else the same URL."""
+        if self.api_url.rstrip("/") == "https://api.github.com":
+            return "https://github.com"
+        return self.api_url.rstrip("/").removesuffix("/api/v3")
 
     @classmethod
     def from_data_dir(cls, data_dir: Path) -> Settings:
@@ -81,47 +138,182 @@ class Settings:
         return cls.from_env()
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        env = os.environ if env is None else env
-        if env.get("GITEA_URL") or env.get("GITEA_TOKEN"):
-            return cls._gitea_from_env(env)
-        missing = [k for k in ("GITHUB_APP_ID", "GITHUB_WEBHOOK_SECRET") if not env.get(k)]
-        key_path = env.get("GITHUB_PRIVATE_KEY_PATH")
-        if not key_path:
+    def from_env(cls, env: Mapping[str, str] | None = None,
+                 env_file: str | Path | None = ".env") -> Settings:
+        """`vaultmail serve`: the environment, then `.env` (Probot's names or `GITHUB_*`).
+
+        With `env` given, that mapping alone is read (tests, and callers that already hold it).
+        """
+        source = _EnvFile.read(env, env_file)
+        if source.gitea_url or source.gitea_token:
+            return cls._gitea(source)
+        missing = [name for name, value in (("GITHUB_APP_ID", source.app_id),
+                                            ("GITHUB_WEBHOOK_SECRET", source.webhook_secret))
+                   if not value]
+        if not (source.private_key or source.private_key_path):
             missing.append("GITHUB_PRIVATE_KEY_PATH")
+        if len(missing) == 3:  # nothing of an App yet: not registered
+            raise NotRegistered(
+                f"missing {', '.join(missing)}.\n{USAGE}", missing=missing, host=source.host,
+                port=source.port, api_url=source.api_base(), org=source.org,
+                public_url=source.public_url,
+                env_file=Path(env_file) if env is None and env_file is not None else None)
         if missing:
-            raise SettingsError(f"missing {', '.join(missing)}.\n{USAGE}")
-        assert key_path is not None
-        try:
-            pem = Path(key_path).read_text()
-        except OSError as exc:
-            raise SettingsError(f"GITHUB_PRIVATE_KEY_PATH={key_path}: cannot read: {exc}") from exc
-        office = env.get("VAULTMAIL_OFFICE")
+            raise SettingsError(_missing(missing))
+        pem = source.private_key
+        if not pem:
+            assert source.private_key_path is not None
+            try:
+                pem = source.private_key_path.read_text()
+            except OSError as exc:
+                raise SettingsError(f"GITHUB_PRIVATE_KEY_PATH={source.private_key_path}: cannot "
+                                    f"read it ({exc.strerror}): give the path of the App's "
+                                    f"private key (PEM)") from exc
+        pem = pem.replace("\\n", "\n")  # PRIVATE_KEY in one line of .env, as Probot allows
+        if "PRIVATE KEY-----" not in pem:
+            raise SettingsError("GITHUB_PRIVATE_KEY_PATH / PRIVATE_KEY: not a PEM private key: "
+                                "give the key GitHub generated for the App")
         return cls(
-            api_url=env.get("GITHUB_API_URL", "https://api.github.com").rstrip("/"),
-            app_id=env["GITHUB_APP_ID"],
-            private_key_pem=pem,
-            webhook_secret=env["GITHUB_WEBHOOK_SECRET"],
-            data_dir=Path(env.get("VAULTMAIL_DATA", "vaultmail-data")),
-            host=env.get("HOST", "0.0.0.0"),
-            port=int(env.get("PORT", "8080")),
-            office_path=Path(office) if office else None,
-            reconcile_interval=float(env.get("VAULTMAIL_RECONCILE_SECONDS", "300")),
+            api_url=source.api_base(), app_id=str(source.app_id), private_key_pem=pem,
+            webhook_secret=str(source.webhook_secret), data_dir=source.data,
+            host=source.host, port=source.port, office_path=source.office,
+            reconcile_interval=source.reconcile_seconds, log_level=source.log_level,
+            client_id=source.client_id or "", client_secret=source.client_secret or "",
+            public_url=(source.public_url or "").rstrip("/"),
+            allowed_origins=parse_origins(source.allowed_origins),
         )
 
     @classmethod
-    def _gitea_from_env(cls, env: Mapping[str, str]) -> Settings:
-        missing = [k for k in ("GITEA_URL", "GITEA_TOKEN", "GITEA_WEBHOOK_SECRET")
-                   if not env.get(k)]
+    def _gitea(cls, source: _EnvFile) -> Settings:
+        missing = [name for name, value in (("GITEA_URL", source.gitea_url),
+                                            ("GITEA_TOKEN", source.gitea_token),
+                                            ("GITEA_WEBHOOK_SECRET", source.gitea_webhook_secret))
+                   if not value]
         if missing:
-            raise SettingsError(f"missing {', '.join(missing)}.\n{USAGE}")
-        office = env.get("VAULTMAIL_OFFICE")
+            raise SettingsError(_missing(missing))
         return cls(
-            api_url=env["GITEA_URL"].rstrip("/"), app_id="", private_key_pem="",
-            webhook_secret=env["GITEA_WEBHOOK_SECRET"],
-            data_dir=Path(env.get("VAULTMAIL_DATA", "vaultmail-data")),
-            host=env.get("HOST", "0.0.0.0"), port=int(env.get("PORT", "8080")),
-            office_path=Path(office) if office else None,
-            reconcile_interval=float(env.get("VAULTMAIL_RECONCILE_SECONDS", "300")),
-            dialect="gitea", token=env["GITEA_TOKEN"],
+            api_url=str(source.gitea_url).rstrip("/"), app_id="", private_key_pem="",
+            webhook_secret=str(source.gitea_webhook_secret), data_dir=source.data,
+            host=source.host, port=source.port, office_path=source.office,
+            reconcile_interval=source.reconcile_seconds, dialect="gitea",
+            token=str(source.gitea_token), log_level=source.log_level,
+            public_url=(source.public_url or "").rstrip("/"),
+            allowed_origins=parse_origins(source.allowed_origins),
         )
+
+
+_ORIGIN = re.compile(r"^https?://[^/\s?#]+$")
+
+
+def parse_origins(text: str | None) -> tuple[str, ...]:
+    """VAULTMAIL_ALLOWED_ORIGINS: origins (scheme://host[:port]) separated by commas or spaces."""
+    found = tuple(o.rstrip("/") for o in re.split(r"[\s,]+", text or "") if o)
+    wrong = [o for o in found if not _ORIGIN.match(o)]
+    if wrong:
+        raise SettingsError(f"VAULTMAIL_ALLOWED_ORIGINS={text!r}: should be origins like "
+                            f"https://app.example.com, separated by commas ({wrong[0]!r} is not "
+                            "one)")
+    return found
+
+
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+_LEVELS = {"trace": "debug", "warn": "warning", "fatal": "critical"}  # Probot's (pino's) names
+
+
+def _env(*names: str) -> Any:
+    return Field(default=None, validation_alias=AliasChoices(*names))
+
+
+class _EnvFile(BaseSettings):
+    """What `serve` reads, by every name it accepts; validation errors name the variable."""
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", case_sensitive=True,
+                                      populate_by_name=False)
+
+    app_id: str | None = _env("GITHUB_APP_ID", "APP_ID")
+    private_key: str | None = _env("GITHUB_PRIVATE_KEY", "PRIVATE_KEY")
+    private_key_path: Path | None = _env("GITHUB_PRIVATE_KEY_PATH", "PRIVATE_KEY_PATH")
+    webhook_secret: str | None = _env("GITHUB_WEBHOOK_SECRET", "WEBHOOK_SECRET")
+    api_url: str | None = _env("GITHUB_API_URL")
+    ghe_host: str | None = _env("GHE_HOST")
+    ghe_protocol: Literal["https", "http"] = Field(
+        default="https", validation_alias=AliasChoices("GHE_PROTOCOL"))
+    gitea_url: str | None = _env("GITEA_URL")
+    gitea_token: str | None = _env("GITEA_TOKEN")
+    gitea_webhook_secret: str | None = _env("GITEA_WEBHOOK_SECRET")
+    org: str | None = _env("GH_ORG")  # registration: the organisation to register the App for
+    data: Path = Field(default=Path("vaultmail-data"),
+                       validation_alias=AliasChoices("VAULTMAIL_DATA"))
+    office: Path | None = _env("VAULTMAIL_OFFICE")
+    host: str = Field(default="0.0.0.0", validation_alias=AliasChoices("HOST"))
+    port: int = Field(default=8080, ge=1, le=65535, validation_alias=AliasChoices("PORT"))
+    reconcile_seconds: float = Field(default=300.0, gt=0,
+                                     validation_alias=AliasChoices("VAULTMAIL_RECONCILE_SECONDS"))
+    log_level: LogLevel = Field(default="info", validation_alias=AliasChoices("LOG_LEVEL"))
+    client_id: str | None = _env("GITHUB_CLIENT_ID", "CLIENT_ID")
+    client_secret: str | None = _env("GITHUB_CLIENT_SECRET", "CLIENT_SECRET")
+    public_url: str | None = _env("VAULTMAIL_PUBLIC_URL")
+    allowed_origins: str | None = _env("VAULTMAIL_ALLOWED_ORIGINS")
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _probot_levels(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = value.lower()
+            return _LEVELS.get(value, value)
+        return value
+
+    @field_validator("app_id")
+    @classmethod
+    def _numeric_app_id(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip().isdigit():
+            raise ValueError("the App's numeric id (on the App's settings page)")
+        return value.strip() if value is not None else None
+
+    def api_base(self) -> str:
+        if self.api_url:
+            return self.api_url.rstrip("/")
+        if self.ghe_host:  # GitHub Enterprise Server serves the REST API under /api/v3
+            return f"{self.ghe_protocol}://{self.ghe_host.strip('/')}/api/v3"
+        return "https://api.github.com"
+
+    @classmethod
+    def read(cls, env: Mapping[str, str] | None, env_file: str | Path | None) -> _EnvFile:
+        try:
+            if env is not None:
+                return _MappingOnly.model_validate(dict(env))
+            return cls(_env_file=env_file)  # type: ignore[call-arg]
+        except ValidationError as exc:
+            raise SettingsError(_one_line(exc)) from None
+
+
+class _MappingOnly(_EnvFile):
+    """The same fields read from a given mapping only (no process environment, no .env)."""
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings],
+                                   init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
+_WANTS = {
+    "port": "a port number from 1 to 65535",
+    "reconcile_seconds": "a number of seconds above 0",
+    "log_level": "one of debug, info, warning, error, critical (or trace, warn, fatal)",
+    "ghe_protocol": "https or http",
+}
+
+
+def _one_line(exc: ValidationError) -> str:
+    """The first problem as `NAME=value: what it should hold`: no traceback, nothing else."""
+    err = exc.errors()[0]
+    name = str(err["loc"][0]) if err["loc"] else "?"  # the variable as it was set
+    field_name = next((f for f, info in _EnvFile.model_fields.items()
+                       if isinstance(info.validation_alias, AliasChoices)
+                       and name in info.validation_alias.choices), name)
+    wants = _WANTS.get(field_name) or str(err.get("msg", "")).removeprefix("Value error, ")
+    return f"{name}={err.get('input')!r}: should be {wants}"

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Handler
+from gidgethub import GitHubException
 from gidgethub.aiohttp import GitHubAPI
 
+from bot import metrics
+from bot.app import runs
 from bot.app.context import context_for
 from bot.app.intake import receive_webhook
 from bot.app.outbound import LedgerForwarder
@@ -16,6 +22,8 @@ from bot.app.reconcile import Reconciler
 from bot.app.services import SERVICES_KEY, Services
 from bot.app.settings import Settings
 from bot.app.worker import Worker
+from bot.console import add_console_routes
+from bot.forge.errors import ForgeError
 from bot.forge.github import ForgeClient, ForgeConfig
 from bot.forge.tokens import AppAuth
 from bot.mail.signing import Keyring
@@ -30,13 +38,70 @@ log = logging.getLogger("vaultmail.web")
 
 
 async def healthz(request: web.Request) -> web.Response:
-    services = request.app[SERVICES_KEY]
+    """Liveness: the process answers (also while it waits for the forge at start)."""
+    services = request.app[STARTUP_KEY].services
+    if services is None:
+        return web.json_response({"status": "starting", "error": request.app[STARTUP_KEY].error})
     return web.json_response({
         "status": "ok",
         "app": services.app_slug,
         "queue_pending": await services.store.pending_count(),
         "dead_letters": len(await services.store.dead_letters()),
     })
+
+
+STUCK_AFTER = 300.0  # seconds the oldest due delivery may wait before the queue counts as stuck
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness: 200 when the app can do its work, else 503 naming each check that failed."""
+    startup = request.app[STARTUP_KEY]
+    services = startup.services
+    if services is None:
+        return web.json_response({"status": "not ready", "failed": ["forge"], "checks": {
+            "forge": {"ok": False, "detail": f"not reached yet: {startup.error}"}}}, status=503)
+    checks: dict[str, dict[str, object]] = {}
+
+    async def check(name: str, probe: Callable[[], Awaitable[str]]) -> None:
+        try:
+            checks[name] = {"ok": True, "detail": await asyncio.wait_for(probe(), 5.0)}
+        except Exception as exc:  # each failure is reported, not raised
+            checks[name] = {"ok": False, "detail": str(exc) or type(exc).__name__}
+
+    async def database() -> str:
+        await services.store.check_writable()
+        return "writable"
+
+    async def forge() -> str:
+        status = await services.forge_client.reachable()
+        return f"answered {status}"
+
+    async def installations() -> str:
+        # known = read from the forge at start and kept by installation events; none yet is
+        # still ready (the installation webhook must be able to reach the app)
+        if not services.installations:
+            return "none yet: install the App on an organisation"
+        return ", ".join(f"{org}: {inst}" for org, inst in sorted(services.installations.items()))
+
+    async def queue() -> str:
+        stats = await services.store.queue_stats()
+        if stats["oldest_due_age"] > STUCK_AFTER:
+            raise RuntimeError(f"the oldest due delivery has waited "
+                               f"{stats['oldest_due_age']:.0f} s (pending {stats['pending']})")
+        return f"pending {stats['pending']}, dead {stats['dead']}"
+
+    for name, probe in (("database", database), ("forge", forge),
+                        ("installations", installations), ("queue", queue)):
+        await check(name, probe)
+    failed = [name for name, c in checks.items() if not c["ok"]]
+    return web.json_response({"status": "not ready" if failed else "ready", "failed": failed,
+                              "checks": checks}, status=503 if failed else 200)
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    services = request.app[STARTUP_KEY].services
+    body, content_type = await metrics.render(services.store if services else None)
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 async def published_keys(request: web.Request) -> web.Response:
@@ -50,6 +115,8 @@ async def fetch_app_slug(auth: AppAuth, session: aiohttp.ClientSession, api_url:
 
 WORKER_KEY = web.AppKey("worker", Worker)
 RECONCILER_KEY = web.AppKey("reconciler", Reconciler)
+FORWARDER_KEY = web.AppKey("forwarder", LedgerForwarder)
+
 
 async def build_services(settings: Settings, session: aiohttp.ClientSession) -> Services:
     if settings.dialect == "gitea":
@@ -58,14 +125,14 @@ async def build_services(settings: Settings, session: aiohttp.ClientSession) -> 
     slug = await fetch_app_slug(auth, session, settings.api_url)
     config = ForgeConfig(write_interval=settings.write_interval, bot_login=f"{slug}[bot]")
     client = ForgeClient(auth, session, settings.api_url, config=config)
-    if settings.office_path is not None:
-        load_office(settings.office_path)  # an invalid file stops the start, with every error
-    store = await Store.open(settings.db_path)
+    installs = await _installations(settings, auth, session)
+    store = await Store.open(settings.db_path)  # after the forge answered: no retry reopens it
     services = Services(settings=settings, store=store, forge_client=client,
                         router=build_router(), own_router=build_own_router(), app_slug=slug,
                         offices=OfficeSource(settings.office_path),
                         keyring=Keyring.in_data_dir(settings.data_dir))
-    await _adopt_single_installation(services, auth, session)
+    services.installations.update(
+        {str(i["account"]["login"]).lower(): int(i["id"]) for i in installs})
     return services
 
 
@@ -75,20 +142,18 @@ async def build_gitea_services(settings: Settings, session: aiohttp.ClientSessio
 
     probe = GiteaClient(settings.token, session, settings.api_url)
     login = await probe.whoami()
-    config = ForgeConfig(write_interval=settings.write_interval, bot_login=login)
+    # Gitea has no per-endpoint points budget (GitHub's secondary limit)
+    config = ForgeConfig(write_interval=settings.write_interval, bot_login=login,
+                         endpoint_points_per_minute=0)
     client = GiteaClient(settings.token, session, settings.api_url, bot_login=login,
                          config=config)
-    if settings.office_path is not None:
-        load_office(settings.office_path)
+    orgs = await client.installation().user_orgs()
     store = await Store.open(settings.db_path)
     services = Services(settings=settings, store=store, forge_client=client,
                         router=build_router(), own_router=build_own_router(), app_slug=login,
                         offices=OfficeSource(settings.office_path),
                         keyring=Keyring.in_data_dir(settings.data_dir), bot_user=login,
-                        default_installation=SYNTHETIC_INSTALLATION_ID)
-    orgs = await client.installation().user_orgs()
-    if len(orgs) == 1:
-        services.default_org = orgs[0]
+                        installations={org.lower(): SYNTHETIC_INSTALLATION_ID for org in orgs})
     return services
 
 
@@ -109,45 +174,117 @@ async def _provision_at_start(services: Services) -> None:
         services.wake_worker()
 
 
-async def _adopt_single_installation(services: Services, auth: AppAuth,
-                                     session: aiohttp.ClientSession) -> None:
-    """With one installation (the usual case) the tools act in its org without being told."""
-    gh = GitHubAPI(session, "vaultmail", base_url=services.settings.api_url)
-    installs = await gh.getitem("/app/installations", jwt=auth.app_jwt(),
-                                accept="application/vnd.github+json")
-    if len(installs) == 1:
-        services.default_installation = int(installs[0]["id"])
-        services.default_org = str(installs[0]["account"]["login"])
+async def _installations(settings: Settings, auth: AppAuth,
+                         session: aiohttp.ClientSession) -> list[dict[str, Any]]:
+    gh = GitHubAPI(session, "vaultmail", base_url=settings.api_url)
+    installs: list[dict[str, Any]] = await gh.getitem(
+        "/app/installations", jwt=auth.app_jwt(), accept="application/vnd.github+json")
+    return installs
 
 
-def create_app(settings: Settings) -> web.Application:
-    """The aiohttp application; services start and stop with it (graceful drain on stop)."""
-    app = web.Application()
+class Startup:
+    """Where start-up stands: the parts once the forge has answered, else the last error."""
+
+    def __init__(self) -> None:
+        self.services: Services | None = None
+        self.error: str | None = None
+        self.ready = asyncio.Event()
+
+
+STARTUP_KEY = web.AppKey("startup", Startup)
+RETRY_MAX = 30.0  # seconds between tries to reach the forge at start, at most
+ALWAYS_SERVED = ("/healthz", "/readyz", "/metrics")
+
+
+@web.middleware
+async def until_started(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Before the forge has answered, everything but the probes is 503 (GitHub records the
+    failed deliveries; the reconciler asks for them again once the app runs)."""
+    startup = request.app[STARTUP_KEY]
+    if startup.services is None and request.path not in ALWAYS_SERVED:
+        return web.json_response({"error": {"code": "starting", "message": (
+            f"vaultmail is starting: the forge is not reachable yet ({startup.error}); "
+            "it keeps trying, see /readyz")}}, status=503, headers={"Retry-After": "5"})
+    return await handler(request)
+
+
+def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Application:
+    """The aiohttp application; services start and stop with it (graceful drain on stop).
+
+    With `wait_for_forge` (the embedded default, tests) start-up waits until the forge has
+    answered; without it (`serve`) the app listens at once and connects in the background,
+    trying again until the forge answers.
+    """
+    app = web.Application(middlewares=[until_started])
+    startup = app[STARTUP_KEY] = Startup()
+
+    async def start(session: aiohttp.ClientSession) -> None:
+        delay = 0.5
+        while True:
+            try:
+                services = await build_services(settings, session)
+                break
+            except (aiohttp.ClientError, OSError, TimeoutError, ForgeError,
+                    GitHubException) as exc:
+                startup.error = f"{settings.api_url}: {exc!r}"
+                if wait_for_forge:
+                    raise
+                log.warning("forge not reachable; trying again", extra={
+                    "api": settings.api_url, "error": repr(exc), "retry_in": delay})
+                await asyncio.sleep(delay)
+                delay = min(RETRY_MAX, delay * 2)
+        app[SERVICES_KEY] = services
+        worker = app[WORKER_KEY] = build_worker(services)
+        app[RECONCILER_KEY] = Reconciler(
+            services.store, services.forge_client.app, settings.reconcile_interval)
+        worker.start()
+        if settings.dialect == "gitea":
+            await _provision_at_start(services)
+        app[FORWARDER_KEY] = LedgerForwarder(services)
+        app[FORWARDER_KEY].start()
+        app[RECONCILER_KEY].start()
+        startup.services, startup.error = services, None
+        startup.ready.set()
+        log.info("app started", extra={"app": services.app_slug, "api": settings.api_url})
+
+    async def stop() -> None:
+        services = startup.services
+        if services is None:
+            return
+        services.notifier.close()  # (again, for runners that skip on_shutdown)
+        await app[RECONCILER_KEY].stop()
+        await app[FORWARDER_KEY].stop()
+        await app[WORKER_KEY].stop()  # in progress: finish, or back to the queue
+        await runs.stop(services)  # dispatches under way end; a command run is killed
+        await services.store.close()
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        if settings.office_path is not None:
+            load_office(settings.office_path)  # an invalid file stops the start, with every error
         async with aiohttp.ClientSession() as session:
-            services = await build_services(settings, session)
-            app[SERVICES_KEY] = services
-            worker = app[WORKER_KEY] = build_worker(services)
-            reconciler = app[RECONCILER_KEY] = Reconciler(
-                services.store, services.forge_client.app, settings.reconcile_interval)
-            worker.start()
-            if settings.dialect == "gitea":
-                await _provision_at_start(services)
-            forwarder = LedgerForwarder(services)
-            forwarder.start()
-            reconciler.start()
-            log.info("app started", extra={"app": services.app_slug, "api": settings.api_url})
-            yield
-            await reconciler.stop()
-            await forwarder.stop()
-            await worker.stop()
-            await services.store.close()
+            if wait_for_forge:
+                await start(session)
+                yield
+            else:
+                task = asyncio.create_task(start(session), name="vaultmail-connect")
+                yield
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            await stop()
 
+    async def answer_long_polls(app: web.Application) -> None:
+        # runs once the listener is closed and before aiohttp waits for requests in flight
+        if startup.services is not None:
+            startup.services.notifier.close()
+
+    app.on_shutdown.append(answer_long_polls)
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/webhook", receive_webhook)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_endpoint)
     app.router.add_get("/.well-known/vaultmail-keys.json", published_keys)
     add_routes(app)
     add_mcp_routes(app)
+    add_console_routes(app)  # the office console: pages, sign-in, live updates
     return app

@@ -21,9 +21,11 @@ from typing import Any
 from gidgethub import sansio
 from gidgethub.routing import Router
 
-from bot.app.context import HandlerContext
-from bot.app.logs import bound
-from bot.store import QueueItem, Store
+from bot import metrics
+from bot.app.context import HandlerContext, change_key
+from bot.app.logs import bound, delivery_context
+from bot.forge.pacing import acting_for
+from bot.store import QueueItem, Store, queue
 
 # (delivery, its bound logger) -> what its handlers receive; LookupError when nothing can act
 ContextFactory = Callable[[QueueItem, logging.LoggerAdapter[logging.Logger]], HandlerContext]
@@ -34,18 +36,14 @@ BATCH = 64  # due deliveries taken at a time
 
 def issue_key(item: QueueItem) -> str | None:
     """The issue a delivery is about (its order matters only among those), or None."""
-    issue = item.payload.get("issue")
-    repo = item.payload.get("repository")
-    if isinstance(issue, dict) and isinstance(repo, dict):
-        return f"{repo.get('full_name')}#{issue.get('number')}"
-    return None
+    return queue.issue_key(item.payload)
 
 
 class Worker:
     def __init__(self, store: Store, router: Router, own_router: Router,
                  is_own_event: Callable[[dict[str, Any]], bool], make_context: ContextFactory,
                  *, max_attempts: int = 6, base_backoff: float = 2.0,
-                 concurrency: int = 8) -> None:
+                 concurrency: int = 16) -> None:
         self.store = store
         self.router = router
         self.own_router = own_router  # the few events the app caused that it still reads
@@ -120,50 +118,97 @@ class Worker:
         async def in_order(group: list[QueueItem]) -> None:
             async with gate:
                 for item in group:
-                    await self._process_safely(item)
+                    if not await self._process_safely(item):
+                        return  # the rest wait behind its retry (the store holds them)
 
         await asyncio.gather(*(in_order(g) for g in groups.values()))
 
-    async def _process_safely(self, item: QueueItem) -> None:
+    async def _process_safely(self, item: QueueItem) -> bool:
+        """Process one delivery; True when it is finished, False when it waits for a retry
+        (then later deliveries about its issue wait too)."""
         try:
-            await self.process(item)
+            return await self.process(item)
         except Exception:  # the store itself failed: keep the worker alive, retry soon
             log.exception("worker could not record the outcome of a delivery",
                           extra={"delivery_id": item.guid})
             await asyncio.sleep(1.0)
+            return False
 
-    async def process(self, item: QueueItem) -> None:
+    async def process(self, item: QueueItem) -> bool:
+        action = item.payload.get("action")
+        sender = item.payload.get("sender")
+        login = sender.get("login") if isinstance(sender, dict) else None
+        # its forge writes take the turns of whoever caused it (a handler's scene() names them
+        # as the office knows them); reset when the delivery is done
+        actor = f"forge:{login}" if isinstance(login, str) else None
+        context = delivery_context(delivery_id=item.guid, installation_id=item.installation_id,
+                                   event=item.event,
+                                   action=action if isinstance(action, str) else None)
+        with context, acting_for(actor):
+            return await self._process(item, bound(log))
+
+    async def _process(self, item: QueueItem,
+                       logger: logging.LoggerAdapter[logging.Logger]) -> bool:
+        """Handle one delivery; True when it is finished (done, ignored or dead), False when
+        it waits for a retry. Whatever fails, a malformed payload included, fails this
+        delivery alone and counts an attempt."""
         store = self.store
-        logger = bound(log, delivery_id=item.guid, installation_id=item.installation_id,
-                       event=item.event, action=item.payload.get("action"))
-        own = self.is_own_event(item.payload)
-        router = self.own_router if own else self.router
-        event = sansio.Event(item.payload, event=item.event, delivery_id=item.guid)
-        if own and not router.fetch(event):
-            await store.finish(item.id, "ignored")
-            logger.debug("ignored: caused by the app itself")
-            return
-        if not router.fetch(event):
-            await store.finish(item.id, "ignored")  # ping, meta, events no handler wants
-            return
+        started = time.perf_counter()
         try:
-            ctx = self.make_context(item, logger)
-        except LookupError as exc:  # no installation to act through: nothing can be done
-            await store.fail(item.id, repr(exc), None)
-            logger.error("dead letter: %s", exc)
-            return
-        try:
-            await router.dispatch(event, ctx)
+            own = self.is_own_event(item.payload)
+            router = self.own_router if own else self.router
+            event = sansio.Event(item.payload, event=item.event, delivery_id=item.guid)
+            if not router.fetch(event):  # ping, meta, events no handler wants, the app's own
+                await store.finish(item.id, "ignored")
+                metrics.DELIVERIES.labels(event=item.event, outcome="ignored").inc()
+                if own:
+                    logger.debug("ignored: caused by the app itself")
+                return True
+            try:
+                ctx = self.make_context(item, logger)
+            except LookupError as exc:  # no installation to act through: nothing can be done
+                await store.fail(item.id, repr(exc), None)
+                metrics.DELIVERIES.labels(event=item.event, outcome="dead").inc()
+                logger.error("dead letter: %s", exc)
+                return True
+            first = await self._dispatch_once(item, router, event, ctx)
         except Exception as exc:  # a handler failed: retry later, then dead-letter
             attempt = item.attempts + 1
             if attempt >= self.max_attempts:
                 await store.fail(item.id, repr(exc), None)
+                metrics.DELIVERIES.labels(event=item.event, outcome="dead").inc()
                 logger.error("dead letter after %d attempts: %r", attempt, exc)
-            else:
-                delay = self.base_backoff * 2 ** (attempt - 1) * (0.5 + random.random())
-                await store.fail(item.id, repr(exc), time.time() + delay)
-                logger.warning("handler failed (attempt %d), retry in %.1fs: %r",
-                               attempt, delay, exc)
-            return
+                return True
+            metrics.DELIVERIES.labels(event=item.event, outcome="retried").inc()
+            delay = self.base_backoff * 2 ** (attempt - 1) * (0.5 + random.random())
+            await store.fail(item.id, repr(exc), time.time() + delay)
+            logger.warning("handler failed (attempt %d), retry in %.1fs: %r",
+                           attempt, delay, exc)
+            return False
+        if first != item.guid:  # the same forge change, delivered again under a new id
+            await store.finish(item.id, "ignored")
+            metrics.DELIVERIES.labels(event=item.event, outcome="ignored").inc()
+            logger.info("ignored: already handled as delivery %s", first)
+            return True
         await store.finish(item.id)
+        metrics.HANDLER_SECONDS.labels(event=item.event).observe(time.perf_counter() - started)
+        metrics.DELIVERIES.labels(event=item.event, outcome="handled").inc()
         logger.info("handled")
+        return True
+
+    async def _dispatch_once(self, item: QueueItem, router: Router, event: sansio.Event,
+                             ctx: HandlerContext) -> str:
+        """Run the handlers; for a forge change that can reach the app again under another
+        delivery id (Gitea's "Redeliver", a replayed capture), once per change: returns the
+        delivery id that handled it."""
+        key = change_key(item.event, item.payload)
+        if key is None:
+            await router.dispatch(event, ctx)
+            return item.guid
+
+        async def handle() -> dict[str, Any]:
+            await router.dispatch(event, ctx)
+            return {"delivery": item.guid}
+
+        done = await self.store.once("forge", key, "", handle)
+        return str(done["delivery"])

@@ -1,8 +1,9 @@
 """`vaultmail demo`: a scripted story on the embedded forge, each step checked.
 
 A person writes to an agent in the forge, the agent opens and answers, two agents reply to each
-other until the loop guard holds, and the labels are printed at the end. Exits non-zero when a
-step does not come out as expected.
+other until the loop guard holds, a mail wakes a local agent through `dispatch: {command}` and
+its reply lands, a question is asked and answered, and the labels are printed at the end. Exits
+non-zero when a step does not come out as expected.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class Story:
         guards = await ledger.entries(e.services.store, event="mail.loop_guard")
         self.check(len(guards) == 1, "the ledger records mail.loop_guard once")
 
+        await self.local_agent()
         await self.ask_and_answer(scout_vault)
 
         closed = await self.tool("human:marco@acme.com", "mail_close", mail=f"{scout_vault}#{n}")
@@ -106,6 +108,24 @@ class Story:
         ok = await ledger.verify_chain(e.services.store) is None
         self.check(ok, "the ledger's hash chain holds")
 
+
+    async def local_agent(self) -> None:
+        """The example office's `echo` agent is a command (`dispatch: {command}`): a mail
+        starts it with the run on stdin, and it answers through the tools by itself."""
+        e = self.e
+        mail = (await self.tool("human:marco@acme.com", "mail_send", to="echo",
+                                subject="Are you there?", body="Say hello back."))["mail"]
+        await e.settle()  # the run, the command and what its reply caused
+        finished = [x for x in await ledger.entries(e.services.store, event="run.finished")
+                    if x.subject == mail["ref"]]
+        self.check(len(finished) == 1 and finished[0].data["exit"] == 0,
+                   f"marco mails echo ({mail['ref']}): its run starts `python -m "
+                   "bot.agents.echo` with the mail on stdin (dispatch: {command}), exit 0")
+        comments = await self.forge("admin", "GET", f"/repos/{mail['vault']}/issues/"
+                                    f"{mail['number']}/comments")
+        self.check(await self.labels(mail["vault"], mail["number"]) == ["mail:replied"]
+                   and any("Say hello back." in c["body"] for c in comments),
+                   "echo's reply lands on the mail: mail:replied")
 
     async def ask_and_answer(self, vault: str) -> None:
         e = self.e

@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
-import signal
+import importlib.metadata
+import os
+import socket
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from bot.app.logs import setup_logging
-from bot.app.settings import Settings, SettingsError
+from bot.app.logs import LEVELS, setup_logging
+from bot.app.settings import USAGE, NotRegistered, Settings, SettingsError
+from bot.cli.process import StartupError, listen, wait_for_signal
 from bot.office.config import OfficeConfigError
-
-
-async def _wait_for_signal() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
 
 
 async def cmd_up(args: argparse.Namespace) -> int:
@@ -33,10 +25,16 @@ async def cmd_up(args: argparse.Namespace) -> int:
     embedded = await start_embedded(
         office_path=args.office, data_dir=data, persist_forge=bool(args.data), host=args.host,
         port=args.port, forge_port=args.forge_port, dialect=args.forge)
+    from bot.console.links import console_url, sign_in_lines
+
     print(f"vaultmail ready: app {embedded.app_url}  forge {embedded.forge.url}  "
-          f"tokens {embedded.tokens_path}", flush=True)
+          f"tokens {embedded.tokens_path}  console {console_url(embedded.app_url)}", flush=True)
+    oauth = embedded.services.settings.client_id != ""
+    for line in sign_in_lines(embedded.app_url, embedded.office,
+                              embedded.forge.user_password if oauth else None):
+        print(line, flush=True)
     try:
-        await _wait_for_signal()
+        await wait_for_signal()
     finally:
         await embedded.stop()
     return 0
@@ -45,15 +43,31 @@ async def cmd_up(args: argparse.Namespace) -> int:
 async def cmd_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from bot.app.setup import add_registered_pages, serve_until_registered
     from bot.app.web import create_app
 
-    settings = Settings.from_env()
-    runner = web.AppRunner(create_app(settings))
-    await runner.setup()
-    await web.TCPSite(runner, settings.host, settings.port).start()
-    print(f"vaultmail serving on http://{settings.host}:{settings.port}", flush=True)
+    sock: socket.socket | None = None
     try:
-        await _wait_for_signal()
+        settings = Settings.from_env()
+    except NotRegistered as unregistered:  # as Probot does: the registration page, then on
+        sock = listen(unregistered.host, unregistered.port)
+        if not await serve_until_registered(sock, unregistered, wait_for_signal()):
+            sock.close()
+            return 0
+        settings = Settings.from_env()  # the .env the registration wrote
+    if args.log_level is None:
+        setup_logging(settings.log_level)
+    sock = sock or listen(settings.host, settings.port)
+    # SIGTERM: long polls are answered at once, deliveries in progress finish or go back to
+    # the queue, and what is left of the 10 s goes to requests still in flight
+    app = create_app(settings, wait_for_forge=False)
+    add_registered_pages(app, settings)
+    runner = web.AppRunner(app, shutdown_timeout=5.0)
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+    print(f"vaultmail serving on http://{settings.host}:{sock.getsockname()[1]}", flush=True)
+    try:
+        await wait_for_signal()
     finally:
         await runner.cleanup()
     return 0
@@ -73,9 +87,10 @@ async def cmd_demo(args: argparse.Namespace) -> int:
 
 
 async def cmd_dead_letters(args: argparse.Namespace) -> int:
+    from bot.cli.shell import done, existing_data_dir
     from bot.store import Store
 
-    store = await Store.open(Path(args.data) / "index.sqlite3")
+    store = await Store.open(existing_data_dir(args.data) / "index.sqlite3")
     try:
         if args.replay is not None:
             n = await store.replay(None if args.replay == "all" else int(args.replay))
@@ -83,8 +98,9 @@ async def cmd_dead_letters(args: argparse.Namespace) -> int:
             return 0
         dead = await store.dead_letters()
         if args.json:
-            print(json.dumps([{"id": d.id, "delivery": d.guid, "event": d.event,
-                               "attempts": d.attempts, "error": d.last_error} for d in dead]))
+            done({"dead_letters": [{"id": d.id, "delivery": d.guid, "event": d.event,
+                                    "attempts": d.attempts, "error": d.last_error}
+                                   for d in dead]})
         for d in dead if not args.json else []:
             action = d.payload.get("action", "")
             print(f"{d.id}\t{d.guid}\t{d.event}.{action}\t{d.attempts} attempts\t{d.last_error}")
@@ -98,7 +114,11 @@ async def cmd_dead_letters(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vaultmail", description="Durable mail between people and agents on a forge.")
-    parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument("--version", action="version",
+                        version=f"vaultmail {importlib.metadata.version('vaultmail')}")
+    parser.add_argument("--log-level", type=str.lower, choices=LEVELS, default=None,
+                        help="debug, info, warning, error or critical (default: LOG_LEVEL, "
+                             "else info for serve, warning for the rest)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="local forge + app in one process (the embedded default)")
@@ -115,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--data", help="keep the demo's state here (default: a temp dir)")
     demo.set_defaults(func=cmd_demo)
 
-    serve = sub.add_parser("serve", help="the app alone, against a real forge (env config)")
+    serve = sub.add_parser("serve", help="the app alone, against a real forge (env config)",
+                           epilog=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
     serve.set_defaults(func=cmd_serve)
 
     from localforge.cli import add_forge_parser
@@ -130,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_tool_commands(sub)
 
+    from bot.cli.register import add_register_command
+
+    add_register_command(sub)
+
     dead = sub.add_parser("dead-letters", help="list or replay deliveries that kept failing")
     dead.add_argument("--data", default="vaultmail-data")
     dead.add_argument("--replay", metavar="ID|all")
@@ -138,17 +163,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _default_level(command: str) -> str:
+    level = os.environ.get("LOG_LEVEL", "").lower()
+    level = {"trace": "debug", "warn": "warning", "fatal": "critical"}.get(level, level)
+    if level in LEVELS:
+        return level
+    return "info" if command == "serve" else "warning"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    setup_logging(args.log_level)
+    setup_logging(args.log_level or _default_level(args.command))
     try:
         code: int = asyncio.run(args.func(args))
         return code
-    except (SettingsError, OfficeConfigError) as exc:
+    except (SettingsError, OfficeConfigError, StartupError) as exc:
         print(f"vaultmail: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # the app, the forge, the data directory: one line, what to do
+        from bot.cli.shell import fail, infrastructure
+
+        failure = infrastructure(exc)
+        if failure is None:
+            raise  # a bug keeps its traceback
+        return fail(args, failure)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import time
 from collections.abc import AsyncIterator
@@ -15,9 +14,20 @@ import aiohttp
 
 from bot.app.services import Services
 from bot.app.settings import Settings, SettingsError
-from bot.mail.header import verify_mail
+from bot.cli.shell import (
+    REFUSED,
+    ShellFailure,
+    data_path,
+    done,
+    existing_data_dir,
+    fail,
+    forge_unreachable,
+    wants_json,
+)
+from bot.forge.errors import NotFound
+from bot.mail.header import parse_mail_body, verify_issue
 from bot.mail.signing import KEYS_FILE_NAME, Keyring, PublicKeys
-from bot.store import Store, api_tokens, ledger
+from bot.store import Store, api_tokens, ledger, mails
 
 _REF = re.compile(r"^([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)#([1-9][0-9]*)$")
 _PRINCIPAL = re.compile(r"^(human:[^@\s]+@[^@\s]+|agent:[a-z0-9-]+|office)$")
@@ -27,9 +37,16 @@ _PRINCIPAL = re.compile(r"^(human:[^@\s]+@[^@\s]+|agent:[a-z0-9-]+|office)$")
 async def app_services(data: str | None) -> AsyncIterator[Services]:
     from bot.app.web import build_services
 
+    if data is not None:  # a mistyped --data is refused, not replaced by the environment's
+        existing_data_dir(data, needs="")
     settings = Settings.for_cli(data)
     async with aiohttp.ClientSession() as session:
-        services = await build_services(settings, session)
+        try:
+            services = await build_services(settings, session)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            why = (exc.os_error.strerror if isinstance(exc, aiohttp.ClientConnectorError)
+                   else type(exc).__name__)
+            raise forge_unreachable(settings.api_url, why) from exc
         try:
             yield services
         finally:
@@ -37,24 +54,37 @@ async def app_services(data: str | None) -> AsyncIterator[Services]:
 
 
 def data_dir(args: argparse.Namespace) -> Path:
-    return Path(args.data or os.environ.get("VAULTMAIL_DATA") or "vaultmail-data")
+    """The office's data directory, which must hold its index (never made anew here)."""
+    return existing_data_dir(args.data)
 
 
 async def cmd_reindex(args: argparse.Namespace) -> int:
     from bot.mail.reindex import reindex
 
     async with app_services(args.data) as services:
-        forge = services.forge_for(None)
-        cache = services.settings.data_dir / "etag-cache.json"
-        forge.load_etag_cache(cache)
-        office = await services.offices.get(forge, services.default_org or "")
-        if office is None:
-            print("vaultmail: no office config found (vaultmail.yml in the org's .github repo)")
-            return 2
-        report = await reindex(services.store, forge, office, services.keyring, progress=True)
-        forge.save_etag_cache(cache)
-    print(f"reindexed {report.mails} mail(s) from {report.issues} issue(s) in "
-          f"{report.vaults} vault(s); tampered: {', '.join(report.tampered) or 'none'}")
+        orgs = [args.org.lower()] if args.org else sorted(services.installations)
+        if not orgs:
+            raise ShellFailure("not_installed", "the App is not installed on any "
+                               "organisation: install it, then reindex")
+        for org in orgs:  # each installation with its own token, office and ETag cache
+            if services.installation_of(org) is None:
+                raise ShellFailure("not_installed", f"the App is not installed on {org}")
+            forge = services.forge_for_org(org)
+            name = "etag-cache.json" if len(services.installations) == 1 else \
+                f"etag-cache-{org}.json"
+            cache = services.settings.data_dir / name
+            forge.load_etag_cache(cache)
+            office = await services.offices.get(forge, org)
+            if office is None:
+                raise ShellFailure("no_office", f"no office config found for {org}: add "
+                                   f"vaultmail.yml to {org}/.github")
+            report = await reindex(services.store, forge, office, services.keyring,
+                                   app_login=services.bot_login, progress=True)
+            forge.save_etag_cache(cache)
+            print(f"{org}: reindexed {report.mails} mail(s) from {report.issues} issue(s) in "
+                  f"{report.vaults} vault(s); tampered: {', '.join(report.tampered) or 'none'}"
+                  + (f"; copies of a mail, not indexed: {', '.join(report.copies)}"
+                     if report.copies else ""))
     return 0
 
 
@@ -70,36 +100,72 @@ async def _published_keys(data: str | None, keys_url: str | None,
                                 f"https://YOUR-APP/.well-known/vaultmail-keys.json, or --data "
                                 f"with the app's data directory ({path} does not exist)")
         return Keyring.load_or_create(path).public_keys()
-    async with session.get(keys_url) as resp:
-        resp.raise_for_status()
-        return PublicKeys.from_jwks(await resp.json())
+    try:
+        async with session.get(keys_url) as resp:
+            resp.raise_for_status()
+            return PublicKeys.from_jwks(await resp.json())
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise ShellFailure("keys_unreachable", (
+            f"cannot read the published keys at {keys_url} ({type(exc).__name__}): is the app "
+            "running? Give --keys-url https://YOUR-APP/.well-known/vaultmail-keys.json")) from exc
 
 
 def data_dir_or_default(data: str | None) -> Path:
-    return Path(data or os.environ.get("VAULTMAIL_DATA") or "vaultmail-data")
+    return data_path(data)
 
 
 async def cmd_verify(args: argparse.Namespace) -> int:
+    """Exit 0 valid; 1 tampered or unsigned; 2 not found, or a usage or infrastructure
+    problem."""
+    try:
+        return await _verify(args)
+    except ShellFailure as exc:
+        return fail(args, exc)
+
+
+async def _verify(args: argparse.Namespace) -> int:
     m = _REF.match(args.mail)
     if not m:
-        print(f"vaultmail verify: {args.mail!r} is not OWNER/REPO#N")
-        return 2
+        raise ShellFailure("usage", f"{args.mail!r} is not OWNER/REPO#N (e.g. "
+                           "acme/scout-vault#12)")
     repo, number = m[1], int(m[2])
     async with app_services(args.data) as services, aiohttp.ClientSession() as session:
         keys = await _published_keys(args.data, args.keys_url, session)
-        issue = await services.forge_for(None).get_issue(repo, number)
-    verdict = verify_mail(issue.get("title") or "", issue.get("body"), repo, keys)
+        owner = repo.split("/")[0]
+        if services.installation_of(owner) is None:
+            raise ShellFailure("not_installed", f"the App is not installed on {owner}, so "
+                               f"it cannot read {args.mail}")
+        try:
+            issue = await services.forge_for_org(owner).get_issue(repo, number)
+        except NotFound as exc:
+            raise ShellFailure("not_found", f"no issue {args.mail} on the forge (or the App "
+                               "cannot see it): check OWNER/REPO#N") from exc
+        # what the index knows: the mail at this issue, and where the header's mail is
+        here = await mails.mail_at(services.store, repo, number)
+        header, _ = parse_mail_body(issue.get("body"))
+        home = await mails.get_mail(services.store, header.mail_id) if header else None
+        verdict = verify_issue(issue, repo, keys, app_login=services.bot_login,
+                               expected_mail_id=here.mail_id if here else None,
+                               home=home.ref if home else None)
     if verdict.valid and verdict.header is not None:
         h = verdict.header
-        print(f"valid: {args.mail} from {h.from_principal} to {h.to_principal}, sent {h.sent}, "
-              f"key {h.key_id}")
+        if wants_json(args):
+            done({"status": "valid", "mail": args.mail, "mail_id": h.mail_id,
+                  "from": h.from_principal, "to": h.to_principal, "sent": h.sent,
+                  "key": h.key_id})
+        else:
+            print(f"valid: {args.mail} from {h.from_principal} to {h.to_principal}, sent "
+                  f"{h.sent}, key {h.key_id}")
         return 0
-    print(f"{verdict.status.value}: {args.mail}: {verdict.reason}")
-    return 1
+    if wants_json(args):
+        print(json.dumps(ShellFailure(verdict.status.value, verdict.reason).as_json()))
+    else:
+        print(f"{verdict.status.value}: {args.mail}: {verdict.reason}")
+    return REFUSED
 
 
 async def cmd_keys_rotate(args: argparse.Namespace) -> int:
-    ring = Keyring.in_data_dir(data_dir(args))
+    ring = Keyring.in_data_dir(existing_data_dir(args.data, needs=KEYS_FILE_NAME))
     kid = ring.rotate()
     print(f"new signing key {kid} is active; kept for verifying: "
           f"{', '.join(k for k in ring.key_ids if k != kid)}")
@@ -108,12 +174,12 @@ async def cmd_keys_rotate(args: argparse.Namespace) -> int:
 
 async def cmd_token_create(args: argparse.Namespace) -> int:
     if not _PRINCIPAL.match(args.principal):
-        print(f"vaultmail token create: {args.principal!r} is not human:<email>, agent:<slug> "
-              "or office")
-        return 2
+        return fail(args, ShellFailure("usage", f"{args.principal!r} is not human:<email>, "
+                                       "agent:<slug> or office"))
     store = await Store.open(data_dir(args) / "index.sqlite3")
     try:
-        token = await api_tokens.create_token(store, args.principal)
+        token = await api_tokens.create_token(store, args.principal,
+                                              args.org.lower() if args.org else None)
     finally:
         await store.close()
     print(f"API token for {args.principal} (shown once, stored hashed):\n{token}")
@@ -144,10 +210,10 @@ async def cmd_token_list(args: argparse.Namespace) -> int:
         tokens = await api_tokens.list_tokens(store)
     finally:
         await store.close()
-    if args.json:
-        print(json.dumps([{"id": t.id, "principal": t.principal, "created": _when(t.created_at),
-                           "last_used": _when(t.last_used_at) if t.last_used_at else None,
-                           "revoked": t.revoked} for t in tokens]))
+    if wants_json(args):
+        done({"tokens": [{"id": t.id, "principal": t.principal, "created": _when(t.created_at),
+                          "last_used": _when(t.last_used_at) if t.last_used_at else None,
+                          "revoked": t.revoked} for t in tokens]})
         return 0
     for t in tokens:
         print(f"{t.id:>4}  {t.principal:<32} created {_when(t.created_at)}  "
@@ -164,15 +230,19 @@ async def cmd_ledger(args: argparse.Namespace) -> int:
         broken = await ledger.verify_chain(store)
     finally:
         await store.close()
+    if wants_json(args):
+        if broken is not None:
+            print(json.dumps(ShellFailure("chain_broken", (
+                f"ledger chain broken at entry {broken}")).as_json()))
+            return REFUSED
+        done({"entries": [e.as_json() for e in entries], "chain": "intact"})
+        return 0
     for e in entries:
-        if args.json:
-            print(json.dumps(e.as_json()))
-        else:
-            print(f"{e.seq:>5}  {e.as_json()['time']}  {e.event:<16} {e.actor:<28} {e.subject}"
-                  f"  {json.dumps(e.data, sort_keys=True)}")
+        print(f"{e.seq:>5}  {e.as_json()['time']}  {e.event:<16} {e.actor:<28} {e.subject}"
+              f"  {json.dumps(e.data, sort_keys=True)}")
     if broken is not None:
         print(f"ledger chain broken at entry {broken}")
-        return 1
+        return REFUSED
     return 0
 
 
@@ -182,10 +252,12 @@ def add_office_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         return p
 
     p = with_data(sub.add_parser("reindex", help="rebuild the index from the forge"))
+    p.add_argument("--org", help="only this organisation's office (default: every installation)")
     p.set_defaults(func=cmd_reindex)
     p = with_data(sub.add_parser("verify", help="check a mail's signed header"))
     p.add_argument("mail", metavar="OWNER/REPO#N")
     p.add_argument("--keys-url", help="published keys (default: the app's well-known URL)")
+    p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_verify)
     keys = sub.add_parser("keys", help="signing keys")
     ksub = keys.add_subparsers(dest="keys_command", required=True)
@@ -195,6 +267,8 @@ def add_office_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     tsub = token.add_subparsers(dest="token_command", required=True)
     p = with_data(tsub.add_parser("create", help="issue an API token for a principal"))
     p.add_argument("principal", metavar="PRINCIPAL")
+    p.add_argument("--org", help="the office's organisation, when the App is installed on "
+                                 "several (default: the one office that has PRINCIPAL)")
     p.set_defaults(func=cmd_token_create)
     p = with_data(tsub.add_parser("revoke", help="revoke an API token by its id (token list)"))
     p.add_argument("token_id", metavar="ID", type=int)

@@ -15,16 +15,28 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from bot.cli.shell import REFUSED, ShellFailure, done, existing_data_dir, fail, wants_json
+
 DEFAULT_APP_URL = "http://127.0.0.1:8080"
 
 
-class ShellError(Exception):
+class ShellError(ShellFailure):
     """A usage or connection problem (exit 2), said in one line."""
+
+    def __init__(self, message: str, *, code: str = "usage") -> None:
+        super().__init__(code, message)
+
+
+def app_unreachable(app_url: str, exc: BaseException) -> ShellError:
+    reason = (exc.os_error.strerror or str(exc.os_error)
+              if isinstance(exc, aiohttp.ClientConnectorError) else type(exc).__name__)
+    return ShellError(f"cannot reach the vaultmail app at {app_url} ({reason}): start it "
+                      "(`vaultmail up` or `vaultmail serve`), or give its address (--app URL, "
+                      "or --data DIR of `vaultmail up`)", code="app_unreachable")
 
 
 @dataclass(frozen=True)
@@ -38,11 +50,12 @@ def _tokens_file(data: str | None) -> dict[str, Any] | None:
     directory = data or os.environ.get("VAULTMAIL_DATA")
     if not directory:
         return None
-    path = Path(directory) / "tokens.json"
-    if not path.exists():
-        raise ShellError(f"{path} does not exist: start the app with `vaultmail up --data "
-                         f"{directory}` first, or pass --token")
-    found: dict[str, Any] = json.loads(path.read_text())
+    path = existing_data_dir(directory, needs="tokens.json") / "tokens.json"
+    try:
+        found: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ShellError(f"{path} cannot be read ({exc}): pass --data DIR of a running "
+                         "`vaultmail up --data DIR`, or --token", code="bad_data_dir") from exc
     return found
 
 
@@ -90,9 +103,8 @@ async def call_app(who: Identity, tool: str, arguments: dict[str, Any]) -> dict[
                 f"{who.app_url}/api/v1/tools/{tool}", json=arguments, headers=headers) as resp:
             body = await resp.json(content_type=None)
             status = resp.status
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise ShellError(f"cannot reach the vaultmail app at {who.app_url} ({exc!r}); is it "
-                         "running? (--app URL, or --data DIR of `vaultmail up`)") from exc
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise app_unreachable(who.app_url, exc) from exc
     if status >= 400 or not isinstance(body, dict):
         raise ToolRefused(status, body if isinstance(body, dict) else {})
     return body
@@ -143,7 +155,7 @@ def render_inbox(result: dict[str, Any]) -> list[str]:
         part = result.get(side)
         if not isinstance(part, dict):
             continue
-        title = "Yours" if side == "you" else "Your agents'"
+        title = part.get("title") or ("Yours" if side == "you" else "Your agents'")
         turn, unread = part.get("yourTurn") or [], part.get("unread") or []
         waiting = part.get("waitingOnOthers") or []
         lines.append(f"{title}: {len(turn)} your turn, {len(unread)} unread, "
@@ -184,8 +196,10 @@ def render(tool: str, result: dict[str, Any]) -> list[str]:
     lines: list[str]
     if "mail" in body and isinstance(body["mail"], dict) and len(body) == 1:
         lines = [_mail_line(body["mail"])]
-    elif "mails" in body and len(body) == 1:
+    elif "mails" in body and set(body) <= {"mails", "moreMailsBefore"}:
         lines = [_mail_line(m) for m in body["mails"]] or ["no mail"]
+        if body.get("moreMailsBefore"):
+            lines.append(f"older mail: --before '{body['moreMailsBefore']}'")
     elif "chat" in body and len(body) == 1:
         c = body["chat"]
         lines = [f"chat {c['chat']} to {c['agent']}: {c['message']}",
@@ -270,7 +284,7 @@ BUILDERS: dict[str, Builder] = {
     "reply": lambda a: ("mail_reply", {"mail": a.mail, "body": _body(a.body)}),
     "close": lambda a: ("mail_close", {"mail": a.mail}),
     "mail": lambda a: ("mail_list", _drop_none({"state": a.state, "vault": a.vault,
-                                                "thread": a.thread})),
+                                                "thread": a.thread, "mailsBefore": a.before})),
     "show": lambda a: ("mail_get", {"mail": a.mail}),
     "inbox": lambda a: ("list_inbox", _drop_none({"wait": a.wait or None, "read": a.read})),
     "chat": lambda a: ("agent_chat", _drop_none({"agent": a.agent, "message": a.message,
@@ -286,53 +300,71 @@ async def cmd_tool(args: argparse.Namespace) -> int:
             args.tool_properties = await _tool_properties(who.app_url, args.tool)
         tool, arguments = BUILDERS[args.command](args)
         result = await call_app(who, tool, arguments)
-    except ShellError as exc:
-        print(f"vaultmail {args.command}: {exc}", file=sys.stderr)
-        return 2
+    except ShellFailure as exc:
+        return fail(args, exc)
     except ToolRefused as exc:
-        if args.json:
-            print(json.dumps(exc.body))
+        extra = {k: v for k, v in exc.body.items() if k != "error"}
+        if wants_json(args):
+            print(json.dumps(ShellFailure(exc.code, str(exc), extra=extra).as_json()))
         print(f"vaultmail {args.command}: refused ({exc.status} {exc.code}): {exc}",
               file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(result))
+        return REFUSED
+    if wants_json(args):
+        done(result)
     else:
         print("\n".join(render(tool, result)))
     return 0
 
 
+def _flags(annotations: dict[str, Any]) -> str:
+    """A tool's MCP annotations in words, for `vaultmail tools`."""
+    read_only = annotations.get("readOnlyHint")
+    flags = ["read-only" if read_only else "writes"]
+    if annotations.get("destructiveHint") and not read_only:
+        flags.append("destructive")
+    if annotations.get("idempotentHint") and not read_only:
+        flags.append("idempotent")
+    if annotations.get("openWorldHint"):
+        flags.append("open world")
+    return ", ".join(flags)
+
+
 async def cmd_tools(args: argparse.Namespace) -> int:
-    tokens = _tokens_file(args.data)
-    app_url = (args.app or os.environ.get("VAULTMAIL_APP_URL")
-               or (tokens or {}).get("app_url") or DEFAULT_APP_URL).rstrip("/")
     try:
-        async with aiohttp.ClientSession() as session, \
-                session.get(f"{app_url}/api/v1/tools") as resp:
-            data = await resp.json()
-    except aiohttp.ClientError as exc:
-        print(f"vaultmail tools: cannot reach {app_url} ({exc!r})", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(data))
+        tokens = _tokens_file(args.data)
+        app_url = (args.app or os.environ.get("VAULTMAIL_APP_URL")
+                   or (tokens or {}).get("app_url") or DEFAULT_APP_URL).rstrip("/")
+        try:
+            async with aiohttp.ClientSession() as session, \
+                    session.get(f"{app_url}/api/v1/tools") as resp:
+                data = await resp.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise app_unreachable(app_url, exc) from exc
+    except ShellFailure as exc:
+        return fail(args, exc)
+    if wants_json(args):
+        done(data)
         return 0
     for t in data["tools"]:
         props = t["input_schema"].get("properties", {})
         required = set(t["input_schema"].get("required", []))
         params = " ".join(f"{k}" if k in required else f"[{k}]" for k in props)
-        print(f"{t['name']} {params}\n    {t['description']}")
+        title = f": {t['title']}" if t.get("title") else ""
+        print(f"{t['name']} {params}{title}  [{_flags(t.get('annotations') or {})}]\n"
+              f"    {t['description']}")
     return 0
 
 
 async def cmd_mcp(args: argparse.Namespace) -> int:
-    from bot.tools.mcp_server import run_stdio
+    from bot.tools.mcp_server import StartFailure, run_stdio
 
     try:
         who = identity(args)
-    except ShellError as exc:
-        print(f"vaultmail mcp: {exc}", file=sys.stderr)
-        return 2
-    await run_stdio(who.app_url, who.token)
+        await run_stdio(who.app_url, who.token)
+    except ShellFailure as exc:
+        return fail(args, exc)
+    except StartFailure as exc:
+        return fail(args, ShellFailure(exc.code, str(exc)))
     return 0
 
 
@@ -365,10 +397,12 @@ def add_tool_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("body", metavar="BODY", nargs="?", help="the text; - or omitted: stdin")
     p = tool_cmd("close", "close a mail (mail_close)")
     p.add_argument("mail", metavar="MAIL")
-    p = tool_cmd("mail", "list mail you sent or received (mail_list)")
+    p = tool_cmd("mail", "list mail you sent or received, newest first, 30 at a time (mail_list)")
     p.add_argument("--state", choices=["new", "working", "replied", "closed", "quiet"])
     p.add_argument("--vault")
     p.add_argument("--thread")
+    p.add_argument("--before", metavar="CURSOR", help="the next page: the cursor the last "
+                   "page printed (moreMailsBefore)")
     p = tool_cmd("show", "a mail with its thread (mail_get)")
     p.add_argument("mail", metavar="MAIL")
     p = tool_cmd("inbox", "what is yours to handle (list_inbox)")

@@ -24,6 +24,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+import aiohttp
+
 from labels.catalogue import Label
 
 JSON = dict[str, Any]
@@ -84,6 +86,10 @@ class Forge(Protocol):
         self, repo: str, number: int, body: str, marker: str | None = None
     ) -> JSON: ...
 
+    async def find_comment(self, repo: str, number: int, marker: str) -> JSON | None:
+        """A recent comment by the app on the issue whose body contains `marker`."""
+        ...
+
     async def update_comment(self, repo: str, comment_id: int, body: str) -> JSON: ...
 
     async def get_comment(self, repo: str, comment_id: int) -> JSON: ...
@@ -113,3 +119,15 @@ class Forge(Protocol):
 
 
 __all__ = ["JSON", "Forge"]
+
+
+async def probe(session: aiohttp.ClientSession, url: str, timeout: float = 5.0) -> int:
+    """Readiness: the status the forge answers `url` with, unauthenticated. Any answer below
+    500 means it is up; a 5xx or no answer raises, saying which."""
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            if resp.status >= 500:
+                raise ConnectionError(f"{url} answered {resp.status}")
+            return resp.status
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise ConnectionError(f"{url} unreachable: {exc!r}") from exc

@@ -2,8 +2,9 @@
 
 Per installation (or bot token): an ETag cache (``cachetools.LRUCache`` handed to gidgethub,
 which keys by URL only, hence one cache per installation) so an unchanged read comes back 304
-and costs no rate limit; one token refresh and retry on 401; writes serialised through an
-``asyncio.Lock`` and paced by a :class:`~bot.forge.pacing.WritePacer`; 403/429 rate limits
+and costs no rate limit; one token refresh and retry on 401; writes one at a time, in turns
+shared fairly between the principals they are made for, and paced by a
+:class:`~bot.forge.pacing.WritePacer`; 403/429 rate limits
 waited out (``retry-after``, else ``x-ratelimit-reset`` when nothing remains, else
 ``secondary_wait`` doubling), then :class:`RateLimited`; 5xx, timeouts and connection errors
 retried with backoff and jitter for reads and idempotent writes; a create never retried blind
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextvars
 import copy
+import functools
 import json
 import logging
 import random
@@ -26,14 +29,17 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 import cachetools
 import gidgethub.aiohttp
 from gidgethub import HTTPException, InvalidField, ValidationError, sansio
-from uritemplate import variable
+from uritemplate import URITemplate, variable
 
+from bot import metrics
+
+from . import writes
 from .base import JSON
 from .clock import Clock
 from .errors import (
@@ -46,9 +52,10 @@ from .errors import (
     Unauthorized,
     ValidationFailed,
 )
-from .pacing import Sleep, WritePacer
+from .pacing import Sleep, WritePacer, writes_for
 
 log = logging.getLogger("vaultmail.forge")
+_route: contextvars.ContextVar[str] = contextvars.ContextVar("forge_route", default="other")
 
 ACCEPT = sansio.accept_format()
 UrlVars = Mapping[str, variable.VariableValue]
@@ -66,6 +73,8 @@ class ForgeConfig:
     write_interval: float = 0.0  # extra pause between writes; creations have their own budget
     content_per_minute: int = 80  # content-creating requests (issues, comments) per minute
     content_per_hour: int = 500  # ... and per hour
+    principal_share: float = 0.75  # of each budget, the most one principal may take
+    endpoint_points_per_minute: int = 900  # GitHub's per-endpoint budget (a write costs 5); 0 off
     timeout: float = 30.0  # aiohttp total timeout per request
     max_attempts: int = 4  # tries for 5xx / timeouts / connection errors
     backoff_base: float = 1.0  # first backoff; doubles each retry
@@ -92,7 +101,7 @@ class RequestStats:
     auth_refreshes: int = 0  # 401 -> new token -> retry
     rate_limit_waits: int = 0
     waited: float = 0.0  # seconds slept on rate limits and backoff (not pacing)
-    paced: float = 0.0  # seconds slept by write pacing
+    paced: float = 0.0  # seconds waited for a write turn (pacing, and the writes ahead)
     marker_recoveries: int = 0  # creates found by marker after an ambiguous failure
 
     @property
@@ -157,6 +166,17 @@ class _GitHubAPI(gidgethub.aiohttp.GitHubAPI):
         return await self._make_request(
             method, url, url_vars, data, ACCEPT, jwt=jwt, oauth_token=oauth_token
         )
+
+
+@functools.lru_cache(maxsize=512)
+def _template(base_url: str, url: str) -> URITemplate:
+    return URITemplate(urljoin(base_url.removesuffix("/") + "/", url.removeprefix("/")))
+
+
+def format_url(base_url: str, url: str, url_vars: UrlVars | None) -> str:
+    """gidgethub's `format_url`, with each template parsed once: it was parsed twice per
+    request (here and in gidgethub), a tenth of a write's CPU (bench.probot_compare)."""
+    return str(_template(base_url, url).expand(dict(url_vars) if url_vars else {}))
 
 
 def split_repo(repo: str) -> dict[str, str]:
@@ -243,11 +263,12 @@ class _Caller(abc.ABC):
             timeout=self.config.timeout,
             observe=self._observe,
         )
-        self._write_lock = asyncio.Lock()
-        self.pacer = WritePacer(
+        self.pacer = WritePacer(  # also the write lock: one write at a time, fair turns
             min_interval=self.config.write_interval,
             content_per_minute=self.config.content_per_minute,
             content_per_hour=self.config.content_per_hour,
+            principal_share=self.config.principal_share,
+            endpoint_points_per_minute=self.config.endpoint_points_per_minute,
             monotonic=client.monotonic,
             sleep=client.sleep,
         )
@@ -267,6 +288,8 @@ class _Caller(abc.ABC):
     # -- bookkeeping -----------------------------------------------------------------------------
 
     def _observe(self, method: str, url: str, status: int, headers: Mapping[str, str]) -> None:
+        metrics.FORGE_REQUESTS.labels(method=method, route=_route.get(),
+                                      status=str(status)).inc()
         for stats in (self.stats, self.client.stats):
             stats.by_method[method] += 1
             stats.by_status[status] += 1
@@ -282,6 +305,8 @@ class _Caller(abc.ABC):
             resource = _header(headers, "x-ratelimit-resource") or "core"
             if resource == "core":  # search has its own, per-minute budget
                 self.rate_limit = {"limit": limit, "remaining": remaining, "reset": reset}
+                metrics.RATE_REMAINING.labels(
+                    installation=str(self._log_extra.get("installation_id"))).set(remaining)
                 if remaining <= 0 and status < 400:
                     self._blocked_until = max(self._blocked_until, float(reset))
         log.debug(
@@ -380,8 +405,15 @@ class _Caller(abc.ABC):
                 method, url, url_vars, data, policy, content, find_existing
             )
             return copy.deepcopy(result[0]), result[1], result[2]
-        async with self._write_lock:
-            return await self._attempts(method, url, url_vars, data, policy, content, find_existing)
+        # one write at a time per installation, turns shared fairly between the principals the
+        # writes are made for (`pacing.writes_for`), each paced within its share of the budget
+        endpoint = f"{method} {url.split('{?')[0]}"  # the budget is per route, not per URL
+        writes.note()
+        async with self.pacer.turn(content, endpoint=endpoint) as waited:
+            self._count("paced", waited)
+            metrics.PACING_SECONDS.inc(waited)
+            return await self._attempts(method, url, url_vars, data, policy, content, find_existing,
+                                        paced=True, endpoint=endpoint)
 
     async def _attempts(
         self,
@@ -392,22 +424,27 @@ class _Caller(abc.ABC):
         policy: Policy,
         content: bool,
         find_existing: Callable[[], Awaitable[Any]] | None,
+        paced: bool = False,
+        endpoint: str | None = None,
     ) -> tuple[Any, str | None, int]:
         cfg = self.config
-        full_url = sansio.format_url(url, url_vars, base_url=self.client.api_url)
+        _route.set(url.split("{?")[0])  # the template, not the URL: a metric label per route
+        full_url = format_url(self.client.api_url, url, url_vars)
         extra = {**self._log_extra, "method": method, "url": full_url}
         transient_tries = 0
         limit_tries = 0
         refreshed = False
         while True:
             await self._respect_primary_limit(method, full_url)
-            if method != "GET":
-                self._count("paced", await self.pacer.wait(content))
+            if method != "GET" and not paced:  # a retry: paced again (the turn is still ours)
+                self._count("paced", await self.pacer.wait(content, writes_for.get(), endpoint))
+            paced = False
             credentials = await self._credentials()
             failure: str
             try:
                 async with self.client.semaphore:
-                    return await self._gh.call(method, url, url_vars, data, **credentials)
+                    # the URL already expanded: gidgethub only joins it to the base
+                    return await self._gh.call(method, full_url, None, data, **credentials)
             except HTTPException as exc:
                 status = int(exc.status_code)
                 if status == 401 and not refreshed:

@@ -15,8 +15,9 @@ here so handlers keep seeing GitHub-shaped dicts:
   on a miss; a name still unknown is created, as GitHub auto-creates unknown labels);
 * ``PATCH .../issues/{index}`` takes no labels: a label change is a ``PUT .../labels`` with ids
   first, then the PATCH (whose answer carries the new labels) when other fields change too;
-* ``GET .../issues/{index}/comments`` is not paged; ``labels=`` on issue lists is OR, so the
-  AND the interface promises is applied here;
+* ``GET .../issues/{index}/comments`` is not paged; ``labels=`` on issue lists is AND (though
+  Gitea's swagger says "any"), but a name Gitea does not know is silently dropped from the
+  filter (none left: no filter at all), so the AND is checked here again;
 * the collaborator permission ``owner`` is ``admin``; there is no ``repository_dispatch``, no
   issue search and no webhook delivery log (reconciliation finds nothing to redeliver).
 """
@@ -35,7 +36,7 @@ from uritemplate import variable
 
 from labels.catalogue import MAIL_LABELS, Label
 
-from .base import JSON, Forge
+from .base import JSON, Forge, probe
 from .caller import (
     ForgeConfig,
     RepoCaller,
@@ -194,7 +195,8 @@ class GiteaForge(RepoCaller):
         async for issue in self._paginate(
                 "/repos/{owner}/{repo}/issues{?state,type,labels,since,limit}", url_vars):
             have = {str(lb.get("name", "")).lower() for lb in issue.get("labels") or []}
-            if issue.get("pull_request") or not wanted <= have:  # Gitea's labels= is OR
+            # Gitea drops unknown names from labels=: an issue may lack one of them
+            if issue.get("pull_request") or not wanted <= have:
                 continue
             yield github_issue(issue)
 
@@ -380,6 +382,10 @@ class GiteaClient:
         if self._forge is None:
             self._forge = GiteaForge(self, SYNTHETIC_INSTALLATION_ID)
         return self._forge
+
+    async def reachable(self) -> int:
+        """The status the forge answers an unauthenticated request with (readiness)."""
+        return await probe(self.session, self.api_url + "/version")
 
     def app(self) -> GiteaHooks:
         return self._hooks

@@ -7,9 +7,14 @@ The one place that knows how Gitea's deliveries differ (forge-facts §2.1, §2.2
 * no ``installation``: a synthetic one (:data:`SYNTHETIC_INSTALLATION_ID`) is added, so the worker
   acts through the bot's one forge;
 * ``label_updated`` / ``label_cleared`` (the whole label list, no ``label``) become ``labeled``:
-  the handlers re-read the issue's labels anyway;
-* ``is_pull`` comments mark their issue as a pull request; ``pull_request: null`` is dropped
-  (GitHub marks pull requests by the key's presence); ``assignees: null`` becomes ``[]``;
+  the handlers re-read the issue's labels anyway. Gitea sends one for every label call, even
+  one that changed nothing, and one after ``opened`` when an issue is created with labels;
+  an edit of title and body is two ``edited`` (one ``changes`` each): all are idempotent here;
+* ``is_pull`` comments mark their issue as a pull request (a plain issue's comment payload has
+  no top-level ``pull_request``); the issue's ``pull_request: null`` is dropped (GitHub marks
+  pull requests by the key's presence); ``assignees: null`` becomes ``[]``;
+* users carry Gitea's no-reply placeholder email in payloads (senders are rendered with no
+  viewer) and ``active: false``: neither is read;
 * the bot is a plain user: its own events are recognised by its login, and users get the
   ``type`` GitHub gives them (``Bot`` for the bot).
 

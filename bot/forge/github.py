@@ -22,7 +22,7 @@ from uritemplate import variable
 
 from labels.catalogue import Label
 
-from .base import JSON, Forge
+from .base import JSON, Forge, probe
 from .caller import (
     ISSUE_FIELDS,
     ForgeConfig,
@@ -440,6 +440,10 @@ class ForgeClient:
         if forge is None:
             forge = self._installations[iid] = GitHubForge(self, iid)
         return forge
+
+    async def reachable(self) -> int:
+        """The status the forge answers an unauthenticated request with (readiness)."""
+        return await probe(self.session, self.api_url + "/")
 
     def app(self) -> AppForge:
         if self._app is None:

@@ -2,12 +2,15 @@
 
 `you` holds what reached the person personally; `agents` what reached them through their
 agents, shared by every agent of theirs. An agent without a person has only `agents`.
-Unread comments are delivered once: whoever reads a box marks what it returned as read.
+Unread comments are delivered once: the person reading `you` marks it read; each agent has
+its own mark on `agents`, so every agent sees each item once. The person sees `agents` as
+history ("Your agents are handling"): reading it marks nothing, and it never wakes them.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,10 +21,14 @@ from bot.store import Store
 from bot.store import comments as db
 
 PAGE = 30
+HISTORY = "Your agents are handling"
 _VIEWS_CACHED = 16384
 # thread_view of the row objects the store's thread cache hands out, for the asker and for
 # everyone else (the only way a view depends on its viewer); a row rewritten is a new object.
 _views: OrderedDict[tuple[str, bool], tuple[db.ThreadRow, dict[str, Any]]] = OrderedDict()
+# Which of these items the viewer may see (bot.office.visibility.Viewer.visible): what it may
+# not see is neither shown nor marked read. None: the viewer sees every item.
+Sees = Callable[[Iterable[str]], Awaitable[set[str]]] | None
 
 
 def _thread_view(t: db.ThreadRow, viewer: str) -> dict[str, Any]:
@@ -62,30 +69,58 @@ class Whose:
         return [*([self.person] if self.person else []), *self.agents]
 
 
-async def _unread(store: Store, who: Whose, boxes: list[str], *,
-                  mark: set[str]) -> dict[str, tuple[list[dict[str, Any]], int]]:
-    """Each box's unread comments (views, and how many deliveries), oldest first; marks as
-    read what it returns of the boxes in `mark`."""
-    rows = await db.unread_in(store, who.owner, boxes)
-    found = await db.comments_by_ids(store, [r["comment"] for r in rows])
+async def _unread(store: Store, who: Whose, *, mark_you: bool, mark_agents: bool,
+                  sees: Sees = None) -> dict[str, tuple[list[dict[str, Any]], int]]:
+    """Each box's unread comments (views, and how many), oldest first.
+
+    `you`: the person's own, marked read (`mark_you`) only by the person reading them.
+    `agents`, for an agent: what it has not been shown of the shared box (each agent has its
+    own mark: a sibling's call never consumes its share), marked by `mark_agents`; for the
+    person: history, what each comment's agent has not picked up yet, never marked."""
+    is_agent = who.viewer != who.person
+    you_rows = await db.unread_in(store, who.owner, ["you"]) if who.person else []
+    agent_rows = (await db.unseen_by(store, who.owner, who.viewer) if is_agent
+                  else await db.unseen_by_their_agent(store, who.owner, list(who.agents)))
+    found = await db.comments_by_ids(store, [r["comment"] for r in [*you_rows, *agent_rows]])
+    shown = None if sees is None else await sees({c.item for c in found.values()})
+
+    def hidden(r: Any) -> bool:  # on an item the viewer may not see: not shown
+        c = found.get(r["comment"])
+        return shown is not None and c is not None and c.item not in shown
+
     out: dict[str, tuple[list[dict[str, Any]], int]] = {}
-    seen = []
-    for box in boxes:
+    for box, rows in (("you", you_rows), ("agents", agent_rows)):
         views = []
-        mine = [r for r in rows if r["box"] == box]
-        for r in mine:
+        for r in rows:
             c = found.get(r["comment"])
-            if c is None:
+            if c is None or hidden(r):
                 continue
             view = comment_view(c)
             if box == "agents":
                 view["forAgent"] = r["principal"]
             views.append(view)
-        out[box] = (views, len(mine))
-        if box in mark:
-            seen += [int(r["seq"]) for r in mine]
-    await db.mark_read(store, seen)
+        out[box] = (views, len(views))
+    if mark_you and not is_agent:  # what may not be shown yet stays unread
+        await db.mark_read(store, [(int(r["seq"]), str(r["comment"])) for r in you_rows
+                                   if not hidden(r)])
+    if mark_agents and is_agent:  # the agent has been through all of it: what it may not
+        await db.mark_seen(store, who.owner, who.viewer,  # see is not its to see
+                           [(int(r["seq"]), str(r["comment"])) for r in agent_rows])
     return out
+
+
+async def has_new(store: Store, office: Office, viewer: str, sees: Sees = None) -> bool:
+    """Whether something unread is the viewer's own to see now: a person's own box, an agent's
+    share of the agents' box (seed: "returns as soon as something new is yours")."""
+    who = Whose.of(office, viewer)
+    if who.viewer == who.person:
+        rows = await db.unread_in(store, who.owner, ["you"])
+    else:
+        rows = await db.unseen_by(store, who.owner, who.viewer)
+    if not rows or sees is None:
+        return bool(rows)
+    found = await db.comments_by_ids(store, [r["comment"] for r in rows])
+    return bool(await sees({c.item for c in found.values()}))
 
 
 def _turns(threads: list[db.ThreadRow], targets: list[str], viewer: str,
@@ -96,6 +131,9 @@ def _turns(threads: list[db.ThreadRow], targets: list[str], viewer: str,
         if not mine or not t.state.is_question:
             continue
         view = _thread_view(t, viewer)
+        # a question waiting on your answer, or a reply to one you asked: read it, act on
+        # it, resolve it (seed: "questions waiting on you, and replies to yours")
+        view["turn"] = "replied" if t.state.asker in mine else "answer"
         if box == "agents":
             view["forAgent"] = mine[0]
         out.append(view)
@@ -116,6 +154,21 @@ def _waiting_on_others(threads: list[db.ThreadRow], askers: list[str], viewer: s
     return out
 
 
+def wake_key(owner: str, box: str) -> str:
+    """What a delivery to `owner`'s `box` wakes in the notifier."""
+    return f"{box}:{owner}"
+
+
+def wait_keys(office: Office, viewer: str) -> set[str]:
+    """What a long poll of `viewer` waits on: a person on their own box only (never on their
+    agents'); an agent on the agents' box it shares and on what is addressed to it (its mail
+    and chats wake its principal)."""
+    who = Whose.of(office, viewer)
+    if viewer == who.person:
+        return {wake_key(who.owner, "you")}
+    return {viewer, wake_key(who.owner, "agents")}
+
+
 @dataclass(frozen=True)
 class Computed:
     """One look at a viewer's inboxes: both boxes, and the counts of the person's own."""
@@ -131,13 +184,14 @@ class Computed:
 
 
 async def compute(store: Store, office: Office, viewer: str, *, mark_you: bool,
-                  mark_agents: bool) -> Computed:
+                  mark_agents: bool, sees: Sees = None) -> Computed:
     """The boxes (see `boxes`) and the person's counts, from one read of the open threads."""
     who = Whose.of(office, viewer)
     threads = await db.open_questions_involving(store, who.everyone)
-    names = ["you", "agents"] if who.person is not None else ["agents"]
-    unread = await _unread(store, who, names, mark={
-        n for n, m in (("you", mark_you), ("agents", mark_agents)) if m})
+    if sees is not None:
+        shown = await sees({t.item for t in threads})
+        threads = [t for t in threads if t.item in shown]
+    unread = await _unread(store, who, mark_you=mark_you, mark_agents=mark_agents, sees=sees)
     you: dict[str, Any] = {"yourTurn": [], "unread": [], "waitingOnOthers": []}
     person_unread = person_waiting = 0
     if who.person is not None:
@@ -145,10 +199,12 @@ async def compute(store: Store, office: Office, viewer: str, *, mark_you: bool,
                "unread": unread["you"][0],
                "waitingOnOthers": _waiting_on_others(threads, [who.person], viewer, "you")}
         person_unread, person_waiting = unread["you"][1], len(you["yourTurn"])
-    agents = {"yourTurn": _turns(threads, list(who.agents), viewer, "agents"),
-              "unread": unread["agents"][0],
-              "waitingOnOthers": _waiting_on_others(threads, list(who.agents), viewer,
-                                                    "agents")}
+    agents: dict[str, Any] = {
+        "yourTurn": _turns(threads, list(who.agents), viewer, "agents"),
+        "unread": unread["agents"][0],
+        "waitingOnOthers": _waiting_on_others(threads, list(who.agents), viewer, "agents")}
+    if viewer == who.person:  # the person sees it as history, never as a notification
+        agents = {"title": HISTORY, **agents}
     cards = [v for box in (you, agents) for key in ("yourTurn", "waitingOnOthers")
              for v in box[key]]
     kinds = await db.item_kinds(store, {str(v["item"]) for v in cards})
@@ -163,19 +219,19 @@ async def boxes(store: Store, office: Office, viewer: str, *, mark_you: bool,
     return computed.boxes
 
 
-async def has_unread(store: Store, office: Office, viewer: str) -> bool:
-    return await db.has_unread(store, Whose.of(office, viewer).owner)
-
-
 async def read_page(store: Store, office: Office, viewer: str,
-                    before: int | None) -> dict[str, Any]:
+                    before: int | None, sees: Sees = None) -> dict[str, Any]:
     who = Whose.of(office, viewer)
-    rows = await db.read_page(store, who.owner, before, PAGE + 1)
+    if viewer == who.person:  # their own box
+        rows = await db.read_page(store, who.owner, before, PAGE + 1)
+    else:  # what this agent has been shown of the agents' box
+        rows = await db.seen_page(store, who.owner, viewer, before, PAGE + 1)
     found = await db.comments_by_ids(store, [r["comment"] for r in rows[:PAGE]])
+    shown = None if sees is None else await sees({c.item for c in found.values()})
     read = []
     for r in rows[:PAGE]:
         c = found.get(r["comment"])
-        if c is not None:
+        if c is not None and (shown is None or c.item in shown):
             read.append({**comment_view(c), "box": r["box"], "cursor": int(r["seq"])})
     more = int(rows[PAGE - 1]["seq"]) if len(rows) > PAGE else None
     return {"read": read, "moreReadBefore": more}
@@ -197,13 +253,15 @@ def _login(office: Office, principal: str) -> str | None:
 
 
 async def updates_page(store: Store, office: Office, viewer: str, before: int | None,
-                       since: float | None) -> dict[str, Any]:
+                       since: float | None, sees: Sees = None) -> dict[str, Any]:
     who = Whose.of(office, viewer)
     rows = await db.updates_for(store, who.everyone, logins_of(office, who), who.everyone,
                                 before, since, PAGE + 1)
+    shown = None if sees is None else await sees({str(r["item"]) for r in rows[:PAGE]})
     updates = [{"item": r["item"], "kind": r["kind"], "actor": r["actor"],
-                "summary": r["summary"], "at": iso(r["at"]), "cursor": int(r["seq"])}
-               for r in rows[:PAGE]]
+                "summary": r["summary"], "at": iso(r["at"]), "cursor": int(r["seq"]),
+                "contentIsData": True}  # a summary quotes the item's title
+               for r in rows[:PAGE] if shown is None or r["item"] in shown]
     more = int(rows[PAGE - 1]["seq"]) if len(rows) > PAGE else None
     return {"updates": updates, "moreUpdatesBefore": more}
 

@@ -16,6 +16,14 @@ _PART_OF = re.compile(r"\bpart of\s+(?P<repo>[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)?#(
                       re.IGNORECASE)
 _ISSUE_URL = re.compile(r"/repos/(?P<repo>[^/]+/[^/]+)/issues/(?P<n>[0-9]+)$")
 _REF = re.compile(r"^(?P<repo>[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)#(?P<n>[1-9][0-9]*)$")
+# A stable item key, like a tracker's: letters and digits, a dash, a number ("AC-12").
+KEY = r"[A-Za-z][A-Za-z0-9]{0,15}-[0-9]{1,9}"
+_KEY_ONLY = re.compile(rf"^{KEY}$")
+# given at the start of the title ("AC-12: Token TTL", "[AC-12] Token TTL"), or on a line of
+# the body of its own ("Key: AC-12"), or as the start of the body's first line ("AC-12: ...")
+_TITLE_KEY = re.compile(rf"^\s*(?:\[(?P<a>{KEY})\]|(?P<b>{KEY})\s*:)")
+_BODY_KEY = re.compile(rf"^[ \t]*key:[ \t]*(?P<k>{KEY})[ \t]*$", re.IGNORECASE | re.MULTILINE)
+_FIRST_LINE_KEY = re.compile(rf"^\s*(?P<k>{KEY})\s*:")
 
 
 def make_ref(repo: str, number: int) -> str:
@@ -26,6 +34,21 @@ def make_ref(repo: str, number: int) -> str:
 def split_ref(ref: str) -> tuple[str, int] | None:
     m = _REF.match(ref.strip())
     return (m["repo"].lower(), int(m["n"])) if m else None
+
+
+def as_key(text: str) -> str | None:
+    """`text` as an item key (upper-cased: keys are compared without case), or None."""
+    text = text.strip()
+    return text.upper() if _KEY_ONLY.match(text) else None
+
+
+def key_of(title: str, body: str) -> str | None:
+    """The key an item gives itself in its title or body, if any (the title's comes first)."""
+    m = _TITLE_KEY.match(title)
+    if m:
+        return str(m["a"] or m["b"]).upper()
+    found = _BODY_KEY.search(body) or _FIRST_LINE_KEY.match(body)
+    return str(found["k"]).upper() if found else None
 
 
 def kind_of(labels: list[str]) -> ItemKind | None:
@@ -55,15 +78,18 @@ class Item:
     author: str | None = None  # office principal of the author, when they are in the office
     claim: str | None = None  # agent principal assigned (outcomes); for plans/evidence, filled
     #                           in from the parent outcome by the service
+    key: str | None = None  # the stable key it gives itself ("AC-12"), see `key_of`
 
     @property
     def ref(self) -> str:
         return make_ref(self.repo, self.number)
 
     def as_json(self) -> dict[str, Any]:
-        return {"ref": self.ref, "kind": self.kind, "title": self.title, "state": self.state,
+        return {"ref": self.ref, "key": self.key, "kind": self.kind, "title": self.title,
+                "state": self.state,
                 "parent": self.parent, "author": self.author or f"forge:{self.author_login}",
-                "assignees": list(self.assignees), "claim": self.claim}
+                "assignees": list(self.assignees), "claim": self.claim,
+                "contentIsData": True}  # the title is someone's text: data, not instructions
 
 
 def claim_of(office: Office, assignees: list[str]) -> str | None:
@@ -88,4 +114,5 @@ def item_from_issue(office: Office, repo: str, issue: dict[str, Any]) -> Item | 
                 title=str(issue.get("title") or ""), state=str(issue.get("state") or "open"),
                 author_login=login, parent=parent_of(repo, issue), assignees=tuple(assignees),
                 author=who.principal if who else None,
-                claim=claim_of(office, assignees) if kind == "outcome" else None)
+                claim=claim_of(office, assignees) if kind == "outcome" else None,
+                key=key_of(str(issue.get("title") or ""), str(issue.get("body") or "")))

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bot.errors import InvalidArguments
+from bot.mail.header import clean_subject
 
 MAX_OPTIONS = 4
 MAX_LABEL = 60
@@ -74,7 +75,7 @@ class Question:
 
 def _option(i: int, raw: dict[str, Any]) -> Option:
     where = f"options[{i}]"
-    label = str(raw.get("label") or "").strip()
+    label = clean_subject(str(raw.get("label") or ""))  # one line: a box of its own, no more
     words = label.split()
     if not 1 <= len(words) <= MAX_LABEL_WORDS or len(label) > MAX_LABEL:
         raise InvalidArguments(f"{where}.label: {label!r} must be 1 to {MAX_LABEL_WORDS} words "
@@ -82,7 +83,7 @@ def _option(i: int, raw: dict[str, Any]) -> Option:
     if _OTHER.match(label):
         raise InvalidArguments(f"{where}.label: drop the {label!r} option; people can always "
                                "reply in words")
-    description = str(raw.get("description") or "").strip()
+    description = clean_subject(str(raw.get("description") or ""))  # on the box's line
     then = str(raw.get("then") or "").strip()
     if len(description) > MAX_DESCRIPTION:
         raise InvalidArguments(f"{where}.description: at most {MAX_DESCRIPTION} characters; "
@@ -113,8 +114,9 @@ def validate_question(body: str, *, needs_reply: bool, options: list[dict[str, A
         raise InvalidArguments("options: two options have the same label")
     if sum(o.recommended for o in parsed) > 1:
         raise InvalidArguments("options: at most one option may be recommended")
-    if header is not None and len(header.strip()) > MAX_HEADER:
-        raise InvalidArguments(f"header: {len(header.strip())} characters, at most {MAX_HEADER}: "
+    header = clean_subject(header) if header is not None else None  # the card's one-line title
+    if header is not None and len(header) > MAX_HEADER:
+        raise InvalidArguments(f"header: {len(header)} characters, at most {MAX_HEADER}: "
                                'a few words, like "Token TTL"')
     if context is not None and len(context) > MAX_CONTEXT:
         raise InvalidArguments(f"context: {len(context)} characters, at most {MAX_CONTEXT}")

@@ -16,7 +16,7 @@ from typing import Any
 
 from bot.items.questions import Question
 from bot.items.threads import ThreadState
-from bot.mail.markdown import defuse_mentions
+from bot.mail.markdown import defuse_mentions, list_item_lines, paragraph_lines, visible_text
 
 _MARK = "<!-- vaultmail:comment id={id}{extra} -->"
 _ADDRESS_LINE = re.compile(r"^\s*(?P<field>to|cc)\s*:\s*(?P<rest>.*)$", re.IGNORECASE)
@@ -115,10 +115,17 @@ def _status(state: ThreadState, logins: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def _item_lines(text: str) -> set[str]:
+    """The first lines of the card's real list items (read as CommonMark: a box inside an
+    HTML comment, a code fence or a quote is no box)."""
+    lines = text.replace("\r\n", "\n").split("\n")
+    return {lines[i].strip() for i in list_item_lines(text)}
+
+
 def ticked_option(card: str, q: Question, new_body: str) -> int | None:
     """The option a person ticked by editing the card: a box ticked now that was not before."""
-    new_lines = {line.strip() for line in new_body.splitlines()}
-    old_lines = {line.strip() for line in card.splitlines()}
+    new_lines = _item_lines(new_body)
+    old_lines = _item_lines(card)
     for i in range(len(q.options)):
         on = option_line(i, q, True).strip()
         if on in new_lines and on not in old_lines:
@@ -136,10 +143,11 @@ class Addressed:
 def parse_addressing(text: str) -> Addressed:
     """`to:` / `cc:` lines at the top of a comment, and @mentions in the rest (as `to`)."""
     lines = text.replace("\r\n", "\n").split("\n")
+    live = paragraph_lines(text)  # an address line in code, a quote or HTML addresses no one
     out = Addressed()
     i = 0
     while i < len(lines):
-        m = _ADDRESS_LINE.match(lines[i])
+        m = _ADDRESS_LINE.match(lines[i]) if i in live else None
         if not m:
             if lines[i].strip():
                 break
@@ -157,18 +165,11 @@ def parse_addressing(text: str) -> Addressed:
 
 
 def mentions(text: str) -> list[str]:
-    """@login and @org/team outside quotes and code, in order, without repeats."""
+    """@login and @org/team outside quotes, code and HTML comments, in order, without repeats."""
     found: list[str] = []
-    fenced = False
-    for line in text.splitlines():
-        if line.strip().startswith(("```", "~~~")):
-            fenced = not fenced
-            continue
-        if fenced or line.lstrip().startswith(">"):
-            continue
-        for m in _MENTION.finditer(re.sub(r"`[^`]*`", "", line)):
-            if m["name"] not in found:
-                found.append(m["name"])
+    for m in _MENTION.finditer(visible_text(text)):  # read as CommonMark, as the forge does
+        if m["name"] not in found:
+            found.append(m["name"])
     return found
 
 
@@ -187,8 +188,9 @@ def parse_ask(args: str, body: str) -> Ask:
     header: str | None = None
     text: list[str] = [args] if args else []
     options: list[dict[str, Any]] = []
-    for line in body.splitlines():
-        task = _TASK.match(line)
+    items = list_item_lines(body)  # boxes in code, quotes or HTML are words, not options
+    for i, line in enumerate(body.replace("\r\n", "\n").split("\n")):
+        task = _TASK.match(line) if i in items else None
         if task:
             label_text = task["text"]
             recommended = bool(_RECOMMENDED.search(label_text))

@@ -27,24 +27,36 @@ from bot.items.address import (
     resolve,
     table_reach,
 )
-from bot.items.model import Item, item_from_issue, split_ref
+from bot.items.inbox import wake_key
+from bot.items.model import Item, as_key, item_from_issue, split_ref
 from bot.items.questions import validate_question
 from bot.items.threads import ReplyKind, ThreadState, may_answer, may_resolve, reply, start
 from bot.items.views import comment_view, thread_view
-from bot.mail.mailer import login_of
 from bot.office.config import Office
+from bot.office.visibility import login_of
 from bot.store import comments as db
-from bot.store import ledger
+from bot.store import idempotency, ledger
 
 if TYPE_CHECKING:
     from bot.app.services import Services
     from bot.forge.base import Forge
+    from bot.office.visibility import Viewer
 
 MAX_BODY = 10_000
 MAX_COMMENTS_PER_ITEM = 2_000
 MAX_OPEN_PER_ITEM = 5
 MAX_OPEN_OVERALL = 100
 CONTRIBUTOR = ("admin", "maintain", "write")
+
+
+TARGET_FORMS = ('name an item by owner/repo#N (e.g. acme/product#12) or by the key its title '
+                'or body gives it: a title "AC-12: ..." or "[AC-12] ...", or a body line '
+                '"Key: AC-12"')
+
+
+def no_issue(repo: str, number: int) -> NotFoundError:
+    return NotFoundError(f"no issue {repo}#{number}: give owner/repo#N of a goal, outcome, "
+                         "plan or evidence")
 
 
 @dataclass
@@ -63,6 +75,7 @@ class NewComment:
     confirmed: bool = False
     forge_id: int | None = None  # set when the comment was written in the forge by hand
     quiet: bool = False  # a tick in a card: the card shows it, no comment is posted
+    key: str | None = None  # the caller's idempotencyKey: the comment's id is derived from it
 
 
 @dataclass
@@ -70,7 +83,6 @@ class Comments:
     services: Services
     forge: Forge
     office: Office
-    _roles: dict[tuple[str, str], str] = field(default_factory=dict)
 
     # -- items ------------------------------------------------------------------------------
     async def load_item(self, repo: str, number: int) -> Item:
@@ -78,8 +90,7 @@ class Comments:
         try:
             issue = await self.forge.get_issue(repo, number)
         except NotFound as exc:
-            raise NotFoundError(f"no issue {repo}#{number}: give owner/repo#N of a goal, "
-                                "outcome, plan or evidence") from exc
+            raise no_issue(repo, number) from exc
         item = item_from_issue(self.office, repo, issue)
         if item is None:
             raise NotFoundError(f"{repo}#{number} is not an item: label it goal, outcome, plan "
@@ -107,14 +118,46 @@ class Comments:
         except NotFoundError:
             return None
 
-    async def target(self, target: str, kind: str | None) -> Item:
+    async def target(self, target: str, kind: str | None,
+                     viewer: Viewer | None = None, *, field: str = "target") -> Item:
+        """The item `target` names, by owner/repo#N or by its key ("AC-12"); with a `viewer`,
+        only if the viewer's forge account can see it: otherwise "no issue", as for one that
+        does not exist (nothing is leaked). `field` is the argument it came in (errors name
+        it); with "target", the kind came in `targetType`."""
         where = split_ref(target)
+        key = as_key(target) if where is None else None
         if where is None:
-            raise InvalidArguments(f"target: {target!r} is not owner/repo#N")
+            where = await self._by_key(target, key, viewer, field)
+        if viewer is not None and not await viewer.sees_repo(where[0]):
+            raise no_issue(*where)
         item = await self.load_item(*where)
+        if key is not None and item.key != key:  # retitled since it was indexed
+            raise self._no_key(key, field)
         if kind is not None and item.kind != kind:
-            raise InvalidArguments(f"targetType: {item.ref} is a {item.kind}, not a {kind}")
+            kind_field = "targetType" if field == "target" else field
+            raise InvalidArguments(f"{kind_field}: {item.ref} is a {item.kind}, not a {kind}")
         return item
+
+    async def _by_key(self, target: str, key: str | None, viewer: Viewer | None,
+                      field: str = "target") -> tuple[str, int]:
+        """The item of this office's org that gives itself `key`, as the index knows it."""
+        if key is None:
+            raise InvalidArguments(f"{field}: {target.strip()[:80]!r} is neither owner/repo#N "
+                                   f"nor an item key; {TARGET_FORMS}")
+        found = await db.items_by_key(self.services.store, key, self.office.org)
+        if viewer is not None:
+            found = [i for i in found if await viewer.sees_repo(i.repo)]
+        if not found:
+            raise self._no_key(key, field)
+        if len(found) > 1:
+            raise Conflict(f"{field}: {len(found)} items give themselves the key {key} "
+                           f"({', '.join(i.ref for i in found)}); name one by owner/repo#N, "
+                           "or give each item a key of its own", code="ambiguous_key")
+        return found[0].repo, found[0].number
+
+    def _no_key(self, key: str, field: str = "target") -> NotFoundError:
+        return NotFoundError(f"{field}: no item in {self.office.org} gives itself the key {key}; "
+                             f"{TARGET_FORMS}", code="unknown_key")
 
     def scope_of(self, item: Item) -> str:
         """Questions on a plan or evidence count for the outcome or goal it belongs to."""
@@ -128,14 +171,11 @@ class Comments:
             principal[6:] if principal.startswith("forge:") else None)
         if login is None:
             return "none"
-        key = (repo, login)
-        if key not in self._roles:
-            self._roles[key] = await self.forge.permission(repo, login)
-        return self._roles[key]
+        return await self.services.visibility.role(self.forge, repo, login)
 
     async def deny(self, actor: str, subject: str, reason: str) -> Denied:
         await ledger.record(self.services.store, "run.denied", actor, subject, {"reason": reason})
-        return Denied(reason)
+        return Denied(reason, subject=subject, ledgered=True)
 
     def is_editor(self, principal: str) -> bool:
         human = self.office.human(principal[6:]) if principal.startswith("human:") else None
@@ -151,6 +191,10 @@ class Comments:
         store = self.services.store
         if new.forge_id is not None:
             done = await db.comment_by_forge_id(store, new.forge_id)
+            if done is not None:
+                return await self._added(done, actor)
+        if new.key is not None:  # a call with this key resumed after it had recorded it
+            done = await db.get_comment(store, self._new_id(item, None, actor, new.key))
             if done is not None:
                 return await self._added(done, actor)
         body = new.body.replace("\r\n", "\n").strip()
@@ -169,7 +213,7 @@ class Comments:
         cc = resolve(self.office, new.cc, author=actor, claim=item.claim, field="cc")
         check_addressed([*to, *cc])
         await self._check_access(actor, item, parent, [*to, *cc])
-        comment_id = self._new_id(item, new.forge_id)
+        comment_id = self._new_id(item, new.forge_id, actor, new.key)
         now = time.time()
         if parent is None:
             state = await self._start(actor, item, new, body, to, cc, table)
@@ -178,13 +222,16 @@ class Comments:
             row = db.ThreadRow(thread_id, item.ref, self.scope_of(item), state, None, None,
                                None, now)
         else:
-            state, reply_kind = self._reply(actor, parent, new, body, to, cc, comment_id, now)
+            state, reply_kind = await self._reply(actor, item, parent, new, body, to, cc,
+                                                  comment_id, now)
             thread_id, kind = parent.id, reply_kind
             candidates = [Reached(p, w) for p, w in state.members.items()]
             answered = now if reply_kind in ("answer", "amend") else parent.answered_at
             row = replace(parent, state=state, answered_at=answered)
+        # those addressed, and those whose turn it now is (seed: "Your follow-up hands it back
+        # to them"), hear it even when they are the writing agent's own person
         reached = audience(self.office, author=actor, candidates=candidates,
-                           explicit=[r.principal for r in [*to, *cc]])
+                           explicit=[*(r.principal for r in [*to, *cc]), *state.waiting_on])
         mentions = [self.login(r.principal) for r in reached if r.way == "personal"]
         row, forge_id = await self._write_forge(actor, item, new, body, comment_id, row, kind,
                                                 mentions)
@@ -200,12 +247,18 @@ class Comments:
                 "notify": record.data["notify"], "addressed": record.data["addressed"]}
 
     @staticmethod
-    def _new_id(item: Item, forge_id: int | None) -> str:
-        """A fresh id; for a comment already on the forge, one derived from its forge id, so
-        that a retry after a crash writes its card under the same marker (found, not doubled)."""
-        if forge_id is None:
+    def _new_id(item: Item, forge_id: int | None, actor: str = "",
+                key: str | None = None) -> str:
+        """A fresh id; for a comment already on the forge, one derived from its forge id (and
+        for a tool call with an idempotencyKey, from the key), so that a retry after a crash
+        writes under the same marker (found, not doubled)."""
+        if forge_id is not None:
+            seed = f"{item.repo}\n{forge_id}"
+        elif key is not None:
+            seed = f"{item.repo}\nkey\n{actor}\n{key}"
+        else:
             return "c" + secrets.token_hex(5)
-        return "c" + hashlib.sha256(f"{item.repo}\n{forge_id}".encode()).hexdigest()[:10]
+        return "c" + hashlib.sha256(seed.encode()).hexdigest()[:10]
 
     async def _added(self, c: db.CommentRow, actor: str) -> dict[str, Any]:
         """What `add` returned for a comment it already recorded."""
@@ -260,9 +313,9 @@ class Comments:
                                code="too_many_questions")
         return start(actor, question=question, to=to, cc=cc, reached=table_reach(table))
 
-    def _reply(self, actor: str, parent: db.ThreadRow, new: NewComment, body: str,
-               to: list[Reached], cc: list[Reached], comment_id: str,
-               now: float) -> tuple[ThreadState, ReplyKind]:
+    async def _reply(self, actor: str, item: Item, parent: db.ThreadRow, new: NewComment,
+                     body: str, to: list[Reached], cc: list[Reached], comment_id: str,
+                     now: float) -> tuple[ThreadState, ReplyKind]:
         if new.needs_reply or new.options or new.header or new.human_only or new.context:
             raise InvalidArguments("a reply cannot ask a new question: leave out parent to ask "
                                    "one, or reply in words")
@@ -270,8 +323,12 @@ class Comments:
         option = q.option_index(new.option) if new.option is not None and q else None
         if new.option is not None and q is None:
             raise InvalidArguments("option: this thread is not a question; reply with body")
-        return reply(parent.state, self.office, actor, comment=comment_id, at=now, body=body,
-                     option=option, amend=new.amend, confirmed=new.confirmed, to=to, cc=cc)
+        try:
+            return reply(parent.state, self.office, actor, comment=comment_id, at=now,
+                         body=body, option=option, amend=new.amend, confirmed=new.confirmed,
+                         to=to, cc=cc)
+        except Denied as exc:  # a question's rules (who answers, humanOnly): a permission
+            raise await self.deny(actor, item.ref, exc.message) from exc
 
     async def _write_forge(self, actor: str, item: Item, new: NewComment, body: str,
                            comment_id: str, row: db.ThreadRow, kind: str,
@@ -282,12 +339,13 @@ class Comments:
         the comment that stands for this one."""
         forge_id = new.forge_id
         author = self.login(actor) if actor.startswith("human:") else actor
+        again = new.key is not None and idempotency.resumed()  # an earlier try with the key
         if kind == "question":
             card = render.render_card(comment_id, author=author, state=row.state,
                                       mentions=mentions, logins=self._logins())
             mark = render.marker(comment_id, kind="question")
             posted = None
-            if new.forge_id is not None:  # a retried delivery may have posted it already
+            if new.forge_id is not None or again:  # a retry may have posted it already
                 posted = await self._posted(item, mark)
             if posted is None:
                 posted = await self.forge.create_comment(item.repo, item.number, card,
@@ -301,8 +359,9 @@ class Comments:
             text = render.render_comment(comment_id, author=author, body=body,
                                          mentions=mentions,
                                          thread=row.id if new.parent else None, note=note)
-            posted = await self.forge.create_comment(item.repo, item.number, text,
-                                                     marker=render.marker(comment_id))
+            found = await self._posted(item, render.marker(comment_id)) if again else None
+            posted = found or await self.forge.create_comment(item.repo, item.number, text,
+                                                              marker=render.marker(comment_id))
             forge_id = int(posted["id"])
         if row.state.is_question and row.card_id is not None and kind != "comment":
             row = await self.refresh_card(item, row)
@@ -350,28 +409,29 @@ class Comments:
                 data["answers"] = [{"option": a.option, "body": a.body, "by": a.by,
                                     "confirmedWithPerson": a.confirmed_with_person}
                                    for a in (s.answer, *reversed(s.history))]
-        owners = []
+        woken = []  # each box wakes its own waiters: a person's never wakes for the agents'
         async with self.services.store.transaction() as tx:
             await db.put_comment(tx, record)
             await db.put_thread(tx, row)
             for r in reached:
                 owner = owner_of(self.office, r.principal)
-                owners.append(owner)
                 box = "you" if r.way == "personal" else "agents"
+                woken.append(wake_key(owner, box))
                 await db.deliver(tx, owner, box, r.principal, record.id)
             await ledger.append(tx, "comment.added", actor, item.ref, data)
             if kind in ("answer", "amend"):
                 await ledger.append(tx, "comment.answered", actor, item.ref, {
                     "thread": row.id, "comment": record.id, "amend": kind == "amend",
                     "answers": data.get("answers", [])})
-        self.services.notifier.notify(owners)
+        self.services.notifier.notify(woken)
 
     # -- resolving --------------------------------------------------------------------------
-    async def resolve(self, actor: str, comment_id: str) -> db.ThreadRow:
+    async def resolve(self, actor: str, comment_id: str,
+                      viewer: Viewer | None = None) -> db.ThreadRow:
         store = self.services.store
         c = await db.get_comment(store, comment_id)
         t = await db.get_thread(store, c.thread) if c else None
-        if c is None or t is None:
+        if c is None or t is None or (viewer is not None and not await viewer.sees_ref(c.item)):
             raise NotFoundError(f"comment: no comment {comment_id!r}; give a comment's `id`")
         item = await db.get_item(store, t.item)
         assert item is not None

@@ -1,7 +1,9 @@
 """A thread's state machine: who is in it, whose turn it is, the answer and its history.
 
 A question waits on the people asked until one of them replies; the first such reply is the
-answer and the turn goes back to the asker. The asker's follow-up hands it back. A reply `to`
+answer and the turn goes back to the asker. The asker's follow-up (the asker's own, not its
+person's) hands it back, and the next reply from someone asked gives it to the asker again
+(seed: "the people asked, until one of them replies; then yours"). A reply `to`
 someone new passes the question on: they join and it waits on them too (an agent passing to
 its own person steps out of the turn, as the question is now theirs). `amend` replaces the
 answer, keeps the old one in the history, hands the turn to the asker and reopens the thread.
@@ -104,10 +106,9 @@ def may_answer(state: ThreadState, office: Office, who: str) -> bool:
 
 
 def may_resolve(state: ThreadState, office: Office, who: str, *, editor: bool) -> bool:
-    """Resolving a question says its answer was used: its asker, their person, or an editor."""
-    if not state.is_question or editor or who == state.asker:
-        return True
-    return person_of(office, state.asker) == who
+    """Resolving a question says its answer was used, so only its asker (or an editor) can
+    (seed: "Resolve"): not the asker's person, who did not ask it and may not have used it."""
+    return not state.is_question or editor or who == state.asker
 
 
 def reply(state: ThreadState, office: Office, who: str, *, comment: str, at: float,
@@ -158,8 +159,11 @@ def reply(state: ThreadState, office: Office, who: str, *, comment: str, at: flo
         if who.startswith("agent:") and person_of(office, who) in new_people:
             waiting = [p for p in waiting if p != who]  # handed to its person to decide
         return replace(base, waiting_on=_unique(waiting)), "pass_on"
-    if who == state.asker or who == person_of(office, state.asker):
+    if who == state.asker:  # only the asker follows up (not the asking agent's person)
         back = [state.answer.by] if state.answer else list(state.asked)
         return replace(base, waiting_on=_unique(back)), "follow_up"
+    if answerer and state.answer is not None:
+        # someone asked replies to a follow-up: it is the asker's turn again
+        return replace(base, waiting_on=(state.asker,)), "comment"
     return base, "comment"
 

@@ -1,7 +1,11 @@
 """Slash commands in comments (DESIGN §3.6), parsed without I/O.
 
-A command counts only at the start of a line, outside quotes and code blocks; everything a
-comment says is data, so unknown words after a slash are just text.
+A command counts only where a reader sees it start a line of a real paragraph: the comment is
+read as CommonMark (`bot.mail.markdown.paragraph_lines`), so nothing in a block quote (lazy
+continuation lines included), a code fence of any length, indented code, an HTML comment or
+block, or a list counts; the line itself must begin with the slash (up to three spaces before
+it, as CommonMark allows), so an escaped ``\\/close`` is text. Everything a comment says is
+data, so unknown words after a slash are just text.
 """
 
 from __future__ import annotations
@@ -9,8 +13,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from bot.mail.markdown import paragraph_lines
+
 KNOWN = ("mail", "working", "close", "ask", "answer", "resolve")
-_COMMAND = re.compile(r"^/(?P<name>[a-z]+)\b[ \t]*(?P<args>.*)$")
+_COMMAND = re.compile(r"^ {0,3}/(?P<name>[a-z]+)\b[ \t]*(?P<args>.*)$")
 
 
 @dataclass(frozen=True)
@@ -20,37 +26,17 @@ class Command:
     body: str  # the lines after the command, up to the next command (for /mail and /ask)
 
 
-def _visible_lines(text: str) -> list[tuple[str, bool]]:
-    """Each line with whether it may hold a command (not quoted, not in a code block)."""
-    out: list[tuple[str, bool]] = []
-    fence: str | None = None
-    for raw in text.replace("\r\n", "\n").split("\n"):
-        stripped = raw.strip()
-        if fence is not None:
-            out.append((raw, False))
-            if stripped.startswith(fence):
-                fence = None
-            continue
-        if stripped.startswith(("```", "~~~")):
-            fence = stripped[:3]
-            out.append((raw, False))
-            continue
-        quoted = stripped.startswith(">") or raw.startswith(("    ", "\t"))
-        out.append((raw, not quoted))
-    return out
-
-
 def parse_commands(text: str) -> list[Command]:
-    lines = _visible_lines(text)
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     found: list[tuple[int, str, str]] = []
-    for i, (line, live) in enumerate(lines):
-        m = _COMMAND.match(line.rstrip()) if live else None
+    for i in sorted(paragraph_lines(text)):
+        m = _COMMAND.match(lines[i].rstrip())
         if m and m.group("name") in KNOWN:
             found.append((i, m.group("name"), m.group("args").strip()))
     commands = []
     for k, (i, name, args) in enumerate(found):
         end = found[k + 1][0] if k + 1 < len(found) else len(lines)
-        body = "\n".join(line for line, _ in lines[i + 1:end]).strip("\n")
+        body = "\n".join(lines[i + 1:end]).strip("\n")
         commands.append(Command(name, args, body))
     return commands
 

@@ -14,8 +14,10 @@ An issue body written by the office looks like this::
 
 The hidden comment carries every header field as one line of JSON (``<`` and ``>`` escaped, so
 no subject can close the comment). The table is what people read; it is re-rendered from the
-hidden header when verifying, and a table that disagrees with it is tampering. The body is
-everything after the first line that is exactly ``---`` following the header.
+hidden header when verifying, and a table that disagrees with it is tampering (a mail the app
+writes for a person also has, below the table, one unsigned line mentioning them:
+``render_notify``). The body is everything after the first line that is exactly ``---``
+following the header.
 
 Only the very first thing in the issue body can be the header: a header-looking comment
 anywhere else is part of the body, i.e. data.
@@ -23,12 +25,23 @@ anywhere else is part of the body, i.e. data.
 What is signed (``canonical_bytes``): the ASCII line ``vaultmail-header-v1`` and a newline,
 followed by the JSON object of the twelve signed fields -- version, mail_id, from_principal,
 to_principal, sent, vault, subject, body_sha256, hops, in_reply_to (null when absent),
-thread_id, key_id -- with sorted keys, no whitespace, UTF-8, non-ASCII unescaped (RFC 8785
-form for these fields). The signature (Ed25519, base64url) covers those bytes.
+thread_id, key_id -- and, when present, the names the table shows (from_name, to_name: a
+person's forge login rather than their email address) -- with sorted keys, no whitespace,
+UTF-8, non-ASCII unescaped (RFC 8785 form for these fields). The signature (Ed25519,
+base64url) covers those bytes.
 
 Normal forms, so forges' rewriting does not break signatures: the body is hashed with LF line
 endings, no leading blank lines and no trailing whitespace (``normalize_body``); the subject is
 the issue title without surrounding whitespace; the vault is compared and signed lowercase.
+A new header's subject is signed as ``clean_subject`` leaves it (no control, invisible or
+bidi-override characters), and the issue is titled with exactly that.
+
+A header proves a mail, not a copy of it: on an issue from the forge (``verify_issue``) it must
+also be bound to that issue. The mails the app sends are issues the app opens as its own forge
+account, which nobody else can; the mails it adopts (opened by a person) have the mail id
+``adopted_mail_id(vault, number)``. A genuine header on any other issue is a copy
+(``Verdict.copy``). Nothing in the signed form changed for this, so older headers verify as
+before.
 """
 
 from __future__ import annotations
@@ -37,6 +50,7 @@ import hashlib
 import json
 import re
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -65,6 +79,11 @@ SIGNED_FIELDS: tuple[str, ...] = (
     "thread_id",
     "key_id",
 )
+# Signed when present, left out of the signed form when absent (so headers written before
+# they existed verify as they did): what the table shows for each side instead of the principal
+# (a person's forge login rather than their email address).
+OPTIONAL_SIGNED_FIELDS: tuple[str, ...] = ("from_name", "to_name")
+_NAME_RE = re.compile(r"^(login:[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})|agent:[a-z0-9-]+|office)$")
 
 _ID = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}"
 _REPO = r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+"
@@ -77,6 +96,7 @@ _ISSUE_REF_RE = re.compile(rf"^{_REPO}#[1-9][0-9]*$")
 _SENT_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
 _SEPARATOR_RE = re.compile(r"^---[ \t]*$", re.MULTILINE)
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+MAIL_ID_NAMESPACE = uuid.UUID("5b0c3c1e-8f7a-4d6e-9a51-0c1d2e3f4a5b")  # derived mail ids
 
 
 # -- normal forms ------------------------------------------------------------------------------
@@ -92,7 +112,31 @@ def normalize_body(body: str) -> str:
 
 
 def normalize_subject(subject: str) -> str:
+    """The subject as compared with the issue title: without surrounding whitespace."""
     return subject.strip()
+
+
+# Where a person reads a subject (the issue title, the inbox, the ledger) it must read as what
+# it is: control characters (tab, newline, C1) become spaces; characters that are invisible or
+# reorder the text around them (bidi embeddings, overrides, isolates and marks, zero-width
+# space, word joiner, BOM, soft hyphen, Hangul fillers, tag characters, ...) are removed. The
+# zero-width (non-)joiners that emoji sequences and scripts such as Persian need are kept.
+_SUBJECT_SPACE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_SUBJECT_INVISIBLE = re.compile(
+    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180e\u200b\u200e\u200f"
+    "\u202a-\u202e\u2060-\u206f\u3164\ufeff\uffa0\ufff9-\ufffb"
+    "\U0001d173-\U0001d17a\U000e0000-\U000e0fff]")
+
+
+def clean_subject(subject: str) -> str:
+    """The subject the app signs and titles the issue with (see above); may be empty."""
+    return _SUBJECT_INVISIBLE.sub("", _SUBJECT_SPACE.sub(" ", subject)).strip()
+
+
+def adopted_mail_id(vault: str, number: int) -> str:
+    """The mail id of the issue ``vault#number`` once the app adopts it (a person opened it
+    by hand): derived from where it is, so its header is bound to that one issue."""
+    return str(uuid.uuid5(MAIL_ID_NAMESPACE, f"adopt\n{vault.lower()}#{number}"))
 
 
 def body_sha256(body: str) -> str:
@@ -131,6 +175,8 @@ class MailHeader(BaseModel):
     in_reply_to: str | None = None
     thread_id: str = Field(pattern=_ID_RE.pattern)
     key_id: str = Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    from_name: str | None = Field(default=None, pattern=_NAME_RE.pattern)
+    to_name: str | None = Field(default=None, pattern=_NAME_RE.pattern)
     signature: str = Field(default="", pattern=r"^[A-Za-z0-9_-]*$")
 
     @field_validator("from_principal", "to_principal")
@@ -177,11 +223,19 @@ class MailHeader(BaseModel):
         return datetime.strptime(self.sent, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
     def signed_fields(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in SIGNED_FIELDS}
+        fields = {name: getattr(self, name) for name in SIGNED_FIELDS}
+        fields |= {name: getattr(self, name) for name in OPTIONAL_SIGNED_FIELDS
+                   if getattr(self, name) is not None}
+        return fields
 
     def to_json(self) -> str:
-        """Compact JSON of every field (the hidden comment's payload, unescaped)."""
-        return json.dumps(self.model_dump(), sort_keys=True, separators=(",", ":"))
+        """Compact JSON of every field (the hidden comment's payload, unescaped); the optional
+        ones only when set, as they were signed."""
+        data = self.model_dump()
+        for name in OPTIONAL_SIGNED_FIELDS:
+            if data[name] is None:
+                del data[name]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> MailHeader:
@@ -210,10 +264,13 @@ def sign_header(
     hops: int = 0,
     in_reply_to: str | None = None,
     thread_id: str | None = None,
+    from_name: str | None = None,
+    to_name: str | None = None,
 ) -> MailHeader:
     """Build and sign a header with the keyring's active key. ``mail_id`` defaults to a new
-    UUID, ``sent`` to now, ``thread_id`` to the mail id (a fresh thread). Invalid fields raise
-    pydantic's ValidationError (a ValueError)."""
+    UUID, ``sent`` to now, ``thread_id`` to the mail id (a fresh thread); the subject is
+    signed as ``clean_subject`` leaves it (title the issue with ``header.subject``). Invalid
+    fields raise pydantic's ValidationError (a ValueError)."""
     mail_id = mail_id or new_mail_id()
     if sent is None:
         sent = datetime.now(UTC)
@@ -224,12 +281,14 @@ def sign_header(
         to_principal=to_principal,
         sent=format_sent(sent) if isinstance(sent, datetime) else sent,
         vault=vault,
-        subject=subject,
+        subject=clean_subject(subject),
         body_sha256=body_sha256(body),
         hops=hops,
         in_reply_to=in_reply_to,
         thread_id=thread_id or mail_id,
         key_id=kid,
+        from_name=from_name,
+        to_name=to_name,
     )
     used_kid, signature = keyring.sign(canonical_bytes(unsigned), kid=kid)
     assert used_kid == kid
@@ -254,11 +313,18 @@ def _reply_ref(ref: str) -> str:
     return ref if _ISSUE_REF_RE.match(ref) else f"`{ref}`"  # owner/repo#N autolinks
 
 
+def _shown(name: str | None, principal: str) -> str:
+    return name.removeprefix("login:") if name else principal
+
+
 def render_readable(header: MailHeader) -> str:
-    """The table people read: From, To, Sent, and In reply to when there is one."""
+    """The table people read: From, To, Sent, and In reply to when there is one. People are
+    shown by forge login, in code spans so that nobody is mentioned (older headers, without
+    names, show the principals)."""
     cols = ["From", "To", "Sent"]
     sent = header.sent_at.strftime("%Y-%m-%d %H:%M UTC")
-    vals = [f"`{header.from_principal}`", f"`{header.to_principal}`", sent]
+    vals = [f"`{_shown(header.from_name, header.from_principal)}`",
+            f"`{_shown(header.to_name, header.to_principal)}`", sent]
     if header.in_reply_to is not None:
         cols.append("In reply to")
         vals.append(_reply_ref(header.in_reply_to))
@@ -271,13 +337,41 @@ def render_readable(header: MailHeader) -> str:
     )
 
 
-def render_mail_body(header: MailHeader, body: str) -> str:
-    """The full issue body: hidden header, readable table, separator, body (normal form).
-    Raises ValueError if ``body`` is not the body the header was signed over."""
+# A mail the app writes for a person is the app's issue, so the forge would not tell them of
+# replies: the line below the table mentions them once (a mention subscribes them to the issue).
+# It is not signed; the verifier accepts it in exactly this form, with nothing else there.
+_LOGIN = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,38}[A-Za-z0-9])?"
+_NOTIFY_RE = re.compile(rf"^Replies here reach @{_LOGIN} too\.$")
+
+
+def render_notify(login: str) -> str | None:
+    """The line that mentions a person who sent a mail the app wrote, or None for a login that
+    cannot be mentioned safely."""
+    line = f"Replies here reach @{login} too."
+    return line if _NOTIFY_RE.match(line) else None
+
+
+def render_mail_body(header: MailHeader, body: str, *, notify: str | None = None) -> str:
+    """The full issue body: hidden header, readable table (and, with ``notify``, the line that
+    mentions that login), separator, body (normal form). Raises ValueError if ``body`` is not
+    the body the header was signed over."""
     body = normalize_body(body)
     if body_sha256(body) != header.body_sha256:
         raise ValueError("this body is not the one the header was signed over")
-    return f"{_comment(header)}\n\n{render_readable(header)}\n\n---\n\n{body}\n"
+    readable = render_readable(header)
+    line = render_notify(notify) if notify else None
+    if line:
+        readable += f"\n\n{line}"
+    return f"{_comment(header)}\n\n{readable}\n\n---\n\n{body}\n"
+
+
+def _readable_matches(readable: str, header: MailHeader) -> bool:
+    """The readable part is the signed table, alone or followed by the mention line."""
+    found, table = _canon_lines(readable), render_readable(header)
+    if found == table:
+        return True
+    rest = found.removeprefix(table + "\n\n")
+    return rest != found and _NOTIFY_RE.match(rest) is not None
 
 
 # -- parsing -----------------------------------------------------------------------------------
@@ -342,6 +436,21 @@ def parse_mail_body(issue_body: str | None) -> tuple[MailHeader | None, str]:
     return parsed.header, parsed.body
 
 
+_ANY_HEADER_RE = re.compile(r"<!--(\s*)vaultmail:header\b")
+
+
+def written_body(issue_body: str | None) -> str:
+    """What someone wrote in an issue they opened by hand, as the app adopts it as their mail.
+    A pasted mail's header comment and readable table are taken off: they belong to that
+    other mail, and signed again inside this one they would show a second sender. Any header
+    comment left further down is disarmed (renamed ``vaultmail:quoted-header``), so no copy of
+    this body carries something that reads as a genuine header."""
+    parsed = split_mail_body(issue_body)
+    body = parsed.body if parsed.has_header else normalize_body(
+        normalize_newlines(issue_body or ""))
+    return _ANY_HEADER_RE.sub(r"<!--\1vaultmail:quoted-header", body)
+
+
 # -- verifying ---------------------------------------------------------------------------------
 
 
@@ -364,15 +473,17 @@ class Verdict:
     header: MailHeader | None = None
     signed: bool = False
     body: str = ""
+    copy: bool = False  # a genuine header on an issue it was not written for: not that mail
 
     @property
     def valid(self) -> bool:
         return self.status is VerdictStatus.VALID
 
 
-def _tampered(problems: list[str], header: MailHeader | None, signed: bool, body: str) -> Verdict:
+def _tampered(problems: list[str], header: MailHeader | None, signed: bool, body: str,
+              copy: bool = False) -> Verdict:
     return Verdict(
-        VerdictStatus.TAMPERED, "; ".join(problems), tuple(problems), header, signed, body
+        VerdictStatus.TAMPERED, "; ".join(problems), tuple(problems), header, signed, body, copy
     )
 
 
@@ -391,12 +502,23 @@ def verify_mail(
     keys: Verifier,
     *,
     expected_mail_id: str | None = None,
+    issue_number: int | None = None,
+    opened_by: str | None = None,
+    app_login: str | None = None,
+    home: str | None = None,
 ) -> Verdict:
     """Check a mail as found in the forge: its title, body and the repository it is in.
 
     ``keys`` is the Keyring or the published PublicKeys. ``expected_mail_id`` is the mail id
     the index holds for this issue, if any: then a missing header counts as tampering, and a
     header from another mail (copied in) is caught even within the same vault.
+
+    With ``issue_number`` the header must also be bound to that issue (what ``verify_issue``
+    checks for every issue from the forge): its mail id is the one the app derives for that
+    number when it adopts a hand-opened issue (``adopted_mail_id``), or the issue was opened
+    by the app itself (``opened_by`` is ``app_login``), since nobody else can open an issue
+    as the app. ``home`` is the issue the index holds this header's mail at, if it knows it:
+    a header found anywhere else is a copy.
     """
     parsed = split_mail_body(issue_body)
     if not parsed.has_header:
@@ -414,12 +536,27 @@ def verify_mail(
         return _tampered(["header fields changed"], header, False, parsed.body)
 
     problems: list[str] = []
-    if header.vault != vault_full_name.strip().lower():
+    vault = vault_full_name.strip().lower()
+    copy = False
+    if header.vault != vault:
         problems.append(f"signed for {header.vault} but found in {vault_full_name}")
+        copy = True
     if expected_mail_id is not None and header.mail_id != expected_mail_id:
         problems.append(
             f"header belongs to mail {header.mail_id}, not {expected_mail_id} (copied in)"
         )
+        copy = True
+    if issue_number is not None and not copy:
+        here = f"{vault}#{issue_number}"
+        if home is not None and home.lower() != here:
+            problems.append(f"a copy of {home}: the header is that mail's, not this issue's")
+            copy = True
+        if header.mail_id != adopted_mail_id(vault, issue_number) and (
+                not opened_by or not app_login or opened_by.lower() != app_login.lower()):
+            problems.append(
+                f"a copy: the header was written for another issue, and {here} was opened "
+                f"by {opened_by or 'someone unknown'}, not by the app ({app_login})")
+            copy = True
     title = normalize_subject(issue_title or "")
     if title != header.subject:
         problems.append(
@@ -427,11 +564,31 @@ def verify_mail(
         )
     if body_sha256(parsed.body) != header.body_sha256:
         problems.append("body changed after sending")
-    if not parsed.has_separator or _canon_lines(parsed.readable or "") != render_readable(header):
+    if not parsed.has_separator or not _readable_matches(parsed.readable or "", header):
         problems.append("readable header changed: it no longer matches the signed one")
     if problems:
-        return _tampered(problems, header, True, parsed.body)
+        return _tampered(problems, header, True, parsed.body, copy)
     return Verdict(VerdictStatus.VALID, "signed by the office", (), header, True, parsed.body)
+
+
+def verify_issue(
+    issue: Mapping[str, Any],
+    vault_full_name: str,
+    keys: Verifier,
+    *,
+    app_login: str,
+    expected_mail_id: str | None = None,
+    home: str | None = None,
+) -> Verdict:
+    """``verify_mail`` for an issue as the forge returns it (title, body, number, and the
+    login of whoever opened it), bound to that issue: the check for everything from the forge.
+    ``app_login`` is the app's own forge account (``<slug>[bot]`` on GitHub)."""
+    user = issue.get("user")
+    opened_by = user.get("login") if isinstance(user, Mapping) else None
+    return verify_mail(
+        str(issue.get("title") or ""), issue.get("body"), vault_full_name, keys,
+        expected_mail_id=expected_mail_id, issue_number=int(issue["number"]),
+        opened_by=str(opened_by) if opened_by else None, app_login=app_login, home=home)
 
 
 __all__ = [
@@ -441,17 +598,21 @@ __all__ = [
     "ParsedBody",
     "Verdict",
     "VerdictStatus",
+    "adopted_mail_id",
     "body_sha256",
     "canonical_bytes",
+    "clean_subject",
     "format_sent",
     "new_mail_id",
     "normalize_body",
     "normalize_subject",
     "parse_mail_body",
     "render_mail_body",
+    "render_notify",
     "render_readable",
     "sign_header",
     "split_mail_body",
+    "verify_issue",
     "verify_mail",
     "verify_signature",
 ]

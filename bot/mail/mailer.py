@@ -9,15 +9,25 @@ from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
 
 from bot.app import runs
 from bot.errors import Conflict, Denied, InvalidArguments, NotFoundError
-from bot.mail.header import render_mail_body, sign_header, verify_mail
+from bot.mail.header import (
+    MailHeader,
+    adopted_mail_id,
+    clean_subject,
+    render_mail_body,
+    sign_header,
+    verify_issue,
+    written_body,
+)
 from bot.mail.markdown import defuse_mentions
 from bot.office.config import Agent, Office
-from bot.store import ledger, mails
+from bot.store import idempotency, ledger, mails
 from bot.store.mails import QUIET, MailRecord
 from labels.states import IllegalTransition, MailEvent, MailState, labels_for, transition
 
@@ -25,10 +35,53 @@ if TYPE_CHECKING:
     from bot.app.services import Services
     from bot.forge.base import Forge
 
-LOOP_GUARD_HOPS = 3  # a reply notification beyond this many hops starts no run
+# An automatic reply notification (the copy of a reply into an agent sender's vault) beyond this
+# many hops starts no run. Only those copies count hops: a mail someone writes starts at 0.
+LOOP_GUARD_HOPS = 3
 MAX_BODY = 60_000
 _IDEMPOTENCY_NS = uuid.UUID("5b0c3c1e-8f7a-4d6e-9a51-0c1d2e3f4a5b")
 _RE = re.compile(r"^(re:\s*)+", re.IGNORECASE)
+
+
+MAX_SUBJECT = 256  # GitHub's limit for an issue title
+
+
+def checked_subject(subject: str, *, clip: bool = False) -> str:
+    """The subject as the app signs it and titles the issue (`clean_subject`: control
+    characters become spaces, invisible and bidi-override ones go), or a refusal saying why.
+    `clip` shortens an over-long one instead (the app's own "Re: ..." copies)."""
+    cleaned = clean_subject(subject)
+    if not cleaned:
+        raise InvalidArguments(
+            "subject is empty once control, invisible and bidi-override characters are taken "
+            "out: give the mail a one-line subject", code="invalid_subject")
+    if len(cleaned) > MAX_SUBJECT:
+        if clip:
+            return cleaned[:MAX_SUBJECT - 1].rstrip() + "…"
+        raise InvalidArguments(f"subject is {len(cleaned)} characters; at most {MAX_SUBJECT} "
+                               "(the forge's limit for an issue title): put the rest in the "
+                               "body", code="invalid_subject")
+    return cleaned
+
+
+def _signed(**fields: Any) -> MailHeader:
+    """`sign_header`, with a field the header cannot hold refused as bad input (never a 500)."""
+    try:
+        return sign_header(**fields)
+    except ValidationError as exc:
+        where = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+                          for e in exc.errors())
+        raise InvalidArguments(f"this mail cannot be signed: {where}",
+                               code="invalid_mail") from exc
+
+
+def shown_as(office: Office, principal: str) -> str | None:
+    """How the header's table shows a principal: a person by forge login (`marco`: no @, so
+    nobody is mentioned), not by email address; an agent or the office as itself."""
+    if principal.startswith("human:"):
+        human = office.human(principal.removeprefix("human:"))
+        return f"login:{human.login}" if human is not None else None
+    return principal
 
 
 def principal_of(office: Office, login: str) -> str | None:
@@ -37,19 +90,34 @@ def principal_of(office: Office, login: str) -> str | None:
     return who.principal if who is not None else None
 
 
-def login_of(office: Office, principal: str) -> str | None:
-    kind, _, ident = principal.partition(":")
-    if kind == "human":
-        human = office.human(ident)
-        return human.login if human else None
-    if kind == "agent":
-        agent = office.agent(ident)
-        return agent.login if agent else None
-    return None
-
-
 def _state(mail: MailRecord) -> MailState | None:
     return None if mail.state == QUIET else MailState(mail.state)
+
+
+# GitHub refuses an issue or comment body longer than this: what the app writes (the header
+# table, the defused mentions, a reply's byline) is checked against it before the first write
+FORGE_MAX_BODY = 65_536
+
+
+def fits(text: str, what: str) -> str:
+    """`text`, or a refusal when the forge would refuse it as too long."""
+    if len(text) > FORGE_MAX_BODY:
+        raise InvalidArguments(
+            f"{what} is {len(text):,} characters, and the forge takes at most "
+            f"{FORGE_MAX_BODY:,}: shorten the body (each @ before a name gains an invisible "
+            "character, so it mentions nobody)", code="body_too_long")
+    return text
+
+
+@dataclass(frozen=True)
+class _Draft:
+    """A mail checked and signed, not yet on the forge."""
+
+    actor: str
+    agent: Agent
+    header: MailHeader
+    body: str
+    rendered: str
 
 
 @dataclass
@@ -74,26 +142,31 @@ class Mailer:
 
     async def deny(self, actor: str, subject: str, reason: str) -> Denied:
         await ledger.record(self.services.store, "run.denied", actor, subject, {"reason": reason})
-        return Denied(reason)
+        return Denied(reason, subject=subject, ledgered=True)
 
-    async def check_may_send(self, actor: str, agent: Agent) -> None:
+    def send_refusal(self, actor: str, agent: Agent) -> str | None:
+        """Why `actor` may not send to `agent`, or None when it may (nothing is ledgered:
+        the console asks this to say why before anyone tries)."""
         kind, _, ident = actor.partition(":")
-        subject = f"mail to {agent.principal}"
         if kind == "human":
             human = self.office.human(ident)
             if human is None or "mail.send" not in human.permissions:
-                raise await self.deny(actor, subject, (
-                    f"{actor} lacks the mail.send permission; an office admin can add it "
-                    "under humans[].permissions in vaultmail.yml"))
+                return (f"{actor} lacks the mail.send permission; an office admin can add it "
+                        "under humans[].permissions in vaultmail.yml")
         elif kind == "agent":
             sender = self.office.agent(ident)
             if sender is None or not sender.may_mail(agent.slug):
                 allowed = sender.capabilities.get("mail.send", []) if sender else []
-                raise await self.deny(actor, subject, (
-                    f"{actor} may not mail {agent.principal}: its capabilities.mail.send "
-                    f"allows {allowed or 'nobody'}"))
+                return (f"{actor} may not mail {agent.principal}: its capabilities.mail.send "
+                        f"allows {allowed or 'nobody'}")
         elif actor != "office":
-            raise await self.deny(actor, subject, f"{actor} is not a member of this office")
+            return f"{actor} is not a member of this office"
+        return None
+
+    async def check_may_send(self, actor: str, agent: Agent) -> None:
+        reason = self.send_refusal(actor, agent)
+        if reason is not None:
+            raise await self.deny(actor, f"mail to {agent.principal}", reason)
 
     def may_manage(self, actor: str, mail: MailRecord) -> bool:
         """Recipient, sender, the recipient agent's person, or an editor may open/close."""
@@ -113,14 +186,28 @@ class Mailer:
     # -- sending ---------------------------------------------------------------------------
     async def send(self, actor: str, to: str, subject: str, body: str, *,
                    reply_to: MailRecord | None = None, idempotency_key: str | None = None,
-                   check: bool = True) -> MailRecord:
+                   check: bool = True, automatic: bool = False) -> MailRecord:
+        """Send mail from `actor`. `reply_to` threads it; `automatic` marks the copy of a
+        reply the app delivers to an agent sender, the one kind of mail that counts hops."""
+        draft = await self.draft(actor, to, subject, body, reply_to=reply_to,
+                                 idempotency_key=idempotency_key, check=check,
+                                 automatic=automatic)
+        return await self.deliver(draft)
+
+    async def draft(self, actor: str, to: str, subject: str, body: str, *,
+                    reply_to: MailRecord | None = None, idempotency_key: str | None = None,
+                    check: bool = True, automatic: bool = False) -> MailRecord | _Draft:
+        """Everything `send` checks and signs, before any forge write: a refusal here leaves
+        nothing behind. The mail itself when this key already sent it."""
         agent = self.recipient(to)
-        # what the app posts never pings anyone by itself: mentions in it are defused
-        subject, body = subject.strip(), defuse_mentions(body.replace("\r\n", "\n"))
-        if not subject:
-            raise InvalidArguments("subject is empty: give the mail a one-line subject")
+        subject = checked_subject(subject, clip=automatic)
+        body = body.replace("\r\n", "\n")
         if len(body) > MAX_BODY:
-            raise InvalidArguments(f"body is {len(body)} characters; at most {MAX_BODY}")
+            raise InvalidArguments(f"body is {len(body):,} characters; at most {MAX_BODY:,}: "
+                                   "shorten it, or put the rest in a file and link it",
+                                   code="body_too_long")
+        # what the app posts never pings anyone by itself: mentions in it are defused
+        body = defuse_mentions(body)
         if check:
             await self.check_may_send(actor, agent)
         mail_id = (str(uuid.uuid5(_IDEMPOTENCY_NS, f"{actor}\n{idempotency_key}"))
@@ -129,33 +216,57 @@ class Mailer:
         if existing is not None:
             return existing
         vault = self.office.vault_of(agent).lower()
-        hops = reply_to.hops + reply_to.agent_turns + 1 if reply_to else 0
-        header = sign_header(
+        hops = await self._copy_hops(reply_to) if automatic and reply_to else 0
+        header = _signed(
             keyring=self.services.keyring, from_principal=actor, to_principal=agent.principal,
             vault=vault, subject=subject, body=body, mail_id=mail_id, hops=hops,
             in_reply_to=reply_to.ref if reply_to else None,
-            thread_id=reply_to.thread_id if reply_to else None)
-        quiet = hops > LOOP_GUARD_HOPS
+            thread_id=reply_to.thread_id if reply_to else None,
+            from_name=shown_as(self.office, actor), to_name=shown_as(self.office, agent.principal))
+        rendered = render_mail_body(header, body, notify=self._sender_login(actor))
+        fits(rendered, "the mail, its header table added")
+        return _Draft(actor, agent, header, body, rendered)
+
+    async def deliver(self, draft: MailRecord | _Draft) -> MailRecord:
+        """Open the drafted mail's issue (once, whatever crashed before) and index it."""
+        if isinstance(draft, MailRecord):
+            return draft
+        header, mail_id, vault = draft.header, draft.header.mail_id, draft.header.vault
+        quiet = header.hops > LOOP_GUARD_HOPS
         issue = None
         if not await mails.intend_send(self.services.store, mail_id, vault):
             issue = await self.forge.find_issue(vault, mail_id)  # begun before: did it land?
         if issue is None:
             issue = await self.forge.create_issue(
-                vault, header.subject, render_mail_body(header, body),
+                vault, header.subject, draft.rendered,
                 labels=[] if quiet else [MailState.NEW.value], marker=mail_id)
         record = MailRecord(
             mail_id=mail_id, vault=vault, number=int(issue["number"]), subject=header.subject,
-            body=body, from_principal=actor, to_principal=agent.principal, sent=header.sent,
-            hops=hops, in_reply_to=header.in_reply_to, thread_id=header.thread_id,
-            key_id=header.key_id, body_sha256=header.body_sha256,
+            body=draft.body, from_principal=draft.actor, to_principal=draft.agent.principal,
+            sent=header.sent, hops=header.hops, in_reply_to=header.in_reply_to,
+            thread_id=header.thread_id, key_id=header.key_id, body_sha256=header.body_sha256,
             state=QUIET if quiet else MailState.NEW.value)
-        await self._record_new(record, actor, agent)
+        await self._record_new(record, draft.actor, draft.agent)
         return record
+
+    async def _copy_hops(self, replied: MailRecord) -> int:
+        """The hops of an automatic reply copy of `replied`: one more than it, and than any
+        earlier copy of a reply to it (so agents trading comments on one mail climb too)."""
+        earlier = await mails.copy_hops(self.services.store, replied.thread_id, replied.ref)
+        return max(replied.hops, earlier) + 1
+
+    def _sender_login(self, actor: str) -> str | None:
+        """The forge login to mention once in a mail the app writes for a person: the issue is
+        the app's, so the forge would not tell them of replies otherwise."""
+        if not actor.startswith("human:"):
+            return None
+        human = self.office.human(actor.removeprefix("human:"))
+        return human.login if human else None
 
     async def _record_new(self, record: MailRecord, actor: str, agent: Agent) -> None:
         """Index a mail now on the forge, ledger it and admit its run: once per mail id,
         whichever of the sender and the crash-recovery path (`record_found`) comes first."""
-        admitted = False
+        admitted: int | None = None
         async with self.services.store.transaction() as db:
             async with db.execute("SELECT 1 FROM mails WHERE mail_id=?",
                                   (record.mail_id,)) as cur:
@@ -174,15 +285,16 @@ class Mailer:
             else:
                 admitted = await runs.admit(db, agent, "mail", record.ref, actor)
         self.services.notifier.notify([record.to_principal])
-        if admitted:
-            self._dispatch(agent, record)
+        if admitted is not None:
+            runs.dispatch_mail(self.services, self.forge, agent, record, admitted)
 
     async def record_found(self, repo: str, issue: dict[str, Any]) -> MailRecord | None:
         """Index a mail the app created but did not get to record (it crashed in between):
         the issue's own signed header says everything. None when it is not such a mail."""
         from bot.mail.reindex import mail_from_issue
 
-        record = mail_from_issue(repo, issue, self.services.keyring)
+        record = mail_from_issue(repo, issue, self.services.keyring,
+                                 app_login=self.services.bot_login)
         if record is None or record.tampered:
             return None
         agent = self.office.agent(record.to_principal.removeprefix("agent:"))
@@ -190,11 +302,6 @@ class Mailer:
             return None
         await self._record_new(record, record.from_principal, agent)
         return record
-
-    def _dispatch(self, agent: Agent, record: MailRecord) -> None:
-        runs.dispatch(self.services, self.forge, agent, record.vault, {
-            "kind": "mail", "agent": agent.slug, "mail": record.mail_id, "subject": record.ref,
-            "title": record.subject})
 
     async def adopt(self, repo: str, issue: dict[str, Any], actor: str) -> MailRecord:
         """A person (or agent) opened an issue in a vault by hand: make it mail from them."""
@@ -206,15 +313,21 @@ class Mailer:
         if known is not None:
             return known
         await self.check_may_send(actor, agent)
-        body = (issue.get("body") or "").replace("\r\n", "\n")
-        mail_id = str(uuid.uuid5(_IDEMPOTENCY_NS, f"adopt\n{repo.lower()}#{number}"))
-        header = sign_header(
+        # the words they wrote, their own mentions as they wrote them; a pasted mail's header
+        # and table taken off (see `written_body`)
+        body = written_body(issue.get("body"))
+        mail_id = adopted_mail_id(repo, number)  # binds the header to this issue
+        title = str(issue.get("title") or "")
+        header = _signed(
             keyring=self.services.keyring, from_principal=actor, to_principal=agent.principal,
-            vault=repo.lower(), subject=issue["title"], body=body, mail_id=mail_id)
+            vault=repo.lower(), subject=checked_subject(title), body=body, mail_id=mail_id,
+            from_name=shown_as(self.office, actor), to_name=shown_as(self.office, agent.principal))
         current = [label["name"] for label in issue.get("labels", [])]
+        # the title as signed (control and invisible characters out), in the same write
+        retitle = {"title": header.subject} if header.subject != title.strip() else {}
         await self.forge.update_issue(
-            repo, number, body=render_mail_body(header, body),
-            labels=labels_for(MailState.NEW, current).apply(current))
+            repo, number, body=fits(render_mail_body(header, body), "the mail, its header added"),
+            labels=labels_for(MailState.NEW, current).apply(current), **retitle)
         record = MailRecord(
             mail_id=mail_id, vault=repo.lower(), number=number, subject=header.subject,
             body=body, from_principal=actor, to_principal=agent.principal, sent=header.sent,
@@ -227,7 +340,8 @@ class Mailer:
     # -- state changes ---------------------------------------------------------------------
     async def _move(self, mail: MailRecord, event: MailEvent, actor: str, ledger_event: str,
                     *, labels: list[str] | None = None, issue_state: str | None = None,
-                    data: dict[str, Any] | None = None) -> MailRecord:
+                    data: dict[str, Any] | None = None,
+                    follow_up: tuple[str, str] | None = None) -> MailRecord:
         """Apply `event` under the mail's lock, so a tool call and the worker never
         interleave on one mail: one forge write when anything changes, then index + ledger."""
         async with self.services.lock_for(mail.mail_id):
@@ -235,12 +349,14 @@ class Mailer:
             if latest is not None and latest.state != mail.state:
                 labels = None  # the caller's view is stale: go by the index
             return await self._move_locked(latest or mail, event, actor, ledger_event,
-                                           labels=labels, issue_state=issue_state, data=data)
+                                           labels=labels, issue_state=issue_state, data=data,
+                                           follow_up=follow_up)
 
     async def _move_locked(self, mail: MailRecord, event: MailEvent, actor: str,
                            ledger_event: str, *, labels: list[str] | None,
                            issue_state: str | None,
-                           data: dict[str, Any] | None) -> MailRecord:
+                           data: dict[str, Any] | None,
+                           follow_up: tuple[str, str] | None = None) -> MailRecord:
         try:
             new = transition(_state(mail), event)
         except IllegalTransition as exc:
@@ -259,7 +375,7 @@ class Mailer:
             await self.check_tamper(mail, issue, "office")  # the answer carries it: no request
         wakes = new is MailState.NEW and mail.state != MailState.NEW.value
         agent = self.office.agent(mail.to_principal.removeprefix("agent:"))
-        admitted = False
+        admitted: int | None = None
         async with self.services.store.transaction() as db:
             await mails.set_state(db, mail.mail_id, new.value, after)
             await ledger.append(db, ledger_event, actor, mail.ref,
@@ -269,15 +385,20 @@ class Mailer:
                 admitted = await runs.admit(db, agent, "mail", mail.ref, actor)
         updated = mail.with_state(new.value)
         self.services.notifier.notify([mail.to_principal, mail.from_principal])
-        if admitted and agent is not None:
-            self._dispatch(agent, updated)
+        if admitted is not None and agent is not None:
+            runs.dispatch_mail(self.services, self.forge, agent, updated, admitted,
+                               follow_up=follow_up)
         return updated
 
     async def open(self, mail: MailRecord, actor: str, *,
                    labels: list[str] | None = None) -> MailRecord:
-        if actor != mail.to_principal and not self.may_manage(actor, mail):
-            raise await self.deny(actor, mail.ref, f"{actor} may not open {mail.ref}: "
-                                  f"it is addressed to {mail.to_principal}")
+        """The recipient agent opened the mail (seed: "mail:working (the agent opened it)").
+        Nobody else may: not its sender, not the agent's person, not an editor."""
+        if actor not in (mail.to_principal, "office"):
+            raise await self.deny(actor, mail.ref, (
+                f"{actor} may not open {mail.ref}: mail:working means its recipient "
+                f"{mail.to_principal} opened it, so only {mail.to_principal} can; write to it "
+                "(a comment, or mail_send with inReplyTo) or close it instead"))
         if mail.state == MailState.WORKING.value:
             return mail
         return await self._move(mail, MailEvent.OPEN, actor, "mail.opened", labels=labels)
@@ -295,43 +416,46 @@ class Mailer:
         if not text.strip():
             raise InvalidArguments("body is empty: write the reply")
         key = key or str(uuid.uuid4())
+        again = idempotency.resumed()  # an earlier try with this key may have written some
+        # everything refusable is checked before the first write: the comment, and the copy
+        # an agent sender gets of it, so a refusal never leaves half a reply on the forge
+        copy: MailRecord | _Draft | None = None
+        if mail.from_principal.startswith("agent:") and mail.from_principal != actor:
+            copy = await self.draft(actor, mail.from_principal,
+                                    "Re: " + _RE.sub("", mail.subject), text, reply_to=mail,
+                                    check=False, automatic=True,
+                                    idempotency_key=f"reply\n{mail.mail_id}\n{key}")
         if not posted:
             marker = f"<!-- vaultmail:reply {key} -->"
-            await self.forge.create_comment(mail.vault, mail.number,
-                                            f"**{actor}** replied:\n\n"
-                                            f"{defuse_mentions(text)}\n\n{marker}",
-                                            marker=marker)
+            comment = fits(f"**{actor}** replied:\n\n{defuse_mentions(text)}\n\n{marker}",
+                           "the reply, its byline added")
+            if not again or await self.forge.find_comment(mail.vault, mail.number,
+                                                          marker) is None:
+                await self.forge.create_comment(mail.vault, mail.number, comment,
+                                                marker=marker)
         reopen = "open" if mail.state == MailState.CLOSED.value else None
-        updated = await self._move(mail, MailEvent.REPLY, actor, "mail.replied",
-                                   labels=labels, issue_state=reopen)
-        if mail.from_principal.startswith("agent:") and mail.from_principal != actor:
-            await self.send(actor, mail.from_principal, "Re: " + _RE.sub("", mail.subject),
-                            text, reply_to=mail, check=False,
-                            idempotency_key=f"reply\n{mail.mail_id}\n{key}")
+        if again and mail.state == MailState.REPLIED.value:
+            updated = mail  # the earlier try moved it (and ledgered mail.replied)
+        else:
+            updated = await self._move(mail, MailEvent.REPLY, actor, "mail.replied",
+                                       labels=labels, issue_state=reopen)
+        if copy is not None:
+            await self.deliver(copy)
         return updated
 
     async def follow_up(self, mail: MailRecord, actor: str, *,
-                        labels: list[str] | None = None) -> MailRecord:
-        """Someone other than the recipient wrote: the mail is the recipient's turn again, if
-        they may write to it (the sender, or anyone who may mail the recipient). An agent's
-        follow-ups count toward the loop guard like reply hops do."""
+                        labels: list[str] | None = None, text: str | None = None) -> MailRecord:
+        """Someone other than the recipient wrote (`text`, carried by the run it starts): the
+        mail is the recipient's turn again, if they may write to it (the sender, or anyone who
+        may mail the recipient). A follow-up is no reply notification: it counts no hops."""
         if actor not in (mail.from_principal, "office"):
             await self.check_may_send(actor, self.recipient(mail.to_principal))
         if mail.state == MailState.NEW.value:
             return mail
-        if actor.startswith("agent:"):
-            turns = mail.agent_turns + 1
-            async with self.services.store.transaction() as db:
-                await mails.add_agent_turn(db, mail.mail_id)
-                if mail.hops + turns > LOOP_GUARD_HOPS:
-                    await ledger.append(db, "mail.loop_guard", "office", mail.ref, {
-                        "mail": mail.mail_id, "hops": mail.hops + turns, "follow_up": True,
-                        "reason": f"beyond {LOOP_GUARD_HOPS} hops: the follow-up wakes no one"})
-                    return replace(mail, agent_turns=turns)
-            mail = replace(mail, agent_turns=turns)
         reopen = "open" if mail.state == MailState.CLOSED.value else None
         return await self._move(mail, MailEvent.FOLLOW_UP, actor, "mail.sent", labels=labels,
-                                issue_state=reopen, data={"follow_up": True})
+                                issue_state=reopen, data={"follow_up": True},
+                                follow_up=(actor, text) if text is not None else None)
 
     async def close(self, mail: MailRecord, actor: str, *, issue_closed: bool = False,
                     labels: list[str] | None = None) -> MailRecord:
@@ -339,8 +463,8 @@ class Mailer:
             raise await self.deny(actor, mail.ref, (
                 f"{actor} may not close {mail.ref}: only its recipient, its sender, the "
                 "recipient's person or an editor can"))
-        if mail.state == MailState.CLOSED.value and issue_closed:
-            return mail
+        if mail.state == MailState.CLOSED.value:
+            return mail  # closed already: closing again writes nothing, ledgers nothing
         return await self._move(mail, MailEvent.CLOSE, actor, "mail.closed", labels=labels,
                                 issue_state=None if issue_closed else "closed")
 
@@ -353,20 +477,39 @@ class Mailer:
 
     # -- tamper checks ---------------------------------------------------------------------
     async def check_tamper(self, mail: MailRecord, issue: dict[str, Any], actor: str) -> bool:
-        """Verify the issue as found; flag, ledger and comment once when it was changed."""
-        verdict = verify_mail(issue.get("title") or "", issue.get("body"), mail.vault,
-                              self.services.keyring, expected_mail_id=mail.mail_id)
+        """Verify the issue as found; flag, ledger and comment once when it was changed.
+
+        The flag and the ledger entry come first and note the warning as owed; the comment
+        (with a marker) is part of what a retry does until it is on the forge."""
+        verdict = verify_issue(issue, mail.vault, self.services.keyring,
+                               app_login=self.services.bot_login, expected_mail_id=mail.mail_id)
         if verdict.valid:
             return True
-        if not mail.tampered:
-            async with self.services.store.transaction() as db:
-                await mails.mark_tampered(db, mail.mail_id)
-                await ledger.append(db, "mail.tampered", actor, mail.ref,
-                                    {"mail": mail.mail_id, "reason": verdict.reason})
+        store = self.services.store
+        async with self.services.lock_for(f"tamper:{mail.mail_id}"):
+            flag = await mails.tamper_flag(store, mail.mail_id)
+            fresh = False
+            if flag == 0:
+                async with store.transaction() as db:
+                    fresh = await mails.mark_tampered(db, mail.mail_id)
+                    if fresh:
+                        await ledger.append(db, "mail.tampered", actor, mail.ref,
+                                            {"mail": mail.mail_id, "reason": verdict.reason})
+                flag = mails.WARNING_OWED if fresh else await mails.tamper_flag(store,
+                                                                                mail.mail_id)
+            if flag == mails.WARNING_OWED:
+                await self._warn_tampered(mail, verdict.reason, look_first=not fresh)
+        return False
+
+    async def _warn_tampered(self, mail: MailRecord, reason: str, *, look_first: bool) -> None:
+        marker = f"<!-- vaultmail:tampered {mail.mail_id} -->"
+        if not look_first or await self.forge.find_comment(mail.vault, mail.number,
+                                                           marker) is None:
             await self.forge.create_comment(mail.vault, mail.number, (
-                f"⚠️ This mail was changed after it was sent ({verdict.reason}). vaultmail "
+                f"⚠️ This mail was changed after it was sent ({reason}). vaultmail "
                 f"keeps the signed original: from {mail.from_principal} to "
                 f"{mail.to_principal}, sent {mail.sent}, subject "
-                f"“{defuse_mentions(mail.subject)}”."))
-        return False
+                f"“{defuse_mentions(mail.subject)}”.\n\n{marker}"), marker=marker)
+        async with self.services.store.transaction() as db:
+            await mails.tamper_warned(db, mail.mail_id)
 

@@ -1,4 +1,6 @@
-"""Text the app posts on the forge for someone else must not @-mention anyone. Pure.
+"""Markdown the app reads and writes on the forge. Pure.
+
+Text the app posts on the forge for someone else must not @-mention anyone.
 
 The forge turns `@login` and `@org/team` into a mention (and a notification) when the `@`
 starts the text or follows anything but a letter, digit or underscore, and a letter or digit
@@ -18,6 +20,9 @@ from __future__ import annotations
 
 import re
 
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
+
 WORD_JOINER = "\u2060"
 _ENTITY_AT = re.compile(r"&(?:#0*64|#[xX]0*40|commat);")
 # Also an `@` followed by `&`: an entity there could decode to the login's first letter.
@@ -28,3 +33,95 @@ def defuse_mentions(text: str) -> str:
     """`text` with no live @mention left in it (see the module's docstring)."""
     text = _ENTITY_AT.sub("@" + WORD_JOINER, text)
     return _LIVE_AT.sub("@" + WORD_JOINER, text)
+
+
+# -- reading comments as CommonMark ----------------------------------------------------------
+#
+# What a comment *says* (its commands, its task-list ticks, whom it mentions) is what a reader
+# sees rendered, so it is read with a CommonMark parser (markdown-it-py), never line by line:
+# nothing inside an HTML comment or block, a code fence of any length (an unclosed one runs to
+# the end), indented code, a block quote (lazy continuation lines included), an inline code
+# span or an inline HTML comment counts.
+
+_MD = MarkdownIt("commonmark").disable("text_join")  # keep escapes and entities apart
+_LINE_MARK = 0xF0000  # Supplementary Private Use Area-A: one code point per line of a paragraph
+_MAX_MARKED = 0xFFFD
+_PLANE_15 = re.compile("[\U000f0000-\U000fffff]")
+
+
+def _lines(text: str) -> list[str]:
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
+def _parse(text: str) -> list[Token]:
+    return _MD.parse(text.replace("\r\n", "\n").replace("\r", "\n"))
+
+
+def _live_in_paragraph(inline: Token, first: int, last: int) -> set[int]:
+    """Which of the source lines first..last-1 of a paragraph begin as text the reader sees at
+    the start of a line (not inside an inline HTML comment, code span, link or image)."""
+    # the comment's own Plane 15 private-use characters could pass for marks: out with them
+    content = _PLANE_15.sub("\ufffd", inline.content).split("\n")
+    if len(content) != last - first or len(content) > _MAX_MARKED:
+        return set()  # not the plain shape expected: take nothing from it
+    marked = "\n".join(chr(_LINE_MARK + k) + line for k, line in enumerate(content))
+    [parsed] = _MD.parseInline(marked)
+    live: set[int] = set()
+    in_link = 0
+    for child in parsed.children or []:
+        if child.type == "link_open":
+            in_link += 1
+        elif child.type == "link_close":
+            in_link -= 1
+        elif child.type == "text" and not in_link:
+            for ch in child.content:
+                k = ord(ch) - _LINE_MARK
+                if 0 <= k < len(content):
+                    live.add(first + k)
+    return live
+
+
+def paragraph_lines(text: str) -> set[int]:
+    """Source line numbers (0-based, after CRLF → LF) that start a line of a top-level
+    paragraph as it renders: where a command may stand."""
+    tokens = _parse(text)
+    live: set[int] = set()
+    for i, tok in enumerate(tokens):
+        if tok.type == "paragraph_open" and tok.level == 0 and tok.map is not None:
+            live |= _live_in_paragraph(tokens[i + 1], tok.map[0], tok.map[1])
+    return live
+
+
+def list_item_lines(text: str) -> set[int]:
+    """Source line numbers that begin an item of a top-level bullet list (task boxes live
+    there), outside quotes, code and HTML."""
+    tokens = _parse(text)
+    return {tok.map[0] for tok in tokens
+            if tok.type == "list_item_open" and tok.level == 1 and tok.markup in ("-", "*", "+")
+            and tok.map is not None}
+
+
+def visible_text(text: str) -> str:
+    """The words of a comment as a reader sees them, outside quotes, code, HTML comments and
+    images: one paragraph or heading per block, separated by blank lines. An escaped character
+    (``\\@``) is kept apart as U+FFFC so it never starts a mention; an entity is decoded."""
+    blocks: list[str] = []
+    quoted = 0
+    for tok in _parse(text):
+        if tok.type == "blockquote_open":
+            quoted += 1
+        elif tok.type == "blockquote_close":
+            quoted -= 1
+        elif tok.type == "inline" and not quoted:
+            parts: list[str] = []
+            for child in tok.children or []:
+                if child.type == "text":
+                    parts.append(child.content)
+                elif child.type == "text_special":
+                    parts.append("\ufffc" if child.info == "escape" else child.content)
+                elif child.type in ("softbreak", "hardbreak"):
+                    parts.append("\n")
+                elif child.type in ("code_inline", "html_inline", "image"):
+                    parts.append(" ")
+            blocks.append("".join(parts))
+    return "\n\n".join(blocks)

@@ -7,11 +7,12 @@ with 304s that cost no rate limit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from bot.mail.header import verify_mail
+from bot.mail.header import Verdict, adopted_mail_id, verify_issue
 from bot.office.config import Office
 from bot.store import mails
 from bot.store.mails import QUIET, MailRecord
@@ -29,14 +30,20 @@ class ReindexReport:
     issues: int = 0
     mails: int = 0
     tampered: list[str] = field(default_factory=list)
+    copies: list[str] = field(default_factory=list)  # a genuine header on an issue not its own
 
 
-def mail_from_issue(vault: str, issue: dict[str, Any], keys: Verifier) -> MailRecord | None:
-    """The index row an issue stands for, or None when it is not a signed mail."""
-    verdict = verify_mail(issue.get("title") or "", issue.get("body"), vault, keys)
+def mail_from_issue(vault: str, issue: dict[str, Any], keys: Verifier, *,
+                    app_login: str) -> MailRecord | None:
+    """The index row an issue stands for, or None when it is not a signed mail (or holds a
+    copy of one: signed for another vault, or bound to another issue)."""
+    return _record(vault, issue, verify_issue(issue, vault, keys, app_login=app_login))
+
+
+def _record(vault: str, issue: dict[str, Any], verdict: Verdict) -> MailRecord | None:
     header = verdict.header
-    if header is None or not verdict.signed or header.vault != vault.lower():
-        return None  # not a mail, or a copy of one signed for another vault
+    if header is None or not verdict.signed or verdict.copy:
+        return None
     names = [str(label["name"]) for label in issue.get("labels", [])]
     state = state_from_labels(names)
     return MailRecord(
@@ -49,10 +56,41 @@ def mail_from_issue(vault: str, issue: dict[str, Any], keys: Verifier) -> MailRe
         other_labels=tuple(n for n in names if not n.lower().startswith("mail:")))
 
 
-async def scan(forge: Forge, office: Office, keys: Verifier, *,
+CLOCK_SKEW = 300  # seconds the forge's clock may be behind the app's when it opens an issue
+
+
+def _opened(issue: dict[str, Any]) -> float | None:
+    try:
+        return datetime.fromisoformat(str(issue["created_at"]).replace("Z", "+00:00")).timestamp()
+    except (KeyError, ValueError):
+        return None
+
+
+def _rank(record: MailRecord, issue: dict[str, Any], indexed: str | None) -> tuple[int, ...]:
+    """Which of several issues carrying one genuine header is the mail (lowest first).
+
+    An adopted mail's id names its issue; else the issue the index held it at; else an
+    untampered one; else the one the app opened when it signed the header (opened at or
+    after `sent`: someone editing an older issue of the app's to carry a newer header made a
+    copy), the earliest such."""
+    number = int(issue["number"])
+    opened = _opened(issue)
+    sent = datetime.strptime(record.sent, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    return (record.mail_id != adopted_mail_id(record.vault, number),
+            indexed is not None and record.ref != indexed,
+            record.tampered,
+            opened is None or opened < sent - CLOCK_SKEW,
+            int(opened or 0), number)
+
+
+async def scan(forge: Forge, office: Office, keys: Verifier, *, app_login: str,
+               indexed: dict[str, str] | None = None,
                progress: bool = False) -> tuple[list[MailRecord], ReindexReport]:
+    """Every mail in the office's vaults. `indexed` (mail id -> ref, from the index being
+    rebuilt) settles which issue is a mail whose header also sits on another: a copy never
+    displaces the original."""
     report = ReindexReport()
-    found: dict[str, MailRecord] = {}
+    found: dict[str, tuple[tuple[int, ...], MailRecord]] = {}
     bar = tqdm(total=None, unit="issue", desc="reindex", disable=not progress, leave=True)
     for vault in office.vaults():
         report.vaults += 1
@@ -60,21 +98,32 @@ async def scan(forge: Forge, office: Office, keys: Verifier, *,
         async for issue in forge.iter_issues(vault, state="all"):
             report.issues += 1
             bar.update(1)
-            record = mail_from_issue(vault, issue, keys)
+            verdict = verify_issue(issue, vault, keys, app_login=app_login)
+            record = _record(vault, issue, verdict)
             if record is None:
+                if verdict.copy:
+                    report.copies.append(f"{vault.lower()}#{issue['number']}")
                 continue
             if record.tampered:
                 report.tampered.append(record.ref)
+            rank = _rank(record, issue, (indexed or {}).get(record.mail_id))
             kept = found.get(record.mail_id)
-            if kept is None or (kept.tampered and not record.tampered):
-                found[record.mail_id] = record  # a pasted copy never displaces the original
+            if kept is None or rank < kept[0]:
+                found[record.mail_id] = (rank, record)
+            if kept is not None:  # one header on two issues: the one not kept is a copy
+                report.copies.append(max((kept[0], kept[1].ref), (rank, record.ref))[1])
     bar.close()
     report.mails = len(found)
-    return list(found.values()), report
+    return [record for _, record in found.values()], report
 
 
 async def reindex(store: Store, forge: Forge, office: Office, keys: Verifier, *,
-                  progress: bool = False) -> ReindexReport:
-    found, report = await scan(forge, office, keys, progress=progress)
-    await mails.replace_all(store, found)
+                  app_login: str, progress: bool = False) -> ReindexReport:
+    """Rebuild the mail index from the forge. `app_login` is the app's own forge account,
+    which every mail the app opened was opened by (see `bot.mail.header.verify_issue`)."""
+    indexed = {str(r["mail_id"]): f"{r['vault']}#{r['number']}"
+               for r in await store.fetchall("SELECT mail_id, vault, number FROM mails")}
+    found, report = await scan(forge, office, keys, app_login=app_login, indexed=indexed,
+                               progress=progress)
+    await mails.replace_all(store, found, office.vaults())
     return report

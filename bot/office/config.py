@@ -8,10 +8,19 @@ from __future__ import annotations
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 HumanPermission = Literal["mail.send", "editor"]
 RunKind = Literal["mail", "chat"]
@@ -51,16 +60,56 @@ class Human(_Strict):
         return f"human:{self.email}"
 
 
+PYTHON = "{python}"  # in a dispatch command: the Python that runs vaultmail (sys.executable)
+_DISPATCH_FORMS = "must be none, repository_dispatch, an http(s) URL, or {command: [...]}"
+
+
+class CommandDispatch(_Strict):
+    """`dispatch: {command: [...]}`: run a local command per run, the run as JSON on stdin."""
+
+    command: list[str] = Field(min_length=1, description=(
+        "the program and its arguments, run without a shell; a first word {python} is the "
+        "Python that runs vaultmail"))
+    timeout: float = Field(default=300.0, gt=0, le=86_400, description=(
+        "seconds the command may run before it is stopped"))
+
+    @field_validator("command")
+    @classmethod
+    def _words(cls, v: list[str]) -> list[str]:
+        if not v[0].strip():
+            raise ValueError("the first word names the program to run: it must not be empty")
+        if any("\x00" in word for word in v):
+            raise ValueError("words must not contain NUL characters")
+        return v
+
+
+def _dispatch_form(v: Any) -> str | None:
+    if isinstance(v, dict | CommandDispatch):
+        return "command"
+    return "url" if isinstance(v, str) else None
+
+
+# The union's tags show up in error locations; `_locate` leaves them out.
+_UNION_TAGS = {("dispatch", "url"), ("dispatch", "command")}
+Dispatch = Annotated[
+    Annotated[str, Tag("url")] | Annotated[CommandDispatch, Tag("command")],
+    Discriminator(_dispatch_form, custom_error_type="dispatch",
+                  custom_error_message=_DISPATCH_FORMS),
+]
+
+
 class RunConfig(_Strict):
     triggers: list[RunKind] = Field(default_factory=lambda: list[RunKind](["mail"]))
-    dispatch: str = "none"
+    dispatch: Dispatch = "none"
 
     @field_validator("dispatch")
     @classmethod
-    def _dispatch(cls, v: str) -> str:
+    def _dispatch(cls, v: str | CommandDispatch) -> str | CommandDispatch:
+        if isinstance(v, CommandDispatch):
+            return v
         if v in ("none", "repository_dispatch") or v.startswith(("http://", "https://")):
             return v
-        raise ValueError("must be none, repository_dispatch, or an http(s) URL")
+        raise ValueError(_DISPATCH_FORMS)
 
 
 class Agent(_Strict):
@@ -156,17 +205,75 @@ class Office(_Strict):
 
 def _locate(loc: tuple[int | str, ...]) -> str:
     out = ""
-    for part in loc:
+    for i, part in enumerate(loc):
+        if i and (loc[i - 1], part) in _UNION_TAGS:
+            continue
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "(top level)"
 
 
-def parse_office(text: str, source: str = "office.yml") -> Office:
-    """Parse and validate; raise OfficeConfigError listing every problem with its location."""
+MAX_DEPTH = 32  # an office config nests a few levels; one nested far deeper is none
+
+
+def _too_deep(text: str) -> int | None:
+    """The line where the YAML nests more than MAX_DEPTH levels, if it does (read as a stream
+    of events, without building it: building recurses once per level)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                return event.start_mark.line + 1 if event.start_mark else 1
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+    return None
+
+
+def _unreadable_value(text: str) -> str:
+    """Where a scalar that YAML reads as a date, but that is none (2001-13-01), sits."""
+    loader = yaml.SafeLoader(text)
     try:
-        raw = yaml.safe_load(text)
+        nodes, seen = [loader.get_single_node()], set()
+        while nodes:
+            node = nodes.pop()
+            if id(node) in seen:  # an alias: looked at already
+                continue
+            seen.add(id(node))
+            if isinstance(node, yaml.ScalarNode):
+                try:
+                    loader.construct_object(node)
+                except ValueError as exc:
+                    return (f"line {node.start_mark.line + 1}: {node.value!r} reads as a date "
+                            f"or time but is none ({exc}): quote it if it is text")
+            elif isinstance(node, yaml.SequenceNode):
+                nodes.extend(node.value)
+            elif isinstance(node, yaml.MappingNode):
+                nodes.extend(part for pair in node.value for part in pair)
+    finally:
+        loader.dispose()
+    return "a value cannot be read"
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    try:
+        deep = _too_deep(text)
+        if deep is not None:
+            raise OfficeConfigError(source, [
+                f"{source}: line {deep}: nested more than {MAX_DEPTH} levels deep: "
+                "an office config is a mapping of lists of mappings"])
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise OfficeConfigError(source, [f"{source}: not valid YAML: {exc}"]) from exc
+    except OfficeConfigError:
+        raise
+    except ValueError as exc:  # a scalar YAML takes for a date that does not exist
+        raise OfficeConfigError(source, [
+            f"{source}: not valid YAML: {_unreadable_value(text)}"]) from exc
+
+
+def parse_office(text: str, source: str = "office.yml") -> Office:
+    """Parse and validate; raise OfficeConfigError listing every problem with its location."""
+    raw = _load_yaml(text, source)
     if not isinstance(raw, dict):
         raise OfficeConfigError(source, [f"{source}: (top level): must be a mapping with org:"])
     try:

@@ -30,6 +30,7 @@ class OfficeSource:
         self._local: Office | None = None
         self._last_valid: dict[str, Office] = {}
         self._fetched: dict[str, float] = {}
+        self._text: dict[str, str] = {}  # the text the last valid config was parsed from
         self.max_age = max_age
         self.last_error: dict[str, OfficeConfigError] = {}
 
@@ -44,6 +45,9 @@ class OfficeSource:
         text = await forge.get_file(f"{org}/{CONFIG_REPO}", CONFIG_PATH)
         if text is None:
             return self._last_valid.get(org)
+        if self._text.get(org) == text and org in self._last_valid:
+            self.last_error.pop(org, None)  # back to (or still) the last valid text
+            return self._last_valid[org]  # unchanged (a 304): no need to parse it again
         source = f"{org}/{CONFIG_REPO}/{CONFIG_PATH}"
         try:
             office = bound_to_org(parse_office(text, source), org, source)
@@ -55,6 +59,7 @@ class OfficeSource:
             return self._last_valid.get(org)
         self.last_error.pop(org, None)
         self._last_valid[org] = office
+        self._text[org] = text
         return office
 
 

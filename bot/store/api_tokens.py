@@ -7,7 +7,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from bot.store.db import Store, register_schema
+from bot.store.db import Store, register_columns, register_schema
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS api_tokens (
@@ -19,6 +19,8 @@ CREATE TABLE IF NOT EXISTS api_tokens (
     revoked_at REAL
 );
 """)
+
+register_columns("api_tokens", {"org": "TEXT"})  # the office's org, when the token names one
 
 PREFIX = "vm_"
 LAST_USED_RESOLUTION = 60.0  # seconds: how fresh `last used` is kept
@@ -37,20 +39,35 @@ def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-async def create_token(store: Store, principal: str) -> str:
+@dataclass(frozen=True)
+class Owner:
+    """Who a token acts for: a principal, in the office of `org` (None: the one office that
+    has the principal)."""
+
+    principal: str
+    org: str | None = None
+
+
+async def create_token(store: Store, principal: str, org: str | None = None) -> str:
     token = PREFIX + secrets.token_urlsafe(32)
     async with store.transaction() as db:
         await db.execute(
-            "INSERT INTO api_tokens(principal, token_hash, created_at) VALUES (?,?,?)",
-            (principal, _hash(token), time.time()),
+            "INSERT INTO api_tokens(principal, token_hash, created_at, org) VALUES (?,?,?,?)",
+            (principal, _hash(token), time.time(), org),
         )
     return token
 
 
 async def principal_for(store: Store, token: str) -> str | None:
     """The principal a live token belongs to (and note its use), or None."""
+    owner = await owner_of(store, token)
+    return owner.principal if owner else None
+
+
+async def owner_of(store: Store, token: str) -> Owner | None:
+    """Who a live token acts for (and note its use), or None."""
     row = await store.fetchone(
-        "SELECT id, principal, last_used_at FROM api_tokens"
+        "SELECT id, principal, org, last_used_at FROM api_tokens"
         " WHERE token_hash=? AND revoked_at IS NULL",
         (_hash(token),),
     )
@@ -62,7 +79,7 @@ async def principal_for(store: Store, token: str) -> str | None:
         async with store.transaction() as db:
             await db.execute("UPDATE api_tokens SET last_used_at=? WHERE id=?",
                              (now, row["id"]))
-    return str(row["principal"])
+    return Owner(str(row["principal"]), row["org"])
 
 
 async def revoke_token(store: Store, token_id: int) -> bool:
@@ -70,6 +87,16 @@ async def revoke_token(store: Store, token_id: int) -> bool:
         cur = await db.execute(
             "UPDATE api_tokens SET revoked_at=? WHERE id=? AND revoked_at IS NULL",
             (time.time(), token_id),
+        )
+        return cur.rowcount == 1
+
+
+async def revoke_token_value(store: Store, token: str) -> bool:
+    """Revoke a token by its value (a run's own token, when the run ends)."""
+    async with store.transaction() as db:
+        cur = await db.execute(
+            "UPDATE api_tokens SET revoked_at=? WHERE token_hash=? AND revoked_at IS NULL",
+            (time.time(), _hash(token)),
         )
         return cur.rowcount == 1
 

@@ -15,7 +15,7 @@ import aiosqlite
 
 from bot.items.model import Item
 from bot.items.threads import ThreadState
-from bot.store.db import Store, register_schema
+from bot.store.db import Store, register_columns, register_schema
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS items (
@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS items (
     parent TEXT,
     assignees TEXT NOT NULL,
     claim TEXT,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    key TEXT
 );
 CREATE INDEX IF NOT EXISTS items_parent ON items(parent);
 CREATE TABLE IF NOT EXISTS comments (
@@ -155,20 +156,35 @@ INSERT OR IGNORE INTO item_assignees(login, item)
 
 
 # -- items ---------------------------------------------------------------------------------
+# An item's stable key ("AC-12", from its title or body), so tools can name it by the key
+# (added to an older index at open; looked up rarely, by tools, so it has no index of its own).
+register_columns("items", {"key": "TEXT"})
+
+
 async def put_item(db: aiosqlite.Connection, item: Item) -> None:
     await db.execute(
         "INSERT OR REPLACE INTO items(ref, repo, number, kind, title, state, author_login,"
-        " author, parent, assignees, claim, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+        " author, parent, assignees, claim, key, updated_at)"
+        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (item.ref, item.repo, item.number, item.kind, item.title, item.state,
          item.author_login, item.author, item.parent, json.dumps(list(item.assignees)),
-         item.claim, time.time()))
+         item.claim, item.key, time.time()))
 
 
 def _item(r: Any) -> Item:
     return Item(repo=r["repo"], number=r["number"], kind=r["kind"], title=r["title"],
                 state=r["state"], author_login=r["author_login"], parent=r["parent"],
                 assignees=tuple(json.loads(r["assignees"])), author=r["author"],
-                claim=r["claim"])
+                claim=r["claim"], key=r["key"])
+
+
+async def items_by_key(store: Store, key: str, org: str) -> list[Item]:
+    """The items of the org's repositories that give themselves `key` (upper-cased)."""
+    prefix = org.lower() + "/"
+    rows = await store.fetchall(
+        "SELECT * FROM items WHERE key=? AND substr(repo, 1, ?)=? ORDER BY repo, number",
+        (key, len(prefix), prefix))
+    return [_item(r) for r in rows]
 
 
 async def get_item(store: Store, ref: str) -> Item | None:
@@ -446,27 +462,120 @@ async def unread_in(store: Store, owner: str, boxes: list[str]) -> list[aiosqlit
 
 
 async def has_unread(store: Store, owner: str) -> bool:
+    """Whether the owner's own (`you`) box holds anything unread."""
     row = await store.fetchone(
         "SELECT 1 FROM inbox_deliveries INDEXED BY inbox_deliveries_unread"
-        " WHERE owner=? AND box IN ('you', 'agents')"
-        " AND read_at IS NULL LIMIT 1", (owner,))
+        " WHERE owner=? AND box='you' AND read_at IS NULL LIMIT 1", (owner,))
     return row is not None
 
 
-async def mark_read(store: Store, seqs: list[int]) -> None:
-    if not seqs:
+# Each agent's read mark on its person's shared agents' box (seed: "Every agent of yours shares
+# it"): the newest delivery it has been shown. An agent is shown every unread delivery at once,
+# so one mark per agent says all it has seen, and a sibling's call never consumes its share.
+# (`read_at` on an agents' box row is the mark of an older version, one for the whole box.)
+register_schema("""
+CREATE TABLE IF NOT EXISTS inbox_agent_marks (
+    owner TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    PRIMARY KEY (owner, agent)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS inbox_deliveries_unread_for
+    ON inbox_deliveries(owner, box, principal, seq) WHERE read_at IS NULL;
+""")
+
+
+
+def _unseen(*, only: str = "", limit: str = "",
+            index: str = "inbox_deliveries_unread") -> str:
+    """Deliveries of an owner's agents' box past an agent's mark; params: owner, the values
+    `only` needs, owner, agent (then those `limit` needs)."""
+    return ("SELECT * FROM inbox_deliveries INDEXED BY " + index
+            + " WHERE owner=? AND box='agents'" + only + " AND read_at IS NULL AND seq>coalesce("
+            "(SELECT seq FROM inbox_agent_marks WHERE owner=? AND agent=?), 0)"
+            " ORDER BY seq" + limit)
+
+
+async def unseen_by(store: Store, owner: str, agent: str) -> list[aiosqlite.Row]:
+    """The deliveries in the owner's agents' box that `agent` has not been shown, oldest
+    first."""
+    return await store.fetchall(_unseen(), (owner, owner, agent))
+
+
+async def has_unseen(store: Store, owner: str, agent: str) -> bool:
+    row = await store.fetchone(_unseen(limit=" LIMIT 1"), (owner, owner, agent))
+    return row is not None
+
+
+async def mark_seen(store: Store, owner: str, agent: str,
+                    looked_at: list[tuple[int, str]]) -> None:
+    """`agent` has been through these deliveries of the owner's agents' box ((seq, comment)
+    pairs from `unseen_by`): its mark moves past them, and never goes back.
+
+    The mark moves under the write lock, only as far as the committed deliveries match what
+    was looked at: a look outside the lock may see a delivery of a transaction still open,
+    whose seq a rollback frees for a delivery the agent has not seen."""
+    if not looked_at:
         return
-    marks = ",".join("?" for _ in seqs)
+    wanted = set(looked_at)
     async with store.transaction() as db:
-        await db.execute(f"UPDATE inbox_deliveries SET read_at=? WHERE seq IN ({marks})"
-                         " AND read_at IS NULL", (time.time(), *seqs))
+        async with db.execute(_unseen(only=" AND seq<=?"), (
+                owner, max(seq for seq, _ in looked_at), owner, agent)) as cur:
+            committed = [(int(r["seq"]), str(r["comment"])) for r in await cur.fetchall()]
+        upto = None
+        for pair in committed:
+            if pair not in wanted:
+                break
+            upto = pair[0]
+        if upto is None:
+            return
+        await db.execute(
+            "INSERT INTO inbox_agent_marks(owner, agent, seq) VALUES (?,?,?)"
+            " ON CONFLICT(owner, agent) DO UPDATE SET seq=max(seq, excluded.seq)",
+            (owner, agent, upto))
+
+
+async def unseen_by_their_agent(store: Store, owner: str,
+                                agents: list[str]) -> list[aiosqlite.Row]:
+    """The deliveries in the owner's agents' box that the agent each is for has not been
+    shown yet (the person's history of what their agents are handling), oldest first."""
+    rows: list[aiosqlite.Row] = []
+    for agent in agents:
+        rows += await store.fetchall(
+            _unseen(only=" AND principal=?", index="inbox_deliveries_unread_for"),
+            (owner, agent, owner, agent))
+    return sorted(rows, key=lambda r: int(r["seq"]))
+
+
+async def seen_page(store: Store, owner: str, agent: str, before: int | None,
+                    limit: int) -> list[aiosqlite.Row]:
+    """What `agent` has been shown of the owner's agents' box, newest first."""
+    return await store.fetchall(
+        "SELECT * FROM inbox_deliveries INDEXED BY inbox_deliveries_owner_seq"
+        " WHERE owner=? AND seq<? AND box='agents' AND (read_at IS NOT NULL OR seq<=coalesce("
+        "(SELECT seq FROM inbox_agent_marks WHERE owner=? AND agent=?), 0))"
+        " ORDER BY seq DESC LIMIT ?", (owner, before or 2**62, owner, agent, limit))
+
+
+async def mark_read(store: Store, shown: list[tuple[int, str]]) -> None:
+    """Mark as read the `you` deliveries shown, as (seq, comment) pairs.
+
+    A look outside the write lock may see a delivery of a transaction still open, whose seq a
+    rollback frees for the next one: the comment must match for the mark to be written."""
+    if not shown:
+        return
+    async with store.transaction() as db:
+        await db.executemany("UPDATE inbox_deliveries SET read_at=? WHERE seq=? AND comment=?"
+                             " AND box='you' AND read_at IS NULL",
+                             [(time.time(), seq, comment) for seq, comment in shown])
 
 
 async def read_page(store: Store, owner: str, before: int | None,
                     limit: int) -> list[aiosqlite.Row]:
+    """What the owner has read of their own (`you`) box, newest first."""
     return await store.fetchall(
-        "SELECT * FROM inbox_deliveries WHERE owner=? AND read_at IS NOT NULL AND seq<?"
-        " ORDER BY seq DESC LIMIT ?", (owner, before or 2**62, limit))
+        "SELECT * FROM inbox_deliveries WHERE owner=? AND box='you' AND read_at IS NOT NULL"
+        " AND seq<? ORDER BY seq DESC LIMIT ?", (owner, before or 2**62, limit))
 
 
 # -- updates on outcomes -------------------------------------------------------------------

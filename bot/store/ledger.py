@@ -33,7 +33,7 @@ CREATE INDEX IF NOT EXISTS ledger_event ON ledger(event);
 GENESIS = "0" * 64
 EVENTS = frozenset({
     "mail.sent", "mail.opened", "mail.replied", "mail.closed", "mail.loop_guard",
-    "mail.tampered", "run.queued", "run.refused", "run.denied", "comment.added",
+    "mail.tampered", "run.queued", "run.refused", "run.denied", "run.finished", "comment.added",
     "comment.answered", "comment.resolved", "office.config_refused",
 })
 

@@ -77,7 +77,7 @@ class MailRecord:
     state: str
     tampered: bool = False
     other_labels: tuple[str, ...] = ()  # labels besides mail:*, kept so writes keep them
-    agent_turns: int = 0  # agents' follow-ups on this mail: they count toward the loop guard
+    agent_turns: int = 0  # no longer counted (follow-ups count no hops); kept for old indexes
 
     @property
     def ref(self) -> str:
@@ -132,8 +132,13 @@ async def set_state(db: aiosqlite.Connection, mail_id: str, state: str,
                          (json.dumps(others), mail_id))
 
 
-async def add_agent_turn(db: aiosqlite.Connection, mail_id: str) -> None:
-    await db.execute("UPDATE mails SET agent_turns=agent_turns+1 WHERE mail_id=?", (mail_id,))
+async def copy_hops(store: Store, thread: str, replied: str) -> int:
+    """The most hops among the automatic reply copies of the mail `replied` (owner/repo#N) in
+    `thread`, 0 when there is none: copies are the mails in reply to it with hops above 0."""
+    row = await store.fetchone(
+        "SELECT MAX(hops) AS most FROM mails WHERE thread_id=? AND in_reply_to=? AND hops>0",
+        (thread, replied))
+    return int(row["most"] or 0) if row else 0
 
 
 async def intend_send(store: Store, mail_id: str, vault: str) -> bool:
@@ -150,9 +155,27 @@ async def sent(db: aiosqlite.Connection, mail_id: str) -> None:
     await db.execute("DELETE FROM pending_sends WHERE mail_id=?", (mail_id,))
 
 
-async def mark_tampered(db: aiosqlite.Connection, mail_id: str) -> None:
-    await db.execute("UPDATE mails SET tampered=1, updated_at=? WHERE mail_id=?",
-                     (time.time(), mail_id))
+# `tampered` holds 0 (as signed), WARNING_OWED (flagged and ledgered, its warning comment not
+# yet on the forge: a retry posts it) or 1 (flagged and warned); both non-zero read as True.
+WARNING_OWED = 2
+
+
+async def mark_tampered(db: aiosqlite.Connection, mail_id: str) -> bool:
+    """Flag the mail, its warning owed; False when it was flagged already."""
+    cur = await db.execute("UPDATE mails SET tampered=?, updated_at=? WHERE mail_id=?"
+                           " AND tampered=0", (WARNING_OWED, time.time(), mail_id))
+    return cur.rowcount == 1
+
+
+async def tamper_flag(store: Store, mail_id: str) -> int:
+    """0, WARNING_OWED or 1 (see above)."""
+    row = await store.fetchone("SELECT tampered FROM mails WHERE mail_id=?", (mail_id,))
+    return int(row["tampered"]) if row else 0
+
+
+async def tamper_warned(db: aiosqlite.Connection, mail_id: str) -> None:
+    await db.execute("UPDATE mails SET tampered=1 WHERE mail_id=? AND tampered=?",
+                     (mail_id, WARNING_OWED))
 
 
 async def get_mail(store: Store, mail_id: str) -> MailRecord | None:
@@ -182,14 +205,50 @@ async def list_mails(store: Store, *, to: str | None = None, state: str | None =
     return [_record(r) for r in rows]
 
 
+MailCursor = tuple[str, str, int]  # (sent, vault, number) of the last mail on a page
+register_schema("CREATE INDEX IF NOT EXISTS mails_sent ON mails(sent, vault, number);")
+
+
+def mail_cursor(mail: MailRecord) -> MailCursor:
+    return (mail.sent, mail.vault, mail.number)
+
+
+async def page_mails(store: Store, *, state: str | None = None, vault: str | None = None,
+                     thread: str | None = None, involving: str | None = None,
+                     before: MailCursor | None = None, limit: int = 30) -> list[MailRecord]:
+    """Mails newest first (by their signed `sent`, then vault and number), the ones after
+    `before` on; `involving` keeps those it sent or received."""
+    sql, params = "SELECT * FROM mails WHERE 1=1", list[Any]()
+    for col, value in (("state", state), ("lower(vault)", vault), ("thread_id", thread)):
+        if value is not None:
+            sql += f" AND {col}=?"
+            params.append(value.lower() if col == "lower(vault)" else value)
+    if involving is not None:
+        sql += " AND (to_principal=? OR from_principal=?)"
+        params += [involving, involving]
+    if before is not None:
+        sql += " AND (sent, vault, number) < (?, ?, ?)"
+        params += [before[0], before[1], before[2]]
+    rows = await store.fetchall(sql + " ORDER BY sent DESC, vault DESC, number DESC LIMIT ?",
+                                (*params, limit))
+    return [_record(r) for r in rows]
+
+
 async def all_mails(store: Store) -> list[MailRecord]:
     rows = await store.fetchall("SELECT * FROM mails ORDER BY vault, number")
     return [_record(r) for r in rows]
 
 
-async def replace_all(store: Store, mails: list[MailRecord]) -> None:
+async def replace_all(store: Store, mails: list[MailRecord],
+                      vaults: list[str] | None = None) -> None:
+    """Replace the index's mails (only those in `vaults`, when given: one office's reindex
+    leaves the other offices' mails as they are)."""
     async with store.transaction() as db:
-        await db.execute("DELETE FROM mails")
+        if vaults is None:
+            await db.execute("DELETE FROM mails")
+        else:
+            for vault in vaults:
+                await db.execute("DELETE FROM mails WHERE lower(vault)=?", (vault.lower(),))
         for mail in mails:
             await put_mail(db, mail)
 
@@ -202,6 +261,59 @@ async def add_run(db: aiosqlite.Connection, agent: str, kind: str, subject: str,
     return int(cur.lastrowid or 0)
 
 
+async def finish_run(db: aiosqlite.Connection, run_id: int, state: str) -> None:
+    """A dispatched run ended: `done`, or `failed` (it exited non-zero or timed out)."""
+    await db.execute("UPDATE runs SET state=? WHERE id=?", (state, run_id))
+
+
 async def runs_for(store: Store, agent: str) -> list[dict[str, Any]]:
     rows = await store.fetchall("SELECT * FROM runs WHERE agent=? ORDER BY id", (agent,))
     return [dict(r) for r in rows]
+
+
+# -- what an agent has been shown of its mail to handle ---------------------------------------
+#
+# Every tool result for an agent lists its mail to handle (`inbox.mail`). A mail listed there
+# is not news the next time the agent waits (`list_inbox` with `wait`): the wait returns at
+# once only for mail that became new to handle after the agent's last look, or it would spin.
+
+register_schema("""
+CREATE TABLE IF NOT EXISTS mail_shown (
+    principal TEXT PRIMARY KEY,
+    upto REAL NOT NULL            -- the newest updated_at of the mail it was last shown
+);
+""")
+
+
+async def to_handle(store: Store, principal: str) -> list[MailRecord]:
+    """Mail waiting for `principal`: mail:new, then quiet loop-guard deliveries."""
+    return (await list_mails(store, to=principal, state="mail:new")
+            + await list_mails(store, to=principal, state=QUIET))
+
+
+async def mark_shown(store: Store, principal: str, shown: list[MailRecord]) -> None:
+    """`principal` was shown `shown` (its whole list of mail to handle)."""
+    if not shown:
+        return
+    marks = ",".join("?" * len(shown))
+    row = await store.fetchone(f"SELECT max(updated_at) FROM mails WHERE mail_id IN ({marks})",
+                               tuple(m.mail_id for m in shown))
+    upto = row[0] if row is not None else None
+    if upto is None:
+        return
+    known = await store.fetchone("SELECT upto FROM mail_shown WHERE principal=?", (principal,))
+    if known is not None and known[0] >= upto:
+        return  # nothing newer shown: no write on every tool call
+    async with store.transaction() as db:
+        await db.execute("INSERT INTO mail_shown(principal, upto) VALUES (?,?)"
+                         " ON CONFLICT(principal) DO UPDATE SET upto=max(upto, excluded.upto)",
+                         (principal, upto))
+
+
+async def has_unshown(store: Store, principal: str) -> bool:
+    """Mail to handle that changed since `principal` was last shown its list."""
+    row = await store.fetchone(
+        "SELECT 1 FROM mails WHERE to_principal=? AND state IN (?, ?) AND updated_at >"
+        " coalesce((SELECT upto FROM mail_shown WHERE principal=?), -1) LIMIT 1",
+        (principal, "mail:new", QUIET, principal))
+    return row is not None

@@ -18,9 +18,11 @@ from pydantic import Field
 from bot.app import runs
 from bot.errors import Conflict, NotFoundError
 from bot.office.config import Agent
+from bot.office.visibility import viewer_for
 from bot.store import Store
 from bot.store.db import register_schema
-from bot.tools.registry import Args, Call, inbox_provider, tool
+from bot.tools import outputs
+from bot.tools.registry import MAX_ID, READS_INDEX, Args, Call, Hints, inbox_provider, tool
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS chats (
@@ -47,7 +49,8 @@ def _iso(t: float | None) -> str | None:
 def _chat_json(row: aiosqlite.Row) -> dict[str, Any]:
     return {"chat": row["id"], "agent": row["agent"], "from": row["sender"],
             "message": row["message"], "sent": _iso(row["created_at"]),
-            "answer": row["answer"], "answered": _iso(row["answered_at"])}
+            "answer": row["answer"], "answered": _iso(row["answered_at"]),
+            "contentIsData": True}  # the message and the answer are someone's text: data
 
 
 async def get_chat(store: Store, chat_id: int) -> aiosqlite.Row | None:
@@ -69,21 +72,33 @@ def _agent(call: Call, name: str) -> Agent:
 
 
 class ChatArgs(Args):
-    agent: str = Field(min_length=1, description="the agent to ask: its slug (scout) or "
-                       "principal (agent:scout)")
+    agent: str = Field(min_length=1, max_length=200, description="the agent to ask: its slug "
+                       "(scout) or principal (agent:scout)")
     message: str = Field(min_length=1, max_length=10_000, description="your question")
     wait: int = Field(default=0, ge=0, le=MAX_WAIT, description=(
         "seconds (at most 50) to wait for the agent's answer before returning; 0 returns at "
         "once and you read the answer later with chat_get"))
+    idempotencyKey: str | None = Field(default=None, min_length=1, max_length=200, description=(
+        "any string; a retried call with the same key returns the first chat (and waits for "
+        "its answer), never starts a second"))
+
+
+async def _answer(call: Call, args: ChatArgs, result: dict[str, Any]) -> dict[str, Any]:
+    """The chat as it is after waiting `wait` seconds for its answer: after the call, and
+    after each retry of it with the same idempotencyKey."""
+    return {"chat": _chat_json(await _wait_answer(call, int(result["chat"]["chat"]), args.wait))}
 
 
 @tool("agent_chat", ChatArgs, (
     "Ask an agent a quick, interactive question (people only; agents use mail_send). The chat "
     "is kept in the office's index, not on the forge, and starts a `chat` run for the agent if "
-    "its run.triggers accept chat runs; otherwise it is refused (409) and nothing is kept. You "
-    "need the mail.send permission. Returns {chat: {chat, agent, from, message, sent, answer, "
+    "its run.triggers accept chat runs; otherwise it is refused (409) and nothing is kept. Any "
+    "person of the office whose forge account can see the agent's vault may chat with it. "
+    "Returns {chat: {chat, agent, from, message, sent, answer, "
     "answered}}; `answer` is null until the agent answers: pass `wait` to wait for it, or call "
-    "chat_get later. For requests that need an answer on record, send mail instead."))
+    "chat_get later. For requests that need an answer on record, send mail instead."),
+    then=_answer, title="Chat with an agent", output=outputs.ChatResult,
+    hints=Hints(read_only=False, destructive=False, idempotent=False, open_world=True))
 async def agent_chat(call: Call, args: ChatArgs) -> dict[str, Any]:
     store = call.services.store
     kind, _, ident = call.principal.partition(":")
@@ -93,34 +108,40 @@ async def agent_chat(call: Call, args: ChatArgs) -> dict[str, Any]:
             "another agent with mail_send"))
     agent = _agent(call, args.agent)
     human = call.office.human(ident)
-    if human is None or "mail.send" not in human.permissions:
+    vault = call.office.vault_of(agent).lower()
+    if human is None:
         raise await call.mailer.deny(call.principal, f"chat to {agent.principal}", (
-            f"{call.principal} lacks the mail.send permission, which chatting with an agent "
-            "needs; an office admin can add it under humans[].permissions in vaultmail.yml"))
+            f"{call.principal} is not one of the office's people (humans in vaultmail.yml), "
+            "so may not chat with its agents"))
+    if not await viewer_for(call).sees_repo(vault):
+        raise await call.mailer.deny(call.principal, f"chat to {agent.principal}", (
+            f"{call.principal} may not chat with {agent.principal}: their forge account "
+            f"{human.login} cannot see its vault {vault}; an org owner can give them read "
+            "access"))
 
-    async def record() -> tuple[int, bool]:
+    async def record() -> tuple[int, int | None]:
         async with store.transaction() as db:
             cur = await db.execute(
                 "INSERT INTO chats(agent, sender, message, created_at) VALUES (?,?,?,?)",
                 (agent.principal, call.principal, args.message, time.time()))
             chat_id = int(cur.lastrowid or 0)
             admitted = await runs.admit(db, agent, "chat", f"chat:{chat_id}", call.principal)
-            if not admitted:  # refused: the ledger says so, and no chat is kept
+            if admitted is None:  # refused: the ledger says so, and no chat is kept
                 await db.execute("DELETE FROM chats WHERE id=?", (chat_id,))
         return chat_id, admitted
 
     # Shielded: a long-polling client that leaves cancels the wait, never the write.
     chat_id, admitted = await asyncio.shield(record())
-    if not admitted:
+    if admitted is None:
         raise Conflict(f"{agent.principal} does not take chat runs (its run.triggers: "
                        f"{list(agent.run.triggers)}); send it mail with mail_send instead",
                        code="run_refused")
     call.services.notifier.notify([agent.principal])
-    runs.dispatch(call.services, call.forge, agent, call.office.vault_of(agent).lower(), {
-        "kind": "chat", "agent": agent.slug, "chat": chat_id, "from": call.principal,
-        "message": args.message})
-    row = await _wait_answer(call, chat_id, args.wait)
-    return {"chat": _chat_json(row)}
+    runs.dispatch_chat(call.services, call.forge, agent, vault, chat_id, call.principal,
+                       args.message, admitted)
+    row = await get_chat(store, chat_id)
+    assert row is not None
+    return {"chat": _chat_json(row)}  # the wait for the answer is `_answer`, after this
 
 
 async def _wait_answer(call: Call, chat_id: int, wait: float) -> aiosqlite.Row:
@@ -131,11 +152,15 @@ async def _wait_answer(call: Call, chat_id: int, wait: float) -> aiosqlite.Row:
         remaining = deadline - asyncio.get_running_loop().time()
         if row["answered_at"] is not None or remaining <= 0:
             return row
-        await call.services.notifier.wait(call.principal, remaining)
+        if not await call.services.notifier.wait(call.principal, remaining):
+            row = await get_chat(call.services.store, chat_id)  # timed out, or shutting down
+            assert row is not None
+            return row
 
 
 class ChatRef(Args):
-    chat: int = Field(ge=1, description="the chat's number, from agent_chat or your inbox")
+    chat: int = Field(ge=1, le=MAX_ID,
+                      description="the chat's number, from agent_chat or your inbox")
 
 
 class ChatReplyArgs(ChatRef):
@@ -144,7 +169,7 @@ class ChatReplyArgs(ChatRef):
 
 async def _visible_chat(call: Call, chat_id: int) -> aiosqlite.Row:
     row = await get_chat(call.services.store, chat_id)
-    if row is None or call.principal not in (row["agent"], row["sender"], "office"):
+    if row is None or not viewer_for(call).sees_chat(row["sender"], row["agent"]):
         raise NotFoundError(f"no chat {chat_id} of yours: the chats waiting for you are in "
                             "the `chats` of your inbox")
     return row
@@ -152,7 +177,9 @@ async def _visible_chat(call: Call, chat_id: int) -> aiosqlite.Row:
 
 @tool("chat_reply", ChatReplyArgs, (
     "Answer a chat a person started with you (agents only: the `chats` in your inbox are the "
-    "ones waiting). The answer goes back to the person at once; a chat is answered once."))
+    "ones waiting). The answer goes back to the person at once; a chat is answered once."),
+    title="Answer a chat", output=outputs.ChatResult,
+    hints=Hints(read_only=False, destructive=False, idempotent=True, open_world=False))
 async def chat_reply(call: Call, args: ChatReplyArgs) -> dict[str, Any]:
     row = await _visible_chat(call, args.chat)
     if call.principal != row["agent"]:
@@ -177,7 +204,8 @@ async def chat_reply(call: Call, args: ChatReplyArgs) -> dict[str, Any]:
 
 
 @tool("chat_get", ChatRef, "A chat you started or that was addressed to you, with its answer "
-      "(null while the agent has not answered).")
+      "(null while the agent has not answered).", title="Read a chat", hints=READS_INDEX,
+      output=outputs.ChatResult)
 async def chat_get(call: Call, args: ChatRef) -> dict[str, Any]:
     return {"chat": _chat_json(await _visible_chat(call, args.chat))}
 
@@ -187,5 +215,5 @@ async def chats_waiting(call: Call) -> dict[str, Any]:
     """An agent's inbox lists the chats waiting for its answer (answer with chat_reply)."""
     rows = await waiting_for(call.services.store, call.principal)
     return {"chats": [{"chat": r["id"], "from": r["sender"], "message": r["message"],
-                       "sent": _iso(r["created_at"])} for r in rows]}
+                       "sent": _iso(r["created_at"]), "contentIsData": True} for r in rows]}
 

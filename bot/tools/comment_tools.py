@@ -5,20 +5,46 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from bot.errors import InvalidArguments
 from bot.items import inbox
+from bot.items.address import MAX_ADDRESSED
+from bot.items.questions import (
+    MAX_CONTEXT,
+    MAX_DESCRIPTION,
+    MAX_HEADER,
+    MAX_LABEL,
+    MAX_OPTIONS,
+    MAX_THEN,
+)
 from bot.items.service import MAX_BODY, Comments, NewComment
 from bot.items.views import DATA_NOTE, decision_view, parse_time, thread_view
+from bot.office.visibility import Viewer, viewer_for
 from bot.store import comments as db
 from bot.store import mails
-from bot.tools.registry import Args, Call, inbox_provider, tool
-from labels.states import MailState
+from bot.tools import outputs
+from bot.tools.registry import (
+    MAX_ID,
+    READS_FORGE,
+    READS_INDEX,
+    Args,
+    Call,
+    Hints,
+    inbox_provider,
+    tool,
+)
 
 MAX_WAIT = 50
+DECISIONS = 10  # per level (seed: "the newest 10 each")
+REF_MAX = 300  # owner/repo#N, or an item's key
+ID_MAX = 100  # a comment's id
+ADDRESS = Annotated[str, Field(max_length=320)]  # an email, team:<key>, "agent" or "me"
+
+# Limits the service checks itself, with a message of its own, are shown in the schema by
+# `json_schema_extra` (pydantic would refuse first, with its own wording).
 
 
 def comments_for(call: Call) -> Comments:
@@ -27,101 +53,137 @@ def comments_for(call: Call) -> Comments:
 
 class OptionArg(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    label: str = Field(description="the button: 1 to 5 words, at most 60 characters")
-    description: str = Field(default="", description="the trade-off, in a sentence")
+    label: str = Field(description="the button: 1 to 5 words, at most 60 characters",
+                       json_schema_extra={"maxLength": MAX_LABEL})
+    description: str = Field(default="", description="the trade-off, in a sentence",
+                             json_schema_extra={"maxLength": MAX_DESCRIPTION})
     then: str = Field(default="", description="what you will do if it is chosen (only you "
-                                               "see it; it comes back with the answer)")
-    recommended: bool = False
+                                               "see it; it comes back with the answer)",
+                      json_schema_extra={"maxLength": MAX_THEN})
+    recommended: bool = Field(default=False, description="the option you recommend (one)")
 
 
 class AddArgs(Args):
-    targetType: Literal["goal", "outcome", "plan", "evidence"]
-    target: str = Field(description="the item as owner/repo#N")
-    body: str = Field(default="", description=f"at most {MAX_BODY:,} characters")
-    to: list[str] = Field(default_factory=list, description='emails, team:<key>, "agent", "me"')
-    cc: list[str] = Field(default_factory=list)
-    parent: str | None = Field(default=None, description="id of a comment to reply to")
-    needsReply: bool = False
-    options: list[OptionArg] | None = None
-    header: str | None = None
-    humanOnly: bool = False
-    context: str | None = None
-    option: str | int | None = Field(default=None, description="answer: option label or number")
-    amend: bool = False
-    confirmedWithPerson: bool = False
+    targetType: Literal["goal", "outcome", "plan", "evidence"] = Field(
+        description="the kind of item the comment is on")
+    target: str = Field(max_length=REF_MAX, description="the item as owner/repo#N, or by the "
+                        "key its title or body gives it (AC-12)")
+    body: str = Field(default="", description=f"the comment, at most {MAX_BODY:,} characters",
+                      json_schema_extra={"maxLength": MAX_BODY})
+    to: list[ADDRESS] = Field(default_factory=list, description=(
+        f'who it is for: emails, team:<key>, "agent", "me" (at most {MAX_ADDRESSED} people)'),
+        json_schema_extra={"maxItems": MAX_ADDRESSED})
+    cc: list[ADDRESS] = Field(default_factory=list, description="who should see it, like `to`",
+                              json_schema_extra={"maxItems": MAX_ADDRESSED})
+    parent: str | None = Field(default=None, max_length=ID_MAX,
+                               description="id of a comment to reply to (its thread)")
+    needsReply: bool = Field(default=False, description="a question: someone must answer")
+    options: list[OptionArg] | None = Field(default=None, description=(
+        f"a question's answers to choose from (at most {MAX_OPTIONS}); people can always "
+        "answer in words"), json_schema_extra={"maxItems": MAX_OPTIONS})
+    header: str | None = Field(default=None, description=(
+        f'a question\'s title, a few words ("Token TTL"), at most {MAX_HEADER} characters'),
+        json_schema_extra={"maxLength": MAX_HEADER})
+    humanOnly: bool = Field(default=False, description="only a person may answer, not an agent")
+    context: str | None = Field(default=None, description="what the person needs to know to "
+                                "answer", json_schema_extra={"maxLength": MAX_CONTEXT})
+    option: Annotated[str, Field(min_length=1, max_length=200)] | Annotated[
+        int, Field(ge=1, le=MAX_OPTIONS)] | None = Field(
+        default=None, description=f"answer: option label or number (1 to {MAX_OPTIONS})")
+    amend: bool = Field(default=False, description="change the answer you gave (with option)")
+    confirmedWithPerson: bool = Field(default=False, description=(
+        "an agent's answer that its person confirmed: recorded as theirs"))
+    idempotencyKey: str | None = Field(default=None, min_length=1, max_length=200, description=(
+        "any string; a retried call with the same key returns the first comment, never a "
+        "second"))
 
 
 @tool("add_comment", AddArgs, "Comment on a goal, outcome, plan or evidence; address people "
       "(to, cc), ask a question (needsReply or options), or reply in a thread (parent) to "
-      "answer (option/body), pass it on (to) or change an answer (amend).")
+      "answer (option/body), pass it on (to) or change an answer (amend).",
+      title="Comment on an item", output=outputs.CommentAdded,
+      hints=Hints(read_only=False, destructive=False, idempotent=False, open_world=True))
 async def add_comment(call: Call, args: AddArgs) -> dict[str, Any]:
     service = comments_for(call)
-    item = await service.target(args.target, args.targetType)
+    item = await service.target(args.target, args.targetType, viewer_for(call))
     new = NewComment(body=args.body, to=args.to, cc=args.cc, parent=args.parent,
                      needs_reply=args.needsReply,
                      options=[o.model_dump() for o in args.options] if args.options else None,
                      header=args.header, human_only=args.humanOnly, context=args.context,
-                     option=args.option, amend=args.amend, confirmed=args.confirmedWithPerson)
+                     option=args.option, amend=args.amend, confirmed=args.confirmedWithPerson,
+                     key=args.idempotencyKey)
     return await service.add(call.principal, item, new)
 
 
 class ResolveArgs(Args):
-    comment: str = Field(min_length=1, description="id of any comment in the thread")
+    comment: str = Field(min_length=1, max_length=ID_MAX,
+                         description="id of any comment in the thread")
 
 
 @tool("resolve_comment", ResolveArgs, "Resolve a thread when it is done; for a question, only "
-      "its asker or an editor can (it says the answer was used).")
+      "its asker or an editor can (it says the answer was used).", title="Resolve a thread",
+      output=outputs.ThreadResult,
+      hints=Hints(read_only=False, destructive=False, idempotent=True, open_world=True))
 async def resolve_comment(call: Call, args: ResolveArgs) -> dict[str, Any]:
-    row = await comments_for(call).resolve(call.principal, args.comment)
+    row = await comments_for(call).resolve(call.principal, args.comment, viewer_for(call))
     return {"thread": thread_view(row, call.principal)}
 
 
 class InboxArgs(Args):
     read: bool = Field(default=False, description="also return comments already read")
-    readBefore: int | None = Field(default=None, description="moreReadBefore from a last page")
-    updatesBefore: int | None = Field(default=None,
+    readBefore: int | None = Field(default=None, ge=0, le=MAX_ID,
+                                   description="moreReadBefore from a last page")
+    updatesBefore: int | None = Field(default=None, ge=0, le=MAX_ID,
                                       description="moreUpdatesBefore from a last page")
-    since: str | None = Field(default=None, description="stop updates at this time (ISO 8601)")
+    since: str | None = Field(default=None, max_length=64,
+                              description="stop updates at this time (ISO 8601)")
     wait: float = Field(default=0, ge=0, le=MAX_WAIT,
                         description=f"seconds (at most {MAX_WAIT}) to wait for something new")
+    markRead: bool = Field(default=True, description=(
+        "false: look without marking unread comments read (for a look whose unread comments "
+        "are not shown to you, like the inbox prompt's)"))
 
 
 @tool("list_inbox", InboxArgs, "Your inbox (`you`) and your agents' (`agents`): yourTurn, "
       "unread (shown once), waitingOnOthers; read comments with read: true; updates on your "
-      "outcomes, 30 at a time; wait up to 50 seconds for something new.")
+      "outcomes, 30 at a time; wait up to 50 seconds for something new.", title="Your inbox",
+      hints=READS_INDEX, output=outputs.InboxResult)
 async def list_inbox(call: Call, args: InboxArgs) -> dict[str, Any]:
     store, office = call.services.store, call.office
     try:
         since = parse_time(args.since) if args.since else None
     except ValueError as exc:
         raise InvalidArguments(f"since: {args.since!r} is not an ISO 8601 time") from exc
+    sees = viewer_for(call).visible
     if args.wait > 0:
-        await _wait_for_new(call, args.wait)
+        await _wait_for_new(call, args.wait, sees)
     is_person = call.principal == inbox.Whose.of(office, call.principal).person
-    computed = await inbox.compute(store, office, call.principal, mark_you=is_person,
-                                   mark_agents=call.is_agent)
+    computed = await inbox.compute(store, office, call.principal,
+                                   mark_you=is_person and args.markRead,
+                                   mark_agents=call.is_agent and args.markRead, sees=sees)
     result: dict[str, Any] = dict(computed.boxes)
     if call.is_agent:  # the `inbox` field shares this look: its unread went out just above
-        call.inbox_ready[COMMENTS_INBOX] = _agent_share(computed, unread=[])
+        call.inbox_ready[COMMENTS_INBOX] = _agent_share(
+            computed, unread=[] if args.markRead else None)
     if args.read:
-        result |= await inbox.read_page(store, office, call.principal, args.readBefore)
-    result |= await inbox.updates_page(store, office, call.principal, args.updatesBefore, since)
+        result |= await inbox.read_page(store, office, call.principal, args.readBefore, sees)
+    result |= await inbox.updates_page(store, office, call.principal, args.updatesBefore, since,
+                                       sees)
     result["note"] = DATA_NOTE
     return result
 
 
-async def _wait_for_new(call: Call, seconds: float) -> None:
-    """Sleep on the notifier until something is delivered to this inbox (no polling).
+async def _wait_for_new(call: Call, seconds: float, sees: inbox.Sees) -> None:
+    """Sleep on the notifier until something new is the caller's (no polling): a person's own
+    box, never their agents'; an agent's share of the agents' box and its own mail and chats.
 
     The waiter is registered before looking, so a delivery between the look and the sleep
     still wakes it."""
-    owner = inbox.Whose.of(call.office, call.principal).owner
-    waiter = asyncio.create_task(
-        call.services.notifier.wait_any({owner, call.principal}, seconds))
+    waiter = asyncio.create_task(call.services.notifier.wait_any(
+        inbox.wait_keys(call.office, call.principal), seconds))
     await asyncio.sleep(0)
-    if await inbox.has_unread(call.services.store, call.office, call.principal) or (
-            call.is_agent and await mails.list_mails(
-                call.services.store, to=call.principal, state=MailState.NEW.value, limit=1)):
+    if await inbox.has_new(call.services.store, call.office, call.principal, sees) or (
+            call.is_agent and await mails.has_unshown(call.services.store, call.principal)):
         waiter.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await waiter
@@ -130,15 +192,16 @@ async def _wait_for_new(call: Call, seconds: float) -> None:
 
 
 class OutcomeArgs(Args):
-    outcome: str = Field(description="owner/repo#N")
+    outcome: str = Field(max_length=REF_MAX,
+                         description="owner/repo#N, or the outcome's key (AC-12)")
 
 
 @tool("get_outcome", OutcomeArgs, "An outcome with its decisions and those of every goal above "
-      "it (newest 10 each).")
+      "it (newest 10 each).", title="An outcome and its decisions", hints=READS_FORGE,
+      output=outputs.OutcomeResult)
 async def get_outcome(call: Call, args: OutcomeArgs) -> dict[str, Any]:
-    service = comments_for(call)
-    item = await service.target(args.outcome, "outcome")
-    store = call.services.store
+    service, viewer = comments_for(call), viewer_for(call)
+    item = await service.target(args.outcome, "outcome", viewer, field="outcome")
     goals = []
     seen = {item.ref}
     ref = item.parent
@@ -147,36 +210,43 @@ async def get_outcome(call: Call, args: OutcomeArgs) -> dict[str, Any]:
         parent = await service.parent_item(ref)
         if parent is None:
             break
-        if parent.kind == "goal":
-            goals.append({**parent.as_json(), "decisions": [
-                decision_view(t, call.principal) for t in await db.decisions(store, parent.ref)]})
+        if parent.kind == "goal" and await viewer.sees_repo(parent.repo):
+            goals.append({**parent.as_json(), "decisions": await _decisions(call, viewer,
+                                                                            parent.ref)})
         ref = parent.parent
-    return {"outcome": item.as_json(),
-            "decisions": [decision_view(t, call.principal)
-                          for t in await db.decisions(store, item.ref)],
+    return {"outcome": item.as_json(), "decisions": await _decisions(call, viewer, item.ref),
             "goals": goals, "note": DATA_NOTE}
 
 
+async def _decisions(call: Call, viewer: Viewer, scope: str) -> list[dict[str, Any]]:
+    """The newest 10 decisions for `scope` that the viewer may see (one taken on a plan in a
+    repository it cannot see counts for the outcome, but is not shown)."""
+    found = await db.decisions(call.services.store, scope, limit=DECISIONS * 10)
+    shown = await viewer.visible({t.item for t in found})
+    return [decision_view(t, call.principal) for t in found if t.item in shown][:DECISIONS]
+
+
 class TreeArgs(Args):
-    goal: str = Field(description="owner/repo#N")
+    goal: str = Field(max_length=REF_MAX, description="owner/repo#N, or the goal's key")
 
 
-@tool("get_tree", TreeArgs, "A goal with the items under it and its decisions (newest 10).")
+@tool("get_tree", TreeArgs, "A goal with the items under it and its decisions (newest 10).",
+      title="A goal and the items under it", hints=READS_FORGE, output=outputs.TreeResult)
 async def get_tree(call: Call, args: TreeArgs) -> dict[str, Any]:
-    service = comments_for(call)
-    goal = await service.target(args.goal, "goal")
+    service, viewer = comments_for(call), viewer_for(call)
+    goal = await service.target(args.goal, "goal", viewer, field="goal")
     store = call.services.store
 
     async def tree(ref: str, depth: int) -> list[dict[str, Any]]:
         if depth > 5:
             return []
+        children = await db.children(store, ref)
+        shown = await viewer.visible({c.ref for c in children})  # and nothing under the rest
         return [{**c.as_json(), "children": await tree(c.ref, depth + 1)}
-                for c in await db.children(store, ref)]
+                for c in children if c.ref in shown]
 
     return {"goal": goal.as_json(), "children": await tree(goal.ref, 0),
-            "decisions": [decision_view(t, call.principal)
-                          for t in await db.decisions(store, goal.ref)],
-            "note": DATA_NOTE}
+            "decisions": await _decisions(call, viewer, goal.ref), "note": DATA_NOTE}
 
 
 COMMENTS_INBOX = "comments_inbox"
@@ -196,5 +266,6 @@ async def comments_inbox(call: Call) -> dict[str, Any]:
     if ready is not None:
         return ready
     computed = await inbox.compute(call.services.store, call.office, call.principal,
-                                   mark_you=False, mark_agents=True)
+                                   mark_you=False, mark_agents=True,
+                                   sees=viewer_for(call).visible)
     return _agent_share(computed)

@@ -11,43 +11,81 @@ from typing import TypeVar
 
 from aiohttp import web
 
+from bot.app.bodies import TOOL_BODY_LIMIT, read_body
 from bot.app.services import SERVICES_KEY, Services
-from bot.errors import Denied, Unauthenticated, VaultmailError
+from bot.errors import Denied, NotInstalled, Unauthenticated, VaultmailError
 from bot.forge.errors import ForgeError
-from bot.store import api_tokens
+from bot.office.config import Office
+from bot.store import api_tokens, ledger
 from bot.tools import chat_tools as _chat_tools  # noqa: F401
 from bot.tools import comment_tools as _comment_tools  # noqa: F401
 from bot.tools import ledger_tools as _ledger_tools  # noqa: F401
 from bot.tools import mail_tools as _mail_tools  # noqa: F401  (registers the tools)
+from bot.tools.polls import token_key
 from bot.tools.registry import TOOLS, Call, call_tool
 
 log = logging.getLogger("vaultmail.tools")
 T = TypeVar("T")
 
 
-async def authenticate(services: Services, header: str | None) -> str:
+async def authenticate(services: Services, header: str | None) -> api_tokens.Owner:
     if not header or not header.startswith("Bearer "):
         raise Unauthenticated("send Authorization: Bearer <api token> "
                               "(`vaultmail token create PRINCIPAL` makes one)")
-    principal = await api_tokens.principal_for(services.store, header[7:].strip())
-    if principal is None:
+    owner = await api_tokens.owner_of(services.store, header[7:].strip())
+    if owner is None:
         raise Unauthenticated("this API token is unknown or revoked")
-    return principal
+    return owner
 
 
-async def make_call(services: Services, principal: str) -> Call:
-    forge = services.forge_for(None)
-    org = services.default_org
-    office = await services.offices.get(forge, org) if org else None
-    if office is None:
-        raise VaultmailError("no office config found: add vaultmail.yml to the org's .github "
-                             "repository", code="no_office")
-    members = {"office"} | {h.principal for h in office.humans} | {
+def bearer_key(header: str | None) -> str | None:
+    """The `polls.token_key` of an `Authorization: Bearer` header (after `authenticate`)."""
+    return token_key(header[7:].strip()) if header and header.startswith("Bearer ") else None
+
+
+def _members(office: Office) -> set[str]:
+    return {"office"} | {h.principal for h in office.humans} | {
         a.principal for a in office.agents}
-    if principal not in members:
-        raise Denied(f"{principal} is not in the office config any more; its token acts for "
-                     "no one until an admin adds it back to vaultmail.yml")
-    return Call(services, principal, office, forge)
+
+
+async def office_org(services: Services, principal: str) -> str:
+    """The org of the one office that has `principal` (a token that names no org)."""
+    if services.default_org is not None:
+        return services.default_org
+    if not services.installations:
+        raise NotInstalled("the App is not installed on any organisation yet: install it, "
+                           "then call again", code="not_installed")
+    found = []
+    for org in sorted(services.installations):
+        office = await services.offices.get(services.forge_for_org(org), org)
+        if office is not None and principal in _members(office):
+            found.append(org)
+    if len(found) != 1:
+        where = "no office" if not found else "the offices of " + ", ".join(found)
+        raise Denied(
+            f"{principal} is in {where} of the organisations the App is installed on; make a "
+            f"token for one office with `vaultmail token create {principal} --org ORG`",
+            code="no_office")
+    return found[0]
+
+
+async def make_call(services: Services, principal: str, token: str | None = None,
+                    org: str | None = None) -> Call:
+    """The call's context: the caller's office (its token's org, else the one office that
+    has it) and that org's installation (503 naming the org when the App is not there)."""
+    org = org or await office_org(services, principal)
+    forge = services.forge_for_org(org)
+    office = await services.offices.get(forge, org)
+    if office is None:
+        raise VaultmailError(f"no office config found for {org}: add vaultmail.yml to "
+                             f"{org}/.github", code="no_office")
+    if principal not in _members(office):
+        reason = (f"{principal} is not in the office config any more; its token acts for "
+                  "no one until an admin adds it back to vaultmail.yml")
+        await ledger.record(services.store, "run.denied", principal, "tool call",
+                            {"reason": reason})
+        raise Denied(reason, ledgered=True)
+    return Call(services, principal, office, forge, token_key=token)
 
 
 DISCONNECT_CHECK = 0.5  # seconds between checks that a long-polling client is still there
@@ -87,12 +125,15 @@ async def tool_endpoint(request: web.Request) -> web.Response:
     services = request.app[SERVICES_KEY]
     name = request.match_info["name"]
     try:
-        principal = await authenticate(services, request.headers.get("Authorization"))
+        owner = await authenticate(services, request.headers.get("Authorization"))
         try:
-            raw = await request.json() if request.can_read_body else {}
-        except json.JSONDecodeError as exc:
+            data = await read_body(request, TOOL_BODY_LIMIT, "the request body")
+            raw = json.loads(data) if data.strip() else {}
+        except ValueError as exc:  # not JSON, not UTF-8, or a number of over 4300 digits
             raise VaultmailError(f"the body is not JSON: {exc}", code="bad_json") from exc
-        work = call_tool(await make_call(services, principal), name, raw)
+        work = call_tool(await make_call(
+            services, owner.principal, bearer_key(request.headers.get("Authorization")),
+            owner.org), name, raw)
         if not long_poll(raw):
             result = await work
         elif (polled := await unless_gone(request, work)) is not None:
@@ -115,9 +156,7 @@ async def tool_endpoint(request: web.Request) -> web.Response:
 
 
 async def list_tools(request: web.Request) -> web.Response:
-    return web.json_response({"tools": [
-        {"name": t.name, "description": t.description, "input_schema": t.args.model_json_schema()}
-        for t in TOOLS.values()]})
+    return web.json_response({"tools": [t.listing() for t in TOOLS.values()]})
 
 
 def add_routes(app: web.Application) -> None:

@@ -20,5 +20,8 @@ class GiteaDialect(EventsDialect):
     def installation_created(self, forge: LocalForge, inst: Installation, sender: str) -> None:
         """Gitea has no Apps: nothing is sent."""
 
+    def installation_deleted(self, forge: LocalForge, inst: Installation, sender: str) -> None:
+        """Gitea has no Apps: nothing is sent."""
+
 
 GITEA = GiteaDialect()

@@ -20,33 +20,60 @@ if TYPE_CHECKING:
 
 Json = dict[str, Any]
 API = "/api/v1"
-ZERO_TIME = "0001-01-01T00:00:00Z"
+ZERO_TIME = "0001-01-01T00:00:00Z"  # Go's zero time.Time
+EPOCH = "1970-01-01T00:00:00Z"  # timeutil.TimeStamp(0).AsTime()
 
 
 class GiteaRenderer:
-    def __init__(self, forge: LocalForge) -> None:
+    """Renders for one caller (`viewer`, Gitea's `ctx.Doer`; None for webhook payloads and
+    anonymous requests), as Gitea's `convert` functions render for their `doer`."""
+
+    def __init__(self, forge: LocalForge, viewer: str | None = None) -> None:
         self.forge = forge
         self.state: State = forge.state
         self.web = forge.url
         self.api = forge.url + API
+        self.viewer = viewer
 
     # -- users -------------------------------------------------------------------------
-    def user(self, login: str | Account | None) -> Json | None:
+    def _authed(self, acct: Account) -> bool:
+        """services/convert/user.go ToUser: the doer is the user or a site administrator."""
+        if self.viewer is None:
+            return False
+        me = self.state.account(self.viewer)
+        return self.viewer.lower() == acct.login.lower() or bool(me and me.site_admin)
+
+    def user(self, login: str | Account | None, *, signed: bool | None = None,
+             authed: bool | None = None) -> Json | None:
+        """Gitea's toUser(user, signed, authed): the real `email` only for a signed-in caller
+        (else the no-reply placeholder); `active`, `is_admin`, `login_name`, `language`,
+        `last_login`, `prohibit_login` only for the user themselves or a site admin. Without
+        `signed`/`authed` they follow the renderer's viewer (ToUser(user, doer))."""
         acct = login if isinstance(login, Account) else (
             self.state.account(login) if login else None)
         if acct is None:
             return None
+        signed = self.viewer is not None if signed is None else signed
+        authed = self._authed(acct) if authed is None else authed
+        placeholder = f"{acct.login.lower()}@noreply.localhost"
+        email = placeholder
+        if signed:  # an org may have no email; a user always has one in Gitea
+            email = acct.email or ("" if acct.type == "Organization" else placeholder)
         return {
             "id": acct.id, "login": acct.login, "login_name": "", "source_id": 0,
-            "full_name": acct.name or "",
-            "email": acct.email or f"{acct.login.lower()}@noreply.localhost",
+            "full_name": acct.name or "", "email": email,
             "avatar_url": f"{self.web}/avatars/{acct.id}", "html_url": f"{self.web}/{acct.login}",
-            "language": "", "is_admin": False, "last_login": ZERO_TIME,
-            "created": iso(acct.created_at), "restricted": False, "active": True,
+            "language": "", "is_admin": acct.site_admin if authed else False,
+            "last_login": EPOCH if authed else ZERO_TIME,  # LastLoginUnix 0: never signed in
+            "created": iso(acct.created_at), "restricted": False, "active": authed,
             "prohibit_login": False, "location": "", "website": "", "description": "",
             "visibility": "public", "followers_count": 0, "following_count": 0,
             "starred_repos_count": 0, "username": acct.login,
         }
+
+    def anonymous_user(self, login: str | Account | None) -> Json | None:
+        """ToUser(user, nil): webhook senders, comment posters, assignees."""
+        return self.user(login, signed=False, authed=False)
 
     def user_req(self, login: str | Account) -> Json:
         out = self.user(login)
@@ -69,8 +96,13 @@ class GiteaRenderer:
 
     def repo(self, repo: Repo, role: str | None = "admin") -> Json:
         r = perm_rank(role)
+        if r == 0 and not repo.private:  # access_model: anyone may read a public repository
+            r = perm_rank("read")
         return {
-            "id": repo.id, "owner": self.user_req(repo.owner), "name": repo.name,
+            # convert.ToRepo: ToUserWithAccessMode(owner, mode): signed with any access, never
+            # authed (so `active` is never shown there)
+            "id": repo.id, "owner": self.user(repo.owner, signed=r > 0, authed=False),
+            "name": repo.name,
             "full_name": repo.full_name, "description": repo.description or "", "empty": False,
             "private": repo.private, "fork": False, "template": False, "parent": None,
             "mirror": False, "size": 0, "language": "",
@@ -97,8 +129,7 @@ class GiteaRenderer:
             "default_allow_maintainer_edit": False, "avatar_url": "", "internal": False,
             "mirror_interval": "", "object_format_name": "sha1",
             "mirror_updated": ZERO_TIME, "repo_transfer": None, "topics": None,
-            "licenses": None,
-        }
+        }  # no `licenses`: Gitea 1.23 added it (repository license detection), 1.22 has none
 
     def repo_for(self, repo: Repo, login: str | None) -> Json:
         """The repository as `login` sees it (its `permissions`)."""
@@ -123,7 +154,7 @@ class GiteaRenderer:
                 if (lb := repo.label_by_id(lid)) is not None]
 
     def issue(self, repo: Repo, issue: Issue) -> Json:
-        assignees = [a for a in (self.user(x) for x in issue.assignees) if a]
+        assignees = [a for a in (self.anonymous_user(x) for x in issue.assignees) if a]
         return {
             "id": issue.id, "url": f"{self.repo_url(repo)}/issues/{issue.number}",
             "html_url": f"{self.web}/{repo.full_name}/issues/{issue.number}",
@@ -145,7 +176,8 @@ class GiteaRenderer:
             "html_url": f"{self.web}/{repo.full_name}/issues/{c.issue_number}#issuecomment-{c.id}",
             "pull_request_url": "",
             "issue_url": f"{self.web}/{repo.full_name}/issues/{c.issue_number}",
-            "user": self.user(c.user), "original_author": "", "original_author_id": 0,
+            "user": self.anonymous_user(c.user),  # ToAPIComment: ToUser(poster, nil)
+            "original_author": "", "original_author_id": 0,
             "body": c.body, "assets": [], "created_at": iso(c.created_at),
             "updated_at": iso(c.updated_at),
         }

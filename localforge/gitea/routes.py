@@ -5,6 +5,7 @@ contents, collaborator permission."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -14,13 +15,18 @@ from ..github.http import ApiError, Ctx, invalid
 from ..state import Comment, Issue, Label, Org, Repo
 from . import events
 from .http import Routes, int_list, issue_of, json_response, paginate
-from .render import GiteaRenderer
+from .render import API, GiteaRenderer
 
 VERSION = "1.22.6"
+# webhook_service.IsValidHookTaskType (Gitea), plus Forgejo's own "forgejo"
+HOOK_TYPES = ("gitea", "forgejo", "gogs", "slack", "discord", "dingtalk", "telegram",
+              "msteams", "feishu", "matrix", "wechatwork", "packagist")
 
 
 def _r(ctx: Ctx) -> GiteaRenderer:
-    return GiteaRenderer(ctx.forge)
+    """The renderer for the caller (Gitea's ctx.Doer): what they may see of users."""
+    login = ctx.principal.login if ctx.principal.kind == "user" else None
+    return GiteaRenderer(ctx.forge, viewer=login)
 
 
 def _auth(ctx: Ctx) -> str:
@@ -90,6 +96,47 @@ async def get_user(request: web.Request) -> web.Response:
     return json_response(_r(ctx).user(acct))
 
 
+async def get_org(request: web.Request) -> web.Response:
+    """routers/api/v1/org/org.go Get: convert.ToOrganization (every org here is public)."""
+    ctx = Ctx.of(request)
+    return json_response(_r(ctx).org(_org(ctx).login))
+
+
+def _member(org: Org, login: str) -> bool:
+    return login.lower() in (m.lower() for m in org.members)
+
+
+async def org_is_member(request: web.Request) -> web.Response:
+    """routers/api/v1/org/member.go IsMember: a member or site admin asking learns 204/404;
+    a user asking about themselves 404; anyone else is sent (303) to public_members."""
+    ctx = Ctx.of(request)
+    org = _org(ctx)
+    who = ctx.forge.state.account(request.match_info["username"])
+    if who is None or who.type != "User":
+        raise ApiError(404, "Not Found")
+    me = ctx.principal.login if ctx.principal.kind == "user" else None
+    if me is not None:
+        acct = ctx.forge.state.account(me)
+        if _member(org, me) or (acct is not None and acct.site_admin):
+            if _member(org, who.login):
+                return web.Response(status=204)
+            raise ApiError(404, "Not Found")
+        if me.lower() == who.login.lower():
+            raise ApiError(404, "Not Found")
+    location = f"{API}/orgs/{quote(org.login)}/public_members/{quote(who.login)}"
+    return web.Response(status=303, headers={"Location": location})
+
+
+async def org_is_public_member(request: web.Request) -> web.Response:
+    """IsPublicMember: memberships are private unless a member publicises theirs, and the
+    forge models none ([service] DEFAULT_ORG_MEMBER_VISIBLE = false)."""
+    ctx = Ctx.of(request)
+    _org(ctx)
+    if ctx.forge.state.account(request.match_info["username"]) is None:
+        raise ApiError(404, "Not Found")
+    raise ApiError(404, "Not Found")
+
+
 async def org_repos(request: web.Request) -> web.Response:
     ctx = Ctx.of(request)
     org = _org(ctx)
@@ -105,9 +152,9 @@ def _hook_json(app: Any) -> dict[str, Any]:
 
     return {"id": app.hook_id, "type": "gitea", "branch_filter": "*",
             "config": {"url": app.webhook_url or "", "content_type": "json"},
-            "events": list(app.events), "authorization_header": "",
-            "active": app.webhook_url is not None, "updated_at": iso(app.created_at),
-            "created_at": iso(app.created_at)}
+            "events": list(app.events),  # stored expanded: Webhook.EventsArray
+            "authorization_header": "", "active": app.webhook_url is not None,
+            "updated_at": iso(app.created_at), "created_at": iso(app.created_at)}
 
 
 def _org_owner(ctx: Ctx, org: Org) -> None:
@@ -121,16 +168,24 @@ async def create_org_hook(request: web.Request) -> web.Response:
     org = _org(ctx)
     _org_owner(ctx, org)
     body = await ctx.body()
-    if body.get("type") not in ("gitea", "forgejo", "gogs", "slack", "discord"):
-        raise ApiError(422, "Invalid hook type")
-    config = body.get("config") or {}
-    url = config.get("url") if isinstance(config, dict) else None
-    if not isinstance(url, str) or not url:
-        raise ApiError(422, "Missing config option: url")
-    if config.get("content_type", "json") not in ("json", "form"):
+    # routers/api/v1/utils/hook.go checkCreateHookOption (Forgejo also takes "forgejo")
+    kind = body.get("type")
+    if kind not in HOOK_TYPES:
+        raise ApiError(422, f"Invalid hook type: {kind if isinstance(kind, str) else ''}")
+    config = body.get("config")
+    if not isinstance(config, dict) or not all(isinstance(v, str) for v in config.values()):
+        raise invalid("CreateHookOption", "config")  # map[string]string
+    for name in ("url", "content_type"):
+        if name not in config:
+            raise ApiError(422, f"Missing config option: {name}")
+    if config["content_type"] not in ("json", "form"):
         raise ApiError(422, "Invalid content type")
-    hook_events = body.get("events") or ["push"]
-    app = events.add_org_hook(ctx.forge, org.login, url, config.get("secret") or None,
+    if not config["url"].startswith(("http://", "https://")):
+        raise ApiError(422, "Invalid url")
+    hook_events = body.get("events") or []
+    if not isinstance(hook_events, list):
+        raise invalid("CreateHookOption", "events")
+    app = events.add_org_hook(ctx.forge, org.login, config["url"], config.get("secret") or None,
                               [str(e) for e in hook_events], bool(body.get("active", False)))
     return json_response(_hook_json(app), 201)
 
@@ -194,11 +249,14 @@ async def list_issues(request: web.Request) -> web.Response:
     items = [i for i in repo.issues.values() if state == "all" or i.state == state]
     if q.get("type") == "pulls":
         items = []
-    if q.get("labels"):  # any of the labels (OR); unknown names are discarded
-        wanted = {n.strip().lower() for n in q["labels"].split(",") if n.strip()}
-        ids = {lb.id for lb in repo.labels if lb.name.lower() in wanted}
+    if q.get("labels"):
+        # ListIssues: GetLabelIDsInRepoByNames (names that do not exist are discarded), then
+        # IncludedLabelIDs: the issue must carry every one (AND, whatever the swagger's "any"
+        # says); none left is no filter at all.
+        wanted = set(q["labels"].split(","))
+        ids = {lb.id for lb in repo.labels if lb.name in wanted}
         if ids:
-            items = [i for i in items if ids & set(i.labels)]
+            items = [i for i in items if ids <= set(i.labels)]
     since, before = _since(request), _since(request, "before")
     if since is not None:
         items = [i for i in items if i.updated_at >= since]
@@ -238,7 +296,9 @@ async def create_issue(request: web.Request) -> web.Response:
     repo.next_number += 1
     repo.issues[issue.number] = issue
     repo.updated_at = now
-    events.issue_event(ctx.forge, "opened", repo, login, issue)  # no label events on create
+    events.issue_event(ctx.forge, "opened", repo, login, issue)
+    if issue.labels:  # services/issue.NewIssue: IssueChangeLabels after NewIssue
+        events.issue_event(ctx.forge, "label_updated", repo, login, issue)
     return json_response(_r(ctx).issue(repo, issue), 201)
 
 
@@ -258,18 +318,19 @@ async def edit_issue(request: web.Request) -> web.Response:
     if not writer and issue.user.lower() != login.lower():
         raise ApiError(403, "Forbidden")
     body = await ctx.body()
-    changes: dict[str, Any] = {}
-    if isinstance(body.get("title"), str) and body["title"] != issue.title:
-        if not body["title"].strip():
-            raise ApiError(422, "[Title]: Required")
-        changes["title"] = {"from": issue.title}
-        issue.title = body["title"]
-    if isinstance(body.get("body"), str) and body["body"] != (issue.body or ""):
-        changes["body"] = {"from": issue.body or ""}
-        issue.body = body["body"]
-    if changes:
+    # EditIssue: ChangeTitle (nothing when the title is the same), then ChangeContent whenever
+    # `body` is given, changed or not; each sends its own `edited`, rendered at that moment.
+    title = body.get("title")
+    if isinstance(title, str) and title and title != issue.title:
+        old = issue.title
+        issue.title = title
         _touch(ctx, repo, issue)
-        events.issue_event(ctx.forge, "edited", repo, login, issue, changes)
+        events.issue_event(ctx.forge, "edited", repo, login, issue, {"title": {"from": old}})
+    if isinstance(body.get("body"), str):
+        old = issue.body or ""
+        issue.body = body["body"]
+        _touch(ctx, repo, issue)
+        events.issue_event(ctx.forge, "edited", repo, login, issue, {"body": {"from": old}})
     if writer and isinstance(body.get("assignees"), list):
         wanted = [a.login for x in body["assignees"]
                   if (a := ctx.forge.state.account(str(x))) is not None]
@@ -317,11 +378,11 @@ async def _label_refs(ctx: Ctx, repo: Repo) -> list[Label]:
 
 def _labels_changed(ctx: Ctx, repo: Repo, issue: Issue, before: list[int],
                     cleared: bool = False) -> None:
-    """One delivery per API call, with the whole list: label_updated (also when the last label
-    goes), or label_cleared for `DELETE .../labels` (Gitea's IssueClearLabels)."""
-    if issue.labels == before:
-        return
-    _touch(ctx, repo, issue)
+    """One delivery per API call, with the whole list: label_updated, or label_cleared for
+    `DELETE .../labels` (IssueClearLabels). services/issue/label.go notifies after every
+    AddLabels / ReplaceLabels / RemoveLabel / ClearLabels, whether or not it changed a thing."""
+    if issue.labels != before:
+        _touch(ctx, repo, issue)
     action = "label_cleared" if cleared else "label_updated"
     events.issue_event(ctx.forge, action, repo, ctx.sender, issue)
 
@@ -468,7 +529,7 @@ def _comment(ctx: Ctx, repo: Repo) -> Comment:
 
 
 async def list_issue_comments(request: web.Request) -> web.Response:
-    """All of them: this endpoint has since/before but no paging."""
+    """All of them: this endpoint has since/before but no paging; X-Total-Count is set."""
     ctx = Ctx.of(request)
     repo = ctx.repo()
     issue = issue_of(ctx, repo)
@@ -476,7 +537,9 @@ async def list_issue_comments(request: web.Request) -> web.Response:
     items = [c for cid in issue.comment_ids if (c := repo.comments.get(cid)) is not None
              and (since is None or c.updated_at >= since)
              and (before is None or c.updated_at <= before)]
-    return json_response([_r(ctx).comment(repo, c) for c in items])
+    return json_response([_r(ctx).comment(repo, c) for c in items],
+                         headers={"X-Total-Count": str(len(items)),
+                                  "Access-Control-Expose-Headers": "X-Total-Count"})
 
 
 async def list_repo_comments(request: web.Request) -> web.Response:
@@ -557,6 +620,9 @@ def register(routes: Routes) -> None:
     routes.add("GET", "/user", get_me)
     routes.add("GET", "/user/orgs", my_orgs)
     routes.add("GET", "/users/{username}", get_user)
+    routes.add("GET", "/orgs/{org}", get_org)
+    routes.add("GET", "/orgs/{org}/members/{username}", org_is_member)
+    routes.add("GET", "/orgs/{org}/public_members/{username}", org_is_public_member)
     routes.add("GET", "/orgs/{org}/repos", org_repos)
     routes.add("GET", "/orgs/{org}/hooks", list_org_hooks)
     routes.add("POST", "/orgs/{org}/hooks", create_org_hook)

@@ -26,3 +26,12 @@ def add_bot(forge: LocalForge, org: str, login: str, webhook_url: str | None = N
         hook_id = add_org_hook(forge, org, webhook_url, webhook_secret,
                                list(events or BOT_EVENTS)).hook_id
     return token, hook_id
+
+
+def make_site_admin(forge: LocalForge, login: str) -> None:
+    """Make `login` an administrator of the Gitea instance (Gitea's `is_admin`)."""
+    acct = forge.state.account(login)
+    if acct is None or acct.type != "User":
+        raise KeyError(f"no user {login!r}")
+    acct.site_admin = True
+    forge.save()

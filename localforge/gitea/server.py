@@ -16,6 +16,8 @@ from ..github import control
 from ..github.auth import authenticate
 from ..github.http import CTX_KEY, FORGE_KEY, TEMPLATES_KEY, ApiError, Ctx, Handler
 from ..reqlog import RequestRecord
+from ..web import GITEA_API_ROOTS, is_web_request
+from ..web import register as register_web_pages
 from . import routes
 from .http import Routes, gitea_error, json_response
 
@@ -48,6 +50,8 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
             return await handler(request)
         except ApiError as err:
             return err.response()
+    if is_web_request(request):  # the forge's HTML pages and sign-in: not the API
+        return await handler(request)
     started = time.monotonic()
     template = request.app[TEMPLATES_KEY].get(request.match_info.route, "")
     route = template or f"{request.method} {request.path}"
@@ -62,6 +66,7 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
         if principal.kind not in ("none", "user"):
             raise ApiError(401, "user does not exist")
         request[CTX_KEY] = Ctx(forge, principal, request)
+        await forge.faults.held(request.method, route.partition(" ")[2])
         delay, fault = forge.faults.pick(request.method, route.partition(" ")[2])
         if delay > 0:
             await asyncio.sleep(delay)
@@ -94,4 +99,6 @@ def build_app(forge: LocalForge) -> web.Application:
     app[TEMPLATES_KEY] = {}
     control.register(app)
     routes.register(Routes(app))
+    # Sign-in and the pages; Gitea's own OAuth2 provider is not modelled.
+    register_web_pages(app, forge, oauth_flow=False, api_roots=GITEA_API_ROOTS)
     return app

@@ -1,4 +1,5 @@
-"""Credentials as GitHub reads them: PATs, installation tokens and App JWTs (RS256)."""
+"""Credentials as GitHub reads them: PATs, user access tokens (`ghu_`, a user through an App),
+installation tokens and App JWTs (RS256)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,11 @@ def authenticate(forge: LocalForge, header: str | None) -> Principal:
         acct = forge.state.account(tok.login or "")
         if acct is None:
             raise bad_credentials()
+        if tok.app_id is not None:  # a user access token (ghu_): the user, through the App
+            app = forge.state.apps.get(tok.app_id)
+            if app is None:
+                raise bad_credentials()
+            return Principal(kind="user", login=acct.login, token=tok, app=app)
         return Principal(kind="user", login=acct.login, token=tok)
     inst = forge.state.installations.get(tok.installation_id or -1)
     if inst is None:

@@ -85,16 +85,24 @@ def _repo_brief(repo: Repo) -> dict[str, Any]:
 
 
 def installation_created(forge: LocalForge, inst: Installation, sender: str) -> None:
+    _installation(forge, inst, sender, "created")
+
+
+def installation_deleted(forge: LocalForge, inst: Installation, sender: str) -> None:
+    _installation(forge, inst, sender, "deleted")
+
+
+def _installation(forge: LocalForge, inst: Installation, sender: str, action: str) -> None:
     app = forge.state.apps[inst.app_id]
     r = Renderer(forge)
     payload: dict[str, Any] = {
-        "action": "created",
+        "action": action,
         "installation": r.installation(inst),
         "repositories": [_repo_brief(x) for x in forge.state.installation_repos(inst)],
         "requester": None,
         "sender": r.user(sender),
     }
-    forge.webhooks.enqueue(app, "installation", "created", payload, inst.id, None)
+    forge.webhooks.enqueue(app, "installation", action, payload, inst.id, None)
 
 
 def repo_created(forge: LocalForge, repo: Repo, sender: str) -> None:

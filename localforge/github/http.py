@@ -10,8 +10,9 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from ..access import Principal, at_least, level, visible
+from ..access import Principal, app_level, at_least, level, visible
 from ..state import Issue, Repo
+from . import versions
 from .render import Renderer
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def not_found() -> ApiError:
 
 
 def forbidden(p: Principal, what: str = "") -> ApiError:
-    if p.kind == "installation":
+    if p.kind == "installation" or p.user_via_app:
         return ApiError(403, "Resource not accessible by integration")
     return ApiError(403, what or "Must have push access to this repository.")
 
@@ -54,6 +55,18 @@ def forbidden(p: Principal, what: str = "") -> ApiError:
 def invalid(resource: str, field: str, code: str = "invalid",
             message: str = "Validation Failed") -> ApiError:
     return ApiError(422, message, [{"resource": resource, "field": field, "code": code}])
+
+
+# GitHub refuses an issue or comment body longer than this (counted in characters)
+MAX_BODY = 65_536
+
+
+def check_body_length(resource: str, text: str | None) -> None:
+    """GitHub's 422 for an issue or comment body over 65,536 characters."""
+    if text is not None and len(text) > MAX_BODY:
+        raise ApiError(422, "Validation Failed", [
+            {"resource": resource, "code": "custom", "field": "body",
+             "message": f"body is too long (maximum is {MAX_BODY} characters)"}])
 
 
 def json_response(data: Any, status: int = 200,
@@ -69,6 +82,11 @@ class Ctx:
     forge: LocalForge
     principal: Principal
     request: web.Request
+
+    @property
+    def version(self) -> str:
+        """The REST API version this request is answered in (X-GitHub-Api-Version)."""
+        return str(self.request.get(VERSION_KEY, versions.DEFAULT))
 
     @property
     def r(self) -> Renderer:
@@ -124,6 +142,9 @@ class Ctx:
             if self.principal.kind == "none":
                 raise not_found()
             raise forbidden(self.principal)
+        if (self.principal.user_via_app and self.request.method not in ("GET", "HEAD")
+                and not at_least(app_level(st, self.principal, repo, scope), "write")):
+            raise forbidden(self.principal)  # a user token writes only where the App may
         return repo
 
     def role(self, repo: Repo, scope: str = "issues") -> str | None:
@@ -141,6 +162,7 @@ class Ctx:
 
 
 CTX_KEY: web.RequestKey[Ctx] = web.RequestKey("ctx", Ctx)
+VERSION_KEY: web.RequestKey[str] = web.RequestKey("api_version", str)
 
 
 def int_param(request: web.Request, name: str, default: int) -> int:

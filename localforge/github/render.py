@@ -40,6 +40,8 @@ def role_permissions(role: str | None) -> dict[str, bool]:
 
 
 class Renderer:
+    """GitHub's shapes (2022-11-28's; the server trims a 2026-03-10 answer, versions.shape)."""
+
     def __init__(self, forge: LocalForge) -> None:
         self.forge = forge
         self.state: State = forge.state
@@ -189,6 +191,8 @@ class Renderer:
             "url": f"{self.repo_url(repo)}/labels/{quote(label.name, safe=':')}",
             "name": label.name, "color": label.color, "description": label.description,
             "default": label.default,
+            # the forge never archives labels (GitHub's newer descriptions require both)
+            "archived_at": None, "archived_by": None,
         }
 
     def reactions_rollup(self, url: str, reactions: list[Reaction]) -> Json:
@@ -214,7 +218,7 @@ class Renderer:
             "id": app.id, "slug": app.slug, "node_id": node_id("Integration", app.id),
             "client_id": app.client_id,
             "owner": self.user(owner) if owner else None, "name": app.name,
-            "description": app.description, "external_url": self.web,
+            "description": app.description, "external_url": app.external_url or self.web,
             "html_url": f"{self.web}/apps/{app.slug}", "created_at": iso(app.created_at),
             "updated_at": iso(app.created_at), "permissions": dict(app.permissions),
             "events": list(app.events),
@@ -362,9 +366,16 @@ class Renderer:
             "_links": {"self": u, "git": git, "html": html},
         }
 
+    def content_dir_object(self, repo: Repo, path: str, entries: list[Json]) -> Json:
+        """A directory in the `object` media type: content-tree, its entries inside."""
+        out = self.content_dir_entry(repo, path, True)
+        out["entries"] = entries
+        return out
+
     def content_dir_entry(self, repo: Repo, path: str, is_dir: bool) -> Json:
         u = f"{self.repo_url(repo)}/contents/{quote(path)}"
-        html = f"{self.web}/{repo.full_name}/tree/{repo.default_branch}/{quote(path)}"
+        kind = "tree" if is_dir else "blob"  # GitHub's html_url of a file is its blob page
+        html = f"{self.web}/{repo.full_name}/{kind}/{repo.default_branch}/{quote(path)}"
         sha = hashlib.sha1(path.encode()).hexdigest()
         git = f"{self.repo_url(repo)}/git/{'trees' if is_dir else 'blobs'}/{sha}"
         text = None if is_dir else repo.files.get(path, "")

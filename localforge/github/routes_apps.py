@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 from aiohttp import web
 
 from ..access import installation_permissions
-from ..clock import iso
+from ..clock import iso, parse_iso
 from ..state import App
 from .http import ApiError, Ctx, Routes, int_param, invalid, json_response, not_found, paginate
 
@@ -31,6 +31,19 @@ async def list_installations(request: web.Request) -> web.Response:
     app = _app(ctx)
     insts = sorted((i for i in ctx.forge.state.installations.values() if i.app_id == app.id),
                    key=lambda i: i.id)
+    raw_since = request.query.get("since")
+    if raw_since:
+        try:
+            since = parse_iso(raw_since)
+        except ValueError as exc:
+            raise invalid("Installation", "since") from exc
+        insts = [i for i in insts if i.updated_at >= since]
+    outdated = request.query.get("outdated")
+    if outdated not in (None, "", "false", "true"):
+        raise invalid("Installation", "outdated")
+    if outdated == "true":
+        insts = []  # an installation is outdated when it has not accepted the App's newer
+        # permissions; the forge's installations always hold the App's permissions
     page, headers = paginate(request, insts, ctx.forge.url)
     return json_response([ctx.r.installation(i, describe_account=True) for i in page],
                          headers=headers)

@@ -7,7 +7,17 @@ from aiohttp import web
 from ..access import at_least
 from ..state import Comment, Repo
 from .events import emit
-from .http import ApiError, Ctx, Routes, forbidden, invalid, json_response, not_found, paginate
+from .http import (
+    ApiError,
+    Ctx,
+    Routes,
+    check_body_length,
+    forbidden,
+    invalid,
+    json_response,
+    not_found,
+    paginate,
+)
 from .routes_issues import _since, add_reaction, list_reactions
 
 
@@ -26,6 +36,7 @@ def _text(body: dict[str, object]) -> str:
     text = body.get("body")
     if not isinstance(text, str) or text == "":
         raise invalid("IssueComment", "body", "missing_field")
+    check_body_length("IssueComment", text)
     return text
 
 

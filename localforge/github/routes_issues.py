@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from aiohttp import web
@@ -9,9 +10,18 @@ from aiohttp import web
 from ..access import at_least
 from ..clock import parse_iso
 from ..state import Issue, Reaction, Repo
-from . import issueops
+from . import issueops, versions
 from .events import emit
-from .http import ApiError, Ctx, Routes, forbidden, invalid, json_response, paginate
+from .http import (
+    ApiError,
+    Ctx,
+    Routes,
+    check_body_length,
+    forbidden,
+    invalid,
+    json_response,
+    paginate,
+)
 from .render import REACTIONS
 
 
@@ -45,6 +55,25 @@ async def list_issues(request: web.Request) -> web.Response:
         items = [i for i in items if i.updated_at >= since]
     if q.get("creator"):
         items = [i for i in items if i.user.lower() == q["creator"].lower()]
+    if q.get("mentioned"):
+        items = [i for i in items if _mentions(repo, i, q["mentioned"])]
+    # The forge has no milestones, issue types or issue fields: each filter is applied as
+    # GitHub applies it to issues that have none, and an unknown milestone is GitHub's 422.
+    milestone = q.get("milestone")
+    if milestone is not None and milestone != "none":
+        if milestone != "*":
+            raise ApiError(422, "Validation Failed", [
+                {"value": milestone, "resource": "Issue", "field": "milestone",
+                 "code": "invalid"}])
+        items = []
+    kind = q.get("type")
+    if kind is not None and kind != "none":
+        items = []  # "*" (any type) or a type's name: no issue here has one
+    if q.get("issue_field_values"):
+        raise ApiError(422, "Validation Failed", [
+            {"value": q["issue_field_values"], "resource": "Issue",
+             "field": "issue_field_values", "code": "invalid",
+             "message": "Issue fields are not enabled for this repository."}])
     assignee = q.get("assignee")
     if assignee == "none":
         items = [i for i in items if not i.assignees]
@@ -71,6 +100,14 @@ async def list_issues(request: web.Request) -> web.Response:
     return json_response([ctx.r.issue(repo, i) for i in page], headers=headers)
 
 
+def _mentions(repo: Repo, issue: Issue, login: str) -> bool:
+    """GitHub's `mentioned`: @login in the issue's body or in one of its comments."""
+    at = re.compile(rf"(?<![\w@/-])@{re.escape(login)}(?![\w-])", re.IGNORECASE)
+    texts = [issue.body or ""] + [c.body for cid in issue.comment_ids
+                                  if (c := repo.comments.get(cid)) is not None]
+    return any(at.search(t) for t in texts)
+
+
 async def create_issue(request: web.Request) -> web.Response:
     ctx = Ctx.of(request)
     ctx.require_auth()
@@ -87,6 +124,7 @@ async def create_issue(request: web.Request) -> web.Response:
     text = body.get("body")
     if text is not None and not isinstance(text, str):
         raise invalid("Issue", "body")
+    check_body_length("Issue", text)
     pushes = at_least(ctx.role(repo), "write")
     now = ctx.forge.clock.now()
     issue = Issue(id=ctx.forge.state.next_id("issue"), number=repo.next_number,
@@ -100,7 +138,7 @@ async def create_issue(request: web.Request) -> web.Response:
     issue.labels = list(dict.fromkeys(lb.id for lb in labels))
     if pushes:
         raw = list(body.get("assignees") or [])
-        if body.get("assignee"):
+        if body.get("assignee") and ctx.version == versions.V2022:  # gone in 2026-03-10
             raw.insert(0, body["assignee"])
         accts = [a for x in raw if (a := ctx.forge.state.account(str(x))) is not None]
         issue.assignees = list(dict.fromkeys(a.login for a in accts))
@@ -137,6 +175,8 @@ async def update_issue(request: web.Request) -> web.Response:
     author = issue.user.lower() == ctx.sender.lower()
     if not (triage or author):
         raise forbidden(ctx.principal, "Must have admin rights to Repository.")
+    if isinstance(body.get("body"), str):
+        check_body_length("Issue", body["body"])  # before anything changes
     changes: dict[str, Any] = {}
     if "title" in body and body["title"] is not None and str(body["title"]) != issue.title:
         if not str(body["title"]).strip():
@@ -164,7 +204,8 @@ async def update_issue(request: web.Request) -> web.Response:
         issueops.reopen(ctx, repo, issue)
     if triage and "labels" in body and body["labels"] is not None:
         issueops.set_labels(ctx, repo, issue, issueops.label_names(body["labels"]))
-    if triage and ("assignees" in body or "assignee" in body):
+    singular = "assignee" in body and ctx.version == versions.V2022  # gone in 2026-03-10
+    if triage and ("assignees" in body or singular):
         raw = body.get("assignees")
         if raw is None:
             raw = [body["assignee"]] if body.get("assignee") else []
@@ -184,7 +225,9 @@ async def timeline(request: web.Request) -> web.Response:
         if c is not None:
             entries.append((c.created_at, c.id, ctx.r.timeline_comment(repo, c)))
     entries.sort(key=lambda t: (t[0], t[1]))
-    page, headers = paginate(request, [e[2] for e in entries], ctx.forge.url)
+    exclude = {e.strip() for e in request.query.get("exclude", "").split(",") if e.strip()}
+    shown = [e[2] for e in entries if e[2].get("event") not in exclude]
+    page, headers = paginate(request, shown, ctx.forge.url)
     return json_response(page, headers=headers)
 
 
@@ -204,6 +247,8 @@ async def add_reaction(ctx: Ctx, repo: Repo, reactions: list[Reaction]) -> web.R
 
 def list_reactions(ctx: Ctx, reactions: list[Reaction]) -> web.Response:
     content = ctx.request.query.get("content")
+    if content is not None and content not in REACTIONS:
+        raise invalid("Reaction", "content")
     items = [r for r in reactions if content is None or r.content == content]
     page, headers = paginate(ctx.request, items, ctx.forge.url)
     return json_response([ctx.r.reaction(r) for r in page], headers=headers)

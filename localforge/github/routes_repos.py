@@ -42,14 +42,28 @@ async def list_org_repos(request: web.Request) -> web.Response:
     org = _org(ctx)
     st = ctx.forge.state
     kind = request.query.get("type", "all")
+    if kind not in ("all", "public", "private", "forks", "sources", "member"):
+        raise invalid("Repository", "type")
     repos = [r for r in st.repos.values() if r.owner.lower() == org.login.lower()
              and visible(st, ctx.principal, r)]
     if kind == "public":
         repos = [r for r in repos if not r.private]
     elif kind == "private":
         repos = [r for r in repos if r.private]
+    elif kind == "forks":
+        repos = []  # the forge has no forks; "sources" (not forks) is then every repository
+    elif kind == "member":  # those the caller reaches as a collaborator or through a team
+        p = ctx.principal
+        repos = [r for r in repos if p.kind == "user" and p.login is not None and (
+            p.login.lower() in r.collaborators or any(
+                r.id in t.repo_permissions and p.login.lower() in (m.lower() for m in t.members)
+                for t in st.teams if t.org.lower() == org.login.lower()))]
     sort = request.query.get("sort", "created")
+    if sort not in ("created", "updated", "pushed", "full_name"):
+        raise invalid("Repository", "sort")
     direction = request.query.get("direction", "asc" if sort == "full_name" else "desc")
+    if direction not in ("asc", "desc"):
+        raise invalid("Repository", "direction")
     if sort == "full_name":
         repos.sort(key=lambda r: r.name.lower(), reverse=direction == "desc")
     else:
@@ -131,7 +145,12 @@ async def org_members(request: web.Request) -> web.Response:
     role = request.query.get("role", "all")
     if role not in ("all", "admin", "member"):
         raise invalid("Membership", "role")
+    two_factor = request.query.get("filter", "all")
+    if two_factor not in ("all", "2fa_disabled", "2fa_insecure"):
+        raise invalid("Membership", "filter")
     members = list(org.members) if _sees_members(ctx, org) else []
+    if two_factor != "all":
+        members = []  # every account on the forge counts as having secure 2FA
     owners = {o.lower() for o in org.owners}
     if role == "admin":
         members = [m for m in members if m.lower() in owners]
@@ -149,7 +168,12 @@ async def team_members(request: web.Request) -> web.Response:
     team = ctx.forge.state.team(org.login, request.match_info["team_slug"])
     if team is None or not _sees_members(ctx, org):
         raise not_found()
-    accts = [a for m in team.members if (a := ctx.forge.state.account(m)) is not None]
+    role = request.query.get("role", "all")
+    if role not in ("all", "member", "maintainer"):
+        raise invalid("Team", "role")
+    # the forge's teams have members only, no maintainers
+    accts = [] if role == "maintainer" else [
+        a for m in team.members if (a := ctx.forge.state.account(m)) is not None]
     page, headers = paginate(request, accts, ctx.forge.url)
     return json_response([ctx.r.user_req(a) for a in page], headers=headers)
 

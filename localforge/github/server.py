@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -16,17 +17,32 @@ from ..access import Principal
 from ..faults import RouteFault
 from ..limits import Window
 from ..reqlog import RequestRecord
+from ..web import is_web_request
+from ..web import register as register_web_pages
 from . import (
     control,
     routes_apps,
     routes_comments,
     routes_issues,
     routes_labels,
+    routes_manifest,
     routes_misc,
     routes_repos,
+    routes_user,
+    versions,
 )
 from .auth import authenticate
-from .http import CTX_KEY, FORGE_KEY, TEMPLATES_KEY, ApiError, Ctx, Handler, Routes, json_response
+from .http import (
+    CTX_KEY,
+    FORGE_KEY,
+    TEMPLATES_KEY,
+    VERSION_KEY,
+    ApiError,
+    Ctx,
+    Handler,
+    Routes,
+    json_response,
+)
 
 if TYPE_CHECKING:
     from ..forge import LocalForge
@@ -55,7 +71,8 @@ def rate_headers(w: Window, resource: str) -> dict[str, str]:
 def _fault_response(forge: LocalForge, fault: RouteFault, key: str) -> web.Response:
     if fault.kind == "secondary_limit":
         return json_response({"message": SECONDARY_MESSAGE, "documentation_url": SECONDARY_DOCS,
-                              "status": "403"}, fault.status or 403, {"Retry-After": "60"})
+                              "status": "403"}, fault.status or 403,
+                             {"Retry-After": str(fault.retry_after)})
     if fault.kind == "primary_limit":
         return json_response({"message": f"API rate limit exceeded for {key}.",
                               "documentation_url": DOCS_LIMITS, "status": "403"}, 403)
@@ -66,12 +83,34 @@ def _fault_response(forge: LocalForge, fault: RouteFault, key: str) -> web.Respo
                          status)
 
 
+class SecondaryLimited(Exception):
+    def __init__(self, wait: int | None) -> None:
+        super().__init__(wait)
+        self.wait = wait
+
+
+def _secondary(wait: int | None) -> web.Response:
+    """GitHub's secondary-limit refusal: 403, its message, `Retry-After` when it gives one."""
+    return json_response({"message": SECONDARY_MESSAGE, "documentation_url": SECONDARY_DOCS,
+                          "status": "403"}, 403,
+                         {"Retry-After": str(wait)} if wait is not None else None)
+
+
 DOCS_LIMITS = ("https://docs.github.com/rest/overview/rate-limits-for-the-rest-api"
                "#about-the-primary-rate-limit")
 
 
-def _etag(body: bytes) -> str:
-    return f'W/"{hashlib.sha256(body).hexdigest()[:40]}"'
+def _etag(request: web.Request, body: bytes) -> str:
+    """GitHub's ETag, as reverse-engineered (github.com/bored-engineer/github-conditional-http-
+    transport, confirmed by GitHub support in eclipse-csi/otterdog#201): SHA-256 over the values
+    of Accept, Authorization and Cookie (those present, each followed by ':'), then the body.
+    So a new token (an installation's every hour) gets new ETags for the same content."""
+    h = hashlib.sha256()
+    for name in ("Accept", "Authorization", "Cookie"):
+        for value in request.headers.getall(name, []):
+            h.update(value.encode() + b":")
+    h.update(body)
+    return f'W/"{h.hexdigest()}"'
 
 
 def _etag_matches(header: str | None, etag: str) -> bool:
@@ -89,6 +128,8 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
             return await handler(request)
         except ApiError as err:
             return err.response()
+    if routes_manifest.is_web(request) or is_web_request(request):  # HTML pages: not the API
+        return await handler(request)
     started = time.monotonic()
     template = request.app[TEMPLATES_KEY].get(request.match_info.route, "")
     route = template or f"{request.method} {request.path}"
@@ -96,9 +137,16 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
     principal = Principal(kind="none")
     fault: RouteFault | None = None
     spend = route not in UNMETERED
+    in_flight: str | None = None
     try:
+        request[VERSION_KEY] = versions.select(request.headers.get(versions.HEADER))
         principal = authenticate(forge, request.headers.get("Authorization"))
         request[CTX_KEY] = Ctx(forge, principal, request)
+        if template:  # secondary limit: requests in flight (held and delayed ones too)
+            if not forge.rates.enter(principal.rate_key):
+                raise SecondaryLimited(None)  # no retry-after: clients wait a minute
+            in_flight = principal.rate_key
+        await forge.faults.held(request.method, route.partition(" ")[2])
         delay, fault = forge.faults.pick(request.method, route.partition(" ")[2])
         if delay > 0:
             await asyncio.sleep(delay)
@@ -113,24 +161,39 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
                            "the good news: Authenticated requests get a higher rate limit.)",
                 "documentation_url": DOCS_LIMITS, "status": "403"}, 403)
             spend = False
+        elif template and (wait := forge.rates.take_points(
+                principal.rate_key, request.method, route)) is not None:
+            resp = _secondary(wait)
         elif route in CREATION_ROUTES and (
                 wait := forge.rates.secondary_retry_after(principal.rate_key)) is not None:
-            resp = json_response({"message": SECONDARY_MESSAGE,
-                                  "documentation_url": SECONDARY_DOCS, "status": "403"},
-                                 403, {"Retry-After": str(wait)})
+            forge.rates.refused["content_creation"] += 1
+            resp = _secondary(wait)
         else:
             if not template:
                 raise ApiError(404, "Not Found")
             resp = await handler(request)
             if route in CREATION_ROUTES and resp.status == 201:
                 forge.rates.record_creation(principal.rate_key)
+    except versions.UnsupportedVersion as exc:
+        resp = ApiError(400, str(exc)).response()
+    except SecondaryLimited as exc:
+        resp = _secondary(exc.wait)
     except ApiError as err:
         resp = err.response()
     except web.HTTPException as exc:
         resp = ApiError(exc.status, exc.reason or "Not Found").response()
+    finally:
+        if in_flight is not None:
+            forge.rates.leave(in_flight)
+    version = request.get(VERSION_KEY, versions.DEFAULT)
+    if (version != versions.DEFAULT and resp.status < 400 and isinstance(resp, web.Response)
+            and resp.content_type == "application/json" and isinstance(resp.body, bytes)):
+        # the routes render 2022-11-28's shapes; a newer version's answer drops what it dropped
+        resp.body = json.dumps(versions.shape(version, json.loads(resp.body)),
+                               ensure_ascii=False).encode()
     if (request.method == "GET" and resp.status == 200 and isinstance(resp, web.Response)
             and isinstance(resp.body, bytes)):
-        tag = _etag(resp.body)
+        tag = _etag(request, resp.body)
         if _etag_matches(request.headers.get("If-None-Match"), tag):
             resp = web.Response(status=304)
             spend = False
@@ -141,7 +204,7 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
         forge.rates.window(principal.rate_key, resource)
     resp.headers.update(rate_headers(window, resource))
     resp.headers.setdefault("X-GitHub-Media-Type", "github.v3; format=json")
-    resp.headers.setdefault("X-GitHub-Api-Version-Selected", "2022-11-28")
+    resp.headers.setdefault("X-GitHub-Api-Version-Selected", version)
     resp.headers.setdefault("X-GitHub-Request-Id", uuid.uuid4().hex[:20].upper())
     resp.headers.setdefault("Vary", "Accept, Authorization, Cookie, X-GitHub-OTP")
     forge.requests.add(RequestRecord(
@@ -162,6 +225,8 @@ def build_app(forge: LocalForge) -> web.Application:
     routes = Routes(app)
     control.register(app)
     for module in (routes_apps, routes_repos, routes_labels, routes_comments, routes_issues,
-                   routes_misc):
+                   routes_misc, routes_manifest, routes_user):
         module.register(routes)
+    routes_manifest.register_web(app)
+    register_web_pages(app, forge)  # last: its /{owner}/{repo} patterns yield to the API
     return app

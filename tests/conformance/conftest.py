@@ -164,6 +164,7 @@ class World:
     tokens: dict[str, str]
     _inst_token: str | None = None
     exercised: list[tuple[str, int]] = field(default_factory=list)
+    version: str = "2022-11-28"  # the REST API version asked for (X-GitHub-Api-Version)
 
     @property
     def url(self) -> str:
@@ -197,7 +198,7 @@ class World:
                    validate: bool = True, data: bytes | None = None) -> Resp:
         """One request over HTTP; the response is held to the description (status documented,
         body, headers) and, with `expect`, must have that status."""
-        h = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": "2022-11-28",
+        h = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": self.version,
              "User-Agent": "vaultmail-conformance"}
         h.update(await self.auth_header(auth))
         h.update(headers or {})
@@ -214,7 +215,8 @@ class World:
             raise AssertionError(f"{method} {path}: expected {expect}, got {r.status}: "
                                  f"{raw[:500]!r}")
         if validate:
-            op = validator.validate_response(method, url, r.status, r.headers, raw)
+            op = validator.validate_response(method, url, r.status, r.headers, raw,
+                                             version=self.version)
             self.exercised.append((op.operation_id, r.status))
         return r
 

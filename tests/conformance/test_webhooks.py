@@ -41,10 +41,11 @@ def _example_results(drifts: tuple[validator.Drift, ...], formats: bool = True,
 
 
 def test_examples_as_they_stand() -> None:
-    """46 of the 58 real examples pass the official schemas as they stand (reference/README):
-    older examples lack newer required fields, and installation timestamps are integers."""
+    """37 of the 58 real examples pass the official schemas as they stand (46 before labels'
+    archived_at/archived_by became required, data/patch_newer.py): older examples lack newer
+    required fields, and installation timestamps are integers."""
     ok, total, _, _ = _example_results((), formats=False)
-    assert (ok, total) == (46, 58)
+    assert (ok, total) == (37, 58)
 
 
 def test_examples_pass_with_named_drifts_only() -> None:

@@ -51,3 +51,27 @@ async def test_slack_past_each_window() -> None:
     p = pacer(ft, min_interval=0.0, content_per_minute=1, content_per_hour=100, slack=1.0)
     await p.wait(content=True)
     assert await p.wait(content=True) == 61.0
+
+
+async def test_writes_to_one_endpoint_wait_for_its_minute_of_points() -> None:
+    """GitHub: 900 points a minute per endpoint, 5 a write, so 180 writes a minute to one
+    route; another route has its own budget (issue 14)."""
+    ft = FakeTime()
+    p = pacer(ft, min_interval=0.0, endpoint_points_per_minute=900, slack=1.0)
+    patch = "PATCH /repos/{owner}/{repo}/issues/{number}"
+    waits = [await p.wait(endpoint=patch) for _ in range(180)]
+    assert waits == [0.0] * 180
+    assert await p.wait(endpoint="POST /repos/{owner}/{repo}/labels") == 0.0
+    assert await p.wait(endpoint=patch) == 61.0  # the 181st: once the first is a minute old
+    assert await p.wait(endpoint=patch) == 0.0  # the rest of the first second's writes went too
+
+
+async def test_a_turn_waits_for_its_endpoint_while_another_endpoint_goes() -> None:
+    ft = FakeTime()
+    p = pacer(ft, min_interval=0.0, endpoint_points_per_minute=10, slack=0.0)  # 2 writes
+    patch = "PATCH /repos/{owner}/{repo}/issues/{number}"
+    for _ in range(2):
+        async with p.turn(endpoint=patch) as waited:
+            assert waited == 0.0
+    assert p.delay(False, None, patch) == 60.0
+    assert p.delay(False, None, "POST /repos/{owner}/{repo}/labels") == 0.0

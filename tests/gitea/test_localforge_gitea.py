@@ -45,7 +45,7 @@ async def test_repo_labels_by_id_with_hash_colours(gitea: GiteaSetup,
     assert status == 422
 
 
-async def test_create_issue_takes_label_ids_and_sends_only_opened(
+async def test_create_issue_takes_label_ids_and_sends_opened_then_label_updated(
         gitea: GiteaSetup, session: aiohttp.ClientSession) -> None:
     lid = await _label(gitea, session, "mail:new", "#0e8a16")
     status, _, _ = await gitea.call(session, "marco", "POST", f"{VAULT}/issues",
@@ -59,8 +59,12 @@ async def test_create_issue_takes_label_ids_and_sends_only_opened(
                                    {"title": "t2", "labels": [lid]}, expect=201)
     assert other["labels"] == []
     got = [d for d in await gitea.deliveries() if d.payload.get("number") == issue["number"]]
+    other_got = [d.payload["action"] for d in await gitea.deliveries()
+                 if d.payload.get("number") == other["number"]]
+    assert other_got == ["opened"], "labels dropped for a reader: nothing to notify"
     assert [(d.headers["X-Gitea-Event"], d.payload["action"]) for d in got] == [
-        ("issues", "opened")], "Gitea sends no label events for labels given at creation"
+        ("issues", "opened"), ("issues", "label_updated")], \
+        "services/issue.NewIssue notifies the labels given at creation after `opened`"
     payload = got[0].payload
     assert "installation" not in payload and "organization" not in payload
     assert payload["issue"]["number"] == issue["number"] and payload["commit_id"] == ""
@@ -82,7 +86,7 @@ async def test_label_changes_send_one_label_updated_with_the_whole_list(
     await gitea.call(session, "vaultmail", "DELETE", f"{VAULT}/issues/{n}/labels/{working}",
                      expect=204)
     await gitea.call(session, "vaultmail", "DELETE", f"{VAULT}/issues/{n}/labels/{working}",
-                     expect=204)  # not on the issue any more: still no error, no event
+                     expect=204)  # not on the issue any more: no error, label_updated all the same
     await gitea.call(session, "vaultmail", "POST", f"{VAULT}/issues/{n}/labels",
                      {"labels": [new]}, expect=200)
     await gitea.call(session, "vaultmail", "DELETE", f"{VAULT}/issues/{n}/labels", expect=204)
@@ -96,6 +100,7 @@ async def test_label_changes_send_one_label_updated_with_the_whole_list(
     assert seen == [
         ("label_updated", "issue_label", ["mail:new", "mail:working"]),
         ("label_updated", "issue_label", ["mail:working"]),
+        ("label_updated", "issue_label", []),
         ("label_updated", "issue_label", []),
         ("label_updated", "issue_label", ["mail:new"]),
         ("label_cleared", "issue_label", []),
@@ -177,7 +182,9 @@ async def test_permission_contents_and_org_hooks(gitea: GiteaSetup,
         {"type": "gitea", "config": {"url": "http://127.0.0.1:9/", "content_type": "json",
                                      "secret": "s"}, "events": ["issues"], "active": True},
         expect=201)
-    assert hook["events"] == ["issues"] and "secret" not in hook["config"]
+    assert hook["events"] == ["issues", "issue_assign", "issue_label", "issue_milestone",
+                              "issue_comment"], "`issues` expands as Webhook.EventsArray shows it"
+    assert "secret" not in hook["config"]
     _, hooks, _ = await gitea.call(session, "admin", "GET", "/orgs/acme/hooks", expect=200)
     assert len(hooks) == 2
     _, orgs, _ = await gitea.call(session, "vaultmail", "GET", "/user/orgs", expect=200)

@@ -91,6 +91,37 @@ async def test_an_issue_opened_by_hand_is_adopted_then_worked_replied_and_closed
     assert not await office.services.store.dead_letters()
 
 
+async def test_an_issue_opened_with_a_label_and_edited_by_hand_is_one_mail(
+        office: Embedded) -> None:
+    """Gitea sends `opened` then `label_updated` for labels given at creation, and one `edited`
+    for the title and another for the body of one PATCH: still one mail, no dead letter."""
+    async with aiohttp.ClientSession() as s:
+        marco = Person(s, office, "marco")
+        labels = await marco.call("GET", f"/repos/{VAULT}/labels", expect=200)
+        new = next(lb["id"] for lb in labels if lb["name"] == "mail:new")
+        issue = await marco.call("POST", f"/repos/{VAULT}/issues",
+                                 {"title": "Stock", "body": "How many left?", "labels": [new]},
+                                 expect=201)
+        n = issue["number"]
+        await office.settle()
+        assert await marco.labels(n) == ["mail:new"]
+        adopted = await marco.issue(n)
+        await marco.call("PATCH", f"/repos/{VAULT}/issues/{n}",
+                         {"title": "Stock count", "body": adopted["body"] + "\n\nBy Friday."},
+                         expect=201)
+        await office.settle()
+        assert await marco.labels(n) == ["mail:new"]
+        assert "By Friday." in (await marco.issue(n))["body"]
+    rows = await office.services.store.fetchall(
+        "SELECT payload FROM queue WHERE event='issues'")
+    actions = [a for r in rows for a in ('"action":"opened"', '"action":"labeled"',
+                                         '"action":"edited"') if a in r["payload"]
+               and f'"number":{n}' in r["payload"]]
+    assert '"action":"labeled"' in actions and actions.count('"action":"edited"') >= 2
+    assert [e.subject for e in await office.ledger_events("mail.sent")] == [f"{VAULT}#{n}"]
+    assert not await office.services.store.dead_letters()
+
+
 async def test_the_mail_tools_over_http(office: Embedded) -> None:
     async with aiohttp.ClientSession() as s:
         status, sent = await tool(s, office, "agent:builder", "mail_send", to="scout",

@@ -1,0 +1,1 @@
+"""Small example agents that `dispatch: {command: [...]}` can run (see docs/using.md, Runs)."""

@@ -1,0 +1,39 @@
+"""What every long-running command shares: its listening socket, bound before anything else
+starts (a port in use fails at once, in one line), and waiting for SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+
+
+class StartupError(RuntimeError):
+    """Start-up cannot go on; the message says why and what to do."""
+
+
+def listen(host: str, port: int, *, backlog: int = 512) -> socket.socket:
+    """A non-blocking socket listening on host:port, or StartupError naming the port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}: stop what uses "
+                           f"that port or choose another (PORT / --port)") from None
+    sock.listen(backlog)
+    sock.setblocking(False)
+    return sock
+
+
+async def wait_for_signal() -> None:
+    """Return on SIGINT or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()

@@ -1,0 +1,160 @@
+"""The console's own reads of the index, for what no tool lists (the Store seam's exceptions,
+like `chats` in `bot.tools.chat_tools`). Every row found here is shown only after the shared
+visibility check (`bot.office.visibility.Viewer`) says the person may see it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bot.office.visibility import Viewer
+from bot.store import Store, ledger, mails
+from bot.store import comments as db
+from bot.store.mails import MailRecord
+
+SCANNED = 400  # mails looked at for one Mail page (newest first)
+THREADS = 30  # threads one Mail page shows
+
+
+def _like(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+async def find_mails(store: Store, *, state: str | None, agent: str | None,
+                     text: str | None, limit: int = SCANNED) -> list[MailRecord]:
+    """Mails newest first: in `state`, to or from `agent` (a principal), with `text` in the
+    subject or body."""
+    sql, params = "SELECT * FROM mails WHERE 1=1", list[Any]()
+    if state:
+        sql += " AND state=?"
+        params.append(state)
+    if agent:
+        sql += " AND (to_principal=? OR from_principal=?)"
+        params += [agent, agent]
+    if text:
+        sql += " AND (subject LIKE ? ESCAPE '\\' OR body LIKE ? ESCAPE '\\')"
+        params += [_like(text), _like(text)]
+    rows = await store.fetchall(sql + " ORDER BY sent DESC, vault DESC, number DESC LIMIT ?",
+                                (*params, limit))
+    return [mails._record(r) for r in rows]
+
+
+@dataclass(frozen=True)
+class Thread:
+    thread_id: str
+    mails: list[MailRecord]  # in the order they were sent: a mail, then the replies to it
+
+    @property
+    def subject(self) -> str:
+        return self.mails[0].subject
+
+    @property
+    def latest(self) -> str:
+        return self.mails[-1].sent
+
+
+async def threads(store: Store, viewer: Viewer, found: list[MailRecord],
+                  limit: int = THREADS) -> list[Thread]:
+    """The threads of `found` (newest activity first), each with every mail of it the viewer
+    may see, in order."""
+    order: list[str] = []
+    for mail in found:
+        if viewer.sees_mail(mail) and mail.thread_id not in order:
+            order.append(mail.thread_id)
+        if len(order) == limit:
+            break
+    out = []
+    for thread_id in order:
+        members = [m for m in await mails.list_mails(store, thread=thread_id)
+                   if viewer.sees_mail(m)]
+        if members:
+            out.append(Thread(thread_id, in_order(members)))
+    return out
+
+
+def in_order(thread: list[MailRecord]) -> list[MailRecord]:
+    """A thread's mails as they were sent, a reply after the mail it answers (`sent` is to
+    the second: a reply copy made at once has the same)."""
+    by_ref = {m.ref: m for m in thread}
+
+    def depth(mail: MailRecord) -> int:
+        seen: set[str] = set()
+        while mail.in_reply_to in by_ref and mail.ref not in seen:
+            seen.add(mail.ref)
+            mail = by_ref[mail.in_reply_to]
+        return len(seen)
+
+    return sorted(thread, key=lambda m: (m.sent, depth(m)))
+
+
+async def agent_mails(store: Store, viewer: Viewer, agent: str) -> list[MailRecord]:
+    rows = await store.fetchall(
+        "SELECT * FROM mails WHERE to_principal=? OR from_principal=?"
+        " ORDER BY sent DESC LIMIT 300", (agent, agent))
+    return [m for m in (mails._record(r) for r in rows) if viewer.sees_mail(m)]
+
+
+async def ledger_page(store: Store, viewer: Viewer, *, event: str | None, actor: str | None,
+                      since: float | None, until: float | None, about: str | None = None,
+                      before: int | None = None, limit: int = 50,
+                      scanned: int = 5000) -> tuple[list[ledger.Entry], int | None]:
+    """Ledger entries newest first, filtered, that the viewer may see; and the seq to page on
+    from (None: nothing older). `about` keeps those an agent acted in or is named in."""
+    sql, params = "SELECT * FROM ledger WHERE 1=1", list[Any]()
+    for clause, value in (("event=?", event), ("actor=?", actor), ("time>=?", since),
+                          ("time<?", until), ("seq<?", before)):
+        if value is not None:
+            sql += f" AND {clause}"
+            params.append(value)
+    if about is not None:
+        sql += " AND (actor=? OR json_extract(data, '$.agent')=?)"
+        params += [about, about]
+    rows = await store.fetchall(sql + " ORDER BY seq DESC LIMIT ?", (*params, scanned))
+    shown: list[ledger.Entry] = []
+    last_seen: int | None = None
+    for row in rows:
+        entry = ledger._entry(row)
+        last_seen = entry.seq
+        if await viewer.sees_entry(entry, store):
+            shown.append(entry)
+            if len(shown) == limit:
+                break
+    more = last_seen if (len(shown) == limit or len(rows) == scanned) else None
+    return shown, more
+
+
+async def ledger_kinds(store: Store) -> list[str]:
+    return sorted(ledger.EVENTS)
+
+
+async def chain_state(store: Store) -> dict[str, Any]:
+    """The hash chain as `vaultmail ledger` checks it: intact or where it breaks, its head."""
+    broken = await ledger.verify_chain(store)
+    head = await store.fetchone("SELECT seq, hash FROM ledger ORDER BY seq DESC LIMIT 1")
+    return {"intact": broken is None, "broken_at": broken,
+            "entries": int(head["seq"]) if head else 0,
+            "head": str(head["hash"]) if head else ledger.GENESIS}
+
+
+async def chats_with(store: Store, viewer: Viewer, sender: str, agent: str,
+                     limit: int = 20) -> list[dict[str, Any]]:
+    """The person's chats with an agent, oldest first, as far as the viewer may see them."""
+    rows = await store.fetchall(
+        "SELECT * FROM chats WHERE sender=? AND agent=? ORDER BY id DESC LIMIT ?",
+        (sender, agent, limit))
+    return [dict(r) for r in reversed(rows) if viewer.sees_chat(str(r["sender"]),
+                                                                  str(r["agent"]))]
+
+
+async def answered_by(store: Store, viewer: Viewer, principal: str,
+                      limit: int = 10) -> list[db.ThreadRow]:
+    """Open questions `principal` answered (or whose answer was theirs, relayed by their
+    agent): where a person changes their answer (`amend`)."""
+    rows = await store.fetchall(
+        "SELECT id FROM threads INDEXED BY threads_open WHERE open=1 AND is_question=1"
+        " AND (json_extract(state, '$.answer.by')=? OR json_extract(state, '$.answer.person')=?)"
+        " ORDER BY updated_at DESC LIMIT ?", (principal, principal, limit))
+    found = [t for r in rows if (t := await db.get_thread(store, str(r["id"]))) is not None]
+    shown = await viewer.visible({t.item for t in found})
+    return [t for t in found if t.item in shown]

@@ -1,0 +1,193 @@
+"""Signing in and out of the console.
+
+With the forge account: GitHub's OAuth web flow (`bot.console.oauth`), the `state` kept in an
+HTTP-only cookie until the forge sends the browser back. With an API token, on the embedded
+default only (`Settings.token_sign_in`). Either way the person is found in the office config by
+their forge login or token, and gets a session cookie (HTTP-only, SameSite=Lax, Secure over
+https). The sign-in form has its own CSRF token (cookie and field must match), so no page
+elsewhere can sign a browser in as someone else.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import secrets
+from urllib.parse import quote, unquote
+
+from aiohttp import web
+
+from bot.app.services import SERVICES_KEY, Services
+from bot.console import oauth, sessions
+from bot.console.frame import error_page
+from bot.console.render import page
+from bot.console.visitor import (
+    CONSOLE,
+    COOKIE,
+    PRE_COOKIE,
+    NotSignedIn,
+    check_csrf,
+    local_next,
+    person_of,
+    pre_session_token,
+    set_cookie,
+    visitor,
+)
+from bot.errors import Denied, VaultmailError
+from bot.store import api_tokens
+from bot.tools.http import make_call
+
+log = logging.getLogger("vaultmail.console")
+STATE_COOKIE = "vaultmail_oauth"
+STATE_AGE = 600  # seconds to come back from the forge (its codes last 10 minutes too)
+CALLBACK = f"{CONSOLE}/oauth/callback"
+
+
+def public_base(request: web.Request) -> str:
+    settings = request.app[SERVICES_KEY].settings
+    return settings.public_url or f"{request.scheme}://{request.host}"
+
+
+def callback_url(request: web.Request) -> str:
+    return public_base(request) + CALLBACK
+
+
+def _sign_in_page(request: web.Request, *, message: str | None = None, error: bool = False,
+                  status: int = 200) -> web.Response:
+    services = request.app[SERVICES_KEY]
+    token = pre_session_token(request)
+    nxt = local_next(request.query.get("next"))
+    login = request.query.get("login", "")
+    forge_link = f"{CONSOLE}/sign-in/forge?next={quote(nxt, safe='')}" + (
+        f"&login={quote(login, safe='')}" if login else "")
+    response = page("sign_in.html", {
+        "v": None, "current": "sign-in", "csrf": token, "next": nxt, "login": login,
+        "forge": oauth.enabled(services.settings), "forge_link": forge_link,
+        "forge_web": services.settings.web_url, "tokens": services.settings.token_sign_in,
+        "message": message, "error": error}, status=status)
+    set_cookie(response, request, PRE_COOKIE, token, STATE_AGE)
+    return response
+
+
+async def sign_in_page(request: web.Request) -> web.StreamResponse:
+    try:
+        await visitor(request)
+    except (NotSignedIn, VaultmailError):  # not signed in (or no longer): the page
+        message = "You are signed out." if request.query.get("out") else None
+        return _sign_in_page(request, message=message)
+    raise web.HTTPSeeOther(local_next(request.query.get("next")))  # signed in already
+
+
+async def _start_session(request: web.Request, services: Services, principal: str,
+                         org: str | None, login: str, via: str, nxt: str) -> web.HTTPSeeOther:
+    call = await make_call(services, principal, None, org)
+    person_of(call)  # the console is for the office's people
+    value, _ = await sessions.create(services.store, principal, org, login, via)
+    response = web.HTTPSeeOther(local_next(nxt))
+    set_cookie(response, request, COOKIE, value, int(sessions.LIFETIME))
+    response.del_cookie(PRE_COOKIE, path=CONSOLE)
+    response.del_cookie(STATE_COOKIE, path=CONSOLE)
+    return response
+
+
+async def token_sign_in(request: web.Request) -> web.StreamResponse:
+    services = request.app[SERVICES_KEY]
+    form = {k: str(v) for k, v in (await request.post()).items() if isinstance(v, str)}
+    if not services.settings.token_sign_in:
+        return _sign_in_page(request, message="Sign-in with an API token is for the embedded "
+                             "default only: sign in with your forge account", error=True,
+                             status=403)
+    expected = request.cookies.get(PRE_COOKIE, "")
+    if not expected or not hmac.compare_digest(form.get("csrf", "").encode(), expected.encode()):
+        return _sign_in_page(request, message="This sign-in form is stale (its CSRF token does "
+                             "not match): send it again", error=True, status=403)
+    owner = await api_tokens.owner_of(services.store, form.get("token", "").strip())
+    if owner is None:
+        return _sign_in_page(request, message="That API token is unknown or revoked: copy one "
+                             "from tokens.json (api_tokens) or make one with `vaultmail token "
+                             "create PRINCIPAL`", error=True, status=401)
+    try:
+        response = await _start_session(request, services, owner.principal, owner.org,
+                                        owner.principal, "token", form.get("next", ""))
+    except VaultmailError as exc:
+        return _sign_in_page(request, message=exc.message, error=True, status=exc.status)
+    raise response
+
+
+async def forge_start(request: web.Request) -> web.StreamResponse:
+    """Off to the forge's authorize page, with a fresh `state` to check on the way back."""
+    settings = request.app[SERVICES_KEY].settings
+    if not oauth.enabled(settings):
+        return _sign_in_page(request, message="Sign-in with the forge is not set up: the "
+                             "operator sets GITHUB_CLIENT_ID and GITHUB_CLIENT_SECRET (the App's "
+                             "OAuth client)", error=True, status=503)
+    state, verifier = secrets.token_urlsafe(24), secrets.token_urlsafe(48)
+    nxt = local_next(request.query.get("next"))
+    login = request.query.get("login") or None
+    response = web.HTTPSeeOther(oauth.authorize_url(settings, callback_url(request), state,
+                                                    verifier, login))
+    set_cookie(response, request, STATE_COOKIE, f"{state}:{verifier}:{quote(nxt, safe='')}",
+               STATE_AGE)
+    raise response
+
+
+async def _person_for_login(services: Services, login: str) -> tuple[str, str]:
+    """The office principal of a forge login, and its org: the office that lists it."""
+    found = []
+    for org in sorted(services.installations):
+        office = await services.offices.get(services.forge_for_org(org), org)
+        who = office.by_login(login) if office else None
+        if who is not None:
+            found.append((who.principal, org))
+    if not found:
+        raise Denied(f"the forge account {login} is not one of the office's people: an admin "
+                     "adds it to humans in vaultmail.yml (with its login)", code="not_a_person")
+    return found[0]
+
+
+async def forge_callback(request: web.Request) -> web.StreamResponse:
+    services = request.app[SERVICES_KEY]
+    q = request.query
+    kept = request.cookies.get(STATE_COOKIE, "")
+    state, _, rest = kept.partition(":")
+    verifier, _, nxt = rest.partition(":")
+    if q.get("error"):  # the person said no, or the forge refused
+        return _sign_in_page(request, message=f"The forge did not sign you in: "
+                             f"{q.get('error_description') or q['error']}", error=True,
+                             status=401)
+    if not state or not hmac.compare_digest(q.get("state", "").encode(), state.encode()):
+        return _sign_in_page(request, message="This sign-in did not start here, or took longer "
+                             "than 10 minutes: sign in again", error=True, status=403)
+    code = q.get("code", "")
+    if not code:
+        return _sign_in_page(request, message="The forge sent no code back: sign in again",
+                             error=True, status=400)
+    try:
+        login = await oauth.sign_in(services.settings, code, callback_url(request), verifier)
+        principal, org = await _person_for_login(services, login)
+        response = await _start_session(request, services, principal, org, login, "forge",
+                                        unquote(nxt))
+    except oauth.SignInFailed as exc:
+        log.info("console sign-in failed", extra={"reason": str(exc)})
+        return _sign_in_page(request, message=str(exc), error=True, status=401)
+    except VaultmailError as exc:
+        return _sign_in_page(request, message=exc.message, error=True, status=exc.status)
+    raise response
+
+
+async def sign_out(request: web.Request) -> web.StreamResponse:
+    services = request.app[SERVICES_KEY]
+    try:
+        v = await visitor(request)
+    except (NotSignedIn, VaultmailError):  # nobody signed in: nothing to end
+        raise web.HTTPSeeOther(f"{CONSOLE}/sign-in?out=1") from None
+    form = {k: str(val) for k, val in (await request.post()).items() if isinstance(val, str)}
+    try:
+        check_csrf(request, v, form)
+    except Denied as exc:
+        return error_page(request, exc, v)
+    if v.session is not None:
+        await sessions.end(services.store, v.session)
+    response = web.HTTPSeeOther(f"{CONSOLE}/sign-in?out=1")
+    response.del_cookie(COOKIE, path=CONSOLE)
+    raise response

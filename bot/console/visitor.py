@@ -1,0 +1,124 @@
+"""Who is looking at a console page: a signed-in session, or an API token (`Bearer`).
+
+Each request becomes a tool `Call` of that principal (`bot.tools.http.make_call`), so every page
+reads and writes through the tools and the shared visibility check, exactly as the tools do.
+The console is for the office's people: an agent's token or account is turned away with why.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from aiohttp import web
+
+from bot.app.services import SERVICES_KEY, Services
+from bot.console import sessions
+from bot.errors import Denied, Unauthenticated
+from bot.office.config import Human
+from bot.tools.http import authenticate, bearer_key, make_call
+from bot.tools.registry import Call
+
+COOKIE = "vaultmail_session"
+PRE_COOKIE = "vaultmail_signin"  # before a session: the sign-in form's CSRF and OAuth state
+CONSOLE = "/console"
+
+
+class NotSignedIn(Exception):
+    """No session and no token: the browser is sent to sign in."""
+
+
+@dataclass
+class Visitor:
+    call: Call
+    human: Human
+    session: sessions.Session | None  # None: an API token in `Authorization: Bearer`
+
+    @property
+    def principal(self) -> str:
+        return self.call.principal
+
+    @property
+    def services(self) -> Services:
+        return self.call.services
+
+    @property
+    def csrf(self) -> str:
+        return self.session.csrf if self.session else ""
+
+
+def person_of(call: Call) -> Human:
+    """The office's person a call is made by; agents and others are turned away."""
+    kind, _, ident = call.principal.partition(":")
+    human = call.office.human(ident) if kind == "human" else None
+    if human is None:
+        raise Denied(f"the console is for the office's people, and {call.principal} is not one "
+                     "of them; an agent uses the tools (MCP or /api/v1/tools)", code="not_a_person")
+    return human
+
+
+async def visitor(request: web.Request) -> Visitor:
+    """The visitor of `request`, or NotSignedIn."""
+    services = request.app[SERVICES_KEY]
+    header = request.headers.get("Authorization")
+    if header:
+        owner = await authenticate(services, header)
+        call = await make_call(services, owner.principal, bearer_key(header), owner.org)
+        return Visitor(call, person_of(call), None)
+    value = request.cookies.get(COOKIE)
+    session = await sessions.get(services.store, value) if value else None
+    if session is None:
+        raise NotSignedIn()
+    try:
+        call = await make_call(services, session.principal, None, session.org)
+    except Denied:  # taken out of the office since: the session ends with it
+        await sessions.end(services.store, session)
+        raise
+    return Visitor(call, person_of(call), session)
+
+
+def check_csrf(request: web.Request, visitor: Visitor, form: dict[str, str]) -> None:
+    """Every form a session posts carries its CSRF token (a field, or `X-CSRF-Token` from the
+    page's script); an API token is not sent by the browser by itself, so it needs none."""
+    if visitor.session is None:
+        return
+    given = form.get("csrf") or request.headers.get("X-CSRF-Token") or ""
+    if not hmac.compare_digest(given.encode(), visitor.session.csrf.encode()):
+        raise Denied("this form is stale or came from another site (its CSRF token does not "
+                     "match your session): reload the page and send it again", code="csrf")
+
+
+def pre_session_token(request: web.Request) -> str:
+    """The sign-in page's own token (a cookie and a field must match: no login CSRF)."""
+    return request.cookies.get(PRE_COOKIE) or secrets.token_urlsafe(24)
+
+
+def secure(request: web.Request) -> bool:
+    settings = request.app[SERVICES_KEY].settings
+    return settings.public_url.startswith("https://") or request.secure
+
+
+def set_cookie(response: web.StreamResponse, request: web.Request, name: str, value: str,
+               max_age: int) -> None:
+    response.set_cookie(name, value, max_age=max_age, path=CONSOLE, httponly=True,
+                        samesite="Lax", secure=secure(request))
+
+
+def sign_in_redirect(request: web.Request) -> web.HTTPSeeOther:
+    return web.HTTPSeeOther(f"{CONSOLE}/sign-in?next={quote(request.path_qs, safe='')}")
+
+
+def local_next(target: str | None) -> str:
+    """Where to go after signing in: a console path only (never another site)."""
+    if target and target.startswith(CONSOLE + "/") and not target.startswith("//") \
+            and "\\" not in target and "\n" not in target and "\r" not in target:
+        return target
+    return f"{CONSOLE}/inbox"
+
+
+def not_signed_in_json() -> web.Response:
+    error = Unauthenticated("sign in at /console/sign-in, or send Authorization: Bearer <api "
+                            "token>")
+    return web.json_response(error.as_json(), status=error.status)

@@ -1,0 +1,63 @@
+"""Prometheus metrics (`GET /metrics`): what an operator watches.
+
+The counters and histograms live in one registry for the process (one app a process in
+production); gauges about the queue are read from the store when scraped, so they are never
+stale. Parts of the app record into these directly; nothing here does I/O but `render`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+if TYPE_CHECKING:
+    from bot.store import Store
+
+REGISTRY = CollectorRegistry()
+
+DELIVERIES = Counter(
+    "vaultmail_deliveries_total",
+    "Webhook deliveries by event and outcome (received, handled, ignored, retried, dead, "
+    "redelivered: a delivery id already recorded)",
+    ["event", "outcome"], registry=REGISTRY)
+HANDLER_SECONDS = Histogram(
+    "vaultmail_handler_seconds", "Time to handle one delivery, by event", ["event"],
+    registry=REGISTRY, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+QUEUE_PENDING = Gauge("vaultmail_queue_pending", "Deliveries waiting to be handled",
+                      registry=REGISTRY)
+QUEUE_DEAD = Gauge("vaultmail_queue_dead_letters", "Deliveries that kept failing",
+                   registry=REGISTRY)
+QUEUE_AGE = Gauge("vaultmail_queue_oldest_due_seconds",
+                  "How long the oldest due delivery has waited", registry=REGISTRY)
+FORGE_REQUESTS = Counter(
+    "vaultmail_forge_requests_total", "Requests to the forge by method, route and status",
+    ["method", "route", "status"], registry=REGISTRY)
+RATE_REMAINING = Gauge(
+    "vaultmail_forge_rate_limit_remaining", "The forge's primary rate limit left, per "
+    "installation (x-ratelimit-remaining)", ["installation"], registry=REGISTRY)
+PACING_SECONDS = Counter(
+    "vaultmail_pacing_wait_seconds_total", "Seconds writes waited for the creation budget",
+    registry=REGISTRY)
+LONG_POLLS = Gauge("vaultmail_long_polls_held", "list_inbox / chat waits being held now",
+                   registry=REGISTRY)
+TOOL_CALLS = Counter(
+    "vaultmail_tool_calls_total", "Tool calls by tool and outcome (ok or the error code)",
+    ["tool", "outcome"], registry=REGISTRY)
+
+
+async def render(store: Store | None) -> tuple[bytes, str]:
+    """The exposition text, the queue gauges read now; returns (body, content type)."""
+    if store is not None:  # None while start-up waits for the forge
+        stats = await store.queue_stats()
+        QUEUE_PENDING.set(stats["pending"])
+        QUEUE_DEAD.set(stats["dead"])
+        QUEUE_AGE.set(stats["oldest_due_age"])
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

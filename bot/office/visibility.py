@@ -1,0 +1,220 @@
+"""What a principal may see (seed comments-and-inbox: "commenting never shares anything"; issue 9:
+"reading never shares"). Every read path asks here: the tools over HTTP, MCP and the shell, the
+`inbox` prompt, the `inbox` field of agent results and `list_changes`.
+
+* **An item** (or any issue, or a repository) is visible when the principal's forge account can
+  see its repository, asked the way the forge itself decides: the collaborator permission of the
+  principal's forge login (which counts direct collaborators, teams, org base permission, and
+  read for a public repository). The app's own token sees everything it is installed on, so it
+  is never the judge. Answers are cached for `ttl` seconds (45 by default) per repository and
+  login: a change of access on the forge takes effect within that.
+* **A mail** is visible to its sender, its recipient, the recipient agent's person and editors.
+* **A chat** to its sender and the agent asked.
+* **A ledger entry** as what it is about: a mail or a chat as above, an item or repository as
+  the repository; a refused attempt (`run.denied`) also to whoever was refused; an entry about
+  mail to an agent (a refused send) to the sender, that agent, its person and editors.
+* `office` sees everything; a principal outside the office config sees nothing.
+
+What cannot be seen is refused as the forge refuses it: "not found", worded exactly as for
+something that does not exist, so a refusal never tells that it exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from bot.office.config import Office
+
+if TYPE_CHECKING:
+    from bot.forge.base import Forge
+    from bot.store import Store
+    from bot.store.ledger import Entry
+    from bot.store.mails import MailRecord
+
+TTL = 45.0
+_REF = re.compile(r"^(?P<repo>[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)#(?P<n>[1-9][0-9]*)$")
+_REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+_CHAT = re.compile(r"^chat:(?P<n>[0-9]+)$")
+_TO_AGENT = re.compile(r"^(?:mail|chat) to (?P<agent>agent:[a-z0-9-]+)$")
+_CACHED = 50_000
+
+
+@dataclass
+class Visibility:
+    """The forge's answers about who holds what role on a repository, shared by every call and
+    kept `ttl` seconds. Concurrent questions about one pair share one forge request."""
+
+    ttl: float = TTL
+    clock: Callable[[], float] = time.monotonic
+    _roles: dict[tuple[str, str], tuple[float, str]] = field(default_factory=dict)
+    _asking: dict[tuple[str, str], asyncio.Future[str]] = field(default_factory=dict)
+
+    async def role(self, forge: Forge, repo: str, login: str) -> str:
+        """admin|maintain|write|triage|read|none, as the forge says (cached)."""
+        key = (repo.lower(), login.lower())
+        hit = self._roles.get(key)
+        if hit is not None and self.clock() - hit[0] < self.ttl:
+            return hit[1]
+        asking = self._asking.get(key)
+        if asking is None:  # one request, in a task of its own: a caller that leaves (a long
+            # poll whose client went away) never cancels the answer the others wait for
+            asking = asyncio.ensure_future(self._ask(forge, key, login))
+            self._asking[key] = asking
+            asking.add_done_callback(lambda done: self._done(key, done))
+        return await asyncio.shield(asking)
+
+    async def _ask(self, forge: Forge, key: tuple[str, str], login: str) -> str:
+        role = await forge.permission(key[0], login)
+        if len(self._roles) >= _CACHED:
+            self._roles.clear()
+        self._roles[key] = (self.clock(), role)
+        return role
+
+    def _done(self, key: tuple[str, str], done: asyncio.Future[str]) -> None:
+        if self._asking.get(key) is done:
+            del self._asking[key]
+        if not done.cancelled():
+            done.exception()  # retrieved: whoever awaited it has it already
+
+    def forget(self, repo: str | None = None, login: str | None = None) -> None:
+        """Drop cached answers (all, or those about a repository and/or a login)."""
+        for key in [k for k in self._roles
+                    if (repo is None or k[0] == repo.lower())
+                    and (login is None or k[1] == login.lower())]:
+            del self._roles[key]
+
+
+def login_of(office: Office, principal: str) -> str | None:
+    """The forge login a principal acts as: from the office config, or `forge:<login>`."""
+    kind, _, ident = principal.partition(":")
+    if kind == "human":
+        human = office.human(ident)
+        return human.login if human else None
+    if kind == "agent":
+        agent = office.agent(ident)
+        return agent.login if agent else None
+    if kind == "forge" and ident:
+        return ident
+    return None
+
+
+def split_ref(ref: str) -> tuple[str, int] | None:
+    m = _REF.match(ref.strip())
+    return (m["repo"].lower(), int(m["n"])) if m else None
+
+
+def is_editor(office: Office, principal: str) -> bool:
+    human = office.human(principal[6:]) if principal.startswith("human:") else None
+    return bool(human and "editor" in human.permissions)
+
+
+def person_of_agent(office: Office, agent: str) -> str | None:
+    found = office.agent(agent.removeprefix("agent:"))
+    return f"human:{found.person.lower()}" if found and found.person else None
+
+
+def mail_parties(office: Office, sender: str, recipient: str, principal: str) -> bool:
+    """Whether `principal` may read a mail (or what is about one) from `sender` to `recipient`:
+    its sender, its recipient, the recipient agent's person, or an editor."""
+    return (principal in ("office", sender, recipient)
+            or principal == person_of_agent(office, recipient)
+            or is_editor(office, principal))
+
+
+@dataclass
+class Viewer:
+    """One principal looking, with the office and forge of the call it makes."""
+
+    visibility: Visibility
+    forge: Forge
+    office: Office
+    principal: str
+
+    @property
+    def is_office(self) -> bool:
+        return self.principal == "office"
+
+    async def role(self, repo: str) -> str:
+        if self.is_office:
+            return "admin"
+        login = login_of(self.office, self.principal)
+        if login is None:
+            return "none"
+        return await self.visibility.role(self.forge, repo, login)
+
+    async def sees_repo(self, repo: str) -> bool:
+        return await self.role(repo) != "none"
+
+    async def sees_ref(self, ref: str) -> bool:
+        """An item or issue `owner/repo#N` (or a repository `owner/repo`)."""
+        where = split_ref(ref)
+        if where is not None:
+            return await self.sees_repo(where[0])
+        if _REPO.match(ref.strip()):
+            return await self.sees_repo(ref.strip())
+        return self.is_office
+
+    async def visible(self, refs: Iterable[str]) -> set[str]:
+        """Those of `refs` (items or issues) this principal may see; each repository asked once."""
+        refs = set(refs)
+        repos: dict[str, bool] = {}
+        out = set()
+        for ref in refs:
+            where = split_ref(ref)
+            if where is None:
+                if self.is_office:
+                    out.add(ref)
+                continue
+            if where[0] not in repos:
+                repos[where[0]] = await self.sees_repo(where[0])
+            if repos[where[0]]:
+                out.add(ref)
+        return out
+
+    def sees_mail(self, mail: MailRecord) -> bool:
+        return mail_parties(self.office, mail.from_principal, mail.to_principal, self.principal)
+
+    def sees_chat(self, sender: str, agent: str) -> bool:
+        return self.principal in ("office", sender, agent)
+
+    async def sees_entry(self, entry: Entry, store: Store) -> bool:
+        """A ledger entry, as what it is about (see the module's docstring)."""
+        if self.is_office:
+            return True
+        if entry.event == "run.denied" and entry.actor == self.principal:
+            return True  # the refusal was told to them: the entry says no more
+        subject = entry.subject.strip()
+        where = split_ref(subject)
+        if where is not None:
+            from bot.store import mails
+
+            mail_id = entry.data.get("mail")
+            mail = (await mails.get_mail(store, mail_id) if isinstance(mail_id, str) else None
+                    ) or await mails.mail_at(store, *where)
+            if mail is not None:
+                return self.sees_mail(mail)
+            if entry.event.startswith("mail.") or isinstance(mail_id, str):
+                # a mail the index no longer holds: whoever acted, and editors
+                return entry.actor == self.principal or is_editor(self.office, self.principal)
+            return await self.sees_repo(where[0])
+        chat = _CHAT.match(subject)
+        if chat is not None:
+            row = await store.fetchone("SELECT agent, sender FROM chats WHERE id=?",
+                                       (int(chat["n"]),))
+            return row is not None and self.sees_chat(str(row["sender"]), str(row["agent"]))
+        to_agent = _TO_AGENT.match(subject)
+        if to_agent is not None:
+            return mail_parties(self.office, entry.actor, to_agent["agent"], self.principal)
+        if _REPO.match(subject):
+            return await self.sees_repo(subject)
+        return entry.actor == self.principal
+
+
+def viewer_for(call: Any) -> Viewer:
+    """The viewer of a tool call (`bot.tools.registry.Call`)."""
+    return Viewer(call.services.visibility, call.forge, call.office, call.principal)

@@ -1,0 +1,148 @@
+"""Exactly once, for anything a caller names with a key: the one mechanism behind every tool's
+`idempotencyKey` and behind the worker's dedupe of forge changes (a comment, an issue event)
+that reach the app more than once under different delivery ids.
+
+`Store.once(scope, key, fingerprint, work)`:
+
+* claims (scope, key) in the `idempotency` table *before* `work` runs, so before any forge
+  write it makes;
+* a second call with the key while the first still runs (a client that timed out and retried)
+  waits for the first and gets its result; nothing runs twice;
+* a later call gets the stored result, and nothing runs;
+* the same key with other arguments (another `fingerprint`) is refused with 409
+  `idempotency_key_reused`;
+* a refusal (a `VaultmailError`) before any forge write releases the claim, so the key can be
+  used again once the caller has fixed what was wrong; a refusal after a write (see
+  `bot.forge.writes`) keeps it, like any other failure;
+* any other failure, or a process that stopped midway, leaves the claim without a result: the
+  next call with the key runs `work` again with `resumed()` true, and `work` looks on the forge
+  for what the first attempt may have written (markers, mail ids) before writing it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hashlib
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from bot.errors import Conflict, VaultmailError
+from bot.forge.writes import counting as counting_writes
+
+if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
+
+    import aiosqlite
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS idempotency (
+    scope TEXT NOT NULL,          -- whose keys: "tool:<name>:<principal>", "forge:<event>"
+    key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,    -- what the key was first used for
+    result TEXT,                  -- JSON, once the work is done
+    attempts INTEGER NOT NULL DEFAULT 1,
+    claimed_at REAL NOT NULL,
+    done_at REAL,
+    PRIMARY KEY (scope, key)
+);
+"""
+
+Result = dict[str, Any]
+_resumed: contextvars.ContextVar[bool] = contextvars.ContextVar("idempotency_resumed",
+                                                                default=False)
+
+
+def resumed() -> bool:
+    """True inside `work` that runs again for a key an earlier attempt claimed and did not
+    finish: what it writes may be on the forge already, so look before writing."""
+    return _resumed.get()
+
+
+def fingerprint(value: Any) -> str:
+    """A short stable digest of JSON-able arguments."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class KeyReused(Conflict):
+    code = "idempotency_key_reused"
+
+
+class IdempotencyMixin:
+    """The idempotency half of Store (see bot.store.db)."""
+
+    _running: dict[tuple[str, str], tuple[asyncio.Future[Result], str]]
+
+    if TYPE_CHECKING:
+        def transaction(self) -> AbstractAsyncContextManager[aiosqlite.Connection]: ...
+
+    async def once(self, scope: str, key: str, fingerprint: str,
+                   work: Callable[[], Awaitable[Result]]) -> Result:
+        """Run `work` once for (scope, key); see the module docstring."""
+        slot = (scope, key)
+        running = self._running.get(slot)
+        if running is not None:  # the first call is still at work: wait for its result
+            future, first = running
+            if first != fingerprint:
+                raise _reused(key)
+            return _copy(await asyncio.shield(future))
+        task = asyncio.ensure_future(self._claim_and_run(slot, fingerprint, work))
+        self._running[slot] = (task, fingerprint)
+        task.add_done_callback(lambda t: self._finished(slot, t))
+        return _copy(await asyncio.shield(task))  # a caller that leaves never cuts the work
+
+    def _finished(self, slot: tuple[str, str], task: asyncio.Future[Result]) -> None:
+        if self._running.get(slot, (None, ""))[0] is task:
+            del self._running[slot]
+        if not task.cancelled():
+            task.exception()  # retrieved: a waiter that left must not leave it unreported
+
+    async def _claim_and_run(self, slot: tuple[str, str], fingerprint: str,
+                             work: Callable[[], Awaitable[Result]]) -> Result:
+        scope, key = slot
+        async with self.transaction() as db:
+            async with db.execute("SELECT fingerprint, result FROM idempotency"
+                                  " WHERE scope=? AND key=?", slot) as cur:
+                row = await cur.fetchone()
+            if row is None:
+                await db.execute("INSERT INTO idempotency(scope, key, fingerprint, claimed_at)"
+                                 " VALUES (?,?,?,?)", (scope, key, fingerprint, time.time()))
+            elif row[0] != fingerprint:
+                raise _reused(key)
+            elif row[1] is not None:
+                done: Result = json.loads(row[1])
+                return done
+            else:  # claimed before and never finished: this call takes it over
+                await db.execute("UPDATE idempotency SET attempts=attempts+1, claimed_at=?"
+                                 " WHERE scope=? AND key=?", (time.time(), scope, key))
+        token = _resumed.set(row is not None)
+        try:
+            with counting_writes() as made:
+                result = await work()
+        except VaultmailError:
+            if made[0] == 0:  # refused before any forge write: the key is free again
+                async with self.transaction() as db:
+                    await db.execute("DELETE FROM idempotency WHERE scope=? AND key=?"
+                                     " AND result IS NULL", slot)
+            raise
+        finally:
+            _resumed.reset(token)
+        text = json.dumps(result)
+        async with self.transaction() as db:
+            await db.execute("UPDATE idempotency SET result=?, done_at=? WHERE scope=? AND key=?",
+                             (text, time.time(), scope, key))
+        return result
+
+
+def _copy(result: Result) -> Result:
+    copied: Result = json.loads(json.dumps(result))
+    return copied
+
+
+def _reused(key: str) -> KeyReused:
+    return KeyReused(f"idempotencyKey {key!r} was already used for a call with other "
+                     "arguments; use a new key for a new call, the same key only to retry "
+                     "the same call")

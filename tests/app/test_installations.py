@@ -1,0 +1,143 @@
+"""Any number of installations: two organisations on one forge, each with its own office, one
+installed after the app started and one uninstalled while it runs. Every tool call acts through
+the installation of the caller's office; an office whose org has not installed the App hears a
+503 naming the org."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import yaml
+
+from bot.app.embedded import Embedded
+from bot.office.config import load_office
+from bot.office.seed import seed_office
+from bot.office.source import CONFIG_PATH, CONFIG_REPO
+from bot.store import api_tokens
+
+GLOBEX = """
+org: globex
+vault_pattern: "{slug}-vault"
+humans:
+  - {email: amy@globex.test, login: amy, permissions: [mail.send, editor]}
+agents:
+  - slug: scout
+    login: globex-scout
+    person: amy@globex.test
+    run: {triggers: [], dispatch: none}
+    capabilities: {mail.send: ["*"]}
+"""
+
+
+async def _tool(session: aiohttp.ClientSession, embedded: Embedded, token: str, name: str,
+                **args: Any) -> tuple[int, Any]:
+    async with session.post(f"{embedded.app_url}/api/v1/tools/{name}", json=args,
+                            headers={"Authorization": f"Bearer {token}"}) as resp:
+        return resp.status, await resp.json()
+
+
+def _app_id(embedded: Embedded) -> int:
+    (app_id,) = embedded.forge.state.apps
+    return int(app_id)
+
+
+async def _add_globex(embedded: Embedded, tmp: Any) -> None:
+    path = tmp / "globex.yml"
+    path.write_text(GLOBEX)
+    office = load_office(path)
+    seed_office(embedded.forge, office)
+    embedded.forge.put_file(f"globex/{CONFIG_REPO}", CONFIG_PATH,
+                            yaml.safe_dump(yaml.safe_load(GLOBEX)))
+
+
+async def test_two_orgs_installed_at_different_times_each_office_through_its_own_installation(
+        embedded: Embedded, session: aiohttp.ClientSession, tmp_path: Any) -> None:
+    await _add_globex(embedded, tmp_path)
+    store = embedded.services.store
+    amy = await api_tokens.create_token(store, "human:amy@globex.test", "globex")
+    marco = embedded.api_tokens["human:marco@acme.com"]
+
+    status, body = await _tool(session, embedded, amy, "mail_send", to="scout",
+                               subject="Q3", body="Numbers please")
+    assert status == 503, body
+    assert body["error"]["code"] == "not_installed" and "globex" in body["error"]["message"]
+
+    globex_inst = embedded.forge.install_app(_app_id(embedded), "globex")  # after start-up
+    await embedded.settle()
+    assert embedded.services.installation_of("globex") == globex_inst
+
+    status, sent = await _tool(session, embedded, amy, "mail_send", to="scout",
+                               subject="Q3", body="Numbers please")
+    assert status == 200, sent
+    status, acme_sent = await _tool(session, embedded, marco, "mail_send", to="scout",
+                                    subject="EU prices", body="Check them")
+    assert status == 200, acme_sent
+    await embedded.settle()
+    globex_issues = [i.title for i in embedded.forge.state.repo_by_full_name(
+        "globex/scout-vault").issues.values()]
+    acme_issues = [i.title for i in embedded.forge.state.repo_by_full_name(
+        "acme/scout-vault").issues.values()]
+    assert any("Q3" in t for t in globex_issues) and not any("Q3" in t for t in acme_issues)
+    assert any("EU prices" in t for t in acme_issues)
+    globex_creator = {i.user for i in embedded.forge.state.repo_by_full_name(
+        "globex/scout-vault").issues.values()}
+    assert globex_creator == {"vaultmail[bot]"}, "written through globex's installation"
+
+
+async def test_an_org_uninstalled_mid_run_answers_503_naming_it_and_the_other_goes_on(
+        embedded: Embedded, session: aiohttp.ClientSession, tmp_path: Any) -> None:
+    await _add_globex(embedded, tmp_path)
+    embedded.forge.install_app(_app_id(embedded), "globex")
+    await embedded.settle()
+    amy = await api_tokens.create_token(embedded.services.store, "human:amy@globex.test")
+    marco = embedded.api_tokens["human:marco@acme.com"]
+
+    acme_inst = embedded.services.installation_of("acme")
+    assert acme_inst is not None
+    embedded.forge.uninstall_app(acme_inst)
+    await embedded.settle()
+    status, body = await _tool(session, embedded, marco, "mail_list")
+    assert status == 503 and body["error"]["code"] == "not_installed", body
+    assert "acme" in body["error"]["message"]
+    status, body = await _tool(session, embedded, amy, "mail_list")
+    assert status == 200, "a token naming no org finds the one office that has its principal"
+    status, body = await _tool(session, embedded, amy, "mail_send", to="scout",
+                               subject="Still here", body="globex goes on")
+    assert status == 200, body
+
+
+async def test_a_principal_in_no_installed_office_is_told_how_to_name_one(
+        embedded: Embedded, session: aiohttp.ClientSession, tmp_path: Any) -> None:
+    await _add_globex(embedded, tmp_path)
+    embedded.forge.install_app(_app_id(embedded), "globex")
+    await embedded.settle()
+    stray = await api_tokens.create_token(embedded.services.store, "agent:nobody")
+    status, body = await _tool(session, embedded, stray, "mail_list")
+    assert status == 403 and body["error"]["code"] == "no_office", body
+    assert "--org" in body["error"]["message"]
+
+
+async def test_reindex_of_one_office_keeps_the_other_offices_mails(
+        embedded: Embedded, session: aiohttp.ClientSession, tmp_path: Any) -> None:
+    from bot.mail.reindex import reindex
+
+    await _add_globex(embedded, tmp_path)
+    embedded.forge.install_app(_app_id(embedded), "globex")
+    await embedded.settle()
+    amy = await api_tokens.create_token(embedded.services.store, "human:amy@globex.test")
+    marco = embedded.api_tokens["human:marco@acme.com"]
+    for token, subject in ((amy, "Globex mail"), (marco, "Acme mail")):
+        status, body = await _tool(session, embedded, token, "mail_send", to="scout",
+                                   subject=subject, body="hello")
+        assert status == 200, body
+    await embedded.settle()
+    services = embedded.services
+    forge = services.forge_for_org("globex")
+    office = await services.offices.get(forge, "globex")
+    assert office is not None
+    await reindex(services.store, forge, office, services.keyring,
+                  app_login=services.bot_login)
+    rows = await services.store.fetchall("SELECT vault, subject FROM mails ORDER BY vault")
+    assert {(r["vault"].lower(), r["subject"]) for r in rows} >= {
+        ("acme/scout-vault", "Acme mail"), ("globex/scout-vault", "Globex mail")}

@@ -1,0 +1,134 @@
+"""An operator's first contact: configuration from the environment or `.env` under Probot's
+names, one clear line for a wrong value, and JSON logs that say which delivery they are about."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from bot.app.embedded import Embedded
+from bot.app.logs import setup_logging
+from bot.app.settings import Settings, SettingsError
+from tests.support import Actor
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _pem() -> str:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption()).decode()
+
+
+def test_probot_names_are_accepted_beside_github_ones() -> None:
+    pem = _pem()
+    s = Settings.from_env({"APP_ID": "42", "PRIVATE_KEY": pem.replace("\n", "\\n"),
+                           "WEBHOOK_SECRET": "s3cret", "LOG_LEVEL": "trace"})
+    assert (s.app_id, s.webhook_secret, s.log_level) == ("42", "s3cret", "debug")
+    assert s.private_key_pem.strip() == pem.strip(), "a one-line PRIVATE_KEY is a PEM again"
+    assert s.api_url == "https://api.github.com"
+
+
+def test_github_enterprise_server_works_by_setting_its_host(tmp_path: Path) -> None:
+    key = tmp_path / "app.pem"
+    key.write_text(_pem())
+    s = Settings.from_env({"GITHUB_APP_ID": "7", "PRIVATE_KEY_PATH": str(key),
+                           "GITHUB_WEBHOOK_SECRET": "x", "GHE_HOST": "ghe.acme.test"})
+    assert s.api_url == "https://ghe.acme.test/api/v3"
+
+
+def test_settings_are_read_from_dot_env_after_the_environment(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    key = tmp_path / "app.pem"
+    key.write_text(_pem())
+    env_file = tmp_path / ".env"
+    env_file.write_text(f"APP_ID=99\nPRIVATE_KEY_PATH={key}\nWEBHOOK_SECRET=from-file\n"
+                        "PORT=9001\n")
+    for name in ("APP_ID", "GITHUB_APP_ID", "WEBHOOK_SECRET", "GITHUB_WEBHOOK_SECRET",
+                 "PRIVATE_KEY", "GITHUB_PRIVATE_KEY", "GITHUB_PRIVATE_KEY_PATH", "GITEA_URL",
+                 "GITEA_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PORT", "9002")  # the environment wins over the file
+    s = Settings.from_env(env_file=env_file)
+    assert (s.app_id, s.webhook_secret, s.port) == ("99", "from-file", 9002)
+
+
+@pytest.mark.parametrize(("env", "says"), [
+    ({"APP_ID": "vaultmail"}, "APP_ID='vaultmail': should be the App's numeric id"),
+    ({"PORT": "99999"}, "PORT='99999': should be a port number from 1 to 65535"),
+    ({"LOG_LEVEL": "loud"}, "LOG_LEVEL='loud': should be one of debug, info"),
+    ({"VAULTMAIL_RECONCILE_SECONDS": "-1"}, "VAULTMAIL_RECONCILE_SECONDS='-1': should be"),
+])
+def test_a_wrong_value_names_the_variable_and_what_it_should_hold(env: dict[str, str],
+                                                                  says: str) -> None:
+    base = {"APP_ID": "1", "PRIVATE_KEY": _pem(), "WEBHOOK_SECRET": "s"}
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env({**base, **env})
+    assert str(caught.value).startswith(says)
+    assert "\n" not in str(caught.value)
+
+
+async def test_serve_with_a_wrong_value_stops_with_one_line_and_no_traceback(
+        tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "APP_ID": "1",
+           "PRIVATE_KEY": _pem(), "WEBHOOK_SECRET": "s", "PORT": "http"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.cli.main", "serve", cwd=str(tmp_path), env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2
+    lines = err.decode().strip().splitlines()
+    assert lines == ["vaultmail: PORT='http': should be a port number from 1 to 65535"], lines
+    assert b"Traceback" not in err + out
+
+
+@pytest.fixture
+def log_lines(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    monkeypatch.setattr(sys, "stderr", stream)
+    setup_logging("debug")
+    try:
+        yield stream
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+
+
+def _parsed(stream: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
+
+
+async def test_every_line_inside_a_delivery_carries_its_ids_and_keeps_its_own_fields(
+        embedded: Embedded, person: Any, log_lines: io.StringIO) -> None:
+    marco: Actor = person("marco")
+    issue = await marco.open_issue("acme/scout-vault", "Prices", "EU prices please")
+    await embedded.settle()
+    await marco.comment("acme/scout-vault", issue["number"], "/mail nobody Hello\nHi.")
+    await embedded.settle()
+    lines = _parsed(log_lines)
+    refused = [x for x in lines if x["msg"] == "refused"]
+    assert refused, "a /mail to an unknown agent is refused in the log"
+    line = refused[-1]
+    assert line["event"] == "issue_comment" and line["action"] == "created"
+    assert line["delivery_id"] and line["installation_id"]
+    assert line["reason"] and line["issue"] == f"acme/scout-vault#{issue['number']}", \
+        "the line keeps its own fields beside the delivery's"
+    forge_lines = [x for x in lines if x.get("logger", "").startswith("vaultmail.forge")
+                   and x.get("delivery_id") == line["delivery_id"]]
+    assert forge_lines, "the forge layer's lines carry the delivery id too"
+    stamp = line["time"]
+    assert stamp.endswith("Z") and len(stamp.split(".")[-1]) == 4, stamp  # "SS.mmmZ"
+    assert line["level"] == "info"

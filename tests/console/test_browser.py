@@ -1,0 +1,292 @@
+"""The console in a real browser (Debian's Chromium, driven by Playwright): signing in through
+the forge's OAuth web flow, sending mail, answering and deferring cards, chatting with an agent,
+a phone-sized screen; axe-core finds no serious or critical violation on any page."""
+
+from __future__ import annotations
+
+import re
+
+import aiohttp
+import pytest
+from playwright.async_api import BrowserContext, expect
+
+from bot.app.embedded import Embedded
+from tests.console.browser import PHONE, assert_accessible, live, shot, sign_in_with_forge
+from tests.items_support import BUILDER, MARCO, SCOUT, TOKEN_TTL, forge_comments, make_item
+from tests.support import Actor, ToolClient, label_names
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+async def test_a_person_signs_in_with_their_forge_account(office: Embedded,
+                                                          context: BrowserContext) -> None:
+    page = await context.new_page()
+    await sign_in_with_forge(page, office, "marco")
+    await expect(page.get_by_role("heading", name="Inbox", level=1)).to_be_visible()
+    await expect(page.get_by_text("Signed in as marco")).to_be_visible()
+    await live(page)
+    await assert_accessible(page)
+    cookies = {c["name"]: c for c in await context.cookies(office.app_url + "/console/")}
+    session = cookies["vaultmail_session"]
+    assert session["httpOnly"] and session["sameSite"] == "Lax"
+    await page.get_by_role("button", name="Sign out").click()
+    await expect(page).to_have_url(re.compile(r"/console/sign-in\?out=1$"))
+    await page.goto(office.app_url + "/console/mail")
+    await expect(page).to_have_url(re.compile(r"/console/sign-in\?next="))
+
+
+async def test_a_person_sends_mail_from_the_mail_page(office: Embedded,
+                                                      context: BrowserContext) -> None:
+    page = await context.new_page()
+    await sign_in_with_forge(page, office, "marco")
+    await page.get_by_role("link", name="Mail", exact=True).click()
+    await page.get_by_label("To").select_option("scout")
+    await page.get_by_label("Subject").fill("EU prices")
+    await page.get_by_label("Message").fill("Can you check the **EU** prices by Friday?")
+    await page.get_by_role("button", name="Send", exact=True).click()
+    await expect(page.locator(".flash")).to_contain_text("Sent to agent:scout: "
+                                                        "acme/scout-vault#1")
+    await office.settle()
+    async with aiohttp.ClientSession() as http:
+        [issue] = await Actor(http, office, "marco").issues("acme/scout-vault")
+    assert issue["title"] == "EU prices" and "mail:new" in label_names(issue)
+    assert "Can you check the **EU** prices by Friday?" in issue["body"]
+    assert '"from_principal":"human:marco@acme.com"' in issue["body"], "the signed header"
+
+    async with aiohttp.ClientSession() as http:  # mail between agents, one changed by hand
+        builder, scout = ToolClient(http, office, BUILDER), ToolClient(http, office, SCOUT)
+        spec = await builder("mail_send", to="scout", subject="Spec v1", body="Attached.")
+        await scout("mail_reply", mail=spec["mail"]["ref"], body="Looks good, one question.")
+        budget = await builder("mail_send", to="scout", subject="Budget", body="10k")
+        admin = Actor(http, office, "admin")
+        vault, number = "acme/scout-vault", budget["mail"]["number"]
+        issue = await admin.issue(vault, number)
+        await admin.call("PATCH", f"/repos/{vault}/issues/{number}",
+                         {"body": issue["body"].replace("10k", "90k")}, expect=200)
+        await office.settle()
+    await page.reload()
+    thread = page.locator(".thread", has_text="EU prices")
+    await expect(thread).to_contain_text("mail:new")
+    await expect(thread).to_contain_text("Signature verified")
+    spec_thread = page.locator(".thread", has_text="Spec v1")
+    await expect(spec_thread.locator(".message")).to_have_count(2)  # the mail, the reply copy
+    await expect(spec_thread.locator(".message").nth(0)).to_contain_text("mail:replied")
+    await expect(spec_thread.locator(".message").nth(1)).to_contain_text("scout → builder")
+    await expect(page.locator(".thread", has_text="Budget")).to_contain_text(
+        "Changed after sending")
+    await assert_accessible(page)
+    await shot(page, "console-mail.png")
+
+    await page.get_by_label("Agent").select_option("builder")
+    await page.get_by_label("Text").fill("spec")
+    await page.get_by_role("button", name="Filter").click()
+    await expect(page.locator(".thread")).to_have_count(1)
+    await expect(page.locator(".thread")).to_contain_text("Spec v1")
+    await page.get_by_label("State").select_option("closed")
+    await page.get_by_role("button", name="Filter").click()
+    await expect(page.get_by_text("No mail matches these filters.")).to_be_visible()
+    await page.goto(office.app_url + "/console/mail")
+
+    await thread.get_by_role("link", name="EU prices").click()
+    await expect(page.get_by_role("heading", name="EU prices", level=1)).to_be_visible()
+    await expect(page.locator("article.mail strong", has_text="EU")).to_be_visible()
+    await assert_accessible(page)
+    await page.get_by_role("link", name="acme/scout-vault#1 on the forge").first.click()
+    await expect(page).to_have_url(f"{office.forge.url}/acme/scout-vault/issues/1")
+    await expect(page.get_by_text("Can you check the")).to_be_visible()
+
+
+async def test_a_person_without_mail_send_sees_why(office: Embedded,
+                                                   context: BrowserContext) -> None:
+    page = await context.new_page()
+    await sign_in_with_forge(page, office, "lee")
+    await page.get_by_role("link", name="Mail", exact=True).click()
+    await expect(page.get_by_text("You cannot send mail: human:lee@acme.com lacks the "
+                                  "mail.send permission")).to_be_visible()
+    await expect(page.get_by_role("button", name="Send", exact=True)).to_have_count(0)
+    await assert_accessible(page)
+
+
+async def test_a_person_answers_a_question_from_the_card_stack(office: Embedded,
+                                                               context: BrowserContext) -> None:
+    async with aiohttp.ClientSession() as http:
+        marco, scout = Actor(http, office, "marco"), ToolClient(http, office, SCOUT)
+        outcome = await make_item(office, marco, "outcome", "Auth migration",
+                                  assignees=["scout-bot"])
+        page = await context.new_page()
+        await sign_in_with_forge(page, office, "marco")
+        await live(page)
+        await expect(page.get_by_text("Nothing waits on you.")).to_be_visible()
+
+        asked = await scout("add_comment", target=outcome, **TOKEN_TTL)  # while the page is open
+        card = page.locator("article.card")
+        await expect(card.get_by_role("heading", name="Token TTL")).to_be_visible()
+        await expect(page.locator("#badge")).to_have_text("1")
+        await expect(card).to_contain_text("should existing sessions keep working?")
+        context_text = card.get_by_text("Today about 40,000 people are signed in.")
+        await expect(context_text).to_be_hidden()
+        await card.get_by_text("Context", exact=True).click()
+        await expect(context_text).to_be_visible()
+        keep = card.get_by_role("button", name=re.compile("^Keep 30 days"))
+        await expect(keep).to_contain_text("Recommended")
+        await expect(keep).to_contain_text("Nobody is signed out")
+        await assert_accessible(page)
+        await shot(page, "console-inbox.png")
+
+        await card.get_by_role("button", name=re.compile("^Force re-login")).click()
+        await expect(page.locator(".flash")).to_contain_text("“Force re-login”")
+        await expect(page.get_by_text("Nothing waits on you.")).to_be_visible()
+        await office.settle()
+
+        forge_card, *replies = await forge_comments(Actor(http, office, "admin"), outcome)
+        assert "- [x] 2. **Force re-login**" in forge_card["body"]
+        assert any("Force re-login" in c["body"] for c in replies), "the answer, as a reply"
+        assert "**Answered** by marco" in forge_card["body"]
+        back = (await scout("list_inbox"))["agents"]["yourTurn"]
+        [reply] = [t for t in back if t["thread"] == asked["comment"]["id"]]
+        assert reply["turn"] == "replied" and reply["answer"]["option"] == "Force re-login"
+        assert reply["answer"]["by"] == MARCO and reply["answer"]["then"].startswith("Invalidate")
+
+        # an answered one can still change: amend, from "You answered"
+        answered = page.locator("details.item", has_text="Token TTL")
+        await answered.get_by_text("Token TTL").click()
+        await answered.get_by_role("button", name="Keep 30 days").click()
+        await expect(page.locator(".flash")).to_contain_text("changed to “Keep 30 days”")
+        await office.settle()
+        forge_card, *_ = await forge_comments(Actor(http, office, "admin"), outcome)
+        assert "- [x] 1. **Keep 30 days**" in forge_card["body"]
+
+
+async def test_a_deferred_card_comes_back_after_the_others(office: Embedded,
+                                                           context: BrowserContext) -> None:
+    async with aiohttp.ClientSession() as http:
+        marco, scout = Actor(http, office, "marco"), ToolClient(http, office, SCOUT)
+        outcome = await make_item(office, marco, "outcome", "Pricing", assignees=["scout-bot"])
+        for header in ("Launch date", "EU first"):
+            await scout("add_comment", targetType="outcome", target=outcome, header=header,
+                        to=["marco@acme.com"], body=f"{header}?",
+                        options=[{"label": "Yes"}, {"label": "No"}])
+        page = await context.new_page()
+        await sign_in_with_forge(page, office, "marco")
+        card = page.locator("article.card")
+        first = await card.locator("h3").inner_text()
+        second = {"Launch date": "EU first", "EU first": "Launch date"}[first]
+        await expect(card).to_contain_text("1 more in your stack")
+
+        await card.get_by_role("button", name="Defer").click()
+        await expect(card.locator("h3")).to_have_text(second)
+        await expect(card.get_by_role("listitem")).to_have_text(f"{first} (deferred)")
+        await page.reload()
+        await expect(card.locator("h3")).to_have_text(second), "set aside across reloads"
+
+        await card.get_by_label("Or reply in words").fill("Not before we hear from legal")
+        await card.get_by_role("button", name="Send reply").click()
+        await expect(card.locator("h3")).to_have_text(first)
+        await expect(card).to_contain_text("You deferred this one")
+        await card.get_by_role("button", name=re.compile("^Yes")).click()
+        await expect(page.get_by_text("Nothing waits on you.")).to_be_visible()
+        await office.settle()
+        answers = {t["header"]: t["answer"] for t in
+                   (await scout("list_inbox"))["agents"]["yourTurn"]}
+        assert answers[second]["body"] == "Not before we hear from legal"
+        assert answers[first]["option"] == "Yes"
+
+
+async def test_a_person_chats_with_an_agent_on_its_desk(office: Embedded,
+                                                        context: BrowserContext) -> None:
+    page = await context.new_page()
+    await sign_in_with_forge(page, office, "marco")
+    await page.get_by_role("navigation").get_by_role("link", name="scout").click()
+    await expect(page.get_by_role("heading", name="scout's desk")).to_be_visible()
+    await live(page)
+    await page.get_by_label("Ask scout").fill("EU or US first?")
+    await page.get_by_role("button", name="Ask", exact=True).click()
+    chat = page.locator("#chat-live")
+    await expect(chat).to_contain_text("EU or US first?")
+    await expect(chat).to_contain_text("scout has not answered yet")
+    await live(page)
+    async with aiohttp.ClientSession() as http:  # scout answers while the page stays open
+        scout = ToolClient(http, office, SCOUT)
+        [waiting] = (await scout("list_inbox"))["inbox"]["chats"]
+        assert waiting["message"] == "EU or US first?" and waiting["from"] == MARCO
+        await scout("chat_reply", chat=waiting["chat"], message="EU: the pricing is ready")
+    await expect(chat).to_contain_text("scout: EU: the pricing is ready")
+    await expect(chat).not_to_contain_text("has not answered yet")
+    runs = page.locator("section", has=page.locator("#desk-runs"))
+    await page.reload()
+    await expect(runs).to_contain_text("chat")
+    await expect(runs).to_contain_text("queued")
+    await expect(page.locator("section", has=page.locator("#desk-ledger"))).to_contain_text(
+        "run.queued")
+    await assert_accessible(page)
+
+
+async def test_a_local_agent_answers_a_chat_by_itself(office: Embedded,
+                                                      context: BrowserContext) -> None:
+    page = await context.new_page()
+    await sign_in_with_forge(page, office, "sara")
+    await page.goto(office.app_url + "/console/agents/echo")
+    await page.get_by_label("Ask echo").fill("Are you there?")
+    await page.get_by_role("button", name="Ask", exact=True).click()
+    # echo runs as a command per chat and answers through the tools
+    await expect(page.locator("#chat-live")).to_contain_text("Echo: Are you there?",
+                                                             timeout=30_000)
+    await office.settle()
+    await page.reload()
+    runs = page.locator("section", has=page.locator("#desk-runs"))
+    await expect(runs).to_contain_text("done")
+    await expect(runs).to_contain_text("exit 0")
+
+
+async def test_the_console_on_a_phone_and_by_keyboard_alone(office: Embedded,
+                                                            context: BrowserContext) -> None:
+    async with aiohttp.ClientSession() as http:
+        marco, scout = Actor(http, office, "marco"), ToolClient(http, office, SCOUT)
+        outcome = await make_item(office, marco, "outcome", "Auth", assignees=["scout-bot"])
+        await scout("add_comment", target=outcome, **TOKEN_TTL)
+        await ToolClient(http, office, MARCO)("mail_send", to="scout", subject="Phone check",
+                                              body="A mail to list")
+    page = await context.new_page()
+    await page.set_viewport_size(PHONE)
+    await sign_in_with_forge(page, office, "marco")
+    for path in ("/console/inbox", "/console/mail", "/console/agents/scout", "/console/ledger"):
+        await page.goto(office.app_url + path)
+        wide = await page.evaluate("document.documentElement.scrollWidth")
+        assert wide <= PHONE["width"], (path, wide, "no sideways scrolling on a phone")
+        await expect(page.get_by_role("navigation", name="Console")).to_be_visible()
+        await assert_accessible(page)
+
+    await page.goto(office.app_url + "/console/inbox")
+    await shot(page, "console-phone.png")
+    await page.keyboard.press("Tab")
+    await expect(page.get_by_role("link", name="Skip to content")).to_be_focused()
+    await page.keyboard.press("Enter")
+    keep = page.get_by_role("button", name=re.compile("^Keep 30 days"))
+    for _ in range(40):  # Tab through the page, as someone without a mouse does
+        if await keep.evaluate("el => el === document.activeElement"):
+            break
+        await page.keyboard.press("Tab")
+    await expect(keep).to_be_focused()
+    await page.keyboard.press("Enter")
+    await expect(page.locator(".flash")).to_contain_text("“Keep 30 days”")
+
+
+async def test_forge_accounts_outside_the_office_people_are_turned_away(
+        office: Embedded, context: BrowserContext) -> None:
+    office.forge.add_user("stranger", email="stranger@example.com")
+    for login, why in (("stranger", "the forge account stranger is not one of the office's "
+                                    "people"),
+                       ("scout-bot", "the console is for the office's people, and agent:scout "
+                                     "is not one of them")):
+        page = await context.new_page()
+        await page.goto(office.app_url + f"/console/sign-in?login={login}")  # as `up` prints
+        await page.get_by_role("link", name=f"Sign in with the forge as {login}").click()
+        await expect(page.get_by_label("Username or email address")).to_have_value(login)
+        await page.get_by_label("Password").fill(office.forge.user_password(login))
+        await page.get_by_role("button", name="Sign in").click()
+        await page.get_by_role("button", name=re.compile("^Authorize")).click()
+        await expect(page.get_by_role("alert")).to_contain_text(why)
+        await expect(page).to_have_url(re.compile(r"/console/oauth/callback"))
+        assert "vaultmail_session" not in {c["name"] for c in await context.cookies(
+            office.app_url + "/console/")}
+        await page.close()
