@@ -359,3 +359,20 @@ async def test_a_mail_command_is_confirmed_once_when_the_confirmation_post_fails
     said = [c["body"] for c in await person("admin").comments(PRODUCT, issue["number"])
             if "mail sent to" in c["body"]]
     assert len(said) == 1, said
+
+
+async def test_closing_a_closed_mail_again_writes_nothing_and_ledgers_nothing(
+        embedded: Embedded, tools: Any) -> None:
+    """`mail_close` twice (a client that lost the first answer and calls again without a
+    key): the second finds the mail closed and says so, with no PATCH and no second
+    `mail.closed`."""
+    sent = await tools("agent:builder")("mail_send", to="scout", subject="Done?", body="EU")
+    ref = sent["mail"]["ref"]
+    await embedded.settle()
+    first = await tools("agent:builder")("mail_close", mail=ref)
+    patch = "PATCH /repos/{owner}/{repo}/issues/{issue_number}"
+    before = embedded.forge.requests.count(patch)
+    again = await tools("agent:builder")("mail_close", mail=ref)
+    assert first["mail"]["state"] == again["mail"]["state"] == "mail:closed"
+    assert embedded.forge.requests.count(patch) == before
+    assert len(await embedded.ledger_events("mail.closed")) == 1
