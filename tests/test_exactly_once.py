@@ -18,13 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from gidgethub import sansio
 from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
 from bot.app.embedded import Embedded
 from bot.app.worker import Worker
-from bot.store import QueueItem, Store
+from bot.errors import InvalidArguments
+from bot.forge import writes
+from bot.store import QueueItem, Store, idempotency
 from tests.items_support import make_item, where
 from tests.support import Actor, label_names
 
@@ -376,3 +379,74 @@ async def test_closing_a_closed_mail_again_writes_nothing_and_ledgers_nothing(
     assert first["mail"]["state"] == again["mail"]["state"] == "mail:closed"
     assert embedded.forge.requests.count(patch) == before
     assert len(await embedded.ledger_events("mail.closed")) == 1
+
+
+async def test_a_refused_retry_keeps_the_key_of_a_try_that_wrote(tmp_path: Path) -> None:
+    """A first try writes, then crashes; its retry is refused before writing again (the
+    installation suspended, say). The key stays claimed: the try after that still looks on
+    the forge for what the first wrote, instead of writing it again."""
+    store = await Store.open(tmp_path / "i.sqlite3")
+    seen: list[bool] = []
+    try:
+        async def first() -> dict[str, Any]:
+            writes.note()                       # posted the reply comment
+            raise RuntimeError("crash after the write")
+
+        with pytest.raises(RuntimeError):
+            await store.once("s", "k", "f", first)
+
+        async def second() -> dict[str, Any]:
+            seen.append(idempotency.resumed())
+            raise InvalidArguments("refused this time, before writing again")
+
+        with pytest.raises(InvalidArguments):
+            await store.once("s", "k", "f", second)
+
+        async def third() -> dict[str, Any]:
+            seen.append(idempotency.resumed())
+            return {}
+
+        await store.once("s", "k", "f", third)
+        assert seen == [True, True], "third try must still look on the forge (resumed)"
+    finally:
+        await store.close()
+
+
+async def test_an_issue_opening_replayed_under_a_new_id_is_refused_once(
+        embedded: Embedded, person: Any, session: aiohttp.ClientSession) -> None:
+    """Gitea's "Redeliver" of an `issues.opened` gives a new delivery id: the opening is one
+    change, so its refusal is said and ledgered once."""
+    lee = person("lee")  # no mail.send
+    issue = await lee.open_issue(SCOUT_VAULT, "Hi", "please do X")
+    await embedded.settle()
+    payload = forge_delivery(embedded, "issues", "opened",
+                             lambda p: p["issue"]["number"] == issue["number"]
+                             and p["repository"]["full_name"].lower() == SCOUT_VAULT)
+    await replay_under_new_id(embedded, session, "issues", payload)
+    said = [c["body"] for c in await person("admin").comments(SCOUT_VAULT, issue["number"])
+            if "cannot become mail" in c["body"]]
+    denied = await embedded.ledger_events("run.denied")
+    assert len(said) == 1, said
+    assert len(denied) == 1, denied
+
+
+async def test_a_retried_reply_does_not_reopen_a_mail_its_sender_closed_since(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """The reply lands, its copy fails; the sender reads it and closes the mail; the
+    recipient's client retries the reply with its key. The reply was applied once: the mail
+    stays closed and `mail.replied` is ledgered once."""
+    sent = await tools("agent:builder")("mail_send", to="scout", subject="Q", body="EU?")
+    await embedded.settle()
+    ref = sent["mail"]["ref"]
+    short_forge_retries(embedded, attempts=1)
+    embedded.forge.faults.add("POST /repos/{owner}/{repo}/issues", status=502, count=1)
+    scout = tools("agent:scout")
+    status, body = await scout.raw("mail_reply", {"mail": ref, "body": "Up 4%",
+                                                  "idempotencyKey": "r1"})
+    assert status != 200, body            # the copy failed: client will retry
+    await tools("agent:builder")("mail_close", mail=ref)  # sender read the reply, closes
+    await scout("mail_reply", mail=ref, body="Up 4%", idempotencyKey="r1")
+    await embedded.settle()
+    issue = await person("admin").issue(SCOUT_VAULT, sent["mail"]["number"])
+    replied = await embedded.ledger_events("mail.replied")
+    assert len(replied) == 1 and issue["state"] == "closed", (len(replied), issue["state"])

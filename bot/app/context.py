@@ -15,17 +15,25 @@ if TYPE_CHECKING:
 
 def change_key(event: str, payload: dict[str, Any]) -> str | None:
     """The forge change a delivery reports, when the app must act on it once however often it
-    arrives: a new comment, by its id and update time (commands and replies come from there).
-    What a command does is keyed on this, never on the delivery id. Edits and issue events
-    carry no such identity (two edits within a second can look alike), so their handlers
-    are idempotent by state instead."""
-    comment, repo = payload.get("comment"), payload.get("repository")
-    if (event != "issue_comment" or payload.get("action") != "created"
-            or not isinstance(comment, dict) or not isinstance(repo, dict)
-            or comment.get("id") is None):
+    arrives (a redelivery under a new id, a replayed capture): a new comment, by its id and
+    update time (commands and replies come from there), and an issue's opening, by the
+    issue's id (an issue is opened once; adoption and its refusal come from there). What
+    these do is keyed on this, never on the delivery id. Edits and other issue events carry
+    no such identity (two edits within a second can look alike), so their handlers are
+    idempotent by state instead."""
+    action, repo = payload.get("action"), payload.get("repository")
+    if not isinstance(repo, dict):
         return None
-    return (f"issue_comment.created:{repo.get('full_name')}:{comment.get('id')}:"
-            f"{comment.get('updated_at')}")
+    if event == "issue_comment" and action == "created":
+        comment = payload.get("comment")
+        if isinstance(comment, dict) and comment.get("id") is not None:
+            return (f"issue_comment.created:{repo.get('full_name')}:{comment.get('id')}:"
+                    f"{comment.get('updated_at')}")
+    if event == "issues" and action == "opened":
+        issue = payload.get("issue")
+        if isinstance(issue, dict) and issue.get("id") is not None:
+            return f"issues.opened:{repo.get('full_name')}:{issue.get('id')}"
+    return None
 
 
 @dataclass

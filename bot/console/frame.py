@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from bot.app.bodies import replace_surrogates
 from bot.app.services import SERVICES_KEY
 from bot.console import sessions
 from bot.console.render import page
@@ -106,14 +107,20 @@ def signed_in(fn: PageFn) -> Callable[[web.Request], Awaitable[web.StreamRespons
     return handle
 
 
+async def read_form(request: web.Request) -> dict[str, str]:
+    """A form's text fields. A lone surrogate (a part may declare any charset) becomes
+    U+FFFD: nothing downstream, the index included, could hold it."""
+    return {k: replace_surrogates(str(val)) for k, val in (await request.post()).items()
+            if isinstance(val, str)}
+
+
 def action(back: Callable[[web.Request, dict[str, str]], str]) -> Callable[
         [ActionFn], Callable[[web.Request], Awaitable[web.StreamResponse]]]:
     """A form's POST: CSRF checked, then the action; its outcome is the flash message of the
     page it goes back to (`back`), or, for a token without a session, an error page."""
     def wrap(fn: ActionFn) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def run(request: web.Request, v: Visitor) -> web.StreamResponse:
-            form = {k: str(val) for k, val in (await request.post()).items()
-                    if isinstance(val, str)}
+            form = await read_form(request)
             check_csrf(request, v, form)
             target = back(request, form)
             try:

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from bot.app.services import SERVICES_KEY, Services
 from bot.console import oauth, sessions
-from bot.console.frame import error_page
+from bot.console.frame import error_page, read_form
 from bot.console.render import page
 from bot.console.visitor import (
     CONSOLE,
@@ -92,7 +92,7 @@ async def _start_session(request: web.Request, services: Services, principal: st
 
 async def token_sign_in(request: web.Request) -> web.StreamResponse:
     services = request.app[SERVICES_KEY]
-    form = {k: str(v) for k, v in (await request.post()).items() if isinstance(v, str)}
+    form = await read_form(request)
     if not services.settings.token_sign_in:
         return _sign_in_page(request, message="Sign-in with an API token is for the embedded "
                              "default only: sign in with your forge account", error=True,
@@ -181,7 +181,7 @@ async def sign_out(request: web.Request) -> web.StreamResponse:
         v = await visitor(request)
     except (NotSignedIn, VaultmailError):  # nobody signed in: nothing to end
         raise web.HTTPSeeOther(f"{CONSOLE}/sign-in?out=1") from None
-    form = {k: str(val) for k, val in (await request.post()).items() if isinstance(val, str)}
+    form = await read_form(request)
     try:
         check_csrf(request, v, form)
     except Denied as exc:

@@ -446,7 +446,9 @@ def written_body(issue_body: str | None) -> str:
     comment left further down is disarmed (renamed ``vaultmail:quoted-header``), so no copy of
     this body carries something that reads as a genuine header."""
     parsed = split_mail_body(issue_body)
-    body = parsed.body if parsed.has_header else normalize_body(
+    # the header and table come off only where both are there, up to the separator; anything
+    # else (an unclosed header comment, no separator) is kept whole, disarmed below
+    body = parsed.body if parsed.has_header and parsed.has_separator else normalize_body(
         normalize_newlines(issue_body or ""))
     return _ANY_HEADER_RE.sub(r"<!--\1vaultmail:quoted-header", body)
 

@@ -434,11 +434,13 @@ class Mailer:
                 await self.forge.create_comment(mail.vault, mail.number, comment,
                                                 marker=marker)
         reopen = "open" if mail.state == MailState.CLOSED.value else None
-        if again and mail.state == MailState.REPLIED.value:
-            updated = mail  # the earlier try moved it (and ledgered mail.replied)
+        if again and await ledger.recorded(self.services.store, "mail.replied", mail.ref,
+                                           "reply", key):
+            # the earlier try moved it: whatever happened since (its sender closed it) stands
+            updated = await mails.get_mail(self.services.store, mail.mail_id) or mail
         else:
             updated = await self._move(mail, MailEvent.REPLY, actor, "mail.replied",
-                                       labels=labels, issue_state=reopen)
+                                       labels=labels, issue_state=reopen, data={"reply": key})
         if copy is not None:
             await self.deliver(copy)
         return updated

@@ -11,9 +11,10 @@ that reach the app more than once under different delivery ids.
 * a later call gets the stored result, and nothing runs;
 * the same key with other arguments (another `fingerprint`) is refused with 409
   `idempotency_key_reused`;
-* a refusal (a `VaultmailError`) before any forge write releases the claim, so the key can be
-  used again once the caller has fixed what was wrong; a refusal after a write (see
-  `bot.forge.writes`) keeps it, like any other failure;
+* a refusal (a `VaultmailError`) on the key's first try, before any forge write, releases the
+  claim, so the key can be used again once the caller has fixed what was wrong; a refusal
+  after a write (see `bot.forge.writes`), or on a try that resumed an unfinished one, keeps
+  it, like any other failure;
 * any other failure, or a process that stopped midway, leaves the claim without a result: the
   next call with the key runs `work` again with `resumed()` true, and `work` looks on the forge
   for what the first attempt may have written (markers, mail ids) before writing it again.
@@ -123,7 +124,9 @@ class IdempotencyMixin:
             with counting_writes() as made:
                 result = await work()
         except VaultmailError:
-            if made[0] == 0:  # refused before any forge write: the key is free again
+            # refused before any forge write, on the key's first try: free again (a try that
+            # resumed one may follow an earlier try's writes, so its refusal keeps the claim)
+            if made[0] == 0 and row is None:
                 async with self.transaction() as db:
                     await db.execute("DELETE FROM idempotency WHERE scope=? AND key=?"
                                      " AND result IS NULL", slot)

@@ -87,6 +87,15 @@ async def record(store: Store, event: str, actor: str, subject: str,
         return await append(db, event, actor, subject, data)
 
 
+async def recorded(store: Store, event: str, subject: str, field: str, value: str) -> bool:
+    """Whether an `event` about `subject` with `data[field] == value` is in the ledger: what
+    a retry asks to learn if an earlier try already did its part."""
+    row = await store.fetchone(
+        "SELECT 1 FROM ledger WHERE event=? AND subject=? AND json_extract(data, ?)=? LIMIT 1",
+        (event, subject, f"$.{field}", value))
+    return row is not None
+
+
 def _entry(r: Any) -> Entry:
     return Entry(r["seq"], r["time"], r["event"], r["actor"], r["subject"],
                  json.loads(r["data"]), r["hash"])

@@ -285,20 +285,19 @@ CREATE TABLE IF NOT EXISTS mail_shown (
 """)
 
 
-async def to_handle(store: Store, principal: str) -> list[MailRecord]:
-    """Mail waiting for `principal`: mail:new, then quiet loop-guard deliveries."""
-    return (await list_mails(store, to=principal, state="mail:new")
-            + await list_mails(store, to=principal, state=QUIET))
+async def to_handle(store: Store, principal: str) -> tuple[list[MailRecord], float | None]:
+    """Mail waiting for `principal` (mail:new, then quiet loop-guard deliveries), and the
+    newest `updated_at` among them as read (what `mark_shown` records once they are shown)."""
+    rows = await store.fetchall(
+        "SELECT * FROM mails WHERE to_principal=? AND state IN (?, ?)"
+        " ORDER BY state=?, sent, vault, number LIMIT 400",
+        (principal, "mail:new", QUIET, QUIET))
+    upto = max((float(r["updated_at"]) for r in rows), default=None)
+    return [_record(r) for r in rows], upto
 
 
-async def mark_shown(store: Store, principal: str, shown: list[MailRecord]) -> None:
-    """`principal` was shown `shown` (its whole list of mail to handle)."""
-    if not shown:
-        return
-    marks = ",".join("?" * len(shown))
-    row = await store.fetchone(f"SELECT max(updated_at) FROM mails WHERE mail_id IN ({marks})",
-                               tuple(m.mail_id for m in shown))
-    upto = row[0] if row is not None else None
+async def mark_shown(store: Store, principal: str, upto: float | None) -> None:
+    """`principal` was shown its mail to handle as it stood at `upto` (see `to_handle`)."""
     if upto is None:
         return
     known = await store.fetchone("SELECT upto FROM mail_shown WHERE principal=?", (principal,))

@@ -169,8 +169,8 @@ async def mail_get(call: Call, args: MailArg) -> dict[str, Any]:
 async def mail_waiting(call: Call) -> dict[str, Any]:
     """An agent's inbox lists its mail to handle: mail:new and quiet loop-guard deliveries."""
     store = call.services.store
-    waiting = await mails.to_handle(store, call.principal)
-    await mails.mark_shown(store, call.principal, waiting)  # a wait now waits past these
+    waiting, upto = await mails.to_handle(store, call.principal)
+    await mails.mark_shown(store, call.principal, upto)  # a wait now waits past these
     return {"mail": [{"mail": m.mail_id, "ref": m.ref, "from": m.from_principal,
                       "subject": m.subject, "state": m.state, "contentIsData": True}
                      for m in waiting]}

@@ -292,3 +292,32 @@ async def test_api_token_sign_in_is_for_the_embedded_default_only(embedded: Embe
         async with browser.post(embedded.app_url + "/console/sign-in/token", data={
                 "csrf": "x", "token": embedded.api_tokens[MARCO]}) as resp:
             assert resp.status == 403 and "embedded default only" in await resp.text()
+
+
+def _section(page: str, heading_id: str) -> str:
+    """The HTML of the inbox section headed `heading_id`, up to the next section."""
+    start = page.index(f'<h2 id="{heading_id}">')
+    end = page.find("<section", start)
+    return page[start:end if end >= 0 else len(page)]
+
+
+async def test_the_inbox_shows_unread_waiting_and_what_your_agents_are_handling(
+        embedded: Embedded, session: aiohttp.ClientSession, person: Any, tools: Any) -> None:
+    """Below the card stack: the person's unread comments, their questions waiting on others,
+    and, as history only (no badge, nothing to answer), what their agents are handling."""
+    outcome = await make_item(embedded, person("marco"), "outcome", "Auth",
+                              assignees=["scout-bot"])
+    marco, sara = tools(MARCO), tools(SARA)
+    base = {"targetType": "outcome", "target": outcome}
+    await sara("add_comment", **base, body="For Marco himself", to=["marco@acme.com"])
+    await sara("add_comment", **base, body="For the agent on it")
+    await marco("add_comment", **{**TOKEN_TTL, **base, "to": ["sara@acme.com"]})
+    await embedded.settle()
+    status, page, _ = await get(session, embedded, "/console/inbox?part=live", MARCO)
+    assert status == 200, page
+    unread, waiting = _section(page, "unread"), _section(page, "waiting")
+    history = _section(page, "history")
+    assert "For Marco himself" in unread and "For the agent on it" not in unread
+    assert "Token TTL" in waiting and "asked of sara" in waiting
+    assert "sara@acme.com to scout" in history and "For the agent on it" in history
+    assert "<form" not in history and "<button" not in history, "history, nothing to answer"
