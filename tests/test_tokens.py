@@ -72,3 +72,6 @@ async def test_a_token_for_someone_not_in_the_office_acts_for_no_one(
                             headers={"Authorization": f"Bearer {token}"}) as resp:
         body = await resp.json()
     assert resp.status == 403 and "not in the office config" in body["error"]["message"]
+    denied = await embedded.ledger_events("run.denied")
+    assert [(e.actor, e.data["reason"][:40]) for e in denied] == [
+        ("agent:ghost", "agent:ghost is not in the office config ")], "refusals are ledgered"
