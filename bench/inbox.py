@@ -236,10 +236,14 @@ async def time_http(embedded: Embedded, session: aiohttp.ClientSession,
 
     async def call() -> None:
         async with session.post(url, json={}, headers=headers) as resp:
-            await resp.read()
+            SIZES.setdefault(principal, []).append(len(await resp.read()))
             assert resp.status == 200, resp.status
 
+    SIZES.pop(principal, None)
     return await _series(call)
+
+
+SIZES: dict[str, list[int]] = {}  # answer bytes of each principal's last HTTP series
 
 
 async def time_direct(embedded: Embedded, principal: str) -> list[float]:
@@ -376,7 +380,7 @@ async def hold_http_polls(embedded: Embedded, n: int, *, trace: bool) -> dict[st
     if trace:
         tracemalloc.stop()
     t = time.time()
-    notifier.notify(HUMANS)
+    notifier.notify([inbox.wake_key(h, "you") for h in HUMANS])  # what a delivery wakes
     result = await client
     lat = [a - t for a in result["answers"]]
     bad = {s: c for s, c in result["statuses"].items() if s != "200"}
@@ -415,6 +419,7 @@ async def time_list_inbox(embedded: Embedded, index: str) -> list[list[str]]:
                 principal, index, str(len(http)), ms(percentile(http, 50)), ms(p99),
                 ms(max(http)),
                 f"{len(direct)}: {ms(percentile(direct, 50))} / {ms(percentile(direct, 99))}",
+                f"{percentile(SIZES[principal], 50) / 1024:.1f}",
                 f"{_ok(p99 < TARGET_LIST)} (<{TARGET_LIST * 1000:.0f} ms)"])
     return rows
 
@@ -464,7 +469,8 @@ async def main() -> None:
           + ", ".join(f"{counts[t]:,} {t}" for t, _, _ in TABLES)
           + f"; {open_threads:,} threads open\n")
     _table(["principal", "index", "HTTP calls", "HTTP p50 ms", "HTTP p99 ms", "HTTP max ms",
-            "in-process calls: p50 / p99 ms", "p99 target (HTTP)"], list_rows)
+            "in-process calls: p50 / p99 ms", "answer KB (median)", "p99 target (HTTP)"],
+           list_rows)
     print(f"\nsequential calls after {WARMUP} warm-up, {CALLS} or as many as fit in "
           f"{SERIES_BUDGET:.0f} s (at least {MIN_CALLS}: with that few, p99 is the max); "
           "unread deliveries are marked read by the first call that returns them.\n")

@@ -202,3 +202,30 @@ async def test_an_agents_long_poll_waits_past_mail_it_has_already_been_shown(
     done, _ = await asyncio.wait({poll}, timeout=1.0)  # a bound: it must still be waiting
     poll.cancel()
     assert not done, "list_inbox with wait returned at once for a mail already shown"
+
+
+async def test_an_inbox_answer_is_a_page_not_a_megabyte(embedded: Embedded, person: Any,
+                                                          tools: Any) -> None:
+    """With more than a page of questions waiting on a person, `yourTurn` holds the newest
+    30 and says how many more wait; answering one brings the next up."""
+    from bot.items.inbox import PAGE
+
+    sara, per_item = tools(SARA), 5  # at most 5 open questions of one asker on one item
+    outcomes = [await make_item(embedded, person("marco"), "outcome", f"Area {k}")
+                for k in range(-(-(PAGE + 2) // per_item))]
+    asked = [await sara("add_comment", targetType="outcome", target=outcomes[i // per_item],
+                        header=f"Q{i}", body=f"Question {i}?", to=["marco@acme.com"],
+                        options=[{"label": "Yes"}, {"label": "No"}])
+             for i in range(PAGE + 2)]
+    await embedded.settle()
+    marco = tools(MARCO)
+    box = (await marco("list_inbox"))["you"]
+    assert len(box["yourTurn"]) == PAGE and box["moreYourTurn"] == 2
+    shown = {c["header"] for c in box["yourTurn"]}
+    assert "Q0" not in shown and f"Q{PAGE + 1}" in shown, "the page holds the newest"
+    top = box["yourTurn"][0]
+    await marco("add_comment", targetType="outcome", target=top["item"], parent=top["thread"],
+                option="1")
+    box = (await marco("list_inbox"))["you"]
+    assert len(box["yourTurn"]) == PAGE and box["moreYourTurn"] == 1
+    assert len(asked) == PAGE + 2

@@ -124,11 +124,15 @@ async def has_new(store: Store, office: Office, viewer: str, sees: Sees = None) 
 
 
 def _turns(threads: list[db.ThreadRow], targets: list[str], viewer: str,
-           box: str) -> list[dict[str, Any]]:
-    out = []
+           box: str) -> Cards:
+    out: list[dict[str, Any]] = []
+    total = 0
     for t in threads:
         mine = [p for p in t.state.waiting_on if p in targets]
         if not mine or not t.state.is_question:
+            continue
+        total += 1
+        if len(out) >= PAGE:  # counted, not shown: the page holds the newest
             continue
         view = _thread_view(t, viewer)
         # a question waiting on your answer, or a reply to one you asked: read it, act on
@@ -137,21 +141,39 @@ def _turns(threads: list[db.ThreadRow], targets: list[str], viewer: str,
         if box == "agents":
             view["forAgent"] = mine[0]
         out.append(view)
-    return out
+    return Cards(out, total)
 
 
 def _waiting_on_others(threads: list[db.ThreadRow], askers: list[str], viewer: str,
-                       box: str) -> list[dict[str, Any]]:
-    out = []
+                       box: str) -> Cards:
+    out: list[dict[str, Any]] = []
+    total = 0
     for t in threads:
         s = t.state
         if not s.is_question or s.answer is not None or s.asker not in askers:
+            continue
+        total += 1
+        if len(out) >= PAGE:
             continue
         view = _thread_view(t, viewer)
         if box == "agents":
             view["byAgent"] = s.asker
         out.append(view)
-    return out
+    return Cards(out, total)
+
+
+@dataclass(frozen=True)
+class Cards:
+    """The newest PAGE cards of a list (an inbox answer is a page, not a megabyte: with a
+    thousand open questions it was 0.5-1.5 MB, bench.inbox), and how many there are."""
+
+    shown: list[dict[str, Any]]
+    total: int
+
+    def into(self, box: dict[str, Any], key: str) -> None:
+        box[key] = self.shown
+        if self.total > len(self.shown):  # the rest come up as these are answered
+            box["more" + key[0].upper() + key[1:]] = self.total - len(self.shown)
 
 
 def wake_key(owner: str, box: str) -> str:
@@ -195,14 +217,16 @@ async def compute(store: Store, office: Office, viewer: str, *, mark_you: bool,
     you: dict[str, Any] = {"yourTurn": [], "unread": [], "waitingOnOthers": []}
     person_unread = person_waiting = 0
     if who.person is not None:
-        you = {"yourTurn": _turns(threads, [who.person], viewer, "you"),
-               "unread": unread["you"][0],
-               "waitingOnOthers": _waiting_on_others(threads, [who.person], viewer, "you")}
-        person_unread, person_waiting = unread["you"][1], len(you["yourTurn"])
-    agents: dict[str, Any] = {
-        "yourTurn": _turns(threads, list(who.agents), viewer, "agents"),
-        "unread": unread["agents"][0],
-        "waitingOnOthers": _waiting_on_others(threads, list(who.agents), viewer, "agents")}
+        turns = _turns(threads, [who.person], viewer, "you")
+        you = {"yourTurn": [], "unread": unread["you"][0], "waitingOnOthers": []}
+        turns.into(you, "yourTurn")
+        _waiting_on_others(threads, [who.person], viewer, "you").into(you, "waitingOnOthers")
+        person_unread, person_waiting = unread["you"][1], turns.total
+    agents: dict[str, Any] = {"yourTurn": [], "unread": unread["agents"][0],
+                              "waitingOnOthers": []}
+    _turns(threads, list(who.agents), viewer, "agents").into(agents, "yourTurn")
+    _waiting_on_others(threads, list(who.agents), viewer, "agents").into(
+        agents, "waitingOnOthers")
     if viewer == who.person:  # the person sees it as history, never as a notification
         agents = {"title": HISTORY, **agents}
     cards = [v for box in (you, agents) for key in ("yourTurn", "waitingOnOthers")

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,8 @@ class Store(QueueMixin, IdempotencyMixin):
         self._handed_over = {}
         self._running = {}
         self._checkpointer: Checkpointer | None = None
+        self._reads: list[tuple[str, tuple[Any, ...], bool, asyncio.Future[Any]]] = []
+        self._reads_queued = False
 
     @classmethod
     async def open(cls, path: str | Path) -> Store:
@@ -178,18 +181,80 @@ class Store(QueueMixin, IdempotencyMixin):
             if self._checkpointer is not None:
                 self._checkpointer.wrote()
 
+    # Reads go to the connection's thread in batches: every read asked for in one turn of the
+    # event loop (up to READ_BATCH) is executed, fetched and closed there in one hop, and
+    # answered by one wake-up of the loop, instead of the three hops of aiosqlite's cursor
+    # each (execute, fetch, close). When a thousand long polls wake at once, each reading its
+    # inbox, those hops were most of the event loop's time (bench.inbox, profiled).
     async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[aiosqlite.Row]:
-        async with self._db.execute(sql, params) as cur:
-            return list(await cur.fetchall())
+        rows: list[aiosqlite.Row] = await self._read(sql, params, True)
+        return rows
 
     async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> aiosqlite.Row | None:
-        async with self._db.execute(sql, params) as cur:
-            row: aiosqlite.Row | None = await cur.fetchone()
-            return row
+        row: aiosqlite.Row | None = await self._read(sql, params, False)
+        return row
+
+    def _read(self, sql: str, params: tuple[Any, ...], every: bool) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._reads.append((sql, params, every, future))
+        if not self._reads_queued:
+            self._reads_queued = True
+            loop.call_soon(self._send_reads)
+        return future
+
+    def _send_reads(self) -> None:
+        self._reads_queued = False
+        while self._reads:
+            batch, self._reads = self._reads[:READ_BATCH], self._reads[READ_BATCH:]
+            done: asyncio.Future[list[tuple[bool, Any]]] = (
+                asyncio.get_running_loop().create_future())
+            done.add_done_callback(partial(_answer, batch))
+            queries = [(sql, params, every) for sql, params, every, _ in batch]
+            if not self._db._running or self._db._connection is None:  # as aiosqlite says
+                done.set_exception(ValueError("Connection closed"))
+            else:
+                self._db._tx.put_nowait((done, partial(_fetch_all, self._db, queries)))
 
     @staticmethod
     def now() -> float:
         return time.time()
+
+
+READ_BATCH = 256  # reads in one hop at most: a write queued behind waits for no more
+
+
+def _fetch_all(db: aiosqlite.Connection,
+               queries: list[tuple[str, tuple[Any, ...], bool]]) -> list[tuple[bool, Any]]:
+    """In the connection's thread: each query's rows (all, or the first), or its error."""
+    out: list[tuple[bool, Any]] = []
+    for sql, params, every in queries:
+        try:
+            cur = db._conn.execute(sql, params)
+            try:
+                out.append((True, cur.fetchall() if every else cur.fetchone()))
+            finally:
+                cur.close()
+        except Exception as exc:  # noqa: BLE001 - handed to the read that made it
+            out.append((False, exc))
+    return out
+
+
+def _answer(batch: list[tuple[str, tuple[Any, ...], bool, asyncio.Future[Any]]],
+            done: asyncio.Future[list[tuple[bool, Any]]]) -> None:
+    if done.cancelled() or done.exception() is not None:
+        exc = None if done.cancelled() else done.exception()
+        for *_, future in batch:
+            if not future.done():
+                future.set_exception(exc or asyncio.CancelledError())
+        return
+    for (*_, future), (ok, value) in zip(batch, done.result(), strict=True):
+        if future.done():  # the reader was cancelled meanwhile
+            continue
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
 
 
 _EXTRA_SCHEMAS: list[str] = []

@@ -174,9 +174,15 @@ class ThreadResult(Result):
 
 
 class Box(Out):
-    yourTurn: list[Card] = Field(description="questions waiting on your answer, replies to yours")
+    yourTurn: list[Card] = Field(description="questions waiting on your answer, replies to "
+                                 "yours: the newest 30")
     unread: list[dict[str, Any]] = Field(description="comments not shown before (shown once)")
-    waitingOnOthers: list[Card] = Field(description="your questions nobody has answered yet")
+    waitingOnOthers: list[Card] = Field(description="your questions nobody has answered yet: "
+                                        "the newest 30")
+    moreYourTurn: int | None = Field(default=None, description="how many more cards wait "
+                                     "beyond yourTurn; they come up as these are answered")
+    moreWaitingOnOthers: int | None = Field(default=None, description="how many more of your "
+                                            "questions wait beyond waitingOnOthers")
     title: str | None = None
 
 
