@@ -638,7 +638,7 @@ def shown_url(sock: socket.socket, host: str) -> str:
     return f"http://{host}:{port}"
 
 
-async def serve_page(sock: socket.socket, page: SetupPage, stopped: Awaitable[None],
+async def serve_page(sock: socket.socket, page: SetupPage, stopped: Awaitable[object],
                      announce: str, probes: bool = False) -> bool:
     """Serve the registration pages on `sock` until registered (True) or `stopped` (False);
     `announce` is printed once they answer and a signal is heard. `sock` stays open for
@@ -665,7 +665,7 @@ async def serve_page(sock: socket.socket, page: SetupPage, stopped: Awaitable[No
 
 
 async def serve_until_registered(sock: socket.socket, unregistered: NotRegistered,
-                                 stopped: Awaitable[None]) -> bool:
+                                 stopped: Awaitable[object]) -> bool:
     """`vaultmail serve` without credentials: the registration page on the app's own port
     (webhooks and the redirect to the app's own URL, or VAULTMAIL_PUBLIC_URL), GH_ORG for an
     organisation, the forge from GHE_HOST / GITHUB_API_URL (default github.com); .env beside

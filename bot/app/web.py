@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -51,6 +54,21 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 STUCK_AFTER = 300.0  # seconds the oldest due delivery may wait before the queue counts as stuck
+WRITE_LOCK_WAIT = 1.0  # seconds readiness waits for the index's write lock
+
+
+def _take_write_lock(path: Path, wait: float) -> None:
+    """Take the index's write lock on a connection of its own and let it go, changing
+    nothing; raises (`database is locked`, `readonly database`, ...) when no write could be
+    made. Not on the store's connection: there a held lock would keep every read of the app
+    waiting for SQLite's busy timeout (5 s), liveness probes included."""
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True, timeout=wait,
+                           isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
 
 
 async def readyz(request: web.Request) -> web.Response:
@@ -69,7 +87,8 @@ async def readyz(request: web.Request) -> web.Response:
             checks[name] = {"ok": False, "detail": str(exc) or type(exc).__name__}
 
     async def database() -> str:
-        await services.store.check_writable()
+        await asyncio.to_thread(_take_write_lock, services.settings.db_path, WRITE_LOCK_WAIT)
+        await services.store.check_writable()  # and the app's own connection takes one
         return "writable"
 
     async def forge() -> str:
@@ -189,6 +208,12 @@ class Startup:
         self.services: Services | None = None
         self.error: str | None = None
         self.ready = asyncio.Event()
+        self.stopping_since: float | None = None  # (monotonic) when shutdown began
+
+
+# SIGTERM to the end of the worker's drain, at most; what is left of an orchestrator's grace
+# period (10 s: Docker's and Kubernetes' default) goes to closing the rest and exiting
+DRAIN_SECONDS = 8.0
 
 
 STARTUP_KEY = web.AppKey("startup", Startup)
@@ -254,7 +279,10 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
         services.notifier.close()  # (again, for runners that skip on_shutdown)
         await app[RECONCILER_KEY].stop()
         await app[FORWARDER_KEY].stop()
-        await app[WORKER_KEY].stop()  # in progress: finish, or back to the queue
+        # in progress: finish, or back to the queue; the time requests in flight took (before
+        # this, aiohttp waits for them) is taken from the same budget
+        since = startup.stopping_since or time.monotonic()
+        await app[WORKER_KEY].stop(max(0.5, DRAIN_SECONDS - (time.monotonic() - since)))
         await runs.stop(services)  # dispatches under way end; a command run is killed
         await services.store.close()
 
@@ -274,6 +302,7 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
 
     async def answer_long_polls(app: web.Application) -> None:
         # runs once the listener is closed and before aiohttp waits for requests in flight
+        startup.stopping_since = time.monotonic()
         if startup.services is not None:
             startup.services.notifier.close()
 

@@ -72,7 +72,8 @@ class Worker:
                 await asyncio.wait_for(asyncio.shield(self._task), drain_timeout)
             except TimeoutError:
                 log.warning("shutdown: queue not drained in time; it resumes at next start")
-                self._task.cancel()
+                self._task.cancel()  # what it was handling stays pending, no attempt counted
+                await asyncio.wait([self._task])  # done before the store it writes to closes
 
     async def idle(self, timeout: float = 30.0) -> None:
         """Wait until nothing is pending, retries included (for tests, demo and benchmarks)."""

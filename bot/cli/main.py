@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bot.app.logs import LEVELS, setup_logging
 from bot.app.settings import USAGE, NotRegistered, Settings, SettingsError
-from bot.cli.process import StartupError, listen, wait_for_signal
+from bot.cli.process import StartupError, listen, stop_signal
 from bot.office.config import OfficeConfigError
 
 
@@ -27,6 +27,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         port=args.port, forge_port=args.forge_port, dialect=args.forge)
     from bot.console.links import console_url, sign_in_lines
 
+    stop = stop_signal()
     print(f"vaultmail ready: app {embedded.app_url}  forge {embedded.forge.url}  "
           f"tokens {embedded.tokens_path}  console {console_url(embedded.app_url)}", flush=True)
     oauth = embedded.services.settings.client_id != ""
@@ -34,7 +35,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
                               embedded.forge.user_password if oauth else None):
         print(line, flush=True)
     try:
-        await wait_for_signal()
+        await stop.wait()
     finally:
         await embedded.stop()
     return 0
@@ -51,7 +52,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         settings = Settings.from_env()
     except NotRegistered as unregistered:  # as Probot does: the registration page, then on
         sock = listen(unregistered.host, unregistered.port)
-        if not await serve_until_registered(sock, unregistered, wait_for_signal()):
+        if not await serve_until_registered(sock, unregistered, stop_signal().wait()):
             sock.close()
             return 0
         settings = Settings.from_env()  # the .env the registration wrote
@@ -65,9 +66,10 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     runner = web.AppRunner(app, shutdown_timeout=5.0)
     await runner.setup()
     await web.SockSite(runner, sock).start()
+    stop = stop_signal()
     print(f"vaultmail serving on http://{settings.host}:{sock.getsockname()[1]}", flush=True)
     try:
-        await wait_for_signal()
+        await stop.wait()
     finally:
         await runner.cleanup()
     return 0

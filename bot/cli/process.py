@@ -1,5 +1,5 @@
 """What every long-running command shares: its listening socket, bound before anything else
-starts (a port in use fails at once, in one line), and waiting for SIGINT or SIGTERM."""
+starts (a port in use fails at once, in one line), and stopping on SIGINT or SIGTERM."""
 
 from __future__ import annotations
 
@@ -29,11 +29,12 @@ def listen(host: str, port: int, *, backlog: int = 512) -> socket.socket:
     return sock
 
 
-async def wait_for_signal() -> None:
-    """Return on SIGINT or SIGTERM."""
+def stop_signal() -> asyncio.Event:
+    """An event SIGINT or SIGTERM sets from now on. Taken before a command says it is ready,
+    so a signal right after that line stops it cleanly (exit 0) instead of killing it."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return stop

@@ -22,7 +22,7 @@ from bot.app.setup import (
     serve_page,
     shown_url,
 )
-from bot.cli.process import StartupError, listen, wait_for_signal
+from bot.cli.process import StartupError, listen, stop_signal
 
 
 def _public_url(args: argparse.Namespace, env_file: Path) -> str:
@@ -69,7 +69,7 @@ async def cmd_register(args: argparse.Namespace) -> int:
         print(f"vaultmail register: note: {', '.join(shadowing)} set in this environment win "
               f"over {env_file} when `vaultmail serve` runs here", file=sys.stderr)
     try:
-        if not await serve_page(sock, page, wait_for_signal(), announce=(
+        if not await serve_page(sock, page, stop_signal().wait(), announce=(
                 f"vaultmail register: open {shown_url(sock, args.host)}/setup in a browser to "
                 f"register {name} on {forge.web} {where} (webhooks to {public_url}/webhook)")):
             print("vaultmail register: stopped before the App was registered: nothing written",

@@ -437,7 +437,9 @@ class _Caller(abc.ABC):
         while True:
             await self._respect_primary_limit(method, full_url)
             if method != "GET" and not paced:  # a retry: paced again (the turn is still ours)
-                self._count("paced", await self.pacer.wait(content, writes_for.get(), endpoint))
+                waited = await self.pacer.wait(content, writes_for.get(), endpoint)
+                self._count("paced", waited)
+                metrics.PACING_SECONDS.inc(waited)
             paced = False
             credentials = await self._credentials()
             failure: str

@@ -3,6 +3,9 @@ or which part is not), `/metrics` (Prometheus)."""
 
 from __future__ import annotations
 
+import dataclasses
+import sqlite3
+import time
 from typing import Any
 
 import aiohttp
@@ -52,6 +55,45 @@ async def test_readyz_names_a_stuck_queue(embedded: Embedded, session: aiohttp.C
     assert "oldest due delivery has waited" in body["checks"]["queue"]["detail"]
 
 
+async def _timed_get(session: aiohttp.ClientSession, url: str) -> tuple[int, Any, float]:
+    started = time.monotonic()
+    status, body, _ = await _get(session, url)
+    return status, body, time.monotonic() - started
+
+
+PROBE_TIMEOUT = 4.0  # the Dockerfile's health check gives /healthz 4 s (urlopen timeout)
+
+
+async def test_readyz_names_the_database_when_another_connection_holds_its_write_lock(
+        embedded: Embedded, session: aiohttp.ClientSession, person: Any) -> None:
+    """An operator's `sqlite3 index.sqlite3` left in a transaction (or a backup tool holding
+    the lock): the index cannot take a write. Readiness says so within a probe's timeout and
+    names the lock; liveness still answers; once the lock is let go, all is well again."""
+    other = sqlite3.connect(embedded.services.settings.db_path, timeout=0,
+                            isolation_level=None)
+    try:
+        other.execute("BEGIN EXCLUSIVE")
+        status, body, took = await _timed_get(session, f"{embedded.app_url}/readyz")
+        health_status, health, health_took = await _timed_get(
+            session, f"{embedded.app_url}/healthz")
+        assert status == 503 and body["failed"] == ["database"], body
+        assert "locked" in body["checks"]["database"]["detail"], body
+        assert took < PROBE_TIMEOUT, f"/readyz took {took:.1f} s"
+        assert health_status == 200 and health["status"] == "ok", health
+        assert health_took < PROBE_TIMEOUT, f"/healthz took {health_took:.1f} s meanwhile"
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    status, body, _ = await _get(session, f"{embedded.app_url}/readyz")
+    assert status == 200 and body["failed"] == [], body
+    # the index takes writes again: a delivery is queued and handled
+    marco: Actor = person("marco")
+    issue = await marco.open_issue("acme/scout-vault", "Prices", "EU prices please")
+    await embedded.settle()
+    labels = [x["name"] for x in (await marco.issue("acme/scout-vault", issue["number"]))["labels"]]
+    assert labels == ["mail:new"]
+
+
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     out = {}
     for family in text_string_to_metric_families(text):
@@ -99,3 +141,87 @@ async def test_metrics_count_tool_calls_forge_requests_and_the_rate_limit_left(
     assert creates and creates[0] >= 1, "forge requests by route template and status"
     inst = str(embedded.services.default_installation)
     assert samples[("vaultmail_forge_rate_limit_remaining", (("installation", inst),))] > 0
+
+
+def _value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str,
+           **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def _short_retries(embedded: Embedded) -> Any:
+    """Deliveries and the forge client each try twice, quickly; returns the client."""
+    embedded.worker.base_backoff, embedded.worker.max_attempts = 0.01, 2
+    forge: Any = embedded.services.forge_for(None)
+    forge.config = dataclasses.replace(forge.config, backoff_base=0.001, max_attempts=2)
+    return forge
+
+
+LABEL_WRITE = "PATCH /repos/{owner}/{repo}/issues/{issue_number}"  # the app labels a new mail
+
+
+async def test_metrics_follow_a_delivery_that_fails_until_it_is_dead_lettered(
+        embedded: Embedded, session: aiohttp.ClientSession, person: Any) -> None:
+    """A delivery whose forge write keeps failing: while it is in progress the queue's depth
+    and age count it; each failed attempt but the last is `retried`, the last is `dead`, and
+    the queue is empty again, its dead letter counted."""
+    _short_retries(embedded)
+    _, _, text = await _get(session, f"{embedded.app_url}/metrics")
+    before = _samples(text)
+
+    held = embedded.forge.faults.hold(LABEL_WRITE)
+    marco: Actor = person("marco")
+    opened = time.time()
+    await marco.open_issue("acme/scout-vault", "Prices", "EU prices please")
+    await held.arrived.wait()  # the delivery is being handled: its write waits at the forge
+    _, _, text = await _get(session, f"{embedded.app_url}/metrics")
+    waited = time.time() - opened
+    during = _samples(text)
+    assert _value(during, "vaultmail_queue_pending") == 1
+    age = _value(during, "vaultmail_queue_oldest_due_seconds")
+    assert 0 < age <= waited, (age, waited)
+
+    embedded.forge.faults.add(LABEL_WRITE, status=503)  # every try of it fails from now on
+    held.release()
+    await embedded.settle()
+    _, _, text = await _get(session, f"{embedded.app_url}/metrics")
+    after = _samples(text)
+
+    def delta(outcome: str) -> float:
+        name = "vaultmail_deliveries_total"
+        return (_value(after, name, event="issues", outcome=outcome)
+                - _value(before, name, event="issues", outcome=outcome))
+
+    assert (delta("retried"), delta("dead"), delta("handled")) == (1, 1, 0)
+    assert _value(after, "vaultmail_queue_pending") == 0
+    assert _value(after, "vaultmail_queue_dead_letters") == 1
+    assert _value(after, "vaultmail_queue_oldest_due_seconds") == 0
+    route = (("method", "PATCH"), ("route", "/repos/{owner}/{repo}/issues/{number}"),
+             ("status", "503"))  # (the app's URI template)
+    failed = (after.get(("vaultmail_forge_requests_total", route), 0.0)
+              - before.get(("vaultmail_forge_requests_total", route), 0.0))
+    assert failed == 4, "two attempts of the delivery, two tries of the write in each"
+
+
+async def test_pacing_wait_seconds_count_the_turns_a_failed_write_waits_for_its_retry(
+        embedded: Embedded, session: aiohttp.ClientSession, person: Any) -> None:
+    """The forge refuses the label write once; the client tries again once pacing lets it
+    (writes 0.2 s apart here). Every second waited for a write turn is in the metric."""
+    forge = _short_retries(embedded)
+    forge.pacer.min_interval = 0.2
+    stats = embedded.services.forge_client.stats  # every installation's and the App's calls
+    await embedded.settle()
+    _, _, text = await _get(session, f"{embedded.app_url}/metrics")
+    metric_before, paced_before = _value(_samples(text), PACING), stats.paced
+    embedded.forge.faults.add(LABEL_WRITE, status=503, count=1)
+    marco: Actor = person("marco")
+    issue = await marco.open_issue("acme/scout-vault", "Prices", "EU prices please")
+    await embedded.settle()
+    got = await marco.issue("acme/scout-vault", issue["number"])
+    assert [x["name"] for x in got["labels"]] == ["mail:new"], "the retry landed"
+    _, _, text = await _get(session, f"{embedded.app_url}/metrics")
+    paced = stats.paced - paced_before
+    assert paced >= 0.1, f"the retry waited for its turn ({paced:.3f} s)"
+    assert _value(_samples(text), PACING) - metric_before == pytest.approx(paced, abs=1e-6)
+
+
+PACING = "vaultmail_pacing_wait_seconds_total"

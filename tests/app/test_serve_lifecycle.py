@@ -8,7 +8,9 @@ import json
 import signal
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from bot.app.embedded import APP_EVENTS, APP_PERMISSIONS
 from bot.office.config import load_office
 from bot.office.seed import seed_office
+from bot.store import Store
 from localforge import LocalForge
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,3 +155,121 @@ async def test_sigterm_answers_long_polls_at_once_and_exits_0(
     status, body = await asyncio.wait_for(poll, 10)  # not the 50 s it asked for
     assert status == 200 and "inbox" in body, body
     assert await asyncio.wait_for(proc.wait(), 10) == 0
+
+
+LABEL_WRITE = "PATCH /repos/{owner}/{repo}/issues/{issue_number}"  # the app labels a new mail
+DRAIN = 10.0  # seconds SIGTERM may take (Docker's and Kubernetes' default grace period)
+
+
+class _Office:
+    """A local forge set up as an organisation would be, with the App installed, and
+    `vaultmail serve` processes run against it on one data directory."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.app_port, forge_port = _free_port(), _free_port()
+        self.app_url = f"http://127.0.0.1:{self.app_port}"
+        private, public = _key_pair()
+        self.forge = LocalForge()
+        self.forge_port = forge_port
+        self.tokens = seed_office(self.forge, load_office())
+        example = resources.files("bot").joinpath("example_office.yml").read_text()
+        self.forge.put_file("acme/.github", "vaultmail.yml", example)
+        app_id = self.forge.register_app(
+            slug="vaultmail", name="vaultmail", public_key_pem=public,
+            webhook_url=self.app_url + "/webhook", webhook_secret="whsec-test",
+            events=APP_EVENTS, permissions=APP_PERMISSIONS)
+        self.forge.install_app(app_id, "acme")
+        self.env = {"APP_ID": str(app_id), "PRIVATE_KEY": private,
+                    "WEBHOOK_SECRET": "whsec-test",
+                    "GITHUB_API_URL": f"http://127.0.0.1:{forge_port}", "HOST": "127.0.0.1",
+                    "PORT": str(self.app_port), "VAULTMAIL_DATA": str(tmp_path / "data")}
+        self.runs = 0
+
+    async def serve(self, session: aiohttp.ClientSession) -> asyncio.subprocess.Process:
+        """`vaultmail serve`, once it is ready; its log goes to serve-N.log."""
+        self.runs += 1
+        with (self.tmp_path / f"serve-{self.runs}.log").open("wb") as log:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "bot.cli.main", "serve", cwd=str(self.tmp_path),
+                env={"PATH": "/usr/bin:/bin", "HOME": str(self.tmp_path), **self.env},
+                stdout=asyncio.subprocess.PIPE, stderr=log)
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+        assert line.strip() == f"vaultmail serving on {self.app_url}", self.log()
+        await _until_ready(session, self.app_url)
+        return proc
+
+    def log(self) -> str:
+        return (self.tmp_path / f"serve-{self.runs}.log").read_text()
+
+    async def open_issue(self, session: aiohttp.ClientSession, login: str, repo: str,
+                         title: str, body: str) -> Any:
+        status, issue = await _json(
+            session, "POST", f"{self.forge.url}/repos/{repo}/issues",
+            headers={"Authorization": f"token {self.tokens[login]}"},
+            json={"title": title, "body": body})
+        assert status == 201, issue
+        return issue
+
+    async def deliveries(self, event: str) -> list[dict[str, Any]]:
+        """The queue's rows for `event`, read from the data directory (serve stopped)."""
+        store = await Store.open(Path(self.env["VAULTMAIL_DATA"]) / "index.sqlite3")
+        try:
+            rows = await store.fetchall(
+                "SELECT guid, state, attempts FROM queue WHERE event=? ORDER BY id", (event,))
+            return [dict(r) for r in rows]
+        finally:
+            await store.close()
+
+
+async def _handled(session: aiohttp.ClientSession, url: str, tries: int = 300) -> None:
+    """Poll /healthz until nothing is pending (bounded)."""
+    body: Any = None
+    for _ in range(tries):
+        status, body = await _json(session, "GET", url + "/healthz")
+        if status == 200 and body["queue_pending"] == 0:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"still pending: {body}")
+
+
+async def test_sigterm_while_a_delivery_is_in_progress_exits_0_in_time_and_it_is_handled_once(
+        tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """The forge holds the delivery's write while SIGTERM arrives: serve exits 0 within the
+    grace period, the delivery goes back to the queue (not counted as failed, not lost), and
+    the next start handles it, once."""
+    office = _Office(tmp_path)
+    await office.forge.start(port=office.forge_port)
+    try:
+        proc = await office.serve(session)
+        held = office.forge.faults.hold(LABEL_WRITE)
+        issue = await office.open_issue(session, "marco", "acme/scout-vault", "Prices",
+                                        "EU prices please")
+        await held.arrived.wait()  # the delivery is being handled, its write at the forge
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(proc.wait(), 30)
+        took = time.monotonic() - started
+        assert code == 0, office.log()
+        assert took < DRAIN, f"SIGTERM took {took:.1f} s"
+        [row] = await office.deliveries("issues")
+        assert (row["state"], row["attempts"]) == ("pending", 0), row
+        held.release()  # (the write the stopped app had sent lands now, as it may on GitHub)
+
+        proc = await office.serve(session)
+        await _handled(session, office.app_url)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0, office.log()
+        status, got = await _json(
+            session, "GET", f"{office.forge.url}/repos/acme/scout-vault/issues/{issue['number']}",
+            headers={"Authorization": f"token {office.tokens['marco']}"})
+        assert [x["name"] for x in got["labels"]] == ["mail:new"]
+    finally:
+        office.forge.faults.clear()  # (a hold left by a failure would keep the forge waiting)
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await office.forge.stop()
+    assert await office.deliveries("issues") == [
+        {"guid": row["guid"], "state": "done", "attempts": 0}], "handled once, by the restart"

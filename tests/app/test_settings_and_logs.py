@@ -7,6 +7,7 @@ import asyncio
 import io
 import json
 import logging
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,3 +133,47 @@ async def test_every_line_inside_a_delivery_carries_its_ids_and_keeps_its_own_fi
     stamp = line["time"]
     assert stamp.endswith("Z") and len(stamp.split(".")[-1]) == 4, stamp  # "SS.mmmZ"
     assert line["level"] == "info"
+
+
+async def _lines_of_up(tmp_path: Path, flags: list[str], env: dict[str, str]
+                       ) -> list[dict[str, Any]]:
+    """Run `vaultmail [flags] up` until it is ready, stop it (SIGTERM); its log lines."""
+    stderr = tmp_path / "stderr.log"
+    with stderr.open("wb") as err:  # a file: a pipe nobody reads would fill and stall it
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot.cli.main", *flags, "up", "--data", str(tmp_path / "data"),
+            "--port", "0", "--forge-port", "0", cwd=str(tmp_path),
+            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **env},
+            stdout=asyncio.subprocess.PIPE, stderr=err)
+        assert proc.stdout is not None
+        try:
+            line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+            assert line.startswith("vaultmail ready:"), (line, stderr.read_text())
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, stderr.read_text()
+    return [json.loads(x) for x in stderr.read_text().splitlines() if x.strip()]
+
+
+def _forge_debug_lines(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The forge layer's line for each request (`GET /app/installations -> 200`): debug."""
+    return [x for x in lines if x["level"] == "debug"
+            and x.get("logger", "").startswith("vaultmail.forge") and " -> " in x["msg"]]
+
+
+@pytest.mark.parametrize(("flags", "env", "debug"), [
+    (["--log-level", "debug"], {}, True),
+    ([], {"LOG_LEVEL": "debug"}, True),  # no flag: LOG_LEVEL is honoured
+    ([], {}, False),  # neither: warning for `up`
+    (["--log-level", "warning"], {"LOG_LEVEL": "debug"}, False),  # the flag wins
+], ids=["flag", "LOG_LEVEL", "default", "flag-over-LOG_LEVEL"])
+async def test_log_level_debug_from_the_flag_or_log_level_shows_the_forge_requests(
+        tmp_path: Path, flags: list[str], env: dict[str, str], debug: bool) -> None:
+    lines = await _lines_of_up(tmp_path, flags, env)
+    requests = _forge_debug_lines(lines)
+    if debug:
+        assert requests, [x["msg"] for x in lines][:20]
+        assert all(x["time"].endswith("Z") for x in requests)
+    else:
+        assert not [x for x in lines if x["level"] == "debug"], lines[:5]
