@@ -45,6 +45,9 @@ async def record_update(service: Comments, actor: str, item: Item, known: Item |
     async with service.services.store.transaction() as tx:
         await db.add_update(tx, outcome, kind, actor, summary, {"item": item.ref})
     target = await db.get_item(service.services.store, outcome)
-    if target is not None:
-        people = [p for p in (target.author, target.claim) if p]
-        service.services.notifier.notify(owner_of(service.office, p) for p in people)
+    if target is not None:  # wake everyone whose Updates this reaches (`updates_for`)
+        askers, logins = await db.followers_of(service.services.store, outcome)
+        assigned = [who.principal for login in logins
+                    if (who := service.office.by_login(login)) is not None]
+        people = [p for p in (target.author, target.claim, *askers, *assigned) if p]
+        service.services.notifier.notify({owner_of(service.office, p) for p in people})

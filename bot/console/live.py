@@ -41,13 +41,15 @@ async def delivery_stamp(v: Visitor) -> str:
 
 
 async def version(v: Visitor, look: dict[str, Any], stamp: str) -> str:
-    """The inbox as a page shows it: the cards and questions (not their read marks)."""
+    """The inbox as a page shows it: the cards and questions (not their read marks), and the
+    updates on the person's outcomes (which reach no box: their own cursors tell them)."""
     def ids(box: dict[str, Any], key: str) -> list[Any]:
         return [(t.get("thread"), t.get("turn"), t.get("waitingOn"),
                  (t.get("answer") or {}).get("comment"), t.get("resolved"))
                 for t in box.get(key, [])]
     parts = [stamp, ids(look["you"], "yourTurn"), ids(look["you"], "waitingOnOthers"),
-             ids(look["agents"], "yourTurn"), ids(look["agents"], "waitingOnOthers")]
+             ids(look["agents"], "yourTurn"), ids(look["agents"], "waitingOnOthers"),
+             [u.get("cursor") for u in look.get("updates", [])]]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
 
 

@@ -8,6 +8,7 @@ import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -321,23 +322,24 @@ async def open_questions_involving(store: Store, principals: list[str]) -> list[
         return []
     ps = _marks(principals)
     # thread_waiting holds only open questions; the asker side reads a covering partial index
-    found = {str(r["thread"]): float(r["updated_at"]) for r in await store.fetchall(
-        f"SELECT thread, updated_at FROM thread_waiting WHERE principal IN ({ps})",
-        tuple(principals))}
-    found.update((str(r["id"]), float(r["updated_at"])) for r in await store.fetchall(
-        "SELECT id, updated_at FROM threads INDEXED BY threads_open_asked"
-        f" WHERE asker IN ({ps}) AND open=1"
-        " AND is_question=1", tuple(principals)))
-    keys = sorted(found.items(), key=lambda kv: kv[1], reverse=True)
+    # (one statement: one trip to the connection's thread)
+    # (thread, updated_at) pairs: TEXT and REAL columns, as they are; this loop runs over
+    # every open question of the caller on each call, so it does no more than it must
+    found: dict[str, float] = {r[0]: r[1] for r in await store.fetchall(
+        f"SELECT thread, updated_at FROM thread_waiting WHERE principal IN ({ps})"
+        " UNION ALL SELECT id, updated_at FROM threads INDEXED BY threads_open_asked"
+        f" WHERE asker IN ({ps}) AND open=1 AND is_question=1",
+        (*principals, *principals))}
+    keys = sorted(found.items(), key=itemgetter(1), reverse=True)
     cache = _thread_caches.get(store)
     if cache is None:
         cache = _thread_caches[store] = OrderedDict()
     out: list[ThreadRow | None] = []
     missing: dict[str, int] = {}
+    get = cache.get
     for thread_id, updated_at in keys:
-        hit = cache.get(thread_id)
-        if hit is not None and hit[0] == updated_at:
-            cache.move_to_end(thread_id)
+        hit = get(thread_id)
+        if hit is not None and hit[0] == updated_at:  # kept in the order first read
             out.append(hit[1])
         else:
             missing[thread_id] = len(out)
@@ -419,8 +421,11 @@ async def updates_for(store: Store, mine: list[str], logins: list[str], exclude:
     page = (before or 2**62, since or 0.0)
     assigned = (f" OR EXISTS (SELECT 1 FROM item_assignees a WHERE a.item=u.item"
                 f" AND a.login IN ({_marks(logins)}))") if logins else ""
+    # the window's page, and after it one row (seq -1) whose `at` counts the window's
+    # candidates: one statement, one trip to the connection's thread
     rows = await store.fetchall(
-        "SELECT u.* FROM (SELECT * FROM item_updates WHERE seq<? AND at>=?"
+        "SELECT * FROM (SELECT u.seq, u.item, u.kind, u.actor, u.summary, u.data, u.at"
+        " FROM (SELECT * FROM item_updates WHERE seq<? AND at>=?"
         " ORDER BY seq DESC LIMIT ?) u"
         f" WHERE u.actor NOT IN ({ex}) AND ("
         " EXISTS (SELECT 1 FROM items i WHERE i.ref=u.item"
@@ -428,15 +433,15 @@ async def updates_for(store: Store, mine: list[str], logins: list[str], exclude:
         " OR EXISTS (SELECT 1 FROM threads t INDEXED BY threads_scope_asked"
         " WHERE t.scope=u.item AND t.is_question=1"
         f"  AND t.asker IN ({m})){assigned})"
-        " ORDER BY u.seq DESC LIMIT ?",
-        (*page, UPDATES_WINDOW, *exclude, *mine, *mine, *mine, *logins, limit))
-    if len(rows) >= limit:
-        return rows
-    window = await store.fetchone(
-        "SELECT count(*) AS n FROM (SELECT 1 FROM item_updates WHERE seq<? AND at>=?"
-        " LIMIT ?)", (*page, UPDATES_WINDOW))
-    if window is None or int(window["n"]) < UPDATES_WINDOW:
-        return rows  # the window held every candidate
+        " ORDER BY u.seq DESC LIMIT ?)"
+        " UNION ALL SELECT -1, NULL, NULL, NULL, NULL, NULL, (SELECT count(*) FROM"
+        " (SELECT 1 FROM item_updates WHERE seq<? AND at>=? LIMIT ?))"
+        " ORDER BY 1 DESC",
+        (*page, UPDATES_WINDOW, *exclude, *mine, *mine, *mine, *logins, limit,
+         *page, UPDATES_WINDOW))
+    window = int(rows.pop()["at"])
+    if len(rows) >= limit or window < UPDATES_WINDOW:
+        return rows  # the page is full, or the window held every candidate
     sql, params = _relevant_sql(mine, logins)
     return await store.fetchall(
         f"SELECT * FROM item_updates WHERE item IN ({sql}) AND actor NOT IN ({ex})"
@@ -539,12 +544,15 @@ async def unseen_by_their_agent(store: Store, owner: str,
                                 agents: list[str]) -> list[aiosqlite.Row]:
     """The deliveries in the owner's agents' box that the agent each is for has not been
     shown yet (the person's history of what their agents are handling), oldest first."""
-    rows: list[aiosqlite.Row] = []
-    for agent in agents:
-        rows += await store.fetchall(
-            _unseen(only=" AND principal=?", index="inbox_deliveries_unread_for"),
-            (owner, agent, owner, agent))
-    return sorted(rows, key=lambda r: int(r["seq"]))
+    if not agents:
+        return []
+    # one statement for every agent (each row against the mark of the agent it is for)
+    return await store.fetchall(
+        "SELECT * FROM inbox_deliveries d INDEXED BY inbox_deliveries_unread_for"
+        f" WHERE owner=? AND box='agents' AND principal IN ({_marks(agents)})"
+        " AND read_at IS NULL AND seq>coalesce((SELECT seq FROM inbox_agent_marks m"
+        " WHERE m.owner=d.owner AND m.agent=d.principal), 0) ORDER BY seq",
+        (owner, *agents))
 
 
 async def seen_page(store: Store, owner: str, agent: str, before: int | None,
@@ -586,3 +594,12 @@ async def add_update(db: aiosqlite.Connection, item: str, kind: str, actor: str,
                      (item, kind, actor, summary, json.dumps(data or {}), time.time()))
 
 
+
+
+async def followers_of(store: Store, outcome: str) -> tuple[list[str], list[str]]:
+    """Who gets an outcome's updates besides its author and claim holder (see `updates_for`):
+    the askers of questions scoped to it, and the logins assigned to it."""
+    askers = await store.fetchall(
+        "SELECT DISTINCT asker FROM threads WHERE scope=? AND is_question=1", (outcome,))
+    logins = await store.fetchall("SELECT login FROM item_assignees WHERE item=?", (outcome,))
+    return [str(r["asker"]) for r in askers], [str(r["login"]) for r in logins]

@@ -4,9 +4,11 @@ ledger's chain, the live stream. (What a person does in the pages is in test_bro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -14,7 +16,8 @@ from yarl import URL
 
 from bot.app.embedded import Embedded
 from bot.app.settings import Settings
-from tests.items_support import MARCO, SARA, SCOUT, TOKEN_TTL, make_item
+from bot.store import ledger
+from tests.items_support import MARCO, SARA, SCOUT, TOKEN_TTL, make_item, where
 from tests.support import Actor, ToolClient
 
 LEE = "human:lee@acme.com"
@@ -321,3 +324,278 @@ async def test_the_inbox_shows_unread_waiting_and_what_your_agents_are_handling(
     assert "Token TTL" in waiting and "asked of sara" in waiting
     assert "sara@acme.com to scout" in history and "For the agent on it" in history
     assert "<form" not in history and "<button" not in history, "history, nothing to answer"
+
+
+@contextlib.asynccontextmanager
+async def signed_in(embedded: Embedded, principal: str) -> AsyncIterator[
+        tuple[aiohttp.ClientSession, str]]:
+    """A client signed in as a browser is (the API token form, then the session cookie), and
+    its session's CSRF token, read from a page as a form would carry it."""
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        url = embedded.app_url + "/console"
+        async with browser.get(url + "/sign-in") as resp:
+            form = {"csrf": _field(await resp.text(), "csrf"),
+                    "token": embedded.api_tokens[principal]}
+        async with browser.post(url + "/sign-in/token", data=form,
+                                allow_redirects=False) as resp:
+            assert resp.status == 303, await resp.text()
+        async with browser.get(url + "/mail") as resp:
+            yield browser, _field(await resp.text(), "csrf")
+
+
+def _form(page: str, action: str) -> dict[str, str]:
+    """The hidden fields of the (first) form of `page` that posts to `action`."""
+    found = re.search(rf'<form method="post" action="{re.escape(action)}"[^>]*>(.*?)</form>',
+                      page, re.S)
+    assert found, f"no form posting to {action}"
+    return dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)">',
+                           found.group(1)))
+
+
+async def test_the_inbox_shows_updates_on_the_outcomes_a_person_owns_as_they_come(
+        embedded: Embedded, session: aiohttp.ClientSession, person: Any) -> None:
+    """What others did on an outcome the person created: a plan under it, the claim, its
+    status; newest first, each with who and a link to the item; never their own doings."""
+    marco, sara = person("marco"), person("sara")
+    outcome = await make_item(embedded, marco, "outcome", "Checkout")
+    repo, n = where(outcome)
+    plan = await make_item(embedded, sara, "plan", "Plan A", body=f"Part of #{n}")
+    await sara.call("PATCH", f"/repos/{repo}/issues/{n}", {"assignees": ["builder-bot"]},
+                    expect=200)
+    await embedded.settle()
+    _, page, _ = await get(session, embedded, "/console/inbox", MARCO)
+    updates = re.findall(r"<li>(.*?)</li>", _section(page, "updates"), re.S)
+    assert len(updates) == 2, updates
+    assert "builder-bot assigned; the claim is now held by agent:builder" in updates[0]
+    assert f"new plan {plan}: Plan A" in updates[1]
+    web = embedded.services.settings.web_url
+    assert all("sara@acme.com" in u and f'href="{web}/{repo}/issues/{n}"' in u
+               for u in updates)
+    _, page, _ = await get(session, embedded, "/console/inbox", SARA)
+    assert "No updates on your outcomes." in _section(page, "updates"), "sara did it herself"
+
+    # a new update reaches an open inbox page without a reload (the stream says it changed)
+    async with session.get(embedded.app_url + "/console/events",
+                           headers=bearer(embedded, MARCO)) as resp:
+        changes = _events(resp)
+        first = await asyncio.wait_for(anext(changes), 10)
+        await sara.call("PATCH", f"/repos/{repo}/issues/{n}", {"state": "closed"}, expect=200)
+        second = await asyncio.wait_for(anext(changes), 10)
+        assert second["version"] != first["version"]
+    _, page, _ = await get(session, embedded, "/console/inbox?part=live", MARCO)
+    updates = re.findall(r"<li>(.*?)</li>", _section(page, "updates"), re.S)
+    assert len(updates) == 3 and "outcome closed: Checkout" in updates[0]
+
+
+async def test_an_update_reaches_the_open_page_of_someone_who_asked_on_the_outcome(
+        embedded: Embedded, session: aiohttp.ClientSession, person: Any, tools: Any) -> None:
+    """Updates reach the people who asked a question on the outcome too, not only its
+    author: their open inbox page hears of a new update without a reload."""
+    marco, sara = person("marco"), person("sara")
+    outcome = await make_item(embedded, marco, "outcome", "Checkout")
+    repo, n = where(outcome)
+    await tools(LEE)("add_comment", targetType="outcome", target=outcome, header="When?",
+                     body="When does it ship?", to=["marco@acme.com"],
+                     options=[{"label": "Friday"}, {"label": "Monday"}])
+    await embedded.settle()
+    async with session.get(embedded.app_url + "/console/events",
+                           headers=bearer(embedded, LEE)) as resp:
+        changes = _events(resp)
+        first = await asyncio.wait_for(anext(changes), 10)
+        await make_item(embedded, sara, "plan", "Plan B", body=f"Part of #{n}")
+        second = await asyncio.wait_for(anext(changes), 10)
+        assert second["version"] != first["version"]
+    _, page, _ = await get(session, embedded, "/console/inbox?part=live", LEE)
+    assert "Plan B" in _section(page, "updates")
+
+
+async def test_the_asker_resolves_an_answered_question_from_its_card(
+        embedded: Embedded, session: aiohttp.ClientSession, person: Any, tools: Any) -> None:
+    outcome = await make_item(embedded, person("marco"), "outcome", "Auth")
+    asked = await tools(SARA)("add_comment", **TOKEN_TTL, target=outcome)
+    thread = asked["comment"]["id"]
+    await tools(MARCO)("add_comment", targetType="outcome", target=outcome, parent=thread,
+                       option="1")
+    await embedded.settle()
+    async with signed_in(embedded, SARA) as (browser, _):
+        inbox = embedded.app_url + "/console/inbox"
+        async with browser.get(inbox) as resp:
+            page = await resp.text()
+        card = _section(page, "your-turn")
+        assert "A reply to your question" in card and "Keep 30 days" in card
+        resolve = _form(card, "/console/inbox/resolve")
+        assert resolve["thread"] == thread
+        assert "Resolve: I have what I need" in card
+
+        # someone who may not resolve it (neither its asker nor an editor) is refused, why said
+        async with session.post(embedded.app_url + "/console/inbox/resolve",
+                                data={"thread": thread}, headers=bearer(embedded, LEE)) as resp:
+            body = await resp.text()
+            assert resp.status == 403, body
+            assert ("only the asker (human:sara@acme.com) or an editor can resolve this "
+                    "question") in body
+        async with browser.get(inbox) as resp:
+            assert resolve == _form(_section(await resp.text(), "your-turn"),
+                                    "/console/inbox/resolve"), "still sara's to resolve"
+
+        async with browser.post(embedded.app_url + "/console/inbox/resolve",
+                                data=resolve) as resp:  # the button, as the page has it
+            page = await resp.text()
+            assert resp.url.path == "/console/inbox"
+        assert "Resolved: the thread is done" in page
+        assert "Nothing waits on you." in _section(page, "your-turn")
+    assert (await tools(SARA)("list_inbox"))["you"]["yourTurn"] == []
+    resolved = await embedded.ledger_events("comment.resolved")
+    assert [(e.actor, e.data["thread"]) for e in resolved] == [(SARA, thread)]
+
+
+THEN = [o["then"] for o in TOKEN_TTL["options"]]
+
+
+async def test_a_human_only_card_says_so_and_no_page_shows_an_options_then(
+        embedded: Embedded, session: aiohttp.ClientSession, person: Any, tools: Any) -> None:
+    """`then` is the asker's own note: it comes back to them in the tools, never on a page (the
+    console shows what anyone asked or answering may see)."""
+    outcome = await make_item(embedded, person("marco"), "outcome", "Auth",
+                              assignees=["scout-bot"])
+    sara, scout = tools(SARA), ToolClient(session, embedded, SCOUT)
+    asked = await sara("add_comment", **TOKEN_TTL, target=outcome)
+    await embedded.settle()
+    _, page, _ = await get(session, embedded, "/console/inbox", MARCO)
+    first = _section(page, "your-turn")
+    assert "Token TTL" in first and "For a person to decide" in first
+    assert "Keep 30 days" in first and "Nobody is signed out" in first, "labels, descriptions"
+    marco = tools(MARCO)
+    await marco("add_comment", targetType="outcome", target=outcome,
+                parent=asked["comment"]["id"], option="1")
+    await scout("add_comment", **{**TOKEN_TTL, "humanOnly": False, "header": "Cache TTL"},
+                target=outcome)
+    await embedded.settle()
+    _, page, _ = await get(session, embedded, "/console/inbox", MARCO)
+    first = _section(page, "your-turn")
+    assert "Cache TTL" in first and "For a person to decide" not in first, "not humanOnly"
+    await marco("add_comment", targetType="outcome", target=outcome,
+                parent=asked["comment"]["id"], option="2", amend=True)
+    await embedded.settle()
+    look = await sara("list_inbox")
+    assert look["you"]["yourTurn"][0]["answer"]["then"] == THEN[1], "the asker's, in the tools"
+
+    asking = ["/console/inbox", "/console/inbox?part=live", "/console/ledger"]
+    others = ["/console/mail", "/console/agents", "/console/agents/scout",
+              "/console/agents/scout?part=chat"]
+    for who in (MARCO, SARA):
+        for path in asking + others:
+            status, body, _ = await get(session, embedded, path, who)
+            assert status == 200, (who, path, body[:300])
+            assert ("Token TTL" in body) == (path in asking), (who, path, "the question")
+            for then in THEN:
+                assert then.split(",")[0] not in body, (who, path, then)
+
+
+async def test_an_agents_desk_lists_its_mail_by_state(
+        embedded: Embedded, session: aiohttp.ClientSession, tools: Any) -> None:
+    marco, scout = tools(MARCO), tools(SCOUT)
+    sent = {}
+    for subject in ("Fresh", "Opened", "Answered", "Done"):
+        sent[subject] = (await marco("mail_send", to="scout", subject=subject,
+                                     body="x"))["mail"]
+    await scout("mail_open", mail=sent["Opened"]["ref"])
+    await scout("mail_reply", mail=sent["Answered"]["ref"], body="Here you are.")
+    await scout("mail_close", mail=sent["Done"]["ref"])
+    await embedded.settle()
+    status, page, _ = await get(session, embedded, "/console/agents/scout", MARCO)
+    assert status == 200, page
+    mail = _section(page, "desk-mail")
+    groups = re.findall(r'<h3><span class="state state-(\w+)"[^>]*>([^<]*)</span> '
+                        r'<span class="count">(\d+)</span></h3>\s*<ul class="list">(.*?)</ul>',
+                        mail, re.S)
+    shown = {state: (label, int(count), re.findall(r'<a href="/console/mail/[^"]+">([^<]+)</a>',
+                                                    items))
+             for state, label, count, items in groups}
+    assert shown == {"new": ("mail:new", 1, ["Fresh"]), "working": ("mail:working", 1, ["Opened"]),
+                     "replied": ("mail:replied", 1, ["Answered"]),
+                     "closed": ("mail:closed", 1, ["Done"])}
+    assert [g[0] for g in groups] == ["new", "working", "replied", "closed"]
+    assert f'href="/console/mail/{sent["Done"]["thread_id"]}"' in mail
+    status, page, _ = await get(session, embedded, "/console/agents/scout", SARA)
+    assert status == 200 and "No mail you may see." in _section(page, "desk-mail"), (
+        "marco's mail to scout is not sara's to see")
+
+
+def _console_posts(embedded: Embedded) -> set[str]:
+    return {r.resource.canonical for r in embedded.runner.app.router.routes()
+            if r.method == "POST" and r.resource is not None
+            and r.resource.canonical.startswith("/console/")}
+
+
+async def test_no_console_form_acts_without_its_sessions_csrf_token(
+        embedded: Embedded, session: aiohttp.ClientSession, person: Any, tools: Any) -> None:
+    """Every POST route of the console, from a signed-in browser with no CSRF token, a forged
+    one, another session's, or a forged X-CSRF-Token header: refused, and nothing changes."""
+    outcome = await make_item(embedded, person("marco"), "outcome", "Auth",
+                              assignees=["scout-bot"])
+    to_marco = await tools(SCOUT)("add_comment", **TOKEN_TTL, target=outcome)
+    by_marco = await tools(MARCO)("add_comment", **{**TOKEN_TTL, "to": ["sara@acme.com"]},
+                                  target=outcome)
+    await tools(SARA)("add_comment", targetType="outcome", target=outcome,
+                      parent=by_marco["comment"]["id"], option="2")
+    await embedded.settle()
+    question = to_marco["comment"]["id"]
+    forms: dict[str, dict[str, str]] = {
+        "/console/sign-in/token": {"token": embedded.api_tokens[LEE]},
+        "/console/inbox/answer": {"thread": question, "target": outcome,
+                                  "targetType": "outcome", "option": "1"},
+        "/console/inbox/defer": {"thread": question},
+        "/console/inbox/resolve": {"thread": by_marco["comment"]["id"]},
+        "/console/mail/send": {"to": "scout", "subject": "Forged", "body": "x"},
+        "/console/agents/{slug}/chat": {"message": "Forged"},
+        "/console/sign-out": {},  # last: the session ends with it
+    }
+    assert _console_posts(embedded) == set(forms), "a new form: add it here"
+    store = embedded.services.store
+
+    async def state() -> Any:
+        rows = await store.fetchall("SELECT id_hash, principal, flash FROM console_sessions"
+                                    " ORDER BY id_hash")
+        deferred = await store.fetchall("SELECT * FROM console_deferred")
+        inbox = await tools(MARCO)("list_inbox", markRead=False)
+        return (len(await ledger.entries(store)), [tuple(r) for r in rows],
+                [tuple(r) for r in deferred], await _mails(embedded),
+                [(t["thread"], t["turn"], t["answer"]) for t in inbox["you"]["yourTurn"]],
+                len(await Actor(session, embedded, "admin").comments(*where(outcome))))
+
+    async with signed_in(embedded, SARA) as (_, other_csrf), \
+            signed_in(embedded, MARCO) as (browser, csrf):
+        before = await state()
+        assert len(before[4]) == 2, "a question to answer or defer, a reply to resolve"
+        for path, fields in forms.items():
+            url = embedded.app_url + path.format(slug="scout")
+            for csrf_field, header in ((None, None), ("forged", None), (other_csrf, None),
+                                       (None, "forged"), (None, other_csrf)):
+                data = dict(fields, **({} if csrf_field is None else {"csrf": csrf_field}))
+                headers = {} if header is None else {"X-CSRF-Token": header}
+                async with browser.post(url, data=data, headers=headers,
+                                        allow_redirects=False) as resp:
+                    body = await resp.text()
+                assert resp.status == 403, (path, csrf_field, header, resp.status, body[:300])
+                assert "CSRF token does not match" in body, (path, body[:300])
+                assert await state() == before, (path, csrf_field, header)
+        async with browser.get(embedded.app_url + "/console/inbox",
+                               allow_redirects=False) as resp:
+            assert resp.status == 200 and "Signed in as <strong>marco</strong>" in (
+                await resp.text()), "still signed in as marco"
+
+        # with the session's own token (a field, or the page script's header) each one acts
+        done = before
+        for path, fields in forms.items():
+            if path == "/console/sign-in/token":
+                continue  # its token is the sign-in page's own (test_token_sign_in_...)
+            url = embedded.app_url + path.format(slug="scout")
+            by_header = path.endswith("/chat")  # as the page's script sends it
+            async with browser.post(url, data=fields if by_header else dict(fields, csrf=csrf),
+                                    headers={"X-CSRF-Token": csrf} if by_header else {},
+                                    allow_redirects=False) as resp:
+                assert resp.status == 303, (path, await resp.text())
+            now = await state()
+            assert now != done, (path, "acted with its token")
+            done = now
