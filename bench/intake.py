@@ -12,7 +12,10 @@ drain: seconds from the last answer until the queue is empty, deliveries handled
 the first POST to the empty queue, and a second by the worker alone once the load has stopped.
 Each level is drained before the next starts.
 
-Run: .venv/bin/python -m bench.intake
+Run: .venv/bin/python -m bench.intake [--levels 3,6]
+     BENCH_PROFILE=/tmp/profiles/intake: py-spy's raw stacks of this process while each level's
+     load runs (not its drain), to /tmp/profiles/intake.<event>.<load>; summarise them with
+     bench.profile_summary
 Target (DESIGN §6): webhook intake answered in under 50 ms at p99 under load.
 """
 
@@ -22,6 +25,9 @@ import asyncio
 import hashlib
 import hmac
 import json
+import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -121,6 +127,18 @@ async def main(levels: list[tuple[str, int, float | None, int]]) -> None:
         for event, concurrency, rate, count in levels:
             await embedded.settle()
             done_before = await store.fetchone("SELECT count(*) AS n FROM queue")
+            profiler = None
+            if profile := os.environ.get("BENCH_PROFILE"):
+                # py-spy's raw stacks of this process (app, worker and forge: one event loop)
+                # while the load client posts, one file per level; --gil: the GIL holder only
+                gil = ["--gil"] if os.environ.get("BENCH_PROFILE_GIL") else []
+                profiler = await asyncio.create_subprocess_exec(
+                    str(Path(sys.executable).parent / "py-spy"), "record", "-r", "250", "-f",
+                    "raw", "--threads", *gil, "-o",
+                    f"{profile}.{event}.{concurrency or f'{rate:.0f}s'}",
+                    "--pid", str(os.getpid()),
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                await asyncio.sleep(1.0)  # py-spy attached before the first POST
             start = time.perf_counter()
             result = await run_client("bench.intake", {
                 "url": embedded.app_url + "/webhook",
@@ -128,6 +146,9 @@ async def main(levels: list[tuple[str, int, float | None, int]]) -> None:
                 "event": event, "payload": issue if event == "issues" else PING,
                 "concurrency": concurrency, "rate": rate, "count": count, "warmup": WARMUP})
             answered = time.perf_counter()
+            if profiler is not None:  # py-spy writes its stacks on SIGINT
+                profiler.send_signal(signal.SIGINT)
+                await profiler.wait()
             backlog = await store.pending_count()
             await embedded.worker.idle(timeout=300)
             drained = time.perf_counter()

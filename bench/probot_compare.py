@@ -33,7 +33,12 @@ the fastest they allow is computed (the k-th write to an endpoint no sooner than
 the (k-180)-th) and vaultmail's time compared with it.
 
 Run: .venv/bin/python -m bench.probot_compare   (`npm ci` in bench/probot once)
-     [--count N] [--stock-count N] [--cells 1,10,50]
+     [--count N] [--stock-count N] [--cells 1,10,50] [--apps vm,po]
+     BENCH_PROFILE=/tmp/profiles/vm: py-spy's raw stacks of `vaultmail serve` (the GIL holder)
+     per cell, to /tmp/profiles/vm.<cell>; summarise with bench.profile_summary.
+     BENCH_TRACE=/tmp/profiles/trace: wall-clock spans of `vaultmail serve` (its write lock,
+     SQLite hops, forge requests; bench.store_trace), summarised by
+     `.venv/bin/python -m bench.store_trace /tmp/profiles/trace`.
 """
 
 from __future__ import annotations
@@ -220,6 +225,18 @@ class App:
         return [org for org in self.orgs if org.startswith(f"{self.key}{cell}-")]
 
 
+def _trace_env() -> dict[str, str]:
+    """With BENCH_TRACE: `vaultmail serve` wrapped by bench.store_trace (bench/trace_site)."""
+    trace = os.environ.get("BENCH_TRACE")
+    if not trace:
+        return {}
+    Path(f"{trace}.vm.jsonl").unlink(missing_ok=True)
+    Path(f"{trace}.cells.jsonl").unlink(missing_ok=True)
+    site = Path(__file__).parent / "trace_site"
+    return {"PYTHONPATH": os.pathsep.join([str(site), str(Path.cwd())]),
+            "VAULTMAIL_BENCH_TRACE": f"{trace}.vm.jsonl"}
+
+
 async def _vaultmail(forge: LocalForge, data_dir: Path) -> App:
     pem, key_path = _key_file(data_dir, "vaultmail-key.pem")
     secret = secrets.token_hex(20)
@@ -233,7 +250,8 @@ async def _vaultmail(forge: LocalForge, data_dir: Path) -> App:
         {"GITHUB_API_URL": forge.url, "GITHUB_APP_ID": str(app_id),
          "GITHUB_PRIVATE_KEY_PATH": str(key_path), "GITHUB_WEBHOOK_SECRET": secret,
          "VAULTMAIL_DATA": str(data_dir / "vaultmail"), "HOST": "127.0.0.1",
-         "PORT": str(port)}, f"{url}/healthz", "vaultmail serve", data_dir / "vaultmail.log")
+         "PORT": str(port), **_trace_env()}, f"{url}/healthz", "vaultmail serve",
+        data_dir / "vaultmail.log")
     session = aiohttp.ClientSession()
 
     async def idle() -> bool:
@@ -409,6 +427,10 @@ async def _measure(forge: LocalForge, app: App, cell: int | str, count: int) -> 
     last = max(written.values(), default=first)
     handled = len(written)
     statuses = Counter(result["status"])
+    if (trace := os.environ.get("BENCH_TRACE")) and app.key == "vm" and cell != "w":
+        window = json.dumps({"cell": cell, "first": first, "last": last, "events": handled})
+        with Path(f"{trace}.cells.jsonl").open("a") as f:  # noqa: ASYNC230 (the window
+            f.write(window + "\n")  # bench.store_trace reads; a line, between cells)
     if os.environ.get("BENCH_DEBUG"):  # where the time goes, on the forge's side
         recs = [r for r in forge.requests.records[since:] if r.installation_id in installations]
         durations = [r.duration for r in recs if r.route == PATCH_ROUTE]
