@@ -114,3 +114,36 @@ def test_the_local_forge_imports_nothing_from_the_product() -> None:
 
 def test_the_checker_sees_a_circle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+SQL_CALLS = {"execute", "executemany", "executescript", "fetchall", "fetchone"}
+
+
+def _sql_calls(path: Path) -> list[str]:
+    """Each `x.execute(` / `.executemany(` / `.executescript(` / `.fetchall(` / `.fetchone(`
+    in `path`, as `line: name`."""
+    return [f"{node.lineno}: {node.func.attr}" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in SQL_CALLS]
+
+
+def test_no_query_lives_outside_the_store() -> None:
+    """Issue 13's rule: only `bot.store` speaks SQL; everything else calls its functions, so
+    another engine can take its place."""
+    offenders = {}
+    for pkg in PRODUCT:
+        for path in (ROOT / pkg).rglob("*.py"):
+            rel = path.relative_to(ROOT)
+            if "tests" in rel.parts or rel.parts[:2] == ("bot", "store"):
+                continue
+            if found := _sql_calls(path):
+                offenders[str(rel)] = found
+    assert offenders == {}
+
+
+def test_the_checker_sees_a_query(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text("async def f(store, db):\n    await store.fetchone('SELECT 1')\n"
+                    "    async with db.execute('SELECT 2') as cur:\n        await cur.fetchall()\n"
+                    "    run._execute()\n")
+    assert sorted(_sql_calls(path)) == ["2: fetchone", "3: execute", "4: fetchall"]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from bot.app.signed_post import post_signed
 from bot.store import ledger
-from bot.store.db import register_schema
+from bot.store import outbound as cursors
 
 if TYPE_CHECKING:
     from bot.app.services import Services
@@ -24,17 +24,6 @@ log = logging.getLogger("vaultmail.outbound")
 POLL = 0.5  # seconds between looks at the ledger when nothing woke us
 BATCH = 100
 MAX_BACKOFF = 300.0
-
-register_schema("""
-CREATE TABLE IF NOT EXISTS outbound_cursors (
-    url TEXT PRIMARY KEY,
-    seq INTEGER NOT NULL DEFAULT 0,
-    failures INTEGER NOT NULL DEFAULT 0,
-    next_at REAL NOT NULL DEFAULT 0,
-    last_error TEXT
-);
-""")
-
 
 class LedgerForwarder:
     def __init__(self, services: Services) -> None:
@@ -75,7 +64,7 @@ class LedgerForwarder:
     async def forward(self, url: str) -> int:
         """Send what `url` has not acknowledged yet; returns how many were sent."""
         store = self.services.store
-        row = await store.fetchone("SELECT * FROM outbound_cursors WHERE url=?", (url,))
+        row = await cursors.get_cursor(store, url)
         if row is not None and row["next_at"] > time.time():
             return 0
         cursor = int(row["seq"]) if row else 0
@@ -98,10 +87,4 @@ class LedgerForwarder:
 
     async def _save(self, url: str, seq: int, failures: int, next_at: float,
                     error: str | None) -> None:
-        async with self.services.store.transaction() as db:
-            await db.execute(
-                "INSERT INTO outbound_cursors(url, seq, failures, next_at, last_error)"
-                " VALUES (?,?,?,?,?) ON CONFLICT(url) DO UPDATE SET seq=excluded.seq,"
-                " failures=excluded.failures, next_at=excluded.next_at,"
-                " last_error=excluded.last_error",
-                (url, seq, failures, next_at, error))
+        await cursors.save_cursor(self.services.store, url, seq, failures, next_at, error)

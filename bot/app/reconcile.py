@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from bot.store import Store
+from bot.store import Store, deliveries
 
 
 class Deliveries(Protocol):
@@ -55,9 +55,7 @@ class Reconciler:
                 log.warning("reconciliation failed: %r", exc)
 
     async def _recorded(self, guid: str) -> bool:
-        row = await self.store.fetchone(
-            "SELECT 1 FROM deliveries WHERE guid=?", (guid,))
-        return row is not None
+        return await deliveries.delivery_recorded(self.store, guid)
 
     async def run_once(self) -> int:
         """Redeliver what was missed; returns how many deliveries were asked for again."""

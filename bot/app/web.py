@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -32,7 +30,7 @@ from bot.forge.tokens import AppAuth
 from bot.mail.signing import Keyring
 from bot.office.config import load_office
 from bot.office.source import OfficeSource
-from bot.store import Store
+from bot.store import Store, health
 from bot.tools.http import add_routes
 from bot.tools.mcp_server import add_mcp_routes
 from handlers import build_own_router, build_router
@@ -57,20 +55,6 @@ STUCK_AFTER = 300.0  # seconds the oldest due delivery may wait before the queue
 WRITE_LOCK_WAIT = 1.0  # seconds readiness waits for the index's write lock
 
 
-def _take_write_lock(path: Path, wait: float) -> None:
-    """Take the index's write lock on a connection of its own and let it go, changing
-    nothing; raises (`database is locked`, `readonly database`, ...) when no write could be
-    made. Not on the store's connection: there a held lock would keep every read of the app
-    waiting for SQLite's busy timeout (5 s), liveness probes included."""
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True, timeout=wait,
-                           isolation_level=None)
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("ROLLBACK")
-    finally:
-        conn.close()
-
-
 async def readyz(request: web.Request) -> web.Response:
     """Readiness: 200 when the app can do its work, else 503 naming each check that failed."""
     startup = request.app[STARTUP_KEY]
@@ -87,7 +71,7 @@ async def readyz(request: web.Request) -> web.Response:
             checks[name] = {"ok": False, "detail": str(exc) or type(exc).__name__}
 
     async def database() -> str:
-        await asyncio.to_thread(_take_write_lock, services.settings.db_path, WRITE_LOCK_WAIT)
+        await asyncio.to_thread(health.take_write_lock, services.settings.db_path, WRITE_LOCK_WAIT)
         await services.store.check_writable()  # and the app's own connection takes one
         return "writable"
 

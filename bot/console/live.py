@@ -22,6 +22,7 @@ from bot.console.frame import badge_of, signed_in, tool
 from bot.console.visitor import Visitor
 from bot.errors import TooManyRequests
 from bot.items import inbox
+from bot.store import chats, comments
 
 HEARTBEAT = 15.0  # seconds between comments on an idle stream (finds a client that left)
 PER_PERSON = 8  # streams one principal may hold at once (a tab each)
@@ -32,11 +33,8 @@ async def delivery_stamp(v: Visitor) -> str:
     """What moves whenever something reaches the person or their agents (read marks aside),
     and when one of their chats is answered."""
     owner = inbox.Whose.of(v.call.office, v.principal).owner
-    row = await v.services.store.fetchone(
-        "SELECT MAX(seq) AS seq FROM inbox_deliveries WHERE owner=?", (owner,))
-    chat = await v.services.store.fetchone(
-        "SELECT COUNT(answered_at) AS n, MAX(answered_at) AS at FROM chats WHERE sender=?",
-        (v.principal,))
+    row = await comments.latest_delivery_seq(v.services.store, owner)
+    chat = await chats.answered_stamp(v.services.store, v.principal)
     return f"{row['seq'] if row else 0}:{chat['n'] if chat else 0}:{chat['at'] if chat else 0}"
 
 

@@ -1,6 +1,6 @@
-"""The console's own reads of the index, for what no tool lists (the Store seam's exceptions,
-like `chats` in `bot.tools.chat_tools`). Every row found here is shown only after the shared
-visibility check (`bot.office.visibility.Viewer`) says the person may see it."""
+"""The console's own reads of the index, for what no tool lists (their queries are in
+`bot.store`, like every other). Every row found here is shown only after the shared visibility
+check (`bot.office.visibility.Viewer`) says the person may see it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bot.office.visibility import Viewer
-from bot.store import Store, ledger, mails
+from bot.store import Store, chats, ledger, mails
 from bot.store import comments as db
 from bot.store.mails import MailRecord
 
@@ -16,28 +16,11 @@ SCANNED = 400  # mails looked at for one Mail page (newest first)
 THREADS = 30  # threads one Mail page shows
 
 
-def _like(text: str) -> str:
-    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
-
-
 async def find_mails(store: Store, *, state: str | None, agent: str | None,
                      text: str | None, limit: int = SCANNED) -> list[MailRecord]:
     """Mails newest first: in `state`, to or from `agent` (a principal), with `text` in the
     subject or body."""
-    sql, params = "SELECT * FROM mails WHERE 1=1", list[Any]()
-    if state:
-        sql += " AND state=?"
-        params.append(state)
-    if agent:
-        sql += " AND (to_principal=? OR from_principal=?)"
-        params += [agent, agent]
-    if text:
-        sql += " AND (subject LIKE ? ESCAPE '\\' OR body LIKE ? ESCAPE '\\')"
-        params += [_like(text), _like(text)]
-    rows = await store.fetchall(sql + " ORDER BY sent DESC, vault DESC, number DESC LIMIT ?",
-                                (*params, limit))
-    return [mails._record(r) for r in rows]
+    return await mails.find_mails(store, state=state, agent=agent, text=text, limit=limit)
 
 
 @dataclass(frozen=True)
@@ -89,10 +72,7 @@ def in_order(thread: list[MailRecord]) -> list[MailRecord]:
 
 
 async def agent_mails(store: Store, viewer: Viewer, agent: str) -> list[MailRecord]:
-    rows = await store.fetchall(
-        "SELECT * FROM mails WHERE to_principal=? OR from_principal=?"
-        " ORDER BY sent DESC LIMIT 300", (agent, agent))
-    return [m for m in (mails._record(r) for r in rows) if viewer.sees_mail(m)]
+    return [m for m in await mails.latest_mails_of(store, agent) if viewer.sees_mail(m)]
 
 
 async def ledger_page(store: Store, viewer: Viewer, *, event: str | None, actor: str | None,
@@ -101,26 +81,17 @@ async def ledger_page(store: Store, viewer: Viewer, *, event: str | None, actor:
                       scanned: int = 5000) -> tuple[list[ledger.Entry], int | None]:
     """Ledger entries newest first, filtered, that the viewer may see; and the seq to page on
     from (None: nothing older). `about` keeps those an agent acted in or is named in."""
-    sql, params = "SELECT * FROM ledger WHERE 1=1", list[Any]()
-    for clause, value in (("event=?", event), ("actor=?", actor), ("time>=?", since),
-                          ("time<?", until), ("seq<?", before)):
-        if value is not None:
-            sql += f" AND {clause}"
-            params.append(value)
-    if about is not None:
-        sql += " AND (actor=? OR json_extract(data, '$.agent')=?)"
-        params += [about, about]
-    rows = await store.fetchall(sql + " ORDER BY seq DESC LIMIT ?", (*params, scanned))
+    scan = await ledger.scan_newest(store, event=event, actor=actor, since=since, until=until,
+                                    before=before, about=about, scanned=scanned)
     shown: list[ledger.Entry] = []
     last_seen: int | None = None
-    for row in rows:
-        entry = ledger._entry(row)
+    for entry in scan:
         last_seen = entry.seq
         if await viewer.sees_entry(entry, store):
             shown.append(entry)
             if len(shown) == limit:
                 break
-    more = last_seen if (len(shown) == limit or len(rows) == scanned) else None
+    more = last_seen if (len(shown) == limit or len(scan) == scanned) else None
     return shown, more
 
 
@@ -131,7 +102,7 @@ async def ledger_kinds(store: Store) -> list[str]:
 async def chain_state(store: Store) -> dict[str, Any]:
     """The hash chain as `vaultmail ledger` checks it: intact or where it breaks, its head."""
     broken = await ledger.verify_chain(store)
-    head = await store.fetchone("SELECT seq, hash FROM ledger ORDER BY seq DESC LIMIT 1")
+    head = await ledger.head(store)
     return {"intact": broken is None, "broken_at": broken,
             "entries": int(head["seq"]) if head else 0,
             "head": str(head["hash"]) if head else ledger.GENESIS}
@@ -140,9 +111,7 @@ async def chain_state(store: Store) -> dict[str, Any]:
 async def chats_with(store: Store, viewer: Viewer, sender: str, agent: str,
                      limit: int = 20) -> list[dict[str, Any]]:
     """The person's chats with an agent, oldest first, as far as the viewer may see them."""
-    rows = await store.fetchall(
-        "SELECT * FROM chats WHERE sender=? AND agent=? ORDER BY id DESC LIMIT ?",
-        (sender, agent, limit))
+    rows = await chats.chats_between(store, sender, agent, limit)
     return [dict(r) for r in reversed(rows) if viewer.sees_chat(str(r["sender"]),
                                                                   str(r["agent"]))]
 
@@ -151,10 +120,7 @@ async def answered_by(store: Store, viewer: Viewer, principal: str,
                       limit: int = 10) -> list[db.ThreadRow]:
     """Open questions `principal` answered (or whose answer was theirs, relayed by their
     agent): where a person changes their answer (`amend`)."""
-    rows = await store.fetchall(
-        "SELECT id FROM threads INDEXED BY threads_open WHERE open=1 AND is_question=1"
-        " AND (json_extract(state, '$.answer.by')=? OR json_extract(state, '$.answer.person')=?)"
-        " ORDER BY updated_at DESC LIMIT ?", (principal, principal, limit))
-    found = [t for r in rows if (t := await db.get_thread(store, str(r["id"]))) is not None]
+    ids = await db.questions_answered_by(store, principal, limit)
+    found = [t for i in ids if (t := await db.get_thread(store, i)) is not None]
     shown = await viewer.visible({t.item for t in found})
     return [t for t in found if t.item in shown]

@@ -15,28 +15,7 @@ import time
 from dataclasses import dataclass
 
 from bot.store import Store
-from bot.store.db import register_schema
-
-register_schema("""
-CREATE TABLE IF NOT EXISTS console_sessions (
-    id_hash TEXT PRIMARY KEY,
-    principal TEXT NOT NULL,
-    org TEXT,
-    login TEXT NOT NULL,
-    via TEXT NOT NULL,
-    csrf TEXT NOT NULL,
-    flash TEXT,
-    created_at REAL NOT NULL,
-    expires_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS console_sessions_expiry ON console_sessions(expires_at);
-CREATE TABLE IF NOT EXISTS console_deferred (
-    principal TEXT NOT NULL,
-    thread TEXT NOT NULL,
-    deferred_at REAL NOT NULL,
-    PRIMARY KEY (principal, thread)
-) WITHOUT ROWID;
-""")
+from bot.store import sessions as db
 
 LIFETIME = 8 * 3600.0  # seconds a session lasts (a forge user token lasts as long on GitHub)
 
@@ -64,19 +43,14 @@ async def create(store: Store, principal: str, org: str | None, login: str,
     now = time.time()
     session = Session(_hash(value), principal, org, login, via, secrets.token_urlsafe(24),
                       None, now + LIFETIME)
-    async with store.transaction() as db:
-        await db.execute("DELETE FROM console_sessions WHERE expires_at < ?", (now,))
-        await db.execute(
-            "INSERT INTO console_sessions(id_hash, principal, org, login, via, csrf, created_at,"
-            " expires_at) VALUES (?,?,?,?,?,?,?,?)",
-            (session.id_hash, principal, org, login, via, session.csrf, now, session.expires_at))
+    await db.add_session(store, session.id_hash, principal, org, login, via, session.csrf, now,
+                         session.expires_at)
     return value, session
 
 
 async def get(store: Store, value: str) -> Session | None:
     """The live session a cookie's value stands for, or None."""
-    row = await store.fetchone("SELECT * FROM console_sessions WHERE id_hash=? AND expires_at>?",
-                               (_hash(value), time.time()))
+    row = await db.live_session(store, _hash(value), time.time())
     if row is None:
         return None
     flash = json.loads(row["flash"]) if row["flash"] else None
@@ -85,31 +59,23 @@ async def get(store: Store, value: str) -> Session | None:
 
 
 async def end(store: Store, session: Session) -> None:
-    async with store.transaction() as db:
-        await db.execute("DELETE FROM console_sessions WHERE id_hash=?", (session.id_hash,))
+    await db.delete_session(store, session.id_hash)
 
 
 async def set_flash(store: Store, session: Session, flash: dict[str, str] | None) -> None:
     """What the next page says (the outcome of a form posted just before it)."""
-    async with store.transaction() as db:
-        await db.execute("UPDATE console_sessions SET flash=? WHERE id_hash=?",
-                         (json.dumps(flash) if flash else None, session.id_hash))
+    await db.set_flash(store, session.id_hash, json.dumps(flash) if flash else None)
 
 
 async def defer(store: Store, principal: str, thread: str) -> None:
-    async with store.transaction() as db:
-        await db.execute("INSERT OR REPLACE INTO console_deferred(principal, thread, deferred_at)"
-                         " VALUES (?,?,?)", (principal, thread, time.time()))
+    await db.defer(store, principal, thread)
 
 
 async def undefer(store: Store, principal: str, thread: str) -> None:
-    async with store.transaction() as db:
-        await db.execute("DELETE FROM console_deferred WHERE principal=? AND thread=?",
-                         (principal, thread))
+    await db.undefer(store, principal, thread)
 
 
 async def deferred(store: Store, principal: str) -> dict[str, float]:
     """The threads `principal` set aside, with when."""
-    rows = await store.fetchall(
-        "SELECT thread, deferred_at FROM console_deferred WHERE principal=?", (principal,))
+    rows = await db.deferred(store, principal)
     return {str(r["thread"]): float(r["deferred_at"]) for r in rows}

@@ -268,10 +268,8 @@ class Mailer:
         whichever of the sender and the crash-recovery path (`record_found`) comes first."""
         admitted: int | None = None
         async with self.services.store.transaction() as db:
-            async with db.execute("SELECT 1 FROM mails WHERE mail_id=?",
-                                  (record.mail_id,)) as cur:
-                if await cur.fetchone() is not None:
-                    return
+            if await mails.mail_indexed(db, record.mail_id):
+                return
             await mails.put_mail(db, record)
             await mails.sent(db, record.mail_id)
             await ledger.append(db, "mail.sent", actor, record.ref, {

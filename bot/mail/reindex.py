@@ -122,7 +122,7 @@ async def reindex(store: Store, forge: Forge, office: Office, keys: Verifier, *,
     """Rebuild the mail index from the forge. `app_login` is the app's own forge account,
     which every mail the app opened was opened by (see `bot.mail.header.verify_issue`)."""
     indexed = {str(r["mail_id"]): f"{r['vault']}#{r['number']}"
-               for r in await store.fetchall("SELECT mail_id, vault, number FROM mails")}
+               for r in await mails.indexed_places(store)}
     found, report = await scan(forge, office, keys, app_login=app_login, indexed=indexed,
                                progress=progress)
     await mails.replace_all(store, found, office.vaults())

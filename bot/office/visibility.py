@@ -204,8 +204,9 @@ class Viewer:
             return await self.sees_repo(where[0])
         chat = _CHAT.match(subject)
         if chat is not None:
-            row = await store.fetchone("SELECT agent, sender FROM chats WHERE id=?",
-                                       (int(chat["n"]),))
+            from bot.store import chats
+
+            row = await chats.chat_parties(store, int(chat["n"]))
             return row is not None and self.sees_chat(str(row["sender"]), str(row["agent"]))
         to_agent = _TO_AGENT.match(subject)
         if to_agent is not None:

@@ -603,3 +603,18 @@ async def followers_of(store: Store, outcome: str) -> tuple[list[str], list[str]
         "SELECT DISTINCT asker FROM threads WHERE scope=? AND is_question=1", (outcome,))
     logins = await store.fetchall("SELECT login FROM item_assignees WHERE item=?", (outcome,))
     return [str(r["asker"]) for r in askers], [str(r["login"]) for r in logins]
+
+
+async def latest_delivery_seq(store: Store, owner: str) -> aiosqlite.Row | None:
+    """The highest inbox delivery seq of `owner` (column `seq`, NULL when none)."""
+    return await store.fetchone(
+        "SELECT MAX(seq) AS seq FROM inbox_deliveries WHERE owner=?", (owner,))
+
+
+async def questions_answered_by(store: Store, principal: str, limit: int) -> list[str]:
+    """Ids of open questions `principal` answered or whose answer was theirs, latest first."""
+    rows = await store.fetchall(
+        "SELECT id FROM threads INDEXED BY threads_open WHERE open=1 AND is_question=1"
+        " AND (json_extract(state, '$.answer.by')=? OR json_extract(state, '$.answer.person')=?)"
+        " ORDER BY updated_at DESC LIMIT ?", (principal, principal, limit))
+    return [str(r["id"]) for r in rows]

@@ -120,3 +120,25 @@ async def verify_chain(store: Store) -> int | None:
             return int(r["seq"])
         prev = r["hash"]
     return None
+
+
+async def scan_newest(store: Store, *, event: str | None, actor: str | None,
+                      since: float | None, until: float | None, before: int | None,
+                      about: str | None, scanned: int) -> list[Entry]:
+    """Up to `scanned` entries newest first, filtered; `about` keeps an agent's own."""
+    sql, params = "SELECT * FROM ledger WHERE 1=1", list[Any]()
+    for clause, value in (("event=?", event), ("actor=?", actor), ("time>=?", since),
+                          ("time<?", until), ("seq<?", before)):
+        if value is not None:
+            sql += f" AND {clause}"
+            params.append(value)
+    if about is not None:
+        sql += " AND (actor=? OR json_extract(data, '$.agent')=?)"
+        params += [about, about]
+    rows = await store.fetchall(sql + " ORDER BY seq DESC LIMIT ?", (*params, scanned))
+    return [_entry(r) for r in rows]
+
+
+async def head(store: Store) -> aiosqlite.Row | None:
+    """The (seq, hash) of the chain's last entry, or None when the ledger is empty."""
+    return await store.fetchone("SELECT seq, hash FROM ledger ORDER BY seq DESC LIMIT 1")

@@ -316,3 +316,46 @@ async def has_unshown(store: Store, principal: str) -> bool:
         " coalesce((SELECT upto FROM mail_shown WHERE principal=?), -1) LIMIT 1",
         (principal, "mail:new", QUIET, principal))
     return row is not None
+
+
+async def mail_indexed(db: aiosqlite.Connection, mail_id: str) -> bool:
+    """Whether the index holds this mail id, read in the caller's transaction."""
+    async with db.execute("SELECT 1 FROM mails WHERE mail_id=?",
+                          (mail_id,)) as cur:
+        return await cur.fetchone() is not None
+
+
+async def indexed_places(store: Store) -> list[aiosqlite.Row]:
+    """Every indexed mail's (mail_id, vault, number)."""
+    return await store.fetchall("SELECT mail_id, vault, number FROM mails")
+
+
+def _like(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+async def find_mails(store: Store, *, state: str | None, agent: str | None,
+                     text: str | None, limit: int) -> list[MailRecord]:
+    """Mails newest first: in `state`, to or from `agent`, with `text` in subject or body."""
+    sql, params = "SELECT * FROM mails WHERE 1=1", list[Any]()
+    if state:
+        sql += " AND state=?"
+        params.append(state)
+    if agent:
+        sql += " AND (to_principal=? OR from_principal=?)"
+        params += [agent, agent]
+    if text:
+        sql += " AND (subject LIKE ? ESCAPE '\\' OR body LIKE ? ESCAPE '\\')"
+        params += [_like(text), _like(text)]
+    rows = await store.fetchall(sql + " ORDER BY sent DESC, vault DESC, number DESC LIMIT ?",
+                                (*params, limit))
+    return [_record(r) for r in rows]
+
+
+async def latest_mails_of(store: Store, principal: str) -> list[MailRecord]:
+    """The 300 latest mails `principal` sent or received, newest first."""
+    rows = await store.fetchall(
+        "SELECT * FROM mails WHERE to_principal=? OR from_principal=?"
+        " ORDER BY sent DESC LIMIT 300", (principal, principal))
+    return [_record(r) for r in rows]

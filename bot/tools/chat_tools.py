@@ -19,23 +19,10 @@ from bot.app import runs
 from bot.errors import Conflict, NotFoundError
 from bot.office.config import Agent
 from bot.office.visibility import viewer_for
-from bot.store import Store
-from bot.store.db import register_schema
+from bot.store import chats
+from bot.store.chats import get_chat, waiting_for
 from bot.tools import outputs
 from bot.tools.registry import MAX_ID, READS_INDEX, Args, Call, Hints, inbox_provider, tool
-
-register_schema("""
-CREATE TABLE IF NOT EXISTS chats (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    agent TEXT NOT NULL,
-    sender TEXT NOT NULL,
-    message TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    answer TEXT,
-    answered_at REAL
-);
-CREATE INDEX IF NOT EXISTS chats_agent ON chats(agent, answered_at);
-""")
 
 MAX_WAIT = 50
 
@@ -51,15 +38,6 @@ def _chat_json(row: aiosqlite.Row) -> dict[str, Any]:
             "message": row["message"], "sent": _iso(row["created_at"]),
             "answer": row["answer"], "answered": _iso(row["answered_at"]),
             "contentIsData": True}  # the message and the answer are someone's text: data
-
-
-async def get_chat(store: Store, chat_id: int) -> aiosqlite.Row | None:
-    return await store.fetchone("SELECT * FROM chats WHERE id=?", (chat_id,))
-
-
-async def waiting_for(store: Store, agent: str) -> list[aiosqlite.Row]:
-    return await store.fetchall(
-        "SELECT * FROM chats WHERE agent=? AND answered_at IS NULL ORDER BY id", (agent,))
 
 
 def _agent(call: Call, name: str) -> Agent:
@@ -121,13 +99,11 @@ async def agent_chat(call: Call, args: ChatArgs) -> dict[str, Any]:
 
     async def record() -> tuple[int, int | None]:
         async with store.transaction() as db:
-            cur = await db.execute(
-                "INSERT INTO chats(agent, sender, message, created_at) VALUES (?,?,?,?)",
-                (agent.principal, call.principal, args.message, time.time()))
-            chat_id = int(cur.lastrowid or 0)
+            chat_id = await chats.add_chat(db, agent.principal, call.principal, args.message,
+                                           time.time())
             admitted = await runs.admit(db, agent, "chat", f"chat:{chat_id}", call.principal)
             if admitted is None:  # refused: the ledger says so, and no chat is kept
-                await db.execute("DELETE FROM chats WHERE id=?", (chat_id,))
+                await chats.delete_chat(db, chat_id)
         return chat_id, admitted
 
     # Shielded: a long-polling client that leaves cancels the wait, never the write.
@@ -190,11 +166,8 @@ async def chat_reply(call: Call, args: ChatReplyArgs) -> dict[str, Any]:
                        "read the answer it has with chat_get", code="already_answered")
     if row["answered_at"] is not None:
         raise already
-    async with call.services.store.transaction() as db:
-        # Conditional: of two replies racing past the check above, only the first lands.
-        cur = await db.execute("UPDATE chats SET answer=?, answered_at=? WHERE id=?"
-                               " AND answered_at IS NULL", (args.message, time.time(), args.chat))
-        landed = cur.rowcount
+    # Conditional: of two replies racing past the check above, only the first lands.
+    landed = await chats.answer_chat(call.services.store, args.chat, args.message)
     if landed == 0:
         raise already
     call.services.notifier.notify([row["sender"]])

@@ -1,0 +1,81 @@
+"""The console's sign-in sessions and the cards a person deferred in it (`bot.console.sessions`
+makes the values; these are its reads and writes of the index)."""
+
+from __future__ import annotations
+
+import time
+
+import aiosqlite
+
+from bot.store.db import Store, register_schema
+
+register_schema("""
+CREATE TABLE IF NOT EXISTS console_sessions (
+    id_hash TEXT PRIMARY KEY,
+    principal TEXT NOT NULL,
+    org TEXT,
+    login TEXT NOT NULL,
+    via TEXT NOT NULL,
+    csrf TEXT NOT NULL,
+    flash TEXT,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS console_sessions_expiry ON console_sessions(expires_at);
+CREATE TABLE IF NOT EXISTS console_deferred (
+    principal TEXT NOT NULL,
+    thread TEXT NOT NULL,
+    deferred_at REAL NOT NULL,
+    PRIMARY KEY (principal, thread)
+) WITHOUT ROWID;
+""")
+
+
+async def add_session(store: Store, id_hash: str, principal: str, org: str | None, login: str,
+                      via: str, csrf: str, now: float, expires_at: float) -> None:
+    """Drop the sessions expired by `now` and keep a new one, in one transaction."""
+    async with store.transaction() as db:
+        await db.execute("DELETE FROM console_sessions WHERE expires_at < ?", (now,))
+        await db.execute(
+            "INSERT INTO console_sessions(id_hash, principal, org, login, via, csrf, created_at,"
+            " expires_at) VALUES (?,?,?,?,?,?,?,?)",
+            (id_hash, principal, org, login, via, csrf, now, expires_at))
+
+
+async def live_session(store: Store, id_hash: str, now: float) -> aiosqlite.Row | None:
+    """The session row with this hash, unless it expired by `now`."""
+    return await store.fetchone("SELECT * FROM console_sessions WHERE id_hash=? AND expires_at>?",
+                                (id_hash, now))
+
+
+async def delete_session(store: Store, id_hash: str) -> None:
+    """End the session with this hash."""
+    async with store.transaction() as db:
+        await db.execute("DELETE FROM console_sessions WHERE id_hash=?", (id_hash,))
+
+
+async def set_flash(store: Store, id_hash: str, flash: str | None) -> None:
+    """Keep `flash` (JSON, or None for none) for the session's next page."""
+    async with store.transaction() as db:
+        await db.execute("UPDATE console_sessions SET flash=? WHERE id_hash=?",
+                         (flash, id_hash))
+
+
+async def defer(store: Store, principal: str, thread: str) -> None:
+    """Note that `principal` set `thread` aside, now."""
+    async with store.transaction() as db:
+        await db.execute("INSERT OR REPLACE INTO console_deferred(principal, thread, deferred_at)"
+                         " VALUES (?,?,?)", (principal, thread, time.time()))
+
+
+async def undefer(store: Store, principal: str, thread: str) -> None:
+    """Take `thread` off what `principal` set aside."""
+    async with store.transaction() as db:
+        await db.execute("DELETE FROM console_deferred WHERE principal=? AND thread=?",
+                         (principal, thread))
+
+
+async def deferred(store: Store, principal: str) -> list[aiosqlite.Row]:
+    """The (thread, deferred_at) rows `principal` set aside."""
+    return await store.fetchall(
+        "SELECT thread, deferred_at FROM console_deferred WHERE principal=?", (principal,))
