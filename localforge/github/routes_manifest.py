@@ -330,7 +330,9 @@ def _installed_on(forge: LocalForge, app: App, account: str) -> int | None:
                  if i.app_id == app.id and i.account.lower() == account.lower()), None)
 
 
-async def install_page(request: web.Request) -> web.Response:
+def _installer(request: web.Request) -> tuple[LocalForge, App, str] | web.Response:
+    """The forge, the App named in the path and the signed-in user installing it, or the page
+    that says why not (no such App, nobody signed in)."""
     forge = request.app[FORGE_KEY]
     app = _app_of(forge, request.match_info["slug"])
     if app is None:
@@ -338,6 +340,14 @@ async def install_page(request: web.Request) -> web.Response:
     user = signed_in(forge, request)
     if user is None:
         return _sign_in_first()
+    return forge, app, user
+
+
+async def install_page(request: web.Request) -> web.Response:
+    found = _installer(request)
+    if isinstance(found, web.Response):
+        return found
+    forge, app, user = found
     items = []
     for account in _installable_on(forge, app, user):
         name = html.escape(account)
@@ -354,13 +364,10 @@ async def install_page(request: web.Request) -> web.Response:
 
 
 async def install(request: web.Request) -> web.Response:
-    forge = request.app[FORGE_KEY]
-    app = _app_of(forge, request.match_info["slug"])
-    if app is None:
-        return _page("Not Found", "<p>No such App.</p>", 404)
-    user = signed_in(forge, request)
-    if user is None:
-        return _sign_in_first()
+    found = _installer(request)
+    if isinstance(found, web.Response):
+        return found
+    forge, app, user = found
     form = await request.post()
     account = str(form.get("account") or "")
     allowed = {a.lower(): a for a in _installable_on(forge, app, user)}
