@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bot.store import Store
+from bot.store import Store, open_store
 
 N = 2000
 PAYLOAD = {"action": "opened", "installation": {"id": 1}}
@@ -34,7 +34,7 @@ async def one_transaction_each(store: Store, guid: str) -> bool:
 
 
 async def run(way: str, in_flight: int) -> tuple[float, float, float]:
-    store = await Store.open(Path(tempfile.mkdtemp()) / "index.sqlite3")
+    store = await open_store(Path(tempfile.mkdtemp()) / "index.sqlite3")
     latencies: list[float] = []
     gate = asyncio.Semaphore(in_flight)
 

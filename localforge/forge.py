@@ -286,6 +286,16 @@ class LocalForge:
             app.webhook_secret = secret
         self.save()
 
+    def balance(self, url: str, targets: list[str]) -> None:
+        """A load balancer at `url` (an App's webhook URL, a Gitea hook's) in front of
+        `targets`, the replicas of the app: each delivery goes to the next in turn, past any
+        that refuses the connection. Empty `targets`: deliveries go to `url` itself again.
+        Which replica took a delivery: `forge.webhooks.took[delivery.id]`."""
+        if targets:
+            self.webhooks.balanced[url] = list(targets)
+        else:
+            self.webhooks.balanced.pop(url, None)
+
     def install_app(self, app_id: int, account: str,
                     repositories: list[str] | None = None, sender: str | None = None) -> int:
         """Install on `account` (all repos, or the named ones); sends installation.created."""

@@ -37,6 +37,10 @@ class Dispatcher:
         self.timeout = TIMEOUT_SECONDS
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
+        # a load balancer in front of an app's replicas: its address -> the replicas' hooks
+        self.balanced: dict[str, list[str]] = {}
+        self._turn: dict[str, int] = {}
+        self.took: dict[int, str] = {}  # delivery id -> the replica that took it
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -117,11 +121,31 @@ class Dispatcher:
 
     async def _post(self, d: Delivery, body: bytes,
                     ) -> tuple[str, int, float, dict[str, str], str | None]:
+        """One attempt. Behind a load balancer (`balanced`), the replicas in turn; one that
+        refuses the connection (it is down) is passed over for the next, as a balancer's
+        health checks would; one that answers, whatever it answers, has the delivery."""
+        targets = self.balanced.get(d.url)
+        if not targets:
+            return await self._post_to(d.url, d, body)
+        first = self._turn.get(d.url, 0)
+        self._turn[d.url] = first + 1
+        result: tuple[str, int, float, dict[str, str], str | None] | None = None
+        for n in range(len(targets)):
+            target = targets[(first + n) % len(targets)]
+            result = await self._post_to(target, d, body)
+            if not result[0].startswith("failed to connect"):
+                self.took[d.id] = target
+                break
+        assert result is not None
+        return result
+
+    async def _post_to(self, url: str, d: Delivery, body: bytes,
+                       ) -> tuple[str, int, float, dict[str, str], str | None]:
         assert self._session is not None
         started = time.monotonic()
         try:
             async with self._session.post(
-                    d.url, data=body, headers=d.request_headers,
+                    url, data=body, headers=d.request_headers,
                     timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
                 text = await resp.text(errors="replace")
                 ok = 200 <= resp.status < 300

@@ -7,13 +7,34 @@ import aiohttp
 import pytest
 
 from bot.app.embedded import Embedded, start_embedded
+from bot.store import Store, open_store
+from tests import pg
 from tests.support import Actor, ToolClient
+
+# Every end-to-end test runs on both engines of the index: SQLite (the embedded default) and
+# PostgreSQL (several replicas), a fresh database each (tests/pg.py: a throwaway server).
+ENGINES = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(params=ENGINES)
+async def database_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """"" for SQLite in the test's data directory, else a fresh PostgreSQL database's URL."""
+    if request.param == "sqlite":
+        yield ""
+        return
+    url = await pg.fresh_database()
+    try:
+        yield url
+    finally:
+        await pg.drop_database(url)
 
 
 @pytest.fixture
-async def embedded(tmp_path: Path) -> AsyncIterator[Embedded]:
-    """The embedded default (`vaultmail up`) on free loopback ports, with the example office."""
-    emb = await start_embedded(data_dir=tmp_path, port=0, forge_port=0)
+async def embedded(tmp_path: Path, database_url: str) -> AsyncIterator[Embedded]:
+    """The embedded default (`vaultmail up`) on free loopback ports, with the example office,
+    on each engine."""
+    emb = await start_embedded(data_dir=tmp_path, port=0, forge_port=0,
+                               database_url=database_url)
     try:
         yield emb
         # the app paces itself under GitHub's secondary limits: the forge refused it nothing
@@ -37,3 +58,18 @@ def person(embedded: Embedded, session: aiohttp.ClientSession):  # type: ignore[
 @pytest.fixture
 def tools(embedded: Embedded, session: aiohttp.ClientSession):  # type: ignore[no-untyped-def]
     return lambda principal: ToolClient(session, embedded, principal)
+
+
+@pytest.fixture
+async def two_replicas() -> AsyncIterator[tuple[Store, Store]]:
+    """Two replicas' stores on one fresh PostgreSQL database, each joined under its name."""
+    url = await pg.fresh_database()
+    a, b = await open_store(url), await open_store(url)
+    await a.join("replica-a")
+    await b.join("replica-b")
+    try:
+        yield a, b
+    finally:
+        await a.close()
+        await b.close()
+        await pg.drop_database(url)

@@ -27,7 +27,7 @@ from bot.app.embedded import Embedded
 from bot.app.worker import Worker
 from bot.errors import InvalidArguments
 from bot.forge import writes
-from bot.store import QueueItem, Store, idempotency
+from bot.store import QueueItem, idempotency, open_store
 from tests.items_support import make_item, where
 from tests.support import Actor, label_names
 
@@ -306,7 +306,7 @@ async def test_a_delivery_failing_in_a_batch_holds_the_rest_of_its_issue(
         tmp_path: Path) -> None:
     """Both deliveries are taken in one batch; the first fails once: the second still runs
     after it (the worker stops that issue's group, the store holds it until the retry)."""
-    store = await Store.open(tmp_path / "index.sqlite3")
+    store = await open_store(tmp_path / "index.sqlite3")
     router = Router()
     handled: list[str] = []
     failed: list[str] = []
@@ -385,7 +385,7 @@ async def test_a_refused_retry_keeps_the_key_of_a_try_that_wrote(tmp_path: Path)
     """A first try writes, then crashes; its retry is refused before writing again (the
     installation suspended, say). The key stays claimed: the try after that still looks on
     the forge for what the first wrote, instead of writing it again."""
-    store = await Store.open(tmp_path / "i.sqlite3")
+    store = await open_store(tmp_path / "i.sqlite3")
     seen: list[bool] = []
     try:
         async def first() -> dict[str, Any]:

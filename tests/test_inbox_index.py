@@ -10,7 +10,7 @@ from pathlib import Path
 from bot.items.model import Item
 from bot.items.questions import Option, Question
 from bot.items.threads import ThreadState
-from bot.store import Store
+from bot.store import Store, open_store
 from bot.store import comments as db
 
 ASKER, SARA, SCOUT = "human:marco@acme.com", "human:sara@acme.com", "agent:scout"
@@ -30,7 +30,7 @@ async def _waiting(store: Store) -> set[tuple[str, str]]:
 
 
 async def test_thread_waiting_follows_writes_and_is_filled_at_open(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "index.sqlite3")
+    store = await open_store(tmp_path / "index.sqlite3")
     async with store.transaction() as tx:
         await db.put_thread(tx, _question("t1", (SARA, SCOUT)))
         await db.put_thread(tx, _question("t2", (SARA,)))
@@ -42,12 +42,14 @@ async def test_thread_waiting_follows_writes_and_is_filled_at_open(tmp_path: Pat
     found = await db.open_questions_involving(store, [SARA, ASKER])
     assert [t.id for t in found] == ["t1"]
     assert [t.state.waiting_on for t in found] == [(ASKER,)]
-    # an index written before the table existed gets it filled when the store opens
+    # an index written before the table existed (and before schema versions were recorded)
+    # gets it filled when the store opens
     async with store.transaction() as tx:
         await tx.execute("DROP TABLE thread_waiting")
         await tx.execute("DROP TABLE item_assignees")
+        await tx.execute("DROP TABLE schema_migrations")
     await store.close()
-    store = await Store.open(tmp_path / "index.sqlite3")
+    store = await open_store(tmp_path / "index.sqlite3")
     try:
         assert await _waiting(store) == {(ASKER, "t1")}
     finally:
@@ -55,7 +57,7 @@ async def test_thread_waiting_follows_writes_and_is_filled_at_open(tmp_path: Pat
 
 
 async def test_updates_window_and_fallback_agree_with_a_plain_filter(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "index.sqlite3")
+    store = await open_store(tmp_path / "index.sqlite3")
     try:
         async with store.transaction() as tx:
             for n in range(1, 40):

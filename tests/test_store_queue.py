@@ -6,11 +6,11 @@ import asyncio
 import time
 from pathlib import Path
 
-from bot.store import Store
+from bot.store import open_store
 
 
 async def test_concurrent_deliveries_are_each_queued_once(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "index.sqlite3")
+    store = await open_store(tmp_path / "index.sqlite3")
     try:
         guids = [f"g{i % 40}" for i in range(120)]  # every id arrives three times at once
         answers = await asyncio.gather(*(
@@ -27,10 +27,10 @@ async def test_concurrent_deliveries_are_each_queued_once(tmp_path: Path) -> Non
 
 
 async def test_queued_deliveries_survive_a_restart(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "index.sqlite3")
+    store = await open_store(tmp_path / "index.sqlite3")
     assert await store.enqueue_delivery("g", "ping", {}, b"{}")
     await store.close()
-    reopened = await Store.open(tmp_path / "index.sqlite3")
+    reopened = await open_store(tmp_path / "index.sqlite3")
     try:
         item = await reopened.next_due()
         assert item is not None and item.guid == "g"
@@ -55,7 +55,7 @@ async def test_an_index_from_before_later_columns_opens_and_gains_them(tmp_path:
     old.close()
     from bot.store import mails
 
-    store = await Store.open(path)
+    store = await open_store(path)
     try:
         mail = await mails.get_mail(store, "m1")
         assert mail is not None and mail.other_labels == () and mail.agent_turns == 0
@@ -67,7 +67,7 @@ async def test_one_malformed_arrival_does_not_fail_the_others_in_its_group(
         tmp_path: Path) -> None:
     """Issue 9, item 8: each delivery fails alone; a malformed one is still queued (it then
     dead-letters in the worker), and the good ones arriving with it are committed."""
-    store = await Store.open(tmp_path / "index.sqlite3")
+    store = await open_store(tmp_path / "index.sqlite3")
     try:
         bad = {"action": "created", "installation": "notadict", "sender": "notadict"}
         utf16 = '{"action": "opened"}'.encode("utf-16")
@@ -84,7 +84,7 @@ async def test_one_malformed_arrival_does_not_fail_the_others_in_its_group(
 async def test_a_delivery_waits_behind_an_earlier_one_about_its_issue_waiting_to_retry(
         tmp_path: Path) -> None:
     """Issue 9, item 6: per-issue order holds across retries."""
-    store = await Store.open(tmp_path / "index.sqlite3")
+    store = await open_store(tmp_path / "index.sqlite3")
     try:
         def about(number: int, action: str) -> dict[str, object]:
             return {"action": action, "issue": {"number": number},
@@ -116,7 +116,7 @@ async def test_deliveries_arriving_while_the_write_lock_is_held_share_one_commit
     """Issue 14 (intake p99): the group-commit batch is taken once the write lock is held, so
     whatever arrived while a worker transaction held it goes in one commit, not one small
     transaction per arrival queued behind it. One batch = one `received_at`."""
-    store = await Store.open(tmp_path / "index.sqlite3")
+    store = await open_store(tmp_path / "index.sqlite3")
     try:
         held = asyncio.Event()
         release = asyncio.Event()
@@ -146,7 +146,7 @@ async def test_deliveries_arriving_while_the_write_lock_is_held_share_one_commit
 
 async def test_finishes_made_together_commit_together_and_each_is_durable(
         tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "index.sqlite3")
+    store = await open_store(tmp_path / "index.sqlite3")
     try:
         for i in range(30):
             assert await store.enqueue_delivery(f"g{i}", "ping", {}, b"{}")
@@ -169,7 +169,7 @@ async def test_the_wal_is_checkpointed_in_the_background_not_in_a_commit(
     write behind it (the 50-70 ms tail of bench.intake); a second connection does it instead,
     so the WAL is copied back while the app's connection keeps committing."""
     path = tmp_path / "index.sqlite3"
-    store = await Store.open(path)
+    store = await open_store(path)
     try:
         checkpointer = store._checkpointer
         assert checkpointer is not None

@@ -164,7 +164,7 @@ class Seen:
 
 async def _rows(embedded: Embedded) -> dict[str, list[tuple[Any, ...]]]:
     store = embedded.services.store
-    return {t: [tuple(r) for r in await store.fetchall(f"SELECT * FROM {t} ORDER BY rowid")]
+    return {t: sorted((tuple(r) for r in await store.fetchall(f"SELECT * FROM {t}")), key=repr)
             for t in TABLES}
 
 

@@ -92,3 +92,59 @@ async def test_serve_without_configuration_says_what_is_missing(tmp_path: Path) 
             assert 'action="https://github.com/settings/apps/new?state=' in await resp.text()
     finally:
         assert await _stop(proc) == 0
+
+
+async def test_up_with_replicas_runs_them_on_one_postgresql_and_spreads_the_webhooks(
+        tmp_path: Path) -> None:
+    """`vaultmail up --replicas 3 --database-url URL`: three app processes on one database,
+    every replica's URL in tokens.json; mail sent through one is listed by another, a long
+    poll on one is woken by a send through another, and mail opened in the forge is labelled
+    whichever replica its webhook reached."""
+    from tests import pg
+
+    url = await pg.fresh_database()
+    port, forge_port = _free_port(), _free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.cli.main", "up", "--data", str(tmp_path), "--port",
+        str(port), "--forge-port", str(forge_port), "--replicas", "3", "--database-url", url,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    assert proc.stdout is not None
+    try:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 90)).decode()
+        assert "ready" in line and "replicas" in line, line
+        tokens = json.loads((tmp_path / "tokens.json").read_text())
+        first, *others = tokens["app_urls"]
+        assert first == tokens["app_url"] and len(others) == 2
+        marco = {"Authorization": f"Bearer {tokens['api_tokens']['human:marco@acme.com']}"}
+        scout = {"Authorization": f"Bearer {tokens['api_tokens']['agent:scout']}"}
+        async with aiohttp.ClientSession() as s:
+            async with s.post(others[0] + "/api/v1/tools/list_inbox", headers=scout,
+                              json={}) as resp:
+                assert resp.status == 200
+            poll = asyncio.create_task(s.post(others[0] + "/api/v1/tools/list_inbox",
+                                              headers=scout, json={"wait": 30}))
+            async with s.post(others[1] + "/api/v1/tools/mail_send", headers=marco,
+                              json={"to": "scout", "subject": "Across", "body": "x"}) as resp:
+                assert resp.status == 200, await resp.text()
+            async with await asyncio.wait_for(poll, 20) as resp:  # woken, not timed out
+                assert resp.status == 200
+            async with s.post(first + "/api/v1/tools/mail_list", headers=scout,
+                              json={}) as resp:
+                assert [m["subject"] for m in (await resp.json())["mails"]] == ["Across"]
+            forge = {"Authorization": f"token {tokens['forge_tokens']['marco']}"}
+            for i in range(3):
+                async with s.post(tokens["forge_url"] + "/repos/acme/scout-vault/issues",
+                                  headers=forge, json={"title": f"Hand {i}", "body": "y"}) as r:
+                    assert r.status == 201
+            for _ in range(200):
+                async with s.get(tokens["forge_url"] + "/repos/acme/scout-vault/issues",
+                                 headers=forge) as resp:
+                    issues = await resp.json()
+                if all(i["labels"] for i in issues) and len(issues) == 4:
+                    break
+                await asyncio.sleep(0.1)
+            assert sorted(i["title"] for i in issues if i["labels"]) == [
+                "Across", "Hand 0", "Hand 1", "Hand 2"]
+    finally:
+        assert await _stop(proc) == 0
+        await pg.drop_database(url)

@@ -50,6 +50,7 @@ class Identity:
     private_key_pem: str
     dialect: str = "github"
     token: str = ""  # gitea: the bot user's access token
+    database_url: str = ""  # the index, when not the SQLite file beside it (PostgreSQL)
 
     @classmethod
     def load(cls, path: Path) -> Identity | None:
@@ -83,6 +84,20 @@ class Embedded:
     office: Office
     forge_tokens: dict[str, str]
     api_tokens: dict[str, str] = field(default_factory=dict)
+    app_urls: list[str] = field(default_factory=list)  # every replica's (this one's first)
+
+    def spread_webhooks(self) -> None:
+        """The forge delivers to every replica in turn, skipping one that is down, as a load
+        balancer in front of them would (the App's webhook URL is the first replica's)."""
+        self.forge.balance(self.app_url + "/webhook", [u + "/webhook" for u in self.app_urls])
+
+    def write_tokens(self) -> None:
+        """tokens.json: where everything is and the tokens to act as anyone in the office."""
+        self.tokens_path.write_text(json.dumps({
+            "forge_url": self.forge.url, "app_url": self.app_url,
+            "app_urls": self.app_urls or [self.app_url],
+            "forge_tokens": self.forge_tokens, "api_tokens": self.api_tokens}, indent=2))
+        self.tokens_path.chmod(0o600)
 
     @property
     def services(self) -> Services:
@@ -129,6 +144,8 @@ async def start_embedded(
     port: int = 8080,
     forge_port: int = 8081,
     dialect: str = "github",
+    database_url: str = "",
+    replica_id: str = "",
 ) -> Embedded:
     data_dir.mkdir(parents=True, exist_ok=True)
     office = load_office(office_path)
@@ -160,6 +177,8 @@ async def start_embedded(
     else:
         forge_tokens = json.loads(tokens_path.read_text())["forge_tokens"]
 
+    if database_url:
+        identity.database_url = database_url
     client_id = client_secret = ""
     if identity.dialect == "github":  # the console's sign-in: the App's OAuth client
         client_id, client_secret = forge.client_credentials(identity.app_id)
@@ -170,7 +189,8 @@ async def start_embedded(
                         host=host, port=sock.getsockname()[1], write_interval=0.0,
                         dialect=identity.dialect, token=identity.token,
                         client_id=client_id, client_secret=client_secret, public_url=app_url,
-                        token_sign_in=True)
+                        token_sign_in=True, database_url=identity.database_url,
+                        replica_id=replica_id)
     runner = web.AppRunner(create_app(settings), access_log=None)
     await runner.setup()
     await web.SockSite(runner, sock).start()
@@ -180,13 +200,12 @@ async def start_embedded(
     elif fresh:
         identity.installation_id = forge.install_app(identity.app_id, office.org)
         identity.save(identity_path)
+    elif database_url:
+        identity.save(identity_path)
     embedded = Embedded(forge, runner, app_url, data_dir, office, forge_tokens)
     embedded.services.installations[office.org.lower()] = identity.installation_id
     embedded.api_tokens = await _api_tokens(embedded, tokens_path, fresh)
-    tokens_path.write_text(json.dumps({
-        "forge_url": forge.url, "app_url": app_url,
-        "forge_tokens": forge_tokens, "api_tokens": embedded.api_tokens}, indent=2))
-    tokens_path.chmod(0o600)
+    embedded.write_tokens()
     await embedded.settle()
     return embedded
 

@@ -10,16 +10,22 @@ person's long poll wakes for their own box only, never for their agents'.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from bot import metrics
+
+log = logging.getLogger("vaultmail.notify")
 
 
 class Notifier:
     def __init__(self) -> None:
         self._waiting: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
         self.closed = False  # shutting down: every wait answers at once with what is there
+        # tells the other replicas (bot.app.replica: PostgreSQL's NOTIFY); None when alone
+        self.publish: Callable[[list[str]], Awaitable[None]] | None = None
+        self._publishing: set[asyncio.Task[None]] = set()
 
     def close(self) -> None:
         """On SIGTERM: wake every long poll now, and let no new one wait."""
@@ -29,6 +35,23 @@ class Notifier:
                 event.set()
 
     def notify(self, principals: Iterable[str]) -> None:
+        """Something is new under these keys: wake who waits here and on every replica."""
+        keys = set(principals)
+        self.wake(keys)
+        if self.publish is not None and keys:
+            task = asyncio.get_running_loop().create_task(self._publish(sorted(keys)))
+            self._publishing.add(task)
+            task.add_done_callback(self._publishing.discard)
+
+    async def _publish(self, keys: list[str]) -> None:
+        assert self.publish is not None
+        try:
+            await self.publish(keys)
+        except Exception as exc:  # the other replicas' polls answer at their timeout
+            log.warning("wake-up not sent to other replicas: %r", exc)
+
+    def wake(self, principals: Iterable[str]) -> None:
+        """Wake who waits here under these keys (what another replica told us, too)."""
         for principal in set(principals):
             for event in self._waiting.pop(principal, ()):
                 event.set()

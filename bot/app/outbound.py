@@ -53,8 +53,11 @@ class LedgerForwarder:
     async def _run(self) -> None:
         while True:
             try:
-                for url in await self._urls():
-                    await self.forward(url)
+                # one replica at a time sends, from the shared cursors; when it dies the
+                # next oldest takes over where they stand
+                if await self.services.store.is_leader():
+                    for url in await self._urls():
+                        await self.forward(url)
             except Exception as exc:  # keep forwarding whatever one bad round did
                 log.warning("outbound round failed: %r", exc)
             self._wake.clear()

@@ -50,7 +50,8 @@ class Reconciler:
         while True:
             await asyncio.sleep(self.interval)
             try:
-                await self.run_once()
+                if await self.store.is_leader():  # one replica at a time asks the forge
+                    await self.run_once()
             except Exception as exc:  # the forge may be down; try again next round
                 log.warning("reconciliation failed: %r", exc)
 

@@ -26,11 +26,10 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-import aiosqlite
-
 from bot.app.signed_post import post_signed
 from bot.office.config import PYTHON, Agent, CommandDispatch
 from bot.store import api_tokens, ledger, mails
+from bot.store.db import Connection
 
 if TYPE_CHECKING:
     from bot.app.services import Services
@@ -47,7 +46,7 @@ CLIENT_PAYLOAD_BYTES = 60_000  # GitHub takes a repository_dispatch client_paylo
 _SECRET_ENV = ("GITHUB_", "GITEA_", "VAULTMAIL_")
 
 
-async def admit(db: aiosqlite.Connection, agent: Agent, kind: str, subject: str,
+async def admit(db: Connection, agent: Agent, kind: str, subject: str,
                 actor: str) -> int | None:
     """Queue a run of `kind` for `agent` if its triggers admit it, ledgered either way: the
     run's id, or None when refused."""

@@ -92,6 +92,10 @@ class Settings:
     # the Origins a browser page may call /mcp from (VAULTMAIL_ALLOWED_ORIGINS); none by default
     allowed_origins: tuple[str, ...] = field(default_factory=lambda: parse_origins(
         os.environ.get("VAULTMAIL_ALLOWED_ORIGINS")))
+    # the index (DATABASE_URL): SQLite in the data directory by default; postgresql://...
+    # for several replicas sharing one database
+    database_url: str = ""
+    replica_id: str = ""  # REPLICA_ID: a replica restarting under its id takes back its work
 
     def __post_init__(self) -> None:
         if not self.webhook_secret:
@@ -105,6 +109,11 @@ class Settings:
     @property
     def db_path(self) -> Path:
         return self.data_dir / "index.sqlite3"
+
+    @property
+    def database(self) -> str:
+        """Where the index is: DATABASE_URL, else the SQLite file in the data directory."""
+        return self.database_url or str(self.db_path)
 
     @property
     def web_url(self) -> str:
@@ -124,11 +133,12 @@ class Settings:
         if identity.get("dialect") == "gitea":
             return cls(api_url=forge_url, app_id="", private_key_pem="",
                        webhook_secret=identity["webhook_secret"], data_dir=data_dir,
-                       write_interval=0.0, dialect="gitea", token=identity["token"])
+                       write_interval=0.0, dialect="gitea", token=identity["token"],
+                       database_url=identity.get("database_url", ""))
         return cls(api_url=forge_url, app_id=str(identity["app_id"]),
                    private_key_pem=identity["private_key_pem"],
                    webhook_secret=identity["webhook_secret"], data_dir=data_dir,
-                   write_interval=0.0)
+                   write_interval=0.0, database_url=identity.get("database_url", ""))
 
     @classmethod
     def for_cli(cls, data: str | None) -> Settings:
@@ -181,6 +191,7 @@ class Settings:
             client_id=source.client_id or "", client_secret=source.client_secret or "",
             public_url=(source.public_url or "").rstrip("/"),
             allowed_origins=parse_origins(source.allowed_origins),
+            database_url=source.database_url or "", replica_id=source.replica_id or "",
         )
 
     @classmethod
@@ -199,6 +210,7 @@ class Settings:
             token=str(source.gitea_token), log_level=source.log_level,
             public_url=(source.public_url or "").rstrip("/"),
             allowed_origins=parse_origins(source.allowed_origins),
+            database_url=source.database_url or "", replica_id=source.replica_id or "",
         )
 
 
@@ -254,6 +266,15 @@ class _EnvFile(BaseSettings):
     client_secret: str | None = _env("GITHUB_CLIENT_SECRET", "CLIENT_SECRET")
     public_url: str | None = _env("VAULTMAIL_PUBLIC_URL")
     allowed_origins: str | None = _env("VAULTMAIL_ALLOWED_ORIGINS")
+    database_url: str | None = _env("DATABASE_URL")
+    replica_id: str | None = _env("REPLICA_ID")
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_engine(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("sqlite://", "postgresql://", "postgres://")):
+            raise ValueError("sqlite:///PATH or postgresql://USER@HOST/DB")
+        return value or None
 
     @field_validator("log_level", mode="before")
     @classmethod

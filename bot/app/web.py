@@ -20,6 +20,7 @@ from bot.app.context import context_for
 from bot.app.intake import receive_webhook
 from bot.app.outbound import LedgerForwarder
 from bot.app.reconcile import Reconciler
+from bot.app.replica import Presence
 from bot.app.services import SERVICES_KEY, Services
 from bot.app.settings import Settings
 from bot.app.worker import Worker
@@ -30,7 +31,8 @@ from bot.forge.tokens import AppAuth
 from bot.mail.signing import Keyring
 from bot.office.config import load_office
 from bot.office.source import OfficeSource
-from bot.store import Store, health
+from bot.store import health, open_store
+from bot.store.budget import Limits, SharedWriteBudget
 from bot.tools.http import add_routes
 from bot.tools.mcp_server import add_mcp_routes
 from handlers import build_own_router, build_router
@@ -71,7 +73,9 @@ async def readyz(request: web.Request) -> web.Response:
             checks[name] = {"ok": False, "detail": str(exc) or type(exc).__name__}
 
     async def database() -> str:
-        await asyncio.to_thread(health.take_write_lock, services.settings.db_path, WRITE_LOCK_WAIT)
+        if services.store.engine == "sqlite":  # the file, on a connection of its own
+            await asyncio.to_thread(health.take_write_lock, services.settings.db_path,
+                                    WRITE_LOCK_WAIT)
         await services.store.check_writable()  # and the app's own connection takes one
         return "writable"
 
@@ -119,6 +123,7 @@ async def fetch_app_slug(auth: AppAuth, session: aiohttp.ClientSession, api_url:
 WORKER_KEY = web.AppKey("worker", Worker)
 RECONCILER_KEY = web.AppKey("reconciler", Reconciler)
 FORWARDER_KEY = web.AppKey("forwarder", LedgerForwarder)
+PRESENCE_KEY = web.AppKey("presence", Presence)
 
 
 async def build_services(settings: Settings, session: aiohttp.ClientSession) -> Services:
@@ -129,7 +134,8 @@ async def build_services(settings: Settings, session: aiohttp.ClientSession) -> 
     config = ForgeConfig(write_interval=settings.write_interval, bot_login=f"{slug}[bot]")
     client = ForgeClient(auth, session, settings.api_url, config=config)
     installs = await _installations(settings, auth, session)
-    store = await Store.open(settings.db_path)  # after the forge answered: no retry reopens it
+    store = await open_store(settings.database)  # after the forge
+    # answered: no retry reopens it
     services = Services(settings=settings, store=store, forge_client=client,
                         router=build_router(), own_router=build_own_router(), app_slug=slug,
                         offices=OfficeSource(settings.office_path),
@@ -151,7 +157,7 @@ async def build_gitea_services(settings: Settings, session: aiohttp.ClientSessio
     client = GiteaClient(settings.token, session, settings.api_url, bot_login=login,
                          config=config)
     orgs = await client.installation().user_orgs()
-    store = await Store.open(settings.db_path)
+    store = await open_store(settings.database)
     services = Services(settings=settings, store=store, forge_client=client,
                         router=build_router(), own_router=build_own_router(), app_slug=login,
                         offices=OfficeSource(settings.office_path),
@@ -243,6 +249,14 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
                 await asyncio.sleep(delay)
                 delay = min(RETRY_MAX, delay * 2)
         app[SERVICES_KEY] = services
+        if services.store.engine != "sqlite":  # replicas share one budget of forge writes
+            cfg = services.forge_client.config
+            services.forge_client.shared_budget = SharedWriteBudget(services.store, Limits(
+                per_minute=cfg.content_per_minute, per_hour=cfg.content_per_hour,
+                endpoint_points_per_minute=cfg.endpoint_points_per_minute,
+                min_interval=cfg.write_interval))
+        presence = app[PRESENCE_KEY] = Presence(services.store, services.notifier)
+        await presence.start(settings.replica_id or None, settings.public_url or None)
         worker = app[WORKER_KEY] = build_worker(services)
         app[RECONCILER_KEY] = Reconciler(
             services.store, services.forge_client.app, settings.reconcile_interval)
@@ -268,6 +282,7 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
         since = startup.stopping_since or time.monotonic()
         await app[WORKER_KEY].stop(max(0.5, DRAIN_SECONDS - (time.monotonic() - since)))
         await runs.stop(services)  # dispatches under way end; a command run is killed
+        await app[PRESENCE_KEY].stop()  # what this replica held is free for the others
         await services.store.close()
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -32,6 +32,8 @@ ContextFactory = Callable[[QueueItem, logging.LoggerAdapter[logging.Logger]], Ha
 
 log = logging.getLogger("vaultmail.worker")
 BATCH = 64  # due deliveries taken at a time
+IDLE_LOOK = 5.0  # seconds at most between looks at an idle queue (SQLite: one process)
+SHARED_IDLE_LOOK = 0.5  # ... shared with other replicas (PostgreSQL)
 
 
 def issue_key(item: QueueItem) -> str | None:
@@ -56,6 +58,7 @@ class Worker:
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
+        self._cut_short = False  # a batch left deliveries unhandled behind a retry
 
     def wake(self) -> None:
         self._wake.set()
@@ -93,13 +96,19 @@ class Worker:
                     return
                 self._idle.set()
                 wakeup = await store.next_wakeup()
-                delay = 5.0 if wakeup is None else max(0.0, min(5.0, wakeup - time.time()))
+                # other replicas' work frees deliveries without waking this one: look often
+                longest = IDLE_LOOK if store.engine == "sqlite" else SHARED_IDLE_LOOK
+                delay = longest if wakeup is None else max(0.0, min(longest,
+                                                                    wakeup - time.time()))
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), delay)
                 continue
             self._idle.clear()
+            self._cut_short = False
             await self._run_batch(items)
+            if self._cut_short:  # deliveries left behind a retry: others may claim them
+                await store.release()
 
     async def _run_batch(self, items: list[QueueItem]) -> None:
         groups: dict[str, list[QueueItem]] = {}
@@ -120,6 +129,7 @@ class Worker:
             async with gate:
                 for item in group:
                     if not await self._process_safely(item):
+                        self._cut_short = True
                         return  # the rest wait behind its retry (the store holds them)
 
         await asyncio.gather(*(in_order(g) for g in groups.values()))

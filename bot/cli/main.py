@@ -20,16 +20,34 @@ from bot.office.config import OfficeConfigError
 
 async def cmd_up(args: argparse.Namespace) -> int:
     from bot.app.embedded import start_embedded
+    from bot.app.replicas import Replica, start_replicas
+    from bot.store import is_postgres
 
+    if args.replicas < 1:
+        print("vaultmail up: --replicas must be 1 or more", file=sys.stderr)
+        return 2
+    if args.replicas > 1 and not is_postgres(args.database_url or ""):
+        print("vaultmail up: several replicas share one PostgreSQL database: add "
+              "--database-url postgresql://USER@HOST/DB (or set DATABASE_URL)", file=sys.stderr)
+        return 2
     data = Path(args.data) if args.data else Path(tempfile.mkdtemp(prefix="vaultmail-"))
     embedded = await start_embedded(
         office_path=args.office, data_dir=data, persist_forge=bool(args.data), host=args.host,
-        port=args.port, forge_port=args.forge_port, dialect=args.forge)
+        port=args.port, forge_port=args.forge_port, dialect=args.forge,
+        database_url=args.database_url or "",
+        replica_id="replica-1" if args.replicas > 1 else "")
     from bot.console.links import console_url, sign_in_lines
 
+    others: list[Replica] = []
+    if args.replicas > 1:
+        others = await start_replicas(embedded.services.settings, args.replicas - 1)
+        embedded.app_urls = [embedded.app_url, *(r.url for r in others)]
+        embedded.spread_webhooks()  # the forge spreads its deliveries, as a load balancer
+        embedded.write_tokens()
     stop = stop_signal()
     print(f"vaultmail ready: app {embedded.app_url}  forge {embedded.forge.url}  "
-          f"tokens {embedded.tokens_path}  console {console_url(embedded.app_url)}", flush=True)
+          f"tokens {embedded.tokens_path}  console {console_url(embedded.app_url)}"
+          + (f"  replicas {' '.join(embedded.app_urls)}" if others else ""), flush=True)
     oauth = embedded.services.settings.client_id != ""
     for line in sign_in_lines(embedded.app_url, embedded.office,
                               embedded.forge.user_password if oauth else None):
@@ -37,6 +55,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
     try:
         await stop.wait()
     finally:
+        await asyncio.gather(*(r.stop() for r in others))
         await embedded.stop()
     return 0
 
@@ -90,9 +109,9 @@ async def cmd_demo(args: argparse.Namespace) -> int:
 
 async def cmd_dead_letters(args: argparse.Namespace) -> int:
     from bot.cli.shell import done, existing_data_dir
-    from bot.store import Store
+    from bot.store import index_of, open_store
 
-    store = await Store.open(existing_data_dir(args.data) / "index.sqlite3")
+    store = await open_store(index_of(existing_data_dir(args.data)))
     try:
         if args.replay is not None:
             n = await store.replay(None if args.replay == "all" else int(args.replay))
@@ -131,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--forge-port", type=int, default=8081)
     up.add_argument("--forge", choices=["github", "gitea"], default="github",
                     help="the local forge's dialect (gitea: Gitea/Forgejo API, a bot user)")
+    up.add_argument("--database-url", default=os.environ.get("DATABASE_URL"),
+                    help="the index on PostgreSQL (postgresql://USER@HOST/DB; default: SQLite "
+                         "in the data directory, or DATABASE_URL)")
+    up.add_argument("--replicas", type=int, default=1,
+                    help="app processes sharing the PostgreSQL database, the forge spreading "
+                         "its webhook deliveries across them (needs --database-url)")
     up.set_defaults(func=cmd_up)
 
     demo = sub.add_parser("demo", help="a scripted end-to-end story on the embedded forge")

@@ -27,7 +27,7 @@ from bot.cli.shell import (
 from bot.forge.errors import NotFound
 from bot.mail.header import parse_mail_body, verify_issue
 from bot.mail.signing import KEYS_FILE_NAME, Keyring, PublicKeys
-from bot.store import Store, api_tokens, ledger, mails
+from bot.store import api_tokens, index_of, ledger, mails, open_store
 
 _REF = re.compile(r"^([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)#([1-9][0-9]*)$")
 _PRINCIPAL = re.compile(r"^(human:[^@\s]+@[^@\s]+|agent:[a-z0-9-]+|office)$")
@@ -176,7 +176,7 @@ async def cmd_token_create(args: argparse.Namespace) -> int:
     if not _PRINCIPAL.match(args.principal):
         return fail(args, ShellFailure("usage", f"{args.principal!r} is not human:<email>, "
                                        "agent:<slug> or office"))
-    store = await Store.open(data_dir(args) / "index.sqlite3")
+    store = await open_store(index_of(data_dir(args)))
     try:
         token = await api_tokens.create_token(store, args.principal,
                                               args.org.lower() if args.org else None)
@@ -187,7 +187,7 @@ async def cmd_token_create(args: argparse.Namespace) -> int:
 
 
 async def cmd_token_revoke(args: argparse.Namespace) -> int:
-    store = await Store.open(data_dir(args) / "index.sqlite3")
+    store = await open_store(index_of(data_dir(args)))
     try:
         revoked = await api_tokens.revoke_token(store, args.token_id)
     finally:
@@ -205,7 +205,7 @@ def _when(t: float | None) -> str:
 
 
 async def cmd_token_list(args: argparse.Namespace) -> int:
-    store = await Store.open(data_dir(args) / "index.sqlite3")
+    store = await open_store(index_of(data_dir(args)))
     try:
         tokens = await api_tokens.list_tokens(store)
     finally:
@@ -224,7 +224,7 @@ async def cmd_token_list(args: argparse.Namespace) -> int:
 
 
 async def cmd_ledger(args: argparse.Namespace) -> int:
-    store = await Store.open(data_dir(args) / "index.sqlite3")
+    store = await open_store(index_of(data_dir(args)))
     try:
         entries = await ledger.entries(store, since=args.since, limit=args.limit)
         broken = await ledger.verify_chain(store)

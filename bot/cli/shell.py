@@ -25,6 +25,7 @@ import aiohttp
 from gidgethub import HTTPException
 
 from bot.forge.errors import ForgeError
+from bot.store.engines import index_of, is_postgres
 
 USAGE, REFUSED = 2, 1
 
@@ -128,6 +129,7 @@ def existing_data_dir(data: str | None, *, needs: str = "index.sqlite3") -> Path
         raise ShellFailure("bad_data_dir", f"{path} does not exist: {how}")
     if not path.is_dir():
         raise ShellFailure("bad_data_dir", f"{path} is not a directory: {how}")
-    if needs and not (path / needs).exists():
+    elsewhere = needs == "index.sqlite3" and is_postgres(index_of(path))  # PostgreSQL
+    if needs and not elsewhere and not (path / needs).exists():
         raise ShellFailure("bad_data_dir", f"{path} holds no vaultmail data (no {needs}): {how}")
     return path

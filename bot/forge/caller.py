@@ -227,10 +227,18 @@ def _error(exc: HTTPException, method: str, url: str) -> ForgeError:
     )
 
 
+class SharedBudget(Protocol):
+    """The write budget every replica of the app draws on (bot.store.budget): how long this
+    write must still wait so that all replicas together stay within one App's limits."""
+
+    async def reserve(self, who: str, endpoint: str, content: bool) -> float: ...
+
+
 class CallerClient(Protocol):
     """What the request loop needs from its process-wide client (GitHub's or Gitea's)."""
 
     config: ForgeConfig
+    shared_budget: SharedBudget | None  # several replicas: their common budget
     session: aiohttp.ClientSession
     requester: str
     api_url: str
@@ -274,6 +282,23 @@ class _Caller(abc.ABC):
         )
         self._blocked_until = 0.0  # on the auth clock: primary limit exhausted until then
         self.rate_limit: dict[str, int] | None = None  # last x-ratelimit-{limit,remaining,reset}
+
+    async def _shared_turn(self, endpoint: str, content: bool) -> float:
+        """With several replicas, wait for this write's place in the budget they share (this
+        replica's own pacer has already placed it among its own writes)."""
+        shared = self.client.shared_budget
+        if shared is None:
+            return 0.0
+        wait = await shared.reserve(self._budget_key, endpoint, content)
+        if wait > 0:
+            await self.client.sleep(wait)
+        return max(0.0, wait)
+
+    @property
+    def _budget_key(self) -> str:
+        """Whose budget a write draws on: the installation's (the App's own calls: "app")."""
+        installation = self._log_extra.get("installation_id")
+        return "app" if installation is None else str(installation)
 
     # -- credentials: each kind of caller says how it authenticates ----------------------------
 
@@ -410,6 +435,7 @@ class _Caller(abc.ABC):
         endpoint = f"{method} {url.split('{?')[0]}"  # the budget is per route, not per URL
         writes.note()
         async with self.pacer.turn(content, endpoint=endpoint) as waited:
+            waited += await self._shared_turn(endpoint, content)
             self._count("paced", waited)
             metrics.PACING_SECONDS.inc(waited)
             return await self._attempts(method, url, url_vars, data, policy, content, find_existing,
@@ -438,6 +464,7 @@ class _Caller(abc.ABC):
             await self._respect_primary_limit(method, full_url)
             if method != "GET" and not paced:  # a retry: paced again (the turn is still ours)
                 waited = await self.pacer.wait(content, writes_for.get(), endpoint)
+                waited += await self._shared_turn(endpoint or method, content)
                 self._count("paced", waited)
                 metrics.PACING_SECONDS.inc(waited)
             paced = False

@@ -41,6 +41,7 @@ from .caller import (
     ForgeConfig,
     RepoCaller,
     RequestStats,
+    SharedBudget,
     _iso,
     _iso_epoch,
     split_repo,
@@ -366,6 +367,7 @@ class GiteaClient:
         self.bot_login = bot_login
         self.requester = requester
         self.config = config or ForgeConfig()
+        self.shared_budget: SharedBudget | None = None  # set when replicas share a store
         self.sleep = sleep
         self.monotonic = monotonic
         self._clock: Clock = clock if clock is not None else SystemClock()

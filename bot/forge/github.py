@@ -28,6 +28,7 @@ from .caller import (
     ForgeConfig,
     RepoCaller,
     RequestStats,
+    SharedBudget,
     _Caller,
     _iso,
     _iso_epoch,
@@ -423,6 +424,7 @@ class ForgeClient:
         self.api_url = api_url.rstrip("/")
         self.requester = requester
         self.config = config or ForgeConfig()
+        self.shared_budget: SharedBudget | None = None  # set when replicas share a store
         self.sleep = sleep
         self.monotonic = monotonic
         self.stats = RequestStats()

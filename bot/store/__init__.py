@@ -1,12 +1,15 @@
-"""The app's only local state: one SQLite file (WAL) behind this package.
+"""The app's only local state: the index, on SQLite (one process, the embedded default) or
+PostgreSQL (several replicas), behind one interface (`bot.store.db.Store`).
 
 Everything here can be rebuilt from the forge, except the work queue of deliveries not yet
-handled. Handlers never speak SQL; they call these functions, so another backend could replace
-SQLite without touching them.
+handled. Handlers never speak SQL; they call these functions, and the statements they run are
+the same on both engines (`bot.store.sql` says them in PostgreSQL's dialect).
 """
 
 from bot.store import api_tokens, ledger, mails
 from bot.store.db import Store
+from bot.store.engines import index_of, is_postgres, open_store
 from bot.store.queue import QueueItem
 
-__all__ = ["QueueItem", "Store", "api_tokens", "ledger", "mails"]
+__all__ = ["QueueItem", "Store", "api_tokens", "index_of", "is_postgres", "ledger", "mails",
+           "open_store"]

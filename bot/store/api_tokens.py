@@ -88,7 +88,7 @@ async def revoke_token(store: Store, token_id: int) -> bool:
             "UPDATE api_tokens SET revoked_at=? WHERE id=? AND revoked_at IS NULL",
             (time.time(), token_id),
         )
-        return cur.rowcount == 1
+        return bool(cur.rowcount == 1)
 
 
 async def revoke_token_value(store: Store, token: str) -> bool:
@@ -98,7 +98,7 @@ async def revoke_token_value(store: Store, token: str) -> bool:
             "UPDATE api_tokens SET revoked_at=? WHERE token_hash=? AND revoked_at IS NULL",
             (time.time(), _hash(token)),
         )
-        return cur.rowcount == 1
+        return bool(cur.rowcount == 1)
 
 
 async def list_tokens(store: Store) -> list[TokenInfo]:

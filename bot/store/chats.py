@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import time
 
-import aiosqlite
-
-from bot.store.db import Store, register_schema
+from bot.store.db import Connection, Row, Store, register_schema
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS chats (
@@ -23,18 +21,18 @@ CREATE INDEX IF NOT EXISTS chats_agent ON chats(agent, answered_at);
 """)
 
 
-async def get_chat(store: Store, chat_id: int) -> aiosqlite.Row | None:
+async def get_chat(store: Store, chat_id: int) -> Row | None:
     """The chat with this id, or None."""
     return await store.fetchone("SELECT * FROM chats WHERE id=?", (chat_id,))
 
 
-async def waiting_for(store: Store, agent: str) -> list[aiosqlite.Row]:
+async def waiting_for(store: Store, agent: str) -> list[Row]:
     """The chats to `agent` not answered yet, oldest first."""
     return await store.fetchall(
         "SELECT * FROM chats WHERE agent=? AND answered_at IS NULL ORDER BY id", (agent,))
 
 
-async def add_chat(db: aiosqlite.Connection, agent: str, sender: str, message: str,
+async def add_chat(db: Connection, agent: str, sender: str, message: str,
                    created_at: float) -> int:
     """Keep a new chat in the caller's transaction; returns its id."""
     cur = await db.execute(
@@ -43,7 +41,7 @@ async def add_chat(db: aiosqlite.Connection, agent: str, sender: str, message: s
     return int(cur.lastrowid or 0)
 
 
-async def delete_chat(db: aiosqlite.Connection, chat_id: int) -> None:
+async def delete_chat(db: Connection, chat_id: int) -> None:
     """Drop a chat, in the caller's transaction."""
     await db.execute("DELETE FROM chats WHERE id=?", (chat_id,))
 
@@ -54,23 +52,23 @@ async def answer_chat(store: Store, chat_id: int, answer: str) -> int:
         # Conditional: of two replies racing, only the first lands.
         cur = await db.execute("UPDATE chats SET answer=?, answered_at=? WHERE id=?"
                                " AND answered_at IS NULL", (answer, time.time(), chat_id))
-        return cur.rowcount
+        return int(cur.rowcount)
 
 
-async def chat_parties(store: Store, chat_id: int) -> aiosqlite.Row | None:
+async def chat_parties(store: Store, chat_id: int) -> Row | None:
     """The (agent, sender) row of a chat, or None."""
     return await store.fetchone("SELECT agent, sender FROM chats WHERE id=?", (chat_id,))
 
 
 async def chats_between(store: Store, sender: str, agent: str,
-                        limit: int) -> list[aiosqlite.Row]:
+                        limit: int) -> list[Row]:
     """The latest `limit` chats `sender` started with `agent`, newest first."""
     return await store.fetchall(
         "SELECT * FROM chats WHERE sender=? AND agent=? ORDER BY id DESC LIMIT ?",
         (sender, agent, limit))
 
 
-async def answered_stamp(store: Store, sender: str) -> aiosqlite.Row | None:
+async def answered_stamp(store: Store, sender: str) -> Row | None:
     """How many of `sender`'s chats are answered (`n`) and the latest answer's time (`at`)."""
     return await store.fetchone(
         "SELECT COUNT(answered_at) AS n, MAX(answered_at) AS at FROM chats WHERE sender=?",

@@ -12,11 +12,10 @@ from operator import itemgetter
 from typing import Any
 from weakref import WeakKeyDictionary
 
-import aiosqlite
-
 from bot.items.model import Item
 from bot.items.threads import ThreadState
-from bot.store.db import Store, register_columns, register_schema
+from bot.store.db import Connection, Row, Store, register_columns, register_schema
+from bot.store.sql import upsert
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS items (
@@ -89,6 +88,44 @@ CREATE TABLE IF NOT EXISTS item_updates (
 CREATE INDEX IF NOT EXISTS item_updates_item ON item_updates(item, seq);
 """)
 
+# PostgreSQL writes SQLite's triggers below as functions; the same rows, the same moments.
+_PG_DERIVED = """
+CREATE OR REPLACE FUNCTION vm_thread_waiting() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        DELETE FROM thread_waiting WHERE thread=OLD.id;
+    END IF;
+    IF TG_OP <> 'DELETE' THEN
+        DELETE FROM thread_waiting WHERE thread=NEW.id;
+        IF NEW.open=1 AND NEW.is_question=1 THEN
+            INSERT INTO thread_waiting(principal, thread, updated_at)
+                SELECT w, NEW.id, NEW.updated_at FROM jsonb_array_elements_text(
+                    coalesce(NEW.state::jsonb->'waiting_on', '[]'::jsonb)) AS w
+                ON CONFLICT DO NOTHING;
+        END IF;
+    END IF;
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS threads_waiting ON threads;
+CREATE TRIGGER threads_waiting AFTER INSERT OR UPDATE OR DELETE ON threads
+    FOR EACH ROW EXECUTE FUNCTION vm_thread_waiting();
+CREATE OR REPLACE FUNCTION vm_item_assignees() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        DELETE FROM item_assignees WHERE item=OLD.ref;
+    END IF;
+    IF TG_OP <> 'DELETE' THEN
+        DELETE FROM item_assignees WHERE item=NEW.ref;
+        INSERT INTO item_assignees(login, item)
+            SELECT a, NEW.ref FROM jsonb_array_elements_text(NEW.assignees::jsonb) AS a
+            ON CONFLICT DO NOTHING;
+    END IF;
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS items_assignees ON items;
+CREATE TRIGGER items_assignees AFTER INSERT OR UPDATE OR DELETE ON items
+    FOR EACH ROW EXECUTE FUNCTION vm_item_assignees();
+"""
 # Indexes and derived tables for the inboxes (additive: an existing index gets them at open).
 # `thread_waiting` holds who each open question waits on (`waiting_on` from the JSON state);
 # triggers keep it in step with every write to `threads`, whoever makes it, and the last
@@ -112,6 +149,14 @@ CREATE TABLE IF NOT EXISTS thread_waiting (
     PRIMARY KEY (principal, thread)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS thread_waiting_thread ON thread_waiting(thread);
+CREATE TABLE IF NOT EXISTS item_assignees (
+    login TEXT NOT NULL,
+    item TEXT NOT NULL,
+    PRIMARY KEY (login, item)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS item_assignees_item ON item_assignees(item);
+""")
+register_schema("""
 CREATE TRIGGER IF NOT EXISTS threads_waiting_insert AFTER INSERT ON threads BEGIN
     DELETE FROM thread_waiting WHERE thread=NEW.id;
     INSERT OR IGNORE INTO thread_waiting(principal, thread, updated_at)
@@ -131,12 +176,6 @@ END;
 INSERT OR IGNORE INTO thread_waiting(principal, thread, updated_at)
     SELECT w.value, t.id, t.updated_at FROM threads t, json_each(t.state, '$.waiting_on') w
     WHERE t.open=1 AND t.is_question=1;
-CREATE TABLE IF NOT EXISTS item_assignees (
-    login TEXT NOT NULL,
-    item TEXT NOT NULL,
-    PRIMARY KEY (login, item)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS item_assignees_item ON item_assignees(item);
 CREATE TRIGGER IF NOT EXISTS items_assignees_insert AFTER INSERT ON items BEGIN
     DELETE FROM item_assignees WHERE item=NEW.ref;
     INSERT OR IGNORE INTO item_assignees(login, item)
@@ -153,7 +192,7 @@ CREATE TRIGGER IF NOT EXISTS items_assignees_delete AFTER DELETE ON items BEGIN
 END;
 INSERT OR IGNORE INTO item_assignees(login, item)
     SELECT a.value, i.ref FROM items i, json_each(i.assignees) a;
-""")
+""", postgres=_PG_DERIVED)
 
 
 # -- items ---------------------------------------------------------------------------------
@@ -162,11 +201,13 @@ INSERT OR IGNORE INTO item_assignees(login, item)
 register_columns("items", {"key": "TEXT"})
 
 
-async def put_item(db: aiosqlite.Connection, item: Item) -> None:
-    await db.execute(
-        "INSERT OR REPLACE INTO items(ref, repo, number, kind, title, state, author_login,"
-        " author, parent, assignees, claim, key, updated_at)"
-        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+_PUT_ITEM = upsert("items", ["ref", "repo", "number", "kind", "title", "state", "author_login",
+                             "author", "parent", "assignees", "claim", "key", "updated_at"],
+                   ["ref"])
+
+
+async def put_item(db: Connection, item: Item) -> None:
+    await db.execute(_PUT_ITEM,
         (item.ref, item.repo, item.number, item.kind, item.title, item.state,
          item.author_login, item.author, item.parent, json.dumps(list(item.assignees)),
          item.claim, item.key, time.time()))
@@ -228,7 +269,7 @@ def _comment(r: Any) -> CommentRow:
                       json.loads(r["data"]), r["forge_id"], r["created_at"])
 
 
-async def put_comment(db: aiosqlite.Connection, c: CommentRow) -> None:
+async def put_comment(db: Connection, c: CommentRow) -> None:
     await db.execute(
         "INSERT INTO comments(id, item, thread, parent, author, body, data, forge_id,"
         " created_at) VALUES (?,?,?,?,?,?,?,?,?)",
@@ -277,11 +318,14 @@ def _thread(r: Any) -> ThreadRow:
                      r["card_id"], r["card_body"], r["answered_at"], r["updated_at"])
 
 
-async def put_thread(db: aiosqlite.Connection, t: ThreadRow) -> None:
+_PUT_THREAD = upsert("threads", ["id", "item", "scope", "asker", "is_question", "open",
+                                 "card_id", "card_body", "state", "answered_at", "updated_at"],
+                     ["id"])
+
+
+async def put_thread(db: Connection, t: ThreadRow) -> None:
     s = t.state
-    await db.execute(
-        "INSERT OR REPLACE INTO threads(id, item, scope, asker, is_question, open, card_id,"
-        " card_body, state, answered_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+    await db.execute(_PUT_THREAD,
         (t.id, t.item, t.scope, s.asker, int(s.is_question), int(not s.resolved), t.card_id,
          t.card_body, json.dumps(s.to_json()), t.answered_at, time.time()))
 
@@ -413,7 +457,7 @@ UPDATES_WINDOW = 512  # newest updates checked one by one before the relevant se
 
 async def updates_for(store: Store, mine: list[str], logins: list[str], exclude: list[str],
                       before: int | None, since: float | None,
-                      limit: int) -> list[aiosqlite.Row]:
+                      limit: int) -> list[Row]:
     """`updates_page` over the items relevant to `mine`/`logins` (see `_relevant_sql`), newest
     first, without building that set when the newest updates already fill the page."""
     mine = mine or [""]
@@ -433,9 +477,9 @@ async def updates_for(store: Store, mine: list[str], logins: list[str], exclude:
         " OR EXISTS (SELECT 1 FROM threads t INDEXED BY threads_scope_asked"
         " WHERE t.scope=u.item AND t.is_question=1"
         f"  AND t.asker IN ({m})){assigned})"
-        " ORDER BY u.seq DESC LIMIT ?)"
+        " ORDER BY u.seq DESC LIMIT ?) page"
         " UNION ALL SELECT -1, NULL, NULL, NULL, NULL, NULL, (SELECT count(*) FROM"
-        " (SELECT 1 FROM item_updates WHERE seq<? AND at>=? LIMIT ?))"
+        " (SELECT 1 FROM item_updates WHERE seq<? AND at>=? LIMIT ?) candidates)"
         " ORDER BY 1 DESC",
         (*page, UPDATES_WINDOW, *exclude, *mine, *mine, *mine, *logins, limit,
          *page, UPDATES_WINDOW))
@@ -450,13 +494,13 @@ async def updates_for(store: Store, mine: list[str], logins: list[str], exclude:
 
 
 # -- deliveries (the inboxes) --------------------------------------------------------------
-async def deliver(db: aiosqlite.Connection, owner: str, box: str, principal: str,
+async def deliver(db: Connection, owner: str, box: str, principal: str,
                   comment: str) -> None:
     await db.execute("INSERT INTO inbox_deliveries(owner, box, principal, comment, created_at)"
                      " VALUES (?,?,?,?,?)", (owner, box, principal, comment, time.time()))
 
 
-async def unread_in(store: Store, owner: str, boxes: list[str]) -> list[aiosqlite.Row]:
+async def unread_in(store: Store, owner: str, boxes: list[str]) -> list[Row]:
     """The owner's unread deliveries in `boxes`, oldest first."""
     if not boxes:
         return []
@@ -501,7 +545,7 @@ def _unseen(*, only: str = "", limit: str = "",
             " ORDER BY seq" + limit)
 
 
-async def unseen_by(store: Store, owner: str, agent: str) -> list[aiosqlite.Row]:
+async def unseen_by(store: Store, owner: str, agent: str) -> list[Row]:
     """The deliveries in the owner's agents' box that `agent` has not been shown, oldest
     first."""
     return await store.fetchall(_unseen(), (owner, owner, agent))
@@ -536,12 +580,12 @@ async def mark_seen(store: Store, owner: str, agent: str,
             return
         await db.execute(
             "INSERT INTO inbox_agent_marks(owner, agent, seq) VALUES (?,?,?)"
-            " ON CONFLICT(owner, agent) DO UPDATE SET seq=max(seq, excluded.seq)",
+            " ON CONFLICT(owner, agent) DO UPDATE SET seq=max(inbox_agent_marks.seq, excluded.seq)",
             (owner, agent, upto))
 
 
 async def unseen_by_their_agent(store: Store, owner: str,
-                                agents: list[str]) -> list[aiosqlite.Row]:
+                                agents: list[str]) -> list[Row]:
     """The deliveries in the owner's agents' box that the agent each is for has not been
     shown yet (the person's history of what their agents are handling), oldest first."""
     if not agents:
@@ -556,7 +600,7 @@ async def unseen_by_their_agent(store: Store, owner: str,
 
 
 async def seen_page(store: Store, owner: str, agent: str, before: int | None,
-                    limit: int) -> list[aiosqlite.Row]:
+                    limit: int) -> list[Row]:
     """What `agent` has been shown of the owner's agents' box, newest first."""
     return await store.fetchall(
         "SELECT * FROM inbox_deliveries INDEXED BY inbox_deliveries_owner_seq"
@@ -579,7 +623,7 @@ async def mark_read(store: Store, shown: list[tuple[int, str]]) -> None:
 
 
 async def read_page(store: Store, owner: str, before: int | None,
-                    limit: int) -> list[aiosqlite.Row]:
+                    limit: int) -> list[Row]:
     """What the owner has read of their own (`you`) box, newest first."""
     return await store.fetchall(
         "SELECT * FROM inbox_deliveries WHERE owner=? AND box='you' AND read_at IS NOT NULL"
@@ -587,7 +631,7 @@ async def read_page(store: Store, owner: str, before: int | None,
 
 
 # -- updates on outcomes -------------------------------------------------------------------
-async def add_update(db: aiosqlite.Connection, item: str, kind: str, actor: str, summary: str,
+async def add_update(db: Connection, item: str, kind: str, actor: str, summary: str,
                      data: dict[str, Any] | None = None) -> None:
     await db.execute("INSERT INTO item_updates(item, kind, actor, summary, data, at)"
                      " VALUES (?,?,?,?,?,?)",
@@ -605,7 +649,7 @@ async def followers_of(store: Store, outcome: str) -> tuple[list[str], list[str]
     return [str(r["asker"]) for r in askers], [str(r["login"]) for r in logins]
 
 
-async def latest_delivery_seq(store: Store, owner: str) -> aiosqlite.Row | None:
+async def latest_delivery_seq(store: Store, owner: str) -> Row | None:
     """The highest inbox delivery seq of `owner` (column `seq`, NULL when none)."""
     return await store.fetchone(
         "SELECT MAX(seq) AS seq FROM inbox_deliveries WHERE owner=?", (owner,))

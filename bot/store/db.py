@@ -1,33 +1,26 @@
-"""Connection, schema and transactions for the index."""
+"""The store's one interface, whatever the engine: transactions, reads, and what replicas
+share (heartbeats, leadership). `bot.store.sqlite` and `bot.store.postgres` implement it;
+`bot.store.engines.open_store` picks one from a URL."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-import sqlite3
-import threading
+import os
+import socket
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from functools import partial
-from pathlib import Path
-from typing import Any
-
-import aiosqlite
+import uuid
+from contextlib import AbstractAsyncContextManager
+from typing import Any, ClassVar
 
 from bot.store.idempotency import SCHEMA as IDEMPOTENCY_SCHEMA
 from bot.store.idempotency import IdempotencyMixin
-from bot.store.queue import QueueItem, QueueMixin
+from bot.store.migrations import register_columns, register_schema
+from bot.store.queue import DEAD_AFTER, QueueItem, QueueMixin
 
-log = logging.getLogger("vaultmail.store")
-
-# SQLite's own checkpoints run inside whichever commit crosses the WAL's size, on the one
-# connection every write waits for, and fsync the database file: a 20-70 ms stall for the
-# webhook answers queued behind it (bench.intake). The Checkpointer does them from a
-# connection of its own instead; SQLite's remains only as a backstop, at 10x the default.
-AUTOCHECKPOINT_PAGES = 1000
-CHECKPOINT_EVERY = 0.05  # seconds between background checkpoints while writes come in
+# A connection inside a transaction: aiosqlite's, or the PostgreSQL engine's adapter, which
+# takes the same calls (`execute` awaited or as a context manager, `executemany`, a cursor's
+# `fetchone`, `fetchall`, `rowcount`, `lastrowid`).
+Connection = Any
+Row = Any  # sqlite3.Row or asyncpg.Record: both index by name and by position
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (
@@ -53,113 +46,64 @@ CREATE TABLE IF NOT EXISTS queue (
 );
 CREATE INDEX IF NOT EXISTS queue_due ON queue(state, next_at, id);
 """
+register_schema(SCHEMA)
+register_schema(IDEMPOTENCY_SCHEMA)
+# SQLite's json_extract(doc, '$.a.b'), which the store's reads use, as PostgreSQL sees it
+register_schema("", postgres="""
+CREATE OR REPLACE FUNCTION json_extract(doc text, path text) RETURNS text
+    LANGUAGE sql IMMUTABLE AS $$ SELECT doc::jsonb #>> string_to_array(substr(path, 3), '.') $$;
+""")
+register_columns("queue", {"issue_key": "TEXT"})
+
+# Replicas: each process that opens the store is one, and says it is alive every HEARTBEAT
+# seconds. What a replica holds (queue leases, idempotency claims, leadership) is held while
+# its heartbeat is younger than DEAD_AFTER; after that any other replica takes it over.
+register_schema("""
+CREATE TABLE IF NOT EXISTS replicas (
+    id TEXT PRIMARY KEY,
+    url TEXT,
+    started_at REAL NOT NULL,
+    seen_at REAL NOT NULL
+);
+""", version=2)
+register_columns("queue", {"lease_owner": "TEXT"}, version=2)
+register_columns("idempotency", {"owner": "TEXT"}, version=2)
+
+HEARTBEAT = 1.0  # seconds between a replica's heartbeats (DEAD_AFTER: bot.store.queue)
 
 
-class Checkpointer:
-    """PASSIVE WAL checkpoints on a second connection, in a thread: they never take the write
-    lock, so the app's connection keeps committing while pages are copied and synced."""
-
-    def __init__(self, path: str) -> None:
-        self._path = path
-        self._conn: sqlite3.Connection | None = None
-        self._guard = threading.Lock()  # one checkpoint or close at a time, whichever thread
-        self._dirty = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self.checkpoints = 0
-        self.checkpointed = asyncio.Event()  # set after each round (tests wait on it)
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="wal-checkpoint")
-
-    def wrote(self) -> None:
-        self._dirty.set()
-
-    async def _run(self) -> None:
-        while True:
-            await self._dirty.wait()
-            self._dirty.clear()
-            try:
-                await asyncio.to_thread(self._checkpoint)
-            except sqlite3.Error as exc:  # busy or locked now: the next round tries again
-                log.debug("background checkpoint skipped: %s", exc)
-            else:
-                self.checkpointed.set()
-            await asyncio.sleep(CHECKPOINT_EVERY)
-
-    def _checkpoint(self) -> None:
-        with self._guard:
-            if self._conn is None:
-                self._conn = sqlite3.connect(self._path, timeout=1.0, check_same_thread=False)
-            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-            self.checkpoints += 1
-
-    def _close(self) -> None:
-        with self._guard:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await asyncio.to_thread(self._close)
+def new_replica_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 class Store(QueueMixin, IdempotencyMixin):
-    """One aiosqlite connection; writes go through `transaction()` under one lock."""
+    """The index. Writes go through `transaction()` (serialised: one writer at a time across
+    every replica), reads through `fetchone`/`fetchall`."""
 
-    def __init__(self, db: aiosqlite.Connection) -> None:
-        self._db = db
-        self._lock = asyncio.Lock()
+    engine: ClassVar[str]
+
+    def __init__(self) -> None:
         self._arrivals = []
         self._arrivals_writer = None
         self._finishes = []
         self._finishes_writer = None
         self._handed_over = {}
         self._running = {}
-        self._checkpointer: Checkpointer | None = None
-        self._reads: list[tuple[str, tuple[Any, ...], bool, asyncio.Future[Any]]] = []
-        self._reads_queued = False
+        self.replica_id = new_replica_id()
 
-    @classmethod
-    async def open(cls, path: str | Path) -> Store:
-        if str(path) != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        db = await aiosqlite.connect(str(path))
-        db.row_factory = aiosqlite.Row
-        await db.execute("PRAGMA journal_mode=WAL")
-        await db.execute("PRAGMA synchronous=NORMAL")
-        await db.execute("PRAGMA foreign_keys=ON")
-        await db.executescript(SCHEMA)
-        await db.executescript(IDEMPOTENCY_SCHEMA)
-        await db.commit()
-        store = cls(db)
-        await store._migrate_extra()
-        if str(path) != ":memory:":
-            await db.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
-            store._checkpointer = Checkpointer(str(path))
-            store._checkpointer.start()
-        return store
+    # -- what each engine provides ---------------------------------------------------------
 
-    async def _migrate_extra(self) -> None:
-        """Hook for schema parts owned by other modules (index, ledger), and the columns they
-        added later, so a data directory from an older version opens as it is."""
-        for schema in _EXTRA_SCHEMAS:
-            await self._db.executescript(schema)
-        for table, columns in _EXTRA_COLUMNS.items():
-            async with self._db.execute(f"PRAGMA table_info({table})") as cur:
-                have = {row[1] for row in await cur.fetchall()}
-            for name, decl in columns.items():
-                if name not in have:
-                    await self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
-        await self._db.commit()
+    def transaction(self) -> AbstractAsyncContextManager[Connection]:
+        raise NotImplementedError
+
+    async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[Row]:
+        raise NotImplementedError
+
+    async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> Row | None:
+        raise NotImplementedError
 
     async def close(self) -> None:
-        if self._checkpointer is not None:
-            await self._checkpointer.close()
-        await self._db.close()
+        raise NotImplementedError
 
     async def check_writable(self) -> None:
         """Raises when the index cannot take a write (readiness): takes the write lock, then
@@ -167,110 +111,58 @@ class Store(QueueMixin, IdempotencyMixin):
         async with self.transaction() as db:
             await db.execute("SELECT 1")
 
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
-        """Serialised write transaction: commit on success, roll back on error."""
-        async with self._lock:
-            await self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                await self._db.rollback()
-                raise
-            await self._db.commit()
-            if self._checkpointer is not None:
-                self._checkpointer.wrote()
-
-    # Reads go to the connection's thread in batches: every read asked for in one turn of the
-    # event loop (up to READ_BATCH) is executed, fetched and closed there in one hop, and
-    # answered by one wake-up of the loop, instead of the three hops of aiosqlite's cursor
-    # each (execute, fetch, close). When a thousand long polls wake at once, each reading its
-    # inbox, those hops were most of the event loop's time (bench.inbox, profiled).
-    async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[aiosqlite.Row]:
-        rows: list[aiosqlite.Row] = await self._read(sql, params, True)
-        return rows
-
-    async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> aiosqlite.Row | None:
-        row: aiosqlite.Row | None = await self._read(sql, params, False)
-        return row
-
-    def _read(self, sql: str, params: tuple[Any, ...], every: bool) -> asyncio.Future[Any]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._reads.append((sql, params, every, future))
-        if not self._reads_queued:
-            self._reads_queued = True
-            loop.call_soon(self._send_reads)
-        return future
-
-    def _send_reads(self) -> None:
-        self._reads_queued = False
-        while self._reads:
-            batch, self._reads = self._reads[:READ_BATCH], self._reads[READ_BATCH:]
-            done: asyncio.Future[list[tuple[bool, Any]]] = (
-                asyncio.get_running_loop().create_future())
-            done.add_done_callback(partial(_answer, batch))
-            queries = [(sql, params, every) for sql, params, every, _ in batch]
-            if not self._db._running or self._db._connection is None:  # as aiosqlite says
-                done.set_exception(ValueError("Connection closed"))
-            else:
-                self._db._tx.put_nowait((done, partial(_fetch_all, self._db, queries)))
-
     @staticmethod
     def now() -> float:
         return time.time()
 
+    # -- replicas --------------------------------------------------------------------------
 
-READ_BATCH = 256  # reads in one hop at most: a write queued behind waits for no more
+    async def join(self, replica_id: str | None = None, url: str | None = None, *,
+                   sole: bool = False) -> None:
+        """Say this replica is alive. A replica that restarts under its old id takes back at
+        once what it held; `sole` (SQLite: one process per file) frees what any other held."""
+        if replica_id:
+            self.replica_id = replica_id
+        now = time.time()
+        async with self.transaction() as db:
+            if sole:
+                await db.execute("DELETE FROM replicas WHERE id<>?", (self.replica_id,))
+                await db.execute("UPDATE queue SET lease_owner=NULL WHERE state='pending'"
+                                 " AND lease_owner IS NOT NULL")
+            await db.execute("DELETE FROM replicas WHERE id=?", (self.replica_id,))
+            await db.execute("INSERT INTO replicas(id, url, started_at, seen_at)"
+                             " VALUES (?,?,?,?)", (self.replica_id, url, now, now))
+            await db.execute("UPDATE queue SET lease_owner=NULL WHERE lease_owner=?"
+                             " AND state='pending'", (self.replica_id,))
+
+    async def heartbeat(self) -> None:
+        async with self.transaction() as db:
+            cur = await db.execute("UPDATE replicas SET seen_at=? WHERE id=?",
+                                   (time.time(), self.replica_id))
+            if cur.rowcount == 0:  # declared dead meanwhile (a long pause): alive again
+                now = time.time()
+                await db.execute("INSERT INTO replicas(id, url, started_at, seen_at)"
+                                 " VALUES (?,?,?,?)", (self.replica_id, None, now, now))
+
+    async def leave(self) -> None:
+        """On a clean stop: what this replica held is free at once."""
+        async with self.transaction() as db:
+            await db.execute("UPDATE queue SET lease_owner=NULL WHERE lease_owner=?"
+                             " AND state='pending'", (self.replica_id,))
+            await db.execute("DELETE FROM replicas WHERE id=?", (self.replica_id,))
+
+    async def live_replicas(self) -> list[Row]:
+        return await self.fetchall(
+            "SELECT id, url, started_at, seen_at FROM replicas WHERE seen_at>?"
+            " ORDER BY started_at, id", (time.time() - DEAD_AFTER,))
+
+    async def is_leader(self) -> bool:
+        """Whether this replica leads (the oldest live one): who runs the reconciler and the
+        outbound triggers, one replica at a time, taken over when it dies."""
+        row = await self.fetchone(
+            "SELECT id FROM replicas WHERE seen_at>? ORDER BY started_at, id LIMIT 1",
+            (time.time() - DEAD_AFTER,))
+        return row is not None and row["id"] == self.replica_id
 
 
-def _fetch_all(db: aiosqlite.Connection,
-               queries: list[tuple[str, tuple[Any, ...], bool]]) -> list[tuple[bool, Any]]:
-    """In the connection's thread: each query's rows (all, or the first), or its error."""
-    out: list[tuple[bool, Any]] = []
-    for sql, params, every in queries:
-        try:
-            cur = db._conn.execute(sql, params)
-            try:
-                out.append((True, cur.fetchall() if every else cur.fetchone()))
-            finally:
-                cur.close()
-        except Exception as exc:  # noqa: BLE001 - handed to the read that made it
-            out.append((False, exc))
-    return out
-
-
-def _answer(batch: list[tuple[str, tuple[Any, ...], bool, asyncio.Future[Any]]],
-            done: asyncio.Future[list[tuple[bool, Any]]]) -> None:
-    if done.cancelled() or done.exception() is not None:
-        exc = None if done.cancelled() else done.exception()
-        for *_, future in batch:
-            if not future.done():
-                future.set_exception(exc or asyncio.CancelledError())
-        return
-    for (*_, future), (ok, value) in zip(batch, done.result(), strict=True):
-        if future.done():  # the reader was cancelled meanwhile
-            continue
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
-
-
-_EXTRA_SCHEMAS: list[str] = []
-_EXTRA_COLUMNS: dict[str, dict[str, str]] = {}
-
-
-def register_schema(sql: str) -> None:
-    """Let a store module add its tables; applied idempotently at open."""
-    _EXTRA_SCHEMAS.append(sql)
-
-
-def register_columns(table: str, columns: dict[str, str]) -> None:
-    """Columns added to a table after its first release: added at open where missing."""
-    _EXTRA_COLUMNS.setdefault(table, {}).update(columns)
-
-
-register_columns("queue", {"issue_key": "TEXT"})
-
-__all__ = ["QueueItem", "Store", "register_schema"]
+__all__ = ["Connection", "QueueItem", "Row", "Store", "register_columns", "register_schema"]

@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 from bot.errors import Conflict, VaultmailError
 from bot.forge.writes import counting as counting_writes
+from bot.store.queue import DEAD_AFTER
 
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
 
-    import aiosqlite
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS idempotency (
@@ -52,6 +52,7 @@ CREATE TABLE IF NOT EXISTS idempotency (
 """
 
 Result = dict[str, Any]
+OTHER_REPLICA_POLL = 0.05  # seconds between looks at a key another replica is working on
 _resumed: contextvars.ContextVar[bool] = contextvars.ContextVar("idempotency_resumed",
                                                                 default=False)
 
@@ -77,8 +78,18 @@ class IdempotencyMixin:
 
     _running: dict[tuple[str, str], tuple[asyncio.Future[Result], str]]
 
+    replica_id: str
+
     if TYPE_CHECKING:
-        def transaction(self) -> AbstractAsyncContextManager[aiosqlite.Connection]: ...
+        def transaction(self) -> AbstractAsyncContextManager[Any]: ...
+
+    async def _held_elsewhere(self, db: Any, owner: str | None) -> bool:
+        """Whether `owner`, another replica than this one, is alive (its claim holds)."""
+        if not owner or owner == self.replica_id:
+            return False
+        async with db.execute("SELECT 1 FROM replicas WHERE id=? AND seen_at>?",
+                              (owner, time.time() - DEAD_AFTER)) as cur:
+            return await cur.fetchone() is not None
 
     async def once(self, scope: str, key: str, fingerprint: str,
                    work: Callable[[], Awaitable[Result]]) -> Result:
@@ -104,21 +115,31 @@ class IdempotencyMixin:
     async def _claim_and_run(self, slot: tuple[str, str], fingerprint: str,
                              work: Callable[[], Awaitable[Result]]) -> Result:
         scope, key = slot
-        async with self.transaction() as db:
-            async with db.execute("SELECT fingerprint, result FROM idempotency"
-                                  " WHERE scope=? AND key=?", slot) as cur:
-                row = await cur.fetchone()
-            if row is None:
-                await db.execute("INSERT INTO idempotency(scope, key, fingerprint, claimed_at)"
-                                 " VALUES (?,?,?,?)", (scope, key, fingerprint, time.time()))
-            elif row[0] != fingerprint:
-                raise _reused(key)
-            elif row[1] is not None:
-                done: Result = json.loads(row[1])
-                return done
-            else:  # claimed before and never finished: this call takes it over
-                await db.execute("UPDATE idempotency SET attempts=attempts+1, claimed_at=?"
-                                 " WHERE scope=? AND key=?", (time.time(), scope, key))
+        while True:
+            async with self.transaction() as db:
+                async with db.execute("SELECT fingerprint, result, owner FROM idempotency"
+                                      " WHERE scope=? AND key=?", slot) as cur:
+                    row = await cur.fetchone()
+                if row is None:
+                    await db.execute("INSERT INTO idempotency(scope, key, fingerprint,"
+                                     " claimed_at, owner) VALUES (?,?,?,?,?)",
+                                     (scope, key, fingerprint, time.time(), self.replica_id))
+                    break
+                if row[0] != fingerprint:
+                    raise _reused(key)
+                if row[1] is not None:
+                    done: Result = json.loads(row[1])
+                    return done
+                if not await self._held_elsewhere(db, row[2]):
+                    # claimed before and never finished (its replica died or restarted):
+                    # this call takes it over
+                    await db.execute("UPDATE idempotency SET attempts=attempts+1,"
+                                     " claimed_at=?, owner=? WHERE scope=? AND key=?",
+                                     (time.time(), self.replica_id, scope, key))
+                    break
+            # another live replica is at work on it (a client's retry that reached another
+            # replica): wait for its result, as a second call on this replica would
+            await asyncio.sleep(OTHER_REPLICA_POLL)
         token = _resumed.set(row is not None)
         try:
             with counting_writes() as made:

@@ -12,9 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import aiosqlite
-
-from bot.store.db import Store, register_schema
+from bot.store.db import Connection, Row, Store, register_schema
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS ledger (
@@ -63,7 +61,7 @@ def _digest(prev: str, t: float, event: str, actor: str, subject: str, data: str
     return hashlib.sha256(canon.encode()).hexdigest()
 
 
-async def append(db: aiosqlite.Connection, event: str, actor: str, subject: str,
+async def append(db: Connection, event: str, actor: str, subject: str,
                  data: dict[str, Any] | None = None) -> int:
     """Append inside the caller's transaction (so the entry commits with what it records)."""
     if event not in EVENTS:
@@ -139,6 +137,6 @@ async def scan_newest(store: Store, *, event: str | None, actor: str | None,
     return [_entry(r) for r in rows]
 
 
-async def head(store: Store) -> aiosqlite.Row | None:
+async def head(store: Store) -> Row | None:
     """The (seq, hash) of the chain's last entry, or None when the ledger is empty."""
     return await store.fetchone("SELECT seq, hash FROM ledger ORDER BY seq DESC LIMIT 1")

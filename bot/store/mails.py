@@ -7,9 +7,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-import aiosqlite
-
-from bot.store.db import Store, register_columns, register_schema
+from bot.store.db import Connection, Row, Store, register_columns, register_schema
+from bot.store.sql import upsert
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS mails (
@@ -107,19 +106,17 @@ def _record(row: Any) -> MailRecord:
     return MailRecord(**values)
 
 
-async def put_mail(db: aiosqlite.Connection, mail: MailRecord) -> None:
-    cols = ",".join(_COLUMNS)
-    marks = ",".join("?" for _ in _COLUMNS)
+_PUT_MAIL = upsert("mails", [*_COLUMNS, "updated_at"], ["mail_id"])
+
+
+async def put_mail(db: Connection, mail: MailRecord) -> None:
     values = [getattr(mail, c) for c in _COLUMNS]
     values[_COLUMNS.index("tampered")] = int(mail.tampered)
     values[_COLUMNS.index("other_labels")] = json.dumps(list(mail.other_labels))
-    await db.execute(
-        f"INSERT OR REPLACE INTO mails({cols}, updated_at) VALUES ({marks}, ?)",
-        (*values, time.time()),
-    )
+    await db.execute(_PUT_MAIL, (*values, time.time()))
 
 
-async def set_state(db: aiosqlite.Connection, mail_id: str, state: str,
+async def set_state(db: Connection, mail_id: str, state: str,
                     labels: list[str] | None = None) -> None:
     """The new state; with `labels` (the issue's whole label list) the other labels too."""
     if state not in STATES:
@@ -148,10 +145,10 @@ async def intend_send(store: Store, mail_id: str, vault: str) -> bool:
         cur = await db.execute(
             "INSERT OR IGNORE INTO pending_sends(mail_id, vault, created_at) VALUES (?,?,?)",
             (mail_id, vault, time.time()))
-        return cur.rowcount == 1
+        return bool(cur.rowcount == 1)
 
 
-async def sent(db: aiosqlite.Connection, mail_id: str) -> None:
+async def sent(db: Connection, mail_id: str) -> None:
     await db.execute("DELETE FROM pending_sends WHERE mail_id=?", (mail_id,))
 
 
@@ -160,11 +157,11 @@ async def sent(db: aiosqlite.Connection, mail_id: str) -> None:
 WARNING_OWED = 2
 
 
-async def mark_tampered(db: aiosqlite.Connection, mail_id: str) -> bool:
+async def mark_tampered(db: Connection, mail_id: str) -> bool:
     """Flag the mail, its warning owed; False when it was flagged already."""
     cur = await db.execute("UPDATE mails SET tampered=?, updated_at=? WHERE mail_id=?"
                            " AND tampered=0", (WARNING_OWED, time.time(), mail_id))
-    return cur.rowcount == 1
+    return bool(cur.rowcount == 1)
 
 
 async def tamper_flag(store: Store, mail_id: str) -> int:
@@ -173,7 +170,7 @@ async def tamper_flag(store: Store, mail_id: str) -> int:
     return int(row["tampered"]) if row else 0
 
 
-async def tamper_warned(db: aiosqlite.Connection, mail_id: str) -> None:
+async def tamper_warned(db: Connection, mail_id: str) -> None:
     await db.execute("UPDATE mails SET tampered=1 WHERE mail_id=? AND tampered=?",
                      (mail_id, WARNING_OWED))
 
@@ -253,7 +250,7 @@ async def replace_all(store: Store, mails: list[MailRecord],
             await put_mail(db, mail)
 
 
-async def add_run(db: aiosqlite.Connection, agent: str, kind: str, subject: str,
+async def add_run(db: Connection, agent: str, kind: str, subject: str,
                   state: str) -> int:
     cur = await db.execute(
         "INSERT INTO runs(agent, kind, subject, state, created_at) VALUES (?,?,?,?,?)",
@@ -261,7 +258,7 @@ async def add_run(db: aiosqlite.Connection, agent: str, kind: str, subject: str,
     return int(cur.lastrowid or 0)
 
 
-async def finish_run(db: aiosqlite.Connection, run_id: int, state: str) -> None:
+async def finish_run(db: Connection, run_id: int, state: str) -> None:
     """A dispatched run ended: `done`, or `failed` (it exited non-zero or timed out)."""
     await db.execute("UPDATE runs SET state=? WHERE id=?", (state, run_id))
 
@@ -305,7 +302,8 @@ async def mark_shown(store: Store, principal: str, upto: float | None) -> None:
         return  # nothing newer shown: no write on every tool call
     async with store.transaction() as db:
         await db.execute("INSERT INTO mail_shown(principal, upto) VALUES (?,?)"
-                         " ON CONFLICT(principal) DO UPDATE SET upto=max(upto, excluded.upto)",
+                         " ON CONFLICT(principal) DO UPDATE"
+                         " SET upto=max(mail_shown.upto, excluded.upto)",
                          (principal, upto))
 
 
@@ -318,14 +316,14 @@ async def has_unshown(store: Store, principal: str) -> bool:
     return row is not None
 
 
-async def mail_indexed(db: aiosqlite.Connection, mail_id: str) -> bool:
+async def mail_indexed(db: Connection, mail_id: str) -> bool:
     """Whether the index holds this mail id, read in the caller's transaction."""
     async with db.execute("SELECT 1 FROM mails WHERE mail_id=?",
                           (mail_id,)) as cur:
         return await cur.fetchone() is not None
 
 
-async def indexed_places(store: Store) -> list[aiosqlite.Row]:
+async def indexed_places(store: Store) -> list[Row]:
     """Every indexed mail's (mail_id, vault, number)."""
     return await store.fetchall("SELECT mail_id, vault, number FROM mails")
 

@@ -3,9 +3,7 @@ acknowledged and its backoff."""
 
 from __future__ import annotations
 
-import aiosqlite
-
-from bot.store.db import Store, register_schema
+from bot.store.db import Row, Store, register_schema
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS outbound_cursors (
@@ -18,7 +16,7 @@ CREATE TABLE IF NOT EXISTS outbound_cursors (
 """)
 
 
-async def get_cursor(store: Store, url: str) -> aiosqlite.Row | None:
+async def get_cursor(store: Store, url: str) -> Row | None:
     """The cursor row of `url`, or None before its first save."""
     return await store.fetchone("SELECT * FROM outbound_cursors WHERE url=?", (url,))
 

@@ -8,10 +8,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+DEAD_AFTER = 5.0  # seconds without a heartbeat after which a replica's claims are free
+
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
 
-    import aiosqlite
 
 
 BATCH = 500  # deliveries written in one transaction at most
@@ -88,9 +89,18 @@ def _item(row: Any, parsed: dict[str, Any] | None = None) -> QueueItem:
     )
 
 
-# an earlier pending delivery about the same issue that is not due yet (waiting for its retry)
-_EARLIER_WAITING = ("SELECT 1 FROM queue p WHERE p.state='pending' AND p.next_at>? AND"
-                    " p.id<q.id AND p.issue_key=q.issue_key")
+# A replica claims deliveries by writing its id in `lease_owner`; the claim holds while the
+# replica's heartbeat is fresh (see bot.store.db), so a dead replica's deliveries are taken
+# over by the others. A delivery is held back while an earlier one about its issue waits for
+# its retry or is claimed by another live replica: one issue's deliveries run in order, never
+# on two replicas at once.
+_LIVE = "SELECT id FROM replicas WHERE seen_at>?"
+_HELD_BEHIND = ("SELECT 1 FROM queue p WHERE p.state='pending' AND p.id<q.id"
+                " AND p.issue_key=q.issue_key AND (p.next_at>? OR (p.lease_owner<>?"
+                " AND p.lease_owner IN (" + _LIVE + ")))")
+_CLAIMABLE = ("q.state='pending' AND q.next_at<=? AND (q.lease_owner IS NULL"
+              " OR q.lease_owner=? OR q.lease_owner NOT IN (" + _LIVE + "))"
+              " AND NOT EXISTS (" + _HELD_BEHIND + ")")
 
 
 class QueueMixin:
@@ -101,13 +111,14 @@ class QueueMixin:
     _finishes: list[tuple[int, str, asyncio.Future[None]]]  # finished deliveries, likewise
     _finishes_writer: asyncio.Task[None] | None
     _handed_over: dict[str, dict[str, Any]]  # delivery id -> payload intake parsed
+    replica_id: str
 
     if TYPE_CHECKING:
-        def transaction(self) -> AbstractAsyncContextManager[aiosqlite.Connection]: ...
+        def transaction(self) -> AbstractAsyncContextManager[Any]: ...
         async def fetchone(self, sql: str,
-                           params: tuple[Any, ...] = ()) -> aiosqlite.Row | None: ...
+                           params: tuple[Any, ...] = ()) -> Any | None: ...
         async def fetchall(self, sql: str,
-                           params: tuple[Any, ...] = ()) -> list[aiosqlite.Row]: ...
+                           params: tuple[Any, ...] = ()) -> list[Any]: ...
 
     async def enqueue_delivery(
         self, guid: str, event: str, payload: dict[str, Any], raw: bytes
@@ -164,7 +175,7 @@ class QueueMixin:
                 a.done.set_result(a in fresh)
 
     @staticmethod
-    async def _insert_arrivals(db: aiosqlite.Connection, batch: list[_Arrival]) -> set[_Arrival]:
+    async def _insert_arrivals(db: Any, batch: list[_Arrival]) -> set[_Arrival]:
         now = time.time()
         guids = list({a.guid for a in batch})
         marks = ",".join("?" for _ in guids)
@@ -205,21 +216,34 @@ class QueueMixin:
         return _item(row) if row else None
 
     async def due_items(self, limit: int, now: float | None = None) -> list[QueueItem]:
-        """The oldest due deliveries, in arrival order; one about an issue waits while an
-        earlier delivery about that issue waits for its retry (per-issue order holds)."""
+        """Claim the oldest due deliveries for this replica, in arrival order (see _CLAIMABLE).
+        What the claim holds is let go by `finish`, `fail` or `release`."""
         at = time.time() if now is None else now
-        rows = await self.fetchall(
-            "SELECT * FROM queue q WHERE q.state='pending' AND q.next_at<=? AND NOT EXISTS ("
-            + _EARLIER_WAITING + ") ORDER BY q.id LIMIT ?", (at, at, limit))
+        live = time.time() - DEAD_AFTER
+        me = self.replica_id
+        async with self.transaction() as db, db.execute(
+                "UPDATE queue SET lease_owner=? WHERE id IN (SELECT q.id FROM queue q"
+                " WHERE " + _CLAIMABLE + " ORDER BY q.id LIMIT ? /*SKIP LOCKED OF q*/)"
+                " RETURNING *", (me, at, me, live, at, me, live, limit)) as cur:
+            rows = sorted(await cur.fetchall(), key=lambda r: int(r["id"]))
         handed = self._handed_over
         return [_item(r, handed.pop(r["guid"], None)) for r in rows]
 
+    async def release(self) -> None:
+        """Let go of this replica's claims on what it did not get to (a batch cut short)."""
+        async with self.transaction() as db:
+            await db.execute("UPDATE queue SET lease_owner=NULL WHERE lease_owner=?"
+                             " AND state='pending'", (self.replica_id,))
+
     async def next_wakeup(self) -> float | None:
-        """When the next delivery that is not held behind an earlier one becomes due."""
+        """When the next delivery this replica could claim becomes due."""
         at = time.time()
+        live = at - DEAD_AFTER
+        me = self.replica_id
         row = await self.fetchone(
-            "SELECT MIN(q.next_at) AS t FROM queue q WHERE q.state='pending' AND NOT EXISTS ("
-            + _EARLIER_WAITING + ")", (at,))
+            "SELECT MIN(q.next_at) AS t FROM queue q WHERE q.state='pending'"
+            " AND (q.lease_owner IS NULL OR q.lease_owner=? OR q.lease_owner NOT IN ("
+            + _LIVE + ")) AND NOT EXISTS (" + _HELD_BEHIND + ")", (me, live, at, me, live))
         return float(row["t"]) if row and row["t"] is not None else None
 
     async def pending_count(self) -> int:
@@ -247,7 +271,8 @@ class QueueMixin:
                         batch, self._finishes[:] = self._finishes[:BATCH], self._finishes[BATCH:]
                         now = time.time()
                         await db.executemany(
-                            "UPDATE queue SET state=?, finished_at=? WHERE id=?",
+                            "UPDATE queue SET state=?, finished_at=?, lease_owner=NULL"
+                            " WHERE id=?",
                             [(state, now, item_id) for item_id, state, _ in batch])
                 except Exception as exc:  # the worker retries its store calls
                     for _, _, done in batch or self._finishes[:]:
@@ -267,7 +292,8 @@ class QueueMixin:
         state = "pending" if retry_at is not None else "dead"
         async with self.transaction() as db:
             await db.execute(
-                "UPDATE queue SET attempts=attempts+1, last_error=?, state=?, next_at=? WHERE id=?",
+                "UPDATE queue SET attempts=attempts+1, last_error=?, state=?, next_at=?,"
+                " lease_owner=NULL WHERE id=?",
                 (error[:2000], state, retry_at or time.time(), item_id),
             )
 
@@ -290,7 +316,8 @@ class QueueMixin:
         """Pending and dead counts, and how long the oldest due delivery has waited (s)."""
         now = time.time() if now is None else now
         row = await self.fetchone(
-            "SELECT SUM(state='pending') AS pending, SUM(state='dead') AS dead, "
+            "SELECT SUM(CASE WHEN state='pending' THEN 1 ELSE 0 END) AS pending,"
+            " SUM(CASE WHEN state='dead' THEN 1 ELSE 0 END) AS dead, "
             "MIN(CASE WHEN state='pending' AND next_at<=? THEN created_at END) AS oldest "
             "FROM queue", (now,))
         if row is None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import time
 
-import aiosqlite
-
-from bot.store.db import Store, register_schema
+from bot.store.db import Row, Store, register_schema
+from bot.store.sql import upsert
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS console_sessions (
@@ -42,7 +41,7 @@ async def add_session(store: Store, id_hash: str, principal: str, org: str | Non
             (id_hash, principal, org, login, via, csrf, now, expires_at))
 
 
-async def live_session(store: Store, id_hash: str, now: float) -> aiosqlite.Row | None:
+async def live_session(store: Store, id_hash: str, now: float) -> Row | None:
     """The session row with this hash, unless it expired by `now`."""
     return await store.fetchone("SELECT * FROM console_sessions WHERE id_hash=? AND expires_at>?",
                                 (id_hash, now))
@@ -61,11 +60,14 @@ async def set_flash(store: Store, id_hash: str, flash: str | None) -> None:
                          (flash, id_hash))
 
 
+_DEFER = upsert("console_deferred", ["principal", "thread", "deferred_at"],
+                ["principal", "thread"])
+
+
 async def defer(store: Store, principal: str, thread: str) -> None:
     """Note that `principal` set `thread` aside, now."""
     async with store.transaction() as db:
-        await db.execute("INSERT OR REPLACE INTO console_deferred(principal, thread, deferred_at)"
-                         " VALUES (?,?,?)", (principal, thread, time.time()))
+        await db.execute(_DEFER, (principal, thread, time.time()))
 
 
 async def undefer(store: Store, principal: str, thread: str) -> None:
@@ -75,7 +77,7 @@ async def undefer(store: Store, principal: str, thread: str) -> None:
                          (principal, thread))
 
 
-async def deferred(store: Store, principal: str) -> list[aiosqlite.Row]:
+async def deferred(store: Store, principal: str) -> list[Row]:
     """The (thread, deferred_at) rows `principal` set aside."""
     return await store.fetchall(
         "SELECT thread, deferred_at FROM console_deferred WHERE principal=?", (principal,))

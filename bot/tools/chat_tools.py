@@ -12,7 +12,6 @@ import asyncio
 import time
 from typing import Any
 
-import aiosqlite
 from pydantic import Field
 
 from bot.app import runs
@@ -21,6 +20,7 @@ from bot.office.config import Agent
 from bot.office.visibility import viewer_for
 from bot.store import chats
 from bot.store.chats import get_chat, waiting_for
+from bot.store.db import Row
 from bot.tools import outputs
 from bot.tools.registry import MAX_ID, READS_INDEX, Args, Call, Hints, inbox_provider, tool
 
@@ -33,7 +33,7 @@ def _iso(t: float | None) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-def _chat_json(row: aiosqlite.Row) -> dict[str, Any]:
+def _chat_json(row: Row) -> dict[str, Any]:
     return {"chat": row["id"], "agent": row["agent"], "from": row["sender"],
             "message": row["message"], "sent": _iso(row["created_at"]),
             "answer": row["answer"], "answered": _iso(row["answered_at"]),
@@ -120,7 +120,7 @@ async def agent_chat(call: Call, args: ChatArgs) -> dict[str, Any]:
     return {"chat": _chat_json(row)}  # the wait for the answer is `_answer`, after this
 
 
-async def _wait_answer(call: Call, chat_id: int, wait: float) -> aiosqlite.Row:
+async def _wait_answer(call: Call, chat_id: int, wait: float) -> Row:
     deadline = asyncio.get_running_loop().time() + wait
     while True:
         row = await get_chat(call.services.store, chat_id)
@@ -143,7 +143,7 @@ class ChatReplyArgs(ChatRef):
     message: str = Field(min_length=1, max_length=10_000, description="your answer")
 
 
-async def _visible_chat(call: Call, chat_id: int) -> aiosqlite.Row:
+async def _visible_chat(call: Call, chat_id: int) -> Row:
     row = await get_chat(call.services.store, chat_id)
     if row is None or not viewer_for(call).sees_chat(row["sender"], row["agent"]):
         raise NotFoundError(f"no chat {chat_id} of yours: the chats waiting for you are in "

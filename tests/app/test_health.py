@@ -3,17 +3,21 @@ or which part is not), `/metrics` (Prometheus)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sqlite3
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bot.app import web as app_web
 from bot.app.embedded import Embedded
+from bot.store.postgres import WRITE_LOCK
 from tests.support import Actor
 
 
@@ -64,15 +68,34 @@ async def _timed_get(session: aiohttp.ClientSession, url: str) -> tuple[int, Any
 PROBE_TIMEOUT = 4.0  # the Dockerfile's health check gives /healthz 4 s (urlopen timeout)
 
 
+@contextlib.asynccontextmanager
+async def _holding_the_write_lock(embedded: Embedded) -> AsyncIterator[None]:
+    settings = embedded.services.settings
+    if not settings.database_url:
+        other = sqlite3.connect(settings.db_path, timeout=0, isolation_level=None)
+        try:
+            other.execute("BEGIN EXCLUSIVE")
+            yield
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        return
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", WRITE_LOCK)
+            yield
+    finally:
+        await conn.close()
+
+
 async def test_readyz_names_the_database_when_another_connection_holds_its_write_lock(
         embedded: Embedded, session: aiohttp.ClientSession, person: Any) -> None:
     """An operator's `sqlite3 index.sqlite3` left in a transaction (or a backup tool holding
     the lock): the index cannot take a write. Readiness says so within a probe's timeout and
-    names the lock; liveness still answers; once the lock is let go, all is well again."""
-    other = sqlite3.connect(embedded.services.settings.db_path, timeout=0,
-                            isolation_level=None)
-    try:
-        other.execute("BEGIN EXCLUSIVE")
+    names the lock; liveness still answers; once the lock is let go, all is well again. On
+    PostgreSQL: another session holding the replicas' write lock."""
+    async with _holding_the_write_lock(embedded):
         status, body, took = await _timed_get(session, f"{embedded.app_url}/readyz")
         health_status, health, health_took = await _timed_get(
             session, f"{embedded.app_url}/healthz")
@@ -81,9 +104,6 @@ async def test_readyz_names_the_database_when_another_connection_holds_its_write
         assert took < PROBE_TIMEOUT, f"/readyz took {took:.1f} s"
         assert health_status == 200 and health["status"] == "ok", health
         assert health_took < PROBE_TIMEOUT, f"/healthz took {health_took:.1f} s meanwhile"
-    finally:
-        other.execute("ROLLBACK")
-        other.close()
     status, body, _ = await _get(session, f"{embedded.app_url}/readyz")
     assert status == 200 and body["failed"] == [], body
     # the index takes writes again: a delivery is queued and handled

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from bot.app.embedded import APP_EVENTS, APP_PERMISSIONS
 from bot.office.config import load_office
 from bot.office.seed import seed_office
-from bot.store import Store
+from bot.store import open_store
 from localforge import LocalForge
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,7 +214,7 @@ class _Office:
 
     async def deliveries(self, event: str) -> list[dict[str, Any]]:
         """The queue's rows for `event`, read from the data directory (serve stopped)."""
-        store = await Store.open(Path(self.env["VAULTMAIL_DATA"]) / "index.sqlite3")
+        store = await open_store(Path(self.env["VAULTMAIL_DATA"]) / "index.sqlite3")
         try:
             rows = await store.fetchall(
                 "SELECT guid, state, attempts FROM queue WHERE event=? ORDER BY id", (event,))

@@ -1,0 +1,188 @@
+"""Replicas on PostgreSQL against one process on SQLite: events a second and p99 answers.
+
+For each cell, an office on the local forge and the app: one process on SQLite, or 1, 2 and 4
+replicas sharing one PostgreSQL database (the embedded one and `vaultmail serve` processes, as
+`vaultmail up --replicas N` runs them). A load client in its own process POSTs signed
+`issues.opened` deliveries, fresh delivery ids, 50 in flight, to the replicas in turn as a load
+balancer would. Two workloads:
+
+- intake: an issue in a repository of the org that is no vault (the worker reads the office
+  config and finds nothing to do): the store's intake, claims and finishes, no forge write;
+- mail: a new issue in an agent's vault each (made beforehand with webhooks dropped): the app
+  signs the mail header, records the mail and a ledger entry and PATCHes the issue (one forge
+  write each, through the installation's pacing shared by every replica).
+
+Reported: deliveries answered a second, p50/p99 of the answers, and events handled a second
+from the first POST until the shared queue is empty; each with the forge's limits on (GitHub's:
+a PATCH costs 5 of an installation's 900 points a minute, so at most 3 a second) and off.
+
+Run: .venv/bin/python -m bench.replicas [--count 1500] [--mails 200] [--cells sqlite,1,2,4]
+     (needs PostgreSQL's server: tests/pg.py starts a throwaway cluster, or set
+     VAULTMAIL_TEST_PG=postgresql://USER@HOST:PORT/postgres)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import hmac
+import json
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.common import client_main, ms, percentile, run_client
+from bench.intake import _non_vault_payload
+from bot.app.embedded import Embedded, start_embedded
+from bot.app.replicas import start_replicas
+from tests import pg
+
+IN_FLIGHT = 50
+WARMUP = 20
+
+
+async def _load(spec: dict[str, Any]) -> dict[str, Any]:
+    """The load client (its own process): deliveries to the replicas in turn."""
+    bodies = [json.dumps(p).encode() for p in spec["payloads"]]
+    signatures = ["sha256=" + hmac.new(spec["secret"].encode(), b, hashlib.sha256).hexdigest()
+                  for b in bodies]
+    urls: list[str] = spec["urls"]
+    latencies: list[float] = []
+    statuses: dict[str, int] = {}
+    remaining = spec["count"]
+    sent = 0
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=500)) as session:
+        async def post() -> None:
+            nonlocal sent
+            url, body = urls[sent % len(urls)], bodies[sent % len(bodies)]
+            headers = {"X-GitHub-Event": "issues", "X-GitHub-Delivery": str(uuid.uuid4()),
+                       "X-Hub-Signature-256": signatures[sent % len(bodies)],
+                       "Content-Type": "application/json"}
+            sent += 1
+            t = time.perf_counter()
+            async with session.post(url, data=body, headers=headers) as resp:
+                await resp.read()
+            latencies.append(time.perf_counter() - t)
+            statuses[str(resp.status)] = statuses.get(str(resp.status), 0) + 1
+
+        async def sender() -> None:
+            nonlocal remaining
+            while remaining > 0:
+                remaining -= 1
+                await post()
+
+        for _ in range(spec["warmup"]):
+            await post()
+        latencies.clear()
+        start = time.perf_counter()
+        await asyncio.gather(*(sender() for _ in range(spec["concurrency"])))
+        elapsed = time.perf_counter() - start
+    return {"latencies": latencies, "statuses": statuses, "elapsed": elapsed}
+
+
+async def _vault_payloads(embedded: Embedded, n: int) -> list[dict[str, Any]]:
+    """The `issues.opened` payloads of n new issues in scout's vault, opened by a person with
+    the forge's webhooks dropped (the load client delivers them), and forgotten by the forge so
+    that no reconciliation asks for them."""
+    org, forge = embedded.office.org, embedded.forge
+    forge.faults.drop_webhooks(rate=1.0)
+    todo = list(range(n))
+    async with aiohttp.ClientSession(
+            headers={"Authorization": f"token {embedded.forge_tokens['marco']}"}) as session:
+        async def maker() -> None:
+            while todo:
+                i = todo.pop()
+                async with session.post(f"{forge.url}/repos/{org}/scout-vault/issues", json={
+                        "title": f"Bench mail {i}",
+                        "body": f"Please look at item {i} of the quarterly numbers."}) as resp:
+                    assert resp.status == 201, resp.status
+
+        await asyncio.gather(*(maker() for _ in range(8)))
+    forge.faults.drop_webhooks(rate=0.0)
+    payloads = []
+    for d in list(forge.state.deliveries.values()):
+        if d.event == "issues" and d.action == "opened" and d.payload["issue"]["title"].startswith(
+                "Bench mail"):
+            payloads.append(d.payload)
+            del forge.state.deliveries[d.id]
+    assert len(payloads) == n, len(payloads)
+    return payloads
+
+
+async def _cell(cell: str, workload: str, limits_on: bool, count: int) -> list[str]:
+    url = "" if cell == "sqlite" else await pg.fresh_database()
+    replicas = 1 if cell == "sqlite" else int(cell)
+    embedded = await start_embedded(data_dir=Path(tempfile.mkdtemp()), port=0, forge_port=0,
+                                    database_url=url,
+                                    replica_id="replica-1" if replicas > 1 else "")
+    others = []
+    try:
+        if not limits_on:
+            # the forge's; the app still paces itself to GitHub's limits
+            embedded.forge.limits.update({"secondary_per_minute": 0, "secondary_per_hour": 0,
+                                          "endpoint_points_per_minute": 0})
+        if workload == "mail":
+            payloads = await _vault_payloads(embedded, count + WARMUP)
+        else:
+            payloads = [await _non_vault_payload(embedded)]
+        if replicas > 1:
+            others = await start_replicas(embedded.services.settings, replicas - 1)
+        urls = [embedded.app_url + "/webhook", *(r.url + "/webhook" for r in others)]
+        store = embedded.services.store
+        start = time.perf_counter()
+        result = await run_client("bench.replicas", {
+            "urls": urls, "secret": embedded.services.settings.webhook_secret,
+            "payloads": payloads, "concurrency": IN_FLIGHT, "count": count, "warmup": WARMUP})
+        for _ in range(12000):  # every replica's queue is the one table: until it is empty
+            if not await store.pending_count():
+                break
+            await asyncio.sleep(0.05)
+        handled = time.perf_counter() - start
+        lat: list[float] = result["latencies"]
+        bad = {s: n for s, n in result["statuses"].items() if s != "202"}
+        refused = dict(embedded.forge.rates.refused)
+        engine = "SQLite, 1 process" if cell == "sqlite" else f"PostgreSQL, {replicas} replica(s)"
+        return [workload, engine, "on" if limits_on else "off", f"{count / result['elapsed']:.0f}",
+                ms(percentile(lat, 50)), ms(percentile(lat, 99)),
+                f"{(count + WARMUP) / handled:.0f}",
+                f"{bad or 'none'}; refused {refused or 'none'}"]
+    finally:
+        await asyncio.gather(*(r.stop() for r in others))
+        await embedded.stop()
+        if url:
+            await pg.drop_database(url)
+
+
+async def main(cells: list[str], count: int, mails: int) -> None:
+    rows = []
+    for workload, n in (("intake", count), ("mail", mails)):
+        for limits_on in (True, False):
+            for cell in cells:
+                rows.append(await _cell(cell, workload, limits_on, n))
+                print("  ".join(rows[-1]), file=sys.stderr, flush=True)
+    head = ["workload", "engine", "forge limits", "answered/s", "p50 ms", "p99 ms", "handled/s",
+            "other answers; forge refusals"]
+    print(f"command: .venv/bin/python -m bench.replicas --count {count} --mails {mails} "
+          f"--cells {','.join(cells)}\n")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "|".join("---" for _ in head) + "|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    if "--client" in sys.argv:
+        client_main(_load)
+    else:
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--count", type=int, default=1500)
+        parser.add_argument("--mails", type=int, default=200)
+        parser.add_argument("--cells", default="sqlite,1,2,4")
+        args = parser.parse_args()
+        asyncio.run(main(args.cells.split(","), args.count, args.mails))

@@ -1,0 +1,89 @@
+"""The forge write budget all replicas share (several replicas on PostgreSQL).
+
+Each replica's own `WritePacer` keeps its writes within one App's limits; with several
+replicas each would allow the whole budget. Here every write takes its place in one table
+before it goes: under the store's write lock, the earliest moment at which it keeps every
+replica's writes together within GitHub's secondary limits (80 creations a minute, 500 an
+hour, 900 points a minute per endpoint) is found, recorded, and the caller waits until then.
+Times are the replicas' wall clocks (NTP keeps them within far less than the `slack`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from bot.store.db import Store, register_schema
+
+register_schema("""
+CREATE TABLE IF NOT EXISTS forge_writes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    who TEXT NOT NULL,              -- the installation whose budget it draws on
+    endpoint TEXT NOT NULL,         -- "METHOD /route/{template}"
+    content INTEGER NOT NULL,       -- a content creation (issue, comment)
+    at REAL NOT NULL                -- when it may go (wall clock)
+);
+CREATE INDEX IF NOT EXISTS forge_writes_who_at ON forge_writes(who, at);
+""", version=2)
+
+WRITE_POINTS = 5  # what GitHub counts a write on its endpoint's budget
+
+
+@dataclass
+class Limits:
+    per_minute: int = 80
+    per_hour: int = 500
+    endpoint_points_per_minute: int = 900
+    min_interval: float = 0.0
+    slack: float = 1.0  # as the pacer: the forge counts a write when it lands
+
+
+def place(times: list[tuple[float, bool, str]], at: float, content: bool, endpoint: str,
+          limits: Limits) -> float:
+    """The earliest moment from `at` when one more write keeps every window within its
+    limit, given the writes already placed (`times`: (at, content, endpoint)). Sans-I/O."""
+    windows: list[tuple[list[float], int, float]] = []
+    if content:
+        creations = sorted(t for t, c, _ in times if c)
+        windows += [(creations, limits.per_minute, 60.0), (creations, limits.per_hour, 3600.0)]
+    budget = limits.endpoint_points_per_minute // WRITE_POINTS
+    if budget > 0:
+        windows.append((sorted(t for t, _, e in times if e == endpoint), budget, 60.0))
+    if limits.min_interval > 0 and times:
+        at = max(at, max(t for t, _, _ in times) + limits.min_interval)
+    moved = True
+    while moved:  # a later moment may bring other writes into a window: look again
+        moved = False
+        for placed, limit, span in windows:
+            if limit <= 0:
+                continue
+            inside = [t for t in placed if at - span - limits.slack < t]
+            if len(inside) >= limit:
+                later = inside[-limit] + span + limits.slack
+                if later > at:
+                    at, moved = later, True
+    return at
+
+
+class SharedWriteBudget:
+    """`bot.forge.caller.SharedBudget` on the store."""
+
+    def __init__(self, store: Store, limits: Limits) -> None:
+        self.store = store
+        self.limits = limits
+
+    async def reserve(self, who: str, endpoint: str, content: bool) -> float:
+        """Place one write; returns the seconds to wait before sending it."""
+        now = time.time()
+        horizon = now - 3600.0 - self.limits.slack
+        async with self.store.transaction() as db:
+            async with db.execute("SELECT at, content, endpoint FROM forge_writes"
+                                  " WHERE who=? AND at>?", (who, horizon)) as cur:
+                rows = await cur.fetchall()
+            at = place([(float(r[0]), bool(r[1]), str(r[2])) for r in rows], now, content,
+                       endpoint, self.limits)
+            await db.execute("INSERT INTO forge_writes(who, endpoint, content, at)"
+                             " VALUES (?,?,?,?)", (who, endpoint, int(content), at))
+            if len(rows) % 100 == 0:  # now and then, forget what no window holds any more
+                await db.execute("DELETE FROM forge_writes WHERE at<?", (horizon,))
+        return at - now

@@ -1,0 +1,75 @@
+"""The index's schema as one versioned history, for both engines.
+
+Store modules register their tables (`register_schema`) and the columns they added after a
+table's first release (`register_columns`) under a version. At open, under a lock (SQLite's
+write lock, PostgreSQL's advisory lock), every version above the one recorded in
+`schema_migrations` is applied in order and recorded. Version 1 is idempotent (CREATE ... IF
+NOT EXISTS, missing columns added), so a data directory from before the history began opens as
+it is and is recorded at 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bot.store.sql import autoincrement_columns, column_to_postgres, ddl_to_postgres
+
+MIGRATIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version INTEGER PRIMARY KEY,
+    name TEXT NOT NULL,
+    applied_at REAL NOT NULL
+)"""
+
+NAMES = {
+    1: "the index as first released: mails, comments, queue, ledger, tokens, console",
+    2: "replicas: heartbeats, queue leases, idempotency owners, the shared write budget",
+}
+
+
+@dataclass
+class Migration:
+    version: int
+    name: str
+    sqlite: list[str] = field(default_factory=list)  # scripts, in order
+    postgres: list[str] = field(default_factory=list)
+    columns: dict[str, dict[str, str]] = field(default_factory=dict)  # table -> name -> decl
+
+
+_MIGRATIONS: dict[int, Migration] = {}
+
+
+def _migration(version: int) -> Migration:
+    if version not in NAMES:
+        raise ValueError(f"schema version {version} has no name in bot.store.migrations.NAMES")
+    return _MIGRATIONS.setdefault(version, Migration(version, NAMES[version]))
+
+
+def register_schema(sql: str, *, postgres: str | None = None, version: int = 1) -> None:
+    """A module's tables and indexes (SQLite's dialect; translated for PostgreSQL unless
+    `postgres` says it another way, as triggers must be)."""
+    m = _migration(version)
+    m.sqlite.append(sql)
+    m.postgres.append(ddl_to_postgres(sql) if postgres is None else postgres)
+
+
+def register_columns(table: str, columns: dict[str, str], *, version: int = 1) -> None:
+    """Columns added to a table after its first release: added where missing."""
+    _migration(version).columns.setdefault(table, {}).update(columns)
+
+
+def migrations() -> list[Migration]:
+    return [_MIGRATIONS[v] for v in sorted(_MIGRATIONS)]
+
+
+def postgres_column(decl: str) -> str:
+    return column_to_postgres(decl)
+
+
+def autoincrement() -> dict[str, str]:
+    """table -> AUTOINCREMENT column, over every registered table."""
+    out: dict[str, str] = {}
+    for m in migrations():
+        for script in m.sqlite:
+            out.update(autoincrement_columns(script))
+    return out

@@ -1,0 +1,293 @@
+"""The PostgreSQL engine (asyncpg): one database shared by several replicas of the app.
+
+The store modules' statements run here as they are written (SQLite's dialect, translated once
+by `bot.store.sql`), through a connection adapter that takes aiosqlite's calls. Every write
+transaction first takes one advisory lock, so writes are serialised across replicas exactly as
+SQLite serialises them within one process: a read-then-write (the ledger's chain, the
+idempotency claim, intake's dedupe) stays correct with any number of replicas. Wake-ups for
+long polls cross replicas by LISTEN/NOTIFY.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from bot.store.db import Store
+from bot.store.migrations import MIGRATIONS_TABLE, autoincrement, migrations, postgres_column
+from bot.store.sql import ddl_to_postgres, to_postgres
+
+log = logging.getLogger("vaultmail.store")
+
+WRITE_LOCK = 0x766D_0001  # every write transaction: one writer at a time, as in SQLite
+WRITE_LOCK_WAIT = 1.0  # seconds readiness waits for it
+MIGRATE_LOCK = 0x766D_0002  # schema migrations at start-up: one replica applies them
+CHANNEL = "vaultmail"  # LISTEN/NOTIFY: wake-ups for long polls on every replica
+STATEMENTS_KEPT = 2000  # statements prepared per connection (and known to the engine) at most
+
+
+def _text(v: Any) -> Any:
+    return v if v is None or isinstance(v, str) else str(v)
+
+
+def _integer(v: Any) -> Any:
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str) and v.lstrip("-").isdigit():
+        return int(v)
+    return v
+
+
+def _same(v: Any) -> Any:
+    return v
+
+
+def _real(v: Any) -> Any:
+    return float(v) if isinstance(v, int) else v
+
+
+# SQLite takes any value in any column; asyncpg wants each parameter's own type. What the store
+# passes is converted to the type PostgreSQL inferred for the parameter.
+_COERCE: dict[str, Callable[[Any], Any]] = {
+    "text": _text, "varchar": _text, "bpchar": _text,
+    "int2": _integer, "int4": _integer, "int8": _integer,
+    "float4": _real, "float8": _real, "numeric": _real,
+}
+
+
+def _count(status: str | None) -> int:
+    m = re.search(r"(\d+)$", status or "")
+    return int(m.group(1)) if m else -1
+
+
+class Cursor:
+    """What an executed statement leaves: its rows, how many it changed, the id it made."""
+
+    def __init__(self, rows: list[asyncpg.Record], rowcount: int,
+                 lastrowid: int | None) -> None:
+        self._rows = rows
+        self.rowcount = rowcount
+        self.lastrowid = lastrowid
+
+    async def fetchone(self) -> asyncpg.Record | None:
+        return self._rows[0] if self._rows else None
+
+    async def fetchall(self) -> list[asyncpg.Record]:
+        return list(self._rows)
+
+    async def __aenter__(self) -> Cursor:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+class _Executing:
+    """`await db.execute(...)` and `async with db.execute(...) as cur`, as aiosqlite has it."""
+
+    def __init__(self, run: Awaitable[Cursor]) -> None:
+        self._run = run
+
+    def __await__(self) -> Generator[Any, None, Cursor]:
+        return self._run.__await__()
+
+    async def __aenter__(self) -> Cursor:
+        return await self._run
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class _Statement:
+    sql: str  # in PostgreSQL's dialect
+    coerce: list[Callable[[Any], Any]]  # one per parameter
+    returns_id: bool  # an INSERT handing back the id it made (`lastrowid`)
+    returns_rows: bool  # else it is run for its status (`rowcount`)
+
+
+# Statement texts -> what PostgreSQL said of them: the same on every connection (asyncpg's own
+# statement cache keeps the prepared statements per connection).
+_STATEMENTS: dict[tuple[str, str | None], _Statement] = {}
+
+
+class Connection:
+    """One pooled connection (inside a transaction, or not), taking aiosqlite's calls."""
+
+    def __init__(self, conn: Any, returning: dict[str, str]) -> None:
+        self._conn = conn
+        self._returning = returning
+
+    async def _statement(self, sql: str) -> _Statement:
+        m = re.match(r"\s*INSERT (?:OR \w+ )?INTO (\w+)", sql, re.IGNORECASE)
+        key = (sql, self._returning.get(m.group(1)) if m else None)
+        known = _STATEMENTS.get(key)
+        if known is None:
+            pg = to_postgres(*key)
+            prepared = await self._conn.prepare(pg)
+            coerce = [_COERCE.get(p.name, _same) for p in prepared.get_parameters()]
+            rows = bool(re.match(r"\s*(SELECT|WITH|VALUES)\b", pg, re.IGNORECASE)
+                        or re.search(r"\bRETURNING\b", pg, re.IGNORECASE))
+            if len(_STATEMENTS) >= STATEMENTS_KEPT:
+                _STATEMENTS.clear()
+            known = _STATEMENTS[key] = _Statement(pg, coerce, key[1] is not None, rows)
+        return known
+
+    async def _run(self, sql: str, params: Iterable[Any]) -> Cursor:
+        st = await self._statement(sql)
+        args = [f(v) for f, v in zip(st.coerce, params, strict=True)]
+        if not st.returns_rows:
+            return Cursor([], _count(await self._conn.execute(st.sql, *args)), None)
+        rows = await self._conn.fetch(st.sql, *args)
+        if st.returns_id:
+            return Cursor([], len(rows), rows[0][0] if rows else None)
+        return Cursor(rows, len(rows), None)
+
+    def execute(self, sql: str, params: Iterable[Any] = ()) -> _Executing:
+        return _Executing(self._run(sql, params))
+
+    async def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> None:
+        rows = list(rows)
+        if not rows:
+            return
+        st = await self._statement(sql)
+        await self._conn.executemany(st.sql, [[f(v) for f, v in zip(st.coerce, row, strict=True)]
+                                              for row in rows])
+
+    async def fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[asyncpg.Record]:
+        cur = await self._run(sql, params)
+        return await cur.fetchall()
+
+
+class PostgresStore(Store):
+    engine = "postgresql"
+
+    def __init__(self, url: str, pool: asyncpg.Pool) -> None:
+        super().__init__()
+        self._url = url
+        self._pool = pool
+        self._returning = autoincrement()
+        self._lock = asyncio.Lock()
+        self._listener: asyncpg.Connection | None = None
+        self._on_broadcast: Callable[[list[str]], None] | None = None
+
+    @classmethod
+    async def open(cls, url: str, min_size: int = 2, max_size: int = 20) -> PostgresStore:
+        await _migrate(url)
+        pool = await asyncpg.create_pool(url, min_size=min_size, max_size=max_size,
+                                         statement_cache_size=STATEMENTS_KEPT)
+        return cls(url, pool)
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            with contextlib.suppress(Exception):
+                await self._listener.close()
+        await self._pool.close()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Connection]:
+        """Serialised write transaction across every replica: commit on success, roll back on
+        error."""
+        # this replica's writers queue here first, holding no connection: one waits at the
+        # database, so a holder's reads always find a free connection in the pool
+        async with self._lock, self._pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", WRITE_LOCK)
+            yield Connection(conn, self._returning)
+
+    async def check_writable(self) -> None:
+        """Raises when no write could be made now: the database is read-only (a standby), or
+        another session has held the write lock for longer than a probe waits."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            if await conn.fetchval("SELECT pg_is_in_recovery()"):
+                raise RuntimeError("read-only: the database is a standby (point DATABASE_URL "
+                                   "at the primary)")
+            await conn.execute(f"SET LOCAL lock_timeout = '{int(WRITE_LOCK_WAIT * 1000)}ms'")
+            try:
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", WRITE_LOCK)
+            except asyncpg.LockNotAvailableError:
+                raise RuntimeError(f"database is locked: another session has held vaultmail's "
+                                   f"write lock for over {WRITE_LOCK_WAIT:.0f} s") from None
+
+    @asynccontextmanager
+    async def unserialised(self) -> AsyncIterator[Connection]:
+        """A transaction that takes no write lock: for writes that row locks keep safe."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            yield Connection(conn, self._returning)
+
+    async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[asyncpg.Record]:
+        async with self._pool.acquire() as conn:
+            return await Connection(conn, self._returning).fetchall(sql, params)
+
+    async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> asyncpg.Record | None:
+        rows = await self.fetchall(sql, params)
+        return rows[0] if rows else None
+
+    # -- wake-ups across replicas ----------------------------------------------------------
+
+    async def broadcast(self, keys: Iterable[str]) -> None:
+        """Tell every other replica that something is new under `keys` (NOTIFY's payload is
+        at most 8000 bytes: long lists go in several)."""
+        keys = sorted(set(keys))
+        chunks: list[list[str]] = [[]]
+        for key in keys:
+            if sum(len(k) + 4 for k in chunks[-1]) + len(key) > 6000:
+                chunks.append([])
+            chunks[-1].append(key)
+        async with self._pool.acquire() as conn:
+            for chunk in chunks:
+                if chunk:
+                    payload = json.dumps({"from": self.replica_id, "keys": chunk})
+                    await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, payload)
+
+    async def listen(self, on_keys: Callable[[list[str]], None]) -> None:
+        """Call `on_keys` with what other replicas broadcast, from now on."""
+        self._on_broadcast = on_keys
+        self._listener = await asyncpg.connect(self._url)
+        await self._listener.add_listener(CHANNEL, self._heard)
+
+    def _heard(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            message = json.loads(payload)
+        except ValueError:
+            return
+        if message.get("from") != self.replica_id and self._on_broadcast is not None:
+            self._on_broadcast([str(k) for k in message.get("keys", [])])
+
+
+async def _migrate(url: str) -> None:
+    """Every version not yet recorded, in order, each in a transaction, under an advisory lock
+    (replicas starting together: one applies, the others find it done)."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("SELECT pg_advisory_lock($1)", MIGRATE_LOCK)
+        await conn.execute(ddl_to_postgres(MIGRATIONS_TABLE))
+        done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+        for m in migrations():
+            if m.version in done:
+                continue
+            async with conn.transaction():
+                for script in m.postgres:
+                    if script.strip():
+                        await conn.execute(script)
+                for table, columns in m.columns.items():
+                    for name, decl in columns.items():
+                        await conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS"
+                                           f" {name} {postgres_column(decl)}")
+                await conn.execute("INSERT INTO schema_migrations(version, name, applied_at)"
+                                   " VALUES ($1, $2, $3)", m.version, m.name, time.time())
+            log.info("index schema now at version %d: %s", m.version, m.name)
+    finally:
+        with contextlib.suppress(Exception):
+            await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATE_LOCK)
+        await conn.close()
+

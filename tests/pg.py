@@ -1,0 +1,108 @@
+"""A real PostgreSQL for the tests: the server `.ci/run` started (VAULTMAIL_TEST_PG), or else a
+throwaway cluster this process starts from Debian's packages, and a fresh database per test.
+
+initdb and postgres refuse to run as root: as root the cluster runs as an unprivileged system
+user (made if missing). The server is tuned for throwaway data (no fsync)."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import glob
+import itertools
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+import asyncpg
+
+USER = "vaultmail-pg"  # the system user a root-started cluster runs as
+SUPERUSER = "vaultmail"
+FAST = ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+        "-c", "max_connections=400", "-c", "shared_buffers=64MB"]
+_names = itertools.count()
+
+
+def bin_dir() -> Path:
+    """Debian's newest PostgreSQL server binaries, else whatever `pg_ctl` PATH finds."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"),
+                   key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0)
+    if found:
+        return Path(found[-1]).parent
+    pg_ctl = shutil.which("pg_ctl")
+    if pg_ctl:
+        return Path(pg_ctl).parent
+    raise RuntimeError("no PostgreSQL server binaries (pg_ctl, initdb): install Debian's "
+                       "`postgresql` package, or set VAULTMAIL_TEST_PG=postgresql://USER@HOST:"
+                       "PORT/postgres to a server the tests may create databases on")
+
+
+def _as_user() -> list[str]:
+    """The prefix that runs a command as the cluster's owner."""
+    if os.geteuid() != 0:
+        return []
+    try:
+        pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", USER], check=True)
+    return ["runuser", "-u", USER, "--"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@functools.cache
+def cluster_url() -> str:
+    """The admin URL of a running server the tests may create databases on."""
+    given = os.environ.get("VAULTMAIL_TEST_PG")
+    if given:
+        return given
+    pg = bin_dir()
+    home = Path(tempfile.mkdtemp(prefix="vaultmail-pg-"))
+    prefix = _as_user()
+    if prefix:
+        shutil.chown(home, user=USER)
+    data, port = home / "data", _free_port()
+    subprocess.run([*prefix, str(pg / "initdb"), "-D", str(data), "-U", SUPERUSER,
+                    "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8"],
+                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([*prefix, str(pg / "pg_ctl"), "-D", str(data), "-w", "-l",
+                    str(home / "log"), "-o", " ".join(
+                        ["-p", str(port), "-k", str(home), "-c", "listen_addresses=127.0.0.1",
+                         *FAST]), "start"], check=True, stdout=subprocess.DEVNULL)
+
+    def stop() -> None:
+        subprocess.run([*prefix, str(pg / "pg_ctl"), "-D", str(data), "-m", "immediate",
+                        "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.rmtree(home, ignore_errors=True)
+
+    atexit.register(stop)
+    return f"postgresql://{SUPERUSER}@127.0.0.1:{port}/postgres"
+
+
+async def fresh_database() -> str:
+    """A new empty database (unique across processes) and its URL."""
+    name = f"vm_{os.getpid()}_{next(_names)}_{uuid.uuid4().hex[:6]}"
+    admin = await asyncpg.connect(cluster_url())
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+    finally:
+        await admin.close()
+    return cluster_url().rsplit("/", 1)[0] + "/" + name
+
+
+async def drop_database(url: str) -> None:
+    name = url.rsplit("/", 1)[1]
+    admin = await asyncpg.connect(cluster_url())
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()

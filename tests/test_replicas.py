@@ -1,0 +1,206 @@
+"""Three replicas on one PostgreSQL database, the forge spreading its webhooks across them as a
+load balancer would: in the middle of a burst of sends (tools, spread across the replicas, each
+client retrying on the next replica with its key), mail opened by hand and replies to an agent
+(webhooks), one replica is killed with SIGKILL and another restarted. Every accepted mail lands
+exactly once, every reply is copied once, the forge refused nothing, the ledger's chain holds
+and the index equals a fresh reindex of the forge."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bot.app.embedded import APP_EVENTS, APP_PERMISSIONS, APP_SLUG, _new_private_key
+from bot.app.replicas import Replica, free_port
+from bot.office.config import load_office
+from bot.office.seed import seed_office
+from bot.office.source import CONFIG_PATH, CONFIG_REPO
+from bot.store import ledger, open_store
+from localforge import LocalForge
+from tests import pg
+
+SCOUT, BUILDER = "acme/scout-vault", "acme/builder-vault"
+SENDS, BY_HAND, REPLIES = 30, 6, 6
+
+
+@dataclass
+class Deployment:
+    forge: LocalForge
+    replicas: list[Replica]
+    env: dict[str, str]
+    tokens: dict[str, str]
+    database_url: str
+
+
+async def _vaultmail(env: dict[str, str], *args: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.cli.main", *args, env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode()
+
+
+@pytest.fixture
+async def deployment(tmp_path: Path) -> AsyncIterator[Deployment]:
+    office = load_office()
+    forge = LocalForge()
+    await forge.start()
+    tokens = seed_office(forge, office)
+    forge.put_file(f"{office.org}/{CONFIG_REPO}", CONFIG_PATH,
+                   resources.files("bot").joinpath("example_office.yml").read_text())
+    pem = _new_private_key()
+    secret = secrets.token_hex(20)
+    ports = [free_port() for _ in range(3)]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    app_id = forge.register_app(slug=APP_SLUG, name="vaultmail", public_key_pem=pem,
+                                webhook_url=f"{urls[0]}/webhook", webhook_secret=secret,
+                                events=APP_EVENTS, permissions=APP_PERMISSIONS)
+    forge.balance(f"{urls[0]}/webhook", [f"{u}/webhook" for u in urls])  # a load balancer
+    database_url = await pg.fresh_database()
+    env = {"GITHUB_API_URL": forge.url, "GITHUB_APP_ID": str(app_id),
+           "PRIVATE_KEY": pem.replace("\n", "\\n"), "GITHUB_WEBHOOK_SECRET": secret,
+           "VAULTMAIL_DATA": str(tmp_path / "data"), "DATABASE_URL": database_url,
+           "HOST": "127.0.0.1", "VAULTMAIL_RECONCILE_SECONDS": "0.5"}
+    replicas = [Replica(f"replica-{n + 1}", url,
+                        {**env, "PORT": str(port), "REPLICA_ID": f"replica-{n + 1}"},
+                        tmp_path / f"replica-{n + 1}.log")
+                for n, (port, url) in enumerate(zip(ports, urls, strict=True))]
+    forge.install_app(app_id, office.org)  # the replicas are not up: reconciliation brings it
+    await asyncio.gather(*(r.start() for r in replicas))
+    code, out = await _vaultmail(env, "token", "create", "agent:builder")
+    assert code == 0, out
+    tokens["api:agent:builder"] = out.split()[-1]
+    try:
+        yield Deployment(forge, replicas, env, tokens, database_url)
+    finally:
+        await asyncio.gather(*(r.kill() for r in replicas))
+        await forge.stop()
+        await pg.drop_database(database_url)
+
+
+async def _until(check: Any, timeout: float = 90.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+async def test_three_replicas_one_killed_one_restarted_every_mail_exactly_once(
+        deployment: Deployment) -> None:
+    d = deployment
+    forge, replicas = d.forge, d.replicas
+    api = {"Authorization": f"Bearer {d.tokens['api:agent:builder']}"}
+    marco = {"Authorization": f"token {d.tokens['marco']}"}
+    scout = {"Authorization": f"token {d.tokens['scout-bot']}"}
+    accepted: dict[int, dict[str, Any]] = {}
+
+    async def send(s: aiohttp.ClientSession, i: int) -> None:
+        n = i
+        while True:  # a client retries with its key, on the next replica, until answered
+            url = replicas[n % len(replicas)].url
+            with contextlib.suppress(aiohttp.ClientError):
+                async with s.post(url + "/api/v1/tools/mail_send", headers=api, json={
+                        "to": "scout", "subject": f"Tool {i}", "body": f"body {i}",
+                        "idempotencyKey": f"burst-{i}"}) as resp:
+                    if resp.status == 200:
+                        accepted[i] = (await resp.json())["mail"]
+                        return
+            n += 1
+            await asyncio.sleep(0.05)
+
+    async def issues(s: aiohttp.ClientSession, repo: str) -> list[dict[str, Any]]:
+        async with s.get(forge.url + f"/repos/{repo}/issues?state=all&per_page=100",
+                         headers=marco) as resp:
+            assert resp.status == 200
+            found: list[dict[str, Any]] = await resp.json()
+            return found
+
+    async with aiohttp.ClientSession() as s:
+        senders = [asyncio.create_task(send(s, i)) for i in range(SENDS)]
+        await _until(lambda: _at_least(accepted, 8))
+        await replicas[1].kill()  # SIGKILL in the middle of the burst
+        for i in range(BY_HAND):  # people keep writing: webhooks spread over who is alive
+            async with s.post(forge.url + f"/repos/{SCOUT}/issues", headers=marco,
+                              json={"title": f"By hand {i}", "body": "during the burst"}) as r:
+                assert r.status == 201
+        await _until(lambda: _at_least(accepted, 16))
+        await replicas[2].stop()  # a rolling restart of another
+        await replicas[2].start()
+        await asyncio.gather(*senders)
+        # scout replies by comment on builder's mails: each reply is copied into builder's
+        # vault once, whichever replica its webhook reached
+        replied = sorted(accepted)[:REPLIES]
+        for i in replied:
+            number = accepted[i]["number"]
+            async with s.post(forge.url + f"/repos/{SCOUT}/issues/{number}/comments",
+                              headers=scout, json={"body": f"Reply to {i}"}) as r:
+                assert r.status == 201
+        await replicas[1].start()  # back under its id: it takes back nothing twice
+
+        async def settled() -> bool:
+            await forge.webhooks_idle()
+            async with s.get(replicas[0].url + "/healthz") as resp:
+                if (await resp.json())["queue_pending"]:
+                    return False
+            labelled = [i for i in await issues(s, SCOUT) if i["labels"]]
+            copies = [i for i in await issues(s, BUILDER) if i["title"].startswith("Re: ")]
+            return len(labelled) == SENDS + BY_HAND and len(copies) >= REPLIES
+
+        await _until(settled)
+        in_scout = await issues(s, SCOUT)
+        in_builder = await issues(s, BUILDER)
+
+    titles = sorted(i["title"] for i in in_scout)
+    assert titles == sorted([f"Tool {i}" for i in range(SENDS)]
+                            + [f"By hand {i}" for i in range(BY_HAND)])
+    copies = sorted(i["title"] for i in in_builder if i["title"].startswith("Re: "))
+    assert copies == sorted(f"Re: Tool {i}" for i in replied)
+    assert not forge.rates.refused, f"secondary limits hit: {forge.rates.refused}"
+
+    code, out = await _vaultmail(d.env, "ledger", "--json")
+    assert code == 0, out  # the chain, written by three replicas, holds
+    store = await open_store(d.database_url)
+    try:
+        assert await ledger.verify_chain(store) is None
+        indexed = await _mail_rows(store)
+    finally:
+        await store.close()
+    # the index equals what a reindex of the forge alone rebuilds, in a database of its own
+    fresh = await pg.fresh_database()
+    try:
+        code, out = await _vaultmail({**d.env, "DATABASE_URL": fresh}, "reindex")
+        assert code == 0, out
+        rebuilt_store = await open_store(fresh)
+        try:
+            rebuilt = await _mail_rows(rebuilt_store)
+        finally:
+            await rebuilt_store.close()
+    finally:
+        await pg.drop_database(fresh)
+    assert indexed == rebuilt
+    assert len(indexed) == SENDS + BY_HAND + REPLIES
+
+
+async def _mail_rows(store: Any) -> list[tuple[Any, ...]]:
+    rows = await store.fetchall(
+        "SELECT mail_id, vault, number, subject, from_principal, to_principal, hops,"
+        " in_reply_to, thread_id, state FROM mails ORDER BY vault, number")
+    return [tuple(r) for r in rows]
+
+
+async def _at_least(items: dict[int, Any], n: int) -> bool:
+    return len(items) >= n

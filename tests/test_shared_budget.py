@@ -1,0 +1,54 @@
+"""Several replicas, one forge budget: two stores on one PostgreSQL database (two replicas)
+reserving writes side by side never place more creations in any minute than one App may make,
+nor more writes to one endpoint than its points allow; alone, a write waits for nothing."""
+
+from __future__ import annotations
+
+import asyncio
+
+from bot.store.budget import Limits, SharedWriteBudget, place
+from bot.store.db import Store
+
+
+def _most_in_window(times: list[float], span: float) -> int:
+    times = sorted(times)
+    return max((sum(1 for u in times if t <= u < t + span) for t in times), default=0)
+
+
+async def test_two_replicas_together_stay_within_one_apps_creation_budget(
+        two_replicas: tuple[Store, Store]) -> None:
+    limits = Limits(per_minute=80, per_hour=500, endpoint_points_per_minute=0, slack=1.0)
+    budgets = [SharedWriteBudget(store, limits) for store in two_replicas]
+    waits = await asyncio.gather(*(
+        budgets[i % 2].reserve("7", "POST /repos/{owner}/{repo}/issues", True)
+        for i in range(200)))
+    # 80 go at once, the next 80 a minute (and the slack) later, and so on
+    assert sorted(waits)[79] < 5.0 and sorted(waits)[80] >= 60.0
+    rows = await two_replicas[0].fetchall("SELECT at FROM forge_writes WHERE who='7'")
+    placed = [float(r["at"]) for r in rows]
+    assert len(placed) == 200
+    assert _most_in_window(placed, 60.0) == 80
+
+
+async def test_endpoint_points_are_shared_and_other_installations_are_not_held(
+        two_replicas: tuple[Store, Store]) -> None:
+    limits = Limits(per_minute=80, per_hour=500, endpoint_points_per_minute=900, slack=1.0)
+    a, b = (SharedWriteBudget(store, limits) for store in two_replicas)
+    edits = await asyncio.gather(*(
+        (a if i % 2 else b).reserve("7", "PATCH /repos/{owner}/{repo}/issues/{n}", False)
+        for i in range(200)))
+    assert sum(1 for w in edits if w < 5.0) == 180  # 900 points, 5 a write
+    assert await a.reserve("8", "PATCH /repos/{owner}/{repo}/issues/{n}", False) < 1.0
+
+
+def test_a_write_is_placed_at_the_first_moment_every_window_allows() -> None:
+    limits = Limits(per_minute=2, per_hour=3, endpoint_points_per_minute=0, slack=0.0)
+    assert place([], 100.0, True, "e", limits) == 100.0
+    assert place([(90.0, True, "e"), (95.0, True, "e")], 100.0, True, "e", limits) == 150.0
+    # the hour's third creation was long ago placed: the fourth waits for the hour
+    hour = [(10.0, True, "e"), (20.0, True, "e"), (30.0, True, "e")]
+    assert place(hour, 100.0, True, "e", limits) == 3610.0
+    assert place(hour, 100.0, False, "e", limits) == 100.0  # not a creation: no wait
+    spaced = Limits(per_minute=80, per_hour=500, endpoint_points_per_minute=0,
+                    min_interval=1.0, slack=0.0)
+    assert place([(99.5, False, "e")], 100.0, False, "e", spaced) == 100.5

@@ -1,0 +1,101 @@
+"""What replicas sharing one PostgreSQL database hold, and how it passes on: claimed
+deliveries (one issue's never on two replicas at once), unfinished idempotency claims, and
+leadership; a replica silent past DEAD_AFTER holds nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from bot.store.db import Store
+from bot.store.queue import DEAD_AFTER
+
+
+async def _silence(store: Store, replica: str) -> None:
+    """As if `replica` had stopped beating DEAD_AFTER seconds ago (killed)."""
+    async with store.transaction() as db:
+        await db.execute("UPDATE replicas SET seen_at=? WHERE id=?",
+                         (time.time() - DEAD_AFTER - 1, replica))
+
+
+def _issue(n: int, action: str) -> tuple[dict[str, Any], bytes]:
+    payload = {"action": action, "issue": {"number": n},
+               "repository": {"full_name": "acme/scout-vault"}}
+    return payload, json.dumps(payload).encode()
+
+
+async def test_one_issues_deliveries_never_run_on_two_replicas_and_a_dead_ones_pass_on(
+        two_replicas: tuple[Store, Store]) -> None:
+    a, b = two_replicas
+    for guid, (n, action) in {"g1": (1, "opened"), "g2": (1, "edited"),
+                              "g3": (2, "opened")}.items():
+        assert await a.enqueue_delivery(guid, "issues", *_issue(n, action))
+    [first] = await a.due_items(limit=1)  # (a's later claims take back what it holds)
+    assert first.guid == "g1"
+    # issue 1 is a's while it lives: b gets issue 2 only, and nothing twice
+    assert [i.guid for i in await b.due_items(limit=10)] == ["g3"]
+    assert [i.guid for i in await a.due_items(limit=10)] == ["g1", "g2"], "g3 is b's"
+    await _silence(b, "replica-a")  # a is killed: what it claimed is b's to take
+    assert [i.guid for i in await b.due_items(limit=10)] == ["g1", "g2", "g3"]
+    assert not await a.is_leader() and await b.is_leader()
+
+
+async def test_a_retry_on_another_replica_waits_for_the_first_and_gets_its_result(
+        two_replicas: tuple[Store, Store]) -> None:
+    a, b = two_replicas
+    started, release = asyncio.Event(), asyncio.Event()
+    runs: list[str] = []
+
+    async def slow() -> dict[str, Any]:
+        runs.append("a")
+        started.set()
+        await release.wait()
+        return {"mail": "m1"}
+
+    async def fast() -> dict[str, Any]:
+        runs.append("b")
+        return {"mail": "m2"}
+
+    first = asyncio.create_task(a.once("tool:mail_send:x", "k1", "fp", slow))
+    await started.wait()
+    second = asyncio.create_task(b.once("tool:mail_send:x", "k1", "fp", fast))
+    await asyncio.sleep(0.2)  # (b is polling the claim meanwhile; it must not have run)
+    assert not second.done() and runs == ["a"]
+    release.set()
+    assert await first == {"mail": "m1"} and await second == {"mail": "m1"}
+    assert runs == ["a"]
+
+
+async def test_an_unfinished_claim_of_a_dead_replica_is_taken_over(
+        two_replicas: tuple[Store, Store]) -> None:
+    a, b = two_replicas
+    never = asyncio.Event()
+
+    async def stuck() -> dict[str, Any]:
+        await never.wait()
+        return {}
+
+    task = asyncio.create_task(a.once("tool:mail_send:x", "k2", "fp", stuck))
+    for _ in range(100):
+        row = await b.fetchone("SELECT owner FROM idempotency WHERE key='k2'")
+        if row is not None:
+            break
+        await asyncio.sleep(0.01)
+    await _silence(b, "replica-a")
+
+    async def redo() -> dict[str, Any]:
+        return {"mail": "again"}
+
+    assert await asyncio.wait_for(b.once("tool:mail_send:x", "k2", "fp", redo), 5) == {
+        "mail": "again"}
+    task.cancel()
+
+
+async def test_the_oldest_live_replica_leads_and_a_clean_leave_passes_it_on(
+        two_replicas: tuple[Store, Store]) -> None:
+    a, b = two_replicas
+    assert await a.is_leader() and not await b.is_leader()
+    await a.leave()
+    assert await b.is_leader()
