@@ -99,3 +99,49 @@ async def test_the_oldest_live_replica_leads_and_a_clean_leave_passes_it_on(
     assert await a.is_leader() and not await b.is_leader()
     await a.leave()
     assert await b.is_leader()
+
+
+async def test_a_mail_is_held_by_one_replica_at_a_time_and_let_go_when_its_holder_dies(
+        two_replicas: tuple[Store, Store]) -> None:
+    """The mailer's per-mail lock (`Services.lock_for`) is the store's named lock: a tool call
+    on one replica and the worker on another never interleave on one mail."""
+    a, b = two_replicas
+    order: list[str] = []
+
+    async def hold(store: Store, who: str, release: asyncio.Event) -> None:
+        async with store.named_lock("mail-1"):
+            order.append(f"{who} in")
+            await release.wait()
+            order.append(f"{who} out")
+
+    a_release, b_release = asyncio.Event(), asyncio.Event()
+    a_holds = asyncio.create_task(hold(a, "a", a_release))
+    while order != ["a in"]:
+        await asyncio.sleep(0)  # until a holds it
+    b_waits = asyncio.create_task(hold(b, "b", b_release))
+    b_release.set()
+    # b tries for as long as a holds the mail: a bounded look that it stays out
+    done, _ = await asyncio.wait([b_waits], timeout=0.5)
+    assert not done and order == ["a in"], "b entered while a held the mail"
+    async with b.named_lock("mail-2"):  # another mail is not held up
+        pass
+    a_release.set()
+    await asyncio.gather(a_holds, b_waits)
+    assert order == ["a in", "a out", "b in", "b out"]
+
+    # a holder killed mid-way (its session ends with it): the mail passes on
+    entered = asyncio.Event()
+
+    async def killed_while_holding() -> None:
+        async with a.named_lock("mail-1"):
+            entered.set()
+            await asyncio.Event().wait()
+
+    holder = asyncio.create_task(killed_while_holding())
+    await entered.wait()
+    assert a._locker is not None  # noqa: SLF001 - the session a SIGKILL would end
+    await a._locker.close()  # noqa: SLF001
+    async with b.named_lock("mail-1"):
+        order.append("b again")
+    holder.cancel()
+    assert order[-1] == "b again"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -41,20 +42,14 @@ class Services:
     notifier: Notifier = field(default_factory=Notifier)
     long_polls: LongPolls = field(default_factory=LongPolls)  # `wait` calls held per API token
     visibility: Visibility = field(default_factory=Visibility)  # who sees which repository
-    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     bot_user: str | None = None  # gitea: the bot is a plain user, not "<slug>[bot]"
     # set by whoever runs the worker: new deliveries are queued, look now
     wake_worker: Callable[[], None] = lambda: None
 
-    def lock_for(self, key: str) -> asyncio.Lock:
-        """One lock per mail (or other key): serialises the worker and tool calls on it."""
-        lock = self._locks.get(key)
-        if lock is None:
-            if len(self._locks) > 10_000:  # drop idle locks; a held one is never dropped
-                for k in [k for k, v in self._locks.items() if not v.locked()]:
-                    del self._locks[k]
-            lock = self._locks[key] = asyncio.Lock()
-        return lock
+    def lock_for(self, key: str) -> AbstractAsyncContextManager[None]:
+        """One holder at a time of a mail (or other key) across every replica: serialises
+        the worker and tool calls on it."""
+        return self.store.named_lock(key)
 
     @property
     def bot_login(self) -> str:

@@ -4,11 +4,13 @@ share (heartbeats, leadership). `bot.store.sqlite` and `bot.store.postgres` impl
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
 import uuid
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, ClassVar
 
 from bot.store.idempotency import SCHEMA as IDEMPOTENCY_SCHEMA
@@ -89,7 +91,26 @@ class Store(QueueMixin, IdempotencyMixin):
         self._finishes_writer = None
         self._handed_over = {}
         self._running = {}
+        self._named: dict[str, asyncio.Lock] = {}
         self.replica_id = new_replica_id()
+
+    # -- one task at a time on a key ---------------------------------------------------------
+
+    @asynccontextmanager
+    async def named_lock(self, key: str) -> AsyncIterator[None]:
+        """One holder at a time of `key` (a mail, an agent's runs): serialises the worker and
+        tool calls on it, among this process's tasks (PostgreSQL: and every replica's)."""
+        async with self._local_lock(key):
+            yield
+
+    def _local_lock(self, key: str) -> asyncio.Lock:
+        lock = self._named.get(key)
+        if lock is None:
+            if len(self._named) > 10_000:  # drop idle locks; a held one is never dropped
+                for k in [k for k, v in self._named.items() if not v.locked()]:
+                    del self._named[k]
+            lock = self._named[key] = asyncio.Lock()
+        return lock
 
     # -- what each engine provides ---------------------------------------------------------
 

@@ -32,6 +32,10 @@ log = logging.getLogger("vaultmail.store")
 WRITE_LOCK = 0x766D_0001  # every write transaction: one writer at a time, as in SQLite
 WRITE_LOCK_WAIT = 1.0  # seconds readiness waits for it
 MIGRATE_LOCK = 0x766D_0002  # schema migrations at start-up: one replica applies them
+# named locks (Store.named_lock) are advisory locks in the two-key space, which does not
+# overlap the one-key space of the two above: (NAMED_LOCKS, hashtext(key))
+NAMED_LOCKS = 0x766D
+NAMED_LOCK_POLL = 0.05  # seconds between tries while another replica holds a named lock
 CHANNEL = "vaultmail"  # LISTEN/NOTIFY: wake-ups for long polls on every replica
 STATEMENTS_KEPT = 2000  # statements prepared per connection (and known to the engine) at most
 
@@ -179,6 +183,10 @@ class PostgresStore(Store):
         self._returning = autoincrement()
         self._lock = asyncio.Lock()
         self._listener: asyncpg.Connection | None = None
+        # one session holds this replica's named locks: it ends with the replica (a SIGKILL
+        # too), and so do they
+        self._locker: asyncpg.Connection | None = None
+        self._locker_turn = asyncio.Lock()  # one statement at a time on that session
         self._on_broadcast: Callable[[list[str]], None] | None = None
 
     @classmethod
@@ -189,9 +197,10 @@ class PostgresStore(Store):
         return cls(url, pool)
 
     async def close(self) -> None:
-        if self._listener is not None:
-            with contextlib.suppress(Exception):
-                await self._listener.close()
+        for conn in (self._listener, self._locker):
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
         await self._pool.close()
 
     @asynccontextmanager
@@ -231,6 +240,34 @@ class PostgresStore(Store):
     async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> asyncpg.Record | None:
         rows = await self.fetchall(sql, params)
         return rows[0] if rows else None
+
+    # -- named locks across replicas ---------------------------------------------------------
+
+    @asynccontextmanager
+    async def named_lock(self, key: str) -> AsyncIterator[None]:
+        """One holder of `key` among every replica: this process's tasks queue in memory, and
+        the one at the front tries the database's advisory lock until no other replica holds
+        it. Held on a session of its own, so a replica that dies lets go of them all."""
+        async with self._local_lock(key):
+            while True:
+                async with self._locker_turn:
+                    if self._locker is None or self._locker.is_closed():
+                        self._locker = await asyncpg.connect(self._url)
+                    session = self._locker
+                    if await session.fetchval("SELECT pg_try_advisory_lock($1, hashtext($2))",
+                                              NAMED_LOCKS, key):
+                        break
+                await asyncio.sleep(NAMED_LOCK_POLL)  # another replica holds it
+            try:
+                yield
+            finally:
+                await asyncio.shield(self._unlock(session, key))
+
+    async def _unlock(self, session: asyncpg.Connection, key: str) -> None:
+        async with self._locker_turn:
+            if not session.is_closed():  # else its locks went with it
+                await session.fetchval("SELECT pg_advisory_unlock($1, hashtext($2))",
+                                       NAMED_LOCKS, key)
 
     # -- wake-ups across replicas ----------------------------------------------------------
 
