@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,8 +14,9 @@ import pytest
 from aiohttp import web
 
 from bot.app.embedded import Embedded, start_embedded
+from bot.app.outbound import LedgerForwarder
 from bot.mail.signing import PublicKeys
-from bot.store import ledger
+from bot.store import ledger, open_store
 
 
 class Receiver:
@@ -109,3 +111,23 @@ async def test_a_receiver_that_was_down_gets_every_event_once_it_is_back(
     seqs = [json.loads(body)["seq"] for body, _ in receiver.events]
     assert seqs[:len(ledger_seqs)] == ledger_seqs, "every event, the refused ones first"
     assert seqs == sorted(set(seqs)), "each event once, in ledger order"
+
+
+async def test_two_replicas_forwarding_one_cursor_at_once_send_each_event_once(
+        embedded: Embedded, receiver: Receiver, database_url: str) -> None:
+    """A leader that stalled past its lease may wake beside its successor: both forward the
+    same URL at once (on PostgreSQL from two replicas' stores). Each event goes once."""
+    await _send(embedded, "Once")
+    other = await open_store(database_url) if database_url else embedded.services.store
+    try:
+        first = LedgerForwarder(embedded.services)
+        second = LedgerForwarder(dataclasses.replace(embedded.services, store=other))
+        sent = await asyncio.gather(first.forward(receiver.url), second.forward(receiver.url))
+    finally:
+        if other is not embedded.services.store:
+            await other.close()
+    seqs = [json.loads(body)["seq"] for body, _ in receiver.events]
+    ledger_seqs = [e.seq for e in await ledger.entries(embedded.services.store)]
+    assert seqs, "something was forwarded"
+    assert seqs == sorted(set(seqs)), f"an event went twice: {seqs}"
+    assert seqs == ledger_seqs[:len(seqs)] and sum(sent) == len(seqs)

@@ -66,6 +66,12 @@ class LedgerForwarder:
 
     async def forward(self, url: str) -> int:
         """Send what `url` has not acknowledged yet; returns how many were sent."""
+        # one sender of a cursor at a time, whichever replica believes it leads (a stalled
+        # leader may wake to find a successor): read, send, advance under its lock
+        async with self.services.store.named_lock(f"outbound:{url}"):
+            return await self._forward(url)
+
+    async def _forward(self, url: str) -> int:
         store = self.services.store
         row = await cursors.get_cursor(store, url)
         if row is not None and row["next_at"] > time.time():

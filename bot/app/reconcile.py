@@ -51,7 +51,8 @@ class Reconciler:
             await asyncio.sleep(self.interval)
             try:
                 if await self.store.is_leader():  # one replica at a time asks the forge
-                    await self.run_once()
+                    async with self.store.named_lock("reconcile"):
+                        await self.run_once()
             except Exception as exc:  # the forge may be down; try again next round
                 log.warning("reconciliation failed: %r", exc)
 
