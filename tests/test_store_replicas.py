@@ -108,16 +108,18 @@ async def test_a_mail_is_held_by_one_replica_at_a_time_and_let_go_when_its_holde
     a, b = two_replicas
     order: list[str] = []
 
+    a_in = asyncio.Event()
+
     async def hold(store: Store, who: str, release: asyncio.Event) -> None:
         async with store.named_lock("mail-1"):
             order.append(f"{who} in")
+            a_in.set()
             await release.wait()
             order.append(f"{who} out")
 
     a_release, b_release = asyncio.Event(), asyncio.Event()
     a_holds = asyncio.create_task(hold(a, "a", a_release))
-    while order != ["a in"]:
-        await asyncio.sleep(0)  # until a holds it
+    await a_in.wait()
     b_waits = asyncio.create_task(hold(b, "b", b_release))
     b_release.set()
     # b tries for as long as a holds the mail: a bounded look that it stays out
