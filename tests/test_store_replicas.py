@@ -9,6 +9,8 @@ import json
 import time
 from typing import Any
 
+import pytest
+
 from bot.store.db import Store
 from bot.store.queue import DEAD_AFTER
 
@@ -147,3 +149,19 @@ async def test_a_mail_is_held_by_one_replica_at_a_time_and_let_go_when_its_holde
         order.append("b again")
     holder.cancel()
     assert order[-1] == "b again"
+
+
+async def test_a_replica_whose_clock_runs_ahead_takes_over_nothing_from_a_live_one(
+        two_replicas: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Liveness goes by the database's clock: b's host clock 30 s ahead of a's does not make
+    a, which beat a moment ago, look dead to b."""
+    a, b = two_replicas
+    assert await a.enqueue_delivery("g1", "issues", *_issue(1, "opened"))
+    [claimed] = await a.due_items(limit=1)
+    await a.heartbeat()
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 30.0)  # b's view from here on
+    assert await b.due_items(limit=10, now=real() + 30.0) == [], "a's claim still holds"
+    assert [r["id"] for r in await b.live_replicas()] == ["replica-a", "replica-b"]
+    assert not await b.is_leader()
+    assert claimed.guid == "g1"

@@ -5,12 +5,11 @@ replicas each would allow the whole budget. Here every write takes its place in 
 before it goes: under the store's write lock, the earliest moment at which it keeps every
 replica's writes together within GitHub's secondary limits (80 creations a minute, 500 an
 hour, 900 points a minute per endpoint) is found, recorded, and the caller waits until then.
-Times are the replicas' wall clocks (NTP keeps them within far less than the `slack`).
+Times are the database's clock (vm_now()), so the replicas' own clocks need not agree.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from bot.store.db import Store, register_schema
@@ -74,9 +73,11 @@ class SharedWriteBudget:
 
     async def reserve(self, who: str, endpoint: str, content: bool) -> float:
         """Place one write; returns the seconds to wait before sending it."""
-        now = time.time()
-        horizon = now - 3600.0 - self.limits.slack
         async with self.store.transaction() as db:
+            async with db.execute("SELECT vm_now() AS t") as cur:
+                row = await cur.fetchone()
+            now = float(row[0])
+            horizon = now - 3600.0 - self.limits.slack
             async with db.execute("SELECT at, content, endpoint FROM forge_writes"
                                   " WHERE who=? AND at>?", (who, horizon)) as cur:
                 rows = await cur.fetchall()

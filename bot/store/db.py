@@ -71,6 +71,13 @@ CREATE TABLE IF NOT EXISTS replicas (
 register_columns("queue", {"lease_owner": "TEXT"}, version=2)
 register_columns("idempotency", {"owner": "TEXT"}, version=2)
 
+# Heartbeats and liveness go by the database's clock, vm_now() (SQLite: the one host's),
+# so replicas on hosts whose clocks disagree still agree on who is alive.
+register_schema("", postgres="""
+CREATE OR REPLACE FUNCTION vm_now() RETURNS double precision
+    LANGUAGE sql VOLATILE AS $$ SELECT extract(epoch FROM clock_timestamp())::double precision $$;
+""", version=2)
+
 HEARTBEAT = 1.0  # seconds between a replica's heartbeats (DEAD_AFTER: bot.store.queue)
 
 
@@ -144,7 +151,6 @@ class Store(QueueMixin, IdempotencyMixin):
         once what it held; `sole` (SQLite: one process per file) frees what any other held."""
         if replica_id:
             self.replica_id = replica_id
-        now = time.time()
         async with self.transaction() as db:
             if sole:
                 await db.execute("DELETE FROM replicas WHERE id<>?", (self.replica_id,))
@@ -152,18 +158,17 @@ class Store(QueueMixin, IdempotencyMixin):
                                  " AND lease_owner IS NOT NULL")
             await db.execute("DELETE FROM replicas WHERE id=?", (self.replica_id,))
             await db.execute("INSERT INTO replicas(id, url, started_at, seen_at)"
-                             " VALUES (?,?,?,?)", (self.replica_id, url, now, now))
+                             " VALUES (?,?,vm_now(),vm_now())", (self.replica_id, url))
             await db.execute("UPDATE queue SET lease_owner=NULL WHERE lease_owner=?"
                              " AND state='pending'", (self.replica_id,))
 
     async def heartbeat(self) -> None:
         async with self.transaction() as db:
-            cur = await db.execute("UPDATE replicas SET seen_at=? WHERE id=?",
-                                   (time.time(), self.replica_id))
+            cur = await db.execute("UPDATE replicas SET seen_at=vm_now() WHERE id=?",
+                                   (self.replica_id,))
             if cur.rowcount == 0:  # declared dead meanwhile (a long pause): alive again
-                now = time.time()
                 await db.execute("INSERT INTO replicas(id, url, started_at, seen_at)"
-                                 " VALUES (?,?,?,?)", (self.replica_id, None, now, now))
+                                 " VALUES (?,?,vm_now(),vm_now())", (self.replica_id, None))
 
     async def leave(self) -> None:
         """On a clean stop: what this replica held is free at once."""
@@ -174,15 +179,15 @@ class Store(QueueMixin, IdempotencyMixin):
 
     async def live_replicas(self) -> list[Row]:
         return await self.fetchall(
-            "SELECT id, url, started_at, seen_at FROM replicas WHERE seen_at>?"
-            " ORDER BY started_at, id", (time.time() - DEAD_AFTER,))
+            "SELECT id, url, started_at, seen_at FROM replicas WHERE seen_at>vm_now()-?"
+            " ORDER BY started_at, id", (DEAD_AFTER,))
 
     async def is_leader(self) -> bool:
         """Whether this replica leads (the oldest live one): who runs the reconciler and the
         outbound triggers, one replica at a time, taken over when it dies."""
         row = await self.fetchone(
-            "SELECT id FROM replicas WHERE seen_at>? ORDER BY started_at, id LIMIT 1",
-            (time.time() - DEAD_AFTER,))
+            "SELECT id FROM replicas WHERE seen_at>vm_now()-? ORDER BY started_at, id LIMIT 1",
+            (DEAD_AFTER,))
         return row is not None and row["id"] == self.replica_id
 
 

@@ -87,8 +87,8 @@ class IdempotencyMixin:
         """Whether `owner`, another replica than this one, is alive (its claim holds)."""
         if not owner or owner == self.replica_id:
             return False
-        async with db.execute("SELECT 1 FROM replicas WHERE id=? AND seen_at>?",
-                              (owner, time.time() - DEAD_AFTER)) as cur:
+        async with db.execute("SELECT 1 FROM replicas WHERE id=? AND seen_at>vm_now()-?",
+                              (owner, DEAD_AFTER)) as cur:
             return await cur.fetchone() is not None
 
     async def once(self, scope: str, key: str, fingerprint: str,

@@ -94,7 +94,8 @@ def _item(row: Any, parsed: dict[str, Any] | None = None) -> QueueItem:
 # over by the others. A delivery is held back while an earlier one about its issue waits for
 # its retry or is claimed by another live replica: one issue's deliveries run in order, never
 # on two replicas at once.
-_LIVE = "SELECT id FROM replicas WHERE seen_at>?"
+# (liveness by the database's clock, vm_now(): the replicas' own clocks may disagree)
+_LIVE = f"SELECT id FROM replicas WHERE seen_at>vm_now()-{DEAD_AFTER}"
 _HELD_BEHIND = ("SELECT 1 FROM queue p WHERE p.state='pending' AND p.id<q.id"
                 " AND p.issue_key=q.issue_key AND (p.next_at>? OR (p.lease_owner<>?"
                 " AND p.lease_owner IN (" + _LIVE + ")))")
@@ -219,12 +220,11 @@ class QueueMixin:
         """Claim the oldest due deliveries for this replica, in arrival order (see _CLAIMABLE).
         What the claim holds is let go by `finish`, `fail` or `release`."""
         at = time.time() if now is None else now
-        live = time.time() - DEAD_AFTER
         me = self.replica_id
         async with self.transaction() as db, db.execute(
                 "UPDATE queue SET lease_owner=? WHERE id IN (SELECT q.id FROM queue q"
                 " WHERE " + _CLAIMABLE + " ORDER BY q.id LIMIT ? /*SKIP LOCKED OF q*/)"
-                " RETURNING *", (me, at, me, live, at, me, live, limit)) as cur:
+                " RETURNING *", (me, at, me, at, me, limit)) as cur:
             rows = sorted(await cur.fetchall(), key=lambda r: int(r["id"]))
         handed = self._handed_over
         return [_item(r, handed.pop(r["guid"], None)) for r in rows]
@@ -238,12 +238,11 @@ class QueueMixin:
     async def next_wakeup(self) -> float | None:
         """When the next delivery this replica could claim becomes due."""
         at = time.time()
-        live = at - DEAD_AFTER
         me = self.replica_id
         row = await self.fetchone(
             "SELECT MIN(q.next_at) AS t FROM queue q WHERE q.state='pending'"
             " AND (q.lease_owner IS NULL OR q.lease_owner=? OR q.lease_owner NOT IN ("
-            + _LIVE + ")) AND NOT EXISTS (" + _HELD_BEHIND + ")", (me, live, at, me, live))
+            + _LIVE + ")) AND NOT EXISTS (" + _HELD_BEHIND + ")", (me, at, me))
         return float(row["t"]) if row and row["t"] is not None else None
 
     async def pending_count(self) -> int:

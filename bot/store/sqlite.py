@@ -148,6 +148,7 @@ class SqliteStore(Store):
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         db = await aiosqlite.connect(str(path))
         db.row_factory = aiosqlite.Row
+        await db.create_function("vm_now", 0, time.time)  # the store's clock (bot.store.db)
         await db.execute("PRAGMA journal_mode=WAL")
         await db.execute("PRAGMA synchronous=NORMAL")
         await db.execute("PRAGMA foreign_keys=ON")
