@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -17,11 +16,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.app.embedded import APP_EVENTS, APP_PERMISSIONS, APP_SLUG, _new_private_key
-from bot.office.config import load_office
-from bot.office.seed import seed_office
-from bot.office.source import CONFIG_PATH, CONFIG_REPO
 from localforge import LocalForge
+from tests.deployed import deploy
 
 VAULT = "acme/scout-vault"
 VAULTMAIL = str(Path(sys.executable).parent / "vaultmail")
@@ -65,26 +61,15 @@ class App:
 
 @pytest.fixture
 async def deployed(tmp_path: Path) -> AsyncIterator[tuple[LocalForge, App, dict[str, str]]]:
-    office = load_office()
-    forge = LocalForge()
-    await forge.start()
-    tokens = seed_office(forge, office)
-    from importlib import resources
-
-    forge.put_file(f"{office.org}/{CONFIG_REPO}", CONFIG_PATH,
-                   resources.files("bot").joinpath("example_office.yml").read_text())
-    pem = _new_private_key()
-    (tmp_path / "key.pem").write_text(pem)
-    secret, port = secrets.token_hex(20), _free_port()
+    port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    app_id = forge.register_app(slug=APP_SLUG, name="vaultmail", public_key_pem=pem,
-                                webhook_url=f"{url}/webhook", webhook_secret=secret,
-                                events=APP_EVENTS, permissions=APP_PERMISSIONS)
-    forge.install_app(app_id, office.org)  # its webhook fails: reconciliation brings it
-    env = {"GITHUB_API_URL": forge.url, "GITHUB_APP_ID": str(app_id),
-           "GITHUB_PRIVATE_KEY_PATH": str(tmp_path / "key.pem"),
-           "GITHUB_WEBHOOK_SECRET": secret, "VAULTMAIL_DATA": str(tmp_path / "data"),
-           "HOST": "127.0.0.1", "PORT": str(port), "VAULTMAIL_RECONCILE_SECONDS": "0.5"}
+    deployed = await deploy(f"{url}/webhook")
+    forge, tokens = deployed.forge, deployed.tokens
+    deployed.install()  # its webhook fails: reconciliation brings it
+    (tmp_path / "key.pem").write_text(deployed.pem)  # the key as a file, this time
+    env = {**deployed.env(str(tmp_path / "data")), "PORT": str(port),
+           "GITHUB_PRIVATE_KEY_PATH": str(tmp_path / "key.pem")}
+    del env["PRIVATE_KEY"]
     app = App(env, url)
     await app.start()  # makes the data directory, which `token create` then writes to
     made = await asyncio.create_subprocess_exec(

@@ -10,25 +10,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from bot.app.embedded import APP_EVENTS, APP_PERMISSIONS, APP_SLUG, _new_private_key
 from bot.app.replicas import Replica, free_port
-from bot.office.config import load_office
-from bot.office.seed import seed_office
-from bot.office.source import CONFIG_PATH, CONFIG_REPO
 from bot.store import ledger, open_store
 from localforge import LocalForge
 from tests import pg
+from tests.deployed import deploy
 
 SCOUT, BUILDER = "acme/scout-vault", "acme/builder-vault"
 SENDS, BY_HAND, REPLIES = 30, 6, 6
@@ -53,30 +48,18 @@ async def _vaultmail(env: dict[str, str], *args: str) -> tuple[int, str]:
 
 @pytest.fixture
 async def deployment(tmp_path: Path) -> AsyncIterator[Deployment]:
-    office = load_office()
-    forge = LocalForge()
-    await forge.start()
-    tokens = seed_office(forge, office)
-    forge.put_file(f"{office.org}/{CONFIG_REPO}", CONFIG_PATH,
-                   resources.files("bot").joinpath("example_office.yml").read_text())
-    pem = _new_private_key()
-    secret = secrets.token_hex(20)
     ports = [free_port() for _ in range(3)]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
-    app_id = forge.register_app(slug=APP_SLUG, name="vaultmail", public_key_pem=pem,
-                                webhook_url=f"{urls[0]}/webhook", webhook_secret=secret,
-                                events=APP_EVENTS, permissions=APP_PERMISSIONS)
+    deployed = await deploy(f"{urls[0]}/webhook")
+    forge, tokens = deployed.forge, deployed.tokens
     forge.balance(f"{urls[0]}/webhook", [f"{u}/webhook" for u in urls])  # a load balancer
     database_url = await pg.fresh_database()
-    env = {"GITHUB_API_URL": forge.url, "GITHUB_APP_ID": str(app_id),
-           "PRIVATE_KEY": pem.replace("\n", "\\n"), "GITHUB_WEBHOOK_SECRET": secret,
-           "VAULTMAIL_DATA": str(tmp_path / "data"), "DATABASE_URL": database_url,
-           "HOST": "127.0.0.1", "VAULTMAIL_RECONCILE_SECONDS": "0.5"}
+    env = {**deployed.env(str(tmp_path / "data")), "DATABASE_URL": database_url}
     replicas = [Replica(f"replica-{n + 1}", url,
                         {**env, "PORT": str(port), "REPLICA_ID": f"replica-{n + 1}"},
                         tmp_path / f"replica-{n + 1}.log")
                 for n, (port, url) in enumerate(zip(ports, urls, strict=True))]
-    forge.install_app(app_id, office.org)  # the replicas are not up: reconciliation brings it
+    deployed.install()  # the replicas are not up: reconciliation brings it
     await asyncio.gather(*(r.start() for r in replicas))
     code, out = await _vaultmail(env, "token", "create", "agent:builder")
     assert code == 0, out

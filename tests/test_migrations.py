@@ -1,0 +1,89 @@
+"""The index's schema history (bot/store/migrations.py) on both engines: an index left at
+version 1, the first release, with a delivery waiting in it, upgrades in place when the app
+opens it, keeps what it held, and records each version once, also when several replicas
+open it at the same moment."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from pathlib import Path
+
+import asyncpg
+
+from bot.store import open_store
+from bot.store.migrations import MIGRATIONS_TABLE, NAMES, migrations, postgres_column
+from bot.store.sql import ddl_to_postgres
+from bot.store.sqlite import _statements
+
+PAYLOAD = {"action": "opened", "issue": {"number": 1},
+           "repository": {"full_name": "acme/scout-vault"}}
+WAITING = ("INSERT INTO queue(guid, event, installation_id, issue_key, payload, next_at,"
+           " created_at) VALUES ('g-old', 'issues', 1, 'acme/scout-vault#1', ?, 0, 0)")
+
+
+def _version_one_sqlite(path: Path) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute(MIGRATIONS_TABLE)
+        [first] = [m for m in migrations() if m.version == 1]
+        for script in first.sqlite:
+            for statement in _statements(script):
+                conn.execute(statement)
+        for table, columns in first.columns.items():
+            have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+            for name, decl in columns.items():
+                if name not in have:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+        conn.execute("INSERT INTO schema_migrations VALUES (1, 'first', 0)")
+        conn.execute(WAITING, (json.dumps(PAYLOAD),))
+    finally:
+        conn.close()
+
+
+async def _version_one_postgres(url: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(ddl_to_postgres(MIGRATIONS_TABLE))
+        [first] = [m for m in migrations() if m.version == 1]
+        for script in first.postgres:
+            if script.strip():
+                await conn.execute(script)
+        for table, columns in first.columns.items():
+            for name, decl in columns.items():
+                await conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {name} "
+                                   f"{postgres_column(decl)}")
+        await conn.execute("INSERT INTO schema_migrations VALUES (1, 'first', 0)")
+        await conn.execute(WAITING.replace("?", "$1"), json.dumps(PAYLOAD))
+    finally:
+        await conn.close()
+
+
+async def test_an_index_at_the_first_release_upgrades_in_place_and_keeps_what_it_held(
+        tmp_path: Path, database_url: str) -> None:
+    target = database_url or str(tmp_path / "index.sqlite3")
+    if database_url:
+        await _version_one_postgres(database_url)
+    else:
+        _version_one_sqlite(tmp_path / "index.sqlite3")
+    # three replicas start at once: one applies what is missing, the others find it done
+    stores = await asyncio.gather(*(open_store(target) for _ in range(3)))
+    try:
+        store = stores[0]
+        rows = await store.fetchall("SELECT version, name FROM schema_migrations"
+                                    " ORDER BY version")
+        assert [r["version"] for r in rows] == sorted(NAMES), "each version recorded once"
+        assert rows[-1]["name"] == NAMES[max(NAMES)]
+        await store.join("replica-a")  # version 2's tables are there
+        [waiting] = await store.due_items(limit=10)  # the delivery left waiting is claimed
+        assert waiting.guid == "g-old" and waiting.payload == PAYLOAD
+        assert (await store.fetchone("SELECT lease_owner FROM queue"))["lease_owner"] == \
+            "replica-a"
+    finally:
+        await asyncio.gather(*(s.close() for s in stores))
+    again = await open_store(target)  # and opening an index already current changes nothing
+    try:
+        assert len(await again.fetchall("SELECT version FROM schema_migrations")) == len(NAMES)
+    finally:
+        await again.close()
