@@ -12,10 +12,8 @@ from pathlib import Path
 
 import asyncpg
 
-from bot.store import open_store
-from bot.store.migrations import MIGRATIONS_TABLE, NAMES, migrations, postgres_column
-from bot.store.sql import ddl_to_postgres
-from bot.store.sqlite import _statements
+from bot.store import open_store, postgres, sqlite
+from bot.store.migrations import NAMES
 
 PAYLOAD = {"action": "opened", "issue": {"number": 1},
            "repository": {"full_name": "acme/scout-vault"}}
@@ -24,37 +22,18 @@ WAITING = ("INSERT INTO queue(guid, event, installation_id, issue_key, payload, 
 
 
 def _version_one_sqlite(path: Path) -> None:
+    sqlite._migrate_file(str(path), upto=1)
     conn = sqlite3.connect(path, isolation_level=None)
     try:
-        conn.execute(MIGRATIONS_TABLE)
-        [first] = [m for m in migrations() if m.version == 1]
-        for script in first.sqlite:
-            for statement in _statements(script):
-                conn.execute(statement)
-        for table, columns in first.columns.items():
-            have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
-            for name, decl in columns.items():
-                if name not in have:
-                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
-        conn.execute("INSERT INTO schema_migrations VALUES (1, 'first', 0)")
         conn.execute(WAITING, (json.dumps(PAYLOAD),))
     finally:
         conn.close()
 
 
 async def _version_one_postgres(url: str) -> None:
+    await postgres._migrate(url, upto=1)
     conn = await asyncpg.connect(url)
     try:
-        await conn.execute(ddl_to_postgres(MIGRATIONS_TABLE))
-        [first] = [m for m in migrations() if m.version == 1]
-        for script in first.postgres:
-            if script.strip():
-                await conn.execute(script)
-        for table, columns in first.columns.items():
-            for name, decl in columns.items():
-                await conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {name} "
-                                   f"{postgres_column(decl)}")
-        await conn.execute("INSERT INTO schema_migrations VALUES (1, 'first', 0)")
         await conn.execute(WAITING.replace("?", "$1"), json.dumps(PAYLOAD))
     finally:
         await conn.close()

@@ -301,16 +301,17 @@ class PostgresStore(Store):
             self._on_broadcast([str(k) for k in message.get("keys", [])])
 
 
-async def _migrate(url: str) -> None:
-    """Every version not yet recorded, in order, each in a transaction, under an advisory lock
-    (replicas starting together: one applies, the others find it done)."""
+async def _migrate(url: str, upto: int | None = None) -> None:
+    """Every version not yet recorded (up to `upto`: an older release's index, for tests), in
+    order, each in a transaction, under an advisory lock (replicas starting together: one
+    applies, the others find it done)."""
     conn = await asyncpg.connect(url)
     try:
         await conn.execute("SELECT pg_advisory_lock($1)", MIGRATE_LOCK)
         await conn.execute(ddl_to_postgres(MIGRATIONS_TABLE))
         done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
         for m in migrations():
-            if m.version in done:
+            if m.version in done or (upto is not None and m.version > upto):
                 continue
             async with conn.transaction():
                 for script in m.postgres:

@@ -42,22 +42,23 @@ def _statements(script: str) -> list[str]:
     return out
 
 
-def _migrate_file(path: str) -> None:
+def _migrate_file(path: str, upto: int | None = None) -> None:
     conn = sqlite3.connect(path, timeout=30.0, isolation_level=None)
     try:
-        _migrate(conn)
+        _migrate(conn, upto)
     finally:
         conn.close()
 
 
-def _migrate(conn: sqlite3.Connection) -> None:
-    """Every version not yet recorded, in order, in one transaction under the write lock."""
+def _migrate(conn: sqlite3.Connection, upto: int | None = None) -> None:
+    """Every version not yet recorded (up to `upto`: an older release's index, for tests),
+    in order, in one transaction under the write lock."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         conn.execute(MIGRATIONS_TABLE)
         done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
         for m in migrations():
-            if m.version in done:
+            if m.version in done or (upto is not None and m.version > upto):
                 continue
             for script in m.sqlite:
                 for statement in _statements(script):
