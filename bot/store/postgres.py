@@ -227,12 +227,6 @@ class PostgresStore(Store):
                 raise RuntimeError(f"database is locked: another session has held vaultmail's "
                                    f"write lock for over {WRITE_LOCK_WAIT:.0f} s") from None
 
-    @asynccontextmanager
-    async def unserialised(self) -> AsyncIterator[Connection]:
-        """A transaction that takes no write lock: for writes that row locks keep safe."""
-        async with self._pool.acquire() as conn, conn.transaction():
-            yield Connection(conn, self._returning)
-
     async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[asyncpg.Record]:
         async with self._pool.acquire() as conn:
             return await Connection(conn, self._returning).fetchall(sql, params)
