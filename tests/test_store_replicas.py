@@ -165,3 +165,44 @@ async def test_a_replica_whose_clock_runs_ahead_takes_over_nothing_from_a_live_o
     assert [r["id"] for r in await b.live_replicas()] == ["replica-a", "replica-b"]
     assert not await b.is_leader()
     assert claimed.guid == "g1"
+
+
+async def test_a_woken_waiter_is_never_joined_by_a_newcomer(tmp_path: Any) -> None:
+    """The in-process lock of a key lives as long as anyone holds or waits for it: a holder
+    that lets go, touches a new key among thousands, and asks again queues behind the waiter
+    it woke, instead of finding the key forgotten and a fresh lock free."""
+    from bot.store import open_store
+
+    store = await open_store(tmp_path / "index.sqlite3")
+    inside, most = 0, 0
+    holding, go = asyncio.Event(), asyncio.Event()
+
+    async def enter(wait: asyncio.Event | None = None) -> None:
+        nonlocal inside, most
+        async with store.named_lock("mail-1"):
+            inside += 1
+            most = max(most, inside)
+            holding.set()
+            if wait is not None:
+                await wait.wait()
+            await asyncio.sleep(0)
+            inside -= 1
+
+    async def first() -> None:
+        await enter(go)
+        async with store.named_lock("fresh"):  # a new key, with thousands already seen
+            pass
+        await enter()  # asks again: behind the waiter it woke
+
+    try:
+        one = asyncio.create_task(first())
+        await holding.wait()
+        two = asyncio.create_task(enter())  # waits for mail-1
+        for n in range(10_000):  # keys used once and let go meanwhile
+            async with store.named_lock(f"other-{n}"):
+                pass
+        go.set()
+        await asyncio.gather(one, two)
+    finally:
+        await store.close()
+    assert most == 1, "two tasks held mail-1 at once"

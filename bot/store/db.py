@@ -98,7 +98,7 @@ class Store(QueueMixin, IdempotencyMixin):
         self._finishes_writer = None
         self._handed_over = {}
         self._running = {}
-        self._named: dict[str, asyncio.Lock] = {}
+        self._named: dict[str, tuple[asyncio.Lock, int]] = {}  # key -> lock, its users
         self.replica_id = new_replica_id()
 
     # -- one task at a time on a key ---------------------------------------------------------
@@ -110,14 +110,21 @@ class Store(QueueMixin, IdempotencyMixin):
         async with self._local_lock(key):
             yield
 
-    def _local_lock(self, key: str) -> asyncio.Lock:
-        lock = self._named.get(key)
-        if lock is None:
-            if len(self._named) > 10_000:  # drop idle locks; a held one is never dropped
-                for k in [k for k, v in self._named.items() if not v.locked()]:
-                    del self._named[k]
-            lock = self._named[key] = asyncio.Lock()
-        return lock
+    @asynccontextmanager
+    async def _local_lock(self, key: str) -> AsyncIterator[None]:
+        """This process's lock on `key`, forgotten when its last user (holder or waiter) is
+        done: never while a woken waiter has yet to run, which would let a newcomer in too."""
+        lock, users = self._named.get(key, (asyncio.Lock(), 0))
+        self._named[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._named[key]
+            if users == 1:
+                del self._named[key]
+            else:
+                self._named[key] = (lock, users - 1)
 
     # -- what each engine provides ---------------------------------------------------------
 

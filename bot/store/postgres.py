@@ -187,6 +187,7 @@ class PostgresStore(Store):
         # too), and so do they
         self._locker: asyncpg.Connection | None = None
         self._locker_turn = asyncio.Lock()  # one statement at a time on that session
+        self._letting_go: set[asyncio.Future[None]] = set()  # unlocks after a cancelled try
         self._on_broadcast: Callable[[list[str]], None] | None = None
 
     @classmethod
@@ -244,18 +245,39 @@ class PostgresStore(Store):
         it. Held on a session of its own, so a replica that dies lets go of them all."""
         async with self._local_lock(key):
             while True:
-                async with self._locker_turn:
-                    if self._locker is None or self._locker.is_closed():
-                        self._locker = await asyncpg.connect(self._url)
-                    session = self._locker
-                    if await session.fetchval("SELECT pg_try_advisory_lock($1, hashtext($2))",
-                                              NAMED_LOCKS, key):
-                        break
+                attempt = asyncio.ensure_future(self._try_lock(key))
+                try:
+                    session = await asyncio.shield(attempt)
+                except asyncio.CancelledError:
+                    # the database may grant it after all: let it go then, or it stays held
+                    attempt.add_done_callback(lambda done: self._let_go(done, key))
+                    raise
+                if session is not None:
+                    break
                 await asyncio.sleep(NAMED_LOCK_POLL)  # another replica holds it
             try:
                 yield
             finally:
                 await asyncio.shield(self._unlock(session, key))
+
+    async def _try_lock(self, key: str) -> asyncpg.Connection | None:
+        """The session now holding `key` for this replica, or None if another holds it."""
+        async with self._locker_turn:
+            if self._locker is None or self._locker.is_closed():
+                self._locker = await asyncpg.connect(self._url)
+            session = self._locker
+            got = await session.fetchval("SELECT pg_try_advisory_lock($1, hashtext($2))",
+                                         NAMED_LOCKS, key)
+            return session if got else None
+
+    def _let_go(self, attempt: asyncio.Future[asyncpg.Connection | None], key: str) -> None:
+        if attempt.cancelled() or attempt.exception() is not None:
+            return
+        session = attempt.result()
+        if session is not None:
+            task = asyncio.ensure_future(self._unlock(session, key))
+            self._letting_go.add(task)
+            task.add_done_callback(self._letting_go.discard)
 
     async def _unlock(self, session: asyncpg.Connection, key: str) -> None:
         async with self._locker_turn:
