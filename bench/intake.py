@@ -51,18 +51,25 @@ TARGET_P99 = 0.050
 
 # -- the load client (its own process) --------------------------------------------------------
 async def _load(spec: dict[str, Any]) -> dict[str, Any]:
-    body = json.dumps(spec["payload"]).encode()
-    signature = "sha256=" + hmac.new(spec["secret"].encode(), body, hashlib.sha256).hexdigest()
-    url, event = spec["url"], spec["event"]
+    """Signed deliveries of spec's payloads in turn, to its URLs in turn (a load balancer's
+    round robin: bench.replicas), fresh delivery ids."""
+    bodies = [json.dumps(p).encode() for p in spec["payloads"]]
+    signatures = ["sha256=" + hmac.new(spec["secret"].encode(), b, hashlib.sha256).hexdigest()
+                  for b in bodies]
+    urls, event = spec["urls"], spec["event"]
+    sent = 0
     latencies: list[float] = []
     statuses: dict[str, int] = {}
     remaining = spec["count"]
     connector = aiohttp.TCPConnector(limit=spec["concurrency"] or 500)
     async with aiohttp.ClientSession(connector=connector) as session:
         async def post() -> None:
+            nonlocal sent
+            url, body = urls[sent % len(urls)], bodies[sent % len(bodies)]
             headers = {"X-GitHub-Event": event, "X-GitHub-Delivery": str(uuid.uuid4()),
-                       "X-Hub-Signature-256": signature, "Content-Type": "application/json",
-                       "User-Agent": "GitHub-Hookshot/bench"}
+                       "X-Hub-Signature-256": signatures[sent % len(bodies)],
+                       "Content-Type": "application/json", "User-Agent": "GitHub-Hookshot/bench"}
+            sent += 1
             t = time.perf_counter()
             async with session.post(url, data=body, headers=headers) as resp:
                 await resp.read()
@@ -141,9 +148,9 @@ async def main(levels: list[tuple[str, int, float | None, int]]) -> None:
                 await asyncio.sleep(1.0)  # py-spy attached before the first POST
             start = time.perf_counter()
             result = await run_client("bench.intake", {
-                "url": embedded.app_url + "/webhook",
+                "urls": [embedded.app_url + "/webhook"],
                 "secret": embedded.services.settings.webhook_secret,
-                "event": event, "payload": issue if event == "issues" else PING,
+                "event": event, "payloads": [issue if event == "issues" else PING],
                 "concurrency": concurrency, "rate": rate, "count": count, "warmup": WARMUP})
             answered = time.perf_counter()
             if profiler is not None:  # py-spy writes its stacks on SIGINT

@@ -26,19 +26,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import hmac
-import json
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from bench.common import client_main, ms, percentile, run_client
+from bench.common import ms, percentile, run_client
 from bench.intake import _non_vault_payload
 from bot.app.embedded import Embedded, start_embedded
 from bot.app.replicas import start_replicas
@@ -46,45 +42,6 @@ from tests import pg
 
 IN_FLIGHT = 50
 WARMUP = 20
-
-
-async def _load(spec: dict[str, Any]) -> dict[str, Any]:
-    """The load client (its own process): deliveries to the replicas in turn."""
-    bodies = [json.dumps(p).encode() for p in spec["payloads"]]
-    signatures = ["sha256=" + hmac.new(spec["secret"].encode(), b, hashlib.sha256).hexdigest()
-                  for b in bodies]
-    urls: list[str] = spec["urls"]
-    latencies: list[float] = []
-    statuses: dict[str, int] = {}
-    remaining = spec["count"]
-    sent = 0
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=500)) as session:
-        async def post() -> None:
-            nonlocal sent
-            url, body = urls[sent % len(urls)], bodies[sent % len(bodies)]
-            headers = {"X-GitHub-Event": "issues", "X-GitHub-Delivery": str(uuid.uuid4()),
-                       "X-Hub-Signature-256": signatures[sent % len(bodies)],
-                       "Content-Type": "application/json"}
-            sent += 1
-            t = time.perf_counter()
-            async with session.post(url, data=body, headers=headers) as resp:
-                await resp.read()
-            latencies.append(time.perf_counter() - t)
-            statuses[str(resp.status)] = statuses.get(str(resp.status), 0) + 1
-
-        async def sender() -> None:
-            nonlocal remaining
-            while remaining > 0:
-                remaining -= 1
-                await post()
-
-        for _ in range(spec["warmup"]):
-            await post()
-        latencies.clear()
-        start = time.perf_counter()
-        await asyncio.gather(*(sender() for _ in range(spec["concurrency"])))
-        elapsed = time.perf_counter() - start
-    return {"latencies": latencies, "statuses": statuses, "elapsed": elapsed}
 
 
 async def _vault_payloads(embedded: Embedded, n: int) -> list[dict[str, Any]]:
@@ -141,8 +98,9 @@ async def _cell(cell: str, workload: str, limits_on: bool, count: int) -> list[s
         urls = [embedded.app_url + "/webhook", *(r.url + "/webhook" for r in others)]
         store = embedded.services.store
         start = time.perf_counter()
-        result = await run_client("bench.replicas", {
-            "urls": urls, "secret": embedded.services.settings.webhook_secret,
+        result = await run_client("bench.intake", {  # its load client, in its own process
+            "urls": urls, "event": "issues", "rate": None,
+            "secret": embedded.services.settings.webhook_secret,
             "payloads": payloads, "concurrency": IN_FLIGHT, "count": count, "warmup": WARMUP})
         for _ in range(12000):  # every replica's queue is the one table: until it is empty
             if not await store.pending_count():
@@ -184,14 +142,10 @@ async def main(workloads: list[str], cells: list[str], count: int, mails: int) -
 
 
 if __name__ == "__main__":
-    if "--client" in sys.argv:
-        client_main(_load)
-    else:
-        parser = argparse.ArgumentParser()
-        parser.add_argument("--count", type=int, default=1500)
-        parser.add_argument("--mails", type=int, default=200)
-        parser.add_argument("--cells", default="sqlite,1,2,4")
-        parser.add_argument("--workloads", default="intake,mail")
-        args = parser.parse_args()
-        asyncio.run(main(args.workloads.split(","), args.cells.split(","), args.count,
-                         args.mails))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--count", type=int, default=1500)
+    parser.add_argument("--mails", type=int, default=200)
+    parser.add_argument("--cells", default="sqlite,1,2,4")
+    parser.add_argument("--workloads", default="intake,mail")
+    args = parser.parse_args()
+    asyncio.run(main(args.workloads.split(","), args.cells.split(","), args.count, args.mails))

@@ -9,6 +9,7 @@ import os
 import socket
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, ClassVar
@@ -85,7 +86,7 @@ def new_replica_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class Store(QueueMixin, IdempotencyMixin):
+class Store(QueueMixin, IdempotencyMixin, ABC):
     """The index. Writes go through `transaction()` (serialised: one writer at a time across
     every replica), reads through `fetchone`/`fetchall`."""
 
@@ -128,17 +129,17 @@ class Store(QueueMixin, IdempotencyMixin):
 
     # -- what each engine provides ---------------------------------------------------------
 
-    def transaction(self) -> AbstractAsyncContextManager[Connection]:
-        raise NotImplementedError
+    @abstractmethod
+    def transaction(self) -> AbstractAsyncContextManager[Connection]: ...
 
-    async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[Row]:
-        raise NotImplementedError
+    @abstractmethod
+    async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[Row]: ...
 
-    async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> Row | None:
-        raise NotImplementedError
+    @abstractmethod
+    async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> Row | None: ...
 
-    async def close(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    async def close(self) -> None: ...
 
     async def check_writable(self) -> None:
         """Raises when the index cannot take a write (readiness): takes the write lock, then
