@@ -206,3 +206,26 @@ async def test_a_woken_waiter_is_never_joined_by_a_newcomer(tmp_path: Any) -> No
     finally:
         await store.close()
     assert most == 1, "two tasks held mail-1 at once"
+
+
+async def test_a_try_that_failed_on_one_live_replica_is_retried_on_another(
+        two_replicas: tuple[Store, Store]) -> None:
+    """A worker's try that failed (a forge 502) leaves its claim unfinished while its replica
+    lives on: the retry, claimed by another replica, takes the claim over and runs, instead of
+    waiting for a result that will never come."""
+    a, b = two_replicas
+
+    async def bad_gateway() -> dict[str, Any]:
+        raise RuntimeError("502 from the forge")
+
+    async def works() -> dict[str, Any]:
+        return {"mail": "m1"}
+
+    with pytest.raises(RuntimeError):
+        await a.once("forge", "acme/scout-vault#1:opened", "fp", bad_gateway)
+    await a.heartbeat()  # a lives on (for DEAD_AFTER from here)
+    retried = await asyncio.wait_for(  # bounded within a's life: before the fix b waited on
+        b.once("forge", "acme/scout-vault#1:opened", "fp", works), timeout=DEAD_AFTER / 2)
+    assert retried == {"mail": "m1"}
+    assert await a.once("forge", "acme/scout-vault#1:opened", "fp", bad_gateway) == \
+        {"mail": "m1"}, "done once: a later try gets the result"

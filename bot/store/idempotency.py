@@ -144,13 +144,19 @@ class IdempotencyMixin:
         try:
             with counting_writes() as made:
                 result = await work()
-        except VaultmailError:
-            # refused before any forge write, on the key's first try: free again (a try that
-            # resumed one may follow an earlier try's writes, so its refusal keeps the claim)
-            if made[0] == 0 and row is None:
-                async with self.transaction() as db:
+        except Exception as exc:  # (cancelled: the replica is stopping; its claims go with it)
+            async with self.transaction() as db:
+                if isinstance(exc, VaultmailError) and made[0] == 0 and row is None:
+                    # refused before any forge write, on the key's first try: free again (a
+                    # try that resumed one may follow an earlier try's writes: it keeps it)
                     await db.execute("DELETE FROM idempotency WHERE scope=? AND key=?"
                                      " AND result IS NULL", slot)
+                else:
+                    # unfinished, and no one at work on it: the next try, on any replica,
+                    # takes it over (as from a dead replica) instead of waiting for a result
+                    await db.execute("UPDATE idempotency SET owner=NULL WHERE scope=? AND"
+                                     " key=? AND result IS NULL AND owner=?",
+                                     (scope, key, self.replica_id))
             raise
         finally:
             _resumed.reset(token)
