@@ -229,3 +229,12 @@ async def test_a_try_that_failed_on_one_live_replica_is_retried_on_another(
     assert retried == {"mail": "m1"}
     assert await a.once("forge", "acme/scout-vault#1:opened", "fp", bad_gateway) == \
         {"mail": "m1"}, "done once: a later try gets the result"
+
+
+async def test_a_replica_beats_while_another_holds_the_write_lock(
+        two_replicas: tuple[Store, Store]) -> None:
+    """Heartbeats take no turn at the write lock: b holding it (a long reindex) does not keep
+    a from saying it is alive, so a is not taken for dead and robbed of its work."""
+    a, b = two_replicas
+    async with b.transaction():  # b holds the write lock across every replica
+        await asyncio.wait_for(a.heartbeat(), timeout=DEAD_AFTER / 2)

@@ -170,8 +170,15 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
             await db.execute("UPDATE queue SET lease_owner=NULL WHERE lease_owner=?"
                              " AND state='pending'", (self.replica_id,))
 
+    def unserialised(self) -> AbstractAsyncContextManager[Connection]:
+        """A transaction for a write that needs no turn among the others (SQLite: it takes one
+        anyway; there is only one writer)."""
+        return self.transaction()
+
     async def heartbeat(self) -> None:
-        async with self.transaction() as db:
+        # not behind the write lock: a transaction that holds it longer than DEAD_AFTER (a
+        # reindex) must not make every other replica look dead
+        async with self.unserialised() as db:
             cur = await db.execute("UPDATE replicas SET seen_at=vm_now() WHERE id=?",
                                    (self.replica_id,))
             if cur.rowcount == 0:  # declared dead meanwhile (a long pause): alive again

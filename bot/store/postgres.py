@@ -214,6 +214,12 @@ class PostgresStore(Store):
             await conn.execute("SELECT pg_advisory_xact_lock($1)", WRITE_LOCK)
             yield Connection(conn, self._returning)
 
+    @asynccontextmanager
+    async def unserialised(self) -> AsyncIterator[Connection]:
+        """A transaction that takes no write lock: for a write that needs no turn."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            yield Connection(conn, self._returning)
+
     async def check_writable(self) -> None:
         """Raises when no write could be made now: the database is read-only (a standby), or
         another session has held the write lock for longer than a probe waits."""
