@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -96,6 +97,7 @@ async def test_a_delivery_waits_behind_an_earlier_one_about_its_issue_waiting_to
             assert await store.enqueue_delivery(guid, "issues", payload, b"{}")
         first = await store.next_due()
         assert first is not None and first.guid == "a1"
+        [first] = await store.due_items(limit=1)  # (a delivery is failed by who claimed it)
         await store.fail(first.id, "502", time.time() + 60)  # a1 waits a minute to retry
         due = [i.guid for i in await store.due_items(limit=10)]
         assert due == ["b1", "p"], "a2 waits behind a1; other issues go on"
@@ -185,5 +187,35 @@ async def test_the_wal_is_checkpointed_in_the_background_not_in_a_commit(
             await asyncio.wait_for(checkpointer.checkpointed.wait(), 10)
         assert path.stat().st_size > 20 * 20_000
         assert checkpointer.checkpoints >= 1
+    finally:
+        await store.close()
+
+
+async def test_a_writer_cancelled_as_its_transaction_begins_leaves_the_next_one_a_clean_start(
+        tmp_path: Path, database_url: str) -> None:
+    # a stop cancels the worker and the heartbeat wherever they are: one cancelled while the
+    # database was still beginning its transaction must not leave that transaction open
+    # behind a released lock (the next writer failed: "cannot start a transaction within a
+    # transaction")
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    try:
+        entered = asyncio.Event()
+
+        async def write() -> None:
+            async with store.transaction() as db:
+                entered.set()
+                await db.execute("SELECT 1")
+
+        for _ in range(3):  # cancelled at its first await: the BEGIN on its way
+            task = asyncio.create_task(write())
+            await asyncio.sleep(0)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        assert not entered.is_set()
+        assert await store.enqueue_delivery("g", "ping", {}, b"{}")
+        async with store.transaction() as db:
+            await db.execute("SELECT 1")
+        assert await store.pending_count() == 1
     finally:
         await store.close()

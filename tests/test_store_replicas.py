@@ -238,3 +238,26 @@ async def test_a_replica_beats_while_another_holds_the_write_lock(
     a, b = two_replicas
     async with b.transaction():  # b holds the write lock across every replica
         await asyncio.wait_for(a.heartbeat(), timeout=DEAD_AFTER / 2)
+
+
+async def test_a_replica_taken_for_dead_cannot_finish_or_fail_what_another_took_over(
+        two_replicas: tuple[Store, Store]) -> None:
+    """Fencing: a replica that stalled past DEAD_AFTER (taken for dead, its delivery taken
+    over) and then wakes may not mark done, dead or due again what another replica now runs."""
+    a, b = two_replicas
+    assert await a.enqueue_delivery("g1", "issues", *_issue(1, "opened"))
+    assert await a.enqueue_delivery("g2", "issues", *_issue(2, "opened"))
+    first, second = await a.due_items(limit=10)
+    await _silence(b, "replica-a")  # a stalls: b takes both over
+    assert [i.guid for i in await b.due_items(limit=10)] == ["g1", "g2"]
+    await a.finish(first.id)  # a wakes and finishes late
+    await a.fail(second.id, "502", None)  # ... or gives up late
+    rows = {r["guid"]: (r["state"], r["lease_owner"]) for r in
+            await b.fetchall("SELECT guid, state, lease_owner FROM queue")}
+    assert rows == {"g1": ("pending", "replica-b"), "g2": ("pending", "replica-b")}
+    await b.fail(first.id, "502", time.time() + 60)  # b's own word counts
+    await b.finish(second.id)
+    await a.finish(first.id)  # and a's late word about a retry b scheduled does not
+    rows = {r["guid"]: (r["state"], r["lease_owner"]) for r in
+            await b.fetchall("SELECT guid, state, lease_owner FROM queue")}
+    assert rows == {"g1": ("pending", None), "g2": ("done", None)}

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+log = logging.getLogger("vaultmail.queue")
 DEAD_AFTER = 5.0  # seconds without a heartbeat after which a replica's claims are free
 
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
-
 
 
 BATCH = 500  # deliveries written in one transaction at most
@@ -99,6 +100,10 @@ _LIVE = f"SELECT id FROM replicas WHERE seen_at>vm_now()-{DEAD_AFTER}"
 _HELD_BEHIND = ("SELECT 1 FROM queue p WHERE p.state='pending' AND p.id<q.id"
                 " AND p.issue_key=q.issue_key AND (p.next_at>? OR (p.lease_owner<>?"
                 " AND p.lease_owner IN (" + _LIVE + ")))")
+# Fencing: a delivery is finished or failed only by the replica that holds its claim. One
+# taken for dead (stalled past DEAD_AFTER) whose delivery another replica took over may not
+# mark it done, dead or due again under that replica.
+_OURS = "state='pending' AND lease_owner=?"
 _CLAIMABLE = ("q.state='pending' AND q.next_at<=? AND (q.lease_owner IS NULL"
               " OR q.lease_owner=? OR q.lease_owner NOT IN (" + _LIVE + "))"
               " AND NOT EXISTS (" + _HELD_BEHIND + ")")
@@ -271,8 +276,9 @@ class QueueMixin:
                         now = time.time()
                         await db.executemany(
                             "UPDATE queue SET state=?, finished_at=?, lease_owner=NULL"
-                            " WHERE id=?",
-                            [(state, now, item_id) for item_id, state, _ in batch])
+                            " WHERE id=? AND " + _OURS,
+                            [(state, now, item_id, self.replica_id)
+                             for item_id, state, _ in batch])
                 except Exception as exc:  # the worker retries its store calls
                     for _, _, done in batch or self._finishes[:]:
                         if not done.done():
@@ -290,11 +296,14 @@ class QueueMixin:
         """Count a failed attempt; with no retry time the item becomes a dead letter."""
         state = "pending" if retry_at is not None else "dead"
         async with self.transaction() as db:
-            await db.execute(
+            cur = await db.execute(
                 "UPDATE queue SET attempts=attempts+1, last_error=?, state=?, next_at=?,"
-                " lease_owner=NULL WHERE id=?",
-                (error[:2000], state, retry_at or time.time(), item_id),
+                " lease_owner=NULL WHERE id=? AND " + _OURS,
+                (error[:2000], state, retry_at or time.time(), item_id, self.replica_id),
             )
+            if cur.rowcount == 0:
+                log.warning("delivery %d was taken over by another replica meanwhile: its"
+                            " failure here is not recorded", item_id)
 
     async def dead_letters(self) -> list[QueueItem]:
         rows = await self.fetchall("SELECT * FROM queue WHERE state='dead' ORDER BY id")

@@ -183,7 +183,17 @@ class SqliteStore(Store):
     async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
         """Serialised write transaction: commit on success, roll back on error."""
         async with self._lock:
-            await self._db.execute("BEGIN IMMEDIATE")
+            # the BEGIN runs to its end in the connection's thread even if this task is
+            # cancelled meanwhile: then undo it before the lock goes, or the next writer finds
+            # a transaction already open
+            begin = asyncio.ensure_future(self._db.execute("BEGIN IMMEDIATE"))
+            try:
+                await asyncio.shield(begin)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await begin
+                    await self._db.rollback()
+                raise
             try:
                 yield self._db
             except BaseException:
