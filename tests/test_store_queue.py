@@ -219,3 +219,23 @@ async def test_a_writer_cancelled_as_its_transaction_begins_leaves_the_next_one_
         assert await store.pending_count() == 1
     finally:
         await store.close()
+
+
+async def test_a_delivery_held_when_the_app_crashed_runs_alone_after_the_restart(
+        tmp_path: Path) -> None:
+    store = await open_store(tmp_path / "index.sqlite3")
+    await store.join(sole=True)
+    for guid in ("g1", "g2"):
+        assert await store.enqueue_delivery(guid, "ping", {}, b"{}")
+    assert len(await store.due_items(limit=10)) == 2
+    await store.close()  # crashed: never left
+    store = await open_store(tmp_path / "index.sqlite3")
+    try:
+        await store.join(sole=True)
+        [first] = await store.due_items(limit=10)
+        assert (first.guid, first.takeovers) == ("g1", 1)
+        await store.finish(first.id)
+        [second] = await store.due_items(limit=10)
+        assert (second.guid, second.takeovers) == ("g2", 1)
+    finally:
+        await store.close()

@@ -71,6 +71,9 @@ CREATE TABLE IF NOT EXISTS replicas (
 """, version=2)
 register_columns("queue", {"lease_owner": "TEXT"}, version=2)
 register_columns("idempotency", {"owner": "TEXT"}, version=2)
+# how often a replica stopped (died, or was taken for dead) while it held the delivery: see
+# bot.store.queue, suspects and poison
+register_columns("queue", {"takeovers": "INTEGER NOT NULL DEFAULT 0"}, version=3)
 
 # Heartbeats and liveness go by the database's clock, vm_now() (SQLite: the one host's),
 # so replicas on hosts whose clocks disagree still agree on who is alive.
@@ -160,15 +163,17 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
         if replica_id:
             self.replica_id = replica_id
         async with self.transaction() as db:
+            # a claim still held at a start was held by a process that stopped without
+            # leaving (a crash): counted as a takeover
             if sole:
                 await db.execute("DELETE FROM replicas WHERE id<>?", (self.replica_id,))
-                await db.execute("UPDATE queue SET lease_owner=NULL WHERE state='pending'"
-                                 " AND lease_owner IS NOT NULL")
+                await db.execute("UPDATE queue SET lease_owner=NULL, takeovers=takeovers+1"
+                                 " WHERE state='pending' AND lease_owner IS NOT NULL")
             await db.execute("DELETE FROM replicas WHERE id=?", (self.replica_id,))
             await db.execute("INSERT INTO replicas(id, url, started_at, seen_at)"
                              " VALUES (?,?,vm_now(),vm_now())", (self.replica_id, url))
-            await db.execute("UPDATE queue SET lease_owner=NULL WHERE lease_owner=?"
-                             " AND state='pending'", (self.replica_id,))
+            await db.execute("UPDATE queue SET lease_owner=NULL, takeovers=takeovers+1"
+                             " WHERE lease_owner=? AND state='pending'", (self.replica_id,))
 
     def unserialised(self) -> AbstractAsyncContextManager[Connection]:
         """A transaction for a write that needs no turn among the others (SQLite: it takes one

@@ -75,6 +75,7 @@ class QueueItem:
     attempts: int
     state: str
     last_error: str | None
+    takeovers: int = 0
 
 
 def _item(row: Any, parsed: dict[str, Any] | None = None) -> QueueItem:
@@ -87,6 +88,7 @@ def _item(row: Any, parsed: dict[str, Any] | None = None) -> QueueItem:
         attempts=row["attempts"],
         state=row["state"],
         last_error=row["last_error"],
+        takeovers=row["takeovers"],
     )
 
 
@@ -107,6 +109,38 @@ _OURS = "state='pending' AND lease_owner=?"
 _CLAIMABLE = ("q.state='pending' AND q.next_at<=? AND (q.lease_owner IS NULL"
               " OR q.lease_owner=? OR q.lease_owner NOT IN (" + _LIVE + "))"
               " AND NOT EXISTS (" + _HELD_BEHIND + ")")
+
+
+# Suspects and poison. A delivery that a replica held when it stopped (killed, crashed, or
+# taken for dead) may be what stopped it: an input that exhausts memory or crashes a parser
+# would otherwise be taken over and stop replica after replica for ever. Such a suspect runs
+# alone: a claim ends just before it, or holds it and nothing else, so the deliveries that
+# merely shared its batch run on and only the culprit keeps being counted. A delivery held
+# POISON_AFTER times by a replica that stopped becomes a dead letter instead of being run.
+POISON_AFTER = 3
+
+
+async def _set_suspects_apart(db: Any, rows: list[Any]) -> list[Any]:
+    """Of a claim's rows (in order), what this replica may run now; dead-letters poison and
+    lets go of the rest."""
+    for row in [r for r in rows if r["takeovers"] >= POISON_AFTER]:
+        await db.execute(
+            "UPDATE queue SET state='dead', lease_owner=NULL, last_error=? WHERE id=?",
+            (f"a replica stopped {row['takeovers']} times while it held this delivery (one"
+             " that crashes the app or exhausts its memory?): not run again; fix the cause,"
+             " then `vaultmail dead-letters --replay`", row["id"]))
+        log.error("dead letter: replicas stopped %d times holding it", row["takeovers"],
+                  extra={"delivery_id": row["guid"]})
+    rows = [r for r in rows if r["takeovers"] < POISON_AFTER]
+    first = next((n for n, r in enumerate(rows) if r["takeovers"] > 0), None)
+    if first is None:
+        return rows
+    keep, rest = (rows[:1], rows[1:]) if first == 0 else (rows[:first], rows[first:])
+    if rest:
+        marks = ",".join("?" for _ in rest)
+        await db.execute(f"UPDATE queue SET lease_owner=NULL WHERE id IN ({marks})",
+                         tuple(r["id"] for r in rest))
+    return keep
 
 
 class QueueMixin:
@@ -226,11 +260,14 @@ class QueueMixin:
         What the claim holds is let go by `finish`, `fail` or `release`."""
         at = time.time() if now is None else now
         me = self.replica_id
-        async with self.transaction() as db, db.execute(
-                "UPDATE queue SET lease_owner=? WHERE id IN (SELECT q.id FROM queue q"
-                " WHERE " + _CLAIMABLE + " ORDER BY q.id LIMIT ? /*SKIP LOCKED OF q*/)"
-                " RETURNING *", (me, at, me, at, me, limit)) as cur:
-            rows = sorted(await cur.fetchall(), key=lambda r: int(r["id"]))
+        async with self.transaction() as db:
+            async with db.execute(
+                    "UPDATE queue SET takeovers=takeovers+(CASE WHEN lease_owner IS NULL OR"
+                    " lease_owner=? THEN 0 ELSE 1 END), lease_owner=? WHERE id IN (SELECT q.id"
+                    " FROM queue q WHERE " + _CLAIMABLE + " ORDER BY q.id LIMIT ?"
+                    " /*SKIP LOCKED OF q*/) RETURNING *", (me, me, at, me, at, me, limit)) as cur:
+                rows = sorted(await cur.fetchall(), key=lambda r: int(r["id"]))
+            rows = await _set_suspects_apart(db, rows)
         handed = self._handed_over
         return [_item(r, handed.pop(r["guid"], None)) for r in rows]
 
@@ -315,7 +352,8 @@ class QueueMixin:
             "state='dead' AND id=?", (item_id,))
         async with self.transaction() as db:
             cur = await db.execute(
-                f"UPDATE queue SET state='pending', attempts=0, next_at=? WHERE {where}",
+                "UPDATE queue SET state='pending', attempts=0, takeovers=0, next_at=?"
+                f" WHERE {where}",
                 (time.time(), *params),
             )
             return int(cur.rowcount)
