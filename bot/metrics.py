@@ -26,7 +26,8 @@ REGISTRY = CollectorRegistry()
 DELIVERIES = Counter(
     "vaultmail_deliveries_total",
     "Webhook deliveries by event and outcome (received, handled, ignored, retried, dead, "
-    "redelivered: a delivery id already recorded)",
+    "redelivered: a delivery id already recorded; superseded: taken over by another replica "
+    "before this one recorded its outcome)",
     ["event", "outcome"], registry=REGISTRY)
 HANDLER_SECONDS = Histogram(
     "vaultmail_handler_seconds", "Time to handle one delivery, by event", ["event"],

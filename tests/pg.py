@@ -7,6 +7,7 @@ user (made if missing). The server is tuned for throwaway data (no fsync)."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import glob
 import itertools
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import tempfile
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -105,4 +107,20 @@ async def drop_database(url: str) -> None:
     try:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
+        await admin.close()
+
+
+@contextlib.asynccontextmanager
+async def outage(url: str) -> AsyncIterator[None]:
+    """The database at `url` goes away, as in a restart or a failover: every session is cut
+    and no new one is let in, until the block ends."""
+    name = url.rsplit("/", 1)[1]
+    admin = await asyncpg.connect(cluster_url())
+    try:
+        await admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
+        await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                            " WHERE datname=$1 AND pid<>pg_backend_pid()", name)
+        yield
+    finally:
+        await admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
         await admin.close()

@@ -6,6 +6,10 @@ the app's tool endpoint with their API tokens.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -93,3 +97,14 @@ def check_output(name: str, result: Any) -> None:
     assert error is None, (f"{name}: the result does not match its output schema "
                            f"(bot/tools/outputs.py): {error.message} at "
                            f"{list(error.absolute_path)}")
+
+
+async def until(what: Callable[[], Awaitable[bool] | bool], timeout: float = 10.0) -> None:
+    """Wait for a condition the app reaches by itself (a failed attempt recorded)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = what()
+        if await seen if inspect.isawaitable(seen) else seen:
+            return
+        assert time.monotonic() < deadline, "the condition never came true"
+        await asyncio.sleep(0.01)

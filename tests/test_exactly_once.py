@@ -11,9 +11,8 @@ import dataclasses
 import hashlib
 import hmac
 import json
-import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,20 +28,12 @@ from bot.errors import InvalidArguments
 from bot.forge import writes
 from bot.store import QueueItem, idempotency, open_store
 from tests.items_support import make_item, where
-from tests.support import Actor, label_names
+from tests.support import Actor, label_names, until
 
 SCOUT_VAULT = "acme/scout-vault"
 BUILDER_VAULT = "acme/builder-vault"
 ISSUE = "/repos/{owner}/{repo}/issues/{issue_number}"
 COMMENTS = "/repos/{owner}/{repo}/issues/{issue_number}/comments"
-
-
-async def until(what: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
-    """Wait for a condition the app reaches by itself (a failed attempt recorded)."""
-    deadline = time.monotonic() + timeout
-    while not await what():
-        assert time.monotonic() < deadline, "the condition never came true"
-        await asyncio.sleep(0.01)
 
 
 def short_forge_retries(embedded: Embedded, attempts: int = 2) -> None:

@@ -16,10 +16,13 @@ from bot.store.queue import DEAD_AFTER
 
 
 async def _silence(store: Store, replica: str) -> None:
-    """As if `replica` had stopped beating DEAD_AFTER seconds ago (killed)."""
+    """As if `replica` had stopped beating over DEAD_AFTER seconds ago (killed) while the
+    others beat on."""
     async with store.transaction() as db:
         await db.execute("UPDATE replicas SET seen_at=? WHERE id=?",
                          (time.time() - DEAD_AFTER - 1, replica))
+        await db.execute("UPDATE replicas SET steady_since=steady_since-? WHERE id<>?",
+                         (DEAD_AFTER + 2, replica))
 
 
 def _issue(n: int, action: str) -> tuple[dict[str, Any], bytes]:
@@ -42,7 +45,7 @@ async def test_one_issues_deliveries_never_run_on_two_replicas_and_a_dead_ones_p
     await _silence(b, "replica-a")  # a is killed: what it claimed is b's to take, each alone
     [g1] = await b.due_items(limit=10)  # (one may be what killed it: see suspects, below)
     assert g1.guid == "g1"
-    await b.finish(g1.id)
+    await b.finish(g1)
     assert [i.guid for i in await b.due_items(limit=10)] == ["g2"]
     assert not await a.is_leader() and await b.is_leader()
 
@@ -252,16 +255,18 @@ async def test_a_replica_taken_for_dead_cannot_finish_or_fail_what_another_took_
     assert await a.enqueue_delivery("g2", "issues", *_issue(2, "opened"))
     first, second = await a.due_items(limit=10)
     await _silence(b, "replica-a")  # a stalls: b takes them over (one at a time)
-    assert [i.guid for i in await b.due_items(limit=10)] == ["g1"]
-    await a.finish(first.id)  # a wakes and finishes late
-    await a.fail(second.id, "502", None)  # ... or gives up late
+    [b_first] = await b.due_items(limit=10)
+    assert b_first.guid == "g1"
+    assert not await a.finish(first), "a wakes and finishes late: not recorded"
+    assert not await a.fail(second, "502", None), "... or gives up late"
     rows = {r["guid"]: (r["state"], r["lease_owner"]) for r in
             await b.fetchall("SELECT guid, state, lease_owner FROM queue")}
     assert rows == {"g1": ("pending", "replica-b"), "g2": ("pending", None)}
-    await b.fail(first.id, "502", time.time() + 60)  # b's own word counts
-    assert [i.guid for i in await b.due_items(limit=10)] == ["g2"]
-    await b.finish(second.id)
-    await a.finish(first.id)  # and a's late word about a retry b scheduled does not
+    assert await b.fail(b_first, "502", time.time() + 60), "b's own word counts"
+    [b_second] = await b.due_items(limit=10)
+    assert b_second.guid == "g2"
+    assert await b.finish(b_second)
+    assert not await a.finish(first), "nor a's late word about a retry b scheduled"
     rows = {r["guid"]: (r["state"], r["lease_owner"]) for r in
             await b.fetchall("SELECT guid, state, lease_owner FROM queue")}
     assert rows == {"g1": ("pending", None), "g2": ("done", None)}
@@ -290,10 +295,10 @@ async def test_deliveries_a_stopped_replica_held_run_alone_and_one_that_keeps_st
     [dead] = await b.dead_letters()
     assert dead.guid == "g1" and dead.last_error is not None
     assert "stopped 3 times" in dead.last_error and "--replay" in dead.last_error
-    await b.finish(g2.id)
+    await b.finish(g2)
     [g3] = await b.due_items(limit=10)
     assert g3.guid == "g3"
-    await b.finish(g3.id)
+    await b.finish(g3)
     assert await b.replay(dead.id) == 1  # an operator fixed the cause: it runs, uncounted
     [replayed] = await b.due_items(limit=10)
     assert (replayed.guid, replayed.takeovers) == ("g1", 0)
@@ -304,11 +309,50 @@ async def test_a_claim_ends_just_before_a_suspect(two_replicas: tuple[Store, Sto
     for n in (1, 2, 3):
         assert await a.enqueue_delivery(f"g{n}", "issues", *_issue(n, "opened"))
     [g1] = await b.due_items(limit=1)
-    await b.fail(g1.id, "502", time.time() + 60)  # g1 waits to retry; a claims g2, g3
+    await b.fail(g1, "502", time.time() + 60)  # g1 waits to retry; a claims g2, g3
     assert [i.guid for i in await a.due_items(limit=10)] == ["g2", "g3"]
     await _silence(b, "replica-a")
     later = time.time() + 61
-    assert [i.guid for i in await b.due_items(limit=10, now=later)] == ["g1"]
-    await b.finish(g1.id)
+    [retried] = await b.due_items(limit=10, now=later)
+    assert retried.guid == "g1"
+    assert await b.finish(retried)
     assert [(i.guid, i.takeovers) for i in await b.due_items(limit=10, now=later)] == \
         [("g2", 1)]
+
+
+async def test_the_old_process_of_a_replica_restarted_under_its_id_cannot_finish_its_claims(
+        two_replicas: tuple[Store, Store]) -> None:
+    """Fencing is by claim, not by name: replica-a hangs, is restarted under the same
+    REPLICA_ID and claims the delivery again; the hung process's late word is not recorded
+    (it would have let the delivery be claimed again while the new process runs it)."""
+    from bot.store import open_store
+
+    a, b = two_replicas
+    assert await a.enqueue_delivery("g1", "issues", *_issue(1, "opened"))
+    [old] = await a.due_items(limit=10)
+    restarted = await open_store(a._url)  # noqa: SLF001 - the same database
+    try:
+        await restarted.join("replica-a")
+        [new] = await restarted.due_items(limit=10)
+        assert new.guid == "g1" and new.lease != old.lease
+        assert not await a.fail(old, "502", time.time()), "the hung process's word"
+        assert await b.due_items(limit=10) == [], "still the new process's alone"
+        assert await restarted.finish(new)
+    finally:
+        await restarted.close()
+
+
+async def test_after_a_database_outage_what_is_taken_over_is_not_counted_against_it(
+        two_replicas: tuple[Store, Store]) -> None:
+    """Nobody could beat while the database was away, so to the first replica back every
+    other looks dead: it takes their claims over (fencing keeps that safe) but does not count
+    them as stopped, or healthy deliveries would become dead letters after a few outages."""
+    a, b = two_replicas
+    assert await a.enqueue_delivery("g1", "issues", *_issue(1, "opened"))
+    [held] = await a.due_items(limit=10)
+    async with b.transaction() as db:  # DEAD_AFTER + 1 s without a beat from anyone
+        await db.execute("UPDATE replicas SET seen_at=seen_at-?", (DEAD_AFTER + 1,))
+    await b.heartbeat()  # b is back first
+    [taken] = await b.due_items(limit=10)
+    assert (taken.guid, taken.takeovers) == ("g1", 0)
+    assert not await a.finish(held), "a, back too, finds it taken over"

@@ -56,6 +56,11 @@ class Notifier:
             for event in self._waiting.pop(principal, ()):
                 event.set()
 
+    def wake_everyone(self) -> None:
+        """Wake every wait here (wake-ups from other replicas may have been missed: each
+        looks again)."""
+        self.wake(list(self._waiting))
+
     async def wait(self, principal: str, timeout: float) -> bool:
         """True when woken by something new, False on timeout (or cancellation upstream)."""
         return await self.wait_any([principal], timeout)

@@ -27,7 +27,7 @@ class Presence:
         # one process owns a SQLite index: whatever an earlier run held is free at once
         await store.join(replica_id, url, sole=store.engine == "sqlite")
         if isinstance(store, PostgresStore):
-            await store.listen(self.notifier.wake)
+            await store.listen(self.notifier.wake, self.notifier.wake_everyone)
             self.notifier.publish = store.broadcast
             # (SQLite: one process, nobody to tell it is alive, and no write lock to take
             # every second)

@@ -34,6 +34,7 @@ log = logging.getLogger("vaultmail.worker")
 BATCH = 64  # due deliveries taken at a time
 IDLE_LOOK = 5.0  # seconds at most between looks at an idle queue (SQLite: one process)
 SHARED_IDLE_LOOK = 0.5  # ... shared with other replicas (PostgreSQL)
+STORE_RETRY, STORE_RETRY_MAX = 0.5, 5.0  # seconds between tries while the index is away
 
 
 def issue_key(item: QueueItem) -> str | None:
@@ -88,27 +89,46 @@ class Worker:
         raise TimeoutError("worker still busy")
 
     async def _run(self) -> None:
-        store = self.store
+        pause = STORE_RETRY
         while True:
-            items = await store.due_items(limit=BATCH)
-            if not items:
-                if self._stopping:
+            try:
+                if await self._turn():
                     return
-                self._idle.set()
-                wakeup = await store.next_wakeup()
-                # other replicas' work frees deliveries without waking this one: look often
-                longest = IDLE_LOOK if store.engine == "sqlite" else SHARED_IDLE_LOOK
-                delay = longest if wakeup is None else max(0.0, min(longest,
-                                                                    wakeup - time.time()))
+                pause = STORE_RETRY
+            except Exception as exc:  # the database is away (a restart, a failover): go on
+                if self._stopping:
+                    return  # (what this replica holds is taken over once it is gone)
+                log.warning("worker could not reach the index; trying again in %.1fs: %r",
+                            pause, exc)
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
-                continue
-            self._idle.clear()
-            self._cut_short = False
+                    await asyncio.wait_for(self._wake.wait(), pause)
+                pause = min(STORE_RETRY_MAX, pause * 2)
+
+    async def _turn(self) -> bool:
+        """Claim and run one batch, or wait for work; True once stopping with nothing due."""
+        store = self.store
+        items = await store.due_items(limit=BATCH)
+        if not items:
+            if self._stopping:
+                return True
+            self._idle.set()
+            wakeup = await store.next_wakeup()
+            # other replicas' work frees deliveries without waking this one: look often
+            longest = IDLE_LOOK if store.engine == "sqlite" else SHARED_IDLE_LOOK
+            delay = longest if wakeup is None else max(0.0, min(longest, wakeup - time.time()))
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+            return False
+        self._idle.clear()
+        self._cut_short = False
+        try:
             await self._run_batch(items)
+        finally:
             if self._cut_short:  # deliveries left behind a retry: others may claim them
                 await store.release()
+        return False
 
     async def _run_batch(self, items: list[QueueItem]) -> None:
         groups: dict[str, list[QueueItem]] = {}
@@ -163,14 +183,13 @@ class Worker:
         """Handle one delivery; True when it is finished (done, ignored or dead), False when
         it waits for a retry. Whatever fails, a malformed payload included, fails this
         delivery alone and counts an attempt."""
-        store = self.store
         started = time.perf_counter()
         try:
             own = self.is_own_event(item.payload)
             router = self.own_router if own else self.router
             event = sansio.Event(item.payload, event=item.event, delivery_id=item.guid)
             if not router.fetch(event):  # ping, meta, events no handler wants, the app's own
-                await store.finish(item.id, "ignored")
+                await self._finish(item, "ignored")
                 metrics.DELIVERIES.labels(event=item.event, outcome="ignored").inc()
                 if own:
                     logger.debug("ignored: caused by the app itself")
@@ -178,7 +197,7 @@ class Worker:
             try:
                 ctx = self.make_context(item, logger)
             except LookupError as exc:  # no installation to act through: nothing can be done
-                await store.fail(item.id, repr(exc), None)
+                await self._fail(item, repr(exc), None)
                 metrics.DELIVERIES.labels(event=item.event, outcome="dead").inc()
                 logger.error("dead letter: %s", exc)
                 return True
@@ -186,26 +205,36 @@ class Worker:
         except Exception as exc:  # a handler failed: retry later, then dead-letter
             attempt = item.attempts + 1
             if attempt >= self.max_attempts:
-                await store.fail(item.id, repr(exc), None)
+                await self._fail(item, repr(exc), None)
                 metrics.DELIVERIES.labels(event=item.event, outcome="dead").inc()
                 logger.error("dead letter after %d attempts: %r", attempt, exc)
                 return True
             metrics.DELIVERIES.labels(event=item.event, outcome="retried").inc()
             delay = self.base_backoff * 2 ** (attempt - 1) * (0.5 + random.random())
-            await store.fail(item.id, repr(exc), time.time() + delay)
+            await self._fail(item, repr(exc), time.time() + delay)
             logger.warning("handler failed (attempt %d), retry in %.1fs: %r",
                            attempt, delay, exc)
             return False
         if first != item.guid:  # the same forge change, delivered again under a new id
-            await store.finish(item.id, "ignored")
+            await self._finish(item, "ignored")
             metrics.DELIVERIES.labels(event=item.event, outcome="ignored").inc()
             logger.info("ignored: already handled as delivery %s", first)
             return True
-        await store.finish(item.id)
+        await self._finish(item)
         metrics.HANDLER_SECONDS.labels(event=item.event).observe(time.perf_counter() - started)
         metrics.DELIVERIES.labels(event=item.event, outcome="handled").inc()
         logger.info("handled")
         return True
+
+    # A delivery's outcome is recorded only under the claim it ran under: one taken over
+    # meanwhile (this replica was taken for dead) is the other replica's to finish.
+    async def _finish(self, item: QueueItem, state: str = "done") -> None:
+        if not await self.store.finish(item, state):
+            _superseded(item)
+
+    async def _fail(self, item: QueueItem, error: str, retry_at: float | None) -> None:
+        if not await self.store.fail(item, error, retry_at):
+            _superseded(item)
 
     async def _dispatch_once(self, item: QueueItem, router: Router, event: sansio.Event,
                              ctx: HandlerContext) -> str:
@@ -223,3 +252,10 @@ class Worker:
 
         done = await self.store.once("forge", key, "", handle)
         return str(done["delivery"])
+
+
+def _superseded(item: QueueItem) -> None:
+    metrics.DELIVERIES.labels(event=item.event, outcome="superseded").inc()
+    log.warning("outcome not recorded: another replica took the delivery over meanwhile"
+                " (this one was taken for dead) and runs it again", extra={
+                    "delivery_id": item.guid})

@@ -71,9 +71,12 @@ CREATE TABLE IF NOT EXISTS replicas (
 """, version=2)
 register_columns("queue", {"lease_owner": "TEXT"}, version=2)
 register_columns("idempotency", {"owner": "TEXT"}, version=2)
-# how often a replica stopped (died, or was taken for dead) while it held the delivery: see
-# bot.store.queue, suspects and poison
-register_columns("queue", {"takeovers": "INTEGER NOT NULL DEFAULT 0"}, version=3)
+# how often a replica stopped (died, or was taken for dead) while it held the delivery, the
+# number of its latest claim, and since when a replica has beaten without a gap: see
+# bot.store.queue, suspects and poison, and fencing
+register_columns("queue", {"takeovers": "INTEGER NOT NULL DEFAULT 0",
+                           "lease_seq": "INTEGER NOT NULL DEFAULT 0"}, version=3)
+register_columns("replicas", {"steady_since": "REAL"}, version=3)
 
 # Heartbeats and liveness go by the database's clock, vm_now() (SQLite: the one host's),
 # so replicas on hosts whose clocks disagree still agree on who is alive.
@@ -83,6 +86,7 @@ CREATE OR REPLACE FUNCTION vm_now() RETURNS double precision
 """, version=2)
 
 HEARTBEAT = 1.0  # seconds between a replica's heartbeats (DEAD_AFTER: bot.store.queue)
+STEADY_GAP = 2.5 * HEARTBEAT  # a longer silence between two beats is a gap in them
 
 
 def new_replica_id() -> str:
@@ -170,8 +174,8 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
                 await db.execute("UPDATE queue SET lease_owner=NULL, takeovers=takeovers+1"
                                  " WHERE state='pending' AND lease_owner IS NOT NULL")
             await db.execute("DELETE FROM replicas WHERE id=?", (self.replica_id,))
-            await db.execute("INSERT INTO replicas(id, url, started_at, seen_at)"
-                             " VALUES (?,?,vm_now(),vm_now())", (self.replica_id, url))
+            await db.execute("INSERT INTO replicas(id, url, started_at, seen_at, steady_since)"
+                             " VALUES (?,?,vm_now(),vm_now(),vm_now())", (self.replica_id, url))
             await db.execute("UPDATE queue SET lease_owner=NULL, takeovers=takeovers+1"
                              " WHERE lease_owner=? AND state='pending'", (self.replica_id,))
 
@@ -184,11 +188,16 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
         # not behind the write lock: a transaction that holds it longer than DEAD_AFTER (a
         # reindex) must not make every other replica look dead
         async with self.unserialised() as db:
-            cur = await db.execute("UPDATE replicas SET seen_at=vm_now() WHERE id=?",
-                                   (self.replica_id,))
+            # a beat after a gap (the database was away, or this process stalled) starts its
+            # steady time again (see bot.store.queue: who counts a takeover)
+            cur = await db.execute(
+                "UPDATE replicas SET steady_since=CASE WHEN seen_at<vm_now()-? THEN vm_now()"
+                " ELSE steady_since END, seen_at=vm_now() WHERE id=?",
+                (STEADY_GAP, self.replica_id))
             if cur.rowcount == 0:  # declared dead meanwhile (a long pause): alive again
-                await db.execute("INSERT INTO replicas(id, url, started_at, seen_at)"
-                                 " VALUES (?,?,vm_now(),vm_now())", (self.replica_id, None))
+                await db.execute("INSERT INTO replicas(id, url, started_at, seen_at,"
+                                 " steady_since) VALUES (?,?,vm_now(),vm_now(),vm_now())",
+                                 (self.replica_id, None))
 
     async def leave(self) -> None:
         """On a clean stop: what this replica held is free at once."""

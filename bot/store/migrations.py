@@ -24,8 +24,9 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 NAMES = {
     1: "the index as first released: mails, comments, queue, ledger, tokens, console",
     2: "replicas: heartbeats, queue leases, idempotency owners, the shared write budget",
-    3: "queue takeovers: deliveries a stopped replica held are counted, run alone, and"
-       " dead-lettered once they have stopped replicas too often",
+    3: "queue takeovers and claim numbers: deliveries a stopped replica held are counted,"
+       " run alone, and dead-lettered once they have stopped replicas too often; a delivery"
+       " is finished only under its latest claim",
 }
 
 

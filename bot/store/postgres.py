@@ -189,6 +189,9 @@ class PostgresStore(Store):
         self._locker_turn = asyncio.Lock()  # one statement at a time on that session
         self._letting_go: set[asyncio.Future[None]] = set()  # unlocks after a cancelled try
         self._on_broadcast: Callable[[list[str]], None] | None = None
+        self._on_gap: Callable[[], None] | None = None
+        self._relisten: asyncio.Future[None] | None = None  # while the listener reconnects
+        self._closing = False
 
     @classmethod
     async def open(cls, url: str, min_size: int = 2, max_size: int = 20) -> PostgresStore:
@@ -198,6 +201,9 @@ class PostgresStore(Store):
         return cls(url, pool)
 
     async def close(self) -> None:
+        self._closing = True
+        if self._relisten is not None:
+            self._relisten.cancel()
         for conn in (self._listener, self._locker):
             if conn is not None:
                 with contextlib.suppress(Exception):
@@ -308,11 +314,42 @@ class PostgresStore(Store):
                     payload = json.dumps({"from": self.replica_id, "keys": chunk})
                     await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, payload)
 
-    async def listen(self, on_keys: Callable[[list[str]], None]) -> None:
-        """Call `on_keys` with what other replicas broadcast, from now on."""
+    async def listen(self, on_keys: Callable[[list[str]], None],
+                     on_gap: Callable[[], None] | None = None) -> None:
+        """Call `on_keys` with what other replicas broadcast, from now on. Should the session
+        that listens be cut (a database restart), it is opened again, and `on_gap` is called
+        once it is: what was broadcast meanwhile was not heard."""
         self._on_broadcast = on_keys
-        self._listener = await asyncpg.connect(self._url)
-        await self._listener.add_listener(CHANNEL, self._heard)
+        self._on_gap = on_gap
+        await self._open_listener()
+
+    async def _open_listener(self) -> None:
+        conn = await asyncpg.connect(self._url)
+        await conn.add_listener(CHANNEL, self._heard)
+        conn.add_termination_listener(self._listener_cut)
+        self._listener = conn
+
+    def _listener_cut(self, _conn: object) -> None:
+        if not self._closing and self._relisten is None:
+            self._relisten = asyncio.ensure_future(self._listen_again())
+
+    async def _listen_again(self) -> None:
+        pause = 0.2
+        try:
+            while not self._closing:
+                try:
+                    await self._open_listener()
+                except (OSError, asyncpg.PostgresError) as exc:
+                    log.warning("cannot listen for other replicas' wake-ups; trying again in"
+                                " %.1fs: %r", pause, exc)
+                    await asyncio.sleep(pause)
+                    pause = min(5.0, pause * 2)
+                    continue
+                if self._on_gap is not None:
+                    self._on_gap()
+                return
+        finally:
+            self._relisten = None
 
     def _heard(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         try:

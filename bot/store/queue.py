@@ -76,6 +76,7 @@ class QueueItem:
     state: str
     last_error: str | None
     takeovers: int = 0
+    lease: int = 0  # the claim it was taken under (its fencing token)
 
 
 def _item(row: Any, parsed: dict[str, Any] | None = None) -> QueueItem:
@@ -89,6 +90,7 @@ def _item(row: Any, parsed: dict[str, Any] | None = None) -> QueueItem:
         state=row["state"],
         last_error=row["last_error"],
         takeovers=row["takeovers"],
+        lease=row["lease_seq"],
     )
 
 
@@ -102,10 +104,11 @@ _LIVE = f"SELECT id FROM replicas WHERE seen_at>vm_now()-{DEAD_AFTER}"
 _HELD_BEHIND = ("SELECT 1 FROM queue p WHERE p.state='pending' AND p.id<q.id"
                 " AND p.issue_key=q.issue_key AND (p.next_at>? OR (p.lease_owner<>?"
                 " AND p.lease_owner IN (" + _LIVE + ")))")
-# Fencing: a delivery is finished or failed only by the replica that holds its claim. One
-# taken for dead (stalled past DEAD_AFTER) whose delivery another replica took over may not
-# mark it done, dead or due again under that replica.
-_OURS = "state='pending' AND lease_owner=?"
+# Fencing: a delivery is finished or failed only under the claim it was run under: by the
+# replica holding it, and by that claim (each claim numbers it anew, `lease_seq`). A replica
+# taken for dead (stalled past DEAD_AFTER), or the old process of one restarted under its id,
+# may not mark done, dead or due again what has been claimed since.
+_OURS = "state='pending' AND lease_owner=? AND lease_seq=?"
 _CLAIMABLE = ("q.state='pending' AND q.next_at<=? AND (q.lease_owner IS NULL"
               " OR q.lease_owner=? OR q.lease_owner NOT IN (" + _LIVE + "))"
               " AND NOT EXISTS (" + _HELD_BEHIND + ")")
@@ -118,6 +121,13 @@ _CLAIMABLE = ("q.state='pending' AND q.next_at<=? AND (q.lease_owner IS NULL"
 # merely shared its batch run on and only the culprit keeps being counted. A delivery held
 # POISON_AFTER times by a replica that stopped becomes a dead letter instead of being run.
 POISON_AFTER = 3
+# A takeover counts only when its holder went silent while the claimer beat on without a gap
+# (or the holder's row is gone): had the holder been alive it could have beaten too. After a
+# database outage every replica looks dead to whoever claims first; none of that is counted.
+_STOPPED_HOLDER = (
+    "lease_owner IS NOT NULL AND lease_owner<>? AND (NOT EXISTS (SELECT 1 FROM replicas h"
+    " WHERE h.id=queue.lease_owner) OR (SELECT me.steady_since FROM replicas me WHERE"
+    " me.id=?) < (SELECT h.seen_at FROM replicas h WHERE h.id=queue.lease_owner))")
 
 
 async def _set_suspects_apart(db: Any, rows: list[Any]) -> list[Any]:
@@ -125,7 +135,8 @@ async def _set_suspects_apart(db: Any, rows: list[Any]) -> list[Any]:
     lets go of the rest."""
     for row in [r for r in rows if r["takeovers"] >= POISON_AFTER]:
         await db.execute(
-            "UPDATE queue SET state='dead', lease_owner=NULL, last_error=? WHERE id=?",
+            "UPDATE queue SET state='dead', lease_owner=NULL, finished_at=vm_now(),"
+            " last_error=? WHERE id=?",
             (f"a replica stopped {row['takeovers']} times while it held this delivery (one"
              " that crashes the app or exhausts its memory?): not run again; fix the cause,"
              " then `vaultmail dead-letters --replay`", row["id"]))
@@ -148,7 +159,7 @@ class QueueMixin:
 
     _arrivals: list[_Arrival]  # deliveries waiting for the next group commit
     _arrivals_writer: asyncio.Task[None] | None  # the one task committing them, while any wait
-    _finishes: list[tuple[int, str, asyncio.Future[None]]]  # finished deliveries, likewise
+    _finishes: list[tuple[QueueItem, str, asyncio.Future[bool]]]  # finished deliveries, too
     _finishes_writer: asyncio.Task[None] | None
     _handed_over: dict[str, dict[str, Any]]  # delivery id -> payload intake parsed
     replica_id: str
@@ -262,10 +273,12 @@ class QueueMixin:
         me = self.replica_id
         async with self.transaction() as db:
             async with db.execute(
-                    "UPDATE queue SET takeovers=takeovers+(CASE WHEN lease_owner IS NULL OR"
-                    " lease_owner=? THEN 0 ELSE 1 END), lease_owner=? WHERE id IN (SELECT q.id"
+                    "UPDATE queue SET takeovers=takeovers+(CASE WHEN " + _STOPPED_HOLDER +
+                    " THEN 1 ELSE 0 END), lease_owner=?, lease_seq=lease_seq+1"
+                    " WHERE id IN (SELECT q.id"
                     " FROM queue q WHERE " + _CLAIMABLE + " ORDER BY q.id LIMIT ?"
-                    " /*SKIP LOCKED OF q*/) RETURNING *", (me, me, at, me, at, me, limit)) as cur:
+                    " /*SKIP LOCKED OF q*/) RETURNING *",
+                    (me, me, me, at, me, at, me, limit)) as cur:
                 rows = sorted(await cur.fetchall(), key=lambda r: int(r["id"]))
             rows = await _set_suspects_apart(db, rows)
         handed = self._handed_over
@@ -291,31 +304,35 @@ class QueueMixin:
         row = await self.fetchone("SELECT COUNT(*) AS n FROM queue WHERE state='pending'")
         return int(row["n"]) if row else 0
 
-    async def finish(self, item_id: int, state: str = "done") -> None:
-        """Mark a delivery finished; returns once that is committed. Finishes made together
-        (the worker runs several deliveries side by side) share one transaction, so they take
-        the write lock once, not once each, and intake's group commits wait less for it."""
+    async def finish(self, item: QueueItem, state: str = "done") -> bool:
+        """Mark a delivery finished; returns once that is committed, False when its claim was
+        no longer this replica's (taken over meanwhile: the outcome here is not recorded).
+        Finishes made together (the worker runs several deliveries side by side) share one
+        transaction, so they take the write lock once, not once each, and intake's group
+        commits wait less for it."""
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        self._finishes.append((item_id, state, done))
+        done: asyncio.Future[bool] = loop.create_future()
+        self._finishes.append((item, state, done))
         if self._finishes_writer is None:
             self._finishes_writer = loop.create_task(self._write_finishes())
-        await done
+        return await done
 
     async def _write_finishes(self) -> None:
         try:
             await asyncio.sleep(0)  # let finishes made together join the first batch
             while self._finishes:
-                batch: list[tuple[int, str, asyncio.Future[None]]] = []
+                batch: list[tuple[QueueItem, str, asyncio.Future[bool]]] = []
+                recorded: list[bool] = []
                 try:
                     async with self.transaction() as db:
                         batch, self._finishes[:] = self._finishes[:BATCH], self._finishes[BATCH:]
                         now = time.time()
-                        await db.executemany(
-                            "UPDATE queue SET state=?, finished_at=?, lease_owner=NULL"
-                            " WHERE id=? AND " + _OURS,
-                            [(state, now, item_id, self.replica_id)
-                             for item_id, state, _ in batch])
+                        for item, state, _ in batch:
+                            cur = await db.execute(
+                                "UPDATE queue SET state=?, finished_at=?, lease_owner=NULL"
+                                " WHERE id=? AND " + _OURS,
+                                (state, now, item.id, self.replica_id, item.lease))
+                            recorded.append(cur.rowcount == 1)
                 except Exception as exc:  # the worker retries its store calls
                     for _, _, done in batch or self._finishes[:]:
                         if not done.done():
@@ -323,24 +340,25 @@ class QueueMixin:
                     if not batch:
                         self._finishes.clear()
                     continue
-                for _, _, done in batch:
+                for (_, _, done), ok in zip(batch, recorded, strict=True):
                     if not done.done():
-                        done.set_result(None)
+                        done.set_result(ok)
         finally:
             self._finishes_writer = None
 
-    async def fail(self, item_id: int, error: str, retry_at: float | None) -> None:
-        """Count a failed attempt; with no retry time the item becomes a dead letter."""
+    async def fail(self, item: QueueItem, error: str, retry_at: float | None) -> bool:
+        """Count a failed attempt; with no retry time the item becomes a dead letter. False
+        when its claim was no longer this replica's (nothing is recorded then)."""
         state = "pending" if retry_at is not None else "dead"
         async with self.transaction() as db:
             cur = await db.execute(
                 "UPDATE queue SET attempts=attempts+1, last_error=?, state=?, next_at=?,"
-                " lease_owner=NULL WHERE id=? AND " + _OURS,
-                (error[:2000], state, retry_at or time.time(), item_id, self.replica_id),
+                " finished_at=?, lease_owner=NULL WHERE id=? AND " + _OURS,
+                (error[:2000], state, retry_at or time.time(),
+                 None if retry_at is not None else time.time(), item.id, self.replica_id,
+                 item.lease),
             )
-            if cur.rowcount == 0:
-                log.warning("delivery %d was taken over by another replica meanwhile: its"
-                            " failure here is not recorded", item_id)
+            return bool(cur.rowcount == 1)
 
     async def dead_letters(self) -> list[QueueItem]:
         rows = await self.fetchall("SELECT * FROM queue WHERE state='dead' ORDER BY id")

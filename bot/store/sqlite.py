@@ -190,9 +190,7 @@ class SqliteStore(Store):
             try:
                 await asyncio.shield(begin)
             except asyncio.CancelledError:
-                with contextlib.suppress(Exception):
-                    await begin
-                    await self._db.rollback()
+                await _unbegin(self._db, begin)
                 raise
             try:
                 yield self._db
@@ -241,6 +239,22 @@ class SqliteStore(Store):
     @staticmethod
     def now() -> float:
         return time.time()
+
+
+async def _unbegin(db: aiosqlite.Connection, begin: asyncio.Future[Any]) -> None:
+    """Undo a BEGIN its task was cancelled during: wait for it to end in the connection's
+    thread and roll back, whatever further cancels arrive meanwhile (the caller re-raises)."""
+    while not begin.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([begin])
+    if begin.cancelled() or begin.exception() is not None:
+        return  # no transaction began
+    undo = asyncio.ensure_future(db.rollback())
+    while not undo.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([undo])
+    if not undo.cancelled():
+        undo.exception()  # (retrieved: a failed rollback has no one else to tell)
 
 
 READ_BATCH = 256  # reads in one hop at most: a write queued behind waits for no more

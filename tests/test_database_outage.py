@@ -1,0 +1,61 @@
+"""Replicas on PostgreSQL through a database restart or failover: every session is cut and no
+new one is let in for a while (tests/pg.py:outage). A replica rides it out: its worker keeps
+trying, its listener for the other replicas' wake-ups opens again, and mail sent once the
+database is back is handled."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from bot.app.embedded import Embedded, start_embedded
+from bot.store import Store
+from tests import pg
+from tests.support import Actor, label_names, until
+
+SCOUT_VAULT = "acme/scout-vault"
+
+
+@pytest.fixture
+async def on_postgresql(tmp_path: Path) -> AsyncIterator[tuple[Embedded, str]]:
+    url = await pg.fresh_database()
+    emb = await start_embedded(data_dir=tmp_path, port=0, forge_port=0, database_url=url)
+    try:
+        yield emb, url
+    finally:
+        await emb.stop()
+        await pg.drop_database(url)
+
+
+async def test_mail_sent_after_a_database_restart_is_handled(
+        on_postgresql: tuple[Embedded, str], caplog: pytest.LogCaptureFixture) -> None:
+    emb, url = on_postgresql
+    caplog.set_level(logging.WARNING, logger="vaultmail.replica")
+    async with pg.outage(url):
+        # two heartbeats fail, a second apart: the worker, which looks for work every half
+        # second, has found the database away too (it used to end there)
+        await until(lambda: sum("heartbeat failed" in r.getMessage()
+                                for r in caplog.records) >= 2, timeout=30)
+    async with aiohttp.ClientSession() as session:
+        marco = Actor(session, emb, "marco")
+        issue = await marco.open_issue(SCOUT_VAULT, "After the restart", "Still there?")
+        await emb.settle()
+        assert label_names(await marco.issue(SCOUT_VAULT, issue["number"])) == ["mail:new"]
+
+
+async def test_a_replica_hears_the_others_again_after_a_database_restart(
+        two_replicas: tuple[Store, Store]) -> None:
+    a, b = two_replicas
+    heard: list[str] = []
+    reopened = asyncio.Event()
+    await a.listen(heard.extend, reopened.set)  # type: ignore[attr-defined]
+    async with pg.outage(a._url):  # type: ignore[attr-defined]  # noqa: SLF001
+        pass
+    await asyncio.wait_for(reopened.wait(), 30)  # (long polls were woken to look again)
+    await b.broadcast(["agent:scout"])  # type: ignore[attr-defined]
+    await until(lambda: heard == ["agent:scout"])
