@@ -187,3 +187,33 @@ async def _mail_rows(store: Any) -> list[tuple[Any, ...]]:
 
 async def _at_least(items: dict[int, Any], n: int) -> bool:
     return len(items) >= n
+
+
+async def test_a_second_process_under_a_replicas_id_exits_saying_why(tmp_path: Path) -> None:
+    """An operator who copies a replica's settings, REPLICA_ID included, gets a process that
+    exits 1 saying what to do, not one that shares the first one's claims."""
+    port = free_port()
+    deployed = await deploy(f"http://127.0.0.1:{port}/webhook")
+    database_url = await pg.fresh_database()
+    env = {**deployed.env(str(tmp_path / "data")), "DATABASE_URL": database_url,
+           "REPLICA_ID": "replica-1"}
+    first = Replica("replica-1", f"http://127.0.0.1:{port}", {**env, "PORT": str(port)},
+                    tmp_path / "replica-1.log")
+    copy: asyncio.subprocess.Process | None = None
+    try:
+        await first.start()
+        copy = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot.cli.main", "serve",
+            env={**os.environ, **env, "PORT": str(free_port())},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(copy.communicate(), 60)
+        assert copy.returncode == 1, out.decode()
+        assert "REPLICA_ID 'replica-1' is in use" in out.decode().splitlines()[-1]
+        await first.until_ready()  # the first goes on
+    finally:
+        if copy is not None and copy.returncode is None:
+            copy.kill()
+            await copy.wait()
+        await first.kill()
+        await deployed.forge.stop()
+        await pg.drop_database(database_url)

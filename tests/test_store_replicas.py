@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bot.store.db import Store
+from bot.store.db import HEARTBEAT, ReplicaIdInUse, ReplicaIdTaken, Store
 from bot.store.queue import DEAD_AFTER
 
 
@@ -356,3 +356,58 @@ async def test_after_a_database_outage_what_is_taken_over_is_not_counted_against
     [taken] = await b.due_items(limit=10)
     assert (taken.guid, taken.takeovers) == ("g1", 0)
     assert not await a.finish(held), "a, back too, finds it taken over"
+
+
+async def _beating(store: Store) -> asyncio.Task[None]:
+    """`store`'s process alive: it beats every HEARTBEAT, as bot.app.replica does."""
+    async def beat() -> None:
+        while True:
+            await store.heartbeat()
+            await asyncio.sleep(HEARTBEAT)
+    return asyncio.create_task(beat())
+
+
+async def test_a_second_process_under_a_live_replicas_id_is_refused(
+        two_replicas: tuple[Store, Store]) -> None:
+    """Two processes under one REPLICA_ID would share each other's claims: the second is
+    refused at its start, with what to do, while the first beats."""
+    from bot.store import open_store
+
+    a, _ = two_replicas
+    beats = await _beating(a)
+    copy = await open_store(a._url)  # noqa: SLF001 - the same database
+    try:
+        with pytest.raises(ReplicaIdInUse, match="REPLICA_ID 'replica-a' is in use.*own"):
+            await copy.join("replica-a")
+        assert [r["id"] for r in await a.live_replicas()] == ["replica-a", "replica-b"]
+        await a.heartbeat()  # a goes on as it was
+    finally:
+        beats.cancel()
+        await copy.close()
+
+
+async def test_a_replica_restarted_under_its_id_takes_its_place_and_the_stalled_one_retires(
+        two_replicas: tuple[Store, Store]) -> None:
+    """replica-a stops beating (hung, or killed a moment ago) and is started again under its
+    id: the new process takes its place and what it held; should the old one wake, it finds
+    its id taken and claims, leads and lets go of nothing any more."""
+    from bot.store import open_store
+
+    a, _ = two_replicas
+    assert await a.enqueue_delivery("g1", "issues", *_issue(1, "opened"))
+    [old] = await a.due_items(limit=10)
+    restarted = await open_store(a._url)  # noqa: SLF001 - the same database
+    try:
+        await restarted.join("replica-a")  # a does not beat: after a look, it goes on
+        [new] = await restarted.due_items(limit=10)
+        assert new.guid == "g1"
+        with pytest.raises(ReplicaIdTaken):
+            await a.heartbeat()  # the old process wakes
+        assert a.retired is not None and "claims no more work" in a.retired
+        assert await a.due_items(limit=10) == [] and not await a.is_leader()
+        assert not await a.finish(old)
+        await a.leave()  # a stop of the old process lets go of nothing of the new one's
+        assert "replica-a" in [r["id"] for r in await restarted.live_replicas()]
+        assert await restarted.finish(new)
+    finally:
+        await restarted.close()

@@ -10,7 +10,7 @@ import logging
 
 from bot.app.notify import Notifier
 from bot.store import Store
-from bot.store.db import HEARTBEAT
+from bot.store.db import HEARTBEAT, ReplicaIdTaken
 from bot.store.postgres import PostgresStore
 
 log = logging.getLogger("vaultmail.replica")
@@ -39,6 +39,10 @@ class Presence:
             await asyncio.sleep(HEARTBEAT)
             try:
                 await self.store.heartbeat()
+            except ReplicaIdTaken as exc:  # not ready from now on: see bot.app.web, readyz
+                log.error("replica retired: %s", exc,
+                          extra={"replica": self.store.replica_id})
+                return
             except Exception as exc:  # the database is away: the next beat tries again
                 log.warning("heartbeat failed: %r", exc)
 

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -73,6 +74,8 @@ async def readyz(request: web.Request) -> web.Response:
             checks[name] = {"ok": False, "detail": str(exc) or type(exc).__name__}
 
     async def database() -> str:
+        if services.store.retired is not None:
+            raise RuntimeError(services.store.retired)
         if services.store.engine == "sqlite":  # the file, on a connection of its own
             await asyncio.to_thread(health.take_write_lock, services.settings.db_path,
                                     WRITE_LOCK_WAIT)
@@ -199,6 +202,9 @@ class Startup:
         self.error: str | None = None
         self.ready = asyncio.Event()
         self.stopping_since: float | None = None  # (monotonic) when shutdown began
+        # a start that cannot go on (not a forge it keeps trying: a REPLICA_ID another live
+        # process uses, say): `serve` exits with `error`
+        self.failed = asyncio.Event()
 
 
 # SIGTERM to the end of the worker's drain, at most; what is left of an orchestrator's grace
@@ -221,6 +227,14 @@ async def until_started(request: web.Request, handler: Handler) -> web.StreamRes
             f"vaultmail is starting: the forge is not reachable yet ({startup.error}); "
             "it keeps trying, see /readyz")}}, status=503, headers={"Retry-After": "5"})
     return await handler(request)
+
+
+def _report_failed_start(startup: Startup, task: asyncio.Task[None]) -> None:
+    if task.cancelled() or task.exception() is None:
+        return
+    startup.error = f"start failed: {task.exception()}"
+    log.error("start failed: %s", task.exception(), exc_info=task.exception())
+    startup.failed.set()
 
 
 def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Application:
@@ -294,6 +308,7 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
                 yield
             else:
                 task = asyncio.create_task(start(session), name="vaultmail-connect")
+                task.add_done_callback(partial(_report_failed_start, startup))
                 yield
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)

@@ -64,7 +64,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from bot.app.setup import add_registered_pages, serve_until_registered
-    from bot.app.web import create_app
+    from bot.app.web import STARTUP_KEY, create_app
 
     sock: socket.socket | None = None
     try:
@@ -87,10 +87,16 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     await web.SockSite(runner, sock).start()
     stop = stop_signal()
     print(f"vaultmail serving on http://{settings.host}:{sock.getsockname()[1]}", flush=True)
+    failed = app[STARTUP_KEY].failed
     try:
-        await stop.wait()
+        await asyncio.wait([asyncio.ensure_future(stop.wait()),
+                            asyncio.ensure_future(failed.wait())],
+                           return_when=asyncio.FIRST_COMPLETED)
     finally:
         await runner.cleanup()
+    if failed.is_set():
+        print(f"vaultmail: {app[STARTUP_KEY].error}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

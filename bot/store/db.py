@@ -72,11 +72,11 @@ CREATE TABLE IF NOT EXISTS replicas (
 register_columns("queue", {"lease_owner": "TEXT"}, version=2)
 register_columns("idempotency", {"owner": "TEXT"}, version=2)
 # how often a replica stopped (died, or was taken for dead) while it held the delivery, the
-# number of its latest claim, and since when a replica has beaten without a gap: see
-# bot.store.queue, suspects and poison, and fencing
+# number of its latest claim, since when a replica has beaten without a gap (see
+# bot.store.queue, suspects and poison, and fencing), and which process holds a replica id
 register_columns("queue", {"takeovers": "INTEGER NOT NULL DEFAULT 0",
                            "lease_seq": "INTEGER NOT NULL DEFAULT 0"}, version=3)
-register_columns("replicas", {"steady_since": "REAL"}, version=3)
+register_columns("replicas", {"steady_since": "REAL", "incarnation": "TEXT"}, version=3)
 
 # Heartbeats and liveness go by the database's clock, vm_now() (SQLite: the one host's),
 # so replicas on hosts whose clocks disagree still agree on who is alive.
@@ -87,6 +87,16 @@ CREATE OR REPLACE FUNCTION vm_now() RETURNS double precision
 
 HEARTBEAT = 1.0  # seconds between a replica's heartbeats (DEAD_AFTER: bot.store.queue)
 STEADY_GAP = 2.5 * HEARTBEAT  # a longer silence between two beats is a gap in them
+
+
+class ReplicaIdInUse(RuntimeError):
+    """Another live process beats under this REPLICA_ID: two processes under one id would
+    share each other's claims (the same delivery run twice, one issue on two at once)."""
+
+
+class ReplicaIdTaken(RuntimeError):
+    """Another process joined under this replica's id while it was silent (it stalled past
+    DEAD_AFTER, and was restarted): this one stops claiming work."""
 
 
 def new_replica_id() -> str:
@@ -108,6 +118,8 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
         self._running = {}
         self._named: dict[str, tuple[asyncio.Lock, int]] = {}  # key -> lock, its users
         self.replica_id = new_replica_id()
+        self.incarnation = uuid.uuid4().hex  # this process, under whatever replica id
+        self.retired: str | None = None  # why this process no longer works (ReplicaIdTaken)
 
     # -- one task at a time on a key ---------------------------------------------------------
 
@@ -163,9 +175,12 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
     async def join(self, replica_id: str | None = None, url: str | None = None, *,
                    sole: bool = False) -> None:
         """Say this replica is alive. A replica that restarts under its old id takes back at
-        once what it held; `sole` (SQLite: one process per file) frees what any other held."""
+        once what it held; `sole` (SQLite: one process per file) frees what any other held.
+        Raises ReplicaIdInUse when another process still beats under the id."""
         if replica_id:
             self.replica_id = replica_id
+        if not sole:
+            await self._wait_for_silence()
         async with self.transaction() as db:
             # a claim still held at a start was held by a process that stopped without
             # leaving (a crash): counted as a takeover
@@ -174,10 +189,28 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
                 await db.execute("UPDATE queue SET lease_owner=NULL, takeovers=takeovers+1"
                                  " WHERE state='pending' AND lease_owner IS NOT NULL")
             await db.execute("DELETE FROM replicas WHERE id=?", (self.replica_id,))
-            await db.execute("INSERT INTO replicas(id, url, started_at, seen_at, steady_since)"
-                             " VALUES (?,?,vm_now(),vm_now(),vm_now())", (self.replica_id, url))
+            await db.execute("INSERT INTO replicas(id, url, started_at, seen_at, steady_since,"
+                             " incarnation) VALUES (?,?,vm_now(),vm_now(),vm_now(),?)",
+                             (self.replica_id, url, self.incarnation))
             await db.execute("UPDATE queue SET lease_owner=NULL, takeovers=takeovers+1"
                              " WHERE lease_owner=? AND state='pending'", (self.replica_id,))
+
+    async def _wait_for_silence(self) -> None:
+        """Under an id another process holds, go on only once that one has stopped beating
+        (a restart after a kill: its last beat was at most DEAD_AFTER ago)."""
+        sql = ("SELECT seen_at, seen_at>vm_now()-? AS live FROM replicas WHERE id=?"
+               " AND (incarnation IS NULL OR incarnation<>?)")
+        params = (DEAD_AFTER, self.replica_id, self.incarnation)
+        before = await self.fetchone(sql, params)
+        if before is None or not before["live"]:
+            return
+        await asyncio.sleep(STEADY_GAP)  # long enough for a live process to beat
+        after = await self.fetchone(sql, params)
+        if after is not None and after["seen_at"] > before["seen_at"]:
+            raise ReplicaIdInUse(
+                f"REPLICA_ID {self.replica_id!r} is in use: another process beats under it"
+                " now. Give each replica an id of its own (or leave REPLICA_ID unset), or stop"
+                " the other process first.")
 
     def unserialised(self) -> AbstractAsyncContextManager[Connection]:
         """A transaction for a write that needs no turn among the others (SQLite: it takes one
@@ -187,20 +220,33 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
     async def heartbeat(self) -> None:
         # not behind the write lock: a transaction that holds it longer than DEAD_AFTER (a
         # reindex) must not make every other replica look dead
+        if self.retired is not None:
+            return
         async with self.unserialised() as db:
             # a beat after a gap (the database was away, or this process stalled) starts its
             # steady time again (see bot.store.queue: who counts a takeover)
             cur = await db.execute(
                 "UPDATE replicas SET steady_since=CASE WHEN seen_at<vm_now()-? THEN vm_now()"
-                " ELSE steady_since END, seen_at=vm_now() WHERE id=?",
-                (STEADY_GAP, self.replica_id))
-            if cur.rowcount == 0:  # declared dead meanwhile (a long pause): alive again
-                await db.execute("INSERT INTO replicas(id, url, started_at, seen_at,"
-                                 " steady_since) VALUES (?,?,vm_now(),vm_now(),vm_now())",
-                                 (self.replica_id, None))
+                " ELSE steady_since END, seen_at=vm_now() WHERE id=? AND incarnation=?",
+                (STEADY_GAP, self.replica_id, self.incarnation))
+            if cur.rowcount == 0:
+                async with db.execute("SELECT incarnation FROM replicas WHERE id=?",
+                                      (self.replica_id,)) as rows:
+                    taken = await rows.fetchone()
+                if taken is None:  # declared dead meanwhile (a long pause): alive again
+                    await db.execute("INSERT INTO replicas(id, url, started_at, seen_at,"
+                                     " steady_since, incarnation) VALUES"
+                                     " (?,?,vm_now(),vm_now(),vm_now(),?)",
+                                     (self.replica_id, None, self.incarnation))
+        if cur.rowcount == 0 and taken is not None:
+            self.retired = (f"another process joined as replica {self.replica_id!r} while"
+                            " this one was silent: this one claims no more work; stop it")
+            raise ReplicaIdTaken(self.retired)
 
     async def leave(self) -> None:
         """On a clean stop: what this replica held is free at once."""
+        if self.retired is not None:
+            return  # (its id, and what is held under it, are another process's now)
         async with self.transaction() as db:
             await db.execute("UPDATE queue SET lease_owner=NULL WHERE lease_owner=?"
                              " AND state='pending'", (self.replica_id,))
@@ -217,7 +263,7 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
         row = await self.fetchone(
             "SELECT id FROM replicas WHERE seen_at>vm_now()-? ORDER BY started_at, id LIMIT 1",
             (DEAD_AFTER,))
-        return row is not None and row["id"] == self.replica_id
+        return row is not None and row["id"] == self.replica_id and self.retired is None
 
 
 __all__ = ["Connection", "QueueItem", "Row", "Store", "register_columns", "register_schema"]

@@ -163,6 +163,7 @@ class QueueMixin:
     _finishes_writer: asyncio.Task[None] | None
     _handed_over: dict[str, dict[str, Any]]  # delivery id -> payload intake parsed
     replica_id: str
+    retired: str | None
 
     if TYPE_CHECKING:
         def transaction(self) -> AbstractAsyncContextManager[Any]: ...
@@ -269,6 +270,8 @@ class QueueMixin:
     async def due_items(self, limit: int, now: float | None = None) -> list[QueueItem]:
         """Claim the oldest due deliveries for this replica, in arrival order (see _CLAIMABLE).
         What the claim holds is let go by `finish`, `fail` or `release`."""
+        if self.retired is not None:
+            return []  # another process holds this replica's id now
         at = time.time() if now is None else now
         me = self.replica_id
         async with self.transaction() as db:
