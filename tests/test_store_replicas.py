@@ -411,3 +411,25 @@ async def test_a_replica_restarted_under_its_id_takes_its_place_and_the_stalled_
         assert await restarted.finish(new)
     finally:
         await restarted.close()
+
+
+async def test_the_server_gives_up_a_vanished_replicas_sessions_within_seconds(
+        two_replicas: tuple[Store, Store]) -> None:
+    """A host that vanishes closes none of its sessions: the server probes each of a
+    replica's sessions (pool, named locks, listener) so that their locks go in seconds, not
+    after the kernel's two hours. (A vanished host cannot be staged here: what the server was
+    asked for each session is checked, over TCP as the tests connect.)"""
+    a, _ = two_replicas
+    await a.listen(lambda keys: None)  # type: ignore[attr-defined]
+    async with a.named_lock("mail-1"):
+        sessions = [a._locker, a._listener]  # type: ignore[attr-defined]  # noqa: SLF001
+        async with a._pool.acquire() as pooled:  # type: ignore[attr-defined]  # noqa: SLF001
+            sessions.append(pooled)
+            for session in sessions:
+                row = await session.fetchrow(
+                    "SELECT current_setting('tcp_keepalives_idle') AS idle,"
+                    " current_setting('tcp_keepalives_count') AS count,"
+                    " current_setting('tcp_user_timeout') AS user_timeout,"
+                    " inet_client_addr() IS NOT NULL AS tcp")
+                assert row["tcp"], "the tests connect over TCP"
+                assert (row["idle"], row["count"], row["user_timeout"]) == ("5", "3", "8000")

@@ -173,6 +173,15 @@ class Connection:
         return await cur.fetchall()
 
 
+# A replica's host that vanishes (powered off, cut off) closes none of its sessions: the server
+# would keep them, and the locks they hold (the write lock inside a transaction, named locks),
+# for as long as the kernel's TCP keepalive (2 hours by default). Asked of the server for each
+# session: probe an idle peer after 5 s, give up after 3 unanswered probes or 8 s of
+# unacknowledged data. (Unix-socket sessions ignore them: their peer cannot vanish.)
+VANISHED_PEER = {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "1",
+                 "tcp_keepalives_count": "3", "tcp_user_timeout": "8000"}
+
+
 class PostgresStore(Store):
     engine = "postgresql"
 
@@ -197,6 +206,7 @@ class PostgresStore(Store):
     async def open(cls, url: str, min_size: int = 2, max_size: int = 20) -> PostgresStore:
         await _migrate(url)
         pool = await asyncpg.create_pool(url, min_size=min_size, max_size=max_size,
+                                         server_settings=VANISHED_PEER,
                                          statement_cache_size=STATEMENTS_KEPT)
         return cls(url, pool)
 
@@ -276,7 +286,7 @@ class PostgresStore(Store):
         """The session now holding `key` for this replica, or None if another holds it."""
         async with self._locker_turn:
             if self._locker is None or self._locker.is_closed():
-                self._locker = await asyncpg.connect(self._url)
+                self._locker = await asyncpg.connect(self._url, server_settings=VANISHED_PEER)
             session = self._locker
             got = await session.fetchval("SELECT pg_try_advisory_lock($1, hashtext($2))",
                                          NAMED_LOCKS, key)
@@ -324,7 +334,7 @@ class PostgresStore(Store):
         await self._open_listener()
 
     async def _open_listener(self) -> None:
-        conn = await asyncpg.connect(self._url)
+        conn = await asyncpg.connect(self._url, server_settings=VANISHED_PEER)
         await conn.add_listener(CHANNEL, self._heard)
         conn.add_termination_listener(self._listener_cut)
         self._listener = conn
