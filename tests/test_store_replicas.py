@@ -12,17 +12,17 @@ from typing import Any
 import pytest
 
 from bot.store.db import HEARTBEAT, ReplicaIdInUse, ReplicaIdTaken, Store
-from bot.store.queue import DEAD_AFTER
+from bot.store.queue import DEAD_AFTER, POISON_AFTER
 
 
-async def _silence(store: Store, replica: str) -> None:
-    """As if `replica` had stopped beating over DEAD_AFTER seconds ago (killed) while the
-    others beat on."""
+async def _silence(store: Store, replica: str, ago: float = DEAD_AFTER + 1) -> None:
+    """As if `replica` had stopped beating `ago` seconds ago (killed) while the others beat
+    on (steadily, and for longer)."""
     async with store.transaction() as db:
         await db.execute("UPDATE replicas SET seen_at=? WHERE id=?",
-                         (time.time() - DEAD_AFTER - 1, replica))
-        await db.execute("UPDATE replicas SET steady_since=steady_since-? WHERE id<>?",
-                         (DEAD_AFTER + 2, replica))
+                         (time.time() - ago, replica))
+        await db.execute("UPDATE replicas SET steady_since=?, seen_at=? WHERE id<>?",
+                         (time.time() - ago - 1, time.time(), replica))
 
 
 def _issue(n: int, action: str) -> tuple[dict[str, Any], bytes]:
@@ -338,24 +338,67 @@ async def test_the_old_process_of_a_replica_restarted_under_its_id_cannot_finish
         assert not await a.fail(old, "502", time.time()), "the hung process's word"
         assert await b.due_items(limit=10) == [], "still the new process's alone"
         assert await restarted.finish(new)
+        with pytest.raises(ReplicaIdTaken):  # the hung one's heartbeat finds out: it retires
+            await a.heartbeat()
+        assert a.retired is not None
     finally:
         await restarted.close()
 
 
-async def test_after_a_database_outage_what_is_taken_over_is_not_counted_against_it(
+async def test_after_a_database_outage_nothing_is_taken_over_from_replicas_that_come_back(
         two_replicas: tuple[Store, Store]) -> None:
     """Nobody could beat while the database was away, so to the first replica back every
-    other looks dead: it takes their claims over (fencing keeps that safe) but does not count
-    them as stopped, or healthy deliveries would become dead letters after a few outages."""
+    other looks dead. It takes nothing over until it has itself beaten steadily for
+    DEAD_AFTER, by which time the others have beaten too: no delivery is counted as having
+    stopped a replica (after a few outages healthy ones would become dead letters)."""
     a, b = two_replicas
     assert await a.enqueue_delivery("g1", "issues", *_issue(1, "opened"))
     [held] = await a.due_items(limit=10)
     async with b.transaction() as db:  # DEAD_AFTER + 1 s without a beat from anyone
         await db.execute("UPDATE replicas SET seen_at=seen_at-?", (DEAD_AFTER + 1,))
+    assert await b.due_items(limit=10) == [], "b's worker claims before b has beaten"
     await b.heartbeat()  # b is back first
-    [taken] = await b.due_items(limit=10)
-    assert (taken.guid, taken.takeovers) == ("g1", 0)
-    assert not await a.finish(held), "a, back too, finds it taken over"
+    assert await b.due_items(limit=10) == [], "b is not steady yet"
+    await a.heartbeat()  # a is back too
+    assert await a.finish(held), "a's claim held"
+    assert (await b.fetchone("SELECT takeovers FROM queue"))["takeovers"] == 0
+
+
+async def test_a_replica_started_after_the_holder_died_counts_the_takeover(
+        two_replicas: tuple[Store, Store]) -> None:
+    """A delivery that stops its replica while the orchestrator starts a new one (a fresh
+    id) each time is counted each time, and becomes a dead letter."""
+    from bot.store import open_store
+
+    a, _ = two_replicas
+    assert await a.enqueue_delivery("g1", "issues", *_issue(1, "opened"))
+    holder: Store = a
+    await holder.due_items(limit=10)
+    started: list[Store] = []
+    try:
+        for n in range(1, POISON_AFTER + 1):
+            fresh = await open_store(a._url)  # noqa: SLF001 - the same database
+            started.append(fresh)
+            await fresh.join(f"replica-new-{n}")
+            async with fresh.transaction() as db:  # it died a minute ago; the new one has
+                await db.execute("UPDATE replicas SET seen_at=? WHERE id=?",  # been up 6 s
+                                 (time.time() - 60, holder.replica_id))
+                await db.execute("UPDATE replicas SET steady_since=? WHERE id=?",
+                                 (time.time() - DEAD_AFTER - 1, fresh.replica_id))
+            claimed = await fresh.due_items(limit=10)
+            if n < POISON_AFTER:
+                assert [(i.guid, i.takeovers) for i in claimed] == [("g1", n)]
+            holder = fresh  # ... and it stops its new replica too
+        assert claimed == []
+        [dead] = await a.dead_letters()
+        assert dead.guid == "g1" and "stopped 3 times" in (dead.last_error or "")
+    finally:
+        for store in started:
+            await store.close()
+
+
+async def _never_run() -> dict[str, Any]:
+    raise AssertionError("a retired process ran work")
 
 
 async def _beating(store: Store) -> asyncio.Task[None]:
@@ -401,10 +444,18 @@ async def test_a_replica_restarted_under_its_id_takes_its_place_and_the_stalled_
         await restarted.join("replica-a")  # a does not beat: after a look, it goes on
         [new] = await restarted.due_items(limit=10)
         assert new.guid == "g1"
-        with pytest.raises(ReplicaIdTaken):
-            await a.heartbeat()  # the old process wakes
+        # the old process wakes, its worker before its heartbeat: it claims nothing back,
+        # lets go of nothing, and takes no idempotency claim over
+        await a.release()
+        assert await a.due_items(limit=10) == []
         assert a.retired is not None and "claims no more work" in a.retired
-        assert await a.due_items(limit=10) == [] and not await a.is_leader()
+        assert await a.next_wakeup() is None, "and does not spin"
+        with pytest.raises(ReplicaIdTaken):
+            await a.once("tool", "k1", "fp", _never_run)
+        await a.heartbeat()  # beats no more under the other's id
+        assert not await a.is_leader()
+        assert (await restarted.fetchone("SELECT lease_owner FROM queue"))["lease_owner"] \
+            == "replica-a", "still the new process's claim"
         assert not await a.finish(old)
         await a.leave()  # a stop of the old process lets go of nothing of the new one's
         assert "replica-a" in [r["id"] for r in await restarted.live_replicas()]

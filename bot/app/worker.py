@@ -98,8 +98,8 @@ class Worker:
             except Exception as exc:  # the database is away (a restart, a failover): go on
                 if self._stopping:
                     return  # (what this replica holds is taken over once it is gone)
-                log.warning("worker could not reach the index; trying again in %.1fs: %r",
-                            pause, exc)
+                log.warning("worker could not claim or release deliveries (is the index"
+                            " reachable?); trying again in %.1fs: %r", pause, exc)
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), pause)

@@ -17,7 +17,15 @@ from typing import Any, ClassVar
 from bot.store.idempotency import SCHEMA as IDEMPOTENCY_SCHEMA
 from bot.store.idempotency import IdempotencyMixin
 from bot.store.migrations import register_columns, register_schema
-from bot.store.queue import DEAD_AFTER, QueueItem, QueueMixin
+from bot.store.queue import (
+    DEAD_AFTER,
+    HEARTBEAT,
+    STEADY_GAP,
+    QueueItem,
+    QueueMixin,
+    ReplicaIdInUse,
+    ReplicaIdTaken,
+)
 
 # A connection inside a transaction: aiosqlite's, or the PostgreSQL engine's adapter, which
 # takes the same calls (`execute` awaited or as a context manager, `executemany`, a cursor's
@@ -85,18 +93,11 @@ CREATE OR REPLACE FUNCTION vm_now() RETURNS double precision
     LANGUAGE sql VOLATILE AS $$ SELECT extract(epoch FROM clock_timestamp())::double precision $$;
 """, version=2)
 
-HEARTBEAT = 1.0  # seconds between a replica's heartbeats (DEAD_AFTER: bot.store.queue)
-STEADY_GAP = 2.5 * HEARTBEAT  # a longer silence between two beats is a gap in them
 
 
-class ReplicaIdInUse(RuntimeError):
-    """Another live process beats under this REPLICA_ID: two processes under one id would
-    share each other's claims (the same delivery run twice, one issue on two at once)."""
-
-
-class ReplicaIdTaken(RuntimeError):
-    """Another process joined under this replica's id while it was silent (it stalled past
-    DEAD_AFTER, and was restarted): this one stops claiming work."""
+# another process's row under a replica id, and whether it beat within DEAD_AFTER
+_OTHER_UNDER_ID = ("SELECT seen_at, seen_at>vm_now()-? AS live FROM replicas WHERE id=?"
+                   " AND (incarnation IS NULL OR incarnation<>?)")
 
 
 def new_replica_id() -> str:
@@ -179,9 +180,15 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
         Raises ReplicaIdInUse when another process still beats under the id."""
         if replica_id:
             self.replica_id = replica_id
-        if not sole:
-            await self._wait_for_silence()
+        seen = None if sole else await self._wait_for_silence()
         async with self.transaction() as db:
+            if not sole:  # and nobody beat or joined under it since that look
+                async with db.execute(_OTHER_UNDER_ID,
+                                      (DEAD_AFTER, self.replica_id, self.incarnation)) as cur:
+                    now = await cur.fetchone()
+                if now is not None and now["live"] and (
+                        seen is None or now["seen_at"] > seen["seen_at"]):
+                    raise self._in_use()
             # a claim still held at a start was held by a process that stopped without
             # leaving (a crash): counted as a takeover
             if sole:
@@ -195,22 +202,24 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
             await db.execute("UPDATE queue SET lease_owner=NULL, takeovers=takeovers+1"
                              " WHERE lease_owner=? AND state='pending'", (self.replica_id,))
 
-    async def _wait_for_silence(self) -> None:
+    async def _wait_for_silence(self) -> Row | None:
         """Under an id another process holds, go on only once that one has stopped beating
-        (a restart after a kill: its last beat was at most DEAD_AFTER ago)."""
-        sql = ("SELECT seen_at, seen_at>vm_now()-? AS live FROM replicas WHERE id=?"
-               " AND (incarnation IS NULL OR incarnation<>?)")
+        (a restart after a kill: its last beat was at most DEAD_AFTER ago); what was seen."""
         params = (DEAD_AFTER, self.replica_id, self.incarnation)
-        before = await self.fetchone(sql, params)
+        before = await self.fetchone(_OTHER_UNDER_ID, params)
         if before is None or not before["live"]:
-            return
+            return before
         await asyncio.sleep(STEADY_GAP)  # long enough for a live process to beat
-        after = await self.fetchone(sql, params)
+        after = await self.fetchone(_OTHER_UNDER_ID, params)
         if after is not None and after["seen_at"] > before["seen_at"]:
-            raise ReplicaIdInUse(
-                f"REPLICA_ID {self.replica_id!r} is in use: another process beats under it"
-                " now. Give each replica an id of its own (or leave REPLICA_ID unset), or stop"
-                " the other process first.")
+            raise self._in_use()
+        return after
+
+    def _in_use(self) -> ReplicaIdInUse:
+        return ReplicaIdInUse(
+            f"REPLICA_ID {self.replica_id!r} is in use: another process beats under it now."
+            " Give each replica an id of its own (or leave REPLICA_ID unset), or stop the"
+            " other process first.")
 
     def unserialised(self) -> AbstractAsyncContextManager[Connection]:
         """A transaction for a write that needs no turn among the others (SQLite: it takes one
@@ -239,9 +248,13 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
                                      " (?,?,vm_now(),vm_now(),vm_now(),?)",
                                      (self.replica_id, None, self.incarnation))
         if cur.rowcount == 0 and taken is not None:
-            self.retired = (f"another process joined as replica {self.replica_id!r} while"
-                            " this one was silent: this one claims no more work; stop it")
-            raise ReplicaIdTaken(self.retired)
+            raise ReplicaIdTaken(self.retire())
+
+    def retire(self) -> str:
+        """Another process joined under this replica's id: this one works no more."""
+        self.retired = (f"another process joined as replica {self.replica_id!r} while this"
+                        " one was silent: this one claims no more work; stop it")
+        return self.retired
 
     async def leave(self) -> None:
         """On a clean stop: what this replica held is free at once."""
@@ -266,4 +279,5 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
         return row is not None and row["id"] == self.replica_id and self.retired is None
 
 
-__all__ = ["Connection", "QueueItem", "Row", "Store", "register_columns", "register_schema"]
+__all__ = ["HEARTBEAT", "Connection", "QueueItem", "ReplicaIdInUse", "ReplicaIdTaken", "Row",
+           "Store", "register_columns", "register_schema"]

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from bot.errors import Conflict, VaultmailError
 from bot.forge.writes import counting as counting_writes
-from bot.store.queue import DEAD_AFTER
+from bot.store.queue import DEAD_AFTER, ReplicaIdTaken, id_taken
 
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
@@ -79,9 +79,11 @@ class IdempotencyMixin:
     _running: dict[tuple[str, str], tuple[asyncio.Future[Result], str]]
 
     replica_id: str
+    incarnation: str
 
     if TYPE_CHECKING:
         def transaction(self) -> AbstractAsyncContextManager[Any]: ...
+        def retire(self) -> str: ...
 
     async def _held_elsewhere(self, db: Any, owner: str | None) -> bool:
         """Whether `owner`, another replica than this one, is alive (its claim holds)."""
@@ -117,6 +119,8 @@ class IdempotencyMixin:
         scope, key = slot
         while True:
             async with self.transaction() as db:
+                if await id_taken(db, self.replica_id, self.incarnation):
+                    raise ReplicaIdTaken(self.retire())  # its claims are another's now
                 async with db.execute("SELECT fingerprint, result, owner FROM idempotency"
                                       " WHERE scope=? AND key=?", slot) as cur:
                     row = await cur.fetchone()

@@ -214,6 +214,7 @@ class PostgresStore(Store):
         self._closing = True
         if self._relisten is not None:
             self._relisten.cancel()
+            await asyncio.gather(self._relisten, return_exceptions=True)
         for conn in (self._listener, self._locker):
             if conn is not None:
                 with contextlib.suppress(Exception):
@@ -335,7 +336,11 @@ class PostgresStore(Store):
 
     async def _open_listener(self) -> None:
         conn = await asyncpg.connect(self._url, server_settings=VANISHED_PEER)
-        await conn.add_listener(CHANNEL, self._heard)
+        try:
+            await conn.add_listener(CHANNEL, self._heard)
+        except BaseException:
+            conn.terminate()  # (cut again before it listened: the next try opens another)
+            raise
         conn.add_termination_listener(self._listener_cut)
         self._listener = conn
 
@@ -349,7 +354,7 @@ class PostgresStore(Store):
             while not self._closing:
                 try:
                     await self._open_listener()
-                except (OSError, asyncpg.PostgresError) as exc:
+                except Exception as exc:  # noqa: BLE001 - down, refused, cut: all retried
                     log.warning("cannot listen for other replicas' wake-ups; trying again in"
                                 " %.1fs: %r", pause, exc)
                     await asyncio.sleep(pause)

@@ -10,7 +10,26 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 log = logging.getLogger("vaultmail.queue")
+HEARTBEAT = 1.0  # seconds between a replica's heartbeats (bot.app.replica)
 DEAD_AFTER = 5.0  # seconds without a heartbeat after which a replica's claims are free
+STEADY_GAP = 2.5 * HEARTBEAT  # a longer silence between two beats is a gap in them
+
+
+class ReplicaIdInUse(RuntimeError):
+    """Another live process beats under this REPLICA_ID: two processes under one id would
+    share each other's claims (the same delivery run twice, one issue on two at once)."""
+
+
+class ReplicaIdTaken(RuntimeError):
+    """Another process joined under this replica's id while it was silent (it stalled past
+    DEAD_AFTER, and was restarted): this one stops claiming work."""
+
+
+async def id_taken(db: Any, replica_id: str, incarnation: str) -> bool:
+    """Whether another process has joined under `replica_id` (in a transaction)."""
+    async with db.execute("SELECT 1 FROM replicas WHERE id=? AND incarnation<>?",
+                          (replica_id, incarnation)) as cur:
+        return await cur.fetchone() is not None
 
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
@@ -109,9 +128,16 @@ _HELD_BEHIND = ("SELECT 1 FROM queue p WHERE p.state='pending' AND p.id<q.id"
 # taken for dead (stalled past DEAD_AFTER), or the old process of one restarted under its id,
 # may not mark done, dead or due again what has been claimed since.
 _OURS = "state='pending' AND lease_owner=? AND lease_seq=?"
+# A dead replica's claims are taken over only by one that has itself beaten without a gap
+# for DEAD_AFTER, and lately: after a database outage every replica looks dead to the first
+# one back, but by the time that one is steady again the others have beaten too (and a
+# replica just started waits as long before it takes anything over).
+_STEADY_ME = ("EXISTS (SELECT 1 FROM replicas me WHERE me.id=?"
+              f" AND me.steady_since<=vm_now()-{DEAD_AFTER}"
+              f" AND me.seen_at>vm_now()-{STEADY_GAP})")
 _CLAIMABLE = ("q.state='pending' AND q.next_at<=? AND (q.lease_owner IS NULL"
-              " OR q.lease_owner=? OR q.lease_owner NOT IN (" + _LIVE + "))"
-              " AND NOT EXISTS (" + _HELD_BEHIND + ")")
+              " OR q.lease_owner=? OR (q.lease_owner NOT IN (" + _LIVE + ") AND "
+              + _STEADY_ME + ")) AND NOT EXISTS (" + _HELD_BEHIND + ")")
 
 
 # Suspects and poison. A delivery that a replica held when it stopped (killed, crashed, or
@@ -121,13 +147,8 @@ _CLAIMABLE = ("q.state='pending' AND q.next_at<=? AND (q.lease_owner IS NULL"
 # merely shared its batch run on and only the culprit keeps being counted. A delivery held
 # POISON_AFTER times by a replica that stopped becomes a dead letter instead of being run.
 POISON_AFTER = 3
-# A takeover counts only when its holder went silent while the claimer beat on without a gap
-# (or the holder's row is gone): had the holder been alive it could have beaten too. After a
-# database outage every replica looks dead to whoever claims first; none of that is counted.
-_STOPPED_HOLDER = (
-    "lease_owner IS NOT NULL AND lease_owner<>? AND (NOT EXISTS (SELECT 1 FROM replicas h"
-    " WHERE h.id=queue.lease_owner) OR (SELECT me.steady_since FROM replicas me WHERE"
-    " me.id=?) < (SELECT h.seen_at FROM replicas h WHERE h.id=queue.lease_owner))")
+# Every takeover counts: only a steady replica takes a dead one's claims (see _STEADY_ME).
+_STOPPED_HOLDER = "lease_owner IS NOT NULL AND lease_owner<>?"
 
 
 async def _set_suspects_apart(db: Any, rows: list[Any]) -> list[Any]:
@@ -163,10 +184,12 @@ class QueueMixin:
     _finishes_writer: asyncio.Task[None] | None
     _handed_over: dict[str, dict[str, Any]]  # delivery id -> payload intake parsed
     replica_id: str
+    incarnation: str
     retired: str | None
 
     if TYPE_CHECKING:
         def transaction(self) -> AbstractAsyncContextManager[Any]: ...
+        def retire(self) -> str: ...
         async def fetchone(self, sql: str,
                            params: tuple[Any, ...] = ()) -> Any | None: ...
         async def fetchall(self, sql: str,
@@ -275,13 +298,16 @@ class QueueMixin:
         at = time.time() if now is None else now
         me = self.replica_id
         async with self.transaction() as db:
+            if await id_taken(db, me, self.incarnation):
+                self.retire()
+                return []
             async with db.execute(
                     "UPDATE queue SET takeovers=takeovers+(CASE WHEN " + _STOPPED_HOLDER +
                     " THEN 1 ELSE 0 END), lease_owner=?, lease_seq=lease_seq+1"
                     " WHERE id IN (SELECT q.id"
                     " FROM queue q WHERE " + _CLAIMABLE + " ORDER BY q.id LIMIT ?"
                     " /*SKIP LOCKED OF q*/) RETURNING *",
-                    (me, me, me, at, me, at, me, limit)) as cur:
+                    (me, me, at, me, me, at, me, limit)) as cur:
                 rows = sorted(await cur.fetchall(), key=lambda r: int(r["id"]))
             rows = await _set_suspects_apart(db, rows)
         handed = self._handed_over
@@ -290,11 +316,16 @@ class QueueMixin:
     async def release(self) -> None:
         """Let go of this replica's claims on what it did not get to (a batch cut short)."""
         async with self.transaction() as db:
+            if await id_taken(db, self.replica_id, self.incarnation):
+                self.retire()
+                return  # (what is leased under the id is the other process's)
             await db.execute("UPDATE queue SET lease_owner=NULL WHERE lease_owner=?"
                              " AND state='pending'", (self.replica_id,))
 
     async def next_wakeup(self) -> float | None:
         """When the next delivery this replica could claim becomes due."""
+        if self.retired is not None:
+            return None
         at = time.time()
         me = self.replica_id
         row = await self.fetchone(
