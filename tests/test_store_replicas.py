@@ -484,3 +484,18 @@ async def test_the_server_gives_up_a_vanished_replicas_sessions_within_seconds(
                     " inet_client_addr() IS NOT NULL AS tcp")
                 assert row["tcp"], "the tests connect over TCP"
                 assert (row["idle"], row["count"], row["user_timeout"]) == ("5", "3", "8000")
+
+
+async def test_a_replica_not_steady_yet_does_not_look_again_at_once_for_what_it_may_not_take(
+        two_replicas: tuple[Store, Store]) -> None:
+    """Just started (or back after an outage), b may not take a dead replica's claim yet: its
+    worker is told of nothing due, so it waits its usual look instead of asking again and
+    again until it is steady."""
+    a, b = two_replicas
+    assert await a.enqueue_delivery("g1", "issues", *_issue(1, "opened"))
+    await a.due_items(limit=10)
+    async with b.transaction() as db:  # a died a minute ago; b started a moment ago
+        await db.execute("UPDATE replicas SET seen_at=? WHERE id='replica-a'",
+                         (time.time() - 60,))
+    assert await b.due_items(limit=10) == []
+    assert await b.next_wakeup() is None

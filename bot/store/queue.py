@@ -330,8 +330,9 @@ class QueueMixin:
         me = self.replica_id
         row = await self.fetchone(
             "SELECT MIN(q.next_at) AS t FROM queue q WHERE q.state='pending'"
-            " AND (q.lease_owner IS NULL OR q.lease_owner=? OR q.lease_owner NOT IN ("
-            + _LIVE + ")) AND NOT EXISTS (" + _HELD_BEHIND + ")", (me, at, me))
+            " AND (q.lease_owner IS NULL OR q.lease_owner=? OR (q.lease_owner NOT IN ("
+            + _LIVE + ") AND " + _STEADY_ME + ")) AND NOT EXISTS (" + _HELD_BEHIND + ")",
+            (me, me, at, me))
         return float(row["t"]) if row and row["t"] is not None else None
 
     async def pending_count(self) -> int:
