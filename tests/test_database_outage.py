@@ -7,45 +7,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from pathlib import Path
+from typing import Any
 
-import aiohttp
 import pytest
 
-from bot.app.embedded import Embedded, start_embedded
+from bot.app.embedded import Embedded
 from bot.store import Store
 from tests import pg
-from tests.support import Actor, label_names, until
+from tests.support import label_names, until
 
 SCOUT_VAULT = "acme/scout-vault"
 
 
-@pytest.fixture
-async def on_postgresql(tmp_path: Path) -> AsyncIterator[tuple[Embedded, str]]:
-    url = await pg.fresh_database()
-    emb = await start_embedded(data_dir=tmp_path, port=0, forge_port=0, database_url=url)
-    try:
-        yield emb, url
-    finally:
-        await emb.stop()
-        await pg.drop_database(url)
-
-
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 async def test_mail_sent_after_a_database_restart_is_handled(
-        on_postgresql: tuple[Embedded, str], caplog: pytest.LogCaptureFixture) -> None:
-    emb, url = on_postgresql
+        embedded: Embedded, database_url: str, person: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="vaultmail.replica")
-    async with pg.outage(url):
+    async with pg.outage(database_url):
         # two heartbeats fail, a second apart: the worker, which looks for work every half
         # second, has found the database away too (it used to end there)
         await until(lambda: sum("heartbeat failed" in r.getMessage()
                                 for r in caplog.records) >= 2, timeout=30)
-    async with aiohttp.ClientSession() as session:
-        marco = Actor(session, emb, "marco")
-        issue = await marco.open_issue(SCOUT_VAULT, "After the restart", "Still there?")
-        await emb.settle()
-        assert label_names(await marco.issue(SCOUT_VAULT, issue["number"])) == ["mail:new"]
+    marco = person("marco")
+    issue = await marco.open_issue(SCOUT_VAULT, "After the restart", "Still there?")
+    await embedded.settle()
+    assert label_names(await marco.issue(SCOUT_VAULT, issue["number"])) == ["mail:new"]
 
 
 async def test_a_replica_hears_the_others_again_after_a_database_restart(

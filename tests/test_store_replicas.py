@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from bot.store import open_store
 from bot.store.db import HEARTBEAT, ReplicaIdInUse, ReplicaIdTaken, Store
 from bot.store.queue import DEAD_AFTER, POISON_AFTER
 
@@ -177,8 +178,6 @@ async def test_a_woken_waiter_is_never_joined_by_a_newcomer(tmp_path: Any) -> No
     """The in-process lock of a key lives as long as anyone holds or waits for it: a holder
     that lets go, touches a new key among thousands, and asks again queues behind the waiter
     it woke, instead of finding the key forgotten and a fresh lock free."""
-    from bot.store import open_store
-
     store = await open_store(tmp_path / "index.sqlite3")
     inside, most = 0, 0
     holding, go = asyncio.Event(), asyncio.Event()
@@ -325,8 +324,6 @@ async def test_the_old_process_of_a_replica_restarted_under_its_id_cannot_finish
     """Fencing is by claim, not by name: replica-a hangs, is restarted under the same
     REPLICA_ID and claims the delivery again; the hung process's late word is not recorded
     (it would have let the delivery be claimed again while the new process runs it)."""
-    from bot.store import open_store
-
     a, b = two_replicas
     assert await a.enqueue_delivery("g1", "issues", *_issue(1, "opened"))
     [old] = await a.due_items(limit=10)
@@ -368,8 +365,6 @@ async def test_a_replica_started_after_the_holder_died_counts_the_takeover(
         two_replicas: tuple[Store, Store]) -> None:
     """A delivery that stops its replica while the orchestrator starts a new one (a fresh
     id) each time is counted each time, and becomes a dead letter."""
-    from bot.store import open_store
-
     a, _ = two_replicas
     assert await a.enqueue_delivery("g1", "issues", *_issue(1, "opened"))
     holder: Store = a
@@ -414,8 +409,6 @@ async def test_a_second_process_under_a_live_replicas_id_is_refused(
         two_replicas: tuple[Store, Store]) -> None:
     """Two processes under one REPLICA_ID would share each other's claims: the second is
     refused at its start, with what to do, while the first beats."""
-    from bot.store import open_store
-
     a, _ = two_replicas
     beats = await _beating(a)
     copy = await open_store(a._url)  # noqa: SLF001 - the same database
@@ -434,8 +427,6 @@ async def test_a_replica_restarted_under_its_id_takes_its_place_and_the_stalled_
     """replica-a stops beating (hung, or killed a moment ago) and is started again under its
     id: the new process takes its place and what it held; should the old one wake, it finds
     its id taken and claims, leads and lets go of nothing any more."""
-    from bot.store import open_store
-
     a, _ = two_replicas
     assert await a.enqueue_delivery("g1", "issues", *_issue(1, "opened"))
     [old] = await a.due_items(limit=10)
