@@ -26,6 +26,7 @@ from bot.console.signin import CALLBACK
 from bot.office.config import Office, load_office
 from bot.office.seed import seed_office
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
+from bot.private_files import write_private
 from bot.store import api_tokens, ledger
 from localforge import LocalForge
 
@@ -93,11 +94,12 @@ class Embedded:
 
     def write_tokens(self) -> None:
         """tokens.json: where everything is and the tokens to act as anyone in the office."""
-        self.tokens_path.write_text(json.dumps({
+        text = json.dumps({
             "forge_url": self.forge.url, "app_url": self.app_url,
             "app_urls": self.app_urls or [self.app_url],
-            "forge_tokens": self.forge_tokens, "api_tokens": self.api_tokens}, indent=2))
-        self.tokens_path.chmod(0o600)
+            "forge_tokens": self.forge_tokens, "api_tokens": self.api_tokens}, indent=2)
+        # (`up --replicas` writes it again once every replica is up: a reader finds one whole)
+        write_private(self.tokens_path, text)
 
     @property
     def services(self) -> Services:

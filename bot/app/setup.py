@@ -19,10 +19,8 @@ normal serve with the new `.env` (`serve_until_registered`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import html
 import json
-import os
 import re
 import secrets
 import socket
@@ -41,6 +39,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from bot.app.settings import NotRegistered, Settings
+from bot.private_files import write_private
 
 PLACEHOLDER = "https://vaultmail.invalid"  # app.yml's stand-in for the app's public URL
 GITHUB = "https://github.com"
@@ -372,19 +371,7 @@ def write_env(path: Path, values: Mapping[str, str]) -> EnvWritten:
         kept += 1 if name is not None or span[0].strip() else 0
     if not placed:
         out += new
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write("".join(out))
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)  # whatever the umask
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_private(path, "".join(out))
     return EnvWritten(path, list(values), removed, kept)
 
 

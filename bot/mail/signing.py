@@ -42,6 +42,8 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
 )
 
+from bot.private_files import write_private
+
 try:  # POSIX: serialise creation and rotation between processes (app and CLI)
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -228,19 +230,7 @@ class Keyring:
     def _write(self) -> None:
         if self._path is None:
             return
-        tmp = self._path.with_name(f".{self._path.name}.{secrets.token_hex(4)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(self._doc(), fh, indent=2)
-                fh.write("\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self._path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
+        write_private(self._path, json.dumps(self._doc(), indent=2) + "\n")
         st = self._path.stat()
         self._stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
 
