@@ -11,7 +11,7 @@ from bot.mail.header import parse_mail_body
 from bot.mail.mailer import Mailer
 from bot.store import ledger, mails
 from bot.store.mails import QUIET, MailRecord
-from handlers.common import scene
+from handlers.common import Scene, scene
 from labels.states import LabelReview, MailState, labels_for, review_label_change
 
 router = Router()
@@ -37,14 +37,30 @@ async def adopt_issue_as_mail(event: sansio.Event, ctx: HandlerContext) -> None:
                                      state_reason="not_planned")
 
 
+async def _still(s: Scene, state: str, action: str) -> list[str] | None:
+    """The issue's labels now, when the forge says it is still `state`; else None, and the
+    delivery ends here as stale: a replay (a captured body under a new delivery id) or an
+    event overtaken since must not move the mail back."""
+    fresh = await s.ctx.forge.get_issue(s.repo, s.number)
+    if fresh.get("state") == state:
+        return [str(label["name"]) for label in fresh.get("labels", [])]
+    s.ctx.log.info("stale delivery: the issue is not %s any more", state, extra={
+        "outcome": "stale", "issue": s.ref, "event_action": action,
+        "issue_state": fresh.get("state")})
+    return None
+
+
 @router.register("issues", action="closed")
 async def close_mail(event: sansio.Event, ctx: HandlerContext) -> None:
     s = await scene(event, ctx)
     mail = await s.mail() if s else None
     if s is None or mail is None:
         return
+    labels = await _still(s, "closed", "closed")
+    if labels is None:
+        return
     try:
-        await s.mailer.close(mail, s.actor, issue_closed=True, labels=s.labels)
+        await s.mailer.close(mail, s.actor, issue_closed=True, labels=labels)
     except VaultmailError as exc:
         await ctx.forge.update_issue(s.repo, s.number, state="open")
         await s.refuse(exc)
@@ -56,12 +72,15 @@ async def reopen_mail(event: sansio.Event, ctx: HandlerContext) -> None:
     mail = await s.mail() if s else None
     if s is None or mail is None:
         return
+    labels = await _still(s, "open", "reopened")
+    if labels is None:
+        return
     if not s.mailer.may_manage(s.actor, mail):
         await ctx.forge.update_issue(s.repo, s.number, state="closed")
         await s.refuse(await s.mailer.deny(s.actor, mail.ref, (
             f"{s.actor} may not reopen {mail.ref}: write to it instead, or ask its sender")))
         return
-    await s.mailer.reopened(mail, s.actor, labels=s.labels)
+    await s.mailer.reopened(mail, s.actor, labels=labels)
 
 
 @router.register("issues", action="labeled")

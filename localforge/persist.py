@@ -1,8 +1,14 @@
 """Persistence: one JSON snapshot of the whole state in a SQLite file, rewritten after each
-mutating request, so a forge restarted on the same data_dir continues where it stopped."""
+mutating request, so a forge restarted on the same data_dir continues where it stopped.
+
+The state holds every token, password and OAuth client secret: the directory is its owner's
+alone (0700) and the file 0600, made so before SQLite writes a byte (its -wal and -shm take
+the file's mode), whatever the umask."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 from pathlib import Path
 
@@ -11,10 +17,19 @@ from .state import State
 FILENAME = "localforge.sqlite3"
 
 
+def _private(path: Path) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)  # the forge's own directory (DATA/forge under `vaultmail up`)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for name in (path.name, path.name + "-wal", path.name + "-shm"):  # an older release's too
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(path.with_name(name), 0o600)
+
+
 class Snapshotter:
     def __init__(self, data_dir: str | Path) -> None:
         self.path = Path(data_dir) / FILENAME
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _private(self.path)
         self._db = sqlite3.connect(self.path, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(

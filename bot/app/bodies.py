@@ -4,43 +4,97 @@ Tool calls (HTTP and MCP) take at most 1 MiB: far more than any argument allows 
 is at most 60,000 characters). Webhooks take what GitHub can send: it caps a payload at 25 MB,
 so up to 25 MiB is read and anything larger is refused with 413. The body is counted as it
 arrives, so neither a false Content-Length nor a chunked upload gets more through.
+
+JSON bodies nest arrays and objects at most 64 deep (`loads_json`): deeper is 400 `bad_json`,
+where the parser (and every recursive walk after it) would otherwise run out of stack.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from itertools import accumulate
 from typing import Any
 
 from aiohttp import web
 
-from bot.errors import PayloadTooLarge
+from bot.errors import PayloadTooLarge, VaultmailError
 
 MiB = 1024 * 1024
 TOOL_BODY_LIMIT = 1 * MiB
 WEBHOOK_BODY_LIMIT = 25 * MiB
+JSON_DEPTH_LIMIT = 64  # GitHub's payloads nest about 8 deep; tool arguments 4
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
     return f"{n // MiB} MiB" if n % MiB == 0 else f"{n:,} bytes"
+
+
+def too_large(what: str, size: str, limit: int) -> PayloadTooLarge:
+    """The 413 for `what`, `size` long ("12,345 bytes", "more than 1 MiB"), over `limit`."""
+    return PayloadTooLarge(f"{what} is {size}: at most {size_text(limit)} ({limit:,} bytes) "
+                           "is taken here")
+
+
+def over_limit(what: str, limit: int) -> PayloadTooLarge:
+    """The 413 for a body found longer than `limit` as it arrived."""
+    return too_large(what, f"more than {size_text(limit)}", limit)
 
 
 async def read_body(request: web.Request, limit: int, what: str) -> bytes:
     """The whole body, or PayloadTooLarge (413) naming `what` and `limit` once it passes it."""
-    def too_large(size: str) -> PayloadTooLarge:
-        return PayloadTooLarge(f"{what} is {size}: at most {_size(limit)} ({limit:,} bytes) "
-                               "is taken here")
-
     declared = request.content_length
     if declared is not None and declared > limit:
-        raise too_large(f"{declared:,} bytes")
+        raise too_large(what, f"{declared:,} bytes", limit)
     chunks: list[bytes] = []
     total = 0
     async for chunk in request.content.iter_any():
         total += len(chunk)
         if total > limit:
-            raise too_large(f"more than {_size(limit)}")
+            raise over_limit(what, limit)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+# -- nesting ----------------------------------------------------------------------------------
+#
+# json.loads recurses once per level (`[` * 100000 is a RecursionError, not a ValueError), and
+# so do pydantic, json.dumps and the walks below: the depth is measured on the text first,
+# with bytes methods only (C speed; no regex, which would backtrack on an unterminated string).
+
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_STEP = [0] * 256
+_STEP[ord("[")] = _STEP[ord("{")] = 1
+_STEP[ord("]")] = _STEP[ord("}")] = -1
+
+
+def nested_deeper(data: bytes, limit: int = JSON_DEPTH_LIMIT) -> int | None:
+    """How deep arrays and objects nest in the JSON text `data` when that is deeper than
+    `limit`, else None. Brackets in strings do not count; for text that is not JSON, the
+    answer is some number (json.loads refuses that text anyway)."""
+    if data.count(b"[") + data.count(b"{") <= limit:  # the usual case: nothing to measure
+        return None
+    # escaped backslashes first (pairs, left to right, as JSON reads them), then escaped
+    # quotes: every `"` left opens or closes a string, so every other piece is outside one
+    plain = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside = b"".join(plain.split(b'"')[::2]).translate(None, _NOT_BRACKETS)
+    depth = max(accumulate(map(_STEP.__getitem__, outside)), default=0)
+    return depth if depth > limit else None
+
+
+def loads_json(data: bytes, what: str = "the body") -> Any:
+    """json.loads, once the nesting is known to be at most JSON_DEPTH_LIMIT: deeper is a
+    VaultmailError 400 `bad_json` naming the limit; text that is not JSON a ValueError."""
+    encoding = json.detect_encoding(data)
+    if encoding not in ("utf-8", "utf-8-sig"):  # UTF-16 and 32, which json.loads also reads:
+        # measured as UTF-8, where a `"` or a bracket byte is that character and no other
+        data = data.decode(encoding, "surrogatepass").encode("utf-8", "surrogatepass")
+    depth = nested_deeper(data)
+    if depth is not None:
+        raise VaultmailError(
+            f"{what} nests arrays and objects {depth} deep: at most {JSON_DEPTH_LIMIT} levels "
+            "are taken; send flatter JSON", code="bad_json")
+    return json.loads(data)
 
 
 # -- lone surrogates --------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from bot.console.signin import CALLBACK
 from bot.office.config import Office, load_office
 from bot.office.seed import seed_office
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
-from bot.private_files import write_private
+from bot.private_files import private_dir, write_private
 from bot.store import api_tokens, ledger
 from localforge import LocalForge
 
@@ -60,8 +60,7 @@ class Identity:
         return cls(**json.loads(path.read_text()))
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(self.__dict__))
-        path.chmod(0o600)
+        write_private(path, json.dumps(self.__dict__))  # it holds the App's private key
 
 
 def _new_private_key() -> str:
@@ -149,7 +148,7 @@ async def start_embedded(
     database_url: str = "",
     replica_id: str = "",
 ) -> Embedded:
-    data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(data_dir)  # keys, tokens, the index: the app's alone (0700)
     office = load_office(office_path)
     forge = LocalForge(dialect=dialect, data_dir=data_dir / "forge" if persist_forge else None)
     await forge.start(host=host, port=forge_port)

@@ -1,14 +1,23 @@
 """Webhook intake: verify, dedupe by delivery id, persist, answer at once.
 
 Nothing is stored for a delivery whose signature does not verify. The worker does the rest.
+
+Before the signature is checked, anyone can send: the body's HMAC is computed as it arrives,
+a missing or malformed signature is refused before any of it is read, a Content-Length over
+the limit before any of it is read, a body not sent whole within `webhook_read_seconds` is
+answered 408 and its connection closed, and the process holds at most UNVERIFIED_LIMIT bytes
+of bodies not verified yet, all connections together (past it: 503, and the forge's failed
+delivery is asked for again by the reconciler).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
 import logging
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,25 +28,92 @@ from gidgethub import sansio
 from bot import metrics
 from bot.app.bodies import (
     WEBHOOK_BODY_LIMIT,
+    MiB,
+    loads_json,
     lone_surrogate_at,
     may_hold_surrogates,
-    read_body,
+    over_limit,
     replace_surrogates,
+    size_text,
+    too_large,
 )
 from bot.app.services import SERVICES_KEY
-from bot.errors import PayloadTooLarge
+from bot.errors import PayloadTooLarge, VaultmailError
 from bot.forge import gitea_events as gitea
 from bot.store.queue import installation_of
 
 log = logging.getLogger("vaultmail.intake")
 
+WHAT = "the webhook body"
+_HEX_MAC = re.compile(r"[0-9a-f]{64}")
+
+
+def _github_mac(header: str | None) -> str | None:
+    """The hex HMAC-SHA256 an `X-Hub-Signature-256` claims (`sha256=<hex>`), or None."""
+    if not header or not header.startswith("sha256="):
+        return None
+    claimed = header.removeprefix("sha256=")
+    return claimed if _HEX_MAC.fullmatch(claimed) else None
+
+
+def _gitea_mac(header: str | None) -> str | None:
+    """The hex HMAC-SHA256 an `X-Gitea-Signature` claims (bare hex, any case), or None."""
+    claimed = (header or "").strip().lower()
+    return claimed if _HEX_MAC.fullmatch(claimed) else None
+
+
+class SignedBody:
+    """A webhook body as it arrives: its HMAC-SHA256 computed chunk by chunk, its size held
+    to `limit` (sans-I/O: `receive_webhook` feeds it)."""
+
+    def __init__(self, secret: str, limit: int = WEBHOOK_BODY_LIMIT) -> None:
+        self._mac = hmac.new(secret.encode(), digestmod=hashlib.sha256)
+        self._chunks: list[bytes] = []
+        self.size, self.limit = 0, limit
+
+    def add(self, chunk: bytes) -> None:
+        """Take the next chunk; PayloadTooLarge (413) once the body passes the limit."""
+        if self.size + len(chunk) > self.limit:
+            raise over_limit(WHAT, self.limit)
+        self._mac.update(chunk)
+        self._chunks.append(chunk)
+        self.size += len(chunk)
+
+    def matches(self, claimed: str | None) -> bool:
+        """Whether `claimed` (hex) is the body's HMAC, compared in constant time."""
+        return claimed is not None and hmac.compare_digest(self._mac.hexdigest(), claimed)
+
+    def body(self) -> bytes:
+        return b"".join(self._chunks)
+
 
 def signature_valid(body: bytes, header: str | None, secret: str) -> bool:
     """Check `X-Hub-Signature-256` (sha256=<hex HMAC of the raw body>) in constant time."""
-    if not header or not header.startswith("sha256="):
-        return False
-    expected = "sha256=" + hmac.digest(secret.encode(), body, hashlib.sha256).hex()
-    return hmac.compare_digest(expected, header)
+    signed = SignedBody(secret, limit=len(body))
+    signed.add(body)
+    return signed.matches(_github_mac(header))
+
+
+class Unverified:
+    """Bytes of webhook bodies held before their signature could be checked, counted across
+    every connection of the process: what a sender without the secret can make it hold."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held = limit, 0
+
+    def take(self, n: int) -> bool:
+        if self.held + n > self.limit:
+            return False
+        self.held += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.held -= n
+
+
+# room for two of the largest bodies GitHub sends at once, and every usual one beside them
+UNVERIFIED_LIMIT = 64 * MiB
+UNVERIFIED = Unverified(UNVERIFIED_LIMIT)
 
 
 @dataclass(frozen=True)
@@ -46,7 +122,7 @@ class Dialect:
 
     names: tuple[str, str, str]  # delivery id, event and signature headers, for errors
     delivery_of: Callable[[Mapping[str, str]], tuple[str, str, str]]
-    signature_valid: Callable[[bytes, str, str], bool]
+    claimed_mac: Callable[[str | None], str | None]  # the signature header's hex HMAC
     to_github: Callable[[str, dict[str, Any], str], dict[str, Any]] | None = None
 
 
@@ -56,34 +132,87 @@ def _github_delivery(headers: Mapping[str, str]) -> tuple[str, str, str]:
 
 
 GITHUB = Dialect(("X-GitHub-Delivery", "X-GitHub-Event", "X-Hub-Signature-256"),
-                 _github_delivery, signature_valid)
+                 _github_delivery, _github_mac)
 GITEA = Dialect(("X-Gitea-Delivery", "X-Gitea-Event", "X-Gitea-Signature"),
-                gitea.delivery_of, gitea.signature_valid, gitea.to_github)
+                gitea.delivery_of, _gitea_mac, gitea.to_github)
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
     return web.json_response({"error": {"code": code, "message": message}}, status=status)
 
 
-async def receive_webhook(request: web.Request) -> web.Response:
-    services = request.app[SERVICES_KEY]
-    try:  # GitHub caps a payload at 25 MB: everything it can send is taken
-        body = await read_body(request, WEBHOOK_BODY_LIMIT, "the webhook body")
+async def _answer_and_close(request: web.Request, response: web.Response) -> web.Response:
+    """Send `response`, then close the connection rather than read what is left of the body
+    (aiohttp would otherwise linger up to 10 s reading it)."""
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    request.protocol.force_close()  # the answer is flushed first, then the socket closed
+    return response
+
+
+async def _receive(request: web.Request, signed: SignedBody, read_seconds: float,
+                   guid: str) -> web.Response | None:
+    """Read the body into `signed`, within the time and memory it may take; None once all of
+    it is there, else the refusal to answer."""
+    declared = request.content_length
+    if declared is not None and declared > signed.limit:  # refused before a byte is read
+        exc = too_large(WHAT, f"{declared:,} bytes", signed.limit)
+        log.warning("webhook refused: too large", extra={"reason": exc.message})
+        return _error(exc.status, exc.code, exc.message)
+    held = 0
+    try:
+        async with asyncio.timeout(read_seconds):
+            async for chunk in request.content.iter_any():
+                if not UNVERIFIED.take(len(chunk)):
+                    log.warning("webhook refused: too many unverified bytes held",
+                                extra={"delivery_id": guid, "held": UNVERIFIED.held})
+                    response = _error(503, "busy", (
+                        f"the app holds {size_text(UNVERIFIED.limit)} of webhook bodies not "
+                        "verified yet, the most it takes at once; send it again shortly"))
+                    response.headers["Retry-After"] = "5"
+                    return response
+                held += len(chunk)
+                signed.add(chunk)
     except PayloadTooLarge as exc:
         log.warning("webhook refused: too large", extra={"reason": exc.message})
         return _error(exc.status, exc.code, exc.message)
-    dialect = GITEA if services.settings.dialect == "gitea" else GITHUB
+    except TimeoutError:
+        log.warning("webhook refused: body not sent in time", extra={
+            "delivery_id": guid, "received": signed.size, "read_seconds": read_seconds})
+        return await _answer_and_close(request, _error(408, "body_timeout", (
+            f"{WHAT} did not arrive whole within {read_seconds:g} s ({signed.size:,} bytes "
+            "came); send it in one go")))
+    finally:
+        UNVERIFIED.give(held)
+    return None
+
+
+async def receive_webhook(request: web.Request) -> web.Response:
+    services = request.app[SERVICES_KEY]
+    settings = services.settings
+    dialect = GITEA if settings.dialect == "gitea" else GITHUB
     guid, event, signature = dialect.delivery_of(request.headers)
     delivery_header, event_header, signature_header = dialect.names
-    if not dialect.signature_valid(body, signature, services.settings.webhook_secret):
+    claimed = dialect.claimed_mac(signature)
+    signed = SignedBody(settings.webhook_secret)
+    # no signature to check: nothing of the body is worth reading
+    refusal = (None if claimed is None else
+               await _receive(request, signed, settings.webhook_read_seconds, guid))
+    if refusal is not None:
+        return refusal
+    if not signed.matches(claimed):
         log.warning("webhook refused: bad or missing signature",
                     extra={"delivery_id": guid, "event": event})
         return _error(401, "bad_signature",
                       f"{signature_header} is missing or does not match the webhook secret")
+    body = signed.body()
     if not guid or not event:
         return _error(400, "missing_headers", f"{delivery_header} and {event_header} are required")
     try:
-        payload = json.loads(body)
+        payload = loads_json(body, WHAT)
+    except VaultmailError as exc:  # nested too deep
+        return _error(exc.status, exc.code, exc.message)
     except ValueError:
         return _error(400, "bad_json", "the webhook body is not JSON")
     if not isinstance(payload, dict):

@@ -96,6 +96,13 @@ class Settings:
     # for several replicas sharing one database
     database_url: str = ""
     replica_id: str = ""  # REPLICA_ID: a replica restarting under its id takes back its work
+    # VAULTMAIL_WEBHOOK_READ_SECONDS: a webhook body not sent whole within this is answered 408
+    # and its connection closed (the forge sends one in well under a second)
+    webhook_read_seconds: float = 20.0
+    # VAULTMAIL_OPERATOR_TOKEN: `Authorization: Bearer <it>` shows /readyz's detail (which
+    # installations, what failed and why); without it, /readyz says ready or not only
+    operator_token: str = field(
+        default_factory=lambda: os.environ.get("VAULTMAIL_OPERATOR_TOKEN", ""))
 
     def __post_init__(self) -> None:
         if not self.webhook_secret:
@@ -192,6 +199,8 @@ class Settings:
             public_url=(source.public_url or "").rstrip("/"),
             allowed_origins=parse_origins(source.allowed_origins),
             database_url=source.database_url or "", replica_id=source.replica_id or "",
+            webhook_read_seconds=source.webhook_read_seconds,
+            operator_token=source.operator_token or "",
         )
 
     @classmethod
@@ -211,6 +220,8 @@ class Settings:
             public_url=(source.public_url or "").rstrip("/"),
             allowed_origins=parse_origins(source.allowed_origins),
             database_url=source.database_url or "", replica_id=source.replica_id or "",
+            webhook_read_seconds=source.webhook_read_seconds,
+            operator_token=source.operator_token or "",
         )
 
 
@@ -268,6 +279,9 @@ class _EnvFile(BaseSettings):
     allowed_origins: str | None = _env("VAULTMAIL_ALLOWED_ORIGINS")
     database_url: str | None = _env("DATABASE_URL")
     replica_id: str | None = _env("REPLICA_ID")
+    webhook_read_seconds: float = Field(
+        default=20.0, gt=0, validation_alias=AliasChoices("VAULTMAIL_WEBHOOK_READ_SECONDS"))
+    operator_token: str | None = _env("VAULTMAIL_OPERATOR_TOKEN")
 
     @field_validator("database_url")
     @classmethod
@@ -324,6 +338,7 @@ class _MappingOnly(_EnvFile):
 _WANTS = {
     "port": "a port number from 1 to 65535",
     "reconcile_seconds": "a number of seconds above 0",
+    "webhook_read_seconds": "a number of seconds above 0",
     "log_level": "one of debug, info, warning, error, critical (or trace, warn, fatal)",
     "ghe_protocol": "https or http",
 }

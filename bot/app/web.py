@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -58,13 +59,37 @@ STUCK_AFTER = 300.0  # seconds the oldest due delivery may wait before the queue
 WRITE_LOCK_WAIT = 1.0  # seconds readiness waits for the index's write lock
 
 
+OPERATOR_ONLY = ("each check's detail is shown to the operator only: send Authorization: "
+                 "Bearer <VAULTMAIL_OPERATOR_TOKEN>")
+
+
+def _from_operator(request: web.Request, settings: Settings) -> bool:
+    """Whether the request carries the operator's token (none set: nobody is the operator)."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return (bool(settings.operator_token) and scheme.lower() == "bearer"
+            and hmac.compare_digest(token.strip().encode(), settings.operator_token.encode()))
+
+
+def _readiness(request: web.Request, settings: Settings,
+               checks: dict[str, dict[str, object]]) -> web.Response:
+    """200 or 503 with the names of the checks that failed, to anyone; what each check found
+    (installations name the tenants) to the operator only."""
+    failed = [name for name, c in checks.items() if not c["ok"]]
+    body: dict[str, object] = {"status": "not ready" if failed else "ready", "failed": failed}
+    if _from_operator(request, settings):
+        body["checks"] = checks
+    else:
+        body["detail"] = OPERATOR_ONLY
+    return web.json_response(body, status=503 if failed else 200)
+
+
 async def readyz(request: web.Request) -> web.Response:
     """Readiness: 200 when the app can do its work, else 503 naming each check that failed."""
     startup = request.app[STARTUP_KEY]
     services = startup.services
     if services is None:
-        return web.json_response({"status": "not ready", "failed": ["forge"], "checks": {
-            "forge": {"ok": False, "detail": f"not reached yet: {startup.error}"}}}, status=503)
+        return _readiness(request, startup.settings, {
+            "forge": {"ok": False, "detail": f"not reached yet: {startup.error}"}})
     checks: dict[str, dict[str, object]] = {}
 
     async def check(name: str, probe: Callable[[], Awaitable[str]]) -> None:
@@ -103,9 +128,7 @@ async def readyz(request: web.Request) -> web.Response:
     for name, probe in (("database", database), ("forge", forge),
                         ("installations", installations), ("queue", queue)):
         await check(name, probe)
-    failed = [name for name, c in checks.items() if not c["ok"]]
-    return web.json_response({"status": "not ready" if failed else "ready", "failed": failed,
-                              "checks": checks}, status=503 if failed else 200)
+    return _readiness(request, services.settings, checks)
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
@@ -197,7 +220,8 @@ async def _installations(settings: Settings, auth: AppAuth,
 class Startup:
     """Where start-up stands: the parts once the forge has answered, else the last error."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings  # (the probes' until `services` has them)
         self.services: Services | None = None
         self.error: str | None = None
         self.ready = asyncio.Event()
@@ -245,7 +269,7 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
     trying again until the forge answers.
     """
     app = web.Application(middlewares=[until_started])
-    startup = app[STARTUP_KEY] = Startup()
+    startup = app[STARTUP_KEY] = Startup(settings)
 
     async def start(session: aiohttp.ClientSession) -> None:
         delay = 0.5

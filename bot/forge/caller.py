@@ -38,6 +38,7 @@ from gidgethub import HTTPException, InvalidField, ValidationError, sansio
 from uritemplate import URITemplate, variable
 
 from bot import metrics
+from bot.private_files import write_private
 
 from . import writes
 from .base import JSON
@@ -588,7 +589,8 @@ def save_etag_cache(cache: Any, installation_id: int, path: Path) -> None:
     if cache is None:
         return
     entries = [[url, list(value)] for url, value in cache.items()]
-    path.write_text(json.dumps({"installation_id": installation_id, "entries": entries}))
+    # the forge's answers, private repositories' issues among them: the app's alone
+    write_private(path, json.dumps({"installation_id": installation_id, "entries": entries}))
 
 
 def load_etag_cache(cache: Any, installation_id: int, path: Path) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import aiosqlite
 
+from bot.private_files import narrow, private_dir, private_file
 from bot.store.db import Store
 from bot.store.migrations import MIGRATIONS_TABLE, migrations
 
@@ -40,6 +41,17 @@ def _statements(script: str) -> list[str]:
     if buf.strip():
         out.append(buf.strip())
     return out
+
+
+def _private_index(path: Path) -> None:
+    """The index is the app's alone: its directory made 0700 when it is made here, the file
+    made 0600 before SQLite opens it (SQLite gives its -wal and -shm the file's mode), and
+    those of an older release narrowed to 0600."""
+    if not path.parent.exists():
+        private_dir(path.parent)
+    private_file(path)
+    for suffix in ("-wal", "-shm", "-journal"):
+        narrow(path.with_name(path.name + suffix))
 
 
 def _migrate_file(path: str, upto: int | None = None) -> None:
@@ -146,7 +158,7 @@ class SqliteStore(Store):
     @classmethod
     async def open(cls, path: str | Path) -> SqliteStore:
         if str(path) != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            _private_index(Path(path))
         db = await aiosqlite.connect(str(path))
         db.row_factory = aiosqlite.Row
         await db.create_function("vm_now", 0, time.time)  # the store's clock (bot.store.db)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Awaitable
 from typing import TypeVar
 
 from aiohttp import web
 
-from bot.app.bodies import TOOL_BODY_LIMIT, read_body
+from bot.app.bodies import TOOL_BODY_LIMIT, loads_json, read_body
 from bot.app.services import SERVICES_KEY, Services
 from bot.errors import Denied, NotInstalled, Unauthenticated, VaultmailError
 from bot.forge.errors import ForgeError
@@ -128,7 +127,7 @@ async def tool_endpoint(request: web.Request) -> web.Response:
         owner = await authenticate(services, request.headers.get("Authorization"))
         try:
             data = await read_body(request, TOOL_BODY_LIMIT, "the request body")
-            raw = json.loads(data) if data.strip() else {}
+            raw = loads_json(data) if data.strip() else {}  # nesting over 64: 400 bad_json
         except ValueError as exc:  # not JSON, not UTF-8, or a number of over 4300 digits
             raise VaultmailError(f"the body is not JSON: {exc}", code="bad_json") from exc
         work = call_tool(await make_call(

@@ -20,9 +20,19 @@ from bot.app.embedded import Embedded
 from bot.store.postgres import WRITE_LOCK
 from tests.support import Actor
 
+OPERATOR = {"Authorization": "Bearer operator-token-of-the-tests"}
+
+
+@pytest.fixture(autouse=True)
+def _operator(embedded: Embedded) -> None:
+    """The readiness checks' detail is the operator's: these tests hold its token."""
+    settings = embedded.services.settings
+    embedded.services.settings = dataclasses.replace(
+        settings, operator_token=OPERATOR["Authorization"].removeprefix("Bearer "))
+
 
 async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, Any, str]:
-    async with session.get(url) as resp:
+    async with session.get(url, headers=OPERATOR if url.endswith("/readyz") else None) as resp:
         text = await resp.text()
         body = await resp.json() if resp.content_type == "application/json" else None
         return resp.status, body, text

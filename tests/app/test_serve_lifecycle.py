@@ -56,11 +56,14 @@ async def _json(session: aiohttp.ClientSession, method: str, url: str,
         return resp.status, await resp.json(content_type=None)
 
 
+OPERATOR = {"Authorization": "Bearer operator-token-of-the-tests"}  # /readyz's detail
+
+
 async def _until_ready(session: aiohttp.ClientSession, url: str, tries: int = 300) -> Any:
     """Poll /readyz (the operator's probe) until it says ready; bounded."""
     body: Any = None
     for _ in range(tries):
-        status, body = await _json(session, "GET", url + "/readyz")
+        status, body = await _json(session, "GET", url + "/readyz", headers=OPERATOR)
         if status == 200:
             return body
         await asyncio.sleep(0.1)
@@ -87,7 +90,8 @@ async def test_serve_starts_while_the_forge_is_unreachable_and_becomes_ready_onc
     forge.install_app(app_id, "acme")
     proc = await _serve({"APP_ID": str(app_id), "PRIVATE_KEY": private, "WEBHOOK_SECRET": secret,
                          "GITHUB_API_URL": f"http://127.0.0.1:{forge_port}", "HOST": "127.0.0.1",
-                         "PORT": str(app_port), "VAULTMAIL_DATA": str(tmp_path / "data")},
+                         "PORT": str(app_port), "VAULTMAIL_DATA": str(tmp_path / "data"),
+                         "VAULTMAIL_OPERATOR_TOKEN": "operator-token-of-the-tests"},
                         tmp_path)
     try:
         assert proc.stdout is not None
