@@ -19,7 +19,7 @@ from bot.mail.header import (
     split_mail_body,
     verify_mail,
 )
-from bot.mail.signing import Keyring, PublicKeys
+from bot.mail.signing import Keyring, Keyrings, PublicKeys
 
 VAULT = "acme/scout-vault"
 SUBJECT = "Prices for Q3"
@@ -103,7 +103,7 @@ def test_subject_cannot_break_out_of_the_comment() -> None:
     header, issue_body = make(subject=subject)
     first_line = issue_body.split("\n", 1)[0]
     assert first_line.count("-->") == 1 and "<b>" not in first_line
-    assert check(issue_body, title=subject) == "valid: signed by the office"
+    assert check(issue_body, title=subject) == "valid: signed for office acme"
     assert parse_mail_body(issue_body)[0] == header
 
 
@@ -354,3 +354,70 @@ def test_a_header_without_names_shows_the_principals_and_verifies_as_before() ->
     assert "from_name" not in header.to_json() and "from_name" not in header.signed_fields()
     assert "`human:marco@acme.com`" in issue_body
     assert check(issue_body).startswith("valid")
+
+
+# -- offices: each signs with its own key (issue 21) -------------------------------------------
+
+
+def _forged_by(ring: Keyring, vault: str = VAULT) -> str:
+    """What another office could write with its own key: a header claiming `vault` (the app
+    itself refuses to sign it, see below, so the forger signs by hand)."""
+    header, _ = make(ring=Keyring.ephemeral())
+    unsigned = header.model_copy(update={"key_id": ring.active_kid, "office": ring.office,
+                                         "vault": vault, "signature": ""})
+    _, signature = ring.sign(canonical_bytes(unsigned), kid=ring.active_kid)
+    return render_mail_body(unsigned.model_copy(update={"signature": signature}), BODY)
+
+
+def test_a_new_header_names_its_office_and_is_signed_with_that_office_key() -> None:
+    rings = Keyrings.ephemeral()
+    header, issue_body = make(ring=rings.for_office("acme"))
+    assert header.office == "acme" and header.key_id.startswith("vm-acme-")
+    assert json.loads(canonical_bytes(header).split(b"\n", 1)[1])["office"] == "acme"
+    verdict = verify_mail(SUBJECT, issue_body, VAULT, rings)
+    assert verdict.valid and verdict.office == "acme", verdict.reason
+    assert verdict.reason == "signed for office acme"
+    renamed = issue_body.replace('"office":"acme"', '"office":"evil"')
+    assert verify_mail(SUBJECT, renamed, VAULT, rings).reason == "header fields changed"
+
+
+def test_an_office_key_never_signs_for_another_office_vault() -> None:
+    rings = Keyrings.ephemeral()
+    with pytest.raises(ValueError, match="office evil's key cannot sign for acme/scout-vault"):
+        make(ring=rings.for_office("evil"))
+
+
+def test_a_header_signed_by_another_office_is_a_forgery_in_this_one() -> None:
+    rings = Keyrings.ephemeral()
+    rings.for_office("acme")
+    evil = rings.for_office("evil")
+    forged = _forged_by(evil)
+    for keys in (rings, PublicKeys.from_jwks(json.loads(json.dumps(rings.public_jwks())))):
+        verdict = verify_mail(SUBJECT, forged, VAULT, keys)
+        assert verdict.status is VerdictStatus.TAMPERED
+        assert not verdict.signed and not verdict.valid, "nothing in it is acme's word"
+        assert verdict.reason == (
+            f"signed with office evil's key {evil.active_kid}, but acme/scout-vault is office "
+            "acme's: a forgery or a copy, not acme's mail")
+    # acme's own published keys do not even hold evil's key
+    own = PublicKeys.from_jwks(rings.public_jwks("acme"))
+    assert verify_mail(SUBJECT, forged, VAULT, own).reason == (
+        f"unknown key id {evil.active_kid} (a key of office evil, not acme)")
+    # evil's mail in evil's own vault is evil's, and verifies there
+    assert verify_mail(SUBJECT, _forged_by(evil, "evil/scout-vault"), "evil/scout-vault",
+                       rings).valid
+
+
+def test_an_old_header_signed_with_the_legacy_key_still_verifies() -> None:
+    legacy = Keyring.ephemeral()
+    header, issue_body = make(ring=legacy)  # as mail was signed before offices had keys
+    assert header.office is None and '"office"' not in issue_body
+    rings = Keyrings.ephemeral(legacy=legacy, installed=lambda: ["acme"])
+    verdict = verify_mail(SUBJECT, issue_body, VAULT, rings)
+    assert verdict.valid and verdict.office == "acme", verdict.reason
+    # bound to the one office it served: the same key in another office's vault is not theirs
+    _, elsewhere = make(ring=legacy, vault="evil/scout-vault")
+    verdict = verify_mail(SUBJECT, elsewhere, "evil/scout-vault", rings)
+    assert not verdict.valid and not verdict.signed
+    assert verdict.reason == (f"signed with the legacy key {legacy.active_kid}, which signed "
+                              "for office acme only, but evil/scout-vault is office evil's")

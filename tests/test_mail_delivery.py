@@ -121,7 +121,8 @@ async def test_a_mail_created_just_before_a_crash_is_recovered_from_its_webhook(
     """The app created the issue, then died before indexing it: its own webhook indexes it."""
     from bot.mail.header import render_mail_body, sign_header
 
-    header = sign_header(keyring=embedded.services.keyring, from_principal="agent:builder",
+    header = sign_header(keyring=embedded.services.keyring.for_office("acme"),
+                         from_principal="agent:builder",
                          to_principal="agent:scout", vault=SCOUT_VAULT, subject="Orphan",
                          body="created, then the process died")
     forge = embedded.services.forge_for(None)

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from bot.mail.signing import KEYS_FILE_NAME, Keyring, KeyringError, PublicKeys, b64url_decode
+from bot.mail.signing import (
+    KEYS_FILE_NAME,
+    OFFICE_KEYS_DIR,
+    Keyring,
+    KeyringError,
+    Keyrings,
+    PublicKeys,
+    b64url_decode,
+)
 
 DATA = b"vaultmail-header-v1\n{}"
 
@@ -144,3 +152,124 @@ def test_from_jwks_skips_other_key_types_and_rejects_broken_ones() -> None:
 def test_sign_with_an_unknown_key_id_fails() -> None:
     with pytest.raises(KeyringError):
         Keyring.ephemeral().sign(DATA, kid="vm-nope")
+
+
+# -- one keyring per office (issue 21) ---------------------------------------------------------
+
+
+def test_each_office_gets_its_own_private_key_file_whose_key_ids_name_it(tmp_path: Path) -> None:
+    rings = Keyrings.in_data_dir(tmp_path)
+    assert rings.offices() == [], "nothing is made before an office signs"
+    acme = rings.for_office("Acme")  # org logins are case-insensitive: the office is lowercase
+    assert re.fullmatch(r"vm-acme-\d{8}-[0-9a-f]{6}", acme.active_kid)
+    assert acme.office == "acme" and rings.for_office("acme") is acme
+    path = tmp_path / OFFICE_KEYS_DIR / "acme.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert json.loads(path.read_text())["office"] == "acme"
+    evil = rings.for_office("evil")
+    assert evil.active_kid.startswith("vm-evil-") and evil.active_kid != acme.active_kid
+    assert rings.offices() == ["acme", "evil"]
+    assert Keyrings.in_data_dir(tmp_path).for_office("acme").active_kid == acme.active_kid
+    assert not (tmp_path / KEYS_FILE_NAME).exists(), "no legacy keyring is made"
+
+
+def test_an_office_name_is_an_org_login_and_nothing_else(tmp_path: Path) -> None:
+    rings = Keyrings.in_data_dir(tmp_path)
+    for bad in ("../acme", "acme/x", "", "-acme", "acme_corp", "a" * 40):
+        with pytest.raises(KeyringError, match="not an organisation login"):
+            rings.for_office(bad)
+    assert not (tmp_path / OFFICE_KEYS_DIR).exists() or rings.offices() == []
+
+
+def test_a_key_file_of_another_office_is_refused(tmp_path: Path) -> None:
+    rings = Keyrings.in_data_dir(tmp_path)
+    rings.for_office("evil")
+    folder = tmp_path / OFFICE_KEYS_DIR
+    (folder / "acme.json").write_bytes((folder / "evil.json").read_bytes())
+    with pytest.raises(KeyringError, match="office 'evil', not 'acme'"):
+        Keyrings.in_data_dir(tmp_path).for_office("acme")
+
+
+def test_the_verifier_knows_which_office_each_key_speaks_for(tmp_path: Path) -> None:
+    app = Keyrings.in_data_dir(tmp_path)
+    kid, sig = app.for_office("evil").sign(DATA)
+    cli = Keyrings.in_data_dir(tmp_path)  # another process: reads what the app made
+    assert cli.has_key(kid) and cli.verify(kid, DATA, sig)
+    assert cli.speaks_for(kid) == ("evil",)
+    stranger = "vm-nobody-20261204-3fa9c2"
+    assert not cli.has_key(stranger) and cli.speaks_for(stranger) == ()
+    assert "nobody" not in cli.offices(), "verifying never makes an office's keys"
+
+
+def test_rotation_is_per_office_and_seen_by_every_process(tmp_path: Path) -> None:
+    app, cli = Keyrings.in_data_dir(tmp_path), Keyrings.in_data_dir(tmp_path)
+    old_acme, old_evil = app.for_office("acme").active_kid, app.for_office("evil").active_kid
+    new_acme = cli.for_office("acme").rotate()
+    assert new_acme.startswith("vm-acme-") and new_acme != old_acme
+    assert app.for_office("acme").sign(DATA)[0] == new_acme
+    assert app.for_office("evil").active_kid == old_evil, "another office's key is untouched"
+    assert app.has_key(old_acme), "the old key keeps verifying"
+
+
+def test_each_office_publishes_only_its_own_keys_and_the_union_has_them_all(
+        tmp_path: Path) -> None:
+    rings = Keyrings.in_data_dir(tmp_path)
+    acme, evil = rings.for_office("acme"), rings.for_office("evil")
+    acme.rotate()
+    own = rings.public_jwks("acme")
+    assert {k["kid"] for k in own["keys"]} == set(acme.key_ids)
+    assert {k["office"] for k in own["keys"]} == {"acme"}
+    union = rings.public_jwks()
+    assert {k["kid"] for k in union["keys"]} == set(acme.key_ids) | set(evil.key_ids)
+    published = PublicKeys.from_jwks(json.loads(json.dumps(union)))
+    kid, sig = evil.sign(DATA)
+    assert published.verify(kid, DATA, sig) and published.speaks_for(kid) == ("evil",)
+    assert not PublicKeys.from_jwks(own).has_key(kid)
+
+
+def test_the_legacy_keyring_verifies_signs_nothing_and_is_bound_to_the_offices_it_served(
+        tmp_path: Path) -> None:
+    legacy = Keyring.load_or_create(tmp_path / KEYS_FILE_NAME)  # from before offices had keys
+    kid, sig = legacy.sign(DATA)
+    rings = Keyrings.in_data_dir(tmp_path, installed=lambda: ["Acme"])
+    assert rings.verify(kid, DATA, sig)
+    assert rings.speaks_for(kid) == ("acme",), "the one office it served"
+    assert json.loads((tmp_path / KEYS_FILE_NAME).read_text())["offices"] == ["acme"]
+    assert stat.S_IMODE((tmp_path / KEYS_FILE_NAME).stat().st_mode) == 0o600
+    assert rings.for_office("acme").active_kid != kid, "new mail is signed with acme's own key"
+    later = Keyrings.in_data_dir(tmp_path, installed=lambda: ["acme", "evil"])
+    assert later.speaks_for(kid) == ("acme",), "an office installed later never gets it"
+    by_kid = {k["kid"]: k for k in later.public_jwks("acme")["keys"]}
+    assert by_kid[kid]["legacy"] is True and by_kid[kid]["active"] is False
+    assert kid not in {k["kid"] for k in later.public_jwks("evil")["keys"]}
+    assert PublicKeys.from_jwks(later.public_jwks()).speaks_for(kid) == ("acme",)
+
+
+def test_a_legacy_keyring_not_bound_yet_speaks_for_any_office(tmp_path: Path) -> None:
+    legacy = Keyring.load_or_create(tmp_path / KEYS_FILE_NAME)
+    rings = Keyrings.in_data_dir(tmp_path)  # nothing installed yet: nothing to bind it to
+    assert rings.speaks_for(legacy.active_kid) is None
+    assert "offices" not in json.loads((tmp_path / KEYS_FILE_NAME).read_text())
+
+
+def test_processes_making_an_office_key_at_once_agree_on_one(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = ("import sys; from bot.mail.signing import Keyrings; "
+              "print(Keyrings.in_data_dir(sys.argv[1]).for_office('acme').active_kid)")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    kids = {proc.communicate(timeout=60)[0].strip() for proc in procs}
+    assert len(kids) == 1 and next(iter(kids)).startswith("vm-acme-")
+    assert len(json.loads((tmp_path / OFFICE_KEYS_DIR / "acme.json").read_text())["keys"]) == 1
+
+
+def test_a_record_of_an_office_is_signed_with_its_key_and_one_of_no_office_with_the_legacy_key(
+        tmp_path: Path) -> None:
+    rings = Keyrings.in_data_dir(tmp_path)
+    assert rings.signer_for("Acme") is rings.for_office("acme")
+    with pytest.raises(KeyringError, match="no legacy keyring"):
+        rings.signer_for(None)
+    legacy = Keyring.load_or_create(tmp_path / KEYS_FILE_NAME)
+    assert Keyrings.in_data_dir(tmp_path).signer_for(None).active_kid == legacy.active_kid

@@ -79,8 +79,11 @@ class LedgerForwarder:
         cursor = int(row["seq"]) if row else 0
         sent = 0
         for entry in await ledger.entries(store, since=cursor, limit=BATCH):
+            # signed with the key of the office the entry is about (its subject's org)
+            about = entry.subject.split("/")[0] if "/" in entry.subject else None
             try:
-                await post_signed(self.services.keyring, url, entry.as_json(), headers={
+                await post_signed(self.services.keyring.signer_for(
+                    about or self.services.default_org), url, entry.as_json(), headers={
                     "X-Vaultmail-Event": entry.event, "X-Vaultmail-Delivery": str(entry.seq)})
             except Exception as exc:
                 failures = (int(row["failures"]) if row else 0) + 1

@@ -183,7 +183,7 @@ async def _dispatch(services: Services, forge: Forge, agent: Agent, vault: str, 
             if how == "repository_dispatch":
                 await forge.dispatch(vault, "vaultmail.run", fit_client_payload(payload))
             else:
-                await post_signed(services.keyring, how, payload)
+                await post_signed(services.keyring.for_office(vault.split("/")[0]), how, payload)
             return
         except Exception as exc:  # network or forge failure: retry with backoff
             log.warning("run dispatch failed (attempt %d): %r", attempt, exc,

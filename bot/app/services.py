@@ -14,7 +14,7 @@ from gidgethub.routing import Router
 from bot.app.notify import Notifier
 from bot.app.settings import Settings
 from bot.errors import NotInstalled
-from bot.mail.signing import Keyring
+from bot.mail.signing import Keyrings
 from bot.office.source import OfficeSource
 from bot.office.visibility import Visibility
 from bot.store import Store
@@ -35,7 +35,8 @@ class Services:
     own_router: Router  # the few events the app caused that it still reads (recovery)
     app_slug: str
     offices: OfficeSource
-    keyring: Keyring
+    # every office's signing keys: `keyring.for_office(org)` signs, `keyring` verifies
+    keyring: Keyrings
     # org (lower case) -> installation id: read at start, kept by installation events
     installations: dict[str, int] = field(default_factory=dict)
     background: set[asyncio.Task[None]] = field(default_factory=set)

@@ -30,7 +30,7 @@ from bot.console import add_console_routes
 from bot.forge.errors import ForgeError
 from bot.forge.github import ForgeClient, ForgeConfig
 from bot.forge.tokens import AppAuth
-from bot.mail.signing import Keyring
+from bot.mail.signing import KeyringError, Keyrings, office_name
 from bot.office.config import load_office
 from bot.office.source import OfficeSource
 from bot.store import health, open_store
@@ -138,7 +138,24 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 
 
 async def published_keys(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICES_KEY].keyring.public_jwks())
+    """The public signing keys: one office's at /.well-known/vaultmail-keys/<org>.json (or
+    ?org=<org>), which is what its receivers check against; every office's and the legacy
+    ones at /.well-known/vaultmail-keys.json, as before offices had keys of their own."""
+    services = request.app[SERVICES_KEY]
+    org = request.match_info.get("org", request.query.get("org"))
+    if org is None:
+        return web.json_response(services.keyring.public_jwks())
+    try:
+        office = office_name(org)
+    except KeyringError as exc:
+        return web.json_response({"error": {"code": "bad_office", "message": str(exc)}},
+                                 status=400)
+    # keys are made for an installed office only, never for any name a request brings
+    if services.installation_of(office) is None and office not in services.keyring.offices():
+        return web.json_response({"error": {"code": "no_office", "message": (
+            f"no office {office} here: the App is not installed on {office}, and no key ever "
+            "signed for it")}}, status=404)
+    return web.json_response(services.keyring.public_jwks(office))
 
 
 async def fetch_app_slug(auth: AppAuth, session: aiohttp.ClientSession, api_url: str) -> str:
@@ -165,7 +182,8 @@ async def build_services(settings: Settings, session: aiohttp.ClientSession) -> 
     services = Services(settings=settings, store=store, forge_client=client,
                         router=build_router(), own_router=build_own_router(), app_slug=slug,
                         offices=OfficeSource(settings.office_path),
-                        keyring=Keyring.in_data_dir(settings.data_dir))
+                        keyring=Keyrings.in_data_dir(settings.data_dir))
+    services.keyring.installed = services.installations.keys  # what legacy keys served
     services.installations.update(
         {str(i["account"]["login"]).lower(): int(i["id"]) for i in installs})
     return services
@@ -187,8 +205,9 @@ async def build_gitea_services(settings: Settings, session: aiohttp.ClientSessio
     services = Services(settings=settings, store=store, forge_client=client,
                         router=build_router(), own_router=build_own_router(), app_slug=login,
                         offices=OfficeSource(settings.office_path),
-                        keyring=Keyring.in_data_dir(settings.data_dir), bot_user=login,
+                        keyring=Keyrings.in_data_dir(settings.data_dir), bot_user=login,
                         installations={org.lower(): SYNTHETIC_INSTALLATION_ID for org in orgs})
+    services.keyring.installed = services.installations.keys  # what legacy keys served
     return services
 
 
@@ -351,6 +370,7 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
     app.router.add_get("/.well-known/vaultmail-keys.json", published_keys)
+    app.router.add_get("/.well-known/vaultmail-keys/{org}.json", published_keys)
     add_routes(app)
     add_mcp_routes(app)
     add_console_routes(app)  # the office console: pages, sign-in, live updates

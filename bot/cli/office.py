@@ -26,7 +26,16 @@ from bot.cli.shell import (
 )
 from bot.forge.errors import NotFound
 from bot.mail.header import parse_mail_body, verify_issue
-from bot.mail.signing import KEYS_FILE_NAME, Keyring, PublicKeys
+from bot.mail.signing import (
+    KEYS_FILE_NAME,
+    OFFICE_KEYS_DIR,
+    KeyringError,
+    Keyrings,
+    PublicKeys,
+    Verifier,
+    kid_office,
+    office_name,
+)
 from bot.store import api_tokens, index_of, ledger, mails, open_store
 
 _REF = re.compile(r"^([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)#([1-9][0-9]*)$")
@@ -89,17 +98,20 @@ async def cmd_reindex(args: argparse.Namespace) -> int:
 
 
 async def _published_keys(data: str | None, keys_url: str | None,
-                          session: aiohttp.ClientSession) -> PublicKeys:
+                          session: aiohttp.ClientSession) -> Verifier:
+    """Every office's published keys (the app's, or `--keys-url`), else the key files in the
+    data directory; the check itself requires the key to speak for the mail's office."""
     if keys_url is None and data and (Path(data) / "tokens.json").exists():
         app_url = json.loads((Path(data) / "tokens.json").read_text())["app_url"]
         keys_url = f"{app_url}/.well-known/vaultmail-keys.json"
     if keys_url is None:
-        path = data_dir_or_default(data) / KEYS_FILE_NAME
-        if not path.exists():
+        folder = data_dir_or_default(data)
+        if not (folder / OFFICE_KEYS_DIR).is_dir() and not (folder / KEYS_FILE_NAME).exists():
             raise SettingsError(f"no published keys to check against: give --keys-url "
                                 f"https://YOUR-APP/.well-known/vaultmail-keys.json, or --data "
-                                f"with the app's data directory ({path} does not exist)")
-        return Keyring.load_or_create(path).public_keys()
+                                f"with the app's data directory ({folder} holds no "
+                                f"{OFFICE_KEYS_DIR}/ and no {KEYS_FILE_NAME})")
+        return Keyrings.in_data_dir(folder)  # reads them, never makes any
     try:
         async with session.get(keys_url) as resp:
             resp.raise_for_status()
@@ -149,13 +161,15 @@ async def _verify(args: argparse.Namespace) -> int:
                                home=home.ref if home else None)
     if verdict.valid and verdict.header is not None:
         h = verdict.header
+        legacy = kid_office(h.key_id) is None  # signed before offices had keys of their own
         if wants_json(args):
             done({"status": "valid", "mail": args.mail, "mail_id": h.mail_id,
-                  "from": h.from_principal, "to": h.to_principal, "sent": h.sent,
-                  "key": h.key_id})
+                  "office": verdict.office, "from": h.from_principal, "to": h.to_principal,
+                  "sent": h.sent, "key": h.key_id, "legacy_key": legacy})
         else:
-            print(f"valid: {args.mail} from {h.from_principal} to {h.to_principal}, sent "
-                  f"{h.sent}, key {h.key_id}")
+            print(f"valid: {args.mail} signed for office {verdict.office} by "
+                  f"{'legacy key' if legacy else 'key'} {h.key_id}, from {h.from_principal} "
+                  f"to {h.to_principal}, sent {h.sent}")
         return 0
     if wants_json(args):
         print(json.dumps(ShellFailure(verdict.status.value, verdict.reason).as_json()))
@@ -165,9 +179,29 @@ async def _verify(args: argparse.Namespace) -> int:
 
 
 async def cmd_keys_rotate(args: argparse.Namespace) -> int:
-    ring = Keyring.in_data_dir(existing_data_dir(args.data, needs=KEYS_FILE_NAME))
+    """A new active key for one office (`--org`, or the one office that has keys)."""
+    data = existing_data_dir(args.data, needs="")
+    rings = Keyrings.in_data_dir(data)
+    offices = rings.offices()
+    if args.org is not None:
+        try:
+            office = office_name(args.org)
+        except KeyringError as exc:
+            raise ShellFailure("usage", f"--org: {exc}") from exc
+        if office not in offices:  # a mistyped org gets no keys of its own
+            raise ShellFailure("no_keys", (
+                f"office {office} has no signing keys in {data} (an office's keys are made "
+                f"when it first signs); offices with keys: {', '.join(offices) or 'none'}"))
+    elif len(offices) == 1:
+        office = offices[0]
+    else:
+        raise ShellFailure("usage", (
+            f"several offices sign here ({', '.join(offices)}): name one with --org ORG"
+            if offices else f"no office has signing keys in {data} yet (an office's keys are "
+            "made when it first signs; the legacy signing-keys.json signs nothing any more)"))
+    ring = rings.for_office(office)
     kid = ring.rotate()
-    print(f"new signing key {kid} is active; kept for verifying: "
+    print(f"office {office}: new signing key {kid} is active; kept for verifying: "
           f"{', '.join(k for k in ring.key_ids if k != kid)}")
     return 0
 
@@ -261,7 +295,10 @@ def add_office_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.set_defaults(func=cmd_verify)
     keys = sub.add_parser("keys", help="signing keys")
     ksub = keys.add_subparsers(dest="keys_command", required=True)
-    p = with_data(ksub.add_parser("rotate", help="add a new active key; old ones keep verifying"))
+    p = with_data(ksub.add_parser("rotate", help="add a new active key to an office's keys; "
+                                              "old ones keep verifying"))
+    p.add_argument("--org", help="the office (organisation) whose key to rotate (default: the "
+                                 "one office that has keys)")
     p.set_defaults(func=cmd_keys_rotate)
     token = sub.add_parser("token", help="API tokens")
     tsub = token.add_subparsers(dest="token_command", required=True)

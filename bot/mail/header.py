@@ -26,9 +26,9 @@ What is signed (``canonical_bytes``): the ASCII line ``vaultmail-header-v1`` and
 followed by the JSON object of the twelve signed fields -- version, mail_id, from_principal,
 to_principal, sent, vault, subject, body_sha256, hops, in_reply_to (null when absent),
 thread_id, key_id -- and, when present, the names the table shows (from_name, to_name: a
-person's forge login rather than their email address) -- with sorted keys, no whitespace,
-UTF-8, non-ASCII unescaped (RFC 8785 form for these fields). The signature (Ed25519,
-base64url) covers those bytes.
+person's forge login rather than their email address) and the office that signed (office) --
+with sorted keys, no whitespace, UTF-8, non-ASCII unescaped (RFC 8785 form for these fields).
+The signature (Ed25519, base64url) covers those bytes.
 
 Normal forms, so forges' rewriting does not break signatures: the body is hashed with LF line
 endings, no leading blank lines and no trailing whitespace (``normalize_body``); the subject is
@@ -42,6 +42,13 @@ account, which nobody else can; the mails it adopts (opened by a person) have th
 ``adopted_mail_id(vault, number)``. A genuine header on any other issue is a copy
 (``Verdict.copy``). Nothing in the signed form changed for this, so older headers verify as
 before.
+
+A header is the word of the office whose vault it sits in, and of no other (issue 21): each
+office signs with its own key (``bot.mail.signing``), a new header names it (``office``), and
+the check requires the key to speak for the office that owns the vault (the vault's owner).
+A header another office's key signed, whatever vault it claims, is a forgery or a copy there;
+a legacy key (from before offices had keys) verifies for the offices it served. Headers
+without ``office`` (signed before) verify as they did.
 """
 
 from __future__ import annotations
@@ -58,7 +65,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from bot.mail.signing import Signer, Verifier
+from bot.mail.signing import Signer, Verifier, kid_office, vault_office
 
 HEADER_VERSION: Final = 1
 SIGNING_CONTEXT = b"vaultmail-header-v1\n"
@@ -82,7 +89,9 @@ SIGNED_FIELDS: tuple[str, ...] = (
 # Signed when present, left out of the signed form when absent (so headers written before
 # they existed verify as they did): what the table shows for each side instead of the principal
 # (a person's forge login rather than their email address).
-OPTIONAL_SIGNED_FIELDS: tuple[str, ...] = ("from_name", "to_name")
+# `office` likewise: the office whose key signed (the vault's owner), on headers signed since
+# each office has its own key.
+OPTIONAL_SIGNED_FIELDS: tuple[str, ...] = ("from_name", "to_name", "office")
 _NAME_RE = re.compile(r"^(login:[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})|agent:[a-z0-9-]+|office)$")
 
 _ID = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}"
@@ -177,6 +186,7 @@ class MailHeader(BaseModel):
     key_id: str = Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")
     from_name: str | None = Field(default=None, pattern=_NAME_RE.pattern)
     to_name: str | None = Field(default=None, pattern=_NAME_RE.pattern)
+    office: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9-]{0,38}$")
     signature: str = Field(default="", pattern=r"^[A-Za-z0-9_-]*$")
 
     @field_validator("from_principal", "to_principal")
@@ -270,7 +280,12 @@ def sign_header(
     """Build and sign a header with the keyring's active key. ``mail_id`` defaults to a new
     UUID, ``sent`` to now, ``thread_id`` to the mail id (a fresh thread); the subject is
     signed as ``clean_subject`` leaves it (title the issue with ``header.subject``). Invalid
-    fields raise pydantic's ValidationError (a ValueError)."""
+    fields raise pydantic's ValidationError (a ValueError), and so does an office's keyring
+    asked to sign for a vault of another office (it would never verify there)."""
+    office = keyring.office
+    if office is not None and vault_office(vault) != office:
+        raise ValueError(f"office {office}'s key cannot sign for {vault}: that vault is "
+                         f"office {vault_office(vault)}'s")
     mail_id = mail_id or new_mail_id()
     if sent is None:
         sent = datetime.now(UTC)
@@ -289,6 +304,7 @@ def sign_header(
         key_id=kid,
         from_name=from_name,
         to_name=to_name,
+        office=office,
     )
     used_kid, signature = keyring.sign(canonical_bytes(unsigned), kid=kid)
     assert used_kid == kid
@@ -466,8 +482,9 @@ class VerdictStatus(StrEnum):
 class Verdict:
     """The result of checking a mail. ``header`` is the header as found (None if there is none
     or it is unreadable); ``signed`` says its signature verified, so its values are the ones
-    the office signed (keep them in the index even when the mail is tampered); ``problems``
-    lists every finding, ``reason`` joins them."""
+    the office signed (keep them in the index even when the mail is tampered); ``office`` is
+    that office (the signed vault's owner) when it did; ``problems`` lists every finding,
+    ``reason`` joins them."""
 
     status: VerdictStatus
     reason: str
@@ -476,6 +493,7 @@ class Verdict:
     signed: bool = False
     body: str = ""
     copy: bool = False  # a genuine header on an issue it was not written for: not that mail
+    office: str | None = None
 
     @property
     def valid(self) -> bool:
@@ -484,9 +502,34 @@ class Verdict:
 
 def _tampered(problems: list[str], header: MailHeader | None, signed: bool, body: str,
               copy: bool = False) -> Verdict:
-    return Verdict(
-        VerdictStatus.TAMPERED, "; ".join(problems), tuple(problems), header, signed, body, copy
-    )
+    office = vault_office(header.vault) if header is not None and signed else None
+    return Verdict(VerdictStatus.TAMPERED, "; ".join(problems), tuple(problems), header, signed,
+                   body, copy, office)
+
+
+def _unknown_key(header: MailHeader) -> str:
+    named, owner = kid_office(header.key_id), vault_office(header.vault)
+    if named is not None and named != owner:
+        return f"unknown key id {header.key_id} (a key of office {named}, not {owner})"
+    return f"unknown key id {header.key_id}"
+
+
+def _not_this_office(header: MailHeader, keys: Verifier) -> str | None:
+    """Why a header whose signature verified is still not the word of the office owning the
+    vault it names (its key speaks for another office, or it names another), or None."""
+    owner = vault_office(header.vault)
+    offices = keys.speaks_for(header.key_id)
+    if offices is not None and owner not in offices:
+        if kid_office(header.key_id) is None:
+            served = f"office{'s' if len(offices) > 1 else ''} {', '.join(offices)}"
+            return (f"signed with the legacy key {header.key_id}, which signed for {served} "
+                    f"only, but {header.vault} is office {owner}'s")
+        return (f"signed with office {', '.join(offices)}'s key {header.key_id}, but "
+                f"{header.vault} is office {owner}'s: a forgery or a copy, not {owner}'s mail")
+    if header.office is not None and header.office != owner:
+        return (f"the header names office {header.office}, but {header.vault} is office "
+                f"{owner}'s: a forgery or a copy, not {owner}'s mail")
+    return None
 
 
 def _clip(text: str, limit: int = 80) -> str:
@@ -511,7 +554,8 @@ def verify_mail(
 ) -> Verdict:
     """Check a mail as found in the forge: its title, body and the repository it is in.
 
-    ``keys`` is the Keyring or the published PublicKeys. ``expected_mail_id`` is the mail id
+    ``keys`` is Keyrings (every office's keys), a Keyring or the published PublicKeys; the
+    key must speak for the office owning the signed vault. ``expected_mail_id`` is the mail id
     the index holds for this issue, if any: then a missing header counts as tampering, and a
     header from another mail (copied in) is caught even within the same vault.
 
@@ -533,9 +577,12 @@ def verify_mail(
     if header is None:
         return _tampered([f"header unreadable: {parsed.error}"], None, False, parsed.body)
     if not keys.has_key(header.key_id):
-        return _tampered([f"unknown key id {header.key_id}"], header, False, parsed.body)
+        return _tampered([_unknown_key(header)], header, False, parsed.body)
     if not verify_signature(header, keys):
         return _tampered(["header fields changed"], header, False, parsed.body)
+    forged = _not_this_office(header, keys)
+    if forged is not None:  # nothing in it is the word of the office whose vault it names
+        return _tampered([forged], header, False, parsed.body)
 
     problems: list[str] = []
     vault = vault_full_name.strip().lower()
@@ -570,7 +617,9 @@ def verify_mail(
         problems.append("readable header changed: it no longer matches the signed one")
     if problems:
         return _tampered(problems, header, True, parsed.body, copy)
-    return Verdict(VerdictStatus.VALID, "signed by the office", (), header, True, parsed.body)
+    office = vault_office(header.vault)
+    return Verdict(VerdictStatus.VALID, f"signed for office {office}", (), header, True,
+                   parsed.body, office=office)
 
 
 def verify_issue(

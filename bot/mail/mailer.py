@@ -218,7 +218,8 @@ class Mailer:
         vault = self.office.vault_of(agent).lower()
         hops = await self._copy_hops(reply_to) if automatic and reply_to else 0
         header = _signed(
-            keyring=self.services.keyring, from_principal=actor, to_principal=agent.principal,
+            keyring=self.services.keyring.for_office(self.office.org), from_principal=actor,
+            to_principal=agent.principal,
             vault=vault, subject=subject, body=body, mail_id=mail_id, hops=hops,
             in_reply_to=reply_to.ref if reply_to else None,
             thread_id=reply_to.thread_id if reply_to else None,
@@ -317,7 +318,8 @@ class Mailer:
         mail_id = adopted_mail_id(repo, number)  # binds the header to this issue
         title = str(issue.get("title") or "")
         header = _signed(
-            keyring=self.services.keyring, from_principal=actor, to_principal=agent.principal,
+            keyring=self.services.keyring.for_office(self.office.org), from_principal=actor,
+            to_principal=agent.principal,
             vault=repo.lower(), subject=checked_subject(title), body=body, mail_id=mail_id,
             from_name=shown_as(self.office, actor), to_name=shown_as(self.office, agent.principal))
         current = [label["name"] for label in issue.get("labels", [])]

@@ -1,22 +1,43 @@
-"""Ed25519 signing keys for mail headers (DESIGN §3.4).
+"""Ed25519 signing keys for mail headers and signed POSTs (DESIGN §3.4), one keyring per office.
 
-``Keyring`` holds the office's private keys, persisted as JSON (mode 0600) in the data
-directory; one key is active and signs, older ones stay for verifying after ``rotate()``.
-``PublicKeys`` holds only the published keys (``GET /.well-known/vaultmail-keys.json``) and
-verifies; ``vaultmail verify`` uses it with nothing else.
+One deployment serves every org that installs the App, each org an office, and each office
+signs with keys of its own (issue 21), so that nothing one office signs can pass for another's.
+``Keyrings`` holds them all: ``for_office(org)`` is that office's ``Keyring``, made at its
+first signature as ``signing-keys/<org>.json`` in the data directory (mode 0600, created and
+rotated under a file lock, so the app, its replicas and the CLI agree on one key). One key
+of a keyring is active and signs; older ones stay for verifying after ``rotate()``.
 
-Key ids look like ``vm-20250131-3fa9c2`` (creation date and six random hex digits).
-Signatures are raw 64-byte Ed25519 signatures in base64url without padding.
+Key ids name their office: ``vm-acme-20261204-3fa9c2`` (``vm-``, the org's login in lower
+case, the creation date, six random hex digits). Signatures are raw 64-byte Ed25519
+signatures in base64url without padding.
 
-The published document (a JWK set, RFC 8037 OKP keys)::
+**The legacy keyring.** Before offices had keys, one ``signing-keys.json`` signed for the
+whole deployment (key ids ``vm-20250131-3fa9c2``). It is never made anew and signs no new mail
+(only what was written before offices had keys: a ledger entry of no office sent to a webhook,
+``Keyrings.signer_for``), but its keys verify the mail they signed, for the offices they
+served: those installed when this version first needs to know (usually the deployment's one
+office), recorded in that file as ``"offices"`` once and kept, so an org installed later never
+gets them. Until then (nothing installed yet) they verify for any office, as they did.
 
-    {"keys": [{"kid": "vm-...", "kty": "OKP", "crv": "Ed25519", "x": "<b64url>",
-               "use": "sig", "alg": "EdDSA", "active": true, "created": "2025-01-31T09:00:00Z"}]}
+**Verifying** (``Verifier``) asks which offices a key speaks for (``speaks_for``): an office's
+key speaks for that office alone, a legacy key for the offices it served. ``Keyrings`` verifies
+with every office's keys (read from the data directory as needed: another process may have
+made them) and the legacy ones; ``PublicKeys`` with only the published ones.
 
-The private file::
+The published document (a JWK set, RFC 8037 OKP keys): ``GET
+/.well-known/vaultmail-keys/<org>.json`` (or ``...keys.json?org=<org>``) holds one office's keys
+and the legacy keys that served it; ``GET /.well-known/vaultmail-keys.json`` holds them all::
 
-    {"version": 1, "active": "vm-...",
-     "keys": [{"kid": "vm-...", "created": "...Z", "private": "<b64url raw 32 bytes>"}]}
+    {"keys": [{"kid": "vm-acme-...", "kty": "OKP", "crv": "Ed25519", "x": "<b64url>",
+               "use": "sig", "alg": "EdDSA", "active": true, "created": "2026-12-04T09:00:00Z",
+               "office": "acme"},
+              {"kid": "vm-2025...", ..., "active": false, "legacy": true, "offices": ["acme"]}]}
+
+The private files::
+
+    {"version": 1, "office": "acme", "active": "vm-acme-...",
+     "keys": [{"kid": "vm-acme-...", "created": "...Z", "private": "<b64url raw 32 bytes>"}]}
+    {"version": 1, "active": "vm-2025...", "offices": ["acme"], "keys": [...]}   (legacy)
 """
 
 from __future__ import annotations
@@ -26,8 +47,9 @@ import binascii
 import contextlib
 import json
 import os
+import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,8 +71,12 @@ try:  # POSIX: serialise creation and rotation between processes (app and CLI)
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-KEYS_FILE_NAME = "signing-keys.json"
+KEYS_FILE_NAME = "signing-keys.json"  # the legacy keyring: verifies, signs nothing new
+OFFICE_KEYS_DIR = "signing-keys"  # one file per office: signing-keys/<org>.json
 _FILE_VERSION = 1
+# an org's login (GitHub: letters, digits and single hyphens, at most 39), lower case
+_OFFICE_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,38})$")
+_OFFICE_KID_RE = re.compile(r"^vm-([a-z0-9][a-z0-9-]{0,38})-\d{8}-[0-9a-f]{6}$")
 
 
 class KeyringError(ValueError):
@@ -58,18 +84,59 @@ class KeyringError(ValueError):
 
 
 class Verifier(Protocol):
-    """Anything that can check a signature by key id: a Keyring or PublicKeys."""
+    """Anything that can check a signature by key id: Keyrings, a Keyring or PublicKeys."""
 
     def has_key(self, kid: str) -> bool: ...
 
     def verify(self, kid: str, data: bytes, signature: str) -> bool: ...
+
+    def speaks_for(self, kid: str) -> tuple[str, ...] | None:
+        """The offices whose word key ``kid`` is: one for an office's key, those a legacy key
+        served; None for a key of no office (a legacy key not bound yet, or a keyring made
+        for no office): any; () for a key it does not have."""
+        ...
 
 
 class Signer(Protocol):
     @property
     def active_kid(self) -> str: ...
 
+    @property
+    def office(self) -> str | None:
+        """The office it signs for (None: a keyring of no office, from before offices)."""
+        ...
+
     def sign(self, data: bytes, *, kid: str | None = None) -> tuple[str, str]: ...
+
+
+def office_name(org: str) -> str:
+    """An org's login as an office's name (lower case); KeyringError for anything else, so a
+    name from a URL or a header never becomes a path elsewhere."""
+    office = org.strip().lower() if isinstance(org, str) else ""
+    if not _OFFICE_RE.match(office) or "--" in office or office.endswith("-"):
+        raise KeyringError(f"{org!r} is not an organisation login (letters, digits and single "
+                           "hyphens, at most 39)")
+    return office
+
+
+def _is_office(org: str) -> bool:
+    try:
+        office_name(org)
+    except KeyringError:
+        return False
+    return True
+
+
+def vault_office(vault: str) -> str:
+    """The office a vault (``owner/repo``) belongs to: its owner, lower case."""
+    return vault.split("/", 1)[0].strip().lower()
+
+
+def kid_office(kid: str) -> str | None:
+    """The office a key id names by its form (``vm-<office>-<date>-<hex>``); None for a legacy
+    id. Only a name: which office a key speaks for is what the keyring holding it says."""
+    m = _OFFICE_KID_RE.match(kid)
+    return m.group(1) if m else None
 
 
 # -- encoding helpers --------------------------------------------------------------------------
@@ -101,9 +168,10 @@ def _parse_iso(text: str) -> datetime:
     return ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
 
 
-def new_key_id(now: datetime | None = None) -> str:
+def new_key_id(now: datetime | None = None, office: str | None = None) -> str:
     now = now or datetime.now(UTC)
-    return f"vm-{now.astimezone(UTC):%Y%m%d}-{secrets.token_hex(3)}"
+    named = f"{office}-" if office else ""
+    return f"vm-{named}{now.astimezone(UTC):%Y%m%d}-{secrets.token_hex(3)}"
 
 
 def _verify_with(public: Ed25519PublicKey, data: bytes, signature: str) -> bool:
@@ -121,9 +189,10 @@ def _verify_with(public: Ed25519PublicKey, data: bytes, signature: str) -> bool:
 
 
 def _public_jwk(
-    kid: str, public: Ed25519PublicKey, active: bool, created: datetime
+    kid: str, public: Ed25519PublicKey, active: bool, created: datetime, *,
+    office: str | None = None, served: tuple[str, ...] | None = None, legacy: bool = False,
 ) -> dict[str, Any]:
-    return {
+    jwk: dict[str, Any] = {
         "kid": kid,
         "kty": "OKP",
         "crv": "Ed25519",
@@ -133,6 +202,13 @@ def _public_jwk(
         "active": active,
         "created": _iso(created),
     }
+    if office is not None:
+        jwk["office"] = office
+    if legacy:
+        jwk["legacy"] = True
+    if office is None and served is not None:
+        jwk["offices"] = list(served)
+    return jwk
 
 
 # -- private keys ------------------------------------------------------------------------------
@@ -149,16 +225,18 @@ class SigningKey:
         return self.private.public_key()
 
     @classmethod
-    def generate(cls, now: datetime | None = None) -> SigningKey:
+    def generate(cls, now: datetime | None = None, office: str | None = None) -> SigningKey:
         now = (now or datetime.now(UTC)).astimezone(UTC).replace(microsecond=0)
-        return cls(new_key_id(now), now, Ed25519PrivateKey.generate())
+        return cls(new_key_id(now, office), now, Ed25519PrivateKey.generate())
 
 
 class Keyring:
-    """The office's signing keys. Create with ``load_or_create(path)`` (persisted) or
-    ``ephemeral()`` (in memory, for tests and the demo)."""
+    """One office's signing keys (or the legacy keyring, of no office). Create with
+    ``load_or_create(path)`` (persisted) or ``ephemeral()`` (in memory, for tests and the
+    demo); ``Keyrings.for_office`` makes each office's."""
 
-    def __init__(self, keys: list[SigningKey], active: str, path: Path | None = None) -> None:
+    def __init__(self, keys: list[SigningKey], active: str, path: Path | None = None, *,
+                 office: str | None = None, served: Iterable[str] | None = None) -> None:
         if not keys:
             raise KeyringError("a keyring needs at least one key")
         by_kid = {k.kid: k for k in keys}
@@ -166,38 +244,50 @@ class Keyring:
             raise KeyringError("duplicate key ids in keyring")
         if active not in by_kid:
             raise KeyringError(f"active key {active!r} is not in the keyring")
+        self._office = office_name(office) if office is not None else None
+        if self._office is not None:
+            foreign = [k for k in by_kid if kid_office(k) != self._office]
+            if foreign:
+                raise KeyringError(f"office {self._office}'s keyring holds keys not named for "
+                                   f"it: {', '.join(foreign)}")
         self._keys = by_kid
         self._active = active
         self._path = path
+        self._served = _served(served)
         self._stamp: tuple[int, int, int] | None = None
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
-    def ephemeral(cls, now: datetime | None = None) -> Keyring:
-        key = SigningKey.generate(now)
-        return cls([key], key.kid)
+    def ephemeral(cls, now: datetime | None = None, *, office: str | None = None) -> Keyring:
+        office = office_name(office) if office is not None else None
+        key = SigningKey.generate(now, office)
+        return cls([key], key.kid, office=office)
 
     @classmethod
     def in_data_dir(cls, data_dir: str | Path) -> Keyring:
+        """The legacy keyring of a data directory, made when absent (tests and tools only:
+        the app never makes one, see ``Keyrings``)."""
         return cls.load_or_create(Path(data_dir) / KEYS_FILE_NAME)
 
     @classmethod
-    def load_or_create(cls, path: str | Path, now: datetime | None = None) -> Keyring:
-        """Load the key file at ``path``, creating it with one fresh key when it is absent.
-        A file that exists but cannot be read is an error, never overwritten."""
+    def load_or_create(cls, path: str | Path, now: datetime | None = None, *,
+                       office: str | None = None) -> Keyring:
+        """Load the key file at ``path``, creating it with one fresh key when it is absent;
+        with ``office``, it must be that office's. A file that exists but cannot be read (or
+        is another office's) is an error, never overwritten."""
         path = Path(path)
+        office = office_name(office) if office is not None else None
         path.parent.mkdir(parents=True, exist_ok=True)
         with _locked(path):
             if not path.exists():
-                key = SigningKey.generate(now)
-                ring = cls([key], key.kid, path)
+                key = SigningKey.generate(now, office)
+                ring = cls([key], key.kid, path, office=office)
                 ring._write()
                 return ring
-            ring = cls._read(path)
-        return ring
+            return cls._read(path, office)
 
     @classmethod
-    def _read(cls, path: Path) -> Keyring:
+    def _read(cls, path: Path, office: str | None = None) -> Keyring:
         try:
             st = path.stat()
             if st.st_mode & 0o077:
@@ -206,14 +296,24 @@ class Keyring:
         except (OSError, ValueError) as exc:
             raise KeyringError(f"{path}: cannot read signing keys: {exc}") from exc
         keys, active = _keys_from_doc(doc, str(path))
-        ring = cls(keys, active, path)
+        found = doc.get("office")
+        if found != office:  # a file copied or renamed into the wrong place signs for no one
+            raise KeyringError(f"{path}: holds the keys of office {found!r}, not {office!r}")
+        try:
+            ring = cls(keys, active, path, office=office, served=doc.get("offices"))
+        except (KeyringError, TypeError) as exc:
+            raise KeyringError(f"{path}: {exc}") from exc
         ring._stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         return ring
 
     # -- persistence -------------------------------------------------------------------------
     def _doc(self) -> dict[str, Any]:
-        return {
-            "version": _FILE_VERSION,
+        doc: dict[str, Any] = {"version": _FILE_VERSION}
+        if self._office is not None:
+            doc["office"] = self._office
+        if self._served is not None:
+            doc["offices"] = list(self._served)
+        return doc | {
             "active": self._active,
             "keys": [
                 {
@@ -245,14 +345,46 @@ class Keyring:
             return False
         if (st.st_ino, st.st_mtime_ns, st.st_size) == self._stamp:
             return False
-        fresh = Keyring._read(self._path)
+        fresh = Keyring._read(self._path, self._office)
         self._keys, self._active, self._stamp = fresh._keys, fresh._active, fresh._stamp
+        self._served = fresh._served
         return True
 
     # -- keys --------------------------------------------------------------------------------
     @property
     def path(self) -> Path | None:
         return self._path
+
+    @property
+    def office(self) -> str | None:
+        """The office these keys sign for; None for the legacy keyring (or one made for no
+        office)."""
+        return self._office
+
+    @property
+    def served(self) -> tuple[str, ...] | None:
+        """Of a keyring of no office (the legacy one): the offices it signed for, once
+        recorded (``bind``); None until then."""
+        self.refresh()
+        return self._served
+
+    def bind(self, offices: Iterable[str]) -> tuple[str, ...] | None:
+        """Record, once, the offices a keyring of no office signed for (the legacy keyring:
+        those installed when this version first met it); what another process recorded
+        first stands. Returns the offices recorded."""
+        chosen = _served(offices)
+        if self._office is not None or not chosen:
+            return self._served
+        if self._path is None:
+            if self._served is None:
+                self._served = chosen
+            return self._served
+        with _locked(self._path):
+            self.refresh()
+            if self._served is None:
+                self._served = chosen
+                self._write()
+        return self._served
 
     @property
     def active_kid(self) -> str:
@@ -273,9 +405,9 @@ class Keyring:
         return self._add(now)
 
     def _add(self, now: datetime | None) -> str:
-        key = SigningKey.generate(now)
+        key = SigningKey.generate(now, self._office)
         while key.kid in self._keys:  # pragma: no cover - 1 in 16M on the same day
-            key = SigningKey.generate(now)
+            key = SigningKey.generate(now, self._office)
         self._keys[key.kid] = key
         self._active = key.kid
         self._write()
@@ -300,18 +432,32 @@ class Keyring:
             return False
         return _verify_with(self._keys[kid].public, data, signature)
 
-    def public_jwks(self) -> dict[str, Any]:
-        """The document served at ``GET /.well-known/vaultmail-keys.json``."""
+    def speaks_for(self, kid: str) -> tuple[str, ...] | None:
+        if not self.has_key(kid):
+            return ()
+        return (self._office,) if self._office is not None else self._served
+
+    def public_jwks(self, *, legacy: bool = False) -> dict[str, Any]:
+        """Its public keys as a JWK set (``legacy``: marked as keys that sign nothing now)."""
         self.refresh()
         return {
             "keys": [
-                _public_jwk(k.kid, k.public, k.kid == self._active, k.created)
+                _public_jwk(k.kid, k.public, k.kid == self._active and not legacy, k.created,
+                            office=self._office, served=self._served, legacy=legacy)
                 for k in self._keys.values()
             ]
         }
 
     def public_keys(self) -> PublicKeys:
         return PublicKeys.from_jwks(self.public_jwks())
+
+
+def _served(offices: Iterable[str] | None) -> tuple[str, ...] | None:
+    if offices is None:
+        return None
+    if isinstance(offices, str):
+        raise KeyringError("offices must be a list of organisation logins")
+    return tuple(sorted({office_name(o) for o in offices})) or None
 
 
 def _keys_from_doc(doc: Any, where: str) -> tuple[list[SigningKey], str]:
@@ -364,6 +510,9 @@ class PublicKey:
     public: Ed25519PublicKey
     active: bool
     created: datetime | None
+    office: str | None = None  # the office whose key it is
+    served: tuple[str, ...] | None = None  # a legacy key's offices, once recorded
+    legacy: bool = False
 
 
 class PublicKeys:
@@ -374,7 +523,7 @@ class PublicKeys:
 
     @classmethod
     def from_jwks(cls, jwks: Any) -> PublicKeys:
-        """Read a JWK set as published by ``Keyring.public_jwks``. Keys of other types are
+        """Read a JWK set as published by ``Keyrings.public_jwks``. Keys of other types are
         skipped; a malformed Ed25519 key is an error (KeyringError) naming which."""
         if not isinstance(jwks, dict) or not isinstance(jwks.get("keys"), list):
             raise KeyringError('key document must be a JSON object {"keys": [...]}')
@@ -398,7 +547,15 @@ class PublicKeys:
             if isinstance(jwk.get("created"), str):
                 with contextlib.suppress(ValueError):
                     created = _parse_iso(jwk["created"])
-            keys.append(PublicKey(kid, public, jwk.get("active") is True, created))
+            try:
+                office = office_name(jwk["office"]) if "office" in jwk else None
+                if office is not None and kid_office(kid) != office:
+                    raise KeyringError(f"its id does not name office {office}")
+                served = _served(jwk["offices"]) if "offices" in jwk else None
+            except (KeyringError, TypeError) as exc:
+                raise KeyringError(f"keys[{i}] ({kid}): {exc}") from exc
+            keys.append(PublicKey(kid, public, jwk.get("active") is True, created, office,
+                                  served, jwk.get("legacy") is True))
         return cls(keys)
 
     @property
@@ -416,19 +573,177 @@ class PublicKeys:
         key = self._keys.get(kid)
         return key is not None and _verify_with(key.public, data, signature)
 
+    def speaks_for(self, kid: str) -> tuple[str, ...] | None:
+        key = self._keys.get(kid)
+        if key is None:
+            return ()
+        return (key.office,) if key.office is not None else key.served
+
     def to_jwks(self) -> dict[str, Any]:
         return {
             "keys": [
-                _public_jwk(k.kid, k.public, k.active, k.created or datetime.fromtimestamp(0, UTC))
+                _public_jwk(k.kid, k.public, k.active, k.created or datetime.fromtimestamp(0, UTC),
+                            office=k.office, served=k.served, legacy=k.legacy)
                 for k in self._keys.values()
             ]
         }
 
 
+# -- every office's keys -----------------------------------------------------------------------
+
+
+class Keyrings:
+    """Every office's keyring and the legacy one: signs for an office (``for_office``),
+    verifies for all of them, and publishes each office's keys apart (``public_jwks``).
+
+    ``Keyrings.in_data_dir(dir)`` keeps each office's keys in ``dir/signing-keys/<org>.json``,
+    made at its first ``for_office`` (never by verifying or publishing), and reads the legacy
+    ``dir/signing-keys.json`` when there is one (it is never made). ``installed`` says which
+    offices the deployment serves now: the legacy keys are bound to them the first time it
+    names any (see the module docstring). ``Keyrings.ephemeral()`` keeps everything in memory.
+    """
+
+    def __init__(self, directory: Path | None = None, *, legacy: Keyring | None = None,
+                 legacy_path: Path | None = None,
+                 installed: Callable[[], Iterable[str]] | None = None) -> None:
+        self._dir = directory
+        self._legacy = legacy
+        self._legacy_path = legacy_path
+        self._rings: dict[str, Keyring] = {}
+        self.installed: Callable[[], Iterable[str]] = installed or (lambda: ())
+
+    @classmethod
+    def in_data_dir(cls, data_dir: str | Path, *,
+                    installed: Callable[[], Iterable[str]] | None = None) -> Keyrings:
+        data_dir = Path(data_dir)
+        return cls(data_dir / OFFICE_KEYS_DIR, legacy_path=data_dir / KEYS_FILE_NAME,
+                   installed=installed)
+
+    @classmethod
+    def ephemeral(cls, *, legacy: Keyring | None = None,
+                  installed: Callable[[], Iterable[str]] | None = None) -> Keyrings:
+        return cls(None, legacy=legacy, installed=installed)
+
+    # -- signing ---------------------------------------------------------------------------
+    def for_office(self, org: str) -> Keyring:
+        """The keyring ``org``'s office signs with, made (one fresh key) at its first use."""
+        office = office_name(org)
+        ring = self._rings.get(office)
+        if ring is not None:
+            return ring
+        if self._dir is None:
+            ring = Keyring.ephemeral(office=office)
+        else:
+            self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            ring = Keyring.load_or_create(self._dir / f"{office}.json", office=office)
+        return self._rings.setdefault(office, ring)
+
+    def signer_for(self, org: str | None) -> Keyring:
+        """What signs a record of office ``org`` (a ledger entry sent to a webhook): that
+        office's keyring. A record of no office was written before offices had keys (the
+        deployment's word then): the legacy keyring signs it, as it did; KeyringError when
+        there is none."""
+        if org is not None:
+            return self.for_office(org)
+        if self.legacy is None:
+            raise KeyringError("a record of no office, and no legacy keyring to sign it")
+        return self.legacy
+
+    def existing(self, org: str) -> Keyring | None:
+        """``org``'s keyring when it has one (made here or by another process), else None:
+        nothing is made."""
+        try:
+            office = office_name(org)
+        except KeyringError:
+            return None
+        ring = self._rings.get(office)
+        if ring is None and self._dir is not None:
+            path = self._dir / f"{office}.json"
+            if path.exists():
+                ring = self._rings.setdefault(office, Keyring.load_or_create(path,
+                                                                             office=office))
+        return ring
+
+    def offices(self) -> list[str]:
+        """The offices that have keys, here or in the data directory."""
+        found = set(self._rings)
+        if self._dir is not None and self._dir.is_dir():
+            found |= {p.name.removesuffix(".json") for p in self._dir.glob("*.json")
+                      if _OFFICE_RE.match(p.name.removesuffix(".json"))}
+        return sorted(found)
+
+    @property
+    def legacy(self) -> Keyring | None:
+        """The legacy keyring, if this deployment had one (read when first needed)."""
+        if self._legacy is None and self._legacy_path is not None \
+                and self._legacy_path.exists():
+            self._legacy = Keyring._read(self._legacy_path)
+        return self._legacy
+
+    def legacy_offices(self) -> tuple[str, ...] | None:
+        """The offices the legacy keys speak for: recorded once, the first time any office is
+        installed when they are asked about; None (any office) until then."""
+        legacy = self.legacy
+        if legacy is None:
+            return ()
+        served = legacy.served
+        if served is None:
+            served = legacy.bind(o for o in self.installed() if _is_office(o))
+        return served
+
+    # -- verifying -------------------------------------------------------------------------
+    def _ring_of(self, kid: str) -> Keyring | None:
+        office = kid_office(kid)
+        return self.existing(office) if office is not None else self.legacy
+
+    def has_key(self, kid: str) -> bool:
+        ring = self._ring_of(kid)
+        return ring is not None and ring.has_key(kid)
+
+    def verify(self, kid: str, data: bytes, signature: str) -> bool:
+        ring = self._ring_of(kid)
+        return ring is not None and ring.verify(kid, data, signature)
+
+    def speaks_for(self, kid: str) -> tuple[str, ...] | None:
+        ring = self._ring_of(kid)
+        if ring is None or not ring.has_key(kid):
+            return ()
+        if ring.office is None:
+            return self.legacy_offices()
+        return ring.speaks_for(kid)
+
+    # -- publishing ------------------------------------------------------------------------
+    def public_jwks(self, org: str | None = None) -> dict[str, Any]:
+        """With ``org``: that office's keys (made if it has none yet) and the legacy keys that
+        served it, for ``GET /.well-known/vaultmail-keys/<org>.json``. Without: every office's
+        and every legacy key, for ``GET /.well-known/vaultmail-keys.json``."""
+        if org is not None:
+            office = office_name(org)
+            keys = self.for_office(office).public_jwks()["keys"]
+            served = self.legacy_offices()
+            if self.legacy is not None and served is not None and office in served:
+                keys += self.legacy.public_jwks(legacy=True)["keys"]
+            return {"keys": keys}
+        keys = []
+        for office in self.offices():
+            ring = self.existing(office)
+            if ring is not None:
+                keys += ring.public_jwks()["keys"]
+        if self.legacy is not None:
+            self.legacy_offices()  # bound now, when it can be, so the document says so
+            keys += self.legacy.public_jwks(legacy=True)["keys"]
+        return {"keys": keys}
+
+    def public_keys(self, org: str | None = None) -> PublicKeys:
+        return PublicKeys.from_jwks(self.public_jwks(org))
+
+
 __all__ = [
     "KEYS_FILE_NAME",
+    "OFFICE_KEYS_DIR",
     "Keyring",
     "KeyringError",
+    "Keyrings",
     "PublicKey",
     "PublicKeys",
     "SigningKey",
@@ -436,5 +751,8 @@ __all__ = [
     "Verifier",
     "b64url_decode",
     "b64url_encode",
+    "kid_office",
     "new_key_id",
+    "office_name",
+    "vault_office",
 ]

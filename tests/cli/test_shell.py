@@ -163,7 +163,8 @@ async def test_verify_exits_1_for_tampered_or_unsigned_and_2_for_not_found(
     sent = (await tools("agent:builder")("mail_send", to="scout", subject="Spec",
                                          body="v1"))["mail"]
     code, out, err = await vaultmail("verify", sent["ref"], "--data", data)
-    assert code == 0 and out.startswith(f"valid: {sent['ref']} from agent:builder"), (out, err)
+    assert code == 0 and out.startswith(f"valid: {sent['ref']} signed for office acme by key "
+                                        "vm-acme-") and "from agent:builder" in out, (out, err)
 
     admin = person("admin")
     issue = await admin.issue(SCOUT_VAULT, sent["number"])

@@ -1,0 +1,186 @@
+"""Each office signs with its own key (issue 21): one deployment serving acme and evil
+publishes each office's keys apart, and what evil's office signs never passes acme's check."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from bot.app.embedded import Embedded, start_embedded
+from bot.office.config import load_office
+from bot.office.seed import seed_office
+from bot.office.source import CONFIG_PATH, CONFIG_REPO
+from bot.store import api_tokens
+from tests.support import until
+
+EVIL = """
+org: evil
+humans:
+  - {email: eve@evil.test, login: eve, permissions: [mail.send]}
+agents:
+  - slug: scout
+    login: evil-scout
+    person: eve@evil.test
+    run: {triggers: [mail], dispatch: "RUNS"}
+"""
+
+
+@dataclass
+class Runner:
+    """An office's runner: takes run payloads and ledger entries, keeps what it was sent."""
+
+    url: str = ""
+    runs: list[tuple[bytes, dict[str, str]]] = field(default_factory=list)
+    hooks: list[tuple[bytes, dict[str, str]]] = field(default_factory=list)
+
+    async def run(self, request: web.Request) -> web.Response:
+        self.runs.append((await request.read(), dict(request.headers)))
+        return web.Response(status=204)
+
+    async def hook(self, request: web.Request) -> web.Response:
+        self.hooks.append((await request.read(), dict(request.headers)))
+        return web.Response(status=204)
+
+
+def passes_the_documented_check(app_url: str, office: str, jwks: dict[str, Any],
+                                headers: dict[str, str], raw_body: bytes) -> bool:
+    """docs/using.md, *Checking a signature*, as a runner of `office` runs it, on the keys
+    it fetched from `{app_url}/.well-known/vaultmail-keys/{office}.json`."""
+    def b64(s: str) -> bytes:
+        return base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))
+
+    keys = {k["kid"]: Ed25519PublicKey.from_public_bytes(b64(k["x"])) for k in jwks["keys"]}
+    kid, _, sig = headers["X-Vaultmail-Signature"].partition(".")
+    if kid not in keys:  # another office's key, or none
+        return False
+    try:
+        keys[kid].verify(b64(sig), raw_body)
+    except InvalidSignature:
+        return False
+    return True
+
+
+@pytest.fixture
+async def runner() -> AsyncIterator[Runner]:
+    rec = Runner()
+    app = web.Application()
+    app.router.add_post("/runs", rec.run)
+    app.router.add_post("/hook", rec.hook)
+    site_runner = web.AppRunner(app)
+    await site_runner.setup()
+    site = web.TCPSite(site_runner, "127.0.0.1", 0)
+    await site.start()
+    rec.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    yield rec
+    await site_runner.cleanup()
+
+
+@pytest.fixture
+async def two_offices(tmp_path: Path, runner: Runner,
+                      monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Embedded]:
+    """acme (the example office; scout's runs and every ledger entry go to acme's runner) and
+    evil, installed on the same deployment, whose scout's runs go to acme's runner too."""
+    monkeypatch.setenv("VAULTMAIL_OUTBOUND_ALLOW", "127.0.0.1")  # the runner is on loopback
+    emb = await start_embedded(data_dir=tmp_path / "d", port=0, forge_port=0)
+    try:
+        acme = resources.files("bot").joinpath("example_office.yml").read_text()
+        acme = acme.replace("dispatch: none\n    capabilities:\n      mail.send: [\"*\"]",
+                            f"dispatch: {runner.url}/runs\n    capabilities:\n"
+                            "      mail.send: [\"*\"]", 1)
+        emb.forge.put_file(f"acme/{CONFIG_REPO}", CONFIG_PATH,
+                           acme + f"webhooks:\n  - {runner.url}/hook\n", pusher="admin")
+        evil = EVIL.replace("RUNS", f"{runner.url}/runs")
+        (tmp_path / "evil.yml").write_text(evil)
+        seed_office(emb.forge, load_office(tmp_path / "evil.yml"))
+        emb.forge.put_file(f"evil/{CONFIG_REPO}", CONFIG_PATH, evil)
+        (app_id,) = emb.forge.state.apps
+        emb.forge.install_app(int(app_id), "evil")
+        await emb.settle()
+        yield emb
+    finally:
+        await emb.stop()
+
+
+async def _send(session: aiohttp.ClientSession, emb: Embedded, token: str,
+                subject: str) -> dict[str, Any]:
+    async with session.post(f"{emb.app_url}/api/v1/tools/mail_send",
+                            headers={"Authorization": f"Bearer {token}"},
+                            json={"to": "scout", "subject": subject, "body": "go"}) as resp:
+        body = await resp.json()
+        assert resp.status == 200, body
+        return dict(body["mail"])
+
+
+async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
+    async with session.get(url) as resp:
+        return resp.status, await resp.json()
+
+
+async def test_each_office_keyset_is_served_apart_and_the_old_url_serves_them_all(
+        two_offices: Embedded, session: aiohttp.ClientSession) -> None:
+    emb = two_offices
+    eve = await api_tokens.create_token(emb.services.store, "human:eve@evil.test", "evil")
+    await _send(session, emb, emb.api_tokens["human:marco@acme.com"], "From acme")
+    await _send(session, emb, eve, "From evil")
+    await emb.settle()
+    base = f"{emb.app_url}/.well-known"
+    for url in (f"{base}/vaultmail-keys/acme.json", f"{base}/vaultmail-keys.json?org=acme",
+                f"{base}/vaultmail-keys/Acme.json"):
+        status, jwks = await _get(session, url)
+        assert status == 200, jwks
+        assert {k["office"] for k in jwks["keys"]} == {"acme"}, url
+        assert all(k["kid"].startswith("vm-acme-") for k in jwks["keys"]), url
+    status, evil = await _get(session, f"{base}/vaultmail-keys/evil.json")
+    assert status == 200 and {k["office"] for k in evil["keys"]} == {"evil"}
+    status, union = await _get(session, f"{base}/vaultmail-keys.json")
+    assert status == 200 and {k["office"] for k in union["keys"]} == {"acme", "evil"}
+    status, body = await _get(session, f"{base}/vaultmail-keys/nobody.json")
+    assert status == 404 and body["error"]["code"] == "no_office", body
+    assert "nobody" in body["error"]["message"]
+    assert not (emb.data_dir / "signing-keys" / "nobody.json").exists()
+    status, body = await _get(session, f"{base}/vaultmail-keys.json?org=../acme")
+    assert status == 400 and body["error"]["code"] == "bad_office", body
+
+
+async def test_a_run_payload_evil_signs_fails_the_documented_check_at_acmes_runner(
+        two_offices: Embedded, session: aiohttp.ClientSession, runner: Runner) -> None:
+    emb = two_offices
+    eve = await api_tokens.create_token(emb.services.store, "human:eve@evil.test", "evil")
+    await _send(session, emb, eve, "Run this at acme")
+    await _send(session, emb, emb.api_tokens["human:marco@acme.com"], "Acme's own run")
+    await emb.settle()  # the runs' dispatches included
+    assert len(runner.runs) == 2, runner.runs
+    _, acme_keys = await _get(session, f"{emb.app_url}/.well-known/vaultmail-keys/acme.json")
+    _, evil_keys = await _get(session, f"{emb.app_url}/.well-known/vaultmail-keys/evil.json")
+    by_vault = {json.loads(body)["content"]["vault"]: (body, headers)
+                for body, headers in runner.runs}
+    body, headers = by_vault["evil/scout-vault"]
+    assert headers["X-Vaultmail-Signature"].startswith("vm-evil-"), "the key id names evil"
+    assert not passes_the_documented_check(emb.app_url, "acme", acme_keys, headers, body)
+    assert passes_the_documented_check(emb.app_url, "evil", evil_keys, headers, body), \
+        "it is genuinely evil's"
+    body, headers = by_vault["acme/scout-vault"]
+    assert headers["X-Vaultmail-Signature"].startswith("vm-acme-")
+    assert passes_the_documented_check(emb.app_url, "acme", acme_keys, headers, body)
+
+
+async def test_ledger_entries_reach_the_office_webhook_signed_with_the_office_key(
+        two_offices: Embedded, session: aiohttp.ClientSession, runner: Runner) -> None:
+    emb = two_offices
+    await _send(session, emb, emb.api_tokens["human:marco@acme.com"], "Hooked")
+    await until(lambda: len(runner.hooks) >= 1)
+    _, acme_keys = await _get(session, f"{emb.app_url}/.well-known/vaultmail-keys/acme.json")
+    for body, headers in runner.hooks:
+        assert headers["X-Vaultmail-Signature"].startswith("vm-acme-")
+        assert passes_the_documented_check(emb.app_url, "acme", acme_keys, headers, body)
