@@ -16,6 +16,7 @@ from bot.app.context import HandlerContext
 from bot.errors import InvalidArguments, NotFoundError, VaultmailError
 from bot.items.model import Item, item_from_issue
 from bot.items.render import (
+    MAX_COMMENT,
     marker,
     mention_list,
     mentions,
@@ -26,6 +27,7 @@ from bot.items.render import (
 from bot.items.service import Comments, NewComment
 from bot.items.threads import may_answer
 from bot.mail.commands import Command, parse_commands
+from bot.mail.markdown import check_length
 from bot.office.config import Office
 from bot.office.visibility import login_of
 from bot.store import comments as db
@@ -77,6 +79,9 @@ async def comment_on_item(event: sansio.Event, ctx: HandlerContext) -> None:
         return  # /mail is the mail handler's
     service = Comments(ctx.services, ctx.forge, s.office)
     try:
+        # anyone may comment here: a comment too long to be one is refused unread (and the
+        # refusal to someone outside the office is said once, then only ledgered)
+        check_length(text, limit=MAX_COMMENT)
         item = await service.index_item(item)
         by_name = {c.name: c for c in commands}
         addressed = parse_addressing(text)

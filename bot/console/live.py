@@ -6,6 +6,12 @@ their agents' box (the "Your agents are handling" history) and their principal (
 answer). Each wake-up sends `change` with the inbox's version and badge; the page's script
 fetches its live parts again when the version differs from the one it was rendered with, so
 the first event also covers anything that landed between the page and the stream.
+
+Each round (a wake-up or a heartbeat) asks again who is looking, as a page request would: a
+session signed out or expired, a token revoked, a person taken out of the office ends the
+stream before anything more is sent. A person holds at most `PER_PERSON` streams in each office
+(another office's streams of the same principal are not theirs to count), and a stream is let
+go as soon as its page closes it, not at the next heartbeat, so the cap counts open pages.
 """
 
 from __future__ import annotations
@@ -14,19 +20,70 @@ import asyncio
 import contextlib
 import hashlib
 import json
+from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
 
 from bot.console.frame import badge_of, signed_in, tool
-from bot.console.visitor import Visitor
-from bot.errors import TooManyRequests
+from bot.console.visitor import NotSignedIn, Visitor, visitor
+from bot.errors import TooManyRequests, VaultmailError
 from bot.items import inbox
 from bot.store import chats, comments
+from bot.tools.http import client_gone
 
-HEARTBEAT = 15.0  # seconds between comments on an idle stream (finds a client that left)
-PER_PERSON = 8  # streams one principal may hold at once (a tab each)
-STREAMS = web.AppKey("console_streams", dict[str, int])
+HEARTBEAT = 15.0  # seconds between comments on an idle stream (and between looks at who it is)
+PER_PERSON = 8  # streams one person may hold at once in one office (a tab each)
+
+
+class Streams:
+    """The live streams open, per person in their office."""
+
+    def __init__(self, per_person: int = PER_PERSON) -> None:
+        self.per_person = per_person
+        self._held: Counter[tuple[str, str]] = Counter()
+        self._watchers: list[tuple[tuple[str, str], int, asyncio.Future[None]]] = []
+
+    def held(self, org: str, principal: str) -> int:
+        return self._held[org.lower(), principal]
+
+    @contextlib.contextmanager
+    def hold(self, org: str, principal: str) -> Iterator[None]:
+        key = (org.lower(), principal)
+        if self._held[key] >= self.per_person:
+            raise TooManyRequests(f"{principal} already holds {self.per_person} live streams in "
+                                  f"the office of {org} (one per open console page): close a "
+                                  "tab", code="too_many_streams")
+        self._held[key] += 1
+        self._wake()
+        try:
+            yield
+        finally:
+            self._held[key] -= 1
+            if self._held[key] <= 0:
+                del self._held[key]
+            self._wake()
+
+    async def until(self, org: str, principal: str, n: int) -> None:
+        """Return once the person holds `n` streams (tests meet here, not in a sleep)."""
+        if self.held(org, principal) == n:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._watchers.append(((org.lower(), principal), n, future))
+        await future
+
+    def _wake(self) -> None:
+        keep = []
+        for key, n, future in self._watchers:
+            if not future.done() and self._held[key] == n:
+                future.set_result(None)
+            elif not future.done():
+                keep.append((key, n, future))
+        self._watchers = keep
+
+
+STREAMS = web.AppKey("console_streams", Streams)
 
 
 async def delivery_stamp(v: Visitor) -> str:
@@ -63,45 +120,60 @@ def _keys(v: Visitor) -> set[str]:
             inbox.wake_key(who.owner, "agents")}
 
 
+async def _still(request: web.Request, v: Visitor) -> Visitor | None:
+    """Who is looking now, asked as a page request asks (the session or token, and the office
+    config), or None when it is no longer the person and office the stream was opened for."""
+    try:
+        now = await visitor(request)
+    except (NotSignedIn, VaultmailError):
+        return None
+    same = now.principal == v.principal and now.call.office.org == v.call.office.org
+    return now if same else None
+
+
 @signed_in
 async def events(request: web.Request, v: Visitor) -> web.StreamResponse:
-    streams = request.app[STREAMS]
-    if streams.get(v.principal, 0) >= PER_PERSON:
-        raise TooManyRequests(f"{v.principal} already holds {PER_PERSON} live streams (one per "
-                              "open console page): close a tab", code="too_many_streams")
-    response = web.StreamResponse(headers={
-        "Content-Type": "text/event-stream", "Cache-Control": "no-store",
-        "X-Accel-Buffering": "no"})
-    await response.prepare(request)
-    notifier = v.services.notifier
-    streams[v.principal] = streams.get(v.principal, 0) + 1
-    last, woken = None, True
-    try:
-        await response.write(b"retry: 3000\n\n")
-        while not notifier.closed:
-            waiter = asyncio.create_task(notifier.wait_any(_keys(v), HEARTBEAT))
-            await asyncio.sleep(0)  # registered before looking: nothing slips between
-            try:
-                if woken:
-                    now, count = await current(v)
-                    if now != last:
-                        data = json.dumps({"version": now, "badge": count})
-                        await response.write(f"event: change\ndata: {data}\n\n".encode())
-                        last = now
-                else:
-                    await response.write(b": idle\n\n")
-                woken = await waiter
-            finally:
-                if not waiter.done():
-                    waiter.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await waiter
-            if request.transport is None or request.transport.is_closing():
-                break
-    except ConnectionResetError:
-        pass  # the page went away
-    finally:
-        streams[v.principal] -= 1
-        if not streams[v.principal]:
-            del streams[v.principal]
+    with request.app[STREAMS].hold(v.call.office.org, v.principal):
+        response = web.StreamResponse(headers={
+            "Content-Type": "text/event-stream", "Cache-Control": "no-store",
+            "X-Accel-Buffering": "no"})
+        await response.prepare(request)
+        gone = asyncio.ensure_future(client_gone(request))  # the page closed it
+        try:
+            await response.write(b"retry: 3000\n\n")
+            await _send_changes(request, response, v, gone)
+        except ConnectionResetError:
+            pass  # the page went away
+        finally:
+            gone.cancel()
     return response
+
+
+async def _send_changes(request: web.Request, response: web.StreamResponse, v: Visitor,
+                        gone: asyncio.Future[None]) -> None:
+    notifier = v.services.notifier
+    last, woken = None, True
+    while not notifier.closed and not gone.done():
+        waiter = asyncio.ensure_future(notifier.wait_any(_keys(v), HEARTBEAT))
+        await asyncio.sleep(0)  # registered before looking: nothing slips between
+        try:
+            still = await _still(request, v)
+            if still is None:
+                return  # signed out, or no longer the office's: not one more event
+            v = still
+            if woken:
+                now, count = await current(v)
+                if now != last:
+                    data = json.dumps({"version": now, "badge": count})
+                    await response.write(f"event: change\ndata: {data}\n\n".encode())
+                    last = now
+            else:
+                await response.write(b": idle\n\n")
+            either: set[asyncio.Future[Any]] = {waiter, gone}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            woken = waiter.done() and waiter.result()
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await waiter

@@ -6,6 +6,11 @@ reached personally are @-mentioned: the mention is what makes the forge notify t
 someone else wrote (bodies, context, headers, option labels and descriptions, answers) is
 posted with its @mentions defused (`bot.mail.markdown.defuse_mentions`): the app's own mention list,
 chosen by the reach rules, is the only live one.
+
+What people write is read before their rights are checked (anyone may comment on a public
+repository), so every reader here is linear in the text's length: no regular expression here
+backtracks over what another quantifier took (a line of 30,000 spaces once took 19 s), and a
+comment longer than `MAX_COMMENT` is refused before any of it is read.
 """
 
 from __future__ import annotations
@@ -16,15 +21,30 @@ from typing import Any
 
 from bot.items.questions import Question
 from bot.items.threads import ThreadState
-from bot.mail.markdown import defuse_mentions, list_item_lines, paragraph_lines, visible_text
+from bot.mail.markdown import (
+    MAX_TEXT,
+    check_length,
+    defuse_mentions,
+    list_item_lines,
+    paragraph_lines,
+    visible_text,
+)
 
 _MARK = "<!-- vaultmail:comment id={id}{extra} -->"
 _ADDRESS_LINE = re.compile(r"^\s*(?P<field>to|cc)\s*:\s*(?P<rest>.*)$", re.IGNORECASE)
 _MENTION = re.compile(r"(?<![\w/`@.])@(?P<name>[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
                       r"(?:/[A-Za-z0-9_.-]+)?)")
-_TASK = re.compile(r"^\s*[-*]\s+\[(?P<mark>[ xX])\]\s+(?P<text>.+?)\s*$")
-_RECOMMENDED = re.compile(r"\s*\((recommended|recommend)\)\s*", re.IGNORECASE)
-_DASH = re.compile(r"\s+[—–]\s+|\s+-\s+")
+# A task-list box: `- [ ] text`. The whitespace around the text is stripped afterwards:
+# a lazy `.+?` before `\s*$` tried the whole tail again at each of its characters.
+_TASK = re.compile(r"^\s*[-*]\s+\[(?P<mark>[ xX])\](?P<text>\s.+)")
+# Each starts with a character no other part of it takes, so a search never rescans a run of
+# whitespace from each of its characters (as a leading `\s+` did).
+_RECOMMENDED = re.compile(r"\(recommend(?:ed)?\)", re.IGNORECASE)
+_DASH = re.compile(r"(?<=\s)[—–-](?=\s)")  # an option's label — its description
+# An item's comment holds at most 10,000 characters of words (bot.items.service.MAX_BODY); its
+# `to:` / `cc:` lines and an /ask's header and four option lines (600 characters at most each)
+# fit in the rest. A longer one is refused unread.
+MAX_COMMENT = 16_000
 
 
 def marker(comment_id: str, **extra: str) -> str:
@@ -123,7 +143,10 @@ def _item_lines(text: str) -> set[str]:
 
 
 def ticked_option(card: str, q: Question, new_body: str) -> int | None:
-    """The option a person ticked by editing the card: a box ticked now that was not before."""
+    """The option a person ticked by editing the card: a box ticked now that was not before
+    (none in a body too long to read)."""
+    if len(new_body) > MAX_TEXT:
+        return None
     new_lines = _item_lines(new_body)
     old_lines = _item_lines(card)
     for i in range(len(q.options)):
@@ -141,7 +164,9 @@ class Addressed:
 
 
 def parse_addressing(text: str) -> Addressed:
-    """`to:` / `cc:` lines at the top of a comment, and @mentions in the rest (as `to`)."""
+    """`to:` / `cc:` lines at the top of a comment, and @mentions in the rest (as `to`).
+    TextTooLong past `MAX_COMMENT`."""
+    check_length(text, limit=MAX_COMMENT)
     lines = text.replace("\r\n", "\n").split("\n")
     live = paragraph_lines(text)  # an address line in code, a quote or HTML addresses no one
     out = Addressed()
@@ -165,7 +190,9 @@ def parse_addressing(text: str) -> Addressed:
 
 
 def mentions(text: str) -> list[str]:
-    """@login and @org/team outside quotes, code and HTML comments, in order, without repeats."""
+    """@login and @org/team outside quotes, code and HTML comments, in order, without repeats.
+    TextTooLong past `MAX_COMMENT`."""
+    check_length(text, limit=MAX_COMMENT)
     found: list[str] = []
     for m in _MENTION.finditer(visible_text(text)):  # read as CommonMark, as the forge does
         if m["name"] not in found:
@@ -184,7 +211,8 @@ def parse_ask(args: str, body: str) -> Ask:
     """`/ask <question>` with `- [ ] label — description` lines (at most four) below.
 
     A `header: …` line names the card; an option marked "(recommended)" is the pick; other
-    lines join the question."""
+    lines join the question. TextTooLong past `MAX_COMMENT`."""
+    check_length(f"{args}\n{body}", limit=MAX_COMMENT)
     header: str | None = None
     text: list[str] = [args] if args else []
     options: list[dict[str, Any]] = []
@@ -192,15 +220,20 @@ def parse_ask(args: str, body: str) -> Ask:
     for i, line in enumerate(body.replace("\r\n", "\n").split("\n")):
         task = _TASK.match(line) if i in items else None
         if task:
-            label_text = task["text"]
-            recommended = bool(_RECOMMENDED.search(label_text))
-            label_text = _RECOMMENDED.sub(" ", label_text).strip()
-            parts = _DASH.split(label_text, maxsplit=1)
-            label, description = parts[0], parts[1] if len(parts) > 1 else ""
-            options.append({"label": label.strip().strip("*"), "description": description,
-                            "recommended": recommended})
+            options.append(option_of(task["text"]))
         elif line.lower().startswith("header:") and header is None:
             header = line.split(":", 1)[1].strip()
         else:
             text.append(line)
     return Ask("\n".join(text).strip(), options, header)
+
+
+def option_of(text: str) -> dict[str, Any]:
+    """An /ask option from the text of its box: `label — description` (or ` - `), marked
+    "(recommended)" anywhere. One linear pass, however long the text."""
+    pieces = _RECOMMENDED.split(text)
+    text = " ".join(p.strip() for p in pieces).strip()  # a mark and its spaces: one space
+    dash = _DASH.search(text)
+    label, description = (text[:dash.start()], text[dash.end():].lstrip()) if dash else (text, "")
+    return {"label": label.strip().strip("*"), "description": description,
+            "recommended": len(pieces) > 1}

@@ -6,6 +6,10 @@ continuation lines included), a code fence of any length, indented code, an HTML
 block, or a list counts; the line itself must begin with the slash (up to three spaces before
 it, as CommonMark allows), so an escaped ``\\/close`` is text. Everything a comment says is
 data, so unknown words after a slash are just text.
+
+Anyone may comment, and comments are read before anyone's rights are checked, so reading is
+linear in the comment's length, and a comment longer than `MAX_TEXT` (GitHub's own limit) holds
+no commands: it is not read at all, and what takes its words refuses it by its own limit.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from bot.mail.markdown import paragraph_lines
+from bot.mail.markdown import MAX_TEXT, paragraph_lines
 
 KNOWN = ("mail", "working", "close", "ask", "answer", "resolve")
 _COMMAND = re.compile(r"^ {0,3}/(?P<name>[a-z]+)\b[ \t]*(?P<args>.*)$")
@@ -27,12 +31,17 @@ class Command:
 
 
 def parse_commands(text: str) -> list[Command]:
+    if len(text) > MAX_TEXT:
+        return []
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     found: list[tuple[int, str, str]] = []
-    for i in sorted(paragraph_lines(text)):
-        m = _COMMAND.match(lines[i].rstrip())
+    for i, line in enumerate(lines):
+        m = _COMMAND.match(line.rstrip())
         if m and m.group("name") in KNOWN:
             found.append((i, m.group("name"), m.group("args").strip()))
+    if found:  # most comments have no line like a command: no need to read them as CommonMark
+        live = paragraph_lines(text)
+        found = [f for f in found if f[0] in live]
     commands = []
     for k, (i, name, args) in enumerate(found):
         end = found[k + 1][0] if k + 1 < len(found) else len(lines)

@@ -19,9 +19,13 @@ written as a defused `@` too. Applying it twice changes nothing.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from functools import lru_cache
 
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
+
+from bot.errors import InvalidArguments
 
 WORD_JOINER = "\u2060"
 _ENTITY_AT = re.compile(r"&(?:#0*64|#[xX]0*40|commat);")
@@ -42,6 +46,28 @@ def defuse_mentions(text: str) -> str:
 # nothing inside an HTML comment or block, a code fence of any length (an unclosed one runs to
 # the end), indented code, a block quote (lazy continuation lines included), an inline code
 # span or an inline HTML comment counts.
+#
+# Comments are read before anyone's rights are checked (an outsider may comment on a public
+# repository), so reading must cost little whatever the text: every regular expression that
+# meets a comment is linear (no quantifier that backtracks over what another one took:
+# tests/test_parsers_linear.py), the parser is linear, each text is parsed once however many
+# readers ask (`_reading`), and a text longer than `MAX_TEXT` is refused before any of it.
+
+# GitHub's own limit for a comment or an issue body. A forge without it (Gitea, Forgejo) takes
+# megabytes, and even linear reading of markdown costs up to ~20 µs a character (a run of `![`).
+MAX_TEXT = 65_536
+
+
+class TextTooLong(InvalidArguments):
+    code = "too_long"
+
+
+def check_length(text: str, what: str = "this comment", limit: int = MAX_TEXT) -> None:
+    """Refuse a text too long to read, before any parser or regular expression sees it."""
+    if len(text) > limit:
+        raise TextTooLong(f"{what} is {len(text):,} characters; the app reads at most "
+                          f"{limit:,}: shorten it or split it into a few comments")
+
 
 _MD = MarkdownIt("commonmark").disable("text_join")  # keep escapes and entities apart
 _LINE_MARK = 0xF0000  # Supplementary Private Use Area-A: one code point per line of a paragraph
@@ -81,33 +107,60 @@ def _live_in_paragraph(inline: Token, first: int, last: int) -> set[int]:
     return live
 
 
-def paragraph_lines(text: str) -> set[int]:
+@dataclass(frozen=True)
+class _Reading:
+    paragraph_lines: frozenset[int]
+    list_item_lines: frozenset[int]
+    visible_text: str
+
+
+# The same comment is read by several handlers (commands, addressing, mentions, an /ask's
+# options): parsed once, its few small results kept for the next reader.
+@lru_cache(maxsize=16)
+def _reading(text: str) -> _Reading:
+    check_length(text)
+    tokens = _parse(text)
+    return _Reading(_paragraph_lines(tokens), _list_item_lines(tokens), _visible_text(tokens))
+
+
+def paragraph_lines(text: str) -> frozenset[int]:
     """Source line numbers (0-based, after CRLF → LF) that start a line of a top-level
-    paragraph as it renders: where a command may stand."""
-    tokens = _parse(text)
-    live: set[int] = set()
-    for i, tok in enumerate(tokens):
-        if tok.type == "paragraph_open" and tok.level == 0 and tok.map is not None:
-            live |= _live_in_paragraph(tokens[i + 1], tok.map[0], tok.map[1])
-    return live
+    paragraph as it renders: where a command may stand. TextTooLong past `MAX_TEXT`."""
+    return _reading(text).paragraph_lines
 
 
-def list_item_lines(text: str) -> set[int]:
+def list_item_lines(text: str) -> frozenset[int]:
     """Source line numbers that begin an item of a top-level bullet list (task boxes live
-    there), outside quotes, code and HTML."""
-    tokens = _parse(text)
-    return {tok.map[0] for tok in tokens
-            if tok.type == "list_item_open" and tok.level == 1 and tok.markup in ("-", "*", "+")
-            and tok.map is not None}
+    there), outside quotes, code and HTML. TextTooLong past `MAX_TEXT`."""
+    return _reading(text).list_item_lines
 
 
 def visible_text(text: str) -> str:
     """The words of a comment as a reader sees them, outside quotes, code, HTML comments and
     images: one paragraph or heading per block, separated by blank lines. An escaped character
-    (``\\@``) is kept apart as U+FFFC so it never starts a mention; an entity is decoded."""
+    (``\\@``) is kept apart as U+FFFC so it never starts a mention; an entity is decoded.
+    TextTooLong past `MAX_TEXT`."""
+    return _reading(text).visible_text
+
+
+def _paragraph_lines(tokens: list[Token]) -> frozenset[int]:
+    live: set[int] = set()
+    for i, tok in enumerate(tokens):
+        if tok.type == "paragraph_open" and tok.level == 0 and tok.map is not None:
+            live |= _live_in_paragraph(tokens[i + 1], tok.map[0], tok.map[1])
+    return frozenset(live)
+
+
+def _list_item_lines(tokens: list[Token]) -> frozenset[int]:
+    return frozenset(tok.map[0] for tok in tokens
+                     if tok.type == "list_item_open" and tok.level == 1
+                     and tok.markup in ("-", "*", "+") and tok.map is not None)
+
+
+def _visible_text(tokens: list[Token]) -> str:
     blocks: list[str] = []
     quoted = 0
-    for tok in _parse(text):
+    for tok in tokens:
         if tok.type == "blockquote_open":
             quoted += 1
         elif tok.type == "blockquote_close":

@@ -8,6 +8,8 @@ input and output schemas):
   each request carries the same Bearer API token as `/api/v1/tools`, a missing or bad one is
   401 pointing at the protected-resource metadata (RFC 9728); then the request goes to the MCP
   SDK's session manager. Tools run in-process, as the token's principal, through `call_tool`.
+  Sessions are counted per token and per principal in its office (`bot.tools.polls.Sessions`):
+  at the cap, the key's least recently used idle session is ended to make room.
 * **stdio** (`vaultmail mcp --token T` or `--as PRINCIPAL --data DIR`): the process acts as one
   principal and forwards every call to the running app's `/api/v1/tools/<name>`. It does not
   run the tools itself: the app is the index's only writer (one SQLite connection, one write
@@ -44,12 +46,15 @@ from mcp.shared.subscriptions import (
     ResourceUpdated,
     event_to_notification,
 )
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from bot.app.bodies import TOOL_BODY_LIMIT, read_body
 from bot.app.services import SERVICES_KEY, Services
-from bot.errors import PayloadTooLarge, Unauthenticated, VaultmailError
+from bot.errors import PayloadTooLarge, TooManyRequests, Unauthenticated, VaultmailError
+from bot.store import api_tokens
 from bot.tools import resources
-from bot.tools.http import authenticate, bearer_key, client_gone, make_call
+from bot.tools.http import authenticate, bearer_key, client_gone, make_call, office_org
+from bot.tools.polls import SESSION_IDLE, Sessions, session_keys
 from bot.tools.registry import TOOLS, Call, call_tool
 
 log = logging.getLogger("vaultmail.mcp")
@@ -61,6 +66,7 @@ TOKEN_VALUE_SCOPE_KEY = "vaultmail.token"  # checked again on each wake of a sub
 FORBIDDEN_RPC = -32000  # JSON-RPC server error: the request's Origin is not allowed
 UNAUTHENTICATED_RPC = -32001  # JSON-RPC server error: no valid API token
 INVALID_REQUEST_RPC = -32600  # JSON-RPC: the request is not one (here: too large to read)
+TOO_MANY_SESSIONS_RPC = -32002  # JSON-RPC server error: the token's sessions are all busy
 INSTRUCTIONS = (
     "vaultmail: durable, threaded mail between people and AI agents, kept as issues on a forge. "
     "You act as the principal whose API token this connection uses. Mail an agent with "
@@ -629,6 +635,7 @@ def inbox_prompt_text(inbox: Mapping[str, Any]) -> str:
 # -- streamable HTTP in the app ------------------------------------------------------------
 
 MANAGER_KEY = web.AppKey("mcp_session_manager", StreamableHTTPSessionManager)
+SESSIONS_KEY = web.AppKey("mcp_sessions", Sessions)
 
 
 def _principal_of(ctx: ServerRequestContext[Any, Any]) -> str:
@@ -657,8 +664,10 @@ def add_mcp_routes(app: web.Application) -> None:
         app=build_server(backend_for),
         # Every request carries a Bearer token that a page in a browser cannot read or
         # forge, so a Host check adds nothing here and would break the app behind a proxy.
-        security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+        security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        session_idle_timeout=SESSION_IDLE)  # as `Sessions` counts them
     app[MANAGER_KEY] = manager
+    app[SESSIONS_KEY] = Sessions()
     app.cleanup_ctx.append(_run_manager)
     app.router.add_route("*", "/mcp", mcp_endpoint)
     app.router.add_get(METADATA_PATH, protected_resource_metadata)
@@ -789,22 +798,16 @@ async def mcp_endpoint(request: web.Request) -> web.StreamResponse:
             "code": INVALID_REQUEST_RPC, "message": f"{exc.code}: {exc.message}",
             "data": exc.as_json()["error"]}}, status=exc.status)
     peer = request.transport.get_extra_info("peername") if request.transport else None
-    scope: dict[str, Any] = {
-        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": f"{request.version.major}.{request.version.minor}",
-        "method": request.method, "scheme": request.scheme,
-        "path": request.path, "raw_path": request.raw_path.encode(), "root_path": "",
-        "query_string": request.query_string.encode(),
-        "headers": [(k.lower(), v) for k, v in request.raw_headers],
-        "client": tuple(peer[:2]) if isinstance(peer, tuple) else None,
-        "server": None, "state": {},
-        # The session manager binds each MCP session to the principal that opened it.
-        "user": AuthenticatedUser(AccessToken(token="", client_id=principal, scopes=[])),
-        PRINCIPAL_SCOPE_KEY: principal,
+    scope = _scope(request.method, request.path, request.raw_path.encode(),
+                   request.query_string.encode(), [(k.lower(), v) for k, v in request.raw_headers],
+                   principal, scheme=request.scheme,
+                   version=f"{request.version.major}.{request.version.minor}",
+                   client=tuple(peer[:2]) if isinstance(peer, tuple) else None)
+    scope.update({
         ORG_SCOPE_KEY: owner.org,
         TOKEN_SCOPE_KEY: bearer_key(header),
         TOKEN_VALUE_SCOPE_KEY: header[7:].strip() if header else None,
-    }
+    })
     body_sent = False
 
     async def receive() -> dict[str, Any]:
@@ -816,14 +819,17 @@ async def mcp_endpoint(request: web.Request) -> web.StreamResponse:
         return {"type": "http.disconnect"}
 
     response: web.StreamResponse | None = None
+    made: str | None = None  # the session an opening request made
 
     async def send(message: Mapping[str, Any]) -> None:
-        nonlocal response
+        nonlocal response, made
         try:
             if message["type"] == "http.response.start":
                 response = web.StreamResponse(status=int(message["status"]), headers=cors)
                 for key, value in message.get("headers", []):
                     response.headers.add(key.decode("latin-1"), value.decode("latin-1"))
+                    if key.lower() == b"mcp-session-id" and response.status < 400:
+                        made = value.decode("latin-1")
                 await response.prepare(request)
             elif message["type"] == "http.response.body" and response is not None:
                 if message.get("body"):
@@ -833,12 +839,80 @@ async def mcp_endpoint(request: web.Request) -> web.StreamResponse:
         except ConnectionResetError:
             pass  # the client left; receive() reports the disconnect
 
-    await request.app[MANAGER_KEY].handle_request(scope, receive, send)
+    manager, sessions = request.app[MANAGER_KEY], request.app[SESSIONS_KEY]
+    keys = session_keys(bearer_key(header), principal, await _office_of(services, owner))
+    session_id = request.headers.get("Mcp-Session-Id")
+    version = request.headers.get("MCP-Protocol-Version")
+    if session_id is None and (version is None or version in HANDSHAKE_PROTOCOL_VERSIONS):
+        # the SDK opens a session for this request (kept if it initializes one)
+        try:
+            ticket, ending = sessions.admit(keys, principal)
+        except TooManyRequests as exc:
+            return _rpc_refusal(exc.status, TOO_MANY_SESSIONS_RPC, exc, headers=cors)
+        try:
+            for old, whose in ending:
+                await _end_session(manager, old, whose)
+            await manager.handle_request(scope, receive, send)
+        finally:
+            sessions.opened(ticket, made)
+    elif session_id is not None:
+        with sessions.using(session_id, keys):
+            await manager.handle_request(scope, receive, send)
+        if response is not None and (response.status == 404 or (
+                request.method == "DELETE" and response.status < 400)):
+            sessions.gone(session_id, keys)
+    else:  # the 2026 protocol: no session
+        await manager.handle_request(scope, receive, send)
     if response is None:
         return web.json_response({"error": {"code": "mcp_error",
                                             "message": "the MCP transport gave no answer"}},
                                  status=500)
     return response
+
+
+async def _office_of(services: Services, owner: api_tokens.Owner) -> str | None:
+    """The org of the token's office (one that names none: the one office of its principal)."""
+    if owner.org:
+        return owner.org
+    with suppress(VaultmailError):  # in no office or several: its calls will say so
+        return await office_org(services, owner.principal)
+    return None
+
+
+def _scope(method: str, path: str, raw_path: bytes, query: bytes,
+           headers: list[tuple[bytes, bytes]], principal: str, *, scheme: str = "http",
+           version: str = "1.1", client: tuple[Any, ...] | None = None) -> dict[str, Any]:
+    """An ASGI request scope for the SDK, made by `principal`."""
+    return {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": version, "method": method, "scheme": scheme,
+        "path": path, "raw_path": raw_path, "root_path": "", "query_string": query,
+        "headers": headers, "client": client, "server": None, "state": {},
+        # The session manager binds each MCP session to the principal that opened it.
+        "user": AuthenticatedUser(AccessToken(token="", client_id=principal, scopes=[])),
+        PRINCIPAL_SCOPE_KEY: principal,
+    }
+
+
+async def _end_session(manager: StreamableHTTPSessionManager, session_id: str,
+                       principal: str) -> None:
+    """End a session as its client would: a DELETE by its principal, through the SDK (which
+    answers 404, harmlessly, for one it already dropped)."""
+    scope = _scope("DELETE", "/mcp", b"/mcp", b"",
+                   [(b"mcp-session-id", session_id.encode("latin-1"))], principal)
+    asked = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal asked
+        if not asked:
+            asked = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        return {"type": "http.disconnect"}
+
+    async def send(message: Mapping[str, Any]) -> None:
+        pass
+
+    await manager.handle_request(scope, receive, send)
 
 
 # -- stdio ---------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Long polls held per API token: at most `per_token` at once, the excess refused at once.
+"""Long polls held per API token: at most `per_token` at once, the excess refused at once; and
+the MCP sessions open per API token (`Sessions`, below).
 
 A long poll (`list_inbox` or `agent_chat` with `wait`) holds a request open for up to 50 s. One
 client opening hundreds would hold them all; so each token may hold `PER_TOKEN` at a time, and
@@ -10,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from bot.errors import TooManyRequests
 
@@ -79,3 +83,108 @@ class LongPolls:
             self._held[key] -= 1
             if self._held[key] <= 0:
                 del self._held[key]
+
+
+# -- MCP sessions ------------------------------------------------------------------------------
+#
+# A stateful MCP session lives in the app's memory until its client ends it or it goes unused
+# for SESSION_IDLE; the SDK caps them all together (10,000), so one token opening sessions in a
+# loop would lock every client out. Each is counted under its API token and under its principal
+# in its office (more tokens for one principal buy no more), at most PER_TOKEN_SESSIONS under
+# each. A key at its cap makes room by ending its own least recently used idle session (a
+# client that leaks sessions loses its oldest, nobody else anything); only when every one is
+# busy (a request in flight, a stream open) is the new one refused, 429, for that key alone.
+
+PER_TOKEN_SESSIONS = 32  # a client needs one session, a busy agent host a few: ample room
+SESSION_IDLE = 10 * 60.0  # seconds unused before a session is dropped (its client starts anew)
+
+
+@dataclass
+class _Session:
+    keys: tuple[str, ...]  # `session_keys`: its token's, then its principal's in its office
+    principal: str
+    used: float  # when its last request ended (or it opened)
+    busy: int = 0  # requests in flight: its opening, a call, an open stream
+
+    def idle(self) -> bool:
+        return not self.busy
+
+
+class Sessions:
+    """Which MCP sessions each key holds; ending one (I/O) is the caller's."""
+
+    def __init__(self, per_key: int = PER_TOKEN_SESSIONS, idle: float = SESSION_IDLE,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_key = per_key
+        self.idle = idle
+        self.clock = clock
+        self._open: dict[str, _Session] = {}  # by session id, or by ticket while it opens
+        self._tickets = itertools.count(1)
+
+    def held(self, key: str) -> int:
+        return sum(key in s.keys for s in self._open.values())
+
+    def admit(self, keys: tuple[str, ...], principal: str) -> tuple[str, list[tuple[str, str]]]:
+        """A ticket holding a place for one new session under each of `keys`, and the sessions
+        (id, principal) to end first: any unused for `idle`, then, under a key at its cap, its
+        least recently used idle one. TooManyRequests when every session of a full key is busy
+        (then nothing changes)."""
+        now = self.clock()
+        ending = [sid for sid, s in self._open.items() if s.idle() and now - s.used >= self.idle]
+        for key in keys:
+            mine = sorted((s.used, sid) for sid, s in self._open.items()
+                          if key in s.keys and sid not in ending)
+            over = len(mine) + 1 - self.per_key
+            idle = [sid for _, sid in mine if self._open[sid].idle()]
+            if over > len(idle):
+                raise TooManyRequests(
+                    f"{len(mine)} MCP sessions are open for {_who(key)}, the most it may keep "
+                    "at once, and each has a request in progress: end one (DELETE /mcp with "
+                    "its Mcp-Session-Id) or let one finish; a session unused for "
+                    f"{self.idle / 60:g} minutes is closed", code="too_many_sessions")
+            ending += idle[:max(over, 0)]
+        closing = [(sid, self._open.pop(sid).principal) for sid in dict.fromkeys(ending)]
+        ticket = f"opening:{next(self._tickets)}"  # busy: never ended while it opens
+        self._open[ticket] = _Session(keys, principal, now, busy=1)
+        return ticket, closing
+
+    def opened(self, ticket: str, session_id: str | None) -> None:
+        """The opening request is answered: the session it made, or None (nothing was made)."""
+        held = self._open.pop(ticket, None)
+        if held is not None and session_id is not None:
+            self._open[session_id] = _Session(held.keys, held.principal, self.clock())
+
+    def _own(self, session_id: str, keys: tuple[str, ...]) -> _Session | None:
+        """The session, if `keys` are its principal's in its office (the SDK answers anyone
+        else 404, as for no session: nothing of theirs counts here)."""
+        found = self._open.get(session_id)
+        return found if found is not None and found.keys[-1] == keys[-1] else None
+
+    @contextlib.contextmanager
+    def using(self, session_id: str, keys: tuple[str, ...]) -> Iterator[None]:
+        """A request of the session is in flight: it is busy, then just used."""
+        found = self._own(session_id, keys)
+        if found is None:
+            yield
+            return
+        found.busy += 1
+        try:
+            yield
+        finally:
+            found.busy -= 1
+            found.used = self.clock()
+
+    def gone(self, session_id: str, keys: tuple[str, ...]) -> None:
+        """The session ended (its client's DELETE) or the server knows it no more (404)."""
+        if self._own(session_id, keys) is not None:
+            del self._open[session_id]
+
+
+def session_keys(token_key: str | None, principal: str, org: str | None) -> tuple[str, ...]:
+    """What a session counts under: its token, then its principal in its office."""
+    return (f"token:{token_key}", f"principal:{principal} in {org or 'its office'}")
+
+
+def _who(key: str) -> str:
+    kind, _, rest = key.partition(":")
+    return "this API token" if kind == "token" else rest

@@ -1,0 +1,144 @@
+"""The console's live stream (server-sent events) after sign-out, after the person's removal,
+across offices, and when a page closes it (issue 21). Over real HTTP: an aiohttp client reads
+the stream as a page's EventSource would.
+
+Nothing is timed: a stream either ends (the client reads its end) or sends nothing more; the
+test waits on the app's own count of open streams (`Streams.until`), and `asyncio.timeout`
+only stops a test that would otherwise hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from bot.app.embedded import Embedded
+from bot.console import live
+from bot.office.config import parse_office
+from bot.office.seed import seed_office
+from bot.store import api_tokens
+from tests.console.test_console_http import _events, bearer
+from tests.items_support import MARCO, SCOUT, TOKEN_TTL, make_item
+from tests.support import ToolClient
+
+LEE = "human:lee@acme.com"
+WAIT = 30  # seconds: only to stop a hung test; each wait here ends in well under one
+
+
+async def _stream(http: aiohttp.ClientSession, embedded: Embedded,
+                  headers: dict[str, str] | None = None) -> aiohttp.ClientResponse:
+    return await http.get(embedded.app_url + "/console/events", headers=headers or {})
+
+
+async def _first(resp: aiohttp.ClientResponse) -> tuple[dict[str, Any], AsyncIterator[Any]]:
+    assert resp.status == 200, await resp.text()
+    changes = _events(resp)
+    async with asyncio.timeout(WAIT):
+        return await anext(changes), changes
+
+
+async def _rest(changes: AsyncIterator[Any]) -> list[Any]:
+    """Every further `change` until the stream ends."""
+    async with asyncio.timeout(WAIT):
+        return [change async for change in changes]
+
+
+def _field(html: str, name: str) -> str:
+    found = re.search(rf'name="{name}" value="([^"]*)"', html)
+    assert found, name
+    return found.group(1)
+
+
+async def test_after_sign_out_the_stream_sends_nothing_more_and_ends(
+        embedded: Embedded, person: Any, session: aiohttp.ClientSession) -> None:
+    outcome = await make_item(embedded, person("marco"), "outcome", "Auth",
+                              assignees=["scout-bot"])
+    url = embedded.app_url + "/console"
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        async with browser.get(url + "/sign-in") as resp:
+            page = await resp.text()
+        async with browser.post(url + "/sign-in/token", data={
+                "csrf": _field(page, "csrf"), "token": embedded.api_tokens[MARCO],
+                "next": "/console/inbox"}) as resp:
+            csrf = _field(await resp.text(), "csrf")
+        async with await _stream(browser, embedded) as resp:
+            first, changes = await _first(resp)
+            assert first["badge"] == 0
+            async with browser.post(url + "/sign-out", data={"csrf": csrf},
+                                    allow_redirects=False) as out:
+                assert out.status == 303
+            # something new for marco wakes the stream: it finds no session, says nothing
+            await ToolClient(session, embedded, SCOUT)("add_comment", target=outcome,
+                                                       **TOKEN_TTL)
+            assert await _rest(changes) == [], "no badge after sign-out"
+        async with await _stream(browser, embedded) as resp:
+            assert resp.status == 401
+
+
+async def test_someone_taken_out_of_the_office_is_streamed_nothing_more(
+        embedded: Embedded, person: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing wakes lee's stream after the config drops him: its next heartbeat looks again
+    at who it is for, finds no person of the office, and ends it."""
+    monkeypatch.setattr(live, "HEARTBEAT", 0.05)  # heartbeats come quickly here
+    admin = person("admin")
+    async with aiohttp.ClientSession() as http, \
+            await _stream(http, embedded, bearer(embedded, LEE)) as resp:
+        _, changes = await _first(resp)
+        found = await admin.call("GET", "/repos/acme/.github/contents/vaultmail.yml",
+                                 expect=200)
+        config = yaml.safe_load(base64.b64decode(found["content"]))
+        config["humans"] = [h for h in config["humans"] if h["email"] != "lee@acme.com"]
+        config["teams"] = {k: [e for e in v if e != "lee@acme.com"]
+                           for k, v in (config.get("teams") or {}).items()}
+        embedded.forge.put_file("acme/.github", "vaultmail.yml", yaml.safe_dump(config),
+                                pusher="admin")
+        await embedded.settle()
+        assert await _rest(changes) == []
+
+
+async def test_a_closed_stream_is_let_go_at_once_not_at_its_heartbeat(
+        embedded: Embedded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a heartbeat an hour away, a person opens as many streams as they may, closes them
+    all, and opens as many again: each closed one was let go when its page closed it."""
+    monkeypatch.setattr(live, "HEARTBEAT", 3600.0)
+    streams = embedded.runner.app[live.STREAMS]
+    async with aiohttp.ClientSession() as http:
+        for _ in range(2):
+            async with AsyncExitStack() as pages:
+                for _ in range(live.PER_PERSON):
+                    resp = await pages.enter_async_context(
+                        await _stream(http, embedded, bearer(embedded, MARCO)))
+                    await _first(resp)
+                async with await _stream(http, embedded, bearer(embedded, MARCO)) as more:
+                    assert more.status == 429 and "8 live streams" in await more.text()
+            async with asyncio.timeout(WAIT):
+                await streams.until("acme", MARCO, 0)
+
+
+async def test_another_offices_streams_of_the_same_principal_take_none_of_the_cap(
+        embedded: Embedded) -> None:
+    """`evil` declares acme's principal name `human:marco@acme.com` for its own admin: the
+    streams its console holds as that name are not acme marco's, nor his theirs."""
+    evil = {"org": "evil", "humans": [{"email": "marco@acme.com", "login": "eve",
+                                       "permissions": ["mail.send", "editor"]}]}
+    seed_office(embedded.forge, parse_office(yaml.safe_dump(evil), "evil.yml"))
+    (app_id,) = embedded.forge.state.apps
+    embedded.forge.install_app(int(app_id), "evil")
+    await embedded.settle()
+    eve = {"Authorization": "Bearer " + await api_tokens.create_token(
+        embedded.services.store, MARCO, "evil")}
+    async with aiohttp.ClientSession() as http, AsyncExitStack() as pages:
+        for _ in range(live.PER_PERSON):
+            await _first(await pages.enter_async_context(await _stream(http, embedded, eve)))
+        async with await _stream(http, embedded, bearer(embedded, MARCO)) as resp:
+            await _first(resp)  # acme's marco is not refused for evil's streams
+        async with await _stream(http, embedded, eve) as resp:
+            assert resp.status == 429 and "office of evil" in await resp.text()
