@@ -261,18 +261,20 @@ async def breakdown(embedded: Embedded, principal: str) -> dict[str, str]:
     logins = inbox.logins_of(office, who)
     parts: dict[str, Callable[[], Awaitable[object]]] = {
         "open questions involving the caller (thread_waiting, asker index; cached decode)":
-            lambda: db.open_questions_involving(store, mine),
-        "unread (both boxes)": lambda: db.unread_in(store, who.owner, ["you", "agents"]),
+            lambda: db.open_questions_involving(store, mine, org=who.org),
+        "unread (both boxes)": lambda: db.unread_in(store, who.owner, ["you", "agents"],
+                                                    org=who.org),
         "relevant_items (in SQL; list_inbox no longer builds it when the newest updates "
         "fill the page)": lambda: inbox.relevant_items(store, office, who),
-        "  of which questions_asked_on": lambda: db.questions_asked_on(store, who.everyone),
+        "  of which questions_asked_on": lambda: db.questions_asked_on(store, who.everyone,
+                                                                     org=who.org),
         "updates_for (the updates page list_inbox reads)": lambda: db.updates_for(
-            store, mine, logins, mine, None, None, inbox.PAGE + 1),
+            store, mine, logins, mine, None, None, inbox.PAGE + 1, org=who.org),
         "mail_waiting (mail:new, quiet)": lambda: asyncio.gather(
-            mails.list_mails(store, to=principal, state="mail:new"),
-            mails.list_mails(store, to=principal, state="quiet")),
+            mails.list_mails(store, org="acme", to=principal, state="mail:new"),
+            mails.list_mails(store, org="acme", to=principal, state="quiet")),
         "read_page (only with read: true)": lambda: db.read_page(
-            store, who.owner, None, inbox.PAGE + 1),
+            store, who.owner, None, inbox.PAGE + 1, org=who.org),
     }
     out: dict[str, str] = {}
     for name, part in parts.items():
@@ -297,7 +299,7 @@ async def hold_waits(embedded: Embedded, n: int, *, trace: bool) -> dict[str, fl
     persons = [f"human:p{i % people}@bench" for i in range(n)]
 
     async def waiter(i: int) -> None:
-        if await notifier.wait_any({persons[i], f"agent:w{i}"}, 120):
+        if await notifier.wait_any({persons[i], f"agent:w{i}"}, 120, org="acme"):
             woken[i] = time.perf_counter()
 
     gc.collect()
@@ -315,17 +317,17 @@ async def hold_waits(embedded: Embedded, n: int, *, trace: bool) -> dict[str, fl
         tracemalloc.stop()
     first = n // 2 + 1  # its person is p1: not among those woken next
     t = time.perf_counter()
-    notifier.notify([f"agent:w{first}"])
+    notifier.notify([f"agent:w{first}"], org="acme")
     await tasks[first]
     one = woken[first] - t
     batch = {f"human:p{k}@bench" for k in range(2, 22)}
     chosen = [i for i in range(n) if persons[i] in batch]
     t = time.perf_counter()
-    notifier.notify(batch)
+    notifier.notify(batch, org="acme")
     await asyncio.gather(*(tasks[i] for i in chosen))
     twenty = [woken[i] - t for i in chosen]
     t = time.perf_counter()
-    notifier.notify(set(persons))
+    notifier.notify(set(persons), org="acme")
     await asyncio.gather(*tasks)
     rest = [w - t for i, w in woken.items() if i != first and i not in set(chosen)]
     assert len(woken) == n, len(woken)
@@ -380,7 +382,8 @@ async def hold_http_polls(embedded: Embedded, n: int, *, trace: bool) -> dict[st
     if trace:
         tracemalloc.stop()
     t = time.time()
-    notifier.notify([inbox.wake_key(h, "you") for h in HUMANS])  # what a delivery wakes
+    # what a delivery wakes
+    notifier.notify([inbox.wake_key(h, "you") for h in HUMANS], org="acme")
     result = await client
     lat = [a - t for a in result["answers"]]
     bad = {s: c for s, c in result["statuses"].items() if s != "200"}

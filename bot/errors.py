@@ -65,6 +65,14 @@ class ForgeUnavailable(VaultmailError):
     code = "forge_error"
 
 
+class IndexUnavailable(VaultmailError):
+    """The app's database is away for now (a restart, a failover, a full disk): nothing was
+    recorded; the client tries again shortly (503 with Retry-After, as intake answers)."""
+
+    status = 503
+    code = "unavailable"
+
+
 class TooManyRequests(VaultmailError):
     """Over a per-token limit (long polls held at once); nothing was done."""
 

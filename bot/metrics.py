@@ -47,6 +47,10 @@ RATE_REMAINING = Gauge(
 PACING_SECONDS = Counter(
     "vaultmail_pacing_wait_seconds_total", "Seconds writes waited for the creation budget",
     registry=REGISTRY)
+BUDGET_WAIT = Gauge(
+    "vaultmail_forge_budget_wait_seconds",
+    "The longest wait left of a write waiting now for its place in the forge's budget",
+    registry=REGISTRY)
 LONG_POLLS = Gauge("vaultmail_long_polls_held", "list_inbox / chat waits being held now",
                    registry=REGISTRY)
 TOOL_CALLS = Counter(

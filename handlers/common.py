@@ -64,12 +64,13 @@ class Scene:
         flood of commands costs one reply, not one each."""
         said = text if text is not None else exc.message
         store = self.ctx.services.store
-        if self.stranger and not await strangers.may_reply(store, self.login,
+        quiet_key = f"{self.office.org.lower()}/{self.login}"  # quiet in this office only
+        if self.stranger and not await strangers.may_reply(store, quiet_key,
                                                            self.ctx.delivery_id):
             self.ctx.log.info("refused quietly", extra={"reason": exc.message, "issue": self.ref})
             if not (isinstance(exc, Denied) and exc.ledgered):
                 await ledger.record(store, "run.denied", self.actor, self.ref,
-                                    {"reason": exc.message, "quiet": True})
+                                    {"reason": exc.message, "quiet": True}, org=self.office.org)
             return
         self.ctx.log.info("refused", extra={"reason": exc.message, "issue": self.ref})
         await self.say(said)
@@ -89,5 +90,6 @@ async def scene(event: sansio.Event, ctx: HandlerContext) -> Scene | None:
         return None
     login = data["sender"]["login"]
     actor = principal_of(office, login) or f"forge:{login}"
-    writes_for.set(actor)  # its forge writes take the actor's turns (the worker resets it)
+    # its forge writes take the actor's turns, in its office (the worker resets it)
+    writes_for.set(f"{office.org.lower()}/{actor}")
     return Scene(ctx, office, repo, int(data["issue"]["number"]), data["issue"], login, actor)

@@ -9,6 +9,7 @@ from gidgethub import sansio
 from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
+from bot.store import installations
 from labels.catalogue import MAIL_LABELS
 
 router = Router()
@@ -52,6 +53,7 @@ async def remember_installation(event: sansio.Event, ctx: HandlerContext) -> Non
     if (found := _account(event)) is not None:
         org, inst = found
         ctx.services.installations[org] = inst
+        await installations.installed(ctx.services.store, org, inst)
         ctx.log.info("installation added", extra={"org": org})
 
 
@@ -60,6 +62,8 @@ async def remember_installation(event: sansio.Event, ctx: HandlerContext) -> Non
 async def forget_installation(event: sansio.Event, ctx: HandlerContext) -> None:
     if (found := _account(event)) is not None:
         org, inst = found
+        # every replica refuses the org from now on (bot.tools.http.make_call), not only this
+        await installations.removed(ctx.services.store, org, inst)
         if ctx.services.installations.get(org) == inst:
             del ctx.services.installations[org]
         ctx.services.forge_client.forget(inst)

@@ -50,4 +50,5 @@ async def record_update(service: Comments, actor: str, item: Item, known: Item |
         assigned = [who.principal for login in logins
                     if (who := service.office.by_login(login)) is not None]
         people = [p for p in (target.author, target.claim, *askers, *assigned) if p]
-        service.services.notifier.notify({owner_of(service.office, p) for p in people})
+        service.services.notifier.notify({owner_of(service.office, p) for p in people},
+                                         org=service.office.org)

@@ -15,6 +15,7 @@ from gidgethub.routing import Router
 from bot.app.context import HandlerContext
 from bot.errors import InvalidArguments, NotFoundError, VaultmailError
 from bot.items.model import Item, item_from_issue
+from bot.items.questions import naming
 from bot.items.render import (
     MAX_COMMENT,
     marker,
@@ -25,7 +26,7 @@ from bot.items.render import (
     ticked_option,
 )
 from bot.items.service import Comments, NewComment
-from bot.items.threads import may_answer
+from bot.items.threads import may_answer, speaks_for_asked
 from bot.mail.commands import Command, parse_commands
 from bot.mail.markdown import check_length
 from bot.office.config import Office
@@ -121,21 +122,51 @@ async def ping_addressed(s: Scene, text: str, added: dict[str, Any]) -> None:
         await s.ctx.forge.create_comment(s.repo, s.number, note, marker=mark)
 
 
-async def _question_for(s: Scene, item: Item) -> db.ThreadRow:
-    """The newest open question on the item that asks the commenter (waiting on them first)."""
-    asking = [t for t in await db.open_threads(s.ctx.services.store, item=item.ref)
-              if may_answer(t.state, s.office, s.actor)]
+def _named(t: db.ThreadRow) -> str:
+    """A question as `/answer` names it: its header (else the start of its words) and id."""
+    q = t.state.question
+    assert q is not None
+    name = f'"{q.header}"' if q.header else f'"{q.body.splitlines()[0][:60]}"'
+    return f"{name} (`{t.id}`)"
+
+
+def _which_question(s: Scene, item: Item, questions: list[db.ThreadRow],
+                    words: str) -> tuple[db.ThreadRow, str]:
+    """The question `/answer` is for, and its answer's words: the one named first (by its
+    comment id or header), else the only open question on the item that asks the commenter
+    (else the only one they may reply to, speaking with or for someone asked). With several,
+    none is guessed: the commenter is told which are open and how to name one."""
+    named = naming(words, [(t.id, t.state.question) for t in questions if t.state.question])
+    if len(named) == 1:
+        qid, rest = named[0]
+        return next(t for t in questions if t.id == qid), rest
+    if len(named) > 1:
+        raise InvalidArguments(f"{len(named)} open questions on {item.ref} have that header; "
+                               "name one by its id: `/answer <id> <your answer>` ("
+                               + ", ".join(_named(t) for t in questions
+                                           if t.id in {qid for qid, _ in named}) + ")")
+    asking = [t for t in questions if may_answer(t.state, s.office, s.actor)] or [
+        t for t in questions if t.state.asker != s.actor
+        and speaks_for_asked(t.state, s.office, s.actor)]
     if not asking:
         raise NotFoundError(f"no open question on {item.ref} asks {s.actor}; "
                             "comment in words instead")
-    waiting = [t for t in asking if s.actor in t.state.waiting_on]
-    return (waiting or asking)[0]
+    if len(asking) > 1:
+        example = next((q.header for t in asking if (q := t.state.question) and q.header),
+                       asking[0].id)
+        raise InvalidArguments(
+            f"{len(asking)} open questions on {item.ref} ask you: "
+            + ", ".join(_named(t) for t in asking)
+            + f"; say which: `/answer <header or id> <your answer>`, e.g. `/answer {example} "
+            f"{words or '2'}`")
+    return asking[0], words
 
 
 async def answer_from_forge(service: Comments, s: Scene, item: Item, cmd: Command,
                             forge_id: int) -> None:
-    t = await _question_for(s, item)
-    words = cmd.args.strip()
+    questions = [t for t in await db.open_threads(s.ctx.services.store, item=item.ref)
+                 if t.state.is_question]
+    t, words = _which_question(s, item, questions, cmd.args.strip())
     option: str | int | None = None
     body = cmd.body.strip()
     if words.isdigit() and t.state.question and t.state.question.options:
@@ -143,10 +174,15 @@ async def answer_from_forge(service: Comments, s: Scene, item: Item, cmd: Comman
     elif words:
         body = f"{words}\n{body}".strip()
     if option is None and not body:
-        raise InvalidArguments("usage: `/answer <option number>` or `/answer <your words>`")
+        raise InvalidArguments("usage: `/answer <option number>` or `/answer <your words>`; "
+                               "to name the question, `/answer <header or id> <your answer>`")
+    answers = may_answer(t.state, s.office, s.actor)
     await service.add(s.actor, item, NewComment(
-        body=body, parent=t.id, option=option, amend=t.state.answer is not None,
+        body=body, parent=t.id, option=option, amend=answers and t.state.answer is not None,
         forge_id=forge_id))
+    if not answers and s.actor != t.state.asker:  # they meant to answer: say how it was taken
+        await s.say(f"your `/answer` is a reply in thread `{t.id}`, not the answer: the question "
+                    f"asks {', '.join(t.state.asked)}, and only they answer it")
 
 
 async def resolve_from_forge(service: Comments, s: Scene, item: Item, cmd: Command) -> None:

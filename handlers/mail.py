@@ -122,7 +122,7 @@ async def review_hand_made_label_change(event: sansio.Event, ctx: HandlerContext
         await mails.set_state(db, mail.mail_id, review.state.value, after)
         await ledger.append(db, _LEDGER_FOR[review.state], s.actor, mail.ref,
                             {"mail": mail.mail_id, "from": mail.state, "to": review.state.value,
-                             "by_hand": True})
+                             "by_hand": True}, org=mail.org)
 
 
 def _who_may_set(mailer: Mailer, actor: str, mail: MailRecord,

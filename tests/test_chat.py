@@ -44,9 +44,9 @@ async def test_a_person_chats_with_an_agent_and_waits_for_the_answer(
     [queued] = await events(embedded, "run.queued")
     assert queued.data == {"agent": "agent:scout", "kind": "chat", "run": queued.data["run"]}
     assert queued.subject == f"chat:{chat['chat']}" and queued.actor == MARCO
-    [run] = await mails.runs_for(embedded.services.store, "scout")
+    [run] = await mails.runs_for(embedded.services.store, "scout", org="acme")
     assert run["kind"] == "chat" and run["state"] == "queued"
-    row = await get_chat(embedded.services.store, chat["chat"])
+    row = await get_chat(embedded.services.store, chat["chat"], org="acme")
     assert row is not None and row["message"] == "Quick: EU or US prices first?"
     assert await forge_issues(embedded, "acme/scout-vault") == [], "chat stays off the forge"
 
@@ -101,7 +101,7 @@ async def test_two_replies_racing_past_the_check_answer_once(
     """Both replies read the chat unanswered; only the first may land, the second is a 409."""
     chat = (await tools(MARCO)("agent_chat", agent="scout", message="ping"))["chat"]
     store = embedded.services.store
-    stale = await get_chat(store, chat["chat"])
+    stale = await get_chat(store, chat["chat"], org="acme")
     assert stale is not None and stale["answered_at"] is None
     await tools("agent:scout")("chat_reply", chat=chat["chat"], message="pong")
 
@@ -113,5 +113,5 @@ async def test_two_replies_racing_past_the_check_answer_once(
                                                   {"chat": chat["chat"], "message": "again"})
     assert status == 409 and body["error"]["code"] == "already_answered", body
     assert "already answered" in body["error"]["message"]
-    row = await get_chat(store, chat["chat"])
+    row = await get_chat(store, chat["chat"], org="acme")
     assert row is not None and row["answer"] == "pong"

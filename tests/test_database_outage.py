@@ -46,3 +46,32 @@ async def test_a_replica_hears_the_others_again_after_a_database_restart(
     await asyncio.wait_for(reopened.wait(), 30)  # (long polls were woken to look again)
     await b.broadcast(["agent:scout"])  # type: ignore[attr-defined]
     await until(lambda: heard == ["agent:scout"])
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+async def test_a_tool_called_while_the_database_is_away_answers_503_with_retry_after(
+        embedded: Embedded, database_url: str, tools: Any) -> None:
+    """As intake does: a client that gets 503 with Retry-After tries again; a 500 says the
+    app is broken (issue 29)."""
+    marco = tools("human:marco@acme.com")
+    async with pg.outage(database_url), marco.session.post(
+            marco.url + "mail_list", json={},
+            headers={"Authorization": f"Bearer {marco.token}"}) as resp:
+        status, body, retry = resp.status, await resp.json(), resp.headers.get("Retry-After")
+    assert status == 503 and retry == "5", body
+    assert body["error"]["code"] == "unavailable" and "try again" in body["error"]["message"]
+    assert (await marco("mail_list"))["mails"] == []  # and once it is back, it answers
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+async def test_mcp_while_the_database_is_away_answers_503_with_retry_after(
+        embedded: Embedded, database_url: str, tools: Any) -> None:
+    marco = tools("human:marco@acme.com")
+    request = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    headers = {"Authorization": f"Bearer {marco.token}", "Accept":
+               "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
+    async with pg.outage(database_url), marco.session.post(
+            embedded.app_url + "/mcp", json=request, headers=headers) as resp:
+        status, body, retry = resp.status, await resp.json(), resp.headers.get("Retry-After")
+    assert status == 503 and retry == "5", body
+    assert body["error"]["data"]["code"] == "unavailable"

@@ -54,6 +54,8 @@ async def test_you_and_agents_with_your_turn_unread_once_and_waiting_on_others(
     [turn] = result["inbox"]["yourTurn"]
     assert turn["forAgent"] == SCOUT and turn["answer"]["option"] == "Force re-login"
     assert "then" not in turn["answer"], "then is for the asker, not its sibling agents"
+    assert turn["asHistory"] is True and SCOUT in turn["note"], (
+        "critic carries scout's answer as history: acting on it and resolving it are scout's")
     [turn] = (await scout("list_changes"))["inbox"]["yourTurn"]
     assert turn["answer"]["then"].startswith("Invalidate")
 

@@ -39,7 +39,7 @@ async def test_thread_waiting_follows_writes_and_is_filled_at_open(tmp_path: Pat
         await db.put_thread(tx, _question("t1", (ASKER,)))  # answered: back to the asker
         await db.put_thread(tx, _question("t2", (SARA,), resolved=True))
     assert await _waiting(store) == {(ASKER, "t1")}
-    found = await db.open_questions_involving(store, [SARA, ASKER])
+    found = await db.open_questions_involving(store, [SARA, ASKER], org="acme")
     assert [t.id for t in found] == ["t1"]
     assert [t.state.waiting_on for t in found] == [(ASKER,)]
     # an index written before the table existed (and before schema versions were recorded)
@@ -74,9 +74,10 @@ async def test_updates_window_and_fallback_agree_with_a_plain_filter(tmp_path: P
                                        ([SCOUT], ["scout-bot"], {"acme/x#3", "acme/x#5"}),
                                        (["human:lee@acme.com"], ["lee"], set())):
             want = [r["seq"] for r in rows if r["item"] in relevant][:31]
-            got = await db.updates_for(store, mine, logins, mine, None, None, 31)
+            got = await db.updates_for(store, mine, logins, mine, None, None, 31, org="acme")
             assert [r["seq"] for r in got] == want
-            assert sorted(await db.relevant_items(store, mine, logins)) == sorted(relevant)
+            assert sorted(await db.relevant_items(store, mine, logins, org="acme")) == sorted(
+                relevant)
         async with store.transaction() as tx:
             assignees = await tx.execute_fetchall("SELECT login, item FROM item_assignees")
         assert [tuple(r) for r in assignees] == [("scout-bot", "acme/x#3")]

@@ -232,7 +232,8 @@ def test_amend_changes_the_decision_keeps_history_and_reopens() -> None:
 
 def test_human_only_needs_the_persons_confirmation_from_an_agent() -> None:
     s = question(["marco@acme.com"], asker=BUILDER, human_only=True)
-    assert may_answer(s, OFFICE, SCOUT), "marco's agent may relay his answer"
+    assert may_answer(s, OFFICE, SCOUT, confirmed=True), "marco's agent may relay his answer"
+    assert not may_answer(s, OFFICE, SCOUT), "but its own word is no answer"
     with pytest.raises(Denied, match="confirmedWithPerson"):
         say(s, SCOUT, option=0)
     s, kind = say(s, SCOUT, option=0, confirmed=True)

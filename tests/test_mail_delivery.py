@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from bot.app.egress import OutboundPolicy
 from bot.app.embedded import start_embedded
 from bot.mail.signing import PublicKeys
 from tests.support import Actor, label_names
@@ -83,7 +84,7 @@ async def test_runs_are_dispatched_as_signed_posts(tmp_path: Path) -> None:
                             "      mail.send: [\"*\"]", 1)
     (tmp_path / "office.yml").write_text(office)
     emb = await start_embedded(office_path=tmp_path / "office.yml", data_dir=tmp_path / "d",
-                               port=0, forge_port=0)
+                               port=0, forge_port=0, outbound=OutboundPolicy.parse("127.0.0.1"))
     try:
         marco = emb.api_tokens["human:marco@acme.com"]
         async with __import__("aiohttp").ClientSession() as s:

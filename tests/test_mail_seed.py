@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from bot.app.egress import OutboundPolicy
 from bot.app.embedded import Embedded, start_embedded
 from bot.mail.header import parse_mail_body, verify_mail
 from bot.office.config import OfficeConfigError, load_office, parse_office
@@ -64,7 +65,8 @@ async def receiver() -> AsyncIterator[Receiver]:
 async def _office(tmp_path: Path, text: str) -> Embedded:
     (tmp_path / "office.yml").write_text(text)
     return await start_embedded(office_path=tmp_path / "office.yml", data_dir=tmp_path / "d",
-                                port=0, forge_port=0)
+                                port=0, forge_port=0,
+                                outbound=OutboundPolicy.parse("127.0.0.1"))  # its receivers
 
 
 def _scout_dispatch(text: str, dispatch: str) -> str:
@@ -260,7 +262,7 @@ async def test_a_mail_wakes_a_local_agent_through_dispatch_command(
     the run as JSON on stdin; it answers through the tools with the token the run gives it."""
     office = load_office()
     echo = office.agent("echo")
-    assert echo is not None and not isinstance(echo.run.dispatch, str)
+    assert echo is not None and echo.run.dispatch == "command"  # the operator's: `up` sets it
     sent = (await tools(MARCO)("mail_send", to="echo", subject="Hello",
                                body="Are you awake?"))["mail"]
     await embedded.settle()
@@ -274,7 +276,7 @@ async def test_a_mail_wakes_a_local_agent_through_dispatch_command(
     [queued] = [e for e in await embedded.ledger_events("run.queued")
                 if e.data["agent"] == "agent:echo"]
     assert finished.data["run"] == queued.data["run"]
-    runs = await mails.runs_for(embedded.services.store, "echo")
+    runs = await mails.runs_for(embedded.services.store, "echo", org="acme")
     assert [r["state"] for r in runs] == ["done"]
     tokens = [t for t in await api_tokens.list_tokens(embedded.services.store)
               if t.principal == "agent:echo"]
@@ -299,7 +301,7 @@ async def test_a_command_run_past_its_timeout_is_stopped_and_ledgered(tmp_path: 
         [finished] = await emb.ledger_events("run.finished")
         assert finished.subject == sent["ref"] and finished.data["timed_out"] is True
         assert finished.data["exit"] != 0 and "thinking" in finished.data["stdout"]
-        [run] = await mails.runs_for(emb.services.store, "scout")
+        [run] = await mails.runs_for(emb.services.store, "scout", org="acme")
         assert run["state"] == "failed"
     finally:
         await emb.stop()

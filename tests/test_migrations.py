@@ -69,3 +69,27 @@ async def test_an_index_at_the_first_release_upgrades_in_place_and_keeps_what_it
         assert len(await again.fetchall("SELECT version FROM schema_migrations")) == len(NAMES)
     finally:
         await again.close()
+
+
+def test_a_command_that_opens_a_fresh_index_first_makes_every_table(tmp_path: Path) -> None:
+    """`vaultmail token create` on a new data directory, before the app ever ran there: the
+    index it makes (and the versions it records) hold every table of every version, not only
+    those of the modules the command imports (a later version's columns go on tables an
+    earlier version made)."""
+    import subprocess
+    import sys
+
+    script = ("import asyncio, sys\nfrom bot.store import open_store\n"
+              "async def main():\n    s = await open_store(sys.argv[1])\n    await s.close()\n"
+              "asyncio.run(main())\n")
+    path = tmp_path / "index.sqlite3"
+    done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    conn = sqlite3.connect(path)
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    finally:
+        conn.close()
+    assert {"chats", "comments", "threads", "items", "outbound_cursors", "forge_writes",
+            "console_sessions", "stranger_replies", "installations"} <= tables, tables

@@ -13,10 +13,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from bot.app.egress import OutboundPolicy
 from bot.app.embedded import Embedded, start_embedded
 from bot.app.outbound import LedgerForwarder
 from bot.mail.signing import PublicKeys
 from bot.store import ledger, open_store
+
+# the receivers listen on loopback, which the app sends to only when the operator allows it
+LOOPBACK = OutboundPolicy.parse("127.0.0.1")
 
 
 class Receiver:
@@ -58,7 +62,7 @@ async def office_with_hook(tmp_path: Path, receiver: Receiver) -> AsyncIterator[
     text = resources.files("bot").joinpath("example_office.yml").read_text()
     (tmp_path / "office.yml").write_text(text + f"webhooks:\n  - {receiver.url}\n")
     emb = await start_embedded(office_path=tmp_path / "office.yml", data_dir=tmp_path / "d",
-                               port=0, forge_port=0)
+                               port=0, forge_port=0, outbound=LOOPBACK)
     yield emb
     await emb.stop()
 
@@ -120,9 +124,12 @@ async def test_two_replicas_forwarding_one_cursor_at_once_send_each_event_once(
     await _send(embedded, "Once")
     other = await open_store(database_url) if database_url else embedded.services.store
     try:
-        first = LedgerForwarder(embedded.services)
-        second = LedgerForwarder(dataclasses.replace(embedded.services, store=other))
-        sent = await asyncio.gather(first.forward(receiver.url), second.forward(receiver.url))
+        services = dataclasses.replace(embedded.services, settings=dataclasses.replace(
+            embedded.services.settings, outbound=LOOPBACK))
+        first = LedgerForwarder(services)
+        second = LedgerForwarder(dataclasses.replace(services, store=other))
+        sent = await asyncio.gather(first.forward("acme", receiver.url),
+                                    second.forward("acme", receiver.url))
     finally:
         if other is not embedded.services.store:
             await other.close()

@@ -342,3 +342,132 @@ async def test_resolve_in_the_forge_reaches_only_the_threads_of_that_item(world:
     elsewhere = await refusal("marco", f"/resolve {world.builder_question}")
     assert elsewhere.replace("@marco", "@critic-bot") == missing, elsewhere
     assert await _snapshot(world) == before, "no thread was resolved"
+
+
+# -- another office: every tool, tried by an org that names its principals like acme's -----
+#
+# `evil` installs the App beside acme and declares acme's principal names in its own config
+# (its admin eve as `human:marco@acme.com`, an editor there; agents scout, builder, critic).
+# With evil's tokens, every tool is tried against acme's mail, chat, items and questions: each
+# is "not found" as for nothing, or shows nothing of acme's, and leaves acme's rows as they
+# were (issue 21).
+
+EVIL_OFFICE = {
+    "org": "evil",
+    "humans": [{"email": "marco@acme.com", "login": "eve",
+                "permissions": ["mail.send", "editor"]}],
+    "agents": [{"slug": slug, "login": f"evil-{slug}", "person": "marco@acme.com",
+                "run": {"triggers": ["mail", "chat"], "dispatch": "none"},
+                "capabilities": {"mail.send": ["*"]}} for slug in ("scout", "builder", "critic")],
+}
+
+
+@dataclass(frozen=True)
+class OtherOfficeCell:
+    tool: str
+    who: str  # the principal's name, in evil's office
+    args: Args
+
+    @property
+    def id(self) -> str:
+        return f"{self.tool}-as-{self.who.split(':')[0]}"
+
+
+OTHER_OFFICE_CELLS = [
+    OtherOfficeCell("mail_get", MARCO, lambda w: {"mail": w.mail["mail_id"]}),
+    OtherOfficeCell("mail_get", SCOUT, lambda w: {"mail": _m(w)}),
+    OtherOfficeCell("mail_open", SCOUT, lambda w: {"mail": _m(w)}),
+    OtherOfficeCell("mail_reply", SCOUT, lambda w: {"mail": _m(w), "body": "Sold."}),
+    OtherOfficeCell("mail_close", MARCO, lambda w: {"mail": _m(w)}),
+    OtherOfficeCell("mail_send", BUILDER, lambda w: {"to": "scout", "subject": "Re",
+                                                     "body": "x", "inReplyTo": _m(w)}),
+    OtherOfficeCell("add_comment", MARCO, _on(lambda w: w.outcome, body="Hello")),
+    OtherOfficeCell("add_comment", MARCO, lambda w: {
+        "targetType": "outcome", "target": w.outcome, "parent": w.question, "option": 1}),
+    OtherOfficeCell("resolve_comment", MARCO, lambda w: {"comment": w.question}),
+    OtherOfficeCell("get_outcome", SCOUT, lambda w: {"outcome": w.outcome}),
+    OtherOfficeCell("get_tree", MARCO, lambda w: {"goal": w.outcome}),
+    OtherOfficeCell("chat_reply", SCOUT, lambda w: {"chat": w.chat, "message": "No."}),
+    OtherOfficeCell("chat_get", MARCO, lambda w: {"chat": w.chat}),
+]
+# Tools that act in the caller's own office whatever they are given: tried below for what
+# they show and where they write.
+OTHER_OFFICE_OWN = {"mail_list", "list_inbox", "list_changes", "agent_chat"}
+
+
+@dataclass
+class TwoOffices:
+    world: World
+    tokens: dict[str, str]  # evil's, by principal name
+
+    async def raw(self, who: str, tool: str, args: dict[str, Any]) -> tuple[int, Any]:
+        return await self.world.tools(MARCO).raw(tool, args, token=self.tokens[who])
+
+
+@pytest.fixture
+async def two_offices(world: World) -> TwoOffices:
+    from bot.office.config import parse_office
+    from bot.office.seed import seed_office
+    from bot.store import api_tokens
+
+    forge = world.embedded.forge
+    seed_office(forge, parse_office(json.dumps(EVIL_OFFICE), "evil.yml"))
+    (app_id,) = forge.state.apps
+    forge.install_app(int(app_id), "evil")
+    await world.embedded.settle()
+    store = world.embedded.services.store
+    tokens = {p: await api_tokens.create_token(store, p, "evil")
+              for p in (MARCO, SCOUT, BUILDER, CRITIC)}
+    return TwoOffices(world, tokens)
+
+
+def test_every_tool_has_a_cell_for_another_office() -> None:
+    assert {c.tool for c in OTHER_OFFICE_CELLS} | OTHER_OFFICE_OWN == set(TOOLS), \
+        "a new tool needs its cell against another office in the security matrix"
+
+
+@pytest.mark.parametrize("cell", OTHER_OFFICE_CELLS, ids=lambda c: c.id)
+async def test_another_office_finds_nothing_of_this_one(two_offices: TwoOffices,
+                                                       cell: OtherOfficeCell) -> None:
+    w = two_offices.world
+    before = await _snapshot(w)
+    status, body = await two_offices.raw(cell.who, cell.tool, cell.args(w))
+    assert status == 404 and body["error"]["code"] == "not_found", (cell.id, status, body)
+    for said in (w.mail["subject"], "Pricing", "Discount for schools", "Ready?"):
+        assert said not in json.dumps(body), (cell.id, body)
+    await w.embedded.settle()
+    assert await _snapshot(w) == before, f"{cell.id}: acme's rows are as they were"
+
+
+async def test_another_offices_reads_and_chats_stay_in_that_office(
+        two_offices: TwoOffices) -> None:
+    w = two_offices.world
+    for who in (MARCO, SCOUT):
+        for tool in ("mail_list", "list_inbox", "list_changes"):
+            status, body = await two_offices.raw(who, tool, {})
+            assert status == 200, body
+            shown = json.dumps(body)
+            for said in (w.mail["subject"], "Pricing", "Discount for schools", "Ready?",
+                         _m(w), w.outcome):
+                assert said not in shown, (who, tool, said)
+    status, body = await two_offices.raw(MARCO, "agent_chat",
+                                         {"agent": "scout", "message": "From evil"})
+    assert status == 200, body
+    acme_scout = (await w.tools(SCOUT)("mail_list"))["inbox"]["chats"]
+    assert "From evil" not in json.dumps(acme_scout), "acme's scout is not evil's scout"
+    status, body = await two_offices.raw(SCOUT, "list_inbox", {})
+    assert [c["message"] for c in body["inbox"]["chats"]] == ["From evil"]
+
+
+async def test_another_offices_console_shows_nothing_of_this_one(
+        two_offices: TwoOffices) -> None:
+    w = two_offices.world
+    bearer = {"Authorization": f"Bearer {two_offices.tokens[MARCO]}"}
+    for path in ("/console/inbox", "/console/mail", "/console/ledger", "/console/agents/scout",
+                 f"/console/mail/{w.mail['thread_id']}"):
+        async with w.session.get(w.embedded.app_url + path, headers=bearer,
+                                 allow_redirects=False) as resp:
+            text = await resp.text()
+        assert resp.status in (200, 404), (path, resp.status)
+        for said in (w.mail["subject"], "Pricing", "Discount for schools", "Ready?"):
+            assert said not in text, (path, said)

@@ -175,10 +175,12 @@ def test_each_office_gets_its_own_private_key_file_whose_key_ids_name_it(tmp_pat
 
 def test_an_office_name_is_an_org_login_and_nothing_else(tmp_path: Path) -> None:
     rings = Keyrings.in_data_dir(tmp_path)
-    for bad in ("../acme", "acme/x", "", "-acme", "acme_corp", "a" * 40):
+    for bad in ("../acme", "acme/x", "", "-acme", ".acme", "a" * 41):
         with pytest.raises(KeyringError, match="not an organisation login"):
             rings.for_office(bad)
     assert not (tmp_path / OFFICE_KEYS_DIR).exists() or rings.offices() == []
+    # Gitea's and Forgejo's org names may hold dots and underscores
+    assert rings.for_office("acme_corp.eu").active_kid.startswith("vm-acme_corp.eu-")
 
 
 def test_a_key_file_of_another_office_is_refused(tmp_path: Path) -> None:

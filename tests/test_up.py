@@ -148,3 +148,25 @@ async def test_up_with_replicas_runs_them_on_one_postgresql_and_spreads_the_webh
     finally:
         assert await _stop(proc) == 0
         await pg.drop_database(url)
+
+
+async def test_a_second_process_on_one_sqlite_data_directory_exits_saying_why(
+        tmp_path: Path) -> None:
+    """A deploy that starts the new process before the old has exited, or two pods on one
+    volume: the second says so in one line and exits 2; the first goes on (issue 27)."""
+    proc, line = await _up(tmp_path, _free_port(), _free_port())
+    try:
+        assert "ready" in line
+        second = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot.cli.main", "up", "--data", str(tmp_path), "--port",
+            str(_free_port()), "--forge-port", str(_free_port()),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(second.communicate(), 60)
+        assert second.returncode == 2, (out.decode(), err.decode())
+        [said] = err.decode().strip().splitlines()
+        assert "served by another process" in said and f"pid {proc.pid}" in said, said
+        url = json.loads((tmp_path / "tokens.json").read_text())["app_url"]
+        async with aiohttp.ClientSession() as s, s.get(url + "/healthz") as resp:
+            assert resp.status == 200  # the first goes on
+    finally:
+        assert await _stop(proc) == 0

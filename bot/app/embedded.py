@@ -7,6 +7,7 @@ same start-up path a newcomer runs.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import socket
 from dataclasses import dataclass, field
@@ -17,14 +18,23 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from bot.app import runs
+from bot.app.egress import OutboundPolicy
 from bot.app.reconcile import Reconciler
 from bot.app.services import SERVICES_KEY, Services
-from bot.app.settings import Settings
+from bot.app.settings import Settings, commands_setting, outbound_setting
 from bot.app.web import RECONCILER_KEY, WORKER_KEY, create_app
 from bot.app.worker import Worker
 from bot.console.signin import CALLBACK
-from bot.office.config import Office, load_office
-from bot.office.seed import seed_office
+from bot.office.config import (
+    PYTHON,
+    AgentCommands,
+    CommandDispatch,
+    Office,
+    load_office,
+    parse_office,
+    repository_form,
+)
+from bot.office.seed import office_yaml, seed_office
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
 from bot.private_files import private_dir, write_private
 from bot.store import api_tokens, ledger
@@ -35,6 +45,10 @@ APP_SLUG = "vaultmail"
 APP_EVENTS = ["issues", "issue_comment", "label", "push"]
 APP_PERMISSIONS = {"issues": "write", "metadata": "read", "contents": "read"}
 GITEA_EVENTS = ["issues", "issue_comment", "push"]  # "issues" covers issue_label and the like
+# The embedded default is its own operator: the example office's echo agent (`dispatch:
+# command`) runs the example agent, as VAULTMAIL_AGENT_COMMANDS would say on a deployment
+EXAMPLE_COMMANDS = AgentCommands({"acme": {"echo": CommandDispatch(
+    command=[PYTHON, "-m", "bot.agents.echo"], timeout=60)}})
 
 
 def principals(office: Office) -> list[str]:
@@ -147,9 +161,26 @@ async def start_embedded(
     dialect: str = "github",
     database_url: str = "",
     replica_id: str = "",
+    agent_commands: AgentCommands | None = None,
+    outbound: OutboundPolicy | None = None,
 ) -> Embedded:
+    """`office_path` is the operator's own file: its `{command: [...]}` dispatches are taken
+    as the operator's commands (with EXAMPLE_COMMANDS, VAULTMAIL_AGENT_COMMANDS and
+    `agent_commands`), and the forge gets the config as an org would write it. `outbound`: the
+    operator's outbound policy (else VAULTMAIL_OUTBOUND_ALLOW's)."""
     private_dir(data_dir)  # keys, tokens, the index: the app's alone (0700)
     office = load_office(office_path)
+    in_repository, file_commands = repository_form(office)
+    from_env = commands_setting(os.environ.get("VAULTMAIL_AGENT_COMMANDS"))
+    commands = EXAMPLE_COMMANDS.merged(from_env).merged(file_commands).merged(
+        agent_commands or AgentCommands())
+    if outbound is None:
+        outbound = outbound_setting(os.environ.get("VAULTMAIL_OUTBOUND_ALLOW"))
+    office_text = _office_text(office_path) if in_repository == office else \
+        office_yaml(in_repository)
+    # what the app will read back from the forge, refused now rather than found refused there
+    parse_office(office_text, str(office_path or "built-in example office"), repository=True,
+                 url_refused=outbound.url_refusal)
     forge = LocalForge(dialect=dialect, data_dir=data_dir / "forge" if persist_forge else None)
     await forge.start(host=host, port=forge_port)
 
@@ -164,10 +195,10 @@ async def start_embedded(
     identity = Identity.load(identity_path) if persist_forge else None
     fresh = identity is None
     if identity is None and dialect == "gitea":
-        forge_tokens, identity = _seed_gitea(forge, office, office_path, app_url)
+        forge_tokens, identity = _seed_gitea(forge, office, office_text, app_url)
     elif identity is None:
         forge_tokens = seed_office(forge, office)
-        forge.put_file(f"{office.org}/{CONFIG_REPO}", CONFIG_PATH, _office_text(office_path))
+        forge.put_file(f"{office.org}/{CONFIG_REPO}", CONFIG_PATH, office_text)
         pem = _new_private_key()
         secret = secrets.token_hex(20)
         app_id = forge.register_app(
@@ -191,7 +222,7 @@ async def start_embedded(
                         dialect=identity.dialect, token=identity.token,
                         client_id=client_id, client_secret=client_secret, public_url=app_url,
                         token_sign_in=True, database_url=identity.database_url,
-                        replica_id=replica_id)
+                        replica_id=replica_id, agent_commands=commands, outbound=outbound)
     runner = web.AppRunner(create_app(settings), access_log=None)
     await runner.setup()
     await web.SockSite(runner, sock).start()
@@ -211,7 +242,7 @@ async def start_embedded(
     return embedded
 
 
-def _seed_gitea(forge: LocalForge, office: Office, office_path: str | Path | None,
+def _seed_gitea(forge: LocalForge, office: Office, office_text: str,
                 app_url: str) -> tuple[dict[str, str], Identity]:
     """Gitea has no Apps: the app is a bot user (an org owner) with a token, and an org
     webhook points at it. Its labels are provisioned by the app at start."""
@@ -219,7 +250,7 @@ def _seed_gitea(forge: LocalForge, office: Office, office_path: str | Path | Non
     from localforge.gitea.seed import add_bot
 
     forge_tokens = seed_office(forge, office)
-    forge.put_file(f"{office.org}/{CONFIG_REPO}", CONFIG_PATH, _office_text(office_path))
+    forge.put_file(f"{office.org}/{CONFIG_REPO}", CONFIG_PATH, office_text)
     secret = secrets.token_hex(20)
     token, _ = add_bot(forge, office.org, APP_SLUG, f"{app_url}/webhook", secret,
                        events=GITEA_EVENTS)

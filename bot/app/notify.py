@@ -4,7 +4,9 @@ No busy loop and no task per waiter: each waiting call owns one asyncio.Event, r
 every key it waits for; whoever makes something new under a key calls `notify`, which sets the
 events registered under it. A key is a principal (an agent's mail and chats, a chat's answer)
 or an inbox box (`you:<owner>`, `agents:<owner>`: see `bot.items.inbox.wait_keys`), so that a
-person's long poll wakes for their own box only, never for their agents'.
+person's long poll wakes for their own box only, never for their agents'. Keys are an
+office's: `notify` and `wait_any` take the org and key under it, so one office's
+`agent:scout` never wakes (or cuts short the long poll of) another's.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from bot import metrics
 
 log = logging.getLogger("vaultmail.notify")
+
+
+def _scoped(org: str, key: str) -> str:
+    return f"{org.lower()}/{key}"
 
 
 class Notifier:
@@ -34,9 +40,10 @@ class Notifier:
             for event in events:
                 event.set()
 
-    def notify(self, principals: Iterable[str]) -> None:
-        """Something is new under these keys: wake who waits here and on every replica."""
-        keys = set(principals)
+    def notify(self, principals: Iterable[str], *, org: str) -> None:
+        """Something is new under these keys of `org`'s office: wake who waits here and on
+        every replica."""
+        keys = {_scoped(org, p) for p in principals}
         self.wake(keys)
         if self.publish is not None and keys:
             task = asyncio.get_running_loop().create_task(self._publish(sorted(keys)))
@@ -61,16 +68,16 @@ class Notifier:
         looks again)."""
         self.wake(list(self._waiting))
 
-    async def wait(self, principal: str, timeout: float) -> bool:
+    async def wait(self, principal: str, timeout: float, *, org: str) -> bool:
         """True when woken by something new, False on timeout (or cancellation upstream)."""
-        return await self.wait_any([principal], timeout)
+        return await self.wait_any([principal], timeout, org=org)
 
-    async def wait_any(self, principals: Iterable[str], timeout: float) -> bool:
-        """Like `wait`, woken by something new for any of `principals`."""
+    async def wait_any(self, principals: Iterable[str], timeout: float, *, org: str) -> bool:
+        """Like `wait`, woken by something new for any of `principals` of `org`'s office."""
         if self.closed:
             return False
         event = asyncio.Event()
-        keys = set(principals)
+        keys = {_scoped(org, p) for p in principals}
         for key in keys:
             self._waiting[key].add(event)
         metrics.LONG_POLLS.inc()

@@ -2,7 +2,9 @@
 under `webhooks:` (DESIGN §3.7), in ledger order, at least once.
 
 Each URL has a durable cursor (the last sequence number it acknowledged), so a receiver that is
-down gets everything once it is back, and a restart of the app loses nothing.
+down gets everything once it is back, and a restart of the app loses nothing. A URL the
+operator's outbound policy refuses (`bot.app.egress`) is sent nothing: its cursor waits, and
+the refusal is ledgered once as `office.config_refused` for each office naming it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from bot.app.egress import OutboundRefused
 from bot.app.signed_post import post_signed
+from bot.office.source import CONFIG_REPO
 from bot.store import ledger
 from bot.store import outbound as cursors
 
@@ -42,12 +46,14 @@ class LedgerForwarder:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    async def _urls(self) -> list[str]:
+    async def _urls(self) -> list[tuple[str, str]]:
+        """(office, url) for every installed office's webhooks: each receives its own
+        office's ledger only, whoever else names the same URL."""
         services = self.services
-        urls: list[str] = []
-        for org in sorted(services.installations):  # every installed office's webhooks
+        urls: list[tuple[str, str]] = []
+        for org in sorted(services.installations):
             office = await services.offices.get(services.forge_for_org(org), org)
-            urls += [u for u in (office.webhooks if office else []) if u not in urls]
+            urls += [(org, u) for u in dict.fromkeys(office.webhooks if office else [])]
         return urls
 
     async def _run(self) -> None:
@@ -56,47 +62,60 @@ class LedgerForwarder:
                 # one replica at a time sends, from the shared cursors; when it dies the
                 # next oldest takes over where they stand
                 if await self.services.store.is_leader():
-                    for url in await self._urls():
-                        await self.forward(url)
+                    for org, url in await self._urls():
+                        await self.forward(org, url)
             except Exception as exc:  # keep forwarding whatever one bad round did
                 log.warning("outbound round failed: %r", exc)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), POLL)
 
-    async def forward(self, url: str) -> int:
-        """Send what `url` has not acknowledged yet; returns how many were sent."""
+    async def forward(self, org: str, url: str) -> int:
+        """Send what `url` has not acknowledged yet of `org`'s ledger; returns how many were
+        sent."""
         # one sender of a cursor at a time, whichever replica believes it leads (a stalled
         # leader may wake to find a successor): read, send, advance under its lock
-        async with self.services.store.named_lock(f"outbound:{url}"):
-            return await self._forward(url)
+        async with self.services.store.named_lock(f"outbound:{org}:{url}"):
+            return await self._forward(org.lower(), url)
 
-    async def _forward(self, url: str) -> int:
+    async def _forward(self, org: str, url: str) -> int:
         store = self.services.store
-        row = await cursors.get_cursor(store, url)
+        row = await cursors.get_cursor(store, org, url)
         if row is not None and row["next_at"] > time.time():
             return 0
-        cursor = int(row["seq"]) if row else 0
+        cursor = int(row["seq"]) if row else await cursors.legacy_seq(store, url)
         sent = 0
-        for entry in await ledger.entries(store, since=cursor, limit=BATCH):
-            # signed with the key of the office the entry is about (its subject's org)
-            about = entry.subject.split("/")[0] if "/" in entry.subject else None
+        for entry in await ledger.entries(store, since=cursor, limit=BATCH, org=org):
             try:
-                await post_signed(self.services.keyring.signer_for(
-                    about or self.services.default_org), url, entry.as_json(), headers={
-                    "X-Vaultmail-Event": entry.event, "X-Vaultmail-Delivery": str(entry.seq)})
+                await post_signed(self.services.keyring.signer_for(entry.org), url,
+                                  entry.as_json(), headers={
+                    "X-Vaultmail-Event": entry.event, "X-Vaultmail-Delivery": str(entry.seq)},
+                    outbound=self.services.settings.outbound)
             except Exception as exc:
                 failures = (int(row["failures"]) if row else 0) + 1
                 delay = min(MAX_BACKOFF, 0.5 * 2 ** failures)
-                await self._save(url, cursor, failures, time.time() + delay, repr(exc))
+                await self._save(org, url, cursor, failures, time.time() + delay, repr(exc))
+                if isinstance(exc, OutboundRefused) and (row is None
+                                                         or row["last_error"] != repr(exc)):
+                    await self._refused(org, url, exc)  # once, not at every retry
                 log.warning("outbound POST failed; retry in %.1fs", delay,
                             extra={"url": url, "seq": entry.seq, "error": repr(exc)})
                 return sent
             cursor, sent = entry.seq, sent + 1
         if sent or row is None:
-            await self._save(url, cursor, 0, 0.0, None)
+            await self._save(org, url, cursor, 0, 0.0, None)
         return sent
 
-    async def _save(self, url: str, seq: int, failures: int, next_at: float,
+    async def _refused(self, org: str, url: str, exc: OutboundRefused) -> None:
+        """Ledger a refused webhook URL as a config error of the office that names it."""
+        services = self.services
+        office = await services.offices.get(services.forge_for_org(org), org)
+        if office is not None and url in office.webhooks:
+            where = f"{services.offices.where(org)}: webhooks[{office.webhooks.index(url)}]"
+            await ledger.record(services.store, "office.config_refused", "office",
+                                f"{org}/{CONFIG_REPO}", {"errors": [f"{where}: {exc}"]}, org=org)
+
+    async def _save(self, org: str, url: str, seq: int, failures: int, next_at: float,
                     error: str | None) -> None:
-        await cursors.save_cursor(self.services.store, url, seq, failures, next_at, error)
+        await cursors.save_cursor(self.services.store, org, url, seq, failures, next_at,
+                                  error)

@@ -2,7 +2,9 @@
 
 Admission is recorded in the same transaction as what caused it; dispatch happens after the
 commit, by the agent's `run.dispatch`: a signed POST, a repository_dispatch on the vault, a local
-command (`{command: [...]}`), or nothing (the agent finds the work in its inbox).
+command (`{command: [...]}` from the operator's own office file, or `command`: the program the
+operator set for the agent in VAULTMAIL_AGENT_COMMANDS), or nothing (the agent finds the work in
+its inbox). A POST goes only where the operator's outbound policy lets it (`bot.app.egress`).
 
 Seed mail.md: "The agent is prompted with the mail." Every dispatched run carries what the agent
 needs to act without another request (`mail_run`, `chat_run`): who wrote, the subject, the body
@@ -10,7 +12,8 @@ needs to act without another request (`mail_run`, `chat_run`): who wrote, the su
 where to reply. A command run also gets, in its environment, the app's URL and an API token of
 its agent that lives as long as the run (`VAULTMAIL_APP_URL`, `VAULTMAIL_TOKEN`), so it answers
 through the tools like any agent; its exit status, timing and the end of its output are ledgered
-as `run.finished`.
+as `run.finished`. It gets nothing else of the app's: its environment is built from an
+allow-list (`command_env`), and it runs in a directory of its own, removed when it ends.
 """
 
 from __future__ import annotations
@@ -22,12 +25,15 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bot.app.egress import OutboundRefused
 from bot.app.signed_post import post_signed
-from bot.office.config import PYTHON, Agent, CommandDispatch
+from bot.office.config import COMMANDS_SETTING, OPERATOR_COMMAND, PYTHON, Agent, CommandDispatch
 from bot.store import api_tokens, ledger, mails
 from bot.store.db import Connection
 
@@ -42,21 +48,24 @@ EARLIER_MAILS = 5  # earlier mails of the thread a mail run carries
 EARLIER_BODY = 4_000  # characters of each earlier mail's body
 OUTPUT_KEPT = 4_000  # characters of a command's stdout and stderr kept in the ledger
 CLIENT_PAYLOAD_BYTES = 60_000  # GitHub takes a repository_dispatch client_payload up to 64 KB
-# the app's own configuration, never handed to an agent's command
-_SECRET_ENV = ("GITHUB_", "GITEA_", "VAULTMAIL_")
+# What of the app's environment a command gets: where programs are, the user's home, language
+# and time zone; nothing else (not the app's keys, secrets, database or forge settings)
+PASSED_ENV = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ")
+PASSED_ENV_PREFIXES = ("LC_",)
+_SOURCE_ROOT = str(Path(__file__).resolve().parents[2])  # where the `bot` package is imported from
 
 
 async def admit(db: Connection, agent: Agent, kind: str, subject: str,
-                actor: str) -> int | None:
+                actor: str, *, org: str) -> int | None:
     """Queue a run of `kind` for `agent` if its triggers admit it, ledgered either way: the
     run's id, or None when refused."""
     if kind in agent.run.triggers:
-        run_id = await mails.add_run(db, agent.slug, kind, subject, "queued")
+        run_id = await mails.add_run(db, agent.slug, kind, subject, "queued", org=org)
         await ledger.append(db, "run.queued", actor, subject,
-                            {"agent": agent.principal, "kind": kind, "run": run_id})
+                            {"agent": agent.principal, "kind": kind, "run": run_id}, org=org)
         return run_id
-    await mails.add_run(db, agent.slug, kind, subject, "refused")
-    await ledger.append(db, "run.refused", actor, subject, {
+    await mails.add_run(db, agent.slug, kind, subject, "refused", org=org)
+    await ledger.append(db, "run.refused", actor, subject, org=org, data={
         "agent": agent.principal, "kind": kind,
         "reason": f"{agent.principal} does not accept {kind} runs "
                   f"(run.triggers: {list(agent.run.triggers)})"})
@@ -70,11 +79,11 @@ async def mail_run(services: Services, agent: Agent, record: MailRecord, run: in
     """The run of a mail: the mail itself, the new message when a follow-up woke the agent
     (`follow_up`: who wrote it, and its text), the thread's earlier mails the agent took part
     in, and where to reply. At most 10 top-level keys (GitHub's limit for client_payload)."""
-    thread = await mails.list_mails(services.store, thread=record.thread_id)
+    thread = await mails.list_mails(services.store, org=record.org, thread=record.thread_id)
     earlier = [m for m in thread if m.mail_id != record.mail_id
                and agent.principal in (m.from_principal, m.to_principal)][-EARLIER_MAILS:]
     return {
-        "kind": "mail", "agent": agent.slug, "run": run,
+        "kind": "mail", "office": record.org, "agent": agent.slug, "run": run,
         "mail": record.mail_id, "subject": record.ref, "title": record.subject,
         "content": {
             "ref": record.ref, "vault": record.vault, "number": record.number,
@@ -93,8 +102,10 @@ async def mail_run(services: Services, agent: Agent, record: MailRecord, run: in
     }
 
 
-def chat_run(agent: Agent, chat: int, sender: str, message: str, run: int) -> dict[str, Any]:
-    return {"kind": "chat", "agent": agent.slug, "run": run, "chat": chat, "from": sender,
+def chat_run(agent: Agent, chat: int, sender: str, message: str, run: int,
+             org: str) -> dict[str, Any]:
+    return {"kind": "chat", "office": org.lower(), "agent": agent.slug, "run": run,
+            "chat": chat, "from": sender,
             "message": message, "contentIsData": True,
             "reply": {"tool": "chat_reply", "arguments": {"chat": chat}, "as": agent.principal}}
 
@@ -140,7 +151,7 @@ def dispatch_chat(services: Services, forge: Forge, agent: Agent, vault: str, ch
                   sender: str, message: str, run: int) -> None:
     if agent.run.dispatch == "none":
         return
-    payload = chat_run(agent, chat, sender, message, run)
+    payload = chat_run(agent, chat, sender, message, run, vault.split("/")[0])
     _background(services, _dispatch(services, forge, agent, vault, f"chat:{chat}", payload))
 
 
@@ -173,9 +184,16 @@ async def stop(services: Services) -> None:
 async def _dispatch(services: Services, forge: Forge, agent: Agent, vault: str, subject: str,
                     payload: dict[str, Any]) -> None:
     how = agent.run.dispatch
+    org = vault.split("/")[0].lower()  # the vault's org: the office the run belongs to
+    if how == OPERATOR_COMMAND:
+        granted = services.settings.agent_commands.command_for(org, agent.slug)
+        if granted is None:
+            await _refused(services, agent, subject, payload, org, (
+                f"no command is set for {org}'s agent {agent.slug}: `dispatch: command` runs "
+                f"the program the operator names for it in {COMMANDS_SETTING}"))
+            return
+        how = granted
     if isinstance(how, CommandDispatch):
-        owner = vault.split("/")[0]  # the vault's org: the office the run's token acts in
-        org = owner.lower() if services.installation_of(owner) is not None else None
         await run_command(services, agent, how, subject, payload, org)
         return
     for attempt in range(1, DISPATCH_ATTEMPTS + 1):
@@ -183,13 +201,35 @@ async def _dispatch(services: Services, forge: Forge, agent: Agent, vault: str, 
             if how == "repository_dispatch":
                 await forge.dispatch(vault, "vaultmail.run", fit_client_payload(payload))
             else:
-                await post_signed(services.keyring.for_office(vault.split("/")[0]), how, payload)
+                await post_signed(services.keyring.for_office(org), how, payload,
+                                  outbound=services.settings.outbound)
+            return
+        except OutboundRefused as exc:  # nothing was sent, and no retry would send it
+            await _refused(services, agent, subject, payload, org,
+                           f"run.dispatch: {exc}", url=how)
             return
         except Exception as exc:  # network or forge failure: retry with backoff
             log.warning("run dispatch failed (attempt %d): %r", attempt, exc,
                         extra={"agent": agent.slug, "subject": subject})
             await asyncio.sleep(0.5 * 2 ** attempt)
     log.error("run dispatch gave up", extra={"agent": agent.slug, "subject": subject})
+
+
+async def _refused(services: Services, agent: Agent, subject: str, payload: dict[str, Any],
+                   org: str, reason: str, *, url: str | None = None) -> None:
+    """A run the app would not dispatch: `failed`, ledgered as `run.finished` with the reason
+    (its `error`), so the office sees it where it sees every run end."""
+    run = int(payload["run"])
+    data: dict[str, Any] = {"agent": agent.principal, "kind": payload["kind"], "run": run,
+                            "exit": None, "timed_out": False, "seconds": 0.0,
+                            "refused": True, "error": reason}
+    if url is not None:
+        data["url"] = url
+    async with services.store.transaction() as db:
+        await mails.finish_run(db, run, "failed")
+        await ledger.append(db, "run.finished", "office", subject, data, org=org)
+    log.warning("run dispatch refused", extra={"agent": agent.slug, "subject": subject,
+                                               "error": reason})
 
 
 # -- a local command per run -------------------------------------------------------------------
@@ -204,10 +244,18 @@ def app_url(services: Services) -> str:
     return f"http://{host}:{services.settings.port}"
 
 
-def command_env(services: Services, agent: Agent, token: str, run: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_SECRET_ENV)}
-    env.update(VAULTMAIL_APP_URL=app_url(services), VAULTMAIL_TOKEN=token,
+def command_env(services: Services, agent: Agent, token: str, run: int, workdir: str,
+                argv: list[str]) -> dict[str, str]:
+    """A command's whole environment: PASSED_ENV of the app's, TMPDIR its own directory, the
+    run's VAULTMAIL_APP_URL, VAULTMAIL_TOKEN, VAULTMAIL_AGENT and VAULTMAIL_RUN, and for a
+    `{python}` command PYTHONPATH, so it imports the `bot` the app runs from its own cwd."""
+    env = {k: v for k, v in os.environ.items()
+           if k in PASSED_ENV or k.startswith(PASSED_ENV_PREFIXES)}
+    env.setdefault("PATH", os.defpath)
+    env.update(TMPDIR=workdir, VAULTMAIL_APP_URL=app_url(services), VAULTMAIL_TOKEN=token,
                VAULTMAIL_AGENT=agent.principal, VAULTMAIL_RUN=str(run))
+    if argv[0] == sys.executable:
+        env["PYTHONPATH"] = _SOURCE_ROOT
     return env
 
 
@@ -230,30 +278,34 @@ def _kill(proc: asyncio.subprocess.Process) -> None:
 
 
 async def run_command(services: Services, agent: Agent, how: CommandDispatch, subject: str,
-                      payload: dict[str, Any], org: str | None = None) -> None:
+                      payload: dict[str, Any], org: str) -> None:
     """Run the agent's command with the run as JSON on stdin; one run of an agent at a time.
     Never retried (a second run could act twice): the work stays in the agent's inbox."""
     run = int(payload["run"])
-    async with services.lock_for(f"run:{agent.slug}"):
+    async with services.lock_for(f"run:{org}:{agent.slug}"):
         token = await api_tokens.create_token(services.store, agent.principal, org)
         argv = [sys.executable if i == 0 and word == PYTHON else word
                 for i, word in enumerate(how.command)]
         started = time.monotonic()
         data: dict[str, Any] = {"agent": agent.principal, "kind": payload["kind"], "run": run,
                                 "command": argv, "exit": None, "timed_out": False}
+        # a directory of its own, never the app's data directory, gone when the run ends
+        workdir = tempfile.TemporaryDirectory(prefix=f"vaultmail-run-{agent.slug}-",
+                                              ignore_cleanup_errors=True)
         try:
-            data.update(await _execute(argv, how.timeout,
-                                       command_env(services, agent, token, run),
-                                       json.dumps(payload).encode()))
+            data.update(await _execute(
+                argv, how.timeout, command_env(services, agent, token, run, workdir.name, argv),
+                json.dumps(payload).encode(), workdir.name))
         except OSError as exc:  # the program is missing or cannot run
             data["error"] = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
         finally:
+            workdir.cleanup()
             await asyncio.shield(api_tokens.revoke_token_value(services.store, token))
         data["seconds"] = round(time.monotonic() - started, 3)
         ok = data["exit"] == 0 and not data["timed_out"]
         async with services.store.transaction() as db:
             await mails.finish_run(db, run, "done" if ok else "failed")
-            await ledger.append(db, "run.finished", "office", subject, data)
+            await ledger.append(db, "run.finished", "office", subject, data, org=org)
         if not ok:
             log.warning("run command failed", extra={
                 "agent": agent.slug, "subject": subject, "exit": data["exit"],
@@ -261,10 +313,10 @@ async def run_command(services: Services, agent: Agent, how: CommandDispatch, su
 
 
 async def _execute(argv: list[str], timeout: float, env: dict[str, str],
-                   stdin: bytes) -> dict[str, Any]:
+                   stdin: bytes, cwd: str) -> dict[str, Any]:
     proc = await asyncio.create_subprocess_exec(
         *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
+        stderr=asyncio.subprocess.PIPE, env=env, cwd=cwd, start_new_session=True)
     out = asyncio.create_task(_tail(proc.stdout))
     err = asyncio.create_task(_tail(proc.stderr))
     timed_out = False

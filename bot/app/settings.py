@@ -12,6 +12,9 @@ from typing import Any, Literal
 from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from bot.app.egress import OutboundPolicy
+from bot.office.config import AgentCommands, OfficeConfigError, load_agent_commands
+
 USAGE = """\
 vaultmail serve needs a forge to talk to. Set (in the environment or in .env), for a GitHub App
 (`vaultmail register` writes these to .env):
@@ -103,6 +106,20 @@ class Settings:
     # installations, what failed and why); without it, /readyz says ready or not only
     operator_token: str = field(
         default_factory=lambda: os.environ.get("VAULTMAIL_OPERATOR_TOKEN", ""))
+    # VAULTMAIL_SQLITE_SYNCHRONOUS: what a 2xx promises on SQLite. "normal" (the default):
+    # what was answered survives the process crashing, not the host losing power; "full":
+    # it survives a power cut too, at the price of an fsync per commit (README, benchmarks)
+    sqlite_synchronous: Literal["normal", "full"] = field(
+        default_factory=lambda: "full" if os.environ.get(
+            "VAULTMAIL_SQLITE_SYNCHRONOUS", "").lower() == "full" else "normal")
+    # VAULTMAIL_AGENT_COMMANDS (a YAML file): the program each org's agent with `dispatch:
+    # command` runs on this host; the operator's alone, a repository config names none
+    agent_commands: AgentCommands = field(default_factory=lambda: commands_setting(
+        os.environ.get("VAULTMAIL_AGENT_COMMANDS")))
+    # VAULTMAIL_OUTBOUND_ALLOW: the hosts and networks dispatch URLs and office webhooks may
+    # reach besides public addresses (also read by `vaultmail up`)
+    outbound: OutboundPolicy = field(default_factory=lambda: outbound_setting(
+        os.environ.get("VAULTMAIL_OUTBOUND_ALLOW")))
 
     def __post_init__(self) -> None:
         if not self.webhook_secret:
@@ -201,6 +218,9 @@ class Settings:
             database_url=source.database_url or "", replica_id=source.replica_id or "",
             webhook_read_seconds=source.webhook_read_seconds,
             operator_token=source.operator_token or "",
+            sqlite_synchronous=source.sqlite_synchronous,
+            agent_commands=commands_setting(source.agent_commands),
+            outbound=outbound_setting(source.outbound_allow),
         )
 
     @classmethod
@@ -222,6 +242,9 @@ class Settings:
             database_url=source.database_url or "", replica_id=source.replica_id or "",
             webhook_read_seconds=source.webhook_read_seconds,
             operator_token=source.operator_token or "",
+            sqlite_synchronous=source.sqlite_synchronous,
+            agent_commands=commands_setting(source.agent_commands),
+            outbound=outbound_setting(source.outbound_allow),
         )
 
 
@@ -237,6 +260,27 @@ def parse_origins(text: str | None) -> tuple[str, ...]:
                             f"https://app.example.com, separated by commas ({wrong[0]!r} is not "
                             "one)")
     return found
+
+
+def commands_setting(path: str | Path | None) -> AgentCommands:
+    """VAULTMAIL_AGENT_COMMANDS: the path of a YAML file, `org: {agent slug: {command: [words],
+    timeout: seconds}}`; none when unset."""
+    if not path:
+        return AgentCommands()
+    try:
+        return load_agent_commands(path)
+    except OfficeConfigError as exc:
+        raise SettingsError(f"VAULTMAIL_AGENT_COMMANDS={str(path)!r}: " + "; ".join(exc.errors)
+                            + " (the file maps org: agent: {command: [words], timeout: "
+                              "seconds})") from None
+
+
+def outbound_setting(text: str | None) -> OutboundPolicy:
+    """VAULTMAIL_OUTBOUND_ALLOW: addresses, networks and host names, separated by commas."""
+    try:
+        return OutboundPolicy.parse(text)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
@@ -282,6 +326,10 @@ class _EnvFile(BaseSettings):
     webhook_read_seconds: float = Field(
         default=20.0, gt=0, validation_alias=AliasChoices("VAULTMAIL_WEBHOOK_READ_SECONDS"))
     operator_token: str | None = _env("VAULTMAIL_OPERATOR_TOKEN")
+    sqlite_synchronous: Literal["normal", "full"] = Field(
+        default="normal", validation_alias=AliasChoices("VAULTMAIL_SQLITE_SYNCHRONOUS"))
+    agent_commands: Path | None = _env("VAULTMAIL_AGENT_COMMANDS")
+    outbound_allow: str | None = _env("VAULTMAIL_OUTBOUND_ALLOW")
 
     @field_validator("database_url")
     @classmethod
@@ -339,6 +387,7 @@ _WANTS = {
     "port": "a port number from 1 to 65535",
     "reconcile_seconds": "a number of seconds above 0",
     "webhook_read_seconds": "a number of seconds above 0",
+    "sqlite_synchronous": "normal or full",
     "log_level": "one of debug, info, warning, error, critical (or trace, warn, fatal)",
     "ghe_protocol": "https or http",
 }

@@ -27,13 +27,15 @@ from bot.app.services import SERVICES_KEY, Services
 from bot.app.settings import Settings
 from bot.app.worker import Worker
 from bot.console import add_console_routes
+from bot.forge.caller import budget_waits
 from bot.forge.errors import ForgeError
 from bot.forge.github import ForgeClient, ForgeConfig
 from bot.forge.tokens import AppAuth
 from bot.mail.signing import KeyringError, Keyrings, office_name
 from bot.office.config import load_office
 from bot.office.source import OfficeSource
-from bot.store import health, open_store
+from bot.private_files import private_dir
+from bot.store import health, offices, open_store
 from bot.store.budget import Limits, SharedWriteBudget
 from bot.tools.http import add_routes
 from bot.tools.mcp_server import add_mcp_routes
@@ -57,6 +59,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 STUCK_AFTER = 300.0  # seconds the oldest due delivery may wait before the queue counts as stuck
 WRITE_LOCK_WAIT = 1.0  # seconds readiness waits for the index's write lock
+BUDGET_WAIT_SHOWN = 5.0  # seconds of waiting for the forge's write budget /readyz tells of
 
 
 OPERATOR_ONLY = ("each check's detail is shown to the operator only: send Authorization: "
@@ -101,6 +104,8 @@ async def readyz(request: web.Request) -> web.Response:
     async def database() -> str:
         if services.store.retired is not None:
             raise RuntimeError(services.store.retired)
+        if services.store.write_failure is not None:  # until a write lands again
+            raise RuntimeError(f"the latest write failed: {services.store.write_failure}")
         if services.store.engine == "sqlite":  # the file, on a connection of its own
             await asyncio.to_thread(health.take_write_lock, services.settings.db_path,
                                     WRITE_LOCK_WAIT)
@@ -109,6 +114,10 @@ async def readyz(request: web.Request) -> web.Response:
 
     async def forge() -> str:
         status = await services.forge_client.reachable()
+        waiting, longest = budget_waits()
+        if waiting and longest > BUDGET_WAIT_SHOWN:  # ready still: the budget is the forge's
+            return (f"answered {status}; {waiting} write(s) wait for the forge's write budget, "
+                    f"the longest {longest:.0f} s more")
         return f"answered {status}"
 
     async def installations() -> str:
@@ -170,6 +179,9 @@ PRESENCE_KEY = web.AppKey("presence", Presence)
 
 
 async def build_services(settings: Settings, session: aiohttp.ClientSession) -> Services:
+    # the data directory is the app's own (0700) from its start, whichever engine holds the
+    # index: keys, tokens and the CLI's commands beside it find it there
+    private_dir(settings.data_dir)
     if settings.dialect == "gitea":
         return await build_gitea_services(settings, session)
     auth = AppAuth(settings.app_id, settings.private_key_pem, settings.api_url, session)
@@ -177,11 +189,13 @@ async def build_services(settings: Settings, session: aiohttp.ClientSession) -> 
     config = ForgeConfig(write_interval=settings.write_interval, bot_login=f"{slug}[bot]")
     client = ForgeClient(auth, session, settings.api_url, config=config)
     installs = await _installations(settings, auth, session)
-    store = await open_store(settings.database)  # after the forge
+    store = await open_store(settings.database,  # after the forge
+                             synchronous=settings.sqlite_synchronous)
     # answered: no retry reopens it
     services = Services(settings=settings, store=store, forge_client=client,
                         router=build_router(), own_router=build_own_router(), app_slug=slug,
-                        offices=OfficeSource(settings.office_path),
+                        offices=OfficeSource(settings.office_path,
+                                             url_refused=settings.outbound.url_refusal),
                         keyring=Keyrings.in_data_dir(settings.data_dir))
     services.keyring.installed = services.installations.keys  # what legacy keys served
     services.installations.update(
@@ -201,10 +215,11 @@ async def build_gitea_services(settings: Settings, session: aiohttp.ClientSessio
     client = GiteaClient(settings.token, session, settings.api_url, bot_login=login,
                          config=config)
     orgs = await client.installation().user_orgs()
-    store = await open_store(settings.database)
+    store = await open_store(settings.database, synchronous=settings.sqlite_synchronous)
     services = Services(settings=settings, store=store, forge_client=client,
                         router=build_router(), own_router=build_own_router(), app_slug=login,
-                        offices=OfficeSource(settings.office_path),
+                        offices=OfficeSource(settings.office_path,
+                                             url_refused=settings.outbound.url_refusal),
                         keyring=Keyrings.in_data_dir(settings.data_dir), bot_user=login,
                         installations={org.lower(): SYNTHETIC_INSTALLATION_ID for org in orgs})
     services.keyring.installed = services.installations.keys  # what legacy keys served
@@ -216,6 +231,17 @@ def build_worker(services: Services) -> Worker:
                     services.is_own_event, lambda item, log: context_for(services, item, log))
     services.wake_worker = worker.wake
     return worker
+
+
+async def _adopt_rows_from_before_offices(services: Services) -> None:
+    """Chats and runs written before rows carried their office can only be the one office's
+    that a deployment with one office has (bot.store.offices); with several, they stay
+    unowned, shown to no office."""
+    org = services.default_org
+    if org is not None:
+        adopted = await offices.adopt_unowned(services.store, org)
+        if adopted:
+            log.info("rows from before offices adopted", extra={"org": org, "rows": adopted})
 
 
 async def _provision_at_start(services: Services) -> None:
@@ -306,6 +332,7 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
                 await asyncio.sleep(delay)
                 delay = min(RETRY_MAX, delay * 2)
         app[SERVICES_KEY] = services
+        await _adopt_rows_from_before_offices(services)
         if services.store.engine != "sqlite":  # replicas share one budget of forge writes
             cfg = services.forge_client.config
             services.forge_client.shared_budget = SharedWriteBudget(services.store, Limits(

@@ -16,12 +16,13 @@ from bot.app.logs import LEVELS, setup_logging
 from bot.app.settings import USAGE, NotRegistered, Settings, SettingsError
 from bot.cli.process import StartupError, listen, stop_signal
 from bot.office.config import OfficeConfigError
+from bot.store.engines import is_postgres
+from bot.store.sqlite import IndexInUse, own_index
 
 
 async def cmd_up(args: argparse.Namespace) -> int:
     from bot.app.embedded import start_embedded
     from bot.app.replicas import Replica, start_replicas
-    from bot.store import is_postgres
 
     if args.replicas < 1:
         print("vaultmail up: --replicas must be 1 or more", file=sys.stderr)
@@ -31,6 +32,12 @@ async def cmd_up(args: argparse.Namespace) -> int:
               "--database-url postgresql://USER@HOST/DB (or set DATABASE_URL)", file=sys.stderr)
         return 2
     data = Path(args.data) if args.data else Path(tempfile.mkdtemp(prefix="vaultmail-"))
+    if not is_postgres(args.database_url or ""):
+        try:  # one process serves a SQLite index
+            own_index(data / "index.sqlite3")
+        except IndexInUse as exc:
+            print(f"vaultmail up: {exc}", file=sys.stderr, flush=True)
+            return 2
     embedded = await start_embedded(
         office_path=args.office, data_dir=data, persist_forge=bool(args.data), host=args.host,
         port=args.port, forge_port=args.forge_port, dialect=args.forge,
@@ -77,6 +84,12 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         settings = Settings.from_env()  # the .env the registration wrote
     if args.log_level is None:
         setup_logging(settings.log_level)
+    if not is_postgres(settings.database):
+        try:  # one process serves a SQLite index (a second says so, before it listens)
+            own_index(settings.db_path)
+        except IndexInUse as exc:
+            print(f"vaultmail serve: {exc}", file=sys.stderr, flush=True)
+            return 2
     sock = sock or listen(settings.host, settings.port)
     # SIGTERM: long polls are answered at once, deliveries in progress finish or go back to
     # the queue, and what is left of the 10 s goes to requests still in flight

@@ -260,8 +260,9 @@ async def cmd_token_list(args: argparse.Namespace) -> int:
 async def cmd_ledger(args: argparse.Namespace) -> int:
     store = await open_store(index_of(data_dir(args)))
     try:
-        entries = await ledger.entries(store, since=args.since, limit=args.limit)
-        broken = await ledger.verify_chain(store)
+        org = args.org.lower() if args.org else None
+        entries = await ledger.entries(store, since=args.since, limit=args.limit, org=org)
+        broken = await ledger.verify_chain(store, org)
     finally:
         await store.close()
     if wants_json(args):
@@ -272,8 +273,9 @@ async def cmd_ledger(args: argparse.Namespace) -> int:
         done({"entries": [e.as_json() for e in entries], "chain": "intact"})
         return 0
     for e in entries:
-        print(f"{e.seq:>5}  {e.as_json()['time']}  {e.event:<16} {e.actor:<28} {e.subject}"
-              f"  {json.dumps(e.data, sort_keys=True)}")
+        office = "" if org else f"{e.org or '(before offices)':<14} "
+        print(f"{e.seq:>5}  {e.as_json()['time']}  {office}{e.event:<16} {e.actor:<28} "
+              f"{e.subject}  {json.dumps(e.data, sort_keys=True)}")
     if broken is not None:
         print(f"ledger chain broken at entry {broken}")
         return REFUSED
@@ -313,7 +315,9 @@ def add_office_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p = with_data(tsub.add_parser("list", help="the API tokens: id, principal, last use"))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_token_list)
-    p = with_data(sub.add_parser("ledger", help="print the ledger"))
+    p = with_data(sub.add_parser("ledger", help="print the ledger: every office's, or one's"))
+    p.add_argument("--org", help="only this office's entries, and only its chain checked "
+                                 "(default: every office's, each chain checked)")
     p.add_argument("--since", type=int, default=0)
     p.add_argument("--limit", type=int, default=1000)
     p.add_argument("--json", action="store_true")

@@ -47,7 +47,7 @@ async def answer(request: web.Request, v: Visitor, form: dict[str, str]) -> web.
     if _key(form):
         args["idempotencyKey"] = _key(form)
     result = await tool(v, "add_comment", **args)
-    await sessions.undefer(v.services.store, v.principal, thread)
+    await sessions.undefer(v.services.store, v.principal, thread, org=v.call.office.org)
     chosen = result["comment"].get("option")
     what = f"“{chosen}”" if chosen else "your reply"
     verb = "changed to" if args.get("amend") else "sent:"
@@ -57,7 +57,8 @@ async def answer(request: web.Request, v: Visitor, form: dict[str, str]) -> web.
 @action(_inbox)
 async def defer(request: web.Request, v: Visitor, form: dict[str, str]) -> web.StreamResponse:
     """Set a card aside: it goes to the end of the stack and comes back after the others."""
-    await sessions.defer(v.services.store, v.principal, _required(form, "thread"))
+    await sessions.defer(v.services.store, v.principal, _required(form, "thread"),
+                         org=v.call.office.org)
     return await done(v, INBOX, "Deferred: it comes back at the end of your stack")
 
 
@@ -65,7 +66,7 @@ async def defer(request: web.Request, v: Visitor, form: dict[str, str]) -> web.S
 async def resolve(request: web.Request, v: Visitor, form: dict[str, str]) -> web.StreamResponse:
     thread = _required(form, "thread")
     await tool(v, "resolve_comment", comment=thread)
-    await sessions.undefer(v.services.store, v.principal, thread)
+    await sessions.undefer(v.services.store, v.principal, thread, org=v.call.office.org)
     return await done(v, INBOX, "Resolved: the thread is done")
 
 

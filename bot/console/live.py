@@ -90,8 +90,8 @@ async def delivery_stamp(v: Visitor) -> str:
     """What moves whenever something reaches the person or their agents (read marks aside),
     and when one of their chats is answered."""
     owner = inbox.Whose.of(v.call.office, v.principal).owner
-    row = await comments.latest_delivery_seq(v.services.store, owner)
-    chat = await chats.answered_stamp(v.services.store, v.principal)
+    row = await comments.latest_delivery_seq(v.services.store, owner, org=v.call.office.org)
+    chat = await chats.answered_stamp(v.services.store, v.principal, org=v.call.office.org)
     return f"{row['seq'] if row else 0}:{chat['n'] if chat else 0}:{chat['at'] if chat else 0}"
 
 
@@ -154,7 +154,8 @@ async def _send_changes(request: web.Request, response: web.StreamResponse, v: V
     notifier = v.services.notifier
     last, woken = None, True
     while not notifier.closed and not gone.done():
-        waiter = asyncio.ensure_future(notifier.wait_any(_keys(v), HEARTBEAT))
+        waiter = asyncio.ensure_future(notifier.wait_any(_keys(v), HEARTBEAT,
+                                                         org=v.call.office.org))
         await asyncio.sleep(0)  # registered before looking: nothing slips between
         try:
             still = await _still(request, v)

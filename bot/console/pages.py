@@ -46,11 +46,11 @@ async def _answered(v: Visitor) -> list[dict[str, Any]]:
 async def inbox_context(request: web.Request, v: Visitor) -> dict[str, Any]:
     stamp = await live.delivery_stamp(v)  # before the look: a later delivery re-fetches
     look = await tool(v, "list_inbox", read=True)  # the person looks: unread is marked read
-    deferred = await sessions.deferred(v.services.store, v.principal)
+    deferred = await sessions.deferred(v.services.store, v.principal, org=v.call.office.org)
     you = look["you"]
     cards = {c["thread"] for c in you["yourTurn"]}
     for gone in set(deferred) - cards:  # no longer waiting on them: set aside no more
-        await sessions.undefer(v.services.store, v.principal, gone)
+        await sessions.undefer(v.services.store, v.principal, gone, org=v.call.office.org)
     stack = _stack(you["yourTurn"], deferred)
     answered = [t for t in await _answered(v) if t["thread"] not in cards]
     return {"stack": stack, "unread": unread_beside(you), "waiting": you["waitingOnOthers"],
@@ -103,7 +103,7 @@ async def mail_page(request: web.Request, v: Visitor) -> web.StreamResponse:
     agent = _agent_filter(v, q.get("agent"))
     text = (q.get("q") or "").strip()[:200] or None
     found = await queries.find_mails(
-        v.services.store, state=None if state is None else (
+        v.services.store, org=v.call.office.org, state=None if state is None else (
             mails.QUIET if state == "quiet" else f"mail:{state}"),
         agent=agent.principal if agent else None, text=text)
     threads = await queries.threads(v.services.store, viewer_for(v.call), found)
@@ -131,6 +131,7 @@ async def thread_page(request: web.Request, v: Visitor) -> web.StreamResponse:
     thread_id = request.match_info["thread"]
     viewer = viewer_for(v.call)
     members = queries.in_order([m for m in await mails.list_mails(v.services.store,
+                                                                   org=v.call.office.org,
                                                                    thread=thread_id)
                                 if viewer.sees_mail(m)])
     if not members:
@@ -242,7 +243,8 @@ async def ledger_page(request: web.Request, v: Visitor) -> web.StreamResponse:
                "until": q.get("until", "")}
     return page("ledger.html", {
         **await frame(request, v, "ledger"), "entries": entries, "more": more,
-        "kinds": kinds, "filters": filters, "chain": await queries.chain_state(v.services.store),
+        "kinds": kinds, "filters": filters, "chain": await queries.chain_state(v.services.store,
+                                                                    v.call.office.org),
         "principals": _principals(v)})
 
 

@@ -16,11 +16,12 @@ SCANNED = 400  # mails looked at for one Mail page (newest first)
 THREADS = 30  # threads one Mail page shows
 
 
-async def find_mails(store: Store, *, state: str | None, agent: str | None,
+async def find_mails(store: Store, *, org: str, state: str | None, agent: str | None,
                      text: str | None, limit: int = SCANNED) -> list[MailRecord]:
-    """Mails newest first: in `state`, to or from `agent` (a principal), with `text` in the
-    subject or body."""
-    return await mails.find_mails(store, state=state, agent=agent, text=text, limit=limit)
+    """`org`'s mails newest first: in `state`, to or from `agent` (a principal), with `text`
+    in the subject or body."""
+    return await mails.find_mails(store, org=org, state=state, agent=agent, text=text,
+                                  limit=limit)
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,8 @@ async def threads(store: Store, viewer: Viewer, found: list[MailRecord],
             break
     out = []
     for thread_id in order:
-        members = [m for m in await mails.list_mails(store, thread=thread_id)
+        members = [m for m in await mails.list_mails(store, org=viewer.office.org,
+                                                     thread=thread_id)
                    if viewer.sees_mail(m)]
         if members:
             out.append(Thread(thread_id, in_order(members)))
@@ -72,7 +74,8 @@ def in_order(thread: list[MailRecord]) -> list[MailRecord]:
 
 
 async def agent_mails(store: Store, viewer: Viewer, agent: str) -> list[MailRecord]:
-    return [m for m in await mails.latest_mails_of(store, agent) if viewer.sees_mail(m)]
+    return [m for m in await mails.latest_mails_of(store, agent, org=viewer.office.org)
+            if viewer.sees_mail(m)]
 
 
 async def ledger_page(store: Store, viewer: Viewer, *, event: str | None, actor: str | None,
@@ -82,7 +85,8 @@ async def ledger_page(store: Store, viewer: Viewer, *, event: str | None, actor:
     """Ledger entries newest first, filtered, that the viewer may see; and the seq to page on
     from (None: nothing older). `about` keeps those an agent acted in or is named in."""
     scan = await ledger.scan_newest(store, event=event, actor=actor, since=since, until=until,
-                                    before=before, about=about, scanned=scanned)
+                                    before=before, about=about, scanned=scanned,
+                                    org=viewer.office.org)
     shown: list[ledger.Entry] = []
     last_seen: int | None = None
     for entry in scan:
@@ -99,10 +103,11 @@ async def ledger_kinds(store: Store) -> list[str]:
     return sorted(ledger.EVENTS)
 
 
-async def chain_state(store: Store) -> dict[str, Any]:
-    """The hash chain as `vaultmail ledger` checks it: intact or where it breaks, its head."""
-    broken = await ledger.verify_chain(store)
-    head = await ledger.head(store)
+async def chain_state(store: Store, org: str) -> dict[str, Any]:
+    """`org`'s hash chain as `vaultmail ledger --org` checks it: intact or where it breaks,
+    its head."""
+    broken = await ledger.verify_chain(store, org)
+    head = await ledger.head(store, org)
     return {"intact": broken is None, "broken_at": broken,
             "entries": int(head["seq"]) if head else 0,
             "head": str(head["hash"]) if head else ledger.GENESIS}
@@ -111,16 +116,16 @@ async def chain_state(store: Store) -> dict[str, Any]:
 async def chats_with(store: Store, viewer: Viewer, sender: str, agent: str,
                      limit: int = 20) -> list[dict[str, Any]]:
     """The person's chats with an agent, oldest first, as far as the viewer may see them."""
-    rows = await chats.chats_between(store, sender, agent, limit)
-    return [dict(r) for r in reversed(rows) if viewer.sees_chat(str(r["sender"]),
-                                                                  str(r["agent"]))]
+    rows = await chats.chats_between(store, sender, agent, limit, org=viewer.office.org)
+    return [dict(r) for r in reversed(rows)
+            if viewer.sees_chat(str(r["sender"]), str(r["agent"]), r["org"])]
 
 
 async def answered_by(store: Store, viewer: Viewer, principal: str,
                       limit: int = 10) -> list[db.ThreadRow]:
     """Open questions `principal` answered (or whose answer was theirs, relayed by their
     agent): where a person changes their answer (`amend`)."""
-    ids = await db.questions_answered_by(store, principal, limit)
+    ids = await db.questions_answered_by(store, principal, limit, org=viewer.office.org)
     found = [t for i in ids if (t := await db.get_thread(store, i)) is not None]
     shown = await viewer.visible({t.item for t in found})
     return [t for t in found if t.item in shown]

@@ -67,15 +67,15 @@ async def set_flash(store: Store, session: Session, flash: dict[str, str] | None
     await db.set_flash(store, session.id_hash, json.dumps(flash) if flash else None)
 
 
-async def defer(store: Store, principal: str, thread: str) -> None:
-    await db.defer(store, principal, thread)
+async def defer(store: Store, principal: str, thread: str, *, org: str) -> None:
+    await db.defer(store, principal, thread, org=org)
 
 
-async def undefer(store: Store, principal: str, thread: str) -> None:
-    await db.undefer(store, principal, thread)
+async def undefer(store: Store, principal: str, thread: str, *, org: str) -> None:
+    await db.undefer(store, principal, thread, org=org)
 
 
-async def deferred(store: Store, principal: str) -> dict[str, float]:
-    """The threads `principal` set aside, with when."""
-    rows = await db.deferred(store, principal)
+async def deferred(store: Store, principal: str, *, org: str) -> dict[str, float]:
+    """The threads `principal` of `org` set aside, with when."""
+    rows = await db.deferred(store, principal, org=org)
     return {str(r["thread"]): float(r["deferred_at"]) for r in rows}

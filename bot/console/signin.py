@@ -52,17 +52,24 @@ def callback_url(request: web.Request) -> str:
     return public_base(request) + CALLBACK
 
 
+def _forge_link(nxt: str, login: str | None = None, org: str | None = None) -> str:
+    return (f"{CONSOLE}/sign-in/forge?next={quote(nxt, safe='')}"
+            + (f"&login={quote(login, safe='')}" if login else "")
+            + (f"&org={quote(org, safe='')}" if org else ""))
+
+
 def _sign_in_page(request: web.Request, *, message: str | None = None, error: bool = False,
-                  status: int = 200) -> web.Response:
+                  status: int = 200, offices: list[str] | None = None,
+                  nxt: str | None = None, login: str | None = None) -> web.Response:
     services = request.app[SERVICES_KEY]
     token = pre_session_token(request)
-    nxt = local_next(request.query.get("next"))
-    login = request.query.get("login", "")
-    forge_link = f"{CONSOLE}/sign-in/forge?next={quote(nxt, safe='')}" + (
-        f"&login={quote(login, safe='')}" if login else "")
+    nxt = local_next(nxt if nxt is not None else request.query.get("next"))
+    login = login if login is not None else request.query.get("login", "")
     response = page("sign_in.html", {
         "v": None, "current": "sign-in", "csrf": token, "next": nxt, "login": login,
-        "forge": oauth.enabled(services.settings), "forge_link": forge_link,
+        "forge": oauth.enabled(services.settings), "forge_link": _forge_link(nxt, login),
+        "offices": [{"org": org, "link": _forge_link(nxt, login, org)}
+                    for org in offices or []],
         "forge_web": services.settings.web_url, "tokens": services.settings.token_sign_in,
         "message": message, "error": error}, status=status)
     set_cookie(response, request, PRE_COOKIE, token, STATE_AGE)
@@ -124,24 +131,47 @@ async def forge_start(request: web.Request) -> web.StreamResponse:
     state, verifier = secrets.token_urlsafe(24), secrets.token_urlsafe(48)
     nxt = local_next(request.query.get("next"))
     login = request.query.get("login") or None
+    # the office chosen (when a login is in several), kept with the state: only an office
+    # that lists the login the forge signs in is ever used
+    org = "".join(c for c in (request.query.get("org") or "") if c.isalnum() or c == "-")
     response = web.HTTPSeeOther(oauth.authorize_url(settings, callback_url(request), state,
                                                     verifier, login))
-    set_cookie(response, request, STATE_COOKIE, f"{state}:{verifier}:{quote(nxt, safe='')}",
-               STATE_AGE)
+    set_cookie(response, request, STATE_COOKIE,
+               f"{state}:{verifier}:{org.lower()}:{quote(nxt, safe='')}", STATE_AGE)
     raise response
 
 
-async def _person_for_login(services: Services, login: str) -> tuple[str, str]:
-    """The office principal of a forge login, and its org: the office that lists it."""
+async def offices_of_login(services: Services, login: str) -> list[tuple[str, str]]:
+    """(principal, org) of every installed office whose config lists the forge login."""
     found = []
     for org in sorted(services.installations):
         office = await services.offices.get(services.forge_for_org(org), org)
         who = office.by_login(login) if office else None
         if who is not None:
             found.append((who.principal, org))
+    return found
+
+
+class ChooseOffice(Exception):
+    """The login is a person of several offices and none was chosen: they choose."""
+
+    def __init__(self, orgs: list[str]) -> None:
+        self.orgs = orgs
+
+
+async def _person_for_login(services: Services, login: str,
+                            chosen: str | None) -> tuple[str, str]:
+    """The office principal of a forge login, and its org: the office that lists it; when
+    several do, the one chosen (never silently the first)."""
+    found = await offices_of_login(services, login)
+    if chosen:
+        found = [(p, org) for p, org in found if org == chosen]
     if not found:
-        raise Denied(f"the forge account {login} is not one of the office's people: an admin "
-                     "adds it to humans in vaultmail.yml (with its login)", code="not_a_person")
+        where = f"the office of {chosen}'s people" if chosen else "the office's people"
+        raise Denied(f"the forge account {login} is not one of {where}: an admin adds it to "
+                     "humans in vaultmail.yml (with its login)", code="not_a_person")
+    if len(found) > 1:
+        raise ChooseOffice([org for _, org in found])
     return found[0]
 
 
@@ -150,7 +180,8 @@ async def forge_callback(request: web.Request) -> web.StreamResponse:
     q = request.query
     kept = request.cookies.get(STATE_COOKIE, "")
     state, _, rest = kept.partition(":")
-    verifier, _, nxt = rest.partition(":")
+    verifier, _, rest = rest.partition(":")
+    chosen, _, nxt = rest.partition(":")
     if q.get("error"):  # the person said no, or the forge refused
         return _sign_in_page(request, message=f"The forge did not sign you in: "
                              f"{q.get('error_description') or q['error']}", error=True,
@@ -164,9 +195,13 @@ async def forge_callback(request: web.Request) -> web.StreamResponse:
                              error=True, status=400)
     try:
         login = await oauth.sign_in(services.settings, code, callback_url(request), verifier)
-        principal, org = await _person_for_login(services, login)
+        principal, org = await _person_for_login(services, login, chosen or None)
         response = await _start_session(request, services, principal, org, login, "forge",
                                         unquote(nxt))
+    except ChooseOffice as choice:
+        return _sign_in_page(request, offices=choice.orgs, nxt=unquote(nxt), login=login,
+                             message=f"{login} is in the offices of {', '.join(choice.orgs)}: "
+                                     "choose one")
     except oauth.SignInFailed as exc:
         log.info("console sign-in failed", extra={"reason": str(exc)})
         return _sign_in_page(request, message=str(exc), error=True, status=401)

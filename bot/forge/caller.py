@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import contextvars
 import copy
 import functools
 import json
 import logging
 import random
+import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -228,6 +230,30 @@ def _error(exc: HTTPException, method: str, url: str) -> ForgeError:
     )
 
 
+# The writes waiting for their place in the forge's budget now: (until, on time.monotonic),
+# for /readyz's detail and the metric, so an hour's wait for the next creation is seen.
+_BUDGET_WAITS: dict[int, float] = {}
+
+
+@contextlib.contextmanager
+def budget_wait(seconds: float) -> Iterator[None]:
+    key = id(asyncio.current_task())
+    _BUDGET_WAITS[key] = time.monotonic() + seconds
+    try:
+        yield
+    finally:
+        _BUDGET_WAITS.pop(key, None)
+
+
+def budget_waits() -> tuple[int, float]:
+    """How many writes wait for the forge's budget now, and the longest wait left (s)."""
+    now = time.monotonic()
+    return len(_BUDGET_WAITS), max((u - now for u in _BUDGET_WAITS.values()), default=0.0)
+
+
+metrics.BUDGET_WAIT.set_function(lambda: budget_waits()[1])
+
+
 class SharedBudget(Protocol):
     """The write budget every replica of the app draws on (bot.store.budget): how long this
     write must still wait so that all replicas together stay within one App's limits."""
@@ -286,13 +312,14 @@ class _Caller(abc.ABC):
 
     async def _shared_turn(self, endpoint: str, content: bool) -> float:
         """With several replicas, wait for this write's place in the budget they share (this
-        replica's own pacer has already placed it among its own writes)."""
+        replica's own pacer places it among its own writes after); outside any turn."""
         shared = self.client.shared_budget
         if shared is None:
             return 0.0
         wait = await shared.reserve(self._budget_key, endpoint, content)
         if wait > 0:
-            await self.client.sleep(wait)
+            with budget_wait(wait):
+                await self.client.sleep(wait)
         return max(0.0, wait)
 
     @property
@@ -435,8 +462,11 @@ class _Caller(abc.ABC):
         # writes are made for (`pacing.writes_for`), each paced within its share of the budget
         endpoint = f"{method} {url.split('{?')[0]}"  # the budget is per route, not per URL
         writes.note()
+        # the place in the budget the replicas share is waited for before the turn is taken:
+        # a creation waiting an hour for the next one holds no label move, no other principal
+        shared = await self._shared_turn(endpoint, content)
         async with self.pacer.turn(content, endpoint=endpoint) as waited:
-            waited += await self._shared_turn(endpoint, content)
+            waited += shared
             self._count("paced", waited)
             metrics.PACING_SECONDS.inc(waited)
             return await self._attempts(method, url, url_vars, data, policy, content, find_existing,

@@ -52,13 +52,14 @@ class Whose:
     viewer: str
     person: str | None
     agents: tuple[str, ...]
+    org: str  # the office they are all of
 
     @classmethod
     def of(cls, office: Office, viewer: str) -> Whose:
         owner = owner_of(office, viewer)
         if owner.startswith("human:"):
-            return cls(viewer, owner, tuple(agents_of(office, owner)))
-        return cls(viewer, None, (viewer,))
+            return cls(viewer, owner, tuple(agents_of(office, owner)), office.org.lower())
+        return cls(viewer, None, (viewer,), office.org.lower())
 
     @property
     def owner(self) -> str:
@@ -78,9 +79,11 @@ async def _unread(store: Store, who: Whose, *, mark_you: bool, mark_agents: bool
     own mark: a sibling's call never consumes its share), marked by `mark_agents`; for the
     person: history, what each comment's agent has not picked up yet, never marked."""
     is_agent = who.viewer != who.person
-    you_rows = await db.unread_in(store, who.owner, ["you"]) if who.person else []
-    agent_rows = (await db.unseen_by(store, who.owner, who.viewer) if is_agent
-                  else await db.unseen_by_their_agent(store, who.owner, list(who.agents)))
+    org = who.org
+    you_rows = await db.unread_in(store, who.owner, ["you"], org=org) if who.person else []
+    agent_rows = (await db.unseen_by(store, who.owner, who.viewer, org=org) if is_agent
+                  else await db.unseen_by_their_agent(store, who.owner, list(who.agents),
+                                                      org=org))
     found = await db.comments_by_ids(store, [r["comment"] for r in [*you_rows, *agent_rows]])
     shown = None if sees is None else await sees({c.item for c in found.values()})
 
@@ -105,7 +108,7 @@ async def _unread(store: Store, who: Whose, *, mark_you: bool, mark_agents: bool
                                    if not hidden(r)])
     if mark_agents and is_agent:  # the agent has been through all of it: what it may not
         await db.mark_seen(store, who.owner, who.viewer,  # see is not its to see
-                           [(int(r["seq"]), str(r["comment"])) for r in agent_rows])
+                           [(int(r["seq"]), str(r["comment"])) for r in agent_rows], org=org)
     return out
 
 
@@ -114,9 +117,9 @@ async def has_new(store: Store, office: Office, viewer: str, sees: Sees = None) 
     share of the agents' box (seed: "returns as soon as something new is yours")."""
     who = Whose.of(office, viewer)
     if who.viewer == who.person:
-        rows = await db.unread_in(store, who.owner, ["you"])
+        rows = await db.unread_in(store, who.owner, ["you"], org=who.org)
     else:
-        rows = await db.unseen_by(store, who.owner, who.viewer)
+        rows = await db.unseen_by(store, who.owner, who.viewer, org=who.org)
     if not rows or sees is None:
         return bool(rows)
     found = await db.comments_by_ids(store, [r["comment"] for r in rows])
@@ -128,8 +131,15 @@ def _turns(threads: list[db.ThreadRow], targets: list[str], viewer: str,
     out: list[dict[str, Any]] = []
     total = 0
     for t in threads:
-        mine = [p for p in t.state.waiting_on if p in targets]
-        if not mine or not t.state.is_question:
+        s = t.state
+        mine = [p for p in s.waiting_on if p in targets]
+        if not mine or not s.is_question:
+            continue
+        # the answer to a sibling agent's question: the viewer may act on it, but acting on
+        # it and resolving it is the asker's (seed: "`askedBy` names it"); it carries it as
+        # history until it replies in the thread (passing it on) or the asker resolves it
+        sibling = viewer in targets and viewer not in mine and s.asker in mine
+        if sibling and viewer in s.replied_since:
             continue
         total += 1
         if len(out) >= PAGE:  # counted, not shown: the page holds the newest
@@ -137,9 +147,13 @@ def _turns(threads: list[db.ThreadRow], targets: list[str], viewer: str,
         view = _thread_view(t, viewer)
         # a question waiting on your answer, or a reply to one you asked: read it, act on
         # it, resolve it (seed: "questions waiting on you, and replies to yours")
-        view["turn"] = "replied" if t.state.asker in mine else "answer"
+        view["turn"] = "replied" if s.asker in mine else "answer"
         if box == "agents":
             view["forAgent"] = mine[0]
+        if sibling:
+            view.update(asHistory=True, note=(
+                f"{s.asker} asked this: it acts on the answer and resolves the thread. Use "
+                "it where it bears on your own work; reply in the thread to set it down"))
         out.append(view)
     return Cards(out, total)
 
@@ -209,7 +223,7 @@ async def compute(store: Store, office: Office, viewer: str, *, mark_you: bool,
                   mark_agents: bool, sees: Sees = None) -> Computed:
     """The boxes (see `boxes`) and the person's counts, from one read of the open threads."""
     who = Whose.of(office, viewer)
-    threads = await db.open_questions_involving(store, who.everyone)
+    threads = await db.open_questions_involving(store, who.everyone, org=who.org)
     if sees is not None:
         shown = await sees({t.item for t in threads})
         threads = [t for t in threads if t.item in shown]
@@ -247,9 +261,9 @@ async def read_page(store: Store, office: Office, viewer: str,
                     before: int | None, sees: Sees = None) -> dict[str, Any]:
     who = Whose.of(office, viewer)
     if viewer == who.person:  # their own box
-        rows = await db.read_page(store, who.owner, before, PAGE + 1)
+        rows = await db.read_page(store, who.owner, before, PAGE + 1, org=who.org)
     else:  # what this agent has been shown of the agents' box
-        rows = await db.seen_page(store, who.owner, viewer, before, PAGE + 1)
+        rows = await db.seen_page(store, who.owner, viewer, before, PAGE + 1, org=who.org)
     found = await db.comments_by_ids(store, [r["comment"] for r in rows[:PAGE]])
     shown = None if sees is None else await sees({c.item for c in found.values()})
     read = []
@@ -263,7 +277,7 @@ async def read_page(store: Store, office: Office, viewer: str,
 
 async def relevant_items(store: Store, office: Office, who: Whose) -> list[str]:
     """Outcomes the person (or an agent of theirs) created, holds, is assigned or asked about."""
-    return await db.relevant_items(store, who.everyone, logins_of(office, who))
+    return await db.relevant_items(store, who.everyone, logins_of(office, who), org=who.org)
 
 
 def logins_of(office: Office, who: Whose) -> list[str]:
@@ -280,7 +294,7 @@ async def updates_page(store: Store, office: Office, viewer: str, before: int | 
                        since: float | None, sees: Sees = None) -> dict[str, Any]:
     who = Whose.of(office, viewer)
     rows = await db.updates_for(store, who.everyone, logins_of(office, who), who.everyone,
-                                before, since, PAGE + 1)
+                                before, since, PAGE + 1, org=who.org)
     shown = None if sees is None else await sees({str(r["item"]) for r in rows[:PAGE]})
     updates = [{"item": r["item"], "kind": r["kind"], "actor": r["actor"],
                 "summary": r["summary"], "at": iso(r["at"]), "cursor": int(r["seq"]),

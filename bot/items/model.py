@@ -57,12 +57,19 @@ def kind_of(labels: list[str]) -> ItemKind | None:
 
 
 def parent_of(repo: str, issue: dict[str, Any]) -> str | None:
-    """The parent named by `Part of #N` in the body, else by a forge sub-issue link."""
+    """The parent named by `Part of #N` in the body, else by a forge sub-issue link; only one
+    in the item's own org (its office): `Part of other-org/x#1` names no parent, so nobody
+    can hang an item, its updates and its decisions under another office's outcome."""
     m = _PART_OF.search(issue.get("body") or "")
-    if m:
-        return make_ref(m["repo"] or repo, int(m["n"]))
     link = _ISSUE_URL.search(str(issue.get("parent_issue_url") or ""))
-    return make_ref(link["repo"], int(link["n"])) if link else None
+    if m:
+        parent = make_ref(m["repo"] or repo, int(m["n"]))
+    elif link:
+        parent = make_ref(link["repo"], int(link["n"]))
+    else:
+        return None
+    same_office = parent.split("/", 1)[0].lower() == repo.split("/", 1)[0].lower()
+    return parent if same_office else None
 
 
 @dataclass(frozen=True)

@@ -125,3 +125,25 @@ def validate_question(body: str, *, needs_reply: bool, options: list[dict[str, A
     return Question(body=body.strip(), options=parsed,
                     header=header.strip() if header and header.strip() else None,
                     human_only=human_only, context=context.strip() if context else None)
+
+
+def naming(words: str, questions: list[tuple[str, Question]]) -> list[tuple[str, str]]:
+    """Which of `questions` ((comment id, question) pairs) `/answer <question> <answer>` names
+    at the start of `words`: by its comment id, or by its header, quoted or not, in any case,
+    followed by a space, a colon or nothing; the longest header that fits ("Colour scheme"
+    over "Colour"). Returns (id, the words after the name) for each (several only when two
+    share a header); none when the words name no question."""
+    text = words.strip()
+    first = text.split(maxsplit=1)
+    for qid, _ in questions:
+        if first and first[0].strip("`") == qid:
+            return [(qid, first[1].strip() if len(first) > 1 else "")]
+    found: list[tuple[int, str, str]] = []
+    for qid, q in questions:
+        for name in (f'"{q.header}"', q.header) if q.header else ():
+            rest = text[len(name):]
+            if text[:len(name)].casefold() == name.casefold() and rest[:1] in ("", " ", "\t", ":"):
+                found.append((len(q.header or ""), qid, rest.lstrip(" \t:").strip()))
+                break
+    longest = max((n for n, _, _ in found), default=0)
+    return [(qid, rest) for n, qid, rest in found if n == longest]

@@ -30,7 +30,7 @@ from bot.items.address import (
 from bot.items.inbox import wake_key
 from bot.items.model import Item, as_key, item_from_issue, split_ref
 from bot.items.questions import validate_question
-from bot.items.threads import ReplyKind, ThreadState, may_answer, may_resolve, reply, start
+from bot.items.threads import ReplyKind, ThreadState, may_reply, may_resolve, reply, start
 from bot.items.views import comment_view, thread_view
 from bot.office.config import Office
 from bot.office.visibility import login_of
@@ -86,7 +86,11 @@ class Comments:
 
     # -- items ------------------------------------------------------------------------------
     async def load_item(self, repo: str, number: int) -> Item:
-        """The item as the forge has it now (indexed on the way), with its claim filled in."""
+        """The item as the forge has it now (indexed on the way), with its claim filled in.
+        An issue outside the office's org is none of its items (one bot account may reach
+        several orgs, as on Gitea): "no issue", as for one that does not exist."""
+        if repo.split("/", 1)[0].lower() != self.office.org.lower():
+            raise no_issue(repo, number)
         try:
             issue = await self.forge.get_issue(repo, number)
         except NotFound as exc:
@@ -98,15 +102,23 @@ class Comments:
         return await self.index_item(item)
 
     async def index_item(self, item: Item) -> Item:
+        store = self.services.store
         if item.kind in ("plan", "evidence") and item.parent:
             parent = await self.parent_item(item.parent)
             if parent is not None and parent.kind == "outcome":
                 item = replace(item, claim=parent.claim)
-        async with self.services.store.transaction() as tx:
+        known = await db.get_item(store, item.ref) if item.kind in ("plan", "evidence") \
+            else None
+        async with store.transaction() as tx:
             await db.put_item(tx, item)
+            if known is not None and self.scope_of(known) != self.scope_of(item):
+                # it implements another outcome or goal now: its decisions go with it
+                await db.move_threads(tx, item.ref, self.scope_of(known), self.scope_of(item))
         return item
 
     async def parent_item(self, ref: str) -> Item | None:
+        if ref.split("/", 1)[0].lower() != self.office.org.lower():
+            return None  # another office's item is no parent of this one's
         known = await db.get_item(self.services.store, ref)
         if known is not None:
             return known
@@ -174,7 +186,8 @@ class Comments:
         return await self.services.visibility.role(self.forge, repo, login)
 
     async def deny(self, actor: str, subject: str, reason: str) -> Denied:
-        await ledger.record(self.services.store, "run.denied", actor, subject, {"reason": reason})
+        await ledger.record(self.services.store, "run.denied", actor, subject, {"reason": reason},
+                            org=self.office.org)
         return Denied(reason, subject=subject, ledgered=True)
 
     def is_editor(self, principal: str) -> bool:
@@ -227,7 +240,9 @@ class Comments:
             thread_id, kind = parent.id, reply_kind
             candidates = [Reached(p, w) for p, w in state.members.items()]
             answered = now if reply_kind in ("answer", "amend") else parent.answered_at
-            row = replace(parent, state=state, answered_at=answered)
+            # the scope as the item is now (fresh from the forge), not as the thread last had it
+            row = replace(parent, state=state, answered_at=answered,
+                          scope=self.scope_of(item))
         # those addressed, and those whose turn it now is (seed: "Your follow-up hands it back
         # to them"), hear it even when they are the writing agent's own person
         reached = audience(self.office, author=actor, candidates=candidates,
@@ -272,7 +287,7 @@ class Comments:
             return None
         store = self.services.store
         c = await db.get_comment(store, parent)
-        if c is None or c.item != item.ref:
+        if c is None or c.item != item.ref:  # (the item is of this office: so is the comment)
             raise NotFoundError(f"parent: no comment {parent!r} on {item.ref}; give the `id` "
                                 "of a comment on this item")
         t = await db.get_thread(store, c.thread)
@@ -281,7 +296,7 @@ class Comments:
 
     async def _check_access(self, actor: str, item: Item, parent: db.ThreadRow | None,
                             addressed: list[Reached]) -> None:
-        asked = parent is not None and may_answer(parent.state, self.office, actor)
+        asked = parent is not None and may_reply(parent.state, self.office, actor)
         if await self.role(item.repo, actor) not in CONTRIBUTOR and not asked:
             raise await self.deny(actor, item.ref, (
                 f"{actor} needs contributor (write) access to {item.repo} to comment on "
@@ -303,11 +318,13 @@ class Comments:
                                    "parent, the id of the question's comment")
         if question is not None:
             store = self.services.store
-            if await db.count_open_questions(store, actor, item.ref) >= MAX_OPEN_PER_ITEM:
+            org = self.office.org
+            if await db.count_open_questions(store, actor, item.ref,
+                                             org=org) >= MAX_OPEN_PER_ITEM:
                 raise Conflict(f"you have {MAX_OPEN_PER_ITEM} open questions on {item.ref}, the "
                                "most one asker may; follow up in a thread you have, or resolve "
                                "the ones you have used", code="too_many_questions")
-            if await db.count_open_questions(store, actor) >= MAX_OPEN_OVERALL:
+            if await db.count_open_questions(store, actor, org=org) >= MAX_OPEN_OVERALL:
                 raise Conflict(f"you have {MAX_OPEN_OVERALL} open questions in all, the most "
                                "one asker may; resolve the ones you have used",
                                code="too_many_questions")
@@ -417,13 +434,13 @@ class Comments:
                 owner = owner_of(self.office, r.principal)
                 box = "you" if r.way == "personal" else "agents"
                 woken.append(wake_key(owner, box))
-                await db.deliver(tx, owner, box, r.principal, record.id)
-            await ledger.append(tx, "comment.added", actor, item.ref, data)
+                await db.deliver(tx, owner, box, r.principal, record.id, org=self.office.org)
+            await ledger.append(tx, "comment.added", actor, item.ref, data, org=self.office.org)
             if kind in ("answer", "amend"):
                 await ledger.append(tx, "comment.answered", actor, item.ref, {
                     "thread": row.id, "comment": record.id, "amend": kind == "amend",
-                    "answers": data.get("answers", [])})
-        self.services.notifier.notify(woken)
+                    "answers": data.get("answers", [])}, org=self.office.org)
+        self.services.notifier.notify(woken, org=self.office.org)
 
     # -- resolving --------------------------------------------------------------------------
     async def resolve(self, actor: str, comment_id: str,
@@ -431,7 +448,8 @@ class Comments:
         store = self.services.store
         c = await db.get_comment(store, comment_id)
         t = await db.get_thread(store, c.thread) if c else None
-        if c is None or t is None or (viewer is not None and not await viewer.sees_ref(c.item)):
+        if c is None or t is None or c.item.split("/", 1)[0].lower() != self.office.org.lower() \
+                or (viewer is not None and not await viewer.sees_ref(c.item)):
             raise NotFoundError(f"comment: no comment {comment_id!r}; give a comment's `id`")
         item = await db.get_item(store, t.item)
         assert item is not None
@@ -452,5 +470,5 @@ class Comments:
         async with store.transaction() as tx:
             await db.put_thread(tx, row)
             await ledger.append(tx, "comment.resolved", actor, t.item,
-                                {"thread": t.id, "comment": comment_id})
+                                {"thread": t.id, "comment": comment_id}, org=self.office.org)
         return row

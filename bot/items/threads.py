@@ -1,7 +1,10 @@
 """A thread's state machine: who is in it, whose turn it is, the answer and its history.
 
 A question waits on the people asked until one of them replies; the first such reply is the
-answer and the turn goes back to the asker. The asker's follow-up (the asker's own, not its
+answer and the turn goes back to the asker. Only those asked answer (or an agent of a person
+asked, relaying their answer with `confirmedWithPerson`): a reply from anyone else, a sibling
+agent's "FYI" or the asked agent's own person included, is a reply in the thread that reaches
+everyone in it and changes no one's turn. The asker's follow-up (the asker's own, not its
 person's) hands it back, and the next reply from someone asked gives it to the asker again
 (seed: "the people asked, until one of them replies; then yours"). A reply `to`
 someone new passes the question on: they join and it waits on them too (an agent passing to
@@ -20,6 +23,9 @@ from bot.items.questions import Question
 from bot.office.config import Office
 
 ReplyKind = Literal["answer", "amend", "follow_up", "pass_on", "comment"]
+_HUMAN_ONLY = ("this question is humanOnly: your person must decide. Tell them, then reply with "
+               'what they said and confirmedWithPerson: true (or pass it to them with to: '
+               '["me"])')
 
 
 @dataclass(frozen=True)
@@ -50,13 +56,17 @@ class ThreadState:
     answer: Answer | None = None
     history: tuple[Answer, ...] = field(default_factory=tuple)
     resolved: bool = False
+    # who has replied since the answer (its asker aside): an agent sharing the asker's person
+    # carries the answer as history until it does (`inbox._turns`); a new answer clears it
+    replied_since: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"asker": self.asker, "members": self.members, "asked": list(self.asked),
                 "waiting_on": list(self.waiting_on),
                 "question": self.question.to_json() if self.question else None,
                 "answer": asdict(self.answer) if self.answer else None,
-                "history": [asdict(a) for a in self.history], "resolved": self.resolved}
+                "history": [asdict(a) for a in self.history], "resolved": self.resolved,
+                "replied_since": list(self.replied_since)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ThreadState:
@@ -64,7 +74,8 @@ class ThreadState:
                    waiting_on=tuple(d["waiting_on"]),
                    question=Question.from_json(d["question"]) if d["question"] else None,
                    answer=Answer(**d["answer"]) if d["answer"] else None,
-                   history=tuple(Answer(**a) for a in d["history"]), resolved=d["resolved"])
+                   history=tuple(Answer(**a) for a in d["history"]), resolved=d["resolved"],
+                   replied_since=tuple(d.get("replied_since", ())))  # absent in older rows
 
     @property
     def is_question(self) -> bool:
@@ -95,14 +106,44 @@ def _unique(items: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
-def may_answer(state: ThreadState, office: Office, who: str) -> bool:
-    """Someone asked, the agent of someone asked, or the person of an agent asked."""
+def may_answer(state: ThreadState, office: Office, who: str, *,
+               confirmed: bool = False) -> bool:
+    """Whether a reply of `who` can be the answer (seed: "The first reply from someone asked
+    is the answer"): someone asked, or, relaying their person's answer (`confirmed`), an agent
+    of a person asked. Nobody else's reply is an answer, however close to those asked."""
     if not state.is_question or who == state.asker:
         return False
     if who in state.asked:
         return True
+    return confirmed and _relays(state, office, who)
+
+
+def _relays(state: ThreadState, office: Office, who: str) -> bool:
+    """An agent whose person the question asks: it may pass on their answer."""
+    mine = person_of(office, who) if who.startswith("agent:") else None
+    return who != state.asker and mine is not None and mine in state.asked
+
+
+def may_reply(state: ThreadState, office: Office, who: str) -> bool:
+    """Who may write in a question's thread without contributor access (seed: "anyone a
+    question is addressed to can reply to it"): those asked, those who share a person with
+    them (an agent of a person asked relays their answer), and an asking agent's siblings (its
+    answer reaches them in the box they share, and they may reply to pass it on). Replying is
+    not answering (see `may_answer`)."""
+    if not state.is_question or who == state.asker:
+        return False
+    mine = person_of(office, who) if who.startswith("agent:") else None
+    sibling = state.asker.startswith("agent:") and mine is not None \
+        and person_of(office, state.asker) == mine
+    return sibling or speaks_for_asked(state, office, who)
+
+
+def speaks_for_asked(state: ThreadState, office: Office, who: str) -> bool:
+    """Someone asked, or someone who shares a person with someone asked."""
+    if who in state.asked:
+        return True
     mine = person_of(office, who)
-    return any(mine is not None and person_of(office, a) == mine for a in state.asked)
+    return mine is not None and any(person_of(office, a) == mine for a in state.asked)
 
 
 def may_resolve(state: ThreadState, office: Office, who: str, *, editor: bool) -> bool:
@@ -116,10 +157,16 @@ def reply(state: ThreadState, office: Office, who: str, *, comment: str, at: flo
           to: list[Reached], cc: list[Reached]) -> tuple[ThreadState, ReplyKind]:
     """The thread after `who` replies; raises when the reply breaks a rule of the thread."""
     q = state.question
-    answerer = may_answer(state, office, who)
+    answerer = may_answer(state, office, who, confirmed=confirmed)
     if (option is not None or amend) and q is None:
         raise InvalidArguments("option/amend: this thread is not a question; reply with body")
     if (option is not None or amend) and not answerer:
+        if q is not None and _relays(state, office, who):
+            if q.human_only:
+                raise Denied(_HUMAN_ONLY)
+            raise Denied(f"only those the question asks ({', '.join(state.asked)}) can answer "
+                         f"it; to relay {person_of(office, who)}'s answer, reply with what "
+                         "they said and confirmedWithPerson: true, or reply with body")
         raise Denied(f"only those the question asks ({', '.join(state.asked)}) can answer it; "
                      "reply with body, or ask them to")
     if amend and state.answer is None:
@@ -138,10 +185,12 @@ def reply(state: ThreadState, office: Office, who: str, *, comment: str, at: flo
         amend or (state.answer is None and (option is not None or not new_people)))
     if answering and q is not None and q.human_only and who.startswith("agent:") \
             and not confirmed:
-        raise Denied("this question is humanOnly: your person must decide. Tell them, then "
-                     "reply with what they said and confirmedWithPerson: true (or pass it to "
-                     'them with to: ["me"])')
-    base = replace(state, members=members, asked=_unique([*state.asked, *new_people]))
+        raise Denied(_HUMAN_ONLY)
+    since = state.replied_since
+    if state.answer is not None and who != state.asker:
+        since = _unique([*since, who])  # acted on the answer, or passed it on
+    base = replace(state, members=members, asked=_unique([*state.asked, *new_people]),
+                   replied_since=since)
     if answering and q is not None:
         relayed = confirmed and who.startswith("agent:")
         answer = Answer(comment=comment, by=who, at=at,
@@ -151,7 +200,7 @@ def reply(state: ThreadState, office: Office, who: str, *, comment: str, at: flo
         history = (*state.history, state.answer) if amend and state.answer else state.history
         kind: ReplyKind = "amend" if amend else "answer"
         return replace(base, answer=answer, history=history, waiting_on=(state.asker,),
-                       resolved=False if amend else state.resolved), kind
+                       resolved=False if amend else state.resolved, replied_since=()), kind
     if q is None:
         return base, "comment"
     if new_people:

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 # many hops starts no run. Only those copies count hops: a mail someone writes starts at 0.
 LOOP_GUARD_HOPS = 3
 MAX_BODY = 60_000
+# events that set a state rather than add something: applied again in that state, a no-op
+_SETS_STATE = frozenset({MailEvent.OPEN, MailEvent.CLOSE, MailEvent.REOPEN})
 _IDEMPOTENCY_NS = uuid.UUID("5b0c3c1e-8f7a-4d6e-9a51-0c1d2e3f4a5b")
 _RE = re.compile(r"^(re:\s*)+", re.IGNORECASE)
 
@@ -141,7 +143,8 @@ class Mailer:
         return agent
 
     async def deny(self, actor: str, subject: str, reason: str) -> Denied:
-        await ledger.record(self.services.store, "run.denied", actor, subject, {"reason": reason})
+        await ledger.record(self.services.store, "run.denied", actor, subject, {"reason": reason},
+                            org=self.office.org)
         return Denied(reason, subject=subject, ledgered=True)
 
     def send_refusal(self, actor: str, agent: Agent) -> str | None:
@@ -167,6 +170,15 @@ class Mailer:
         reason = self.send_refusal(actor, agent)
         if reason is not None:
             raise await self.deny(actor, f"mail to {agent.principal}", reason)
+
+    def own(self, mail: MailRecord) -> MailRecord:
+        """`mail`, if it is this office's: one bot account may reach several orgs (Gitea's
+        token, a forge admin), so every write checks the mail is in the office's org and
+        answers "not found" otherwise, as for a mail that does not exist."""
+        if mail.org != self.office.org.lower():
+            raise NotFoundError(f"no mail {mail.mail_id!r}: give a mail id or owner/repo#N "
+                                "from mail_list")
+        return mail
 
     def may_manage(self, actor: str, mail: MailRecord) -> bool:
         """Recipient, sender, the recipient agent's person, or an editor may open/close."""
@@ -199,6 +211,8 @@ class Mailer:
                     check: bool = True, automatic: bool = False) -> MailRecord | _Draft:
         """Everything `send` checks and signs, before any forge write: a refusal here leaves
         nothing behind. The mail itself when this key already sent it."""
+        if reply_to is not None:
+            self.own(reply_to)
         agent = self.recipient(to)
         subject = checked_subject(subject, clip=automatic)
         body = body.replace("\r\n", "\n")
@@ -210,7 +224,10 @@ class Mailer:
         body = defuse_mentions(body)
         if check:
             await self.check_may_send(actor, agent)
-        mail_id = (str(uuid.uuid5(_IDEMPOTENCY_NS, f"{actor}\n{idempotency_key}"))
+        # a key is the sender's in its office: another office's principal of the same name
+        # using the same key names another mail
+        mail_id = (str(uuid.uuid5(_IDEMPOTENCY_NS,
+                                  f"{self.office.org.lower()}\n{actor}\n{idempotency_key}"))
                    if idempotency_key else str(uuid.uuid4()))
         existing = await mails.get_mail(self.services.store, mail_id)
         if existing is not None:
@@ -276,14 +293,15 @@ class Mailer:
             await ledger.append(db, "mail.sent", actor, record.ref, {
                 "mail": record.mail_id, "to": record.to_principal, "subject": record.subject,
                 "hops": record.hops, "thread": record.thread_id,
-                "in_reply_to": record.in_reply_to})
+                "in_reply_to": record.in_reply_to}, org=record.org)
             if record.state == QUIET:
                 await ledger.append(db, "mail.loop_guard", "office", record.ref, {
                     "mail": record.mail_id, "hops": record.hops,
-                    "reason": f"beyond {LOOP_GUARD_HOPS} hops: delivered without mail:new"})
+                    "reason": f"beyond {LOOP_GUARD_HOPS} hops: delivered without mail:new"},
+                    org=record.org)
             else:
-                admitted = await runs.admit(db, agent, "mail", record.ref, actor)
-        self.services.notifier.notify([record.to_principal])
+                admitted = await runs.admit(db, agent, "mail", record.ref, actor, org=record.org)
+        self.services.notifier.notify([record.to_principal], org=record.org)
         if admitted is not None:
             runs.dispatch_mail(self.services, self.forge, agent, record, admitted)
 
@@ -340,15 +358,21 @@ class Mailer:
     # -- state changes ---------------------------------------------------------------------
     async def _move(self, mail: MailRecord, event: MailEvent, actor: str, ledger_event: str,
                     *, labels: list[str] | None = None, issue_state: str | None = None,
-                    data: dict[str, Any] | None = None,
+                    reopen_if_closed: bool = False, data: dict[str, Any] | None = None,
                     follow_up: tuple[str, str] | None = None) -> MailRecord:
         """Apply `event` under the mail's lock, so a tool call and the worker never
-        interleave on one mail: one forge write when anything changes, then index + ledger."""
+        interleave on one mail: one forge write when anything changes, then index + ledger.
+        `reopen_if_closed`: the issue is reopened if the mail is closed *as found under the
+        lock* (decided there, not by a caller whose view may have gone stale meanwhile)."""
+        self.own(mail)
         async with self.services.lock_for(mail.mail_id):
             latest = await mails.get_mail(self.services.store, mail.mail_id)
             if latest is not None and latest.state != mail.state:
                 labels = None  # the caller's view is stale: go by the index
-            return await self._move_locked(latest or mail, event, actor, ledger_event,
+            found = latest or mail
+            if reopen_if_closed and found.state == MailState.CLOSED.value:
+                issue_state = "open"
+            return await self._move_locked(found, event, actor, ledger_event,
                                            labels=labels, issue_state=issue_state, data=data,
                                            follow_up=follow_up)
 
@@ -361,6 +385,8 @@ class Mailer:
             new = transition(_state(mail), event)
         except IllegalTransition as exc:
             raise Conflict(f"{mail.ref}: {exc}") from exc
+        if new.value == mail.state and event in _SETS_STATE:
+            return mail  # a retry that overlapped the first: it is done already
         fields: dict[str, Any] = {}
         current = labels if labels is not None else mail.labels
         after = labels_for(new, current).apply(current)
@@ -377,14 +403,19 @@ class Mailer:
         agent = self.office.agent(mail.to_principal.removeprefix("agent:"))
         admitted: int | None = None
         async with self.services.store.transaction() as db:
-            await mails.set_state(db, mail.mail_id, new.value, after)
+            # from the state this writer saw only: of two replicas moving one mail at once,
+            # the one whose view went stale ledgers (and admits) nothing
+            if not await mails.set_state(db, mail.mail_id, new.value, after,
+                                         expected=mail.state):
+                latest = await mails.get_mail_in(db, mail.mail_id)
+                return latest or mail
             await ledger.append(db, ledger_event, actor, mail.ref,
                                 {"mail": mail.mail_id, "from": mail.state, "to": new.value,
-                                 **(data or {})})
+                                 **(data or {})}, org=mail.org)
             if wakes and agent is not None:
-                admitted = await runs.admit(db, agent, "mail", mail.ref, actor)
+                admitted = await runs.admit(db, agent, "mail", mail.ref, actor, org=mail.org)
         updated = mail.with_state(new.value)
-        self.services.notifier.notify([mail.to_principal, mail.from_principal])
+        self.services.notifier.notify([mail.to_principal, mail.from_principal], org=mail.org)
         if admitted is not None and agent is not None:
             runs.dispatch_mail(self.services, self.forge, agent, updated, admitted,
                                follow_up=follow_up)
@@ -409,6 +440,7 @@ class Mailer:
         """The recipient replied (`posted`: its comment is already on the forge). `key` names
         this reply (the forge comment id, or the caller's idempotency key), so a retry copies
         it to an agent sender once, while two replies with the same words are two copies."""
+        self.own(mail)
         if actor != mail.to_principal:
             raise await self.deny(actor, mail.ref, (
                 f"{actor} cannot reply to {mail.ref} as its recipient ({mail.to_principal}); "
@@ -433,14 +465,14 @@ class Mailer:
                                                           marker) is None:
                 await self.forge.create_comment(mail.vault, mail.number, comment,
                                                 marker=marker)
-        reopen = "open" if mail.state == MailState.CLOSED.value else None
         if again and await ledger.recorded(self.services.store, "mail.replied", mail.ref,
                                            "reply", key):
             # the earlier try moved it: whatever happened since (its sender closed it) stands
             updated = await mails.get_mail(self.services.store, mail.mail_id) or mail
         else:
             updated = await self._move(mail, MailEvent.REPLY, actor, "mail.replied",
-                                       labels=labels, issue_state=reopen, data={"reply": key})
+                                       labels=labels, reopen_if_closed=True,
+                                       data={"reply": key})
         if copy is not None:
             await self.deliver(copy)
         return updated
@@ -454,9 +486,8 @@ class Mailer:
             await self.check_may_send(actor, self.recipient(mail.to_principal))
         if mail.state == MailState.NEW.value:
             return mail
-        reopen = "open" if mail.state == MailState.CLOSED.value else None
         return await self._move(mail, MailEvent.FOLLOW_UP, actor, "mail.sent", labels=labels,
-                                issue_state=reopen, data={"follow_up": True},
+                                reopen_if_closed=True, data={"follow_up": True},
                                 follow_up=(actor, text) if text is not None else None)
 
     async def close(self, mail: MailRecord, actor: str, *, issue_closed: bool = False,
@@ -496,7 +527,8 @@ class Mailer:
                     fresh = await mails.mark_tampered(db, mail.mail_id)
                     if fresh:
                         await ledger.append(db, "mail.tampered", actor, mail.ref,
-                                            {"mail": mail.mail_id, "reason": verdict.reason})
+                                            {"mail": mail.mail_id, "reason": verdict.reason},
+                                            org=mail.org)
                 flag = mails.WARNING_OWED if fresh else await mails.tamper_flag(store,
                                                                                 mail.mail_id)
             if flag == mails.WARNING_OWED:

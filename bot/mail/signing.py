@@ -74,9 +74,10 @@ except ImportError:  # pragma: no cover - Windows
 KEYS_FILE_NAME = "signing-keys.json"  # the legacy keyring: verifies, signs nothing new
 OFFICE_KEYS_DIR = "signing-keys"  # one file per office: signing-keys/<org>.json
 _FILE_VERSION = 1
-# an org's login (GitHub: letters, digits and single hyphens, at most 39), lower case
-_OFFICE_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,38})$")
-_OFFICE_KID_RE = re.compile(r"^vm-([a-z0-9][a-z0-9-]{0,38})-\d{8}-[0-9a-f]{6}$")
+# an org's login, lower case: GitHub's letters, digits and hyphens (at most 39); Gitea and
+# Forgejo also allow dots and underscores (at most 40). Never a path: no slash, no leading dot
+_OFFICE_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,39})$")
+_OFFICE_KID_RE = re.compile(r"^vm-([a-z0-9][a-z0-9._-]{0,39})-\d{8}-[0-9a-f]{6}$")
 
 
 class KeyringError(ValueError):

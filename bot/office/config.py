@@ -6,18 +6,23 @@ Pure: parsing and validation only. Errors name the file, the key and why, all at
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
     Field,
     Tag,
+    TypeAdapter,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -61,7 +66,36 @@ class Human(_Strict):
 
 
 PYTHON = "{python}"  # in a dispatch command: the Python that runs vaultmail (sys.executable)
-_DISPATCH_FORMS = "must be none, repository_dispatch, an http(s) URL, or {command: [...]}"
+OPERATOR_COMMAND = "command"  # `dispatch: command`: the program the operator set for the agent
+COMMANDS_SETTING = "VAULTMAIL_AGENT_COMMANDS"
+_DISPATCH_FORMS = ("must be none, repository_dispatch, command, an http(s) URL, or "
+                   "{command: [...]}")
+# A repository config is written by an org's admin, and one deployment serves many orgs: a
+# program it named would run on the app's host, beside the app's keys and database.
+_NO_COMMANDS = (
+    "a repository config cannot name a command: commands run on the app's host, so they are "
+    f"the operator's to set ({COMMANDS_SETTING}: org, agent, command). Write `dispatch: "
+    "command` to run the one the operator set for this agent")
+
+# What parsing a config from an org's repository is given (pydantic's validation context):
+# `repository` (no commands) and `url_refused` (the operator's outbound policy: why a URL may
+# not be sent to, or None).
+UrlCheck = Callable[[str], str | None]
+
+
+def _context(info: ValidationInfo) -> dict[str, Any]:
+    return info.context if isinstance(info.context, dict) else {}
+
+
+def _outbound_url(url: str, info: ValidationInfo) -> str:
+    check = _context(info).get("url_refused")
+    why = check(url) if check is not None else None
+    if why:
+        raise ValueError(f"{url}: {why}")
+    return url
+
+
+OutboundUrl = Annotated[str, AfterValidator(_outbound_url)]
 
 
 class CommandDispatch(_Strict):
@@ -102,13 +136,23 @@ class RunConfig(_Strict):
     triggers: list[RunKind] = Field(default_factory=lambda: list[RunKind](["mail"]))
     dispatch: Dispatch = "none"
 
+    @field_validator("dispatch", mode="before")
+    @classmethod
+    def _no_command_from_a_repository(cls, v: Any, info: ValidationInfo) -> Any:
+        if _context(info).get("repository") and isinstance(v, dict | CommandDispatch):
+            raise ValueError(_NO_COMMANDS)
+        return v
+
     @field_validator("dispatch")
     @classmethod
-    def _dispatch(cls, v: str | CommandDispatch) -> str | CommandDispatch:
+    def _dispatch(cls, v: str | CommandDispatch,
+                  info: ValidationInfo) -> str | CommandDispatch:
         if isinstance(v, CommandDispatch):
             return v
-        if v in ("none", "repository_dispatch") or v.startswith(("http://", "https://")):
+        if v in ("none", "repository_dispatch", OPERATOR_COMMAND):
             return v
+        if v.startswith(("http://", "https://")):
+            return _outbound_url(v, info)
         raise ValueError(_DISPATCH_FORMS)
 
 
@@ -149,7 +193,7 @@ class Office(_Strict):
     humans: list[Human] = Field(default_factory=list)
     teams: dict[str, list[str]] = Field(default_factory=dict)
     agents: list[Agent] = Field(default_factory=list)
-    webhooks: list[str] = Field(default_factory=list)
+    webhooks: list[OutboundUrl] = Field(default_factory=list)
 
     @field_validator("vault_pattern")
     @classmethod
@@ -271,13 +315,19 @@ def _load_yaml(text: str, source: str) -> Any:
             f"{source}: not valid YAML: {_unreadable_value(text)}"]) from exc
 
 
-def parse_office(text: str, source: str = "office.yml") -> Office:
-    """Parse and validate; raise OfficeConfigError listing every problem with its location."""
+def parse_office(text: str, source: str = "office.yml", *, repository: bool = False,
+                 url_refused: UrlCheck | None = None) -> Office:
+    """Parse and validate; raise OfficeConfigError listing every problem with its location.
+
+    `repository`: the config comes from an org's repository, not from the operator, so it may
+    not name a command; `url_refused`: why the operator's policy refuses a URL (a dispatch URL
+    or a webhook), or None."""
     raw = _load_yaml(text, source)
     if not isinstance(raw, dict):
         raise OfficeConfigError(source, [f"{source}: (top level): must be a mapping with org:"])
     try:
-        return Office.model_validate(raw)
+        return Office.model_validate(raw, context={"repository": repository,
+                                                   "url_refused": url_refused})
     except ValidationError as exc:
         errors = [f"{source}: {_locate(e['loc'])}: {e['msg']}" for e in exc.errors()]
         raise OfficeConfigError(source, errors) from exc
@@ -290,3 +340,72 @@ def load_office(path: str | Path | None = None) -> Office:
         return parse_office(text, "built-in example office")
     p = Path(path)
     return parse_office(p.read_text(), str(p))
+
+
+# -- the operator's commands (VAULTMAIL_AGENT_COMMANDS) -----------------------------------------
+
+_COMMANDS = TypeAdapter(dict[str, dict[str, CommandDispatch]])
+
+
+@dataclass(frozen=True)
+class AgentCommands:
+    """Which agent of which org may run which program on the app's host: the operator's
+    setting, never a repository's. An agent whose config says `dispatch: command` runs the
+    one set here for its org and slug."""
+
+    by_org: Mapping[str, Mapping[str, CommandDispatch]] = field(default_factory=dict)
+
+    def command_for(self, org: str, slug: str) -> CommandDispatch | None:
+        return next((cmds.get(slug) for o, cmds in self.by_org.items()
+                     if o.lower() == org.lower() and slug in cmds), None)
+
+    def merged(self, other: AgentCommands) -> AgentCommands:
+        """These commands with `other`'s added (an agent in both: `other`'s)."""
+        out: dict[str, dict[str, CommandDispatch]] = {}
+        for by_org in (self.by_org, other.by_org):
+            for org, cmds in by_org.items():
+                out.setdefault(org.lower(), {}).update(cmds)
+        return AgentCommands(out)
+
+
+def parse_agent_commands(text: str, source: str) -> AgentCommands:
+    """A commands file: `org: {slug: {command: [words], timeout: seconds}}`. OfficeConfigError
+    lists every problem as `file: key: why`."""
+    raw = _load_yaml(text, source)
+    if raw is None:
+        return AgentCommands()
+    try:
+        parsed = _COMMANDS.validate_python(raw)
+    except ValidationError as exc:
+        errors = [f"{source}: {_locate(e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise OfficeConfigError(source, errors) from exc
+    errors = [f"{source}: {org}.{slug}: not an agent slug (lowercase letters, digits and "
+              "dashes)" for org, cmds in parsed.items() for slug in cmds if not _SLUG.match(slug)]
+    if errors:
+        raise OfficeConfigError(source, errors)
+    return AgentCommands({org.lower(): cmds for org, cmds in parsed.items()})
+
+
+def load_agent_commands(path: str | Path) -> AgentCommands:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise OfficeConfigError(str(p), [f"{p}: cannot be read ({exc.strerror or exc})"]) from exc
+    return parse_agent_commands(text, str(p))
+
+
+def repository_form(office: Office) -> tuple[Office, AgentCommands]:
+    """An office from the operator's own file, as it is put in an org's repository: each
+    `{command: [...]}` becomes `dispatch: command`, and the commands go to the operator's
+    setting (the embedded default and `vaultmail forge --seed` set a forge up this way)."""
+    commands: dict[str, CommandDispatch] = {}
+    agents = []
+    for agent in office.agents:
+        if isinstance(agent.run.dispatch, CommandDispatch):
+            commands[agent.slug] = agent.run.dispatch
+            run = agent.run.model_copy(update={"dispatch": OPERATOR_COMMAND})
+            agent = agent.model_copy(update={"run": run})
+        agents.append(agent)
+    found = AgentCommands({office.org.lower(): commands} if commands else {})
+    return office.model_copy(update={"agents": agents}), found

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import yaml
 
-from bot.office.config import Office, load_office
+from bot.office.config import Office, load_office, repository_form
 from localforge import LocalForge
 
 ADMIN = "admin"
@@ -29,8 +29,7 @@ def seed_office(forge: LocalForge, office: Office) -> dict[str, str]:
     for agent in office.agents:
         tokens[agent.login] = forge.user_token(agent.login)
     forge.add_repo(office.org, ".github")
-    forge.put_file(f"{office.org}/.github", "vaultmail.yml",
-                   yaml.safe_dump(office.model_dump(mode="json"), sort_keys=False))
+    forge.put_file(f"{office.org}/.github", "vaultmail.yml", office_yaml(office))
     vaults = office.vaults()
     for full_name in vaults:
         owner, _, name = full_name.partition("/")
@@ -49,6 +48,13 @@ def seed_office(forge: LocalForge, office: Office) -> dict[str, str]:
         logins = [h.login for e in emails if (h := office.human(e)) is not None]
         forge.add_team(office.org, team, logins)
     return tokens
+
+
+def office_yaml(office: Office) -> str:
+    """The office as its org's `.github/vaultmail.yml` says it: a command the operator's file
+    names becomes `dispatch: command` (a repository config may name none)."""
+    in_repository, _ = repository_form(office)
+    return yaml.safe_dump(in_repository.model_dump(mode="json"), sort_keys=False)
 
 
 def seed_office_file(forge: LocalForge, path: str) -> dict[str, str]:

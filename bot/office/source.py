@@ -2,16 +2,21 @@
 
 Read through the forge client's ETag cache, so asking on every event costs a 304 at most. An
 invalid new config is refused and the last valid one stays in force.
+
+A config from an org's repository is data, never code: it cannot name a command (only the
+operator's local file and VAULTMAIL_AGENT_COMMANDS do), and a URL in it that names an address
+the operator's outbound policy refuses is refused here already, with its key.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bot.office.config import Office, OfficeConfigError, load_office, parse_office
+from bot.office.config import Office, OfficeConfigError, UrlCheck, load_office, parse_office
 
 if TYPE_CHECKING:
     from bot.forge.base import Forge
@@ -23,14 +28,20 @@ CONFIG_PATH = "vaultmail.yml"
 
 class OfficeSource:
     """`max_age`: how long a fetched config is used without asking the forge again; a push
-    to the config asks at once (`fresh=True`), so this only bounds edits made without one."""
+    to the config asks at once (`fresh=True`), so this only bounds edits made without one.
+    `url_refused`: the operator's outbound policy, applied to a repository config's URLs."""
 
-    def __init__(self, path: Path | None = None, max_age: float = 60.0) -> None:
+    def __init__(self, path: Path | None = None, max_age: float = 60.0, *,
+                 url_refused: UrlCheck | None = None) -> None:
         self._path = path
+        self._url_refused = url_refused
         self._local: Office | None = None
         self._last_valid: dict[str, Office] = {}
         self._fetched: dict[str, float] = {}
         self._text: dict[str, str] = {}  # the text the last valid config was parsed from
+        # the fetch in flight per org: whoever asks meanwhile waits for its answer (a backlog
+        # handled side by side at start-up must not read "no config" off a fetch not done)
+        self._asking: dict[str, asyncio.Future[Office | None]] = {}
         self.max_age = max_age
         self.last_error: dict[str, OfficeConfigError] = {}
 
@@ -38,19 +49,38 @@ class OfficeSource:
         if self._path is not None:
             if self._local is None:
                 self._local = load_office(self._path)
-            return self._local
+            # the operator's file is one office's: another org installed beside it has none
+            # (never this one's, or its tokens would act in this office)
+            return self._local if self._local.org.lower() == org.lower() else None
         if not fresh and time.monotonic() - self._fetched.get(org, -1e18) < self.max_age:
             return self._last_valid.get(org)
-        self._fetched[org] = time.monotonic()
+        asking = self._asking.get(org)
+        if asking is None:
+            asking = asyncio.ensure_future(self._fetch(forge, org))
+            self._asking[org] = asking
+            asking.add_done_callback(lambda done: self._asked(org, done))
+        # shielded: a caller that leaves (a long poll) does not cancel the others' answer;
+        # a forge that failed fails each of them (a retry), never reads as "no config"
+        return await asyncio.shield(asking)
+
+    def _asked(self, org: str, done: asyncio.Future[Office | None]) -> None:
+        if self._asking.get(org) is done:
+            del self._asking[org]
+        if not done.cancelled():
+            done.exception()  # retrieved: whoever awaited it has it already
+
+    async def _fetch(self, forge: Forge, org: str) -> Office | None:
         text = await forge.get_file(f"{org}/{CONFIG_REPO}", CONFIG_PATH)
+        self._fetched[org] = time.monotonic()  # once the forge has answered, not before
         if text is None:
             return self._last_valid.get(org)
         if self._text.get(org) == text and org in self._last_valid:
             self.last_error.pop(org, None)  # back to (or still) the last valid text
             return self._last_valid[org]  # unchanged (a 304): no need to parse it again
-        source = f"{org}/{CONFIG_REPO}/{CONFIG_PATH}"
+        source = self.where(org)
         try:
-            office = bound_to_org(parse_office(text, source), org, source)
+            office = bound_to_org(parse_office(text, source, repository=True,
+                                               url_refused=self._url_refused), org, source)
         except OfficeConfigError as exc:
             if org not in self.last_error or str(self.last_error[org]) != str(exc):
                 log.error("office config refused; last valid config stays in force",
@@ -61,6 +91,10 @@ class OfficeSource:
         self._last_valid[org] = office
         self._text[org] = text
         return office
+
+    def where(self, org: str) -> str:
+        """Where `org`'s config is read from, as its errors name it."""
+        return str(self._path) if self._path is not None else f"{org}/{CONFIG_REPO}/{CONFIG_PATH}"
 
 
 def bound_to_org(office: Office, org: str, source: str) -> Office:

@@ -13,7 +13,11 @@
 * **A ledger entry** as what it is about: a mail or a chat as above, an item or repository as
   the repository; a refused attempt (`run.denied`) also to whoever was refused; an entry about
   mail to an agent (a refused send) to the sender, that agent, its person and editors.
-* `office` sees everything; a principal outside the office config sees nothing.
+* `office` sees everything of its own office; a principal outside the office config sees
+  nothing.
+* **The office wall**: one deployment serves many offices (orgs), and nothing of another office
+  is ever visible, whatever its principals are called: a repository, issue or mail outside the
+  office's org, a chat or ledger entry of another office. This is checked before anything else.
 
 What cannot be seen is refused as the forge refuses it: "not found", worded exactly as for
 something that does not exist, so a refusal never tells that it exists.
@@ -147,7 +151,17 @@ class Viewer:
             return "none"
         return await self.visibility.role(self.forge, repo, login)
 
+    @property
+    def org(self) -> str:
+        return self.office.org.lower()
+
+    def in_office(self, repo: str) -> bool:
+        """Whether a repository (or `owner/repo#N`) is in the viewer's office (its org)."""
+        return repo.strip().split("/", 1)[0].lower() == self.org
+
     async def sees_repo(self, repo: str) -> bool:
+        if not self.in_office(repo):
+            return False
         return await self.role(repo) != "none"
 
     async def sees_ref(self, ref: str) -> bool:
@@ -157,7 +171,7 @@ class Viewer:
             return await self.sees_repo(where[0])
         if _REPO.match(ref.strip()):
             return await self.sees_repo(ref.strip())
-        return self.is_office
+        return self.is_office and self.in_office(ref)
 
     async def visible(self, refs: Iterable[str]) -> set[str]:
         """Those of `refs` (items or issues) this principal may see; each repository asked once."""
@@ -167,7 +181,7 @@ class Viewer:
         for ref in refs:
             where = split_ref(ref)
             if where is None:
-                if self.is_office:
+                if self.is_office and self.in_office(ref):
                     out.add(ref)
                 continue
             if where[0] not in repos:
@@ -177,13 +191,17 @@ class Viewer:
         return out
 
     def sees_mail(self, mail: MailRecord) -> bool:
-        return mail_parties(self.office, mail.from_principal, mail.to_principal, self.principal)
+        return self.in_office(mail.vault) and mail_parties(
+            self.office, mail.from_principal, mail.to_principal, self.principal)
 
-    def sees_chat(self, sender: str, agent: str) -> bool:
-        return self.principal in ("office", sender, agent)
+    def sees_chat(self, sender: str, agent: str, org: str | None) -> bool:
+        return org is not None and org.lower() == self.org and self.principal in (
+            "office", sender, agent)
 
     async def sees_entry(self, entry: Entry, store: Store) -> bool:
         """A ledger entry, as what it is about (see the module's docstring)."""
+        if entry.org is None or entry.org.lower() != self.org:
+            return False
         if self.is_office:
             return True
         if entry.event == "run.denied" and entry.actor == self.principal:
@@ -207,7 +225,8 @@ class Viewer:
             from bot.store import chats
 
             row = await chats.chat_parties(store, int(chat["n"]))
-            return row is not None and self.sees_chat(str(row["sender"]), str(row["agent"]))
+            return row is not None and self.sees_chat(str(row["sender"]), str(row["agent"]),
+                                                      row["org"])
         to_agent = _TO_AGENT.match(subject)
         if to_agent is not None:
             return mail_parties(self.office, entry.actor, to_agent["agent"], self.principal)

@@ -6,10 +6,26 @@ handled. Handlers never speak SQL; they call these functions, and the statements
 the same on both engines (`bot.store.sql` says them in PostgreSQL's dialect).
 """
 
-from bot.store import api_tokens, ledger, mails
+# every module that registers tables, so that whatever opens the index first (the app, or a
+# command such as `vaultmail token create` on a new data directory) makes all of them, each
+# version whole: a later version's columns go on tables an earlier one made
+from bot.store import (  # noqa: F401
+    api_tokens,
+    budget,
+    chats,
+    comments,
+    deliveries,
+    installations,
+    ledger,
+    mails,
+    offices,
+    outbound,
+    sessions,
+    strangers,
+)
 from bot.store.db import Store
 from bot.store.engines import index_of, is_postgres, open_store
 from bot.store.queue import QueueItem
 
-__all__ = ["QueueItem", "Store", "api_tokens", "index_of", "is_postgres", "ledger", "mails",
-           "open_store"]
+__all__ = ["QueueItem", "Store", "api_tokens", "index_of", "installations", "is_postgres",
+           "ledger", "mails", "offices", "open_store"]

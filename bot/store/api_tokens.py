@@ -101,6 +101,27 @@ async def revoke_token_value(store: Store, token: str) -> bool:
         return bool(cur.rowcount == 1)
 
 
+async def revoke_principal(store: Store, principal: str, org: str) -> int:
+    """Revoke every live token of `principal` in `org`'s office: someone removed from an
+    office config must not find their tokens alive again when they are added back (a token
+    that names no office is pinned to one at its first use, `pin_office`; another office
+    never revokes it). Returns how many were revoked."""
+    async with store.transaction() as db:
+        cur = await db.execute(
+            "UPDATE api_tokens SET revoked_at=? WHERE principal=? AND org=?"
+            " AND revoked_at IS NULL", (time.time(), principal, org.lower()))
+        return int(cur.rowcount or 0)
+
+
+async def pin_office(store: Store, token: str, org: str) -> None:
+    """A token that named no office acts in `org`'s from now on (its first use found it
+    there): an office that later declares a principal of the same name can neither take it
+    over nor make it ambiguous."""
+    async with store.transaction() as db:
+        await db.execute("UPDATE api_tokens SET org=? WHERE token_hash=? AND org IS NULL",
+                         (org.lower(), _hash(token)))
+
+
 async def list_tokens(store: Store) -> list[TokenInfo]:
     rows = await store.fetchall("SELECT * FROM api_tokens ORDER BY id")
     return [TokenInfo(r["id"], r["principal"], r["created_at"], r["last_used_at"],

@@ -21,23 +21,25 @@ CREATE INDEX IF NOT EXISTS chats_agent ON chats(agent, answered_at);
 """)
 
 
-async def get_chat(store: Store, chat_id: int) -> Row | None:
-    """The chat with this id, or None."""
-    return await store.fetchone("SELECT * FROM chats WHERE id=?", (chat_id,))
+async def get_chat(store: Store, chat_id: int, *, org: str) -> Row | None:
+    """`org`'s chat with this id, or None (another office's chat is none of its own)."""
+    return await store.fetchone("SELECT * FROM chats WHERE id=? AND org=?",
+                                (chat_id, org.lower()))
 
 
-async def waiting_for(store: Store, agent: str) -> list[Row]:
-    """The chats to `agent` not answered yet, oldest first."""
+async def waiting_for(store: Store, agent: str, *, org: str) -> list[Row]:
+    """The chats to `agent` of `org` not answered yet, oldest first."""
     return await store.fetchall(
-        "SELECT * FROM chats WHERE agent=? AND answered_at IS NULL ORDER BY id", (agent,))
+        "SELECT * FROM chats WHERE org=? AND agent=? AND answered_at IS NULL ORDER BY id",
+        (org.lower(), agent))
 
 
 async def add_chat(db: Connection, agent: str, sender: str, message: str,
-                   created_at: float) -> int:
-    """Keep a new chat in the caller's transaction; returns its id."""
+                   created_at: float, *, org: str) -> int:
+    """Keep a new chat of `org` in the caller's transaction; returns its id."""
     cur = await db.execute(
-        "INSERT INTO chats(agent, sender, message, created_at) VALUES (?,?,?,?)",
-        (agent, sender, message, created_at))
+        "INSERT INTO chats(agent, sender, message, created_at, org) VALUES (?,?,?,?,?)",
+        (agent, sender, message, created_at, org.lower()))
     return int(cur.lastrowid or 0)
 
 
@@ -56,20 +58,21 @@ async def answer_chat(store: Store, chat_id: int, answer: str) -> int:
 
 
 async def chat_parties(store: Store, chat_id: int) -> Row | None:
-    """The (agent, sender) row of a chat, or None."""
-    return await store.fetchone("SELECT agent, sender FROM chats WHERE id=?", (chat_id,))
+    """The (agent, sender, org) row of a chat, or None."""
+    return await store.fetchone("SELECT agent, sender, org FROM chats WHERE id=?", (chat_id,))
 
 
 async def chats_between(store: Store, sender: str, agent: str,
-                        limit: int) -> list[Row]:
-    """The latest `limit` chats `sender` started with `agent`, newest first."""
+                        limit: int, *, org: str) -> list[Row]:
+    """The latest `limit` chats `sender` started with `agent` in `org`, newest first."""
     return await store.fetchall(
-        "SELECT * FROM chats WHERE sender=? AND agent=? ORDER BY id DESC LIMIT ?",
-        (sender, agent, limit))
+        "SELECT * FROM chats WHERE org=? AND sender=? AND agent=? ORDER BY id DESC LIMIT ?",
+        (org.lower(), sender, agent, limit))
 
 
-async def answered_stamp(store: Store, sender: str) -> Row | None:
-    """How many of `sender`'s chats are answered (`n`) and the latest answer's time (`at`)."""
+async def answered_stamp(store: Store, sender: str, *, org: str) -> Row | None:
+    """How many of `sender`'s chats in `org` are answered (`n`) and the latest answer's time
+    (`at`)."""
     return await store.fetchone(
-        "SELECT COUNT(answered_at) AS n, MAX(answered_at) AS at FROM chats WHERE sender=?",
-        (sender,))
+        "SELECT COUNT(answered_at) AS n, MAX(answered_at) AS at FROM chats WHERE org=?"
+        " AND sender=?", (org.lower(), sender))

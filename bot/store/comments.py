@@ -15,6 +15,7 @@ from weakref import WeakKeyDictionary
 from bot.items.model import Item
 from bot.items.threads import ThreadState
 from bot.store.db import Connection, Row, Store, register_columns, register_schema
+from bot.store.offices import org_of, scoped
 from bot.store.sql import upsert
 
 register_schema("""
@@ -202,7 +203,8 @@ register_columns("items", {"key": "TEXT"})
 
 
 _PUT_ITEM = upsert("items", ["ref", "repo", "number", "kind", "title", "state", "author_login",
-                             "author", "parent", "assignees", "claim", "key", "updated_at"],
+                             "author", "parent", "assignees", "claim", "key", "updated_at",
+                             "org"],
                    ["ref"])
 
 
@@ -210,7 +212,7 @@ async def put_item(db: Connection, item: Item) -> None:
     await db.execute(_PUT_ITEM,
         (item.ref, item.repo, item.number, item.kind, item.title, item.state,
          item.author_login, item.author, item.parent, json.dumps(list(item.assignees)),
-         item.claim, item.key, time.time()))
+         item.claim, item.key, time.time(), org_of(item.repo)))
 
 
 def _item(r: Any) -> Item:
@@ -272,9 +274,9 @@ def _comment(r: Any) -> CommentRow:
 async def put_comment(db: Connection, c: CommentRow) -> None:
     await db.execute(
         "INSERT INTO comments(id, item, thread, parent, author, body, data, forge_id,"
-        " created_at) VALUES (?,?,?,?,?,?,?,?,?)",
+        " created_at, org) VALUES (?,?,?,?,?,?,?,?,?,?)",
         (c.id, c.item, c.thread, c.parent, c.author, c.body, json.dumps(c.data), c.forge_id,
-         c.created_at))
+         c.created_at, org_of(c.item)))
 
 
 async def get_comment(store: Store, comment_id: str) -> CommentRow | None:
@@ -319,7 +321,8 @@ def _thread(r: Any) -> ThreadRow:
 
 
 _PUT_THREAD = upsert("threads", ["id", "item", "scope", "asker", "is_question", "open",
-                                 "card_id", "card_body", "state", "answered_at", "updated_at"],
+                                 "card_id", "card_body", "state", "answered_at", "updated_at",
+                                 "org"],
                      ["id"])
 
 
@@ -327,7 +330,14 @@ async def put_thread(db: Connection, t: ThreadRow) -> None:
     s = t.state
     await db.execute(_PUT_THREAD,
         (t.id, t.item, t.scope, s.asker, int(s.is_question), int(not s.resolved), t.card_id,
-         t.card_body, json.dumps(s.to_json()), t.answered_at, time.time()))
+         t.card_body, json.dumps(s.to_json()), t.answered_at, time.time(), org_of(t.item)))
+
+
+async def move_threads(db: Connection, item: str, old_scope: str, new_scope: str) -> None:
+    """The item's threads count for `new_scope` now (a plan moved to another outcome): found
+    through the scope index, so a move costs what its threads do."""
+    await db.execute("UPDATE threads SET scope=? WHERE scope=? AND item=?",
+                     (new_scope, old_scope, item))
 
 
 async def get_thread(store: Store, thread_id: str) -> ThreadRow | None:
@@ -359,9 +369,11 @@ def _marks(values: Any) -> str:
     return ",".join("?" for _ in values)
 
 
-async def open_questions_involving(store: Store, principals: list[str]) -> list[ThreadRow]:
-    """Open questions that wait on or were asked by any of `principals`, newest first (the
-    open threads a caller's inbox can show, found through `thread_waiting` and the asker)."""
+async def open_questions_involving(store: Store, principals: list[str], *,
+                                   org: str) -> list[ThreadRow]:
+    """`org`'s open questions that wait on or were asked by any of `principals`, newest first
+    (the open threads a caller's inbox can show, found through `thread_waiting` and the
+    asker)."""
     if not principals:
         return []
     ps = _marks(principals)
@@ -369,11 +381,14 @@ async def open_questions_involving(store: Store, principals: list[str]) -> list[
     # (one statement: one trip to the connection's thread)
     # (thread, updated_at) pairs: TEXT and REAL columns, as they are; this loop runs over
     # every open question of the caller on each call, so it does no more than it must
+    # (another office's threads, waiting on a principal of the same name, are not read)
+    org = org.lower()
     found: dict[str, float] = {r[0]: r[1] for r in await store.fetchall(
-        f"SELECT thread, updated_at FROM thread_waiting WHERE principal IN ({ps})"
+        "SELECT w.thread, w.updated_at FROM thread_waiting w JOIN threads t ON t.id=w.thread"
+        f" WHERE w.principal IN ({ps}) AND t.org=?"
         " UNION ALL SELECT id, updated_at FROM threads INDEXED BY threads_open_asked"
-        f" WHERE asker IN ({ps}) AND open=1 AND is_question=1",
-        (*principals, *principals))}
+        f" WHERE asker IN ({ps}) AND open=1 AND is_question=1 AND org=?",
+        (*principals, org, *principals, org))}
     keys = sorted(found.items(), key=itemgetter(1), reverse=True)
     cache = _thread_caches.get(store)
     if cache is None:
@@ -403,9 +418,10 @@ async def open_questions_involving(store: Store, principals: list[str]) -> list[
     return [t for t in out if t is not None]
 
 
-async def count_open_questions(store: Store, asker: str, item: str | None = None) -> int:
-    sql, params = "SELECT count(*) AS n FROM threads WHERE asker=? AND is_question=1 AND open=1", [
-        asker]
+async def count_open_questions(store: Store, asker: str, item: str | None = None, *,
+                               org: str) -> int:
+    sql, params = ("SELECT count(*) AS n FROM threads WHERE asker=? AND is_question=1 AND open=1"
+                   " AND org=?", [asker, org.lower()])
     if item is not None:
         sql += " AND item=?"
         params.append(item)
@@ -420,7 +436,7 @@ async def decisions(store: Store, scope: str, limit: int = 10) -> list[ThreadRow
     return [_thread(r) for r in rows]
 
 
-async def questions_asked_on(store: Store, askers: list[str]) -> list[str]:
+async def questions_asked_on(store: Store, askers: list[str], *, org: str) -> list[str]:
     if not askers:
         return []
     marks = ",".join("?" for _ in askers)
@@ -428,7 +444,7 @@ async def questions_asked_on(store: Store, askers: list[str]) -> list[str]:
         "SELECT DISTINCT scope FROM threads INDEXED BY threads_asked_scope"
         f" WHERE is_question=1 AND asker IN ({marks})",
         tuple(askers))
-    return [r["scope"] for r in rows]
+    return [r["scope"] for r in rows if org_of(r["scope"]) == org.lower()]
 
 
 def _relevant_sql(mine: list[str], logins: list[str]) -> tuple[str, tuple[str, ...]]:
@@ -445,11 +461,13 @@ def _relevant_sql(mine: list[str], logins: list[str]) -> tuple[str, tuple[str, .
     return sql, params
 
 
-async def relevant_items(store: Store, mine: list[str], logins: list[str]) -> list[str]:
+async def relevant_items(store: Store, mine: list[str], logins: list[str], *,
+                         org: str) -> list[str]:
     if not mine and not logins:
         return []
     sql, params = _relevant_sql(mine or [""], logins)
-    return sorted(str(r["ref"]) for r in await store.fetchall(sql, params))
+    return sorted(str(r["ref"]) for r in await store.fetchall(sql, params)
+                  if org_of(str(r["ref"])) == org.lower())
 
 
 UPDATES_WINDOW = 512  # newest updates checked one by one before the relevant set is built
@@ -457,9 +475,10 @@ UPDATES_WINDOW = 512  # newest updates checked one by one before the relevant se
 
 async def updates_for(store: Store, mine: list[str], logins: list[str], exclude: list[str],
                       before: int | None, since: float | None,
-                      limit: int) -> list[Row]:
-    """`updates_page` over the items relevant to `mine`/`logins` (see `_relevant_sql`), newest
-    first, without building that set when the newest updates already fill the page."""
+                      limit: int, *, org: str) -> list[Row]:
+    """`updates_page` over `org`'s items relevant to `mine`/`logins` (see `_relevant_sql`),
+    newest first, without building that set when the newest updates already fill the page."""
+    org = org.lower()
     mine = mine or [""]
     m, ex = _marks(mine), _marks(exclude) or "''"
     page = (before or 2**62, since or 0.0)
@@ -469,7 +488,7 @@ async def updates_for(store: Store, mine: list[str], logins: list[str], exclude:
     # candidates: one statement, one trip to the connection's thread
     rows = await store.fetchall(
         "SELECT * FROM (SELECT u.seq, u.item, u.kind, u.actor, u.summary, u.data, u.at"
-        " FROM (SELECT * FROM item_updates WHERE seq<? AND at>=?"
+        " FROM (SELECT * FROM item_updates WHERE seq<? AND at>=? AND org=?"
         " ORDER BY seq DESC LIMIT ?) u"
         f" WHERE u.actor NOT IN ({ex}) AND ("
         " EXISTS (SELECT 1 FROM items i WHERE i.ref=u.item"
@@ -479,39 +498,44 @@ async def updates_for(store: Store, mine: list[str], logins: list[str], exclude:
         f"  AND t.asker IN ({m})){assigned})"
         " ORDER BY u.seq DESC LIMIT ?) page"
         " UNION ALL SELECT -1, NULL, NULL, NULL, NULL, NULL, (SELECT count(*) FROM"
-        " (SELECT 1 FROM item_updates WHERE seq<? AND at>=? LIMIT ?) candidates)"
+        " (SELECT 1 FROM item_updates WHERE seq<? AND at>=? AND org=? LIMIT ?) candidates)"
         " ORDER BY 1 DESC",
-        (*page, UPDATES_WINDOW, *exclude, *mine, *mine, *mine, *logins, limit,
-         *page, UPDATES_WINDOW))
+        (*page, org, UPDATES_WINDOW, *exclude, *mine, *mine, *mine, *logins, limit,
+         *page, org, UPDATES_WINDOW))
     window = int(rows.pop()["at"])
     if len(rows) >= limit or window < UPDATES_WINDOW:
         return rows  # the page is full, or the window held every candidate
     sql, params = _relevant_sql(mine, logins)
     return await store.fetchall(
         f"SELECT * FROM item_updates WHERE item IN ({sql}) AND actor NOT IN ({ex})"
-        " AND seq<? AND at>=? ORDER BY seq DESC LIMIT ?",
-        (*params, *exclude, *page, limit))
+        " AND seq<? AND at>=? AND org=? ORDER BY seq DESC LIMIT ?",
+        (*params, *exclude, *page, org, limit))
 
 
 # -- deliveries (the inboxes) --------------------------------------------------------------
+# A box's owner is kept as `scoped(org, owner)`: one office's `human:marco@acme.com` and
+# another's are two owners, whose deliveries and agents' marks never mix.
 async def deliver(db: Connection, owner: str, box: str, principal: str,
-                  comment: str) -> None:
-    await db.execute("INSERT INTO inbox_deliveries(owner, box, principal, comment, created_at)"
-                     " VALUES (?,?,?,?,?)", (owner, box, principal, comment, time.time()))
+                  comment: str, *, org: str) -> None:
+    await db.execute("INSERT INTO inbox_deliveries(owner, box, principal, comment, created_at,"
+                     " org) VALUES (?,?,?,?,?,?)",
+                     (scoped(org, owner), box, principal, comment, time.time(), org.lower()))
 
 
-async def unread_in(store: Store, owner: str, boxes: list[str]) -> list[Row]:
+async def unread_in(store: Store, owner: str, boxes: list[str], *, org: str) -> list[Row]:
     """The owner's unread deliveries in `boxes`, oldest first."""
     if not boxes:
         return []
+    owner = scoped(org, owner)
     return await store.fetchall(
         "SELECT * FROM inbox_deliveries INDEXED BY inbox_deliveries_unread"
         f" WHERE owner=? AND box IN ({_marks(boxes)})"
         " AND read_at IS NULL ORDER BY seq", (owner, *boxes))
 
 
-async def has_unread(store: Store, owner: str) -> bool:
+async def has_unread(store: Store, owner: str, *, org: str) -> bool:
     """Whether the owner's own (`you`) box holds anything unread."""
+    owner = scoped(org, owner)
     row = await store.fetchone(
         "SELECT 1 FROM inbox_deliveries INDEXED BY inbox_deliveries_unread"
         " WHERE owner=? AND box='you' AND read_at IS NULL LIMIT 1", (owner,))
@@ -545,19 +569,21 @@ def _unseen(*, only: str = "", limit: str = "",
             " ORDER BY seq" + limit)
 
 
-async def unseen_by(store: Store, owner: str, agent: str) -> list[Row]:
+async def unseen_by(store: Store, owner: str, agent: str, *, org: str) -> list[Row]:
     """The deliveries in the owner's agents' box that `agent` has not been shown, oldest
     first."""
+    owner = scoped(org, owner)
     return await store.fetchall(_unseen(), (owner, owner, agent))
 
 
-async def has_unseen(store: Store, owner: str, agent: str) -> bool:
+async def has_unseen(store: Store, owner: str, agent: str, *, org: str) -> bool:
+    owner = scoped(org, owner)
     row = await store.fetchone(_unseen(limit=" LIMIT 1"), (owner, owner, agent))
     return row is not None
 
 
 async def mark_seen(store: Store, owner: str, agent: str,
-                    looked_at: list[tuple[int, str]]) -> None:
+                    looked_at: list[tuple[int, str]], *, org: str) -> None:
     """`agent` has been through these deliveries of the owner's agents' box ((seq, comment)
     pairs from `unseen_by`): its mark moves past them, and never goes back.
 
@@ -566,6 +592,7 @@ async def mark_seen(store: Store, owner: str, agent: str,
     whose seq a rollback frees for a delivery the agent has not seen."""
     if not looked_at:
         return
+    owner = scoped(org, owner)
     wanted = set(looked_at)
     async with store.transaction() as db:
         async with db.execute(_unseen(only=" AND seq<=?"), (
@@ -585,11 +612,12 @@ async def mark_seen(store: Store, owner: str, agent: str,
 
 
 async def unseen_by_their_agent(store: Store, owner: str,
-                                agents: list[str]) -> list[Row]:
+                                agents: list[str], *, org: str) -> list[Row]:
     """The deliveries in the owner's agents' box that the agent each is for has not been
     shown yet (the person's history of what their agents are handling), oldest first."""
     if not agents:
         return []
+    owner = scoped(org, owner)
     # one statement for every agent (each row against the mark of the agent it is for)
     return await store.fetchall(
         "SELECT * FROM inbox_deliveries d INDEXED BY inbox_deliveries_unread_for"
@@ -600,8 +628,9 @@ async def unseen_by_their_agent(store: Store, owner: str,
 
 
 async def seen_page(store: Store, owner: str, agent: str, before: int | None,
-                    limit: int) -> list[Row]:
+                    limit: int, *, org: str) -> list[Row]:
     """What `agent` has been shown of the owner's agents' box, newest first."""
+    owner = scoped(org, owner)
     return await store.fetchall(
         "SELECT * FROM inbox_deliveries INDEXED BY inbox_deliveries_owner_seq"
         " WHERE owner=? AND seq<? AND box='agents' AND (read_at IS NOT NULL OR seq<=coalesce("
@@ -623,8 +652,9 @@ async def mark_read(store: Store, shown: list[tuple[int, str]]) -> None:
 
 
 async def read_page(store: Store, owner: str, before: int | None,
-                    limit: int) -> list[Row]:
+                    limit: int, *, org: str) -> list[Row]:
     """What the owner has read of their own (`you`) box, newest first."""
+    owner = scoped(org, owner)
     return await store.fetchall(
         "SELECT * FROM inbox_deliveries WHERE owner=? AND box='you' AND read_at IS NOT NULL"
         " AND seq<? ORDER BY seq DESC LIMIT ?", (owner, before or 2**62, limit))
@@ -633,9 +663,10 @@ async def read_page(store: Store, owner: str, before: int | None,
 # -- updates on outcomes -------------------------------------------------------------------
 async def add_update(db: Connection, item: str, kind: str, actor: str, summary: str,
                      data: dict[str, Any] | None = None) -> None:
-    await db.execute("INSERT INTO item_updates(item, kind, actor, summary, data, at)"
-                     " VALUES (?,?,?,?,?,?)",
-                     (item, kind, actor, summary, json.dumps(data or {}), time.time()))
+    await db.execute("INSERT INTO item_updates(item, kind, actor, summary, data, at, org)"
+                     " VALUES (?,?,?,?,?,?,?)",
+                     (item, kind, actor, summary, json.dumps(data or {}), time.time(),
+                      org_of(item)))
 
 
 
@@ -649,16 +680,19 @@ async def followers_of(store: Store, outcome: str) -> tuple[list[str], list[str]
     return [str(r["asker"]) for r in askers], [str(r["login"]) for r in logins]
 
 
-async def latest_delivery_seq(store: Store, owner: str) -> Row | None:
+async def latest_delivery_seq(store: Store, owner: str, *, org: str) -> Row | None:
     """The highest inbox delivery seq of `owner` (column `seq`, NULL when none)."""
     return await store.fetchone(
-        "SELECT MAX(seq) AS seq FROM inbox_deliveries WHERE owner=?", (owner,))
+        "SELECT MAX(seq) AS seq FROM inbox_deliveries WHERE owner=?", (scoped(org, owner),))
 
 
-async def questions_answered_by(store: Store, principal: str, limit: int) -> list[str]:
-    """Ids of open questions `principal` answered or whose answer was theirs, latest first."""
+async def questions_answered_by(store: Store, principal: str, limit: int, *,
+                                org: str) -> list[str]:
+    """Ids of `org`'s open questions `principal` answered or whose answer was theirs, latest
+    first."""
     rows = await store.fetchall(
         "SELECT id FROM threads INDEXED BY threads_open WHERE open=1 AND is_question=1"
-        " AND (json_extract(state, '$.answer.by')=? OR json_extract(state, '$.answer.person')=?)"
-        " ORDER BY updated_at DESC LIMIT ?", (principal, principal, limit))
+        " AND org=? AND (json_extract(state, '$.answer.by')=?"
+        " OR json_extract(state, '$.answer.person')=?)"
+        " ORDER BY updated_at DESC LIMIT ?", (org.lower(), principal, principal, limit))
     return [str(r["id"]) for r in rows]

@@ -85,6 +85,18 @@ register_columns("idempotency", {"owner": "TEXT"}, version=2)
 register_columns("queue", {"takeovers": "INTEGER NOT NULL DEFAULT 0",
                            "lease_seq": "INTEGER NOT NULL DEFAULT 0"}, version=3)
 register_columns("replicas", {"steady_since": "REAL", "incarnation": "TEXT"}, version=3)
+# The pending rows as a claim reads them (bot.store.queue, CLAIM and WAKEUP): in arrival order,
+# by issue, by due time, each with the columns the claim filters on (`state` too, though it is
+# 'pending' throughout: SQLite reads an index alone only if it holds every column named).
+# Partial: a finished row leaves them, so they hold the backlog, not the queue's history.
+register_schema("""
+CREATE INDEX IF NOT EXISTS queue_claim ON queue(id, next_at, lease_owner, issue_key, state)
+    WHERE state='pending';
+CREATE INDEX IF NOT EXISTS queue_held ON queue(issue_key, id, next_at, lease_owner, state)
+    WHERE state='pending';
+CREATE INDEX IF NOT EXISTS queue_wake ON queue(next_at, id, lease_owner, issue_key, state)
+    WHERE state='pending';
+""", version=6)
 
 # Heartbeats and liveness go by the database's clock, vm_now() (SQLite: the one host's),
 # so replicas on hosts whose clocks disagree still agree on who is alive.
@@ -121,6 +133,9 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
         self.replica_id = new_replica_id()
         self.incarnation = uuid.uuid4().hex  # this process, under whatever replica id
         self.retired: str | None = None  # why this process no longer works (ReplicaIdTaken)
+        # why the latest write failed, until one succeeds again (readiness: a full disk, a
+        # read-only file; the probe's own lock-and-let-go writes nothing and proves nothing)
+        self.write_failure: str | None = None
 
     # -- one task at a time on a key ---------------------------------------------------------
 

@@ -1,9 +1,66 @@
-"""Reads of the webhook deliveries the queue recorded (the `deliveries` table of
-`bot.store.db`)."""
+"""The webhook deliveries the queue recorded (the `deliveries` table of `bot.store.db`), and the
+reconciler's own record of the forge's failed deliveries (`bot.app.reconcile`).
+
+`missed_deliveries` holds, per delivery guid (the `X-GitHub-Delivery` every attempt of one event
+shares), the failed deliveries the app had not recorded when a round listed them: the oldest
+and newest failed attempt seen, and which attempt was last asked for again. A guid is asked for
+again only when a newer attempt of it failed too: one whose redelivery was answered without
+being recorded (the app's own events no handler reads) is not asked for again and again. Rows
+go once recorded, or once older than the forge's redelivery window. `reconcile_marks` holds how
+far the last complete listing reached, so a round lists only what came since.
+"""
 
 from __future__ import annotations
 
-from bot.store.db import Store
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bot.store.db import Store, register_schema
+from bot.store.sql import upsert
+
+register_schema("""
+CREATE TABLE IF NOT EXISTS missed_deliveries (
+    guid TEXT PRIMARY KEY,
+    first_id INTEGER NOT NULL,     -- the forge's id of its oldest failed attempt seen
+    failed_id INTEGER NOT NULL,    -- its newest failed attempt seen: the one asked for
+    failed_at REAL NOT NULL,       -- when that attempt was made (the forge's time)
+    event TEXT,
+    installation_id INTEGER,
+    asked_id INTEGER,              -- the attempt last asked for again (NULL: not yet)
+    asked_at REAL,
+    asks INTEGER NOT NULL DEFAULT 0,
+    next_at REAL NOT NULL DEFAULT 0  -- asked again (if that failed too) not before then
+);
+CREATE INDEX IF NOT EXISTS missed_deliveries_order ON missed_deliveries(first_id);
+CREATE TABLE IF NOT EXISTS reconcile_marks (
+    name TEXT PRIMARY KEY,
+    delivery_id INTEGER NOT NULL,  -- the newest failed delivery a complete listing saw
+    delivered_at REAL NOT NULL
+);
+""", version=5)
+
+
+@dataclass(frozen=True)
+class Failed:
+    """One failed attempt, as the forge listed it."""
+
+    guid: str
+    delivery_id: int
+    delivered_at: float
+    event: str | None = None
+    installation_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Missed:
+    """A guid to ask for again: `delivery_id` is its newest failed attempt."""
+
+    guid: str
+    first_id: int
+    delivery_id: int
+    asks: int
+    event: str | None
+    installation_id: int | None
 
 
 async def delivery_recorded(store: Store, guid: str) -> bool:
@@ -11,3 +68,80 @@ async def delivery_recorded(store: Store, guid: str) -> bool:
     row = await store.fetchone(
         "SELECT 1 FROM deliveries WHERE guid=?", (guid,))
     return row is not None
+
+
+async def note_failed(store: Store, failed: Sequence[Failed]) -> int:
+    """Record failed attempts whose guid the app has not recorded; returns how many were."""
+    noted = 0
+    if not failed:
+        return noted
+    async with store.transaction() as db:
+        for f in failed:
+            async with db.execute("SELECT 1 FROM deliveries WHERE guid=?", (f.guid,)) as cur:
+                if await cur.fetchone() is not None:
+                    continue
+            # listed newest first, so a guid's attempts come newest to oldest: keep both ends
+            await db.execute(
+                "INSERT INTO missed_deliveries AS m(guid, first_id, failed_id, failed_at, event,"
+                " installation_id) VALUES (?,?,?,?,?,?) ON CONFLICT(guid) DO UPDATE SET"
+                " first_id=CASE WHEN excluded.first_id<m.first_id THEN excluded.first_id"
+                " ELSE m.first_id END,"
+                " failed_at=CASE WHEN excluded.failed_id>m.failed_id THEN excluded.failed_at"
+                " ELSE m.failed_at END,"
+                " failed_id=max(m.failed_id, excluded.failed_id)",
+                (f.guid, f.delivery_id, f.delivery_id, f.delivered_at, f.event,
+                 f.installation_id))
+            noted += 1
+    return noted
+
+
+async def due_missed(store: Store, now: float, limit: int,
+                     upto: int | None = None) -> list[Missed]:
+    """Guids to ask for again, oldest first: never asked, or whose last redelivery failed too
+    and waited its turn; with `upto`, only those first seen at or below that delivery id."""
+    below, params = ("", (now, limit)) if upto is None else (" AND first_id<=?",
+                                                             (now, upto, limit))
+    rows = await store.fetchall(
+        "SELECT guid, first_id, failed_id, asks, event, installation_id"
+        " FROM missed_deliveries WHERE (asked_id IS NULL OR (failed_id>asked_id AND next_at<=?))"
+        + below + " ORDER BY first_id, guid LIMIT ?", params)
+    return [Missed(r["guid"], int(r["first_id"]), int(r["failed_id"]), int(r["asks"]),
+                   r["event"], r["installation_id"]) for r in rows]
+
+
+async def asked(store: Store, guid: str, delivery_id: int, now: float, next_at: float) -> None:
+    """The forge was asked to deliver `guid` again (its attempt `delivery_id`)."""
+    async with store.transaction() as db:
+        await db.execute(
+            "UPDATE missed_deliveries SET asked_id=?, asked_at=?, asks=asks+1, next_at=?"
+            " WHERE guid=?", (delivery_id, now, next_at, guid))
+
+
+async def forget_missed(store: Store, older_than: float) -> int:
+    """Drop rows the app has since recorded, or whose newest failure is older than
+    `older_than` (the forge no longer redelivers it); returns how many went."""
+    async with store.transaction() as db:
+        cur = await db.execute(
+            "DELETE FROM missed_deliveries WHERE failed_at<? OR EXISTS"
+            " (SELECT 1 FROM deliveries d WHERE d.guid=missed_deliveries.guid)", (older_than,))
+        return int(cur.rowcount or 0)
+
+
+async def reconcile_mark(store: Store, name: str = "github") -> tuple[int, float] | None:
+    """The newest failed delivery (id, time) the last complete listing saw, if any."""
+    row = await store.fetchone(
+        "SELECT delivery_id, delivered_at FROM reconcile_marks WHERE name=?", (name,))
+    return None if row is None else (int(row["delivery_id"]), float(row["delivered_at"]))
+
+
+async def save_reconcile_mark(store: Store, delivery_id: int, delivered_at: float,
+                              name: str = "github") -> None:
+    async with store.transaction() as db:
+        await db.execute(upsert("reconcile_marks", ["name", "delivery_id", "delivered_at"],
+                                ["name"]), (name, delivery_id, delivered_at))
+
+
+async def missed_held(store: Store) -> dict[str, int]:
+    """The guids held as missed, each with how often it was asked for again."""
+    rows = await store.fetchall("SELECT guid, asks FROM missed_deliveries")
+    return {r["guid"]: int(r["asks"]) for r in rows}

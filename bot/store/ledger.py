@@ -1,7 +1,10 @@
-"""The office's append-only, hash-chained ledger (DESIGN §3.7).
+"""Each office's append-only, hash-chained ledger (DESIGN §3.7).
 
-Each entry's hash covers the previous entry's hash and the entry's canonical JSON, so any edit
-or deletion in the middle breaks every hash after it (`verify_chain`).
+Every office (org) has a chain of its own: each entry's hash covers the previous entry of that
+office's chain, the office, and the entry's canonical JSON, so any edit, deletion or move of an
+entry to another office breaks every hash after it (`verify_chain`). Entries written before
+there was a chain per office (`chain` NULL) form the old single chain and verify as written.
+Reads take the office whose entries they want; `org=None` is the operator's view of all.
 """
 
 from __future__ import annotations
@@ -45,49 +48,62 @@ class Entry:
     subject: str
     data: dict[str, Any]
     hash: str
+    org: str | None = None
+    prev_hash: str = GENESIS  # the office chain's entry before it (GENESIS: its first)
 
     def as_json(self) -> dict[str, Any]:
         return {"seq": self.seq, "time": _iso(self.time), "event": self.event,
                 "actor": self.actor, "subject": self.subject, "data": self.data,
-                "hash": self.hash}
+                "hash": self.hash, "prev_hash": self.prev_hash, "office": self.org}
 
 
 def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-def _digest(prev: str, t: float, event: str, actor: str, subject: str, data: str) -> str:
-    canon = json.dumps([prev, round(t, 6), event, actor, subject, data], separators=(",", ":"))
+def _digest(prev: str, t: float, event: str, actor: str, subject: str, data: str,
+            chain: str | None = None) -> str:
+    fields: list[Any] = [prev, round(t, 6), event, actor, subject, data]
+    if chain is not None:  # an office's chain: the office is part of what is hashed
+        fields.append(chain)
+    canon = json.dumps(fields, separators=(",", ":"))
     return hashlib.sha256(canon.encode()).hexdigest()
 
 
 async def append(db: Connection, event: str, actor: str, subject: str,
-                 data: dict[str, Any] | None = None) -> int:
-    """Append inside the caller's transaction (so the entry commits with what it records)."""
+                 data: dict[str, Any] | None = None, *, org: str) -> int:
+    """Append to `org`'s chain inside the caller's transaction (so the entry commits with
+    what it records)."""
     if event not in EVENTS:
         raise ValueError(f"unknown ledger event {event!r}")
-    async with db.execute("SELECT hash FROM ledger ORDER BY seq DESC LIMIT 1") as cur:
+    if not org:
+        raise ValueError("a ledger entry belongs to an office: org is required")
+    org = org.lower()
+    async with db.execute("SELECT hash FROM ledger WHERE chain=? ORDER BY seq DESC LIMIT 1",
+                          (org,)) as cur:
         row = await cur.fetchone()
     prev = row[0] if row else GENESIS
     t = time.time()
     blob = json.dumps(data or {}, sort_keys=True, separators=(",", ":"))
     cur2 = await db.execute(
-        "INSERT INTO ledger(time, event, actor, subject, data, prev_hash, hash)"
-        " VALUES (?,?,?,?,?,?,?)",
-        (t, event, actor, subject, blob, prev, _digest(prev, t, event, actor, subject, blob)),
+        "INSERT INTO ledger(time, event, actor, subject, data, prev_hash, hash, org, chain)"
+        " VALUES (?,?,?,?,?,?,?,?,?)",
+        (t, event, actor, subject, blob, prev,
+         _digest(prev, t, event, actor, subject, blob, org), org, org),
     )
     return int(cur2.lastrowid or 0)
 
 
 async def record(store: Store, event: str, actor: str, subject: str,
-                 data: dict[str, Any] | None = None) -> int:
+                 data: dict[str, Any] | None = None, *, org: str) -> int:
     async with store.transaction() as db:
-        return await append(db, event, actor, subject, data)
+        return await append(db, event, actor, subject, data, org=org)
 
 
 async def recorded(store: Store, event: str, subject: str, field: str, value: str) -> bool:
     """Whether an `event` about `subject` with `data[field] == value` is in the ledger: what
-    a retry asks to learn if an earlier try already did its part."""
+    a retry asks to learn if an earlier try already did its part (a subject names its
+    office's repository, so this never finds another office's entry)."""
     row = await store.fetchone(
         "SELECT 1 FROM ledger WHERE event=? AND subject=? AND json_extract(data, ?)=? LIMIT 1",
         (event, subject, f"$.{field}", value))
@@ -96,35 +112,53 @@ async def recorded(store: Store, event: str, subject: str, field: str, value: st
 
 def _entry(r: Any) -> Entry:
     return Entry(r["seq"], r["time"], r["event"], r["actor"], r["subject"],
-                 json.loads(r["data"]), r["hash"])
+                 json.loads(r["data"]), r["hash"], r["org"], r["prev_hash"])
+
+
+def _of(org: str | None, sql: str, params: list[Any]) -> tuple[str, list[Any]]:
+    if org is None:
+        return sql, params
+    return sql + " AND org=?", [*params, org.lower()]
 
 
 async def entries(store: Store, *, since: int = 0, limit: int = 1000,
-                  event: str | None = None) -> list[Entry]:
-    sql, params = "SELECT * FROM ledger WHERE seq>?", [since]
+                  event: str | None = None, org: str | None = None) -> list[Entry]:
+    """Entries after `since` in order: `org`'s (None: every office's, for the operator)."""
+    sql, params = _of(org, "SELECT * FROM ledger WHERE seq>?", [since])
     if event:
         sql += " AND event=?"
-        params.append(event)  # type: ignore[arg-type]
+        params.append(event)
     rows = await store.fetchall(sql + " ORDER BY seq LIMIT ?", (*params, limit))
     return [_entry(r) for r in rows]
 
 
-async def verify_chain(store: Store) -> int | None:
-    """The first sequence number whose hash does not hold, or None when the chain is intact."""
-    prev = GENESIS
-    for r in await store.fetchall("SELECT * FROM ledger ORDER BY seq"):
-        if r["prev_hash"] != prev or r["hash"] != _digest(
-                prev, r["time"], r["event"], r["actor"], r["subject"], r["data"]):
-            return int(r["seq"])
-        prev = r["hash"]
+async def chains(store: Store) -> list[str | None]:
+    """The chains in the ledger: each office's, and None for the old single chain."""
+    rows = await store.fetchall("SELECT DISTINCT chain FROM ledger")
+    return sorted((r["chain"] for r in rows), key=lambda c: (c is not None, c or ""))
+
+
+async def verify_chain(store: Store, org: str | None = None) -> int | None:
+    """The first sequence number whose hash does not hold, or None when intact: `org`'s chain
+    (None: every chain, the old single one included)."""
+    for chain in [org.lower()] if org is not None else await chains(store):
+        prev = GENESIS
+        where = "chain IS NULL" if chain is None else "chain=?"
+        for r in await store.fetchall(f"SELECT * FROM ledger WHERE {where} ORDER BY seq",
+                                      () if chain is None else (chain,)):
+            if r["prev_hash"] != prev or r["hash"] != _digest(
+                    prev, r["time"], r["event"], r["actor"], r["subject"], r["data"], chain):
+                return int(r["seq"])
+            prev = r["hash"]
     return None
 
 
 async def scan_newest(store: Store, *, event: str | None, actor: str | None,
                       since: float | None, until: float | None, before: int | None,
-                      about: str | None, scanned: int) -> list[Entry]:
-    """Up to `scanned` entries newest first, filtered; `about` keeps an agent's own."""
-    sql, params = "SELECT * FROM ledger WHERE 1=1", list[Any]()
+                      about: str | None, scanned: int, org: str | None) -> list[Entry]:
+    """Up to `scanned` of `org`'s entries newest first, filtered; `about` keeps an agent's
+    own."""
+    sql, params = _of(org, "SELECT * FROM ledger WHERE 1=1", list[Any]())
     for clause, value in (("event=?", event), ("actor=?", actor), ("time>=?", since),
                           ("time<?", until), ("seq<?", before)):
         if value is not None:
@@ -137,6 +171,7 @@ async def scan_newest(store: Store, *, event: str | None, actor: str | None,
     return [_entry(r) for r in rows]
 
 
-async def head(store: Store) -> Row | None:
-    """The (seq, hash) of the chain's last entry, or None when the ledger is empty."""
-    return await store.fetchone("SELECT seq, hash FROM ledger ORDER BY seq DESC LIMIT 1")
+async def head(store: Store, org: str) -> Row | None:
+    """The (seq, hash) of `org`'s chain's last entry, or None when it is empty."""
+    return await store.fetchone("SELECT seq, hash FROM ledger WHERE chain=? ORDER BY seq DESC"
+                                " LIMIT 1", (org.lower(),))

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from bot.store.db import Connection, Row, Store, register_columns, register_schema
+from bot.store.offices import org_of, scoped
 from bot.store.sql import upsert
 
 register_schema("""
@@ -82,6 +83,11 @@ class MailRecord:
     def ref(self) -> str:
         return f"{self.vault}#{self.number}"
 
+    @property
+    def org(self) -> str:
+        """The office the mail belongs to: its vault's owner."""
+        return org_of(self.vault)
+
     def with_state(self, state: str) -> MailRecord:
         return replace(self, state=state)
 
@@ -106,27 +112,35 @@ def _record(row: Any) -> MailRecord:
     return MailRecord(**values)
 
 
-_PUT_MAIL = upsert("mails", [*_COLUMNS, "updated_at"], ["mail_id"])
+_PUT_MAIL = upsert("mails", [*_COLUMNS, "updated_at", "org"], ["mail_id"])
 
 
 async def put_mail(db: Connection, mail: MailRecord) -> None:
     values = [getattr(mail, c) for c in _COLUMNS]
     values[_COLUMNS.index("tampered")] = int(mail.tampered)
     values[_COLUMNS.index("other_labels")] = json.dumps(list(mail.other_labels))
-    await db.execute(_PUT_MAIL, (*values, time.time()))
+    await db.execute(_PUT_MAIL, (*values, time.time(), mail.org))
 
 
 async def set_state(db: Connection, mail_id: str, state: str,
-                    labels: list[str] | None = None) -> None:
-    """The new state; with `labels` (the issue's whole label list) the other labels too."""
+                    labels: list[str] | None = None, *, expected: str | None = None) -> bool:
+    """The new state; with `labels` (the issue's whole label list) the other labels too. With
+    `expected`, only from that state (a writer whose view went stale, another replica having
+    moved the mail, changes nothing). Whether the row changed."""
     if state not in STATES:
         raise ValueError(f"unknown mail state {state!r}")
-    await db.execute("UPDATE mails SET state=?, updated_at=? WHERE mail_id=?",
-                     (state, time.time(), mail_id))
+    sql, params = "UPDATE mails SET state=?, updated_at=? WHERE mail_id=?", [
+        state, time.time(), mail_id]
+    if expected is not None:
+        sql, params = sql + " AND state=?", [*params, expected]
+    cur = await db.execute(sql, tuple(params))
+    if cur.rowcount == 0:
+        return False
     if labels is not None:
         others = [name for name in labels if not name.lower().startswith("mail:")]
         await db.execute("UPDATE mails SET other_labels=? WHERE mail_id=?",
                          (json.dumps(others), mail_id))
+    return True
 
 
 async def copy_hops(store: Store, thread: str, replied: str) -> int:
@@ -180,16 +194,31 @@ async def get_mail(store: Store, mail_id: str) -> MailRecord | None:
     return _record(row) if row else None
 
 
+async def get_mail_in(db: Connection, mail_id: str) -> MailRecord | None:
+    """The mail as the caller's transaction reads it."""
+    async with db.execute("SELECT * FROM mails WHERE mail_id=?", (mail_id,)) as cur:
+        row = await cur.fetchone()
+    return _record(row) if row else None
+
+
 async def mail_at(store: Store, vault: str, number: int) -> MailRecord | None:
     row = await store.fetchone("SELECT * FROM mails WHERE lower(vault)=lower(?) AND number=?",
                                (vault, number))
     return _record(row) if row else None
 
 
-async def list_mails(store: Store, *, to: str | None = None, state: str | None = None,
-                     vault: str | None = None, thread: str | None = None,
-                     involving: str | None = None, limit: int = 200) -> list[MailRecord]:
-    sql, params = "SELECT * FROM mails WHERE 1=1", []
+def _office(org: str | None) -> tuple[str, list[Any]]:
+    """The WHERE clause of one office's mails (None: every office's, for the operator)."""
+    return ("SELECT * FROM mails WHERE 1=1", []) if org is None else (
+        "SELECT * FROM mails WHERE org=?", [org.lower()])
+
+
+async def list_mails(store: Store, *, org: str | None, to: str | None = None,
+                     state: str | None = None, vault: str | None = None,
+                     thread: str | None = None, involving: str | None = None,
+                     limit: int = 200) -> list[MailRecord]:
+    """`org`'s mails (None: every office's) as filtered, in the order they were sent."""
+    sql, params = _office(org)
     for col, value in (("to_principal", to), ("state", state), ("lower(vault)", vault),
                        ("thread_id", thread)):
         if value is not None:
@@ -210,12 +239,13 @@ def mail_cursor(mail: MailRecord) -> MailCursor:
     return (mail.sent, mail.vault, mail.number)
 
 
-async def page_mails(store: Store, *, state: str | None = None, vault: str | None = None,
-                     thread: str | None = None, involving: str | None = None,
-                     before: MailCursor | None = None, limit: int = 30) -> list[MailRecord]:
-    """Mails newest first (by their signed `sent`, then vault and number), the ones after
-    `before` on; `involving` keeps those it sent or received."""
-    sql, params = "SELECT * FROM mails WHERE 1=1", list[Any]()
+async def page_mails(store: Store, *, org: str, state: str | None = None,
+                     vault: str | None = None, thread: str | None = None,
+                     involving: str | None = None, before: MailCursor | None = None,
+                     limit: int = 30) -> list[MailRecord]:
+    """`org`'s mails newest first (by their signed `sent`, then vault and number), the ones
+    after `before` on; `involving` keeps those it sent or received."""
+    sql, params = _office(org)
     for col, value in (("state", state), ("lower(vault)", vault), ("thread_id", thread)):
         if value is not None:
             sql += f" AND {col}=?"
@@ -251,10 +281,10 @@ async def replace_all(store: Store, mails: list[MailRecord],
 
 
 async def add_run(db: Connection, agent: str, kind: str, subject: str,
-                  state: str) -> int:
+                  state: str, *, org: str) -> int:
     cur = await db.execute(
-        "INSERT INTO runs(agent, kind, subject, state, created_at) VALUES (?,?,?,?,?)",
-        (agent, kind, subject, state, time.time()))
+        "INSERT INTO runs(agent, kind, subject, state, created_at, org) VALUES (?,?,?,?,?,?)",
+        (agent, kind, subject, state, time.time(), org.lower()))
     return int(cur.lastrowid or 0)
 
 
@@ -263,8 +293,9 @@ async def finish_run(db: Connection, run_id: int, state: str) -> None:
     await db.execute("UPDATE runs SET state=? WHERE id=?", (state, run_id))
 
 
-async def runs_for(store: Store, agent: str) -> list[dict[str, Any]]:
-    rows = await store.fetchall("SELECT * FROM runs WHERE agent=? ORDER BY id", (agent,))
+async def runs_for(store: Store, agent: str, *, org: str) -> list[dict[str, Any]]:
+    rows = await store.fetchall("SELECT * FROM runs WHERE org=? AND agent=? ORDER BY id",
+                                (org.lower(), agent))
     return [dict(r) for r in rows]
 
 
@@ -282,21 +313,24 @@ CREATE TABLE IF NOT EXISTS mail_shown (
 """)
 
 
-async def to_handle(store: Store, principal: str) -> tuple[list[MailRecord], float | None]:
-    """Mail waiting for `principal` (mail:new, then quiet loop-guard deliveries), and the
-    newest `updated_at` among them as read (what `mark_shown` records once they are shown)."""
+async def to_handle(store: Store, principal: str, *,
+                    org: str) -> tuple[list[MailRecord], float | None]:
+    """Mail waiting for `principal` of `org` (mail:new, then quiet loop-guard deliveries),
+    and the newest `updated_at` among them as read (what `mark_shown` records once they are
+    shown)."""
     rows = await store.fetchall(
-        "SELECT * FROM mails WHERE to_principal=? AND state IN (?, ?)"
+        "SELECT * FROM mails WHERE org=? AND to_principal=? AND state IN (?, ?)"
         " ORDER BY state=?, sent, vault, number LIMIT 400",
-        (principal, "mail:new", QUIET, QUIET))
+        (org.lower(), principal, "mail:new", QUIET, QUIET))
     upto = max((float(r["updated_at"]) for r in rows), default=None)
     return [_record(r) for r in rows], upto
 
 
-async def mark_shown(store: Store, principal: str, upto: float | None) -> None:
+async def mark_shown(store: Store, principal: str, upto: float | None, *, org: str) -> None:
     """`principal` was shown its mail to handle as it stood at `upto` (see `to_handle`)."""
     if upto is None:
         return
+    principal = scoped(org, principal)
     known = await store.fetchone("SELECT upto FROM mail_shown WHERE principal=?", (principal,))
     if known is not None and known[0] >= upto:
         return  # nothing newer shown: no write on every tool call
@@ -307,12 +341,12 @@ async def mark_shown(store: Store, principal: str, upto: float | None) -> None:
                          (principal, upto))
 
 
-async def has_unshown(store: Store, principal: str) -> bool:
+async def has_unshown(store: Store, principal: str, *, org: str) -> bool:
     """Mail to handle that changed since `principal` was last shown its list."""
     row = await store.fetchone(
-        "SELECT 1 FROM mails WHERE to_principal=? AND state IN (?, ?) AND updated_at >"
+        "SELECT 1 FROM mails WHERE org=? AND to_principal=? AND state IN (?, ?) AND updated_at >"
         " coalesce((SELECT upto FROM mail_shown WHERE principal=?), -1) LIMIT 1",
-        (principal, "mail:new", QUIET, principal))
+        (org.lower(), principal, "mail:new", QUIET, scoped(org, principal)))
     return row is not None
 
 
@@ -333,10 +367,11 @@ def _like(text: str) -> str:
     return f"%{escaped}%"
 
 
-async def find_mails(store: Store, *, state: str | None, agent: str | None,
+async def find_mails(store: Store, *, org: str, state: str | None, agent: str | None,
                      text: str | None, limit: int) -> list[MailRecord]:
-    """Mails newest first: in `state`, to or from `agent`, with `text` in subject or body."""
-    sql, params = "SELECT * FROM mails WHERE 1=1", list[Any]()
+    """`org`'s mails newest first: in `state`, to or from `agent`, with `text` in subject or
+    body."""
+    sql, params = _office(org)
     if state:
         sql += " AND state=?"
         params.append(state)
@@ -351,9 +386,9 @@ async def find_mails(store: Store, *, state: str | None, agent: str | None,
     return [_record(r) for r in rows]
 
 
-async def latest_mails_of(store: Store, principal: str) -> list[MailRecord]:
-    """The 300 latest mails `principal` sent or received, newest first."""
+async def latest_mails_of(store: Store, principal: str, *, org: str) -> list[MailRecord]:
+    """The 300 latest mails `principal` of `org` sent or received, newest first."""
     rows = await store.fetchall(
-        "SELECT * FROM mails WHERE to_principal=? OR from_principal=?"
-        " ORDER BY sent DESC LIMIT 300", (principal, principal))
+        "SELECT * FROM mails WHERE org=? AND (to_principal=? OR from_principal=?)"
+        " ORDER BY sent DESC LIMIT 300", (org.lower(), principal, principal))
     return [_record(r) for r in rows]

@@ -27,6 +27,12 @@ NAMES = {
     3: "queue takeovers and claim numbers: deliveries a stopped replica held are counted,"
        " run alone, and dead-lettered once they have stopped replicas too often; a delivery"
        " is finished only under its latest claim",
+    4: "offices: every row carries the office (org) it belongs to, and the ledger is one hash"
+       " chain per office; rows written before are assigned by their repository",
+    5: "reconciliation: the failed deliveries already asked for again, and how far the last"
+       " listing of the forge's deliveries reached",
+    6: "the queue's pending rows indexed as a claim reads them (in order, by issue, by due"
+       " time): a claim costs the same whatever the backlog",
 }
 
 
@@ -37,6 +43,9 @@ class Migration:
     sqlite: list[str] = field(default_factory=list)  # scripts, in order
     postgres: list[str] = field(default_factory=list)
     columns: dict[str, dict[str, str]] = field(default_factory=dict)  # table -> name -> decl
+    # scripts run after the columns are added (backfills of the new columns, their indexes)
+    sqlite_after: list[str] = field(default_factory=list)
+    postgres_after: list[str] = field(default_factory=list)
 
 
 _MIGRATIONS: dict[int, Migration] = {}
@@ -59,6 +68,13 @@ def register_schema(sql: str, *, postgres: str | None = None, version: int = 1) 
 def register_columns(table: str, columns: dict[str, str], *, version: int = 1) -> None:
     """Columns added to a table after its first release: added where missing."""
     _migration(version).columns.setdefault(table, {}).update(columns)
+
+
+def register_backfill(sqlite: str, *, postgres: str, version: int) -> None:
+    """Statements run once the version's columns exist: filling them for older rows."""
+    m = _migration(version)
+    m.sqlite_after.append(sqlite)
+    m.postgres_after.append(postgres)
 
 
 def migrations() -> list[Migration]:

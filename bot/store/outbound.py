@@ -1,5 +1,7 @@
-"""The outbound webhook cursors (`bot.app.outbound`): per URL, the last ledger seq it
-acknowledged and its backoff."""
+"""The outbound webhook cursors (`bot.app.outbound`): per office and URL, the last ledger seq
+it acknowledged and its backoff. Two offices naming one URL are two cursors, each over its own
+office's entries; a cursor from before offices (`org` NULL, keyed by the URL alone) is where an
+office's cursor for that URL starts."""
 
 from __future__ import annotations
 
@@ -16,18 +18,30 @@ CREATE TABLE IF NOT EXISTS outbound_cursors (
 """)
 
 
-async def get_cursor(store: Store, url: str) -> Row | None:
-    """The cursor row of `url`, or None before its first save."""
-    return await store.fetchone("SELECT * FROM outbound_cursors WHERE url=?", (url,))
+def _key(org: str, url: str) -> str:
+    return f"{org.lower()} {url}"  # a URL has no space: no office's key is another's
 
 
-async def save_cursor(store: Store, url: str, seq: int, failures: int, next_at: float,
-                      error: str | None) -> None:
-    """Write the cursor of `url` (insert or update)."""
+async def get_cursor(store: Store, org: str, url: str) -> Row | None:
+    """The cursor row of `url` for `org`, or None before its first save."""
+    return await store.fetchone("SELECT * FROM outbound_cursors WHERE url=?", (_key(org, url),))
+
+
+async def legacy_seq(store: Store, url: str) -> int:
+    """Where a URL's cursor stood before offices (0 when it had none): the ledger up to it was
+    sent already."""
+    row = await store.fetchone("SELECT seq FROM outbound_cursors WHERE url=? AND org IS NULL",
+                               (url,))
+    return int(row["seq"]) if row else 0
+
+
+async def save_cursor(store: Store, org: str, url: str, seq: int, failures: int,
+                      next_at: float, error: str | None) -> None:
+    """Write the cursor of `url` for `org` (insert or update)."""
     async with store.transaction() as db:
         await db.execute(
-            "INSERT INTO outbound_cursors(url, seq, failures, next_at, last_error)"
-            " VALUES (?,?,?,?,?) ON CONFLICT(url) DO UPDATE SET seq=excluded.seq,"
+            "INSERT INTO outbound_cursors(url, seq, failures, next_at, last_error, org)"
+            " VALUES (?,?,?,?,?,?) ON CONFLICT(url) DO UPDATE SET seq=excluded.seq,"
             " failures=excluded.failures, next_at=excluded.next_at,"
             " last_error=excluded.last_error",
-            (url, seq, failures, next_at, error))
+            (_key(org, url), seq, failures, next_at, error, org.lower()))

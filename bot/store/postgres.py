@@ -395,6 +395,8 @@ async def _migrate(url: str, upto: int | None = None) -> None:
                     for name, decl in columns.items():
                         await conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS"
                                            f" {name} {postgres_column(decl)}")
+                for script in m.postgres_after:
+                    await conn.execute(script)
                 await conn.execute("INSERT INTO schema_migrations(version, name, applied_at)"
                                    " VALUES ($1, $2, $3)", m.version, m.name, time.time())
             log.info("index schema now at version %d: %s", m.version, m.name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from bot.store.db import Row, Store, register_schema
+from bot.store.offices import scoped
 from bot.store.sql import upsert
 
 register_schema("""
@@ -64,20 +65,23 @@ _DEFER = upsert("console_deferred", ["principal", "thread", "deferred_at"],
                 ["principal", "thread"])
 
 
-async def defer(store: Store, principal: str, thread: str) -> None:
-    """Note that `principal` set `thread` aside, now."""
+# a person is one of an office: keyed `scoped(org, principal)`, so another office's person of
+# the same name neither sees nor clears these
+async def defer(store: Store, principal: str, thread: str, *, org: str) -> None:
+    """Note that `principal` of `org` set `thread` aside, now."""
     async with store.transaction() as db:
-        await db.execute(_DEFER, (principal, thread, time.time()))
+        await db.execute(_DEFER, (scoped(org, principal), thread, time.time()))
 
 
-async def undefer(store: Store, principal: str, thread: str) -> None:
-    """Take `thread` off what `principal` set aside."""
+async def undefer(store: Store, principal: str, thread: str, *, org: str) -> None:
+    """Take `thread` off what `principal` of `org` set aside."""
     async with store.transaction() as db:
         await db.execute("DELETE FROM console_deferred WHERE principal=? AND thread=?",
-                         (principal, thread))
+                         (scoped(org, principal), thread))
 
 
-async def deferred(store: Store, principal: str) -> list[Row]:
-    """The (thread, deferred_at) rows `principal` set aside."""
+async def deferred(store: Store, principal: str, *, org: str) -> list[Row]:
+    """The (thread, deferred_at) rows `principal` of `org` set aside."""
     return await store.fetchall(
-        "SELECT thread, deferred_at FROM console_deferred WHERE principal=?", (principal,))
+        "SELECT thread, deferred_at FROM console_deferred WHERE principal=?",
+        (scoped(org, principal),))

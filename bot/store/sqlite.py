@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -41,6 +42,42 @@ def _statements(script: str) -> list[str]:
     if buf.strip():
         out.append(buf.strip())
     return out
+
+
+class IndexInUse(RuntimeError):
+    """Another process serves this SQLite index: two would each run the queue alone (the
+    engine's one writer is per process), doubling what they handle."""
+
+
+_OWNED: dict[str, int] = {}  # index path -> the open lock file this process holds
+
+
+def own_index(path: Path) -> None:
+    """Hold `path` for this process, for as long as it lives: an exclusive lock on
+    `<index>.lock` (the kernel lets it go when the process ends, however it ends). Raises
+    IndexInUse, naming the holder, when another process holds it. Commands that only read or
+    write a row (`vaultmail token`, `ledger`, `reindex`) do not take it."""
+    import fcntl
+
+    key = str(path.resolve())
+    if key in _OWNED:
+        return
+    if not path.parent.exists():
+        private_dir(path.parent)
+    lock = path.with_name(path.name + ".lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise IndexInUse(
+            f"the index {path} is served by another process (pid {holder}): stop it first "
+            "(a deploy starts the new one after the old has exited), or give this one "
+            "another --data; several replicas share PostgreSQL (DATABASE_URL)") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    _OWNED[key] = fd
 
 
 def _private_index(path: Path) -> None:
@@ -80,6 +117,9 @@ def _migrate(conn: sqlite3.Connection, upto: int | None = None) -> None:
                 for name, decl in columns.items():
                     if name not in have:
                         conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+            for script in m.sqlite_after:
+                for statement in _statements(script):
+                    conn.execute(statement)
             conn.execute("INSERT INTO schema_migrations(version, name, applied_at)"
                          " VALUES (?,?,?)", (m.version, m.name, time.time()))
             log.info("index schema now at version %d: %s", m.version, m.name)
@@ -156,14 +196,16 @@ class SqliteStore(Store):
         self._reads_queued = False
 
     @classmethod
-    async def open(cls, path: str | Path) -> SqliteStore:
+    async def open(cls, path: str | Path, *, synchronous: str = "normal") -> SqliteStore:
         if str(path) != ":memory:":
             _private_index(Path(path))
         db = await aiosqlite.connect(str(path))
         db.row_factory = aiosqlite.Row
         await db.create_function("vm_now", 0, time.time)  # the store's clock (bot.store.db)
         await db.execute("PRAGMA journal_mode=WAL")
-        await db.execute("PRAGMA synchronous=NORMAL")
+        if synchronous.upper() not in ("NORMAL", "FULL"):
+            raise ValueError(f"synchronous: {synchronous!r} is not normal or full")
+        await db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         await db.execute("PRAGMA foreign_keys=ON")
         await db.commit()
         if str(path) == ":memory:":  # (no second connection reaches a memory database)
@@ -204,12 +246,17 @@ class SqliteStore(Store):
             except asyncio.CancelledError:
                 await _unbegin(self._db, begin)
                 raise
+            before = self._db.total_changes
             try:
                 yield self._db
-            except BaseException:
+                await self._db.commit()
+            except BaseException as exc:
+                if isinstance(exc, sqlite3.Error):  # the file refused it: the store is at fault
+                    self.write_failure = f"{type(exc).__name__}: {exc}"
                 await self._db.rollback()
                 raise
-            await self._db.commit()
+            if self._db.total_changes != before:  # a write that landed
+                self.write_failure = None
             if self._checkpointer is not None:
                 self._checkpointer.wrote()
 

@@ -100,8 +100,9 @@ async def agent_chat(call: Call, args: ChatArgs) -> dict[str, Any]:
     async def record() -> tuple[int, int | None]:
         async with store.transaction() as db:
             chat_id = await chats.add_chat(db, agent.principal, call.principal, args.message,
-                                           time.time())
-            admitted = await runs.admit(db, agent, "chat", f"chat:{chat_id}", call.principal)
+                                           time.time(), org=call.office.org)
+            admitted = await runs.admit(db, agent, "chat", f"chat:{chat_id}", call.principal,
+                                        org=call.office.org)
             if admitted is None:  # refused: the ledger says so, and no chat is kept
                 await chats.delete_chat(db, chat_id)
         return chat_id, admitted
@@ -112,10 +113,10 @@ async def agent_chat(call: Call, args: ChatArgs) -> dict[str, Any]:
         raise Conflict(f"{agent.principal} does not take chat runs (its run.triggers: "
                        f"{list(agent.run.triggers)}); send it mail with mail_send instead",
                        code="run_refused")
-    call.services.notifier.notify([agent.principal])
+    call.services.notifier.notify([agent.principal], org=call.office.org)
     runs.dispatch_chat(call.services, call.forge, agent, vault, chat_id, call.principal,
                        args.message, admitted)
-    row = await get_chat(store, chat_id)
+    row = await get_chat(store, chat_id, org=call.office.org)
     assert row is not None
     return {"chat": _chat_json(row)}  # the wait for the answer is `_answer`, after this
 
@@ -123,13 +124,15 @@ async def agent_chat(call: Call, args: ChatArgs) -> dict[str, Any]:
 async def _wait_answer(call: Call, chat_id: int, wait: float) -> Row:
     deadline = asyncio.get_running_loop().time() + wait
     while True:
-        row = await get_chat(call.services.store, chat_id)
+        row = await get_chat(call.services.store, chat_id, org=call.office.org)
         assert row is not None
         remaining = deadline - asyncio.get_running_loop().time()
         if row["answered_at"] is not None or remaining <= 0:
             return row
-        if not await call.services.notifier.wait(call.principal, remaining):
-            row = await get_chat(call.services.store, chat_id)  # timed out, or shutting down
+        if not await call.services.notifier.wait(call.principal, remaining,
+                                                 org=call.office.org):
+            # timed out, or shutting down
+            row = await get_chat(call.services.store, chat_id, org=call.office.org)
             assert row is not None
             return row
 
@@ -144,8 +147,8 @@ class ChatReplyArgs(ChatRef):
 
 
 async def _visible_chat(call: Call, chat_id: int) -> Row:
-    row = await get_chat(call.services.store, chat_id)
-    if row is None or not viewer_for(call).sees_chat(row["sender"], row["agent"]):
+    row = await get_chat(call.services.store, chat_id, org=call.office.org)
+    if row is None or not viewer_for(call).sees_chat(row["sender"], row["agent"], row["org"]):
         raise NotFoundError(f"no chat {chat_id} of yours: the chats waiting for you are in "
                             "the `chats` of your inbox")
     return row
@@ -170,8 +173,8 @@ async def chat_reply(call: Call, args: ChatReplyArgs) -> dict[str, Any]:
     landed = await chats.answer_chat(call.services.store, args.chat, args.message)
     if landed == 0:
         raise already
-    call.services.notifier.notify([row["sender"]])
-    answered = await get_chat(call.services.store, args.chat)
+    call.services.notifier.notify([row["sender"]], org=call.office.org)
+    answered = await get_chat(call.services.store, args.chat, org=call.office.org)
     assert answered is not None
     return {"chat": _chat_json(answered)}
 
@@ -186,7 +189,7 @@ async def chat_get(call: Call, args: ChatRef) -> dict[str, Any]:
 @inbox_provider
 async def chats_waiting(call: Call) -> dict[str, Any]:
     """An agent's inbox lists the chats waiting for its answer (answer with chat_reply)."""
-    rows = await waiting_for(call.services.store, call.principal)
+    rows = await waiting_for(call.services.store, call.principal, org=call.office.org)
     return {"chats": [{"chat": r["id"], "from": r["sender"], "message": r["message"],
                        "sent": _iso(r["created_at"]), "contentIsData": True} for r in rows]}
 

@@ -180,10 +180,11 @@ async def _wait_for_new(call: Call, seconds: float, sees: inbox.Sees) -> None:
     The waiter is registered before looking, so a delivery between the look and the sleep
     still wakes it."""
     waiter = asyncio.create_task(call.services.notifier.wait_any(
-        inbox.wait_keys(call.office, call.principal), seconds))
+        inbox.wait_keys(call.office, call.principal), seconds, org=call.office.org))
     await asyncio.sleep(0)
     if await inbox.has_new(call.services.store, call.office, call.principal, sees) or (
-            call.is_agent and await mails.has_unshown(call.services.store, call.principal)):
+            call.is_agent and await mails.has_unshown(call.services.store, call.principal,
+                                                      org=call.office.org)):
         waiter.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await waiter

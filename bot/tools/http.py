@@ -15,7 +15,8 @@ from bot.app.services import SERVICES_KEY, Services
 from bot.errors import Denied, NotInstalled, Unauthenticated, VaultmailError
 from bot.forge.errors import ForgeError
 from bot.office.config import Office
-from bot.store import api_tokens, ledger
+from bot.store import api_tokens, installations, ledger
+from bot.store.engines import index_unavailable, unavailable
 from bot.tools import chat_tools as _chat_tools  # noqa: F401
 from bot.tools import comment_tools as _comment_tools  # noqa: F401
 from bot.tools import ledger_tools as _ledger_tools  # noqa: F401
@@ -31,9 +32,14 @@ async def authenticate(services: Services, header: str | None) -> api_tokens.Own
     if not header or not header.startswith("Bearer "):
         raise Unauthenticated("send Authorization: Bearer <api token> "
                               "(`vaultmail token create PRINCIPAL` makes one)")
-    owner = await api_tokens.owner_of(services.store, header[7:].strip())
+    token = header[7:].strip()
+    owner = await api_tokens.owner_of(services.store, token)
     if owner is None:
         raise Unauthenticated("this API token is unknown or revoked")
+    if owner.org is None:  # a token from before offices: pinned to the one office it is in
+        org = await office_org(services, owner.principal)
+        await api_tokens.pin_office(services.store, token, org)
+        owner = api_tokens.Owner(owner.principal, org)
     return owner
 
 
@@ -42,7 +48,7 @@ def bearer_key(header: str | None) -> str | None:
     return token_key(header[7:].strip()) if header and header.startswith("Bearer ") else None
 
 
-def _members(office: Office) -> set[str]:
+def members(office: Office) -> set[str]:
     return {"office"} | {h.principal for h in office.humans} | {
         a.principal for a in office.agents}
 
@@ -57,7 +63,7 @@ async def office_org(services: Services, principal: str) -> str:
     found = []
     for org in sorted(services.installations):
         office = await services.offices.get(services.forge_for_org(org), org)
-        if office is not None and principal in _members(office):
+        if office is not None and principal in members(office):
             found.append(org)
     if len(found) != 1:
         where = "no office" if not found else "the offices of " + ", ".join(found)
@@ -68,21 +74,37 @@ async def office_org(services: Services, principal: str) -> str:
     return found[0]
 
 
+async def _still_installed(services: Services, org: str) -> None:
+    """Refuse an org another replica learnt was uninstalled (its webhook came to one replica
+    only): forget it here too, and its token with it."""
+    inst = services.installation_of(org)
+    if inst is None or not await installations.is_removed(services.store, org, inst):
+        return
+    services.installations.pop(org.lower(), None)
+    services.forge_client.forget(inst)
+    raise NotInstalled(f"the App is not installed on {org} any more: an org owner installs it "
+                       "again to use the office", code="not_installed")
+
+
 async def make_call(services: Services, principal: str, token: str | None = None,
                     org: str | None = None) -> Call:
     """The call's context: the caller's office (its token's org, else the one office that
     has it) and that org's installation (503 naming the org when the App is not there)."""
     org = org or await office_org(services, principal)
+    await _still_installed(services, org)
     forge = services.forge_for_org(org)
     office = await services.offices.get(forge, org)
     if office is None:
         raise VaultmailError(f"no office config found for {org}: add vaultmail.yml to "
                              f"{org}/.github", code="no_office")
-    if principal not in _members(office):
-        reason = (f"{principal} is not in the office config any more; its token acts for "
-                  "no one until an admin adds it back to vaultmail.yml")
+    if principal not in members(office):
+        # every token of theirs in this office ends now, not only this one: adding them back
+        # later must not bring any of them back to life
+        await api_tokens.revoke_principal(services.store, principal, org)
+        reason = (f"{principal} is not in the office config any more; its tokens are revoked "
+                  "(an admin who adds it back to vaultmail.yml makes it a new one)")
         await ledger.record(services.store, "run.denied", principal, "tool call",
-                            {"reason": reason})
+                            {"reason": reason}, org=org)
         raise Denied(reason, ledgered=True)
     return Call(services, principal, office, forge, token_key=token)
 
@@ -147,7 +169,12 @@ async def tool_endpoint(request: web.Request) -> web.Response:
         return web.json_response({"error": {"code": "forge_error", "message": (
             f"{name}: the forge answered {exc}; nothing was recorded, try again later")}},
             status=502)
-    except Exception:
+    except Exception as exc:
+        if unavailable(exc):  # the index is away (a restart, a failover): try again shortly
+            log.warning("tool refused: the index is unavailable",
+                        extra={"tool": name, "error": repr(exc)})
+            return web.json_response(index_unavailable(name).as_json(), status=503,
+                                     headers={"Retry-After": "5"})
         log.exception("tool crashed", extra={"tool": name})
         return web.json_response({"error": {"code": "internal", "message": (
             f"{name} failed inside vaultmail; the app's log has the details")}}, status=500)

@@ -35,7 +35,7 @@ async def list_changes(call: Call, args: ChangesArgs) -> dict[str, Any]:
     events: list[dict[str, Any]] = []
     cursor, scanned = args.since, 0
     while len(events) < args.limit and scanned < MAX_SCANNED:
-        batch = await ledger.entries(store, since=cursor, limit=BATCH)
+        batch = await ledger.entries(store, since=cursor, limit=BATCH, org=call.office.org)
         for entry in batch:
             cursor, scanned = entry.seq, scanned + 1
             if await viewer.sees_entry(entry, store):

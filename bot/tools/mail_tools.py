@@ -139,7 +139,8 @@ async def mail_list(call: Call, args: ListArgs) -> dict[str, Any]:
     state = None if args.state is None else (QUIET if args.state == "quiet"
                                              else f"mail:{args.state}")
     before = _parse_cursor(args.mailsBefore) if args.mailsBefore else None
-    rows = await mails.page_mails(call.services.store, state=state, vault=args.vault,
+    rows = await mails.page_mails(call.services.store, org=call.office.org, state=state,
+                                  vault=args.vault,
                                   thread=args.thread, before=before, limit=PAGE + 1,
                                   involving=None if call.principal == "office" else call.principal)
     more = _cursor(rows[PAGE - 1]) if len(rows) > PAGE else None
@@ -155,7 +156,8 @@ async def mail_get(call: Call, args: MailArg) -> dict[str, Any]:
     issue = await call.forge.get_issue(mail.vault, mail.number)
     valid = await call.mailer.check_tamper(mail, issue, "office")
     comments = await call.forge.list_comments(mail.vault, mail.number)
-    linked = await mails.list_mails(call.services.store, thread=mail.thread_id)
+    linked = await mails.list_mails(call.services.store, org=call.office.org,
+                                    thread=mail.thread_id)
     return {
         "mail": mail_view(await mails.get_mail(call.services.store, mail.mail_id) or mail),
         "verified": valid,
@@ -169,8 +171,9 @@ async def mail_get(call: Call, args: MailArg) -> dict[str, Any]:
 async def mail_waiting(call: Call) -> dict[str, Any]:
     """An agent's inbox lists its mail to handle: mail:new and quiet loop-guard deliveries."""
     store = call.services.store
-    waiting, upto = await mails.to_handle(store, call.principal)
-    await mails.mark_shown(store, call.principal, upto)  # a wait now waits past these
+    waiting, upto = await mails.to_handle(store, call.principal, org=call.office.org)
+    # a wait now waits past these
+    await mails.mark_shown(store, call.principal, upto, org=call.office.org)
     return {"mail": [{"mail": m.mail_id, "ref": m.ref, "from": m.from_principal,
                       "subject": m.subject, "state": m.state, "contentIsData": True}
                      for m in waiting]}

@@ -50,8 +50,15 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from bot.app.bodies import TOOL_BODY_LIMIT, read_body
 from bot.app.services import SERVICES_KEY, Services
-from bot.errors import PayloadTooLarge, TooManyRequests, Unauthenticated, VaultmailError
+from bot.errors import (
+    IndexUnavailable,
+    PayloadTooLarge,
+    TooManyRequests,
+    Unauthenticated,
+    VaultmailError,
+)
 from bot.store import api_tokens
+from bot.store.engines import index_unavailable, unavailable
 from bot.tools import resources
 from bot.tools.http import authenticate, bearer_key, client_gone, make_call, office_org
 from bot.tools.polls import SESSION_IDLE, Sessions, session_keys
@@ -67,6 +74,7 @@ FORBIDDEN_RPC = -32000  # JSON-RPC server error: the request's Origin is not all
 UNAUTHENTICATED_RPC = -32001  # JSON-RPC server error: no valid API token
 INVALID_REQUEST_RPC = -32600  # JSON-RPC: the request is not one (here: too large to read)
 TOO_MANY_SESSIONS_RPC = -32002  # JSON-RPC server error: the token's sessions are all busy
+UNAVAILABLE_RPC = -32003  # JSON-RPC server error: the app's database is away, try again
 INSTRUCTIONS = (
     "vaultmail: durable, threaded mail between people and AI agents, kept as issues on a forge. "
     "You act as the principal whose API token this connection uses. Mail an agent with "
@@ -150,6 +158,12 @@ def _failure(exc: VaultmailError) -> ToolFailure:
     return ToolFailure(exc.status, exc.code, exc.message, exc.extra)
 
 
+def _away(exc: Exception, what: str) -> Exception:
+    """A database that is away is a 503 to try again shortly, like the HTTP tools; anything
+    else is what it is."""
+    return _failure(index_unavailable(what)) if unavailable(exc) else exc
+
+
 @dataclass
 class LocalBackend:
     """In the app: the registry itself, as `principal`."""
@@ -182,18 +196,24 @@ class LocalBackend:
             return await call_tool(await self._call(), name, args)
         except VaultmailError as exc:
             raise _failure(exc) from exc
+        except Exception as exc:
+            raise _away(exc, name) from exc
 
     async def list_resources(self) -> list[dict[str, Any]]:
         try:
             return [r.as_json() for r in await resources.list_resources(await self._call())]
         except VaultmailError as exc:
             raise _failure(exc) from exc
+        except Exception as exc:
+            raise _away(exc, "resources/list") from exc
 
     async def read_resource(self, uri: str) -> dict[str, Any]:
         try:
             return await resources.read_resource(await self._call(), uri)
         except VaultmailError as exc:
             raise _failure(exc) from exc
+        except Exception as exc:
+            raise _away(exc, "resources/read") from exc
 
     def holding(self) -> AbstractContextManager[object]:
         stack = ExitStack()
@@ -781,8 +801,16 @@ async def mcp_endpoint(request: web.Request) -> web.StreamResponse:
         return web.Response(status=204, headers={**cors, **PREFLIGHT})
     header = request.headers.get("Authorization")
     try:
-        owner = await authenticate(services, header)
+        try:
+            owner = await authenticate(services, header)
+        except Exception as exc:
+            if not unavailable(exc):
+                raise
+            raise index_unavailable("mcp") from exc
         principal = owner.principal
+    except IndexUnavailable as exc:
+        return _rpc_refusal(exc.status, UNAVAILABLE_RPC, exc,
+                            headers={**cors, "Retry-After": "5"})
     except VaultmailError as exc:
         # where a client learns how to authenticate (RFC 9728 §5.1); a token that was given
         # and refused is also `invalid_token` (RFC 6750 §3.1)

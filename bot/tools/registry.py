@@ -191,7 +191,8 @@ async def _run(call: Call, spec: Tool, args: Args) -> dict[str, Any]:
     else:
         what = fingerprint(args.model_dump(exclude={"idempotencyKey", "wait"}))
         result = await call.services.store.once(
-            f"tool:{spec.name}:{call.principal}", key, what, lambda: spec.fn(call, args))
+            f"tool:{spec.name}:{call.office.org.lower()}:{call.principal}", key, what,
+            lambda: spec.fn(call, args))
     return result if spec.then is None else await spec.then(call, args, result)
 
 
@@ -228,7 +229,10 @@ async def call_tool(call: Call, name: str, raw: Any) -> dict[str, Any]:
     known = name if name in TOOLS else "unknown"  # a metric label per tool, not per typo
     try:
         # its forge writes take this principal's turns; a long poll counts against its token
-        with acting_for(call.principal), call.services.long_polls.hold(call.token_key, name, raw):
+        # (the principal of its office: on Gitea one bot's pacer serves every org, and another
+        # office's principal of the same name has turns of its own)
+        with acting_for(f"{call.office.org.lower()}/{call.principal}"), \
+                call.services.long_polls.hold(call.token_key, name, raw):
             result = await _call_tool(call, name, raw)
         metrics.TOOL_CALLS.labels(tool=known, outcome="ok").inc()
         return result
@@ -246,7 +250,8 @@ async def call_tool(call: Call, name: str, raw: Any) -> dict[str, Any]:
 async def _shape_error(call: Call, name: str, exc: VaultmailError) -> None:
     if isinstance(exc, Denied) and not exc.ledgered:
         await ledger.record(call.services.store, "run.denied", call.principal,
-                            exc.subject or f"tool:{name}", {"reason": exc.message, "tool": name})
+                            exc.subject or f"tool:{name}", {"reason": exc.message, "tool": name},
+                            org=call.office.org)
         exc.ledgered = True
     if call.is_agent:
         try:

@@ -175,7 +175,8 @@ async def wait_inbox_change(services: Services, call_for: CallFor, after: str | 
         call = await call_for()
         keys = inbox.wait_keys(call.office, call.principal) | {call.principal}
         waiter = asyncio.ensure_future(
-            services.notifier.wait_any(keys, max(deadline - loop.time(), 0)))
+            services.notifier.wait_any(keys, max(deadline - loop.time(), 0),
+                                       org=call.office.org))
         await asyncio.sleep(0)  # registered before the look
         try:
             now = digest(await read_inbox(call))

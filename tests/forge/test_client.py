@@ -408,3 +408,43 @@ async def test_search_issues(env: Env) -> None:
     await inst.create_issue(REPO, "findme please", "body")
     found = await inst.search_issues(f"repo:{REPO} is:issue findme")
     assert [i["title"] for i in found] == ["findme please"]
+
+
+async def test_a_creation_waiting_for_the_shared_budget_holds_no_other_write(
+        env: Env, tmp_path: Any) -> None:
+    """Issue 27: with the creation budget spent, the next creation waits for its place, but
+    outside the installation's write turn: a label move (no content creation) goes on."""
+    from bot.store import open_store
+    from bot.store.budget import Limits, SharedWriteBudget
+
+    store = await open_store(tmp_path / "index.sqlite3")
+    released = asyncio.Event()
+    waiting = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:  # a long pacing wait: held until released
+        if seconds > 5:
+            waiting.set()
+            await released.wait()
+        else:
+            await asyncio.sleep(0)
+
+    try:
+        client = env.client(sleep=sleep)
+        client.shared_budget = SharedWriteBudget(store, Limits(
+            per_minute=1, per_hour=1, endpoint_points_per_minute=0))
+        inst = client.installation(env.installation_id)
+        first = await inst.create_issue(REPO, "first", "x")  # the hour's one creation
+        second = asyncio.create_task(inst.create_issue(REPO, "second", "x"))
+        await asyncio.wait_for(waiting.wait(), 10)  # it waits for the next hour's place
+        from bot.forge.caller import budget_waits
+
+        count, longest = budget_waits()  # seen by /readyz's detail and the metric
+        assert count == 1 and longest > 5
+        moved = await asyncio.wait_for(
+            inst.update_issue(REPO, first["number"], labels=["mail:new"]), 10)
+        assert [lb["name"] for lb in moved["labels"]] == ["mail:new"]
+        released.set()
+        assert (await asyncio.wait_for(second, 10))["title"] == "second"
+    finally:
+        released.set()
+        await store.close()

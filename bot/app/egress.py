@@ -1,0 +1,214 @@
+"""Where the app may send (issue 21): the dispatch URLs and `webhooks:` of an office config
+reach public addresses only, unless the operator allows a host or network
+(VAULTMAIL_OUTBOUND_ALLOW).
+
+One deployment serves many orgs and each org writes its own config: without this check an
+org's admin could have the app POST to the cloud's metadata service, the database, or anything
+else only the app's host can reach. A name is resolved once, every address it gives is checked,
+and the connection goes to the address checked (the name stays in Host and in TLS's SNI), so a
+name that answers otherwise the second time (DNS rebinding) gains nothing. Redirects are not
+followed, and no proxy from the environment is used (aiohttp's default), so the address
+checked is the one reached.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from ipaddress import (
+    IPv4Address,
+    IPv4Network,
+    IPv6Address,
+    IPv6Network,
+    ip_address,
+    ip_network,
+)
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from yarl import URL
+
+IPAddress = IPv4Address | IPv6Address
+ALLOW_SETTING = "VAULTMAIL_OUTBOUND_ALLOW"
+_SHARED = ip_network("100.64.0.0/10")  # carrier-grade NAT: inside some provider's network
+_NAT64 = ip_network("64:ff9b::/96")  # an IPv4 address reached through a NAT64 gateway
+_HOST_NAME = re.compile(r"^(?=.{1,253}$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?\.)*"
+                        r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$")
+_NUMERIC = re.compile(r"^[0-9a-fx.]+$")  # 127.1, 0x7f.1, 2130706433: IPv4 in legacy forms
+
+
+class OutboundRefused(Exception):
+    """A request the app will not send: the URL, and why, with what to do."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"{url}: {reason}")
+        self.url = url
+        self.reason = reason
+
+
+def _embedded_ipv4(ip: IPv6Address) -> IPv4Address | None:
+    """The IPv4 address an IPv6 form carries (mapped ::ffff:a.b.c.d, 6to4, NAT64), if any."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip in _NAT64:
+        return IPv4Address(int(ip) & 0xFFFF_FFFF)
+    return None
+
+
+def address_kind(ip: IPAddress) -> str | None:
+    """What kind of address `ip` is when the app does not send to it (`a loopback address`),
+    or None for a public one."""
+    if isinstance(ip, IPv6Address) and (inner := _embedded_ipv4(ip)) is not None:
+        kind = address_kind(inner)
+        return f"{kind} ({inner}) in an IPv6 form" if kind else None
+    if ip.is_unspecified:
+        return "the unspecified address"
+    if ip.is_loopback:
+        return "a loopback address"
+    if ip.is_link_local:
+        return "a link-local address (where cloud metadata services answer)"
+    if ip.is_multicast:
+        return "a multicast address"
+    if ip in _SHARED:
+        return "a carrier-grade NAT address (100.64.0.0/10)"
+    if isinstance(ip, IPv6Address) and ip.is_site_local:
+        return "a site-local address"
+    if ip.is_reserved:
+        return "a reserved address"
+    if ip.is_private:
+        return "a private address"
+    if not ip.is_global:
+        return "not a public address"
+    return None
+
+
+def literal_address(host: str) -> IPAddress | None:
+    """The address `host` names itself (an IP literal, or IPv4 in a legacy form such as
+    127.1 that the system's resolver reads as one), else None for a name."""
+    try:
+        return ip_address(host.strip("[]"))
+    except ValueError:
+        pass
+    if _NUMERIC.match(host.lower()):
+        try:
+            return IPv4Address(socket.inet_aton(host))
+        except OSError:
+            return None
+    return None
+
+
+_HINT = (f"the app sends only to public addresses; the operator may allow this host or "
+         f"network in {ALLOW_SETTING}")
+
+
+@dataclass(frozen=True)
+class OutboundPolicy:
+    """VAULTMAIL_OUTBOUND_ALLOW: the networks and host names the app may send to besides
+    public addresses (for a receiver on the app's own network). A host name allowed is
+    allowed whatever it resolves to: the operator trusts its DNS."""
+
+    networks: tuple[IPv4Network | IPv6Network, ...] = ()
+    hosts: frozenset[str] = frozenset()
+    # how names are resolved: aiohttp's default resolver, or the one a test gives
+    resolver: Callable[[], AbstractResolver] | None = field(default=None, compare=False)
+
+    @classmethod
+    def parse(cls, text: str | None, *,
+              resolver: Callable[[], AbstractResolver] | None = None) -> OutboundPolicy:
+        """Entries separated by commas or spaces: an address (127.0.0.1, ::1, [::1]), a
+        network (10.0.0.0/8) or a host name (hooks.internal.example). ValueError names the
+        entry that is none of these."""
+        networks: list[IPv4Network | IPv6Network] = []
+        hosts: set[str] = set()
+        for entry in (e for e in re.split(r"[\s,]+", text or "") if e):
+            try:
+                networks.append(ip_network(entry.strip("[]"), strict=False))
+                continue
+            except ValueError:
+                pass
+            name = entry.lower().rstrip(".")
+            if not _HOST_NAME.match(name) or literal_address(name) is not None:
+                raise ValueError(
+                    f"{ALLOW_SETTING}={text!r}: should be addresses (127.0.0.1, ::1), networks "
+                    f"(10.0.0.0/8) or host names (hooks.internal.example) separated by commas "
+                    f"({entry!r} is none of these)")
+            hosts.add(name)
+        return cls(tuple(networks), frozenset(hosts), resolver)
+
+    def allows_host(self, host: str) -> bool:
+        return host.lower().rstrip(".") in self.hosts
+
+    def address_refusal(self, ip: IPAddress) -> str | None:
+        """Why `ip` may not be reached (`a private address`), or None."""
+        if isinstance(ip, IPv6Address) and ip.scope_id:
+            ip = IPv6Address(ip.compressed.split("%")[0])
+        forms: list[IPAddress] = [ip]
+        if isinstance(ip, IPv6Address) and (inner := _embedded_ipv4(ip)) is not None:
+            forms.append(inner)
+        if any(form.version == net.version and form in net
+               for form in forms for net in self.networks):
+            return None
+        return address_kind(ip)
+
+    def url_refusal(self, url: str) -> str | None:
+        """Why `url` may not be sent to, from the URL alone (its scheme, an address it names,
+        a `localhost` name), or None: at config load and again before each request; a name is
+        checked once resolved (`session`)."""
+        try:
+            parsed = URL(url)
+        except (ValueError, TypeError):
+            return "not a URL"
+        if parsed.scheme not in ("http", "https"):
+            return "only http and https URLs are sent to"
+        host = parsed.raw_host
+        if not host:
+            return "the URL names no host"
+        if self.allows_host(host):
+            return None
+        ip = literal_address(host)
+        if ip is not None:
+            kind = self.address_refusal(ip)
+            return f"{host} is {kind}: {_HINT}" if kind else None
+        name = host.lower().rstrip(".")
+        if name == "localhost" or name.endswith(".localhost"):
+            return f"{host} is the app's own host (a loopback name): {_HINT}"
+        return None
+
+    def session(self, url: str, *, timeout: float) -> aiohttp.ClientSession:
+        """A session for requests to `url` alone: OutboundRefused now if the URL names what
+        may not be reached, or at connect time if its name resolves to such an address."""
+        why = self.url_refusal(url)
+        if why is not None:
+            raise OutboundRefused(url, why)
+        inner = self.resolver() if self.resolver is not None else aiohttp.DefaultResolver()
+        connector = aiohttp.TCPConnector(resolver=_CheckedResolver(self, inner, url),
+                                         use_dns_cache=False)
+        return aiohttp.ClientSession(connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=timeout))
+
+
+class _CheckedResolver(AbstractResolver):
+    """Resolves a name once and refuses it if any address it gives may not be reached; the
+    connector then connects to exactly these addresses."""
+
+    def __init__(self, policy: OutboundPolicy, inner: AbstractResolver, url: str) -> None:
+        self._policy, self._inner, self._url = policy, inner, url
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        found = await self._inner.resolve(host, port, family)
+        if self._policy.allows_host(host):
+            return found
+        for result in found:
+            kind = self._policy.address_refusal(ip_address(result["host"]))
+            if kind is not None:
+                raise OutboundRefused(self._url,
+                                      f"{host} resolves to {result['host']}, {kind}: {_HINT}")
+        return found
+
+    async def close(self) -> None:
+        await self._inner.close()

@@ -1,0 +1,114 @@
+"""Which office each row belongs to (schema version 4).
+
+One deployment serves every organisation that installs the App, so every row of the index
+carries the office (the org's login, lowercase) it belongs to, and every read keyed by a
+principal is also keyed by the office: `human:marco@acme.com` in acme and a
+`human:marco@acme.com` some other org declares are two principals that never meet.
+
+Rows about a repository (mails, items, comments, threads, inbox deliveries, item updates) take
+their office from the repository's owner; an index written before this version gets them the
+same way. Rows about no repository (chats, runs, ledger entries about no repository) written
+before it stay without an office until `adopt_unowned` gives them to the deployment's one
+office (`vaultmail serve` with one installation, `vaultmail up`); until then no office reads
+them.
+
+Tables keyed by a principal alone (what an agent was shown, an agent's mark on its person's box,
+the strangers answered) key it by `scoped(org, principal)` instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bot.store.db import Store
+from bot.store.migrations import register_backfill, register_columns
+
+VERSION = 4
+
+_BY_REPO = {  # table -> the column holding `owner/repo` or `owner/repo#N`
+    "mails": "vault",
+    "items": "repo",
+    "comments": "item",
+    "threads": "item",
+    "item_updates": "item",
+}
+for _table in (*_BY_REPO, "inbox_deliveries", "chats", "runs", "ledger", "outbound_cursors"):
+    register_columns(_table, {"org": "TEXT"}, version=VERSION)
+# the hash chain an entry belongs to: its office's; NULL for entries written before there was
+# one chain per office (the old single chain, which still verifies as it was written)
+register_columns("ledger", {"chain": "TEXT"}, version=VERSION)
+
+
+def _owner_sqlite(column: str) -> str:
+    return (f"CASE WHEN instr({column}, '/') > 1"
+            f" THEN lower(substr({column}, 1, instr({column}, '/') - 1)) END")
+
+
+def _owner_postgres(column: str) -> str:
+    return f"CASE WHEN strpos({column}, '/') > 1 THEN lower(split_part({column}, '/', 1)) END"
+
+
+def _backfill(owner: Callable[[str], str]) -> str:
+    statements = [f"UPDATE {t} SET org={owner(c)} WHERE org IS NULL" for t, c in _BY_REPO.items()]
+    statements += [
+        "UPDATE inbox_deliveries SET org=(SELECT c.org FROM comments c"
+        " WHERE c.id=inbox_deliveries.comment) WHERE org IS NULL",
+        # a box's owner is kept scoped by its office (bot.store.comments.deliver)
+        "UPDATE inbox_deliveries SET owner=org || '/' || owner WHERE org IS NOT NULL"
+        f" AND {'instr' if owner is _owner_sqlite else 'strpos'}(owner, '/')=0",
+        # an agent's mark, once per office its owner had deliveries in
+        "INSERT INTO inbox_agent_marks(owner, agent, seq) SELECT DISTINCT d.owner, m.agent,"
+        " m.seq FROM inbox_agent_marks m JOIN inbox_deliveries d"
+        " ON d.owner=d.org || '/' || m.owner ON CONFLICT DO NOTHING",
+        f"DELETE FROM inbox_agent_marks WHERE {'instr' if owner is _owner_sqlite else 'strpos'}"
+        "(owner, '/')=0",
+        # an old entry is seen by the office its subject names (a mail or an item); the rest
+        # only by the operator
+        f"UPDATE ledger SET org={owner('subject')} WHERE org IS NULL AND chain IS NULL",
+        "CREATE INDEX IF NOT EXISTS mails_org_to ON mails(org, to_principal, state)",
+        "CREATE INDEX IF NOT EXISTS ledger_org ON ledger(org, seq)",
+        "CREATE INDEX IF NOT EXISTS ledger_chain ON ledger(chain, seq)",
+        "CREATE INDEX IF NOT EXISTS chats_org_agent ON chats(org, agent, answered_at)",
+        "CREATE INDEX IF NOT EXISTS inbox_deliveries_org ON inbox_deliveries(org, owner, box)",
+        "CREATE INDEX IF NOT EXISTS threads_org_asker ON threads(org, asker)",
+        "CREATE INDEX IF NOT EXISTS items_org ON items(org)",
+        "CREATE INDEX IF NOT EXISTS item_updates_org ON item_updates(org, seq)",
+    ]
+    return ";\n".join(statements) + ";\n"
+
+
+register_backfill(_backfill(_owner_sqlite), postgres=_backfill(_owner_postgres), version=VERSION)
+
+
+def org_of(ref: str) -> str:
+    """The office of a repository, an issue `owner/repo#N` or a vault: its owner, lowercase."""
+    return ref.split("/", 1)[0].strip().lower()
+
+
+def scoped(org: str, key: str) -> str:
+    """A principal (or login) as a key of one office, for tables keyed by it alone."""
+    return f"{org.lower()}/{key}"
+
+
+async def adopt_unowned(store: Store, org: str) -> int:
+    """Give rows written before offices (chats, runs, ledger entries) to `org`: called when
+    the deployment has exactly one office, which they can only have been written for, and
+    only when every office the index knows of (by its mails and items) is that one: an
+    index that held several offices' rows keeps these unowned. Returns the rows adopted."""
+    org = org.lower()
+    others = await store.fetchone(
+        "SELECT 1 FROM mails WHERE org<>? UNION ALL SELECT 1 FROM items WHERE org<>? LIMIT 1",
+        (org, org))
+    if others is not None:
+        return 0
+    adopted = 0
+    async with store.transaction() as db:
+        for table in ("chats", "runs"):
+            cur = await db.execute(f"UPDATE {table} SET org=? WHERE org IS NULL",
+                                   (org.lower(),))
+            adopted += int(cur.rowcount or 0)
+        # old entries: seen by the office now; they stay on the old chain they were hashed on
+        cur = await db.execute("UPDATE ledger SET org=? WHERE org IS NULL AND chain IS NULL",
+                               (org.lower(),))
+        adopted += int(cur.rowcount or 0)
+    return adopted

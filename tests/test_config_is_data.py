@@ -1,0 +1,194 @@
+"""A config from an org's repository is data, not code (issue 21): one deployment serves many
+orgs, each writing its own `.github/vaultmail.yml`, so none of them may name a program for the
+app's host to run. Commands are the operator's: `--office FILE` / VAULTMAIL_OFFICE, or
+VAULTMAIL_AGENT_COMMANDS naming which agent of which org runs what (`dispatch: command`). A
+command runs with an environment built from an allow-list, in a directory of its own."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from bot.app.embedded import Embedded, start_embedded
+from bot.app.settings import Settings, SettingsError
+from bot.office.config import (
+    PYTHON,
+    AgentCommands,
+    CommandDispatch,
+    OfficeConfigError,
+    parse_office,
+)
+from bot.store import mails
+from tests.support import Actor, ToolClient
+
+MARCO = "human:marco@acme.com"
+CONFIG = "acme/.github/vaultmail.yml"
+
+
+def _example() -> str:
+    return (Path(__file__).resolve().parents[1] / "bot" / "example_office.yml").read_text()
+
+
+def _with_dispatch(text: str, dispatch: dict[str, Any]) -> str:
+    """The office with each agent named in `dispatch` dispatched so (slug -> dispatch)."""
+    office = yaml.safe_load(text)
+    for agent in office["agents"]:
+        if agent["slug"] in dispatch:
+            agent["run"]["dispatch"] = dispatch[agent["slug"]]
+    return yaml.safe_dump(office, sort_keys=False)
+
+
+# -- a repository config names no command ------------------------------------------------------
+
+def test_a_repository_config_naming_a_command_is_refused_where_it_does() -> None:
+    text = _with_dispatch(_example(), {"echo": {"command": ["sh", "-c", "id"]}})
+    with pytest.raises(OfficeConfigError) as caught:
+        parse_office(text, CONFIG, repository=True)
+    [error] = caught.value.errors
+    assert error.startswith(f"{CONFIG}: agents[3].run.dispatch: "), error
+    assert "operator" in error and "VAULTMAIL_AGENT_COMMANDS" in error, error
+    assert "dispatch: command" in error, "it says what to write instead"
+    # even a command that would not parse is refused for what it is
+    broken = _with_dispatch(_example(), {"scout": {"command": []}})
+    with pytest.raises(OfficeConfigError) as caught:
+        parse_office(broken, CONFIG, repository=True)
+    assert any(e.startswith(f"{CONFIG}: agents[0].run.dispatch: ") and "operator" in e
+               for e in caught.value.errors), caught.value.errors
+    # the operator's own file may name one; `dispatch: command` is fine from anywhere
+    own = parse_office(text, "office.yml").agent("echo")
+    assert own is not None and isinstance(own.run.dispatch, CommandDispatch)
+    asked = parse_office(_example(), CONFIG, repository=True).agent("echo")
+    assert asked is not None and asked.run.dispatch == "command"
+
+
+async def test_a_pushed_config_naming_a_command_is_refused_and_nothing_runs(
+        embedded: Embedded, person: Any, tools: Any, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    evil = _with_dispatch(_example(), {"echo": {"command": [
+        PYTHON, "-c", f"open({str(marker)!r}, 'w').write('ran'); import sys; sys.stdin.read()"]}})
+    embedded.forge.put_file("acme/.github", "vaultmail.yml", evil, pusher="admin")
+    await embedded.settle()
+    [issue] = await person("admin").issues("acme/.github")
+    assert issue["title"] == "vaultmail.yml was refused"
+    assert f"{CONFIG}: agents[3].run.dispatch: " in issue["body"], issue["body"]
+    assert "VAULTMAIL_AGENT_COMMANDS" in issue["body"]
+    [refused] = await embedded.ledger_events("office.config_refused")
+    assert any("agents[3].run.dispatch" in e for e in refused.data["errors"])
+    # the last valid config stays: echo runs the operator's program, never the pushed one
+    sent = (await tools(MARCO)("mail_send", to="echo", subject="Who runs?", body="hi"))["mail"]
+    await embedded.settle()
+    [finished] = [e for e in await embedded.ledger_events("run.finished")
+                  if e.subject == sent["ref"]]
+    assert finished.data["exit"] == 0 and finished.data["command"][1:] == [
+        "-m", "bot.agents.echo"], finished.data
+    assert not marker.exists(), "the command a repository named never ran"
+
+
+# -- the operator's commands -------------------------------------------------------------------
+
+async def test_dispatch_command_runs_what_the_operator_set_and_nothing_else(
+        tmp_path: Path) -> None:
+    """scout's program is the operator's (VAULTMAIL_AGENT_COMMANDS, here given directly);
+    builder asks for one the operator never set: its run fails, saying where to set it."""
+    office = tmp_path / "office.yml"
+    office.write_text(_with_dispatch(_example(), {"scout": "command", "builder": "command"}))
+    granted = AgentCommands({"ACME": {"scout": CommandDispatch(
+        command=[PYTHON, "-c", "import sys; sys.stdin.read(); print('the operator set me')"])}})
+    emb = await start_embedded(office_path=office, data_dir=tmp_path / "d", port=0,
+                               forge_port=0, agent_commands=granted)
+    try:
+        async with aiohttp.ClientSession() as session:
+            marco = ToolClient(session, emb, MARCO)
+            to_scout = (await marco("mail_send", to="scout", subject="A", body="x"))["mail"]
+            to_builder = (await marco("mail_send", to="builder", subject="B", body="y"))["mail"]
+        await emb.settle()
+        done = {e.subject: e.data for e in await emb.ledger_events("run.finished")}
+        assert done[to_scout["ref"]]["exit"] == 0, done
+        assert "the operator set me" in done[to_scout["ref"]]["stdout"]
+        refused = done[to_builder["ref"]]
+        assert refused["exit"] is None and refused["refused"] is True, refused
+        assert "acme's agent builder" in refused["error"]
+        assert "VAULTMAIL_AGENT_COMMANDS" in refused["error"], refused["error"]
+        [run] = await mails.runs_for(emb.services.store, "builder", org="acme")
+        assert run["state"] == "failed"
+    finally:
+        await emb.stop()
+
+
+ENV_SCRIPT = ("import json, os, sys; sys.stdin.read(); open('left-behind', 'w').close(); "
+              "print(json.dumps({'keys': sorted(os.environ), 'cwd': os.getcwd(), "
+              "'lang': os.environ.get('LANG'), 'tz': os.environ.get('TZ')}))")
+APP_SECRETS = {"PRIVATE_KEY": "-----BEGIN PRIVATE KEY-----leak", "WEBHOOK_SECRET": "leak",
+               "APP_ID": "42", "DATABASE_URL": "postgresql://app:pw@db/vaultmail",
+               "GITHUB_TOKEN": "ghp_leak", "GITHUB_WEBHOOK_SECRET": "leak",
+               "GITHUB_CLIENT_SECRET": "leak", "GITEA_TOKEN": "leak", "VAULTMAIL_DATA": "/srv",
+               "AWS_SECRET_ACCESS_KEY": "leak"}
+ALLOWED = {"PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH",
+           "VAULTMAIL_APP_URL", "VAULTMAIL_TOKEN", "VAULTMAIL_AGENT", "VAULTMAIL_RUN"}
+
+
+async def test_a_command_gets_none_of_the_apps_settings_and_a_directory_of_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {**APP_SECRETS, "LANG": "C.UTF-8", "TZ": "Europe/Rome",
+                        "LC_TIME": "C"}.items():
+        monkeypatch.setenv(name, value)
+    office = tmp_path / "office.yml"  # the operator's own file: it may name a command
+    office.write_text(_with_dispatch(_example(), {
+        "scout": {"command": [PYTHON, "-c", ENV_SCRIPT], "timeout": 60}}))
+    data = tmp_path / "d"
+    emb = await start_embedded(office_path=office, data_dir=data, port=0, forge_port=0)
+    try:
+        async with aiohttp.ClientSession() as session:
+            sent = (await ToolClient(session, emb, MARCO)(
+                "mail_send", to="scout", subject="Env", body="what do you see?"))["mail"]
+            # the forge holds the config as an org would write it: no program in it
+            stored = await Actor(session, emb, "admin").call(
+                "GET", "/repos/acme/.github/contents/vaultmail.yml", expect=200)
+        await emb.settle()
+        [finished] = await emb.ledger_events("run.finished")
+        assert finished.subject == sent["ref"] and finished.data["exit"] == 0, finished.data
+        seen = json.loads(finished.data["stdout"])
+        keys = set(seen["keys"])
+        assert not keys & set(APP_SECRETS), f"the app's settings reached it: {keys}"
+        assert not {k for k in keys if k.startswith(("GITHUB_", "GITEA_"))}, keys
+        assert keys <= ALLOWED | {k for k in keys if k.startswith("LC_")}, keys - ALLOWED
+        assert {"PATH", "VAULTMAIL_TOKEN", "VAULTMAIL_APP_URL", "LC_TIME"} <= keys
+        assert (seen["lang"], seen["tz"]) == ("C.UTF-8", "Europe/Rome")
+        cwd = Path(seen["cwd"]).resolve()
+        assert cwd != data.resolve() and data.resolve() not in cwd.parents, cwd
+        assert not cwd.exists(), "its directory is removed when the run ends"
+        assert not list(data.rglob("left-behind"))
+        text = base64.b64decode(stored["content"]).decode()
+        assert "dispatch: command" in text and ENV_SCRIPT not in text
+    finally:
+        await emb.stop()
+
+
+# -- the settings ------------------------------------------------------------------------------
+
+GITEA = {"GITEA_URL": "http://gitea.test", "GITEA_TOKEN": "t", "GITEA_WEBHOOK_SECRET": "s"}
+
+
+def test_the_command_setting_names_programs_per_org_and_agent(tmp_path: Path) -> None:
+    commands = tmp_path / "commands.yml"
+    commands.write_text('acme:\n  echo:\n    command: ["{python}", "-m", "bot.agents.echo"]\n'
+                        "    timeout: 30\n")
+    settings = Settings.from_env({**GITEA, "VAULTMAIL_AGENT_COMMANDS": str(commands)})
+    echo = settings.agent_commands.command_for("Acme", "echo")
+    assert echo is not None and echo.command[0] == PYTHON and echo.timeout == 30
+    assert settings.agent_commands.command_for("globex", "echo") is None
+    assert Settings.from_env(GITEA).agent_commands.command_for("acme", "echo") is None
+    commands.write_text("acme:\n  echo:\n    command: []\n  Echo!: {command: [x]}\n")
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env({**GITEA, "VAULTMAIL_AGENT_COMMANDS": str(commands)})
+    message = str(caught.value)
+    assert message.startswith(f"VAULTMAIL_AGENT_COMMANDS={str(commands)!r}: "), message
+    assert "acme.echo.command" in message and "at least 1" in message, message
+    with pytest.raises(SettingsError, match="cannot be read"):
+        Settings.from_env({**GITEA, "VAULTMAIL_AGENT_COMMANDS": str(tmp_path / "none.yml")})

@@ -1,0 +1,284 @@
+"""Outbound requests go only where they may (issue 21): an org's config names the URLs its runs
+are dispatched to and its webhooks, and one deployment serves many orgs, so neither may reach
+what only the app's host can (loopback, the cloud's metadata service, private networks) unless
+the operator allows it (VAULTMAIL_OUTBOUND_ALLOW). Refused at config load where the URL says so
+itself, else at send time once its name is resolved; a real loopback receiver shows that
+nothing arrives without the allow-list, and that it does with it."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from ipaddress import ip_address
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from aiohttp import web
+from aiohttp.abc import AbstractResolver, ResolveResult
+
+from bot.app.egress import OutboundPolicy, OutboundRefused, address_kind
+from bot.app.embedded import Embedded, start_embedded
+from bot.app.signed_post import post_signed
+from bot.mail.signing import Keyring
+from bot.office.config import OfficeConfigError
+from bot.store import ledger
+from bot.store import outbound as cursors
+from tests.support import ToolClient, until
+
+MARCO = "human:marco@acme.com"
+CONFIG = "acme/.github/vaultmail.yml"
+
+
+class Receiver:
+    """A loopback HTTP endpoint that keeps what reaches it, by path."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, dict[str, str]]] = []
+        self.port = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        self.got.append((request.path, dict(request.headers)))
+        if request.path == "/moved":  # where a redirect would take the request inside
+            raise web.HTTPTemporaryRedirect("/inside")
+        return web.Response(status=204)
+
+    def paths(self) -> list[str]:
+        return [path for path, _ in self.got]
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    rec = Receiver()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", rec.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    rec.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield rec
+    await runner.cleanup()
+
+
+class Names(AbstractResolver):
+    """DNS for the test: every name under acme.example is 127.0.0.1 (as a hostile or careless
+    org's DNS could say); counts the lookups."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        self.asked.append(host)
+        if not host.endswith(".acme.example"):
+            raise OSError(f"{host}: unknown to the test's DNS")
+        return [ResolveResult(hostname=host, host="127.0.0.1", port=port,
+                              family=socket.AF_INET, proto=0, flags=socket.AI_NUMERICHOST)]
+
+    async def close(self) -> None:
+        pass
+
+
+# -- which addresses ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("address", "kind"), [
+    ("127.0.0.1", "loopback"), ("127.8.9.10", "loopback"), ("::1", "loopback"),
+    ("169.254.169.254", "link-local"), ("fe80::1", "link-local"),
+    ("10.0.0.1", "private"), ("172.16.5.4", "private"), ("192.168.1.1", "private"),
+    ("fc00::1", "private"), ("fd12:3456::1", "private"),
+    ("100.64.0.1", "carrier-grade NAT"), ("100.127.255.254", "carrier-grade NAT"),
+    ("224.0.0.1", "multicast"), ("239.1.2.3", "multicast"), ("ff02::1", "multicast"),
+    ("0.0.0.0", "unspecified"), ("::", "unspecified"),
+    ("240.0.0.1", "reserved"), ("255.255.255.255", "reserved"), ("fec0::1", "site-local"),
+    ("::ffff:127.0.0.1", "loopback"), ("::ffff:169.254.169.254", "link-local"),
+    ("::ffff:10.0.0.1", "private"), ("64:ff9b::a00:1", "private"),
+    ("2002:a9fe:a9fe::", "link-local"),
+    ("192.0.2.1", "private"), ("198.18.0.1", "private"),
+])
+def test_addresses_the_app_does_not_send_to(address: str, kind: str) -> None:
+    found = address_kind(ip_address(address))
+    assert found is not None and kind in found, (address, found)
+
+
+@pytest.mark.parametrize("address", ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111",
+                                     "::ffff:8.8.8.8", "100.128.0.1"])
+def test_public_addresses_are_sent_to(address: str) -> None:
+    assert address_kind(ip_address(address)) is None
+
+
+def test_the_operator_allows_hosts_and_networks() -> None:
+    policy = OutboundPolicy.parse("127.0.0.1/32, ::1 [fd00::1] hooks.internal.example,10.1.0.0/16")
+    for allowed in ("127.0.0.1", "::1", "fd00::1", "::ffff:127.0.0.1", "10.1.200.3"):
+        assert policy.address_refusal(ip_address(allowed)) is None, allowed
+    for refused in ("127.0.0.2", "10.2.0.1", "169.254.169.254"):
+        assert policy.address_refusal(ip_address(refused)) is not None, refused
+    assert policy.url_refusal("https://hooks.internal.example/x") is None
+    assert policy.url_refusal("http://HOOKS.internal.example./x") is None
+    assert policy.url_refusal("http://other.internal.example/x") is None  # checked once resolved
+    nothing = OutboundPolicy.parse(None)
+    for url, why in [("http://127.0.0.1:8/", "loopback"), ("http://[::1]/", "loopback"),
+                     ("http://127.1/", "loopback"), ("http://2130706433/", "loopback"),
+                     ("http://0x7f.1/", "loopback"), ("http://localhost:9/", "loopback name"),
+                     ("http://a.localhost/", "loopback name"), ("ftp://8.8.8.8/", "http and"),
+                     ("http://[::ffff:a9fe:a9fe]/", "link-local")]:
+        found = nothing.url_refusal(url)
+        assert found is not None and why in found, (url, found)
+        assert found.endswith("the operator may allow this host or network in "
+                              "VAULTMAIL_OUTBOUND_ALLOW") or why == "http and", found
+    for wrong in ("10.0.0.0/33", "bad!host", "127.1", "http://x.example"):
+        with pytest.raises(ValueError, match=f"VAULTMAIL_OUTBOUND_ALLOW=.*'{wrong}' is none"):
+            OutboundPolicy.parse(f"::1,{wrong}")
+
+
+# -- at send time ------------------------------------------------------------------------------
+
+async def test_nothing_reaches_an_internal_address_unless_the_operator_allows_it(
+        receiver: Receiver, tmp_path: Path) -> None:
+    keyring = Keyring.in_data_dir(tmp_path)
+    names = Names()
+    port = receiver.port
+    internal = [f"http://127.0.0.1:{port}/hook", "http://169.254.169.254/latest/meta-data/",
+                "http://10.0.0.1/hook", f"http://[::1]:{port}/hook",
+                f"http://localhost:{port}/hook", f"http://hooks.acme.example:{port}/hook",
+                f"http://[::ffff:127.0.0.1]:{port}/hook"]
+    strict = OutboundPolicy.parse("", resolver=lambda: names)
+    for url in internal:
+        with pytest.raises(OutboundRefused) as caught:
+            await post_signed(keyring, url, {"n": 1}, outbound=strict, timeout=5)
+        assert caught.value.url == url and "VAULTMAIL_OUTBOUND_ALLOW" in str(caught.value)
+    assert receiver.got == [], "nothing was sent"
+    assert names.asked == ["hooks.acme.example"], "only the name was looked up"
+
+    allowing = OutboundPolicy.parse("127.0.0.1/32 hooks.acme.example", resolver=lambda: names)
+    await post_signed(keyring, f"http://127.0.0.1:{port}/hook", {"n": 2}, outbound=allowing)
+    await post_signed(keyring, f"http://hooks.acme.example:{port}/named", {"n": 3},
+                      outbound=allowing)
+    assert receiver.paths() == ["/hook", "/named"]
+    # the connection went to the address checked, with the name kept for the receiver
+    assert receiver.got[1][1]["Host"] == f"hooks.acme.example:{port}"
+    assert names.asked == ["hooks.acme.example"] * 2, "one lookup per request, then pinned"
+
+
+async def test_a_name_resolving_inside_is_refused_once_resolved(receiver: Receiver,
+                                                                tmp_path: Path) -> None:
+    names = Names()
+    url = f"http://hooks.acme.example:{receiver.port}/hook"
+    with pytest.raises(OutboundRefused) as caught:
+        await post_signed(Keyring.in_data_dir(tmp_path), url, {},
+                          outbound=OutboundPolicy.parse("", resolver=lambda: names))
+    assert str(caught.value) == (
+        f"{url}: hooks.acme.example resolves to 127.0.0.1, a loopback address: the app sends "
+        "only to public addresses; the operator may allow this host or network in "
+        "VAULTMAIL_OUTBOUND_ALLOW")
+    assert receiver.got == []
+
+
+async def test_a_redirect_is_not_followed(receiver: Receiver, tmp_path: Path) -> None:
+    """An allowed receiver answering 307 to another address does not lead the POST there."""
+    allowing = OutboundPolicy.parse("127.0.0.1")
+    with pytest.raises(RuntimeError, match="answered 307 .redirects are not followed"):
+        await post_signed(Keyring.in_data_dir(tmp_path),
+                          f"http://127.0.0.1:{receiver.port}/moved", {}, outbound=allowing)
+    assert receiver.paths() == ["/moved"], "the redirect's target got nothing"
+
+
+# -- in the running app ------------------------------------------------------------------------
+
+def _office(dispatch: str, webhooks: list[str]) -> str:
+    example = (Path(__file__).resolve().parents[1] / "bot" / "example_office.yml").read_text()
+    office = yaml.safe_load(example)
+    office["agents"][0]["run"]["dispatch"] = dispatch  # scout
+    office["webhooks"] = webhooks
+    return yaml.safe_dump(office, sort_keys=False)
+
+
+async def test_a_pushed_config_with_internal_urls_is_refused_naming_each(
+        embedded: Embedded, person: Any, tools: Any, receiver: Receiver) -> None:
+    port = receiver.port
+    urls = [f"http://127.0.0.1:{port}/runs", "http://169.254.169.254/", "http://10.0.0.1/",
+            f"http://[::1]:{port}/hook", f"http://localhost:{port}/hook"]
+    embedded.forge.put_file("acme/.github", "vaultmail.yml", _office(urls[0], urls[1:]),
+                            pusher="admin")
+    await embedded.settle()
+    [issue] = await person("admin").issues("acme/.github")
+    for key, url, kind in [("agents[0].run.dispatch", urls[0], "a loopback address"),
+                           ("webhooks[0]", urls[1], "a link-local address"),
+                           ("webhooks[1]", urls[2], "a private address"),
+                           ("webhooks[2]", urls[3], "a loopback address"),
+                           ("webhooks[3]", urls[4], "a loopback name")]:
+        assert f"{CONFIG}: {key}: " in issue["body"] and url in issue["body"], (key, issue)
+        assert kind in issue["body"]
+    [refused] = await embedded.ledger_events("office.config_refused")
+    assert len(refused.data["errors"]) == 5, refused.data
+    await tools(MARCO)("mail_send", to="scout", subject="Go", body="run")
+    await embedded.settle()
+    assert receiver.got == [], "the refused config sent nothing"
+
+
+@pytest.mark.parametrize("allowed", [False, True], ids=["no allow-list", "allow-list"])
+async def test_urls_whose_names_resolve_inside_are_refused_at_send_time_unless_allowed(
+        tmp_path: Path, receiver: Receiver, allowed: bool) -> None:
+    names = Names()
+    run_url = f"http://runner.acme.example:{receiver.port}/runs"
+    hook_url = f"http://hooks.acme.example:{receiver.port}/hook"
+    (tmp_path / "office.yml").write_text(_office(run_url, [hook_url]))
+    allow = "runner.acme.example, hooks.acme.example" if allowed else ""
+    emb = await start_embedded(office_path=tmp_path / "office.yml", data_dir=tmp_path / "d",
+                               port=0, forge_port=0,
+                               outbound=OutboundPolicy.parse(allow, resolver=lambda: names))
+    try:
+        async with aiohttp.ClientSession() as session:
+            sent = (await ToolClient(session, emb, MARCO)(
+                "mail_send", to="scout", subject="Go", body="run"))["mail"]
+        if allowed:
+            await until(lambda: "/runs" in receiver.paths() and "/hook" in receiver.paths())
+            hosts = {path: headers["Host"] for path, headers in receiver.got}
+            assert hosts["/runs"] == f"runner.acme.example:{receiver.port}"
+            return
+
+        async def ledgered(event: str) -> list[ledger.Entry]:
+            return await emb.ledger_events(event)
+
+        async def dispatched() -> bool:
+            return bool(await ledgered("run.finished"))
+
+        async def hook_refused() -> bool:
+            return bool(await ledgered("office.config_refused"))
+
+        await until(dispatched, timeout=15)
+        [finished] = await ledgered("run.finished")
+        assert finished.subject == sent["ref"] and finished.data["refused"] is True
+        assert finished.data["error"].startswith(f"run.dispatch: {run_url}: "
+                                                 "runner.acme.example resolves to 127.0.0.1")
+        await until(hook_refused, timeout=15)
+
+        async def tried_twice() -> bool:
+            row = await cursors.get_cursor(emb.services.store, "acme", hook_url)
+            return row is not None and int(row["failures"]) >= 2
+
+        await until(tried_twice, timeout=15)
+        [refused] = await ledgered("office.config_refused")  # once, not at every retry
+        [error] = refused.data["errors"]
+        assert error.startswith(f"{CONFIG}: webhooks[0]: {hook_url}: hooks.acme.example "
+                                "resolves to 127.0.0.1, a loopback address"), error
+        assert receiver.got == [], "nothing reached the receiver"
+    finally:
+        await emb.stop()
+
+
+async def test_vaultmail_up_refuses_an_office_file_with_an_internal_url_before_starting(
+        tmp_path: Path) -> None:
+    """`up --office FILE` puts FILE on its forge for the app to read back: a URL there that the
+    app would refuse stops the start, naming it, unless VAULTMAIL_OUTBOUND_ALLOW allows it."""
+    office = tmp_path / "office.yml"
+    office.write_text(_office("none", ["http://127.0.0.1:9/hook"]))
+    with pytest.raises(OfficeConfigError) as caught:
+        await start_embedded(office_path=office, data_dir=tmp_path / "d", port=0, forge_port=0,
+                             outbound=OutboundPolicy.parse(""))
+    [error] = caught.value.errors
+    assert error.startswith(f"{office}: webhooks[0]: Value error, http://127.0.0.1:9/hook: "
+                            "127.0.0.1 is a loopback address"), error

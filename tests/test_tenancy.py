@@ -1,0 +1,329 @@
+"""Two organisations on one deployment, each an attacker of the other (issue 21).
+
+`evil` installs the App next to `acme` and declares acme's principal names in its own office
+config: a person `human:marco@acme.com` (its admin eve, an editor there) and an agent
+`agent:scout`. With evil's tokens it tries every way into acme's mail, chats, ledger and inbox,
+over real HTTP: each attempt is "not found" (or nothing of acme's in what comes back), and
+acme's rows are as they were. Then what evil's own office gets: its own hash chain, its own
+idempotency keys, and tokens that die with their holder's place in the office and with the
+installation, whichever replica hears of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from bot.app.embedded import Embedded
+from bot.office.config import parse_office
+from bot.office.seed import seed_office
+from bot.office.source import CONFIG_PATH, CONFIG_REPO
+from bot.store import api_tokens, installations, ledger, mails
+from tests.support import ToolClient
+
+SECRET = "ACME-CONFIDENTIAL acquisition plan"
+MARCO, SCOUT = "human:marco@acme.com", "agent:scout"
+
+EVIL = {
+    "org": "evil",
+    "humans": [{"email": "marco@acme.com", "login": "eve",
+                "permissions": ["mail.send", "editor"]}],
+    "agents": [{"slug": "scout", "login": "evil-scout", "person": "marco@acme.com",
+                "run": {"triggers": ["mail", "chat"], "dispatch": "none"},
+                "capabilities": {"mail.send": ["*"]}}],
+}
+
+
+@dataclass
+class Tenants:
+    embedded: Embedded
+    session: aiohttp.ClientSession
+    acme_mail: mails.MailRecord
+    acme_chat: int
+    evil_marco: str  # API tokens of evil's office
+    evil_scout: str
+    installation: int
+
+    async def call(self, token: str, name: str, **args: Any) -> tuple[int, Any]:
+        url = f"{self.embedded.app_url}/api/v1/tools/{name}"
+        async with self.session.post(url, json=args,
+                                     headers={"Authorization": f"Bearer {token}"}) as resp:
+            return resp.status, await resp.json()
+
+    async def console(self, token: str, path: str) -> tuple[int, str]:
+        async with self.session.get(self.embedded.app_url + path, allow_redirects=False,
+                                    headers={"Authorization": f"Bearer {token}"}) as resp:
+            return resp.status, await resp.text()
+
+
+@pytest.fixture
+async def tenants(embedded: Embedded,
+                  session: aiohttp.ClientSession) -> AsyncIterator[Tenants]:
+    seed_office(embedded.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
+    (app_id,) = embedded.forge.state.apps
+    inst = embedded.forge.install_app(int(app_id), "evil")
+    acme_marco = ToolClient(session, embedded, MARCO)
+    sent = await acme_marco("mail_send", to="scout", subject=SECRET, body="Buy globex. " * 5,
+                            idempotencyKey="k-1")
+    chat = await acme_marco("agent_chat", agent="scout", message=f"{SECRET}: thoughts?")
+    await embedded.settle()
+    store = embedded.services.store
+    mail = await mails.get_mail(store, sent["mail"]["mail_id"])
+    assert mail is not None
+    yield Tenants(embedded, session, mail, int(chat["chat"]["chat"]),
+                  await api_tokens.create_token(store, MARCO, "evil"),
+                  await api_tokens.create_token(store, SCOUT, "evil"), inst)
+
+
+def _not_found(status: int, body: Any) -> bool:
+    return status == 404 and body["error"]["code"] == "not_found"
+
+
+async def test_another_office_cannot_read_a_mail_by_id_ref_list_or_thread(
+        tenants: Tenants) -> None:
+    t, m = tenants, tenants.acme_mail
+    for ref in (m.mail_id, m.ref):
+        status, body = await t.call(t.evil_marco, "mail_get", mail=ref)
+        assert _not_found(status, body), body
+        assert SECRET not in str(body)
+    status, listed = await t.call(t.evil_marco, "mail_list")
+    assert status == 200 and SECRET not in str(listed)
+    status, page = await t.console(t.evil_marco, "/console/mail")
+    assert status == 200 and SECRET not in page
+    status, page = await t.console(t.evil_marco, f"/console/mail/{m.thread_id}")
+    assert status == 404 and SECRET not in page
+
+
+async def test_another_office_cannot_reply_close_or_thread_onto_a_mail(
+        tenants: Tenants) -> None:
+    t, m = tenants, tenants.acme_mail
+    for name, args in (("mail_reply", {"mail": m.mail_id, "body": "Sold."}),
+                       ("mail_close", {"mail": m.mail_id}),
+                       ("mail_open", {"mail": m.mail_id})):
+        status, body = await t.call(t.evil_scout, name, **args)
+        assert _not_found(status, body), (name, body)
+    status, body = await t.call(t.evil_marco, "mail_send", to="scout", subject="Re",
+                                body="x", inReplyTo=m.ref)
+    assert _not_found(status, body), body
+    await t.embedded.settle()
+    after = await mails.get_mail(t.embedded.services.store, m.mail_id)
+    assert after is not None and after.state == m.state == "mail:new"
+    vault = t.embedded.forge.state.repo_by_full_name("acme/scout-vault")
+    assert [c for c in vault.comments.values() if "Sold." in c.body] == []
+
+
+async def test_another_offices_agent_of_the_same_name_sees_none_of_its_mail_or_chats(
+        tenants: Tenants) -> None:
+    t = tenants
+    status, body = await t.call(t.evil_scout, "list_inbox")
+    assert status == 200, body
+    assert body["inbox"]["mail"] == [] and body["inbox"]["chats"] == []
+    assert SECRET not in str(body)
+    status, body = await t.call(t.evil_scout, "chat_reply", chat=t.acme_chat, message="No.")
+    assert _not_found(status, body), body
+    status, body = await t.call(t.evil_marco, "chat_get", chat=t.acme_chat)
+    assert _not_found(status, body), body
+    status, page = await t.console(t.evil_marco, "/console/agents/scout")
+    assert SECRET not in page
+
+
+async def test_each_office_reads_and_chains_only_its_own_ledger(tenants: Tenants) -> None:
+    t = tenants
+    status, sent = await t.call(t.evil_marco, "mail_send", to="scout", subject="Evil plan",
+                                body="Ours")
+    assert status == 200, sent
+    await t.embedded.settle()
+    status, changes = await t.call(t.evil_marco, "list_changes")
+    assert status == 200
+    assert changes["events"] and {e["office"] for e in changes["events"]} == {"evil"}
+    assert SECRET not in str(changes)
+    status, page = await t.console(t.evil_marco, "/console/ledger")
+    assert status == 200 and SECRET not in page and "Evil plan" in page
+    store = t.embedded.services.store
+    evil = await ledger.entries(store, org="evil")
+    acme = await ledger.entries(store, org="acme")
+    assert evil and acme and {e.org for e in evil} == {"evil"}
+    first = await store.fetchone("SELECT prev_hash FROM ledger WHERE chain='evil' ORDER BY seq"
+                                 " LIMIT 1")
+    assert first is not None and first["prev_hash"] == ledger.GENESIS  # a chain of its own
+    assert await ledger.verify_chain(store, "evil") is None
+    assert await ledger.verify_chain(store, "acme") is None
+    # moving an entry to the other office's chain breaks that chain
+    async with store.transaction() as db:
+        await db.execute("UPDATE ledger SET org='acme', chain='acme' WHERE seq=?",
+                         (evil[-1].seq,))
+    assert await ledger.verify_chain(store, "acme") == evil[-1].seq
+
+
+async def test_an_idempotency_key_is_the_senders_in_its_own_office(tenants: Tenants) -> None:
+    t = tenants
+    status, sent = await t.call(t.evil_marco, "mail_send", to="scout", subject="Same key",
+                                body="Mine", idempotencyKey="k-1")
+    assert status == 200, sent
+    assert sent["mail"]["mail_id"] != t.acme_mail.mail_id
+    assert sent["mail"]["vault"] == "evil/scout-vault" and SECRET not in str(sent)
+
+
+async def test_removing_someone_from_the_config_ends_their_tokens_for_good(
+        tenants: Tenants) -> None:
+    t = tenants
+    without = {**EVIL, "agents": []}
+    t.embedded.forge.put_file(f"evil/{CONFIG_REPO}", CONFIG_PATH, yaml.safe_dump(without),
+                              pusher="eve")
+    await t.embedded.settle()
+    status, body = await t.call(t.evil_scout, "mail_list")
+    assert status in (401, 403), body
+    t.embedded.forge.put_file(f"evil/{CONFIG_REPO}", CONFIG_PATH, yaml.safe_dump(EVIL),
+                              pusher="eve")  # added back
+    await t.embedded.settle()
+    status, body = await t.call(t.evil_scout, "mail_list")
+    assert status == 401 and "revoked" in body["error"]["message"], body
+
+
+async def test_an_uninstall_another_replica_handled_is_refused_here_at_once(
+        tenants: Tenants) -> None:
+    t = tenants
+    status, _ = await t.call(t.evil_marco, "mail_list")
+    assert status == 200
+    # the replica that handled installation.deleted wrote it; this one never saw the webhook
+    await installations.removed(t.embedded.services.store, "evil", t.installation)
+    status, body = await t.call(t.evil_marco, "mail_list")
+    assert status == 503 and body["error"]["code"] == "not_installed", body
+    assert t.embedded.services.installation_of("evil") is None
+    status, _ = await t.call(t.embedded.api_tokens[MARCO], "mail_list")
+    assert status == 200  # acme goes on
+
+
+async def _oauth_round(browser: aiohttp.ClientSession, embedded: Embedded, start: str,
+                       forge_token: str) -> aiohttp.ClientResponse:
+    """The forge's OAuth web flow from the console's `start` link, the person already signed
+    in on the forge (their token) and the App already authorized: the callback's answer."""
+    async with browser.get(embedded.app_url + start, allow_redirects=False) as resp:
+        authorize = resp.headers["Location"]
+    async with browser.get(authorize, allow_redirects=False,
+                           headers={"Authorization": f"token {forge_token}"}) as resp:
+        back = resp.headers["Location"]
+    async with browser.get(back, allow_redirects=False) as resp:
+        await resp.read()
+        return resp
+
+
+async def test_a_login_in_two_offices_chooses_the_office_at_sign_in(
+        embedded: Embedded) -> None:
+    """acme's marco is also listed (as himself, by login) in evil's config: signing in with
+    the forge never lands him silently in either; he chooses, and gets the one he chose."""
+    evil = {"org": "evil", "humans": [{"email": "m@evil.test", "login": "marco"}]}
+    seed_office(embedded.forge, parse_office(yaml.safe_dump(evil), "evil.yml"))
+    (app_id,) = embedded.forge.state.apps
+    embedded.forge.install_app(int(app_id), "evil")
+    await embedded.settle()
+    embedded.forge.state.web.authorizations.setdefault("marco", []).append(int(app_id))
+    token = embedded.forge_tokens["marco"]
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        answer = await _oauth_round(browser, embedded, "/console/sign-in/forge", token)
+        assert answer.status == 200, "no session yet: a choice"
+        async with browser.get(embedded.app_url + "/console/inbox",
+                               allow_redirects=False) as resp:
+            assert resp.status == 303, "not signed in to any office"
+        answer = await _oauth_round(browser, embedded, "/console/sign-in/forge?org=evil",
+                                    token)
+        assert answer.status == 303, "signed in"
+        async with browser.get(embedded.app_url + "/console/inbox") as resp:
+            page = await resp.text()
+        assert resp.status == 200 and '<span class="org">evil</span>' in page
+
+
+async def test_the_operators_office_file_is_its_own_orgs_office_only(tmp_path: Any) -> None:
+    """`VAULTMAIL_OFFICE` names one office: an org installed beside it has no office (not
+    this one, whose principals its tokens would then act as)."""
+    from bot.office.source import OfficeSource
+
+    path = tmp_path / "office.yml"
+    path.write_text(yaml.safe_dump({"org": "acme", "humans": [
+        {"email": "marco@acme.com", "login": "marco"}]}))
+    source = OfficeSource(path)
+    forge: Any = None  # a local file is read without the forge
+    acme = await source.get(forge, "Acme")
+    assert acme is not None and acme.org == "acme"
+    assert await source.get(forge, "evil") is None
+
+
+async def test_each_offices_webhook_receives_its_own_offices_ledger_only(
+        tmp_path: Any, database_url: str) -> None:
+    """acme and evil each name a receiver under `webhooks:`; each gets its own office's
+    entries, chained on its own, and nothing of the other's (one receiver URL named by both
+    would be two cursors, each over its own office's entries)."""
+    from aiohttp import web
+
+    from bot.app.egress import OutboundPolicy
+    from bot.app.embedded import start_embedded
+    from bot.office.seed import office_yaml
+    from tests.support import until
+
+    got: dict[str, list[dict[str, Any]]] = {"acme": [], "evil": []}
+
+    async def hook(request: web.Request) -> web.Response:
+        got[request.match_info["org"]].append(await request.json())
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/{org}", hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    emb = await start_embedded(data_dir=tmp_path / "d", port=0, forge_port=0,
+                               database_url=database_url,
+                               outbound=OutboundPolicy.parse("127.0.0.1"))
+    try:
+        acme = yaml.safe_load(office_yaml(emb.office))
+        acme["webhooks"] = [f"http://127.0.0.1:{port}/acme"]
+        emb.forge.put_file(f"acme/{CONFIG_REPO}", CONFIG_PATH, yaml.safe_dump(acme),
+                           pusher="admin")
+        seed_office(emb.forge, parse_office(yaml.safe_dump(
+            {**EVIL, "webhooks": [f"http://127.0.0.1:{port}/evil"]}), "evil.yml"))
+        (app_id,) = emb.forge.state.apps
+        emb.forge.install_app(int(app_id), "evil")
+        await emb.settle()
+        async with aiohttp.ClientSession() as session:
+            await ToolClient(session, emb, MARCO)("mail_send", to="scout", subject=SECRET,
+                                                   body="x")
+            evil = await api_tokens.create_token(emb.services.store, MARCO, "evil")
+            async with session.post(emb.app_url + "/api/v1/tools/mail_send",
+                                    headers={"Authorization": f"Bearer {evil}"},
+                                    json={"to": "scout", "subject": "Evil plan",
+                                          "body": "x"}) as resp:
+                assert resp.status == 200
+        await emb.settle()
+        await until(lambda: any(e["event"] == "mail.sent" for e in got["evil"])
+                    and any(e["data"].get("subject") == SECRET for e in got["acme"]))
+    finally:
+        await emb.stop()
+        await runner.cleanup()
+    assert {e["office"] for e in got["evil"]} == {"evil"}
+    assert {e["office"] for e in got["acme"]} == {"acme"}
+    assert SECRET not in json.dumps(got["evil"])
+    assert got["evil"][0]["seq"] > 0 and "Evil plan" in json.dumps(got["evil"])
+    for mine in got.values():  # each office's entries chain on their own, from the start
+        assert mine[0]["prev_hash"] == ledger.GENESIS
+        assert all(e["prev_hash"] == before["hash"] for before, e in zip(mine, mine[1:]))
+
+
+async def test_a_backlog_asking_for_the_office_at_once_all_get_it(embedded: Embedded) -> None:
+    """At start-up a backlog is handled side by side, each delivery asking for its org's
+    office while the first fetch is still in flight: each gets the office, none "no config"
+    (which finished their deliveries as ignored: mail lost for good; issue 27)."""
+    from bot.office.source import OfficeSource
+
+    source = OfficeSource()  # a replica just started: nothing fetched yet
+    forge = embedded.services.forge_for_org("acme")
+    offices = await asyncio.gather(*(source.get(forge, "acme") for _ in range(8)))
+    assert [o.org if o else None for o in offices] == ["acme"] * 8

@@ -1,0 +1,176 @@
+"""More of evil's attacks on acme (issue 21), found by an adversarial review of the office
+wall: an item hung under another office's outcome, tokens that named no office, updates
+crowded out by a principal of the same name, a page load that cleared another office's
+deferred cards; and an index from before offices upgraded in place on both engines."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import aiohttp
+import asyncpg
+import pytest
+import yaml
+
+from bot.app.embedded import Embedded
+from bot.office.config import parse_office
+from bot.office.seed import seed_office
+from bot.office.source import CONFIG_PATH, CONFIG_REPO
+from bot.store import api_tokens, open_store, postgres, sqlite
+from bot.store import sessions as console_db
+from tests.items_support import make_item
+from tests.support import Actor, ToolClient
+
+MARCO, SCOUT = "human:marco@acme.com", "agent:scout"
+EVIL = {
+    "org": "evil",
+    "humans": [{"email": "marco@acme.com", "login": "eve",
+                "permissions": ["mail.send", "editor"]},
+               {"email": "mallory@evil.test", "login": "mallory", "permissions": ["mail.send"]}],
+    "agents": [{"slug": "scout", "login": "evil-scout", "person": "marco@acme.com",
+                "run": {"triggers": ["mail", "chat"], "dispatch": "none"},
+                "capabilities": {"mail.send": ["*"]}}],
+}
+
+
+async def _install_evil(embedded: Embedded) -> None:
+    seed_office(embedded.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
+    (app_id,) = embedded.forge.state.apps
+    embedded.forge.install_app(int(app_id), "evil")
+    await embedded.settle()
+
+
+def _actor(session: aiohttp.ClientSession, embedded: Embedded, login: str) -> Actor:
+    embedded.forge_tokens.setdefault(login, embedded.forge.user_token(login))
+    return Actor(session, embedded, login)
+
+
+async def test_an_item_cannot_be_part_of_another_offices_outcome(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    marco = _actor(session, embedded, "marco")
+    outcome = await make_item(embedded, marco, "outcome", "Acme pricing",
+                              assignees=["scout-bot"])
+    await _install_evil(embedded)
+    mallory = _actor(session, embedded, "mallory")
+    issue = await mallory.open_issue("evil/scout-vault", "INJECTED by evil",
+                                     f"Part of {outcome}", labels=["plan"])
+    await embedded.settle()
+    store = embedded.services.store
+    assert await store.fetchall("SELECT 1 FROM item_updates WHERE summary LIKE '%INJECTED%'"
+                                " AND org='acme'") == []
+    row = await store.fetchone("SELECT parent, claim FROM items WHERE ref=?",
+                               (f"evil/scout-vault#{issue['number']}",))
+    assert row is None or (row["parent"], row["claim"]) == (None, None), dict(row)
+    inbox = await ToolClient(session, embedded, MARCO)("list_inbox")
+    assert "INJECTED" not in str(inbox)
+
+
+async def test_another_office_can_neither_take_nor_revoke_a_token_that_named_no_office(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    store = embedded.services.store
+    legacy = await api_tokens.create_token(store, SCOUT)  # `vaultmail token create agent:scout`
+    url = f"{embedded.app_url}/api/v1/tools/mail_list"
+    headers = {"Authorization": f"Bearer {legacy}"}
+    async with session.post(url, json={}, headers=headers) as resp:
+        assert resp.status == 200  # its first use pins it to acme's office
+    await _install_evil(embedded)  # evil declares an agent:scout of its own
+    async with session.post(url, json={}, headers=headers) as resp:
+        assert resp.status == 200, await resp.text()
+    without = {**EVIL, "agents": []}
+    embedded.forge.put_file(f"evil/{CONFIG_REPO}", CONFIG_PATH, yaml.safe_dump(without),
+                            pusher="eve")
+    await embedded.settle()
+    async with session.post(url, json={}, headers=headers) as resp:
+        assert resp.status == 200, "evil's removal of its scout is none of acme's scout's"
+
+
+async def test_another_office_cannot_clear_a_persons_deferred_cards(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    store = embedded.services.store
+    marco = _actor(session, embedded, "marco")
+    outcome = await make_item(embedded, marco, "outcome", "Acme pricing",
+                              assignees=["scout-bot"])
+    asked = await ToolClient(session, embedded, SCOUT)(
+        "add_comment", targetType="outcome", target=outcome, body="Discount?",
+        needsReply=True, to=["marco@acme.com"])
+    thread = asked["comment"]["thread"]
+    await console_db.defer(store, MARCO, thread, org="acme")
+    await _install_evil(embedded)
+    evil_marco = await api_tokens.create_token(store, MARCO, "evil")
+    async with session.get(embedded.app_url + "/console/inbox",
+                           headers={"Authorization": f"Bearer {evil_marco}"}) as resp:
+        assert resp.status == 200
+    assert [r["thread"] for r in await console_db.deferred(store, MARCO, org="acme")] == [thread]
+
+
+async def test_another_offices_updates_do_not_crowd_out_a_persons_own(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    marco, sara = _actor(session, embedded, "marco"), _actor(session, embedded, "sara")
+    outcome = await make_item(embedded, marco, "outcome", "Acme pricing",
+                              assignees=["scout-bot"])
+    repo, n = outcome.split("#")
+    await sara.call("PATCH", f"/repos/{repo}/issues/{n}", {"state": "closed"}, expect=200)
+    await embedded.settle()
+    before = (await ToolClient(session, embedded, MARCO)("list_inbox"))["updates"]
+    assert before
+    await _install_evil(embedded)
+    eve, mallory = _actor(session, embedded, "eve"), _actor(session, embedded, "mallory")
+    bait = await make_item(embedded, eve, "outcome", "bait", repo="evil/scout-vault")
+    erepo, en = bait.split("#")
+    for _ in range(16):
+        for state in ("closed", "open"):
+            await mallory.call("PATCH", f"/repos/{erepo}/issues/{en}", {"state": state},
+                               expect=200)
+    await embedded.settle()
+    after = (await ToolClient(session, embedded, MARCO)("list_inbox"))["updates"]
+    assert [u["summary"] for u in after] == [u["summary"] for u in before]
+
+
+_BEFORE_OFFICES = [
+    "INSERT INTO comments(id, item, thread, parent, author, body, data, created_at) VALUES"
+    " ('c1','acme/v#1','t1',NULL,'agent:scout','x','{}',0)",
+    "INSERT INTO comments(id, item, thread, parent, author, body, data, created_at) VALUES"
+    " ('c2','Globex/v#1','t2',NULL,'agent:scout','x','{}',0)",
+    "INSERT INTO inbox_deliveries(owner, box, principal, comment, created_at) VALUES"
+    " ('human:m','agents','agent:scout','c1',0)",
+    "INSERT INTO inbox_deliveries(owner, box, principal, comment, created_at) VALUES"
+    " ('human:m','agents','agent:scout','c2',0)",
+    "INSERT INTO inbox_agent_marks(owner, agent, seq) VALUES ('human:m','agent:scout',2)",
+    "INSERT INTO ledger(time, event, actor, subject, data, prev_hash, hash) VALUES"
+    " (0,'mail.sent','a','ACME/v#1','{}','g','h1')",
+    "INSERT INTO ledger(time, event, actor, subject, data, prev_hash, hash) VALUES"
+    " (0,'run.denied','a','chat:5','{}','h1','h2')",
+]
+
+
+async def test_an_index_from_before_offices_gives_each_row_its_office(
+        tmp_path: Path, database_url: str) -> None:
+    if database_url:
+        await postgres._migrate(database_url, upto=3)  # noqa: SLF001
+        conn = await asyncpg.connect(database_url)
+        for statement in _BEFORE_OFFICES:
+            await conn.execute(statement)
+        await conn.close()
+        target = database_url
+    else:
+        path = tmp_path / "index.sqlite3"
+        sqlite._migrate_file(str(path), upto=3)  # noqa: SLF001
+        conn3 = sqlite3.connect(path, isolation_level=None)
+        for statement in _BEFORE_OFFICES:
+            conn3.execute(statement)
+        conn3.close()
+        target = str(path)
+    store = await open_store(target)
+    try:
+        owners = {(r["owner"], r["org"]) for r in await store.fetchall(
+            "SELECT owner, org FROM inbox_deliveries")}
+        assert owners == {("acme/human:m", "acme"), ("globex/human:m", "globex")}
+        marks = {(r["owner"], r["seq"]) for r in await store.fetchall(
+            "SELECT owner, seq FROM inbox_agent_marks")}
+        assert marks == {("acme/human:m", 2), ("globex/human:m", 2)}, "a mark per office"
+        ledger = {r["subject"]: (r["org"], r["chain"]) for r in await store.fetchall(
+            "SELECT subject, org, chain FROM ledger")}
+        assert ledger == {"ACME/v#1": ("acme", None), "chat:5": (None, None)}
+    finally:
+        await store.close()
