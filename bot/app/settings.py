@@ -109,6 +109,11 @@ class Settings:
     # VAULTMAIL_SQLITE_SYNCHRONOUS: what a 2xx promises on SQLite. "normal" (the default):
     # what was answered survives the process crashing, not the host losing power; "full":
     # it survives a power cut too, at the price of an fsync per commit (README, benchmarks)
+    # VAULTMAIL_RETENTION_DAYS: how long handled deliveries, idempotency results and the like
+    # are kept before the leader prunes them (bot.store.prune; at least 3, GitHub's
+    # redelivery window)
+    retention_days: float = field(default_factory=lambda: float(
+        os.environ.get("VAULTMAIL_RETENTION_DAYS") or 7))
     sqlite_synchronous: Literal["normal", "full"] = field(
         default_factory=lambda: "full" if os.environ.get(
             "VAULTMAIL_SQLITE_SYNCHRONOUS", "").lower() == "full" else "normal")
@@ -219,6 +224,7 @@ class Settings:
             webhook_read_seconds=source.webhook_read_seconds,
             operator_token=source.operator_token or "",
             sqlite_synchronous=source.sqlite_synchronous,
+            retention_days=source.retention_days,
             agent_commands=commands_setting(source.agent_commands),
             outbound=outbound_setting(source.outbound_allow),
         )
@@ -243,6 +249,7 @@ class Settings:
             webhook_read_seconds=source.webhook_read_seconds,
             operator_token=source.operator_token or "",
             sqlite_synchronous=source.sqlite_synchronous,
+            retention_days=source.retention_days,
             agent_commands=commands_setting(source.agent_commands),
             outbound=outbound_setting(source.outbound_allow),
         )
@@ -328,6 +335,8 @@ class _EnvFile(BaseSettings):
     operator_token: str | None = _env("VAULTMAIL_OPERATOR_TOKEN")
     sqlite_synchronous: Literal["normal", "full"] = Field(
         default="normal", validation_alias=AliasChoices("VAULTMAIL_SQLITE_SYNCHRONOUS"))
+    retention_days: float = Field(default=7.0, ge=3, le=3650,
+                                  validation_alias=AliasChoices("VAULTMAIL_RETENTION_DAYS"))
     agent_commands: Path | None = _env("VAULTMAIL_AGENT_COMMANDS")
     outbound_allow: str | None = _env("VAULTMAIL_OUTBOUND_ALLOW")
 
@@ -388,6 +397,7 @@ _WANTS = {
     "reconcile_seconds": "a number of seconds above 0",
     "webhook_read_seconds": "a number of seconds above 0",
     "sqlite_synchronous": "normal or full",
+    "retention_days": "a number of days from 3 (GitHub's redelivery window) to 3650",
     "log_level": "one of debug, info, warning, error, critical (or trace, warn, fatal)",
     "ghe_protocol": "https or http",
 }

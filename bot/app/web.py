@@ -21,6 +21,7 @@ from bot.app import runs
 from bot.app.context import context_for
 from bot.app.intake import receive_webhook
 from bot.app.outbound import LedgerForwarder
+from bot.app.prune import Pruner
 from bot.app.reconcile import Reconciler
 from bot.app.replica import Presence
 from bot.app.services import SERVICES_KEY, Services
@@ -176,6 +177,7 @@ WORKER_KEY = web.AppKey("worker", Worker)
 RECONCILER_KEY = web.AppKey("reconciler", Reconciler)
 FORWARDER_KEY = web.AppKey("forwarder", LedgerForwarder)
 PRESENCE_KEY = web.AppKey("presence", Presence)
+PRUNER_KEY = web.AppKey("pruner", Pruner)
 
 
 async def build_services(settings: Settings, session: aiohttp.ClientSession) -> Services:
@@ -350,6 +352,8 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
         app[FORWARDER_KEY] = LedgerForwarder(services)
         app[FORWARDER_KEY].start()
         app[RECONCILER_KEY].start()
+        app[PRUNER_KEY] = Pruner(services.store, settings.retention_days)
+        app[PRUNER_KEY].start()
         startup.services, startup.error = services, None
         startup.ready.set()
         log.info("app started", extra={"app": services.app_slug, "api": settings.api_url})
@@ -361,6 +365,8 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
         services.notifier.close()  # (again, for runners that skip on_shutdown)
         await app[RECONCILER_KEY].stop()
         await app[FORWARDER_KEY].stop()
+        if PRUNER_KEY in app:
+            await app[PRUNER_KEY].stop()
         # in progress: finish, or back to the queue; the time requests in flight took (before
         # this, aiohttp waits for them) is taken from the same budget
         since = startup.stopping_since or time.monotonic()

@@ -1,0 +1,58 @@
+"""What the index keeps, and for how long (issue 28): nothing grows without bound.
+
+Finished work is kept for `keep` seconds (`VAULTMAIL_RETENTION_DAYS`, 7 days by default), then
+deleted in batches by the leader (`bot.app.prune`):
+
+* queue rows handled (`done`, `ignored`) and their payloads; dead letters stay until an
+  operator replays or drops them;
+* the deliveries recorded against redelivery, once their queue row is gone: a redelivery older
+  than `keep` would be taken again (GitHub redelivers for 3 days: `keep` is at least that);
+* idempotency results: a retry with the same key after `keep` is a new call;
+* console sessions past their expiry, and strangers' quiet periods past theirs.
+
+Mail, comments, chats and the ledger are the office's record and are never pruned here.
+"""
+
+from __future__ import annotations
+
+from bot.store.db import Store
+from bot.store.strangers import QUIET_FOR
+
+DAY = 86_400.0
+MIN_KEEP = 3 * DAY  # GitHub's redelivery window: a delivery is remembered at least that long
+BATCH = 1000  # rows one statement deletes: short transactions, however much is due
+
+
+def _batched(table: str, key: str, where: str) -> str:
+    return (f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} WHERE {where}"
+            f" LIMIT {BATCH})")
+
+
+_STATEMENTS: dict[str, str] = {
+    "queue": _batched("queue", "id", "state IN ('done', 'ignored') AND finished_at < ?"),
+    "deliveries": _batched("deliveries", "guid", "received_at < ? AND NOT EXISTS"
+                           " (SELECT 1 FROM queue q WHERE q.guid=deliveries.guid)"),
+    "idempotency": ("DELETE FROM idempotency WHERE done_at IS NOT NULL AND done_at < ?"),
+    "console_sessions": _batched("console_sessions", "id_hash", "expires_at < ?"),
+    "stranger_replies": _batched("stranger_replies", "login", "replied_at < ?"),
+}
+
+
+async def prune(store: Store, *, now: float, keep: float) -> dict[str, int]:
+    """Delete what is past its time (see the module's docstring); returns the rows deleted
+    per table. Each batch is a transaction of its own."""
+    keep = max(keep, MIN_KEEP)
+    before = {"queue": now - keep, "deliveries": now - keep, "idempotency": now - keep,
+              "console_sessions": now, "stranger_replies": now - QUIET_FOR}
+    deleted: dict[str, int] = {}
+    for table, sql in _STATEMENTS.items():
+        total = 0
+        while True:
+            async with store.transaction() as db:
+                cur = await db.execute(sql, (before[table],))
+                n = int(cur.rowcount or 0)
+            total += n
+            if n < BATCH or table == "idempotency":
+                break
+        deleted[table] = total
+    return deleted

@@ -1,0 +1,70 @@
+"""Nothing in the index grows without bound (issue 28): handled deliveries, their payloads,
+idempotency results, expired sessions and strangers' quiet periods are pruned after their
+time; dead letters, what is still pending, and what is recent stay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bot.app.settings import Settings, SettingsError
+from bot.store import open_store
+from bot.store.prune import DAY, prune
+
+NOW = 2_000_000_000.0
+OLD, RECENT = NOW - 30 * DAY, NOW - DAY
+
+
+async def test_what_is_past_its_time_is_pruned_and_nothing_else(
+        tmp_path: Path, database_url: str) -> None:
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    try:
+        async with store.transaction() as db:
+            for guid, state, finished, received in (
+                    ("done-old", "done", OLD, OLD), ("ignored-old", "ignored", OLD, OLD),
+                    ("done-recent", "done", RECENT, RECENT), ("dead-old", "dead", OLD, OLD),
+                    ("pending-old", "pending", None, OLD)):
+                await db.execute("INSERT INTO deliveries(guid, event, received_at)"
+                                 " VALUES (?,?,?)", (guid, "issues", received))
+                await db.execute(
+                    "INSERT INTO queue(guid, event, payload, state, next_at, created_at,"
+                    " finished_at) VALUES (?,?,?,?,?,?,?)",
+                    (guid, "issues", "{}", state, received, received, finished))
+            await db.execute("INSERT INTO deliveries(guid, event, received_at) VALUES"
+                             " ('redelivery-guard-old', 'ping', ?)", (OLD,))
+            for key, done in (("old", OLD), ("recent", RECENT), ("open", None)):
+                await db.execute(
+                    "INSERT INTO idempotency(scope, key, fingerprint, claimed_at, done_at)"
+                    " VALUES ('tool:mail_send:acme:human:marco@acme.com', ?, 'f', ?, ?)",
+                    (key, OLD, done))
+            for id_hash, expires in (("gone", NOW - 1), ("live", NOW + 3600)):
+                await db.execute(
+                    "INSERT INTO console_sessions(id_hash, principal, login, via, csrf,"
+                    " created_at, expires_at) VALUES (?,'human:marco@acme.com','marco',"
+                    "'token','c',?,?)", (id_hash, OLD, expires))
+            await db.execute("INSERT INTO stranger_replies(login, replied_at, cause)"
+                             " VALUES ('acme/troll', ?, 'x')", (OLD,))
+        deleted = await prune(store, now=NOW, keep=7 * DAY)
+        assert deleted == {"queue": 2, "deliveries": 3, "idempotency": 1,
+                           "console_sessions": 1, "stranger_replies": 1}, deleted
+        queue = {r["guid"] for r in await store.fetchall("SELECT guid FROM queue")}
+        assert queue == {"done-recent", "dead-old", "pending-old"}
+        kept = {r["guid"] for r in await store.fetchall("SELECT guid FROM deliveries")}
+        assert kept == {"done-recent", "dead-old", "pending-old"}  # those with a queue row
+        keys = {r["key"] for r in await store.fetchall("SELECT key FROM idempotency")}
+        assert keys == {"recent", "open"}
+        assert await prune(store, now=NOW, keep=7 * DAY) == dict.fromkeys(deleted, 0)
+    finally:
+        await store.close()
+
+
+def test_retention_is_at_least_githubs_redelivery_window() -> None:
+    env = {"GITHUB_APP_ID": "7", "GITHUB_WEBHOOK_SECRET": "s",
+           "PRIVATE_KEY": "-----BEGIN PRIVATE KEY-----\\nx\\n-----END PRIVATE KEY-----"}
+    assert Settings.from_env(env=env).retention_days == 7
+    assert Settings.from_env(env={**env, "VAULTMAIL_RETENTION_DAYS": "30"}).retention_days == 30
+    try:
+        Settings.from_env(env={**env, "VAULTMAIL_RETENTION_DAYS": "1"})
+    except SettingsError as exc:
+        assert "VAULTMAIL_RETENTION_DAYS" in str(exc) and "from 3" in str(exc)
+    else:
+        raise AssertionError("a retention under 3 days was taken")
