@@ -63,4 +63,12 @@ def context_for(services: Services, item: QueueItem,
     return HandlerContext(services=services, forge=services.forge_for(item.installation_id),
                           installation_id=item.installation_id, delivery_id=item.guid, log=log,
                           source=change_key(item.event, item.payload) or item.guid,
-                          retry=item.attempts > 0)
+                          retry=was_tried(item))
+
+
+def was_tried(item: QueueItem) -> bool:
+    """Whether an earlier run of this delivery may have written already: it failed before
+    (`attempts`), or it was claimed before (a process that died after its forge write but
+    before finishing the row: a takeover, or a restart under its replica id), so a handler
+    looks before it writes (issue 27: a re-run after a crash said its comment twice)."""
+    return item.attempts > 0 or item.takeovers > 0 or item.lease > 1

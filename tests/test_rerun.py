@@ -1,0 +1,30 @@
+"""A delivery run again after its process died mid-way is a retry to its handlers (issue 27):
+the first run may have written to the forge before it died, so the next looks before it writes
+(`ctx.retry`, which `Scene.say` and the mail writes ask) instead of saying it all again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bot.app.context import was_tried
+from bot.store import open_store
+
+
+async def test_a_delivery_claimed_by_a_process_that_died_is_a_retry_when_run_again(
+        tmp_path: Path) -> None:
+    path = tmp_path / "index.sqlite3"
+    first = await open_store(path)
+    assert await first.enqueue_delivery("g", "issue_comment", {}, b"{}")
+    await first.join(sole=True)
+    [item] = await first.due_items(1)
+    assert not was_tried(item), "a first run is no retry"
+    await first.close()  # it dies after its forge write, before finishing the row
+    second = await open_store(path)  # the process started again on its data directory
+    try:
+        await second.join(sole=True)
+        [again] = await second.due_items(1)
+        assert again.guid == "g"
+        assert again.attempts == 0, "it never failed: only claimed"
+        assert was_tried(again), "but an earlier run may have written: a retry"
+    finally:
+        await second.close()
