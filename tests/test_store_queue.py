@@ -323,7 +323,10 @@ async def test_a_claim_costs_the_same_with_300_or_3000_pending(
         large, second = await _claim_work(store, database_url)
         assert [i.guid for i in first + second] == [f"d{i}" for i in range(128)], (
             "the oldest first, each issue's in order")
-        assert large <= 1.5 * small, f"{small} with 300 pending, {large} with 3,236"
+        if store.engine == "sqlite":
+            assert large <= 1.5 * small, f"{small} with 300 pending, {large} with 3,236"
+        else:  # (its plan may change with the table's statistics: not compared)
+            assert large <= 2 * queue.WINDOW, f"{large} rows read with 3,236 pending"
     finally:
         await store.close()
 
