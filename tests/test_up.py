@@ -170,3 +170,24 @@ async def test_a_second_process_on_one_sqlite_data_directory_exits_saying_why(
             assert resp.status == 200  # the first goes on
     finally:
         assert await _stop(proc) == 0
+
+
+async def test_up_with_a_port_in_use_says_which_in_one_line_and_exits_2(
+        tmp_path: Path) -> None:
+    """Issue 23: a port already taken (the app's, or the local forge's) is one line naming it
+    and what to do, exit 2, no traceback and nothing left open ("Unclosed client session")."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = str(taken.getsockname()[1])
+        for flag, other, whose in (("--port", "--forge-port", "for the app"),
+                                   ("--forge-port", "--port", "for the local forge")):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "bot.cli.main", "up", "--data", str(tmp_path / flag),
+                flag, busy, other, str(_free_port()), stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            assert proc.returncode == 2, (out.decode(), err.decode())
+            [said] = err.decode().strip().splitlines()
+            assert said.startswith("vaultmail up: cannot listen on") and busy in said, said
+            assert whose in said and flag in said, said

@@ -150,6 +150,10 @@ class Embedded:
         await self.forge.stop()
 
 
+class PortInUse(Exception):
+    """A port `up` needs is taken; the message names it and what to do."""
+
+
 async def start_embedded(
     *,
     office_path: str | Path | None = None,
@@ -181,14 +185,26 @@ async def start_embedded(
     # what the app will read back from the forge, refused now rather than found refused there
     parse_office(office_text, str(office_path or "built-in example office"), repository=True,
                  url_refused=outbound.url_refusal)
-    forge = LocalForge(dialect=dialect, data_dir=data_dir / "forge" if persist_forge else None)
-    await forge.start(host=host, port=forge_port)
-
-    # Bind the app's socket first, so the App can be registered with its real webhook URL.
+    # Bind the app's socket before anything is started (a port in use then leaves nothing
+    # open), and so the App can be registered with its real webhook URL.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise PortInUse(f"cannot listen on {host}:{port} for the app: {exc.strerror}: stop "
+                        "what uses that port or choose another (--port)") from None
     app_url = f"http://{host}:{sock.getsockname()[1]}"
+    forge = LocalForge(dialect=dialect, data_dir=data_dir / "forge" if persist_forge else None)
+    try:
+        await forge.start(host=host, port=forge_port)
+    except OSError as exc:
+        sock.close()
+        await forge.stop()
+        raise PortInUse(f"cannot listen on {host}:{forge_port} for the local forge: "
+                        f"{exc.strerror}: stop what uses that port or choose another "
+                        "(--forge-port)") from None
 
     identity_path = data_dir / "app.json"
     tokens_path = data_dir / "tokens.json"

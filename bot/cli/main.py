@@ -21,7 +21,7 @@ from bot.store.sqlite import IndexInUse, own_index
 
 
 async def cmd_up(args: argparse.Namespace) -> int:
-    from bot.app.embedded import start_embedded
+    from bot.app.embedded import PortInUse, start_embedded
     from bot.app.replicas import Replica, start_replicas
 
     if args.replicas < 1:
@@ -38,11 +38,15 @@ async def cmd_up(args: argparse.Namespace) -> int:
         except IndexInUse as exc:
             print(f"vaultmail up: {exc}", file=sys.stderr, flush=True)
             return 2
-    embedded = await start_embedded(
-        office_path=args.office, data_dir=data, persist_forge=bool(args.data), host=args.host,
-        port=args.port, forge_port=args.forge_port, dialect=args.forge,
-        database_url=args.database_url or "",
-        replica_id="replica-1" if args.replicas > 1 else "")
+    try:
+        embedded = await start_embedded(
+            office_path=args.office, data_dir=data, persist_forge=bool(args.data),
+            host=args.host, port=args.port, forge_port=args.forge_port, dialect=args.forge,
+            database_url=args.database_url or "",
+            replica_id="replica-1" if args.replicas > 1 else "")
+    except PortInUse as exc:
+        print(f"vaultmail up: {exc}", file=sys.stderr, flush=True)
+        return 2
     from bot.console.links import console_url, sign_in_lines
 
     others: list[Replica] = []
