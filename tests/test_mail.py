@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from bot.app.embedded import Embedded
@@ -240,3 +241,33 @@ async def test_mentions_in_a_sent_mail_ping_no_one(embedded: Embedded, tools: An
     assert "@lee" not in issue["body"] and "@acme/pricing" not in issue["body"]
     assert "marco@acme.com" in issue["body"], "emails stay as they were"
     assert (await tools("agent:scout")("mail_get", mail=sent["mail"]["ref"]))["verified"]
+
+
+async def test_a_quiet_copy_wakes_no_long_poll(embedded: Embedded, tools: Any) -> None:
+    """Seed: the loop guard stops "two agents replying to each other" waking each other
+    forever. A copy past the guard arrives quietly: it is in the agent's inbox for its next
+    run, but it wakes no wait (issue 26: a `list_inbox` wait returned within a second, and an
+    agent that polls started a run on it)."""
+    from bot.store import mails
+
+    builder, scout = tools("agent:builder"), tools("agent:scout")
+    mail = (await builder("mail_send", to="scout", subject="Ping", body="ping 0"))["mail"]
+    for hop, speaker in enumerate([scout, builder, scout], start=1):
+        await speaker("mail_reply", mail=mail["ref"], body=f"pong {hop}")
+        await embedded.settle()
+        [mail] = [m for m in (await speaker("mail_list"))["mails"] if m["hops"] == hop]
+    await scout("list_inbox")  # scout has been shown what it has
+    notifier = embedded.services.notifier
+    waiting = asyncio.create_task(notifier.wait_any(["agent:scout"], 60, org="acme"))
+    await asyncio.sleep(0)  # registered, as list_inbox's wait registers before it looks
+    assert notifier.waiting() == 1
+    await builder("mail_reply", mail=mail["ref"], body="pong 4")  # hop 4: the quiet copy
+    await embedded.settle()
+    try:
+        assert notifier.waiting() == 1, "the quiet copy woke scout's wait"
+        store = embedded.services.store
+        assert not await mails.has_unshown(store, "agent:scout", org="acme")
+        quiet = [m for m in (await scout("mail_list"))["inbox"]["mail"] if m["state"] == "quiet"]
+        assert len(quiet) == 1, "it waits in the inbox for the next run"
+    finally:
+        waiting.cancel()

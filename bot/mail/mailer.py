@@ -301,7 +301,8 @@ class Mailer:
                     org=record.org)
             else:
                 admitted = await runs.admit(db, agent, "mail", record.ref, actor, org=record.org)
-        self.services.notifier.notify([record.to_principal], org=record.org)
+        if record.state != QUIET:  # a copy past the loop guard wakes no one: next run's
+            self.services.notifier.notify([record.to_principal], org=record.org)
         if admitted is not None:
             runs.dispatch_mail(self.services, self.forge, agent, record, admitted)
 
@@ -415,7 +416,12 @@ class Mailer:
             if wakes and agent is not None:
                 admitted = await runs.admit(db, agent, "mail", mail.ref, actor, org=mail.org)
         updated = mail.with_state(new.value)
-        self.services.notifier.notify([mail.to_principal, mail.from_principal], org=mail.org)
+        # an agent that sent the mail learns of a reply by the copy in its vault (which wakes
+        # it unless the loop guard made it quiet), not by this move: waking it here would let
+        # two agents wake each other past the guard
+        woken = [mail.to_principal] + ([] if mail.from_principal.startswith("agent:")
+                                       else [mail.from_principal])
+        self.services.notifier.notify(woken, org=mail.org)
         if admitted is not None and agent is not None:
             runs.dispatch_mail(self.services, self.forge, agent, updated, admitted,
                                follow_up=follow_up)

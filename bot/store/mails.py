@@ -342,11 +342,12 @@ async def mark_shown(store: Store, principal: str, upto: float | None, *, org: s
 
 
 async def has_unshown(store: Store, principal: str, *, org: str) -> bool:
-    """Mail to handle that changed since `principal` was last shown its list."""
+    """New mail (mail:new) that changed since `principal` was last shown its list: what wakes
+    a waiting agent. A quiet copy past the loop guard is listed with it but wakes no one."""
     row = await store.fetchone(
-        "SELECT 1 FROM mails WHERE org=? AND to_principal=? AND state IN (?, ?) AND updated_at >"
+        "SELECT 1 FROM mails WHERE org=? AND to_principal=? AND state=? AND updated_at >"
         " coalesce((SELECT upto FROM mail_shown WHERE principal=?), -1) LIMIT 1",
-        (org.lower(), principal, "mail:new", QUIET, scoped(org, principal)))
+        (org.lower(), principal, "mail:new", scoped(org, principal)))
     return row is not None
 
 
