@@ -235,3 +235,16 @@ async def test_the_inbox_prompt_takes_a_person_through_their_turn(
         content = after.messages[0].content
         assert isinstance(content, types.TextContent) and "Nothing is waiting" in content.text
     assert asked  # the question was posted by scout
+
+
+async def test_an_unknown_tool_is_json_rpcs_invalid_params(embedded: Embedded) -> None:
+    """MCP: an unknown tool is a protocol error (-32602), not a tool's isError result
+    (issue 23); the message names the tools there are."""
+    from mcp.shared.exceptions import MCPError
+
+    async with mcp_http(embedded, _token(embedded, "agent:scout")) as client:
+        with pytest.raises(MCPError) as raised:
+            await client.call_tool("no_such_tool", {})
+    assert raised.value.error.code == types.INVALID_PARAMS == -32602
+    assert "no_such_tool" in raised.value.error.message
+    assert "mail_send" in raised.value.error.message

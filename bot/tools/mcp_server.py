@@ -316,6 +316,10 @@ def build_server(backend_for: BackendFor) -> Server[Any]:
 
     async def call(ctx: ServerRequestContext[Any, Any],
                    params: types.CallToolRequestParams) -> types.CallToolResult:
+        if params.name not in TOOLS:  # a protocol error, as MCP says, not a tool's failure
+            raise MCPError(types.INVALID_PARAMS, (
+                f"unknown tool {params.name[:100]!r}; tools/list names them: "
+                f"{', '.join(sorted(TOOLS))}"))
         try:
             backend = await backend_for(ctx)
             return _tool_result(await backend.call(params.name, dict(params.arguments or {})))
