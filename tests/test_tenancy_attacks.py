@@ -10,7 +10,6 @@ from pathlib import Path
 
 import aiohttp
 import asyncpg
-import pytest
 import yaml
 
 from bot.app.embedded import Embedded
