@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -22,6 +25,10 @@ if TYPE_CHECKING:
     from bot.store import Store
 
 REGISTRY = CollectorRegistry()
+# what every Prometheus client serves by default: the process (memory, CPU, file descriptors)
+# and the Python runtime (its version, the garbage collector)
+for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+    REGISTRY.register(_collector)
 
 DELIVERIES = Counter(
     "vaultmail_deliveries_total",

@@ -255,3 +255,14 @@ async def test_pacing_wait_seconds_count_the_turns_a_failed_write_waits_for_its_
 
 
 PACING = "vaultmail_pacing_wait_seconds_total"
+
+
+async def test_metrics_carry_the_process_and_python_collectors(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """Issue 23: what every Prometheus client serves by default (the process's memory, CPU
+    and file descriptors; the Python runtime's), beside the app's own."""
+    status, _, body = await _get(session, f"{embedded.app_url}/metrics")
+    assert status == 200
+    names = {name for name, _ in _samples(body)}
+    assert {"process_resident_memory_bytes", "process_open_fds", "python_info"} <= names
+    assert any(name.startswith("python_gc_") for name in names)
