@@ -191,3 +191,21 @@ async def test_up_with_a_port_in_use_says_which_in_one_line_and_exits_2(
             [said] = err.decode().strip().splitlines()
             assert said.startswith("vaultmail up: cannot listen on") and busy in said, said
             assert whose in said and flag in said, said
+
+
+async def test_up_bound_to_every_interface_prints_links_one_can_open(tmp_path: Path) -> None:
+    """Issue 23: `up --host 0.0.0.0` printed http://0.0.0.0 links; they name loopback, where
+    this machine reaches it."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.cli.main", "up", "--data", str(tmp_path), "--host",
+        "0.0.0.0", "--port", str(_free_port()), "--forge-port", str(_free_port()),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    assert proc.stdout is not None
+    try:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+        assert "ready" in line and "0.0.0.0" not in line and "http://127.0.0.1:" in line, line
+        url = json.loads((tmp_path / "tokens.json").read_text())["app_url"]
+        async with aiohttp.ClientSession() as s, s.get(url + "/healthz") as resp:
+            assert resp.status == 200
+    finally:
+        assert await _stop(proc) == 0

@@ -195,7 +195,9 @@ async def start_embedded(
         sock.close()
         raise PortInUse(f"cannot listen on {host}:{port} for the app: {exc.strerror}: stop "
                         "what uses that port or choose another (--port)") from None
-    app_url = f"http://{host}:{sock.getsockname()[1]}"
+    # what people open and the forge posts to: a wildcard bind is reached on loopback here
+    shown = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(host, host)
+    app_url = f"http://{shown}:{sock.getsockname()[1]}"
     forge = LocalForge(dialect=dialect, data_dir=data_dir / "forge" if persist_forge else None)
     try:
         await forge.start(host=host, port=forge_port)
