@@ -181,6 +181,9 @@ async def wait_inbox_change(services: Services, call_for: CallFor, after: str | 
         try:
             now = digest(await read_inbox(call))
             if after is None or now != after:
+                if after is not None:  # something to tell: the token must still act for
+                    await call_for()  # them now (revoked between the round's look and this
+                    # read, it hears nothing more)
                 return after is not None, now
             if not await waiter:  # timed out, or the app is stopping
                 return False, now
