@@ -214,19 +214,9 @@ class Settings:
                                 "give the key GitHub generated for the App")
         return cls(
             api_url=source.api_base(), app_id=str(source.app_id), private_key_pem=pem,
-            webhook_secret=str(source.webhook_secret), data_dir=source.data,
-            host=source.host, port=source.port, office_path=source.office,
-            reconcile_interval=source.reconcile_seconds, log_level=source.log_level,
+            webhook_secret=str(source.webhook_secret),
             client_id=source.client_id or "", client_secret=source.client_secret or "",
-            public_url=(source.public_url or "").rstrip("/"),
-            allowed_origins=parse_origins(source.allowed_origins),
-            database_url=source.database_url or "", replica_id=source.replica_id or "",
-            webhook_read_seconds=source.webhook_read_seconds,
-            operator_token=source.operator_token or "",
-            sqlite_synchronous=source.sqlite_synchronous,
-            retention_days=source.retention_days,
-            agent_commands=commands_setting(source.agent_commands),
-            outbound=outbound_setting(source.outbound_allow),
+            **_hosting(source),
         )
 
     @classmethod
@@ -239,20 +229,27 @@ class Settings:
             raise SettingsError(_missing(missing))
         return cls(
             api_url=str(source.gitea_url).rstrip("/"), app_id="", private_key_pem="",
-            webhook_secret=str(source.gitea_webhook_secret), data_dir=source.data,
-            host=source.host, port=source.port, office_path=source.office,
-            reconcile_interval=source.reconcile_seconds, dialect="gitea",
-            token=str(source.gitea_token), log_level=source.log_level,
-            public_url=(source.public_url or "").rstrip("/"),
-            allowed_origins=parse_origins(source.allowed_origins),
-            database_url=source.database_url or "", replica_id=source.replica_id or "",
-            webhook_read_seconds=source.webhook_read_seconds,
-            operator_token=source.operator_token or "",
-            sqlite_synchronous=source.sqlite_synchronous,
-            retention_days=source.retention_days,
-            agent_commands=commands_setting(source.agent_commands),
-            outbound=outbound_setting(source.outbound_allow),
+            webhook_secret=str(source.gitea_webhook_secret), dialect="gitea",
+            token=str(source.gitea_token), **_hosting(source),
         )
+
+
+def _hosting(source: _EnvFile) -> dict[str, Any]:
+    """The settings every forge's app takes alike: where it runs and keeps its data, and what
+    the operator allows it."""
+    return {
+        "data_dir": source.data, "host": source.host, "port": source.port,
+        "office_path": source.office, "reconcile_interval": source.reconcile_seconds,
+        "log_level": source.log_level, "public_url": (source.public_url or "").rstrip("/"),
+        "allowed_origins": parse_origins(source.allowed_origins),
+        "database_url": source.database_url or "", "replica_id": source.replica_id or "",
+        "webhook_read_seconds": source.webhook_read_seconds,
+        "operator_token": source.operator_token or "",
+        "sqlite_synchronous": source.sqlite_synchronous,
+        "retention_days": source.retention_days,
+        "agent_commands": commands_setting(source.agent_commands),
+        "outbound": outbound_setting(source.outbound_allow),
+    }
 
 
 _ORIGIN = re.compile(r"^https?://[^/\s?#]+$")
