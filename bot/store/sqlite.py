@@ -199,7 +199,9 @@ class SqliteStore(Store):
     async def open(cls, path: str | Path, *, synchronous: str = "normal") -> SqliteStore:
         if str(path) != ":memory:":
             _private_index(Path(path))
-        db = await aiosqlite.connect(str(path))
+        # as long as the migration's own wait: processes opening one index at once wait for
+        # whichever migrates it (sqlite3's 5 s default ran out under load)
+        db = await aiosqlite.connect(str(path), timeout=30.0)
         db.row_factory = aiosqlite.Row
         await db.create_function("vm_now", 0, time.time)  # the store's clock (bot.store.db)
         await db.execute("PRAGMA journal_mode=WAL")
