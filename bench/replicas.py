@@ -14,10 +14,17 @@ balancer would. Two workloads:
 
 Reported: deliveries answered a second, p50/p99 of the answers, and events handled a second
 from the first POST until the shared queue is empty; each with the forge's limits on (GitHub's:
-a PATCH costs 5 of an installation's 900 points a minute, so at most 3 a second) and off.
+a PATCH costs 5 of an installation's 900 points a minute, so at most 3 a second) and off. In
+each cell, the write transactions the replicas committed per event (their /metrics,
+`vaultmail_store_write_transactions_total`); on PostgreSQL also, from the database's own
+statistics, every transaction committed per event, reads included (`pg_stat_database.
+xact_commit`, less what the sampler itself commits), and lock waits, the
+sessions `pg_stat_activity` shows waiting for a lock (`wait_event_type = 'Lock'`), sampled every
+SAMPLE_EVERY seconds and summed into session-seconds per 1,000 events, by kind of lock
+(advisory, a row's transaction, a relation...).
 
 Run: .venv/bin/python -m bench.replicas [--workloads intake,mail] [--count 1500] [--mails 200]
-     [--cells sqlite,1,2,4]
+     [--cells sqlite,1,2,4] [--limits on|off|both]
      (needs PostgreSQL's server: tests/pg.py starts a throwaway cluster, or set
      VAULTMAIL_TEST_PG=postgresql://USER@HOST:PORT/postgres)
 """
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import tempfile
 import time
@@ -33,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import asyncpg
 
 from bench.common import ms, percentile, run_client
 from bench.intake import _non_vault_payload
@@ -42,6 +51,56 @@ from tests import pg
 
 IN_FLIGHT = 50
 WARMUP = 20
+SAMPLE_EVERY = 0.01  # seconds between looks at pg_stat_activity
+
+
+class LockWaits:
+    """Samples, on a session of its own, the sessions of one database waiting for a lock."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.samples = 0
+        self.waiting: dict[str, int] = {}  # wait_event -> sessions seen waiting, summed
+        self.commits = 0
+        self._task: asyncio.Task[None] | None = None
+        self._conn: asyncpg.Connection | None = None
+
+    async def __aenter__(self) -> LockWaits:
+        self._conn = await asyncpg.connect(self.url)
+        self.commits = -await self._xact_commit()
+        self._task = asyncio.create_task(self._sample())
+        return self
+
+    async def _xact_commit(self) -> int:
+        assert self._conn is not None
+        return int(await self._conn.fetchval(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname=current_database()"))
+
+    async def _sample(self) -> None:
+        assert self._conn is not None
+        while True:
+            rows = await self._conn.fetch(
+                "SELECT wait_event, count(*) AS n FROM pg_stat_activity WHERE"
+                " datname=current_database() AND wait_event_type='Lock' GROUP BY wait_event")
+            self.samples += 1
+            for r in rows:
+                self.waiting[r["wait_event"]] = self.waiting.get(r["wait_event"], 0) + r["n"]
+            await asyncio.sleep(SAMPLE_EVERY)
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None and self._conn is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        await asyncio.sleep(1.5)  # sessions flush their statistics at most once a second
+        self.commits += await self._xact_commit() - self.samples - 1
+        await self._conn.close()
+
+    def seconds_per_1000(self, events: int) -> str:
+        """Lock-wait session-seconds per 1,000 events, in all and by kind."""
+        total = sum(self.waiting.values()) * SAMPLE_EVERY * 1000 / events
+        kinds = ", ".join(f"{k} {n * SAMPLE_EVERY * 1000 / events:.2f}"
+                          for k, n in sorted(self.waiting.items()))
+        return f"{total:.2f}" + (f" ({kinds})" if kinds else "")
 
 
 async def _vault_payloads(embedded: Embedded, n: int) -> list[dict[str, Any]]:
@@ -77,6 +136,17 @@ async def _vault_payloads(embedded: Embedded, n: int) -> list[dict[str, Any]]:
     return payloads
 
 
+async def _write_transactions(session: aiohttp.ClientSession, apps: list[str]) -> float:
+    """Write transactions every replica has committed so far (their /metrics, summed)."""
+    total = 0.0
+    for app in apps:
+        async with session.get(f"{app}/metrics") as resp:
+            for line in (await resp.text()).splitlines():
+                if line.startswith("vaultmail_store_write_transactions_total "):
+                    total += float(line.split()[1])
+    return total
+
+
 async def _cell(cell: str, workload: str, limits_on: bool, count: int) -> list[str]:
     url = "" if cell == "sqlite" else await pg.fresh_database()
     replicas = 1 if cell == "sqlite" else int(cell)
@@ -97,16 +167,24 @@ async def _cell(cell: str, workload: str, limits_on: bool, count: int) -> list[s
             others = await start_replicas(embedded.services.settings, replicas - 1)
         urls = [embedded.app_url + "/webhook", *(r.url + "/webhook" for r in others)]
         store = embedded.services.store
-        start = time.perf_counter()
-        result = await run_client("bench.intake", {  # its load client, in its own process
-            "urls": urls, "event": "issues", "rate": None,
-            "secret": embedded.services.settings.webhook_secret,
-            "payloads": payloads, "concurrency": IN_FLIGHT, "count": count, "warmup": WARMUP})
-        for _ in range(12000):  # every replica's queue is the one table: until it is empty
-            if not await store.pending_count():
-                break
-            await asyncio.sleep(0.05)
-        handled = time.perf_counter() - start
+        waits = LockWaits(url) if url else None
+        apps = [embedded.app_url, *(r.url for r in others)]
+        async with aiohttp.ClientSession() as session:
+            writes = -await _write_transactions(session, apps)
+        async with waits or contextlib.nullcontext():
+            start = time.perf_counter()
+            result = await run_client("bench.intake", {  # its load client, in its own process
+                "urls": urls, "event": "issues", "rate": None,
+                "secret": embedded.services.settings.webhook_secret,
+                "payloads": payloads, "concurrency": IN_FLIGHT, "count": count,
+                "warmup": WARMUP})
+            for _ in range(12000):  # every replica's queue is the one table: until it is empty
+                if not await store.pending_count():
+                    break
+                await asyncio.sleep(0.05)
+            handled = time.perf_counter() - start
+        async with aiohttp.ClientSession() as session:
+            writes += await _write_transactions(session, apps)
         lat: list[float] = result["latencies"]
         bad = {s: n for s, n in result["statuses"].items() if s != "202"}
         refused = dict(embedded.forge.rates.refused)
@@ -114,6 +192,9 @@ async def _cell(cell: str, workload: str, limits_on: bool, count: int) -> list[s
         return [workload, engine, "on" if limits_on else "off", f"{count / result['elapsed']:.0f}",
                 ms(percentile(lat, 50)), ms(percentile(lat, 99)),
                 f"{(count + WARMUP) / handled:.0f}",
+                f"{writes / (count + WARMUP):.2f}",
+                "-" if waits is None else f"{waits.commits / (count + WARMUP):.1f}",
+                "-" if waits is None else waits.seconds_per_1000(count + WARMUP),
                 f"{bad or 'none'}; refused {refused or 'none'}"]
     finally:
         await asyncio.gather(*(r.stop() for r in others))
@@ -122,19 +203,22 @@ async def _cell(cell: str, workload: str, limits_on: bool, count: int) -> list[s
             await pg.drop_database(url)
 
 
-async def main(workloads: list[str], cells: list[str], count: int, mails: int) -> None:
+async def main(workloads: list[str], cells: list[str], count: int, mails: int,
+               limits: str = "both") -> None:
     rows = []
     for workload, n in (("intake", count), ("mail", mails)):
         if workload not in workloads:
             continue
-        for limits_on in (True, False):
+        for limits_on in (True, False) if limits == "both" else (limits == "on",):
             for cell in cells:
                 rows.append(await _cell(cell, workload, limits_on, n))
                 print("  ".join(rows[-1]), file=sys.stderr, flush=True)
     head = ["workload", "engine", "forge limits", "answered/s", "p50 ms", "p99 ms", "handled/s",
+            "write transactions/event", "PostgreSQL transactions/event (reads too)",
+            "lock-wait s per 1,000 events (by lock)",
             "other answers; forge refusals"]
     print(f"command: .venv/bin/python -m bench.replicas --workloads {','.join(workloads)} "
-          f"--count {count} --mails {mails} --cells {','.join(cells)}\n")
+          f"--count {count} --mails {mails} --cells {','.join(cells)} --limits {limits}\n")
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
     for row in rows:
@@ -147,5 +231,7 @@ if __name__ == "__main__":
     parser.add_argument("--mails", type=int, default=200)
     parser.add_argument("--cells", default="sqlite,1,2,4")
     parser.add_argument("--workloads", default="intake,mail")
+    parser.add_argument("--limits", choices=["on", "off", "both"], default="both")
     args = parser.parse_args()
-    asyncio.run(main(args.workloads.split(","), args.cells.split(","), args.count, args.mails))
+    asyncio.run(main(args.workloads.split(","), args.cells.split(","), args.count, args.mails,
+                     args.limits))

@@ -7,6 +7,7 @@ stale. Parts of the app record into these directly; nothing here does I/O but `r
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -20,6 +21,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from bot.store import Store
@@ -65,8 +68,29 @@ TOOL_CALLS = Counter(
     ["tool", "outcome"], registry=REGISTRY)
 
 
+class _StoreTransactions(Collector):
+    """`vaultmail_store_write_transactions_total`, as the store counts them (the store imports
+    nothing of this module)."""
+
+    def __init__(self) -> None:
+        self.store: Store | None = None
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            "vaultmail_store_write_transactions",
+            "Write transactions the index committed (intake's group commits, claims, a "
+            "handled event's results, finishes...): the cost of an event in the store")
+        family.add_metric([], self.store.write_transactions if self.store is not None else 0)
+        yield family
+
+
+_STORE_TRANSACTIONS = _StoreTransactions()
+REGISTRY.register(_STORE_TRANSACTIONS)
+
+
 async def render(store: Store | None) -> tuple[bytes, str]:
     """The exposition text, the queue gauges read now; returns (body, content type)."""
+    _STORE_TRANSACTIONS.store = store
     if store is not None:  # None while start-up waits for the forge
         stats = await store.queue_stats()
         QUEUE_PENDING.set(stats["pending"])

@@ -5,9 +5,11 @@ the first run may have written to the forge before it died, so the next looks be
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from bot.app.context import was_tried
 from bot.store import open_store
+from tests.support import label_names
 
 
 async def test_a_delivery_claimed_by_a_process_that_died_is_a_retry_when_run_again(
@@ -28,3 +30,22 @@ async def test_a_delivery_claimed_by_a_process_that_died_is_a_retry_when_run_aga
         assert was_tried(again), "but an earlier run may have written: a retry"
     finally:
         await second.close()
+
+
+async def test_a_refusal_run_again_is_ledgered_once(embedded: Any, person: Any) -> None:
+    """lee, who neither sent nor received the mail, labels it closed: the app refuses,
+    ledgered as `run.denied`, and puts the label back. Putting it back fails (the forge
+    answers 502 to every try), so the delivery runs again and refuses again: the ledger says
+    it once (issue 27: a re-run repeated what it said)."""
+    marco, lee = person("marco"), person("lee")
+    issue = await marco.open_issue("acme/scout-vault", "Prices", "EU prices, please")
+    await embedded.settle()
+    embedded.forge.faults.add("PATCH /repos/{owner}/{repo}/issues/{issue_number}",
+                              status=502, count=4)
+    await lee.call("POST", f"/repos/acme/scout-vault/issues/{issue['number']}/labels",
+                   {"labels": ["mail:closed"]}, expect=200)
+    await embedded.settle()
+    assert label_names(await lee.issue("acme/scout-vault", issue["number"])) == ["mail:new"]
+    ref = f"acme/scout-vault#{issue['number']}"
+    denied = [e for e in await embedded.ledger_events("run.denied") if e.subject == ref]
+    assert len(denied) == 1, [e.data for e in denied]

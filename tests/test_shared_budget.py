@@ -5,7 +5,10 @@ nor more writes to one endpoint than its points allow; alone, a write waits for 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+from typing import Any
 
+from bot.store import open_store
 from bot.store.budget import Limits, SharedWriteBudget, place
 from bot.store.db import Store
 
@@ -22,8 +25,9 @@ async def test_two_replicas_together_stay_within_one_apps_creation_budget(
     waits = await asyncio.gather(*(
         budgets[i % 2].reserve("7", "POST /repos/{owner}/{repo}/issues", True)
         for i in range(200)))
-    # 80 go at once, the next 80 a minute (and the slack) later, and so on
-    assert sorted(waits)[79] < 5.0 and sorted(waits)[80] >= 60.0
+    # 80 go at once, the next 80 a minute (and the slack) later, and so on (each wait counts
+    # from its own reservation: on a loaded machine the 200 take seconds to place)
+    assert sum(1 for w in waits if w < 30.0) == 80
     rows = await two_replicas[0].fetchall("SELECT at FROM forge_writes WHERE who='7'")
     placed = [float(r["at"]) for r in rows]
     assert len(placed) == 200
@@ -52,3 +56,34 @@ def test_a_write_is_placed_at_the_first_moment_every_window_allows() -> None:
     spaced = Limits(per_minute=80, per_hour=500, endpoint_points_per_minute=0,
                     min_interval=1.0, slack=0.0)
     assert place([(99.5, False, "e")], 100.0, False, "e", spaced) == 100.5
+
+
+async def test_the_app_places_its_forge_writes_in_the_index_on_either_engine(
+        embedded: Any, person: Any) -> None:
+    """On SQLite too (issue 28: a restart forgot the budget, and a crash loop under load spent
+    the hour's creations again): the app's write to the forge took its place in the index."""
+    marco = person("marco")
+    issue = await marco.open_issue("acme/scout-vault", "Prices", "EU prices please")
+    await embedded.settle()
+    labels = [x["name"] for x in (await marco.issue("acme/scout-vault", issue["number"]))["labels"]]
+    assert labels == ["mail:new"]  # the app PATCHed the issue
+    rows = await embedded.services.store.fetchall("SELECT endpoint FROM forge_writes")
+    assert any(r["endpoint"].startswith("PATCH ") for r in rows), [dict(r) for r in rows]
+
+
+async def test_a_restarted_sqlite_index_remembers_the_hours_creations(tmp_path: Path) -> None:
+    limits = Limits(per_minute=80, per_hour=3, endpoint_points_per_minute=0, slack=0.0)
+    store = await open_store(str(tmp_path / "index.sqlite3"))
+    try:
+        budget = SharedWriteBudget(store, limits)
+        for _ in range(3):
+            assert await budget.reserve("7", "POST /repos/{owner}/{repo}/issues", True) < 1.0
+    finally:
+        await store.close()
+    store = await open_store(str(tmp_path / "index.sqlite3"))  # the process restarted
+    try:
+        wait = await SharedWriteBudget(store, limits).reserve(
+            "7", "POST /repos/{owner}/{repo}/issues", True)
+        assert wait > 3000.0, "the fourth creation of the hour waits for the hour"
+    finally:
+        await store.close()

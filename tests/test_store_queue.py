@@ -295,8 +295,15 @@ async def _claim_work(store: Store, url: str) -> tuple[int, list[QueueItem]]:
     try:
         read = 0
         first = await conn.fetchval(to_postgres(queue.NEXT_PENDING), 0)
-        for sql, params in ((queue.NEXT_PENDING, (0,)), (queue.CLAIM, queue.claim_params(
-                store.replica_id, time.time(), first, 64))):
+        me = store.replica_id
+        candidates = await conn.fetch(to_postgres(queue.CANDIDATES), first,
+                                      first + queue.WINDOW, None, me, me, 64)
+        keys = sorted({r["issue_key"] for r in candidates if r["issue_key"] is not None})
+        # PostgreSQL's claim: its candidates, then the pending rows of their issues
+        for sql, params in ((queue.NEXT_PENDING, (0,)), (queue.CANDIDATES, (
+                first, first + queue.WINDOW, None, me, me, 64)),
+                (queue.EARLIER, (keys, max(r["id"] for r in candidates), keys,
+                                 max(r["id"] for r in candidates), me))):
             plan = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + to_postgres(sql),
                                        *params)
             read += _queue_rows_read(json.loads(plan)[0]["Plan"])
@@ -353,3 +360,19 @@ async def test_the_claim_reads_the_pending_rows_by_index_in_order(tmp_path: Path
             assert not any("TEMP B-TREE" in d for d in plan), plan
     finally:
         await store.close()
+
+
+def test_a_sub_issues_delivery_is_about_the_sub_issue_whichever_side_it_reached() -> None:
+    """Linking a sub-issue sends `sub_issue_added` to the parent's repository and
+    `parent_issue_added` to the sub-issue's: both are about the sub-issue, and run in order
+    with its `issues` deliveries (an `opened` handled beside the link could undo it)."""
+    sub, parent = {"number": 5}, {"number": 1}
+    to_parent = {"action": "sub_issue_added", "sub_issue": sub, "parent_issue": parent,
+                 "sub_issue_repo": {"full_name": "acme/plans"},
+                 "repository": {"full_name": "acme/goals"}}
+    to_sub = {"action": "parent_issue_added", "sub_issue": sub, "parent_issue": parent,
+              "parent_issue_repo": {"full_name": "acme/goals"},
+              "repository": {"full_name": "acme/plans"}}
+    opened = {"action": "opened", "issue": sub, "repository": {"full_name": "acme/plans"}}
+    assert queue.issue_key(to_parent) == queue.issue_key(to_sub) == \
+        queue.issue_key(opened) == "acme/plans#5"

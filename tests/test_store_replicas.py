@@ -174,6 +174,24 @@ async def test_a_replica_whose_clock_runs_ahead_takes_over_nothing_from_a_live_o
     assert claimed.guid == "g1"
 
 
+async def test_a_replica_whose_clock_is_behind_claims_what_is_due_and_retries_on_time(
+        two_replicas: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Due times go by the database's clock too (issue 28: a replica 300 s behind sat on
+    every delivery for exactly the skew): a delivery b took in is due for a at once, and a's
+    retry in 60 s is due 60 s from the database's now, not its own."""
+    a, b = two_replicas
+    assert await b.enqueue_delivery("g1", "issues", *_issue(1, "opened"))
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() - 300.0)  # a's host, from here on
+    [claimed] = await a.due_items(limit=10)
+    assert claimed.guid == "g1"
+    assert await a.fail(claimed, "502 Bad Gateway", time.time() + 60.0)
+    row = await a.fetchone("SELECT next_at-vm_now() AS due_in FROM queue WHERE guid='g1'")
+    assert row is not None and 0.0 < float(row["due_in"]) <= 60.0, dict(row or {})
+    wake = await a.next_wakeup()  # by a's own clock, as its worker sleeps
+    assert wake is not None and 0.0 < wake - time.time() <= 60.0
+
+
 async def test_a_woken_waiter_is_never_joined_by_a_newcomer(tmp_path: Any) -> None:
     """The in-process lock of a key lives as long as anyone holds or waits for it: a holder
     that lets go, touches a new key among thousands, and asks again queues behind the waiter

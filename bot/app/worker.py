@@ -60,6 +60,7 @@ class Worker:
         self._task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
         self._cut_short = False  # a batch left deliveries unhandled behind a retry
+        self._finished: list[tuple[QueueItem, str]] = []  # handled, to record (see _turn)
 
     def wake(self) -> None:
         self._wake.set()
@@ -108,7 +109,16 @@ class Worker:
     async def _turn(self) -> bool:
         """Claim and run one batch, or wait for work; True once stopping with nothing due."""
         store = self.store
-        items = await store.due_items(limit=BATCH)
+        # what the last batch finished is recorded in the claim of the next: one write
+        # between batches (a crash before it runs them again, as retries: ctx.retry)
+        finished, self._finished = self._finished, []
+        try:
+            items, superseded = await store.finish_and_claim(finished, limit=BATCH)
+        except BaseException:
+            self._finished = finished + self._finished  # (the store is away: next turn)
+            raise
+        for item in superseded:
+            _superseded(item)
         if not items:
             if self._stopping:
                 return True
@@ -127,6 +137,9 @@ class Worker:
             await self._run_batch(items)
         finally:
             if self._cut_short:  # deliveries left behind a retry: others may claim them
+                finished, self._finished = self._finished, []
+                for item in (await store.finish_and_claim(finished, limit=0))[1]:
+                    _superseded(item)  # (recorded first: release lets go of the rest)
                 await store.release()
         return False
 
@@ -229,8 +242,7 @@ class Worker:
     # A delivery's outcome is recorded only under the claim it ran under: one taken over
     # meanwhile (this replica was taken for dead) is the other replica's to finish.
     async def _finish(self, item: QueueItem, state: str = "done") -> None:
-        if not await self.store.finish(item, state):
-            _superseded(item)
+        self._finished.append((item, state))  # recorded with the next claim (see _turn)
 
     async def _fail(self, item: QueueItem, error: str, retry_at: float | None) -> None:
         if not await self.store.fail(item, error, retry_at):

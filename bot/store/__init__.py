@@ -18,8 +18,10 @@ from bot.store import (  # noqa: F401
     installations,
     ledger,
     mails,
+    moves,
     offices,
     outbound,
+    replies,
     sessions,
     strangers,
 )

@@ -1,8 +1,11 @@
-"""The forge write budget all replicas share (several replicas on PostgreSQL).
+"""The forge write budget, kept in the index: shared by all replicas, remembered across
+restarts.
 
-Each replica's own `WritePacer` keeps its writes within one App's limits; with several
+Each process's own `WritePacer` keeps its writes within one App's limits, but forgets them when
+it restarts (a crash loop under load would spend the hour's budget again), and with several
 replicas each would allow the whole budget. Here every write takes its place in one table
-before it goes: under the store's write lock, the earliest moment at which it keeps every
+before it goes: under its installation's key (other installations place theirs meanwhile),
+the earliest moment at which it keeps every
 replica's writes together within GitHub's secondary limits (80 creations a minute, 500 an
 hour, 900 points a minute per endpoint) is found, recorded, and the caller waits until then.
 Times are the database's clock (vm_now()), so the replicas' own clocks need not agree.
@@ -73,7 +76,8 @@ class SharedWriteBudget:
 
     async def reserve(self, who: str, endpoint: str, content: bool) -> float:
         """Place one write; returns the seconds to wait before sending it."""
-        async with self.store.transaction() as db:
+        # one installation's writes are placed one at a time; other installations' meanwhile
+        async with self.store.transaction(f"budget:{who}") as db:
             async with db.execute("SELECT vm_now() AS t") as cur:
                 row = await cur.fetchone()
             now = float(row[0])
@@ -86,5 +90,6 @@ class SharedWriteBudget:
             await db.execute("INSERT INTO forge_writes(who, endpoint, content, at)"
                              " VALUES (?,?,?,?)", (who, endpoint, int(content), at))
             if len(rows) % 100 == 0:  # now and then, forget what no window holds any more
-                await db.execute("DELETE FROM forge_writes WHERE at<?", (horizon,))
+                await db.execute("DELETE FROM forge_writes WHERE who=? AND at<?",
+                                 (who, horizon))
         return at - now

@@ -14,7 +14,7 @@ from weakref import WeakKeyDictionary
 
 from bot.items.model import Item
 from bot.items.threads import ThreadState
-from bot.store.db import Connection, Row, Store, register_columns, register_schema
+from bot.store.db import Connection, Row, Store, hold, register_columns, register_schema
 from bot.store.offices import org_of, scoped
 from bot.store.sql import upsert
 
@@ -515,8 +515,18 @@ async def updates_for(store: Store, mine: list[str], logins: list[str], exclude:
 # -- deliveries (the inboxes) --------------------------------------------------------------
 # A box's owner is kept as `scoped(org, owner)`: one office's `human:marco@acme.com` and
 # another's are two owners, whose deliveries and agents' marks never mix.
+def inbox_key(org: str, owner: str) -> str:
+    """The key one owner's deliveries are written under (see deliver)."""
+    return f"box:{scoped(org, owner)}"
+
+
 async def deliver(db: Connection, owner: str, box: str, principal: str,
                   comment: str, *, org: str) -> None:
+    # One owner's deliveries commit in the order of their seq: an agent's mark (mark_seen)
+    # moves over the deliveries it was shown, so one numbered before them and committed after
+    # would fall behind the mark unseen. (Callers delivering to several owners go in order of
+    # owner; the ledger's key comes after.)
+    await hold(db, inbox_key(org, owner))
     await db.execute("INSERT INTO inbox_deliveries(owner, box, principal, comment, created_at,"
                      " org) VALUES (?,?,?,?,?,?)",
                      (scoped(org, owner), box, principal, comment, time.time(), org.lower()))
@@ -587,14 +597,14 @@ async def mark_seen(store: Store, owner: str, agent: str,
     """`agent` has been through these deliveries of the owner's agents' box ((seq, comment)
     pairs from `unseen_by`): its mark moves past them, and never goes back.
 
-    The mark moves under the write lock, only as far as the committed deliveries match what
-    was looked at: a look outside the lock may see a delivery of a transaction still open,
-    whose seq a rollback frees for a delivery the agent has not seen."""
+    The mark moves under the box's key (see deliver), only as far as the committed deliveries
+    match what was looked at: a look outside it may see a delivery of a transaction still
+    open, whose seq a rollback frees for a delivery the agent has not seen."""
     if not looked_at:
         return
     owner = scoped(org, owner)
     wanted = set(looked_at)
-    async with store.transaction() as db:
+    async with store.transaction(f"box:{owner}") as db:  # (owner scoped: inbox_key's)
         async with db.execute(_unseen(only=" AND seq<=?"), (
                 owner, max(seq for seq, _ in looked_at), owner, agent)) as cur:
             committed = [(int(r["seq"]), str(r["comment"])) for r in await cur.fetchall()]
@@ -641,7 +651,7 @@ async def seen_page(store: Store, owner: str, agent: str, before: int | None,
 async def mark_read(store: Store, shown: list[tuple[int, str]]) -> None:
     """Mark as read the `you` deliveries shown, as (seq, comment) pairs.
 
-    A look outside the write lock may see a delivery of a transaction still open, whose seq a
+    A look outside a transaction may see a delivery of a transaction still open, whose seq a
     rollback frees for the next one: the comment must match for the mark to be written."""
     if not shown:
         return

@@ -5,6 +5,7 @@ share (heartbeats, leadership). `bot.store.sqlite` and `bot.store.postgres` impl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
@@ -98,6 +99,13 @@ CREATE INDEX IF NOT EXISTS queue_wake ON queue(next_at, id, lease_owner, issue_k
     WHERE state='pending';
 """, version=6)
 
+# The pending rows a replica has claimed, by issue (bot.store.queue, EARLIER): a claim on
+# PostgreSQL looks whether another replica runs one of its issue's deliveries, among these few.
+register_schema("""
+CREATE INDEX IF NOT EXISTS queue_leased ON queue(issue_key, lease_owner)
+    WHERE state='pending' AND lease_owner IS NOT NULL;
+""", version=8)
+
 # Heartbeats and liveness go by the database's clock, vm_now() (SQLite: the one host's),
 # so replicas on hosts whose clocks disagree still agree on who is alive.
 register_schema("", postgres="""
@@ -116,9 +124,36 @@ def new_replica_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+async def hold(db: Connection, key: str) -> None:
+    """Inside a transaction: wait until no other transaction holds `key`, then hold it until
+    this one ends (PostgreSQL: an advisory lock of the transaction; SQLite has one writer, so
+    nothing to do). For a read-then-write of one office's, or one row's, that no single
+    statement can make (the ledger's chain, a budget's window): only writers of that key ever
+    wait for each other."""
+    if keyed(db):
+        await db.hold(key)
+
+
+def key_order(key: str) -> tuple[bool, str]:
+    """The one order every transaction takes its keys in: by name, an office's ledger chain
+    last (an entry is appended after the rows it records, so a key held inside a transaction
+    comes before the ledger's there too)."""
+    return key.startswith("ledger:"), key
+
+
+def keyed(db: Connection) -> bool:
+    """Whether `db`'s engine runs writers side by side, so that `hold` takes a lock: a caller
+    that must read to learn its key reads only then."""
+    return callable(getattr(db, "hold", None))
+
+
 class Store(QueueMixin, IdempotencyMixin, ABC):
-    """The index. Writes go through `transaction()` (serialised: one writer at a time across
-    every replica), reads through `fetchone`/`fetchall`."""
+    """The index. Writes go through `transaction()`, reads through `fetchone`/`fetchall`.
+
+    There is no global write lock: each write is correct by the database's own means (a
+    conditional UPDATE, `ON CONFLICT`, `FOR UPDATE SKIP LOCKED`), and a read-then-write that
+    is not names what it reads (`transaction(key, ...)` or `hold(db, key)`), so two writes
+    wait for each other only when they touch the same thing. SQLite has one writer anyway."""
 
     engine: ClassVar[str]
 
@@ -130,12 +165,14 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
         self._handed_over = {}
         self._running = {}
         self._named: dict[str, tuple[asyncio.Lock, int]] = {}  # key -> lock, its users
+        self._keyed: dict[str, tuple[asyncio.Lock, int]] = {}  # transactions' keys, the same
         self.replica_id = new_replica_id()
         self.incarnation = uuid.uuid4().hex  # this process, under whatever replica id
         self.retired: str | None = None  # why this process no longer works (ReplicaIdTaken)
         # why the latest write failed, until one succeeds again (readiness: a full disk, a
         # read-only file; the probe's own lock-and-let-go writes nothing and proves nothing)
         self.write_failure: str | None = None
+        self.write_transactions = 0  # committed by this process (/metrics)
 
     # -- one task at a time on a key ---------------------------------------------------------
 
@@ -147,25 +184,41 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
             yield
 
     @asynccontextmanager
-    async def _local_lock(self, key: str) -> AsyncIterator[None]:
+    async def _local_lock(self, key: str,
+                          table: dict[str, tuple[asyncio.Lock, int]] | None = None,
+                          ) -> AsyncIterator[None]:
         """This process's lock on `key`, forgotten when its last user (holder or waiter) is
         done: never while a woken waiter has yet to run, which would let a newcomer in too."""
-        lock, users = self._named.get(key, (asyncio.Lock(), 0))
-        self._named[key] = (lock, users + 1)
+        locks = self._named if table is None else table
+        lock, users = locks.get(key, (asyncio.Lock(), 0))
+        locks[key] = (lock, users + 1)
         try:
             async with lock:
                 yield
         finally:
-            lock, users = self._named[key]
+            lock, users = locks[key]
             if users == 1:
-                del self._named[key]
+                del locks[key]
             else:
-                self._named[key] = (lock, users - 1)
+                locks[key] = (lock, users - 1)
+
+    @asynccontextmanager
+    async def _turns(self, keys: tuple[str, ...]) -> AsyncIterator[list[str]]:
+        """This process's turn at each of a transaction's keys, in one order: its writers of
+        one key queue here, holding no connection, and meet at the database only those of
+        other replicas. Yields the keys, sorted."""
+        ordered = sorted(set(keys), key=key_order)
+        async with contextlib.AsyncExitStack() as turns:
+            for key in ordered:
+                await turns.enter_async_context(self._local_lock(key, self._keyed))
+            yield ordered
 
     # -- what each engine provides ---------------------------------------------------------
 
     @abstractmethod
-    def transaction(self) -> AbstractAsyncContextManager[Connection]: ...
+    def transaction(self, *keys: str) -> AbstractAsyncContextManager[Connection]:
+        """A write transaction: commit on success, roll back on error. With `keys`, it first
+        waits until no other transaction holds any of them, and holds them to its end."""
 
     @abstractmethod
     async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[Row]: ...
@@ -177,8 +230,8 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
     async def close(self) -> None: ...
 
     async def check_writable(self) -> None:
-        """Raises when the index cannot take a write (readiness): takes the write lock, then
-        lets it go without changing anything."""
+        """Raises when the index cannot take a write (readiness): begins a write transaction,
+        then ends it without changing anything."""
         async with self.transaction() as db:
             await db.execute("SELECT 1")
 
@@ -196,7 +249,8 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
         if replica_id:
             self.replica_id = replica_id
         seen = None if sole else await self._wait_for_silence()
-        async with self.transaction() as db:
+        # two processes starting under one id at once: one looks and joins, then the other
+        async with self.transaction(f"replica:{self.replica_id}") as db:
             if not sole:  # and nobody beat or joined under it since that look
                 async with db.execute(_OTHER_UNDER_ID,
                                       (DEAD_AFTER, self.replica_id, self.incarnation)) as cur:
@@ -236,17 +290,16 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
             " Give each replica an id of its own (or leave REPLICA_ID unset), or stop the"
             " other process first.")
 
-    def unserialised(self) -> AbstractAsyncContextManager[Connection]:
-        """A transaction for a write that needs no turn among the others (SQLite: it takes one
-        anyway; there is only one writer)."""
+    def beat(self) -> AbstractAsyncContextManager[Connection]:
+        """The heartbeat's transaction (PostgreSQL: one that waits for no writer)."""
         return self.transaction()
 
     async def heartbeat(self) -> None:
-        # not behind the write lock: a transaction that holds it longer than DEAD_AFTER (a
+        # on PostgreSQL, behind no one's transaction: one that runs longer than DEAD_AFTER (a
         # reindex) must not make every other replica look dead
         if self.retired is not None:
             return
-        async with self.unserialised() as db:
+        async with self.beat() as db:
             # a beat after a gap (the database was away, or this process stalled) starts its
             # steady time again (see bot.store.queue: who counts a takeover)
             cur = await db.execute(
@@ -295,4 +348,4 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
 
 
 __all__ = ["HEARTBEAT", "Connection", "QueueItem", "ReplicaIdInUse", "ReplicaIdTaken", "Row",
-           "Store", "register_columns", "register_schema"]
+           "Store", "hold", "keyed", "register_columns", "register_schema"]

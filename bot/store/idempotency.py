@@ -82,7 +82,7 @@ class IdempotencyMixin:
     incarnation: str
 
     if TYPE_CHECKING:
-        def transaction(self) -> AbstractAsyncContextManager[Any]: ...
+        def transaction(self, *keys: str) -> AbstractAsyncContextManager[Any]: ...
         def retire(self) -> str: ...
 
     async def _held_elsewhere(self, db: Any, owner: str | None) -> bool:
@@ -118,16 +118,18 @@ class IdempotencyMixin:
                              work: Callable[[], Awaitable[Result]]) -> Result:
         scope, key = slot
         while True:
-            async with self.transaction() as db:
+            # the key's own lock: two replicas claiming it at once look one after the other
+            async with self.transaction(f"idempotency:{scope}\n{key}") as db:
                 if await id_taken(db, self.replica_id, self.incarnation):
                     raise ReplicaIdTaken(self.retire())  # its claims are another's now
-                async with db.execute("SELECT fingerprint, result, owner FROM idempotency"
-                                      " WHERE scope=? AND key=?", slot) as cur:
+                async with db.execute("SELECT fingerprint, result, owner, attempts FROM"
+                                      " idempotency WHERE scope=? AND key=?", slot) as cur:
                     row = await cur.fetchone()
                 if row is None:
                     await db.execute("INSERT INTO idempotency(scope, key, fingerprint,"
                                      " claimed_at, owner) VALUES (?,?,?,?,?)",
                                      (scope, key, fingerprint, time.time(), self.replica_id))
+                    claim = 1
                     break
                 if row[0] != fingerprint:
                     raise _reused(key)
@@ -137,13 +139,17 @@ class IdempotencyMixin:
                 if not await self._held_elsewhere(db, row[2]):
                     # claimed before and never finished (its replica died or restarted):
                     # this call takes it over
-                    await db.execute("UPDATE idempotency SET attempts=attempts+1,"
-                                     " claimed_at=?, owner=? WHERE scope=? AND key=?",
-                                     (time.time(), self.replica_id, scope, key))
+                    claim = int(row[3]) + 1
+                    await db.execute("UPDATE idempotency SET attempts=?, claimed_at=?, owner=?"
+                                     " WHERE scope=? AND key=?",
+                                     (claim, time.time(), self.replica_id, scope, key))
                     break
             # another live replica is at work on it (a client's retry that reached another
             # replica): wait for its result, as a second call on this replica would
             await asyncio.sleep(OTHER_REPLICA_POLL)
+        # this try's claim: its owner and number (fencing: a try that stalled past DEAD_AFTER
+        # and was taken over records nothing when it wakes)
+        ours = (scope, key, self.replica_id, claim)
         token = _resumed.set(row is not None)
         try:
             with counting_writes() as made:
@@ -154,20 +160,28 @@ class IdempotencyMixin:
                     # refused before any forge write, on the key's first try: free again (a
                     # try that resumed one may follow an earlier try's writes: it keeps it)
                     await db.execute("DELETE FROM idempotency WHERE scope=? AND key=?"
-                                     " AND result IS NULL", slot)
+                                     " AND result IS NULL AND owner=? AND attempts=?", ours)
                 else:
                     # unfinished, and no one at work on it: the next try, on any replica,
                     # takes it over (as from a dead replica) instead of waiting for a result
                     await db.execute("UPDATE idempotency SET owner=NULL WHERE scope=? AND"
-                                     " key=? AND result IS NULL AND owner=?",
-                                     (scope, key, self.replica_id))
+                                     " key=? AND result IS NULL AND owner=? AND attempts=?",
+                                     ours)
             raise
         finally:
             _resumed.reset(token)
         text = json.dumps(result)
         async with self.transaction() as db:
-            await db.execute("UPDATE idempotency SET result=?, done_at=? WHERE scope=? AND key=?",
-                             (text, time.time(), scope, key))
+            cur = await db.execute("UPDATE idempotency SET result=?, done_at=? WHERE scope=?"
+                                   " AND key=? AND owner=? AND attempts=? AND result IS NULL",
+                                   (text, time.time(), *ours))
+            if cur.rowcount == 0:  # taken over while this try stalled: the key keeps theirs
+                async with db.execute("SELECT result FROM idempotency WHERE scope=? AND"
+                                      " key=?", slot) as rows:
+                    theirs = await rows.fetchone()
+                if theirs is not None and theirs[0] is not None:
+                    kept: Result = json.loads(theirs[0])
+                    return kept
         return result
 
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bot.store.db import Connection, Row, Store, register_schema
+from bot.store.db import Connection, Row, Store, hold, register_schema
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS ledger (
@@ -70,6 +70,13 @@ def _digest(prev: str, t: float, event: str, actor: str, subject: str, data: str
     return hashlib.sha256(canon.encode()).hexdigest()
 
 
+def key(org: str) -> str:
+    """The key an office's chain is appended under (`Store.transaction(key(org), ...)`: a
+    transaction that appends names it at its start, so its writers queue before they take a
+    connection)."""
+    return f"ledger:{org.lower()}"
+
+
 async def append(db: Connection, event: str, actor: str, subject: str,
                  data: dict[str, Any] | None = None, *, org: str) -> int:
     """Append to `org`'s chain inside the caller's transaction (so the entry commits with
@@ -79,6 +86,9 @@ async def append(db: Connection, event: str, actor: str, subject: str,
     if not org:
         raise ValueError("a ledger entry belongs to an office: org is required")
     org = org.lower()
+    # the office's chain is appended to one entry at a time; other offices' chains go on
+    # meanwhile (held to the caller's commit: append last, after the rows it records)
+    await hold(db, key(org))
     async with db.execute("SELECT hash FROM ledger WHERE chain=? ORDER BY seq DESC LIMIT 1",
                           (org,)) as cur:
         row = await cur.fetchone()
@@ -96,7 +106,30 @@ async def append(db: Connection, event: str, actor: str, subject: str,
 
 async def record(store: Store, event: str, actor: str, subject: str,
                  data: dict[str, Any] | None = None, *, org: str) -> int:
-    async with store.transaction() as db:
+    async with store.transaction(key(org)) as db:
+        return await append(db, event, actor, subject, data, org=org)
+
+
+async def entries_since(store: Store, org: str, event: str, since: float) -> list[Row]:
+    """`org`'s `event` entries (actor, data) ledgered after `since`, oldest first."""
+    return await store.fetchall(
+        "SELECT actor, data FROM ledger WHERE org=? AND event=? AND time>? ORDER BY seq",
+        (org.lower(), event, since))
+
+
+async def record_once(store: Store, event: str, actor: str, subject: str,
+                      data: dict[str, Any], *, org: str, by: tuple[str, ...]) -> int | None:
+    """`record`, unless an `event` about `subject` whose data agrees on the fields `by` is in
+    `org`'s chain already (a delivery run again after a crash says what it said once); the
+    new entry's seq, or None. Looked at under the chain's key, so two tries never both write."""
+    async with store.transaction(key(org)) as db:
+        where = " AND ".join("json_extract(data, ?)=?" for _ in by)
+        params = [p for f in by for p in (f"$.{f}", str(data[f]))]
+        async with db.execute(f"SELECT 1 FROM ledger WHERE chain=? AND event=? AND subject=?"
+                              f" AND {where} LIMIT 1",
+                              (org.lower(), event, subject, *params)) as cur:
+            if await cur.fetchone() is not None:
+                return None
         return await append(db, event, actor, subject, data, org=org)
 
 

@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from bot.store.db import Connection, Row, Store, register_columns, register_schema
+from bot.store.db import Connection, Row, Store, hold, keyed, register_columns, register_schema
 from bot.store.offices import org_of, scoped
 from bot.store.sql import upsert
 
@@ -112,14 +112,37 @@ def _record(row: Any) -> MailRecord:
     return MailRecord(**values)
 
 
-_PUT_MAIL = upsert("mails", [*_COLUMNS, "updated_at", "org"], ["mail_id"])
+# (updated_at by the database's clock, vm_now(): what wakes an agent is compared across
+# replicas, whose host clocks may disagree)
+_PUT_MAIL = upsert("mails", [*_COLUMNS, "org"], ["mail_id"], {"updated_at": "vm_now()"})
+
+
+# One recipient's mail rows are written one transaction at a time (on PostgreSQL, where writers
+# run side by side): `updated_at` is what wakes a waiting agent (has_unshown, against what it
+# was last shown), so a row stamped earlier must never commit after one stamped later, or an
+# agent shown the later one would never be woken for the earlier.
+def box_key(org: str, to_principal: str) -> str:
+    """The key one recipient's mail rows are written under (name it at the transaction's
+    start where the recipient is known: `Store.transaction(box_key(...), ...)`)."""
+    return f"mailbox:{scoped(org, to_principal)}"
+
+
+async def _hold_box_of(db: Connection, mail_id: str) -> None:
+    if not keyed(db):
+        return
+    async with db.execute("SELECT vault, to_principal FROM mails WHERE mail_id=?",
+                          (mail_id,)) as cur:
+        row = await cur.fetchone()
+    if row is not None:
+        await hold(db, box_key(org_of(row["vault"]), row["to_principal"]))
 
 
 async def put_mail(db: Connection, mail: MailRecord) -> None:
+    await hold(db, box_key(mail.org, mail.to_principal))
     values = [getattr(mail, c) for c in _COLUMNS]
     values[_COLUMNS.index("tampered")] = int(mail.tampered)
     values[_COLUMNS.index("other_labels")] = json.dumps(list(mail.other_labels))
-    await db.execute(_PUT_MAIL, (*values, time.time(), mail.org))
+    await db.execute(_PUT_MAIL, (*values, mail.org))
 
 
 async def set_state(db: Connection, mail_id: str, state: str,
@@ -129,8 +152,9 @@ async def set_state(db: Connection, mail_id: str, state: str,
     moved the mail, changes nothing). Whether the row changed."""
     if state not in STATES:
         raise ValueError(f"unknown mail state {state!r}")
-    sql, params = "UPDATE mails SET state=?, updated_at=? WHERE mail_id=?", [
-        state, time.time(), mail_id]
+    await _hold_box_of(db, mail_id)
+    sql, params = "UPDATE mails SET state=?, updated_at=vm_now() WHERE mail_id=?", [
+        state, mail_id]
     if expected is not None:
         sql, params = sql + " AND state=?", [*params, expected]
     cur = await db.execute(sql, tuple(params))
@@ -173,8 +197,9 @@ WARNING_OWED = 2
 
 async def mark_tampered(db: Connection, mail_id: str) -> bool:
     """Flag the mail, its warning owed; False when it was flagged already."""
-    cur = await db.execute("UPDATE mails SET tampered=?, updated_at=? WHERE mail_id=?"
-                           " AND tampered=0", (WARNING_OWED, time.time(), mail_id))
+    await _hold_box_of(db, mail_id)
+    cur = await db.execute("UPDATE mails SET tampered=?, updated_at=vm_now() WHERE mail_id=?"
+                           " AND tampered=0", (WARNING_OWED, mail_id))
     return bool(cur.rowcount == 1)
 
 
@@ -270,7 +295,9 @@ async def replace_all(store: Store, mails: list[MailRecord],
                       vaults: list[str] | None = None) -> None:
     """Replace the index's mails (only those in `vaults`, when given: one office's reindex
     leaves the other offices' mails as they are)."""
-    async with store.transaction() as db:
+    # every recipient's key first, in order: a move holding one and waiting for a row this
+    # deletes would otherwise wait in a circle with it
+    async with store.transaction(*{box_key(m.org, m.to_principal) for m in mails}) as db:
         if vaults is None:
             await db.execute("DELETE FROM mails")
         else:

@@ -33,6 +33,12 @@ NAMES = {
        " listing of the forge's deliveries reached",
     6: "the queue's pending rows indexed as a claim reads them (in order, by issue, by due"
        " time): a claim costs the same whatever the backlog",
+    7: "mail moves in forge order: the forge time of each mail's last state move, so a move"
+       " that happened before it (a delivery handled late) is refused; and the words of the"
+       " replies the app posted, kept a while for the doctor to post again if the forge lost"
+       " them",
+    8: "the queue's claimed rows indexed by issue: replicas claim side by side, each looking"
+       " whether another runs one of an issue's deliveries",
 }
 
 

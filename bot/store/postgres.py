@@ -1,11 +1,16 @@
 """The PostgreSQL engine (asyncpg): one database shared by several replicas of the app.
 
 The store modules' statements run here as they are written (SQLite's dialect, translated once
-by `bot.store.sql`), through a connection adapter that takes aiosqlite's calls. Every write
-transaction first takes one advisory lock, so writes are serialised across replicas exactly as
-SQLite serialises them within one process: a read-then-write (the ledger's chain, the
-idempotency claim, intake's dedupe) stays correct with any number of replicas. Wake-ups for
-long polls cross replicas by LISTEN/NOTIFY.
+by `bot.store.sql`), through a connection adapter that takes aiosqlite's calls. There is no
+global write lock: writes run side by side, each correct by the database's own means, and a
+read-then-write names the key it reads under (`Store.transaction(key)`, `bot.store.db.hold`),
+an advisory lock of its transaction, so only writers of one key (an office's ledger chain, an
+installation's write budget, an idempotency key) ever wait for each other. No transaction
+waits unboundedly: a statement waits at most LOCK_WAIT for a lock, and the server ends a
+session left idle inside a transaction (a stalled replica) after IDLE_IN_TRANSACTION, letting go
+of what it held. (Named locks, a mail's or an agent's runs', are held on a session of their
+own across forge calls, for as long as their holder works: a stalled holder keeps them until
+its host stops answering keepalives.) Wake-ups for long polls cross replicas by LISTEN/NOTIFY.
 """
 
 from __future__ import annotations
@@ -29,12 +34,20 @@ from bot.store.sql import ddl_to_postgres, to_postgres
 
 log = logging.getLogger("vaultmail.store")
 
-WRITE_LOCK = 0x766D_0001  # every write transaction: one writer at a time, as in SQLite
-WRITE_LOCK_WAIT = 1.0  # seconds readiness waits for it
 MIGRATE_LOCK = 0x766D_0002  # schema migrations at start-up: one replica applies them
 # named locks (Store.named_lock) are advisory locks in the two-key space, which does not
 # overlap the one-key space of the two above: (NAMED_LOCKS, hashtext(key))
 NAMED_LOCKS = 0x766D
+# a transaction's keys (Store.transaction(key), hold) are advisory locks of the transaction in
+# the one-key space, 64-bit hashes of their names (tenants choose the names: an org, an
+# idempotency key; a 32-bit hash could be made to collide with another office's key): a
+# mail's named lock and a transaction's key of the same name are two locks (the one session
+# holding named locks must never wait on its own transactions)
+# The release before this one took RELEASE_1_WRITE_LOCK in every write transaction. During a
+# rolling deploy its replicas and this release's share the database: each transaction here
+# takes it shared, so an old replica's write excludes every new one (and the reverse) while
+# new ones never wait for each other. (Drop it once no replica of that release can be left.)
+RELEASE_1_WRITE_LOCK = 0x766D_0001
 NAMED_LOCK_POLL = 0.05  # seconds between tries while another replica holds a named lock
 CHANNEL = "vaultmail"  # LISTEN/NOTIFY: wake-ups for long polls on every replica
 STATEMENTS_KEPT = 2000  # statements prepared per connection (and known to the engine) at most
@@ -172,25 +185,53 @@ class Connection:
         cur = await self._run(sql, params)
         return await cur.fetchall()
 
+    async def hold(self, key: str) -> None:
+        """Wait for, then hold to the transaction's end, the key `key` (bot.store.db.hold)."""
+        await self._conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", key)
+
+    async def begin(self, keys: list[str]) -> None:
+        """A transaction's first statement: its turn beside an older release's writers, then
+        its keys (in the order given), in one trip."""
+        holds = "".join(f", pg_advisory_xact_lock(hashtextextended(${n + 2}, 0))"
+                        for n in range(len(keys)))
+        await self._conn.execute(f"SELECT pg_advisory_xact_lock_shared($1){holds}",
+                                 RELEASE_1_WRITE_LOCK, *keys)
+
 
 # A replica's host that vanishes (powered off, cut off) closes none of its sessions: the server
-# would keep them, and the locks they hold (the write lock inside a transaction, named locks),
-# for as long as the kernel's TCP keepalive (2 hours by default). Asked of the server for each
+# would keep them, and the locks they hold (a transaction's keys and rows, named locks), for
+# as long as the kernel's TCP keepalive (2 hours by default). Asked of the server for each
 # session: probe an idle peer after 5 s, give up after 3 unanswered probes or 8 s of
 # unacknowledged data. (Unix-socket sessions ignore them: their peer cannot vanish.)
 VANISHED_PEER = {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "1",
                  "tcp_keepalives_count": "3", "tcp_user_timeout": "8000"}
+# A replica that stalls (SIGSTOP, a frozen VM, swapping) inside a transaction holds its keys
+# and rows while its host still answers keepalives. No transaction of the store awaits
+# anything but the database, so one idle inside a transaction this long has stalled: the
+# server ends its session, and what it held goes. And no statement waits longer than
+# LOCK_WAIT for a lock: it fails, and the work it was part of is retried.
+IDLE_IN_TRANSACTION = 4.0  # under DEAD_AFTER: what it held goes before it is taken for dead
+LOCK_WAIT = 15.0
+SESSION = {**VANISHED_PEER,
+           "idle_in_transaction_session_timeout": str(int(IDLE_IN_TRANSACTION * 1000)),
+           "lock_timeout": str(int(LOCK_WAIT * 1000))}
+# readiness: the tables every delivery writes, and how long the probe waits to write them
+HOT_TABLES = ("deliveries", "queue", "mails", "ledger")
+PROBE_WAIT = 1.0
+# connections of the pool kept for reads outside transactions: a transaction that reads
+# through the store (not its own connection) must find one free, however many are writing
+READS_KEPT = 4
 
 
 class PostgresStore(Store):
     engine = "postgresql"
 
-    def __init__(self, url: str, pool: asyncpg.Pool) -> None:
+    def __init__(self, url: str, pool: asyncpg.Pool, max_size: int = 20) -> None:
         super().__init__()
         self._url = url
         self._pool = pool
         self._returning = autoincrement()
-        self._lock = asyncio.Lock()
+        self._writers = asyncio.Semaphore(max(1, max_size - READS_KEPT))
         self._listener: asyncpg.Connection | None = None
         # one session holds this replica's named locks: it ends with the replica (a SIGKILL
         # too), and so do they
@@ -206,9 +247,9 @@ class PostgresStore(Store):
     async def open(cls, url: str, min_size: int = 2, max_size: int = 20) -> PostgresStore:
         await _migrate(url)
         pool = await asyncpg.create_pool(url, min_size=min_size, max_size=max_size,
-                                         server_settings=VANISHED_PEER,
+                                         server_settings=SESSION,
                                          statement_cache_size=STATEMENTS_KEPT)
-        return cls(url, pool)
+        return cls(url, pool, max_size)
 
     async def close(self) -> None:
         self._closing = True
@@ -222,34 +263,42 @@ class PostgresStore(Store):
         await self._pool.close()
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Connection]:
-        """Serialised write transaction across every replica: commit on success, roll back on
-        error."""
-        # this replica's writers queue here first, holding no connection: one waits at the
-        # database, so a holder's reads always find a free connection in the pool
-        async with self._lock, self._pool.acquire() as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", WRITE_LOCK)
-            yield Connection(conn, self._returning)
+    async def transaction(self, *keys: str) -> AsyncIterator[Connection]:
+        """A write transaction, side by side with every other replica's: commit on success,
+        roll back on error. With `keys`, it first takes each: this process's turn at it, then
+        the database's advisory lock (each in `key_order`, so two transactions taking the
+        same keys never wait for each other in a circle)."""
+        async with self._turns(keys) as ordered, self._writers, self._pool.acquire() as conn, \
+                conn.transaction():
+            db = Connection(conn, self._returning)
+            await db.begin(ordered)
+            yield db
+        self.write_transactions += 1  # (its body ran to the end: it commits)
 
     @asynccontextmanager
-    async def unserialised(self) -> AsyncIterator[Connection]:
-        """A transaction that takes no write lock: for a write that needs no turn."""
+    async def beat(self) -> AsyncIterator[Connection]:
+        """The heartbeat's transaction: waits for no writer's turn or key (writers held up by
+        a stalled replica's keys must not make this one look dead)."""
         async with self._pool.acquire() as conn, conn.transaction():
             yield Connection(conn, self._returning)
 
     async def check_writable(self) -> None:
-        """Raises when no write could be made now: the database is read-only (a standby), or
-        another session has held the write lock for longer than a probe waits."""
+        """Raises when no write could be made now: the database is a standby (read-only), or
+        another session has held, for longer than a probe waits, a lock that keeps every
+        write out of the tables the hot path writes (a CREATE INDEX, ALTER TABLE, VACUUM FULL
+        or LOCK TABLE). The probe takes the lock a write takes, and writes nothing."""
         async with self._pool.acquire() as conn, conn.transaction():
             if await conn.fetchval("SELECT pg_is_in_recovery()"):
                 raise RuntimeError("read-only: the database is a standby (point DATABASE_URL "
                                    "at the primary)")
-            await conn.execute(f"SET LOCAL lock_timeout = '{int(WRITE_LOCK_WAIT * 1000)}ms'")
+            await conn.execute(f"SET LOCAL lock_timeout = '{int(PROBE_WAIT * 1000)}ms'")
             try:
-                await conn.execute("SELECT pg_advisory_xact_lock($1)", WRITE_LOCK)
+                await conn.execute(f"LOCK TABLE {', '.join(HOT_TABLES)} IN ROW EXCLUSIVE MODE")
             except asyncpg.LockNotAvailableError:
-                raise RuntimeError(f"database is locked: another session has held vaultmail's "
-                                   f"write lock for over {WRITE_LOCK_WAIT:.0f} s") from None
+                raise RuntimeError(
+                    f"database is locked: another session has kept writes out of the index's "
+                    f"tables ({', '.join(HOT_TABLES)}) for over {PROBE_WAIT:.0f} s (a CREATE "
+                    "INDEX, ALTER TABLE, VACUUM FULL or LOCK TABLE?)") from None
 
     async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[asyncpg.Record]:
         async with self._pool.acquire() as conn:
@@ -287,7 +336,7 @@ class PostgresStore(Store):
         """The session now holding `key` for this replica, or None if another holds it."""
         async with self._locker_turn:
             if self._locker is None or self._locker.is_closed():
-                self._locker = await asyncpg.connect(self._url, server_settings=VANISHED_PEER)
+                self._locker = await asyncpg.connect(self._url, server_settings=SESSION)
             session = self._locker
             got = await session.fetchval("SELECT pg_try_advisory_lock($1, hashtext($2))",
                                          NAMED_LOCKS, key)

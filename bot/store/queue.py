@@ -7,7 +7,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 log = logging.getLogger("vaultmail.queue")
 HEARTBEAT = 1.0  # seconds between a replica's heartbeats (bot.app.replica)
@@ -46,6 +46,9 @@ def issue_key(payload: dict[str, Any]) -> str | None:
     included), or None. Never raises, whatever the payload holds."""
     issue = payload.get("issue")
     repo = payload.get("repository")
+    if "sub_issue" in payload:  # sub_issues: about the sub-issue, whichever side it reached
+        issue = payload.get("sub_issue")
+        repo = payload.get("sub_issue_repo") or repo
     if isinstance(issue, dict) and isinstance(repo, dict):
         return f"{repo.get('full_name')}#{issue.get('number')}"
     return None
@@ -130,7 +133,7 @@ _LIVE = f"SELECT id FROM replicas WHERE seen_at>vm_now()-{DEAD_AFTER}"
 # pending, would otherwise check and sort every one of them rather than stop after `limit`.
 WINDOW = 256
 _HELD_BEHIND = ("SELECT 1 FROM queue p INDEXED BY queue_held WHERE p.state='pending'"
-                " AND p.issue_key=q.issue_key AND p.id<q.id AND (p.next_at>? OR"
+                " AND p.issue_key=q.issue_key AND p.id<q.id AND (p.next_at>coalesce(?, vm_now()) OR"
                 " (p.lease_owner<>? AND p.lease_owner IN (" + _LIVE + ")))")
 # Fencing: a delivery is finished or failed only under the claim it was run under: by the
 # replica holding it, and by that claim (each claim numbers it anew, `lease_seq`). A replica
@@ -146,7 +149,7 @@ _STEADY_ME = ("EXISTS (SELECT 1 FROM replicas me WHERE me.id=?"
               f" AND me.seen_at>vm_now()-{STEADY_GAP})")
 _MINE_TO_TAKE = ("(q.lease_owner IS NULL OR q.lease_owner=? OR (q.lease_owner NOT IN ("
                  + _LIVE + ") AND " + _STEADY_ME + ")) AND NOT EXISTS (" + _HELD_BEHIND + ")")
-_CLAIMABLE = "q.state='pending' AND q.next_at<=? AND " + _MINE_TO_TAKE
+_CLAIMABLE = "q.state='pending' AND q.next_at<=coalesce(?, vm_now()) AND " + _MINE_TO_TAKE
 # where the next window begins: the oldest pending delivery from an id on
 NEXT_PENDING = ("SELECT MIN(id) AS id FROM queue INDEXED BY queue_claim"
                 " WHERE state='pending' AND id>=?")
@@ -154,16 +157,65 @@ NEXT_PENDING = ("SELECT MIN(id) AS id FROM queue INDEXED BY queue_claim"
 CLAIM = ("SELECT q.id FROM queue q INDEXED BY queue_claim WHERE q.id>=? AND q.id<? AND "
          + _CLAIMABLE + " ORDER BY q.id LIMIT ? /*SKIP LOCKED OF q*/")
 # when the next of them is due: the first by due time not held behind (next_wakeup)
-WAKEUP = ("SELECT q.next_at AS t FROM queue q INDEXED BY queue_wake WHERE q.state='pending'"
+WAKEUP = ("SELECT q.next_at-vm_now() AS t FROM queue q INDEXED BY queue_wake"
+          " WHERE q.state='pending'"
           " AND " + _MINE_TO_TAKE + " ORDER BY q.next_at LIMIT 1")
 
 
-def claim_params(me: str, at: float, first: int, limit: int) -> tuple[Any, ...]:
-    """CLAIM's parameters for replica `me` at time `at`, the window from id `first` on."""
+# PostgreSQL claims side by side (no lock is shared by every claim). A claim first locks
+# what it might take, skipping rows another claim holds, and the issue of each (skipping the
+# issues another claim is deciding on: CANDIDATES); then, with a fresh look at the pending rows
+# of those issues (EARLIER: any claim that decided on one has committed by now), takes a row
+# only if each earlier one of its issue is this replica's, by this claim or an earlier one,
+# and no other live replica holds any of the issue's (`in_order`). Intake commits side by side
+# too, so a delivery may commit after a later-numbered one about its issue was claimed: it
+# waits until that one is done. So one issue's deliveries run in order, never on two replicas
+# at once, with no claim ever waiting for another.
+CANDIDATES = ("SELECT q.id, q.issue_key FROM queue q WHERE q.id>=? AND q.id<?"
+              " AND q.state='pending' AND q.next_at<=coalesce(?, vm_now())"
+              " AND (q.lease_owner IS NULL"
+              " OR q.lease_owner=? OR (q.lease_owner NOT IN (" + _LIVE + ") AND "
+              + _STEADY_ME + ")) AND (q.issue_key IS NULL OR"
+              " pg_try_advisory_xact_lock(hashtextextended('issue:' || q.issue_key, 0)))"
+              " ORDER BY q.id LIMIT ? FOR UPDATE OF q SKIP LOCKED")
+# (the rows up to the last candidate, through `queue_held`; the claimed ones after it, which
+# are few, through `queue_leased`: a claim reads what is in flight, not the issues' backlog)
+_PENDING_ROW = ("SELECT id, issue_key, lease_owner, lease_owner IN (" + _LIVE + ") AS live"
+                " FROM queue WHERE state='pending' AND issue_key = ANY(?::text[])")
+EARLIER = (_PENDING_ROW + " AND id<=? UNION ALL " + _PENDING_ROW
+           + " AND lease_owner IS NOT NULL AND id>? AND lease_owner<>? ORDER BY id")
+TAKE = ("UPDATE queue SET takeovers=takeovers+(CASE WHEN " + "lease_owner IS NOT NULL AND"
+        " lease_owner<>? THEN 1 ELSE 0 END), lease_owner=?, lease_seq=lease_seq+1"
+        " WHERE id = ANY(?::bigint[]) RETURNING *")
+
+
+def in_order(candidates: list[tuple[int, str | None]],
+             pending: list[tuple[int, str, str | None, bool]], me: str) -> list[int]:
+    """Of a claim's candidates (id, issue), the ids it may take: a row about an issue only if
+    every pending row of that issue before it is taken by this claim or already this
+    replica's, and no row of the issue is another live replica's (`pending`: id, issue, owner,
+    whether the owner is live; in id order). Sans-I/O."""
+    chosen = {i for i, _ in candidates}
+    taken = [i for i, key in candidates if key is None]
+    busy = {key for _, key, owner, live in pending if owner not in (None, me) and live}
+    blocked: set[str] = set(busy)
+    for ident, key, owner, _ in pending:
+        if key in blocked:
+            continue
+        if ident in chosen:
+            taken.append(ident)
+        elif owner != me:
+            blocked.add(key)
+    return sorted(taken)
+
+
+def claim_params(me: str, at: float | None, first: int, limit: int) -> tuple[Any, ...]:
+    """CLAIM's parameters for replica `me` at time `at` (None: now by the database's clock),
+    the window from id `first` on."""
     return (first, first + WINDOW, at, me, me, at, me, limit)
 
 
-def wakeup_params(me: str, at: float) -> tuple[Any, ...]:
+def wakeup_params(me: str, at: float | None) -> tuple[Any, ...]:
     return (me, me, at, me)
 
 
@@ -202,6 +254,15 @@ async def _set_suspects_apart(db: Any, rows: list[Any]) -> list[Any]:
     return keep
 
 
+async def _finish_in(db: Any, item: QueueItem, state: str, me: str, at: float) -> bool:
+    """Mark `item` finished (done, ignored) at `at` under the claim it ran under; False when
+    that claim is no longer this replica's."""
+    cur = await db.execute("UPDATE queue SET state=?, finished_at=?, lease_owner=NULL"
+                           " WHERE id=? AND " + _OURS,
+                           (state, at, item.id, me, item.lease))
+    return bool(cur.rowcount == 1)
+
+
 class QueueMixin:
     """The queue's half of Store (see bot.store.db)."""
 
@@ -213,9 +274,10 @@ class QueueMixin:
     replica_id: str
     incarnation: str
     retired: str | None
+    engine: ClassVar[str]
 
     if TYPE_CHECKING:
-        def transaction(self) -> AbstractAsyncContextManager[Any]: ...
+        def transaction(self, *keys: str) -> AbstractAsyncContextManager[Any]: ...
         def retire(self) -> str: ...
         async def fetchone(self, sql: str,
                            params: tuple[Any, ...] = ()) -> Any | None: ...
@@ -238,9 +300,10 @@ class QueueMixin:
         return await arrival.done
 
     async def _write_arrivals(self) -> None:
-        """The group-commit writer. A batch is taken only once the write lock is held, so
-        whatever arrived while the previous transaction (or a worker's) held it joins one
-        commit, instead of each arrival queueing a small transaction of its own behind it."""
+        """The group-commit writer. A batch is taken only once its transaction has begun (on
+        SQLite: once the one writer's turn came), so whatever arrived while the previous one
+        ran joins one commit, instead of each arrival queueing a small transaction of its own
+        behind it."""
         try:
             await asyncio.sleep(0)  # let deliveries that arrived together join the first batch
             while self._arrivals:
@@ -276,29 +339,49 @@ class QueueMixin:
             if not a.done.done():
                 a.done.set_result(a in fresh)
 
-    @staticmethod
-    async def _insert_arrivals(db: Any, batch: list[_Arrival]) -> set[_Arrival]:
+    async def _insert_arrivals(self, db: Any, batch: list[_Arrival]) -> set[_Arrival]:
         now = time.time()
-        guids = list({a.guid for a in batch})
-        marks = ",".join("?" for _ in guids)
-        async with db.execute(f"SELECT guid FROM deliveries WHERE guid IN ({marks})",
-                              guids) as cur:
-            seen = {row[0] for row in await cur.fetchall()}
-        fresh: set[_Arrival] = set()
-        for a in batch:  # the first arrival of an id not seen before is the one queued
-            if a.guid not in seen:
-                seen.add(a.guid)
-                fresh.add(a)
-        rows = [a for a in batch if a in fresh]
-        await db.executemany(
-            "INSERT INTO deliveries(guid, event, action, installation_id, received_at)"
-            " VALUES (?,?,?,?,?)",
-            [(a.guid, a.event, a.action, a.installation_id, now) for a in rows])
+        firsts: dict[str, _Arrival] = {}
+        for a in batch:  # the first arrival of an id is the one queued
+            firsts.setdefault(a.guid, a)
+        if self.engine == "postgresql":
+            # the delivery id's primary key decides, in one statement: of replicas recording
+            # one id at once, the one whose row lands queues it (in order of id: two replicas
+            # taking in the same redeliveries never wait for each other's rows in a circle)
+            ordered = sorted(firsts.values(), key=lambda a: a.guid)
+            rows = await db.fetchall(
+                "INSERT INTO deliveries(guid, event, action, installation_id, received_at)"
+                " SELECT * FROM unnest(?::text[], ?::text[], ?::text[], ?::bigint[],"
+                " ?::float8[]) ON CONFLICT(guid) DO NOTHING RETURNING guid",
+                ([a.guid for a in ordered], [a.event for a in ordered],
+                 [a.action for a in ordered], [a.installation_id for a in ordered],
+                 [now] * len(ordered)))
+            landed = {row[0] for row in rows}
+            # each issue's deliveries are numbered in the order they commit: the issue's key
+            # (which a claim tries, skipping the issue) is held from numbering to commit
+            issues = sorted({key for a in firsts.values() if a.guid in landed
+                             for key in [issue_key(a.payload)] if key is not None})
+            if issues:
+                await db.execute("SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) FROM"
+                                 " (SELECT 'issue:' || k AS k FROM unnest(?::text[]) k"
+                                 " ORDER BY 1) s", (issues,))
+        else:  # one writer: what is not recorded yet is this transaction's to record
+            marks = ",".join("?" for _ in firsts)
+            async with db.execute(f"SELECT guid FROM deliveries WHERE guid IN ({marks})",
+                                  list(firsts)) as cur:
+                seen = {row[0] for row in await cur.fetchall()}
+            landed = set(firsts) - seen
+            await db.executemany(
+                "INSERT INTO deliveries(guid, event, action, installation_id, received_at)"
+                " VALUES (?,?,?,?,?)",
+                [(a.guid, a.event, a.action, a.installation_id, now)
+                 for a in firsts.values() if a.guid in landed])
+        fresh = {a for guid, a in firsts.items() if guid in landed}
         await db.executemany(
             "INSERT INTO queue(guid, event, installation_id, issue_key, payload, next_at,"
-            " created_at) VALUES (?,?,?,?,?,?,?)",
+            " created_at) VALUES (?,?,?,?,?,vm_now(),?)",
             [(a.guid, a.event, a.installation_id, issue_key(a.payload), _payload_text(a),
-              now, now) for a in rows])
+              now) for a in batch if a in fresh])
         return fresh
 
     def _hand_over(self, arrivals: list[_Arrival]) -> None:
@@ -312,23 +395,36 @@ class QueueMixin:
 
     async def next_due(self, now: float | None = None) -> QueueItem | None:
         row = await self.fetchone(
-            "SELECT * FROM queue INDEXED BY queue_claim WHERE state='pending' AND next_at<=?"
+            "SELECT * FROM queue INDEXED BY queue_claim WHERE state='pending'"
+            " AND next_at<=coalesce(?, vm_now())"
             " ORDER BY id LIMIT 1",
-            (time.time() if now is None else now,),
+            (now,),
         )
         return _item(row) if row else None
 
     async def due_items(self, limit: int, now: float | None = None) -> list[QueueItem]:
         """Claim the oldest due deliveries for this replica, in arrival order (see _CLAIMABLE).
         What the claim holds is let go by `finish`, `fail` or `release`."""
-        if self.retired is not None:
-            return []  # another process holds this replica's id now
-        at = time.time() if now is None else now
+        claimed, _ = await self.finish_and_claim([], limit, now)
+        return claimed
+
+    async def finish_and_claim(self, finished: list[tuple[QueueItem, str]], limit: int,
+                               now: float | None = None,
+                               ) -> tuple[list[QueueItem], list[QueueItem]]:
+        """Mark deliveries finished (as `finish` does, each under its claim) and claim the next
+        ones, in one transaction: the worker's one write between two batches. Returns what it
+        claimed, and which of `finished` were not recorded (taken over meanwhile)."""
+        if self.retired is not None:  # another process holds this replica's id now
+            return [], [item for item, _ in finished]
+        at = now  # None: the database's clock (bot.store.db, vm_now)
         me = self.replica_id
         async with self.transaction() as db:
             if await id_taken(db, me, self.incarnation):
                 self.retire()
-                return []
+                return [], [item for item, _ in finished]
+            now = time.time()
+            superseded = [item for item, state in finished
+                          if not await _finish_in(db, item, state, me, now)]
             # window after window, taking what one look at every pending row would: whether a
             # row may be taken depends on the rows before it, and one this claim took holds
             # nothing back now (it is this replica's) as it held nothing back before
@@ -340,6 +436,10 @@ class QueueMixin:
                 if first is None or first["id"] is None:
                     break
                 start = int(first["id"]) + WINDOW
+                if self.engine == "postgresql":
+                    rows += await self._claim_side_by_side(db, at, int(first["id"]),
+                                                           limit - len(rows))
+                    continue
                 async with db.execute(
                         "UPDATE queue SET takeovers=takeovers+(CASE WHEN " + _STOPPED_HOLDER
                         + " THEN 1 ELSE 0 END), lease_owner=?, lease_seq=lease_seq+1"
@@ -349,7 +449,28 @@ class QueueMixin:
                     rows += await cur.fetchall()
             rows = await _set_suspects_apart(db, sorted(rows, key=lambda r: int(r["id"])))
         handed = self._handed_over
-        return [_item(r, handed.pop(r["guid"], None)) for r in rows]
+        return [_item(r, handed.pop(r["guid"], None)) for r in rows], superseded
+
+    async def _claim_side_by_side(self, db: Any, at: float | None, first: int,
+                                  limit: int) -> list[Any]:
+        """PostgreSQL's claim of one window (see CANDIDATES): the rows it took."""
+        me = self.replica_id
+        async with db.execute(CANDIDATES, (first, first + WINDOW, at, me, me, limit)) as cur:
+            candidates = [(int(r["id"]), r["issue_key"]) for r in await cur.fetchall()]
+        if not candidates:
+            return []
+        keys = sorted({key for _, key in candidates if key is not None})
+        pending: list[tuple[int, str, str | None, bool]] = []
+        if keys:
+            last = max(i for i, _ in candidates)
+            async with db.execute(EARLIER, (keys, last, keys, last, me)) as cur:
+                pending = [(int(r["id"]), str(r["issue_key"]), r["lease_owner"],
+                            bool(r["live"])) for r in await cur.fetchall()]
+        taken = in_order(candidates, pending, me)
+        if not taken:
+            return []
+        async with db.execute(TAKE, (me, me, taken)) as cur:
+            return list(await cur.fetchall())
 
     async def release(self) -> None:
         """Let go of this replica's claims on what it did not get to (a batch cut short)."""
@@ -364,8 +485,15 @@ class QueueMixin:
         """When the next delivery this replica could claim becomes due."""
         if self.retired is not None:
             return None
-        row = await self.fetchone(WAKEUP, wakeup_params(self.replica_id, time.time()))
-        return float(row["t"]) if row and row["t"] is not None else None
+        row = await self.fetchone(WAKEUP, wakeup_params(self.replica_id, None))
+        # due in t seconds by the database's clock: when that is by this host's
+        return time.time() + float(row["t"]) if row and row["t"] is not None else None
+
+    async def pending_about(self, issue: str) -> bool:
+        """Whether a delivery about `issue` (owner/repo#N, any case) waits to be handled."""
+        row = await self.fetchone("SELECT 1 FROM queue WHERE state='pending'"
+                                  " AND lower(issue_key)=? LIMIT 1", (issue.lower(),))
+        return row is not None
 
     async def pending_count(self) -> int:
         row = await self.fetchone("SELECT COUNT(*) AS n FROM queue WHERE state='pending'")
@@ -375,8 +503,7 @@ class QueueMixin:
         """Mark a delivery finished; returns once that is committed, False when its claim was
         no longer this replica's (taken over meanwhile: the outcome here is not recorded).
         Finishes made together (the worker runs several deliveries side by side) share one
-        transaction, so they take the write lock once, not once each, and intake's group
-        commits wait less for it."""
+        transaction, one commit instead of one each."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[bool] = loop.create_future()
         self._finishes.append((item, state, done))
@@ -395,11 +522,8 @@ class QueueMixin:
                         batch, self._finishes[:] = self._finishes[:BATCH], self._finishes[BATCH:]
                         now = time.time()
                         for item, state, _ in batch:
-                            cur = await db.execute(
-                                "UPDATE queue SET state=?, finished_at=?, lease_owner=NULL"
-                                " WHERE id=? AND " + _OURS,
-                                (state, now, item.id, self.replica_id, item.lease))
-                            recorded.append(cur.rowcount == 1)
+                            recorded.append(await _finish_in(db, item, state,
+                                                             self.replica_id, now))
                 except Exception as exc:  # the worker retries its store calls
                     for _, _, done in batch or self._finishes[:]:
                         if not done.done():
@@ -415,13 +539,15 @@ class QueueMixin:
 
     async def fail(self, item: QueueItem, error: str, retry_at: float | None) -> bool:
         """Count a failed attempt; with no retry time the item becomes a dead letter. False
-        when its claim was no longer this replica's (nothing is recorded then)."""
+        when its claim was no longer this replica's (nothing is recorded then). `retry_at` is
+        by this host's clock; the row keeps it by the database's (as far ahead of its now), so
+        replicas whose clocks disagree retry it when it is due."""
         state = "pending" if retry_at is not None else "dead"
         async with self.transaction() as db:
             cur = await db.execute(
-                "UPDATE queue SET attempts=attempts+1, last_error=?, state=?, next_at=?,"
+                "UPDATE queue SET attempts=attempts+1, last_error=?, state=?, next_at=vm_now()+?,"
                 " finished_at=?, lease_owner=NULL WHERE id=? AND " + _OURS,
-                (error[:2000], state, retry_at or time.time(),
+                (error[:2000], state, 0.0 if retry_at is None else retry_at - time.time(),
                  None if retry_at is not None else time.time(), item.id, self.replica_id,
                  item.lease),
             )
@@ -437,9 +563,9 @@ class QueueMixin:
             "state='dead' AND id=?", (item_id,))
         async with self.transaction() as db:
             cur = await db.execute(
-                "UPDATE queue SET state='pending', attempts=0, takeovers=0, next_at=?"
+                "UPDATE queue SET state='pending', attempts=0, takeovers=0, next_at=vm_now()"
                 f" WHERE {where}",
-                (time.time(), *params),
+                params,
             )
             return int(cur.rowcount)
 

@@ -88,10 +88,14 @@ def autoincrement_columns(script: str) -> dict[str, str]:
     return found
 
 
-def upsert(table: str, columns: list[str], key: list[str]) -> str:
+def upsert(table: str, columns: list[str], key: list[str],
+           computed: dict[str, str] | None = None) -> str:
     """INSERT, or UPDATE the row with the same `key`: one statement both engines take (where
-    SQLite's INSERT OR REPLACE has no PostgreSQL twin)."""
-    marks = ",".join("?" for _ in columns)
-    sets = ", ".join(f"{c}=excluded.{c}" for c in columns if c not in key)
-    return (f"INSERT INTO {table}({', '.join(columns)}) VALUES ({marks})"
+    SQLite's INSERT OR REPLACE has no PostgreSQL twin). `computed`: columns set to an SQL
+    expression (no parameter), on insert and update alike."""
+    computed = computed or {}
+    marks = ",".join(["?" for _ in columns] + list(computed.values()))
+    sets = ", ".join([f"{c}=excluded.{c}" for c in columns if c not in key]
+                     + [f"{c}={e}" for c, e in computed.items()])
+    return (f"INSERT INTO {table}({', '.join([*columns, *computed])}) VALUES ({marks})"
             f" ON CONFLICT({', '.join(key)}) DO UPDATE SET {sets}")

@@ -236,8 +236,9 @@ class SqliteStore(Store):
             await db.execute("SELECT 1")
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
-        """Serialised write transaction: commit on success, roll back on error."""
+    async def transaction(self, *keys: str) -> AsyncIterator[aiosqlite.Connection]:
+        """Serialised write transaction: commit on success, roll back on error. (`keys` need
+        no lock of their own: one writer at a time holds every key.)"""
         async with self._lock:
             # the BEGIN runs to its end in the connection's thread even if this task is
             # cancelled meanwhile: then undo it before the lock goes, or the next writer finds
@@ -259,6 +260,7 @@ class SqliteStore(Store):
                 raise
             if self._db.total_changes != before:  # a write that landed
                 self.write_failure = None
+            self.write_transactions += 1
             if self._checkpointer is not None:
                 self._checkpointer.wrote()
 

@@ -30,7 +30,7 @@ async def may_reply(store: Store, login: str, cause: str, *, now: float | None =
     of the reply may not."""
     at = time.time() if now is None else now
     key = login.lower()
-    async with store.transaction() as db:
+    async with store.transaction(f"stranger:{key}") as db:
         async with db.execute("SELECT replied_at, cause FROM stranger_replies WHERE login=?",
                               (key,)) as cur:
             row = await cur.fetchone()

@@ -17,7 +17,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bot.app import web as app_web
 from bot.app.embedded import Embedded
-from bot.store.postgres import WRITE_LOCK
 from tests.support import Actor
 
 OPERATOR = {"Authorization": "Bearer operator-token-of-the-tests"}
@@ -92,8 +91,8 @@ async def _holding_the_write_lock(embedded: Embedded) -> AsyncIterator[None]:
         return
     conn = await asyncpg.connect(settings.database_url)
     try:
-        async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", WRITE_LOCK)
+        async with conn.transaction():  # as a CREATE INDEX without CONCURRENTLY would
+            await conn.execute("LOCK TABLE queue IN SHARE MODE")
             yield
     finally:
         await conn.close()
@@ -104,7 +103,7 @@ async def test_readyz_names_the_database_when_another_connection_holds_its_write
     """An operator's `sqlite3 index.sqlite3` left in a transaction (or a backup tool holding
     the lock): the index cannot take a write. Readiness says so within a probe's timeout and
     names the lock; liveness still answers; once the lock is let go, all is well again. On
-    PostgreSQL: another session holding the replicas' write lock."""
+    PostgreSQL: another session keeping writes out of the queue (a CREATE INDEX)."""
     async with _holding_the_write_lock(embedded):
         status, body, took = await _timed_get(session, f"{embedded.app_url}/readyz")
         health_status, health, health_took = await _timed_get(

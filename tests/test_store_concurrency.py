@@ -1,0 +1,224 @@
+"""Replicas write side by side (issue 22): no lock is shared by every write, so one office's
+writer never waits on another office's, while what must stay ordered stays ordered: one office's
+ledger chain, one issue's deliveries, one delivery id, one idempotency key.
+
+The waits are read from the database itself (`pg_stat_activity`, `pg_blocking_pids`), never from
+the clock: a writer held up is one the server shows waiting for a lock."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from bot.store import ledger, mails, open_store
+from bot.store.db import Store
+from bot.store.queue import in_order
+from tests import pg
+from tests.support import until
+
+HANG_GUARD = 60.0  # seconds: only a writer stuck behind another office's lock takes this long
+
+
+@pytest.fixture
+async def replicas() -> AsyncIterator[tuple[str, list[Store]]]:
+    """Four replicas' stores on one fresh PostgreSQL database, and its URL."""
+    url = await pg.fresh_database()
+    stores = [await open_store(url) for _ in range(4)]
+    for n, store in enumerate(stores):
+        await store.join(f"replica-{n}")
+    try:
+        yield url, stores
+    finally:
+        for store in stores:
+            await store.close()
+        await pg.drop_database(url)
+
+
+async def _waiting_behind(url: str, holder: int) -> int:
+    """How many sessions the server shows waiting for a lock that session `holder` holds."""
+    conn = await asyncpg.connect(url)
+    try:
+        return int(await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type='Lock'"
+            " AND $1 = ANY(pg_blocking_pids(pid))", holder))
+    finally:
+        await conn.close()
+
+
+def _delivery(n: int, issue: int, org: str = "acme") -> tuple[dict[str, Any], bytes]:
+    payload = {"action": "edited", "issue": {"number": issue},
+               "repository": {"full_name": f"{org}/scout-vault"}, "n": n}
+    return payload, json.dumps(payload).encode()
+
+
+async def test_an_offices_writer_held_up_never_holds_up_another_offices_writes(
+        replicas: tuple[str, list[Store]]) -> None:
+    """acme's writer stalls mid-transaction, its ledger entry appended and not committed.
+    globex, on another replica, takes deliveries in, claims them, runs an idempotent write,
+    appends to its own chain and finishes them, all while acme's writer holds what it holds;
+    the server shows only acme's next ledger writer waiting, and for acme's."""
+    url, (a, b, *_) = replicas
+    stalled, release = asyncio.Event(), asyncio.Event()
+    holder: list[int] = []
+
+    async def acme_writer() -> None:
+        async with a.transaction() as db:
+            await ledger.append(db, "mail.sent", "agent:scout", "acme/scout-vault#1", org="acme")
+            async with db.execute("SELECT pg_backend_pid() AS pid") as cur:
+                row = await cur.fetchone()
+            holder.append(int(row["pid"]))
+            stalled.set()
+            await release.wait()
+
+    writer = asyncio.create_task(acme_writer())
+    await asyncio.wait_for(stalled.wait(), HANG_GUARD)
+
+    async def globex_burst() -> None:
+        for n in range(20):
+            assert await b.enqueue_delivery(f"globex-{n}", "issues", *_delivery(n, n % 3,
+                                                                               "globex"))
+        done = 0
+        while done < 20:
+            for item in await b.due_items(limit=8):
+                result = await b.once("forge", f"globex:{item.guid}", "fp",
+                                      lambda: asyncio.sleep(0, {"ok": True}))
+                assert result == {"ok": True}
+                await ledger.record(b, "mail.sent", "agent:scout",
+                                    "globex/scout-vault#1", org="globex")
+                assert await b.finish(item)
+                done += 1
+
+    await asyncio.wait_for(globex_burst(), HANG_GUARD)
+    assert await _waiting_behind(url, holder[0]) == 0, "nothing of globex's waited on acme's"
+    # acme's own next entry does wait: one office's chain is appended one entry at a time
+    second = asyncio.create_task(ledger.record(b, "mail.sent", "agent:scout",
+                                               "acme/scout-vault#2", org="acme"))
+    await until(_one_waits(url, holder[0]), timeout=HANG_GUARD)
+    release.set()
+    await asyncio.wait_for(asyncio.gather(writer, second), HANG_GUARD)
+    for org in ("acme", "globex"):
+        assert await ledger.verify_chain(a, org) is None
+    assert len(await a.fetchall("SELECT 1 FROM ledger WHERE chain='acme'")) == 2
+    assert len(await a.fetchall("SELECT 1 FROM ledger WHERE chain='globex'")) == 20
+
+
+def _one_waits(url: str, holder: int) -> Any:
+    async def check() -> bool:
+        return await _waiting_behind(url, holder) == 1
+    return check
+
+
+async def test_four_replicas_hammering_one_issue_run_its_deliveries_once_each_in_order(
+        replicas: tuple[str, list[Store]]) -> None:
+    """Every delivery reaches every replica at once (a forge redelivering to all of them):
+    each id is queued once. Then four replicas claim side by side, in batches of every size:
+    each delivery runs once, one issue's never two at a time, and in the order they came."""
+    _, stores = replicas
+    ids = [f"d{n}" for n in range(120)]
+    issue_of = {guid: (1 if n % 4 else 2 + n % 8) for n, guid in enumerate(ids)}
+    queued: list[str] = []
+    for n, guid in enumerate(ids):  # every replica takes each delivery in at once
+        answers = await asyncio.gather(*(s.enqueue_delivery(guid, "issues", *_delivery(
+            n, issue_of[guid])) for s in stores))
+        assert sorted(answers) == [False, False, False, True], guid
+        queued.append(guid)
+    running: dict[int, str] = {}
+    ran: list[str] = []
+    rng = random.Random(22)
+
+    async def work(store: Store) -> None:
+        while len(ran) < len(ids):
+            items = await store.due_items(limit=rng.randint(1, 6))
+            if not items:
+                await asyncio.sleep(0)  # a turn for the other replicas, then look again
+                continue
+            for item in items:
+                issue = issue_of[item.guid]
+                assert running.setdefault(issue, item.guid) == item.guid, (
+                    f"{item.guid} ran while {running[issue]} of its issue ran")
+                ran.append(item.guid)
+                await asyncio.sleep(0)
+                del running[issue]
+                assert await store.finish(item)
+
+    await asyncio.wait_for(asyncio.gather(*(work(s) for s in stores)), HANG_GUARD)
+    assert sorted(ran) == sorted(ids), "each delivery ran exactly once"
+    for issue in set(issue_of.values()):
+        assert [g for g in ran if issue_of[g] == issue] == [
+            g for g in queued if issue_of[g] == issue], f"issue {issue} in arrival order"
+
+
+async def test_replicas_appending_side_by_side_keep_each_offices_chain_whole(
+        replicas: tuple[str, list[Store]]) -> None:
+    _, stores = replicas
+    await asyncio.gather(*(
+        ledger.record(stores[n % 4], "mail.sent", "agent:scout", f"{org}/scout-vault#{n}",
+                      org=org)
+        for n in range(40) for org in ("acme", "globex")))
+    for org in ("acme", "globex"):
+        assert await ledger.verify_chain(stores[0], org) is None
+        assert len(await stores[0].fetchall("SELECT 1 FROM ledger WHERE chain=?",
+                                            (org,))) == 40
+
+
+def test_a_claim_takes_a_row_only_behind_rows_of_its_issue_that_are_its_own() -> None:
+    # issue x: 1 is another live replica's, so 3 waits; y: 2 is claimed now, 4 is mine, 5 goes
+    pending = [(1, "x", "other", True), (2, "y", None, False), (3, "x", None, False),
+               (4, "y", "me", True), (5, "y", None, False)]
+    assert in_order([(2, "y"), (3, "x"), (5, "y"), (6, None)], pending, "me") == [2, 5, 6]
+    # a row let go (owner gone) that this claim skipped holds back the rows behind it
+    assert in_order([(3, "x")], [(1, "x", None, False), (3, "x", None, False)], "me") == []
+    # a row numbered before one another replica runs (intake committed it later) waits for it
+    assert in_order([(1, "x")], [(1, "x", None, False), (2, "x", "other", True)], "me") == []
+    # ... but not for a dead replica's, which is this claim's to take over in turn
+    assert in_order([(1, "x")], [(1, "x", None, False), (2, "x", "gone", False)], "me") == [1]
+
+
+def _mail(n: int) -> mails.MailRecord:
+    return mails.MailRecord(
+        mail_id=f"m{n}", vault="acme/scout-vault", number=n, subject=f"Mail {n}", body="Hi",
+        from_principal="human:marco", to_principal="agent:scout",
+        sent="2026-12-04T00:00:00Z", hops=0, in_reply_to=None, thread_id=f"t{n}",
+        key_id="k", body_sha256="0" * 64, state="mail:new")
+
+
+async def test_an_agent_shown_a_later_mail_is_still_woken_for_one_written_before_it(
+        replicas: tuple[str, list[Store]]) -> None:
+    """Mail m1 is being written for scout on one replica when m2 is written on another. Were
+    m2 to commit first, scout listing its mail in between would be shown m2, and m1 (stamped
+    earlier, committed later) would never wake its long poll: one recipient's mail commits in
+    the order it is stamped."""
+    url, (a, b, *_) = replicas
+    stamped, release = asyncio.Event(), asyncio.Event()
+    holder: list[int] = []
+
+    async def first() -> None:
+        async with a.transaction() as db:
+            await mails.put_mail(db, _mail(1))
+            async with db.execute("SELECT pg_backend_pid() AS pid") as cur:
+                holder.append(int((await cur.fetchone())["pid"]))
+            stamped.set()
+            await release.wait()
+
+    writing = asyncio.create_task(first())
+    await asyncio.wait_for(stamped.wait(), HANG_GUARD)
+
+    async def second() -> None:
+        async with b.transaction() as db:
+            await mails.put_mail(db, _mail(2))
+
+    later = asyncio.create_task(second())
+    # m2 either lands, or waits behind m1 (as the server shows)
+    await until(lambda: later.done() or _waiting_behind(url, holder[0]), timeout=HANG_GUARD)
+    shown, upto = await mails.to_handle(b, "agent:scout", org="acme")
+    await mails.mark_shown(b, "agent:scout", upto, org="acme")
+    release.set()
+    await asyncio.wait_for(asyncio.gather(writing, later), HANG_GUARD)
+    assert await mails.has_unshown(b, "agent:scout", org="acme"), (
+        f"shown {[m.mail_id for m in shown]}, and nothing woke scout for the rest")
