@@ -41,6 +41,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fault", metavar="ROUTE=STATUS[@RATE]", action="append", default=[],
                    help='inject errors, e.g. "POST /repos/{owner}/{repo}/issues=502@0.1" '
                         '(repeatable; also POST /_forge/faults at run time)')
+    p.add_argument("--lose", metavar="ROUTE[@RATE]", action="append", default=[],
+                   help='answer this fraction of writes to ROUTE, then lose them (GitHub '
+                        'dialect), e.g. "PATCH /repos/{owner}/{repo}/issues/{issue_number}'
+                        '@0.15" (repeatable)')
     p.add_argument("--drop-webhooks", metavar="RATE", type=float, default=0.0,
                    help="drop this fraction of webhook deliveries (recorded as failed)")
     p.add_argument("--duplicate-webhooks", metavar="RATE", type=float, default=0.0,
@@ -61,10 +65,28 @@ def parse_fault(spec: str) -> tuple[str, int, float]:
     return route, status, rate
 
 
+def parse_lose(spec: str) -> tuple[str, float]:
+    """ "ROUTE[@RATE]" -> (route, rate); raises ValueError saying what is wrong."""
+    route, sep, rate_text = spec.rpartition("@")
+    if not sep:
+        route, rate_text = spec, "1"
+    try:
+        rate = float(rate_text)
+    except ValueError:
+        rate = -1.0
+    if not route.strip() or not 0.0 <= rate <= 1.0:
+        raise ValueError(f"--lose {spec!r}: expected ROUTE[@RATE] with RATE in 0..1, like "
+                         '"PATCH /repos/{owner}/{repo}/issues/{issue_number}@0.15"')
+    return route, rate
+
+
 def apply_fault_options(forge: LocalForge, args: argparse.Namespace) -> None:
     for spec in getattr(args, "fault", []):
         route, status, rate = parse_fault(spec)
         forge.faults.add(route=route, status=status, rate=rate)
+    for spec in getattr(args, "lose", []):
+        route, rate = parse_lose(spec)
+        forge.faults.add(route=route, rate=rate, mode="lost")
     if getattr(args, "drop_webhooks", 0.0):
         forge.faults.drop_webhooks(rate=args.drop_webhooks)
     if getattr(args, "duplicate_webhooks", 0.0):

@@ -8,7 +8,11 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-FaultMode = Literal["fail", "after"]  # fail: refuse before the write; after: write, then 502
+# fail: refuse before the write; after: write, then 502; lost: write and answer as usual, then
+# lose the write (the repository's issues and comments as they were before it, with the
+# timeline events it recorded; numbers and ids stay used), as a forge whose storage fails
+# over to a replica that never had it: an acknowledged write the caller is not told is gone
+FaultMode = Literal["fail", "after", "lost"]
 FaultKind = Literal["error", "secondary_limit", "primary_limit", "timeout"]
 
 

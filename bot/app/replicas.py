@@ -32,7 +32,8 @@ def serve_env(settings: Settings, *, port: int, replica_id: str) -> dict[str, st
     env = {"DATABASE_URL": settings.database_url, "VAULTMAIL_DATA": str(settings.data_dir),
            "HOST": settings.host, "PORT": str(port), "REPLICA_ID": replica_id,
            "VAULTMAIL_PUBLIC_URL": url, "LOG_LEVEL": settings.log_level,
-           "VAULTMAIL_RECONCILE_SECONDS": str(settings.reconcile_interval)}
+           "VAULTMAIL_RECONCILE_SECONDS": str(settings.reconcile_interval),
+           "VAULTMAIL_DOCTOR_SECONDS": str(settings.doctor_interval)}
     if settings.dialect == "gitea":
         env |= {"GITEA_URL": settings.api_url, "GITEA_TOKEN": settings.token,
                 "GITEA_WEBHOOK_SECRET": settings.webhook_secret}

@@ -264,6 +264,17 @@ class GitHubForge(RepoCaller):
             )
         return {"created": created, "updated": updated}
 
+    async def issue_timeline(self, repo: str, number: int) -> list[JSON]:
+        """The issue's timeline, oldest first: its events (labeled, closed, ...: each with
+        its actor and time) and comments (`vaultmail doctor` reads who changed it last)."""
+        return [
+            e
+            async for e in self._paginate(
+                "/repos/{owner}/{repo}/issues/{number}/timeline{?per_page}",
+                {**split_repo(repo), "number": number, "per_page": 100},
+            )
+        ]
+
     # -- comments --------------------------------------------------------------------------------
 
     async def find_comment(self, repo: str, number: int, marker: str) -> JSON | None:

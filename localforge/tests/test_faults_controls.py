@@ -34,6 +34,40 @@ async def test_write_then_fail_lands_the_write_but_answers_502(world: World) -> 
     assert world.hooks.events() == [("issues", "opened")]
 
 
+async def test_a_lost_write_is_answered_then_undone(world: World) -> None:
+    """`lost`: the write is made and answered as usual (its webhooks go), then the repository
+    is as it was before it, its timeline events too: an acknowledged write the forge lost."""
+    _, _, issue = await world.call("POST", ISSUES, "marco", {"title": "t", "labels": ["a"]})
+    n = issue["number"]
+    await world.idle()
+    world.hooks.clear()
+    status, _, _ = await world.call("POST", "/_forge/faults", json_body={
+        "route": "PATCH /repos/{owner}/{repo}/issues/{issue_number}", "mode": "lost",
+        "count": 1})
+    assert status == 200
+    status, _, body = await world.call("PATCH", f"{ISSUES}/{n}", "marco",
+                                       {"labels": ["b"], "state": "closed"})
+    assert status == 200 and body["state"] == "closed"
+    assert [lb["name"] for lb in body["labels"]] == ["b"]  # answered as made
+    await world.idle()
+    assert ("issues", "closed") in world.hooks.events()  # its webhooks went
+    _, _, now = await world.call("GET", f"{ISSUES}/{n}", "marco")
+    assert now["state"] == "open" and [lb["name"] for lb in now["labels"]] == ["a"]
+    assert now["updated_at"] == issue["updated_at"]
+    _, _, timeline = await world.call("GET", f"{ISSUES}/{n}/timeline", "marco")
+    assert [e["event"] for e in timeline] == ["labeled"]  # only the create's
+    world.forge.faults.add(route="POST /repos/{owner}/{repo}/issues/{issue_number}/comments",
+                           mode="lost", count=1)
+    status, _, comment = await world.call("POST", f"{ISSUES}/{n}/comments", "marco",
+                                          {"body": "hi"})
+    assert status == 201 and comment["id"]
+    _, _, comments = await world.call("GET", f"{ISSUES}/{n}/comments", "marco")
+    assert comments == []
+    status, _, again = await world.call("POST", f"{ISSUES}/{n}/comments", "marco",
+                                        {"body": "hi"})
+    assert status == 201 and again["id"] != comment["id"]  # ids stay used
+
+
 async def test_rate_fault_is_probabilistic_and_seedable(world: World) -> None:
     await world.call("POST", "/_forge/faults", json_body={
         "seed": 7, "route": "GET /repos/{owner}/{repo}", "status": 503, "rate": 0.5})

@@ -1,0 +1,493 @@
+"""Anti-entropy (issue 28): writes the forge acknowledged and then lost are found and repaired.
+
+A forge can answer a write and lose it afterwards (a failover to a replica that never had it):
+a state label PATCH undone leaves a mail in the wrong state on the forge for good, a comment
+removed takes a reply away, and no webhook ever says so. A pass of the doctor compares, for
+every vault of every office:
+
+- each indexed mail's state with its issue's `mail:*` label and open/closed state. When they
+  differ and the forge shows no change the index has not taken (no delivery about the issue
+  waiting in the queue, and, in the issue's timeline, no state change by anyone but the app
+  newer than the mail's last move as the index applied it: `bot.store.moves`), the app's own
+  write was lost: the state the index holds is written again. Otherwise the difference is
+  flagged, not touched: someone's change whose webhook is still to come must not be undone;
+- each reply the ledger holds (`mail.replied` with the reply's key, within `reply_window`)
+  against its comment on the mail's issue (the marker `vaultmail:reply KEY`, for replies the
+  app posted): a comment that vanished is posted again as it was (`bot.store.replies` keeps
+  it for the window), else from the reply's copy in the sender agent's vault (its body is the
+  reply's words). A reply whose words are kept nowhere is flagged;
+- each reply delivered to a vault (a mail the app opened with `in_reply_to`: a reply copy, an
+  agent's answer) against its issue: one that vanished is opened again from the index (the
+  same signed values, the same mail id, its state's label), and the index points at it.
+
+Every repair happens under the mail's lock, after looking again (the index and the forge, so
+a change made meanwhile wins) and on the forge for an earlier repair's result (a marker), so a
+pass run twice, or by two replicas, repairs each thing once. Repairs are forge writes like any
+other: the caller paces them within the installation's budget (as the office's turns), and a
+pass makes at most `max_repairs` of them and stops early when the installation's primary
+budget is below `budget_floor` of its limit; the next pass goes on.
+
+`vaultmail doctor` runs a pass by hand (`--dry-run`: what it would repair, nothing written);
+the leader replica runs one every `VAULTMAIL_DOCTOR_SECONDS` (default 900).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from bot.forge.errors import ForgeError, NotFound
+from bot.forge.pacing import writes_for
+from bot.mail.header import adopted_mail_id, render_mail_body, sign_header
+from bot.mail.mailer import shown_as
+from bot.office.config import Office
+from bot.store import ledger, mails, moves, replies
+from bot.store.mails import QUIET, MailRecord
+from labels.states import MailState, labels_for
+
+if TYPE_CHECKING:
+    from bot.app.services import Services
+    from bot.forge.base import Forge
+    from bot.store import Store
+
+log = logging.getLogger("vaultmail.doctor")
+DOCTOR_EVERY = 900.0  # seconds between the leader's passes (VAULTMAIL_DOCTOR_SECONDS)
+REPLY_WINDOW = 2 * 86400.0  # replies ledgered this recently have their comment looked for
+MAX_REPAIRS = 100  # forge writes one pass makes at most; the next pass goes on
+BUDGET_FLOOR = 0.2  # a pass stops early below this share of the primary rate limit left
+# the id the mailer gives the copy of a reply in the sender agent's vault (`Mailer.reply`)
+_REPLY_COPY_NS = uuid.UUID("5b0c3c1e-8f7a-4d6e-9a51-0c1d2e3f4a5b")
+
+REPAIRED, WOULD_REPAIR, FLAGGED, SKIPPED = "repaired", "would repair", "flagged", "skipped"
+_STATE_EVENTS = frozenset({"labeled", "unlabeled", "closed", "reopened"})
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One difference between the forge and the index, and what the pass did about it."""
+
+    ref: str
+    kind: str  # state | reply comment | reply copy | issue
+    forge: str  # what the forge shows
+    index: str  # what the index holds
+    outcome: str  # repaired | would repair | flagged | skipped
+    reason: str
+
+    def as_json(self) -> dict[str, str]:
+        return {"ref": self.ref, "kind": self.kind, "forge": self.forge, "index": self.index,
+                "outcome": self.outcome, "reason": self.reason}
+
+
+@dataclass
+class DoctorReport:
+    offices: int = 0
+    vaults: int = 0
+    mails: int = 0
+    replies: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    stopped: str | None = None  # why the pass ended before looking at everything
+    busy: bool = False  # another pass held the lock: this one looked at nothing
+
+    def counts(self) -> Counter[str]:
+        return Counter(f.outcome for f in self.findings)
+
+    def table(self) -> str:
+        """The summary an operator reads: what was looked at, then one line per finding."""
+        counts = self.counts()
+        lines = [f"checked: {self.offices} office(s), {self.vaults} vault(s), {self.mails} "
+                 f"mail(s), {self.replies} {'reply' if self.replies == 1 else 'replies'}",
+                 "  ".join(f"{name}: {counts.get(name, 0)}"
+                           for name in (REPAIRED, WOULD_REPAIR, FLAGGED, SKIPPED))]
+        if self.stopped:
+            lines.append(f"stopped early: {self.stopped}")
+        if self.findings:
+            rows = [("mail", "what", "on the forge", "in the index", "outcome", "why")] + [
+                (f.ref, f.kind, f.forge, f.index, f.outcome, f.reason) for f in self.findings]
+            widths = [max(len(r[i]) for r in rows) for i in range(5)]
+            for row in rows:
+                lines.append("  ".join(c.ljust(w) for c, w in zip(row[:5], widths, strict=True))
+                             + "  " + row[5])
+        else:
+            lines.append("the forge and the index agree")
+        return "\n".join(lines)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"offices": self.offices, "vaults": self.vaults, "mails": self.mails,
+                "replies": self.replies, "counts": dict(self.counts()),
+                "stopped": self.stopped, "findings": [f.as_json() for f in self.findings]}
+
+
+class _Stop(Exception):
+    """The pass has spent what it may (repairs, rate budget): the next one goes on."""
+
+
+LOCK_FILE = "doctor.lock"
+
+
+@contextlib.contextmanager
+def _one_pass_on_this_host(services: Services) -> Iterator[bool]:
+    """On SQLite, `vaultmail doctor` is a process beside the app, whose locks it does not
+    share: a file lock in the data directory keeps one pass at a time across both (False:
+    another pass holds it). PostgreSQL's `named_lock` is shared by every process already."""
+    if services.store.engine != "sqlite":
+        yield True
+        return
+    fd = os.open(services.settings.data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _label_names(issue: dict[str, Any]) -> list[str]:
+    return [str(label["name"]) for label in issue.get("labels", [])]
+
+
+def _mail_labels(names: list[str]) -> list[str]:
+    return sorted(n for n in names if n.strip().lower().startswith("mail:"))
+
+
+def _wanted(mail: MailRecord) -> tuple[list[str], bool]:
+    """The mail labels and open-ness the index says the issue has."""
+    if mail.state == QUIET:
+        return [], True
+    return [mail.state], mail.state != MailState.CLOSED.value
+
+
+def _shows(issue: dict[str, Any]) -> str:
+    return f"{', '.join(_mail_labels(_label_names(issue))) or 'no mail label'}, {issue['state']}"
+
+
+def _holds(mail: MailRecord) -> str:
+    labels, is_open = _wanted(mail)
+    return f"{', '.join(labels) or 'no mail label'}, {'open' if is_open else 'closed'}"
+
+
+def differs(mail: MailRecord, issue: dict[str, Any]) -> bool:
+    labels, is_open = _wanted(mail)
+    return (_mail_labels(_label_names(issue)) != labels
+            or (issue.get("state") == "open") != is_open)
+
+
+def reply_copy_id(org: str, replier: str, mail_id: str, key: str) -> str:
+    """The mail id of the copy of reply `key` to `mail_id` (as `Mailer.reply` makes it)."""
+    return str(uuid.uuid5(_REPLY_COPY_NS, f"{org.lower()}\n{replier}\nreply\n{mail_id}\n{key}"))
+
+
+def _gone(exc: ForgeError) -> bool:
+    return isinstance(exc, NotFound) or exc.status in (404, 410)
+
+
+class Doctor:
+    def __init__(self, services: Services, *, dry_run: bool = False,
+                 max_repairs: int = MAX_REPAIRS, reply_window: float = REPLY_WINDOW,
+                 budget_floor: float = BUDGET_FLOOR,
+                 progress: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.services = services
+        self.dry_run = dry_run
+        self.max_repairs = max_repairs
+        self.reply_window = reply_window
+        self.budget_floor = budget_floor
+        self.progress = progress or (lambda line: None)
+        self.clock = clock
+        self._repairs = 0
+
+    @property
+    def store(self) -> Store:
+        return self.services.store
+
+    async def run(self, orgs: list[str] | None = None) -> DoctorReport:
+        """One pass over `orgs` (default: every installation's office)."""
+        report = DoctorReport()
+        self._repairs = 0
+        with _one_pass_on_this_host(self.services) as mine:
+            if not mine:
+                report.busy = True
+                report.stopped = ("another doctor pass is running (the app's, or one by "
+                                  "hand): this one looked at nothing")
+                return report
+            async with self.store.named_lock("doctor"):  # one pass at a time
+                await self._offices(report, orgs)
+        log.info("doctor pass", extra={"dry_run": self.dry_run, **{
+            k: v for k, v in report.as_json().items() if k != "findings"}})
+        return report
+
+    async def _offices(self, report: DoctorReport, orgs: list[str] | None) -> None:
+        for org in orgs or sorted(self.services.installations):
+            forge = self.services.forge_for_org(org)
+            office = await self.services.offices.get(forge, org)
+            if office is None:
+                self.progress(f"{org}: no office config: skipped")
+                continue
+            report.offices += 1
+            token = writes_for.set(f"{office.org.lower()}/office")  # the office's turns
+            try:
+                await self._office(report, forge, office)
+            except _Stop as stop:
+                report.stopped = str(stop)
+                break
+            finally:
+                writes_for.reset(token)
+        if not self.dry_run:  # the words of replies past the window are not looked for
+            await replies.forget_before(self.store, self.clock() - self.reply_window)
+
+    # -- budget --------------------------------------------------------------------------------
+    def _check_budget(self, forge: Forge) -> None:
+        rate = getattr(forge, "rate_limit", None)
+        if (isinstance(rate, dict) and rate.get("limit")
+                and rate["remaining"] < self.budget_floor * rate["limit"]):
+            raise _Stop(f"the installation's rate budget is low ({rate['remaining']} of "
+                        f"{rate['limit']} requests left): the next pass goes on")
+
+    def _may_repair(self) -> bool:
+        if self.dry_run:
+            return False
+        if self._repairs >= self.max_repairs:
+            raise _Stop(f"{self.max_repairs} repairs made: the next pass goes on")
+        self._repairs += 1
+        return True
+
+    def _found(self, report: DoctorReport, finding: Finding) -> None:
+        report.findings.append(finding)
+        level = logging.WARNING if finding.outcome == FLAGGED else logging.INFO
+        log.log(level, "doctor: %s %s: %s", finding.kind, finding.outcome, finding.reason,
+                extra={"issue": finding.ref, "outcome": finding.outcome, "kind": finding.kind,
+                       "forge": finding.forge, "index": finding.index})
+        self.progress(f"  {finding.ref}: {finding.kind}: {finding.outcome}: {finding.reason}")
+
+    # -- an office -----------------------------------------------------------------------------
+    async def _office(self, report: DoctorReport, forge: Forge, office: Office) -> None:
+        for vault in office.vaults():
+            self._check_budget(forge)
+            report.vaults += 1
+            issues = {int(i["number"]): i async for i in forge.iter_issues(vault, state="all")}
+            indexed = await mails.list_mails(self.store, org=office.org, vault=vault,
+                                             limit=1_000_000)
+            self.progress(f"{vault}: {len(indexed)} mail(s), {len(issues)} issue(s)")
+            for mail in indexed:
+                report.mails += 1
+                issue = issues.get(mail.number)
+                if issue is None:
+                    await self._vanished(report, forge, office, mail)
+                elif differs(mail, issue):
+                    await self._state(report, forge, mail, issue)
+        await self._replies(report, forge, office)
+
+    # -- state labels --------------------------------------------------------------------------
+    async def _undecided(self, forge: Forge, mail: MailRecord) -> str | None:
+        """Why the difference may be a change the index has not taken yet (so it must not be
+        undone), or None when the forge shows only the app's own writes since the index's
+        last move: the app's latest write was lost."""
+        if await self.store.pending_about(mail.ref):
+            return "a delivery about it is still to be handled"
+        timeline = getattr(forge, "issue_timeline", None)
+        if timeline is None:
+            return "this forge lists no issue timeline to tell a lost write from a change"
+        events = [e for e in await timeline(mail.vault, mail.number)
+                  if e.get("event") in _STATE_EVENTS and (
+                      e.get("event") in ("closed", "reopened")
+                      or str((e.get("label") or {}).get("name", "")).lower().startswith("mail:"))]
+        app = self.services.bot_login.lower()
+        theirs = [e for e in events
+                  if str((e.get("actor") or {}).get("login", "")).lower() != app]
+        if not theirs:
+            return None
+        last = theirs[-1]
+        at = moves.forge_time(last.get("created_at"))
+        applied = await moves.last_move(self.store, mail.mail_id)
+        if applied is not None and at is not None and at <= applied:
+            return None  # the index took that change (and moved after it)
+        if applied is None and events and events[-1] is not last:
+            return None  # (no move recorded) the app wrote after that change
+        who = (last.get("actor") or {}).get("login", "someone")
+        return (f"{who} changed it on the forge ({last.get('event')} at "
+                f"{last.get('created_at')}) after the index's last move: a change not yet "
+                "delivered is not undone (the reconciler asks the forge for missed webhooks)")
+
+    async def _state(self, report: DoctorReport, forge: Forge, mail: MailRecord,
+                     issue: dict[str, Any]) -> None:
+        shows, holds = _shows(issue), _holds(mail)
+        why = await self._undecided(forge, mail)
+        if why is not None:
+            self._found(report, Finding(mail.ref, "state", shows, holds, FLAGGED, why))
+            return
+        if not self._may_repair():
+            self._found(report, Finding(mail.ref, "state", shows, holds, WOULD_REPAIR,
+                                        "the app's write was lost: the index's state again"))
+            return
+        async with self.services.lock_for(mail.mail_id):  # as every mover of the mail does
+            fresh = await mails.get_mail(self.store, mail.mail_id)
+            now = await forge.get_issue(mail.vault, mail.number)
+            if fresh is None or not differs(fresh, now):
+                self._found(report, Finding(mail.ref, "state", shows, holds, SKIPPED,
+                                            "it agrees now (changed meanwhile)"))
+                return
+            why = await self._undecided(forge, fresh)  # again: a change made meanwhile wins
+            if why is not None:
+                self._found(report, Finding(mail.ref, "state", _shows(now), _holds(fresh),
+                                            FLAGGED, why))
+                return
+            current = _label_names(now)
+            labels, is_open = _wanted(fresh)
+            want = MailState(labels[0]) if labels else None
+            fields: dict[str, Any] = {}
+            after = labels_for(want, current).apply(current)
+            if _mail_labels(current) != labels:
+                fields["labels"] = after
+            if (now.get("state") == "open") != is_open:
+                fields["state"] = "open" if is_open else "closed"
+                if not is_open:
+                    fields["state_reason"] = "completed"
+            await forge.update_issue(fresh.vault, fresh.number, **fields)
+        self._found(report, Finding(mail.ref, "state", _shows(now), _holds(fresh), REPAIRED,
+                                    "the app's write was lost: the index's state written "
+                                    "again"))
+
+    # -- mails whose issue vanished ------------------------------------------------------------
+    async def _vanished(self, report: DoctorReport, forge: Forge, office: Office,
+                        mail: MailRecord) -> None:
+        try:
+            await forge.get_issue(mail.vault, mail.number)
+            return  # it is there (opened after the listing)
+        except ForgeError as exc:
+            if not _gone(exc):
+                raise
+        if mail.mail_id == adopted_mail_id(mail.vault, mail.number) or not mail.in_reply_to:
+            self._found(report, Finding(mail.ref, "issue", "gone", _holds(mail), FLAGGED,
+                                        "the mail's issue is gone from the forge; only replies "
+                                        "the app delivered are opened again"))
+            return
+        if not self._may_repair():
+            self._found(report, Finding(mail.ref, "reply copy", "gone", _holds(mail),
+                                        WOULD_REPAIR, "opened again from the index"))
+            return
+        async with self.services.lock_for(mail.mail_id):
+            fresh = await mails.get_mail(self.store, mail.mail_id)
+            if fresh is None or fresh.number != mail.number:
+                self._found(report, Finding(mail.ref, "reply copy", "gone", _holds(mail),
+                                            SKIPPED, "moved meanwhile"))
+                return
+            issue = await forge.find_issue(mail.vault, mail.mail_id)  # an earlier repair's
+            key_id, digest = fresh.key_id, fresh.body_sha256
+            if issue is None:
+                header = sign_header(
+                    keyring=self.services.keyring.for_office(office.org),
+                    from_principal=fresh.from_principal, to_principal=fresh.to_principal,
+                    vault=fresh.vault, subject=fresh.subject, body=fresh.body,
+                    mail_id=fresh.mail_id, sent=fresh.sent, hops=fresh.hops,
+                    in_reply_to=fresh.in_reply_to, thread_id=fresh.thread_id,
+                    from_name=shown_as(office, fresh.from_principal),
+                    to_name=shown_as(office, fresh.to_principal))
+                key_id, digest = header.key_id, header.body_sha256
+                issue = await forge.create_issue(
+                    fresh.vault, header.subject, render_mail_body(header, fresh.body),
+                    labels=_wanted(fresh)[0], marker=fresh.mail_id)
+                if not _wanted(fresh)[1]:
+                    issue = await forge.update_issue(fresh.vault, int(issue["number"]),
+                                                     state="closed", state_reason="completed")
+            async with self.store.transaction() as db:
+                await mails.put_mail(db, replace(fresh, number=int(issue["number"]),
+                                                 key_id=key_id, body_sha256=digest))
+        self._found(report, Finding(mail.ref, "reply copy", "gone",
+                                    _holds(fresh), REPAIRED,
+                                    f"opened again as {fresh.vault}#{issue['number']}"))
+
+    # -- reply comments ------------------------------------------------------------------------
+    async def _replies(self, report: DoctorReport, forge: Forge, office: Office) -> None:
+        rows = await ledger.entries_since(self.store, office.org, "mail.replied",
+                                          self.clock() - self.reply_window)
+        by_mail: dict[str, list[tuple[str, str]]] = {}
+        for row in rows:
+            data = json.loads(row["data"])
+            key = data.get("reply")
+            if isinstance(key, str) and not key.startswith("comment:"):  # the app posted it
+                by_mail.setdefault(str(data.get("mail")), []).append((str(row["actor"]), key))
+        for mail_id, made in by_mail.items():
+            mail = await mails.get_mail(self.store, mail_id)
+            if mail is None:
+                continue
+            self._check_budget(forge)
+            report.replies += len(made)
+            comments = await forge.list_comments(mail.vault, mail.number)
+            bodies = [str(c.get("body") or "") for c in comments]
+            for replier, key in made:
+                marker = f"<!-- vaultmail:reply {key} -->"
+                if not any(marker in body for body in bodies):
+                    await self._reply_gone(report, forge, office, mail, replier, key, marker)
+
+    async def _reply_gone(self, report: DoctorReport, forge: Forge, office: Office,
+                          mail: MailRecord, replier: str, key: str, marker: str) -> None:
+        what = f"reply {key[:12]}"
+        body = await replies.kept(self.store, mail.mail_id, key)
+        source = "as it was posted"
+        if body is None:
+            copy = await mails.get_mail(self.store, reply_copy_id(office.org, replier,
+                                                                  mail.mail_id, key))
+            if copy is None:
+                self._found(report, Finding(mail.ref, "reply comment", "gone", what, FLAGGED,
+                                            "the reply's comment is gone from the forge, and "
+                                            "its words are kept nowhere else"))
+                return
+            body, source = f"**{replier}** replied:\n\n{copy.body}\n\n{marker}", \
+                f"from its copy {copy.ref}"
+        if not self._may_repair():
+            self._found(report, Finding(mail.ref, "reply comment", "gone", what, WOULD_REPAIR,
+                                        f"posted again {source}"))
+            return
+        async with self.services.lock_for(f"reply:{mail.mail_id}:{key}"):
+            comments = await forge.list_comments(mail.vault, mail.number)
+            if any(marker in str(c.get("body") or "") for c in comments):
+                self._found(report, Finding(mail.ref, "reply comment", "gone", what, SKIPPED,
+                                            "it is there now"))
+                return
+            await forge.create_comment(mail.vault, mail.number, body, marker=marker)
+        self._found(report, Finding(mail.ref, "reply comment", "gone", what, REPAIRED,
+                                    f"posted again {source}"))
+
+
+class DoctorSchedule:
+    """The leader's passes, every `every` seconds (as `Reconciler` and `Pruner` run)."""
+
+    def __init__(self, services: Services, every: float = DOCTOR_EVERY) -> None:
+        self.services = services
+        self.every = every
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="vaultmail-doctor")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def run_once(self) -> DoctorReport:
+        return await Doctor(self.services).run()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.every)
+            try:
+                if await self.services.store.is_leader():  # one replica looks for all
+                    await self.run_once()
+            except Exception as exc:  # the forge may be down: the next pass tries again
+                log.warning("doctor pass failed: %r", exc)

@@ -1,0 +1,60 @@
+"""`vaultmail doctor`: one anti-entropy pass by hand (bot.app.doctor), with progress and a
+summary table; `--dry-run` says what it would repair and writes nothing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from bot.cli.shell import ShellFailure
+
+
+async def cmd_doctor(args: argparse.Namespace) -> int:
+    """Exit 0 when the forge and the index agree (or every difference was repaired), 1 when
+    something is flagged (or, with --dry-run, would be repaired) or another pass is running,
+    2 on a usage problem."""
+    from bot.app.doctor import FLAGGED, WOULD_REPAIR, Doctor
+    from bot.cli.office import app_services
+
+    async with app_services(args.data) as services:
+        orgs = [args.org.lower()] if args.org else sorted(services.installations)
+        if not orgs:
+            raise ShellFailure("not_installed", "the App is not installed on any "
+                               "organisation: install it, then run the doctor")
+        for org in orgs:
+            if services.installation_of(org) is None:
+                raise ShellFailure("not_installed", f"the App is not installed on {org}")
+
+        def progress(line: str) -> None:
+            if not args.json:
+                print(line, file=sys.stderr, flush=True)
+
+        doctor = Doctor(services, dry_run=args.dry_run, max_repairs=args.max_repairs,
+                        reply_window=args.reply_days * 86400.0, progress=progress)
+        report = await doctor.run(orgs)
+    if args.json:
+        print(json.dumps({"ok": True, "result": {"dry_run": args.dry_run,
+                                                 **report.as_json()}}))
+    else:
+        print(("dry run: nothing written\n" if args.dry_run else "") + report.table())
+    counts = report.counts()
+    return 1 if report.busy or counts.get(FLAGGED) or counts.get(WOULD_REPAIR) else 0
+
+
+def add_doctor_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from bot.app.doctor import MAX_REPAIRS, REPLY_WINDOW
+
+    p = sub.add_parser("doctor", help="find writes the forge lost (state labels, replies) and "
+                                      "repair them from the index")
+    p.add_argument("--data", help="the data dir of `vaultmail up --data` (or VAULTMAIL_DATA)")
+    p.add_argument("--org", help="only this organisation's office (default: every installation)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="say what would be repaired; write nothing")
+    p.add_argument("--max-repairs", type=int, default=MAX_REPAIRS,
+                   help=f"forge writes this pass makes at most (default {MAX_REPAIRS})")
+    p.add_argument("--reply-days", type=float, default=REPLY_WINDOW / 86400.0,
+                   help="look for the comments of replies ledgered this many days back "
+                        f"(default {REPLY_WINDOW / 86400.0:g})")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_doctor)

@@ -1,0 +1,54 @@
+"""`vaultmail doctor` on Gitea (issue 28): a reply comment an admin deleted is posted again
+from the words the app kept, once; a difference in state is flagged, never written (Gitea's
+issue timeline is not read, so a lost write cannot be told from a change not yet delivered)."""
+
+from __future__ import annotations
+
+import re
+
+import aiohttp
+
+from bot.app.embedded import Embedded
+from tests.gitea.test_mail_on_gitea import VAULT, Person, tool
+from tests.test_tamper import vaultmail
+
+
+def _count(out: str, outcome: str) -> int:
+    found = re.search(rf"{outcome}: (\d+)", out)
+    assert found, out
+    return int(found[1])
+
+
+async def test_the_doctor_on_gitea(office: Embedded) -> None:
+    async with aiohttp.ClientSession() as s:
+        status, sent = await tool(s, office, "human:marco@acme.com", "mail_send", to="scout",
+                                  subject="Prices", body="EU?")
+        assert status == 200, sent
+        ref, n = f"{VAULT}#{sent['mail']['number']}", sent["mail"]["number"]
+        await office.settle()
+        status, replied = await tool(s, office, "agent:scout", "mail_reply", mail=ref,
+                                     body="Up 3 %.", idempotencyKey="g1")
+        assert status == 200, replied
+        await office.settle()
+        admin, marco = Person(s, office, "admin"), Person(s, office, "marco")
+        marker = "<!-- vaultmail:reply g1 -->"
+        [comment] = [c for c in await admin.comments(n) if marker in c["body"]]
+        await admin.call("DELETE", f"/repos/{VAULT}/issues/comments/{comment['id']}",
+                         expect=204)
+        await office.settle()
+
+        code, out = await vaultmail(office, "doctor")
+        assert code == 0 and _count(out, "repaired") == 1, out
+        code, out = await vaultmail(office, "doctor")
+        assert code == 0 and "the forge and the index agree" in out, out
+        back = [c for c in await admin.comments(n) if marker in c["body"]]
+        assert len(back) == 1 and "Up 3 %." in back[0]["body"], back
+
+        office.forge.faults.drop_webhooks(count=2)  # marco's close by hand is not delivered
+        await marco.call("PATCH", f"/repos/{VAULT}/issues/{n}", {"state": "closed"},
+                         expect=201)
+        await office.forge.webhooks_idle()
+        code, out = await vaultmail(office, "doctor")
+        assert code == 1 and _count(out, "flagged") == 1, out
+        assert "no issue timeline" in out, out
+        assert (await marco.issue(n))["state"] == "closed", "nothing written"

@@ -1,0 +1,219 @@
+"""`vaultmail doctor` (issue 28): writes the forge acknowledged and then lost are found and
+repaired from the index, once, however often it runs; a change the index has not taken yet is
+flagged, never undone.
+
+The forge loses writes through its `lost` fault (it answers the write, then the repository is
+as it was before it) or an admin deleting a comment; the doctor runs as the operator runs it,
+`vaultmail doctor --data DIR` in a process of its own, on both engines."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from bot.app.embedded import Embedded
+from bot.store import mails
+from tests.support import label_names
+from tests.test_tamper import vaultmail
+
+SCOUT_VAULT, BUILDER_VAULT = "acme/scout-vault", "acme/builder-vault"
+PATCH_ISSUE = "PATCH /repos/{owner}/{repo}/issues/{issue_number}"
+CREATE_ISSUE = "POST /repos/{owner}/{repo}/issues"
+
+
+def _number(ref: str) -> int:
+    return int(ref.rsplit("#", 1)[1])
+
+
+def _count(out: str, outcome: str) -> int:
+    found = re.search(rf"{outcome}: (\d+)", out)
+    assert found, out
+    return int(found[1])
+
+
+async def test_the_doctor_repairs_lost_writes_once(embedded: Embedded, person: Any,
+                                                   tools: Any) -> None:
+    marco, builder, scout = (tools("human:marco@acme.com"), tools("agent:builder"),
+                             tools("agent:scout"))
+    admin = person("admin")
+    store, faults = embedded.services.store, embedded.forge.faults
+    closed = (await marco("mail_send", to="scout", subject="Close me", body="done?"))["mail"]
+    told = (await marco("mail_send", to="scout", subject="Prices", body="EU?"))["mail"]
+    asked = (await builder("mail_send", to="scout", subject="Spec", body="Spec v1?"))["mail"]
+    await embedded.settle()
+
+    # 1. the close's PATCH is answered, then lost: the forge shows the mail as it was
+    lose = faults.add(route=PATCH_ISSUE, mode="lost", count=1)
+    assert (await marco("mail_close", mail=closed["ref"]))["mail"]["state"] == "mail:closed"
+    assert lose.fired == 1
+    # 2. scout's reply: the copy opened in builder's vault is answered, then lost; and an
+    #    admin deletes the reply's comment from the mail's issue
+    lose = faults.add(route=CREATE_ISSUE, mode="lost", count=1)
+    await scout("mail_reply", mail=asked["ref"], body="Spec v1 looks right.",
+                idempotencyKey="reply-1")
+    assert lose.fired == 1
+    # 3. scout's reply to marco: its comment is answered, then lost
+    lose = faults.add(route="POST /repos/{owner}/{repo}/issues/{issue_number}/comments",
+                      mode="lost", count=1)
+    await scout("mail_reply", mail=told["ref"], body="EU prices are up 3 %.",
+                idempotencyKey="reply-2")
+    assert lose.fired == 1
+    await embedded.settle()
+    marker, marker2 = "<!-- vaultmail:reply reply-1 -->", "<!-- vaultmail:reply reply-2 -->"
+    comment = next(c for c in await admin.comments(SCOUT_VAULT, _number(asked["ref"]))
+                   if marker in c["body"])
+    await admin.call("DELETE", f"/repos/{SCOUT_VAULT}/issues/comments/{comment['id']}",
+                     expect=204)
+    await embedded.settle()
+
+    copy = next(m for m in await mails.list_mails(store, org="acme", vault=BUILDER_VAULT)
+                if m.in_reply_to == asked["ref"])
+    issue = await admin.issue(SCOUT_VAULT, _number(closed["ref"]))
+    assert (issue["state"], label_names(issue)) == ("open", ["mail:new"]), "the close was lost"
+    await admin.call("GET", f"/repos/{BUILDER_VAULT}/issues/{copy.number}", expect=404)
+    assert not [i for i in await admin.issues(BUILDER_VAULT) if copy.mail_id in i["body"]]
+    assert not [c for c in await admin.comments(SCOUT_VAULT, _number(told["ref"]))
+                if marker2 in c["body"]]
+
+    # a dry run says what it would repair, and writes nothing
+    code, out = await vaultmail(embedded, "doctor", "--dry-run")
+    assert code == 1, out
+    assert _count(out, "would repair") == 4 and _count(out, "repaired") == 0, out
+    issue = await admin.issue(SCOUT_VAULT, _number(closed["ref"]))
+    assert issue["state"] == "open", "a dry run writes nothing"
+
+    code, out = await vaultmail(embedded, "doctor")
+    assert code == 0, out
+    assert _count(out, "repaired") == 4 and _count(out, "flagged") == 0, out
+    await embedded.settle()
+
+    async def end_state() -> tuple[Any, ...]:
+        closed_issue = await admin.issue(SCOUT_VAULT, _number(closed["ref"]))
+        replies = [c for c in await admin.comments(SCOUT_VAULT, _number(asked["ref"]))
+                   if marker in c["body"]]
+        copies = [i for i in await admin.issues(BUILDER_VAULT) if copy.mail_id in i["body"]]
+        to_marco = [c["body"] for c in await admin.comments(SCOUT_VAULT, _number(told["ref"]))
+                    if marker2 in c["body"]]
+        return (closed_issue["state"], label_names(closed_issue), len(replies),
+                [(i["number"], label_names(i), i["state"]) for i in copies],
+                [r["body"] for r in replies], to_marco)
+
+    repaired = await end_state()
+    assert repaired[:3] == ("closed", ["mail:closed"], 1), repaired
+    assert "Spec v1 looks right." in repaired[4][0]
+    [to_marco] = repaired[5]  # the reply to a person, which has no copy, is back too
+    assert "EU prices are up 3 %." in to_marco and "**agent:scout** replied" in to_marco
+    [(number, labels, state)] = repaired[3]
+    assert labels == ["mail:new"] and state == "open", repaired
+    row = await mails.get_mail(store, copy.mail_id)
+    assert row is not None and row.number == number, "the index points at the copy again"
+    code, out = await vaultmail(embedded, "verify", f"{BUILDER_VAULT}#{number}")
+    assert code == 0, out  # the copy opened again verifies as the app's signed mail
+
+    # again: nothing left to repair, nothing doubled
+    code, out = await vaultmail(embedded, "doctor")
+    assert code == 0 and _count(out, "repaired") == 0, out
+    assert "the forge and the index agree" in out, out
+    await embedded.settle()
+    assert await end_state() == repaired
+
+
+async def test_a_change_not_yet_delivered_is_flagged_not_undone(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    marco = person("marco")
+    sent = (await tools("human:marco@acme.com")("mail_send", to="scout", subject="Hand",
+                                                 body="x"))["mail"]
+    await embedded.settle()
+    embedded.forge.faults.drop_webhooks(count=1)  # marco's close by hand is not delivered
+    await marco.call("PATCH", f"/repos/{SCOUT_VAULT}/issues/{_number(sent['ref'])}",
+                     {"state": "closed"}, expect=200)
+    await embedded.settle()
+    row = await mails.get_mail(embedded.services.store, sent["mail_id"])
+    assert row is not None and row.state == "mail:new"
+
+    code, out = await vaultmail(embedded, "doctor")
+    assert code == 1, out
+    assert _count(out, "flagged") == 1 and _count(out, "repaired") == 0, out
+    assert "marco changed it on the forge" in out, out
+    issue = await marco.issue(SCOUT_VAULT, _number(sent["ref"]))
+    assert issue["state"] == "closed", "marco's close is not undone"
+
+    assert await embedded.reconciler.run_once() == 1  # the close arrives after all
+    await embedded.settle()
+    code, out = await vaultmail(embedded, "doctor")
+    assert code == 0 and "the forge and the index agree" in out, out
+    row = await mails.get_mail(embedded.services.store, sent["mail_id"])
+    assert row is not None and row.state == "mail:closed"
+
+
+async def test_the_leaders_scheduled_pass_repairs_a_lost_move(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """The pass the leader runs every VAULTMAIL_DOCTOR_SECONDS, in the app's own process: a
+    lost `mail:working` label is written again, under the same locks as the worker's."""
+    from bot.app.web import DOCTOR_KEY
+
+    sent = (await tools("human:marco@acme.com")("mail_send", to="scout", subject="Open me",
+                                                 body="x"))["mail"]
+    await embedded.settle()
+    embedded.forge.faults.add(route=PATCH_ISSUE, mode="lost", count=1)
+    await tools("agent:scout")("mail_open", mail=sent["ref"])
+    issue = await person("admin").issue(SCOUT_VAULT, _number(sent["ref"]))
+    assert label_names(issue) == ["mail:new"], "the open was lost"
+
+    schedule = embedded.runner.app[DOCTOR_KEY]
+    assert await embedded.services.store.is_leader()
+    report = await schedule.run_once()
+    assert report.counts() == {"repaired": 1}, report.table()
+    issue = await person("admin").issue(SCOUT_VAULT, _number(sent["ref"]))
+    assert label_names(issue) == ["mail:working"] and issue["state"] == "open"
+    assert (await schedule.run_once()).findings == []
+
+
+async def test_one_pass_at_a_time_beside_the_app_on_sqlite(embedded: Embedded) -> None:
+    """On SQLite `vaultmail doctor` is a process beside the app, whose locks it does not
+    share: while another pass holds the data directory's lock, it looks at nothing."""
+    import fcntl
+    import os
+
+    if embedded.services.store.engine != "sqlite":
+        return  # PostgreSQL: the database's named lock, shared by every process
+    fd = os.open(embedded.data_dir / "doctor.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as the app's own pass holds it
+        code, out = await vaultmail(embedded, "doctor")
+        assert code == 1 and "another doctor pass is running" in out, out
+    finally:
+        os.close(fd)
+    code, out = await vaultmail(embedded, "doctor")
+    assert code == 0 and "the forge and the index agree" in out, out
+
+
+async def test_two_passes_at_once_repair_each_thing_once(embedded: Embedded, person: Any,
+                                                        tools: Any) -> None:
+    """The app's pass and one by hand, or two by hand, at the same time: every lost write is
+    written again once (PostgreSQL: the database's lock; SQLite: the data directory's)."""
+    import asyncio
+
+    marco, scout, admin = tools("human:marco@acme.com"), tools("agent:scout"), person("admin")
+    one = (await marco("mail_send", to="scout", subject="One", body="1"))["mail"]
+    two = (await marco("mail_send", to="scout", subject="Two", body="2"))["mail"]
+    await embedded.settle()
+    embedded.forge.faults.add(route=PATCH_ISSUE, mode="lost", count=1)
+    await marco("mail_close", mail=one["ref"])
+    embedded.forge.faults.add(route="POST /repos/{owner}/{repo}/issues/{issue_number}/comments",
+                              mode="lost", count=1)
+    await scout("mail_reply", mail=two["ref"], body="Two it is.", idempotencyKey="two")
+    await embedded.settle()
+
+    from bot.app.web import DOCTOR_KEY
+
+    runs = await asyncio.gather(vaultmail(embedded, "doctor"), vaultmail(embedded, "doctor"),
+                                embedded.runner.app[DOCTOR_KEY].run_once())
+    repaired = sum(_count(out, "repaired") for _, out in runs[:2]) + runs[2].counts().get(
+        "repaired", 0)
+    assert repaired == 2, runs
+    issue = await admin.issue(SCOUT_VAULT, _number(one["ref"]))
+    assert (issue["state"], label_names(issue)) == ("closed", ["mail:closed"])
+    comments = [c for c in await admin.comments(SCOUT_VAULT, _number(two["ref"]))
+                if "<!-- vaultmail:reply two -->" in c["body"]]
+    assert len(comments) == 1, comments
