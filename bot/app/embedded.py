@@ -21,10 +21,14 @@ from bot.app import runs
 from bot.app.egress import OutboundPolicy
 from bot.app.reconcile import Reconciler
 from bot.app.services import SERVICES_KEY, Services
-from bot.app.settings import Settings, commands_setting, outbound_setting
+from bot.app.settings import EmailSettings, Settings, commands_setting, outbound_setting
 from bot.app.web import RECONCILER_KEY, WORKER_KEY, create_app
 from bot.app.worker import Worker
 from bot.console.signin import CALLBACK
+from bot.email.auth import Resolver
+from bot.email.gateway import GATEWAY_KEY, add_email
+from bot.email.server import ListenError
+from bot.email.server import bind as bind_smtp
 from bot.office.config import (
     PYTHON,
     AgentCommands,
@@ -42,7 +46,7 @@ from localforge import LocalForge
 
 APP_SLUG = "vaultmail"
 # installation and installation_repositories always reach an App; it cannot subscribe to them.
-APP_EVENTS = ["issues", "issue_comment", "label", "push"]
+APP_EVENTS = ["issues", "issue_comment", "label", "push", "sub_issues"]  # as app.yml
 APP_PERMISSIONS = {"issues": "write", "metadata": "read", "contents": "read"}
 GITEA_EVENTS = ["issues", "issue_comment", "push"]  # "issues" covers issue_label and the like
 # The embedded default is its own operator: the example office's echo agent (`dispatch:
@@ -127,6 +131,12 @@ class Embedded:
         return self.runner.app[RECONCILER_KEY]
 
     @property
+    def smtp_port(self) -> int | None:
+        """The SMTP listener's port (`start_embedded(email=...)`), None without one."""
+        gateway = self.runner.app.get(GATEWAY_KEY)
+        return gateway.port if gateway is not None else None
+
+    @property
     def tokens_path(self) -> Path:
         return self.data_dir / "tokens.json"
 
@@ -167,11 +177,14 @@ async def start_embedded(
     replica_id: str = "",
     agent_commands: AgentCommands | None = None,
     outbound: OutboundPolicy | None = None,
+    email: EmailSettings | None = None,
+    resolver: Resolver | None = None,
 ) -> Embedded:
     """`office_path` is the operator's own file: its `{command: [...]}` dispatches are taken
     as the operator's commands (with EXAMPLE_COMMANDS, VAULTMAIL_AGENT_COMMANDS and
     `agent_commands`), and the forge gets the config as an org would write it. `outbound`: the
-    operator's outbound policy (else VAULTMAIL_OUTBOUND_ALLOW's)."""
+    operator's outbound policy (else VAULTMAIL_OUTBOUND_ALLOW's). `email`: real mailboxes
+    (the SMTP listener, the relay; bot.email), their DNS lookups by `resolver`."""
     private_dir(data_dir)  # keys, tokens, the index: the app's alone (0700)
     office = load_office(office_path)
     in_repository, file_commands = repository_form(office)
@@ -195,6 +208,13 @@ async def start_embedded(
         sock.close()
         raise PortInUse(f"cannot listen on {host}:{port} for the app: {exc.strerror}: stop "
                         "what uses that port or choose another (--port)") from None
+    smtp_sock = None
+    if email is not None and email.listen_port is not None:
+        try:
+            smtp_sock = bind_smtp(email.listen_host, email.listen_port)
+        except ListenError as exc:
+            sock.close()
+            raise PortInUse(str(exc)) from None
     # what people open and the forge posts to: a wildcard bind is reached on loopback here
     shown = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(host, host)
     app_url = f"http://{shown}:{sock.getsockname()[1]}"
@@ -203,6 +223,8 @@ async def start_embedded(
         await forge.start(host=host, port=forge_port)
     except OSError as exc:
         sock.close()
+        if smtp_sock is not None:
+            smtp_sock.close()
         await forge.stop()
         raise PortInUse(f"cannot listen on {host}:{forge_port} for the local forge: "
                         f"{exc.strerror}: stop what uses that port or choose another "
@@ -240,8 +262,12 @@ async def start_embedded(
                         dialect=identity.dialect, token=identity.token,
                         client_id=client_id, client_secret=client_secret, public_url=app_url,
                         token_sign_in=True, database_url=identity.database_url,
-                        replica_id=replica_id, agent_commands=commands, outbound=outbound)
-    runner = web.AppRunner(create_app(settings), access_log=None)
+                        replica_id=replica_id, agent_commands=commands, outbound=outbound,
+                        email=email or EmailSettings())
+    app = create_app(settings)
+    if email is not None:
+        add_email(app, email, resolver=resolver, sock=smtp_sock)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.SockSite(runner, sock).start()
 

@@ -96,8 +96,10 @@ _NAME_RE = re.compile(r"^(login:[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})|agent:[a-z0-9-
 
 _ID = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}"
 _REPO = r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+"
+# `email:<address>`: someone outside the office who wrote by email (bot/email), never a
+# person or agent of the office whatever their From said
 _PRINCIPAL_RE = re.compile(
-    r"^(human:[^\s@<>`|\\]+@[^\s@<>`|\\]+|agent:[a-z0-9][a-z0-9-]{0,38}|office)$"
+    r"^((?:human|email):[^\s@<>`|\\]+@[^\s@<>`|\\]+|agent:[a-z0-9][a-z0-9-]{0,38}|office)$"
 )
 _ID_RE = re.compile(rf"^{_ID}$")
 _REPO_RE = re.compile(rf"^{_REPO}$")
@@ -193,7 +195,7 @@ class MailHeader(BaseModel):
     @classmethod
     def _principal(cls, v: str) -> str:
         if not _PRINCIPAL_RE.match(v):
-            raise ValueError("must be human:<email>, agent:<slug> or office")
+            raise ValueError("must be human:<email>, email:<address>, agent:<slug> or office")
         return v
 
     @field_validator("sent")

@@ -1,0 +1,86 @@
+"""Email in the app's life: the SMTP listener and the outbox start with the app and stop
+before it (an aiohttp cleanup context added to the app `create_app` built), whichever command
+runs it (`vaultmail up`, `vaultmail serve --smtp-port`, the tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from bot.app.settings import EmailSettings
+from bot.app.web import STARTUP_KEY
+from bot.email.auth import Resolver
+from bot.email.intake import EmailIntake
+from bot.email.outbox import Outbox
+from bot.email.policy import SenderRate
+from bot.email.server import SmtpHandler, SmtpServer, bind
+
+
+@dataclass
+class EmailGateway:
+    """The running parts; `port` is the listener's (None without one)."""
+
+    server: SmtpServer | None
+    intake: EmailIntake | None = None
+    outbox: Outbox | None = None
+
+    @property
+    def port(self) -> int | None:
+        return self.server.port if self.server is not None else None
+
+
+GATEWAY_KEY = web.AppKey("email", EmailGateway)
+
+
+def _system_resolver() -> Resolver:
+    from bot.email.dns import SystemResolver
+
+    return SystemResolver()
+
+
+def add_email(app: web.Application, settings: EmailSettings, *,
+              resolver: Resolver | None = None, sock: socket.socket | None = None) -> None:
+    """Run email with `app`: the listener when `settings.listen_port` is set (0: any free
+    port; on `sock` when it is bound already), the outbox (replies out through
+    `settings.relay_url`) once the app has started. ListenError when the port is taken, here,
+    before anything is started."""
+    if sock is None and settings.listen_port is not None:
+        sock = bind(settings.listen_host, settings.listen_port)
+    startup = app[STARTUP_KEY]
+
+    def intake() -> EmailIntake | None:
+        return gateway.intake
+
+    handler = SmtpHandler(intake, resolver or _system_resolver(),
+                          rate=SenderRate(settings.sender_rate))
+    server = None if sock is None else SmtpServer(
+        handler, sock, max_bytes=settings.max_bytes, hostname=settings.hostname)
+    gateway = app[GATEWAY_KEY] = EmailGateway(server)
+
+    async def when_started() -> None:
+        await startup.ready.wait()
+        services = startup.services
+        assert services is not None
+        gateway.intake = EmailIntake(services)
+        gateway.outbox = Outbox(services, gateway.intake, settings.relay_url)
+        gateway.outbox.start()
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        if server is not None:
+            await server.start()
+        starting = asyncio.create_task(when_started(), name="vaultmail-email-start")
+        yield
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        if server is not None:
+            await server.stop()
+        if gateway.outbox is not None:
+            await gateway.outbox.stop()
+
+    app.cleanup_ctx.append(lifecycle)

@@ -1,0 +1,201 @@
+"""What an accepted message becomes: mail in the agent's vault (through `Mailer`, the path
+internal mail takes), a comment on its thread when it answers one, or, for a delivery report
+about a reply the app sent, the reply marked bounced and its agent told by mail.
+
+Every outcome is once per Message-ID: a new mail's id is derived from it (`Mailer.draft`'s
+idempotency key), a message in a thread is handled under `Store.once`, and one message id is
+worked on by one task at a time (`lock_for`), so a client that sends a message again (a
+timeout, a retry after a 451) doubles nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import TYPE_CHECKING
+
+from bot.email import outgoing
+from bot.email.addresses import Mailbox, mailbox, principal_of
+from bot.email.auth import Verdicts
+from bot.email.message import Bounce, Inbound, read_meta, render_inbound
+from bot.email.policy import Decision, decide
+from bot.mail.header import clean_subject
+from bot.mail.mailer import MAX_SUBJECT, Mailer, fits
+from bot.mail.markdown import defuse_mentions
+from bot.office.config import Office
+from bot.store import idempotency, mails
+from bot.store.mails import MailRecord
+
+if TYPE_CHECKING:
+    from bot.app.services import Services
+
+log = logging.getLogger("vaultmail.email")
+MAX_THREAD_REFS = 20
+
+
+def subject_of(message: Inbound) -> str:
+    """The mail's subject: the message's, cleaned and clipped, or `(no subject)`."""
+    subject = clean_subject(message.subject) or "(no subject)"
+    return subject if len(subject) <= MAX_SUBJECT else subject[:MAX_SUBJECT - 1].rstrip() + "…"
+
+
+def _marker(message_id: str) -> str:
+    return f"<!-- vaultmail:email-in {hashlib.sha256(message_id.encode()).hexdigest()[:32]} -->"
+
+
+class EmailIntake:
+    def __init__(self, services: Services) -> None:
+        self.services = services
+
+    async def offices(self) -> list[Office]:
+        """Every installed office's config (each read through the office source's cache)."""
+        services, found = self.services, []
+        for org in sorted(services.installations):
+            office = await services.offices.get(services.forge_for_org(org), org)
+            if office is not None and office.email is not None:
+                found.append(office)
+        return found
+
+    async def mailbox(self, address: str) -> Mailbox | None:
+        return mailbox(await self.offices(), address)
+
+    def mailer(self, office: Office) -> Mailer:
+        return Mailer(self.services, self.services.forge_for_org(office.org), office)
+
+    def decide(self, box: Mailbox, message: Inbound, verdicts: Verdicts) -> Decision:
+        """Whether `message` reaches `box`'s agent, and wakes it (bot.email.policy)."""
+        return decide(box.office, box.agent, message, verdicts)
+
+    async def receive(self, box: Mailbox, message: Inbound, verdicts: Verdicts) -> MailRecord:
+        """Deliver `message` to `box`'s agent: the mail (new, or the one whose thread it
+        answers) as it stands once the message is in it. The caller has refused it already
+        when the agent's policy refuses it."""
+        office, agent = box.office, box.agent
+        decision = self.decide(box, message, verdicts)
+        quiet = decision.reason if decision.action == "quiet" else None
+        async with self.services.lock_for(f"email-in:{office.org.lower()}:{agent.slug}:"
+                                          f"{message.message_id}"):
+            thread = await self.thread_of(box, message)
+            if thread is not None:
+                return await self._add_to_thread(box, thread, message, verdicts, quiet)
+            mailer = self.mailer(office)
+            draft = await mailer.draft(
+                principal_of(message.sender), agent.principal, subject_of(message),
+                render_inbound(message, verdicts, quiet=quiet), check=False,
+                idempotency_key=f"email\n{agent.slug}\n{message.message_id}")
+            record = await mailer.deliver(draft, quiet=quiet)
+            if decision.held:
+                await self._tell_held(office, record, decision.reason or "held")
+        log.info("email delivered", extra={"mail": record.ref, "message_id": message.message_id,
+                                           "quiet": bool(quiet)})
+        return record
+
+    async def _tell_held(self, office: Office, mail: MailRecord, reason: str) -> None:
+        """A held mail's agent's person is mentioned on it once, so the forge tells them."""
+        agent = office.agent(mail.to_principal.removeprefix("agent:"))
+        person = office.human(agent.person) if agent is not None and agent.person else None
+        if person is None:
+            return
+        forge = self.services.forge_for_org(office.org)
+        marker = f"<!-- vaultmail:email-held {mail.mail_id} -->"
+        if await forge.find_comment(mail.vault, mail.number, marker) is None:
+            await forge.create_comment(mail.vault, mail.number, fits(
+                f"@{person.login} this mail is held for you: {defuse_mentions(reason)}. "
+                "Release it to the agent by giving it the label `mail:new`, or drop it by "
+                f"closing the issue.\n\n{marker}", "the held note"), marker=marker)
+
+    async def thread_of(self, box: Mailbox, message: Inbound) -> MailRecord | None:
+        """The agent's mail whose thread `message` answers (In-Reply-To, References): one the
+        app's own reply names, or one made of a message it names."""
+        store, office = self.services.store, box.office
+        for ref in message.thread_refs[:MAX_THREAD_REFS]:
+            mail_id = outgoing.mail_of_message_id(ref, box.domain)
+            if mail_id is not None:
+                found = await mails.get_mail(store, mail_id)
+                if found is not None and found.org == office.org.lower() \
+                        and found.to_principal == box.agent.principal:
+                    return found
+                continue
+            for candidate in await mails.find_mails(store, org=office.org,
+                                                    state=None, agent=box.agent.principal,
+                                                    text=ref.strip("<>"), limit=5):
+                meta = read_meta(candidate.body)
+                if meta is not None and meta.message_id == ref \
+                        and candidate.to_principal == box.agent.principal:
+                    return candidate
+        return None
+
+    async def _add_to_thread(self, box: Mailbox, mail: MailRecord, message: Inbound,
+                             verdicts: Verdicts, quiet: str | None) -> MailRecord:
+        """The message as a comment on the thread's mail, and, unless an automaton sent it,
+        the mail the agent's turn again (a follow-up): once per Message-ID."""
+        store = self.services.store
+        mailer = self.mailer(box.office)
+        forge = mailer.forge
+        sender = principal_of(message.sender)
+        marker = _marker(message.message_id)
+        text = fits(defuse_mentions(
+            f"**{sender}** wrote by email:\n\n{render_inbound(message, verdicts, quiet=quiet)}"
+            f"\n\n{marker}"), "the message, its byline added")
+
+        async def work() -> idempotency.Result:
+            if not idempotency.resumed() or await forge.find_comment(
+                    mail.vault, mail.number, marker) is None:
+                await forge.create_comment(mail.vault, mail.number, text, marker=marker)
+            if quiet is None:
+                # the original sender writes again, or someone else in the thread (a Cc
+                # answering all): the office hands it on
+                actor = sender if sender == mail.from_principal else "office"
+                await mailer.follow_up(mail, actor, text=message.text)
+            return {"mail": mail.mail_id}
+
+        await store.once(f"email-in:{box.office.org.lower()}", f"{mail.ref}\n{message.message_id}",
+                         idempotency.fingerprint([mail.ref, message.message_id]), work)
+        return await mails.get_mail(store, mail.mail_id) or mail
+
+    async def bounced(self, box: Mailbox, bounce: Bounce) -> MailRecord | None:
+        """A delivery report about a reply the app sent: the mail marked bounced (a comment
+        on it) and its agent told by mail in its vault. None when the report is about no
+        reply of this office's."""
+        mail_id = outgoing.mail_of_message_id(bounce.original_id, box.domain)
+        store = self.services.store
+        mail = await mails.get_mail(store, mail_id) if mail_id else None
+        if mail is None or mail.org != box.office.org.lower():
+            return None
+        why = (f"status {bounce.status or 'unknown'}"
+               + (f": {bounce.diagnostic}" if bounce.diagnostic else ""))
+        return await self.report_bounce(box.office, mail, bounce.original_id, bounce.recipient,
+                                        why)
+
+    async def report_bounce(self, office: Office, mail: MailRecord, message_id: str,
+                            recipient: str, why: str) -> MailRecord | None:
+        """The reply `message_id` on `mail` will never arrive at `recipient`: a note on the
+        mail's issue and a mail to its agent, in the thread, once."""
+        agent = office.agent(mail.to_principal.removeprefix("agent:"))
+        if agent is None:
+            return None
+        store = self.services.store
+        mailer = self.mailer(office)
+        digest = hashlib.sha256(f"{message_id}\n{recipient}".encode()).hexdigest()[:32]
+        marker = f"<!-- vaultmail:email-bounced {digest} -->"
+        note = fits(defuse_mentions(
+            f"📭 The reply sent by email as `{message_id}` to `{recipient}` bounced ({why})."
+            f"\n\n{marker}"), "the bounce note")
+        subject = f"Undelivered: {mail.subject}"
+        if len(subject) > MAX_SUBJECT:
+            subject = subject[:MAX_SUBJECT - 1].rstrip() + "…"
+
+        async def work() -> idempotency.Result:
+            if await mailer.forge.find_comment(mail.vault, mail.number, marker) is None:
+                await mailer.forge.create_comment(mail.vault, mail.number, note, marker=marker)
+            told = await mailer.send(
+                "office", agent.principal, subject,
+                f"Your reply by email to `{recipient}` on {mail.ref} did not arrive: {why}."
+                f"\n\nThe reply's Message-ID: `{message_id}`.", reply_to=mail, check=False,
+                idempotency_key=f"bounce\n{message_id}\n{recipient}")
+            return {"mail": told.mail_id}
+
+        done = await store.once(f"email-bounce:{office.org.lower()}",
+                                f"{message_id}\n{recipient}",
+                                idempotency.fingerprint([message_id, recipient]), work)
+        return await mails.get_mail(store, str(done["mail"]))

@@ -1,0 +1,103 @@
+"""Whether a message from outside reaches an agent, and whether it wakes it. Pure, no I/O.
+
+In order: mail an automaton sent (Auto-Submitted, Precedence: bulk, a report, a list) is
+delivered without waking anyone, never answered automatically (the loop guard over email);
+mail failing DMARC is held, whatever the policy; a sender the agent's `email.policy.accept`
+does not take is refused (550) or held, as its `otherwise` says; and with `wake: false`
+outside mail wakes no one. An allow-list counts a sender only when its From domain is
+authenticated (an aligned SPF or DKIM pass), so a forged From matches nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from bot.email.auth import Verdicts
+from bot.email.message import Inbound
+from bot.office.config import Agent, EmailPolicy, Office
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Literal["deliver", "quiet", "refuse"]
+    reason: str | None = None
+    held: bool = False
+
+
+def policy_of(office: Office, agent: Agent) -> EmailPolicy:
+    if office.email is None:
+        return EmailPolicy()
+    return office.email.policy.get(agent.slug, EmailPolicy())
+
+
+def accepts(office: Office, policy: EmailPolicy, sender: str) -> bool:
+    if policy.accept == "anyone":
+        return True
+    if policy.accept == "office":
+        return office.human(sender) is not None
+    domain = sender.rpartition("@")[2]
+    for entry in policy.accept:
+        if "@" in entry and not entry.startswith("@"):
+            if sender == entry:
+                return True
+        else:
+            wanted = entry.lstrip("@")
+            if domain == wanted or domain.endswith("." + wanted):
+                return True
+    return False
+
+
+def decide(office: Office, agent: Agent, message: Inbound, verdicts: Verdicts) -> Decision:
+    if message.automatic:
+        return Decision("quiet", f"sent by an automaton ({message.automatic}): delivered "
+                                 "without mail:new, it wakes no agent")
+    if verdicts.dmarc == "fail":
+        return Decision("quiet", f"held: fails DMARC for {verdicts.from_domain} (p="
+                                 f"{verdicts.dmarc_policy or 'none'}), its From may be forged;"
+                                 " delivered without mail:new, it wakes no agent", held=True)
+    policy = policy_of(office, agent)
+    if policy.accept != "anyone" and not (verdicts.aligned and accepts(office, policy,
+                                                                       message.sender)):
+        what = ("the office only" if policy.accept == "office"
+                else ", ".join(policy.accept) if isinstance(policy.accept, list) else "")
+        why = (f"{agent.slug} takes email from {what}, and {message.sender} is not "
+               + ("among them" if verdicts.aligned else
+                  "authenticated (no aligned SPF or DKIM pass)"))
+        if policy.otherwise == "refuse":
+            return Decision("refuse", why)
+        return Decision("quiet", f"held: {why}; delivered without mail:new, it wakes no agent",
+                        held=True)
+    if not policy.wake:
+        return Decision("quiet", f"{agent.slug}'s email.policy.wake is off: delivered without "
+                                 "mail:new")
+    return Decision("deliver")
+
+
+class SenderRate:
+    """At most `per_minute` messages a minute from one outside sender to one agent (a mail
+    storm is answered 451, try later: the sender's server keeps the messages and sends them
+    again, so nothing is lost). Kept per process; `clock` is injectable."""
+
+    WINDOW = 60.0
+
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_minute, self.clock = per_minute, clock
+        self._seen: dict[tuple[str, str, str], deque[float]] = {}
+
+    def admit(self, org: str, agent: str, sender: str) -> bool:
+        """Count one message, or False when the sender is over its rate (nothing counted)."""
+        now = self.clock()
+        key = (org.lower(), agent, sender)
+        seen = self._seen.setdefault(key, deque())
+        while seen and seen[0] <= now - self.WINDOW:
+            seen.popleft()
+        if len(seen) >= self.per_minute:
+            return False
+        seen.append(now)
+        if len(self._seen) > 10_000:  # forget the quiet ones
+            self._seen = {k: v for k, v in self._seen.items() if v and v[-1] > now - self.WINDOW}
+        return True

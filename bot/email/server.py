@@ -1,0 +1,177 @@
+"""The SMTP listener (aiosmtpd, on the app's event loop): each answer says what happened.
+
+| when | answer |
+|---|---|
+| RCPT to an address no office here receives for | `550 5.1.1` naming it |
+| a message (SIZE or DATA) over the limit | `552 5.3.4` naming the limit |
+| a message with no From address the app takes | `550 5.6.0` saying so |
+| the app not started yet, or the forge or the index failing | `451 4.3.0`: send it again later |
+| delivered | `250 2.0.0` naming each mail's issue |
+
+A message is answered 250 only once it is mail on the forge, so an accepted message is never
+lost; one the client sends again after a 451 or a timeout is delivered once (bot.email.intake).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from aiosmtpd.smtp import SMTP, Envelope, Session
+
+from bot.email.addresses import BadAddress, normalise
+from bot.email.auth import Resolver, authenticate
+from bot.email.intake import EmailIntake
+from bot.email.message import BadMessage, parse_dsn, parse_inbound
+from bot.email.policy import SenderRate
+
+log = logging.getLogger("vaultmail.email")
+MAX_RECIPIENTS = 20
+
+
+def _limit_text(limit: int) -> str:
+    return f"{limit:,} bytes ({limit / 1_048_576:.1f} MiB)"
+
+
+class LimitedSMTP(SMTP):
+    """aiosmtpd's server, its size refusals naming the limit."""
+
+    async def push(self, status: Any) -> None:
+        if isinstance(status, str) and status.startswith("552 Error:") and self.data_size_limit:
+            status = (f"552 5.3.4 Message too big: this server takes at most "
+                      f"{_limit_text(self.data_size_limit)}")
+        await super().push(status)
+
+
+class SmtpHandler:
+    """aiosmtpd's handler hooks. `intake` is None until the app has started."""
+
+    def __init__(self, intake: Callable[[], EmailIntake | None], resolver: Resolver, *,
+                 rate: SenderRate) -> None:
+        self._intake = intake
+        self.resolver = resolver
+        self.rate = rate
+
+    async def handle_RCPT(self, server: SMTP, session: Session, envelope: Envelope,
+                          address: str, rcpt_options: list[str]) -> str:
+        intake = self._intake()
+        if intake is None:
+            return "451 4.3.0 vaultmail is starting: try again later"
+        try:
+            normalise(address)
+        except BadAddress as exc:
+            return f"553 5.1.3 {exc}"
+        if len(envelope.rcpt_tos) >= MAX_RECIPIENTS:
+            return f"452 4.5.3 at most {MAX_RECIPIENTS} recipients a message"
+        try:
+            box = await intake.mailbox(address)
+        except Exception as exc:
+            log.warning("RCPT lookup failed", extra={"error": repr(exc)})
+            return "451 4.3.0 the office config cannot be read now: try again later"
+        if box is None:
+            return f"550 5.1.1 <{address[:200]}>: no such mailbox here"
+        envelope.rcpt_tos.append(address)
+        return "250 2.1.5 OK"
+
+    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        intake = self._intake()
+        if intake is None:
+            return "451 4.3.0 vaultmail is starting: try again later"
+        raw = envelope.original_content or b""
+        try:
+            message = parse_inbound(raw)
+        except BadMessage as exc:
+            return f"550 5.6.0 {exc}"
+        peer = session.peer[0] if isinstance(session.peer, tuple) else ""
+        verdicts = await asyncio.to_thread(
+            authenticate, raw, ip=str(peer), helo=session.host_name or "",
+            mail_from=envelope.mail_from or "", from_domain=message.sender.rpartition("@")[2],
+            resolver=self.resolver)
+        refs: list[str] = []
+        refused: list[str] = []
+        bounce = parse_dsn(raw) if message.report else None
+        try:
+            for rcpt in dict.fromkeys(a.lower() for a in envelope.rcpt_tos):
+                box = await intake.mailbox(rcpt)
+                if box is None:  # the config changed since RCPT
+                    return f"550 5.1.1 <{rcpt[:200]}>: no such mailbox here any more"
+                if bounce is not None and bounce.failed:
+                    told = await intake.bounced(box, bounce)
+                    if told is not None:
+                        refs.append(f"bounce of {bounce.original_id} told in {told.ref}")
+                        continue
+                decision = intake.decide(box, message, verdicts)
+                if decision.action == "refuse":
+                    refused.append(f"<{rcpt[:200]}>: {decision.reason}")
+                    continue
+                if not self.rate.admit(box.office.org, box.agent.slug, message.sender):
+                    return (f"451 4.7.1 too many messages from {message.sender} to "
+                            f"{box.address}: at most {self.rate.per_minute} a minute; try "
+                            "again later")
+                record = await intake.receive(box, message, verdicts)
+                refs.append(record.ref)
+        except Exception as exc:
+            log.warning("email not delivered", extra={"error": repr(exc),
+                                                      "message_id": message.message_id})
+            return "451 4.3.0 not delivered now: try again later"
+        if not refs:  # the policy of every recipient refused it
+            return f"550 5.7.1 {'; '.join(refused)}"
+        return f"250 2.0.0 delivered: {', '.join(refs)}" + (
+            f"; refused {'; '.join(refused)}" if refused else "")
+
+
+class ListenError(RuntimeError):
+    """The SMTP port cannot be listened on; the message names it and what to do."""
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (0: any free port), bound before anything else starts,
+    so a port in use stops the start at once and leaves nothing running."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                         socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ListenError(f"cannot listen on {host}:{port} for SMTP: {exc.strerror}: stop what "
+                          "uses that port or choose another (--smtp-port / VAULTMAIL_SMTP_PORT)"
+                          ) from None
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+class SmtpServer:
+    """The listener on a bound socket (`bind`); `port` is the port it listens on."""
+
+    def __init__(self, handler: SmtpHandler, sock: socket.socket, *, max_bytes: int,
+                 hostname: str = "vaultmail") -> None:
+        self.handler, self.sock = handler, sock
+        self.max_bytes, self.hostname = max_bytes, hostname
+        self._server: asyncio.base_events.Server | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self.sock.getsockname()[1])
+
+    def _protocol(self) -> SMTP:
+        return LimitedSMTP(self.handler, data_size_limit=self.max_bytes, enable_SMTPUTF8=True,
+                           hostname=self.hostname, ident="vaultmail ESMTP",
+                           loop=asyncio.get_running_loop())
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        factory: Callable[[], SMTP] = self._protocol
+        self._server = await loop.create_server(factory, sock=self.sock)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        else:
+            self.sock.close()

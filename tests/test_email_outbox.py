@@ -1,0 +1,164 @@
+"""Replies out by email: an agent's mail_reply reaches the outside sender through the relay
+(an aiosmtpd server in the test keeping what it is sent), DKIM-signed with the office's key
+(verified by dkimpy), threaded, once; and bounces back to the agent."""
+
+from __future__ import annotations
+
+from email import message_from_bytes, policy
+from email.message import EmailMessage
+
+import dkim
+
+from bot.email import keys
+from bot.store import ledger, mails
+from tests.support import label_names
+from tests.test_email_support import DOMAIN, Mailroom, mailroom, message, send, wire
+
+__all__ = ["mailroom"]
+SCOUT_VAULT = "acme/scout-vault"
+
+
+def _dkim_ok(room: Mailroom, data: bytes) -> bool:
+    pem = keys.office_key(room.embedded.data_dir, "acme")
+    name, value = keys.dns_record(pem, DOMAIN)
+
+    def dnsfunc(asked: bytes, timeout: int = 5) -> bytes:
+        return value.encode() if asked.decode().rstrip(".") == name else b""
+
+    return bool(dkim.verify(data, dnsfunc=dnsfunc))
+
+
+def _parsed(data: bytes) -> EmailMessage:
+    msg = message_from_bytes(data, policy=policy.default)
+    assert isinstance(msg, EmailMessage)
+    return msg
+
+
+async def _first_mail(room: Mailroom, **headers: str) -> None:
+    raw = wire(message("Bob <bob@example.org>", f"scout@{DOMAIN}", "Prices", "EU prices?",
+                       Message_ID="<m1@example.org>", **headers))
+    assert (await send(room.port, raw, rcpts=[f"scout@{DOMAIN}"])).code == 250
+    await room.embedded.settle()
+
+
+async def test_an_agents_reply_goes_out_dkim_signed_and_threaded(mailroom: Mailroom) -> None:
+    await _first_mail(mailroom, Cc="carol@example.net, scout@mail.acme.example")
+    scout = mailroom.tools("agent:scout")
+    await scout("mail_reply", mail=f"{SCOUT_VAULT}#1", body="12 EUR, @bob.")
+    envelope = await mailroom.relay.next()
+    assert envelope.mail_from == f"scout@{DOMAIN}"
+    assert sorted(envelope.rcpt_tos) == ["bob@example.org", "carol@example.net"]
+    data = envelope.original_content
+    assert data is not None and _dkim_ok(mailroom, data)
+    msg = _parsed(data)
+    assert msg["In-Reply-To"] == "<m1@example.org>" and msg["References"] == "<m1@example.org>"
+    assert msg["Subject"] == "Re: Prices" and msg["Auto-Submitted"] == "auto-replied"
+    assert msg["To"] == "bob@example.org" and msg["Cc"] == "carol@example.net"
+    assert msg["Message-ID"].endswith(f"@{DOMAIN}>")
+    body = msg.get_content()
+    assert "12 EUR, @bob." in body and "vaultmail:reply" not in body
+
+    # Bob answers the reply: the same thread, and the agent's next reply threads after it
+    again = wire(message("bob@example.org", f"scout@{DOMAIN}", "Re: Prices", "And the US?",
+                         Message_ID="<m2@example.org>", In_Reply_To=msg["Message-ID"],
+                         References=f"<m1@example.org> {msg['Message-ID']}"))
+    answer = await send(mailroom.port, again, rcpts=[f"scout@{DOMAIN}"])
+    assert answer.code == 250 and f"{SCOUT_VAULT}#1" in answer.text
+    await mailroom.embedded.settle()
+    assert label_names(await mailroom.person("marco").issue(SCOUT_VAULT, 1)) == ["mail:new"]
+    await scout("mail_reply", mail=f"{SCOUT_VAULT}#1", body="15 USD.")
+    second = _parsed((await mailroom.relay.next()).original_content or b"")
+    assert second["In-Reply-To"] == "<m2@example.org>"
+    assert second["References"].split() == ["<m1@example.org>", msg["Message-ID"],
+                                            "<m2@example.org>"]
+    assert await mailroom.outbox_settled() == 0
+    assert len(await mails.all_mails(mailroom.embedded.services.store)) == 1
+    comments = await mailroom.person("marco").comments(SCOUT_VAULT, 1)
+    assert sum("Sent by email" in c["body"] for c in comments) == 2
+
+
+async def test_a_reply_is_sent_once_and_a_4xx_is_tried_again(mailroom: Mailroom) -> None:
+    await _first_mail(mailroom)
+    mailroom.relay.refuse.append("451 4.3.0 busy, later")
+    await mailroom.tools("agent:scout")("mail_reply", mail=f"{SCOUT_VAULT}#1", body="Soon.",
+                                        idempotencyKey="r1")
+    envelope = await mailroom.relay.next()  # after the 451, tried again
+    assert b"Soon." in (envelope.original_content or b"")
+    assert await mailroom.outbox_settled() == 0, "nothing is sent twice"
+    assert mailroom.relay.received.empty()
+
+
+async def test_a_delivery_report_marks_the_reply_bounced_and_tells_the_agent(
+        mailroom: Mailroom) -> None:
+    await _first_mail(mailroom)
+    await mailroom.tools("agent:scout")("mail_reply", mail=f"{SCOUT_VAULT}#1", body="Here.")
+    sent = _parsed((await mailroom.relay.next()).original_content or b"")
+    await mailroom.outbox_settled()
+    dsn = (
+        "From: MAILER-DAEMON@example.org\r\nTo: scout@mail.acme.example\r\n"
+        "Subject: Undelivered Mail Returned to Sender\r\nMessage-ID: <dsn1@example.org>\r\n"
+        "Auto-Submitted: auto-replied\r\nMIME-Version: 1.0\r\n"
+        'Content-Type: multipart/report; report-type=delivery-status; boundary="B"\r\n\r\n'
+        "--B\r\nContent-Type: text/plain\r\n\r\nYour message could not be delivered.\r\n"
+        "--B\r\nContent-Type: message/delivery-status\r\n\r\n"
+        "Reporting-MTA: dns; mx.example.org\r\n\r\n"
+        "Final-Recipient: rfc822; bob@example.org\r\nAction: failed\r\nStatus: 5.1.1\r\n"
+        "Diagnostic-Code: smtp; 550 5.1.1 no such user\r\n\r\n"
+        "--B\r\nContent-Type: text/rfc822-headers\r\n\r\n"
+        f"Message-ID: {sent['Message-ID']}\r\nSubject: Re: Prices\r\n\r\n--B--\r\n").encode()
+    answer = await send(mailroom.port, dsn, rcpts=[f"scout@{DOMAIN}"], mail_from="")
+    assert answer.code == 250 and "bounce" in answer.text
+    await mailroom.embedded.settle()
+    store = mailroom.embedded.services.store
+    told = [m for m in await mails.all_mails(store) if m.subject.startswith("Undelivered")]
+    assert len(told) == 1 and told[0].to_principal == "agent:scout"
+    assert told[0].from_principal == "office" and "5.1.1" in told[0].body
+    comments = await mailroom.person("marco").comments(SCOUT_VAULT, 1)
+    assert any("bounced" in c["body"] for c in comments)
+    again = await send(mailroom.port, dsn, rcpts=[f"scout@{DOMAIN}"], mail_from="")
+    assert again.code == 250
+    await mailroom.embedded.settle()
+    assert len([m for m in await mails.all_mails(store)
+                if m.subject.startswith("Undelivered")]) == 1, "told once"
+
+
+async def test_a_reply_the_relay_refuses_for_good_is_a_bounce(mailroom: Mailroom) -> None:
+    await _first_mail(mailroom)
+    mailroom.relay.refuse.append("550 5.7.1 relaying denied")
+    await mailroom.tools("agent:scout")("mail_reply", mail=f"{SCOUT_VAULT}#1", body="Here.")
+    await mailroom.tools("agent:scout")("mail_reply", mail=f"{SCOUT_VAULT}#1", body="Again.")
+    envelope = await mailroom.relay.next()  # the second went; the first bounced
+    assert b"Again." in (envelope.original_content or b"")
+    await mailroom.outbox_settled()
+    await mailroom.embedded.settle()
+    told = [m for m in await mails.all_mails(mailroom.embedded.services.store)
+            if m.subject.startswith("Undelivered")]
+    assert len(told) == 1 and "relaying denied" in told[0].body
+
+
+async def test_an_autoresponder_answering_the_agent_ends_the_loop(mailroom: Mailroom) -> None:
+    await _first_mail(mailroom)
+    await mailroom.tools("agent:scout")("mail_reply", mail=f"{SCOUT_VAULT}#1", body="Noted.")
+    sent = _parsed((await mailroom.relay.next()).original_content or b"")
+    await mailroom.outbox_settled()
+    away = wire(message("bob@example.org", f"scout@{DOMAIN}", "Out of office: Re: Prices",
+                        "I am away until Monday.", Message_ID="<away@example.org>",
+                        In_Reply_To=sent["Message-ID"], Auto_Submitted="auto-replied"))
+    answer = await send(mailroom.port, away, rcpts=[f"scout@{DOMAIN}"])
+    assert answer.code == 250 and f"{SCOUT_VAULT}#1" in answer.text
+    await mailroom.embedded.settle()
+    issue = await mailroom.person("marco").issue(SCOUT_VAULT, 1)
+    assert label_names(issue) == ["mail:replied"], "the auto-reply wakes no one"
+    store = mailroom.embedded.services.store
+    assert len(await ledger.entries(store, event="run.queued")) == 1  # the first mail's only
+    comments = await mailroom.person("marco").comments(SCOUT_VAULT, 1)
+    assert any("I am away until Monday." in c["body"] for c in comments)
+
+
+async def test_the_agents_own_comment_on_the_issue_is_a_reply_by_email_too(
+        mailroom: Mailroom) -> None:
+    await _first_mail(mailroom)
+    await mailroom.person("scout-bot").comment(SCOUT_VAULT, 1, "Answered **by hand**.")
+    sent = _parsed((await mailroom.relay.next()).original_content or b"")
+    assert sent.get_content().strip() == "Answered **by hand**."
+    assert sent["In-Reply-To"] == "<m1@example.org>"

@@ -1,0 +1,36 @@
+"""The host's email settings (never a repository config's): read from the environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.app.settings import Settings, SettingsError
+from bot.email.relay import Relay, RelayError
+
+GITEA = {"GITEA_URL": "http://forge.example", "GITEA_TOKEN": "t", "GITEA_WEBHOOK_SECRET": "s"}
+
+
+def test_the_smtp_listener_and_relay_come_from_the_environment() -> None:
+    plain = Settings.from_env(GITEA)
+    assert plain.email.listen_port is None and plain.email.relay_url == ""
+    settings = Settings.from_env({**GITEA, "HOST": "0.0.0.0", "VAULTMAIL_SMTP_PORT": "2525",
+                                  "SMTP_URL": "smtps://bot%40acme:pw@relay.example",
+                                  "VAULTMAIL_SMTP_MAX_BYTES": "2048",
+                                  "VAULTMAIL_SMTP_SENDER_RATE": "7"})
+    email = settings.email
+    assert (email.listen_host, email.listen_port, email.max_bytes, email.sender_rate) == \
+        ("0.0.0.0", 2525, 2048, 7)
+    relay = Relay.parse(email.relay_url)
+    assert (relay.host, relay.port, relay.tls, relay.username, relay.password) == \
+        ("relay.example", 465, "implicit", "bot@acme", "pw")
+    assert Relay.parse("smtp+starttls://relay.example").port == 587
+    assert Relay.parse("smtp://relay.example:2526").tls == "opportunistic"
+
+
+def test_a_wrong_email_setting_is_one_line_naming_it() -> None:
+    with pytest.raises(SettingsError, match=r"^SMTP_URL='http://x': should be smtp://"):
+        Settings.from_env({**GITEA, "SMTP_URL": "http://x"})
+    with pytest.raises(SettingsError, match=r"^VAULTMAIL_SMTP_PORT='70000': should be a port"):
+        Settings.from_env({**GITEA, "VAULTMAIL_SMTP_PORT": "70000"})
+    with pytest.raises(RelayError):
+        Relay.parse("smtp://")

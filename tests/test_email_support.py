@@ -1,0 +1,212 @@
+"""What the email tests share (no tests of its own): DNS answered from a table, an SMTP relay
+on loopback that keeps what it is sent, the app with its SMTP listener, and smtplib as an
+ordinary client (on a worker thread: the app listens on the test's own event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import smtplib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from email.message import EmailMessage
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import dkim
+import pytest
+from aiosmtpd.smtp import SMTP, Envelope, Session
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from bot.app.embedded import Embedded, start_embedded
+from bot.app.settings import EmailSettings
+from bot.email import keys
+from bot.email.auth import DnsError
+from tests.support import Actor, ToolClient
+
+DOMAIN = "mail.acme.example"
+
+
+@dataclass
+class TableDns:
+    """DNS from dicts; a name listed in `failing` times out (a temporary error)."""
+
+    txts: dict[str, list[str]] = field(default_factory=dict)
+    hosts: dict[str, list[str]] = field(default_factory=dict)
+    mxs: dict[str, list[str]] = field(default_factory=dict)
+    failing: set[str] = field(default_factory=set)
+
+    def _look(self, table: dict[str, list[str]], name: str) -> list[str]:
+        if name.lower() in self.failing:
+            raise DnsError(f"{name}: timed out")
+        return list(table.get(name.lower().rstrip("."), []))
+
+    def txt(self, name: str) -> list[str]:
+        return self._look(self.txts, name)
+
+    def addresses(self, name: str) -> list[str]:
+        return self._look(self.hosts, name)
+
+    def mx(self, name: str) -> list[str]:
+        return self._look(self.mxs, name)
+
+
+def rsa_pem() -> bytes:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+@dataclass
+class Sender:
+    """An outside domain with SPF, DKIM and DMARC published in `dns`."""
+
+    domain: str
+    dns: TableDns
+    pem: bytes = field(default_factory=rsa_pem)
+
+    def publish(self, *, spf: str = "v=spf1 ip4:127.0.0.0/8 -all",
+                dmarc: str = "v=DMARC1; p=reject") -> None:
+        name, value = keys.dns_record(self.pem, self.domain, selector="s1")
+        self.dns.txts[name] = [value]
+        self.dns.txts[self.domain] = [spf]
+        self.dns.txts[f"_dmarc.{self.domain}"] = [dmarc]
+
+    def sign(self, raw: bytes) -> bytes:
+        return bytes(dkim.sign(raw, b"s1", self.domain.encode(), self.pem,
+                               include_headers=[b"from", b"to", b"subject", b"message-id"]))\
+            + raw
+
+
+def message(frm: str, to: str, subject: str, text: str, **headers: str) -> EmailMessage:
+    msg = EmailMessage()
+    msg["From"], msg["To"], msg["Subject"] = frm, to, subject
+    for name, value in headers.items():
+        msg[name.replace("_", "-")] = value
+    msg.set_content(text)
+    return msg
+
+
+def wire(msg: EmailMessage) -> bytes:
+    from email import policy
+
+    return msg.as_bytes(policy=policy.SMTP)
+
+
+@dataclass
+class Answer:
+    """What the SMTP server said to a client: the code and text of the last reply."""
+
+    code: int
+    text: str
+    refused: dict[str, tuple[int, bytes]] = field(default_factory=dict)
+
+
+class _Client(smtplib.SMTP):
+    """smtplib's client, keeping the server's answer to DATA (it names the delivered mail)."""
+
+    last_data_answer = ""
+
+    def data(self, msg: Any) -> tuple[int, bytes]:
+        code, text = super().data(msg)
+        self.last_data_answer = text.decode()
+        return code, text
+
+
+def _smtp_send(port: int, mail_from: str, rcpts: list[str], data: bytes) -> Answer:
+    with _Client("127.0.0.1", port, timeout=60) as client:
+        client.ehlo("client.example.org")
+        try:
+            refused = client.sendmail(mail_from, rcpts, data)
+        except smtplib.SMTPRecipientsRefused as exc:
+            code, text = next(iter(exc.recipients.values()))
+            return Answer(code, text.decode(), dict(exc.recipients))
+        except smtplib.SMTPResponseException as exc:
+            return Answer(exc.smtp_code, exc.smtp_error.decode())
+        return Answer(250, client.last_data_answer, refused)
+
+
+async def send(port: int, data: bytes, *, rcpts: list[str],
+               mail_from: str = "bob@example.org") -> Answer:
+    """Send over real SMTP as an ordinary client would."""
+    return await asyncio.to_thread(_smtp_send, port, mail_from, rcpts, data)
+
+
+class CapturingRelay:
+    """An SMTP relay on loopback that keeps each message it accepts (or answers `refuse`)."""
+
+    def __init__(self) -> None:
+        self.received: asyncio.Queue[Envelope] = asyncio.Queue()
+        self.refuse: list[str] = []  # answers to give to the next DATA commands, in order
+        self.port = 0
+        self._server: asyncio.base_events.Server | None = None
+
+    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        if self.refuse:
+            return self.refuse.pop(0)
+        self.received.put_nowait(envelope)
+        return "250 2.0.0 queued"
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: SMTP(self, loop=loop),
+                                                host="127.0.0.1", port=0)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+
+    async def next(self) -> Envelope:
+        return await asyncio.wait_for(self.received.get(), 60)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+@dataclass
+class Mailroom:
+    embedded: Embedded
+    dns: TableDns
+    relay: CapturingRelay
+    session: aiohttp.ClientSession
+
+    def person(self, login: str) -> Actor:
+        return Actor(self.session, self.embedded, login)
+
+    def tools(self, principal: str) -> ToolClient:
+        return ToolClient(self.session, self.embedded, principal)
+
+    async def outbox_settled(self) -> int:
+        """Wait for the outbox's round in progress (a drain takes the office's outbox lock),
+        then send what is left; returns how many went in this call."""
+        from bot.email.gateway import GATEWAY_KEY
+
+        outbox = self.embedded.runner.app[GATEWAY_KEY].outbox
+        assert outbox is not None
+        return sum([await outbox.drain(office) for office in await outbox.intake.offices()])
+
+    @property
+    def port(self) -> int:
+        port = self.embedded.smtp_port
+        assert port is not None
+        return port
+
+
+@pytest.fixture
+async def mailroom(tmp_path: Path, database_url: str) -> AsyncIterator[Mailroom]:
+    """The embedded default with its SMTP listener on a free loopback port, DNS from a table,
+    and replies going out to a capturing relay."""
+    dns = TableDns()
+    relay = CapturingRelay()
+    await relay.start()
+    emb = await start_embedded(
+        data_dir=tmp_path, port=0, forge_port=0, database_url=database_url,
+        email=EmailSettings(listen_port=0, relay_url=f"smtp://127.0.0.1:{relay.port}",
+                            max_bytes=1_048_576, sender_rate=5),
+        resolver=dns)
+    try:
+        async with aiohttp.ClientSession() as session:
+            yield Mailroom(emb, dns, relay, session)
+    finally:
+        await emb.stop()
+        await relay.stop()
