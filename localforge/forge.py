@@ -45,6 +45,7 @@ class LocalForge:
             loaded = self._snap.load()
             if loaded is not None:
                 self.state, self.clock.offset = loaded
+            self._snap.track(self.state)  # saves write what changed (persist.py)
         self.faults = Faults()
         self.limits = Limits()
         self.rates = RateTracker(self.limits, self.clock)

@@ -1,4 +1,6 @@
 """The forge's state: plain pydantic models, so a snapshot is `State.model_dump_json()`.
+Each is a `Tracked` model: with a data_dir, a field assigned is reported to the persisted rows
+it lies in (localforge/persist.py), so a save writes what changed; without one, inert.
 
 Dialect-neutral: GitHub's (and later Gitea's) JSON shapes are rendered from these elsewhere.
 Logins are matched case-insensitively, as on the real forges.
@@ -6,7 +8,7 @@ Logins are matched case-insensitively, as on the real forges.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -15,12 +17,33 @@ Permission = Literal["read", "triage", "write", "maintain", "admin"]
 PERMISSIONS: tuple[Permission, ...] = ("read", "triage", "write", "maintain", "admin")
 
 
+class _Hook(Protocol):
+    def changed(self, model: Tracked, name: str) -> None: ...
+
+
+class Tracked(BaseModel):
+    """A state model that tells the persistence layer (its `_lf_hook`, set only while the
+    model lies in a persisted state) when one of its fields is assigned. The slot is not a
+    field: it is not dumped, compared or copied."""
+
+    __slots__ = ("_lf_hook",)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        try:
+            hook: _Hook | None = object.__getattribute__(self, "_lf_hook")
+        except AttributeError:
+            return
+        if hook is not None and not name.startswith("_"):
+            hook.changed(self, name)
+
+
 def perm_rank(p: str | None) -> int:
     """0 for no access, 1 read ... 5 admin."""
     return PERMISSIONS.index(p) + 1 if p in PERMISSIONS else 0  # type: ignore[arg-type,unused-ignore]
 
 
-class Account(BaseModel):
+class Account(Tracked):
     id: int
     login: str
     type: AccountType = "User"
@@ -31,14 +54,27 @@ class Account(BaseModel):
     site_admin: bool = False  # Gitea's instance administrator (sees others' private fields)
 
 
-class Org(BaseModel):
+class IssueType(Tracked):
+    """An organisation's issue type (GitHub: "Managing issue types in an organization")."""
+
+    id: int
+    name: str
+    description: str | None = None
+    color: str | None = None
+    is_enabled: bool = True
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+
+class Org(Tracked):
     login: str
     owners: list[str] = Field(default_factory=list)
     members: list[str] = Field(default_factory=list)  # includes the owners
     description: str | None = None
+    issue_types: list[IssueType] = Field(default_factory=list)
 
 
-class Team(BaseModel):
+class Team(Tracked):
     id: int
     org: str
     slug: str
@@ -47,7 +83,7 @@ class Team(BaseModel):
     repo_permissions: dict[int, str] = Field(default_factory=dict)
 
 
-class Reaction(BaseModel):
+class Reaction(Tracked):
     id: int
     content: str
     user: str
@@ -55,7 +91,7 @@ class Reaction(BaseModel):
     via_app: int | None = None
 
 
-class Label(BaseModel):
+class Label(Tracked):
     id: int
     name: str
     color: str = "ededed"
@@ -63,7 +99,7 @@ class Label(BaseModel):
     default: bool = False
 
 
-class Comment(BaseModel):
+class Comment(Tracked):
     id: int
     issue_number: int
     body: str
@@ -74,7 +110,7 @@ class Comment(BaseModel):
     reactions: list[Reaction] = Field(default_factory=list)
 
 
-class Event(BaseModel):
+class Event(Tracked):
     """A timeline event: labeled, unlabeled, closed, reopened, renamed, assigned, ..."""
 
     id: int
@@ -88,7 +124,7 @@ class Event(BaseModel):
     assignee: str | None = None
 
 
-class Issue(BaseModel):
+class Issue(Tracked):
     id: int
     number: int
     title: str
@@ -107,9 +143,12 @@ class Issue(BaseModel):
     comment_ids: list[int] = Field(default_factory=list)
     events: list[Event] = Field(default_factory=list)
     reactions: list[Reaction] = Field(default_factory=list)
+    type_id: int | None = None  # the org's issue type it has
+    parent_id: int | None = None  # the issue id of its parent, when it is a sub-issue
+    sub_issue_ids: list[int] = Field(default_factory=list)  # its sub-issues' ids, in order
 
 
-class Repo(BaseModel):
+class Repo(Tracked):
     id: int
     owner: str
     name: str
@@ -142,7 +181,7 @@ class Repo(BaseModel):
         return sum(1 for i in self.issues.values() if i.state == "open")
 
 
-class App(BaseModel):
+class App(Tracked):
     id: int
     slug: str
     name: str
@@ -170,7 +209,7 @@ class App(BaseModel):
     expiring_user_tokens: bool = True
 
 
-class ManifestCode(BaseModel):
+class ManifestCode(Tracked):
     """A manifest submitted on the form, waiting for its conversion (one hour, used once)."""
 
     code: str
@@ -180,7 +219,7 @@ class ManifestCode(BaseModel):
     created_at: float
 
 
-class Installation(BaseModel):
+class Installation(Tracked):
     id: int
     app_id: int
     account: str
@@ -190,7 +229,7 @@ class Installation(BaseModel):
     updated_at: float
 
 
-class Token(BaseModel):
+class Token(Tracked):
     token: str
     kind: Literal["user", "installation"]
     login: str | None = None
@@ -202,7 +241,7 @@ class Token(BaseModel):
     app_id: int | None = None  # a user access token (ghu_): the App it acts through
 
 
-class WebSession(BaseModel):
+class WebSession(Tracked):
     """A signed-in browser (the `user_session` cookie), on the forge clock."""
 
     id: str
@@ -211,7 +250,7 @@ class WebSession(BaseModel):
     expires_at: float
 
 
-class OAuthCode(BaseModel):
+class OAuthCode(Tracked):
     """A code from /login/oauth/authorize: single use, ten minutes on the forge clock."""
 
     code: str
@@ -223,7 +262,7 @@ class OAuthCode(BaseModel):
     code_challenge_method: str | None = None
 
 
-class RefreshToken(BaseModel):
+class RefreshToken(Tracked):
     """A `ghr_` refresh token: trades once for a new user access token and refresh token."""
 
     token: str
@@ -233,7 +272,7 @@ class RefreshToken(BaseModel):
     expires_at: float
 
 
-class WebState(BaseModel):
+class WebState(Tracked):
     """What the forge's web side keeps: passwords, sessions, OAuth grants and codes."""
 
     passwords: dict[str, str] = Field(default_factory=dict)  # lower login -> password
@@ -243,7 +282,7 @@ class WebState(BaseModel):
     refresh_tokens: dict[str, RefreshToken] = Field(default_factory=dict)
 
 
-class Delivery(BaseModel):
+class Delivery(Tracked):
     id: int
     guid: str
     app_id: int
@@ -263,7 +302,7 @@ class Delivery(BaseModel):
     response_payload: str | None = None
 
 
-class State(BaseModel):
+class State(Tracked):
     accounts: dict[str, Account] = Field(default_factory=dict)  # lower login -> account
     orgs: dict[str, Org] = Field(default_factory=dict)  # lower login -> org
     teams: list[Team] = Field(default_factory=list)
@@ -279,7 +318,8 @@ class State(BaseModel):
     def next_id(self, kind: str) -> int:
         base = {"account": 1000, "repo": 100000, "label": 200000, "issue": 300000,
                 "comment": 400000, "event": 500000, "reaction": 600000, "app": 1,
-                "installation": 10, "delivery": 700000, "team": 50, "hook": 400}
+                "installation": 10, "delivery": 700000, "team": 50, "hook": 400,
+                "issue_type": 900}
         n = self.ids.get(kind, base.get(kind, 1)) + 1
         self.ids[kind] = n
         return n
@@ -300,6 +340,14 @@ class State(BaseModel):
             (r for r in self.repos.values() if r.owner.lower() == o and r.name.lower() == n),
             None,
         )
+
+    def issue_by_id(self, issue_id: int) -> tuple[Repo, Issue] | None:
+        """The issue with this id (ids are unique across repositories), and its repository."""
+        for repo in self.repos.values():
+            for issue in repo.issues.values():
+                if issue.id == issue_id:
+                    return repo, issue
+        return None
 
     def repo_by_full_name(self, full_name: str) -> Repo | None:
         owner, _, name = full_name.partition("/")
