@@ -15,7 +15,7 @@ from bot.store import comments as db
 def describe(item: Item, known: Item | None, data: dict[str, Any]) -> tuple[str, str] | None:
     """(kind, summary) of what happened to an item, as an update on its outcome, or None."""
     action = str(data.get("action"))
-    became_item = action == "opened" or (action == "labeled" and known is None)
+    became_item = action == "opened" or (action in ("labeled", "typed") and known is None)
     if item.kind in ("plan", "evidence"):
         if became_item:
             return item.kind, f"new {item.kind} {item.ref}: {item.title}"

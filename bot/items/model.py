@@ -51,25 +51,69 @@ def key_of(title: str, body: str) -> str | None:
     return str(found["k"]).upper() if found else None
 
 
-def kind_of(labels: list[str]) -> ItemKind | None:
-    names = {name.lower() for name in labels}
-    return next((k for k in ITEM_KINDS if k in names), None)
+# The org's issue types that are items, by name (any case): GitHub's issue types named as the
+# kinds. An office maps its own names with `item_types` (see `type_names`).
+DEFAULT_TYPES: dict[str, ItemKind] = {k.capitalize(): k for k in ITEM_KINDS}
+
+
+def type_names(office: Office | None) -> dict[str, ItemKind]:
+    """Issue type name (lower-cased) -> kind: the office's `item_types` mapping over the
+    defaults (Goal, Outcome, Plan, Evidence)."""
+    names: dict[str, ItemKind] = {n.lower(): k for n, k in DEFAULT_TYPES.items()}
+    for kind, name in (office.item_types if office is not None else {}).items():
+        names = {n: k for n, k in names.items() if k != kind}
+        names[name.lower()] = kind
+    return names
+
+
+def type_kind(issue: dict[str, Any], names: dict[str, ItemKind] | None = None) -> ItemKind | None:
+    """The kind the issue's type gives it (GitHub's issue types), or None: no type, or a type
+    that is none of the item kinds (a "Bug")."""
+    t = issue.get("type")
+    name = t.get("name") if isinstance(t, dict) else None
+    return (names or type_names(None)).get(str(name).lower()) if name else None
+
+
+def kind_of(labels: list[str], issue: dict[str, Any] | None = None,
+            names: dict[str, ItemKind] | None = None) -> ItemKind | None:
+    """An item's kind: its issue type's where that is one of the item types, else its label's.
+    Read the same way from a REST issue and a webhook's, so both agree."""
+    by_type = type_kind(issue, names) if issue is not None else None
+    if by_type is not None:
+        return by_type
+    label_names = {name.lower() for name in labels}
+    return next((k for k in ITEM_KINDS if k in label_names), None)
+
+
+def part_of(repo: str, issue: dict[str, Any]) -> str | None:
+    """The parent `Part of #N` in the body names, if in the item's own org."""
+    m = _PART_OF.search(issue.get("body") or "")
+    return _same_office(repo, make_ref(m["repo"] or repo, int(m["n"]))) if m else None
+
+
+def native_parent(repo: str, issue: dict[str, Any]) -> str | None:
+    """The parent the forge's sub-issue link names (`parent_issue_url`), if in the item's org."""
+    link = _ISSUE_URL.search(str(issue.get("parent_issue_url") or ""))
+    return _same_office(repo, make_ref(link["repo"], int(link["n"]))) if link else None
+
+
+def _same_office(repo: str, parent: str) -> str | None:
+    same_office = parent.split("/", 1)[0].lower() == repo.split("/", 1)[0].lower()
+    return parent if same_office else None
 
 
 def parent_of(repo: str, issue: dict[str, Any]) -> str | None:
-    """The parent named by `Part of #N` in the body, else by a forge sub-issue link; only one
-    in the item's own org (its office): `Part of other-org/x#1` names no parent, so nobody
-    can hang an item, its updates and its decisions under another office's outcome."""
-    m = _PART_OF.search(issue.get("body") or "")
-    link = _ISSUE_URL.search(str(issue.get("parent_issue_url") or ""))
-    if m:
-        parent = make_ref(m["repo"] or repo, int(m["n"]))
-    elif link:
-        parent = make_ref(link["repo"], int(link["n"]))
-    else:
-        return None
-    same_office = parent.split("/", 1)[0].lower() == repo.split("/", 1)[0].lower()
-    return parent if same_office else None
+    """The parent: the forge's sub-issue parent first (GitHub's sub-issues), else the one
+    `Part of #N` in the body names (the fallback, and Gitea's way); only one in the item's own
+    org (its office): `Part of other-org/x#1` names no parent, so nobody can hang an item, its
+    updates and its decisions under another office's outcome."""
+    return native_parent(repo, issue) or part_of(repo, issue)
+
+
+def shows_native_parent(issue: dict[str, Any]) -> bool:
+    """Whether the issue, as given, says its sub-issue parent: a REST issue from a forge with
+    sub-issues does (`parent_issue_url`, null without one); a webhook's issue does not."""
+    return "parent_issue_url" in issue
 
 
 @dataclass(frozen=True)
@@ -109,9 +153,9 @@ def claim_of(office: Office, assignees: list[str]) -> str | None:
 
 
 def item_from_issue(office: Office, repo: str, issue: dict[str, Any]) -> Item | None:
-    """The item an issue is, or None when it carries none of the item labels."""
+    """The item an issue is, or None when neither its issue type nor a label makes it one."""
     labels = [str(label["name"]) for label in issue.get("labels", [])]
-    kind = kind_of(labels)
+    kind = kind_of(labels, issue, type_names(office))
     if kind is None or issue.get("pull_request"):
         return None
     login = str((issue.get("user") or {}).get("login") or "")

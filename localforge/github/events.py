@@ -45,7 +45,8 @@ def emit(forge: LocalForge, event: str, action: str | None, repo: Repo, sender: 
 # Webhook issue/comment objects differ from the REST ones: these REST-only fields are in
 # neither the official webhooks description nor any real payload, and real issue payloads
 # carry "draft": false (tests/conformance compares both).
-_REST_ONLY = {"issue": ("closed_by", "pinned_comment"), "comment": ("minimized", "pin")}
+_REST_ONLY = {"issue": ("closed_by", "pinned_comment", "parent_issue_url"),
+              "comment": ("minimized", "pin")}
 
 
 def _webhook_shape(body: dict[str, Any]) -> dict[str, Any]:

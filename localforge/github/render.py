@@ -16,6 +16,7 @@ from ..state import (
     Event,
     Installation,
     Issue,
+    IssueType,
     Label,
     Reaction,
     Repo,
@@ -246,8 +247,9 @@ class Renderer:
             "created_at": iso(issue.created_at), "updated_at": iso(issue.updated_at),
             "closed_at": iso(issue.closed_at) if issue.closed_at else None,
             "author_association": self.association(repo, issue.user),
-            "type": None, "active_lock_reason": None, "sub_issues_summary": {
-                "total": 0, "completed": 0, "percent_completed": 0},
+            "type": self.issue_type_of(repo, issue), "active_lock_reason": None,
+            "sub_issues_summary": self.sub_issues_summary(issue),
+            "parent_issue_url": self.parent_issue_url(issue),
             "issue_dependencies_summary": {"blocked_by": 0, "blocking": 0,
                                            "total_blocked_by": 0, "total_blocking": 0},
             "body": issue.body,
@@ -257,6 +259,30 @@ class Renderer:
             "performed_via_github_app": self.via_app(issue.via_app),
             "state_reason": issue.state_reason, "pinned_comment": None,
         }
+
+    # -- issue types and sub-issues ----------------------------------------------------
+    def issue_type(self, t: IssueType) -> Json:
+        """The `issue-type` schema (GET /orgs/{org}/issue-types, an issue's `type`)."""
+        return {"id": t.id, "node_id": node_id("IssueType", t.id), "name": t.name,
+                "description": t.description, "color": t.color,
+                "created_at": iso(t.created_at), "updated_at": iso(t.updated_at),
+                "is_enabled": t.is_enabled}
+
+    def issue_type_of(self, repo: Repo, issue: Issue) -> Json | None:
+        org = self.state.org(repo.owner)
+        found = next((t for t in org.issue_types if t.id == issue.type_id), None) \
+            if org is not None and issue.type_id is not None else None
+        return self.issue_type(found) if found is not None else None
+
+    def parent_issue_url(self, issue: Issue) -> str | None:
+        found = self.state.issue_by_id(issue.parent_id) if issue.parent_id else None
+        return f"{self.repo_url(found[0])}/issues/{found[1].number}" if found else None
+
+    def sub_issues_summary(self, issue: Issue) -> Json:
+        subs = [f[1] for i in issue.sub_issue_ids if (f := self.state.issue_by_id(i))]
+        done = sum(1 for s in subs if s.state == "closed")
+        return {"total": len(subs), "completed": done,
+                "percent_completed": done * 100 // len(subs) if subs else 0}
 
     def comment(self, repo: Repo, c: Comment) -> Json:
         u = f"{self.repo_url(repo)}/issues/comments/{c.id}"

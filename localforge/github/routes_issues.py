@@ -10,7 +10,7 @@ from aiohttp import web
 from ..access import at_least
 from ..clock import parse_iso
 from ..state import Issue, Reaction, Repo
-from . import issueops, versions
+from . import issueops, routes_work, versions
 from .events import emit
 from .http import (
     ApiError,
@@ -57,7 +57,7 @@ async def list_issues(request: web.Request) -> web.Response:
         items = [i for i in items if i.user.lower() == q["creator"].lower()]
     if q.get("mentioned"):
         items = [i for i in items if _mentions(repo, i, q["mentioned"])]
-    # The forge has no milestones, issue types or issue fields: each filter is applied as
+    # The forge has no milestones or issue fields: each filter is applied as
     # GitHub applies it to issues that have none, and an unknown milestone is GitHub's 422.
     milestone = q.get("milestone")
     if milestone is not None and milestone != "none":
@@ -67,8 +67,15 @@ async def list_issues(request: web.Request) -> web.Response:
                  "code": "invalid"}])
         items = []
     kind = q.get("type")
-    if kind is not None and kind != "none":
-        items = []  # "*" (any type) or a type's name: no issue here has one
+    if kind == "none":
+        items = [i for i in items if i.type_id is None]
+    elif kind == "*":
+        items = [i for i in items if i.type_id is not None]
+    elif kind is not None:
+        org = ctx.forge.state.org(repo.owner)
+        ids = {t.id for t in org.issue_types if t.name.lower() == kind.lower()} \
+            if org is not None else set()
+        items = [i for i in items if i.type_id in ids]
     if q.get("issue_field_values"):
         raise ApiError(422, "Validation Failed", [
             {"value": q["issue_field_values"], "resource": "Issue",
@@ -126,10 +133,15 @@ async def create_issue(request: web.Request) -> web.Response:
         raise invalid("Issue", "body")
     check_body_length("Issue", text)
     pushes = at_least(ctx.role(repo), "write")
+    # "Only users with push access can set the type for new issues. The type is silently
+    # dropped otherwise."
+    kind = routes_work.type_named(ctx, repo, body["type"]) \
+        if pushes and body.get("type") is not None else None
     now = ctx.forge.clock.now()
     issue = Issue(id=ctx.forge.state.next_id("issue"), number=repo.next_number,
                   title=str(title), body=text, user=ctx.sender, created_at=now,
-                  updated_at=now, via_app=ctx.principal.via_app)
+                  updated_at=now, via_app=ctx.principal.via_app,
+                  type_id=kind.id if kind else None)
     repo.next_number += 1
     repo.issues[issue.number] = issue
     repo.updated_at = now
@@ -154,6 +166,9 @@ async def create_issue(request: web.Request) -> web.Response:
         issueops.record(ctx, issue, "assigned", assignee=login)
         emit(ctx.forge, "issues", "assigned", repo, ctx.sender,
              {"issue": rendered, "assignee": ctx.r.user(login)})
+    if kind is not None:
+        emit(ctx.forge, "issues", "typed", repo, ctx.sender,
+             {"issue": rendered, "type": ctx.r.issue_type(kind)})
     return json_response(ctx.r.issue(repo, issue), 201,
                          {"Location": f"{ctx.r.repo_url(repo)}/issues/{issue.number}"})
 
@@ -177,6 +192,8 @@ async def update_issue(request: web.Request) -> web.Response:
         raise forbidden(ctx.principal, "Must have admin rights to Repository.")
     if isinstance(body.get("body"), str):
         check_body_length("Issue", body["body"])  # before anything changes
+    if triage and body.get("type") is not None:
+        routes_work.type_named(ctx, repo, body["type"])  # an unknown type changes nothing
     changes: dict[str, Any] = {}
     if "title" in body and body["title"] is not None and str(body["title"]) != issue.title:
         if not str(body["title"]).strip():
@@ -210,6 +227,8 @@ async def update_issue(request: web.Request) -> web.Response:
         if raw is None:
             raw = [body["assignee"]] if body.get("assignee") else []
         issueops.set_assignees(ctx, repo, issue, [str(a) for a in raw])
+    if triage and "type" in body:
+        routes_work.set_type(ctx, repo, issue, body["type"])
     return json_response(ctx.r.issue(repo, issue))
 
 

@@ -4,7 +4,9 @@
 Web pages (HTML, not part of the REST API, so no rate-limit headers or ETags):
 - `POST /settings/apps/new` and `POST /organizations/{org}/settings/apps/new` take the form's
   `manifest` (JSON) and `state`, check the manifest and redirect (302) to its `redirect_url`
-  with `?code=...&state=...`;
+  with `?code=...&state=...`. Posted by a browser not signed in, the manifest is kept (an hour,
+  by an unguessable id) and the page links the sign-in, which comes back to `GET` of the same
+  path with `?pending=ID`: the App's creation with that manifest and state, to confirm;
 - `GET` / `POST /apps/{slug}/installations/new`: the accounts the signed-in user may install the
   App on, and installing it on one; then a redirect to the App's `setup_url` with
   `installation_id` and `setup_action=install`, or a page saying it is installed.
@@ -22,6 +24,7 @@ import json
 import re
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
@@ -29,6 +32,7 @@ from aiohttp import web
 
 from ..state import App, ManifestCode
 from ..web.session import signed_in as web_signed_in
+from ..web.signin import sign_in_url
 from .http import FORGE_KEY, ApiError, Ctx, Handler, Routes, json_response, not_found
 
 if TYPE_CHECKING:
@@ -213,10 +217,63 @@ def _page(title: str, body: str, status: int = 200,
                         headers=dict(headers or {}))
 
 
-def _sign_in_first() -> web.Response:
-    return _page("Sign in", "<p>Sign in first, on <a href=\"/login\">/login</a> (or send a "
-                 "personal access token as <code>Authorization: token &lt;PAT&gt;</code>).</p>",
-                 401)
+def _sign_in_first(return_to: str = "/") -> web.Response:
+    return _page("Sign in", f"<p>Sign in first, on <a href=\"{html.escape(sign_in_url(return_to))}"
+                 "\">/login</a> (or send a personal access token as <code>Authorization: token "
+                 "&lt;PAT&gt;</code>).</p>", 401)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A manifest posted by a browser not signed in, kept for the way back from the sign-in."""
+
+    path: str  # where it was posted (/settings/apps/new or an org's)
+    manifest: str
+    state: str
+    at: float
+
+
+PENDING_KEY: web.AppKey[dict[str, _Pending]] = web.AppKey("forge_pending_manifests", dict)
+MAX_PENDING = 256
+
+
+def _keep_pending(request: web.Request, forge: LocalForge, manifest: str, state: str) -> str:
+    """Keep a signed-out browser's manifest; the path (with ?pending=ID) that brings it back."""
+    pending = request.app[PENDING_KEY]
+    now = forge.clock.now()
+    for key, p in list(pending.items()):
+        if now - p.at > CODE_TTL or len(pending) >= MAX_PENDING:
+            del pending[key]
+    key = secrets.token_urlsafe(18)
+    pending[key] = _Pending(request.path, manifest, state, now)
+    return f"{request.path}?{urlencode({'pending': key})}"
+
+
+async def pending_app_page(request: web.Request) -> web.Response:
+    """`GET .../settings/apps/new?pending=ID`: back from the sign-in, the App's creation with
+    the manifest posted before it, to confirm (the form posts it as it was posted)."""
+    forge = request.app[FORGE_KEY]
+    found = request.app[PENDING_KEY].get(request.query.get("pending", ""))
+    if (found is None or found.path != request.path
+            or forge.clock.now() - found.at > CODE_TTL):
+        return _page("No manifest here", "<p>This link holds no App manifest (or it is over an "
+                     "hour old): post the manifest form again, from where you started "
+                     "registering the App.</p>", 404)
+    if signed_in(forge, request) is None:
+        return _sign_in_first(request.path_qs)
+    try:
+        name = str(check_manifest(found.manifest)["name"])
+    except ManifestError as exc:
+        return _page("Invalid manifest", f"<p>{html.escape(str(exc))}</p>", 422)
+    org = request.match_info.get("org")
+    owner = f"the organisation {org}" if org else "your account"
+    action = f"{found.path}?{urlencode({'state': found.state})}" if found.state else found.path
+    return _page(f"Create {name}", (
+        f"<p>Create the GitHub App <b>{html.escape(name)}</b> on {html.escape(owner)} from "
+        "the manifest you posted.</p>"
+        f"<form method=\"post\" action=\"{html.escape(action)}\">"
+        f"<input type=\"hidden\" name=\"manifest\" value=\"{html.escape(found.manifest)}\">"
+        f"<button type=\"submit\">Create GitHub App {html.escape(name)}</button></form>"))
 
 
 def _with_query(url: str, **params: str | int) -> str:
@@ -226,7 +283,12 @@ def _with_query(url: str, **params: str | int) -> str:
 async def new_app_from_manifest(request: web.Request) -> web.Response:
     forge = request.app[FORGE_KEY]
     user = signed_in(forge, request)
-    if user is None:
+    if user is None:  # kept for the way back from the sign-in (GitHub's form does the same)
+        form = await request.post()
+        raw = form.get("manifest")
+        state = request.query.get("state") or str(form.get("state") or "")
+        if isinstance(raw, str):
+            return _sign_in_first(_keep_pending(request, forge, raw, state))
         return _sign_in_first()
     org_name = request.match_info.get("org")
     owner = user
@@ -403,9 +465,12 @@ def register(routes: Routes) -> None:
 
 def register_web(app: web.Application) -> None:
     """The web pages: routed beside the API, but outside its middleware's API behaviour."""
+    app[PENDING_KEY] = {}
     pages: list[tuple[str, str, Handler]] = [
         ("POST", "/settings/apps/new", new_app_from_manifest),
         ("POST", "/organizations/{org}/settings/apps/new", new_app_from_manifest),
+        ("GET", "/settings/apps/new", pending_app_page),
+        ("GET", "/organizations/{org}/settings/apps/new", pending_app_page),
         ("GET", "/apps/{slug}/installations/new", install_page),
         ("POST", "/apps/{slug}/installations/new", install),
     ]

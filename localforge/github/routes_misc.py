@@ -289,6 +289,7 @@ async def search_issues(request: web.Request) -> web.Response:
     items: list[Json] = []
     for repo, issue in chunk:
         item = ctx.r.issue(repo, issue)
+        item.pop("parent_issue_url")  # not in GitHub's issue-search-result-item
         item["score"] = 1.0
         item["body"] = item["body"] or ""  # search items type body as a (non-null) string
         item.pop("closed_by", None)  # not a field of issue-search-result-item

@@ -17,6 +17,7 @@ from ..access import Principal
 from ..faults import RouteFault
 from ..limits import Window
 from ..reqlog import RequestRecord
+from ..state import Repo
 from ..web import is_web_request
 from ..web import register as register_web_pages
 from . import (
@@ -29,6 +30,7 @@ from . import (
     routes_misc,
     routes_repos,
     routes_user,
+    routes_work,
     versions,
 )
 from .auth import authenticate
@@ -50,6 +52,8 @@ if TYPE_CHECKING:
 CREATION_ROUTES = {
     "POST /repos/{owner}/{repo}/issues",
     "POST /repos/{owner}/{repo}/issues/{issue_number}/comments",
+    # "Creating content too quickly using this endpoint may result in secondary rate limiting"
+    "POST /repos/{owner}/{repo}/issues/{issue_number}/sub_issues",
 }
 SECONDARY_MESSAGE = (
     "You have exceeded a secondary rate limit. Please wait a few minutes before you try "
@@ -120,6 +124,20 @@ def _etag_matches(header: str | None, etag: str) -> bool:
     return any(tag.strip().removeprefix("W/") in (bare, "*") for tag in header.split(","))
 
 
+def _before_loss(forge: LocalForge, request: web.Request) -> tuple[Repo, Repo] | None:
+    """The repository a write about to be lost touches, and a copy of it as it is now."""
+    owner, name = request.match_info.get("owner"), request.match_info.get("repo")
+    repo = forge.state.repo(owner, name) if owner and name else None
+    return (repo, repo.model_copy(deep=True)) if repo is not None else None
+
+
+def _lose(repo: Repo, before: Repo) -> None:
+    """A write acknowledged, then lost: the repository's issues and comments go back to how
+    they were (the timeline events it recorded with them); issue numbers, ids and labels
+    the write created stay used, as a failed-over store's sequences do."""
+    repo.issues, repo.comments = before.issues, before.comments
+
+
 @web.middleware
 async def api_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     forge: LocalForge = request.app[FORGE_KEY]
@@ -171,7 +189,11 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
         else:
             if not template:
                 raise ApiError(404, "Not Found")
+            lost = _before_loss(forge, request) if fault is not None and \
+                fault.mode == "lost" else None
             resp = await handler(request)
+            if lost is not None and resp.status < 400:
+                _lose(*lost)
             if route in CREATION_ROUTES and resp.status == 201:
                 forge.rates.record_creation(principal.rate_key)
     except versions.UnsupportedVersion as exc:
@@ -225,7 +247,7 @@ def build_app(forge: LocalForge) -> web.Application:
     routes = Routes(app)
     control.register(app)
     for module in (routes_apps, routes_repos, routes_labels, routes_comments, routes_issues,
-                   routes_misc, routes_manifest, routes_user):
+                   routes_misc, routes_manifest, routes_user, routes_work):
         module.register(routes)
     routes_manifest.register_web(app)
     register_web_pages(app, forge)  # last: its /{owner}/{repo} patterns yield to the API
