@@ -18,16 +18,19 @@ from bot.items.model import Item, item_from_issue
 from bot.items.questions import naming
 from bot.items.render import (
     MAX_COMMENT,
+    has_then,
     marker,
     mention_list,
     mentions,
     parse_addressing,
     parse_ask,
     ticked_option,
+    without_then,
 )
 from bot.items.service import Comments, NewComment
 from bot.items.threads import may_answer, speaks_for_asked
 from bot.mail.commands import Command, parse_commands
+from bot.mail.mailer import principal_of
 from bot.mail.markdown import check_length
 from bot.office.config import Office
 from bot.office.visibility import login_of
@@ -43,7 +46,11 @@ async def _item_scene(event: sansio.Event, ctx: HandlerContext) -> tuple[Scene, 
     if s is None or await s.mail() is not None:
         return None
     item = item_from_issue(s.office, s.repo, s.issue)
-    return (s, item) if item is not None else None
+    if item is None:
+        return None
+    item = await Comments(ctx.services, ctx.forge, s.office).with_native_parent(
+        item, s.issue, opened=event.data.get("action") == "opened")
+    return s, item
 
 
 def office_entries(office: Office, raw: list[str]) -> list[str]:
@@ -90,11 +97,25 @@ async def comment_on_item(event: sansio.Event, ctx: HandlerContext) -> None:
         forge_id = int(comment["id"])
         if "ask" in by_name:
             ask = parse_ask(by_name["ask"].args, by_name["ask"].body)
-            await service.add(s.actor, item, NewComment(
+            added = await service.add(s.actor, item, NewComment(
                 body=ask.body, to=to, cc=cc, needs_reply=True, options=ask.options or None,
-                header=ask.header, forge_id=forge_id))
-        elif "answer" in by_name:
-            await answer_from_forge(service, s, item, by_name["answer"], forge_id)
+                header=ask.header, human_only=ask.human_only, context=ask.context,
+                forge_id=forge_id))
+            if has_then(text):  # the asker's own notes: in the index now, out of the forge
+                await ctx.forge.update_comment(s.repo, forge_id, without_then(text))
+        elif "answer" in by_name or "confirmed" in by_name:
+            cmd = by_name.get("answer") or by_name["confirmed"]
+            if "answer" in by_name and "confirmed" in by_name:  # `/confirmed <what they said>`
+                said = by_name["confirmed"]
+                cmd = Command(cmd.name, cmd.args, "\n".join(
+                    part for part in (cmd.body, said.args, said.body) if part.strip()))
+            added, was = await answer_from_forge(service, s, item, cmd, forge_id, to=to,
+                                                 cc=cc, confirmed="confirmed" in by_name)
+            await ping_addressed(s, text, added, was_waiting=was)
+        elif "reply" in by_name:
+            added, was = await reply_from_forge(service, s, item, by_name["reply"], forge_id,
+                                                to=to, cc=cc)
+            await ping_addressed(s, text, added, was_waiting=was)
         elif "resolve" in by_name:
             await resolve_from_forge(service, s, item, by_name["resolve"])
         else:
@@ -105,20 +126,33 @@ async def comment_on_item(event: sansio.Event, ctx: HandlerContext) -> None:
         await s.refuse(exc)
 
 
-async def ping_addressed(s: Scene, text: str, added: dict[str, Any]) -> None:
+async def ping_addressed(s: Scene, text: str, added: dict[str, Any], *,
+                         was_waiting: tuple[str, ...] | None = None) -> None:
     """People a `to:` / `cc:` line names by email or team are reached personally, but the forge
-    notifies only @-mentions: the app mentions them, once, in a short note."""
+    notifies only @-mentions: the app mentions them, once, in a short note. So it does for
+    those whose turn a reply in a question's thread made it (`was_waiting`: whose it was), and
+    for an agent addressed, asked or given the turn, by its own account: what reaches it
+    through its person's box would otherwise never show in its forge notifications."""
     mentioned = {m.lower() for m in mentions(text)}
     for entry in office_entries(s.office, [f"@{m}" for m in mentions(text) if "/" in m]):
         team = s.office.teams.get(entry.removeprefix("team:"), [])
         mentioned |= {h.login.lower() for e in team if (h := s.office.human(e))}
+    started = added["comment"]["id"] == added["comment"]["thread"]  # a question it asks
+    asked = set(added["thread"].get("askedTo") or ()) if started else set()
+    turned = set(added["thread"].get("waitingOn") or ()) - set(was_waiting) \
+        if was_waiting is not None else set()
+    answer = added["thread"].get("answer") or {}
+    if answer.get("comment") == added["comment"]["id"]:  # an answer, or a changed one
+        turned.add(added["thread"]["askedBy"])
     missing = [login for r in added["notify"]
-               if r["way"] == "personal" and r["principal"] in added["addressed"]
+               if (r["way"] == "personal" or r["principal"].startswith("agent:"))
+               and (r["principal"] in added["addressed"] or r["principal"] in asked
+                    or r["principal"] in turned)
                and (login := login_of(s.office, r["principal"])) and login.lower()
                not in mentioned]
     if missing:
         mark = marker(added['comment']['id'], kind='ping')
-        note = f"{mark}\n{mention_list(missing)}: @{s.login}'s comment above is addressed to you."
+        note = f"{mark}\n{mention_list(missing)}: @{s.login}'s comment above is for you."
         await s.ctx.forge.create_comment(s.repo, s.number, note, marker=mark)
 
 
@@ -163,7 +197,10 @@ def _which_question(s: Scene, item: Item, questions: list[db.ThreadRow],
 
 
 async def answer_from_forge(service: Comments, s: Scene, item: Item, cmd: Command,
-                            forge_id: int) -> None:
+                            forge_id: int, *, to: list[str], cc: list[str],
+                            confirmed: bool = False) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """`/answer` (or `/confirmed`: an agent relaying its person's answer). With a `to:` line
+    naming someone new it passes the question on instead (`to: me`: to the agent's person)."""
     questions = [t for t in await db.open_threads(s.ctx.services.store, item=item.ref)
                  if t.state.is_question]
     t, words = _which_question(s, item, questions, cmd.args.strip())
@@ -176,13 +213,61 @@ async def answer_from_forge(service: Comments, s: Scene, item: Item, cmd: Comman
     if option is None and not body:
         raise InvalidArguments("usage: `/answer <option number>` or `/answer <your words>`; "
                                "to name the question, `/answer <header or id> <your answer>`")
-    answers = may_answer(t.state, s.office, s.actor)
-    await service.add(s.actor, item, NewComment(
+    answers = may_answer(t.state, s.office, s.actor, confirmed=confirmed)
+    added = await service.add(s.actor, item, NewComment(
         body=body, parent=t.id, option=option, amend=answers and t.state.answer is not None,
-        forge_id=forge_id))
+        to=to, cc=cc, confirmed=confirmed, forge_id=forge_id))
+    if len(added["thread"].get("askedTo") or ()) > len(t.state.asked):  # passed on
+        return added, t.state.waiting_on
     if not answers and s.actor != t.state.asker:  # they meant to answer: say how it was taken
         await s.say(f"your `/answer` is a reply in thread `{t.id}`, not the answer: the question "
                     f"asks {', '.join(t.state.asked)}, and only they answer it")
+    return added, t.state.waiting_on
+
+
+def _concerns(t: db.ThreadRow, office: Office, who: str) -> bool:
+    """A thread `who` is in: asked it, was asked, was reached by it or wrote in it."""
+    return who == t.state.asker or who in t.state.members or (
+        t.state.is_question and speaks_for_asked(t.state, office, who))
+
+
+async def reply_from_forge(service: Comments, s: Scene, item: Item, cmd: Command,
+                           forge_id: int, *, to: list[str],
+                           cc: list[str]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """`/reply [<header or id>] <words>`: a reply in a thread, as `add_comment` with `parent`
+    makes one: the asker's follow-up, a pass-on (`to:` naming someone new; `to: me` hands an
+    agent's question to its person), or words that reach everyone in the thread. Without a
+    name, the only open thread on the item the commenter is in."""
+    store = s.ctx.services.store
+    threads = await db.open_threads(store, item=item.ref)
+    words = cmd.args.strip()
+    first = words.split(maxsplit=1)
+    by_id = [t for t in threads if first and first[0].strip("`") == t.id]
+    questions = [(t.id, t.state.question) for t in threads if t.state.question is not None]
+    named = naming(words, questions)
+    if by_id:
+        target, words = by_id[0], first[1].strip() if len(first) > 1 else ""
+    elif len(named) == 1:
+        target = next(t for t in threads if t.id == named[0][0])
+        words = named[0][1]
+    elif len(named) > 1:
+        raise InvalidArguments(f"{len(named)} open questions on {item.ref} have that header; "
+                               "name one by its id: `/reply <id> <your words>`")
+    else:
+        mine = [t for t in threads if _concerns(t, s.office, s.actor)]
+        if not mine:
+            raise NotFoundError(f"no open thread on {item.ref} has you in it; name one: "
+                                "`/reply <header or id> <your words>`, or comment without "
+                                "`/reply` to start a thread")
+        if len(mine) > 1:
+            raise InvalidArguments(
+                f"{len(mine)} open threads on {item.ref} have you in it: "
+                + ", ".join(_named(t) if t.state.question else f"`{t.id}`" for t in mine)
+                + "; say which: `/reply <header or id> <your words>`")
+        target = mine[0]
+    body = f"{words}\n{cmd.body.strip()}".strip()
+    return await service.add(s.actor, item, NewComment(
+        body=body, parent=target.id, to=to, cc=cc, forge_id=forge_id)), target.state.waiting_on
 
 
 async def resolve_from_forge(service: Comments, s: Scene, item: Item, cmd: Command) -> None:
@@ -240,6 +325,8 @@ async def card_edited(event: sansio.Event, ctx: HandlerContext) -> None:
 @router.register("issues", action="unassigned")
 @router.register("issues", action="closed")
 @router.register("issues", action="reopened")
+@router.register("issues", action="typed")
+@router.register("issues", action="untyped")
 async def item_changed(event: sansio.Event, ctx: HandlerContext) -> None:
     found = await _item_scene(event, ctx)
     if found is None:
@@ -249,3 +336,28 @@ async def item_changed(event: sansio.Event, ctx: HandlerContext) -> None:
     known = await db.get_item(ctx.services.store, item.ref)
     item = await service.index_item(item)
     await record_update(service, s.actor, item, known, event.data)
+
+
+@router.register("sub_issues", action="parent_issue_added")
+@router.register("sub_issues", action="parent_issue_removed")
+async def parent_changed(event: sansio.Event, ctx: HandlerContext) -> None:
+    """An item got (or lost) its sub-issue parent: the index follows, as it follows a `Part
+    of` line. GitHub sends each link twice, `sub_issue_*` to the parent's repository and
+    `parent_issue_*` to the sub-issue's; this handles the second, whose repository is the
+    item's. A plan or evidence that joins an outcome is news on it, as one opened there is."""
+    data = event.data
+    repo = str(data["repository"]["full_name"]).lower()
+    office = await ctx.services.offices.get(ctx.forge, repo.split("/")[0])
+    sub = data.get("sub_issue")
+    if office is None or not isinstance(sub, dict):
+        return
+    item = item_from_issue(office, repo, sub)  # the REST issue: it says its parent, if any
+    if item is None:
+        return
+    service = Comments(ctx.services, ctx.forge, office)
+    known = await db.get_item(ctx.services.store, item.ref)
+    item = await service.index_item(item)
+    if item.parent is not None and item.parent != (known.parent if known else None):
+        login = str(data["sender"]["login"])
+        actor = principal_of(office, login) or f"forge:{login}"
+        await record_update(service, actor, item, known, {"action": "opened"})

@@ -102,12 +102,14 @@ async def test_a_mail_a_person_writes_into_a_deep_thread_starts_at_hop_0(
     assert len(queued) == queued_before + 1 and queued[-1].subject == sent["ref"]
 
 
-async def test_a_deliberate_mail_send_with_in_reply_to_is_no_automatic_reply(
+async def test_an_agents_mail_send_with_in_reply_to_counts_hops_like_the_reply_copy(
         embedded: Embedded, tools: Any) -> None:
+    """Issue 26: an agent answering mail with `mail_send` + `inReplyTo` is one hop on from the
+    mail it answers (it was hop 0, so agents answering that way never met the guard)."""
     deep = await _deep_thread(embedded, tools)
     sent = (await tools("agent:builder")("mail_send", to="scout", subject="New angle",
                                          body="Let us try another way", inReplyTo=deep["ref"]))
-    assert sent["mail"]["hops"] == 0 and sent["mail"]["state"] == "mail:new"
+    assert sent["mail"]["hops"] == 5 and sent["mail"]["state"] == "quiet"
 
 
 async def test_follow_up_comments_carry_no_hops_only_the_automatic_reply_copies_do(

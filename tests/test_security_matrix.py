@@ -241,6 +241,10 @@ SLASH_CELLS = [
               lambda w: f"/resolve {w.builder_question}", True, "resolve-rights-askers-person"),
     SlashCell("comment", "builder-bot", BUILDER, lambda w: w.outcome,
               _comment("Looks fine to me"), True, "contributor-access"),
+    SlashCell("reply", "builder-bot", BUILDER, lambda w: w.outcome,
+              lambda w: f"/reply {w.question} Fine by me", True, "contributor-access"),
+    SlashCell("confirmed", "sara", SARA, lambda w: w.decide, _comment("/confirmed 1"), None,
+              "a-question-one-was-not-asked"),
 ]
 
 

@@ -87,11 +87,21 @@ def option_line(i: int, q: Question, ticked: bool) -> str:
 
 
 def render_card(comment_id: str, *, author: str, state: ThreadState, mentions: list[str],
-                logins: dict[str, str]) -> str:
+                logins: dict[str, str], asked: list[str] | None = None) -> str:
+    """The card; `mentions` are the logins it @mentions, `asked` the logins of those it asks
+    (the rest of `mentions`, reached but not asked, follow "cc")."""
     q = state.question
     assert q is not None
-    who = mention_list(mentions) or ", ".join(state.asked)
+    people = {m.lower() for m in mentions}
+    shown = [m for m in (asked or []) if m.lower() in people] if asked is not None \
+        else mentions
+    others = [m for m in mentions if m.lower() not in {a.lower() for a in shown}]
+    if asked is not None and not shown:
+        shown, others = others, []  # asked nobody it mentions: as before, all mentioned
+    who = mention_list(shown) or ", ".join(state.asked)
     head = f"❓ **Question** from **{author}** for {who}"
+    if others:
+        head += f" · cc {mention_list(others)}"
     if q.human_only:
         head += " · *a person decides (human only)*"
     parts = [marker(comment_id, kind="question"), head, ""]
@@ -205,35 +215,73 @@ class Ask:
     body: str
     options: list[dict[str, Any]]
     header: str | None
+    context: str | None = None
+    human_only: bool = False
+
+
+# An option's private note: `- [ ] Keep 30 days — … <!-- then: add dual-read … -->`. Hidden
+# where the forge shows the comment, and taken out of it by the app once it is in the index.
+# (no `<` inside: each try stops at the next `<`, so reading stays linear in the text)
+_THEN = re.compile(r"<!--[ \t]*then[ \t]*:(?P<then>[^<]*?)-->", re.IGNORECASE)
+_HUMAN_ONLY = re.compile(r"^\s*human[\s_-]*only\s*(?::\s*(?:yes|true)\s*)?$", re.IGNORECASE)
 
 
 def parse_ask(args: str, body: str) -> Ask:
     """`/ask <question>` with `- [ ] label — description` lines (at most four) below.
 
-    A `header: …` line names the card; an option marked "(recommended)" is the pick; other
-    lines join the question. TextTooLong past `MAX_COMMENT`."""
+    A `header: …` line names the card; a `context: …` line (and the lines right after it, up
+    to a blank line or an option) is the background shown folded; a `human only` line says a
+    person must decide; an option marked "(recommended)" is the pick, and a hidden
+    `<!-- then: … -->` on its line is its `then`; other lines join the question.
+    TextTooLong past `MAX_COMMENT`."""
     check_length(f"{args}\n{body}", limit=MAX_COMMENT)
     header: str | None = None
+    context: list[str] | None = None
+    in_context = human_only = False
     text: list[str] = [args] if args else []
     options: list[dict[str, Any]] = []
     items = list_item_lines(body)  # boxes in code, quotes or HTML are words, not options
     for i, line in enumerate(body.replace("\r\n", "\n").split("\n")):
         task = _TASK.match(line) if i in items else None
+        low = line.strip().lower()
         if task:
             options.append(option_of(task["text"]))
-        elif line.lower().startswith("header:") and header is None:
+        elif low.startswith("header:") and header is None:
             header = line.split(":", 1)[1].strip()
+        elif low.startswith("context:") and context is None:
+            context, in_context = [line.split(":", 1)[1].strip()], True
+            continue
+        elif _HUMAN_ONLY.match(line):
+            human_only = True
+        elif in_context and context is not None and low:
+            context.append(line.strip())
+            continue
         else:
             text.append(line)
-    return Ask("\n".join(text).strip(), options, header)
+        in_context = False
+    said = "\n".join(context).strip() if context is not None else ""
+    return Ask("\n".join(text).strip(), options, header, said or None, human_only)
+
+
+def without_then(text: str) -> str:
+    """The comment with its options' hidden `then` notes taken out (they live in the index)."""
+    return _THEN.sub("", text)
+
+
+def has_then(text: str) -> bool:
+    return _THEN.search(text) is not None
 
 
 def option_of(text: str) -> dict[str, Any]:
     """An /ask option from the text of its box: `label — description` (or ` - `), marked
-    "(recommended)" anywhere. One linear pass, however long the text."""
+    "(recommended)" anywhere, with a hidden `<!-- then: … -->` note. One linear pass, however
+    long the text."""
+    then = " ".join(m["then"].strip() for m in _THEN.finditer(text))
+    text = _THEN.sub(" ", text)
     pieces = _RECOMMENDED.split(text)
     text = " ".join(p.strip() for p in pieces).strip()  # a mark and its spaces: one space
     dash = _DASH.search(text)
     label, description = (text[:dash.start()], text[dash.end():].lstrip()) if dash else (text, "")
-    return {"label": label.strip().strip("*"), "description": description,
-            "recommended": len(pieces) > 1}
+    out = {"label": label.strip().strip("*"), "description": description.strip(),
+           "recommended": len(pieces) > 1}
+    return {**out, "then": then} if then else out

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from bot.errors import Conflict, Denied, InvalidArguments, NotFoundError
 from bot.forge.errors import NotFound
+from bot.forge.gitea import GiteaForge
 from bot.items import render
 from bot.items.address import (
     Reached,
@@ -28,7 +29,13 @@ from bot.items.address import (
     table_reach,
 )
 from bot.items.inbox import wake_key
-from bot.items.model import Item, as_key, item_from_issue, split_ref
+from bot.items.model import (
+    Item,
+    as_key,
+    item_from_issue,
+    shows_native_parent,
+    split_ref,
+)
 from bot.items.questions import validate_question
 from bot.items.threads import ReplyKind, ThreadState, may_reply, may_resolve, reply, start
 from bot.items.views import comment_view, thread_view
@@ -100,6 +107,26 @@ class Comments:
             raise NotFoundError(f"{repo}#{number} is not an item: label it goal, outcome, plan "
                                 "or evidence", code="not_an_item")
         return await self.index_item(item)
+
+    async def with_native_parent(self, item: Item, issue: dict[str, Any], *,
+                                 opened: bool = False) -> Item:
+        """`item`, read from a webhook's issue, with its sub-issue parent. A webhook's issue
+        does not say it (GitHub's webhook issue has no `parent_issue_url`): the index does,
+        kept current by the `sub_issues` webhooks, while the `Part of` text agrees with it;
+        otherwise the forge's issue says (one read, ETag-cached). An issue just `opened` and
+        not yet indexed has no link the index missed (one made since comes as its own
+        `sub_issues` webhook). Gitea and Forgejo have no sub-issues: the text alone."""
+        if shows_native_parent(issue) or isinstance(self.forge, GiteaForge):
+            return item
+        known = await db.get_item(self.services.store, item.ref)
+        if (known is None and opened) or (known is not None and known.parent == item.parent):
+            return item
+        try:
+            full = await self.forge.get_issue(item.repo, item.number)
+        except NotFound:
+            return item
+        fresh = item_from_issue(self.office, item.repo, full)
+        return replace(item, parent=fresh.parent) if fresh is not None else item
 
     async def index_item(self, item: Item) -> Item:
         store = self.services.store
@@ -247,7 +274,12 @@ class Comments:
         # to them"), hear it even when they are the writing agent's own person
         reached = audience(self.office, author=actor, candidates=candidates,
                            explicit=[*(r.principal for r in [*to, *cc]), *state.waiting_on])
-        mentions = [self.login(r.principal) for r in reached if r.way == "personal"]
+        # the people reached personally are mentioned, and so is each agent reached through
+        # its person's box, by its own account: an agent that reads only its forge
+        # notifications misses nothing (issue 26). One mention, in this comment only
+        mentions = [self.login(r.principal) for r in reached if r.way == "personal"
+                    or (r.principal.startswith("agent:") and login_of(self.office,
+                                                                      r.principal))]
         row, forge_id = await self._write_forge(actor, item, new, body, comment_id, row, kind,
                                                 mentions)
         answer = row.state.answer if kind in ("answer", "amend") else None
@@ -359,7 +391,8 @@ class Comments:
         again = new.key is not None and idempotency.resumed()  # an earlier try with the key
         if kind == "question":
             card = render.render_card(comment_id, author=author, state=row.state,
-                                      mentions=mentions, logins=self._logins())
+                                      mentions=mentions, logins=self._logins(),
+                                      asked=self._asked_logins(row.state))
             mark = render.marker(comment_id, kind="question")
             posted = None
             if new.forge_id is not None or again:  # a retry may have posted it already
@@ -392,6 +425,10 @@ class Comments:
                 return c
         return None
 
+    def _asked_logins(self, state: ThreadState) -> list[str]:
+        """The forge accounts of those a question asks, people and agents alike."""
+        return [login for p in state.asked if (login := login_of(self.office, p))]
+
     def _logins(self) -> dict[str, str]:
         people = {h.principal: h.login for h in self.office.humans}
         return people | {a.principal: a.principal for a in self.office.agents}
@@ -402,9 +439,9 @@ class Comments:
             return row
         asker = row.state.asker
         author = self.login(asker) if asker.startswith("human:") else asker
-        mentions = [self.login(p) for p in row.state.asked if p.startswith("human:")]
+        mentions = self._asked_logins(row.state)
         card = render.render_card(row.id, author=author, state=row.state,
-                                  mentions=mentions, logins=self._logins())
+                                  mentions=mentions, logins=self._logins(), asked=mentions)
         if card != row.card_body:
             await self.forge.update_comment(item.repo, row.card_id, card)
         return replace(row, card_body=card)
@@ -427,10 +464,13 @@ class Comments:
                                     "confirmedWithPerson": a.confirmed_with_person}
                                    for a in (s.answer, *reversed(s.history))]
         woken = []  # each box wakes its own waiters: a person's never wakes for the agents'
-        async with self.services.store.transaction() as tx:
+        org = self.office.org
+        keys = [db.inbox_key(org, owner_of(self.office, r.principal)) for r in reached]
+        async with self.services.store.transaction(*keys, ledger.key(org)) as tx:
             await db.put_comment(tx, record)
             await db.put_thread(tx, row)
-            for r in reached:
+            # boxes in one order (each delivery holds its box's key: see db.deliver)
+            for r in sorted(reached, key=lambda r: owner_of(self.office, r.principal)):
                 owner = owner_of(self.office, r.principal)
                 box = "you" if r.way == "personal" else "agents"
                 woken.append(wake_key(owner, box))
@@ -467,7 +507,7 @@ class Comments:
         row = replace(t, state=replace(s, resolved=True))
         if s.is_question:
             row = await self.refresh_card(item, row)
-        async with store.transaction() as tx:
+        async with store.transaction(ledger.key(self.office.org)) as tx:
             await db.put_thread(tx, row)
             await ledger.append(tx, "comment.resolved", actor, t.item,
                                 {"thread": t.id, "comment": comment_id}, org=self.office.org)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from bot.mail.markdown import MAX_TEXT, paragraph_lines
 
-KNOWN = ("mail", "working", "close", "ask", "answer", "resolve")
+KNOWN = ("mail", "working", "close", "ask", "answer", "confirmed", "reply", "resolve")
 _COMMAND = re.compile(r"^ {0,3}/(?P<name>[a-z]+)\b[ \t]*(?P<args>.*)$")
 
 

@@ -1,0 +1,87 @@
+"""The seed's loop guard (mail.md) for agents that answer each other with `mail_send` +
+`inReplyTo` (issue 26): "Two agents replying to each other could wake each other forever.
+Each automatic reply notification carries a hops count. Beyond 3 hops, the notification is
+still delivered, but without mail:new, so it doesn't start a run: the agent sees it on its next
+run. The office ledgers mail.loop_guard when this happens."
+
+Before issue 26 only the app's reply copy counted hops: agents answering each other with
+`mail_send` ran round after round at hop 0, each one a run, and the guard never held."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from bot.app.embedded import Embedded
+from tests.support import label_names
+
+SCOUT, BUILDER = "acme/scout-vault", "acme/builder-vault"
+MARCO = "human:marco@acme.com"
+
+
+async def test_two_agents_replying_to_each_other_with_mail_send_could_wake_each_other_forever(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """builder and scout answer each other's mail with `mail_send` + `inReplyTo`: each answer
+    is one hop more than the mail it answers; past 3 hops it arrives quiet (no mail:new on the
+    forge, no run, no wake-up of a wait) and `mail.loop_guard` is ledgered each time."""
+    builder, scout = tools("agent:builder"), tools("agent:scout")
+    mail = (await builder("mail_send", to="scout", subject="Ping", body="ping"))["mail"]
+    assert mail["hops"] == 0
+    await scout("list_inbox")  # scout has been shown what it has: a wait waits past it
+    notifier = embedded.services.notifier
+    sent: list[dict[str, Any]] = [mail]
+    speakers = [(scout, "builder"), (builder, "scout")] * 3
+    waiting = None
+    try:
+        for hop, (speaker, to) in enumerate(speakers[:5], start=1):
+            if hop == 4:  # scout waits (list_inbox's long poll) as builder's hop 4 goes out
+                await scout("list_inbox")
+                waiting = asyncio.create_task(notifier.wait_any(["agent:scout"], 60, org="acme"))
+                await asyncio.sleep(0)  # registered, as list_inbox's wait registers first
+                assert notifier.waiting() == 1
+            mail = (await speaker("mail_send", to=to, subject="Re: Ping", body=f"pong {hop}",
+                                  inReplyTo=mail["ref"]))["mail"]
+            await embedded.settle()
+            sent.append(mail)
+            if hop == 4:
+                assert notifier.waiting() == 1, "the quiet mail woke scout's wait"
+    finally:
+        if waiting is not None:
+            waiting.cancel()
+    assert [(m["hops"], m["state"]) for m in sent] == [
+        (0, "mail:new"), (1, "mail:new"), (2, "mail:new"), (3, "mail:new"),
+        (4, "quiet"), (5, "quiet")]
+    assert {m["thread_id"] for m in sent} == {sent[0]["thread_id"]}
+    admin = person("admin")
+    for m in sent[4:]:
+        assert label_names(await admin.issue(m["vault"], m["number"])) == [], (
+            "a quiet mail carries no mail:new on the forge")
+    guards = await embedded.ledger_events("mail.loop_guard")
+    assert [(g.subject, g.data["hops"]) for g in guards] == [
+        (sent[4]["ref"], 4), (sent[5]["ref"], 5)], "ledgered each time the guard holds"
+    queued = await embedded.ledger_events("run.queued")
+    assert [q.subject for q in queued] == [m["ref"] for m in sent[:4]], (
+        "hops 0..3 start runs; the quiet ones do not")
+    # "the agent sees it on its next run": it waits in the inbox
+    inbox = (await scout("mail_list"))["inbox"]["mail"]
+    assert sent[4]["ref"] in [m["ref"] for m in inbox]
+
+
+async def test_a_mail_a_person_writes_in_answer_to_a_quiet_mail_starts_at_hop_0(
+        embedded: Embedded, tools: Any) -> None:
+    """Only agents' answers climb: marco answering the quiet end of a deep thread writes
+    a mail at hop 0 that wakes scout, and scout's answer to him is one hop on from there."""
+    builder, scout = tools("agent:builder"), tools("agent:scout")
+    mail = (await builder("mail_send", to="scout", subject="Ping", body="ping"))["mail"]
+    for hop, (speaker, to) in enumerate([(scout, "builder"), (builder, "scout")] * 2, start=1):
+        mail = (await speaker("mail_send", to=to, subject="Re: Ping", body=f"pong {hop}",
+                              inReplyTo=mail["ref"]))["mail"]
+    assert (mail["hops"], mail["state"], mail["vault"]) == (4, "quiet", SCOUT)
+    mine = (await tools(MARCO)("mail_send", to="scout", subject="Where are we?",
+                               body="Sum it up for me", inReplyTo=mail["ref"]))["mail"]
+    assert (mine["hops"], mine["state"]) == (0, "mail:new")
+    queued = await embedded.ledger_events("run.queued")
+    assert queued[-1].subject == mine["ref"]
+    answer = (await scout("mail_send", to="builder", subject="Summary", body="Done so far",
+                          inReplyTo=mine["ref"]))["mail"]
+    assert (answer["hops"], answer["state"], answer["vault"]) == (1, "mail:new", BUILDER)
