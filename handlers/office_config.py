@@ -1,10 +1,15 @@
 """A push that changes the org's `.github/vaultmail.yml` reloads the office config.
 
-An invalid config is refused with every error located, in an issue on the `.github` repository
-that mentions the pusher; the last valid config stays in force.
+An invalid config is refused, and the last valid one stays in force. As Renovate's "Fix
+configuration" issue does, the org has one open issue on its `.github` repository that says
+so: opened at the first bad push, its body rewritten at each further one (every error with its
+key, line and column, and who pushed which commit), and closed with a comment once a valid
+config lands. The issue is found again by a marker in its body and its author, the app.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from gidgethub import sansio
 from gidgethub.routing import Router
@@ -16,6 +21,8 @@ from bot.store import api_tokens, ledger
 from bot.tools.http import members
 
 router = Router()
+MARKER = "<!-- vaultmail:office-config-error -->"
+TITLE = f"{CONFIG_PATH} was refused"
 
 
 def _touches_config(data: dict[str, object]) -> bool:
@@ -47,17 +54,51 @@ async def reload_office_config(event: sansio.Event, ctx: HandlerContext) -> None
     before = await offices.get(ctx.forge, org)
     office = await offices.get(ctx.forge, org, fresh=True)
     error = offices.last_error.get(org)
-    if error is None:
-        ctx.log.info("office config reloaded", extra={"org": org})
-        if before is not None and office is not None:
-            await _revoke_removed(ctx, org, members(before) - members(office))
-        return
     pusher = data.get("sender", {}).get("login", "")
-    kept = "the last valid config stays in force" if office else "no config is in force yet"
-    body = (f"@{pusher} the push to `{CONFIG_PATH}` was refused; {kept}.\n\n"
-            + "\n".join(f"- {defuse_mentions(line)}" for line in error.errors)
-            + "\n\nFix these and push again.")
-    await ctx.forge.create_issue(f"{org}/{CONFIG_REPO}", f"{CONFIG_PATH} was refused", body,
-                                 labels=[])
+    commit = str(data.get("after") or "")[:12]
+    async with ctx.services.lock_for(f"office-config:{org.lower()}"):
+        issue = await _open_config_issue(ctx, org)
+        if error is None:
+            ctx.log.info("office config reloaded", extra={"org": org})
+            if issue is not None:
+                await _close_fixed(ctx, org, issue, pusher, commit)
+            if before is not None and office is not None:
+                await _revoke_removed(ctx, org, members(before) - members(office))
+            return
+        kept = "the last valid config stays in force" if office else \
+            "no config is in force yet"
+        body = (f"{MARKER}\n@{pusher} pushed `{CONFIG_PATH}` ({commit or 'a commit'}); it was "
+                f"refused and {kept}.\n\n"
+                + "\n".join(f"- {defuse_mentions(line)}" for line in error.errors)
+                + f"\n\nFix these and push again (`vaultmail office check {CONFIG_PATH}` "
+                "says the same before you push). This issue is updated at each refused push "
+                "and closed when a valid config lands.")
+        repo_name = f"{org}/{CONFIG_REPO}"
+        if issue is None:
+            await ctx.forge.create_issue(repo_name, TITLE, body, labels=[])
+        elif issue.get("body") != body:
+            await ctx.forge.update_issue(repo_name, int(issue["number"]), body=body)
     await ledger.record(ctx.services.store, "office.config_refused", f"forge:{pusher}",
                         f"{org}/{CONFIG_REPO}", {"errors": error.errors}, org=org)
+
+
+async def _open_config_issue(ctx: HandlerContext, org: str) -> dict[str, Any] | None:
+    """The org's open config-error issue, the app's own (a marker copied into someone else's
+    issue is not it)."""
+    async for issue in ctx.forge.iter_issues(f"{org}/{CONFIG_REPO}", state="open"):
+        author = str((issue.get("user") or {}).get("login", ""))
+        if MARKER in (issue.get("body") or "") and \
+                author.lower() == ctx.services.bot_login.lower():
+            return issue
+    return None
+
+
+async def _close_fixed(ctx: HandlerContext, org: str, issue: dict[str, Any], pusher: str,
+                       commit: str) -> None:
+    repo_name, number = f"{org}/{CONFIG_REPO}", int(issue["number"])
+    await ctx.forge.create_comment(repo_name, number, (
+        f"@{pusher} pushed a valid `{CONFIG_PATH}` ({commit or 'a commit'}): it is in force "
+        "now. Closing."))
+    await ctx.forge.update_issue(repo_name, number, state="closed", state_reason="completed")
+    ctx.log.info("office config fixed: its error issue closed",
+                 extra={"org": org, "issue": number})

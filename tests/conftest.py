@@ -8,7 +8,7 @@ import pytest
 
 from bot.app.embedded import Embedded, start_embedded
 from bot.store import Store, open_store
-from tests import pg
+from tests import needs, pg
 from tests.support import Actor, ToolClient
 
 # Every end-to-end test runs on both engines of the index: SQLite (the embedded default) and
@@ -22,11 +22,21 @@ async def database_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
     if request.param == "sqlite":
         yield ""
         return
-    url = await pg.fresh_database()
+    url = await _fresh_database()
     try:
         yield url
     finally:
         await pg.drop_database(url)
+
+
+async def _fresh_database() -> str:
+    """A fresh database on the tests' PostgreSQL; where its server is not installed, the test
+    fails with one line naming the package (tests/needs.py)."""
+    try:
+        needs.postgresql()
+    except needs.Missing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    return await pg.fresh_database()
 
 
 @pytest.fixture
@@ -63,7 +73,7 @@ def tools(embedded: Embedded, session: aiohttp.ClientSession):  # type: ignore[n
 @pytest.fixture
 async def two_replicas() -> AsyncIterator[tuple[Store, Store]]:
     """Two replicas' stores on one fresh PostgreSQL database, each joined under its name."""
-    url = await pg.fresh_database()
+    url = await _fresh_database()
     a, b = await open_store(url), await open_store(url)
     await a.join("replica-a")
     await b.join("replica-b")

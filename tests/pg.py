@@ -2,7 +2,9 @@
 throwaway cluster this process starts from Debian's packages, and a fresh database per test.
 
 initdb and postgres refuse to run as root: as root the cluster runs as an unprivileged system
-user (made if missing). The server is tuned for throwaway data (no fsync)."""
+user (made if missing). The server is tuned for throwaway data (no fsync). A process stops and
+removes its cluster as it exits; what a process killed before that left (in the temp directory,
+its server still running) the next one stops and removes."""
 
 from __future__ import annotations
 
@@ -61,6 +63,43 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _server_pid(home: Path) -> int | None:
+    try:
+        return int((home / "data" / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return None
+
+
+def _sweep(pg: Path, prefix: list[str]) -> None:
+    """Clusters that test processes killed before their exit handler ran left behind (in the
+    temp directory, their servers still running): stopped and removed. A cluster whose owner
+    still runs is left alone, as is one whose owner is not known (an older name, without the
+    owner's pid) unless its server is gone too."""
+    for home in Path(tempfile.gettempdir()).glob("vaultmail-pg-*"):
+        owner, named, _ = home.name.removeprefix("vaultmail-pg-").partition("-")
+        server = _server_pid(home)
+        if named and owner.isdigit():  # vaultmail-pg-PID-RANDOM
+            if _pid_alive(int(owner)):
+                continue
+        elif server is None or _pid_alive(server):
+            continue  # its owner unknown: only what is plainly dead goes
+        if server is not None and _pid_alive(server):
+            subprocess.run([*prefix, str(pg / "pg_ctl"), "-D", str(home / "data"), "-m",
+                            "immediate", "-w", "stop"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+        shutil.rmtree(home, ignore_errors=True)
+
+
 @functools.cache
 def cluster_url() -> str:
     """The admin URL of a running server the tests may create databases on."""
@@ -68,8 +107,10 @@ def cluster_url() -> str:
     if given:
         return given
     pg = bin_dir()
-    home = Path(tempfile.mkdtemp(prefix="vaultmail-pg-"))
     prefix = _as_user()
+    _sweep(pg, prefix)
+    # the owner's pid in the name: a later process knows whether it still runs
+    home = Path(tempfile.mkdtemp(prefix=f"vaultmail-pg-{os.getpid()}-"))
     if prefix:
         shutil.chown(home, user=USER)
     data, port = home / "data", _free_port()

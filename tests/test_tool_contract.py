@@ -131,8 +131,8 @@ async def test_the_http_listing_mcp_and_the_shell_show_the_same_declarations(
     for name, t in tools.items():
         want = expected[name]
         assert t.title == want["title"] and t.description == want["description"]
-        assert t.input_schema == want["input_schema"]
-        assert t.output_schema == want["output_schema"]
+        assert t.input_schema == want["inputSchema"]
+        assert t.output_schema == want["outputSchema"]
         assert t.annotations is not None
         assert t.annotations.model_dump(by_alias=True, exclude_none=True) == want["annotations"]
 

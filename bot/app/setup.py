@@ -460,7 +460,12 @@ class SetupPage:
     public: bool | None = None
     # serve: the forge sends the browser back to the app's public URL; register: to this page
     redirect_via_public: bool = False
-    then: str = "Then run <code>vaultmail serve</code> where the app will run (it reads .env)."
+    # what comes before installing: the app must answer at its public URL by then (the forge
+    # sends the browser to its setup URL after an installation, and webhooks to it)
+    then: str = ("First run <code>vaultmail serve</code> where the app will run, beside that "
+                 ".env, so that it answers at its public URL: the forge sends its webhooks "
+                 "there, and your browser to its <code>/setup/installed</code> once you "
+                 "install the App.")
     registered: Registered | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     _states: dict[str, float] = field(default_factory=dict)
@@ -559,9 +564,9 @@ class SetupPage:
             f"are in <code>{html.escape(str(r.env.path))}</code> (mode 0600): "
             f"{html.escape(', '.join(r.env.written))}{html.escape(removed)}; its "
             f"{r.env.kept} other line(s) are as they were.</p>"
-            f"<p><a href=\"{html.escape(r.install_url)}\">Install it</a> {where}, then put "
-            "the office config in <code>ORG/.github/vaultmail.yml</code>.</p>"
-            f"<p>{self.then}</p>"))
+            f"<p>{self.then}</p>"
+            f"<p>Then <a href=\"{html.escape(r.install_url)}\">install it</a> {where}, and "
+            "put the office config in <code>ORG/.github/vaultmail.yml</code>.</p>"))
 
 
 async def installed_page(request: web.Request) -> web.Response:

@@ -159,7 +159,15 @@ class Story:
 
 
 async def run_demo(data: str | None = None) -> int:
-    data_dir = Path(data) if data else Path(tempfile.mkdtemp(prefix="vaultmail-demo-"))
+    if data:
+        return await _run_demo(Path(data))
+    # without --data: a temp dir, keys and all, gone when the demo ends
+    with tempfile.TemporaryDirectory(prefix="vaultmail-demo-",
+                                     ignore_cleanup_errors=True) as tmp:
+        return await _run_demo(Path(tmp))
+
+
+async def _run_demo(data_dir: Path) -> int:
     embedded = await start_embedded(data_dir=data_dir, port=0, forge_port=0)
     try:
         async with aiohttp.ClientSession() as session:

@@ -1,10 +1,13 @@
-"""Shell commands that act on an office: reindex, verify, keys, tokens, ledger."""
+"""Shell commands that act on an office: reindex, verify, keys, tokens, ledger, and `office
+check`, which validates an office file here as the app does when it is pushed."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -282,6 +285,120 @@ async def cmd_ledger(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_office_check(args: argparse.Namespace) -> int:
+    """Validate an office file as the app validates it (a push to the org's `.github`
+    repository, or the operator's `--office` file with `--operator`): the same messages, each
+    with its key, line and column; exit 0 valid, 1 invalid, 2 no such file."""
+    from bot.app.settings import SettingsError, outbound_setting
+    from bot.office.config import OfficeConfigError, parse_office
+    from bot.office.source import bound_to_org
+
+    path = Path(args.file)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        return fail(args, ShellFailure("usage", f"cannot read {path}: {why} (give the office "
+                                       "file to check, e.g. vaultmail.yml of the org's .github "
+                                       "repository)"))
+    try:
+        policy = outbound_setting(os.environ.get("VAULTMAIL_OUTBOUND_ALLOW"))
+    except SettingsError as exc:
+        return fail(args, ShellFailure("usage", f"VAULTMAIL_OUTBOUND_ALLOW: {exc}"))
+    try:
+        office = parse_office(text, str(path), repository=not args.operator,
+                              url_refused=policy.url_refusal)
+        if args.org:
+            bound_to_org(office, args.org, str(path), text)
+    except OfficeConfigError as exc:
+        count = f"{len(exc.errors)} error{'s' if len(exc.errors) != 1 else ''}"
+        if wants_json(args):
+            print(json.dumps({"ok": False, "error": {"code": "invalid_config", "message":
+                                                     f"{path}: {count}"},
+                              "errors": exc.errors}))
+        else:
+            print("\n".join(exc.errors))
+            print(f"{path}: {count}; the app would refuse it and keep the last valid config",
+                  file=sys.stderr)
+        return REFUSED
+    if wants_json(args):
+        done({"file": str(path), "org": office.org, "humans": len(office.humans),
+              "agents": len(office.agents)})
+    else:
+        print(f"{path}: valid: office {office.org}, {len(office.humans)} people, "
+              f"{len(office.agents)} agents")
+    return 0
+
+
+GITHUB_API = "https://api.github.com"
+TYPE_TOKEN_ENV = "GITHUB_TOKEN"
+_TYPE_LOOK = {"goal": ("green", "Why we work: the goal outcomes serve"),
+              "outcome": ("blue", "What must be true when done, with its decisions"),
+              "plan": ("purple", "How an outcome is reached"),
+              "evidence": ("yellow", "What shows an outcome is reached")}
+
+
+async def cmd_office_setup_types(args: argparse.Namespace) -> int:
+    """`office setup-types`: the organisation's issue types for the four item kinds, made
+    where missing (GitHub's `POST /orgs/{org}/issue-types`, which needs an owner of the org:
+    a token of theirs in GITHUB_TOKEN, classic with `admin:org`, or fine-grained with the
+    organisation's "Issue Types" write; the App's own installation cannot)."""
+    from bot.items.model import DEFAULT_TYPES, ITEM_KINDS
+    from bot.office.config import OfficeConfigError, load_office
+
+    token = os.environ.get(TYPE_TOKEN_ENV, "").strip()
+    if not token:
+        return fail(args, ShellFailure("usage", f"set {TYPE_TOKEN_ENV} to a token of an owner "
+                                       f"of {args.org} (classic: admin:org; fine-grained: "
+                                       "the organisation's Issue Types, write)"))
+    names = {k: n for n, k in DEFAULT_TYPES.items()}
+    if args.office:
+        try:
+            names.update(load_office(args.office).item_types)
+        except (OSError, OfficeConfigError) as exc:
+            return fail(args, ShellFailure("usage", f"{args.office}: {exc}"))
+    base = f"{args.forge.rstrip('/')}/orgs/{args.org}/issue-types"
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/vnd.github+json",
+               "X-GitHub-Api-Version": "2022-11-28", "User-Agent": "vaultmail"}
+    done_: list[dict[str, str]] = []
+    try:
+        async with aiohttp.ClientSession(headers=headers) as http:
+            async with http.get(base) as resp:
+                if resp.status == 404:
+                    return fail(args, ShellFailure("not_found", f"no organisation {args.org} "
+                                                   "that this token can see, or it has no "
+                                                   "issue types", status=REFUSED))
+                resp.raise_for_status()
+                have = {str(t["name"]).lower() for t in await resp.json()}
+            for kind in ITEM_KINDS:
+                name = names[kind]
+                if name.lower() in have:
+                    done_.append({"kind": kind, "type": name, "done": "exists"})
+                    continue
+                color, description = _TYPE_LOOK[kind]
+                async with http.post(base, json={"name": name, "is_enabled": True,
+                                                 "color": color,
+                                                 "description": description}) as resp:
+                    if resp.status in (401, 403):
+                        return fail(args, ShellFailure(
+                            "denied", f"the forge refused to create the issue type {name} "
+                            f"({resp.status}): it needs an owner of {args.org} (admin:org)",
+                            status=REFUSED))
+                    resp.raise_for_status()
+                done_.append({"kind": kind, "type": name, "done": "created"})
+    except aiohttp.ClientResponseError as exc:
+        return fail(args, ShellFailure("forge", f"{base}: {exc.status} {exc.message}",
+                                       status=REFUSED))
+    except aiohttp.ClientError as exc:
+        raise forge_unreachable(args.forge, type(exc).__name__) from exc
+    if wants_json(args):
+        done({"org": args.org, "types": done_})
+    else:
+        for row in done_:
+            print(f"{row['type']}: {row['done']} ({row['kind']})")
+    return 0
+
+
 def add_office_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def with_data(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         p.add_argument("--data", help="the data dir of `vaultmail up --data` (or VAULTMAIL_DATA)")
@@ -315,6 +432,31 @@ def add_office_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p = with_data(tsub.add_parser("list", help="the API tokens: id, principal, last use"))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_token_list)
+    office = sub.add_parser("office", help="the office config")
+    osub = office.add_subparsers(dest="office_command", required=True)
+    p = osub.add_parser("check", help="validate an office file as the app would (exit 1 if "
+                                      "invalid, with each error's line and column)")
+    p.add_argument("file", metavar="FILE", nargs="?", default="vaultmail.yml",
+                   help="the file (default: vaultmail.yml here, as in the org's .github "
+                        "repository)")
+    p.add_argument("--org", help="the organisation whose .github repository it is for: its "
+                                 "org and vaults must be that organisation's")
+    p.add_argument("--operator", action="store_true",
+                   help="the operator's own file (`up --office`), which may name commands")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_office_check)
+    p = osub.add_parser("setup-types", help="create the issue types of the item kinds (Goal, "
+                                            "Outcome, Plan, Evidence) in an organisation on "
+                                            "GitHub; needs an owner's token")
+    p.add_argument("--org", required=True, help="the organisation")
+    p.add_argument("--office", metavar="FILE",
+                   help="an office file whose item_types names the types (default: Goal, "
+                        "Outcome, Plan, Evidence)")
+    p.add_argument("--forge", default=GITHUB_API,
+                   help=f"the forge's API URL (default {GITHUB_API}; GitHub Enterprise: "
+                        "https://HOST/api/v3)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_office_setup_types)
     p = with_data(sub.add_parser("ledger", help="print the ledger: every office's, or one's"))
     p.add_argument("--org", help="only this office's entries, and only its chain checked "
                                  "(default: every office's, each chain checked)")

@@ -84,8 +84,12 @@ async def cmd_register(args: argparse.Namespace) -> int:
     print(f"registered {done.slug} (App {done.app_id}, owned by {done.owner}) on {forge.web}: "
           f"{', '.join(done.env.written)} written to {env_file} (mode 0600; {done.env.kept} "
           f"other line(s) kept{removed})", flush=True)
-    print(f"install it: {done.install_url}", flush=True)
-    print("then run `vaultmail serve` where it reads that .env", flush=True)
+    # in this order: installing sends the browser to the app's setup URL, and webhooks to it,
+    # so the app must be running first
+    print(f"next: run `vaultmail serve` where it reads that .env, so that it answers at "
+          f"{public_url} (the forge sends webhooks there, and your browser to "
+          f"{public_url}/setup/installed once you install)", flush=True)
+    print(f"then install it: {done.install_url}", flush=True)
     return 0
 
 

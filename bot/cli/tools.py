@@ -141,7 +141,10 @@ def _card_lines(card: dict[str, Any]) -> list[str]:
     who = card.get("author") or card.get("from") or card.get("askedBy") or ""
     where = card.get("target") or card.get("item") or ""
     head = card.get("header") or card.get("body") or ""
-    lines = [f"  [{card.get('comment') or card.get('id')}] {where} {who}: {head}".rstrip()]
+    # an unread comment by its id; a question card is a thread, by its id (its first
+    # comment's, what `parent` takes to answer it)
+    ident = card.get("id") or card.get("thread") or "?"
+    lines = [f"  [{ident}] {where} {who}: {head}".rstrip()]
     for i, opt in enumerate(card.get("options") or [], start=1):
         if isinstance(opt, dict):
             desc = f" - {opt['description']}" if opt.get("description") else ""
@@ -260,7 +263,7 @@ async def _tool_properties(app_url: str, tool: str) -> dict[str, Any]:
         return {}
     for t in data.get("tools", []):
         if t.get("name") == tool:
-            found: dict[str, Any] = t.get("input_schema", {}).get("properties", {})
+            found: dict[str, Any] = t.get("inputSchema", {}).get("properties", {})
             return found
     return {}
 
@@ -346,8 +349,8 @@ async def cmd_tools(args: argparse.Namespace) -> int:
         done(data)
         return 0
     for t in data["tools"]:
-        props = t["input_schema"].get("properties", {})
-        required = set(t["input_schema"].get("required", []))
+        props = t["inputSchema"].get("properties", {})
+        required = set(t["inputSchema"].get("required", []))
         params = " ".join(f"{k}" if k in required else f"[{k}]" for k in props)
         title = f": {t['title']}" if t.get("title") else ""
         print(f"{t['name']} {params}{title}  [{_flags(t.get('annotations') or {})}]\n"

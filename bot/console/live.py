@@ -10,8 +10,12 @@ the first event also covers anything that landed between the page and the stream
 Each round (a wake-up or a heartbeat) asks again who is looking, as a page request would: a
 session signed out or expired, a token revoked, a person taken out of the office ends the
 stream before anything more is sent. A person holds at most `PER_PERSON` streams in each office
-(another office's streams of the same principal are not theirs to count), and a stream is let
-go as soon as its page closes it, not at the next heartbeat, so the cap counts open pages.
+(another office's streams of the same principal are not theirs to count). The cap counts only
+streams whose connection is still open, asked at the moment of counting, so a page view right
+after another is never refused for the stream the page before closed; the closed stream's
+handler lets it go within half a second, not at the next heartbeat. One over the cap is
+answered 429 with `Retry-After` (`RETRY_AFTER`); the page's script (static/console.js) tries
+again then, and after any other end of its stream with a backoff, saying it is reconnecting.
 """
 
 from __future__ import annotations
@@ -20,13 +24,12 @@ import asyncio
 import contextlib
 import hashlib
 import json
-from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
 
-from bot.console.frame import badge_of, signed_in, tool
+from bot.console.frame import badge_of, error_page, signed_in, tool
 from bot.console.visitor import NotSignedIn, Visitor, visitor
 from bot.errors import TooManyRequests, VaultmailError
 from bot.items import inbox
@@ -35,48 +38,62 @@ from bot.tools.http import client_gone
 
 HEARTBEAT = 15.0  # seconds between comments on an idle stream (and between looks at who it is)
 PER_PERSON = 8  # streams one person may hold at once in one office (a tab each)
+RETRY_AFTER = 5  # seconds a page refused a stream (at the cap) waits before it tries again
 
 
 class Streams:
-    """The live streams open, per person in their office."""
+    """The live streams open, per person in their office.
+
+    Each stream is held with a way to ask whether its connection is still open: the cap counts
+    only those, so a page view right after another is not refused for the stream its
+    predecessor closed a moment ago (the closed stream's handler lets it go on its next look,
+    within `client_gone`'s half second)."""
 
     def __init__(self, per_person: int = PER_PERSON) -> None:
         self.per_person = per_person
-        self._held: Counter[tuple[str, str]] = Counter()
+        self._held: dict[tuple[str, str], list[Callable[[], bool]]] = {}
         self._watchers: list[tuple[tuple[str, str], int, asyncio.Future[None]]] = []
 
     def held(self, org: str, principal: str) -> int:
-        return self._held[org.lower(), principal]
+        """How many of the person's streams are open now."""
+        return sum(1 for is_open in self._held.get((org.lower(), principal), ()) if is_open())
 
-    @contextlib.contextmanager
-    def hold(self, org: str, principal: str) -> Iterator[None]:
-        key = (org.lower(), principal)
-        if self._held[key] >= self.per_person:
+    def check(self, org: str, principal: str) -> None:
+        """Refuse one more stream to a person who holds as many open as they may."""
+        if self.held(org, principal) >= self.per_person:
             raise TooManyRequests(f"{principal} already holds {self.per_person} live streams in "
                                   f"the office of {org} (one per open console page): close a "
                                   "tab", code="too_many_streams")
-        self._held[key] += 1
+
+    @contextlib.contextmanager
+    def hold(self, org: str, principal: str,
+             is_open: Callable[[], bool] = lambda: True) -> Iterator[None]:
+        self.check(org, principal)
+        key = (org.lower(), principal)
+        self._held.setdefault(key, []).append(is_open)
         self._wake()
         try:
             yield
         finally:
-            self._held[key] -= 1
-            if self._held[key] <= 0:
+            mine = self._held[key]
+            mine.remove(is_open)
+            if not mine:
                 del self._held[key]
             self._wake()
 
     async def until(self, org: str, principal: str, n: int) -> None:
         """Return once the person holds `n` streams (tests meet here, not in a sleep)."""
-        if self.held(org, principal) == n:
+        key = (org.lower(), principal)
+        if len(self._held.get(key, ())) == n:
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._watchers.append(((org.lower(), principal), n, future))
+        self._watchers.append((key, n, future))
         await future
 
     def _wake(self) -> None:
         keep = []
         for key, n, future in self._watchers:
-            if not future.done() and self._held[key] == n:
+            if not future.done() and len(self._held.get(key, ())) == n:
                 future.set_result(None)
             elif not future.done():
                 keep.append((key, n, future))
@@ -131,9 +148,23 @@ async def _still(request: web.Request, v: Visitor) -> Visitor | None:
     return now if same else None
 
 
+def _open(request: web.Request) -> Callable[[], bool]:
+    def is_open() -> bool:
+        transport = request.transport
+        return transport is not None and not transport.is_closing()
+    return is_open
+
+
 @signed_in
 async def events(request: web.Request, v: Visitor) -> web.StreamResponse:
-    with request.app[STREAMS].hold(v.call.office.org, v.principal):
+    streams = request.app[STREAMS]
+    try:
+        streams.check(v.call.office.org, v.principal)
+    except TooManyRequests as exc:
+        refused = error_page(request, exc, v)
+        refused.headers["Retry-After"] = str(RETRY_AFTER)  # the page's script honours it
+        return refused
+    with streams.hold(v.call.office.org, v.principal, _open(request)):
         response = web.StreamResponse(headers={
             "Content-Type": "text/event-stream", "Cache-Control": "no-store",
             "X-Accel-Buffering": "no"})

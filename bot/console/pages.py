@@ -43,6 +43,14 @@ async def _answered(v: Visitor) -> list[dict[str, Any]]:
             for t in rows]
 
 
+def _not_yours(box: dict[str, Any], principal: str) -> dict[str, Any]:
+    """The agents' box without their questions that wait on the person: those are the
+    person's own cards already (Your turn), not listed twice."""
+    me = {principal, principal.removeprefix("human:")}
+    return {**box, "waitingOnOthers": [t for t in box.get("waitingOnOthers", [])
+                                       if not me & set(t.get("waitingOn") or [])]}
+
+
 async def inbox_context(request: web.Request, v: Visitor) -> dict[str, Any]:
     stamp = await live.delivery_stamp(v)  # before the look: a later delivery re-fetches
     look = await tool(v, "list_inbox", read=True)  # the person looks: unread is marked read
@@ -55,7 +63,7 @@ async def inbox_context(request: web.Request, v: Visitor) -> dict[str, Any]:
     answered = [t for t in await _answered(v) if t["thread"] not in cards]
     return {"stack": stack, "unread": unread_beside(you), "waiting": you["waitingOnOthers"],
             "read": look.get("read", []), "updates": look.get("updates", []),
-            "agents_box": look["agents"], "answered": answered,
+            "agents_box": _not_yours(look["agents"], v.principal), "answered": answered,
             "version": await live.version(v, look, stamp),
             "badge_now": len(you["yourTurn"])}
 

@@ -187,6 +187,67 @@ class Agent(_Strict):
         return "*" in allowed or recipient_slug in allowed
 
 
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)([a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
+_LOCAL_PART = re.compile(r"^[a-z0-9](?:[a-z0-9._+-]{0,62}[a-z0-9])?$")
+
+
+_ACCEPT_ENTRY = re.compile(r"^(@?[a-z0-9-]+(\.[a-z0-9-]+)+|[^@\s]+@[a-z0-9-]+(\.[a-z0-9-]+)+)$")
+
+
+class EmailPolicy(_Strict):
+    """Who outside may write to one agent by email (bot/email/policy.py): `accept` anyone,
+    the office only (the humans' addresses), or the listed domains (`example.org`, also its
+    subdomains) and addresses; mail from anyone else is refused at SMTP time or held
+    (`otherwise`); `wake`: whether outside mail starts a run."""
+
+    accept: Literal["anyone", "office"] | list[str] = "anyone"
+    otherwise: Literal["refuse", "hold"] = "refuse"
+    wake: bool = True
+
+    @field_validator("accept")
+    @classmethod
+    def _entries(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, str):
+            return v
+        lowered = [e.strip().lower() for e in v]
+        bad = [e for e in lowered if not _ACCEPT_ENTRY.match(e)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is neither a domain (example.org) nor an address "
+                             "(bob@example.org)")
+        return lowered
+
+
+class EmailConfig(_Strict):
+    """`email:` real mailboxes (bot/email): each agent is reachable at `<slug>@<domain>` and
+    at each of its `aliases` (`{slug: [local part, ...]}`). Where the SMTP listener and the
+    relay are is the operator's (host settings), never the repository's."""
+
+    domain: str
+    aliases: dict[str, list[str]] = Field(default_factory=dict)
+    policy: dict[str, EmailPolicy] = Field(default_factory=dict)  # agent slug -> its policy
+
+    @field_validator("domain")
+    @classmethod
+    def _domain(cls, v: str) -> str:
+        v = v.strip().lower().rstrip(".")
+        if not _HOSTNAME.match(v):
+            raise ValueError(f"{v!r} is not a mail domain (like mail.acme.example)")
+        return v
+
+    @field_validator("aliases")
+    @classmethod
+    def _aliases(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for slug, parts in v.items():
+            lowered = [p.strip().lower() for p in parts]
+            bad = [p for p in lowered if not _LOCAL_PART.match(p)]
+            if bad:
+                raise ValueError(f"{slug}: {bad[0]!r} is not a local part (letters, digits, "
+                                 "dots, dashes, plus and underscores)")
+            out[slug] = lowered
+        return out
+
+
 class Office(_Strict):
     org: str
     vault_pattern: str = "{slug}-vault"
@@ -194,6 +255,11 @@ class Office(_Strict):
     teams: dict[str, list[str]] = Field(default_factory=dict)
     agents: list[Agent] = Field(default_factory=list)
     webhooks: list[OutboundUrl] = Field(default_factory=list)
+    email: EmailConfig | None = None
+    # the org's issue type for each item kind, where it names its own (bot/items/model.py;
+    # without it: Goal, Outcome, Plan, Evidence), e.g. {outcome: Epic, plan: Task}
+    item_types: dict[Literal["goal", "outcome", "plan", "evidence"], str] = Field(
+        default_factory=dict)
 
     @field_validator("vault_pattern")
     @classmethod
@@ -222,6 +288,18 @@ class Office(_Strict):
             for who in a.capabilities.get("mail.send", []):
                 if who != "*" and who not in slugs:
                     problems.append(f"agents[{i}].capabilities.mail.send: no agent {who!r}")
+        if self.email is not None:
+            taken = set(slugs)
+            for slug, parts in self.email.aliases.items():
+                if slug not in slugs:
+                    problems.append(f"email.aliases.{slug}: no agent {slug!r}")
+                for part in parts:
+                    if part in taken:
+                        problems.append(f"email.aliases.{slug}: {part}@{self.email.domain} "
+                                        "is already another address of this office")
+                    taken.add(part)
+            problems += [f"email.policy.{slug}: no agent {slug!r}"
+                         for slug in self.email.policy if slug not in slugs]
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -287,8 +365,8 @@ def _unreadable_value(text: str) -> str:
                 try:
                     loader.construct_object(node)
                 except ValueError as exc:
-                    return (f"line {node.start_mark.line + 1}: {node.value!r} reads as a date "
-                            f"or time but is none ({exc}): quote it if it is text")
+                    return (f"{node.value!r} reads as a date or time but is none ({exc}): "
+                            f"quote it if it is text{_at(node.start_mark)}")
             elif isinstance(node, yaml.SequenceNode):
                 nodes.extend(node.value)
             elif isinstance(node, yaml.MappingNode):
@@ -298,16 +376,33 @@ def _unreadable_value(text: str) -> str:
     return "a value cannot be read"
 
 
+def _at(mark: yaml.Mark | None) -> str:
+    """Where in the file, as every error says it."""
+    return f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's complaint in one line, with its line and column."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return str(exc)
+    what = exc.problem or "cannot be read"
+    if exc.context:
+        started = _at(exc.context_mark).strip(" ()").replace("line", "at line", 1)
+        what += f", {exc.context}" + (f" {started}" if started else "")
+    return what + _at(exc.problem_mark)
+
+
 def _load_yaml(text: str, source: str) -> Any:
     try:
         deep = _too_deep(text)
         if deep is not None:
             raise OfficeConfigError(source, [
-                f"{source}: line {deep}: nested more than {MAX_DEPTH} levels deep: "
-                "an office config is a mapping of lists of mappings"])
+                f"{source}: nested more than {MAX_DEPTH} levels deep: an office config is a "
+                f"mapping of lists of mappings (line {deep}, column 1)"])
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise OfficeConfigError(source, [f"{source}: not valid YAML: {exc}"]) from exc
+        raise OfficeConfigError(source, [f"{source}: not valid YAML: {_yaml_problem(exc)}"]) \
+            from exc
     except OfficeConfigError:
         raise
     except ValueError as exc:  # a scalar YAML takes for a date that does not exist
@@ -315,22 +410,107 @@ def _load_yaml(text: str, source: str) -> Any:
             f"{source}: not valid YAML: {_unreadable_value(text)}"]) from exc
 
 
+_PATH_PART = re.compile(r"\[(\d+)\]|\.?([^.\[\]]+)")
+_PATH_FIRST = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]*(?:\[\d+\]|\.[^\s.:\[\]]+)*): (.+)$", re.S)
+
+
+def _path(text: str) -> list[int | str]:
+    """`agents[0].capabilities.mail.send` as its parts (a key with a dot is joined again
+    where the file has one)."""
+    return [int(i) if i is not None else key for i, key in
+            ((m.group(1), m.group(2)) for m in _PATH_PART.finditer(text))]
+
+
+def node_at(root: yaml.Node | None, loc: list[int | str] | tuple[int | str, ...], *,
+            key: bool = False) -> yaml.Node | None:
+    """The YAML node `loc` leads to, or the deepest one on the way that the file has (a
+    missing key: the mapping that lacks it); `key`: the last part's key rather than its
+    value (a key that is not allowed)."""
+    node, rest = root, list(loc)
+    while node is not None and rest:
+        if isinstance(node, yaml.SequenceNode) and isinstance(rest[0], int):
+            if not 0 <= rest[0] < len(node.value):
+                return node
+            node, rest = node.value[rest[0]], rest[1:]
+        elif isinstance(node, yaml.MappingNode):
+            # the longest run of parts that is one key (`mail.send`)
+            for n in range(len(rest), 0, -1):
+                name = ".".join(str(p) for p in rest[:n])
+                found = next(((k, v) for k, v in node.value
+                              if isinstance(k, yaml.ScalarNode) and k.value == name), None)
+                if found is not None:
+                    rest = rest[n:]
+                    node = found[0] if key and not rest else found[1]
+                    break
+            else:
+                if isinstance(rest[0], str) and len(rest) > 1:
+                    rest = rest[1:]  # a union's tag (dispatch.url): not in the file
+                    continue
+                return node
+        else:
+            return node
+    return node
+
+
+def _compose(text: str) -> yaml.Node | None:
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, ValueError, RecursionError):
+        return None
+
+
+def _schema_errors(exc: ValidationError, text: str, source: str) -> list[str]:
+    """Each error as `file: key: why (line L, column C)`; a check across keys (the office's
+    own validator) is split into its problems, each at the key it names."""
+    root = _compose(text)
+    start = root.start_mark if root is not None else None
+    errors: list[str] = []
+    for e in exc.errors():
+        loc = tuple(e["loc"])
+        if loc or not e["msg"].startswith("Value error, "):
+            node = node_at(root, loc, key=e["type"] == "extra_forbidden")
+            errors.append(f"{source}: {_locate(loc)}: {e['msg']}"
+                          f"{_at(node.start_mark if node is not None else start)}")
+            continue
+        for problem in e["msg"].removeprefix("Value error, ").split("; "):
+            named = _PATH_FIRST.match(problem)
+            if named:
+                node = node_at(root, _path(named.group(1)))
+                errors.append(f"{source}: {named.group(1)}: {named.group(2)}"
+                              f"{_at(node.start_mark if node is not None else start)}")
+            else:
+                errors.append(f"{source}: (top level): {problem}{_at(start)}")
+    return errors
+
+
+def locate_errors(text: str, source: str, problems: list[tuple[str, str]]) -> list[str]:
+    """`(key path, why)` problems found after parsing, located in `text` like the schema's."""
+    root = _compose(text)
+    start = root.start_mark if root is not None else None
+    out = []
+    for where, why in problems:
+        node = node_at(root, _path(where))
+        out.append(f"{source}: {where}: {why}{_at(node.start_mark if node else start)}")
+    return out
+
+
 def parse_office(text: str, source: str = "office.yml", *, repository: bool = False,
                  url_refused: UrlCheck | None = None) -> Office:
-    """Parse and validate; raise OfficeConfigError listing every problem with its location.
+    """Parse and validate; raise OfficeConfigError listing every problem with its location:
+    the key, and the line and column in the file.
 
     `repository`: the config comes from an org's repository, not from the operator, so it may
     not name a command; `url_refused`: why the operator's policy refuses a URL (a dispatch URL
     or a webhook), or None."""
     raw = _load_yaml(text, source)
     if not isinstance(raw, dict):
-        raise OfficeConfigError(source, [f"{source}: (top level): must be a mapping with org:"])
+        raise OfficeConfigError(source, [f"{source}: (top level): must be a mapping with org:"
+                                         f"{_at(getattr(_compose(text), 'start_mark', None))}"])
     try:
         return Office.model_validate(raw, context={"repository": repository,
                                                    "url_refused": url_refused})
     except ValidationError as exc:
-        errors = [f"{source}: {_locate(e['loc'])}: {e['msg']}" for e in exc.errors()]
-        raise OfficeConfigError(source, errors) from exc
+        raise OfficeConfigError(source, _schema_errors(exc, text, source)) from exc
 
 
 def load_office(path: str | Path | None = None) -> Office:

@@ -16,7 +16,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bot.office.config import Office, OfficeConfigError, UrlCheck, load_office, parse_office
+from bot.office.config import (
+    Office,
+    OfficeConfigError,
+    UrlCheck,
+    load_office,
+    locate_errors,
+    parse_office,
+)
 
 if TYPE_CHECKING:
     from bot.forge.base import Forge
@@ -80,7 +87,8 @@ class OfficeSource:
         source = self.where(org)
         try:
             office = bound_to_org(parse_office(text, source, repository=True,
-                                               url_refused=self._url_refused), org, source)
+                                               url_refused=self._url_refused), org, source,
+                                  text)
         except OfficeConfigError as exc:
             if org not in self.last_error or str(self.last_error[org]) != str(exc):
                 log.error("office config refused; last valid config stays in force",
@@ -97,17 +105,17 @@ class OfficeSource:
         return str(self._path) if self._path is not None else f"{org}/{CONFIG_REPO}/{CONFIG_PATH}"
 
 
-def bound_to_org(office: Office, org: str, source: str) -> Office:
+def bound_to_org(office: Office, org: str, source: str, text: str = "") -> Office:
     """An org's config speaks for that org only: its `org` and every vault must be in it, or
-    one installation could have the office sign mail for another's people."""
-    errors = []
+    one installation could have the office sign mail for another's people. `text`: the file
+    it was parsed from, where each error is located."""
+    problems = []
     if office.org.lower() != org.lower():
-        errors.append(f"{source}: org: is {office.org!r}, but this config lives in {org!r}")
+        problems.append(("org", f"is {office.org!r}, but this config lives in {org!r}"))
     for i, agent in enumerate(office.agents):
         owner = office.vault_of(agent).split("/")[0]
         if owner.lower() != org.lower():
-            errors.append(f"{source}: agents[{i}].vault: {office.vault_of(agent)} is outside "
-                          f"{org}")
-    if errors:
-        raise OfficeConfigError(source, errors)
+            problems.append((f"agents[{i}].vault", f"{office.vault_of(agent)} is outside {org}"))
+    if problems:
+        raise OfficeConfigError(source, locate_errors(text, source, problems))
     return office

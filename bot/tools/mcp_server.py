@@ -113,7 +113,9 @@ class ToolInfo:
     @classmethod
     def of(cls, listing: Mapping[str, Any]) -> ToolInfo:
         return cls(str(listing["name"]), listing.get("title"), str(listing["description"]),
-                   dict(listing["input_schema"]), listing.get("output_schema"),
+                   # an app before MCP's names said input_schema, output_schema
+                   dict(listing.get("inputSchema") or listing["input_schema"]),
+                   listing.get("outputSchema", listing.get("output_schema")),
                    dict(listing.get("annotations") or {}))
 
     def as_mcp(self) -> types.Tool:

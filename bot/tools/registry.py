@@ -139,10 +139,11 @@ class Tool:
         return {"title": self.title, **(self.hints.as_json() if self.hints else {})}
 
     def listing(self) -> dict[str, Any]:
-        """The tool as `GET /api/v1/tools`, MCP's tools/list and `vaultmail tools` show it."""
+        """The tool as `GET /api/v1/tools`, MCP's tools/list and `vaultmail tools` show it,
+        under MCP's names (`inputSchema`, `outputSchema`)."""
         return {"name": self.name, "title": self.title, "description": self.description,
-                "annotations": self.annotations(), "input_schema": self.input_schema(),
-                "output_schema": self.output_schema()}
+                "annotations": self.annotations(), "inputSchema": self.input_schema(),
+                "outputSchema": self.output_schema()}
 
 
 log = logging.getLogger("vaultmail.tools")

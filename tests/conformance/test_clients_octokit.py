@@ -1,5 +1,6 @@
 """Octokit, unmodified (@octokit/rest, @octokit/plugin-throttling, @octokit/plugin-retry,
-@octokit/auth-app, from the npm registry, `npm ci` in tests/conformance/octokit/ by .ci/run),
+@octokit/auth-app, from the npm registry: the `octokit` fixture runs `npm ci` in
+tests/conformance/octokit/ when its packages are not there, or names what to install),
 run by the machine's Node.js against the local forge: octokit/scenario.mjs prints JSON results,
 checked here. Issues, labels, comments, pagination (Link and search), conditional requests,
 errors, App authentication, raw contents, list filters, and both plugins at work."""
@@ -9,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
+
+import pytest
+
+from tests import needs
 
 from .conftest import ORG, World
 
@@ -19,11 +23,17 @@ HERE = Path(__file__).parent / "octokit"
 REPO = "scout-vault"
 
 
-async def _run(world: World, tmp_path: Path) -> dict[str, Any]:
-    node = shutil.which("node")
-    assert node is not None, "Node.js is needed (Debian's nodejs, as on CI)"
-    assert (HERE / "node_modules" / "@octokit" / "rest").is_dir(), (
-        f"run `npm ci` in {HERE} (.ci/run does)")
+@pytest.fixture(scope="session")
+def octokit() -> str:
+    """Node.js, with the Octokit packages installed (`npm ci`, once) next to scenario.mjs."""
+    try:
+        needs.npm_modules(HERE)
+        return needs.program("node", "nodejs", "Node.js (for the Octokit conformance test)")
+    except needs.Missing as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+async def _run(world: World, tmp_path: Path, node: str) -> dict[str, Any]:
     key = tmp_path / "app.pem"
     key.write_bytes(world.key.private_pem)
     env = dict(os.environ, FORGE_URL=world.url, APP_ID=str(world.app_id),
@@ -40,9 +50,9 @@ async def _run(world: World, tmp_path: Path) -> dict[str, Any]:
     return result
 
 
-async def test_octokit_drives_the_forge_as_it_drives_github(world: World,
-                                                            tmp_path: Path) -> None:
-    r = await _run(world, tmp_path)
+async def test_octokit_drives_the_forge_as_it_drives_github(world: World, tmp_path: Path,
+                                                            octokit: str) -> None:
+    r = await _run(world, tmp_path, octokit)
     assert r["app"] == {"slug": "vaultmail", "installation": world.installation_id}
     assert r["label"] == {"name": "mail:new", "archived_at": None}
     made = r["made"]

@@ -36,14 +36,15 @@ async def sign_in_with_forge(page: Page, office: Embedded, login: str) -> None:
 
 async def sign_in_with_token(page: Page, office: Embedded, principal: str) -> None:
     await page.goto(office.app_url + "/console/sign-in")
-    await page.get_by_label("API token").fill(office.api_tokens[principal])
+    await page.get_by_label("API token", exact=True).fill(office.api_tokens[principal])
     await page.get_by_role("button", name="Sign in", exact=True).click()
     await expect(page).to_have_url(re.compile(r"/console/inbox$"))
 
 
-async def live(page: Page) -> None:
+async def live(page: Page, timeout: float = 5_000) -> None:
     """Wait until the page's live stream has had its first event (it is listening)."""
-    await expect(page.locator("body")).to_have_attribute("data-stream", "open")
+    await expect(page.locator("body")).to_have_attribute("data-stream", "open",
+                                                         timeout=timeout)
 
 
 async def axe_violations(page: Page) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ import pytest_asyncio
 from playwright.async_api import Browser, BrowserContext, async_playwright
 
 from bot.app.embedded import Embedded, start_embedded
+from tests import needs
 from tests.console.browser import ARGS, ARTIFACTS, CHROMIUM
 
 
@@ -29,6 +30,10 @@ FAILED = pytest.StashKey[bool]()
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def browser() -> AsyncIterator[Browser]:
+    try:
+        needs.chromium(CHROMIUM)
+    except needs.Missing as exc:
+        pytest.fail(str(exc), pytrace=False)
     async with async_playwright() as playwright:
         chromium = await playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         yield chromium

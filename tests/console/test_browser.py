@@ -290,3 +290,26 @@ async def test_forge_accounts_outside_the_office_people_are_turned_away(
         assert "vaultmail_session" not in {c["name"] for c in await context.cookies(
             office.app_url + "/console/")}
         await page.close()
+
+
+async def test_the_ledger_on_a_phone_shows_each_entry_whole(office: Embedded,
+                                                          context: BrowserContext) -> None:
+    """At 390 px each entry is a block of its fields, subject and data in view, not a table
+    squeezed sideways with its last columns off-screen."""
+    async with aiohttp.ClientSession() as http:
+        await ToolClient(http, office, MARCO)("mail_send", to="scout", subject="Phone ledger",
+                                              body="An entry with a subject")
+    page = await context.new_page()
+    await page.set_viewport_size(PHONE)
+    await sign_in_with_forge(page, office, "marco")
+    await page.goto(office.app_url + "/console/ledger")
+    row = page.locator("table.ledger tbody tr").first
+    for column, n in (("Subject", 4), ("Data", 5)):
+        cell = row.locator("td").nth(n)
+        await expect(cell).to_be_visible()
+        box = await cell.bounding_box()
+        assert box is not None and box["x"] >= 0, column
+        assert box["x"] + box["width"] <= PHONE["width"], (column, box)
+        assert box["width"] >= PHONE["width"] / 2, (column, box, "not squeezed")
+    await expect(row.locator("td").nth(4)).to_contain_text("acme/scout-vault")
+    await assert_accessible(page)

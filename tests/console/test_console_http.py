@@ -599,3 +599,62 @@ async def test_no_console_form_acts_without_its_sessions_csrf_token(
             now = await state()
             assert now != done, (path, "acted with its token")
             done = now
+
+
+async def test_a_desk_offers_no_chat_to_an_agent_that_takes_no_chat_runs(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """critic takes no runs and builder only mail runs: their desks say so and offer no chat
+    form; scout's does. The refusal of a chat sent anyway names the triggers in words."""
+    for slug, triggers in (("critic", "none"), ("builder", "mail")):
+        status, body, _ = await get(session, embedded, f"/console/agents/{slug}", MARCO)
+        assert status == 200, body[:300]
+        assert f'action="/console/agents/{slug}/chat"' not in body, slug
+        assert f"{slug} takes no chat runs (its run.triggers: {triggers})" in body
+    status, body, _ = await get(session, embedded, "/console/agents/scout", MARCO)
+    assert 'action="/console/agents/scout/chat"' in body
+    async with session.post(embedded.app_url + "/console/agents/builder/chat", headers=bearer(
+            embedded, MARCO), data={"message": "hi"}) as resp:
+        text = await resp.text()
+    assert resp.status == 409 and "(its run.triggers: mail)" in text, text
+    assert "[&#39;" not in text and "['" not in text, "no Python list in the message"
+
+
+async def test_an_option_without_a_description_is_shown_without_one(
+        embedded: Embedded, session: aiohttp.ClientSession, person: Any) -> None:
+    outcome = await make_item(embedded, person("marco"), "outcome", "Launch",
+                              assignees=["scout-bot"])
+    await ToolClient(session, embedded, SCOUT)(
+        "add_comment", targetType="outcome", target=outcome, header="Launch date",
+        to=["marco@acme.com"], body="Launch on Monday?",
+        options=[{"label": "Yes"}, {"label": "No", "description": "We wait a week"}])
+    status, body, _ = await get(session, embedded, "/console/inbox", MARCO)
+    assert status == 200 and "Launch on Monday?" in body
+    assert "No description" not in body
+    assert "We wait a week" in body
+    yes = re.search(r'<button[^>]*value="1"[^>]*>', body)
+    assert yes and "aria-describedby" not in yes.group(0), "nothing to describe it by"
+
+
+def _section(html: str, heading_id: str) -> str:
+    found = re.search(rf'<section aria-labelledby="{heading_id}".*?</section>', html, re.S)
+    assert found, heading_id
+    return found.group(0)
+
+
+async def test_a_question_waiting_on_you_is_listed_once(
+        embedded: Embedded, session: aiohttp.ClientSession, person: Any) -> None:
+    """scout asks marco: the card is in Your turn, not again under "Your agents are handling"
+    (where scout's question waits on marco); a question scout asks sara stays there."""
+    outcome = await make_item(embedded, person("marco"), "outcome", "Auth",
+                              assignees=["scout-bot"])
+    scout = ToolClient(session, embedded, SCOUT)
+    await scout("add_comment", target=outcome, **TOKEN_TTL)
+    await scout("add_comment", targetType="outcome", target=outcome, header="Budget",
+                to=["sara@acme.com"], body="Budget?", options=[{"label": "10k"}])
+    status, body, _ = await get(session, embedded, "/console/inbox", MARCO)
+    assert status == 200
+    history = _section(body, "history")
+    assert "Token TTL" in body.replace(history, "")
+    assert "Token TTL" not in history, "listed twice"
+    assert "Budget" in history
+

@@ -142,3 +142,29 @@ async def test_another_offices_streams_of_the_same_principal_take_none_of_the_ca
             await _first(resp)  # acme's marco is not refused for evil's streams
         async with await _stream(http, embedded, eve) as resp:
             assert resp.status == 429 and "office of evil" in await resp.text()
+
+
+async def test_streams_closed_a_moment_ago_take_none_of_the_cap(
+        embedded: Embedded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A person's pages close their streams and new ones open at once (page views in a row):
+    the cap counts the streams still open, not those whose handlers have yet to notice."""
+    monkeypatch.setattr(live, "HEARTBEAT", 3600.0)
+    async with aiohttp.ClientSession() as http:
+        for _ in range(3):
+            async with AsyncExitStack() as pages:
+                for _ in range(live.PER_PERSON):
+                    resp = await pages.enter_async_context(
+                        await _stream(http, embedded, bearer(embedded, MARCO)))
+                    await _first(resp)
+        async with await _stream(http, embedded, bearer(embedded, MARCO)) as resp:
+            await _first(resp)
+
+
+async def test_a_refused_stream_says_when_to_try_again(embedded: Embedded) -> None:
+    async with aiohttp.ClientSession() as http, AsyncExitStack() as pages:
+        for _ in range(live.PER_PERSON):
+            await _first(await pages.enter_async_context(
+                await _stream(http, embedded, bearer(embedded, MARCO))))
+        async with await _stream(http, embedded, bearer(embedded, MARCO)) as resp:
+            assert resp.status == 429
+            assert int(resp.headers["Retry-After"]) == live.RETRY_AFTER

@@ -1,0 +1,141 @@
+"""Office config errors as operators know them from Renovate's "Fix configuration" issue
+(issue 23): one open issue per org, updated in place on each bad push and closed with a comment
+once a valid config lands; every error names its line and column in the file; `vaultmail
+office check FILE` says the same locally and exits non-zero."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bot.app.embedded import Embedded, start_embedded
+from bot.office.config import OfficeConfigError, parse_office
+from tests.test_cli_tools import vaultmail
+
+CONFIG_REPO = "acme/.github"
+
+
+def _example() -> str:
+    return resources.files("bot").joinpath("example_office.yml").read_text()
+
+
+def _line_of(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+def _errors(text: str, source: str = "vaultmail.yml") -> list[str]:
+    with pytest.raises(OfficeConfigError) as caught:
+        parse_office(text, source, repository=True)
+    return caught.value.errors
+
+
+def test_every_schema_error_names_its_line_and_column() -> None:
+    text = _example().replace("slug: scout", "slug: Scout!").replace(
+        "org: acme", "org: acme\nflavour: vanilla").replace(
+        "    login: sara\n", "")
+    errors = _errors(text)
+    slug = _line_of(text, "slug: Scout!")
+    [bad_slug] = [e for e in errors if "agents[0].slug" in e]
+    assert bad_slug.startswith("vaultmail.yml: agents[0].slug: ")
+    assert bad_slug.endswith(f"(line {slug}, column 11)"), bad_slug
+    [extra] = [e for e in errors if "flavour" in e]
+    assert extra.endswith(f"(line {_line_of(text, 'flavour')}, column 1)"), extra
+    [missing] = [e for e in errors if "humans[1].login" in e]  # at the mapping that lacks it
+    assert missing.endswith(f"(line {_line_of(text, 'sara@acme.com')}, column 5)"), missing
+
+
+def test_yaml_that_does_not_parse_names_its_line_and_column() -> None:
+    text = "org: acme\nhumans:\n  - email: a@acme.com\n   login: [unclosed\n"
+    [error] = _errors(text)
+    assert error.startswith("vaultmail.yml: not valid YAML: ")
+    assert "(line 4, column" in error, error
+
+
+class _Issues:
+    """The `.github` repository's issues and comments as the org's admin reads them, on
+    either dialect."""
+
+    def __init__(self, http: aiohttp.ClientSession, office: Embedded) -> None:
+        self.http, self.office = http, office
+        gitea = office.forge.url + "/api/v1" if office.services.bot_user else ""
+        self.api = gitea or office.forge.url
+        self.headers = {"Authorization": f"token {office.forge_tokens['admin']}"}
+
+    async def _get(self, path: str) -> Any:
+        async with self.http.get(self.api + path, headers=self.headers) as resp:
+            assert resp.status == 200, await resp.text()
+            return await resp.json()
+
+    async def all(self) -> list[dict[str, Any]]:
+        gitea = "&type=issues" if self.api.endswith("/api/v1") else ""
+        return list(await self._get(f"/repos/{CONFIG_REPO}/issues?state=all{gitea}"))
+
+    async def comments(self, number: int) -> list[dict[str, Any]]:
+        return list(await self._get(f"/repos/{CONFIG_REPO}/issues/{number}/comments"))
+
+
+async def _one_issue_per_org(office: Embedded) -> None:
+    async with aiohttp.ClientSession() as http:
+        issues = _Issues(http, office)
+        first = _example().replace("slug: scout", "slug: Scout!")
+        office.forge.put_file(CONFIG_REPO, "vaultmail.yml", first, pusher="admin")
+        await office.settle()
+        [issue] = await issues.all()
+        assert issue["state"] == "open" and "agents[0].slug" in issue["body"]
+        assert f"(line {_line_of(first, 'Scout!')}, column 11)" in issue["body"]
+
+        second = _example().replace("org: acme", "org: acme\nflavour: vanilla")
+        office.forge.put_file(CONFIG_REPO, "vaultmail.yml", second, pusher="marco")
+        await office.settle()
+        [again] = await issues.all()
+        assert again["number"] == issue["number"], "the same issue, updated in place"
+        assert "flavour" in again["body"] and "agents[0].slug" not in again["body"]
+        assert "@marco" in again["body"]
+
+        office.forge.put_file(CONFIG_REPO, "vaultmail.yml", _example(), pusher="sara")
+        await office.settle()
+        [closed] = await issues.all()
+        assert closed["number"] == issue["number"] and closed["state"] == "closed"
+        comments = await issues.comments(issue["number"])
+        assert any("valid" in c["body"] and "in force" in c["body"] for c in comments), \
+            comments
+
+        office.forge.put_file(CONFIG_REPO, "vaultmail.yml", first, pusher="admin")
+        await office.settle()
+        states = [i["state"] for i in await issues.all() if i["number"] != issue["number"]]
+        assert states == ["open"], "a bad push after the fix opens a new issue"
+
+
+async def test_bad_pushes_update_one_issue_and_a_valid_one_closes_it(
+        embedded: Embedded) -> None:
+    await _one_issue_per_org(embedded)
+
+
+async def test_on_gitea_too_one_issue_is_updated_and_closed(tmp_path: Path) -> None:
+    office = await start_embedded(data_dir=tmp_path, port=0, forge_port=0, dialect="gitea")
+    try:
+        await _one_issue_per_org(office)
+    finally:
+        await office.stop()
+
+
+async def test_office_check_validates_a_local_file(tmp_path: Path) -> None:
+    good = tmp_path / "vaultmail.yml"
+    good.write_text(_example())
+    code, out, err = await vaultmail("office", "check", str(good))
+    assert code == 0 and "valid" in out, (out, err)
+
+    bad = tmp_path / "bad.yml"
+    bad.write_text(_example().replace("slug: scout", "slug: Scout!"))
+    code, out, err = await vaultmail("office", "check", str(bad))
+    assert code == 1, (out, err)
+    expected = _errors(bad.read_text(), str(bad))
+    assert [line for line in out.splitlines() if line.startswith(str(bad))] == expected
+    assert "Traceback" not in err
+
+    code, out, err = await vaultmail("office", "check", str(tmp_path / "missing.yml"))
+    assert code == 2 and "missing.yml" in err and "Traceback" not in err, (out, err)
