@@ -10,6 +10,7 @@ from gidgethub.routing import Router
 from bot.app.context import HandlerContext
 from bot.errors import InvalidArguments, VaultmailError
 from bot.mail.commands import parse_commands
+from bot.store.moves import forge_time
 from handlers.common import Scene, scene
 
 router = Router()
@@ -40,6 +41,8 @@ async def handle_comment(event: sansio.Event, ctx: HandlerContext) -> None:
     text = event.data["comment"].get("body") or ""
     commands = parse_commands(text)
     mail = await s.mail()
+    # when it was written on the forge: a delivery handled late moves nothing made after it
+    at = forge_time(event.data["comment"].get("created_at"))
     try:
         for index, cmd in enumerate(commands):
             if cmd.name == "mail":
@@ -49,19 +52,19 @@ async def handle_comment(event: sansio.Event, ctx: HandlerContext) -> None:
         if mail is None:
             return
         if "close" in names:
-            await s.mailer.close(mail, s.actor, labels=s.labels)
+            await s.mailer.close(mail, s.actor, labels=s.labels, at=at)
         elif "working" in names:
-            await s.mailer.open(mail, s.actor, labels=s.labels)
+            await s.mailer.open(mail, s.actor, labels=s.labels, at=at)
         elif "mail" in names:
             return
         elif s.actor == mail.to_principal:
             await s.mailer.reply(mail, s.actor, text, posted=True, labels=s.labels,
-                                 key=f"comment:{event.data['comment']['id']}")
+                                 key=f"comment:{event.data['comment']['id']}", at=at)
         elif s.actor.startswith("forge:"):
             # someone outside the office: their words stay on the forge, but wake no one
             ctx.log.info("comment from outside the office leaves the mail as it is",
                          extra={"mail": mail.ref, "login": s.login})
         else:
-            await s.mailer.follow_up(mail, s.actor, labels=s.labels, text=text)
+            await s.mailer.follow_up(mail, s.actor, labels=s.labels, text=text, at=at)
     except VaultmailError as exc:
         await s.refuse(exc)

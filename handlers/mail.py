@@ -7,16 +7,16 @@ from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
 from bot.errors import VaultmailError
+from bot.items.model import kind_of, type_names
 from bot.mail.header import parse_mail_body
 from bot.mail.mailer import Mailer
-from bot.store import ledger, mails
+from bot.store import ledger, mails, moves
 from bot.store.mails import QUIET, MailRecord
 from handlers.common import Scene, scene
 from labels.states import LabelReview, MailState, labels_for, review_label_change
 
 router = Router()
 own_router = Router()
-ITEM_LABELS = frozenset({"goal", "outcome", "plan", "evidence"})
 
 _LEDGER_FOR = {MailState.NEW: "mail.sent", MailState.WORKING: "mail.opened",
                MailState.REPLIED: "mail.replied", MailState.CLOSED: "mail.closed"}
@@ -27,8 +27,8 @@ async def adopt_issue_as_mail(event: sansio.Event, ctx: HandlerContext) -> None:
     s = await scene(event, ctx)
     if s is None or s.office.agent_for_vault(s.repo) is None:
         return
-    if ITEM_LABELS & {name.lower() for name in s.labels}:
-        return  # goals, outcomes, plans and evidence are items, not mail
+    if kind_of(s.labels, s.issue, type_names(s.office)) is not None:
+        return  # goals, outcomes, plans and evidence (by label or issue type) are items
     try:
         await s.mailer.adopt(s.repo, s.issue, s.actor)
     except VaultmailError as exc:
@@ -60,7 +60,9 @@ async def close_mail(event: sansio.Event, ctx: HandlerContext) -> None:
     if labels is None:
         return
     try:
-        await s.mailer.close(mail, s.actor, issue_closed=True, labels=labels)
+        await s.mailer.close(mail, s.actor, issue_closed=True, labels=labels,
+                             at=moves.forge_time(s.issue.get("closed_at")
+                                                 or s.issue.get("updated_at")))
     except VaultmailError as exc:
         await ctx.forge.update_issue(s.repo, s.number, state="open")
         await s.refuse(exc)
@@ -80,7 +82,8 @@ async def reopen_mail(event: sansio.Event, ctx: HandlerContext) -> None:
         await s.refuse(await s.mailer.deny(s.actor, mail.ref, (
             f"{s.actor} may not reopen {mail.ref}: write to it instead, or ask its sender")))
         return
-    await s.mailer.reopened(mail, s.actor, labels=labels)
+    await s.mailer.reopened(mail, s.actor, labels=labels,
+                            at=moves.forge_time(s.issue.get("updated_at")))
 
 
 @router.register("issues", action="labeled")
@@ -115,11 +118,15 @@ async def review_hand_made_label_change(event: sansio.Event, ctx: HandlerContext
         return
     after = review.changes.apply(labels)
     if review.state is None or review.state.value == mail.state:
-        async with ctx.services.store.transaction() as db:  # other labels may have changed
+        async with ctx.services.store.transaction(  # other labels may have changed
+                mails.box_key(mail.org, mail.to_principal)) as db:
             await mails.set_state(db, mail.mail_id, mail.state, after)
         return
-    async with ctx.services.store.transaction() as db:
+    async with ctx.services.store.transaction(mails.box_key(mail.org, mail.to_principal),
+                                              ledger.key(mail.org)) as db:
         await mails.set_state(db, mail.mail_id, review.state.value, after)
+        # the labels as the forge had them then: later than any change delivered before
+        await moves.note(db, mail.mail_id, moves.forge_time(fresh.get("updated_at")))
         await ledger.append(db, _LEDGER_FOR[review.state], s.actor, mail.ref,
                             {"mail": mail.mail_id, "from": mail.state, "to": review.state.value,
                              "by_hand": True}, org=mail.org)

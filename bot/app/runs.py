@@ -33,9 +33,18 @@ from typing import TYPE_CHECKING, Any
 
 from bot.app.egress import OutboundRefused
 from bot.app.signed_post import post_signed
-from bot.office.config import COMMANDS_SETTING, OPERATOR_COMMAND, PYTHON, Agent, CommandDispatch
+from bot.items import inbox
+from bot.office.config import (
+    COMMANDS_SETTING,
+    OPERATOR_COMMAND,
+    PYTHON,
+    Agent,
+    CommandDispatch,
+    Office,
+)
 from bot.store import api_tokens, ledger, mails
 from bot.store.db import Connection
+from bot.store.mails import QUIET
 
 if TYPE_CHECKING:
     from bot.app.services import Services
@@ -74,11 +83,41 @@ async def admit(db: Connection, agent: Agent, kind: str, subject: str,
 
 # -- what a run carries ------------------------------------------------------------------------
 
+WAITING_NAMED = 5  # quiet mails a run names (the rest are counted)
+
+
+async def waiting_for(services: Services, office: Office | None, agent: Agent, *, org: str,
+                      besides: str | None = None) -> dict[str, Any]:
+    """What waits for `agent` besides the run's own mail (seed: past the loop guard "the agent
+    sees it on its next run"): its mail to handle, the quiet loop-guard deliveries named, and
+    its inbox's counts: comments it has not been shown (`unread`) and questions whose turn is
+    its or its sibling agents' (`yourTurn`). Nothing is marked read or shown: `list_inbox`
+    (`see`) gives them."""
+    store = services.store
+    handle, _ = await mails.to_handle(store, agent.principal, org=org)
+    handle = [m for m in handle if m.mail_id != besides]
+    quiet = [m for m in handle if m.state == QUIET]
+    out: dict[str, Any] = {
+        "newMail": len(handle) - len(quiet), "quietMail": len(quiet),
+        "quiet": [{"ref": m.ref, "from": m.from_principal, "subject": m.subject,
+                   "hops": m.hops} for m in quiet[:WAITING_NAMED]],
+        # null when the office's config cannot be read now: not known, rather than none
+        "unread": None, "yourTurn": None, "see": "list_inbox", "contentIsData": True}
+    if office is not None:
+        boxes = (await inbox.compute(store, office, agent.principal, mark_you=False,
+                                     mark_agents=False)).boxes
+        out.update(unread=len(boxes["agents"]["unread"]),
+                   yourTurn=len(boxes["agents"]["yourTurn"]))
+    return out
+
+
 async def mail_run(services: Services, agent: Agent, record: MailRecord, run: int, *,
-                   follow_up: tuple[str, str] | None = None) -> dict[str, Any]:
+                   follow_up: tuple[str, str] | None = None,
+                   office: Office | None = None) -> dict[str, Any]:
     """The run of a mail: the mail itself, the new message when a follow-up woke the agent
     (`follow_up`: who wrote it, and its text), the thread's earlier mails the agent took part
-    in, and where to reply. At most 10 top-level keys (GitHub's limit for client_payload)."""
+    in, what else waits for it (`waiting_for`) and where to reply. At most 10 top-level keys
+    (GitHub's limit for client_payload)."""
     thread = await mails.list_mails(services.store, org=record.org, thread=record.thread_id)
     earlier = [m for m in thread if m.mail_id != record.mail_id
                and agent.principal in (m.from_principal, m.to_principal)][-EARLIER_MAILS:]
@@ -99,6 +138,8 @@ async def mail_run(services: Services, agent: Agent, record: MailRecord, run: in
         },
         "reply": {"tool": "mail_reply", "arguments": {"mail": record.ref}, "issue": record.ref,
                   "as": agent.principal},
+        "waiting": await waiting_for(services, office, agent, org=record.org,
+                                     besides=record.mail_id),
     }
 
 
@@ -141,7 +182,8 @@ def dispatch_mail(services: Services, forge: Forge, agent: Agent, record: MailRe
         return
 
     async def go() -> None:
-        payload = await mail_run(services, agent, record, run, follow_up=follow_up)
+        payload = await mail_run(services, agent, record, run, follow_up=follow_up,
+                                 office=await _office(services, forge, record.org))
         await _dispatch(services, forge, agent, record.vault, record.ref, payload)
 
     _background(services, go())
@@ -151,8 +193,26 @@ def dispatch_chat(services: Services, forge: Forge, agent: Agent, vault: str, ch
                   sender: str, message: str, run: int) -> None:
     if agent.run.dispatch == "none":
         return
-    payload = chat_run(agent, chat, sender, message, run, vault.split("/")[0])
-    _background(services, _dispatch(services, forge, agent, vault, f"chat:{chat}", payload))
+    org = vault.split("/")[0]
+
+    async def go() -> None:
+        payload = chat_run(agent, chat, sender, message, run, org)
+        payload["waiting"] = await waiting_for(services, await _office(services, forge, org),
+                                               agent, org=org.lower())
+        await _dispatch(services, forge, agent, vault, f"chat:{chat}", payload)
+
+    _background(services, go())
+
+
+async def _office(services: Services, forge: Forge, org: str) -> Office | None:
+    """The office, for the inbox counts a run carries; None (no counts, the run goes anyway)
+    when its config cannot be read now."""
+    try:
+        return await services.offices.get(forge, org)
+    except Exception as exc:  # the forge is down, the config broken: the run still goes
+        log.warning("office config unreadable for a run's inbox counts: %r", exc,
+                    extra={"org": org})
+        return None
 
 
 def _background(services: Services, work: Coroutine[Any, Any, None]) -> None:
@@ -225,11 +285,30 @@ async def _refused(services: Services, agent: Agent, subject: str, payload: dict
                             "refused": True, "error": reason}
     if url is not None:
         data["url"] = url
-    async with services.store.transaction() as db:
-        await mails.finish_run(db, run, "failed")
-        await ledger.append(db, "run.finished", "office", subject, data, org=org)
+    await _record_finished(services, run, "failed", subject, data, org)
     log.warning("run dispatch refused", extra={"agent": agent.slug, "subject": subject,
                                                "error": reason})
+
+
+FINISH_TRIES = 3  # a run's end is recorded by nobody else: a write that lost a lock race retries
+
+
+async def _record_finished(services: Services, run: int, state: str, subject: str,
+                           data: dict[str, Any], org: str) -> None:
+    """The run's end, ledgered as `run.finished`. Nothing retries a run, so its end is tried
+    again here should the write fail (a lock wait timed out, a deadlock the database broke)."""
+    for attempt in range(1, FINISH_TRIES + 1):
+        try:
+            async with services.store.transaction(ledger.key(org)) as db:
+                await mails.finish_run(db, run, state)
+                await ledger.append(db, "run.finished", "office", subject, data, org=org)
+            return
+        except Exception:
+            if attempt == FINISH_TRIES:
+                raise
+            log.warning("could not record a run's end; trying again", exc_info=True,
+                        extra={"run": run, "subject": subject})
+            await asyncio.sleep(0.2 * attempt)
 
 
 # -- a local command per run -------------------------------------------------------------------
@@ -303,9 +382,7 @@ async def run_command(services: Services, agent: Agent, how: CommandDispatch, su
             await asyncio.shield(api_tokens.revoke_token_value(services.store, token))
         data["seconds"] = round(time.monotonic() - started, 3)
         ok = data["exit"] == 0 and not data["timed_out"]
-        async with services.store.transaction() as db:
-            await mails.finish_run(db, run, "done" if ok else "failed")
-            await ledger.append(db, "run.finished", "office", subject, data, org=org)
+        await _record_finished(services, run, "done" if ok else "failed", subject, data, org)
         if not ok:
             log.warning("run command failed", extra={
                 "agent": agent.slug, "subject": subject, "exit": data["exit"],

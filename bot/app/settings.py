@@ -65,6 +65,25 @@ class NotRegistered(SettingsError):
         self.org, self.public_url, self.env_file = org, public_url, env_file
 
 
+MIB = 1_048_576
+
+
+@dataclass(frozen=True)
+class EmailSettings:
+    """Real mailboxes (bot/email), the host's alone (never a repository config's): where the
+    SMTP listener is (VAULTMAIL_SMTP_HOST, VAULTMAIL_SMTP_PORT; no port, no listener; 0, any
+    free one), the relay replies go out through (SMTP_URL), the largest message taken
+    (VAULTMAIL_SMTP_MAX_BYTES), how many messages a minute one outside sender may send one
+    agent (VAULTMAIL_SMTP_SENDER_RATE) and the name the listener greets with."""
+
+    listen_host: str = "127.0.0.1"
+    listen_port: int | None = None
+    relay_url: str = ""
+    max_bytes: int = 10 * MIB
+    hostname: str = "vaultmail"
+    sender_rate: int = 20  # messages a minute one outside sender may send one agent
+
+
 @dataclass(frozen=True)
 class Settings:
     api_url: str
@@ -80,6 +99,9 @@ class Settings:
     # which lets a burst go as fast as those limits allow (bench.burst)
     write_interval: float = 0.0
     reconcile_interval: float = 300.0  # seconds between looks for failed webhook deliveries
+    # VAULTMAIL_DOCTOR_SECONDS: how often the leader looks for writes the forge lost
+    # (bot.app.doctor)
+    doctor_interval: float = 900.0
     extra: dict[str, str] = field(default_factory=dict)
     dialect: str = "github"  # github | gitea (Gitea and Forgejo)
     token: str = ""  # gitea: the bot user's access token
@@ -125,6 +147,7 @@ class Settings:
     # reach besides public addresses (also read by `vaultmail up`)
     outbound: OutboundPolicy = field(default_factory=lambda: outbound_setting(
         os.environ.get("VAULTMAIL_OUTBOUND_ALLOW")))
+    email: EmailSettings = field(default_factory=EmailSettings)
 
     def __post_init__(self) -> None:
         if not self.webhook_secret:
@@ -184,6 +207,7 @@ class Settings:
         With `env` given, that mapping alone is read (tests, and callers that already hold it).
         """
         source = _EnvFile.read(env, env_file)
+        where = _Where(env, env_file)
         if source.gitea_url or source.gitea_token:
             return cls._gitea(source)
         missing = [name for name, value in (("GITHUB_APP_ID", source.app_id),
@@ -200,18 +224,22 @@ class Settings:
         if missing:
             raise SettingsError(_missing(missing))
         pem = source.private_key
-        if not pem:
+        if pem:
+            named = where.named("private_key")
+        else:
             assert source.private_key_path is not None
+            name, place = where.set_as("private_key_path")
+            named = f"{name}={source.private_key_path}{place}"
             try:
                 pem = source.private_key_path.read_text()
             except OSError as exc:
-                raise SettingsError(f"GITHUB_PRIVATE_KEY_PATH={source.private_key_path}: cannot "
-                                    f"read it ({exc.strerror}): give the path of the App's "
-                                    f"private key (PEM)") from exc
+                raise SettingsError(f"{named}: cannot read it ({exc.strerror}): give the path "
+                                    f"of the App's private key (PEM)") from exc
         pem = pem.replace("\\n", "\n")  # PRIVATE_KEY in one line of .env, as Probot allows
         if "PRIVATE KEY-----" not in pem:
-            raise SettingsError("GITHUB_PRIVATE_KEY_PATH / PRIVATE_KEY: not a PEM private key: "
-                                "give the key GitHub generated for the App")
+            raise SettingsError(f"{named}: not a PEM private key (no -----BEGIN ... PRIVATE "
+                                "KEY----- line): give the key GitHub generated for the App "
+                                "(the .pem file from the App's settings page)")
         return cls(
             api_url=source.api_base(), app_id=str(source.app_id), private_key_pem=pem,
             webhook_secret=str(source.webhook_secret),
@@ -240,6 +268,7 @@ def _hosting(source: _EnvFile) -> dict[str, Any]:
     return {
         "data_dir": source.data, "host": source.host, "port": source.port,
         "office_path": source.office, "reconcile_interval": source.reconcile_seconds,
+        "doctor_interval": source.doctor_seconds,
         "log_level": source.log_level, "public_url": (source.public_url or "").rstrip("/"),
         "allowed_origins": parse_origins(source.allowed_origins),
         "database_url": source.database_url or "", "replica_id": source.replica_id or "",
@@ -249,6 +278,10 @@ def _hosting(source: _EnvFile) -> dict[str, Any]:
         "retention_days": source.retention_days,
         "agent_commands": commands_setting(source.agent_commands),
         "outbound": outbound_setting(source.outbound_allow),
+        "email": EmailSettings(
+            listen_host=source.smtp_host or source.host, listen_port=source.smtp_port,
+            relay_url=source.smtp_url or "", max_bytes=source.smtp_max_bytes,
+            hostname=source.smtp_hostname, sender_rate=source.smtp_sender_rate),
     }
 
 
@@ -320,6 +353,8 @@ class _EnvFile(BaseSettings):
     port: int = Field(default=8080, ge=1, le=65535, validation_alias=AliasChoices("PORT"))
     reconcile_seconds: float = Field(default=300.0, gt=0,
                                      validation_alias=AliasChoices("VAULTMAIL_RECONCILE_SECONDS"))
+    doctor_seconds: float = Field(default=900.0, gt=0,
+                                  validation_alias=AliasChoices("VAULTMAIL_DOCTOR_SECONDS"))
     log_level: LogLevel = Field(default="info", validation_alias=AliasChoices("LOG_LEVEL"))
     client_id: str | None = _env("GITHUB_CLIENT_ID", "CLIENT_ID")
     client_secret: str | None = _env("GITHUB_CLIENT_SECRET", "CLIENT_SECRET")
@@ -336,6 +371,24 @@ class _EnvFile(BaseSettings):
                                   validation_alias=AliasChoices("VAULTMAIL_RETENTION_DAYS"))
     agent_commands: Path | None = _env("VAULTMAIL_AGENT_COMMANDS")
     outbound_allow: str | None = _env("VAULTMAIL_OUTBOUND_ALLOW")
+    smtp_host: str | None = _env("VAULTMAIL_SMTP_HOST")
+    smtp_port: int | None = Field(default=None, ge=0, le=65535,
+                                  validation_alias=AliasChoices("VAULTMAIL_SMTP_PORT"))
+    smtp_url: str | None = _env("SMTP_URL")
+    smtp_max_bytes: int = Field(default=10 * MIB, ge=1024, le=100 * MIB,
+                                validation_alias=AliasChoices("VAULTMAIL_SMTP_MAX_BYTES"))
+    smtp_hostname: str = Field(default="vaultmail",
+                               validation_alias=AliasChoices("VAULTMAIL_SMTP_HOSTNAME"))
+    smtp_sender_rate: int = Field(default=20, ge=1, le=100_000,
+                                  validation_alias=AliasChoices("VAULTMAIL_SMTP_SENDER_RATE"))
+
+    @field_validator("smtp_url")
+    @classmethod
+    def _relay(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("smtp://", "smtps://", "smtp+starttls://")):
+            raise ValueError("smtp://[user:password@]host[:port], smtp+starttls://... or "
+                             "smtps://...")
+        return value or None
 
     @field_validator("database_url")
     @classmethod
@@ -373,7 +426,7 @@ class _EnvFile(BaseSettings):
                 return _MappingOnly.model_validate(dict(env))
             return cls(_env_file=env_file)  # type: ignore[call-arg]
         except ValidationError as exc:
-            raise SettingsError(_one_line(exc)) from None
+            raise SettingsError(_one_line(exc, _Where(env, env_file))) from None
 
 
 class _MappingOnly(_EnvFile):
@@ -391,7 +444,11 @@ class _MappingOnly(_EnvFile):
 
 _WANTS = {
     "port": "a port number from 1 to 65535",
+    "smtp_port": "a port number from 0 (any free one) to 65535",
+    "smtp_max_bytes": "a number of bytes from 1024 to 104857600 (100 MiB)",
+    "smtp_sender_rate": "a number of messages a minute from 1 to 100000",
     "reconcile_seconds": "a number of seconds above 0",
+    "doctor_seconds": "a number of seconds above 0",
     "webhook_read_seconds": "a number of seconds above 0",
     "sqlite_synchronous": "normal or full",
     "retention_days": "a number of days from 3 (GitHub's redelivery window) to 3650",
@@ -400,12 +457,49 @@ _WANTS = {
 }
 
 
-def _one_line(exc: ValidationError) -> str:
-    """The first problem as `NAME=value: what it should hold`: no traceback, nothing else."""
+@dataclass(frozen=True)
+class _Where:
+    """Where `serve` read its settings from (a given mapping, or the environment, then the
+    .env file), to name a setting by the name the operator set it under (APP_ID, not
+    GITHUB_APP_ID) and say where it was."""
+
+    env: Mapping[str, str] | None
+    env_file: str | Path | None
+
+    def set_as(self, field_name: str) -> tuple[str, str]:
+        """The name a field was set under, and " (in FILE)" when it came from the .env."""
+        info = _EnvFile.model_fields.get(field_name)
+        alias = info.validation_alias if info is not None else None
+        names = [str(c) for c in alias.choices] if isinstance(alias, AliasChoices) else []
+        if not names:
+            return field_name, ""
+        if self.env is not None:
+            return next((n for n in names if n in self.env), names[0]), ""
+        found = next((n for n in names if n in os.environ), None)  # the environment wins
+        if found is not None:
+            return found, ""
+        if self.env_file is not None and Path(self.env_file).is_file():
+            from dotenv import dotenv_values
+
+            in_file = dotenv_values(self.env_file)
+            found = next((n for n in names if n in in_file), None)
+            if found is not None:
+                return found, f" (in {self.env_file})"
+        return names[0], ""
+
+    def named(self, field_name: str) -> str:
+        name, where = self.set_as(field_name)
+        return name + where
+
+
+def _one_line(exc: ValidationError, where: _Where) -> str:
+    """The first problem as `NAME=value: what it should hold`, under the name the operator
+    set (and the .env file, when it came from there): no traceback, nothing else."""
     err = exc.errors()[0]
-    name = str(err["loc"][0]) if err["loc"] else "?"  # the variable as it was set
+    loc = str(err["loc"][0]) if err["loc"] else "?"
     field_name = next((f for f, info in _EnvFile.model_fields.items()
                        if isinstance(info.validation_alias, AliasChoices)
-                       and name in info.validation_alias.choices), name)
+                       and loc in info.validation_alias.choices), loc)
+    name, place = where.set_as(field_name)
     wants = _WANTS.get(field_name) or str(err.get("msg", "")).removeprefix("Value error, ")
-    return f"{name}={err.get('input')!r}: should be {wants}"
+    return f"{name}={err.get('input')!r}{place}: should be {wants}"

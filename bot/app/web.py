@@ -19,6 +19,7 @@ from gidgethub.aiohttp import GitHubAPI
 from bot import metrics
 from bot.app import runs
 from bot.app.context import context_for
+from bot.app.doctor import DoctorSchedule
 from bot.app.intake import receive_webhook
 from bot.app.outbound import LedgerForwarder
 from bot.app.prune import Pruner
@@ -178,6 +179,7 @@ RECONCILER_KEY = web.AppKey("reconciler", Reconciler)
 FORWARDER_KEY = web.AppKey("forwarder", LedgerForwarder)
 PRESENCE_KEY = web.AppKey("presence", Presence)
 PRUNER_KEY = web.AppKey("pruner", Pruner)
+DOCTOR_KEY = web.AppKey("doctor", DoctorSchedule)
 
 
 async def build_services(settings: Settings, session: aiohttp.ClientSession) -> Services:
@@ -335,12 +337,13 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
                 delay = min(RETRY_MAX, delay * 2)
         app[SERVICES_KEY] = services
         await _adopt_rows_from_before_offices(services)
-        if services.store.engine != "sqlite":  # replicas share one budget of forge writes
-            cfg = services.forge_client.config
-            services.forge_client.shared_budget = SharedWriteBudget(services.store, Limits(
-                per_minute=cfg.content_per_minute, per_hour=cfg.content_per_hour,
-                endpoint_points_per_minute=cfg.endpoint_points_per_minute,
-                min_interval=cfg.write_interval))
+        # the forge write budget is kept in the index: replicas share it, and a restart
+        # (a crash loop under load) does not spend the hour's budget again
+        cfg = services.forge_client.config
+        services.forge_client.shared_budget = SharedWriteBudget(services.store, Limits(
+            per_minute=cfg.content_per_minute, per_hour=cfg.content_per_hour,
+            endpoint_points_per_minute=cfg.endpoint_points_per_minute,
+            min_interval=cfg.write_interval))
         presence = app[PRESENCE_KEY] = Presence(services.store, services.notifier)
         await presence.start(settings.replica_id or None, settings.public_url or None)
         worker = app[WORKER_KEY] = build_worker(services)
@@ -354,6 +357,8 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
         app[RECONCILER_KEY].start()
         app[PRUNER_KEY] = Pruner(services.store, settings.retention_days)
         app[PRUNER_KEY].start()
+        app[DOCTOR_KEY] = DoctorSchedule(services, settings.doctor_interval)
+        app[DOCTOR_KEY].start()  # the leader looks for writes the forge lost
         startup.services, startup.error = services, None
         startup.ready.set()
         log.info("app started", extra={"app": services.app_slug, "api": settings.api_url})
@@ -367,6 +372,8 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
         await app[FORWARDER_KEY].stop()
         if PRUNER_KEY in app:
             await app[PRUNER_KEY].stop()
+        if DOCTOR_KEY in app:
+            await app[DOCTOR_KEY].stop()
         # in progress: finish, or back to the queue; the time requests in flight took (before
         # this, aiohttp waits for them) is taken from the same budget
         since = startup.stopping_since or time.monotonic()

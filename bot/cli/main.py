@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib.metadata
 import os
 import socket
@@ -13,14 +14,31 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bot.app.logs import LEVELS, setup_logging
-from bot.app.settings import USAGE, NotRegistered, Settings, SettingsError
+from bot.app.settings import EmailSettings, NotRegistered, Settings, SettingsError
 from bot.cli.process import StartupError, listen, stop_signal
 from bot.office.config import OfficeConfigError
 from bot.store.engines import is_postgres
 from bot.store.sqlite import IndexInUse, own_index
 
 
+def _given_file(flag: str, path: str | None, what: str) -> None:
+    """A file named on the command line is there, or StartupError naming the flag and it."""
+    if path is not None and not Path(path).is_file():
+        why = "is a directory" if Path(path).is_dir() else "no such file"
+        raise StartupError(f"{flag} {path}: {why}: give {what}")
+
+
 async def cmd_up(args: argparse.Namespace) -> int:
+    _given_file("--office", args.office, "an office config (YAML; `vaultmail office check "
+                "FILE` validates one), or leave --office out for the built-in example")
+    if args.data:
+        return await _up(args, Path(args.data))
+    # without --data: a temp dir, keys and all, gone when `up` stops (or fails to start)
+    with tempfile.TemporaryDirectory(prefix="vaultmail-", ignore_cleanup_errors=True) as tmp:
+        return await _up(args, Path(tmp))
+
+
+async def _up(args: argparse.Namespace, data: Path) -> int:
     from bot.app.embedded import PortInUse, start_embedded
     from bot.app.replicas import Replica, start_replicas
 
@@ -31,7 +49,6 @@ async def cmd_up(args: argparse.Namespace) -> int:
         print("vaultmail up: several replicas share one PostgreSQL database: add "
               "--database-url postgresql://USER@HOST/DB (or set DATABASE_URL)", file=sys.stderr)
         return 2
-    data = Path(args.data) if args.data else Path(tempfile.mkdtemp(prefix="vaultmail-"))
     if not is_postgres(args.database_url or ""):
         try:  # one process serves a SQLite index
             own_index(data / "index.sqlite3")
@@ -43,7 +60,9 @@ async def cmd_up(args: argparse.Namespace) -> int:
             office_path=args.office, data_dir=data, persist_forge=bool(args.data),
             host=args.host, port=args.port, forge_port=args.forge_port, dialect=args.forge,
             database_url=args.database_url or "",
-            replica_id="replica-1" if args.replicas > 1 else "")
+            replica_id="replica-1" if args.replicas > 1 else "",
+            email=EmailSettings(listen_host=args.host, listen_port=args.smtp_port,
+                                relay_url=os.environ.get("SMTP_URL", "")))
     except PortInUse as exc:
         print(f"vaultmail up: {exc}", file=sys.stderr, flush=True)
         return 2
@@ -56,9 +75,17 @@ async def cmd_up(args: argparse.Namespace) -> int:
         embedded.spread_webhooks()  # the forge spreads its deliveries, as a load balancer
         embedded.write_tokens()
     stop = stop_signal()
+    smtp = embedded.smtp_port
     print(f"vaultmail ready: app {embedded.app_url}  forge {embedded.forge.url}  "
           f"tokens {embedded.tokens_path}  console {console_url(embedded.app_url)}"
+          + (f"  smtp {_shown_host(args.host)}:{smtp}" if smtp is not None else "")
           + (f"  replicas {' '.join(embedded.app_urls)}" if others else ""), flush=True)
+    if smtp is not None:
+        from bot.cli.email import example_line
+
+        example = example_line(embedded.office, _shown_host(args.host), smtp)
+        if example is not None:
+            print(example, flush=True)
     oauth = embedded.services.settings.client_id != ""
     for line in sign_in_lines(embedded.app_url, embedded.office,
                               embedded.forge.user_password if oauth else None):
@@ -71,11 +98,18 @@ async def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shown_host(host: str) -> str:
+    """Where a client on this machine reaches a listener bound to `host`."""
+    return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+
+
 async def cmd_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from bot.app.setup import add_registered_pages, serve_until_registered
     from bot.app.web import STARTUP_KEY, create_app
+    from bot.email.gateway import GATEWAY_KEY, add_email
+    from bot.email.server import ListenError
 
     sock: socket.socket | None = None
     try:
@@ -99,11 +133,23 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     # the queue, and what is left of the 10 s goes to requests still in flight
     app = create_app(settings, wait_for_forge=False)
     add_registered_pages(app, settings)
+    email = settings.email
+    if args.smtp_port is not None:  # the flag over VAULTMAIL_SMTP_PORT
+        email = dataclasses.replace(email, listen_port=args.smtp_port)
+    if email.listen_port is not None or email.relay_url:
+        try:
+            add_email(app, email)
+        except ListenError as exc:
+            sock.close()
+            raise StartupError(str(exc)) from None
     runner = web.AppRunner(app, shutdown_timeout=5.0)
     await runner.setup()
     await web.SockSite(runner, sock).start()
     stop = stop_signal()
-    print(f"vaultmail serving on http://{settings.host}:{sock.getsockname()[1]}", flush=True)
+    gateway = app.get(GATEWAY_KEY) if email.listen_port is not None else None
+    smtp = f"  smtp {email.listen_host}:{gateway.port}" if gateway is not None else ""
+    print(f"vaultmail serving on http://{settings.host}:{sock.getsockname()[1]}{smtp}",
+          flush=True)
     failed = app[STARTUP_KEY].failed
     try:
         await asyncio.wait([asyncio.ensure_future(stop.wait()),
@@ -118,10 +164,21 @@ async def cmd_serve(args: argparse.Namespace) -> int:
 
 
 async def cmd_forge(args: argparse.Namespace) -> int:
+    import errno
+
     from bot.office.seed import seed_office_file
     from localforge.cli import run_forge
 
-    return await run_forge(args, seeder=seed_office_file)
+    _given_file("--seed", args.seed, "an office config (YAML) to seed the forge from")
+    try:
+        return await run_forge(args, seeder=seed_office_file)
+    except OSError as exc:  # its port, bound as it starts (before it says it is ready)
+        if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES) or \
+                "bind" not in str(exc):
+            raise
+        raise StartupError(f"cannot listen on {args.host}:{args.port}: "
+                           f"{os.strerror(exc.errno)}: stop what uses that port or choose "
+                           "another (--port)") from None
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:
@@ -167,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="local forge + app in one process (the embedded default)")
     up.add_argument("--office", help="office config (YAML); default: the built-in example")
-    up.add_argument("--data", help="keep state here across restarts (default: a temp dir)")
+    up.add_argument("--data", help="keep state here across restarts (default: a temp dir, "
+                                   "removed when it stops)")
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--port", type=int, default=8080)
     up.add_argument("--forge-port", type=int, default=8081)
@@ -176,17 +234,27 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--database-url", default=os.environ.get("DATABASE_URL"),
                     help="the index on PostgreSQL (postgresql://USER@HOST/DB; default: SQLite "
                          "in the data directory, or DATABASE_URL)")
+    up.add_argument("--smtp-port", type=int, default=0,
+                    help="the SMTP listener's port, on --host (default 0: any free one, "
+                         "printed on the ready line)")
     up.add_argument("--replicas", type=int, default=1,
                     help="app processes sharing the PostgreSQL database, the forge spreading "
                          "its webhook deliveries across them (needs --database-url)")
     up.set_defaults(func=cmd_up)
 
     demo = sub.add_parser("demo", help="a scripted end-to-end story on the embedded forge")
-    demo.add_argument("--data", help="keep the demo's state here (default: a temp dir)")
+    demo.add_argument("--data", help="keep the demo's state here (default: a temp dir, "
+                                     "removed when it ends)")
     demo.set_defaults(func=cmd_demo)
 
+    from bot.cli.serve_help import serve_epilog
+
     serve = sub.add_parser("serve", help="the app alone, against a real forge (env config)",
-                           epilog=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+                           epilog=serve_epilog(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("--smtp-port", type=int, default=None,
+                       help="receive email on this port (0: any free one; default: "
+                            "VAULTMAIL_SMTP_PORT, else no SMTP listener)")
     serve.set_defaults(func=cmd_serve)
 
     from localforge.cli import add_forge_parser
@@ -196,6 +264,14 @@ def build_parser() -> argparse.ArgumentParser:
     from bot.cli.office import add_office_commands
 
     add_office_commands(sub)
+
+    from bot.cli.doctor import add_doctor_command
+
+    add_doctor_command(sub)
+
+    from bot.cli.email import add_email_commands
+
+    add_email_commands(sub)
 
     from bot.cli.tools import add_tool_commands
 
@@ -227,6 +303,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = asyncio.run(args.func(args))
         return code
+    except NotRegistered as exc:  # a command that acts for an app, with none configured
+        print(f"vaultmail {args.command}: no app to act for: pass --data DIR (the data "
+              "directory of `vaultmail up --data DIR`), or run it where the App's settings are "
+              f"(missing {', '.join(exc.missing)}; `vaultmail serve --help` lists them)",
+              file=sys.stderr)
+        return 2
     except (SettingsError, OfficeConfigError, StartupError) as exc:
         print(f"vaultmail: {exc}", file=sys.stderr)
         return 2

@@ -7,11 +7,13 @@ that updates the index and the ledger together. Tools and webhook handlers both 
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import structlog
 from pydantic import ValidationError
 
 from bot.app import runs
@@ -27,7 +29,7 @@ from bot.mail.header import (
 )
 from bot.mail.markdown import defuse_mentions
 from bot.office.config import Agent, Office
-from bot.store import idempotency, ledger, mails
+from bot.store import idempotency, ledger, mails, moves, replies
 from bot.store.mails import QUIET, MailRecord
 from labels.states import IllegalTransition, MailEvent, MailState, labels_for, transition
 
@@ -35,14 +37,16 @@ if TYPE_CHECKING:
     from bot.app.services import Services
     from bot.forge.base import Forge
 
-# An automatic reply notification (the copy of a reply into an agent sender's vault) beyond this
-# many hops starts no run. Only those copies count hops: a mail someone writes starts at 0.
+# Mail between agents beyond this many hops starts no run: the automatic reply notification
+# (the copy of a reply into an agent sender's vault), and mail an agent sends in answer to mail
+# (`inReplyTo`), each one hop more than the mail it answers. A mail a person writes starts at 0.
 LOOP_GUARD_HOPS = 3
 MAX_BODY = 60_000
 # events that set a state rather than add something: applied again in that state, a no-op
 _SETS_STATE = frozenset({MailEvent.OPEN, MailEvent.CLOSE, MailEvent.REOPEN})
 _IDEMPOTENCY_NS = uuid.UUID("5b0c3c1e-8f7a-4d6e-9a51-0c1d2e3f4a5b")
 _RE = re.compile(r"^(re:\s*)+", re.IGNORECASE)
+log = logging.getLogger("vaultmail.mail")
 
 
 MAX_SUBJECT = 256  # GitHub's limit for an issue title
@@ -83,6 +87,8 @@ def shown_as(office: Office, principal: str) -> str | None:
     if principal.startswith("human:"):
         human = office.human(principal.removeprefix("human:"))
         return f"login:{human.login}" if human is not None else None
+    if principal.startswith("email:"):
+        return None  # someone outside, by email: the table shows the principal
     return principal
 
 
@@ -143,8 +149,16 @@ class Mailer:
         return agent
 
     async def deny(self, actor: str, subject: str, reason: str) -> Denied:
-        await ledger.record(self.services.store, "run.denied", actor, subject, {"reason": reason},
-                            org=self.office.org)
+        # in a delivery's run, once per delivery: a run again after a crash (or after a
+        # later write failed) refuses the same thing, and the ledger says it once
+        delivery = structlog.contextvars.get_contextvars().get("delivery_id")
+        if isinstance(delivery, str):
+            await ledger.record_once(self.services.store, "run.denied", actor, subject,
+                                     {"reason": reason, "delivery": delivery},
+                                     org=self.office.org, by=("delivery", "reason"))
+        else:
+            await ledger.record(self.services.store, "run.denied", actor, subject,
+                                {"reason": reason}, org=self.office.org)
         return Denied(reason, subject=subject, ledgered=True)
 
     def send_refusal(self, actor: str, agent: Agent) -> str | None:
@@ -233,7 +247,10 @@ class Mailer:
         if existing is not None:
             return existing
         vault = self.office.vault_of(agent).lower()
-        hops = await self._copy_hops(reply_to) if automatic and reply_to else 0
+        # an agent answering mail climbs like the reply copy (the seed's "two agents replying
+        # to each other could wake each other forever" holds for mail_send + inReplyTo too)
+        answers = reply_to is not None and (automatic or actor.startswith("agent:"))
+        hops = await self._copy_hops(reply_to) if answers and reply_to else 0
         header = _signed(
             keyring=self.services.keyring.for_office(self.office.org), from_principal=actor,
             to_principal=agent.principal,
@@ -245,12 +262,16 @@ class Mailer:
         fits(rendered, "the mail, its header table added")
         return _Draft(actor, agent, header, body, rendered)
 
-    async def deliver(self, draft: MailRecord | _Draft) -> MailRecord:
-        """Open the drafted mail's issue (once, whatever crashed before) and index it."""
+    async def deliver(self, draft: MailRecord | _Draft, *,
+                      quiet: str | None = None) -> MailRecord:
+        """Open the drafted mail's issue (once, whatever crashed before) and index it.
+        `quiet`: why it is delivered without mail:new, waking no one (mail an automaton sent
+        by email: bot.email), as the loop guard delivers a copy past its hops."""
         if isinstance(draft, MailRecord):
             return draft
         header, mail_id, vault = draft.header, draft.header.mail_id, draft.header.vault
-        quiet = header.hops > LOOP_GUARD_HOPS
+        if quiet is None and header.hops > LOOP_GUARD_HOPS:
+            quiet = f"beyond {LOOP_GUARD_HOPS} hops: delivered without mail:new"
         issue = None
         if not await mails.intend_send(self.services.store, mail_id, vault):
             issue = await self.forge.find_issue(vault, mail_id)  # begun before: did it land?
@@ -264,12 +285,13 @@ class Mailer:
             sent=header.sent, hops=header.hops, in_reply_to=header.in_reply_to,
             thread_id=header.thread_id, key_id=header.key_id, body_sha256=header.body_sha256,
             state=QUIET if quiet else MailState.NEW.value)
-        await self._record_new(record, draft.actor, draft.agent)
+        await self._record_new(record, draft.actor, draft.agent, quiet=quiet)
         return record
 
     async def _copy_hops(self, replied: MailRecord) -> int:
-        """The hops of an automatic reply copy of `replied`: one more than it, and than any
-        earlier copy of a reply to it (so agents trading comments on one mail climb too)."""
+        """The hops of an automatic reply copy of `replied`, or of mail an agent sends in
+        answer to it: one more than it, and than any earlier such answer to it (so agents
+        trading comments, or answering one mail again and again, climb too)."""
         earlier = await mails.copy_hops(self.services.store, replied.thread_id, replied.ref)
         return max(replied.hops, earlier) + 1
 
@@ -281,11 +303,16 @@ class Mailer:
         human = self.office.human(actor.removeprefix("human:"))
         return human.login if human else None
 
-    async def _record_new(self, record: MailRecord, actor: str, agent: Agent) -> None:
+    async def _record_new(self, record: MailRecord, actor: str, agent: Agent, *,
+                          quiet: str | None = None) -> None:
         """Index a mail now on the forge, ledger it and admit its run: once per mail id,
         whichever of the sender and the crash-recovery path (`record_found`) comes first."""
         admitted: int | None = None
-        async with self.services.store.transaction() as db:
+        # the sender and the recovery path may record one mail id at once: one looks, then
+        # the other
+        async with self.services.store.transaction(
+                f"mail:{record.mail_id}", mails.box_key(record.org, record.to_principal),
+                ledger.key(record.org)) as db:
             if await mails.mail_indexed(db, record.mail_id):
                 return
             await mails.put_mail(db, record)
@@ -297,7 +324,8 @@ class Mailer:
             if record.state == QUIET:
                 await ledger.append(db, "mail.loop_guard", "office", record.ref, {
                     "mail": record.mail_id, "hops": record.hops,
-                    "reason": f"beyond {LOOP_GUARD_HOPS} hops: delivered without mail:new"},
+                    "reason": quiet or f"beyond {LOOP_GUARD_HOPS} hops: delivered without "
+                              "mail:new"},
                     org=record.org)
             else:
                 admitted = await runs.admit(db, agent, "mail", record.ref, actor, org=record.org)
@@ -360,13 +388,29 @@ class Mailer:
     async def _move(self, mail: MailRecord, event: MailEvent, actor: str, ledger_event: str,
                     *, labels: list[str] | None = None, issue_state: str | None = None,
                     reopen_if_closed: bool = False, data: dict[str, Any] | None = None,
-                    follow_up: tuple[str, str] | None = None) -> MailRecord:
+                    follow_up: tuple[str, str] | None = None,
+                    at: float | None = None, forged: str | None = None) -> MailRecord:
         """Apply `event` under the mail's lock, so a tool call and the worker never
         interleave on one mail: one forge write when anything changes, then index + ledger.
         `reopen_if_closed`: the issue is reopened if the mail is closed *as found under the
-        lock* (decided there, not by a caller whose view may have gone stale meanwhile)."""
+        lock* (decided there, not by a caller whose view may have gone stale meanwhile).
+        `at`: the forge time the change happened (a comment's or an event's timestamp; None
+        for one made now, a tool call's): a change older than the mail's last applied move
+        (a delivery handled late) moves nothing (`bot.store.moves`). `forged`: the issue state
+        ("open", "closed") the change itself made on the forge (someone closed or reopened the
+        issue): a stale one is undone there, since the later move stands."""
         self.own(mail)
         async with self.services.lock_for(mail.mail_id):
+            last = await moves.last_move(self.services.store, mail.mail_id)
+            if at is not None and last is not None and at < last:
+                latest = await mails.get_mail(self.services.store, mail.mail_id)
+                log.info("change older than the mail's last move: not applied", extra={
+                    "mail": mail.ref, "event_name": event.value, "actor": actor,
+                    "happened_at": at, "last_move_at": last,
+                    "state": (latest or mail).state, "outcome": "stale"})
+                if latest is not None and forged is not None:
+                    await self._undo_stale(latest, forged)
+                return latest or mail
             latest = await mails.get_mail(self.services.store, mail.mail_id)
             if latest is not None and latest.state != mail.state:
                 labels = None  # the caller's view is stale: go by the index
@@ -375,13 +419,24 @@ class Mailer:
                 issue_state = "open"
             return await self._move_locked(found, event, actor, ledger_event,
                                            labels=labels, issue_state=issue_state, data=data,
-                                           follow_up=follow_up)
+                                           follow_up=follow_up, at=at)
+
+    async def _undo_stale(self, mail: MailRecord, forged: str) -> None:
+        """A stale close or reopen made on the forge (the handler saw the issue still so) is
+        undone there: the mail's later move decides whether its issue is open."""
+        is_open = mail.state != MailState.CLOSED.value
+        if (forged == "open") == is_open:
+            return
+        closing: dict[str, Any] = {} if is_open else {"state_reason": "completed"}
+        await self.forge.update_issue(mail.vault, mail.number,
+                                      state="open" if is_open else "closed", **closing)
 
     async def _move_locked(self, mail: MailRecord, event: MailEvent, actor: str,
                            ledger_event: str, *, labels: list[str] | None,
                            issue_state: str | None,
                            data: dict[str, Any] | None,
-                           follow_up: tuple[str, str] | None = None) -> MailRecord:
+                           follow_up: tuple[str, str] | None = None,
+                           at: float | None = None) -> MailRecord:
         try:
             new = transition(_state(mail), event)
         except IllegalTransition as exc:
@@ -400,16 +455,20 @@ class Mailer:
         if fields:
             issue = await self.forge.update_issue(mail.vault, mail.number, **fields)
             await self.check_tamper(mail, issue, "office")  # the answer carries it: no request
+            if at is None:  # a change made now: it happened when the forge took the write
+                at = moves.forge_time(issue.get("updated_at"))
         wakes = new is MailState.NEW and mail.state != MailState.NEW.value
         agent = self.office.agent(mail.to_principal.removeprefix("agent:"))
         admitted: int | None = None
-        async with self.services.store.transaction() as db:
+        async with self.services.store.transaction(
+                mails.box_key(mail.org, mail.to_principal), ledger.key(mail.org)) as db:
             # from the state this writer saw only: of two replicas moving one mail at once,
             # the one whose view went stale ledgers (and admits) nothing
             if not await mails.set_state(db, mail.mail_id, new.value, after,
                                          expected=mail.state):
                 latest = await mails.get_mail_in(db, mail.mail_id)
                 return latest or mail
+            await moves.note(db, mail.mail_id, at)
             await ledger.append(db, ledger_event, actor, mail.ref,
                                 {"mail": mail.mail_id, "from": mail.state, "to": new.value,
                                  **(data or {})}, org=mail.org)
@@ -428,7 +487,7 @@ class Mailer:
         return updated
 
     async def open(self, mail: MailRecord, actor: str, *,
-                   labels: list[str] | None = None) -> MailRecord:
+                   labels: list[str] | None = None, at: float | None = None) -> MailRecord:
         """The recipient agent opened the mail (seed: "mail:working (the agent opened it)").
         Nobody else may: not its sender, not the agent's person, not an editor."""
         if actor not in (mail.to_principal, "office"):
@@ -438,14 +497,17 @@ class Mailer:
                 "(a comment, or mail_send with inReplyTo) or close it instead"))
         if mail.state == MailState.WORKING.value:
             return mail
-        return await self._move(mail, MailEvent.OPEN, actor, "mail.opened", labels=labels)
+        return await self._move(mail, MailEvent.OPEN, actor, "mail.opened", labels=labels,
+                                at=at)
 
     async def reply(self, mail: MailRecord, actor: str, text: str, *,
                     posted: bool, labels: list[str] | None = None,
-                    key: str | None = None) -> MailRecord:
-        """The recipient replied (`posted`: its comment is already on the forge). `key` names
-        this reply (the forge comment id, or the caller's idempotency key), so a retry copies
-        it to an agent sender once, while two replies with the same words are two copies."""
+                    key: str | None = None, at: float | None = None) -> MailRecord:
+        """The recipient replied (`posted`: its comment is already on the forge, made at
+        forge time `at`). `key` names this reply (the forge comment id, or the caller's
+        idempotency key), so a retry copies it to an agent sender once, while two replies
+        with the same words are two copies. A reply older than the mail's last move (its
+        delivery came late) moves nothing: a close made after it stands; its copy still goes."""
         self.own(mail)
         if actor != mail.to_principal:
             raise await self.deny(actor, mail.ref, (
@@ -469,6 +531,9 @@ class Mailer:
                            "the reply, its byline added")
             if not again or await self.forge.find_comment(mail.vault, mail.number,
                                                           marker) is None:
+                # kept a while: should the forge lose the comment, `vaultmail doctor` posts
+                # it again (a reply to a person has no copy anywhere else)
+                await replies.keep(self.services.store, mail.mail_id, key, comment)
                 await self.forge.create_comment(mail.vault, mail.number, comment,
                                                 marker=marker)
         if again and await ledger.recorded(self.services.store, "mail.replied", mail.ref,
@@ -478,13 +543,14 @@ class Mailer:
         else:
             updated = await self._move(mail, MailEvent.REPLY, actor, "mail.replied",
                                        labels=labels, reopen_if_closed=True,
-                                       data={"reply": key})
+                                       data={"reply": key}, at=at)
         if copy is not None:
             await self.deliver(copy)
         return updated
 
     async def follow_up(self, mail: MailRecord, actor: str, *,
-                        labels: list[str] | None = None, text: str | None = None) -> MailRecord:
+                        labels: list[str] | None = None, text: str | None = None,
+                        at: float | None = None) -> MailRecord:
         """Someone other than the recipient wrote (`text`, carried by the run it starts): the
         mail is the recipient's turn again, if they may write to it (the sender, or anyone who
         may mail the recipient). A follow-up is no reply notification: it counts no hops."""
@@ -494,10 +560,10 @@ class Mailer:
             return mail
         return await self._move(mail, MailEvent.FOLLOW_UP, actor, "mail.sent", labels=labels,
                                 reopen_if_closed=True, data={"follow_up": True},
-                                follow_up=(actor, text) if text is not None else None)
+                                follow_up=(actor, text) if text is not None else None, at=at)
 
     async def close(self, mail: MailRecord, actor: str, *, issue_closed: bool = False,
-                    labels: list[str] | None = None) -> MailRecord:
+                    labels: list[str] | None = None, at: float | None = None) -> MailRecord:
         if not self.may_manage(actor, mail):
             raise await self.deny(actor, mail.ref, (
                 f"{actor} may not close {mail.ref}: only its recipient, its sender, the "
@@ -505,14 +571,15 @@ class Mailer:
         if mail.state == MailState.CLOSED.value:
             return mail  # closed already: closing again writes nothing, ledgers nothing
         return await self._move(mail, MailEvent.CLOSE, actor, "mail.closed", labels=labels,
-                                issue_state=None if issue_closed else "closed")
+                                issue_state=None if issue_closed else "closed", at=at,
+                                forged="closed" if issue_closed else None)
 
     async def reopened(self, mail: MailRecord, actor: str,
-                       labels: list[str] | None = None) -> MailRecord:
+                       labels: list[str] | None = None, at: float | None = None) -> MailRecord:
         if mail.state != MailState.CLOSED.value:
             return mail
         return await self._move(mail, MailEvent.REOPEN, actor, "mail.sent", labels=labels,
-                                data={"reopened": True})
+                                data={"reopened": True}, at=at, forged="open")
 
     # -- tamper checks ---------------------------------------------------------------------
     async def check_tamper(self, mail: MailRecord, issue: dict[str, Any], actor: str) -> bool:
@@ -529,7 +596,8 @@ class Mailer:
             flag = await mails.tamper_flag(store, mail.mail_id)
             fresh = False
             if flag == 0:
-                async with store.transaction() as db:
+                async with store.transaction(mails.box_key(mail.org, mail.to_principal),
+                                             ledger.key(mail.org)) as db:
                     fresh = await mails.mark_tampered(db, mail.mail_id)
                     if fresh:
                         await ledger.append(db, "mail.tampered", actor, mail.ref,

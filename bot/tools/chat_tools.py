@@ -18,7 +18,7 @@ from bot.app import runs
 from bot.errors import Conflict, NotFoundError
 from bot.office.config import Agent
 from bot.office.visibility import viewer_for
-from bot.store import chats
+from bot.store import chats, ledger
 from bot.store.chats import get_chat, waiting_for
 from bot.store.db import Row
 from bot.tools import outputs
@@ -98,7 +98,7 @@ async def agent_chat(call: Call, args: ChatArgs) -> dict[str, Any]:
             "access"))
 
     async def record() -> tuple[int, int | None]:
-        async with store.transaction() as db:
+        async with store.transaction(ledger.key(call.office.org)) as db:
             chat_id = await chats.add_chat(db, agent.principal, call.principal, args.message,
                                            time.time(), org=call.office.org)
             admitted = await runs.admit(db, agent, "chat", f"chat:{chat_id}", call.principal,
@@ -111,7 +111,8 @@ async def agent_chat(call: Call, args: ChatArgs) -> dict[str, Any]:
     chat_id, admitted = await asyncio.shield(record())
     if admitted is None:
         raise Conflict(f"{agent.principal} does not take chat runs (its run.triggers: "
-                       f"{list(agent.run.triggers)}); send it mail with mail_send instead",
+                       f"{', '.join(agent.run.triggers) or 'none'}); send it mail with mail_send "
+                       "instead",
                        code="run_refused")
     call.services.notifier.notify([agent.principal], org=call.office.org)
     runs.dispatch_chat(call.services, call.forge, agent, vault, chat_id, call.principal,
