@@ -144,6 +144,7 @@ class Connection:
     def __init__(self, conn: Any, returning: dict[str, str]) -> None:
         self._conn = conn
         self._returning = returning
+        self._held: set[str] = set()  # the transaction's keys taken so far
 
     async def _statement(self, sql: str) -> _Statement:
         m = re.match(r"\s*INSERT (?:OR \w+ )?INTO (\w+)", sql, re.IGNORECASE)
@@ -186,8 +187,12 @@ class Connection:
         return await cur.fetchall()
 
     async def hold(self, key: str) -> None:
-        """Wait for, then hold to the transaction's end, the key `key` (bot.store.db.hold)."""
+        """Wait for, then hold to the transaction's end, the key `key` (bot.store.db.hold); a
+        key already held costs no trip to the database."""
+        if key in self._held:
+            return
         await self._conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", key)
+        self._held.add(key)
 
     async def begin(self, keys: list[str]) -> None:
         """A transaction's first statement: its turn beside an older release's writers, then
@@ -196,6 +201,7 @@ class Connection:
                         for n in range(len(keys)))
         await self._conn.execute(f"SELECT pg_advisory_xact_lock_shared($1){holds}",
                                  RELEASE_1_WRITE_LOCK, *keys)
+        self._held.update(keys)
 
 
 # A replica's host that vanishes (powered off, cut off) closes none of its sessions: the server
