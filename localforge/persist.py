@@ -63,7 +63,7 @@ _SCHEMA: dict[type[BaseModel], _Spec] = {
                  nodes={"web": WebState}),
     WebState: _Spec(colls={"passwords": None, "sessions": None, "authorizations": None,
                            "codes": None, "refresh_tokens": None}),
-    Repo: _Spec(colls={"issues": None, "comments": None, "files": None}),
+    Repo: _Spec(colls={"issues": None, "comments": None, "files": None, "blobs": None}),
 }
 
 

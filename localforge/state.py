@@ -8,6 +8,7 @@ Logins are matched case-insensitively, as on the real forges.
 
 from __future__ import annotations
 
+import base64
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
@@ -164,11 +165,36 @@ class Repo(Tracked):
     issues: dict[int, Issue] = Field(default_factory=dict)
     comments: dict[int, Comment] = Field(default_factory=dict)
     files: dict[str, str] = Field(default_factory=dict)
+    # path -> base64 of a file that is not UTF-8 text (written through the contents API)
+    blobs: dict[str, str] = Field(default_factory=dict)
     next_number: int = 1
 
     @property
     def full_name(self) -> str:
         return f"{self.owner}/{self.name}"
+
+    def file_bytes(self, path: str) -> bytes | None:
+        """The bytes of the file at `path` on the default branch, text or not."""
+        text = self.files.get(path)
+        if text is not None:
+            return text.encode()
+        b64 = self.blobs.get(path)
+        return None if b64 is None else base64.b64decode(b64)
+
+    def write_file(self, path: str, raw: bytes) -> None:
+        """Commit `raw` at `path`: as text when it is UTF-8, else as a blob."""
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self.files.pop(path, None)
+            self.blobs[path] = base64.b64encode(raw).decode()
+            return
+        self.blobs.pop(path, None)
+        self.files[path] = text
+
+    def paths(self) -> list[str]:
+        """Every file's path, text or not."""
+        return [*self.files, *(p for p in self.blobs if p not in self.files)]
 
     def label_named(self, name: str) -> Label | None:
         low = name.lower()

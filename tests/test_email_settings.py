@@ -16,10 +16,12 @@ def test_the_smtp_listener_and_relay_come_from_the_environment() -> None:
     settings = Settings.from_env({**GITEA, "HOST": "0.0.0.0", "VAULTMAIL_SMTP_PORT": "2525",
                                   "SMTP_URL": "smtps://bot%40acme:pw@relay.example",
                                   "VAULTMAIL_SMTP_MAX_BYTES": "2048",
-                                  "VAULTMAIL_SMTP_SENDER_RATE": "7"})
+                                  "VAULTMAIL_SMTP_SENDER_RATE": "7",
+                                  "VAULTMAIL_SMTP_ATTACHMENT_MAX_BYTES": "1000"})
     email = settings.email
-    assert (email.listen_host, email.listen_port, email.max_bytes, email.sender_rate) == \
-        ("0.0.0.0", 2525, 2048, 7)
+    assert (email.listen_host, email.listen_port, email.max_bytes, email.sender_rate,
+            email.attachment_max_bytes) == ("0.0.0.0", 2525, 2048, 7, 1000)
+    assert plain.email.attachment_max_bytes == 5 * 1_048_576
     relay = Relay.parse(email.relay_url)
     assert (relay.host, relay.port, relay.tls, relay.username, relay.password) == \
         ("relay.example", 465, "implicit", "bot@acme", "pw")
@@ -32,5 +34,8 @@ def test_a_wrong_email_setting_is_one_line_naming_it() -> None:
         Settings.from_env({**GITEA, "SMTP_URL": "http://x"})
     with pytest.raises(SettingsError, match=r"^VAULTMAIL_SMTP_PORT='70000': should be a port"):
         Settings.from_env({**GITEA, "VAULTMAIL_SMTP_PORT": "70000"})
+    with pytest.raises(SettingsError,
+                       match=r"^VAULTMAIL_SMTP_ATTACHMENT_MAX_BYTES='0': should be a number"):
+        Settings.from_env({**GITEA, "VAULTMAIL_SMTP_ATTACHMENT_MAX_BYTES": "0"})
     with pytest.raises(RelayError):
         Relay.parse("smtp://")

@@ -26,6 +26,7 @@ from bot.email.auth import DnsError
 from tests.support import Actor, ToolClient
 
 DOMAIN = "mail.acme.example"
+ATTACHMENT_MAX_BYTES = 200_000  # the mailroom's limit on one attachment (its message: 1 MiB)
 
 
 @dataclass
@@ -88,6 +89,14 @@ def message(frm: str, to: str, subject: str, text: str, **headers: str) -> Email
     return msg
 
 
+def with_files(msg: EmailMessage, *files: tuple[str, str, bytes]) -> EmailMessage:
+    """`msg` with each (file name, MIME type, bytes) attached, as a mail client attaches."""
+    for filename, kind, data in files:
+        maintype, _, subtype = kind.partition("/")
+        msg.add_attachment(data, maintype=maintype, subtype=subtype, filename=filename)
+    return msg
+
+
 def wire(msg: EmailMessage) -> bytes:
     from email import policy
 
@@ -123,7 +132,8 @@ def _smtp_send(port: int, mail_from: str, rcpts: list[str], data: bytes) -> Answ
             code, text = next(iter(exc.recipients.values()))
             return Answer(code, text.decode(), dict(exc.recipients))
         except smtplib.SMTPResponseException as exc:
-            return Answer(exc.smtp_code, exc.smtp_error.decode())
+            said = exc.smtp_error
+            return Answer(exc.smtp_code, said.decode() if isinstance(said, bytes) else said)
         return Answer(250, client.last_data_answer, refused)
 
 
@@ -202,7 +212,8 @@ async def mailroom(tmp_path: Path, database_url: str) -> AsyncIterator[Mailroom]
     emb = await start_embedded(
         data_dir=tmp_path, port=0, forge_port=0, database_url=database_url,
         email=EmailSettings(listen_port=0, relay_url=f"smtp://127.0.0.1:{relay.port}",
-                            max_bytes=1_048_576, sender_rate=5),
+                            max_bytes=1_048_576, sender_rate=5,
+                            attachment_max_bytes=ATTACHMENT_MAX_BYTES),
         resolver=dns)
     try:
         async with aiohttp.ClientSession() as session:

@@ -73,8 +73,9 @@ class EmailSettings:
     """Real mailboxes (bot/email), the host's alone (never a repository config's): where the
     SMTP listener is (VAULTMAIL_SMTP_HOST, VAULTMAIL_SMTP_PORT; no port, no listener; 0, any
     free one), the relay replies go out through (SMTP_URL), the largest message taken
-    (VAULTMAIL_SMTP_MAX_BYTES), how many messages a minute one outside sender may send one
-    agent (VAULTMAIL_SMTP_SENDER_RATE) and the name the listener greets with."""
+    (VAULTMAIL_SMTP_MAX_BYTES) and attachment (VAULTMAIL_SMTP_ATTACHMENT_MAX_BYTES), how many
+    messages a minute one outside sender may send one agent (VAULTMAIL_SMTP_SENDER_RATE) and
+    the name the listener greets with."""
 
     listen_host: str = "127.0.0.1"
     listen_port: int | None = None
@@ -82,6 +83,7 @@ class EmailSettings:
     max_bytes: int = 10 * MIB
     hostname: str = "vaultmail"
     sender_rate: int = 20  # messages a minute one outside sender may send one agent
+    attachment_max_bytes: int = 5 * MIB  # the largest attachment, decoded, committed to a vault
 
 
 @dataclass(frozen=True)
@@ -281,7 +283,8 @@ def _hosting(source: _EnvFile) -> dict[str, Any]:
         "email": EmailSettings(
             listen_host=source.smtp_host or source.host, listen_port=source.smtp_port,
             relay_url=source.smtp_url or "", max_bytes=source.smtp_max_bytes,
-            hostname=source.smtp_hostname, sender_rate=source.smtp_sender_rate),
+            hostname=source.smtp_hostname, sender_rate=source.smtp_sender_rate,
+            attachment_max_bytes=source.smtp_attachment_max_bytes),
     }
 
 
@@ -377,6 +380,9 @@ class _EnvFile(BaseSettings):
     smtp_url: str | None = _env("SMTP_URL")
     smtp_max_bytes: int = Field(default=10 * MIB, ge=1024, le=100 * MIB,
                                 validation_alias=AliasChoices("VAULTMAIL_SMTP_MAX_BYTES"))
+    smtp_attachment_max_bytes: int = Field(
+        default=5 * MIB, ge=1, le=100 * MIB,
+        validation_alias=AliasChoices("VAULTMAIL_SMTP_ATTACHMENT_MAX_BYTES"))
     smtp_hostname: str = Field(default="vaultmail",
                                validation_alias=AliasChoices("VAULTMAIL_SMTP_HOSTNAME"))
     smtp_sender_rate: int = Field(default=20, ge=1, le=100_000,
@@ -447,6 +453,7 @@ _WANTS = {
     "smtp_port": "a port number from 0 (any free one) to 65535",
     "smtp_max_bytes": "a number of bytes from 1024 to 104857600 (100 MiB)",
     "smtp_sender_rate": "a number of messages a minute from 1 to 100000",
+    "smtp_attachment_max_bytes": "a number of bytes from 1 to 104857600 (100 MiB)",
     "reconcile_seconds": "a number of seconds above 0",
     "doctor_seconds": "a number of seconds above 0",
     "webhook_read_seconds": "a number of seconds above 0",

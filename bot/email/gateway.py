@@ -57,7 +57,8 @@ def add_email(app: web.Application, settings: EmailSettings, *,
         return gateway.intake
 
     handler = SmtpHandler(intake, resolver or _system_resolver(),
-                          rate=SenderRate(settings.sender_rate))
+                          rate=SenderRate(settings.sender_rate),
+                          attachment_max_bytes=settings.attachment_max_bytes)
     server = None if sock is None else SmtpServer(
         handler, sock, max_bytes=settings.max_bytes, hostname=settings.hostname)
     gateway = app[GATEWAY_KEY] = EmailGateway(server)

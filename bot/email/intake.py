@@ -14,10 +14,10 @@ import hashlib
 import logging
 from typing import TYPE_CHECKING
 
-from bot.email import outgoing
+from bot.email import attachments, outgoing
 from bot.email.addresses import Mailbox, mailbox, principal_of
 from bot.email.auth import Verdicts
-from bot.email.message import Bounce, Inbound, read_meta, render_inbound
+from bot.email.message import Attached, Bounce, Inbound, read_meta, render_inbound
 from bot.email.policy import Decision, decide
 from bot.mail.header import clean_subject
 from bot.mail.mailer import MAX_SUBJECT, Mailer, fits
@@ -79,16 +79,36 @@ class EmailIntake:
             if thread is not None:
                 return await self._add_to_thread(box, thread, message, verdicts, quiet)
             mailer = self.mailer(office)
-            draft = await mailer.draft(
-                principal_of(message.sender), agent.principal, subject_of(message),
-                render_inbound(message, verdicts, quiet=quiet), check=False,
-                idempotency_key=f"email\n{agent.slug}\n{message.message_id}")
+            sender, subject = principal_of(message.sender), subject_of(message)
+            key = f"email\n{agent.slug}\n{message.message_id}"
+            draft = await mailer.draft(sender, agent.principal, subject,
+                                       render_inbound(message, verdicts, quiet=quiet),
+                                       check=False, idempotency_key=key)
+            if message.parts and not isinstance(draft, MailRecord):
+                # the files first, in the vault and the index, under the mail id the draft
+                # has (the key's): the mail's signed body then lists them with their links
+                attached = await self._attach(office, draft.header.vault,
+                                              draft.header.mail_id, message)
+                draft = await mailer.draft(
+                    sender, agent.principal, subject,
+                    render_inbound(message, verdicts, quiet=quiet, attached=attached),
+                    check=False, idempotency_key=key)
             record = await mailer.deliver(draft, quiet=quiet)
             if decision.held:
                 await self._tell_held(office, record, decision.reason or "held")
         log.info("email delivered", extra={"mail": record.ref, "message_id": message.message_id,
                                            "quiet": bool(quiet)})
         return record
+
+    async def _attach(self, office: Office, vault: str, mail_id: str,
+                      message: Inbound) -> tuple[Attached, ...]:
+        """`message`'s attachments committed to `vault` under `mail_id` and indexed (once)."""
+        forge = self.services.forge_for_org(office.org)
+        attached = await attachments.commit(forge, vault, mail_id, message.parts,
+                                            message_id=message.message_id)
+        await attachments.remember(self.services.store, office.org, vault, mail_id,
+                                   message.message_id, attached)
+        return attached
 
     async def _tell_held(self, office: Office, mail: MailRecord, reason: str) -> None:
         """A held mail's agent's person is mentioned on it once, so the forge tells them."""
@@ -134,8 +154,11 @@ class EmailIntake:
         forge = mailer.forge
         sender = principal_of(message.sender)
         marker = _marker(message.message_id)
+        attached = await self._attach(box.office, mail.vault, mail.mail_id, message) \
+            if message.parts else ()
+        rendered = render_inbound(message, verdicts, quiet=quiet, attached=attached)
         text = fits(defuse_mentions(
-            f"**{sender}** wrote by email:\n\n{render_inbound(message, verdicts, quiet=quiet)}"
+            f"**{sender}** wrote by email:\n\n{rendered}"
             f"\n\n{marker}"), "the message, its byline added")
 
         async def work() -> idempotency.Result:

@@ -4,6 +4,7 @@
 |---|---|
 | RCPT to an address no office here receives for | `550 5.1.1` naming it |
 | a message (SIZE or DATA) over the limit | `552 5.3.4` naming the limit |
+| an attachment over its limit, or more attachments than it may carry | `552 5.3.4` naming it |
 | a message with no From address the app takes | `550 5.6.0` saying so |
 | the app not started yet, or the forge or the index failing | `451 4.3.0`: send it again later |
 | delivered | `250 2.0.0` naming each mail's issue |
@@ -23,9 +24,10 @@ from typing import Any
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
 from bot.email.addresses import BadAddress, normalise
+from bot.email.attachments import MAX_ATTACHMENTS, safe_name
 from bot.email.auth import Resolver, authenticate
 from bot.email.intake import EmailIntake
-from bot.email.message import BadMessage, parse_dsn, parse_inbound
+from bot.email.message import BadMessage, Inbound, parse_dsn, parse_inbound
 from bot.email.policy import SenderRate
 
 log = logging.getLogger("vaultmail.email")
@@ -50,10 +52,24 @@ class SmtpHandler:
     """aiosmtpd's handler hooks. `intake` is None until the app has started."""
 
     def __init__(self, intake: Callable[[], EmailIntake | None], resolver: Resolver, *,
-                 rate: SenderRate) -> None:
+                 rate: SenderRate, attachment_max_bytes: int) -> None:
         self._intake = intake
         self.resolver = resolver
         self.rate = rate
+        self.attachment_max_bytes = attachment_max_bytes
+
+    def refuse_parts(self, message: Inbound) -> str | None:
+        """The 552 for a message whose attachments the app does not take, or None."""
+        if len(message.parts) > MAX_ATTACHMENTS:
+            return (f"552 5.3.4 Too many attachments: this server takes at most "
+                    f"{MAX_ATTACHMENTS} a message")
+        limit = self.attachment_max_bytes
+        for part in message.parts:
+            if len(part.data) > limit:
+                return (f"552 5.3.4 Attachment too big: {safe_name(part.filename)} is "
+                        f"{len(part.data):,} bytes; this server takes attachments of at most "
+                        f"{_limit_text(limit)}")
+        return None
 
     async def handle_RCPT(self, server: SMTP, session: Session, envelope: Envelope,
                           address: str, rcpt_options: list[str]) -> str:
@@ -85,6 +101,9 @@ class SmtpHandler:
             message = parse_inbound(raw)
         except BadMessage as exc:
             return f"550 5.6.0 {exc}"
+        refusal = self.refuse_parts(message)
+        if refusal is not None:
+            return refusal
         peer = session.peer[0] if isinstance(session.peer, tuple) else ""
         verdicts = await asyncio.to_thread(
             authenticate, raw, ip=str(peer), helo=session.host_name or "",

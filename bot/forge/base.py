@@ -13,12 +13,13 @@ Semantics every implementation keeps:
   item containing the marker before retrying, and returns that item if found;
 * ``remove_label`` ignores a label that is not on the issue (returns ``False``);
 * ``permission`` returns ``"none"`` when the user is unknown to the repository;
-* ``get_file`` returns ``None`` when the file does not exist;
+* ``get_file`` and ``file_info`` return ``None`` when the file does not exist;
 * errors are :mod:`bot.forge.errors` exceptions.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -105,6 +106,19 @@ class Forge(Protocol):
 
     async def get_file(self, repo: str, path: str) -> str | None: ...
 
+    async def file_info(self, repo: str, path: str) -> JSON | None:
+        """The contents API's description of a file on the default branch (``sha``: its git
+        blob sha, ``size``, ``html_url``), whatever its bytes; None when there is none."""
+        ...
+
+    async def put_file(self, repo: str, path: str, content: bytes, message: str,
+                       sha: str | None = None) -> JSON:
+        """Commit `content` at `path` on the default branch through the contents API: a new
+        file, or (given the blob `sha` it has now) a replaced one. Returns the file as
+        `file_info` describes it; after an ambiguous failure a file already there with these
+        bytes is the answer."""
+        ...
+
     async def dispatch(
         self, repo: str, event_type: str, client_payload: Mapping[str, Any]
     ) -> None: ...
@@ -118,7 +132,12 @@ class Forge(Protocol):
     async def list_installation_repos(self) -> list[str]: ...
 
 
-__all__ = ["JSON", "Forge"]
+__all__ = ["JSON", "Forge", "blob_sha"]
+
+
+def blob_sha(content: bytes) -> str:
+    """A file's git blob sha, as the contents API names a file's version."""
+    return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
 
 
 async def probe(session: aiohttp.ClientSession, url: str, timeout: float = 5.0) -> int:

@@ -36,7 +36,7 @@ from uritemplate import variable
 
 from labels.catalogue import MAIL_LABELS, Label
 
-from .base import JSON, Forge, probe
+from .base import JSON, Forge, blob_sha, probe
 from .caller import (
     ForgeConfig,
     RepoCaller,
@@ -315,6 +315,41 @@ class GiteaForge(RepoCaller):
         except (binascii.Error, UnicodeDecodeError) as exc:
             raise ForgeError(f"{path}: cannot decode content: {exc}", method="GET",
                              url=path) from exc
+
+    async def file_info(self, repo: str, path: str) -> JSON | None:
+        from urllib.parse import quote
+
+        encoded = quote(path.lstrip("/"), safe="/")
+        try:
+            data = await self._get(f"/repos/{{owner}}/{{repo}}/contents/{encoded}",
+                                   split_repo(repo))
+        except NotFound:
+            return None
+        if not isinstance(data, dict) or data.get("type", "file") != "file":
+            return None
+        return {k: v for k, v in data.items() if k not in ("content", "encoding")}
+
+    async def put_file(self, repo: str, path: str, content: bytes, message: str,
+                       sha: str | None = None) -> JSON:
+        """Gitea creates with POST and replaces with PUT (the `sha` required)."""
+        import base64
+        from urllib.parse import quote
+
+        encoded = quote(path.lstrip("/"), safe="/")
+        payload: JSON = {"message": message, "content": base64.b64encode(content).decode()}
+        if sha is not None:
+            payload["sha"] = sha
+        want = blob_sha(content)
+
+        async def find() -> JSON | None:
+            info = await self.file_info(repo, path)
+            return {"content": info} if info is not None and info.get("sha") == want else None
+
+        data, _, _ = await self._request(
+            "POST" if sha is None else "PUT", f"/repos/{{owner}}/{{repo}}/contents/{encoded}",
+            split_repo(repo), payload, policy="create", content=True, find_existing=find)
+        result: JSON = dict(data.get("content") or {}) if isinstance(data, dict) else {}
+        return result
 
     async def dispatch(self, repo: str, event_type: str,
                        client_payload: Mapping[str, Any]) -> None:

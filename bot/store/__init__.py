@@ -11,6 +11,7 @@ the same on both engines (`bot.store.sql` says them in PostgreSQL's dialect).
 # version whole: a later version's columns go on tables an earlier one made
 from bot.store import (  # noqa: F401
     api_tokens,
+    attachments,
     budget,
     chats,
     comments,

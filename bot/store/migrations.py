@@ -39,6 +39,8 @@ NAMES = {
        " them",
     8: "the queue's claimed rows indexed by issue: replicas claim side by side, each looking"
        " whether another runs one of an issue's deliveries",
+    9: "email attachments: each accepted message's files, committed to the agent's vault,"
+       " with the mail and message they came with, name, type, size, blob sha and link",
 }
 
 

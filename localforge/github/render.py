@@ -31,6 +31,11 @@ REACTIONS = ("+1", "-1", "laugh", "confused", "heart", "hooray", "eyes", "rocket
 Json = dict[str, Any]
 
 
+def blob_sha(raw: bytes) -> str:
+    """A file's git blob sha (what the contents API calls its sha)."""
+    return hashlib.sha1(b"blob %d\0" % len(raw) + raw).hexdigest()
+
+
 def node_id(kind: str, ident: int) -> str:
     return base64.b64encode(f"0{len(kind)}:{kind}{ident}".encode()).decode()
 
@@ -376,9 +381,16 @@ class Renderer:
         return out
 
     # -- contents ----------------------------------------------------------------------
-    def content_file(self, repo: Repo, path: str, text: str) -> Json:
-        raw = text.encode()
-        sha = hashlib.sha1(b"blob %d\0" % len(raw) + raw).hexdigest()
+    def file_commit_content(self, repo: Repo, path: str, raw: bytes) -> Json:
+        """The `content` of a file-commit (PUT contents): a file without its bytes."""
+        out = self.content_file(repo, path, raw)
+        for key in ("encoding", "content"):
+            out.pop(key)
+        return out
+
+    def content_file(self, repo: Repo, path: str, text: str | bytes) -> Json:
+        raw = text.encode() if isinstance(text, str) else text
+        sha = blob_sha(raw)
         u = f"{self.repo_url(repo)}/contents/{quote(path)}"
         html = f"{self.web}/{repo.full_name}/blob/{repo.default_branch}/{quote(path)}"
         git = f"{self.repo_url(repo)}/git/blobs/{sha}"
@@ -404,9 +416,12 @@ class Renderer:
         html = f"{self.web}/{repo.full_name}/{kind}/{repo.default_branch}/{quote(path)}"
         sha = hashlib.sha1(path.encode()).hexdigest()
         git = f"{self.repo_url(repo)}/git/{'trees' if is_dir else 'blobs'}/{sha}"
-        text = None if is_dir else repo.files.get(path, "")
+        raw = None if is_dir else repo.file_bytes(path) or b""
+        if raw is not None:  # a file's sha is its git blob's, as GET of the file says
+            sha = blob_sha(raw)
+            git = f"{self.repo_url(repo)}/git/blobs/{sha}"
         return {
-            "type": "dir" if is_dir else "file", "size": 0 if text is None else len(text.encode()),
+            "type": "dir" if is_dir else "file", "size": 0 if raw is None else len(raw),
             "name": path.rsplit("/", 1)[-1], "path": path, "sha": sha, "url": u,
             "git_url": git, "html_url": html,
             "download_url": None if is_dir else f"{self.web}/{repo.full_name}/raw/"

@@ -40,17 +40,19 @@ async def get_content(request: web.Request) -> web.Response:
                    f"refs/heads/{repo.default_branch}"):
         raise ApiError(404, f"No commit found for the ref {ref}")  # one branch, no history
     path = request.match_info["path"].strip("/")
-    text = repo.files.get(path)
+    raw = repo.file_bytes(path)
     media = media_param(request)
-    if text is not None:
-        if media == "raw":  # the file's bytes, as text (Octokit then hands back a string)
-            return web.Response(body=text.encode(), content_type="text/plain",
-                                charset="utf-8",
+    if raw is not None:
+        if media == "raw":  # the file's bytes (Octokit hands text back as a string)
+            text = path in repo.files
+            return web.Response(body=raw, content_type="text/plain" if text
+                                else "application/octet-stream",
+                                charset="utf-8" if text else None,
                                 headers={"X-GitHub-Media-Type": "github.raw; format=json"})
-        return json_response(ctx.r.content_file(repo, path, text))
+        return json_response(ctx.r.content_file(repo, path, raw))
     prefix = path + "/"
     children: dict[str, bool] = {}
-    for p in repo.files:
+    for p in repo.paths():
         if p.startswith(prefix):
             rest = p[len(prefix):]
             head, sep, _ = rest.partition("/")

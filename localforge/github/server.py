@@ -24,6 +24,7 @@ from . import (
     control,
     routes_apps,
     routes_comments,
+    routes_contents,
     routes_issues,
     routes_labels,
     routes_manifest,
@@ -247,7 +248,7 @@ def build_app(forge: LocalForge) -> web.Application:
     routes = Routes(app)
     control.register(app)
     for module in (routes_apps, routes_repos, routes_labels, routes_comments, routes_issues,
-                   routes_misc, routes_manifest, routes_user, routes_work):
+                   routes_misc, routes_contents, routes_manifest, routes_user, routes_work):
         module.register(routes)
     routes_manifest.register_web(app)
     register_web_pages(app, forge)  # last: its /{owner}/{repo} patterns yield to the API

@@ -1,0 +1,105 @@
+"""An accepted message's attachments in the agent's vault: each file committed through the
+contents API at `attachments/<mail id>/<safe name>`, then listed in the mail's signed body
+(bot.email.message.render_inbound) and indexed (bot.store.attachments).
+
+- names are made safe (`safe_name`): the last component of what the sender wrote, without
+  control, format or bidi characters, path separators, leading dots or characters a path or
+  Markdown treats specially; clipped, the extension kept; `attachment` when nothing is left;
+- a name is numbered (`report-2.pdf`) when another file of the message has it, or when the
+  vault holds another file under it (a reply in the thread sent one by that name before);
+- exactly once: a file already at a path with the same bytes (its git blob sha) is the file,
+  so a message sent again, or delivered again after a failure half-way, commits nothing twice;
+- the sizes are checked at SMTP time (bot.email.server): here every part fits.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Sequence
+
+from bot.email.message import Attached, Part
+from bot.forge.base import Forge, blob_sha
+from bot.store import attachments as index
+from bot.store.db import Store
+
+MAX_ATTACHMENTS = 20  # files a message may carry (each is one write to the forge)
+MAX_NAME = 100  # characters of a file name kept
+_UNSAFE = re.compile(r"[^\w.\-+=,@ ]")
+_ROOT = "attachments"
+
+
+def safe_name(name: str) -> str:
+    """`name` as a file name that is one path component and plain text (see the module)."""
+    name = unicodedata.normalize("NFC", name)
+    name = re.split(r"[/\\]", name)[-1]
+    name = "".join(ch for ch in name if unicodedata.category(ch)[0] not in ("C", "Z")
+                   or ch == " ")
+    name = _UNSAFE.sub("_", name)
+    name = re.sub(r"\s+", " ", name).strip(" .")
+    name = re.sub(r"_{2,}", "_", name)
+    if len(name) > MAX_NAME:
+        stem, dot, ext = name.rpartition(".")
+        if dot and 0 < len(ext) <= 10 and stem:
+            name = stem[:MAX_NAME - len(ext) - 1].rstrip(" .") + "." + ext
+        else:
+            name = name[:MAX_NAME].rstrip(" .")
+    return name or "attachment"
+
+
+def numbered(name: str, n: int) -> str:
+    """The `n`th name for `name` (1: itself): `report.pdf`, `report-2.pdf`, ..."""
+    if n == 1:
+        return name
+    stem, dot, ext = name.rpartition(".")
+    return f"{stem}-{n}.{ext}" if dot and stem else f"{name}-{n}"
+
+
+def _type(content_type: str) -> str:
+    cleaned = re.sub(r"[^\w.+\-/]", "", content_type.lower())[:100]
+    return cleaned if "/" in cleaned else "application/octet-stream"
+
+
+def folder(mail_id: str) -> str:
+    return f"{_ROOT}/{mail_id}"
+
+
+async def commit(forge: Forge, vault: str, mail_id: str, parts: Sequence[Part], *,
+                 message_id: str) -> tuple[Attached, ...]:
+    """Commit each of `parts` to `vault` under `attachments/<mail_id>/` (once: see the
+    module) and say where each lies."""
+    used: set[str] = set()
+    out: list[Attached] = []
+    for part in parts:
+        base = safe_name(part.filename)
+        sha = blob_sha(part.data)
+        n = 0
+        while True:
+            n += 1
+            name = numbered(base, n)
+            if name.lower() in used:
+                continue
+            path = f"{folder(mail_id)}/{name}"
+            info = await forge.file_info(vault, path)
+            if info is None:
+                info = await forge.put_file(
+                    vault, path, part.data,
+                    f"Attachment {name} of mail {mail_id} (email {message_id[:200]})")
+                break
+            if info.get("sha") == sha:  # there already: this message's, sent before
+                break
+        used.add(name.lower())
+        out.append(Attached(name=name, path=path, size=len(part.data),
+                            content_type=_type(part.content_type), sha=sha,
+                            url=str(info.get("html_url") or "")))
+    return tuple(out)
+
+
+async def remember(store: Store, org: str, vault: str, mail_id: str, message_id: str,
+                   attached: Sequence[Attached]) -> None:
+    """Index the attachments of a message now in the vault (a row already there stays)."""
+    await index.put(store, [
+        index.AttachmentRow(mail_id=mail_id, path=a.path, org=org.lower(), vault=vault,
+                            message_id=message_id, name=a.name, content_type=a.content_type,
+                            size=a.size, sha=a.sha, url=a.url)
+        for a in attached])
