@@ -1,5 +1,6 @@
 """Fault injection: 5xx (before or after the write lands), delays, rate-limit refusals per route,
-and dropped or duplicated webhook deliveries. Driven from Python or POST /_forge/faults."""
+and dropped, duplicated or reordered webhook deliveries. Driven from Python or
+POST /_forge/faults."""
 
 from __future__ import annotations
 
@@ -86,6 +87,8 @@ class Faults:
     holds: list[Hold] = field(default_factory=list)
     drop: WebhookFault = field(default_factory=WebhookFault)
     duplicate: WebhookFault = field(default_factory=WebhookFault)
+    # a delivery put back behind those queued after it (once each): webhooks out of order
+    reorder: WebhookFault = field(default_factory=WebhookFault)
     rng: random.Random = field(default_factory=random.Random)
 
     def add(self, route: str = "*", status: int = 502, rate: float = 1.0,
@@ -121,6 +124,9 @@ class Faults:
     def duplicate_webhooks(self, rate: float = 0.0, count: int = 0) -> None:
         self.duplicate = WebhookFault(rate=rate, count=count)
 
+    def reorder_webhooks(self, rate: float = 0.0, count: int = 0) -> None:
+        self.reorder = WebhookFault(rate=rate, count=count)
+
     def remove(self, fault: RouteFault) -> None:
         """Withdraw a fault (no error if it already ran out and was dropped)."""
         if fault in self.routes:
@@ -136,6 +142,7 @@ class Faults:
         self.holds.clear()
         self.drop = WebhookFault()
         self.duplicate = WebhookFault()
+        self.reorder = WebhookFault()
 
     def pick(self, method: str, template: str) -> tuple[float, RouteFault | None]:
         """The total delay to apply and the error fault (if any) firing for this request."""
@@ -175,7 +182,7 @@ class Faults:
                 retry_after=int(spec.get("retry_after", 60)),
             )
         hooks = spec.get("webhooks") or {}
-        for name in ("drop", "duplicate"):
+        for name in ("drop", "duplicate", "reorder"):
             if name in hooks:
                 cfg = hooks[name] or {}
                 setattr(self, name, WebhookFault(rate=float(cfg.get("rate", 0.0)),
@@ -184,5 +191,6 @@ class Faults:
     def as_dict(self) -> dict[str, Any]:
         return {
             "routes": [asdict(f) for f in self.routes],
-            "webhooks": {"drop": asdict(self.drop), "duplicate": asdict(self.duplicate)},
+            "webhooks": {"drop": asdict(self.drop), "duplicate": asdict(self.duplicate),
+                         "reorder": asdict(self.reorder)},
         }

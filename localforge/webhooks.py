@@ -41,6 +41,7 @@ class Dispatcher:
         self.balanced: dict[str, list[str]] = {}
         self._turn: dict[str, int] = {}
         self.took: dict[int, str] = {}  # delivery id -> the replica that took it
+        self._deferred: set[int] = set()  # deliveries the reorder fault put back once
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -97,7 +98,12 @@ class Dispatcher:
             delivery_id = await self.queue.get()
             delivery = self.state.deliveries.get(delivery_id)
             try:
-                if delivery is not None:
+                if (delivery is not None and not self.queue.empty()
+                        and delivery_id not in self._deferred
+                        and self.faults.reorder.fire(self.faults.rng)):
+                    self._deferred.add(delivery_id)  # behind the ones queued after it
+                    self.queue.put_nowait(delivery_id)
+                elif delivery is not None:
                     await self._deliver(delivery)
                     self.on_change()
             except Exception as exc:  # a bad delivery must not stop the sender; record it

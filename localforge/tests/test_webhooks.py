@@ -191,6 +191,25 @@ async def test_drop_and_duplicate_faults(world: World) -> None:
     assert a.body == b.body
 
 
+async def test_reorder_fault_puts_a_delivery_behind_those_queued_after_it(
+        world: World) -> None:
+    await world.call("POST", ISSUES, "marco", {"title": "first", "labels": ["a", "b"]})
+    await world.idle()
+    world.hooks.clear()
+    status, _, _ = await world.call("POST", "/_forge/faults",
+                                    json_body={"webhooks": {"reorder": {"count": 1}}})
+    assert status == 200
+    await world.call("POST", ISSUES, "marco", {"title": "second", "labels": ["a", "b"]})
+    await world.idle()
+    # opened, labeled a, labeled b queued at once: opened goes last, sent once
+    assert [r.action for r in world.hooks.received] == ["labeled", "labeled", "opened"]
+    assert world.forge.faults.reorder.count == 0
+    world.hooks.clear()
+    await world.call("POST", ISSUES, "marco", {"title": "third", "labels": ["a", "b"]})
+    await world.idle()
+    assert [r.action for r in world.hooks.received] == ["opened", "labeled", "labeled"]
+
+
 async def test_unsubscribed_events_and_hookless_apps_get_nothing(world: World) -> None:
     world.forge.state.apps[world.app_id].events = ["issue_comment"]
     await world.call("POST", ISSUES, "marco", {"title": "t", "labels": ["a"]})
