@@ -22,6 +22,7 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -165,3 +166,32 @@ async def outage(url: str) -> AsyncIterator[None]:
     finally:
         await admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
         await admin.close()
+
+
+@contextlib.asynccontextmanager
+async def replicas(count: int) -> AsyncIterator[tuple[str, list[Any]]]:
+    """`count` replicas' stores on one fresh database (joined as replica-0, replica-1, ...),
+    and its URL."""
+    from bot.store import open_store  # (the harness of the store's tests, not of its own)
+
+    url = await fresh_database()
+    stores = [await open_store(url) for _ in range(count)]
+    for n, store in enumerate(stores):
+        await store.join(f"replica-{n}")
+    try:
+        yield url, stores
+    finally:
+        for store in stores:
+            await store.close()
+        await drop_database(url)
+
+
+async def waiting_behind(url: str, holder: int) -> int:
+    """How many sessions the server shows waiting for a lock that session `holder` holds."""
+    conn = await asyncpg.connect(url)
+    try:
+        return int(await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type='Lock'"
+            " AND $1 = ANY(pg_blocking_pids(pid))", holder))
+    finally:
+        await conn.close()

@@ -13,10 +13,9 @@ import random
 from collections.abc import AsyncIterator
 from typing import Any
 
-import asyncpg
 import pytest
 
-from bot.store import ledger, mails, open_store
+from bot.store import ledger, mails
 from bot.store.db import Store
 from bot.store.queue import in_order
 from tests import pg
@@ -28,27 +27,8 @@ HANG_GUARD = 60.0  # seconds: only a writer stuck behind another office's lock t
 @pytest.fixture
 async def replicas() -> AsyncIterator[tuple[str, list[Store]]]:
     """Four replicas' stores on one fresh PostgreSQL database, and its URL."""
-    url = await pg.fresh_database()
-    stores = [await open_store(url) for _ in range(4)]
-    for n, store in enumerate(stores):
-        await store.join(f"replica-{n}")
-    try:
+    async with pg.replicas(4) as (url, stores):
         yield url, stores
-    finally:
-        for store in stores:
-            await store.close()
-        await pg.drop_database(url)
-
-
-async def _waiting_behind(url: str, holder: int) -> int:
-    """How many sessions the server shows waiting for a lock that session `holder` holds."""
-    conn = await asyncpg.connect(url)
-    try:
-        return int(await conn.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type='Lock'"
-            " AND $1 = ANY(pg_blocking_pids(pid))", holder))
-    finally:
-        await conn.close()
 
 
 def _delivery(n: int, issue: int, org: str = "acme") -> tuple[dict[str, Any], bytes]:
@@ -95,7 +75,7 @@ async def test_an_offices_writer_held_up_never_holds_up_another_offices_writes(
                 done += 1
 
     await asyncio.wait_for(globex_burst(), HANG_GUARD)
-    assert await _waiting_behind(url, holder[0]) == 0, "nothing of globex's waited on acme's"
+    assert await pg.waiting_behind(url, holder[0]) == 0, "nothing of globex's waited on acme's"
     # acme's own next entry does wait: one office's chain is appended one entry at a time
     second = asyncio.create_task(ledger.record(b, "mail.sent", "agent:scout",
                                                "acme/scout-vault#2", org="acme"))
@@ -110,7 +90,7 @@ async def test_an_offices_writer_held_up_never_holds_up_another_offices_writes(
 
 def _one_waits(url: str, holder: int) -> Any:
     async def check() -> bool:
-        return await _waiting_behind(url, holder) == 1
+        return await pg.waiting_behind(url, holder) == 1
     return check
 
 
@@ -215,7 +195,7 @@ async def test_an_agent_shown_a_later_mail_is_still_woken_for_one_written_before
 
     later = asyncio.create_task(second())
     # m2 either lands, or waits behind m1 (as the server shows)
-    await until(lambda: later.done() or _waiting_behind(url, holder[0]), timeout=HANG_GUARD)
+    await until(lambda: later.done() or pg.waiting_behind(url, holder[0]), timeout=HANG_GUARD)
     shown, upto = await mails.to_handle(b, "agent:scout", org="acme")
     await mails.mark_shown(b, "agent:scout", upto, org="acme")
     release.set()

@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from bot.store import ledger, mails, open_store
+from bot.store import ledger, mails
 from bot.store.db import Store
 from bot.store.queue import DEAD_AFTER
 from tests import pg
@@ -24,26 +24,9 @@ HANG_GUARD = 60.0
 
 @pytest.fixture
 async def replicas() -> AsyncIterator[tuple[str, list[Store]]]:
-    url = await pg.fresh_database()
-    stores = [await open_store(url) for _ in range(3)]
-    for n, store in enumerate(stores):
-        await store.join(f"replica-{n}")
-    try:
+    """Three replicas' stores on one fresh PostgreSQL database, and its URL."""
+    async with pg.replicas(3) as (url, stores):
         yield url, stores
-    finally:
-        for store in stores:
-            await store.close()
-        await pg.drop_database(url)
-
-
-async def _waiting_behind(url: str, holder: int) -> int:
-    conn = await asyncpg.connect(url)
-    try:
-        return int(await conn.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type='Lock'"
-            " AND $1 = ANY(pg_blocking_pids(pid))", holder))
-    finally:
-        await conn.close()
 
 
 def _delivery(n: int, issue: int) -> tuple[dict[str, Any], bytes]:
@@ -108,7 +91,7 @@ async def test_a_stalled_replica_holding_offices_ledger_keys_does_not_kill_anoth
 
 
 async def _all_waiting(url: str, holders: list[int]) -> bool:
-    counts = [await _waiting_behind(url, h) for h in holders]
+    counts = [await pg.waiting_behind(url, h) for h in holders]
     return all(n >= 1 for n in counts)
 
 
@@ -145,7 +128,7 @@ async def test_a_reindex_and_a_mail_move_never_deadlock(
     await asyncio.wait_for(keyed.wait(), HANG_GUARD)
     reindex = asyncio.create_task(
         mails.replace_all(b, [_mail(1, "agent:scout")], ["acme/scout-vault"]))
-    await until(lambda: _waiting_behind(url, holder[0]), timeout=HANG_GUARD)
+    await until(lambda: pg.waiting_behind(url, holder[0]), timeout=HANG_GUARD)
     go.set()
     results = await asyncio.gather(moving, reindex, return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
@@ -208,7 +191,7 @@ async def test_a_replica_of_the_previous_release_and_one_of_this_keep_a_chain_wh
                                        " ORDER BY seq DESC LIMIT 1")
             newer = asyncio.create_task(ledger.record(b, "mail.sent", "agent:scout",
                                                       "acme/scout-vault#2", org="acme"))
-            await until(lambda: _waiting_behind(url, holder), timeout=HANG_GUARD)
+            await until(lambda: pg.waiting_behind(url, holder), timeout=HANG_GUARD)
             assert not newer.done(), "this release's append waits for the old one's"
             t, data = 1.0, "{}"
             await conn.execute(
@@ -249,7 +232,7 @@ async def test_one_issues_deliveries_run_in_the_order_they_were_taken_in(
     await asyncio.wait_for(numbered.wait(), HANG_GUARD)
     second = asyncio.create_task(b.enqueue_delivery("deleted", "issue_comment",
                                                     *_delivery(2, 7)))
-    await until(lambda: second.done() or _waiting_behind(url, holder[0]), timeout=HANG_GUARD)
+    await until(lambda: second.done() or pg.waiting_behind(url, holder[0]), timeout=HANG_GUARD)
     ran = [item.guid for item in await c.due_items(limit=5)]
     go.set()
     await asyncio.wait_for(asyncio.gather(taking, second), HANG_GUARD)

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from bot.app.background import Background
 from bot.forge.errors import ForgeError, NotFound
 from bot.forge.pacing import writes_for
 from bot.mail.header import adopted_mail_id, render_mail_body, sign_header
@@ -464,21 +465,15 @@ class Doctor:
                                     f"posted again {source}"))
 
 
-class DoctorSchedule:
+class DoctorSchedule(Background):
     """The leader's passes, every `every` seconds (as `Reconciler` and `Pruner` run)."""
+
+    task_name = "vaultmail-doctor"
 
     def __init__(self, services: Services, every: float = DOCTOR_EVERY) -> None:
         self.services = services
         self.every = every
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="vaultmail-doctor")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        super().__init__()
 
     async def run_once(self) -> DoctorReport:
         return await Doctor(self.services).run()

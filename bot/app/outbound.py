@@ -15,6 +15,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from bot.app.background import Background
 from bot.app.egress import OutboundRefused
 from bot.app.signed_post import post_signed
 from bot.office.source import CONFIG_REPO
@@ -29,22 +30,16 @@ POLL = 0.5  # seconds between looks at the ledger when nothing woke us
 BATCH = 100
 MAX_BACKOFF = 300.0
 
-class LedgerForwarder:
+class LedgerForwarder(Background):
+    task_name = "vaultmail-outbound"
+
     def __init__(self, services: Services) -> None:
         self.services = services
-        self._task: asyncio.Task[None] | None = None
+        super().__init__()
         self._wake = asyncio.Event()
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="vaultmail-outbound")
 
     def wake(self) -> None:
         self._wake.set()
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
 
     async def _urls(self) -> list[tuple[str, str]]:
         """(office, url) for every installed office's webhooks: each receives its own

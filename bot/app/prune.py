@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 
+from bot.app.background import Background
 from bot.store.db import Store
 from bot.store.prune import DAY, prune
 
@@ -14,20 +15,14 @@ log = logging.getLogger("vaultmail.prune")
 PRUNE_EVERY = 3600.0
 
 
-class Pruner:
+class Pruner(Background):
+    task_name = "vaultmail-prune"
+
     def __init__(self, store: Store, keep_days: float, every: float = PRUNE_EVERY) -> None:
         self.store = store
         self.keep = keep_days * DAY
         self.every = every
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="vaultmail-prune")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        super().__init__()
 
     async def run_once(self) -> dict[str, int]:
         deleted = await prune(self.store, now=time.time(), keep=self.keep)

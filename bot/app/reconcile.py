@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from bot.app.background import Background
 from bot.forge.errors import NotFound, ValidationFailed
 from bot.store import Store
 from bot.store import deliveries as store_deliveries
@@ -62,7 +63,9 @@ def _time(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
-class Reconciler:
+class Reconciler(Background):
+    task_name = "vaultmail-reconcile"
+
     def __init__(self, store: Store, app_forge: Callable[[], Deliveries],
                  interval: float = 300.0, *, per_page: int = PER_PAGE,
                  list_per_round: int = LIST_PER_ROUND, ask_per_round: int = ASK_PER_ROUND,
@@ -75,15 +78,10 @@ class Reconciler:
         self.ask_per_round = ask_per_round
         self.clock = clock  # wall time, as the forge's `delivered_at`
         self._listing: _Listing | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="vaultmail-reconcile")
+        super().__init__()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await super().stop()
         await self._drop_listing()
 
     async def _run(self) -> None:

@@ -19,6 +19,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from bot.app.background import Background
 from bot.email import keys, outgoing, relay
 from bot.email.addresses import address_of, agent_address
 from bot.email.intake import EmailIntake
@@ -52,23 +53,17 @@ def reply_text(comment_body: str, key: str) -> str:
     return text.replace("@" + WORD_JOINER, "@").strip()
 
 
-class Outbox:
+class Outbox(Background):
+    task_name = "vaultmail-email-outbox"
+
     def __init__(self, services: Services, intake: EmailIntake, relay_url: str) -> None:
         self.services, self.intake = services, intake
         self.relay = relay.Relay.parse(relay_url) if relay_url else None
-        self._task: asyncio.Task[None] | None = None
+        super().__init__()
         self._wake = asyncio.Event()
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="vaultmail-email-outbox")
 
     def wake(self) -> None:
         self._wake.set()
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self) -> None:
         while True:

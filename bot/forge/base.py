@@ -19,15 +19,20 @@ Semantics every implementation keeps:
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+from urllib.parse import quote
 
 import aiohttp
 
 from labels.catalogue import Label
+
+from .errors import ForgeError
 
 JSON = dict[str, Any]
 
@@ -133,6 +138,34 @@ class Forge(Protocol):
 
 
 __all__ = ["JSON", "Forge", "blob_sha"]
+
+
+def contents_route(path: str) -> str:
+    """The contents API's route for `path` in a repository (both forges say it alike)."""
+    return "/repos/{owner}/{repo}/contents/" + quote(path.lstrip("/"), safe="/")
+
+
+def file_or_none(data: Any) -> JSON | None:
+    """A contents answer, if it is one file (not a directory listing, a link or a module)."""
+    return data if isinstance(data, dict) and data.get("type", "file") == "file" else None
+
+
+def file_text(path: str, data: JSON) -> str:
+    """A contents answer's file as UTF-8 text; a ForgeError when it cannot be read as such."""
+    raw = data.get("content")
+    if data.get("encoding") != "base64" or not isinstance(raw, str):
+        raise ForgeError(f"{path}: unsupported content encoding {data.get('encoding')!r}",
+                         method="GET", url=path)
+    try:
+        return base64.b64decode(raw).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError) as exc:
+        raise ForgeError(f"{path}: cannot decode content: {exc}", method="GET",
+                         url=path) from exc
+
+
+def file_meta(data: JSON) -> JSON:
+    """A contents answer's file without its bytes (its sha, size, links)."""
+    return {k: v for k, v in data.items() if k not in ("content", "encoding")}
 
 
 def blob_sha(content: bytes) -> str:

@@ -36,7 +36,7 @@ from uritemplate import variable
 
 from labels.catalogue import MAIL_LABELS, Label
 
-from .base import JSON, Forge, blob_sha, probe
+from .base import JSON, Forge, blob_sha, contents_route, file_meta, file_or_none, file_text, probe
 from .caller import (
     ForgeConfig,
     RepoCaller,
@@ -293,49 +293,25 @@ class GiteaForge(RepoCaller):
         role = str(data.get("permission") or data.get("role_name") or "none")
         return "admin" if role == "owner" else role
 
-    async def get_file(self, repo: str, path: str) -> str | None:
-        import base64
-        import binascii
-        from urllib.parse import quote
-
-        encoded = quote(path.lstrip("/"), safe="/")
+    async def _file(self, repo: str, path: str) -> JSON | None:
         try:
-            data = await self._get(f"/repos/{{owner}}/{{repo}}/contents/{encoded}",
-                                   split_repo(repo))
+            return file_or_none(await self._get(contents_route(path), split_repo(repo)))
         except NotFound:
             return None
-        if not isinstance(data, dict) or data.get("type", "file") != "file":
-            return None
-        raw = data.get("content")
-        if data.get("encoding") != "base64" or not isinstance(raw, str):
-            raise ForgeError(f"{path}: unsupported content encoding {data.get('encoding')!r}",
-                             method="GET", url=path)
-        try:
-            return base64.b64decode(raw).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError) as exc:
-            raise ForgeError(f"{path}: cannot decode content: {exc}", method="GET",
-                             url=path) from exc
+
+    async def get_file(self, repo: str, path: str) -> str | None:
+        data = await self._file(repo, path)
+        return None if data is None else file_text(path, data)
 
     async def file_info(self, repo: str, path: str) -> JSON | None:
-        from urllib.parse import quote
-
-        encoded = quote(path.lstrip("/"), safe="/")
-        try:
-            data = await self._get(f"/repos/{{owner}}/{{repo}}/contents/{encoded}",
-                                   split_repo(repo))
-        except NotFound:
-            return None
-        if not isinstance(data, dict) or data.get("type", "file") != "file":
-            return None
-        return {k: v for k, v in data.items() if k not in ("content", "encoding")}
+        data = await self._file(repo, path)
+        return None if data is None else file_meta(data)
 
     async def put_file(self, repo: str, path: str, content: bytes, message: str,
                        sha: str | None = None) -> JSON:
         """Gitea creates with POST and replaces with PUT (the `sha` required)."""
         import base64
-        from urllib.parse import quote
 
-        encoded = quote(path.lstrip("/"), safe="/")
         payload: JSON = {"message": message, "content": base64.b64encode(content).decode()}
         if sha is not None:
             payload["sha"] = sha
@@ -346,7 +322,7 @@ class GiteaForge(RepoCaller):
             return {"content": info} if info is not None and info.get("sha") == want else None
 
         data, _, _ = await self._request(
-            "POST" if sha is None else "PUT", f"/repos/{{owner}}/{{repo}}/contents/{encoded}",
+            "POST" if sha is None else "PUT", contents_route(path),
             split_repo(repo), payload, policy="create", content=True, find_existing=find)
         result: JSON = dict(data.get("content") or {}) if isinstance(data, dict) else {}
         return result

@@ -10,19 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
-from urllib.parse import quote
 
 import aiohttp
 from uritemplate import variable
 
 from labels.catalogue import Label
 
-from .base import JSON, Forge, blob_sha, probe
+from .base import (
+    JSON,
+    Forge,
+    blob_sha,
+    contents_route,
+    file_meta,
+    file_or_none,
+    file_text,
+    probe,
+)
 from .caller import (
     ISSUE_FIELDS,
     ForgeConfig,
@@ -37,7 +44,6 @@ from .caller import (
 )
 from .clock import Clock
 from .errors import (
-    ForgeError,
     NotFound,
     ValidationFailed,
 )
@@ -316,46 +322,23 @@ class GitHubForge(RepoCaller):
             return "none"
         return str(data.get("role_name") or data.get("permission") or "none")
 
-    async def get_file(self, repo: str, path: str) -> str | None:
-        encoded = quote(path.lstrip("/"), safe="/")
+    async def _file(self, repo: str, path: str) -> JSON | None:
         try:
-            data = await self._get(
-                f"/repos/{{owner}}/{{repo}}/contents/{encoded}", split_repo(repo)
-            )
+            return file_or_none(await self._get(contents_route(path), split_repo(repo)))
         except NotFound:
             return None
-        if not isinstance(data, dict) or data.get("type", "file") != "file":
-            return None
-        raw = data.get("content")
-        if data.get("encoding") != "base64" or not isinstance(raw, str):
-            raise ForgeError(
-                f"{path}: unsupported content encoding {data.get('encoding')!r}",
-                method="GET",
-                url=path,
-            )
-        try:
-            return base64.b64decode(raw).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError) as exc:
-            raise ForgeError(
-                f"{path}: cannot decode content: {exc}", method="GET", url=path
-            ) from exc
+
+    async def get_file(self, repo: str, path: str) -> str | None:
+        data = await self._file(repo, path)
+        return None if data is None else file_text(path, data)
 
     async def file_info(self, repo: str, path: str) -> JSON | None:
-        encoded = quote(path.lstrip("/"), safe="/")
-        try:
-            data = await self._get(
-                f"/repos/{{owner}}/{{repo}}/contents/{encoded}", split_repo(repo)
-            )
-        except NotFound:
-            return None
-        if not isinstance(data, dict) or data.get("type", "file") != "file":
-            return None
-        return {k: v for k, v in data.items() if k not in ("content", "encoding")}
+        data = await self._file(repo, path)
+        return None if data is None else file_meta(data)
 
     async def put_file(
         self, repo: str, path: str, content: bytes, message: str, sha: str | None = None
     ) -> JSON:
-        encoded = quote(path.lstrip("/"), safe="/")
         payload: JSON = {"message": message, "content": base64.b64encode(content).decode()}
         if sha is not None:
             payload["sha"] = sha
@@ -367,7 +350,7 @@ class GitHubForge(RepoCaller):
 
         data, _, _ = await self._request(
             "PUT",
-            f"/repos/{{owner}}/{{repo}}/contents/{encoded}",
+            contents_route(path),
             split_repo(repo),
             payload,
             policy="create",
