@@ -258,6 +258,10 @@ async def _vaultmail(forge: LocalForge, data_dir: Path) -> App:
         await forge.webhooks_idle()
         async with session.get(f"{url}/healthz") as resp:
             health = await resp.json()
+        if health.get("status") == "starting":  # answers before its start-up is done
+            if health.get("error"):
+                raise RuntimeError(f"vaultmail did not start: {health['error']}")
+            return False
         return bool(health["queue_pending"] == 0 and forge.webhooks.queue.empty())
 
     app = App("vaultmail", "vm", app_id, secret, f"{url}/webhook", proc, idle, COUNT)

@@ -10,7 +10,10 @@ balancer would. Two workloads:
   config and finds nothing to do): the store's intake, claims and finishes, no forge write;
 - mail: a new issue in an agent's vault each (made beforehand with webhooks dropped): the app
   signs the mail header, records the mail and a ledger entry and PATCHes the issue (one forge
-  write each, through the installation's pacing shared by every replica).
+  write each, through the installation's pacing shared by every replica);
+- offices: the mail workload spread over `--offices` organisations that each installed the
+  App (an office config, a vault and an installation of their own, so each its own forge
+  limits and pacing, its own ledger chain): what one deployment serving many orgs sees.
 
 Reported: deliveries answered a second, p50/p99 of the answers, and events handled a second
 from the first POST until the shared queue is empty; each with the forge's limits on (GitHub's:
@@ -23,8 +26,8 @@ sessions `pg_stat_activity` shows waiting for a lock (`wait_event_type = 'Lock'`
 SAMPLE_EVERY seconds and summed into session-seconds per 1,000 events, by kind of lock
 (advisory, a row's transaction, a relation...).
 
-Run: .venv/bin/python -m bench.replicas [--workloads intake,mail] [--count 1500] [--mails 200]
-     [--cells sqlite,1,2,4] [--limits on|off|both]
+Run: .venv/bin/python -m bench.replicas [--workloads intake,mail,offices] [--offices 8]
+     [--count 1500] [--mails 200] [--cells sqlite,1,2,4] [--limits on|off|both]
      (needs PostgreSQL's server: tests/pg.py starts a throwaway cluster, or set
      VAULTMAIL_TEST_PG=postgresql://USER@HOST:PORT/postgres)
 """
@@ -42,11 +45,14 @@ from typing import Any
 
 import aiohttp
 import asyncpg
+import yaml
 
 from bench.common import ms, percentile, run_client
 from bench.intake import _non_vault_payload
 from bot.app.embedded import Embedded, start_embedded
 from bot.app.replicas import start_replicas
+from bot.office.config import parse_office
+from bot.office.seed import seed_office
 from tests import pg
 
 IN_FLIGHT = 50
@@ -103,24 +109,47 @@ class LockWaits:
         return f"{total:.2f}" + (f" ({kinds})" if kinds else "")
 
 
-async def _vault_payloads(embedded: Embedded, n: int) -> list[dict[str, Any]]:
-    """The `issues.opened` payloads of n new issues in scout's vault, opened by a person with
-    the forge's webhooks dropped (the load client delivers them), and forgotten by the forge so
-    that no reconciliation asks for them."""
-    org, forge = embedded.office.org, embedded.forge
+def _more_offices(embedded: Embedded, offices: int) -> list[tuple[str, str]]:
+    """(vault, person's token) of each office: the embedded one's scout vault, then offices
+    `office2`... seeded on its forge (a person, an agent `scout`, its vault) and the App
+    installed on each, as organisations installing it would."""
+    forge = embedded.forge
+    vaults = [(f"{embedded.office.org}/scout-vault", embedded.forge_tokens["marco"])]
+    (app_id,) = forge.state.apps
+    for k in range(2, offices + 1):
+        org = f"office{k}"
+        tokens = seed_office(forge, parse_office(yaml.safe_dump({
+            "org": org, "vault_pattern": "{slug}-vault",
+            "humans": [{"email": f"p@{org}.example", "login": f"p-{org}",
+                        "permissions": ["mail.send"]}],
+            "agents": [{"slug": "scout", "login": f"scout-{org}", "person": f"p@{org}.example",
+                        "run": {"triggers": [], "dispatch": "none"}}]}), f"{org}.yml"))
+        forge.install_app(int(app_id), org)
+        vaults.append((f"{org}/scout-vault", tokens[f"p-{org}"]))
+    return vaults
+
+
+async def _vault_payloads(embedded: Embedded, n: int,
+                          vaults: list[tuple[str, str]] | None = None) -> list[dict[str, Any]]:
+    """The `issues.opened` payloads of n new issues in scout's vault (or spread over `vaults`,
+    in turn), opened by a person with the forge's webhooks dropped (the load client delivers
+    them), and forgotten by the forge so that no reconciliation asks for them."""
+    forge = embedded.forge
+    vaults = vaults or [(f"{embedded.office.org}/scout-vault", embedded.forge_tokens["marco"])]
     limits = forge.limits.as_dict()  # set-up goes without the forge's limits (its own 80/min)
     forge.limits.update({"secondary_per_minute": 0, "secondary_per_hour": 0,
                          "endpoint_points_per_minute": 0})
     forge.faults.drop_webhooks(rate=1.0)
     todo = list(range(n))
-    async with aiohttp.ClientSession(
-            headers={"Authorization": f"token {embedded.forge_tokens['marco']}"}) as session:
+    async with aiohttp.ClientSession() as session:
         async def maker() -> None:
             while todo:
                 i = todo.pop()
-                async with session.post(f"{forge.url}/repos/{org}/scout-vault/issues", json={
+                vault, token = vaults[i % len(vaults)]
+                async with session.post(f"{forge.url}/repos/{vault}/issues", json={
                         "title": f"Bench mail {i}",
-                        "body": f"Please look at item {i} of the quarterly numbers."}) as resp:
+                        "body": f"Please look at item {i} of the quarterly numbers."},
+                        headers={"Authorization": f"token {token}"}) as resp:
                     assert resp.status == 201, resp.status
 
         await asyncio.gather(*(maker() for _ in range(8)))
@@ -147,7 +176,8 @@ async def _write_transactions(session: aiohttp.ClientSession, apps: list[str]) -
     return total
 
 
-async def _cell(cell: str, workload: str, limits_on: bool, count: int) -> list[str]:
+async def _cell(cell: str, workload: str, limits_on: bool, count: int,
+                offices: int = 1) -> list[str]:
     url = "" if cell == "sqlite" else await pg.fresh_database()
     replicas = 1 if cell == "sqlite" else int(cell)
     embedded = await start_embedded(data_dir=Path(tempfile.mkdtemp()), port=0, forge_port=0,
@@ -161,6 +191,10 @@ async def _cell(cell: str, workload: str, limits_on: bool, count: int) -> list[s
                                           "endpoint_points_per_minute": 0})
         if workload == "mail":
             payloads = await _vault_payloads(embedded, count + WARMUP)
+        elif workload == "offices":
+            vaults = _more_offices(embedded, offices)
+            await embedded.settle()  # the installations' own webhooks handled first
+            payloads = await _vault_payloads(embedded, count + WARMUP, vaults)
         else:
             payloads = [await _non_vault_payload(embedded)]
         if replicas > 1:
@@ -189,7 +223,8 @@ async def _cell(cell: str, workload: str, limits_on: bool, count: int) -> list[s
         bad = {s: n for s, n in result["statuses"].items() if s != "202"}
         refused = dict(embedded.forge.rates.refused)
         engine = "SQLite, 1 process" if cell == "sqlite" else f"PostgreSQL, {replicas} replica(s)"
-        return [workload, engine, "on" if limits_on else "off", f"{count / result['elapsed']:.0f}",
+        name = f"{offices} offices" if workload == "offices" else workload
+        return [name, engine, "on" if limits_on else "off", f"{count / result['elapsed']:.0f}",
                 ms(percentile(lat, 50)), ms(percentile(lat, 99)),
                 f"{(count + WARMUP) / handled:.0f}",
                 f"{writes / (count + WARMUP):.2f}",
@@ -204,21 +239,22 @@ async def _cell(cell: str, workload: str, limits_on: bool, count: int) -> list[s
 
 
 async def main(workloads: list[str], cells: list[str], count: int, mails: int,
-               limits: str = "both") -> None:
+               limits: str = "both", offices: int = 8) -> None:
     rows = []
-    for workload, n in (("intake", count), ("mail", mails)):
+    for workload, n in (("intake", count), ("mail", mails), ("offices", mails)):
         if workload not in workloads:
             continue
         for limits_on in (True, False) if limits == "both" else (limits == "on",):
             for cell in cells:
-                rows.append(await _cell(cell, workload, limits_on, n))
+                rows.append(await _cell(cell, workload, limits_on, n, offices))
                 print("  ".join(rows[-1]), file=sys.stderr, flush=True)
     head = ["workload", "engine", "forge limits", "answered/s", "p50 ms", "p99 ms", "handled/s",
             "write transactions/event", "PostgreSQL transactions/event (reads too)",
             "lock-wait s per 1,000 events (by lock)",
             "other answers; forge refusals"]
     print(f"command: .venv/bin/python -m bench.replicas --workloads {','.join(workloads)} "
-          f"--count {count} --mails {mails} --cells {','.join(cells)} --limits {limits}\n")
+          f"--count {count} --mails {mails} --cells {','.join(cells)} --limits {limits}"
+          f" --offices {offices}\n")
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
     for row in rows:
@@ -232,6 +268,8 @@ if __name__ == "__main__":
     parser.add_argument("--cells", default="sqlite,1,2,4")
     parser.add_argument("--workloads", default="intake,mail")
     parser.add_argument("--limits", choices=["on", "off", "both"], default="both")
+    parser.add_argument("--offices", type=int, default=8,
+                        help="organisations of the offices workload")
     args = parser.parse_args()
     asyncio.run(main(args.workloads.split(","), args.cells.split(","), args.count, args.mails,
-                     args.limits))
+                     args.limits, args.offices))

@@ -61,6 +61,12 @@ BUDGET_WAIT = Gauge(
     "vaultmail_forge_budget_wait_seconds",
     "The longest wait left of a write waiting now for its place in the forge's budget",
     registry=REGISTRY)
+PACING_WAIT = Histogram(
+    "vaultmail_forge_pacing_wait_seconds",
+    "Seconds each forge write waited for its budget and its turn, by kind (creation: issues "
+    "and comments, GitHub's content-creation budget; write: label moves and other edits)",
+    ["kind"], buckets=(0.01, 0.1, 1.0, 5.0, 30.0, 60.0, 300.0, 900.0, 3600.0),
+    registry=REGISTRY)
 LONG_POLLS = Gauge("vaultmail_long_polls_held", "list_inbox / chat waits being held now",
                    registry=REGISTRY)
 TOOL_CALLS = Counter(

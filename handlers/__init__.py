@@ -2,12 +2,12 @@
 
 from gidgethub.routing import Router
 
-from handlers import comments, installation, items, mail, office_config
+from handlers import comments, config_checks, installation, items, mail, office_config
 
 
 def build_router() -> Router:
     return Router(installation.router, mail.router, comments.router, items.router,
-                  office_config.router)
+                  office_config.router, config_checks.router)
 
 
 def build_own_router() -> Router:

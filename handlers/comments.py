@@ -12,6 +12,7 @@ from bot.errors import InvalidArguments, VaultmailError
 from bot.mail.commands import parse_commands
 from bot.store.moves import forge_time
 from handlers.common import Scene, scene
+from handlers.mail import wait_for_mail
 
 router = Router()
 
@@ -50,6 +51,8 @@ async def handle_comment(event: sansio.Event, ctx: HandlerContext) -> None:
                     s, cmd.args, cmd.body, f"{comment_key(s.repo, event.data['comment'])}:{index}")
         names = {c.name for c in commands}
         if mail is None:
+            if names != {"mail"}:  # something for the mail to do, once it is mail
+                wait_for_mail(s, "commented on before it was adopted")
             return
         if "close" in names:
             await s.mailer.close(mail, s.actor, labels=s.labels, at=at)

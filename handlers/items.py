@@ -14,7 +14,8 @@ from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
 from bot.errors import InvalidArguments, NotFoundError, VaultmailError
-from bot.items.model import Item, item_from_issue
+from bot.items import waiting
+from bot.items.model import Item, item_from_issue, make_ref
 from bot.items.questions import naming
 from bot.items.render import (
     MAX_COMMENT,
@@ -336,6 +337,8 @@ async def item_changed(event: sansio.Event, ctx: HandlerContext) -> None:
     known = await db.get_item(ctx.services.store, item.ref)
     item = await service.index_item(item)
     await record_update(service, s.actor, item, known, event.data)
+    if item.kind == "outcome" and known is not None and known.state != item.state:
+        await waiting.sync(service, item.ref)  # a closed outcome waits on nobody
 
 
 @router.register("sub_issues", action="parent_issue_added")
@@ -361,3 +364,46 @@ async def parent_changed(event: sansio.Event, ctx: HandlerContext) -> None:
         login = str(data["sender"]["login"])
         actor = principal_of(office, login) or f"forge:{login}"
         await record_update(service, actor, item, known, {"action": "opened"})
+
+
+@router.register("issue_dependencies", action="blocked_by_removed")
+async def blocker_removed(event: sansio.Event, ctx: HandlerContext) -> None:
+    """Someone removed a blocker from an outcome (the app's own changes never reach here).
+    Where the office shows waiting by dependency (bot/items/waiting.py) and the outcome's
+    questions still wait, the "Waiting on" tracker is put back at once: the forge's view says
+    what waits, and it stops when the question is answered or resolved, not when the link is
+    cut. Any other blocker is the people's own business and is left alone."""
+    data = event.data
+    repo = str(data["repository"]["full_name"]).lower()
+    blocked = data.get("blocked_issue")
+    if not isinstance(blocked, dict) or "number" not in blocked:
+        return
+    office = await ctx.services.offices.get(ctx.forge, repo.split("/")[0])
+    if office is None or office.waiting != "dependency":
+        return
+    ref = make_ref(repo, int(blocked["number"]))
+    known = await db.get_item(ctx.services.store, ref)
+    if known is None or known.kind != "outcome":
+        return
+    await waiting.sync(Comments(ctx.services, ctx.forge, office), ref)
+
+
+@router.register("issues", action="field_removed")
+async def waiting_field_removed(event: sansio.Event, ctx: HandlerContext) -> None:
+    """The same for `waiting: field`: someone cleared an outcome's "Waiting on" issue field
+    while its questions still wait, and it is set again."""
+    data = event.data
+    field = data.get("issue_field")
+    issue = data.get("issue")
+    if not isinstance(field, dict) or not isinstance(issue, dict) or \
+            str(field.get("name", "")).lower() != waiting.FIELD.lower():
+        return
+    repo = str(data["repository"]["full_name"]).lower()
+    office = await ctx.services.offices.get(ctx.forge, repo.split("/")[0])
+    if office is None or office.waiting != "field":
+        return
+    ref = make_ref(repo, int(issue["number"]))
+    known = await db.get_item(ctx.services.store, ref)
+    if known is None or known.kind != "outcome":
+        return
+    await waiting.sync(Comments(ctx.services, ctx.forge, office), ref)

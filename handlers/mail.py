@@ -12,6 +12,7 @@ from bot.mail.header import parse_mail_body
 from bot.mail.mailer import Mailer
 from bot.store import ledger, mails, moves
 from bot.store.mails import QUIET, MailRecord
+from bot.store.queue import issue_key
 from handlers.common import Scene, scene
 from labels.states import LabelReview, MailState, labels_for, review_label_change
 
@@ -35,6 +36,28 @@ async def adopt_issue_as_mail(event: sansio.Event, ctx: HandlerContext) -> None:
         await s.refuse(exc, f"this issue cannot become mail: {exc.message}")
         await ctx.forge.update_issue(s.repo, s.number, state="closed",
                                      state_reason="not_planned")
+        return
+    # what came about the issue before its opening did (that delivery was missing) runs now
+    key = issue_key(event.data)
+    if key is not None and (unparked := await ctx.services.store.unpark(key)):
+        ctx.log.info("deliveries that waited for this mail run now", extra={
+            "issue": s.ref, "unparked": unparked})
+
+
+def wait_for_mail(s: Scene, why: str) -> None:
+    """A delivery about an issue that is not mail (yet): if the issue may still become mail
+    (a vault's, not an item, not the app's own), its `issues.opened` delivery may be missing
+    and come later (dropped, then redelivered by the reconciler; issue 28), so this delivery
+    is parked until the issue is adopted rather than dropped (`HandlerContext.park`). One
+    about an issue that never becomes mail stays parked until pruned."""
+    if s.office.agent_for_vault(s.repo) is None or s.issue.get("pull_request"):
+        return
+    if kind_of(s.labels, s.issue, type_names(s.office)) is not None:
+        return  # an item: never adopted
+    user = s.issue.get("user")
+    if isinstance(user, dict) and user.get("login") == s.ctx.services.bot_login:
+        return  # the app's own issue: recorded by its sender (or its own `opened`)
+    s.ctx.park(why)
 
 
 async def _still(s: Scene, state: str, action: str) -> list[str] | None:
@@ -55,6 +78,8 @@ async def close_mail(event: sansio.Event, ctx: HandlerContext) -> None:
     s = await scene(event, ctx)
     mail = await s.mail() if s else None
     if s is None or mail is None:
+        if s is not None:
+            wait_for_mail(s, "closed before it was adopted")
         return
     labels = await _still(s, "closed", "closed")
     if labels is None:
@@ -73,6 +98,8 @@ async def reopen_mail(event: sansio.Event, ctx: HandlerContext) -> None:
     s = await scene(event, ctx)
     mail = await s.mail() if s else None
     if s is None or mail is None:
+        if s is not None:
+            wait_for_mail(s, "reopened before it was adopted")
         return
     labels = await _still(s, "open", "reopened")
     if labels is None:
@@ -130,11 +157,18 @@ async def review_hand_made_label_change(event: sansio.Event, ctx: HandlerContext
         await ledger.append(db, _LEDGER_FOR[review.state], s.actor, mail.ref,
                             {"mail": mail.mail_id, "from": mail.state, "to": review.state.value,
                              "by_hand": True}, org=mail.org)
+        if previous in (None, MailState.HELD) and review.state is not MailState.CLOSED \
+                and mail.from_principal.startswith("email:"):
+            # quiet or held mail from outside released to the agent by hand
+            await ledger.append(db, "email.released", s.actor, mail.ref,
+                                {"mail": mail.mail_id, "to": review.state.value}, org=mail.org)
 
 
 def _who_may_set(mailer: Mailer, actor: str, mail: MailRecord,
                  target: MailState) -> str | None:
     """Why `actor` may not move `mail` to `target` by hand, or None when they may."""
+    if target is MailState.HELD:  # only the office holds mail, as it arrives from outside
+        return "only the office sets mail:held, on mail from outside as it arrives"
     if target is MailState.WORKING:  # "mail:working (the agent opened it)"
         if actor in (mail.to_principal, "office"):
             return None

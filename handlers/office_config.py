@@ -17,7 +17,7 @@ from gidgethub.routing import Router
 from bot.app.context import HandlerContext
 from bot.mail.markdown import defuse_mentions
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
-from bot.store import api_tokens, ledger
+from bot.store import api_tokens, ledger, oauth
 from bot.tools.http import members
 
 router = Router()
@@ -33,10 +33,12 @@ def _touches_config(data: dict[str, object]) -> bool:
 
 
 async def _revoke_removed(ctx: HandlerContext, org: str, removed: set[str]) -> None:
-    """Whoever the new config removed loses their API tokens in this office now (added back,
-    they get new ones), so no token outlives its holder's place in the office."""
+    """Whoever the new config removed loses their API tokens and OAuth grants (remote MCP
+    sign-ins) in this office now (added back, they get new ones), so no token outlives its
+    holder's place in the office."""
     for principal in sorted(removed):
         revoked = await api_tokens.revoke_principal(ctx.services.store, principal, org)
+        revoked += await oauth.revoke_principal(ctx.services.store, principal, org)
         ctx.log.info("removed from the office: tokens revoked",
                      extra={"org": org, "principal": principal, "revoked": revoked})
 

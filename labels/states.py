@@ -1,11 +1,13 @@
 """The mail state machine (DESIGN §3.3): pure, no I/O.
 
-A mail carries exactly one of four labels, and the label says whose turn it is:
+A mail carries exactly one of five labels, and the label says whose turn it is:
 
     mail:new      the recipient has something to read (a new mail, or a new message on it)
     mail:working  the recipient opened it and is on it
     mail:replied  the recipient answered; it is the sender's turn
     mail:closed   handled
+    mail:held     mail from outside (email) the agent's policy holds: the agent's person's
+                  turn, to release it (-> new, a run) or drop it (-> closed)
 
 Events and what they do (``transition``):
 
@@ -25,11 +27,16 @@ Events and what they do (``transition``):
     REOPEN     the issue was reopened in the forge ............... closed -> new;
                on an open mail it changes nothing
 
+mail:held is a state only outside mail enters, when the office delivers it (bot.email.intake,
+`Mailer.hold`): no move leads to it, so every X -> held is refused (a mail with no mail label
+may still take it, as it may take any). From held, FOLLOW_UP (the release) and CLOSE (the
+drop) are the ways out; OPEN and REPLY are refused until a person releases it.
+
 So replied -> working is *not* a legal move: once answered, the mail goes back to the
 recipient only through a new message (-> new), and the recipient then opens it again.
-The only illegal label moves are therefore replied -> working and closed -> working;
-every state may stay as it is, and a mail with no mail label (never labelled, or delivered
-past the loop guard) may take any of the four.
+The illegal label moves are therefore replied -> working, closed -> working, held -> working
+or replied, and anything -> held; every state may stay as it is, and a mail with no mail
+label (never labelled, or delivered past the loop guard) may take any of the five.
 """
 
 from __future__ import annotations
@@ -38,16 +45,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from labels.catalogue import MAIL_CLOSED, MAIL_NEW, MAIL_REPLIED, MAIL_WORKING
+from labels.catalogue import MAIL_CLOSED, MAIL_HELD, MAIL_NEW, MAIL_REPLIED, MAIL_WORKING
 
 
 class MailState(StrEnum):
-    """The four mail states; each value is its label's name."""
+    """The five mail states; each value is its label's name."""
 
     NEW = MAIL_NEW.name
     WORKING = MAIL_WORKING.name
     REPLIED = MAIL_REPLIED.name
     CLOSED = MAIL_CLOSED.name
+    HELD = MAIL_HELD.name
 
 
 class MailEvent(StrEnum):
@@ -72,6 +80,18 @@ _ILLEGAL: dict[tuple[MailState, MailState], str] = {
         "mail:replied cannot go to mail:working: it has been answered; a new message "
         "hands it back to the recipient as mail:new"
     ),
+    (MailState.HELD, MailState.WORKING): (
+        "mail:held cannot go to mail:working: the agent's person releases it first "
+        "(mail:new) or drops it (close it)"
+    ),
+    (MailState.HELD, MailState.REPLIED): (
+        "mail:held cannot go to mail:replied: the agent's person releases it first "
+        "(mail:new) or drops it (close it)"
+    ),
+    **{(state, MailState.HELD): (
+        f"{state.value} cannot go to mail:held: only mail from outside is held, by the "
+        "office, as it arrives") for state in (MailState.NEW, MailState.WORKING,
+                                               MailState.REPLIED, MailState.CLOSED)},
 }
 
 

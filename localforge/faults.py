@@ -27,9 +27,18 @@ class RouteFault:
     kind: FaultKind = "error"
     delay: float = 0.0  # seconds before answering (with status 0: only a delay)
     retry_after: int = 60  # the Retry-After of a secondary_limit refusal
+    # only requests by this account (its login: a user's, `<slug>[bot]` for an App's
+    # installation, the slug for the App's JWT) / on this repository ("owner/name"); None: any
+    actor: str | None = None
+    repo: str | None = None
     fired: int = 0
 
-    def matches(self, method: str, template: str) -> bool:
+    def matches(self, method: str, template: str, actor: str | None = None,
+                repo: str | None = None) -> bool:
+        if self.actor is not None and (actor or "").lower() != self.actor.lower():
+            return False
+        if self.repo is not None and (repo or "").lower() != self.repo.lower():
+            return False
         if self.route in ("*", ""):
             return True
         want_method, _, want_path = self.route.partition(" ")
@@ -93,9 +102,11 @@ class Faults:
 
     def add(self, route: str = "*", status: int = 502, rate: float = 1.0,
             count: int | None = None, mode: FaultMode = "fail", kind: FaultKind = "error",
-            delay: float = 0.0, retry_after: int = 60) -> RouteFault:
+            delay: float = 0.0, retry_after: int = 60, actor: str | None = None,
+            repo: str | None = None) -> RouteFault:
         fault = RouteFault(route=route, status=status, rate=rate, count=count, mode=mode,
-                           kind=kind, delay=delay, retry_after=retry_after)
+                           kind=kind, delay=delay, retry_after=retry_after, actor=actor,
+                           repo=repo)
         self.routes.append(fault)
         return fault
 
@@ -144,12 +155,14 @@ class Faults:
         self.duplicate = WebhookFault()
         self.reorder = WebhookFault()
 
-    def pick(self, method: str, template: str) -> tuple[float, RouteFault | None]:
-        """The total delay to apply and the error fault (if any) firing for this request."""
+    def pick(self, method: str, template: str, actor: str | None = None,
+             repo: str | None = None) -> tuple[float, RouteFault | None]:
+        """The total delay to apply and the error fault (if any) firing for this request (by
+        `actor`, the authenticated account's login, on `repo`, "owner/name", where known)."""
         delay = 0.0
         chosen: RouteFault | None = None
         for fault in list(self.routes):
-            if not fault.matches(method, template):
+            if not fault.matches(method, template, actor, repo):
                 continue
             if fault.count is not None and fault.fired >= fault.count:
                 continue
@@ -180,6 +193,8 @@ class Faults:
                 mode=spec.get("mode", "fail"), kind=spec.get("kind", "error"),
                 delay=float(spec.get("delay", 0.0)),
                 retry_after=int(spec.get("retry_after", 60)),
+                actor=None if spec.get("actor") is None else str(spec["actor"]),
+                repo=None if spec.get("repo") is None else str(spec["repo"]),
             )
         hooks = spec.get("webhooks") or {}
         for name in ("drop", "duplicate", "reorder"):

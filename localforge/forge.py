@@ -229,9 +229,45 @@ class LocalForge:
         existed = path.strip("/") in repo.files
         repo.files[path.strip("/")] = text
         repo.pushed_at = repo.updated_at = self.clock.now()
+        repo.head_sha = secrets.token_hex(20)  # the default branch's new head commit
         self.save()
         if pusher is not None:
             self.dialect.pushed(self, repo, pusher, path.strip("/"), existed)
+
+    # -- branches and pull requests (GitHub dialect: localforge/github/routes_pulls.py) ---
+    def push_to_branch(self, full_name: str, branch: str, files: dict[str, str | None],
+                       pusher: str, message: str | None = None) -> str:
+        """Commit `files` (path -> text; None removes the file) on `branch`, a branch
+        besides the default one (made from it when new); its new head sha. An open pull
+        request from the branch is told with `pull_request.synchronize`."""
+        from .github import routes_pulls
+
+        self._github_only("push_to_branch")
+        _, sha = routes_pulls.push(self, self._repo(full_name), branch, files, pusher, message)
+        self.save()
+        return sha
+
+    def open_pull(self, full_name: str, head_branch: str, files: dict[str, str | None],
+                  author: str, title: str | None = None, body: str | None = None) -> int:
+        """Push `files` to `head_branch` (see `push_to_branch`; none: the branch as it is)
+        and open a pull request from it into the default branch, as `author`: the
+        `pull_request.opened` webhook. Returns the pull request's number."""
+        from .github import routes_pulls
+
+        self._github_only("open_pull")
+        repo = self._repo(full_name)
+        if files or head_branch not in repo.branches:
+            routes_pulls.push(self, repo, head_branch, files, author)
+        pr = routes_pulls.open_pull(self, repo, head_branch, author,
+                                    title or f"Update {', '.join(sorted(files)) or head_branch}",
+                                    body)
+        self.save()
+        return pr.number
+
+    def _github_only(self, what: str) -> None:
+        if self.dialect_name != "github":
+            raise NotImplementedError(f"{what}: the {self.dialect_name} dialect has no pull "
+                                      "requests yet")
 
     def register_app(self, slug: str, name: str, public_key_pem: str | bytes,
                      webhook_url: str | None = None, webhook_secret: str | None = None,

@@ -67,12 +67,48 @@ class IssueType(Tracked):
     updated_at: float = 0.0
 
 
+class IssueFieldOption(Tracked):
+    """An option of a single- or multi-select issue field."""
+
+    id: int
+    name: str
+    description: str | None = None
+    color: str | None = None
+    priority: int | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+
+class IssueField(Tracked):
+    """An organisation's issue field (GitHub: "Managing issue fields in an organization")."""
+
+    id: int
+    name: str
+    data_type: Literal["text", "date", "single_select", "multi_select", "number"]
+    description: str | None = None
+    visibility: Literal["organization_members_only", "all"] = "organization_members_only"
+    options: list[IssueFieldOption] = Field(default_factory=list)
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+
+class IssueFieldValue(Tracked):
+    """An issue's value of one of its org's issue fields: `value` for text, date and number
+    fields; the chosen options' ids for select fields."""
+
+    id: int
+    field_id: int
+    value: str | float | None = None
+    option_ids: list[int] = Field(default_factory=list)
+
+
 class Org(Tracked):
     login: str
     owners: list[str] = Field(default_factory=list)
     members: list[str] = Field(default_factory=list)  # includes the owners
     description: str | None = None
     issue_types: list[IssueType] = Field(default_factory=list)
+    issue_fields: list[IssueField] = Field(default_factory=list)
 
 
 class Team(Tracked):
@@ -98,6 +134,18 @@ class Label(Tracked):
     color: str = "ededed"
     description: str | None = None
     default: bool = False
+    # Gitea's exclusive scoped labels: on an issue, one label a scope ("mail/new" and
+    # "mail/working" share the scope "mail"); GitHub has none and leaves it False
+    exclusive: bool = False
+
+    @property
+    def exclusive_scope(self) -> str:
+        """Gitea's Label.ExclusiveScope: the name up to its last "/", for an exclusive label
+        whose name has one neither first nor last; else no scope ("")."""
+        at = self.name.rfind("/")
+        if not self.exclusive or at <= 0 or at == len(self.name) - 1:
+            return ""
+        return self.name[:at]
 
 
 class Comment(Tracked):
@@ -147,6 +195,74 @@ class Issue(Tracked):
     type_id: int | None = None  # the org's issue type it has
     parent_id: int | None = None  # the issue id of its parent, when it is a sub-issue
     sub_issue_ids: list[int] = Field(default_factory=list)  # its sub-issues' ids, in order
+    # the ids of the issues it is blocked by (GitHub's dependencies; Gitea's "depends on")
+    blocked_by_ids: list[int] = Field(default_factory=list)
+    blocking_ids: list[int] = Field(default_factory=list)  # the other side of each
+    field_values: list[IssueFieldValue] = Field(default_factory=list)  # its issue fields'
+
+
+class Branch(Tracked):
+    """A branch besides the default one: its whole tree (text files), the tree it was made
+    from (what a pull request from it is compared with) and its head commit."""
+
+    name: str
+    files: dict[str, str] = Field(default_factory=dict)
+    base_files: dict[str, str] = Field(default_factory=dict)
+    base_sha: str = ""
+    head_sha: str = ""
+
+
+class Commit(Tracked):
+    """A commit on a branch besides the default one: the branch's tree at it (so contents
+    read `?ref=<sha>` see that commit's files)."""
+
+    sha: str
+    branch: str
+    message: str = ""
+    author: str = ""
+    parents: list[str] = Field(default_factory=list)
+    files: dict[str, str] = Field(default_factory=dict)
+    created_at: float = 0.0
+
+
+class PullRequest(Tracked):
+    """A pull request from a branch of the repository to another (no forks); its number is
+    taken from the repository's issue numbers, as GitHub's are."""
+
+    id: int
+    number: int
+    title: str
+    body: str | None = None
+    user: str
+    head_ref: str
+    base_ref: str
+    head_sha: str
+    base_sha: str
+    state: Literal["open", "closed"] = "open"
+    commits: int = 1
+    created_at: float
+    updated_at: float
+    closed_at: float | None = None
+
+
+class CheckRun(Tracked):
+    """A check run an App made on a commit (GitHub's Checks API); `annotations` are appended
+    to at each update that brings some, as GitHub does."""
+
+    id: int
+    app_id: int
+    name: str
+    head_sha: str
+    status: str = "queued"
+    conclusion: str | None = None
+    started_at: float
+    completed_at: float | None = None
+    details_url: str | None = None
+    external_id: str | None = None
+    title: str | None = None
+    summary: str | None = None
+    text: str | None = None
+    annotations: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class Repo(Tracked):
@@ -156,6 +272,7 @@ class Repo(Tracked):
     private: bool = True
     description: str | None = None
     has_issues: bool = True
+    archived: bool = False  # read-only: every write answers 403 (PATCH /repos/{o}/{r})
     default_branch: str = "main"
     created_at: float
     updated_at: float
@@ -168,6 +285,12 @@ class Repo(Tracked):
     # path -> base64 of a file that is not UTF-8 text (written through the contents API)
     blobs: dict[str, str] = Field(default_factory=dict)
     next_number: int = 1
+    # branches, pull requests and check runs (localforge/github/routes_pulls.py)
+    head_sha: str = ""  # the default branch's head commit ("" until a commit names one)
+    branches: dict[str, Branch] = Field(default_factory=dict)  # name -> a non-default branch
+    commits: dict[str, Commit] = Field(default_factory=dict)  # sha -> a non-default commit
+    pulls: dict[int, PullRequest] = Field(default_factory=dict)
+    check_runs: dict[int, CheckRun] = Field(default_factory=dict)
 
     @property
     def full_name(self) -> str:
@@ -345,7 +468,8 @@ class State(Tracked):
         base = {"account": 1000, "repo": 100000, "label": 200000, "issue": 300000,
                 "comment": 400000, "event": 500000, "reaction": 600000, "app": 1,
                 "installation": 10, "delivery": 700000, "team": 50, "hook": 400,
-                "issue_type": 900}
+                "issue_type": 900, "issue_field": 1200, "issue_field_option": 1300,
+                "issue_field_value": 1400, "pull": 800000, "check_run": 1500000}
         n = self.ids.get(kind, base.get(kind, 1)) + 1
         self.ids[kind] = n
         return n

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -10,6 +12,29 @@ from bot.app.embedded import Embedded, start_embedded
 from bot.store import Store, open_store
 from tests import needs, pg
 from tests.support import Actor, ToolClient
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The README's test command sets up the machine itself (tests/needs.py): before any test,
+    in the controlling process only (not in each xdist worker, and before xdist starts them),
+    the missing programs' Debian packages (as root; else one line naming each) and the Octokit
+    packages. Where everything is there this looks and does nothing."""
+    config = session.config
+    if hasattr(config, "workerinput"):
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+
+    def say(line: str) -> None:
+        if reporter is not None:
+            reporter.write_line(line)
+        else:
+            print(line)
+
+    # apt-get's and npm's progress shown as it comes
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        needs.set_up(root=os.geteuid() == 0, say=say)
+
 
 # Every end-to-end test runs on both engines of the index: SQLite (the embedded default) and
 # PostgreSQL (several replicas), a fresh database each (tests/pg.py: a throwaway server).

@@ -1,8 +1,13 @@
 """What the tests need from the machine beyond the Python packages, set up by the tests
-themselves so that the README's test command is all a fresh machine needs: the Octokit
-packages (`npm ci`, once, whichever test worker gets there first), and, where a program is not
-there (Node.js, Chromium, PostgreSQL's server), one line naming the Debian package to install.
-(tests/pg.py starts its own PostgreSQL cluster, and says the same when `pg_ctl` is missing.)"""
+themselves so that the README's test command is all a fresh machine needs.
+
+At the start of the run (tests/conftest.py, in the controlling process only: `set_up`) the
+Debian packages of the programs that are not there (Chromium, Node.js and npm, PostgreSQL's
+server) are installed with apt-get when the run is root's, once, with apt-get's own progress;
+otherwise one line names each package to install. Then the Octokit packages (`npm ci`) where
+they are missing. The tests that need a program say the same one line when it is still
+missing, and the Octokit test runs `npm ci` itself when run alone (once, whichever test worker
+gets there first). tests/pg.py starts its own PostgreSQL cluster."""
 
 from __future__ import annotations
 
@@ -15,10 +20,12 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's, which the console's browser tests drive
+POSTGRESQL = "/usr/lib/postgresql"  # Debian's server binaries: <version>/bin/pg_ctl
+OCTOKIT = Path(__file__).parent / "conformance" / "octokit"  # package.json, package-lock.json
 
 
 class Missing(Exception):
@@ -27,7 +34,8 @@ class Missing(Exception):
 
 def _install(package: str, what: str) -> str:
     return (f"{what} is not installed: install Debian's `{package}` package (as root: apt-get "
-            f"install -y {package}), as .ci/run does, then run the tests again")
+            f"install -y {package}; the test run does it when run as root), then run the tests "
+            "again")
 
 
 def program(name: str, package: str, what: str, path: str | None = None) -> str:
@@ -45,7 +53,7 @@ def chromium(executable: str = CHROMIUM) -> str:
     return executable
 
 
-def postgresql(lib: str = "/usr/lib/postgresql", path: str | None = None) -> None:
+def postgresql(lib: str = POSTGRESQL, path: str | None = None) -> None:
     """PostgreSQL's server binaries (tests/pg.py starts a throwaway cluster with them), unless
     VAULTMAIL_TEST_PG names a server to use instead."""
     if os.environ.get("VAULTMAIL_TEST_PG"):
@@ -95,3 +103,61 @@ def npm_modules(folder: Path, path: str | None = None) -> Path:
                 last = (ran.stderr.strip().splitlines() or ["no output"])[-1]
                 raise Missing(f"`npm ci` in {folder} failed (exit {ran.returncode}): {last}")
     return folder / "node_modules"
+
+
+# what the tests need of the machine: the program, the Debian package that brings it, and what
+# it is for (the one line said when it is missing)
+WHAT = {
+    "chromium": f"Chromium ({CHROMIUM}, for the console's browser tests)",
+    "nodejs": "Node.js (for the Octokit conformance test)",
+    "npm": "npm (for the Octokit conformance test's packages)",
+    "postgresql": "PostgreSQL's server (pg_ctl and initdb, for the index's second engine)",
+}
+
+
+def missing_packages(path: str | None = None, chromium_at: str = CHROMIUM,
+                     lib: str = POSTGRESQL) -> list[str]:
+    """The Debian packages of the programs the tests need that are not on this machine (PATH,
+    or `path`), in the order they are installed."""
+    found = {
+        "chromium": Path(chromium_at).is_file(),
+        "nodejs": shutil.which("node", path=path) is not None,
+        "npm": shutil.which("npm", path=path) is not None,
+        "postgresql": bool(os.environ.get("VAULTMAIL_TEST_PG") or glob.glob(
+            f"{lib}/*/bin/pg_ctl") or shutil.which("pg_ctl", path=path)),
+    }
+    return [package for package, there in found.items() if not there]
+
+
+def set_up(*, root: bool, say: Callable[[str], None] = print, path: str | None = None,
+           chromium_at: str = CHROMIUM, lib: str = POSTGRESQL,
+           octokit: Path | None = OCTOKIT) -> list[str]:
+    """What the README's test command does before any test: as root, apt-get installs the
+    Debian packages of the missing programs (one `apt-get update`, one `apt-get install -y`,
+    their output shown as it comes); otherwise, and for whatever is still missing, one line
+    each naming the package. Then the Octokit packages (`npm ci`) when they are not installed.
+    Nothing runs, and nothing is said, when everything is there. The packages still missing
+    are returned (their tests fail with the same line)."""
+    missing = missing_packages(path, chromium_at, lib)
+    if missing and root:
+        apt = shutil.which("apt-get", path=path)
+        if apt is None:
+            say(f"no apt-get on this machine to install {' '.join(missing)} with")
+        else:
+            say(f"installing what the tests need: apt-get install -y {' '.join(missing)}")
+            env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+            for command in ([apt, "update"], [apt, "install", "-y", *missing]):
+                ran = subprocess.run(command, env=env, check=False)
+                if ran.returncode != 0:
+                    say(f"`{' '.join(command[1:])}` failed (exit {ran.returncode})")
+                    break
+            missing = missing_packages(path, chromium_at, lib)
+    for package in missing:
+        say(_install(package, WHAT[package]))
+    if octokit is not None and not {"nodejs", "npm"} & set(missing) and not _installed(octokit):
+        say(f"installing the Octokit conformance test's packages: npm ci in {octokit}")
+        try:
+            npm_modules(octokit, path)
+        except Missing as exc:
+            say(str(exc))
+    return missing

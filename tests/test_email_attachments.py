@@ -13,6 +13,7 @@ from urllib.parse import quote
 from bot.email.attachments import MAX_ATTACHMENTS, numbered, safe_name
 from bot.email.message import read_meta
 from bot.mail.header import VerdictStatus, parse_mail_body, verify_mail
+from bot.mail.reindex import reindex
 from bot.store import attachments, mails
 from tests.test_email_support import (
     ATTACHMENT_MAX_BYTES,
@@ -177,6 +178,17 @@ async def test_a_reply_in_the_thread_brings_its_files_to_the_threads_folder(
     rows = await attachments.of_mail(mailroom.embedded.services.store, mail.mail_id)
     assert [(r.name, r.message_id) for r in rows] == [("quote-2.txt", "<v2@example.org>"),
                                                       ("quote.txt", "<v1@example.org>")]
+
+    # the index is the forge's to rebuild: `vaultmail reindex` finds the same rows (the
+    # mail's in its signed body, the reply's in the comment the app posted for it)
+    emb = mailroom.embedded
+    store = emb.services.store
+    async with store.transaction() as db:
+        await db.execute("DELETE FROM mail_attachments")
+    report = await reindex(store, emb.services.forge_for_org("acme"), emb.office,
+                           emb.services.keyring, app_login=emb.services.bot_login)
+    assert report.attachments == 2
+    assert await attachments.of_mail(store, mail.mail_id) == rows
 
 
 async def test_a_file_or_message_over_its_limit_is_refused_552_naming_it(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from bot.email.auth import Verdicts
 from bot.email.message import parse_inbound
 from bot.email.policy import SenderRate, decide
+from bot.mail.reindex import reindex
 from bot.office.config import load_office
 from bot.store import ledger, mails
 from tests.support import label_names
@@ -58,13 +59,33 @@ async def test_outside_the_policy_mail_is_refused_or_held_for_the_person(
     sara = mailroom.person("sara")
     first = await sara.issue("acme/builder-vault", 1)
     second = await sara.issue("acme/builder-vault", 2)
-    assert label_names(first) == [] and label_names(second) == ["mail:new"]
+    assert label_names(first) == ["mail:held"] and label_names(second) == ["mail:new"]
     [note] = await sara.comments("acme/builder-vault", 1)
     assert note["body"].startswith("@sara this mail is held for you")
     store = mailroom.embedded.services.store
     assert len(await mails.all_mails(store)) == 2
     [queued] = await ledger.entries(store, event="run.queued")
     assert queued.subject == "acme/builder-vault#2"
+    held_mail = await mails.mail_at(store, "acme/builder-vault", 1)
+    assert held_mail is not None and held_mail.state == "mail:held"
+    # held is no mail for builder to handle (no run, not in its inbox): its person's turn
+    waiting, _ = await mails.to_handle(store, "agent:builder", org="acme")
+    assert [m.ref for m in waiting] == ["acme/builder-vault#2"]
+    builder = mailroom.tools("agent:builder")
+    listed = await builder("mail_list", state="held")
+    assert [m["ref"] for m in listed["mails"]] == ["acme/builder-vault#1"]
+    # the index is the forge's to rebuild: held comes back from the label
+    emb = mailroom.embedded
+    live = await mails.all_mails(store)
+    await mails.replace_all(store, [])
+    await reindex(store, emb.services.forge_for_org("acme"), emb.office, emb.services.keyring,
+                  app_login=emb.services.bot_login)
+    assert await mails.all_mails(store) == live
+    # a person cannot hold mail by hand: only the office holds mail, as it arrives
+    await sara.call("POST", "/repos/acme/builder-vault/issues/2/labels",
+                    {"labels": ["mail:held"]}, expect=200)
+    await mailroom.embedded.settle()
+    assert label_names(await sara.issue("acme/builder-vault", 2)) == ["mail:new"]
 
     # sara releases the held mail to builder, as the note says: the label mail:new
     await sara.call("POST", "/repos/acme/builder-vault/issues/1/labels",
@@ -72,6 +93,66 @@ async def test_outside_the_policy_mail_is_refused_or_held_for_the_person(
     await mailroom.embedded.settle()
     released = await mails.mail_at(store, "acme/builder-vault", 1)
     assert released is not None and released.state == "mail:new"
+    [held_entry] = await ledger.entries(store, event="email.held")
+    [released_entry] = await ledger.entries(store, event="email.released")
+    assert held_entry.subject == released_entry.subject == "acme/builder-vault#1"
+    assert released_entry.actor == "human:sara@acme.com"
+
+
+async def test_the_held_queue_shows_the_verdicts_and_releases_or_drops(
+        mailroom: Mailroom) -> None:
+    """The console's held queue (/console/held): sara sees the mail held for builder with its
+    SPF, DKIM and DMARC verdicts; Release gives one to builder (a run), Drop closes another."""
+    Sender("other.example", mailroom.dns).publish()
+    for n in (1, 2):
+        raw = wire(message("eve@other.example", f"builder@{DOMAIN}", f"Offer {n}", "cheap!",
+                           Message_ID=f"<offer{n}@other.example>"))
+        assert (await send(mailroom.port, raw, rcpts=[f"builder@{DOMAIN}"],
+                           mail_from="eve@other.example")).code == 250
+    await mailroom.embedded.settle()
+    emb, session = mailroom.embedded, mailroom.session
+    store = emb.services.store
+
+    async def console(method: str, path: str, who: str, form: dict[str, str] | None = None
+                      ) -> tuple[int, str]:
+        async with session.request(method, emb.app_url + path, data=form,
+                                   allow_redirects=False, headers={
+                                       "Authorization": f"Bearer {emb.api_tokens[who]}"}) as r:
+            return r.status, await r.text()
+
+    status, page = await console("GET", "/console/held", "human:sara@acme.com")
+    assert status == 200 and "Offer 1" in page and "Offer 2" in page
+    assert "eve@other.example" in page and 'verdict-pass">pass' in page  # SPF, DKIM, DMARC
+    # on every page of her console, beside Held, how much waits for her there
+    status, mail_page = await console("GET", "/console/mail", "human:sara@acme.com")
+    assert status == 200 and 'aria-label="2 held for you"' in mail_page
+    status, mail_page = await console("GET", "/console/mail", "human:lee@acme.com")
+    assert status == 200 and "held for you" not in mail_page
+    status, page = await console("GET", "/console/held", "human:lee@acme.com")
+    assert status == 200 and "No mail is held for you" in page
+    first = await mails.mail_at(store, "acme/builder-vault", 1)
+    second = await mails.mail_at(store, "acme/builder-vault", 2)
+    assert first is not None and second is not None
+    status, _ = await console("POST", "/console/held/release", "human:lee@acme.com",
+                              {"mail": first.mail_id})
+    assert status == 404, "lee, no editor nor builder's person, is not even shown it"
+    status, _ = await console("POST", "/console/held/release", "human:sara@acme.com",
+                              {"mail": first.mail_id})
+    assert status == 303
+    status, _ = await console("POST", "/console/held/drop", "human:sara@acme.com",
+                              {"mail": second.mail_id})
+    assert status == 303
+    await emb.settle()
+    released = await mails.mail_at(store, "acme/builder-vault", 1)
+    dropped = await mails.mail_at(store, "acme/builder-vault", 2)
+    assert released is not None and released.state == "mail:new"
+    assert dropped is not None and dropped.state == "mail:closed"
+    [queued] = await ledger.entries(store, event="run.queued")
+    assert queued.subject == "acme/builder-vault#1"
+    [entry] = await ledger.entries(store, event="email.released")
+    assert entry.actor == "human:sara@acme.com" and entry.subject == "acme/builder-vault#1"
+    status, page = await console("GET", "/console/held", "human:sara@acme.com")
+    assert "No mail is held for you" in page and "held for you\"" not in page
 
 
 def test_the_rate_counts_per_sender_and_agent_within_a_minute() -> None:

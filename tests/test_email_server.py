@@ -3,9 +3,17 @@ listener, mail landing in the agent's vault on the local forge (seen over its HT
 
 from __future__ import annotations
 
+import asyncio
+import smtplib
+import ssl
+
+import pytest
+
 from bot.email.message import read_meta
+from bot.email.policy import SharedSenderRate
 from bot.mail.header import parse_mail_body
 from bot.store import ledger, mails
+from bot.store.engines import open_store
 from tests.support import label_names
 from tests.test_email_support import (
     DOMAIN,
@@ -60,7 +68,7 @@ async def test_a_from_naming_someone_of_the_office_is_still_an_outside_sender(
     assert header is not None and header.from_principal == "email:marco@acme.com"
     meta = read_meta(body)
     assert meta is not None and meta.verdicts["dmarc"] == "fail"
-    assert label_names(issue) == [], "failing DMARC, it wakes no one"
+    assert label_names(issue) == ["mail:held"], "failing DMARC, it is held: it wakes no one"
     assert await ledger.entries(mailroom.embedded.services.store, event="run.queued") == []
 
 
@@ -152,9 +160,19 @@ async def test_a_mail_storm_from_one_sender_is_told_to_try_later(mailroom: Mailr
     assert (await send(mailroom.port, calm, rcpts=[f"scout@{DOMAIN}"])).code == 250
     await mailroom.embedded.settle()
     assert len(await mails.all_mails(mailroom.embedded.services.store)) == 6
+    # the count is the index's, shared by the replicas: another replica (its own Store on
+    # the same database) turns the storm away too, and still takes another sender's mail
+    other = await open_store(mailroom.index)
+    try:
+        rate = SharedSenderRate(5)
+        assert not await rate.admit(other, "acme", "scout", "storm@example.org")
+        assert await rate.admit(other, "acme", "scout", "calm@example.org")
+    finally:
+        await other.close()
 
 
 async def test_outside_mail_reads_through_the_tools_and_the_console(mailroom: Mailroom) -> None:
+    Sender("example.org", mailroom.dns).publish()  # SPF passes (loopback), DMARC by it
     raw = wire(message("Bob <bob@example.org>", f"scout@{DOMAIN}", "Seen?", "Read me",
                        Message_ID="<seen@example.org>"))
     assert (await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])).code == 250
@@ -166,8 +184,41 @@ async def test_outside_mail_reads_through_the_tools_and_the_console(mailroom: Ma
     assert got["mail"]["contentIsData"] is True and "Read me" in got["mail"]["body"]
     token = mailroom.embedded.api_tokens["human:marco@acme.com"]
     app = mailroom.embedded.app_url
-    for page in ("/console/mail", "/console/agents/scout"):
+    thread = got["mail"]["thread_id"]
+    for page in ("/console/mail", "/console/agents/scout", f"/console/mail/{thread}"):
         async with mailroom.session.get(app + page, headers={
                 "Authorization": f"Bearer {token}"}) as resp:
             assert resp.status == 200, page
-            assert "email:bob@example.org" in await resp.text()
+            text = await resp.text()
+            assert "email:bob@example.org" in text
+            if page.startswith("/console/mail"):  # outside mail with its verdicts
+                assert 'SPF <span class="verdict verdict-pass">pass' in text, page
+                assert 'DKIM <span class="verdict verdict-none">none' in text, page
+                assert 'DMARC <span class="verdict verdict-pass">pass' in text, page
+
+
+async def test_a_message_over_starttls_is_delivered_and_plain_stays_possible(
+        mailroom: Mailroom) -> None:
+    """The listener offers STARTTLS with the certificate and key of its settings (here a
+    self-signed one the test made); a client that trusts it upgrades and delivers."""
+    tls = ssl.create_default_context(cafile=str(mailroom.cert))
+    raw = wire(message("bob@example.org", f"scout@{DOMAIN}", "Sealed", "Over TLS.",
+                       Message_ID="<tls1@example.org>"))
+    answer = await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"], tls=tls)
+    assert answer.code == 250 and f"{SCOUT_VAULT}#1" in answer.text
+
+    def offered() -> tuple[bool, str]:
+        with smtplib.SMTP("127.0.0.1", mailroom.port, timeout=30) as client:
+            client.ehlo("client.example.org")
+            has = client.has_extn("starttls")
+            client.starttls(context=tls)
+            sock = client.sock
+            return has, sock.version() or "" if isinstance(sock, ssl.SSLSocket) else ""
+
+    has, version = await asyncio.to_thread(offered)
+    assert has and version.startswith("TLS")
+    untrusting = ssl.create_default_context()  # the system's roots: no self-signed cert
+    with pytest.raises(ssl.SSLCertVerificationError):
+        await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"], tls=untrusting)
+    await mailroom.embedded.settle()
+    assert len(await mails.all_mails(mailroom.embedded.services.store)) == 1

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from bot.app.settings import Settings, SettingsError
+from bot.app.settings import EmailSettings, Settings, SettingsError
+from bot.email.gateway import tls_context
 from bot.email.relay import Relay, RelayError
+from bot.email.server import ListenError
+from tests.test_email_support import self_signed
 
 GITEA = {"GITEA_URL": "http://forge.example", "GITEA_TOKEN": "t", "GITEA_WEBHOOK_SECRET": "s"}
 
@@ -39,3 +44,20 @@ def test_a_wrong_email_setting_is_one_line_naming_it() -> None:
         Settings.from_env({**GITEA, "VAULTMAIL_SMTP_ATTACHMENT_MAX_BYTES": "0"})
     with pytest.raises(RelayError):
         Relay.parse("smtp://")
+
+
+def test_the_give_up_time_and_the_listeners_certificate_come_from_the_environment(
+        tmp_path: Path) -> None:
+    assert Settings.from_env(GITEA).email.give_up_after == 5 * 24 * 3600
+    email = Settings.from_env({**GITEA, "VAULTMAIL_SMTP_GIVE_UP_SECONDS": "3600",
+                               "VAULTMAIL_SMTP_TLS_CERT": str(tmp_path / "c.pem"),
+                               "VAULTMAIL_SMTP_TLS_KEY": str(tmp_path / "k.pem")}).email
+    assert (email.give_up_after, email.tls_cert, email.tls_key) == (
+        3600, tmp_path / "c.pem", tmp_path / "k.pem")
+    with pytest.raises(ListenError, match="cannot use .* for STARTTLS"):
+        tls_context(email)  # no such files: the start stops, saying so
+    with pytest.raises(ListenError, match="needs both"):
+        tls_context(EmailSettings(tls_cert=tmp_path / "c.pem"))
+    cert, key = self_signed(tmp_path)
+    assert tls_context(EmailSettings(tls_cert=cert, tls_key=key)) is not None
+    assert tls_context(EmailSettings()) is None

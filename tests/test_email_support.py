@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import smtplib
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from email.message import EmailMessage
@@ -57,6 +58,35 @@ def rsa_pem() -> bytes:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption())
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 signed by its own key (EC P-256: quick to make), and the
+    key, as PEM files in `folder`: the listener's STARTTLS in the tests."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = folder / "smtp-cert.pem", folder / "smtp-key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
 
 
 @dataclass
@@ -123,9 +153,13 @@ class _Client(smtplib.SMTP):
         return code, text
 
 
-def _smtp_send(port: int, mail_from: str, rcpts: list[str], data: bytes) -> Answer:
+def _smtp_send(port: int, mail_from: str, rcpts: list[str], data: bytes,
+               tls: ssl.SSLContext | None = None) -> Answer:
     with _Client("127.0.0.1", port, timeout=60) as client:
         client.ehlo("client.example.org")
+        if tls is not None:
+            client.starttls(context=tls)
+            client.ehlo("client.example.org")
         try:
             refused = client.sendmail(mail_from, rcpts, data)
         except smtplib.SMTPRecipientsRefused as exc:
@@ -138,9 +172,9 @@ def _smtp_send(port: int, mail_from: str, rcpts: list[str], data: bytes) -> Answ
 
 
 async def send(port: int, data: bytes, *, rcpts: list[str],
-               mail_from: str = "bob@example.org") -> Answer:
-    """Send over real SMTP as an ordinary client would."""
-    return await asyncio.to_thread(_smtp_send, port, mail_from, rcpts, data)
+               mail_from: str = "bob@example.org", tls: ssl.SSLContext | None = None) -> Answer:
+    """Send over real SMTP as an ordinary client would (after STARTTLS with `tls`)."""
+    return await asyncio.to_thread(_smtp_send, port, mail_from, rcpts, data, tls)
 
 
 class CapturingRelay:
@@ -179,6 +213,13 @@ class Mailroom:
     dns: TableDns
     relay: CapturingRelay
     session: aiohttp.ClientSession
+    cert: Path  # the listener's STARTTLS certificate (self-signed)
+    database_url: str = ""  # "": SQLite in the data directory
+
+    @property
+    def index(self) -> str:
+        """Where the index is, for another replica's own `open_store`."""
+        return self.database_url or str(self.embedded.data_dir / "index.sqlite3")
 
     def person(self, login: str) -> Actor:
         return Actor(self.session, self.embedded, login)
@@ -209,15 +250,17 @@ async def mailroom(tmp_path: Path, database_url: str) -> AsyncIterator[Mailroom]
     dns = TableDns()
     relay = CapturingRelay()
     await relay.start()
+    cert, key = self_signed(tmp_path)
     emb = await start_embedded(
         data_dir=tmp_path, port=0, forge_port=0, database_url=database_url,
         email=EmailSettings(listen_port=0, relay_url=f"smtp://127.0.0.1:{relay.port}",
                             max_bytes=1_048_576, sender_rate=5,
-                            attachment_max_bytes=ATTACHMENT_MAX_BYTES),
+                            attachment_max_bytes=ATTACHMENT_MAX_BYTES, tls_cert=cert,
+                            tls_key=key),
         resolver=dns)
     try:
         async with aiohttp.ClientSession() as session:
-            yield Mailroom(emb, dns, relay, session)
+            yield Mailroom(emb, dns, relay, session, cert, database_url)
     finally:
         await emb.stop()
         await relay.stop()

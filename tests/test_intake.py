@@ -109,7 +109,8 @@ async def test_labels_are_provisioned_in_every_vault_at_install(
     for vault in embedded.office.vaults():
         labels = await admin.call("GET", f"/repos/{vault}/labels", expect=200)
         mail = {lab["name"]: lab for lab in labels if lab["name"].startswith("mail:")}
-        assert sorted(mail) == ["mail:closed", "mail:new", "mail:replied", "mail:working"]
+        assert sorted(mail) == ["mail:closed", "mail:held", "mail:new", "mail:replied",
+                                "mail:working"]
         assert mail["mail:new"]["color"] == "0e8a16" and mail["mail:new"]["description"]
     other = await admin.call("GET", "/repos/acme/.github/labels", expect=200)
     assert not [lab for lab in other if lab["name"].startswith("mail:")]

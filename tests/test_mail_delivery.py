@@ -79,9 +79,8 @@ async def test_runs_are_dispatched_as_signed_posts(tmp_path: Path) -> None:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     office = (Path(__file__).parents[1] / "bot" / "example_office.yml").read_text()
-    office = office.replace("dispatch: none\n    capabilities:\n      mail.send: [\"*\"]",
-                            f"dispatch: http://127.0.0.1:{port}/runs\n    capabilities:\n"
-                            "      mail.send: [\"*\"]", 1)
+    # scout's (the first agent's) dispatch
+    office = office.replace("dispatch: none\n", f"dispatch: http://127.0.0.1:{port}/runs\n", 1)
     (tmp_path / "office.yml").write_text(office)
     emb = await start_embedded(office_path=tmp_path / "office.yml", data_dir=tmp_path / "d",
                                port=0, forge_port=0, outbound=OutboundPolicy.parse("127.0.0.1"))

@@ -226,6 +226,7 @@ async def test_a_missing_or_bad_token_points_at_the_protected_resource_metadata(
             resp = await http.get(metadata_url + path)
             assert resp.status_code == 200, path
             assert resp.json() == {"resource": url, "bearer_methods_supported": ["header"],
+                                   "authorization_servers": [embedded.app_url],
                                    "resource_name": "vaultmail"}
 
 

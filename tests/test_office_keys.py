@@ -95,9 +95,7 @@ async def two_offices(tmp_path: Path, runner: Runner,
     emb = await start_embedded(data_dir=tmp_path / "d", port=0, forge_port=0)
     try:
         acme = resources.files("bot").joinpath("example_office.yml").read_text()
-        acme = acme.replace("dispatch: none\n    capabilities:\n      mail.send: [\"*\"]",
-                            f"dispatch: {runner.url}/runs\n    capabilities:\n"
-                            "      mail.send: [\"*\"]", 1)
+        acme = acme.replace("dispatch: none\n", f"dispatch: {runner.url}/runs\n", 1)  # scout's
         emb.forge.put_file(f"acme/{CONFIG_REPO}", CONFIG_PATH,
                            acme + f"webhooks:\n  - {runner.url}/hook\n", pusher="admin")
         evil = EVIL.replace("RUNS", f"{runner.url}/runs")

@@ -45,7 +45,8 @@ async def test_what_is_past_its_time_is_pruned_and_nothing_else(
                              " VALUES ('acme/troll', ?, 'x')", (OLD,))
         deleted = await prune(store, now=NOW, keep=7 * DAY)
         assert deleted == {"queue": 2, "deliveries": 3, "idempotency": 1,
-                           "console_sessions": 1, "stranger_replies": 1}, deleted
+                           "console_sessions": 1, "stranger_replies": 1, "oauth_grants": 0,
+                           "oauth_consents": 0, "oauth_clients": 0}, deleted
         queue = {r["guid"] for r in await store.fetchall("SELECT guid FROM queue")}
         assert queue == {"done-recent", "dead-old", "pending-old"}
         kept = {r["guid"] for r in await store.fetchall("SELECT guid FROM deliveries")}

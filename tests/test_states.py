@@ -58,6 +58,13 @@ EXPECTED: dict[tuple[MailState | None, MailEvent], MailState | None] = {
     (WORKING, E.REOPEN): WORKING,
     (REPLIED, E.REOPEN): REPLIED,
     (CLOSED, E.REOPEN): NEW,
+    # held (outside mail, the agent's person's turn): released (a follow-up) or dropped
+    (MailState.HELD, E.DELIVER): MailState.HELD,
+    (MailState.HELD, E.OPEN): None,  # the agent may not take it before its person releases it
+    (MailState.HELD, E.REPLY): None,
+    (MailState.HELD, E.FOLLOW_UP): NEW,  # Release
+    (MailState.HELD, E.CLOSE): CLOSED,  # Drop
+    (MailState.HELD, E.REOPEN): MailState.HELD,
 }
 
 
@@ -83,7 +90,10 @@ def test_opening_a_closed_mail_says_how_to_reopen() -> None:
     assert info.value.current is CLOSED and info.value.target is WORKING
 
 
-ILLEGAL = {(REPLIED, WORKING), (CLOSED, WORKING)}
+HELD = MailState.HELD
+# held: only outside mail enters it (as it arrives); only a release or a drop leaves it
+ILLEGAL = {(REPLIED, WORKING), (CLOSED, WORKING), (HELD, WORKING), (HELD, REPLIED),
+           *((state, HELD) for state in (NEW, WORKING, REPLIED, CLOSED))}
 
 
 @pytest.mark.parametrize("current", [None, *MailState])

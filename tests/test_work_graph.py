@@ -319,3 +319,66 @@ async def test_on_gitea_labels_and_part_of_still_make_the_tree(
         tree = await resp.json()
         assert resp.status == 200, tree
     assert [c["ref"] for c in tree["children"]] == [f"{VAULT}#{outcome['number']}"]
+
+
+# -- the tree read from the forge: sub-issues, then `Part of` ------------------------------
+async def test_a_sub_issue_linked_or_unlinked_with_its_webhooks_lost_shows_as_the_forge_has_it(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    marco = person("marco")
+    await make_types(person("admin"))
+    refs = await native_tree(embedded, marco)
+    store = embedded.services.store
+    late, late_id = await typed_item(embedded, marco, "evidence", "Load test numbers")
+    embedded.forge.faults.drop_webhooks(count=2)  # sub_issue_added and parent_issue_added
+    await link(embedded, marco, refs["outcome"], late_id)
+    known = await db.get_item(store, late)
+    assert known is not None and known.parent is None, "the webhooks were lost"
+    scout = tools(SCOUT)
+    got = await scout("get_tree", goal=refs["goal"])
+    under = [(c["ref"], c["claim"]) for c in got["children"][0]["children"]]
+    assert under == [(refs["plan"], SCOUT), (late, SCOUT)], "in the forge's order"
+    known = await db.get_item(store, late)
+    assert known is not None and known.parent == refs["outcome"], "the index follows"
+    # the plan leaves the outcome; its webhooks are lost too: the tree no longer shows it
+    plan_id = int((await marco.issue(*where(refs["plan"])))["id"])
+    embedded.forge.faults.drop_webhooks(count=2)
+    await unlink(embedded, marco, refs["outcome"], plan_id)
+    got = await scout("get_tree", goal=refs["goal"])
+    assert [c["ref"] for c in got["children"][0]["children"]] == [late]
+    known = await db.get_item(store, refs["plan"])
+    assert known is not None and known.parent is None
+
+
+async def test_get_outcome_walks_up_links_whose_webhooks_were_lost(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    marco = person("marco")
+    await make_types(person("admin"))
+    refs = await native_tree(embedded, marco)
+    top, _ = await typed_item(embedded, marco, "goal", "Retention", repo=GOALS)
+    goal_id = int((await marco.issue(*where(refs["goal"])))["id"])
+    embedded.forge.faults.drop_webhooks(count=2)
+    await link(embedded, marco, top, goal_id)
+    got = await tools(SCOUT)("get_outcome", outcome=refs["outcome"])
+    assert [g["ref"] for g in got["goals"]] == [refs["goal"], top]
+
+
+async def test_the_tree_costs_one_sub_issues_read_a_level_and_304s_when_unchanged(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    marco = person("marco")
+    await make_types(person("admin"))
+    refs = await native_tree(embedded, marco)
+    scout = tools(SCOUT)
+    route = "GET /repos/{owner}/{repo}/issues/{issue_number}/sub_issues"
+
+    def reads() -> list[tuple[str, int]]:
+        return [(r.path.split("?")[0], r.status) for r in embedded.forge.requests
+                if r.auth == "installation" and r.route == route]
+
+    embedded.forge.requests.clear()
+    first = await scout("get_tree", goal=refs["goal"])
+    paths = sorted(p for p, _ in reads())
+    assert paths == sorted(f"/repos/{repo}/issues/{n}/sub_issues"
+                           for repo, n in map(where, refs.values()))
+    embedded.forge.requests.clear()
+    assert await scout("get_tree", goal=refs["goal"]) == first
+    assert [s for _, s in reads()] == [304, 304, 304], "the ETag cache answers"

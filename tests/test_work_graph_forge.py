@@ -1,10 +1,12 @@
-"""Issue 25, the local forge: GitHub's issue types and sub-issues, with their webhooks, as
-GitHub's REST and webhooks descriptions shape them (the sub-issues and issue-types operations
-of @octokit/openapi-types 29, in tests/conformance/octokit)."""
+"""Issue 25, the local forge: GitHub's issue types, sub-issues and dependencies, with their
+webhooks, as
+GitHub's REST and webhooks descriptions shape them (the sub-issues, dependencies and
+issue-types operations of @octokit/openapi-types 29, in tests/conformance/octokit)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -14,10 +16,13 @@ from githubkit.cache import MemCacheStrategy
 
 from localforge import LocalForge
 from localforge.tests import conftest as forge_fixtures
+from localforge.tests import test_persist_rows
 from localforge.tests.conftest import SECRET, Hooks, Keys, World
 
 hooks = forge_fixtures.hooks
 keys = forge_fixtures.keys
+persisted = test_persist_rows.persisted  # a forge that keeps its state in a data_dir
+on_file = test_persist_rows._on_file
 ISSUES = "/repos/acme/vault/issues"
 
 
@@ -43,7 +48,7 @@ async def world(hooks: Hooks, keys: Keys) -> AsyncIterator[World]:
         app_id = forge.register_app(
             slug="vaultmail", name="vaultmail", public_key_pem=keys.public_pem,
             webhook_url=hooks.url, webhook_secret=SECRET,
-            events=["issues", "issue_comment", "sub_issues"],
+            events=["issues", "issue_comment", "sub_issues", "issue_dependencies"],
             permissions={"issues": "write", "metadata": "read"})
         inst = forge.install_app(app_id, "acme")
         await forge.webhooks_idle()
@@ -63,7 +68,7 @@ async def new_issue(world: World, title: str, repo: str = "acme/vault",
 def parsed_by_githubkit(world: World) -> None:
     """Every delivery so far parses as githubkit's (unmodified) webhook models have it."""
     for r in world.hooks.received:
-        if r.event in ("issues", "sub_issues"):
+        if r.event in ("issues", "sub_issues", "issue_dependencies"):
             webhooks.parse(r.event, r.body)
 
 
@@ -302,3 +307,274 @@ async def test_githubkit_drives_issue_types_and_sub_issues(world: World, version
     typed = (await marco.issues.async_update("acme", "vault", parent.number,
                                              type=None)).parsed_data
     assert typed.type is None
+
+
+# -- dependencies ----------------------------------------------------------------------------
+async def test_dependencies_add_list_both_sides_remove_and_their_webhooks(world: World) -> None:
+    blocked = await new_issue(world, "Blocked")
+    blocker = await new_issue(world, "Blocker", repo="acme/goals")
+    await world.idle()
+    world.hooks.clear()
+    deps = f"{ISSUES}/{blocked['number']}/dependencies"
+    status, headers, body = await world.call("POST", f"{deps}/blocked_by", "marco",
+                                             {"issue_id": blocker["id"]})
+    assert status == 201 and body["id"] == blocker["id"], "the answer is the blocker"
+    assert headers["Location"].endswith("/dependencies/blocked_by")
+    status, _, listed = await world.call("GET", f"{deps}/blocked_by", "rita")
+    assert status == 200 and [i["id"] for i in listed] == [blocker["id"]]
+    status, _, listed = await world.call(
+        "GET", f"/repos/acme/goals/issues/{blocker['number']}/dependencies/blocking", "rita")
+    assert status == 200 and [i["id"] for i in listed] == [blocked["id"]]
+    status, _, got = await world.call("GET", f"{ISSUES}/{blocked['number']}", "rita")
+    assert got["issue_dependencies_summary"] == {"blocked_by": 1, "blocking": 0,
+                                                 "total_blocked_by": 1, "total_blocking": 0}
+    # a closed blocker blocks no more, but is still counted in the totals
+    await world.call("PATCH", f"/repos/acme/goals/issues/{blocker['number']}", "marco",
+                     {"state": "closed"})
+    status, _, got = await world.call("GET", f"{ISSUES}/{blocked['number']}", "rita")
+    assert got["issue_dependencies_summary"]["blocked_by"] == 0
+    assert got["issue_dependencies_summary"]["total_blocked_by"] == 1
+    await world.idle()
+    sent = [(r.action, r.payload["repository"]["full_name"]) for r in world.hooks.received
+            if r.event == "issue_dependencies"]
+    assert sent == [("blocked_by_added", "acme/vault"), ("blocking_added", "acme/goals")]
+    added = next(r.payload for r in world.hooks.received if r.action == "blocked_by_added")
+    assert added["blocked_issue_id"] == blocked["id"]
+    assert added["blocking_issue_id"] == blocker["id"]
+    assert added["blocking_issue_repo"]["full_name"] == "acme/goals"
+    assert added["installation"]["id"] == world.installation_id
+    back = next(r.payload for r in world.hooks.received if r.action == "blocking_added")
+    assert back["blocked_issue_repo"]["full_name"] == "acme/vault"
+    parsed_by_githubkit(world)
+
+    world.hooks.clear()
+    status, _, body = await world.call("DELETE", f"{deps}/blocked_by/{blocker['id']}", "marco")
+    assert status == 200 and body["id"] == blocker["id"]
+    status, _, listed = await world.call("GET", f"{deps}/blocked_by", "rita")
+    assert listed == []
+    status, _, _ = await world.call("DELETE", f"{deps}/blocked_by/{blocker['id']}", "marco")
+    assert status == 404, "no such dependency"
+    await world.idle()
+    assert [r.action for r in world.hooks.received if r.event == "issue_dependencies"] == [
+        "blocked_by_removed", "blocking_removed"]
+    parsed_by_githubkit(world)
+
+
+async def test_dependencies_refuse_self_twice_readers_and_unseen_issues(world: World) -> None:
+    a, b = await new_issue(world, "A"), await new_issue(world, "B")
+    path = f"{ISSUES}/{a['number']}/dependencies/blocked_by"
+    assert (await world.call("POST", path, "marco", {"issue_id": a["id"]}))[0] == 422
+    assert (await world.call("POST", path, "marco", {"issue_id": "x"}))[0] == 422
+    assert (await world.call("POST", path, "marco", {"issue_id": b["id"]}))[0] == 201
+    status, _, body = await world.call("POST", path, "marco", {"issue_id": b["id"]})
+    assert status == 422 and "already" in body["errors"][0]["message"]
+    c = await new_issue(world, "C")
+    assert (await world.call("POST", path, "rita", {"issue_id": c["id"]}))[0] == 403
+    status, _, theirs = await world.call("POST", "/repos/olga/own/issues", "olga",
+                                         {"title": "private"})
+    assert (await world.call("POST", path, "marco", {"issue_id": theirs["id"]}))[0] == 404
+
+
+async def test_an_issue_is_blocked_by_50_issues_at_most(world: World) -> None:
+    world.forge.limits.update({"secondary_per_minute": 1000})
+    blocked = await new_issue(world, "B")
+    path = f"{ISSUES}/{blocked['number']}/dependencies/blocked_by"
+    for i in range(50):
+        other = await new_issue(world, f"b{i}")
+        assert (await world.call("POST", path, "marco", {"issue_id": other["id"]}))[0] == 201
+    extra = await new_issue(world, "one too many")
+    status, _, body = await world.call("POST", path, "marco", {"issue_id": extra["id"]})
+    assert status == 422 and "50" in body["errors"][0]["message"]
+
+
+@pytest.mark.parametrize("version", ["2026-03-10", "2022-11-28"])
+async def test_githubkit_drives_dependencies(world: World, version: str) -> None:
+    client = GitHub(TokenAuthStrategy(world.tokens["marco"]), base_url=world.url,
+                    cache_strategy=MemCacheStrategy())
+    marco = client.rest(version)
+    blocked, blocker = [(await marco.issues.async_create("acme", "vault", title=t)).parsed_data
+                        for t in ("blocked", "blocker")]
+    got = (await marco.issues.async_add_blocked_by_dependency(
+        "acme", "vault", blocked.number, issue_id=blocker.id)).parsed_data
+    assert got.id == blocker.id
+    by = (await marco.issues.async_list_dependencies_blocked_by(
+        "acme", "vault", blocked.number)).parsed_data
+    assert [i.id for i in by] == [blocker.id]
+    blocking = (await marco.issues.async_list_dependencies_blocking(
+        "acme", "vault", blocker.number)).parsed_data
+    assert [i.id for i in blocking] == [blocked.id]
+    read = (await marco.issues.async_get("acme", "vault", blocked.number)).parsed_data
+    assert read.issue_dependencies_summary is not None
+    assert read.issue_dependencies_summary.blocked_by == 1
+    gone = (await marco.issues.async_remove_dependency_blocked_by(
+        "acme", "vault", blocked.number, blocker.id)).parsed_data
+    assert gone.id == blocker.id
+    assert (await marco.issues.async_list_dependencies_blocked_by(
+        "acme", "vault", blocked.number)).parsed_data == []
+
+
+# -- issue fields (REST API 2026-03-10) ------------------------------------------------------
+async def fields(world: World) -> dict[str, dict[str, Any]]:
+    """A text field and a single-select one, made by the org's owner."""
+    made = {}
+    for body in ({"name": "Waiting on", "data_type": "text", "description": "Who"},
+                 {"name": "Priority", "data_type": "single_select", "options": [
+                     {"name": "High", "color": "red", "priority": 1},
+                     {"name": "Low", "color": "green", "priority": 2}]}):
+        status, _, got = await world.call("POST", "/orgs/acme/issue-fields", "admin", body)
+        assert status == 200, got
+        made[got["name"]] = got
+    return made
+
+
+async def test_org_owners_define_issue_fields_members_and_the_app_list_them(
+        world: World) -> None:
+    made = await fields(world)
+    assert made["Waiting on"]["data_type"] == "text" and made["Waiting on"]["options"] is None
+    assert [o["name"] for o in made["Priority"]["options"]] == ["High", "Low"]
+    status, _, listed = await world.call("GET", "/orgs/acme/issue-fields", "rita")
+    assert status == 200 and [f["name"] for f in listed] == ["Waiting on", "Priority"]
+    token = await world.installation_token()
+    status, _, listed = await world.call("GET", "/orgs/acme/issue-fields", token)
+    assert status == 200 and len(listed) == 2
+    # only an owner's own token defines them: a member, the App, a taken name, a bad type
+    for who, body in (("marco", {"name": "Effort", "data_type": "number"}),
+                      (token, {"name": "Effort", "data_type": "number"})):
+        status, _, _ = await world.call("POST", "/orgs/acme/issue-fields", who, body)
+        assert status == 403
+    for body in ({"name": "waiting ON", "data_type": "text"}, {"name": "X", "data_type": "bool"},
+                 {"name": "Y", "data_type": "single_select"}):
+        status, _, _ = await world.call("POST", "/orgs/acme/issue-fields", "admin", body)
+        assert status == 422, body
+    status, _, _ = await world.call("GET", "/orgs/acme/issue-fields", "olga")
+    assert status == 404
+    fid = made["Priority"]["id"]
+    status, _, got = await world.call("PATCH", f"/orgs/acme/issue-fields/{fid}", "admin",
+                                      {"name": "Urgency"})
+    assert status == 200 and got["name"] == "Urgency"
+    status, _, _ = await world.call("DELETE", f"/orgs/acme/issue-fields/{fid}", "admin")
+    assert status == 204
+    status, _, listed = await world.call("GET", "/orgs/acme/issue-fields", "rita")
+    assert [f["name"] for f in listed] == ["Waiting on"]
+
+
+async def test_issue_field_values_set_read_clear_with_their_webhooks(world: World) -> None:
+    made = await fields(world)
+    text, select = made["Waiting on"]["id"], made["Priority"]["id"]
+    issue = await new_issue(world, "Outcome")
+    path = f"{ISSUES}/{issue['number']}/issue-field-values"
+    await world.idle()
+    world.hooks.clear()
+    status, _, got = await world.call("POST", path, "marco", {"issue_field_values": [
+        {"field_id": text, "value": "marco"}, {"field_id": select, "value": "High"}]})
+    assert status == 200
+    assert {v["issue_field_name"]: v["value"] for v in got} == {"Waiting on": "marco",
+                                                               "Priority": "High"}
+    status, _, read = await world.call("GET", f"{ISSUES}/{issue['number']}", "rita")
+    by_id = {v["issue_field_id"]: v for v in read["issue_field_values"]}
+    assert by_id[select]["single_select_option"]["name"] == "High"
+    assert by_id[text]["value"] == "marco" and by_id[text]["data_type"] == "text"
+    # an update, a value that does not fit, a reader, a field of no org
+    await world.call("POST", path, "marco", {"issue_field_values": [
+        {"field_id": text, "value": "marco, rita"}]})
+    for body in ({"field_id": select, "value": "Medium"}, {"field_id": text, "value": 3},
+                 {"field_id": 999999, "value": "x"}):
+        status, _, _ = await world.call("POST", path, "marco", {"issue_field_values": [body]})
+        assert status == 422, body
+    status, _, _ = await world.call("POST", path, "rita", {"issue_field_values": [
+        {"field_id": text, "value": "rita"}]})
+    assert status == 403
+    status, _, _ = await world.call("DELETE", f"{path}/{text}", "marco")
+    assert status == 204
+    status, _, _ = await world.call("DELETE", f"{path}/{text}", "marco")
+    assert status == 404, "no value for it any more"
+    status, _, left = await world.call("PUT", path, "marco", {"issue_field_values": []})
+    assert status == 200 and left == []
+    await world.idle()
+    sent = [(r.action, r.payload["issue_field"]["name"],
+             r.payload.get("issue_field_value", {}).get("value"),
+             r.payload.get("changes", {}).get("issue_field_value", {}).get("from", {})
+             .get("value"))
+            for r in world.hooks.received if r.event == "issues"]
+    assert sent == [("field_added", "Waiting on", "marco", None),
+                    ("field_added", "Priority", None, None),
+                    ("field_added", "Waiting on", "marco, rita", "marco"),
+                    ("field_removed", "Waiting on", "marco, rita", None),
+                    ("field_removed", "Priority", None, None)]
+    chosen = next(r.payload for r in world.hooks.received if r.action == "field_added"
+                  and r.payload["issue_field"]["name"] == "Priority")
+    assert chosen["issue_field_value"]["option"]["name"] == "High"
+    assert chosen["issue_field"]["field_type"] == "single_select"
+    parsed_by_githubkit(world)
+
+
+async def test_githubkit_drives_issue_fields(world: World) -> None:
+    clients = {login: GitHub(TokenAuthStrategy(world.tokens[login]), base_url=world.url,
+                             cache_strategy=MemCacheStrategy()) for login in ("admin", "marco")}
+    admin, marco = clients["admin"].rest("2026-03-10"), clients["marco"].rest("2026-03-10")
+    made = (await admin.orgs.async_create_issue_field(
+        "acme", name="Waiting on", data_type="text")).parsed_data
+    assert made is not None and made.name == "Waiting on"
+    listed = (await marco.orgs.async_list_issue_fields("acme")).parsed_data
+    assert [f.name for f in listed if f is not None] == ["Waiting on"]
+    issue = (await marco.issues.async_create("acme", "vault", title="O")).parsed_data
+    added = (await marco.issues.async_add_issue_field_values(
+        "acme", "vault", issue.number,
+        issue_field_values=[{"field_id": made.id, "value": "marco"}])).parsed_data
+    assert [v.value for v in added] == ["marco"]
+    got = (await marco.issues.async_get("acme", "vault", issue.number)).parsed_data
+    assert got.issue_field_values and got.issue_field_values[0].issue_field_id == made.id
+    replaced = (await marco.issues.async_set_issue_field_values(
+        "acme", "vault", issue.number,
+        issue_field_values=[{"field_id": made.id, "value": "rita"}])).parsed_data
+    assert [v.value for v in replaced] == ["rita"]
+    read = (await marco.issues.async_list_issue_field_values_for_issue(
+        "acme", "vault", issue.number)).parsed_data
+    assert [v.value for v in read] == ["rita"]
+    await marco.issues.async_delete_issue_field_value("acme", "vault", issue.number, made.id)
+    assert (await marco.issues.async_list_issue_field_values_for_issue(
+        "acme", "vault", issue.number)).parsed_data == []
+
+
+async def test_issue_field_values_on_create_update_and_the_list_filter(world: World) -> None:
+    made = await fields(world)
+    text, select = made["Waiting on"]["id"], made["Priority"]["id"]
+    first = await new_issue(world, "First", issue_field_values=[
+        {"field_id": select, "value": "High"}])
+    assert [v["value"] for v in first["issue_field_values"]] == ["High"]
+    status, _, by_rita = await world.call("POST", ISSUES, "rita", {
+        "title": "x", "issue_field_values": [{"field_id": select, "value": "High"}]})
+    assert status == 201 and by_rita["issue_field_values"] == [], "silently dropped"
+    second = await new_issue(world, "Second")
+    status, _, got = await world.call("PATCH", f"{ISSUES}/{second['number']}", "marco", {
+        "issue_field_values": [{"field_id": text, "value": "marco"},
+                               {"field_id": select, "value": "Low"}]})
+    assert status == 200 and len(got["issue_field_values"]) == 2
+    for query, want in (("priority:high", ["First"]), ("Priority:Low,Waiting on:marco",
+                                                       ["Second"])):
+        status, _, found = await world.call("GET", f"{ISSUES}?issue_field_values={query}",
+                                            "marco")
+        assert status == 200 and [i["title"] for i in found] == want, query
+    status, _, _ = await world.call("GET", f"{ISSUES}?issue_field_values=effort:3", "marco")
+    assert status == 422, "no such field"
+
+
+async def test_issue_fields_and_values_are_persisted(tmp_path: Path,
+                                                     persisted: World) -> None:
+    world = persisted
+    made = await fields(world)
+    issue = await new_issue(world, "Outcome")
+    path = f"{ISSUES}/{issue['number']}/issue-field-values"
+    for value in ("marco", "rita"):  # a value set, then changed in place
+        status, _, _ = await world.call("POST", path, "marco", {"issue_field_values": [
+            {"field_id": made["Waiting on"]["id"], "value": value},
+            {"field_id": made["Priority"]["id"], "value": "Low"}]})
+        assert status == 200
+    await world.call("PATCH", f"/orgs/acme/issue-fields/{made['Priority']['id']}", "admin",
+                     {"options": [{"name": "Low", "color": "blue", "priority": 1,
+                                   "id": made["Priority"]["options"][1]["id"]}]})
+    await world.idle()
+    world.forge.save()
+    assert on_file(tmp_path).model_dump_json() == world.forge.state.model_dump_json()
+    org = on_file(tmp_path).org("acme")
+    assert org is not None and [f.name for f in org.issue_fields] == ["Waiting on", "Priority"]

@@ -48,6 +48,15 @@ class HandlerContext:
     source: str = ""
     retry: bool = False  # an earlier attempt at this delivery failed, maybe after writing
     said: int = field(default=0, init=False)
+    # why the delivery waits for its issue's mail (`park`), or None
+    parked: str | None = field(default=None, init=False)
+
+    def park(self, why: str) -> None:
+        """This delivery is about a vault's issue that is not mail yet, though it may become
+        mail (its `issues.opened` delivery is missing, to be redelivered): instead of being
+        finished, it is held in the queue (`parked`) until the issue is adopted, then handled
+        again in its order (issue 28). The handler returns without acting on the mail."""
+        self.parked = why
 
     def next_marker(self) -> str:
         """The marker for the next thing the app says in this handling: the same, in the

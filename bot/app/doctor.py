@@ -18,7 +18,11 @@ every vault of every office:
   reply's words). A reply whose words are kept nowhere is flagged;
 - each reply delivered to a vault (a mail the app opened with `in_reply_to`: a reply copy, an
   agent's answer) against its issue: one that vanished is opened again from the index (the
-  same signed values, the same mail id, its state's label), and the index points at it.
+  same signed values, the same mail id, its state's label), the index points at it, and the
+  ledger says where it went (`mail.restored`, naming the issue that vanished);
+- each adopted mail (an issue a person opened) against its issue's body: one that still shows
+  the person's words alone lost the adoption's write, and the signed header is written again
+  above them.
 
 Every repair happens under the mail's lock, after looking again (the index and the forge, so
 a change made meanwhile wins) and on the forge for an earlier repair's result (a marker), so a
@@ -49,8 +53,14 @@ from typing import TYPE_CHECKING, Any
 from bot.app.background import Background
 from bot.forge.errors import ForgeError, NotFound
 from bot.forge.pacing import writes_for
-from bot.mail.header import adopted_mail_id, render_mail_body, sign_header
-from bot.mail.mailer import shown_as
+from bot.mail.header import (
+    MailHeader,
+    adopted_mail_id,
+    render_mail_body,
+    sign_header,
+    written_body,
+)
+from bot.mail.mailer import fits, shown_as
 from bot.office.config import Office
 from bot.store import ledger, mails, moves, replies
 from bot.store.mails import QUIET, MailRecord
@@ -188,6 +198,26 @@ def differs(mail: MailRecord, issue: dict[str, Any]) -> bool:
             or (issue.get("state") == "open") != is_open)
 
 
+def lost_header(mail: MailRecord, issue: dict[str, Any]) -> bool:
+    """An adopted mail whose issue still shows the person's words alone: the adoption's write
+    (the signed header above them) was lost. (Words changed since are a person's edit, the
+    tamper check's business, not a lost write.)"""
+    text = str(issue.get("body") or "")
+    return (mail.mail_id == adopted_mail_id(mail.vault, mail.number)
+            and mail.mail_id not in text and written_body(text) == mail.body)
+
+
+def _header_of(services: Services, office: Office, mail: MailRecord) -> MailHeader:
+    """The mail's header signed again from the index: the same values, the same mail id."""
+    return sign_header(
+        keyring=services.keyring.for_office(office.org),
+        from_principal=mail.from_principal, to_principal=mail.to_principal, vault=mail.vault,
+        subject=mail.subject, body=mail.body, mail_id=mail.mail_id, sent=mail.sent,
+        hops=mail.hops, in_reply_to=mail.in_reply_to, thread_id=mail.thread_id,
+        from_name=shown_as(office, mail.from_principal),
+        to_name=shown_as(office, mail.to_principal))
+
+
 def reply_copy_id(org: str, replier: str, mail_id: str, key: str) -> str:
     """The mail id of the copy of reply `key` to `mail_id` (as `Mailer.reply` makes it)."""
     return str(uuid.uuid5(_REPLY_COPY_NS, f"{org.lower()}\n{replier}\nreply\n{mail_id}\n{key}"))
@@ -289,7 +319,10 @@ class Doctor:
                 issue = issues.get(mail.number)
                 if issue is None:
                     await self._vanished(report, forge, office, mail)
-                elif differs(mail, issue):
+                    continue
+                if lost_header(mail, issue):
+                    await self._header(report, forge, office, mail)
+                if differs(mail, issue):
                     await self._state(report, forge, mail, issue)
         await self._replies(report, forge, office)
 
@@ -363,6 +396,32 @@ class Doctor:
                                     "the app's write was lost: the index's state written "
                                     "again"))
 
+    # -- adopted mails whose header was lost ---------------------------------------------------
+    async def _header(self, report: DoctorReport, forge: Forge, office: Office,
+                      mail: MailRecord) -> None:
+        if not self._may_repair():
+            self._found(report, Finding(mail.ref, "header", "no signed header", "signed",
+                                        WOULD_REPAIR, "the adoption's write was lost: the "
+                                        "header written again above the person's words"))
+            return
+        async with self.services.lock_for(mail.mail_id):  # look again: a change meanwhile wins
+            fresh = await mails.get_mail(self.store, mail.mail_id)
+            now = await forge.get_issue(mail.vault, mail.number)
+            if fresh is None or not lost_header(fresh, now):
+                self._found(report, Finding(mail.ref, "header", "no signed header", "signed",
+                                            SKIPPED, "it agrees now (changed meanwhile)"))
+                return
+            header = _header_of(self.services, office, fresh)
+            await forge.update_issue(fresh.vault, fresh.number, body=fits(
+                render_mail_body(header, fresh.body), "the mail, its header added"))
+            if (header.key_id, header.body_sha256) != (fresh.key_id, fresh.body_sha256):
+                async with self.store.transaction() as db:
+                    await mails.put_mail(db, replace(fresh, key_id=header.key_id,
+                                                     body_sha256=header.body_sha256))
+        self._found(report, Finding(mail.ref, "header", "no signed header", "signed",
+                                    REPAIRED, "the adoption's write was lost: the header "
+                                    "written again above the person's words"))
+
     # -- mails whose issue vanished ------------------------------------------------------------
     async def _vanished(self, report: DoctorReport, forge: Forge, office: Office,
                         mail: MailRecord) -> None:
@@ -390,14 +449,7 @@ class Doctor:
             issue = await forge.find_issue(mail.vault, mail.mail_id)  # an earlier repair's
             key_id, digest = fresh.key_id, fresh.body_sha256
             if issue is None:
-                header = sign_header(
-                    keyring=self.services.keyring.for_office(office.org),
-                    from_principal=fresh.from_principal, to_principal=fresh.to_principal,
-                    vault=fresh.vault, subject=fresh.subject, body=fresh.body,
-                    mail_id=fresh.mail_id, sent=fresh.sent, hops=fresh.hops,
-                    in_reply_to=fresh.in_reply_to, thread_id=fresh.thread_id,
-                    from_name=shown_as(office, fresh.from_principal),
-                    to_name=shown_as(office, fresh.to_principal))
+                header = _header_of(self.services, office, fresh)
                 key_id, digest = header.key_id, header.body_sha256
                 issue = await forge.create_issue(
                     fresh.vault, header.subject, render_mail_body(header, fresh.body),
@@ -405,9 +457,13 @@ class Doctor:
                 if not _wanted(fresh)[1]:
                     issue = await forge.update_issue(fresh.vault, int(issue["number"]),
                                                      state="closed", state_reason="completed")
-            async with self.store.transaction() as db:
-                await mails.put_mail(db, replace(fresh, number=int(issue["number"]),
-                                                 key_id=key_id, body_sha256=digest))
+            moved = replace(fresh, number=int(issue["number"]), key_id=key_id,
+                            body_sha256=digest)
+            async with self.store.transaction(ledger.key(office.org)) as db:
+                await mails.put_mail(db, moved)
+                # the ledger's `mail.sent` names the issue that vanished: say where it is now
+                await ledger.append(db, "mail.restored", "office", moved.ref, {
+                    "mail": fresh.mail_id, "was": fresh.ref}, org=office.org)
         self._found(report, Finding(mail.ref, "reply copy", "gone",
                                     _holds(fresh), REPAIRED,
                                     f"opened again as {fresh.vault}#{issue['number']}"))

@@ -46,8 +46,10 @@ from localforge import LocalForge
 
 APP_SLUG = "vaultmail"
 # installation and installation_repositories always reach an App; it cannot subscribe to them.
-APP_EVENTS = ["issues", "issue_comment", "label", "push", "sub_issues"]  # as app.yml
-APP_PERMISSIONS = {"issues": "write", "metadata": "read", "contents": "write"}
+APP_EVENTS = ["issues", "issue_comment", "label", "push", "sub_issues",
+              "issue_dependencies", "pull_request"]  # as app.yml
+APP_PERMISSIONS = {"issues": "write", "metadata": "read", "contents": "write",
+                   "pull_requests": "read", "checks": "write"}
 GITEA_EVENTS = ["issues", "issue_comment", "push"]  # "issues" covers issue_label and the like
 # The embedded default is its own operator: the example office's echo agent (`dispatch:
 # command`) runs the example agent, as VAULTMAIL_AGENT_COMMANDS would say on a deployment

@@ -14,6 +14,13 @@ events no handler reads) stays listed as failed, and is not asked for a second t
 A listing longer than a round's bound goes on from its cursor the next round; meanwhile only
 guids an earlier listing reached are asked for, so none jumps ahead of an older one not yet
 listed.
+
+A round learns of a miss only after the fact (every `interval`), so an issue's later
+deliveries have usually been handled by then: one about a vault's issue whose `issues.opened`
+is the miss finds no mail, and is parked in the queue until the redelivered `opened` adopts the
+issue (`handlers.mail.wait_for_mail`); the adoption takes the issue as the forge has it then
+(closed, relabelled, edited). Later deliveries about a mail whose earlier one is missing are
+ordered by forge time instead (`bot.store.moves`).
 """
 
 from __future__ import annotations

@@ -54,13 +54,14 @@ class Replica:
     url: str
     env: dict[str, str]
     log_path: Path | None = None
+    module: str = "bot.cli.main"  # run as `python -m MODULE serve` (a test's launcher)
     proc: asyncio.subprocess.Process | None = field(default=None, repr=False)
 
     async def start(self) -> None:
         out = self.log_path.open("ab") if self.log_path else asyncio.subprocess.DEVNULL
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bot.cli.main", "serve", env={**os.environ, **self.env},
+                sys.executable, "-m", self.module, "serve", env={**os.environ, **self.env},
                 stdout=out, stderr=out)
         finally:
             if not isinstance(out, int):

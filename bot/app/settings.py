@@ -84,6 +84,13 @@ class EmailSettings:
     hostname: str = "vaultmail"
     sender_rate: int = 20  # messages a minute one outside sender may send one agent
     attachment_max_bytes: int = 5 * MIB  # the largest attachment, decoded, committed to a vault
+    # seconds from a message's first 4xx (or unreachable relay) until the outbox gives it up
+    # as bounced (VAULTMAIL_SMTP_GIVE_UP_SECONDS; 5 days, as a common MTA keeps one)
+    give_up_after: float = 5 * 24 * 3600.0
+    # STARTTLS on the listener: a PEM certificate (chain) and its key (VAULTMAIL_SMTP_TLS_CERT,
+    # VAULTMAIL_SMTP_TLS_KEY); without them the listener offers no STARTTLS
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -284,7 +291,9 @@ def _hosting(source: _EnvFile) -> dict[str, Any]:
             listen_host=source.smtp_host or source.host, listen_port=source.smtp_port,
             relay_url=source.smtp_url or "", max_bytes=source.smtp_max_bytes,
             hostname=source.smtp_hostname, sender_rate=source.smtp_sender_rate,
-            attachment_max_bytes=source.smtp_attachment_max_bytes),
+            attachment_max_bytes=source.smtp_attachment_max_bytes,
+            give_up_after=source.smtp_give_up_seconds, tls_cert=source.smtp_tls_cert,
+            tls_key=source.smtp_tls_key),
     }
 
 
@@ -387,6 +396,11 @@ class _EnvFile(BaseSettings):
                                validation_alias=AliasChoices("VAULTMAIL_SMTP_HOSTNAME"))
     smtp_sender_rate: int = Field(default=20, ge=1, le=100_000,
                                   validation_alias=AliasChoices("VAULTMAIL_SMTP_SENDER_RATE"))
+    smtp_give_up_seconds: float = Field(
+        default=5 * 24 * 3600.0, ge=0, validation_alias=AliasChoices(
+            "VAULTMAIL_SMTP_GIVE_UP_SECONDS"))
+    smtp_tls_cert: Path | None = _env("VAULTMAIL_SMTP_TLS_CERT")
+    smtp_tls_key: Path | None = _env("VAULTMAIL_SMTP_TLS_KEY")
 
     @field_validator("smtp_url")
     @classmethod

@@ -71,7 +71,8 @@ EVENT_PERMISSIONS: dict[str, tuple[str, ...]] = {
     "pull_request_review": ("pull_requests",), "pull_request_review_comment": ("pull_requests",),
     "push": ("contents",), "release": ("contents",), "repository": ("metadata",),
     "repository_dispatch": ("contents",), "star": ("metadata",), "status": ("statuses",),
-    "sub_issues": ("issues",), "team": ("members",), "team_add": ("members",),
+    "issue_dependencies": ("issues",), "sub_issues": ("issues",), "team": ("members",),
+    "team_add": ("members",),
     "watch": ("metadata",), "workflow_run": ("actions",),
 }
 

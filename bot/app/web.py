@@ -29,9 +29,9 @@ from bot.app.services import SERVICES_KEY, Services
 from bot.app.settings import Settings
 from bot.app.worker import Worker
 from bot.console import add_console_routes
-from bot.forge.caller import budget_waits
 from bot.forge.errors import ForgeError
 from bot.forge.github import ForgeClient, ForgeConfig
+from bot.forge.pacing import budget_waits
 from bot.forge.tokens import AppAuth
 from bot.mail.signing import KeyringError, Keyrings, office_name
 from bot.office.config import load_office

@@ -5,7 +5,9 @@ about different issues run side by side (up to `concurrency`), so one slow forge
 does not hold up the rest. Deliveries about no issue (installation, push, label) are barriers:
 everything before them finishes first. A failing delivery is retried with exponential backoff
 and, after `max_attempts`, becomes a dead letter that an operator lists and replays
-(`vaultmail dead-letters`).
+(`vaultmail dead-letters`). A delivery about a vault's issue that is not mail yet (its
+`issues.opened` is missing: dropped, to be redelivered) is parked rather than finished
+(`HandlerContext.park`), and runs again, in its order, once the issue is adopted.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from gidgethub.routing import Router
 from bot import metrics
 from bot.app.context import HandlerContext, change_key
 from bot.app.logs import bound, delivery_context
+from bot.errors import VaultmailError
 from bot.forge.pacing import acting_for
 from bot.store import QueueItem, Store, queue
 
@@ -193,8 +196,8 @@ class Worker:
 
     async def _process(self, item: QueueItem,
                        logger: logging.LoggerAdapter[logging.Logger]) -> bool:
-        """Handle one delivery; True when it is finished (done, ignored or dead), False when
-        it waits for a retry. Whatever fails, a malformed payload included, fails this
+        """Handle one delivery; True when it is finished (done, ignored, parked or dead), False
+        when it waits for a retry. Whatever fails, a malformed payload included, fails this
         delivery alone and counts an attempt."""
         started = time.perf_counter()
         try:
@@ -215,6 +218,14 @@ class Worker:
                 logger.error("dead letter: %s", exc)
                 return True
             first = await self._dispatch_once(item, router, event, ctx)
+            if ctx.parked is not None:  # it waits for its issue's mail (see HandlerContext.park)
+                # recorded now, not with the next claim: a redelivered `opened` of its issue
+                # later in this batch adopts the issue and unparks what is parked by then
+                if not await self.store.finish(item, "parked"):
+                    _superseded(item)
+                metrics.DELIVERIES.labels(event=item.event, outcome="parked").inc()
+                logger.info("parked until its issue is mail: %s", ctx.parked)
+                return True
         except Exception as exc:  # a handler failed: retry later, then dead-letter
             attempt = item.attempts + 1
             if attempt >= self.max_attempts:
@@ -260,10 +271,20 @@ class Worker:
 
         async def handle() -> dict[str, Any]:
             await router.dispatch(event, ctx)
+            if ctx.parked is not None:  # not done: handled again once its issue is mail
+                raise _Parked(ctx.parked)
             return {"delivery": item.guid}
 
-        done = await self.store.once("forge", key, "", handle)
+        try:
+            done = await self.store.once("forge", key, "", handle)
+        except _Parked:
+            return item.guid
         return str(done["delivery"])
+
+
+class _Parked(VaultmailError):
+    """Ends a parked delivery's `once` unrecorded, so that it runs again when unparked
+    (a refusal-like error: a claim that made no forge write is let go of)."""
 
 
 def _superseded(item: QueueItem) -> None:

@@ -342,7 +342,9 @@ async def cmd_office_setup_types(args: argparse.Namespace) -> int:
     """`office setup-types`: the organisation's issue types for the four item kinds, made
     where missing (GitHub's `POST /orgs/{org}/issue-types`, which needs an owner of the org:
     a token of theirs in GITHUB_TOKEN, classic with `admin:org`, or fine-grained with the
-    organisation's "Issue Types" write; the App's own installation cannot)."""
+    organisation's "Issue Types" write; the App's own installation cannot). With `--office`
+    naming `waiting: field`, the org's "Waiting on" issue field too (`POST /orgs/{org}/
+    issue-fields`, the same owner; fine-grained: the organisation's "Issue Fields" write)."""
     from bot.items.model import DEFAULT_TYPES, ITEM_KINDS
     from bot.office.config import OfficeConfigError, load_office
 
@@ -352,15 +354,19 @@ async def cmd_office_setup_types(args: argparse.Namespace) -> int:
                                        f"of {args.org} (classic: admin:org; fine-grained: "
                                        "the organisation's Issue Types, write)"))
     names = {k: n for n, k in DEFAULT_TYPES.items()}
+    waiting_field = False  # the office's `waiting: field` needs the org's "Waiting on" field
     if args.office:
         try:
-            names.update(load_office(args.office).item_types)
+            office = load_office(args.office)
         except (OSError, OfficeConfigError) as exc:
             return fail(args, ShellFailure("usage", f"{args.office}: {exc}"))
+        names.update(office.item_types)
+        waiting_field = office.waiting == "field"
     base = f"{args.forge.rstrip('/')}/orgs/{args.org}/issue-types"
     headers = {"Authorization": f"Bearer {token}", "Accept": "application/vnd.github+json",
                "X-GitHub-Api-Version": "2022-11-28", "User-Agent": "vaultmail"}
     done_: list[dict[str, str]] = []
+    fields_: list[dict[str, str]] = []
     try:
         async with aiohttp.ClientSession(headers=headers) as http:
             async with http.get(base) as resp:
@@ -386,17 +392,46 @@ async def cmd_office_setup_types(args: argparse.Namespace) -> int:
                             status=REFUSED))
                     resp.raise_for_status()
                 done_.append({"kind": kind, "type": name, "done": "created"})
+            if waiting_field:
+                made = await _waiting_field(http, f"{args.forge.rstrip('/')}/orgs/{args.org}")
+                if made is None:
+                    return fail(args, ShellFailure(
+                        "denied", "the forge refused to create the issue field Waiting on: it "
+                        f"needs an owner of {args.org} (admin:org; fine-grained: the "
+                        "organisation's Issue Fields, write)", status=REFUSED))
+                fields_.append({"field": "Waiting on", "done": made})
     except aiohttp.ClientResponseError as exc:
         return fail(args, ShellFailure("forge", f"{base}: {exc.status} {exc.message}",
                                        status=REFUSED))
     except aiohttp.ClientError as exc:
         raise forge_unreachable(args.forge, type(exc).__name__) from exc
     if wants_json(args):
-        done({"org": args.org, "types": done_})
+        done({"org": args.org, "types": done_, "fields": fields_})
     else:
         for row in done_:
             print(f"{row['type']}: {row['done']} ({row['kind']})")
+        for row in fields_:
+            print(f"{row['field']}: {row['done']} (issue field, waiting: field)")
     return 0
+
+
+async def _waiting_field(http: aiohttp.ClientSession, org_url: str) -> str | None:
+    """The org's "Waiting on" text issue field (`waiting: field`, bot/items/waiting.py): made if
+    missing ("exists" / "created"), None when the forge refuses (not an owner)."""
+    from bot.items.waiting import FIELD, FIELD_DESCRIPTION
+
+    url = f"{org_url}/issue-fields"
+    async with http.get(url, headers={"X-GitHub-Api-Version": "2026-03-10"}) as resp:
+        resp.raise_for_status()
+        if any(str(f.get("name", "")).lower() == FIELD.lower() for f in await resp.json()):
+            return "exists"
+    async with http.post(url, json={"name": FIELD, "data_type": "text",
+                                    "description": FIELD_DESCRIPTION},
+                         headers={"X-GitHub-Api-Version": "2026-03-10"}) as resp:
+        if resp.status in (401, 403):
+            return None
+        resp.raise_for_status()
+    return "created"
 
 
 def add_office_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -447,11 +482,14 @@ def add_office_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.set_defaults(func=cmd_office_check)
     p = osub.add_parser("setup-types", help="create the issue types of the item kinds (Goal, "
                                             "Outcome, Plan, Evidence) in an organisation on "
-                                            "GitHub; needs an owner's token")
+                                            "GitHub, and the Waiting on issue field for an "
+                                            "office with `waiting: field`; needs an owner's "
+                                            "token")
     p.add_argument("--org", required=True, help="the organisation")
     p.add_argument("--office", metavar="FILE",
                    help="an office file whose item_types names the types (default: Goal, "
-                        "Outcome, Plan, Evidence)")
+                        "Outcome, Plan, Evidence); with `waiting: field`, the Waiting on "
+                        "issue field is made too")
     p.add_argument("--forge", default=GITHUB_API,
                    help=f"the forge's API URL (default {GITHUB_API}; GitHub Enterprise: "
                         "https://HOST/api/v3)")

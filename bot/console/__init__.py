@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from bot.console import actions, live, pages, signin
+from bot.console import actions, held, live, pages, signin
 from bot.console.render import STATIC
 from bot.console.visitor import CONSOLE
 
@@ -40,6 +40,9 @@ def add_console_routes(app: web.Application) -> None:
     r.add_get(f"{CONSOLE}/mail", pages.mail_page)
     r.add_post(f"{CONSOLE}/mail/send", actions.send)
     r.add_get(f"{CONSOLE}/mail/{{thread}}", pages.thread_page)
+    r.add_get(f"{CONSOLE}/held", held.held_page)  # outside mail held (issue 24)
+    r.add_post(f"{CONSOLE}/held/release", held.release)
+    r.add_post(f"{CONSOLE}/held/drop", held.drop)
     r.add_get(f"{CONSOLE}/agents", pages.agents_page)
     r.add_get(f"{CONSOLE}/agents/{{slug}}", pages.desk_page)
     r.add_post(f"{CONSOLE}/agents/{{slug}}/chat", actions.chat)

@@ -66,7 +66,13 @@ async def frame(request: web.Request, v: Visitor, current: str, *,
     if v.session is not None and v.session.flash:
         flash = v.session.flash
         await sessions.set_flash(v.services.store, v.session, None)
+    held = 0
+    if v.call.office.email is not None and v.principal.startswith("human:"):
+        from bot.email.held import count_for  # the held queue's count (issue 24)
+
+        held = await count_for(v.call.mailer, v.principal)
     return {"v": v, "human": v.human, "office": v.call.office, "current": current,
+            "held": held,
             "badge": await badge(v) if badge_count is None else badge_count,
             "agents_nav": agents, "csrf": v.csrf, "flash": flash,
             "forge_web": v.services.settings.web_url, "path": request.path_qs}

@@ -7,6 +7,7 @@ by the shared visibility check (`bot.console.queries`); every write is a tool ca
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from aiohttp import web
@@ -15,6 +16,7 @@ from bot.console import live, queries, sessions
 from bot.console.frame import frame, signed_in, tool, unread_beside
 from bot.console.render import page
 from bot.console.visitor import Visitor
+from bot.email.message import read_meta
 from bot.errors import InvalidArguments, NotFoundError
 from bot.items.views import parse_time, thread_view
 from bot.office.config import Agent
@@ -23,7 +25,19 @@ from bot.store import comments as db
 from bot.store import mails
 from bot.store.mails import MailRecord
 
-STATES = ("new", "working", "replied", "closed", "quiet")
+STATES = ("new", "working", "replied", "closed", "held", "quiet")
+
+
+def _verdicts(found: Iterable[MailRecord]) -> dict[str, dict[str, Any]]:
+    """The SPF, DKIM and DMARC verdicts of each mail from outside (email) in `found`, by mail
+    id, as its signed body records them (bot.email.message)."""
+    out: dict[str, dict[str, Any]] = {}
+    for mail in found:
+        if mail.from_principal.startswith("email:"):
+            meta = read_meta(mail.body)
+            if meta is not None:
+                out[mail.mail_id] = meta.verdicts
+    return out
 
 
 def _stack(cards: list[dict[str, Any]], deferred: dict[str, float]) -> list[dict[str, Any]]:
@@ -119,6 +133,7 @@ async def mail_page(request: web.Request, v: Visitor) -> web.StreamResponse:
     reply_to = await _reply_to(v, q.get("reply"))
     return page("mail.html", {
         **await frame(request, v, "mail"), "threads": threads,
+        "verdicts": _verdicts(m for t in threads for m in t.mails),
         "filters": {"state": state or "", "agent": agent.slug if agent else "", "q": text or ""},
         "states": STATES, "may_send": allowed, "refusal": refusal, "reply_to": reply_to,
         "sent": q.get("sent")})
@@ -151,6 +166,7 @@ async def thread_page(request: web.Request, v: Visitor) -> web.StreamResponse:
                          "comments": got["comments"]})
     allowed, refusal = _senders(v)
     return page("thread.html", {**await frame(request, v, "mail"), "messages": messages,
+                                "verdicts": _verdicts(members),
                                 "thread_id": thread_id, "may_send": allowed,
                                 "refusal": refusal, "last": members[-1]})
 

@@ -18,10 +18,11 @@ import re
 import unicodedata
 from collections.abc import Sequence
 
-from bot.email.message import Attached, Part
+from bot.email.message import META_PREFIX, Attached, EmailMeta, Part, read_meta
 from bot.forge.base import Forge, blob_sha
 from bot.store import attachments as index
 from bot.store.db import Store
+from bot.store.mails import MailRecord
 
 MAX_ATTACHMENTS = 20  # files a message may carry (each is one write to the forge)
 MAX_NAME = 100  # characters of a file name kept
@@ -103,3 +104,42 @@ async def remember(store: Store, org: str, vault: str, mail_id: str, message_id:
                             message_id=message_id, name=a.name, content_type=a.content_type,
                             size=a.size, sha=a.sha, url=a.url)
         for a in attached])
+
+
+def _rows(mail: MailRecord, meta: EmailMeta, text: str) -> list[index.AttachmentRow]:
+    """The index rows of the attachments `meta` lists (its link read from the table in
+    `text`, the body or comment that lists them)."""
+    out = []
+    for a in meta.attachments:
+        link = re.search(r"\[`" + re.escape(a.name) + r"`\]\(([^)\s]+)\)", text)
+        url = link.group(1) if link is not None and link.group(1) != a.path else ""
+        out.append(index.AttachmentRow(
+            mail_id=mail.mail_id, path=a.path, org=mail.org, vault=mail.vault,
+            message_id=meta.message_id, name=a.name, content_type=a.content_type, size=a.size,
+            sha=a.sha, url=url))
+    return out
+
+
+async def rebuild(store: Store, forge: Forge, vaults: list[str], found: Sequence[MailRecord],
+                  *, app_login: str) -> int:
+    """The attachments index of `vaults` rebuilt from the forge (`vaultmail reindex`): the
+    files each mail made of a message lists in its signed body, and those each message by
+    email in its thread lists in the comment the app posted for it (an email mail's comments
+    are read, one listing each). How many rows it holds now."""
+    rows: list[index.AttachmentRow] = []
+    for mail in found:
+        if mail.tampered or not mail.from_principal.startswith("email:"):
+            continue
+        meta = read_meta(mail.body)
+        if meta is not None:
+            rows += _rows(mail, meta, mail.body)
+        for comment in await forge.list_comments(mail.vault, mail.number):
+            body = str(comment.get("body") or "")
+            author = str((comment.get("user") or {}).get("login") or "")
+            if author.lower() != app_login.lower() or META_PREFIX not in body:
+                continue
+            said = read_meta(body)
+            if said is not None and said.attachments:
+                rows += _rows(mail, said, body)
+    await index.replace_all(store, rows, vaults)
+    return len(rows)

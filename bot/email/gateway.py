@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -17,8 +18,8 @@ from bot.app.web import STARTUP_KEY
 from bot.email.auth import Resolver
 from bot.email.intake import EmailIntake
 from bot.email.outbox import Outbox
-from bot.email.policy import SenderRate
-from bot.email.server import SmtpHandler, SmtpServer, bind
+from bot.email.policy import SharedSenderRate
+from bot.email.server import ListenError, SmtpHandler, SmtpServer, bind
 
 
 @dataclass
@@ -43,12 +44,31 @@ def _system_resolver() -> Resolver:
     return SystemResolver()
 
 
+def tls_context(settings: EmailSettings) -> ssl.SSLContext | None:
+    """The listener's STARTTLS context from the certificate and key settings (None without
+    them); ListenError when only one is set or they cannot be loaded."""
+    if settings.tls_cert is None and settings.tls_key is None:
+        return None
+    if settings.tls_cert is None or settings.tls_key is None:
+        raise ListenError("STARTTLS needs both VAULTMAIL_SMTP_TLS_CERT and "
+                          "VAULTMAIL_SMTP_TLS_KEY (a PEM certificate and its key)")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(settings.tls_cert, settings.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ListenError(f"cannot use {settings.tls_cert} and {settings.tls_key} for "
+                          f"STARTTLS: {exc}") from None
+    return context
+
+
 def add_email(app: web.Application, settings: EmailSettings, *,
               resolver: Resolver | None = None, sock: socket.socket | None = None) -> None:
     """Run email with `app`: the listener when `settings.listen_port` is set (0: any free
     port; on `sock` when it is bound already), the outbox (replies out through
     `settings.relay_url`) once the app has started. ListenError when the port is taken, here,
     before anything is started."""
+    tls = tls_context(settings) if sock is not None or settings.listen_port is not None \
+        else None
     if sock is None and settings.listen_port is not None:
         sock = bind(settings.listen_host, settings.listen_port)
     startup = app[STARTUP_KEY]
@@ -57,10 +77,11 @@ def add_email(app: web.Application, settings: EmailSettings, *,
         return gateway.intake
 
     handler = SmtpHandler(intake, resolver or _system_resolver(),
-                          rate=SenderRate(settings.sender_rate),
+                          rate=SharedSenderRate(settings.sender_rate),
                           attachment_max_bytes=settings.attachment_max_bytes)
     server = None if sock is None else SmtpServer(
-        handler, sock, max_bytes=settings.max_bytes, hostname=settings.hostname)
+        handler, sock, max_bytes=settings.max_bytes, hostname=settings.hostname,
+        tls_context=tls)
     gateway = app[GATEWAY_KEY] = EmailGateway(server)
 
     async def when_started() -> None:
@@ -68,7 +89,8 @@ def add_email(app: web.Application, settings: EmailSettings, *,
         services = startup.services
         assert services is not None
         gateway.intake = EmailIntake(services)
-        gateway.outbox = Outbox(services, gateway.intake, settings.relay_url)
+        gateway.outbox = Outbox(services, gateway.intake, settings.relay_url,
+                                give_up_after=settings.give_up_after)
         gateway.outbox.start()
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from bot.email import attachments, outgoing
 from bot.email.addresses import Mailbox, mailbox, principal_of
 from bot.email.auth import Verdicts
 from bot.email.message import Attached, Bounce, Inbound, read_meta, render_inbound
+from bot.email.outgoing import HOPS_HEADER
 from bot.email.policy import Decision, decide
-from bot.mail.header import clean_subject
-from bot.mail.mailer import MAX_SUBJECT, Mailer, fits
+from bot.forge.errors import ForgeError
+from bot.mail.header import clean_subject, render_mail_body
+from bot.mail.mailer import LOOP_GUARD_HOPS, MAX_SUBJECT, Mailer, _Draft, _signed, fits
 from bot.mail.markdown import defuse_mentions
 from bot.office.config import Office
-from bot.store import idempotency, mails
+from bot.store import idempotency, ledger, mails
 from bot.store.mails import MailRecord
 
 if TYPE_CHECKING:
@@ -37,6 +40,26 @@ def subject_of(message: Inbound) -> str:
     """The mail's subject: the message's, cleaned and clipped, or `(no subject)`."""
     subject = clean_subject(message.subject) or "(no subject)"
     return subject if len(subject) <= MAX_SUBJECT else subject[:MAX_SUBJECT - 1].rstrip() + "…"
+
+
+def sent_by(mail: MailRecord, principal: str) -> bool:
+    """Whether `mail` is one `principal` sent to an address (`mail_send`, bot.email.sending)."""
+    return mail.from_principal == principal and mail.to_principal.startswith("email:")
+
+
+def with_hops(mailer: Mailer, draft: MailRecord | _Draft, hops: int | None) -> MailRecord | _Draft:
+    """`draft` signed again with the hops a message carried (X-Vaultmail-Hops), when more
+    than it has: the loop guard counts on across email (bot.mail.mailer.LOOP_GUARD_HOPS)."""
+    if isinstance(draft, MailRecord) or hops is None or hops <= draft.header.hops:
+        return draft
+    h = draft.header
+    header = _signed(keyring=mailer.services.keyring.for_office(mailer.office.org),
+                     from_principal=h.from_principal, to_principal=h.to_principal,
+                     vault=h.vault, subject=h.subject, body=draft.body, mail_id=h.mail_id,
+                     sent=h.sent, hops=hops, in_reply_to=h.in_reply_to, thread_id=h.thread_id,
+                     from_name=h.from_name, to_name=h.to_name)
+    return replace(draft, header=header, rendered=fits(render_mail_body(header, draft.body),
+                                                       "the mail, its header table added"))
 
 
 def _marker(message_id: str) -> str:
@@ -73,32 +96,70 @@ class EmailIntake:
         office, agent = box.office, box.agent
         decision = self.decide(box, message, verdicts)
         quiet = decision.reason if decision.action == "quiet" else None
+        if quiet is None and message.hops is not None and message.hops > LOOP_GUARD_HOPS:
+            # the loop guard over email: an agent (here or in another office) answering
+            # mail by email climbs as it does by mail
+            quiet = (f"beyond {LOOP_GUARD_HOPS} hops ({HOPS_HEADER}: {message.hops}): "
+                     "delivered without mail:new")
         async with self.services.lock_for(f"email-in:{office.org.lower()}:{agent.slug}:"
                                           f"{message.message_id}"):
             thread = await self.thread_of(box, message)
-            if thread is not None:
-                return await self._add_to_thread(box, thread, message, verdicts, quiet)
-            mailer = self.mailer(office)
-            sender, subject = principal_of(message.sender), subject_of(message)
-            key = f"email\n{agent.slug}\n{message.message_id}"
-            draft = await mailer.draft(sender, agent.principal, subject,
-                                       render_inbound(message, verdicts, quiet=quiet),
-                                       check=False, idempotency_key=key)
-            if message.parts and not isinstance(draft, MailRecord):
-                # the files first, in the vault and the index, under the mail id the draft
-                # has (the key's): the mail's signed body then lists them with their links
-                attached = await self._attach(office, draft.header.vault,
-                                              draft.header.mail_id, message)
-                draft = await mailer.draft(
-                    sender, agent.principal, subject,
-                    render_inbound(message, verdicts, quiet=quiet, attached=attached),
-                    check=False, idempotency_key=key)
-            record = await mailer.deliver(draft, quiet=quiet)
+            if thread is not None and not sent_by(thread, agent.principal):
+                record = await self._add_to_thread(box, thread, message, verdicts, quiet)
+            else:
+                # new mail; an answer to mail the agent sent by email is new mail in its
+                # thread, as an agent's reply is a copy in its sender's vault
+                record = await self._new_mail(box, message, verdicts, quiet, thread)
             if decision.held:
+                # new mail held is `mail:held` (a message held on a thread is a quiet comment)
+                record = await self.mailer(office).hold(record)
                 await self._tell_held(office, record, decision.reason or "held")
+            await self._ledger(office, record, message, verdicts, decision)
         log.info("email delivered", extra={"mail": record.ref, "message_id": message.message_id,
                                            "quiet": bool(quiet)})
         return record
+
+    async def _new_mail(self, box: Mailbox, message: Inbound, verdicts: Verdicts,
+                        quiet: str | None, reply_to: MailRecord | None) -> MailRecord:
+        office, agent = box.office, box.agent
+        mailer = self.mailer(office)
+        sender, subject = principal_of(message.sender), subject_of(message)
+        key = f"email\n{agent.slug}\n{message.message_id}"
+        draft = await mailer.draft(sender, agent.principal, subject,
+                                   render_inbound(message, verdicts, quiet=quiet),
+                                   check=False, idempotency_key=key, reply_to=reply_to)
+        if message.parts and not isinstance(draft, MailRecord):
+            # the files first, in the vault and the index, under the mail id the draft
+            # has (the key's): the mail's signed body then lists them with their links
+            attached = await self._attach(office, draft.header.vault,
+                                          draft.header.mail_id, message)
+            draft = await mailer.draft(
+                sender, agent.principal, subject,
+                render_inbound(message, verdicts, quiet=quiet, attached=attached),
+                check=False, idempotency_key=key, reply_to=reply_to)
+        try:
+            return await mailer.deliver(with_hops(mailer, draft, message.hops), quiet=quiet)
+        except ForgeError as exc:  # a vault gone or archived: refused for good (550)
+            why = None if isinstance(draft, MailRecord) else mailer.undeliverable(
+                exc, draft.header.vault)
+            if why is None:
+                raise
+            raise await mailer.bounce(sender, agent.principal, subject, why,
+                                      key=f"email\n{message.message_id}") from exc
+
+    async def _ledger(self, office: Office, record: MailRecord, message: Inbound,
+                      verdicts: Verdicts, decision: Decision) -> None:
+        """`email.received` (and `email.held`) for the message, once per mail and Message-ID."""
+        store, sender = self.services.store, principal_of(message.sender)
+        await ledger.record_once(store, "email.received", sender, record.ref, {
+            "mail": record.mail_id, "message_id": message.message_id, "from": sender,
+            "spf": verdicts.spf, "dkim": verdicts.dkim, "dmarc": verdicts.dmarc,
+            "automatic": message.automatic, "hops": message.hops, "held": decision.held},
+            org=office.org, by=("message_id",))
+        if decision.held:
+            await ledger.record_once(store, "email.held", "office", record.ref, {
+                "mail": record.mail_id, "message_id": message.message_id,
+                "reason": decision.reason or "held"}, org=office.org, by=("message_id",))
 
     async def _attach(self, office: Office, vault: str, mail_id: str,
                       message: Inbound) -> tuple[Attached, ...]:
@@ -132,8 +193,9 @@ class EmailIntake:
             mail_id = outgoing.mail_of_message_id(ref, box.domain)
             if mail_id is not None:
                 found = await mails.get_mail(store, mail_id)
-                if found is not None and found.org == office.org.lower() \
-                        and found.to_principal == box.agent.principal:
+                if found is not None and found.org == office.org.lower() and (
+                        found.to_principal == box.agent.principal
+                        or sent_by(found, box.agent.principal)):
                     return found
                 continue
             for candidate in await mails.find_mails(store, org=office.org,
@@ -194,15 +256,18 @@ class EmailIntake:
                             recipient: str, why: str) -> MailRecord | None:
         """The reply `message_id` on `mail` will never arrive at `recipient`: a note on the
         mail's issue and a mail to its agent, in the thread, once."""
-        agent = office.agent(mail.to_principal.removeprefix("agent:"))
+        sent_by_agent = mail.to_principal.startswith("email:")  # mail_send to an address
+        agent = office.agent((mail.from_principal if sent_by_agent
+                              else mail.to_principal).removeprefix("agent:"))
         if agent is None:
             return None
         store = self.services.store
         mailer = self.mailer(office)
+        what = "mail" if sent_by_agent else "reply"
         digest = hashlib.sha256(f"{message_id}\n{recipient}".encode()).hexdigest()[:32]
         marker = f"<!-- vaultmail:email-bounced {digest} -->"
         note = fits(defuse_mentions(
-            f"📭 The reply sent by email as `{message_id}` to `{recipient}` bounced ({why})."
+            f"📭 The {what} sent by email as `{message_id}` to `{recipient}` bounced ({why})."
             f"\n\n{marker}"), "the bounce note")
         subject = f"Undelivered: {mail.subject}"
         if len(subject) > MAX_SUBJECT:
@@ -213,9 +278,13 @@ class EmailIntake:
                 await mailer.forge.create_comment(mail.vault, mail.number, note, marker=marker)
             told = await mailer.send(
                 "office", agent.principal, subject,
-                f"Your reply by email to `{recipient}` on {mail.ref} did not arrive: {why}."
-                f"\n\nThe reply's Message-ID: `{message_id}`.", reply_to=mail, check=False,
+                f"Your {what} by email to `{recipient}` on {mail.ref} did not arrive: {why}."
+                f"\n\nThe {what}'s Message-ID: `{message_id}`.", reply_to=mail, check=False,
                 idempotency_key=f"bounce\n{message_id}\n{recipient}")
+            await ledger.record_once(store, "email.bounced", "office", mail.ref, {
+                "mail": mail.mail_id, "message_id": message_id, "recipient": recipient,
+                "why": why[:500], "told": told.mail_id}, org=office.org,
+                by=("message_id", "recipient"))
             return {"mail": told.mail_id}
 
         done = await store.once(f"email-bounce:{office.org.lower()}",

@@ -63,6 +63,8 @@ class Inbound:
     report: bool = False  # a delivery status notification (multipart/report)
     truncated: bool = False
     parts: tuple[Part, ...] = ()  # its attachments, in the message's order
+    hops: int | None = None  # X-Vaultmail-Hops: the loop guard's count another office sent
+
 
     @property
     def thread_refs(self) -> list[str]:
@@ -80,6 +82,17 @@ def _header(msg: Message, name: str) -> str:
     except Exception:  # a header the parser cannot decode is as good as absent
         return ""
     return re.sub(r"[\x00-\x1f\x7f]+", " ", str(value)).strip() if value is not None else ""
+
+
+MAX_HOPS = 99
+
+
+def hops_of(msg: Message) -> int | None:
+    """The loop guard's count the message carries (`X-Vaultmail-Hops`, from an agent of this
+    or another vaultmail office), None when it carries none or one that is no count. Believed
+    whoever sent it: a higher count only makes its own mail quieter."""
+    value = _header(msg, "X-Vaultmail-Hops")
+    return min(int(value), MAX_HOPS) if re.fullmatch(r"\d{1,6}", value) else None
 
 
 def automatic_reason(msg: Message) -> str | None:
@@ -211,7 +224,7 @@ def parse_inbound(raw: bytes) -> Inbound:
         references=message_ids(_header(msg, "References")),
         automatic=automatic_reason(msg), text=text,
         report=msg.get_content_type() == "multipart/report", truncated=truncated,
-        parts=file_parts(msg))
+        parts=file_parts(msg), hops=hops_of(msg))
 
 
 # -- the signed body ---------------------------------------------------------------------------

@@ -7,6 +7,12 @@ on the leader only. Each reply is sent under `Store.once`, keyed by its Message-
 on every try): a reply the relay accepted is never sent again by the app; a 4xx, or a relay
 that cannot be reached, leaves the cursor where it is and tries again with backoff (0.5 s
 doubling up to 5 minutes); a 5xx marks the reply bounced and tells the agent by mail.
+
+Mail an agent sent to an address (`mail_send`, bot.email.sending) goes the same way, from the
+`mail.sent` entry that ledgered it. Each message's fate is ledgered once: `email.sent`, its
+first `email.deferred`, `email.bounced`. A message the relay keeps deferring (or that cannot
+reach it) past `give_up_after` seconds from its first deferral is given up: bounced, its agent
+told, and the messages behind it go on.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from bot.email import keys, outgoing, relay
 from bot.email.addresses import address_of, agent_address
 from bot.email.intake import EmailIntake
 from bot.email.message import EmailMeta, read_meta
-from bot.mail.markdown import WORD_JOINER
+from bot.mail.mailer import fits
+from bot.mail.markdown import WORD_JOINER, defuse_mentions
 from bot.office.config import Office
 from bot.store import idempotency, ledger, mails
 from bot.store import outbound as cursors
@@ -39,6 +46,27 @@ CURSOR = "vaultmail:email-outbox"
 POLL = 0.5
 BATCH = 100
 MAX_BACKOFF = 300.0
+GIVE_UP_AFTER = 5 * 24 * 3600.0  # as long as a common MTA keeps a message it cannot deliver
+
+
+def key_is_mail(mail: MailRecord) -> bool:
+    """Whether `mail` is one an agent sent to an address (not one from outside)."""
+    return address_of(mail.to_principal) is not None
+
+
+def _ref(ref: str) -> tuple[str, int]:
+    vault, _, number = ref.rpartition("#")
+    return vault, int(number) if number.isdigit() else 0
+
+
+async def _to_send(store: Any, org: str, cursor: int) -> list[ledger.Entry]:
+    """The office's entries after `cursor` that may be email to send, oldest first, at most
+    BATCH: replies (`mail.replied`) and mail sent (`mail.sent`), merged in order (each list
+    holds every entry of its kind up to its last, so the first BATCH of both are complete)."""
+    found: list[ledger.Entry] = []
+    for event in ("mail.replied", "mail.sent"):
+        found += await ledger.entries(store, since=cursor, limit=BATCH, org=org, event=event)
+    return sorted(found, key=lambda e: e.seq)[:BATCH]
 
 
 class Deferred(Exception):
@@ -56,9 +84,11 @@ def reply_text(comment_body: str, key: str) -> str:
 class Outbox(Background):
     task_name = "vaultmail-email-outbox"
 
-    def __init__(self, services: Services, intake: EmailIntake, relay_url: str) -> None:
+    def __init__(self, services: Services, intake: EmailIntake, relay_url: str, *,
+                 give_up_after: float = GIVE_UP_AFTER) -> None:
         self.services, self.intake = services, intake
         self.relay = relay.Relay.parse(relay_url) if relay_url else None
+        self.give_up_after = give_up_after
         super().__init__()
         self._wake = asyncio.Event()
 
@@ -85,8 +115,7 @@ class Outbox(Background):
             if row is not None and row["next_at"] > time.time():
                 return 0
             cursor, sent = (int(row["seq"]) if row else 0), 0
-            for entry in await ledger.entries(store, since=cursor, limit=BATCH, org=org,
-                                              event="mail.replied"):
+            for entry in await _to_send(store, org, cursor):
                 try:
                     sent += await self._entry(office, entry)
                 except Exception as exc:
@@ -103,20 +132,122 @@ class Outbox(Background):
             return sent
 
     async def _entry(self, office: Office, entry: ledger.Entry) -> int:
-        key = entry.data.get("reply")
+        if entry.event == "mail.sent" and not str(entry.data.get("to", "")).startswith("email:"):
+            return 0  # mail inside the office (most of them): nothing to look up
         mail = await mails.get_mail(self.services.store, str(entry.data.get("mail", "")))
-        if not isinstance(key, str) or mail is None or address_of(mail.from_principal) is None:
-            return 0  # not a reply to mail by email
-        assert office.email is not None
-        message_id = outgoing.reply_message_id(mail.mail_id, key, office.email.domain)
+        if mail is None or office.email is None:
+            return 0
+        domain = office.email.domain
+        if entry.event == "mail.sent":
+            if entry.data.get("to") != mail.to_principal or address_of(mail.to_principal) is None:
+                return 0  # not mail to an address
+            key, message_id = None, outgoing.mail_message_id(mail.mail_id, domain)
+        else:
+            key = entry.data.get("reply")
+            if not isinstance(key, str) or address_of(mail.from_principal) is None:
+                return 0  # not a reply to mail by email
+            message_id = outgoing.reply_message_id(mail.mail_id, key, domain)
 
         async def work() -> idempotency.Result:
+            if key is None:
+                return await self._send_mail(office, mail, message_id)
             return await self._send(office, mail, key, message_id)
 
-        result = await self.services.store.once(
-            f"email-out:{office.org.lower()}", message_id, idempotency.fingerprint(message_id),
-            work)
+        scope, fingerprint = f"email-out:{office.org.lower()}", idempotency.fingerprint(
+            message_id)
+        try:
+            result = await self.services.store.once(scope, message_id, fingerprint, work)
+        except Deferred as deferred:
+            detail = str(deferred)
+            first = await self._deferred(office, mail, message_id, detail)
+            if time.time() - first < self.give_up_after:
+                raise
+
+            async def give_up() -> idempotency.Result:
+                why = (f"the relay kept deferring it for {self.give_up_after:,.0f} seconds "
+                       f"and the app gave up: {detail}")
+                await self.intake.report_bounce(office, mail, message_id,
+                                                address_of(mail.to_principal)
+                                                or address_of(mail.from_principal) or "", why)
+                return {"state": "bounced", "detail": why}
+
+            result = await self.services.store.once(scope, message_id, fingerprint, give_up)
         return 1 if result.get("state") == "sent" else 0
+
+    async def _deferred(self, office: Office, mail: MailRecord, message_id: str,
+                        detail: str) -> float:
+        """Ledger the message's first deferral (`email.deferred`, once) and say so on the
+        mail's issue; when it was."""
+        store = self.services.store
+        first = await ledger.record_once(store, "email.deferred", "office", mail.ref, {
+            "mail": mail.mail_id, "message_id": message_id, "detail": detail[:500]},
+            org=office.org, by=("message_id",))
+        if first is not None:
+            forge = self.services.forge_for_org(office.org)
+            marker = f"<!-- vaultmail:email-deferred {message_id.strip('<>')} -->"
+            await forge.create_comment(mail.vault, mail.number, fits(defuse_mentions(
+                f"⏳ Deferred: `{message_id}` is not sent yet ({detail[:500]}); tried again "
+                f"with backoff, and given up as bounced after "
+                f"{self.give_up_after:,.0f} seconds.\n\n{marker}"), "the deferral note"),
+                marker=marker)
+        first_at = await ledger.first_recorded(store, "email.deferred", mail.ref,
+                                               "message_id", message_id)
+        return first_at if first_at is not None else time.time()
+
+    async def _deliver(self, office: Office, mail: MailRecord, out: outgoing.Outgoing,
+                       note: str) -> dict[str, Any]:
+        """Hand `out` to the relay, DKIM-signed: sent (a comment on the issue, `email.sent`),
+        bounced (the agent told), or Deferred."""
+        if self.relay is None:
+            raise Deferred("no relay: set SMTP_URL to send mail by email")
+        assert office.email is not None
+        domain = office.email.domain
+        data = outgoing.sign(outgoing.to_wire(outgoing.compose(out)), domain=domain,
+                             private_pem=keys.office_key(self.services.settings.data_dir,
+                                                         office.org))
+        answer = await relay.send(self.relay, out.sender, out.recipients, data)
+        if answer.state == "deferred":
+            raise Deferred(answer.detail)
+        message_id = out.message_id
+        if answer.state == "rejected":
+            await self.intake.report_bounce(office, mail, message_id, ", ".join(out.recipients),
+                                            f"the relay refused it: {answer.detail}")
+            return {"state": "bounced", "detail": answer.detail}
+        forge = self.services.forge_for_org(office.org)
+        marker = f"<!-- vaultmail:email-sent {message_id.strip('<>')} -->"
+        if await forge.find_comment(mail.vault, mail.number, marker) is None:
+            await forge.create_comment(mail.vault, mail.number, (
+                f"📤 {note} by email to {', '.join(f'`{r}`' for r in out.recipients)} as "
+                f"`{message_id}`.\n\n{marker}"), marker=marker)
+        await ledger.record_once(self.services.store, "email.sent", mail.from_principal
+                                 if key_is_mail(mail) else mail.to_principal, mail.ref, {
+                                     "mail": mail.mail_id, "message_id": message_id,
+                                     "to": out.recipients, "hops": out.hops},
+                                 org=office.org, by=("message_id",))
+        log.info("email sent", extra={"mail": mail.ref, "message_id": message_id})
+        return {"state": "sent", "message_id": message_id, "to": out.recipients}
+
+    async def _send_mail(self, office: Office, mail: MailRecord,
+                         message_id: str) -> dict[str, Any]:
+        """Mail an agent sent to an address (bot.email.sending)."""
+        assert office.email is not None
+        agent = office.agent(mail.from_principal.removeprefix("agent:"))
+        sender = agent_address(office, agent) if agent is not None else None
+        to = address_of(mail.to_principal)
+        if agent is None or sender is None or to is None:
+            return {"state": "skipped", "why": "no agent address"}
+        # in answer to mail by email: threaded after the latest message of that thread
+        answered = await mails.mail_at(self.services.store, *_ref(mail.in_reply_to)) \
+            if mail.in_reply_to else None
+        latest = read_meta(answered.body) if answered is not None else None
+        out = outgoing.Outgoing(
+            sender=sender, sender_name=f"{agent.slug} ({office.org})", to=(to,), cc=(),
+            subject=mail.subject, message_id=message_id,
+            in_reply_to=latest.message_id if latest else None,
+            references=(*latest.references, latest.message_id) if latest else (),
+            text=mail.body.replace("@" + WORD_JOINER, "@"), sent=datetime.now(UTC),
+            automatic=False, hops=mail.hops)
+        return await self._deliver(office, mail, out, "Sent")
 
     async def _send(self, office: Office, mail: MailRecord, key: str,
                     message_id: str) -> dict[str, Any]:
@@ -139,24 +270,8 @@ class Outbox(Background):
             to=to, cc=cc, subject=outgoing.reply_subject(mail.subject),
             message_id=message_id, in_reply_to=latest.message_id,
             references=(*latest.references, latest.message_id), text=text,
-            sent=datetime.now(UTC))
-        data = outgoing.sign(outgoing.to_wire(outgoing.compose(out)), domain=domain,
-                             private_pem=keys.office_key(self.services.settings.data_dir,
-                                                         office.org))
-        answer = await relay.send(self.relay, sender, out.recipients, data)
-        if answer.state == "deferred":
-            raise Deferred(answer.detail)
-        if answer.state == "rejected":
-            await self.intake.report_bounce(office, mail, message_id, ", ".join(out.recipients),
-                                            f"the relay refused it: {answer.detail}")
-            return {"state": "bounced", "detail": answer.detail}
-        marker = f"<!-- vaultmail:email-sent {message_id.strip('<>')} -->"
-        if await forge.find_comment(mail.vault, mail.number, marker) is None:
-            await forge.create_comment(mail.vault, mail.number, (
-                f"📤 Sent by email to {', '.join(f'`{r}`' for r in out.recipients)} as "
-                f"`{message_id}`.\n\n{marker}"), marker=marker)
-        log.info("email reply sent", extra={"mail": mail.ref, "message_id": message_id})
-        return {"state": "sent", "message_id": message_id, "to": out.recipients}
+            sent=datetime.now(UTC), hops=mail.hops + 1)
+        return await self._deliver(office, mail, out, "Sent")
 
     async def _reply_and_latest(self, forge: Forge, mail: MailRecord,
                                 key: str) -> tuple[str, EmailMeta | None]:

@@ -17,8 +17,10 @@ from bot.email.addresses import display
 
 SELECTOR = "vaultmail"
 MAX_REFERENCES = 20
+HOPS_HEADER = "X-Vaultmail-Hops"  # the loop guard's count, carried between email and mail
 SIGNED_HEADERS = [b"from", b"to", b"cc", b"subject", b"date", b"message-id", b"in-reply-to",
-                  b"references", b"auto-submitted", b"mime-version", b"content-type"]
+                  b"references", b"auto-submitted", b"x-vaultmail-hops", b"mime-version",
+                  b"content-type"]
 _OWN_ID = re.compile(r"^<vm\.([0-9a-f-]{36})\.([0-9a-f]{16})@([^<>\s]+)>$")
 
 
@@ -27,6 +29,12 @@ def reply_message_id(mail_id: str, key: str, domain: str) -> str:
     sending it once checkable), and naming the mail, so an answer to it finds its thread."""
     digest = hashlib.sha256(f"{mail_id}\n{key}".encode()).hexdigest()[:16]
     return f"<vm.{mail_id}.{digest}@{domain}>"
+
+
+def mail_message_id(mail_id: str, domain: str) -> str:
+    """The Message-ID of mail an agent sent to an address (`mail_send`): the same on every
+    try, and naming the mail, so an answer to it finds its thread."""
+    return reply_message_id(mail_id, "mail", domain)
 
 
 def mail_of_message_id(message_id: str, domain: str) -> str | None:
@@ -53,6 +61,7 @@ class Outgoing:
     text: str
     sent: datetime
     automatic: bool = True  # an agent's answer: Auto-Submitted: auto-replied (RFC 3834)
+    hops: int | None = None  # the loop guard's count (bot.mail.mailer), as X-Vaultmail-Hops
 
     @property
     def recipients(self) -> list[str]:
@@ -76,6 +85,8 @@ def compose(out: Outgoing) -> EmailMessage:
         msg["References"] = " ".join(out.references[-MAX_REFERENCES:])
     if out.automatic:
         msg["Auto-Submitted"] = "auto-replied"
+    if out.hops is not None:
+        msg[HOPS_HEADER] = str(out.hops)
     msg.set_content(out.text)
     return msg
 

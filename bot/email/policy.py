@@ -19,6 +19,8 @@ from typing import Literal
 from bot.email.auth import Verdicts
 from bot.email.message import Inbound
 from bot.office.config import Agent, EmailPolicy, Office
+from bot.store import rates
+from bot.store.db import Store
 
 
 @dataclass(frozen=True)
@@ -101,3 +103,22 @@ class SenderRate:
         if len(self._seen) > 10_000:  # forget the quiet ones
             self._seen = {k: v for k, v in self._seen.items() if v and v[-1] > now - self.WINDOW}
         return True
+
+
+class SharedSenderRate:
+    """`SenderRate` counted in the index (bot.store.rates), so that every replica counts the
+    same messages: a storm spread over the replicas is turned away as one sent to one."""
+
+    WINDOW = 60.0
+
+    def __init__(self, per_minute: int) -> None:
+        self.per_minute = per_minute
+
+    @staticmethod
+    def key(org: str, agent: str, sender: str) -> str:
+        return f"email-rate:{org.lower()}/{agent}/{sender.lower()}"
+
+    async def admit(self, store: Store, org: str, agent: str, sender: str) -> bool:
+        """Count one message, or False when the sender is over its rate (nothing counted)."""
+        return await rates.admit(store, self.key(org, agent, sender), self.per_minute,
+                                 self.WINDOW)

@@ -7,6 +7,7 @@
 | an attachment over its limit, or more attachments than it may carry | `552 5.3.4` naming it |
 | a message with no From address the app takes | `550 5.6.0` saying so |
 | the app not started yet, or the forge or the index failing | `451 4.3.0`: send it again later |
+| the agent's vault gone or archived | `550 5.7.1` naming why (an internal bounce) |
 | delivered | `250 2.0.0` naming each mail's issue |
 
 A message is answered 250 only once it is mail on the forge, so an accepted message is never
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +30,8 @@ from bot.email.attachments import MAX_ATTACHMENTS, safe_name
 from bot.email.auth import Resolver, authenticate
 from bot.email.intake import EmailIntake
 from bot.email.message import BadMessage, Inbound, parse_dsn, parse_inbound
-from bot.email.policy import SenderRate
+from bot.email.policy import SharedSenderRate
+from bot.mail.mailer import Undeliverable
 
 log = logging.getLogger("vaultmail.email")
 MAX_RECIPIENTS = 20
@@ -52,7 +55,7 @@ class SmtpHandler:
     """aiosmtpd's handler hooks. `intake` is None until the app has started."""
 
     def __init__(self, intake: Callable[[], EmailIntake | None], resolver: Resolver, *,
-                 rate: SenderRate, attachment_max_bytes: int) -> None:
+                 rate: SharedSenderRate, attachment_max_bytes: int) -> None:
         self._intake = intake
         self.resolver = resolver
         self.rate = rate
@@ -126,11 +129,16 @@ class SmtpHandler:
                 if decision.action == "refuse":
                     refused.append(f"<{rcpt[:200]}>: {decision.reason}")
                     continue
-                if not self.rate.admit(box.office.org, box.agent.slug, message.sender):
+                if not await self.rate.admit(intake.services.store, box.office.org,
+                                             box.agent.slug, message.sender):
                     return (f"451 4.7.1 too many messages from {message.sender} to "
                             f"{box.address}: at most {self.rate.per_minute} a minute; try "
                             "again later")
-                record = await intake.receive(box, message, verdicts)
+                try:
+                    record = await intake.receive(box, message, verdicts)
+                except Undeliverable as exc:  # the agent's vault is gone or archived
+                    refused.append(f"<{rcpt[:200]}>: {exc.message}")
+                    continue
                 refs.append(record.ref)
         except Exception as exc:
             log.warning("email not delivered", extra={"error": repr(exc),
@@ -168,8 +176,9 @@ class SmtpServer:
     """The listener on a bound socket (`bind`); `port` is the port it listens on."""
 
     def __init__(self, handler: SmtpHandler, sock: socket.socket, *, max_bytes: int,
-                 hostname: str = "vaultmail") -> None:
+                 hostname: str = "vaultmail", tls_context: ssl.SSLContext | None = None) -> None:
         self.handler, self.sock = handler, sock
+        self.tls_context = tls_context  # STARTTLS offered (not required) when set
         self.max_bytes, self.hostname = max_bytes, hostname
         self._server: asyncio.base_events.Server | None = None
 
@@ -180,6 +189,7 @@ class SmtpServer:
     def _protocol(self) -> SMTP:
         return LimitedSMTP(self.handler, data_size_limit=self.max_bytes, enable_SMTPUTF8=True,
                            hostname=self.hostname, ident="vaultmail ESMTP",
+                           tls_context=self.tls_context, require_starttls=False,
                            loop=asyncio.get_running_loop())
 
     async def start(self) -> None:

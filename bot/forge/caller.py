@@ -23,9 +23,8 @@ import functools
 import json
 import logging
 import random
-import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -55,7 +54,7 @@ from .errors import (
     Unauthorized,
     ValidationFailed,
 )
-from .pacing import Sleep, WritePacer, writes_for
+from .pacing import Sleep, WritePacer, budget_wait, budget_waits
 
 log = logging.getLogger("vaultmail.forge")
 _route: contextvars.ContextVar[str] = contextvars.ContextVar("forge_route", default="other")
@@ -228,27 +227,6 @@ def _error(exc: HTTPException, method: str, url: str) -> ForgeError:
     return kind(
         message, status=status, method=method, url=url, headers=exc.headers, details=details
     )
-
-
-# The writes waiting for their place in the forge's budget now: (until, on time.monotonic),
-# for /readyz's detail and the metric, so an hour's wait for the next creation is seen.
-_BUDGET_WAITS: dict[int, float] = {}
-
-
-@contextlib.contextmanager
-def budget_wait(seconds: float) -> Iterator[None]:
-    key = id(asyncio.current_task())
-    _BUDGET_WAITS[key] = time.monotonic() + seconds
-    try:
-        yield
-    finally:
-        _BUDGET_WAITS.pop(key, None)
-
-
-def budget_waits() -> tuple[int, float]:
-    """How many writes wait for the forge's budget now, and the longest wait left (s)."""
-    now = time.monotonic()
-    return len(_BUDGET_WAITS), max((u - now for u in _BUDGET_WAITS.values()), default=0.0)
 
 
 metrics.BUDGET_WAIT.set_function(lambda: budget_waits()[1])
@@ -462,15 +440,22 @@ class _Caller(abc.ABC):
         # writes are made for (`pacing.writes_for`), each paced within its share of the budget
         endpoint = f"{method} {url.split('{?')[0]}"  # the budget is per route, not per URL
         writes.note()
-        # the place in the budget the replicas share is waited for before the turn is taken:
-        # a creation waiting an hour for the next one holds no label move, no other principal
+        return await self._attempts(method, url, url_vars, data, policy, content, find_existing,
+                                    endpoint=endpoint)
+
+    @contextlib.asynccontextmanager
+    async def _write_turn(self, content: bool, endpoint: str) -> AsyncIterator[None]:
+        """One attempt of a write: its place in the budget the replicas share, waited for
+        first, then this process's turn (given once its own pacing lets it go), held for the
+        request alone. Every wait (for budget, for a backoff, for a rate limit) is outside
+        the turn: a creation waiting an hour for the next one holds no label move."""
         shared = await self._shared_turn(endpoint, content)
         async with self.pacer.turn(content, endpoint=endpoint) as waited:
             waited += shared
             self._count("paced", waited)
             metrics.PACING_SECONDS.inc(waited)
-            return await self._attempts(method, url, url_vars, data, policy, content, find_existing,
-                                        paced=True, endpoint=endpoint)
+            metrics.PACING_WAIT.labels(kind="creation" if content else "write").observe(waited)
+            yield
 
     async def _attempts(
         self,
@@ -481,7 +466,6 @@ class _Caller(abc.ABC):
         policy: Policy,
         content: bool,
         find_existing: Callable[[], Awaitable[Any]] | None,
-        paced: bool = False,
         endpoint: str | None = None,
     ) -> tuple[Any, str | None, int]:
         cfg = self.config
@@ -493,18 +477,21 @@ class _Caller(abc.ABC):
         refreshed = False
         while True:
             await self._respect_primary_limit(method, full_url)
-            if method != "GET" and not paced:  # a retry: paced again (the turn is still ours)
-                waited = await self.pacer.wait(content, writes_for.get(), endpoint)
-                waited += await self._shared_turn(endpoint or method, content)
-                self._count("paced", waited)
-                metrics.PACING_SECONDS.inc(waited)
-            paced = False
-            credentials = await self._credentials()
+            caught: HTTPException | TimeoutError | aiohttp.ClientError
+            async with contextlib.AsyncExitStack() as turn:
+                if method != "GET":  # each attempt paced, its turn held for it alone: what
+                    # follows a failure (a backoff, a rate limit's wait) waits outside it
+                    await turn.enter_async_context(self._write_turn(content, endpoint or method))
+                credentials = await self._credentials()  # (fresh after a long wait)
+                try:
+                    async with self.client.semaphore:
+                        # the URL already expanded: gidgethub only joins it to the base
+                        return await self._gh.call(method, full_url, None, data, **credentials)
+                except (HTTPException, TimeoutError, aiohttp.ClientError) as exc:
+                    caught = exc
             failure: str
             try:
-                async with self.client.semaphore:
-                    # the URL already expanded: gidgethub only joins it to the base
-                    return await self._gh.call(method, full_url, None, data, **credentials)
+                raise caught
             except HTTPException as exc:
                 status = int(exc.status_code)
                 if status == 401 and not refreshed:

@@ -201,6 +201,76 @@ class GiteaForge(RepoCaller):
                 continue
             yield github_issue(issue)
 
+    # -- dependencies (issue 25): Gitea's "depends on", GitHub's "blocked by" ---------------------
+    async def list_blocked_by(self, repo: str, number: int) -> list[JSON]:
+        """The issues this one depends on (is blocked by), in GitHub's shape."""
+        return [github_issue(issue) async for issue in self._paginate(
+            "/repos/{owner}/{repo}/issues/{number}/dependencies{?limit}",
+            {**split_repo(repo), "number": number, "limit": PAGE})]
+
+    async def add_blocked_by(self, repo: str, number: int, issue_id: int,
+                             by_repo: str = "", by_number: int = 0) -> bool:
+        """Make the issue depend on `by_repo`#`by_number` (Gitea names the other issue by
+        repository and index; `issue_id` is GitHub's way). Gitea answers a dependency already
+        there with a 500: the caller lists first, and this is not retried (a 5xx raises)."""
+        owner, name = by_repo.split("/", 1)
+        await self._request(
+            "POST", "/repos/{owner}/{repo}/issues/{number}/dependencies",
+            {**split_repo(repo), "number": number},
+            {"owner": owner, "repo": name, "index": by_number}, policy="once")
+        return True
+
+    async def remove_blocked_by(self, repo: str, number: int, issue_id: int,
+                                by_repo: str = "", by_number: int = 0) -> bool:
+        owner, name = by_repo.split("/", 1)
+        try:
+            await self._request(
+                "DELETE", "/repos/{owner}/{repo}/issues/{number}/dependencies",
+                {**split_repo(repo), "number": number},
+                {"owner": owner, "repo": name, "index": by_number}, policy="once")
+        except NotFound:
+            return False
+        return True
+
+    # -- pull requests and commit statuses (issue 23: a config change checked before merging) ----
+
+    async def pull_files(self, repo: str, number: int) -> list[JSON]:
+        """The files a pull request changes (Gitea's ChangedFile: `filename`, `status`)."""
+        return [
+            entry
+            async for entry in self._paginate(
+                "/repos/{owner}/{repo}/pulls/{number}/files{?limit}",
+                {**split_repo(repo), "number": number, "limit": PAGE},
+            )
+        ]
+
+    async def get_file_at(self, repo: str, path: str, ref: str) -> str | None:
+        """The text of the file at `path` as of `ref` (a branch, tag or commit sha)."""
+        try:
+            data = file_or_none(await self._get(contents_route(path) + "{?ref}",
+                                                {**split_repo(repo), "ref": ref}))
+        except NotFound:
+            return None
+        return None if data is None else file_text(path, data)
+
+    async def report_check(self, repo: str, head_sha: str, name: str, ok: bool, title: str,
+                           summary: str, annotations: Sequence[JSON] = ()) -> JSON:
+        """Gitea has no check runs: a commit status (`context` the check's name, state success
+        or failure), its description the title and the first annotation's message and place
+        (Gitea keeps 255 characters; a status has no room for the summary)."""
+        first = ""
+        if annotations:
+            note = annotations[0]
+            column = f", column {note['start_column']}" if note.get("start_column") else ""
+            first = f": {note['message']} (line {note['start_line']}{column})"
+        data, _, _ = await self._request(
+            "POST", "/repos/{owner}/{repo}/statuses/{sha}", {**split_repo(repo), "sha": head_sha},
+            {"state": "success" if ok else "failure", "context": name,
+             "description": (title + first)[:255]},
+            policy="idempotent")
+        status: JSON = data if isinstance(data, dict) else {}
+        return status
+
     async def search_issues(self, q: str) -> list[JSON]:
         raise ForgeError("issue search is not used on Gitea; list a repository's issues",
                          method="GET", url="/repos/issues/search")

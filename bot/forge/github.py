@@ -173,6 +173,157 @@ class GitHubForge(RepoCaller):
             if "pull_request" not in issue:
                 yield issue
 
+    # -- the work graph (issue 25): sub-issues and dependencies ----------------------------------
+
+    async def list_sub_issues(self, repo: str, number: int) -> list[JSON]:
+        """The issue's sub-issues, in the order people gave them (GitHub allows 100 a parent:
+        one page); each a REST issue, which says its repository and its parent."""
+        return [
+            issue
+            async for issue in self._paginate(
+                "/repos/{owner}/{repo}/issues/{number}/sub_issues{?per_page}",
+                {**split_repo(repo), "number": number, "per_page": 100},
+            )
+        ]
+
+    async def list_blocked_by(self, repo: str, number: int) -> list[JSON]:
+        """The issues this one is blocked by (GitHub's dependencies; 50 at most: one page)."""
+        return [
+            issue
+            async for issue in self._paginate(
+                "/repos/{owner}/{repo}/issues/{number}/dependencies/blocked_by{?per_page}",
+                {**split_repo(repo), "number": number, "per_page": 100},
+            )
+        ]
+
+    async def add_blocked_by(self, repo: str, number: int, issue_id: int,
+                             by_repo: str = "", by_number: int = 0) -> bool:
+        """Mark the issue blocked by the issue with id `issue_id` (GitHub names it by id; Gitea
+        by `by_repo` and `by_number`); False when it already was (so a retry after an
+        ambiguous failure is no error)."""
+        try:
+            await self._request(
+                "POST",
+                "/repos/{owner}/{repo}/issues/{number}/dependencies/blocked_by",
+                {**split_repo(repo), "number": number},
+                {"issue_id": issue_id},
+                policy="idempotent",
+                content=True,
+            )
+        except ValidationFailed:
+            if any(int(i.get("id", 0)) == issue_id
+                   for i in await self.list_blocked_by(repo, number)):
+                return False
+            raise
+        return True
+
+    async def remove_blocked_by(self, repo: str, number: int, issue_id: int,
+                                by_repo: str = "", by_number: int = 0) -> bool:
+        """Remove that dependency; False when there was none."""
+        try:
+            await self._request(
+                "DELETE",
+                "/repos/{owner}/{repo}/issues/{number}/dependencies/blocked_by/{issue_id}",
+                {**split_repo(repo), "number": number, "issue_id": issue_id},
+            )
+        except NotFound:
+            return False
+        return True
+
+    # -- issue fields (issue 25, `waiting: field`) ----------------------------------------------
+
+    async def list_issue_fields(self, org: str) -> list[JSON]:
+        """The organisation's issue fields (GitHub's `GET /orgs/{org}/issue-fields`)."""
+        data = await self._get("/orgs/{org}/issue-fields", {"org": org})
+        return [f for f in data if isinstance(f, dict)] if isinstance(data, list) else []
+
+    async def create_issue_field(self, org: str, name: str, data_type: str,
+                                 description: str | None = None) -> JSON:
+        """A new issue field of the organisation: GitHub asks "an administrator for the
+        organization" (an installation without it gets PermissionDenied)."""
+        data, _, _ = await self._request(
+            "POST", "/orgs/{org}/issue-fields", {"org": org},
+            {"name": name, "data_type": data_type, "description": description},
+            policy="once", content=True)
+        created: JSON = data
+        return created
+
+    async def list_issue_field_values(self, repo: str, number: int) -> list[JSON]:
+        """The issue's field values (REST issues carry them too, as `issue_field_values`)."""
+        return [
+            value
+            async for value in self._paginate(
+                "/repos/{owner}/{repo}/issues/{number}/issue-field-values{?per_page}",
+                {**split_repo(repo), "number": number, "per_page": 100},
+            )
+        ]
+
+    async def set_issue_field_value(self, repo: str, number: int, field_id: int,
+                                    value: str | float) -> None:
+        """Set (add or update) one issue field's value on the issue, leaving its others."""
+        await self._request(
+            "POST", "/repos/{owner}/{repo}/issues/{number}/issue-field-values",
+            {**split_repo(repo), "number": number},
+            {"issue_field_values": [{"field_id": field_id, "value": value}]},
+            policy="idempotent", content=True)
+
+    async def delete_issue_field_value(self, repo: str, number: int, field_id: int) -> bool:
+        """Clear that field's value on the issue; False when it had none."""
+        try:
+            await self._request(
+                "DELETE",
+                "/repos/{owner}/{repo}/issues/{number}/issue-field-values/{field_id}",
+                {**split_repo(repo), "number": number, "field_id": field_id})
+        except NotFound:
+            return False
+        return True
+
+    # -- pull requests and checks (issue 23: a config change checked before it is merged) ------
+
+    async def pull_files(self, repo: str, number: int) -> list[JSON]:
+        """The files a pull request changes (`filename`, `status`, ...; GitHub lists 3,000 at
+        most)."""
+        return [
+            entry
+            async for entry in self._paginate(
+                "/repos/{owner}/{repo}/pulls/{number}/files{?per_page}",
+                {**split_repo(repo), "number": number, "per_page": 100},
+            )
+        ]
+
+    async def get_file_at(self, repo: str, path: str, ref: str) -> str | None:
+        """The text of the file at `path` as of `ref` (a branch or a commit sha); None when
+        it has none there."""
+        try:
+            data = file_or_none(await self._get(contents_route(path) + "{?ref}",
+                                                {**split_repo(repo), "ref": ref}))
+        except NotFound:
+            return None
+        return None if data is None else file_text(path, data)
+
+    async def report_check(self, repo: str, head_sha: str, name: str, ok: bool, title: str,
+                           summary: str, annotations: Sequence[JSON] = ()) -> JSON:
+        """A completed check run `name` on `head_sha`, success or failure, with its output and
+        annotations (`path`, `start_line`, `end_line`, `start_column`, `annotation_level`,
+        `message`): GitHub takes 50 a request, so any more are added by updates. A retry may
+        leave two runs of the name; GitHub shows the newest."""
+        notes = list(annotations)
+        output: JSON = {"title": title, "summary": summary, "annotations": notes[:50]}
+        data, _, _ = await self._request(
+            "POST", "/repos/{owner}/{repo}/check-runs", split_repo(repo),
+            {"name": name, "head_sha": head_sha, "status": "completed",
+             "conclusion": "success" if ok else "failure", "output": output},
+            policy="idempotent", content=True)
+        run: JSON = data
+        for at in range(50, len(notes), 50):
+            data, _, _ = await self._request(
+                "PATCH", "/repos/{owner}/{repo}/check-runs/{run_id}",
+                {**split_repo(repo), "run_id": run["id"]},
+                {"output": {**output, "annotations": notes[at:at + 50]}},
+                policy="idempotent")
+            run = data
+        return run
+
     async def search_issues(self, q: str) -> list[JSON]:
         return [
             item

@@ -12,7 +12,11 @@ that budget fairly between the principals the writes are made for:
   hour's creations, so a burst from one leaves room for everybody else's next write;
 * **endpoint points**: GitHub allows at most 900 points a minute per REST endpoint, a write
   costing 5, so at most 180 writes a minute to one endpoint (`PATCH .../issues/{n}`, whatever
-  the issue); a write waits for its endpoint's window (``endpoint_points_per_minute``, 0 off).
+  the issue); a write waits for its endpoint's window (``endpoint_points_per_minute``, 0 off);
+* **kinds**: each write waits for its own budgets only, never for a turn: a creation waiting
+  for the hour's budget holds no label move, not even one of its own principal's (the turn
+  goes to the first of a principal's writes that may go), and the wait is seen
+  (:func:`budget_waits`: /readyz's detail and ``vaultmail_forge_budget_wait_seconds``).
 
 The principal a write is made for travels in the :data:`writes_for` context variable: the tool
 layer sets it to the caller, the worker to the event's actor (see :func:`acting_for`). Writes
@@ -26,6 +30,7 @@ import contextlib
 import itertools
 import math
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextvars import ContextVar
@@ -47,6 +52,35 @@ def acting_for(principal: str | None) -> Iterator[None]:
 
 
 WRITE_POINTS = 5  # what GitHub counts a POST, PATCH, PUT or DELETE on its endpoint's budget
+BUDGET_WAIT = 5.0  # a write waiting longer than this for its budget is told of (/readyz)
+
+# The writes waiting for their place in the forge's budget the replicas share now: (until, on
+# time.monotonic), for /readyz's detail and the metric, so an hour's wait is seen; with the
+# pacers, whose queued writes wait for this process's own budget (`WritePacer.budget_waits`).
+_BUDGET_WAITS: dict[int, float] = {}
+_PACERS: weakref.WeakSet[WritePacer] = weakref.WeakSet()
+
+
+@contextlib.contextmanager
+def budget_wait(seconds: float) -> Iterator[None]:
+    key = id(asyncio.current_task())
+    _BUDGET_WAITS[key] = time.monotonic() + seconds
+    try:
+        yield
+    finally:
+        _BUDGET_WAITS.pop(key, None)
+
+
+def budget_waits() -> tuple[int, float]:
+    """How many writes wait for the forge's budget now (the shared one, or a pacer's), and the
+    longest wait left (s)."""
+    now = time.monotonic()
+    count, longest = len(_BUDGET_WAITS), max((u - now for u in _BUDGET_WAITS.values()),
+                                             default=0.0)
+    for pacer in list(_PACERS):
+        n, most = pacer.budget_waits()
+        count, longest = count + n, max(longest, most)
+    return count, longest
 
 
 @dataclass
@@ -98,6 +132,7 @@ class WritePacer:
         self._timer: asyncio.Task[None] | None = None
         self._timer_at = math.inf
         self._watchers: list[tuple[int, asyncio.Future[None]]] = []
+        _PACERS.add(self)
 
     # -- the budget --------------------------------------------------------------------------
 
@@ -200,6 +235,18 @@ class WritePacer:
         """How many writes wait for their turn."""
         return sum(len(q) for q in self._queues.values())
 
+    def budget_waits(self) -> tuple[int, float]:
+        """How many queued writes wait for budget (not only for the slot), and the longest
+        wait left of them (s)."""
+        waits = [self.delay(w.content, p, w.endpoint)
+                 for p, queue in list(self._queues.items()) for w in list(queue)]
+        waits = [d for d in waits if d > 0]
+        return len(waits), max(waits, default=0.0)
+
+    def budget_wait(self) -> float:
+        """The longest wait for budget left of a queued write (s)."""
+        return self.budget_waits()[1]
+
     async def until_waiting(self, n: int) -> None:
         """Return once at least `n` writes wait for their turn (benchmarks and tests meet here
         instead of sleeping)."""
@@ -282,21 +329,27 @@ class WritePacer:
         soonest = math.inf
         for principal in order:
             queue = self._queues[principal]
-            while queue and queue[0].granted.done():  # cancelled, not yet dropped by its task
-                queue.popleft()
+            for gone in [w for w in queue if w.granted.done()]:  # cancelled, not yet dropped
+                queue.remove(gone)
             if not queue:
                 del self._queues[principal]
                 continue
-            head = queue[0]
-            d = self.delay(head.content, principal, head.endpoint)
-            if d > 0:
+            # the principal's first write that its budgets let go now: a creation waiting
+            # for the hour's budget holds none of its label moves (each kind its own budget)
+            ready = None
+            for waiter in queue:
+                d = self.delay(waiter.content, principal, waiter.endpoint)
+                if d <= 0:
+                    ready = waiter
+                    break
                 soonest = min(soonest, d)
+            if ready is None:
                 continue
-            queue.popleft()
+            queue.remove(ready)
             if not queue:
                 del self._queues[principal]
-            self._grant(head.content, principal, head.endpoint)
-            head.granted.set_result(None)
+            self._grant(ready.content, principal, ready.endpoint)
+            ready.granted.set_result(None)
             return
         if soonest < math.inf:
             self._schedule(soonest)
@@ -317,4 +370,4 @@ class WritePacer:
         self._dispatch()
 
 
-__all__ = ["WritePacer", "acting_for", "writes_for"]
+__all__ = ["WritePacer", "acting_for", "budget_wait", "budget_waits", "writes_for"]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from bot.errors import Conflict, Denied, InvalidArguments, NotFoundError
 from bot.forge.errors import NotFound
 from bot.forge.gitea import GiteaForge
-from bot.items import render
+from bot.items import render, waiting
 from bot.items.address import (
     Reached,
     Table,
@@ -128,14 +128,18 @@ class Comments:
         fresh = item_from_issue(self.office, item.repo, full)
         return replace(item, parent=fresh.parent) if fresh is not None else item
 
-    async def index_item(self, item: Item) -> Item:
+    async def index_item(self, item: Item, *, if_changed: bool = False) -> Item:
+        """Write `item` to the index (with the claim of the outcome a plan or evidence is
+        under); `if_changed`: only where the index has it otherwise."""
         store = self.services.store
         if item.kind in ("plan", "evidence") and item.parent:
             parent = await self.parent_item(item.parent)
             if parent is not None and parent.kind == "outcome":
                 item = replace(item, claim=parent.claim)
-        known = await db.get_item(store, item.ref) if item.kind in ("plan", "evidence") \
-            else None
+        known = await db.get_item(store, item.ref) \
+            if if_changed or item.kind in ("plan", "evidence") else None
+        if if_changed and known == item:
+            return item
         async with store.transaction() as tx:
             await db.put_item(tx, item)
             if known is not None and self.scope_of(known) != self.scope_of(item):
@@ -290,6 +294,8 @@ class Comments:
             "addressed": [r.principal for r in [*to, *cc]],
         }, forge_id, now)
         await self._commit(actor, item, record, row, kind, reached, to, cc)
+        if row.state.is_question:  # asked, answered or passed on: the forge shows who it waits on
+            await waiting.sync(self, row.scope)
         return {"comment": comment_view(record), "thread": thread_view(row, actor),
                 "notify": record.data["notify"], "addressed": record.data["addressed"]}
 
@@ -511,4 +517,6 @@ class Comments:
             await db.put_thread(tx, row)
             await ledger.append(tx, "comment.resolved", actor, t.item,
                                 {"thread": t.id, "comment": comment_id}, org=self.office.org)
+        if s.is_question:
+            await waiting.sync(self, row.scope)
         return row

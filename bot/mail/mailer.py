@@ -7,10 +7,12 @@ that updates the index and the ledger together. Tools and webhook handlers both 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -18,6 +20,7 @@ from pydantic import ValidationError
 
 from bot.app import runs
 from bot.errors import Conflict, Denied, InvalidArguments, NotFoundError
+from bot.forge.errors import ForgeError, NotFound, PermissionDenied
 from bot.mail.header import (
     MailHeader,
     adopted_mail_id,
@@ -28,6 +31,7 @@ from bot.mail.header import (
     written_body,
 )
 from bot.mail.markdown import defuse_mentions
+from bot.mail.reindex import closed_duplicate
 from bot.office.config import Agent, Office
 from bot.store import idempotency, ledger, mails, moves, replies
 from bot.store.mails import QUIET, MailRecord
@@ -46,6 +50,8 @@ MAX_BODY = 60_000
 _SETS_STATE = frozenset({MailEvent.OPEN, MailEvent.CLOSE, MailEvent.REOPEN})
 _IDEMPOTENCY_NS = uuid.UUID("5b0c3c1e-8f7a-4d6e-9a51-0c1d2e3f4a5b")
 _RE = re.compile(r"^(re:\s*)+", re.IGNORECASE)
+# how far before a mail's signing time its issues are looked for (the forge's clock may lag)
+DUPLICATE_SKEW = timedelta(minutes=10)
 log = logging.getLogger("vaultmail.mail")
 
 
@@ -115,6 +121,13 @@ def fits(text: str, what: str) -> str:
             f"{FORGE_MAX_BODY:,}: shorten the body (each @ before a name gains an invisible "
             "character, so it mentions nobody)", code="body_too_long")
     return text
+
+
+class Undeliverable(Conflict):
+    """Mail not delivered: its recipient has left the office, or its vault is gone or
+    archived (the message names which; an agent sender has a bounce in its vault too)."""
+
+    code = "undeliverable"
 
 
 @dataclass(frozen=True)
@@ -218,7 +231,7 @@ class Mailer:
         draft = await self.draft(actor, to, subject, body, reply_to=reply_to,
                                  idempotency_key=idempotency_key, check=check,
                                  automatic=automatic)
-        return await self.deliver(draft)
+        return await self.deliver_or_bounce(draft)
 
     async def draft(self, actor: str, to: str, subject: str, body: str, *,
                     reply_to: MailRecord | None = None, idempotency_key: str | None = None,
@@ -273,9 +286,13 @@ class Mailer:
         if quiet is None and header.hops > LOOP_GUARD_HOPS:
             quiet = f"beyond {LOOP_GUARD_HOPS} hops: delivered without mail:new"
         issue = None
-        if not await mails.intend_send(self.services.store, mail_id, vault):
+        begun = not await mails.intend_send(self.services.store, mail_id, vault)
+        if begun:
             issue = await self.forge.find_issue(vault, mail_id)  # begun before: did it land?
         if issue is None:
+            # the fence: a try whose key another replica took over (this one stalled past
+            # DEAD_AFTER) opens nothing; the new owner sends the mail, once
+            await idempotency.check_claim()
             issue = await self.forge.create_issue(
                 vault, header.subject, draft.rendered,
                 labels=[] if quiet else [MailState.NEW.value], marker=mail_id)
@@ -285,8 +302,57 @@ class Mailer:
             sent=header.sent, hops=header.hops, in_reply_to=header.in_reply_to,
             thread_id=header.thread_id, key_id=header.key_id, body_sha256=header.body_sha256,
             state=QUIET if quiet else MailState.NEW.value)
-        await self._record_new(record, draft.actor, draft.agent, quiet=quiet)
-        return record
+        kept = await self._record_new(record, draft.actor, draft.agent, quiet=quiet,
+                                      fenced=True)
+        if kept is None:
+            # taken over meanwhile: this try indexes nothing; the new owner indexes one issue
+            # and closes any other carrying the mail id (this one, should it be another)
+            raise idempotency.ClaimLost(f"send of {mail_id}: its key was taken over")
+        if kept.number != record.number:
+            # the index holds another issue for this mail id (a retry elsewhere sent it while
+            # this try's create was in flight): this one is a late duplicate
+            await self._close_duplicate(vault, record.number, kept)
+        elif begun:
+            # an earlier try began this send: an issue it opened late (after this try looked)
+            # carries the mail id too
+            await self._close_duplicates_of(kept)
+        return kept
+
+    async def _close_duplicates_of(self, kept: MailRecord) -> None:
+        """Close every other issue the app opened in `kept`'s vault carrying its mail id in a
+        genuine signed header (a stalled try's late create), as duplicates of `kept`."""
+        since = datetime.strptime(kept.sent, "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=UTC) - DUPLICATE_SKEW
+        async for issue in self.forge.iter_issues(kept.vault, state="all", since=since):
+            number = int(issue["number"])
+            if number == kept.number or closed_duplicate(issue):
+                continue
+            verdict = verify_issue(issue, kept.vault, self.services.keyring,
+                                   app_login=self.services.bot_login,
+                                   expected_mail_id=kept.mail_id)
+            if verdict.valid:
+                await self._close_duplicate(kept.vault, number, kept)
+
+    async def _close_duplicate(self, vault: str, number: int, original: MailRecord) -> None:
+        """Close `vault`#`number`, a second issue of `original`'s mail, as a duplicate: not
+        planned, its state labels taken off (in no inbox, never indexed), a comment naming the
+        original. Each write is found again by a retry: nothing is said twice."""
+        log.warning("a late duplicate of a mail closed", extra={
+            "mail": original.ref, "duplicate": f"{vault}#{number}", "outcome": "duplicate"})
+        issue = await self.forge.get_issue(vault, number)
+        if not closed_duplicate(issue):
+            other = [str(lb["name"]) for lb in issue.get("labels", [])
+                     if not str(lb["name"]).startswith("mail:")]
+            await self.forge.update_issue(vault, number, state="closed",
+                                          state_reason="not_planned", labels=other)
+        marker = f"<!-- vaultmail:duplicate {original.mail_id} -->"
+        if await self.forge.find_comment(vault, number, marker) is None:
+            await self.forge.create_comment(vault, number, (
+                f"This issue is a duplicate of #{original.number}, the same mail (id "
+                f"`{original.mail_id}`) opened twice: a send was retried while an earlier "
+                "try of it was still in flight. The mail is "
+                f"#{original.number}; this copy is closed and not in any inbox.\n\n{marker}"),
+                marker=marker)
 
     async def _copy_hops(self, replied: MailRecord) -> int:
         """The hops of an automatic reply copy of `replied`, or of mail an agent sends in
@@ -304,17 +370,24 @@ class Mailer:
         return human.login if human else None
 
     async def _record_new(self, record: MailRecord, actor: str, agent: Agent, *,
-                          quiet: str | None = None) -> None:
+                          quiet: str | None = None, fenced: bool = False) -> MailRecord | None:
         """Index a mail now on the forge, ledger it and admit its run: once per mail id,
-        whichever of the sender and the crash-recovery path (`record_found`) comes first."""
+        whichever of the sender and the crash-recovery path (`record_found`) comes first.
+        The mail as indexed (this record, or the one indexed before it under its id);
+        `fenced`: None, indexing nothing, when the running idempotency claim was taken over
+        (checked under the claim's own key, which a takeover takes too)."""
         admitted: int | None = None
+        fence = idempotency.fence_key() if fenced else None
         # the sender and the recovery path may record one mail id at once: one looks, then
         # the other
         async with self.services.store.transaction(
                 f"mail:{record.mail_id}", mails.box_key(record.org, record.to_principal),
-                ledger.key(record.org)) as db:
-            if await mails.mail_indexed(db, record.mail_id):
-                return
+                ledger.key(record.org), *([fence] if fence else [])) as db:
+            indexed = await mails.get_mail_in(db, record.mail_id)
+            if indexed is not None:
+                return indexed
+            if fence and not await idempotency.claim_held_in(db):
+                return None
             await mails.put_mail(db, record)
             await mails.sent(db, record.mail_id)
             await ledger.append(db, "mail.sent", actor, record.ref, {
@@ -333,6 +406,7 @@ class Mailer:
             self.services.notifier.notify([record.to_principal], org=record.org)
         if admitted is not None:
             runs.dispatch_mail(self.services, self.forge, agent, record, admitted)
+        return record
 
     async def record_found(self, repo: str, issue: dict[str, Any]) -> MailRecord | None:
         """Index a mail the app created but did not get to record (it crashed in between):
@@ -350,7 +424,13 @@ class Mailer:
         return record
 
     async def adopt(self, repo: str, issue: dict[str, Any], actor: str) -> MailRecord:
-        """A person (or agent) opened an issue in a vault by hand: make it mail from them."""
+        """A person (or agent) opened an issue in a vault by hand: make it mail from them.
+
+        The issue is taken as the forge has it now, not as the `issues.opened` delivery
+        described it (issue 28): that delivery may come late (dropped, then redelivered by the
+        reconciler) after the issue was edited, relabelled or closed. A closed issue becomes a
+        closed mail, ledgered sent and closed once each, if whoever closed it may close it (else
+        it is new mail, and the close's own delivery refuses and reopens it)."""
         agent = self.office.agent_for_vault(repo)
         if agent is None:
             raise NotFoundError(f"{repo} is not a vault in this office")
@@ -359,6 +439,7 @@ class Mailer:
         if known is not None:
             return known
         await self.check_may_send(actor, agent)
+        issue = await self.forge.get_issue(repo, number)  # as it is now
         # the words they wrote, their own mentions as they wrote them; a pasted mail's header
         # and table taken off (see `written_body`)
         body = written_body(issue.get("body"))
@@ -370,19 +451,57 @@ class Mailer:
             vault=repo.lower(), subject=checked_subject(title), body=body, mail_id=mail_id,
             from_name=shown_as(self.office, actor), to_name=shown_as(self.office, agent.principal))
         current = [label["name"] for label in issue.get("labels", [])]
-        # the title as signed (control and invisible characters out), in the same write
-        retitle = {"title": header.subject} if header.subject != title.strip() else {}
-        await self.forge.update_issue(
-            repo, number, body=fits(render_mail_body(header, body), "the mail, its header added"),
-            labels=labels_for(MailState.NEW, current).apply(current), **retitle)
         record = MailRecord(
             mail_id=mail_id, vault=repo.lower(), number=number, subject=header.subject,
             body=body, from_principal=actor, to_principal=agent.principal, sent=header.sent,
             hops=0, in_reply_to=None, thread_id=header.thread_id, key_id=header.key_id,
             body_sha256=header.body_sha256, state=MailState.NEW.value,
             other_labels=tuple(n for n in current if not n.lower().startswith("mail:")))
-        await self._record_new(record, actor, agent)
-        return record
+        closer = self._closer(issue, actor, record)
+        state = MailState.NEW if closer is None else MailState.CLOSED
+        # the title as signed (control and invisible characters out), in the same write
+        retitle = {"title": header.subject} if header.subject != title.strip() else {}
+        await self.forge.update_issue(
+            repo, number, body=fits(render_mail_body(header, body), "the mail, its header added"),
+            labels=labels_for(state, current).apply(current), **retitle)
+        if closer is None:
+            await self._record_new(record, actor, agent)
+            return record
+        closed = record.with_state(MailState.CLOSED.value)
+        await self._record_adopted_closed(closed, actor, closer,
+                                          moves.forge_time(issue.get("closed_at")))
+        return closed
+
+    def _closer(self, issue: dict[str, Any], opener: str, record: MailRecord) -> str | None:
+        """Who closed `issue` (found closed at adoption) as the office knows them, when they
+        may close the mail; None when it is open, or they may not."""
+        if issue.get("state") != "closed":
+            return None
+        by = issue.get("closed_by")
+        login = by.get("login") if isinstance(by, dict) else None
+        who = (principal_of(self.office, login) or f"forge:{login}") if isinstance(
+            login, str) else opener  # a forge that does not say: the one who opened it
+        return who if self.may_manage(who, record) else None
+
+    async def _record_adopted_closed(self, record: MailRecord, actor: str, closer: str,
+                                     at: float | None) -> None:
+        """Index an adopted mail found closed: sent by `actor`, closed by `closer` at forge
+        time `at`, each ledgered once; it wakes no one (nothing is left to do)."""
+        async with self.services.store.transaction(
+                f"mail:{record.mail_id}", mails.box_key(record.org, record.to_principal),
+                ledger.key(record.org)) as db:
+            if await mails.mail_indexed(db, record.mail_id):
+                return
+            await mails.put_mail(db, record)
+            await mails.sent(db, record.mail_id)
+            await ledger.append(db, "mail.sent", actor, record.ref, {
+                "mail": record.mail_id, "to": record.to_principal, "subject": record.subject,
+                "hops": record.hops, "thread": record.thread_id,
+                "in_reply_to": record.in_reply_to}, org=record.org)
+            await moves.note(db, record.mail_id, at)
+            await ledger.append(db, "mail.closed", closer, record.ref, {
+                "mail": record.mail_id, "from": MailState.NEW.value,
+                "to": MailState.CLOSED.value, "adopted": True}, org=record.org)
 
     # -- state changes ---------------------------------------------------------------------
     async def _move(self, mail: MailRecord, event: MailEvent, actor: str, ledger_event: str,
@@ -400,6 +519,25 @@ class Mailer:
         ("open", "closed") the change itself made on the forge (someone closed or reopened the
         issue): a stale one is undone there, since the later move stands."""
         self.own(mail)
+        owed: list[tuple[str, bool]] = []
+        try:
+            return await self._move_held(mail, event, actor, ledger_event, labels=labels,
+                                         issue_state=issue_state,
+                                         reopen_if_closed=reopen_if_closed, data=data,
+                                         follow_up=follow_up, at=at, forged=forged, owed=owed)
+        finally:
+            # the mail's lock let go first: a tamper warning is a comment (a content
+            # creation), which may wait for the hour's budget, and no pacing wait is made
+            # under a lock
+            for reason, look_first in owed:
+                await self._warn_owed(mail, reason, look_first=look_first)
+
+    async def _move_held(self, mail: MailRecord, event: MailEvent, actor: str,
+                         ledger_event: str, *, labels: list[str] | None,
+                         issue_state: str | None, reopen_if_closed: bool,
+                         data: dict[str, Any] | None, follow_up: tuple[str, str] | None,
+                         at: float | None, forged: str | None,
+                         owed: list[tuple[str, bool]]) -> MailRecord:
         async with self.services.lock_for(mail.mail_id):
             last = await moves.last_move(self.services.store, mail.mail_id)
             if at is not None and last is not None and at < last:
@@ -419,7 +557,7 @@ class Mailer:
                 issue_state = "open"
             return await self._move_locked(found, event, actor, ledger_event,
                                            labels=labels, issue_state=issue_state, data=data,
-                                           follow_up=follow_up, at=at)
+                                           follow_up=follow_up, at=at, owed=owed)
 
     async def _undo_stale(self, mail: MailRecord, forged: str) -> None:
         """A stale close or reopen made on the forge (the handler saw the issue still so) is
@@ -436,7 +574,8 @@ class Mailer:
                            issue_state: str | None,
                            data: dict[str, Any] | None,
                            follow_up: tuple[str, str] | None = None,
-                           at: float | None = None) -> MailRecord:
+                           at: float | None = None,
+                           owed: list[tuple[str, bool]] | None = None) -> MailRecord:
         try:
             new = transition(_state(mail), event)
         except IllegalTransition as exc:
@@ -454,7 +593,9 @@ class Mailer:
                 fields["state_reason"] = "completed"
         if fields:
             issue = await self.forge.update_issue(mail.vault, mail.number, **fields)
-            await self.check_tamper(mail, issue, "office")  # the answer carries it: no request
+            # the answer carries it: no request (a warning owed is posted once the lock is let
+            # go: `owed`)
+            await self.check_tamper(mail, issue, "office", owed=owed)
             if at is None:  # a change made now: it happened when the forge took the write
                 at = moves.forge_time(issue.get("updated_at"))
         wakes = new is MailState.NEW and mail.state != MailState.NEW.value
@@ -520,7 +661,9 @@ class Mailer:
         # everything refusable is checked before the first write: the comment, and the copy
         # an agent sender gets of it, so a refusal never leaves half a reply on the forge
         copy: MailRecord | _Draft | None = None
-        if mail.from_principal.startswith("agent:") and mail.from_principal != actor:
+        left = self.has_left(mail.from_principal)
+        if mail.from_principal.startswith("agent:") and mail.from_principal != actor \
+                and left is None:
             copy = await self.draft(actor, mail.from_principal,
                                     "Re: " + _RE.sub("", mail.subject), text, reply_to=mail,
                                     check=False, automatic=True,
@@ -545,7 +688,12 @@ class Mailer:
                                        labels=labels, reopen_if_closed=True,
                                        data={"reply": key}, at=at)
         if copy is not None:
-            await self.deliver(copy)
+            # the reply stands; a copy with nowhere to go is a bounce in the replier's vault
+            with contextlib.suppress(Undeliverable):
+                await self.deliver_or_bounce(copy)
+        elif left is not None and mail.from_principal != actor:
+            await self.bounce(actor, mail.from_principal, "Re: " + _RE.sub("", mail.subject),
+                              left, key=f"reply\n{mail.mail_id}\n{key}", about=mail)
         return updated
 
     async def follow_up(self, mail: MailRecord, actor: str, *,
@@ -561,6 +709,91 @@ class Mailer:
         return await self._move(mail, MailEvent.FOLLOW_UP, actor, "mail.sent", labels=labels,
                                 reopen_if_closed=True, data={"follow_up": True},
                                 follow_up=(actor, text) if text is not None else None, at=at)
+
+    # -- internal bounces ------------------------------------------------------------------
+    def has_left(self, principal: str) -> str | None:
+        """Why mail to agent `principal` cannot go: it has left the office (no longer in its
+        config); None for an agent still here, or anyone else."""
+        if not principal.startswith("agent:") or self.office.agent(
+                principal.removeprefix("agent:")) is not None:
+            return None
+        return f"{principal} has left the office"
+
+    @staticmethod
+    def undeliverable(exc: Exception, vault: str) -> str | None:
+        """Why mail to `vault` cannot be delivered, from the forge's answer `exc` to its write:
+        the vault is gone (404, 410) or archived (403 saying so); None for any other failure
+        (a retry may yet deliver it)."""
+        if isinstance(exc, NotFound) or (isinstance(exc, ForgeError) and exc.status == 410):
+            return f"its vault {vault} is gone"
+        if isinstance(exc, PermissionDenied) and "archived" in exc.message.lower():
+            return f"its vault {vault} is archived (read-only)"
+        return None
+
+    async def deliver_or_bounce(self, draft: MailRecord | _Draft) -> MailRecord:
+        """`deliver`, and when the recipient's vault is gone or archived, a bounce
+        (`bounce`) instead of a forge error: Undeliverable names why."""
+        try:
+            return await self.deliver(draft)
+        except ForgeError as exc:
+            why = None if isinstance(draft, MailRecord) else self.undeliverable(
+                exc, draft.header.vault)
+            if why is None or isinstance(draft, MailRecord):
+                raise
+            raise await self.bounce(draft.actor, draft.agent.principal, draft.header.subject,
+                                    why, key=draft.header.mail_id) from exc
+
+    async def bounce(self, actor: str, to: str, subject: str, why: str, *, key: str,
+                     about: MailRecord | None = None) -> Undeliverable:
+        """Tell `actor` its mail to `to` was not delivered (`why`): an agent by an
+        "Undelivered" mail in its vault from the office (once per `key`), anyone else by the
+        refusal this returns (also what an agent's call answers). Ledgered `mail.bounced`."""
+        told: MailRecord | None = None
+        sender = self.office.agent(actor.removeprefix("agent:")) \
+            if actor.startswith("agent:") else None
+        if sender is not None and actor != to:
+            title = f"Undelivered: {subject}"
+            if len(title) > MAX_SUBJECT:
+                title = title[:MAX_SUBJECT - 1].rstrip() + "…"
+            try:
+                told = await self.send(
+                    "office", actor, title,
+                    f"Your mail to `{to}` (\"{subject}\") was not delivered: {why}.",
+                    reply_to=about, check=False, idempotency_key=f"undelivered\n{key}")
+            except (ForgeError, Undeliverable) as exc:  # its own vault is gone too
+                log.warning("bounce not delivered", extra={"to": actor, "error": repr(exc)})
+        await ledger.record_once(self.services.store, "mail.bounced", "office",
+                                 f"mail to {to}", {"from": actor, "to": to, "why": why,
+                                                   "key": key,
+                                                   "told": told.ref if told else None},
+                                 org=self.office.org, by=("key",))
+        return Undeliverable(
+            f"mail to {to} not delivered: {why}"
+            + (f"; the bounce is {told.ref}" if told is not None else ""))
+
+    async def hold(self, mail: MailRecord) -> MailRecord:
+        """Mark quiet mail from outside held (`mail:held`, bot.email.policy): the agent's
+        person's turn, to release (a follow-up: mail:new, a run) or drop (close). Once: mail
+        already held, or moved on since it was delivered, is left as it is."""
+        self.own(mail)
+        async with self.services.lock_for(mail.mail_id):
+            latest = await mails.get_mail(self.services.store, mail.mail_id) or mail
+            if latest.state != QUIET or not latest.from_principal.startswith("email:"):
+                return latest
+            after = labels_for(MailState.HELD, latest.labels).apply(latest.labels)
+            issue = await self.forge.update_issue(latest.vault, latest.number, labels=after)
+            # ledgered by its caller (`email.held`, with the reason)
+            async with self.services.store.transaction(
+                    mails.box_key(latest.org, latest.to_principal)) as db:
+                if not await mails.set_state(db, latest.mail_id, MailState.HELD.value, after,
+                                             expected=QUIET):
+                    return await mails.get_mail_in(db, latest.mail_id) or latest
+                await moves.note(db, latest.mail_id, moves.forge_time(issue.get("updated_at")))
+        # its person's turn, not the agent's: the agent is not woken
+        agent = self.office.agent(latest.to_principal.removeprefix("agent:"))
+        if agent is not None and agent.person:
+            self.services.notifier.notify([f"human:{agent.person.lower()}"], org=latest.org)
+        return latest.with_state(MailState.HELD.value)
 
     async def close(self, mail: MailRecord, actor: str, *, issue_closed: bool = False,
                     labels: list[str] | None = None, at: float | None = None) -> MailRecord:
@@ -582,11 +815,14 @@ class Mailer:
                                 data={"reopened": True}, at=at, forged="open")
 
     # -- tamper checks ---------------------------------------------------------------------
-    async def check_tamper(self, mail: MailRecord, issue: dict[str, Any], actor: str) -> bool:
+    async def check_tamper(self, mail: MailRecord, issue: dict[str, Any], actor: str, *,
+                           owed: list[tuple[str, bool]] | None = None) -> bool:
         """Verify the issue as found; flag, ledger and comment once when it was changed.
 
         The flag and the ledger entry come first and note the warning as owed; the comment
-        (with a marker) is part of what a retry does until it is on the forge."""
+        (with a marker) is part of what a retry does until it is on the forge. `owed`: the
+        comment is left to the caller (which holds the mail's lock): its reason and whether to
+        look for it first are added there, for `_warn_owed` once the lock is let go."""
         verdict = verify_issue(issue, mail.vault, self.services.keyring,
                                app_login=self.services.bot_login, expected_mail_id=mail.mail_id)
         if verdict.valid:
@@ -606,8 +842,18 @@ class Mailer:
                 flag = mails.WARNING_OWED if fresh else await mails.tamper_flag(store,
                                                                                 mail.mail_id)
             if flag == mails.WARNING_OWED:
-                await self._warn_tampered(mail, verdict.reason, look_first=not fresh)
+                if owed is not None:
+                    owed.append((verdict.reason, not fresh))
+                else:
+                    await self._warn_tampered(mail, verdict.reason, look_first=not fresh)
         return False
+
+    async def _warn_owed(self, mail: MailRecord, reason: str, *, look_first: bool) -> None:
+        """A tamper warning a move found owed, posted outside the mail's lock (once: under the
+        tamper lock, while the flag still says it is owed)."""
+        async with self.services.lock_for(f"tamper:{mail.mail_id}"):
+            if await mails.tamper_flag(self.services.store, mail.mail_id) == mails.WARNING_OWED:
+                await self._warn_tampered(mail, reason, look_first=look_first)
 
     async def _warn_tampered(self, mail: MailRecord, reason: str, *, look_first: bool) -> None:
         marker = f"<!-- vaultmail:tampered {mail.mail_id} -->"

@@ -31,6 +31,7 @@ class ReindexReport:
     mails: int = 0
     tampered: list[str] = field(default_factory=list)
     copies: list[str] = field(default_factory=list)  # a genuine header on an issue not its own
+    attachments: int = 0  # rows of the email attachments index (bot.email.attachments)
 
 
 def mail_from_issue(vault: str, issue: dict[str, Any], keys: Verifier, *,
@@ -66,10 +67,18 @@ def _opened(issue: dict[str, Any]) -> float | None:
         return None
 
 
+def closed_duplicate(issue: dict[str, Any]) -> bool:
+    """Closed as not planned with no state label: how the app closes a late duplicate."""
+    return issue.get("state") == "closed" and issue.get("state_reason") in (
+        None, "not_planned") and not any(str(lb["name"]).startswith("mail:")
+                                         for lb in issue.get("labels", []))
+
+
 def _rank(record: MailRecord, issue: dict[str, Any], indexed: str | None) -> tuple[int, ...]:
     """Which of several issues carrying one genuine header is the mail (lowest first).
 
-    An adopted mail's id names its issue; else the issue the index held it at; else an
+    An adopted mail's id names its issue; else the issue the index held it at; else one not
+    closed as a duplicate (a stalled send's late copy, `Mailer.deliver`); else an
     untampered one; else the one the app opened when it signed the header (opened at or
     after `sent`: someone editing an older issue of the app's to carry a newer header made a
     copy), the earliest such."""
@@ -78,6 +87,7 @@ def _rank(record: MailRecord, issue: dict[str, Any], indexed: str | None) -> tup
     sent = datetime.strptime(record.sent, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
     return (record.mail_id != adopted_mail_id(record.vault, number),
             indexed is not None and record.ref != indexed,
+            closed_duplicate(issue),
             record.tampered,
             opened is None or opened < sent - CLOCK_SKEW,
             int(opened or 0), number)
@@ -126,4 +136,9 @@ async def reindex(store: Store, forge: Forge, office: Office, keys: Verifier, *,
     found, report = await scan(forge, office, keys, app_login=app_login, indexed=indexed,
                                progress=progress)
     await mails.replace_all(store, found, office.vaults())
+    if office.email is not None:  # email attachments: listed in the signed mail (issue 24)
+        from bot.email.attachments import rebuild
+
+        report.attachments = await rebuild(store, forge, office.vaults(), found,
+                                           app_login=app_login)
     return report

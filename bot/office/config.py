@@ -191,6 +191,8 @@ _HOSTNAME = re.compile(r"^(?=.{1,253}$)([a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+
 _LOCAL_PART = re.compile(r"^[a-z0-9](?:[a-z0-9._+-]{0,62}[a-z0-9])?$")
 
 
+_EMAIL_SEND = re.compile(
+    r"^email:(\*|@[a-z0-9-]+(\.[a-z0-9-]+)+|[^@\s]+@[a-z0-9-]+(\.[a-z0-9-]+)+)$")
 _ACCEPT_ENTRY = re.compile(r"^(@?[a-z0-9-]+(\.[a-z0-9-]+)+|[^@\s]+@[a-z0-9-]+(\.[a-z0-9-]+)+)$")
 
 
@@ -260,6 +262,11 @@ class Office(_Strict):
     # without it: Goal, Outcome, Plan, Evidence), e.g. {outcome: Epic, plan: Task}
     item_types: dict[Literal["goal", "outcome", "plan", "evidence"], str] = Field(
         default_factory=dict)
+    # how the forge shows an outcome whose open questions wait on someone (bot/items/waiting.py):
+    # "dependency", blocked by a "Waiting on <who>" tracking issue while a question waits,
+    # cleared once it is answered; "field", the org's "Waiting on" issue field (GitHub) names
+    # who instead; "none" (the default, the least noise): nothing in the forge
+    waiting: Literal["dependency", "field", "none"] = "none"
 
     @field_validator("vault_pattern")
     @classmethod
@@ -286,7 +293,11 @@ class Office(_Strict):
             if a.person is not None and a.person.lower() not in emails:
                 problems.append(f"agents[{i}].person: {a.person} is not one of the humans")
             for who in a.capabilities.get("mail.send", []):
-                if who != "*" and who not in slugs:
+                if who.startswith("email:"):  # mail to outside addresses (bot/email/sending)
+                    if not _EMAIL_SEND.match(who):
+                        problems.append(f"agents[{i}].capabilities.mail.send: {who!r} is not "
+                                        "email:*, email:@domain or email:address")
+                elif who != "*" and who not in slugs:
                     problems.append(f"agents[{i}].capabilities.mail.send: no agent {who!r}")
         if self.email is not None:
             taken = set(slugs)

@@ -84,11 +84,8 @@ class OfficeSource:
         if self._text.get(org) == text and org in self._last_valid:
             self.last_error.pop(org, None)  # back to (or still) the last valid text
             return self._last_valid[org]  # unchanged (a 304): no need to parse it again
-        source = self.where(org)
         try:
-            office = bound_to_org(parse_office(text, source, repository=True,
-                                               url_refused=self._url_refused), org, source,
-                                  text)
+            office = self.validate(org, text)
         except OfficeConfigError as exc:
             if org not in self.last_error or str(self.last_error[org]) != str(exc):
                 log.error("office config refused; last valid config stays in force",
@@ -99,6 +96,13 @@ class OfficeSource:
         self._last_valid[org] = office
         self._text[org] = text
         return office
+
+    def validate(self, org: str, text: str) -> Office:
+        """`org`'s config from `text`, validated as a push of it is (a pull request's is
+        checked by the same): OfficeConfigError with every error, its line and column."""
+        source = self.where(org)
+        return bound_to_org(parse_office(text, source, repository=True,
+                                         url_refused=self._url_refused), org, source, text)
 
     def where(self, org: str) -> str:
         """Where `org`'s config is read from, as its errors name it."""

@@ -20,11 +20,14 @@ from bot.store import (  # noqa: F401
     ledger,
     mails,
     moves,
+    oauth,
     offices,
     outbound,
+    rates,
     replies,
     sessions,
     strangers,
+    waiting,
 )
 from bot.store.db import Store
 from bot.store.engines import index_of, is_postgres, open_store

@@ -3,7 +3,7 @@ and where they lie in the vault. The bytes are on the forge (committed under
 `attachments/<mail id>/` through the contents API, bot.email.attachments); a row is written
 once the file is there, and says which mail, which message, its name, type, size, git blob sha
 and link. The mail's signed body lists the same (bot.email.message: path, size, type, sha),
-so the rows could be rebuilt from the forge; the reindex does not do it yet.
+so `vaultmail reindex` rebuilds the rows from the forge (bot.email.attachments.rebuild).
 """
 
 from __future__ import annotations
@@ -69,3 +69,17 @@ async def of_mail(store: Store, mail_id: str) -> list[AttachmentRow]:
         f"SELECT {', '.join(_COLUMNS)} FROM mail_attachments WHERE mail_id=? ORDER BY path",
         (mail_id,))
     return [AttachmentRow(**{c: r[c] for c in _COLUMNS}) for r in rows]
+
+
+async def replace_all(store: Store, rows: list[AttachmentRow], vaults: list[str]) -> None:
+    """Replace the rows of `vaults` (one office's, as its reindex found them) with `rows`."""
+    async with store.transaction() as db:
+        for vault in vaults:
+            await db.execute("DELETE FROM mail_attachments WHERE lower(vault)=?",
+                             (vault.lower(),))
+        for row in rows:
+            await db.execute(
+                f"INSERT INTO mail_attachments({', '.join(_COLUMNS)})"
+                f" VALUES ({', '.join('?' for _ in _COLUMNS)})"
+                " ON CONFLICT(mail_id, path) DO NOTHING",
+                tuple(getattr(row, c) for c in _COLUMNS))

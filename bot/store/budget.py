@@ -51,11 +51,15 @@ def place(times: list[tuple[float, bool, str]], at: float, content: bool, endpoi
     budget = limits.endpoint_points_per_minute // WRITE_POINTS
     if budget > 0:
         windows.append((sorted(t for t, _, e in times if e == endpoint), budget, 60.0))
-    if limits.min_interval > 0 and times:
-        at = max(at, max(t for t, _, _ in times) + limits.min_interval)
+    # writes spaced by min_interval: from the writes placed near this one only (a creation
+    # placed in the next hour keeps no label move waiting for it)
+    spaced = sorted(t for t, _, _ in times) if limits.min_interval > 0 else []
     moved = True
     while moved:  # a later moment may bring other writes into a window: look again
         moved = False
+        near = [t for t in spaced if abs(t - at) < limits.min_interval]
+        if near:
+            at, moved = max(near) + limits.min_interval, True
         for placed, limit, span in windows:
             if limit <= 0:
                 continue

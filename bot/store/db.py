@@ -49,7 +49,7 @@ CREATE TABLE IF NOT EXISTS queue (
     installation_id INTEGER,
     issue_key TEXT,                           -- owner/repo#N the delivery is about, if any
     payload TEXT NOT NULL,
-    state TEXT NOT NULL DEFAULT 'pending',   -- pending | done | dead | ignored
+    state TEXT NOT NULL DEFAULT 'pending',   -- pending | done | dead | ignored | parked
     attempts INTEGER NOT NULL DEFAULT 0,
     next_at REAL NOT NULL,
     last_error TEXT,
@@ -105,6 +105,12 @@ register_schema("""
 CREATE INDEX IF NOT EXISTS queue_leased ON queue(issue_key, lease_owner)
     WHERE state='pending' AND lease_owner IS NOT NULL;
 """, version=8)
+
+# The deliveries parked until their issue becomes mail, by issue (bot.store.queue, `unpark`):
+# the issue's adoption finds them among these few, not in the queue's history.
+register_schema("""
+CREATE INDEX IF NOT EXISTS queue_parked ON queue(issue_key) WHERE state='parked';
+""", version=11)
 
 # Heartbeats and liveness go by the database's clock, vm_now() (SQLite: the one host's),
 # so replicas on hosts whose clocks disagree still agree on who is alive.

@@ -55,6 +55,9 @@ Result = dict[str, Any]
 OTHER_REPLICA_POLL = 0.05  # seconds between looks at a key another replica is working on
 _resumed: contextvars.ContextVar[bool] = contextvars.ContextVar("idempotency_resumed",
                                                                 default=False)
+# the claim the running `work` holds: its store, and (scope, key, owner, attempt)
+_claim: contextvars.ContextVar[tuple[IdempotencyMixin, tuple[str, str, str, int]] | None] = \
+    contextvars.ContextVar("idempotency_claim", default=None)
 
 
 def resumed() -> bool:
@@ -73,6 +76,45 @@ class KeyReused(Conflict):
     code = "idempotency_key_reused"
 
 
+class ClaimLost(Exception):  # noqa: N818 (a state, like KeyReused's)
+    """The running `work`'s claim was taken over (its replica stalled past DEAD_AFTER and
+    another took the key): it writes nothing more; `once` waits for the new owner's result."""
+
+
+def fence_key() -> str | None:
+    """The transaction key of the claim the running `work` holds (None outside `once`): a
+    transaction that names it and checks `claim_held_in` commits only under the claim (a
+    takeover takes the same key)."""
+    held = _claim.get()
+    return None if held is None else _key_lock(held[1][0], held[1][1])
+
+
+async def claim_held_in(db: Any) -> bool:
+    """Whether the running `work` still holds its claim (True outside `once`)."""
+    held = _claim.get()
+    if held is None:
+        return True
+    async with db.execute("SELECT 1 FROM idempotency WHERE scope=? AND key=? AND owner=?"
+                          " AND attempts=? AND result IS NULL", held[1]) as cur:
+        return await cur.fetchone() is not None
+
+
+async def check_claim() -> None:
+    """The fence before a write that must happen once (an issue's creation): raises
+    `ClaimLost` when the running `work`'s claim is another's now. Cheap: one read."""
+    held = _claim.get()
+    if held is None:
+        return
+    row = await held[0].fetchone("SELECT 1 FROM idempotency WHERE scope=? AND key=? AND"
+                                 " owner=? AND attempts=? AND result IS NULL", held[1])
+    if row is None:
+        raise ClaimLost(f"idempotency claim {held[1][0]!r}/{held[1][1]!r} taken over")
+
+
+def _key_lock(scope: str, key: str) -> str:
+    return f"idempotency:{scope}\n{key}"
+
+
 class IdempotencyMixin:
     """The idempotency half of Store (see bot.store.db)."""
 
@@ -84,6 +126,7 @@ class IdempotencyMixin:
     if TYPE_CHECKING:
         def transaction(self, *keys: str) -> AbstractAsyncContextManager[Any]: ...
         def retire(self) -> str: ...
+        async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> Any: ...
 
     async def _held_elsewhere(self, db: Any, owner: str | None) -> bool:
         """Whether `owner`, another replica than this one, is alive (its claim holds)."""
@@ -116,10 +159,20 @@ class IdempotencyMixin:
 
     async def _claim_and_run(self, slot: tuple[str, str], fingerprint: str,
                              work: Callable[[], Awaitable[Result]]) -> Result:
+        while True:
+            try:
+                return await self._claim_and_run_once(slot, fingerprint, work)
+            except ClaimLost:
+                # taken over while this try stalled (past DEAD_AFTER): it wrote nothing more,
+                # and waits for the new owner's result as a second caller would
+                continue
+
+    async def _claim_and_run_once(self, slot: tuple[str, str], fingerprint: str,
+                                  work: Callable[[], Awaitable[Result]]) -> Result:
         scope, key = slot
         while True:
             # the key's own lock: two replicas claiming it at once look one after the other
-            async with self.transaction(f"idempotency:{scope}\n{key}") as db:
+            async with self.transaction(_key_lock(scope, key)) as db:
                 if await id_taken(db, self.replica_id, self.incarnation):
                     raise ReplicaIdTaken(self.retire())  # its claims are another's now
                 async with db.execute("SELECT fingerprint, result, owner, attempts FROM"
@@ -151,9 +204,12 @@ class IdempotencyMixin:
         # and was taken over records nothing when it wakes)
         ours = (scope, key, self.replica_id, claim)
         token = _resumed.set(row is not None)
+        fence = _claim.set((self, ours))
         try:
             with counting_writes() as made:
                 result = await work()
+        except ClaimLost:
+            raise  # another's claim now: nothing of this try's is written to the key
         except Exception as exc:  # (cancelled: the replica is stopping; its claims go with it)
             async with self.transaction() as db:
                 if isinstance(exc, VaultmailError) and made[0] == 0 and row is None:
@@ -169,6 +225,7 @@ class IdempotencyMixin:
                                      ours)
             raise
         finally:
+            _claim.reset(fence)
             _resumed.reset(token)
         text = json.dumps(result)
         async with self.transaction() as db:

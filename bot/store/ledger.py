@@ -34,8 +34,16 @@ CREATE INDEX IF NOT EXISTS ledger_event ON ledger(event);
 GENESIS = "0" * 64
 EVENTS = frozenset({
     "mail.sent", "mail.opened", "mail.replied", "mail.closed", "mail.loop_guard",
+    "mail.bounced",  # mail to an agent that left, or to a vault gone or archived
+    "mail.restored",  # a delivered mail's issue vanished and was opened again (the doctor)
     "mail.tampered", "run.queued", "run.refused", "run.denied", "run.finished", "comment.added",
     "comment.answered", "comment.resolved", "office.config_refused",
+    # real mailboxes (bot/email): a message accepted, held, released by hand, sent, first
+    # deferred, bounced
+    "email.received", "email.held", "email.released", "email.sent", "email.deferred",
+    "email.bounced",
+    # a person let a remote MCP client act as them (bot.tools.oauth_server)
+    "mcp.client_allowed",
 })
 
 
@@ -141,6 +149,15 @@ async def recorded(store: Store, event: str, subject: str, field: str, value: st
         "SELECT 1 FROM ledger WHERE event=? AND subject=? AND json_extract(data, ?)=? LIMIT 1",
         (event, subject, f"$.{field}", value))
     return row is not None
+
+
+async def first_recorded(store: Store, event: str, subject: str, field: str,
+                         value: str) -> float | None:
+    """When the first `event` about `subject` with `data[field] == value` was recorded."""
+    row = await store.fetchone(
+        "SELECT MIN(time) AS first FROM ledger WHERE event=? AND subject=?"
+        " AND json_extract(data, ?)=?", (event, subject, f"$.{field}", value))
+    return float(row["first"]) if row is not None and row["first"] is not None else None
 
 
 def _entry(r: Any) -> Entry:

@@ -56,7 +56,7 @@ register_columns("mails", {"other_labels": "TEXT NOT NULL DEFAULT '[]'",
 # The states a mail row can hold: the four label names, and "quiet" for a reply delivered
 # past the loop guard (it carries no state label until someone acts on it).
 QUIET = "quiet"
-STATES = ("mail:new", "mail:working", "mail:replied", "mail:closed", QUIET)
+STATES = ("mail:new", "mail:working", "mail:replied", "mail:closed", "mail:held", QUIET)
 
 
 @dataclass(frozen=True)

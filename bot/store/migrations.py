@@ -41,6 +41,15 @@ NAMES = {
        " whether another runs one of an issue's deliveries",
     9: "email attachments: each accepted message's files, committed to the agent's vault,"
        " with the mail and message they came with, name, type, size, blob sha and link",
+    10: "remote MCP with OAuth 2.1: the clients that registered themselves, and the requests,"
+        " codes and tokens handed out (hashed), each bound to a person, an office and the MCP"
+        " endpoint",
+    11: "deliveries parked until their issue is mail, indexed by issue: a delivery about a"
+        " vault's issue whose opening is missing waits for its adoption, then runs",
+    12: "waiting made visible in the forge: per repository and principal, the \"Waiting on\""
+        " tracking issue an outcome is shown blocked by while its questions wait on them",
+    13: "rates shared by the replicas: the messages one outside sender sent one agent in the"
+        " last minute, counted in the index (email-rate:<office>/<agent>/<sender>)",
 }
 
 

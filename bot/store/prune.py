@@ -3,12 +3,15 @@
 Finished work is kept for `keep` seconds (`VAULTMAIL_RETENTION_DAYS`, 7 days by default), then
 deleted in batches by the leader (`bot.app.prune`):
 
-* queue rows handled (`done`, `ignored`) and their payloads; dead letters stay until an
-  operator replays or drops them;
+* queue rows handled (`done`, `ignored`) or parked for an issue that never became mail
+  (`parked`), and their payloads; dead letters stay until an operator replays or drops them;
 * the deliveries recorded against redelivery, once their queue row is gone: a redelivery older
   than `keep` would be taken again (GitHub redelivers for 3 days: `keep` is at least that);
 * idempotency results: a retry with the same key after `keep` is a new call;
-* console sessions past their expiry, and strangers' quiet periods past theirs.
+* console sessions past their expiry, and strangers' quiet periods past theirs;
+* remote MCP sign-ins (`bot.store.oauth`): requests, codes and tokens a day past their expiry
+  (a replay is recognised that long), grants a day past their end, and clients a day old that
+  hold nothing (never allowed, or all they were given gone).
 
 Mail, comments, chats and the ledger are the office's record and are never pruned here.
 """
@@ -16,6 +19,7 @@ Mail, comments, chats and the ledger are the office's record and are never prune
 from __future__ import annotations
 
 from bot.store.db import Store
+from bot.store.oauth import KEPT_AFTER_EXPIRY
 from bot.store.strangers import QUIET_FOR
 
 DAY = 86_400.0
@@ -29,12 +33,22 @@ def _batched(table: str, key: str, where: str) -> str:
 
 
 _STATEMENTS: dict[str, str] = {
-    "queue": _batched("queue", "id", "state IN ('done', 'ignored') AND finished_at < ?"),
+    "queue": _batched("queue", "id",
+                      "state IN ('done', 'ignored', 'parked') AND finished_at < ?"),
     "deliveries": _batched("deliveries", "guid", "received_at < ? AND NOT EXISTS"
                            " (SELECT 1 FROM queue q WHERE q.guid=deliveries.guid)"),
     "idempotency": ("DELETE FROM idempotency WHERE done_at IS NOT NULL AND done_at < ?"),
     "console_sessions": _batched("console_sessions", "id_hash", "expires_at < ?"),
     "stranger_replies": _batched("stranger_replies", "login", "replied_at < ?"),
+    "oauth_grants": _batched("oauth_grants", "value_hash", "expires_at < ?"),
+    "oauth_consents": _batched("oauth_consents", "grant_id", "expires_at < ? AND NOT EXISTS"
+                               " (SELECT 1 FROM oauth_grants g"
+                               " WHERE g.grant_id=oauth_consents.grant_id)"),
+    "oauth_clients": _batched("oauth_clients", "client_id", "created_at < ? AND NOT EXISTS"
+                              " (SELECT 1 FROM oauth_consents c"
+                              " WHERE c.client_id=oauth_clients.client_id) AND NOT EXISTS"
+                              " (SELECT 1 FROM oauth_grants g"
+                              " WHERE g.client_id=oauth_clients.client_id)"),
 }
 
 
@@ -43,7 +57,9 @@ async def prune(store: Store, *, now: float, keep: float) -> dict[str, int]:
     per table. Each batch is a transaction of its own."""
     keep = max(keep, MIN_KEEP)
     before = {"queue": now - keep, "deliveries": now - keep, "idempotency": now - keep,
-              "console_sessions": now, "stranger_replies": now - QUIET_FOR}
+              "console_sessions": now, "stranger_replies": now - QUIET_FOR,
+              "oauth_grants": now - KEPT_AFTER_EXPIRY, "oauth_consents": now - KEPT_AFTER_EXPIRY,
+              "oauth_clients": now - DAY}
     deleted: dict[str, int] = {}
     for table, sql in _STATEMENTS.items():
         total = 0

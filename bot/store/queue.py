@@ -25,11 +25,21 @@ class ReplicaIdTaken(RuntimeError):
     DEAD_AFTER, and was restarted): this one stops claiming work."""
 
 
+async def rows_in(db: Any, sql: str, params: tuple[Any, ...]) -> list[Any]:
+    """Every row a statement returns, inside a transaction, in one trip to the database:
+    aiosqlite's cursor takes three hops to its connection's thread (execute, fetch, close),
+    `execute_fetchall` one; PostgreSQL's cursor has its rows already."""
+    fetch = getattr(db, "execute_fetchall", None)
+    if fetch is not None:  # aiosqlite
+        return list(await fetch(sql, params))
+    async with db.execute(sql, params) as cur:
+        return list(await cur.fetchall())
+
+
 async def id_taken(db: Any, replica_id: str, incarnation: str) -> bool:
     """Whether another process has joined under `replica_id` (in a transaction)."""
-    async with db.execute("SELECT 1 FROM replicas WHERE id=? AND incarnation<>?",
-                          (replica_id, incarnation)) as cur:
-        return await cur.fetchone() is not None
+    return bool(await rows_in(db, "SELECT 1 FROM replicas WHERE id=? AND incarnation<>?",
+                              (replica_id, incarnation)))
 
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
@@ -263,6 +273,39 @@ async def _finish_in(db: Any, item: QueueItem, state: str, me: str, at: float) -
     return bool(cur.rowcount == 1)
 
 
+FINISH_BATCH = 200  # finishes in one statement at most (two parameters each, twice)
+
+
+async def _finish_all_in(db: Any, engine: str, finished: list[tuple[QueueItem, str]],
+                         me: str, at: float) -> list[bool]:
+    """`_finish_in` for each of `finished`, in order: whether each was recorded. On SQLite in
+    one statement per FINISH_BATCH (one hop to the connection's thread instead of one each),
+    each row under the claim it ran under, as one at a time would; a delivery named twice is
+    recorded once, its first time."""
+    if engine != "sqlite" or len(finished) < 2:
+        return [await _finish_in(db, item, state, me, at) for item, state in finished]
+    recorded: list[bool] = []
+    for start in range(0, len(finished), FINISH_BATCH):
+        chunk = finished[start:start + FINISH_BATCH]
+        firsts: dict[int, tuple[QueueItem, str]] = {}
+        for item, state in chunk:
+            firsts.setdefault(item.id, (item, state))
+        whens = " ".join("WHEN ? THEN ?" for _ in firsts)
+        marks = ",".join("?" for _ in firsts)
+        rows = await rows_in(
+            db, f"UPDATE queue SET state=CASE id {whens} END, finished_at=?, lease_owner=NULL"
+            f" WHERE id IN ({marks}) AND state='pending' AND lease_owner=?"
+            f" AND lease_seq=CASE id {whens} END RETURNING id",
+            (*(v for i, (_, st) in firsts.items() for v in (i, st)), at, *firsts, me,
+             *(v for i, (it, _) in firsts.items() for v in (i, it.lease))))
+        landed = {int(r[0]) for r in rows}
+        seen: set[int] = set()
+        for item, _ in chunk:
+            recorded.append(item.id in landed and item.id not in seen)
+            seen.add(item.id)
+    return recorded
+
+
 class QueueMixin:
     """The queue's half of Store (see bot.store.db)."""
 
@@ -367,9 +410,8 @@ class QueueMixin:
                                  " ORDER BY 1) s", (issues,))
         else:  # one writer: what is not recorded yet is this transaction's to record
             marks = ",".join("?" for _ in firsts)
-            async with db.execute(f"SELECT guid FROM deliveries WHERE guid IN ({marks})",
-                                  list(firsts)) as cur:
-                seen = {row[0] for row in await cur.fetchall()}
+            seen = {row[0] for row in await rows_in(
+                db, f"SELECT guid FROM deliveries WHERE guid IN ({marks})", tuple(firsts))}
             landed = set(firsts) - seen
             await db.executemany(
                 "INSERT INTO deliveries(guid, event, action, installation_id, received_at)"
@@ -423,16 +465,16 @@ class QueueMixin:
                 self.retire()
                 return [], [item for item, _ in finished]
             now = time.time()
-            superseded = [item for item, state in finished
-                          if not await _finish_in(db, item, state, me, now)]
+            superseded = [item for (item, _), ok in zip(
+                finished, await _finish_all_in(db, self.engine, finished, me, now),
+                strict=True) if not ok]
             # window after window, taking what one look at every pending row would: whether a
             # row may be taken depends on the rows before it, and one this claim took holds
             # nothing back now (it is this replica's) as it held nothing back before
             rows: list[Any] = []
             start = 0
             while len(rows) < limit:
-                async with db.execute(NEXT_PENDING, (start,)) as cur:
-                    first = await cur.fetchone()
+                first = next(iter(await rows_in(db, NEXT_PENDING, (start,))), None)
                 if first is None or first["id"] is None:
                     break
                 start = int(first["id"]) + WINDOW
@@ -440,13 +482,11 @@ class QueueMixin:
                     rows += await self._claim_side_by_side(db, at, int(first["id"]),
                                                            limit - len(rows))
                     continue
-                async with db.execute(
-                        "UPDATE queue SET takeovers=takeovers+(CASE WHEN " + _STOPPED_HOLDER
-                        + " THEN 1 ELSE 0 END), lease_owner=?, lease_seq=lease_seq+1"
-                        " WHERE id IN (" + CLAIM + ") RETURNING *",
-                        (me, me, *claim_params(me, at, int(first["id"]),
-                                               limit - len(rows)))) as cur:
-                    rows += await cur.fetchall()
+                rows += await rows_in(
+                    db, "UPDATE queue SET takeovers=takeovers+(CASE WHEN " + _STOPPED_HOLDER
+                    + " THEN 1 ELSE 0 END), lease_owner=?, lease_seq=lease_seq+1"
+                    " WHERE id IN (" + CLAIM + ") RETURNING *",
+                    (me, me, *claim_params(me, at, int(first["id"]), limit - len(rows))))
             rows = await _set_suspects_apart(db, sorted(rows, key=lambda r: int(r["id"])))
         handed = self._handed_over
         return [_item(r, handed.pop(r["guid"], None)) for r in rows], superseded
@@ -494,6 +534,24 @@ class QueueMixin:
         row = await self.fetchone("SELECT 1 FROM queue WHERE state='pending'"
                                   " AND lower(issue_key)=? LIMIT 1", (issue.lower(),))
         return row is not None
+
+    async def unpark(self, issue: str) -> int:
+        """The deliveries about `issue` (its `issue_key`) parked until it became mail are due
+        again, in their order (before any later one of the issue); returns how many.
+
+        Every adoption asks, and almost never finds one: a read (through `queue_parked`)
+        says so without a write transaction. (No park can land between the two: a
+        delivery's park is recorded as soon as its handler is done, before a later delivery
+        of its issue runs, and a park recorded by another replica meanwhile is missed by the
+        update alone just the same.)"""
+        if await self.fetchone("SELECT 1 FROM queue WHERE state='parked' AND issue_key=?"
+                               " LIMIT 1", (issue,)) is None:
+            return 0
+        async with self.transaction() as db:
+            cur = await db.execute(
+                "UPDATE queue SET state='pending', lease_owner=NULL, finished_at=NULL,"
+                " next_at=vm_now() WHERE state='parked' AND issue_key=?", (issue,))
+            return int(cur.rowcount or 0)
 
     async def pending_count(self) -> int:
         row = await self.fetchone("SELECT COUNT(*) AS n FROM queue WHERE state='pending'")

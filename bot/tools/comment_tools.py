@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bot.errors import InvalidArguments
 from bot.items import inbox
+from bot.items import tree as work_tree
 from bot.items.address import MAX_ADDRESSED
 from bot.items.questions import (
     MAX_CONTEXT,
@@ -204,17 +205,10 @@ async def get_outcome(call: Call, args: OutcomeArgs) -> dict[str, Any]:
     service, viewer = comments_for(call), viewer_for(call)
     item = await service.target(args.outcome, "outcome", viewer, field="outcome")
     goals = []
-    seen = {item.ref}
-    ref = item.parent
-    while ref and ref not in seen:  # walk up; a loop of "Part of" links stops here
-        seen.add(ref)
-        parent = await service.parent_item(ref)
-        if parent is None:
-            break
+    for parent in await work_tree.ancestors(service, item):  # from the forge, a read a level
         if parent.kind == "goal" and await viewer.sees_repo(parent.repo):
             goals.append({**parent.as_json(), "decisions": await _decisions(call, viewer,
                                                                             parent.ref)})
-        ref = parent.parent
     return {"outcome": item.as_json(), "decisions": await _decisions(call, viewer, item.ref),
             "goals": goals, "note": DATA_NOTE}
 
@@ -236,12 +230,11 @@ class TreeArgs(Args):
 async def get_tree(call: Call, args: TreeArgs) -> dict[str, Any]:
     service, viewer = comments_for(call), viewer_for(call)
     goal = await service.target(args.goal, "goal", viewer, field="goal")
-    store = call.services.store
 
     async def tree(ref: str, depth: int) -> list[dict[str, Any]]:
         if depth > 5:
             return []
-        children = await db.children(store, ref)
+        children = await work_tree.children(service, ref)  # sub-issues, then `Part of`
         shown = await viewer.visible({c.ref for c in children})  # and nothing under the rest
         return [{**c.as_json(), "children": await tree(c.ref, depth + 1)}
                 for c in children if c.ref in shown]

@@ -15,7 +15,7 @@ from bot.app.services import SERVICES_KEY, Services
 from bot.errors import Denied, NotInstalled, Unauthenticated, VaultmailError
 from bot.forge.errors import ForgeError
 from bot.office.config import Office
-from bot.store import api_tokens, installations, ledger
+from bot.store import api_tokens, installations, ledger, oauth
 from bot.store.engines import index_unavailable, unavailable
 from bot.tools import chat_tools as _chat_tools  # noqa: F401
 from bot.tools import comment_tools as _comment_tools  # noqa: F401
@@ -101,6 +101,7 @@ async def make_call(services: Services, principal: str, token: str | None = None
         # every token of theirs in this office ends now, not only this one: adding them back
         # later must not bring any of them back to life
         await api_tokens.revoke_principal(services.store, principal, org)
+        await oauth.revoke_principal(services.store, principal, org)  # and its MCP sign-ins
         reason = (f"{principal} is not in the office config any more; its tokens are revoked "
                   "(an admin who adds it back to vaultmail.yml makes it a new one)")
         await ledger.record(services.store, "run.denied", principal, "tool call",

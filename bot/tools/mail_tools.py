@@ -43,7 +43,8 @@ def _may_see(call: Call, mail: MailRecord) -> bool:
 
 class SendArgs(Args):
     to: str = Field(min_length=1, max_length=200,
-                    description="agent slug (scout) or principal (agent:scout)")
+                    description="agent slug (scout) or principal (agent:scout), or an email "
+                    "address (bob@example.org) your capabilities.mail.send allows")
     subject: str = Field(min_length=1, max_length=256, description="the mail's subject line")
     body: str = Field(max_length=60_000, description="the mail's text (Markdown)")
     inReplyTo: str | None = Field(default=None, max_length=REF_MAX, description=(
@@ -57,6 +58,12 @@ class SendArgs(Args):
       hints=Hints(read_only=False, destructive=False, idempotent=False, open_world=True))
 async def mail_send(call: Call, args: SendArgs) -> dict[str, Any]:
     reply_to = await find_mail(call, args.inReplyTo) if args.inReplyTo else None
+    from bot.email.sending import is_address, send_email
+
+    if is_address(args.to):  # to someone outside, by email (issue 24)
+        return {"mail": mail_view(await send_email(
+            call.mailer, call.principal, args.to, args.subject, args.body, reply_to=reply_to,
+            idempotency_key=args.idempotencyKey))}
     await call.mailer.check_may_send(call.principal, call.mailer.recipient(args.to))
     record = await call.mailer.send(call.principal, args.to, args.subject, args.body,
                                     reply_to=reply_to, idempotency_key=args.idempotencyKey,
@@ -108,8 +115,9 @@ PAGE = 30  # like the inbox's read comments and updates
 
 
 class ListArgs(Args):
-    state: Literal["new", "working", "replied", "closed", "quiet"] | None = Field(
-        default=None, description="only mail in this state (quiet: past the loop guard)")
+    state: Literal["new", "working", "replied", "closed", "held", "quiet"] | None = Field(
+        default=None, description="only mail in this state (quiet: past the loop guard; "
+        "held: outside mail held for your person)")
     vault: str | None = Field(default=None, max_length=200,
                               description="only mail in this vault (owner/repo)")
     thread: str | None = Field(default=None, max_length=200,

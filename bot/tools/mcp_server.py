@@ -5,9 +5,11 @@ registered in `bot.tools` appears here as it is declared (`Tool.listing`: title,
 input and output schemas):
 
 * **HTTP** (`/mcp` on the app): a request from an `Origin` not allowed is refused (403) first;
-  each request carries the same Bearer API token as `/api/v1/tools`, a missing or bad one is
-  401 pointing at the protected-resource metadata (RFC 9728); then the request goes to the MCP
-  SDK's session manager. Tools run in-process, as the token's principal, through `call_tool`.
+  each request carries the same Bearer API token as `/api/v1/tools`, or an OAuth access token
+  the app issued for /mcp to a remote client a person allowed (`bot.tools.oauth_server`); a
+  missing or bad one is 401 pointing at the protected-resource metadata (RFC 9728), which names
+  the app as the authorisation server; then the request goes to the MCP SDK's session manager.
+  Tools run in-process, as the token's principal in its office, through `call_tool`.
   Sessions are counted per token and per principal in its office (`bot.tools.polls.Sessions`):
   at the cap, the key's least recently used idle session is ended to make room.
 * **stdio** (`vaultmail mcp --token T` or `--as PRINCIPAL --data DIR`): the process acts as one
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager, ExitStack, nullcontext, suppress
 from dataclasses import dataclass
@@ -61,6 +64,15 @@ from bot.store import api_tokens
 from bot.store.engines import index_unavailable, unavailable
 from bot.tools import resources
 from bot.tools.http import authenticate, bearer_key, client_gone, make_call, office_org
+from bot.tools.oauth_server import (
+    CLOCK_KEY,
+    access_owner,
+    add_oauth_routes,
+    is_access_token,
+    mcp_resource,
+    metadata_cache,
+    public_base,
+)
 from bot.tools.polls import SESSION_IDLE, Sessions, session_keys
 from bot.tools.registry import TOOLS, Call, call_tool
 
@@ -70,6 +82,7 @@ PRINCIPAL_SCOPE_KEY = "vaultmail.principal"
 ORG_SCOPE_KEY = "vaultmail.org"  # the token's office, when it names one
 TOKEN_SCOPE_KEY = "vaultmail.token_key"
 TOKEN_VALUE_SCOPE_KEY = "vaultmail.token"  # checked again on each wake of a subscription
+RESOURCE_SCOPE_KEY = "vaultmail.resource"  # the endpoint an OAuth access token must be for
 FORBIDDEN_RPC = -32000  # JSON-RPC server error: the request's Origin is not allowed
 UNAUTHENTICATED_RPC = -32001  # JSON-RPC server error: no valid API token
 INVALID_REQUEST_RPC = -32600  # JSON-RPC: the request is not one (here: too large to read)
@@ -176,6 +189,8 @@ class LocalBackend:
     org: str | None = None  # the token's office
     token: str | None = None  # the API token itself: a subscription checks it on every wake
     watch_wait: float = 86_400.0  # a wait ends on a change; this only bounds one round
+    resource: str | None = None  # the MCP endpoint (for an OAuth access token)
+    clock: Callable[[], float] = time.time  # when an OAuth access token expires
 
     async def list_tools(self) -> list[ToolInfo]:
         return registry_tools()
@@ -188,7 +203,8 @@ class LocalBackend:
         """For each round of a subscription, which outlives its request: the token still
         acts for this principal (not revoked since), then the call's context."""
         if self.token is not None:
-            owner = await authenticate(self.services, f"Bearer {self.token}")
+            owner = await bearer_owner(self.services, f"Bearer {self.token}",
+                                       self.resource or "", self.clock())
             if owner.principal != self.principal:
                 raise Unauthenticated("this API token acts for someone else now")
         return await self._call()
@@ -679,12 +695,15 @@ def add_mcp_routes(app: web.Application) -> None:
     async def backend_for(ctx: ServerRequestContext[Any, Any]) -> Backend:
         scope = getattr(ctx.request, "scope", None)
         scope = scope if isinstance(scope, Mapping) else {}
-        key, org, token = (scope.get(TOKEN_SCOPE_KEY), scope.get(ORG_SCOPE_KEY),
-                           scope.get(TOKEN_VALUE_SCOPE_KEY))
+        key, org, token, resource = (scope.get(TOKEN_SCOPE_KEY), scope.get(ORG_SCOPE_KEY),
+                                     scope.get(TOKEN_VALUE_SCOPE_KEY),
+                                     scope.get(RESOURCE_SCOPE_KEY))
         return LocalBackend(app[SERVICES_KEY], _principal_of(ctx),
                             key if isinstance(key, str) else None,
                             org if isinstance(org, str) else None,
-                            token if isinstance(token, str) else None)
+                            token if isinstance(token, str) else None,
+                            resource=resource if isinstance(resource, str) else None,
+                            clock=app[CLOCK_KEY].now)
 
     manager = StreamableHTTPSessionManager(
         app=build_server(backend_for),
@@ -698,33 +717,24 @@ def add_mcp_routes(app: web.Application) -> None:
     app.router.add_route("*", "/mcp", mcp_endpoint)
     app.router.add_get(METADATA_PATH, protected_resource_metadata)
     app.router.add_get(METADATA_PATH + "/mcp", protected_resource_metadata)  # RFC 9728 §3.1
+    add_oauth_routes(app)  # the authorisation server those metadata name
     resources.add_resource_routes(app)
 
 
 METADATA_PATH = "/.well-known/oauth-protected-resource"
 
 
-def public_base(request: web.Request) -> str:
-    """The app's URL: VAULTMAIL_PUBLIC_URL when set, else as the client reached it (through
-    a proxy's X-Forwarded-Proto/-Host)."""
-    configured = request.app[SERVICES_KEY].settings.public_url
-    if configured:
-        return configured.rstrip("/")
-    proto = request.headers.get("X-Forwarded-Proto", request.scheme).split(",")[0].strip()
-    host = request.headers.get("X-Forwarded-Host", request.host).split(",")[0].strip()
-    return f"{proto}://{host}"
-
-
 async def protected_resource_metadata(request: web.Request) -> web.Response:
-    """RFC 9728 metadata for /mcp. Its Bearer tokens are vaultmail API tokens (`vaultmail
-    token create PRINCIPAL`), issued by the office rather than by an OAuth server, so it names
-    no authorization server."""
+    """RFC 9728 metadata for /mcp. Its Bearer tokens are OAuth access tokens from the app's
+    own authorisation server (`bot.tools.oauth_server`), which it names, or vaultmail API
+    tokens (`vaultmail token create PRINCIPAL`), which need no discovery."""
     base = public_base(request)
     return web.json_response({
         "resource": f"{base}/mcp",
+        "authorization_servers": [base],
         "bearer_methods_supported": ["header"],
         "resource_name": "vaultmail",
-    })
+    }, headers=metadata_cache(request))
 
 
 def _origin(text: str) -> str:
@@ -808,7 +818,8 @@ async def mcp_endpoint(request: web.Request) -> web.StreamResponse:
     header = request.headers.get("Authorization")
     try:
         try:
-            owner = await authenticate(services, header)
+            owner = await bearer_owner(services, header, mcp_resource(request),
+                                       request.app[CLOCK_KEY].now())
         except Exception as exc:
             if not unavailable(exc):
                 raise
@@ -841,6 +852,7 @@ async def mcp_endpoint(request: web.Request) -> web.StreamResponse:
         ORG_SCOPE_KEY: owner.org,
         TOKEN_SCOPE_KEY: bearer_key(header),
         TOKEN_VALUE_SCOPE_KEY: header[7:].strip() if header else None,
+        RESOURCE_SCOPE_KEY: mcp_resource(request),
     })
     body_sent = False
 
@@ -902,6 +914,16 @@ async def mcp_endpoint(request: web.Request) -> web.StreamResponse:
                                             "message": "the MCP transport gave no answer"}},
                                  status=500)
     return response
+
+
+async def bearer_owner(services: Services, header: str | None, resource: str,
+                       now: float) -> api_tokens.Owner:
+    """Who the request's Bearer token acts for: an OAuth access token for this endpoint
+    (`resource`) that is live, bound to its person's office; else an API token."""
+    token = header[7:].strip() if header and header.startswith("Bearer ") else ""
+    if is_access_token(token):
+        return await access_owner(services, token, resource, now)
+    return await authenticate(services, header)
 
 
 async def _office_of(services: Services, owner: api_tokens.Owner) -> str | None:

@@ -34,8 +34,10 @@ class Mail(Out):
     from_principal: str = Field(description="who sent it (a principal)")
     to_principal: str = Field(description="who it is addressed to (a principal)")
     sent: str = Field(description="when it was sent (ISO 8601, UTC)")
-    state: Literal["mail:new", "mail:working", "mail:replied", "mail:closed", "quiet"] = Field(
-        description="its label; quiet: delivered past the loop guard, no label until acted on")
+    state: Literal["mail:new", "mail:working", "mail:replied", "mail:closed", "mail:held",
+                   "quiet"] = Field(
+        description="its label; quiet: delivered past the loop guard, no label until acted "
+        "on; mail:held: outside mail held for the agent's person to release or drop")
     thread_id: str = Field(description="the thread it belongs to, across vaults")
     in_reply_to: str | None = Field(default=None, description="the mail it answers")
     hops: int | None = Field(default=None, description="agent-to-agent hops so far")

@@ -145,7 +145,8 @@ class GiteaRenderer:
 
     # -- labels, issues, comments ------------------------------------------------------
     def label(self, repo: Repo, label: Label) -> Json:
-        return {"id": label.id, "name": label.name, "exclusive": False, "is_archived": False,
+        return {"id": label.id, "name": label.name, "exclusive": label.exclusive,
+                "is_archived": False,
                 "color": label.color.lstrip("#"), "description": label.description or "",
                 "url": f"{self.repo_url(repo)}/labels/{label.id}"}
 

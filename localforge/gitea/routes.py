@@ -1,6 +1,7 @@
 """The Gitea API subset vaultmail uses (Gitea 1.22 swagger): version, users, orgs and their
-hooks, repositories, issues, issue labels (ids or names), repository labels by id, comments,
-contents, collaborator permission."""
+hooks, repositories, issues, issue labels (ids or names), repository labels by id (exclusive
+scoped ones among them), comments, contents, collaborator permission; issue dependencies are in
+routes_deps."""
 
 from __future__ import annotations
 
@@ -376,6 +377,12 @@ async def _label_refs(ctx: Ctx, repo: Repo) -> list[Label]:
     return out
 
 
+def _same_scope(repo: Repo, label_id: int, label: Label) -> bool:
+    other = repo.label_by_id(label_id)
+    return bool(label.exclusive_scope) and other is not None and other.id != label.id \
+        and other.exclusive_scope == label.exclusive_scope
+
+
 def _labels_changed(ctx: Ctx, repo: Repo, issue: Issue, before: list[int],
                     cleared: bool = False) -> None:
     """One delivery per API call, with the whole list: label_updated, or label_cleared for
@@ -400,6 +407,8 @@ async def add_issue_labels(request: web.Request) -> web.Response:
     before = list(issue.labels)
     for label in await _label_refs(ctx, repo):
         if label.id not in issue.labels:
+            # RemoveDuplicateExclusiveIssueLabels: the others of its exclusive scope go
+            issue.labels = [lid for lid in issue.labels if not _same_scope(repo, lid, label)]
             issue.labels.append(label.id)
     _labels_changed(ctx, repo, issue, before)
     return json_response(_r(ctx).issue_labels(repo, issue))
@@ -410,7 +419,10 @@ async def replace_issue_labels(request: web.Request) -> web.Response:
     repo = _need_write(ctx)
     issue = issue_of(ctx, repo)
     before = list(issue.labels)
-    issue.labels = [lb.id for lb in await _label_refs(ctx, repo)]
+    wanted = await _label_refs(ctx, repo)
+    # RemoveDuplicateExclusiveLabels: of two labels of one exclusive scope, the later stays
+    issue.labels = [lb.id for i, lb in enumerate(wanted) if not lb.exclusive_scope
+                    or all(o.exclusive_scope != lb.exclusive_scope for o in wanted[i + 1:])]
     if set(issue.labels) == set(before):
         issue.labels = before
     _labels_changed(ctx, repo, issue, before)
@@ -487,7 +499,8 @@ async def create_label(request: web.Request) -> web.Response:
         raise ApiError(422, "[Name]: Required")
     desc = body.get("description")
     label = Label(id=ctx.forge.state.next_id("label"), name=name, color=_color(body.get("color")),
-                  description=desc if isinstance(desc, str) else "")
+                  description=desc if isinstance(desc, str) else "",
+                  exclusive=body.get("exclusive") is True)
     repo.labels.append(label)
     return json_response(_r(ctx).label(repo, label), 201)
 
@@ -503,6 +516,8 @@ async def edit_label(request: web.Request) -> web.Response:
         label.color = _color(body["color"])
     if isinstance(body.get("description"), str):
         label.description = body["description"]
+    if isinstance(body.get("exclusive"), bool):
+        label.exclusive = body["exclusive"]
     return json_response(_r(ctx).label(repo, label))
 
 

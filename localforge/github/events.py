@@ -34,6 +34,9 @@ def emit(forge: LocalForge, event: str, action: str | None, repo: Repo, sender: 
             continue
         payload: dict[str, Any] = {"action": action} if action is not None else {}
         payload.update(_webhook_shape(body))
+        if event == "issue_comment" and isinstance(payload.get("issue"), dict):
+            # the issue_comment webhooks' issue has no issue_field_values (the issues ones do)
+            payload["issue"].pop("issue_field_values", None)
         payload["repository"] = r.repo_hook(repo)
         if forge.state.org(repo.owner) is not None:
             payload["organization"] = r.org_simple(repo.owner)
@@ -65,7 +68,7 @@ def _webhook_shape(body: dict[str, Any]) -> dict[str, Any]:
 
 def pushed(forge: LocalForge, repo: Repo, pusher: str, path: str, existed: bool) -> None:
     """A one-file commit pushed to the default branch (how config files change on GitHub)."""
-    before, after = secrets.token_hex(20), secrets.token_hex(20)
+    before, after = secrets.token_hex(20), repo.head_sha or secrets.token_hex(20)
     user = forge.state.account(pusher)
     who = {"name": pusher, "email": getattr(user, "email", None) or f"{pusher}@users.noreply"}
     commit = {"id": after, "tree_id": secrets.token_hex(20), "distinct": True,

@@ -122,8 +122,10 @@ class Ctx:
             raise ApiError(403, "Resource not accessible by integration")
 
     # -- repositories and issues -------------------------------------------------------
-    def repo(self, scope: str = "issues", need: str = "read") -> Repo:
-        """The repository of the route, 404 when not visible, 403 without `need` on `scope`."""
+    def repo(self, scope: str = "issues", need: str = "read", *,
+             archived_ok: bool = False) -> Repo:
+        """The repository of the route, 404 when not visible, 403 without `need` on `scope`;
+        403 for a write to an archived repository (GitHub's words), unless `archived_ok`."""
         mi = self.request.match_info
         st = self.forge.state
         if self.principal.kind == "app":
@@ -145,6 +147,8 @@ class Ctx:
         if (self.principal.user_via_app and self.request.method not in ("GET", "HEAD")
                 and not at_least(app_level(st, self.principal, repo, scope), "write")):
             raise forbidden(self.principal)  # a user token writes only where the App may
+        if repo.archived and not archived_ok and self.request.method not in ("GET", "HEAD"):
+            raise ApiError(403, "Repository was archived so is read-only.")
         return repo
 
     def role(self, repo: Repo, scope: str = "issues") -> str | None:

@@ -16,6 +16,8 @@ from ..state import (
     Event,
     Installation,
     Issue,
+    IssueField,
+    IssueFieldValue,
     IssueType,
     Label,
     Reaction,
@@ -160,7 +162,7 @@ class Renderer:
             "open_issues_count": repo.open_issue_count(), "is_template": False, "topics": [],
             "has_issues": repo.has_issues, "has_projects": False, "has_wiki": False,
             "has_pages": False, "has_downloads": True, "has_discussions": False,
-            "archived": False, "disabled": False,
+            "archived": repo.archived, "disabled": False,
             "visibility": "private" if repo.private else "public",
             "pushed_at": iso(repo.pushed_at), "created_at": iso(repo.created_at),
             "updated_at": iso(repo.updated_at),
@@ -255,8 +257,8 @@ class Renderer:
             "type": self.issue_type_of(repo, issue), "active_lock_reason": None,
             "sub_issues_summary": self.sub_issues_summary(issue),
             "parent_issue_url": self.parent_issue_url(issue),
-            "issue_dependencies_summary": {"blocked_by": 0, "blocking": 0,
-                                           "total_blocked_by": 0, "total_blocking": 0},
+            "issue_dependencies_summary": self.dependencies_summary(issue),
+            "issue_field_values": self.issue_field_values(repo, issue),
             "body": issue.body,
             "closed_by": self.user(issue.closed_by) if issue.closed_by else None,
             "reactions": self.reactions_rollup(f"{u}/reactions", issue.reactions),
@@ -273,6 +275,40 @@ class Renderer:
                 "created_at": iso(t.created_at), "updated_at": iso(t.updated_at),
                 "is_enabled": t.is_enabled}
 
+    def issue_field(self, f: IssueField) -> Json:
+        """The `issue-field` schema (GET /orgs/{org}/issue-fields)."""
+        selects = f.data_type in ("single_select", "multi_select")
+        return {"id": f.id, "node_id": node_id("IssueField", f.id), "name": f.name,
+                "description": f.description, "data_type": f.data_type,
+                "visibility": f.visibility,
+                "options": [{"id": o.id, "name": o.name, "description": o.description,
+                             "color": o.color, "priority": o.priority,
+                             "created_at": iso(o.created_at), "updated_at": iso(o.updated_at)}
+                            for o in f.options] if selects else None,
+                "created_at": iso(f.created_at), "updated_at": iso(f.updated_at)}
+
+    def issue_field_value(self, f: IssueField, v: IssueFieldValue) -> Json:
+        """The `issue-field-value` schema: a select field's value is its option's name."""
+        chosen = [o for i in v.option_ids for o in f.options if o.id == i]
+        picked = [{"id": o.id, "name": o.name, "color": o.color or "gray"} for o in chosen]
+        value: str | float | None = v.value
+        if f.data_type == "single_select":
+            value = chosen[0].name if chosen else None
+        elif f.data_type == "multi_select":
+            value = ", ".join(o.name for o in chosen) or None
+        return {"issue_field_id": f.id, "issue_field_name": f.name,
+                "node_id": node_id("IssueFieldValue", v.id), "data_type": f.data_type,
+                "value": value,
+                "single_select_option": picked[0] if f.data_type == "single_select"
+                and picked else None,
+                "multi_select_options": picked if f.data_type == "multi_select" else None}
+
+    def issue_field_values(self, repo: Repo, issue: Issue) -> list[Json]:
+        org = self.state.org(repo.owner)
+        fields = {f.id: f for f in org.issue_fields} if org is not None else {}
+        return [self.issue_field_value(fields[v.field_id], v) for v in issue.field_values
+                if v.field_id in fields]
+
     def issue_type_of(self, repo: Repo, issue: Issue) -> Json | None:
         org = self.state.org(repo.owner)
         found = next((t for t in org.issue_types if t.id == issue.type_id), None) \
@@ -288,6 +324,16 @@ class Renderer:
         done = sum(1 for s in subs if s.state == "closed")
         return {"total": len(subs), "completed": done,
                 "percent_completed": done * 100 // len(subs) if subs else 0}
+
+    def dependencies_summary(self, issue: Issue) -> Json:
+        """`issue-dependencies-summary`: the open issues on each side, and all of them."""
+        def still_open(ids: list[int]) -> int:
+            return sum(1 for i in ids if (f := self.state.issue_by_id(i))
+                       and f[1].state == "open")
+        return {"blocked_by": still_open(issue.blocked_by_ids),
+                "blocking": still_open(issue.blocking_ids),
+                "total_blocked_by": len(issue.blocked_by_ids),
+                "total_blocking": len(issue.blocking_ids)}
 
     def comment(self, repo: Repo, c: Comment) -> Json:
         u = f"{self.repo_url(repo)}/issues/comments/{c.id}"

@@ -78,10 +78,11 @@ async def put_content(request: web.Request) -> web.Response:
     now = ctx.forge.clock.now()
     repo.write_file(path, raw)
     repo.pushed_at = repo.updated_at = now
-    ctx.forge.save()
-    ctx.forge.dialect.pushed(ctx.forge, repo, ctx.sender, path, existing is not None)
     commit_sha = hashlib.sha1(f"{repo.full_name}\n{path}\n{blob_sha(raw)}\n{now}".encode()
                               ).hexdigest()
+    repo.head_sha = commit_sha  # the default branch's new head (the push webhook's `after`)
+    ctx.forge.save()
+    ctx.forge.dialect.pushed(ctx.forge, repo, ctx.sender, path, existing is not None)
     tree_sha = hashlib.sha1(f"tree\n{commit_sha}".encode()).hexdigest()
     api = ctx.r.repo_url(repo)
     web_url = f"{ctx.forge.url}/{repo.full_name}"

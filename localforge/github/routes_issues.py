@@ -10,7 +10,7 @@ from aiohttp import web
 from ..access import at_least
 from ..clock import parse_iso
 from ..state import Issue, Reaction, Repo
-from . import issueops, routes_work, versions
+from . import issueops, routes_fields, routes_work, versions
 from .events import emit
 from .http import (
     ApiError,
@@ -57,8 +57,8 @@ async def list_issues(request: web.Request) -> web.Response:
         items = [i for i in items if i.user.lower() == q["creator"].lower()]
     if q.get("mentioned"):
         items = [i for i in items if _mentions(repo, i, q["mentioned"])]
-    # The forge has no milestones or issue fields: each filter is applied as
-    # GitHub applies it to issues that have none, and an unknown milestone is GitHub's 422.
+    # The forge has no milestones: the filter is applied as GitHub applies it to issues that
+    # have none, and an unknown milestone is GitHub's 422.
     milestone = q.get("milestone")
     if milestone is not None and milestone != "none":
         if milestone != "*":
@@ -77,10 +77,7 @@ async def list_issues(request: web.Request) -> web.Response:
             if org is not None else set()
         items = [i for i in items if i.type_id in ids]
     if q.get("issue_field_values"):
-        raise ApiError(422, "Validation Failed", [
-            {"value": q["issue_field_values"], "resource": "Issue",
-             "field": "issue_field_values", "code": "invalid",
-             "message": "Issue fields are not enabled for this repository."}])
+        items = routes_fields.filtered(ctx, repo, items, q["issue_field_values"])
     assignee = q.get("assignee")
     if assignee == "none":
         items = [i for i in items if not i.assignees]
@@ -137,6 +134,9 @@ async def create_issue(request: web.Request) -> web.Response:
     # dropped otherwise."
     kind = routes_work.type_named(ctx, repo, body["type"]) \
         if pushes and body.get("type") is not None else None
+    # "Field values are silently dropped otherwise" (no push access, or a user's repository)
+    values = routes_fields.parse_for(ctx, repo, body.get("issue_field_values")) \
+        if pushes else []
     now = ctx.forge.clock.now()
     issue = Issue(id=ctx.forge.state.next_id("issue"), number=repo.next_number,
                   title=str(title), body=text, user=ctx.sender, created_at=now,
@@ -169,6 +169,7 @@ async def create_issue(request: web.Request) -> web.Response:
     if kind is not None:
         emit(ctx.forge, "issues", "typed", repo, ctx.sender,
              {"issue": rendered, "type": ctx.r.issue_type(kind)})
+    routes_fields.apply(ctx, repo, issue, values)
     return json_response(ctx.r.issue(repo, issue), 201,
                          {"Location": f"{ctx.r.repo_url(repo)}/issues/{issue.number}"})
 
@@ -194,6 +195,9 @@ async def update_issue(request: web.Request) -> web.Response:
         check_body_length("Issue", body["body"])  # before anything changes
     if triage and body.get("type") is not None:
         routes_work.type_named(ctx, repo, body["type"])  # an unknown type changes nothing
+    pushes = at_least(role, "write")
+    values = routes_fields.parse_for(ctx, repo, body.get("issue_field_values")) \
+        if pushes and "issue_field_values" in body else []
     changes: dict[str, Any] = {}
     if "title" in body and body["title"] is not None and str(body["title"]) != issue.title:
         if not str(body["title"]).strip():
@@ -229,6 +233,7 @@ async def update_issue(request: web.Request) -> web.Response:
         issueops.set_assignees(ctx, repo, issue, [str(a) for a in raw])
     if triage and "type" in body:
         routes_work.set_type(ctx, repo, issue, body["type"])
+    routes_fields.apply(ctx, repo, issue, values)
     return json_response(ctx.r.issue(repo, issue))
 
 

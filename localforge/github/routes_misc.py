@@ -14,6 +14,7 @@ from ..state import Issue, Repo
 from .events import emit
 from .http import ApiError, Ctx, Routes, int_param, invalid, json_response, not_found
 from .render import Json
+from .routes_pulls import tree_at
 
 SEARCH_CAP = 1000
 
@@ -35,11 +36,16 @@ MEDIA = re.compile(r"application/vnd\.github(?:\.v3)?\.([a-z]+)(?:\+json)?")
 async def get_content(request: web.Request) -> web.Response:
     ctx = Ctx.of(request)
     repo = ctx.repo(scope="contents")
-    ref = request.query.get("ref")
-    if ref not in (None, "", repo.default_branch, f"heads/{repo.default_branch}",
-                   f"refs/heads/{repo.default_branch}"):
-        raise ApiError(404, f"No commit found for the ref {ref}")  # one branch, no history
+    tree = tree_at(repo, request.query.get("ref"))  # another branch, or a commit of one
     path = request.match_info["path"].strip("/")
+    if tree is not None:  # its text files only; a directory there is not listed
+        found = tree.get(path)
+        if found is None:
+            raise not_found()
+        if media_param(request) == "raw":
+            return web.Response(text=found, content_type="text/plain",
+                                headers={"X-GitHub-Media-Type": "github.raw; format=json"})
+        return json_response(ctx.r.content_file(repo, path, found))
     raw = repo.file_bytes(path)
     media = media_param(request)
     if raw is not None:

@@ -37,6 +37,26 @@ async def get_repo(request: web.Request) -> web.Response:
     return json_response(ctx.r.repo_full(repo, ctx.role(repo, "metadata")))
 
 
+async def update_repo(request: web.Request) -> web.Response:
+    """PATCH a repository: `archived` (true: read-only, every write answers 403; false: back
+    to writable) and `description`; an admin's (the App's `administration: write`)."""
+    ctx = Ctx.of(request)
+    ctx.require_auth()
+    repo = ctx.repo(scope="administration", need="admin" if ctx.principal.kind == "user"
+                    else "write", archived_ok=True)
+    body = await ctx.body()
+    if "archived" in body:
+        if not isinstance(body["archived"], bool):
+            raise invalid("Repository", "archived")
+        repo.archived = body["archived"]
+    if "description" in body:
+        if body["description"] is not None and not isinstance(body["description"], str):
+            raise invalid("Repository", "description")
+        repo.description = body["description"]
+    repo.updated_at = ctx.forge.clock.now()
+    return json_response(ctx.r.repo_full(repo, ctx.role(repo, "metadata")))
+
+
 async def list_org_repos(request: web.Request) -> web.Response:
     ctx = Ctx.of(request)
     org = _org(ctx)
@@ -188,6 +208,7 @@ async def get_user(request: web.Request) -> web.Response:
 
 def register(routes: Routes) -> None:
     routes.add("GET", "/repos/{owner}/{repo}", get_repo)
+    routes.add("PATCH", "/repos/{owner}/{repo}", update_repo)
     routes.add("GET", "/repos/{owner}/{repo}/collaborators/{username}/permission",
                collaborator_permission)
     routes.add("GET", "/orgs/{org}/repos", list_org_repos)

@@ -7,7 +7,11 @@ otherwise") and on update (`null` removes it), and GitHub's `issues` webhooks `t
 `untyped` follow. Sub-issues: list, add (`replace_parent` to move one), remove, reprioritise
 and the parent, with GitHub's limits (100 sub-issues a parent, 8 levels) and the `sub_issues`
 webhooks: `sub_issue_added` / `sub_issue_removed` to the parent's repository,
-`parent_issue_added` / `parent_issue_removed` to the sub-issue's.
+`parent_issue_added` / `parent_issue_removed` to the sub-issue's. Dependencies ("blocked by" /
+"blocking"): list either side, add and remove a blocker, with GitHub's limit (50 issues on each
+side of an issue) and the `issue_dependencies` webhooks: `blocked_by_added` /
+`blocked_by_removed` to the blocked issue's repository, `blocking_added` / `blocking_removed`
+to the blocker's.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..access import at_least
+from ..access import at_least, visible
 from ..state import Issue, IssueType, Org, Repo
 from . import issueops
 from .events import emit
@@ -24,6 +28,7 @@ from .http import ApiError, Ctx, Routes, forbidden, invalid, json_response, not_
 
 MAX_SUB_ISSUES = 100  # "up to 100 sub-issues per parent issue"
 MAX_LEVELS = 8  # "up to eight levels of nested sub-issues"
+MAX_DEPENDENCIES = 50  # issues an issue can be blocked by, and can block
 COLORS = ("gray", "blue", "green", "yellow", "orange", "red", "pink", "purple")
 
 
@@ -44,6 +49,14 @@ def _member(ctx: Ctx, org: Org) -> bool:
     return False
 
 
+def _owner_only(ctx: Ctx, org: Org, what: str) -> None:
+    """An org's issue types and fields are managed by its owners' own tokens alone."""
+    p = ctx.principal
+    if not (p.kind == "user" and p.login and not p.user_via_app
+            and p.login.lower() in (o.lower() for o in org.owners)):
+        raise forbidden(p, f"You must be an organization owner to manage {what}.")
+
+
 async def list_issue_types(request: web.Request) -> web.Response:
     ctx = Ctx.of(request)
     org = _org(ctx)
@@ -58,10 +71,7 @@ async def create_issue_type(request: web.Request) -> web.Response:
     org = _org(ctx)
     if not _member(ctx, org):
         raise not_found()
-    p = ctx.principal
-    if not (p.kind == "user" and p.login and not p.user_via_app
-            and p.login.lower() in (o.lower() for o in org.owners)):
-        raise forbidden(p, "You must be an organization owner to manage issue types.")
+    _owner_only(ctx, org, "issue types")
     body = await ctx.body()
     name, enabled = body.get("name"), body.get("is_enabled")
     if not isinstance(name, str) or not name.strip():
@@ -287,6 +297,105 @@ async def reprioritize_sub_issue(request: web.Request) -> web.Response:
     return json_response(ctx.r.issue(repo, parent))
 
 
+# -- dependencies ------------------------------------------------------------------------------
+def _emit_dependency(ctx: Ctx, how: str, blocked_repo: Repo, blocked: Issue,
+                     blocking_repo: Repo, blocking: Issue) -> None:
+    """GitHub's two `issue_dependencies` events: one to each side's repository."""
+    b, by = ctx.r.issue(blocked_repo, blocked), ctx.r.issue(blocking_repo, blocking)
+    emit(ctx.forge, "issue_dependencies", f"blocked_by_{how}", blocked_repo, ctx.sender, {
+        "blocked_issue_id": blocked.id, "blocked_issue": b,
+        "blocking_issue_id": blocking.id, "blocking_issue": by,
+        "blocking_issue_repo": ctx.r.repo_full(blocking_repo)})
+    emit(ctx.forge, "issue_dependencies", f"blocking_{how}", blocking_repo, ctx.sender, {
+        "blocked_issue_id": blocked.id, "blocked_issue": b,
+        "blocked_issue_repo": ctx.r.repo_full(blocked_repo),
+        "blocking_issue_id": blocking.id, "blocking_issue": by})
+
+
+def _listed(ctx: Ctx, ids: list[int]) -> list[tuple[Repo, Issue]]:
+    """The issues `ids` names that the caller can see (a private blocker stays unnamed)."""
+    return [f for i in ids if (f := ctx.forge.state.issue_by_id(i))
+            and visible(ctx.forge.state, ctx.principal, f[0])]
+
+
+async def _list_dependencies(request: web.Request, side: str) -> web.Response:
+    ctx = Ctx.of(request)
+    repo = ctx.repo()
+    issue = ctx.issue(repo)
+    ids = issue.blocked_by_ids if side == "blocked_by" else issue.blocking_ids
+    page, headers = paginate(request, _listed(ctx, ids), ctx.forge.url)
+    return json_response([ctx.r.issue(r, i) for r, i in page], headers=headers)
+
+
+async def list_blocked_by(request: web.Request) -> web.Response:
+    return await _list_dependencies(request, "blocked_by")
+
+
+async def list_blocking(request: web.Request) -> web.Response:
+    return await _list_dependencies(request, "blocking")
+
+
+def _blocker(ctx: Ctx, raw: Any, field: str = "issue_id") -> tuple[Repo, Issue]:
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise ApiError(422, "Validation Failed", [{"resource": "Issue", "field": field,
+                                                   "code": "missing_field"}])
+    found = ctx.forge.state.issue_by_id(raw)
+    if found is None or not visible(ctx.forge.state, ctx.principal, found[0]):
+        raise not_found()
+    return found
+
+
+def _invalid_dependency(message: str) -> ApiError:
+    return ApiError(422, "Validation Failed", [{"resource": "Issue", "field": "issue_id",
+                                                "code": "invalid", "message": message}])
+
+
+async def add_blocked_by(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    ctx.require_auth()
+    repo = ctx.repo()
+    issue = ctx.issue(repo)
+    _writer(ctx, repo)
+    blocking_repo, blocking = _blocker(ctx, (await ctx.body()).get("issue_id"))
+    if blocking.id == issue.id:
+        raise _invalid_dependency("An issue cannot be blocked by itself")
+    if blocking.id in issue.blocked_by_ids:
+        raise _invalid_dependency("Issue is already blocked by this issue")
+    if len(issue.blocked_by_ids) >= MAX_DEPENDENCIES or \
+            len(blocking.blocking_ids) >= MAX_DEPENDENCIES:
+        raise _invalid_dependency(f"An issue can have at most {MAX_DEPENDENCIES} dependencies "
+                                  "of each kind")
+    issue.blocked_by_ids.append(blocking.id)
+    blocking.blocking_ids.append(issue.id)
+    issueops.touch(ctx, repo, issue)
+    issueops.touch(ctx, blocking_repo, blocking)
+    _emit_dependency(ctx, "added", repo, issue, blocking_repo, blocking)
+    return json_response(ctx.r.issue(blocking_repo, blocking), 201, {
+        "Location": f"{ctx.r.repo_url(repo)}/issues/{issue.number}/dependencies/blocked_by"})
+
+
+async def remove_blocked_by(request: web.Request) -> web.Response:
+    ctx = Ctx.of(request)
+    ctx.require_auth()
+    repo = ctx.repo()
+    issue = ctx.issue(repo)
+    _writer(ctx, repo)
+    try:
+        blocking_id = int(request.match_info["issue_id"])
+    except ValueError as exc:
+        raise not_found() from exc
+    if blocking_id not in issue.blocked_by_ids:
+        raise not_found()
+    blocking_repo, blocking = _blocker(ctx, blocking_id)
+    issue.blocked_by_ids.remove(blocking.id)
+    if issue.id in blocking.blocking_ids:
+        blocking.blocking_ids.remove(issue.id)
+    issueops.touch(ctx, repo, issue)
+    issueops.touch(ctx, blocking_repo, blocking)
+    _emit_dependency(ctx, "removed", repo, issue, blocking_repo, blocking)
+    return json_response(ctx.r.issue(blocking_repo, blocking))
+
+
 def register(routes: Routes) -> None:
     routes.add("GET", "/orgs/{org}/issue-types", list_issue_types)
     routes.add("POST", "/orgs/{org}/issue-types", create_issue_type)
@@ -299,3 +408,8 @@ def register(routes: Routes) -> None:
     routes.add("PATCH", "/repos/{owner}/{repo}/issues/{issue_number}/sub_issues/priority",
                reprioritize_sub_issue)
     routes.add("GET", "/repos/{owner}/{repo}/issues/{issue_number}/parent", get_parent)
+    deps = "/repos/{owner}/{repo}/issues/{issue_number}/dependencies"
+    routes.add("GET", f"{deps}/blocked_by", list_blocked_by)
+    routes.add("POST", f"{deps}/blocked_by", add_blocked_by)
+    routes.add("DELETE", f"{deps}/blocked_by/{{issue_id}}", remove_blocked_by)
+    routes.add("GET", f"{deps}/blocking", list_blocking)

@@ -25,10 +25,12 @@ from . import (
     routes_apps,
     routes_comments,
     routes_contents,
+    routes_fields,
     routes_issues,
     routes_labels,
     routes_manifest,
     routes_misc,
+    routes_pulls,
     routes_repos,
     routes_user,
     routes_work,
@@ -55,6 +57,10 @@ CREATION_ROUTES = {
     "POST /repos/{owner}/{repo}/issues/{issue_number}/comments",
     # "Creating content too quickly using this endpoint may result in secondary rate limiting"
     "POST /repos/{owner}/{repo}/issues/{issue_number}/sub_issues",
+    "POST /repos/{owner}/{repo}/issues/{issue_number}/dependencies/blocked_by",
+    "POST /repos/{owner}/{repo}/issues/{issue_number}/issue-field-values",
+    "PUT /repos/{owner}/{repo}/issues/{issue_number}/issue-field-values",
+    "POST /repos/{owner}/{repo}/check-runs",
 }
 SECONDARY_MESSAGE = (
     "You have exceeded a secondary rate limit. Please wait a few minutes before you try "
@@ -166,7 +172,10 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
                 raise SecondaryLimited(None)  # no retry-after: clients wait a minute
             in_flight = principal.rate_key
         await forge.faults.held(request.method, route.partition(" ")[2])
-        delay, fault = forge.faults.pick(request.method, route.partition(" ")[2])
+        owner, name = request.match_info.get("owner"), request.match_info.get("repo")
+        delay, fault = forge.faults.pick(request.method, route.partition(" ")[2],
+                                         principal.login,
+                                         f"{owner}/{name}" if owner and name else None)
         if delay > 0:
             await asyncio.sleep(delay)
         window = forge.rates.window(principal.rate_key, resource)
@@ -248,7 +257,8 @@ def build_app(forge: LocalForge) -> web.Application:
     routes = Routes(app)
     control.register(app)
     for module in (routes_apps, routes_repos, routes_labels, routes_comments, routes_issues,
-                   routes_misc, routes_contents, routes_manifest, routes_user, routes_work):
+                   routes_misc, routes_contents, routes_manifest, routes_user, routes_work,
+                   routes_fields, routes_pulls):
         module.register(routes)
     routes_manifest.register_web(app)
     register_web_pages(app, forge)  # last: its /{owner}/{repo} patterns yield to the API

@@ -249,7 +249,8 @@ async def test_the_console_on_a_phone_and_by_keyboard_alone(office: Embedded,
     page = await context.new_page()
     await page.set_viewport_size(PHONE)
     await sign_in_with_forge(page, office, "marco")
-    for path in ("/console/inbox", "/console/mail", "/console/agents/scout", "/console/ledger"):
+    for path in ("/console/inbox", "/console/mail", "/console/agents/scout", "/console/ledger",
+                 "/console/held"):
         await page.goto(office.app_url + path)
         wide = await page.evaluate("document.documentElement.scrollWidth")
         assert wide <= PHONE["width"], (path, wide, "no sideways scrolling on a phone")
@@ -313,3 +314,39 @@ async def test_the_ledger_on_a_phone_shows_each_entry_whole(office: Embedded,
         assert box["width"] >= PHONE["width"] / 2, (column, box, "not squeezed")
     await expect(row.locator("td").nth(4)).to_contain_text("acme/scout-vault")
     await assert_accessible(page)
+
+
+async def test_the_inbox_and_a_desk_read_as_they_should_in_the_browser(
+        office: Embedded, context: BrowserContext) -> None:
+    """The smaller items of issue 23, as a person sees and hears them: an option without a
+    description is announced by its label alone; a question waiting on marco is one card, not
+    also a line under "Your agents are handling"; an answer by option alone says which option
+    there, not a bare link; critic's desk (it takes no chat runs) offers no chat."""
+    async with aiohttp.ClientSession() as http:
+        outcome = await make_item(office, Actor(http, office, "marco"), "outcome", "Launch",
+                                  assignees=["scout-bot"])
+        scout = ToolClient(http, office, SCOUT)
+        await scout("add_comment", targetType="outcome", target=outcome, header="Launch date",
+                    to=["marco@acme.com"], body="Launch on Monday?",
+                    options=[{"label": "Yes"}, {"label": "No", "description": "A week later"}])
+        asked = await scout("add_comment", targetType="outcome", target=outcome,
+                            header="Budget", to=["sara@acme.com"], body="Budget?",
+                            options=[{"label": "10k"}, {"label": "20k"}])
+        await ToolClient(http, office, "human:sara@acme.com")(
+            "add_comment", targetType="outcome", target=outcome,
+            parent=asked["thread"]["thread"], option=2, body="")
+        await office.settle()
+    page = await context.new_page()
+    await sign_in_with_forge(page, office, "marco")
+    card = page.locator("article.card")
+    await expect(card.get_by_role("button", name="Yes", exact=True)).to_be_visible()
+    await expect(card.get_by_role("button", name=re.compile(r"^No\b"))
+                 ).to_have_accessible_description("A week later")
+    await expect(page.get_by_text("No description")).to_have_count(0)
+    history = page.locator("section.history")
+    await expect(history).not_to_contain_text("Launch date")  # the card is the one place
+    await expect(history).to_contain_text("Chose “20k”")
+    await assert_accessible(page)
+    await page.goto(office.app_url + "/console/agents/critic")
+    await expect(page.get_by_role("heading", name="critic's desk")).to_be_visible()
+    await expect(page.get_by_label("Ask critic")).to_have_count(0)

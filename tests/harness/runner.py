@@ -6,7 +6,9 @@ the faults at their steps. Then everything is healed, the app settles (its recon
 every half second, dead letters are replayed, `vaultmail doctor` makes a pass) and the
 invariants are checked: every accepted mail is one issue with one state label, one index row
 and one ledger entry; every reply one copy; the index equals a fresh reindex; the ledger
-verifies. `Report.failures` says which mail and what was expected."""
+verifies; every question asked on the run's outcome items is one thread with one card, answered
+once (one decision, its card saying so, no one's turn left but its asker's). `Report.failures`
+says which mail or question and what was expected."""
 
 from __future__ import annotations
 
@@ -14,28 +16,38 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from bot.app.replicas import Replica, free_port
+from bot.store import comments as store_comments
 from bot.store import ledger, open_store
 from localforge import LocalForge
+from localforge.faults import RouteFault
 from tests import pg
 from tests.deployed import deploy
+from tests.harness import skewed as skewed_clock
 from tests.harness.schedule import Fault, Op, Schedule
 
 SCOUT, BUILDER = "acme/scout-vault", "acme/builder-vault"
+APP_BOT = "vaultmail[bot]"  # the App's installation's account: whose writes `lost` loses
+MARCO, SCOUT_AGENT = "human:marco@acme.com", "agent:scout"
+OPTIONS = ("Yes", "No")
+PER_ITEM = 4  # questions asked on one outcome item (the app lets one asker have 5 open there)
+_CARD = re.compile(r"^### (Q\d+)\s*$", re.MULTILINE)  # a question card's header line
 SETTLE_WITHIN = 90.0  # a guard: past it the checks run on what is there and report the diff
 CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=5)  # a client gives up on a hung replica
 RETRYABLE = {409, 429, 500, 502, 503, 504}
+DOCTOR_AFTER = 2.0  # seconds the forge may differ with nothing queued before a doctor pass
 
 
 @dataclass
@@ -54,6 +66,7 @@ class Report:
     mails: int = 0
     seconds: float = 0.0
     fired: dict[str, int] = field(default_factory=dict)  # what each kind of fault did
+    repaired: int = 0  # what `vaultmail doctor`'s passes repaired while settling
 
     @property
     def ok(self) -> bool:
@@ -93,6 +106,10 @@ async def cluster(schedule: Schedule, workdir: Path) -> AsyncIterator[Cluster]:
                      {**env, "PORT": str(port), "REPLICA_ID": f"replica-{n + 1}"},
                      workdir / f"replica-{n + 1}.log")
              for n, (port, url) in enumerate(zip(ports, urls, strict=True))]
+    if schedule.skew is not None:  # that replica's host clock is off, the whole run
+        skewed, seconds = procs[schedule.skew[0]], schedule.skew[1]
+        skewed.module = "tests.harness.skewed"
+        skewed.env[skewed_clock.ENV] = str(seconds)
     deployed.install()
     try:
         await asyncio.gather(*(p.start() for p in procs))
@@ -119,7 +136,7 @@ async def vaultmail(env: dict[str, str], *args: str) -> tuple[int, str]:
     return proc.returncode or 0, out.decode()
 
 
-async def run(schedule: Schedule, workdir: Path, *, close_unseen: bool = False) -> Report:
+async def run(schedule: Schedule, workdir: Path, *, close_unseen: bool = True) -> Report:
     started = time.monotonic()
     async with cluster(schedule, workdir) as c:
         report = await Player(schedule, c, close_unseen).play()
@@ -128,25 +145,31 @@ async def run(schedule: Schedule, workdir: Path, *, close_unseen: bool = False) 
 
 
 class Player:
-    """`close_unseen`: marco closes an issue he opened at its step, whether or not the app
-    has taken it in. Off by default: an issue closed before the app handled its `opened`
-    delivery (that delivery failed and is redelivered by the reconciler after the `closed`
-    one, which found no mail yet) is adopted as mail:new, and the doctor then reopens the
-    issue to match the index (README, Benchmarks, fault harness: a known bug)."""
+    """`close_unseen` (the default): marco closes an issue he opened at its step (by hand, or
+    by a `/close` comment), whether or not the app has taken it in: its `opened` delivery may
+    have been dropped and come back from the reconciler after the close (issue 28: adoption
+    takes the issue as found, and the close waits in the queue for the mail). Off: he waits
+    until he sees the issue labelled as mail."""
 
-    def __init__(self, schedule: Schedule, c: Cluster, close_unseen: bool = False) -> None:
+    def __init__(self, schedule: Schedule, c: Cluster, close_unseen: bool = True) -> None:
         self.schedule, self.c, self.close_unseen = schedule, c, close_unseen
         self.accepted: dict[int, dict[str, Any]] = {}  # send n -> the mail the tool returned
         self.sent: dict[int, asyncio.Task[None]] = {}
         self.opened: dict[int, int] = {}  # open n -> issue number
         self.replied: set[int] = set()  # send n replied to
         self.closed: set[int] = set()  # open n closed
+        self.worked: set[int] = set()  # send n scout marked /working
+        self.items: list[str] = []  # the outcome items questions are asked on (owner/repo#N)
+        self.questions: dict[int, asyncio.Task[None]] = {}  # ask n -> its comment posted
+        self.answered: dict[int, str] = {}  # ask n -> the option marco chose
         self.refused: list[str] = []
         self.tasks: list[asyncio.Task[None]] = []
         self.heals: dict[int, list[Callable[[], Awaitable[None]]]] = {}
         self.session: aiohttp.ClientSession | None = None
         self.fired: Counter[str] = Counter()  # processes signalled, requests failed, ...
         self.asked: Counter[str] = Counter()  # webhook faults scheduled, by kind
+        self.lost: list[RouteFault] = []  # the app's writes to lose, armed
+        self.repaired = 0  # what the doctor's passes repaired
 
     @property
     def s(self) -> aiohttp.ClientSession:
@@ -158,6 +181,13 @@ class Player:
         for step, fault in self.schedule.faults:
             faults_at.setdefault(step, []).append(fault)
         async with aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as self.session:
+            asks = sum(op.kind == "ask" for op in self.schedule.ops)
+            for k in range(-(-asks // PER_ITEM)):
+                item = await self.forge("POST", f"/repos/{SCOUT}/issues", "marco",
+                                        {"title": f"Harness outcome {k}", "body": "questions",
+                                         "labels": ["outcome"], "assignees": ["scout-bot"]},
+                                        201)
+                self.items.append(f"{SCOUT}#{item['number']}")
             for step, op in enumerate(self.schedule.ops):
                 for heal in self.heals.pop(step, []):
                     await heal()
@@ -171,6 +201,8 @@ class Player:
             await self.c.forge.webhooks_idle()  # the workload's webhooks met their faults
             for kind, asked in self.asked.items():
                 self.fired[kind] += asked - getattr(self.c.forge.faults, kind).count
+            if self.lost:
+                self.fired["lost"] += sum(route.fired for route in self.lost)
             self.c.forge.faults.clear()
             expected = self.expected()
             await self.settle(expected)
@@ -208,6 +240,10 @@ class Player:
             async def heal() -> None:
                 faults.remove(route)
                 self.fired[f.kind] += route.fired
+        elif f.kind == "lost":  # the app's next write there, whenever: answered, then lost
+            self.lost.append(faults.add(f.route, mode="lost", count=1, actor=APP_BOT,
+                                        repo=f.repo))
+            return
         else:  # webhooks: counted, not timed (the next `count` deliveries, whenever)
             hook = getattr(faults, f.kind)
             {"drop": faults.drop_webhooks, "duplicate": faults.duplicate_webhooks,
@@ -228,26 +264,74 @@ class Player:
         elif op.kind == "reply":
             assert op.target is not None
             self.spawn(self.reply(op.target))
-        else:
+        elif op.kind == "working":
             assert op.target is not None
+            self.spawn(self.working(op.target))
+        elif op.kind == "ask":
+            self.questions[op.n] = self.spawn(self.ask(op.n))
+        elif op.kind == "answer":
+            assert op.target is not None
+            self.spawn(self.answer(op.target, OPTIONS[op.n % 2]))
+        else:  # close, by hand or by command
+            assert op.target is not None
+            command = op.kind == "command"
             if self.close_unseen:
-                await self.close(op.target)
+                await self.close(op.target, command)
             else:
-                self.spawn(self.close_seen(op.target))
+                self.spawn(self.close_seen(op.target, command))
 
-    async def close(self, n: int) -> None:
-        await self.forge("PATCH", f"/repos/{SCOUT}/issues/{self.opened[n]}", "marco",
-                         {"state": "closed"}, 200)
+    async def close(self, n: int, command: bool = False) -> None:
+        path = f"/repos/{SCOUT}/issues/{self.opened[n]}"
+        if command:
+            await self.forge("POST", path + "/comments", "marco",
+                             {"body": f"Done with {n}, thanks\n/close"}, 201)
+        else:
+            await self.forge("PATCH", path, "marco", {"state": "closed"}, 200)
         self.closed.add(n)
 
-    async def close_seen(self, n: int) -> None:
-        """marco closes the mail once he sees it is one (labelled): closing an issue the app
-        has not taken in yet loses the close (see `close_unseen`)."""
+    async def close_seen(self, n: int, command: bool = False) -> None:
+        """marco closes the mail once he sees it is one (labelled) (see `close_unseen`)."""
         path = f"/repos/{SCOUT}/issues/{self.opened[n]}"
         while True:
             if _state_labels(await self.forge("GET", path, "marco", None, 200)):
-                return await self.close(n)
+                return await self.close(n, command)
             await asyncio.sleep(0.1)  # a person looking again
+
+    async def working(self, n: int) -> None:
+        """scout says it is working on send `n`'s mail, by command."""
+        await self.sent[n]
+        if n not in self.accepted:
+            return
+        number = self.accepted[n]["number"]
+        await self.forge("POST", f"/repos/{SCOUT}/issues/{number}/comments", "scout-bot",
+                         {"body": "On it\n/working"}, 201)
+        self.worked.add(n)
+
+    async def ask(self, n: int) -> None:
+        """scout asks marco question `Q<n>` on an outcome item, with two options."""
+        repo, _, number = self.items[n // PER_ITEM].partition("#")
+        await self.forge("POST", f"/repos/{repo}/issues/{number}/comments", "scout-bot",
+                         {"body": f"to: marco@acme.com\n/ask Shall we do {n}?\nheader: Q{n}\n"
+                                  f"- [ ] {OPTIONS[0]}\n- [ ] {OPTIONS[1]}\n"}, 201)
+
+    async def answer(self, n: int, option: str) -> None:
+        """marco answers question `Q<n>` once he sees its card (the app took the question
+        in), naming it and his option's number."""
+        await self.questions[n]
+        repo, _, number = self.items[n // PER_ITEM].partition("#")
+        path = f"/repos/{repo}/issues/{number}/comments"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SETTLE_WITHIN / 2
+        while True:
+            cards = await self.forge("GET", path + "?per_page=100", "marco", None, 200)
+            if any(f"Q{n}" in _CARD.findall(str(c["body"])) for c in cards):
+                break
+            if loop.time() > deadline:
+                return  # no card to answer: the checks say so
+            await asyncio.sleep(0.1)  # a person looking again
+        await self.forge("POST", path, "marco",
+                         {"body": f"/answer Q{n} {OPTIONS.index(option) + 1}"}, 201)
+        self.answered[n] = option
 
     def spawn(self, work: Awaitable[None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(work)
@@ -298,8 +382,10 @@ class Player:
     def expected(self) -> list[Expected]:
         want = []
         for n in sorted(self.accepted):
-            label = "mail:replied" if n in self.replied else "mail:new"
-            events = {"mail.sent": 1} | ({"mail.replied": 1} if n in self.replied else {})
+            label = ("mail:replied" if n in self.replied else
+                     "mail:working" if n in self.worked else "mail:new")
+            events = ({"mail.sent": 1} | ({"mail.replied": 1} if n in self.replied else {})
+                      | ({"mail.opened": 1} if n in self.worked else {}))
             want.append(Expected(SCOUT, f"Tool {n}", label, f"send {n} (key harness-"
                                  f"{self.schedule.seed}-{n})", events))
             if n in self.replied:
@@ -313,10 +399,14 @@ class Player:
         return want
 
     async def issues(self) -> dict[str, list[dict[str, Any]]]:
+        """Each vault's issues, less the late duplicates the app closed: a stalled replica's
+        create that landed after another replica sent the mail (closed `not_planned`, no
+        state label; the mail is the other issue, which the checks then find once)."""
         found = {}
         for vault in (SCOUT, BUILDER):
-            found[vault] = await self.forge(
+            listed = await self.forge(
                 "GET", f"/repos/{vault}/issues?state=all&per_page=100", "marco", None, 200)
+            found[vault] = [i for i in listed if not _closed_duplicate(i)]
         return found
 
     async def pending(self) -> int:
@@ -332,28 +422,44 @@ class Player:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + SETTLE_WITHIN
         store = await open_store(self.c.database_url)
+        stuck: float | None = None  # since when nothing is queued yet the forge differs
         try:
             while loop.time() < deadline:
                 await self.c.forge.webhooks_idle()
                 if not await self.pending():
-                    if not _diff_forge(expected, await self.issues()):
+                    if not (_diff_forge(expected, await self.issues())
+                            or await self.diff_questions(store)):
                         break
                     await store.replay()  # what ran out of retries while the forge failed
+                    stuck = loop.time() if stuck is None else stuck
+                    if loop.time() - stuck > DOCTOR_AFTER:  # a write the forge lost?
+                        await self.run_doctor()
+                        stuck = None
+                else:
+                    stuck = None
                 await asyncio.sleep(0.2)
         finally:
             await store.close()
-        code, out = await vaultmail(self.c.env, "doctor", "--json")
-        self.doctor = (code, out)
+        await self.run_doctor()
         await self.c.forge.webhooks_idle()
         while loop.time() < deadline:  # what the doctor's repairs queued, handled
             if not await self.pending():
                 break
             await asyncio.sleep(0.2)
 
+    async def run_doctor(self) -> None:
+        """`vaultmail doctor` by hand, as an operator would: its last pass's exit status is
+        checked; what each pass repaired is counted."""
+        code, out = await vaultmail(self.c.env, "doctor", "--json")
+        self.doctor = (code, out)
+        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+            line = next((x for x in reversed(out.splitlines()) if x.startswith("{")), "{}")
+            self.repaired += int(json.loads(line)["result"]["counts"].get("repaired", 0))
+
     # -- the invariants -------------------------------------------------------------------
     async def check(self, expected: list[Expected]) -> Report:
         report = Report(self.schedule, mails=len(expected),
-                        fired=dict(sorted(self.fired.items())))
+                        fired=dict(sorted(self.fired.items())), repaired=self.repaired)
         fail = report.failures
         fail += [f"refused: {r}" for r in self.refused]
         code, out = self.doctor
@@ -373,12 +479,78 @@ class Player:
                 fail.append(f"the ledger's chain breaks at seq {broken}")
             rows = await _mail_rows(store)
             entries = await ledger.entries(store, limit=100000)
+            questions = await self.diff_questions(store, entries)
         finally:
             await store.close()
+        fail += questions
         fail += _diff_index(expected, found, rows)
         fail += _diff_ledger(expected, found, entries)
         fail += await self.diff_reindex(rows)
         return report
+
+    async def diff_questions(self, store: Any,
+                             entries: list[ledger.Entry] | None = None) -> list[str]:
+        """Every question asked is one thread on its item with one card on the forge; one
+        answered is answered once, by marco with his option (one decision), its card says so,
+        and it waits on its asker alone; one not answered waits on marco. With `entries` (the
+        ledger), each question and each answer is ledgered once."""
+        out: list[str] = []
+        cards: dict[str, list[dict[str, Any]]] = {}
+        by_header: dict[str, list[store_comments.ThreadRow]] = {}
+        decisions: set[str] = set()
+        for item in self.items:
+            repo, _, number = item.partition("#")
+            for c in await self.forge("GET", f"/repos/{repo}/issues/{number}/comments"
+                                      "?per_page=100", "marco", None, 200):
+                if c["user"]["login"] == "vaultmail[bot]":
+                    for header in _CARD.findall(str(c["body"])):
+                        cards.setdefault(header, []).append(c)
+            for row in await store.fetchall("SELECT * FROM threads WHERE item=?",
+                                            (item.lower(),)):
+                t = store_comments._thread(row)
+                q = t.state.question
+                if q is not None and q.header:
+                    by_header.setdefault(q.header, []).append(t)
+            decisions |= {t.id for t in await store_comments.decisions(
+                store, item.lower(), limit=1000)}
+        waiting = {str(r["thread"]): str(r["principal"]) for r in await store.fetchall(
+            "SELECT thread, principal FROM thread_waiting")}
+        for n in sorted(self.questions):
+            header = f"Q{n}"
+            mine, shown = by_header.get(header, []), cards.get(header, [])
+            if len(mine) != 1 or len(shown) != 1:
+                out.append(f"ask {n}: expected one thread and one card, found {len(mine)} "
+                           f"thread(s) and cards {[c['id'] for c in shown]}")
+                continue
+            t, card = mine[0], shown[0]
+            if t.card_id != card["id"] or t.card_body != card["body"]:
+                out.append(f"ask {n}: the card on the forge (#{card['id']}) is not the one "
+                           f"the index holds (#{t.card_id}, same body: "
+                           f"{t.card_body == card['body']})")
+            option = self.answered.get(n)
+            answer = t.state.answer
+            if option is None:
+                if answer is not None or t.state.waiting_on != (MARCO,):
+                    out.append(f"ask {n}: never answered, yet {answer} and waiting on "
+                               f"{t.state.waiting_on}")
+                continue
+            if answer is None or answer.by != MARCO or answer.option != option:
+                out.append(f"ask {n}: expected marco's answer {option!r}, found {answer}")
+            elif (len(t.state.history) > 1 or t.id not in decisions
+                  or f"**Answered** by marco: {option}" not in str(card["body"])):
+                out.append(f"ask {n}: answered, but history {t.state.history}, decision "
+                           f"{t.id in decisions}, card {str(card['body'])[-300:]!r}")
+            if t.state.waiting_on != (SCOUT_AGENT,) or waiting.get(t.id) not in (
+                    None, SCOUT_AGENT):
+                out.append(f"ask {n}: answered, yet waiting on {t.state.waiting_on} "
+                           f"(inbox: {waiting.get(t.id)})")
+            if entries is not None:
+                kinds = Counter(str(e.data.get("kind")) for e in entries
+                                if e.event == "comment.added" and e.data.get("thread") == t.id)
+                if kinds["question"] != 1 or kinds["answer"] != 1:
+                    out.append(f"ask {n}: expected one question and one answer ledgered, "
+                               f"found {dict(kinds)}")
+        return out
 
     async def diff_reindex(self, rows: list[tuple[Any, ...]]) -> list[str]:
         if self.schedule.engine == "postgresql":
@@ -412,6 +584,11 @@ async def _mail_rows(store: Any) -> list[tuple[Any, ...]]:
         "SELECT mail_id, vault, number, subject, from_principal, to_principal, hops,"
         " in_reply_to, thread_id, state FROM mails ORDER BY vault, number")
     return [tuple(r) for r in rows]
+
+
+def _closed_duplicate(issue: dict[str, Any]) -> bool:
+    return (issue["state"] == "closed" and issue.get("state_reason") == "not_planned"
+            and not _state_labels(issue) and issue["title"].startswith("Tool "))
 
 
 def _state_labels(issue: dict[str, Any]) -> list[str]:
@@ -470,7 +647,14 @@ def _diff_ledger(expected: list[Expected], found: dict[str, list[dict[str, Any]]
                  entries: list[ledger.Entry]) -> list[str]:
     out = []
     seen: Counter[tuple[str, str]] = Counter()
+    # a reply copy the doctor opened again (its issue lost): its entries follow it there
+    moved = {str(e.data.get("was")): e.subject for e in entries if e.event == "mail.restored"}
     for entry in entries:
+        subject = entry.subject
+        while subject in moved:
+            subject = moved[subject]
+        if subject != entry.subject:
+            entry = replace(entry, subject=subject)
         if entry.event == "mail.sent" and (entry.data.get("follow_up")
                                            or entry.data.get("reopened")):
             continue  # a mail sent again, not a new one

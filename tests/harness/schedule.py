@@ -10,16 +10,32 @@ from dataclasses import dataclass
 from typing import Literal
 
 Engine = Literal["postgresql", "sqlite"]
-OpKind = Literal["send", "open", "reply", "close"]
+OpKind = Literal["send", "open", "reply", "close", "command", "working", "ask", "answer"]
 FaultKind = Literal["kill", "stop", "latency", "forge_error", "drop", "duplicate", "reorder",
-                    "pg_restart"]
+                    "pg_restart", "lost"]
 
-OP_KINDS: tuple[OpKind, ...] = ("send", "open", "reply", "close")
+OP_KINDS: tuple[OpKind, ...] = ("send", "open", "reply", "close", "command", "working", "ask",
+                                 "answer")
 # faults on a process (SIGKILL then a restart, SIGSTOP then SIGCONT) and the database's
 # restart hold one at a time: on PostgreSQL some replica always lives to take the work
 PROCESS_FAULTS: tuple[FaultKind, ...] = ("kill", "stop", "pg_restart")
 FORGE_FAULTS: tuple[FaultKind, ...] = ("latency", "forge_error", "drop", "duplicate",
                                        "reorder")
+# the app's writes a `lost` fault may lose (the forge answers, then undoes it): those
+# `vaultmail doctor` repairs, (route, repository or None for any): a mail's state (labels,
+# open or closed) as the app PATCHes it, and a reply copy's issue in builder's vault (the
+# app's create of a mail in scout's vault it does not open again: that is the sender's)
+LOST_ROUTES: tuple[tuple[str, str | None], ...] = (
+    ("PATCH /repos/{owner}/{repo}/issues/{issue_number}", None),
+    ("PATCH /repos/{owner}/{repo}/issues/{issue_number}", None),
+    ("POST /repos/{owner}/{repo}/issues", "acme/builder-vault"),
+)
+# a replica's host clock off for the whole run (PostgreSQL): behind by up to 5 minutes, or
+# ahead by at most what GitHub's JWT check tolerates (exp = iat + 10 min, iat 60 s back:
+# a clock more than 60 s ahead mints an exp more than 10 minutes ahead, refused; the local
+# forge refuses one 90 s ahead too). In this order CI's seed 2035 draws 300 s behind, the
+# repro of issue 28.
+SKEWS: tuple[float, ...] = (-120.0, -45.0, -300.0, 30.0, 60.0)
 
 
 @dataclass(frozen=True)
@@ -27,7 +43,11 @@ class Op:
     """One step of the workload. send: agent builder mails scout through the tools (key
     `harness-<n>`, the client retrying on the next replica); open: marco opens an issue in
     scout's vault by hand; reply: scout comments on send `target`'s issue (a reply copy is due
-    in builder's vault); close: marco closes open `target`'s issue."""
+    in builder's vault); close: marco closes open `target`'s issue; command: marco comments
+    `/close` on open `target`'s issue instead; working: scout comments `/working` on send
+    `target`'s issue (mail:working); ask: scout `/ask`s marco question `Q<n>` with two options
+    on an outcome item of the run's (four to an item); answer: marco `/answer`s ask `target`
+    once he sees its card."""
 
     kind: OpKind
     n: int  # its number among operations of its kind
@@ -40,7 +60,9 @@ class Fault:
     (webhook faults: once they have fired, or when the workload is done). `replica`: the
     process (kill, stop); `count`: how many webhooks (drop, duplicate, reorder); `rate`: the
     share of forge requests failed with 502 (forge_error); `delay`: seconds added to every
-    forge request (latency)."""
+    forge request (latency); `route` (and `repo`, where only there): the next of the app's
+    own writes there is answered and then lost (lost; armed at its step until the workload
+    is done, `span` unused)."""
 
     kind: FaultKind
     span: int = 1
@@ -48,6 +70,8 @@ class Fault:
     count: int = 0
     rate: float = 0.0
     delay: float = 0.0
+    route: str = ""
+    repo: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +81,8 @@ class Schedule:
     replicas: int
     ops: tuple[Op, ...]
     faults: tuple[tuple[int, Fault], ...]  # (step, fault), by step
+    # (process, seconds): that replica's wall clock is off by this much the whole run
+    skew: tuple[int, float] | None = None
 
     def fault_counts(self) -> dict[str, int]:
         return dict(sorted(Counter(f.kind for _, f in self.faults).items()))
@@ -65,7 +91,9 @@ class Schedule:
         return dict(sorted(Counter(o.kind for o in self.ops).items()))
 
     def describe(self) -> str:
-        lines = [f"seed {self.seed} on {self.engine} with {self.replicas} process(es)"]
+        lines = [f"seed {self.seed} on {self.engine} with {self.replicas} process(es)"
+                 + (f", replica {self.skew[0] + 1}'s clock off by {self.skew[1]:+.0f} s"
+                    if self.skew else "")]
         at = dict[int, list[Fault]]()
         for step, fault in self.faults:
             at.setdefault(step, []).append(fault)
@@ -79,9 +107,11 @@ class Schedule:
 
 def make_schedule(seed: int, *, engine: Engine = "postgresql", steps: int = 24,
                   faults: int = 8, replicas: int | None = None) -> Schedule:
-    rng = random.Random(seed)
+    # the workload and the faults are drawn apart: a new kind of operation leaves a seed's
+    # faults as they were
+    rng = random.Random(f"faults {seed}")
     procs = replicas if replicas is not None else (3 if engine == "postgresql" else 1)
-    ops = _workload(rng, steps)
+    ops = _workload(random.Random(seed), steps)
     kinds = list(FORGE_FAULTS) + ["kill", "stop"] + (
         ["pg_restart"] if engine == "postgresql" else [])
     planned: list[tuple[int, Fault]] = []
@@ -97,8 +127,19 @@ def make_schedule(seed: int, *, engine: Engine = "postgresql", steps: int = 24,
             else:
                 busy |= held
         planned.append((step, _fault(rng, kind, span, procs)))
+    # skew and lost writes each from a stream of their own: a seed's workload and its other
+    # faults stay as they were before these were added
+    lost = random.Random(f"lost {seed}")
+    for _ in range(lost.randint(0, 2)):
+        route, repo = lost.choice(LOST_ROUTES)
+        planned.append((lost.randrange(0, max(1, steps - 1)), Fault("lost", route=route,
+                                                                    repo=repo)))
+    skew: tuple[int, float] | None = None
+    if engine == "postgresql" and procs > 1:  # one process on SQLite: it is the only clock
+        clock = random.Random(f"skew {seed}")
+        skew = (clock.randrange(procs), clock.choice(SKEWS))
     planned.sort(key=lambda sf: (sf[0], sf[1].kind))
-    return Schedule(seed, engine, procs, tuple(ops), tuple(planned))
+    return Schedule(seed, engine, procs, tuple(ops), tuple(planned), skew)
 
 
 def _fault(rng: random.Random, kind: FaultKind, span: int, procs: int) -> Fault:
@@ -118,23 +159,30 @@ def _workload(rng: random.Random, steps: int) -> list[Op]:
     sends: list[int] = []
     opens: list[int] = []
     n: Counter[str] = Counter()
+    asks: list[int] = []
     for _ in range(steps):
-        choices: list[OpKind] = ["send", "send", "open"]
+        choices: list[OpKind] = ["send", "send", "open", "ask"]
         if sends:
-            choices.append("reply")
+            choices += ["reply", "working"]
         if opens:
-            choices.append("close")
+            choices += ["close", "command"]
+        if asks:
+            choices.append("answer")
         kind = rng.choice(choices)
         target: int | None = None
-        if kind == "reply":
-            target = sends.pop(rng.randrange(len(sends)))  # each mail replied to once
-        elif kind == "close":
-            target = opens.pop(rng.randrange(len(opens)))  # each closed once
+        if kind in ("reply", "working"):  # each mail replied to or worked on, once
+            target = sends.pop(rng.randrange(len(sends)))
+        elif kind in ("close", "command"):  # each closed once, by hand or by command
+            target = opens.pop(rng.randrange(len(opens)))
+        elif kind == "answer":  # each question answered once
+            target = asks.pop(rng.randrange(len(asks)))
         op = Op(kind, n[kind], target)
         n[kind] += 1
         if kind == "send":
             sends.append(op.n)
         elif kind == "open":
             opens.append(op.n)
+        elif kind == "ask":
+            asks.append(op.n)
         ops.append(op)
     return ops

@@ -1,0 +1,129 @@
+"""`mail_send` to an address: an agent's mail to someone outside, by email.
+
+The mail is kept in the sending agent's own vault, an issue the app opens with the header the
+office signs (from `agent:<slug>` to `email:<address>`), delivered quiet (no `mail:` label: it
+is no one's turn in the office; its state by email is on the issue, the outbox's comments).
+The `mail.sent` entry it is ledgered with is what the outbox (bot.email.outbox) follows to send
+it, DKIM-signed, under a Message-ID fixed by the mail id (`outgoing.mail_message_id`), once.
+An answer by email names that Message-ID and becomes mail to the agent in the same thread
+(bot.email.intake).
+
+Who may: an agent whose `capabilities.mail.send` lists `email:*` (anyone), `email:@<domain>`
+(that domain and its subdomains) or `email:<address>`; `*` alone reaches the office's agents,
+never outside. Nobody else sends by email (a person writes from their own mail client).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from bot.email.addresses import BadAddress, normalise
+from bot.errors import InvalidArguments
+from bot.mail.header import render_mail_body
+from bot.mail.mailer import MAX_BODY, Mailer, _signed, checked_subject, fits, shown_as
+from bot.mail.markdown import defuse_mentions
+from bot.office.config import Agent
+from bot.store import ledger, mails
+from bot.store.mails import QUIET, MailRecord
+
+_NS = uuid.UUID("0f6b7c52-3d1e-4a8b-9c2f-5e7a1d3b9c40")
+
+
+def is_address(to: str) -> bool:
+    """Whether `to` names an outside address (`bob@example.org` or `email:bob@example.org`),
+    not an agent (`scout`, `agent:scout`) or another principal (`human:marco@acme.com`)."""
+    return to.startswith("email:") or ("@" in to and ":" not in to)
+
+
+def may_email(agent: Agent, address: str) -> bool:
+    """Whether the agent's `capabilities.mail.send` lets it mail `address` (normalised)."""
+    domain = address.rpartition("@")[2]
+    for entry in agent.capabilities.get("mail.send", []):
+        if not entry.startswith("email:"):
+            continue
+        wanted = entry.removeprefix("email:").lower()
+        if wanted == "*" or wanted == address:
+            return True
+        if wanted.startswith("@") and (domain == wanted[1:] or domain.endswith("." + wanted[1:])):
+            return True
+    return False
+
+
+def email_principal(to: str) -> str:
+    """`email:<address>` for `to`, or InvalidArguments saying why it is no address."""
+    try:
+        return f"email:{normalise(to.removeprefix('email:'))}"
+    except BadAddress as exc:
+        raise InvalidArguments(f"to: {exc}", code="unknown_recipient") from exc
+
+
+async def send_email(mailer: Mailer, actor: str, to: str, subject: str, body: str, *,
+                     reply_to: MailRecord | None = None,
+                     idempotency_key: str | None = None) -> MailRecord:
+    """Mail from `actor` (an agent) to the address `to`: the mail in its vault, ledgered
+    (`mail.sent`, to `email:<address>`), for the outbox to send. The mail itself again when
+    `idempotency_key` sent it before."""
+    office = mailer.office
+    principal = email_principal(to)
+    address = principal.removeprefix("email:")
+    if reply_to is not None:
+        mailer.own(reply_to)
+    sender = office.agent(actor.removeprefix("agent:")) if actor.startswith("agent:") else None
+    if office.email is None:
+        raise InvalidArguments(f"{office.org} has no email domain (email.domain in "
+                               "vaultmail.yml): its agents send no email", code="no_email")
+    if sender is None:
+        raise await mailer.deny(actor, f"mail to {principal}", (
+            f"{actor} may not send email: mail to an address goes from an agent (its "
+            "capabilities.mail.send listing email:...); a person writes from their own mail"))
+    if not may_email(sender, address):
+        allowed = [e for e in sender.capabilities.get("mail.send", []) if e.startswith("email:")]
+        raise await mailer.deny(actor, f"mail to {principal}", (
+            f"{actor} may not email {address}: its capabilities.mail.send allows "
+            f"{allowed or 'no address'} (email:*, email:@domain or email:address)"))
+    subject = checked_subject(subject)
+    body = body.replace("\r\n", "\n")
+    if len(body) > MAX_BODY:
+        raise InvalidArguments(f"body is {len(body):,} characters; at most {MAX_BODY:,}",
+                               code="body_too_long")
+    body = defuse_mentions(body)
+    mail_id = (str(uuid.uuid5(_NS, f"{office.org.lower()}\n{actor}\n{idempotency_key}"))
+               if idempotency_key else str(uuid.uuid4()))
+    store = mailer.services.store
+    existing = await mails.get_mail(store, mail_id)
+    if existing is not None:
+        return existing
+    vault = office.vault_of(sender).lower()
+    # an agent answering mail climbs as it does mailing an agent (bot.mail.mailer)
+    hops = 0
+    if reply_to is not None:
+        hops = max(reply_to.hops, await mails.copy_hops(store, reply_to.thread_id,
+                                                        reply_to.ref)) + 1
+    header = _signed(
+        keyring=mailer.services.keyring.for_office(office.org), from_principal=actor,
+        to_principal=principal, vault=vault, subject=subject, body=body, mail_id=mail_id,
+        hops=hops, in_reply_to=reply_to.ref if reply_to else None,
+        thread_id=reply_to.thread_id if reply_to else None,
+        from_name=shown_as(office, actor), to_name=None)
+    rendered = fits(render_mail_body(header, body), "the mail, its header table added")
+    issue = None
+    if not await mails.intend_send(store, mail_id, vault):
+        issue = await mailer.forge.find_issue(vault, mail_id)
+    if issue is None:
+        issue = await mailer.forge.create_issue(vault, header.subject, rendered, labels=[],
+                                                marker=mail_id)
+    record = MailRecord(
+        mail_id=mail_id, vault=vault, number=int(issue["number"]), subject=header.subject,
+        body=body, from_principal=actor, to_principal=principal, sent=header.sent,
+        hops=header.hops, in_reply_to=header.in_reply_to, thread_id=header.thread_id,
+        key_id=header.key_id, body_sha256=header.body_sha256, state=QUIET)
+    async with store.transaction(f"mail:{mail_id}", mails.box_key(record.org, principal),
+                                 ledger.key(record.org)) as db:
+        if not await mails.mail_indexed(db, mail_id):
+            await mails.put_mail(db, record)
+            await mails.sent(db, mail_id)
+            await ledger.append(db, "mail.sent", actor, record.ref, {
+                "mail": mail_id, "to": principal, "subject": record.subject,
+                "hops": record.hops, "thread": record.thread_id,
+                "in_reply_to": record.in_reply_to}, org=record.org)
+    return await mails.get_mail(store, mail_id) or record

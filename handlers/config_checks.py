@@ -1,0 +1,116 @@
+"""A pull request that changes the org's `.github/vaultmail.yml` is checked before it is merged
+(issue 23, as Mergify and Renovate check their configs): the file at the pull request's head is
+validated exactly as a push of it is (`OfficeSource.validate`: the same errors, each with its
+key, line and column), and the result is a check run "vaultmail config" on the head commit
+(GitHub: success or failure, one annotation an error at its line and column, a summary saying
+what to fix) or, on Gitea, a commit status of that name. Opened, reopened and each push to the
+branch (`synchronize`; Gitea says `synchronized`) check it again. A pull request elsewhere, or
+one that leaves the config alone (or removes it), gets nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from gidgethub import sansio
+from gidgethub.routing import Router
+
+from bot.app.context import HandlerContext
+from bot.forge.errors import PermissionDenied
+from bot.mail.markdown import defuse_mentions
+from bot.office.config import OfficeConfigError
+from bot.office.source import CONFIG_PATH, CONFIG_REPO
+
+router = Router()
+CHECK_NAME = "vaultmail config"
+ACTIONS = ("opened", "reopened", "synchronize", "synchronized")
+_AT = re.compile(r" \(line (\d+), column (\d+)\)$")
+
+
+@runtime_checkable
+class ChecksForge(Protocol):
+    """What a forge offers for this check (bot/forge/github.py: a check run; gitea.py: a
+    commit status)."""
+
+    async def pull_files(self, repo: str, number: int) -> list[dict[str, Any]]: ...
+
+    async def get_file_at(self, repo: str, path: str, ref: str) -> str | None: ...
+
+    async def report_check(self, repo: str, head_sha: str, name: str, ok: bool, title: str,
+                           summary: str, annotations: Sequence[dict[str, Any]] = ()
+                           ) -> dict[str, Any]: ...
+
+
+def annotation(error: str, source: str) -> dict[str, Any]:
+    """One error (`source: key: why (line L, column C)`) as a check run's annotation at its
+    line and column (an error the file cannot place: line 1)."""
+    message = error.removeprefix(f"{source}: ")
+    found = _AT.search(message)
+    line, column = (int(found[1]), int(found[2])) if found else (1, None)
+    out: dict[str, Any] = {"path": CONFIG_PATH, "start_line": line, "end_line": line,
+                           "annotation_level": "failure", "title": CONFIG_PATH,
+                           "message": _AT.sub("", message)}
+    if column is not None:
+        out["start_column"] = out["end_column"] = column
+    return out
+
+
+@router.register("pull_request")
+async def check_config_pull_request(event: sansio.Event, ctx: HandlerContext) -> None:
+    try:
+        await _check(event.data, ctx)
+    except PermissionDenied as exc:
+        # an App registered before app.yml asked for Checks: write / Pull requests: read,
+        # its new permissions not yet accepted: nothing to retry until they are
+        ctx.log.warning("pull request not checked: the app lacks a permission for it (%s); "
+                        "raise Checks: write and Pull requests: read and accept them", exc)
+
+
+async def _check(data: dict[str, Any], ctx: HandlerContext) -> None:
+    repo = data.get("repository") or {}
+    pull = data.get("pull_request") or {}
+    if data.get("action") not in ACTIONS or repo.get("name") != CONFIG_REPO:
+        return
+    forge = ctx.forge
+    if not isinstance(forge, ChecksForge):
+        ctx.log.info("this forge cannot report checks: pull request not checked")
+        return
+    org = str((repo.get("owner") or {}).get("login", ""))
+    full_name = f"{org}/{CONFIG_REPO}"
+    number = int(data.get("number") or pull.get("number") or 0)
+    head_sha = str((pull.get("head") or {}).get("sha") or "")
+    if not org or not number or not head_sha:
+        return
+    files = await forge.pull_files(full_name, number)
+    if not any(f.get("filename") == CONFIG_PATH and f.get("status") != "removed"
+               for f in files):
+        return
+    text = await forge.get_file_at(full_name, CONFIG_PATH, head_sha)
+    if text is None:
+        return
+    offices = ctx.services.offices
+    short = head_sha[:12]
+    try:
+        offices.validate(org, text)
+    except OfficeConfigError as exc:
+        source = offices.where(org)
+        notes = [annotation(e, source) for e in exc.errors]
+        count = f"{len(notes)} error{'s' if len(notes) != 1 else ''}"
+        summary = (f"`{CONFIG_PATH}` at {short} would be refused if merged ({count}); the "
+                   "last valid config would stay in force. Fix each of these (the annotations "
+                   "mark where) and push again; `vaultmail office check vaultmail.yml` says "
+                   "the same before you push.\n\n"
+                   + "\n".join(f"- {defuse_mentions(n['message'])} (line {n['start_line']}"
+                               + (f", column {n['start_column']})" if "start_column" in n
+                                  else ")") for n in notes))
+        await forge.report_check(full_name, head_sha, CHECK_NAME, False,
+                                 f"{CONFIG_PATH} is invalid: {count}", summary, notes)
+        ctx.log.info("office config in a pull request refused",
+                     extra={"org": org, "pull": number, "errors": exc.errors})
+        return
+    await forge.report_check(
+        full_name, head_sha, CHECK_NAME, True, f"{CONFIG_PATH} is valid",
+        f"`{CONFIG_PATH}` at {short} is valid: once merged it is the office's config.")
+    ctx.log.info("office config in a pull request valid", extra={"org": org, "pull": number})

@@ -1,0 +1,94 @@
+"""Issue 28: an issue's later deliveries handled while its `issues.opened` was missing.
+
+The forge dropped the `issues.opened` of an issue a person opened; the person then closed it,
+or commented `/close` on it, and that delivery arrived and was handled before the reconciler
+asked for the opened one again. It found no mail and was dropped; the issue was then adopted
+as `mail:new` and stayed so: the close was lost (the fault harness's `--close-unseen`).
+
+Now adoption takes the issue's state as the forge has it (a closed issue is a closed mail,
+ledgered once), and a delivery about a vault's issue that finds no mail yet is held in the
+queue (`parked`) until the issue is adopted, then handled in its order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bot.app.embedded import Embedded
+from bot.store import mails, prune
+from tests.support import Actor, label_names
+
+SCOUT_VAULT = "acme/scout-vault"
+
+
+async def _opened_dropped(embedded: Embedded, marco: Actor, title: str) -> int:
+    """marco opens an issue whose `issues.opened` delivery the forge drops."""
+    embedded.forge.faults.drop_webhooks(count=1)
+    issue = await marco.open_issue(SCOUT_VAULT, title, f"{title}: its opened is dropped")
+    await embedded.settle()
+    assert label_names(await marco.issue(SCOUT_VAULT, issue["number"])) == []
+    assert embedded.forge.faults.drop.count == 0, "the opened delivery was dropped"
+    return int(issue["number"])
+
+
+async def _closed_once(embedded: Embedded, marco: Actor, number: int) -> None:
+    found = await marco.issue(SCOUT_VAULT, number)
+    assert found["state"] == "closed" and label_names(found) == ["mail:closed"], found
+    record = await mails.mail_at(embedded.services.store, SCOUT_VAULT, number)
+    assert record is not None and record.state == "mail:closed"
+    ref = f"{SCOUT_VAULT}#{number}"
+    for event in ("mail.sent", "mail.closed"):
+        entries = [e for e in await embedded.ledger_events(event) if e.subject == ref
+                   and not e.data.get("reopened")]
+        assert len(entries) == 1, (event, [e.as_json() for e in entries])
+    assert not [e for e in await embedded.ledger_events("mail.sent") if e.data.get("reopened")]
+
+
+async def test_an_issue_closed_before_its_missed_opened_is_adopted_closed(
+        embedded: Embedded, person: Any) -> None:
+    marco: Actor = person("marco")
+    number = await _opened_dropped(embedded, marco, "Closed unseen")
+    await marco.call("PATCH", f"/repos/{SCOUT_VAULT}/issues/{number}", {"state": "closed"},
+                     expect=200)
+    await embedded.settle()  # the close arrived first: no mail yet
+    assert await embedded.reconciler.run_once() == 1
+    await embedded.settle()
+    await _closed_once(embedded, marco, number)
+    await embedded.reconciler.run_once()
+    await embedded.settle()
+    await _closed_once(embedded, marco, number)  # nothing moved again
+
+
+async def test_a_close_command_before_its_missed_opened_is_applied_after_adoption(
+        embedded: Embedded, person: Any) -> None:
+    """A `/close` comment leaves the issue open: adoption alone (the issue's state) cannot
+    know of it, so the comment waits in the queue for the mail."""
+    marco: Actor = person("marco")
+    number = await _opened_dropped(embedded, marco, "Commanded unseen")
+    await marco.comment(SCOUT_VAULT, number, "Not needed after all\n/close")
+    await embedded.settle()
+    found = await marco.issue(SCOUT_VAULT, number)
+    assert found["state"] == "open" and label_names(found) == []
+    assert await embedded.reconciler.run_once() == 1
+    await embedded.settle()
+    await _closed_once(embedded, marco, number)
+
+
+async def test_a_comment_on_an_issue_that_never_becomes_mail_waits_harmlessly(
+        embedded: Embedded, person: Any) -> None:
+    """An issue whose opened never comes (opened before the app was installed, or lost past
+    the forge's redelivery window): its later deliveries are held, not handled, and pruned
+    with the finished ones."""
+    marco: Actor = person("marco")
+    number = await _opened_dropped(embedded, marco, "Never adopted")
+    await marco.comment(SCOUT_VAULT, number, "/close")
+    await embedded.settle()
+    store = embedded.services.store
+    row = await store.fetchone("SELECT state FROM queue WHERE event='issue_comment'"
+                               " AND lower(issue_key)=?", (f"{SCOUT_VAULT}#{number}",))
+    assert row is not None and row["state"] == "parked"
+    assert await store.pending_count() == 0
+    found = await marco.issue(SCOUT_VAULT, number)
+    assert found["state"] == "open" and label_names(found) == []
+    assert await mails.mail_at(store, SCOUT_VAULT, number) is None
+    await prune.prune(store, now=10 ** 12, keep=0)
+    assert await store.fetchone("SELECT 1 FROM queue WHERE state='parked'") is None
