@@ -127,7 +127,7 @@ async def soak(engine: Engine, minutes: float, every: float, sample_minutes: flo
                     next_sample += sample_minutes * 60
                 await player.do(op)
                 await asyncio.sleep(max(0.0, start + (step + 1) * every - loop.time()))
-            await asyncio.wait_for(asyncio.gather(*player.tasks), runner.SETTLE_WITHIN)
+            await asyncio.wait_for(asyncio.gather(*player.tasks), 600.0)  # paced writes land
             await c.forge.webhooks_idle()
             for _ in range(3000):  # the queue draining: polled, another process's state
                 if not await player.pending():
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--engine", choices=("postgresql", "sqlite"), default="postgresql")
     p.add_argument("--minutes", type=float, default=30.0)
-    p.add_argument("--every", type=float, default=1.0, help="seconds between operations")
+    p.add_argument("--every", type=float, default=6.0, help="seconds between operations")
     p.add_argument("--sample", type=float, default=5.0, help="minutes between samples")
     p.add_argument("--seed", type=int, default=2030)
     a = p.parse_args(argv)
