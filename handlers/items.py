@@ -378,14 +378,7 @@ async def blocker_removed(event: sansio.Event, ctx: HandlerContext) -> None:
     blocked = data.get("blocked_issue")
     if not isinstance(blocked, dict) or "number" not in blocked:
         return
-    office = await ctx.services.offices.get(ctx.forge, repo.split("/")[0])
-    if office is None or office.waiting != "dependency":
-        return
-    ref = make_ref(repo, int(blocked["number"]))
-    known = await db.get_item(ctx.services.store, ref)
-    if known is None or known.kind != "outcome":
-        return
-    await waiting.sync(Comments(ctx.services, ctx.forge, office), ref)
+    await _show_waiting_again(ctx, "dependency", repo, int(blocked["number"]))
 
 
 @router.register("issues", action="field_removed")
@@ -399,10 +392,16 @@ async def waiting_field_removed(event: sansio.Event, ctx: HandlerContext) -> Non
             str(field.get("name", "")).lower() != waiting.FIELD.lower():
         return
     repo = str(data["repository"]["full_name"]).lower()
+    await _show_waiting_again(ctx, "field", repo, int(issue["number"]))
+
+
+async def _show_waiting_again(ctx: HandlerContext, mode: str, repo: str, number: int) -> None:
+    """Where the office shows waiting this way and `repo#number` is an outcome, its waiting
+    is written again as its questions have it (a person's undoing is put back)."""
     office = await ctx.services.offices.get(ctx.forge, repo.split("/")[0])
-    if office is None or office.waiting != "field":
+    if office is None or office.waiting != mode:
         return
-    ref = make_ref(repo, int(issue["number"]))
+    ref = make_ref(repo, number)
     known = await db.get_item(ctx.services.store, ref)
     if known is None or known.kind != "outcome":
         return

@@ -294,11 +294,7 @@ class GitHubForge(RepoCaller):
     async def get_file_at(self, repo: str, path: str, ref: str) -> str | None:
         """The text of the file at `path` as of `ref` (a branch or a commit sha); None when
         it has none there."""
-        try:
-            data = file_or_none(await self._get(contents_route(path) + "{?ref}",
-                                                {**split_repo(repo), "ref": ref}))
-        except NotFound:
-            return None
+        data = await self._file(repo, path, ref)
         return None if data is None else file_text(path, data)
 
     async def report_check(self, repo: str, head_sha: str, name: str, ok: bool, title: str,
@@ -473,9 +469,13 @@ class GitHubForge(RepoCaller):
             return "none"
         return str(data.get("role_name") or data.get("permission") or "none")
 
-    async def _file(self, repo: str, path: str) -> JSON | None:
+    async def _file(self, repo: str, path: str, ref: str | None = None) -> JSON | None:
+        """The contents API's answer for a file on the default branch, or as of `ref`."""
+        route, args = contents_route(path), split_repo(repo)
+        if ref is not None:
+            route, args = route + "{?ref}", {**args, "ref": ref}
         try:
-            return file_or_none(await self._get(contents_route(path), split_repo(repo)))
+            return file_or_none(await self._get(route, args))
         except NotFound:
             return None
 

@@ -30,7 +30,8 @@ from ..state import Issue, IssueField, IssueFieldOption, IssueFieldValue, Org, R
 from . import issueops
 from .events import emit
 from .http import ApiError, Ctx, Routes, forbidden, invalid, json_response, not_found, paginate
-from .routes_work import COLORS, _member, _org, _owner_only
+from .routes_repos import _org, _sees_members
+from .routes_work import COLORS, _owner_only
 
 DATA_TYPES = ("text", "date", "single_select", "multi_select", "number")
 VISIBILITIES = ("organization_members_only", "all")
@@ -81,7 +82,7 @@ def _options(ctx: Ctx, raw: Any, old: list[IssueFieldOption]) -> list[IssueField
 async def list_issue_fields(request: web.Request) -> web.Response:
     ctx = Ctx.of(request)
     org = _org(ctx)
-    if not _member(ctx, org):
+    if not _sees_members(ctx, org):
         raise not_found()
     return json_response([ctx.r.issue_field(f) for f in org.issue_fields])
 
@@ -90,7 +91,7 @@ async def create_issue_field(request: web.Request) -> web.Response:
     ctx = Ctx.of(request)
     ctx.require_auth()
     org = _org(ctx)
-    if not _member(ctx, org):
+    if not _sees_members(ctx, org):
         raise not_found()
     _admin(ctx, org)
     body = await ctx.body()
@@ -121,7 +122,7 @@ async def update_issue_field(request: web.Request) -> web.Response:
     ctx = Ctx.of(request)
     ctx.require_auth()
     org = _org(ctx)
-    if not _member(ctx, org):
+    if not _sees_members(ctx, org):
         raise not_found()
     _admin(ctx, org)
     f = _field(org, request)
@@ -159,7 +160,7 @@ async def delete_issue_field(request: web.Request) -> web.Response:
     ctx = Ctx.of(request)
     ctx.require_auth()
     org = _org(ctx)
-    if not _member(ctx, org):
+    if not _sees_members(ctx, org):
         raise not_found()
     _admin(ctx, org)
     f = _field(org, request)

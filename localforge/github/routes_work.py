@@ -25,6 +25,7 @@ from ..state import Issue, IssueType, Org, Repo
 from . import issueops
 from .events import emit
 from .http import ApiError, Ctx, Routes, forbidden, invalid, json_response, not_found, paginate
+from .routes_repos import _org, _sees_members
 
 MAX_SUB_ISSUES = 100  # "up to 100 sub-issues per parent issue"
 MAX_LEVELS = 8  # "up to eight levels of nested sub-issues"
@@ -33,20 +34,6 @@ COLORS = ("gray", "blue", "green", "yellow", "orange", "red", "pink", "purple")
 
 
 # -- issue types -------------------------------------------------------------------------------
-def _org(ctx: Ctx) -> Org:
-    org = ctx.forge.state.org(ctx.request.match_info["org"])
-    if org is None:
-        raise not_found()
-    return org
-
-
-def _member(ctx: Ctx, org: Org) -> bool:
-    p = ctx.principal
-    if p.kind == "user" and p.login:
-        return p.login.lower() in (m.lower() for m in org.members)
-    if p.kind == "installation" and p.installation is not None:
-        return p.installation.account.lower() == org.login.lower()
-    return False
 
 
 def _owner_only(ctx: Ctx, org: Org, what: str) -> None:
@@ -60,7 +47,7 @@ def _owner_only(ctx: Ctx, org: Org, what: str) -> None:
 async def list_issue_types(request: web.Request) -> web.Response:
     ctx = Ctx.of(request)
     org = _org(ctx)
-    if not _member(ctx, org):
+    if not _sees_members(ctx, org):
         raise not_found()
     return json_response([ctx.r.issue_type(t) for t in org.issue_types])
 
@@ -69,7 +56,7 @@ async def create_issue_type(request: web.Request) -> web.Response:
     ctx = Ctx.of(request)
     ctx.require_auth()
     org = _org(ctx)
-    if not _member(ctx, org):
+    if not _sees_members(ctx, org):
         raise not_found()
     _owner_only(ctx, org, "issue types")
     body = await ctx.body()
