@@ -22,10 +22,10 @@ async def one_transaction_each(store: Store, guid: str) -> bool:
     """What intake did before: its own transaction for every delivery."""
     now = time.time()
     async with store.transaction() as db:
-        cur = await db.execute(
+        changed = await db.execute(
             "INSERT OR IGNORE INTO deliveries(guid, event, action, installation_id, received_at)"
             " VALUES (?,?,?,?,?)", (guid, "issues", "opened", 1, now))
-        if cur.rowcount == 0:
+        if changed == 0:
             return False
         await db.execute(
             "INSERT INTO queue(guid, event, installation_id, payload, next_at, created_at)"

@@ -79,7 +79,7 @@ async def test_updates_window_and_fallback_agree_with_a_plain_filter(tmp_path: P
             assert sorted(await db.relevant_items(store, mine, logins, org="acme")) == sorted(
                 relevant)
         async with store.transaction() as tx:
-            assignees = await tx.execute_fetchall("SELECT login, item FROM item_assignees")
+            assignees = await tx.fetchall("SELECT login, item FROM item_assignees")
         assert [tuple(r) for r in assignees] == [("scout-bot", "acme/x#3")]
         assert json.loads((await store.fetchone(
             "SELECT assignees FROM items WHERE ref='acme/x#3'"))["assignees"]) == ["scout-bot"]

@@ -50,8 +50,7 @@ async def test_an_offices_writer_held_up_never_holds_up_another_offices_writes(
     async def acme_writer() -> None:
         async with a.transaction() as db:
             await ledger.append(db, "mail.sent", "agent:scout", "acme/scout-vault#1", org="acme")
-            async with db.execute("SELECT pg_backend_pid() AS pid") as cur:
-                row = await cur.fetchone()
+            row = await db.fetchone("SELECT pg_backend_pid() AS pid")
             holder.append(int(row["pid"]))
             stalled.set()
             await release.wait()
@@ -181,8 +180,7 @@ async def test_an_agent_shown_a_later_mail_is_still_woken_for_one_written_before
     async def first() -> None:
         async with a.transaction() as db:
             await mails.put_mail(db, _mail(1))
-            async with db.execute("SELECT pg_backend_pid() AS pid") as cur:
-                holder.append(int((await cur.fetchone())["pid"]))
+            holder.append(int((await db.fetchone("SELECT pg_backend_pid() AS pid"))["pid"]))
             stamped.set()
             await release.wait()
 

@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 
 from bot.store import QueueItem, Store, open_store, queue
-from bot.store.sql import to_postgres
+from bot.store.sql import for_postgres
 
 
 async def test_concurrent_deliveries_are_each_queued_once(tmp_path: Path) -> None:
@@ -295,9 +295,9 @@ async def _claim_work(store: Store, url: str) -> tuple[int, list[QueueItem]]:
     conn = await asyncpg.connect(url)  # (the store's reads do not take EXPLAIN)
     try:
         read = 0
-        first = await conn.fetchval(to_postgres(queue.NEXT_PENDING), 0)
+        first = await conn.fetchval(for_postgres(queue.NEXT_PENDING), 0)
         me = store.replica_id
-        candidates = await conn.fetch(to_postgres(queue.CANDIDATES), first,
+        candidates = await conn.fetch(for_postgres(queue.CANDIDATES), first,
                                       first + queue.WINDOW, None, me, me, 64)
         keys = sorted({r["issue_key"] for r in candidates if r["issue_key"] is not None})
         # PostgreSQL's claim: its candidates, then the pending rows of their issues
@@ -305,7 +305,7 @@ async def _claim_work(store: Store, url: str) -> tuple[int, list[QueueItem]]:
                 first, first + queue.WINDOW, None, me, me, 64)),
                 (queue.EARLIER, (keys, max(r["id"] for r in candidates), keys,
                                  max(r["id"] for r in candidates), me))):
-            plan = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + to_postgres(sql),
+            plan = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + for_postgres(sql),
                                        *params)
             read += _queue_rows_read(json.loads(plan)[0]["Plan"])
     finally:

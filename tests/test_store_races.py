@@ -55,8 +55,7 @@ async def test_a_stalled_replica_holding_offices_ledger_keys_does_not_kill_anoth
     async def stall(org: str) -> None:
         async with a.transaction(ledger.key(org)) as db:
             await ledger.append(db, "mail.sent", "agent:scout", f"{org}/scout-vault#1", org=org)
-            async with db.execute("SELECT pg_backend_pid() AS pid") as cur:
-                holders.append(int((await cur.fetchone())["pid"]))
+            holders.append(int((await db.fetchone("SELECT pg_backend_pid() AS pid"))["pid"]))
             await release.wait()
 
     stalling = [asyncio.create_task(stall(org)) for org in orgs]
@@ -118,8 +117,7 @@ async def test_a_reindex_and_a_mail_move_never_deadlock(
     async def move() -> None:
         # as Mailer._move_locked: the recipient's box key (and the ledger's) named up front
         async with a.transaction(mails.box_key("acme", "agent:scout"), ledger.key("acme")) as db:
-            async with db.execute("SELECT pg_backend_pid() AS pid") as cur:
-                holder.append(int((await cur.fetchone())["pid"]))
+            holder.append(int((await db.fetchone("SELECT pg_backend_pid() AS pid"))["pid"]))
             keyed.set()
             await go.wait()
             await mails.set_state(db, "m1", "mail:working", expected="mail:new")
@@ -223,8 +221,7 @@ async def test_one_issues_deliveries_run_in_the_order_they_were_taken_in(
         async with a.transaction() as db:
             await a._insert_arrivals(db, [_Arrival("created", "issue_comment", payload, raw,
                                                    loop.create_future())])
-            async with db.execute("SELECT pg_backend_pid() AS pid") as cur:
-                holder.append(int((await cur.fetchone())["pid"]))
+            holder.append(int((await db.fetchone("SELECT pg_backend_pid() AS pid"))["pid"]))
             numbered.set()
             await go.wait()
 

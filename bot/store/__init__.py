@@ -2,8 +2,8 @@
 PostgreSQL (several replicas), behind one interface (`bot.store.db.Store`).
 
 Everything here can be rebuilt from the forge, except the work queue of deliveries not yet
-handled. Handlers never speak SQL; they call these functions, and the statements they run are
-the same on both engines (`bot.store.sql` says them in PostgreSQL's dialect).
+handled. Handlers never speak SQL; they call these functions, and each engine runs its own
+SQL: one text where both take it, one for each where they differ (`bot.store.sql`).
 """
 
 # every module that registers tables, so that whatever opens the index first (the app, or a

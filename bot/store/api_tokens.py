@@ -11,16 +11,16 @@ from bot.store.db import Store, register_columns, register_schema
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS api_tokens (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    principal TEXT NOT NULL,
-    token_hash TEXT NOT NULL UNIQUE,
-    created_at REAL NOT NULL,
-    last_used_at REAL,
-    revoked_at REAL
+    id {id},
+    principal {text} NOT NULL,
+    token_hash {text} NOT NULL UNIQUE,
+    created_at {real} NOT NULL,
+    last_used_at {real},
+    revoked_at {real}
 );
 """)
 
-register_columns("api_tokens", {"org": "TEXT"})  # the office's org, when the token names one
+register_columns("api_tokens", {"org": "{text}"})  # the office's org, when the token names one
 
 PREFIX = "vm_"
 LAST_USED_RESOLUTION = 60.0  # seconds: how fresh `last used` is kept
@@ -84,21 +84,21 @@ async def owner_of(store: Store, token: str) -> Owner | None:
 
 async def revoke_token(store: Store, token_id: int) -> bool:
     async with store.transaction() as db:
-        cur = await db.execute(
+        changed = await db.execute(
             "UPDATE api_tokens SET revoked_at=? WHERE id=? AND revoked_at IS NULL",
             (time.time(), token_id),
         )
-        return bool(cur.rowcount == 1)
+        return changed == 1
 
 
 async def revoke_token_value(store: Store, token: str) -> bool:
     """Revoke a token by its value (a run's own token, when the run ends)."""
     async with store.transaction() as db:
-        cur = await db.execute(
+        changed = await db.execute(
             "UPDATE api_tokens SET revoked_at=? WHERE token_hash=? AND revoked_at IS NULL",
             (time.time(), _hash(token)),
         )
-        return bool(cur.rowcount == 1)
+        return changed == 1
 
 
 async def revoke_principal(store: Store, principal: str, org: str) -> int:
@@ -107,10 +107,10 @@ async def revoke_principal(store: Store, principal: str, org: str) -> int:
     that names no office is pinned to one at its first use, `pin_office`; another office
     never revokes it). Returns how many were revoked."""
     async with store.transaction() as db:
-        cur = await db.execute(
+        changed = await db.execute(
             "UPDATE api_tokens SET revoked_at=? WHERE principal=? AND org=?"
             " AND revoked_at IS NULL", (time.time(), principal, org.lower()))
-        return int(cur.rowcount or 0)
+        return changed
 
 
 async def pin_office(store: Store, token: str, org: str) -> None:

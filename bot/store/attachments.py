@@ -16,16 +16,16 @@ VERSION = 9
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS mail_attachments (
-    mail_id TEXT NOT NULL,        -- the mail it came with (a reply's: the thread's mail)
-    path TEXT NOT NULL,           -- in the vault: attachments/<mail id>/<name>
-    org TEXT NOT NULL,
-    vault TEXT NOT NULL,
-    message_id TEXT NOT NULL,     -- the email's Message-ID
-    name TEXT NOT NULL,           -- the file's name as committed (made safe)
-    content_type TEXT NOT NULL,
-    size INTEGER NOT NULL,        -- bytes, decoded
-    sha TEXT NOT NULL,            -- the git blob sha the forge holds it as
-    url TEXT NOT NULL,            -- the file on the forge (html_url)
+    mail_id {text} NOT NULL,        -- the mail it came with (a reply's: the thread's mail)
+    path {text} NOT NULL,           -- in the vault: attachments/<mail id>/<name>
+    org {text} NOT NULL,
+    vault {text} NOT NULL,
+    message_id {text} NOT NULL,     -- the email's Message-ID
+    name {text} NOT NULL,           -- the file's name as committed (made safe)
+    content_type {text} NOT NULL,
+    size {int} NOT NULL,        -- bytes, decoded
+    sha {text} NOT NULL,            -- the git blob sha the forge holds it as
+    url {text} NOT NULL,            -- the file on the forge (html_url)
     PRIMARY KEY (mail_id, path)
 );
 CREATE INDEX IF NOT EXISTS mail_attachments_message ON mail_attachments(org, message_id);

@@ -19,11 +19,11 @@ from bot.store.db import Store, register_schema
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS forge_writes (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    who TEXT NOT NULL,              -- the installation whose budget it draws on
-    endpoint TEXT NOT NULL,         -- "METHOD /route/{template}"
-    content INTEGER NOT NULL,       -- a content creation (issue, comment)
-    at REAL NOT NULL                -- when it may go (wall clock)
+    id {id},
+    who {text} NOT NULL,              -- the installation whose budget it draws on
+    endpoint {text} NOT NULL,         -- "METHOD /route/{template}"
+    content {int} NOT NULL,       -- a content creation (issue, comment)
+    at {real} NOT NULL                -- when it may go (wall clock)
 );
 CREATE INDEX IF NOT EXISTS forge_writes_who_at ON forge_writes(who, at);
 """, version=2)
@@ -82,13 +82,12 @@ class SharedWriteBudget:
         """Place one write; returns the seconds to wait before sending it."""
         # one installation's writes are placed one at a time; other installations' meanwhile
         async with self.store.transaction(f"budget:{who}") as db:
-            async with db.execute("SELECT vm_now() AS t") as cur:
-                row = await cur.fetchone()
+            row = await db.fetchone("SELECT vm_now() AS t")
+            assert row is not None
             now = float(row[0])
             horizon = now - 3600.0 - self.limits.slack
-            async with db.execute("SELECT at, content, endpoint FROM forge_writes"
-                                  " WHERE who=? AND at>?", (who, horizon)) as cur:
-                rows = await cur.fetchall()
+            rows = await db.fetchall("SELECT at, content, endpoint FROM forge_writes"
+                                     " WHERE who=? AND at>?", (who, horizon))
             at = place([(float(r[0]), bool(r[1]), str(r[2])) for r in rows], now, content,
                        endpoint, self.limits)
             await db.execute("INSERT INTO forge_writes(who, endpoint, content, at)"

@@ -9,13 +9,13 @@ from bot.store.db import Connection, Row, Store, register_schema
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS chats (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    agent TEXT NOT NULL,
-    sender TEXT NOT NULL,
-    message TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    answer TEXT,
-    answered_at REAL
+    id {id},
+    agent {text} NOT NULL,
+    sender {text} NOT NULL,
+    message {text} NOT NULL,
+    created_at {real} NOT NULL,
+    answer {text},
+    answered_at {real}
 );
 CREATE INDEX IF NOT EXISTS chats_agent ON chats(agent, answered_at);
 """)
@@ -37,10 +37,9 @@ async def waiting_for(store: Store, agent: str, *, org: str) -> list[Row]:
 async def add_chat(db: Connection, agent: str, sender: str, message: str,
                    created_at: float, *, org: str) -> int:
     """Keep a new chat of `org` in the caller's transaction; returns its id."""
-    cur = await db.execute(
-        "INSERT INTO chats(agent, sender, message, created_at, org) VALUES (?,?,?,?,?)",
-        (agent, sender, message, created_at, org.lower()))
-    return int(cur.lastrowid or 0)
+    return await db.insert(
+        "INSERT INTO chats(agent, sender, message, created_at, org) VALUES (?,?,?,?,?)"
+        " RETURNING id", (agent, sender, message, created_at, org.lower()))
 
 
 async def delete_chat(db: Connection, chat_id: int) -> None:
@@ -52,9 +51,9 @@ async def answer_chat(store: Store, chat_id: int, answer: str) -> int:
     """Set the chat's answer (timed now) unless it has one; returns the rows changed (0 or 1)."""
     async with store.transaction() as db:
         # Conditional: of two replies racing, only the first lands.
-        cur = await db.execute("UPDATE chats SET answer=?, answered_at=? WHERE id=?"
-                               " AND answered_at IS NULL", (answer, time.time(), chat_id))
-        return int(cur.rowcount)
+        changed = await db.execute("UPDATE chats SET answer=?, answered_at=? WHERE id=?"
+                                   " AND answered_at IS NULL", (answer, time.time(), chat_id))
+        return changed
 
 
 async def chat_parties(store: Store, chat_id: int) -> Row | None:

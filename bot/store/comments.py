@@ -16,75 +16,75 @@ from bot.items.model import Item
 from bot.items.threads import ThreadState
 from bot.store.db import Connection, Row, Store, hold, register_columns, register_schema
 from bot.store.offices import org_of, scoped
-from bot.store.sql import upsert
+from bot.store.sql import Sql, greatest, indexed_by, upsert
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS items (
-    ref TEXT PRIMARY KEY,
-    repo TEXT NOT NULL,
-    number INTEGER NOT NULL,
-    kind TEXT NOT NULL,
-    title TEXT NOT NULL,
-    state TEXT NOT NULL,
-    author_login TEXT NOT NULL,
-    author TEXT,
-    parent TEXT,
-    assignees TEXT NOT NULL,
-    claim TEXT,
-    updated_at REAL NOT NULL,
-    key TEXT
+    ref {text} PRIMARY KEY,
+    repo {text} NOT NULL,
+    number {int} NOT NULL,
+    kind {text} NOT NULL,
+    title {text} NOT NULL,
+    state {text} NOT NULL,
+    author_login {text} NOT NULL,
+    author {text},
+    parent {text},
+    assignees {text} NOT NULL,
+    claim {text},
+    updated_at {real} NOT NULL,
+    key {text}
 );
 CREATE INDEX IF NOT EXISTS items_parent ON items(parent);
 CREATE TABLE IF NOT EXISTS comments (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    item TEXT NOT NULL,
-    thread TEXT NOT NULL,
-    parent TEXT,
-    author TEXT NOT NULL,
-    body TEXT NOT NULL,
-    data TEXT NOT NULL,
-    forge_id INTEGER,
-    created_at REAL NOT NULL
+    seq {id},
+    id {text} NOT NULL UNIQUE,
+    item {text} NOT NULL,
+    thread {text} NOT NULL,
+    parent {text},
+    author {text} NOT NULL,
+    body {text} NOT NULL,
+    data {text} NOT NULL,
+    forge_id {int},
+    created_at {real} NOT NULL
 );
 CREATE INDEX IF NOT EXISTS comments_item ON comments(item);
 -- A forge comment stands for one comment: a retried delivery must not index it twice.
 CREATE UNIQUE INDEX IF NOT EXISTS comments_forge_once ON comments(forge_id)
     WHERE forge_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS threads (
-    id TEXT PRIMARY KEY,
-    item TEXT NOT NULL,
-    scope TEXT NOT NULL,
-    asker TEXT NOT NULL,
-    is_question INTEGER NOT NULL,
-    open INTEGER NOT NULL,
-    card_id INTEGER,
-    card_body TEXT,
-    state TEXT NOT NULL,
-    answered_at REAL,
-    updated_at REAL NOT NULL
+    id {text} PRIMARY KEY,
+    item {text} NOT NULL,
+    scope {text} NOT NULL,
+    asker {text} NOT NULL,
+    is_question {int} NOT NULL,
+    open {int} NOT NULL,
+    card_id {int},
+    card_body {text},
+    state {text} NOT NULL,
+    answered_at {real},
+    updated_at {real} NOT NULL
 );
 CREATE INDEX IF NOT EXISTS threads_asker ON threads(asker, is_question, open);
 CREATE INDEX IF NOT EXISTS threads_scope ON threads(scope, answered_at);
 CREATE INDEX IF NOT EXISTS threads_card ON threads(card_id);
 CREATE TABLE IF NOT EXISTS inbox_deliveries (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    owner TEXT NOT NULL,
-    box TEXT NOT NULL,
-    principal TEXT NOT NULL,
-    comment TEXT NOT NULL,
-    read_at REAL,
-    created_at REAL NOT NULL
+    seq {id},
+    owner {text} NOT NULL,
+    box {text} NOT NULL,
+    principal {text} NOT NULL,
+    comment {text} NOT NULL,
+    read_at {real},
+    created_at {real} NOT NULL
 );
 CREATE INDEX IF NOT EXISTS inbox_deliveries_owner ON inbox_deliveries(owner, box, read_at);
 CREATE TABLE IF NOT EXISTS item_updates (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    item TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    actor TEXT NOT NULL,
-    summary TEXT NOT NULL,
-    data TEXT NOT NULL,
-    at REAL NOT NULL
+    seq {id},
+    item {text} NOT NULL,
+    kind {text} NOT NULL,
+    actor {text} NOT NULL,
+    summary {text} NOT NULL,
+    data {text} NOT NULL,
+    at {real} NOT NULL
 );
 CREATE INDEX IF NOT EXISTS item_updates_item ON item_updates(item, seq);
 """)
@@ -144,17 +144,17 @@ CREATE INDEX IF NOT EXISTS inbox_deliveries_owner_seq ON inbox_deliveries(owner,
 CREATE INDEX IF NOT EXISTS inbox_deliveries_unread ON inbox_deliveries(owner, box, seq)
     WHERE read_at IS NULL;
 CREATE TABLE IF NOT EXISTS thread_waiting (
-    principal TEXT NOT NULL,
-    thread TEXT NOT NULL,
-    updated_at REAL NOT NULL,
+    principal {text} NOT NULL,
+    thread {text} NOT NULL,
+    updated_at {real} NOT NULL,
     PRIMARY KEY (principal, thread)
-) WITHOUT ROWID;
+){without_rowid};
 CREATE INDEX IF NOT EXISTS thread_waiting_thread ON thread_waiting(thread);
 CREATE TABLE IF NOT EXISTS item_assignees (
-    login TEXT NOT NULL,
-    item TEXT NOT NULL,
+    login {text} NOT NULL,
+    item {text} NOT NULL,
     PRIMARY KEY (login, item)
-) WITHOUT ROWID;
+){without_rowid};
 CREATE INDEX IF NOT EXISTS item_assignees_item ON item_assignees(item);
 """)
 register_schema("""
@@ -199,7 +199,7 @@ INSERT OR IGNORE INTO item_assignees(login, item)
 # -- items ---------------------------------------------------------------------------------
 # An item's stable key ("AC-12", from its title or body), so tools can name it by the key
 # (added to an older index at open; looked up rarely, by tools, so it has no index of its own).
-register_columns("items", {"key": "TEXT"})
+register_columns("items", {"key": "{text}"})
 
 
 _PUT_ITEM = upsert("items", ["ref", "repo", "number", "kind", "title", "state", "author_login",
@@ -210,9 +210,9 @@ _PUT_ITEM = upsert("items", ["ref", "repo", "number", "kind", "title", "state", 
 
 async def put_item(db: Connection, item: Item) -> None:
     await db.execute(_PUT_ITEM,
-        (item.ref, item.repo, item.number, item.kind, item.title, item.state,
-         item.author_login, item.author, item.parent, json.dumps(list(item.assignees)),
-         item.claim, item.key, time.time(), org_of(item.repo)))
+                     (item.ref, item.repo, item.number, item.kind, item.title, item.state,
+                      item.author_login, item.author, item.parent, json.dumps(list(item.assignees)),
+                      item.claim, item.key, time.time(), org_of(item.repo)))
 
 
 def _item(r: Any) -> Item:
@@ -386,8 +386,8 @@ async def open_questions_involving(store: Store, principals: list[str], *,
     found: dict[str, float] = {r[0]: r[1] for r in await store.fetchall(
         "SELECT w.thread, w.updated_at FROM thread_waiting w JOIN threads t ON t.id=w.thread"
         f" WHERE w.principal IN ({ps}) AND t.org=?"
-        " UNION ALL SELECT id, updated_at FROM threads INDEXED BY threads_open_asked"
-        f" WHERE asker IN ({ps}) AND open=1 AND is_question=1 AND org=?",
+        " UNION ALL SELECT id, updated_at FROM " + indexed_by("threads", "threads_open_asked")
+        + f" WHERE asker IN ({ps}) AND open=1 AND is_question=1 AND org=?",
         (*principals, org, *principals, org))}
     keys = sorted(found.items(), key=itemgetter(1), reverse=True)
     cache = _thread_caches.get(store)
@@ -441,19 +441,19 @@ async def questions_asked_on(store: Store, askers: list[str], *, org: str) -> li
         return []
     marks = ",".join("?" for _ in askers)
     rows = await store.fetchall(
-        "SELECT DISTINCT scope FROM threads INDEXED BY threads_asked_scope"
-        f" WHERE is_question=1 AND asker IN ({marks})",
+        "SELECT DISTINCT scope FROM " + indexed_by("threads", "threads_asked_scope")
+        + f" WHERE is_question=1 AND asker IN ({marks})",
         tuple(askers))
     return [r["scope"] for r in rows if org_of(r["scope"]) == org.lower()]
 
 
-def _relevant_sql(mine: list[str], logins: list[str]) -> tuple[str, tuple[str, ...]]:
+def _relevant_sql(mine: list[str], logins: list[str]) -> tuple[Sql, tuple[str, ...]]:
     """The refs of items `mine` created, hold or were asked about, or `logins` are assigned."""
     m = _marks(mine)
     sql = (f"SELECT ref FROM items WHERE author IN ({m})"
            f" UNION SELECT ref FROM items WHERE claim IN ({m})"
-           " UNION SELECT scope FROM threads INDEXED BY threads_asked_scope"
-           f" WHERE asker IN ({m}) AND is_question=1")
+           " UNION SELECT scope FROM " + indexed_by("threads", "threads_asked_scope")
+           + f" WHERE asker IN ({m}) AND is_question=1")
     params: tuple[str, ...] = (*mine, *mine, *mine)
     if logins:
         sql += f" UNION SELECT item FROM item_assignees WHERE login IN ({_marks(logins)})"
@@ -493,8 +493,8 @@ async def updates_for(store: Store, mine: list[str], logins: list[str], exclude:
         f" WHERE u.actor NOT IN ({ex}) AND ("
         " EXISTS (SELECT 1 FROM items i WHERE i.ref=u.item"
         f"  AND (i.author IN ({m}) OR i.claim IN ({m})))"
-        " OR EXISTS (SELECT 1 FROM threads t INDEXED BY threads_scope_asked"
-        " WHERE t.scope=u.item AND t.is_question=1"
+        " OR EXISTS (SELECT 1 FROM " + indexed_by("threads t", "threads_scope_asked")
+        + " WHERE t.scope=u.item AND t.is_question=1"
         f"  AND t.asker IN ({m})){assigned})"
         " ORDER BY u.seq DESC LIMIT ?) page"
         " UNION ALL SELECT -1, NULL, NULL, NULL, NULL, NULL, (SELECT count(*) FROM"
@@ -507,7 +507,7 @@ async def updates_for(store: Store, mine: list[str], logins: list[str], exclude:
         return rows  # the page is full, or the window held every candidate
     sql, params = _relevant_sql(mine, logins)
     return await store.fetchall(
-        f"SELECT * FROM item_updates WHERE item IN ({sql}) AND actor NOT IN ({ex})"
+        "SELECT * FROM item_updates WHERE item IN (" + sql + f") AND actor NOT IN ({ex})"
         " AND seq<? AND at>=? AND org=? ORDER BY seq DESC LIMIT ?",
         (*params, *exclude, *page, org, limit))
 
@@ -538,8 +538,8 @@ async def unread_in(store: Store, owner: str, boxes: list[str], *, org: str) -> 
         return []
     owner = scoped(org, owner)
     return await store.fetchall(
-        "SELECT * FROM inbox_deliveries INDEXED BY inbox_deliveries_unread"
-        f" WHERE owner=? AND box IN ({_marks(boxes)})"
+        "SELECT * FROM " + indexed_by("inbox_deliveries", "inbox_deliveries_unread")
+        + f" WHERE owner=? AND box IN ({_marks(boxes)})"
         " AND read_at IS NULL ORDER BY seq", (owner, *boxes))
 
 
@@ -547,8 +547,8 @@ async def has_unread(store: Store, owner: str, *, org: str) -> bool:
     """Whether the owner's own (`you`) box holds anything unread."""
     owner = scoped(org, owner)
     row = await store.fetchone(
-        "SELECT 1 FROM inbox_deliveries INDEXED BY inbox_deliveries_unread"
-        " WHERE owner=? AND box='you' AND read_at IS NULL LIMIT 1", (owner,))
+        "SELECT 1 FROM " + indexed_by("inbox_deliveries", "inbox_deliveries_unread")
+        + " WHERE owner=? AND box='you' AND read_at IS NULL LIMIT 1", (owner,))
     return row is not None
 
 
@@ -558,11 +558,11 @@ async def has_unread(store: Store, owner: str, *, org: str) -> bool:
 # (`read_at` on an agents' box row is the mark of an older version, one for the whole box.)
 register_schema("""
 CREATE TABLE IF NOT EXISTS inbox_agent_marks (
-    owner TEXT NOT NULL,
-    agent TEXT NOT NULL,
-    seq INTEGER NOT NULL,
+    owner {text} NOT NULL,
+    agent {text} NOT NULL,
+    seq {int} NOT NULL,
     PRIMARY KEY (owner, agent)
-) WITHOUT ROWID;
+){without_rowid};
 CREATE INDEX IF NOT EXISTS inbox_deliveries_unread_for
     ON inbox_deliveries(owner, box, principal, seq) WHERE read_at IS NULL;
 """)
@@ -570,10 +570,10 @@ CREATE INDEX IF NOT EXISTS inbox_deliveries_unread_for
 
 
 def _unseen(*, only: str = "", limit: str = "",
-            index: str = "inbox_deliveries_unread") -> str:
+            index: str = "inbox_deliveries_unread") -> Sql:
     """Deliveries of an owner's agents' box past an agent's mark; params: owner, the values
     `only` needs, owner, agent (then those `limit` needs)."""
-    return ("SELECT * FROM inbox_deliveries INDEXED BY " + index
+    return ("SELECT * FROM " + indexed_by("inbox_deliveries", index)
             + " WHERE owner=? AND box='agents'" + only + " AND read_at IS NULL AND seq>coalesce("
             "(SELECT seq FROM inbox_agent_marks WHERE owner=? AND agent=?), 0)"
             " ORDER BY seq" + limit)
@@ -605,9 +605,9 @@ async def mark_seen(store: Store, owner: str, agent: str,
     owner = scoped(org, owner)
     wanted = set(looked_at)
     async with store.transaction(f"box:{owner}") as db:  # (owner scoped: inbox_key's)
-        async with db.execute(_unseen(only=" AND seq<=?"), (
-                owner, max(seq for seq, _ in looked_at), owner, agent)) as cur:
-            committed = [(int(r["seq"]), str(r["comment"])) for r in await cur.fetchall()]
+        rows = await db.fetchall(_unseen(only=" AND seq<=?"), (
+                                 owner, max(seq for seq, _ in looked_at), owner, agent))
+        committed = [(int(r["seq"]), str(r["comment"])) for r in rows]
         upto = None
         for pair in committed:
             if pair not in wanted:
@@ -617,7 +617,8 @@ async def mark_seen(store: Store, owner: str, agent: str,
             return
         await db.execute(
             "INSERT INTO inbox_agent_marks(owner, agent, seq) VALUES (?,?,?)"
-            " ON CONFLICT(owner, agent) DO UPDATE SET seq=max(inbox_agent_marks.seq, excluded.seq)",
+            " ON CONFLICT(owner, agent) DO UPDATE SET seq="
+            + greatest("inbox_agent_marks.seq", "excluded.seq"),
             (owner, agent, upto))
 
 
@@ -630,8 +631,8 @@ async def unseen_by_their_agent(store: Store, owner: str,
     owner = scoped(org, owner)
     # one statement for every agent (each row against the mark of the agent it is for)
     return await store.fetchall(
-        "SELECT * FROM inbox_deliveries d INDEXED BY inbox_deliveries_unread_for"
-        f" WHERE owner=? AND box='agents' AND principal IN ({_marks(agents)})"
+        "SELECT * FROM " + indexed_by("inbox_deliveries d", "inbox_deliveries_unread_for")
+        + f" WHERE owner=? AND box='agents' AND principal IN ({_marks(agents)})"
         " AND read_at IS NULL AND seq>coalesce((SELECT seq FROM inbox_agent_marks m"
         " WHERE m.owner=d.owner AND m.agent=d.principal), 0) ORDER BY seq",
         (owner, *agents))
@@ -642,8 +643,8 @@ async def seen_page(store: Store, owner: str, agent: str, before: int | None,
     """What `agent` has been shown of the owner's agents' box, newest first."""
     owner = scoped(org, owner)
     return await store.fetchall(
-        "SELECT * FROM inbox_deliveries INDEXED BY inbox_deliveries_owner_seq"
-        " WHERE owner=? AND seq<? AND box='agents' AND (read_at IS NOT NULL OR seq<=coalesce("
+        "SELECT * FROM " + indexed_by("inbox_deliveries", "inbox_deliveries_owner_seq")
+        + " WHERE owner=? AND seq<? AND box='agents' AND (read_at IS NOT NULL OR seq<=coalesce("
         "(SELECT seq FROM inbox_agent_marks WHERE owner=? AND agent=?), 0))"
         " ORDER BY seq DESC LIMIT ?", (owner, before or 2**62, owner, agent, limit))
 
@@ -701,8 +702,9 @@ async def questions_answered_by(store: Store, principal: str, limit: int, *,
     """Ids of `org`'s open questions `principal` answered or whose answer was theirs, latest
     first."""
     rows = await store.fetchall(
-        "SELECT id FROM threads INDEXED BY threads_open WHERE open=1 AND is_question=1"
-        " AND org=? AND (json_extract(state, '$.answer.by')=?"
-        " OR json_extract(state, '$.answer.person')=?)"
-        " ORDER BY updated_at DESC LIMIT ?", (org.lower(), principal, principal, limit))
+        "SELECT id FROM " + indexed_by("threads", "threads_open")
+        + " WHERE open=1 AND is_question=1 AND org=? AND ("
+        + Sql("json_extract(state, '$.answer.by')=? OR json_extract(state, '$.answer.person')=?",
+              "state::jsonb #>> '{answer,by}'=? OR state::jsonb #>> '{answer,person}'=?")
+        + ") ORDER BY updated_at DESC LIMIT ?", (org.lower(), principal, principal, limit))
     return [str(r["id"]) for r in rows]

@@ -13,7 +13,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from bot.store.idempotency import SCHEMA as IDEMPOTENCY_SCHEMA
 from bot.store.idempotency import IdempotencyMixin
@@ -27,65 +27,55 @@ from bot.store.queue import (
     ReplicaIdInUse,
     ReplicaIdTaken,
 )
-
-# A connection inside a transaction: aiosqlite's, or the PostgreSQL engine's adapter, which
-# takes the same calls (`execute` awaited or as a context manager, `executemany`, a cursor's
-# `fetchone`, `fetchall`, `rowcount`, `lastrowid`).
-Connection = Any
-Row = Any  # sqlite3.Row or asyncpg.Record: both index by name and by position
+from bot.store.sql import Connection, Params, Row, Statement
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (
-    guid TEXT PRIMARY KEY,
-    event TEXT NOT NULL,
-    action TEXT,
-    installation_id INTEGER,
-    received_at REAL NOT NULL
+    guid {text} PRIMARY KEY,
+    event {text} NOT NULL,
+    action {text},
+    installation_id {int},
+    received_at {real} NOT NULL
 );
 CREATE TABLE IF NOT EXISTS queue (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    guid TEXT NOT NULL,
-    event TEXT NOT NULL,
-    installation_id INTEGER,
-    issue_key TEXT,                           -- owner/repo#N the delivery is about, if any
-    payload TEXT NOT NULL,
-    state TEXT NOT NULL DEFAULT 'pending',   -- pending | done | dead | ignored | parked
-    attempts INTEGER NOT NULL DEFAULT 0,
-    next_at REAL NOT NULL,
-    last_error TEXT,
-    created_at REAL NOT NULL,
-    finished_at REAL
+    id {id},
+    guid {text} NOT NULL,
+    event {text} NOT NULL,
+    installation_id {int},
+    issue_key {text},                           -- owner/repo#N the delivery is about, if any
+    payload {text} NOT NULL,
+    state {text} NOT NULL DEFAULT 'pending',   -- pending | done | dead | ignored | parked
+    attempts {int} NOT NULL DEFAULT 0,
+    next_at {real} NOT NULL,
+    last_error {text},
+    created_at {real} NOT NULL,
+    finished_at {real}
 );
 CREATE INDEX IF NOT EXISTS queue_due ON queue(state, next_at, id);
 """
 register_schema(SCHEMA)
 register_schema(IDEMPOTENCY_SCHEMA)
-# SQLite's json_extract(doc, '$.a.b'), which the store's reads use, as PostgreSQL sees it
-register_schema("", postgres="""
-CREATE OR REPLACE FUNCTION json_extract(doc text, path text) RETURNS text
-    LANGUAGE sql IMMUTABLE AS $$ SELECT doc::jsonb #>> string_to_array(substr(path, 3), '.') $$;
-""")
-register_columns("queue", {"issue_key": "TEXT"})
+register_columns("queue", {"issue_key": "{text}"})
 
 # Replicas: each process that opens the store is one, and says it is alive every HEARTBEAT
 # seconds. What a replica holds (queue leases, idempotency claims, leadership) is held while
 # its heartbeat is younger than DEAD_AFTER; after that any other replica takes it over.
 register_schema("""
 CREATE TABLE IF NOT EXISTS replicas (
-    id TEXT PRIMARY KEY,
-    url TEXT,
-    started_at REAL NOT NULL,
-    seen_at REAL NOT NULL
+    id {text} PRIMARY KEY,
+    url {text},
+    started_at {real} NOT NULL,
+    seen_at {real} NOT NULL
 );
 """, version=2)
-register_columns("queue", {"lease_owner": "TEXT"}, version=2)
-register_columns("idempotency", {"owner": "TEXT"}, version=2)
+register_columns("queue", {"lease_owner": "{text}"}, version=2)
+register_columns("idempotency", {"owner": "{text}"}, version=2)
 # how often a replica stopped (died, or was taken for dead) while it held the delivery, the
 # number of its latest claim, since when a replica has beaten without a gap (see
 # bot.store.queue, suspects and poison, and fencing), and which process holds a replica id
-register_columns("queue", {"takeovers": "INTEGER NOT NULL DEFAULT 0",
-                           "lease_seq": "INTEGER NOT NULL DEFAULT 0"}, version=3)
-register_columns("replicas", {"steady_since": "REAL", "incarnation": "TEXT"}, version=3)
+register_columns("queue", {"takeovers": "{int} NOT NULL DEFAULT 0",
+                           "lease_seq": "{int} NOT NULL DEFAULT 0"}, version=3)
+register_columns("replicas", {"steady_since": "{real}", "incarnation": "{text}"}, version=3)
 # The pending rows as a claim reads them (bot.store.queue, CLAIM and WAKEUP): in arrival order,
 # by issue, by due time, each with the columns the claim filters on (`state` too, though it is
 # 'pending' throughout: SQLite reads an index alone only if it holds every column named).
@@ -136,8 +126,7 @@ async def hold(db: Connection, key: str) -> None:
     nothing to do). For a read-then-write of one office's, or one row's, that no single
     statement can make (the ledger's chain, a budget's window): only writers of that key ever
     wait for each other."""
-    if keyed(db):
-        await db.hold(key)
+    await db.hold(key)
 
 
 def key_order(key: str) -> tuple[bool, str]:
@@ -150,7 +139,7 @@ def key_order(key: str) -> tuple[bool, str]:
 def keyed(db: Connection) -> bool:
     """Whether `db`'s engine runs writers side by side, so that `hold` takes a lock: a caller
     that must read to learn its key reads only then."""
-    return callable(getattr(db, "hold", None))
+    return db.keyed
 
 
 class Store(QueueMixin, IdempotencyMixin, ABC):
@@ -227,10 +216,10 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
         waits until no other transaction holds any of them, and holds them to its end."""
 
     @abstractmethod
-    async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[Row]: ...
+    async def fetchall(self, sql: Statement, params: Params = ()) -> list[Row]: ...
 
     @abstractmethod
-    async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> Row | None: ...
+    async def fetchone(self, sql: Statement, params: Params = ()) -> Row | None: ...
 
     @abstractmethod
     async def close(self) -> None: ...
@@ -258,9 +247,8 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
         # two processes starting under one id at once: one looks and joins, then the other
         async with self.transaction(f"replica:{self.replica_id}") as db:
             if not sole:  # and nobody beat or joined under it since that look
-                async with db.execute(_OTHER_UNDER_ID,
-                                      (DEAD_AFTER, self.replica_id, self.incarnation)) as cur:
-                    now = await cur.fetchone()
+                now = await db.fetchone(_OTHER_UNDER_ID,
+                                        (DEAD_AFTER, self.replica_id, self.incarnation))
                 if now is not None and now["live"] and (
                         seen is None or now["seen_at"] > seen["seen_at"]):
                     raise self._in_use()
@@ -308,20 +296,19 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
         async with self.beat() as db:
             # a beat after a gap (the database was away, or this process stalled) starts its
             # steady time again (see bot.store.queue: who counts a takeover)
-            cur = await db.execute(
+            beaten = await db.execute(
                 "UPDATE replicas SET steady_since=CASE WHEN seen_at<vm_now()-? THEN vm_now()"
                 " ELSE steady_since END, seen_at=vm_now() WHERE id=? AND incarnation=?",
                 (STEADY_GAP, self.replica_id, self.incarnation))
-            if cur.rowcount == 0:
-                async with db.execute("SELECT incarnation FROM replicas WHERE id=?",
-                                      (self.replica_id,)) as rows:
-                    taken = await rows.fetchone()
+            if beaten == 0:
+                taken = await db.fetchone("SELECT incarnation FROM replicas WHERE id=?",
+                                          (self.replica_id,))
                 if taken is None:  # declared dead meanwhile (a long pause): alive again
                     await db.execute("INSERT INTO replicas(id, url, started_at, seen_at,"
                                      " steady_since, incarnation) VALUES"
                                      " (?,?,vm_now(),vm_now(),vm_now(),?)",
                                      (self.replica_id, None, self.incarnation))
-        if cur.rowcount == 0 and taken is not None:
+        if beaten == 0 and taken is not None:
             raise ReplicaIdTaken(self.retire())
 
     def retire(self) -> str:
@@ -353,5 +340,5 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
         return row is not None and row["id"] == self.replica_id and self.retired is None
 
 
-__all__ = ["HEARTBEAT", "Connection", "QueueItem", "ReplicaIdInUse", "ReplicaIdTaken", "Row",
-           "Store", "hold", "keyed", "register_columns", "register_schema"]
+__all__ = ["HEARTBEAT", "Connection", "Params", "QueueItem", "ReplicaIdInUse", "ReplicaIdTaken",
+           "Row", "Store", "hold", "keyed", "register_columns", "register_schema"]

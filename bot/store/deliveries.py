@@ -16,26 +16,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bot.store.db import Store, register_schema
-from bot.store.sql import upsert
+from bot.store.sql import greatest, upsert
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS missed_deliveries (
-    guid TEXT PRIMARY KEY,
-    first_id INTEGER NOT NULL,     -- the forge's id of its oldest failed attempt seen
-    failed_id INTEGER NOT NULL,    -- its newest failed attempt seen: the one asked for
-    failed_at REAL NOT NULL,       -- when that attempt was made (the forge's time)
-    event TEXT,
-    installation_id INTEGER,
-    asked_id INTEGER,              -- the attempt last asked for again (NULL: not yet)
-    asked_at REAL,
-    asks INTEGER NOT NULL DEFAULT 0,
-    next_at REAL NOT NULL DEFAULT 0  -- asked again (if that failed too) not before then
+    guid {text} PRIMARY KEY,
+    first_id {int} NOT NULL,     -- the forge's id of its oldest failed attempt seen
+    failed_id {int} NOT NULL,    -- its newest failed attempt seen: the one asked for
+    failed_at {real} NOT NULL,       -- when that attempt was made (the forge's time)
+    event {text},
+    installation_id {int},
+    asked_id {int},              -- the attempt last asked for again (NULL: not yet)
+    asked_at {real},
+    asks {int} NOT NULL DEFAULT 0,
+    next_at {real} NOT NULL DEFAULT 0  -- asked again (if that failed too) not before then
 );
 CREATE INDEX IF NOT EXISTS missed_deliveries_order ON missed_deliveries(first_id);
 CREATE TABLE IF NOT EXISTS reconcile_marks (
-    name TEXT PRIMARY KEY,
-    delivery_id INTEGER NOT NULL,  -- the newest failed delivery a complete listing saw
-    delivered_at REAL NOT NULL
+    name {text} PRIMARY KEY,
+    delivery_id {int} NOT NULL,  -- the newest failed delivery a complete listing saw
+    delivered_at {real} NOT NULL
 );
 """, version=5)
 
@@ -77,9 +77,8 @@ async def note_failed(store: Store, failed: Sequence[Failed]) -> int:
         return noted
     async with store.transaction() as db:
         for f in failed:
-            async with db.execute("SELECT 1 FROM deliveries WHERE guid=?", (f.guid,)) as cur:
-                if await cur.fetchone() is not None:
-                    continue
+            if await db.fetchone("SELECT 1 FROM deliveries WHERE guid=?", (f.guid,)) is not None:
+                continue
             # listed newest first, so a guid's attempts come newest to oldest: keep both ends
             await db.execute(
                 "INSERT INTO missed_deliveries AS m(guid, first_id, failed_id, failed_at, event,"
@@ -88,7 +87,7 @@ async def note_failed(store: Store, failed: Sequence[Failed]) -> int:
                 " ELSE m.first_id END,"
                 " failed_at=CASE WHEN excluded.failed_id>m.failed_id THEN excluded.failed_at"
                 " ELSE m.failed_at END,"
-                " failed_id=max(m.failed_id, excluded.failed_id)",
+                " failed_id=" + greatest("m.failed_id", "excluded.failed_id"),
                 (f.guid, f.delivery_id, f.delivery_id, f.delivered_at, f.event,
                  f.installation_id))
             noted += 1
@@ -121,10 +120,10 @@ async def forget_missed(store: Store, older_than: float) -> int:
     """Drop rows the app has since recorded, or whose newest failure is older than
     `older_than` (the forge no longer redelivers it); returns how many went."""
     async with store.transaction() as db:
-        cur = await db.execute(
+        changed = await db.execute(
             "DELETE FROM missed_deliveries WHERE failed_at<? OR EXISTS"
             " (SELECT 1 FROM deliveries d WHERE d.guid=missed_deliveries.guid)", (older_than,))
-        return int(cur.rowcount or 0)
+        return changed
 
 
 async def reconcile_mark(store: Store, name: str = "github") -> tuple[int, float] | None:
@@ -138,7 +137,7 @@ async def save_reconcile_mark(store: Store, delivery_id: int, delivered_at: floa
                               name: str = "github") -> None:
     async with store.transaction() as db:
         await db.execute(upsert("reconcile_marks", ["name", "delivery_id", "delivered_at"],
-                                ["name"]), (name, delivery_id, delivered_at))
+                         ["name"]), (name, delivery_id, delivered_at))
 
 
 async def missed_held(store: Store) -> dict[str, int]:

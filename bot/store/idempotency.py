@@ -40,13 +40,13 @@ if TYPE_CHECKING:
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS idempotency (
-    scope TEXT NOT NULL,          -- whose keys: "tool:<name>:<principal>", "forge:<event>"
-    key TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,    -- what the key was first used for
-    result TEXT,                  -- JSON, once the work is done
-    attempts INTEGER NOT NULL DEFAULT 1,
-    claimed_at REAL NOT NULL,
-    done_at REAL,
+    scope {text} NOT NULL,          -- whose keys: "tool:<name>:<principal>", "forge:<event>"
+    key {text} NOT NULL,
+    fingerprint {text} NOT NULL,    -- what the key was first used for
+    result {text},                  -- JSON, once the work is done
+    attempts {int} NOT NULL DEFAULT 1,
+    claimed_at {real} NOT NULL,
+    done_at {real},
     PRIMARY KEY (scope, key)
 );
 """
@@ -94,9 +94,8 @@ async def claim_held_in(db: Any) -> bool:
     held = _claim.get()
     if held is None:
         return True
-    async with db.execute("SELECT 1 FROM idempotency WHERE scope=? AND key=? AND owner=?"
-                          " AND attempts=? AND result IS NULL", held[1]) as cur:
-        return await cur.fetchone() is not None
+    return await db.fetchone("SELECT 1 FROM idempotency WHERE scope=? AND key=? AND owner=?"
+                             " AND attempts=? AND result IS NULL", held[1]) is not None
 
 
 async def check_claim() -> None:
@@ -132,9 +131,8 @@ class IdempotencyMixin:
         """Whether `owner`, another replica than this one, is alive (its claim holds)."""
         if not owner or owner == self.replica_id:
             return False
-        async with db.execute("SELECT 1 FROM replicas WHERE id=? AND seen_at>vm_now()-?",
-                              (owner, DEAD_AFTER)) as cur:
-            return await cur.fetchone() is not None
+        return await db.fetchone("SELECT 1 FROM replicas WHERE id=? AND seen_at>vm_now()-?",
+                                 (owner, DEAD_AFTER)) is not None
 
     async def once(self, scope: str, key: str, fingerprint: str,
                    work: Callable[[], Awaitable[Result]]) -> Result:
@@ -175,9 +173,8 @@ class IdempotencyMixin:
             async with self.transaction(_key_lock(scope, key)) as db:
                 if await id_taken(db, self.replica_id, self.incarnation):
                     raise ReplicaIdTaken(self.retire())  # its claims are another's now
-                async with db.execute("SELECT fingerprint, result, owner, attempts FROM"
-                                      " idempotency WHERE scope=? AND key=?", slot) as cur:
-                    row = await cur.fetchone()
+                row = await db.fetchone("SELECT fingerprint, result, owner, attempts FROM"
+                                        " idempotency WHERE scope=? AND key=?", slot)
                 if row is None:
                     await db.execute("INSERT INTO idempotency(scope, key, fingerprint,"
                                      " claimed_at, owner) VALUES (?,?,?,?,?)",
@@ -229,13 +226,12 @@ class IdempotencyMixin:
             _resumed.reset(token)
         text = json.dumps(result)
         async with self.transaction() as db:
-            cur = await db.execute("UPDATE idempotency SET result=?, done_at=? WHERE scope=?"
-                                   " AND key=? AND owner=? AND attempts=? AND result IS NULL",
-                                   (text, time.time(), *ours))
-            if cur.rowcount == 0:  # taken over while this try stalled: the key keeps theirs
-                async with db.execute("SELECT result FROM idempotency WHERE scope=? AND"
-                                      " key=?", slot) as rows:
-                    theirs = await rows.fetchone()
+            changed = await db.execute("UPDATE idempotency SET result=?, done_at=? WHERE scope=?"
+                                       " AND key=? AND owner=? AND attempts=? AND result IS NULL",
+                                       (text, time.time(), *ours))
+            if changed == 0:  # taken over while this try stalled: the key keeps theirs
+                theirs = await db.fetchone("SELECT result FROM idempotency WHERE scope=? AND"
+                                           " key=?", slot)
                 if theirs is not None and theirs[0] is not None:
                     kept: Result = json.loads(theirs[0])
                     return kept

@@ -13,9 +13,9 @@ from bot.store.db import Store, register_schema
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS installations (
-    org TEXT PRIMARY KEY,
-    installation_id INTEGER NOT NULL,
-    removed_at REAL
+    org {text} PRIMARY KEY,
+    installation_id {int} NOT NULL,
+    removed_at {real}
 );
 """, version=4)
 

@@ -16,17 +16,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from bot.store.db import Connection, Row, Store, hold, register_schema
+from bot.store.sql import Sql, Statement, json_at
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS ledger (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    time REAL NOT NULL,
-    event TEXT NOT NULL,
-    actor TEXT NOT NULL,
-    subject TEXT NOT NULL,
-    data TEXT NOT NULL,
-    prev_hash TEXT NOT NULL,
-    hash TEXT NOT NULL
+    seq {id},
+    time {real} NOT NULL,
+    event {text} NOT NULL,
+    actor {text} NOT NULL,
+    subject {text} NOT NULL,
+    data {text} NOT NULL,
+    prev_hash {text} NOT NULL,
+    hash {text} NOT NULL
 );
 CREATE INDEX IF NOT EXISTS ledger_event ON ledger(event);
 """)
@@ -97,19 +98,17 @@ async def append(db: Connection, event: str, actor: str, subject: str,
     # the office's chain is appended to one entry at a time; other offices' chains go on
     # meanwhile (held to the caller's commit: append last, after the rows it records)
     await hold(db, key(org))
-    async with db.execute("SELECT hash FROM ledger WHERE chain=? ORDER BY seq DESC LIMIT 1",
-                          (org,)) as cur:
-        row = await cur.fetchone()
+    row = await db.fetchone("SELECT hash FROM ledger WHERE chain=? ORDER BY seq DESC LIMIT 1",
+                            (org,))
     prev = row[0] if row else GENESIS
     t = time.time()
     blob = json.dumps(data or {}, sort_keys=True, separators=(",", ":"))
-    cur2 = await db.execute(
+    return await db.insert(
         "INSERT INTO ledger(time, event, actor, subject, data, prev_hash, hash, org, chain)"
-        " VALUES (?,?,?,?,?,?,?,?,?)",
+        " VALUES (?,?,?,?,?,?,?,?,?) RETURNING seq",
         (t, event, actor, subject, blob, prev,
          _digest(prev, t, event, actor, subject, blob, org), org, org),
     )
-    return int(cur2.lastrowid or 0)
 
 
 async def record(store: Store, event: str, actor: str, subject: str,
@@ -131,13 +130,13 @@ async def record_once(store: Store, event: str, actor: str, subject: str,
     `org`'s chain already (a delivery run again after a crash says what it said once); the
     new entry's seq, or None. Looked at under the chain's key, so two tries never both write."""
     async with store.transaction(key(org)) as db:
-        where = " AND ".join("json_extract(data, ?)=?" for _ in by)
+        query: Statement = "SELECT 1 FROM ledger WHERE chain=? AND event=? AND subject=?"
+        for _ in by:
+            query = query + " AND " + json_at("data") + "=?"
         params = [p for f in by for p in (f"$.{f}", str(data[f]))]
-        async with db.execute(f"SELECT 1 FROM ledger WHERE chain=? AND event=? AND subject=?"
-                              f" AND {where} LIMIT 1",
-                              (org.lower(), event, subject, *params)) as cur:
-            if await cur.fetchone() is not None:
-                return None
+        if await db.fetchone(query + " LIMIT 1",
+                             (org.lower(), event, subject, *params)) is not None:
+            return None
         return await append(db, event, actor, subject, data, org=org)
 
 
@@ -146,7 +145,7 @@ async def recorded(store: Store, event: str, subject: str, field: str, value: st
     a retry asks to learn if an earlier try already did its part (a subject names its
     office's repository, so this never finds another office's entry)."""
     row = await store.fetchone(
-        "SELECT 1 FROM ledger WHERE event=? AND subject=? AND json_extract(data, ?)=? LIMIT 1",
+        "SELECT 1 FROM ledger WHERE event=? AND subject=? AND " + json_at("data") + "=? LIMIT 1",
         (event, subject, f"$.{field}", value))
     return row is not None
 
@@ -156,7 +155,7 @@ async def first_recorded(store: Store, event: str, subject: str, field: str,
     """When the first `event` about `subject` with `data[field] == value` was recorded."""
     row = await store.fetchone(
         "SELECT MIN(time) AS first FROM ledger WHERE event=? AND subject=?"
-        " AND json_extract(data, ?)=?", (event, subject, f"$.{field}", value))
+        " AND " + json_at("data") + "=?", (event, subject, f"$.{field}", value))
     return float(row["first"]) if row is not None and row["first"] is not None else None
 
 
@@ -214,10 +213,12 @@ async def scan_newest(store: Store, *, event: str | None, actor: str | None,
         if value is not None:
             sql += f" AND {clause}"
             params.append(value)
+    query: Statement = sql
     if about is not None:
-        sql += " AND (actor=? OR json_extract(data, '$.agent')=?)"
+        query = sql + Sql(" AND (actor=? OR json_extract(data, '$.agent')=?)",
+                          " AND (actor=? OR data::jsonb #>> '{agent}'=?)")
         params += [about, about]
-    rows = await store.fetchall(sql + " ORDER BY seq DESC LIMIT ?", (*params, scanned))
+    rows = await store.fetchall(query + " ORDER BY seq DESC LIMIT ?", (*params, scanned))
     return [_entry(r) for r in rows]
 
 

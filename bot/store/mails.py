@@ -9,49 +9,49 @@ from typing import Any
 
 from bot.store.db import Connection, Row, Store, hold, keyed, register_columns, register_schema
 from bot.store.offices import org_of, scoped
-from bot.store.sql import upsert
+from bot.store.sql import Sql, Statement, greatest, upsert
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS mails (
-    mail_id TEXT PRIMARY KEY,
-    vault TEXT NOT NULL,
-    number INTEGER NOT NULL,
-    subject TEXT NOT NULL,
-    body TEXT NOT NULL,
-    from_principal TEXT NOT NULL,
-    to_principal TEXT NOT NULL,
-    sent TEXT NOT NULL,
-    hops INTEGER NOT NULL,
-    in_reply_to TEXT,
-    thread_id TEXT NOT NULL,
-    key_id TEXT NOT NULL,
-    body_sha256 TEXT NOT NULL,
-    state TEXT NOT NULL,
-    tampered INTEGER NOT NULL DEFAULT 0,
-    other_labels TEXT NOT NULL DEFAULT '[]',
-    agent_turns INTEGER NOT NULL DEFAULT 0,
-    updated_at REAL NOT NULL,
+    mail_id {text} PRIMARY KEY,
+    vault {text} NOT NULL,
+    number {int} NOT NULL,
+    subject {text} NOT NULL,
+    body {text} NOT NULL,
+    from_principal {text} NOT NULL,
+    to_principal {text} NOT NULL,
+    sent {text} NOT NULL,
+    hops {int} NOT NULL,
+    in_reply_to {text},
+    thread_id {text} NOT NULL,
+    key_id {text} NOT NULL,
+    body_sha256 {text} NOT NULL,
+    state {text} NOT NULL,
+    tampered {int} NOT NULL DEFAULT 0,
+    other_labels {text} NOT NULL DEFAULT '[]',
+    agent_turns {int} NOT NULL DEFAULT 0,
+    updated_at {real} NOT NULL,
     UNIQUE(vault, number)
 );
 CREATE TABLE IF NOT EXISTS pending_sends (
-    mail_id TEXT PRIMARY KEY,
-    vault TEXT NOT NULL,
-    created_at REAL NOT NULL
+    mail_id {text} PRIMARY KEY,
+    vault {text} NOT NULL,
+    created_at {real} NOT NULL
 );
 CREATE INDEX IF NOT EXISTS mails_to ON mails(to_principal, state);
 CREATE INDEX IF NOT EXISTS mails_thread ON mails(thread_id);
 CREATE TABLE IF NOT EXISTS runs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    agent TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    subject TEXT NOT NULL,
-    state TEXT NOT NULL,
-    created_at REAL NOT NULL
+    id {id},
+    agent {text} NOT NULL,
+    kind {text} NOT NULL,
+    subject {text} NOT NULL,
+    state {text} NOT NULL,
+    created_at {real} NOT NULL
 );
 """)
 
-register_columns("mails", {"other_labels": "TEXT NOT NULL DEFAULT '[]'",
-                          "agent_turns": "INTEGER NOT NULL DEFAULT 0"})
+register_columns("mails", {"other_labels": "{text} NOT NULL DEFAULT '[]'",
+                          "agent_turns": "{int} NOT NULL DEFAULT 0"})
 
 # The states a mail row can hold: the four label names, and "quiet" for a reply delivered
 # past the loop guard (it carries no state label until someone acts on it).
@@ -130,9 +130,8 @@ def box_key(org: str, to_principal: str) -> str:
 async def _hold_box_of(db: Connection, mail_id: str) -> None:
     if not keyed(db):
         return
-    async with db.execute("SELECT vault, to_principal FROM mails WHERE mail_id=?",
-                          (mail_id,)) as cur:
-        row = await cur.fetchone()
+    row = await db.fetchone("SELECT vault, to_principal FROM mails WHERE mail_id=?",
+                            (mail_id,))
     if row is not None:
         await hold(db, box_key(org_of(row["vault"]), row["to_principal"]))
 
@@ -157,8 +156,8 @@ async def set_state(db: Connection, mail_id: str, state: str,
         state, mail_id]
     if expected is not None:
         sql, params = sql + " AND state=?", [*params, expected]
-    cur = await db.execute(sql, tuple(params))
-    if cur.rowcount == 0:
+    changed = await db.execute(sql, tuple(params))
+    if changed == 0:
         return False
     if labels is not None:
         others = [name for name in labels if not name.lower().startswith("mail:")]
@@ -176,14 +175,18 @@ async def copy_hops(store: Store, thread: str, replied: str) -> int:
     return int(row["most"] or 0) if row else 0
 
 
+_INTEND_SEND = Sql(
+    "INSERT OR IGNORE INTO pending_sends(mail_id, vault, created_at) VALUES (?,?,?)",
+    "INSERT INTO pending_sends(mail_id, vault, created_at) VALUES (?,?,?)"
+    " ON CONFLICT DO NOTHING")
+
+
 async def intend_send(store: Store, mail_id: str, vault: str) -> bool:
     """Note a send before its forge write; False when one with this id was begun before
     (a retry after a crash or timeout: look on the forge before creating again)."""
     async with store.transaction() as db:
-        cur = await db.execute(
-            "INSERT OR IGNORE INTO pending_sends(mail_id, vault, created_at) VALUES (?,?,?)",
-            (mail_id, vault, time.time()))
-        return bool(cur.rowcount == 1)
+        changed = await db.execute(_INTEND_SEND, (mail_id, vault, time.time()))
+        return changed == 1
 
 
 async def sent(db: Connection, mail_id: str) -> None:
@@ -198,9 +201,9 @@ WARNING_OWED = 2
 async def mark_tampered(db: Connection, mail_id: str) -> bool:
     """Flag the mail, its warning owed; False when it was flagged already."""
     await _hold_box_of(db, mail_id)
-    cur = await db.execute("UPDATE mails SET tampered=?, updated_at=vm_now() WHERE mail_id=?"
-                           " AND tampered=0", (WARNING_OWED, mail_id))
-    return bool(cur.rowcount == 1)
+    changed = await db.execute("UPDATE mails SET tampered=?, updated_at=vm_now() WHERE mail_id=?"
+                               " AND tampered=0", (WARNING_OWED, mail_id))
+    return changed == 1
 
 
 async def tamper_flag(store: Store, mail_id: str) -> int:
@@ -221,8 +224,7 @@ async def get_mail(store: Store, mail_id: str) -> MailRecord | None:
 
 async def get_mail_in(db: Connection, mail_id: str) -> MailRecord | None:
     """The mail as the caller's transaction reads it."""
-    async with db.execute("SELECT * FROM mails WHERE mail_id=?", (mail_id,)) as cur:
-        row = await cur.fetchone()
+    row = await db.fetchone("SELECT * FROM mails WHERE mail_id=?", (mail_id,))
     return _record(row) if row else None
 
 
@@ -309,10 +311,9 @@ async def replace_all(store: Store, mails: list[MailRecord],
 
 async def add_run(db: Connection, agent: str, kind: str, subject: str,
                   state: str, *, org: str) -> int:
-    cur = await db.execute(
-        "INSERT INTO runs(agent, kind, subject, state, created_at, org) VALUES (?,?,?,?,?,?)",
-        (agent, kind, subject, state, time.time(), org.lower()))
-    return int(cur.lastrowid or 0)
+    return await db.insert(
+        "INSERT INTO runs(agent, kind, subject, state, created_at, org) VALUES (?,?,?,?,?,?)"
+        " RETURNING id", (agent, kind, subject, state, time.time(), org.lower()))
 
 
 async def finish_run(db: Connection, run_id: int, state: str) -> None:
@@ -334,8 +335,8 @@ async def runs_for(store: Store, agent: str, *, org: str) -> list[dict[str, Any]
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS mail_shown (
-    principal TEXT PRIMARY KEY,
-    upto REAL NOT NULL            -- the newest updated_at of the mail it was last shown
+    principal {text} PRIMARY KEY,
+    upto {real} NOT NULL            -- the newest updated_at of the mail it was last shown
 );
 """)
 
@@ -364,7 +365,7 @@ async def mark_shown(store: Store, principal: str, upto: float | None, *, org: s
     async with store.transaction() as db:
         await db.execute("INSERT INTO mail_shown(principal, upto) VALUES (?,?)"
                          " ON CONFLICT(principal) DO UPDATE"
-                         " SET upto=max(mail_shown.upto, excluded.upto)",
+                         " SET upto=" + greatest("mail_shown.upto", "excluded.upto"),
                          (principal, upto))
 
 
@@ -380,9 +381,8 @@ async def has_unshown(store: Store, principal: str, *, org: str) -> bool:
 
 async def mail_indexed(db: Connection, mail_id: str) -> bool:
     """Whether the index holds this mail id, read in the caller's transaction."""
-    async with db.execute("SELECT 1 FROM mails WHERE mail_id=?",
-                          (mail_id,)) as cur:
-        return await cur.fetchone() is not None
+    return await db.fetchone("SELECT 1 FROM mails WHERE mail_id=?",
+                             (mail_id,)) is not None
 
 
 async def indexed_places(store: Store) -> list[Row]:
@@ -406,10 +406,12 @@ async def find_mails(store: Store, *, org: str, state: str | None, agent: str | 
     if agent:
         sql += " AND (to_principal=? OR from_principal=?)"
         params += [agent, agent]
-    if text:
-        sql += " AND (subject LIKE ? ESCAPE '\\' OR body LIKE ? ESCAPE '\\')"
+    query: Statement = sql
+    if text:  # ignoring ASCII case, as SQLite's LIKE does
+        query = sql + Sql(" AND (subject LIKE ? ESCAPE '\\' OR body LIKE ? ESCAPE '\\')",
+                          " AND (subject ILIKE ? ESCAPE '\\' OR body ILIKE ? ESCAPE '\\')")
         params += [_like(text), _like(text)]
-    rows = await store.fetchall(sql + " ORDER BY sent DESC, vault DESC, number DESC LIMIT ?",
+    rows = await store.fetchall(query + " ORDER BY sent DESC, vault DESC, number DESC LIMIT ?",
                                 (*params, limit))
     return [_record(r) for r in rows]
 

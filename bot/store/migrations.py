@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bot.store.sql import autoincrement_columns, column_to_postgres, ddl_to_postgres
+from bot.store.sql import Engine, ddl
 
 MIGRATIONS_TABLE = """
 CREATE TABLE IF NOT EXISTS schema_migrations (
-    version INTEGER PRIMARY KEY,
-    name TEXT NOT NULL,
-    applied_at REAL NOT NULL
+    version {int} PRIMARY KEY,
+    name {text} NOT NULL,
+    applied_at {real} NOT NULL
 )"""
 
 NAMES = {
@@ -75,15 +75,17 @@ def _migration(version: int) -> Migration:
 
 
 def register_schema(sql: str, *, postgres: str | None = None, version: int = 1) -> None:
-    """A module's tables and indexes (SQLite's dialect; translated for PostgreSQL unless
-    `postgres` says it another way, as triggers must be)."""
+    """A module's tables and indexes, written once with each column's type a slot each engine
+    fills (`bot.store.sql.ddl`); `postgres` says it another way where the engines differ
+    (SQLite's triggers, PostgreSQL's functions)."""
     m = _migration(version)
-    m.sqlite.append(sql)
-    m.postgres.append(ddl_to_postgres(sql) if postgres is None else postgres)
+    m.sqlite.append(ddl(sql, "sqlite"))
+    m.postgres.append(ddl(sql, "postgresql") if postgres is None else postgres)
 
 
 def register_columns(table: str, columns: dict[str, str], *, version: int = 1) -> None:
-    """Columns added to a table after its first release: added where missing."""
+    """Columns added to a table after its first release: added where missing (each
+    declaration's type a slot, as in `register_schema`)."""
     _migration(version).columns.setdefault(table, {}).update(columns)
 
 
@@ -98,14 +100,6 @@ def migrations() -> list[Migration]:
     return [_MIGRATIONS[v] for v in sorted(_MIGRATIONS)]
 
 
-def postgres_column(decl: str) -> str:
-    return column_to_postgres(decl)
-
-
-def autoincrement() -> dict[str, str]:
-    """table -> AUTOINCREMENT column, over every registered table."""
-    out: dict[str, str] = {}
-    for m in migrations():
-        for script in m.sqlite:
-            out.update(autoincrement_columns(script))
-    return out
+def column(decl: str, engine: Engine) -> str:
+    """A column's declaration (as registered) in `engine`'s types."""
+    return ddl(decl, engine)

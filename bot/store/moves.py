@@ -14,13 +14,14 @@ from datetime import datetime
 from typing import Any
 
 from bot.store.db import Connection, Store, register_schema
+from bot.store.sql import greatest
 
 VERSION = 7
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS mail_moves (
-    mail_id TEXT PRIMARY KEY,
-    forge_at REAL NOT NULL        -- the forge time of the mail's latest state move applied
+    mail_id {text} PRIMARY KEY,
+    forge_at {real} NOT NULL        -- the forge time of the mail's latest state move applied
 );
 """, version=VERSION)
 
@@ -41,9 +42,8 @@ async def is_stale(db: Connection, mail_id: str, at: float | None) -> bool:
     applied move (read in the caller's transaction; None: a move of unknown time, never)."""
     if at is None:
         return False
-    async with db.execute("SELECT forge_at FROM mail_moves WHERE mail_id=?",
-                          (mail_id,)) as cur:
-        row = await cur.fetchone()
+    row = await db.fetchone("SELECT forge_at FROM mail_moves WHERE mail_id=?",
+                            (mail_id,))
     return row is not None and at < float(row[0])
 
 
@@ -53,7 +53,7 @@ async def note(db: Connection, mail_id: str, at: float | None) -> None:
         return
     await db.execute("INSERT INTO mail_moves(mail_id, forge_at) VALUES (?,?)"
                      " ON CONFLICT(mail_id) DO UPDATE"
-                     " SET forge_at=max(mail_moves.forge_at, excluded.forge_at)",
+                     " SET forge_at=" + greatest("mail_moves.forge_at", "excluded.forge_at"),
                      (mail_id, at))
 
 

@@ -29,40 +29,40 @@ VERSION = 10
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS oauth_clients (
-    client_id TEXT PRIMARY KEY,
-    name TEXT NOT NULL,
-    redirect_uris TEXT NOT NULL,  -- JSON list, matched exactly (a loopback one: any port)
-    metadata TEXT NOT NULL,       -- the registration as answered (JSON)
-    created_at REAL NOT NULL,
-    registered_from TEXT          -- the address it registered from (a cap per hour)
+    client_id {text} PRIMARY KEY,
+    name {text} NOT NULL,
+    redirect_uris {text} NOT NULL,  -- JSON list, matched exactly (a loopback one: any port)
+    metadata {text} NOT NULL,       -- the registration as answered (JSON)
+    created_at {real} NOT NULL,
+    registered_from {text}          -- the address it registered from (a cap per hour)
 );
 CREATE INDEX IF NOT EXISTS oauth_clients_from ON oauth_clients(registered_from, created_at);
 CREATE TABLE IF NOT EXISTS oauth_consents (
-    grant_id TEXT PRIMARY KEY,    -- what one consent led to
-    client_id TEXT NOT NULL,
-    principal TEXT NOT NULL,      -- the person who allowed it
-    org TEXT NOT NULL,            -- the office it acts in
-    created_at REAL NOT NULL,
-    expires_at REAL NOT NULL,     -- absolute: the consent's time and thirty days
-    revoked_at REAL
+    grant_id {text} PRIMARY KEY,    -- what one consent led to
+    client_id {text} NOT NULL,
+    principal {text} NOT NULL,      -- the person who allowed it
+    org {text} NOT NULL,            -- the office it acts in
+    created_at {real} NOT NULL,
+    expires_at {real} NOT NULL,     -- absolute: the consent's time and thirty days
+    revoked_at {real}
 );
 CREATE INDEX IF NOT EXISTS oauth_consents_person ON oauth_consents(principal, org);
 CREATE INDEX IF NOT EXISTS oauth_consents_client ON oauth_consents(client_id);
 CREATE INDEX IF NOT EXISTS oauth_consents_expiry ON oauth_consents(expires_at);
 CREATE TABLE IF NOT EXISTS oauth_grants (
-    value_hash TEXT PRIMARY KEY,  -- SHA-256 of the request id, code or token
-    kind TEXT NOT NULL,           -- request, code, access or refresh
-    grant_id TEXT NOT NULL,       -- its consent (oauth_consents), once given
-    client_id TEXT NOT NULL,
-    principal TEXT,               -- the person (not yet known for a request)
-    org TEXT,                     -- the office it acts in
-    resource TEXT NOT NULL,       -- RFC 8707: the MCP endpoint it is for
-    redirect_uri TEXT NOT NULL,
-    detail TEXT,                  -- a request's state and PKCE challenge; a code's challenge
-    created_at REAL NOT NULL,
-    expires_at REAL NOT NULL,
-    used_at REAL,
-    revoked_at REAL
+    value_hash {text} PRIMARY KEY,  -- SHA-256 of the request id, code or token
+    kind {text} NOT NULL,           -- request, code, access or refresh
+    grant_id {text} NOT NULL,       -- its consent (oauth_consents), once given
+    client_id {text} NOT NULL,
+    principal {text},               -- the person (not yet known for a request)
+    org {text},                     -- the office it acts in
+    resource {text} NOT NULL,       -- RFC 8707: the MCP endpoint it is for
+    redirect_uri {text} NOT NULL,
+    detail {text},                  -- a request's state and PKCE challenge; a code's challenge
+    created_at {real} NOT NULL,
+    expires_at {real} NOT NULL,
+    used_at {real},
+    revoked_at {real}
 );
 CREATE INDEX IF NOT EXISTS oauth_grants_grant ON oauth_grants(grant_id);
 CREATE INDEX IF NOT EXISTS oauth_grants_expiry ON oauth_grants(expires_at);
@@ -124,11 +124,10 @@ async def add_client(store: Store, client_id: str, name: str, redirect_uris: lis
     one more is taken; None when it was kept."""
     async with store.transaction(f"oauth-register:{source}") as db:
         if per_hour is not None:
-            async with db.execute(
-                    "SELECT created_at FROM oauth_clients WHERE registered_from=?"
-                    " AND created_at>? ORDER BY created_at DESC LIMIT ?",
-                    (source, now - 3600.0, per_hour)) as cur:
-                recent = [float(r["created_at"]) for r in await cur.fetchall()]
+            recent = [float(r["created_at"]) for r in await db.fetchall(
+                "SELECT created_at FROM oauth_clients WHERE registered_from=?"
+                " AND created_at>? ORDER BY created_at DESC LIMIT ?",
+                (source, now - 3600.0, per_hour))]
             if len(recent) >= per_hour:
                 return max(1.0, recent[-1] + 3600.0 - now)
         await db.execute(
@@ -171,9 +170,8 @@ async def _insert(db: Connection, values: list[tuple[str, str]], *, grant_id: st
 async def _live_until(db: Connection, grant_id: str, now: float) -> float | None:
     """Inside the grant's transaction: when its consent ends, or None if it has (revoked,
     expired, or never given)."""
-    async with db.execute("SELECT expires_at, revoked_at FROM oauth_consents WHERE grant_id=?",
-                          (grant_id,)) as cur:
-        row = await cur.fetchone()
+    row = await db.fetchone("SELECT expires_at, revoked_at FROM oauth_consents WHERE grant_id=?",
+                            (grant_id,))
     if row is None or row["revoked_at"] is not None or float(row["expires_at"]) <= now:
         return None
     return float(row["expires_at"])
@@ -229,10 +227,10 @@ async def use(store: Store, kind: str, value: str, now: float) -> bool:
     """Mark a value used: True for the one caller that used it first (a request is good
     once), False for every later one. (A code or refresh token: `exchange`.)"""
     async with store.transaction() as db:
-        cur = await db.execute(
+        changed = await db.execute(
             "UPDATE oauth_grants SET used_at=? WHERE value_hash=? AND kind=? AND used_at IS NULL"
             " AND revoked_at IS NULL", (now, value_hash(value), kind))
-        return bool(cur.rowcount == 1)
+        return changed == 1
 
 
 class Spent(enum.Enum):
@@ -252,10 +250,10 @@ async def exchange(store: Store, held: Grant, value: str, new: list[tuple[str, s
     was given stays live. `replaces`: kinds of the grant's values revoked as `new` comes
     (a refresh's access tokens)."""
     async with store.transaction(grant_key(held.grant_id)) as db:
-        cur = await db.execute(
+        changed = await db.execute(
             "UPDATE oauth_grants SET used_at=? WHERE value_hash=? AND kind=? AND used_at IS NULL"
             " AND revoked_at IS NULL", (now, value_hash(value), held.kind))
-        if cur.rowcount != 1:
+        if changed != 1:
             await _revoke(db, held.grant_id, now)
             return Spent.REPLAYED
         until = await _live_until(db, held.grant_id, now)
@@ -277,10 +275,10 @@ async def _revoke(db: Connection, grant_id: str, now: float) -> int:
     await db.execute("UPDATE oauth_consents SET revoked_at=? WHERE grant_id=?"
                      " AND revoked_at IS NULL", (now, grant_id))
     marks = ",".join("?" for _ in ISSUED)
-    cur = await db.execute(
+    changed = await db.execute(
         f"UPDATE oauth_grants SET revoked_at=? WHERE grant_id=? AND kind IN ({marks})"
         " AND revoked_at IS NULL", (now, grant_id, *ISSUED))
-    return int(cur.rowcount or 0)
+    return changed
 
 
 async def revoke_grant(store: Store, grant_id: str, now: float) -> int:
@@ -296,10 +294,10 @@ async def revoke_principal(store: Store, principal: str, org: str) -> int:
     Returns how many grants were revoked."""
     now = time.time()
     async with store.transaction() as db:
-        cur = await db.execute(
+        changed = await db.execute(
             "UPDATE oauth_consents SET revoked_at=? WHERE principal=? AND org=?"
             " AND revoked_at IS NULL", (now, principal, org.lower()))
-        revoked = int(cur.rowcount or 0)
+        revoked = changed
         marks = ",".join("?" for _ in ISSUED)
         await db.execute(
             f"UPDATE oauth_grants SET revoked_at=? WHERE principal=? AND org=?"

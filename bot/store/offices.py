@@ -33,10 +33,10 @@ _BY_REPO = {  # table -> the column holding `owner/repo` or `owner/repo#N`
     "item_updates": "item",
 }
 for _table in (*_BY_REPO, "inbox_deliveries", "chats", "runs", "ledger", "outbound_cursors"):
-    register_columns(_table, {"org": "TEXT"}, version=VERSION)
+    register_columns(_table, {"org": "{text}"}, version=VERSION)
 # the hash chain an entry belongs to: its office's; NULL for entries written before there was
 # one chain per office (the old single chain, which still verifies as it was written)
-register_columns("ledger", {"chain": "TEXT"}, version=VERSION)
+register_columns("ledger", {"chain": "{text}"}, version=VERSION)
 
 
 def _owner_sqlite(column: str) -> str:
@@ -104,11 +104,11 @@ async def adopt_unowned(store: Store, org: str) -> int:
     adopted = 0
     async with store.transaction() as db:
         for table in ("chats", "runs"):
-            cur = await db.execute(f"UPDATE {table} SET org=? WHERE org IS NULL",
-                                   (org.lower(),))
-            adopted += int(cur.rowcount or 0)
+            changed = await db.execute(f"UPDATE {table} SET org=? WHERE org IS NULL",
+                                       (org.lower(),))
+            adopted += changed
         # old entries: seen by the office now; they stay on the old chain they were hashed on
-        cur = await db.execute("UPDATE ledger SET org=? WHERE org IS NULL AND chain IS NULL",
-                               (org.lower(),))
-        adopted += int(cur.rowcount or 0)
+        changed = await db.execute("UPDATE ledger SET org=? WHERE org IS NULL AND chain IS NULL",
+                                   (org.lower(),))
+        adopted += changed
     return adopted

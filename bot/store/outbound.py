@@ -9,11 +9,11 @@ from bot.store.db import Row, Store, register_schema
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS outbound_cursors (
-    url TEXT PRIMARY KEY,
-    seq INTEGER NOT NULL DEFAULT 0,
-    failures INTEGER NOT NULL DEFAULT 0,
-    next_at REAL NOT NULL DEFAULT 0,
-    last_error TEXT
+    url {text} PRIMARY KEY,
+    seq {int} NOT NULL DEFAULT 0,
+    failures {int} NOT NULL DEFAULT 0,
+    next_at {real} NOT NULL DEFAULT 0,
+    last_error {text}
 );
 """)
 

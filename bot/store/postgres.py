@@ -1,7 +1,7 @@
 """The PostgreSQL engine (asyncpg): one database shared by several replicas of the app.
 
-The store modules' statements run here as they are written (SQLite's dialect, translated once
-by `bot.store.sql`), through a connection adapter that takes aiosqlite's calls. There is no
+The store modules' statements run here as each is written for PostgreSQL (`bot.store.sql`:
+most are one text for both engines, a few said for each), straight through asyncpg. There is no
 global write lock: writes run side by side, each correct by the database's own means, and a
 read-then-write names the key it reads under (`Store.transaction(key)`, `bot.store.db.hold`),
 an advisory lock of its transaction, so only writers of one key (an office's ledger chain, an
@@ -19,18 +19,16 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
 from bot.store.db import Store
-from bot.store.migrations import MIGRATIONS_TABLE, autoincrement, migrations, postgres_column
-from bot.store.sql import ddl_to_postgres, to_postgres
+from bot.store.migrations import MIGRATIONS_TABLE, column, migrations
+from bot.store.sql import Params, Row, Statement, ddl, for_postgres
 
 log = logging.getLogger("vaultmail.store")
 
@@ -73,118 +71,92 @@ def _real(v: Any) -> Any:
     return float(v) if isinstance(v, int) else v
 
 
-# SQLite takes any value in any column; asyncpg wants each parameter's own type. What the store
-# passes is converted to the type PostgreSQL inferred for the parameter.
+# asyncpg wants each parameter of its own type, where SQLite takes any value in any column.
+# The store passes the types its columns hold; a value of another type (an id as text, a
+# whole float for an integer) is converted to the type PostgreSQL inferred for the parameter,
+# on the rare call asyncpg refuses (`_coerced`): the common one pays nothing for it (an
+# `executemany` converts every row first).
 _COERCE: dict[str, Callable[[Any], Any]] = {
     "text": _text, "varchar": _text, "bpchar": _text,
     "int2": _integer, "int4": _integer, "int8": _integer,
     "float4": _real, "float8": _real, "numeric": _real,
 }
+# statement text -> a converter per parameter (each statement prepared once to learn them)
+_CONVERTERS: dict[str, list[Callable[[Any], Any]]] = {}
 
 
 def _count(status: str | None) -> int:
-    m = re.search(r"(\d+)$", status or "")
-    return int(m.group(1)) if m else -1
+    """The rows a command's status says it changed ("UPDATE 3", "INSERT 0 1"), else 0."""
+    tail = (status or "").rpartition(" ")[2]
+    return int(tail) if tail.isdigit() else 0
 
 
-class Cursor:
-    """What an executed statement leaves: its rows, how many it changed, the id it made."""
-
-    def __init__(self, rows: list[asyncpg.Record], rowcount: int,
-                 lastrowid: int | None) -> None:
-        self._rows = rows
-        self.rowcount = rowcount
-        self.lastrowid = lastrowid
-
-    async def fetchone(self) -> asyncpg.Record | None:
-        return self._rows[0] if self._rows else None
-
-    async def fetchall(self) -> list[asyncpg.Record]:
-        return list(self._rows)
-
-    async def __aenter__(self) -> Cursor:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
-
-
-class _Executing:
-    """`await db.execute(...)` and `async with db.execute(...) as cur`, as aiosqlite has it."""
-
-    def __init__(self, run: Awaitable[Cursor]) -> None:
-        self._run = run
-
-    def __await__(self) -> Generator[Any, None, Cursor]:
-        return self._run.__await__()
-
-    async def __aenter__(self) -> Cursor:
-        return await self._run
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
-
-
-@dataclass(frozen=True)
-class _Statement:
-    sql: str  # in PostgreSQL's dialect
-    coerce: list[Callable[[Any], Any]]  # one per parameter
-    returns_id: bool  # an INSERT handing back the id it made (`lastrowid`)
-    returns_rows: bool  # else it is run for its status (`rowcount`)
-
-
-# Statement texts -> what PostgreSQL said of them: the same on every connection (asyncpg's own
-# statement cache keeps the prepared statements per connection).
-_STATEMENTS: dict[tuple[str, str | None], _Statement] = {}
+def _refused(exc: BaseException) -> bool:
+    """asyncpg refused a parameter's value before sending anything (its own DataError, not
+    the server's, which is a subclass): the statement can be tried again, converted."""
+    return type(exc) is asyncpg.DataError
 
 
 class Connection:
-    """One pooled connection (inside a transaction, or not), taking aiosqlite's calls."""
+    """The store's connection (bot.store.sql.Connection) over one pooled asyncpg connection:
+    each call one statement, prepared once per connection (asyncpg's statement cache)."""
 
-    def __init__(self, conn: Any, returning: dict[str, str]) -> None:
+    keyed = True  # writers run side by side: `hold` takes an advisory lock
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
         self._conn = conn
-        self._returning = returning
         self._held: set[str] = set()  # the transaction's keys taken so far
 
-    async def _statement(self, sql: str) -> _Statement:
-        m = re.match(r"\s*INSERT (?:OR \w+ )?INTO (\w+)", sql, re.IGNORECASE)
-        key = (sql, self._returning.get(m.group(1)) if m else None)
-        known = _STATEMENTS.get(key)
-        if known is None:
-            pg = to_postgres(*key)
-            prepared = await self._conn.prepare(pg)
-            coerce = [_COERCE.get(p.name, _same) for p in prepared.get_parameters()]
-            rows = bool(re.match(r"\s*(SELECT|WITH|VALUES)\b", pg, re.IGNORECASE)
-                        or re.search(r"\bRETURNING\b", pg, re.IGNORECASE))
-            if len(_STATEMENTS) >= STATEMENTS_KEPT:
-                _STATEMENTS.clear()
-            known = _STATEMENTS[key] = _Statement(pg, coerce, key[1] is not None, rows)
-        return known
+    async def _coerced(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        convert = _CONVERTERS.get(sql)
+        if convert is None:
+            prepared = await self._conn.prepare(sql)
+            convert = [_COERCE.get(p.name, _same) for p in prepared.get_parameters()]
+            if len(_CONVERTERS) >= STATEMENTS_KEPT:
+                _CONVERTERS.clear()
+            _CONVERTERS[sql] = convert
+        return [f(v) for f, v in zip(convert, params, strict=True)]
 
-    async def _run(self, sql: str, params: Iterable[Any]) -> Cursor:
-        st = await self._statement(sql)
-        args = [f(v) for f, v in zip(st.coerce, params, strict=True)]
-        if not st.returns_rows:
-            return Cursor([], _count(await self._conn.execute(st.sql, *args)), None)
-        rows = await self._conn.fetch(st.sql, *args)
-        if st.returns_id:
-            return Cursor([], len(rows), rows[0][0] if rows else None)
-        return Cursor(rows, len(rows), None)
+    async def execute(self, sql: Statement, params: Params = ()) -> int:
+        text = for_postgres(sql)
+        try:
+            status = await self._conn.execute(text, *params)
+        except asyncpg.DataError as exc:
+            if not _refused(exc):
+                raise
+            status = await self._conn.execute(text, *await self._coerced(text, params))
+        return _count(status)
 
-    def execute(self, sql: str, params: Iterable[Any] = ()) -> _Executing:
-        return _Executing(self._run(sql, params))
+    async def fetchall(self, sql: Statement, params: Params = ()) -> list[Row]:
+        text = for_postgres(sql)
+        try:
+            rows: list[Row] = await self._conn.fetch(text, *params)
+        except asyncpg.DataError as exc:
+            if not _refused(exc):
+                raise
+            rows = await self._conn.fetch(text, *await self._coerced(text, params))
+        return rows
 
-    async def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> None:
+    async def fetchone(self, sql: Statement, params: Params = ()) -> Row | None:
+        text = for_postgres(sql)
+        try:
+            return await self._conn.fetchrow(text, *params)
+        except asyncpg.DataError as exc:
+            if not _refused(exc):
+                raise
+            return await self._conn.fetchrow(text, *await self._coerced(text, params))
+
+    async def insert(self, sql: Statement, params: Params = ()) -> int:
+        row = await self.fetchone(sql, params)
+        return int(row[0]) if row is not None else 0
+
+    async def executemany(self, sql: Statement, rows: Iterable[Params]) -> None:
         rows = list(rows)
         if not rows:
             return
-        st = await self._statement(sql)
-        await self._conn.executemany(st.sql, [[f(v) for f, v in zip(st.coerce, row, strict=True)]
-                                              for row in rows])
-
-    async def fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[asyncpg.Record]:
-        cur = await self._run(sql, params)
-        return await cur.fetchall()
+        # converted first, always: a row refused partway would leave the rows before it sent
+        text = for_postgres(sql)
+        await self._conn.executemany(text, [await self._coerced(text, r) for r in rows])
 
     async def hold(self, key: str) -> None:
         """Wait for, then hold to the transaction's end, the key `key` (bot.store.db.hold); a
@@ -236,7 +208,6 @@ class PostgresStore(Store):
         super().__init__()
         self._url = url
         self._pool = pool
-        self._returning = autoincrement()
         self._writers = asyncio.Semaphore(max(1, max_size - READS_KEPT))
         self._listener: asyncpg.Connection | None = None
         # one session holds this replica's named locks: it ends with the replica (a SIGKILL
@@ -276,7 +247,7 @@ class PostgresStore(Store):
         same keys never wait for each other in a circle)."""
         async with self._turns(keys) as ordered, self._writers, self._pool.acquire() as conn, \
                 conn.transaction():
-            db = Connection(conn, self._returning)
+            db = Connection(conn)
             await db.begin(ordered)
             yield db
         self.write_transactions += 1  # (its body ran to the end: it commits)
@@ -286,7 +257,7 @@ class PostgresStore(Store):
         """The heartbeat's transaction: waits for no writer's turn or key (writers held up by
         a stalled replica's keys must not make this one look dead)."""
         async with self._pool.acquire() as conn, conn.transaction():
-            yield Connection(conn, self._returning)
+            yield Connection(conn)
 
     async def check_writable(self) -> None:
         """Raises when no write could be made now: the database is a standby (read-only), or
@@ -306,13 +277,13 @@ class PostgresStore(Store):
                     f"tables ({', '.join(HOT_TABLES)}) for over {PROBE_WAIT:.0f} s (a CREATE "
                     "INDEX, ALTER TABLE, VACUUM FULL or LOCK TABLE?)") from None
 
-    async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[asyncpg.Record]:
+    async def fetchall(self, sql: Statement, params: Params = ()) -> list[Row]:
         async with self._pool.acquire() as conn:
-            return await Connection(conn, self._returning).fetchall(sql, params)
+            return await Connection(conn).fetchall(sql, params)
 
-    async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> asyncpg.Record | None:
-        rows = await self.fetchall(sql, params)
-        return rows[0] if rows else None
+    async def fetchone(self, sql: Statement, params: Params = ()) -> Row | None:
+        async with self._pool.acquire() as conn:
+            return await Connection(conn).fetchone(sql, params)
 
     # -- named locks across replicas ---------------------------------------------------------
 
@@ -437,7 +408,7 @@ async def _migrate(url: str, upto: int | None = None) -> None:
     conn = await asyncpg.connect(url)
     try:
         await conn.execute("SELECT pg_advisory_lock($1)", MIGRATE_LOCK)
-        await conn.execute(ddl_to_postgres(MIGRATIONS_TABLE))
+        await conn.execute(ddl(MIGRATIONS_TABLE, "postgresql"))
         done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
         for m in migrations():
             if m.version in done or (upto is not None and m.version > upto):
@@ -449,7 +420,7 @@ async def _migrate(url: str, upto: int | None = None) -> None:
                 for table, columns in m.columns.items():
                     for name, decl in columns.items():
                         await conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS"
-                                           f" {name} {postgres_column(decl)}")
+                                           f" {name} {column(decl, 'postgresql')}")
                 for script in m.postgres_after:
                     await conn.execute(script)
                 await conn.execute("INSERT INTO schema_migrations(version, name, applied_at)"

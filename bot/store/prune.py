@@ -65,8 +65,8 @@ async def prune(store: Store, *, now: float, keep: float) -> dict[str, int]:
         total = 0
         while True:
             async with store.transaction() as db:
-                cur = await db.execute(sql, (before[table],))
-                n = int(cur.rowcount or 0)
+                changed = await db.execute(sql, (before[table],))
+                n = changed
             total += n
             if n < BATCH or table == "idempotency":
                 break

@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from bot.store.sql import Connection, Row, Sql, Statement
+
 log = logging.getLogger("vaultmail.queue")
 HEARTBEAT = 1.0  # seconds between a replica's heartbeats (bot.app.replica)
 DEAD_AFTER = 5.0  # seconds without a heartbeat after which a replica's claims are free
@@ -25,24 +27,15 @@ class ReplicaIdTaken(RuntimeError):
     DEAD_AFTER, and was restarted): this one stops claiming work."""
 
 
-async def rows_in(db: Any, sql: str, params: tuple[Any, ...]) -> list[Any]:
-    """Every row a statement returns, inside a transaction, in one trip to the database:
-    aiosqlite's cursor takes three hops to its connection's thread (execute, fetch, close),
-    `execute_fetchall` one; PostgreSQL's cursor has its rows already."""
-    fetch = getattr(db, "execute_fetchall", None)
-    if fetch is not None:  # aiosqlite
-        return list(await fetch(sql, params))
-    async with db.execute(sql, params) as cur:
-        return list(await cur.fetchall())
-
-
-async def id_taken(db: Any, replica_id: str, incarnation: str) -> bool:
+async def id_taken(db: Connection, replica_id: str, incarnation: str) -> bool:
     """Whether another process has joined under `replica_id` (in a transaction)."""
-    return bool(await rows_in(db, "SELECT 1 FROM replicas WHERE id=? AND incarnation<>?",
-                              (replica_id, incarnation)))
+    return await db.fetchone("SELECT 1 FROM replicas WHERE id=? AND incarnation<>?",
+                             (replica_id, incarnation)) is not None
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from contextlib import AbstractAsyncContextManager
+
 
 
 BATCH = 500  # deliveries written in one transaction at most
@@ -142,9 +135,11 @@ _LIVE = f"SELECT id FROM replicas WHERE seen_at>vm_now()-{DEAD_AFTER}"
 # arrival ids at a time (due_items): PostgreSQL, sure from stale statistics that few rows are
 # pending, would otherwise check and sort every one of them rather than stop after `limit`.
 WINDOW = 256
-_HELD_BEHIND = ("SELECT 1 FROM queue p INDEXED BY queue_held WHERE p.state='pending'"
-                " AND p.issue_key=q.issue_key AND p.id<q.id AND (p.next_at>coalesce(?, vm_now()) OR"
-                " (p.lease_owner<>? AND p.lease_owner IN (" + _LIVE + ")))")
+# (SQLite is told which index to read; PostgreSQL's planner finds it)
+_HELD_BEHIND = Sql("SELECT 1 FROM queue p INDEXED BY queue_held", "SELECT 1 FROM queue p") + (
+    " WHERE p.state='pending' AND p.issue_key=q.issue_key AND p.id<q.id"
+    " AND (p.next_at>coalesce(?, vm_now()) OR (p.lease_owner<>? AND p.lease_owner IN ("
+    + _LIVE + ")))")
 # Fencing: a delivery is finished or failed only under the claim it was run under: by the
 # replica holding it, and by that claim (each claim numbers it anew, `lease_seq`). A replica
 # taken for dead (stalled past DEAD_AFTER), or the old process of one restarted under its id,
@@ -161,14 +156,17 @@ _MINE_TO_TAKE = ("(q.lease_owner IS NULL OR q.lease_owner=? OR (q.lease_owner NO
                  + _LIVE + ") AND " + _STEADY_ME + ")) AND NOT EXISTS (" + _HELD_BEHIND + ")")
 _CLAIMABLE = "q.state='pending' AND q.next_at<=coalesce(?, vm_now()) AND " + _MINE_TO_TAKE
 # where the next window begins: the oldest pending delivery from an id on
-NEXT_PENDING = ("SELECT MIN(id) AS id FROM queue INDEXED BY queue_claim"
-                " WHERE state='pending' AND id>=?")
-# the oldest deliveries in a window this replica may take now (parameters: claim_params)
+NEXT_PENDING = Sql("SELECT MIN(id) AS id FROM queue INDEXED BY queue_claim"
+                   " WHERE state='pending' AND id>=?",
+                   "SELECT MIN(id) AS id FROM queue WHERE state='pending' AND id>=?")
+# SQLite's claim (one writer, so nothing to skip): the oldest deliveries in a window this
+# replica may take now (parameters: claim_params). PostgreSQL's is CANDIDATES, below.
 CLAIM = ("SELECT q.id FROM queue q INDEXED BY queue_claim WHERE q.id>=? AND q.id<? AND "
-         + _CLAIMABLE + " ORDER BY q.id LIMIT ? /*SKIP LOCKED OF q*/")
+         + _CLAIMABLE + " ORDER BY q.id LIMIT ?").sqlite
 # when the next of them is due: the first by due time not held behind (next_wakeup)
-WAKEUP = ("SELECT q.next_at-vm_now() AS t FROM queue q INDEXED BY queue_wake"
-          " WHERE q.state='pending'"
+WAKEUP = (Sql("SELECT q.next_at-vm_now() AS t FROM queue q INDEXED BY queue_wake",
+              "SELECT q.next_at-vm_now() AS t FROM queue q")
+          + " WHERE q.state='pending'"
           " AND " + _MINE_TO_TAKE + " ORDER BY q.next_at LIMIT 1")
 
 
@@ -240,7 +238,7 @@ POISON_AFTER = 3
 _STOPPED_HOLDER = "lease_owner IS NOT NULL AND lease_owner<>?"
 
 
-async def _set_suspects_apart(db: Any, rows: list[Any]) -> list[Any]:
+async def _set_suspects_apart(db: Connection, rows: list[Any]) -> list[Any]:
     """Of a claim's rows (in order), what this replica may run now; dead-letters poison and
     lets go of the rest."""
     for row in [r for r in rows if r["takeovers"] >= POISON_AFTER]:
@@ -264,19 +262,19 @@ async def _set_suspects_apart(db: Any, rows: list[Any]) -> list[Any]:
     return keep
 
 
-async def _finish_in(db: Any, item: QueueItem, state: str, me: str, at: float) -> bool:
+async def _finish_in(db: Connection, item: QueueItem, state: str, me: str, at: float) -> bool:
     """Mark `item` finished (done, ignored) at `at` under the claim it ran under; False when
     that claim is no longer this replica's."""
-    cur = await db.execute("UPDATE queue SET state=?, finished_at=?, lease_owner=NULL"
-                           " WHERE id=? AND " + _OURS,
-                           (state, at, item.id, me, item.lease))
-    return bool(cur.rowcount == 1)
+    changed = await db.execute("UPDATE queue SET state=?, finished_at=?, lease_owner=NULL"
+                               " WHERE id=? AND " + _OURS,
+                               (state, at, item.id, me, item.lease))
+    return changed == 1
 
 
 FINISH_BATCH = 200  # finishes in one statement at most (two parameters each, twice)
 
 
-async def _finish_all_in(db: Any, engine: str, finished: list[tuple[QueueItem, str]],
+async def _finish_all_in(db: Connection, engine: str, finished: list[tuple[QueueItem, str]],
                          me: str, at: float) -> list[bool]:
     """`_finish_in` for each of `finished`, in order: whether each was recorded. On SQLite in
     one statement per FINISH_BATCH (one hop to the connection's thread instead of one each),
@@ -292,8 +290,8 @@ async def _finish_all_in(db: Any, engine: str, finished: list[tuple[QueueItem, s
             firsts.setdefault(item.id, (item, state))
         whens = " ".join("WHEN ? THEN ?" for _ in firsts)
         marks = ",".join("?" for _ in firsts)
-        rows = await rows_in(
-            db, f"UPDATE queue SET state=CASE id {whens} END, finished_at=?, lease_owner=NULL"
+        rows = await db.fetchall(
+            f"UPDATE queue SET state=CASE id {whens} END, finished_at=?, lease_owner=NULL"
             f" WHERE id IN ({marks}) AND state='pending' AND lease_owner=?"
             f" AND lease_seq=CASE id {whens} END RETURNING id",
             (*(v for i, (_, st) in firsts.items() for v in (i, st)), at, *firsts, me,
@@ -320,12 +318,12 @@ class QueueMixin:
     engine: ClassVar[str]
 
     if TYPE_CHECKING:
-        def transaction(self, *keys: str) -> AbstractAsyncContextManager[Any]: ...
+        def transaction(self, *keys: str) -> AbstractAsyncContextManager[Connection]: ...
         def retire(self) -> str: ...
-        async def fetchone(self, sql: str,
-                           params: tuple[Any, ...] = ()) -> Any | None: ...
-        async def fetchall(self, sql: str,
-                           params: tuple[Any, ...] = ()) -> list[Any]: ...
+        async def fetchone(self, sql: Statement,
+                           params: Sequence[Any] = ()) -> Row | None: ...
+        async def fetchall(self, sql: Statement,
+                           params: Sequence[Any] = ()) -> list[Row]: ...
 
     async def enqueue_delivery(
         self, guid: str, event: str, payload: dict[str, Any], raw: bytes
@@ -382,7 +380,7 @@ class QueueMixin:
             if not a.done.done():
                 a.done.set_result(a in fresh)
 
-    async def _insert_arrivals(self, db: Any, batch: list[_Arrival]) -> set[_Arrival]:
+    async def _insert_arrivals(self, db: Connection, batch: list[_Arrival]) -> set[_Arrival]:
         now = time.time()
         firsts: dict[str, _Arrival] = {}
         for a in batch:  # the first arrival of an id is the one queued
@@ -410,8 +408,8 @@ class QueueMixin:
                                  " ORDER BY 1) s", (issues,))
         else:  # one writer: what is not recorded yet is this transaction's to record
             marks = ",".join("?" for _ in firsts)
-            seen = {row[0] for row in await rows_in(
-                db, f"SELECT guid FROM deliveries WHERE guid IN ({marks})", tuple(firsts))}
+            seen = {row[0] for row in await db.fetchall(
+                f"SELECT guid FROM deliveries WHERE guid IN ({marks})", tuple(firsts))}
             landed = set(firsts) - seen
             await db.executemany(
                 "INSERT INTO deliveries(guid, event, action, installation_id, received_at)"
@@ -437,9 +435,8 @@ class QueueMixin:
 
     async def next_due(self, now: float | None = None) -> QueueItem | None:
         row = await self.fetchone(
-            "SELECT * FROM queue INDEXED BY queue_claim WHERE state='pending'"
-            " AND next_at<=coalesce(?, vm_now())"
-            " ORDER BY id LIMIT 1",
+            Sql("SELECT * FROM queue INDEXED BY queue_claim", "SELECT * FROM queue")
+            + " WHERE state='pending' AND next_at<=coalesce(?, vm_now()) ORDER BY id LIMIT 1",
             (now,),
         )
         return _item(row) if row else None
@@ -474,7 +471,7 @@ class QueueMixin:
             rows: list[Any] = []
             start = 0
             while len(rows) < limit:
-                first = next(iter(await rows_in(db, NEXT_PENDING, (start,))), None)
+                first = next(iter(await db.fetchall(NEXT_PENDING, (start,))), None)
                 if first is None or first["id"] is None:
                     break
                 start = int(first["id"]) + WINDOW
@@ -482,8 +479,8 @@ class QueueMixin:
                     rows += await self._claim_side_by_side(db, at, int(first["id"]),
                                                            limit - len(rows))
                     continue
-                rows += await rows_in(
-                    db, "UPDATE queue SET takeovers=takeovers+(CASE WHEN " + _STOPPED_HOLDER
+                rows += await db.fetchall(
+                    "UPDATE queue SET takeovers=takeovers+(CASE WHEN " + _STOPPED_HOLDER
                     + " THEN 1 ELSE 0 END), lease_owner=?, lease_seq=lease_seq+1"
                     " WHERE id IN (" + CLAIM + ") RETURNING *",
                     (me, me, *claim_params(me, at, int(first["id"]), limit - len(rows))))
@@ -491,26 +488,24 @@ class QueueMixin:
         handed = self._handed_over
         return [_item(r, handed.pop(r["guid"], None)) for r in rows], superseded
 
-    async def _claim_side_by_side(self, db: Any, at: float | None, first: int,
+    async def _claim_side_by_side(self, db: Connection, at: float | None, first: int,
                                   limit: int) -> list[Any]:
         """PostgreSQL's claim of one window (see CANDIDATES): the rows it took."""
         me = self.replica_id
-        async with db.execute(CANDIDATES, (first, first + WINDOW, at, me, me, limit)) as cur:
-            candidates = [(int(r["id"]), r["issue_key"]) for r in await cur.fetchall()]
+        candidates = [(int(r["id"]), r["issue_key"]) for r in await db.fetchall(
+            CANDIDATES, (first, first + WINDOW, at, me, me, limit))]
         if not candidates:
             return []
         keys = sorted({key for _, key in candidates if key is not None})
         pending: list[tuple[int, str, str | None, bool]] = []
         if keys:
             last = max(i for i, _ in candidates)
-            async with db.execute(EARLIER, (keys, last, keys, last, me)) as cur:
-                pending = [(int(r["id"]), str(r["issue_key"]), r["lease_owner"],
-                            bool(r["live"])) for r in await cur.fetchall()]
+            pending = [(int(r["id"]), str(r["issue_key"]), r["lease_owner"], bool(r["live"]))
+                       for r in await db.fetchall(EARLIER, (keys, last, keys, last, me))]
         taken = in_order(candidates, pending, me)
         if not taken:
             return []
-        async with db.execute(TAKE, (me, me, taken)) as cur:
-            return list(await cur.fetchall())
+        return list(await db.fetchall(TAKE, (me, me, taken)))
 
     async def release(self) -> None:
         """Let go of this replica's claims on what it did not get to (a batch cut short)."""
@@ -548,10 +543,10 @@ class QueueMixin:
                                " LIMIT 1", (issue,)) is None:
             return 0
         async with self.transaction() as db:
-            cur = await db.execute(
+            changed = await db.execute(
                 "UPDATE queue SET state='pending', lease_owner=NULL, finished_at=NULL,"
                 " next_at=vm_now() WHERE state='parked' AND issue_key=?", (issue,))
-            return int(cur.rowcount or 0)
+            return changed
 
     async def pending_count(self) -> int:
         row = await self.fetchone("SELECT COUNT(*) AS n FROM queue WHERE state='pending'")
@@ -602,14 +597,14 @@ class QueueMixin:
         replicas whose clocks disagree retry it when it is due."""
         state = "pending" if retry_at is not None else "dead"
         async with self.transaction() as db:
-            cur = await db.execute(
+            changed = await db.execute(
                 "UPDATE queue SET attempts=attempts+1, last_error=?, state=?, next_at=vm_now()+?,"
                 " finished_at=?, lease_owner=NULL WHERE id=? AND " + _OURS,
                 (error[:2000], state, 0.0 if retry_at is None else retry_at - time.time(),
                  None if retry_at is not None else time.time(), item.id, self.replica_id,
                  item.lease),
             )
-            return bool(cur.rowcount == 1)
+            return changed == 1
 
     async def dead_letters(self) -> list[QueueItem]:
         rows = await self.fetchall("SELECT * FROM queue WHERE state='dead' ORDER BY id")
@@ -620,12 +615,12 @@ class QueueMixin:
         where, params = ("state='dead'", ()) if item_id is None else (
             "state='dead' AND id=?", (item_id,))
         async with self.transaction() as db:
-            cur = await db.execute(
+            changed = await db.execute(
                 "UPDATE queue SET state='pending', attempts=0, takeovers=0, next_at=vm_now()"
                 f" WHERE {where}",
                 params,
             )
-            return int(cur.rowcount)
+            return changed
 
     async def queue_stats(self, now: float | None = None) -> dict[str, float]:
         """Pending and dead counts, and how long the oldest due delivery has waited (s)."""

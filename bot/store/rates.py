@@ -10,9 +10,9 @@ VERSION = 13
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS rate_hits (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    key TEXT NOT NULL,              -- what is counted: email-rate:<office>/<agent>/<sender>
-    at REAL NOT NULL                -- when (the database's clock)
+    id {id},
+    key {text} NOT NULL,              -- what is counted: email-rate:<office>/<agent>/<sender>
+    at {real} NOT NULL                -- when (the database's clock)
 );
 CREATE INDEX IF NOT EXISTS rate_hits_key_at ON rate_hits(key, at);
 """, version=VERSION)
@@ -23,12 +23,13 @@ async def admit(store: Store, key: str, limit: int, window: float) -> bool:
     seconds already (nothing counted). One key's hits are counted one at a time, whichever
     replica counts them."""
     async with store.transaction(key) as db:
-        async with db.execute("SELECT vm_now() AS t") as cur:
-            row = await cur.fetchone()
+        row = await db.fetchone("SELECT vm_now() AS t")
+        assert row is not None
         now = float(row[0])
-        async with db.execute("SELECT COUNT(*) FROM rate_hits WHERE key=? AND at>?",
-                              (key, now - window)) as cur:
-            counted = int((await cur.fetchone())[0])
+        row = await db.fetchone("SELECT COUNT(*) FROM rate_hits WHERE key=? AND at>?",
+                                (key, now - window))
+        assert row is not None
+        counted = int(row[0])
         if counted >= limit:
             return False
         await db.execute("INSERT INTO rate_hits(key, at) VALUES (?,?)", (key, now))

@@ -9,24 +9,30 @@ import time
 
 from bot.store.db import Store, register_schema
 from bot.store.moves import VERSION
+from bot.store.sql import Sql
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS reply_comments (
-    mail_id TEXT NOT NULL,
-    reply_key TEXT NOT NULL,
-    body TEXT NOT NULL,
-    created_at REAL NOT NULL,
+    mail_id {text} NOT NULL,
+    reply_key {text} NOT NULL,
+    body {text} NOT NULL,
+    created_at {real} NOT NULL,
     PRIMARY KEY (mail_id, reply_key)
 );
 CREATE INDEX IF NOT EXISTS reply_comments_made ON reply_comments(created_at);
 """, version=VERSION)
 
 
+_KEEP = Sql("INSERT OR IGNORE INTO reply_comments(mail_id, reply_key, body, created_at)"
+           " VALUES (?,?,?,?)",
+           "INSERT INTO reply_comments(mail_id, reply_key, body, created_at)"
+           " VALUES (?,?,?,?) ON CONFLICT DO NOTHING")
+
+
 async def keep(store: Store, mail_id: str, key: str, body: str) -> None:
     """The comment about to be posted for reply `key` to `mail_id` (its first words stay)."""
     async with store.transaction() as db:
-        await db.execute("INSERT OR IGNORE INTO reply_comments(mail_id, reply_key, body,"
-                         " created_at) VALUES (?,?,?,?)", (mail_id, key, body, time.time()))
+        await db.execute(_KEEP, (mail_id, key, body, time.time()))
 
 
 async def kept(store: Store, mail_id: str, key: str) -> str | None:
@@ -37,5 +43,5 @@ async def kept(store: Store, mail_id: str, key: str) -> str | None:
 
 async def forget_before(store: Store, before: float) -> int:
     async with store.transaction() as db:
-        cur = await db.execute("DELETE FROM reply_comments WHERE created_at<?", (before,))
-        return int(cur.rowcount or 0)
+        changed = await db.execute("DELETE FROM reply_comments WHERE created_at<?", (before,))
+        return changed

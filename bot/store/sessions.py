@@ -11,23 +11,23 @@ from bot.store.sql import upsert
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS console_sessions (
-    id_hash TEXT PRIMARY KEY,
-    principal TEXT NOT NULL,
-    org TEXT,
-    login TEXT NOT NULL,
-    via TEXT NOT NULL,
-    csrf TEXT NOT NULL,
-    flash TEXT,
-    created_at REAL NOT NULL,
-    expires_at REAL NOT NULL
+    id_hash {text} PRIMARY KEY,
+    principal {text} NOT NULL,
+    org {text},
+    login {text} NOT NULL,
+    via {text} NOT NULL,
+    csrf {text} NOT NULL,
+    flash {text},
+    created_at {real} NOT NULL,
+    expires_at {real} NOT NULL
 );
 CREATE INDEX IF NOT EXISTS console_sessions_expiry ON console_sessions(expires_at);
 CREATE TABLE IF NOT EXISTS console_deferred (
-    principal TEXT NOT NULL,
-    thread TEXT NOT NULL,
-    deferred_at REAL NOT NULL,
+    principal {text} NOT NULL,
+    thread {text} NOT NULL,
+    deferred_at {real} NOT NULL,
     PRIMARY KEY (principal, thread)
-) WITHOUT ROWID;
+){without_rowid};
 """)
 
 

@@ -1,91 +1,125 @@
-"""The store's SQL, as written (SQLite's dialect), said in PostgreSQL's: sans-I/O, cached.
+"""The store's connection interface (`Connection`, which each engine implements natively) and
+its SQL, each statement as each engine takes it: sans-I/O, cached.
 
-The store modules write one statement for both engines; the few SQLite idioms they use are
-rewritten here rather than kept twice. What cannot be rewritten by rule (SQLite's triggers,
-which PostgreSQL writes as functions) a module registers for each engine (`register_schema`).
+Most statements both engines take as written: those stay plain strings, and PostgreSQL's
+engine only numbers their `?` placeholders (`$1`, `$2`, ...: binding, not translation). Where
+the dialects differ (SQLite's INDEXED BY, scalar max(), INSERT OR IGNORE, case-blind LIKE and
+json_extract; PostgreSQL's GREATEST, ON CONFLICT DO NOTHING, ILIKE and JSON operators) a
+statement is a `Sql`, written out once for each. What one engine alone runs (SQLite's claim,
+PostgreSQL's claim that skips locked rows) is that engine's plain string, run only there.
+Tables are written once, with the type of each column named by a slot (`{text}`, `{int}`, ...)
+that each engine fills with its own (`ddl`).
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
-
-# a quoted string, or one of the tokens rewritten: `?`, INDEXED BY, two-argument max()
-_TOKENS = re.compile(r"'(?:[^']|'')*'|\?")
-_INDEXED_BY = re.compile(r"\s+INDEXED BY \w+", re.IGNORECASE)
-_OR_IGNORE = re.compile(r"^\s*INSERT OR IGNORE INTO", re.IGNORECASE)
-# max(a, b) with plain operands is SQLite's scalar max; PostgreSQL calls it GREATEST
-_SCALAR_MAX = re.compile(r"\bmax\(([\w.]+),\s*([\w.]+)\)", re.IGNORECASE)
-_LIKE = re.compile(r"\bLIKE\b")
-_INSERT_INTO = re.compile(r"^\s*INSERT INTO (\w+)", re.IGNORECASE)
-_RETURNING = re.compile(r"\bRETURNING\b", re.IGNORECASE)
-# where a claim may skip rows another replica's claim holds (a comment to SQLite)
-_SKIP_LOCKED = re.compile(r"/\*SKIP LOCKED OF (\w+)\*/")
+from typing import Any, Literal, Protocol
 
 
-def placeholders(sql: str) -> str:
-    """`?` -> `$1`, `$2`, ... outside quoted strings."""
-    n = 0
+@dataclass(frozen=True, slots=True)
+class Sql:
+    """A statement said once for each engine (where their dialects differ)."""
 
-    def number(m: re.Match[str]) -> str:
-        nonlocal n
-        if m.group(0) != "?":
-            return m.group(0)
-        n += 1
-        return f"${n}"
+    sqlite: str
+    postgres: str
 
-    return _TOKENS.sub(number, sql)
+    def __add__(self, other: Statement) -> Sql:
+        if isinstance(other, Sql):
+            return Sql(self.sqlite + other.sqlite, self.postgres + other.postgres)
+        return Sql(self.sqlite + other, self.postgres + other)
+
+    def __radd__(self, other: str) -> Sql:
+        return Sql(other + self.sqlite, other + self.postgres)
+
+    def __str__(self) -> str:
+        raise TypeError("a Sql is said once per engine: join it with +, not in an f-string")
+
+    def __format__(self, spec: str) -> str:
+        raise TypeError("a Sql is said once per engine: join it with +, not in an f-string")
+
+
+Statement = str | Sql
+Engine = Literal["sqlite", "postgresql"]
+
+Row = Any  # sqlite3.Row or asyncpg.Record: both index by name and by position
+Params = Sequence[Any]
+
+
+class Connection(Protocol):
+    """A connection inside a transaction, as each engine provides it natively (SQLite's over
+    aiosqlite, PostgreSQL's over asyncpg). A statement is a plain string both engines take, or
+    a `Sql` said for each (bot.store.sql)."""
+
+    # whether the engine runs writers side by side, so that `hold` takes a lock
+    keyed: bool
+
+    async def execute(self, sql: Statement, params: Params = ()) -> int:
+        """Run a statement; how many rows it changed."""
+
+    async def fetchone(self, sql: Statement, params: Params = ()) -> Row | None: ...
+
+    async def fetchall(self, sql: Statement, params: Params = ()) -> list[Row]: ...
+
+    async def insert(self, sql: Statement, params: Params = ()) -> int:
+        """Run an INSERT ... RETURNING <its id column>: the id it made (0 when it made none,
+        e.g. a conflict it ignored)."""
+
+    async def executemany(self, sql: Statement, rows: Iterable[Params]) -> None: ...
+
+    async def hold(self, key: str) -> None:
+        """Wait for, then hold to the transaction's end, `key` (see bot.store.db.hold).
+        SQLite's one writer holds every key already: nothing to do."""
+
+
+def for_sqlite(statement: Statement) -> str:
+    return statement.sqlite if isinstance(statement, Sql) else statement
+
+
+def for_postgres(statement: Statement) -> str:
+    """The statement as PostgreSQL's engine sends it: its own text, placeholders numbered."""
+    return numbered(statement.postgres if isinstance(statement, Sql) else statement)
 
 
 @lru_cache(maxsize=4096)
-def to_postgres(sql: str, returning: str | None = None) -> str:
-    """A statement of the store in PostgreSQL's dialect. `returning`: the column an INSERT
-    hands back as its cursor's `lastrowid` (SQLite's rowid)."""
-    out = _INDEXED_BY.sub("", sql)
-    if _OR_IGNORE.match(out):
-        out = _OR_IGNORE.sub("INSERT INTO", out).rstrip().rstrip(";") + " ON CONFLICT DO NOTHING"
-    out = _SCALAR_MAX.sub(r"GREATEST(\1, \2)", out)
-    out = _LIKE.sub("ILIKE", out)  # SQLite's LIKE ignores ASCII case
-    out = _SKIP_LOCKED.sub(r"FOR UPDATE OF \1 SKIP LOCKED", out)
-    if returning and _INSERT_INTO.match(out) and not _RETURNING.search(out):
-        out = out.rstrip().rstrip(";") + f" RETURNING {returning}"
-    return placeholders(out)
+def numbered(sql: str) -> str:
+    """`?` -> `$1`, `$2`, ... outside quoted strings (asyncpg binds by number)."""
+    if "?" not in sql:
+        return sql
+    out: list[str] = []
+    n = 0
+    quoted = False
+    for ch in sql:
+        if ch == "'":
+            quoted = not quoted
+        elif ch == "?" and not quoted:
+            n += 1
+            out.append(f"${n}")
+            continue
+        out.append(ch)
+    return "".join(out)
 
 
-_AUTOINCREMENT = re.compile(r"(\w+)\s+INTEGER PRIMARY KEY AUTOINCREMENT", re.IGNORECASE)
-_CREATE_TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)\s*\(", re.IGNORECASE)
-_TYPES = [
-    (re.compile(r"\bINTEGER PRIMARY KEY AUTOINCREMENT\b", re.IGNORECASE),
-     "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY"),
-    (re.compile(r"\bINTEGER\b"), "BIGINT"),
-    (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
-    (re.compile(r"\bBLOB\b"), "BYTEA"),
-    # byte order, as SQLite compares: listings sort the same on both engines
-    (re.compile(r"\bTEXT\b"), 'TEXT COLLATE "C"'),
-    (re.compile(r"\)\s*WITHOUT ROWID", re.IGNORECASE), ")"),
-]
+# Column types, per engine. PostgreSQL's: 64-bit integers and floats as SQLite stores them,
+# text compared byte by byte as SQLite compares it (listings sort the same on both engines),
+# identity keys for SQLite's AUTOINCREMENT (never reused), and no WITHOUT ROWID.
+TYPES: dict[Engine, dict[str, str]] = {
+    "sqlite": {"id": "INTEGER PRIMARY KEY AUTOINCREMENT", "int": "INTEGER", "real": "REAL",
+               "text": "TEXT", "blob": "BLOB", "without_rowid": " WITHOUT ROWID"},
+    "postgresql": {"id": "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY",
+                   "int": "BIGINT", "real": "DOUBLE PRECISION", "text": 'TEXT COLLATE "C"',
+                   "blob": "BYTEA", "without_rowid": ""},
+}
 
 
-def ddl_to_postgres(script: str) -> str:
-    """Tables and indexes as the store declares them, in PostgreSQL's types."""
-    for pattern, replacement in _TYPES:
-        script = pattern.sub(replacement, script)
+def ddl(script: str, engine: Engine) -> str:
+    """A table's (or column's, or index's) declaration with `engine`'s type names filled in
+    (its `{slot}`s; nothing else in the text is touched)."""
+    for slot, name in TYPES[engine].items():
+        script = script.replace("{" + slot + "}", name)
     return script
-
-
-def column_to_postgres(decl: str) -> str:
-    return ddl_to_postgres(decl)
-
-
-def autoincrement_columns(script: str) -> dict[str, str]:
-    """table -> its AUTOINCREMENT column, from CREATE TABLE statements (for `lastrowid`)."""
-    found: dict[str, str] = {}
-    for table in _CREATE_TABLE.finditer(script):
-        first_column = script[table.end():].split(",", 1)[0]
-        col = _AUTOINCREMENT.search(first_column)
-        if col:
-            found[table.group(1)] = col.group(1)
-    return found
 
 
 def upsert(table: str, columns: list[str], key: list[str],
@@ -99,3 +133,21 @@ def upsert(table: str, columns: list[str], key: list[str],
                      + [f"{c}={e}" for c, e in computed.items()])
     return (f"INSERT INTO {table}({', '.join([*columns, *computed])}) VALUES ({marks})"
             f" ON CONFLICT({', '.join(key)}) DO UPDATE SET {sets}")
+
+
+def indexed_by(table: str, index: str) -> Sql:
+    """`table` (with its alias, if any) read through `index`: SQLite is told which (its
+    planner, lacking statistics, may choose another); PostgreSQL's planner chooses."""
+    return Sql(f"{table} INDEXED BY {index}", table)
+
+
+def greatest(a: str, b: str) -> Sql:
+    """The larger of two values: SQLite's two-argument max(), PostgreSQL's GREATEST."""
+    return Sql(f"max({a}, {b})", f"GREATEST({a}, {b})")
+
+
+def json_at(column: str) -> Sql:
+    """The value in `column`'s JSON at a path the next parameter gives (`$.a.b`, a path both
+    engines read alike), as text: SQLite's json_extract, PostgreSQL's jsonpath."""
+    return Sql(f"json_extract({column}, ?)",
+               f"(jsonb_path_query_first({column}::jsonb, ?::jsonpath) #>> '{{}}')")

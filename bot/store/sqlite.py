@@ -9,17 +9,18 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import aiosqlite
 
 from bot.private_files import narrow, private_dir, private_file
 from bot.store.db import Store
-from bot.store.migrations import MIGRATIONS_TABLE, migrations
+from bot.store.migrations import MIGRATIONS_TABLE, column, migrations
+from bot.store.sql import Params, Row, Statement, ddl, for_sqlite
 
 log = logging.getLogger("vaultmail.store")
 
@@ -104,7 +105,7 @@ def _migrate(conn: sqlite3.Connection, upto: int | None = None) -> None:
     in order, in one transaction under the write lock."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        conn.execute(MIGRATIONS_TABLE)
+        conn.execute(ddl(MIGRATIONS_TABLE, "sqlite"))
         done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
         for m in migrations():
             if m.version in done or (upto is not None and m.version > upto):
@@ -116,7 +117,8 @@ def _migrate(conn: sqlite3.Connection, upto: int | None = None) -> None:
                 have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
                 for name, decl in columns.items():
                     if name not in have:
-                        conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+                        conn.execute(f"ALTER TABLE {table} ADD COLUMN {name}"
+                                     f" {column(decl, 'sqlite')}")
             for script in m.sqlite_after:
                 for statement in _statements(script):
                     conn.execute(statement)
@@ -181,6 +183,72 @@ class Checkpointer:
         await asyncio.to_thread(self._close)
 
 
+T = TypeVar("T")
+
+
+class Connection:
+    """The store's connection (bot.store.sql.Connection) over aiosqlite's: each call one hop to
+    the connection's thread, which runs the statement, reads what it answers and closes its
+    cursor there (aiosqlite's cursor takes a hop for each)."""
+
+    keyed = False  # one writer at a time: it holds every key
+
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self._db = db
+
+    async def _hop(self, fn: Callable[..., T], sql: Statement, params: Any) -> T:
+        """`fn(connection, sql, params)` in the connection's thread: one hop."""
+        done = self._db._execute(fn, self._db._conn, for_sqlite(sql), params)  # type: ignore[no-untyped-call]
+        return cast("T", await done)
+
+    async def execute(self, sql: Statement, params: Params = ()) -> int:
+        return await self._hop(_changes, sql, params)
+
+    async def fetchone(self, sql: Statement, params: Params = ()) -> Row | None:
+        return await self._hop(_one, sql, params)
+
+    async def fetchall(self, sql: Statement, params: Params = ()) -> list[Row]:
+        return await self._hop(_all, sql, params)
+
+    async def insert(self, sql: Statement, params: Params = ()) -> int:
+        row = await self.fetchone(sql, params)
+        return int(row[0]) if row is not None else 0
+
+    async def executemany(self, sql: Statement, rows: Iterable[Params]) -> None:
+        await self._hop(_many, sql, rows)
+
+    async def hold(self, key: str) -> None:
+        return None
+
+
+def _changes(conn: sqlite3.Connection, sql: str, params: Params) -> int:
+    cur = conn.execute(sql, params)
+    try:
+        return cur.rowcount
+    finally:
+        cur.close()
+
+
+def _one(conn: sqlite3.Connection, sql: str, params: Params) -> Row | None:
+    cur = conn.execute(sql, params)
+    try:
+        return cur.fetchone()
+    finally:
+        cur.close()
+
+
+def _all(conn: sqlite3.Connection, sql: str, params: Params) -> list[Row]:
+    cur = conn.execute(sql, params)
+    try:
+        return cur.fetchall()
+    finally:
+        cur.close()
+
+
+def _many(conn: sqlite3.Connection, sql: str, rows: Iterable[Params]) -> None:
+    conn.executemany(sql, rows).close()
+
+
 class SqliteStore(Store):
     """One aiosqlite connection; writes go through `transaction()` under one lock. One
     process owns the file: a replica of its own."""
@@ -191,8 +259,9 @@ class SqliteStore(Store):
         super().__init__()
         self._db = db
         self._lock = asyncio.Lock()
+        self._conn = Connection(db)
         self._checkpointer: Checkpointer | None = None
-        self._reads: list[tuple[str, tuple[Any, ...], bool, asyncio.Future[Any]]] = []
+        self._reads: list[tuple[str, Params, bool, asyncio.Future[Any]]] = []
         self._reads_queued = False
 
     @classmethod
@@ -236,7 +305,7 @@ class SqliteStore(Store):
             await db.execute("SELECT 1")
 
     @asynccontextmanager
-    async def transaction(self, *keys: str) -> AsyncIterator[aiosqlite.Connection]:
+    async def transaction(self, *keys: str) -> AsyncIterator[Connection]:
         """Serialised write transaction: commit on success, roll back on error. (`keys` need
         no lock of their own: one writer at a time holds every key.)"""
         async with self._lock:
@@ -251,7 +320,7 @@ class SqliteStore(Store):
                 raise
             before = self._db.total_changes
             try:
-                yield self._db
+                yield self._conn
                 await self._db.commit()
             except BaseException as exc:
                 if isinstance(exc, sqlite3.Error):  # the file refused it: the store is at fault
@@ -269,15 +338,15 @@ class SqliteStore(Store):
     # answered by one wake-up of the loop, instead of the three hops of aiosqlite's cursor
     # each (execute, fetch, close). When a thousand long polls wake at once, each reading its
     # inbox, those hops were most of the event loop's time (bench.inbox, profiled).
-    async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[aiosqlite.Row]:
-        rows: list[aiosqlite.Row] = await self._read(sql, params, True)
+    async def fetchall(self, sql: Statement, params: Params = ()) -> list[Row]:
+        rows: list[Row] = await self._read(for_sqlite(sql), params, True)
         return rows
 
-    async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> aiosqlite.Row | None:
-        row: aiosqlite.Row | None = await self._read(sql, params, False)
+    async def fetchone(self, sql: Statement, params: Params = ()) -> Row | None:
+        row: Row | None = await self._read(for_sqlite(sql), params, False)
         return row
 
-    def _read(self, sql: str, params: tuple[Any, ...], every: bool) -> asyncio.Future[Any]:
+    def _read(self, sql: str, params: Params, every: bool) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._reads.append((sql, params, every, future))
@@ -324,7 +393,7 @@ READ_BATCH = 256  # reads in one hop at most: a write queued behind waits for no
 
 
 def _fetch_all(db: aiosqlite.Connection,
-               queries: list[tuple[str, tuple[Any, ...], bool]]) -> list[tuple[bool, Any]]:
+               queries: list[tuple[str, Params, bool]]) -> list[tuple[bool, Any]]:
     """In the connection's thread: each query's rows (all, or the first), or its error."""
     out: list[tuple[bool, Any]] = []
     for sql, params, every in queries:
@@ -339,7 +408,7 @@ def _fetch_all(db: aiosqlite.Connection,
     return out
 
 
-def _answer(batch: list[tuple[str, tuple[Any, ...], bool, asyncio.Future[Any]]],
+def _answer(batch: list[tuple[str, Params, bool, asyncio.Future[Any]]],
             done: asyncio.Future[list[tuple[bool, Any]]]) -> None:
     if done.cancelled() or done.exception() is not None:
         exc = None if done.cancelled() else done.exception()

@@ -13,9 +13,9 @@ from bot.store.db import Store, register_schema
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS stranger_replies (
-    login TEXT PRIMARY KEY,
-    replied_at REAL NOT NULL,
-    cause TEXT NOT NULL
+    login {text} PRIMARY KEY,
+    replied_at {real} NOT NULL,
+    cause {text} NOT NULL
 );
 """)
 
@@ -31,9 +31,8 @@ async def may_reply(store: Store, login: str, cause: str, *, now: float | None =
     at = time.time() if now is None else now
     key = login.lower()
     async with store.transaction(f"stranger:{key}") as db:
-        async with db.execute("SELECT replied_at, cause FROM stranger_replies WHERE login=?",
-                              (key,)) as cur:
-            row = await cur.fetchone()
+        row = await db.fetchone("SELECT replied_at, cause FROM stranger_replies WHERE login=?",
+                                (key,))
         if row is not None and at - float(row[0]) < QUIET_FOR:
             return str(row[1]) == cause
         await db.execute(

@@ -18,11 +18,11 @@ VERSION = 12
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS waiting_trackers (
-    repo TEXT NOT NULL,           -- owner/name, lower-case: where the tracker and outcome are
-    principal TEXT NOT NULL,      -- who it says the outcomes wait on (human:..., agent:...)
-    org TEXT NOT NULL,
-    number INTEGER NOT NULL,      -- the tracking issue
-    issue_id INTEGER NOT NULL,    -- its id, as dependencies name it
+    repo {text} NOT NULL,           -- owner/name, lower-case: where the tracker and outcome are
+    principal {text} NOT NULL,      -- who it says the outcomes wait on (human:..., agent:...)
+    org {text} NOT NULL,
+    number {int} NOT NULL,      -- the tracking issue
+    issue_id {int} NOT NULL,    -- its id, as dependencies name it
     PRIMARY KEY (repo, principal)
 );
 """, version=VERSION)
