@@ -171,6 +171,8 @@ class Event(Tracked):
     rename: dict[str, str] | None = None
     state_reason: str | None = None
     assignee: str | None = None
+    # the other issue of a dependency or sub-issue event (blocked_by_added, sub_issue_added...)
+    issue_ref: int | None = None
 
 
 class Issue(Tracked):

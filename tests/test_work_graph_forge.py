@@ -18,6 +18,7 @@ from localforge import LocalForge
 from localforge.tests import conftest as forge_fixtures
 from localforge.tests import test_persist_rows
 from localforge.tests.conftest import SECRET, Hooks, Keys, World
+from tests.conformance import validator
 
 hooks = forge_fixtures.hooks
 keys = forge_fixtures.keys
@@ -411,6 +412,72 @@ async def test_githubkit_drives_dependencies(world: World, version: str) -> None
     assert gone.id == blocker.id
     assert (await marco.issues.async_list_dependencies_blocked_by(
         "acme", "vault", blocked.number)).parsed_data == []
+
+
+async def _timeline(world: World, repo: str, number: int) -> list[tuple[str, str]]:
+    status, _, got = await world.call("GET", f"/repos/{repo}/issues/{number}/timeline", "rita")
+    assert status == 200, got
+    return [(e["event"], e["actor"]["login"]) for e in got]
+
+
+@pytest.mark.parametrize("version", ["2026-03-10", "2022-11-28"])
+async def test_dependencies_and_sub_issues_show_on_both_timelines(world: World,
+                                                                  version: str) -> None:
+    """What GitHub's timeline shows of them: `blocked_by_added` / `_removed` on the blocked
+    issue, `blocking_added` / `_removed` on its blocker, `sub_issue_added` / `_removed` on the
+    parent and `parent_issue_added` / `_removed` on the sub-issue, each by who did it; and an
+    unmodified githubkit reads such a timeline."""
+    blocked = await new_issue(world, "Blocked")
+    blocker = await new_issue(world, "Blocker", repo="acme/goals")
+    deps = f"{ISSUES}/{blocked['number']}/dependencies/blocked_by"
+    assert (await world.call("POST", deps, "marco", {"issue_id": blocker["id"]}))[0] == 201
+    assert (await world.call("DELETE", f"{deps}/{blocker['id']}", "marco"))[0] == 200
+    subs = f"{ISSUES}/{blocked['number']}/sub_issues"
+    sub = await new_issue(world, "Part")
+    assert (await world.call("POST", subs, "marco", {"sub_issue_id": sub["id"]}))[0] == 201
+    assert (await world.call("DELETE", f"{ISSUES}/{blocked['number']}/sub_issue", "marco",
+                             {"sub_issue_id": sub["id"]}))[0] == 200
+    assert await _timeline(world, "acme/vault", blocked["number"]) == [
+        ("blocked_by_added", "marco"), ("blocked_by_removed", "marco"),
+        ("sub_issue_added", "marco"), ("sub_issue_removed", "marco")]
+    assert await _timeline(world, "acme/goals", blocker["number"]) == [
+        ("blocking_added", "marco"), ("blocking_removed", "marco")]
+    assert await _timeline(world, "acme/vault", sub["number"]) == [
+        ("parent_issue_added", "marco"), ("parent_issue_removed", "marco")]
+    status, _, raw = await world.call("GET", f"{ISSUES}/{blocked['number']}/timeline", "rita")
+    assert [(e["event"], (e.get("blocked_by") or e.get("sub_issue") or {}).get("number"))
+            for e in raw] == [("blocked_by_added", blocker["number"]),
+                              ("blocked_by_removed", blocker["number"]),
+                              ("sub_issue_added", sub["number"]),
+                              ("sub_issue_removed", sub["number"])]
+    assert raw[0]["blocked_by"]["repository"]["full_name"] == "acme/goals"
+    status, _, other = await world.call(
+        "GET", f"/repos/acme/goals/issues/{blocker['number']}/timeline", "rita")
+    status, _, part = await world.call("GET", f"{ISSUES}/{sub['number']}/timeline", "rita")
+    assert other[0]["blocking"]["number"] == part[0]["parent_issue"]["number"] == \
+        blocked["number"]
+    problems = [p for e in raw + other + part for p in validator.check_component(
+        e["event"].replace("_", "-") + "-issue-event", e, "rest:issues/list-events-for-timeline")]
+    assert not problems, "\n".join(problems)
+    status, _, shown = await world.call(
+        "GET", f"{ISSUES}/{blocked['number']}/timeline?exclude=sub_issue_added", "rita")
+    assert "sub_issue_added" not in [e["event"] for e in shown]
+
+    # a blocker in a repository the reader cannot see stays unnamed on the timeline
+    world.forge.set_permission("olga/own", "marco", "write")  # rita does not see olga's repo
+    hidden = await new_issue(world, "Hidden", repo="olga/own")
+    assert (await world.call("POST", deps, "marco", {"issue_id": hidden["id"]}))[0] == 201
+    status, _, seen = await world.call("GET", f"{ISSUES}/{blocked['number']}/timeline", "rita")
+    assert seen[-1]["event"] == "blocked_by_added" and seen[-1]["blocked_by"] is None
+    status, _, seen = await world.call("GET", f"{ISSUES}/{blocked['number']}/timeline", "marco")
+    assert seen[-1]["blocked_by"]["title"] == "Hidden"
+
+    client = GitHub(TokenAuthStrategy(world.tokens["rita"]), base_url=world.url)
+    read = (await client.rest(version).issues.async_list_events_for_timeline(
+        "acme", "vault", blocked["number"])).parsed_data
+    assert [getattr(e, "event", None) for e in read] == [
+        "blocked_by_added", "blocked_by_removed", "sub_issue_added", "sub_issue_removed",
+        "blocked_by_added"]
 
 
 # -- issue fields (REST API 2026-03-10) ------------------------------------------------------

@@ -19,7 +19,12 @@ here so handlers keep seeing GitHub-shaped dicts:
   Gitea's swagger says "any"), but a name Gitea does not know is silently dropped from the
   filter (none left: no filter at all), so the AND is checked here again;
 * the collaborator permission ``owner`` is ``admin``; there is no ``repository_dispatch``, no
-  issue search and no webhook delivery log (reconciliation finds nothing to redeliver).
+  issue search and no webhook delivery log (reconciliation finds nothing to redeliver);
+* the mail state labels are Gitea's exclusive scoped labels ``mail/new`` … ``mail/held``, so the
+  forge itself keeps one state on an issue (adding one removes the others of its scope). The
+  app's core keeps its names (``mail:new``): names are mapped here, out on every write and in on
+  every read (the old ``mail:new`` spelling still reads as itself), and a vault's old labels are
+  renamed in place, by id, the first time its labels are listed (:func:`migrate_labels`).
 """
 
 from __future__ import annotations
@@ -56,7 +61,31 @@ SYNTHETIC_INSTALLATION_ID = 1  # the one "installation" a Gitea bot has
 PAGE = 50  # Gitea's MAX_RESPONSE_ITEMS default
 EDIT_FIELDS = frozenset({"title", "body", "state", "assignees", "milestone"})
 KNOWN_FIELDS = EDIT_FIELDS | {"labels", "state_reason"}
-CATALOGUE = {label.name.lower(): label for label in MAIL_LABELS}
+# the mail states' Gitea names (one exclusive scope, `mail/`) from the app's, and back: both
+# spellings read as the app's name, so an issue still labelled `mail:new` reads as before
+_OUT = {label.name.lower(): "mail/" + label.name.split(":", 1)[1] for label in MAIL_LABELS}
+_IN = {**{v: k for k, v in _OUT.items()}, **{k: k for k in _OUT}}
+
+
+def gitea_name(name: str) -> str:
+    """The label's name in a Gitea vault: a mail state `mail:new` is `mail/new`."""
+    return _OUT.get(name.lower(), name)
+
+
+def core_name(name: str) -> str:
+    """The app's name for a Gitea label: `mail/new` (any case) and `mail:new` are `mail:new`."""
+    return _IN.get(name.lower(), name)
+
+
+def _gitea_label(label: Label) -> Label:
+    """A catalogue label as a Gitea vault carries it (the state names in its text too)."""
+    text = label.description
+    for core, out in _OUT.items():
+        text = text.replace(core, out)
+    return Label(gitea_name(label.name), label.color, text)
+
+
+CATALOGUE = {gitea_name(label.name).lower(): _gitea_label(label) for label in MAIL_LABELS}
 
 
 def api_base(url: str) -> str:
@@ -71,9 +100,25 @@ def github_issue(issue: JSON) -> JSON:
         out.pop("pull_request", None)  # GitHub marks pull requests by the key's presence
     out["assignees"] = out.get("assignees") or []
     out["body"] = out.get("body") or ""
-    out["labels"] = [{**lb, "color": str(lb.get("color", "")).lstrip("#")}
-                     for lb in out.get("labels") or []]
+    out["labels"] = [github_label(lb) for lb in out.get("labels") or []]
     return out
+
+
+def github_label(label: JSON) -> JSON:
+    """Gitea's label as the app reads it: GitHub's colour, the app's name for a mail state."""
+    return {**label, "name": core_name(str(label.get("name", ""))),
+            "color": str(label.get("color", "")).lstrip("#")}
+
+
+def migrations(labels: Sequence[JSON]) -> list[tuple[JSON, str]]:
+    """The old-style state labels (`mail:new`) to rename in place, with their new names: a
+    rename keeps the label's id, so every issue keeps its label and no issue is touched. One
+    whose new name is taken already (a replica of the previous release made it again during a
+    rolling deploy, or a person did) is left as it is: it still reads as its state, and the
+    app's next label write on such an issue replaces it."""
+    names = {str(lb.get("name", "")).lower() for lb in labels}
+    return [(lb, _OUT[name]) for lb in labels
+            if (name := str(lb.get("name", "")).lower()) in _OUT and _OUT[name] not in names]
 
 
 class GiteaForge(RepoCaller):
@@ -98,15 +143,42 @@ class GiteaForge(RepoCaller):
 
     # -- labels by id --------------------------------------------------------------------------
     async def _repo_labels(self, repo: str) -> list[JSON]:
+        """The vault's labels as Gitea names them, old-style state labels renamed first."""
         labels = [lb async for lb in self._paginate(
             "/repos/{owner}/{repo}/labels{?limit}", {**split_repo(repo), "limit": PAGE})]
+        labels = await self.migrate_labels(repo, labels)
         self._labels[repo.lower()] = {str(lb["name"]).lower(): int(lb["id"]) for lb in labels}
         return labels
 
+    async def migrate_labels(self, repo: str, labels: list[JSON]) -> list[JSON]:
+        """Rename the vault's `mail:new`-style labels to `mail/new`, exclusive, by id. Safe
+        across replicas: each PATCH sets absolute values on one id, so two replicas renaming
+        the same label both leave it the same; one deleted meanwhile is skipped."""
+        renamed: dict[int, JSON] = {}
+        for label, name in migrations(labels):
+            want = CATALOGUE[name]
+            try:
+                data, _, _ = await self._request(
+                    "PATCH", "/repos/{owner}/{repo}/labels/{id}",
+                    {**split_repo(repo), "id": int(label["id"])},
+                    {"name": want.name, "exclusive": True, "color": "#" + want.color,
+                     "description": want.description})
+            except NotFound:
+                continue
+            renamed[int(label["id"])] = data if isinstance(data, dict) else {**label,
+                                                                               "name": name}
+        if renamed:
+            log.info("mail labels renamed to Gitea's exclusive scope in %s: %s", repo,
+                     sorted(str(lb["name"]) for lb in renamed.values()),
+                     extra={**self._log_extra, "repo": repo})
+        return [renamed.get(int(lb["id"]), lb) for lb in labels]
+
     async def _label_ids(self, repo: str, names: Sequence[str], create: bool = True) -> list[int]:
-        """Ids for label names, from the cache; a miss refreshes it once, and a name still
-        unknown is created (from the catalogue when it is one of ours)."""
+        """Ids for label names (the app's names, mapped to Gitea's), from the cache; a miss
+        refreshes it once, and a name still unknown is created (from the catalogue when it is
+        one of ours)."""
         key = repo.lower()
+        names = [gitea_name(n) for n in names]
         wanted = [n.lower() for n in names]
         if key not in self._labels or any(n not in self._labels[key] for n in wanted):
             await self._repo_labels(repo)
@@ -128,7 +200,7 @@ class GiteaForge(RepoCaller):
         data, _, _ = await self._request(
             "POST", "/repos/{owner}/{repo}/labels", split_repo(repo),
             {"name": name or want.name, "color": "#" + want.color,
-             "description": want.description})
+             "description": want.description, "exclusive": _exclusive(name or want.name)})
         return data
 
     # -- issues ----------------------------------------------------------------------------------
@@ -188,14 +260,15 @@ class GiteaForge(RepoCaller):
         url_vars: dict[str, variable.VariableValue] = {
             **split_repo(repo), "state": state, "type": "issues", "limit": PAGE}
         if labels:
-            url_vars["labels"] = ",".join(labels)
+            url_vars["labels"] = ",".join(gitea_name(n) for n in labels)
         since_s = _iso(since)
         if since_s:
             url_vars["since"] = since_s
-        wanted = {n.lower() for n in labels or ()}
+        wanted = {core_name(n).lower() for n in labels or ()}
         async for issue in self._paginate(
                 "/repos/{owner}/{repo}/issues{?state,type,labels,since,limit}", url_vars):
-            have = {str(lb.get("name", "")).lower() for lb in issue.get("labels") or []}
+            have = {core_name(str(lb.get("name", ""))).lower()
+                    for lb in issue.get("labels") or []}
             # Gitea drops unknown names from labels=: an issue may lack one of them
             if issue.get("pull_request") or not wanted <= have:
                 continue
@@ -282,19 +355,21 @@ class GiteaForge(RepoCaller):
         return list(github_issue({"labels": data or []})["labels"])
 
     async def remove_label(self, repo: str, number: int, name: str) -> bool:
-        """Gitea answers 204 whether or not the label was there: look first (a free read)."""
+        """Gitea answers 204 whether or not the label was there: look first (a free read).
+        A state is removed in both spellings (`mail/new` and an old `mail:new`)."""
         issue = await self.get_issue(repo, number)
         on = [lb for lb in issue.get("labels", [])
-              if str(lb.get("name", "")).lower() == name.lower()]
-        if not on:
-            return False
-        try:
-            await self._request(
-                "DELETE", "/repos/{owner}/{repo}/issues/{number}/labels/{id}",
-                {**split_repo(repo), "number": number, "id": int(on[0]["id"])})
-        except NotFound:
-            return False
-        return True
+              if str(lb.get("name", "")).lower() == core_name(name).lower()]
+        removed = False
+        for label in on:
+            try:
+                await self._request(
+                    "DELETE", "/repos/{owner}/{repo}/issues/{number}/labels/{id}",
+                    {**split_repo(repo), "number": number, "id": int(label["id"])})
+            except NotFound:
+                continue
+            removed = True
+        return removed
 
     async def set_labels(self, repo: str, number: int, labels: Sequence[str]) -> list[JSON]:
         data, _, _ = await self._request(
@@ -304,24 +379,27 @@ class GiteaForge(RepoCaller):
         return list(github_issue({"labels": data or []})["labels"])
 
     async def ensure_labels(self, repo: str, labels: Sequence[Label]) -> dict[str, list[str]]:
+        """The labels made or corrected, by their Gitea names (a state label exclusive)."""
         existing = {str(lb.get("name", "")).lower(): lb for lb in await self._repo_labels(repo)}
         created: list[str] = []
         updated: list[str] = []
-        for want in labels:
+        for want in (CATALOGUE.get(gitea_name(lb.name).lower(), lb) for lb in labels):
             have = existing.get(want.name.lower())
             if have is None:
                 made = await self._create_label(repo, want)
                 self._labels[repo.lower()][want.name.lower()] = int(made["id"])
                 created.append(want.name)
                 continue
+            exclusive = _exclusive(want.name)
             if (str(have.get("name")) != want.name
                     or str(have.get("color", "")).lstrip("#").lower() != want.color.lower()
-                    or (have.get("description") or "") != want.description):
+                    or (have.get("description") or "") != want.description
+                    or bool(have.get("exclusive")) != exclusive):
                 await self._request(
                     "PATCH", "/repos/{owner}/{repo}/labels/{id}",
                     {**split_repo(repo), "id": int(have["id"])},
                     {"name": want.name, "color": "#" + want.color,
-                     "description": want.description})
+                     "description": want.description, "exclusive": exclusive})
                 updated.append(want.name)
         if created or updated:
             log.info("labels ensured in %s: created %s, updated %s", repo, created, updated,
@@ -417,6 +495,11 @@ class GiteaForge(RepoCaller):
                 async for o in self._paginate("/user/orgs{?limit}", {"limit": PAGE})]
 
 
+def _exclusive(name: str) -> bool:
+    """Whether a label the app makes is exclusive: its own state labels, and only those."""
+    return name.lower() in _IN and "/" in name
+
+
 def _implements_forge(forge: GiteaForge) -> Forge:
     return forge  # mypy checks GiteaForge against the Forge protocol here
 
@@ -483,4 +566,4 @@ class GiteaClient:
 
 
 __all__ = ["SYNTHETIC_INSTALLATION_ID", "GiteaClient", "GiteaForge", "GiteaHooks", "api_base",
-           "github_issue"]
+           "core_name", "gitea_name", "github_issue", "github_label", "migrations"]

@@ -16,7 +16,9 @@ The one place that knows how Gitea's deliveries differ (forge-facts §2.1, §2.2
 * users carry Gitea's no-reply placeholder email in payloads (senders are rendered with no
   viewer) and ``active: false``: neither is read;
 * the bot is a plain user: its own events are recognised by its login, and users get the
-  ``type`` GitHub gives them (``Bot`` for the bot).
+  ``type`` GitHub gives them (``Bot`` for the bot);
+* the mail state labels (Gitea's exclusive scope ``mail/…``) carry the app's names
+  (``mail:new``), as every read through :mod:`bot.forge.gitea` does.
 
 Gitea sends no installation events either; :func:`startup_delivery` is the synthetic
 ``installation.created`` the app queues at start so the labels are provisioned in every vault.
@@ -32,7 +34,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from bot.forge.gitea import SYNTHETIC_INSTALLATION_ID, github_issue
+from bot.forge.gitea import SYNTHETIC_INSTALLATION_ID, github_issue, github_label
 
 PREFIXES = ("X-Gitea-", "X-Forgejo-", "X-Gogs-")
 LABEL_ACTIONS = {"label_updated", "label_cleared"}
@@ -85,6 +87,8 @@ def to_github(event: str, payload: dict[str, Any], bot_login: str) -> dict[str, 
             issue["pull_request"] = out.get("pull_request") or {}
         issue["user"] = _user(issue.get("user"), bot_login)
         out["issue"] = issue
+    if isinstance(out.get("label"), dict):  # a payload that names one label: the same names
+        out["label"] = github_label(out["label"])
     if isinstance(out.get("comment"), dict):
         out["comment"] = {**out["comment"], "user": _user(out["comment"].get("user"), bot_login)}
     repo = out.get("repository")

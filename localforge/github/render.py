@@ -38,6 +38,20 @@ def blob_sha(raw: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(raw) + raw).hexdigest()
 
 
+# the key naming the other issue in a timeline event, by the event's name before _added/_removed
+REFERENCE_KEYS = ("blocked_by", "blocking", "sub_issue", "parent_issue")
+_SIMPLE_REPOSITORY = frozenset((
+    "archive_url", "assignees_url", "blobs_url", "branches_url", "collaborators_url",
+    "comments_url", "commits_url", "compare_url", "contents_url", "contributors_url",
+    "deployments_url", "description", "downloads_url", "events_url", "fork", "forks_url",
+    "full_name", "git_commits_url", "git_refs_url", "git_tags_url", "hooks_url", "html_url",
+    "id", "node_id", "issue_comment_url", "issue_events_url", "issues_url", "keys_url",
+    "labels_url", "languages_url", "merges_url", "milestones_url", "name",
+    "notifications_url", "owner", "private", "pulls_url", "releases_url", "stargazers_url",
+    "statuses_url", "subscribers_url", "subscription_url", "tags_url", "teams_url",
+    "trees_url", "url"))
+
+
 def node_id(kind: str, ident: int) -> str:
     return base64.b64encode(f"0{len(kind)}:{kind}{ident}".encode()).decode()
 
@@ -369,7 +383,22 @@ class Renderer:
             out["state_reason"] = e.state_reason
         if e.assignee is not None:
             out["assignee"] = self.user(e.assignee)
+        key = next((k for k in REFERENCE_KEYS if e.event.startswith(k + "_")), None)
+        if key is not None:
+            found = self.state.issue_by_id(e.issue_ref) if e.issue_ref is not None else None
+            out[key] = self.issue_reference(*found) if found is not None else None
         return out
+
+    def issue_reference(self, repo: Repo, issue: Issue) -> Json:
+        """The `nullable-issue-reference` schema: the other issue of a dependency or sub-issue
+        timeline event, as it is now."""
+        t = self.issue_type_of(repo, issue)
+        return {"number": issue.number, "title": issue.title, "state": issue.state,
+                "state_reason": issue.state_reason,
+                "repository": {k: v for k, v in self.repo_minimal(repo).items()
+                               if k in _SIMPLE_REPOSITORY},
+                "issue_type": {k: t[k] for k in ("id", "node_id", "name", "color")}
+                if t is not None else None}
 
     def timeline_comment(self, repo: Repo, c: Comment) -> Json:
         out = self.comment(repo, c)

@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..access import at_least
+from ..access import at_least, visible
 from ..clock import parse_iso
 from ..state import Issue, Reaction, Repo
 from . import issueops, routes_fields, routes_work, versions
@@ -22,7 +22,7 @@ from .http import (
     json_response,
     paginate,
 )
-from .render import REACTIONS
+from .render import REACTIONS, REFERENCE_KEYS
 
 
 def _since(request: web.Request) -> float | None:
@@ -243,7 +243,12 @@ async def timeline(request: web.Request) -> web.Response:
     issue = ctx.issue(repo)
     entries: list[tuple[float, int, dict[str, Any]]] = []
     for e in issue.events:
-        entries.append((e.created_at, e.id, ctx.r.timeline_event(repo, issue, e)))
+        event = ctx.r.timeline_event(repo, issue, e)
+        found = ctx.forge.state.issue_by_id(e.issue_ref) if e.issue_ref is not None else None
+        if found is not None and not visible(ctx.forge.state, ctx.principal, found[0]):
+            # the other issue of a dependency, in a repository the reader cannot see: unnamed
+            event.update({k: None for k in REFERENCE_KEYS if k in event})
+        entries.append((e.created_at, e.id, event))
     for cid in issue.comment_ids:
         c = repo.comments.get(cid)
         if c is not None:

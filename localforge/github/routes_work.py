@@ -160,7 +160,11 @@ def _unlink(ctx: Ctx, parent_repo: Repo, parent: Issue, sub_repo: Repo, sub: Iss
 
 def _emit_link(ctx: Ctx, how: str, parent_repo: Repo, parent: Issue, sub_repo: Repo,
                sub: Issue) -> None:
-    """GitHub's two `sub_issues` events: one to each side's repository."""
+    """GitHub's two `sub_issues` events: one to each side's repository; and on each side's
+    timeline the event GitHub shows there (`sub_issue_added` on the parent,
+    `parent_issue_added` on the sub-issue, `..._removed` likewise)."""
+    issueops.record(ctx, parent, f"sub_issue_{how}", issue_ref=sub.id)
+    issueops.record(ctx, sub, f"parent_issue_{how}", issue_ref=parent.id)
     p, s = ctx.r.issue(parent_repo, parent), ctx.r.issue(sub_repo, sub)
     emit(ctx.forge, "sub_issues", f"sub_issue_{how}", parent_repo, ctx.sender, {
         "sub_issue_id": sub.id, "sub_issue": s, "sub_issue_repo": ctx.r.repo_full(sub_repo),
@@ -287,7 +291,12 @@ async def reprioritize_sub_issue(request: web.Request) -> web.Response:
 # -- dependencies ------------------------------------------------------------------------------
 def _emit_dependency(ctx: Ctx, how: str, blocked_repo: Repo, blocked: Issue,
                      blocking_repo: Repo, blocking: Issue) -> None:
-    """GitHub's two `issue_dependencies` events: one to each side's repository."""
+    """GitHub's two `issue_dependencies` events: one to each side's repository; and on each
+    side's timeline the event GitHub shows there (`blocked_by_added` on the blocked issue,
+    `blocking_added` on its blocker, `..._removed` likewise), each naming the other issue as
+    the description's `blocked-by-added-issue-event` etc. do."""
+    issueops.record(ctx, blocked, f"blocked_by_{how}", issue_ref=blocking.id)
+    issueops.record(ctx, blocking, f"blocking_{how}", issue_ref=blocked.id)
     b, by = ctx.r.issue(blocked_repo, blocked), ctx.r.issue(blocking_repo, blocking)
     emit(ctx.forge, "issue_dependencies", f"blocked_by_{how}", blocked_repo, ctx.sender, {
         "blocked_issue_id": blocked.id, "blocked_issue": b,

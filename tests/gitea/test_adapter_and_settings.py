@@ -130,10 +130,10 @@ async def test_vaultmail_up_forge_gitea(tmp_path: Path) -> None:
                                  "/api/v1/repos/acme/scout-vault/issues/1",
                                  headers=headers) as resp:
                     labels = [lb["name"] for lb in (await resp.json())["labels"]]
-                if labels == ["mail:new"]:
+                if labels == ["mail/new"]:
                     break
                 await asyncio.sleep(0.05)
-            assert labels == ["mail:new"]
+            assert labels == ["mail/new"]
     finally:
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 30) == 0

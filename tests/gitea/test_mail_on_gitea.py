@@ -55,7 +55,7 @@ async def test_labels_are_provisioned_at_start(office: Embedded) -> None:
         for vault in office.office.vaults():
             labels = await marco.call("GET", f"/repos/{vault}/labels", expect=200)
             assert {lb["name"] for lb in labels} >= {
-                "mail:new", "mail:working", "mail:replied", "mail:closed"}
+                "mail/new", "mail/working", "mail/replied", "mail/closed"}
     assert office.services.bot_login == "vaultmail"
 
 
@@ -69,23 +69,23 @@ async def test_an_issue_opened_by_hand_is_adopted_then_worked_replied_and_closed
         n = issue["number"]
         await office.settle()
         adopted = await marco.issue(n)
-        assert await marco.labels(n) == ["mail:new"]
+        assert await marco.labels(n) == ["mail/new"]
         assert adopted["body"].startswith("<!-- vaultmail:header")
         assert "Check the EU prices?" in adopted["body"]
         assert [e.subject for e in await office.ledger_events("mail.sent")] == [f"{VAULT}#{n}"]
 
         await scout.comment(n, "/working")
         await office.settle()
-        assert await marco.labels(n) == ["mail:working"]
+        assert await marco.labels(n) == ["mail/working"]
 
         await scout.comment(n, "EU prices are fine.")
         await office.settle()
-        assert await marco.labels(n) == ["mail:replied"]
+        assert await marco.labels(n) == ["mail/replied"]
 
         await marco.comment(n, "/close")
         await office.settle()
         closed = await marco.issue(n)
-        assert await marco.labels(n) == ["mail:closed"] and closed["state"] == "closed"
+        assert await marco.labels(n) == ["mail/closed"] and closed["state"] == "closed"
         events = [e.event for e in await office.ledger_events("mail.closed")]
         assert events == ["mail.closed"]
     assert not await office.services.store.dead_letters()
@@ -98,19 +98,19 @@ async def test_an_issue_opened_with_a_label_and_edited_by_hand_is_one_mail(
     async with aiohttp.ClientSession() as s:
         marco = Person(s, office, "marco")
         labels = await marco.call("GET", f"/repos/{VAULT}/labels", expect=200)
-        new = next(lb["id"] for lb in labels if lb["name"] == "mail:new")
+        new = next(lb["id"] for lb in labels if lb["name"] == "mail/new")
         issue = await marco.call("POST", f"/repos/{VAULT}/issues",
                                  {"title": "Stock", "body": "How many left?", "labels": [new]},
                                  expect=201)
         n = issue["number"]
         await office.settle()
-        assert await marco.labels(n) == ["mail:new"]
+        assert await marco.labels(n) == ["mail/new"]
         adopted = await marco.issue(n)
         await marco.call("PATCH", f"/repos/{VAULT}/issues/{n}",
                          {"title": "Stock count", "body": adopted["body"] + "\n\nBy Friday."},
                          expect=201)
         await office.settle()
-        assert await marco.labels(n) == ["mail:new"]
+        assert await marco.labels(n) == ["mail/new"]
         assert "By Friday." in (await marco.issue(n))["body"]
     rows = await office.services.store.fetchall(
         "SELECT payload FROM queue WHERE event='issues'")
@@ -131,18 +131,18 @@ async def test_the_mail_tools_over_http(office: Embedded) -> None:
         await office.settle()
         marco = Person(s, office, "marco")
         n = sent["mail"]["number"]
-        assert await marco.labels(n) == ["mail:new"]
+        assert await marco.labels(n) == ["mail/new"]
         status, opened = await tool(s, office, "agent:scout", "mail_open", mail=ref)
         assert status == 200, opened
-        assert await marco.labels(n) == ["mail:working"]
+        assert await marco.labels(n) == ["mail/working"]
         status, replied = await tool(s, office, "agent:scout", "mail_reply", mail=ref,
                                      body="Looks good")
         assert status == 200, replied
-        assert await marco.labels(n) == ["mail:replied"]
+        assert await marco.labels(n) == ["mail/replied"]
         assert any("Looks good" in c["body"] for c in await marco.comments(n))
         status, closed = await tool(s, office, "agent:scout", "mail_close", mail=ref)
         assert status == 200, closed
-        assert await marco.labels(n) == ["mail:closed"]
+        assert await marco.labels(n) == ["mail/closed"]
         assert (await marco.issue(n))["state"] == "closed"
         await office.settle()
         # scout's reply went back to builder's vault as a new mail
@@ -163,9 +163,9 @@ async def test_an_illegal_label_change_by_hand_is_undone(office: Embedded) -> No
         await office.settle()
         # sara (write on the vault, neither recipient nor its person) marks it replied
         await sara.call("PUT", f"/repos/{VAULT}/issues/{n}/labels",
-                        {"labels": ["mail:replied"]}, expect=200)
+                        {"labels": ["mail/replied"]}, expect=200)
         await office.settle()
-        assert await marco.labels(n) == ["mail:new"]
+        assert await marco.labels(n) == ["mail/new"]
         assert any("label change undone" in c["body"] for c in await marco.comments(n))
         assert await office.ledger_events("mail.replied") == []
 
