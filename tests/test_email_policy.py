@@ -62,6 +62,7 @@ async def test_outside_the_policy_mail_is_refused_or_held_for_the_person(
     assert label_names(first) == ["mail:held"] and label_names(second) == ["mail:new"]
     [note] = await sara.comments("acme/builder-vault", 1)
     assert note["body"].startswith("@sara this mail is held for you")
+    assert "giving it the label `mail:new`" in note["body"], "as GitHub vaults spell it"
     store = mailroom.embedded.services.store
     assert len(await mails.all_mails(store)) == 2
     [queued] = await ledger.entries(store, event="run.queued")

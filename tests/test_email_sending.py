@@ -5,15 +5,21 @@ fate ledgered once (`email.*`); a message the relay keeps deferring given up as 
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from email import message_from_bytes, policy
 from email.message import EmailMessage
 
 from bot.email import outgoing
 from bot.email.gateway import GATEWAY_KEY
-from bot.store import ledger, mails
+from bot.email.sending import send_email
+from bot.forge.github import GitHubForge
+from bot.mail.mailer import Mailer
+from bot.store import ledger, mails, open_store
 from tests.support import label_names
 from tests.test_email_outbox import _dkim_ok
 from tests.test_email_support import DOMAIN, Mailroom, mailroom, message, send, wire
+from tests.test_stalled_send import CREATE, GUARD, _silence
 
 __all__ = ["mailroom"]  # the fixture, used by name
 SCOUT_VAULT = "acme/scout-vault"
@@ -165,8 +171,6 @@ async def test_mail_to_an_archived_vault_or_an_agent_that_left_bounces_naming_wh
     """Internal bounces: mail to an agent whose vault is archived (GitHub: the repository
     PATCHed `archived: true`, every write then 403) or that has left the office answers its
     sender why; an agent sender gets an "Undelivered" mail in its vault too, once."""
-    from bot.mail.mailer import Mailer
-
     emb = mailroom.embedded
     store = emb.services.store
     await mailroom.person("admin").call("PATCH", "/repos/acme/builder-vault",
@@ -210,3 +214,293 @@ async def test_mail_to_an_archived_vault_or_an_agent_that_left_bounces_naming_wh
     [left] = [m for m in await mails.all_mails(store) if m.subject == "Undelivered: Re: Q"]
     assert left.vault == SCOUT_VAULT and "agent:builder has left the office" in left.body
     assert left.in_reply_to == mail.ref
+
+
+async def test_a_stalled_mail_send_to_an_address_taken_over_queues_and_sends_nothing_more(
+        mailroom: Mailroom) -> None:
+    """`mail_send` to an address is fenced by the idempotency claim as mail inside the office
+    is: replica a's try reaches the forge's create and is held there; a stalls past DEAD_AFTER
+    and b's retry takes the key over and sends. a's create lands late: it is closed as a
+    duplicate, indexed and ledgered never, and exactly one message reaches the relay."""
+    emb = mailroom.embedded
+    forge = emb.services.forge_for_org("acme")
+    assert isinstance(forge, GitHubForge)
+    mailer_a = Mailer(emb.services, forge, emb.office)
+    # b is another replica: its own forge client (its own pacer, which a's held create does
+    # not hold up)
+    mailer_b = Mailer(emb.services, GitHubForge(forge.client, forge.installation_id),
+                      emb.office)
+    # two replicas' claims on the app's own database (no heartbeat of their own: a's
+    # silence is the test's to set)
+    a, b = await open_store(mailroom.index), await open_store(mailroom.index)
+    await a.join("replica-a")
+    await b.join("replica-b")
+    scope, key = "tool:mail_send:agent:scout", "stall-email-1"
+
+    def work(mailer: Mailer) -> Callable[[], Awaitable[dict[str, object]]]:
+        async def send() -> dict[str, object]:
+            mail = await send_email(mailer, "agent:scout", "bob@example.org", "Stalled quote",
+                                    "Once, please.", idempotency_key=key)
+            return {"mail": mail.mail_id, "number": mail.number}
+        return send
+
+    try:
+        held = emb.forge.faults.hold(CREATE, count=1)
+        first = asyncio.create_task(a.once(scope, key, "fp", work(mailer_a)))
+        await asyncio.wait_for(held.arrived.wait(), GUARD)  # a's create is at the forge
+        await _silence(b, "replica-a")
+        retried = await asyncio.wait_for(b.once(scope, key, "fp", work(mailer_b)), GUARD)
+        held.release()  # a's create lands now, after b's
+        assert await asyncio.wait_for(first, GUARD) == retried, "both answer the one mail"
+    finally:
+        await a.close()
+        await b.close()
+
+    envelope = await mailroom.relay.next()
+    assert envelope.rcpt_tos == ["bob@example.org"]
+    await mailroom.embedded.settle()
+    assert await mailroom.outbox_settled() == 0 and mailroom.relay.received.empty(), \
+        "one message reaches the relay"
+    marco = mailroom.person("marco")
+    issues = [i for i in await marco.issues(SCOUT_VAULT) if i["title"] == "Stalled quote"]
+    assert len(issues) == 2, [i["number"] for i in issues]
+    [dup] = [i for i in issues if i["number"] != retried["number"]]
+    [mail] = [i for i in issues if i["number"] == retried["number"]]
+    assert mail["state"] == "open"
+    assert (dup["state"], dup["state_reason"]) == ("closed", "not_planned"), \
+        "the late duplicate is closed"
+    said = [c["body"] for c in await marco.comments(SCOUT_VAULT, dup["number"])]
+    assert len(said) == 1 and f"duplicate of #{mail['number']}" in said[0], said
+    store = emb.services.store
+    rows = await store.fetchall("SELECT number FROM mails WHERE mail_id=?",
+                                (str(retried["mail"]),))
+    assert [r["number"] for r in rows] == [mail["number"]]
+    sent = [e for e in await _events(mailroom, "mail.sent")
+            if e.data.get("mail") == retried["mail"]]
+    assert len(sent) == 1, "the send is ledgered (and queued for the relay) once"
+    assert len(await _events(mailroom, "email.sent")) == 1
+
+
+async def test_a_deferred_message_holds_back_no_other_and_arrives_once_when_accepted(
+        mailroom: Mailroom) -> None:
+    """The relay answers 450 for bob's mailbox (twice) and 250 for carol's: scout's message to
+    carol, sent after the one to bob, goes while bob's is retried with backoff; scout's
+    follow-up to bob in the same thread waits behind the first, so bob reads the thread in
+    order; each message reaches the relay once."""
+    relay, store = mailroom.relay, mailroom.embedded.services.store
+    outbox = mailroom.embedded.runner.app[GATEWAY_KEY].outbox
+    assert outbox is not None
+    relay.refuse_rcpt["bob@example.org"] = ["450 4.2.2 mailbox full"] * 2
+    scout = mailroom.tools("agent:scout")
+    to_bob = (await scout("mail_send", to="bob@example.org", subject="Quote",
+                          body="A quote, please."))["mail"]
+    to_carol = (await scout("mail_send", to="carol@example.net", subject="Visit",
+                            body="Tuesday?"))["mail"]
+    again = (await scout("mail_send", to="bob@example.org", subject="Re: Quote",
+                         body="And delivery times.", inReplyTo=to_bob["ref"]))["mail"]
+    assert again["thread_id"] == to_bob["thread_id"]
+    await mailroom.outbox_settled()
+
+    first = await relay.next()  # carol's, while bob's waits for its retry
+    assert first.rcpt_tos == ["carol@example.net"]
+    assert _parsed(first.original_content)["Subject"] == "Visit"
+    [deferred] = await _events(mailroom, "email.deferred")
+    assert deferred.data["mail"] == to_bob["mail_id"] and "450" in deferred.data["detail"]
+    sent = [e.data["mail"] for e in await _events(mailroom, "email.sent")]
+    assert sent == [to_carol["mail_id"]]
+
+    # bob's mailbox takes it at the third try (the relay's answers run out); its follow-up
+    # goes right after it, never before
+    one, two = await relay.next(), await relay.next()
+    assert [e.rcpt_tos for e in (one, two)] == [["bob@example.org"]] * 2
+    assert [_parsed(e.original_content)["Subject"] for e in (one, two)] == [
+        "Quote", "Re: Quote"]
+    tries = relay.rcpt_at["bob@example.org"]
+    assert len(tries) == 4, "three tries of the first, one of the follow-up"
+    assert tries[1] - tries[0] >= 1.0 and tries[2] - tries[1] >= 2.0, "backoff doubles"
+    assert await mailroom.outbox_settled() == 0 and relay.received.empty(), "each once"
+    assert await outbox.retrying("acme") == []
+    sent = [e.data["mail"] for e in await _events(mailroom, "email.sent")]
+    assert sent == [to_carol["mail_id"], to_bob["mail_id"], again["mail_id"]]
+    assert await _events(mailroom, "email.bounced") == []
+    notes = [c["body"] for c in await mailroom.person("marco").comments(SCOUT_VAULT,
+                                                                        to_bob["number"])]
+    assert sum(n.startswith("⏳ Deferred") for n in notes) == 1
+    assert sum("Sent by email" in n for n in notes) == 1
+    assert await mails.get_mail(store, again["mail_id"]) is not None
+
+
+async def test_mail_to_an_agent_that_has_left_bounces_on_every_path(
+        mailroom: Mailroom) -> None:
+    """echo, who had mail, leaves the office. Mail to it by the REST tools, MCP, the CLI and
+    email (new, or a reply to its old thread) is refused naming why, as mail to an archived
+    vault is; an agent sender gets an "Undelivered" mail in its vault (once for a keyed send
+    however often it is retried), and each is ledgered `mail.bounced`. A name the office
+    never had stays unknown."""
+    from importlib import resources
+
+    from tests.test_cli_tools import _as, vaultmail
+    from tests.test_mcp import _refused, mcp_http
+
+    emb = mailroom.embedded
+    store = emb.services.store
+    scout = mailroom.tools("agent:scout")
+    await scout("mail_send", to="echo", subject="Ping", body="are you there?")
+    hello = wire(message("bob@example.org", f"echo@{DOMAIN}", "Hello", "hi echo",
+                         Message_ID="<e1@example.org>"))
+    assert (await send(mailroom.port, hello, rcpts=[f"echo@{DOMAIN}"])).code == 250
+    await emb.settle()
+    office = resources.files("bot").joinpath("example_office.yml").read_text()
+    emb.forge.put_file("acme/.github", "vaultmail.yml",
+                       office[:office.index("  - slug: echo")], pusher="admin")
+    await emb.settle()
+
+    # the REST tools: a keyed send retried bounces once
+    for _ in range(2):
+        status, body = await scout.raw("mail_send", {
+            "to": "echo", "subject": "Still there?", "body": "x", "idempotencyKey": "gone-1"})
+        assert status == 409 and body["error"]["code"] == "undeliverable", body
+        assert "agent:echo has left the office" in body["error"]["message"]
+    [bounce] = [m for m in await mails.all_mails(store)
+                if m.subject == "Undelivered: Still there?"]
+    assert bounce.vault == SCOUT_VAULT and bounce.from_principal == "office"
+    assert "was not delivered: agent:echo has left the office" in bounce.body
+    assert f"the bounce is {bounce.ref}" in body["error"]["message"]
+    # MCP
+    async with mcp_http(emb, emb.api_tokens["agent:scout"]) as client:
+        status, code, said = _refused(await client.call_tool(
+            "mail_send", {"to": "agent:echo", "subject": "Over MCP", "body": "x"}))
+    assert (status, code) == (409, "undeliverable") and "has left the office" in said
+    assert [m.vault for m in await mails.all_mails(store)
+            if m.subject == "Undelivered: Over MCP"] == [SCOUT_VAULT]
+    # the CLI, as a person: the refusal says why (a person has no vault to bounce into)
+    exit_code, _, err = await vaultmail("send", "echo", "From the shell", "x",
+                                        *_as(emb, "marco"))
+    assert exit_code == 1 and "409 undeliverable" in err and "agent:echo has left" in err, err
+    # by email: a new message, and a reply to echo's old thread, refused naming why
+    again = wire(message("bob@example.org", f"echo@{DOMAIN}", "Re: Hello", "still?",
+                         Message_ID="<e2@example.org>", In_Reply_To="<e1@example.org>",
+                         References="<e1@example.org>"))
+    for raw in (hello, again):
+        answer = await send(mailroom.port, raw, rcpts=[f"echo@{DOMAIN}"])
+        assert answer.code == 550 and "agent:echo has left the office" in answer.text, answer
+    # a name never in the office is unknown, not gone
+    status, body = await scout.raw("mail_send", {"to": "nobody", "subject": "?", "body": "x"})
+    assert status == 404 and body["error"]["code"] == "unknown_recipient"
+    nobody = await send(mailroom.port, hello, rcpts=[f"nobody@{DOMAIN}"])
+    assert nobody.code == 550 and "no such mailbox" in nobody.text
+    bounced = await _events(mailroom, "mail.bounced")
+    assert sorted(e.data["from"] for e in bounced) == [
+        "agent:scout", "agent:scout", "email:bob@example.org", "human:marco@acme.com"]
+    assert {e.data["why"] for e in bounced} == {"agent:echo has left the office"}
+
+
+async def _reply_to_bob_and_carol(room: Mailroom) -> tuple[str, str]:
+    """Bob writes to scout with carol in Cc; scout answers: one message to both (To bob, Cc
+    carol). The reply's Message-ID, and the mail's ref."""
+    raw = wire(message("Bob <bob@example.org>", f"scout@{DOMAIN}", "Prices", "EU prices?",
+                       Message_ID="<pc1@example.org>", Cc="carol@example.net"))
+    assert (await send(room.port, raw, rcpts=[f"scout@{DOMAIN}"])).code == 250
+    await room.embedded.settle()
+    ref = f"{SCOUT_VAULT}#1"
+    await room.tools("agent:scout")("mail_reply", mail=ref, body="12 EUR each.")
+    first = await room.relay.next()
+    out = _parsed(first.original_content)
+    assert (out["To"], out["Cc"]) == ("bob@example.org", "carol@example.net")
+    assert first.rcpt_tos == ["bob@example.org"], "carol refused at RCPT: bob's copy only"
+    return str(out["Message-ID"]), ref
+
+
+async def test_a_relay_deferring_one_recipient_sends_the_retry_to_that_one_only(
+        mailroom: Mailroom) -> None:
+    """The relay accepts bob and answers 450 for carol (once): bob gets the reply once, and
+    the retry goes to carol alone, the same message; each part ledgered `email.sent` naming
+    its recipients, and the issue says who got it and who waits, each once."""
+    relay = mailroom.relay
+    relay.refuse_rcpt["carol@example.net"] = ["450 4.2.2 mailbox full"]
+    message_id, ref = await _reply_to_bob_and_carol(mailroom)
+
+    retried = await relay.next()  # the outbox's retry, after its backoff
+    assert retried.rcpt_tos == ["carol@example.net"]
+    assert _parsed(retried.original_content)["Message-ID"] == message_id
+    await mailroom.embedded.settle()
+    assert await mailroom.outbox_settled() == 0 and relay.received.empty(), "one copy each"
+    assert relay.rcpt_at["bob@example.org"] and len(relay.rcpt_at["bob@example.org"]) == 1
+    assert len(relay.rcpt_at["carol@example.net"]) == 2
+
+    sent = await _events(mailroom, "email.sent")
+    assert [(e.data["message_id"], e.data["to"]) for e in sent] == [
+        (message_id, ["bob@example.org"]), (message_id, ["carol@example.net"])]
+    [deferred] = await _events(mailroom, "email.deferred")
+    assert deferred.data["recipients"] == ["carol@example.net"]
+    assert "carol@example.net: 450" in deferred.data["detail"]
+    assert "bob@example.org" not in deferred.data["detail"]
+    assert await _events(mailroom, "email.bounced") == []
+    notes = [c["body"] for c in await mailroom.person("marco").comments(
+        SCOUT_VAULT, int(ref.rpartition("#")[2]))]
+    assert [n.split("\n")[0] for n in notes if n.startswith(("⏳", "📤", "📭"))] == [
+        f"📤 Sent by email to `bob@example.org` as `{message_id}`.",
+        f"⏳ Deferred for `carol@example.net`: `{message_id}` is not sent to them yet "
+        "(carol@example.net: 450 4.2.2 mailbox full); tried again with backoff, and given "
+        "up as bounced after 432,000 seconds.",
+        f"📤 Sent by email to `carol@example.net` as `{message_id}`."]
+
+
+async def test_a_relay_refusing_one_recipient_bounces_that_one_only(
+        mailroom: Mailroom) -> None:
+    """The relay accepts bob and answers 550 for carol: bob's copy is sent (`email.sent`
+    lists bob), the agent is told of a bounce naming carol alone, and nothing is retried."""
+    relay = mailroom.relay
+    relay.refuse_rcpt["carol@example.net"] = ["550 5.1.1 no such user"]
+    message_id, ref = await _reply_to_bob_and_carol(mailroom)
+    await mailroom.embedded.settle()
+    assert await mailroom.outbox_settled() == 0 and relay.received.empty(), "bob's copy once"
+    assert len(relay.rcpt_at["carol@example.net"]) == 1, "a refusal for good: never again"
+
+    [sent] = await _events(mailroom, "email.sent")
+    assert sent.data["message_id"] == message_id and sent.data["to"] == ["bob@example.org"]
+    [bounced] = await _events(mailroom, "email.bounced")
+    assert (bounced.data["message_id"], bounced.data["recipient"]) == (
+        message_id, "carol@example.net")
+    assert "550 5.1.1 no such user" in bounced.data["why"]
+    assert "bob@example.org" not in bounced.data["why"]
+    assert await _events(mailroom, "email.deferred") == []
+    store = mailroom.embedded.services.store
+    [told] = [m for m in await mails.all_mails(store) if m.subject.startswith("Undelivered")]
+    assert told.to_principal == "agent:scout" and told.vault == SCOUT_VAULT
+    assert "carol@example.net" in told.body and "bob@example.org" not in told.body
+    notes = [c["body"] for c in await mailroom.person("marco").comments(
+        SCOUT_VAULT, int(ref.rpartition("#")[2]))]
+    assert [n.split("\n")[0] for n in notes if n.startswith(("⏳", "📤", "📭"))] == [
+        f"📤 Sent by email to `bob@example.org` as `{message_id}`.",
+        f"📭 The reply sent by email as `{message_id}` to `carol@example.net` bounced (the "
+        "relay refused it: carol@example.net: 550 5.1.1 no such user)."]
+    outbox = mailroom.embedded.runner.app[GATEWAY_KEY].outbox
+    assert outbox is not None and await outbox.retrying("acme") == []
+
+
+async def test_a_recipient_deferred_past_the_give_up_time_bounces_alone(
+        mailroom: Mailroom) -> None:
+    """The relay accepts bob and keeps deferring carol past the give-up time: bob's copy is
+    sent, and the bounce names carol alone."""
+    relay = mailroom.relay
+    outbox = mailroom.embedded.runner.app[GATEWAY_KEY].outbox
+    assert outbox is not None
+    outbox.give_up_after = 0.0  # the first deferral is past it
+    relay.refuse_rcpt["carol@example.net"] = ["451 4.3.0 busy, later"] * 20
+    message_id, _ = await _reply_to_bob_and_carol(mailroom)
+    await mailroom.embedded.settle()
+    assert await mailroom.outbox_settled() == 0 and relay.received.empty()
+    assert len(relay.rcpt_at["bob@example.org"]) == 1
+    [sent] = await _events(mailroom, "email.sent")
+    assert sent.data["to"] == ["bob@example.org"]
+    [deferred] = await _events(mailroom, "email.deferred")
+    assert deferred.data["recipients"] == ["carol@example.net"]
+    [bounced] = await _events(mailroom, "email.bounced")
+    assert (bounced.data["message_id"], bounced.data["recipient"]) == (
+        message_id, "carol@example.net")
+    assert "gave up" in bounced.data["why"] and "bob@example.org" not in bounced.data["why"]
+    store = mailroom.embedded.services.store
+    [told] = [m for m in await mails.all_mails(store) if m.subject.startswith("Undelivered")]
+    assert "carol@example.net" in told.body and "bob@example.org" not in told.body
+    assert await outbox.retrying("acme") == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import smtplib
 import ssl
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from email.message import EmailMessage
@@ -183,8 +184,21 @@ class CapturingRelay:
     def __init__(self) -> None:
         self.received: asyncio.Queue[Envelope] = asyncio.Queue()
         self.refuse: list[str] = []  # answers to give to the next DATA commands, in order
+        # answers to give to the next RCPT commands naming an address, in order (a mailbox
+        # full at the far end: 450), and when each RCPT for it came
+        self.refuse_rcpt: dict[str, list[str]] = {}
+        self.rcpt_at: dict[str, list[float]] = {}
         self.port = 0
         self._server: asyncio.base_events.Server | None = None
+
+    async def handle_RCPT(self, server: SMTP, session: Session, envelope: Envelope,
+                          address: str, rcpt_options: list[str]) -> str:
+        self.rcpt_at.setdefault(address, []).append(time.time())
+        answers = self.refuse_rcpt.get(address)
+        if answers:
+            return answers.pop(0)
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
 
     async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
         if self.refuse:

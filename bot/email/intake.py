@@ -16,21 +16,24 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from bot.email import attachments, outgoing
-from bot.email.addresses import Mailbox, mailbox, principal_of
+from bot.email.addresses import BadAddress, Mailbox, mailbox, normalise, principal_of
 from bot.email.auth import Verdicts
 from bot.email.message import Attached, Bounce, Inbound, read_meta, render_inbound
 from bot.email.outgoing import HOPS_HEADER
 from bot.email.policy import Decision, decide
 from bot.forge.errors import ForgeError
+from bot.forge.gitea import GiteaForge, gitea_name
 from bot.mail.header import clean_subject, render_mail_body
 from bot.mail.mailer import LOOP_GUARD_HOPS, MAX_SUBJECT, Mailer, _Draft, _signed, fits
 from bot.mail.markdown import defuse_mentions
 from bot.office.config import Office
 from bot.store import idempotency, ledger, mails
 from bot.store.mails import MailRecord
+from labels.catalogue import MAIL_LABELS
 
 if TYPE_CHECKING:
     from bot.app.services import Services
+    from bot.forge.base import Forge
 
 log = logging.getLogger("vaultmail.email")
 MAX_THREAD_REFS = 20
@@ -66,6 +69,16 @@ def _marker(message_id: str) -> str:
     return f"<!-- vaultmail:email-in {hashlib.sha256(message_id.encode()).hexdigest()[:32]} -->"
 
 
+def as_shown(forge: Forge, text: str) -> str:
+    """`text` with the mail states' labels as a person finds them on `forge`: on Gitea the
+    exclusive scoped `mail/new`... (bot.forge.gitea.gitea_name), elsewhere the app's own
+    `mail:new`... (the ledger and the tools keep the app's names)."""
+    if isinstance(forge, GiteaForge):
+        for label in MAIL_LABELS:
+            text = text.replace(label.name, gitea_name(label.name))
+    return text
+
+
 class EmailIntake:
     def __init__(self, services: Services) -> None:
         self.services = services
@@ -81,6 +94,33 @@ class EmailIntake:
 
     async def mailbox(self, address: str) -> Mailbox | None:
         return mailbox(await self.offices(), address)
+
+    async def left(self, address: str, sender: str) -> str | None:
+        """Why `address` reaches no one any more: the agent it names at an office's domain
+        has left that office (`Mailer.left_agent`). Ledgered `mail.bounced` once per
+        sender and address (the SMTP refusal is the outside sender's bounce: its own
+        server writes it the report). None when the address never named an agent here."""
+        try:
+            addr = normalise(address)
+        except BadAddress:
+            return None
+        local, _, domain = addr.rpartition("@")
+        for office in await self.offices():
+            if office.email is None or office.email.domain != domain:
+                continue
+            mailer = self.mailer(office)
+            principal = await mailer.left_agent(local.split("+", 1)[0])
+            if principal is None:
+                return None
+            try:
+                frm = f"email:{normalise(sender)}"
+            except BadAddress:
+                frm = "email:<>"  # the null sender (a report's)
+            why = f"{principal} has left the office"
+            await mailer.bounce(frm, principal, "(by email)", why,
+                                key=f"left\n{frm}\n{principal}")
+            return why
+        return None
 
     def mailer(self, office: Office) -> Mailer:
         return Mailer(self.services, self.services.forge_for_org(office.org), office)
@@ -180,10 +220,10 @@ class EmailIntake:
         forge = self.services.forge_for_org(office.org)
         marker = f"<!-- vaultmail:email-held {mail.mail_id} -->"
         if await forge.find_comment(mail.vault, mail.number, marker) is None:
-            await forge.create_comment(mail.vault, mail.number, fits(
-                f"@{person.login} this mail is held for you: {defuse_mentions(reason)}. "
-                "Release it to the agent by giving it the label `mail:new`, or drop it by "
-                f"closing the issue.\n\n{marker}", "the held note"), marker=marker)
+            await forge.create_comment(mail.vault, mail.number, fits(as_shown(
+                forge, f"@{person.login} this mail is held for you: {defuse_mentions(reason)}"
+                ". Release it to the agent by giving it the label `mail:new`, or drop it by "
+                f"closing the issue.\n\n{marker}"), "the held note"), marker=marker)
 
     async def thread_of(self, box: Mailbox, message: Inbound) -> MailRecord | None:
         """The agent's mail whose thread `message` answers (In-Reply-To, References): one the

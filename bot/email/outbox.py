@@ -5,20 +5,23 @@ It follows the office's ledger (`mail.replied` entries, each naming its reply) f
 cursor (`bot.store.outbound`, the webhooks' cursors, under the name `vaultmail:email-outbox`),
 on the leader only. Each reply is sent under `Store.once`, keyed by its Message-ID (the same
 on every try): a reply the relay accepted is never sent again by the app; a 4xx, or a relay
-that cannot be reached, leaves the cursor where it is and tries again with backoff (0.5 s
-doubling up to 5 minutes); a 5xx marks the reply bounced and tells the agent by mail.
+that cannot be reached, sets that message aside to be tried again with backoff (0.5 s
+doubling up to 5 minutes) while the messages after it go on (a later one of its thread waits
+behind it); a 5xx marks the reply bounced and tells the agent by mail.
 
 Mail an agent sent to an address (`mail_send`, bot.email.sending) goes the same way, from the
 `mail.sent` entry that ledgered it. Each message's fate is ledgered once: `email.sent`, its
 first `email.deferred`, `email.bounced`. A message the relay keeps deferring (or that cannot
 reach it) past `give_up_after` seconds from its first deferral is given up: bounced, its agent
-told, and the messages behind it go on.
+told.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 import re
 import time
@@ -43,6 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vaultmail.email")
 CURSOR = "vaultmail:email-outbox"
+RETRY = "vaultmail:email-retry:"  # + a message's ledger seq: one set aside (see `drain`)
 POLL = 0.5
 BATCH = 100
 MAX_BACKOFF = 300.0
@@ -52,6 +56,18 @@ GIVE_UP_AFTER = 5 * 24 * 3600.0  # as long as a common MTA keeps a message it ca
 def key_is_mail(mail: MailRecord) -> bool:
     """Whether `mail` is one an agent sent to an address (not one from outside)."""
     return address_of(mail.to_principal) is not None
+
+
+def _listed(recipients: tuple[str, ...] | list[str]) -> str:
+    return ", ".join(f"`{r}`" for r in recipients)
+
+
+def _said(answers: dict[str, str], recipients: list[str]) -> str:
+    """What the relay said to these recipients: once, when it said it to the whole message
+    alike; else for each."""
+    if list(answers) == recipients and len(set(answers.values())) == 1:
+        return next(iter(answers.values()))
+    return "; ".join(f"{r}: {why}" for r, why in answers.items())
 
 
 def _ref(ref: str) -> tuple[str, int]:
@@ -70,7 +86,13 @@ async def _to_send(store: Any, org: str, cursor: int) -> list[ledger.Entry]:
 
 
 class Deferred(Exception):
-    """The relay said later (4xx) or could not be reached."""
+    """The relay said later (4xx) or could not be reached: to `recipients` (none named: the
+    whole message)."""
+
+    def __init__(self, detail: str, recipients: tuple[str, ...] = (), *,
+                 whole: bool = True) -> None:
+        super().__init__(detail)
+        self.recipients, self.whole = recipients, whole
 
 
 def reply_text(comment_body: str, key: str) -> str:
@@ -108,28 +130,83 @@ class Outbox(Background):
                 await asyncio.wait_for(self._wake.wait(), POLL)
 
     async def drain(self, office: Office) -> int:
-        """Send the office's replies not sent yet; returns how many went."""
+        """Send the office's messages not sent yet; returns how many went.
+
+        Messages deferred before are tried again first, each once its own backoff is over;
+        then the ledger's new entries, in order. A message deferred now is set aside to be
+        retried on its own (`_set_aside`), and the ones after it go on: only a later message
+        of the same thread waits behind it, so its reader gets the thread in the order it
+        was written (threading itself needs no order: each message names the messages by
+        email it answers, never the app's earlier ones)."""
         org, store = office.org.lower(), self.services.store
         async with store.named_lock(f"email-outbox:{org}"):
-            row = await cursors.get_cursor(store, org, CURSOR)
-            if row is not None and row["next_at"] > time.time():
-                return 0
-            cursor, sent = (int(row["seq"]) if row else 0), 0
-            for entry in await _to_send(store, org, cursor):
+            sent, now = 0, time.time()
+            waiting: set[str] = set()  # threads with a message set aside before this one
+            for seq, failures, next_at in await self.retrying(org):
+                entry = await self._entry_at(org, seq)
+                if entry is None:  # pruned away: nothing left to send
+                    await self._done(org, seq)
+                    continue
+                thread = await self._thread(entry)
+                if thread in waiting or next_at > now:
+                    waiting.add(thread)
+                    continue
                 try:
                     sent += await self._entry(office, entry)
                 except Exception as exc:
-                    failures = (int(row["failures"]) if row else 0) + 1
-                    delay = min(MAX_BACKOFF, 0.5 * 2 ** failures)
-                    await cursors.save_cursor(store, org, CURSOR, cursor, failures,
-                                              time.time() + delay, repr(exc))
-                    log.warning("email reply not sent; retry in %.1fs", delay,
-                                extra={"seq": entry.seq, "error": repr(exc)})
-                    return sent
+                    await self._set_aside(org, seq, failures + 1, exc)
+                    waiting.add(thread)
+                    continue
+                await self._done(org, seq)
+            row = await cursors.get_cursor(store, org, CURSOR)
+            if row is not None and row["next_at"] > now:
+                return sent
+            cursor = int(row["seq"]) if row else 0
+            for entry in await _to_send(store, org, cursor):
+                thread = await self._thread(entry) if waiting else ""
+                if thread in waiting:
+                    await self._set_aside(org, entry.seq, 0, None)  # its turn after those
+                else:
+                    try:
+                        sent += await self._entry(office, entry)
+                    except Exception as exc:
+                        await self._set_aside(org, entry.seq, 1, exc)
+                        waiting.add(await self._thread(entry))
                 cursor = entry.seq
             if cursor != (int(row["seq"]) if row else -1):
                 await cursors.save_cursor(store, org, CURSOR, cursor, 0, 0.0, None)
             return sent
+
+    # -- messages set aside (deferred, or behind one of their thread) ----------------------
+    # Each is a row of the outbound cursors (bot.store.outbound) named RETRY + its ledger seq,
+    # with its own failures and next try: durable across restarts and leaders, as the main
+    # cursor is.
+
+    async def retrying(self, org: str) -> list[tuple[int, int, float]]:
+        """The office's messages set aside, oldest first: (ledger seq, failures, next try)."""
+        rows = await cursors.cursors_under(self.services.store, org, RETRY)
+        return [(int(r["seq"]), int(r["failures"]), float(r["next_at"])) for r in rows]
+
+    async def _set_aside(self, org: str, seq: int, failures: int,
+                         exc: Exception | None) -> None:
+        delay = min(MAX_BACKOFF, 0.5 * 2 ** failures) if failures else 0.0
+        await cursors.save_cursor(self.services.store, org, f"{RETRY}{seq}", seq, failures,
+                                  time.time() + delay, repr(exc) if exc else None)
+        if exc is not None:
+            log.warning("email not sent; retry in %.1fs", delay,
+                        extra={"seq": seq, "error": repr(exc)})
+
+    async def _done(self, org: str, seq: int) -> None:
+        await cursors.drop_cursor(self.services.store, org, f"{RETRY}{seq}")
+
+    async def _entry_at(self, org: str, seq: int) -> ledger.Entry | None:
+        found = await ledger.entries(self.services.store, since=seq - 1, limit=1, org=org)
+        return found[0] if found and found[0].seq == seq else None
+
+    async def _thread(self, entry: ledger.Entry) -> str:
+        """The thread of the mail an entry is about (its seq when it names none)."""
+        mail = await mails.get_mail(self.services.store, str(entry.data.get("mail", "")))
+        return mail.thread_id if mail is not None and mail.thread_id else f"seq:{entry.seq}"
 
     async def _entry(self, office: Office, entry: ledger.Entry) -> int:
         if entry.event == "mail.sent" and not str(entry.data.get("to", "")).startswith("email:"):
@@ -158,74 +235,131 @@ class Outbox(Background):
         try:
             result = await self.services.store.once(scope, message_id, fingerprint, work)
         except Deferred as deferred:
-            detail = str(deferred)
-            first = await self._deferred(office, mail, message_id, detail)
+            detail, waiting = str(deferred), deferred.recipients
+            first = await self._deferred(office, mail, message_id, detail, waiting,
+                                         whole=deferred.whole)
             if time.time() - first < self.give_up_after:
                 raise
 
             async def give_up() -> idempotency.Result:
+                # the recipients still deferred (the ones the relay took are sent; the ones
+                # it refused for good were bounced when it did)
                 why = (f"the relay kept deferring it for {self.give_up_after:,.0f} seconds "
                        f"and the app gave up: {detail}")
-                await self.intake.report_bounce(office, mail, message_id,
-                                                address_of(mail.to_principal)
+                await self.intake.report_bounce(office, mail, message_id, ", ".join(waiting)
+                                                or address_of(mail.to_principal)
                                                 or address_of(mail.from_principal) or "", why)
-                return {"state": "bounced", "detail": why}
+                return {"state": "bounced", "detail": why, "to": list(waiting)}
 
             result = await self.services.store.once(scope, message_id, fingerprint, give_up)
         return 1 if result.get("state") == "sent" else 0
 
     async def _deferred(self, office: Office, mail: MailRecord, message_id: str,
-                        detail: str) -> float:
-        """Ledger the message's first deferral (`email.deferred`, once) and say so on the
-        mail's issue; when it was."""
+                        detail: str, recipients: tuple[str, ...] = (), *,
+                        whole: bool = True) -> float:
+        """Ledger the message's first deferral (`email.deferred`, once, with the recipients
+        deferred) and say so on the mail's issue, naming them unless it is the whole
+        message; when it was. The recipients a later try defers are among the first's: each
+        try goes only to the ones not accepted or refused for good yet."""
         store = self.services.store
         first = await ledger.record_once(store, "email.deferred", "office", mail.ref, {
-            "mail": mail.mail_id, "message_id": message_id, "detail": detail[:500]},
-            org=office.org, by=("message_id",))
+            "mail": mail.mail_id, "message_id": message_id, "detail": detail[:500],
+            "recipients": list(recipients)}, org=office.org, by=("message_id",))
         if first is not None:
             forge = self.services.forge_for_org(office.org)
             marker = f"<!-- vaultmail:email-deferred {message_id.strip('<>')} -->"
+            whom = f" for {_listed(recipients)}" if recipients and not whole else ""
             await forge.create_comment(mail.vault, mail.number, fits(defuse_mentions(
-                f"⏳ Deferred: `{message_id}` is not sent yet ({detail[:500]}); tried again "
-                f"with backoff, and given up as bounced after "
-                f"{self.give_up_after:,.0f} seconds.\n\n{marker}"), "the deferral note"),
+                f"⏳ Deferred{whom}: `{message_id}` is not sent{' to them' if whom else ''} "
+                f"yet ({detail[:500]}); tried again with backoff, and given up as bounced "
+                f"after {self.give_up_after:,.0f} seconds.\n\n{marker}"), "the deferral note"),
                 marker=marker)
         first_at = await ledger.first_recorded(store, "email.deferred", mail.ref,
                                                "message_id", message_id)
         return first_at if first_at is not None else time.time()
 
+    async def _settled(self, mail: MailRecord,
+                       message_id: str) -> tuple[list[tuple[str, ...]], set[str]]:
+        """The recipients of `message_id` an earlier try settled, from the ledger: the parts
+        the relay accepted (each `email.sent`'s `to`), and the recipients bounced
+        (`email.bounced`)."""
+        parts: list[tuple[str, ...]] = []
+        bounced: set[str] = set()
+        rows = await ledger.recorded_with(self.services.store, ("email.sent", "email.bounced"),
+                                          mail.ref, "message_id", message_id)
+        for row in rows:
+            data = json.loads(row["data"])
+            if row["event"] == "email.sent":
+                parts.append(tuple(str(r) for r in data.get("to") or ()))
+            else:
+                bounced.update(str(data.get("recipient", "")).split(", "))
+        return parts, bounced
+
     async def _deliver(self, office: Office, mail: MailRecord, out: outgoing.Outgoing,
                        note: str) -> dict[str, Any]:
-        """Hand `out` to the relay, DKIM-signed: sent (a comment on the issue, `email.sent`),
-        bounced (the agent told), or Deferred."""
+        """Hand `out` to the relay, DKIM-signed, for each recipient not settled by an earlier
+        try (the same message, Message-ID and headers; the envelope names the rest). The
+        relay's answer is each recipient's: the accepted ones are sent (a comment on the
+        issue, `email.sent` naming them), the refused ones for good bounced (the agent told,
+        naming them), and the deferred ones raise Deferred, to be tried again on their own.
+
+        The accepted ones are ledgered right after the relay's answer, before anything else:
+        a crash between the two is the one way a recipient gets the message twice (the retry
+        goes to it again), and the Message-ID, the same on every try, lets its mail system
+        drop the copy."""
         if self.relay is None:
             raise Deferred("no relay: set SMTP_URL to send mail by email")
         assert office.email is not None
-        domain = office.email.domain
-        data = outgoing.sign(outgoing.to_wire(outgoing.compose(out)), domain=domain,
-                             private_pem=keys.office_key(self.services.settings.data_dir,
-                                                         office.org))
-        answer = await relay.send(self.relay, out.sender, out.recipients, data)
-        if answer.state == "deferred":
-            raise Deferred(answer.detail)
+        domain, message_id = office.email.domain, out.message_id
+        parts, bounced = await self._settled(mail, message_id)
+        accepted = {r for part in parts for r in part}
+        for part in parts:  # an earlier try's, its comment perhaps not written (it failed)
+            await self._sent(office, mail, out, note, part, ledgered=True)
+        todo = [r for r in out.recipients if r not in accepted and r not in bounced]
+        if todo:
+            data = outgoing.sign(outgoing.to_wire(outgoing.compose(out)), domain=domain,
+                                 private_pem=keys.office_key(self.services.settings.data_dir,
+                                                             office.org))
+            answer = await relay.send(self.relay, out.sender, todo, data)
+            if answer.accepted:
+                await self._sent(office, mail, out, note, answer.accepted)
+                accepted.update(answer.accepted)
+            if answer.rejected:
+                await self.intake.report_bounce(
+                    office, mail, message_id, ", ".join(answer.rejected),
+                    "the relay refused it: " + _said(answer.rejected, out.recipients))
+            if answer.deferred:
+                raise Deferred(_said(answer.deferred, out.recipients), tuple(answer.deferred),
+                               whole=list(answer.deferred) == out.recipients)
+        sent = [r for r in out.recipients if r in accepted]
+        if not sent:
+            return {"state": "bounced", "message_id": message_id}
+        return {"state": "sent", "message_id": message_id, "to": sent,
+                "bounced": [r for r in out.recipients if r not in accepted]}
+
+    async def _sent(self, office: Office, mail: MailRecord, out: outgoing.Outgoing,
+                    note: str, to: tuple[str, ...], *, ledgered: bool = False) -> None:
+        """The relay accepted `out` for `to`: ledgered (`email.sent`, once per message and
+        recipients: a message a relay took in parts has one for each part; not again when
+        `ledgered`, a part read from the ledger) and said on the issue, once."""
         message_id = out.message_id
-        if answer.state == "rejected":
-            await self.intake.report_bounce(office, mail, message_id, ", ".join(out.recipients),
-                                            f"the relay refused it: {answer.detail}")
-            return {"state": "bounced", "detail": answer.detail}
+        if not ledgered:
+            actor = mail.from_principal if key_is_mail(mail) else mail.to_principal
+            await ledger.record_once(self.services.store, "email.sent", actor, mail.ref, {
+                "mail": mail.mail_id, "message_id": message_id, "to": list(to),
+                "recipients": ", ".join(to), "hops": out.hops}, org=office.org,
+                by=("message_id", "recipients"))
         forge = self.services.forge_for_org(office.org)
-        marker = f"<!-- vaultmail:email-sent {message_id.strip('<>')} -->"
+        part = "" if list(to) == out.recipients else " " + hashlib.sha256(
+            "\n".join(to).encode()).hexdigest()[:16]
+        marker = f"<!-- vaultmail:email-sent {message_id.strip('<>')}{part} -->"
         if await forge.find_comment(mail.vault, mail.number, marker) is None:
             await forge.create_comment(mail.vault, mail.number, (
-                f"📤 {note} by email to {', '.join(f'`{r}`' for r in out.recipients)} as "
-                f"`{message_id}`.\n\n{marker}"), marker=marker)
-        await ledger.record_once(self.services.store, "email.sent", mail.from_principal
-                                 if key_is_mail(mail) else mail.to_principal, mail.ref, {
-                                     "mail": mail.mail_id, "message_id": message_id,
-                                     "to": out.recipients, "hops": out.hops},
-                                 org=office.org, by=("message_id",))
-        log.info("email sent", extra={"mail": mail.ref, "message_id": message_id})
-        return {"state": "sent", "message_id": message_id, "to": out.recipients}
+                f"📤 {note} by email to {_listed(to)} as `{message_id}`.\n\n{marker}"),
+                marker=marker)
+        if not ledgered:
+            log.info("email sent", extra={"mail": mail.ref, "message_id": message_id,
+                                          "to": list(to)})
 
     async def _send_mail(self, office: Office, mail: MailRecord,
                          message_id: str) -> dict[str, Any]:

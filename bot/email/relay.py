@@ -2,8 +2,11 @@
 
 `smtp://[user:password@]host[:port]` (plain; STARTTLS when the relay offers it),
 `smtp+starttls://...` (STARTTLS required), `smtps://...` (implicit TLS, port 465 by default).
-A send is answered `sent`, `deferred` (a 4xx, or the relay unreachable: try again later) or
-`rejected` (a 5xx: it will never go).
+A send is answered per recipient: accepted, deferred (a 4xx, or the relay unreachable: try
+again later) or rejected (a 5xx: it will never go). A relay may accept some recipients of one
+message and refuse others at RCPT (smtplib's `sendmail` then sends to the ones it accepted and
+returns the others); an answer to the whole message (MAIL FROM, DATA, the connection) is every
+recipient's.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import smtplib
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import unquote, urlsplit
 
@@ -49,8 +52,26 @@ class Relay:
 
 @dataclass(frozen=True)
 class Sent:
-    state: Literal["sent", "deferred", "rejected"]
-    detail: str
+    """The relay's answer, per recipient: `accepted` in the order sent; `deferred` and
+    `rejected` map a recipient to what the relay said (`451 4.2.2 ...`)."""
+
+    accepted: tuple[str, ...] = ()
+    deferred: dict[str, str] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def state(self) -> Literal["sent", "partial", "deferred", "rejected"]:
+        """The whole message's: `partial` when the relay took some recipients and not others."""
+        if not self.deferred and not self.rejected:
+            return "sent"
+        if self.accepted:
+            return "partial"
+        return "deferred" if self.deferred else "rejected"
+
+
+def _all(recipients: list[str], state: Literal["deferred", "rejected"], why: str) -> Sent:
+    each = dict.fromkeys(recipients, why)
+    return Sent(deferred=each) if state == "deferred" else Sent(rejected=each)
 
 
 def _send(relay: Relay, envelope_from: str, recipients: list[str], data: bytes) -> Sent:
@@ -71,26 +92,27 @@ def _send(relay: Relay, envelope_from: str, recipients: list[str], data: bytes) 
             if relay.username:
                 client.login(relay.username, relay.password)
             refused = client.sendmail(envelope_from, recipients, data)
-    except smtplib.SMTPRecipientsRefused as exc:
-        return _answer(exc.recipients)
-    except smtplib.SMTPResponseException as exc:
+    except smtplib.SMTPRecipientsRefused as exc:  # every recipient refused at RCPT
+        return _answer(recipients, exc.recipients)
+    except smtplib.SMTPResponseException as exc:  # MAIL FROM or DATA: the whole message
         text = exc.smtp_error.decode("utf-8", "replace") if isinstance(
             exc.smtp_error, bytes) else str(exc.smtp_error)
-        state: Literal["deferred", "rejected"] = "rejected" if exc.smtp_code >= 500 \
-            else "deferred"
-        return Sent(state, f"{exc.smtp_code} {text}")
+        return _all(recipients, "rejected" if exc.smtp_code >= 500 else "deferred",
+                    f"{exc.smtp_code} {text}")
     except (OSError, smtplib.SMTPException) as exc:
-        return Sent("deferred", f"relay {relay.host}:{relay.port} unreachable: {exc!r}")
-    if refused:
-        return _answer(refused)
-    return Sent("sent", f"accepted by {relay.host}:{relay.port}")
+        return _all(recipients, "deferred",
+                    f"relay {relay.host}:{relay.port} unreachable: {exc!r}")
+    return _answer(recipients, refused)
 
 
-def _answer(refused: dict[str, tuple[int, bytes]]) -> Sent:
-    codes = [code for code, _ in refused.values()]
-    detail = "; ".join(f"{rcpt}: {code} {msg.decode('utf-8', 'replace')}"
-                       for rcpt, (code, msg) in refused.items())
-    return Sent("rejected" if all(c >= 500 for c in codes) else "deferred", detail)
+def _answer(recipients: list[str], refused: dict[str, tuple[int, bytes]]) -> Sent:
+    """Each recipient's fate: refused at RCPT with a 5xx (rejected) or otherwise (deferred),
+    else accepted."""
+    said = {rcpt: (code, f"{code} {msg.decode('utf-8', 'replace')}")
+            for rcpt, (code, msg) in refused.items()}
+    return Sent(accepted=tuple(r for r in recipients if r not in said),
+                deferred={r: why for r, (code, why) in said.items() if code < 500},
+                rejected={r: why for r, (code, why) in said.items() if code >= 500})
 
 
 async def send(relay: Relay, envelope_from: str, recipients: list[str], data: bytes) -> Sent:

@@ -23,7 +23,7 @@ from bot.mail.header import render_mail_body
 from bot.mail.mailer import MAX_BODY, Mailer, _signed, checked_subject, fits, shown_as
 from bot.mail.markdown import defuse_mentions
 from bot.office.config import Agent
-from bot.store import ledger, mails
+from bot.store import idempotency, ledger, mails
 from bot.store.mails import QUIET, MailRecord
 
 _NS = uuid.UUID("0f6b7c52-3d1e-4a8b-9c2f-5e7a1d3b9c40")
@@ -107,9 +107,14 @@ async def send_email(mailer: Mailer, actor: str, to: str, subject: str, body: st
         from_name=shown_as(office, actor), to_name=None)
     rendered = fits(render_mail_body(header, body), "the mail, its header table added")
     issue = None
-    if not await mails.intend_send(store, mail_id, vault):
-        issue = await mailer.forge.find_issue(vault, mail_id)
+    begun = not await mails.intend_send(store, mail_id, vault)
+    if begun:
+        issue = await mailer.forge.find_issue(vault, mail_id)  # begun before: did it land?
     if issue is None:
+        # the fence, as for mail inside the office (Mailer.deliver): a try whose key another
+        # replica took over (this one stalled past DEAD_AFTER) opens nothing, and what the
+        # outbox sends is the new owner's one mail
+        await idempotency.check_claim()
         issue = await mailer.forge.create_issue(vault, header.subject, rendered, labels=[],
                                                 marker=mail_id)
     record = MailRecord(
@@ -117,13 +122,30 @@ async def send_email(mailer: Mailer, actor: str, to: str, subject: str, body: st
         body=body, from_principal=actor, to_principal=principal, sent=header.sent,
         hops=header.hops, in_reply_to=header.in_reply_to, thread_id=header.thread_id,
         key_id=header.key_id, body_sha256=header.body_sha256, state=QUIET)
+    fence = idempotency.fence_key()
+    kept: MailRecord | None = None
+    lost = False
     async with store.transaction(f"mail:{mail_id}", mails.box_key(record.org, principal),
-                                 ledger.key(record.org)) as db:
-        if not await mails.mail_indexed(db, mail_id):
-            await mails.put_mail(db, record)
-            await mails.sent(db, mail_id)
-            await ledger.append(db, "mail.sent", actor, record.ref, {
-                "mail": mail_id, "to": principal, "subject": record.subject,
-                "hops": record.hops, "thread": record.thread_id,
-                "in_reply_to": record.in_reply_to}, org=record.org)
-    return await mails.get_mail(store, mail_id) or record
+                                 ledger.key(record.org), *([fence] if fence else [])) as db:
+        kept = await mails.get_mail_in(db, mail_id)
+        if kept is None:
+            # indexed and ledgered (what the outbox follows) only under the claim: a try
+            # taken over while its create was in flight queues nothing
+            lost = not await idempotency.claim_held_in(db)
+            if not lost:
+                await mails.put_mail(db, record)
+                await mails.sent(db, mail_id)
+                await ledger.append(db, "mail.sent", actor, record.ref, {
+                    "mail": mail_id, "to": principal, "subject": record.subject,
+                    "hops": record.hops, "thread": record.thread_id,
+                    "in_reply_to": record.in_reply_to}, org=record.org)
+                kept = record
+    if lost or kept is None:
+        raise idempotency.ClaimLost(f"send of {mail_id}: its key was taken over")
+    if kept.number != record.number:
+        # another try indexed its own issue while this one's create was in flight: this
+        # issue is a late duplicate, closed as one (never sent: the outbox sends by mail id)
+        await mailer._close_duplicate(vault, record.number, kept)
+    elif begun:
+        await mailer._close_duplicates_of(kept)  # an earlier try's create that landed late
+    return await mails.get_mail(store, mail_id) or kept

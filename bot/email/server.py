@@ -3,6 +3,7 @@
 | when | answer |
 |---|---|
 | RCPT to an address no office here receives for | `550 5.1.1` naming it |
+| RCPT to the address of an agent that has left its office | `550 5.1.1` saying so |
 | a message (SIZE or DATA) over the limit | `552 5.3.4` naming the limit |
 | an attachment over its limit, or more attachments than it may carry | `552 5.3.4` naming it |
 | a message with no From address the app takes | `550 5.6.0` saying so |
@@ -87,9 +88,14 @@ class SmtpHandler:
             return f"452 4.5.3 at most {MAX_RECIPIENTS} recipients a message"
         try:
             box = await intake.mailbox(address)
+            # an agent that has left: the sender is told why (and it is ledgered)
+            gone = None if box is not None else await intake.left(
+                address, envelope.mail_from or "")
         except Exception as exc:
             log.warning("RCPT lookup failed", extra={"error": repr(exc)})
             return "451 4.3.0 the office config cannot be read now: try again later"
+        if gone is not None:
+            return f"550 5.1.1 <{address[:200]}>: {gone}"
         if box is None:
             return f"550 5.1.1 <{address[:200]}>: no such mailbox here"
         envelope.rcpt_tos.append(address)

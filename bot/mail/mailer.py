@@ -719,6 +719,41 @@ class Mailer:
             return None
         return f"{principal} has left the office"
 
+    async def left_agent(self, to: str) -> str | None:
+        """The principal of the agent `to` names (a slug, or agent:slug) when it has left the
+        office: no longer in its config, but known to its index (mail to or from it). None
+        for an agent here, or a name the office never had (unknown, not gone)."""
+        if ":" in to and not to.startswith("agent:"):
+            return None
+        slug = to.removeprefix("agent:").lower()
+        if not slug or self.office.agent(slug) is not None:
+            return None
+        principal = f"agent:{slug}"
+        known = await mails.latest_mails_of(self.services.store, principal, org=self.office.org)
+        return principal if known else None
+
+    async def bounce_if_left(self, actor: str, to: str, subject: str, *, key: str | None,
+                             about: MailRecord | None = None) -> None:
+        """Mail from `actor` to an agent that has left the office: the bounce (`bounce`:
+        an agent sender's "Undelivered" mail, `mail.bounced`) raised as the refusal. Nothing
+        when `to` is not such an agent. Who may not send mail at all is refused first.
+        `about`: the mail it answers, which the bounce threads after."""
+        principal = await self.left_agent(to)
+        if principal is None:
+            return
+        kind, _, ident = actor.partition(":")
+        sender = self.office.agent(ident) if kind == "agent" else None
+        human = self.office.human(ident) if kind == "human" else None
+        if (kind == "agent" and (sender is None or not sender.may_mail(
+                principal.removeprefix("agent:")))) or (
+                kind == "human" and (human is None or "mail.send" not in human.permissions)):
+            raise await self.deny(actor, f"mail to {principal}", (
+                f"{actor} may not mail {principal} (and {principal} has left the office)"))
+        # one bounce for a keyed send however often it is retried; a fresh one otherwise
+        raise await self.bounce(actor, principal, checked_subject(subject, clip=True),
+                                f"{principal} has left the office", about=about,
+                                key=f"left\n{actor}\n{principal}\n{key or uuid.uuid4()}")
+
     @staticmethod
     def undeliverable(exc: Exception, vault: str) -> str | None:
         """Why mail to `vault` cannot be delivered, from the forge's answer `exc` to its write:

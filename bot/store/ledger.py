@@ -159,6 +159,18 @@ async def first_recorded(store: Store, event: str, subject: str, field: str,
     return float(row["first"]) if row is not None and row["first"] is not None else None
 
 
+async def recorded_with(store: Store, events: tuple[str, ...], subject: str, field: str,
+                        value: str) -> list[Row]:
+    """Every entry of one of `events` about `subject` with `data[field] == value`, oldest
+    first (`event` and `data`): what earlier tries of a retried step did, part by part."""
+    if not events:
+        return []
+    marks = ",".join("?" for _ in events)
+    return await store.fetchall(
+        f"SELECT event, data FROM ledger WHERE event IN ({marks}) AND subject=? AND "
+        + json_at("data") + "=? ORDER BY seq", (*events, subject, f"$.{field}", value))
+
+
 def _entry(r: Any) -> Entry:
     return Entry(r["seq"], r["time"], r["event"], r["actor"], r["subject"],
                  json.loads(r["data"]), r["hash"], r["org"], r["prev_hash"])

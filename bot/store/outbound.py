@@ -45,3 +45,18 @@ async def save_cursor(store: Store, org: str, url: str, seq: int, failures: int,
             " failures=excluded.failures, next_at=excluded.next_at,"
             " last_error=excluded.last_error",
             (_key(org, url), seq, failures, next_at, error, org.lower()))
+
+
+async def cursors_under(store: Store, org: str, prefix: str) -> list[Row]:
+    """`org`'s cursors whose URL begins with `prefix`, by seq (a range of the key, not LIKE:
+    an org's name may hold LIKE's wildcards, and must never match another office's rows)."""
+    low = _key(org, prefix)
+    return await store.fetchall(
+        "SELECT url, seq, failures, next_at FROM outbound_cursors WHERE url>=? AND url<?"
+        " ORDER BY seq", (low, low + "\U0010ffff"))
+
+
+async def drop_cursor(store: Store, org: str, url: str) -> None:
+    """Forget `org`'s cursor of `url` (done with it)."""
+    async with store.transaction() as db:
+        await db.execute("DELETE FROM outbound_cursors WHERE url=?", (_key(org, url),))

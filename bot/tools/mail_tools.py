@@ -64,6 +64,9 @@ async def mail_send(call: Call, args: SendArgs) -> dict[str, Any]:
         return {"mail": mail_view(await send_email(
             call.mailer, call.principal, args.to, args.subject, args.body, reply_to=reply_to,
             idempotency_key=args.idempotencyKey))}
+    # an agent that has left: the sender gets a bounce naming why, not "no such agent"
+    await call.mailer.bounce_if_left(call.principal, args.to, args.subject,
+                                     key=args.idempotencyKey, about=reply_to)
     await call.mailer.check_may_send(call.principal, call.mailer.recipient(args.to))
     record = await call.mailer.send(call.principal, args.to, args.subject, args.body,
                                     reply_to=reply_to, idempotency_key=args.idempotencyKey,

@@ -184,8 +184,8 @@ class GiteaRenderer:
         }
 
     # -- contents ----------------------------------------------------------------------
-    def content_file(self, repo: Repo, path: str, text: str) -> Json:
-        raw = text.encode()
+    def content_file(self, repo: Repo, path: str, text: str | bytes) -> Json:
+        raw = text.encode() if isinstance(text, str) else text  # a binary file: its bytes
         sha = hashlib.sha1(b"blob %d\0" % len(raw) + raw).hexdigest()
         u = f"{self.repo_url(repo)}/contents/{quote(path)}?ref={repo.default_branch}"
         html = f"{self.web}/{repo.full_name}/src/branch/{repo.default_branch}/{quote(path)}"

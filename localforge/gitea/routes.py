@@ -233,10 +233,10 @@ async def get_contents(request: web.Request) -> web.Response:
     ctx = Ctx.of(request)
     repo = ctx.repo(scope="contents")
     path = request.match_info["filepath"].strip("/")
-    text = repo.files.get(path)
-    if text is None:
+    raw = repo.file_bytes(path)  # text or not (an attachment: routes_contents)
+    if raw is None:
         raise ApiError(404, "Not Found")
-    return json_response(_r(ctx).content_file(repo, path, text))
+    return json_response(_r(ctx).content_file(repo, path, raw))
 
 
 # -- issues --------------------------------------------------------------------------------

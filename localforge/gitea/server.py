@@ -18,7 +18,7 @@ from ..github.http import CTX_KEY, FORGE_KEY, TEMPLATES_KEY, ApiError, Ctx, Hand
 from ..reqlog import RequestRecord
 from ..web import GITEA_API_ROOTS, is_web_request
 from ..web import register as register_web_pages
-from . import routes, routes_deps
+from . import routes, routes_contents, routes_deps
 from .http import Routes, gitea_error, json_response
 
 if TYPE_CHECKING:
@@ -100,6 +100,7 @@ def build_app(forge: LocalForge) -> web.Application:
     control.register(app)
     routes.register(Routes(app))
     routes_deps.register(Routes(app))
+    routes_contents.register(Routes(app))
     # Sign-in and the pages; Gitea's own OAuth2 provider is not modelled.
     register_web_pages(app, forge, oauth_flow=False, api_roots=GITEA_API_ROOTS)
     return app
