@@ -131,6 +131,33 @@ def test_invalid_fields_are_refused() -> None:
         make(in_reply_to="not a ref!")
 
 
+
+@pytest.mark.parametrize("sent", [
+    "2025-01-31T09:00:05Z", "2024-02-29T23:59:59Z", "0001-01-01T00:00:00Z",
+    "2025-02-29T00:00:00Z", "2025-04-31T00:00:00Z", "2025-13-01T00:00:00Z",
+    "2025-00-10T00:00:00Z", "2025-01-10T24:00:00Z", "2025-01-10T23:59:60Z",
+    "0000-01-01T00:00:00Z", "2025-01-31T09:00:05Z\n", "2025-01-31 09:00:05Z",
+    "\u0662\u0660\u0662\u0665-\u0660\u0661-\u0663\u0661T\u0660\u0669:00:00Z", "",
+])
+def test_sent_is_read_as_strptime_reads_it_errors_included(sent: str) -> None:
+    # the header's timestamp is read by position, not by strptime: the same answers
+    header, _ = make()
+    try:
+        expected: object = datetime.strptime(sent, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError as exc:
+        expected = str(exc)
+    with_sent = header.model_copy(update={"sent": sent})  # (no validation: sent_at alone)
+    try:
+        found: object = with_sent.sent_at
+    except ValueError as exc:
+        found = str(exc)
+    assert found == expected
+    if isinstance(expected, datetime):
+        assert MailHeader.model_validate({**header.model_dump(), "sent": sent}).sent == sent
+    else:  # the validator refuses what strptime refuses
+        with pytest.raises(ValidationError):
+            MailHeader.model_validate({**header.model_dump(), "sent": sent})
+
 def test_a_subject_is_signed_without_control_invisible_or_bidi_characters() -> None:
     header, _ = make(subject="two\nlines\twith \u202eevil\u200b")
     assert header.subject == "two lines with evil"
@@ -334,7 +361,7 @@ def test_split_reports_structure() -> None:
 
 def test_the_table_shows_people_by_forge_login_not_by_email_address() -> None:
     header, issue_body = make(from_name="login:marco", to_name="agent:scout")
-    table = split_mail_body(issue_body).readable  # type: ignore[union-attr]
+    table = split_mail_body(issue_body).readable
     assert table is not None and "`marco`" in table and "acme.com" not in table
     assert "@marco" not in table, "a login in the table mentions nobody"
     assert header.signed_fields()["from_principal"] == "human:marco@acme.com", \

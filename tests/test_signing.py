@@ -213,6 +213,31 @@ def test_rotation_is_per_office_and_seen_by_every_process(tmp_path: Path) -> Non
     assert app.has_key(old_acme), "the old key keeps verifying"
 
 
+
+def test_an_office_key_file_is_read_once_and_each_office_signs_with_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # every mail signs: the keyring of its office is kept, never read (or made) per signature
+    reads: list[str] = []
+    load = Keyring.load_or_create.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[Keyring], path: str | Path, /, *args: object,
+                **kw: object) -> Keyring:
+        reads.append(Path(path).name)
+        return load(cls, path, *args, **kw)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(Keyring, "load_or_create", classmethod(counted))
+    app, cli = Keyrings.in_data_dir(tmp_path), Keyrings.in_data_dir(tmp_path)
+    for _ in range(5):
+        for office in ("acme", "evil", "acme-labs"):
+            kid, signature = app.for_office(office).sign(DATA)
+            assert kid.startswith(f"vm-{office}-2")  # its own key, never a neighbour's
+            assert app.verify(kid, DATA, signature) and app.speaks_for(kid) == (office,)
+    assert sorted(reads) == ["acme-labs.json", "acme.json", "evil.json"]
+    rotated = cli.for_office("acme").rotate()  # another process rotates one office's key
+    assert app.for_office("acme").sign(DATA)[0] == rotated, "the kept keyring sees it"
+    assert app.for_office("acme-labs").sign(DATA)[0] != rotated
+    assert reads.count("acme.json") == 2  # (the rotating process's own read)
+
 def test_each_office_publishes_only_its_own_keys_and_the_union_has_them_all(
         tmp_path: Path) -> None:
     rings = Keyrings.in_data_dir(tmp_path)

@@ -53,6 +53,7 @@ without ``office`` (signed before) verify as they did.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -105,6 +106,21 @@ _ID_RE = re.compile(rf"^{_ID}$")
 _REPO_RE = re.compile(rf"^{_REPO}$")
 _ISSUE_REF_RE = re.compile(rf"^{_REPO}#[1-9][0-9]*$")
 _SENT_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
+
+
+def _sent_datetime(sent: str) -> datetime:
+    """`sent` (``2025-01-31T09:00:00Z``) as a UTC datetime; ValueError for text of another
+    form or a date that does not exist. Its fields sliced by position once the form matched:
+    strptime builds and runs a regex per call, a tenth of signing a header. What fails here
+    goes to strptime, which gives the same answer with its own error message."""
+    # ($ also matches before a newline; \d any script's digits, which strptime's %m refuses)
+    if len(sent) == 20 and sent.isascii() and _SENT_RE.match(sent) is not None:
+        with contextlib.suppress(ValueError):  # (a date that does not exist: strptime says)
+            return datetime(int(sent[0:4]), int(sent[5:7]), int(sent[8:10]),
+                            int(sent[11:13]), int(sent[14:16]), int(sent[17:19]), tzinfo=UTC)
+    return datetime.strptime(sent, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
 _SEPARATOR_RE = re.compile(r"^---[ \t]*$", re.MULTILINE)
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 MAIL_ID_NAMESPACE = uuid.UUID("5b0c3c1e-8f7a-4d6e-9a51-0c1d2e3f4a5b")  # derived mail ids
@@ -203,7 +219,7 @@ class MailHeader(BaseModel):
     def _sent(cls, v: str) -> str:
         if not _SENT_RE.match(v):
             raise ValueError("must be ISO 8601 UTC to the second, like 2025-01-31T09:00:00Z")
-        datetime.strptime(v, "%Y-%m-%dT%H:%M:%SZ")  # a real date
+        _sent_datetime(v)  # a real date
         return v
 
     @field_validator("vault")
@@ -232,7 +248,7 @@ class MailHeader(BaseModel):
 
     @property
     def sent_at(self) -> datetime:
-        return datetime.strptime(self.sent, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        return _sent_datetime(self.sent)
 
     def signed_fields(self) -> dict[str, Any]:
         fields = {name: getattr(self, name) for name in SIGNED_FIELDS}

@@ -3,8 +3,9 @@
 One deployment serves every org that installs the App, each org an office, and each office
 signs with keys of its own (issue 21), so that nothing one office signs can pass for another's.
 ``Keyrings`` holds them all: ``for_office(org)`` is that office's ``Keyring``, made at its
-first signature as ``signing-keys/<org>.json`` in the data directory (mode 0600, created and
-rotated under a file lock, so the app, its replicas and the CLI agree on one key). One key
+first signature (or just before it, off the event loop: ``prepare``) as
+``signing-keys/<org>.json`` in the data directory (mode 0600, created and rotated under a file
+lock, so the app, its replicas and the CLI agree on one key). One key
 of a keyring is active and signs; older ones stay for verifying after ``rotate()``.
 
 Key ids name their office: ``vm-acme-20261204-3fa9c2`` (``vm-``, the org's login in lower
@@ -42,6 +43,7 @@ The private files::
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import contextlib
@@ -638,6 +640,23 @@ class Keyrings:
             self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             ring = Keyring.load_or_create(self._dir / f"{office}.json", office=office)
         return self._rings.setdefault(office, ring)
+
+    async def prepare(self, org: str) -> None:
+        """Have ``org``'s keyring at hand before it signs: read, or made (a new key written and
+        synced to disk, some milliseconds) in a thread, so that the office's first mail stalls
+        no other work of the event loop. What ``for_office`` then returns; KeyringError as
+        there."""
+        office = office_name(org)
+        if office in self._rings or self._dir is None:
+            return
+        directory = self._dir
+
+        def load() -> Keyring:  # (under the key file's lock, as any process loads it)
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            return Keyring.load_or_create(directory / f"{office}.json", office=office)
+
+        ring = await asyncio.to_thread(load)
+        self._rings.setdefault(office, ring)  # (one loaded meanwhile reads the same file)
 
     def signer_for(self, org: str | None) -> Keyring:
         """What signs a record of office ``org`` (a ledger entry sent to a webhook): that
