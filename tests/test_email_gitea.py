@@ -12,23 +12,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 import pytest
 
-from bot.app.embedded import start_embedded
-from bot.app.settings import EmailSettings
 from bot.email.message import read_meta
 from bot.mail.header import VerdictStatus, parse_mail_body, verify_mail
 from bot.store import attachments, mails
 from tests.test_email_attachments import CSV, PDF, blob_sha
 from tests.test_email_support import (
-    ATTACHMENT_MAX_BYTES,
     DOMAIN,
-    CapturingRelay,
     Mailroom,
-    TableDns,
     message,
-    self_signed,
+    open_mailroom,
     send,
     wire,
     with_files,
@@ -40,22 +34,8 @@ SCOUT_VAULT = "acme/scout-vault"
 @pytest.fixture
 async def gitea_room(tmp_path: Path, database_url: str) -> AsyncIterator[Mailroom]:
     """The mailroom (tests/test_email_support.py) with the local forge speaking Gitea."""
-    dns, relay = TableDns(), CapturingRelay()
-    await relay.start()
-    cert, key = self_signed(tmp_path)
-    emb = await start_embedded(
-        data_dir=tmp_path, port=0, forge_port=0, dialect="gitea", database_url=database_url,
-        email=EmailSettings(listen_port=0, relay_url=f"smtp://127.0.0.1:{relay.port}",
-                            max_bytes=1_048_576, sender_rate=5,
-                            attachment_max_bytes=ATTACHMENT_MAX_BYTES, tls_cert=cert,
-                            tls_key=key),
-        resolver=dns)
-    try:
-        async with aiohttp.ClientSession() as session:
-            yield Mailroom(emb, dns, relay, session, cert, database_url)
-    finally:
-        await emb.stop()
-        await relay.stop()
+    async with open_mailroom(tmp_path, database_url, dialect="gitea") as room:
+        yield room
 
 
 async def _gitea(room: Mailroom, method: str, path: str, json: Any = None) -> tuple[int, Any]:

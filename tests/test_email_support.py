@@ -5,6 +5,7 @@ ordinary client (on a worker thread: the app listens on the test's own event loo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import smtplib
 import ssl
 import time
@@ -257,16 +258,17 @@ class Mailroom:
         return port
 
 
-@pytest.fixture
-async def mailroom(tmp_path: Path, database_url: str) -> AsyncIterator[Mailroom]:
-    """The embedded default with its SMTP listener on a free loopback port, DNS from a table,
-    and replies going out to a capturing relay."""
+@contextlib.asynccontextmanager
+async def open_mailroom(tmp_path: Path, database_url: str,
+                        dialect: str = "github") -> AsyncIterator[Mailroom]:
+    """The embedded default (its local forge speaking `dialect`) with its SMTP listener on a
+    free loopback port, DNS from a table, and replies going out to a capturing relay."""
     dns = TableDns()
     relay = CapturingRelay()
     await relay.start()
     cert, key = self_signed(tmp_path)
     emb = await start_embedded(
-        data_dir=tmp_path, port=0, forge_port=0, database_url=database_url,
+        data_dir=tmp_path, port=0, forge_port=0, dialect=dialect, database_url=database_url,
         email=EmailSettings(listen_port=0, relay_url=f"smtp://127.0.0.1:{relay.port}",
                             max_bytes=1_048_576, sender_rate=5,
                             attachment_max_bytes=ATTACHMENT_MAX_BYTES, tls_cert=cert,
@@ -278,3 +280,10 @@ async def mailroom(tmp_path: Path, database_url: str) -> AsyncIterator[Mailroom]
     finally:
         await emb.stop()
         await relay.stop()
+
+
+@pytest.fixture
+async def mailroom(tmp_path: Path, database_url: str) -> AsyncIterator[Mailroom]:
+    """The mailroom on the local forge speaking GitHub's dialect."""
+    async with open_mailroom(tmp_path, database_url) as room:
+        yield room
