@@ -115,10 +115,17 @@ def migrations(labels: Sequence[JSON]) -> list[tuple[JSON, str]]:
     rename keeps the label's id, so every issue keeps its label and no issue is touched. One
     whose new name is taken already (a replica of the previous release made it again during a
     rolling deploy, or a person did) is left as it is: it still reads as its state, and the
-    app's next label write on such an issue replaces it."""
-    names = {str(lb.get("name", "")).lower() for lb in labels}
-    return [(lb, _OUT[name]) for lb in labels
-            if (name := str(lb.get("name", "")).lower()) in _OUT and _OUT[name] not in names]
+    app's next label write on such an issue replaces it. Only a label spelled exactly as the
+    app made it is renamed, one per state (the oldest): a person's own `MAIL:NEW` beside it
+    keeps its name, colour and scope."""
+    taken = {str(lb.get("name", "")).lower() for lb in labels}
+    out: list[tuple[JSON, str]] = []
+    for lb in sorted(labels, key=lambda lb: int(lb.get("id", 0))):
+        name = str(lb.get("name", ""))
+        if name in _OUT and _OUT[name] not in taken:
+            out.append((lb, _OUT[name]))
+            taken.add(_OUT[name])
+    return out
 
 
 class GiteaForge(RepoCaller):

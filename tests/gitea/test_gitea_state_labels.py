@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from bot.app.embedded import Embedded, start_embedded
-from bot.forge.gitea import GiteaClient
+from bot.forge.gitea import GiteaClient, migrations
 from labels.catalogue import MAIL_LABELS
 from tests.gitea.conftest import GiteaSetup
 from tests.gitea.test_mail_on_gitea import Person, tool
@@ -204,3 +204,13 @@ async def test_two_replicas_migrating_one_vault_at_once_rename_each_label_once_i
     assert [lb["name"] for lb in read["labels"]] == ["mail:replied"]
     assert await replicas[1].remove_label(VAULT, issue["number"], "mail:replied")
     assert (await replicas[0].get_issue(VAULT, issue["number"]))["labels"] == []
+
+
+def test_only_the_apps_own_spelling_is_migrated_one_label_a_state() -> None:
+    """A person's `MAIL:NEW` beside the app's `mail:new` keeps its name (it is not made a
+    second, exclusive `mail/new`); two labels of one spelling: the oldest is renamed."""
+    labels: list[dict[str, Any]] = [{"id": 7, "name": "MAIL:NEW"}, {"id": 3, "name": "mail:new"},
+                                    {"id": 9, "name": "mail:new"}, {"id": 4, "name": "bug"}]
+    assert [(lb["id"], name) for lb, name in migrations(labels)] == [(3, "mail/new")]
+    # the new name taken already: nothing renamed
+    assert migrations([{"id": 1, "name": "mail:closed"}, {"id": 2, "name": "mail/closed"}]) == []
