@@ -65,7 +65,9 @@ def test_email_dns_prints_the_records_with_the_offices_dkim_key(
     assert main(["email", "dns", "--org", "acme", "--domain", "mail.acme.example",
                  "--data", str(tmp_path)]) == 0
     lines = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
-    assert [kind for _, kind, _ in lines] == ["MX", "TXT", "TXT", "TXT"]
+    assert [kind for _, kind, _ in lines] == ["MX", "TXT", "TXT", "TXT", "TXT"]
+    # the domain proven acme's office's (bot.email.domains)
+    assert ["_vaultmail.mail.acme.example", "TXT", "vaultmail-office=acme"] in lines
     name, value = keys.dns_record(keys.office_key(tmp_path, "acme"), "mail.acme.example")
     assert [name, "TXT", value] in lines
     assert ["_dmarc.mail.acme.example", "TXT",

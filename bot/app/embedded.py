@@ -268,6 +268,14 @@ async def start_embedded(
                         email=email or EmailSettings())
     app = create_app(settings)
     if email is not None:
+        if resolver is None and office.email is not None:
+            # the office it seeds is the operator's own (the example, or its file): its
+            # email domain proven by a record of the embedded resolver (bot.email.domains)
+            from bot.email.dns import SystemResolver, WithRecords
+            from bot.email.domains import record_name, record_value
+
+            resolver = WithRecords(SystemResolver(), {
+                record_name(office.email.domain): [record_value(office.org)]})
         add_email(app, email, resolver=resolver, sock=smtp_sock)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

@@ -91,6 +91,9 @@ class EmailSettings:
     # VAULTMAIL_SMTP_TLS_KEY); without them the listener offers no STARTTLS
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    # email domains the operator vouches for, {domain: org} (VAULTMAIL_SMTP_DOMAINS,
+    # `domain=org` pairs): no DNS proof asked of them (bot.email.domains)
+    domains: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -293,7 +296,9 @@ def _hosting(source: _EnvFile) -> dict[str, Any]:
             hostname=source.smtp_hostname, sender_rate=source.smtp_sender_rate,
             attachment_max_bytes=source.smtp_attachment_max_bytes,
             give_up_after=source.smtp_give_up_seconds, tls_cert=source.smtp_tls_cert,
-            tls_key=source.smtp_tls_key),
+            tls_key=source.smtp_tls_key, domains=dict(
+                pair.split("=", 1) for pair in re.split(r"[\s,]+", source.smtp_domains or "")
+                if "=" in pair)),
     }
 
 
@@ -401,6 +406,7 @@ class _EnvFile(BaseSettings):
             "VAULTMAIL_SMTP_GIVE_UP_SECONDS"))
     smtp_tls_cert: Path | None = _env("VAULTMAIL_SMTP_TLS_CERT")
     smtp_tls_key: Path | None = _env("VAULTMAIL_SMTP_TLS_KEY")
+    smtp_domains: str | None = _env("VAULTMAIL_SMTP_DOMAINS")
 
     @field_validator("smtp_url")
     @classmethod

@@ -9,18 +9,22 @@ from pydantic import ValidationError
 
 from bot.cli.shell import ShellFailure, existing_data_dir
 from bot.email import keys
+from bot.email.domains import record_name, record_value
 from bot.mail.signing import KeyringError, office_name
 from bot.office.config import EmailConfig, Office
 
 
-def dns_records(domain: str, dkim_pem: bytes, mx_host: str) -> list[tuple[str, str, str]]:
-    """(name, type, value) of each record: MX, SPF, DKIM, DMARC."""
+def dns_records(domain: str, dkim_pem: bytes, mx_host: str,
+                org: str = "") -> list[tuple[str, str, str]]:
+    """(name, type, value) of each record: MX, SPF, DKIM, DMARC, and (with `org`) the one
+    that proves the domain the office's (bot.email.domains)."""
     dkim_name, dkim_value = keys.dns_record(dkim_pem, domain)
     return [
         (domain, "MX", f"10 {mx_host}."),
         (domain, "TXT", "v=spf1 mx -all"),
         (dkim_name, "TXT", dkim_value),
         (f"_dmarc.{domain}", "TXT", "v=DMARC1; p=quarantine; adkim=r; aspf=r"),
+        *([(record_name(domain), "TXT", record_value(org))] if org else []),
     ]
 
 
@@ -44,7 +48,8 @@ async def cmd_email_dns(args: argparse.Namespace) -> int:
         raise ShellFailure("bad_argument", why.removeprefix("Value error, ")) from None
     data = existing_data_dir(args.data, needs="")
     pem = keys.office_key(data, args.org)
-    for name, kind, value in dns_records(domain, pem, args.mx or f"mx.{domain}"):
+    for name, kind, value in dns_records(domain, pem, args.mx or f"mx.{domain}",
+                                         args.org):
         print(f"{name}\t{kind}\t{value}")
     return 0
 
@@ -52,8 +57,8 @@ async def cmd_email_dns(args: argparse.Namespace) -> int:
 def add_email_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     email = sub.add_parser("email", help="real mailboxes: the DNS records to publish")
     esub = email.add_subparsers(dest="email_command", required=True)
-    p = esub.add_parser("dns", help="print the MX, SPF, DKIM and DMARC records of an office's "
-                                    "mail domain (its DKIM key made if missing)")
+    p = esub.add_parser("dns", help="print the MX, SPF, DKIM, DMARC and _vaultmail records of "
+                                    "an office's mail domain (its DKIM key made if missing)")
     p.add_argument("--org", required=True, help="the office (organisation)")
     p.add_argument("--domain", required=True, help="its email.domain (mail.acme.example)")
     p.add_argument("--mx", help="the host whose SMTP listener receives the mail (default: "

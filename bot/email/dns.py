@@ -6,7 +6,7 @@ from __future__ import annotations
 import dns.exception
 import dns.resolver
 
-from bot.email.auth import DnsError
+from bot.email.auth import DnsError, Resolver
 
 LIFETIME = 5.0
 
@@ -41,3 +41,21 @@ class SystemResolver:
 
     def mx(self, name: str) -> list[str]:
         return [r.split()[-1].rstrip(".") for r in self._ask(name, "MX")]
+
+
+class WithRecords:
+    """`base`, with TXT records of its own answered first (`{name: [value, ...]}`): the
+    embedded app's proof of its own office's email domain (bot.email.domains)."""
+
+    def __init__(self, base: Resolver, txts: dict[str, list[str]]) -> None:
+        self.base, self.txts = base, {k.lower(): v for k, v in txts.items()}
+
+    def txt(self, name: str) -> list[str]:
+        found = self.txts.get(name.lower().rstrip("."))
+        return list(found) if found is not None else self.base.txt(name)
+
+    def addresses(self, name: str) -> list[str]:
+        return self.base.addresses(name)
+
+    def mx(self, name: str) -> list[str]:
+        return self.base.mx(name)

@@ -16,6 +16,7 @@ from aiohttp import web
 from bot.app.settings import EmailSettings
 from bot.app.web import STARTUP_KEY
 from bot.email.auth import Resolver
+from bot.email.domains import DomainProofs
 from bot.email.intake import EmailIntake
 from bot.email.outbox import Outbox
 from bot.email.policy import SharedSenderRate
@@ -76,7 +77,8 @@ def add_email(app: web.Application, settings: EmailSettings, *,
     def intake() -> EmailIntake | None:
         return gateway.intake
 
-    handler = SmtpHandler(intake, resolver or _system_resolver(),
+    resolver = resolver or _system_resolver()
+    handler = SmtpHandler(intake, resolver,
                           rate=SharedSenderRate(settings.sender_rate),
                           attachment_max_bytes=settings.attachment_max_bytes)
     server = None if sock is None else SmtpServer(
@@ -88,7 +90,7 @@ def add_email(app: web.Application, settings: EmailSettings, *,
         await startup.ready.wait()
         services = startup.services
         assert services is not None
-        gateway.intake = EmailIntake(services)
+        gateway.intake = EmailIntake(services, DomainProofs(resolver, settings.domains))
         gateway.outbox = Outbox(services, gateway.intake, settings.relay_url,
                                 give_up_after=settings.give_up_after)
         gateway.outbox.start()

@@ -11,13 +11,15 @@ timeout, a retry after a 451) doubles nothing.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from bot.email import attachments, outgoing
 from bot.email.addresses import BadAddress, Mailbox, mailbox, normalise, principal_of
-from bot.email.auth import Verdicts
+from bot.email.auth import DnsError, Verdicts
+from bot.email.domains import DomainProofs, record_name
 from bot.email.message import Attached, Bounce, Inbound, read_meta, render_inbound
 from bot.email.outgoing import HOPS_HEADER
 from bot.email.policy import Decision, decide
@@ -27,6 +29,7 @@ from bot.mail.header import clean_subject, render_mail_body
 from bot.mail.mailer import LOOP_GUARD_HOPS, MAX_SUBJECT, Mailer, _Draft, _signed, fits
 from bot.mail.markdown import defuse_mentions
 from bot.office.config import Office
+from bot.office.source import CONFIG_REPO
 from bot.store import idempotency, ledger, mails
 from bot.store.mails import MailRecord
 from labels.catalogue import MAIL_LABELS
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vaultmail.email")
 MAX_THREAD_REFS = 20
+SMTP_SENDER = "email:(smtp)"  # who a refusal at RCPT is ledgered from: the sender is unproven
 
 
 def subject_of(message: Inbound) -> str:
@@ -80,11 +84,13 @@ def as_shown(forge: Forge, text: str) -> str:
 
 
 class EmailIntake:
-    def __init__(self, services: Services) -> None:
-        self.services = services
+    def __init__(self, services: Services, proofs: DomainProofs) -> None:
+        self.services, self.proofs = services, proofs
+        self._told: set[tuple[str, str]] = set()  # (org, domain) refusals ledgered
 
-    async def offices(self) -> list[Office]:
-        """Every installed office's config (each read through the office source's cache)."""
+    async def configured(self) -> list[Office]:
+        """Every installed office's config naming an email domain (each read through the
+        office source's cache), proven or not."""
         services, found = self.services, []
         for org in sorted(services.installations):
             office = await services.offices.get(services.forge_for_org(org), org)
@@ -92,33 +98,78 @@ class EmailIntake:
                 found.append(office)
         return found
 
-    async def mailbox(self, address: str) -> Mailbox | None:
-        return mailbox(await self.offices(), address)
+    async def offices(self, *, strict: bool = False) -> list[Office]:
+        """The installed offices whose email domain is proven theirs (bot.email.domains):
+        the only ones mail reaches or leaves. `strict`: DNS that cannot answer now raises
+        DnsError (RCPT answers 451) rather than leaving the office out this time."""
+        found = []
+        for office in await self.configured():
+            try:
+                if await self.proven(office):
+                    found.append(office)
+            except DnsError:
+                if strict:
+                    raise
+        return found
 
-    async def left(self, address: str, sender: str) -> str | None:
+    async def proven(self, office: Office) -> bool:
+        """Whether `office`'s email domain is proven its own; when not, its ledger says once
+        which record to publish (`office.config_refused`)."""
+        assert office.email is not None
+        proof = await self.proofs.proof(office.org, office.email.domain)
+        told = (office.org.lower(), office.email.domain)
+        if not proof.proven and told not in self._told:
+            where = self.services.offices.where(office.org)
+            await ledger.record_once(self.services.store, "office.config_refused", "office",
+                                     f"{office.org}/{CONFIG_REPO}",
+                                     {"errors": [f"{where}: email.domain: {proof.why}"],
+                                      "email_domain": office.email.domain},
+                                     org=office.org, by=("email_domain",))
+            self._told.add(told)
+        return proof.proven
+
+    async def unproven(self, address: str) -> str | None:
+        """Why mail to `address` is refused: its domain is one an office here names but no
+        office has proven (what to publish, without naming who claims it); None otherwise."""
+        try:
+            domain = normalise(address).rpartition("@")[2]
+        except BadAddress:
+            return None
+        claims = [o for o in await self.configured()
+                  if o.email is not None and o.email.domain == domain]
+        if not claims:
+            return None
+        for office in claims:
+            if await self.proven(office):
+                return None
+        return (f"{domain} is not proven to be an office's here: its owner publishes the TXT "
+                f"record {record_name(domain)} naming the office")
+
+    async def mailbox(self, address: str) -> Mailbox | None:
+        return mailbox(await self.offices(strict=True), address)
+
+    async def left(self, address: str) -> str | None:
         """Why `address` reaches no one any more: the agent it names at an office's domain
-        has left that office (`Mailer.left_agent`). Ledgered `mail.bounced` once per
-        sender and address (the SMTP refusal is the outside sender's bounce: its own
-        server writes it the report). None when the address never named an agent here."""
+        has left that office (`Mailer.left_agent`, one EXISTS on the index). Ledgered
+        `mail.bounced` once per departed agent and office, whoever the (unauthenticated, at
+        RCPT) sender claims to be: its MAIL FROM is not written. The SMTP answer does not say
+        it (bot.email.server answers it as an unknown address). None when the address never
+        named an agent here."""
         try:
             addr = normalise(address)
         except BadAddress:
             return None
         local, _, domain = addr.rpartition("@")
-        for office in await self.offices():
+        for office in await self.offices(strict=True):
             if office.email is None or office.email.domain != domain:
                 continue
             mailer = self.mailer(office)
             principal = await mailer.left_agent(local.split("+", 1)[0])
             if principal is None:
                 return None
-            try:
-                frm = f"email:{normalise(sender)}"
-            except BadAddress:
-                frm = "email:<>"  # the null sender (a report's)
             why = f"{principal} has left the office"
-            await mailer.bounce(frm, principal, "(by email)", why,
-                                key=f"left\n{frm}\n{principal}")
+            await mailer.bounce(SMTP_SENDER, principal, "(by email)", why,
+                                key=f"left\n{SMTP_SENDER}\n{principal}")
             return why
         return None
 
@@ -278,24 +329,55 @@ class EmailIntake:
                          idempotency.fingerprint([mail.ref, message.message_id]), work)
         return await mails.get_mail(store, mail.mail_id) or mail
 
-    async def bounced(self, box: Mailbox, bounce: Bounce) -> MailRecord | None:
-        """A delivery report about a reply the app sent: the mail marked bounced (a comment
-        on it) and its agent told by mail in its vault. None when the report is about no
-        reply of this office's."""
+    async def bounced(self, box: Mailbox, bounce: Bounce) -> str | None:
+        """A delivery report (RFC 3464) about a message the app sent: what became of it, for
+        the SMTP answer; None when it is about no message of this office's (then it is mail
+        like any other).
+
+        A report is unauthenticated: anyone who got the message knows its Message-ID and
+        can write one. So it is believed only for a recipient the relay already accepted the
+        message for (`email.sent`): a report of a later failure can only follow an
+        acceptance. Then the mail is marked bounced and its agent told (`report_bounce`,
+        `source: report`); that never settles a recipient for the outbox, which counts only
+        what its relay said (bot.email.outbox `_settled`). Any other report (a recipient
+        not accepted, deferred, or never sent to) is answered 250 as ignored, logged, and
+        changes nothing (it is not ledgered: an outside sender writes nothing there)."""
         mail_id = outgoing.mail_of_message_id(bounce.original_id, box.domain)
         store = self.services.store
         mail = await mails.get_mail(store, mail_id) if mail_id else None
         if mail is None or mail.org != box.office.org.lower():
             return None
+        try:
+            recipient = normalise(bounce.recipient)
+        except BadAddress:
+            recipient = ""
+        if recipient not in await self.accepted(mail, bounce.original_id):
+            log.warning("delivery report ignored: not for a recipient the relay accepted",
+                        extra={"mail": mail.ref, "message_id": bounce.original_id,
+                               "recipient": bounce.recipient[:254]})
+            return (f"report on {bounce.original_id} for a recipient it was not accepted "
+                    "for: ignored")
         why = (f"status {bounce.status or 'unknown'}"
                + (f": {bounce.diagnostic}" if bounce.diagnostic else ""))
-        return await self.report_bounce(box.office, mail, bounce.original_id, bounce.recipient,
-                                        why)
+        told = await self.report_bounce(box.office, mail, bounce.original_id, [recipient],
+                                        why, source="report")
+        return f"bounce of {bounce.original_id} told in {told.ref}" if told else None
+
+    async def accepted(self, mail: MailRecord, message_id: str) -> set[str]:
+        """The recipients the relay accepted `message_id` for (each `email.sent`'s `to`)."""
+        rows = await ledger.recorded_with(self.services.store, ("email.sent",), mail.ref,
+                                          "message_id", message_id)
+        return {str(r).lower() for row in rows for r in json.loads(row["data"]).get("to") or ()}
 
     async def report_bounce(self, office: Office, mail: MailRecord, message_id: str,
-                            recipient: str, why: str) -> MailRecord | None:
-        """The reply `message_id` on `mail` will never arrive at `recipient`: a note on the
-        mail's issue and a mail to its agent, in the thread, once."""
+                            recipients: list[str], why: str, *,
+                            source: Literal["relay", "report"]) -> MailRecord | None:
+        """The message `message_id` on `mail` will never arrive at `recipients`: a note on
+        the mail's issue and a mail to its agent, in the thread, once. Ledgered
+        `email.bounced` with the recipients (a list) and its `source`: `relay`, what the
+        outbox's relay decided (a 5xx, or the give-up), the only kind that settles a
+        recipient (bot.email.outbox `_settled`); `report`, a delivery report believed."""
+        recipient = ", ".join(recipients)
         sent_by_agent = mail.to_principal.startswith("email:")  # mail_send to an address
         agent = office.agent((mail.from_principal if sent_by_agent
                               else mail.to_principal).removeprefix("agent:"))
@@ -323,7 +405,8 @@ class EmailIntake:
                 idempotency_key=f"bounce\n{message_id}\n{recipient}")
             await ledger.record_once(store, "email.bounced", "office", mail.ref, {
                 "mail": mail.mail_id, "message_id": message_id, "recipient": recipient,
-                "why": why[:500], "told": told.mail_id}, org=office.org,
+                "recipients": list(recipients), "source": source, "why": why[:500],
+                "told": told.mail_id}, org=office.org,
                 by=("message_id", "recipient"))
             return {"mail": told.mail_id}
 

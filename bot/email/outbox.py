@@ -246,9 +246,10 @@ class Outbox(Background):
                 # it refused for good were bounced when it did)
                 why = (f"the relay kept deferring it for {self.give_up_after:,.0f} seconds "
                        f"and the app gave up: {detail}")
-                await self.intake.report_bounce(office, mail, message_id, ", ".join(waiting)
-                                                or address_of(mail.to_principal)
-                                                or address_of(mail.from_principal) or "", why)
+                whom = list(waiting) or [address_of(mail.to_principal)
+                                         or address_of(mail.from_principal) or ""]
+                await self.intake.report_bounce(office, mail, message_id, whom, why,
+                                                source="relay")
                 return {"state": "bounced", "detail": why, "to": list(waiting)}
 
             result = await self.services.store.once(scope, message_id, fingerprint, give_up)
@@ -281,8 +282,10 @@ class Outbox(Background):
     async def _settled(self, mail: MailRecord,
                        message_id: str) -> tuple[list[tuple[str, ...]], set[str]]:
         """The recipients of `message_id` an earlier try settled, from the ledger: the parts
-        the relay accepted (each `email.sent`'s `to`), and the recipients bounced
-        (`email.bounced`)."""
+        the relay accepted (each `email.sent`'s `to`), and the recipients the outbox itself
+        bounced (`email.bounced` with `source: relay`: the relay's 5xx, or the give-up).
+        A delivery report from outside (`source: report`, bot.email.intake `bounced`)
+        settles nothing: it is unauthenticated, and only ever about an accepted one."""
         parts: list[tuple[str, ...]] = []
         bounced: set[str] = set()
         rows = await ledger.recorded_with(self.services.store, ("email.sent", "email.bounced"),
@@ -291,8 +294,8 @@ class Outbox(Background):
             data = json.loads(row["data"])
             if row["event"] == "email.sent":
                 parts.append(tuple(str(r) for r in data.get("to") or ()))
-            else:
-                bounced.update(str(data.get("recipient", "")).split(", "))
+            elif data.get("source") == "relay":
+                bounced.update(str(r) for r in data.get("recipients") or ())
         return parts, bounced
 
     async def _deliver(self, office: Office, mail: MailRecord, out: outgoing.Outgoing,
@@ -326,8 +329,9 @@ class Outbox(Background):
                 accepted.update(answer.accepted)
             if answer.rejected:
                 await self.intake.report_bounce(
-                    office, mail, message_id, ", ".join(answer.rejected),
-                    "the relay refused it: " + _said(answer.rejected, out.recipients))
+                    office, mail, message_id, list(answer.rejected),
+                    "the relay refused it: " + _said(answer.rejected, out.recipients),
+                    source="relay")
             if answer.deferred:
                 raise Deferred(_said(answer.deferred, out.recipients), tuple(answer.deferred),
                                whole=list(answer.deferred) == out.recipients)

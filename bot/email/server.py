@@ -2,8 +2,8 @@
 
 | when | answer |
 |---|---|
-| RCPT to an address no office here receives for | `550 5.1.1` naming it |
-| RCPT to the address of an agent that has left its office | `550 5.1.1` saying so |
+| RCPT to an unknown address, or one of an agent that has left | `550 5.1.1` naming it, alike |
+| RCPT to a domain an office names but has not proven in DNS | `550 5.7.1` naming the record |
 | a message (SIZE or DATA) over the limit | `552 5.3.4` naming the limit |
 | an attachment over its limit, or more attachments than it may carry | `552 5.3.4` naming it |
 | a message with no From address the app takes | `550 5.6.0` saying so |
@@ -88,14 +88,17 @@ class SmtpHandler:
             return f"452 4.5.3 at most {MAX_RECIPIENTS} recipients a message"
         try:
             box = await intake.mailbox(address)
-            # an agent that has left: the sender is told why (and it is ledgered)
-            gone = None if box is not None else await intake.left(
-                address, envelope.mail_from or "")
+            # a domain no office has proven its own in DNS (bot.email.domains)
+            unproven = None if box is not None else await intake.unproven(address)
+            if box is None and unproven is None:
+                # an agent that has left: ledgered once, answered as an unknown address (an
+                # unauthenticated sender learns nothing of who was ever here)
+                await intake.left(address)
         except Exception as exc:
             log.warning("RCPT lookup failed", extra={"error": repr(exc)})
             return "451 4.3.0 the office config cannot be read now: try again later"
-        if gone is not None:
-            return f"550 5.1.1 <{address[:200]}>: {gone}"
+        if unproven is not None:
+            return f"550 5.7.1 <{address[:200]}>: {unproven}"
         if box is None:
             return f"550 5.1.1 <{address[:200]}>: no such mailbox here"
         envelope.rcpt_tos.append(address)
@@ -127,9 +130,9 @@ class SmtpHandler:
                 if box is None:  # the config changed since RCPT
                     return f"550 5.1.1 <{rcpt[:200]}>: no such mailbox here any more"
                 if bounce is not None and bounce.failed:
-                    told = await intake.bounced(box, bounce)
-                    if told is not None:
-                        refs.append(f"bounce of {bounce.original_id} told in {told.ref}")
+                    said = await intake.bounced(box, bounce)
+                    if said is not None:
+                        refs.append(said)
                         continue
                 decision = intake.decide(box, message, verdicts)
                 if decision.action == "refuse":

@@ -729,7 +729,7 @@ class Mailer:
         if not slug or self.office.agent(slug) is not None:
             return None
         principal = f"agent:{slug}"
-        known = await mails.latest_mails_of(self.services.store, principal, org=self.office.org)
+        known = await mails.knows_principal(self.services.store, principal, org=self.office.org)
         return principal if known else None
 
     async def bounce_if_left(self, actor: str, to: str, subject: str, *, key: str | None,
@@ -741,14 +741,12 @@ class Mailer:
         principal = await self.left_agent(to)
         if principal is None:
             return
-        kind, _, ident = actor.partition(":")
-        sender = self.office.agent(ident) if kind == "agent" else None
-        human = self.office.human(ident) if kind == "human" else None
-        if (kind == "agent" and (sender is None or not sender.may_mail(
-                principal.removeprefix("agent:")))) or (
-                kind == "human" and (human is None or "mail.send" not in human.permissions)):
-            raise await self.deny(actor, f"mail to {principal}", (
-                f"{actor} may not mail {principal} (and {principal} has left the office)"))
+        # who may not mail it is told only that, in the words it gets for an agent still
+        # here: the refusal says nothing of whether the agent has left
+        refusal = self.send_refusal(actor, Agent(slug=principal.removeprefix("agent:"),
+                                                 login=principal.removeprefix("agent:")))
+        if refusal is not None:
+            raise await self.deny(actor, f"mail to {principal}", refusal)
         # one bounce for a keyed send however often it is retried; a fresh one otherwise
         raise await self.bounce(actor, principal, checked_subject(subject, clip=True),
                                 f"{principal} has left the office", about=about,

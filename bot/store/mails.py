@@ -416,6 +416,16 @@ async def find_mails(store: Store, *, org: str, state: str | None, agent: str | 
     return [_record(r) for r in rows]
 
 
+async def knows_principal(store: Store, principal: str, *, org: str) -> bool:
+    """Whether `org`'s index holds any mail to or from `principal` (an EXISTS: one row read
+    at most, by the `to_principal` index first)."""
+    row = await store.fetchone(
+        "SELECT 1 WHERE EXISTS (SELECT 1 FROM mails WHERE org=? AND to_principal=?)"
+        " OR EXISTS (SELECT 1 FROM mails WHERE org=? AND from_principal=?)",
+        (org.lower(), principal, org.lower(), principal))
+    return row is not None
+
+
 async def latest_mails_of(store: Store, principal: str, *, org: str) -> list[MailRecord]:
     """The 300 latest mails `principal` of `org` sent or received, newest first."""
     rows = await store.fetchall(

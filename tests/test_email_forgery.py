@@ -1,0 +1,114 @@
+"""What an unauthenticated sender can do to the office by email (issue 24's review): a forged
+delivery report settles nothing the relay did not decide, and RCPT answers a departed agent
+as it answers a name that never was, ledgering the departure once, not once per sender."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from bot.store import mails
+from tests.test_email_sending import _events, _reply_to_bob_and_carol
+from tests.test_email_support import DOMAIN, Mailroom, mailroom, message, send, wire
+
+__all__ = ["mailroom"]  # the fixture, used by name
+
+
+def _report(message_id: str, recipient: str) -> bytes:
+    """An RFC 3464 report that `message_id` failed for `recipient`, as anyone can write."""
+    return (
+        "From: MAILER-DAEMON@example.org\r\nTo: scout@mail.acme.example\r\n"
+        "Subject: Undelivered\r\nMessage-ID: <forged@example.org>\r\nMIME-Version: 1.0\r\n"
+        'Content-Type: multipart/report; report-type=delivery-status; boundary="B"\r\n\r\n'
+        "--B\r\nContent-Type: text/plain\r\n\r\nx\r\n"
+        "--B\r\nContent-Type: message/delivery-status\r\n\r\nReporting-MTA: dns; x\r\n\r\n"
+        f"Final-Recipient: rfc822; {recipient}\r\nAction: failed\r\nStatus: 5.1.1\r\n\r\n"
+        "--B\r\nContent-Type: text/rfc822-headers\r\n\r\n"
+        f"Message-ID: {message_id}\r\n\r\n--B--\r\n").encode()
+
+
+async def test_a_forged_report_for_a_deferred_recipient_stops_nothing(
+        mailroom: Mailroom) -> None:
+    """The relay accepts bob and greylists carol; bob, who got the reply and so knows its
+    Message-ID, forges a report that carol's copy failed. The report is not believed (carol
+    was never accepted: a report can only follow an acceptance): carol's retry goes out and
+    she gets the message once, and the agent is not told she bounced."""
+    relay = mailroom.relay
+    relay.refuse_rcpt["carol@example.net"] = ["450 4.2.2 greylisted"] * 2
+    message_id, ref = await _reply_to_bob_and_carol(mailroom)
+    answer = await send(mailroom.port, _report(message_id, "carol@example.net"),
+                        rcpts=[f"scout@{DOMAIN}"], mail_from="")
+    assert answer.code == 250 and "ignored" in answer.text, answer
+
+    retried = await relay.next()  # the outbox's retry, once carol's greylisting is over
+    assert retried.rcpt_tos == ["carol@example.net"]
+    await mailroom.embedded.settle()
+    assert await mailroom.outbox_settled() == 0 and relay.received.empty(), "once"
+    assert len(relay.rcpt_at["carol@example.net"]) == 3
+    sent = await _events(mailroom, "email.sent")
+    assert [e.data["to"] for e in sent] == [["bob@example.org"], ["carol@example.net"]]
+    assert await _events(mailroom, "email.bounced") == []
+    store = mailroom.embedded.services.store
+    assert [m for m in await mails.all_mails(store) if m.subject.startswith("Undelivered")] == []
+
+
+async def test_a_report_for_an_accepted_recipient_is_told_but_settles_nothing(
+        mailroom: Mailroom) -> None:
+    """A report for bob, whom the relay accepted, is believed: the agent is told, and the
+    entry says it came from a report (`source: report`), its recipients a list; only the
+    relay's own 5xx is `source: relay`."""
+    relay = mailroom.relay
+    relay.refuse_rcpt["carol@example.net"] = ["550 5.1.1 no such user"]
+    message_id, _ = await _reply_to_bob_and_carol(mailroom)
+    await mailroom.embedded.settle()
+    await mailroom.outbox_settled()
+    answer = await send(mailroom.port, _report(message_id, "Bob@example.org"),
+                        rcpts=[f"scout@{DOMAIN}"], mail_from="")
+    assert answer.code == 250 and "bounce of" in answer.text, answer
+    await mailroom.embedded.settle()
+    got = {e.data["recipient"]: (e.data["source"], e.data["recipients"])
+           for e in await _events(mailroom, "email.bounced")}
+    assert got == {"carol@example.net": ("relay", ["carol@example.net"]),
+                   "bob@example.org": ("report", ["bob@example.org"])}
+
+
+async def _echo_leaves(room: Mailroom) -> None:
+    emb = room.embedded
+    await room.tools("agent:scout")("mail_send", to="echo", subject="Ping", body="there?")
+    await emb.settle()
+    office = resources.files("bot").joinpath("example_office.yml").read_text()
+    emb.forge.put_file("acme/.github", "vaultmail.yml",
+                       office[:office.index("  - slug: echo")], pusher="admin")
+    await emb.settle()
+
+
+async def test_rcpt_answers_a_departed_agent_as_a_name_that_never_was(
+        mailroom: Mailroom) -> None:
+    """After echo leaves, RCPT to echo (any +tag) answers in the very words it uses for a
+    name the office never had; 20 senders, each a new MAIL FROM, ledger one `mail.bounced`."""
+    await _echo_leaves(mailroom)
+    hello = wire(message("x@attacker.example", f"echo@{DOMAIN}", "hi", "hi"))
+    before = len(await _events(mailroom, "mail.bounced"))
+    texts = set()
+    for i in range(20):
+        a = await send(mailroom.port, hello, rcpts=[f"echo+{i}@{DOMAIN}"],
+                       mail_from=f"p{i}@forged{i}.example")
+        assert a.code == 550
+        texts.add(a.text.replace(f"echo+{i}@", "NAME@"))
+    never = await send(mailroom.port, hello, rcpts=[f"nobody@{DOMAIN}"])
+    assert never.code == 550
+    assert texts == {never.text.replace("nobody@", "NAME@")}, (texts, never.text)
+    bounced = await _events(mailroom, "mail.bounced")
+    assert len(bounced) - before == 1
+    assert bounced[-1].data["to"] == "agent:echo" and "forged" not in str(bounced[-1].data)
+
+
+async def test_an_agent_not_allowed_to_mail_a_departed_one_is_denied_alike(
+        mailroom: Mailroom) -> None:
+    """critic may mail no one: mailing echo is denied in the same words whether echo is here
+    or has left; the deny says nothing of the departure."""
+    critic = mailroom.tools("agent:critic")
+    here = await critic.raw("mail_send", {"to": "echo", "subject": "?", "body": "x"})
+    assert here[0] == 403, here
+    await _echo_leaves(mailroom)
+    gone = await critic.raw("mail_send", {"to": "echo", "subject": "?", "body": "x"})
+    assert gone == here and "has left" not in str(gone), (gone, here)
