@@ -14,10 +14,15 @@ Then the index is filled directly through the store layer (one transaction, exec
 chunks) to the DESIGN sizes: 1,000,000 comments in 200,000 threads on 10,000 items, one inbox
 delivery per comment (the newest 120 unread), 100,000 updates on items and 100,000 mails (1 %
 new or in progress, the rest replied or closed); 1.5 % of threads are open (2,000 questions
-waiting on someone in the office, 1,000 plain threads). `list_inbox` is timed again, and each
-index read it makes on its own.
+waiting on someone in the office, 1,000 plain threads). Every row is the office's (`org`, and
+each inbox owner scoped to it, as the app writes them); the items are on two repositories,
+acme/product, which the office's people and agents can read, and acme/research, which none of
+them can: two in three open questions can be shown, the rest are hidden by visibility.
+`list_inbox` is timed again, and each index read it makes on its own.
 
 Run: .venv/bin/python -m bench.inbox
+(`--list-only`: the filled index's `list_inbox` timings and reads alone, without the waits and
+the fresh office: one round of a before/after comparison, run alternately against each tree.)
 Targets (DESIGN §6): list_inbox under 10 ms at p99 with a million comments and a hundred
 thousand mails in the index; ten thousand waiting `wait` calls held in under 200 MB, each woken
 within 50 ms.
@@ -45,8 +50,10 @@ from bot.app.embedded import Embedded, start_embedded
 from bot.items import inbox
 from bot.items.questions import Option, Question
 from bot.items.threads import Answer, ThreadState
+from bot.office.visibility import viewer_for
 from bot.store import api_tokens, mails
 from bot.store import comments as db
+from bot.store.offices import scoped
 from bot.tools.http import make_call
 from bot.tools.polls import PER_TOKEN
 from bot.tools.registry import call_tool
@@ -82,8 +89,15 @@ BODY = ("Checked the EU and US price lists against last quarter; the difference 
         "shipping line, not the unit price. Details in the sheet. ")
 
 
+ORG = "acme"  # every row is the office's (its org), and each inbox owner is scoped to it
+# acme/product is a repository the office's people and agents can read; acme/research one none
+# of them can: two in three open questions are shown (full pages, `more...` counts), the rest
+# hidden
+VISIBLE_REPO = "product"
+
+
 def _ref(i: int) -> str:
-    return f"acme/{'product' if i % 2 else 'research'}#{i + 1}"
+    return f"acme/{'product' if i % 3 else 'research'}#{i + 1}"
 
 
 def _thread_state(t: int) -> str:
@@ -132,7 +146,7 @@ def _items() -> Iterator[tuple[Any, ...]]:
                LOGINS[PRINCIPALS[i % 6]], PRINCIPALS[i % 6],
                None if kind == "goal" else _ref(i - i % 10),
                json.dumps([LOGINS[agent]] if kind == "outcome" else []),
-               agent if kind != "goal" else None, 1.7e9 + i)
+               agent if kind != "goal" else None, 1.7e9 + i, ORG)
 
 
 def _threads(states: dict[int, str]) -> Iterator[tuple[Any, ...]]:
@@ -141,7 +155,7 @@ def _threads(states: dict[int, str]) -> Iterator[tuple[Any, ...]]:
         is_q = t % 5 == 0
         yield (f"c{t * PER_THREAD:010x}", _ref(t % ITEMS), _ref(t % ITEMS), PRINCIPALS[t % 6],
                int(is_q), int(_open(t)), None, None, states[key],
-               None if not is_q or _open(t) else 1.7e9 + t, 1.7e9 + t)
+               None if not is_q or _open(t) else 1.7e9 + t, 1.7e9 + t, ORG)
 
 
 DATA = json.dumps({"to": [], "cc": [], "kind": "comment", "option": None, "amend": False,
@@ -153,7 +167,7 @@ def _comments() -> Iterator[tuple[Any, ...]]:
         t = c // PER_THREAD
         yield (f"c{c:010x}", _ref(t % ITEMS), f"c{t * PER_THREAD:010x}",
                None if c % PER_THREAD == 0 else f"c{t * PER_THREAD:010x}",
-               PRINCIPALS[c % 6], BODY, DATA, 10_000_000 + c, 1.7e9 + c)
+               PRINCIPALS[c % 6], BODY, DATA, 10_000_000 + c, 1.7e9 + c, ORG)
 
 
 def _deliveries() -> Iterator[tuple[Any, ...]]:
@@ -163,12 +177,13 @@ def _deliveries() -> Iterator[tuple[Any, ...]]:
         box = "agents" if agents and c % 2 else "you"
         principal = agents[c % len(agents)] if box == "agents" else owner
         read_at = None if c >= COMMENTS - UNREAD else 1.7e9 + c + 60
-        yield (owner, box, principal, f"c{c:010x}", read_at, 1.7e9 + c)
+        yield (scoped(ORG, owner), box, principal, f"c{c:010x}", read_at, 1.7e9 + c, ORG)
 
 
 def _updates() -> Iterator[tuple[Any, ...]]:
     for u in range(UPDATES):
-        yield (_ref(u % ITEMS), "state", PRINCIPALS[u % 6], "closed as done", "{}", 1.7e9 + u)
+        yield (_ref(u % ITEMS), "state", PRINCIPALS[u % 6], "closed as done", "{}", 1.7e9 + u,
+               ORG)
 
 
 def _mails() -> Iterator[tuple[Any, ...]]:
@@ -182,27 +197,31 @@ def _mails() -> Iterator[tuple[Any, ...]]:
         body = f"Mail {m}: please check the figures."
         yield (f"m-{m:08d}", f"acme/{to.removeprefix('agent:')}-vault", numbers[to],
                f"Subject {m}", body, sender, to, "2025-01-01T00:00:00Z", 0, None, f"m-{m:08d}",
-               "k1", hashlib.sha256(body.encode()).hexdigest(), state, 0, 1.7e9 + m)
+               "k1", hashlib.sha256(body.encode()).hexdigest(), state, 0, 1.7e9 + m, ORG)
 
 
 TABLES: list[tuple[str, str, int]] = [
     ("items", "INSERT INTO items(ref, repo, number, kind, title, state, author_login, author,"
-     " parent, assignees, claim, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", ITEMS),
+     " parent, assignees, claim, updated_at, org) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", ITEMS),
     ("threads", "INSERT INTO threads(id, item, scope, asker, is_question, open, card_id,"
-     " card_body, state, answered_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)", THREADS),
+     " card_body, state, answered_at, updated_at, org) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+     THREADS),
     ("comments", "INSERT INTO comments(id, item, thread, parent, author, body, data, forge_id,"
-     " created_at) VALUES (?,?,?,?,?,?,?,?,?)", COMMENTS),
+     " created_at, org) VALUES (?,?,?,?,?,?,?,?,?,?)", COMMENTS),
     ("inbox_deliveries", "INSERT INTO inbox_deliveries(owner, box, principal, comment, read_at,"
-     " created_at) VALUES (?,?,?,?,?,?)", COMMENTS),
-    ("item_updates", "INSERT INTO item_updates(item, kind, actor, summary, data, at)"
-     " VALUES (?,?,?,?,?,?)", UPDATES),
+     " created_at, org) VALUES (?,?,?,?,?,?,?)", COMMENTS),
+    ("item_updates", "INSERT INTO item_updates(item, kind, actor, summary, data, at, org)"
+     " VALUES (?,?,?,?,?,?,?)", UPDATES),
     ("mails", "INSERT INTO mails(mail_id, vault, number, subject, body, from_principal,"
      " to_principal, sent, hops, in_reply_to, thread_id, key_id, body_sha256, state, tampered,"
-     " updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", MAILS),
+     " updated_at, org) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", MAILS),
 ]
 
 
 async def fill(embedded: Embedded) -> float:
+    embedded.forge.add_repo(ORG, VISIBLE_REPO)
+    for login in LOGINS.values():
+        embedded.forge.set_permission(f"{ORG}/{VISIBLE_REPO}", login, "read")
     states = {k: _thread_state(k) for k in range(PERIOD)}
     rows = {"items": _items(), "threads": _threads(states), "comments": _comments(),
             "inbox_deliveries": _deliveries(), "item_updates": _updates(), "mails": _mails()}
@@ -254,14 +273,22 @@ async def time_direct(embedded: Embedded, principal: str) -> list[float]:
 async def breakdown(embedded: Embedded, principal: str) -> dict[str, str]:
     """Median time of each index read list_inbox makes (and read: true adds), for one caller."""
     store = embedded.services.store
-    office = (await make_call(embedded.services, principal)).office
+    call = await make_call(embedded.services, principal)
+    office = call.office
+    sees = viewer_for(call).visible
+    questions = getattr(inbox, "_questions", None)
     who = inbox.Whose.of(office, principal)
     items = await inbox.relevant_items(store, office, who)
     mine = who.everyone
     logins = inbox.logins_of(office, who)
     parts: dict[str, Callable[[], Awaitable[object]]] = {
-        "open questions involving the caller (thread_waiting, asker index; cached decode)":
-            lambda: db.open_questions_involving(store, mine, org=who.org),
+        # the tree after issue 22's inbox pass reads the repositories, asks visibility, then
+        # the four lists' pages in SQL (inbox._questions); the tree before read every open
+        # question involving the caller (then visibility hid most of them in Python)
+        "open questions for the inbox (the tree before: every one involving the caller; "
+        "after: a page of each list, visibility in SQL)": (
+            (lambda: questions(store, who, sees)) if questions is not None
+            else (lambda: db.open_questions_involving(store, mine, org=who.org))),
         "unread (both boxes)": lambda: db.unread_in(store, who.owner, ["you", "agents"],
                                                     org=who.org),
         "relevant_items (in SQL; list_inbox no longer builds it when the newest updates "
@@ -427,37 +454,44 @@ async def time_list_inbox(embedded: Embedded, index: str) -> list[list[str]]:
     return rows
 
 
-async def main() -> None:
+async def fresh_office(embedded: Embedded, list_rows: list[list[str]],
+                       wait_rows: list[list[str]]) -> float:
+    """The waits and list_inbox on the fresh index; the process's peak RSS (MB) after them."""
+    traced_polls = await hold_http_polls(embedded, 1_000, trace=True)
+    polls = await hold_http_polls(embedded, 1_000, trace=False)
+    wait_rows.append([
+        f"HTTP list_inbox wait x 1,000 (all waiting {polls['registered']:.1f} s after the "
+        "first POST)", f"{traced_polls['held'] / 2**20:.1f}", "-", "-",
+        f"{ms(polls['p50'])} / {ms(polls['p99'])} / {ms(polls['max'])}",
+        f"{_ok(traced_polls['held'] < TARGET_MEMORY / 10)} memory (x10 < 200 MB); "
+        f"{_ok(polls['max'] < TARGET_WAKE)} answers"])
+    for n in (1_000, 10_000):
+        traced = await hold_waits(embedded, n, trace=True)
+        plain = await hold_waits(embedded, n, trace=False)
+        wait_rows.append([
+            f"notifier.wait_any x {n:,}", f"{traced['held'] / 2**20:.1f}", ms(plain["one"]),
+            f"{plain['twenty_n']:.0f}: {ms(plain['twenty_p99'])} / "
+            f"{ms(plain['twenty_max'])}",
+            f"{plain['all_n']:,.0f}: {ms(plain['p50'])} / {ms(plain['p99'])} / "
+            f"{ms(plain['max'])}",
+            f"{_ok(traced['held'] < TARGET_MEMORY)} memory; "
+            f"{_ok(max(plain['one'], plain['twenty_max']) < TARGET_WAKE)} one and twenty;"
+            f" {_ok(plain['max'] < TARGET_WAKE)} all at once"])
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    list_rows += await time_list_inbox(embedded, "fresh (the seeded office)")
+    return peak_rss
+
+
+async def main(list_only: bool = False) -> None:
     embedded = await start_embedded(data_dir=Path(tempfile.mkdtemp()), port=0, forge_port=0)
     list_rows: list[list[str]] = []
     wait_rows: list[list[str]] = []
     parts: dict[str, dict[str, str]] = {}
     try:
-        # on the fresh index: the waits (a woken HTTP poll then computes a small inbox), and
-        # list_inbox for comparison
-        traced_polls = await hold_http_polls(embedded, 1_000, trace=True)
-        polls = await hold_http_polls(embedded, 1_000, trace=False)
-        wait_rows.append([
-            f"HTTP list_inbox wait x 1,000 (all waiting {polls['registered']:.1f} s after the "
-            "first POST)", f"{traced_polls['held'] / 2**20:.1f}", "-", "-",
-            f"{ms(polls['p50'])} / {ms(polls['p99'])} / {ms(polls['max'])}",
-            f"{_ok(traced_polls['held'] < TARGET_MEMORY / 10)} memory (x10 < 200 MB); "
-            f"{_ok(polls['max'] < TARGET_WAKE)} answers"])
-        for n in (1_000, 10_000):
-            traced = await hold_waits(embedded, n, trace=True)
-            plain = await hold_waits(embedded, n, trace=False)
-            wait_rows.append([
-                f"notifier.wait_any x {n:,}", f"{traced['held'] / 2**20:.1f}", ms(plain["one"]),
-                f"{plain['twenty_n']:.0f}: {ms(plain['twenty_p99'])} / "
-                f"{ms(plain['twenty_max'])}",
-                f"{plain['all_n']:,.0f}: {ms(plain['p50'])} / {ms(plain['p99'])} / "
-                f"{ms(plain['max'])}",
-                f"{_ok(traced['held'] < TARGET_MEMORY)} memory; "
-                f"{_ok(max(plain['one'], plain['twenty_max']) < TARGET_WAKE)} one and twenty;"
-                f" {_ok(plain['max'] < TARGET_WAKE)} all at once"])
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        list_rows += await time_list_inbox(embedded, "fresh (the seeded office)")
-
+        if not list_only:  # on the fresh index: the waits (a woken HTTP poll then computes
+            # a small inbox), and list_inbox for comparison
+            peak_rss = await fresh_office(embedded, list_rows, wait_rows)
         filled = await fill(embedded)
         counts = {t: await _count(embedded, f"SELECT count(*) AS n FROM {t}")
                   for t, _, _ in TABLES}
@@ -467,7 +501,8 @@ async def main() -> None:
             parts[principal] = await breakdown(embedded, principal)
     finally:
         await embedded.stop()
-    print("command: .venv/bin/python -m bench.inbox\n")
+    print("command: .venv/bin/python -m bench.inbox" + (" --list-only" if list_only else "")
+          + "\n")
     print("filled index, in one transaction in " + f"{filled:.1f} s: "
           + ", ".join(f"{counts[t]:,} {t}" for t, _, _ in TABLES)
           + f"; {open_threads:,} threads open\n")
@@ -482,6 +517,8 @@ async def main() -> None:
            [[name, *(parts[p][name] for p in parts)] for name in names])
     print("\nan agent's list_inbox reads the open questions involving it once, shared by its "
           "boxes, its `inbox` field and its person's counts.\n")
+    if list_only:
+        return
     _table(["waiters (fresh index)", "held, traced MB", "one woken among all ms",
             "waiters of 20 people: n: p99 / max ms", "all the rest at once: n: p50 / p99 / "
             "max ms", "targets"], wait_rows)
@@ -497,4 +534,4 @@ if __name__ == "__main__":
     if "--client" in sys.argv:
         client_main(_polls)
     else:
-        asyncio.run(main())
+        asyncio.run(main(list_only="--list-only" in sys.argv))

@@ -9,6 +9,7 @@ history ("Your agents are handling"): reading it marks nothing, and it never wak
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -126,23 +127,20 @@ async def has_new(store: Store, office: Office, viewer: str, sees: Sees = None) 
     return bool(await sees({c.item for c in found.values()}))
 
 
-def _turns(threads: list[db.ThreadRow], targets: list[str], viewer: str,
-           box: str) -> Cards:
+def _turns(page: db.QuestionPage, targets: list[str], viewer: str, box: str) -> Cards:
+    """The cards of questions waiting on `targets`: the page the store read (newest first,
+    visibility and the page cut in its query; see `_questions`), checked here again."""
     out: list[dict[str, Any]] = []
-    total = 0
-    for t in threads:
+    total = page.total
+    for t in page.threads:
         s = t.state
         mine = [p for p in s.waiting_on if p in targets]
-        if not mine or not s.is_question:
-            continue
         # the answer to a sibling agent's question: the viewer may act on it, but acting on
         # it and resolving it is the asker's (seed: "`askedBy` names it"); it carries it as
         # history until it replies in the thread (passing it on) or the asker resolves it
         sibling = viewer in targets and viewer not in mine and s.asker in mine
-        if sibling and viewer in s.replied_since:
-            continue
-        total += 1
-        if len(out) >= PAGE:  # counted, not shown: the page holds the newest
+        if not mine or not s.is_question or (sibling and viewer in s.replied_since):
+            total -= 1  # (the query left these out: a safety net, never taken)
             continue
         view = _thread_view(t, viewer)
         # a question waiting on your answer, or a reply to one you asked: read it, act on
@@ -155,25 +153,55 @@ def _turns(threads: list[db.ThreadRow], targets: list[str], viewer: str,
                 f"{s.asker} asked this: it acts on the answer and resolves the thread. Use "
                 "it where it bears on your own work; reply in the thread to set it down"))
         out.append(view)
-    return Cards(out, total)
+    return Cards(out[:PAGE], max(total, len(out[:PAGE])))
 
 
-def _waiting_on_others(threads: list[db.ThreadRow], askers: list[str], viewer: str,
+def _waiting_on_others(page: db.QuestionPage, askers: list[str], viewer: str,
                        box: str) -> Cards:
     out: list[dict[str, Any]] = []
-    total = 0
-    for t in threads:
+    total = page.total
+    for t in page.threads:
         s = t.state
         if not s.is_question or s.answer is not None or s.asker not in askers:
-            continue
-        total += 1
-        if len(out) >= PAGE:
+            total -= 1  # (as in _turns: never taken)
             continue
         view = _thread_view(t, viewer)
         if box == "agents":
             view["byAgent"] = s.asker
         out.append(view)
-    return Cards(out, total)
+    return Cards(out[:PAGE], max(total, len(out[:PAGE])))
+
+
+async def _questions(store: Store, who: Whose, sees: Sees) -> dict[str, db.QuestionPage]:
+    """The four question lists of the viewer's boxes, each its newest PAGE threads and its
+    count, read in SQL with the visibility rule in the query: the repositories the viewer may
+    see (asked of `sees` once per repository its open questions are on) are a condition of
+    the query, so a hidden repository's threads never leave the database. What comes back is
+    checked with `sees` again (a safety net: a thread shown is on an item the viewer sees)."""
+    person = [who.person] if who.person else []
+    agents = list(who.agents)
+    lists = {"you_turn": (db.WAITING_ON, person), "you_waiting": (db.ASKED_BY, person),
+             "agents_turn": (db.WAITING_ON, agents), "agents_waiting": (db.ASKED_BY, agents)}
+    repos: list[str] | None = None
+    if sees is not None:  # one item of each repository stands for it (visibility is per
+        # repository: bot.office.visibility.Viewer.visible)
+        found = await db.question_repos(store, who.everyone, org=who.org)
+        shown = await sees({f"{repo}#1" for repo in found})
+        repos = [repo for repo in found if f"{repo}#1" in shown]
+    pages = await db.inbox_questions(store, lists, viewer=who.viewer, repos=repos,
+                                     org=who.org, limit=PAGE)
+    if sees is None:
+        return pages
+    items = {t.item for page in pages.values() for t in page.threads}
+    if not items:
+        return pages
+    visible = await sees(items)
+    if visible >= items:
+        return pages
+    return {name: db.QuestionPage([t for t in page.threads if t.item in visible],
+                                  page.total - sum(t.item not in visible for t in page.threads),
+                                  page.kinds)
+            for name, page in pages.items()}
 
 
 @dataclass(frozen=True)
@@ -221,31 +249,31 @@ class Computed:
 
 async def compute(store: Store, office: Office, viewer: str, *, mark_you: bool,
                   mark_agents: bool, sees: Sees = None) -> Computed:
-    """The boxes (see `boxes`) and the person's counts, from one read of the open threads."""
+    """The boxes (see `boxes`) and the person's counts, from one read of the open questions'
+    pages (`_questions`)."""
     who = Whose.of(office, viewer)
-    threads = await db.open_questions_involving(store, who.everyone, org=who.org)
-    if sees is not None:
-        shown = await sees({t.item for t in threads})
-        threads = [t for t in threads if t.item in shown]
-    unread = await _unread(store, who, mark_you=mark_you, mark_agents=mark_agents, sees=sees)
+    pages, unread = await asyncio.gather(  # two reads of their own: side by side
+        _questions(store, who, sees),
+        _unread(store, who, mark_you=mark_you, mark_agents=mark_agents, sees=sees))
     you: dict[str, Any] = {"yourTurn": [], "unread": [], "waitingOnOthers": []}
     person_unread = person_waiting = 0
     if who.person is not None:
-        turns = _turns(threads, [who.person], viewer, "you")
+        turns = _turns(pages["you_turn"], [who.person], viewer, "you")
         you = {"yourTurn": [], "unread": unread["you"][0], "waitingOnOthers": []}
         turns.into(you, "yourTurn")
-        _waiting_on_others(threads, [who.person], viewer, "you").into(you, "waitingOnOthers")
+        _waiting_on_others(pages["you_waiting"], [who.person], viewer, "you").into(
+            you, "waitingOnOthers")
         person_unread, person_waiting = unread["you"][1], turns.total
     agents: dict[str, Any] = {"yourTurn": [], "unread": unread["agents"][0],
                               "waitingOnOthers": []}
-    _turns(threads, list(who.agents), viewer, "agents").into(agents, "yourTurn")
-    _waiting_on_others(threads, list(who.agents), viewer, "agents").into(
+    _turns(pages["agents_turn"], list(who.agents), viewer, "agents").into(agents, "yourTurn")
+    _waiting_on_others(pages["agents_waiting"], list(who.agents), viewer, "agents").into(
         agents, "waitingOnOthers")
     if viewer == who.person:  # the person sees it as history, never as a notification
         agents = {"title": HISTORY, **agents}
     cards = [v for box in (you, agents) for key in ("yourTurn", "waitingOnOthers")
              for v in box[key]]
-    kinds = await db.item_kinds(store, {str(v["item"]) for v in cards})
+    kinds = {item: kind for page in pages.values() for item, kind in page.kinds.items()}
     for view in cards:  # answering needs targetType and target: give them with the card
         view.update(targetType=kinds.get(str(view["item"])), target=view["item"])
     return Computed({"you": you, "agents": agents}, person_unread, person_waiting)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -372,8 +372,8 @@ def _marks(values: Any) -> str:
 async def open_questions_involving(store: Store, principals: list[str], *,
                                    org: str) -> list[ThreadRow]:
     """`org`'s open questions that wait on or were asked by any of `principals`, newest first
-    (the open threads a caller's inbox can show, found through `thread_waiting` and the
-    asker)."""
+    (found through `thread_waiting` and the asker), all of them. The inbox reads no longer
+    this, but its pages, visibility in the query (`question_repos`, `inbox_questions`)."""
     if not principals:
         return []
     ps = _marks(principals)
@@ -384,12 +384,19 @@ async def open_questions_involving(store: Store, principals: list[str], *,
     # (another office's threads, waiting on a principal of the same name, are not read)
     org = org.lower()
     found: dict[str, float] = {r[0]: r[1] for r in await store.fetchall(
-        "SELECT w.thread, w.updated_at FROM thread_waiting w JOIN threads t ON t.id=w.thread"
-        f" WHERE w.principal IN ({ps}) AND t.org=?"
+        "SELECT w.thread, w.updated_at FROM thread_waiting w CROSS JOIN threads t"
+        f" WHERE w.principal IN ({ps}) AND t.id=w.thread AND t.org=?"
         " UNION ALL SELECT id, updated_at FROM " + indexed_by("threads", "threads_open_asked")
         + f" WHERE asker IN ({ps}) AND open=1 AND is_question=1 AND org=?",
         (*principals, org, *principals, org))}
     keys = sorted(found.items(), key=itemgetter(1), reverse=True)
+    return await _cached_threads(store, keys)
+
+
+async def _cached_threads(store: Store, keys: list[tuple[str, float]]) -> list[ThreadRow]:
+    """The open threads of these (id, updated_at) keys, in their order: decoded rows from the
+    store's thread cache where the row has not been written since, the rest read (one
+    statement for up to 500)."""
     cache = _thread_caches.get(store)
     if cache is None:
         cache = _thread_caches[store] = OrderedDict()
@@ -416,6 +423,148 @@ async def open_questions_involving(store: Store, principals: list[str], *,
     while len(cache) > _THREAD_CACHE_SIZE:
         cache.popitem(last=False)
     return [t for t in out if t is not None]
+
+
+# The open questions indexed as the inbox reads them (partial: open questions only, a few
+# thousand rows where the table holds every thread ever asked), each covering what its lists
+# need without the row (whose JSON state comes before `org` and `updated_at`): by id, for the
+# questions `thread_waiting` names; by asker, for those asked and not answered yet.
+INBOX_VERSION = 14
+register_schema("""
+CREATE INDEX IF NOT EXISTS threads_open_questions
+    ON threads(id, org, item, asker, updated_at) WHERE open=1 AND is_question=1;
+CREATE INDEX IF NOT EXISTS threads_open_askers
+    ON threads(asker, org, updated_at, id, item, answered_at) WHERE open=1 AND is_question=1;
+""", version=INBOX_VERSION)
+
+
+# The inbox's question lists, read with the visibility rule and the page in the query: which
+# repositories a caller's open questions are on (`question_repos`, a handful of rows), then,
+# given those of them the caller may see, each list's newest `limit` threads and how many it
+# holds (`inbox_questions`): what the inbox can show, and nothing of a repository it cannot.
+# A thread's repository is its item's ref without its `#N` (items are `owner/repo#N`; the
+# same words on both engines), lower-cased as visibility asks the forge; the page's condition
+# is the ref's start, `owner/repo#`, so a ref without `#` is of no repository, never shown.
+_REPO_OF = "lower(rtrim(rtrim(t.item, '0123456789'), '#'))"
+# whether `viewer` (the next parameter) has replied in the thread since its answer
+_REPLIED = Sql("EXISTS (SELECT 1 FROM json_each(t.state, '$.replied_since') WHERE value=?)",
+               "coalesce(t.state::jsonb->'replied_since', '[]'::jsonb)"
+               " @> jsonb_build_array(?::text)")
+WAITING_ON, ASKED_BY = "waiting_on", "asked_by"
+
+
+@dataclass(frozen=True)
+class QuestionPage:
+    """The newest threads of one of the inbox's question lists, and how many it holds."""
+
+    threads: list[ThreadRow]
+    total: int
+    kinds: dict[str, str] = field(default_factory=dict)  # goal/outcome/... of their items
+
+
+async def question_repos(store: Store, principals: list[str], *, org: str) -> list[str]:
+    """The repositories (lower-cased `owner/repo`) of `org`'s open questions that wait on or
+    were asked by any of `principals`: what visibility is asked about, once each."""
+    if not principals:
+        return []
+    ps = _marks(principals)
+    rows = await store.fetchall(
+        "SELECT DISTINCT repo FROM (SELECT " + _REPO_OF + " AS repo"
+        # (CROSS JOIN: SQLite, without statistics, would otherwise walk every thread of the
+        # office by its org index and look each up in thread_waiting)
+        " FROM thread_waiting w CROSS JOIN "
+        + indexed_by("threads t", "threads_open_questions")
+        + f" WHERE w.principal IN ({ps}) AND t.id=w.thread AND t.open=1 AND t.is_question=1"
+        " AND t.org=? UNION ALL SELECT " + _REPO_OF + " AS repo FROM "
+        + indexed_by("threads t", "threads_open_askers")
+        + f" WHERE t.asker IN ({ps}) AND t.open=1 AND t.is_question=1 AND t.org=?) r",
+        (*principals, org.lower(), *principals, org.lower()))
+    return sorted(str(r["repo"]) for r in rows if r["repo"])
+
+
+def _list_sql(name: str, kind: str, principals: list[str], viewer: str | None,
+              repos: list[str] | None, org: str, limit: int) -> tuple[Sql, list[Any]]:
+    """One list's page (see `inbox_questions`), each row with the list's name and total."""
+    ps = _marks(principals)
+    params: list[Any] = []
+    if kind == WAITING_ON:  # questions waiting on any of them (thread_waiting: open ones)
+        source: Sql | str = (f"(SELECT DISTINCT thread FROM thread_waiting WHERE principal IN"
+                             f" ({ps})) w CROSS JOIN "
+                             + indexed_by("threads t", "threads_open_questions"))
+        params += principals
+        where: Sql | str = " WHERE t.id=w.thread AND t.open=1 AND t.is_question=1 AND t.org=?"
+        params.append(org)
+        if viewer is not None:  # an answer to a sibling agent's question, which the viewer
+            # (not waited on) has replied in since: set down, not shown (inbox._turns)
+            where = (where + " AND NOT (t.asker IN (" + ps + ") AND NOT EXISTS (SELECT 1"
+                     " FROM thread_waiting v WHERE v.thread=t.id AND v.principal=?)"
+                     " AND EXISTS (SELECT 1 FROM thread_waiting a WHERE a.thread=t.id"
+                     " AND a.principal=t.asker) AND " + _REPLIED + ")")
+            params += [*principals, viewer, viewer]
+    else:  # questions they asked, not answered yet
+        # (no answer: `answered_at` is set with the answer, and only then; the JSON state is
+        # not read for it, and inbox._waiting_on_others checks the state of what it shows)
+        source = indexed_by("threads t", "threads_open_askers")
+        where = (f" WHERE t.asker IN ({ps}) AND t.open=1 AND t.is_question=1 AND t.org=?"
+                 " AND t.answered_at IS NULL")
+        params += [*principals, org]
+    if repos is not None:  # only the repositories the caller may see
+        where = where + " AND (" + " OR ".join(
+            "lower(substr(t.item, 1, ?))=?" for _ in repos) + ")"
+        for repo in repos:
+            params += [len(repo) + 1, repo + "#"]
+    # the page's items' kinds with it (an inbox card carries its item's kind)
+    sql = (f"SELECT {name}.*, (SELECT kind FROM items i WHERE i.ref={name}.item) AS kind"
+           f" FROM (SELECT '{name}' AS list, t.id, t.item, t.updated_at,"
+           " count(*) OVER () AS total FROM "
+           + source + where + " ORDER BY t.updated_at DESC, t.id DESC LIMIT ?) " + name)
+    params.append(limit)
+    return (Sql(sql, sql) if isinstance(sql, str) else sql), params
+
+
+async def inbox_questions(store: Store, lists: dict[str, tuple[str, list[str]]], *,
+                          viewer: str | None, repos: list[str] | None, org: str,
+                          limit: int) -> dict[str, QuestionPage]:
+    """For each list `name: (kind, principals)`, `org`'s open questions newest first, at most
+    `limit`, and how many there are: `WAITING_ON` those waiting on any of the principals
+    (without, where `viewer` is one of them, an answer to a sibling's question the viewer has
+    replied in since), `ASKED_BY` those they asked that have no answer yet. Only threads on
+    `repos` (lower-cased `owner/repo`; None: every repository) are read. One statement."""
+    org = org.lower()
+    wanted = {name: spec for name, spec in lists.items() if spec[1]}
+    out = {name: QuestionPage([], 0) for name in lists}
+    if not wanted or repos == []:
+        return out
+    parts: list[Sql] = []
+    params: list[Any] = []
+    for name, (kind, principals) in wanted.items():
+        # (a sibling's question needs another of them waited on: not with the viewer alone)
+        sibling = kind == WAITING_ON and viewer in principals and len(principals) > 1
+        sql, more = _list_sql(name, kind, principals, viewer if sibling else None, repos, org,
+                              limit)
+        parts.append(sql)
+        params += more
+    statement: Sql = parts[0]
+    for part in parts[1:]:
+        statement = statement + " UNION ALL " + part
+    keys: dict[str, list[tuple[str, float]]] = {name: [] for name in wanted}
+    kinds: dict[str, dict[str, str]] = {name: {} for name in wanted}
+    for r in await store.fetchall(statement, params):
+        name = str(r["list"])
+        out[name] = QuestionPage([], int(r["total"]))
+        keys[name].append((str(r["id"]), float(r["updated_at"])))
+        if r["kind"] is not None:
+            kinds[name][str(r["item"])] = str(r["kind"])
+    # the pages' threads, decoded once (a thread may be on two lists: waiting on the person,
+    # asked by an agent), newest first as each list's query ordered them
+    everyone = {key for found in keys.values() for key in found}
+    threads = {t.id: t for t in await _cached_threads(store, sorted(everyone))}
+    for name, found in keys.items():
+        out[name] = QuestionPage(
+            sorted((threads[i] for i, _ in found if i in threads),
+                   key=lambda t: (t.updated_at, t.id), reverse=True), out[name].total,
+            kinds[name])
+    return out
 
 
 async def count_open_questions(store: Store, asker: str, item: str | None = None, *,

@@ -50,6 +50,8 @@ NAMES = {
         " tracking issue an outcome is shown blocked by while its questions wait on them",
     13: "rates shared by the replicas: the messages one outside sender sent one agent in the"
         " last minute, counted in the index (email-rate:<office>/<agent>/<sender>)",
+    14: "the open questions indexed as the inbox reads them (by id and by asker, each covering"
+        " its lists): the inbox's page is cut in the query, visibility a condition of it",
 }
 
 
