@@ -370,6 +370,7 @@ async def _measure(forge: LocalForge, app: App, cell: int | str, count: int) -> 
     installations = {app.orgs[o] for o in orgs}
     since = len(forge.requests.records)
     refused_before = Counter(forge.rates.refused)
+    tx0 = await _write_transactions(app)
     cpu0 = _cpu_seconds(app.proc.pid)
     threads0 = _thread_cpu(app.proc.pid)
     _reset_peak(app.proc.pid)
@@ -426,6 +427,7 @@ async def _measure(forge: LocalForge, app: App, cell: int | str, count: int) -> 
     peak = _peak_mb(app.proc.pid)
     await _until_idle(app, timeout=ideal + 300)
     scan()
+    tx = await _write_transactions(app) - tx0  # (after the cell, its last results included)
     sent: list[float] = result["sent"]
     first = min(sent)
     last = max(written.values(), default=first)
@@ -457,7 +459,20 @@ async def _measure(forge: LocalForge, app: App, cell: int | str, count: int) -> 
         "refusals": sum(refusals.values()), "forge_refused": dict(forge_refused),
         "cpu_per_1000": cpu / handled * 1000 if handled else math.inf, "cpu": cpu,
         "peak_mb": peak,
+        "tx_per_event": tx / handled if handled and tx >= 0 else math.nan,
     }
+
+
+async def _write_transactions(app: App) -> float:
+    """The store's write transactions so far (vaultmail's /metrics; NaN for Probot)."""
+    if app.key != "vm":
+        return math.nan
+    session: aiohttp.ClientSession = app.session  # type: ignore[attr-defined]
+    async with session.get(f"{app.url.removesuffix('/webhook')}/metrics") as resp:
+        for line in (await resp.text()).splitlines():
+            if line.startswith("vaultmail_store_write_transactions_total "):
+                return float(line.split()[1])
+    return math.nan
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -523,7 +538,8 @@ def _report(rows: list[tuple[App, dict[str, Any]]], cells: tuple[int, ...], coun
     print(f"command: .venv/bin/python -m bench.probot_compare{args}\n")
     head = ["installations", "app", "deliveries", "handled", "events/s", "ack p50 ms",
             "ack p99 ms", "acks > 10 s", "write p50 ms", "write p99 ms", "refusals",
-            "CPU s / 1,000 events", "peak RSS MB", "vaultmail ÷ this"]
+            "CPU s / 1,000 events", "peak RSS MB", "write transactions / event",
+            "vaultmail ÷ this"]
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
     verdicts: list[str] = []
@@ -534,13 +550,15 @@ def _report(rows: list[tuple[App, dict[str, Any]]], cells: tuple[int, ...], coun
         for app, r in cell_rows:
             if r["bad"]:
                 notes.append(f"{app.name}, {cell} installations: answers {r['bad']}")
+            tx = "" if math.isnan(r["tx_per_event"]) else f"{r['tx_per_event']:.2f}"
             ratio = "" if app.key == "vm" else (
                 f"**{vm['events_s'] / r['events_s']:.2f}**" if r["events_s"] else "∞")
             print(f"| {cell} | {app.name} | {r['count']} | {r['handled']} | "
                   f"{r['events_s']:.1f} | {ms(percentile(r['ack'], 50))} | "
                   f"{ms(percentile(r['ack'], 99))} | {r['timeouts']} | "
                   f"{ms(percentile(r['write'], 50))} | {ms(percentile(r['write'], 99))} | "
-                  f"{r['refusals']} | {r['cpu_per_1000']:.1f} | {r['peak_mb']:.0f} | {ratio} |")
+                  f"{r['refusals']} | {r['cpu_per_1000']:.1f} | {r['peak_mb']:.0f} | "
+                  f"{tx} | {ratio} |")
             if app.key != "vm":
                 clean = r["refusals"] == 0 and r["handled"] == r["count"]
                 if clean:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bot.store.db import Store, register_schema
+from bot.store.group import GroupCommit
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS forge_writes (
@@ -72,27 +73,47 @@ def place(times: list[tuple[float, bool, str]], at: float, content: bool, endpoi
 
 
 class SharedWriteBudget:
-    """`bot.forge.caller.SharedBudget` on the store."""
+    """`bot.forge.caller.SharedBudget` on the store.
+
+    Writes asked for while one placing transaction waits for its turn or commits are placed
+    together in the next (`bot.store.group`), one after the other, each by the same
+    statements as alone, under their installations' keys: one write transaction for several
+    writes' places instead of one each (PostgreSQL: one installation's writes only). A write
+    waits, as before, until its place is committed."""
 
     def __init__(self, store: Store, limits: Limits) -> None:
         self.store = store
         self.limits = limits
+        # SQLite (one writer, holding every key): one group; PostgreSQL (writers side by
+        # side): a group per installation, so that no installation's writes wait for another's
+        self._groups: dict[str, GroupCommit[tuple[str, str, bool], float]] = {}
 
     async def reserve(self, who: str, endpoint: str, content: bool) -> float:
         """Place one write; returns the seconds to wait before sending it."""
+        whose = "" if self.store.engine == "sqlite" else who
+        group = self._groups.get(whose)
+        if group is None:
+            group = self._groups[whose] = GroupCommit(self._place)
+        return await group((who, endpoint, content))
+
+    async def _place(self, writes: list[tuple[str, str, bool]]) -> list[float]:
         # one installation's writes are placed one at a time; other installations' meanwhile
-        async with self.store.transaction(f"budget:{who}") as db:
-            row = await db.fetchone("SELECT vm_now() AS t")
-            assert row is not None
-            now = float(row[0])
-            horizon = now - 3600.0 - self.limits.slack
-            rows = await db.fetchall("SELECT at, content, endpoint FROM forge_writes"
-                                     " WHERE who=? AND at>?", (who, horizon))
-            at = place([(float(r[0]), bool(r[1]), str(r[2])) for r in rows], now, content,
-                       endpoint, self.limits)
-            await db.execute("INSERT INTO forge_writes(who, endpoint, content, at)"
-                             " VALUES (?,?,?,?)", (who, endpoint, int(content), at))
-            if len(rows) % 100 == 0:  # now and then, forget what no window holds any more
-                await db.execute("DELETE FROM forge_writes WHERE who=? AND at<?",
-                                 (who, horizon))
-        return at - now
+        keys = sorted({f"budget:{who}" for who, _, _ in writes})
+        waits: list[float] = []
+        async with self.store.transaction(*keys) as db:
+            for who, endpoint, content in writes:
+                row = await db.fetchone("SELECT vm_now() AS t")
+                assert row is not None
+                now = float(row[0])
+                horizon = now - 3600.0 - self.limits.slack
+                rows = await db.fetchall("SELECT at, content, endpoint FROM forge_writes"
+                                         " WHERE who=? AND at>?", (who, horizon))
+                at = place([(float(r[0]), bool(r[1]), str(r[2])) for r in rows], now, content,
+                           endpoint, self.limits)
+                await db.execute("INSERT INTO forge_writes(who, endpoint, content, at)"
+                                 " VALUES (?,?,?,?)", (who, endpoint, int(content), at))
+                if len(rows) % 100 == 0:  # now and then, forget what no window holds any more
+                    await db.execute("DELETE FROM forge_writes WHERE who=? AND at<?",
+                                     (who, horizon))
+                waits.append(at - now)
+        return waits

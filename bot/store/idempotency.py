@@ -28,10 +28,11 @@ import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from bot.errors import Conflict, VaultmailError
 from bot.forge.writes import counting as counting_writes
+from bot.store.group import GroupCommit
 from bot.store.queue import DEAD_AFTER, ReplicaIdTaken, id_taken
 
 if TYPE_CHECKING:
@@ -52,6 +53,9 @@ CREATE TABLE IF NOT EXISTS idempotency (
 """
 
 Result = dict[str, Any]
+# what a claim found: ("claimed", attempt, resumed), ("done", result JSON, _), ("reused", ...),
+# ("wait", ...)
+_Claimed = tuple[str, Any, bool]
 OTHER_REPLICA_POLL = 0.05  # seconds between looks at a key another replica is working on
 _resumed: contextvars.ContextVar[bool] = contextvars.ContextVar("idempotency_resumed",
                                                                 default=False)
@@ -121,6 +125,7 @@ class IdempotencyMixin:
 
     replica_id: str
     incarnation: str
+    engine: ClassVar[str]
 
     if TYPE_CHECKING:
         def transaction(self, *keys: str) -> AbstractAsyncContextManager[Any]: ...
@@ -169,38 +174,22 @@ class IdempotencyMixin:
                                   work: Callable[[], Awaitable[Result]]) -> Result:
         scope, key = slot
         while True:
-            # the key's own lock: two replicas claiming it at once look one after the other
-            async with self.transaction(_key_lock(scope, key)) as db:
-                if await id_taken(db, self.replica_id, self.incarnation):
-                    raise ReplicaIdTaken(self.retire())  # its claims are another's now
-                row = await db.fetchone("SELECT fingerprint, result, owner, attempts FROM"
-                                        " idempotency WHERE scope=? AND key=?", slot)
-                if row is None:
-                    await db.execute("INSERT INTO idempotency(scope, key, fingerprint,"
-                                     " claimed_at, owner) VALUES (?,?,?,?,?)",
-                                     (scope, key, fingerprint, time.time(), self.replica_id))
-                    claim = 1
-                    break
-                if row[0] != fingerprint:
-                    raise _reused(key)
-                if row[1] is not None:
-                    done: Result = json.loads(row[1])
-                    return done
-                if not await self._held_elsewhere(db, row[2]):
-                    # claimed before and never finished (its replica died or restarted):
-                    # this call takes it over
-                    claim = int(row[3]) + 1
-                    await db.execute("UPDATE idempotency SET attempts=?, claimed_at=?, owner=?"
-                                     " WHERE scope=? AND key=?",
-                                     (claim, time.time(), self.replica_id, scope, key))
-                    break
+            outcome = await self._take_claim(slot, fingerprint)
+            if outcome[0] == "claimed":
+                claim, existed = outcome[1], outcome[2]
+                break
+            if outcome[0] == "reused":
+                raise _reused(key)
+            if outcome[0] == "done":
+                done: Result = json.loads(outcome[1])
+                return done
             # another live replica is at work on it (a client's retry that reached another
             # replica): wait for its result, as a second call on this replica would
             await asyncio.sleep(OTHER_REPLICA_POLL)
         # this try's claim: its owner and number (fencing: a try that stalled past DEAD_AFTER
         # and was taken over records nothing when it wakes)
         ours = (scope, key, self.replica_id, claim)
-        token = _resumed.set(row is not None)
+        token = _resumed.set(existed)
         fence = _claim.set((self, ours))
         try:
             with counting_writes() as made:
@@ -209,7 +198,7 @@ class IdempotencyMixin:
             raise  # another's claim now: nothing of this try's is written to the key
         except Exception as exc:  # (cancelled: the replica is stopping; its claims go with it)
             async with self.transaction() as db:
-                if isinstance(exc, VaultmailError) and made[0] == 0 and row is None:
+                if isinstance(exc, VaultmailError) and made[0] == 0 and not existed:
                     # refused before any forge write, on the key's first try: free again (a
                     # try that resumed one may follow an earlier try's writes: it keeps it)
                     await db.execute("DELETE FROM idempotency WHERE scope=? AND key=?"
@@ -224,18 +213,101 @@ class IdempotencyMixin:
         finally:
             _claim.reset(fence)
             _resumed.reset(token)
-        text = json.dumps(result)
-        async with self.transaction() as db:
-            changed = await db.execute("UPDATE idempotency SET result=?, done_at=? WHERE scope=?"
-                                       " AND key=? AND owner=? AND attempts=? AND result IS NULL",
-                                       (text, time.time(), *ours))
-            if changed == 0:  # taken over while this try stalled: the key keeps theirs
-                theirs = await db.fetchone("SELECT result FROM idempotency WHERE scope=? AND"
-                                           " key=?", slot)
-                if theirs is not None and theirs[0] is not None:
-                    kept: Result = json.loads(theirs[0])
-                    return kept
+        theirs = await self._record_result(ours, json.dumps(result))
+        if theirs is not None:  # taken over while this try stalled: the key keeps theirs
+            kept: Result = json.loads(theirs)
+            return kept
         return result
+
+    # -- claims --------------------------------------------------------------------------------
+    # A key is claimed under its own lock (two replicas claiming it at once look one after the
+    # other), in a transaction that first checks this process still is its replica. On SQLite,
+    # whose one writer holds every key anyway, the claims asked for while one such transaction
+    # waits for its turn or commits are made together in the next (`bot.store.group`), each
+    # by the same statements as alone, one after the other.
+
+    async def _take_claim(self, slot: tuple[str, str], fingerprint: str) -> _Claimed:
+        if self.engine != "sqlite":
+            async with self.transaction(_key_lock(*slot)) as db:
+                if await id_taken(db, self.replica_id, self.incarnation):
+                    raise ReplicaIdTaken(self.retire())  # its claims are another's now
+                return await self._claim_in(db, slot, fingerprint)
+        group: GroupCommit[tuple[tuple[str, str], str], _Claimed] | None
+        group = self.__dict__.get("_claims_group")
+        if group is None:
+            group = self.__dict__["_claims_group"] = GroupCommit(self._write_claims)
+        return await group((slot, fingerprint))
+
+    async def _write_claims(self, batch: list[tuple[tuple[str, str], str]]) -> list[_Claimed]:
+        async with self.transaction(*sorted({_key_lock(*slot) for slot, _ in batch})) as db:
+            if await id_taken(db, self.replica_id, self.incarnation):
+                raise ReplicaIdTaken(self.retire())  # its claims are another's now
+            return [await self._claim_in(db, slot, fingerprint) for slot, fingerprint in batch]
+
+    async def _claim_in(self, db: Any, slot: tuple[str, str], fingerprint: str) -> _Claimed:
+        """Claim (scope, key) in `db`'s transaction: ("claimed", its attempt, whether an
+        earlier try claimed it), ("done", the stored result), ("reused", ...) for a key first
+        used with another fingerprint, or ("wait", ...) while another live replica is at it."""
+        scope, key = slot
+        row = await db.fetchone("SELECT fingerprint, result, owner, attempts FROM"
+                                " idempotency WHERE scope=? AND key=?", slot)
+        if row is None:
+            await db.execute("INSERT INTO idempotency(scope, key, fingerprint,"
+                             " claimed_at, owner) VALUES (?,?,?,?,?)",
+                             (scope, key, fingerprint, time.time(), self.replica_id))
+            return ("claimed", 1, False)
+        if row[0] != fingerprint:
+            return ("reused", 0, True)
+        if row[1] is not None:
+            return ("done", str(row[1]), True)
+        if not await self._held_elsewhere(db, row[2]):
+            # claimed before and never finished (its replica died or restarted): this call
+            # takes it over
+            claim = int(row[3]) + 1
+            await db.execute("UPDATE idempotency SET attempts=?, claimed_at=?, owner=?"
+                             " WHERE scope=? AND key=?",
+                             (claim, time.time(), self.replica_id, scope, key))
+            return ("claimed", claim, True)
+        return ("wait", 0, True)
+
+    # -- results, committed together ---------------------------------------------------------
+    # A finished try's result is written as it always was (under its claim: its owner and
+    # attempt, while no result is there), and `once` returns only once it is committed; the
+    # results of tries that finish while one such transaction waits for its turn or commits
+    # are written together in the next (`bot.store.group`): one write transaction for several
+    # keys' results instead of one each. On SQLite only, whose one writer holds every key
+    # anyway: grouping there adds no wait, it takes turns away.
+
+    async def _record_result(self, ours: tuple[str, str, str, int], text: str) -> str | None:
+        """Store a finished try's result under its claim, committed when this returns: None,
+        or the result another try stored meanwhile (this try's claim was taken over)."""
+        if self.engine != "sqlite":
+            # writers side by side (PostgreSQL): each result alone, as before, so that no
+            # key's row another replica holds (a takeover) keeps other offices' results waiting
+            return (await self._write_results([(ours, text)]))[0]
+        group: GroupCommit[tuple[tuple[str, str, str, int], str], str | None] | None
+        group = self.__dict__.get("_results_group")
+        if group is None:
+            group = self.__dict__["_results_group"] = GroupCommit(self._write_results)
+        return await group((ours, text))
+
+    async def _write_results(self, batch: list[tuple[tuple[str, str, str, int], str]]
+                             ) -> list[str | None]:
+        # each key's row in one order (PostgreSQL: two replicas' batches never wait in a circle)
+        order = sorted(range(len(batch)), key=lambda i: batch[i][0])
+        answers: list[str | None] = [None] * len(batch)
+        async with self.transaction() as db:
+            for i in order:
+                ours, text = batch[i]
+                changed = await db.execute("UPDATE idempotency SET result=?, done_at=? WHERE"
+                                           " scope=? AND key=? AND owner=? AND attempts=? AND"
+                                           " result IS NULL", (text, time.time(), *ours))
+                if changed == 0:  # taken over while this try stalled: the key keeps theirs
+                    row = await db.fetchone("SELECT result FROM idempotency WHERE scope=? AND"
+                                            " key=?", ours[:2])
+                    if row is not None and row[0] is not None:
+                        answers[i] = str(row[0])
+        return answers
 
 
 def _copy(result: Result) -> Result:

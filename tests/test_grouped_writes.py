@@ -1,0 +1,121 @@
+"""Fewer write transactions per event (issue 22), counted through the store: on SQLite, whose
+one writer holds every key anyway, the idempotency results of tries that finish together are
+written in one transaction (each under its own claim, as alone), and so are the forge write
+budget's places (each placed after the one before it, as alone); a write transaction for a
+group instead of one each. On PostgreSQL results go one by one as before, and places are
+grouped per installation only, so that no office waits on another's keys."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bot.store import open_store
+from bot.store.budget import Limits, SharedWriteBudget
+from bot.store.db import Store
+from bot.store.group import GroupCommit
+
+CREATE = "POST /repos/{owner}/{repo}/issues"
+
+
+@pytest.fixture
+async def store(tmp_path: Path, database_url: str) -> AsyncIterator[Store]:
+    opened = await open_store(database_url or str(tmp_path / "index.sqlite3"))
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def test_results_of_tries_that_finish_together_commit_in_one_transaction(
+        store: Store) -> None:
+    go, all_claimed = asyncio.Event(), asyncio.Event()
+    claimed = 0
+
+    def work(n: int):  # type: ignore[no-untyped-def]
+        async def run() -> dict[str, int]:
+            nonlocal claimed
+            claimed += 1
+            if claimed == 10:
+                all_claimed.set()
+            await go.wait()
+            return {"n": n}
+        return run
+
+    calls = [asyncio.ensure_future(store.once("forge", f"k{n}", "fp", work(n)))
+             for n in range(10)]
+    await asyncio.wait_for(all_claimed.wait(), 30)  # every key claimed, each on its own
+    before = store.write_transactions
+    # one key taken over meanwhile (its replica taken for dead): its result stays theirs
+    async with store.transaction() as db:
+        await db.execute("UPDATE idempotency SET owner='other', attempts=attempts+1,"
+                         " result='{\"n\": -1}' WHERE scope='forge' AND key='k3'")
+    go.set()
+    results = await asyncio.gather(*calls)
+    assert results == [{"n": -1} if n == 3 else {"n": n} for n in range(10)]
+    rows = await store.fetchall("SELECT key, result FROM idempotency ORDER BY key")
+    assert {r["key"]: r["result"] for r in rows} == {
+        f"k{n}": '{"n": -1}' if n == 3 else f'{{"n": {n}}}' for n in range(10)}
+    results_written = store.write_transactions - before - 1  # (the takeover's own)
+    assert results_written == (1 if store.engine == "sqlite" else 10)
+    # a later call gets the stored result, and nothing runs
+    assert await store.once("forge", "k5", "fp", work(99)) == {"n": 5}
+
+
+async def test_writes_placed_together_are_placed_as_one_by_one(store: Store) -> None:
+    limits = Limits(per_minute=5, per_hour=500, endpoint_points_per_minute=0, slack=1.0)
+    budget = SharedWriteBudget(store, limits)
+    before = store.write_transactions
+    waits = await asyncio.gather(*(budget.reserve(str(i % 3), CREATE, True)
+                                   for i in range(30)))
+    # each installation's first 5 go at once, the rest a minute (and the slack) later or more
+    for who in range(3):
+        mine = [w for i, w in enumerate(waits) if i % 3 == who]
+        assert sum(1 for w in mine if w < 30.0) == 5, mine
+        assert all(w >= 60.0 for w in mine[5:]), mine
+    rows = await store.fetchall("SELECT who FROM forge_writes")
+    assert len(rows) == 30
+    # SQLite: one transaction for the 30 places; PostgreSQL: one per installation's group
+    assert store.write_transactions - before == (1 if store.engine == "sqlite" else 3)
+
+
+async def test_a_failed_group_fails_each_of_its_callers_and_the_next_group_goes() -> None:
+    calls: list[list[int]] = []
+
+    async def run(batch: list[int]) -> list[int]:
+        calls.append(batch)
+        if 0 in batch:
+            raise RuntimeError("disk full")
+        return [n * 2 for n in batch]
+
+    group: GroupCommit[int, int] = GroupCommit(run)
+    first = await asyncio.gather(*(group(n) for n in range(3)), return_exceptions=True)
+    assert all(isinstance(r, RuntimeError) for r in first)
+    assert await asyncio.gather(*(group(n) for n in range(1, 4))) == [2, 4, 6]
+    assert calls == [[0, 1, 2], [1, 2, 3]]
+    assert group.transactions == 1
+
+
+async def test_a_caller_that_left_before_its_turn_has_nothing_written() -> None:
+    seen: list[list[str]] = []
+    release = asyncio.Event()
+
+    async def run(batch: list[str]) -> list[str]:
+        seen.append(batch)
+        await release.wait()
+        return batch
+
+    group: GroupCommit[str, str] = GroupCommit(run)
+    a = asyncio.ensure_future(group("a"))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # "a" is being written; "b" and "c" wait for the next group
+    b, c = asyncio.ensure_future(group("b")), asyncio.ensure_future(group("c"))
+    await asyncio.sleep(0)
+    b.cancel()
+    release.set()
+    assert await a == "a" and await c == "c"
+    assert b.cancelled()
+    assert seen == [["a"], ["c"]]
