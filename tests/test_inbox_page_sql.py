@@ -76,3 +76,56 @@ async def test_only_a_page_of_what_the_caller_sees_leaves_the_database(
         assert len(threads) <= 2 * inbox.PAGE, len(threads)
     finally:
         await store.close()
+
+
+async def test_an_index_at_version_14_gets_each_waiting_rows_office_and_repository(
+        tmp_path: Path, database_url: str) -> None:
+    """Schema 15 puts each open question's office, repository and asker beside who it waits
+    on: a question written at version 14 (under its triggers) is filled in when the index
+    opens, so it is listed as before, and later writes keep the rows in step (both engines)."""
+    import json
+    import sqlite3
+
+    import asyncpg
+
+    from bot.store import postgres, sqlite
+
+    state = json.dumps(_question("old", "Acme/Shown#7", SARA, (MARCO,)).state.to_json())
+    insert = ("INSERT INTO threads(id, item, scope, asker, is_question, open, state,"
+              " updated_at, org) VALUES ('old', 'Acme/Shown#7', 'Acme/Shown#7', ?, 1, 1, ?,"
+              " 1.0, 'acme')")
+    target = database_url or str(tmp_path / "index.sqlite3")
+    if database_url:
+        await postgres._migrate(database_url, upto=14)
+        conn = await asyncpg.connect(database_url)
+        try:
+            await conn.execute(insert.replace("?, 1, 1, ?", "$1, 1, 1, $2"), SARA, state)
+        finally:
+            await conn.close()
+    else:
+        sqlite._migrate_file(target, upto=14)
+        lite = sqlite3.connect(target, isolation_level=None)
+        try:
+            lite.execute(insert, (SARA, state))
+        finally:
+            lite.close()
+    store = await open_store(target)  # version 15: the backfill
+    try:
+        [row] = await store.fetchall("SELECT principal, org, repo, asker FROM thread_waiting")
+        assert (row["principal"], row["org"], row["repo"], row["asker"]) == (
+            MARCO, "acme", "acme/shown", SARA)
+        assert await db.question_repos(store, [MARCO, SARA], org="acme") == ["acme/shown"]
+        async with store.transaction() as tx:  # a later write: the triggers fill them
+            await db.put_thread(tx, _question("new", "acme/other#2", MARCO, (SARA,)))
+        pages = await db.inbox_questions(
+            store, {"turn": (db.WAITING_ON, [MARCO]), "asked": (db.ASKED_BY, [MARCO]),
+                    "theirs": (db.WAITING_ON, [SARA])},
+            viewer=MARCO, repos=["acme/shown", "acme/other"], org="acme", limit=inbox.PAGE)
+        assert [(t.id, p.total) for p in pages.values() for t in p.threads] == [
+            ("old", 1), ("new", 1), ("new", 1)]
+        hidden = await db.inbox_questions(store, {"turn": (db.WAITING_ON, [MARCO])},
+                                          viewer=MARCO, repos=["acme/other"], org="acme",
+                                          limit=inbox.PAGE)
+        assert hidden["turn"].threads == [] and hidden["turn"].total == 0
+    finally:
+        await store.close()

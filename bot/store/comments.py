@@ -15,6 +15,7 @@ from weakref import WeakKeyDictionary
 from bot.items.model import Item
 from bot.items.threads import ThreadState
 from bot.store.db import Connection, Row, Store, hold, register_columns, register_schema
+from bot.store.migrations import register_backfill
 from bot.store.offices import org_of, scoped
 from bot.store.sql import Sql, greatest, indexed_by, upsert
 
@@ -147,6 +148,9 @@ CREATE TABLE IF NOT EXISTS thread_waiting (
     principal {text} NOT NULL,
     thread {text} NOT NULL,
     updated_at {real} NOT NULL,
+    org {text},
+    repo {text} NOT NULL DEFAULT '',
+    asker {text} NOT NULL DEFAULT '',
     PRIMARY KEY (principal, thread)
 ){without_rowid};
 CREATE INDEX IF NOT EXISTS thread_waiting_thread ON thread_waiting(thread);
@@ -425,6 +429,7 @@ async def _cached_threads(store: Store, keys: list[tuple[str, float]]) -> list[T
     return [t for t in out if t is not None]
 
 
+# (Schema 15 drops these two: the inbox reads its own indexes since, see below.)
 # The open questions indexed as the inbox reads them (partial: open questions only, a few
 # thousand rows where the table holds every thread ever asked), each covering what its lists
 # need without the row (whose JSON state comes before `org` and `updated_at`): by id, for the
@@ -438,14 +443,91 @@ CREATE INDEX IF NOT EXISTS threads_open_askers
 """, version=INBOX_VERSION)
 
 
+# Schema 15: each open question's office, repository and asker beside who it waits on, and
+# the asked questions indexed by their repository, so the inbox's reads stay in the indexes
+# (the repositories of the caller's questions, each list's page and its count) and read the
+# threads table only for the rows of the page. A thread's repository key is its item's ref
+# without its `#N`, lower-cased, where the ref ends in `#` and digits (`owner/repo#N`), else
+# '' (of no repository: never shown); the key of a repository is matched whole.
+INBOX_REPO_VERSION = 15
+
+
+def _repo_key(item: str) -> str:
+    """The repository key of the ref in column `item` (see above), the same words on both
+    engines (the indexes on it are matched by its words)."""
+    bare = f"rtrim({item}, '0123456789')"
+    return (f"(CASE WHEN substr({bare}, length({bare}), 1)='#' THEN lower(rtrim({bare}, '#'))"
+            " ELSE '' END)")
+
+
+_REPO_KEY = _repo_key("t.item")
+# (a table made anew has them from the start: schema 15's triggers, there since, write them)
+register_columns("thread_waiting", {"org": "{text}",
+                                    "repo": "{text} NOT NULL DEFAULT ''",
+                                    "asker": "{text} NOT NULL DEFAULT ''"},
+                 version=INBOX_REPO_VERSION)
+_sqlite_waiting_rows = """INSERT OR IGNORE INTO thread_waiting(principal, thread, updated_at, org,
+        repo, asker)
+        SELECT value, NEW.id, NEW.updated_at, NEW.org, {repo}, NEW.asker
+        FROM json_each(NEW.state, '$.waiting_on') WHERE NEW.open=1 AND NEW.is_question=1;"""
+register_backfill(f"""
+DROP TRIGGER IF EXISTS threads_waiting_insert;
+DROP TRIGGER IF EXISTS threads_waiting_update;
+CREATE TRIGGER threads_waiting_insert AFTER INSERT ON threads BEGIN
+    DELETE FROM thread_waiting WHERE thread=NEW.id;
+    {_sqlite_waiting_rows.format(repo=_repo_key("NEW.item"))}
+END;
+CREATE TRIGGER threads_waiting_update AFTER UPDATE ON threads BEGIN
+    DELETE FROM thread_waiting WHERE thread=OLD.id;
+    DELETE FROM thread_waiting WHERE thread=NEW.id;
+    {_sqlite_waiting_rows.format(repo=_repo_key("NEW.item"))}
+END;
+UPDATE thread_waiting SET (org, repo, asker) = (SELECT t.org,
+    {_repo_key("t.item")}, t.asker FROM threads t
+    WHERE t.id=thread_waiting.thread) WHERE thread IN (SELECT id FROM threads);
+CREATE INDEX IF NOT EXISTS thread_waiting_inbox
+    ON thread_waiting(principal, org, repo, updated_at, thread, asker);
+CREATE INDEX IF NOT EXISTS threads_open_asker_repos
+    ON threads(asker, org, {_repo_key("item")}, answered_at, updated_at, id)
+    WHERE open=1 AND is_question=1;
+DROP INDEX IF EXISTS threads_open_questions;
+DROP INDEX IF EXISTS threads_open_askers;
+""", postgres=f"""
+CREATE OR REPLACE FUNCTION vm_thread_waiting() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        DELETE FROM thread_waiting WHERE thread=OLD.id;
+    END IF;
+    IF TG_OP <> 'DELETE' THEN
+        DELETE FROM thread_waiting WHERE thread=NEW.id;
+        IF NEW.open=1 AND NEW.is_question=1 THEN
+            INSERT INTO thread_waiting(principal, thread, updated_at, org, repo, asker)
+                SELECT w, NEW.id, NEW.updated_at, NEW.org,
+                    {_repo_key("NEW.item")}, NEW.asker
+                FROM jsonb_array_elements_text(
+                    coalesce(NEW.state::jsonb->'waiting_on', '[]'::jsonb)) AS w
+                ON CONFLICT DO NOTHING;
+        END IF;
+    END IF;
+    RETURN NULL;
+END $$;
+UPDATE thread_waiting w SET org=t.org, repo={_repo_key("t.item")},
+    asker=t.asker FROM threads t WHERE t.id=w.thread;
+CREATE INDEX IF NOT EXISTS thread_waiting_inbox
+    ON thread_waiting(principal, org, repo, updated_at, thread, asker);
+CREATE INDEX IF NOT EXISTS threads_open_asker_repos
+    ON threads(asker, org, {_repo_key("item")}, answered_at, updated_at, id)
+    WHERE open=1 AND is_question=1;
+DROP INDEX IF EXISTS threads_open_questions;
+DROP INDEX IF EXISTS threads_open_askers;
+""", version=INBOX_REPO_VERSION)
+
 # The inbox's question lists, read with the visibility rule and the page in the query: which
 # repositories a caller's open questions are on (`question_repos`, a handful of rows), then,
 # given those of them the caller may see, each list's newest `limit` threads and how many it
 # holds (`inbox_questions`): what the inbox can show, and nothing of a repository it cannot.
-# A thread's repository is its item's ref without its `#N` (items are `owner/repo#N`; the
-# same words on both engines), lower-cased as visibility asks the forge; the page's condition
-# is the ref's start, `owner/repo#`, so a ref without `#` is of no repository, never shown.
-_REPO_OF = "lower(rtrim(rtrim(t.item, '0123456789'), '#'))"
+# A thread's repository is its repository key (schema 15, above), lower-cased as visibility
+# asks the forge; a ref that does not end in `#N` is of no repository, never shown.
 # whether `viewer` (the next parameter) has replied in the thread since its answer
 _REPLIED = Sql("EXISTS (SELECT 1 FROM json_each(t.state, '$.replied_since') WHERE value=?)",
                "coalesce(t.state::jsonb->'replied_since', '[]'::jsonb)"
@@ -464,61 +546,63 @@ class QuestionPage:
 
 async def question_repos(store: Store, principals: list[str], *, org: str) -> list[str]:
     """The repositories (lower-cased `owner/repo`) of `org`'s open questions that wait on or
-    were asked by any of `principals`: what visibility is asked about, once each."""
+    were asked by any of `principals`: what visibility is asked about, once each (read from
+    the indexes alone: `thread_waiting_inbox`, `threads_open_asker_repos`)."""
     if not principals:
         return []
     ps = _marks(principals)
     rows = await store.fetchall(
-        "SELECT DISTINCT repo FROM (SELECT " + _REPO_OF + " AS repo"
-        # (CROSS JOIN: SQLite, without statistics, would otherwise walk every thread of the
-        # office by its org index and look each up in thread_waiting)
-        " FROM thread_waiting w CROSS JOIN "
-        + indexed_by("threads t", "threads_open_questions")
-        + f" WHERE w.principal IN ({ps}) AND t.id=w.thread AND t.open=1 AND t.is_question=1"
-        " AND t.org=? UNION ALL SELECT " + _REPO_OF + " AS repo FROM "
-        + indexed_by("threads t", "threads_open_askers")
-        + f" WHERE t.asker IN ({ps}) AND t.open=1 AND t.is_question=1 AND t.org=?) r",
+        f"SELECT repo FROM thread_waiting WHERE principal IN ({ps}) AND org=?"
+        " UNION SELECT " + _REPO_KEY + " AS repo FROM "
+        + indexed_by("threads t", "threads_open_asker_repos")
+        + f" WHERE t.asker IN ({ps}) AND t.open=1 AND t.is_question=1 AND t.org=?",
         (*principals, org.lower(), *principals, org.lower()))
     return sorted(str(r["repo"]) for r in rows if r["repo"])
 
 
 def _list_sql(name: str, kind: str, principals: list[str], viewer: str | None,
               repos: list[str] | None, org: str, limit: int) -> tuple[Sql, list[Any]]:
-    """One list's page (see `inbox_questions`), each row with the list's name and total."""
+    """One list's page (see `inbox_questions`), each row with the list's name and total: the
+    page and the count read from the indexes alone, the threads table only for the page."""
     ps = _marks(principals)
     params: list[Any] = []
-    if kind == WAITING_ON:  # questions waiting on any of them (thread_waiting: open ones)
-        source: Sql | str = (f"(SELECT DISTINCT thread FROM thread_waiting WHERE principal IN"
-                             f" ({ps})) w CROSS JOIN "
-                             + indexed_by("threads t", "threads_open_questions"))
-        params += principals
-        where: Sql | str = " WHERE t.id=w.thread AND t.open=1 AND t.is_question=1 AND t.org=?"
-        params.append(org)
+    if kind == WAITING_ON:  # questions waiting on any of them (thread_waiting: open ones;
+        # its org, repo and asker are the thread's, written by the triggers of schema 15)
+        source: Sql | str = "thread_waiting w"
+        where: Sql | str = f" WHERE w.principal IN ({ps}) AND w.org=?"
+        params += [*principals, org]
+        if repos is not None:  # only the repositories the caller may see
+            where = where + f" AND w.repo IN ({_marks(repos)})"
+            params += repos
         if viewer is not None:  # an answer to a sibling agent's question, which the viewer
             # (not waited on) has replied in since: set down, not shown (inbox._turns)
-            where = (where + " AND NOT (t.asker IN (" + ps + ") AND NOT EXISTS (SELECT 1"
-                     " FROM thread_waiting v WHERE v.thread=t.id AND v.principal=?)"
-                     " AND EXISTS (SELECT 1 FROM thread_waiting a WHERE a.thread=t.id"
-                     " AND a.principal=t.asker) AND " + _REPLIED + ")")
+            where = (where + " AND NOT (w.asker IN (" + ps + ") AND NOT EXISTS (SELECT 1"
+                     " FROM thread_waiting v WHERE v.thread=w.thread AND v.principal=?)"
+                     " AND EXISTS (SELECT 1 FROM thread_waiting a WHERE a.thread=w.thread"
+                     " AND a.principal=w.asker) AND EXISTS (SELECT 1 FROM threads t"
+                     " WHERE t.id=w.thread AND " + _REPLIED + "))")
             params += [*principals, viewer, viewer]
+        rows: Sql | str = "SELECT DISTINCT w.thread AS id, w.updated_at FROM " + source + where
+        counted: Sql | str = "SELECT count(DISTINCT w.thread) FROM " + source + where
     else:  # questions they asked, not answered yet
         # (no answer: `answered_at` is set with the answer, and only then; the JSON state is
         # not read for it, and inbox._waiting_on_others checks the state of what it shows)
-        source = indexed_by("threads t", "threads_open_askers")
+        source = indexed_by("threads t", "threads_open_asker_repos")
         where = (f" WHERE t.asker IN ({ps}) AND t.open=1 AND t.is_question=1 AND t.org=?"
                  " AND t.answered_at IS NULL")
         params += [*principals, org]
-    if repos is not None:  # only the repositories the caller may see
-        where = where + " AND (" + " OR ".join(
-            "lower(substr(t.item, 1, ?))=?" for _ in repos) + ")"
-        for repo in repos:
-            params += [len(repo) + 1, repo + "#"]
-    # the page's items' kinds with it (an inbox card carries its item's kind)
-    sql = (f"SELECT {name}.*, (SELECT kind FROM items i WHERE i.ref={name}.item) AS kind"
-           f" FROM (SELECT '{name}' AS list, t.id, t.item, t.updated_at,"
-           " count(*) OVER () AS total FROM "
-           + source + where + " ORDER BY t.updated_at DESC, t.id DESC LIMIT ?) " + name)
-    params.append(limit)
+        if repos is not None:
+            where = where + " AND " + _REPO_KEY + f" IN ({_marks(repos)})"
+            params += repos
+        rows = "SELECT t.id, t.updated_at FROM " + source + where
+        counted = "SELECT count(*) FROM " + source + where
+    # the page's items (and their kinds: an inbox card carries its item's kind) with it; the
+    # list's count once (an uncorrelated subquery)
+    sql = (f"SELECT '{name}' AS list, {name}.id, {name}.updated_at, p.item,"
+           " (SELECT kind FROM items i WHERE i.ref=p.item) AS kind, (" + counted
+           + ") AS total FROM (" + rows + " ORDER BY updated_at DESC, id DESC LIMIT ?) "
+           + name + f" JOIN threads p ON p.id={name}.id")
+    params = [*params, *params, limit]
     return (Sql(sql, sql) if isinstance(sql, str) else sql), params
 
 

@@ -52,6 +52,8 @@ NAMES = {
         " last minute, counted in the index (email-rate:<office>/<agent>/<sender>)",
     14: "the open questions indexed as the inbox reads them (by id and by asker, each covering"
         " its lists): the inbox's page is cut in the query, visibility a condition of it",
+    15: "each open question's office, repository and asker beside who it waits on, and asked"
+        " questions indexed by repository: the inbox's pages and counts read from indexes",
 }
 
 
