@@ -35,6 +35,7 @@ from bot.mail.reindex import closed_duplicate
 from bot.office.config import Agent, Office
 from bot.store import idempotency, ledger, mails, moves, replies
 from bot.store.mails import QUIET, MailRecord
+from bot.store.sql import Connection
 from labels.states import IllegalTransition, MailEvent, MailState, labels_for, transition
 
 if TYPE_CHECKING:
@@ -388,12 +389,7 @@ class Mailer:
                 return indexed
             if fence and not await idempotency.claim_held_in(db):
                 return None
-            await mails.put_mail(db, record)
-            await mails.sent(db, record.mail_id)
-            await ledger.append(db, "mail.sent", actor, record.ref, {
-                "mail": record.mail_id, "to": record.to_principal, "subject": record.subject,
-                "hops": record.hops, "thread": record.thread_id,
-                "in_reply_to": record.in_reply_to}, org=record.org)
+            await _index_sent(db, record, actor)
             if record.state == QUIET:
                 await ledger.append(db, "mail.loop_guard", "office", record.ref, {
                     "mail": record.mail_id, "hops": record.hops,
@@ -492,12 +488,7 @@ class Mailer:
                 ledger.key(record.org)) as db:
             if await mails.mail_indexed(db, record.mail_id):
                 return
-            await mails.put_mail(db, record)
-            await mails.sent(db, record.mail_id)
-            await ledger.append(db, "mail.sent", actor, record.ref, {
-                "mail": record.mail_id, "to": record.to_principal, "subject": record.subject,
-                "hops": record.hops, "thread": record.thread_id,
-                "in_reply_to": record.in_reply_to}, org=record.org)
+            await _index_sent(db, record, actor)
             await moves.note(db, record.mail_id, at)
             await ledger.append(db, "mail.closed", closer, record.ref, {
                 "mail": record.mail_id, "from": MailState.NEW.value,
@@ -900,3 +891,12 @@ class Mailer:
         async with self.services.store.transaction() as db:
             await mails.tamper_warned(db, mail.mail_id)
 
+
+async def _index_sent(db: Connection, record: MailRecord, actor: str) -> None:
+    """Inside the indexing transaction: the mail in the index, and `mail.sent` by `actor`."""
+    await mails.put_mail(db, record)
+    await mails.sent(db, record.mail_id)
+    await ledger.append(db, "mail.sent", actor, record.ref, {
+        "mail": record.mail_id, "to": record.to_principal, "subject": record.subject,
+        "hops": record.hops, "thread": record.thread_id,
+        "in_reply_to": record.in_reply_to}, org=record.org)
