@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from bot import jsontext
 from bot.errors import PayloadTooLarge, VaultmailError
 
 MiB = 1024 * 1024
@@ -94,7 +95,7 @@ def loads_json(data: bytes, what: str = "the body") -> Any:
         raise VaultmailError(
             f"{what} nests arrays and objects {depth} deep: at most {JSON_DEPTH_LIMIT} levels "
             "are taken; send flatter JSON", code="bad_json")
-    return json.loads(data)
+    return jsontext.loads(data)
 
 
 # -- lone surrogates --------------------------------------------------------------------------

@@ -7,6 +7,10 @@ or an inbox box (`you:<owner>`, `agents:<owner>`: see `bot.items.inbox.wait_keys
 person's long poll wakes for their own box only, never for their agents'. Keys are an
 office's: `notify` and `wait_any` take the org and key under it, so one office's
 `agent:scout` never wakes (or cuts short the long poll of) another's.
+
+Each wake-up is one object (`Wake`), which `wait_woken` hands to every wait it ends: polls of
+one viewer ended by the same wake-up may share one answer (`Together`), never polls ended by
+another, nor another viewer's.
 """
 
 from __future__ import annotations
@@ -14,9 +18,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
+from typing import Any, Generic, TypeVar
 
 from bot import metrics
+
+T = TypeVar("T")
 
 log = logging.getLogger("vaultmail.notify")
 
@@ -25,9 +32,33 @@ def _scoped(org: str, key: str) -> str:
     return f"{org.lower()}/{key}"
 
 
+class Wake:
+    """One wake-up (one `notify`, one message from another replica): what the waits it ended
+    have in common. Compared by identity."""
+
+    __slots__ = ("__weakref__",)
+
+
+class _Waiter:
+    """One waiting call: its event, and the wake-up that set it first."""
+
+    __slots__ = ("event", "wake")
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.wake: Wake | None = None
+
+    def set(self, wake: Wake | None) -> None:
+        if self.wake is None:
+            self.wake = wake
+        self.event.set()
+
+
 class Notifier:
     def __init__(self) -> None:
-        self._waiting: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
+        self._waiting: defaultdict[str, set[_Waiter]] = defaultdict(set)
+        # answers shared by one viewer's polls that one wake-up ended (bot.tools.comment_tools)
+        self.together: Together[Any] = Together()
         self.closed = False  # shutting down: every wait answers at once with what is there
         # tells the other replicas (bot.app.replica: PostgreSQL's NOTIFY); None when alone
         self.publish: Callable[[list[str]], Awaitable[None]] | None = None
@@ -36,9 +67,9 @@ class Notifier:
     def close(self) -> None:
         """On SIGTERM: wake every long poll now, and let no new one wait."""
         self.closed = True
-        for events in self._waiting.values():
-            for event in events:
-                event.set()
+        for waiters in self._waiting.values():
+            for waiter in waiters:
+                waiter.set(None)
 
     def notify(self, principals: Iterable[str], *, org: str) -> None:
         """Something is new under these keys of `org`'s office: wake who waits here and on
@@ -58,10 +89,12 @@ class Notifier:
             log.warning("wake-up not sent to other replicas: %r", exc)
 
     def wake(self, principals: Iterable[str]) -> None:
-        """Wake who waits here under these keys (what another replica told us, too)."""
+        """Wake who waits here under these keys (what another replica told us, too): one
+        wake-up, the same `Wake` for every wait it ends."""
+        wake = Wake()
         for principal in set(principals):
-            for event in self._waiting.pop(principal, ()):
-                event.set()
+            for waiter in self._waiting.pop(principal, ()):
+                waiter.set(wake)
 
     def wake_everyone(self) -> None:
         """Wake every wait here (wake-ups from other replicas may have been missed: each
@@ -74,28 +107,70 @@ class Notifier:
 
     async def wait_any(self, principals: Iterable[str], timeout: float, *, org: str) -> bool:
         """Like `wait`, woken by something new for any of `principals` of `org`'s office."""
+        return await self.wait_woken(principals, timeout, org=org) is not None
+
+    async def wait_woken(self, principals: Iterable[str], timeout: float, *,
+                         org: str) -> Wake | None:
+        """Like `wait_any`: the wake-up that ended the wait, None on timeout or shutdown."""
         if self.closed:
-            return False
-        event = asyncio.Event()
+            return None
+        waiter = _Waiter()
         keys = {_scoped(org, p) for p in principals}
         for key in keys:
-            self._waiting[key].add(event)
+            self._waiting[key].add(waiter)
         metrics.LONG_POLLS.inc()
         try:
             async with asyncio.timeout(timeout):  # no extra task, unlike wait_for
-                await event.wait()
-            return not self.closed
+                await waiter.event.wait()
+            return None if self.closed else waiter.wake
         except TimeoutError:
-            return False
+            return None
         finally:
             metrics.LONG_POLLS.dec()
             for key in keys:
                 waiting = self._waiting.get(key)
                 if waiting is not None:
-                    waiting.discard(event)
+                    waiting.discard(waiter)
                     if not waiting:
                         del self._waiting[key]
 
     def waiting(self) -> int:
         """How many principal registrations are waiting (a wait on two counts twice)."""
         return sum(len(events) for events in self._waiting.values())
+
+
+_ALONE = object()  # what a follower gets when it must compute its own answer
+
+
+class Together(Generic[T]):
+    """Single flight: the first caller of a key computes, callers of the same key meanwhile
+    get its answer. The key names everything the answer depends on, and the wake-up that
+    ended the waits (`Wake`): answers are shared only by polls one wake-up ended, and only
+    while the first is computing (nothing is kept). A follower computes its own when the
+    first fails, is cancelled, or answers with something `shareable` refuses."""
+
+    def __init__(self) -> None:
+        self._flights: dict[Hashable, asyncio.Future[object]] = {}
+        self.shared = 0  # answers handed to a follower (for tests and benches)
+
+    async def once(self, key: Hashable, compute: Callable[[], Awaitable[T]],
+                   shareable: Callable[[T], bool]) -> tuple[T, bool]:
+        """(the answer, whether it is another caller's)."""
+        flight = self._flights.get(key)
+        if flight is not None:
+            got = await asyncio.shield(flight)  # (a follower cancelled leaves it be)
+            if got is not _ALONE:
+                self.shared += 1
+                return got, True  # type: ignore[return-value]
+            return await compute(), False
+        flight = asyncio.get_running_loop().create_future()
+        self._flights[key] = flight
+        answer: object = _ALONE
+        try:
+            result = await compute()
+            if shareable(result):
+                answer = result
+            return result, False
+        finally:
+            del self._flights[key]
+            flight.set_result(answer)

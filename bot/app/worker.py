@@ -35,7 +35,7 @@ from bot.store import QueueItem, Store, queue
 ContextFactory = Callable[[QueueItem, logging.LoggerAdapter[logging.Logger]], HandlerContext]
 
 log = logging.getLogger("vaultmail.worker")
-BATCH = 64  # due deliveries taken at a time
+BATCH = 128  # due deliveries taken at a time
 IDLE_LOOK = 5.0  # seconds at most between looks at an idle queue (SQLite: one process)
 SHARED_IDLE_LOOK = 0.5  # ... shared with other replicas (PostgreSQL)
 STORE_RETRY, STORE_RETRY_MAX = 0.5, 5.0  # seconds between tries while the index is away
@@ -50,7 +50,7 @@ class Worker:
     def __init__(self, store: Store, router: Router, own_router: Router,
                  is_own_event: Callable[[dict[str, Any]], bool], make_context: ContextFactory,
                  *, max_attempts: int = 6, base_backoff: float = 2.0,
-                 concurrency: int = 16) -> None:
+                 concurrency: int = 64) -> None:
         self.store = store
         self.router = router
         self.own_router = own_router  # the few events the app caused that it still reads

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from bot import jsontext
 from bot.store.sql import Connection, Row, Sql, Statement
 
 log = logging.getLogger("vaultmail.queue")
@@ -110,7 +111,7 @@ def _item(row: Any, parsed: dict[str, Any] | None = None) -> QueueItem:
         guid=row["guid"],
         event=row["event"],
         installation_id=row["installation_id"],
-        payload=json.loads(row["payload"]) if parsed is None else parsed,
+        payload=jsontext.loads(row["payload"]) if parsed is None else parsed,
         attempts=row["attempts"],
         state=row["state"],
         last_error=row["last_error"],

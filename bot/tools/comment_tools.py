@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bot.app.notify import Wake
 from bot.errors import InvalidArguments
 from bot.items import inbox
 from bot.items import tree as work_tree
@@ -150,37 +151,57 @@ class InboxArgs(Args):
       "outcomes, 30 at a time; wait up to 50 seconds for something new.", title="Your inbox",
       hints=READS_INDEX, output=outputs.InboxResult)
 async def list_inbox(call: Call, args: InboxArgs) -> dict[str, Any]:
-    store, office = call.services.store, call.office
+    office = call.office
     try:
         since = parse_time(args.since) if args.since else None
     except ValueError as exc:
         raise InvalidArguments(f"since: {args.since!r} is not an ISO 8601 time") from exc
     sees = viewer_for(call).visible
-    if args.wait > 0:
-        await _wait_for_new(call, args.wait, sees)
+    woken = await _wait_for_new(call, args.wait, sees) if args.wait > 0 else None
+    if woken is not None and not call.is_agent:
+        # polls of this viewer, with these arguments, that this wake-up ended: one look for
+        # all (a poll of another viewer, office or wake-up never shares it). Not when the look
+        # marked unread comments read: those are shown once, the others look for themselves
+        # (the whole answer is list_inbox's: an agent's carries its `inbox` field, not shared)
+        key = (woken, office.org.lower(), call.principal, args.model_dump_json(exclude={"wait"}))
+        mark = args.markRead and call.principal == inbox.Whose.of(office, call.principal).person
+        result, _ = await call.services.notifier.together.once(
+            key, lambda: _look(call, args, since, sees),
+            lambda r: not (mark and r["you"]["unread"]))
+        return dict(result)  # the top level is each caller's own
+    return await _look(call, args, since, sees)
+
+
+async def _look(call: Call, args: InboxArgs, since: float | None,
+                sees: inbox.Sees) -> dict[str, Any]:
+    store, office = call.services.store, call.office
     is_person = call.principal == inbox.Whose.of(office, call.principal).person
-    computed = await inbox.compute(store, office, call.principal,
-                                   mark_you=is_person and args.markRead,
-                                   mark_agents=call.is_agent and args.markRead, sees=sees)
+    # the boxes and the updates page side by side (the updates read no read mark): their
+    # statements go to the index in one trip, and the cards are built while the updates are
+    # read. The read page after the boxes: what they just marked read is on it
+    computed, updates = await asyncio.gather(
+        inbox.compute(store, office, call.principal, mark_you=is_person and args.markRead,
+                      mark_agents=call.is_agent and args.markRead, sees=sees),
+        inbox.updates_page(store, office, call.principal, args.updatesBefore, since, sees))
     result: dict[str, Any] = dict(computed.boxes)
     if call.is_agent:  # the `inbox` field shares this look: its unread went out just above
         call.inbox_ready[COMMENTS_INBOX] = _agent_share(
             computed, unread=[] if args.markRead else None)
     if args.read:
         result |= await inbox.read_page(store, office, call.principal, args.readBefore, sees)
-    result |= await inbox.updates_page(store, office, call.principal, args.updatesBefore, since,
-                                       sees)
+    result |= updates
     result["note"] = DATA_NOTE
     return result
 
 
-async def _wait_for_new(call: Call, seconds: float, sees: inbox.Sees) -> None:
+async def _wait_for_new(call: Call, seconds: float, sees: inbox.Sees) -> Wake | None:
     """Sleep on the notifier until something new is the caller's (no polling): a person's own
     box, never their agents'; an agent's share of the agents' box and its own mail and chats.
+    The wake-up that ended the sleep; None when something was new at once, or on timeout.
 
     The waiter is registered before looking, so a delivery between the look and the sleep
     still wakes it."""
-    waiter = asyncio.create_task(call.services.notifier.wait_any(
+    waiter = asyncio.create_task(call.services.notifier.wait_woken(
         inbox.wait_keys(call.office, call.principal), seconds, org=call.office.org))
     await asyncio.sleep(0)
     if await inbox.has_new(call.services.store, call.office, call.principal, sees) or (
@@ -189,8 +210,8 @@ async def _wait_for_new(call: Call, seconds: float, sees: inbox.Sees) -> None:
         waiter.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await waiter
-        return
-    await waiter
+        return None
+    return await waiter
 
 
 class OutcomeArgs(Args):
