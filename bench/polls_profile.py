@@ -9,10 +9,15 @@ rows side by side:
   --floor     the inbox reads made free (compute and updates_page return empty boxes) against
               the real ones: what HTTP, the wake-up and the JSON cost alone
   --count     how many reads of each kind the 1,000 polls make
+  --alone     (with any of the above) each woken poll looks at its inbox for itself, as if
+              every poll were another viewer's: without the single flight that shares one
+              look among one viewer's polls ended by one wake-up (bench.inbox's 1,000 polls
+              are three people's, so with it they make three looks)
   --profile   pyinstrument over the wake-up (from the notify to the last answer), written to
               /tmp/polls_profile.txt
 
 Run: .venv/bin/python -m bench.polls_profile [ROUNDS] [--plain|--floor|--count|--profile]
+[--alone]
 """
 
 import asyncio
@@ -42,23 +47,31 @@ COUNTS: Counter[str] = Counter()
 
 
 def counting(fn: Any) -> Any:
-    async def wrapped(self: Store, sql: str, params: tuple[Any, ...] = ()) -> Any:
-        COUNTS[sql.split(" WHERE")[0][:70]] += 1
+    async def wrapped(self: Store, sql: Any, params: tuple[Any, ...] = ()) -> Any:
+        COUNTS[str(sql).split(" WHERE")[0][:70]] += 1
         return await fn(self, sql, params)
     return wrapped
 
 
 async def main(profile: bool, rounds: int, count: bool) -> None:
     e = await start_embedded(data_dir=Path(tempfile.mkdtemp()), port=0, forge_port=0)
+    if "--alone" in sys.argv:
+        together = getattr(e.services.notifier, "together", None)
+        if together is not None:  # (a tree before the single flight has none)
+            async def once(key: Any, compute: Any, shareable: Any) -> Any:
+                return await compute(), False
+            together.once = once
     try:
         await b.hold_http_polls(e, 1000, trace=False)  # warm
-        if count:
-            Store.fetchall, Store.fetchone = counting(NEW[0]), counting(NEW[1])
+        if count:  # the engine's own reads (SqliteStore batches them: its methods, not Store's)
+            engine = type(e.services.store)
+            real = engine.fetchall, engine.fetchone
+            engine.fetchall, engine.fetchone = counting(real[0]), counting(real[1])  # type: ignore[method-assign]
             COUNTS.clear()
             await b.hold_http_polls(e, 1000, trace=False)
             for k, v in COUNTS.most_common():
                 print(f"{v:6d} {k}")
-            Store.fetchall, Store.fetchone = NEW
+            engine.fetchall, engine.fetchone = real  # type: ignore[method-assign]
         if "--floor" in sys.argv:  # the inbox reads made free: HTTP, wake-up and JSON alone
             from bot.items import inbox
             real = inbox.compute, inbox.updates_page

@@ -36,7 +36,7 @@ class Wake:
     """One wake-up (one `notify`, one message from another replica): what the waits it ended
     have in common. Compared by identity."""
 
-    __slots__ = ("__weakref__",)
+    __slots__ = ()
 
 
 class _Waiter:
@@ -140,6 +140,7 @@ class Notifier:
 
 
 _ALONE = object()  # what a follower gets when it must compute its own answer
+_AGAIN = object()  # ... when the first's answer was not to share: the next to look shares
 
 
 class Together(Generic[T]):
@@ -147,7 +148,8 @@ class Together(Generic[T]):
     get its answer. The key names everything the answer depends on, and the wake-up that
     ended the waits (`Wake`): answers are shared only by polls one wake-up ended, and only
     while the first is computing (nothing is kept). A follower computes its own when the
-    first fails, is cancelled, or answers with something `shareable` refuses."""
+    first fails or is cancelled; when `shareable` refuses the first's answer (it consumed
+    something: unread comments shown once), the followers start again, one of them first."""
 
     def __init__(self) -> None:
         self._flights: dict[Hashable, asyncio.Future[object]] = {}
@@ -159,6 +161,8 @@ class Together(Generic[T]):
         flight = self._flights.get(key)
         if flight is not None:
             got = await asyncio.shield(flight)  # (a follower cancelled leaves it be)
+            if got is _AGAIN:
+                return await self.once(key, compute, shareable)
             if got is not _ALONE:
                 self.shared += 1
                 return got, True  # type: ignore[return-value]
@@ -168,8 +172,7 @@ class Together(Generic[T]):
         answer: object = _ALONE
         try:
             result = await compute()
-            if shareable(result):
-                answer = result
+            answer = result if shareable(result) else _AGAIN
             return result, False
         finally:
             del self._flights[key]
