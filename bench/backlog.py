@@ -101,7 +101,7 @@ async def _claims(store: Store, n: int, count: int, budget: float) -> list[float
     arrived = n
     while len(times) < count and (not times or time.perf_counter() - started < budget):
         t = time.perf_counter()
-        items = await store.due_items(limit=BATCH)
+        items = await store.due_items(limit=BATCH[store.engine])
         times.append(time.perf_counter() - t)
         await asyncio.gather(*(store.finish(item, "ignored") for item in items))
         await _fill(store, len(items), arrived, max(1, n // 4))
@@ -220,7 +220,8 @@ async def main(args: argparse.Namespace) -> None:
         _table(["backlog draining", "answers", "intake p50 ms", "intake p99 ms", "max ms",
                 "queue handled/s meanwhile", "still pending after", "answers other than 202"],
                intake)
-    print(f"\none claim = due_items({BATCH}); handled meanwhile: with no backlog, the load's own"
+    print(f"\none claim = due_items(limit={BATCH['sqlite']} on SQLite, {BATCH['postgresql']} on "
+          "PostgreSQL: the worker's); handled meanwhile: with no backlog, the load's own"
           " deliveries (each reads the office config); with one, the backlog's (no handler)."
           " 2-core machine shared with other work.")
 

@@ -45,7 +45,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.common import client_main, ms, percentile, run_client
+from bench.common import client_main, ms, percentile, run, run_client
 from bot.app.embedded import Embedded, start_embedded
 from bot.items import inbox
 from bot.items.questions import Option, Question
@@ -534,4 +534,4 @@ if __name__ == "__main__":
     if "--client" in sys.argv:
         client_main(_polls)
     else:
-        asyncio.run(main(list_only="--list-only" in sys.argv))
+        run(main(list_only="--list-only" in sys.argv))

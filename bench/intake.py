@@ -37,7 +37,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.common import client_main, ms, percentile, run_client
+from bench.common import client_main, ms, percentile, run, run_client
 from bot.app.embedded import Embedded, start_embedded
 
 # (event, in flight, offered rate a second, deliveries): a fixed number in flight (closed loop:
@@ -203,4 +203,4 @@ if __name__ == "__main__":
         if "--levels" in sys.argv:
             picks = sys.argv[sys.argv.index("--levels") + 1]
             chosen = [LEVELS[int(i) - 1] for i in picks.split(",")]
-        asyncio.run(main(chosen))
+        run(main(chosen))

@@ -20,7 +20,6 @@ Run: .venv/bin/python -m bench.polls_profile [ROUNDS] [--plain|--floor|--count|-
 [--alone]
 """
 
-import asyncio
 import sys
 import tempfile
 from collections import Counter
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import inbox as b
+from bench.common import run
 from bot.app.embedded import start_embedded
 from bot.store.db import Store
 
@@ -128,4 +128,4 @@ if __name__ == "__main__":
         client_main(b._polls)
     else:
         n = [a for a in sys.argv[1:] if a.isdigit()]
-        asyncio.run(main("--profile" in sys.argv, int(n[0]) if n else 3, "--count" in sys.argv))
+        run(main("--profile" in sys.argv, int(n[0]) if n else 3, "--count" in sys.argv))

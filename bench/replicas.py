@@ -47,7 +47,7 @@ import aiohttp
 import asyncpg
 import yaml
 
-from bench.common import ms, percentile, run_client
+from bench.common import ms, percentile, run, run_client
 from bench.intake import _non_vault_payload
 from bot.app.embedded import Embedded, start_embedded
 from bot.app.replicas import start_replicas
@@ -271,5 +271,5 @@ if __name__ == "__main__":
     parser.add_argument("--offices", type=int, default=8,
                         help="organisations of the offices workload")
     args = parser.parse_args()
-    asyncio.run(main(args.workloads.split(","), args.cells.split(","), args.count, args.mails,
+    run(main(args.workloads.split(","), args.cells.split(","), args.count, args.mails,
                      args.limits, args.offices))

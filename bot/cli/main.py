@@ -297,7 +297,7 @@ def _default_level(command: str) -> str:
     return "info" if command == "serve" else "warning"
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop's event loop where it is installed (a dependency everywhere but Windows): the
     loop's own overhead was about a tenth of `serve`'s CPU per webhook with asyncio's."""
     try:
@@ -311,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level or _default_level(args.command))
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
             code: int = runner.run(args.func(args))
         return code
     except NotRegistered as exc:  # a command that acts for an app, with none configured
