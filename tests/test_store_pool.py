@@ -1,0 +1,67 @@
+"""PostgreSQL: a connection goes back to the store's pool carrying nothing of what used it.
+
+asyncpg resets a connection it takes back with one more round trip (unlock every advisory
+lock, CLOSE ALL, UNLISTEN *, RESET ALL), about nine an event on the hot path. The store does
+not send it (`bot.store.postgres._Pooled`): what a transaction sets or takes ends with the
+transaction. These tests hold it to that on a pool of one connection, so every statement
+below runs on the connection the one before it used."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from bot.store.postgres import LOCK_WAIT, PostgresStore
+from tests import pg
+
+
+@pytest.fixture
+async def one_connection() -> AsyncIterator[tuple[str, PostgresStore]]:
+    url = await pg.fresh_database()
+    store = await PostgresStore.open(url, min_size=1, max_size=1)
+    try:
+        yield url, store
+    finally:
+        await store.close()
+        await pg.drop_database(url)
+
+
+async def _backend_and_timeout(store: PostgresStore) -> tuple[int, str]:
+    row = await store.fetchone("SELECT pg_backend_pid() AS pid,"
+                               " current_setting('lock_timeout') AS wait")
+    assert row is not None
+    return int(row["pid"]), str(row["wait"])
+
+
+async def test_what_a_transaction_set_and_held_ends_with_it(
+        one_connection: tuple[str, PostgresStore]) -> None:
+    url, store = one_connection
+    before, default = await _backend_and_timeout(store)
+    assert default == f"{int(LOCK_WAIT)}s"
+    async with store.transaction("office:acme", "mail:1") as db:
+        await db.execute("SET LOCAL lock_timeout = '5ms'")
+        inside = await db.fetchone("SELECT pg_backend_pid() AS pid,"
+                                   " current_setting('lock_timeout') AS wait")
+        assert inside is not None and inside["wait"] == "5ms"
+    after, wait = await _backend_and_timeout(store)
+    assert after == before == inside["pid"]  # the same connection all along
+    assert wait == default
+    observer = await asyncpg.connect(url)
+    try:
+        held = await observer.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype='advisory' AND pid=$1", after)
+    finally:
+        await observer.close()
+    assert held == 0
+
+
+async def test_a_failed_transaction_leaves_the_connection_usable(
+        one_connection: tuple[str, PostgresStore]) -> None:
+    _, store = one_connection
+    with pytest.raises(asyncpg.PostgresError):
+        async with store.transaction("office:acme") as db:
+            await db.execute("SELECT no_such_function()")
+    pid, wait = await _backend_and_timeout(store)
+    assert pid > 0 and wait == f"{int(LOCK_WAIT)}s"
