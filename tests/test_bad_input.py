@@ -190,6 +190,20 @@ async def test_integers_out_of_range_are_422_naming_the_field(
     assert field in body["error"]["message"], body
 
 
+async def test_an_integer_past_64_bits_is_refused_by_the_range_rule(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """Sent as JSON text (not through a client that would refuse it first): read as the integer
+    it is, not as a float, so the answer names the limit, as for any integer past 2**53."""
+    url = embedded.app_url + "/api/v1/tools/list_inbox"
+    headers = {"Authorization": f"Bearer {embedded.api_tokens['human:marco@acme.com']}"}
+    for number in (10**30, 2**64, -(2**63) - 1):
+        raw = f'{{"readBefore": {number}, "read": true}}'
+        async with session.post(url, data=raw, headers=headers) as resp:
+            assert resp.status == 422, (raw, await resp.text())
+            message = (await resp.json())["error"]["message"]
+        assert "readBefore" in message and "integers here are at most" in message, message
+
+
 async def test_not_a_number_is_422_naming_the_field(
         embedded: Embedded, session: aiohttp.ClientSession) -> None:
     url = embedded.app_url + "/api/v1/tools/list_inbox"

@@ -158,11 +158,10 @@ class Together(Generic[T]):
     async def once(self, key: Hashable, compute: Callable[[], Awaitable[T]],
                    shareable: Callable[[T], bool]) -> tuple[T, bool]:
         """(the answer, whether it is another caller's)."""
-        flight = self._flights.get(key)
-        if flight is not None:
+        while (flight := self._flights.get(key)) is not None:
             got = await asyncio.shield(flight)  # (a follower cancelled leaves it be)
             if got is _AGAIN:
-                return await self.once(key, compute, shareable)
+                continue  # a loop, not a call: rounds of it stack no frames
             if got is not _ALONE:
                 self.shared += 1
                 return got, True  # type: ignore[return-value]

@@ -389,8 +389,25 @@ async def run_command(services: Services, agent: Agent, how: CommandDispatch, su
                 "timed_out": data["timed_out"], "error": data.get("error")})
 
 
+def _inherit_nothing() -> None:
+    """Mark every descriptor above stdin, stdout and stderr close-on-exec, so an agent's command
+    gets its own three pipes and nothing else of this process. Python opens its own
+    descriptors that way already, but not those it was started with (a supervisor's socket,
+    a launcher's pipe), and uvloop, which runs `serve`, ignores subprocess's close_fds."""
+    try:
+        held = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: every number a descriptor may have
+        held = list(range(3, os.sysconf("SC_OPEN_MAX")))
+    for fd in held:
+        if fd > 2:
+            with contextlib.suppress(OSError):  # (closed meanwhile: the listing's own)
+                if os.get_inheritable(fd):
+                    os.set_inheritable(fd, False)
+
+
 async def _execute(argv: list[str], timeout: float, env: dict[str, str],
                    stdin: bytes, cwd: str) -> dict[str, Any]:
+    _inherit_nothing()
     proc = await asyncio.create_subprocess_exec(
         *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env=env, cwd=cwd, start_new_session=True)

@@ -63,7 +63,7 @@ class Worker:
         self.make_context = make_context
         self.max_attempts = max_attempts
         self.base_backoff = base_backoff
-        self.concurrency = concurrency or CONCURRENCY[store.engine]
+        self.concurrency = CONCURRENCY[store.engine] if concurrency is None else concurrency
         self.batch = BATCH[store.engine]
         self._wake = asyncio.Event()
         self._stopping = False

@@ -6,7 +6,7 @@ Pure: parsing and validation only. Errors name the file, the key and why, all at
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -348,11 +348,21 @@ def _locate(loc: tuple[int | str, ...]) -> str:
 MAX_DEPTH = 32  # an office config nests a few levels; one nested far deeper is none
 
 
+_FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # (without libyaml: Python's)
+
+
 def _too_deep(text: str) -> int | None:
     """The line where the YAML nests more than MAX_DEPTH levels, if it does (read as a stream
     of events, without building it: building recurses once per level)."""
+    try:  # libyaml's events (it keeps its own stack, no recursion); Python's where it refuses
+        return _deeper_than_allowed(yaml.parse(text, Loader=_FAST_LOADER))
+    except yaml.YAMLError:
+        return _deeper_than_allowed(yaml.parse(text, Loader=yaml.SafeLoader))
+
+
+def _deeper_than_allowed(events: Iterator[yaml.Event]) -> int | None:
     depth = 0
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+    for event in events:
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > MAX_DEPTH:
@@ -401,9 +411,6 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
         started = _at(exc.context_mark).strip(" ()").replace("line", "at line", 1)
         what += f", {exc.context}" + (f" {started}" if started else "")
     return what + _at(exc.problem_mark)
-
-
-_FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # (without libyaml: Python's)
 
 
 def _load_yaml(text: str, source: str) -> Any:
