@@ -289,8 +289,14 @@ async def breakdown(embedded: Embedded, principal: str) -> dict[str, str]:
         "after: a page of each list, visibility in SQL)": (
             (lambda: questions(store, who, sees)) if questions is not None
             else (lambda: db.open_questions_involving(store, mine, org=who.org))),
-        "unread (both boxes)": lambda: db.unread_in(store, who.owner, ["you", "agents"],
-                                                    org=who.org),
+        # (one read of both boxes since issue 22's builder pass: db.unread_boxes; before it
+        # the unread of both boxes, read apart)
+        "unread (both boxes)": (
+            (lambda: db.unread_boxes(store, who.owner, you=who.person is not None,
+                                     agent=None if principal == who.person else principal,
+                                     agents=list(who.agents), org=who.org))
+            if hasattr(db, "unread_boxes")
+            else lambda: db.unread_in(store, who.owner, ["you", "agents"], org=who.org)),
         "relevant_items (in SQL; list_inbox no longer builds it when the newest updates "
         "fill the page)": lambda: inbox.relevant_items(store, office, who),
         "  of which questions_asked_on": lambda: db.questions_asked_on(store, who.everyone,
@@ -497,7 +503,7 @@ async def main(list_only: bool = False) -> None:
                   for t, _, _ in TABLES}
         open_threads = await _count(embedded, OPEN_THREADS)
         list_rows += await time_list_inbox(embedded, "filled")
-        for principal in ("agent:scout", "human:lee@acme.com"):
+        for principal in ("agent:scout", "agent:builder", "human:lee@acme.com"):
             parts[principal] = await breakdown(embedded, principal)
     finally:
         await embedded.stop()

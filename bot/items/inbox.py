@@ -81,10 +81,9 @@ async def _unread(store: Store, who: Whose, *, mark_you: bool, mark_agents: bool
     person: history, what each comment's agent has not picked up yet, never marked."""
     is_agent = who.viewer != who.person
     org = who.org
-    you_rows = await db.unread_in(store, who.owner, ["you"], org=org) if who.person else []
-    agent_rows = (await db.unseen_by(store, who.owner, who.viewer, org=org) if is_agent
-                  else await db.unseen_by_their_agent(store, who.owner, list(who.agents),
-                                                      org=org))
+    you_rows, agent_rows = await db.unread_boxes(  # one read for both
+        store, who.owner, you=who.person is not None, agent=who.viewer if is_agent else None,
+        agents=list(who.agents), org=org)
     found = await db.comments_by_ids(store, [r["comment"] for r in [*you_rows, *agent_rows]])
     shown = None if sees is None else await sees({c.item for c in found.values()})
 

@@ -8,7 +8,7 @@ import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -550,38 +550,61 @@ async def question_repos(store: Store, principals: list[str], *, org: str) -> li
     the indexes alone: `thread_waiting_inbox`, `threads_open_asker_repos`)."""
     if not principals:
         return []
-    ps = _marks(principals)
-    rows = await store.fetchall(
-        f"SELECT repo FROM thread_waiting WHERE principal IN ({ps}) AND org=?"
-        " UNION SELECT " + _REPO_KEY + " AS repo FROM "
-        + indexed_by("threads t", "threads_open_asker_repos")
-        + f" WHERE t.asker IN ({ps}) AND t.open=1 AND t.is_question=1 AND t.org=?",
-        (*principals, org.lower(), *principals, org.lower()))
+    org = org.lower()
+    rows = await store.fetchall(_QUESTION_REPOS.get(len(principals)) or _question_repos(
+        len(principals)), (*principals, org, org, org, org))
     return sorted(str(r["repo"]) for r in rows if r["repo"])
 
 
-def _list_sql(name: str, kind: str, principals: list[str], viewer: str | None,
-              repos: list[str] | None, org: str, limit: int) -> tuple[Sql, list[Any]]:
+# Each principal's repositories, one index seek a repository: the next repository after the
+# last one found (a skip scan, in a recursive query), where reading every open question of
+# theirs in the indexes and keeping the distinct repositories read a few hundred rows each for
+# a handful of repositories (bench.inbox: 667 rows for builder's 2).
+_QUESTION_REPOS: dict[int, Sql] = {}
+
+
+def _question_repos(n: int) -> Sql:
+    def asked(who: str, after: str = "") -> Sql:  # the first repository of who's questions
+        return ("(SELECT min(" + _REPO_KEY + ") FROM "  # (after `after`, where given)
+                + indexed_by("threads t", "threads_open_asker_repos")
+                + f" WHERE t.asker={who}.p AND t.open=1 AND t.is_question=1 AND t.org=?"
+                + after + ")")
+
+    def waiting(who: str, after: str = "") -> str:  # of the questions waiting on who
+        return f"(SELECT min(repo) FROM thread_waiting WHERE principal={who}.p AND org=?{after})"
+
+    sql = ("WITH RECURSIVE ps(p) AS (VALUES " + ",".join("(?)" for _ in range(n)) + "),"
+           " w(p, repo) AS (SELECT p, " + waiting("ps") + " FROM ps"
+           " UNION ALL SELECT w.p, " + waiting("w", " AND repo>w.repo")
+           + " FROM w WHERE w.repo IS NOT NULL),"
+           " a(p, repo) AS (SELECT p, " + asked("ps") + " FROM ps"
+           " UNION ALL SELECT a.p, " + asked("a", " AND " + _REPO_KEY + ">a.repo")
+           + " FROM a WHERE a.repo IS NOT NULL)"
+           " SELECT repo FROM w WHERE repo IS NOT NULL"
+           " UNION SELECT repo FROM a WHERE repo IS NOT NULL")
+    _QUESTION_REPOS[n] = sql
+    return sql
+
+
+def _list_sql(name: str, kind: str, principals: int, sibling: bool,
+              repos: int | None) -> Sql:
     """One list's page (see `inbox_questions`), each row with the list's name and total: the
-    page and the count read from the indexes alone, the threads table only for the page."""
-    ps = _marks(principals)
-    params: list[Any] = []
+    page and the count read from the indexes alone, the threads table only for the page. Its
+    parameters are `_list_params`'."""
+    ps = ",".join("?" * principals)
     if kind == WAITING_ON:  # questions waiting on any of them (thread_waiting: open ones;
         # its org, repo and asker are the thread's, written by the triggers of schema 15)
         source: Sql | str = "thread_waiting w"
         where: Sql | str = f" WHERE w.principal IN ({ps}) AND w.org=?"
-        params += [*principals, org]
         if repos is not None:  # only the repositories the caller may see
-            where = where + f" AND w.repo IN ({_marks(repos)})"
-            params += repos
-        if viewer is not None:  # an answer to a sibling agent's question, which the viewer
-            # (not waited on) has replied in since: set down, not shown (inbox._turns)
+            where = where + f" AND w.repo IN ({','.join('?' * repos)})"
+        if sibling:  # an answer to a sibling agent's question, which the viewer (not
+            # waited on) has replied in since: set down, not shown (inbox._turns)
             where = (where + " AND NOT (w.asker IN (" + ps + ") AND NOT EXISTS (SELECT 1"
                      " FROM thread_waiting v WHERE v.thread=w.thread AND v.principal=?)"
                      " AND EXISTS (SELECT 1 FROM thread_waiting a WHERE a.thread=w.thread"
                      " AND a.principal=w.asker) AND EXISTS (SELECT 1 FROM threads t"
                      " WHERE t.id=w.thread AND " + _REPLIED + "))")
-            params += [*principals, viewer, viewer]
         rows: Sql | str = "SELECT DISTINCT w.thread AS id, w.updated_at FROM " + source + where
         counted: Sql | str = "SELECT count(DISTINCT w.thread) FROM " + source + where
     else:  # questions they asked, not answered yet
@@ -590,10 +613,8 @@ def _list_sql(name: str, kind: str, principals: list[str], viewer: str | None,
         source = indexed_by("threads t", "threads_open_asker_repos")
         where = (f" WHERE t.asker IN ({ps}) AND t.open=1 AND t.is_question=1 AND t.org=?"
                  " AND t.answered_at IS NULL")
-        params += [*principals, org]
         if repos is not None:
-            where = where + " AND " + _REPO_KEY + f" IN ({_marks(repos)})"
-            params += repos
+            where = where + " AND " + _REPO_KEY + f" IN ({','.join('?' * repos)})"
         rows = "SELECT t.id, t.updated_at FROM " + source + where
         counted = "SELECT count(*) FROM " + source + where
     # the page's items (and their kinds: an inbox card carries its item's kind) with it; the
@@ -602,8 +623,23 @@ def _list_sql(name: str, kind: str, principals: list[str], viewer: str | None,
            " (SELECT kind FROM items i WHERE i.ref=p.item) AS kind, (" + counted
            + ") AS total FROM (" + rows + " ORDER BY updated_at DESC, id DESC LIMIT ?) "
            + name + f" JOIN threads p ON p.id={name}.id")
-    params = [*params, *params, limit]
-    return (Sql(sql, sql) if isinstance(sql, str) else sql), params
+    return Sql(sql, sql) if isinstance(sql, str) else sql
+
+
+def _list_params(kind: str, principals: list[str], viewer: str | None,
+                 repos: list[str] | None, org: str, limit: int) -> list[Any]:
+    """The parameters of `_list_sql`'s statement: the list's condition twice (its count, its
+    page), then the page's size."""
+    params: list[Any] = [*principals, org, *(repos if repos is not None else ())]
+    if viewer is not None:
+        params += [*principals, viewer, viewer]
+    return [*params, *params, limit]
+
+
+# the statement of each shape of inbox_questions' lists: its names and kinds, how many
+# principals each names, whether a sibling's answers are set down, how many repositories
+_INBOX_STATEMENTS: dict[tuple[Any, ...], Sql] = {}
+_INBOX_STATEMENTS_KEPT = 512
 
 
 async def inbox_questions(store: Store, lists: dict[str, tuple[str, list[str]]], *,
@@ -619,35 +655,42 @@ async def inbox_questions(store: Store, lists: dict[str, tuple[str, list[str]]],
     out = {name: QuestionPage([], 0) for name in lists}
     if not wanted or repos == []:
         return out
-    parts: list[Sql] = []
+    shape: list[tuple[str, str, int, bool]] = []
     params: list[Any] = []
     for name, (kind, principals) in wanted.items():
         # (a sibling's question needs another of them waited on: not with the viewer alone)
         sibling = kind == WAITING_ON and viewer in principals and len(principals) > 1
-        sql, more = _list_sql(name, kind, principals, viewer if sibling else None, repos, org,
-                              limit)
-        parts.append(sql)
-        params += more
-    statement: Sql = parts[0]
-    for part in parts[1:]:
-        statement = statement + " UNION ALL " + part
+        shape.append((name, kind, len(principals), sibling))
+        params += _list_params(kind, principals, viewer if sibling else None, repos, org, limit)
+    key = (*shape, None if repos is None else len(repos))
+    statement = _INBOX_STATEMENTS.get(key)
+    if statement is None:
+        parts = [_list_sql(*part, None if repos is None else len(repos)) for part in shape]
+        statement = parts[0]
+        for part in parts[1:]:
+            statement = statement + " UNION ALL " + part
+        if len(_INBOX_STATEMENTS) >= _INBOX_STATEMENTS_KEPT:
+            _INBOX_STATEMENTS.clear()
+        _INBOX_STATEMENTS[key] = statement
     keys: dict[str, list[tuple[str, float]]] = {name: [] for name in wanted}
     kinds: dict[str, dict[str, str]] = {name: {} for name in wanted}
-    for r in await store.fetchall(statement, params):
-        name = str(r["list"])
-        out[name] = QuestionPage([], int(r["total"]))
-        keys[name].append((str(r["id"]), float(r["updated_at"])))
-        if r["kind"] is not None:
-            kinds[name][str(r["item"])] = str(r["kind"])
+    totals: dict[str, int] = {}
+    # (by position: list, id, updated_at, item, kind, total)
+    for name, thread_id, updated_at, item, kind, total in await store.fetchall(statement,
+                                                                                params):
+        totals[name] = total
+        keys[name].append((str(thread_id), float(updated_at)))
+        if kind is not None:
+            kinds[name][str(item)] = str(kind)
     # the pages' threads, decoded once (a thread may be on two lists: waiting on the person,
     # asked by an agent), newest first as each list's query ordered them
     everyone = {key for found in keys.values() for key in found}
     threads = {t.id: t for t in await _cached_threads(store, sorted(everyone))}
+    newest = attrgetter("updated_at", "id")
     for name, found in keys.items():
         out[name] = QuestionPage(
-            sorted((threads[i] for i, _ in found if i in threads),
-                   key=lambda t: (t.updated_at, t.id), reverse=True), out[name].total,
-            kinds[name])
+            sorted((threads[i] for i, _ in found if i in threads), key=newest, reverse=True),
+            int(totals.get(name, 0)), kinds[name])
     return out
 
 
@@ -717,26 +760,35 @@ async def updates_for(store: Store, mine: list[str], logins: list[str], exclude:
     page = (before or 2**62, since or 0.0)
     assigned = (f" OR EXISTS (SELECT 1 FROM item_assignees a WHERE a.item=u.item"
                 f" AND a.login IN ({_marks(logins)}))") if logins else ""
-    # the window's page, and after it one row (seq -1) whose `at` counts the window's
-    # candidates: one statement, one trip to the connection's thread
+    # The window: the newest UPDATES_WINDOW candidates, from the seq of the last of them
+    # (counted in `item_updates_org` alone where no `since` asks for `at`; NULL when there
+    # are fewer: the window holds every candidate). The page is read from the table newest
+    # first, each update checked as it comes, and stops when it is full: what lies below
+    # it in the window is not read (as a subquery of the window, every update of it was
+    # checked, then sorted). After the page, one row (seq -1) whose `at` is that bound:
+    # one statement, one trip to the connection's thread.
+    # (without `since` the window counts every update: `at>=0` holds for every time written,
+    # and an update the page's filter would leave out only sends it past the window)
+    at = " AND at>=?" if since is not None else ""
+    bound = (f"(SELECT seq FROM item_updates WHERE org=? AND seq<?{at}"
+             " ORDER BY seq DESC LIMIT 1 OFFSET ?)")
+    window = (org, page[0], *((since,) if since is not None else ()), UPDATES_WINDOW - 1)
     rows = await store.fetchall(
         "SELECT * FROM (SELECT u.seq, u.item, u.kind, u.actor, u.summary, u.data, u.at"
-        " FROM (SELECT * FROM item_updates WHERE seq<? AND at>=? AND org=?"
-        " ORDER BY seq DESC LIMIT ?) u"
-        f" WHERE u.actor NOT IN ({ex}) AND ("
+        f" FROM item_updates u WHERE u.org=? AND u.seq<? AND u.at>=?"
+        f" AND u.seq>=coalesce({bound}, -1)"
+        f" AND u.actor NOT IN ({ex}) AND ("
         " EXISTS (SELECT 1 FROM items i WHERE i.ref=u.item"
         f"  AND (i.author IN ({m}) OR i.claim IN ({m})))"
         " OR EXISTS (SELECT 1 FROM " + indexed_by("threads t", "threads_scope_asked")
         + " WHERE t.scope=u.item AND t.is_question=1"
         f"  AND t.asker IN ({m})){assigned})"
         " ORDER BY u.seq DESC LIMIT ?) page"
-        " UNION ALL SELECT -1, NULL, NULL, NULL, NULL, NULL, (SELECT count(*) FROM"
-        " (SELECT 1 FROM item_updates WHERE seq<? AND at>=? AND org=? LIMIT ?) candidates)"
+        f" UNION ALL SELECT -1, NULL, NULL, NULL, NULL, NULL, {bound}"
         " ORDER BY 1 DESC",
-        (*page, org, UPDATES_WINDOW, *exclude, *mine, *mine, *mine, *logins, limit,
-         *page, org, UPDATES_WINDOW))
-    window = int(rows.pop()["at"])
-    if len(rows) >= limit or window < UPDATES_WINDOW:
+        (org, *page, *window, *exclude, *mine, *mine, *mine, *logins, limit, *window))
+    full = rows.pop()["at"] is not None
+    if len(rows) >= limit or not full:
         return rows  # the page is full, or the window held every candidate
     sql, params = _relevant_sql(mine, logins)
     return await store.fetchall(
@@ -803,13 +855,14 @@ CREATE INDEX IF NOT EXISTS inbox_deliveries_unread_for
 
 
 def _unseen(*, only: str = "", limit: str = "",
-            index: str = "inbox_deliveries_unread") -> Sql:
+            index: str = "inbox_deliveries_unread", order: str = " ORDER BY seq",
+            columns: str = "*") -> Sql:
     """Deliveries of an owner's agents' box past an agent's mark; params: owner, the values
     `only` needs, owner, agent (then those `limit` needs)."""
-    return ("SELECT * FROM " + indexed_by("inbox_deliveries", index)
+    return (f"SELECT {columns} FROM " + indexed_by("inbox_deliveries", index)
             + " WHERE owner=? AND box='agents'" + only + " AND read_at IS NULL AND seq>coalesce("
             "(SELECT seq FROM inbox_agent_marks WHERE owner=? AND agent=?), 0)"
-            " ORDER BY seq" + limit)
+            + order + limit)
 
 
 async def unseen_by(store: Store, owner: str, agent: str, *, org: str) -> list[Row]:
@@ -855,6 +908,17 @@ async def mark_seen(store: Store, owner: str, agent: str,
             (owner, agent, upto))
 
 
+def _unseen_by_their_agent(agents: int, *, columns: str = "*",
+                           order: str = " ORDER BY seq") -> Sql:
+    # one statement for every agent (each row against the mark of the agent it is for);
+    # params: owner, the agents
+    return (f"SELECT {columns} FROM "
+            + indexed_by("inbox_deliveries d", "inbox_deliveries_unread_for")
+            + f" WHERE owner=? AND box='agents' AND principal IN ({','.join('?' * agents)})"
+            " AND read_at IS NULL AND seq>coalesce((SELECT seq FROM inbox_agent_marks m"
+            " WHERE m.owner=d.owner AND m.agent=d.principal), 0)" + order)
+
+
 async def unseen_by_their_agent(store: Store, owner: str,
                                 agents: list[str], *, org: str) -> list[Row]:
     """The deliveries in the owner's agents' box that the agent each is for has not been
@@ -862,13 +926,37 @@ async def unseen_by_their_agent(store: Store, owner: str,
     if not agents:
         return []
     owner = scoped(org, owner)
-    # one statement for every agent (each row against the mark of the agent it is for)
-    return await store.fetchall(
-        "SELECT * FROM " + indexed_by("inbox_deliveries d", "inbox_deliveries_unread_for")
-        + f" WHERE owner=? AND box='agents' AND principal IN ({_marks(agents)})"
-        " AND read_at IS NULL AND seq>coalesce((SELECT seq FROM inbox_agent_marks m"
-        " WHERE m.owner=d.owner AND m.agent=d.principal), 0) ORDER BY seq",
-        (owner, *agents))
+    return await store.fetchall(_unseen_by_their_agent(len(agents)), (owner, *agents))
+
+
+async def unread_boxes(store: Store, owner: str, *, you: bool, agent: str | None,
+                       agents: list[str], org: str) -> tuple[list[Row], list[Row]]:
+    """An inbox look's unread deliveries, in one read: the owner's own (`you`) box's unread
+    (as `unread_in`; none unless `you`), and of the agents' box what `agent` has not been
+    shown (`unseen_by`) or, without an agent, what the agent each is for has not
+    (`unseen_by_their_agent` of `agents`); each oldest first. (Read one after the other,
+    they were a trip more to the index's thread on every look.)"""
+    key = scoped(org, owner)
+    parts: list[Sql] = []
+    params: list[Any] = []
+    if you:
+        parts.append("SELECT 0 AS part, * FROM "
+                     + indexed_by("inbox_deliveries", "inbox_deliveries_unread")
+                     + " WHERE owner=? AND box='you' AND read_at IS NULL")
+        params.append(key)
+    if agent is not None:
+        parts.append(_unseen(columns="1 AS part, *", order=""))
+        params += [key, key, agent]
+    elif agents:
+        parts.append(_unseen_by_their_agent(len(agents), columns="1 AS part, *", order=""))
+        params += [key, *agents]
+    if not parts:
+        return [], []
+    statement = parts[0]
+    for part in parts[1:]:
+        statement = statement + " UNION ALL " + part
+    rows = await store.fetchall(statement + " ORDER BY part, seq", params)
+    return [r for r in rows if r["part"] == 0], [r for r in rows if r["part"] == 1]
 
 
 async def seen_page(store: Store, owner: str, agent: str, before: int | None,
