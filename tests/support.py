@@ -10,7 +10,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from jsonschema import Draft202012Validator
@@ -108,3 +108,26 @@ async def until(what: Callable[[], Awaitable[bool] | bool], timeout: float = 10.
             return
         assert time.monotonic() < deadline, "the condition never came true"
         await asyncio.sleep(0.01)
+
+
+T = TypeVar("T")
+
+
+async def sqlite_steps(store: Any, read: Callable[[], Awaitable[T]],
+                       every: int = 1) -> tuple[int, T]:
+    """What one read of a SQLite store costs, counted rather than timed: its virtual machine's
+    steps (in units of `every`), and what it read."""
+    steps = 0
+
+    def step() -> int:
+        nonlocal steps
+        steps += 1
+        return 0  # go on
+
+    conn = store._db
+    await conn.set_progress_handler(step, every)
+    try:
+        found = await read()
+    finally:
+        await conn.set_progress_handler(None, every)
+    return steps, found

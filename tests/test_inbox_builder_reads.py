@@ -8,7 +8,7 @@ the pages are read) are found one index seek a repository, not by reading every 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,33 +17,16 @@ from bot.items.questions import Option, Question
 from bot.items.threads import ThreadState
 from bot.store import Store, open_store
 from bot.store import comments as db
+from tests.support import sqlite_steps
 
 SARA, BUILDER, MARCO = "human:sara@acme.com", "agent:builder", "human:marco@acme.com"
 T = TypeVar("T")
 PAGE = 31  # what inbox.updates_page asks for
 
 
-async def _counted(store: Store, read: Callable[[], Awaitable[T]]) -> tuple[int, T]:
-    """The SQLite virtual machine's steps of one read, and what it read."""
-    steps = 0
-
-    def step() -> int:
-        nonlocal steps
-        steps += 1
-        return 0  # go on
-
-    conn = store._db  # type: ignore[attr-defined]
-    await conn.set_progress_handler(step, 1)
-    try:
-        found = await read()
-    finally:
-        await conn.set_progress_handler(None, 1)
-    return steps, found
-
-
 async def _steps(store: Store, limit: int = PAGE) -> tuple[int, list[int]]:
     """The steps of one updates page for builder, and its seqs."""
-    steps, rows = await _counted(store, lambda: db.updates_for(
+    steps, rows = await sqlite_steps(store, lambda: db.updates_for(
         store, [SARA, BUILDER], ["builder-bot"], [SARA, BUILDER], None, None, limit,
         org="acme"))
     return steps, [int(r["seq"]) for r in rows]
@@ -132,9 +115,9 @@ async def test_question_repositories_are_each_read_once(tmp_path: Path) -> None:
     try:
         await _questions(few, 2)
         await _questions(many, 200)
-        few_steps, few_repos = await _counted(few, lambda: db.question_repos(
+        few_steps, few_repos = await sqlite_steps(few, lambda: db.question_repos(
             few, [SARA, BUILDER], org="acme"))
-        many_steps, many_repos = await _counted(many, lambda: db.question_repos(
+        many_steps, many_repos = await sqlite_steps(many, lambda: db.question_repos(
             many, [SARA, BUILDER], org="acme"))
         assert few_repos == many_repos == ["acme/many", "acme/other"]
         # 396 more questions each way: not a step each (reading them was about 8 steps each)

@@ -13,6 +13,7 @@ import asyncpg
 
 from bot.store import QueueItem, Store, open_store, queue
 from bot.store.sql import for_postgres
+from tests.support import sqlite_steps
 
 
 async def test_concurrent_deliveries_are_each_queued_once(tmp_path: Path) -> None:
@@ -278,20 +279,7 @@ async def _claim_work(store: Store, url: str) -> tuple[int, list[QueueItem]]:
     """One claim of 64, and what it cost, counted (not timed): SQLite, the steps of its
     virtual machine (in tens); PostgreSQL, the rows of `queue` its plan reads."""
     if store.engine == "sqlite":
-        steps = 0
-
-        def step() -> int:
-            nonlocal steps
-            steps += 1
-            return 0  # go on
-
-        conn = store._db  # type: ignore[attr-defined]
-        await conn.set_progress_handler(step, 10)
-        try:
-            items = await store.due_items(limit=64)
-        finally:
-            await conn.set_progress_handler(None, 10)
-        return steps, items
+        return await sqlite_steps(store, lambda: store.due_items(limit=64), every=10)
     conn = await asyncpg.connect(url)  # (the store's reads do not take EXPLAIN)
     try:
         read = 0
