@@ -143,7 +143,8 @@ def _error(status: int, code: str, message: str) -> web.Response:
 
 async def _answer_and_close(request: web.Request, response: web.Response) -> web.Response:
     """Send `response`, then close the connection rather than read what is left of the body
-    (aiohttp would otherwise linger up to 10 s reading it)."""
+    (aiohttp would otherwise linger up to 10 s reading it: a body refused for its size, or
+    for the time it took, would hold its connection that long)."""
     response.force_close()
     await response.prepare(request)
     await response.write_eof()
@@ -159,7 +160,7 @@ async def _receive(request: web.Request, signed: SignedBody, read_seconds: float
     if declared is not None and declared > signed.limit:  # refused before a byte is read
         exc = too_large(WHAT, f"{declared:,} bytes", signed.limit)
         log.warning("webhook refused: too large", extra={"reason": exc.message})
-        return _error(exc.status, exc.code, exc.message)
+        return await _answer_and_close(request, _error(exc.status, exc.code, exc.message))
     held = 0
     try:
         async with asyncio.timeout(read_seconds):
@@ -171,12 +172,12 @@ async def _receive(request: web.Request, signed: SignedBody, read_seconds: float
                         f"the app holds {size_text(UNVERIFIED.limit)} of webhook bodies not "
                         "verified yet, the most it takes at once; send it again shortly"))
                     response.headers["Retry-After"] = "5"
-                    return response
+                    return await _answer_and_close(request, response)
                 held += len(chunk)
                 signed.add(chunk)
     except PayloadTooLarge as exc:
         log.warning("webhook refused: too large", extra={"reason": exc.message})
-        return _error(exc.status, exc.code, exc.message)
+        return await _answer_and_close(request, _error(exc.status, exc.code, exc.message))
     except TimeoutError:
         log.warning("webhook refused: body not sent in time", extra={
             "delivery_id": guid, "received": signed.size, "read_seconds": read_seconds})
