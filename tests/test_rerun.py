@@ -4,6 +4,7 @@ the first run may have written to the forge before it died, so the next looks be
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,9 @@ async def test_a_refusal_run_again_is_ledgered_once(embedded: Any, person: Any) 
     answers 502 to every try), so the delivery runs again and refuses again: the ledger says
     it once (issue 27: a re-run repeated what it said)."""
     marco, lee = person("marco"), person("lee")
+    client = embedded.services.forge_for(None)  # retries short: what is counted is the same
+    client.config = dataclasses.replace(client.config, backoff_base=0.01, backoff_max=0.05)
+    embedded.worker.base_backoff = 0.05
     issue = await marco.open_issue("acme/scout-vault", "Prices", "EU prices, please")
     await embedded.settle()
     embedded.forge.faults.add("PATCH /repos/{owner}/{repo}/issues/{issue_number}",
