@@ -162,7 +162,10 @@ async def _workload(store: Any) -> None:
     await comments.has_unread(store, "human:sara", org=org)
     await comments.unseen_by(store, "human:sara", "agent:a", org=org)
     await comments.mark_seen(store, "human:sara", "agent:a", [(1, "c1")], org=org)
-    await comments.unseen_by_their_agent(store, "human:sara", ["agent:a"], org=org)
+    await comments.unread_boxes(store, "human:sara", you=True, agent=None, agents=["agent:a"],
+                                org=org)
+    await comments.unread_boxes(store, "human:sara", you=False, agent="agent:a", agents=[],
+                                org=org)
     await comments.seen_page(store, "human:sara", "agent:a", None, 10, org=org)
     await comments.questions_answered_by(store, "agent:a", 10, org=org)
     await comments.questions_asked_on(store, ["agent:a"], org=org)

@@ -817,15 +817,18 @@ async def deliver(db: Connection, owner: str, box: str, principal: str,
                      (scoped(org, owner), box, principal, comment, time.time(), org.lower()))
 
 
+def _unread_in(boxes: int, *, columns: str = "*", order: str = " ORDER BY seq") -> Sql:
+    # params: owner, the boxes
+    return (f"SELECT {columns} FROM " + indexed_by("inbox_deliveries", "inbox_deliveries_unread")
+            + f" WHERE owner=? AND box IN ({','.join('?' * boxes)}) AND read_at IS NULL"
+            + order)
+
+
 async def unread_in(store: Store, owner: str, boxes: list[str], *, org: str) -> list[Row]:
     """The owner's unread deliveries in `boxes`, oldest first."""
     if not boxes:
         return []
-    owner = scoped(org, owner)
-    return await store.fetchall(
-        "SELECT * FROM " + indexed_by("inbox_deliveries", "inbox_deliveries_unread")
-        + f" WHERE owner=? AND box IN ({_marks(boxes)})"
-        " AND read_at IS NULL ORDER BY seq", (owner, *boxes))
+    return await store.fetchall(_unread_in(len(boxes)), (scoped(org, owner), *boxes))
 
 
 async def has_unread(store: Store, owner: str, *, org: str) -> bool:
@@ -854,15 +857,14 @@ CREATE INDEX IF NOT EXISTS inbox_deliveries_unread_for
 
 
 
-def _unseen(*, only: str = "", limit: str = "",
-            index: str = "inbox_deliveries_unread", order: str = " ORDER BY seq",
-            columns: str = "*") -> Sql:
+def _unseen(*, only: str = "", index: str = "inbox_deliveries_unread",
+            order: str = " ORDER BY seq", columns: str = "*") -> Sql:
     """Deliveries of an owner's agents' box past an agent's mark; params: owner, the values
     `only` needs, owner, agent (then those `limit` needs)."""
     return (f"SELECT {columns} FROM " + indexed_by("inbox_deliveries", index)
             + " WHERE owner=? AND box='agents'" + only + " AND read_at IS NULL AND seq>coalesce("
             "(SELECT seq FROM inbox_agent_marks WHERE owner=? AND agent=?), 0)"
-            + order + limit)
+            + order)
 
 
 async def unseen_by(store: Store, owner: str, agent: str, *, org: str) -> list[Row]:
@@ -870,12 +872,6 @@ async def unseen_by(store: Store, owner: str, agent: str, *, org: str) -> list[R
     first."""
     owner = scoped(org, owner)
     return await store.fetchall(_unseen(), (owner, owner, agent))
-
-
-async def has_unseen(store: Store, owner: str, agent: str, *, org: str) -> bool:
-    owner = scoped(org, owner)
-    row = await store.fetchone(_unseen(limit=" LIMIT 1"), (owner, owner, agent))
-    return row is not None
 
 
 async def mark_seen(store: Store, owner: str, agent: str,
@@ -908,25 +904,15 @@ async def mark_seen(store: Store, owner: str, agent: str,
             (owner, agent, upto))
 
 
-def _unseen_by_their_agent(agents: int, *, columns: str = "*",
-                           order: str = " ORDER BY seq") -> Sql:
-    # one statement for every agent (each row against the mark of the agent it is for);
-    # params: owner, the agents
-    return (f"SELECT {columns} FROM "
+def _unseen_by_their_agent(agents: int) -> Sql:
+    """The deliveries in the owner's agents' box that the agent each is for has not been
+    shown yet (the person's history of what their agents are handling), in one statement for
+    every agent (each row against the mark of the agent it is for); params: owner, agents."""
+    return ("SELECT 1 AS part, * FROM "
             + indexed_by("inbox_deliveries d", "inbox_deliveries_unread_for")
             + f" WHERE owner=? AND box='agents' AND principal IN ({','.join('?' * agents)})"
             " AND read_at IS NULL AND seq>coalesce((SELECT seq FROM inbox_agent_marks m"
-            " WHERE m.owner=d.owner AND m.agent=d.principal), 0)" + order)
-
-
-async def unseen_by_their_agent(store: Store, owner: str,
-                                agents: list[str], *, org: str) -> list[Row]:
-    """The deliveries in the owner's agents' box that the agent each is for has not been
-    shown yet (the person's history of what their agents are handling), oldest first."""
-    if not agents:
-        return []
-    owner = scoped(org, owner)
-    return await store.fetchall(_unseen_by_their_agent(len(agents)), (owner, *agents))
+            " WHERE m.owner=d.owner AND m.agent=d.principal), 0)")
 
 
 async def unread_boxes(store: Store, owner: str, *, you: bool, agent: str | None,
@@ -934,21 +920,19 @@ async def unread_boxes(store: Store, owner: str, *, you: bool, agent: str | None
     """An inbox look's unread deliveries, in one read: the owner's own (`you`) box's unread
     (as `unread_in`; none unless `you`), and of the agents' box what `agent` has not been
     shown (`unseen_by`) or, without an agent, what the agent each is for has not
-    (`unseen_by_their_agent` of `agents`); each oldest first. (Read one after the other,
+    (`_unseen_by_their_agent` of `agents`); each oldest first. (Read one after the other,
     they were a trip more to the index's thread on every look.)"""
     key = scoped(org, owner)
     parts: list[Sql] = []
     params: list[Any] = []
     if you:
-        parts.append("SELECT 0 AS part, * FROM "
-                     + indexed_by("inbox_deliveries", "inbox_deliveries_unread")
-                     + " WHERE owner=? AND box='you' AND read_at IS NULL")
-        params.append(key)
+        parts.append(_unread_in(1, columns="0 AS part, *", order=""))
+        params += [key, "you"]
     if agent is not None:
         parts.append(_unseen(columns="1 AS part, *", order=""))
         params += [key, key, agent]
     elif agents:
-        parts.append(_unseen_by_their_agent(len(agents), columns="1 AS part, *", order=""))
+        parts.append(_unseen_by_their_agent(len(agents)))
         params += [key, *agents]
     if not parts:
         return [], []
