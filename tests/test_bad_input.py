@@ -244,6 +244,21 @@ async def test_a_webhook_larger_than_github_sends_is_413(
     assert await _post_webhook(embedded, session, body, "huge-1") == 413
 
 
+async def test_a_refused_webhook_whose_body_is_left_unread_closes_its_connection(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """Refused before its body is read (too large, or with no signature to check it against),
+    a webhook is answered and its connection closed: not held while aiohttp reads and drops
+    the rest of the body for up to 10 s."""
+    body = json.dumps({"zen": "too big", "pad": "x" * (25 * MiB)}).encode()
+    for headers in ({"X-GitHub-Event": "issues", "X-GitHub-Delivery": "unsigned-1"},
+                    {"X-GitHub-Event": "issues", "X-GitHub-Delivery": "huge-2",
+                     "X-Hub-Signature-256": "sha256=" + "0" * 64}):
+        async with session.post(embedded.app_url + "/webhook", data=body,
+                                headers=headers) as resp:
+            assert resp.status in (401, 413), resp.status
+            assert resp.headers.get("Connection", "").lower() == "close", dict(resp.headers)
+
+
 # -- the same class: one-line texts a person reads on a question card --------------------------
 
 

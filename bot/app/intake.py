@@ -205,8 +205,10 @@ async def receive_webhook(request: web.Request) -> web.Response:
     if not signed.matches(claimed):
         log.warning("webhook refused: bad or missing signature",
                     extra={"delivery_id": guid, "event": event})
-        return _error(401, "bad_signature",
-                      f"{signature_header} is missing or does not match the webhook secret")
+        # (without a signature its body was never read: answered and closed, not lingered on)
+        return await _answer_and_close(request, _error(
+            401, "bad_signature",
+            f"{signature_header} is missing or does not match the webhook secret"))
     body = signed.body()
     if not guid or not event:
         return _error(400, "missing_headers", f"{delivery_header} and {event_header} are required")
