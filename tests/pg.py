@@ -160,7 +160,9 @@ async def outage(url: str) -> AsyncIterator[None]:
     admin = await asyncpg.connect(cluster_url())
     try:
         await admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
-        await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        # (with a timeout it returns once each session has ended, not once it was signalled:
+        # else a session could still answer, or end, after the block has begun or ended)
+        await admin.execute("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity"
                             " WHERE datname=$1 AND pid<>pg_backend_pid()", name)
         yield
     finally:
