@@ -11,20 +11,26 @@ of what the app parses, and orjson reads them about four times as fast.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import orjson
 
-_LONG_NUMBER = re.compile(rb"[0-9]{19}")  # int64 ends at 9223372036854775807 (19 digits)
-_LONG_NUMBER_TEXT = re.compile(r"[0-9]{19}")
+# int64 ends at 9223372036854775807 (19 digits). Every digit made a 0, a run of 19 is a
+# substring search: about a tenth of the time a regex `[0-9]{19}` took, which tried a match at
+# every digit (measured: 9% of the app's CPU in bench.probot_compare, more than orjson's own)
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_RUN = b"0" * 19
+
+
+def has_long_number(text: bytes | str) -> bool:
+    """Whether `text` holds a run of 19 digits or more."""
+    data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
+    return _LONG_RUN in data.translate(_DIGITS_AS_ZERO)
 
 
 def loads(text: bytes | str) -> Any:
     """`json.loads(text)`, computed by orjson whenever orjson reads the text the same way."""
-    long = (_LONG_NUMBER.search(text) if isinstance(text, bytes)
-            else _LONG_NUMBER_TEXT.search(text))
-    if long is not None:
+    if has_long_number(text):
         return json.loads(text)
     try:
         return orjson.loads(text)

@@ -21,7 +21,16 @@ SAME = [
     b"1e400", b"-0", b"-0.0", b"0.1", b'{"a": 1, "a": 2}', b'"\\u0000"',
     b"NaN", b"[Infinity, -Infinity]", b'"\\ud800"', b"\xef\xbb\xbf{}",
     '{"text": "12345678901234567890 in a string"}',
+    '{"n": 18446744073709551616, "s": "\ud800"}',  # text, as a str holding a lone half
 ]
+
+
+@pytest.mark.parametrize(("text", "long"), [
+    (b"123456789012345678", False), (b"1234567890123456789", True),
+    (b"[123456789,0123456789]", False), (b"x0000000000000000000x", True),
+    ("9" * 18 + "\u0660", False), ("\ud800" + "7" * 19, True)])
+def test_a_long_number_is_a_run_of_19_digits(text: bytes | str, long: bool) -> None:
+    assert jsontext.has_long_number(text) is long
 
 
 def _same(a: Any, b: Any) -> bool:
