@@ -3,7 +3,9 @@ one writer holds every key anyway, the idempotency results of tries that finish 
 written in one transaction (each under its own claim, as alone), and so are the forge write
 budget's places (each placed after the one before it, as alone); a write transaction for a
 group instead of one each. On PostgreSQL results go one by one as before, and places are
-grouped per installation only, so that no office waits on another's keys."""
+grouped per installation only, so that no office waits on another's keys. On both, the worker's
+forge-change keys have their results written in the transaction that finishes the deliveries
+(the one write between two batches) instead of one of their own."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from bot.store import open_store
 from bot.store.budget import Limits, SharedWriteBudget
 from bot.store.db import Store
 from bot.store.group import GroupCommit
+from bot.store.idempotency import Settlement
 
 CREATE = "POST /repos/{owner}/{repo}/issues"
 
@@ -119,3 +122,39 @@ async def test_a_caller_that_left_before_its_turn_has_nothing_written() -> None:
     assert await a == "a" and await c == "c"
     assert b.cancelled()
     assert seen == [["a"], ["c"]]
+
+
+async def test_a_result_left_for_later_is_recorded_in_the_transaction_that_finishes(
+        store: Store) -> None:
+    """The worker's forge-change keys (`once(..., later=)`): a result is recorded in the
+    transaction that finishes the delivery and claims the next, not in one of its own. Until
+    then a call with the key in this process gets it, and nothing runs again (this replica's
+    own unfinished claim would otherwise be taken over, as a dead one's)."""
+    runs = 0
+
+    async def work() -> dict[str, int]:
+        nonlocal runs
+        runs += 1
+        return {"n": runs}
+
+    later: list[Settlement] = []
+    before = store.write_transactions
+    assert await store.once("forge", "k", "", work, later=later) == {"n": 1}
+    assert store.write_transactions - before == 1  # the claim alone
+    assert [r["result"] for r in await store.fetchall(
+        "SELECT result FROM idempotency WHERE key='k'")] == [None]
+    assert await store.once("forge", "k", "", work, later=later) == {"n": 1}
+    assert runs == 1 and len(later) == 1
+    # a second key's claim, taken over while its try stalled: the key keeps theirs
+    assert await store.once("forge", "t", "", work, later=later) == {"n": 2}
+    async with store.transaction() as db:
+        await db.execute("UPDATE idempotency SET owner='other', attempts=attempts+1,"
+                         " result='{\"n\": -1}' WHERE scope='forge' AND key='t'")
+    before = store.write_transactions
+    await store.finish_and_claim([], limit=0, also=lambda db: store.settle_in(db, later))
+    store.settled(later)
+    assert store.write_transactions - before == 1
+    rows = await store.fetchall("SELECT key, result FROM idempotency ORDER BY key")
+    assert {r["key"]: r["result"] for r in rows} == {"k": '{"n": 1}', "t": '{"n": -1}'}
+    assert await store.once("forge", "k", "", work) == {"n": 1}  # stored: nothing runs
+    assert runs == 2

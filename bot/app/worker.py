@@ -30,6 +30,7 @@ from bot.errors import VaultmailError
 from bot.forge.pacing import acting_for
 from bot.mail.signing import KeyringError
 from bot.store import QueueItem, Store, queue
+from bot.store.idempotency import Settlement
 
 # (delivery, its bound logger) -> what its handlers receive; LookupError when nothing can act
 ContextFactory = Callable[[QueueItem, logging.LoggerAdapter[logging.Logger]], HandlerContext]
@@ -71,6 +72,7 @@ class Worker:
         self._idle = asyncio.Event()
         self._cut_short = False  # a batch left deliveries unhandled behind a retry
         self._finished: list[tuple[QueueItem, str]] = []  # handled, to record (see _turn)
+        self._settling: list[Settlement] = []  # their results, recorded with them
 
     def wake(self) -> None:
         self._wake.set()
@@ -121,14 +123,7 @@ class Worker:
         store = self.store
         # what the last batch finished is recorded in the claim of the next: one write
         # between batches (a crash before it runs them again, as retries: ctx.retry)
-        finished, self._finished = self._finished, []
-        try:
-            items, superseded = await store.finish_and_claim(finished, limit=self.batch)
-        except BaseException:
-            self._finished = finished + self._finished  # (the store is away: next turn)
-            raise
-        for item in superseded:
-            _superseded(item)
+        items = await self._record_finished(limit=self.batch)
         if not items:
             if self._stopping:
                 return True
@@ -147,11 +142,30 @@ class Worker:
             await self._run_batch(items)
         finally:
             if self._cut_short:  # deliveries left behind a retry: others may claim them
-                finished, self._finished = self._finished, []
-                for item in (await store.finish_and_claim(finished, limit=0))[1]:
-                    _superseded(item)  # (recorded first: release lets go of the rest)
+                await self._record_finished(limit=0)  # (first: release lets go of the rest)
                 await store.release()
         return False
+
+    async def _record_finished(self, limit: int) -> list[QueueItem]:
+        """Record what was finished, with the results of what those deliveries ran once
+        (`_dispatch_once`), and claim up to `limit` more: one transaction."""
+        store = self.store
+        finished, self._finished = self._finished, []
+        # (one list, kept: a `once` still at work after its delivery was cut appends to it)
+        settling = self._settling[:]
+        self._settling.clear()
+        try:
+            items, superseded = await store.finish_and_claim(
+                finished, limit=limit,
+                also=(lambda db: store.settle_in(db, settling)) if settling else None)
+        except BaseException:  # (the store is away: next turn)
+            self._finished = finished + self._finished
+            self._settling[:0] = settling
+            raise
+        store.settled(settling)
+        for item in superseded:
+            _superseded(item)
+        return items
 
     async def _run_batch(self, items: list[QueueItem]) -> None:
         groups: dict[str, list[QueueItem]] = {}
@@ -285,7 +299,8 @@ class Worker:
             return {"delivery": item.guid}
 
         try:
-            done = await self.store.once("forge", key, "", handle)
+            # its result recorded with the delivery's finish: no write transaction of its own
+            done = await self.store.once("forge", key, "", handle, later=self._settling)
         except _Parked:
             return item.guid
         return str(done["delivery"])

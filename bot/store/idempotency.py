@@ -18,6 +18,9 @@ that reach the app more than once under different delivery ids.
 * any other failure, or a process that stopped midway, leaves the claim without a result: the
   next call with the key runs `work` again with `resumed()` true, and `work` looks on the forge
   for what the first attempt may have written (markers, mail ids) before writing it again.
+
+The worker passes `later=`: a result is then recorded in the transaction that finishes the
+delivery (`settle_in`, then `settled`) rather than in one of its own.
 """
 
 from __future__ import annotations
@@ -53,6 +56,10 @@ CREATE TABLE IF NOT EXISTS idempotency (
 """
 
 Result = dict[str, Any]
+# a finished try's result left for the caller to record in a transaction of its own (the
+# worker's, which finishes the delivery that ran it): its claim (scope, key, owner, attempt),
+# and the result's JSON
+Settlement = tuple[tuple[str, str, str, int], str]
 # what a claim found: ("claimed", attempt, resumed), ("done", result JSON, _), ("reused", ...),
 # ("wait", ...)
 _Claimed = tuple[str, Any, bool]
@@ -122,6 +129,7 @@ class IdempotencyMixin:
     """The idempotency half of Store (see bot.store.db)."""
 
     _running: dict[tuple[str, str], tuple[asyncio.Future[Result], str]]
+    _unsettled: set[tuple[str, str]]  # done, their results not yet recorded: kept in _running
 
     replica_id: str
     incarnation: str
@@ -140,8 +148,12 @@ class IdempotencyMixin:
                                  (owner, DEAD_AFTER)) is not None
 
     async def once(self, scope: str, key: str, fingerprint: str,
-                   work: Callable[[], Awaitable[Result]]) -> Result:
-        """Run `work` once for (scope, key); see the module docstring."""
+                   work: Callable[[], Awaitable[Result]], *,
+                   later: list[Settlement] | None = None) -> Result:
+        """Run `work` once for (scope, key); see the module docstring. With `later`, a result
+        is not recorded here: it is appended to `later`, for the caller to record with
+        `settle_in` in a transaction it makes anyway, then `settled`; until then a call with
+        the key in this process gets the result, and another replica's waits for it."""
         slot = (scope, key)
         running = self._running.get(slot)
         if running is not None:  # the first call is still at work: wait for its result
@@ -149,29 +161,47 @@ class IdempotencyMixin:
             if first != fingerprint:
                 raise _reused(key)
             return _copy(await asyncio.shield(future))
-        task = asyncio.ensure_future(self._claim_and_run(slot, fingerprint, work))
+        task = asyncio.ensure_future(self._claim_and_run(slot, fingerprint, work, later))
         self._running[slot] = (task, fingerprint)
         task.add_done_callback(lambda t: self._finished(slot, t))
         return _copy(await asyncio.shield(task))  # a caller that leaves never cuts the work
 
     def _finished(self, slot: tuple[str, str], task: asyncio.Future[Result]) -> None:
-        if self._running.get(slot, (None, ""))[0] is task:
+        if self._running.get(slot, (None, ""))[0] is task and slot not in self._unsettled:
             del self._running[slot]
         if not task.cancelled():
             task.exception()  # retrieved: a waiter that left must not leave it unreported
 
+    async def settle_in(self, db: Any, settlements: list[Settlement]) -> None:
+        """Record, in `db`'s transaction, the results `once(..., later=)` left: each under
+        its claim, as `once` records its own (one taken over meanwhile keeps theirs)."""
+        for ours, text in sorted(settlements):  # (each key's row in one order)
+            await _write_result_in(db, ours, text)
+
+    def settled(self, settlements: list[Settlement]) -> None:
+        """The transaction that held `settle_in` committed (or this replica retired): its
+        keys' calls look at the stored results from now on."""
+        for (scope, key, _, _), _ in settlements:
+            slot = (scope, key)
+            self._unsettled.discard(slot)
+            running = self._running.get(slot)
+            if running is not None and running[0].done():
+                del self._running[slot]
+
     async def _claim_and_run(self, slot: tuple[str, str], fingerprint: str,
-                             work: Callable[[], Awaitable[Result]]) -> Result:
+                             work: Callable[[], Awaitable[Result]],
+                             later: list[Settlement] | None) -> Result:
         while True:
             try:
-                return await self._claim_and_run_once(slot, fingerprint, work)
+                return await self._claim_and_run_once(slot, fingerprint, work, later)
             except ClaimLost:
                 # taken over while this try stalled (past DEAD_AFTER): it wrote nothing more,
                 # and waits for the new owner's result as a second caller would
                 continue
 
     async def _claim_and_run_once(self, slot: tuple[str, str], fingerprint: str,
-                                  work: Callable[[], Awaitable[Result]]) -> Result:
+                                  work: Callable[[], Awaitable[Result]],
+                                  later: list[Settlement] | None) -> Result:
         scope, key = slot
         while True:
             outcome = await self._take_claim(slot, fingerprint)
@@ -213,6 +243,10 @@ class IdempotencyMixin:
         finally:
             _claim.reset(fence)
             _resumed.reset(token)
+        if later is not None:  # recorded by the caller, with what it writes next
+            self._unsettled.add(slot)
+            later.append((ours, json.dumps(result)))
+            return result
         theirs = await self._record_result(ours, json.dumps(result))
         if theirs is not None:  # taken over while this try stalled: the key keeps theirs
             kept: Result = json.loads(theirs)
@@ -298,16 +332,22 @@ class IdempotencyMixin:
         answers: list[str | None] = [None] * len(batch)
         async with self.transaction() as db:
             for i in order:
-                ours, text = batch[i]
-                changed = await db.execute("UPDATE idempotency SET result=?, done_at=? WHERE"
-                                           " scope=? AND key=? AND owner=? AND attempts=? AND"
-                                           " result IS NULL", (text, time.time(), *ours))
-                if changed == 0:  # taken over while this try stalled: the key keeps theirs
-                    row = await db.fetchone("SELECT result FROM idempotency WHERE scope=? AND"
-                                            " key=?", ours[:2])
-                    if row is not None and row[0] is not None:
-                        answers[i] = str(row[0])
+                answers[i] = await _write_result_in(db, *batch[i])
         return answers
+
+
+async def _write_result_in(db: Any, ours: tuple[str, str, str, int], text: str) -> str | None:
+    """A finished try's result, under its claim: None, or the result another try stored
+    meanwhile (this try's claim was taken over while it stalled: the key keeps theirs)."""
+    changed = await db.execute("UPDATE idempotency SET result=?, done_at=? WHERE scope=? AND"
+                               " key=? AND owner=? AND attempts=? AND result IS NULL",
+                               (text, time.time(), *ours))
+    if changed == 0:
+        row = await db.fetchone("SELECT result FROM idempotency WHERE scope=? AND key=?",
+                                ours[:2])
+        if row is not None and row[0] is not None:
+            return str(row[0])
+    return None
 
 
 def _copy(result: Result) -> Result:

@@ -34,7 +34,7 @@ async def id_taken(db: Connection, replica_id: str, incarnation: str) -> bool:
                              (replica_id, incarnation)) is not None
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Awaitable, Callable, Sequence
     from contextlib import AbstractAsyncContextManager
 
 
@@ -450,10 +450,12 @@ class QueueMixin:
 
     async def finish_and_claim(self, finished: list[tuple[QueueItem, str]], limit: int,
                                now: float | None = None,
+                               also: Callable[[Connection], Awaitable[None]] | None = None,
                                ) -> tuple[list[QueueItem], list[QueueItem]]:
         """Mark deliveries finished (as `finish` does, each under its claim) and claim the next
-        ones, in one transaction: the worker's one write between two batches. Returns what it
-        claimed, and which of `finished` were not recorded (taken over meanwhile)."""
+        ones, in one transaction: the worker's one write between two batches (`also` writes
+        in it first: the results of what the deliveries ran once). Returns what it claimed,
+        and which of `finished` were not recorded (taken over meanwhile)."""
         if self.retired is not None:  # another process holds this replica's id now
             return [], [item for item, _ in finished]
         at = now  # None: the database's clock (bot.store.db, vm_now)
@@ -462,6 +464,8 @@ class QueueMixin:
             if await id_taken(db, me, self.incarnation):
                 self.retire()
                 return [], [item for item, _ in finished]
+            if also is not None:
+                await also(db)
             now = time.time()
             superseded = [item for (item, _), ok in zip(
                 finished, await _finish_all_in(db, self.engine, finished, me, now),
