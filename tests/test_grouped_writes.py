@@ -19,7 +19,7 @@ from bot.store import open_store
 from bot.store.budget import Limits, SharedWriteBudget
 from bot.store.db import Store
 from bot.store.group import GroupCommit
-from bot.store.idempotency import Settlement
+from bot.store.idempotency import Settlement, resumed
 
 CREATE = "POST /repos/{owner}/{repo}/issues"
 
@@ -158,3 +158,33 @@ async def test_a_result_left_for_later_is_recorded_in_the_transaction_that_finis
     assert {r["key"]: r["result"] for r in rows} == {"k": '{"n": 1}', "t": '{"n": -1}'}
     assert await store.once("forge", "k", "", work) == {"n": 1}  # stored: nothing runs
     assert runs == 2
+
+
+async def test_a_key_claimed_with_its_delivery_is_run_under_without_a_claim_of_its_own(
+        store: Store) -> None:
+    """The worker claims a forge change's key in the transaction that claims its delivery
+    (`preclaim_in`); `once(..., preclaimed=True)` runs under that claim. One no `once` ran
+    under is let go of (`unclaim_in`): a later call claims it as a first try, not a resumed
+    one, and no other replica waits on it."""
+    tries: list[bool] = []
+
+    async def work() -> dict[str, int]:
+        tries.append(resumed())
+        return {"n": len(tries)}
+
+    async with store.transaction() as db:
+        assert await store.preclaim_in(db, "forge", "k", "")
+        assert not await store.preclaim_in(db, "forge", "k", "")  # claimed: left to `once`
+        assert await store.preclaim_in(db, "forge", "unused", "")
+    later: list[Settlement] = []
+    before = store.write_transactions
+    assert await store.once("forge", "k", "", work, later=later, preclaimed=True) == {"n": 1}
+    assert store.write_transactions == before  # neither a claim nor a result of its own
+    async with store.transaction() as db:
+        await store.settle_in(db, later)
+        await store.unclaim_in(db, [("forge", "unused")])
+    store.settled(later)
+    rows = await store.fetchall("SELECT key, result FROM idempotency ORDER BY key")
+    assert {r["key"]: r["result"] for r in rows} == {"k": '{"n": 1}'}
+    assert await store.once("forge", "unused", "", work) == {"n": 2}
+    assert tries == [False, False]

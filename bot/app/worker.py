@@ -31,6 +31,7 @@ from bot.forge.pacing import acting_for
 from bot.mail.signing import KeyringError
 from bot.store import QueueItem, Store, queue
 from bot.store.idempotency import Settlement
+from bot.store.sql import Connection
 
 # (delivery, its bound logger) -> what its handlers receive; LookupError when nothing can act
 ContextFactory = Callable[[QueueItem, logging.LoggerAdapter[logging.Logger]], HandlerContext]
@@ -73,6 +74,8 @@ class Worker:
         self._cut_short = False  # a batch left deliveries unhandled behind a retry
         self._finished: list[tuple[QueueItem, str]] = []  # handled, to record (see _turn)
         self._settling: list[Settlement] = []  # their results, recorded with them
+        # delivery id -> the forge-change key claimed for it with the batch (see _preclaim)
+        self._preclaimed: dict[str, tuple[str, str]] = {}
 
     def wake(self) -> None:
         self._wake.set()
@@ -154,18 +157,53 @@ class Worker:
         # (one list, kept: a `once` still at work after its delivery was cut appends to it)
         settling = self._settling[:]
         self._settling.clear()
+        # claimed with the last batch, and no `once` ran under them: let go of
+        unused, self._preclaimed = list(self._preclaimed.values()), {}
+        preclaimed: dict[str, tuple[str, str]] = {}
+
+        async def also(db: Connection) -> None:
+            await store.settle_in(db, settling)
+            await store.unclaim_in(db, unused)
+
+        async def then(db: Connection, items: list[QueueItem]) -> None:
+            preclaimed.update(await self._preclaim(db, items))
+
         try:
             items, superseded = await store.finish_and_claim(
-                finished, limit=limit,
-                also=(lambda db: store.settle_in(db, settling)) if settling else None)
+                finished, limit=limit, also=also if settling or unused else None,
+                then=then if limit else None)
         except BaseException:  # (the store is away: next turn)
             self._finished = finished + self._finished
             self._settling[:0] = settling
+            self._preclaimed = {f"unused:{n}": slot for n, slot in enumerate(unused)}
             raise
         store.settled(settling)
+        self._preclaimed = preclaimed
         for item in superseded:
             _superseded(item)
         return items
+
+    async def _preclaim(self, db: Connection, items: list[QueueItem]
+                        ) -> dict[str, tuple[str, str]]:
+        """In the transaction that claims `items`, the forge-change key each will be handled
+        once under (`_dispatch_once`; the first of each key), claimed where no one has yet:
+        a change seen for the first time, the usual case, then needs no transaction of its
+        own for its claim. Returns delivery id -> (scope, key) of those claimed."""
+        claimed: dict[str, tuple[str, str]] = {}
+        seen: set[str] = set()
+        for item in items:
+            key = change_key(item.event, item.payload)
+            if key is None or key in seen:
+                continue
+            seen.add(key)
+            own = self.is_own_event(item.payload)
+            router = self.own_router if own else self.router
+            if not router.fetch(sansio.Event(item.payload, event=item.event,
+                                             delivery_id=item.guid)):
+                continue  # no handler runs it: nothing to claim
+            if await self.store.preclaim_in(db, "forge", key, ""):
+                claimed[item.guid] = ("forge", key)
+        return claimed
 
     async def _run_batch(self, items: list[QueueItem]) -> None:
         groups: dict[str, list[QueueItem]] = {}
@@ -299,8 +337,11 @@ class Worker:
             return {"delivery": item.guid}
 
         try:
-            # its result recorded with the delivery's finish: no write transaction of its own
-            done = await self.store.once("forge", key, "", handle, later=self._settling)
+            # claimed with its batch (usually), its result recorded with the delivery's
+            # finish: no write transaction of its own
+            preclaimed = self._preclaimed.pop(item.guid, None) == ("forge", key)
+            done = await self.store.once("forge", key, "", handle, later=self._settling,
+                                         preclaimed=preclaimed)
         except _Parked:
             return item.guid
         return str(done["delivery"])

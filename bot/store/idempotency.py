@@ -149,11 +149,12 @@ class IdempotencyMixin:
 
     async def once(self, scope: str, key: str, fingerprint: str,
                    work: Callable[[], Awaitable[Result]], *,
-                   later: list[Settlement] | None = None) -> Result:
+                   later: list[Settlement] | None = None, preclaimed: bool = False) -> Result:
         """Run `work` once for (scope, key); see the module docstring. With `later`, a result
         is not recorded here: it is appended to `later`, for the caller to record with
         `settle_in` in a transaction it makes anyway, then `settled`; until then a call with
-        the key in this process gets the result, and another replica's waits for it."""
+        the key in this process gets the result, and another replica's waits for it. With
+        `preclaimed`, the caller claimed the key itself (`preclaim_in`, committed)."""
         slot = (scope, key)
         running = self._running.get(slot)
         if running is not None:  # the first call is still at work: wait for its result
@@ -161,7 +162,8 @@ class IdempotencyMixin:
             if first != fingerprint:
                 raise _reused(key)
             return _copy(await asyncio.shield(future))
-        task = asyncio.ensure_future(self._claim_and_run(slot, fingerprint, work, later))
+        task = asyncio.ensure_future(
+            self._claim_and_run(slot, fingerprint, work, later, preclaimed))
         self._running[slot] = (task, fingerprint)
         task.add_done_callback(lambda t: self._finished(slot, t))
         return _copy(await asyncio.shield(task))  # a caller that leaves never cuts the work
@@ -178,6 +180,23 @@ class IdempotencyMixin:
         for ours, text in sorted(settlements):  # (each key's row in one order)
             await _write_result_in(db, ours, text)
 
+    async def preclaim_in(self, db: Any, scope: str, key: str, fingerprint: str) -> bool:
+        """Claim (scope, key) in `db`'s transaction if no one has yet (its first try): True
+        when claimed, for `once(..., preclaimed=True)` once committed. A key already there
+        (done, at work elsewhere, left unfinished) is left to `once` to look at."""
+        return bool(await db.execute(
+            "INSERT INTO idempotency(scope, key, fingerprint, claimed_at, owner)"
+            " VALUES (?,?,?,?,?) ON CONFLICT DO NOTHING",
+            (scope, key, fingerprint, time.time(), self.replica_id)))
+
+    async def unclaim_in(self, db: Any, slots: list[tuple[str, str]]) -> None:
+        """Let go, in `db`'s transaction, of keys `preclaim_in` claimed that no `once` ran
+        under (their deliveries were let go of, or no handler ran): free again, as a refused
+        first try leaves its key, rather than waited on by another replica's call."""
+        for scope, key in sorted(slots):
+            await db.execute("DELETE FROM idempotency WHERE scope=? AND key=? AND owner=? AND"
+                             " attempts=1 AND result IS NULL", (scope, key, self.replica_id))
+
     def settled(self, settlements: list[Settlement]) -> None:
         """The transaction that held `settle_in` committed (or this replica retired): its
         keys' calls look at the stored results from now on."""
@@ -190,21 +209,24 @@ class IdempotencyMixin:
 
     async def _claim_and_run(self, slot: tuple[str, str], fingerprint: str,
                              work: Callable[[], Awaitable[Result]],
-                             later: list[Settlement] | None) -> Result:
+                             later: list[Settlement] | None, preclaimed: bool) -> Result:
         while True:
             try:
-                return await self._claim_and_run_once(slot, fingerprint, work, later)
+                return await self._claim_and_run_once(slot, fingerprint, work, later,
+                                                      preclaimed)
             except ClaimLost:
+                preclaimed = False
                 # taken over while this try stalled (past DEAD_AFTER): it wrote nothing more,
                 # and waits for the new owner's result as a second caller would
                 continue
 
     async def _claim_and_run_once(self, slot: tuple[str, str], fingerprint: str,
                                   work: Callable[[], Awaitable[Result]],
-                                  later: list[Settlement] | None) -> Result:
+                                  later: list[Settlement] | None, preclaimed: bool) -> Result:
         scope, key = slot
         while True:
-            outcome = await self._take_claim(slot, fingerprint)
+            outcome: _Claimed = (("claimed", 1, False) if preclaimed
+                                 else await self._take_claim(slot, fingerprint))
             if outcome[0] == "claimed":
                 claim, existed = outcome[1], outcome[2]
                 break

@@ -451,11 +451,14 @@ class QueueMixin:
     async def finish_and_claim(self, finished: list[tuple[QueueItem, str]], limit: int,
                                now: float | None = None,
                                also: Callable[[Connection], Awaitable[None]] | None = None,
+                               then: Callable[[Connection, list[QueueItem]], Awaitable[None]]
+                               | None = None,
                                ) -> tuple[list[QueueItem], list[QueueItem]]:
         """Mark deliveries finished (as `finish` does, each under its claim) and claim the next
         ones, in one transaction: the worker's one write between two batches (`also` writes
-        in it first: the results of what the deliveries ran once). Returns what it claimed,
-        and which of `finished` were not recorded (taken over meanwhile)."""
+        in it first: the results of what the deliveries ran once; `then` last, given what was
+        claimed: their claims of what they will run once). Returns what it claimed, and which
+        of `finished` were not recorded (taken over meanwhile)."""
         if self.retired is not None:  # another process holds this replica's id now
             return [], [item for item, _ in finished]
         at = now  # None: the database's clock (bot.store.db, vm_now)
@@ -490,8 +493,11 @@ class QueueMixin:
                     " WHERE id IN (" + CLAIM + ") RETURNING *",
                     (me, me, *claim_params(me, at, int(first["id"]), limit - len(rows))))
             rows = await _set_suspects_apart(db, sorted(rows, key=lambda r: int(r["id"])))
-        handed = self._handed_over
-        return [_item(r, handed.pop(r["guid"], None)) for r in rows], superseded
+            handed = self._handed_over
+            items = [_item(r, handed.pop(r["guid"], None)) for r in rows]
+            if then is not None and items:
+                await then(db, items)
+        return items, superseded
 
     async def _claim_side_by_side(self, db: Connection, at: float | None, first: int,
                                   limit: int) -> list[Any]:
