@@ -329,6 +329,48 @@ async def test_a_delivery_failing_in_a_batch_holds_the_rest_of_its_issue(
         await store.close()
 
 
+async def test_a_stop_that_cuts_a_batch_short_still_records_what_finished(
+        tmp_path: Path) -> None:
+    """A shutdown whose drain times out cancels the batch: a delivery that was handled by
+    then is recorded all the same, its change's result with it, so that the replica that
+    takes the rest over does not handle that change again."""
+    store = await open_store(tmp_path / "index.sqlite3")
+    router = Router()
+    handled: list[int] = []
+    stuck = asyncio.Event()
+
+    @router.register("issues", action="opened")
+    async def adopt(event: sansio.Event, ctx: HandlerContext) -> None:
+        number = event.data["issue"]["number"]
+        handled.append(number)
+        if number == 2:
+            await stuck.wait()  # a forge that never answers
+
+    def context(item: QueueItem, log: Any) -> HandlerContext:
+        return HandlerContext(services=None, forge=None, installation_id=None,  # type: ignore[arg-type]
+                              delivery_id=item.guid, log=log)
+
+    worker = Worker(store, router, Router(), lambda payload: False, context)
+    try:
+        for number in (1, 2):
+            payload = {"action": "opened", "issue": {"number": number, "id": 10 + number},
+                       "repository": {"full_name": SCOUT_VAULT}}
+            assert await store.enqueue_delivery(f"d{number}", "issues", payload,
+                                                json.dumps(payload).encode())
+        worker.start()
+        await until(lambda: handled == [1, 2] or handled == [2, 1])
+        await worker.stop(drain_timeout=0.2)
+        rows = await store.fetchall("SELECT key, result FROM idempotency ORDER BY key")
+        assert [(r["key"], r["result"]) for r in rows] == [
+            (f"issues.opened:{SCOUT_VAULT}:11", '{"delivery": "d1"}'),
+            (f"issues.opened:{SCOUT_VAULT}:12", None)]
+        states = await store.fetchall("SELECT guid, state FROM queue ORDER BY guid")
+        assert [(r["guid"], r["state"]) for r in states] == [("d1", "done"), ("d2", "pending")]
+    finally:
+        stuck.set()
+        await store.close()
+
+
 PRODUCT = "acme/product"
 
 

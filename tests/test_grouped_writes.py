@@ -188,3 +188,24 @@ async def test_a_key_claimed_with_its_delivery_is_run_under_without_a_claim_of_i
     assert {r["key"]: r["result"] for r in rows} == {"k": '{"n": 1}'}
     assert await store.once("forge", "unused", "", work) == {"n": 2}
     assert tries == [False, False]
+
+
+async def test_a_key_claimed_with_its_delivery_and_taken_over_since_is_not_run_under(
+        store: Store) -> None:
+    """This replica was taken for dead after its batch claimed a key (a stall past
+    DEAD_AFTER), and another replica took the key over and finished it: the delivery, when it
+    comes to run, gets that result; nothing runs on a claim that is no longer its own."""
+    tries: list[bool] = []
+
+    async def work() -> dict[str, int]:
+        tries.append(resumed())
+        return {"n": len(tries)}
+
+    async with store.transaction() as db:
+        assert await store.preclaim_in(db, "forge", "k", "")
+    async with store.transaction() as db:
+        await db.execute("UPDATE idempotency SET owner='other', attempts=2,"
+                         " result='{\"n\": -1}' WHERE scope='forge' AND key='k'")
+    later: list[Settlement] = []
+    assert await store.once("forge", "k", "", work, later=later, preclaimed=True) == {"n": -1}
+    assert tries == [] and later == []

@@ -94,6 +94,8 @@ class Worker:
                 log.warning("shutdown: queue not drained in time; it resumes at next start")
                 self._task.cancel()  # what it was handling stays pending, no attempt counted
                 await asyncio.wait([self._task])  # done before the store it writes to closes
+                with contextlib.suppress(Exception):  # what did finish, recorded all the same
+                    await self._record_finished(limit=0)
 
     async def idle(self, timeout: float = 30.0) -> None:
         """Wait until nothing is pending, retries included (for tests, demo and benchmarks)."""

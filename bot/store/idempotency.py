@@ -244,6 +244,8 @@ class IdempotencyMixin:
         token = _resumed.set(existed)
         fence = _claim.set((self, ours))
         try:
+            if preclaimed:  # claimed with its delivery, maybe long ago: still ours? (this
+                await check_claim()  # replica may have been taken for dead meanwhile)
             with counting_writes() as made:
                 result = await work()
         except ClaimLost:

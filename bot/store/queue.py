@@ -494,9 +494,11 @@ class QueueMixin:
                     (me, me, *claim_params(me, at, int(first["id"]), limit - len(rows))))
             rows = await _set_suspects_apart(db, sorted(rows, key=lambda r: int(r["id"])))
             handed = self._handed_over
-            items = [_item(r, handed.pop(r["guid"], None)) for r in rows]
+            items = [_item(r, handed.get(r["guid"])) for r in rows]
             if then is not None and items:
                 await then(db, items)
+        for item in items:  # (kept until the claim is committed: else it is parsed again)
+            handed.pop(item.guid, None)
         return items, superseded
 
     async def _claim_side_by_side(self, db: Connection, at: float | None, first: int,
