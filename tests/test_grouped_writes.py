@@ -10,7 +10,7 @@ forge-change keys have their results written in the transaction that finishes th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -160,18 +160,24 @@ async def test_a_result_left_for_later_is_recorded_in_the_transaction_that_finis
     assert runs == 2
 
 
-async def test_a_key_claimed_with_its_delivery_is_run_under_without_a_claim_of_its_own(
-        store: Store) -> None:
-    """The worker claims a forge change's key in the transaction that claims its delivery
-    (`preclaim_in`); `once(..., preclaimed=True)` runs under that claim. One no `once` ran
-    under is let go of (`unclaim_in`): a later call claims it as a first try, not a resumed
-    one, and no other replica waits on it."""
+def tried() -> tuple[list[bool], Callable[[], Awaitable[dict[str, int]]]]:
+    """A `work` that notes whether each try of it was a resumed one, and says how many ran."""
     tries: list[bool] = []
 
     async def work() -> dict[str, int]:
         tries.append(resumed())
         return {"n": len(tries)}
 
+    return tries, work
+
+
+async def test_a_key_claimed_with_its_delivery_is_run_under_without_a_claim_of_its_own(
+        store: Store) -> None:
+    """The worker claims a forge change's key in the transaction that claims its delivery
+    (`preclaim_in`); `once(..., preclaimed=True)` runs under that claim. One no `once` ran
+    under is let go of (`unclaim_in`): a later call claims it as a first try, not a resumed
+    one, and no other replica waits on it."""
+    tries, work = tried()
     async with store.transaction() as db:
         assert await store.preclaim_in(db, "forge", "k", "")
         assert not await store.preclaim_in(db, "forge", "k", "")  # claimed: left to `once`
@@ -195,12 +201,7 @@ async def test_a_key_claimed_with_its_delivery_and_taken_over_since_is_not_run_u
     """This replica was taken for dead after its batch claimed a key (a stall past
     DEAD_AFTER), and another replica took the key over and finished it: the delivery, when it
     comes to run, gets that result; nothing runs on a claim that is no longer its own."""
-    tries: list[bool] = []
-
-    async def work() -> dict[str, int]:
-        tries.append(resumed())
-        return {"n": len(tries)}
-
+    tries, work = tried()
     async with store.transaction() as db:
         assert await store.preclaim_in(db, "forge", "k", "")
     async with store.transaction() as db:
