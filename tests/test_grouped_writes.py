@@ -10,16 +10,23 @@ forge-change keys have their results written in the transaction that finishes th
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from gidgethub import sansio
+from gidgethub.routing import Router
 
-from bot.store import open_store
+from bot.app.context import HandlerContext
+from bot.app.worker import Worker
+from bot.store import QueueItem, open_store
 from bot.store.budget import Limits, SharedWriteBudget
 from bot.store.db import Store
 from bot.store.group import GroupCommit
 from bot.store.idempotency import Settlement, resumed
+from tests.support import until
 
 CREATE = "POST /repos/{owner}/{repo}/issues"
 
@@ -210,3 +217,49 @@ async def test_a_key_claimed_with_its_delivery_and_taken_over_since_is_not_run_u
     later: list[Settlement] = []
     assert await store.once("forge", "k", "", work, later=later, preclaimed=True) == {"n": -1}
     assert tries == [] and later == []
+
+
+async def test_an_idle_worker_looks_for_work_with_a_read_and_writes_nothing(
+        tmp_path: Path) -> None:
+    """An idle worker (each replica's, twice a second on PostgreSQL) asks with a read whether
+    anything is due for it, and claims with a write transaction only then; what comes in is
+    still claimed and handled at once."""
+    store = await open_store(tmp_path / "index.sqlite3")
+    looks = 0
+    look = store.next_wakeup
+
+    async def counted() -> float | None:  # (counts the worker's looks; answers as before)
+        nonlocal looks
+        looks += 1
+        return await look()
+
+    store.next_wakeup = counted  # type: ignore[method-assign]
+    router = Router()
+    handled: list[str] = []
+
+    @router.register("issues")
+    async def record(event: sansio.Event, ctx: HandlerContext) -> None:
+        handled.append(event.delivery_id)
+
+    def context(item: QueueItem, log: Any) -> HandlerContext:
+        return HandlerContext(services=None, forge=None, installation_id=None,  # type: ignore[arg-type]
+                              delivery_id=item.guid, log=log)
+
+    worker = Worker(store, router, Router(), lambda payload: False, context)
+    worker.start()
+    try:
+        await until(lambda: looks >= 1)  # idle
+        before = store.write_transactions
+        for n in range(2, 6):
+            worker.wake()
+            await until(lambda n=n: looks >= n)  # type: ignore[misc]
+        assert store.write_transactions == before
+        payload = {"action": "closed", "issue": {"number": 1},
+                   "repository": {"full_name": "acme/scout-vault"}}
+        assert await store.enqueue_delivery("d1", "issues", payload,
+                                            json.dumps(payload).encode())
+        worker.wake()
+        await until(lambda: handled == ["d1"])
+    finally:
+        await worker.stop()
+        await store.close()

@@ -126,6 +126,16 @@ class Worker:
     async def _turn(self) -> bool:
         """Claim and run one batch, or wait for work; True once stopping with nothing due."""
         store = self.store
+        self._wake.clear()  # (before any look: a wake-up for what the look misses is kept)
+        if self._idle.is_set() and not self._stopping and not (
+                self._finished or self._settling or self._preclaimed):
+            # idle, nothing to record: a read says whether anything is due for this replica
+            # before a write transaction claims it (else each idle replica wrote twice a
+            # second on PostgreSQL)
+            wakeup = await store.next_wakeup()
+            if wakeup is None or wakeup > time.time():
+                await self._wait_for_work(wakeup)
+                return False
         # what the last batch finished is recorded in the claim of the next: one write
         # between batches (a crash before it runs them again, as retries: ctx.retry)
         items = await self._record_finished(limit=self.batch)
@@ -133,13 +143,7 @@ class Worker:
             if self._stopping:
                 return True
             self._idle.set()
-            wakeup = await store.next_wakeup()
-            # other replicas' work frees deliveries without waking this one: look often
-            longest = IDLE_LOOK if store.engine == "sqlite" else SHARED_IDLE_LOOK
-            delay = longest if wakeup is None else max(0.0, min(longest, wakeup - time.time()))
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
+            await self._wait_for_work(await store.next_wakeup())
             return False
         self._idle.clear()
         self._cut_short = False
@@ -150,6 +154,15 @@ class Worker:
                 await self._record_finished(limit=0)  # (first: release lets go of the rest)
                 await store.release()
         return False
+
+    async def _wait_for_work(self, wakeup: float | None) -> None:
+        """Until woken, `wakeup` (when the next delivery this replica may take is due), or
+        the longest an idle worker waits between looks."""
+        # other replicas' work frees deliveries without waking this one: look often
+        longest = IDLE_LOOK if self.store.engine == "sqlite" else SHARED_IDLE_LOOK
+        delay = longest if wakeup is None else max(0.0, min(longest, wakeup - time.time()))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), delay)
 
     async def _record_finished(self, limit: int) -> list[QueueItem]:
         """Record what was finished, with the results of what those deliveries ran once
