@@ -75,3 +75,33 @@ async def test_mcp_while_the_database_is_away_answers_503_with_retry_after(
         status, body, retry = resp.status, await resp.json(), resp.headers.get("Retry-After")
     assert status == 503 and retry == "5", body
     assert body["error"]["data"]["code"] == "unavailable"
+
+
+async def test_a_claim_a_failed_try_could_not_let_go_of_is_let_go_of_once_the_store_is_back(
+        two_replicas: tuple[Store, Store]) -> None:
+    """A try fails while the database is away, so its claim cannot be let go of then: it is
+    with the worker's next write (`stray`, `let_go_in`). Else a replica given the key later
+    waits, as long as this one lives, for a result no one is at work on."""
+    a, b = two_replicas
+    async with a.transaction() as db:  # a lives throughout (as its heartbeat would keep it)
+        await db.execute("UPDATE replicas SET seen_at=vm_now()+3600 WHERE id=?",
+                         (a.replica_id,))
+    outage = pg.outage(a._url)  # type: ignore[attr-defined]  # noqa: SLF001
+
+    async def fails_in_an_outage() -> dict[str, int]:
+        await outage.__aenter__()
+        raise RuntimeError("the forge answered 502")
+
+    with pytest.raises(Exception):  # noqa: B017,PT011 (the store's own error: it is away)
+        await a.once("forge", "k", "", fails_in_an_outage)
+    await outage.__aexit__(None, None, None)
+    row = await b.fetchone("SELECT owner FROM idempotency WHERE key='k'")
+    assert row is not None and row["owner"] == a.replica_id  # still a's, a claim no one works on
+    stray = a.stray()
+    async with a.transaction() as db:  # (the worker's next write)
+        await a.let_go_in(db, stray)
+
+    async def runs() -> dict[str, int]:
+        return {"n": 1}
+
+    assert await asyncio.wait_for(b.once("forge", "k", "", runs), 10) == {"n": 1}

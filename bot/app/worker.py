@@ -128,7 +128,7 @@ class Worker:
         store = self.store
         self._wake.clear()  # (before any look: a wake-up for what the look misses is kept)
         if self._idle.is_set() and not self._stopping and not (
-                self._finished or self._settling or self._preclaimed):
+                self._finished or self._settling or self._preclaimed or store.has_stray()):
             # idle, nothing to record: a read says whether anything is due for this replica
             # before a write transaction claims it (else each idle replica wrote twice a
             # second on PostgreSQL)
@@ -174,23 +174,26 @@ class Worker:
         self._settling.clear()
         # claimed with the last batch, and no `once` ran under them: let go of
         unused, self._preclaimed = list(self._preclaimed.values()), {}
+        stray = store.stray()  # failed tries' claims, not let go of while the store was away
         preclaimed: dict[str, tuple[str, str]] = {}
 
         async def also(db: Connection) -> None:
             await store.settle_in(db, settling)
             await store.unclaim_in(db, unused)
+            await store.let_go_in(db, stray)
 
         async def then(db: Connection, items: list[QueueItem]) -> None:
             preclaimed.update(await self._preclaim(db, items))
 
         try:
             items, superseded = await store.finish_and_claim(
-                finished, limit=limit, also=also if settling or unused else None,
+                finished, limit=limit, also=also if settling or unused or stray else None,
                 then=then if limit else None)
         except BaseException:  # (the store is away: next turn)
             self._finished = finished + self._finished
             self._settling[:0] = settling
             self._preclaimed = {f"unused:{n}": slot for n, slot in enumerate(unused)}
+            store.keep_stray(stray)
             raise
         store.settled(settling)
         self._preclaimed = preclaimed

@@ -160,6 +160,7 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
         self._handed_over = {}
         self._running = {}
         self._unsettled = set()
+        self._stray = []
         self._named: dict[str, tuple[asyncio.Lock, int]] = {}  # key -> lock, its users
         self._keyed: dict[str, tuple[asyncio.Lock, int]] = {}  # transactions' keys, the same
         self.replica_id = new_replica_id()

@@ -130,6 +130,7 @@ class IdempotencyMixin:
 
     _running: dict[tuple[str, str], tuple[asyncio.Future[Result], str]]
     _unsettled: set[tuple[str, str]]  # done, their results not yet recorded: kept in _running
+    _stray: list[tuple[bool, tuple[str, str, str, int]]]  # failed tries' claims (see `stray`)
 
     replica_id: str
     incarnation: str
@@ -197,6 +198,24 @@ class IdempotencyMixin:
             await db.execute("DELETE FROM idempotency WHERE scope=? AND key=? AND owner=? AND"
                              " attempts=1 AND result IS NULL", (scope, key, self.replica_id))
 
+    def stray(self) -> list[tuple[bool, tuple[str, str, str, int]]]:
+        """The claims of failed tries that could not be let go of (the store was away), taken
+        for the caller to let go of in a transaction of its own (`let_go_in`; `keep_stray`
+        should that transaction fail)."""
+        taken, self._stray = self._stray, []
+        return taken
+
+    def has_stray(self) -> bool:
+        return bool(self._stray)
+
+    def keep_stray(self, claims: list[tuple[bool, tuple[str, str, str, int]]]) -> None:
+        self._stray[:0] = claims
+
+    async def let_go_in(self, db: Any, claims: list[tuple[bool, tuple[str, str, str, int]]]
+                        ) -> None:
+        for free, ours in claims:
+            await _let_go_in(db, free, ours)
+
     def settled(self, settlements: list[Settlement]) -> None:
         """The transaction that held `settle_in` committed (or this replica retired): its
         keys' calls look at the stored results from now on."""
@@ -251,18 +270,17 @@ class IdempotencyMixin:
         except ClaimLost:
             raise  # another's claim now: nothing of this try's is written to the key
         except Exception as exc:  # (cancelled: the replica is stopping; its claims go with it)
-            async with self.transaction() as db:
-                if isinstance(exc, VaultmailError) and made[0] == 0 and not existed:
-                    # refused before any forge write, on the key's first try: free again (a
-                    # try that resumed one may follow an earlier try's writes: it keeps it)
-                    await db.execute("DELETE FROM idempotency WHERE scope=? AND key=?"
-                                     " AND result IS NULL AND owner=? AND attempts=?", ours)
-                else:
-                    # unfinished, and no one at work on it: the next try, on any replica,
-                    # takes it over (as from a dead replica) instead of waiting for a result
-                    await db.execute("UPDATE idempotency SET owner=NULL WHERE scope=? AND"
-                                     " key=? AND result IS NULL AND owner=? AND attempts=?",
-                                     ours)
+            # refused before any forge write, on the key's first try: free again (a try that
+            # resumed one may follow an earlier try's writes: it keeps it)
+            free = isinstance(exc, VaultmailError) and made[0] == 0 and not existed
+            try:
+                async with self.transaction() as db:
+                    await _let_go_in(db, free, ours)
+            except Exception:
+                # the store is away too: let go of with the worker's next write (`stray`),
+                # or another replica given the key would wait on it while this one lives
+                self._stray.append((free, ours))
+                raise
             raise
         finally:
             _claim.reset(fence)
@@ -372,6 +390,18 @@ async def _write_result_in(db: Any, ours: tuple[str, str, str, int], text: str) 
         if row is not None and row[0] is not None:
             return str(row[0])
     return None
+
+
+async def _let_go_in(db: Any, free: bool, ours: tuple[str, str, str, int]) -> None:
+    """A failed try's claim, let go of: deleted when `free`, else left unowned, so that the
+    next try, on any replica, takes it over (as from a dead replica) instead of waiting for
+    a result no one is at work on."""
+    if free:
+        await db.execute("DELETE FROM idempotency WHERE scope=? AND key=? AND result IS NULL"
+                         " AND owner=? AND attempts=?", ours)
+    else:
+        await db.execute("UPDATE idempotency SET owner=NULL WHERE scope=? AND key=? AND"
+                         " result IS NULL AND owner=? AND attempts=?", ours)
 
 
 def _copy(result: Result) -> Result:
