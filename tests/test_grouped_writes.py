@@ -182,8 +182,8 @@ async def test_a_key_claimed_with_its_delivery_is_run_under_without_a_claim_of_i
         store: Store) -> None:
     """The worker claims a forge change's key in the transaction that claims its delivery
     (`preclaim_in`); `once(..., preclaimed=True)` runs under that claim. One no `once` ran
-    under is let go of (`unclaim_in`): a later call claims it as a first try, not a resumed
-    one, and no other replica waits on it."""
+    under is let go of (`preclaims_unused`, `let_go_in`): a later call claims it as a first
+    try, not a resumed one, and no other replica waits on it."""
     tries, work = tried()
     async with store.transaction() as db:
         assert await store.preclaim_in(db, "forge", "k", "")
@@ -195,7 +195,8 @@ async def test_a_key_claimed_with_its_delivery_is_run_under_without_a_claim_of_i
     assert store.write_transactions == before  # neither a claim nor a result of its own
     async with store.transaction() as db:
         await store.settle_in(db, later)
-        await store.unclaim_in(db, [("forge", "unused")])
+        store.preclaims_unused([("forge", "unused")])
+        await store.let_go_in(db, store.stray())
     store.settled(later)
     rows = await store.fetchall("SELECT key, result FROM idempotency ORDER BY key")
     assert {r["key"]: r["result"] for r in rows} == {"k": '{"n": 1}'}

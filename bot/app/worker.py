@@ -172,14 +172,15 @@ class Worker:
         # (one list, kept: a `once` still at work after its delivery was cut appends to it)
         settling = self._settling[:]
         self._settling.clear()
-        # claimed with the last batch, and no `once` ran under them: let go of
-        unused, self._preclaimed = list(self._preclaimed.values()), {}
-        stray = store.stray()  # failed tries' claims, not let go of while the store was away
+        # claimed with the last batch, and no `once` ran under them: let go of, with the
+        # claims of tries that failed while the store was away
+        store.preclaims_unused(list(self._preclaimed.values()))
+        self._preclaimed = {}
+        stray = store.stray()
         preclaimed: dict[str, tuple[str, str]] = {}
 
         async def also(db: Connection) -> None:
             await store.settle_in(db, settling)
-            await store.unclaim_in(db, unused)
             await store.let_go_in(db, stray)
 
         async def then(db: Connection, items: list[QueueItem]) -> None:
@@ -187,13 +188,12 @@ class Worker:
 
         try:
             items, superseded = await store.finish_and_claim(
-                finished, limit=limit, also=also if settling or unused or stray else None,
+                finished, limit=limit, also=also if settling or stray else None,
                 then=then if limit else None)
         except BaseException:  # (the store is away: next turn)
             self._finished = finished + self._finished
             self._settling[:0] = settling
-            self._preclaimed = {f"unused:{n}": slot for n, slot in enumerate(unused)}
-            store.keep_stray(stray)
+            store.let_go_later(stray)
             raise
         store.settled(settling)
         self._preclaimed = preclaimed
@@ -214,14 +214,19 @@ class Worker:
             if key is None or key in seen:
                 continue
             seen.add(key)
-            own = self.is_own_event(item.payload)
-            router = self.own_router if own else self.router
-            if not router.fetch(sansio.Event(item.payload, event=item.event,
-                                             delivery_id=item.guid)):
+            _, router, event = self._routed(item)
+            if not router.fetch(event):
                 continue  # no handler runs it: nothing to claim
             if await self.store.preclaim_in(db, "forge", key, ""):
                 claimed[item.guid] = ("forge", key)
         return claimed
+
+    def _routed(self, item: QueueItem) -> tuple[bool, Router, sansio.Event]:
+        """Whether `item` is the app's own write coming back, the router its handlers are
+        in (the app's own events have few), and the event they are given."""
+        own = self.is_own_event(item.payload)
+        return (own, self.own_router if own else self.router,
+                sansio.Event(item.payload, event=item.event, delivery_id=item.guid))
 
     async def _run_batch(self, items: list[QueueItem]) -> None:
         groups: dict[str, list[QueueItem]] = {}
@@ -278,9 +283,7 @@ class Worker:
         delivery alone and counts an attempt."""
         started = time.perf_counter()
         try:
-            own = self.is_own_event(item.payload)
-            router = self.own_router if own else self.router
-            event = sansio.Event(item.payload, event=item.event, delivery_id=item.guid)
+            own, router, event = self._routed(item)
             if not router.fetch(event):  # ping, meta, events no handler wants, the app's own
                 await self._finish(item, "ignored")
                 metrics.DELIVERIES.labels(event=item.event, outcome="ignored").inc()

@@ -56,6 +56,8 @@ CREATE TABLE IF NOT EXISTS idempotency (
 """
 
 Result = dict[str, Any]
+# a claim to let go of with a later write: whether to free it (else leave it unowned), and it
+Stray = tuple[bool, tuple[str, str, str, int]]
 # a finished try's result left for the caller to record in a transaction of its own (the
 # worker's, which finishes the delivery that ran it): its claim (scope, key, owner, attempt),
 # and the result's JSON
@@ -130,7 +132,7 @@ class IdempotencyMixin:
 
     _running: dict[tuple[str, str], tuple[asyncio.Future[Result], str]]
     _unsettled: set[tuple[str, str]]  # done, their results not yet recorded: kept in _running
-    _stray: list[tuple[bool, tuple[str, str, str, int]]]  # failed tries' claims (see `stray`)
+    _stray: list[Stray]  # claims to let go of with the worker's next write (see `stray`)
 
     replica_id: str
     incarnation: str
@@ -190,30 +192,27 @@ class IdempotencyMixin:
             " VALUES (?,?,?,?,?) ON CONFLICT DO NOTHING",
             (scope, key, fingerprint, time.time(), self.replica_id)))
 
-    async def unclaim_in(self, db: Any, slots: list[tuple[str, str]]) -> None:
-        """Let go, in `db`'s transaction, of keys `preclaim_in` claimed that no `once` ran
-        under (their deliveries were let go of, or no handler ran): free again, as a refused
-        first try leaves its key, rather than waited on by another replica's call."""
-        for scope, key in sorted(slots):
-            await db.execute("DELETE FROM idempotency WHERE scope=? AND key=? AND owner=? AND"
-                             " attempts=1 AND result IS NULL", (scope, key, self.replica_id))
+    def preclaims_unused(self, slots: list[tuple[str, str]]) -> None:
+        """Keys `preclaim_in` claimed that no `once` ran under (their deliveries were let go
+        of, or no handler ran): let go of with the caller's next write, free again as a
+        refused first try leaves its key, rather than waited on by another replica's call."""
+        self.let_go_later([(True, (scope, key, self.replica_id, 1)) for scope, key in slots])
 
-    def stray(self) -> list[tuple[bool, tuple[str, str, str, int]]]:
-        """The claims of failed tries that could not be let go of (the store was away), taken
-        for the caller to let go of in a transaction of its own (`let_go_in`; `keep_stray`
-        should that transaction fail)."""
+    def stray(self) -> list[Stray]:
+        """The claims to let go of (failed tries' that could not be while the store was away,
+        unused pre-claims), taken for the caller to let go of in a transaction of its own
+        (`let_go_in`; `let_go_later` again should that transaction fail)."""
         taken, self._stray = self._stray, []
         return taken
 
     def has_stray(self) -> bool:
         return bool(self._stray)
 
-    def keep_stray(self, claims: list[tuple[bool, tuple[str, str, str, int]]]) -> None:
+    def let_go_later(self, claims: list[Stray]) -> None:
         self._stray[:0] = claims
 
-    async def let_go_in(self, db: Any, claims: list[tuple[bool, tuple[str, str, str, int]]]
-                        ) -> None:
-        for free, ours in claims:
+    async def let_go_in(self, db: Any, claims: list[Stray]) -> None:
+        for free, ours in sorted(claims, key=lambda claim: claim[1]):  # (one order of rows)
             await _let_go_in(db, free, ours)
 
     def settled(self, settlements: list[Settlement]) -> None:
@@ -279,7 +278,7 @@ class IdempotencyMixin:
             except Exception:
                 # the store is away too: let go of with the worker's next write (`stray`),
                 # or another replica given the key would wait on it while this one lives
-                self._stray.append((free, ours))
+                self.let_go_later([(free, ours)])
                 raise
             raise
         finally:
