@@ -68,7 +68,7 @@ def install(path: str) -> None:
     import bot.app.web as web
     import bot.app.worker as worker
     from bot.forge.caller import _Caller
-    from bot.store.db import Store
+    from bot.store.sqlite import SqliteStore as Store
 
     setattr(web, "receive_webhook",  # noqa: B010
             _timed(getattr(web, "receive_webhook"), "webhook handler"))  # noqa: B009
@@ -82,13 +82,22 @@ def install(path: str) -> None:
         _Caller._attempts, lambda self, method, *a, **k: f"forge {method} (request)"))
     transaction = Store.transaction
 
-    def traced_transaction(self: Store) -> Any:
+    def traced_transaction(self: Store, *keys: str) -> Any:
         if not isinstance(self._lock, TracedLock):
             self._lock = TracedLock(self._lock)  # type: ignore[assignment]
-        WHO.set(sys._getframe(1).f_code.co_name)
-        return transaction(self)
+        WHO.set(_caller(sys._getframe(1)))
+        return transaction(self, *keys)
 
     Store.transaction = traced_transaction  # type: ignore[method-assign]
+    run_transaction = Store.run_transaction
+
+    def traced_run(self: Store, body: Any, *keys: str) -> Any:
+        if not isinstance(self._lock, TracedLock):
+            self._lock = TracedLock(self._lock)  # type: ignore[assignment]
+        WHO.set(_caller(sys._getframe(1)) + " (one trip)")
+        return run_transaction(self, body, *keys)
+
+    Store.run_transaction = traced_run  # type: ignore[method-assign]
 
     def dump() -> None:
         with open(path, "a") as f:
@@ -99,6 +108,14 @@ def install(path: str) -> None:
                 f.flush()
 
     threading.Thread(target=dump, name="store-trace", daemon=True).start()
+
+
+def _caller(frame: Any) -> str:
+    """The function that asked for a transaction, past the store's own helpers."""
+    while frame is not None and frame.f_code.co_name in (
+            "__aenter__", "helper", "_write", "_run", "transaction", "traced_transaction"):
+        frame = frame.f_back
+    return str(frame.f_code.co_name) if frame is not None else "?"
 
 
 def summarise(base: str) -> None:

@@ -377,18 +377,15 @@ class Mailer:
         The mail as indexed (this record, or the one indexed before it under its id);
         `fenced`: None, indexing nothing, when the running idempotency claim was taken over
         (checked under the claim's own key, which a takeover takes too)."""
-        admitted: int | None = None
         fence = idempotency.fence_key() if fenced else None
-        # the sender and the recovery path may record one mail id at once: one looks, then
-        # the other
-        async with self.services.store.transaction(
-                f"mail:{record.mail_id}", mails.box_key(record.org, record.to_principal),
-                ledger.key(record.org), *([fence] if fence else [])) as db:
+
+        async def index(db: Connection) -> tuple[MailRecord | None, bool, int | None]:
+            """(the mail as indexed, whether this call indexed it, its run if admitted)"""
             indexed = await mails.get_mail_in(db, record.mail_id)
             if indexed is not None:
-                return indexed
+                return indexed, False, None
             if fence and not await idempotency.claim_held_in(db):
-                return None
+                return None, False, None
             await _index_sent(db, record, actor)
             if record.state == QUIET:
                 await ledger.append(db, "mail.loop_guard", "office", record.ref, {
@@ -396,8 +393,17 @@ class Mailer:
                     "reason": quiet or f"beyond {LOOP_GUARD_HOPS} hops: delivered without "
                               "mail:new"},
                     org=record.org)
-            else:
-                admitted = await runs.admit(db, agent, "mail", record.ref, actor, org=record.org)
+                return record, True, None
+            return record, True, await runs.admit(db, agent, "mail", record.ref, actor,
+                                                  org=record.org)
+
+        # the sender and the recovery path may record one mail id at once: one looks, then
+        # the other (one trip to the store: it is on every mail's path)
+        indexed, new, admitted = await self.services.store.run_transaction(
+            index, f"mail:{record.mail_id}", mails.box_key(record.org, record.to_principal),
+            ledger.key(record.org), *([fence] if fence else []))
+        if not new:
+            return indexed
         if record.state != QUIET:  # a copy past the loop guard wakes no one: next run's
             self.services.notifier.notify([record.to_principal], org=record.org)
         if admitted is not None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from bot.store.db import Store, register_schema
 from bot.store.group import GroupCommit
+from bot.store.sql import Connection
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS forge_writes (
@@ -99,8 +100,9 @@ class SharedWriteBudget:
     async def _place(self, writes: list[tuple[str, str, bool]]) -> list[float]:
         # one installation's writes are placed one at a time; other installations' meanwhile
         keys = sorted({f"budget:{who}" for who, _, _ in writes})
-        waits: list[float] = []
-        async with self.store.transaction(*keys) as db:
+
+        async def place_all(db: Connection) -> list[float]:
+            waits: list[float] = []
             for who, endpoint, content in writes:
                 row = await db.fetchone("SELECT vm_now() AS t")
                 assert row is not None
@@ -116,4 +118,6 @@ class SharedWriteBudget:
                     await db.execute("DELETE FROM forge_writes WHERE who=? AND at<?",
                                      (who, horizon))
                 waits.append(at - now)
-        return waits
+            return waits
+
+        return await self.store.run_transaction(place_all, *keys)  # (SQLite: one trip)

@@ -7,12 +7,13 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from bot import jsontext
 from bot.store.sql import Connection, Row, Sql, Statement
 
 log = logging.getLogger("vaultmail.queue")
+T = TypeVar("T")
 HEARTBEAT = 1.0  # seconds between a replica's heartbeats (bot.app.replica)
 DEAD_AFTER = 5.0  # seconds without a heartbeat after which a replica's claims are free
 STEADY_GAP = 2.5 * HEARTBEAT  # a longer silence between two beats is a gap in them
@@ -320,6 +321,8 @@ class QueueMixin:
 
     if TYPE_CHECKING:
         def transaction(self, *keys: str) -> AbstractAsyncContextManager[Connection]: ...
+        async def run_transaction(self, body: Callable[[Connection], Awaitable[T]],
+                                  *keys: str) -> T: ...
         def retire(self) -> str: ...
         async def fetchone(self, sql: Statement,
                            params: Sequence[Any] = ()) -> Row | None: ...
@@ -463,10 +466,12 @@ class QueueMixin:
             return [], [item for item, _ in finished]
         at = now  # None: the database's clock (bot.store.db, vm_now)
         me = self.replica_id
-        async with self.transaction() as db:
+        handed = self._handed_over
+
+        async def claim(db: Connection) -> tuple[list[QueueItem], list[QueueItem], bool]:
+            """(claimed, superseded, whether another process holds this replica's id)"""
             if await id_taken(db, me, self.incarnation):
-                self.retire()
-                return [], [item for item, _ in finished]
+                return [], [item for item, _ in finished], True
             if also is not None:
                 await also(db)
             now = time.time()
@@ -493,10 +498,15 @@ class QueueMixin:
                     " WHERE id IN (" + CLAIM + ") RETURNING *",
                     (me, me, *claim_params(me, at, int(first["id"]), limit - len(rows))))
             rows = await _set_suspects_apart(db, sorted(rows, key=lambda r: int(r["id"])))
-            handed = self._handed_over
             items = [_item(r, handed.get(r["guid"])) for r in rows]
             if then is not None and items:
                 await then(db, items)
+            return items, superseded, False
+
+        # one trip (SQLite): the worker's one write between batches holds the one writer
+        items, superseded, taken = await self.run_transaction(claim)
+        if taken:
+            self.retire()
         for item in items:  # (kept until the claim is committed: else it is parsed again)
             handed.pop(item.guid, None)
         return items, superseded

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -20,6 +21,7 @@ import aiosqlite
 from bot.private_files import narrow, private_dir, private_file
 from bot.store.db import Store
 from bot.store.migrations import MIGRATIONS_TABLE, column, migrations
+from bot.store.sql import Connection as StoreConnection
 from bot.store.sql import Params, Row, Statement, ddl, for_sqlite
 
 log = logging.getLogger("vaultmail.store")
@@ -221,6 +223,66 @@ class Connection:
         return None
 
 
+class _InThread:
+    """The store's connection inside the connection's thread (`run_transaction`): each call
+    runs its statement at once, so a body that awaits only these never suspends."""
+
+    keyed = False
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    async def execute(self, sql: Statement, params: Params = ()) -> int:
+        return _changes(self._conn, for_sqlite(sql), params)
+
+    async def fetchone(self, sql: Statement, params: Params = ()) -> Row | None:
+        return _one(self._conn, for_sqlite(sql), params)
+
+    async def fetchall(self, sql: Statement, params: Params = ()) -> list[Row]:
+        return _all(self._conn, for_sqlite(sql), params)
+
+    async def insert(self, sql: Statement, params: Params = ()) -> int:
+        row = _one(self._conn, for_sqlite(sql), params)
+        return int(row[0]) if row is not None else 0
+
+    async def executemany(self, sql: Statement, rows: Iterable[Params]) -> None:
+        _many(self._conn, for_sqlite(sql), rows)
+
+    async def hold(self, key: str) -> None:
+        return None
+
+
+class AwaitedOutsideTheStore(RuntimeError):
+    """A `run_transaction` body awaited something other than the store's connection."""
+
+
+def _whole(conn: sqlite3.Connection,
+           body: Callable[[StoreConnection], Awaitable[T]], context: contextvars.Context,
+           ) -> tuple[T, bool]:
+    """In the connection's thread: BEGIN, `body` driven to its end, COMMIT (ROLLBACK when it
+    raises). Returns what it returned and whether it changed anything. `context`: the
+    caller's context variables (its log fields, the claim it runs under)."""
+    conn.execute("BEGIN IMMEDIATE")
+    before = conn.total_changes
+    try:
+        coro = cast("Coroutine[Any, Any, T]", body(_InThread(conn)))
+        try:
+            context.run(coro.send, None)
+        except StopIteration as done:
+            result = cast("T", done.value)
+        else:
+            coro.close()
+            raise AwaitedOutsideTheStore(
+                "a transaction run in the store's thread awaited something other than the "
+                "store: run it with transaction() instead")
+        changed = conn.total_changes != before
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+    return result, changed
+
+
 def _changes(conn: sqlite3.Connection, sql: str, params: Params) -> int:
     cur = conn.execute(sql, params)
     try:
@@ -332,6 +394,35 @@ class SqliteStore(Store):
             self.write_transactions += 1
             if self._checkpointer is not None:
                 self._checkpointer.wrote()
+
+    async def run_transaction(self, body: Callable[[StoreConnection], Awaitable[T]],
+                              *keys: str) -> T:
+        """(Store.run_transaction) Whole in the connection's thread: BEGIN, the body's
+        statements and COMMIT in one hop, under the one writer's lock."""
+        async with self._lock:
+            # once handed to the thread it runs to its end: a cancel waits for it, then lands
+            # (as one landing during a COMMIT would)
+            done = asyncio.ensure_future(self._db._execute(  # type: ignore[no-untyped-call]
+                _whole, self._db._conn, body, contextvars.copy_context()))
+            try:
+                try:
+                    result, changed = await asyncio.shield(done)
+                except asyncio.CancelledError:
+                    while not done.done():
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await asyncio.wait([done])
+                    if not done.cancelled():
+                        done.exception()  # (retrieved: the cancel is what the caller sees)
+                    raise
+            except sqlite3.Error as exc:  # the file refused it: the store is at fault
+                self.write_failure = f"{type(exc).__name__}: {exc}"
+                raise
+            if changed:
+                self.write_failure = None
+            self.write_transactions += 1
+            if self._checkpointer is not None:
+                self._checkpointer.wrote()
+            return cast("T", result)
 
     # Reads go to the connection's thread in batches: every read asked for in one turn of the
     # event loop (up to READ_BATCH) is executed, fetched and closed there in one hop, and
