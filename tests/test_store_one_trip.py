@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -140,3 +141,33 @@ async def test_sqlite_a_cancel_waits_for_the_trip_and_its_commit_stands(
         assert await _writes(store, "cancel") == ["first", "second"]
     finally:
         await store.close()
+
+
+async def test_bodies_handed_in_together_keep_their_own_outcomes(store: Store) -> None:
+    """Bodies handed in while the writer is busy go together (SQLite: one trip, one commit);
+    one that raises undoes its own writes alone and fails alone."""
+    before = store.write_transactions
+
+    def body(n: int) -> Any:
+        async def write(db: Connection) -> int:
+            await db.execute("INSERT INTO forge_writes(who, endpoint, content, at)"
+                             " VALUES (?,?,?,?)", ("together", f"{CALLER.get()}", 0, n))
+            if n == 3:
+                raise ValueError("body 3 fails")
+            return n
+        return write
+
+    async def call(n: int) -> int:
+        CALLER.set(f"caller-{n}")  # (each caller's own context, in the shared trip too)
+        return await store.run_transaction(body(n), f"budget:{n}")
+
+    outcomes = await asyncio.gather(*(call(n) for n in range(8)), return_exceptions=True)
+    assert [str(o) if isinstance(o, Exception) else o for o in outcomes] == [
+        0, 1, 2, "body 3 fails", 4, 5, 6, 7]
+    assert sorted(await _writes(store, "together")) == [
+        f"caller-{n}" for n in range(8) if n != 3]
+    committed = store.write_transactions - before
+    if store.engine == "sqlite":
+        assert committed < 7  # grouped: fewer commits than bodies
+    else:
+        assert committed == 7  # side by side, each its own (no office waits on another)

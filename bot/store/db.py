@@ -11,6 +11,7 @@ import socket
 import time
 import uuid
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import ClassVar, TypeVar
@@ -155,7 +156,7 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
     engine: ClassVar[str]
 
     def __init__(self) -> None:
-        self._arrivals = []
+        self._arrivals = deque()
         self._arrivals_writer = None
         self._finishes = []
         self._finishes_writer = None

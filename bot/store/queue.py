@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -309,7 +310,9 @@ async def _finish_all_in(db: Connection, engine: str, finished: list[tuple[Queue
 class QueueMixin:
     """The queue's half of Store (see bot.store.db)."""
 
-    _arrivals: list[_Arrival]  # deliveries waiting for the next group commit
+    # deliveries waiting for the next group commit (taken from its left in the store's
+    # thread on SQLite, added to on the event loop's: each is one step under the GIL)
+    _arrivals: deque[_Arrival]
     _arrivals_writer: asyncio.Task[None] | None  # the one task committing them, while any wait
     _finishes: list[tuple[QueueItem, str, asyncio.Future[bool]]]  # finished deliveries, too
     _finishes_writer: asyncio.Task[None] | None
@@ -356,19 +359,25 @@ class QueueMixin:
         finally:
             self._arrivals_writer = None
 
-    def _take_arrivals(self) -> list[_Arrival]:
-        batch = self._arrivals[:BATCH]
-        del self._arrivals[:BATCH]
-        return batch
+    def _take_arrivals(self, into: list[_Arrival]) -> list[_Arrival]:
+        """Up to BATCH of the arrivals waiting, appended to `into` as each is taken."""
+        while len(into) < BATCH:
+            try:
+                into.append(self._arrivals.popleft())
+            except IndexError:
+                break
+        return into
 
     async def _commit_arrivals(self) -> None:
         batch: list[_Arrival] = []
-        try:
-            async with self.transaction() as db:
-                batch = self._take_arrivals()
-                fresh = await self._insert_arrivals(db, batch)
+
+        async def insert(db: Connection) -> set[_Arrival]:
+            return await self._insert_arrivals(db, self._take_arrivals(into=batch))
+
+        try:  # (SQLite: one trip, with whatever other writes wait for the writer)
+            fresh = await self.run_transaction(insert)
         except Exception:  # one arrival's fault must not fail the others: each on its own
-            for a in batch or self._take_arrivals():
+            for a in batch or self._take_arrivals(into=[]):
                 try:
                     async with self.transaction() as db:
                         alone = await self._insert_arrivals(db, [a])

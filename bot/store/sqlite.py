@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -256,31 +257,59 @@ class AwaitedOutsideTheStore(RuntimeError):
     """A `run_transaction` body awaited something other than the store's connection."""
 
 
-def _whole(conn: sqlite3.Connection,
-           body: Callable[[StoreConnection], Awaitable[T]], context: contextvars.Context,
-           ) -> tuple[T, bool]:
-    """In the connection's thread: BEGIN, `body` driven to its end, COMMIT (ROLLBACK when it
-    raises). Returns what it returned and whether it changed anything. `context`: the
-    caller's context variables (its log fields, the claim it runs under)."""
+@dataclass(eq=False)
+class _Trip:
+    """A `run_transaction` body waiting for, or in, the one writer's next trip."""
+
+    body: Callable[[StoreConnection], Awaitable[Any]]
+    context: contextvars.Context  # the caller's (its log fields, the claim it runs under)
+    done: asyncio.Future[Any]
+    taken: bool = False  # handed to the connection's thread: it runs to its end
+
+
+def _drive(body: Callable[[StoreConnection], Awaitable[T]], context: contextvars.Context,
+           conn: sqlite3.Connection) -> T:
+    """`body` run to its end at once: each statement it awaits runs as it is asked for."""
+    coro = cast("Coroutine[Any, Any, T]", body(_InThread(conn)))
+    try:
+        context.run(coro.send, None)
+    except StopIteration as done:
+        return cast("T", done.value)
+    coro.close()
+    raise AwaitedOutsideTheStore(
+        "a transaction run in the store's thread awaited something other than the store: "
+        "run it with transaction() instead")
+
+
+def _trip(conn: sqlite3.Connection, bodies: list[tuple[Callable[[StoreConnection],
+          Awaitable[Any]], contextvars.Context]]) -> tuple[list[tuple[bool, Any]], bool]:
+    """In the connection's thread: BEGIN, each body, COMMIT. Each body's outcome (True and
+    what it returned, or False and what it raised: with others in the trip, in a savepoint
+    of its own, so that its error undoes its writes alone), and whether anything changed."""
     conn.execute("BEGIN IMMEDIATE")
     before = conn.total_changes
+    alone = len(bodies) == 1
+    out: list[tuple[bool, Any]] = []
     try:
-        coro = cast("Coroutine[Any, Any, T]", body(_InThread(conn)))
-        try:
-            context.run(coro.send, None)
-        except StopIteration as done:
-            result = cast("T", done.value)
-        else:
-            coro.close()
-            raise AwaitedOutsideTheStore(
-                "a transaction run in the store's thread awaited something other than the "
-                "store: run it with transaction() instead")
+        for body, context in bodies:
+            if alone:
+                out.append((True, _drive(body, context, conn)))
+                continue
+            conn.execute("SAVEPOINT trip")
+            try:
+                value = _drive(body, context, conn)
+            except Exception as exc:  # noqa: BLE001 - handed to the body's caller
+                conn.execute("ROLLBACK TO trip")
+                out.append((False, exc))
+            else:
+                out.append((True, value))
+            conn.execute("RELEASE trip")
         changed = conn.total_changes != before
         conn.commit()
     except BaseException:
         conn.rollback()
         raise
-    return result, changed
+    return out, changed
 
 
 def _changes(conn: sqlite3.Connection, sql: str, params: Params) -> int:
@@ -325,6 +354,8 @@ class SqliteStore(Store):
         self._checkpointer: Checkpointer | None = None
         self._reads: list[tuple[str, Params, bool, asyncio.Future[Any]]] = []
         self._reads_queued = False
+        self._trips: list[_Trip] = []  # run_transaction bodies waiting for the writer
+        self._trip_writer: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, path: str | Path, *, synchronous: str = "normal") -> SqliteStore:
@@ -397,32 +428,76 @@ class SqliteStore(Store):
 
     async def run_transaction(self, body: Callable[[StoreConnection], Awaitable[T]],
                               *keys: str) -> T:
-        """(Store.run_transaction) Whole in the connection's thread: BEGIN, the body's
-        statements and COMMIT in one hop, under the one writer's lock."""
-        async with self._lock:
-            # once handed to the thread it runs to its end: a cancel waits for it, then lands
-            # (as one landing during a COMMIT would)
-            done = asyncio.ensure_future(self._db._execute(  # type: ignore[no-untyped-call]
-                _whole, self._db._conn, body, contextvars.copy_context()))
-            try:
-                try:
-                    result, changed = await asyncio.shield(done)
-                except asyncio.CancelledError:
-                    while not done.done():
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await asyncio.wait([done])
-                    if not done.cancelled():
-                        done.exception()  # (retrieved: the cancel is what the caller sees)
-                    raise
-            except sqlite3.Error as exc:  # the file refused it: the store is at fault
-                self.write_failure = f"{type(exc).__name__}: {exc}"
+        """(Store.run_transaction) In the connection's thread, in one hop. Bodies handed in
+        while the one writer is busy go together in its next trip: one BEGIN and COMMIT, and
+        one turn of the writer, for all of them (`_trip`: each in a savepoint of its own)."""
+        trip = _Trip(body, contextvars.copy_context(),
+                     asyncio.get_running_loop().create_future())
+        self._trips.append(trip)
+        if self._trip_writer is None:  # its own context: nothing of this caller's is others'
+            self._trip_writer = asyncio.get_running_loop().create_task(
+                self._write_trips(), context=contextvars.Context())
+        try:
+            return cast("T", await asyncio.shield(trip.done))
+        except asyncio.CancelledError:
+            if not trip.taken:  # not begun: nothing made, as a transaction not begun
+                with contextlib.suppress(ValueError):
+                    self._trips.remove(trip)
                 raise
-            if changed:
-                self.write_failure = None
-            self.write_transactions += 1
-            if self._checkpointer is not None:
-                self._checkpointer.wrote()
-            return cast("T", result)
+            # handed to the thread, it runs to its end: the cancel lands after it (as one
+            # landing during a COMMIT would)
+            while not trip.done.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait([trip.done])
+            if not trip.done.cancelled():
+                trip.done.exception()  # (retrieved: the cancel is what the caller sees)
+            raise
+
+    async def _write_trips(self) -> None:
+        stopped = False  # cancelled during a trip: it runs to its end, then the writer stops
+        batch: list[_Trip] = []
+        try:
+            while self._trips and not stopped:
+                async with self._lock:
+                    batch, self._trips = self._trips[:TRIP_BATCH], self._trips[TRIP_BATCH:]
+                    for trip in batch:
+                        trip.taken = True
+                    running = asyncio.ensure_future(self._db._execute(  # type: ignore[no-untyped-call]
+                        _trip, self._db._conn, [(t.body, t.context) for t in batch]))
+                    try:
+                        while not running.done():  # (a stop waits for the thread's work)
+                            try:
+                                await asyncio.wait([running])
+                            except asyncio.CancelledError:
+                                stopped = True
+                        outcomes, changed = running.result()
+                    except Exception as exc:  # the trip itself failed: every body with it
+                        if isinstance(exc, sqlite3.Error):  # the file refused it
+                            self.write_failure = f"{type(exc).__name__}: {exc}"
+                        for trip in batch:
+                            if not trip.done.done():
+                                trip.done.set_exception(exc)
+                        continue
+                    if changed:
+                        self.write_failure = None
+                    self.write_transactions += 1
+                    if self._checkpointer is not None:
+                        self._checkpointer.wrote()
+                for trip, (ok, value) in zip(batch, outcomes, strict=True):
+                    if trip.done.done():
+                        continue
+                    if ok:
+                        trip.done.set_result(value)
+                    else:
+                        trip.done.set_exception(value)
+            if stopped:
+                raise asyncio.CancelledError
+        finally:
+            self._trip_writer = None
+            for trip in [*batch, *self._trips]:  # (stopped: whoever still waits is told so)
+                if not trip.done.done():
+                    trip.done.cancel()
+            self._trips.clear()
 
     # Reads go to the connection's thread in batches: every read asked for in one turn of the
     # event loop (up to READ_BATCH) is executed, fetched and closed there in one hop, and
@@ -480,6 +555,7 @@ async def _unbegin(db: aiosqlite.Connection, begin: asyncio.Future[Any]) -> None
         undo.exception()  # (retrieved: a failed rollback has no one else to tell)
 
 
+TRIP_BATCH = 64  # bodies in one trip at most: readers and other writers wait for no more
 READ_BATCH = 256  # reads in one hop at most: a write queued behind waits for no more
 
 
