@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import sqlite3
 import threading
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -111,34 +111,153 @@ async def test_sqlite_refuses_a_body_that_awaits_outside_the_store(tmp_path: Pat
         await store.close()
 
 
-async def test_sqlite_a_cancel_waits_for_the_trip_and_its_commit_stands(
-        tmp_path: Path) -> None:
-    """Once handed to the thread, the body runs to its end: a cancel is seen by the caller
-    only after that, and the one writer is not let go of while the body still runs (the next
-    transaction finds it committed, not half done)."""
+async def test_sqlite_a_cancel_before_the_body_is_kept_undoes_it(tmp_path: Path) -> None:
+    """A caller cancelled while its body runs in the thread sees the cancel only once the body
+    is over, and its writes are undone: a cancel means nothing was written, as a cancel before
+    COMMIT undoes a transaction (the worker and the mailer put back what a cancelled write was
+    to record). The one writer is not let go of while the body still runs."""
     store = await open_store(tmp_path / "index.sqlite3")
     try:
-        started = threading.Event()
+        started, go = threading.Event(), threading.Event()
 
         async def body(db: Connection) -> None:
             await db.execute("INSERT INTO forge_writes(who, endpoint, content, at)"
                              " VALUES (?,?,?,?)", ("cancel", "first", 0, 1.0))
             started.set()
-            # (in the store's thread, not the loop's: the caller is cancelled meanwhile)
-            time.sleep(0.2)  # noqa: ASYNC251
+            go.wait(5)  # (in the store's thread, not the loop's: the caller is cancelled)
             await db.execute("INSERT INTO forge_writes(who, endpoint, content, at)"
                              " VALUES (?,?,?,?)", ("cancel", "second", 0, 2.0))
 
         task = asyncio.create_task(store.run_transaction(body))
         await asyncio.to_thread(started.wait, 5)
         task.cancel()
-        async with store.transaction() as db:  # waits for the writer the body holds
-            row = await db.fetchone("SELECT count(*) FROM forge_writes WHERE who=?",
-                                    ("cancel",))
-        assert row is not None and row[0] == 2
+        await asyncio.sleep(0)  # (the cancel reaches the caller, which abandons the body)
+        go.set()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert await _writes(store, "cancel") == ["first", "second"]
+        assert await _writes(store, "cancel") == []
+        assert store.write_failure is None
+    finally:
+        await store.close()
+
+
+async def test_sqlite_a_cancel_while_others_bodies_run_undoes_its_own_alone(
+        tmp_path: Path) -> None:
+    """A body taken into the writer's trip but not yet run when its caller is cancelled is
+    undone alone; the bodies beside it commit."""
+    store = await open_store(tmp_path / "index.sqlite3")
+    try:
+        started, go = threading.Event(), threading.Event()
+
+        def body(name: str, *, hold: bool = False) -> Any:
+            async def write(db: Connection) -> str:
+                if hold:
+                    started.set()
+                    go.wait(5)
+                await db.execute("INSERT INTO forge_writes(who, endpoint, content, at)"
+                                 " VALUES (?,?,?,?)", ("beside", name, 0, 1.0))
+                return name
+            return write
+
+        async with store.transaction():  # the writer waits: the three go in one trip
+            first = asyncio.create_task(store.run_transaction(body("first", hold=True)))
+            victim = asyncio.create_task(store.run_transaction(body("victim")))
+            last = asyncio.create_task(store.run_transaction(body("last")))
+            await asyncio.sleep(0)  # (each hands its body in)
+        await asyncio.to_thread(started.wait, 5)
+        victim.cancel()
+        await asyncio.sleep(0)
+        go.set()
+        assert await first == "first" and await last == "last"
+        with pytest.raises(asyncio.CancelledError):
+            await victim
+        assert sorted(await _writes(store, "beside")) == ["first", "last"]
+    finally:
+        await store.close()
+
+
+async def test_sqlite_a_body_raising_a_base_exception_fails_alone(tmp_path: Path) -> None:
+    """Whatever one body raises is its caller's: the bodies beside it in the trip commit."""
+    store = await open_store(tmp_path / "index.sqlite3")
+
+    class Stopped(BaseException):
+        pass
+
+    try:
+        def body(name: str) -> Any:
+            async def write(db: Connection) -> str:
+                await db.execute("INSERT INTO forge_writes(who, endpoint, content, at)"
+                                 " VALUES (?,?,?,?)", ("base", name, 0, 1.0))
+                if name == "stops":
+                    raise Stopped
+                return name
+            return write
+
+        async with store.transaction():
+            tasks = [asyncio.create_task(store.run_transaction(body(name)))
+                     for name in ("one", "stops", "two")]
+            await asyncio.sleep(0)
+        one, stops, two = await asyncio.gather(*tasks, return_exceptions=True)
+        assert (one, two) == ("one", "two") and isinstance(stops, Stopped)
+        assert sorted(await _writes(store, "base")) == ["one", "two"]
+    finally:
+        await store.close()
+
+
+async def test_sqlite_a_transaction_sqlite_undid_fails_with_its_own_error(
+        tmp_path: Path) -> None:
+    """When SQLite itself ends the transaction under a body (a full disk, an I/O error: here
+    the body's own ROLLBACK), every body of the trip is told that error, not a savepoint's."""
+    store = await open_store(tmp_path / "index.sqlite3")
+    try:
+        async def undone(db: Connection) -> None:
+            await db.execute("ROLLBACK")
+            raise sqlite3.OperationalError("database or disk is full")
+
+        async def fine(db: Connection) -> None:
+            await db.execute("INSERT INTO forge_writes(who, endpoint, content, at)"
+                             " VALUES (?,?,?,?)", ("undone", "fine", 0, 1.0))
+
+        async with store.transaction():
+            tasks = [asyncio.create_task(store.run_transaction(b)) for b in (fine, undone)]
+            await asyncio.sleep(0)
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        assert [str(o) for o in outcomes] == ["database or disk is full"] * 2
+        assert store.write_failure == "OperationalError: database or disk is full"
+        assert await _writes(store, "undone") == []
+    finally:
+        await store.close()
+
+
+async def test_sqlite_a_writer_that_cannot_begin_tells_its_callers_why(tmp_path: Path) -> None:
+    """A trip that cannot even begin (the connection closed under it) fails its callers with
+    that error, not with a cancel they never asked for (intake's writer would hang on one)."""
+    store = await open_store(tmp_path / "index.sqlite3")
+    await store.close()
+
+    async def body(db: Connection) -> None:
+        await db.execute("SELECT 1")
+
+    with pytest.raises(ValueError, match="no active connection"):
+        await store.run_transaction(body)
+
+
+async def test_sqlite_a_trip_left_empty_is_not_run(tmp_path: Path) -> None:
+    """Every caller of a trip cancelled before the writer took it: no empty BEGIN and COMMIT."""
+    store = await open_store(tmp_path / "index.sqlite3")
+    try:
+        async def body(db: Connection) -> None:
+            await db.execute("SELECT 1")
+
+        async with store.transaction():
+            before = store.write_transactions
+            task = asyncio.create_task(store.run_transaction(body))
+            await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        await store.run_transaction(body)  # the writer's next turn, after the empty one
+        assert store.write_transactions == before + 2  # the lock's own and this one's
     finally:
         await store.close()
 

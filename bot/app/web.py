@@ -51,11 +51,12 @@ async def healthz(request: web.Request) -> web.Response:
     services = request.app[STARTUP_KEY].services
     if services is None:
         return web.json_response({"status": "starting", "error": request.app[STARTUP_KEY].error})
+    stats = await services.store.queue_stats()  # two index reads, not every dead letter
     return web.json_response({
         "status": "ok",
         "app": services.app_slug,
-        "queue_pending": await services.store.pending_count(),
-        "dead_letters": len(await services.store.dead_letters()),
+        "queue_pending": int(stats["pending"]),
+        "dead_letters": int(stats["dead"]),
     })
 
 

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -257,14 +257,36 @@ class AwaitedOutsideTheStore(RuntimeError):
     """A `run_transaction` body awaited something other than the store's connection."""
 
 
+class _Abandoned(Exception):
+    """A body whose caller was cancelled before it was kept: its writes were undone."""
+
+
 @dataclass(eq=False)
 class _Trip:
-    """A `run_transaction` body waiting for, or in, the one writer's next trip."""
+    """A `run_transaction` body waiting for, or in, the one writer's next trip. `taken`,
+    `abandon` and `keep` are the handshake with the connection's thread: a caller cancelled
+    before its body is kept has it undone, as a cancel before COMMIT undoes a transaction."""
 
     body: Callable[[StoreConnection], Awaitable[Any]]
     context: contextvars.Context  # the caller's (its log fields, the claim it runs under)
     done: asyncio.Future[Any]
     taken: bool = False  # handed to the connection's thread: it runs to its end
+    _gate: threading.Lock = field(default_factory=threading.Lock)
+    _fate: str = "open"  # then "abandoned" (by its caller) or "kept" (by the thread)
+
+    def abandon(self) -> bool:
+        """(Loop) The caller was cancelled: undo the body unless it was kept already."""
+        with self._gate:
+            if self._fate == "open":
+                self._fate = "abandoned"
+            return self._fate == "abandoned"
+
+    def keep(self) -> bool:
+        """(Thread) The body ran: keep its writes unless its caller has gone."""
+        with self._gate:
+            if self._fate == "open":
+                self._fate = "kept"
+            return self._fate == "kept"
 
 
 def _drive(body: Callable[[StoreConnection], Awaitable[T]], context: contextvars.Context,
@@ -281,24 +303,24 @@ def _drive(body: Callable[[StoreConnection], Awaitable[T]], context: contextvars
         "run it with transaction() instead")
 
 
-def _trip(conn: sqlite3.Connection, bodies: list[tuple[Callable[[StoreConnection],
-          Awaitable[Any]], contextvars.Context]]) -> tuple[list[tuple[bool, Any]], bool]:
-    """In the connection's thread: BEGIN, each body, COMMIT. Each body's outcome (True and
-    what it returned, or False and what it raised: with others in the trip, in a savepoint
-    of its own, so that its error undoes its writes alone), and whether anything changed."""
+def _trip(conn: sqlite3.Connection, trips: list[_Trip]) -> tuple[list[tuple[bool, Any]], bool]:
+    """In the connection's thread: BEGIN, each body in a savepoint of its own, COMMIT. Each
+    body's outcome (True and what it returned, or False and what it raised: its writes undone,
+    the others' kept), and whether anything changed. Nothing here touches the event loop's
+    objects: a trip's future is the loop's to set."""
     conn.execute("BEGIN IMMEDIATE")
     before = conn.total_changes
-    alone = len(bodies) == 1
     out: list[tuple[bool, Any]] = []
     try:
-        for body, context in bodies:
-            if alone:
-                out.append((True, _drive(body, context, conn)))
-                continue
+        for trip in trips:
             conn.execute("SAVEPOINT trip")
             try:
-                value = _drive(body, context, conn)
-            except Exception as exc:  # noqa: BLE001 - handed to the body's caller
+                value = _drive(trip.body, trip.context, conn)
+                if not trip.keep():
+                    raise _Abandoned
+            except BaseException as exc:  # noqa: BLE001 - its caller's, not the trip's
+                if not conn.in_transaction:  # SQLite undid it all (disk full, I/O): say why
+                    raise
                 conn.execute("ROLLBACK TO trip")
                 out.append((False, exc))
             else:
@@ -307,7 +329,8 @@ def _trip(conn: sqlite3.Connection, bodies: list[tuple[Callable[[StoreConnection
         changed = conn.total_changes != before
         conn.commit()
     except BaseException:
-        conn.rollback()
+        if conn.in_transaction:
+            conn.rollback()
         raise
     return out, changed
 
@@ -444,8 +467,9 @@ class SqliteStore(Store):
                 with contextlib.suppress(ValueError):
                     self._trips.remove(trip)
                 raise
-            # handed to the thread, it runs to its end: the cancel lands after it (as one
-            # landing during a COMMIT would)
+            # handed to the thread: undone unless kept already (then it stands, as a cancel
+            # landing during a COMMIT leaves it); either way the cancel lands once it is over
+            trip.abandon()
             while not trip.done.done():
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.wait([trip.done])
@@ -460,25 +484,29 @@ class SqliteStore(Store):
             while self._trips and not stopped:
                 async with self._lock:
                     batch, self._trips = self._trips[:TRIP_BATCH], self._trips[TRIP_BATCH:]
+                    if not batch:  # their callers were cancelled while the writer waited
+                        continue
                     for trip in batch:
                         trip.taken = True
-                    running = asyncio.ensure_future(self._db._execute(  # type: ignore[no-untyped-call]
-                        _trip, self._db._conn, [(t.body, t.context) for t in batch]))
                     try:
+                        running = asyncio.ensure_future(self._db._execute(  # type: ignore[no-untyped-call]
+                            _trip, self._db._conn, batch))
                         while not running.done():  # (a stop waits for the thread's work)
                             try:
                                 await asyncio.wait([running])
                             except asyncio.CancelledError:
                                 stopped = True
                         outcomes, changed = running.result()
-                    except Exception as exc:  # the trip itself failed: every body with it
-                        if isinstance(exc, sqlite3.Error):  # the file refused it
-                            self.write_failure = f"{type(exc).__name__}: {exc}"
+                    except Exception as exc:  # the trip itself failed (or never began): all
+                        self._note_failure(exc)
                         for trip in batch:
                             if not trip.done.done():
                                 trip.done.set_exception(exc)
                         continue
-                    if changed:
+                    failed = [v for ok, v in outcomes if not ok and isinstance(v, sqlite3.Error)]
+                    if failed:  # as transaction(): the file refused a body's statement
+                        self._note_failure(failed[-1])
+                    elif changed:
                         self.write_failure = None
                     self.write_transactions += 1
                     if self._checkpointer is not None:
@@ -498,6 +526,10 @@ class SqliteStore(Store):
                 if not trip.done.done():
                     trip.done.cancel()
             self._trips.clear()
+
+    def _note_failure(self, exc: BaseException) -> None:
+        if isinstance(exc, sqlite3.Error):  # the file refused it: the store is at fault
+            self.write_failure = f"{type(exc).__name__}: {exc}"
 
     # Reads go to the connection's thread in batches: every read asked for in one turn of the
     # event loop (up to READ_BATCH) is executed, fetched and closed there in one hop, and
