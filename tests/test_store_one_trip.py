@@ -290,3 +290,79 @@ async def test_bodies_handed_in_together_keep_their_own_outcomes(store: Store) -
         assert committed < 7  # grouped: fewer commits than bodies
     else:
         assert committed == 7  # side by side, each its own (no office waits on another)
+
+
+async def test_sqlite_a_trip_that_wrote_nothing_leaves_a_write_failure_standing(
+        tmp_path: Path) -> None:
+    """/readyz is failing until a write lands again: a body whose writes were undone (it
+    raised) does not clear it, as with transaction()."""
+    store = await open_store(tmp_path / "index.sqlite3")
+    try:
+        store.write_failure = "OperationalError: disk I/O error"
+        before = store.write_transactions
+
+        async def undone(db: Connection) -> None:
+            await db.execute("INSERT INTO forge_writes(who, endpoint, content, at)"
+                             " VALUES (?,?,?,?)", ("undone", "x", 0, 1.0))
+            raise ValueError("the body changed its mind")
+
+        with pytest.raises(ValueError, match="changed its mind"):
+            await store.run_transaction(undone)
+        assert store.write_failure == "OperationalError: disk I/O error"
+        assert store.write_transactions == before  # (nothing committed)
+        assert await _writes(store, "undone") == []
+    finally:
+        await store.close()
+
+
+async def test_sqlite_a_body_that_swallows_the_end_of_its_transaction_fails_the_trip(
+        tmp_path: Path) -> None:
+    """A body that catches the error SQLite ended the transaction on (here: its own ROLLBACK)
+    and returns: every caller of the trip is told the transaction ended, none is told it was
+    cancelled, and nothing is written."""
+    store = await open_store(tmp_path / "index.sqlite3")
+    try:
+        async def swallows(db: Connection) -> None:
+            await db.execute("ROLLBACK")
+
+        async def fine(db: Connection) -> None:
+            await db.execute("INSERT INTO forge_writes(who, endpoint, content, at)"
+                             " VALUES (?,?,?,?)", ("swallowed", "fine", 0, 1.0))
+
+        async with store.transaction():
+            tasks = [asyncio.create_task(store.run_transaction(b)) for b in (fine, swallows)]
+            await asyncio.sleep(0)
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(isinstance(o, sqlite3.OperationalError) and "ended under" in str(o)
+                   for o in outcomes), outcomes
+        assert await _writes(store, "swallowed") == []
+    finally:
+        await store.close()
+
+
+async def test_sqlite_a_shutdown_cancelling_every_task_waits_for_the_trip(
+        tmp_path: Path) -> None:
+    """At shutdown asyncio cancels every task at once: the writer still holds the one write
+    lock until the thread's trip is over (the next transaction must not find one open)."""
+    store = await open_store(tmp_path / "index.sqlite3")
+    try:
+        started, go = threading.Event(), threading.Event()
+
+        async def body(db: Connection) -> None:
+            started.set()
+            go.wait(5)
+
+        caller = asyncio.create_task(store.run_transaction(body))
+        await asyncio.to_thread(started.wait, 5)
+        me = asyncio.current_task()
+        for task in asyncio.all_tasks():
+            if task is not me:
+                task.cancel()
+        for _ in range(20):  # (turns of the loop: what the cancels set going runs out)
+            await asyncio.sleep(0)
+        assert store._lock.locked() and store._trip_writer is not None  # noqa: SLF001
+        go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+    finally:
+        await store.close()

@@ -281,6 +281,10 @@ class _Trip:
                 self._fate = "abandoned"
             return self._fate == "abandoned"
 
+    @property
+    def abandoned(self) -> bool:
+        return self._fate == "abandoned"
+
     def keep(self) -> bool:
         """(Thread) The body ran: keep its writes unless its caller has gone."""
         with self._gate:
@@ -306,16 +310,23 @@ def _drive(body: Callable[[StoreConnection], Awaitable[T]], context: contextvars
 def _trip(conn: sqlite3.Connection, trips: list[_Trip]) -> tuple[list[tuple[bool, Any]], bool]:
     """In the connection's thread: BEGIN, each body in a savepoint of its own, COMMIT. Each
     body's outcome (True and what it returned, or False and what it raised: its writes undone,
-    the others' kept), and whether anything changed. Nothing here touches the event loop's
-    objects: a trip's future is the loop's to set."""
+    the others' kept), and whether a kept body changed anything. Nothing here touches the
+    event loop's objects: a trip's future is the loop's to set."""
     conn.execute("BEGIN IMMEDIATE")
-    before = conn.total_changes
     out: list[tuple[bool, Any]] = []
+    changed = False
     try:
         for trip in trips:
+            if trip.abandoned:  # its caller has gone: not even begun (intake's pops nothing)
+                out.append((False, _Abandoned()))
+                continue
             conn.execute("SAVEPOINT trip")
+            before = conn.total_changes
             try:
                 value = _drive(trip.body, trip.context, conn)
+                if not conn.in_transaction:  # the body swallowed an error SQLite ended it on
+                    raise sqlite3.OperationalError(
+                        "the transaction ended under a body of it (an error the body caught)")
                 if not trip.keep():
                     raise _Abandoned
             except BaseException as exc:  # noqa: BLE001 - its caller's, not the trip's
@@ -325,8 +336,8 @@ def _trip(conn: sqlite3.Connection, trips: list[_Trip]) -> tuple[list[tuple[bool
                 out.append((False, exc))
             else:
                 out.append((True, value))
+                changed = changed or conn.total_changes != before
             conn.execute("RELEASE trip")
-        changed = conn.total_changes != before
         conn.commit()
     except BaseException:
         if conn.in_transaction:
@@ -467,8 +478,8 @@ class SqliteStore(Store):
                 with contextlib.suppress(ValueError):
                     self._trips.remove(trip)
                 raise
-            # handed to the thread: undone unless kept already (then it stands, as a cancel
-            # landing during a COMMIT leaves it); either way the cancel lands once it is over
+            # handed to the thread: undone unless kept already (its body ran: it stands, as
+            # one a cancel during COMMIT leaves); either way the cancel lands once it is over
             trip.abandon()
             while not trip.done.done():
                 with contextlib.suppress(asyncio.CancelledError):
@@ -489,8 +500,7 @@ class SqliteStore(Store):
                     for trip in batch:
                         trip.taken = True
                     try:
-                        running = asyncio.ensure_future(self._db._execute(  # type: ignore[no-untyped-call]
-                            _trip, self._db._conn, batch))
+                        running = self._in_thread(_trip, batch)
                         while not running.done():  # (a stop waits for the thread's work)
                             try:
                                 await asyncio.wait([running])
@@ -506,9 +516,10 @@ class SqliteStore(Store):
                     failed = [v for ok, v in outcomes if not ok and isinstance(v, sqlite3.Error)]
                     if failed:  # as transaction(): the file refused a body's statement
                         self._note_failure(failed[-1])
-                    elif changed:
+                    elif changed:  # a write that landed
                         self.write_failure = None
-                    self.write_transactions += 1
+                    if any(ok for ok, _ in outcomes):  # (as transaction(): one that committed)
+                        self.write_transactions += 1
                     if self._checkpointer is not None:
                         self._checkpointer.wrote()
                 for trip, (ok, value) in zip(batch, outcomes, strict=True):
@@ -526,6 +537,15 @@ class SqliteStore(Store):
                 if not trip.done.done():
                     trip.done.cancel()
             self._trips.clear()
+
+    def _in_thread(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """`fn(connection, *args)` queued for the connection's thread, answered on a plain
+        future: not a task, so a shutdown cancelling every task cannot let the writer go while
+        the thread still runs its trip. (aiosqlite's own `_execute`, without its task.)"""
+        conn = self._db._conn  # (raises once the connection is closed)
+        done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._db._tx.put_nowait((done, partial(fn, conn, *args)))
+        return done
 
     def _note_failure(self, exc: BaseException) -> None:
         if isinstance(exc, sqlite3.Error):  # the file refused it: the store is at fault
