@@ -64,3 +64,24 @@ async def test_a_new_offices_first_mail_is_signed_with_a_key_made_off_the_loop(
     assert header is not None and header.key_id == keyring.for_office("acme").active_kid
     assert header.key_id.startswith("vm-acme-")
     assert calls == [("acme.json", False)], "made once, and not on the event loop's thread"
+
+
+async def test_the_key_is_made_off_the_loop_before_the_replica_knows_the_installation(
+        embedded: Any, person: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An org that installed the App a moment ago: its first mail can come before this replica
+    heard of the installation (its `installation` delivery is another's, or still queued: the
+    delivery names the installation it came through). The key is made in a thread all the
+    same (bench.probot_compare's cells are such orgs: a key synced to disk on the event loop
+    for each)."""
+    keyring: Keyrings = embedded.services.keyring
+    keyring._rings.pop("acme", None)
+    assert keyring._dir is not None
+    (keyring._dir / "acme.json").unlink(missing_ok=True)
+    monkeypatch.delitem(embedded.services.installations, "acme")
+    calls = _counting(monkeypatch)
+    marco: Actor = person("marco")
+    issue = await marco.open_issue(SCOUT_VAULT, "Numbers", "Q3 numbers?")
+    await embedded.settle()
+    header, _ = parse_mail_body((await marco.issue(SCOUT_VAULT, issue["number"]))["body"])
+    assert header is not None and header.key_id == keyring.for_office("acme").active_kid
+    assert calls == [("acme.json", False)], "made once, and not on the event loop's thread"

@@ -261,7 +261,7 @@ async def _dispatch(services: Services, forge: Forge, agent: Agent, vault: str, 
             if how == "repository_dispatch":
                 await forge.dispatch(vault, "vaultmail.run", fit_client_payload(payload))
             else:
-                await post_signed(services.keyring.for_office(org), how, payload,
+                await post_signed(await services.keyring.ready_for(org), how, payload,
                                   outbound=services.settings.outbound)
             return
         except OutboundRefused as exc:  # nothing was sent, and no retry would send it

@@ -28,7 +28,6 @@ from bot.app.context import HandlerContext, change_key
 from bot.app.logs import bound, delivery_context
 from bot.errors import VaultmailError
 from bot.forge.pacing import acting_for
-from bot.mail.signing import KeyringError
 from bot.store import QueueItem, Store, queue
 from bot.store.idempotency import Settlement
 from bot.store.sql import Connection
@@ -297,8 +296,6 @@ class Worker:
                 metrics.DELIVERIES.labels(event=item.event, outcome="dead").inc()
                 logger.error("dead letter: %s", exc)
                 return True
-            if not own:
-                await _ready_to_sign(item, ctx)
             first = await self._dispatch_once(item, router, event, ctx)
             if ctx.parked is not None:  # it waits for its issue's mail (see HandlerContext.park)
                 # recorded now, not with the next claim: a redelivered `opened` of its issue
@@ -366,22 +363,6 @@ class Worker:
         except _Parked:
             return item.guid
         return str(done["delivery"])
-
-
-async def _ready_to_sign(item: QueueItem, ctx: HandlerContext) -> None:
-    """An issue opened in a repository of an installed office is adopted as mail, signed with
-    the office's key: that keyring is read first, in a thread (for the office's first mail,
-    made: a key synced to disk), so that no other delivery waits on the disk meanwhile."""
-    if item.event != "issues" or item.payload.get("action") != "opened":
-        return
-    repo = item.payload.get("repository")
-    owner = repo.get("owner") if isinstance(repo, dict) else None
-    login = owner.get("login") if isinstance(owner, dict) else None
-    services = ctx.services
-    if not isinstance(login, str) or services is None or services.installation_of(login) is None:
-        return
-    with contextlib.suppress(KeyringError):  # (no org login: the handler meets it, as before)
-        await services.keyring.prepare(login)
 
 
 class _Parked(VaultmailError):

@@ -100,7 +100,7 @@ async def send_email(mailer: Mailer, actor: str, to: str, subject: str, body: st
         hops = max(reply_to.hops, await mails.copy_hops(store, reply_to.thread_id,
                                                         reply_to.ref)) + 1
     header = _signed(
-        keyring=mailer.services.keyring.for_office(office.org), from_principal=actor,
+        keyring=await mailer.services.keyring.ready_for(office.org), from_principal=actor,
         to_principal=principal, vault=vault, subject=subject, body=body, mail_id=mail_id,
         hops=hops, in_reply_to=reply_to.ref if reply_to else None,
         thread_id=reply_to.thread_id if reply_to else None,

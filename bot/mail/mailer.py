@@ -266,7 +266,7 @@ class Mailer:
         answers = reply_to is not None and (automatic or actor.startswith("agent:"))
         hops = await self._copy_hops(reply_to) if answers and reply_to else 0
         header = _signed(
-            keyring=self.services.keyring.for_office(self.office.org), from_principal=actor,
+            keyring=await self.services.keyring.ready_for(self.office.org), from_principal=actor,
             to_principal=agent.principal,
             vault=vault, subject=subject, body=body, mail_id=mail_id, hops=hops,
             in_reply_to=reply_to.ref if reply_to else None,
@@ -448,7 +448,7 @@ class Mailer:
         mail_id = adopted_mail_id(repo, number)  # binds the header to this issue
         title = str(issue.get("title") or "")
         header = _signed(
-            keyring=self.services.keyring.for_office(self.office.org), from_principal=actor,
+            keyring=await self.services.keyring.ready_for(self.office.org), from_principal=actor,
             to_principal=agent.principal,
             vault=repo.lower(), subject=checked_subject(title), body=body, mail_id=mail_id,
             from_name=shown_as(self.office, actor), to_name=shown_as(self.office, agent.principal))

@@ -658,6 +658,12 @@ class Keyrings:
         ring = await asyncio.to_thread(load)
         self._rings.setdefault(office, ring)  # (one loaded meanwhile reads the same file)
 
+    async def ready_for(self, org: str) -> Keyring:
+        """``org``'s keyring, read or made in a thread first (``prepare``): what code on the
+        event loop signs with, so that an office's first mail syncs no file on the loop."""
+        await self.prepare(org)
+        return self.for_office(org)
+
     def signer_for(self, org: str | None) -> Keyring:
         """What signs a record of office ``org`` (a ledger entry sent to a webhook): that
         office's keyring. A record of no office was written before offices had keys (the
