@@ -55,3 +55,41 @@ async def test_vaultmail_ledger_prints_and_checks_one_offices_chain(
     code, out, err = await vaultmail("ledger", "--data", data, "--json")  # the operator: all
     assert code == 0 and {e["office"] for e in json.loads(out)["result"]["entries"]} >= {
         "acme", "evil"}
+
+
+PROTOCOL = "2025-06-18"
+
+
+async def _mcp_post(session: aiohttp.ClientSession, url: str, token: str, body: object,
+                    sid: str | None = None) -> tuple[int, str | None]:
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream",
+               "MCP-Protocol-Version": PROTOCOL, **({"Mcp-Session-Id": sid} if sid else {})}
+    async with session.post(url, data=json.dumps(body), headers=headers) as resp:
+        await resp.read()
+        return resp.status, resp.headers.get("Mcp-Session-Id")
+
+
+async def test_an_mcp_session_is_not_another_offices_principal_of_the_same_name(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """evil declares an `agent:scout` of its own: with its token and acme's scout's session id
+    it can neither use that session nor end it (404, as for no session)."""
+    await _with_evil(embedded, session)
+    store = embedded.services.store
+    acme = await api_tokens.create_token(store, "agent:scout", "acme")
+    evil = await api_tokens.create_token(store, "agent:scout", "evil")
+    url = embedded.app_url + "/mcp"
+    status, sid = await _mcp_post(session, url, acme, {
+        "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": PROTOCOL, "capabilities": {},
+            "clientInfo": {"name": "acme-scout", "version": "1"}}})
+    assert status == 200 and sid
+    assert (await _mcp_post(session, url, acme, {
+        "jsonrpc": "2.0", "method": "notifications/initialized"}, sid))[0] == 202
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    assert (await _mcp_post(session, url, evil, call, sid))[0] == 404
+    async with session.delete(url, headers={
+            "Authorization": f"Bearer {evil}", "Mcp-Session-Id": sid,
+            "MCP-Protocol-Version": PROTOCOL}) as resp:
+        assert resp.status == 404
+    assert (await _mcp_post(session, url, acme, call, sid))[0] == 200  # still acme's

@@ -843,9 +843,10 @@ async def mcp_endpoint(request: web.Request) -> web.StreamResponse:
             "code": INVALID_REQUEST_RPC, "message": f"{exc.code}: {exc.message}",
             "data": exc.as_json()["error"]}}, status=exc.status)
     peer = request.transport.get_extra_info("peername") if request.transport else None
+    keys = session_keys(bearer_key(header), principal, await _office_of(services, owner))
     scope = _scope(request.method, request.path, request.raw_path.encode(),
                    request.query_string.encode(), [(k.lower(), v) for k, v in request.raw_headers],
-                   principal, scheme=request.scheme,
+                   principal, keys[-1], scheme=request.scheme,
                    version=f"{request.version.major}.{request.version.minor}",
                    client=tuple(peer[:2]) if isinstance(peer, tuple) else None)
     scope.update({
@@ -886,13 +887,12 @@ async def mcp_endpoint(request: web.Request) -> web.StreamResponse:
             pass  # the client left; receive() reports the disconnect
 
     manager, sessions = request.app[MANAGER_KEY], request.app[SESSIONS_KEY]
-    keys = session_keys(bearer_key(header), principal, await _office_of(services, owner))
     session_id = request.headers.get("Mcp-Session-Id")
     version = request.headers.get("MCP-Protocol-Version")
     if session_id is None and (version is None or version in HANDSHAKE_PROTOCOL_VERSIONS):
         # the SDK opens a session for this request (kept if it initializes one)
         try:
-            ticket, ending = sessions.admit(keys, principal)
+            ticket, ending = sessions.admit(keys, keys[-1])
         except TooManyRequests as exc:
             return _rpc_refusal(exc.status, TOO_MANY_SESSIONS_RPC, exc, headers=cors)
         try:
@@ -936,26 +936,29 @@ async def _office_of(services: Services, owner: api_tokens.Owner) -> str | None:
 
 
 def _scope(method: str, path: str, raw_path: bytes, query: bytes,
-           headers: list[tuple[bytes, bytes]], principal: str, *, scheme: str = "http",
-           version: str = "1.1", client: tuple[Any, ...] | None = None) -> dict[str, Any]:
-    """An ASGI request scope for the SDK, made by `principal`."""
+           headers: list[tuple[bytes, bytes]], principal: str, owner: str, *,
+           scheme: str = "http", version: str = "1.1",
+           client: tuple[Any, ...] | None = None) -> dict[str, Any]:
+    """An ASGI request scope for the SDK, made by `principal`; `owner` is whose sessions it
+    may use (`session_keys`' last: the principal in its office, for a principal of the same
+    name in another office is someone else)."""
     return {
         "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
         "http_version": version, "method": method, "scheme": scheme,
         "path": path, "raw_path": raw_path, "root_path": "", "query_string": query,
         "headers": headers, "client": client, "server": None, "state": {},
-        # The session manager binds each MCP session to the principal that opened it.
-        "user": AuthenticatedUser(AccessToken(token="", client_id=principal, scopes=[])),
+        # The session manager binds each MCP session to the owner that opened it.
+        "user": AuthenticatedUser(AccessToken(token="", client_id=owner, scopes=[])),
         PRINCIPAL_SCOPE_KEY: principal,
     }
 
 
 async def _end_session(manager: StreamableHTTPSessionManager, session_id: str,
-                       principal: str) -> None:
-    """End a session as its client would: a DELETE by its principal, through the SDK (which
+                       owner: str) -> None:
+    """End a session as its client would: a DELETE by its owner, through the SDK (which
     answers 404, harmlessly, for one it already dropped)."""
     scope = _scope("DELETE", "/mcp", b"/mcp", b"",
-                   [(b"mcp-session-id", session_id.encode("latin-1"))], principal)
+                   [(b"mcp-session-id", session_id.encode("latin-1"))], "", owner)
     asked = False
 
     async def receive() -> dict[str, Any]:

@@ -102,7 +102,7 @@ SESSION_IDLE = 10 * 60.0  # seconds unused before a session is dropped (its clie
 @dataclass
 class _Session:
     keys: tuple[str, ...]  # `session_keys`: its token's, then its principal's in its office
-    principal: str
+    owner: str  # whom the SDK holds it for (its principal in its office)
     used: float  # when its last request ended (or it opened)
     busy: int = 0  # requests in flight: its opening, a call, an open stream
 
@@ -124,9 +124,9 @@ class Sessions:
     def held(self, key: str) -> int:
         return sum(key in s.keys for s in self._open.values())
 
-    def admit(self, keys: tuple[str, ...], principal: str) -> tuple[str, list[tuple[str, str]]]:
+    def admit(self, keys: tuple[str, ...], owner: str) -> tuple[str, list[tuple[str, str]]]:
         """A ticket holding a place for one new session under each of `keys`, and the sessions
-        (id, principal) to end first: any unused for `idle`, then, under a key at its cap, its
+        (id, owner) to end first: any unused for `idle`, then, under a key at its cap, its
         least recently used idle one. TooManyRequests when every session of a full key is busy
         (then nothing changes)."""
         now = self.clock()
@@ -143,16 +143,16 @@ class Sessions:
                     "its Mcp-Session-Id) or let one finish; a session unused for "
                     f"{self.idle / 60:g} minutes is closed", code="too_many_sessions")
             ending += idle[:max(over, 0)]
-        closing = [(sid, self._open.pop(sid).principal) for sid in dict.fromkeys(ending)]
+        closing = [(sid, self._open.pop(sid).owner) for sid in dict.fromkeys(ending)]
         ticket = f"opening:{next(self._tickets)}"  # busy: never ended while it opens
-        self._open[ticket] = _Session(keys, principal, now, busy=1)
+        self._open[ticket] = _Session(keys, owner, now, busy=1)
         return ticket, closing
 
     def opened(self, ticket: str, session_id: str | None) -> None:
         """The opening request is answered: the session it made, or None (nothing was made)."""
         held = self._open.pop(ticket, None)
         if held is not None and session_id is not None:
-            self._open[session_id] = _Session(held.keys, held.principal, self.clock())
+            self._open[session_id] = _Session(held.keys, held.owner, self.clock())
 
     def _own(self, session_id: str, keys: tuple[str, ...]) -> _Session | None:
         """The session, if `keys` are its principal's in its office (the SDK answers anyone
