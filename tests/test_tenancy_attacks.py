@@ -173,3 +173,37 @@ async def test_an_index_from_before_offices_gives_each_row_its_office(
         assert ledger == {"ACME/v#1": ("acme", None), "chat:5": (None, None)}
     finally:
         await store.close()
+
+
+async def test_an_idempotency_key_made_to_collide_gets_a_refusal_not_the_comment(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """A comment's id from an idempotencyKey is short (40 bits): evil searches offline for a
+    key whose id, on its own goal, is that of a comment of acme's it saw the marker of. The
+    retry path then finds a comment of another item and author: refused, nothing of acme's
+    shown. (The collision is made by giving acme's comment that id.)"""
+    from bot.items.service import Comments
+    from bot.store import comments as db
+
+    secret = "ACME-CONFIDENTIAL: the Q4 price"
+    outcome = await make_item(embedded, _actor(session, embedded, "marco"), "outcome", "Pricing")
+    asked = await ToolClient(session, embedded, MARCO)(
+        "add_comment", targetType="outcome", target=outcome, body=secret)
+    await _install_evil(embedded)
+    goal = await make_item(embedded, _actor(session, embedded, "mallory"), "goal", "evil goal",
+                           repo="evil/scout-vault")
+    store = embedded.services.store
+    item = await db.get_item(store, goal)
+    assert item is not None
+    mallory = "human:mallory@evil.test"
+    collided = Comments._new_id(item, None, mallory, "found-offline")
+    async with store.transaction() as tx:
+        await tx.execute("UPDATE comments SET id=? WHERE id=?",
+                         (collided, asked["comment"]["id"]))
+    token = await api_tokens.create_token(store, mallory, "evil")
+    async with session.post(f"{embedded.app_url}/api/v1/tools/add_comment", json={
+            "targetType": "goal", "target": goal, "body": "hello",
+            "idempotencyKey": "found-offline"},
+            headers={"Authorization": f"Bearer {token}"}) as resp:
+        text = await resp.text()
+        assert resp.status == 409 and "key_in_use" in text, text
+    assert secret not in text

@@ -239,6 +239,11 @@ class Comments:
                 return await self._added(done, actor)
         if new.key is not None:  # a call with this key resumed after it had recorded it
             done = await db.get_comment(store, self._new_id(item, None, actor, new.key))
+            if done is not None and (done.item, done.author) != (item.ref, actor):
+                # the id is short: a key made to collide with someone else's comment gets a
+                # refusal, never that comment (of another item, another office)
+                raise Conflict(f"idempotencyKey: {new.key[:80]!r} names another comment's id;"
+                               " send the comment again with a new key", code="key_in_use")
             if done is not None:
                 return await self._added(done, actor)
         body = new.body.replace("\r\n", "\n").strip()

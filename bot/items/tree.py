@@ -94,9 +94,12 @@ async def children(service: Comments, ref: str) -> list[Item]:
     except NotFound:
         listed = []
     out: list[Item] = []
+    org = service.office.org.lower()
     for issue in listed:
         repo = _repo_of(issue)
-        item = item_from_issue(service.office, repo, issue) if repo else None
+        if repo is None or repo.split("/", 1)[0] != org:  # (GitHub lists none, today)
+            continue  # another org's issue is not this office's to index
+        item = item_from_issue(service.office, repo, issue)
         if item is not None and item.ref not in {i.ref for i in out}:
             out.append(await service.index_item(item, if_changed=True))
     native = {i.ref for i in out}
