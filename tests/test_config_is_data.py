@@ -192,3 +192,62 @@ def test_the_command_setting_names_programs_per_org_and_agent(tmp_path: Path) ->
     assert "acme.echo.command" in message and "at least 1" in message, message
     with pytest.raises(SettingsError, match="cannot be read"):
         Settings.from_env({**GITEA, "VAULTMAIL_AGENT_COMMANDS": str(tmp_path / "none.yml")})
+
+
+# -- one org's file, one org's problem ---------------------------------------------------------
+
+@pytest.mark.parametrize("pattern", [
+    "{slug}{0}", "{slug:>20000000}", "{slug}{slug:>20000000}", "{slug.__class__}", "{slug}/x",
+    "vault", "{slug}-{slug}", "../{slug}"])
+def test_a_vault_pattern_is_a_repository_name_never_a_format_string(pattern: str) -> None:
+    """`vault_pattern` is filled by replacing {slug}: an index, a width or an attribute in
+    an org's file would be work (or an error) of the host's, for every office's events."""
+    office = yaml.safe_load(_example())
+    office["vault_pattern"] = pattern
+    office["agents"] = [{k: v for k, v in a.items() if k != "vault"} for a in office["agents"]]
+    with pytest.raises(OfficeConfigError) as caught:
+        parse_office(yaml.safe_dump(office), CONFIG, repository=True)
+    assert any("vault_pattern" in e and "{slug}" in e for e in caught.value.errors), (
+        caught.value.errors)
+
+
+def test_a_vault_pattern_names_each_agents_vault() -> None:
+    office = yaml.safe_load(_example())
+    office["vault_pattern"] = "vault.{slug}_x"
+    office["agents"] = [{k: v for k, v in a.items() if k != "vault"} for a in office["agents"]]
+    parsed = parse_office(yaml.safe_dump(office), CONFIG, repository=True)
+    assert [parsed.vault_of(a) for a in parsed.agents][:2] == [
+        "acme/vault.scout_x", "acme/vault.builder_x"]
+
+
+EVIL_OFFICE = {"org": "evil", "humans": [{"email": "eve@evil.test", "login": "eve",
+                                          "permissions": ["mail.send"]}],
+               "agents": [{"slug": "spy", "login": "evil-spy"}]}
+
+
+@pytest.mark.parametrize("poison", [
+    b"org: evil\n# \xff\n",  # not UTF-8
+    b"org: evil\nvault_pattern: '{slug}{0}'\nagents: [{slug: spy, login: evil-spy}]\n",
+], ids=["not-utf-8", "format-string"])
+async def test_an_orgs_unreadable_config_stops_no_round_of_every_office(
+        embedded: Embedded, poison: bytes) -> None:
+    """evil pushes a config that cannot be read: evil's last valid config stays, and the
+    rounds over every office (sign-in, org-less tokens, outbound webhooks) go on for acme."""
+    from bot.app.outbound import LedgerForwarder
+    from bot.console.signin import offices_of_login
+    from bot.office.seed import seed_office
+    from bot.tools.http import office_org
+
+    services = embedded.services
+    seed_office(embedded.forge, parse_office(yaml.safe_dump(EVIL_OFFICE), "evil.yml"))
+    (app_id,) = embedded.forge.state.apps
+    services.installations["evil"] = embedded.forge.install_app(int(app_id), "evil")
+    assert await services.offices.get(services.forge_for_org("evil"), "evil") is not None
+    embedded.forge.state.repo_by_full_name("evil/.github").write_file("vaultmail.yml", poison)
+    services.offices.max_age = 0  # (its 60 s cache has run out)
+    assert await offices_of_login(services, "marco") == [(MARCO, "acme")]
+    assert await office_org(services, MARCO) == "acme"
+    await LedgerForwarder(services)._urls()
+    kept = await services.offices.get(services.forge_for_org("evil"), "evil")
+    assert kept is not None and kept.agent("spy") is not None  # the last valid one
+    assert "evil" in services.offices.last_error

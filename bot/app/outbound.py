@@ -44,11 +44,9 @@ class LedgerForwarder(Background):
     async def _urls(self) -> list[tuple[str, str]]:
         """(office, url) for every installed office's webhooks: each receives its own
         office's ledger only, whoever else names the same URL."""
-        services = self.services
         urls: list[tuple[str, str]] = []
-        for org in sorted(services.installations):
-            office = await services.offices.get(services.forge_for_org(org), org)
-            urls += [(org, u) for u in dict.fromkeys(office.webhooks if office else [])]
+        for org, office in await self.services.installed_offices():
+            urls += [(org, u) for u in dict.fromkeys(office.webhooks)]
         return urls
 
     async def _run(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
     from bot.forge.base import Forge
     from bot.forge.gitea import GiteaClient
     from bot.forge.github import ForgeClient
+    from bot.office.config import Office
+
+log = logging.getLogger("vaultmail.services")
 
 
 @dataclass
@@ -71,6 +75,24 @@ class Services:
 
     def installation_of(self, org: str) -> int | None:
         return self.installations.get(org.lower())
+
+    async def installed_offices(self) -> list[tuple[str, Office]]:
+        """(org, office) of every installed org with a config, each read through the office
+        source's cache. An org whose config cannot be read now (its forge answers an error)
+        is left out of this round, and said so: one org never stops a round of every
+        office (outbound webhooks, sign-in). (E-mail intake asks each itself: a forge that
+        cannot answer must answer the sender 451, try again, not 550.)"""
+        found = []
+        for org in sorted(self.installations):
+            try:
+                office = await self.offices.get(self.forge_for_org(org), org)
+            except Exception as exc:  # noqa: BLE001 - that org's; the others go on
+                log.warning("office config unreadable now; left out of this round: %r", exc,
+                            extra={"org": org})
+                continue
+            if office is not None:
+                found.append((org, office))
+        return found
 
     def forge_for_org(self, org: str) -> Forge:
         """This org's installation's forge; NotInstalled (503) naming the org otherwise."""

@@ -144,10 +144,8 @@ async def forge_start(request: web.Request) -> web.StreamResponse:
 async def offices_of_login(services: Services, login: str) -> list[tuple[str, str]]:
     """(principal, org) of every installed office whose config lists the forge login."""
     found = []
-    for org in sorted(services.installations):
-        office = await services.offices.get(services.forge_for_org(org), org)
-        who = office.by_login(login) if office else None
-        if who is not None:
+    for org, office in await services.installed_offices():
+        if (who := office.by_login(login)) is not None:
             found.append((who.principal, org))
     return found
 

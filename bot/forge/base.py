@@ -32,7 +32,7 @@ import aiohttp
 
 from labels.catalogue import Label
 
-from .errors import ForgeError
+from .errors import UnreadableFile
 
 JSON = dict[str, Any]
 
@@ -151,16 +151,16 @@ def file_or_none(data: Any) -> JSON | None:
 
 
 def file_text(path: str, data: JSON) -> str:
-    """A contents answer's file as UTF-8 text; a ForgeError when it cannot be read as such."""
+    """A contents answer's file as UTF-8 text; UnreadableFile when it cannot be read as such."""
     raw = data.get("content")
-    if data.get("encoding") != "base64" or not isinstance(raw, str):
-        raise ForgeError(f"{path}: unsupported content encoding {data.get('encoding')!r}",
-                         method="GET", url=path)
+    if data.get("encoding") != "base64" or not isinstance(raw, str):  # (GitHub: over 1 MB)
+        raise UnreadableFile(f"{path}: unsupported content encoding {data.get('encoding')!r}"
+                             " (a file over 1 MB, or not a file)", method="GET", url=path)
     try:
         return base64.b64decode(raw).decode("utf-8")
     except (binascii.Error, UnicodeDecodeError) as exc:
-        raise ForgeError(f"{path}: cannot decode content: {exc}", method="GET",
-                         url=path) from exc
+        raise UnreadableFile(f"{path}: cannot decode content: {exc}", method="GET",
+                             url=path) from exc
 
 
 def file_meta(data: JSON) -> JSON:

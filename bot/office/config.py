@@ -33,6 +33,7 @@ RunKind = Literal["mail", "chat"]
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,38}$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+_VAULT_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{0,60}\{slug\}[A-Za-z0-9_.-]{0,60}$")
 
 
 class OfficeConfigError(ValueError):
@@ -271,8 +272,11 @@ class Office(_Strict):
     @field_validator("vault_pattern")
     @classmethod
     def _pattern(cls, v: str) -> str:
-        if "{slug}" not in v:
-            raise ValueError("must contain {slug}")
+        # a repository name with {slug} once in it, filled by replacement (never str.format:
+        # a field's width or index in the org's file would be the host's work)
+        if not _VAULT_PATTERN.match(v):
+            raise ValueError("must be a repository name with {slug} once in it (letters, "
+                             "digits, '-', '_' and '.' around it), e.g. {slug}-vault")
         return v
 
     @model_validator(mode="after")
@@ -317,7 +321,7 @@ class Office(_Strict):
 
     # -- lookups -------------------------------------------------------------------------
     def vault_of(self, agent: Agent) -> str:
-        return agent.vault or f"{self.org}/{self.vault_pattern.format(slug=agent.slug)}"
+        return agent.vault or f"{self.org}/{self.vault_pattern.replace('{slug}', agent.slug)}"
 
     def agent(self, slug: str) -> Agent | None:
         return next((a for a in self.agents if a.slug == slug), None)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bot.forge.errors import UnreadableFile
 from bot.office.config import (
     Office,
     OfficeConfigError,
@@ -77,7 +78,11 @@ class OfficeSource:
             done.exception()  # retrieved: whoever awaited it has it already
 
     async def _fetch(self, forge: Forge, org: str) -> Office | None:
-        text = await forge.get_file(f"{org}/{CONFIG_REPO}", CONFIG_PATH)
+        text: str | UnreadableFile | None
+        try:
+            text = await forge.get_file(f"{org}/{CONFIG_REPO}", CONFIG_PATH)
+        except UnreadableFile as exc:  # the org's file, not the forge: as a config refused
+            text = exc
         self._fetched[org] = time.monotonic()  # once the forge has answered, not before
         if text is None:
             return self._last_valid.get(org)
@@ -85,6 +90,8 @@ class OfficeSource:
             self.last_error.pop(org, None)  # back to (or still) the last valid text
             return self._last_valid[org]  # unchanged (a 304): no need to parse it again
         try:
+            if isinstance(text, UnreadableFile):
+                raise OfficeConfigError(self.where(org), [f"{self.where(org)}: {text}"])
             office = self.validate(org, text)
         except OfficeConfigError as exc:
             if org not in self.last_error or str(self.last_error[org]) != str(exc):
@@ -101,8 +108,14 @@ class OfficeSource:
         """`org`'s config from `text`, validated as a push of it is (a pull request's is
         checked by the same): OfficeConfigError with every error, its line and column."""
         source = self.where(org)
-        return bound_to_org(parse_office(text, source, repository=True,
-                                         url_refused=self._url_refused), org, source, text)
+        try:
+            return bound_to_org(parse_office(text, source, repository=True,
+                                             url_refused=self._url_refused), org, source, text)
+        except OfficeConfigError:
+            raise
+        except (ValueError, RecursionError, MemoryError) as exc:  # one org's file, whatever
+            # it holds, refuses that org's config alone: never fails a round of every office
+            raise OfficeConfigError(source, [f"{source}: cannot be read: {exc!r}"[:500]]) from exc
 
     def where(self, org: str) -> str:
         """Where `org`'s config is read from, as its errors name it."""
