@@ -36,8 +36,9 @@ for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
 DELIVERIES = Counter(
     "vaultmail_deliveries_total",
     "Webhook deliveries by event and outcome (received, handled, ignored, retried, dead, "
-    "redelivered: a delivery id already recorded; superseded: taken over by another replica "
-    "before this one recorded its outcome)",
+    "put_off: waiting for the forge's budget, no attempt counted; redelivered: a delivery id "
+    "already recorded; superseded: taken over by another replica before this one recorded "
+    "its outcome)",
     ["event", "outcome"], registry=REGISTRY)
 HANDLER_SECONDS = Histogram(
     "vaultmail_handler_seconds", "Time to handle one delivery, by event", ["event"],

@@ -87,3 +87,24 @@ async def test_a_restarted_sqlite_index_remembers_the_hours_creations(tmp_path: 
         assert wait > 3000.0, "the fourth creation of the hour waits for the hour"
     finally:
         await store.close()
+
+
+async def test_a_write_put_off_takes_no_place(tmp_path: Path, database_url: str) -> None:
+    """A write whose place is further off than its caller may wait (the worker puts such a
+    delivery off) is told the wait and takes no place: the one after it is not pushed back."""
+    limits = Limits(per_minute=80, per_hour=2, endpoint_points_per_minute=0, slack=0.0)
+    store = await open_store(database_url or str(tmp_path / "index.sqlite3"))
+    try:
+        budget = SharedWriteBudget(store, limits)
+        issues = "POST /repos/{owner}/{repo}/issues"
+        for _ in range(2):
+            assert await budget.reserve("7", issues, True, at_most=60.0) < 1.0
+        assert await budget.reserve("7", issues, True, at_most=60.0) > 3000.0  # not placed
+        assert await budget.reserve("7", issues, True, at_most=60.0) > 3000.0
+        rows = await store.fetchall("SELECT at FROM forge_writes WHERE who='7'")
+        assert len(rows) == 2
+        assert await budget.reserve("7", issues, True) > 3000.0  # waiting: placed
+        rows = await store.fetchall("SELECT at FROM forge_writes WHERE who='7'")
+        assert len(rows) == 3
+    finally:
+        await store.close()

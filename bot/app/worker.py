@@ -27,7 +27,8 @@ from bot import metrics
 from bot.app.context import HandlerContext, change_key
 from bot.app.logs import bound, delivery_context
 from bot.errors import VaultmailError
-from bot.forge.pacing import acting_for
+from bot.forge.errors import RateLimited
+from bot.forge.pacing import acting_for, waiting_at_most
 from bot.store import QueueItem, Store, queue
 from bot.store.idempotency import Settlement
 from bot.store.sql import Connection
@@ -44,6 +45,11 @@ CONCURRENCY = {"sqlite": 64, "postgresql": 16}
 BATCH = {"sqlite": 128, "postgresql": 64}
 IDLE_LOOK = 5.0  # seconds at most between looks at an idle queue (SQLite: one process)
 SHARED_IDLE_LOOK = 0.5  # ... shared with other replicas (PostgreSQL)
+# The longest a delivery's forge write waits in line for its office's budget or a rate limit
+# (a minute's window and its slack): the next batch, other offices' deliveries in it, waits
+# for this one's. Longer (the hour's creations spent, a primary limit's reset), the delivery is
+# put off until then (RateLimited: no attempt counted) and the batch goes on without it.
+WAIT_AT_MOST = 65.0
 STORE_RETRY, STORE_RETRY_MAX = 0.5, 5.0  # seconds between tries while the index is away
 
 
@@ -56,7 +62,7 @@ class Worker:
     def __init__(self, store: Store, router: Router, own_router: Router,
                  is_own_event: Callable[[dict[str, Any]], bool], make_context: ContextFactory,
                  *, max_attempts: int = 6, base_backoff: float = 2.0,
-                 concurrency: int | None = None) -> None:
+                 concurrency: int | None = None, wait_at_most: float = WAIT_AT_MOST) -> None:
         self.store = store
         self.router = router
         self.own_router = own_router  # the few events the app caused that it still reads
@@ -64,6 +70,7 @@ class Worker:
         self.make_context = make_context
         self.max_attempts = max_attempts
         self.base_backoff = base_backoff
+        self.wait_at_most = wait_at_most
         self.concurrency = CONCURRENCY[store.engine] if concurrency is None else concurrency
         self.batch = BATCH[store.engine]
         self._wake = asyncio.Event()
@@ -272,7 +279,7 @@ class Worker:
         context = delivery_context(delivery_id=item.guid, installation_id=item.installation_id,
                                    event=item.event,
                                    action=action if isinstance(action, str) else None)
-        with context, acting_for(actor):
+        with context, acting_for(actor), waiting_at_most(self.wait_at_most):
             return await self._process(item, bound(log))
 
     async def _process(self, item: QueueItem,
@@ -305,6 +312,14 @@ class Worker:
                 metrics.DELIVERIES.labels(event=item.event, outcome="parked").inc()
                 logger.info("parked until its issue is mail: %s", ctx.parked)
                 return True
+        except RateLimited as exc:  # the office's budget or a rate limit: put off, not failed
+            wait = max(1.0, exc.retry_after if exc.retry_after is not None else 60.0)
+            if not await self.store.put_off(item, repr(exc), time.time() + wait):
+                _superseded(item)
+            metrics.DELIVERIES.labels(event=item.event, outcome="put_off").inc()
+            logger.info("put off %.0f s for the forge's budget (no attempt counted): %s",
+                        wait, exc)
+            return False
         except Exception as exc:  # a handler failed: retry later, then dead-letter
             attempt = item.attempts + 1
             if attempt >= self.max_attempts:

@@ -54,7 +54,7 @@ from .errors import (
     Unauthorized,
     ValidationFailed,
 )
-from .pacing import Sleep, WritePacer, budget_wait, budget_waits
+from .pacing import Sleep, WritePacer, budget_wait, budget_waits, too_long, wait_at_most
 
 log = logging.getLogger("vaultmail.forge")
 _route: contextvars.ContextVar[str] = contextvars.ContextVar("forge_route", default="other")
@@ -285,7 +285,10 @@ class SharedBudget(Protocol):
     """The write budget every replica of the app draws on (bot.store.budget): how long this
     write must still wait so that all replicas together stay within one App's limits."""
 
-    async def reserve(self, who: str, endpoint: str, content: bool) -> float: ...
+    async def reserve(self, who: str, endpoint: str, content: bool,
+                      at_most: float | None = None) -> float:
+        """The seconds this write waits for its place; with `at_most`, a place further off
+        is not taken (nothing recorded) and the wait it would have had is returned."""
 
 
 class CallerClient(Protocol):
@@ -344,7 +347,11 @@ class _Caller(abc.ABC):
         shared = self.client.shared_budget
         if shared is None:
             return 0.0
-        wait = await shared.reserve(self._budget_key, endpoint, content)
+        wait = await shared.reserve(self._budget_key, endpoint, content,
+                                    at_most=wait_at_most.get())
+        if too_long(wait):  # (no place was taken)
+            raise RateLimited(f"the write budget the replicas share allows this write in "
+                              f"{wait:.0f} s: put off until then", retry_after=wait)
         if wait > 0:
             with budget_wait(wait):
                 await self.client.sleep(wait)
@@ -446,7 +453,7 @@ class _Caller(abc.ABC):
         wait = self._blocked_until - self.client.clock.now()
         if wait <= 0:
             return
-        if wait > self.config.max_wait:
+        if wait > self.config.max_wait or too_long(wait):
             raise RateLimited(
                 f"primary rate limit exhausted for {wait:.0f} s more",
                 retry_after=wait,
@@ -556,7 +563,8 @@ class _Caller(abc.ABC):
                     limit_tries += 1
                     wait = self._limit_wait(exc, limit_tries)
                     if wait is not None:
-                        if limit_tries >= cfg.rate_limit_attempts or wait > cfg.max_wait:
+                        if (limit_tries >= cfg.rate_limit_attempts or wait > cfg.max_wait
+                                or too_long(wait)):
                             raise RateLimited(
                                 f"rate limited, gave up after {limit_tries} tries: {exc}",
                                 retry_after=wait,

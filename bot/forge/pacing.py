@@ -36,6 +36,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
+from .errors import RateLimited
+
 Sleep = Callable[[float], Awaitable[None]]
 
 writes_for: ContextVar[str | None] = ContextVar("vaultmail_writes_for", default=None)
@@ -49,6 +51,29 @@ def acting_for(principal: str | None) -> Iterator[None]:
         yield
     finally:
         writes_for.reset(token)
+
+
+# The longest a forge write made here may wait for budget or a rate limit: beyond it the write
+# is not made and RateLimited says when it could be (`retry_after`), so that its caller can do
+# other work meanwhile. The worker sets it: a delivery of one office waiting an hour for that
+# office's budget would hold the batch every other office's deliveries are in; it is put off
+# instead (bot.app.worker). None (tools, the CLI): wait, up to ForgeConfig.max_wait.
+wait_at_most: ContextVar[float | None] = ContextVar("vaultmail_wait_at_most", default=None)
+
+
+@contextlib.contextmanager
+def waiting_at_most(seconds: float | None) -> Iterator[None]:
+    token = wait_at_most.set(seconds)
+    try:
+        yield
+    finally:
+        wait_at_most.reset(token)
+
+
+def too_long(wait: float) -> bool:
+    """Whether a wait of `wait` seconds is longer than this context may wait."""
+    cap = wait_at_most.get()
+    return cap is not None and wait > cap
 
 
 WRITE_POINTS = 5  # what GitHub counts a POST, PATCH, PUT or DELETE on its endpoint's budget
@@ -259,6 +284,9 @@ class WritePacer:
     async def _acquire(self, content: bool, principal: str | None,
                        endpoint: str | None = None) -> float:
         now = self._monotonic()
+        if too_long(wait := self.delay(content, principal, endpoint)):
+            raise RateLimited(f"this write's budget allows it in {wait:.0f} s: put off until then",
+                              retry_after=wait)
         if (not self._busy and not self._queues
                 and self.delay(content, principal, endpoint) <= 0):
             self._grant(content, principal, endpoint)
@@ -370,4 +398,5 @@ class WritePacer:
         self._dispatch()
 
 
-__all__ = ["WritePacer", "acting_for", "budget_wait", "budget_waits", "writes_for"]
+__all__ = ["WritePacer", "acting_for", "budget_wait", "budget_waits", "too_long", "wait_at_most",
+           "waiting_at_most", "writes_for"]

@@ -73,6 +73,9 @@ def place(times: list[tuple[float, bool, str]], at: float, content: bool, endpoi
     return at
 
 
+_Write = tuple[str, str, bool, float | None]  # (who, endpoint, content, at most this wait)
+
+
 class SharedWriteBudget:
     """`bot.forge.caller.SharedBudget` on the store.
 
@@ -87,23 +90,26 @@ class SharedWriteBudget:
         self.limits = limits
         # SQLite (one writer, holding every key): one group; PostgreSQL (writers side by
         # side): a group per installation, so that no installation's writes wait for another's
-        self._groups: dict[str, GroupCommit[tuple[str, str, bool], float]] = {}
+        self._groups: dict[str, GroupCommit[_Write, float]] = {}
 
-    async def reserve(self, who: str, endpoint: str, content: bool) -> float:
-        """Place one write; returns the seconds to wait before sending it."""
+    async def reserve(self, who: str, endpoint: str, content: bool,
+                      at_most: float | None = None) -> float:
+        """Place one write; returns the seconds to wait before sending it. With `at_most`, a
+        place further off than that is not taken: the wait it would have is returned, and
+        nothing is recorded (a write put off takes no place another one could have)."""
         whose = "" if self.store.engine == "sqlite" else who
         group = self._groups.get(whose)
         if group is None:
             group = self._groups[whose] = GroupCommit(self._place)
-        return await group((who, endpoint, content))
+        return await group((who, endpoint, content, at_most))
 
-    async def _place(self, writes: list[tuple[str, str, bool]]) -> list[float]:
+    async def _place(self, writes: list[_Write]) -> list[float]:
         # one installation's writes are placed one at a time; other installations' meanwhile
-        keys = sorted({f"budget:{who}" for who, _, _ in writes})
+        keys = sorted({f"budget:{who}" for who, _, _, _ in writes})
 
         async def place_all(db: Connection) -> list[float]:
             waits: list[float] = []
-            for who, endpoint, content in writes:
+            for who, endpoint, content, at_most in writes:
                 row = await db.fetchone("SELECT vm_now() AS t")
                 assert row is not None
                 now = float(row[0])
@@ -112,6 +118,9 @@ class SharedWriteBudget:
                                          " WHERE who=? AND at>?", (who, horizon))
                 at = place([(float(r[0]), bool(r[1]), str(r[2])) for r in rows], now, content,
                            endpoint, self.limits)
+                if at_most is not None and at - now > at_most:
+                    waits.append(at - now)  # put off by its caller: no place taken
+                    continue
                 await db.execute("INSERT INTO forge_writes(who, endpoint, content, at)"
                                  " VALUES (?,?,?,?)", (who, endpoint, int(content), at))
                 if len(rows) % 100 == 0:  # now and then, forget what no window holds any more

@@ -638,6 +638,18 @@ class QueueMixin:
             )
             return changed == 1
 
+    async def put_off(self, item: QueueItem, why: str, retry_at: float) -> bool:
+        """Let go of a delivery until `retry_at` (this host's clock) without counting an
+        attempt: it waits for the forge's budget, nothing failed. False when its claim was no
+        longer this replica's (nothing is recorded then)."""
+        async with self.transaction() as db:
+            changed = await db.execute(
+                "UPDATE queue SET last_error=?, next_at=vm_now()+?, lease_owner=NULL"
+                " WHERE id=? AND " + _OURS,
+                (why[:2000], max(0.0, retry_at - time.time()), item.id, self.replica_id,
+                 item.lease))
+            return changed == 1
+
     async def dead_letters(self) -> list[QueueItem]:
         rows = await self.fetchall("SELECT * FROM queue WHERE state='dead' ORDER BY id")
         return [_item(r) for r in rows]
