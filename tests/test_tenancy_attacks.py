@@ -207,3 +207,19 @@ async def test_an_idempotency_key_made_to_collide_gets_a_refusal_not_the_comment
         text = await resp.text()
         assert resp.status == 409 and "key_in_use" in text, text
     assert secret not in text
+
+
+def test_a_comments_id_is_too_long_to_be_taken_first_by_a_made_key() -> None:
+    """Comment ids are one space for every office, and a hand comment's is predictable (its
+    repository, the forge's next comment id): 128 bits, so that no office can search out a
+    key whose id takes another office's next comment's first (its delivery would fail)."""
+    import re
+
+    from bot.items.model import Item
+    from bot.items.service import Comments
+
+    item = Item(repo="acme/scout-vault", number=1, kind="outcome", title="t", state="open",
+                author_login="x")
+    ids = [Comments._new_id(item, 4242, "x", None), Comments._new_id(item, None, "x", "k"),
+           Comments._new_id(item, None, "x", None)]
+    assert all(re.fullmatch(r"c[0-9a-f]{32}", i) for i in ids), ids

@@ -315,8 +315,11 @@ class Comments:
         elif key is not None:
             seed = f"{item.repo}\nkey\n{actor}\n{key}"
         else:
-            return "c" + secrets.token_hex(5)
-        return "c" + hashlib.sha256(seed.encode()).hexdigest()[:10]
+            return "c" + secrets.token_hex(16)
+        # 128 bits: ids are one space for every office, and a hand comment's is predictable
+        # (its repository, the forge's next comment id): a short one could be taken first by
+        # another office's key made to collide, and that comment never indexed
+        return "c" + hashlib.sha256(seed.encode()).hexdigest()[:32]
 
     async def _added(self, c: db.CommentRow, actor: str) -> dict[str, Any]:
         """What `add` returned for a comment it already recorded."""
