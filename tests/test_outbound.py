@@ -138,3 +138,53 @@ async def test_two_replicas_forwarding_one_cursor_at_once_send_each_event_once(
     assert seqs, "something was forwarded"
     assert seqs == sorted(set(seqs)), f"an event went twice: {seqs}"
     assert seqs == ledger_seqs[:len(seqs)] and sum(sent) == len(seqs)
+
+
+async def test_a_receiver_that_hangs_holds_up_no_other_offices_webhook(
+        tmp_path: Path, receiver: Receiver) -> None:
+    """evil's receiver takes each POST and never answers (until the 10 s timeout): acme's
+    webhook gets acme's entry all the same, while evil's POST still hangs."""
+    import yaml
+
+    from bot.office.config import parse_office
+    from bot.office.seed import seed_office
+
+    hung, release = asyncio.Event(), asyncio.Event()
+
+    async def tarpit(request: web.Request) -> web.Response:
+        await request.read()
+        hung.set()
+        await release.wait()
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/hook", tarpit)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    evil_url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/hook"  # type: ignore[union-attr]
+    from importlib import resources
+
+    text = resources.files("bot").joinpath("example_office.yml").read_text()
+    (tmp_path / "office.yml").write_text(text + f"webhooks:\n  - {receiver.url}\n")
+    emb = await start_embedded(office_path=tmp_path / "office.yml", data_dir=tmp_path / "d",
+                               port=0, forge_port=0, outbound=LOOPBACK)
+    try:
+        seed_office(emb.forge, parse_office(yaml.safe_dump(
+            {"org": "evil", "webhooks": [evil_url],
+             "agents": [{"slug": "spy", "login": "evil-spy"}]}), "evil.yml"))
+        (app_id,) = emb.forge.state.apps
+        emb.services.installations["evil"] = emb.forge.install_app(int(app_id), "evil")
+        await ledger.record(emb.services.store, "office.config_refused", "office",
+                            "evil/.github", {"errors": ["evil's own"]}, org="evil")
+        await asyncio.wait_for(hung.wait(), 10)  # (a guard) evil's POST is in the tarpit
+        await ledger.record(emb.services.store, "office.config_refused", "office",
+                            "acme/.github", {"errors": ["acme's"]}, org="acme")
+        await _until(lambda: any(b"acme's" in body for body, _ in receiver.events),
+                     timeout=8.0)
+        assert not release.is_set()  # evil's POST never answered meanwhile
+    finally:
+        release.set()
+        await emb.stop()
+        await runner.cleanup()

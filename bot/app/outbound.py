@@ -50,18 +50,35 @@ class LedgerForwarder(Background):
         return urls
 
     async def _run(self) -> None:
-        while True:
-            try:
-                # one replica at a time sends, from the shared cursors; when it dies the
-                # next oldest takes over where they stand
-                if await self.services.store.is_leader():
-                    for org, url in await self._urls():
-                        await self.forward(org, url)
-            except Exception as exc:  # keep forwarding whatever one bad round did
-                log.warning("outbound round failed: %r", exc)
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), POLL)
+        # each URL is sent to by a task of its own: a receiver that answers slowly (or not
+        # until its timeout) holds its own cursor, never another URL's or another office's
+        sending: dict[tuple[str, str], asyncio.Task[None]] = {}
+        try:
+            while True:
+                try:
+                    # one replica at a time sends, from the shared cursors; when it dies the
+                    # next oldest takes over where they stand
+                    if await self.services.store.is_leader():
+                        sending = {k: t for k, t in sending.items() if not t.done()}
+                        for org, url in await self._urls():
+                            if (org, url) not in sending:
+                                sending[(org, url)] = asyncio.create_task(
+                                    self._send(org, url), name=f"{self.task_name}:{org}")
+                except Exception as exc:  # keep forwarding whatever one bad round did
+                    log.warning("outbound round failed: %r", exc)
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), POLL)
+        finally:
+            for task in sending.values():
+                task.cancel()
+            await asyncio.gather(*sending.values(), return_exceptions=True)
+
+    async def _send(self, org: str, url: str) -> None:
+        try:
+            await self.forward(org, url)
+        except Exception as exc:  # (its cursor stays: the next round tries again)
+            log.warning("outbound POST round failed: %r", exc, extra={"org": org, "url": url})
 
     async def forward(self, org: str, url: str) -> int:
         """Send what `url` has not acknowledged yet of `org`'s ledger; returns how many were

@@ -33,6 +33,7 @@ RunKind = Literal["mail", "chat"]
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,38}$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+MAX_WEBHOOKS = 16  # an office's outbound webhook URLs
 _VAULT_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{0,60}\{slug\}[A-Za-z0-9_.-]{0,60}$")
 
 
@@ -257,7 +258,8 @@ class Office(_Strict):
     humans: list[Human] = Field(default_factory=list)
     teams: dict[str, list[str]] = Field(default_factory=dict)
     agents: list[Agent] = Field(default_factory=list)
-    webhooks: list[OutboundUrl] = Field(default_factory=list)
+    # (each URL has a sender of its own: a few per office, not a list an org makes long)
+    webhooks: list[OutboundUrl] = Field(default_factory=list, max_length=MAX_WEBHOOKS)
     email: EmailConfig | None = None
     # the org's issue type for each item kind, where it names its own (bot/items/model.py;
     # without it: Goal, Outcome, Plan, Evidence), e.g. {outcome: Epic, plan: Task}
