@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from bot.app import runs
 from bot.app.egress import OutboundPolicy
+from bot.app.intake import org_webhook_secret
 from bot.app.reconcile import Reconciler
 from bot.app.services import SERVICES_KEY, Services
 from bot.app.settings import EmailSettings, Settings, commands_setting, outbound_setting
@@ -306,8 +307,9 @@ def _seed_gitea(forge: LocalForge, office: Office, office_text: str,
     forge_tokens = seed_office(forge, office)
     forge.put_file(f"{office.org}/{CONFIG_REPO}", CONFIG_PATH, office_text)
     secret = secrets.token_hex(20)
-    token, _ = add_bot(forge, office.org, APP_SLUG, f"{app_url}/webhook", secret,
-                       events=GITEA_EVENTS)
+    # the org's own webhook, with the secret made for it from the operator's (`gitea-hook`)
+    token, _ = add_bot(forge, office.org, APP_SLUG, f"{app_url}/webhook/{office.org}",
+                       org_webhook_secret(secret, office.org), events=GITEA_EVENTS)
     return forge_tokens, Identity(0, SYNTHETIC_INSTALLATION_ID, secret, "", dialect="gitea",
                                   token=token)
 

@@ -62,6 +62,25 @@ def _gitea_mac(header: str | None) -> str | None:
     return claimed if _HEX_MAC.fullmatch(claimed) else None
 
 
+def org_webhook_secret(secret: str, org: str) -> str:
+    """The secret of `org`'s own webhook (Gitea: POST /webhook/<org>), made from the operator's
+    (GITEA_WEBHOOK_SECRET): an org's admins set theirs and learn nothing that signs another
+    org's deliveries (`vaultmail gitea-hook ORG` prints it)."""
+    return hmac.new(secret.encode(), f"vaultmail org webhook\n{org.lower()}".encode(),
+                    hashlib.sha256).hexdigest()
+
+
+def payload_org(payload: Mapping[str, Any]) -> str | None:
+    """The org a delivery is about (its repository's owner, else its organization)."""
+    for where, key in (("repository", "owner"), ("organization", None)):
+        found = payload.get(where)
+        if isinstance(found, dict) and key is not None:
+            found = found.get(key)
+        if isinstance(found, dict) and isinstance(found.get("login"), str):
+            return str(found["login"]).lower()
+    return None
+
+
 class SignedBody:
     """A webhook body as it arrives: its HMAC-SHA256 computed chunk by chunk, its size held
     to `limit` (sans-I/O: `receive_webhook` feeds it)."""
@@ -196,7 +215,12 @@ async def receive_webhook(request: web.Request) -> web.Response:
     guid, event, signature = dialect.delivery_of(request.headers)
     delivery_header, event_header, signature_header = dialect.names
     claimed = dialect.claimed_mac(signature)
-    signed = SignedBody(settings.webhook_secret)
+    org = request.match_info.get("org")  # an org's own webhook (Gitea), signed with its secret
+    if org is not None and dialect is not GITEA:
+        return await _answer_and_close(request, _error(
+            404, "not_found", "a GitHub App's deliveries go to /webhook"))
+    signed = SignedBody(settings.webhook_secret if org is None else
+                        org_webhook_secret(settings.webhook_secret, org))
     # no signature to check: nothing of the body is worth reading
     refusal = (None if claimed is None else
                await _receive(request, signed, settings.webhook_read_seconds, guid))
@@ -223,6 +247,13 @@ async def receive_webhook(request: web.Request) -> web.Response:
     if may_hold_surrogates(body) and lone_surrogate_at(payload) is not None:
         payload = replace_surrogates(payload)  # signed: kept, as text that can be stored
         body = json.dumps(payload).encode()
+    if org is not None and payload_org(payload) != org.lower():
+        # signed with one org's secret: about that org only, never another's repositories
+        log.warning("webhook refused: about another org than its webhook's",
+                    extra={"delivery_id": guid, "event": event, "org": org})
+        return _error(403, "wrong_org", f"this is {org}'s webhook, and the delivery is about "
+                      f"{payload_org(payload) or 'no org'}: each org's webhook posts to "
+                      "/webhook/<its org>")
     if dialect.to_github is not None:  # the handlers read GitHub's shapes only
         try:
             payload = dialect.to_github(event, payload, services.bot_login)

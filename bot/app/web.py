@@ -407,6 +407,7 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
     app.on_shutdown.append(answer_long_polls)
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/webhook", receive_webhook)
+    app.router.add_post("/webhook/{org}", receive_webhook)  # an org's own (Gitea)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)

@@ -212,6 +212,24 @@ async def cmd_dead_letters(args: argparse.Namespace) -> int:
         await store.close()
 
 
+async def cmd_gitea_hook(args: argparse.Namespace) -> int:
+    """An org's own webhook on Gitea: its URL and its secret, made from the operator's."""
+    from bot.app.intake import org_webhook_secret
+
+    secret = os.environ.get("GITEA_WEBHOOK_SECRET", "")
+    if not secret:
+        print("GITEA_WEBHOOK_SECRET is not set: set it to the secret `vaultmail serve` runs "
+              "with, then ask again", file=sys.stderr)
+        return 2
+    base = (args.url or os.environ.get("VAULTMAIL_PUBLIC_URL") or "https://APP").rstrip("/")
+    org = args.org.strip().lower()
+    print(f"org webhook of {org} (type gitea, JSON, events Issues, Issue comment, Push):\n"
+          f"  URL     {base}/webhook/{org}\n  secret  {org_webhook_secret(secret, org)}\n"
+          f"it signs deliveries about {org} only; give it to {org}'s admins, never "
+          "GITEA_WEBHOOK_SECRET itself")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vaultmail", description="Durable mail between people and agents on a forge.")
@@ -286,6 +304,11 @@ def build_parser() -> argparse.ArgumentParser:
     dead.add_argument("--replay", metavar="ID|all")
     dead.add_argument("--json", action="store_true")
     dead.set_defaults(func=cmd_dead_letters)
+
+    hook = sub.add_parser("gitea-hook", help="an org's own webhook on Gitea: URL and secret")
+    hook.add_argument("org")
+    hook.add_argument("--url", help="the app's public URL (default: VAULTMAIL_PUBLIC_URL)")
+    hook.set_defaults(func=cmd_gitea_hook)
     return parser
 
 

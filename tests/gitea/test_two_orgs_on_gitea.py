@@ -43,3 +43,43 @@ async def test_another_org_cannot_reply_to_or_close_mail_through_the_shared_bot_
     vault = office.forge.state.repo_by_full_name("acme/scout-vault")
     assert not [c for c in vault.comments.values() if "Sold." in c.body]
     assert vault.issues[sent["number"]].state == "open"
+
+
+async def test_an_orgs_webhook_secret_signs_that_orgs_deliveries_only(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """Each org's webhook posts to /webhook/<org> with a secret made for it from the
+    operator's: evil's admins, who set evil's, cannot sign a delivery about acme's vaults
+    (a mail from acme's people), at its own webhook or at acme's or at /webhook."""
+    import hashlib
+    import hmac
+    import json
+
+    from bot.app.intake import org_webhook_secret
+    from localforge.gitea.events import org_hooks
+
+    master = office.services.settings.webhook_secret
+    [(hook, _)] = org_hooks(office.forge, "acme")  # as `vaultmail up --forge gitea` sets it
+    assert str(hook.webhook_url).endswith("/webhook/acme")
+    assert hook.webhook_secret == org_webhook_secret(master, "acme") != master
+    evils = org_webhook_secret(master, "evil")
+    about_acme = json.dumps({
+        "action": "opened", "number": 99,
+        "issue": {"id": 1, "number": 99, "title": "From marco", "body": "x", "labels": [],
+                  "user": {"login": "marco"}, "state": "open"},
+        "repository": {"full_name": "acme/scout-vault", "name": "scout-vault",
+                       "owner": {"login": "acme"}},
+        "sender": {"login": "marco"}}).encode()
+
+    async def post(path: str, secret: str, guid: str) -> tuple[int, str]:
+        mac = hmac.new(secret.encode(), about_acme, hashlib.sha256).hexdigest()
+        async with session.post(office.app_url + path, data=about_acme, headers={
+                "Content-Type": "application/json", "X-Gitea-Delivery": guid,
+                "X-Gitea-Event": "issues", "X-Gitea-Signature": mac}) as resp:
+            return resp.status, await resp.text()
+
+    status, text = await post("/webhook/evil", evils, "d-1")
+    assert status == 403 and "wrong_org" in text, text
+    assert (await post("/webhook/acme", evils, "d-2"))[0] == 401  # not acme's secret
+    assert (await post("/webhook", evils, "d-3"))[0] == 401
+    assert await office.services.store.fetchone(
+        "SELECT 1 FROM queue WHERE guid IN ('d-1','d-2','d-3')") is None
