@@ -68,7 +68,64 @@ async def test_an_office_out_of_budget_is_put_off_and_holds_no_other_office(
             "SELECT state, attempts, next_at, last_error FROM queue WHERE guid='evil-1'")
         assert row is not None and row["state"] == "pending" and row["attempts"] == 0
         assert float(row["next_at"]) > time.time() + 3000, "put off until its budget allows"
-        assert "RateLimited" in row["last_error"]
+        assert "PutOff" in row["last_error"]
     finally:
         await worker.stop(drain_timeout=1.0)
         await store.close()
+
+
+async def test_a_forge_that_keeps_refusing_still_ends_in_dead_letters(tmp_path: Path) -> None:
+    """Only a wait the forge's budget names is put off without counting: a rate limit the
+    client gave up on (the forge kept answering 429) counts an attempt each time, no sooner
+    than the forge said, and ends in dead letters, not put off for ever."""
+    from bot.forge.errors import RateLimited
+
+    store = await open_store(tmp_path / "index.sqlite3")
+    router = Router()
+    tries: list[str] = []
+
+    @router.register("issue_comment")
+    async def reply(event: sansio.Event, ctx: HandlerContext) -> None:
+        tries.append(event.delivery_id)
+        raise RateLimited("rate limited, gave up after 6 tries", retry_after=0.0)
+
+    def context(item: QueueItem, log: Any) -> HandlerContext:
+        return HandlerContext(services=None, forge=None,  # type: ignore[arg-type]
+                              installation_id=item.installation_id, delivery_id=item.guid,
+                              log=log)
+
+    worker = Worker(store, router, Router(), lambda payload: False, context,
+                    max_attempts=3, base_backoff=0.01)
+    try:
+        payload = _comment("acme", 1)
+        assert await store.enqueue_delivery("acme-1", "issue_comment", payload,
+                                            json.dumps(payload).encode())
+        worker.start()
+        await worker.idle(timeout=20)
+        [dead] = await store.dead_letters()
+        assert dead.guid == "acme-1" and dead.attempts == 3 and tries == ["acme-1"] * 3
+    finally:
+        await worker.stop(drain_timeout=1.0)
+        await store.close()
+
+
+async def test_work_a_delivery_starts_in_the_background_is_not_under_its_limit() -> None:
+    """A run's dispatch (started by the delivery that delivered its mail) outlives it: it
+    waits out a rate limit as before rather than being put off with nothing to put off, and
+    an office's config fetch, shared by whoever asks, is no one delivery's either."""
+    from bot.app import runs
+    from bot.forge.pacing import wait_at_most, waiting_at_most
+
+    seen: list[float | None] = []
+
+    async def dispatch() -> None:
+        seen.append(wait_at_most.get())
+
+    class Background:
+        background: set[asyncio.Task[None]] = set()
+
+    with waiting_at_most(65.0):
+        runs._background(Background(), dispatch())  # type: ignore[arg-type]
+        assert wait_at_most.get() == 65.0
+    await asyncio.gather(*Background.background)
+    assert seen == [None]

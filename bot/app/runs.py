@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from bot.app.egress import OutboundRefused
 from bot.app.signed_post import post_signed
+from bot.forge.pacing import wait_at_most
 from bot.items import inbox
 from bot.office.config import (
     COMMANDS_SETTING,
@@ -216,7 +218,11 @@ async def _office(services: Services, forge: Forge, org: str) -> Office | None:
 
 
 def _background(services: Services, work: Coroutine[Any, Any, None]) -> None:
-    task = asyncio.create_task(work)
+    # outliving the delivery that started it: not under the worker's limit on forge waits
+    # (a dispatch waits out a rate limit, as it did, rather than give up its run)
+    context = contextvars.copy_context()
+    context.run(wait_at_most.set, None)
+    task = asyncio.create_task(work, context=context)
     services.background.add(task)
     task.add_done_callback(services.background.discard)
 

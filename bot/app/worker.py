@@ -27,7 +27,7 @@ from bot import metrics
 from bot.app.context import HandlerContext, change_key
 from bot.app.logs import bound, delivery_context
 from bot.errors import VaultmailError
-from bot.forge.errors import RateLimited
+from bot.forge.errors import PutOff, RateLimited
 from bot.forge.pacing import acting_for, waiting_at_most
 from bot.store import QueueItem, Store, queue
 from bot.store.idempotency import Settlement
@@ -312,7 +312,7 @@ class Worker:
                 metrics.DELIVERIES.labels(event=item.event, outcome="parked").inc()
                 logger.info("parked until its issue is mail: %s", ctx.parked)
                 return True
-        except RateLimited as exc:  # the office's budget or a rate limit: put off, not failed
+        except PutOff as exc:  # the forge's budget says when: put off, nothing failed
             wait = max(1.0, exc.retry_after if exc.retry_after is not None else 60.0)
             if not await self.store.put_off(item, repr(exc), time.time() + wait):
                 _superseded(item)
@@ -329,6 +329,8 @@ class Worker:
                 return True
             metrics.DELIVERIES.labels(event=item.event, outcome="retried").inc()
             delay = self.base_backoff * 2 ** (attempt - 1) * (0.5 + random.random())
+            if isinstance(exc, RateLimited) and exc.retry_after:  # not before the forge says
+                delay = max(delay, exc.retry_after)
             await self._fail(item, repr(exc), time.time() + delay)
             logger.warning("handler failed (attempt %d), retry in %.1fs: %r",
                            attempt, delay, exc)

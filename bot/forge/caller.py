@@ -49,6 +49,7 @@ from .errors import (
     NotFound,
     OutcomeUnknown,
     PermissionDenied,
+    PutOff,
     RateLimited,
     TransientError,
     Unauthorized,
@@ -350,8 +351,8 @@ class _Caller(abc.ABC):
         wait = await shared.reserve(self._budget_key, endpoint, content,
                                     at_most=wait_at_most.get())
         if too_long(wait):  # (no place was taken)
-            raise RateLimited(f"the write budget the replicas share allows this write in "
-                              f"{wait:.0f} s: put off until then", retry_after=wait)
+            raise PutOff(f"the write budget the replicas share allows this write in "
+                         f"{wait:.0f} s: put off until then", retry_after=wait)
         if wait > 0:
             with budget_wait(wait):
                 await self.client.sleep(wait)
@@ -453,7 +454,10 @@ class _Caller(abc.ABC):
         wait = self._blocked_until - self.client.clock.now()
         if wait <= 0:
             return
-        if wait > self.config.max_wait or too_long(wait):
+        if too_long(wait) and wait <= self.config.max_wait:  # the reset is the forge's word
+            raise PutOff(f"primary rate limit exhausted for {wait:.0f} s more: put off",
+                         retry_after=wait, method=method, url=url)
+        if wait > self.config.max_wait:
             raise RateLimited(
                 f"primary rate limit exhausted for {wait:.0f} s more",
                 retry_after=wait,

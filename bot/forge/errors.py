@@ -78,6 +78,12 @@ class RateLimited(ForgeError):
         super().__init__(message, **kw)
 
 
+class PutOff(RateLimited):
+    """A write this context may not wait for (`pacing.wait_at_most`): the forge's budget, by
+    this app's own count or a primary limit's reset, allows it in `retry_after` seconds. The
+    worker puts its delivery off until then, no attempt counted."""
+
+
 class TransientError(ForgeError):
     """5xx, timeouts or connection errors persisted through every retry."""
 
@@ -92,6 +98,7 @@ __all__ = [
     "NotFound",
     "OutcomeUnknown",
     "PermissionDenied",
+    "PutOff",
     "RateLimited",
     "TransientError",
     "Unauthorized",

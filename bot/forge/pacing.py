@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from .errors import RateLimited
+from .errors import PutOff
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -285,8 +285,8 @@ class WritePacer:
                        endpoint: str | None = None) -> float:
         now = self._monotonic()
         if too_long(wait := self.delay(content, principal, endpoint)):
-            raise RateLimited(f"this write's budget allows it in {wait:.0f} s: put off until then",
-                              retry_after=wait)
+            raise PutOff(f"this write's budget allows it in {wait:.0f} s: put off until then",
+                         retry_after=wait)
         if (not self._busy and not self._queues
                 and self.delay(content, principal, endpoint) <= 0):
             self._grant(content, principal, endpoint)
@@ -298,7 +298,18 @@ class WritePacer:
         self._wake_watchers()
         self._dispatch()
         try:
-            await waiter.granted
+            cap = wait_at_most.get()
+            if cap is None:
+                await waiter.granted
+            else:  # behind others' writes too: in line no longer than this context may wait
+                await asyncio.wait_for(asyncio.shield(waiter.granted), cap)
+        except TimeoutError:
+            if not (waiter.granted.done() and not waiter.granted.cancelled()):
+                self._drop(principal, waiter)
+                self._dispatch()
+                wait = max(1.0, self.delay(content, principal, endpoint))
+                raise PutOff(f"in line for the write budget longer than {cap:.0f} s: put off "
+                             f"{wait:.0f} s", retry_after=wait) from None
         except asyncio.CancelledError:
             if waiter.granted.done() and not waiter.granted.cancelled():
                 self._release(principal)  # granted, but its caller went away: pass it on

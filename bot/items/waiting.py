@@ -44,7 +44,14 @@ import hashlib
 import logging
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from bot.forge.errors import ForgeError, NotFound, PermissionDenied, Unauthorized, ValidationFailed
+from bot.forge.errors import (
+    ForgeError,
+    NotFound,
+    PermissionDenied,
+    PutOff,
+    Unauthorized,
+    ValidationFailed,
+)
 from bot.office.source import CONFIG_REPO
 from bot.office.visibility import login_of
 from bot.store import comments as db
@@ -126,6 +133,8 @@ async def sync(service: Comments, scope: str) -> None:
             await _sync_field(service, scope)
         elif isinstance(forge, Dependencies):
             await _sync(service, forge, scope)
+    except PutOff:
+        raise  # (waiting for the forge's budget: the delivery is put off and shows it then)
     except ForgeError as exc:
         log.warning("waiting: could not show who %s waits on: %s", scope, exc)
 

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from bot.app import runs
 from bot.errors import Conflict, Denied, InvalidArguments, NotFoundError
-from bot.forge.errors import ForgeError, NotFound, PermissionDenied
+from bot.forge.errors import ForgeError, NotFound, PermissionDenied, PutOff
 from bot.mail.header import (
     MailHeader,
     adopted_mail_id,
@@ -790,6 +790,8 @@ class Mailer:
                     "office", actor, title,
                     f"Your mail to `{to}` (\"{subject}\") was not delivered: {why}.",
                     reply_to=about, check=False, idempotency_key=f"undelivered\n{key}")
+            except PutOff:
+                raise  # the notice waits for its budget: the delivery is put off, not told
             except (ForgeError, Undeliverable) as exc:  # its own vault is gone too
                 log.warning("bounce not delivered", extra={"to": actor, "error": repr(exc)})
         await ledger.record_once(self.services.store, "mail.bounced", "office",

@@ -11,12 +11,14 @@ the operator's outbound policy refuses is refused here already, with its key.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bot.forge.errors import UnreadableFile
+from bot.forge.pacing import wait_at_most
 from bot.office.config import (
     Office,
     OfficeConfigError,
@@ -64,7 +66,11 @@ class OfficeSource:
             return self._last_valid.get(org)
         asking = self._asking.get(org)
         if asking is None:
-            asking = asyncio.ensure_future(self._fetch(forge, org))
+            # shared by whoever asks: none's limit on forge waits (a delivery's) is the others'
+            context = contextvars.copy_context()
+            context.run(wait_at_most.set, None)
+            asking = asyncio.get_running_loop().create_task(self._fetch(forge, org),
+                                                            context=context)
             self._asking[org] = asking
             asking.add_done_callback(lambda done: self._asked(org, done))
         # shielded: a caller that leaves (a long poll) does not cancel the others' answer;

@@ -75,3 +75,31 @@ async def test_a_turn_waits_for_its_endpoint_while_another_endpoint_goes() -> No
             assert waited == 0.0
     assert p.delay(False, None, patch) == 60.0
     assert p.delay(False, None, "POST /repos/{owner}/{repo}/labels") == 0.0
+
+
+async def test_a_write_in_line_longer_than_its_context_may_wait_is_put_off() -> None:
+    """Writes that join the line together each pass the check of their own delay; the one
+    whose turn, behind the others, is an hour off is put off once it has waited as long as
+    its context may (the worker's), not left in line for the hour."""
+    import asyncio
+
+    import pytest
+
+    from bot.forge.errors import PutOff
+    from bot.forge.pacing import waiting_at_most
+
+    pacer = WritePacer(min_interval=0, content_per_minute=80, content_per_hour=2, slack=0.0)
+
+    async def write() -> float:
+        with waiting_at_most(0.2):
+            async with pacer.turn(content=True) as waited:
+                return waited
+
+    outcomes = await asyncio.gather(*(write() for _ in range(3)), return_exceptions=True)
+    assert [type(o).__name__ for o in outcomes] == ["float", "float", "PutOff"], outcomes
+    put_off = outcomes[2]
+    assert isinstance(put_off, PutOff) and put_off.retry_after is not None
+    assert put_off.retry_after > 3000
+    assert pacer.waiting() == 0  # out of the line
+    with pytest.raises(PutOff):  # and one asked alone now is told at once
+        await write()
