@@ -41,16 +41,21 @@ class Receiver:
         return web.Response(status=204)
 
 
-@pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    rec = Receiver()
+async def _serve(handle: Any) -> tuple[web.AppRunner, str]:
+    """A receiver on loopback: its runner and its hook's URL."""
     app = web.Application()
-    app.router.add_post("/hook", rec.handle)
+    app.router.add_post("/hook", handle)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    rec.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/hook"  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/hook"  # type: ignore[union-attr]
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    rec = Receiver()
+    runner, rec.url = await _serve(rec.handle)
     yield rec
     await runner.cleanup()
 
@@ -157,13 +162,7 @@ async def test_a_receiver_that_hangs_holds_up_no_other_offices_webhook(
         await release.wait()
         return web.Response(status=204)
 
-    app = web.Application()
-    app.router.add_post("/hook", tarpit)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    evil_url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/hook"  # type: ignore[union-attr]
+    runner, evil_url = await _serve(tarpit)
     from importlib import resources
 
     text = resources.files("bot").joinpath("example_office.yml").read_text()

@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import PutOff
 
@@ -44,13 +45,17 @@ writes_for: ContextVar[str | None] = ContextVar("vaultmail_writes_for", default=
 
 
 @contextlib.contextmanager
-def acting_for(principal: str | None) -> Iterator[None]:
-    """Make the forge writes in this block count as `principal`'s (for fair turns and shares)."""
-    token = writes_for.set(principal)
+def _setting(var: ContextVar[Any], value: Any) -> Iterator[None]:
+    token = var.set(value)
     try:
         yield
     finally:
-        writes_for.reset(token)
+        var.reset(token)
+
+
+def acting_for(principal: str | None) -> contextlib.AbstractContextManager[None]:
+    """Make the forge writes in this block count as `principal`'s (for fair turns and shares)."""
+    return _setting(writes_for, principal)
 
 
 # The longest a forge write made here may wait for budget or a rate limit: beyond it the write
@@ -61,13 +66,8 @@ def acting_for(principal: str | None) -> Iterator[None]:
 wait_at_most: ContextVar[float | None] = ContextVar("vaultmail_wait_at_most", default=None)
 
 
-@contextlib.contextmanager
-def waiting_at_most(seconds: float | None) -> Iterator[None]:
-    token = wait_at_most.set(seconds)
-    try:
-        yield
-    finally:
-        wait_at_most.reset(token)
+def waiting_at_most(seconds: float | None) -> contextlib.AbstractContextManager[None]:
+    return _setting(wait_at_most, seconds)
 
 
 def too_long(wait: float) -> bool:
