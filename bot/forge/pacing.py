@@ -297,29 +297,39 @@ class WritePacer:
         self._served.setdefault(principal, -1)
         self._wake_watchers()
         self._dispatch()
+        cap = wait_at_most.get()  # behind others' writes too: in line no longer than that
+        timer = None if cap is None else asyncio.get_running_loop().call_later(
+            cap, self._put_off, principal, waiter, endpoint, cap)
         try:
-            cap = wait_at_most.get()
-            if cap is None:
-                await waiter.granted
-            else:  # behind others' writes too: in line no longer than this context may wait
-                await asyncio.wait_for(asyncio.shield(waiter.granted), cap)
-        except TimeoutError:
-            if not (waiter.granted.done() and not waiter.granted.cancelled()):
-                self._drop(principal, waiter)
-                self._dispatch()
-                wait = max(1.0, self.delay(content, principal, endpoint))
-                raise PutOff(f"in line for the write budget longer than {cap:.0f} s: put off "
-                             f"{wait:.0f} s", retry_after=wait) from None
+            await waiter.granted
         except asyncio.CancelledError:
-            if waiter.granted.done() and not waiter.granted.cancelled():
+            if (waiter.granted.done() and not waiter.granted.cancelled()
+                    and waiter.granted.exception() is None):
                 self._release(principal)  # granted, but its caller went away: pass it on
+            elif waiter.granted.done() and not waiter.granted.cancelled():
+                pass  # put off at that moment: out of the line already
             else:
                 self._drop(principal, waiter)
                 self._dispatch()
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
         waited = max(0.0, self._monotonic() - waiter.enqueued)
         self.waited += waited
         return waited
+
+    def _put_off(self, principal: str | None, waiter: _Waiter, endpoint: str | None,
+                 cap: float) -> None:
+        """A write in line longer than its context may wait: out of the line, told when."""
+        if waiter.granted.done():
+            return
+        self._drop(principal, waiter)
+        wait = max(1.0, self.delay(waiter.content, principal, endpoint))
+        waiter.granted.set_exception(PutOff(
+            f"in line for the write budget longer than {cap:.0f} s: put off {wait:.0f} s",
+            retry_after=wait))
+        self._dispatch()
 
     def _grant(self, content: bool, principal: str | None,
                endpoint: str | None = None) -> None:
