@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -66,10 +67,22 @@ class HandlerContext:
         return f"<!-- vaultmail:said {digest}:{self.said} -->"
 
 
+def payload_org(payload: Mapping[str, Any]) -> str | None:
+    """The org a delivery is about (its repository's owner, else its organization)."""
+    for where, key in (("repository", "owner"), ("organization", None)):
+        found = payload.get(where)
+        if isinstance(found, dict) and key is not None:
+            found = found.get(key)
+        if isinstance(found, dict) and isinstance(found.get("login"), str):
+            return str(found["login"]).lower()
+    return None
+
+
 def context_for(services: Services, item: QueueItem,
                 log: logging.LoggerAdapter[logging.Logger]) -> HandlerContext:
     """The worker's context factory; LookupError when no installation can act for the event."""
-    return HandlerContext(services=services, forge=services.forge_for(item.installation_id),
+    forge = services.forge_for(item.installation_id, org=payload_org(item.payload))
+    return HandlerContext(services=services, forge=forge,
                           installation_id=item.installation_id, delivery_id=item.guid, log=log,
                           source=change_key(item.event, item.payload) or item.guid,
                           retry=was_tried(item))

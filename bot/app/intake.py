@@ -37,6 +37,7 @@ from bot.app.bodies import (
     size_text,
     too_large,
 )
+from bot.app.context import payload_org
 from bot.app.services import SERVICES_KEY
 from bot.errors import PayloadTooLarge, VaultmailError
 from bot.forge import gitea_events as gitea
@@ -68,17 +69,6 @@ def org_webhook_secret(secret: str, org: str) -> str:
     org's deliveries (`vaultmail gitea-hook ORG` prints it)."""
     return hmac.new(secret.encode(), f"vaultmail org webhook\n{org.lower()}".encode(),
                     hashlib.sha256).hexdigest()
-
-
-def payload_org(payload: Mapping[str, Any]) -> str | None:
-    """The org a delivery is about (its repository's owner, else its organization)."""
-    for where, key in (("repository", "owner"), ("organization", None)):
-        found = payload.get(where)
-        if isinstance(found, dict) and key is not None:
-            found = found.get(key)
-        if isinstance(found, dict) and isinstance(found.get("login"), str):
-            return str(found["login"]).lower()
-    return None
 
 
 class SignedBody:

@@ -101,13 +101,15 @@ class Services:
             raise NotInstalled(
                 f"the App is not installed on {org}: an owner of {org} installs it (the App's "
                 "page on the forge, Install), then the office works again", code="not_installed")
-        return self.forge_client.installation(inst)
+        return self.forge_client.installation(inst, org=org)
 
-    def forge_for(self, installation_id: int | None) -> Forge:
+    def forge_for(self, installation_id: int | None, org: str | None = None) -> Forge:
+        """The forge an event's installation acts through (`org`: the org it is about, which
+        on Gitea, one bot for every org, is whose writes are paced and budgeted)."""
         inst = installation_id if installation_id is not None else self.default_installation
         if inst is None:
             raise LookupError("no installation id in the event and no default installation")
-        return self.forge_client.installation(inst)
+        return self.forge_client.installation(inst, org=org)
 
 
 SERVICES_KEY = web.AppKey("services", Services)

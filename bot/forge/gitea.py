@@ -133,10 +133,20 @@ class GiteaForge(RepoCaller):
 
     client: GiteaClient
 
-    def __init__(self, client: GiteaClient, installation_id: int) -> None:
+    def __init__(self, client: GiteaClient, installation_id: int,
+                 org: str | None = None) -> None:
         self.installation_id = int(installation_id)
         super().__init__(client, self.installation_id)
+        self.org = org  # whose writes these are: each org's paced and budgeted apart
+        if org is not None:
+            self._log_extra["org"] = org
         self._labels: dict[str, dict[str, int]] = {}  # repo -> lower name -> id
+
+    @property
+    def _budget_key(self) -> str:
+        """One bot serves every org: each org draws on a budget of its own, as each GitHub
+        installation does (else one office's burst spent every office's hour)."""
+        return f"gitea:{self.org}" if self.org is not None else "gitea"
 
     async def _credentials(self) -> dict[str, str]:
         return {"oauth_token": self.client.token}
@@ -544,17 +554,22 @@ class GiteaClient:
         self._clock: Clock = clock if clock is not None else SystemClock()
         self.stats = RequestStats()
         self.semaphore = asyncio.Semaphore(max(1, self.config.max_concurrency))
-        self._forge: GiteaForge | None = None
+        self._forges: dict[str | None, GiteaForge] = {}  # by org (lower case)
         self._hooks = GiteaHooks()
 
     @property
     def clock(self) -> Clock:
         return self._clock
 
-    def installation(self, installation_id: int | None = None) -> GiteaForge:
-        if self._forge is None:
-            self._forge = GiteaForge(self, SYNTHETIC_INSTALLATION_ID)
-        return self._forge
+    def installation(self, installation_id: int | None = None, *,
+                     org: str | None = None) -> GiteaForge:
+        """The bot's forge for `org` (its own pacer and budget), or for no org in particular
+        (the bot's own calls: its user, its orgs)."""
+        key = org.lower() if org else None
+        forge = self._forges.get(key)
+        if forge is None:
+            forge = self._forges[key] = GiteaForge(self, SYNTHETIC_INSTALLATION_ID, org=key)
+        return forge
 
     async def reachable(self) -> int:
         """The status the forge answers an unauthenticated request with (readiness)."""
@@ -564,7 +579,7 @@ class GiteaClient:
         return self._hooks
 
     def forget(self, installation_id: int) -> None:
-        self._forge = None
+        self._forges.clear()
 
     async def whoami(self) -> str:
         """The bot's login (`GET /user`)."""

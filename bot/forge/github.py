@@ -618,7 +618,8 @@ class ForgeClient:
     def clock(self) -> Clock:
         return self.auth.clock
 
-    def installation(self, installation_id: int) -> GitHubForge:
+    def installation(self, installation_id: int, *, org: str | None = None) -> GitHubForge:
+        """The installation's forge (`org` adds nothing: an installation is one org's)."""
         iid = int(installation_id)
         forge = self._installations.get(iid)
         if forge is None:

@@ -83,3 +83,26 @@ async def test_an_orgs_webhook_secret_signs_that_orgs_deliveries_only(
     assert (await post("/webhook", evils, "d-3"))[0] == 401
     assert await office.services.store.fetchone(
         "SELECT 1 FROM queue WHERE guid IN ('d-1','d-2','d-3')") is None
+
+
+async def test_each_org_writes_within_a_budget_of_its_own(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """One bot serves every org, and each org's writes are paced and budgeted apart, as each
+    GitHub installation's are: evil spending its hour of creations leaves acme's mail going
+    out at once (it spent the one budget every org drew on)."""
+    import time
+
+    seed_office(office.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
+    office.forge.add_org_member("evil", office.services.app_slug, role="admin")
+    office.services.installations["evil"] = SYNTHETIC_INSTALLATION_ID
+    acme, evil = (office.services.forge_for_org(org) for org in ("acme", "evil"))
+    assert acme is not evil and acme.pacer is not evil.pacer
+    evil.pacer._content.extend([time.monotonic()] * 500)  # noqa: SLF001 (evil's hour, spent)
+    assert evil.pacer.delay(True) > 3000 and acme.pacer.delay(True) == 0
+    sent = (await ToolClient(session, office, "human:marco@acme.com")(
+        "mail_send", to="scout", subject="Prices", body="x"))["mail"]
+    await office.settle()
+    assert office.forge.state.repo_by_full_name("acme/scout-vault").issues[sent["number"]]
+    rows = await office.services.store.fetchall(  # (the labels made at start: the bot's)
+        "SELECT DISTINCT who FROM forge_writes WHERE endpoint LIKE 'POST %/issues'")
+    assert {r["who"] for r in rows} == {"gitea:acme"}
