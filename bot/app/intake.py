@@ -237,13 +237,6 @@ async def receive_webhook(request: web.Request) -> web.Response:
     if may_hold_surrogates(body) and lone_surrogate_at(payload) is not None:
         payload = replace_surrogates(payload)  # signed: kept, as text that can be stored
         body = json.dumps(payload).encode()
-    if org is not None and payload_org(payload) != org.lower():
-        # signed with one org's secret: about that org only, never another's repositories
-        log.warning("webhook refused: about another org than its webhook's",
-                    extra={"delivery_id": guid, "event": event, "org": org})
-        return _error(403, "wrong_org", f"this is {org}'s webhook, and the delivery is about "
-                      f"{payload_org(payload) or 'no org'}: each org's webhook posts to "
-                      "/webhook/<its org>")
     if dialect.to_github is not None:  # the handlers read GitHub's shapes only
         try:
             payload = dialect.to_github(event, payload, services.bot_login)
@@ -251,6 +244,12 @@ async def receive_webhook(request: web.Request) -> web.Response:
         except Exception:  # malformed: queued as it came, it fails alone and dead-letters
             log.warning("webhook payload not in the forge's shape; queued as it came",
                         extra={"delivery_id": guid, "event": event}, exc_info=True)
+    if org is not None and (about := payload_org(payload)) != org.lower():
+        # signed with one org's secret: about that org only, never another's repositories
+        log.warning("webhook refused: about another org than its webhook's",
+                    extra={"delivery_id": guid, "event": event, "org": org})
+        return _error(403, "wrong_org", f"this is {org}'s webhook, and the delivery is about "
+                      f"{about or 'no org'}: each org's webhook posts to /webhook/<its org>")
     if services.is_own_event(payload) and not services.own_router.fetch(
             sansio.Event(payload, event=event, delivery_id=guid)):
         # the app's own write coming back (each PATCH of a mail sends `edited` and `labeled`),

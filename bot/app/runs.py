@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import json
 import logging
 import os
@@ -34,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from bot.app.egress import OutboundRefused
 from bot.app.signed_post import post_signed
-from bot.forge.pacing import wait_at_most
+from bot.forge.pacing import without_wait_limit
 from bot.items import inbox
 from bot.office.config import (
     COMMANDS_SETTING,
@@ -220,9 +219,7 @@ async def _office(services: Services, forge: Forge, org: str) -> Office | None:
 def _background(services: Services, work: Coroutine[Any, Any, None]) -> None:
     # outliving the delivery that started it: not under the worker's limit on forge waits
     # (a dispatch waits out a rate limit, as it did, rather than give up its run)
-    context = contextvars.copy_context()
-    context.run(wait_at_most.set, None)
-    task = asyncio.create_task(work, context=context)
+    task = asyncio.create_task(work, context=without_wait_limit())
     services.background.add(task)
     task.add_done_callback(services.background.discard)
 

@@ -48,7 +48,7 @@ SHARED_IDLE_LOOK = 0.5  # ... shared with other replicas (PostgreSQL)
 # The longest a delivery's forge write waits in line for its office's budget or a rate limit
 # (a minute's window and its slack): the next batch, other offices' deliveries in it, waits
 # for this one's. Longer (the hour's creations spent, a primary limit's reset), the delivery is
-# put off until then (RateLimited: no attempt counted) and the batch goes on without it.
+# put off until then (PutOff: no attempt counted) and the batch goes on without it.
 WAIT_AT_MOST = 65.0
 STORE_RETRY, STORE_RETRY_MAX = 0.5, 5.0  # seconds between tries while the index is away
 
@@ -314,8 +314,7 @@ class Worker:
                 return True
         except PutOff as exc:  # the forge's budget says when: put off, nothing failed
             wait = max(1.0, exc.retry_after if exc.retry_after is not None else 60.0)
-            if not await self.store.put_off(item, repr(exc), time.time() + wait):
-                _superseded(item)
+            await self._fail(item, repr(exc), time.time() + wait, counted=False)
             metrics.DELIVERIES.labels(event=item.event, outcome="put_off").inc()
             logger.info("put off %.0f s for the forge's budget (no attempt counted): %s",
                         wait, exc)
@@ -351,8 +350,9 @@ class Worker:
     async def _finish(self, item: QueueItem, state: str = "done") -> None:
         self._finished.append((item, state))  # recorded with the next claim (see _turn)
 
-    async def _fail(self, item: QueueItem, error: str, retry_at: float | None) -> None:
-        if not await self.store.fail(item, error, retry_at):
+    async def _fail(self, item: QueueItem, error: str, retry_at: float | None, *,
+                    counted: bool = True) -> None:
+        if not await self.store.fail(item, error, retry_at, counted=counted):
             _superseded(item)
 
     async def _dispatch_once(self, item: QueueItem, router: Router, event: sansio.Event,

@@ -45,10 +45,10 @@ class ForgeError(Exception):
         return f"{where}{self.message}"
 
 
-
 class UnreadableFile(ForgeError):
     """The forge answered with a file that is not text this app can read (not UTF-8, too large
     for the contents API): a fault of the file, not of the forge; asking again reads the same."""
+
 
 class NotFound(ForgeError):
     """404: the repository, issue, comment, label or file does not exist (or is hidden)."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import math
 import time
@@ -59,7 +60,7 @@ def acting_for(principal: str | None) -> contextlib.AbstractContextManager[None]
 
 
 # The longest a forge write made here may wait for budget or a rate limit: beyond it the write
-# is not made and RateLimited says when it could be (`retry_after`), so that its caller can do
+# is not made and PutOff says when it could be (`retry_after`), so that its caller can do
 # other work meanwhile. The worker sets it: a delivery of one office waiting an hour for that
 # office's budget would hold the batch every other office's deliveries are in; it is put off
 # instead (bot.app.worker). None (tools, the CLI): wait, up to ForgeConfig.max_wait.
@@ -68,6 +69,14 @@ wait_at_most: ContextVar[float | None] = ContextVar("vaultmail_wait_at_most", de
 
 def waiting_at_most(seconds: float | None) -> contextlib.AbstractContextManager[None]:
     return _setting(wait_at_most, seconds)
+
+
+def without_wait_limit() -> contextvars.Context:
+    """A copy of this context for work that outlives the delivery it starts in (a run's
+    dispatch, a fetch shared by every caller): under no delivery's `wait_at_most`."""
+    context = contextvars.copy_context()
+    context.run(wait_at_most.set, None)
+    return context
 
 
 def too_long(wait: float) -> bool:
@@ -287,8 +296,7 @@ class WritePacer:
         if too_long(wait := self.delay(content, principal, endpoint)):
             raise PutOff(f"this write's budget allows it in {wait:.0f} s: put off until then",
                          retry_after=wait)
-        if (not self._busy and not self._queues
-                and self.delay(content, principal, endpoint) <= 0):
+        if not self._busy and not self._queues and wait <= 0:
             self._grant(content, principal, endpoint)
             return 0.0
         waiter = _Waiter(next(self._seq), content, now,
@@ -303,14 +311,13 @@ class WritePacer:
         try:
             await waiter.granted
         except asyncio.CancelledError:
-            if (waiter.granted.done() and not waiter.granted.cancelled()
-                    and waiter.granted.exception() is None):
-                self._release(principal)  # granted, but its caller went away: pass it on
-            elif waiter.granted.done() and not waiter.granted.cancelled():
-                pass  # put off at that moment: out of the line already
-            else:
+            granted = waiter.granted
+            if not granted.done() or granted.cancelled():
                 self._drop(principal, waiter)
                 self._dispatch()
+            elif granted.exception() is None:
+                self._release(principal)  # granted, but its caller went away: pass it on
+            # (else put off at that moment: out of the line already)
             raise
         finally:
             if timer is not None:
@@ -420,4 +427,4 @@ class WritePacer:
 
 
 __all__ = ["WritePacer", "acting_for", "budget_wait", "budget_waits", "too_long", "wait_at_most",
-           "waiting_at_most", "writes_for"]
+           "waiting_at_most", "without_wait_limit", "writes_for"]

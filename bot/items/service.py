@@ -240,8 +240,8 @@ class Comments:
         if new.key is not None:  # a call with this key resumed after it had recorded it
             done = await db.get_comment(store, self._new_id(item, None, actor, new.key))
             if done is not None and (done.item, done.author) != (item.ref, actor):
-                # the id is short: a key made to collide with someone else's comment gets a
-                # refusal, never that comment (of another item, another office)
+                # a key whose id is someone else's comment (made to collide) gets a refusal,
+                # never that comment (of another item, another office)
                 raise Conflict(f"idempotencyKey: {new.key[:80]!r} names another comment's id;"
                                " send the comment again with a new key", code="key_in_use")
             if done is not None:

@@ -11,14 +11,13 @@ the operator's outbound policy refuses is refused here already, with its key.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bot.forge.errors import UnreadableFile
-from bot.forge.pacing import wait_at_most
+from bot.forge.pacing import without_wait_limit
 from bot.office.config import (
     Office,
     OfficeConfigError,
@@ -67,10 +66,8 @@ class OfficeSource:
         asking = self._asking.get(org)
         if asking is None:
             # shared by whoever asks: none's limit on forge waits (a delivery's) is the others'
-            context = contextvars.copy_context()
-            context.run(wait_at_most.set, None)
             asking = asyncio.get_running_loop().create_task(self._fetch(forge, org),
-                                                            context=context)
+                                                            context=without_wait_limit())
             self._asking[org] = asking
             asking.add_done_callback(lambda done: self._asked(org, done))
         # shielded: a caller that leaves (a long poll) does not cancel the others' answer;
@@ -84,11 +81,12 @@ class OfficeSource:
             done.exception()  # retrieved: whoever awaited it has it already
 
     async def _fetch(self, forge: Forge, org: str) -> Office | None:
-        text: str | UnreadableFile | None
         try:
             text = await forge.get_file(f"{org}/{CONFIG_REPO}", CONFIG_PATH)
-        except UnreadableFile as exc:  # the org's file, not the forge: as a config refused
-            text = exc
+        except UnreadableFile as exc:  # the org's file, not the forge: refused as invalid
+            self._fetched[org] = time.monotonic()
+            return self._refused(org, OfficeConfigError(self.where(org),
+                                                        [f"{self.where(org)}: {exc}"]))
         self._fetched[org] = time.monotonic()  # once the forge has answered, not before
         if text is None:
             return self._last_valid.get(org)
@@ -96,19 +94,21 @@ class OfficeSource:
             self.last_error.pop(org, None)  # back to (or still) the last valid text
             return self._last_valid[org]  # unchanged (a 304): no need to parse it again
         try:
-            if isinstance(text, UnreadableFile):
-                raise OfficeConfigError(self.where(org), [f"{self.where(org)}: {text}"])
             office = self.validate(org, text)
         except OfficeConfigError as exc:
-            if org not in self.last_error or str(self.last_error[org]) != str(exc):
-                log.error("office config refused; last valid config stays in force",
-                          extra={"org": org, "errors": exc.errors})
-            self.last_error[org] = exc
-            return self._last_valid.get(org)
+            return self._refused(org, exc)
         self.last_error.pop(org, None)
         self._last_valid[org] = office
         self._text[org] = text
         return office
+
+    def _refused(self, org: str, exc: OfficeConfigError) -> Office | None:
+        """`org`'s config refused: said once while it stays the same, the last valid kept."""
+        if org not in self.last_error or str(self.last_error[org]) != str(exc):
+            log.error("office config refused; last valid config stays in force",
+                      extra={"org": org, "errors": exc.errors})
+        self.last_error[org] = exc
+        return self._last_valid.get(org)
 
     def validate(self, org: str, text: str) -> Office:
         """`org`'s config from `text`, validated as a push of it is (a pull request's is

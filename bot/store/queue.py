@@ -622,32 +622,23 @@ class QueueMixin:
         finally:
             self._finishes_writer = None
 
-    async def fail(self, item: QueueItem, error: str, retry_at: float | None) -> bool:
+    async def fail(self, item: QueueItem, error: str, retry_at: float | None, *,
+                   counted: bool = True) -> bool:
         """Count a failed attempt; with no retry time the item becomes a dead letter. False
         when its claim was no longer this replica's (nothing is recorded then). `retry_at` is
         by this host's clock; the row keeps it by the database's (as far ahead of its now), so
-        replicas whose clocks disagree retry it when it is due."""
+        replicas whose clocks disagree retry it when it is due. Not `counted`: put off until
+        `retry_at` (it waits for the forge's budget, nothing failed)."""
         state = "pending" if retry_at is not None else "dead"
         async with self.transaction() as db:
             changed = await db.execute(
-                "UPDATE queue SET attempts=attempts+1, last_error=?, state=?, next_at=vm_now()+?,"
-                " finished_at=?, lease_owner=NULL WHERE id=? AND " + _OURS,
-                (error[:2000], state, 0.0 if retry_at is None else retry_at - time.time(),
+                "UPDATE queue SET attempts=attempts+?, last_error=?, state=?,"
+                " next_at=vm_now()+?, finished_at=?, lease_owner=NULL WHERE id=? AND " + _OURS,
+                (int(counted), error[:2000], state,
+                 0.0 if retry_at is None else max(0.0, retry_at - time.time()),
                  None if retry_at is not None else time.time(), item.id, self.replica_id,
                  item.lease),
             )
-            return changed == 1
-
-    async def put_off(self, item: QueueItem, why: str, retry_at: float) -> bool:
-        """Let go of a delivery until `retry_at` (this host's clock) without counting an
-        attempt: it waits for the forge's budget, nothing failed. False when its claim was no
-        longer this replica's (nothing is recorded then)."""
-        async with self.transaction() as db:
-            changed = await db.execute(
-                "UPDATE queue SET last_error=?, next_at=vm_now()+?, lease_owner=NULL"
-                " WHERE id=? AND " + _OURS,
-                (why[:2000], max(0.0, retry_at - time.time()), item.id, self.replica_id,
-                 item.lease))
             return changed == 1
 
     async def dead_letters(self) -> list[QueueItem]:

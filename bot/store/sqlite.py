@@ -224,33 +224,15 @@ class Connection:
         return None
 
 
-class _InThread:
+class _InThread(Connection):
     """The store's connection inside the connection's thread (`run_transaction`): each call
     runs its statement at once, so a body that awaits only these never suspends."""
 
-    keyed = False
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection) -> None:  # (no aiosqlite: its thread's own)
         self._conn = conn
 
-    async def execute(self, sql: Statement, params: Params = ()) -> int:
-        return _changes(self._conn, for_sqlite(sql), params)
-
-    async def fetchone(self, sql: Statement, params: Params = ()) -> Row | None:
-        return _one(self._conn, for_sqlite(sql), params)
-
-    async def fetchall(self, sql: Statement, params: Params = ()) -> list[Row]:
-        return _all(self._conn, for_sqlite(sql), params)
-
-    async def insert(self, sql: Statement, params: Params = ()) -> int:
-        row = _one(self._conn, for_sqlite(sql), params)
-        return int(row[0]) if row is not None else 0
-
-    async def executemany(self, sql: Statement, rows: Iterable[Params]) -> None:
-        _many(self._conn, for_sqlite(sql), rows)
-
-    async def hold(self, key: str) -> None:
-        return None
+    async def _hop(self, fn: Callable[..., T], sql: Statement, params: Any) -> T:
+        return fn(self._conn, for_sqlite(sql), params)
 
 
 class AwaitedOutsideTheStore(RuntimeError):
@@ -450,8 +432,7 @@ class SqliteStore(Store):
                 yield self._conn
                 await self._db.commit()
             except BaseException as exc:
-                if isinstance(exc, sqlite3.Error):  # the file refused it: the store is at fault
-                    self.write_failure = f"{type(exc).__name__}: {exc}"
+                self._note_failure(exc)
                 await self._db.rollback()
                 raise
             if self._db.total_changes != before:  # a write that landed
