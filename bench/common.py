@@ -6,11 +6,16 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import sys
+import tempfile
 from collections.abc import Coroutine, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from bot.cli.main import loop_factory
+
+RESULT_ENV = "VAULTMAIL_BENCH_RESULT"  # where a --client writes its JSON result
 
 T = TypeVar("T")
 
@@ -29,16 +34,20 @@ def ms(seconds: float) -> str:
 
 
 async def run_client(module: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """Run `python -m MODULE --client` with `spec` as JSON on stdin; its JSON stdout back.
+    """Run `python -m MODULE --client` with `spec` as JSON on stdin; its JSON result back.
 
-    The app keeps serving on this process's loop meanwhile."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", module, "--client",
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
-    out, _ = await proc.communicate(json.dumps(spec).encode())
-    if proc.returncode != 0:
-        raise RuntimeError(f"{module} --client exited with {proc.returncode}")
-    result: dict[str, Any] = json.loads(out)
+    The app keeps serving on this process's loop meanwhile. The result comes through a file
+    named in the environment, not stdout: a pipe read by one event loop and written by a
+    process whose loop made it non-blocking cut results past 64 KiB now and then."""
+    with tempfile.TemporaryDirectory(prefix="vaultmail-bench-") as tmp:
+        path = Path(tmp) / "result.json"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", module, "--client", stdin=asyncio.subprocess.PIPE,
+            env={**os.environ, RESULT_ENV: str(path)})
+        await proc.communicate(json.dumps(spec).encode())
+        if proc.returncode != 0:
+            raise RuntimeError(f"{module} --client exited with {proc.returncode}")
+        result: dict[str, Any] = json.loads(path.read_bytes())
     return result
 
 
@@ -51,7 +60,8 @@ def run(main: Coroutine[Any, Any, T]) -> T:
 
 
 def client_main(handler: Any) -> None:
-    """Entry of a `--client` subprocess: spec on stdin, `await handler(spec)` as JSON on stdout."""
+    """Entry of a `--client` subprocess: spec on stdin, `await handler(spec)` as JSON to the file
+    run_client names."""
     spec = json.loads(sys.stdin.read())
     result = run(handler(spec))
-    sys.stdout.write(json.dumps(result))
+    Path(os.environ[RESULT_ENV]).write_text(json.dumps(result))

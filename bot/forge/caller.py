@@ -34,11 +34,13 @@ from urllib.parse import quote, urljoin, urlsplit
 
 import aiohttp
 import cachetools
+import gidgethub.abc
 import gidgethub.aiohttp
+import orjson
 from gidgethub import HTTPException, InvalidField, ValidationError, sansio
 from uritemplate import URITemplate, variable
 
-from bot import metrics
+from bot import jsontext, metrics
 from bot.private_files import write_private
 
 from . import writes
@@ -170,6 +172,106 @@ class _GitHubAPI(gidgethub.aiohttp.GitHubAPI):
             method, url, url_vars, data, ACCEPT, jwt=jwt, oauth_token=oauth_token
         )
 
+    async def _make_request(
+        self,
+        method: str,
+        url: str,
+        url_vars: UrlVars | None,
+        data: Any,
+        accept: str,
+        jwt: str | None = None,
+        oauth_token: str | None = None,
+        content_type: str = gidgethub.abc.JSON_CONTENT_TYPE,
+        extra_headers: dict[str, str] | None = None,
+    ) -> tuple[Any, str | None, int]:
+        """gidgethub's request, made the way it makes it (its headers, its ETag cache, its
+        errors), with JSON read and written in C: its own reading, the standard library's
+        and a MIME parser per response, was a sixth of the app's CPU per event
+        (bench.probot_compare). The cache keeps a read's text (`_Read`), not its value, so
+        each caller gets an object of its own. A body that is not JSON is gidgethub's, as is
+        every answer but a 2xx in JSON."""
+        if content_type != gidgethub.abc.JSON_CONTENT_TYPE:
+            return await super()._make_request(
+                method, url, url_vars, data, accept, jwt=jwt, oauth_token=oauth_token,
+                content_type=content_type, extra_headers=extra_headers)
+        if jwt is not None and oauth_token is not None:
+            raise ValueError("Cannot pass both oauth_token and jwt.")
+        filled_url = url if not url_vars and "://" in url else sansio.format_url(
+            url, url_vars, base_url=self.base_url)
+        if jwt is None and oauth_token is None:  # the client's own, as gidgethub falls back to
+            oauth_token, jwt = self.oauth_token, self._get_app_jwt()
+        headers = sansio.create_headers(self.requester, accept=accept, jwt=jwt,
+                                        oauth_token=oauth_token)
+        if extra_headers is not None:
+            headers.update(extra_headers)
+        cached: _Read | None = None
+        if data == b"":  # no body (None is JSON's null)
+            body = b""
+            headers["content-length"] = "0"
+            if method == "GET" and self._cache is not None:
+                etag, modified, cached, _ = self._cache.get(filled_url, (None, None, None, None))
+                if etag is not None:
+                    headers["if-none-match"] = etag
+                if modified is not None:
+                    headers["if-modified-since"] = modified
+        else:
+            body = _json_bytes(data)
+            headers["content-type"] = _JSON_UTF_8
+            headers["content-length"] = str(len(body))
+        status, response_headers, text = await self._request(method, filled_url, headers, body)
+        if status == 304 and cached is not None:  # what it read before, read again
+            return _decoded(cached.content_type, cached.text), cached.more, status
+        kind = response_headers.get("content-type")
+        more: str | None = None
+        if status in _SUCCESS and _is_json(kind) and "link" not in response_headers:
+            value = jsontext.loads(text) if text else None
+        else:  # an error, a page of a listing, text that is not JSON: all as gidgethub reads it
+            value, self.rate_limit, more = sansio.decipher_response(status, response_headers, text)
+        if method == "GET" and data == b"" and self._cache is not None and (
+                "etag" in response_headers or "last-modified" in response_headers):
+            self._cache[filled_url] = (response_headers.get("etag"),
+                                       response_headers.get("last-modified"),
+                                       _Read(kind, text, more), more)
+        return value, more, status
+
+
+_SUCCESS = frozenset((200, 201, 202, 204))  # what gidgethub answers rather than raises
+_JSON_UTF_8 = "application/json; charset=utf-8"
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """A read the ETag cache keeps: its text, decoded again for each caller it serves."""
+
+    content_type: str | None
+    text: bytes
+    more: str | None
+
+
+def _is_json(content_type: str | None) -> bool:
+    """Whether a response of this content type is JSON in UTF-8 (the forges' every answer)."""
+    if not content_type:
+        return False
+    media, _, params = content_type.partition(";")
+    return media.strip().lower() == "application/json" and params.strip().lower() in (
+        "", "charset=utf-8", 'charset="utf-8"')
+
+
+def _decoded(content_type: str | None, text: bytes) -> Any:
+    """A 2xx body's value, as gidgethub would read it."""
+    if _is_json(content_type):
+        return jsontext.loads(text) if text else None
+    return sansio.decipher_response(200, {"content-type": content_type or ""}, text)[0]
+
+
+def _json_bytes(value: Any) -> bytes:
+    """A request's JSON body: orjson's, or the standard library's for what orjson refuses
+    (a lone surrogate, an integer past 64 bits); the same value either way."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value).encode()
+
 
 _EXPRESSION = re.compile(r"{([^}]+)}")  # as uritemplate finds them
 _SIMPLE_NAME = re.compile(r"[A-Za-z0-9_]+")  # `{name}`: no operator, no modifier
@@ -206,22 +308,6 @@ def format_url(base_url: str, url: str, url_vars: UrlVars | None) -> str:
         else:
             return "".join(out)
     return str(template.expand(dict(url_vars) if url_vars else {}))
-
-
-def copy_json(value: Any) -> Any:
-    """A deep copy of decoded JSON (dicts, lists and scalars; anything else is returned as it
-    is): a GET's answer is also what gidgethub keeps in its ETag cache, so a caller must never
-    hold that object. Four times cheaper than copy.deepcopy, which keeps a memo (JSON shares
-    nothing) and dispatches per type (bench.probot_compare: a fifth of a read's CPU)."""
-    kind = type(value)
-    if kind is dict:
-        return {k: v if type(v) not in _CONTAINERS else copy_json(v) for k, v in value.items()}
-    if kind is list:
-        return [v if type(v) not in _CONTAINERS else copy_json(v) for v in value]
-    return value
-
-
-_CONTAINERS = (dict, list)
 
 
 def split_repo(repo: str) -> dict[str, str]:
@@ -495,10 +581,9 @@ class _Caller(abc.ABC):
         if policy is None:
             policy = "read" if method == "GET" else "idempotent"
         if method == "GET":
-            result = await self._attempts(
-                method, url, url_vars, data, policy, content, find_existing
-            )
-            return copy_json(result[0]), result[1], result[2]
+            # (a read's value is the caller's own: the ETag cache keeps the text it was read from)
+            return await self._attempts(method, url, url_vars, data, policy, content,
+                                        find_existing)
         # one write at a time per installation, turns shared fairly between the principals the
         # writes are made for (`pacing.writes_for`), each paced within its share of the budget
         endpoint = f"{method} {url.split('{?')[0]}"  # the budget is per route, not per URL

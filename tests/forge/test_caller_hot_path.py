@@ -1,6 +1,6 @@
 """The request loop's hot path done by hand, with the answers of what it stands in for: a
-read's answer belongs to its caller (the ETag cache keeps its own copy, nested parts too:
-`copy_json`, for copy.deepcopy), and a route's URL is filled in as uritemplate fills it."""
+read's answer belongs to its caller (the ETag cache keeps the text it was read from, nested
+parts too), and a route's URL is filled in as uritemplate fills it."""
 
 from __future__ import annotations
 
@@ -10,19 +10,9 @@ from urllib.parse import urljoin
 import pytest
 from uritemplate import URITemplate
 
-from bot.forge.caller import copy_json, format_url
+from bot.forge.caller import format_url
 
 from .conftest import REPO, Env
-
-
-def test_copy_json_copies_every_container_and_keeps_scalars() -> None:
-    value: Any = {"a": [1, {"b": ["c", None, True, 2.5]}], "d": {"e": {}}, "f": "g"}
-    copied = copy_json(value)
-    assert copied == value
-    assert copied is not value and copied["a"] is not value["a"]
-    assert copied["a"][1] is not value["a"][1] and copied["a"][1]["b"] is not value["a"][1]["b"]
-    assert copied["d"]["e"] is not value["d"]["e"]
-    assert copy_json("text") == "text" and copy_json(None) is None
 
 
 async def test_nested_parts_of_a_read_can_be_changed_without_touching_the_cache(

@@ -1,0 +1,137 @@
+"""The forge client's requests are made and read as gidgethub makes and reads them: the same
+value, the same next page, the same error, whatever the answer. The two are asked the same
+thing of one real HTTP server, each through its own client, and must agree."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import cachetools
+import gidgethub.abc
+import pytest
+from aiohttp import web
+
+from bot.forge.caller import ACCEPT, _GitHubAPI
+
+# path -> (status, headers, body) the server answers
+ANSWERS: dict[str, tuple[int, dict[str, str], bytes]] = {
+    "/object": (200, {"Content-Type": "application/json; charset=utf-8"},
+                json.dumps({"a": [1, {"b": "é中😀", "c": None}], "n": 2.5,
+                            "t": True}).encode()),
+    "/plain-json": (201, {"Content-Type": "application/json"}, b'{"id": 7}'),
+    "/quoted-charset": (200, {"Content-Type": 'application/json; charset="UTF-8"'},
+                        b"[1, 2]"),
+    "/latin": (200, {"Content-Type": "application/json; charset=iso-8859-1"},
+               '{"name": "caf\xe9"}'.encode("iso-8859-1")),
+    "/long-number": (200, {"Content-Type": "application/json"},
+                     b'{"id": 123456789012345678901234567890, "x": 0.1000000000000000055511}'),
+    "/empty": (204, {}, b""),
+    "/text": (200, {"Content-Type": "text/plain; charset=utf-8"}, b"hello"),
+    "/page": (200, {"Content-Type": "application/json",
+                    "Link": '<http://x/page?p=2>; rel="next", <http://x/page?p=9>; rel="last"'},
+              b"[{}]"),
+    "/missing": (404, {"Content-Type": "application/json"}, b'{"message": "Not Found"}'),
+    "/invalid": (422, {"Content-Type": "application/json"},
+                 b'{"message": "Validation Failed", "errors": '
+                 b'[{"code": "invalid", "field": "labels"}]}'),
+    "/limited": (403, {"Content-Type": "application/json", "X-RateLimit-Limit": "5000",
+                       "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "1900000000"},
+                 b'{"message": "API rate limit exceeded"}'),
+    "/broken": (502, {"Content-Type": "text/html"}, b"<html>bad gateway</html>"),
+    "/not-json": (200, {"Content-Type": "application/json"}, b"{not json"),
+}
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+    seen: list[dict[str, Any]] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        body = await request.read()
+        seen.append({"method": request.method, "path": request.path,
+                     "headers": dict(request.headers), "body": body})
+        if request.path == "/etag":
+            if request.headers.get("If-None-Match") == '"v1"':
+                return web.Response(status=304, headers={"ETag": '"v1"'})
+            return web.Response(body=b'{"labels": [{"name": "mail:new"}], "user": {"l": "m"}}',
+                                headers={"ETag": '"v1"', "Content-Type": "application/json"})
+        status, headers, text = ANSWERS[request.path]
+        return web.Response(status=status, headers=headers, body=text)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}", seen
+    finally:
+        await runner.cleanup()
+
+
+def _client(session: aiohttp.ClientSession, base: str) -> _GitHubAPI:
+    return _GitHubAPI(session, "vaultmail-test", base_url=base,
+                      cache=cachetools.LRUCache(maxsize=16), timeout=5.0,
+                      observe=lambda *_: None)
+
+
+async def _outcome(call: Any) -> Any:
+    try:
+        return ("value", await call)
+    except Exception as exc:  # noqa: BLE001 - the error itself is what is compared
+        return ("error", type(exc), getattr(exc, "status_code", None), str(exc),
+                getattr(exc, "errors", None))
+
+
+@pytest.mark.parametrize("path", sorted(ANSWERS))
+@pytest.mark.parametrize("method,data", [("GET", b""), ("PATCH", {"body": "é\n", "labels": ["x"]})])
+async def test_every_answer_is_read_as_gidgethub_reads_it(
+        server: tuple[str, list[dict[str, Any]]], path: str, method: str, data: Any) -> None:
+    base, seen = server
+    async with aiohttp.ClientSession() as session:
+        ours, theirs = _client(session, base), _client(session, base)
+        mine = await _outcome(ours._make_request(method, base + path, None, data, ACCEPT,
+                                                 oauth_token="t0ken"))
+        gidgethubs = await _outcome(gidgethub.abc.GitHubAPI._make_request(
+            theirs, method, base + path, None, data, ACCEPT, oauth_token="t0ken"))
+    assert mine == gidgethubs
+    sent, reference = seen
+    assert sent["method"] == reference["method"] and sent["path"] == reference["path"]
+    for header in ("Authorization", "Accept", "User-Agent", "Content-Type"):
+        assert sent["headers"].get(header) == reference["headers"].get(header)
+    assert sent["headers"]["Content-Length"] == str(len(sent["body"]))  # (UTF-8, not \u escapes)
+    assert (json.loads(sent["body"]) if sent["body"] else None) == (
+        json.loads(reference["body"]) if reference["body"] else None)
+
+
+async def test_a_read_served_from_the_etag_cache_is_the_callers_own(
+        server: tuple[str, list[dict[str, Any]]]) -> None:
+    base, seen = server
+    async with aiohttp.ClientSession() as session:
+        api = _client(session, base)
+        first, _, status = await api._make_request("GET", base + "/etag", None, b"", ACCEPT,
+                                                   oauth_token="t0ken")
+        assert status == 200
+        first["labels"].append({"name": "mutated"})
+        first["user"]["l"] = "changed"
+        second, more, status = await api._make_request("GET", base + "/etag", None, b"",
+                                                       ACCEPT, oauth_token="t0ken")
+        assert status == 304 and more is None  # as gidgethub answers a 304 it had cached
+        assert seen[1]["headers"]["If-None-Match"] == '"v1"'
+        assert second == {"labels": [{"name": "mail:new"}], "user": {"l": "m"}}
+        assert second is not first
+
+
+async def test_a_body_orjson_refuses_is_sent_as_the_standard_library_writes_it(
+        server: tuple[str, list[dict[str, Any]]]) -> None:
+    base, seen = server
+    odd = {"body": "half \ud800 a pair", "n": 2 ** 70}
+    async with aiohttp.ClientSession() as session:
+        await _client(session, base)._make_request("PATCH", base + "/object", None, odd, ACCEPT,
+                                                   oauth_token="t0ken")
+    assert seen[0]["body"] == json.dumps(odd).encode()
