@@ -10,12 +10,14 @@ line keeps its own fields beside them.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import sys
 import time
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
+import orjson
 import structlog
 from structlog.contextvars import bound_contextvars, merge_contextvars
 
@@ -47,9 +49,18 @@ def _formatter() -> structlog.stdlib.ProcessorFormatter:
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(default=str),
+            structlog.processors.JSONRenderer(serializer=_json_line),
         ],
     )
+
+
+def _json_line(value: Any, **_: Any) -> str:
+    """A line's JSON, written by orjson (a third of a line's cost with json.dumps); what it
+    refuses (a lone surrogate, an integer past 64 bits) by the standard library."""
+    try:
+        return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:
+        return json.dumps(value, default=str)
 
 
 def setup_logging(level: str = "info") -> None:
@@ -61,6 +72,10 @@ def setup_logging(level: str = "info") -> None:
     root.setLevel(level.upper())
     for noisy in ("aiohttp.access", "aiosqlite", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # what no line shows is not gathered (the logging HOWTO's "Optimization"): the caller's
+    # file and line (a walk up the stack per line), the thread and the process
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
 
 
 @contextlib.contextmanager

@@ -39,10 +39,12 @@ ContextFactory = Callable[[QueueItem, logging.LoggerAdapter[logging.Logger]], Ha
 log = logging.getLogger("vaultmail.worker")
 # Deliveries run side by side, and taken at a time, per engine (measured: bench.probot_compare,
 # bench.replicas). SQLite's one process commits what many deliveries hand in together, so 64 at
-# once ran about 1.25x as many events a second as 16; on PostgreSQL each delivery holds a pooled
-# connection for its transactions, and 64 halved what replicas answered webhooks with.
-CONCURRENCY = {"sqlite": 64, "postgresql": 16}
-BATCH = {"sqlite": 128, "postgresql": 64}
+# once ran about 1.25x as many events a second as 16, and 128 of batches of 512 about 1.1-1.2x
+# as many as 64 of 128 (a batch's last deliveries, while the next waits, use less of the
+# process); on PostgreSQL each delivery holds a pooled connection for its transactions, and 64
+# halved what replicas answered webhooks with.
+CONCURRENCY = {"sqlite": 128, "postgresql": 16}
+BATCH = {"sqlite": 512, "postgresql": 64}
 IDLE_LOOK = 5.0  # seconds at most between looks at an idle queue (SQLite: one process)
 SHARED_IDLE_LOOK = 0.5  # ... shared with other replicas (PostgreSQL)
 # The longest a delivery's forge write waits in line for its office's budget or a rate limit
