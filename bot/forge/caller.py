@@ -751,12 +751,21 @@ class _Caller(abc.ABC):
             next_url = more
 
 
+# what a saved cache holds: each read's text (`_Read`); a file of another format (version 1
+# kept values) is not read, which costs one full read each
+ETAG_CACHE_FORMAT = 2
+
+
 def save_etag_cache(cache: Any, installation_id: int, path: Path) -> None:
     if cache is None:
         return
-    entries = [[url, list(value)] for url, value in cache.items()]
+    entries = [[url, [etag, modified, {"content_type": read.content_type,
+                                       "text": read.text.decode("utf-8", "surrogateescape"),
+                                       "more": read.more}, more]]
+               for url, (etag, modified, read, more) in cache.items() if isinstance(read, _Read)]
     # the forge's answers, private repositories' issues among them: the app's alone
-    write_private(path, json.dumps({"installation_id": installation_id, "entries": entries}))
+    write_private(path, json.dumps({"format": ETAG_CACHE_FORMAT,
+                                    "installation_id": installation_id, "entries": entries}))
 
 
 def load_etag_cache(cache: Any, installation_id: int, path: Path) -> None:
@@ -764,12 +773,14 @@ def load_etag_cache(cache: Any, installation_id: int, path: Path) -> None:
         return
     try:
         doc = json.loads(path.read_text())
-    except ValueError:
+        if doc.get("format") != ETAG_CACHE_FORMAT or doc.get("installation_id") != installation_id:
+            return
+        for url, (etag, modified, read, more) in doc.get("entries", []):
+            cache[url] = (etag, modified, _Read(
+                read["content_type"], read["text"].encode("utf-8", "surrogateescape"),
+                read["more"]), more)
+    except (ValueError, TypeError, KeyError, AttributeError):
         return  # a damaged cache only costs full reads
-    if doc.get("installation_id") != installation_id:
-        return
-    for url, value in doc.get("entries", []):
-        cache[url] = tuple(value)
 
 
 class RepoCaller(_Caller):

@@ -135,3 +135,35 @@ async def test_a_body_orjson_refuses_is_sent_as_the_standard_library_writes_it(
         await _client(session, base)._make_request("PATCH", base + "/object", None, odd, ACCEPT,
                                                    oauth_token="t0ken")
     assert seen[0]["body"] == json.dumps(odd).encode()
+
+
+async def test_a_saved_cache_serves_the_next_process(
+        server: tuple[str, list[dict[str, Any]]], tmp_path: Any) -> None:
+    """`vaultmail reindex` keeps its cache in a file: the next run's read is a 304 answered
+    from it. A file of the format before (values, not texts) is not read."""
+    from bot.forge.caller import load_etag_cache, save_etag_cache
+
+    base, seen = server
+    path = tmp_path / "etags.json"
+    async with aiohttp.ClientSession() as session:
+        first = _client(session, base)
+        value, _, _ = await first._make_request("GET", base + "/etag", None, b"", ACCEPT,
+                                                oauth_token="t0ken")
+        save_etag_cache(first._cache, 7, path)
+        later = _client(session, base)
+        load_etag_cache(later._cache, 7, path)
+        again, _, status = await later._make_request("GET", base + "/etag", None, b"", ACCEPT,
+                                                     oauth_token="t0ken")
+        assert (status, again) == (304, value)
+        other = _client(session, base)
+        load_etag_cache(other._cache, 8, path)  # another installation's file: not read
+        path.write_text(json.dumps({"installation_id": 7, "entries": [
+            [base + "/etag", ['"v1"', None, {"labels": []}, None]]]}))  # the format before
+        old = _client(session, base)
+        load_etag_cache(old._cache, 7, path)
+        for client in (other, old):
+            assert len(client._cache) == 0  # type: ignore[arg-type]
+            _, _, status = await client._make_request("GET", base + "/etag", None, b"", ACCEPT,
+                                                      oauth_token="t0ken")
+            assert status == 200
+    assert [s["headers"].get("If-None-Match") for s in seen] == [None, '"v1"', None, None]
