@@ -54,11 +54,15 @@ def _formatter() -> structlog.stdlib.ProcessorFormatter:
     )
 
 
+_AS_BEFORE = (orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
+              | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS)
+
+
 def _json_line(value: Any, **_: Any) -> str:
     """A line's JSON, written by orjson (a third of a line's cost with json.dumps); what it
     refuses (a lone surrogate, an integer past 64 bits) by the standard library."""
-    try:
-        return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+    try:  # dataclasses, datetimes and subclasses of str or int as `default=str` writes them
+        return orjson.dumps(value, default=str, option=_AS_BEFORE).decode()
     except TypeError:
         return json.dumps(value, default=str)
 
@@ -72,8 +76,12 @@ def setup_logging(level: str = "info") -> None:
     root.setLevel(level.upper())
     for noisy in ("aiohttp.access", "aiosqlite", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    # what no line shows is not gathered (the logging HOWTO's "Optimization"): the caller's
-    # file and line (a walk up the stack per line), the thread and the process
+
+
+def lean_records() -> None:
+    """For `serve`: what no line shows is not gathered (the logging HOWTO's "Optimization"):
+    the caller's file and line (a walk up the stack per line; `stack_info` then shows
+    nothing), the thread and the process."""
     logging._srcfile = None
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
 

@@ -45,6 +45,10 @@ log = logging.getLogger("vaultmail.worker")
 # halved what replicas answered webhooks with.
 CONCURRENCY = {"sqlite": 128, "postgresql": 16}
 BATCH = {"sqlite": 512, "postgresql": 64}
+# A batch runs at most this many deliveries about one issue (one after another); the rest go
+# back to the queue for the next claim, in order (a comment storm on one issue would otherwise
+# hold the next batch for up to BATCH of them)
+PER_ISSUE = 16
 IDLE_LOOK = 5.0  # seconds at most between looks at an idle queue (SQLite: one process)
 SHARED_IDLE_LOOK = 0.5  # ... shared with other replicas (PostgreSQL)
 # The longest a delivery's forge write waits in line for its office's budget or a rate limit
@@ -80,6 +84,7 @@ class Worker:
         self._task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
         self._cut_short = False  # a batch left deliveries unhandled behind a retry
+        self._held_back: set[str] = set()  # ... about these issues
         self._finished: list[tuple[QueueItem, str]] = []  # handled, to record (see _turn)
         self._settling: list[Settlement] = []  # their results, recorded with them
         # delivery id -> the forge-change key claimed for it with the batch (see _preclaim)
@@ -238,6 +243,7 @@ class Worker:
 
     async def _run_batch(self, items: list[QueueItem]) -> None:
         groups: dict[str, list[QueueItem]] = {}
+        self._held_back = set()
         for item in items:
             key = issue_key(item)
             if key is None:  # a barrier: what came before it first, then it alone
@@ -251,14 +257,20 @@ class Worker:
     async def _run_groups(self, groups: dict[str, list[QueueItem]]) -> None:
         gate = asyncio.Semaphore(self.concurrency)
 
-        async def in_order(group: list[QueueItem]) -> None:
+        async def in_order(key: str, group: list[QueueItem]) -> None:
             async with gate:
-                for item in group:
-                    if not await self._process_safely(item):
+                for turn, item in enumerate(group):
+                    if key in self._held_back:  # cut short before a barrier: not past it
+                        return
+                    # the rest wait behind its retry, or (a long run about one issue) for the
+                    # next claim, so the next batch, other offices' deliveries in it, does not
+                    # wait for all of them; the store holds them, in order
+                    if turn == PER_ISSUE or not await self._process_safely(item):
+                        self._held_back.add(key)
                         self._cut_short = True
-                        return  # the rest wait behind its retry (the store holds them)
+                        return
 
-        await asyncio.gather(*(in_order(g) for g in groups.values()))
+        await asyncio.gather(*(in_order(k, g) for k, g in groups.items()))
 
     async def _process_safely(self, item: QueueItem) -> bool:
         """Process one delivery; True when it is finished, False when it waits for a retry

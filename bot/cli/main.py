@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bot.app.logs import LEVELS, setup_logging
+from bot.app.logs import LEVELS, lean_records, setup_logging
 from bot.app.settings import EmailSettings, NotRegistered, Settings, SettingsError
 from bot.cli.process import StartupError, listen, stop_signal
 from bot.office.config import OfficeConfigError
@@ -152,6 +152,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     print(f"vaultmail serving on http://{settings.host}:{sock.getsockname()[1]}{smtp}",
           flush=True)
     failed = app[STARTUP_KEY].failed
+    lean_records()
     tuned = asyncio.create_task(_tune_gc_once(app[STARTUP_KEY].ready))
     try:
         await asyncio.wait([asyncio.ensure_future(stop.wait()),
@@ -346,6 +347,7 @@ async def _tune_gc_once(ready: asyncio.Event) -> None:
     the process; about 0.3 % after. Each web request's garbage is mostly freed by its
     reference counts; what cycles it leaves wait a little longer to be collected."""
     await ready.wait()
+    gc.collect()  # (what is garbage now is collected, not frozen)
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
 

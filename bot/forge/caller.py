@@ -752,7 +752,9 @@ class _Caller(abc.ABC):
 
 
 # what a saved cache holds: each read's text (`_Read`); a file of another format (version 1
-# kept values) is not read, which costs one full read each
+# kept values) is not read, which costs one full read each. Its installation is under
+# `installation`, not version 1's `installation_id`, so a version 1 reader (a rollback) skips
+# the file rather than take a text for a value.
 ETAG_CACHE_FORMAT = 2
 
 
@@ -765,7 +767,7 @@ def save_etag_cache(cache: Any, installation_id: int, path: Path) -> None:
                for url, (etag, modified, read, more) in cache.items() if isinstance(read, _Read)]
     # the forge's answers, private repositories' issues among them: the app's alone
     write_private(path, json.dumps({"format": ETAG_CACHE_FORMAT,
-                                    "installation_id": installation_id, "entries": entries}))
+                                    "installation": installation_id, "entries": entries}))
 
 
 def load_etag_cache(cache: Any, installation_id: int, path: Path) -> None:
@@ -773,7 +775,7 @@ def load_etag_cache(cache: Any, installation_id: int, path: Path) -> None:
         return
     try:
         doc = json.loads(path.read_text())
-        if doc.get("format") != ETAG_CACHE_FORMAT or doc.get("installation_id") != installation_id:
+        if doc.get("format") != ETAG_CACHE_FORMAT or doc.get("installation") != installation_id:
             return
         for url, (etag, modified, read, more) in doc.get("entries", []):
             cache[url] = (etag, modified, _Read(
