@@ -310,6 +310,18 @@ def format_url(base_url: str, url: str, url_vars: UrlVars | None) -> str:
     return str(template.expand(dict(url_vars) if url_vars else {}))
 
 
+def same_origin(url: str, base: str) -> bool:
+    """Whether `url` (absolute, or relative to `base`) is on `base`'s scheme, host and port."""
+    def origin(u: str) -> tuple[str, str, int | None]:
+        parts = urlsplit(urljoin(base, u))
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+        return parts.scheme.lower(), (parts.hostname or "").lower(), port
+    try:
+        return origin(url) == origin(base)
+    except ValueError:  # a port that is not a number
+        return False
+
+
 def split_repo(repo: str) -> dict[str, str]:
     owner, sep, name = repo.partition("/")
     if not sep or not owner or not name or "/" in name:
@@ -748,6 +760,13 @@ class _Caller(abc.ABC):
             pages += 1
             if max_pages is not None and pages >= max_pages:
                 return
+            if more is not None and not same_origin(more, self.client.api_url):
+                # followed, it would take this installation's token to whoever the forge names
+                raise ForgeError(
+                    f"the forge's next page is at {urlsplit(more).netloc}, not at the forge's "
+                    f"URL {self.client.api_url}: not followed with the app's token (a forge "
+                    "that names itself otherwise, such as Gitea's ROOT_URL behind a proxy, is "
+                    "to be configured under that name)", method="GET", url=more)
             next_url = more
 
 

@@ -167,3 +167,53 @@ async def test_a_saved_cache_serves_the_next_process(
                                                       oauth_token="t0ken")
             assert status == 200
     assert [s["headers"].get("If-None-Match") for s in seen] == [None, '"v1"', None, None]
+
+
+async def test_a_next_page_on_another_host_is_not_followed_with_the_token(
+        env: Any, server: tuple[str, list[dict[str, Any]]]) -> None:
+    """A forge's `Link: rel="next"` names a URL; followed to another host, it would hand that
+    host the installation's token. The client asks its own forge for pages, and refuses one
+    elsewhere, saying why."""
+    from bot.forge import AppAuth, ForgeClient
+    from bot.forge.errors import ForgeError
+
+    from .conftest import FAST
+
+    elsewhere, stolen = server  # a host the forge's answer points at
+
+    async def listing(request: web.Request) -> web.Response:
+        return web.json_response([{"number": 1}], headers={
+            "Link": f'<{elsewhere}/object?page=2>; rel="next"'})
+
+    app = web.Application()
+    app.router.add_get("/repos/acme/vault/issues", listing)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:  # tokens from the local forge; the listing from a forge that lies about its pages
+        auth = AppAuth(env.app_id, env.private_pem, env.forge.url, env.session,
+                       clock=env.forge.clock)
+        lying = ForgeClient(auth, env.session, f"http://127.0.0.1:{port}",
+                            config=FAST).installation(env.installation_id)
+        seen: list[Any] = []
+        with pytest.raises(ForgeError, match="next page is at 127.0.0.1:.*not followed"):
+            async for issue in lying.iter_issues("acme/vault"):
+                seen.append(issue)
+        assert seen == [{"number": 1}] and stolen == []
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("url,same", [
+    ("http://127.0.0.1:8080/api/v3/x?page=2", True), ("/api/v3/x?page=2", True),
+    ("HTTP://127.0.0.1:8080/other", True), ("http://127.0.0.1/x", False),
+    ("https://127.0.0.1:8080/x", False), ("http://evil.test:8080/x", False),
+    ("http://127.0.0.1:8080@evil.test/x", False), ("//evil.test/x", False),
+    ("http://127.0.0.1:notaport/x", False),
+])
+def test_same_origin(url: str, same: bool) -> None:
+    from bot.forge.caller import same_origin
+
+    assert same_origin(url, "http://127.0.0.1:8080/api/v3") is same
