@@ -365,3 +365,38 @@ def test_a_sub_issues_delivery_is_about_the_sub_issue_whichever_side_it_reached(
     opened = {"action": "opened", "issue": sub, "repository": {"full_name": "acme/plans"}}
     assert queue.issue_key(to_parent) == queue.issue_key(to_sub) == \
         queue.issue_key(opened) == "acme/plans#5"
+
+
+async def test_a_claim_parses_at_most_so_many_payloads_in_its_transaction(
+        tmp_path: Path) -> None:
+    """A claim takes what intake handed over parsed, and at most PARSED_IN_A_CLAIM more,
+    which it parses in its transaction (SQLite's one writer): after a restart, with nothing
+    handed over, a claim of 512 takes 128, and the rest come in the next claims."""
+    payload = {"action": "created", "issue": {"number": 1}, "body": "x" * 2000,
+               "repository": {"full_name": "acme/scout-vault"}, "installation": {"id": 1}}
+
+    async def deliver_300(store: Store) -> None:
+        for i in range(300):
+            payload["issue"]["number"] = i
+            assert await store.enqueue_delivery(f"d-{i}", "issue_comment", payload,
+                                                json.dumps(payload).encode())
+
+    running = await open_store(tmp_path / "running.sqlite3")
+    try:
+        await deliver_300(running)
+        assert len(await running.due_items(limit=512)) == 300  # all handed over by intake
+    finally:
+        await running.close()
+    path = tmp_path / "restarted.sqlite3"
+    store = await open_store(path)
+    try:
+        await deliver_300(store)
+    finally:
+        await store.close()
+    reopened = await open_store(path)  # a restart: nothing handed over
+    try:
+        claimed = await reopened.due_items(limit=512)
+        assert len(claimed) == queue.PARSED_IN_A_CLAIM == 128
+        assert [item.guid for item in claimed] == [f"d-{i}" for i in range(128)]
+    finally:
+        await reopened.close()
