@@ -138,56 +138,11 @@ def _on(org: str, n: int, guid: int) -> dict[str, Any]:
     return payload
 
 
-async def test_a_long_run_about_one_issue_does_not_hold_the_next_batch(tmp_path: Path) -> None:
-    """A batch runs at most PER_ISSUE deliveries about one issue; the rest go back to the
-    queue in order, so a delivery of another office that came after the claim waits for
-    that many, not for the whole run (a comment storm on one issue: 40 here, up to BATCH)."""
-    from bot.app.worker import PER_ISSUE
-
-    store = await open_store(tmp_path / "index.sqlite3")
-    router = Router()
-    handled: list[str] = []
-    done = asyncio.Event()
-
-    async def deliver(guid: str, payload: dict[str, Any]) -> None:
-        assert await store.enqueue_delivery(guid, "issue_comment", payload,
-                                            json.dumps(payload).encode())
-
-    @router.register("issue_comment")
-    async def reply(event: sansio.Event, ctx: HandlerContext) -> None:
-        if event.delivery_id == "acme-0":  # claimed with its batch: evil's comes after it
-            await deliver("evil-late", _on("evil", 9, 9000))
-            worker.wake()
-        handled.append(event.delivery_id)
-        if len(handled) == 41:
-            done.set()
-
-    def context(item: QueueItem, log: Any) -> HandlerContext:
-        return HandlerContext(services=None, forge=None,  # type: ignore[arg-type]
-                              installation_id=item.installation_id, delivery_id=item.guid,
-                              log=log)
-
-    for i in range(40):
-        await deliver(f"acme-{i}", _on("acme", 1, 100 + i))
-    worker = Worker(store, router, Router(), lambda payload: False, context)
-    try:
-        worker.start()
-        await asyncio.wait_for(done.wait(), 30)
-        acme = [guid for guid in handled if guid.startswith("acme-")]
-        assert acme == [f"acme-{i}" for i in range(40)]  # one issue's, in order
-        assert handled.index("evil-late") <= 2 * PER_ISSUE < 40
-    finally:
-        await worker.stop(drain_timeout=1.0)
-        await store.close()
-
-
 async def test_an_issue_cut_short_runs_nothing_past_a_barrier_before_what_it_left(
         tmp_path: Path) -> None:
-    """A delivery about an issue that failed (retried later) or reached PER_ISSUE in a batch
-    holds back the issue's later ones in that batch, those after a barrier (a delivery about
-    no issue) too: they run after it, in order."""
-    from bot.app.worker import PER_ISSUE
-
+    """A delivery about an issue that failed (retried later) holds back the issue's later
+    ones in its batch, those after a barrier (a delivery about no issue) too: they run after
+    it, in order (before, one after the barrier ran ahead of the retry)."""
     store = await open_store(tmp_path / "index.sqlite3")
     router = Router()
     handled: list[str] = []
@@ -212,23 +167,18 @@ async def test_an_issue_cut_short_runs_nothing_past_a_barrier_before_what_it_lef
     async def deliver(guid: str, event: str, payload: dict[str, Any]) -> None:
         assert await store.enqueue_delivery(guid, event, payload, json.dumps(payload).encode())
 
-    # issue 1: a failure at its 2nd; issue 2: longer than a batch runs; a barrier; one more each
+    # issue 1: a failure at its 2nd; a barrier; one more about issue 1
     for i in range(3):
         await deliver(f"acme-{i}", "issue_comment", _on("acme", 1, 100 + i))
-    for i in range(PER_ISSUE + 2):
-        await deliver(f"long-{i}", "issue_comment", _on("acme", 2, 200 + i))
     await deliver("barrier", "installation", {"action": "created", "installation": {"id": 1},
                                              "sender": {"login": "admin"}})
     await deliver("acme-3", "issue_comment", _on("acme", 1, 103))
-    await deliver(f"long-{PER_ISSUE + 2}", "issue_comment", _on("acme", 2, 300))
     worker = Worker(store, router, Router(), lambda payload: False, context, base_backoff=0.01)
     try:
         worker.start()
         await worker.idle(timeout=30)
         assert [g for g in handled if g.startswith("acme-")] == [
             "acme-0", "acme-1", "acme-2", "acme-3"]
-        assert [g for g in handled if g.startswith("long-")] == [
-            f"long-{i}" for i in range(PER_ISSUE + 3)]
         assert "barrier" in handled
     finally:
         await worker.stop(drain_timeout=1.0)

@@ -367,36 +367,40 @@ def test_a_sub_issues_delivery_is_about_the_sub_issue_whichever_side_it_reached(
         queue.issue_key(opened) == "acme/plans#5"
 
 
-async def test_a_claim_parses_at_most_so_many_payloads_in_its_transaction(
-        tmp_path: Path) -> None:
-    """A claim takes what intake handed over parsed, and at most PARSED_IN_A_CLAIM more,
-    which it parses in its transaction (SQLite's one writer): after a restart, with nothing
-    handed over, a claim of 512 takes 128, and the rest come in the next claims."""
-    payload = {"action": "created", "issue": {"number": 1}, "body": "x" * 2000,
-               "repository": {"full_name": "acme/scout-vault"}, "installation": {"id": 1}}
 
-    async def deliver_300(store: Store) -> None:
-        for i in range(300):
-            payload["issue"]["number"] = i
-            assert await store.enqueue_delivery(f"d-{i}", "issue_comment", payload,
-                                                json.dumps(payload).encode())
+async def test_a_claim_reads_the_clock_once(tmp_path: Path, monkeypatch: Any) -> None:
+    """SQLite's clock (vm_now) was read anew by each row and statement of a claim: a delivery
+    about an issue falling due between two windows was neither taken (its window read
+    before) nor held back a later one about its issue (read after), which was taken and ran
+    first. A claim now reads the clock once. Here the clock moves on after its first read."""
+    import bot.store.sqlite as sqlite_store
 
-    running = await open_store(tmp_path / "running.sqlite3")
+    clock = {"now": 1_000_000.0, "reads": 0, "moves": False}
+
+    def now() -> float:
+        clock["reads"] += 1
+        if clock["moves"] and clock["reads"] > 1:
+            return clock["now"] + 1.0
+        return clock["now"]
+
+    monkeypatch.setattr(sqlite_store.time, "time", now)
+    store = await open_store(tmp_path / "index.sqlite3")
+    monkeypatch.undo()  # (the store keeps `now` as its vm_now; the rest of the test is real)
+
+    def comment(n: int) -> dict[str, Any]:
+        return {"action": "created", "issue": {"number": n}, "installation": {"id": 1},
+                "repository": {"full_name": "acme/scout-vault"}}
+
     try:
-        await deliver_300(running)
-        assert len(await running.due_items(limit=512)) == 300  # all handed over by intake
-    finally:
-        await running.close()
-    path = tmp_path / "restarted.sqlite3"
-    store = await open_store(path)
-    try:
-        await deliver_300(store)
+        for guid, n in [("K-1", 1), *((f"x-{i}", 100 + i) for i in range(300)), ("K-2", 1)]:
+            await store.enqueue_delivery(guid, "issue_comment", comment(n),
+                                         json.dumps(comment(n)).encode())
+        async with store.transaction() as db:  # K-1 (a retry) due half a second from now
+            await db.execute("UPDATE queue SET next_at=CASE guid WHEN 'K-1' THEN ?"
+                             " WHEN 'K-2' THEN ? ELSE ? END",
+                             (clock["now"] + 0.5, clock["now"] - 1, clock["now"] + 100))
+        clock["reads"], clock["moves"] = 0, True
+        taken = [item.guid for item in await store.due_items(limit=128)]
+        assert taken == [], "K-2 taken while K-1, before it about its issue, was not"
     finally:
         await store.close()
-    reopened = await open_store(path)  # a restart: nothing handed over
-    try:
-        claimed = await reopened.due_items(limit=512)
-        assert len(claimed) == queue.PARSED_IN_A_CLAIM == 128
-        assert [item.guid for item in claimed] == [f"d-{i}" for i in range(128)]
-    finally:
-        await reopened.close()

@@ -39,16 +39,14 @@ ContextFactory = Callable[[QueueItem, logging.LoggerAdapter[logging.Logger]], Ha
 log = logging.getLogger("vaultmail.worker")
 # Deliveries run side by side, and taken at a time, per engine (measured: bench.probot_compare,
 # bench.replicas). SQLite's one process commits what many deliveries hand in together, so 64 at
-# once ran about 1.25x as many events a second as 16, and 128 of batches of 512 about 1.1-1.2x
-# as many as 64 of 128 (a batch's last deliveries, while the next waits, use less of the
-# process); on PostgreSQL each delivery holds a pooled connection for its transactions, and 64
-# halved what replicas answered webhooks with.
+# once ran about 1.25x as many events a second as 16, and 128 (a whole batch) more again: a
+# batch's last deliveries, while the next batch waits, use less of the process. Batches stay at
+# 128: a run of deliveries about one issue holds the next batch, other offices' deliveries in
+# it, for as many as a batch takes (512 ran a little faster still, and held it 4x as long). On
+# PostgreSQL each delivery holds a pooled connection for its transactions, and 64 halved what
+# replicas answered webhooks with.
 CONCURRENCY = {"sqlite": 128, "postgresql": 16}
-BATCH = {"sqlite": 512, "postgresql": 64}
-# A batch runs at most this many deliveries about one issue (one after another); the rest go
-# back to the queue for the next claim, in order (a comment storm on one issue would otherwise
-# hold the next batch for up to BATCH of them)
-PER_ISSUE = 16
+BATCH = {"sqlite": 128, "postgresql": 64}
 IDLE_LOOK = 5.0  # seconds at most between looks at an idle queue (SQLite: one process)
 SHARED_IDLE_LOOK = 0.5  # ... shared with other replicas (PostgreSQL)
 # The longest a delivery's forge write waits in line for its office's budget or a rate limit
@@ -259,13 +257,11 @@ class Worker:
 
         async def in_order(key: str, group: list[QueueItem]) -> None:
             async with gate:
-                for turn, item in enumerate(group):
+                for item in group:
                     if key in self._held_back:  # cut short before a barrier: not past it
                         return
-                    # the rest wait behind its retry, or (a long run about one issue) for the
-                    # next claim, so the next batch, other offices' deliveries in it, does not
-                    # wait for all of them; the store holds them, in order
-                    if turn == PER_ISSUE or not await self._process_safely(item):
+                    # the rest wait behind its retry (the store holds them, in order)
+                    if not await self._process_safely(item):
                         self._held_back.add(key)
                         self._cut_short = True
                         return

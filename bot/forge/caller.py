@@ -322,6 +322,23 @@ def same_origin(url: str, base: str) -> bool:
         return False
 
 
+def next_on_forge(url: str, base: str) -> str | None:
+    """Where to ask for a listing's next page that the forge named `url`: `url` itself on the
+    forge's own origin; its path and query on the forge's origin when the forge names itself
+    otherwise but the path is under the API's (Gitea builds its links from ROOT_URL, which
+    behind a proxy or a container's name is not the URL the app is given); None elsewhere."""
+    if same_origin(url, base):
+        return url
+    try:
+        parts, api = urlsplit(url), urlsplit(base)
+    except ValueError:
+        return None
+    prefix = api.path.rstrip("/") + "/"
+    if not parts.path.startswith(prefix):
+        return None
+    return f"{api.scheme}://{api.netloc}{parts.path}" + (f"?{parts.query}" if parts.query else "")
+
+
 def split_repo(repo: str) -> dict[str, str]:
     owner, sep, name = repo.partition("/")
     if not sep or not owner or not name or "/" in name:
@@ -760,13 +777,14 @@ class _Caller(abc.ABC):
             pages += 1
             if max_pages is not None and pages >= max_pages:
                 return
-            if more is not None and not same_origin(more, self.client.api_url):
-                # followed, it would take this installation's token to whoever the forge names
-                raise ForgeError(
-                    f"the forge's next page is at {urlsplit(more).netloc}, not at the forge's "
-                    f"URL {self.client.api_url}: not followed with the app's token (a forge "
-                    "that names itself otherwise, such as Gitea's ROOT_URL behind a proxy, is "
-                    "to be configured under that name)", method="GET", url=more)
+            if more is not None:
+                on_forge = next_on_forge(more, self.client.api_url)
+                if on_forge is None:  # followed, it would take the app's token elsewhere
+                    raise ForgeError(
+                        f"the forge's next page is at {more!r}, outside the forge's URL "
+                        f"{self.client.api_url}: not followed with the app's token", method="GET",
+                        url=more)
+                more = on_forge
             next_url = more
 
 

@@ -45,9 +45,6 @@ BATCH = 500  # deliveries written in one transaction at most
 # payloads intake parsed, kept for the worker's first take of them (parsing a large payload
 # again was a tenth of the event loop's time at 50 deliveries in flight); at most this many
 HANDED_OVER = 2048
-# A claim takes at most this many deliveries more than intake has handed over parsed (a claim
-# parses the others in its transaction: 512 payloads of 20 KB held the writer 92-124 ms)
-PARSED_IN_A_CLAIM = 128
 
 
 def issue_key(payload: dict[str, Any]) -> str | None:
@@ -479,9 +476,6 @@ class QueueMixin:
         at = now  # None: the database's clock (bot.store.db, vm_now)
         me = self.replica_id
         handed = self._handed_over
-        # each delivery intake did not hand over is parsed in the claim's transaction (which
-        # holds SQLite's one writer): after a restart, at most PARSED_IN_A_CLAIM of them
-        limit = min(limit, len(handed) + PARSED_IN_A_CLAIM)
 
         async def claim(db: Connection) -> tuple[list[QueueItem], list[QueueItem], bool]:
             """(claimed, superseded, whether another process holds this replica's id)"""
@@ -498,6 +492,12 @@ class QueueMixin:
             # nothing back now (it is this replica's) as it held nothing back before
             rows: list[Any] = []
             start = 0
+            # SQLite: one now for the whole claim (its vm_now is read anew by each row and
+            # statement, so a row about an issue falling due between two windows was neither
+            # taken nor held back a later one about its issue, which then ran first)
+            claim_at = at
+            if claim_at is None and self.engine == "sqlite" and limit:
+                claim_at = float((await db.fetchall("SELECT vm_now() AS t"))[0]["t"])
             while len(rows) < limit:
                 first = next(iter(await db.fetchall(NEXT_PENDING, (start,))), None)
                 if first is None or first["id"] is None:
@@ -511,7 +511,8 @@ class QueueMixin:
                     "UPDATE queue SET takeovers=takeovers+(CASE WHEN " + _STOPPED_HOLDER
                     + " THEN 1 ELSE 0 END), lease_owner=?, lease_seq=lease_seq+1"
                     " WHERE id IN (" + CLAIM + ") RETURNING *",
-                    (me, me, *claim_params(me, at, int(first["id"]), limit - len(rows))))
+                    (me, me, *claim_params(me, claim_at, int(first["id"]),
+                                           limit - len(rows))))
             rows = await _set_suspects_apart(db, sorted(rows, key=lambda r: int(r["id"])))
             items = [_item(r, handed.get(r["guid"])) for r in rows]
             if then is not None and items:

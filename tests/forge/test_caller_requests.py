@@ -169,41 +169,67 @@ async def test_a_saved_cache_serves_the_next_process(
     assert [s["headers"].get("If-None-Match") for s in seen] == [None, '"v1"', None, None]
 
 
-async def test_a_next_page_on_another_host_is_not_followed_with_the_token(
+async def test_a_next_page_named_on_another_host_is_asked_of_the_forge_itself(
         env: Any, server: tuple[str, list[dict[str, Any]]]) -> None:
     """A forge's `Link: rel="next"` names a URL; followed to another host, it would hand that
-    host the installation's token. The client asks its own forge for pages, and refuses one
-    elsewhere, saying why."""
+    host the installation's token. A page under the API's path is asked of the forge at its
+    own URL (Gitea names itself by its ROOT_URL, behind a proxy another name); one outside
+    it is refused, saying why."""
     from bot.forge import AppAuth, ForgeClient
     from bot.forge.errors import ForgeError
 
     from .conftest import FAST
 
-    elsewhere, stolen = server  # a host the forge's answer points at
+    elsewhere, stolen = server  # a host the forge's answers point at
+    pages: list[str] = []
 
     async def listing(request: web.Request) -> web.Response:
+        pages.append(request.path_qs)
+        if request.query.get("page") == "2":
+            return web.json_response([{"number": 2}])
+        return web.json_response([{"number": 1}], headers={
+            "Link": f'<{elsewhere}{request.path}?page=2>; rel="next"'})
+
+    async def outside(request: web.Request) -> web.Response:
         return web.json_response([{"number": 1}], headers={
             "Link": f'<{elsewhere}/object?page=2>; rel="next"'})
 
     app = web.Application()
-    app.router.add_get("/repos/acme/vault/issues", listing)
+    app.router.add_get("/api/v1/repos/acme/vault/issues", listing)
+    app.router.add_get("/api/v1/repos/acme/other/issues", outside)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:  # tokens from the local forge; the listing from a forge that lies about its pages
+    try:  # tokens from the local forge; the listings from a forge that names other hosts
         auth = AppAuth(env.app_id, env.private_pem, env.forge.url, env.session,
                        clock=env.forge.clock)
-        lying = ForgeClient(auth, env.session, f"http://127.0.0.1:{port}",
+        forge = ForgeClient(auth, env.session, f"http://127.0.0.1:{port}/api/v1",
                             config=FAST).installation(env.installation_id)
+        assert [i async for i in forge.iter_issues("acme/vault")] == [
+            {"number": 1}, {"number": 2}]
+        assert pages[-1] == "/api/v1/repos/acme/vault/issues?page=2"
         seen: list[Any] = []
-        with pytest.raises(ForgeError, match="next page is at 127.0.0.1:.*not followed"):
-            async for issue in lying.iter_issues("acme/vault"):
+        with pytest.raises(ForgeError, match="outside the forge's URL.*not followed"):
+            async for issue in forge.iter_issues("acme/other"):
                 seen.append(issue)
         assert seen == [{"number": 1}] and stolen == []
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.parametrize("url,on_forge", [
+    ("http://127.0.0.1:8080/api/v3/x?page=2", "http://127.0.0.1:8080/api/v3/x?page=2"),
+    ("http://gitea.example/api/v3/x?page=2", "http://127.0.0.1:8080/api/v3/x?page=2"),
+    ("https://evil.test/api/v3/repos", "http://127.0.0.1:8080/api/v3/repos"),
+    ("https://evil.test/api/v3x/repos", None), ("https://evil.test/other", None),
+    ("http://127.0.0.1:8080@evil.test/x", None), ("//evil.test/x", None),
+])
+def test_next_on_forge(url: str, on_forge: str | None) -> None:
+    from bot.forge.caller import next_on_forge
+
+    assert next_on_forge(url, "http://127.0.0.1:8080/api/v3") == on_forge
 
 
 @pytest.mark.parametrize("url,same", [
