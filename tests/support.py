@@ -7,12 +7,14 @@ the app's tool endpoint with their API tokens.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import aiohttp
+from aiohttp import web
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
@@ -131,3 +133,17 @@ async def sqlite_steps(store: Any, read: Callable[[], Awaitable[T]],
     finally:
         await conn.set_progress_handler(None, every)
     return steps, found
+
+
+@contextlib.asynccontextmanager
+async def served(app: web.Application) -> AsyncIterator[str]:
+    """`app` listening on a free loopback port while inside: its base URL."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()

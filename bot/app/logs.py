@@ -10,7 +10,6 @@ line keeps its own fields beside them.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import sys
 import time
@@ -20,6 +19,8 @@ from typing import Any
 import orjson
 import structlog
 from structlog.contextvars import bound_contextvars, merge_contextvars
+
+from bot import jsontext
 
 LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -59,12 +60,9 @@ _AS_BEFORE = (orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
 
 
 def _json_line(value: Any, **_: Any) -> str:
-    """A line's JSON, written by orjson (a third of a line's cost with json.dumps); what it
-    refuses (a lone surrogate, an integer past 64 bits) by the standard library."""
-    try:  # dataclasses, datetimes and subclasses of str or int as `default=str` writes them
-        return orjson.dumps(value, default=str, option=_AS_BEFORE).decode()
-    except TypeError:
-        return json.dumps(value, default=str)
+    """A line's JSON, written by orjson (a third of a line's cost with json.dumps); dataclasses,
+    datetimes and subclasses of str or int as `default=str` writes them."""
+    return jsontext.dumps(value, default=str, option=_AS_BEFORE).decode()
 
 
 def setup_logging(level: str = "info") -> None:

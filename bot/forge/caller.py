@@ -36,7 +36,6 @@ import aiohttp
 import cachetools
 import gidgethub.abc
 import gidgethub.aiohttp
-import orjson
 from gidgethub import HTTPException, InvalidField, ValidationError, sansio
 from uritemplate import URITemplate, variable
 
@@ -215,7 +214,7 @@ class _GitHubAPI(gidgethub.aiohttp.GitHubAPI):
                 if modified is not None:
                     headers["if-modified-since"] = modified
         else:
-            body = _json_bytes(data)
+            body = jsontext.dumps(data)
             headers["content-type"] = _JSON_UTF_8
             headers["content-length"] = str(len(body))
         status, response_headers, text = await self._request(method, filled_url, headers, body)
@@ -224,7 +223,7 @@ class _GitHubAPI(gidgethub.aiohttp.GitHubAPI):
         kind = response_headers.get("content-type")
         more: str | None = None
         if status in _SUCCESS and _is_json(kind) and "link" not in response_headers:
-            value = jsontext.loads(text) if text else None
+            value = _decoded(kind, text)
         else:  # an error, a page of a listing, text that is not JSON: all as gidgethub reads it
             value, self.rate_limit, more = sansio.decipher_response(status, response_headers, text)
         if method == "GET" and data == b"" and self._cache is not None and (
@@ -262,15 +261,6 @@ def _decoded(content_type: str | None, text: bytes) -> Any:
     if _is_json(content_type):
         return jsontext.loads(text) if text else None
     return sansio.decipher_response(200, {"content-type": content_type or ""}, text)[0]
-
-
-def _json_bytes(value: Any) -> bytes:
-    """A request's JSON body: orjson's, or the standard library's for what orjson refuses
-    (a lone surrogate, an integer past 64 bits); the same value either way."""
-    try:
-        return orjson.dumps(value)
-    except TypeError:
-        return json.dumps(value).encode()
 
 
 _EXPRESSION = re.compile(r"{([^}]+)}")  # as uritemplate finds them

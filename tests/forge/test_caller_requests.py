@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 
 from bot.forge.caller import ACCEPT, _GitHubAPI
+from tests.support import served
 
 # path -> (status, headers, body) the server answers
 ANSWERS: dict[str, tuple[int, dict[str, str], bytes]] = {
@@ -63,15 +64,8 @@ async def server() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}", seen
-    finally:
-        await runner.cleanup()
+    async with served(app) as url:
+        yield url, seen
 
 
 def _client(session: aiohttp.ClientSession, base: str) -> _GitHubAPI:
@@ -197,15 +191,11 @@ async def test_a_next_page_named_on_another_host_is_asked_of_the_forge_itself(
     app = web.Application()
     app.router.add_get("/api/v1/repos/acme/vault/issues", listing)
     app.router.add_get("/api/v1/repos/acme/other/issues", outside)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:  # tokens from the local forge; the listings from a forge that names other hosts
+    # tokens from the local forge; the listings from a forge that names other hosts
+    async with served(app) as url:
         auth = AppAuth(env.app_id, env.private_pem, env.forge.url, env.session,
                        clock=env.forge.clock)
-        forge = ForgeClient(auth, env.session, f"http://127.0.0.1:{port}/api/v1",
+        forge = ForgeClient(auth, env.session, f"{url}/api/v1",
                             config=FAST).installation(env.installation_id)
         assert [i async for i in forge.iter_issues("acme/vault")] == [
             {"number": 1}, {"number": 2}]
@@ -215,8 +205,6 @@ async def test_a_next_page_named_on_another_host_is_asked_of_the_forge_itself(
             async for issue in forge.iter_issues("acme/other"):
                 seen.append(issue)
         assert seen == [{"number": 1}] and stolen == []
-    finally:
-        await runner.cleanup()
 
 
 @pytest.mark.parametrize("url,on_forge", [
