@@ -39,6 +39,8 @@ Run: .venv/bin/python -m bench.probot_compare   (`npm ci` in bench/probot once)
      BENCH_TRACE=/tmp/profiles/trace: wall-clock spans of `vaultmail serve` (its write lock,
      SQLite hops, forge requests; bench.store_trace), summarised by
      `.venv/bin/python -m bench.store_trace /tmp/profiles/trace`.
+     BENCH_DEBUG=1: per cell and app, each thread's CPU, the forge's requests, how busy the
+     machine was, and a timeline (per 50 ms: posted, answered, read, written).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ from localforge import Limits, LocalForge
 PROBOT_DIR = Path(__file__).parent / "probot"
 VAULT = "scout-vault"
 PATCH_ROUTE = "PATCH /repos/{owner}/{repo}/issues/{issue_number}"
+GET_ISSUE_ROUTE = "GET /repos/{owner}/{repo}/issues/{issue_number}"
 CELLS = (1, 10, 50)  # installations the deliveries are spread over
 COUNT = 600  # deliveries per cell for vaultmail and Probot without throttling
 STOCK_COUNT = 120  # ... for Probot with its default throttling (a write a second: 2 minutes)
@@ -465,6 +468,8 @@ async def _measure(forge: LocalForge, app: App, cell: int | str, count: int) -> 
               f"p50 {ms(percentile(durations, 50))} p99 {ms(percentile(durations, 99))} ms; "
               f"bench process CPU {time.process_time():.1f} s; machine busy {busy[0]:.2f} of "
               f"{busy[1]:.2f} core-seconds until the last write", file=sys.stderr)
+        _print_timeline(app.name, cell, result, written, [
+            r.at - forge.clock.offset for r in recs if r.route == GET_ISSUE_ROUTE])
     forge_refused = Counter(forge.rates.refused) - refused_before
     return {
         "cell": cell, "count": count, "handled": handled,
@@ -480,6 +485,27 @@ async def _measure(forge: LocalForge, app: App, cell: int | str, count: int) -> 
         "peak_mb": peak,
         "tx_per_event": tx / handled if handled and tx >= 0 else math.nan,
     }
+
+
+def _print_timeline(name: str, cell: int | str, result: dict[str, Any],
+                    written: dict[int, float], read: list[float]) -> None:
+    """BENCH_DEBUG: per 50 ms from the first POST, the deliveries posted, answered, read (the
+    forge's GETs of their issues) and written, until the last write: whether the app's work
+    flows or comes in bursts with idle gaps between."""
+    first = min(result["sent"])
+    bins = 1 + int((max(written.values(), default=first) - first) * 20)
+
+    def counts(times: list[float]) -> list[int]:
+        out = [0] * bins
+        for t in times:
+            out[min(bins - 1, int((t - first) * 20))] += 1
+        return out
+
+    answered = [s + lat for s, lat in zip(result["sent"], result["latency"], strict=True)]
+    for what, times in (("posted", result["sent"]), ("answered", answered), ("read", read),
+                        ("written", list(written.values()))):
+        print(f"[debug] {name} cell {cell} {what:>8} per 50 ms: {counts(times)}",
+              file=sys.stderr)
 
 
 async def _write_transactions(app: App) -> float:

@@ -17,7 +17,7 @@ from gidgethub.routing import Router
 from bot.app.context import HandlerContext
 from bot.app.worker import Worker
 from bot.forge.pacing import WritePacer
-from bot.store import QueueItem, open_store
+from bot.store import QueueItem, Store, open_store
 
 
 def _comment(org: str, n: int) -> dict[str, Any]:
@@ -25,6 +25,15 @@ def _comment(org: str, n: int) -> dict[str, Any]:
             "comment": {"id": 1000 + n, "updated_at": "2026-12-05T00:00:00Z"},
             "repository": {"full_name": f"{org}/scout-vault"}, "sender": {"login": "someone"},
             "installation": {"id": 2 if org == "evil" else 1}}
+
+
+async def until_put_off(store: Store, guid: str) -> None:
+    """Until the delivery `guid` has been put off (its error recorded)."""
+    deadline = time.monotonic() + 30
+    while (await store.fetchone("SELECT 1 FROM queue WHERE guid=? AND last_error IS NOT NULL",
+                                (guid,))) is None:
+        assert time.monotonic() < deadline, f"{guid} never put off"
+        await asyncio.sleep(0.01)
 
 
 async def test_an_office_out_of_budget_is_put_off_and_holds_no_other_office(
@@ -64,6 +73,8 @@ async def test_an_office_out_of_budget_is_put_off_and_holds_no_other_office(
         worker.wake()
         await asyncio.wait_for(acme_done.wait(), 30)  # (a guard: not waited out, an hour)
         assert "evil-1" not in handled and {"acme-1", "acme-2"} <= set(handled)
+        # (acme's ran beside evil's, which is put off once its budget has said so)
+        await until_put_off(store, "evil-1")
         row = await store.fetchone(
             "SELECT state, attempts, next_at, last_error FROM queue WHERE guid='evil-1'")
         assert row is not None and row["state"] == "pending" and row["attempts"] == 0

@@ -1,13 +1,15 @@
 """Drains the durable queue through the handlers' routers.
 
-Deliveries about one issue are handled one at a time, in the order they arrived; deliveries
-about different issues run side by side (up to `concurrency`), so one slow forge round trip
-does not hold up the rest. Deliveries about no issue (installation, push, label) are barriers:
-everything before them finishes first. A failing delivery is retried with exponential backoff
-and, after `max_attempts`, becomes a dead letter that an operator lists and replays
-(`vaultmail dead-letters`). A delivery about a vault's issue that is not mail yet (its
-`issues.opened` is missing: dropped, to be redelivered) is parked rather than finished
-(`HandlerContext.park`), and runs again, in its order, once the issue is adopted.
+Deliveries about one issue are handled one at a time, in the order they arrived (a lane each);
+deliveries about different issues run side by side (up to `concurrency`), so one slow forge
+round trip does not hold up the rest. Work is claimed as room frees up, not batch by batch, so
+a claim never waits for the slowest delivery of the one before it. Deliveries about no issue
+(installation, push, label) are barriers: everything before them finishes first, then they run
+alone. A failing delivery is retried with exponential backoff and, after `max_attempts`,
+becomes a dead letter that an operator lists and replays (`vaultmail dead-letters`). A
+delivery about a vault's issue that is not mail yet (its `issues.opened` is missing: dropped,
+to be redelivered) is parked rather than finished (`HandlerContext.park`), and runs again, in
+its order, once the issue is adopted.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import contextlib
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from gidgethub import sansio
@@ -37,22 +41,22 @@ from bot.store.sql import Connection
 ContextFactory = Callable[[QueueItem, logging.LoggerAdapter[logging.Logger]], HandlerContext]
 
 log = logging.getLogger("vaultmail.worker")
-# Deliveries run side by side, and taken at a time, per engine (measured: bench.probot_compare,
-# bench.replicas). SQLite's one process commits what many deliveries hand in together, so 64 at
-# once ran about 1.25x as many events a second as 16, and 128 (a whole batch) more again: a
-# batch's last deliveries, while the next batch waits, use less of the process. Batches stay at
-# 128: a run of deliveries about one issue holds the next batch, other offices' deliveries in
-# it, for as many as a batch takes (512 ran a little faster still, and held it 4x as long). On
-# PostgreSQL each delivery holds a pooled connection for its transactions, and 64 halved what
-# replicas answered webhooks with.
+# Deliveries run side by side, and held claimed at a time, per engine (measured:
+# bench.probot_compare, bench.replicas). SQLite's one process commits what many deliveries
+# hand in together, so 64 at once ran about 1.25x as many events a second as 16, and 128 more
+# again. On PostgreSQL each delivery holds a pooled connection for its transactions, and 64
+# halved what replicas answered webhooks with. A claim takes at least REFILL (while others
+# run): one write transaction for that many deliveries' finishes and claims.
 CONCURRENCY = {"sqlite": 128, "postgresql": 16}
 BATCH = {"sqlite": 128, "postgresql": 64}
+REFILL = {"sqlite": 32, "postgresql": 16}
 IDLE_LOOK = 5.0  # seconds at most between looks at an idle queue (SQLite: one process)
 SHARED_IDLE_LOOK = 0.5  # ... shared with other replicas (PostgreSQL)
 # The longest a delivery's forge write waits in line for its office's budget or a rate limit
-# (a minute's window and its slack): the next batch, other offices' deliveries in it, waits
-# for this one's. Longer (the hour's creations spent, a primary limit's reset), the delivery is
-# put off until then (PutOff: no attempt counted) and the batch goes on without it.
+# (a minute's window and its slack): its lane, the later deliveries about its issue, waits for
+# it, and it holds one of the places others run in. Longer (the hour's creations spent, a
+# primary limit's reset), the delivery is put off until then (PutOff: no attempt counted) and
+# its place goes to others.
 WAIT_AT_MOST = 65.0
 STORE_RETRY, STORE_RETRY_MAX = 0.5, 5.0  # seconds between tries while the index is away
 
@@ -76,19 +80,31 @@ class Worker:
         self.base_backoff = base_backoff
         self.wait_at_most = wait_at_most
         self.concurrency = CONCURRENCY[store.engine] if concurrency is None else concurrency
-        self.batch = BATCH[store.engine]
+        self.batch = max(BATCH[store.engine], self.concurrency)  # claimed, not yet finished
+        self.refill = min(REFILL[store.engine], self.batch)
+        self._gate = asyncio.Semaphore(self.concurrency)  # lanes running at once
         self._wake = asyncio.Event()
+        self._arrived = False  # woken by intake since the last claim
+        self._more = False  # the last claim took all it asked for: more may be due
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
-        self._cut_short = False  # a batch left deliveries unhandled behind a retry
-        self._held_back: set[str] = set()  # ... about these issues
+        # delivery id -> what this replica claimed and has not finished or let go of
+        self._in_flight: dict[str, QueueItem] = {}
+        self._lanes: dict[str, _Lane] = {}  # issue -> the deliveries about it, run in order
+        self._claims = 0  # claims begun
+        # issue cut short (a retry) -> claims begun by then: what those took about it was
+        # taken while the retry was not yet recorded, and is let go of, not run past it
+        self._held_back: dict[str, int] = {}
         self._finished: list[tuple[QueueItem, str]] = []  # handled, to record (see _turn)
         self._settling: list[Settlement] = []  # their results, recorded with them
-        # delivery id -> the forge-change key claimed for it with the batch (see _preclaim)
+        self._let_go: list[QueueItem] = []  # claimed, not run: let go of with the next claim
+        # delivery id -> the forge-change key claimed for it with its claim (see _preclaim)
         self._preclaimed: dict[str, tuple[str, str]] = {}
 
     def wake(self) -> None:
+        """New work arrived (intake, an unparked issue)."""
+        self._arrived = True
         self._wake.set()
 
     def start(self) -> None:
@@ -119,27 +135,44 @@ class Worker:
 
     async def _run(self) -> None:
         pause = STORE_RETRY
-        while True:
-            try:
-                if await self._turn():
-                    return
-                pause = STORE_RETRY
-            except Exception as exc:  # the database is away (a restart, a failover): go on
-                if self._stopping:
-                    return  # (what this replica holds is taken over once it is gone)
-                log.warning("worker could not claim or release deliveries (is the index"
-                            " reachable?); trying again in %.1fs: %r", pause, exc)
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), pause)
-                pause = min(STORE_RETRY_MAX, pause * 2)
+        try:
+            while True:
+                try:
+                    if await self._turn():
+                        return
+                    pause = STORE_RETRY
+                except Exception as exc:  # the database is away (a restart, a failover): go on
+                    if self._stopping and not self._lanes:
+                        return  # (what this replica holds is taken over once it is gone)
+                    log.warning("worker could not claim or release deliveries (is the index"
+                                " reachable?); trying again in %.1fs: %r", pause, exc)
+                    self._wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), pause)
+                    pause = min(STORE_RETRY_MAX, pause * 2)
+        finally:  # (cancelled: what the lanes run stays pending, no attempt counted)
+            lanes = [lane.task for lane in self._lanes.values()]
+            for task in lanes:
+                task.cancel()
+            if lanes:
+                await asyncio.wait(lanes)
 
     async def _turn(self) -> bool:
-        """Claim and run one batch, or wait for work; True once stopping with nothing due."""
+        """Claim what there is room for and start it, or wait for room or work; True once
+        stopping with nothing due and nothing running."""
         store = self.store
         self._wake.clear()  # (before any look: a wake-up for what the look misses is kept)
-        if self._idle.is_set() and not self._stopping and not (
-                self._finished or self._settling or self._preclaimed or store.has_stray()):
+        flying = len(self._in_flight)
+        if flying and (self.batch - flying < self.refill
+                       or not (self._arrived or self._more)):
+            # others run: claim once there is room for REFILL and something may be due (woken
+            # by an arrival, or the last claim was full), not for each that finishes
+            if not await self._wait_for_work(None):
+                self._arrived = True  # (a look now and then: retries falling due)
+            return False
+        if not flying and self._idle.is_set() and not self._stopping and not (
+                self._finished or self._settling or self._preclaimed or self._let_go
+                or store.has_stray()):
             # idle, nothing to record: a read says whether anything is due for this replica
             # before a write transaction claims it (else each idle replica wrote twice a
             # second on PostgreSQL)
@@ -147,46 +180,54 @@ class Worker:
             if wakeup is None or wakeup > time.time():
                 await self._wait_for_work(wakeup)
                 return False
-        # what the last batch finished is recorded in the claim of the next: one write
-        # between batches (a crash before it runs them again, as retries: ctx.retry)
-        items = await self._record_finished(limit=self.batch)
+        # what finished is recorded in the next claim: one write for both (a crash before it
+        # runs them again, as retries: ctx.retry)
+        limit = self.batch - flying
+        self._arrived = False
+        self._claims += 1
+        claim = self._claims
+        items = await self._record_finished(limit=limit)
+        self._more = len(items) >= limit
         if not items:
+            if self._in_flight:
+                return False
             if self._stopping:
                 return True
             self._idle.set()
             await self._wait_for_work(await store.next_wakeup())
             return False
         self._idle.clear()
-        self._cut_short = False
-        try:
-            await self._run_batch(items)
-        finally:
-            if self._cut_short:  # deliveries left behind a retry: others may claim them
-                await self._record_finished(limit=0)  # (first: release lets go of the rest)
-                await store.release()
+        await self._start(items, claim)
         return False
 
-    async def _wait_for_work(self, wakeup: float | None) -> None:
-        """Until woken, `wakeup` (when the next delivery this replica may take is due), or
-        the longest an idle worker waits between looks."""
+    async def _wait_for_work(self, wakeup: float | None) -> bool:
+        """Until woken (True), `wakeup` (when the next delivery this replica may take is due),
+        or the longest a worker waits between looks."""
         # other replicas' work frees deliveries without waking this one: look often
         longest = IDLE_LOOK if self.store.engine == "sqlite" else SHARED_IDLE_LOOK
         delay = longest if wakeup is None else max(0.0, min(longest, wakeup - time.time()))
-        with contextlib.suppress(TimeoutError):
+        try:
             await asyncio.wait_for(self._wake.wait(), delay)
+        except TimeoutError:
+            return False
+        return True
 
     async def _record_finished(self, limit: int) -> list[QueueItem]:
         """Record what was finished, with the results of what those deliveries ran once
-        (`_dispatch_once`), and claim up to `limit` more: one transaction."""
+        (`_dispatch_once`), let go of what was claimed and not run, and claim up to `limit`
+        more, leaving alone what is running: one transaction."""
         store = self.store
         finished, self._finished = self._finished, []
         # (one list, kept: a `once` still at work after its delivery was cut appends to it)
         settling = self._settling[:]
         self._settling.clear()
-        # claimed with the last batch, and no `once` ran under them: let go of, with the
-        # claims of tries that failed while the store was away
-        store.preclaims_unused(list(self._preclaimed.values()))
-        self._preclaimed = {}
+        let_go, self._let_go = self._let_go, []
+        flying = self._in_flight
+        # claimed with their deliveries, which no longer run and used them not: let go of,
+        # with the claims of tries that failed while the store was away
+        store.preclaims_unused([slot for guid, slot in self._preclaimed.items()
+                                if guid not in flying])
+        self._preclaimed = {g: slot for g, slot in self._preclaimed.items() if g in flying}
         stray = store.stray()
         preclaimed: dict[str, tuple[str, str]] = {}
 
@@ -200,14 +241,18 @@ class Worker:
         try:
             items, superseded = await store.finish_and_claim(
                 finished, limit=limit, also=also if settling or stray else None,
-                then=then if limit else None)
+                then=then if limit else None, excluding=[i.id for i in flying.values()],
+                let_go=let_go)
         except BaseException:  # (the store is away: next turn)
             self._finished = finished + self._finished
             self._settling[:0] = settling
+            self._let_go = let_go + self._let_go
             store.let_go_later(stray)
             raise
         store.settled(settling)
-        self._preclaimed = preclaimed
+        self._preclaimed.update(preclaimed)
+        for item in items:
+            self._in_flight[item.guid] = item
         for item in superseded:
             _superseded(item)
         return items
@@ -239,34 +284,55 @@ class Worker:
         return (own, self.own_router if own else self.router,
                 sansio.Event(item.payload, event=item.event, delivery_id=item.guid))
 
-    async def _run_batch(self, items: list[QueueItem]) -> None:
-        groups: dict[str, list[QueueItem]] = {}
-        self._held_back = set()
+    async def _start(self, items: list[QueueItem], claim: int) -> None:
+        """Hand what claim number `claim` took to the lanes of their issues, in order; a
+        barrier (about no issue) or a suspect (a replica stopped holding it) runs alone,
+        after everything before it."""
+        for cut in [k for k, by in self._held_back.items() if by < claim]:
+            del self._held_back[cut]  # (this claim began after the retry was recorded)
         for item in items:
             key = issue_key(item)
-            if key is None:  # a barrier: what came before it first, then it alone
-                await self._run_groups(groups)
-                groups = {}
-                await self._process_safely(item)
+            if key is None or item.takeovers:
+                await self._drain()
+                try:
+                    await self._process_safely(item)
+                finally:
+                    self._in_flight.pop(item.guid, None)
+            elif key in self._held_back:  # its issue was cut short: not run past the retry
+                self._in_flight.pop(item.guid, None)
+                self._let_go.append(item)
+            elif (lane := self._lanes.get(key)) is not None:
+                lane.items.append(item)
             else:
-                groups.setdefault(key, []).append(item)
-        await self._run_groups(groups)
+                lane = self._lanes[key] = _Lane(deque([item]))
+                lane.task = asyncio.create_task(self._run_lane(key, lane))
 
-    async def _run_groups(self, groups: dict[str, list[QueueItem]]) -> None:
-        gate = asyncio.Semaphore(self.concurrency)
+    async def _drain(self) -> None:
+        """Until every lane has run out."""
+        while self._lanes:
+            await asyncio.wait([lane.task for lane in self._lanes.values()])
 
-        async def in_order(key: str, group: list[QueueItem]) -> None:
-            async with gate:
-                for item in group:
-                    if key in self._held_back:  # cut short before a barrier: not past it
-                        return
-                    # the rest wait behind its retry (the store holds them, in order)
-                    if not await self._process_safely(item):
-                        self._held_back.add(key)
-                        self._cut_short = True
-                        return
-
-        await asyncio.gather(*(in_order(k, g) for k, g in groups.items()))
+    async def _run_lane(self, key: str, lane: _Lane) -> None:
+        """Run the deliveries about issue `key` one at a time, in order, as they are added;
+        after one that waits for a retry, let go of the rest (they wait behind it: the store
+        holds them, in order)."""
+        try:
+            async with self._gate:
+                while lane.items:
+                    item = lane.items[0]
+                    finished = await self._process_safely(item)
+                    lane.items.popleft()
+                    if finished:
+                        self._in_flight.pop(item.guid, None)
+                        continue
+                    for left in (item, *lane.items):  # (the one that failed is let go of
+                        self._in_flight.pop(left.guid, None)  # too, if the store was away)
+                        self._let_go.append(left)
+                    lane.items.clear()
+                    self._held_back[key] = self._claims
+        finally:
+            del self._lanes[key]
+            self._wake.set()  # room for more
 
     async def _process_safely(self, item: QueueItem) -> bool:
         """Process one delivery; True when it is finished, False when it waits for a retry
@@ -390,6 +456,14 @@ class Worker:
         except _Parked:
             return item.guid
         return str(done["delivery"])
+
+
+@dataclass
+class _Lane:
+    """The claimed deliveries about one issue, in order, and the task running them."""
+
+    items: deque[QueueItem]
+    task: asyncio.Task[None] = field(init=False)
 
 
 class _Parked(VaultmailError):

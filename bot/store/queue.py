@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -164,7 +165,9 @@ NEXT_PENDING = Sql("SELECT MIN(id) AS id FROM queue INDEXED BY queue_claim"
                    "SELECT MIN(id) AS id FROM queue WHERE state='pending' AND id>=?")
 # SQLite's claim (one writer, so nothing to skip): the oldest deliveries in a window this
 # replica may take now (parameters: claim_params). PostgreSQL's is CANDIDATES, below.
+# (a JSON array of ids it leaves alone: those this replica is running, see `excluding`)
 CLAIM = ("SELECT q.id FROM queue q INDEXED BY queue_claim WHERE q.id>=? AND q.id<? AND "
+         "q.id NOT IN (SELECT value FROM json_each(?)) AND "
          + _CLAIMABLE + " ORDER BY q.id LIMIT ?").sqlite
 # when the next of them is due: the first by due time not held behind (next_wakeup)
 WAKEUP = (Sql("SELECT q.next_at-vm_now() AS t FROM queue q INDEXED BY queue_wake",
@@ -183,6 +186,7 @@ WAKEUP = (Sql("SELECT q.next_at-vm_now() AS t FROM queue q INDEXED BY queue_wake
 # waits until that one is done. So one issue's deliveries run in order, never on two replicas
 # at once, with no claim ever waiting for another.
 CANDIDATES = ("SELECT q.id, q.issue_key FROM queue q WHERE q.id>=? AND q.id<?"
+              " AND NOT (q.id = ANY(?::bigint[]))"
               " AND q.state='pending' AND q.next_at<=coalesce(?, vm_now())"
               " AND (q.lease_owner IS NULL"
               " OR q.lease_owner=? OR (q.lease_owner NOT IN (" + _LIVE + ") AND "
@@ -220,10 +224,11 @@ def in_order(candidates: list[tuple[int, str | None]],
     return sorted(taken)
 
 
-def claim_params(me: str, at: float | None, first: int, limit: int) -> tuple[Any, ...]:
+def claim_params(me: str, at: float | None, first: int, limit: int,
+                 excluding: Collection[int] = ()) -> tuple[Any, ...]:
     """CLAIM's parameters for replica `me` at time `at` (None: now by the database's clock),
-    the window from id `first` on."""
-    return (first, first + WINDOW, at, me, me, at, me, limit)
+    the window from id `first` on, leaving the ids `excluding` alone."""
+    return (first, first + WINDOW, json.dumps(sorted(excluding)), at, me, me, at, me, limit)
 
 
 def wakeup_params(me: str, at: float | None) -> tuple[Any, ...]:
@@ -464,10 +469,13 @@ class QueueMixin:
                                now: float | None = None,
                                also: Callable[[Connection], Awaitable[None]] | None = None,
                                then: Callable[[Connection, list[QueueItem]], Awaitable[None]]
-                               | None = None,
+                               | None = None, excluding: Collection[int] = (),
+                               let_go: Sequence[QueueItem] = (),
                                ) -> tuple[list[QueueItem], list[QueueItem]]:
-        """Mark deliveries finished (as `finish` does, each under its claim) and claim the next
-        ones, in one transaction: the worker's one write between two batches (`also` writes
+        """Mark deliveries finished (as `finish` does, each under its claim), let go of the
+        claims of `let_go` (claimed, not run: free again for any replica, this one included)
+        and claim the next ones, leaving alone the ids `excluding` (what this replica is
+        running): one transaction, the worker's one write between two claims (`also` writes
         in it first: the results of what the deliveries ran once; `then` last, given what was
         claimed: their claims of what they will run once). Returns what it claimed, and which
         of `finished` were not recorded (taken over meanwhile)."""
@@ -487,6 +495,9 @@ class QueueMixin:
             superseded = [item for (item, _), ok in zip(
                 finished, await _finish_all_in(db, self.engine, finished, me, now),
                 strict=True) if not ok]
+            for item in let_go:  # (under the claim it was taken with, as a finish)
+                await db.execute("UPDATE queue SET lease_owner=NULL WHERE id=? AND " + _OURS,
+                                 (item.id, me, item.lease))
             # window after window, taking what one look at every pending row would: whether a
             # row may be taken depends on the rows before it, and one this claim took holds
             # nothing back now (it is this replica's) as it held nothing back before
@@ -505,14 +516,14 @@ class QueueMixin:
                 start = int(first["id"]) + WINDOW
                 if self.engine == "postgresql":
                     rows += await self._claim_side_by_side(db, at, int(first["id"]),
-                                                           limit - len(rows))
+                                                           limit - len(rows), excluding)
                     continue
                 rows += await db.fetchall(
                     "UPDATE queue SET takeovers=takeovers+(CASE WHEN " + _STOPPED_HOLDER
                     + " THEN 1 ELSE 0 END), lease_owner=?, lease_seq=lease_seq+1"
                     " WHERE id IN (" + CLAIM + ") RETURNING *",
                     (me, me, *claim_params(me, claim_at, int(first["id"]),
-                                           limit - len(rows))))
+                                           limit - len(rows), excluding)))
             rows = await _set_suspects_apart(db, sorted(rows, key=lambda r: int(r["id"])))
             items = [_item(r, handed.get(r["guid"])) for r in rows]
             if then is not None and items:
@@ -528,11 +539,11 @@ class QueueMixin:
         return items, superseded
 
     async def _claim_side_by_side(self, db: Connection, at: float | None, first: int,
-                                  limit: int) -> list[Any]:
+                                  limit: int, excluding: Collection[int] = ()) -> list[Any]:
         """PostgreSQL's claim of one window (see CANDIDATES): the rows it took."""
         me = self.replica_id
         candidates = [(int(r["id"]), r["issue_key"]) for r in await db.fetchall(
-            CANDIDATES, (first, first + WINDOW, at, me, me, limit))]
+            CANDIDATES, (first, first + WINDOW, sorted(excluding), at, me, me, limit))]
         if not candidates:
             return []
         keys = sorted({key for _, key in candidates if key is not None})
