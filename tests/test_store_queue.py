@@ -404,3 +404,31 @@ async def test_a_claim_reads_the_clock_once(tmp_path: Path, monkeypatch: Any) ->
         assert taken == [], "K-2 taken while K-1, before it about its issue, was not"
     finally:
         await store.close()
+
+
+async def test_payloads_kept_for_another_replica_make_room_once_old(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """Intake keeps the payloads it parsed for this replica's first claim of them; with other
+    replicas, most are another's to claim. Before, they were kept until this replica claimed
+    them, so once HANDED_OVER were kept nothing more was handed over; now the oldest make room
+    once kept HANDED_OVER_FOR."""
+    monkeypatch.setattr(queue, "HANDED_OVER", 4)
+    store = await open_store(tmp_path / "index.sqlite3")
+    try:
+        async def arrive(guid: str) -> None:
+            payload = {"action": "opened", "n": guid}
+            assert await store.enqueue_delivery(guid, "issues", payload,
+                                                json.dumps(payload).encode())
+
+        for n in range(4):  # another replica's to claim, say
+            await arrive(f"g{n}")
+        await arrive("full")
+        assert "full" not in store._handed_over  # noqa: SLF001 - kept while fresh
+        monkeypatch.setattr(queue, "HANDED_OVER_FOR", -1.0)  # (as if kept that long)
+        await arrive("later")
+        assert "later" in store._handed_over and "g0" not in store._handed_over  # noqa: SLF001
+        items = await store.due_items(limit=10)
+        assert [i.guid for i in items] == ["g0", "g1", "g2", "g3", "full", "later"]
+        assert [i.payload["n"] for i in items] == [i.guid for i in items]
+    finally:
+        await store.close()

@@ -150,11 +150,27 @@ class _GitHubAPI(gidgethub.aiohttp.GitHubAPI):
     async def _request(
         self, method: str, url: str, headers: Mapping[str, str], body: bytes = b""
     ) -> tuple[int, Mapping[str, str], bytes]:
-        async with self._session.request(
-            method, url, headers=headers, data=body, timeout=self._timeout
-        ) as response:
-            payload = await response.read()
-        self._observe(method, url, response.status, response.headers)
+        """One request, redirects followed on the forge's own origin only (GitHub's, of a
+        renamed repository, stay on it): followed elsewhere, a write's body would go where
+        the forge's answer says. A write follows 307 and 308 alone (sent again as it was);
+        another redirect, or one elsewhere, is the answer (gidgethub raises it)."""
+        for _ in range(_REDIRECTS_AT_MOST + 1):
+            async with self._session.request(
+                method, url, headers=headers, data=body, timeout=self._timeout,
+                allow_redirects=False,
+            ) as response:
+                payload = await response.read()
+            self._observe(method, url, response.status, response.headers)
+            location = response.headers.get("location")
+            if location is None or response.status not in (
+                    _READ_REDIRECTS if method in ("GET", "HEAD") else _WRITE_REDIRECTS):
+                break
+            target = urljoin(url, location)
+            if not same_origin(target, url):
+                log.warning("forge redirect to another origin not followed", extra={
+                    "method": method, "url": url, "location": location})
+                break
+            url = target
         return response.status, response.headers, payload
 
     async def call(
@@ -235,6 +251,9 @@ class _GitHubAPI(gidgethub.aiohttp.GitHubAPI):
 
 
 _SUCCESS = frozenset((200, 201, 202, 204))  # what gidgethub answers rather than raises
+_READ_REDIRECTS = frozenset((301, 302, 303, 307, 308))
+_WRITE_REDIRECTS = frozenset((307, 308))  # "repeat the request as it was" (RFC 9110 15.4)
+_REDIRECTS_AT_MOST = 10  # (aiohttp's own limit)
 _JSON_UTF_8 = "application/json; charset=utf-8"
 
 
@@ -318,7 +337,7 @@ def next_on_forge(url: str, base: str) -> str | None:
     otherwise but the path is under the API's (Gitea builds its links from ROOT_URL, which
     behind a proxy or a container's name is not the URL the app is given); None elsewhere."""
     if same_origin(url, base):
-        return url
+        return urljoin(base, url)  # (a path alone is the forge's: asked where it points)
     try:
         parts, api = urlsplit(url), urlsplit(base)
     except ValueError:

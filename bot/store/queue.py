@@ -44,8 +44,11 @@ if TYPE_CHECKING:
 
 BATCH = 500  # deliveries written in one transaction at most
 # payloads intake parsed, kept for the worker's first take of them (parsing a large payload
-# again was a tenth of the event loop's time at 50 deliveries in flight); at most this many
+# again was a tenth of the event loop's time at 50 deliveries in flight); at most this many,
+# and once that many are kept, those kept longer than HANDED_OVER_FOR seconds make room (with
+# other replicas, most are another's to take: kept for ever, they filled it)
 HANDED_OVER = 2048
+HANDED_OVER_FOR = 30.0
 
 
 def issue_key(payload: dict[str, Any]) -> str | None:
@@ -321,7 +324,8 @@ class QueueMixin:
     _arrivals_writer: asyncio.Task[None] | None  # the one task committing them, while any wait
     _finishes: list[tuple[QueueItem, str, asyncio.Future[bool]]]  # finished deliveries, too
     _finishes_writer: asyncio.Task[None] | None
-    _handed_over: dict[str, dict[str, Any]]  # delivery id -> payload intake parsed
+    # delivery id -> (when, by time.monotonic, the payload intake parsed)
+    _handed_over: dict[str, tuple[float, dict[str, Any]]]
     replica_id: str
     incarnation: str
     retired: str | None
@@ -446,10 +450,14 @@ class QueueMixin:
         """Once committed, keep the parsed payloads for the worker (it pops each on its first
         take; a retry parses the stored text again, so nothing a handler changed sticks)."""
         handed = self._handed_over
+        now = time.monotonic()
         for a in arrivals:
             if len(handed) >= HANDED_OVER:
-                return
-            handed[a.guid] = a.payload
+                oldest = next(iter(handed))  # (kept in the order they came)
+                if handed[oldest][0] > now - HANDED_OVER_FOR:
+                    return
+                del handed[oldest]
+            handed[a.guid] = (now, a.payload)
 
     async def next_due(self, now: float | None = None) -> QueueItem | None:
         row = await self.fetchone(
@@ -525,7 +533,8 @@ class QueueMixin:
                     (me, me, *claim_params(me, claim_at, int(first["id"]),
                                            limit - len(rows), excluding)))
             rows = await _set_suspects_apart(db, sorted(rows, key=lambda r: int(r["id"])))
-            items = [_item(r, handed.get(r["guid"])) for r in rows]
+            items = [_item(r, kept[1] if (kept := handed.get(r["guid"])) else None)
+                     for r in rows]
             if then is not None and items:
                 await then(db, items)
             return items, superseded, False

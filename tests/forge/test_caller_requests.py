@@ -213,6 +213,7 @@ async def test_a_next_page_named_on_another_host_is_asked_of_the_forge_itself(
     ("https://evil.test/api/v3/repos", "http://127.0.0.1:8080/api/v3/repos"),
     ("https://evil.test/api/v3x/repos", None), ("https://evil.test/other", None),
     ("http://127.0.0.1:8080@evil.test/x", None), ("//evil.test/x", None),
+    ("/api/v3/x?page=2", "http://127.0.0.1:8080/api/v3/x?page=2"),  # (was joined twice)
 ])
 def test_next_on_forge(url: str, on_forge: str | None) -> None:
     from bot.forge.caller import next_on_forge
@@ -231,3 +232,43 @@ def test_same_origin(url: str, same: bool) -> None:
     from bot.forge.caller import same_origin
 
     assert same_origin(url, "http://127.0.0.1:8080/api/v3") is same
+
+
+async def test_redirects_are_followed_on_the_forges_origin_only(
+        server: tuple[str, list[dict[str, Any]]]) -> None:
+    """A write the forge answers with 307 elsewhere is not sent there (before, aiohttp followed
+    every redirect: the body went where the answer said); one on the forge's own origin
+    (GitHub's, of a renamed repository) is sent again as it was; a read follows the forge's
+    own redirects too, and no other."""
+    elsewhere, stolen = server
+    seen: list[tuple[str, str, bytes, str | None]] = []
+
+    async def moved(request: web.Request) -> web.Response:
+        seen.append((request.method, request.path, await request.read(),
+                     request.headers.get("Authorization")))
+        if request.path.startswith("/renamed"):
+            return web.json_response({"number": 1, "title": "moved"})
+        to = {"/away": f"{elsewhere}/object", "/away-read": f"{elsewhere}/object",
+              "/here": "/renamed/1", "/here-read": "/renamed/2", "/other-way": "/renamed/3"}
+        status = 301 if request.path == "/other-way" else 307
+        return web.Response(status=status, headers={"Location": to[request.path]})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", moved)
+    async with served(app) as url, aiohttp.ClientSession() as session:
+        client = _client(session, url)
+        value, _, status = await client._make_request(
+            "PATCH", url + "/here", None, {"title": "x"}, ACCEPT, oauth_token="t0ken")
+        assert (status, value) == (200, {"number": 1, "title": "moved"})
+        assert seen[-1] == ("PATCH", "/renamed/1", b'{"title":"x"}', "token t0ken")
+        value, _, _ = await client._make_request("GET", url + "/here-read", None, b"", ACCEPT,
+                                                 oauth_token="t0ken")
+        assert value == {"number": 1, "title": "moved"} and seen[-1][1] == "/renamed/2"
+        for method, path, body in (("PATCH", "/away", {"title": "x"}),
+                                   ("GET", "/away-read", b""),
+                                   ("POST", "/other-way", {"title": "x"})):
+            with pytest.raises(gidgethub.RedirectionException):
+                await client._make_request(method, url + path, None, body, ACCEPT,
+                                           oauth_token="t0ken")
+            assert seen[-1][1] == path, "not followed"
+    assert stolen == []
