@@ -286,11 +286,11 @@ async def _claim_work(store: Store, url: str) -> tuple[int, list[QueueItem]]:
         first = await conn.fetchval(for_postgres(queue.NEXT_PENDING), 0)
         me = store.replica_id
         candidates = await conn.fetch(for_postgres(queue.CANDIDATES), first,
-                                      first + queue.WINDOW, [], None, me, me, 64)
+                                      first + queue.WINDOW, [], [], None, me, me, 64)
         keys = sorted({r["issue_key"] for r in candidates if r["issue_key"] is not None})
         # PostgreSQL's claim: its candidates, then the pending rows of their issues
         for sql, params in ((queue.NEXT_PENDING, (0,)), (queue.CANDIDATES, (
-                first, first + queue.WINDOW, [], None, me, me, 64)),
+                first, first + queue.WINDOW, [], [], None, me, me, 64)),
                 (queue.EARLIER, (keys, max(r["id"] for r in candidates), keys,
                                  max(r["id"] for r in candidates), me))):
             plan = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + for_postgres(sql),
@@ -430,5 +430,33 @@ async def test_payloads_kept_for_another_replica_make_room_once_old(
         items = await store.due_items(limit=10)
         assert [i.guid for i in items] == ["g0", "g1", "g2", "g3", "full", "later"]
         assert [i.payload["n"] for i in items] == [i.guid for i in items]
+    finally:
+        await store.close()
+
+
+async def test_a_claim_leaves_alone_what_this_replica_runs_and_the_issues_it_is_told(
+        tmp_path: Path, database_url: str) -> None:
+    """The worker claims while it runs what it claimed before (bot.app.worker's lanes): a claim
+    takes none of the deliveries it is told this replica runs, nor any about the issues it is
+    told to leave (a deep lane's), and lets go of what it is told to in the same transaction."""
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    try:
+        if store.engine == "sqlite":
+            await store.join(sole=True)
+        else:
+            await store.join("a")
+        for n, issue in enumerate((1, 1, 2, 2, 3)):
+            payload = {"action": "created", "issue": {"number": issue},
+                       "repository": {"full_name": "acme/vault"}}
+            assert await store.enqueue_delivery(f"d{n}", "issue_comment", payload,
+                                                json.dumps(payload).encode())
+        [d0] = await store.due_items(limit=1)
+        taken, _ = await store.finish_and_claim(
+            [], limit=10, excluding=[d0.id], excluding_issues=["acme/vault#3"])
+        assert [i.guid for i in taken] == ["d1", "d2", "d3"], "d0 runs; issue 3 left alone"
+        again, _ = await store.finish_and_claim([], limit=10, excluding=[i.id for i in taken],
+                                                let_go=[d0])
+        assert [i.guid for i in again] == ["d0", "d4"], "d0 let go of, then claimed anew"
+        assert again[0].lease != d0.lease
     finally:
         await store.close()

@@ -12,6 +12,7 @@ from typing import Any
 from gidgethub import sansio
 from gidgethub.routing import Router
 
+from bot.app import worker as worker_module
 from bot.app.context import HandlerContext
 from bot.app.worker import Worker
 from bot.store import QueueItem, Store, open_store
@@ -150,5 +151,152 @@ async def test_what_a_later_claim_took_behind_a_retry_waits_for_the_retry(
         assert row is not None and row["attempts"] == 1
     finally:
         first_may_end.set()
+        await worker.stop(drain_timeout=1.0)
+        await store.close()
+
+
+async def test_a_suspect_claimed_beside_its_issues_lane_waits_for_the_lanes_retry(
+        tmp_path: Path) -> None:
+    """A suspect (one a stopped replica held) runs alone once every lane has run out; if its
+    issue's lane was cut short by a retry meanwhile, it is let go of, not run past the retry
+    (found by review: it ran first)."""
+    store = await open_store(tmp_path / "index.sqlite3")
+    router = Router()
+    first_started, first_may_end = asyncio.Event(), asyncio.Event()
+    ran: list[str] = []
+
+    @router.register("issue_comment")
+    async def reply(event: sansio.Event, ctx: HandlerContext) -> None:
+        if event.delivery_id == "x-1" and not first_started.is_set():
+            first_started.set()
+            await first_may_end.wait()
+            raise RuntimeError("the forge was away")
+        ran.append(event.delivery_id)
+
+    worker = Worker(store, router, Router(), lambda payload: False, _context,
+                    base_backoff=0.2)
+    try:
+        await _deliver(store, "x-1", 1, 101)
+        worker.start()
+        await asyncio.wait_for(first_started.wait(), 30)
+        await _deliver(store, "x-2", 1, 102)
+        async with store.transaction() as db:  # as a replica that stopped holding it leaves it
+            await db.execute("UPDATE queue SET takeovers=1 WHERE guid='x-2'")
+        worker.wake()
+        await _claimed(store, "x-2")
+        first_may_end.set()
+        await worker.idle(timeout=30)
+        assert ran == ["x-1", "x-2"]
+    finally:
+        first_may_end.set()
+        await worker.stop(drain_timeout=1.0)
+        await store.close()
+
+
+async def test_a_stop_out_of_time_lets_go_of_the_preclaims_of_what_never_ran(
+        tmp_path: Path) -> None:
+    """A delivery that waited in its lane when a stop ran out of time never ran: the claim of
+    its forge change made with its own claim is let go of (kept, its next try was taken for a
+    resumed one, and another replica waited on it)."""
+    store = await open_store(tmp_path / "index.sqlite3")
+    router = Router()
+    first_started, never = asyncio.Event(), asyncio.Event()
+    ran: list[str] = []
+
+    @router.register("issue_comment")
+    async def reply(event: sansio.Event, ctx: HandlerContext) -> None:
+        ran.append(event.delivery_id)
+        if event.delivery_id == "x-1":
+            first_started.set()
+            await never.wait()
+
+    worker = Worker(store, router, Router(), lambda payload: False, _context)
+    try:
+        await _deliver(store, "x-1", 1, 101)
+        await _deliver(store, "x-2", 1, 102)  # the same issue's: waits in x-1's lane
+        worker.start()
+        await asyncio.wait_for(first_started.wait(), 30)
+        await worker.stop(drain_timeout=0.3)  # runs out of time: the lane is cancelled
+        assert ran == ["x-1"]
+        keys = [r["key"] for r in await store.fetchall(
+            "SELECT key FROM idempotency WHERE result IS NULL ORDER BY key")]
+        assert not any(":102:" in k for k in keys), keys
+    finally:
+        never.set()
+        await store.close()
+
+
+async def test_a_retry_falling_due_is_claimed_while_lanes_keep_ending(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """While others run and nothing arrives, the worker still looks now and then (IDLE_LOOK)
+    for what fell due: a lane's end does not put the look off (found by review: with lanes
+    ending more often than a look, a retry waited for every one of them)."""
+    monkeypatch.setattr(worker_module, "IDLE_LOOK", 0.5)
+    store = await open_store(tmp_path / "index.sqlite3")
+    router = Router()
+    retried, slow_may_end = asyncio.Event(), asyncio.Event()
+    tries: list[str] = []
+
+    @router.register("issue_comment")
+    async def reply(event: sansio.Event, ctx: HandlerContext) -> None:
+        who = event.delivery_id
+        if who == "retried":
+            tries.append(who)
+            if len(tries) == 1:
+                raise RuntimeError("the forge was away")  # due again at once
+            retried.set()
+        elif who == "slow":
+            await slow_may_end.wait()
+        else:  # 100 lanes, one ending every 0.2 s, for 20 s
+            await asyncio.sleep(0.2 * int(who.split("-")[1]))
+
+    await _deliver(store, "slow", 1, 101)
+    await _deliver(store, "retried", 2, 201)
+    for n in range(1, 101):
+        await _deliver(store, f"lane-{n}", 10 + n, 1000 + n)
+    worker = Worker(store, router, Router(), lambda payload: False, _context,
+                    base_backoff=0.001)
+    try:
+        worker.start()
+        await asyncio.wait_for(retried.wait(), 15)  # (before, after the last lane: 20 s)
+    finally:
+        slow_may_end.set()
+        await worker.stop(drain_timeout=0.5)
+        await store.close()
+
+
+async def test_a_storm_about_one_issue_holds_no_other_issues_delivery(tmp_path: Path) -> None:
+    """Deliveries about one issue run one at a time: a backlog of them behind a slow one would
+    fill the room claims are made for, and another issue's delivery would wait for the slow
+    one after all (found by review). A deep lane's issue is left alone by claims, and what it
+    holds past DEEP counts for no room."""
+    store = await open_store(tmp_path / "index.sqlite3")
+    router = Router()
+    slow_started, slow_may_end, other_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    ran: list[str] = []
+
+    @router.register("issue_comment")
+    async def reply(event: sansio.Event, ctx: HandlerContext) -> None:
+        ran.append(event.delivery_id)
+        if event.delivery_id == "x-0":
+            slow_started.set()
+            await slow_may_end.wait()
+        elif event.delivery_id == "other":
+            other_done.set()
+
+    for n in range(200):  # about issue 1, more than a claim holds
+        await _deliver(store, f"x-{n}", 1, 1000 + n)
+    worker = Worker(store, router, Router(), lambda payload: False, _context)
+    try:
+        worker.start()
+        await asyncio.wait_for(slow_started.wait(), 30)
+        await _deliver(store, "other", 2, 201)  # another issue's
+        worker.wake()
+        await asyncio.wait_for(other_done.wait(), 30)  # (before: never, while x-0 ran)
+        slow_may_end.set()
+        await worker.idle(timeout=60)
+        assert [r for r in ran if r != "other"] == [f"x-{n}" for n in range(200)]
+    finally:
+        slow_may_end.set()
         await worker.stop(drain_timeout=1.0)
         await store.close()

@@ -20,7 +20,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,11 +45,16 @@ log = logging.getLogger("vaultmail.worker")
 # bench.probot_compare, bench.replicas). SQLite's one process commits what many deliveries
 # hand in together, so 64 at once ran about 1.25x as many events a second as 16, and 128 more
 # again. On PostgreSQL each delivery holds a pooled connection for its transactions, and 64
-# halved what replicas answered webhooks with. A claim takes at least REFILL (while others
-# run): one write transaction for that many deliveries' finishes and claims.
+# halved what replicas answered webhooks with. While others run, a claim waits for room for
+# REFILL (and for something to claim): one write transaction for many deliveries' finishes
+# and claims, not one for each that finishes.
 CONCURRENCY = {"sqlite": 128, "postgresql": 16}
 BATCH = {"sqlite": 128, "postgresql": 64}
 REFILL = {"sqlite": 32, "postgresql": 16}
+# An issue whose lane holds this many claimed deliveries is left alone by claims until it holds
+# fewer, and what its lane holds past them counts for no room: a storm about one issue (they run
+# one at a time) neither fills the room nor holds other issues' deliveries back.
+DEEP = {"sqlite": 32, "postgresql": 16}
 IDLE_LOOK = 5.0  # seconds at most between looks at an idle queue (SQLite: one process)
 SHARED_IDLE_LOOK = 0.5  # ... shared with other replicas (PostgreSQL)
 # The longest a delivery's forge write waits in line for its office's budget or a rate limit
@@ -82,10 +87,13 @@ class Worker:
         self.concurrency = CONCURRENCY[store.engine] if concurrency is None else concurrency
         self.batch = max(BATCH[store.engine], self.concurrency)  # claimed, not yet finished
         self.refill = min(REFILL[store.engine], self.batch)
+        self.deep = DEEP[store.engine]
         self._gate = asyncio.Semaphore(self.concurrency)  # lanes running at once
         self._wake = asyncio.Event()
         self._arrived = False  # woken by intake since the last claim
         self._more = False  # the last claim took all it asked for: more may be due
+        self._claimed_at = 0.0  # (time.monotonic) when the last claim began
+        self._stop_asked = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
@@ -113,6 +121,7 @@ class Worker:
     async def stop(self, drain_timeout: float = 10.0) -> None:
         """Stop after draining what is due now (graceful shutdown), within drain_timeout."""
         self._stopping = True
+        self._stop_asked.set()
         self.wake()
         if self._task is not None:
             try:
@@ -121,6 +130,7 @@ class Worker:
                 log.warning("shutdown: queue not drained in time; it resumes at next start")
                 self._task.cancel()  # what it was handling stays pending, no attempt counted
                 await asyncio.wait([self._task])  # done before the store it writes to closes
+                self._in_flight.clear()  # nothing runs now: their unused pre-claims let go of
                 with contextlib.suppress(Exception):  # what did finish, recorded all the same
                     await self._record_finished(limit=0)
 
@@ -146,9 +156,8 @@ class Worker:
                         return  # (what this replica holds is taken over once it is gone)
                     log.warning("worker could not claim or release deliveries (is the index"
                                 " reachable?); trying again in %.1fs: %r", pause, exc)
-                    self._wake.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), pause)
+                    with contextlib.suppress(TimeoutError):  # (not cut short by lanes ending)
+                        await asyncio.wait_for(self._stop_asked.wait(), pause)
                     pause = min(STORE_RETRY_MAX, pause * 2)
         finally:  # (cancelled: what the lanes run stays pending, no attempt counted)
             lanes = [lane.task for lane in self._lanes.values()]
@@ -162,14 +171,19 @@ class Worker:
         stopping with nothing due and nothing running."""
         store = self.store
         self._wake.clear()  # (before any look: a wake-up for what the look misses is kept)
-        flying = len(self._in_flight)
-        if flying and (self.batch - flying < self.refill
-                       or not (self._arrived or self._more)):
+        deep = [key for key, lane in self._lanes.items() if len(lane.items) >= self.deep]
+        flying = len(self._in_flight) - sum(len(self._lanes[key].items) - self.deep
+                                            for key in deep)
+        if flying:
             # others run: claim once there is room for REFILL and something may be due (woken
-            # by an arrival, or the last claim was full), not for each that finishes
-            if not await self._wait_for_work(None):
-                self._arrived = True  # (a look now and then: retries falling due)
-            return False
+            # by an arrival, or the last claim was full), not for each that finishes; and now
+            # and then (a look: retries falling due, deliveries other replicas let go of)
+            room = self.batch - flying
+            look = self._claimed_at + self._longest_look() - time.monotonic()
+            if room <= 0 or (look > 0 and (
+                    room < self.refill or not (self._arrived or self._more))):
+                await self._wait_for_work(None if room <= 0 else time.time() + look)
+                return False
         if not flying and self._idle.is_set() and not self._stopping and not (
                 self._finished or self._settling or self._preclaimed or self._let_go
                 or store.has_stray()):
@@ -184,9 +198,10 @@ class Worker:
         # runs them again, as retries: ctx.retry)
         limit = self.batch - flying
         self._arrived = False
+        self._claimed_at = time.monotonic()
         self._claims += 1
         claim = self._claims
-        items = await self._record_finished(limit=limit)
+        items = await self._record_finished(limit=limit, deep=deep)
         self._more = len(items) >= limit
         if not items:
             if self._in_flight:
@@ -200,22 +215,22 @@ class Worker:
         await self._start(items, claim)
         return False
 
-    async def _wait_for_work(self, wakeup: float | None) -> bool:
-        """Until woken (True), `wakeup` (when the next delivery this replica may take is due),
-        or the longest a worker waits between looks."""
+    def _longest_look(self) -> float:
         # other replicas' work frees deliveries without waking this one: look often
-        longest = IDLE_LOOK if self.store.engine == "sqlite" else SHARED_IDLE_LOOK
-        delay = longest if wakeup is None else max(0.0, min(longest, wakeup - time.time()))
-        try:
-            await asyncio.wait_for(self._wake.wait(), delay)
-        except TimeoutError:
-            return False
-        return True
+        return IDLE_LOOK if self.store.engine == "sqlite" else SHARED_IDLE_LOOK
 
-    async def _record_finished(self, limit: int) -> list[QueueItem]:
+    async def _wait_for_work(self, wakeup: float | None) -> None:
+        """Until woken, `wakeup` (when the next delivery this replica may take is due), or
+        the longest a worker waits between looks."""
+        longest = self._longest_look()
+        delay = longest if wakeup is None else max(0.0, min(longest, wakeup - time.time()))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), delay)
+
+    async def _record_finished(self, limit: int, deep: Sequence[str] = ()) -> list[QueueItem]:
         """Record what was finished, with the results of what those deliveries ran once
         (`_dispatch_once`), let go of what was claimed and not run, and claim up to `limit`
-        more, leaving alone what is running: one transaction."""
+        more, leaving alone what is running and the issues `deep`: one transaction."""
         store = self.store
         finished, self._finished = self._finished, []
         # (one list, kept: a `once` still at work after its delivery was cut appends to it)
@@ -242,7 +257,7 @@ class Worker:
             items, superseded = await store.finish_and_claim(
                 finished, limit=limit, also=also if settling or stray else None,
                 then=then if limit else None, excluding=[i.id for i in flying.values()],
-                let_go=let_go)
+                excluding_issues=deep, let_go=let_go)
         except BaseException:  # (the store is away: next turn)
             self._finished = finished + self._finished
             self._settling[:0] = settling
@@ -292,15 +307,19 @@ class Worker:
             del self._held_back[cut]  # (this claim began after the retry was recorded)
         for item in items:
             key = issue_key(item)
-            if key is None or item.takeovers:
+            if key is not None and key in self._held_back:  # its issue was cut short: not
+                self._in_flight.pop(item.guid, None)  # run past the retry
+                self._let_go.append(item)
+            elif key is None or item.takeovers:
                 await self._drain()
+                if key is not None and key in self._held_back:  # (cut short meanwhile)
+                    self._in_flight.pop(item.guid, None)
+                    self._let_go.append(item)
+                    continue
                 try:
                     await self._process_safely(item)
                 finally:
                     self._in_flight.pop(item.guid, None)
-            elif key in self._held_back:  # its issue was cut short: not run past the retry
-                self._in_flight.pop(item.guid, None)
-                self._let_go.append(item)
             elif (lane := self._lanes.get(key)) is not None:
                 lane.items.append(item)
             else:

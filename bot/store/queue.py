@@ -168,9 +168,11 @@ NEXT_PENDING = Sql("SELECT MIN(id) AS id FROM queue INDEXED BY queue_claim"
                    "SELECT MIN(id) AS id FROM queue WHERE state='pending' AND id>=?")
 # SQLite's claim (one writer, so nothing to skip): the oldest deliveries in a window this
 # replica may take now (parameters: claim_params). PostgreSQL's is CANDIDATES, below.
-# (a JSON array of ids it leaves alone: those this replica is running, see `excluding`)
+# (JSON arrays of the ids and issues it leaves alone: what this replica is running, and the
+# issues whose lanes are deep, see `excluding`)
 CLAIM = ("SELECT q.id FROM queue q INDEXED BY queue_claim WHERE q.id>=? AND q.id<? AND "
-         "q.id NOT IN (SELECT value FROM json_each(?)) AND "
+         "q.id NOT IN (SELECT value FROM json_each(?)) AND (q.issue_key IS NULL OR"
+         " q.issue_key NOT IN (SELECT value FROM json_each(?))) AND "
          + _CLAIMABLE + " ORDER BY q.id LIMIT ?").sqlite
 # when the next of them is due: the first by due time not held behind (next_wakeup)
 WAKEUP = (Sql("SELECT q.next_at-vm_now() AS t FROM queue q INDEXED BY queue_wake",
@@ -190,6 +192,7 @@ WAKEUP = (Sql("SELECT q.next_at-vm_now() AS t FROM queue q INDEXED BY queue_wake
 # at once, with no claim ever waiting for another.
 CANDIDATES = ("SELECT q.id, q.issue_key FROM queue q WHERE q.id>=? AND q.id<?"
               " AND NOT (q.id = ANY(?::bigint[]))"
+              " AND (q.issue_key IS NULL OR NOT (q.issue_key = ANY(?::text[])))"
               " AND q.state='pending' AND q.next_at<=coalesce(?, vm_now())"
               " AND (q.lease_owner IS NULL"
               " OR q.lease_owner=? OR (q.lease_owner NOT IN (" + _LIVE + ") AND "
@@ -228,10 +231,13 @@ def in_order(candidates: list[tuple[int, str | None]],
 
 
 def claim_params(me: str, at: float | None, first: int, limit: int,
-                 excluding: Collection[int] = ()) -> tuple[Any, ...]:
+                 excluding: Collection[int] = (), excluding_issues: Collection[str] = (),
+                 ) -> tuple[Any, ...]:
     """CLAIM's parameters for replica `me` at time `at` (None: now by the database's clock),
-    the window from id `first` on, leaving the ids `excluding` alone."""
-    return (first, first + WINDOW, json.dumps(sorted(excluding)), at, me, me, at, me, limit)
+    the window from id `first` on, leaving the ids `excluding` and the deliveries about the
+    issues `excluding_issues` alone."""
+    return (first, first + WINDOW, json.dumps(sorted(excluding)),
+            json.dumps(sorted(excluding_issues)), at, me, me, at, me, limit)
 
 
 def wakeup_params(me: str, at: float | None) -> tuple[Any, ...]:
@@ -478,14 +484,16 @@ class QueueMixin:
                                also: Callable[[Connection], Awaitable[None]] | None = None,
                                then: Callable[[Connection, list[QueueItem]], Awaitable[None]]
                                | None = None, excluding: Collection[int] = (),
+                               excluding_issues: Collection[str] = (),
                                let_go: Sequence[QueueItem] = (),
                                ) -> tuple[list[QueueItem], list[QueueItem]]:
         """Mark deliveries finished (as `finish` does, each under its claim), let go of the
         claims of `let_go` (claimed, not run: free again for any replica, this one included)
         and claim the next ones, leaving alone the ids `excluding` (what this replica is
-        running): one transaction, the worker's one write between two claims (`also` writes
-        in it first: the results of what the deliveries ran once; `then` last, given what was
-        claimed: their claims of what they will run once). Returns what it claimed, and which
+        running) and the issues `excluding_issues` (whole: their order holds): one
+        transaction, the worker's one write between two claims (`also` writes in it first:
+        the results of what the deliveries ran once; `then` last, given what was claimed:
+        their claims of what they will run once). Returns what it claimed, and which
         of `finished` were not recorded (taken over meanwhile)."""
         if self.retired is not None:  # another process holds this replica's id now
             return [], [item for item, _ in finished]
@@ -524,14 +532,16 @@ class QueueMixin:
                 start = int(first["id"]) + WINDOW
                 if self.engine == "postgresql":
                     rows += await self._claim_side_by_side(db, at, int(first["id"]),
-                                                           limit - len(rows), excluding)
+                                                           limit - len(rows), excluding,
+                                                           excluding_issues)
                     continue
                 rows += await db.fetchall(
                     "UPDATE queue SET takeovers=takeovers+(CASE WHEN " + _STOPPED_HOLDER
                     + " THEN 1 ELSE 0 END), lease_owner=?, lease_seq=lease_seq+1"
                     " WHERE id IN (" + CLAIM + ") RETURNING *",
                     (me, me, *claim_params(me, claim_at, int(first["id"]),
-                                           limit - len(rows), excluding)))
+                                           limit - len(rows), excluding,
+                                           excluding_issues)))
             rows = await _set_suspects_apart(db, sorted(rows, key=lambda r: int(r["id"])))
             items = [_item(r, kept[1] if (kept := handed.get(r["guid"])) else None)
                      for r in rows]
@@ -548,11 +558,13 @@ class QueueMixin:
         return items, superseded
 
     async def _claim_side_by_side(self, db: Connection, at: float | None, first: int,
-                                  limit: int, excluding: Collection[int] = ()) -> list[Any]:
+                                  limit: int, excluding: Collection[int] = (),
+                                  excluding_issues: Collection[str] = ()) -> list[Any]:
         """PostgreSQL's claim of one window (see CANDIDATES): the rows it took."""
         me = self.replica_id
         candidates = [(int(r["id"]), r["issue_key"]) for r in await db.fetchall(
-            CANDIDATES, (first, first + WINDOW, sorted(excluding), at, me, me, limit))]
+            CANDIDATES, (first, first + WINDOW, sorted(excluding), sorted(excluding_issues),
+                         at, me, me, limit))]
         if not candidates:
             return []
         keys = sorted({key for _, key in candidates if key is not None})
