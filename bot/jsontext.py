@@ -29,10 +29,30 @@ def has_long_number(text: bytes | str) -> bool:
     return _LONG_RUN in data.translate(_DIGITS_AS_ZERO)
 
 
-def loads(text: bytes | str) -> Any:
-    """`json.loads(text)`, computed by orjson whenever orjson reads the text the same way."""
+class _Unread:
+    """No `glance` at the text was taken."""
+
+
+UNREAD: Any = _Unread()
+
+
+def glance(text: bytes | str) -> Any:
+    """orjson's reading of `text`, unchecked (a long number may be read as a float), or UNREAD
+    when orjson refuses it: enough to decide what is not kept at all (the app's own echoes);
+    what is kept is read by `loads`, which takes this reading where it is `json.loads`'s."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return UNREAD
+
+
+def loads(text: bytes | str, glanced: Any = UNREAD) -> Any:
+    """`json.loads(text)`, computed by orjson whenever orjson reads the text the same way
+    (`glanced`: `glance(text)`, taken before, not read again)."""
     if has_long_number(text):
         return json.loads(text)
+    if glanced is not UNREAD:
+        return glanced
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:

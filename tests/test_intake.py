@@ -68,6 +68,40 @@ async def test_a_signed_delivery_is_queued_once_even_when_sent_twice(
     assert row is not None and row["n"] == 1
 
 
+async def test_the_apps_own_echo_is_answered_unstored_and_other_payloads_keep_their_numbers(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """Intake tells the app's own write coming back (an `issues.edited` by vaultmail[bot]) at a
+    glance, before the checks of what it keeps, and answers it unstored; a payload it keeps is
+    read as json.loads reads it all the same, a number past 64 bits included (orjson's glance
+    makes it a float)."""
+    secret = embedded.services.settings.webhook_secret
+    long = 123456789012345678901234567890
+
+    async def post(payload: dict[str, object]) -> tuple[str, dict[str, object]]:
+        body = json.dumps(payload).encode()
+        guid = str(uuid.uuid4())
+        async with session.post(embedded.app_url + "/webhook", data=body, headers={
+                "X-GitHub-Event": "issues", "X-GitHub-Delivery": guid,
+                "X-Hub-Signature-256": _sign(secret, body),
+                "Content-Type": "application/json"}) as resp:
+            assert resp.status == 202 and resp.content_type == "application/json"
+            return guid, await resp.json()
+
+    before = await _queue_rows(embedded)
+    echo = {"action": "edited", "issue": {"number": 1, "n": long},
+            "repository": {"full_name": "acme/scout-vault"},
+            "sender": {"login": "vaultmail[bot]"}, "installation": {"id": 1}}
+    guid, answer = await post(echo)
+    assert answer == {"delivery": guid, "queued": False, "ignored": True}
+    assert await _queue_rows(embedded) == before
+    kept = {**echo, "sender": {"login": "marco"}, "action": "pinned"}
+    guid, answer = await post(kept)
+    assert answer == {"delivery": guid, "queued": True}
+    row = await embedded.services.store.fetchone("SELECT payload FROM queue WHERE guid=?",
+                                                 (guid,))
+    assert row is not None and json.loads(row["payload"])["issue"]["n"] == long
+
+
 async def test_forge_redelivery_keeps_the_delivery_id_and_is_handled_once(
         embedded: Embedded, person) -> None:  # type: ignore[no-untyped-def]
     marco: Actor = person("marco")

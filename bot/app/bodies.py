@@ -83,9 +83,10 @@ def nested_deeper(data: bytes, limit: int = JSON_DEPTH_LIMIT) -> int | None:
     return depth if depth > limit else None
 
 
-def loads_json(data: bytes, what: str = "the body") -> Any:
+def loads_json(data: bytes, what: str = "the body", glanced: Any = jsontext.UNREAD) -> Any:
     """json.loads, once the nesting is known to be at most JSON_DEPTH_LIMIT: deeper is a
-    VaultmailError 400 `bad_json` naming the limit; text that is not JSON a ValueError."""
+    VaultmailError 400 `bad_json` naming the limit; text that is not JSON a ValueError
+    (`glanced`: `jsontext.glance(data)`, taken before, not read again)."""
     encoding = json.detect_encoding(data)
     if encoding not in ("utf-8", "utf-8-sig"):  # UTF-16 and 32, which json.loads also reads:
         # measured as UTF-8, where a `"` or a bracket byte is that character and no other
@@ -95,7 +96,7 @@ def loads_json(data: bytes, what: str = "the body") -> Any:
         raise VaultmailError(
             f"{what} nests arrays and objects {depth} deep: at most {JSON_DEPTH_LIMIT} levels "
             "are taken; send flatter JSON", code="bad_json")
-    return jsontext.loads(data)
+    return jsontext.loads(data, glanced if encoding == "utf-8" else jsontext.UNREAD)
 
 
 # -- lone surrogates --------------------------------------------------------------------------
