@@ -301,17 +301,23 @@ async def _claim_work(store: Store, url: str) -> tuple[int, list[QueueItem]]:
     return read, await store.due_items(limit=64)
 
 
+async def _joined(tmp_path: Path, database_url: str) -> Store:
+    """A store on either engine, its replica joined (as `vaultmail serve` joins it)."""
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    if store.engine == "sqlite":
+        await store.join(sole=True)
+    else:
+        await store.join("a")
+    return store
+
+
 async def test_a_claim_costs_the_same_with_300_or_3000_pending(
         tmp_path: Path, database_url: str) -> None:
     """Issue 29: the per-issue hold scanned every pending delivery for each one a claim
     looked at: one claim took 21.9 s with 6,560 pending, under the write lock. It reads
     what it takes now, whatever the backlog."""
-    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    store = await _joined(tmp_path, database_url)
     try:
-        if store.engine == "sqlite":
-            await store.join(sole=True)
-        else:
-            await store.join("a")
         await _queue_backlog(store, 0, 300)
         small, first = await _claim_work(store, database_url)
         await asyncio.gather(*(store.finish(item) for item in first))
@@ -439,12 +445,8 @@ async def test_a_claim_leaves_alone_what_this_replica_runs_and_the_issues_it_is_
     """The worker claims while it runs what it claimed before (bot.app.worker's lanes): a claim
     takes none of the deliveries it is told this replica runs, nor any about the issues it is
     told to leave (a deep lane's), and lets go of what it is told to in the same transaction."""
-    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    store = await _joined(tmp_path, database_url)
     try:
-        if store.engine == "sqlite":
-            await store.join(sole=True)
-        else:
-            await store.join("a")
         for n, issue in enumerate((1, 1, 2, 2, 3)):
             payload = {"action": "created", "issue": {"number": issue},
                        "repository": {"full_name": "acme/vault"}}
