@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -265,6 +266,110 @@ async def test_a_storm_about_one_issue_holds_no_other_issues_delivery(tmp_path: 
         slow_may_end.set()
         await worker.idle(timeout=60)
         assert [r for r in ran if r != "other"] == [f"x-{n}" for n in range(200)]
+    finally:
+        slow_may_end.set()
+        await worker.stop(drain_timeout=1.0)
+        await store.close()
+
+
+async def test_a_claim_slower_than_a_look_is_not_followed_by_another_at_once(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """The look while lanes run is timed from the end of the last claim: timed from its start,
+    a claim slower than a look (a loaded database) was followed by another at once, and the
+    worker wrote without a pause while nothing arrived (found by review)."""
+    clock = [1000.0]
+
+    class Clock:  # the worker's monotonic clock, moved on by the claims alone
+        monotonic = staticmethod(lambda: clock[0])
+        perf_counter = staticmethod(time.perf_counter)
+        time = staticmethod(time.time)
+
+    monkeypatch.setattr(worker_module, "time", Clock)
+    store = await open_store(tmp_path / "index.sqlite3")
+    router = Router()
+    slow_started, slow_may_end = asyncio.Event(), asyncio.Event()
+
+    @router.register("issue_comment")
+    async def reply(event: sansio.Event, ctx: HandlerContext) -> None:
+        slow_started.set()
+        await slow_may_end.wait()
+
+    claims = 0
+    original = store.finish_and_claim
+
+    async def slow_claim(*args: Any, **kwargs: Any) -> Any:
+        nonlocal claims
+        claims += 1
+        clock[0] += 2 * worker_module.IDLE_LOOK  # (slower than a look)
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(store, "finish_and_claim", slow_claim)
+    await _deliver(store, "slow", 1, 101)
+    worker = Worker(store, router, Router(), lambda payload: False, _context)
+    try:
+        worker.start()
+        await asyncio.wait_for(slow_started.wait(), 30)
+        first = claims
+        # nothing arrives and nothing falls due: the next look is a whole IDLE_LOOK away (5 s
+        # of the event loop's time; here 1 s is watched, in which, before, claims ran on)
+        await asyncio.sleep(1.0)
+        assert claims == first
+    finally:
+        slow_may_end.set()
+        await worker.stop(drain_timeout=1.0)
+        await store.close()
+
+
+async def test_a_barrier_waits_for_a_deep_issues_deliveries_before_it(
+        tmp_path: Path, database_url: str) -> None:
+    """A claim leaves a deep lane's issue alone; it takes no barrier (a push: about no issue)
+    after the first of that issue's deliveries it left, so the barrier still runs after
+    everything before it (found by review: it ran between x-39 and x-40)."""
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    await (store.join(sole=True) if store.engine == "sqlite" else store.join("a"))
+    router = Router()
+    slow_started, slow_may_end = asyncio.Event(), asyncio.Event()
+    ran: list[str] = []
+
+    @router.register("issue_comment")
+    async def reply(event: sansio.Event, ctx: HandlerContext) -> None:
+        ran.append(event.delivery_id)
+        if event.delivery_id == "x-0":
+            slow_started.set()
+            await slow_may_end.wait()
+
+    @router.register("push")
+    async def pushed(event: sansio.Event, ctx: HandlerContext) -> None:
+        ran.append(event.delivery_id)
+
+    claimed = asyncio.Queue[list[str]]()
+    original = store.finish_and_claim
+
+    async def claim(*args: Any, **kwargs: Any) -> Any:
+        taken, superseded = await original(*args, **kwargs)
+        claimed.put_nowait([i.guid for i in taken])
+        return taken, superseded
+
+    store.finish_and_claim = claim  # type: ignore[method-assign]
+    worker = Worker(store, router, Router(), lambda payload: False, _context)
+    deep = worker.deep + 8  # a lane deeper than DEEP: its issue is left alone by claims
+    for n in range(deep):
+        await _deliver(store, f"x-{n}", 1, 1000 + n)
+    try:
+        worker.start()
+        await asyncio.wait_for(slow_started.wait(), 30)
+        for n in range(deep, deep + 10):  # left alone while the lane is deep
+            await _deliver(store, f"x-{n}", 1, 1000 + n)
+        push = {"ref": "refs/heads/main", "repository": {"full_name": "acme/scout-vault"},
+                "sender": {"login": "someone"}, "installation": {"id": 1}}
+        while not claimed.empty():
+            claimed.get_nowait()
+        assert await store.enqueue_delivery("barrier", "push", push, json.dumps(push).encode())
+        worker.wake()
+        await asyncio.wait_for(claimed.get(), 30)  # a claim after the push arrived
+        slow_may_end.set()
+        await worker.idle(timeout=60)
+        assert ran == [f"x-{n}" for n in range(deep + 10)] + ["barrier"]
     finally:
         slow_may_end.set()
         await worker.stop(drain_timeout=1.0)

@@ -92,7 +92,7 @@ class Worker:
         self._wake = asyncio.Event()
         self._arrived = False  # woken by intake since the last claim
         self._more = False  # the last claim took all it asked for: more may be due
-        self._claimed_at = 0.0  # (time.monotonic) when the last claim began
+        self._claimed_at = 0.0  # (time.monotonic) when the last claim ended
         self._stop_asked = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -198,10 +198,10 @@ class Worker:
         # runs them again, as retries: ctx.retry)
         limit = self.batch - flying
         self._arrived = False
-        self._claimed_at = time.monotonic()
         self._claims += 1
         claim = self._claims
         items = await self._record_finished(limit=limit, deep=deep)
+        self._claimed_at = time.monotonic()  # (a look after a claim: a slow one is no look)
         self._more = len(items) >= limit
         if not items:
             if self._in_flight:

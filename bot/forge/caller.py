@@ -151,26 +151,40 @@ class _GitHubAPI(gidgethub.aiohttp.GitHubAPI):
         self, method: str, url: str, headers: Mapping[str, str], body: bytes = b""
     ) -> tuple[int, Mapping[str, str], bytes]:
         """One request, redirects followed on the forge's own origin only (GitHub's, of a
-        renamed repository, stay on it): followed elsewhere, a write's body would go where
-        the forge's answer says. A write follows 307 and 308 alone (sent again as it was);
+        renamed repository, stay on it), all of them within the one timeout: followed
+        elsewhere, a write's body would go where the forge's answer says. A write follows 307
+        and 308 (sent again as it was) and 303 (it was made: its result read with a GET);
         another redirect, or one elsewhere, is the answer (gidgethub raises it)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self._timeout.total or 0.0)
+        timeout = self._timeout
         for _ in range(_REDIRECTS_AT_MOST + 1):
             async with self._session.request(
-                method, url, headers=headers, data=body, timeout=self._timeout,
+                method, url, headers=headers, data=body, timeout=timeout,
                 allow_redirects=False,
             ) as response:
                 payload = await response.read()
             self._observe(method, url, response.status, response.headers)
             location = response.headers.get("location")
+            reading = method in ("GET", "HEAD")
             if location is None or response.status not in (
-                    _READ_REDIRECTS if method in ("GET", "HEAD") else _WRITE_REDIRECTS):
+                    _READ_REDIRECTS if reading else _WRITE_REDIRECTS):
                 break
             target = urljoin(url, location)
-            if not same_origin(target, url):
-                log.warning("forge redirect to another origin not followed", extra={
-                    "method": method, "url": url, "location": location})
+            if not _followable(target, url):
+                log.warning("forge redirect not followed: not on the forge's own origin",
+                            extra={"method": method, "url": url,
+                                   "to": urlsplit(target).netloc.rpartition("@")[2]})
                 break
+            if response.status == 303 and not reading:  # (the write was made)
+                method, body = "GET", b""
+                headers = {k: v for k, v in headers.items()
+                           if k.lower() not in ("content-type", "content-length")}
             url = target
+            left = deadline - loop.time()
+            if self._timeout.total is not None and left <= 0:
+                raise TimeoutError(f"{method} {url}: redirects took past the timeout")
+            timeout = aiohttp.ClientTimeout(total=left if self._timeout.total else None)
         return response.status, response.headers, payload
 
     async def call(
@@ -252,7 +266,8 @@ class _GitHubAPI(gidgethub.aiohttp.GitHubAPI):
 
 _SUCCESS = frozenset((200, 201, 202, 204))  # what gidgethub answers rather than raises
 _READ_REDIRECTS = frozenset((301, 302, 303, 307, 308))
-_WRITE_REDIRECTS = frozenset((307, 308))  # "repeat the request as it was" (RFC 9110 15.4)
+# 307 and 308: "repeat the request as it was"; 303: done, the result is there (RFC 9110 15.4)
+_WRITE_REDIRECTS = frozenset((303, 307, 308))
 _REDIRECTS_AT_MOST = 10  # (aiohttp's own limit)
 _JSON_UTF_8 = "application/json; charset=utf-8"
 
@@ -329,6 +344,18 @@ def same_origin(url: str, base: str) -> bool:
         return origin(url) == origin(base)
     except ValueError:  # a port that is not a number
         return False
+
+
+def _followable(target: str, url: str) -> bool:
+    """Whether a redirect from `url` to `target` (absolute) stays on the forge: its origin,
+    and nothing a URL parser could read another way (userinfo, backslashes, whitespace)."""
+    if any(c in target for c in "\\ \t\r\n"):
+        return False
+    try:
+        parts = urlsplit(target)
+    except ValueError:
+        return False
+    return "@" not in parts.netloc and same_origin(target, url)
 
 
 def next_on_forge(url: str, base: str) -> str | None:

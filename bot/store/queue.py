@@ -142,6 +142,15 @@ _LIVE = f"SELECT id FROM replicas WHERE seen_at>vm_now()-{DEAD_AFTER}"
 # arrival ids at a time (due_items): PostgreSQL, sure from stale statistics that few rows are
 # pending, would otherwise check and sort every one of them rather than stop after `limit`.
 WINDOW = 256
+NO_HOLD = 2**62  # (a claim holds no barrier back)
+# A claim that leaves issues alone (deep lanes') takes no barrier after the first of their
+# pending rows it leaves: a barrier runs after everything before it
+FIRST_LEFT = Sql(
+    "SELECT MIN(id) AS id FROM queue INDEXED BY queue_held WHERE state='pending'"
+    " AND issue_key IN (SELECT value FROM json_each(?))"
+    " AND id NOT IN (SELECT value FROM json_each(?))",
+    "SELECT MIN(id) AS id FROM queue WHERE state='pending' AND issue_key = ANY(?::text[])"
+    " AND NOT (id = ANY(?::bigint[]))")
 # (SQLite is told which index to read; PostgreSQL's planner finds it)
 _HELD_BEHIND = Sql("SELECT 1 FROM queue p INDEXED BY queue_held", "SELECT 1 FROM queue p") + (
     " WHERE p.state='pending' AND p.issue_key=q.issue_key AND p.id<q.id"
@@ -171,8 +180,8 @@ NEXT_PENDING = Sql("SELECT MIN(id) AS id FROM queue INDEXED BY queue_claim"
 # (JSON arrays of the ids and issues it leaves alone: what this replica is running, and the
 # issues whose lanes are deep, see `excluding`)
 CLAIM = ("SELECT q.id FROM queue q INDEXED BY queue_claim WHERE q.id>=? AND q.id<? AND "
-         "q.id NOT IN (SELECT value FROM json_each(?)) AND (q.issue_key IS NULL OR"
-         " q.issue_key NOT IN (SELECT value FROM json_each(?))) AND "
+         "q.id NOT IN (SELECT value FROM json_each(?)) AND (q.issue_key IS NULL AND q.id<?"
+         " OR q.issue_key NOT IN (SELECT value FROM json_each(?))) AND "
          + _CLAIMABLE + " ORDER BY q.id LIMIT ?").sqlite
 # when the next of them is due: the first by due time not held behind (next_wakeup)
 WAKEUP = (Sql("SELECT q.next_at-vm_now() AS t FROM queue q INDEXED BY queue_wake",
@@ -192,7 +201,7 @@ WAKEUP = (Sql("SELECT q.next_at-vm_now() AS t FROM queue q INDEXED BY queue_wake
 # at once, with no claim ever waiting for another.
 CANDIDATES = ("SELECT q.id, q.issue_key FROM queue q WHERE q.id>=? AND q.id<?"
               " AND NOT (q.id = ANY(?::bigint[]))"
-              " AND (q.issue_key IS NULL OR NOT (q.issue_key = ANY(?::text[])))"
+              " AND (q.issue_key IS NULL AND q.id<? OR NOT (q.issue_key = ANY(?::text[])))"
               " AND q.state='pending' AND q.next_at<=coalesce(?, vm_now())"
               " AND (q.lease_owner IS NULL"
               " OR q.lease_owner=? OR (q.lease_owner NOT IN (" + _LIVE + ") AND "
@@ -232,11 +241,11 @@ def in_order(candidates: list[tuple[int, str | None]],
 
 def claim_params(me: str, at: float | None, first: int, limit: int,
                  excluding: Collection[int] = (), excluding_issues: Collection[str] = (),
-                 ) -> tuple[Any, ...]:
+                 barriers_before: int = NO_HOLD) -> tuple[Any, ...]:
     """CLAIM's parameters for replica `me` at time `at` (None: now by the database's clock),
     the window from id `first` on, leaving the ids `excluding` and the deliveries about the
-    issues `excluding_issues` alone."""
-    return (first, first + WINDOW, json.dumps(sorted(excluding)),
+    issues `excluding_issues` alone, and the barriers from `barriers_before` on."""
+    return (first, first + WINDOW, json.dumps(sorted(excluding)), barriers_before,
             json.dumps(sorted(excluding_issues)), at, me, me, at, me, limit)
 
 
@@ -523,6 +532,14 @@ class QueueMixin:
             # statement, so a row about an issue falling due between two windows was neither
             # taken nor held back a later one about its issue, which then ran first)
             claim_at = at
+            hold = NO_HOLD
+            if excluding_issues and limit:
+                left: tuple[Any, ...] = (sorted(excluding_issues), sorted(excluding))
+                if self.engine == "sqlite":
+                    left = tuple(json.dumps(ids) for ids in left)
+                found = next(iter(await db.fetchall(FIRST_LEFT, left)), None)
+                if found is not None and found["id"] is not None:
+                    hold = int(found["id"])
             if claim_at is None and self.engine == "sqlite" and limit:
                 claim_at = float((await db.fetchall("SELECT vm_now() AS t"))[0]["t"])
             while len(rows) < limit:
@@ -533,7 +550,7 @@ class QueueMixin:
                 if self.engine == "postgresql":
                     rows += await self._claim_side_by_side(db, at, int(first["id"]),
                                                            limit - len(rows), excluding,
-                                                           excluding_issues)
+                                                           excluding_issues, hold)
                     continue
                 rows += await db.fetchall(
                     "UPDATE queue SET takeovers=takeovers+(CASE WHEN " + _STOPPED_HOLDER
@@ -541,7 +558,7 @@ class QueueMixin:
                     " WHERE id IN (" + CLAIM + ") RETURNING *",
                     (me, me, *claim_params(me, claim_at, int(first["id"]),
                                            limit - len(rows), excluding,
-                                           excluding_issues)))
+                                           excluding_issues, hold)))
             rows = await _set_suspects_apart(db, sorted(rows, key=lambda r: int(r["id"])))
             items = [_item(r, kept[1] if (kept := handed.get(r["guid"])) else None)
                      for r in rows]
@@ -559,12 +576,13 @@ class QueueMixin:
 
     async def _claim_side_by_side(self, db: Connection, at: float | None, first: int,
                                   limit: int, excluding: Collection[int] = (),
-                                  excluding_issues: Collection[str] = ()) -> list[Any]:
+                                  excluding_issues: Collection[str] = (),
+                                  hold: int = NO_HOLD) -> list[Any]:
         """PostgreSQL's claim of one window (see CANDIDATES): the rows it took."""
         me = self.replica_id
         candidates = [(int(r["id"]), r["issue_key"]) for r in await db.fetchall(
-            CANDIDATES, (first, first + WINDOW, sorted(excluding), sorted(excluding_issues),
-                         at, me, me, limit))]
+            CANDIDATES, (first, first + WINDOW, sorted(excluding), hold,
+                         sorted(excluding_issues), at, me, me, limit))]
         if not candidates:
             return []
         keys = sorted({key for _, key in candidates if key is not None})
