@@ -158,6 +158,81 @@ async def test_a_mail_is_held_by_one_replica_at_a_time_and_let_go_when_its_holde
     assert order[-1] == "b again"
 
 
+async def test_named_locks_whose_names_collide_in_32_bits_hold_each_other_up_no_more(
+        two_replicas: tuple[Store, Store]) -> None:
+    """Named locks hash their names, which tenants choose parts of (an org, an agent, a URL):
+    hashed to 32 bits, one office could find a name of its own that collides with another's
+    mail or run lock and hold it, holding that office up. 64 bits: no such name is found."""
+    import asyncpg
+
+    a, b = two_replicas
+    conn = await asyncpg.connect(a._url)  # noqa: SLF001 - the database both replicas share
+    try:  # two names that hashtext, 32 bits, makes one (a birthday search over 300,000)
+        row = await conn.fetchrow(
+            "SELECT min(k) AS one, max(k) AS other FROM (SELECT 'run:evil:' || g AS k,"
+            " hashtext('run:evil:' || g) AS h FROM generate_series(1, 300000) g) t"
+            " GROUP BY h HAVING count(*) > 1 LIMIT 1")
+    finally:
+        await conn.close()
+    assert row is not None and row["one"] != row["other"]
+    held, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        async with a.named_lock(row["one"]):
+            held.set()
+            await release.wait()
+
+    holder = asyncio.create_task(hold())
+    try:
+        await held.wait()
+        async with asyncio.timeout(10):  # (a guard: before, it waited for as long as a held)
+            async with b.named_lock(row["other"]):
+                pass
+    finally:
+        release.set()
+        await holder
+
+
+async def test_a_replica_of_the_release_before_is_excluded_its_way_while_it_lives(
+        two_replicas: tuple[Store, Store]) -> None:
+    """During a rolling deploy a replica of the release before takes its named locks as
+    (NAMED_LOCKS, hashtext(name)): while one lives (its `replicas` row names no
+    `named_locks`), this release takes them that way too, so the two never hold one mail."""
+    import asyncpg
+
+    from bot.store.postgres import NAMED_LOCKS
+
+    a, b = two_replicas
+    old = await asyncpg.connect(a._url)  # noqa: SLF001 - the old replica's session
+    try:
+        await old.execute("INSERT INTO replicas(id, url, started_at, seen_at, steady_since,"
+                          " incarnation) VALUES ('old', NULL, vm_now(), vm_now(), vm_now(),"
+                          " 'x')")
+        assert await old.fetchval("SELECT pg_try_advisory_lock($1, hashtext('mail-1'))",
+                                  NAMED_LOCKS)
+        entered = asyncio.Event()
+
+        async def take() -> None:
+            async with b.named_lock("mail-1"):
+                entered.set()
+                # held the old way too: the old replica cannot take it meanwhile
+                assert not await old.fetchval(
+                    "SELECT pg_try_advisory_lock($1, hashtext('mail-1'))", NAMED_LOCKS)
+
+        taking = asyncio.create_task(take())
+        done, _ = await asyncio.wait([taking], timeout=0.5)  # (a bounded look: stays out)
+        assert not done and not entered.is_set(), "b took a mail the old replica held"
+        await old.fetchval("SELECT pg_advisory_unlock($1, hashtext('mail-1'))", NAMED_LOCKS)
+        await asyncio.wait_for(taking, 10)
+        # once the old replica is gone, its way is taken no more
+        await old.execute("UPDATE replicas SET seen_at=vm_now()-1000 WHERE id='old'")
+        async with b.named_lock("mail-1"):
+            assert await old.fetchval("SELECT pg_try_advisory_lock($1, hashtext('mail-1'))",
+                                      NAMED_LOCKS)
+    finally:
+        await old.close()
+
+
 async def test_a_replica_whose_clock_runs_ahead_takes_over_nothing_from_a_live_one(
         two_replicas: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch) -> None:
     """Liveness goes by the database's clock: b's host clock 30 s ahead of a's does not make

@@ -79,6 +79,10 @@ register_columns("idempotency", {"owner": "{text}"}, version=2)
 register_columns("queue", {"takeovers": "{int} NOT NULL DEFAULT 0",
                            "lease_seq": "{int} NOT NULL DEFAULT 0"}, version=3)
 register_columns("replicas", {"steady_since": "{real}", "incarnation": "{text}"}, version=3)
+# which named locks a replica takes (PostgreSQL, bot.store.postgres): 2, 64-bit hashes of their
+# names; none, a replica of a release before, which took 32-bit ones
+NAMED_LOCKS_KIND = 2
+register_columns("replicas", {"named_locks": "{int}"}, version=16)
 # The pending rows as a claim reads them (bot.store.queue, CLAIM and WAKEUP): in arrival order,
 # by issue, by due time, each with the columns the claim filters on (`state` too, though it is
 # 'pending' throughout: SQLite reads an index alone only if it holds every column named).
@@ -278,8 +282,8 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
                                  " WHERE state='pending' AND lease_owner IS NOT NULL")
             await db.execute("DELETE FROM replicas WHERE id=?", (self.replica_id,))
             await db.execute("INSERT INTO replicas(id, url, started_at, seen_at, steady_since,"
-                             " incarnation) VALUES (?,?,vm_now(),vm_now(),vm_now(),?)",
-                             (self.replica_id, url, self.incarnation))
+                             " incarnation, named_locks) VALUES (?,?,vm_now(),vm_now(),vm_now(),"
+                             "?,?)", (self.replica_id, url, self.incarnation, NAMED_LOCKS_KIND))
             await db.execute("UPDATE queue SET lease_owner=NULL, takeovers=takeovers+1"
                              " WHERE lease_owner=? AND state='pending'", (self.replica_id,))
 
@@ -323,9 +327,10 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
                                           (self.replica_id,))
                 if taken is None:  # declared dead meanwhile (a long pause): alive again
                     await db.execute("INSERT INTO replicas(id, url, started_at, seen_at,"
-                                     " steady_since, incarnation) VALUES"
-                                     " (?,?,vm_now(),vm_now(),vm_now(),?)",
-                                     (self.replica_id, None, self.incarnation))
+                                     " steady_since, incarnation, named_locks) VALUES"
+                                     " (?,?,vm_now(),vm_now(),vm_now(),?,?)",
+                                     (self.replica_id, None, self.incarnation,
+                                      NAMED_LOCKS_KIND))
         if beaten == 0 and taken is not None:
             raise ReplicaIdTaken(self.retire())
 

@@ -54,6 +54,9 @@ NAMES = {
         " its lists): the inbox's page is cut in the query, visibility a condition of it",
     15: "each open question's office, repository and asker beside who it waits on, and asked"
         " questions indexed by repository: the inbox's pages and counts read from indexes",
+    16: "which named locks each replica takes: 64-bit hashes of their names, which no office"
+        " can make collide with another's; a replica of the release before (none named) is"
+        " excluded its way too while it lives",
 }
 
 

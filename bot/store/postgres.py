@@ -28,14 +28,21 @@ import asyncpg
 
 from bot.store.db import Store
 from bot.store.migrations import MIGRATIONS_TABLE, column, migrations
+from bot.store.queue import DEAD_AFTER
 from bot.store.sql import Params, Row, Statement, ddl, for_postgres
 
 log = logging.getLogger("vaultmail.store")
 
 MIGRATE_LOCK = 0x766D_0002  # schema migrations at start-up: one replica applies them
-# named locks (Store.named_lock) are advisory locks in the two-key space, which does not
-# overlap the one-key space of the two above: (NAMED_LOCKS, hashtext(key))
-NAMED_LOCKS = 0x766D
+# Named locks (Store.named_lock) are session advisory locks in the one-key space: 64-bit
+# hashes of their names under a seed of their own, NAMED_SEED (a transaction's keys, below,
+# hash under 0: the same name is two locks). Tenants choose parts of the names (an org, an
+# agent, a URL): the release before hashed them to 32 bits, (NAMED_LOCKS, hashtext(key)) in
+# the two-key space, which another office could make collide with its own key and hold. While
+# a replica of that release is live (its `replicas` row names no `named_locks`), a lock is
+# taken that way too, so that the two releases exclude each other.
+NAMED_SEED = 0x766D_0003
+NAMED_LOCKS = 0x766D  # (the release before's)
 # a transaction's keys (Store.transaction(key), hold) are advisory locks of the transaction in
 # the one-key space, 64-bit hashes of their names (tenants choose the names: an org, an
 # idempotency key; a 32-bit hash could be made to collide with another office's key): a
@@ -227,6 +234,7 @@ class PostgresStore(Store):
         self._locker: asyncpg.Connection | None = None
         self._locker_turn = asyncio.Lock()  # one statement at a time on that session
         self._letting_go: set[asyncio.Future[None]] = set()  # unlocks after a cancelled try
+        self._held_the_old_way: set[str] = set()  # named locks also held as the release before
         self._on_broadcast: Callable[[list[str]], None] | None = None
         self._on_gap: Callable[[], None] | None = None
         self._relisten: asyncio.Future[None] | None = None  # while the listener reconnects
@@ -327,9 +335,20 @@ class PostgresStore(Store):
             if self._locker is None or self._locker.is_closed():
                 self._locker = await asyncpg.connect(self._url, server_settings=SESSION)
             session = self._locker
-            got = await session.fetchval("SELECT pg_try_advisory_lock($1, hashtext($2))",
-                                         NAMED_LOCKS, key)
-            return session if got else None
+            row = await session.fetchrow(
+                "SELECT pg_try_advisory_lock(hashtextextended($1, $2)) AS got, EXISTS (SELECT 1"
+                " FROM replicas WHERE named_locks IS NULL AND seen_at>vm_now()-$3) AS older",
+                key, NAMED_SEED, DEAD_AFTER)
+            if row is None or not row["got"]:
+                return None
+            if row["older"]:  # a replica of the release before is live: its way too
+                if not await session.fetchval("SELECT pg_try_advisory_lock($1, hashtext($2))",
+                                              NAMED_LOCKS, key):
+                    await session.fetchval("SELECT pg_advisory_unlock(hashtextextended($1, $2))",
+                                           key, NAMED_SEED)
+                    return None
+                self._held_the_old_way.add(key)
+            return session
 
     def _let_go(self, attempt: asyncio.Future[asyncpg.Connection | None], key: str) -> None:
         if attempt.cancelled() or attempt.exception() is not None:
@@ -342,9 +361,14 @@ class PostgresStore(Store):
 
     async def _unlock(self, session: asyncpg.Connection, key: str) -> None:
         async with self._locker_turn:
+            old_way = key in self._held_the_old_way
+            self._held_the_old_way.discard(key)
             if not session.is_closed():  # else its locks went with it
-                await session.fetchval("SELECT pg_advisory_unlock($1, hashtext($2))",
-                                       NAMED_LOCKS, key)
+                await session.fetchval("SELECT pg_advisory_unlock(hashtextextended($1, $2))",
+                                       key, NAMED_SEED)
+                if old_way:
+                    await session.fetchval("SELECT pg_advisory_unlock($1, hashtext($2))",
+                                           NAMED_LOCKS, key)
 
     # -- wake-ups across replicas ----------------------------------------------------------
 
