@@ -108,3 +108,32 @@ async def test_a_write_put_off_takes_no_place(tmp_path: Path, database_url: str)
         assert len(rows) == 3
     finally:
         await store.close()
+
+
+async def test_a_place_costs_the_same_with_a_quiet_or_a_busy_hour_behind_it(
+        tmp_path: Path) -> None:
+    """A write's place read every write of its installation in the last hour, and an
+    installation may make 180 label moves a minute (10,800 an hour): each took longer than the
+    one before. It reads the last minute's writes, and for a creation the hour's creations."""
+    from tests.support import sqlite_steps
+
+    store = await open_store(tmp_path / "index.sqlite3")
+    try:
+        limits = Limits(per_minute=80, per_hour=500, endpoint_points_per_minute=900)
+        budget = SharedWriteBudget(store, limits)
+        steps: dict[int, int] = {}
+        patch = "PATCH /repos/{owner}/{repo}/issues/{issue_number}"
+        for behind in (100, 3000):  # label moves earlier in the hour, more than a minute ago
+            who = f"inst-{behind}"
+            async with store.transaction() as db:
+                for n in range(behind):
+                    await db.execute(
+                        "INSERT INTO forge_writes(who, endpoint, content, at)"
+                        " VALUES (?, 'PATCH /repos/{owner}/{repo}/issues/{issue_number}', 0,"
+                        " vm_now()-120-?)", (who, 3400.0 * n / behind))
+            steps[behind], wait = await sqlite_steps(
+                store, lambda who=who: budget.reserve(who, patch, False))  # type: ignore[misc]
+            assert wait == 0.0
+        assert steps[3000] <= 1.5 * steps[100], steps
+    finally:
+        await store.close()

@@ -56,7 +56,8 @@ NAMES = {
         " questions indexed by repository: the inbox's pages and counts read from indexes",
     16: "which named locks each replica takes: 64-bit hashes of their names, which no office"
         " can make collide with another's; a replica of the release before (none named) is"
-        " excluded its way too while it lives",
+        " excluded its way too while it lives; and the forge writes' creations indexed, so a"
+        " write's place reads the last minute and the hour's creations, not the hour",
 }
 
 
