@@ -137,3 +137,26 @@ async def test_a_place_costs_the_same_with_a_quiet_or_a_busy_hour_behind_it(
         assert steps[3000] <= 1.5 * steps[100], steps
     finally:
         await store.close()
+
+
+async def test_every_installation_forgets_what_no_window_holds(
+        tmp_path: Path, database_url: str) -> None:
+    """What no window holds is deleted now and then for each installation: counted over the
+    process, two installations placing in turn, the one on the odd places was never purged
+    (found by review)."""
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    try:
+        async with store.transaction() as db:
+            for who in ("A", "B"):
+                for n in range(50):
+                    await db.execute("INSERT INTO forge_writes(who, endpoint, content, at)"
+                                     " VALUES (?, 'PATCH /x', 0, vm_now()-5000-?)", (who, n))
+        budget = SharedWriteBudget(store, Limits(endpoint_points_per_minute=0))
+        for _ in range(150):
+            for who in ("A", "B"):
+                await budget.reserve(who, "PATCH /x", False)
+        rows = await store.fetchall("SELECT who, count(*) AS n FROM forge_writes"
+                                    " WHERE at < vm_now()-4000 GROUP BY who ORDER BY who")
+        assert {str(r["who"]): int(r["n"]) for r in rows} == {}
+    finally:
+        await store.close()

@@ -233,6 +233,48 @@ async def test_a_replica_of_the_release_before_is_excluded_its_way_while_it_live
         await old.close()
 
 
+async def test_a_cancelled_try_granted_meanwhile_leaves_no_lock_held_the_old_way(
+        two_replicas: tuple[Store, Store]) -> None:
+    """A try for a named lock cancelled while in flight, but granted, is let go of; if the
+    same key is taken again meanwhile, the session holds it twice (advisory locks count), and
+    both are let go of, the old way too (found by review: counted once, the old replica could
+    never take that mail again)."""
+    import asyncpg
+
+    from bot.store.postgres import NAMED_LOCKS, NAMED_SEED
+    from tests.support import until
+
+    a, _ = two_replicas
+    old = await asyncpg.connect(a._url)  # noqa: SLF001 - a replica of the release before
+    try:
+        await old.execute("INSERT INTO replicas(id, url, started_at, seen_at, steady_since,"
+                          " incarnation) VALUES ('old', NULL, vm_now(), vm_now(), vm_now(),"
+                          " 'x')")
+        turn = a._locker_turn  # noqa: SLF001 - the session's one statement at a time
+        async with turn:  # a's first try waits for the session, in flight
+            first = asyncio.create_task(a.named_lock("mail-1").__aenter__())
+            await until(lambda: bool(turn._waiters))  # noqa: SLF001
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+
+            async def again() -> None:
+                async with a.named_lock("mail-1"):
+                    pass
+
+            second = asyncio.create_task(again())
+            await until(lambda: len(turn._waiters or ()) >= 2)  # noqa: SLF001
+        await asyncio.wait_for(second, 10)
+        while a._letting_go:  # noqa: SLF001 - the cancelled try's grant, let go of
+            await asyncio.gather(*a._letting_go)  # noqa: SLF001
+        assert await old.fetchval("SELECT pg_try_advisory_lock(hashtextextended($1, $2))",
+                                  "mail-1", NAMED_SEED)
+        assert await old.fetchval("SELECT pg_try_advisory_lock($1, hashtext($2))",
+                                  NAMED_LOCKS, "mail-1")
+    finally:
+        await old.close()
+
+
 async def test_a_replica_whose_clock_runs_ahead_takes_over_nothing_from_a_live_one(
         two_replicas: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch) -> None:
     """Liveness goes by the database's clock: b's host clock 30 s ahead of a's does not make

@@ -13,6 +13,7 @@ Times are the database's clock (vm_now()), so the replicas' own clocks need not 
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from bot.store.db import Store, register_schema
@@ -34,7 +35,7 @@ CREATE INDEX IF NOT EXISTS forge_writes_who_at ON forge_writes(who, at);
 register_schema("""
 CREATE INDEX IF NOT EXISTS forge_writes_creations ON forge_writes(who, at) WHERE content=1;
 """, version=16)
-PURGE_EVERY = 100  # places between two deletions of what no window holds any more
+PURGE_EVERY = 100  # an installation's places between two deletions of what no window holds
 
 WRITE_POINTS = 5  # what GitHub counts a write on its endpoint's budget
 
@@ -97,7 +98,7 @@ class SharedWriteBudget:
         # SQLite (one writer, holding every key): one group; PostgreSQL (writers side by
         # side): a group per installation, so that no installation's writes wait for another's
         self._groups: dict[str, GroupCommit[_Write, float]] = {}
-        self._placed = 0
+        self._placed: Counter[str] = Counter()  # places per installation, in this process
 
     async def reserve(self, who: str, endpoint: str, content: bool,
                       at_most: float | None = None) -> float:
@@ -138,9 +139,9 @@ class SharedWriteBudget:
                     continue
                 await db.execute("INSERT INTO forge_writes(who, endpoint, content, at)"
                                  " VALUES (?,?,?,?)", (who, endpoint, int(content), at))
-                self._placed += 1
-                if self._placed % PURGE_EVERY == 0:  # now and then, forget what no window
-                    await db.execute("DELETE FROM forge_writes WHERE who=? AND at<?",  # holds
+                self._placed[who] += 1  # now and then (its first place, then every 100th),
+                if self._placed[who] % PURGE_EVERY == 1:  # forget what no window holds
+                    await db.execute("DELETE FROM forge_writes WHERE who=? AND at<?",
                                      (who, horizon))
                 waits.append(at - now)
             return waits

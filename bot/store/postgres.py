@@ -16,6 +16,7 @@ its host stops answering keepalives.) Wake-ups for long polls cross replicas by 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -234,7 +235,9 @@ class PostgresStore(Store):
         self._locker: asyncpg.Connection | None = None
         self._locker_turn = asyncio.Lock()  # one statement at a time on that session
         self._letting_go: set[asyncio.Future[None]] = set()  # unlocks after a cancelled try
-        self._held_the_old_way: set[str] = set()  # named locks also held as the release before
+        # named locks also held as the release before, and how many times (a session's
+        # advisory locks count: a cancelled try granted meanwhile holds it once more)
+        self._held_the_old_way: collections.Counter[str] = collections.Counter()
         self._on_broadcast: Callable[[list[str]], None] | None = None
         self._on_gap: Callable[[], None] | None = None
         self._relisten: asyncio.Future[None] | None = None  # while the listener reconnects
@@ -347,7 +350,7 @@ class PostgresStore(Store):
                     await session.fetchval("SELECT pg_advisory_unlock(hashtextextended($1, $2))",
                                            key, NAMED_SEED)
                     return None
-                self._held_the_old_way.add(key)
+                self._held_the_old_way[key] += 1
             return session
 
     def _let_go(self, attempt: asyncio.Future[asyncpg.Connection | None], key: str) -> None:
@@ -361,8 +364,10 @@ class PostgresStore(Store):
 
     async def _unlock(self, session: asyncpg.Connection, key: str) -> None:
         async with self._locker_turn:
-            old_way = key in self._held_the_old_way
-            self._held_the_old_way.discard(key)
+            old_way = self._held_the_old_way[key] > 0
+            self._held_the_old_way[key] -= 1
+            if self._held_the_old_way[key] <= 0:
+                del self._held_the_old_way[key]
             if not session.is_closed():  # else its locks went with it
                 await session.fetchval("SELECT pg_advisory_unlock(hashtextextended($1, $2))",
                                        key, NAMED_SEED)
