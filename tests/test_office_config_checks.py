@@ -29,6 +29,7 @@ from handlers.config_checks import check_config_pull_request
 from localforge import LocalForge
 from localforge.tests import conftest as forge_fixtures
 from localforge.tests.conftest import SECRET, Hooks, Keys, World
+from tests.support import served
 
 hooks = forge_fixtures.hooks
 keys = forge_fixtures.keys
@@ -264,25 +265,17 @@ async def test_on_gitea_the_check_is_a_commit_status() -> None:
     app.router.add_get("/api/v1/repos/acme/.github/pulls/3/files", files)
     app.router.add_get("/api/v1/repos/acme/.github/contents/vaultmail.yml", contents)
     app.router.add_post(f"/api/v1/repos/acme/.github/statuses/{sha}", status)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        async with aiohttp.ClientSession() as http:
-            forge = GiteaClient("t" * 40, http, f"http://127.0.0.1:{port}").installation()
-            ctx = HandlerContext(services=SimpleNamespace(offices=OfficeSource()),  # type: ignore[arg-type]
-                                 forge=forge, installation_id=None, delivery_id="d",
-                                 log=logging.LoggerAdapter(logging.getLogger("test")))
-            payload = {"action": "synchronized", "number": 3,
-                       "pull_request": {"number": 3, "head": {"ref": "edit", "sha": sha},
-                                        "base": {"ref": "main"}},
-                       "repository": {"name": ".github", "owner": {"login": "acme"}}}
-            await check_config_pull_request(sansio.Event(payload, event="pull_request",
-                                                         delivery_id="d"), ctx)
-    finally:
-        await runner.cleanup()
+    async with served(app) as url, aiohttp.ClientSession() as http:
+        forge = GiteaClient("t" * 40, http, url).installation()
+        ctx = HandlerContext(services=SimpleNamespace(offices=OfficeSource()),  # type: ignore[arg-type]
+                             forge=forge, installation_id=None, delivery_id="d",
+                             log=logging.LoggerAdapter(logging.getLogger("test")))
+        payload = {"action": "synchronized", "number": 3,
+                   "pull_request": {"number": 3, "head": {"ref": "edit", "sha": sha},
+                                    "base": {"ref": "main"}},
+                   "repository": {"name": ".github", "owner": {"login": "acme"}}}
+        await check_config_pull_request(sansio.Event(payload, event="pull_request",
+                                                     delivery_id="d"), ctx)
     assert ("GET", f"/api/v1/repos/acme/.github/contents/vaultmail.yml?ref={sha}", None) in seen
     [(_, _, body)] = [s for s in seen if s[0] == "POST"]
     assert body["state"] == "failure" and body["context"] == "vaultmail config"

@@ -308,13 +308,11 @@ class Worker:
         for item in items:
             key = issue_key(item)
             if key is not None and key in self._held_back:  # its issue was cut short: not
-                self._in_flight.pop(item.guid, None)  # run past the retry
-                self._let_go.append(item)
+                self._let_go_of(item)  # run past the retry
             elif key is None or item.takeovers:
                 await self._drain()
                 if key is not None and key in self._held_back:  # (cut short meanwhile)
-                    self._in_flight.pop(item.guid, None)
-                    self._let_go.append(item)
+                    self._let_go_of(item)
                     continue
                 try:
                     await self._process_safely(item)
@@ -325,6 +323,11 @@ class Worker:
             else:
                 lane = self._lanes[key] = _Lane(deque([item]))
                 lane.task = asyncio.create_task(self._run_lane(key, lane))
+
+    def _let_go_of(self, item: QueueItem) -> None:
+        """Claimed, not to be run now: let go of with the next claim."""
+        self._in_flight.pop(item.guid, None)
+        self._let_go.append(item)
 
     async def _drain(self) -> None:
         """Until every lane has run out."""
@@ -345,8 +348,7 @@ class Worker:
                         self._in_flight.pop(item.guid, None)
                         continue
                     for left in (item, *lane.items):  # (the one that failed is let go of
-                        self._in_flight.pop(left.guid, None)  # too, if the store was away)
-                        self._let_go.append(left)
+                        self._let_go_of(left)  # too, if the store was away)
                     lane.items.clear()
                     self._held_back[key] = self._claims
         finally:
