@@ -58,6 +58,15 @@ def test_a_write_is_placed_at_the_first_moment_every_window_allows() -> None:
     assert place([(99.5, False, "e")], 100.0, False, "e", spaced) == 100.5
 
 
+def test_spacing_ends_where_floating_point_cannot_reach_the_interval() -> None:
+    # (t + 0.3) - t is a little under 0.3 at this t: the write spaced after t still looked
+    # "near" it, and the placing looped for ever
+    t = 1700000858.2809372
+    assert (t + 0.3) - t < 0.3
+    spaced = Limits(endpoint_points_per_minute=0, min_interval=0.3, slack=0.0)
+    assert place([(t, False, "e")], t, False, "e", spaced) == t + 0.3
+
+
 async def test_the_app_places_its_forge_writes_in_the_index_on_either_engine(
         embedded: Any, person: Any) -> None:
     """On SQLite too (issue 28: a restart forgot the budget, and a crash loop under load spent

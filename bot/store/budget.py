@@ -67,7 +67,9 @@ def place(times: list[tuple[float, bool, str]], at: float, content: bool, endpoi
     while moved:  # a later moment may bring other writes into a window: look again
         moved = False
         near = [t for t in spaced if abs(t - at) < limits.min_interval]
-        if near:
+        # moved only forward: at a large t, (t + interval) - t can round below the interval,
+        # and the moment just placed would look near t again for ever
+        if near and max(near) + limits.min_interval > at:
             at, moved = max(near) + limits.min_interval, True
         for placed, limit, span in windows:
             if limit <= 0:
