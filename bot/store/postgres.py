@@ -39,9 +39,11 @@ MIGRATE_LOCK = 0x766D_0002  # schema migrations at start-up: one replica applies
 # hashes of their names under a seed of their own, NAMED_SEED (a transaction's keys, below,
 # hash under 0: the same name is two locks). Tenants choose parts of the names (an org, an
 # agent, a URL): the release before hashed them to 32 bits, (NAMED_LOCKS, hashtext(key)) in
-# the two-key space, which another office could make collide with its own key and hold. While
-# a replica of that release is live (its `replicas` row names no `named_locks`), a lock is
-# taken that way too, so that the two releases exclude each other.
+# the two-key space, which another office could make collide with its own key and hold. A
+# lock is taken that way too whenever that way is free, so that a replica of that release,
+# live or starting later, is excluded; held that way by another (a name colliding in 32 bits),
+# it is waited for only while such a replica is live (its `replicas` row names no
+# `named_locks`): else the holder is of this release, holding another name.
 NAMED_SEED = 0x766D_0003
 NAMED_LOCKS = 0x766D  # (the release before's)
 # a transaction's keys (Store.transaction(key), hold) are advisory locks of the transaction in
@@ -338,19 +340,22 @@ class PostgresStore(Store):
             if self._locker is None or self._locker.is_closed():
                 self._locker = await asyncpg.connect(self._url, server_settings=SESSION)
             session = self._locker
+            # (the subquery, volatile, runs first and once: the old way is tried only once
+            # this way is got, all in one trip)
             row = await session.fetchrow(
-                "SELECT pg_try_advisory_lock(hashtextextended($1, $2)) AS got, EXISTS (SELECT 1"
-                " FROM replicas WHERE named_locks IS NULL AND seen_at>vm_now()-$3) AS older",
-                key, NAMED_SEED, DEAD_AFTER)
+                "SELECT t.got, CASE WHEN t.got THEN pg_try_advisory_lock($4, hashtext($1))"
+                " END AS old_way, EXISTS (SELECT 1 FROM replicas WHERE named_locks IS NULL"
+                " AND seen_at>vm_now()-$3) AS older FROM (SELECT"
+                " pg_try_advisory_lock(hashtextextended($1, $2)) AS got) t",
+                key, NAMED_SEED, DEAD_AFTER, NAMED_LOCKS)
             if row is None or not row["got"]:
                 return None
-            if row["older"]:  # a replica of the release before is live: its way too
-                if not await session.fetchval("SELECT pg_try_advisory_lock($1, hashtext($2))",
-                                              NAMED_LOCKS, key):
-                    await session.fetchval("SELECT pg_advisory_unlock(hashtextextended($1, $2))",
-                                           key, NAMED_SEED)
-                    return None
+            if row["old_way"]:
                 self._held_the_old_way[key] += 1
+            elif row["older"]:  # a live replica of the release before may hold it its way
+                await session.fetchval("SELECT pg_advisory_unlock(hashtextextended($1, $2))",
+                                       key, NAMED_SEED)
+                return None
             return session
 
     def _let_go(self, attempt: asyncio.Future[asyncpg.Connection | None], key: str) -> None:
