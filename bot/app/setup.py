@@ -385,12 +385,13 @@ async def convert(forge: Forge, code: str) -> dict[str, Any]:
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,128}", code):
         raise SetupError(f"{code[:40]!r} is not a code the forge gives out; start again at "
                          "/setup")
-    url = f"{forge.api}/app-manifests/{code}/conversions"
+    url = f"{forge.api}/app-manifests/{code}/conversions"  # (its answer: the App's secrets, from
+    # the forge alone: a redirect is not followed but reported)
     headers = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": "2022-11-28",
                "User-Agent": "vaultmail-register"}
     try:
         async with aiohttp.ClientSession(timeout=TIMEOUT) as http, \
-                http.post(url, headers=headers) as resp:
+                http.post(url, headers=headers, allow_redirects=False) as resp:
             status, text = resp.status, await resp.text()
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         raise SetupError(f"cannot reach the forge's API at {forge.api} ({exc!r}): check "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -47,6 +48,18 @@ def _parse_time(value: Any) -> float | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
+
+
+class _TokenAPI(GitHubAPI):
+    """gidgethub's client, redirects not followed: the App's JWT goes to the forge alone, and
+    a token is taken from the forge alone (GitHub never redirects a token request; the
+    redirect is the answer, which gidgethub raises)."""
+
+    async def _request(self, method: str, url: str, headers: Mapping[str, str],
+                       body: bytes = b"") -> tuple[int, Mapping[str, str], bytes]:
+        async with self._session.request(method, url, headers=headers, data=body,
+                                         allow_redirects=False) as response:
+            return response.status, response.headers, await response.read()
 
 
 class AppAuth:
@@ -139,7 +152,7 @@ class AppAuth:
             log.info("installation token invalidated", extra={"installation_id": iid})
 
     async def _request_token(self, iid: int) -> _Token:
-        gh = GitHubAPI(self.session, self.requester, base_url=self.api_url)
+        gh = _TokenAPI(self.session, self.requester, base_url=self.api_url)
         url = f"/app/installations/{iid}/access_tokens"
         full = f"{self.api_url}{url}"
         renewed_jwt = False

@@ -445,3 +445,31 @@ def test_forge_addresses() -> None:
     assert local.install_url("vaultmail") == "http://127.0.0.1:8081/apps/vaultmail/installations/new"
     with pytest.raises(SetupError, match="API address"):
         Forge.from_web("https://api.github.com")
+
+
+async def test_the_code_is_exchanged_with_the_forge_alone() -> None:
+    """The exchange's answer holds the App's key and webhook secret: a redirect is not
+    followed (before, aiohttp followed it, and credentials from wherever it pointed were
+    written to .env); it is reported as the forge's answer."""
+    from aiohttp import web
+
+    from bot.app.setup import Forge, SetupError, convert
+    from tests.support import served
+
+    elsewhere_asked: list[str] = []
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        elsewhere_asked.append(request.path)
+        return web.json_response({"id": 1, "slug": "evil", "pem": "x", "webhook_secret": "s",
+                                  "client_id": "c", "client_secret": "d"}, status=201)
+
+    async def forge(request: web.Request) -> web.Response:
+        return web.Response(status=307, headers={"Location": f"{away}/conversions"})
+
+    evil, real = web.Application(), web.Application()
+    evil.router.add_route("*", "/{tail:.*}", elsewhere)
+    real.router.add_route("*", "/{tail:.*}", forge)
+    async with served(evil) as away, served(real) as url:
+        with pytest.raises(SetupError, match="answered 307"):
+            await convert(Forge.from_api(f"{url}/api/v3"), "abc123")
+    assert elsewhere_asked == []

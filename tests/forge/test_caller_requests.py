@@ -338,3 +338,30 @@ async def test_a_location_read_two_ways_is_not_followed(location: str) -> None:
             await _client(session, url)._make_request("PATCH", url + "/away", None, {"a": 1},
                                                       ACCEPT, oauth_token="t0ken")
     assert seen == ["/away"]
+
+
+async def test_an_installation_token_is_never_asked_for_where_a_redirect_points(
+        server: tuple[str, list[dict[str, Any]]]) -> None:
+    """The token request (the App's JWT, answered with a token every later call sends) goes to
+    the forge alone: a redirect is refused as the answer, not followed (found by review:
+    gidgethub's plain client let aiohttp follow a 307 elsewhere, and the token that came
+    back from there was sent with every later call)."""
+    from bot.app.embedded import _new_private_key
+    from bot.forge.errors import ForgeError
+    from bot.forge.tokens import AppAuth
+
+    elsewhere, seen_elsewhere = server
+    asked: list[str] = []
+
+    async def moved(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        return web.Response(status=307, headers={"Location": f"{elsewhere}/object"})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", moved)
+    async with served(app) as url, aiohttp.ClientSession() as session:
+        auth = AppAuth(1, _new_private_key(), url, session, attempts=1)
+        with pytest.raises(ForgeError, match="307"):
+            await auth.installation_token(7)
+    assert asked == ["/app/installations/7/access_tokens"]
+    assert seen_elsewhere == []
