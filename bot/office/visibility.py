@@ -7,7 +7,9 @@
   principal's forge login (which counts direct collaborators, teams, org base permission, and
   read for a public repository). The app's own token sees everything it is installed on, so it
   is never the judge. Answers are cached for `ttl` seconds (45 by default) per repository and
-  login: a change of access on the forge takes effect within that.
+  login: a change of access on the forge takes effect within that. They are kept per office
+  (the repository's owner), each office its newest `per_office`: one office asking about many
+  logins or repositories pushes out none of another's answers.
 * **A mail** is visible to its sender, its recipient, the recipient agent's person and editors.
 * **A chat** to its sender and the agent asked.
 * **A ledger entry** as what it is about: a mail or a chat as above, an item or repository as
@@ -45,23 +47,26 @@ _REF = re.compile(r"^(?P<repo>[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)#(?P<n>[1-9][0-9]*
 _REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _CHAT = re.compile(r"^chat:(?P<n>[0-9]+)$")
 _TO_AGENT = re.compile(r"^(?:mail|chat) to (?P<agent>agent:[a-z0-9-]+)$")
-_CACHED = 50_000
+PER_OFFICE = 20_000  # answers kept per office (repository owner)
 
 
 @dataclass
 class Visibility:
     """The forge's answers about who holds what role on a repository, shared by every call and
-    kept `ttl` seconds. Concurrent questions about one pair share one forge request."""
+    kept `ttl` seconds, per office its newest `per_office`. Concurrent questions about one pair
+    share one forge request."""
 
     ttl: float = TTL
     clock: Callable[[], float] = time.monotonic
-    _roles: dict[tuple[str, str], tuple[float, str]] = field(default_factory=dict)
+    per_office: int = PER_OFFICE
+    # office -> (repository, login) -> (when asked, role), oldest first
+    _roles: dict[str, dict[tuple[str, str], tuple[float, str]]] = field(default_factory=dict)
     _asking: dict[tuple[str, str], asyncio.Future[str]] = field(default_factory=dict)
 
     async def role(self, forge: Forge, repo: str, login: str) -> str:
         """admin|maintain|write|triage|read|none, as the forge says (cached)."""
         key = (repo.lower(), login.lower())
-        hit = self._roles.get(key)
+        hit = self._roles.get(_office_of(key[0]), {}).get(key)
         if hit is not None and self.clock() - hit[0] < self.ttl:
             return hit[1]
         asking = self._asking.get(key)
@@ -74,9 +79,11 @@ class Visibility:
 
     async def _ask(self, forge: Forge, key: tuple[str, str], login: str) -> str:
         role = await forge.permission(key[0], login)
-        if len(self._roles) >= _CACHED:
-            self._roles.clear()
-        self._roles[key] = (self.clock(), role)
+        kept = self._roles.setdefault(_office_of(key[0]), {})
+        kept.pop(key, None)  # (asked again: now the newest)
+        if len(kept) >= self.per_office:  # the office's oldest answer makes room
+            del kept[next(iter(kept))]
+        kept[key] = (self.clock(), role)
         return role
 
     def _done(self, key: tuple[str, str], done: asyncio.Future[str]) -> None:
@@ -87,10 +94,17 @@ class Visibility:
 
     def forget(self, repo: str | None = None, login: str | None = None) -> None:
         """Drop cached answers (all, or those about a repository and/or a login)."""
-        for key in [k for k in self._roles
-                    if (repo is None or k[0] == repo.lower())
-                    and (login is None or k[1] == login.lower())]:
-            del self._roles[key]
+        offices = list(self._roles) if repo is None else [_office_of(repo.lower())]
+        for office in offices:
+            kept = self._roles.get(office, {})
+            for key in [k for k in kept if (repo is None or k[0] == repo.lower())
+                        and (login is None or k[1] == login.lower())]:
+                del kept[key]
+
+
+def _office_of(repo: str) -> str:
+    """The office a repository is of: its owner."""
+    return repo.partition("/")[0]
 
 
 def login_of(office: Office, principal: str) -> str | None:
