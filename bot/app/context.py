@@ -68,14 +68,21 @@ class HandlerContext:
 
 
 def payload_org(payload: Mapping[str, Any]) -> str | None:
-    """The org a delivery is about (its repository's owner, else its organization)."""
-    for where, key in (("repository", "owner"), ("organization", None)):
-        found = payload.get(where)
-        if isinstance(found, dict) and key is not None:
-            found = found.get(key)
-        if isinstance(found, dict) and isinstance(found.get("login"), str):
-            return str(found["login"]).lower()
-    return None
+    """The org a delivery is about: the one its repository's owner, the owner in the
+    repository's `full_name` (which the handlers read) and its organization all name. None
+    when none names one or they disagree: an org's webhook, signed by that org, must not
+    name itself in one field and another org in the next."""
+    named: set[str] = set()
+    repo, organization = payload.get("repository"), payload.get("organization")
+    if isinstance(repo, dict):
+        full_name, owner = repo.get("full_name"), repo.get("owner")
+        if isinstance(full_name, str):
+            named.add(full_name.partition("/")[0].lower())
+        if isinstance(owner, dict) and isinstance(owner.get("login"), str):
+            named.add(str(owner["login"]).lower())
+    if isinstance(organization, dict) and isinstance(organization.get("login"), str):
+        named.add(str(organization["login"]).lower())
+    return next(iter(named)) if len(named) == 1 else None
 
 
 def context_for(services: Services, item: QueueItem,

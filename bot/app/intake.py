@@ -267,7 +267,8 @@ async def receive_webhook(request: web.Request) -> web.Response:
         log.warning("webhook refused: about another org than its webhook's",
                     extra={"delivery_id": guid, "event": event, "org": org})
         return _error(403, "wrong_org", f"this is {org}'s webhook, and the delivery is about "
-                      f"{about or 'no org'}: each org's webhook posts to /webhook/<its org>")
+                      f"{about or 'no one org'}: each org's webhook posts to /webhook/<its "
+                      "org>, about that org alone")
     if _ignored_echo(services, guid, event, payload):
         return _json({"delivery": guid, "queued": False, "ignored": True}, status=202)
     # signed, so the forge sent it: queued even when malformed (it then fails in the worker,

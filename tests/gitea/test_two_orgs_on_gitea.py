@@ -85,6 +85,52 @@ async def test_an_orgs_webhook_secret_signs_that_orgs_deliveries_only(
         "SELECT 1 FROM queue WHERE guid IN ('d-1','d-2','d-3')") is None
 
 
+async def test_an_orgs_webhook_cannot_name_its_org_in_one_field_and_another_in_the_next(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """The org a delivery is about is named by its repository's owner, the owner in its
+    `full_name` and its organization: all must be the webhook's org (found by review: the
+    check read `repository.owner`, the handlers `full_name`; evil's admins signed a `/close`
+    by acme's marco with owner "evil" and full_name "acme/scout-vault", and acme's mail was
+    closed through the shared bot token)."""
+    import hashlib
+    import hmac
+    import json
+
+    from bot.app.intake import org_webhook_secret
+
+    sent = (await ToolClient(session, office, "human:marco@acme.com")(
+        "mail_send", to="scout", subject="ACME only", body="x"))["mail"]
+    await office.settle()
+    evils = org_webhook_secret(office.services.settings.webhook_secret, "evil")
+    issue = {"id": 777, "number": sent["number"], "title": "ACME only", "body": "x",
+             "labels": [], "user": {"login": "vaultmail"}, "state": "open"}
+    comment = {"id": 4242, "body": "/close", "user": {"login": "marco"},
+               "created_at": "2099-01-01T00:00:00Z", "updated_at": "2099-01-01T00:00:00Z"}
+    answers = []
+    for n, (full_name, owner, organization) in enumerate([
+            ("acme/scout-vault", "evil", None), ("evil/scout-vault", "acme", None),
+            ("evil/scout-vault", "evil", "acme"), ("acme/scout-vault", "evil", "evil")]):
+        about: dict[str, object] = {
+            "action": "created", "issue": issue, "comment": comment,
+            "repository": {"full_name": full_name, "name": "scout-vault",
+                           "owner": {"login": owner}}, "sender": {"login": "marco"}}
+        if organization:
+            about["organization"] = {"login": organization}
+        body = json.dumps(about).encode()
+        mac = hmac.new(evils.encode(), body, hashlib.sha256).hexdigest()
+        async with session.post(office.app_url + "/webhook/evil", data=body, headers={
+                "Content-Type": "application/json", "X-Gitea-Delivery": f"evil-{n}",
+                "X-Gitea-Event": "issue_comment", "X-Gitea-Signature": mac}) as resp:
+            text = await resp.text()
+            answers.append((resp.status, "wrong_org" in text))
+    await office.settle()
+    assert answers == [(403, True)] * 4
+    row = await mails.get_mail(office.services.store, sent["mail_id"])
+    vault = office.forge.state.repo_by_full_name("acme/scout-vault")
+    assert row is not None
+    assert (row.state, vault.issues[sent["number"]].state) == ("mail:new", "open")
+
+
 async def test_each_org_writes_within_a_budget_of_its_own(
         office: Embedded, session: aiohttp.ClientSession) -> None:
     """One bot serves every org, and each org's writes are paced and budgeted apart, as each
