@@ -10,6 +10,7 @@ one that leaves the config alone (or removes it), gets nothing.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -92,8 +93,8 @@ async def _check(data: dict[str, Any], ctx: HandlerContext) -> None:
         return
     offices = ctx.services.offices
     short = head_sha[:12]
-    try:
-        offices.validate(org, text)
+    try:  # (anyone's pull request: parsed beside the loop, which serves every office)
+        await asyncio.to_thread(offices.validate, org, text)
     except OfficeConfigError as exc:
         source = offices.where(org)
         notes = [annotation(e, source) for e in exc.errors]

@@ -93,8 +93,8 @@ class OfficeSource:
         if self._text.get(org) == text and org in self._last_valid:
             self.last_error.pop(org, None)  # back to (or still) the last valid text
             return self._last_valid[org]  # unchanged (a 304): no need to parse it again
-        try:
-            office = self.validate(org, text)
+        try:  # (another office's text: parsed beside the loop, which serves every office)
+            office = await asyncio.to_thread(self.validate, org, text)
         except OfficeConfigError as exc:
             return self._refused(org, exc)
         self.last_error.pop(org, None)
