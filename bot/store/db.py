@@ -79,9 +79,10 @@ register_columns("idempotency", {"owner": "{text}"}, version=2)
 register_columns("queue", {"takeovers": "{int} NOT NULL DEFAULT 0",
                            "lease_seq": "{int} NOT NULL DEFAULT 0"}, version=3)
 register_columns("replicas", {"steady_since": "{real}", "incarnation": "{text}"}, version=3)
-# which named locks a replica takes (PostgreSQL, bot.store.postgres): 2, 64-bit hashes of their
-# names; none, a replica of a release before, which took 32-bit ones
-NAMED_LOCKS_KIND = 2
+# how a replica numbers its locks (PostgreSQL, bot.store.postgres): 3, SHA-256 (this release);
+# 2, hashtextextended (schema 16's); none, a replica of a release before, whose named locks were
+# 32-bit hashes
+NAMED_LOCKS_KIND = 3
 register_columns("replicas", {"named_locks": "{int}"}, version=16)
 # The pending rows as a claim reads them (bot.store.queue, CLAIM and WAKEUP): in arrival order,
 # by issue, by due time, each with the columns the claim filters on (`state` too, though it is

@@ -28,34 +28,61 @@ from typing import Any
 import asyncpg
 
 from bot.store.db import Store
+from bot.store.locks import (
+    MIGRATE_LOCK,
+    OLD_NAMED_CLASS,
+    RELEASE_1_WRITE_LOCK,
+    RESERVED,
+    lock_id,
+    named_lock_pair,
+)
 from bot.store.migrations import MIGRATIONS_TABLE, column, migrations
 from bot.store.queue import DEAD_AFTER
 from bot.store.sql import Params, Row, Statement, ddl, for_postgres
 
 log = logging.getLogger("vaultmail.store")
 
-MIGRATE_LOCK = 0x766D_0002  # schema migrations at start-up: one replica applies them
-# Named locks (Store.named_lock) are session advisory locks in the one-key space: 64-bit
-# hashes of their names under a seed of their own, NAMED_SEED (a transaction's keys, below,
-# hash under 0: the same name is two locks). Tenants choose parts of the names (an org, an
-# agent, a URL): the release before hashed them to 32 bits, (NAMED_LOCKS, hashtext(key)) in
-# the two-key space, which another office could make collide with its own key and hold. A
-# lock is taken that way too whenever that way is free, so that a replica of that release,
-# live or starting later, is excluded; held that way by another (a name colliding in 32 bits),
-# it is waited for only while such a replica is live (its `replicas` row names no
-# `named_locks`): else the holder is of this release, holding another name.
-NAMED_SEED = 0x766D_0003
-NAMED_LOCKS = 0x766D  # (the release before's)
-# a transaction's keys (Store.transaction(key), hold) are advisory locks of the transaction in
-# the one-key space, 64-bit hashes of their names (tenants choose the names: an org, an
-# idempotency key; a 32-bit hash could be made to collide with another office's key): a
-# mail's named lock and a transaction's key of the same name are two locks (the one session
-# holding named locks must never wait on its own transactions)
-# The release before this one took RELEASE_1_WRITE_LOCK in every write transaction. During a
-# rolling deploy its replicas and this release's share the database: each transaction here
-# takes it shared, so an old replica's write excludes every new one (and the reverse) while
-# new ones never wait for each other. (Drop it once no replica of that release can be left.)
-RELEASE_1_WRITE_LOCK = 0x766D_0001
+# Lock numbers come from bot.store.locks: 64 bits of a name's SHA-256, which no tenant can
+# steer (PostgreSQL's hashtextextended, which releases before schema 17's numbering used, can
+# be run backwards). A transaction's keys (Store.transaction(key), hold) are locks of the
+# transaction in the one-key space, `lock_id`; named locks (Store.named_lock, held across
+# transactions on a session of their own) are session locks in the two-key space,
+# `named_lock_pair`: never the same lock as a transaction's key, so the one session holding
+# named locks never waits on its own transactions.
+#
+# Rolling deploys. Each replica's `replicas` row says how it numbers locks (`named_locks`:
+# NULL before schema 16, 2 for schema 16's release, NAMED_LOCKS_KIND now):
+# - the first release took RELEASE_1_WRITE_LOCK in every write transaction: each transaction
+#   here takes it shared, so one of its writes excludes every new one (and the reverse) while
+#   new ones never wait for each other;
+# - releases before this one numbered a transaction's key hashtextextended(key, 0): while one
+#   of their replicas lives, a transaction takes its keys that way too (OLDER_WAY), never as
+#   one of the fixed numbers (RESERVED: an older key could have been chosen to be one);
+# - their named locks were (NAMED_LOCKS, hashtext(key)) in the two-key space (before schema
+#   16), then hashtextextended(key, NAMED_SEED) (schema 16's). The first way is taken
+#   whenever free, as no lock of this release can be that one; the second only while a
+#   replica of schema 16's release lives (free, it could be a key of this release's that an
+#   office made its name's number). Held that way by someone else, a named lock is waited for
+#   only while a replica of that way's release lives: else the holder is of this release,
+#   holding another name whose old number is the same.
+# (Drop the older ways once no replica of those releases can be left.)
+NAMED_LOCKS = OLD_NAMED_CLASS  # (before schema 16)
+NAMED_SEED = 0x766D_0003  # (schema 16's)
+OLDER_KEYS = ("EXISTS (SELECT 1 FROM replicas WHERE (named_locks IS NULL OR named_locks<3)"
+              " AND seen_at>vm_now()-$2)")
+OLDER_WAY = ("SELECT pg_advisory_xact_lock(h) FROM (SELECT hashtextextended(k, 0) AS h"
+             " FROM unnest($1::text[]) WITH ORDINALITY AS u(k, n) ORDER BY n) s"
+             " WHERE h <> ALL($2::bigint[])")
+NAMED_TRY = (
+    "SELECT t.got, t.before16, t.schema16,"
+    " CASE WHEN t.got THEN pg_try_advisory_lock($5, hashtext($3)) END AS way1,"
+    " CASE WHEN t.got AND t.schema16 AND NOT (hashtextextended($3, $4) = ANY($6::bigint[]))"
+    " THEN pg_try_advisory_lock(hashtextextended($3, $4)) END AS way2"
+    " FROM (SELECT pg_try_advisory_lock($1::int, $2::int) AS got,"
+    " EXISTS (SELECT 1 FROM replicas WHERE named_locks IS NULL AND seen_at>vm_now()-$7)"
+    " AS before16,"
+    " EXISTS (SELECT 1 FROM replicas WHERE named_locks=2 AND seen_at>vm_now()-$7)"
+    " AS schema16) t")
 NAMED_LOCK_POLL = 0.05  # seconds between tries while another replica holds a named lock
 CHANNEL = "vaultmail"  # LISTEN/NOTIFY: wake-ups for long polls on every replica
 STATEMENTS_KEPT = 2000  # statements prepared per connection (and known to the engine) at most
@@ -116,6 +143,9 @@ class Connection:
     def __init__(self, conn: asyncpg.Connection) -> None:
         self._conn = conn
         self._held: set[str] = set()  # the transaction's keys taken so far
+        # whether a replica of a release that numbered keys by hashtextextended lives (read
+        # as the transaction began): its keys are then taken its way too (OLDER_KEYS)
+        self.older_keys = False
 
     async def _coerced(self, sql: str, params: Sequence[Any]) -> list[Any]:
         convert = _CONVERTERS.get(sql)
@@ -173,16 +203,21 @@ class Connection:
         key already held costs no trip to the database."""
         if key in self._held:
             return
-        await self._conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", key)
+        await self._conn.execute("SELECT pg_advisory_xact_lock($1::bigint)", lock_id(key))
+        if self.older_keys:
+            await self._conn.execute(OLDER_WAY, [key], RESERVED)
         self._held.add(key)
 
     async def begin(self, keys: list[str]) -> None:
-        """A transaction's first statement: its turn beside an older release's writers, then
-        its keys (in the order given), in one trip."""
-        holds = "".join(f", pg_advisory_xact_lock(hashtextextended(${n + 2}, 0))"
-                        for n in range(len(keys)))
-        await self._conn.execute(f"SELECT pg_advisory_xact_lock_shared($1){holds}",
-                                 RELEASE_1_WRITE_LOCK, *keys)
+        """A transaction's first statement: its turn beside the first release's writers, then
+        its keys (in the order given), and whether an older release's replica lives, in one
+        trip; with one, its keys that way too, in a second."""
+        holds = "".join(f", pg_advisory_xact_lock(${n + 3}::bigint)" for n in range(len(keys)))
+        self.older_keys = bool(await self._conn.fetchval(
+            f"SELECT {OLDER_KEYS} AS older FROM (SELECT pg_advisory_xact_lock_shared($1)"
+            f"{holds}) t", RELEASE_1_WRITE_LOCK, DEAD_AFTER, *map(lock_id, keys)))
+        if self.older_keys and keys:
+            await self._conn.execute(OLDER_WAY, keys, RESERVED)
         self._held.update(keys)
 
 
@@ -239,7 +274,8 @@ class PostgresStore(Store):
         self._letting_go: set[asyncio.Future[None]] = set()  # unlocks after a cancelled try
         # named locks also held as the release before, and how many times (a session's
         # advisory locks count: a cancelled try granted meanwhile holds it once more)
-        self._held_the_old_way: collections.Counter[str] = collections.Counter()
+        # named locks held an older way too: (way, name) -> times (a session counts them)
+        self._held_the_old_way: collections.Counter[tuple[int, str]] = collections.Counter()
         self._on_broadcast: Callable[[list[str]], None] | None = None
         self._on_gap: Callable[[], None] | None = None
         self._relisten: asyncio.Future[None] | None = None  # while the listener reconnects
@@ -340,22 +376,20 @@ class PostgresStore(Store):
             if self._locker is None or self._locker.is_closed():
                 self._locker = await asyncpg.connect(self._url, server_settings=SESSION)
             session = self._locker
-            # (the subquery, volatile, runs first and once: the old way is tried only once
-            # this way is got, all in one trip)
-            row = await session.fetchrow(
-                "SELECT t.got, CASE WHEN t.got THEN pg_try_advisory_lock($4, hashtext($1))"
-                " END AS old_way, EXISTS (SELECT 1 FROM replicas WHERE named_locks IS NULL"
-                " AND seen_at>vm_now()-$3) AS older FROM (SELECT"
-                " pg_try_advisory_lock(hashtextextended($1, $2)) AS got) t",
-                key, NAMED_SEED, DEAD_AFTER, NAMED_LOCKS)
+            # (the subquery, volatile, runs first and once: the older ways are tried only
+            # once this way is got; all in one trip)
+            row = await session.fetchrow(NAMED_TRY, *named_lock_pair(key), key, NAMED_SEED,
+                                         NAMED_LOCKS, RESERVED, DEAD_AFTER)
             if row is None or not row["got"]:
                 return None
-            if row["old_way"]:
-                self._held_the_old_way[key] += 1
-            elif row["older"]:  # a live replica of the release before may hold it its way
-                await session.fetchval("SELECT pg_advisory_unlock(hashtextextended($1, $2))",
-                                       key, NAMED_SEED)
+            way1, way2 = row["way1"], row["way2"]
+            ways = [way for way, got in ((1, way1), (2, way2)) if got]
+            if (not way1 and row["before16"]) or (way2 is False and row["schema16"]):
+                # a live replica of an older release may hold it its way
+                await self._unlock_ways(session, key, ways)
                 return None
+            for way in ways:
+                self._held_the_old_way[(way, key)] += 1
             return session
 
     def _let_go(self, attempt: asyncio.Future[asyncpg.Connection | None], key: str) -> None:
@@ -369,16 +403,27 @@ class PostgresStore(Store):
 
     async def _unlock(self, session: asyncpg.Connection, key: str) -> None:
         async with self._locker_turn:
-            old_way = self._held_the_old_way[key] > 0
-            self._held_the_old_way[key] -= 1
-            if self._held_the_old_way[key] <= 0:
-                del self._held_the_old_way[key]
+            ways = []
+            for way in (1, 2):
+                if self._held_the_old_way[(way, key)] > 0:
+                    ways.append(way)
+                self._held_the_old_way[(way, key)] -= 1
+                if self._held_the_old_way[(way, key)] <= 0:
+                    del self._held_the_old_way[(way, key)]
             if not session.is_closed():  # else its locks went with it
-                await session.fetchval("SELECT pg_advisory_unlock(hashtextextended($1, $2))",
-                                       key, NAMED_SEED)
-                if old_way:
-                    await session.fetchval("SELECT pg_advisory_unlock($1, hashtext($2))",
-                                           NAMED_LOCKS, key)
+                await self._unlock_ways(session, key, ways)
+
+    @staticmethod
+    async def _unlock_ways(session: asyncpg.Connection, key: str, ways: list[int]) -> None:
+        """Let go of the named lock `key` this way, and the older `ways` it was taken."""
+        await session.fetchval("SELECT pg_advisory_unlock($1::int, $2::int)",
+                               *named_lock_pair(key))
+        if 1 in ways:
+            await session.fetchval("SELECT pg_advisory_unlock($1, hashtext($2))",
+                                   NAMED_LOCKS, key)
+        if 2 in ways:
+            await session.fetchval("SELECT pg_advisory_unlock(hashtextextended($1, $2))",
+                                   key, NAMED_SEED)
 
     # -- wake-ups across replicas ----------------------------------------------------------
 

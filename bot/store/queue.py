@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from bot import jsontext
+from bot.store.locks import RESERVED, lock_id, lock_id_sql
 from bot.store.sql import Connection, Row, Sql, Statement
 
 log = logging.getLogger("vaultmail.queue")
@@ -198,15 +199,18 @@ WAKEUP = (Sql("SELECT q.next_at-vm_now() AS t FROM queue q INDEXED BY queue_wake
 # and no other live replica holds any of the issue's (`in_order`). Intake commits side by side
 # too, so a delivery may commit after a later-numbered one about its issue was claimed: it
 # waits until that one is done. So one issue's deliveries run in order, never on two replicas
-# at once, with no claim ever waiting for another.
+# at once, with no claim ever waiting for another. (An issue's lock is numbered as every key
+# is, bot.store.locks; while a replica of an older release lives, tried its way too.)
 CANDIDATES = ("SELECT q.id, q.issue_key FROM queue q WHERE q.id>=? AND q.id<?"
               " AND NOT (q.id = ANY(?::bigint[]))"
               " AND (q.issue_key IS NULL AND q.id<? OR NOT (q.issue_key = ANY(?::text[])))"
               " AND q.state='pending' AND q.next_at<=coalesce(?, vm_now())"
               " AND (q.lease_owner IS NULL"
               " OR q.lease_owner=? OR (q.lease_owner NOT IN (" + _LIVE + ") AND "
-              + _STEADY_ME + ")) AND (q.issue_key IS NULL OR"
-              " pg_try_advisory_xact_lock(hashtextextended('issue:' || q.issue_key, 0)))"
+              + _STEADY_ME + ")) AND (q.issue_key IS NULL OR (pg_try_advisory_xact_lock("
+              + lock_id_sql("'issue:' || q.issue_key") + ") AND (NOT ?::boolean OR"
+              " hashtextextended('issue:' || q.issue_key, 0) = ANY(?::bigint[]) OR"
+              " pg_try_advisory_xact_lock(hashtextextended('issue:' || q.issue_key, 0)))))"
               " ORDER BY q.id LIMIT ? FOR UPDATE OF q SKIP LOCKED")
 # (the rows up to the last candidate, through `queue_held`; the claimed ones after it, which
 # are few, through `queue_leased`: a claim reads what is in flight, not the issues' backlog)
@@ -440,9 +444,13 @@ class QueueMixin:
             issues = sorted({key for a in firsts.values() if a.guid in landed
                              for key in [issue_key(a.payload)] if key is not None})
             if issues:
-                await db.execute("SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) FROM"
-                                 " (SELECT 'issue:' || k AS k FROM unnest(?::text[]) k"
-                                 " ORDER BY 1) s", (issues,))
+                await db.execute("SELECT pg_advisory_xact_lock(i) FROM unnest(?::bigint[]) i",
+                                 (sorted(lock_id("issue:" + key) for key in issues),))
+                if db.older_keys:  # (taken as a live replica of an older release takes them)
+                    await db.execute("SELECT pg_advisory_xact_lock(h) FROM (SELECT"
+                                     " hashtextextended('issue:' || k, 0) AS h FROM"
+                                     " unnest(?::text[]) k ORDER BY 'issue:' || k) s"
+                                     " WHERE h <> ALL(?::bigint[])", (issues, RESERVED))
         else:  # one writer: what is not recorded yet is this transaction's to record
             marks = ",".join("?" for _ in firsts)
             seen = {row[0] for row in await db.fetchall(
@@ -582,7 +590,8 @@ class QueueMixin:
         me = self.replica_id
         candidates = [(int(r["id"]), r["issue_key"]) for r in await db.fetchall(
             CANDIDATES, (first, first + WINDOW, sorted(excluding), hold,
-                         sorted(excluding_issues), at, me, me, limit))]
+                         sorted(excluding_issues), at, me, me, db.older_keys, RESERVED,
+                         limit))]
         if not candidates:
             return []
         keys = sorted({key for _, key in candidates if key is not None})

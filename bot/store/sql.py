@@ -55,6 +55,9 @@ class Connection(Protocol):
 
     # whether the engine runs writers side by side, so that `hold` takes a lock
     keyed: bool
+    # whether keys are also taken as a live replica of an older release takes them
+    # (PostgreSQL, bot.store.postgres: OLDER_WAY)
+    older_keys: bool
 
     async def execute(self, sql: Statement, params: Params = ()) -> int:
         """Run a statement; how many rows it changed."""

@@ -195,6 +195,7 @@ class Connection:
     cursor there (aiosqlite's cursor takes a hop for each)."""
 
     keyed = False  # one writer at a time: it holds every key
+    older_keys = False
 
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db

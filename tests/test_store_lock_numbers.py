@@ -1,0 +1,183 @@
+"""Lock numbers no office can choose (bot.store.locks). Lock names hold tenant-chosen text (an
+idempotency key, an outbound URL); PostgreSQL's hashtextextended, which numbered them before,
+runs backwards (tests/lookup3.py), so an office could choose a name whose lock was the one
+every transaction holds shared, or another office's key (found by review; each test below
+failed on the tree before). And the older releases' numbers, taken while one of their
+replicas lives (a rolling deploy), so that the two still exclude each other.
+
+Waits are read from the server (`pg_blocking_pids`), never from the clock; a held-up claim
+stands for a paused replica, as in tests/test_store_concurrency.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from bot.store import ledger
+from bot.store.db import Store
+from bot.store.idempotency import _key_lock
+from bot.store.locks import RELEASE_1_WRITE_LOCK, lock_id, lock_id_sql
+from bot.store.postgres import NAMED_SEED
+from tests import pg
+from tests.lookup3 import chosen, hashtextextended
+from tests.support import until
+
+HANG_GUARD = 60.0
+SCOPE = "tool:mail_send:acme:agent:scout"  # an acme agent's mail_send calls (tools.registry)
+
+
+@pytest.fixture
+async def replicas() -> AsyncIterator[tuple[str, list[Store]]]:
+    async with pg.replicas(2) as (url, stores):
+        yield url, stores
+
+
+@contextlib.asynccontextmanager
+async def _session(url: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def _older_replica(url: str) -> None:
+    """A live replica of schema 16's release (numbering by hashtextextended) joins."""
+    async with _session(url) as conn:
+        await conn.execute("INSERT INTO replicas(id, url, started_at, seen_at, steady_since,"
+                           " incarnation, named_locks) VALUES ('schema-16', NULL, vm_now(),"
+                           " vm_now()+60, vm_now(), 'x', 2)")  # (live for a minute)
+
+
+@contextlib.asynccontextmanager
+async def _acme_claim_held(store: Store, key: str) -> AsyncIterator[int]:
+    """acme's claim of the idempotency key `key`, its transaction held up: its session's pid."""
+    stalled, release = asyncio.Event(), asyncio.Event()
+    holder: list[int] = []
+
+    async def claim() -> None:
+        async with store.transaction(_key_lock(SCOPE, key)) as db:
+            await store._claim_in(db, (SCOPE, key), "fp")  # noqa: SLF001
+            row = await db.fetchone("SELECT pg_backend_pid() AS pid")
+            assert row is not None
+            holder.append(int(row["pid"]))
+            stalled.set()
+            await release.wait()
+
+    task = asyncio.create_task(claim())
+    await asyncio.wait_for(stalled.wait(), HANG_GUARD)
+    try:
+        yield holder[0]
+    finally:
+        release.set()
+        await asyncio.wait_for(task, HANG_GUARD)
+
+
+async def _globex_waits_behind(url: str, holder: int, store: Store) -> bool:
+    """Whether globex's next ledger entry (on the other replica) waits for `holder`."""
+    writing = asyncio.create_task(ledger.record(store, "mail.sent", "agent:scout",
+                                                "globex/scout-vault#1", org="globex"))
+    await until(lambda: writing.done() or pg.waiting_behind(url, holder), timeout=HANG_GUARD)
+    waits = not writing.done()
+    return waits
+
+
+async def test_the_numbers_are_the_servers(replicas: tuple[str, list[Store]]) -> None:
+    """The attacker's model of hashtextextended is the server's, and the store's numbers are
+    the same in Python and in SQL."""
+    url, _ = replicas
+    async with _session(url) as conn:
+        for text in ("ledger:globex", _key_lock(SCOPE, "k1"), "x" * 24, "issue:acme/v#1",
+                     "é中😀 " * 5, ""):
+            for seed in (0, NAMED_SEED):
+                assert hashtextextended(text, seed) == await conn.fetchval(
+                    "SELECT hashtextextended($1, $2)", text, seed)
+            assert lock_id(text) == await conn.fetchval(f"SELECT {lock_id_sql('$1::text')}",
+                                                        text)
+
+
+@pytest.mark.parametrize("older", [False, True], ids=["alone", "older-replica-live"])
+async def test_a_key_an_office_chose_is_never_the_lock_every_transaction_shares(
+        replicas: tuple[str, list[Store]], older: bool) -> None:
+    """acme's idempotencyKey whose old number is RELEASE_1_WRITE_LOCK: before, acme's claim
+    took it exclusive and every transaction of every office waited; while an older release
+    lives (its keys taken its way too) the fixed numbers are never taken so."""
+    url, (a, b) = replicas
+    if older:
+        await _older_replica(url)
+    key = chosen(_key_lock(SCOPE, ""), RELEASE_1_WRITE_LOCK)[len(_key_lock(SCOPE, "")):]
+    async with _acme_claim_held(a, key) as holder:
+        waits = await _globex_waits_behind(url, holder, b)
+    assert not waits, "globex's write waited for acme's claim"
+
+
+async def test_a_key_an_office_chose_is_never_another_offices_key(
+        replicas: tuple[str, list[Store]]) -> None:
+    url, (a, b) = replicas
+    prefix = _key_lock(SCOPE, "")
+    key = chosen(prefix, hashtextextended(ledger.key("globex")))[len(prefix):]
+    async with _acme_claim_held(a, key) as holder:
+        waits = await _globex_waits_behind(url, holder, b)
+    assert not waits, "globex's ledger waited for acme's claim"
+
+
+@pytest.mark.parametrize("number", ["old", "new"])
+async def test_a_named_lock_an_office_chose_is_never_another_offices_key(
+        replicas: tuple[str, list[Store]], number: str) -> None:
+    """acme's outbound sender holds `outbound:acme:<url>` across its POSTs to acme's URL (its
+    config): a URL whose schema-16 number is globex's ledger key, as numbered before (old) or
+    now (new: were that way taken whenever free, it would be held)."""
+    url, (a, b) = replicas
+    target = hashtextextended(ledger.key("globex")) if number == "old" else lock_id(
+        ledger.key("globex"))
+    name = chosen("outbound:acme:https://hooks.acme.example/", target, seed=NAMED_SEED)
+    async with a.named_lock(name):
+        locker = a._locker  # noqa: SLF001 - the session holding named locks
+        assert locker is not None
+        waits = await _globex_waits_behind(url, int(await locker.fetchval(
+            "SELECT pg_backend_pid()")), b)
+    assert not waits, "globex's ledger waited while acme's outbound sender held its lock"
+
+
+async def test_while_an_older_replica_lives_a_key_is_taken_its_way_too(
+        replicas: tuple[str, list[Store]]) -> None:
+    """A replica of schema 16's release appending to acme's ledger (its key numbered
+    hashtextextended) excludes this release's appends, and they it."""
+    url, (_, b) = replicas
+    await _older_replica(url)
+    async with _session(url) as old:
+        async with old.transaction():
+            await old.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                              ledger.key("acme"))
+            holder = int(await old.fetchval("SELECT pg_backend_pid()"))
+            writing = asyncio.create_task(ledger.record(b, "mail.sent", "agent:scout",
+                                                        "acme/scout-vault#1", org="acme"))
+            await until(lambda: writing.done() or pg.waiting_behind(url, holder),
+                        timeout=HANG_GUARD)
+            assert not writing.done(), "acme's append ran beside the older replica's"
+        await asyncio.wait_for(writing, HANG_GUARD)
+
+
+async def test_while_an_older_replica_lives_a_named_lock_is_taken_its_way_too(
+        replicas: tuple[str, list[Store]]) -> None:
+    url, (_, b) = replicas
+    await _older_replica(url)
+    async with _session(url) as old:
+        assert await old.fetchval("SELECT pg_try_advisory_lock(hashtextextended($1, $2))",
+                                  "mail-1", NAMED_SEED)
+        entered = asyncio.Event()
+
+        async def take() -> None:
+            async with b.named_lock("mail-1"):
+                entered.set()
+
+        taking = asyncio.create_task(take())
+        done, _ = await asyncio.wait([taking], timeout=0.5)  # (a bounded look: stays out)
+        assert not done and not entered.is_set(), "b took a mail the older replica held"
+        await old.fetchval("SELECT pg_advisory_unlock(hashtextextended($1, $2))",
+                           "mail-1", NAMED_SEED)
+        await asyncio.wait_for(taking, HANG_GUARD)
