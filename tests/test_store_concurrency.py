@@ -93,6 +93,42 @@ def _one_waits(url: str, holder: int) -> Any:
     return check
 
 
+@pytest.mark.parametrize("other", [("globex", 7), ("acme", 2)],
+                         ids=["another-office", "another-issue"])
+async def test_a_delivery_taken_in_never_waits_for_a_claim(
+        replicas: tuple[str, list[Store]], other: tuple[str, int]) -> None:
+    """A claim held up (a replica paused inside it) holds up no intake: not of its issue, and
+    not of what is taken in with it (found by review: intake waited for each issue of its
+    batch that a claim on another replica was deciding on, and every delivery of the batch
+    with it, globex's too; it now waits for other intakes of an issue alone)."""
+    url, (a, b, _, _) = replicas
+    assert await a.enqueue_delivery("acme-1", "issues", *_delivery(1, 1))
+    stalled, release = asyncio.Event(), asyncio.Event()
+    holder: list[int] = []
+
+    async def stall(db: Any, items: list[Any]) -> None:  # inside the claim, after its choice
+        row = await db.fetchone("SELECT pg_backend_pid() AS pid")
+        holder.append(int(row["pid"]))
+        stalled.set()
+        await release.wait()
+
+    claiming = asyncio.create_task(a.finish_and_claim([], 8, then=stall))
+    await asyncio.wait_for(stalled.wait(), HANG_GUARD)
+    org, issue = other
+    # b takes in, together (one group commit), a later delivery about acme's issue #1 and one
+    # about `other`
+    taking_in = [asyncio.create_task(b.enqueue_delivery("acme-2", "issues", *_delivery(2, 1))),
+                 asyncio.create_task(b.enqueue_delivery(f"{org}-9", "issues",
+                                                        *_delivery(9, issue, org)))]
+    try:
+        await until(lambda: all(t.done() for t in taking_in)
+                    or pg.waiting_behind(url, holder[0]), timeout=HANG_GUARD)
+        assert all(t.done() for t in taking_in), "intake waited for acme's claim"
+    finally:
+        release.set()
+        await asyncio.wait_for(asyncio.gather(claiming, *taking_in), HANG_GUARD)
+
+
 async def test_four_replicas_hammering_one_issue_run_its_deliveries_once_each_in_order(
         replicas: tuple[str, list[Store]]) -> None:
     """Every delivery reaches every replica at once (a forge redelivering to all of them):

@@ -197,10 +197,14 @@ WAKEUP = (Sql("SELECT q.next_at-vm_now() AS t FROM queue q INDEXED BY queue_wake
 # of those issues (EARLIER: any claim that decided on one has committed by now), takes a row
 # only if each earlier one of its issue is this replica's, by this claim or an earlier one,
 # and no other live replica holds any of the issue's (`in_order`). Intake commits side by side
-# too, so a delivery may commit after a later-numbered one about its issue was claimed: it
-# waits until that one is done. So one issue's deliveries run in order, never on two replicas
-# at once, with no claim ever waiting for another. (An issue's lock is numbered as every key
-# is, bot.store.locks; while a replica of an older release lives, tried its way too.)
+# too: it holds an issue's intake key (`intake:`) from numbering its deliveries to commit, so
+# two intakes number one issue's deliveries in the order they commit, and a claim skips an
+# issue whose deliveries are being numbered (it looks whether the intake key is free, and holds
+# it not: an intake never waits for a claim; one that numbers after that look numbers after
+# every row the claim sees). So one issue's deliveries run in order, never on two replicas at
+# once, with no claim ever waiting for another. (Keys are numbered as every key is,
+# bot.store.locks; while a replica of an older release lives, its way is tried too: there,
+# one key, `issue:`, which its intake took as ours does `intake:`.)
 CANDIDATES = ("SELECT q.id, q.issue_key FROM queue q WHERE q.id>=? AND q.id<?"
               " AND NOT (q.id = ANY(?::bigint[]))"
               " AND (q.issue_key IS NULL AND q.id<? OR NOT (q.issue_key = ANY(?::text[])))"
@@ -208,7 +212,9 @@ CANDIDATES = ("SELECT q.id, q.issue_key FROM queue q WHERE q.id>=? AND q.id<?"
               " AND (q.lease_owner IS NULL"
               " OR q.lease_owner=? OR (q.lease_owner NOT IN (" + _LIVE + ") AND "
               + _STEADY_ME + ")) AND (q.issue_key IS NULL OR (pg_try_advisory_xact_lock("
-              + lock_id_sql("'issue:' || q.issue_key") + ") AND (NOT ?::boolean OR"
+              + lock_id_sql("'issue:' || q.issue_key") + ") AND pg_try_advisory_lock_shared("
+              + lock_id_sql("'intake:' || q.issue_key") + ") AND pg_advisory_unlock_shared("
+              + lock_id_sql("'intake:' || q.issue_key") + ") AND (NOT ?::boolean OR"
               " hashtextextended('issue:' || q.issue_key, 0) = ANY(?::bigint[]) OR"
               " pg_try_advisory_xact_lock(hashtextextended('issue:' || q.issue_key, 0)))))"
               " ORDER BY q.id LIMIT ? FOR UPDATE OF q SKIP LOCKED")
@@ -439,13 +445,14 @@ class QueueMixin:
                  [a.action for a in ordered], [a.installation_id for a in ordered],
                  [now] * len(ordered)))
             landed = {row[0] for row in rows}
-            # each issue's deliveries are numbered in the order they commit: the issue's key
-            # (which a claim tries, skipping the issue) is held from numbering to commit
+            # each issue's deliveries are numbered in the order they commit: the issue's
+            # intake key (which a claim looks at, skipping the issue) is held from numbering
+            # to commit; another intake's wait for it, never a claim's
             issues = sorted({key for a in firsts.values() if a.guid in landed
                              for key in [issue_key(a.payload)] if key is not None})
             if issues:
                 await db.execute("SELECT pg_advisory_xact_lock(i) FROM unnest(?::bigint[]) i",
-                                 (sorted(lock_id("issue:" + key) for key in issues),))
+                                 (sorted(lock_id("intake:" + key) for key in issues),))
                 if db.older_keys:  # (taken as a live replica of an older release takes them)
                     await db.execute("SELECT pg_advisory_xact_lock(h) FROM (SELECT"
                                      " hashtextextended('issue:' || k, 0) AS h FROM"
