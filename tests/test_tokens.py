@@ -75,3 +75,28 @@ async def test_a_token_for_someone_not_in_the_office_acts_for_no_one(
     denied = await embedded.ledger_events("run.denied")
     assert [(e.actor, e.data["reason"][:40]) for e in denied] == [
         ("agent:ghost", "agent:ghost is not in the office config ")], "refusals are ledgered"
+
+
+async def test_a_token_belongs_to_one_office_from_its_making(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """`token create` names the token's office when it is made: the one organisation the App
+    is installed on, else `--org` (found by review: a token made without it was pinned to an
+    office at its first use, and another office declaring the same principal meanwhile made
+    it refused, or took a new hire's token for its own)."""
+    from tests.test_tenancy_attacks import _install_evil
+
+    data = str(embedded.data_dir)
+    code, out, err = await vaultmail("token", "create", "agent:scout", "--data", data)
+    assert code == 0 and "in acme's office" in out, err
+    made_alone = out.strip().splitlines()[-1]
+    await _install_evil(embedded)  # evil declares an agent:scout of its own
+    code, out, err = await vaultmail("token", "create", "agent:scout", "--data", data)
+    assert code == 2 and "several organisations here (acme, evil)" in err, err
+    assert "--org ORG" in err
+    code, out, err = await vaultmail("token", "create", "agent:scout", "--org", "acme",
+                                     "--data", data)
+    assert code == 0, err
+    for token in (made_alone, out.strip().splitlines()[-1]):
+        async with session.post(f"{embedded.app_url}/api/v1/tools/mail_list", json={},
+                                headers={"Authorization": f"Bearer {token}"}) as resp:
+            assert resp.status == 200, await resp.text()

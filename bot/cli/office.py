@@ -39,7 +39,7 @@ from bot.mail.signing import (
     kid_office,
     office_name,
 )
-from bot.store import api_tokens, index_of, ledger, mails, open_store
+from bot.store import api_tokens, index_of, installations, ledger, mails, open_store
 
 _REF = re.compile(r"^([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)#([1-9][0-9]*)$")
 _PRINCIPAL = re.compile(r"^(human:[^@\s]+@[^@\s]+|agent:[a-z0-9-]+|office)$")
@@ -215,11 +215,23 @@ async def cmd_token_create(args: argparse.Namespace) -> int:
                                        "agent:<slug> or office"))
     store = await open_store(index_of(data_dir(args)))
     try:
-        token = await api_tokens.create_token(store, args.principal,
-                                              args.org.lower() if args.org else None)
+        # a token belongs to one office from its making: left to its first use, another
+        # office declaring the same principal meanwhile could claim it or make it refused
+        org = args.org.lower() if args.org else None
+        if org is None:
+            live = await installations.live_orgs(store)
+            if len(live) != 1:
+                return fail(args, ShellFailure("usage", (
+                    f"the App is installed on several organisations here ({', '.join(live)})"
+                    if live else "no organisation has installed the App in this index yet")
+                    + f": name the token's office, `vaultmail token create {args.principal}"
+                    " --org ORG`"))
+            org = live[0]
+        token = await api_tokens.create_token(store, args.principal, org)
     finally:
         await store.close()
-    print(f"API token for {args.principal} (shown once, stored hashed):\n{token}")
+    print(f"API token for {args.principal} in {org}'s office (shown once, stored hashed):"
+          f"\n{token}")
     return 0
 
 
@@ -458,8 +470,8 @@ def add_office_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     tsub = token.add_subparsers(dest="token_command", required=True)
     p = with_data(tsub.add_parser("create", help="issue an API token for a principal"))
     p.add_argument("principal", metavar="PRINCIPAL")
-    p.add_argument("--org", help="the office's organisation, when the App is installed on "
-                                 "several (default: the one office that has PRINCIPAL)")
+    p.add_argument("--org", help="the token's office (default: the one organisation the "
+                                 "App is installed on; with several, or none yet, required)")
     p.set_defaults(func=cmd_token_create)
     p = with_data(tsub.add_parser("revoke", help="revoke an API token by its id (token list)"))
     p.add_argument("token_id", metavar="ID", type=int)

@@ -45,3 +45,10 @@ async def is_removed(store: Store, org: str, installation_id: int) -> bool:
         "SELECT 1 FROM installations WHERE org=? AND installation_id=? AND removed_at IS NOT NULL",
         (org.lower(), installation_id))
     return row is not None
+
+
+async def live_orgs(store: Store) -> list[str]:
+    """The organisations the App is installed on, as this index last heard."""
+    rows = await store.fetchall("SELECT org FROM installations WHERE removed_at IS NULL"
+                                " ORDER BY org")
+    return [str(r["org"]) for r in rows]
