@@ -645,3 +645,24 @@ async def test_a_replica_not_steady_yet_does_not_look_again_at_once_for_what_it_
                          (time.time() - 60,))
     assert await b.due_items(limit=10) == []
     assert await b.next_wakeup() is None
+
+
+async def test_wake_ups_made_together_reach_the_other_replicas_in_one_message(
+        two_replicas: tuple[Store, Store]) -> None:
+    """Each NOTIFY's commit takes PostgreSQL's one notify-queue lock, shared by every office
+    (and every database of the server; found by review): a replica sends one message at a
+    time, with every key made new since the last, not one NOTIFY per wake-up."""
+    from bot.app.notify import Notifier
+    from tests.support import until
+
+    a, b = two_replicas
+    heard: list[list[str]] = []
+    await b.listen(heard.append)
+    notifier = Notifier()
+    notifier.publish = a.broadcast
+    for n in range(50):  # wake-ups made in one turn of the loop: 50 mails indexed at once
+        notifier.notify([f"agent:a{n}"], org="acme" if n % 2 else "globex")
+    await until(lambda: sum(len(keys) for keys in heard) >= 50)
+    assert sorted(k for keys in heard for k in keys) == sorted(
+        f"{'acme' if n % 2 else 'globex'}/agent:a{n}" for n in range(50))
+    assert len(heard) == 1, f"{len(heard)} messages for 50 wake-ups made together"

@@ -62,7 +62,8 @@ class Notifier:
         self.closed = False  # shutting down: every wait answers at once with what is there
         # tells the other replicas (bot.app.replica: PostgreSQL's NOTIFY); None when alone
         self.publish: Callable[[list[str]], Awaitable[None]] | None = None
-        self._publishing: set[asyncio.Task[None]] = set()
+        self._outgoing: set[str] = set()  # keys for the next message to the other replicas
+        self._sender: asyncio.Task[None] | None = None
 
     def close(self) -> None:
         """On SIGTERM: wake every long poll now, and let no new one wait."""
@@ -77,16 +78,25 @@ class Notifier:
         keys = {_scoped(org, p) for p in principals}
         self.wake(keys)
         if self.publish is not None and keys:
-            task = asyncio.get_running_loop().create_task(self._publish(sorted(keys)))
-            self._publishing.add(task)
-            task.add_done_callback(self._publishing.discard)
+            self._outgoing |= keys
+            if self._sender is None:
+                self._sender = asyncio.get_running_loop().create_task(self._send())
 
-    async def _publish(self, keys: list[str]) -> None:
-        assert self.publish is not None
+    async def _send(self) -> None:
+        """One message at a time to the other replicas, each with every key made new since
+        the last was sent: each NOTIFY's commit takes PostgreSQL's one notify-queue lock,
+        shared by every office (and every database of the server), so under load one message
+        carries many wake-ups rather than each wake-up taking the lock."""
         try:
-            await self.publish(keys)
-        except Exception as exc:  # the other replicas' polls answer at their timeout
-            log.warning("wake-up not sent to other replicas: %r", exc)
+            await asyncio.sleep(0)  # wake-ups made in this turn of the loop go together
+            while self._outgoing and self.publish is not None:
+                keys, self._outgoing = sorted(self._outgoing), set()
+                try:
+                    await self.publish(keys)
+                except Exception as exc:  # the other replicas' polls answer at their timeout
+                    log.warning("wake-up not sent to other replicas: %r", exc)
+        finally:
+            self._sender = None
 
     def wake(self, principals: Iterable[str]) -> None:
         """Wake who waits here under these keys (what another replica told us, too): one
