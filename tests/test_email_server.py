@@ -134,6 +134,23 @@ async def test_a_reply_by_email_is_a_comment_in_the_same_thread(
     assert len(await mails.all_mails(mailroom.embedded.services.store)) == 1
 
 
+async def test_a_message_threads_only_onto_mail_made_of_a_message(mailroom: Mailroom) -> None:
+    """A message answering a Message-ID joins the mail made of that message, never an issue
+    someone opened in the vault with a meta line of their own naming it (found by review:
+    the meta line of any mail to the agent was believed)."""
+    from bot.email.message import META_PREFIX, EmailMeta
+
+    forged = EmailMeta(message_id="<q9@example.org>", sender="bob@example.org")
+    await mailroom.person("marco").open_issue(
+        SCOUT_VAULT, "Look here", f"{META_PREFIX}{forged.as_json()} -->\n\nHi scout.")
+    await mailroom.embedded.settle()
+    raw = wire(message("bob@example.org", f"scout@{DOMAIN}", "Re: Look here", "Hello",
+                       Message_ID="<q10@example.org>", In_Reply_To="<q9@example.org>",
+                       References="<q9@example.org>"))
+    answer = await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])
+    assert answer.code == 250 and f"{SCOUT_VAULT}#2" in answer.text, answer.text
+
+
 async def test_bad_input_gets_a_clear_answer_and_nothing_is_lost(mailroom: Mailroom) -> None:
     no_from = b"To: scout@mail.acme.example\r\nSubject: anonymous\r\n\r\nwho?\r\n"
     answer = await send(mailroom.port, no_from, rcpts=[f"scout@{DOMAIN}"])

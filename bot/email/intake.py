@@ -292,7 +292,10 @@ class EmailIntake:
             for candidate in await mails.find_mails(store, org=office.org,
                                                     state=None, agent=box.agent.principal,
                                                     text=ref.strip("<>"), limit=5):
-                meta = read_meta(candidate.body)
+                # (a mail made of a message: its meta line is the app's; anyone opening an
+                # issue in the vault could write one in theirs)
+                meta = read_meta(candidate.body) if candidate.from_principal.startswith(
+                    "email:") else None
                 if meta is not None and meta.message_id == ref \
                         and candidate.to_principal == box.agent.principal:
                     return candidate

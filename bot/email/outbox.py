@@ -419,13 +419,18 @@ class Outbox(Background):
         comments = await forge.list_comments(mail.vault, mail.number)
         text: str | None = None
         wanted_id = key.removeprefix("comment:") if key.startswith("comment:") else None
+        app = self.services.bot_login.lower()
         for comment in comments:
             body = str(comment.get("body") or "")
+            # the reply's comment and a later message by email are comments the app posted:
+            # anyone may write their markers, and would name the reply's text and recipients
+            by_app = str((comment.get("user") or {}).get("login") or "").lower() == app
             if (wanted_id is not None and str(comment.get("id")) == wanted_id) or (
-                    wanted_id is None and f"<!-- vaultmail:reply {key} -->" in body):
+                    wanted_id is None and by_app
+                    and f"<!-- vaultmail:reply {key} -->" in body):
                 text = reply_text(body, key)
                 break
-            if "<!-- vaultmail:email-in " in body:
+            if by_app and "<!-- vaultmail:email-in " in body:
                 latest = read_meta(body) or latest
         if text is None and wanted_id is not None:
             text = reply_text(str((await forge.get_comment(mail.vault,
