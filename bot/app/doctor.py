@@ -485,11 +485,17 @@ class Doctor:
             self._check_budget(forge)
             report.replies += len(made)
             comments = await forge.list_comments(mail.vault, mail.number)
-            bodies = [str(c.get("body") or "") for c in comments]
+            bodies = self._app_posted(comments)  # (anyone may write a reply's marker)
             for replier, key in made:
                 marker = f"<!-- vaultmail:reply {key} -->"
                 if not any(marker in body for body in bodies):
                     await self._reply_gone(report, forge, office, mail, replier, key, marker)
+
+    def _app_posted(self, comments: list[dict[str, Any]]) -> list[str]:
+        """The bodies of the comments the app posted."""
+        app = self.services.bot_login.lower()
+        return [str(c.get("body") or "") for c in comments
+                if str((c.get("user") or {}).get("login") or "").lower() == app]
 
     async def _reply_gone(self, report: DoctorReport, forge: Forge, office: Office,
                           mail: MailRecord, replier: str, key: str, marker: str) -> None:
@@ -512,7 +518,7 @@ class Doctor:
             return
         async with self.services.lock_for(f"reply:{mail.mail_id}:{key}"):
             comments = await forge.list_comments(mail.vault, mail.number)
-            if any(marker in str(c.get("body") or "") for c in comments):
+            if any(marker in body for body in self._app_posted(comments)):
                 self._found(report, Finding(mail.ref, "reply comment", "gone", what, SKIPPED,
                                             "it is there now"))
                 return
