@@ -11,7 +11,7 @@ from bot.app.context import HandlerContext
 from bot.errors import Denied, VaultmailError
 from bot.forge.pacing import writes_for
 from bot.mail.mailer import Mailer, principal_of
-from bot.mail.markdown import defuse_mentions
+from bot.mail.markdown import as_data
 from bot.office.config import Office
 from bot.store import idempotency, ledger, mails, strangers
 from bot.store.mails import MailRecord
@@ -48,7 +48,7 @@ class Scene:
                 self.repo, self.number, marker) is not None:
             return
         await self.ctx.forge.create_comment(
-            self.repo, self.number, f"@{self.login} {defuse_mentions(text)} {marker}",
+            self.repo, self.number, f"@{self.login} {as_data(text)} {marker}",
             marker=marker)
 
     @property

@@ -20,7 +20,7 @@ from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
 from bot.forge.errors import PermissionDenied
-from bot.mail.markdown import defuse_mentions
+from bot.mail.markdown import as_data
 from bot.office.config import OfficeConfigError
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
 
@@ -103,7 +103,7 @@ async def _check(data: dict[str, Any], ctx: HandlerContext) -> None:
                    "last valid config would stay in force. Fix each of these (the annotations "
                    "mark where) and push again; `vaultmail office check vaultmail.yml` says "
                    "the same before you push.\n\n"
-                   + "\n".join(f"- {defuse_mentions(n['message'])} (line {n['start_line']}"
+                   + "\n".join(f"- {as_data(n['message'])} (line {n['start_line']}"
                                + (f", column {n['start_column']})" if "start_column" in n
                                   else ")") for n in notes))
         await forge.report_check(full_name, head_sha, CHECK_NAME, False,

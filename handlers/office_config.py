@@ -15,7 +15,7 @@ from gidgethub import sansio
 from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
-from bot.mail.markdown import defuse_mentions
+from bot.mail.markdown import as_data
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
 from bot.store import api_tokens, ledger, oauth
 from bot.tools.http import members
@@ -71,7 +71,7 @@ async def reload_office_config(event: sansio.Event, ctx: HandlerContext) -> None
             "no config is in force yet"
         body = (f"{MARKER}\n@{pusher} pushed `{CONFIG_PATH}` ({commit or 'a commit'}); it was "
                 f"refused and {kept}.\n\n"
-                + "\n".join(f"- {defuse_mentions(line)}" for line in error.errors)
+                + "\n".join(f"- {as_data(line)}" for line in error.errors)
                 + f"\n\nFix these and push again (`vaultmail office check {CONFIG_PATH}` "
                 "says the same before you push). This issue is updated at each refused push "
                 "and closed when a valid config lands.")

@@ -56,6 +56,7 @@ from bot.forge.pacing import writes_for
 from bot.mail.header import (
     MailHeader,
     adopted_mail_id,
+    headed_by,
     render_mail_body,
     sign_header,
     written_body,
@@ -276,6 +277,11 @@ class Doctor:
             except _Stop as stop:
                 report.stopped = str(stop)
                 break
+            except Exception as exc:  # one office's fault ends its pass, not the others'
+                log.exception("doctor pass over an office broke off", extra={"org": org})
+                self._found(report, Finding(org, "office", "?", "?", FLAGGED,
+                                            f"the pass over this office broke off: {exc!r}"
+                                            [:300]))
             finally:
                 writes_for.reset(token)
         if not self.dry_run:  # the words of replies past the window are not looked for
@@ -446,14 +452,17 @@ class Doctor:
                 self._found(report, Finding(mail.ref, "reply copy", "gone", _holds(mail),
                                             SKIPPED, "moved meanwhile"))
                 return
-            issue = await forge.find_issue(mail.vault, mail.mail_id)  # an earlier repair's
+            # an earlier repair's (its issue opens with the mail's header: the id elsewhere in
+            # a body the app posted is someone's words)
+            issue = await forge.find_issue(mail.vault, mail.mail_id, headed_by(mail.mail_id))
             key_id, digest = fresh.key_id, fresh.body_sha256
             if issue is None:
                 header = _header_of(self.services, office, fresh)
                 key_id, digest = header.key_id, header.body_sha256
                 issue = await forge.create_issue(
                     fresh.vault, header.subject, render_mail_body(header, fresh.body),
-                    labels=_wanted(fresh)[0], marker=fresh.mail_id)
+                    labels=_wanted(fresh)[0], marker=fresh.mail_id,
+                    accept=headed_by(fresh.mail_id))
                 if not _wanted(fresh)[1]:
                     issue = await forge.update_issue(fresh.vault, int(issue["number"]),
                                                      state="closed", state_reason="completed")
@@ -488,7 +497,7 @@ class Doctor:
             bodies = self._app_posted(comments)  # (anyone may write a reply's marker)
             for replier, key in made:
                 marker = f"<!-- vaultmail:reply {key} -->"
-                if not any(marker in body for body in bodies):
+                if not any(body.rstrip().endswith(marker) for body in bodies):
                     await self._reply_gone(report, forge, office, mail, replier, key, marker)
 
     def _app_posted(self, comments: list[dict[str, Any]]) -> list[str]:
@@ -518,7 +527,7 @@ class Doctor:
             return
         async with self.services.lock_for(f"reply:{mail.mail_id}:{key}"):
             comments = await forge.list_comments(mail.vault, mail.number)
-            if any(marker in body for body in self._app_posted(comments)):
+            if any(body.rstrip().endswith(marker) for body in self._app_posted(comments)):
                 self._found(report, Finding(mail.ref, "reply comment", "gone", what, SKIPPED,
                                             "it is there now"))
                 return

@@ -27,7 +27,7 @@ from bot.forge.errors import ForgeError
 from bot.forge.gitea import GiteaForge, gitea_name
 from bot.mail.header import clean_subject, render_mail_body
 from bot.mail.mailer import LOOP_GUARD_HOPS, MAX_SUBJECT, Mailer, _Draft, _signed, fits
-from bot.mail.markdown import defuse_mentions
+from bot.mail.markdown import as_data, defuse_mentions
 from bot.office.config import Office
 from bot.office.source import CONFIG_REPO
 from bot.store import idempotency, ledger, mails
@@ -218,7 +218,8 @@ class EmailIntake:
         key = f"email\n{agent.slug}\n{message.message_id}"
         draft = await mailer.draft(sender, agent.principal, subject,
                                    render_inbound(message, verdicts, quiet=quiet),
-                                   check=False, idempotency_key=key, reply_to=reply_to)
+                                   check=False, idempotency_key=key, reply_to=reply_to,
+                                   app_rendered=True)
         if message.parts and not isinstance(draft, MailRecord):
             # the files first, in the vault and the index, under the mail id the draft
             # has (the key's): the mail's signed body then lists them with their links
@@ -227,7 +228,7 @@ class EmailIntake:
             draft = await mailer.draft(
                 sender, agent.principal, subject,
                 render_inbound(message, verdicts, quiet=quiet, attached=attached),
-                check=False, idempotency_key=key, reply_to=reply_to)
+                check=False, idempotency_key=key, reply_to=reply_to, app_rendered=True)
         try:
             return await mailer.deliver(with_hops(mailer, draft, message.hops), quiet=quiet)
         except ForgeError as exc:  # a vault gone or archived: refused for good (550)
@@ -272,7 +273,7 @@ class EmailIntake:
         marker = f"<!-- vaultmail:email-held {mail.mail_id} -->"
         if await forge.find_comment(mail.vault, mail.number, marker) is None:
             await forge.create_comment(mail.vault, mail.number, fits(as_shown(
-                forge, f"@{person.login} this mail is held for you: {defuse_mentions(reason)}"
+                forge, f"@{person.login} this mail is held for you: {as_data(reason)}"
                 ". Release it to the agent by giving it the label `mail:new`, or drop it by "
                 f"closing the issue.\n\n{marker}"), "the held note"), marker=marker)
 
@@ -314,7 +315,7 @@ class EmailIntake:
             if message.parts else ()
         rendered = render_inbound(message, verdicts, quiet=quiet, attached=attached)
         text = fits(defuse_mentions(
-            f"**{sender}** wrote by email:\n\n{rendered}"
+            f"**{as_data(sender)}** wrote by email:\n\n{rendered}"
             f"\n\n{marker}"), "the message, its byline added")
 
         async def work() -> idempotency.Result:
@@ -391,9 +392,10 @@ class EmailIntake:
         what = "mail" if sent_by_agent else "reply"
         digest = hashlib.sha256(f"{message_id}\n{recipient}".encode()).hexdigest()[:32]
         marker = f"<!-- vaultmail:email-bounced {digest} -->"
-        note = fits(defuse_mentions(
-            f"📭 The {what} sent by email as `{message_id}` to `{recipient}` bounced ({why})."
-            f"\n\n{marker}"), "the bounce note")
+        # (the reason is the report's words: a stranger's)
+        note = fits(as_data(
+            f"📭 The {what} sent by email as `{message_id}` to `{recipient}` bounced ({why}).")
+            + f"\n\n{marker}", "the bounce note")
         subject = f"Undelivered: {mail.subject}"
         if len(subject) > MAX_SUBJECT:
             subject = subject[:MAX_SUBJECT - 1].rstrip() + "…"

@@ -34,7 +34,7 @@ from bot.email.addresses import address_of, agent_address
 from bot.email.intake import EmailIntake
 from bot.email.message import EmailMeta, read_meta
 from bot.mail.mailer import fits
-from bot.mail.markdown import WORD_JOINER, defuse_mentions
+from bot.mail.markdown import WORD_JOINER, as_data
 from bot.office.config import Office
 from bot.store import idempotency, ledger, mails
 from bot.store import outbound as cursors
@@ -270,11 +270,11 @@ class Outbox(Background):
             forge = self.services.forge_for_org(office.org)
             marker = f"<!-- vaultmail:email-deferred {message_id.strip('<>')} -->"
             whom = f" for {_listed(recipients)}" if recipients and not whole else ""
-            await forge.create_comment(mail.vault, mail.number, fits(defuse_mentions(
+            await forge.create_comment(mail.vault, mail.number, fits(as_data(
                 f"⏳ Deferred{whom}: `{message_id}` is not sent{' to them' if whom else ''} "
                 f"yet ({detail[:500]}); tried again with backoff, and given up as bounced "
-                f"after {self.give_up_after:,.0f} seconds.\n\n{marker}"), "the deferral note"),
-                marker=marker)
+                f"after {self.give_up_after:,.0f} seconds.") + f"\n\n{marker}",
+                "the deferral note"), marker=marker)
         first_at = await ledger.first_recorded(store, "email.deferred", mail.ref,
                                                "message_id", message_id)
         return first_at if first_at is not None else time.time()
@@ -422,15 +422,17 @@ class Outbox(Background):
         app = self.services.bot_login.lower()
         for comment in comments:
             body = str(comment.get("body") or "")
-            # the reply's comment and a later message by email are comments the app posted:
-            # anyone may write their markers, and would name the reply's text and recipients
+            # the reply's comment and a later message by email are comments the app posted,
+            # as it writes them (its markers where it puts them): anyone may write markers,
+            # and the app posts others' words too; they would name the reply's text and
+            # recipients
             by_app = str((comment.get("user") or {}).get("login") or "").lower() == app
             if (wanted_id is not None and str(comment.get("id")) == wanted_id) or (
                     wanted_id is None and by_app
-                    and f"<!-- vaultmail:reply {key} -->" in body):
+                    and body.rstrip().endswith(f"<!-- vaultmail:reply {key} -->")):
                 text = reply_text(body, key)
                 break
-            if by_app and "<!-- vaultmail:email-in " in body:
+            if by_app and body.startswith("**email:") and "<!-- vaultmail:email-in " in body:
                 latest = read_meta(body) or latest
         if text is None and wanted_id is not None:
             text = reply_text(str((await forge.get_comment(mail.vault,

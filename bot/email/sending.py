@@ -19,9 +19,9 @@ import uuid
 
 from bot.email.addresses import BadAddress, normalise
 from bot.errors import InvalidArguments
-from bot.mail.header import render_mail_body
+from bot.mail.header import headed_by, render_mail_body
 from bot.mail.mailer import MAX_BODY, Mailer, _signed, checked_subject, fits, shown_as
-from bot.mail.markdown import defuse_mentions
+from bot.mail.markdown import as_data
 from bot.office.config import Agent
 from bot.store import idempotency, ledger, mails
 from bot.store.mails import QUIET, MailRecord
@@ -86,7 +86,7 @@ async def send_email(mailer: Mailer, actor: str, to: str, subject: str, body: st
     if len(body) > MAX_BODY:
         raise InvalidArguments(f"body is {len(body):,} characters; at most {MAX_BODY:,}",
                                code="body_too_long")
-    body = defuse_mentions(body)
+    body = as_data(body)
     mail_id = (str(uuid.uuid5(_NS, f"{office.org.lower()}\n{actor}\n{idempotency_key}"))
                if idempotency_key else str(uuid.uuid4()))
     store = mailer.services.store
@@ -109,14 +109,15 @@ async def send_email(mailer: Mailer, actor: str, to: str, subject: str, body: st
     issue = None
     begun = not await mails.intend_send(store, mail_id, vault)
     if begun:
-        issue = await mailer.forge.find_issue(vault, mail_id)  # begun before: did it land?
+        # begun before: did it land? (its issue opens with its header)
+        issue = await mailer.forge.find_issue(vault, mail_id, headed_by(mail_id))
     if issue is None:
         # the fence, as for mail inside the office (Mailer.deliver): a try whose key another
         # replica took over (this one stalled past DEAD_AFTER) opens nothing, and what the
         # outbox sends is the new owner's one mail
         await idempotency.check_claim()
         issue = await mailer.forge.create_issue(vault, header.subject, rendered, labels=[],
-                                                marker=mail_id)
+                                                marker=mail_id, accept=headed_by(mail_id))
     record = MailRecord(
         mail_id=mail_id, vault=vault, number=int(issue["number"]), subject=header.subject,
         body=body, from_principal=actor, to_principal=principal, sent=header.sent,

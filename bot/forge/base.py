@@ -22,7 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -53,7 +53,11 @@ class Forge(Protocol):
         body: str,
         labels: Sequence[str] = (),
         marker: str | None = None,
-    ) -> JSON: ...
+        accept: Callable[[JSON], bool] | None = None,
+    ) -> JSON:
+        """The new issue. With `marker` (in `body`), a create whose answer was lost is found
+        rather than made again (`find_issue`, with `accept`)."""
+        ...
 
     async def update_issue(self, repo: str, number: int, **fields: Any) -> JSON:
         """``fields``: title, body, state ("open"/"closed"), state_reason, labels, assignees."""
@@ -69,8 +73,11 @@ class Forge(Protocol):
         """All issues (pull requests excluded), paginated; ``labels`` are ANDed (GitHub)."""
         ...
 
-    async def find_issue(self, repo: str, marker: str) -> JSON | None:
-        """A recent issue by the app whose body contains `marker` (did a create land?)."""
+    async def find_issue(self, repo: str, marker: str,
+                         accept: Callable[[JSON], bool] | None = None) -> JSON | None:
+        """A recent issue by the app whose body contains `marker` (did a create land?), and
+        that `accept` takes: the app opens issues whose bodies others wrote (every mail), so
+        a marker found in one may be in their words."""
         ...
 
     async def search_issues(self, q: str) -> list[JSON]: ...

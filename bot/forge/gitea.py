@@ -227,7 +227,8 @@ class GiteaForge(RepoCaller):
         return github_issue(data)
 
     async def create_issue(self, repo: str, title: str, body: str, labels: Sequence[str] = (),
-                           marker: str | None = None) -> JSON:
+                           marker: str | None = None,
+                           accept: Callable[[JSON], bool] | None = None) -> JSON:
         if marker is not None and marker not in body:
             raise ValueError("marker must be contained in the body")
         payload: JSON = {"title": title, "body": body}
@@ -237,14 +238,15 @@ class GiteaForge(RepoCaller):
         if marker is not None:
 
             async def find() -> JSON | None:
-                return await self.find_issue(repo, marker)
+                return await self.find_issue(repo, marker, accept)
 
         data, _, _ = await self._request(
             "POST", "/repos/{owner}/{repo}/issues", split_repo(repo), payload,
             policy="create", content=True, find_existing=find)
         return github_issue(data)
 
-    async def find_issue(self, repo: str, marker: str) -> JSON | None:
+    async def find_issue(self, repo: str, marker: str,
+                         accept: Callable[[JSON], bool] | None = None) -> JSON | None:
         since = _iso_epoch(self.client.clock.now() - self.config.marker_window)
         async for issue in self._paginate(
             "/repos/{owner}/{repo}/issues{?state,type,since,limit}",
@@ -252,7 +254,8 @@ class GiteaForge(RepoCaller):
              "limit": PAGE},
             max_pages=self.config.marker_search_pages,
         ):
-            if self._by_app(issue) and marker in (issue.get("body") or ""):
+            if self._by_app(issue) and marker in (issue.get("body") or "") and (
+                    accept is None or accept(github_issue(issue))):
                 return github_issue(issue)
         return None
 

@@ -89,6 +89,7 @@ class GitHubForge(RepoCaller):
         body: str,
         labels: Sequence[str] = (),
         marker: str | None = None,
+        accept: Callable[[JSON], bool] | None = None,
     ) -> JSON:
         if marker is not None and marker not in body:
             raise ValueError("marker must be contained in the body")
@@ -99,7 +100,7 @@ class GitHubForge(RepoCaller):
         if marker is not None:
 
             async def find() -> JSON | None:
-                return await self.find_issue(repo, marker)
+                return await self.find_issue(repo, marker, accept)
 
         data, _, _ = await self._request(
             "POST",
@@ -113,8 +114,10 @@ class GitHubForge(RepoCaller):
         result: JSON = data
         return result
 
-    async def find_issue(self, repo: str, marker: str) -> JSON | None:
-        """The newest recent issue by the app whose body contains ``marker``, if any."""
+    async def find_issue(self, repo: str, marker: str,
+                         accept: Callable[[JSON], bool] | None = None) -> JSON | None:
+        """The newest recent issue by the app whose body contains ``marker``, and that
+        ``accept`` takes, if any."""
         since = _iso_epoch(self.client.clock.now() - self.config.marker_window)
         async for issue in self._paginate(
             "/repos/{owner}/{repo}/issues{?state,sort,direction,since,per_page}",
@@ -130,7 +133,7 @@ class GitHubForge(RepoCaller):
         ):
             if "pull_request" in issue or not self._by_app(issue):
                 continue
-            if marker in (issue.get("body") or ""):
+            if marker in (issue.get("body") or "") and (accept is None or accept(issue)):
                 found: JSON = issue
                 return found
         return None

@@ -4,8 +4,9 @@ A question card shows the header, the question, a "Context" fold and one task-li
 option (label and description: never `then`, which is the asker's own note). Only people
 reached personally are @-mentioned: the mention is what makes the forge notify them. Every text
 someone else wrote (bodies, context, headers, option labels and descriptions, answers) is
-posted with its @mentions defused (`bot.mail.markdown.defuse_mentions`): the app's own mention list,
-chosen by the reach rules, is the only live one.
+posted as data (`bot.mail.markdown.as_data`: its @mentions defused, its HTML comments
+disarmed, so none reads as one of the app's markers): the app's own mention list, chosen by the
+reach rules, is the only live one.
 
 What people write is read before their rights are checked (anyone may comment on a public
 repository), so every reader here is linear in the text's length: no regular expression here
@@ -23,8 +24,8 @@ from bot.items.questions import Question
 from bot.items.threads import ThreadState
 from bot.mail.markdown import (
     MAX_TEXT,
+    as_data,
     check_length,
-    defuse_mentions,
     list_item_lines,
     paragraph_lines,
     visible_text,
@@ -55,7 +56,7 @@ def marker(comment_id: str, **extra: str) -> str:
 def _neutralise(text: str) -> str:
     """Keep data from forging option boxes or mentions inside the app's own comment."""
     out = []
-    for line in defuse_mentions(text).splitlines():
+    for line in as_data(text).splitlines():
         if _TASK.match(line):
             line = line.replace("[", "\\[", 1)
         out.append(line)
@@ -72,7 +73,7 @@ def render_comment(comment_id: str, *, author: str, body: str, mentions: list[st
     if thread:
         head += f" replied in thread `{thread}`"
     if note:
-        head += f" ({defuse_mentions(note)})"
+        head += f" ({as_data(note)})"
     if mentions:
         head += f" · for {mention_list(mentions)}"
     return f"{marker(comment_id)}\n{head}\n\n{_neutralise(body)}\n"
@@ -80,9 +81,9 @@ def render_comment(comment_id: str, *, author: str, body: str, mentions: list[st
 
 def option_line(i: int, q: Question, ticked: bool) -> str:
     o = q.options[i]
-    text = f"**{defuse_mentions(o.label)}**" + (" (recommended)" if o.recommended else "")
+    text = f"**{as_data(o.label)}**" + (" (recommended)" if o.recommended else "")
     if o.description:
-        text += f" — {defuse_mentions(o.description)}"
+        text += f" — {as_data(o.description)}"
     return f"- [{'x' if ticked else ' '}] {i + 1}. {text}"
 
 
@@ -106,7 +107,7 @@ def render_card(comment_id: str, *, author: str, state: ThreadState, mentions: l
         head += " · *a person decides (human only)*"
     parts = [marker(comment_id, kind="question"), head, ""]
     if q.header:
-        parts += [f"### {defuse_mentions(q.header)}", ""]
+        parts += [f"### {as_data(q.header)}", ""]
     parts += [_neutralise(q.body), ""]
     if q.context:
         parts += ["<details><summary>Context</summary>", "", _neutralise(q.context), "",
@@ -129,7 +130,7 @@ def _said(a: Any, logins: dict[str, str]) -> str:
         what = f"{what}: {a.body}" if what else a.body
     relay = f" (their person {logins.get(a.person, a.person)}'s answer)" \
         if a.confirmed_with_person else ""
-    return f"{by}{relay}: {defuse_mentions(what.splitlines()[0]) if what else '(no words)'}"
+    return f"{by}{relay}: {as_data(what.splitlines()[0]) if what else '(no words)'}"
 
 
 def _status(state: ThreadState, logins: dict[str, str]) -> str:

@@ -58,7 +58,7 @@ import hashlib
 import json
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -470,6 +470,16 @@ def parse_mail_body(issue_body: str | None) -> tuple[MailHeader | None, str]:
     return parsed.header, parsed.body
 
 
+def headed_by(mail_id: str) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether an issue's body opens with a mail header naming `mail_id`: the app's issue of
+    that mail (the id anywhere else in a body the app posted is someone's words, who may name
+    any mail's id). The signature is the caller's to check where it matters."""
+    def heads(issue: Mapping[str, Any]) -> bool:
+        header, _ = parse_mail_body(issue.get("body"))
+        return header is not None and header.mail_id == mail_id
+    return heads
+
+
 _ANY_HEADER_RE = re.compile(r"<!--(\s*)vaultmail:header\b")
 
 
@@ -672,6 +682,7 @@ __all__ = [
     "canonical_bytes",
     "clean_subject",
     "format_sent",
+    "headed_by",
     "new_mail_id",
     "normalize_body",
     "normalize_subject",

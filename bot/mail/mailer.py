@@ -25,12 +25,13 @@ from bot.mail.header import (
     MailHeader,
     adopted_mail_id,
     clean_subject,
+    headed_by,
     render_mail_body,
     sign_header,
     verify_issue,
     written_body,
 )
-from bot.mail.markdown import defuse_mentions
+from bot.mail.markdown import as_data, defuse_mentions
 from bot.mail.reindex import closed_duplicate
 from bot.office.config import Agent, Office
 from bot.store import idempotency, ledger, mails, moves, replies
@@ -236,9 +237,12 @@ class Mailer:
 
     async def draft(self, actor: str, to: str, subject: str, body: str, *,
                     reply_to: MailRecord | None = None, idempotency_key: str | None = None,
-                    check: bool = True, automatic: bool = False) -> MailRecord | _Draft:
+                    check: bool = True, automatic: bool = False,
+                    app_rendered: bool = False) -> MailRecord | _Draft:
         """Everything `send` checks and signs, before any forge write: a refusal here leaves
-        nothing behind. The mail itself when this key already sent it."""
+        nothing behind. The mail itself when this key already sent it. `app_rendered`: the app
+        wrote `body` (an email's, bot.email.message.render_inbound: its meta line the app's,
+        the rest data already)."""
         if reply_to is not None:
             self.own(reply_to)
         agent = self.recipient(to)
@@ -248,8 +252,9 @@ class Mailer:
             raise InvalidArguments(f"body is {len(body):,} characters; at most {MAX_BODY:,}: "
                                    "shorten it, or put the rest in a file and link it",
                                    code="body_too_long")
-        # what the app posts never pings anyone by itself: mentions in it are defused
-        body = defuse_mentions(body)
+        # what the app posts never pings anyone by itself, nor carries a marker of the app's
+        # that someone else wrote
+        body = defuse_mentions(body) if app_rendered else as_data(body)
         if check:
             await self.check_may_send(actor, agent)
         # a key is the sender's in its office: another office's principal of the same name
@@ -272,9 +277,9 @@ class Mailer:
             in_reply_to=reply_to.ref if reply_to else None,
             thread_id=reply_to.thread_id if reply_to else None,
             from_name=shown_as(self.office, actor), to_name=shown_as(self.office, agent.principal))
-        rendered = render_mail_body(header, body, notify=self._sender_login(actor))
-        fits(rendered, "the mail, its header table added")
-        return _Draft(actor, agent, header, body, rendered)
+        issue_body = render_mail_body(header, body, notify=self._sender_login(actor))
+        fits(issue_body, "the mail, its header table added")
+        return _Draft(actor, agent, header, body, issue_body)
 
     async def deliver(self, draft: MailRecord | _Draft, *,
                       quiet: str | None = None) -> MailRecord:
@@ -289,14 +294,16 @@ class Mailer:
         issue = None
         begun = not await mails.intend_send(self.services.store, mail_id, vault)
         if begun:
-            issue = await self.forge.find_issue(vault, mail_id)  # begun before: did it land?
+            # begun before: did it land? (its issue opens with its header)
+            issue = await self.forge.find_issue(vault, mail_id, headed_by(mail_id))
         if issue is None:
             # the fence: a try whose key another replica took over (this one stalled past
             # DEAD_AFTER) opens nothing; the new owner sends the mail, once
             await idempotency.check_claim()
             issue = await self.forge.create_issue(
                 vault, header.subject, draft.rendered,
-                labels=[] if quiet else [MailState.NEW.value], marker=mail_id)
+                labels=[] if quiet else [MailState.NEW.value], marker=mail_id,
+                accept=headed_by(mail_id))
         record = MailRecord(
             mail_id=mail_id, vault=vault, number=int(issue["number"]), subject=header.subject,
             body=draft.body, from_principal=draft.actor, to_principal=draft.agent.principal,
@@ -667,7 +674,7 @@ class Mailer:
                                     idempotency_key=f"reply\n{mail.mail_id}\n{key}")
         if not posted:
             marker = f"<!-- vaultmail:reply {key} -->"
-            comment = fits(f"**{actor}** replied:\n\n{defuse_mentions(text)}\n\n{marker}",
+            comment = fits(f"**{actor}** replied:\n\n{as_data(text)}\n\n{marker}",
                            "the reply, its byline added")
             if not again or await self.forge.find_comment(mail.vault, mail.number,
                                                           marker) is None:
@@ -895,7 +902,7 @@ class Mailer:
                 f"⚠️ This mail was changed after it was sent ({reason}). vaultmail "
                 f"keeps the signed original: from {mail.from_principal} to "
                 f"{mail.to_principal}, sent {mail.sent}, subject "
-                f"“{defuse_mentions(mail.subject)}”.\n\n{marker}"), marker=marker)
+                f"“{as_data(mail.subject)}”.\n\n{marker}"), marker=marker)
         async with self.services.store.transaction() as db:
             await mails.tamper_warned(db, mail.mail_id)
 

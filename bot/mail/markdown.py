@@ -39,6 +39,20 @@ def defuse_mentions(text: str) -> str:
     return _LIVE_AT.sub("@" + WORD_JOINER, text)
 
 
+def disarm_markers(text: str) -> str:
+    """`text` with no HTML comment left in it: the app finds its own markers (`<!-- vaultmail:
+    ... -->`) again in what it posted, so one in someone else's words, posted by the app,
+    would read as the app's (an email's text naming where the agent's reply goes). A WORD
+    JOINER inside each `<!--`: it reads the same and opens no comment. Applying it twice
+    changes nothing."""
+    return text.replace("<!--", "<!-" + WORD_JOINER + "-")
+
+
+def as_data(text: str) -> str:
+    """Someone else's words inside what the app posts: no live @mention, no marker."""
+    return disarm_markers(defuse_mentions(text))
+
+
 # -- reading comments as CommonMark ----------------------------------------------------------
 #
 # What a comment *says* (its commands, its task-list ticks, whom it mentions) is what a reader
