@@ -182,3 +182,16 @@ async def test_the_agents_own_comment_on_the_issue_is_a_reply_by_email_too(
     sent = _parsed((await mailroom.relay.next()).original_content or b"")
     assert sent.get_content().strip() == "Answered **by hand**."
     assert sent["In-Reply-To"] == "<m1@example.org>"
+
+
+def test_a_reply_by_email_carries_the_agents_words_as_written() -> None:
+    """What the app disarmed to post the agent's words on the forge (a word joiner after an
+    `@`, inside an `<!--`) is undone before they leave by email (found by review: an HTML
+    snippet went out with an invisible character in its comment)."""
+    from bot.email.outbox import reply_text
+    from bot.mail.markdown import WORD_JOINER, as_data
+
+    text = "Here is the snippet:\n\n```html\n<!-- keep this -->\n<p>hi @bob</p>\n```"
+    comment = f"**agent:scout** replied:\n\n{as_data(text)}\n\n<!-- vaultmail:reply k1 -->"
+    out = reply_text(comment, "k1")
+    assert WORD_JOINER not in out and out == text

@@ -14,7 +14,6 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from gidgethub import GitHubException
-from gidgethub.aiohttp import GitHubAPI
 
 from bot import metrics
 from bot.app import runs
@@ -32,7 +31,7 @@ from bot.console import add_console_routes
 from bot.forge.errors import ForgeError
 from bot.forge.github import ForgeClient, ForgeConfig
 from bot.forge.pacing import budget_waits
-from bot.forge.tokens import AppAuth
+from bot.forge.tokens import AppAuth, AppJwtAPI
 from bot.mail.signing import KeyringError, Keyrings, office_name
 from bot.office.config import load_office
 from bot.office.source import OfficeSource
@@ -171,7 +170,7 @@ async def published_keys(request: web.Request) -> web.Response:
 
 
 async def fetch_app_slug(auth: AppAuth, session: aiohttp.ClientSession, api_url: str) -> str:
-    gh = GitHubAPI(session, "vaultmail", base_url=api_url)
+    gh = AppJwtAPI(session, "vaultmail", base_url=api_url)
     data = await gh.getitem("/app", jwt=auth.app_jwt(), accept="application/vnd.github+json")
     return str(data["slug"])
 
@@ -261,7 +260,7 @@ async def _provision_at_start(services: Services) -> None:
 
 async def _installations(settings: Settings, auth: AppAuth,
                          session: aiohttp.ClientSession) -> list[dict[str, Any]]:
-    gh = GitHubAPI(session, "vaultmail", base_url=settings.api_url)
+    gh = AppJwtAPI(session, "vaultmail", base_url=settings.api_url)
     installs: list[dict[str, Any]] = await gh.getitem(
         "/app/installations", jwt=auth.app_jwt(), accept="application/vnd.github+json")
     return installs

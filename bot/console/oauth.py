@@ -57,8 +57,11 @@ async def _access_token(http: aiohttp.ClientSession, settings: Settings, code: s
     form = {"client_id": settings.client_id, "client_secret": settings.client_secret,
             "code": code, "redirect_uri": redirect_uri, "code_verifier": verifier}
     try:
+        # (the client secret goes to the forge alone, and who signed in is the forge's word
+        # alone: a redirect is not followed, but refused below)
         async with http.post(f"{settings.web_url}/login/oauth/access_token", data=form,
-                             headers={"Accept": "application/json"}) as resp:
+                             headers={"Accept": "application/json"},
+                             allow_redirects=False) as resp:
             body: Any = await resp.json(content_type=None)
             status = resp.status
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -79,7 +82,8 @@ async def _access_token(http: aiohttp.ClientSession, settings: Settings, code: s
 async def _login(http: aiohttp.ClientSession, settings: Settings, token: str) -> str:
     headers = {"Authorization": f"Bearer {token}", "Accept": "application/vnd.github+json"}
     try:
-        async with http.get(f"{settings.api_url}/user", headers=headers) as resp:
+        async with http.get(f"{settings.api_url}/user", headers=headers,
+                            allow_redirects=False) as resp:
             body: Any = await resp.json(content_type=None)
             status = resp.status
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:

@@ -34,7 +34,7 @@ from bot.email.addresses import address_of, agent_address
 from bot.email.intake import EmailIntake
 from bot.email.message import EmailMeta, read_meta
 from bot.mail.mailer import fits
-from bot.mail.markdown import WORD_JOINER, as_data
+from bot.mail.markdown import as_data, as_written
 from bot.office.config import Office
 from bot.store import idempotency, ledger, mails
 from bot.store import outbound as cursors
@@ -100,7 +100,7 @@ def reply_text(comment_body: str, key: str) -> str:
     app posted taken off, mentions as written."""
     text = comment_body.replace(f"<!-- vaultmail:reply {key} -->", "")
     text = re.sub(r"^\*\*[^*\n]{1,120}\*\* replied:\n\n", "", text.lstrip())
-    return text.replace("@" + WORD_JOINER, "@").strip()
+    return as_written(text).strip()
 
 
 class Outbox(Background):
@@ -383,7 +383,7 @@ class Outbox(Background):
             subject=mail.subject, message_id=message_id,
             in_reply_to=latest.message_id if latest else None,
             references=(*latest.references, latest.message_id) if latest else (),
-            text=mail.body.replace("@" + WORD_JOINER, "@"), sent=datetime.now(UTC),
+            text=as_written(mail.body), sent=datetime.now(UTC),
             automatic=False, hops=mail.hops)
         return await self._deliver(office, mail, out, "Sent")
 

@@ -50,10 +50,11 @@ def _parse_time(value: Any) -> float | None:
         return None
 
 
-class _TokenAPI(GitHubAPI):
-    """gidgethub's client, redirects not followed: the App's JWT goes to the forge alone, and
-    a token is taken from the forge alone (GitHub never redirects a token request; the
-    redirect is the answer, which gidgethub raises)."""
+class AppJwtAPI(GitHubAPI):
+    """gidgethub's client for the App's own calls (its JWT), redirects not followed: the JWT
+    goes to the forge alone, and an answer (a token, the installations) is taken from the
+    forge alone (GitHub never redirects these; the redirect is the answer, which gidgethub
+    raises)."""
 
     async def _request(self, method: str, url: str, headers: Mapping[str, str],
                        body: bytes = b"") -> tuple[int, Mapping[str, str], bytes]:
@@ -152,7 +153,7 @@ class AppAuth:
             log.info("installation token invalidated", extra={"installation_id": iid})
 
     async def _request_token(self, iid: int) -> _Token:
-        gh = _TokenAPI(self.session, self.requester, base_url=self.api_url)
+        gh = AppJwtAPI(self.session, self.requester, base_url=self.api_url)
         url = f"/app/installations/{iid}/access_tokens"
         full = f"{self.api_url}{url}"
         renewed_jwt = False
@@ -210,4 +211,4 @@ class AppAuth:
             return _Token(token=data["token"], expires_at=expires, refresh_at=expires - early)
 
 
-__all__ = ["AppAuth"]
+__all__ = ["AppAuth", "AppJwtAPI"]

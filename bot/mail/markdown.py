@@ -53,6 +53,12 @@ def as_data(text: str) -> str:
     return disarm_markers(defuse_mentions(text))
 
 
+def as_written(text: str) -> str:
+    """Words `as_data` made safe to post on the forge, as their writer wrote them (for where
+    the forge does not read them: an email)."""
+    return text.replace("@" + WORD_JOINER, "@").replace("<!-" + WORD_JOINER + "-", "<!--")
+
+
 # -- reading comments as CommonMark ----------------------------------------------------------
 #
 # What a comment *says* (its commands, its task-list ticks, whom it mentions) is what a reader

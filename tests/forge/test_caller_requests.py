@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -365,3 +366,46 @@ async def test_an_installation_token_is_never_asked_for_where_a_redirect_points(
             await auth.installation_token(7)
     assert asked == ["/app/installations/7/access_tokens"]
     assert seen_elsewhere == []
+
+
+def _elsewhere() -> tuple[web.Application, web.Application, list[dict[str, Any]]]:
+    seen: list[dict[str, Any]] = []
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        seen.append({"path": request.path, "form": dict(await request.post())
+                     if request.method == "POST" else {}})
+        if request.path.endswith("/access_token"):
+            return web.json_response({"access_token": "from-elsewhere"})
+        return web.json_response({"login": "org-admin"})
+
+    evil, real = web.Application(), web.Application()
+    evil.router.add_route("*", "/{tail:.*}", elsewhere)
+    return evil, real, seen
+
+
+async def test_the_installations_list_is_not_taken_from_where_a_redirect_points(
+        tmp_path: Path) -> None:
+    """GET /app/installations (the App's JWT) maps each org to its installation at start-up:
+    from the forge alone (found by review: a 307 elsewhere was followed, and its answer
+    taken)."""
+    from bot.app.embedded import _new_private_key
+    from bot.app.settings import Settings
+    from bot.app.web import _installations
+    from bot.forge.tokens import AppAuth
+
+    evil, real, seen = _elsewhere()
+    away: list[str] = []  # where the forge's redirect points, once served
+
+    async def forge(request: web.Request) -> web.Response:
+        return web.Response(status=307, headers={"Location": f"{away[0]}{request.path}"})
+
+    real.router.add_route("*", "/{tail:.*}", forge)
+    async with served(evil) as elsewhere, served(real) as url, \
+            aiohttp.ClientSession() as session:
+        away.append(elsewhere)
+        settings = Settings(api_url=url, app_id="1", private_key_pem="",
+                            webhook_secret="w", data_dir=tmp_path)
+        auth = AppAuth(1, _new_private_key(), url, session, attempts=1)
+        with pytest.raises(Exception):  # noqa: B017 (any refusal will do)
+            await _installations(settings, auth, session)
+    assert seen == [], f"asked elsewhere: {seen}"
