@@ -33,7 +33,7 @@ from bot.store.locks import (
     OLD_NAMED_CLASS,
     RELEASE_1_WRITE_LOCK,
     RESERVED,
-    lock_id,
+    lock_pair,
     named_lock_pair,
 )
 from bot.store.migrations import MIGRATIONS_TABLE, column, migrations
@@ -44,39 +44,36 @@ log = logging.getLogger("vaultmail.store")
 
 # Lock numbers come from bot.store.locks: 64 bits of a name's SHA-256, which no tenant can
 # steer (PostgreSQL's hashtextextended, which releases before schema 17's numbering used, can
-# be run backwards). A transaction's keys (Store.transaction(key), hold) are locks of the
-# transaction in the one-key space, `lock_id`; named locks (Store.named_lock, held across
-# transactions on a session of their own) are session locks in the two-key space,
-# `named_lock_pair`: never the same lock as a transaction's key, so the one session holding
-# named locks never waits on its own transactions.
+# be run backwards), in the two-key space: a transaction's keys (Store.transaction(key), hold)
+# are locks of the transaction, `lock_pair`; named locks (Store.named_lock, held across
+# transactions on a session of their own) are session locks, `named_lock_pair`, never the
+# same lock as a transaction's key, so the one session holding named locks never waits on its
+# own transactions.
 #
 # Rolling deploys. Each replica's `replicas` row says how it numbers locks (`named_locks`:
 # NULL before schema 16, 2 for schema 16's release, NAMED_LOCKS_KIND now):
 # - the first release took RELEASE_1_WRITE_LOCK in every write transaction: each transaction
 #   here takes it shared, so one of its writes excludes every new one (and the reverse) while
 #   new ones never wait for each other;
-# - releases before this one numbered a transaction's key hashtextextended(key, 0): while one
-#   of their replicas lives, a transaction takes its keys that way too (OLDER_WAY), never as
-#   one of the fixed numbers (RESERVED: an older key could have been chosen to be one);
-# - their named locks were (NAMED_LOCKS, hashtext(key)) in the two-key space (before schema
-#   16), then hashtextextended(key, NAMED_SEED) (schema 16's). The first way is taken
-#   whenever free, as no lock of this release can be that one; the second only while a
-#   replica of schema 16's release lives (free, it could be a key of this release's that an
-#   office made its name's number). Held that way by someone else, a named lock is waited for
-#   only while a replica of that way's release lives: else the holder is of this release,
-#   holding another name whose old number is the same.
+# - releases before this one numbered a transaction's key hashtextextended(key, 0), and named
+#   locks (NAMED_LOCKS, hashtext(key)) before schema 16, then hashtextextended(key,
+#   NAMED_SEED). Each key and named lock is tried those ways too, and held where free, so an
+#   older replica, live or starting later, is excluded (never as one of the fixed numbers,
+#   RESERVED: an older key could have been chosen to be one). None of those numbers can be a
+#   lock of this release (bot.store.locks), so holding one holds up no one of this release.
+#   Held by someone else, an older way is waited for only while a replica of that release
+#   lives: else the holder is of this release, holding another name of that old number.
 # (Drop the older ways once no replica of those releases can be left.)
 NAMED_LOCKS = OLD_NAMED_CLASS  # (before schema 16)
 NAMED_SEED = 0x766D_0003  # (schema 16's)
 OLDER_KEYS = ("EXISTS (SELECT 1 FROM replicas WHERE (named_locks IS NULL OR named_locks<3)"
               " AND seen_at>vm_now()-$2)")
-OLDER_WAY = ("SELECT pg_advisory_xact_lock(h) FROM (SELECT hashtextextended(k, 0) AS h"
-             " FROM unnest($1::text[]) WITH ORDINALITY AS u(k, n) ORDER BY n) s"
-             " WHERE h <> ALL($2::bigint[])")
+OLDER_WAY = ("SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) FROM (SELECT k FROM"
+             " unnest($1::text[]) WITH ORDINALITY AS u(k, n) ORDER BY n) s")
 NAMED_TRY = (
     "SELECT t.got, t.before16, t.schema16,"
     " CASE WHEN t.got THEN pg_try_advisory_lock($5, hashtext($3)) END AS way1,"
-    " CASE WHEN t.got AND t.schema16 AND NOT (hashtextextended($3, $4) = ANY($6::bigint[]))"
+    " CASE WHEN t.got AND NOT (hashtextextended($3, $4) = ANY($6::bigint[]))"
     " THEN pg_try_advisory_lock(hashtextextended($3, $4)) END AS way2"
     " FROM (SELECT pg_try_advisory_lock($1::int, $2::int) AS got,"
     " EXISTS (SELECT 1 FROM replicas WHERE named_locks IS NULL AND seen_at>vm_now()-$7)"
@@ -203,22 +200,43 @@ class Connection:
         key already held costs no trip to the database."""
         if key in self._held:
             return
-        await self._conn.execute("SELECT pg_advisory_xact_lock($1::bigint)", lock_id(key))
-        if self.older_keys:
-            await self._conn.execute(OLDER_WAY, [key], RESERVED)
+        got = await self._conn.fetchval(
+            "SELECT t.old FROM (SELECT pg_advisory_xact_lock($1::int, $2::int) AS new, "
+            + _older_try(4) + " AS old) t", *lock_pair(key), RESERVED, key)
+        if not got and self.older_keys:
+            await self._conn.execute(OLDER_WAY, [key])
         self._held.add(key)
 
     async def begin(self, keys: list[str]) -> None:
-        """A transaction's first statement: its turn beside the first release's writers, then
-        its keys (in the order given), and whether an older release's replica lives, in one
-        trip; with one, its keys that way too, in a second."""
-        holds = "".join(f", pg_advisory_xact_lock(${n + 3}::bigint)" for n in range(len(keys)))
-        self.older_keys = bool(await self._conn.fetchval(
-            f"SELECT {OLDER_KEYS} AS older FROM (SELECT pg_advisory_xact_lock_shared($1)"
-            f"{holds}) t", RELEASE_1_WRITE_LOCK, DEAD_AFTER, *map(lock_id, keys)))
-        if self.older_keys and keys:
-            await self._conn.execute(OLDER_WAY, keys, RESERVED)
+        """A transaction's first statement, in one trip: its turn beside the first release's
+        writers, its keys (in the order given), each tried the older releases' way too (held
+        if free, so that an older replica starting meanwhile is excluded), and whether an
+        older replica lives. Only while one does, a key held that way is waited for, in a
+        second trip: else its holder is of this release, holding another key of that number."""
+        params: list[Any] = [RELEASE_1_WRITE_LOCK, DEAD_AFTER] + ([RESERVED] if keys else [])
+        holds, tries = "", []
+        for key in keys:
+            n = len(params)
+            params += [*lock_pair(key), key]
+            holds += f", pg_advisory_xact_lock(${n + 1}::int, ${n + 2}::int)"
+            tries.append(_older_try(n + 3))
+        old = f"ARRAY[{', '.join(tries)}]::boolean[]" if tries else "'{}'::boolean[]"
+        row = await self._conn.fetchrow(
+            f"SELECT {OLDER_KEYS} AS older, t.old FROM (SELECT"
+            f" pg_advisory_xact_lock_shared($1){holds}, {old} AS old) t", *params)
+        assert row is not None
+        self.older_keys = bool(row["older"])
+        refused = [key for key, got in zip(keys, row["old"], strict=True) if not got]
+        if refused and self.older_keys:
+            await self._conn.execute(OLDER_WAY, refused)
         self._held.update(keys)
+
+
+def _older_try(at: int) -> str:
+    """SQL: the key in parameter `at` tried the older releases' way (the fixed numbers, in
+    parameter 3, count as got: never taken so)."""
+    old = f"hashtextextended(${at}, 0)"
+    return f"({old} = ANY($3::bigint[]) OR pg_try_advisory_xact_lock({old}))"
 
 
 # A replica's host that vanishes (powered off, cut off) closes none of its sessions: the server

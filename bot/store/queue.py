@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from bot import jsontext
-from bot.store.locks import RESERVED, lock_id, lock_id_sql
+from bot.store.locks import RESERVED, lock_pair, lock_pair_sql
 from bot.store.sql import Connection, Row, Sql, Statement
 
 log = logging.getLogger("vaultmail.queue")
@@ -212,9 +212,9 @@ CANDIDATES = ("SELECT q.id, q.issue_key FROM queue q WHERE q.id>=? AND q.id<?"
               " AND (q.lease_owner IS NULL"
               " OR q.lease_owner=? OR (q.lease_owner NOT IN (" + _LIVE + ") AND "
               + _STEADY_ME + ")) AND (q.issue_key IS NULL OR (pg_try_advisory_xact_lock("
-              + lock_id_sql("'issue:' || q.issue_key") + ") AND pg_try_advisory_lock_shared("
-              + lock_id_sql("'intake:' || q.issue_key") + ") AND pg_advisory_unlock_shared("
-              + lock_id_sql("'intake:' || q.issue_key") + ") AND (NOT ?::boolean OR"
+              + lock_pair_sql("'issue:' || q.issue_key") + ") AND pg_try_advisory_lock_shared("
+              + lock_pair_sql("'intake:' || q.issue_key") + ") AND pg_advisory_unlock_shared("
+              + lock_pair_sql("'intake:' || q.issue_key") + ") AND (NOT ?::boolean OR"
               " hashtextextended('issue:' || q.issue_key, 0) = ANY(?::bigint[]) OR"
               " pg_try_advisory_xact_lock(hashtextextended('issue:' || q.issue_key, 0)))))"
               " ORDER BY q.id LIMIT ? FOR UPDATE OF q SKIP LOCKED")
@@ -451,13 +451,21 @@ class QueueMixin:
             issues = sorted({key for a in firsts.values() if a.guid in landed
                              for key in [issue_key(a.payload)] if key is not None})
             if issues:
-                await db.execute("SELECT pg_advisory_xact_lock(i) FROM unnest(?::bigint[]) i",
-                                 (sorted(lock_id("intake:" + key) for key in issues),))
-                if db.older_keys:  # (taken as a live replica of an older release takes them)
-                    await db.execute("SELECT pg_advisory_xact_lock(h) FROM (SELECT"
-                                     " hashtextextended('issue:' || k, 0) AS h FROM"
-                                     " unnest(?::text[]) k ORDER BY 'issue:' || k) s"
-                                     " WHERE h <> ALL(?::bigint[])", (issues, RESERVED))
+                pairs = sorted(lock_pair("intake:" + key) for key in issues)
+                await db.execute("SELECT pg_advisory_xact_lock(h, l) FROM unnest(?::int[],"
+                                 " ?::int[]) AS p(h, l)",
+                                 ([h for h, _ in pairs], [lo for _, lo in pairs]))
+                # and the older releases' issue key, held where free (an older replica that
+                # starts meanwhile is excluded), waited for only while one lives
+                refused = await db.fetchall(
+                    "SELECT k FROM unnest(?::text[]) k WHERE NOT ("
+                    "hashtextextended('issue:' || k, 0) = ANY(?::bigint[]) OR"
+                    " pg_try_advisory_xact_lock(hashtextextended('issue:' || k, 0)))",
+                    (issues, RESERVED))
+                if refused and db.older_keys:
+                    await db.execute("SELECT pg_advisory_xact_lock(hashtextextended("
+                                     "'issue:' || k, 0)) FROM unnest(?::text[]) k",
+                                     ([str(r["k"]) for r in refused],))
         else:  # one writer: what is not recorded yet is this transaction's to record
             marks = ",".join("?" for _ in firsts)
             seen = {row[0] for row in await db.fetchall(
