@@ -136,6 +136,31 @@ async def sqlite_steps(store: Any, read: Callable[[], Awaitable[T]],
 
 
 @contextlib.asynccontextmanager
+async def redirected_elsewhere() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+    """A forge whose every answer is a 307 to the same path on another server, which records
+    what reaches it (and answers as a forge would: a token, a login): the forge's URL, and
+    what reached elsewhere."""
+    seen: list[dict[str, Any]] = []
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        seen.append({"path": request.path, "form": dict(await request.post())
+                     if request.method == "POST" else {}})
+        if request.path.endswith("/access_token"):
+            return web.json_response({"access_token": "from-elsewhere"})
+        return web.json_response({"login": "org-admin"})
+
+    evil, forge = web.Application(), web.Application()
+    evil.router.add_route("*", "/{tail:.*}", elsewhere)
+    async with served(evil) as away:
+        async def moved(request: web.Request) -> web.Response:
+            return web.Response(status=307, headers={"Location": f"{away}{request.path}"})
+
+        forge.router.add_route("*", "/{tail:.*}", moved)
+        async with served(forge) as url:
+            yield url, seen
+
+
+@contextlib.asynccontextmanager
 async def served(app: web.Application) -> AsyncIterator[str]:
     """`app` listening on a free loopback port while inside: its base URL."""
     runner = web.AppRunner(app)

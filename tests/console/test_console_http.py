@@ -13,14 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 from yarl import URL
 
 from bot.app.embedded import Embedded
 from bot.app.settings import Settings
 from bot.store import ledger
 from tests.items_support import MARCO, SARA, SCOUT, TOKEN_TTL, make_item, where
-from tests.support import Actor, ToolClient, served
+from tests.support import Actor, ToolClient, redirected_elsewhere
 
 LEE = "human:lee@acme.com"
 
@@ -696,21 +695,6 @@ async def test_an_answer_without_words_shows_its_option_not_a_bare_link(
         assert "Chose “Yes”" in listed, listed
 
 
-def _elsewhere() -> tuple[web.Application, web.Application, list[dict[str, Any]]]:
-    seen: list[dict[str, Any]] = []
-
-    async def elsewhere(request: web.Request) -> web.Response:
-        seen.append({"path": request.path, "form": dict(await request.post())
-                     if request.method == "POST" else {}})
-        if request.path.endswith("/access_token"):
-            return web.json_response({"access_token": "from-elsewhere"})
-        return web.json_response({"login": "org-admin"})
-
-    evil, real = web.Application(), web.Application()
-    evil.router.add_route("*", "/{tail:.*}", elsewhere)
-    return evil, real, seen
-
-
 async def test_console_sign_in_takes_no_answer_from_where_a_redirect_points(
         tmp_path: Path) -> None:
     """The OAuth code exchange posts the App's client secret; then GET /user says who signed
@@ -719,15 +703,7 @@ async def test_console_sign_in_takes_no_answer_from_where_a_redirect_points(
     from bot.app.settings import Settings
     from bot.console.oauth import SignInFailed, sign_in
 
-    evil, real, seen = _elsewhere()
-    away: list[str] = []  # where the forge's redirect points, once served
-
-    async def forge(request: web.Request) -> web.Response:
-        return web.Response(status=307, headers={"Location": f"{away[0]}{request.path}"})
-
-    real.router.add_route("*", "/{tail:.*}", forge)
-    async with served(evil) as elsewhere, served(real) as url:
-        away.append(elsewhere)
+    async with redirected_elsewhere() as (url, seen):
         settings = Settings(api_url=f"{url}/api/v3", app_id="1", private_key_pem="",
                             webhook_secret="w", data_dir=tmp_path, client_id="cid",
                             client_secret="THE-CLIENT-SECRET")

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from bot.forge.caller import ACCEPT, _GitHubAPI
-from tests.support import served
+from tests.support import redirected_elsewhere, served
 
 # path -> (status, headers, body) the server answers
 ANSWERS: dict[str, tuple[int, dict[str, str], bytes]] = {
@@ -368,21 +368,6 @@ async def test_an_installation_token_is_never_asked_for_where_a_redirect_points(
     assert seen_elsewhere == []
 
 
-def _elsewhere() -> tuple[web.Application, web.Application, list[dict[str, Any]]]:
-    seen: list[dict[str, Any]] = []
-
-    async def elsewhere(request: web.Request) -> web.Response:
-        seen.append({"path": request.path, "form": dict(await request.post())
-                     if request.method == "POST" else {}})
-        if request.path.endswith("/access_token"):
-            return web.json_response({"access_token": "from-elsewhere"})
-        return web.json_response({"login": "org-admin"})
-
-    evil, real = web.Application(), web.Application()
-    evil.router.add_route("*", "/{tail:.*}", elsewhere)
-    return evil, real, seen
-
-
 async def test_the_installations_list_is_not_taken_from_where_a_redirect_points(
         tmp_path: Path) -> None:
     """GET /app/installations (the App's JWT) maps each org to its installation at start-up:
@@ -393,16 +378,7 @@ async def test_the_installations_list_is_not_taken_from_where_a_redirect_points(
     from bot.app.web import _installations
     from bot.forge.tokens import AppAuth
 
-    evil, real, seen = _elsewhere()
-    away: list[str] = []  # where the forge's redirect points, once served
-
-    async def forge(request: web.Request) -> web.Response:
-        return web.Response(status=307, headers={"Location": f"{away[0]}{request.path}"})
-
-    real.router.add_route("*", "/{tail:.*}", forge)
-    async with served(evil) as elsewhere, served(real) as url, \
-            aiohttp.ClientSession() as session:
-        away.append(elsewhere)
+    async with redirected_elsewhere() as (url, seen), aiohttp.ClientSession() as session:
         settings = Settings(api_url=url, app_id="1", private_key_pem="",
                             webhook_secret="w", data_dir=tmp_path)
         auth = AppAuth(1, _new_private_key(), url, session, attempts=1)
