@@ -266,6 +266,11 @@ def display_name(from_value: str) -> str:
     return text.strip().strip('"')
 
 
+# An address header longer than any real one (a hundred recipients fit in a tenth of it):
+# the standard library's address parser spends seconds on one folded over megabytes
+MAX_ADDRESS_HEADER = 65_536
+
+
 def parse_inbound(raw: bytes) -> Inbound:
     """`raw` as it came over SMTP, taken apart; BadMessage when it names no sender."""
     try:
@@ -273,6 +278,10 @@ def parse_inbound(raw: bytes) -> Inbound:
     except Exception as exc:  # the parser is lenient; anything it still trips on is refused
         raise BadMessage(f"the message cannot be read as RFC 5322 ({type(exc).__name__})") \
             from exc
+    for name in ("From", "To", "Cc"):
+        if len(value := _header(msg, name)) > MAX_ADDRESS_HEADER:
+            raise BadMessage(f"its {name} header is {len(value):,} characters; at most "
+                             f"{MAX_ADDRESS_HEADER:,}")
     from_value = _header(msg, "From")
     sender = header_address(from_value)
     if sender is None:

@@ -109,8 +109,9 @@ class SmtpHandler:
         if intake is None:
             return "451 4.3.0 vaultmail is starting: try again later"
         raw = envelope.original_content or b""
-        try:
-            message = parse_inbound(raw)
+        try:  # (up to SMTP_MAX_BYTES of a stranger's: read beside the loop, which serves
+            # every office, as its authentication is)
+            message = await asyncio.to_thread(parse_inbound, raw)
         except BadMessage as exc:
             return f"550 5.6.0 {exc}"
         refusal = self.refuse_parts(message)
@@ -123,7 +124,7 @@ class SmtpHandler:
             resolver=self.resolver)
         refs: list[str] = []
         refused: list[str] = []
-        bounce = parse_dsn(raw) if message.report else None
+        bounce = await asyncio.to_thread(parse_dsn, raw) if message.report else None
         try:
             for rcpt in dict.fromkeys(a.lower() for a in envelope.rcpt_tos):
                 box = await intake.mailbox(rcpt)
