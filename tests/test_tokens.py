@@ -100,3 +100,13 @@ async def test_a_token_belongs_to_one_office_from_its_making(
         async with session.post(f"{embedded.app_url}/api/v1/tools/mail_list", json={},
                                 headers={"Authorization": f"Bearer {token}"}) as resp:
             assert resp.status == 200, await resp.text()
+
+
+async def test_a_token_for_no_known_office_says_to_name_one(tmp_path: Any) -> None:
+    """An index that knows no installation (fresh, or a Gitea bot's) makes no token without
+    `--org`, and says so; with it, one."""
+    code, _, err = await vaultmail("token", "create", "agent:scout", "--data", str(tmp_path))
+    assert code == 2 and "knows no organisation" in err and "--org ORG" in err, err
+    code, out, err = await vaultmail("token", "create", "agent:scout", "--org", "acme",
+                                     "--data", str(tmp_path))
+    assert code == 0 and "in acme's office" in out, err

@@ -223,7 +223,8 @@ async def cmd_token_create(args: argparse.Namespace) -> int:
             if len(live) != 1:
                 return fail(args, ShellFailure("usage", (
                     f"the App is installed on several organisations here ({', '.join(live)})"
-                    if live else "no organisation has installed the App in this index yet")
+                    if live else "this index knows no organisation the App is installed on"
+                    " (none yet, or a Gitea bot, which keeps no installations)")
                     + f": name the token's office, `vaultmail token create {args.principal}"
                     " --org ORG`"))
             org = live[0]
