@@ -105,6 +105,9 @@ async def test_a_token_belongs_to_one_office_from_its_making(
 async def test_a_token_for_no_known_office_says_to_name_one(tmp_path: Any) -> None:
     """An index that knows no installation (fresh, or a Gitea bot's) makes no token without
     `--org`, and says so; with it, one."""
+    from bot.store import open_store
+
+    await (await open_store(str(tmp_path / "index.sqlite3"))).close()
     code, _, err = await vaultmail("token", "create", "agent:scout", "--data", str(tmp_path))
     assert code == 2 and "knows no organisation" in err and "--org ORG" in err, err
     code, out, err = await vaultmail("token", "create", "agent:scout", "--org", "acme",
