@@ -207,12 +207,86 @@ async def test_an_older_replica_starting_mid_transaction_is_still_excluded(
     assert not got, "the older replica took acme's ledger key while this release held it"
 
 
-async def test_a_schema16_replica_starting_while_a_mail_is_held_is_excluded(
+async def test_an_older_replica_taking_two_keys_in_order_meets_no_cycle(
         replicas: tuple[str, list[Store]]) -> None:
+    """An older replica's transaction takes k:a, then k:b, its way. A transaction of this
+    release of (k:a, k:b) that begins between the two waits for k:a holding nothing of k:b's
+    older number (found by review: its tries took k:b past the refused k:a, then it waited
+    for k:a, and the older replica's k:b waited for it: a cycle the server broke by aborting
+    one)."""
     url, (a, _) = replicas
-    async with a.named_lock("mail-1"):
-        await _older_replica(url)
-        async with _session(url) as old:
-            got = await old.fetchval("SELECT pg_try_advisory_lock(hashtextextended($1, $2))",
-                                     "mail-1", NAMED_SEED)
-    assert not got, "the schema-16 replica took a mail this release held"
+    await _older_replica(url)
+    errors: list[BaseException] = []
+    async with _session(url) as old:
+        await old.execute("SET lock_timeout = '10s'")
+        async with old.transaction():
+            await old.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", "k:a")
+            holder = int(await old.fetchval("SELECT pg_backend_pid()"))
+
+            async def new() -> None:
+                async with a.transaction("k:a", "k:b"):
+                    pass
+
+            task = asyncio.create_task(new())
+            await until(lambda: task.done() or pg.waiting_behind(url, holder),
+                        timeout=HANG_GUARD)
+            try:
+                await old.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                                  "k:b")
+            except asyncpg.PostgresError as exc:
+                errors.append(exc)
+        try:
+            await asyncio.wait_for(task, HANG_GUARD)
+        except asyncpg.PostgresError as exc:
+            errors.append(exc)
+    assert not errors, f"older replica against this release's transaction: {errors!r}"
+
+
+async def test_a_named_lock_an_office_chose_holds_up_no_one_beside_a_pre16_replica(
+        replicas: tuple[str, list[Store]]) -> None:
+    """While only a replica from before schema 16 lives (its named locks are the 32-bit way
+    alone), schema 16's way is not taken (found by review: taken where free, an outbound URL
+    chosen so could hold another office's older ledger number, which that office's
+    transactions wait for while the older replica lives)."""
+    url, (a, b) = replicas
+    async with _session(url) as conn:
+        await conn.execute("INSERT INTO replicas(id, url, started_at, seen_at, steady_since,"
+                           " incarnation, named_locks) VALUES ('pre-16', NULL, vm_now(),"
+                           " vm_now()+60, vm_now(), 'x', NULL)")
+    name = chosen("outbound:acme:https://hooks.acme.example/",
+                  hashtextextended(ledger.key("globex")), seed=NAMED_SEED)
+    async with a.named_lock(name):
+        locker = a._locker  # noqa: SLF001 - the session holding named locks
+        assert locker is not None
+        waits = await _globex_waits_behind(url, int(await locker.fetchval(
+            "SELECT pg_backend_pid()")), b)
+    assert not waits, "globex's ledger waited while acme's outbound sender held its lock"
+
+
+async def test_an_older_intake_of_two_issues_meets_no_cycle(
+        replicas: tuple[str, list[Store]]) -> None:
+    """An older replica's intake takes its issue keys its way, in order. An intake of this
+    release of the same two issues, arriving between the two, waits for #1 holding nothing
+    of #2's older number (found by review: its tries held #2 past the refused #1)."""
+    import json
+
+    url, (a, _) = replicas
+    await _older_replica(url)
+
+    def payload(n: int) -> dict[str, object]:
+        return {"action": "opened", "issue": {"number": n}, "repository": {"full_name": "o/r"}}
+
+    async with _session(url) as old:
+        async with old.transaction():
+            await old.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                              "issue:o/r#1")
+            holder = int(await old.fetchval("SELECT pg_backend_pid()"))
+            taking_in = asyncio.ensure_future(asyncio.gather(*(
+                a.enqueue_delivery(f"d{n}", "issues", payload(n),
+                                   json.dumps(payload(n)).encode()) for n in (1, 2))))
+            await until(lambda: taking_in.done() or pg.waiting_behind(url, holder),
+                        timeout=HANG_GUARD)
+            assert await old.fetchval(
+                "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))", "issue:o/r#2"), \
+                "the waiting intake holds issue:o/r#2's older number"
+        await asyncio.wait_for(taking_in, HANG_GUARD)

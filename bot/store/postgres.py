@@ -57,23 +57,30 @@ log = logging.getLogger("vaultmail.store")
 #   new ones never wait for each other;
 # - releases before this one numbered a transaction's key hashtextextended(key, 0), and named
 #   locks (NAMED_LOCKS, hashtext(key)) before schema 16, then hashtextextended(key,
-#   NAMED_SEED). Each key and named lock is tried those ways too, and held where free, so an
-#   older replica, live or starting later, is excluded (never as one of the fixed numbers,
-#   RESERVED: an older key could have been chosen to be one). None of those numbers can be a
-#   lock of this release (bot.store.locks), so holding one holds up no one of this release.
-#   Held by someone else, an older way is waited for only while a replica of that release
-#   lives: else the holder is of this release, holding another name of that old number.
+#   NAMED_SEED). A transaction's keys are tried that way too, in order, up to the first
+#   refused, and a named lock the 32-bit way, each held where free, so an older replica, live
+#   or starting later, is excluded (never as one of the fixed numbers, RESERVED: an older key
+#   could have been chosen to be one). None of those numbers can be a lock of this release
+#   (bot.store.locks). Held by someone else, an older way is waited for only while a replica
+#   of that release lives, and then as that release takes it (in order: no cycle with it);
+#   else the holder is of this release, holding another name of that old number. Two ways are
+#   taken only while a replica that takes them lives, as they are held longer than a
+#   transaction or taken by many at once: schema 16's named locks (a session lock, where
+#   another office's older key number could be chosen) and intake's older issue key.
 # (Drop the older ways once no replica of those releases can be left.)
 NAMED_LOCKS = OLD_NAMED_CLASS  # (before schema 16)
 NAMED_SEED = 0x766D_0003  # (schema 16's)
 OLDER_KEYS = ("EXISTS (SELECT 1 FROM replicas WHERE (named_locks IS NULL OR named_locks<3)"
               " AND seen_at>vm_now()-$2)")
-OLDER_WAY = ("SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) FROM (SELECT k FROM"
-             " unnest($1::text[]) WITH ORDINALITY AS u(k, n) ORDER BY n) s")
+OLDER_WAY = ("SELECT pg_advisory_xact_lock(h) FROM (SELECT hashtextextended(k, 0) AS h FROM"
+             " unnest($1::text[]) WITH ORDINALITY AS u(k, n) ORDER BY n) s"
+             " WHERE h <> ALL($2::bigint[])")
+OLDER_TRY = ("SELECT pg_try_advisory_xact_lock(h) FROM (SELECT hashtextextended(k, 0) AS h"
+             " FROM unnest($1::text[]) k) s WHERE h <> ALL($2::bigint[])")
 NAMED_TRY = (
     "SELECT t.got, t.before16, t.schema16,"
     " CASE WHEN t.got THEN pg_try_advisory_lock($5, hashtext($3)) END AS way1,"
-    " CASE WHEN t.got AND NOT (hashtextextended($3, $4) = ANY($6::bigint[]))"
+    " CASE WHEN t.got AND t.schema16 AND NOT (hashtextextended($3, $4) = ANY($6::bigint[]))"
     " THEN pg_try_advisory_lock(hashtextextended($3, $4)) END AS way2"
     " FROM (SELECT pg_try_advisory_lock($1::int, $2::int) AS got,"
     " EXISTS (SELECT 1 FROM replicas WHERE named_locks IS NULL AND seen_at>vm_now()-$7)"
@@ -204,31 +211,36 @@ class Connection:
             "SELECT t.old FROM (SELECT pg_advisory_xact_lock($1::int, $2::int) AS new, "
             + _older_try(4) + " AS old) t", *lock_pair(key), RESERVED, key)
         if not got and self.older_keys:
-            await self._conn.execute(OLDER_WAY, [key])
+            await self._conn.execute(OLDER_WAY, [key], RESERVED)
         self._held.add(key)
 
     async def begin(self, keys: list[str]) -> None:
         """A transaction's first statement, in one trip: its turn beside the first release's
-        writers, its keys (in the order given), each tried the older releases' way too (held
-        if free, so that an older replica starting meanwhile is excluded), and whether an
-        older replica lives. Only while one does, a key held that way is waited for, in a
-        second trip: else its holder is of this release, holding another key of that number."""
+        writers, its keys (in the order given), and each tried the older releases' way too
+        (held if free, so that an older replica starting meanwhile is excluded) up to the
+        first refused, and whether an older replica lives. Only while one does, the refused
+        key and those after it are waited for that way, in order, as the older release takes
+        them (never holding a later one while waiting for an earlier: no cycle with it); else
+        the refused key's holder is of this release, holding another key of that number, and
+        the rest are tried where free."""
         params: list[Any] = [RELEASE_1_WRITE_LOCK, DEAD_AFTER] + ([RESERVED] if keys else [])
-        holds, tries = "", []
-        for key in keys:
+        holds, tried = "", ""
+        for i, key in enumerate(keys):
             n = len(params)
             params += [*lock_pair(key), key]
             holds += f", pg_advisory_xact_lock(${n + 1}::int, ${n + 2}::int)"
-            tries.append(_older_try(n + 3))
-        old = f"ARRAY[{', '.join(tries)}]::boolean[]" if tries else "'{}'::boolean[]"
+            tried += f" WHEN NOT {_older_try(n + 3)} THEN {i}"
+        got = f"CASE{tried} ELSE {len(keys)} END" if keys else "0"
         row = await self._conn.fetchrow(
-            f"SELECT {OLDER_KEYS} AS older, t.old FROM (SELECT"
-            f" pg_advisory_xact_lock_shared($1){holds}, {old} AS old) t", *params)
+            f"SELECT {OLDER_KEYS} AS older, t.got FROM (SELECT"
+            f" pg_advisory_xact_lock_shared($1){holds}, {got} AS got) t", *params)
         assert row is not None
         self.older_keys = bool(row["older"])
-        refused = [key for key, got in zip(keys, row["old"], strict=True) if not got]
-        if refused and self.older_keys:
-            await self._conn.execute(OLDER_WAY, refused)
+        rest = keys[int(row["got"]):]
+        if rest and self.older_keys:
+            await self._conn.execute(OLDER_WAY, rest, RESERVED)
+        elif len(rest) > 1:
+            await self._conn.execute(OLDER_TRY, rest[1:], RESERVED)
         self._held.update(keys)
 
 

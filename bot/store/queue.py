@@ -455,17 +455,13 @@ class QueueMixin:
                 await db.execute("SELECT pg_advisory_xact_lock(h, l) FROM unnest(?::int[],"
                                  " ?::int[]) AS p(h, l)",
                                  ([h for h, _ in pairs], [lo for _, lo in pairs]))
-                # and the older releases' issue key, held where free (an older replica that
-                # starts meanwhile is excluded), waited for only while one lives
-                refused = await db.fetchall(
-                    "SELECT k FROM unnest(?::text[]) k WHERE NOT ("
-                    "hashtextextended('issue:' || k, 0) = ANY(?::bigint[]) OR"
-                    " pg_try_advisory_xact_lock(hashtextextended('issue:' || k, 0)))",
-                    (issues, RESERVED))
-                if refused and db.older_keys:
-                    await db.execute("SELECT pg_advisory_xact_lock(hashtextextended("
-                                     "'issue:' || k, 0)) FROM unnest(?::text[]) k",
-                                     ([str(r["k"]) for r in refused],))
+                # and while an older replica lives, the older releases' issue key, as they
+                # take it: in its order (the database's), never as one of the fixed numbers
+                if db.older_keys:
+                    await db.execute("SELECT pg_advisory_xact_lock(h) FROM (SELECT"
+                                     " hashtextextended(k, 0) AS h FROM (SELECT 'issue:' || k"
+                                     " AS k FROM unnest(?::text[]) k ORDER BY 1) o) s"
+                                     " WHERE h <> ALL(?::bigint[])", (issues, RESERVED))
         else:  # one writer: what is not recorded yet is this transaction's to record
             marks = ",".join("?" for _ in firsts)
             seen = {row[0] for row in await db.fetchall(
