@@ -45,12 +45,13 @@ async def _session(url: str) -> AsyncIterator[asyncpg.Connection]:
         await conn.close()
 
 
-async def _older_replica(url: str) -> None:
-    """A live replica of schema 16's release (numbering by hashtextextended) joins."""
+async def _older_replica(url: str, kind: int | None = 2) -> None:
+    """A live replica of an older release joins: schema 16's (`kind` 2, numbering by
+    hashtextextended), or one from before it (None)."""
     async with _session(url) as conn:
         await conn.execute("INSERT INTO replicas(id, url, started_at, seen_at, steady_since,"
-                           " incarnation, named_locks) VALUES ('schema-16', NULL, vm_now(),"
-                           " vm_now()+60, vm_now(), 'x', 2)")  # (live for a minute)
+                           " incarnation, named_locks) VALUES ('older', NULL, vm_now(),"
+                           " vm_now()+60, vm_now(), 'x', $1)", kind)  # (live for a minute)
 
 
 @contextlib.asynccontextmanager
@@ -125,12 +126,18 @@ async def test_a_key_an_office_chose_is_never_another_offices_key(
     assert not waits, "globex's ledger waited for acme's claim"
 
 
+@pytest.mark.parametrize("beside", [None, "pre-16"], ids=["alone", "beside-a-pre-16-replica"])
 async def test_a_named_lock_an_office_chose_is_never_another_offices_key(
-        replicas: tuple[str, list[Store]]) -> None:
+        replicas: tuple[str, list[Store]], beside: str | None) -> None:
     """acme's outbound sender holds `outbound:acme:<url>` across its POSTs to acme's URL (its
-    config): a URL whose schema-16 number is globex's ledger key as numbered before (this
-    release's numbers are pairs no such number can be; that way is held where free, beside)."""
+    config): a URL whose schema-16 number is globex's ledger key as numbered before. This
+    release's numbers are pairs no such number can be; schema 16's way is taken only while a
+    schema-16 replica lives, not beside one from before it (found by review: taken where free,
+    globex's transactions, which take its older ledger number while that replica lives,
+    waited for acme's lock)."""
     url, (a, b) = replicas
+    if beside:
+        await _older_replica(url, kind=None)
     name = chosen("outbound:acme:https://hooks.acme.example/",
                   hashtextextended(ledger.key("globex")), seed=NAMED_SEED)
     async with a.named_lock(name):
@@ -240,27 +247,6 @@ async def test_an_older_replica_taking_two_keys_in_order_meets_no_cycle(
         except asyncpg.PostgresError as exc:
             errors.append(exc)
     assert not errors, f"older replica against this release's transaction: {errors!r}"
-
-
-async def test_a_named_lock_an_office_chose_holds_up_no_one_beside_a_pre16_replica(
-        replicas: tuple[str, list[Store]]) -> None:
-    """While only a replica from before schema 16 lives (its named locks are the 32-bit way
-    alone), schema 16's way is not taken (found by review: taken where free, an outbound URL
-    chosen so could hold another office's older ledger number, which that office's
-    transactions wait for while the older replica lives)."""
-    url, (a, b) = replicas
-    async with _session(url) as conn:
-        await conn.execute("INSERT INTO replicas(id, url, started_at, seen_at, steady_since,"
-                           " incarnation, named_locks) VALUES ('pre-16', NULL, vm_now(),"
-                           " vm_now()+60, vm_now(), 'x', NULL)")
-    name = chosen("outbound:acme:https://hooks.acme.example/",
-                  hashtextextended(ledger.key("globex")), seed=NAMED_SEED)
-    async with a.named_lock(name):
-        locker = a._locker  # noqa: SLF001 - the session holding named locks
-        assert locker is not None
-        waits = await _globex_waits_behind(url, int(await locker.fetchval(
-            "SELECT pg_backend_pid()")), b)
-    assert not waits, "globex's ledger waited while acme's outbound sender held its lock"
 
 
 async def test_an_older_intake_of_two_issues_meets_no_cycle(

@@ -502,9 +502,7 @@ class Doctor:
 
     def _app_posted(self, comments: list[dict[str, Any]]) -> list[str]:
         """The bodies of the comments the app posted."""
-        app = self.services.bot_login.lower()
-        return [str(c.get("body") or "") for c in comments
-                if str((c.get("user") or {}).get("login") or "").lower() == app]
+        return [str(c.get("body") or "") for c in comments if self.services.by_app(c)]
 
     async def _reply_gone(self, report: DoctorReport, forge: Forge, office: Office,
                           mail: MailRecord, replier: str, key: str, marker: str) -> None:

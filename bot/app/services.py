@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -59,6 +59,13 @@ class Services:
     @property
     def bot_login(self) -> str:
         return self.bot_user or f"{self.app_slug}[bot]"
+
+    def by_app(self, posted: Mapping[str, Any]) -> bool:
+        """Whether the app wrote this comment or issue (the forge's `user` is the app's
+        login): where the app finds its own markers again, anyone else may have written them."""
+        user = posted.get("user")
+        return isinstance(user, dict) and str(user.get("login") or "").lower() == \
+            self.bot_login.lower()
 
     def is_own_event(self, payload: dict[str, Any]) -> bool:
         sender = payload.get("sender")

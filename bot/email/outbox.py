@@ -419,14 +419,13 @@ class Outbox(Background):
         comments = await forge.list_comments(mail.vault, mail.number)
         text: str | None = None
         wanted_id = key.removeprefix("comment:") if key.startswith("comment:") else None
-        app = self.services.bot_login.lower()
         for comment in comments:
             body = str(comment.get("body") or "")
             # the reply's comment and a later message by email are comments the app posted,
             # as it writes them (its markers where it puts them): anyone may write markers,
             # and the app posts others' words too; they would name the reply's text and
             # recipients
-            by_app = str((comment.get("user") or {}).get("login") or "").lower() == app
+            by_app = self.services.by_app(comment)
             if (wanted_id is not None and str(comment.get("id")) == wanted_id) or (
                     wanted_id is None and by_app
                     and body.rstrip().endswith(f"<!-- vaultmail:reply {key} -->")):

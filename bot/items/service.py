@@ -435,9 +435,7 @@ class Comments:
         """The app's comment on the item that opens with `mark` (where the app puts it), if it
         is there: one carrying it elsewhere holds someone's words the app posted."""
         for c in reversed(await self.forge.list_comments(item.repo, item.number)):
-            by = str((c.get("user") or {}).get("login", ""))
-            if by.lower() == self.services.bot_login.lower() and str(
-                    c.get("body") or "").startswith(mark):
+            if self.services.by_app(c) and str(c.get("body") or "").startswith(mark):
                 return c
         return None
 

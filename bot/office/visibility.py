@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bot.office.config import Office
+from bot.store.offices import org_of
 
 if TYPE_CHECKING:
     from bot.forge.base import Forge
@@ -66,7 +67,7 @@ class Visibility:
     async def role(self, forge: Forge, repo: str, login: str) -> str:
         """admin|maintain|write|triage|read|none, as the forge says (cached)."""
         key = (repo.lower(), login.lower())
-        hit = self._roles.get(_office_of(key[0]), {}).get(key)
+        hit = self._roles.get(org_of(key[0]), {}).get(key)
         if hit is not None and self.clock() - hit[0] < self.ttl:
             return hit[1]
         asking = self._asking.get(key)
@@ -79,7 +80,7 @@ class Visibility:
 
     async def _ask(self, forge: Forge, key: tuple[str, str], login: str) -> str:
         role = await forge.permission(key[0], login)
-        kept = self._roles.setdefault(_office_of(key[0]), {})
+        kept = self._roles.setdefault(org_of(key[0]), {})
         kept.pop(key, None)  # (asked again: now the newest)
         if len(kept) >= self.per_office:  # the office's oldest answer makes room
             del kept[next(iter(kept))]
@@ -94,17 +95,12 @@ class Visibility:
 
     def forget(self, repo: str | None = None, login: str | None = None) -> None:
         """Drop cached answers (all, or those about a repository and/or a login)."""
-        offices = list(self._roles) if repo is None else [_office_of(repo.lower())]
+        offices = list(self._roles) if repo is None else [org_of(repo.lower())]
         for office in offices:
             kept = self._roles.get(office, {})
             for key in [k for k in kept if (repo is None or k[0] == repo.lower())
                         and (login is None or k[1] == login.lower())]:
                 del kept[key]
-
-
-def _office_of(repo: str) -> str:
-    """The office a repository is of: its owner."""
-    return repo.partition("/")[0]
 
 
 def login_of(office: Office, principal: str) -> str | None:

@@ -302,9 +302,8 @@ class PostgresStore(Store):
         self._locker: asyncpg.Connection | None = None
         self._locker_turn = asyncio.Lock()  # one statement at a time on that session
         self._letting_go: set[asyncio.Future[None]] = set()  # unlocks after a cancelled try
-        # named locks also held as the release before, and how many times (a session's
-        # advisory locks count: a cancelled try granted meanwhile holds it once more)
-        # named locks held an older way too: (way, name) -> times (a session counts them)
+        # named locks held an older way too, and how many times: (way, name) -> times (a
+        # session's advisory locks count: a cancelled try granted meanwhile holds it twice)
         self._held_the_old_way: collections.Counter[tuple[int, str]] = collections.Counter()
         self._on_broadcast: Callable[[list[str]], None] | None = None
         self._on_gap: Callable[[], None] | None = None
@@ -433,12 +432,10 @@ class PostgresStore(Store):
 
     async def _unlock(self, session: asyncpg.Connection, key: str) -> None:
         async with self._locker_turn:
-            ways = []
-            for way in (1, 2):
-                if self._held_the_old_way[(way, key)] > 0:
-                    ways.append(way)
+            ways = [way for way in (1, 2) if self._held_the_old_way[(way, key)] > 0]
+            for way in ways:
                 self._held_the_old_way[(way, key)] -= 1
-                if self._held_the_old_way[(way, key)] <= 0:
+                if not self._held_the_old_way[(way, key)]:
                     del self._held_the_old_way[(way, key)]
             if not session.is_closed():  # else its locks went with it
                 await self._unlock_ways(session, key, ways)
