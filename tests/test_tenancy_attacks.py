@@ -223,3 +223,25 @@ def test_a_comments_id_is_too_long_to_be_taken_first_by_a_made_key() -> None:
     ids = [Comments._new_id(item, 4242, "x", None), Comments._new_id(item, None, "x", "k"),
            Comments._new_id(item, None, "x", None)]
     assert all(re.fullmatch(r"c[0-9a-f]{32}", i) for i in ids), ids
+
+
+async def test_an_org_whose_config_was_never_valid_is_told_why_not_to_add_one(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """A second org installs the App with a config the app refuses (and none valid before):
+    its calls are refused naming the refusal and its first error, not told to add a file it
+    has (found acting it out: "no office config found ... add vaultmail.yml")."""
+    store = embedded.services.store
+    bad = dict(EVIL, agents=[{"slug": "scout", "login": "mallory"}])  # a human's login too
+    embedded.forge.add_org("evil", owner="admin")
+    embedded.forge.add_repo("evil", CONFIG_REPO)
+    embedded.forge.put_file(f"evil/{CONFIG_REPO}", CONFIG_PATH, yaml.safe_dump(bad))
+    (app_id,) = embedded.forge.state.apps
+    embedded.forge.install_app(int(app_id), "evil")
+    await embedded.settle()
+    token = await api_tokens.create_token(store, "human:mallory@evil.test", "evil")
+    async with session.post(f"{embedded.app_url}/api/v1/tools/mail_list", json={},
+                            headers={"Authorization": f"Bearer {token}"}) as resp:
+        status, error = resp.status, (await resp.json())["error"]
+    assert status == 400 and error["code"] == "no_office", error
+    assert "refused" in error["message"] and "logins must be unique" in error["message"], error
+    assert "add vaultmail.yml" not in error["message"], error

@@ -88,8 +88,7 @@ async def cmd_reindex(args: argparse.Namespace) -> int:
             forge.load_etag_cache(cache)
             office = await services.offices.get(forge, org)
             if office is None:
-                raise ShellFailure("no_office", f"no office config found for {org}: add "
-                                   f"vaultmail.yml to {org}/.github")
+                raise ShellFailure("no_office", services.offices.why_none(org))
             report = await reindex(services.store, forge, office, services.keyring,
                                    app_login=services.bot_login, progress=True)
             forge.save_etag_cache(cache)

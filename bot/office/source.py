@@ -123,6 +123,17 @@ class OfficeSource:
             # it holds, refuses that org's config alone: never fails a round of every office
             raise OfficeConfigError(source, [f"{source}: cannot be read: {exc!r}"[:500]]) from exc
 
+    def why_none(self, org: str) -> str:
+        """Why `org` has no office now, for whoever asked: its config refused (and none valid
+        before), naming the first error, or none found."""
+        refused = self.last_error.get(org)
+        if refused is not None:
+            more = len(refused.errors) - 1
+            return (f"{org}'s office config is refused, and none was valid before: "
+                    f"{refused.errors[0]}" + (f" (and {more} more)" if more else "")
+                    + f"; fix it in {org}/{CONFIG_REPO} (`vaultmail office check` says the same)")
+        return f"no office config found for {org}: add {CONFIG_PATH} to {org}/{CONFIG_REPO}"
+
     def where(self, org: str) -> str:
         """Where `org`'s config is read from, as its errors name it."""
         return str(self._path) if self._path is not None else f"{org}/{CONFIG_REPO}/{CONFIG_PATH}"

@@ -95,8 +95,7 @@ async def make_call(services: Services, principal: str, token: str | None = None
     forge = services.forge_for_org(org)
     office = await services.offices.get(forge, org)
     if office is None:
-        raise VaultmailError(f"no office config found for {org}: add vaultmail.yml to "
-                             f"{org}/.github", code="no_office")
+        raise VaultmailError(services.offices.why_none(org), code="no_office")
     if principal not in members(office):
         # every token of theirs in this office ends now, not only this one: adding them back
         # later must not bring any of them back to life
