@@ -13,11 +13,13 @@ import random
 from collections.abc import AsyncIterator
 from typing import Any
 
+import asyncpg
 import pytest
 
 from bot.store import ledger, mails
 from bot.store.db import Store
-from bot.store.queue import in_order
+from bot.store.locks import lock_pair
+from bot.store.queue import in_order, issue_key
 from tests import pg
 from tests.support import until
 
@@ -87,6 +89,17 @@ async def test_an_offices_writer_held_up_never_holds_up_another_offices_writes(
     assert len(await a.fetchall("SELECT 1 FROM ledger WHERE chain='globex'")) == 20
 
 
+async def _holds(url: str, holder: int) -> bool:
+    """Whether session `holder` is still inside its transaction (the server ends one left
+    idle in it for long: then what it held is gone)."""
+    conn = await asyncpg.connect(url)
+    try:
+        return bool(await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid=$1"
+                                        " AND state='idle in transaction'", holder))
+    finally:
+        await conn.close()
+
+
 def _one_waits(url: str, holder: int) -> Any:
     async def check() -> bool:
         return await pg.waiting_behind(url, holder) == 1
@@ -127,6 +140,58 @@ async def test_a_delivery_taken_in_never_waits_for_a_claim(
     finally:
         release.set()
         await asyncio.wait_for(asyncio.gather(claiming, *taking_in), HANG_GUARD)
+
+
+async def test_an_intake_held_up_holds_up_only_its_issues_later_deliveries(
+        replicas: tuple[str, list[Store]]) -> None:
+    """A replica paused inside an intake holds its issues' intake keys. Another replica taking
+    in, together, a later delivery about one of those issues and globex's deliveries commits
+    globex's at once; only the one about the held issue waits, alone, and then comes in after
+    it (found by review: intake waited for every issue of its batch in turn, so a paused
+    intake of acme's held up globex's deliveries taken in beside it)."""
+    url, (a, b, _, _) = replicas
+    held = issue_key(_delivery(1, 1)[0])
+    assert held is not None
+    stalled, release = asyncio.Event(), asyncio.Event()
+    holder: list[int] = []
+
+    assert await a.enqueue_delivery("acme-1", "issues", *_delivery(1, 1))
+
+    async def acme_intake() -> None:  # as a paused intake of acme's issue #1 holds its key
+        async with a.transaction() as db:
+            await db.execute("SELECT pg_advisory_xact_lock(?::int, ?::int)",
+                             lock_pair("intake:" + held))
+            row = await db.fetchone("SELECT pg_backend_pid() AS pid")
+            holder.append(int(row["pid"]))
+            stalled.set()
+            await release.wait()
+
+    pausing = asyncio.create_task(acme_intake())
+    await asyncio.wait_for(stalled.wait(), HANG_GUARD)
+    acme = asyncio.create_task(b.enqueue_delivery("acme-2", "issues", *_delivery(2, 1)))
+    acmes = [acme]
+    globex = [asyncio.create_task(b.enqueue_delivery(f"globex-{n}", "issues",
+                                                     *_delivery(n, n, "globex")))
+              for n in range(3)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*globex), HANG_GUARD)
+        assert await _holds(url, holder[0]), "globex's waited for acme's intake"
+        assert not acme.done(), "acme's later delivery waits for its issue's intake"
+        await until(_one_waits(url, holder[0]), timeout=HANG_GUARD)  # and it alone
+        # what comes in about the issue meanwhile waits behind it, and nothing else does
+        later = asyncio.create_task(b.enqueue_delivery("acme-3", "issues", *_delivery(3, 1)))
+        acmes.append(later)
+        globex.append(asyncio.create_task(b.enqueue_delivery("globex-9", "issues",
+                                                             *_delivery(9, 9, "globex"))))
+        await asyncio.wait_for(globex[-1], HANG_GUARD)
+        assert await _holds(url, holder[0]) and not later.done()
+    finally:
+        release.set()
+        await asyncio.wait_for(asyncio.gather(pausing, *acmes, *globex), HANG_GUARD)
+    assert all(t.result() for t in acmes + globex)
+    order = [r["guid"] for r in await a.fetchall(
+        "SELECT guid FROM queue WHERE issue_key=? ORDER BY id", (held,))]
+    assert order == ["acme-1", "acme-2", "acme-3"]
 
 
 async def test_four_replicas_hammering_one_issue_run_its_deliveries_once_each_in_order(

@@ -163,6 +163,8 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
     def __init__(self) -> None:
         self._arrivals = deque()
         self._arrivals_writer = None
+        self._parked = {}
+        self._parking = set()
         self._finishes = []
         self._finishes_writer = None
         self._handed_over = {}

@@ -347,6 +347,9 @@ class QueueMixin:
     # thread on SQLite, added to on the event loop's: each is one step under the GIL)
     _arrivals: deque[_Arrival]
     _arrivals_writer: asyncio.Task[None] | None  # the one task committing them, while any wait
+    # issue -> arrivals about it waiting for another intake of it (PostgreSQL; see _park)
+    _parked: dict[str, deque[_Arrival]]
+    _parking: set[asyncio.Task[None]]  # the tasks committing those
     _finishes: list[tuple[QueueItem, str, asyncio.Future[bool]]]  # finished deliveries, too
     _finishes_writer: asyncio.Task[None] | None
     # delivery id -> (when, by time.monotonic, the payload intake parsed)
@@ -394,12 +397,18 @@ class QueueMixin:
             self._arrivals_writer = None
 
     def _take_arrivals(self, into: list[_Arrival]) -> list[_Arrival]:
-        """Up to BATCH of the arrivals waiting, appended to `into` as each is taken."""
+        """Up to BATCH of the arrivals waiting, appended to `into` as each is taken (those
+        about an issue whose earlier arrivals wait for another intake join them, in order)."""
+        parked = self._parked
         while len(into) < BATCH:
             try:
-                into.append(self._arrivals.popleft())
+                arrival = self._arrivals.popleft()
             except IndexError:
                 break
+            if parked and (key := issue_key(arrival.payload)) in parked:
+                self._park(key, arrival)
+            else:
+                into.append(arrival)
         return into
 
     async def _commit_arrivals(self) -> None:
@@ -411,24 +420,116 @@ class QueueMixin:
         try:  # (SQLite: one trip, with whatever other writes wait for the writer)
             fresh = await self.run_transaction(insert)
         except Exception:  # one arrival's fault must not fail the others: each on its own
-            for a in batch or self._take_arrivals(into=[]):
-                try:
-                    async with self.transaction() as db:
-                        alone = await self._insert_arrivals(db, [a])
-                except Exception as exc:
-                    if not a.done.done():
-                        a.done.set_exception(exc)
-                else:
-                    if not a.done.done():
-                        a.done.set_result(a in alone)
+            await self._commit_each(batch or self._take_arrivals(into=[]))
             return
+        self._answer(batch, fresh)
+
+    def _answer(self, batch: list[_Arrival], fresh: set[_Arrival]) -> None:
+        """Committed: hand `fresh` over to the worker, and tell each caller of `batch`."""
         self._hand_over([a for a in batch if a in fresh])
         for a in batch:
             if not a.done.done():
                 a.done.set_result(a in fresh)
 
-    async def _insert_arrivals(self, db: Connection, batch: list[_Arrival]) -> set[_Arrival]:
+    async def _commit_each(self, batch: list[_Arrival]) -> None:
+        """Each arrival in a transaction of its own, waiting for its issue's intake key."""
+        for a in batch:
+            try:
+                async with self.transaction() as db:
+                    alone = await self._insert_arrivals(db, [a], wait=True)
+            except Exception as exc:
+                if not a.done.done():
+                    a.done.set_exception(exc)
+            else:
+                self._answer([a], alone)
+
+    def _park(self, key: str, arrival: _Arrival) -> None:
+        """`arrival` is about issue `key`, whose intake key another intake holds (a replica
+        may be paused inside it): it waits for that, on its own, with the issue's later
+        arrivals, and the batch it came in with goes on without it (PostgreSQL)."""
+        parked = self._parked.get(key)
+        if parked is None:
+            parked = self._parked[key] = deque()
+            task = asyncio.get_running_loop().create_task(self._commit_parked(key, parked))
+            self._parking.add(task)
+            task.add_done_callback(self._parking.discard)
+        parked.append(arrival)
+
+    async def _commit_parked(self, key: str, parked: deque[_Arrival]) -> None:
+        try:
+            while parked:
+                group = list(parked)
+                parked.clear()
+
+                async def insert(db: Connection, group: list[_Arrival] = group
+                                 ) -> set[_Arrival]:
+                    return await self._insert_arrivals(db, group, wait=True)
+
+                try:
+                    fresh = await self.run_transaction(insert)
+                except Exception:
+                    await self._commit_each(group)
+                else:
+                    self._answer(group, fresh)
+        finally:
+            del self._parked[key]
+
+    async def _park_held(self, db: Connection, batch: list[_Arrival]) -> None:
+        """Take the intake key of each issue `batch` is about where it is free (and, while an
+        older replica lives, the older releases' issue key too); take the arrivals about an
+        issue whose key another intake holds out of `batch`, to wait for it on their own: a
+        batch, which mixes offices, never waits for another intake."""
+        keys = sorted({key for a in batch for key in [issue_key(a.payload)] if key is not None})
+        if not keys:
+            return
+        pairs = [lock_pair("intake:" + key) for key in keys]
+        refused = {row[0] for row in await db.fetchall(
+            "SELECT k FROM unnest(?::text[], ?::int[], ?::int[]) AS p(k, h, l) WHERE NOT CASE"
+            " WHEN NOT pg_try_advisory_xact_lock(h, l) THEN false WHEN NOT ?::boolean THEN true"
+            " ELSE (SELECT CASE WHEN o = ANY(?::bigint[]) THEN true"
+            " ELSE pg_try_advisory_xact_lock(o) END"
+            " FROM (SELECT hashtextextended('issue:' || k, 0) AS o) x) END",
+            (keys, [h for h, _ in pairs], [lo for _, lo in pairs], db.older_keys, RESERVED))}
+        if refused:
+            kept = []
+            for a in batch:
+                key = issue_key(a.payload)
+                if key is not None and key in refused:
+                    self._park(key, a)
+                else:
+                    kept.append(a)
+            batch[:] = kept
+
+    async def _wait_for_intakes(self, db: Connection, batch: list[_Arrival]) -> None:
+        """Take the intake key of each issue `batch` is about, waiting for other intakes of
+        them (before any row is written: nothing is held while waiting)."""
+        issues = sorted({key for a in batch for key in [issue_key(a.payload)] if key is not None})
+        if not issues:
+            return
+        pairs = sorted(lock_pair("intake:" + key) for key in issues)
+        await db.execute("SELECT pg_advisory_xact_lock(h, l) FROM unnest(?::int[], ?::int[])"
+                         " AS p(h, l)", ([h for h, _ in pairs], [lo for _, lo in pairs]))
+        # and while an older replica lives, the older releases' issue key, as they take it:
+        # in its order (the database's), never as one of the fixed numbers
+        if db.older_keys:
+            await db.execute("SELECT pg_advisory_xact_lock(h) FROM (SELECT"
+                             " hashtextextended(k, 0) AS h FROM (SELECT 'issue:' || k AS k"
+                             " FROM unnest(?::text[]) k ORDER BY 1) o) s"
+                             " WHERE h <> ALL(?::bigint[])", (issues, RESERVED))
+
+    async def _insert_arrivals(self, db: Connection, batch: list[_Arrival], *,
+                               wait: bool = False) -> set[_Arrival]:
+        """Record and queue `batch`, returning those not recorded before. On PostgreSQL each
+        issue's intake key is `wait`ed for, else taken where free and the arrivals about the
+        others taken out of `batch` (see _park_held)."""
         now = time.time()
+        if self.engine == "postgresql":
+            # each issue's deliveries are numbered in the order they commit: the issue's
+            # intake key (which a claim looks at, skipping the issue) is held from before
+            # numbering to commit; another intake's wait for it, never a claim's
+            await (self._wait_for_intakes if wait else self._park_held)(db, batch)
+        if not batch:
+            return set()
         firsts: dict[str, _Arrival] = {}
         for a in batch:  # the first arrival of an id is the one queued
             firsts.setdefault(a.guid, a)
@@ -445,23 +546,6 @@ class QueueMixin:
                  [a.action for a in ordered], [a.installation_id for a in ordered],
                  [now] * len(ordered)))
             landed = {row[0] for row in rows}
-            # each issue's deliveries are numbered in the order they commit: the issue's
-            # intake key (which a claim looks at, skipping the issue) is held from numbering
-            # to commit; another intake's wait for it, never a claim's
-            issues = sorted({key for a in firsts.values() if a.guid in landed
-                             for key in [issue_key(a.payload)] if key is not None})
-            if issues:
-                pairs = sorted(lock_pair("intake:" + key) for key in issues)
-                await db.execute("SELECT pg_advisory_xact_lock(h, l) FROM unnest(?::int[],"
-                                 " ?::int[]) AS p(h, l)",
-                                 ([h for h, _ in pairs], [lo for _, lo in pairs]))
-                # and while an older replica lives, the older releases' issue key, as they
-                # take it: in its order (the database's), never as one of the fixed numbers
-                if db.older_keys:
-                    await db.execute("SELECT pg_advisory_xact_lock(h) FROM (SELECT"
-                                     " hashtextextended(k, 0) AS h FROM (SELECT 'issue:' || k"
-                                     " AS k FROM unnest(?::text[]) k ORDER BY 1) o) s"
-                                     " WHERE h <> ALL(?::bigint[])", (issues, RESERVED))
         else:  # one writer: what is not recorded yet is this transaction's to record
             marks = ",".join("?" for _ in firsts)
             seen = {row[0] for row in await db.fetchall(
