@@ -273,7 +273,10 @@ async def receive_webhook(request: web.Request) -> web.Response:
         return _json({"delivery": guid, "queued": False, "ignored": True}, status=202)
     # signed, so the forge sent it: queued even when malformed (it then fails in the worker,
     # counts its attempts and ends in dead letters, and takes no other delivery with it)
-    queued = await services.store.enqueue_delivery(guid, event, payload, body)
+    # an org's own webhook names its deliveries, and its admins, who sign them, may choose the
+    # name: recorded as that org's, no other org's delivery can make one a redelivery
+    queued = await services.store.enqueue_delivery(
+        guid if org is None else f"{org.lower()}/{guid}", event, payload, body)
     installation_id = installation_of(payload)
     log.info("webhook accepted" if queued else "webhook redelivered: already recorded",
              extra={"delivery_id": guid, "installation_id": installation_id, "event": event,

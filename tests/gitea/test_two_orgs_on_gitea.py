@@ -152,3 +152,38 @@ async def test_each_org_writes_within_a_budget_of_its_own(
     rows = await office.services.store.fetchall(  # (the labels made at start: the bot's)
         "SELECT DISTINCT who FROM forge_writes WHERE endpoint LIKE 'POST %/issues'")
     assert {r["who"] for r in rows} == {"gitea:acme"}
+
+
+async def test_a_delivery_id_is_one_orgs_own(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """A Gitea org's webhook names its deliveries itself, and evil's admins, who sign evil's,
+    choose the id: one evil sent first never makes acme's delivery of that id a redelivery
+    (each org's ids are deduped apart; before, the one global id dropped acme's)."""
+    import hashlib
+    import hmac
+    import json
+
+    from bot.app.intake import org_webhook_secret
+
+    master = office.services.settings.webhook_secret
+
+    async def post(org: str, guid: str) -> dict[str, object]:
+        about = json.dumps({
+            "action": "opened", "number": 99,
+            "issue": {"id": 1, "number": 99, "title": "From marco", "body": "x",
+                      "labels": [], "user": {"login": "marco"}, "state": "open"},
+            "repository": {"full_name": f"{org}/scout-vault", "name": "scout-vault",
+                           "owner": {"login": org}},
+            "sender": {"login": "marco"}}).encode()
+        mac = hmac.new(org_webhook_secret(master, org).encode(), about,
+                       hashlib.sha256).hexdigest()
+        async with session.post(f"{office.app_url}/webhook/{org}", data=about, headers={
+                "Content-Type": "application/json", "X-Gitea-Delivery": guid,
+                "X-Gitea-Event": "issues", "X-Gitea-Signature": mac}) as resp:
+            assert resp.status == 202, await resp.text()
+            answer: dict[str, object] = await resp.json()
+            return answer
+
+    assert (await post("evil", "5f0c-chosen"))["queued"] is True
+    assert (await post("acme", "5f0c-chosen"))["queued"] is True, "acme's delivery was dropped"
+    assert (await post("acme", "5f0c-chosen"))["queued"] is False  # acme's own redelivery
