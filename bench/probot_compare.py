@@ -33,7 +33,10 @@ the fastest they allow is computed (the k-th write to an endpoint no sooner than
 the (k-180)-th) and vaultmail's time compared with it.
 
 Run: .venv/bin/python -m bench.probot_compare   (`npm ci` in bench/probot once)
-     [--count N] [--stock-count N] [--cells 1,10,50] [--apps vm,po]
+     [--count N] [--stock-count N] [--cells 1,10,50] [--apps vm,po] [--rounds N]
+     --rounds N: each cell N times, the apps' order flipped every other round, each round
+     on fresh organisations; a second table gives each round's ratio, their median and the
+     lowest (this machine's noise moved one round's ratio by a quarter either way).
      BENCH_PROFILE=/tmp/profiles/vm: py-spy's raw stacks of `vaultmail serve` (the GIL holder)
      per cell, to /tmp/profiles/vm.<cell>; summarise with bench.profile_summary.
      BENCH_TRACE=/tmp/profiles/trace: wall-clock spans of `vaultmail serve` (its write lock,
@@ -57,6 +60,7 @@ import secrets
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -311,9 +315,16 @@ async def _probot(forge: LocalForge, data_dir: Path, *, throttle: bool, count: i
                unfinished=frozenset({"timeout", "202"}))
 
 
-def _install(forge: LocalForge, office: Office, app: App, cells: tuple[int, ...]) -> None:
-    """The app's organisations: a warm-up one and, per cell, as many as installations."""
-    names = [f"{app.key}w-00"] + [f"{app.key}{cell}-{i:02d}"
+def _tag(cell: int, round_: int) -> str:
+    """The organisations' prefix of a cell's round (its first round: the cell alone)."""
+    return f"{cell}" if round_ == 0 else f"{cell}r{round_}"
+
+
+def _install(forge: LocalForge, office: Office, app: App, cells: tuple[int, ...],
+             rounds: int) -> None:
+    """The app's organisations: a warm-up one and, per cell and round, as many as
+    installations (fresh ones each time: no round spends another's minute of points)."""
+    names = [f"{app.key}w-00"] + [f"{app.key}{_tag(cell, k)}-{i:02d}" for k in range(rounds)
                                   for cell in cells for i in range(cell)]
     for org in names:
         seed_office(forge, office.model_copy(update={"org": org}))
@@ -522,7 +533,7 @@ async def _write_transactions(app: App) -> float:
 
 # -- the run ----------------------------------------------------------------------------------
 async def main(cells: tuple[int, ...], count: int, stock_count: int,
-               only: set[str] | None = None) -> None:
+               only: set[str] | None = None, rounds: int = 1) -> None:
     t0 = time.perf_counter()
     data_dir = Path(tempfile.mkdtemp(prefix="vaultmail-probot-"))
     forge, office = LocalForge(), load_office(None)
@@ -542,7 +553,7 @@ async def main(cells: tuple[int, ...], count: int, stock_count: int,
                              "secondary_per_hour": 0, "concurrent_requests": 0,
                              "endpoint_points_per_minute": 0})
         for app in apps:
-            _install(forge, office, app, cells)
+            _install(forge, office, app, cells, rounds)
         for app in apps:
             await _until_idle(app)
         forge.faults.drop_webhooks(rate=1.0)
@@ -550,9 +561,10 @@ async def main(cells: tuple[int, ...], count: int, stock_count: int,
         jobs = []
         for app in apps:
             jobs.append((f"{app.key}w-00", WARMUP))
-            for cell in cells:
-                orgs = app.cell_orgs(cell)
-                jobs += [(org, -(-app.count // cell)) for org in orgs]
+            for k in range(rounds):
+                for cell in cells:
+                    orgs = app.cell_orgs(_tag(cell, k))
+                    jobs += [(org, -(-app.count // cell)) for org in orgs]
         await _make_issues(forge, marco, jobs)
         await forge.webhooks_idle()
         forge.faults.drop_webhooks(rate=0.0)
@@ -563,9 +575,11 @@ async def main(cells: tuple[int, ...], count: int, stock_count: int,
         setup = time.perf_counter() - t0
         for app in apps:  # warm-up: connections, code paths, JIT
             await _measure(forge, app, "w", min(WARMUP, app.count))
-        for cell in cells:
-            for app in apps:
-                rows.append((app, await _measure(forge, app, cell, app.count)))
+        for k in range(rounds):  # each round in turn, the apps' order flipped every other
+            for cell in cells:
+                for app in (apps if k % 2 == 0 else apps[::-1]):
+                    row = await _measure(forge, app, _tag(cell, k), app.count)
+                    rows.append((app, {**row, "cell": cell, "round": k}))
     finally:
         for app in apps:
             await _stop(app.proc)
@@ -574,11 +588,11 @@ async def main(cells: tuple[int, ...], count: int, stock_count: int,
                 await session.close()
         await forge.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
-    _report(rows, cells, count, stock_count, setup, time.perf_counter() - t0)
+    _report(rows, cells, count, stock_count, setup, time.perf_counter() - t0, rounds)
 
 
 def _report(rows: list[tuple[App, dict[str, Any]]], cells: tuple[int, ...], count: int,
-            stock_count: int, setup: float, total: float) -> None:
+            stock_count: int, setup: float, total: float, rounds: int = 1) -> None:
     args = "".join(f" {a}" for a in sys.argv[1:])
     print(f"command: .venv/bin/python -m bench.probot_compare{args}\n")
     head = ["installations", "app", "deliveries", "handled", "events/s", "ack p50 ms",
@@ -589,16 +603,19 @@ def _report(rows: list[tuple[App, dict[str, Any]]], cells: tuple[int, ...], coun
     print("|" + "|".join("---" for _ in head) + "|")
     verdicts: list[str] = []
     notes: list[str] = []
-    for cell in cells:
-        cell_rows = [(a, r) for a, r in rows if r["cell"] == cell]
+    for cell, k in [(cell, k) for k in range(rounds) for cell in cells]:
+        cell_rows = [(a, r) for a, r in rows if r["cell"] == cell and r["round"] == k]
         vm = next(r for a, r in cell_rows if a.key == "vm")
+        if rounds > 1:
+            cell_rows.sort(key=lambda ar: ar[0].key != "vm")
+        shown = f"{cell}" if rounds == 1 else f"{cell} (round {k + 1})"
         for app, r in cell_rows:
             if r["bad"]:
                 notes.append(f"{app.name}, {cell} installations: answers {r['bad']}")
             tx = "" if math.isnan(r["tx_per_event"]) else f"{r['tx_per_event']:.2f}"
             ratio = "" if app.key == "vm" else (
                 f"**{vm['events_s'] / r['events_s']:.2f}**" if r["events_s"] else "∞")
-            print(f"| {cell} | {app.name} | {r['count']} | {r['handled']} | "
+            print(f"| {shown} | {app.name} | {r['count']} | {r['handled']} | "
                   f"{r['events_s']:.1f} | {ms(percentile(r['ack'], 50))} | "
                   f"{ms(percentile(r['ack'], 99))} | {r['timeouts']} | "
                   f"{ms(percentile(r['write'], 50))} | {ms(percentile(r['write'], 99))} | "
@@ -608,32 +625,62 @@ def _report(rows: list[tuple[App, dict[str, Any]]], cells: tuple[int, ...], coun
                 clean = r["refusals"] == 0 and r["handled"] == r["count"]
                 if clean:
                     ok = vm["events_s"] > r["events_s"]
-                    verdicts.append(f"{cell} installations, {app.name} (no refusal): "
+                    verdicts.append(f"{shown} installations, {app.name} (no refusal): "
                                     f"vaultmail {vm['events_s'] / r['events_s']:.2f}x "
                                     f"{'ahead: met' if ok else 'behind: NOT met'}")
                 else:
-                    verdicts.append(f"{cell} installations, {app.name}: {r['refusals']} "
+                    verdicts.append(f"{shown} installations, {app.name}: {r['refusals']} "
                                     f"refusals, {r['count'] - r['handled']} events lost "
                                     "(no comparison owed)")
         ok = vm["refusals"] == 0
-        verdicts.append(f"{cell} installations, vaultmail: {vm['refusals']} refusals "
+        verdicts.append(f"{shown} installations, vaultmail: {vm['refusals']} refusals "
                         f"({'met' if ok else 'NOT met'})")
         if vm["ideal"] > 0:
             over = vm["window"] / vm["ideal"] - 1
             verdicts.append(
-                f"{cell} installations: the limits cap it (at most {WRITES_PER_MINUTE} "
+                f"{shown} installations: the limits cap it (at most {WRITES_PER_MINUTE} "
                 f"PATCHes a minute per installation): fastest allowed {vm['ideal']:.0f} s, "
                 f"vaultmail {vm['window']:.1f} s, {over * 100:+.1f} % "
                 f"({'met' if over <= TARGET_CAP else 'NOT met'}, within 5 %)")
+    if rounds > 1:
+        _report_rounds(rows, cells, rounds)
     print(f"\n{count} deliveries per cell ({stock_count} for Probot with its default "
           f"throttling, a write a second), spread round-robin over the cell's installations, "
           f"{IN_FLIGHT} in flight, answers waited for {ACK_TIMEOUT:.0f} s; {WARMUP} warm-up "
           "deliveries per app not counted; the forge in this process under localforge.Limits()"
           " as shipped; vaultmail (`vaultmail serve`), each Probot app (probot 14.3.2 on Node "
           f"{_node_version()}) and the load client each in its own process; {os.cpu_count()} "
-          f"cores; set-up {setup:.0f} s, whole run {total:.0f} s.")
+          f"cores; set-up {setup:.0f} s, whole run {total:.0f} s"
+          + ("." if rounds == 1 else f"; {rounds} rounds, each cell's apps in turn, their "
+             "order flipped every other round, each round on fresh organisations."))
     for line in verdicts + notes:
         print(f"- {line}")
+
+
+def _report_rounds(rows: list[tuple[App, dict[str, Any]]], cells: tuple[int, ...],
+                   rounds: int) -> None:
+    """Per cell and app against vaultmail: the ratio of each round (measured side by side,
+    minutes apart at most), their median and the lowest; this machine's noise is in the
+    spread, not hidden in one figure."""
+    print("\n| installations | against | vaultmail ÷ this, each round | median | lowest |"
+          " rounds ahead |")
+    print("|---|---|---|---|---|---|")
+    for cell in cells:
+        by_round = {k: {a.key: (a, r) for a, r in rows if r["cell"] == cell and r["round"] == k}
+                    for k in range(rounds)}
+        for key in [a.key for a, r in rows if r["cell"] == cell and r["round"] == 0
+                    and a.key != "vm"]:
+            ratios = []
+            for k in range(rounds):
+                vm, other = by_round[k]["vm"][1], by_round[k][key][1]
+                if other["events_s"] and other["refusals"] == 0:
+                    ratios.append(vm["events_s"] / other["events_s"])
+            if not ratios:
+                continue
+            name = by_round[0][key][0].name
+            print(f"| {cell} | {name} | {', '.join(f'{x:.2f}' for x in ratios)} | "
+                  f"**{statistics.median(ratios):.2f}** | {min(ratios):.2f} | "
+                  f"{sum(x > 1 for x in ratios)} of {len(ratios)} |")
 
 
 def _node_version() -> str:
@@ -655,4 +702,5 @@ if __name__ == "__main__":
         asyncio.run(main(tuple(int(c) for c in _arg("--cells", "1,10,50").split(",")),
                          int(_arg("--count", str(COUNT))),
                          int(_arg("--stock-count", str(STOCK_COUNT))),
-                         set(apps.split(",")) if apps else None))
+                         set(apps.split(",")) if apps else None,
+                         int(_arg("--rounds", "1"))))
