@@ -16,6 +16,7 @@ from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
 from bot.mail.markdown import as_data
+from bot.office.config import Agent, Human, Office
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
 from bot.store import api_tokens, ledger, oauth
 from bot.tools.http import members
@@ -43,6 +44,29 @@ async def _revoke_removed(ctx: HandlerContext, org: str, removed: set[str]) -> N
                      extra={"org": org, "principal": principal, "revoked": revoked})
 
 
+def _relogged(before: Office, after: Office) -> set[str]:
+    """Who the new config gives another forge account (a login corrected, an account handed
+    over)."""
+    def logins(office: Office) -> dict[str, str]:
+        people: list[Human | Agent] = [*office.humans, *office.agents]
+        return {who.principal: who.login.lower() for who in people}
+
+    was = logins(before)
+    return {p for p, login in logins(after).items() if was.get(p, login) != login}
+
+
+async def _revoke_relogged(ctx: HandlerContext, org: str, relogged: set[str]) -> None:
+    """What a person granted, signed in as a forge account the office no longer says is
+    theirs, ends (their OAuth grants: whoever holds that account must not go on acting as
+    them; they consent again as the new one). Their API tokens, handed out by the operator
+    to the person and not to an account, stay; console sessions end at their next request
+    (bot.console.visitor)."""
+    for principal in sorted(relogged):
+        revoked = await oauth.revoke_principal(ctx.services.store, principal, org)
+        ctx.log.info("given another forge account: OAuth grants revoked",
+                     extra={"org": org, "principal": principal, "revoked": revoked})
+
+
 @router.register("push")
 async def reload_office_config(event: sansio.Event, ctx: HandlerContext) -> None:
     data = event.data
@@ -66,6 +90,7 @@ async def reload_office_config(event: sansio.Event, ctx: HandlerContext) -> None
                 await _close_fixed(ctx, org, issue, pusher, commit)
             if before is not None and office is not None:
                 await _revoke_removed(ctx, org, members(before) - members(office))
+                await _revoke_relogged(ctx, org, _relogged(before, office))
             return
         kept = "the last valid config stays in force" if office else \
             "no config is in force yet"

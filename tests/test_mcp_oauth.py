@@ -416,6 +416,24 @@ async def test_a_person_removed_from_the_office_loses_their_grant_for_good(
     assert (await mcp_status(session, embedded, again["access_token"]))[0] == 200
 
 
+async def test_a_grant_ends_when_the_office_gives_its_person_another_forge_account(
+        embedded: Embedded, browser: aiohttp.ClientSession, session: aiohttp.ClientSession
+) -> None:
+    """lee consented signed in as the forge account `lee`; the office then says lee@acme.com
+    is `lee-real` (a login corrected, an account handed over). What the account `lee` was
+    granted ends with it, for good, as a person removed (found by review: it went on acting
+    as lee@acme.com for up to thirty days)."""
+    cid, tokens = await signed_in_tokens(browser, embedded, "lee")
+    assert (await mcp_status(session, embedded, tokens["access_token"]))[0] == 200
+    text = _office_text()
+    embedded.forge.put_file("acme/.github", "vaultmail.yml", text.replace(
+        LEE_BLOCK, LEE_BLOCK.replace("login: lee\n", "login: lee-real\n")), pusher="admin")
+    await embedded.settle()
+    assert (await mcp_status(session, embedded, tokens["access_token"]))[0] == 401
+    status, body = await _refresh(session, embedded, cid, tokens["refresh_token"])
+    assert (status, body.get("error")) == (400, "invalid_grant"), body
+
+
 async def test_a_refresh_for_someone_no_longer_in_the_office_revokes_their_grants(
         embedded: Embedded, session: aiohttp.ClientSession) -> None:
     """Removed without the push being seen (another replica, a missed webhook): the refresh

@@ -109,7 +109,8 @@ async def chain_state(store: Store, org: str) -> dict[str, Any]:
     broken = await ledger.verify_chain(store, org)
     head = await ledger.head(store, org)
     return {"intact": broken is None, "broken_at": broken,
-            "entries": int(head["seq"]) if head else 0,
+            # the chain's own length: the head's seq counts every office's entries
+            "entries": await ledger.length(store, org),
             "head": str(head["hash"]) if head else ledger.GENESIS}
 
 

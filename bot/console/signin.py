@@ -25,6 +25,7 @@ from bot.console.visitor import (
     CONSOLE,
     COOKIE,
     PRE_COOKIE,
+    TOKEN_LOGIN,
     NotSignedIn,
     check_csrf,
     local_next,
@@ -114,8 +115,11 @@ async def token_sign_in(request: web.Request) -> web.StreamResponse:
                              "from tokens.json (api_tokens) or make one with `vaultmail token "
                              "create PRINCIPAL`", error=True, status=401)
     try:
+        # the session keeps the token's hash as its login: it ends when the token is revoked
         response = await _start_session(request, services, owner.principal, owner.org,
-                                        owner.principal, "token", form.get("next", ""))
+                                        TOKEN_LOGIN + api_tokens.token_hash(
+                                            form.get("token", "").strip()),
+                                        "token", form.get("next", ""))
     except VaultmailError as exc:
         return _sign_in_page(request, message=exc.message, error=True, status=exc.status)
     raise response

@@ -18,11 +18,13 @@ from bot.app.services import SERVICES_KEY, Services
 from bot.console import sessions
 from bot.errors import Denied, Unauthenticated
 from bot.office.config import Human
+from bot.store import api_tokens
 from bot.tools.http import authenticate, bearer_key, make_call
 from bot.tools.registry import Call
 
 COOKIE = "vaultmail_session"
 PRE_COOKIE = "vaultmail_signin"  # before a session: the sign-in form's CSRF and OAuth state
+TOKEN_LOGIN = "token-sha256:"  # a token session's login: the hash of the token it signed in with
 CONSOLE = "/console"
 
 
@@ -76,7 +78,24 @@ async def visitor(request: web.Request) -> Visitor:
     except Denied:  # taken out of the office since: the session ends with it
         await sessions.end(services.store, session)
         raise
+    if not await _still_theirs(services, call, session):
+        # the forge account that signed in is no longer this person's (the office gave the
+        # person another login), or the API token it signed in with was revoked: the
+        # session ends with it
+        await sessions.end(services.store, session)
+        raise NotSignedIn()
     return Visitor(call, person_of(call), session)
+
+
+async def _still_theirs(services: Services, call: Call, session: sessions.Session) -> bool:
+    """Whether what a session signed in with still stands for its principal: the forge login
+    (still the person's in the office config), or the API token (not revoked)."""
+    if session.via == "forge":
+        who = call.office.by_login(session.login)
+        return who is not None and who.principal == session.principal
+    if session.via == "token" and session.login.startswith(TOKEN_LOGIN):
+        return await api_tokens.live_hash(services.store, session.login[len(TOKEN_LOGIN):])
+    return True  # a token session from before its token was kept: as it was
 
 
 def check_csrf(request: web.Request, visitor: Visitor, form: dict[str, str]) -> None:

@@ -82,6 +82,18 @@ async def owner_of(store: Store, token: str) -> Owner | None:
     return Owner(str(row["principal"]), row["org"])
 
 
+def token_hash(token: str) -> str:
+    """What the index keeps of a token (a console session signed in with it keeps it too)."""
+    return _hash(token)
+
+
+async def live_hash(store: Store, hashed: str) -> bool:
+    """Whether the token with this hash is still live (not revoked)."""
+    row = await store.fetchone(
+        "SELECT 1 AS live FROM api_tokens WHERE token_hash=? AND revoked_at IS NULL", (hashed,))
+    return row is not None
+
+
 async def revoke_token(store: Store, token_id: int) -> bool:
     async with store.transaction() as db:
         changed = await db.execute(

@@ -234,6 +234,12 @@ async def scan_newest(store: Store, *, event: str | None, actor: str | None,
     return [_entry(r) for r in rows]
 
 
+async def length(store: Store, org: str) -> int:
+    """How many entries `org`'s chain holds (its own: `seq` numbers every office's)."""
+    row = await store.fetchone("SELECT COUNT(*) AS n FROM ledger WHERE chain=?", (org.lower(),))
+    return int(row["n"]) if row else 0
+
+
 async def head(store: Store, org: str) -> Row | None:
     """The (seq, hash) of `org`'s chain's last entry, or None when it is empty."""
     return await store.fetchone("SELECT seq, hash FROM ledger WHERE chain=? ORDER BY seq DESC"

@@ -1,0 +1,136 @@
+"""A console session ends with what it signed in with (a forge account the office still says
+is the person's, an API token not revoked), and a page of one office counts that office's own
+activity alone (found by review)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+from bot.app.embedded import Embedded
+from bot.office.config import parse_office
+from bot.office.seed import seed_office
+from bot.store import api_tokens
+from tests.support import ToolClient
+
+MARCO = "human:marco@acme.com"
+EXAMPLE = Path(__file__).parent.parent.parent / "bot" / "example_office.yml"
+EVIL = {
+    "org": "evil",
+    "humans": [{"email": "mallory@evil.test", "login": "mallory", "permissions": ["mail.send"]}],
+    "agents": [{"slug": "spy", "login": "evil-spy", "person": "mallory@evil.test",
+                "run": {"triggers": ["mail"], "dispatch": "none"}}],
+}
+
+
+async def _oauth_round(browser: aiohttp.ClientSession, embedded: Embedded, start: str,
+                       forge_token: str) -> aiohttp.ClientResponse:
+    """The forge's OAuth web flow from the console's `start` link (as in test_tenancy)."""
+    async with browser.get(embedded.app_url + start, allow_redirects=False) as resp:
+        authorize = resp.headers["Location"]
+    async with browser.get(authorize, allow_redirects=False,
+                           headers={"Authorization": f"token {forge_token}"}) as resp:
+        back = resp.headers["Location"]
+    async with browser.get(back, allow_redirects=False) as resp:
+        await resp.read()
+        return resp
+
+
+async def test_a_forge_session_ends_once_its_login_is_no_persons_of_the_office(
+        embedded: Embedded) -> None:
+    """lee signs in to the console with the forge account `lee`. The office then says that
+    lee@acme.com is the forge account `lee-real` (a login corrected, an account handed
+    over): the account `lee` is nobody of the office any more, and its session must not go on
+    acting as human:lee@acme.com (with lee-real's forge access) for the rest of its 8 hours."""
+    (app_id,) = embedded.forge.state.apps
+    embedded.forge.state.web.authorizations.setdefault("lee", []).append(int(app_id))
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        answer = await _oauth_round(browser, embedded, "/console/sign-in/forge",
+                                    embedded.forge_tokens["lee"])
+        assert answer.status == 303, "signed in"
+        async with browser.get(embedded.app_url + "/console/inbox",
+                               allow_redirects=False) as resp:
+            assert resp.status == 200
+        config = yaml.safe_load(EXAMPLE.read_text())
+        for human in config["humans"]:
+            if human["email"] == "lee@acme.com":
+                human["login"] = "lee-real"
+        embedded.forge.put_file("acme/.github", "vaultmail.yml", yaml.safe_dump(config),
+                                pusher="admin")
+        await embedded.settle()
+        office = await embedded.services.offices.get(
+            embedded.services.forge_for_org("acme"), "acme")
+        assert office is not None and office.by_login("lee") is None, "the new config is in force"
+        async with browser.get(embedded.app_url + "/console/inbox",
+                               allow_redirects=False) as resp:
+            assert resp.status == 303 and "/console/sign-in" in resp.headers["Location"], (
+                "the forge account lee is no person of acme any more: its session ended")
+        async with browser.get(embedded.app_url + "/console/events",
+                               allow_redirects=False) as resp:
+            assert resp.status == 401, "nor does its live stream go on"
+
+
+def _entries(page: str) -> int:
+    found = re.search(r"Hash chain intact: (\d+) entries", page)
+    assert found, page[:2000]
+    return int(found[1])
+
+
+async def test_the_ledger_page_counts_the_offices_own_entries_not_everyones(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """The chain line of evil's ledger page says how many entries evil's chain holds, not the
+    deployment-wide sequence number, which counts every other office's activity too (acme's
+    mail volume, read by evil at will)."""
+    store = embedded.services.store
+    marco = ToolClient(session, embedded, MARCO)
+    for n in range(5):  # acme's business, none of evil's
+        await marco("mail_send", to="scout", subject=f"acme {n}", body="x")
+    await embedded.settle()
+    seed_office(embedded.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
+    (app_id,) = embedded.forge.state.apps
+    embedded.forge.install_app(int(app_id), "evil")
+    await embedded.settle()
+    mallory = await api_tokens.create_token(store, "human:mallory@evil.test", "evil")
+    headers = {"Authorization": f"Bearer {mallory}"}
+    async with session.post(embedded.app_url + "/api/v1/tools/mail_send", headers=headers,
+                            json={"to": "spy", "subject": "hello", "body": "x"}) as resp:
+        assert resp.status == 200, await resp.text()
+    await embedded.settle()
+    async with session.get(embedded.app_url + "/console/ledger", headers=headers) as resp:
+        assert resp.status == 200
+        shown = _entries(await resp.text())
+    own = await store.fetchone("SELECT COUNT(*) AS n FROM ledger WHERE chain='evil'")
+    assert shown == int(own["n"]), (
+        f"evil's page said {shown} entries; evil's chain holds {own['n']} (the rest are acme's)")
+
+
+def _field(page: str, name: str) -> str:
+    found = re.search(rf'name="{name}" value="([^"]*)"', page)
+    assert found, f"no field {name}"
+    return found[1]
+
+
+async def test_a_console_session_ends_with_the_api_token_it_signed_in_with(
+        embedded: Embedded) -> None:
+    """A token that leaked is revoked (`vaultmail token revoke`): whoever signed in to the
+    console with it must not keep its session for the rest of the 8 hours."""
+    store = embedded.services.store
+    leaked = await api_tokens.create_token(store, MARCO, "acme")
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        url = embedded.app_url + "/console"
+        async with browser.get(url + "/sign-in") as resp:
+            page = await resp.text()
+        form = {"csrf": _field(page, "csrf"), "token": leaked, "next": "/console/inbox"}
+        async with browser.post(url + "/sign-in/token", data=form,
+                                allow_redirects=False) as resp:
+            assert resp.status == 303, "signed in with the token"
+        async with browser.get(url + "/inbox", allow_redirects=False) as resp:
+            assert resp.status == 200
+        assert await api_tokens.revoke_token_value(store, leaked)
+        async with browser.get(url + "/inbox", allow_redirects=False) as resp:
+            assert resp.status == 303, "the token is revoked: so is the session it made"
+        async with browser.get(url + "/events", allow_redirects=False) as resp:
+            assert resp.status == 401
