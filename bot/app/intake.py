@@ -281,7 +281,7 @@ async def receive_webhook(request: web.Request) -> web.Response:
     log.info("webhook accepted" if queued else "webhook redelivered: already recorded",
              extra={"delivery_id": guid, "installation_id": installation_id, "event": event,
                     "action": payload.get("action")})
-    metrics.DELIVERIES.labels(event=event, outcome="received" if queued else "redelivered").inc()
+    metrics.deliveries(event, "received" if queued else "redelivered").inc()
     if queued:
         services.wake_worker()
     return _json({"delivery": guid, "queued": queued}, status=202)
@@ -294,7 +294,7 @@ def _ignored_echo(services: Services, guid: str, event: str, payload: dict[str, 
     if not services.is_own_event(payload) or services.own_router.fetch(
             sansio.Event(payload, event=event, delivery_id=guid)):
         return False
-    metrics.DELIVERIES.labels(event=event, outcome="ignored").inc()
+    metrics.deliveries(event, "ignored").inc()
     log.debug("webhook ignored: caused by the app itself",
               extra={"delivery_id": guid, "event": event, "action": payload.get("action")})
     return True

@@ -389,7 +389,7 @@ class Worker:
             own, router, event = self._routed(item)
             if not router.fetch(event):  # ping, meta, events no handler wants, the app's own
                 await self._finish(item, "ignored")
-                metrics.DELIVERIES.labels(event=item.event, outcome="ignored").inc()
+                metrics.deliveries(item.event, "ignored").inc()
                 if own:
                     logger.debug("ignored: caused by the app itself")
                 return True
@@ -397,7 +397,7 @@ class Worker:
                 ctx = self.make_context(item, logger)
             except LookupError as exc:  # no installation to act through: nothing can be done
                 await self._fail(item, repr(exc), None)
-                metrics.DELIVERIES.labels(event=item.event, outcome="dead").inc()
+                metrics.deliveries(item.event, "dead").inc()
                 logger.error("dead letter: %s", exc)
                 return True
             first = await self._dispatch_once(item, router, event, ctx)
@@ -406,13 +406,13 @@ class Worker:
                 # later in this batch adopts the issue and unparks what is parked by then
                 if not await self.store.finish(item, "parked"):
                     _superseded(item)
-                metrics.DELIVERIES.labels(event=item.event, outcome="parked").inc()
+                metrics.deliveries(item.event, "parked").inc()
                 logger.info("parked until its issue is mail: %s", ctx.parked)
                 return True
         except PutOff as exc:  # the forge's budget says when: put off, nothing failed
             wait = max(1.0, exc.retry_after if exc.retry_after is not None else 60.0)
             await self._fail(item, repr(exc), time.time() + wait, counted=False)
-            metrics.DELIVERIES.labels(event=item.event, outcome="put_off").inc()
+            metrics.deliveries(item.event, "put_off").inc()
             logger.info("put off %.0f s for the forge's budget (no attempt counted): %s",
                         wait, exc)
             return False
@@ -420,10 +420,10 @@ class Worker:
             attempt = item.attempts + 1
             if attempt >= self.max_attempts:
                 await self._fail(item, repr(exc), None)
-                metrics.DELIVERIES.labels(event=item.event, outcome="dead").inc()
+                metrics.deliveries(item.event, "dead").inc()
                 logger.error("dead letter after %d attempts: %r", attempt, exc)
                 return True
-            metrics.DELIVERIES.labels(event=item.event, outcome="retried").inc()
+            metrics.deliveries(item.event, "retried").inc()
             delay = self.base_backoff * 2 ** (attempt - 1) * (0.5 + random.random())
             if isinstance(exc, RateLimited) and exc.retry_after:  # not before the forge says
                 delay = max(delay, exc.retry_after)
@@ -433,12 +433,13 @@ class Worker:
             return False
         if first != item.guid:  # the same forge change, delivered again under a new id
             await self._finish(item, "ignored")
-            metrics.DELIVERIES.labels(event=item.event, outcome="ignored").inc()
+            metrics.deliveries(item.event, "ignored").inc()
             logger.info("ignored: already handled as delivery %s", first)
             return True
         await self._finish(item)
-        metrics.HANDLER_SECONDS.labels(event=item.event).observe(time.perf_counter() - started)
-        metrics.DELIVERIES.labels(event=item.event, outcome="handled").inc()
+        metrics.HANDLER_SECONDS.labels(event=metrics.event_label(item.event)).observe(
+            time.perf_counter() - started)
+        metrics.deliveries(item.event, "handled").inc()
         logger.info("handled")
         return True
 
@@ -493,7 +494,7 @@ class _Parked(VaultmailError):
 
 
 def _superseded(item: QueueItem) -> None:
-    metrics.DELIVERIES.labels(event=item.event, outcome="superseded").inc()
+    metrics.deliveries(item.event, "superseded").inc()
     log.warning("outcome not recorded: another replica took the delivery over meanwhile"
                 " (this one was taken for dead) and runs it again", extra={
                     "delivery_id": item.guid})

@@ -50,6 +50,7 @@ RETRY = "vaultmail:email-retry:"  # + a message's ledger seq: one set aside (see
 POLL = 0.5
 BATCH = 100
 MAX_BACKOFF = 300.0
+MAX_REPLY_CC = 19  # with its To, the recipients one message may have here (server.MAX_RECIPIENTS)
 GIVE_UP_AFTER = 5 * 24 * 3600.0  # as long as a common MTA keeps a message it cannot deliver
 
 
@@ -401,8 +402,10 @@ class Outbox(Background):
         domain = office.email.domain
         ours = {a for a in (*latest.to, *latest.cc) if a.rpartition("@")[2] == domain}
         to = (latest.sender,)
+        # (the addresses a stranger's message named: as many as the listener takes
+        # recipients of one message, never a list of the stranger's to mail as the office)
         cc = tuple(a for a in dict.fromkeys((*latest.to, *latest.cc))
-                   if a not in ours and a != latest.sender)
+                   if a not in ours and a != latest.sender)[:MAX_REPLY_CC]
         out = outgoing.Outgoing(
             sender=sender, sender_name=f"{agent.slug} ({office.org})",
             to=to, cc=cc, subject=outgoing.reply_subject(mail.subject),

@@ -21,14 +21,16 @@ import asyncio
 import logging
 import socket
 import ssl
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
 from bot.email.addresses import BadAddress, normalise
 from bot.email.attachments import MAX_ATTACHMENTS, safe_name
-from bot.email.auth import Resolver, authenticate
+from bot.email.auth import DnsError, Resolver, Verdicts, authenticate
 from bot.email.intake import EmailIntake
 from bot.email.message import BadMessage, Inbound, parse_dsn, parse_inbound
 from bot.email.policy import SharedSenderRate
@@ -36,6 +38,36 @@ from bot.mail.mailer import Undeliverable
 
 log = logging.getLogger("vaultmail.email")
 MAX_RECIPIENTS = 20
+# A stranger's message is read and authenticated on threads of the listener's own, never on
+# the event loop's default pool: that pool is every office's (config parsing, key loading,
+# domain proofs, the relay's sends), and a message's lookups name domains its sender chooses,
+# whose DNS may answer as slowly as it likes. AUTH_SECONDS bounds one message's lookups:
+# past it, what is left is a temporary error (temperror), not another wait.
+STRANGER_THREADS = 8
+AUTH_SECONDS = 20.0
+
+
+class _Deadline:
+    """`resolver`, each lookup refused (DnsError) once the message's time is spent."""
+
+    def __init__(self, resolver: Resolver, seconds: float) -> None:
+        self.resolver, self.until = resolver, time.monotonic() + seconds
+
+    def _spent(self, what: str) -> None:
+        if time.monotonic() > self.until:
+            raise DnsError(f"{what}: the message's lookups took over {AUTH_SECONDS:g} s")
+
+    def txt(self, name: str) -> list[str]:
+        self._spent(f"TXT {name}")
+        return self.resolver.txt(name)
+
+    def addresses(self, name: str) -> list[str]:
+        self._spent(f"A {name}")
+        return self.resolver.addresses(name)
+
+    def mx(self, name: str) -> list[str]:
+        self._spent(f"MX {name}")
+        return self.resolver.mx(name)
 
 
 def _limit_text(limit: int) -> str:
@@ -61,6 +93,20 @@ class SmtpHandler:
         self.resolver = resolver
         self.rate = rate
         self.attachment_max_bytes = attachment_max_bytes
+        self._pool = ThreadPoolExecutor(STRANGER_THREADS, thread_name_prefix="vaultmail-smtp")
+
+    async def _beside(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def _authenticate(self, raw: bytes, ip: str, helo: str, mail_from: str,
+                      from_domain: str) -> Verdicts:
+        return authenticate(raw, ip=ip, helo=helo, mail_from=mail_from,
+                            from_domain=from_domain,
+                            resolver=_Deadline(self.resolver, AUTH_SECONDS))
+
+    def close(self) -> None:
+        """Let the listener's threads go (a lookup under way ends within its lifetime)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def refuse_parts(self, message: Inbound) -> str | None:
         """The 552 for a message whose attachments the app does not take, or None."""
@@ -111,20 +157,19 @@ class SmtpHandler:
         raw = envelope.original_content or b""
         try:  # (up to SMTP_MAX_BYTES of a stranger's: read beside the loop, which serves
             # every office, as its authentication is)
-            message = await asyncio.to_thread(parse_inbound, raw)
+            message = await self._beside(parse_inbound, raw)
         except BadMessage as exc:
             return f"550 5.6.0 {exc}"
         refusal = self.refuse_parts(message)
         if refusal is not None:
             return refusal
         peer = session.peer[0] if isinstance(session.peer, tuple) else ""
-        verdicts = await asyncio.to_thread(
-            authenticate, raw, ip=str(peer), helo=session.host_name or "",
-            mail_from=envelope.mail_from or "", from_domain=message.sender.rpartition("@")[2],
-            resolver=self.resolver)
+        verdicts = await self._beside(
+            self._authenticate, raw, str(peer), session.host_name or "",
+            envelope.mail_from or "", message.sender.rpartition("@")[2])
         refs: list[str] = []
         refused: list[str] = []
-        bounce = await asyncio.to_thread(parse_dsn, raw) if message.report else None
+        bounce = await self._beside(parse_dsn, raw) if message.report else None
         try:
             for rcpt in dict.fromkeys(a.lower() for a in envelope.rcpt_tos):
                 box = await intake.mailbox(rcpt)
@@ -139,8 +184,11 @@ class SmtpHandler:
                 if decision.action == "refuse":
                     refused.append(f"<{rcpt[:200]}>: {decision.reason}")
                     continue
+                # an authenticated sender (an aligned SPF or DKIM pass) has a count of its
+                # own: a From anyone can write never spends the real sender's
+                who = message.sender + (" (authenticated)" if verdicts.aligned else "")
                 if not await self.rate.admit(intake.services.store, box.office.org,
-                                             box.agent.slug, message.sender):
+                                             box.agent.slug, who):
                     return (f"451 4.7.1 too many messages from {message.sender} to "
                             f"{box.address}: at most {self.rate.per_minute} a minute; try "
                             "again later")
@@ -214,3 +262,4 @@ class SmtpServer:
             self._server = None
         else:
             self.sock.close()
+        self.handler.close()
