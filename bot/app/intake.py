@@ -211,6 +211,11 @@ async def _receive(request: web.Request, signed: SignedBody, read_seconds: float
     return None
 
 
+# events of GitHub Apps alone, which no Gitea or Forgejo webhook sends
+GITHUB_APP_ONLY = frozenset({"installation", "installation_repositories",
+                             "installation_target", "github_app_authorization"})
+
+
 async def receive_webhook(request: web.Request) -> web.Response:
     services = request.app[SERVICES_KEY]
     settings = services.settings
@@ -239,6 +244,11 @@ async def receive_webhook(request: web.Request) -> web.Response:
     body = signed.body()
     if not guid or not event:
         return _error(400, "missing_headers", f"{delivery_header} and {event_header} are required")
+    if dialect is GITEA and event in GITHUB_APP_ONLY:
+        # Gitea has no App installations: the app makes its own at start; one over a webhook
+        # is an org's admins' (who sign their org's), and would act on every org's vaults
+        return _error(403, "not_from_gitea", f"Gitea sends no {event} events: the app "
+                      "finds its organisations itself, at start")
     glanced = jsontext.glance(body)
     if dialect.to_github is None and isinstance(glanced, dict) and \
             _ignored_echo(services, guid, event, glanced):

@@ -187,3 +187,31 @@ async def test_a_delivery_id_is_one_orgs_own(
     assert (await post("evil", "5f0c-chosen"))["queued"] is True
     assert (await post("acme", "5f0c-chosen"))["queued"] is True, "acme's delivery was dropped"
     assert (await post("acme", "5f0c-chosen"))["queued"] is False  # acme's own redelivery
+
+
+async def test_an_orgs_webhook_carries_no_app_installation_events(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """Gitea has no App installations: `installation` events come from the app itself at start,
+    never over an org's webhook. evil's admins, who sign evil's, sent one naming an evil
+    repository (so it passed as evil's) and it ran: with no repositories listed, the app
+    listed every org's repositories through the one bot token and set labels in each vault,
+    acme's too, as often as evil liked."""
+    import hashlib
+    import hmac
+    import json
+
+    from bot.app.intake import org_webhook_secret
+
+    evils = org_webhook_secret(office.services.settings.webhook_secret, "evil")
+    for n, event in enumerate(("installation", "installation_repositories")):
+        body = json.dumps({
+            "action": "created" if event == "installation" else "added",
+            "repositories": [], "repositories_added": [{"full_name": "acme/scout-vault"}],
+            "repository": {"full_name": "evil/x", "name": "x", "owner": {"login": "evil"}},
+            "sender": {"login": "eve"}}).encode()
+        mac = hmac.new(evils.encode(), body, hashlib.sha256).hexdigest()
+        async with session.post(office.app_url + "/webhook/evil", data=body, headers={
+                "Content-Type": "application/json", "X-Gitea-Delivery": f"inst-{n}",
+                "X-Gitea-Event": event, "X-Gitea-Signature": mac}) as resp:
+            text = await resp.text()
+            assert resp.status == 403 and "not_from_gitea" in text, (event, resp.status, text)
