@@ -49,10 +49,18 @@ async def test_unsigned_and_forged_deliveries_are_refused_and_nothing_is_stored(
     assert await _queue_rows(embedded) == before
 
 
+README_PUSHED = {
+    "ref": "refs/heads/main", "after": "0" * 40, "pusher": {"name": "marco"},
+    "commits": [{"added": [], "modified": ["README.md"], "removed": []}],
+    "repository": {"full_name": "acme/.github", "name": ".github", "owner": {"login": "acme"},
+                   "default_branch": "main"},
+    "sender": {"login": "marco"}, "installation": {"id": 1}}
+
+
 async def test_a_signed_delivery_is_queued_once_even_when_sent_twice(
         embedded: Embedded, session: aiohttp.ClientSession) -> None:
-    body = json.dumps({"zen": "Keep it logically awesome.", "hook_id": 1}).encode()
-    headers = {"X-GitHub-Event": "ping", "X-GitHub-Delivery": str(uuid.uuid4()),
+    body = json.dumps(README_PUSHED).encode()  # (a push to .github: a handler reads it)
+    headers = {"X-GitHub-Event": "push", "X-GitHub-Delivery": str(uuid.uuid4()),
                "X-Hub-Signature-256": _sign(embedded.services.settings.webhook_secret, body),
                "Content-Type": "application/json"}
     answers = []
@@ -94,12 +102,52 @@ async def test_the_apps_own_echo_is_answered_unstored_and_other_payloads_keep_th
     guid, answer = await post(echo)
     assert answer == {"delivery": guid, "queued": False, "ignored": True}
     assert await _queue_rows(embedded) == before
-    kept = {**echo, "sender": {"login": "marco"}, "action": "pinned"}
+    kept = {**echo, "sender": {"login": "marco"}}
     guid, answer = await post(kept)
     assert answer == {"delivery": guid, "queued": True}
     row = await embedded.services.store.fetchone("SELECT payload FROM queue WHERE guid=?",
                                                  (guid,))
     assert row is not None and json.loads(row["payload"])["issue"]["n"] == long
+
+
+async def test_what_no_handler_acts_on_is_answered_unstored(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """A ping, an issue pinned, and a push or pull request to any repository but the org's
+    `.github` (the App hears every push of every repository it is installed on): answered,
+    never queued, so a busy org's pushes cost no commit and hold no other office's deliveries
+    up in the worker; a push to `.github` is queued."""
+    secret = embedded.services.settings.webhook_secret
+
+    async def post(event: str, payload: dict[str, object]) -> dict[str, object]:
+        body = json.dumps({**payload, "sender": {"login": "marco"},
+                           "installation": {"id": 1}}).encode()
+        async with session.post(embedded.app_url + "/webhook", data=body, headers={
+                "X-GitHub-Event": event, "X-GitHub-Delivery": str(uuid.uuid4()),
+                "X-Hub-Signature-256": _sign(secret, body),
+                "Content-Type": "application/json"}) as resp:
+            assert resp.status == 202
+            answer: dict[str, object] = await resp.json()
+            return answer
+
+    def repo(name: str) -> dict[str, object]:
+        return {"full_name": f"acme/{name}", "name": name, "owner": {"login": "acme"},
+                "default_branch": "main"}
+
+    push = {"ref": "refs/heads/main", "after": "0" * 40, "pusher": {"name": "marco"},
+            "commits": [{"added": [], "modified": ["README.md"], "removed": []}]}
+    before = await _queue_rows(embedded)
+    for event, payload in (
+            ("ping", {"zen": "Design for failure.", "hook_id": 1}),
+            ("issues", {"action": "pinned", "issue": {"number": 1},
+                        "repository": repo("scout-vault")}),
+            ("push", {**push, "repository": repo("website")}),
+            ("pull_request", {"action": "opened", "number": 3, "pull_request": {"number": 3},
+                              "repository": repo("website")})):
+        assert (await post(event, payload))["ignored"] is True, event
+    assert await _queue_rows(embedded) == before
+    answer = await post("push", {**push, "repository": repo(".github")})
+    assert answer["queued"] is True
+    assert await _queue_rows(embedded) == before + 1
 
 
 async def test_forge_redelivery_keeps_the_delivery_id_and_is_handled_once(

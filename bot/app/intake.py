@@ -41,6 +41,7 @@ from bot.app.context import payload_org
 from bot.app.services import SERVICES_KEY, Services
 from bot.errors import PayloadTooLarge, VaultmailError
 from bot.forge import gitea_events as gitea
+from bot.office.source import CONFIG_REPO
 from bot.store.queue import installation_of
 
 log = logging.getLogger("vaultmail.intake")
@@ -251,7 +252,7 @@ async def receive_webhook(request: web.Request) -> web.Response:
                       "finds its organisations itself, at start")
     glanced = jsontext.glance(body)
     if dialect.to_github is None and isinstance(glanced, dict) and \
-            _ignored_echo(services, guid, event, glanced):
+            _ignored(services, guid, event, glanced):
         # (told apart at a glance, before the checks of what is kept: two webhooks of three)
         return _json({"delivery": guid, "queued": False, "ignored": True}, status=202)
     try:
@@ -279,7 +280,7 @@ async def receive_webhook(request: web.Request) -> web.Response:
         return _error(403, "wrong_org", f"this is {org}'s webhook, and the delivery is about "
                       f"{about or 'no one org'}: each org's webhook posts to /webhook/<its "
                       "org>, about that org alone")
-    if _ignored_echo(services, guid, event, payload):
+    if _ignored(services, guid, event, payload):
         return _json({"delivery": guid, "queued": False, "ignored": True}, status=202)
     # signed, so the forge sent it: queued even when malformed (it then fails in the worker,
     # counts its attempts and ends in dead letters, and takes no other delivery with it)
@@ -297,17 +298,30 @@ async def receive_webhook(request: web.Request) -> web.Response:
     return _json({"delivery": guid, "queued": queued}, status=202)
 
 
-def _ignored_echo(services: Services, guid: str, event: str, payload: dict[str, Any]) -> bool:
-    """Whether the delivery is the app's own write coming back (each PATCH of a mail sends
-    `edited` and `labeled`) which no handler reads: answered, not stored, so it costs no
-    commit and no worker turn."""
-    if not services.is_own_event(payload) or services.own_router.fetch(
-            sansio.Event(payload, event=event, delivery_id=guid)):
+def _ignored(services: Services, guid: str, event: str, payload: dict[str, Any]) -> bool:
+    """Whether no handler would act on the delivery, so that it is answered and not stored
+    (no commit, no worker turn): the app's own write coming back (each PATCH of a mail sends
+    `edited` and `labeled`) that no handler of its own reads; an event no handler takes (a
+    ping, a star, an issue pinned); a push or pull request to a repository other than the
+    org's `.github`, the one whose pushes and pull requests the app reads (a busy org sends
+    one for every push to any repository)."""
+    own = services.is_own_event(payload)
+    router = services.own_router if own else services.router
+    if router.fetch(sansio.Event(payload, event=event, delivery_id=guid)) and \
+            not _elsewhere(event, payload):
         return False
     metrics.deliveries(event, "ignored").inc()
-    log.debug("webhook ignored: caused by the app itself",
+    log.debug("webhook ignored: caused by the app itself" if own else
+              "webhook ignored: no handler acts on it",
               extra={"delivery_id": guid, "event": event, "action": payload.get("action")})
     return True
+
+
+def _elsewhere(event: str, payload: dict[str, Any]) -> bool:
+    """A push or pull request to a repository other than an org's `.github`."""
+    repo = payload.get("repository")
+    return event in ("push", "pull_request") and isinstance(repo, dict) and \
+        isinstance(repo.get("name"), str) and repo["name"].lower() != CONFIG_REPO
 
 
 def _json(value: dict[str, Any], status: int) -> web.Response:
