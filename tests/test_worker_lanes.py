@@ -374,3 +374,58 @@ async def test_a_barrier_waits_for_a_deep_issues_deliveries_before_it(
         slow_may_end.set()
         await worker.stop(drain_timeout=1.0)
         await store.close()
+
+
+async def test_an_offices_delivery_about_no_issue_waits_for_its_own_office_alone(
+        tmp_path: Path, database_url: str) -> None:
+    """acme's config is pushed (a delivery about no issue: its office's config changes for
+    what comes after it). It runs after acme's deliveries before it and before acme's after
+    it, as it always did; globex's, before and after it, run beside it (before, it waited for
+    every lane of every office and then ran alone, and every office's deliveries after it
+    waited for it: one org's slow config reload held them all)."""
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    await (store.join(sole=True) if store.engine == "sqlite" else store.join("a"))
+    router = Router()
+    push_started, push_may_end, globex_ran = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    ran: list[str] = []
+
+    @router.register("issue_comment")
+    async def reply(event: sansio.Event, ctx: HandlerContext) -> None:
+        ran.append(event.delivery_id)
+        if event.delivery_id.startswith("globex"):
+            globex_ran.set()
+
+    @router.register("push")
+    async def pushed(event: sansio.Event, ctx: HandlerContext) -> None:
+        ran.append("push started")
+        push_started.set()
+        await push_may_end.wait()  # the forge slow to give acme's config
+        ran.append("push ended")
+
+    async def comment(guid: str, org: str, issue: int) -> None:
+        payload = {**_comment(issue, 100 + issue),
+                   "repository": {"full_name": f"{org}/scout-vault"}}
+        assert await store.enqueue_delivery(guid, "issue_comment", payload,
+                                            json.dumps(payload).encode())
+
+    push = {"ref": "refs/heads/main", "sender": {"login": "someone"}, "installation": {"id": 1},
+            "repository": {"full_name": "acme/.github", "name": ".github",
+                           "owner": {"login": "acme"}}}
+    await comment("acme-before", "acme", 1)
+    assert await store.enqueue_delivery("push", "push", push, json.dumps(push).encode())
+    await comment("acme-after", "acme", 2)
+    await comment("globex-after", "globex", 1)
+    worker = Worker(store, router, Router(), lambda payload: False, _context)
+    try:
+        worker.start()
+        await asyncio.wait_for(push_started.wait(), 30)
+        await asyncio.wait_for(globex_ran.wait(), 30)  # while acme's push still runs
+        assert "acme-after" not in ran and "push ended" not in ran
+        push_may_end.set()
+        await worker.idle(timeout=60)
+        assert ran.index("acme-before") < ran.index("push started")
+        assert ran.index("push ended") < ran.index("acme-after")
+    finally:
+        push_may_end.set()
+        await worker.stop(drain_timeout=1.0)
+        await store.close()

@@ -28,7 +28,7 @@ from gidgethub import sansio
 from gidgethub.routing import Router
 
 from bot import metrics
-from bot.app.context import HandlerContext, change_key
+from bot.app.context import HandlerContext, change_key, payload_org
 from bot.app.logs import bound, delivery_context
 from bot.errors import VaultmailError
 from bot.forge.errors import PutOff, RateLimited
@@ -71,6 +71,28 @@ def issue_key(item: QueueItem) -> str | None:
     return queue.issue_key(item.payload)
 
 
+_OFFICE = "office:"  # a lane of an office's delivery about no issue (never an issue's key)
+
+
+def _office_of_key(key: str) -> str:
+    """The office (org) of an issue's lane ("owner/repo#n")."""
+    return key.partition("/")[0].lower()
+
+
+def _office_of(item: QueueItem, key: str | None) -> str | None:
+    """The one office a delivery is about: its issue's, else the org its payload names (an
+    installation's account, for an installation's events); None when none."""
+    if key is not None:
+        return _office_of_key(key)
+    org = payload_org(item.payload)
+    if org is None:
+        installation = item.payload.get("installation")
+        account = installation.get("account") if isinstance(installation, dict) else None
+        login = account.get("login") if isinstance(account, dict) else None
+        org = login.lower() if isinstance(login, str) and login else None
+    return org
+
+
 class Worker:
     def __init__(self, store: Store, router: Router, own_router: Router,
                  is_own_event: Callable[[dict[str, Any]], bool], make_context: ContextFactory,
@@ -100,6 +122,9 @@ class Worker:
         # delivery id -> what this replica claimed and has not finished or let go of
         self._in_flight: dict[str, QueueItem] = {}
         self._lanes: dict[str, _Lane] = {}  # issue -> the deliveries about it, run in order
+        # office -> its deliveries claimed while one of its about no issue waits or runs
+        # (`_place`): run after it, in order
+        self._waiting: dict[str, deque[QueueItem]] = {}
         self._claims = 0  # claims begun
         # issue cut short (a retry) -> claims begun by then: what those took about it was
         # taken while the retry was not yet recorded, and is let go of, not run past it
@@ -300,29 +325,76 @@ class Worker:
                 sansio.Event(item.payload, event=item.event, delivery_id=item.guid))
 
     async def _start(self, items: list[QueueItem], claim: int) -> None:
-        """Hand what claim number `claim` took to the lanes of their issues, in order; a
-        barrier (about no issue) or a suspect (a replica stopped holding it) runs alone,
+        """Hand what claim number `claim` took to where each runs in order (`_place`); a
+        suspect (a replica stopped holding it) or a delivery about no one office runs alone,
         after everything before it."""
         for cut in [k for k, by in self._held_back.items() if by < claim]:
             del self._held_back[cut]  # (this claim began after the retry was recorded)
         for item in items:
+            if self._place(item):
+                continue
+            await self._drain()
             key = issue_key(item)
-            if key is not None and key in self._held_back:  # its issue was cut short: not
-                self._let_go_of(item)  # run past the retry
-            elif key is None or item.takeovers:
-                await self._drain()
-                if key is not None and key in self._held_back:  # (cut short meanwhile)
-                    self._let_go_of(item)
-                    continue
+            if key is not None and key in self._held_back:  # (cut short meanwhile)
+                self._let_go_of(item)
+                continue
+            try:
+                await self._process_safely(item)
+            finally:
+                self._in_flight.pop(item.guid, None)
+
+    def _place(self, item: QueueItem) -> bool:
+        """Hand `item` to its issue's lane; or, about no issue (an office's config pushed),
+        to a lane of its own that runs once its office's lanes before it end, its office's
+        later deliveries waiting until it has run, other offices' running on beside it.
+        False for one that runs alone after everything (see `_start`)."""
+        key = issue_key(item)
+        if key is not None and key in self._held_back:  # its issue was cut short: not
+            self._let_go_of(item)  # run past the retry
+            return True
+        office = None if item.takeovers else _office_of(item, key)
+        if office is None:
+            return False
+        if (waiting := self._waiting.get(office)) is not None:
+            waiting.append(item)  # behind its office's delivery about no issue, in order
+            return True
+        if key is None:
+            self._waiting[office] = deque()
+            before = [lane.task for k, lane in self._lanes.items() if _office_of_key(k) == office]
+            alone = self._lanes[_OFFICE + office] = _Lane(deque([item]))
+            alone.task = asyncio.create_task(self._run_for_office(office, alone, before))
+        elif (lane := self._lanes.get(key)) is not None:
+            lane.items.append(item)
+        else:
+            lane = self._lanes[key] = _Lane(deque([item]))
+            lane.task = asyncio.create_task(self._run_lane(key, lane))
+        return True
+
+    async def _run_for_office(self, office: str, lane: _Lane,
+                              before: list[asyncio.Task[None]]) -> None:
+        """Once the lanes of `office` before it end, run its delivery about no issue; then
+        place what of its office waited for it (a retry of it holds nothing after it, as
+        such a delivery never did)."""
+        cancelled = False
+        try:
+            if before:
+                await asyncio.wait(before)
+            async with self._gate:
+                item = lane.items.popleft()
                 try:
                     await self._process_safely(item)
                 finally:
                     self._in_flight.pop(item.guid, None)
-            elif (lane := self._lanes.get(key)) is not None:
-                lane.items.append(item)
-            else:
-                lane = self._lanes[key] = _Lane(deque([item]))
-                lane.task = asyncio.create_task(self._run_lane(key, lane))
+        except asyncio.CancelledError:  # (stopping: what waited stays pending)
+            cancelled = True
+            raise
+        finally:
+            del self._lanes[_OFFICE + office]
+            waiting = self._waiting.pop(office)
+            if not cancelled:
+                for later in waiting:
+                    self._place(later)
+            self._wake.set()
 
     def _let_go_of(self, item: QueueItem) -> None:
         """Claimed, not to be run now: let go of with the next claim."""
@@ -351,6 +423,10 @@ class Worker:
                         self._let_go_of(left)  # too, if the store was away)
                     lane.items.clear()
                     self._held_back[key] = self._claims
+                    waiting = self._waiting.get(_office_of_key(key), deque())
+                    for later in [i for i in waiting if issue_key(i) == key]:
+                        waiting.remove(later)  # (claimed behind its office's delivery
+                        self._let_go_of(later)  # about no issue: not run past the retry)
         finally:
             del self._lanes[key]
             self._wake.set()  # room for more
