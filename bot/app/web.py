@@ -143,7 +143,16 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
-    services = request.app[STARTUP_KEY].services
+    """Prometheus' text. They name each installation (its rate limit left): with an operator's
+    token set, they are the operator's (Prometheus: `authorization: {credentials: ...}`)."""
+    startup = request.app[STARTUP_KEY]
+    services = startup.services
+    settings = services.settings if services is not None else startup.settings
+    if settings.operator_token and not _from_operator(request, settings):
+        return web.json_response({"error": {
+            "code": "operator_only", "message": "the metrics name each installation, so they "
+            "are the operator's: send Authorization: Bearer <VAULTMAIL_OPERATOR_TOKEN>"}},
+            status=401, headers={"WWW-Authenticate": "Bearer"})
     body, content_type = await metrics.render(services.store if services else None)
     return web.Response(body=body, headers={"Content-Type": content_type})
 

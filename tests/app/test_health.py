@@ -31,7 +31,8 @@ def _operator(embedded: Embedded) -> None:
 
 
 async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, Any, str]:
-    async with session.get(url, headers=OPERATOR if url.endswith("/readyz") else None) as resp:
+    async with session.get(url, headers=OPERATOR if url.endswith(("/readyz", "/metrics"))
+                           else None) as resp:
         text = await resp.text()
         body = await resp.json() if resp.content_type == "application/json" else None
         return resp.status, body, text
@@ -265,3 +266,18 @@ async def test_metrics_carry_the_process_and_python_collectors(
     names = {name for name, _ in _samples(body)}
     assert {"process_resident_memory_bytes", "process_open_fds", "python_info"} <= names
     assert any(name.startswith("python_gc_") for name in names)
+
+
+async def test_metrics_are_the_operators_once_there_is_one(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """The metrics name each installation (its rate limit left: how many tenants, how busy
+    each): with an operator's token set, they are the operator's, as readiness's detail is;
+    anyone else is told what to send (found by review: anyone read them)."""
+    async with session.get(f"{embedded.app_url}/metrics") as resp:
+        assert resp.status == 401
+        assert "VAULTMAIL_OPERATOR_TOKEN" in (await resp.json())["error"]["message"]
+    async with session.get(f"{embedded.app_url}/metrics", headers={
+            "Authorization": "Bearer not-the-operators"}) as resp:
+        assert resp.status == 401
+    status, _, text = await _get(session, f"{embedded.app_url}/metrics")
+    assert status == 200 and "vaultmail_deliveries_total" in text

@@ -147,7 +147,7 @@ async def test_sigterm_answers_long_polls_at_once_and_exits_0(
     poll = asyncio.create_task(_json(session, "POST", url, headers=headers, json={"wait": 50}))
     # the poll is held once the app counts it among the waiting (its own metric)
     for _ in range(200):
-        async with session.get(tokens["app_url"] + "/metrics") as resp:
+        async with session.get(tokens["app_url"] + "/metrics", headers=OPERATOR) as resp:
             text = await resp.text()
         held = [ln for ln in text.splitlines() if ln.startswith("vaultmail_long_polls_held ")]
         if held and float(held[0].split()[1]) >= 1:
