@@ -121,3 +121,51 @@ async def test_a_strangers_cc_list_is_not_whom_the_office_mails(mailroom: Mailro
                                         body="12 EUR.")
     out = await mailroom.relay.next()
     assert len(out.rcpt_tos) <= 21, f"one reply went to {len(out.rcpt_tos)} addresses"
+
+
+async def _greeting(port: int, local: str) -> tuple[asyncio.StreamWriter, str]:
+    """A session opened from loopback address `local`, and the server's first line."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(local, 0))
+    return writer, (await reader.readline()).decode()
+
+
+async def test_strangers_hold_no_more_sessions_than_the_listener_takes(
+        mailroom: Mailroom) -> None:
+    """Each SMTP session may hold a message of up to SMTP_MAX_BYTES in memory until it is
+    read, and nothing capped how many sessions strangers open (webhook bodies have a cap
+    for the whole process): one peer holds at most MAX_PEER_SESSIONS, everyone together
+    MAX_SESSIONS; past them a session is answered 421 (try later) and closed. A session
+    that ends gives its place back."""
+    from bot.email.server import MAX_PEER_SESSIONS, MAX_SESSIONS
+
+    held: list[asyncio.StreamWriter] = []
+    try:
+        for _ in range(MAX_PEER_SESSIONS):
+            writer, line = await _greeting(mailroom.port, "127.0.0.2")
+            held.append(writer)
+            assert line.startswith("220"), line
+        writer, line = await _greeting(mailroom.port, "127.0.0.2")
+        writer.close()
+        assert line.startswith("421") and "from your address" in line, line
+        peers = -(-MAX_SESSIONS // MAX_PEER_SESSIONS)
+        for n in range(1, peers):
+            for _ in range(min(MAX_PEER_SESSIONS, MAX_SESSIONS - len(held))):
+                writer, line = await _greeting(mailroom.port, f"127.0.1.{n}")
+                held.append(writer)
+                assert line.startswith("220"), line
+        writer, line = await _greeting(mailroom.port, "127.0.2.1")
+        writer.close()
+        assert line.startswith("421") and "too many sessions" in line, line
+        held.pop().close()  # one ends: its place is given back
+        for _ in range(100):
+            writer, line = await _greeting(mailroom.port, "127.0.2.1")
+            if line.startswith("220"):
+                held.append(writer)
+                break
+            writer.close()  # (the server has not seen the end of the one closed yet)
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("a session that ended never gave its place back")
+    finally:
+        for writer in held:
+            writer.close()

@@ -108,7 +108,7 @@ async def test_three_replicas_one_killed_one_restarted_every_mail_exactly_once(
     async def issues(s: aiohttp.ClientSession, repo: str) -> list[dict[str, Any]]:
         async with s.get(forge.url + f"/repos/{repo}/issues?state=all&per_page=100",
                          headers=marco) as resp:
-            assert resp.status == 200
+            assert resp.status == 200, await resp.text()
             found: list[dict[str, Any]] = await resp.json()
             return found
 

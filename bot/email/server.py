@@ -74,8 +74,71 @@ def _limit_text(limit: int) -> str:
     return f"{limit:,} bytes ({limit / 1_048_576:.1f} MiB)"
 
 
+# Each session may hold a message of up to SMTP_MAX_BYTES in memory while it is read: one
+# address holds at most MAX_PEER_SESSIONS at once, everyone together MAX_SESSIONS (as a
+# common MTA's defaults); past them a session is answered 421 and closed.
+MAX_SESSIONS = 100
+MAX_PEER_SESSIONS = 10
+
+
+class Sessions:
+    """The sessions the listener holds, per peer address."""
+
+    def __init__(self) -> None:
+        self.by_peer: dict[str, int] = {}
+        self.total = 0
+
+    def admit(self, peer: str) -> str | None:
+        """None, counting the session in; else why it is refused."""
+        if self.total >= MAX_SESSIONS:
+            return f"too many sessions (at most {MAX_SESSIONS} at once): try again later"
+        if self.by_peer.get(peer, 0) >= MAX_PEER_SESSIONS:
+            return (f"too many sessions from your address (at most {MAX_PEER_SESSIONS} at "
+                    "once): try again later")
+        self.by_peer[peer] = self.by_peer.get(peer, 0) + 1
+        self.total += 1
+        return None
+
+    def release(self, peer: str) -> None:
+        self.total -= 1
+        if (left := self.by_peer[peer] - 1) > 0:
+            self.by_peer[peer] = left
+        else:
+            del self.by_peer[peer]
+
+
 class LimitedSMTP(SMTP):
-    """aiosmtpd's server, its size refusals naming the limit."""
+    """aiosmtpd's server, its size refusals naming the limit, its sessions counted."""
+
+    def __init__(self, *args: Any, sessions: Sessions, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sessions = sessions
+        self._counted: str | None = None  # the peer this session is counted for
+        self._refused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self.transport is None and self._counted is None:  # (not STARTTLS's second call)
+            peer = transport.get_extra_info("peername")
+            address = str(peer[0]) if isinstance(peer, tuple) else ""
+            refusal = self._sessions.admit(address)
+            if refusal is not None:
+                self._refused = True
+                assert isinstance(transport, asyncio.WriteTransport)
+                transport.write(f"421 4.7.0 {refusal}\r\n".encode())
+                transport.close()
+                return
+            self._counted = address
+        super().connection_made(transport)
+
+    def connection_lost(self, error: Exception | None) -> None:
+        if self._refused:
+            return
+        try:
+            super().connection_lost(error)
+        finally:
+            if self._counted is not None:
+                self._sessions.release(self._counted)
+                self._counted = None
 
     async def push(self, status: Any) -> None:
         if isinstance(status, str) and status.startswith("552 Error:") and self.data_size_limit:
@@ -239,6 +302,7 @@ class SmtpServer:
         self.tls_context = tls_context  # STARTTLS offered (not required) when set
         self.max_bytes, self.hostname = max_bytes, hostname
         self._server: asyncio.base_events.Server | None = None
+        self.sessions = Sessions()
 
     @property
     def port(self) -> int:
@@ -248,7 +312,7 @@ class SmtpServer:
         return LimitedSMTP(self.handler, data_size_limit=self.max_bytes, enable_SMTPUTF8=True,
                            hostname=self.hostname, ident="vaultmail ESMTP",
                            tls_context=self.tls_context, require_starttls=False,
-                           loop=asyncio.get_running_loop())
+                           loop=asyncio.get_running_loop(), sessions=self.sessions)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
