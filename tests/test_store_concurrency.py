@@ -177,7 +177,9 @@ async def test_an_intake_held_up_holds_up_only_its_issues_later_deliveries(
         await asyncio.wait_for(asyncio.gather(*globex), HANG_GUARD)
         assert await _holds(url, holder[0]), "globex's waited for acme's intake"
         assert not acme.done(), "acme's later delivery waits for its issue's intake"
-        await until(_one_waits(url, holder[0]), timeout=HANG_GUARD)  # and it alone
+        # it alone, and never inside a transaction (no writer's turn held while it waits)
+        assert list(b._parked) == [held]
+        assert await pg.waiting_behind(url, holder[0]) == 0
         # what comes in about the issue meanwhile waits behind it, and nothing else does
         later = asyncio.create_task(b.enqueue_delivery("acme-3", "issues", *_delivery(3, 1)))
         acmes.append(later)
@@ -192,6 +194,51 @@ async def test_an_intake_held_up_holds_up_only_its_issues_later_deliveries(
     order = [r["guid"] for r in await a.fetchall(
         "SELECT guid FROM queue WHERE issue_key=? ORDER BY id", (held,))]
     assert order == ["acme-1", "acme-2", "acme-3"]
+
+
+async def test_many_issues_held_by_a_paused_intake_never_hold_up_another_offices_intake(
+        replicas: tuple[str, list[Store]]) -> None:
+    """A replica paused inside an intake of acme's holds the intake keys of as many acme
+    issues as this replica has writers (a batch holds up to 500). A later delivery about each
+    of them waits for it; globex's delivery, taken in after them, still commits while the
+    paused intake holds on (found by review: each issue's parked arrivals waited for the key
+    inside a write transaction of their own, a writer's turn and a pooled connection held
+    all the while, so these took every writer's turn and globex's batch, and every claim,
+    waited for acme's paused intake after all)."""
+    url, (a, b, _, _) = replicas
+    writers = b._writers._value  # (this replica's writers' turns: PostgresStore)
+    held = [issue_key(_delivery(n, n)[0]) for n in range(1, writers + 1)]
+    stalled, release = asyncio.Event(), asyncio.Event()
+    holder: list[int] = []
+
+    async def acme_intake() -> None:  # as a paused intake of those issues holds their keys
+        async with a.transaction() as db:
+            for key in held:
+                await db.execute("SELECT pg_advisory_xact_lock(?::int, ?::int)",
+                                 lock_pair("intake:" + str(key)))
+            row = await db.fetchone("SELECT pg_backend_pid() AS pid")
+            holder.append(int(row["pid"]))
+            stalled.set()
+            await release.wait()
+
+    pausing = asyncio.create_task(acme_intake())
+    await asyncio.wait_for(stalled.wait(), HANG_GUARD)
+    acmes = [asyncio.create_task(b.enqueue_delivery(f"acme-{n}", "issues", *_delivery(n, n)))
+             for n in range(1, writers + 1)]
+    globex: asyncio.Task[bool] | None = None
+    try:
+        await until(lambda: len(b._parked) == writers, timeout=HANG_GUARD)  # each parked
+        globex = asyncio.create_task(b.enqueue_delivery("globex-1", "issues",
+                                                        *_delivery(1, 1, "globex")))
+        done, _ = await asyncio.wait([globex], timeout=15)
+        assert globex in done and await _holds(url, holder[0]), \
+            "globex's delivery waited for acme's paused intake"
+        assert not any(t.done() for t in acmes)
+    finally:
+        release.set()
+        await asyncio.wait_for(asyncio.gather(pausing, *acmes,
+                                              *([globex] if globex else [])), HANG_GUARD)
+    assert all(t.result() for t in acmes)
 
 
 async def test_four_replicas_hammering_one_issue_run_its_deliveries_once_each_in_order(

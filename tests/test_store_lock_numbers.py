@@ -270,8 +270,12 @@ async def test_an_older_intake_of_two_issues_meets_no_cycle(
             taking_in = asyncio.ensure_future(asyncio.gather(*(
                 a.enqueue_delivery(f"d{n}", "issues", payload(n),
                                    json.dumps(payload(n)).encode()) for n in (1, 2))))
-            await until(lambda: taking_in.done() or pg.waiting_behind(url, holder),
-                        timeout=HANG_GUARD)
+            async def waits() -> bool:  # #2 in, #1 waiting for the older intake
+                return taking_in.done() or await pg.waiting_behind(url, holder) > 0 or (
+                    "o/r#1" in a._parked and await a.fetchone(
+                        "SELECT 1 FROM queue WHERE guid='d2'") is not None)
+
+            await until(waits, timeout=HANG_GUARD)
             assert await old.fetchval(
                 "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))", "issue:o/r#2"), \
                 "the waiting intake holds issue:o/r#2's older number"

@@ -286,13 +286,13 @@ async def _claim_work(store: Store, url: str) -> tuple[int, list[QueueItem]]:
         first = await conn.fetchval(for_postgres(queue.NEXT_PENDING), 0)
         me = store.replica_id
         candidates = await conn.fetch(for_postgres(queue.CANDIDATES), first,
-                                      first + queue.WINDOW, [], queue.NO_HOLD, [], None, me, me,
-                                      False, [], 64)
+                                      first + queue.WINDOW, [], queue.NO_HOLD, [], [], None, me,
+                                      me, False, [], 64)
         keys = sorted({r["issue_key"] for r in candidates if r["issue_key"] is not None})
         # PostgreSQL's claim: its candidates, then the pending rows of their issues
         for sql, params in ((queue.NEXT_PENDING, (0,)), (queue.CANDIDATES, (
-                first, first + queue.WINDOW, [], queue.NO_HOLD, [], None, me, me, False, [],
-                64)),
+                first, first + queue.WINDOW, [], queue.NO_HOLD, [], [], None, me, me, False,
+                [], 64)),
                 (queue.EARLIER, (keys, max(r["id"] for r in candidates), keys,
                                  max(r["id"] for r in candidates), me))):
             plan = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + for_postgres(sql),

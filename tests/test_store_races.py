@@ -15,7 +15,7 @@ import pytest
 
 from bot.store import ledger, mails
 from bot.store.db import Store
-from bot.store.queue import DEAD_AFTER
+from bot.store.queue import DEAD_AFTER, issue_key
 from tests import pg
 from tests.support import until
 
@@ -208,8 +208,8 @@ async def test_one_issues_deliveries_run_in_the_order_they_were_taken_in(
         replicas: tuple[str, list[Store]]) -> None:
     """Two deliveries about one issue (a comment created, then deleted) reach two replicas a
     moment apart. a numbers the first, its group commit not yet committed; b's numbering of
-    the second waits for it (the issue's key), and a claim meanwhile skips the issue: the
-    created one runs before the deleted one."""
+    the second waits for it (the issue's intake key: parked), and a claim meanwhile skips the
+    issue: the created one runs before the deleted one."""
     url, (a, b, c) = replicas
     from bot.store.queue import _Arrival  # noqa: PLC0415
     loop = asyncio.get_running_loop()
@@ -229,7 +229,8 @@ async def test_one_issues_deliveries_run_in_the_order_they_were_taken_in(
     await asyncio.wait_for(numbered.wait(), HANG_GUARD)
     second = asyncio.create_task(b.enqueue_delivery("deleted", "issue_comment",
                                                     *_delivery(2, 7)))
-    await until(lambda: second.done() or pg.waiting_behind(url, holder[0]), timeout=HANG_GUARD)
+    key = issue_key(_delivery(2, 7)[0])
+    await until(lambda: second.done() or key in b._parked, timeout=HANG_GUARD)
     ran = [item.guid for item in await c.due_items(limit=5)]
     go.set()
     await asyncio.wait_for(asyncio.gather(taking, second), HANG_GUARD)

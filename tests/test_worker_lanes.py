@@ -429,3 +429,62 @@ async def test_an_offices_delivery_about_no_issue_waits_for_its_own_office_alone
         push_may_end.set()
         await worker.stop(drain_timeout=1.0)
         await store.close()
+
+
+async def test_an_offices_deliveries_waiting_behind_its_slow_config_push_leave_room_for_others(
+        tmp_path: Path, database_url: str) -> None:
+    """acme's config push is slow (its forge is), and acme's deliveries after it, about as
+    many issues as the worker holds at once, wait for it; globex's delivery, after them all,
+    still runs beside the push (found by review: what waited behind the push was claimed and
+    counted as running, so once acme's backlog filled the worker's room no claim was made,
+    and globex waited for acme's config reload after all)."""
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    await (store.join(sole=True) if store.engine == "sqlite" else store.join("a"))
+    router = Router()
+    push_started, push_may_end, globex_ran = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    ran: list[str] = []
+
+    @router.register("issue_comment")
+    async def reply(event: sansio.Event, ctx: HandlerContext) -> None:
+        ran.append(event.delivery_id)
+        if event.delivery_id.startswith("globex"):
+            globex_ran.set()
+
+    @router.register("push")
+    async def pushed(event: sansio.Event, ctx: HandlerContext) -> None:
+        push_started.set()
+        await push_may_end.wait()  # the forge slow to give acme's config
+        ran.append(f"{event.delivery_id} ended")
+
+    async def comment(guid: str, org: str, issue: int) -> None:
+        payload = {**_comment(issue, 100 + issue),
+                   "repository": {"full_name": f"{org}/scout-vault"}}
+        assert await store.enqueue_delivery(guid, "issue_comment", payload,
+                                            json.dumps(payload).encode())
+
+    push = {"ref": "refs/heads/main", "sender": {"login": "someone"}, "installation": {"id": 1},
+            "repository": {"full_name": "acme/.github", "name": ".github",
+                           "owner": {"login": "acme"}}}
+    worker = Worker(store, router, Router(), lambda payload: False, _context, concurrency=2)
+    worker.batch, worker.refill = 4, 1  # (a small worker: its room filled by a few)
+    assert await store.enqueue_delivery("push", "push", push, json.dumps(push).encode())
+    for n in range(1, 2 * worker.batch):
+        await comment(f"acme-{n}", "acme", n)
+    # and acme's next push, after them all: it runs after them, never before one the
+    # worker has not taken yet
+    assert await store.enqueue_delivery("push-2", "push", push, json.dumps(push).encode())
+    await comment("globex-1", "globex", 1)
+    try:
+        worker.start()
+        await asyncio.wait_for(push_started.wait(), 30)
+        await asyncio.wait_for(globex_ran.wait(), 30)  # while acme's push still runs
+        assert "push ended" not in ran and not any(r.startswith("acme") for r in ran)
+        push_may_end.set()
+        await worker.idle(timeout=60)
+        assert ran[:2] == ["globex-1", "push ended"]
+        assert sorted(ran[2:-1]) == sorted(f"acme-{n}" for n in range(1, 2 * worker.batch))
+        assert ran[-1] == "push-2 ended"
+    finally:
+        push_may_end.set()
+        await worker.stop(drain_timeout=1.0)
+        await store.close()

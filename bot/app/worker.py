@@ -197,9 +197,13 @@ class Worker:
         store = self.store
         self._wake.clear()  # (before any look: a wake-up for what the look misses is kept)
         deep = [key for key, lane in self._lanes.items() if len(lane.items) >= self.deep]
+        # what waits behind its office's delivery about no issue counts for no room either:
+        # claims leave that office alone until it has run (else an office's backlog behind
+        # its slow config reload filled the room, and every office waited for it)
         flying = len(self._in_flight) - sum(len(self._lanes[key].items) - self.deep
-                                            for key in deep)
-        if flying:
+                                            for key in deep) \
+            - sum(len(waiting) for waiting in self._waiting.values())
+        if self._in_flight:
             # others run: claim once there is room for REFILL and something may be due (woken
             # by an arrival, or the last claim was full), not for each that finishes; and now
             # and then (a look: retries falling due, deliveries other replicas let go of)
@@ -209,7 +213,7 @@ class Worker:
                     room < self.refill or not (self._arrived or self._more))):
                 await self._wait_for_work(None if room <= 0 else time.time() + look)
                 return False
-        if not flying and self._idle.is_set() and not self._stopping and not (
+        if not self._in_flight and self._idle.is_set() and not self._stopping and not (
                 self._finished or self._settling or self._preclaimed or self._let_go
                 or store.has_stray()):
             # idle, nothing to record: a read says whether anything is due for this replica
@@ -225,7 +229,7 @@ class Worker:
         self._arrived = False
         self._claims += 1
         claim = self._claims
-        items = await self._record_finished(limit=limit, deep=deep)
+        items = await self._record_finished(limit=limit, deep=deep, offices=list(self._waiting))
         self._claimed_at = time.monotonic()  # (a look after a claim: a slow one is no look)
         self._more = len(items) >= limit
         if not items:
@@ -252,7 +256,8 @@ class Worker:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), delay)
 
-    async def _record_finished(self, limit: int, deep: Sequence[str] = ()) -> list[QueueItem]:
+    async def _record_finished(self, limit: int, deep: Sequence[str] = (),
+                               offices: Sequence[str] = ()) -> list[QueueItem]:
         """Record what was finished, with the results of what those deliveries ran once
         (`_dispatch_once`), let go of what was claimed and not run, and claim up to `limit`
         more, leaving alone what is running and the issues `deep`: one transaction."""
@@ -282,7 +287,7 @@ class Worker:
             items, superseded = await store.finish_and_claim(
                 finished, limit=limit, also=also if settling or stray else None,
                 then=then if limit else None, excluding=[i.id for i in flying.values()],
-                excluding_issues=deep, let_go=let_go)
+                excluding_issues=deep, let_go=let_go, excluding_offices=offices)
         except BaseException:  # (the store is away: next turn)
             self._finished = finished + self._finished
             self._settling[:0] = settling

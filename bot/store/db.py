@@ -164,7 +164,7 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
         self._arrivals = deque()
         self._arrivals_writer = None
         self._parked = {}
-        self._parking = set()
+        self._parked_writer = None
         self._finishes = []
         self._finishes_writer = None
         self._handed_over = {}

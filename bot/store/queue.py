@@ -44,6 +44,9 @@ if TYPE_CHECKING:
 
 
 BATCH = 500  # deliveries written in one transaction at most
+# seconds between a parked issue's tries for its intake key (another intake holds it; the
+# server ends a stalled one's session after IDLE_IN_TRANSACTION, bot.store.postgres)
+PARKED_POLL = 0.05
 # payloads intake parsed, kept for the worker's first take of them (parsing a large payload
 # again was a tenth of the event loop's time at 50 deliveries in flight); at most this many,
 # and once that many are kept, those kept longer than HANDED_OVER_FOR seconds make room (with
@@ -176,13 +179,28 @@ _CLAIMABLE = "q.state='pending' AND q.next_at<=coalesce(?, vm_now()) AND " + _MI
 NEXT_PENDING = Sql("SELECT MIN(id) AS id FROM queue INDEXED BY queue_claim"
                    " WHERE state='pending' AND id>=?",
                    "SELECT MIN(id) AS id FROM queue WHERE state='pending' AND id>=?")
+# the office (org) of a row's issue, as the worker names it (bot.app.worker._office_of_key)
+# (each engine's own: the claims that use it are each one engine's)
+_OFFICE_OF_SQLITE = "lower(substr(q.issue_key, 1, instr(q.issue_key, '/') - 1))"
+_OFFICE_OF_POSTGRES = "lower(split_part(q.issue_key, '/', 1))"
+# A claim that leaves offices alone (their deliveries wait behind one about no issue) takes
+# no barrier after the first of their pending rows it leaves either
+FIRST_LEFT_OF = Sql(
+    "SELECT q.id FROM queue q INDEXED BY queue_claim WHERE q.state='pending'"
+    " AND q.issue_key IS NOT NULL AND " + _OFFICE_OF_SQLITE
+    + " IN (SELECT value FROM json_each(?)) AND q.id NOT IN (SELECT value FROM json_each(?))"
+    " ORDER BY q.id LIMIT 1",
+    "SELECT q.id FROM queue q WHERE q.state='pending' AND q.issue_key IS NOT NULL AND "
+    + _OFFICE_OF_POSTGRES + " = ANY(?::text[]) AND NOT (q.id = ANY(?::bigint[]))"
+    " ORDER BY q.id LIMIT 1")
 # SQLite's claim (one writer, so nothing to skip): the oldest deliveries in a window this
 # replica may take now (parameters: claim_params). PostgreSQL's is CANDIDATES, below.
 # (JSON arrays of the ids and issues it leaves alone: what this replica is running, and the
 # issues whose lanes are deep, see `excluding`)
 CLAIM = ("SELECT q.id FROM queue q INDEXED BY queue_claim WHERE q.id>=? AND q.id<? AND "
          "q.id NOT IN (SELECT value FROM json_each(?)) AND (q.issue_key IS NULL AND q.id<?"
-         " OR q.issue_key NOT IN (SELECT value FROM json_each(?))) AND "
+         " OR q.issue_key NOT IN (SELECT value FROM json_each(?)) AND " + _OFFICE_OF_SQLITE
+         + " NOT IN (SELECT value FROM json_each(?))) AND "
          + _CLAIMABLE + " ORDER BY q.id LIMIT ?").sqlite
 # when the next of them is due: the first by due time not held behind (next_wakeup)
 WAKEUP = (Sql("SELECT q.next_at-vm_now() AS t FROM queue q INDEXED BY queue_wake",
@@ -207,7 +225,8 @@ WAKEUP = (Sql("SELECT q.next_at-vm_now() AS t FROM queue q INDEXED BY queue_wake
 # one key, `issue:`, which its intake took as ours does `intake:`.)
 CANDIDATES = ("SELECT q.id, q.issue_key FROM queue q WHERE q.id>=? AND q.id<?"
               " AND NOT (q.id = ANY(?::bigint[]))"
-              " AND (q.issue_key IS NULL AND q.id<? OR NOT (q.issue_key = ANY(?::text[])))"
+              " AND (q.issue_key IS NULL AND q.id<? OR NOT (q.issue_key = ANY(?::text[]))"
+              " AND NOT (" + _OFFICE_OF_POSTGRES + " = ANY(?::text[])))"
               " AND q.state='pending' AND q.next_at<=coalesce(?, vm_now())"
               " AND (q.lease_owner IS NULL"
               " OR q.lease_owner=? OR (q.lease_owner NOT IN (" + _LIVE + ") AND "
@@ -251,12 +270,14 @@ def in_order(candidates: list[tuple[int, str | None]],
 
 def claim_params(me: str, at: float | None, first: int, limit: int,
                  excluding: Collection[int] = (), excluding_issues: Collection[str] = (),
-                 barriers_before: int = NO_HOLD) -> tuple[Any, ...]:
+                 barriers_before: int = NO_HOLD,
+                 excluding_offices: Collection[str] = ()) -> tuple[Any, ...]:
     """CLAIM's parameters for replica `me` at time `at` (None: now by the database's clock),
     the window from id `first` on, leaving the ids `excluding` and the deliveries about the
     issues `excluding_issues` alone, and the barriers from `barriers_before` on."""
     return (first, first + WINDOW, json.dumps(sorted(excluding)), barriers_before,
-            json.dumps(sorted(excluding_issues)), at, me, me, at, me, limit)
+            json.dumps(sorted(excluding_issues)), json.dumps(sorted(excluding_offices)), at,
+            me, me, at, me, limit)
 
 
 def wakeup_params(me: str, at: float | None) -> tuple[Any, ...]:
@@ -349,7 +370,7 @@ class QueueMixin:
     _arrivals_writer: asyncio.Task[None] | None  # the one task committing them, while any wait
     # issue -> arrivals about it waiting for another intake of it (PostgreSQL; see _park)
     _parked: dict[str, deque[_Arrival]]
-    _parking: set[asyncio.Task[None]]  # the tasks committing those
+    _parked_writer: asyncio.Task[None] | None  # the one task committing those, while any
     _finishes: list[tuple[QueueItem, str, asyncio.Future[bool]]]  # finished deliveries, too
     _finishes_writer: asyncio.Task[None] | None
     # delivery id -> (when, by time.monotonic, the payload intake parsed)
@@ -445,34 +466,64 @@ class QueueMixin:
 
     def _park(self, key: str, arrival: _Arrival) -> None:
         """`arrival` is about issue `key`, whose intake key another intake holds (a replica
-        may be paused inside it): it waits for that, on its own, with the issue's later
-        arrivals, and the batch it came in with goes on without it (PostgreSQL)."""
-        parked = self._parked.get(key)
-        if parked is None:
-            parked = self._parked[key] = deque()
-            task = asyncio.get_running_loop().create_task(self._commit_parked(key, parked))
-            self._parking.add(task)
-            task.add_done_callback(self._parking.discard)
-        parked.append(arrival)
+        may be paused inside it): it waits for that, with the issue's later arrivals, and the
+        batch it came in with goes on without it (PostgreSQL)."""
+        self._parked.setdefault(key, deque()).append(arrival)
+        if self._parked_writer is None:
+            self._parked_writer = asyncio.get_running_loop().create_task(self._commit_parked())
 
-    async def _commit_parked(self, key: str, parked: deque[_Arrival]) -> None:
+    async def _commit_parked(self) -> None:
+        """Commit what waits about each parked issue once its intake key is free, trying for
+        them all in one transaction now and then (PARKED_POLL): never waiting for a key
+        inside a transaction, which would hold a writer's turn and a pooled connection all the
+        while (a paused intake holds up to BATCH issues' keys: parked arrivals each waiting
+        would take every writer's turn, and every office's intake and claims would wait for
+        the paused one after all). An issue stays parked until what waited is committed, so
+        its later arrivals come after."""
+        parked = self._parked
         try:
             while parked:
-                group = list(parked)
-                parked.clear()
+                groups = {key: list(waiting) for key, waiting in parked.items()}
 
-                async def insert(db: Connection, group: list[_Arrival] = group
-                                 ) -> set[_Arrival]:
-                    return await self._insert_arrivals(db, group, wait=True)
+                async def insert(db: Connection, groups: dict[str, list[_Arrival]] = groups
+                                 ) -> dict[str, set[_Arrival]]:
+                    # (the free ones' keys are held now: taken again at once below)
+                    held = await self._refused(db, sorted(groups))
+                    return {key: await self._insert_arrivals(db, group, wait=True)
+                            for key, group in groups.items() if key not in held}
 
                 try:
-                    fresh = await self.run_transaction(insert)
-                except Exception:
-                    await self._commit_each(group)
-                else:
-                    self._answer(group, fresh)
+                    done = await self.run_transaction(insert)
+                except Exception:  # one arrival's fault must not fail the others
+                    for key, group in groups.items():
+                        for _ in group:
+                            parked[key].popleft()
+                        await self._commit_each(group)
+                    done = {}
+                for key, fresh in done.items():
+                    for _ in groups[key]:
+                        parked[key].popleft()
+                    self._answer(groups[key], fresh)
+                for key in [key for key, waiting in parked.items() if not waiting]:
+                    del parked[key]
+                if parked and len(done) == len(groups):
+                    continue  # (only what came meanwhile is left: at once)
+                if parked:
+                    await asyncio.sleep(PARKED_POLL)
         finally:
-            del self._parked[key]
+            self._parked_writer = None
+
+    async def _refused(self, db: Connection, keys: list[str]) -> set[str]:
+        """Of issues `keys` (sorted), those whose intake key (or, while an older replica
+        lives, the older releases' issue key) another intake holds; the others' are taken."""
+        pairs = [lock_pair("intake:" + key) for key in keys]
+        return {row[0] for row in await db.fetchall(
+            "SELECT k FROM unnest(?::text[], ?::int[], ?::int[]) AS p(k, h, l) WHERE NOT CASE"
+            " WHEN NOT pg_try_advisory_xact_lock(h, l) THEN false WHEN NOT ?::boolean THEN true"
+            " ELSE (SELECT CASE WHEN o = ANY(?::bigint[]) THEN true"
+            " ELSE pg_try_advisory_xact_lock(o) END"
+            " FROM (SELECT hashtextextended('issue:' || k, 0) AS o) x) END",
+            (keys, [h for h, _ in pairs], [lo for _, lo in pairs], db.older_keys, RESERVED))}
 
     async def _park_held(self, db: Connection, batch: list[_Arrival]) -> None:
         """Take the intake key of each issue `batch` is about where it is free (and, while an
@@ -482,14 +533,7 @@ class QueueMixin:
         keys = sorted({key for a in batch for key in [issue_key(a.payload)] if key is not None})
         if not keys:
             return
-        pairs = [lock_pair("intake:" + key) for key in keys]
-        refused = {row[0] for row in await db.fetchall(
-            "SELECT k FROM unnest(?::text[], ?::int[], ?::int[]) AS p(k, h, l) WHERE NOT CASE"
-            " WHEN NOT pg_try_advisory_xact_lock(h, l) THEN false WHEN NOT ?::boolean THEN true"
-            " ELSE (SELECT CASE WHEN o = ANY(?::bigint[]) THEN true"
-            " ELSE pg_try_advisory_xact_lock(o) END"
-            " FROM (SELECT hashtextextended('issue:' || k, 0) AS o) x) END",
-            (keys, [h for h, _ in pairs], [lo for _, lo in pairs], db.older_keys, RESERVED))}
+        refused = await self._refused(db, keys)
         if refused:
             kept = []
             for a in batch:
@@ -598,6 +642,7 @@ class QueueMixin:
                                | None = None, excluding: Collection[int] = (),
                                excluding_issues: Collection[str] = (),
                                let_go: Sequence[QueueItem] = (),
+                               excluding_offices: Collection[str] = (),
                                ) -> tuple[list[QueueItem], list[QueueItem]]:
         """Mark deliveries finished (as `finish` does, each under its claim), let go of the
         claims of `let_go` (claimed, not run: free again for any replica, this one included)
@@ -643,6 +688,13 @@ class QueueMixin:
                 found = next(iter(await db.fetchall(FIRST_LEFT, left)), None)
                 if found is not None and found["id"] is not None:
                     hold = int(found["id"])
+            if excluding_offices and limit:
+                left = (sorted(excluding_offices), sorted(excluding))
+                if self.engine == "sqlite":
+                    left = tuple(json.dumps(ids) for ids in left)
+                found = next(iter(await db.fetchall(FIRST_LEFT_OF, left)), None)
+                if found is not None:
+                    hold = min(hold, int(found["id"]))
             if claim_at is None and self.engine == "sqlite" and limit:
                 claim_at = float((await db.fetchall("SELECT vm_now() AS t"))[0]["t"])
             while len(rows) < limit:
@@ -653,7 +705,8 @@ class QueueMixin:
                 if self.engine == "postgresql":
                     rows += await self._claim_side_by_side(db, at, int(first["id"]),
                                                            limit - len(rows), excluding,
-                                                           excluding_issues, hold)
+                                                           excluding_issues, hold,
+                                                           excluding_offices)
                     continue
                 rows += await db.fetchall(
                     "UPDATE queue SET takeovers=takeovers+(CASE WHEN " + _STOPPED_HOLDER
@@ -661,7 +714,7 @@ class QueueMixin:
                     " WHERE id IN (" + CLAIM + ") RETURNING *",
                     (me, me, *claim_params(me, claim_at, int(first["id"]),
                                            limit - len(rows), excluding,
-                                           excluding_issues, hold)))
+                                           excluding_issues, hold, excluding_offices)))
             rows = await _set_suspects_apart(db, sorted(rows, key=lambda r: int(r["id"])))
             items = [_item(r, kept[1] if (kept := handed.get(r["guid"])) else None)
                      for r in rows]
@@ -680,13 +733,14 @@ class QueueMixin:
     async def _claim_side_by_side(self, db: Connection, at: float | None, first: int,
                                   limit: int, excluding: Collection[int] = (),
                                   excluding_issues: Collection[str] = (),
-                                  hold: int = NO_HOLD) -> list[Any]:
+                                  hold: int = NO_HOLD,
+                                  excluding_offices: Collection[str] = ()) -> list[Any]:
         """PostgreSQL's claim of one window (see CANDIDATES): the rows it took."""
         me = self.replica_id
         candidates = [(int(r["id"]), r["issue_key"]) for r in await db.fetchall(
             CANDIDATES, (first, first + WINDOW, sorted(excluding), hold,
-                         sorted(excluding_issues), at, me, me, db.older_keys, RESERVED,
-                         limit))]
+                         sorted(excluding_issues), sorted(excluding_offices), at, me, me,
+                         db.older_keys, RESERVED, limit))]
         if not candidates:
             return []
         keys = sorted({key for _, key in candidates if key is not None})
