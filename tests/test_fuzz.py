@@ -350,7 +350,7 @@ def _signed(emb: Embedded, event: str, body: bytes) -> dict[str, str]:
 @MODULE_LOOP
 async def test_a_signed_delivery_with_a_lone_surrogate_is_queued_not_a_500(live: Live) -> None:
     emb, session, _ = live
-    body = b'{"action": "\\ud800"}'
+    body = b'{"action": "created", "note": "\\ud800"}'  # (a handler takes it: kept)
     async with session.post(emb.app_url + "/webhook", data=body,
                             headers=_signed(emb, "installation", body)) as resp:
         assert resp.status == 202, (resp.status, await resp.text())
@@ -359,7 +359,7 @@ async def test_a_signed_delivery_with_a_lone_surrogate_is_queued_not_a_500(live:
     rows = await emb.services.store.fetchall("SELECT state, payload FROM queue WHERE guid=?",
                                              (guid,))
     assert [r["state"] for r in rows] in (["done"], ["ignored"], ["dead"]), rows
-    assert json.loads(rows[0]["payload"]) == {"action": "\ufffd"}
+    assert json.loads(rows[0]["payload"]) == {"action": "created", "note": "\ufffd"}
 
 
 PRINCIPALS = ["agent:scout", "agent:critic", "human:marco@acme.com", "human:lee@acme.com"]

@@ -110,7 +110,7 @@ async def test_the_apps_own_echo_is_answered_unstored_and_other_payloads_keep_th
     assert row is not None and json.loads(row["payload"])["issue"]["n"] == long
 
 
-async def test_what_no_handler_acts_on_is_answered_unstored(
+async def test_what_no_handler_acts_on_is_answered_and_never_queued(
         embedded: Embedded, session: aiohttp.ClientSession) -> None:
     """A ping, an issue pinned, and a push or pull request to any repository but the org's
     `.github` (the App hears every push of every repository it is installed on): answered,

@@ -139,20 +139,23 @@ async def test_reindex_is_not_poisoned_by_a_copied_header(
 
 async def test_an_event_without_installation_does_not_kill_the_worker(
         embedded: Any, person: Any, session: Any) -> None:
-    """GitHub sends `ping` (and `meta`) without `installation`; with several installations
-    there is no default, forge_for() raises outside the worker's try, the worker task dies
-    and every later delivery stays pending while intake keeps answering 202."""
+    """A delivery may come without `installation` (GitHub's `ping` and `meta` do; intake
+    answers those unstored now, no handler taking them); with several installations there is
+    no default, forge_for() raised outside the worker's try, the worker task died and every
+    later delivery stayed pending while intake kept answering 202."""
     import hashlib
     import hmac
     import json
     svc = embedded.services
     svc.installations["another-org"] = 999  # two installations: no default one
-    body = json.dumps({"zen": "Keep it logically awesome.", "hook_id": 1,
-                       "sender": {"login": "admin"}}).encode()
+    body = json.dumps({"ref": "refs/heads/main", "after": "0" * 40, "commits": [],
+                       "repository": {"full_name": "acme/.github", "name": ".github",
+                                      "owner": {"login": "acme"}},
+                       "sender": {"login": "admin"}}).encode()  # (no installation)
     sig = "sha256=" + hmac.new(svc.settings.webhook_secret.encode(), body,
                                hashlib.sha256).hexdigest()
     async with session.post(embedded.app_url + "/webhook", data=body, headers={
-            "X-GitHub-Delivery": "ping-1", "X-GitHub-Event": "ping",
+            "X-GitHub-Delivery": "ping-1", "X-GitHub-Event": "push",
             "X-Hub-Signature-256": sig, "Content-Type": "application/json"}) as resp:
         assert resp.status == 202
     import asyncio

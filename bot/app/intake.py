@@ -252,9 +252,9 @@ async def receive_webhook(request: web.Request) -> web.Response:
                       "finds its organisations itself, at start")
     glanced = jsontext.glance(body)
     if dialect.to_github is None and isinstance(glanced, dict) and \
-            _ignored(services, guid, event, glanced):
+            (why := _ignored(services, guid, event, glanced)) is not None:
         # (told apart at a glance, before the checks of what is kept: two webhooks of three)
-        return _json({"delivery": guid, "queued": False, "ignored": True}, status=202)
+        return await _answer_ignored(services, guid, guid, event, glanced, why)
     try:
         payload = loads_json(body, WHAT, glanced)
     except VaultmailError as exc:  # nested too deep
@@ -280,14 +280,14 @@ async def receive_webhook(request: web.Request) -> web.Response:
         return _error(403, "wrong_org", f"this is {org}'s webhook, and the delivery is about "
                       f"{about or 'no one org'}: each org's webhook posts to /webhook/<its "
                       "org>, about that org alone")
-    if _ignored(services, guid, event, payload):
-        return _json({"delivery": guid, "queued": False, "ignored": True}, status=202)
-    # signed, so the forge sent it: queued even when malformed (it then fails in the worker,
-    # counts its attempts and ends in dead letters, and takes no other delivery with it)
     # an org's own webhook names its deliveries, and its admins, who sign them, may choose the
     # name: recorded as that org's, no other org's delivery can make one a redelivery
-    queued = await services.store.enqueue_delivery(
-        guid if org is None else f"{org.lower()}/{guid}", event, payload, body)
+    recorded_as = guid if org is None else f"{org.lower()}/{guid}"
+    if (why := _ignored(services, guid, event, payload)) is not None:
+        return await _answer_ignored(services, guid, recorded_as, event, payload, why)
+    # signed, so the forge sent it: queued even when malformed (it then fails in the worker,
+    # counts its attempts and ends in dead letters, and takes no other delivery with it)
+    queued = await services.store.enqueue_delivery(recorded_as, event, payload, body)
     installation_id = installation_of(payload)
     log.info("webhook accepted" if queued else "webhook redelivered: already recorded",
              extra={"delivery_id": guid, "installation_id": installation_id, "event": event,
@@ -298,23 +298,36 @@ async def receive_webhook(request: web.Request) -> web.Response:
     return _json({"delivery": guid, "queued": queued}, status=202)
 
 
-def _ignored(services: Services, guid: str, event: str, payload: dict[str, Any]) -> bool:
-    """Whether no handler would act on the delivery, so that it is answered and not stored
-    (no commit, no worker turn): the app's own write coming back (each PATCH of a mail sends
-    `edited` and `labeled`) that no handler of its own reads; an event no handler takes (a
-    ping, a star, an issue pinned); a push or pull request to a repository other than the
-    org's `.github`, the one whose pushes and pull requests the app reads (a busy org sends
-    one for every push to any repository)."""
+def _ignored(services: Services, guid: str, event: str, payload: dict[str, Any]
+             ) -> str | None:
+    """Why no handler would act on the delivery, or None. "own": the app's own write coming
+    back (each PATCH of a mail sends `edited` and `labeled`) that no handler of its own
+    reads; "idle": an event no handler takes (a ping, a star, an issue pinned), or a push or
+    pull request to a repository other than the org's `.github`, the one whose pushes and
+    pull requests the app reads (a busy org sends one for every push to any repository)."""
     own = services.is_own_event(payload)
     router = services.own_router if own else services.router
-    if router.fetch(sansio.Event(payload, event=event, delivery_id=guid)) and \
-            not _elsewhere(event, payload):
-        return False
+    try:
+        handled = router.fetch(sansio.Event(payload, event=event, delivery_id=guid))
+    except TypeError:  # an action no one could have sent (a list, an object): kept, and it
+        return None  # fails in the worker alone, as a malformed delivery does
+    if handled and not _elsewhere(event, payload):
+        return None
+    return "own" if own else "idle"
+
+
+async def _answer_ignored(services: Services, guid: str, recorded_as: str, event: str,
+                          payload: dict[str, Any], why: str) -> web.Response:
+    """202, nothing queued: no worker turn. The app's own echo is not even recorded (two
+    webhooks of three); another's id is (one commit for many, with intake's others), so that
+    the reconciler, finding it among the forge's failed deliveries, knows it came."""
     metrics.deliveries(event, "ignored").inc()
-    log.debug("webhook ignored: caused by the app itself" if own else
+    if why == "idle":
+        await services.store.enqueue_delivery(recorded_as, event, payload, b"", run=False)
+    log.debug("webhook ignored: caused by the app itself" if why == "own" else
               "webhook ignored: no handler acts on it",
               extra={"delivery_id": guid, "event": event, "action": payload.get("action")})
-    return True
+    return _json({"delivery": guid, "queued": False, "ignored": True}, status=202)
 
 
 def _elsewhere(event: str, payload: dict[str, Any]) -> bool:

@@ -83,6 +83,12 @@ class _Arrival:
     payload: dict[str, Any]
     raw: bytes
     done: asyncio.Future[bool]
+    run: bool = True  # False: its id recorded alone (see enqueue_delivery)
+
+    @property
+    def key(self) -> str | None:
+        """The issue it is about, when it is queued to run (see issue_key)."""
+        return issue_key(self.payload) if self.run else None
 
     @property
     def action(self) -> str | None:
@@ -391,15 +397,17 @@ class QueueMixin:
                            params: Sequence[Any] = ()) -> list[Row]: ...
 
     async def enqueue_delivery(
-        self, guid: str, event: str, payload: dict[str, Any], raw: bytes
+        self, guid: str, event: str, payload: dict[str, Any], raw: bytes, *, run: bool = True
     ) -> bool:
         """Record a delivery and queue it; False when this delivery id was seen before.
+        `run=False`: its id recorded alone, nothing queued (one no handler acts on: the
+        reconciler still knows it came, and asks for it no more).
 
         Deliveries arriving together are written in one transaction (group commit), and each
         caller is answered only once its delivery is committed: durable before the 2xx, with
         a handful of statements per batch instead of per delivery."""
         loop = asyncio.get_running_loop()
-        arrival = _Arrival(guid, event, payload, raw, loop.create_future())
+        arrival = _Arrival(guid, event, payload, raw, loop.create_future(), run)
         self._arrivals.append(arrival)
         if self._arrivals_writer is None:  # one writer drains them all, batch after batch
             self._arrivals_writer = loop.create_task(self._write_arrivals())
@@ -426,7 +434,7 @@ class QueueMixin:
                 arrival = self._arrivals.popleft()
             except IndexError:
                 break
-            if parked and (key := issue_key(arrival.payload)) in parked:
+            if parked and (key := arrival.key) in parked:
                 self._park(key, arrival)
             else:
                 into.append(arrival)
@@ -447,7 +455,7 @@ class QueueMixin:
 
     def _answer(self, batch: list[_Arrival], fresh: set[_Arrival]) -> None:
         """Committed: hand `fresh` over to the worker, and tell each caller of `batch`."""
-        self._hand_over([a for a in batch if a in fresh])
+        self._hand_over([a for a in batch if a in fresh and a.run])
         for a in batch:
             if not a.done.done():
                 a.done.set_result(a in fresh)
@@ -530,14 +538,14 @@ class QueueMixin:
         older replica lives, the older releases' issue key too); take the arrivals about an
         issue whose key another intake holds out of `batch`, to wait for it on their own: a
         batch, which mixes offices, never waits for another intake."""
-        keys = sorted({key for a in batch for key in [issue_key(a.payload)] if key is not None})
+        keys = sorted({a.key for a in batch if a.key is not None})
         if not keys:
             return
         refused = await self._refused(db, keys)
         if refused:
             kept = []
             for a in batch:
-                key = issue_key(a.payload)
+                key = a.key
                 if key is not None and key in refused:
                     self._park(key, a)
                 else:
@@ -547,7 +555,7 @@ class QueueMixin:
     async def _wait_for_intakes(self, db: Connection, batch: list[_Arrival]) -> None:
         """Take the intake key of each issue `batch` is about, waiting for other intakes of
         them (before any row is written: nothing is held while waiting)."""
-        issues = sorted({key for a in batch for key in [issue_key(a.payload)] if key is not None})
+        issues = sorted({a.key for a in batch if a.key is not None})
         if not issues:
             return
         pairs = sorted(lock_pair("intake:" + key) for key in issues)
@@ -604,8 +612,8 @@ class QueueMixin:
         await db.executemany(
             "INSERT INTO queue(guid, event, installation_id, issue_key, payload, next_at,"
             " created_at) VALUES (?,?,?,?,?,vm_now(),?)",
-            [(a.guid, a.event, a.installation_id, issue_key(a.payload), _payload_text(a),
-              now) for a in batch if a in fresh])
+            [(a.guid, a.event, a.installation_id, a.key, _payload_text(a),
+              now) for a in batch if a in fresh and a.run])
         return fresh
 
     def _hand_over(self, arrivals: list[_Arrival]) -> None:
