@@ -92,6 +92,7 @@ IN_FLIGHT = 50
 ACK_TIMEOUT = 10.0  # GitHub gives up on a webhook answer after 10 s
 WARMUP = 20
 TARGET_CAP = 0.05  # within 5 % of the fastest the limits allow
+ROUND_APART = 61.0  # seconds from one round's start to the next's, at least (--rounds)
 ISSUE_NUMBER = re.compile(r"/repos/([^/]+)/([^/]+)/issues/(\d+)$")
 WRITES_PER_MINUTE = Limits().endpoint_points_per_minute // 5  # a PATCH costs 5 points
 
@@ -575,7 +576,12 @@ async def main(cells: tuple[int, ...], count: int, stock_count: int,
         setup = time.perf_counter() - t0
         for app in apps:  # warm-up: connections, code paths, JIT
             await _measure(forge, app, "w", min(WARMUP, app.count))
+        began = -math.inf
         for k in range(rounds):  # each round in turn, the apps' order flipped every other
+            # a minute apart at least: each new installation's token is a POST to one App
+            # endpoint, of which GitHub allows 180 a minute (60 a round at 10,50, per app)
+            await asyncio.sleep(max(0.0, began + ROUND_APART - time.monotonic()))
+            began = time.monotonic()
             for cell in cells:
                 for app in (apps if k % 2 == 0 else apps[::-1]):
                     row = await _measure(forge, app, _tag(cell, k), app.count)
@@ -652,7 +658,8 @@ def _report(rows: list[tuple[App, dict[str, Any]]], cells: tuple[int, ...], coun
           f"{_node_version()}) and the load client each in its own process; {os.cpu_count()} "
           f"cores; set-up {setup:.0f} s, whole run {total:.0f} s"
           + ("." if rounds == 1 else f"; {rounds} rounds, each cell's apps in turn, their "
-             "order flipped every other round, each round on fresh organisations."))
+             "order flipped every other round, each round on fresh organisations, a minute "
+             "apart at least (each new installation's token is a POST to one App endpoint)."))
     for line in verdicts + notes:
         print(f"- {line}")
 
