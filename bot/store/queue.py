@@ -44,8 +44,9 @@ if TYPE_CHECKING:
 
 
 BATCH = 500  # deliveries written in one transaction at most
-# seconds between a parked issue's tries for its intake key (another intake holds it; the
-# server ends a stalled one's session after IDLE_IN_TRANSACTION, bot.store.postgres)
+# seconds a parked issue's writer waits at most, outside any transaction, for the intake key
+# another intake holds before it tries them all again (the server ends a stalled one's session
+# after IDLE_IN_TRANSACTION, bot.store.postgres)
 PARKED_POLL = 0.05
 # payloads intake parsed, kept for the worker's first take of them (parsing a large payload
 # again was a tenth of the event loop's time at 50 deliveries in flight); at most this many,
@@ -489,6 +490,7 @@ class QueueMixin:
         the paused one after all). An issue stays parked until what waited is committed, so
         its later arrivals come after."""
         parked = self._parked
+        waited = False
         try:
             while parked:
                 groups = {key: list(waiting) for key, waiting in parked.items()}
@@ -514,12 +516,29 @@ class QueueMixin:
                     self._answer(groups[key], fresh)
                 for key in [key for key, waiting in parked.items() if not waiting]:
                     del parked[key]
-                if parked and len(done) == len(groups):
+                if not parked or len(done) == len(groups):
+                    waited = False
                     continue  # (only what came meanwhile is left: at once)
-                if parked:
+                if done or not waited:  # until the oldest one's key is free, or a moment
+                    waited = await self._until_free(next(iter(parked)))
+                else:  # (free to this release, still held the older releases' way)
+                    waited = False
                     await asyncio.sleep(PARKED_POLL)
         finally:
             self._parked_writer = None
+
+    async def _until_free(self, key: str) -> bool:
+        """Until issue `key`'s intake key is free, PARKED_POLL at most: one statement on a
+        pooled connection, outside any transaction (no writer's turn held, nothing held once
+        it returns). True when it was free by then."""
+        try:
+            await self.fetchone(
+                "SELECT set_config('lock_timeout', ?, true),"
+                " pg_advisory_xact_lock_shared(?::int, ?::int)",
+                (f"{int(PARKED_POLL * 1000)}ms", *lock_pair("intake:" + key)))
+        except Exception:  # still held (the wait ran out), or the database is away: the next
+            return False  # round tries again, or answers with its error
+        return True
 
     async def _refused(self, db: Connection, keys: list[str]) -> set[str]:
         """Of issues `keys` (sorted), those whose intake key (or, while an older replica
