@@ -488,3 +488,56 @@ async def test_an_offices_deliveries_waiting_behind_its_slow_config_push_leave_r
         push_may_end.set()
         await worker.stop(drain_timeout=1.0)
         await store.close()
+
+
+async def test_an_offices_deliveries_about_no_issue_behind_its_slow_push_are_not_all_claimed(
+        tmp_path: Path, database_url: str) -> None:
+    """acme's config push is slow, and many more of acme's deliveries about no issue (pushes)
+    come after it. What waits behind the push counts for no room, and claims leave acme's
+    deliveries about an issue alone meanwhile, but not those about no issue (a claim cannot
+    tell whose they are): each claim took as many as it had room for, into the wait behind
+    the push, and counted none, claim after claim, until acme's whole backlog was claimed and
+    held in memory by this replica (found by review). globex's delivery still runs beside the
+    push; the worker holds no more than its room."""
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    await (store.join(sole=True) if store.engine == "sqlite" else store.join("a"))
+    router = Router()
+    push_started, push_may_end, globex_ran = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    ran: list[str] = []
+
+    @router.register("issue_comment")
+    async def reply(event: sansio.Event, ctx: HandlerContext) -> None:
+        ran.append(event.delivery_id)
+        globex_ran.set()
+
+    @router.register("push")
+    async def pushed(event: sansio.Event, ctx: HandlerContext) -> None:
+        push_started.set()
+        await push_may_end.wait()  # the forge slow to give acme's config
+        ran.append(f"{event.delivery_id} ended")
+
+    push = {"ref": "refs/heads/main", "sender": {"login": "someone"}, "installation": {"id": 1},
+            "repository": {"full_name": "acme/.github", "name": ".github",
+                           "owner": {"login": "acme"}}}
+    worker = Worker(store, router, Router(), lambda payload: False, _context, concurrency=2)
+    worker.batch, worker.refill = 4, 1  # (a small worker: its room filled by a few)
+    pushes = [f"push-{n}" for n in range(4 * worker.batch)]
+    for guid in pushes:
+        assert await store.enqueue_delivery(guid, "push", push, json.dumps(push).encode())
+    payload = {**_comment(1, 101), "repository": {"full_name": "globex/scout-vault"}}
+    assert await store.enqueue_delivery("globex-1", "issue_comment", payload,
+                                        json.dumps(payload).encode())
+    try:
+        worker.start()
+        await asyncio.wait_for(push_started.wait(), 30)
+        await asyncio.wait_for(globex_ran.wait(), 30)  # while acme's push still runs
+        assert ran == ["globex-1"]
+        assert len(worker._in_flight) <= worker.batch, \
+            f"{len(worker._in_flight)} of acme's pushes claimed behind its slow one"
+        push_may_end.set()
+        await worker.idle(timeout=60)
+        assert ran == ["globex-1", *(f"{guid} ended" for guid in pushes)]
+    finally:
+        push_may_end.set()
+        await worker.stop(drain_timeout=1.0)
+        await store.close()

@@ -37,6 +37,8 @@ class Visitor:
     call: Call
     human: Human
     session: sessions.Session | None  # None: an API token in `Authorization: Bearer`
+    # what they signed in with: a forge login, or TOKEN_LOGIN and an API token's hash
+    login: str = ""
 
     @property
     def principal(self) -> str:
@@ -68,7 +70,8 @@ async def visitor(request: web.Request) -> Visitor:
     if header:
         owner = await authenticate(services, header)
         call = await make_call(services, owner.principal, bearer_key(header), owner.org)
-        return Visitor(call, person_of(call), None)
+        return Visitor(call, person_of(call), None,
+                       TOKEN_LOGIN + api_tokens.token_hash(bearer_key(header) or ""))
     value = request.cookies.get(COOKIE)
     session = await sessions.get(services.store, value) if value else None
     if session is None:
@@ -84,18 +87,30 @@ async def visitor(request: web.Request) -> Visitor:
         # session ends with it
         await sessions.end(services.store, session)
         raise NotSignedIn()
-    return Visitor(call, person_of(call), session)
+    return Visitor(call, person_of(call), session, session.login)
 
 
 async def _still_theirs(services: Services, call: Call, session: sessions.Session) -> bool:
-    """Whether what a session signed in with still stands for its principal: the forge login
-    (still the person's in the office config), or the API token (not revoked)."""
+    """Whether what a session signed in with still stands for its principal."""
     if session.via == "forge":
-        who = call.office.by_login(session.login)
-        return who is not None and who.principal == session.principal
-    if session.via == "token" and session.login.startswith(TOKEN_LOGIN):
-        return await api_tokens.live_hash(services.store, session.login[len(TOKEN_LOGIN):])
-    return True  # a token session from before its token was kept: as it was
+        return await still_stands(services, call, session.login)
+    if session.via == "token":
+        # (one from before its token was kept cannot tell whether that was revoked: it ends,
+        # and the person signs in again)
+        return session.login.startswith(TOKEN_LOGIN) and await still_stands(
+            services, call, session.login)
+    return True
+
+
+async def still_stands(services: Services, call: Call, login: str) -> bool:
+    """Whether what someone signed in with (`login`: a forge login, or TOKEN_LOGIN and an API
+    token's hash) still stands for the call's principal: the forge login is still theirs in
+    the office config (a login corrected or handed over: no longer), or the token is not
+    revoked. A console session and an OAuth grant given from one both end with it."""
+    if login.startswith(TOKEN_LOGIN):  # (no forge login has a colon)
+        return await api_tokens.live_hash(services.store, login[len(TOKEN_LOGIN):])
+    who = call.office.by_login(login)
+    return who is not None and who.principal == call.principal
 
 
 def check_csrf(request: web.Request, visitor: Visitor, form: dict[str, str]) -> None:

@@ -58,6 +58,8 @@ NAMES = {
         " can make collide with another's; a replica of the release before (none named) is"
         " excluded its way too while it lives; and the forge writes' creations indexed, so a"
         " write's place reads the last minute and the hour's creations, not the hour",
+    17: "OAuth consents keep what the person signed in with (a forge account, or an API"
+        " token's hash): a grant ends once that no longer stands for them",
 }
 
 

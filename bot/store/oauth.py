@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bot.store.db import Connection, Row, Store, register_schema
+from bot.store.db import Connection, Row, Store, register_columns, register_schema
 
 VERSION = 10
 
@@ -68,6 +68,7 @@ CREATE INDEX IF NOT EXISTS oauth_grants_grant ON oauth_grants(grant_id);
 CREATE INDEX IF NOT EXISTS oauth_grants_expiry ON oauth_grants(expires_at);
 CREATE INDEX IF NOT EXISTS oauth_grants_client ON oauth_grants(client_id);
 """, version=VERSION)
+register_columns("oauth_consents", {"login": "{text}"}, version=17)
 
 KEPT_AFTER_EXPIRY = 86_400.0  # seconds an expired row is kept (a replay is still recognised)
 SPENDABLE = ("code", "refresh")  # the values good once
@@ -100,6 +101,9 @@ class Grant:
     revoked_at: float | None
     grant_expires_at: float | None = None
     grant_revoked_at: float | None = None
+    # what the person was signed in to the console with when they allowed it: a forge login,
+    # or an API token's hash (bot.console.visitor); None for a consent from before it was kept
+    grant_login: str | None = None
 
     @classmethod
     def of(cls, row: Row) -> Grant:
@@ -107,7 +111,7 @@ class Grant:
                    row["principal"], row["org"], str(row["resource"]),
                    str(row["redirect_uri"]), json.loads(row["detail"] or "{}"),
                    float(row["expires_at"]), row["used_at"], row["revoked_at"],
-                   row["grant_expires_at"], row["grant_revoked_at"])
+                   row["grant_expires_at"], row["grant_revoked_at"], row["grant_login"])
 
     def live(self, now: float) -> bool:
         """Issued under a consent that still holds, itself neither revoked nor expired."""
@@ -198,15 +202,16 @@ async def add(store: Store, values: list[tuple[str, str]], *, grant_id: str, cli
 
 async def allow(store: Store, code: str, *, grant_id: str, client_id: str, principal: str,
                 org: str, resource: str, redirect_uri: str, now: float,
-                lifetimes: dict[str, float], detail: dict[str, Any] | None = None) -> None:
-    """The person's consent: a new grant, lasting `lifetimes["grant"]` from now whatever is
-    refreshed, and its code."""
+                lifetimes: dict[str, float], detail: dict[str, Any] | None = None,
+                login: str | None = None) -> None:
+    """The person's consent, given signed in with `login`: a new grant, lasting
+    `lifetimes["grant"]` from now whatever is refreshed, and its code."""
     async with store.transaction(grant_key(grant_id)) as db:
         until = now + lifetimes["grant"]
         await db.execute(
             "INSERT INTO oauth_consents(grant_id, client_id, principal, org, created_at,"
-            " expires_at) VALUES (?,?,?,?,?,?)",
-            (grant_id, client_id, principal, org.lower(), now, until))
+            " expires_at, login) VALUES (?,?,?,?,?,?,?)",
+            (grant_id, client_id, principal, org.lower(), now, until, login))
         await _insert(db, [("code", code)], grant_id=grant_id, client_id=client_id,
                       principal=principal, org=org.lower(), resource=resource,
                       redirect_uri=redirect_uri, now=now, lifetimes=lifetimes, detail=detail,
@@ -217,7 +222,8 @@ async def find(store: Store, kind: str, value: str) -> Grant | None:
     """The row a value stands for (used, expired or revoked alike), with its grant's state,
     or None."""
     row = await store.fetchone(
-        "SELECT g.*, c.expires_at AS grant_expires_at, c.revoked_at AS grant_revoked_at"
+        "SELECT g.*, c.expires_at AS grant_expires_at, c.revoked_at AS grant_revoked_at,"
+        " c.login AS grant_login"
         " FROM oauth_grants g LEFT JOIN oauth_consents c ON c.grant_id=g.grant_id"
         " WHERE g.value_hash=? AND g.kind=?", (value_hash(value), kind))
     return Grant.of(row) if row is not None else None

@@ -190,16 +190,6 @@ NEXT_PENDING = Sql("SELECT MIN(id) AS id FROM queue INDEXED BY queue_claim"
 # (each engine's own: the claims that use it are each one engine's)
 _OFFICE_OF_SQLITE = "lower(substr(q.issue_key, 1, instr(q.issue_key, '/') - 1))"
 _OFFICE_OF_POSTGRES = "lower(split_part(q.issue_key, '/', 1))"
-# A claim that leaves offices alone (their deliveries wait behind one about no issue) takes
-# no barrier after the first of their pending rows it leaves either
-FIRST_LEFT_OF = Sql(
-    "SELECT q.id FROM queue q INDEXED BY queue_claim WHERE q.state='pending'"
-    " AND q.issue_key IS NOT NULL AND " + _OFFICE_OF_SQLITE
-    + " IN (SELECT value FROM json_each(?)) AND q.id NOT IN (SELECT value FROM json_each(?))"
-    " ORDER BY q.id LIMIT 1",
-    "SELECT q.id FROM queue q WHERE q.state='pending' AND q.issue_key IS NOT NULL AND "
-    + _OFFICE_OF_POSTGRES + " = ANY(?::text[]) AND NOT (q.id = ANY(?::bigint[]))"
-    " ORDER BY q.id LIMIT 1")
 # SQLite's claim (one writer, so nothing to skip): the oldest deliveries in a window this
 # replica may take now (parameters: claim_params). PostgreSQL's is CANDIDATES, below.
 # (JSON arrays of the ids and issues it leaves alone: what this replica is running, and the
@@ -715,13 +705,11 @@ class QueueMixin:
                 found = next(iter(await db.fetchall(FIRST_LEFT, left)), None)
                 if found is not None and found["id"] is not None:
                     hold = int(found["id"])
-            if excluding_offices and limit:
-                left = (sorted(excluding_offices), sorted(excluding))
-                if self.engine == "sqlite":
-                    left = tuple(json.dumps(ids) for ids in left)
-                found = next(iter(await db.fetchall(FIRST_LEFT_OF, left)), None)
-                if found is not None:
-                    hold = min(hold, int(found["id"]))
+            if excluding_offices:
+                # no delivery about no issue either: whose office one is, a claim cannot
+                # tell, and those of an office left alone wait behind its own, counting for
+                # no room (claim after claim took its whole backlog of them into memory)
+                hold = 0
             if claim_at is None and self.engine == "sqlite" and limit:
                 claim_at = float((await db.fetchall("SELECT vm_now() AS t"))[0]["t"])
             while len(rows) < limit:

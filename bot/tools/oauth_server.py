@@ -62,6 +62,7 @@ from bot.console.visitor import (
     Visitor,
     check_csrf,
     sign_in_redirect,
+    still_stands,
     visitor,
 )
 from bot.errors import Denied, NotInstalled, PayloadTooLarge, Unauthenticated, VaultmailError
@@ -470,7 +471,7 @@ async def consent(request: web.Request) -> web.StreamResponse:
             "state": state, "iss": base}))
     code, org = CODE_PREFIX + secrets.token_urlsafe(32), v.call.office.org.lower()
     await db.allow(services.store, code, grant_id=secrets.token_urlsafe(18),
-                   client_id=client.client_id, principal=v.principal, org=org,
+                   client_id=client.client_id, principal=v.principal, org=org, login=v.login,
                    resource=held.resource, redirect_uri=held.redirect_uri, now=now,
                    lifetimes=LIFETIMES, detail={
                        "challenge": held.detail.get("challenge"),
@@ -583,12 +584,27 @@ async def _by_refresh(services: Services, form: dict[str, str], client_id: str,
         return _oauth_error("invalid_target", f"the refresh token is for {held.resource} only")
     if held.live(now) and held.principal is not None and held.org is not None:
         try:  # still in the office? (removed: everything of theirs there is revoked now)
-            await make_call(services, held.principal, None, held.org)
-        except (Denied, NotInstalled) as exc:
+            await _still_granted(services, held, now)
+        except (Denied, NotInstalled, Unauthenticated) as exc:
             return _oauth_error("invalid_grant", exc.message)
         except VaultmailError as exc:
             return _oauth_error("temporarily_unavailable", exc.message, 503)
     return await _issue(services, held, value, now, replaces=("access",))
+
+
+async def _still_granted(services: Services, held: db.Grant, now: float) -> None:
+    """Raises when the grant's person is no longer in its office (everything of theirs there
+    is revoked then), or what they signed in with to allow it no longer stands for them (a
+    forge account the office now says is someone else's or no one's, a token revoked: the
+    grant is revoked, for good)."""
+    assert held.principal is not None and held.org is not None
+    call = await make_call(services, held.principal, None, held.org)
+    if held.grant_login is not None and not await still_stands(services, call,
+                                                               held.grant_login):
+        await db.revoke_grant(services.store, held.grant_id, now)
+        raise Unauthenticated("what this sign-in was allowed with no longer stands for "
+                              f"{held.principal} (a forge account the office no longer says "
+                              "is theirs, or a revoked token): sign in again")
 
 
 # -- the MCP endpoint's side -------------------------------------------------------------------
@@ -606,6 +622,11 @@ async def access_owner(services: Services, token: str, resource: str,
         raise Unauthenticated(f"this access token is for {held.resource}, not {resource}")
     if held.principal is None or held.org is None:
         raise Unauthenticated("this access token acts for nobody")
+    if held.grant_login is not None:
+        try:
+            await _still_granted(services, held, now)
+        except Denied as exc:  # (out of the office: refused as before, by the call itself)
+            raise Unauthenticated(exc.message) from None
     return api_tokens.Owner(held.principal, held.org)
 
 

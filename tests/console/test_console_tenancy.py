@@ -9,8 +9,11 @@ from pathlib import Path
 
 import aiohttp
 import yaml
+from yarl import URL
 
 from bot.app.embedded import Embedded
+from bot.console import sessions
+from bot.console.visitor import COOKIE
 from bot.office.config import parse_office
 from bot.office.seed import seed_office
 from bot.store import api_tokens
@@ -134,3 +137,20 @@ async def test_a_console_session_ends_with_the_api_token_it_signed_in_with(
             assert resp.status == 303, "the token is revoked: so is the session it made"
         async with browser.get(url + "/events", allow_redirects=False) as resp:
             assert resp.status == 401
+
+
+async def test_a_token_session_made_before_sessions_kept_their_token_ends_too(
+        embedded: Embedded) -> None:
+    """A console session signed in with an API token before this release kept the principal
+    as its login, not the token's hash: which token it was is not known, so it cannot be told
+    whether that one was revoked. It went on for the rest of its 8 hours whatever was revoked
+    (found by review); it ends, and the person signs in again."""
+    store = embedded.services.store
+    leaked = await api_tokens.create_token(store, MARCO, "acme")
+    value, _ = await sessions.create(store, MARCO, "acme", MARCO, "token")  # (as made before)
+    assert await api_tokens.revoke_token_value(store, leaked)
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        browser.cookie_jar.update_cookies({COOKIE: value}, URL(embedded.app_url))
+        async with browser.get(embedded.app_url + "/console/inbox",
+                               allow_redirects=False) as resp:
+            assert resp.status == 303, "the token it may have signed in with is revoked"
