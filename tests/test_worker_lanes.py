@@ -376,6 +376,60 @@ async def test_a_barrier_waits_for_a_deep_issues_deliveries_before_it(
         await store.close()
 
 
+class _SlowPush:
+    """A worker's router whose comment handler notes each delivery it runs and whose push
+    handler waits until `end` is set (acme's forge slow to give its config), on a store of
+    one replica; deliveries of acme's and globex's handed in by `comment` and `push`."""
+
+    PUSH = {"ref": "refs/heads/main", "sender": {"login": "someone"},
+            "installation": {"id": 1}, "repository": {
+                "full_name": "acme/.github", "name": ".github", "owner": {"login": "acme"}}}
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.router = Router()
+        self.started, self.end, self.globex_ran = asyncio.Event(), asyncio.Event(), \
+            asyncio.Event()
+        self.ran: list[str] = []
+
+        @self.router.register("issue_comment")
+        async def reply(event: sansio.Event, ctx: HandlerContext) -> None:
+            self.ran.append(event.delivery_id)
+            if event.delivery_id.startswith("globex"):
+                self.globex_ran.set()
+
+        @self.router.register("push")
+        async def pushed(event: sansio.Event, ctx: HandlerContext) -> None:
+            self.ran.append(f"{event.delivery_id} started")
+            self.started.set()
+            await self.end.wait()
+            self.ran.append(f"{event.delivery_id} ended")
+
+    async def comment(self, guid: str, org: str, issue: int) -> None:
+        payload = {**_comment(issue, 100 + issue),
+                   "repository": {"full_name": f"{org}/scout-vault"}}
+        assert await self.store.enqueue_delivery(guid, "issue_comment", payload,
+                                                 json.dumps(payload).encode())
+
+    async def push(self, guid: str) -> None:
+        assert await self.store.enqueue_delivery(guid, "push", self.PUSH,
+                                                 json.dumps(self.PUSH).encode())
+
+    def worker(self, **kwargs: Any) -> Worker:
+        return Worker(self.store, self.router, Router(), lambda payload: False, _context,
+                      **kwargs)
+
+    async def until_globex_ran_beside_the_push(self) -> None:
+        await asyncio.wait_for(self.started.wait(), 30)
+        await asyncio.wait_for(self.globex_ran.wait(), 30)  # while acme's push still runs
+
+
+async def _one_replica(tmp_path: Path, database_url: str) -> Store:
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    await (store.join(sole=True) if store.engine == "sqlite" else store.join("a"))
+    return store
+
+
 async def test_an_offices_delivery_about_no_issue_waits_for_its_own_office_alone(
         tmp_path: Path, database_url: str) -> None:
     """acme's config is pushed (a delivery about no issue: its office's config changes for
@@ -383,52 +437,25 @@ async def test_an_offices_delivery_about_no_issue_waits_for_its_own_office_alone
     it, as it always did; globex's, before and after it, run beside it (before, it waited for
     every lane of every office and then ran alone, and every office's deliveries after it
     waited for it: one org's slow config reload held them all)."""
-    store = await open_store(database_url or tmp_path / "index.sqlite3")
-    await (store.join(sole=True) if store.engine == "sqlite" else store.join("a"))
-    router = Router()
-    push_started, push_may_end, globex_ran = asyncio.Event(), asyncio.Event(), asyncio.Event()
-    ran: list[str] = []
-
-    @router.register("issue_comment")
-    async def reply(event: sansio.Event, ctx: HandlerContext) -> None:
-        ran.append(event.delivery_id)
-        if event.delivery_id.startswith("globex"):
-            globex_ran.set()
-
-    @router.register("push")
-    async def pushed(event: sansio.Event, ctx: HandlerContext) -> None:
-        ran.append("push started")
-        push_started.set()
-        await push_may_end.wait()  # the forge slow to give acme's config
-        ran.append("push ended")
-
-    async def comment(guid: str, org: str, issue: int) -> None:
-        payload = {**_comment(issue, 100 + issue),
-                   "repository": {"full_name": f"{org}/scout-vault"}}
-        assert await store.enqueue_delivery(guid, "issue_comment", payload,
-                                            json.dumps(payload).encode())
-
-    push = {"ref": "refs/heads/main", "sender": {"login": "someone"}, "installation": {"id": 1},
-            "repository": {"full_name": "acme/.github", "name": ".github",
-                           "owner": {"login": "acme"}}}
-    await comment("acme-before", "acme", 1)
-    assert await store.enqueue_delivery("push", "push", push, json.dumps(push).encode())
-    await comment("acme-after", "acme", 2)
-    await comment("globex-after", "globex", 1)
-    worker = Worker(store, router, Router(), lambda payload: False, _context)
+    scene = _SlowPush(await _one_replica(tmp_path, database_url))
+    await scene.comment("acme-before", "acme", 1)
+    await scene.push("push")
+    await scene.comment("acme-after", "acme", 2)
+    await scene.comment("globex-after", "globex", 1)
+    worker = scene.worker()
     try:
         worker.start()
-        await asyncio.wait_for(push_started.wait(), 30)
-        await asyncio.wait_for(globex_ran.wait(), 30)  # while acme's push still runs
-        assert "acme-after" not in ran and "push ended" not in ran
-        push_may_end.set()
+        await scene.until_globex_ran_beside_the_push()
+        assert "acme-after" not in scene.ran and "push ended" not in scene.ran
+        scene.end.set()
         await worker.idle(timeout=60)
+        ran = scene.ran
         assert ran.index("acme-before") < ran.index("push started")
         assert ran.index("push ended") < ran.index("acme-after")
     finally:
-        push_may_end.set()
+        scene.end.set()
         await worker.stop(drain_timeout=1.0)
-        await store.close()
+        await scene.store.close()
 
 
 async def test_an_offices_deliveries_waiting_behind_its_slow_config_push_leave_room_for_others(
@@ -438,56 +465,31 @@ async def test_an_offices_deliveries_waiting_behind_its_slow_config_push_leave_r
     still runs beside the push (found by review: what waited behind the push was claimed and
     counted as running, so once acme's backlog filled the worker's room no claim was made,
     and globex waited for acme's config reload after all)."""
-    store = await open_store(database_url or tmp_path / "index.sqlite3")
-    await (store.join(sole=True) if store.engine == "sqlite" else store.join("a"))
-    router = Router()
-    push_started, push_may_end, globex_ran = asyncio.Event(), asyncio.Event(), asyncio.Event()
-    ran: list[str] = []
-
-    @router.register("issue_comment")
-    async def reply(event: sansio.Event, ctx: HandlerContext) -> None:
-        ran.append(event.delivery_id)
-        if event.delivery_id.startswith("globex"):
-            globex_ran.set()
-
-    @router.register("push")
-    async def pushed(event: sansio.Event, ctx: HandlerContext) -> None:
-        push_started.set()
-        await push_may_end.wait()  # the forge slow to give acme's config
-        ran.append(f"{event.delivery_id} ended")
-
-    async def comment(guid: str, org: str, issue: int) -> None:
-        payload = {**_comment(issue, 100 + issue),
-                   "repository": {"full_name": f"{org}/scout-vault"}}
-        assert await store.enqueue_delivery(guid, "issue_comment", payload,
-                                            json.dumps(payload).encode())
-
-    push = {"ref": "refs/heads/main", "sender": {"login": "someone"}, "installation": {"id": 1},
-            "repository": {"full_name": "acme/.github", "name": ".github",
-                           "owner": {"login": "acme"}}}
-    worker = Worker(store, router, Router(), lambda payload: False, _context, concurrency=2)
+    scene = _SlowPush(await _one_replica(tmp_path, database_url))
+    worker = scene.worker(concurrency=2)
     worker.batch, worker.refill = 4, 1  # (a small worker: its room filled by a few)
-    assert await store.enqueue_delivery("push", "push", push, json.dumps(push).encode())
+    await scene.push("push")
     for n in range(1, 2 * worker.batch):
-        await comment(f"acme-{n}", "acme", n)
+        await scene.comment(f"acme-{n}", "acme", n)
     # and acme's next push, after them all: it runs after them, never before one the
     # worker has not taken yet
-    assert await store.enqueue_delivery("push-2", "push", push, json.dumps(push).encode())
-    await comment("globex-1", "globex", 1)
+    await scene.push("push-2")
+    await scene.comment("globex-1", "globex", 1)
     try:
         worker.start()
-        await asyncio.wait_for(push_started.wait(), 30)
-        await asyncio.wait_for(globex_ran.wait(), 30)  # while acme's push still runs
+        await scene.until_globex_ran_beside_the_push()
+        ran = scene.ran
         assert "push ended" not in ran and not any(r.startswith("acme") for r in ran)
-        push_may_end.set()
+        scene.end.set()
         await worker.idle(timeout=60)
+        ran = [r for r in ran if not r.endswith(" started")]
         assert ran[:2] == ["globex-1", "push ended"]
         assert sorted(ran[2:-1]) == sorted(f"acme-{n}" for n in range(1, 2 * worker.batch))
         assert ran[-1] == "push-2 ended"
     finally:
-        push_may_end.set()
+        scene.end.set()
         await worker.stop(drain_timeout=1.0)
-        await store.close()
+        await scene.store.close()
 
 
 async def test_an_offices_deliveries_about_no_issue_behind_its_slow_push_are_not_all_claimed(
@@ -499,45 +501,24 @@ async def test_an_offices_deliveries_about_no_issue_behind_its_slow_push_are_not
     the push, and counted none, claim after claim, until acme's whole backlog was claimed and
     held in memory by this replica (found by review). globex's delivery still runs beside the
     push; the worker holds no more than its room."""
-    store = await open_store(database_url or tmp_path / "index.sqlite3")
-    await (store.join(sole=True) if store.engine == "sqlite" else store.join("a"))
-    router = Router()
-    push_started, push_may_end, globex_ran = asyncio.Event(), asyncio.Event(), asyncio.Event()
-    ran: list[str] = []
-
-    @router.register("issue_comment")
-    async def reply(event: sansio.Event, ctx: HandlerContext) -> None:
-        ran.append(event.delivery_id)
-        globex_ran.set()
-
-    @router.register("push")
-    async def pushed(event: sansio.Event, ctx: HandlerContext) -> None:
-        push_started.set()
-        await push_may_end.wait()  # the forge slow to give acme's config
-        ran.append(f"{event.delivery_id} ended")
-
-    push = {"ref": "refs/heads/main", "sender": {"login": "someone"}, "installation": {"id": 1},
-            "repository": {"full_name": "acme/.github", "name": ".github",
-                           "owner": {"login": "acme"}}}
-    worker = Worker(store, router, Router(), lambda payload: False, _context, concurrency=2)
+    scene = _SlowPush(await _one_replica(tmp_path, database_url))
+    worker = scene.worker(concurrency=2)
     worker.batch, worker.refill = 4, 1  # (a small worker: its room filled by a few)
     pushes = [f"push-{n}" for n in range(4 * worker.batch)]
     for guid in pushes:
-        assert await store.enqueue_delivery(guid, "push", push, json.dumps(push).encode())
-    payload = {**_comment(1, 101), "repository": {"full_name": "globex/scout-vault"}}
-    assert await store.enqueue_delivery("globex-1", "issue_comment", payload,
-                                        json.dumps(payload).encode())
+        await scene.push(guid)
+    await scene.comment("globex-1", "globex", 1)
     try:
         worker.start()
-        await asyncio.wait_for(push_started.wait(), 30)
-        await asyncio.wait_for(globex_ran.wait(), 30)  # while acme's push still runs
-        assert ran == ["globex-1"]
+        await scene.until_globex_ran_beside_the_push()
+        assert sorted(scene.ran) == ["globex-1", "push-0 started"]
         assert len(worker._in_flight) <= worker.batch, \
             f"{len(worker._in_flight)} of acme's pushes claimed behind its slow one"
-        push_may_end.set()
+        scene.end.set()
         await worker.idle(timeout=60)
-        assert ran == ["globex-1", *(f"{guid} ended" for guid in pushes)]
+        assert [r for r in scene.ran if not r.endswith(" started")] == [
+            "globex-1", *(f"{guid} ended" for guid in pushes)]
     finally:
-        push_may_end.set()
+        scene.end.set()
         await worker.stop(drain_timeout=1.0)
-        await store.close()
+        await scene.store.close()
