@@ -101,6 +101,20 @@ def check_output(name: str, result: Any) -> None:
                            f"{list(error.absolute_path)}")
 
 
+async def forge_sign_in(browser: aiohttp.ClientSession, embedded: Embedded, start: str,
+                        forge_token: str) -> aiohttp.ClientResponse:
+    """The forge's OAuth web flow from the console's `start` link, the person already signed
+    in on the forge (their token) and the App already authorized: the callback's answer."""
+    async with browser.get(embedded.app_url + start, allow_redirects=False) as resp:
+        authorize = resp.headers["Location"]
+    async with browser.get(authorize, allow_redirects=False,
+                           headers={"Authorization": f"token {forge_token}"}) as resp:
+        back = resp.headers["Location"]
+    async with browser.get(back, allow_redirects=False) as resp:
+        await resp.read()
+        return resp
+
+
 async def until(what: Callable[[], Awaitable[bool] | bool], timeout: float = 10.0) -> None:
     """Wait for a condition the app reaches by itself (a failed attempt recorded)."""
     deadline = time.monotonic() + timeout

@@ -26,7 +26,7 @@ from bot.office.config import parse_office
 from bot.office.seed import seed_office
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
 from bot.store import api_tokens, installations, ledger, mails
-from tests.support import ToolClient
+from tests.support import ToolClient, forge_sign_in
 
 SECRET = "ACME-CONFIDENTIAL acquisition plan"
 MARCO, SCOUT = "human:marco@acme.com", "agent:scout"
@@ -201,20 +201,6 @@ async def test_an_uninstall_another_replica_handled_is_refused_here_at_once(
     assert status == 200  # acme goes on
 
 
-async def _oauth_round(browser: aiohttp.ClientSession, embedded: Embedded, start: str,
-                       forge_token: str) -> aiohttp.ClientResponse:
-    """The forge's OAuth web flow from the console's `start` link, the person already signed
-    in on the forge (their token) and the App already authorized: the callback's answer."""
-    async with browser.get(embedded.app_url + start, allow_redirects=False) as resp:
-        authorize = resp.headers["Location"]
-    async with browser.get(authorize, allow_redirects=False,
-                           headers={"Authorization": f"token {forge_token}"}) as resp:
-        back = resp.headers["Location"]
-    async with browser.get(back, allow_redirects=False) as resp:
-        await resp.read()
-        return resp
-
-
 async def test_a_login_in_two_offices_chooses_the_office_at_sign_in(
         embedded: Embedded) -> None:
     """acme's marco is also listed (as himself, by login) in evil's config: signing in with
@@ -227,12 +213,12 @@ async def test_a_login_in_two_offices_chooses_the_office_at_sign_in(
     embedded.forge.state.web.authorizations.setdefault("marco", []).append(int(app_id))
     token = embedded.forge_tokens["marco"]
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
-        answer = await _oauth_round(browser, embedded, "/console/sign-in/forge", token)
+        answer = await forge_sign_in(browser, embedded, "/console/sign-in/forge", token)
         assert answer.status == 200, "no session yet: a choice"
         async with browser.get(embedded.app_url + "/console/inbox",
                                allow_redirects=False) as resp:
             assert resp.status == 303, "not signed in to any office"
-        answer = await _oauth_round(browser, embedded, "/console/sign-in/forge?org=evil",
+        answer = await forge_sign_in(browser, embedded, "/console/sign-in/forge?org=evil",
                                     token)
         assert answer.status == 303, "signed in"
         async with browser.get(embedded.app_url + "/console/inbox") as resp:

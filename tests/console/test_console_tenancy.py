@@ -17,7 +17,7 @@ from bot.console.visitor import COOKIE
 from bot.office.config import parse_office
 from bot.office.seed import seed_office
 from bot.store import api_tokens
-from tests.support import ToolClient
+from tests.support import ToolClient, forge_sign_in
 
 MARCO = "human:marco@acme.com"
 EXAMPLE = Path(__file__).parent.parent.parent / "bot" / "example_office.yml"
@@ -29,19 +29,6 @@ EVIL = {
 }
 
 
-async def _oauth_round(browser: aiohttp.ClientSession, embedded: Embedded, start: str,
-                       forge_token: str) -> aiohttp.ClientResponse:
-    """The forge's OAuth web flow from the console's `start` link (as in test_tenancy)."""
-    async with browser.get(embedded.app_url + start, allow_redirects=False) as resp:
-        authorize = resp.headers["Location"]
-    async with browser.get(authorize, allow_redirects=False,
-                           headers={"Authorization": f"token {forge_token}"}) as resp:
-        back = resp.headers["Location"]
-    async with browser.get(back, allow_redirects=False) as resp:
-        await resp.read()
-        return resp
-
-
 async def test_a_forge_session_ends_once_its_login_is_no_persons_of_the_office(
         embedded: Embedded) -> None:
     """lee signs in to the console with the forge account `lee`. The office then says that
@@ -51,7 +38,7 @@ async def test_a_forge_session_ends_once_its_login_is_no_persons_of_the_office(
     (app_id,) = embedded.forge.state.apps
     embedded.forge.state.web.authorizations.setdefault("lee", []).append(int(app_id))
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
-        answer = await _oauth_round(browser, embedded, "/console/sign-in/forge",
+        answer = await forge_sign_in(browser, embedded, "/console/sign-in/forge",
                                     embedded.forge_tokens["lee"])
         assert answer.status == 303, "signed in"
         async with browser.get(embedded.app_url + "/console/inbox",
