@@ -60,7 +60,8 @@ async def _revoke_relogged(ctx: HandlerContext, org: str, relogged: set[str]) ->
     theirs, ends (their OAuth grants: whoever holds that account must not go on acting as
     them; they consent again as the new one). Their API tokens, handed out by the operator
     to the person and not to an account, stay; console sessions end at their next request
-    (bot.console.visitor)."""
+    (bot.console.visitor). A grant whose consent kept the account is also checked at each
+    use; this ends those given before consents kept it."""
     for principal in sorted(relogged):
         revoked = await oauth.revoke_principal(ctx.services.store, principal, org)
         ctx.log.info("given another forge account: OAuth grants revoked",

@@ -156,6 +156,28 @@ async def test_a_delivery_taken_in_never_waits_for_a_claim(
         await asyncio.wait_for(asyncio.gather(claiming, *taking_in), HANG_GUARD)
 
 
+async def _paused_intake(store: Store, issues: list[str]
+                         ) -> tuple[asyncio.Task[None], int, asyncio.Event]:
+    """A replica paused inside an intake of `issues` (its transaction holding their intake
+    keys) until the event returned is set: its task, and its session's pid."""
+    stalled, release = asyncio.Event(), asyncio.Event()
+    holder: list[int] = []
+
+    async def intake() -> None:
+        async with store.transaction() as db:
+            for key in issues:
+                await db.execute("SELECT pg_advisory_xact_lock(?::int, ?::int)",
+                                 lock_pair("intake:" + key))
+            row = await db.fetchone("SELECT pg_backend_pid() AS pid")
+            holder.append(int(row["pid"]))
+            stalled.set()
+            await release.wait()
+
+    task = asyncio.create_task(intake())
+    await asyncio.wait_for(stalled.wait(), HANG_GUARD)
+    return task, holder[0], release
+
+
 async def test_an_intake_held_up_holds_up_only_its_issues_later_deliveries(
         replicas: tuple[str, list[Store]]) -> None:
     """A replica paused inside an intake holds its issues' intake keys. Another replica taking
@@ -166,22 +188,8 @@ async def test_an_intake_held_up_holds_up_only_its_issues_later_deliveries(
     url, (a, b, _, _) = replicas
     held = issue_key(_delivery(1, 1)[0])
     assert held is not None
-    stalled, release = asyncio.Event(), asyncio.Event()
-    holder: list[int] = []
-
     assert await a.enqueue_delivery("acme-1", "issues", *_delivery(1, 1))
-
-    async def acme_intake() -> None:  # as a paused intake of acme's issue #1 holds its key
-        async with a.transaction() as db:
-            await db.execute("SELECT pg_advisory_xact_lock(?::int, ?::int)",
-                             lock_pair("intake:" + held))
-            row = await db.fetchone("SELECT pg_backend_pid() AS pid")
-            holder.append(int(row["pid"]))
-            stalled.set()
-            await release.wait()
-
-    pausing = asyncio.create_task(acme_intake())
-    await asyncio.wait_for(stalled.wait(), HANG_GUARD)
+    pausing, holder, release = await _paused_intake(a, [held])
     acme = asyncio.create_task(b.enqueue_delivery("acme-2", "issues", *_delivery(2, 1)))
     acmes = [acme]
     globex = [asyncio.create_task(b.enqueue_delivery(f"globex-{n}", "issues",
@@ -189,18 +197,18 @@ async def test_an_intake_held_up_holds_up_only_its_issues_later_deliveries(
               for n in range(3)]
     try:
         await asyncio.wait_for(asyncio.gather(*globex), HANG_GUARD)
-        assert await _holds(url, holder[0]), "globex's waited for acme's intake"
+        assert await _holds(url, holder), "globex's waited for acme's intake"
         assert not acme.done(), "acme's later delivery waits for its issue's intake"
         # it alone, and never inside a transaction (no writer's turn held while it waits)
         assert list(b._parked) == [held]
-        assert await _waiting_inside_transactions(url, holder[0]) == 0
+        assert await _waiting_inside_transactions(url, holder) == 0
         # what comes in about the issue meanwhile waits behind it, and nothing else does
         later = asyncio.create_task(b.enqueue_delivery("acme-3", "issues", *_delivery(3, 1)))
         acmes.append(later)
         globex.append(asyncio.create_task(b.enqueue_delivery("globex-9", "issues",
                                                              *_delivery(9, 9, "globex"))))
         await asyncio.wait_for(globex[-1], HANG_GUARD)
-        assert await _holds(url, holder[0]) and not later.done()
+        assert await _holds(url, holder) and not later.done()
     finally:
         release.set()
         await asyncio.wait_for(asyncio.gather(pausing, *acmes, *globex), HANG_GUARD)
@@ -222,21 +230,7 @@ async def test_many_issues_held_by_a_paused_intake_never_hold_up_another_offices
     url, (a, b, _, _) = replicas
     writers = b._writers._value  # (this replica's writers' turns: PostgresStore)
     held = [issue_key(_delivery(n, n)[0]) for n in range(1, writers + 1)]
-    stalled, release = asyncio.Event(), asyncio.Event()
-    holder: list[int] = []
-
-    async def acme_intake() -> None:  # as a paused intake of those issues holds their keys
-        async with a.transaction() as db:
-            for key in held:
-                await db.execute("SELECT pg_advisory_xact_lock(?::int, ?::int)",
-                                 lock_pair("intake:" + str(key)))
-            row = await db.fetchone("SELECT pg_backend_pid() AS pid")
-            holder.append(int(row["pid"]))
-            stalled.set()
-            await release.wait()
-
-    pausing = asyncio.create_task(acme_intake())
-    await asyncio.wait_for(stalled.wait(), HANG_GUARD)
+    pausing, holder, release = await _paused_intake(a, [str(key) for key in held])
     acmes = [asyncio.create_task(b.enqueue_delivery(f"acme-{n}", "issues", *_delivery(n, n)))
              for n in range(1, writers + 1)]
     globex: asyncio.Task[bool] | None = None
@@ -245,7 +239,7 @@ async def test_many_issues_held_by_a_paused_intake_never_hold_up_another_offices
         globex = asyncio.create_task(b.enqueue_delivery("globex-1", "issues",
                                                         *_delivery(1, 1, "globex")))
         done, _ = await asyncio.wait([globex], timeout=15)
-        assert globex in done and await _holds(url, holder[0]), \
+        assert globex in done and await _holds(url, holder), \
             "globex's delivery waited for acme's paused intake"
         assert not any(t.done() for t in acmes)
     finally:

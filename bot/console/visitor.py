@@ -17,7 +17,7 @@ from aiohttp import web
 from bot.app.services import SERVICES_KEY, Services
 from bot.console import sessions
 from bot.errors import Denied, Unauthenticated
-from bot.office.config import Human
+from bot.office.config import Human, Office
 from bot.store import api_tokens
 from bot.tools.http import authenticate, bearer_key, make_call
 from bot.tools.registry import Call
@@ -37,8 +37,7 @@ class Visitor:
     call: Call
     human: Human
     session: sessions.Session | None  # None: an API token in `Authorization: Bearer`
-    # what they signed in with: a forge login, or TOKEN_LOGIN and an API token's hash
-    login: str = ""
+    login: str  # what they signed in with: a forge login, or TOKEN_LOGIN and a token's hash
 
     @property
     def principal(self) -> str:
@@ -93,24 +92,25 @@ async def visitor(request: web.Request) -> Visitor:
 async def _still_theirs(services: Services, call: Call, session: sessions.Session) -> bool:
     """Whether what a session signed in with still stands for its principal."""
     if session.via == "forge":
-        return await still_stands(services, call, session.login)
+        return await still_stands(services, call.office, call.principal, session.login)
     if session.via == "token":
         # (one from before its token was kept cannot tell whether that was revoked: it ends,
         # and the person signs in again)
         return session.login.startswith(TOKEN_LOGIN) and await still_stands(
-            services, call, session.login)
+            services, call.office, call.principal, session.login)
     return True
 
 
-async def still_stands(services: Services, call: Call, login: str) -> bool:
+async def still_stands(services: Services, office: Office, principal: str,
+                       login: str) -> bool:
     """Whether what someone signed in with (`login`: a forge login, or TOKEN_LOGIN and an API
-    token's hash) still stands for the call's principal: the forge login is still theirs in
+    token's hash) still stands for `principal` of `office`: the forge login is still theirs in
     the office config (a login corrected or handed over: no longer), or the token is not
     revoked. A console session and an OAuth grant given from one both end with it."""
     if login.startswith(TOKEN_LOGIN):  # (no forge login has a colon)
         return await api_tokens.live_hash(services.store, login[len(TOKEN_LOGIN):])
-    who = call.office.by_login(login)
-    return who is not None and who.principal == call.principal
+    who = office.by_login(login)
+    return who is not None and who.principal == principal
 
 
 def check_csrf(request: web.Request, visitor: Visitor, form: dict[str, str]) -> None:

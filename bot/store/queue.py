@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -86,7 +87,7 @@ class _Arrival:
     done: asyncio.Future[bool]
     run: bool = True  # False: its id recorded alone (see enqueue_delivery)
 
-    @property
+    @functools.cached_property
     def key(self) -> str | None:
         """The issue it is about, when it is queued to run (see issue_key)."""
         return issue_key(self.payload) if self.run else None

@@ -66,6 +66,7 @@ from bot.console.visitor import (
     visitor,
 )
 from bot.errors import Denied, NotInstalled, PayloadTooLarge, Unauthenticated, VaultmailError
+from bot.office.config import Office
 from bot.store import api_tokens, ledger
 from bot.store import oauth as db
 from bot.tools.http import make_call
@@ -584,7 +585,8 @@ async def _by_refresh(services: Services, form: dict[str, str], client_id: str,
         return _oauth_error("invalid_target", f"the refresh token is for {held.resource} only")
     if held.live(now) and held.principal is not None and held.org is not None:
         try:  # still in the office? (removed: everything of theirs there is revoked now)
-            await _still_granted(services, held, now)
+            call = await make_call(services, held.principal, None, held.org)
+            await _still_granted(services, held, call.office, now)
         except (Denied, NotInstalled, Unauthenticated) as exc:
             return _oauth_error("invalid_grant", exc.message)
         except VaultmailError as exc:
@@ -592,15 +594,15 @@ async def _by_refresh(services: Services, form: dict[str, str], client_id: str,
     return await _issue(services, held, value, now, replaces=("access",))
 
 
-async def _still_granted(services: Services, held: db.Grant, now: float) -> None:
-    """Raises when the grant's person is no longer in its office (everything of theirs there
-    is revoked then), or what they signed in with to allow it no longer stands for them (a
-    forge account the office now says is someone else's or no one's, a token revoked: the
-    grant is revoked, for good)."""
-    assert held.principal is not None and held.org is not None
-    call = await make_call(services, held.principal, None, held.org)
-    if held.grant_login is not None and not await still_stands(services, call,
-                                                               held.grant_login):
+async def _still_granted(services: Services, held: db.Grant, office: Office | None,
+                         now: float) -> None:
+    """Raises when what the grant's person signed in with to allow it no longer stands for
+    them in `office` (a forge account the office now says is someone else's or no one's, a
+    token revoked): the grant is revoked, for good. (Their place in the office is the call's
+    to check: `make_call`.)"""
+    assert held.principal is not None
+    if office is not None and held.grant_login is not None and not await still_stands(
+            services, office, held.principal, held.grant_login):
         await db.revoke_grant(services.store, held.grant_id, now)
         raise Unauthenticated("what this sign-in was allowed with no longer stands for "
                               f"{held.principal} (a forge account the office no longer says "
@@ -622,11 +624,9 @@ async def access_owner(services: Services, token: str, resource: str,
         raise Unauthenticated(f"this access token is for {held.resource}, not {resource}")
     if held.principal is None or held.org is None:
         raise Unauthenticated("this access token acts for nobody")
-    if held.grant_login is not None:
-        try:
-            await _still_granted(services, held, now)
-        except Denied as exc:  # (out of the office: refused as before, by the call itself)
-            raise Unauthenticated(exc.message) from None
+    if held.grant_login is not None:  # (the office as the call will read it: kept a minute)
+        office = await services.offices.get(services.forge_for_org(held.org), held.org)
+        await _still_granted(services, held, office, now)
     return api_tokens.Owner(held.principal, held.org)
 
 
