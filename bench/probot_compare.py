@@ -76,7 +76,7 @@ from typing import Any
 import aiohttp
 
 from bench.common import client_main, ms, percentile, run_client
-from bot.app.embedded import APP_EVENTS, APP_PERMISSIONS, APP_SLUG, _new_private_key
+from bot.app.embedded import APP_EVENTS, APP_PERMISSIONS, APP_SLUG, new_private_key
 from bot.office.config import Office, load_office
 from bot.office.seed import seed_office
 from localforge import Limits, LocalForge
@@ -142,7 +142,7 @@ def _free_port() -> int:
 
 
 def _key_file(directory: Path, name: str) -> tuple[str, Path]:
-    pem = _new_private_key()
+    pem = new_private_key()
     path = directory / name
     path.write_text(pem)
     path.chmod(0o600)

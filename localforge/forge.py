@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import secrets
 import string
 from pathlib import Path
@@ -21,6 +22,7 @@ from .webhooks import Dispatcher
 _ALNUM = string.ascii_letters + string.digits
 
 
+@functools.lru_cache(maxsize=16)
 def public_half(private_pem: str) -> str:
     from cryptography.hazmat.primitives import serialization
 

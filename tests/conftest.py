@@ -11,7 +11,7 @@ import pytest
 from bot.app.embedded import Embedded, start_embedded
 from bot.store import Store, open_store
 from tests import needs, pg
-from tests.support import Actor, ToolClient
+from tests.support import Actor, ToolClient, app_key
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -55,13 +55,13 @@ async def database_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
 
 
 async def _fresh_database() -> str:
-    """A fresh database on the tests' PostgreSQL; where its server is not installed, the test
-    fails with one line naming the package (tests/needs.py)."""
+    """A fresh database on the tests' PostgreSQL, at this release's schema; where its server
+    is not installed, the test fails with one line naming the package (tests/needs.py)."""
     try:
         needs.postgresql()
     except needs.Missing as exc:
         pytest.fail(str(exc), pytrace=False)
-    return await pg.fresh_database()
+    return await pg.fresh_database(migrated=True)
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ async def embedded(tmp_path: Path, database_url: str) -> AsyncIterator[Embedded]
     """The embedded default (`vaultmail up`) on free loopback ports, with the example office,
     on each engine."""
     emb = await start_embedded(data_dir=tmp_path, port=0, forge_port=0,
-                               database_url=database_url)
+                               database_url=database_url, app_key=app_key())
     try:
         yield emb
         # the app paces itself under GitHub's secondary limits: the forge refused it nothing

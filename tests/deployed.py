@@ -8,11 +8,12 @@ import secrets
 from dataclasses import dataclass
 from importlib import resources
 
-from bot.app.embedded import APP_EVENTS, APP_PERMISSIONS, APP_SLUG, _new_private_key
+from bot.app.embedded import APP_EVENTS, APP_PERMISSIONS, APP_SLUG
 from bot.office.config import load_office
 from bot.office.seed import seed_office
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
 from localforge import LocalForge
+from tests.support import app_key
 
 
 @dataclass
@@ -45,7 +46,7 @@ async def deploy(webhook_url: str) -> Deployed:
     tokens = seed_office(forge, office)
     forge.put_file(f"{office.org}/{CONFIG_REPO}", CONFIG_PATH,
                    resources.files("bot").joinpath("example_office.yml").read_text())
-    pem, secret = _new_private_key(), secrets.token_hex(20)
+    pem, secret = app_key(), secrets.token_hex(20)
     app_id = forge.register_app(slug=APP_SLUG, name="vaultmail", public_key_pem=pem,
                                 webhook_url=webhook_url, webhook_secret=secret,
                                 events=APP_EVENTS, permissions=APP_PERMISSIONS)

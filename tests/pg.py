@@ -132,15 +132,56 @@ def cluster_url() -> str:
     return f"postgresql://{SUPERUSER}@127.0.0.1:{port}/postgres"
 
 
-async def fresh_database() -> str:
-    """A new empty database (unique across processes) and its URL."""
+async def fresh_database(*, migrated: bool = False) -> str:
+    """A new database (unique across processes) and its URL: empty, or `migrated` to this
+    release's schema, as the app's first start leaves it (a copy of this process's template,
+    made once: the migrations take longer than the copy)."""
     name = f"vm_{os.getpid()}_{next(_names)}_{uuid.uuid4().hex[:6]}"
+    template = await _migrated_template() if migrated else "template0"
+    admin = await asyncpg.connect(cluster_url())
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    finally:
+        await admin.close()
+    return _url(name)
+
+
+def _url(name: str) -> str:
+    return cluster_url().rsplit("/", 1)[0] + "/" + name
+
+
+_template: list[str] = []  # this process's migrated template, once made
+
+
+async def _migrated_template() -> str:
+    from bot.store import open_store  # (the harness of the store's tests, not of its own)
+
+    if _template:
+        return _template[0]
+    name = f"vmt_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     admin = await asyncpg.connect(cluster_url())
     try:
         await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
     finally:
         await admin.close()
-    return cluster_url().rsplit("/", 1)[0] + "/" + name
+    store = await open_store(_url(name))
+    await store.close()  # (a template is copied only while no one is connected to it)
+    if _template:  # another task of this process made one meanwhile
+        await drop_database(_url(name))
+        return _template[0]
+    _template.append(name)
+    atexit.register(_drop_template, name)
+    return name
+
+
+def _drop_template(name: str) -> None:
+    """A server the tests were given (VAULTMAIL_TEST_PG) keeps no template of theirs; one this
+    process started is removed whole as it exits."""
+    if os.environ.get("VAULTMAIL_TEST_PG"):
+        import asyncio
+
+        with contextlib.suppress(Exception):
+            asyncio.run(drop_database(_url(name)))
 
 
 async def drop_database(url: str) -> None:
@@ -176,7 +217,7 @@ async def replicas(count: int) -> AsyncIterator[tuple[str, list[Any]]]:
     and its URL."""
     from bot.store import open_store  # (the harness of the store's tests, not of its own)
 
-    url = await fresh_database()
+    url = await fresh_database(migrated=True)
     stores = [await open_store(url) for _ in range(count)]
     for n, store in enumerate(stores):
         await store.join(f"replica-{n}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,8 +19,15 @@ from aiohttp import web
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from bot.app.embedded import Embedded
+from bot.app.embedded import Embedded, new_private_key
 from bot.tools import TOOLS
+
+
+@functools.cache
+def app_key() -> str:
+    """One App key for every embedded app a test process starts (`start_embedded(app_key=)`):
+    each has a forge of its own, and a new 2048-bit key costs a tenth of a second."""
+    return new_private_key()
 
 
 class Actor:

@@ -30,6 +30,7 @@ from bot.email.auth import Resolver
 from bot.email.gateway import GATEWAY_KEY, add_email
 from bot.email.server import ListenError
 from bot.email.server import bind as bind_smtp
+from bot.forge.tokens import signing_key
 from bot.office.config import (
     PYTHON,
     AgentCommands,
@@ -84,15 +85,14 @@ class Identity:
         write_private(path, json.dumps(self.__dict__))  # it holds the App's private key
 
 
-def _new_private_key() -> str:
+def new_private_key() -> str:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption()).decode()
 
 
 def _public_pem(private_pem: str) -> str:
-    key = serialization.load_pem_private_key(private_pem.encode(), password=None)
-    return key.public_key().public_bytes(
+    return signing_key(private_pem).public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
 
 
@@ -182,12 +182,15 @@ async def start_embedded(
     outbound: OutboundPolicy | None = None,
     email: EmailSettings | None = None,
     resolver: Resolver | None = None,
+    app_key: str | None = None,
 ) -> Embedded:
     """`office_path` is the operator's own file: its `{command: [...]}` dispatches are taken
     as the operator's commands (with EXAMPLE_COMMANDS, VAULTMAIL_AGENT_COMMANDS and
     `agent_commands`), and the forge gets the config as an org would write it. `outbound`: the
     operator's outbound policy (else VAULTMAIL_OUTBOUND_ALLOW's). `email`: real mailboxes
-    (the SMTP listener, the relay; bot.email), their DNS lookups by `resolver`."""
+    (the SMTP listener, the relay; bot.email), their DNS lookups by `resolver`. `app_key`:
+    the App's private key (PEM) to register on a fresh forge, else a new one (tests share
+    one: making a 2048-bit key costs a tenth of a second)."""
     private_dir(data_dir)  # keys, tokens, the index: the app's alone (0700)
     office = load_office(office_path)
     in_repository, file_commands = repository_form(office)
@@ -242,7 +245,7 @@ async def start_embedded(
     elif identity is None:
         forge_tokens = seed_office(forge, office)
         forge.put_file(f"{office.org}/{CONFIG_REPO}", CONFIG_PATH, office_text)
-        pem = _new_private_key()
+        pem = app_key or new_private_key()
         secret = secrets.token_hex(20)
         app_id = forge.register_app(
             slug=APP_SLUG, name="vaultmail", public_key_pem=_public_pem(pem),

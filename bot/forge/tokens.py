@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from typing import Any
 
 import aiohttp
 import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from gidgethub import GitHubBroken, HTTPException
 from gidgethub.aiohttp import GitHubAPI
 
@@ -32,6 +35,13 @@ JWT_BACKDATE = 60.0  # iat this far in the past, for clock drift
 JWT_LIFETIME = 600.0  # exp - iat; GitHub refuses more than 10 minutes
 JWT_REUSE_MARGIN = 120.0  # make a new JWT when the cached one has less than this left
 TOKEN_LIFETIME_FALLBACK = 3600.0  # if a token response has no expires_at
+
+
+@functools.lru_cache(maxsize=8)
+def signing_key(private_key_pem: str) -> PrivateKeyTypes:
+    """The App's key, read once a process: reading a PEM checks the RSA key's consistency,
+    which costs more (about 50 ms) than the JWT it signs."""
+    return serialization.load_pem_private_key(private_key_pem.encode(), password=None)
 
 
 @dataclass
@@ -111,7 +121,8 @@ class AppAuth:
             iat = int(now - JWT_BACKDATE)
             exp = iat + int(JWT_LIFETIME)
             self._jwt = jwt.encode(
-                {"iat": iat, "exp": exp, "iss": self.app_id}, self._key, algorithm="RS256"
+                {"iat": iat, "exp": exp, "iss": self.app_id}, signing_key(self._key),
+                algorithm="RS256",
             )
             self._jwt_exp = float(exp)
         return self._jwt

@@ -3,10 +3,13 @@ installation tokens and App JWTs (RS256)."""
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import TYPE_CHECKING, Any
 
 import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 
 from ..access import Principal
 from .http import ApiError
@@ -21,6 +24,12 @@ EXP_SLACK = 30  # request latency tolerated on exp
 
 def bad_credentials() -> ApiError:
     return ApiError(401, "Bad credentials")
+
+
+@functools.lru_cache(maxsize=64)
+def _public_key(pem: str) -> PublicKeyTypes:
+    """An App's public key, read once (PyJWT reads a PEM given as text at every check)."""
+    return serialization.load_pem_public_key(pem.encode())
 
 
 def _looks_like_jwt(value: str) -> bool:
@@ -45,7 +54,7 @@ def verify_jwt(forge: LocalForge, token: str) -> Principal:
     if app is None:
         raise ApiError(401, "'Issuer' claim ('iss') must be an Integer")
     try:
-        jwt.decode(token, app.public_key_pem, algorithms=["RS256"],
+        jwt.decode(token, _public_key(app.public_key_pem), algorithms=["RS256"],
                    options={"verify_exp": False, "verify_iat": False, "verify_nbf": False,
                             "verify_iss": False, "verify_aud": False})
     except jwt.PyJWTError as exc:

@@ -347,9 +347,9 @@ async def test_an_installation_token_is_never_asked_for_where_a_redirect_points(
     the forge alone: a redirect is refused as the answer, not followed (found by review:
     gidgethub's plain client let aiohttp follow a 307 elsewhere, and the token that came
     back from there was sent with every later call)."""
-    from bot.app.embedded import _new_private_key
     from bot.forge.errors import ForgeError
     from bot.forge.tokens import AppAuth
+    from tests.support import app_key
 
     elsewhere, seen_elsewhere = server
     asked: list[str] = []
@@ -361,7 +361,7 @@ async def test_an_installation_token_is_never_asked_for_where_a_redirect_points(
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", moved)
     async with served(app) as url, aiohttp.ClientSession() as session:
-        auth = AppAuth(1, _new_private_key(), url, session, attempts=1)
+        auth = AppAuth(1, app_key(), url, session, attempts=1)
         with pytest.raises(ForgeError, match="307"):
             await auth.installation_token(7)
     assert asked == ["/app/installations/7/access_tokens"]
@@ -373,15 +373,15 @@ async def test_the_installations_list_is_not_taken_from_where_a_redirect_points(
     """GET /app/installations (the App's JWT) maps each org to its installation at start-up:
     from the forge alone (found by review: a 307 elsewhere was followed, and its answer
     taken)."""
-    from bot.app.embedded import _new_private_key
     from bot.app.settings import Settings
     from bot.app.web import _installations
     from bot.forge.tokens import AppAuth
+    from tests.support import app_key
 
     async with redirected_elsewhere() as (url, seen), aiohttp.ClientSession() as session:
         settings = Settings(api_url=url, app_id="1", private_key_pem="",
                             webhook_secret="w", data_dir=tmp_path)
-        auth = AppAuth(1, _new_private_key(), url, session, attempts=1)
+        auth = AppAuth(1, app_key(), url, session, attempts=1)
         with pytest.raises(Exception):  # noqa: B017 (any refusal will do)
             await _installations(settings, auth, session)
     assert seen == [], f"asked elsewhere: {seen}"
