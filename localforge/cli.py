@@ -14,12 +14,13 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .forge import LocalForge
+if TYPE_CHECKING:  # (loaded by the forge command alone: `vaultmail`'s others start without it)
+    from .forge import LocalForge
 
 # (forge, path of the seed file) -> {login: token} of the accounts it made
-Seeder = Callable[[LocalForge, str], dict[str, str]]
+Seeder = Callable[["LocalForge", str], dict[str, str]]
 
 
 def add_forge_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -100,6 +101,8 @@ async def run_forge(args: argparse.Namespace, stop: asyncio.Event | None = None,
         print("forge: --seed needs a seeder (run it as `vaultmail forge --seed FILE`)",
               file=sys.stderr)
         return 2
+    from .forge import LocalForge
+
     forge = LocalForge(dialect=args.dialect, data_dir=args.data)
     apply_fault_options(forge, args)
     await forge.start(host=args.host, port=args.port)

@@ -43,25 +43,40 @@ ENGINES = ["sqlite", "postgresql"]
 
 @pytest.fixture(params=ENGINES)
 async def database_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
-    """"" for SQLite in the test's data directory, else a fresh PostgreSQL database's URL."""
-    if request.param == "sqlite":
+    """"" for SQLite in the test's data directory, else a fresh PostgreSQL database's URL, at
+    this release's schema (as the app's first start leaves it)."""
+    async for url in _each_engine(request.param, migrated=True):
+        yield url
+
+
+@pytest.fixture(params=ENGINES)
+async def empty_database_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """As `database_url`, with nothing in it: for the tests that build an older release's
+    index there."""
+    async for url in _each_engine(request.param, migrated=False):
+        yield url
+
+
+async def _each_engine(engine: str, *, migrated: bool) -> AsyncIterator[str]:
+    if engine == "sqlite":
         yield ""
         return
-    url = await _fresh_database()
+    url = await _fresh_database(migrated=migrated)
     try:
         yield url
     finally:
         await pg.drop_database(url)
 
 
-async def _fresh_database() -> str:
-    """A fresh database on the tests' PostgreSQL, at this release's schema; where its server
-    is not installed, the test fails with one line naming the package (tests/needs.py)."""
+async def _fresh_database(*, migrated: bool = True) -> str:
+    """A fresh database on the tests' PostgreSQL, at this release's schema unless not
+    `migrated`; where its server is not installed, the test fails with one line naming the
+    package (tests/needs.py)."""
     try:
         needs.postgresql()
     except needs.Missing as exc:
         pytest.fail(str(exc), pytrace=False)
-    return await pg.fresh_database(migrated=True)
+    return await pg.fresh_database(migrated=migrated)
 
 
 @pytest.fixture

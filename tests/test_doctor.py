@@ -221,3 +221,13 @@ async def test_two_passes_at_once_repair_each_thing_once(embedded: Embedded, per
     comments = [c for c in await admin.comments(SCOUT_VAULT, _number(two["ref"]))
                 if "<!-- vaultmail:reply two -->" in c["body"]]
     assert len(comments) == 1, comments
+
+
+def test_the_help_shows_the_doctors_own_defaults() -> None:
+    """`vaultmail doctor --help` names its limits without loading the doctor (every command
+    starts faster): the numbers it shows are the doctor's."""
+    from bot.app.doctor import MAX_REPAIRS, REPLY_WINDOW
+    from bot.cli.doctor import SHOWN_MAX_REPAIRS, SHOWN_REPLY_DAYS
+
+    assert SHOWN_MAX_REPAIRS == MAX_REPAIRS
+    assert SHOWN_REPLY_DAYS * 86400.0 == REPLY_WINDOW

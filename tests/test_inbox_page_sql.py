@@ -79,7 +79,7 @@ async def test_only_a_page_of_what_the_caller_sees_leaves_the_database(
 
 
 async def test_an_index_at_version_14_gets_each_waiting_rows_office_and_repository(
-        tmp_path: Path, database_url: str) -> None:
+        tmp_path: Path, empty_database_url: str) -> None:
     """Schema 15 puts each open question's office, repository and asker beside who it waits
     on: a question written at version 14 (under its triggers) is filled in when the index
     opens, so it is listed as before, and later writes keep the rows in step (both engines)."""
@@ -94,10 +94,10 @@ async def test_an_index_at_version_14_gets_each_waiting_rows_office_and_reposito
     insert = ("INSERT INTO threads(id, item, scope, asker, is_question, open, state,"
               " updated_at, org) VALUES ('old', 'Acme/Shown#7', 'Acme/Shown#7', ?, 1, 1, ?,"
               " 1.0, 'acme')")
-    target = database_url or str(tmp_path / "index.sqlite3")
-    if database_url:
-        await postgres._migrate(database_url, upto=14)
-        conn = await asyncpg.connect(database_url)
+    target = empty_database_url or str(tmp_path / "index.sqlite3")
+    if empty_database_url:
+        await postgres._migrate(empty_database_url, upto=14)
+        conn = await asyncpg.connect(empty_database_url)
         try:
             await conn.execute(insert.replace("?, 1, 1, ?", "$1, 1, 1, $2"), SARA, state)
         finally:

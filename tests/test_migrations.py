@@ -40,10 +40,10 @@ async def _version_one_postgres(url: str) -> None:
 
 
 async def test_an_index_at_the_first_release_upgrades_in_place_and_keeps_what_it_held(
-        tmp_path: Path, database_url: str) -> None:
-    target = database_url or str(tmp_path / "index.sqlite3")
-    if database_url:
-        await _version_one_postgres(database_url)
+        tmp_path: Path, empty_database_url: str) -> None:
+    target = empty_database_url or str(tmp_path / "index.sqlite3")
+    if empty_database_url:
+        await _version_one_postgres(empty_database_url)
     else:
         _version_one_sqlite(tmp_path / "index.sqlite3")
     # three replicas start at once: one applies what is missing, the others find it done

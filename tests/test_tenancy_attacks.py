@@ -144,14 +144,14 @@ _BEFORE_OFFICES = [
 
 
 async def test_an_index_from_before_offices_gives_each_row_its_office(
-        tmp_path: Path, database_url: str) -> None:
-    if database_url:
-        await postgres._migrate(database_url, upto=3)  # noqa: SLF001
-        conn = await asyncpg.connect(database_url)
+        tmp_path: Path, empty_database_url: str) -> None:
+    if empty_database_url:
+        await postgres._migrate(empty_database_url, upto=3)  # noqa: SLF001
+        conn = await asyncpg.connect(empty_database_url)
         for statement in _BEFORE_OFFICES:
             await conn.execute(statement)
         await conn.close()
-        target = database_url
+        target = empty_database_url
     else:
         path = tmp_path / "index.sqlite3"
         sqlite._migrate_file(str(path), upto=3)  # noqa: SLF001

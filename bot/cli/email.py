@@ -4,20 +4,21 @@ the office's DKIM key made (in the data directory) if it has none yet."""
 from __future__ import annotations
 
 import argparse
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING
 
 from bot.cli.shell import ShellFailure, existing_data_dir
-from bot.email import keys
-from bot.email.domains import record_name, record_value
-from bot.mail.signing import KeyringError, office_name
-from bot.office.config import EmailConfig, Office
+
+if TYPE_CHECKING:  # (loaded by these commands alone: every other one starts without them)
+    from bot.office.config import Office
 
 
 def dns_records(domain: str, dkim_pem: bytes, mx_host: str,
                 org: str = "") -> list[tuple[str, str, str]]:
     """(name, type, value) of each record: MX, SPF, DKIM, DMARC, and (with `org`) the one
     that proves the domain the office's (bot.email.domains)."""
+    from bot.email import keys
+    from bot.email.domains import record_name, record_value
+
     dkim_name, dkim_value = keys.dns_record(dkim_pem, domain)
     return [
         (domain, "MX", f"10 {mx_host}."),
@@ -40,6 +41,12 @@ def example_line(office: Office, host: str, port: int) -> str | None:
 
 
 async def cmd_email_dns(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from bot.email import keys
+    from bot.mail.signing import KeyringError, office_name
+    from bot.office.config import EmailConfig
+
     try:  # checked as the office config checks them
         domain = EmailConfig(domain=args.domain).domain
         office_name(args.org)

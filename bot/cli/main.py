@@ -15,11 +15,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bot.app.logs import LEVELS, lean_records, setup_logging
-from bot.app.settings import EmailSettings, NotRegistered, Settings, SettingsError
 from bot.cli.process import StartupError, listen, stop_signal
-from bot.office.config import OfficeConfigError
-from bot.store.engines import is_postgres
-from bot.store.sqlite import IndexInUse, own_index
+from bot.store.where import is_postgres
+
+# (what each command needs is loaded by that command: the shell's tool commands, which agents
+# run one after another, start in a third of the time the whole app takes to load)
 
 
 def _given_file(flag: str, path: str | None, what: str) -> None:
@@ -42,6 +42,8 @@ async def cmd_up(args: argparse.Namespace) -> int:
 async def _up(args: argparse.Namespace, data: Path) -> int:
     from bot.app.embedded import PortInUse, start_embedded
     from bot.app.replicas import Replica, start_replicas
+    from bot.app.settings import EmailSettings
+    from bot.store.sqlite import IndexInUse, own_index
 
     if args.replicas < 1:
         print("vaultmail up: --replicas must be 1 or more", file=sys.stderr)
@@ -107,10 +109,12 @@ def _shown_host(host: str) -> str:
 async def cmd_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from bot.app.settings import NotRegistered, Settings
     from bot.app.setup import add_registered_pages, serve_until_registered
     from bot.app.web import STARTUP_KEY, create_app
     from bot.email.gateway import GATEWAY_KEY, add_email
     from bot.email.server import ListenError
+    from bot.store.sqlite import IndexInUse, own_index
 
     sock: socket.socket | None = None
     try:
@@ -234,6 +238,21 @@ async def cmd_gitea_hook(args: argparse.Namespace) -> int:
     return 0
 
 
+SERVE_EPILOG = "(every variable serve reads)"  # written out only when asked for
+
+
+class _ServeHelp(argparse.RawDescriptionHelpFormatter):
+    """`serve --help`'s epilog, written from the settings' own list (bot.cli.serve_help) only
+    when asked for: every other command starts without loading the settings."""
+
+    def add_text(self, text: str | None) -> None:
+        if text == SERVE_EPILOG:
+            from bot.cli.serve_help import serve_epilog
+
+            text = serve_epilog()
+        super().add_text(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vaultmail", description="Durable mail between people and agents on a forge.")
@@ -269,11 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "removed when it ends)")
     demo.set_defaults(func=cmd_demo)
 
-    from bot.cli.serve_help import serve_epilog
-
     serve = sub.add_parser("serve", help="the app alone, against a real forge (env config)",
-                           epilog=serve_epilog(),
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+                           epilog=SERVE_EPILOG, formatter_class=_ServeHelp)
     serve.add_argument("--smtp-port", type=int, default=None,
                        help="receive email on this port (0: any free one; default: "
                             "VAULTMAIL_SMTP_PORT, else no SMTP listener)")
@@ -359,24 +375,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
             code: int = runner.run(args.func(args))
         return code
-    except NotRegistered as exc:  # a command that acts for an app, with none configured
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        return _failed(args, exc)
+
+
+def _failed(args: argparse.Namespace, exc: Exception) -> int:
+    """What a command that failed prints and exits with: one line, what to do."""
+    from bot.app.settings import NotRegistered, SettingsError
+    from bot.office.config import OfficeConfigError
+
+    if isinstance(exc, NotRegistered):  # a command that acts for an app, with none configured
         print(f"vaultmail {args.command}: no app to act for: pass --data DIR (the data "
               "directory of `vaultmail up --data DIR`), or run it where the App's settings are "
               f"(missing {', '.join(exc.missing)}; `vaultmail serve --help` lists them)",
               file=sys.stderr)
         return 2
-    except (SettingsError, OfficeConfigError, StartupError) as exc:
+    if isinstance(exc, SettingsError | OfficeConfigError | StartupError):
         print(f"vaultmail: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
-    except Exception as exc:  # the app, the forge, the data directory: one line, what to do
-        from bot.cli.shell import fail, infrastructure
+    from bot.cli.shell import fail, infrastructure
 
-        failure = infrastructure(exc)
-        if failure is None:
-            raise  # a bug keeps its traceback
-        return fail(args, failure)
+    failure = infrastructure(exc)  # the app, the forge, the data directory
+    if failure is None:
+        raise exc  # a bug keeps its traceback
+    return fail(args, failure)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,10 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 
-from bot.app.services import Services
-from bot.app.settings import Settings, SettingsError
 from bot.cli.shell import (
     REFUSED,
     ShellFailure,
@@ -27,19 +26,13 @@ from bot.cli.shell import (
     forge_unreachable,
     wants_json,
 )
-from bot.forge.errors import NotFound
-from bot.mail.header import parse_mail_body, verify_issue
-from bot.mail.signing import (
-    KEYS_FILE_NAME,
-    OFFICE_KEYS_DIR,
-    KeyringError,
-    Keyrings,
-    PublicKeys,
-    Verifier,
-    kid_office,
-    office_name,
-)
-from bot.store import api_tokens, index_of, installations, ledger, mails, open_store
+from bot.store.where import index_of
+
+if TYPE_CHECKING:
+    from bot.app.services import Services
+    from bot.mail.signing import Verifier
+
+# (each command loads what it needs: the others start without the app's modules)
 
 _REF = re.compile(r"^([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)#([1-9][0-9]*)$")
 _PRINCIPAL = re.compile(r"^(human:[^@\s]+@[^@\s]+|agent:[a-z0-9-]+|office)$")
@@ -47,6 +40,7 @@ _PRINCIPAL = re.compile(r"^(human:[^@\s]+@[^@\s]+|agent:[a-z0-9-]+|office)$")
 
 @asynccontextmanager
 async def app_services(data: str | None) -> AsyncIterator[Services]:
+    from bot.app.settings import Settings
     from bot.app.web import build_services
 
     if data is not None:  # a mistyped --data is refused, not replaced by the environment's
@@ -103,6 +97,9 @@ async def _published_keys(data: str | None, keys_url: str | None,
                           session: aiohttp.ClientSession) -> Verifier:
     """Every office's published keys (the app's, or `--keys-url`), else the key files in the
     data directory; the check itself requires the key to speak for the mail's office."""
+    from bot.app.settings import SettingsError
+    from bot.mail.signing import KEYS_FILE_NAME, OFFICE_KEYS_DIR, Keyrings, PublicKeys
+
     if keys_url is None and data and (Path(data) / "tokens.json").exists():
         app_url = json.loads((Path(data) / "tokens.json").read_text())["app_url"]
         keys_url = f"{app_url}/.well-known/vaultmail-keys.json"
@@ -138,6 +135,11 @@ async def cmd_verify(args: argparse.Namespace) -> int:
 
 
 async def _verify(args: argparse.Namespace) -> int:
+    from bot.forge.errors import NotFound
+    from bot.mail.header import parse_mail_body, verify_issue
+    from bot.mail.signing import kid_office
+    from bot.store import mails
+
     m = _REF.match(args.mail)
     if not m:
         raise ShellFailure("usage", f"{args.mail!r} is not OWNER/REPO#N (e.g. "
@@ -182,6 +184,8 @@ async def _verify(args: argparse.Namespace) -> int:
 
 async def cmd_keys_rotate(args: argparse.Namespace) -> int:
     """A new active key for one office (`--org`, or the one office that has keys)."""
+    from bot.mail.signing import KeyringError, Keyrings, office_name
+
     data = existing_data_dir(args.data, needs="")
     rings = Keyrings.in_data_dir(data)
     offices = rings.offices()
@@ -209,6 +213,8 @@ async def cmd_keys_rotate(args: argparse.Namespace) -> int:
 
 
 async def cmd_token_create(args: argparse.Namespace) -> int:
+    from bot.store import api_tokens, installations, open_store
+
     if not _PRINCIPAL.match(args.principal):
         return fail(args, ShellFailure("usage", f"{args.principal!r} is not human:<email>, "
                                        "agent:<slug> or office"))
@@ -236,6 +242,8 @@ async def cmd_token_create(args: argparse.Namespace) -> int:
 
 
 async def cmd_token_revoke(args: argparse.Namespace) -> int:
+    from bot.store import api_tokens, open_store
+
     store = await open_store(index_of(data_dir(args)))
     try:
         revoked = await api_tokens.revoke_token(store, args.token_id)
@@ -254,6 +262,8 @@ def _when(t: float | None) -> str:
 
 
 async def cmd_token_list(args: argparse.Namespace) -> int:
+    from bot.store import api_tokens, open_store
+
     store = await open_store(index_of(data_dir(args)))
     try:
         tokens = await api_tokens.list_tokens(store)
@@ -273,6 +283,8 @@ async def cmd_token_list(args: argparse.Namespace) -> int:
 
 
 async def cmd_ledger(args: argparse.Namespace) -> int:
+    from bot.store import ledger, open_store
+
     store = await open_store(index_of(data_dir(args)))
     try:
         org = args.org.lower() if args.org else None

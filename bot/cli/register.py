@@ -9,23 +9,15 @@ import os
 import sys
 from pathlib import Path
 
-from bot.app.setup import (
-    CREDENTIALS,
-    GITHUB,
-    Forge,
-    Manifest,
-    SetupError,
-    SetupPage,
-    load_manifest,
-    public_url_of,
-    registered_in,
-    serve_page,
-    shown_url,
-)
 from bot.cli.process import StartupError, listen, stop_signal
+
+# (bot.app.setup is loaded by `register` alone: every other command starts without it)
+GITHUB = "https://github.com"  # the forge's web address by default (bot.app.setup.GITHUB)
 
 
 def _public_url(args: argparse.Namespace, env_file: Path) -> str:
+    from bot.app.setup import SetupError, public_url_of
+
     url = args.url or os.environ.get("VAULTMAIL_PUBLIC_URL")
     if not url and env_file.exists():
         from dotenv import dotenv_values
@@ -40,6 +32,18 @@ def _public_url(args: argparse.Namespace, env_file: Path) -> str:
 
 
 async def cmd_register(args: argparse.Namespace) -> int:
+    from bot.app.setup import (
+        CREDENTIALS,
+        Forge,
+        Manifest,
+        SetupError,
+        SetupPage,
+        load_manifest,
+        registered_in,
+        serve_page,
+        shown_url,
+    )
+
     env_file = Path(args.env_file)
     try:
         forge = Forge.from_web(args.forge)

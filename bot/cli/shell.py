@@ -25,7 +25,7 @@ import aiohttp
 from gidgethub import HTTPException
 
 from bot.forge.errors import ForgeError
-from bot.store.engines import index_of, is_postgres
+from bot.store.where import index_of, is_postgres
 
 USAGE, REFUSED = 2, 1
 

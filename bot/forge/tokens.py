@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import jwt
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
+from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey
 from gidgethub import GitHubBroken, HTTPException
 from gidgethub.aiohttp import GitHubAPI
 
@@ -38,10 +38,14 @@ TOKEN_LIFETIME_FALLBACK = 3600.0  # if a token response has no expires_at
 
 
 @functools.lru_cache(maxsize=8)
-def signing_key(private_key_pem: str) -> PrivateKeyTypes:
+def signing_key(private_key_pem: str) -> RSAPrivateKey:
     """The App's key, read once a process: reading a PEM checks the RSA key's consistency,
     which costs more (about 50 ms) than the JWT it signs."""
-    return serialization.load_pem_private_key(private_key_pem.encode(), password=None)
+    key = serialization.load_pem_private_key(private_key_pem.encode(), password=None)
+    if not isinstance(key, RSAPrivateKey):
+        raise ValueError("the App's private key is not an RSA key: a GitHub App signs its "
+                         "JWTs with RS256 (use the .pem file from the App's settings page)")
+    return key
 
 
 @dataclass

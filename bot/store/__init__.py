@@ -6,32 +6,28 @@ handled. Handlers never speak SQL; they call these functions, and each engine ru
 SQL: one text where both take it, one for each where they differ (`bot.store.sql`).
 """
 
-# every module that registers tables, so that whatever opens the index first (the app, or a
-# command such as `vaultmail token create` on a new data directory) makes all of them, each
-# version whole: a later version's columns go on tables an earlier one made
-from bot.store import (  # noqa: F401
-    api_tokens,
-    attachments,
-    budget,
-    chats,
-    comments,
-    deliveries,
-    installations,
-    ledger,
-    mails,
-    moves,
-    oauth,
-    offices,
-    outbound,
-    rates,
-    replies,
-    sessions,
-    strangers,
-    waiting,
-)
-from bot.store.db import Store
-from bot.store.engines import index_of, is_postgres, open_store
-from bot.store.queue import QueueItem
+from __future__ import annotations
 
-__all__ = ["QueueItem", "Store", "api_tokens", "index_of", "installations", "is_postgres",
-           "ledger", "mails", "offices", "open_store"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bot.store.db import Store
+    from bot.store.engines import open_store
+    from bot.store.queue import QueueItem
+    from bot.store.where import index_of, is_postgres
+
+__all__ = ["QueueItem", "Store", "index_of", "is_postgres", "open_store"]
+
+# (loaded when first named: a command that only reads where the index is loads no driver;
+# opening the index makes every module's tables, bot.store.migrations.migrations)
+_WHERE = {"Store": "bot.store.db", "open_store": "bot.store.engines",
+          "QueueItem": "bot.store.queue", "index_of": "bot.store.where",
+          "is_postgres": "bot.store.where"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bot.store' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import sqlite3
 from pathlib import Path
 
@@ -14,6 +12,10 @@ from bot.errors import IndexUnavailable
 from bot.store.db import Store
 from bot.store.postgres import PostgresStore
 from bot.store.sqlite import SqliteStore
+from bot.store.where import index_of, is_postgres, recorded_database
+
+__all__ = ["index_of", "index_unavailable", "is_postgres", "open_store", "recorded_database",
+           "unavailable"]
 
 # What a database that is away (restarting, failing over, out of connections, a full disk)
 # raises: the request can be tried again shortly, so it is a 503 with Retry-After, not a 500.
@@ -39,28 +41,6 @@ def unavailable(exc: BaseException) -> bool:
 def index_unavailable(what: str) -> IndexUnavailable:
     return IndexUnavailable(f"{what}: the app's database is unavailable for the moment; "
                             "nothing was recorded, try again shortly")
-
-
-def is_postgres(target: str | Path) -> bool:
-    return str(target).startswith(("postgresql://", "postgres://"))
-
-
-def index_of(data_dir: Path) -> str:
-    """The index a command run beside a data directory opens: DATABASE_URL when set (several
-    replicas share it), else the database `vaultmail up --database-url` recorded there, else
-    the SQLite file in the directory."""
-    return os.environ.get("DATABASE_URL") or recorded_database(data_dir) or str(
-        data_dir / "index.sqlite3")
-
-
-def recorded_database(data_dir: Path) -> str:
-    """The PostgreSQL URL an embedded office in `data_dir` keeps its index in, or ""."""
-    try:
-        identity = json.loads((data_dir / "app.json").read_text())
-    except (OSError, ValueError):
-        return ""
-    url = identity.get("database_url") if isinstance(identity, dict) else None
-    return url if isinstance(url, str) and is_postgres(url) else ""
 
 
 async def open_store(target: str | Path, *, synchronous: str = "normal") -> Store:

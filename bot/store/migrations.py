@@ -10,6 +10,7 @@ it is and is recorded at 1.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 
 from bot.store.sql import Engine, ddl
@@ -106,7 +107,18 @@ def register_backfill(sqlite: str, *, postgres: str, version: int) -> None:
     m.postgres_after.append(postgres)
 
 
+# every module that registers tables: each is loaded before the migrations are read, so that
+# whatever opens the index first (the app, or a command such as `vaultmail token create` on a
+# new data directory) makes all of them, each version whole (a later version's columns go on
+# tables an earlier one made)
+TABLES = ("api_tokens", "attachments", "budget", "chats", "comments", "db", "deliveries",
+          "installations", "ledger", "mails", "moves", "oauth", "offices", "outbound", "rates",
+          "replies", "sessions", "strangers", "waiting")
+
+
 def migrations() -> list[Migration]:
+    for name in TABLES:
+        importlib.import_module(f"bot.store.{name}")
     return [_MIGRATIONS[v] for v in sorted(_MIGRATIONS)]
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import jwt
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
+from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 
 from ..access import Principal
 from .http import ApiError
@@ -27,9 +27,14 @@ def bad_credentials() -> ApiError:
 
 
 @functools.lru_cache(maxsize=64)
-def _public_key(pem: str) -> PublicKeyTypes:
-    """An App's public key, read once (PyJWT reads a PEM given as text at every check)."""
-    return serialization.load_pem_public_key(pem.encode())
+def _public_key(pem: str) -> RSAPublicKey | None:
+    """An App's public key, read once (PyJWT reads a PEM given as text at every check); None
+    where it is no RSA key (no RS256 JWT verifies)."""
+    try:
+        key = serialization.load_pem_public_key(pem.encode())
+    except ValueError:
+        return None
+    return key if isinstance(key, RSAPublicKey) else None
 
 
 def _looks_like_jwt(value: str) -> bool:
@@ -53,8 +58,11 @@ def verify_jwt(forge: LocalForge, token: str) -> Principal:
             break
     if app is None:
         raise ApiError(401, "'Issuer' claim ('iss') must be an Integer")
+    key = _public_key(app.public_key_pem)
+    if key is None:
+        raise ApiError(401, "A JSON web token could not be decoded")
     try:
-        jwt.decode(token, _public_key(app.public_key_pem), algorithms=["RS256"],
+        jwt.decode(token, key, algorithms=["RS256"],
                    options={"verify_exp": False, "verify_iat": False, "verify_nbf": False,
                             "verify_iss": False, "verify_aud": False})
     except jwt.PyJWTError as exc:

@@ -473,3 +473,12 @@ async def test_the_code_is_exchanged_with_the_forge_alone() -> None:
         with pytest.raises(SetupError, match="answered 307"):
             await convert(Forge.from_api(f"{url}/api/v3"), "abc123")
     assert elsewhere_asked == []
+
+
+def test_registers_default_forge_is_the_setup_flows() -> None:
+    """`vaultmail register --help` names the default forge without loading the setup flow
+    (every command starts faster): it is the flow's own."""
+    from bot.app.setup import GITHUB
+    from bot.cli.register import GITHUB as SHOWN
+
+    assert SHOWN == GITHUB

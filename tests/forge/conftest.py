@@ -12,7 +12,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from bot.forge import AppAuth, ForgeClient, ForgeConfig, GitHubForge
+from bot.forge.github import ForgeClient, ForgeConfig, GitHubForge
+from bot.forge.tokens import AppAuth
 
 REPO = "acme/vault"
 # Tiny waits so fault tests stay fast; pacing off unless a test turns it on.

@@ -171,8 +171,9 @@ async def test_a_next_page_named_on_another_host_is_asked_of_the_forge_itself(
     host the installation's token. A page under the API's path is asked of the forge at its
     own URL (Gitea names itself by its ROOT_URL, behind a proxy another name); one outside
     it is refused, saying why."""
-    from bot.forge import AppAuth, ForgeClient
     from bot.forge.errors import ForgeError
+    from bot.forge.github import ForgeClient
+    from bot.forge.tokens import AppAuth
 
     from .conftest import FAST
 

@@ -7,13 +7,8 @@ from typing import Any
 
 import pytest
 
-from bot.forge import (
-    NotFound,
-    OutcomeUnknown,
-    RateLimited,
-    SystemClock,
-    TransientError,
-)
+from bot.forge.clock import SystemClock
+from bot.forge.errors import NotFound, OutcomeUnknown, RateLimited, TransientError
 from labels.catalogue import MAIL_LABELS, Label
 
 from .conftest import REPO, Env, with_config
