@@ -72,10 +72,14 @@ async def deployed(tmp_path: Path) -> AsyncIterator[tuple[LocalForge, App, dict[
     del env["PRIVATE_KEY"]
     app = App(env, url)
     await app.start()  # makes the data directory, which `token create` then writes to
+    # (its office named: the app may not have heard of the installation yet, whose webhook
+    # failed; a token made now cannot wait for reconciliation to bring it)
     made = await asyncio.create_subprocess_exec(
-        VAULTMAIL, "token", "create", "agent:builder", env={**os.environ, **env},
-        stdout=asyncio.subprocess.PIPE)
-    out, _ = await made.communicate()
+        VAULTMAIL, "token", "create", "agent:builder", "--org", deployed.org,
+        env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await made.communicate()
+    assert made.returncode == 0, err.decode()
     tokens["api:agent:builder"] = out.decode().split()[-1]
     try:
         yield forge, app, tokens

@@ -61,7 +61,7 @@ async def deployment(tmp_path: Path) -> AsyncIterator[Deployment]:
                 for n, (port, url) in enumerate(zip(ports, urls, strict=True))]
     deployed.install()  # the replicas are not up: reconciliation brings it
     await asyncio.gather(*(r.start() for r in replicas))
-    code, out = await _vaultmail(env, "token", "create", "agent:builder")
+    code, out = await _vaultmail(env, "token", "create", "agent:builder", "--org", deployed.org)
     assert code == 0, out
     tokens["api:agent:builder"] = out.split()[-1]
     try:

@@ -98,7 +98,8 @@ async def two(tmp_path: Path) -> AsyncIterator[Two]:
     deployed.install()
     try:
         await asyncio.gather(a.start(), b.start())
-        code, out = await vaultmail(env, "token", "create", "agent:builder")
+        code, out = await vaultmail(env, "token", "create", "agent:builder", "--org",
+                                    deployed.org)
         assert code == 0, out
         yield Two(forge, a, b, env, database_url,
                   {"Authorization": f"Bearer {out.split()[-1]}"},

@@ -286,13 +286,13 @@ async def _claim_work(store: Store, url: str) -> tuple[int, list[QueueItem]]:
         first = await conn.fetchval(for_postgres(queue.NEXT_PENDING), 0)
         me = store.replica_id
         candidates = await conn.fetch(for_postgres(queue.CANDIDATES), first,
-                                      first + queue.WINDOW, [], queue.NO_HOLD, [], [], None, me,
-                                      me, False, [], 64)
+                                      first + queue.WINDOW, [], queue.NO_HOLD, True, [], [],
+                                      None, me, me, False, [], 64)
         keys = sorted({r["issue_key"] for r in candidates if r["issue_key"] is not None})
         # PostgreSQL's claim: its candidates, then the pending rows of their issues
         for sql, params in ((queue.NEXT_PENDING, (0,)), (queue.CANDIDATES, (
-                first, first + queue.WINDOW, [], queue.NO_HOLD, [], [], None, me, me, False,
-                [], 64)),
+                first, first + queue.WINDOW, [], queue.NO_HOLD, True, [], [], None, me, me,
+                False, [], 64)),
                 (queue.EARLIER, (keys, max(r["id"] for r in candidates), keys,
                                  max(r["id"] for r in candidates), me))):
             plan = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + for_postgres(sql),
@@ -346,9 +346,11 @@ async def test_the_claim_reads_the_pending_rows_by_index_in_order(tmp_path: Path
         held = "SEARCH p USING COVERING INDEX queue_held (issue_key=? AND id<?)"
         for sql, args, expected in (
                 (queue.NEXT_PENDING, (1,),
-                 ["SEARCH queue USING COVERING INDEX queue_claim (id>?)"]),
-                (queue.CLAIM, queue.claim_params(me, now, 1, 64),
-                 ["SEARCH q USING COVERING INDEX queue_claim (id>? AND id<?)", held]),
+                 ["SEARCH queue USING COVERING INDEX queue_claim_office (id>?)"]),
+                (queue.NEXT_PENDING_BUT, (1, '["acme"]'),
+                 ["SEARCH queue USING COVERING INDEX queue_claim_office (id>?)"]),
+                (queue.CLAIM, queue.claim_params(me, now, 1, 64, excluding_offices=["acme"]),
+                 ["SEARCH q USING COVERING INDEX queue_claim_office (id>? AND id<?)", held]),
                 (queue.WAKEUP, queue.wakeup_params(me, now),
                  ["SCAN q USING COVERING INDEX queue_wake", held])):
             plan = [r["detail"] for r in await store.fetchall(
@@ -462,5 +464,50 @@ async def test_a_claim_leaves_alone_what_this_replica_runs_and_the_issues_it_is_
                                                 let_go=[d0])
         assert [i.guid for i in again] == ["d0", "d4"], "d0 let go of, then claimed anew"
         assert again[0].lease != d0.lease
+    finally:
+        await store.close()
+
+
+async def test_an_index_at_version_17_gives_each_pending_delivery_its_office(
+        tmp_path: Path, empty_database_url: str) -> None:
+    """Schema 18 keeps each queued delivery's office, by which claims share the worker: a
+    delivery queued at version 17 about an issue gets its issue's office when the index
+    opens; one about no issue keeps none, and is claimed only while no office is left alone
+    (both engines)."""
+    import sqlite3
+
+    from bot.store import postgres, sqlite
+
+    insert = ("INSERT INTO queue(guid, event, issue_key, payload, next_at, created_at)"
+              " VALUES (?, 'issue_comment', ?, '{}', 0, 0)")
+    rows = [("about-acme", "Acme/scout-vault#1"), ("about-nothing", None)]
+    target = empty_database_url or str(tmp_path / "index.sqlite3")
+    if empty_database_url:
+        await postgres._migrate(empty_database_url, upto=17)
+        conn = await asyncpg.connect(empty_database_url)
+        try:
+            await conn.executemany(insert.replace("(?, 'issue_comment', ?", "($1, "
+                                                  "'issue_comment', $2"), rows)
+        finally:
+            await conn.close()
+    else:
+        sqlite._migrate_file(target, upto=17)
+        lite = sqlite3.connect(target, isolation_level=None)
+        try:
+            lite.executemany(insert, rows)
+        finally:
+            lite.close()
+    store = await open_store(target)  # version 18: the backfill
+    try:
+        offices = {r["guid"]: r["office"] for r in await store.fetchall(
+            "SELECT guid, office FROM queue")}
+        assert offices == {"about-acme": "acme", "about-nothing": None}
+        if empty_database_url:
+            await store.join("replica-a")
+        held_back, _ = await store.finish_and_claim([], 8, excluding_offices=["globex"])
+        assert [i.guid for i in held_back] == ["about-acme"], \
+            "no office known: not taken while one is left alone"
+        claimed, _ = await store.finish_and_claim([], 8, excluding=[i.id for i in held_back])
+        assert [i.guid for i in claimed] == ["about-nothing"]
     finally:
         await store.close()

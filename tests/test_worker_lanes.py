@@ -522,3 +522,67 @@ async def test_an_offices_deliveries_about_no_issue_behind_its_slow_push_are_not
         scene.end.set()
         await worker.stop(drain_timeout=1.0)
         await scene.store.close()
+
+
+def _office_comment(org: str, issue: int) -> dict[str, Any]:
+    return {"action": "created", "issue": {"number": issue},
+            "comment": {"id": issue, "updated_at": "2026-12-05T00:00:00Z"},
+            "repository": {"full_name": f"{org}/scout-vault", "owner": {"login": org}},
+            "organization": {"login": org}, "sender": {"login": "someone"},
+            "installation": {"id": 1 if org == "acme" else 2}}
+
+
+async def test_one_offices_backlog_does_not_hold_back_another_offices_delivery(
+        tmp_path: Path, database_url: str, monkeypatch: Any) -> None:
+    """acme's 40 deliveries fill the worker (8 in flight, each waiting on a slow forge) and 32
+    wait; globex's one arrives after them. As acme's first ones end, the room they leave goes to
+    globex's delivery first: acme runs its share of the worker (half) and more, and is served
+    after the others. Before, claims took the oldest due deliveries whoever's they were, so
+    globex's waited behind acme's whole backlog (on Gitea, an org's admins can sign any number
+    of deliveries). The room is never left idle: what globex does not need goes to acme."""
+    monkeypatch.setitem(worker_module.BATCH, "sqlite", 8)
+    monkeypatch.setitem(worker_module.BATCH, "postgresql", 8)
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    if database_url:
+        await store.join("replica-a")
+    router = Router()
+    gate = asyncio.Semaphore(0)  # acme's forge: one write each time it is let through
+    started: list[str] = []
+
+    @router.register("issue_comment")
+    async def reply(event: sansio.Event, ctx: HandlerContext) -> None:
+        started.append(event.delivery_id)
+        if event.delivery_id.startswith("acme"):
+            await gate.acquire()
+
+    worker = Worker(store, router, Router(), lambda payload: False, _context, concurrency=8)
+    try:
+        for n in range(1, 41):
+            payload = _office_comment("acme", n)
+            assert await store.enqueue_delivery(f"acme-{n}", "issue_comment", payload,
+                                                json.dumps(payload).encode())
+        worker.start()
+        for _ in range(3000):  # (a guard, never waited out: until the room is full)
+            if len(started) == 8:
+                break
+            await asyncio.sleep(0.01)
+        payload = _office_comment("globex", 1)
+        assert await store.enqueue_delivery("globex-1", "issue_comment", payload,
+                                            json.dumps(payload).encode())
+        for _ in range(4):
+            gate.release()  # four of acme's end: room for four
+        for _ in range(3000):
+            if len(started) >= 12:
+                break
+            await asyncio.sleep(0.01)
+        assert "globex-1" in started[8:12], started
+        assert len(started) == 12, "the room globex left went to acme's backlog"
+        for _ in range(40):
+            gate.release()
+        await worker.idle(timeout=30)
+        assert sorted(started) == sorted([f"acme-{n}" for n in range(1, 41)] + ["globex-1"])
+    finally:
+        for _ in range(40):
+            gate.release()
+        await worker.stop(drain_timeout=1.0)
+        await store.close()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from bot.store.queue import payload_org
 
 if TYPE_CHECKING:
     from bot.app.services import Services
@@ -65,24 +66,6 @@ class HandlerContext:
         self.said += 1
         digest = hashlib.sha256((self.source or self.delivery_id).encode()).hexdigest()[:20]
         return f"<!-- vaultmail:said {digest}:{self.said} -->"
-
-
-def payload_org(payload: Mapping[str, Any]) -> str | None:
-    """The org a delivery is about: the one its repository's owner, the owner in the
-    repository's `full_name` (which the handlers read) and its organization all name. None
-    when none names one or they disagree: an org's webhook, signed by that org, must not
-    name itself in one field and another org in the next."""
-    named: set[str] = set()
-    repo, organization = payload.get("repository"), payload.get("organization")
-    if isinstance(repo, dict):
-        full_name, owner = repo.get("full_name"), repo.get("owner")
-        if isinstance(full_name, str):
-            named.add(full_name.partition("/")[0].lower())
-        if isinstance(owner, dict) and isinstance(owner.get("login"), str):
-            named.add(str(owner["login"]).lower())
-    if isinstance(organization, dict) and isinstance(organization.get("login"), str):
-        named.add(str(organization["login"]).lower())
-    return next(iter(named)) if len(named) == 1 else None
 
 
 def context_for(services: Services, item: QueueItem,

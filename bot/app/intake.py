@@ -37,12 +37,11 @@ from bot.app.bodies import (
     size_text,
     too_large,
 )
-from bot.app.context import payload_org
 from bot.app.services import SERVICES_KEY, Services
 from bot.errors import PayloadTooLarge, VaultmailError
 from bot.forge import gitea_events as gitea
 from bot.office.source import CONFIG_REPO
-from bot.store.queue import installation_of
+from bot.store.queue import installation_of, payload_org
 
 log = logging.getLogger("vaultmail.intake")
 

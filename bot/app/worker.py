@@ -19,7 +19,7 @@ import contextlib
 import logging
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +28,7 @@ from gidgethub import sansio
 from gidgethub.routing import Router
 
 from bot import metrics
-from bot.app.context import HandlerContext, change_key, payload_org
+from bot.app.context import HandlerContext, change_key
 from bot.app.logs import bound, delivery_context
 from bot.errors import VaultmailError
 from bot.forge.errors import PutOff, RateLimited
@@ -55,6 +55,8 @@ REFILL = {"sqlite": 32, "postgresql": 16}
 # fewer, and what its lane holds past them counts for no room: a storm about one issue (they run
 # one at a time) neither fills the room nor holds other issues' deliveries back.
 DEEP = {"sqlite": 32, "postgresql": 16}
+# an office running 1/SHARE of the room or more is served after the others (Worker._sharing)
+SHARE = 2
 IDLE_LOOK = 5.0  # seconds at most between looks at an idle queue (SQLite: one process)
 SHARED_IDLE_LOOK = 0.5  # ... shared with other replicas (PostgreSQL)
 # The longest a delivery's forge write waits in line for its office's budget or a rate limit
@@ -80,17 +82,8 @@ def _office_of_key(key: str) -> str:
 
 
 def _office_of(item: QueueItem, key: str | None) -> str | None:
-    """The one office a delivery is about: its issue's, else the org its payload names (an
-    installation's account, for an installation's events); None when none."""
-    if key is not None:
-        return _office_of_key(key)
-    org = payload_org(item.payload)
-    if org is None:
-        installation = item.payload.get("installation")
-        account = installation.get("account") if isinstance(installation, dict) else None
-        login = account.get("login") if isinstance(account, dict) else None
-        org = login.lower() if isinstance(login, str) and login else None
-    return org
+    """The one office a delivery is about (bot.store.queue.office_of), or None."""
+    return queue.office_of(item.payload, key)
 
 
 class Worker:
@@ -287,7 +280,8 @@ class Worker:
             items, superseded = await store.finish_and_claim(
                 finished, limit=limit, also=also if settling or stray else None,
                 then=then if limit else None, excluding=[i.id for i in flying.values()],
-                excluding_issues=deep, let_go=let_go, excluding_offices=offices)
+                excluding_issues=deep, let_go=let_go, excluding_offices=offices,
+                sharing=self._sharing() if limit else ())
         except BaseException:  # (the store is away: next turn)
             self._finished = finished + self._finished
             self._settling[:0] = settling
@@ -301,6 +295,15 @@ class Worker:
         for item in superseded:
             _superseded(item)
         return items
+
+    def _sharing(self) -> list[str]:
+        """The offices running their share of this worker (half its room) or more: claims
+        take another office's due deliveries before more of theirs, so one office's backlog
+        never holds back a delivery of another's queued after it."""
+        running = Counter(_office_of(item, issue_key(item)) for item in self._in_flight.values())
+        share = max(1, self.batch // SHARE)
+        return sorted(office for office, n in running.items()
+                      if office is not None and n >= share)
 
     async def _preclaim(self, db: Connection, items: list[QueueItem]
                         ) -> dict[str, tuple[str, str]]:

@@ -18,7 +18,7 @@ from typing import ClassVar, TypeVar
 
 from bot.store.idempotency import SCHEMA as IDEMPOTENCY_SCHEMA
 from bot.store.idempotency import IdempotencyMixin
-from bot.store.migrations import register_columns, register_schema
+from bot.store.migrations import register_backfill, register_columns, register_schema
 from bot.store.queue import (
     DEAD_AFTER,
     HEARTBEAT,
@@ -96,6 +96,24 @@ CREATE INDEX IF NOT EXISTS queue_held ON queue(issue_key, id, next_at, lease_own
 CREATE INDEX IF NOT EXISTS queue_wake ON queue(next_at, id, lease_owner, issue_key, state)
     WHERE state='pending';
 """, version=6)
+
+# Each queued delivery's office (bot.store.queue.office_of): claims share the worker between
+# offices by it, and leave alone the offices the worker holds back. The pending rows in
+# arrival order are indexed with it (queue_claim_office, in place of queue_claim); rows queued
+# before are given their issue's office (one about no issue keeps none: it is taken only while
+# no office is held back, as before).
+register_columns("queue", {"office": "{text}"}, version=18)
+_CLAIM_INDEX = """
+DROP INDEX IF EXISTS queue_claim;
+CREATE INDEX IF NOT EXISTS queue_claim_office
+    ON queue(id, next_at, lease_owner, issue_key, office, state) WHERE state='pending';
+"""
+register_backfill(
+    "UPDATE queue SET office=lower(substr(issue_key, 1, instr(issue_key, '/') - 1))"
+    " WHERE state IN ('pending', 'parked') AND issue_key IS NOT NULL;" + _CLAIM_INDEX,
+    postgres="UPDATE queue SET office=lower(split_part(issue_key, '/', 1))"
+             " WHERE state IN ('pending', 'parked') AND issue_key IS NOT NULL;" + _CLAIM_INDEX,
+    version=18)
 
 # The pending rows a replica has claimed, by issue (bot.store.queue, EARLIER): a claim on
 # PostgreSQL looks whether another replica runs one of its issue's deliveries, among these few.

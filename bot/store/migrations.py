@@ -61,6 +61,8 @@ NAMES = {
         " write's place reads the last minute and the hour's creations, not the hour",
     17: "OAuth consents keep what the person signed in with (a forge account, or an API"
         " token's hash): a grant ends once that no longer stands for them",
+    18: "each queued delivery's office: claims share the worker between offices, so one"
+        " office's backlog is not run before everything another queued after it",
 }
 
 

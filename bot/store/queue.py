@@ -8,7 +8,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -70,6 +70,39 @@ def issue_key(payload: dict[str, Any]) -> str | None:
     return None
 
 
+def payload_org(payload: Mapping[str, Any]) -> str | None:
+    """The org a delivery is about: the one its repository's owner, the owner in the
+    repository's `full_name` (which the handlers read) and its organization all name. None
+    when none names one or they disagree: an org's webhook, signed by that org, must not
+    name itself in one field and another org in the next."""
+    named: set[str] = set()
+    repo, organization = payload.get("repository"), payload.get("organization")
+    if isinstance(repo, dict):
+        full_name, owner = repo.get("full_name"), repo.get("owner")
+        if isinstance(full_name, str):
+            named.add(full_name.partition("/")[0].lower())
+        if isinstance(owner, dict) and isinstance(owner.get("login"), str):
+            named.add(str(owner["login"]).lower())
+    if isinstance(organization, dict) and isinstance(organization.get("login"), str):
+        named.add(str(organization["login"]).lower())
+    return next(iter(named)) if len(named) == 1 else None
+
+
+def office_of(payload: Mapping[str, Any], key: str | None) -> str | None:
+    """The one office a delivery is about: its issue's (`key`, "owner/repo#n"), else the org
+    its payload names (an installation's account, for an installation's events); None when
+    none. Kept on its queue row: claims share the worker between offices by it."""
+    if key is not None:
+        return key.partition("/")[0].lower()
+    org = payload_org(payload)
+    if org is None:
+        installation = payload.get("installation")
+        account = installation.get("account") if isinstance(installation, dict) else None
+        login = account.get("login") if isinstance(account, dict) else None
+        org = login.lower() if isinstance(login, str) and login else None
+    return org
+
+
 def _payload_text(arrival: _Arrival) -> str:
     """The payload as stored: its raw bytes when they are UTF-8 (JSON may arrive as UTF-16)."""
     try:
@@ -91,6 +124,11 @@ class _Arrival:
     def key(self) -> str | None:
         """The issue it is about, when it is queued to run (see issue_key)."""
         return issue_key(self.payload) if self.run else None
+
+    @functools.cached_property
+    def office(self) -> str | None:
+        """Whose it is (see office_of)."""
+        return office_of(self.payload, self.key)
 
     @property
     def action(self) -> str | None:
@@ -148,7 +186,7 @@ _LIVE = f"SELECT id FROM replicas WHERE seen_at>vm_now()-{DEAD_AFTER}"
 # A claim costs what it takes, not the backlog (issue 29: the hold below scanned every pending
 # row for each candidate, so one claim took 21.9 s with 6,560 pending, under the write lock).
 # It reads pending rows through partial indexes of them (bot.store.db, version 6):
-# `queue_claim` in arrival order, `queue_held` an issue's from its first, `queue_wake` by due
+# `queue_claim_office` in arrival order, `queue_held` an issue's from its first, `queue_wake` by due
 # time, each with what the claim filters on, so SQLite never reads a row's payload (it comes
 # before those columns and spills onto overflow pages). And it looks at a window of WINDOW
 # arrival ids at a time (due_items): PostgreSQL, sure from stale statistics that few rows are
@@ -184,22 +222,26 @@ _MINE_TO_TAKE = ("(q.lease_owner IS NULL OR q.lease_owner=? OR (q.lease_owner NO
                  + _LIVE + ") AND " + _STEADY_ME + ")) AND NOT EXISTS (" + _HELD_BEHIND + ")")
 _CLAIMABLE = "q.state='pending' AND q.next_at<=coalesce(?, vm_now()) AND " + _MINE_TO_TAKE
 # where the next window begins: the oldest pending delivery from an id on
-NEXT_PENDING = Sql("SELECT MIN(id) AS id FROM queue INDEXED BY queue_claim"
+NEXT_PENDING = Sql("SELECT MIN(id) AS id FROM queue INDEXED BY queue_claim_office"
                    " WHERE state='pending' AND id>=?",
                    "SELECT MIN(id) AS id FROM queue WHERE state='pending' AND id>=?")
-# the office (org) of a row's issue, as the worker names it (bot.app.worker._office_of_key)
-# (each engine's own: the claims that use it are each one engine's)
-_OFFICE_OF_SQLITE = "lower(substr(q.issue_key, 1, instr(q.issue_key, '/') - 1))"
-_OFFICE_OF_POSTGRES = "lower(split_part(q.issue_key, '/', 1))"
+# the same, of the offices not left alone: the windows begin past their backlogs, in one look
+# at the index rather than a claim of each window of them
+NEXT_PENDING_BUT = Sql(
+    "SELECT MIN(id) AS id FROM queue INDEXED BY queue_claim_office WHERE state='pending'"
+    " AND id>=? AND (office IS NULL OR office NOT IN (SELECT value FROM json_each(?)))",
+    "SELECT MIN(id) AS id FROM queue WHERE state='pending' AND id>=?"
+    " AND NOT coalesce(office = ANY(?::text[]), false)")
 # SQLite's claim (one writer, so nothing to skip): the oldest deliveries in a window this
 # replica may take now (parameters: claim_params). PostgreSQL's is CANDIDATES, below.
-# (JSON arrays of the ids and issues it leaves alone: what this replica is running, and the
-# issues whose lanes are deep, see `excluding`)
-CLAIM = ("SELECT q.id FROM queue q INDEXED BY queue_claim WHERE q.id>=? AND q.id<? AND "
-         "q.id NOT IN (SELECT value FROM json_each(?)) AND (q.issue_key IS NULL AND q.id<?"
-         " OR q.issue_key NOT IN (SELECT value FROM json_each(?)) AND " + _OFFICE_OF_SQLITE
-         + " NOT IN (SELECT value FROM json_each(?))) AND "
-         + _CLAIMABLE + " ORDER BY q.id LIMIT ?").sqlite
+# (JSON arrays of the ids, issues and offices it leaves alone: what this replica is running,
+# the issues whose lanes are deep, see `excluding`, and the offices the worker holds back; a
+# row of no known office, queued before rows had one, only while it holds none back)
+CLAIM = ("SELECT q.id FROM queue q INDEXED BY queue_claim_office WHERE q.id>=? AND q.id<?"
+         " AND q.id NOT IN (SELECT value FROM json_each(?)) AND (q.issue_key IS NULL AND q.id<?"
+         " AND (q.office IS NOT NULL OR ?) OR q.issue_key IS NOT NULL AND q.issue_key NOT IN"
+         " (SELECT value FROM json_each(?))) AND (q.office IS NULL OR q.office NOT IN"
+         " (SELECT value FROM json_each(?))) AND " + _CLAIMABLE + " ORDER BY q.id LIMIT ?").sqlite
 # when the next of them is due: the first by due time not held behind (next_wakeup)
 WAKEUP = (Sql("SELECT q.next_at-vm_now() AS t FROM queue q INDEXED BY queue_wake",
               "SELECT q.next_at-vm_now() AS t FROM queue q")
@@ -223,8 +265,9 @@ WAKEUP = (Sql("SELECT q.next_at-vm_now() AS t FROM queue q INDEXED BY queue_wake
 # one key, `issue:`, which its intake took as ours does `intake:`.)
 CANDIDATES = ("SELECT q.id, q.issue_key FROM queue q WHERE q.id>=? AND q.id<?"
               " AND NOT (q.id = ANY(?::bigint[]))"
-              " AND (q.issue_key IS NULL AND q.id<? OR NOT (q.issue_key = ANY(?::text[]))"
-              " AND NOT (" + _OFFICE_OF_POSTGRES + " = ANY(?::text[])))"
+              " AND (q.issue_key IS NULL AND q.id<? AND (q.office IS NOT NULL OR ?::boolean)"
+              " OR q.issue_key IS NOT NULL AND NOT (q.issue_key = ANY(?::text[])))"
+              " AND NOT coalesce(q.office = ANY(?::text[]), false)"
               " AND q.state='pending' AND q.next_at<=coalesce(?, vm_now())"
               " AND (q.lease_owner IS NULL"
               " OR q.lease_owner=? OR (q.lease_owner NOT IN (" + _LIVE + ") AND "
@@ -274,8 +317,8 @@ def claim_params(me: str, at: float | None, first: int, limit: int,
     the window from id `first` on, leaving the ids `excluding` and the deliveries about the
     issues `excluding_issues` alone, and the barriers from `barriers_before` on."""
     return (first, first + WINDOW, json.dumps(sorted(excluding)), barriers_before,
-            json.dumps(sorted(excluding_issues)), json.dumps(sorted(excluding_offices)), at,
-            me, me, at, me, limit)
+            not excluding_offices, json.dumps(sorted(excluding_issues)),
+            json.dumps(sorted(excluding_offices)), at, me, me, at, me, limit)
 
 
 def wakeup_params(me: str, at: float | None) -> tuple[Any, ...]:
@@ -620,9 +663,9 @@ class QueueMixin:
                  for a in firsts.values() if a.guid in landed])
         fresh = {a for guid, a in firsts.items() if guid in landed}
         await db.executemany(
-            "INSERT INTO queue(guid, event, installation_id, issue_key, payload, next_at,"
-            " created_at) VALUES (?,?,?,?,?,vm_now(),?)",
-            [(a.guid, a.event, a.installation_id, a.key, _payload_text(a),
+            "INSERT INTO queue(guid, event, installation_id, issue_key, office, payload,"
+            " next_at, created_at) VALUES (?,?,?,?,?,?,vm_now(),?)",
+            [(a.guid, a.event, a.installation_id, a.key, a.office, _payload_text(a),
               now) for a in batch if a in fresh and a.run])
         return fresh
 
@@ -641,7 +684,7 @@ class QueueMixin:
 
     async def next_due(self, now: float | None = None) -> QueueItem | None:
         row = await self.fetchone(
-            Sql("SELECT * FROM queue INDEXED BY queue_claim", "SELECT * FROM queue")
+            Sql("SELECT * FROM queue INDEXED BY queue_claim_office", "SELECT * FROM queue")
             + " WHERE state='pending' AND next_at<=coalesce(?, vm_now()) ORDER BY id LIMIT 1",
             (now,),
         )
@@ -661,11 +704,14 @@ class QueueMixin:
                                excluding_issues: Collection[str] = (),
                                let_go: Sequence[QueueItem] = (),
                                excluding_offices: Collection[str] = (),
+                               sharing: Collection[str] = (),
                                ) -> tuple[list[QueueItem], list[QueueItem]]:
         """Mark deliveries finished (as `finish` does, each under its claim), let go of the
         claims of `let_go` (claimed, not run: free again for any replica, this one included)
         and claim the next ones, leaving alone the ids `excluding` (what this replica is
-        running) and the issues `excluding_issues` (whole: their order holds): one
+        running), the issues `excluding_issues` (whole: their order holds) and the offices
+        `excluding_offices`, and taking the offices `sharing` (each running its share of the
+        worker) only once every other office's due deliveries are taken: one
         transaction, the worker's one write between two claims (`also` writes in it first:
         the results of what the deliveries ran once; `then` last, given what was claimed:
         their claims of what they will run once). Returns what it claimed, and which
@@ -693,7 +739,6 @@ class QueueMixin:
             # row may be taken depends on the rows before it, and one this claim took holds
             # nothing back now (it is this replica's) as it held nothing back before
             rows: list[Any] = []
-            start = 0
             # SQLite: one now for the whole claim (its vm_now is read anew by each row and
             # statement, so a row about an issue falling due between two windows was neither
             # taken nor held back a later one about its issue, which then ran first)
@@ -706,31 +751,43 @@ class QueueMixin:
                 found = next(iter(await db.fetchall(FIRST_LEFT, left)), None)
                 if found is not None and found["id"] is not None:
                     hold = int(found["id"])
-            if excluding_offices:
-                # no delivery about no issue either: whose office one is, a claim cannot
-                # tell, and those of an office left alone wait behind its own, counting for
-                # no room (claim after claim took its whole backlog of them into memory)
-                hold = 0
             if claim_at is None and self.engine == "sqlite" and limit:
                 claim_at = float((await db.fetchall("SELECT vm_now() AS t"))[0]["t"])
-            while len(rows) < limit:
-                first = next(iter(await db.fetchall(NEXT_PENDING, (start,))), None)
-                if first is None or first["id"] is None:
-                    break
-                start = int(first["id"]) + WINDOW
-                if self.engine == "postgresql":
-                    rows += await self._claim_side_by_side(db, at, int(first["id"]),
-                                                           limit - len(rows), excluding,
-                                                           excluding_issues, hold,
-                                                           excluding_offices)
-                    continue
-                rows += await db.fetchall(
-                    "UPDATE queue SET takeovers=takeovers+(CASE WHEN " + _STOPPED_HOLDER
-                    + " THEN 1 ELSE 0 END), lease_owner=?, lease_seq=lease_seq+1"
-                    " WHERE id IN (" + CLAIM + ") RETURNING *",
-                    (me, me, *claim_params(me, claim_at, int(first["id"]),
-                                           limit - len(rows), excluding,
-                                           excluding_issues, hold, excluding_offices)))
+
+            async def take(out: Collection[str], left: Collection[int]) -> None:
+                """Window after window, up to `limit`, leaving the offices `out` alone."""
+                start = 0
+                while len(rows) < limit:
+                    if out:
+                        offices: Any = sorted(out)
+                        if self.engine == "sqlite":
+                            offices = json.dumps(offices)
+                        look = await db.fetchall(NEXT_PENDING_BUT, (start, offices))
+                    else:
+                        look = await db.fetchall(NEXT_PENDING, (start,))
+                    first = next(iter(look), None)
+                    if first is None or first["id"] is None:
+                        break
+                    start = int(first["id"]) + WINDOW
+                    if self.engine == "postgresql":
+                        rows.extend(await self._claim_side_by_side(
+                            db, at, int(first["id"]), limit - len(rows), left,
+                            excluding_issues, hold, out))
+                        continue
+                    rows.extend(await db.fetchall(
+                        "UPDATE queue SET takeovers=takeovers+(CASE WHEN " + _STOPPED_HOLDER
+                        + " THEN 1 ELSE 0 END), lease_owner=?, lease_seq=lease_seq+1"
+                        " WHERE id IN (" + CLAIM + ") RETURNING *",
+                        (me, me, *claim_params(me, claim_at, int(first["id"]),
+                                               limit - len(rows), left, excluding_issues,
+                                               hold, out))))
+
+            # the offices holding their share of the worker first wait for the others' due
+            # deliveries, then take the room those leave (one office's backlog is not run
+            # before everything another queued after it, and the room is never left idle)
+            await take({*excluding_offices, *sharing}, excluding)
+            if sharing and len(rows) < limit:
+                await take(excluding_offices, {*excluding, *(int(r["id"]) for r in rows)})
             rows = await _set_suspects_apart(db, sorted(rows, key=lambda r: int(r["id"])))
             items = [_item(r, kept[1] if (kept := handed.get(r["guid"])) else None)
                      for r in rows]
@@ -755,7 +812,8 @@ class QueueMixin:
         me = self.replica_id
         candidates = [(int(r["id"]), r["issue_key"]) for r in await db.fetchall(
             CANDIDATES, (first, first + WINDOW, sorted(excluding), hold,
-                         sorted(excluding_issues), sorted(excluding_offices), at, me, me,
+                         not excluding_offices, sorted(excluding_issues),
+                         sorted(excluding_offices), at, me, me,
                          db.older_keys, RESERVED, limit))]
         if not candidates:
             return []

@@ -113,7 +113,8 @@ async def cluster(schedule: Schedule, workdir: Path) -> AsyncIterator[Cluster]:
     deployed.install()
     try:
         await asyncio.gather(*(p.start() for p in procs))
-        code, out = await vaultmail(env, "token", "create", "agent:builder")
+        code, out = await vaultmail(env, "token", "create", "agent:builder", "--org",
+                                    deployed.org)
         assert code == 0, out
         yield Cluster(forge, procs, env, database_url,
                       {**deployed.tokens, "api:agent:builder": out.split()[-1]})
