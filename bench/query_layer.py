@@ -39,7 +39,7 @@ STATEMENTS = {"sqlite": 9, "postgresql": 12}
 
 # SQLite's dialect (what the tree before wrote, and what SQLite runs); PostgreSQL's, where
 # the two differ, beside it
-NEXT = ("SELECT MIN(id) AS id FROM queue INDEXED BY queue_claim WHERE state='pending'"
+NEXT = ("SELECT MIN(id) AS id FROM queue INDEXED BY queue_claim_office WHERE state='pending'"
         " AND id>=?", "SELECT MIN(id) AS id FROM queue WHERE state='pending' AND id>=?")
 CLAIM = ("UPDATE queue SET lease_owner=?, lease_seq=lease_seq+1 WHERE id=? AND state='pending'"
          " RETURNING id, guid, payload, lease_seq",)

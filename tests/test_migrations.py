@@ -93,3 +93,17 @@ def test_a_command_that_opens_a_fresh_index_first_makes_every_table(tmp_path: Pa
         conn.close()
     assert {"chats", "comments", "threads", "items", "outbound_cursors", "forge_writes",
             "console_sessions", "stranger_replies", "installations"} <= tables, tables
+
+
+def test_every_module_that_registers_tables_is_loaded_before_the_migrations_are_read() -> None:
+    """`bot.store` loads its modules when named (the CLI's start-up time), so whatever opens
+    the index first makes every table only if `TABLES` names each module that registers one."""
+    import re
+
+    from bot.store.migrations import TABLES
+
+    store = Path(__file__).resolve().parent.parent / "bot" / "store"
+    registering = {path.stem for path in store.glob("*.py")
+                   if re.search(r"^register_(schema|columns|backfill)\(",
+                                path.read_text(), re.MULTILINE)}
+    assert registering and registering <= set(TABLES), sorted(registering - set(TABLES))

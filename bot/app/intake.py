@@ -41,7 +41,7 @@ from bot.app.services import SERVICES_KEY, Services
 from bot.errors import PayloadTooLarge, VaultmailError
 from bot.forge import gitea_events as gitea
 from bot.office.source import CONFIG_REPO
-from bot.store.queue import installation_of, payload_org
+from bot.store.queue import installation_of, issue_key, office_of, payload_org
 
 log = logging.getLogger("vaultmail.intake")
 
@@ -272,7 +272,7 @@ async def receive_webhook(request: web.Request) -> web.Response:
         except Exception:  # malformed: queued as it came, it fails alone and dead-letters
             log.warning("webhook payload not in the forge's shape; queued as it came",
                         extra={"delivery_id": guid, "event": event}, exc_info=True)
-    if org is not None and (about := payload_org(payload)) != org.lower():
+    if org is not None and (about := _org_about(payload)) != org.lower():
         # signed with one org's secret: about that org only, never another's repositories
         log.warning("webhook refused: about another org than its webhook's",
                     extra={"delivery_id": guid, "event": event, "org": org})
@@ -295,6 +295,16 @@ async def receive_webhook(request: web.Request) -> web.Response:
     if queued:
         services.wake_worker()
     return _json({"delivery": guid, "queued": queued}, status=202)
+
+
+def _org_about(payload: dict[str, Any]) -> str | None:
+    """The one org an org's own webhook delivery is about: the org its fields name, and the
+    owner of the issue it is queued under (a `sub_issue_repo` names another repository: acme's
+    admins, who sign acme's deliveries, must not queue one in globex's issue's order, or count
+    it against globex's share of the worker)."""
+    org = payload_org(payload)
+    key = issue_key(payload)
+    return org if key is None or office_of(payload, key) == org else None
 
 
 def _ignored(services: Services, guid: str, event: str, payload: dict[str, Any]

@@ -300,10 +300,13 @@ class Worker:
         """The offices running their share of this worker (half its room) or more: claims
         take another office's due deliveries before more of theirs, so one office's backlog
         never holds back a delivery of another's queued after it."""
-        running = Counter(_office_of(item, issue_key(item)) for item in self._in_flight.values())
+        running: Counter[str] = Counter()  # the room each office takes, as `_turn` counts it
+        for key, lane in self._lanes.items():  # (not what waits past a deep lane's DEEP, nor
+            office = key.removeprefix(_OFFICE) if key.startswith(_OFFICE) \
+                else _office_of_key(key)  # what waits behind its office's delivery)
+            running[office] += min(len(lane.items), self.deep)
         share = max(1, self.batch // SHARE)
-        return sorted(office for office, n in running.items()
-                      if office is not None and n >= share)
+        return sorted(office for office, n in running.items() if n >= share)
 
     async def _preclaim(self, db: Connection, items: list[QueueItem]
                         ) -> dict[str, tuple[str, str]]:

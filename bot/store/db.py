@@ -99,7 +99,8 @@ CREATE INDEX IF NOT EXISTS queue_wake ON queue(next_at, id, lease_owner, issue_k
 
 # Each queued delivery's office (bot.store.queue.office_of): claims share the worker between
 # offices by it, and leave alone the offices the worker holds back. The pending rows in
-# arrival order are indexed with it (queue_claim_office, in place of queue_claim); rows queued
+# arrival order are indexed with it (queue_claim_office, in place of queue_claim), and by it
+# (queue_pending_office: each office's first pending row, queue.NEXT_PENDING_BUT); rows queued
 # before are given their issue's office (one about no issue keeps none: it is taken only while
 # no office is held back, as before).
 register_columns("queue", {"office": "{text}"}, version=18)
@@ -107,6 +108,7 @@ _CLAIM_INDEX = """
 DROP INDEX IF EXISTS queue_claim;
 CREATE INDEX IF NOT EXISTS queue_claim_office
     ON queue(id, next_at, lease_owner, issue_key, office, state) WHERE state='pending';
+CREATE INDEX IF NOT EXISTS queue_pending_office ON queue(office, id) WHERE state='pending';
 """
 register_backfill(
     "UPDATE queue SET office=lower(substr(issue_key, 1, instr(issue_key, '/') - 1))"

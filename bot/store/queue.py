@@ -225,13 +225,30 @@ _CLAIMABLE = "q.state='pending' AND q.next_at<=coalesce(?, vm_now()) AND " + _MI
 NEXT_PENDING = Sql("SELECT MIN(id) AS id FROM queue INDEXED BY queue_claim_office"
                    " WHERE state='pending' AND id>=?",
                    "SELECT MIN(id) AS id FROM queue WHERE state='pending' AND id>=?")
-# the same, of the offices not left alone: the windows begin past their backlogs, in one look
-# at the index rather than a claim of each window of them
+# the same, of the offices not left alone (parameters: the id, twice, then the offices): the
+# first pending row of each office with any, one hop through `queue_pending_office` an office
+# (a recursive walk over its distinct offices), and the first of no office, rather than a
+# look at every row of the backlogs left alone (the claim's first pass begins its windows
+# there: an office's whole backlog would be read at every claim while it holds its share)
+_FIRSTS = """
+WITH RECURSIVE o(office) AS (
+    SELECT MIN(office) FROM queue {hint} WHERE state='pending'
+    UNION ALL
+    SELECT (SELECT MIN(office) FROM queue {hint} WHERE state='pending' AND office>o.office)
+    FROM o WHERE o.office IS NOT NULL
+)
+SELECT MIN(id) AS id FROM (
+    SELECT (SELECT MIN(id) FROM queue {hint} WHERE state='pending' AND office IS NULL
+            AND id>=?) AS id
+    UNION ALL
+    SELECT (SELECT MIN(p.id) FROM queue p {hint} WHERE p.state='pending'
+            AND p.office=o.office AND p.id>=?) AS id
+    FROM o WHERE o.office IS NOT NULL AND {kept}
+) firsts"""
 NEXT_PENDING_BUT = Sql(
-    "SELECT MIN(id) AS id FROM queue INDEXED BY queue_claim_office WHERE state='pending'"
-    " AND id>=? AND (office IS NULL OR office NOT IN (SELECT value FROM json_each(?)))",
-    "SELECT MIN(id) AS id FROM queue WHERE state='pending' AND id>=?"
-    " AND NOT coalesce(office = ANY(?::text[]), false)")
+    _FIRSTS.format(hint="INDEXED BY queue_pending_office",
+                   kept="o.office NOT IN (SELECT value FROM json_each(?))"),
+    _FIRSTS.format(hint="", kept="NOT (o.office = ANY(?::text[]))"))
 # SQLite's claim (one writer, so nothing to skip): the oldest deliveries in a window this
 # replica may take now (parameters: claim_params). PostgreSQL's is CANDIDATES, below.
 # (JSON arrays of the ids, issues and offices it leaves alone: what this replica is running,
@@ -263,11 +280,14 @@ WAKEUP = (Sql("SELECT q.next_at-vm_now() AS t FROM queue q INDEXED BY queue_wake
 # once, with no claim ever waiting for another. (Keys are numbered as every key is,
 # bot.store.locks; while a replica of an older release lives, its way is tried too: there,
 # one key, `issue:`, which its intake took as ours does `intake:`.)
+# (A row about an issue that a replica of the release before queued, during a rolling upgrade,
+# has no office: its issue's owner is taken for it.)
 CANDIDATES = ("SELECT q.id, q.issue_key FROM queue q WHERE q.id>=? AND q.id<?"
               " AND NOT (q.id = ANY(?::bigint[]))"
               " AND (q.issue_key IS NULL AND q.id<? AND (q.office IS NOT NULL OR ?::boolean)"
               " OR q.issue_key IS NOT NULL AND NOT (q.issue_key = ANY(?::text[])))"
-              " AND NOT coalesce(q.office = ANY(?::text[]), false)"
+              " AND NOT coalesce(coalesce(q.office, lower(split_part(q.issue_key, '/', 1)))"
+              " = ANY(?::text[]), false)"
               " AND q.state='pending' AND q.next_at<=coalesce(?, vm_now())"
               " AND (q.lease_owner IS NULL"
               " OR q.lease_owner=? OR (q.lease_owner NOT IN (" + _LIVE + ") AND "
@@ -762,7 +782,7 @@ class QueueMixin:
                         offices: Any = sorted(out)
                         if self.engine == "sqlite":
                             offices = json.dumps(offices)
-                        look = await db.fetchall(NEXT_PENDING_BUT, (start, offices))
+                        look = await db.fetchall(NEXT_PENDING_BUT, (start, start, offices))
                     else:
                         look = await db.fetchall(NEXT_PENDING, (start,))
                     first = next(iter(look), None)

@@ -131,6 +131,38 @@ async def test_an_orgs_webhook_cannot_name_its_org_in_one_field_and_another_in_t
     assert (row.state, vault.issues[sent["number"]].state) == ("mail:new", "open")
 
 
+async def test_an_orgs_webhook_cannot_queue_a_delivery_under_another_orgs_issue(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """A delivery runs in the order of the issue it is about, and counts against that
+    issue's office's share of the worker: evil's admins, who sign evil's deliveries, named
+    evil's repository and, as a sub-issue's, acme's issue (found by review: it was queued
+    under acme's issue, in acme's order and counted as acme's)."""
+    import hashlib
+    import hmac
+    import json
+
+    from bot.app.intake import org_webhook_secret
+
+    evils = org_webhook_secret(office.services.settings.webhook_secret, "evil")
+    body = json.dumps({
+        "action": "opened", "number": 5,
+        "issue": {"id": 5, "number": 5, "title": "x", "body": "x", "labels": [],
+                  "user": {"login": "eve"}, "state": "open"},
+        "repository": {"full_name": "evil/website", "name": "website",
+                       "owner": {"login": "evil"}},
+        "sub_issue": {"id": 6, "number": 1}, "sub_issue_repo": {
+            "full_name": "acme/scout-vault", "owner": {"login": "acme"}},
+        "sender": {"login": "eve"}}).encode()
+    mac = hmac.new(evils.encode(), body, hashlib.sha256).hexdigest()
+    async with session.post(office.app_url + "/webhook/evil", data=body, headers={
+            "Content-Type": "application/json", "X-Gitea-Delivery": "evil-sub",
+            "X-Gitea-Event": "issues", "X-Gitea-Signature": mac}) as resp:
+        status, text = resp.status, await resp.text()
+    assert status == 403 and "wrong_org" in text, text
+    assert await office.services.store.fetchone(
+        "SELECT 1 FROM queue WHERE guid LIKE '%evil-sub'") is None
+
+
 async def test_each_org_writes_within_a_budget_of_its_own(
         office: Embedded, session: aiohttp.ClientSession) -> None:
     """One bot serves every org, and each org's writes are paced and budgeted apart, as each

@@ -1,0 +1,119 @@
+"""One office's backlog against another office's deliveries queued after it: how long the
+second office waits, with the worker shared between offices (`Worker._sharing`) and without.
+
+acme queues `--backlog` deliveries (each about an issue of its own, so nothing but the worker's
+room orders them); then globex queues `--others`. Each delivery's handler takes `--work`
+milliseconds (a forge round trip). The worker (the app's, on SQLite or on PostgreSQL) runs
+them all; reported per cell: globex's waits (from its queueing to its handler's start), p50 and
+the longest, acme's backlog's time to run out, and deliveries handled a second, sharing on and
+off side by side in one run (off: the claims as they were before, the oldest due first
+whoever's they are).
+
+Run: .venv/bin/python -m bench.office_share [--backlog 2000] [--others 20] [--work 50]
+     [--engines sqlite,postgresql] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from gidgethub import sansio
+from gidgethub.routing import Router
+
+from bench.common import ms, percentile
+from bot.app.context import HandlerContext
+from bot.app.worker import Worker
+from bot.store import QueueItem, open_store
+from tests import pg
+
+
+def _comment(org: str, issue: int) -> dict[str, Any]:
+    return {"action": "created", "issue": {"number": issue},
+            "comment": {"id": issue, "updated_at": "2026-12-05T00:00:00Z"},
+            "repository": {"full_name": f"{org}/scout-vault", "owner": {"login": org}},
+            "organization": {"login": org}, "sender": {"login": "someone"},
+            "installation": {"id": 1 if org == "acme" else 2}}
+
+
+def _context(item: QueueItem, log: Any) -> HandlerContext:
+    return HandlerContext(services=None, forge=None,  # type: ignore[arg-type]
+                          installation_id=item.installation_id, delivery_id=item.guid, log=log)
+
+
+async def _cell(engine: str, sharing: bool, backlog: int, others: int,
+                work: float) -> dict[str, float]:
+    url = await pg.fresh_database(migrated=True) if engine == "postgresql" else ""
+    with tempfile.TemporaryDirectory() as tmp:
+        store = await open_store(url or Path(tmp) / "index.sqlite3")
+        if url:
+            await store.join("bench")
+        queued: dict[str, float] = {}
+        started: dict[str, float] = {}
+        router = Router()
+
+        @router.register("issue_comment")
+        async def handle(event: sansio.Event, ctx: HandlerContext) -> None:
+            started[event.delivery_id] = time.monotonic()
+            await asyncio.sleep(work)
+
+        worker = Worker(store, router, Router(), lambda payload: False, _context)
+        if not sharing:
+            worker._sharing = list  # type: ignore[method-assign]  # (the claims before it)
+
+        async def enqueue(org: str, n: int) -> None:
+            payload = _comment(org, n)
+            guid = f"{org}-{n}"
+            queued[guid] = time.monotonic()
+            await store.enqueue_delivery(guid, "issue_comment", payload,
+                                         json.dumps(payload).encode())
+
+        try:
+            await asyncio.gather(*(enqueue("acme", n) for n in range(1, backlog + 1)))
+            began = time.monotonic()
+            worker.start()
+            await asyncio.gather(*(enqueue("globex", n) for n in range(1, others + 1)))
+            await worker.idle(timeout=600)
+            ended = time.monotonic()
+        finally:
+            await worker.stop(drain_timeout=5.0)
+            await store.close()
+            if url:
+                await pg.drop_database(url)
+    waits = sorted(started[g] - queued[g] for g in started if g.startswith("globex"))
+    acme_end = max(started[g] for g in started if g.startswith("acme")) + work
+    return {"globex_p50": percentile(waits, 50), "globex_max": waits[-1],
+            "acme_done": acme_end - began, "per_s": (backlog + others) / (ended - began)}
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backlog", type=int, default=2000)
+    parser.add_argument("--others", type=int, default=20)
+    parser.add_argument("--work", type=float, default=50.0, help="milliseconds a delivery")
+    parser.add_argument("--engines", default="sqlite,postgresql")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    print(f"$ .venv/bin/python -m bench.office_share --backlog {args.backlog} --others "
+          f"{args.others} --work {args.work:g} --engines {args.engines} --rounds {args.rounds}")
+    print("| engine | round | sharing | globex wait p50 (ms) | globex wait max (ms) |"
+          " acme's backlog done | handled/s |")
+    print("|---|---|---|---|---|---|---|")
+    for engine in args.engines.split(","):
+        for n in range(1, args.rounds + 1):
+            order = (True, False) if n % 2 else (False, True)  # flipped each round
+            for sharing in order:
+                r = await _cell(engine, sharing, args.backlog, args.others,
+                                args.work / 1000.0)
+                print(f"| {engine} | {n} | {'on' if sharing else 'off'} | "
+                      f"{ms(r['globex_p50'])} | {ms(r['globex_max'])} | "
+                      f"{r['acme_done']:.2f} s | {r['per_s']:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
