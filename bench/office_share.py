@@ -22,7 +22,6 @@ import random
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from gidgethub import sansio
 from gidgethub.routing import Router
@@ -30,21 +29,10 @@ from gidgethub.routing import Router
 from bench.common import ms, percentile
 from bot.app.context import HandlerContext
 from bot.app.worker import Worker
-from bot.store import QueueItem, open_store
+from bot.store import open_store
 from tests import pg
-
-
-def _comment(org: str, issue: int) -> dict[str, Any]:
-    return {"action": "created", "issue": {"number": issue},
-            "comment": {"id": issue, "updated_at": "2026-12-05T00:00:00Z"},
-            "repository": {"full_name": f"{org}/scout-vault", "owner": {"login": org}},
-            "organization": {"login": org}, "sender": {"login": "someone"},
-            "installation": {"id": 1 if org == "acme" else 2}}
-
-
-def _context(item: QueueItem, log: Any) -> HandlerContext:
-    return HandlerContext(services=None, forge=None,  # type: ignore[arg-type]
-                          installation_id=item.installation_id, delivery_id=item.guid, log=log)
+from tests.test_worker_lanes import context as _context
+from tests.test_worker_lanes import office_comment as _comment
 
 
 async def _cell(engine: str, sharing: bool, backlog: int, others: int,

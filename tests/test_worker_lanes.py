@@ -27,7 +27,7 @@ def _comment(issue: int, comment: int) -> dict[str, Any]:
             "installation": {"id": 1}}
 
 
-def _context(item: QueueItem, log: Any) -> HandlerContext:
+def context(item: QueueItem, log: Any) -> HandlerContext:
     return HandlerContext(services=None, forge=None,  # type: ignore[arg-type]
                           installation_id=item.installation_id, delivery_id=item.guid, log=log)
 
@@ -63,7 +63,7 @@ async def test_a_delivery_arriving_while_another_is_slow_runs_beside_it(tmp_path
         else:
             quick_done.set()
 
-    worker = Worker(store, router, Router(), lambda payload: False, _context)
+    worker = Worker(store, router, Router(), lambda payload: False, context)
     try:
         await _deliver(store, "slow", 1, 101)
         worker.start()
@@ -95,7 +95,7 @@ async def test_a_later_claim_about_a_running_issue_runs_after_it_in_order(
             await first_may_end.wait()
         ran.append(f"end {event.delivery_id}")
 
-    worker = Worker(store, router, Router(), lambda payload: False, _context)
+    worker = Worker(store, router, Router(), lambda payload: False, context)
     try:
         await _deliver(store, "x-1", 1, 101)
         worker.start()
@@ -140,7 +140,7 @@ async def test_what_a_later_claim_took_behind_a_retry_waits_for_the_retry(
             raise RuntimeError("the forge was away")  # retried after a backoff
         ran.append(event.delivery_id)
 
-    worker = Worker(store, router, Router(), lambda payload: False, _context,
+    worker = Worker(store, router, Router(), lambda payload: False, context,
                     base_backoff=0.2)
     try:
         await _deliver(store, "x-1", 1, 101)
@@ -180,7 +180,7 @@ async def test_a_stop_out_of_time_lets_go_of_the_preclaims_of_what_never_ran(
             first_started.set()
             await never.wait()
 
-    worker = Worker(store, router, Router(), lambda payload: False, _context)
+    worker = Worker(store, router, Router(), lambda payload: False, context)
     try:
         await _deliver(store, "x-1", 1, 101)
         await _deliver(store, "x-2", 1, 102)  # the same issue's: waits in x-1's lane
@@ -224,7 +224,7 @@ async def test_a_retry_falling_due_is_claimed_while_lanes_keep_ending(
     await _deliver(store, "retried", 2, 201)
     for n in range(1, 101):
         await _deliver(store, f"lane-{n}", 10 + n, 1000 + n)
-    worker = Worker(store, router, Router(), lambda payload: False, _context,
+    worker = Worker(store, router, Router(), lambda payload: False, context,
                     base_backoff=0.001)
     try:
         worker.start()
@@ -256,7 +256,7 @@ async def test_a_storm_about_one_issue_holds_no_other_issues_delivery(tmp_path: 
 
     for n in range(200):  # about issue 1, more than a claim holds
         await _deliver(store, f"x-{n}", 1, 1000 + n)
-    worker = Worker(store, router, Router(), lambda payload: False, _context)
+    worker = Worker(store, router, Router(), lambda payload: False, context)
     try:
         worker.start()
         await asyncio.wait_for(slow_started.wait(), 30)
@@ -305,7 +305,7 @@ async def test_a_claim_slower_than_a_look_is_not_followed_by_another_at_once(
 
     monkeypatch.setattr(store, "finish_and_claim", slow_claim)
     await _deliver(store, "slow", 1, 101)
-    worker = Worker(store, router, Router(), lambda payload: False, _context)
+    worker = Worker(store, router, Router(), lambda payload: False, context)
     try:
         worker.start()
         await asyncio.wait_for(slow_started.wait(), 30)
@@ -351,7 +351,7 @@ async def test_a_barrier_waits_for_a_deep_issues_deliveries_before_it(
         return taken, superseded
 
     store.finish_and_claim = claim  # type: ignore[method-assign]
-    worker = Worker(store, router, Router(), lambda payload: False, _context)
+    worker = Worker(store, router, Router(), lambda payload: False, context)
     deep = worker.deep + 8  # a lane deeper than DEEP: its issue is left alone by claims
     for n in range(deep):
         await _deliver(store, f"x-{n}", 1, 1000 + n)
@@ -416,7 +416,7 @@ class _SlowPush:
                                                  json.dumps(self.PUSH).encode())
 
     def worker(self, **kwargs: Any) -> Worker:
-        return Worker(self.store, self.router, Router(), lambda payload: False, _context,
+        return Worker(self.store, self.router, Router(), lambda payload: False, context,
                       **kwargs)
 
     async def until_globex_ran_beside_the_push(self) -> None:
@@ -524,7 +524,7 @@ async def test_an_offices_deliveries_about_no_issue_behind_its_slow_push_are_not
         await scene.store.close()
 
 
-def _office_comment(org: str, issue: int) -> dict[str, Any]:
+def office_comment(org: str, issue: int) -> dict[str, Any]:
     return {"action": "created", "issue": {"number": issue},
             "comment": {"id": issue, "updated_at": "2026-12-05T00:00:00Z"},
             "repository": {"full_name": f"{org}/scout-vault", "owner": {"login": org}},
@@ -555,10 +555,10 @@ async def test_one_offices_backlog_does_not_hold_back_another_offices_delivery(
         if event.delivery_id.startswith("acme"):
             await gate.acquire()
 
-    worker = Worker(store, router, Router(), lambda payload: False, _context, concurrency=8)
+    worker = Worker(store, router, Router(), lambda payload: False, context, concurrency=8)
     try:
         for n in range(1, 41):
-            payload = _office_comment("acme", n)
+            payload = office_comment("acme", n)
             assert await store.enqueue_delivery(f"acme-{n}", "issue_comment", payload,
                                                 json.dumps(payload).encode())
         worker.start()
@@ -566,7 +566,7 @@ async def test_one_offices_backlog_does_not_hold_back_another_offices_delivery(
             if len(started) == 8:
                 break
             await asyncio.sleep(0.01)
-        payload = _office_comment("globex", 1)
+        payload = office_comment("globex", 1)
         assert await store.enqueue_delivery("globex-1", "issue_comment", payload,
                                             json.dumps(payload).encode())
         for _ in range(4):
