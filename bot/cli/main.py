@@ -107,19 +107,14 @@ def _shown_host(host: str) -> str:
 
 
 async def cmd_serve(args: argparse.Namespace) -> int:
-    from aiohttp import web
-
     from bot.app.settings import NotRegistered, Settings
-    from bot.app.setup import add_registered_pages, serve_until_registered
-    from bot.app.web import STARTUP_KEY, create_app
-    from bot.email.gateway import GATEWAY_KEY, add_email
-    from bot.email.server import ListenError
-    from bot.store.sqlite import IndexInUse, own_index
 
     sock: socket.socket | None = None
-    try:
+    try:  # (read before the app is loaded: a mistyped setting is said at once)
         settings = Settings.from_env()
     except NotRegistered as unregistered:  # as Probot does: the registration page, then on
+        from bot.app.setup import serve_until_registered
+
         sock = listen(unregistered.host, unregistered.port)
         if not await serve_until_registered(sock, unregistered, stop_signal().wait()):
             sock.close()
@@ -127,6 +122,14 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         settings = Settings.from_env()  # the .env the registration wrote
     if args.log_level is None:
         setup_logging(settings.log_level)
+    from aiohttp import web
+
+    from bot.app.setup import add_registered_pages
+    from bot.app.web import STARTUP_KEY, create_app
+    from bot.email.gateway import GATEWAY_KEY, add_email
+    from bot.email.server import ListenError
+    from bot.store.sqlite import IndexInUse, own_index
+
     if not is_postgres(settings.database):
         try:  # one process serves a SQLite index (a second says so, before it listens)
             own_index(settings.db_path)

@@ -159,6 +159,22 @@ async def test_a_wrong_setting_names_the_variable_that_was_set(tmp_path: Path) -
     assert line.startswith("vaultmail: APP_ID='env1x'") and ".env" not in line, line
 
 
+async def test_a_wrong_setting_is_said_before_the_app_is_loaded(tmp_path: Path) -> None:
+    """An operator's typo is answered at once: `serve` reads its settings before it loads the
+    app (before, every module of the app was loaded first, two seconds here)."""
+    key = tmp_path / "app.pem"
+    key.write_text(_pem())
+    (tmp_path / ".env").write_text("")
+    code, _, err = await _run("serve", cwd=tmp_path, env={
+        "PRIVATE_KEY_PATH": str(key), "WEBHOOK_SECRET": "s", "APP_ID": "abc",
+        "PYTHONPROFILEIMPORTTIME": "1"})  # (each module loaded, on stderr)
+    assert code == 2 and "APP_ID='abc'" in err, err
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in err.splitlines()
+              if line.startswith("import time:")}
+    assert "bot.app.settings" in loaded and "bot.app.web" not in loaded, sorted(
+        m for m in loaded if m.startswith("bot."))
+
+
 # -- the HTTP tool listing uses MCP's names ----------------------------------------------
 
 async def test_the_http_tool_listing_says_input_schema_as_mcp_does(embedded: Embedded) -> None:
