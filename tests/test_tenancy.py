@@ -314,3 +314,37 @@ async def test_a_backlog_asking_for_the_office_at_once_all_get_it(embedded: Embe
     forge = embedded.services.forge_for_org("acme")
     offices = await asyncio.gather(*(source.get(forge, "acme") for _ in range(8)))
     assert [o.org if o else None for o in offices] == ["acme"] * 8
+
+
+async def test_asking_while_the_fetched_config_is_being_parsed_waits_for_it(
+        embedded: Embedded) -> None:
+    """The forge has answered and the text is being parsed (in a thread: slow on a loaded
+    host): who asks meanwhile gets the office, not "no config" (found in whole-suite runs: a
+    `serve` just started refused an SMTP recipient as unknown, 550, and a restarted one
+    handled a delivery as an office's without a config: its answer was marked fresh before
+    it was in place)."""
+    import threading
+
+    from bot.office.source import OfficeSource
+
+    source = OfficeSource()
+    parsing, may_finish = threading.Event(), threading.Event()
+    validate = source.validate
+
+    def slow_validate(org: str, text: str) -> Any:
+        parsing.set()
+        may_finish.wait(30)
+        return validate(org, text)
+
+    source.validate = slow_validate  # type: ignore[method-assign]
+    forge = embedded.services.forge_for_org("acme")
+    first = asyncio.create_task(source.get(forge, "acme"))
+    try:
+        await asyncio.to_thread(parsing.wait, 30)
+        second = asyncio.create_task(source.get(forge, "acme"))
+        await asyncio.sleep(0)  # (it has asked, while the first is being parsed)
+        may_finish.set()
+        offices = [await first, await second]
+    finally:
+        may_finish.set()
+    assert [o.org if o else None for o in offices] == ["acme", "acme"]

@@ -84,22 +84,28 @@ class OfficeSource:
         try:
             text = await forge.get_file(f"{org}/{CONFIG_REPO}", CONFIG_PATH)
         except UnreadableFile as exc:  # the org's file, not the forge: refused as invalid
-            self._fetched[org] = time.monotonic()
-            return self._refused(org, OfficeConfigError(self.where(org),
-                                                        [f"{self.where(org)}: {exc}"]))
-        self._fetched[org] = time.monotonic()  # once the forge has answered, not before
+            return self._answered(org, self._refused(org, OfficeConfigError(
+                self.where(org), [f"{self.where(org)}: {exc}"])))
         if text is None:
-            return self._last_valid.get(org)
+            return self._answered(org, self._last_valid.get(org))
         if self._text.get(org) == text and org in self._last_valid:
             self.last_error.pop(org, None)  # back to (or still) the last valid text
-            return self._last_valid[org]  # unchanged (a 304): no need to parse it again
+            return self._answered(org, self._last_valid[org])  # unchanged (a 304): not parsed
         try:  # (another office's text: parsed beside the loop, which serves every office)
             office = await asyncio.to_thread(self.validate, org, text)
         except OfficeConfigError as exc:
-            return self._refused(org, exc)
+            return self._answered(org, self._refused(org, exc))
         self.last_error.pop(org, None)
         self._last_valid[org] = office
         self._text[org] = text
+        return self._answered(org, office)
+
+    def _answered(self, org: str, office: Office | None) -> Office | None:
+        """The forge has answered and `office` is in place: it stands for `max_age` from now.
+        (Marked fresh before it was in place, a caller while the text was being parsed read
+        the answer before it, at start-up none: an SMTP recipient refused as unknown, a
+        delivery handled as one of an office without a config.)"""
+        self._fetched[org] = time.monotonic()
         return office
 
     def _refused(self, org: str, exc: OfficeConfigError) -> Office | None:
