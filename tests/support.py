@@ -11,7 +11,8 @@ import contextlib
 import functools
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
@@ -21,6 +22,38 @@ from jsonschema.exceptions import best_match
 
 from bot.app.embedded import Embedded, new_private_key
 from bot.tools import TOOLS
+
+
+async def older_index(tmp_path: Path, database_url: str, upto: int,
+                      statements: Sequence[tuple[str, Sequence[Any]]]) -> str:
+    """An index left at schema `upto` by an older release, with `statements` (SQL with `?`
+    placeholders, and their parameters) run in it: on PostgreSQL at `database_url` (an empty
+    database), else a SQLite file in `tmp_path`. What `open_store` upgrades: its target."""
+    import sqlite3
+
+    import asyncpg
+
+    from bot.store import postgres, sqlite
+    from bot.store.sql import numbered
+
+    if database_url:
+        await postgres._migrate(database_url, upto=upto)  # noqa: SLF001
+        conn = await asyncpg.connect(database_url)
+        try:
+            for sql, params in statements:
+                await conn.execute(numbered(sql), *params)
+        finally:
+            await conn.close()
+        return database_url
+    target = str(tmp_path / "index.sqlite3")
+    sqlite._migrate_file(target, upto=upto)  # noqa: SLF001
+    lite = sqlite3.connect(target, isolation_level=None)
+    try:
+        for sql, params in statements:
+            lite.execute(sql, tuple(params))
+    finally:
+        lite.close()
+    return target
 
 
 @functools.cache

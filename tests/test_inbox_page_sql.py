@@ -84,31 +84,14 @@ async def test_an_index_at_version_14_gets_each_waiting_rows_office_and_reposito
     on: a question written at version 14 (under its triggers) is filled in when the index
     opens, so it is listed as before, and later writes keep the rows in step (both engines)."""
     import json
-    import sqlite3
 
-    import asyncpg
-
-    from bot.store import postgres, sqlite
+    from tests.support import older_index
 
     state = json.dumps(_question("old", "Acme/Shown#7", SARA, (MARCO,)).state.to_json())
     insert = ("INSERT INTO threads(id, item, scope, asker, is_question, open, state,"
               " updated_at, org) VALUES ('old', 'Acme/Shown#7', 'Acme/Shown#7', ?, 1, 1, ?,"
               " 1.0, 'acme')")
-    target = empty_database_url or str(tmp_path / "index.sqlite3")
-    if empty_database_url:
-        await postgres._migrate(empty_database_url, upto=14)
-        conn = await asyncpg.connect(empty_database_url)
-        try:
-            await conn.execute(insert.replace("?, 1, 1, ?", "$1, 1, 1, $2"), SARA, state)
-        finally:
-            await conn.close()
-    else:
-        sqlite._migrate_file(target, upto=14)
-        lite = sqlite3.connect(target, isolation_level=None)
-        try:
-            lite.execute(insert, (SARA, state))
-        finally:
-            lite.close()
+    target = await older_index(tmp_path, empty_database_url, 14, [(insert, (SARA, state))])
     store = await open_store(target)  # version 15: the backfill
     try:
         [row] = await store.fetchall("SELECT principal, org, repo, asker FROM thread_waiting")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -20,6 +20,7 @@ from bot.store import ledger, mails
 from bot.store.db import Store
 from bot.store.locks import lock_pair
 from bot.store.queue import in_order, issue_key
+from bot.store.sql import Connection
 from tests import pg
 from tests.support import until
 
@@ -46,19 +47,11 @@ async def test_an_offices_writer_held_up_never_holds_up_another_offices_writes(
     appends to its own chain and finishes them, all while acme's writer holds what it holds;
     the server shows only acme's next ledger writer waiting, and for acme's."""
     url, (a, b, *_) = replicas
-    stalled, release = asyncio.Event(), asyncio.Event()
-    holder: list[int] = []
 
-    async def acme_writer() -> None:
-        async with a.transaction() as db:
-            await ledger.append(db, "mail.sent", "agent:scout", "acme/scout-vault#1", org="acme")
-            row = await db.fetchone("SELECT pg_backend_pid() AS pid")
-            holder.append(int(row["pid"]))
-            stalled.set()
-            await release.wait()
+    async def acme_writes(db: Connection) -> None:
+        await ledger.append(db, "mail.sent", "agent:scout", "acme/scout-vault#1", org="acme")
 
-    writer = asyncio.create_task(acme_writer())
-    await asyncio.wait_for(stalled.wait(), HANG_GUARD)
+    writer, pid, release = await _paused(a, acme_writes)
 
     async def globex_burst() -> None:
         for n in range(20):
@@ -76,11 +69,11 @@ async def test_an_offices_writer_held_up_never_holds_up_another_offices_writes(
                 done += 1
 
     await asyncio.wait_for(globex_burst(), HANG_GUARD)
-    assert await pg.waiting_behind(url, holder[0]) == 0, "nothing of globex's waited on acme's"
+    assert await pg.waiting_behind(url, pid) == 0, "nothing of globex's waited on acme's"
     # acme's own next entry does wait: one office's chain is appended one entry at a time
     second = asyncio.create_task(ledger.record(b, "mail.sent", "agent:scout",
                                                "acme/scout-vault#2", org="acme"))
-    await until(_one_waits(url, holder[0]), timeout=HANG_GUARD)
+    await until(_one_waits(url, pid), timeout=HANG_GUARD)
     release.set()
     await asyncio.wait_for(asyncio.gather(writer, second), HANG_GUARD)
     for org in ("acme", "globex"):
@@ -156,26 +149,36 @@ async def test_a_delivery_taken_in_never_waits_for_a_claim(
         await asyncio.wait_for(asyncio.gather(claiming, *taking_in), HANG_GUARD)
 
 
-async def _paused_intake(store: Store, issues: list[str]
-                         ) -> tuple[asyncio.Task[None], int, asyncio.Event]:
-    """A replica paused inside an intake of `issues` (its transaction holding their intake
-    keys) until the event returned is set: its task, and its session's pid."""
+async def _paused(store: Store, work: Callable[[Connection], Awaitable[None]]
+                  ) -> tuple[asyncio.Task[None], int, asyncio.Event]:
+    """A replica paused inside a transaction once `work` has run in it (holding what that
+    took) until the event returned is set: its task, and its session's pid."""
     stalled, release = asyncio.Event(), asyncio.Event()
     holder: list[int] = []
 
-    async def intake() -> None:
+    async def paused() -> None:
         async with store.transaction() as db:
-            for key in issues:
-                await db.execute("SELECT pg_advisory_xact_lock(?::int, ?::int)",
-                                 lock_pair("intake:" + key))
+            await work(db)
             row = await db.fetchone("SELECT pg_backend_pid() AS pid")
             holder.append(int(row["pid"]))
             stalled.set()
             await release.wait()
 
-    task = asyncio.create_task(intake())
+    task = asyncio.create_task(paused())
     await asyncio.wait_for(stalled.wait(), HANG_GUARD)
     return task, holder[0], release
+
+
+async def _paused_intake(store: Store, issues: list[str]
+                         ) -> tuple[asyncio.Task[None], int, asyncio.Event]:
+    """A replica paused inside an intake of `issues` (its transaction holding their intake
+    keys): see `_paused`."""
+    async def intake(db: Connection) -> None:
+        for key in issues:
+            await db.execute("SELECT pg_advisory_xact_lock(?::int, ?::int)",
+                             lock_pair("intake:" + key))
+
+    return await _paused(store, intake)
 
 
 async def test_an_intake_held_up_holds_up_only_its_issues_later_deliveries(

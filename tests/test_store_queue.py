@@ -13,7 +13,7 @@ import asyncpg
 
 from bot.store import QueueItem, Store, open_store, queue
 from bot.store.sql import for_postgres
-from tests.support import sqlite_steps
+from tests.support import older_index, sqlite_steps
 
 
 async def test_concurrent_deliveries_are_each_queued_once(tmp_path: Path) -> None:
@@ -479,29 +479,11 @@ async def test_an_index_at_version_17_gives_each_pending_delivery_its_office(
     delivery queued at version 17 about an issue gets its issue's office when the index
     opens; one about no issue keeps none, and is claimed only while no office is left alone
     (both engines)."""
-    import sqlite3
-
-    from bot.store import postgres, sqlite
-
     insert = ("INSERT INTO queue(guid, event, issue_key, payload, next_at, created_at)"
               " VALUES (?, 'issue_comment', ?, '{}', 0, 0)")
     rows = [("about-acme", "Acme/scout-vault#1"), ("about-nothing", None)]
-    target = empty_database_url or str(tmp_path / "index.sqlite3")
-    if empty_database_url:
-        await postgres._migrate(empty_database_url, upto=17)
-        conn = await asyncpg.connect(empty_database_url)
-        try:
-            await conn.executemany(insert.replace("(?, 'issue_comment', ?", "($1, "
-                                                  "'issue_comment', $2"), rows)
-        finally:
-            await conn.close()
-    else:
-        sqlite._migrate_file(target, upto=17)
-        lite = sqlite3.connect(target, isolation_level=None)
-        try:
-            lite.executemany(insert, rows)
-        finally:
-            lite.close()
+    target = await older_index(tmp_path, empty_database_url, 17,
+                               [(insert, row) for row in rows])
     store = await open_store(target)  # version 18: the backfill
     try:
         offices = {r["guid"]: r["office"] for r in await store.fetchall(

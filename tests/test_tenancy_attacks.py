@@ -5,21 +5,19 @@ deferred cards; and an index from before offices upgraded in place on both engin
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import aiohttp
-import asyncpg
 import yaml
 
 from bot.app.embedded import Embedded
 from bot.office.config import parse_office
 from bot.office.seed import seed_office
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
-from bot.store import api_tokens, open_store, postgres, sqlite
+from bot.store import api_tokens, open_store
 from bot.store import sessions as console_db
 from tests.items_support import make_item
-from tests.support import Actor, ToolClient
+from tests.support import Actor, ToolClient, older_index
 
 MARCO, SCOUT = "human:marco@acme.com", "agent:scout"
 EVIL = {
@@ -145,21 +143,8 @@ _BEFORE_OFFICES = [
 
 async def test_an_index_from_before_offices_gives_each_row_its_office(
         tmp_path: Path, empty_database_url: str) -> None:
-    if empty_database_url:
-        await postgres._migrate(empty_database_url, upto=3)  # noqa: SLF001
-        conn = await asyncpg.connect(empty_database_url)
-        for statement in _BEFORE_OFFICES:
-            await conn.execute(statement)
-        await conn.close()
-        target = empty_database_url
-    else:
-        path = tmp_path / "index.sqlite3"
-        sqlite._migrate_file(str(path), upto=3)  # noqa: SLF001
-        conn3 = sqlite3.connect(path, isolation_level=None)
-        for statement in _BEFORE_OFFICES:
-            conn3.execute(statement)
-        conn3.close()
-        target = str(path)
+    target = await older_index(tmp_path, empty_database_url, 3,
+                               [(statement, ()) for statement in _BEFORE_OFFICES])
     store = await open_store(target)
     try:
         owners = {(r["owner"], r["org"]) for r in await store.fetchall(

@@ -41,7 +41,7 @@ from bot.app.services import SERVICES_KEY, Services
 from bot.errors import PayloadTooLarge, VaultmailError
 from bot.forge import gitea_events as gitea
 from bot.office.source import CONFIG_REPO
-from bot.store.queue import installation_of, issue_key, office_of, payload_org
+from bot.store.queue import installation_of, issue_key, office_of_key, payload_org
 
 log = logging.getLogger("vaultmail.intake")
 
@@ -304,7 +304,7 @@ def _org_about(payload: dict[str, Any]) -> str | None:
     it against globex's share of the worker)."""
     org = payload_org(payload)
     key = issue_key(payload)
-    return org if key is None or office_of(payload, key) == org else None
+    return org if key is None or office_of_key(key) == org else None
 
 
 def _ignored(services: Services, guid: str, event: str, payload: dict[str, Any]

@@ -76,16 +76,6 @@ def issue_key(item: QueueItem) -> str | None:
 _OFFICE = "office:"  # a lane of an office's delivery about no issue (never an issue's key)
 
 
-def _office_of_key(key: str) -> str:
-    """The office (org) of an issue's lane ("owner/repo#n")."""
-    return key.partition("/")[0].lower()
-
-
-def _office_of(item: QueueItem, key: str | None) -> str | None:
-    """The one office a delivery is about (bot.store.queue.office_of), or None."""
-    return queue.office_of(item.payload, key)
-
-
 class Worker:
     def __init__(self, store: Store, router: Router, own_router: Router,
                  is_own_event: Callable[[dict[str, Any]], bool], make_context: ContextFactory,
@@ -303,7 +293,7 @@ class Worker:
         running: Counter[str] = Counter()  # the room each office takes, as `_turn` counts it
         for key, lane in self._lanes.items():  # (not what waits past a deep lane's DEEP, nor
             office = key.removeprefix(_OFFICE) if key.startswith(_OFFICE) \
-                else _office_of_key(key)  # what waits behind its office's delivery)
+                else queue.office_of_key(key)  # what waits behind its office's delivery)
             running[office] += min(len(lane.items), self.deep)
         share = max(1, self.batch // SHARE)
         return sorted(office for office, n in running.items() if n >= share)
@@ -363,7 +353,7 @@ class Worker:
         if key is not None and key in self._held_back:  # its issue was cut short: not
             self._let_go_of(item)  # run past the retry
             return True
-        office = None if item.takeovers else _office_of(item, key)
+        office = None if item.takeovers else queue.office_of(item.payload, key)
         if office is None:
             return False
         if (waiting := self._waiting.get(office)) is not None:
@@ -371,7 +361,8 @@ class Worker:
             return True
         if key is None:
             self._waiting[office] = deque()
-            before = [lane.task for k, lane in self._lanes.items() if _office_of_key(k) == office]
+            before = [lane.task for k, lane in self._lanes.items()
+                      if queue.office_of_key(k) == office]
             alone = self._lanes[_OFFICE + office] = _Lane(deque([item]))
             alone.task = asyncio.create_task(self._run_for_office(office, alone, before))
         elif (lane := self._lanes.get(key)) is not None:
@@ -434,7 +425,7 @@ class Worker:
                         self._let_go_of(left)  # too, if the store was away)
                     lane.items.clear()
                     self._held_back[key] = self._claims
-                    waiting = self._waiting.get(_office_of_key(key), deque())
+                    waiting = self._waiting.get(queue.office_of_key(key), deque())
                     for later in [i for i in waiting if issue_key(i) == key]:
                         waiting.remove(later)  # (claimed behind its office's delivery
                         self._let_go_of(later)  # about no issue: not run past the retry)

@@ -88,12 +88,17 @@ def payload_org(payload: Mapping[str, Any]) -> str | None:
     return next(iter(named)) if len(named) == 1 else None
 
 
+def office_of_key(key: str) -> str:
+    """The office (org) of an issue's key ("owner/repo#n")."""
+    return key.partition("/")[0].lower()
+
+
 def office_of(payload: Mapping[str, Any], key: str | None) -> str | None:
     """The one office a delivery is about: its issue's (`key`, "owner/repo#n"), else the org
     its payload names (an installation's account, for an installation's events); None when
     none. Kept on its queue row: claims share the worker between offices by it."""
     if key is not None:
-        return key.partition("/")[0].lower()
+        return office_of_key(key)
     org = payload_org(payload)
     if org is None:
         installation = payload.get("installation")

@@ -4,10 +4,16 @@ tokens can neither read nor reply to nor close acme's mail through that one toke
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
+from typing import Any
+
 import aiohttp
 import yaml
 
 from bot.app.embedded import Embedded
+from bot.app.intake import org_webhook_secret
 from bot.forge.gitea import SYNTHETIC_INSTALLATION_ID
 from bot.office.config import parse_office
 from bot.office.seed import seed_office
@@ -18,6 +24,23 @@ EVIL = {"org": "evil",
         "humans": [{"email": "marco@acme.com", "login": "eve", "permissions": ["mail.send"]}],
         "agents": [{"slug": "scout", "login": "evil-scout", "person": "marco@acme.com",
                     "capabilities": {"mail.send": ["*"]}}]}
+
+
+def _secret(office: Embedded, org: str) -> str:
+    """The secret of `org`'s own webhook, as `vaultmail gitea-hook` makes it."""
+    return org_webhook_secret(office.services.settings.webhook_secret, org)
+
+
+async def _post(office: Embedded, session: aiohttp.ClientSession, path: str, secret: str,
+                body: Any, event: str, guid: str) -> tuple[int, str]:
+    """A delivery POSTed to `path` as Gitea posts an org webhook's, signed with `secret`:
+    its status and text."""
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    mac = hmac.new(secret.encode(), raw, hashlib.sha256).hexdigest()
+    async with session.post(office.app_url + path, data=raw, headers={
+            "Content-Type": "application/json", "X-Gitea-Delivery": guid,
+            "X-Gitea-Event": event, "X-Gitea-Signature": mac}) as resp:
+        return resp.status, await resp.text()
 
 
 async def test_another_org_cannot_reply_to_or_close_mail_through_the_shared_bot_token(
@@ -50,11 +73,6 @@ async def test_an_orgs_webhook_secret_signs_that_orgs_deliveries_only(
     """Each org's webhook posts to /webhook/<org> with a secret made for it from the
     operator's: evil's admins, who set evil's, cannot sign a delivery about acme's vaults
     (a mail from acme's people), at its own webhook or at acme's or at /webhook."""
-    import hashlib
-    import hmac
-    import json
-
-    from bot.app.intake import org_webhook_secret
     from localforge.gitea.events import org_hooks
 
     master = office.services.settings.webhook_secret
@@ -71,11 +89,7 @@ async def test_an_orgs_webhook_secret_signs_that_orgs_deliveries_only(
         "sender": {"login": "marco"}}).encode()
 
     async def post(path: str, secret: str, guid: str) -> tuple[int, str]:
-        mac = hmac.new(secret.encode(), about_acme, hashlib.sha256).hexdigest()
-        async with session.post(office.app_url + path, data=about_acme, headers={
-                "Content-Type": "application/json", "X-Gitea-Delivery": guid,
-                "X-Gitea-Event": "issues", "X-Gitea-Signature": mac}) as resp:
-            return resp.status, await resp.text()
+        return await _post(office, session, path, secret, about_acme, "issues", guid)
 
     status, text = await post("/webhook/evil", evils, "d-1")
     assert status == 403 and "wrong_org" in text, text
@@ -92,16 +106,10 @@ async def test_an_orgs_webhook_cannot_name_its_org_in_one_field_and_another_in_t
     check read `repository.owner`, the handlers `full_name`; evil's admins signed a `/close`
     by acme's marco with owner "evil" and full_name "acme/scout-vault", and acme's mail was
     closed through the shared bot token)."""
-    import hashlib
-    import hmac
-    import json
-
-    from bot.app.intake import org_webhook_secret
-
     sent = (await ToolClient(session, office, "human:marco@acme.com")(
         "mail_send", to="scout", subject="ACME only", body="x"))["mail"]
     await office.settle()
-    evils = org_webhook_secret(office.services.settings.webhook_secret, "evil")
+    evils = _secret(office, "evil")
     issue = {"id": 777, "number": sent["number"], "title": "ACME only", "body": "x",
              "labels": [], "user": {"login": "vaultmail"}, "state": "open"}
     comment = {"id": 4242, "body": "/close", "user": {"login": "marco"},
@@ -116,13 +124,9 @@ async def test_an_orgs_webhook_cannot_name_its_org_in_one_field_and_another_in_t
                            "owner": {"login": owner}}, "sender": {"login": "marco"}}
         if organization:
             about["organization"] = {"login": organization}
-        body = json.dumps(about).encode()
-        mac = hmac.new(evils.encode(), body, hashlib.sha256).hexdigest()
-        async with session.post(office.app_url + "/webhook/evil", data=body, headers={
-                "Content-Type": "application/json", "X-Gitea-Delivery": f"evil-{n}",
-                "X-Gitea-Event": "issue_comment", "X-Gitea-Signature": mac}) as resp:
-            text = await resp.text()
-            answers.append((resp.status, "wrong_org" in text))
+        status, text = await _post(office, session, "/webhook/evil", evils, about,
+                                   "issue_comment", f"evil-{n}")
+        answers.append((status, "wrong_org" in text))
     await office.settle()
     assert answers == [(403, True)] * 4
     row = await mails.get_mail(office.services.store, sent["mail_id"])
@@ -137,14 +141,7 @@ async def test_an_orgs_webhook_cannot_queue_a_delivery_under_another_orgs_issue(
     issue's office's share of the worker: evil's admins, who sign evil's deliveries, named
     evil's repository and, as a sub-issue's, acme's issue (found by review: it was queued
     under acme's issue, in acme's order and counted as acme's)."""
-    import hashlib
-    import hmac
-    import json
-
-    from bot.app.intake import org_webhook_secret
-
-    evils = org_webhook_secret(office.services.settings.webhook_secret, "evil")
-    body = json.dumps({
+    body = {
         "action": "opened", "number": 5,
         "issue": {"id": 5, "number": 5, "title": "x", "body": "x", "labels": [],
                   "user": {"login": "eve"}, "state": "open"},
@@ -152,12 +149,9 @@ async def test_an_orgs_webhook_cannot_queue_a_delivery_under_another_orgs_issue(
                        "owner": {"login": "evil"}},
         "sub_issue": {"id": 6, "number": 1}, "sub_issue_repo": {
             "full_name": "acme/scout-vault", "owner": {"login": "acme"}},
-        "sender": {"login": "eve"}}).encode()
-    mac = hmac.new(evils.encode(), body, hashlib.sha256).hexdigest()
-    async with session.post(office.app_url + "/webhook/evil", data=body, headers={
-            "Content-Type": "application/json", "X-Gitea-Delivery": "evil-sub",
-            "X-Gitea-Event": "issues", "X-Gitea-Signature": mac}) as resp:
-        status, text = resp.status, await resp.text()
+        "sender": {"login": "eve"}}
+    status, text = await _post(office, session, "/webhook/evil", _secret(office, "evil"), body,
+                               "issues", "evil-sub")
     assert status == 403 and "wrong_org" in text, text
     assert await office.services.store.fetchone(
         "SELECT 1 FROM queue WHERE guid LIKE '%evil-sub'") is None
@@ -191,30 +185,20 @@ async def test_a_delivery_id_is_one_orgs_own(
     """A Gitea org's webhook names its deliveries itself, and evil's admins, who sign evil's,
     choose the id: one evil sent first never makes acme's delivery of that id a redelivery
     (each org's ids are deduped apart; before, the one global id dropped acme's)."""
-    import hashlib
-    import hmac
-    import json
-
-    from bot.app.intake import org_webhook_secret
-
-    master = office.services.settings.webhook_secret
 
     async def post(org: str, guid: str) -> dict[str, object]:
-        about = json.dumps({
+        about = {
             "action": "opened", "number": 99,
             "issue": {"id": 1, "number": 99, "title": "From marco", "body": "x",
                       "labels": [], "user": {"login": "marco"}, "state": "open"},
             "repository": {"full_name": f"{org}/scout-vault", "name": "scout-vault",
                            "owner": {"login": org}},
-            "sender": {"login": "marco"}}).encode()
-        mac = hmac.new(org_webhook_secret(master, org).encode(), about,
-                       hashlib.sha256).hexdigest()
-        async with session.post(f"{office.app_url}/webhook/{org}", data=about, headers={
-                "Content-Type": "application/json", "X-Gitea-Delivery": guid,
-                "X-Gitea-Event": "issues", "X-Gitea-Signature": mac}) as resp:
-            assert resp.status == 202, await resp.text()
-            answer: dict[str, object] = await resp.json()
-            return answer
+            "sender": {"login": "marco"}}
+        status, text = await _post(office, session, f"/webhook/{org}", _secret(office, org),
+                                   about, "issues", guid)
+        assert status == 202, text
+        answer: dict[str, object] = json.loads(text)
+        return answer
 
     assert (await post("evil", "5f0c-chosen"))["queued"] is True
     assert (await post("acme", "5f0c-chosen"))["queued"] is True, "acme's delivery was dropped"
@@ -228,22 +212,12 @@ async def test_an_orgs_webhook_carries_no_app_installation_events(
     repository (so it passed as evil's) and it ran: with no repositories listed, the app
     listed every org's repositories through the one bot token and set labels in each vault,
     acme's too, as often as evil liked."""
-    import hashlib
-    import hmac
-    import json
-
-    from bot.app.intake import org_webhook_secret
-
-    evils = org_webhook_secret(office.services.settings.webhook_secret, "evil")
     for n, event in enumerate(("installation", "installation_repositories")):
-        body = json.dumps({
+        body = {
             "action": "created" if event == "installation" else "added",
             "repositories": [], "repositories_added": [{"full_name": "acme/scout-vault"}],
             "repository": {"full_name": "evil/x", "name": "x", "owner": {"login": "evil"}},
-            "sender": {"login": "eve"}}).encode()
-        mac = hmac.new(evils.encode(), body, hashlib.sha256).hexdigest()
-        async with session.post(office.app_url + "/webhook/evil", data=body, headers={
-                "Content-Type": "application/json", "X-Gitea-Delivery": f"inst-{n}",
-                "X-Gitea-Event": event, "X-Gitea-Signature": mac}) as resp:
-            text = await resp.text()
-            assert resp.status == 403 and "not_from_gitea" in text, (event, resp.status, text)
+            "sender": {"login": "eve"}}
+        status, text = await _post(office, session, "/webhook/evil", _secret(office, "evil"),
+                                   body, event, f"inst-{n}")
+        assert status == 403 and "not_from_gitea" in text, (event, status, text)
