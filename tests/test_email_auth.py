@@ -72,3 +72,29 @@ def test_a_forged_from_fails_dmarc_however_good_the_rest_looks() -> None:
     assert verdicts.spf == "pass" and verdicts.dkim == "none"
     assert verdicts.dmarc == "fail" and verdicts.dmarc_policy == "reject"
     assert "DMARC fail (p=reject)" in verdicts.summary()
+
+
+def test_organisational_domains_follow_the_public_suffix_list() -> None:
+    """Relaxed alignment compares organisational domains (RFC 7489 §3.2): one level under a
+    public suffix of the Public Suffix List. Under a suffix that list names and a rule of
+    thumb does not (a registry's `ne.jp`, a host's `github.io`), each customer's domain is an
+    organisation of its own, so one customer's SPF or DKIM pass never vouches for another's
+    From, and a subdomain's policy is looked up at its own organisation, not the suffix."""
+    assert organisational("mail.victim.ne.jp") == "victim.ne.jp"
+    assert organisational("evil.github.io") == "evil.github.io"
+    assert organisational("www.school.k12.ma.us") == "school.k12.ma.us"
+    assert organisational("a.b.example.co.uk") == "example.co.uk"
+    assert organisational("co.uk") == "co.uk"  # a suffix itself stands for itself
+    dns = TableDns(txts={"_dmarc.victim.github.io": ["v=DMARC1; p=reject"],
+                         "_dmarc.victim.ne.jp": ["v=DMARC1; p=quarantine"],
+                         "_dmarc.ne.jp": ["v=DMARC1; p=none"]})
+    # evil.github.io's own mail server passes SPF for its domain: not aligned with victim's
+    assert check_dmarc("victim.github.io", "pass", "evil.github.io", "none", (), dns) == \
+        ("fail", "reject")
+    assert check_dmarc("victim.github.io", "fail", "", "pass", ("evil.github.io",), dns) == \
+        ("fail", "reject")
+    # a subdomain without a record takes its organisation's, not the registry's
+    assert check_dmarc("mail.victim.ne.jp", "pass", "evil.ne.jp", "none", (), dns) == \
+        ("fail", "quarantine")
+    assert check_dmarc("mail.victim.ne.jp", "pass", "bounce.victim.ne.jp", "none", (),
+                       dns) == ("pass", "quarantine")

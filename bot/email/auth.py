@@ -4,20 +4,21 @@ tests run offline and the app asks DNS (bot.email.dns) from a worker thread.
 
 Kept small on purpose. SPF: `all`, `ip4`, `ip6`, `a`, `mx`, `include`, `exists` and
 `redirect=`, ten lookups at most; a term with macros (`%{...}`) and `ptr` never match. DMARC:
-the record at `_dmarc.<From domain>`, else at its organisational domain (the last two labels,
-three under a two-letter country code's `co`/`com`/`org`/`net`/`ac`/`gov`/`edu`: no Public
-Suffix List), relaxed or strict alignment (`aspf`, `adkim`), and the policy `p=` (`sp=` for a
-subdomain).
+the record at `_dmarc.<From domain>`, else at its organisational domain (by the Public Suffix
+List, private suffixes too), relaxed or strict alignment (`aspf`, `adkim`), and the policy
+`p=` (`sp=` for a subdomain).
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import dkim
+from publicsuffixlist import PublicSuffixList
 
 
 class DnsError(Exception):
@@ -262,14 +263,18 @@ def check_dkim(message: bytes, resolver: Resolver) -> tuple[str, tuple[str, ...]
 
 # -- DMARC -------------------------------------------------------------------------------------
 
-_CC_SECOND = {"co", "com", "org", "net", "ac", "gov", "edu"}
+@functools.cache
+def _suffixes() -> PublicSuffixList:
+    """The Public Suffix List as publicsuffixlist ships it (ICANN's and private suffixes:
+    `github.io`'s customers are organisations of their own), read once (80 ms)."""
+    return PublicSuffixList()
 
 
 def organisational(domain: str) -> str:
-    labels = domain.lower().rstrip(".").split(".")
-    if len(labels) >= 3 and len(labels[-1]) == 2 and labels[-2] in _CC_SECOND:
-        return ".".join(labels[-3:])
-    return ".".join(labels[-2:])
+    """`domain`'s organisational domain (RFC 7489 §3.2): its public suffix and one label
+    more; a public suffix itself stands for itself."""
+    name = domain.lower().rstrip(".")
+    return _suffixes().privatesuffix(name) or name
 
 
 def _aligned(a: str, b: str, mode: str) -> bool:
