@@ -54,14 +54,15 @@ class Hold:
 
     route: str
     count: int | None = 1
+    repo: str | None = None  # only requests on this repository ("owner/name"); None: any
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     released: asyncio.Event = field(default_factory=asyncio.Event)
     caught: int = 0
     _more: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
-    def matches(self, method: str, template: str) -> bool:
-        return RouteFault(route=self.route).matches(method, template) and (
-            self.count is None or self.caught < self.count)
+    def matches(self, method: str, template: str, repo: str | None = None) -> bool:
+        return RouteFault(route=self.route, repo=self.repo).matches(
+            method, template, repo=repo) and (self.count is None or self.caught < self.count)
 
     def release(self) -> None:
         self.released.set()
@@ -114,16 +115,18 @@ class Faults:
         """Answer `route` only after `seconds` (no error)."""
         return self.add(route=route, status=0, delay=seconds)
 
-    def hold(self, route: str, count: int | None = 1) -> Hold:
-        """Hold requests to `route` until the returned hold is released."""
-        held = Hold(route=route, count=count)
+    def hold(self, route: str, count: int | None = 1, repo: str | None = None) -> Hold:
+        """Hold requests to `route` (on `repo`, "owner/name") until the returned hold is
+        released."""
+        held = Hold(route=route, count=count, repo=repo)
         self.holds.append(held)
         return held
 
-    async def held(self, method: str, template: str) -> None:
-        """Where the API applies holds: wait while a hold catches this request."""
+    async def held(self, method: str, template: str, repo: str | None = None) -> None:
+        """Where the API applies holds: wait while a hold catches this request (on `repo`,
+        "owner/name", where known)."""
         for held in list(self.holds):
-            if held.matches(method, template) and not held.released.is_set():
+            if held.matches(method, template, repo) and not held.released.is_set():
                 held._caught_one()
                 await held.released.wait()
         self.holds = [h for h in self.holds

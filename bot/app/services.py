@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from bot.office.config import Office
 
 log = logging.getLogger("vaultmail.services")
+# seconds a round of every office (outbound webhooks, sign-in, email's recipients) gives one
+# office's config read that has not answered yet (a forge waiting out that office's limits)
+ROUND_WAIT = 3.0
 
 
 @dataclass
@@ -50,6 +53,7 @@ class Services:
     bot_user: str | None = None  # gitea: the bot is a plain user, not "<slug>[bot]"
     # set by whoever runs the worker: new deliveries are queued, look now
     wake_worker: Callable[[], None] = lambda: None
+    _unread: set[str] = field(default_factory=set, repr=False)  # orgs the last round left out
 
     def lock_for(self, key: str) -> AbstractAsyncContextManager[None]:
         """One holder at a time of a mail (or other key) across every replica: serialises
@@ -84,22 +88,35 @@ class Services:
         return self.installations.get(org.lower())
 
     async def installed_offices(self) -> list[tuple[str, Office]]:
+        """(org, office) of every installed org with a config (`read_offices`): an org whose
+        config cannot be read now is left out of this round, and said so."""
+        return (await self.read_offices())[0]
+
+    async def read_offices(self, within: float = ROUND_WAIT
+                           ) -> tuple[list[tuple[str, Office]], list[str]]:
         """(org, office) of every installed org with a config, each read through the office
-        source's cache. An org whose config cannot be read now (its forge answers an error)
-        is left out of this round, and said so: one org never stops a round of every
-        office (outbound webhooks, sign-in). (E-mail intake asks each itself: a forge that
-        cannot answer must answer the sender 451, try again, not 550.)"""
-        found = []
-        for org in sorted(self.installations):
-            try:
-                office = await self.offices.get(self.forge_for_org(org), org)
-            except Exception as exc:  # noqa: BLE001 - that org's; the others go on
-                log.warning("office config unreadable now; left out of this round: %r", exc,
-                            extra={"org": org})
-                continue
-            if office is not None:
+        source's cache, side by side; and the orgs left out of this round because their
+        config cannot be read now (their forge answers an error, or has not answered within
+        `within` seconds of the read's start, when it was never read before: a read that
+        waits out its rate limit goes on for the next round). One org never stops, or holds
+        up, a round of every office (outbound webhooks, sign-in, email's recipients)."""
+        orgs = sorted(self.installations)
+        read = await asyncio.gather(*(self.offices.get(self.forge_for_org(org), org,
+                                                       within=within) for org in orgs),
+                                    return_exceptions=True)
+        found, unread = [], []
+        for org, office in zip(orgs, read, strict=True):
+            if isinstance(office, BaseException):
+                if not isinstance(office, Exception):
+                    raise office  # (a cancellation: this round's, not one org's)
+                if org not in self._unread:  # said once, not at every round it lasts
+                    log.warning("office config unreadable now; left out until it is: %r",
+                                office, extra={"org": org})
+                unread.append(org)
+            elif office is not None:
                 found.append((org, office))
-        return found
+        self._unread = set(unread)
+        return found, unread
 
     def forge_for_org(self, org: str) -> Forge:
         """This org's installation's forge; NotInstalled (503) naming the org otherwise."""

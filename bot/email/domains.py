@@ -26,6 +26,9 @@ from bot.email.auth import DnsError, Resolver
 
 PROVEN_FOR = 300.0
 UNPROVEN_FOR = 30.0
+# after DNS could not answer for a domain, it is not asked again for this long: each RCPT
+# for a domain whose name servers time out held a thread for the resolver's 5 s
+FAILING_FOR = 30.0
 PREFIX = "_vaultmail."
 
 
@@ -55,10 +58,12 @@ class DomainProofs:
         self.resolver = resolver
         self.vouched = {d.lower().rstrip("."): o.lower() for d, o in (vouched or {}).items()}
         self._known: dict[tuple[str, str], tuple[Proof, float]] = {}
+        self._failing: dict[tuple[str, str], float] = {}  # until when DNS is not asked again
 
     def forget(self) -> None:
         """Look every domain up again at its next use (a record just published)."""
         self._known.clear()
+        self._failing.clear()
 
     async def proof(self, org: str, domain: str) -> Proof:
         """Whether `domain` is `org`'s office's. DnsError when DNS cannot say now and nothing
@@ -70,12 +75,18 @@ class DomainProofs:
         known = self._known.get(key)
         if known is not None and known[1] > now:
             return known[0]
+        if self._failing.get(key, 0.0) > now:
+            if known is not None:
+                return known[0]
+            raise DnsError(f"{record_name(domain)}: DNS could not answer a moment ago")
         try:
             values = await asyncio.to_thread(self.resolver.txt, record_name(domain))
         except DnsError:
+            self._failing[key] = time.monotonic() + FAILING_FOR
             if known is not None:  # DNS failing now: what it said last stays in force
                 return known[0]
             raise
+        self._failing.pop(key, None)
         found = {v.strip().strip('"').strip().lower() for v in values}
         proof = self._said(record_value(org) in found, org, domain)
         self._known[key] = (proof, now + (PROVEN_FOR if proof.proven else UNPROVEN_FOR))

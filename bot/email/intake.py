@@ -10,6 +10,7 @@ timeout, a retry after a 451) doubles nothing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -83,33 +84,49 @@ def as_shown(forge: Forge, text: str) -> str:
     return text
 
 
+class OfficesUnread(Exception):
+    """No office has proven a domain, and some offices' configs cannot be read now: one of
+    them may name it (the sender tries again later)."""
+
+    def __init__(self, orgs: list[str]) -> None:
+        super().__init__(f"the config of {len(orgs)} office(s) cannot be read now")
+        self.orgs = orgs
+
+
 class EmailIntake:
     def __init__(self, services: Services, proofs: DomainProofs) -> None:
         self.services, self.proofs = services, proofs
         self._told: set[tuple[str, str]] = set()  # (org, domain) refusals ledgered
 
-    async def configured(self) -> list[Office]:
-        """Every installed office's config naming an email domain (each read through the
-        office source's cache), proven or not."""
-        services, found = self.services, []
-        for org in sorted(services.installations):
-            office = await services.offices.get(services.forge_for_org(org), org)
-            if office is not None and office.email is not None:
-                found.append(office)
-        return found
+    async def configured(self) -> tuple[list[Office], list[str]]:
+        """Every installed office's config naming an email domain, proven or not, read side
+        by side through the office source's cache (`Services.read_offices`); and the orgs
+        whose config cannot be read now."""
+        found, unread = await self.services.read_offices()
+        return [office for _, office in found if office.email is not None], unread
 
-    async def offices(self, *, strict: bool = False) -> list[Office]:
+    async def offices(self) -> list[Office]:
         """The installed offices whose email domain is proven theirs (bot.email.domains):
-        the only ones mail reaches or leaves. `strict`: DNS that cannot answer now raises
-        DnsError (RCPT answers 451) rather than leaving the office out this time."""
+        the only ones mail reaches or leaves. One whose DNS cannot answer now is left out
+        this time."""
         found = []
-        for office in await self.configured():
-            try:
+        for office in (await self.configured())[0]:
+            with contextlib.suppress(DnsError):
                 if await self.proven(office):
                     found.append(office)
-            except DnsError:
-                if strict:
-                    raise
+        return found
+
+    async def claiming(self, domain: str) -> list[Office]:
+        """The offices that name `domain` and have proven it theirs. Only theirs are looked
+        up: another office's DNS or forge in trouble is not this domain's mail's. DnsError
+        when DNS cannot say now for one of them, OfficesUnread when none has proven it and
+        an office's config cannot be read now (it may be the one): RCPT answers 451."""
+        offices, unread = await self.configured()
+        found = [office for office in offices
+                 if office.email is not None and office.email.domain == domain
+                 and await self.proven(office)]
+        if not found and unread:
+            raise OfficesUnread(unread)
         return found
 
     async def proven(self, office: Office) -> bool:
@@ -135,7 +152,7 @@ class EmailIntake:
             domain = normalise(address).rpartition("@")[2]
         except BadAddress:
             return None
-        claims = [o for o in await self.configured()
+        claims = [o for o in (await self.configured())[0]
                   if o.email is not None and o.email.domain == domain]
         if not claims:
             return None
@@ -146,7 +163,11 @@ class EmailIntake:
                 f"record {record_name(domain)} naming the office")
 
     async def mailbox(self, address: str) -> Mailbox | None:
-        return mailbox(await self.offices(strict=True), address)
+        try:
+            domain = normalise(address).rpartition("@")[2]
+        except BadAddress:
+            return None
+        return mailbox(await self.claiming(domain), address)
 
     async def left(self, address: str) -> str | None:
         """Why `address` reaches no one any more: the agent it names at an office's domain
@@ -160,9 +181,7 @@ class EmailIntake:
         except BadAddress:
             return None
         local, _, domain = addr.rpartition("@")
-        for office in await self.offices(strict=True):
-            if office.email is None or office.email.domain != domain:
-                continue
+        for office in await self.claiming(domain):
             mailer = self.mailer(office)
             principal = await mailer.left_agent(local.split("+", 1)[0])
             if principal is None:

@@ -119,16 +119,34 @@ class Outbox(Background):
         self._wake.set()
 
     async def _run(self) -> None:
-        while True:
-            try:
-                if await self.services.store.is_leader():
-                    for office in await self.intake.offices():
-                        await self.drain(office)
-            except Exception as exc:  # keep going whatever one round did
-                log.warning("email outbox round failed: %r", exc)
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), POLL)
+        # each office's messages go out in a task of its own: one whose forge waits out its
+        # rate limit, or whose relay is slow to answer, holds up no other office's
+        draining: dict[str, asyncio.Task[None]] = {}
+        try:
+            while True:
+                try:
+                    if await self.services.store.is_leader():
+                        draining = {k: t for k, t in draining.items() if not t.done()}
+                        for office in await self.intake.offices():
+                            if office.org.lower() not in draining:
+                                draining[office.org.lower()] = asyncio.create_task(
+                                    self._drain(office),
+                                    name=f"{self.task_name}:{office.org.lower()}")
+                except Exception as exc:  # keep going whatever one round did
+                    log.warning("email outbox round failed: %r", exc)
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), POLL)
+        finally:
+            for task in draining.values():
+                task.cancel()
+            await asyncio.gather(*draining.values(), return_exceptions=True)
+
+    async def _drain(self, office: Office) -> None:
+        try:
+            await self.drain(office)
+        except Exception as exc:  # (what it did not send is tried again next round)
+            log.warning("email outbox round failed: %r", exc, extra={"org": office.org})
 
     async def drain(self, office: Office) -> int:
         """Send the office's messages not sent yet; returns how many went.

@@ -35,6 +35,15 @@ CONFIG_REPO = ".github"
 CONFIG_PATH = "vaultmail.yml"
 
 
+class OfficeUnanswered(TimeoutError):
+    """An office's config was never read, and its forge has not answered within the time a
+    round of every office gives each (`OfficeSource.get(within=)`)."""
+
+    def __init__(self, org: str, within: float) -> None:
+        super().__init__(f"{org}'s office config: its forge has not answered in {within:g} s")
+        self.org = org
+
+
 class OfficeSource:
     """`max_age`: how long a fetched config is used without asking the forge again; a push
     to the config asks at once (`fresh=True`), so this only bounds edits made without one.
@@ -51,10 +60,17 @@ class OfficeSource:
         # the fetch in flight per org: whoever asks meanwhile waits for its answer (a backlog
         # handled side by side at start-up must not read "no config" off a fetch not done)
         self._asking: dict[str, asyncio.Future[Office | None]] = {}
+        self._asked_at: dict[str, float] = {}  # when the read in flight began
         self.max_age = max_age
         self.last_error: dict[str, OfficeConfigError] = {}
 
-    async def get(self, forge: Forge, org: str, *, fresh: bool = False) -> Office | None:
+    async def get(self, forge: Forge, org: str, *, fresh: bool = False,
+                  within: float | None = None) -> Office | None:
+        """`org`'s office (None: it has no valid config). `within`: for a caller going round
+        every office, how long this one's read may keep it, counted from the read's start:
+        past it, the answer before (when there was one) stands, else OfficeUnanswered; the
+        read goes on for whoever asks next. (Another office's forge that waits out its rate
+        limit must not hold every office's round.)"""
         if self._path is not None:
             if self._local is None:
                 self._local = load_office(self._path)
@@ -69,10 +85,19 @@ class OfficeSource:
             asking = asyncio.get_running_loop().create_task(self._fetch(forge, org),
                                                             context=without_wait_limit())
             self._asking[org] = asking
+            self._asked_at[org] = time.monotonic()
             asking.add_done_callback(lambda done: self._asked(org, done))
         # shielded: a caller that leaves (a long poll) does not cancel the others' answer;
         # a forge that failed fails each of them (a retry), never reads as "no config"
-        return await asyncio.shield(asking)
+        if within is None:
+            return await asyncio.shield(asking)
+        left = within - (time.monotonic() - self._asked_at[org])
+        try:
+            return await asyncio.wait_for(asyncio.shield(asking), max(0.0, left))
+        except TimeoutError:
+            if org in self._fetched:
+                return self._last_valid.get(org)
+            raise OfficeUnanswered(org, within) from None
 
     def _asked(self, org: str, done: asyncio.Future[Office | None]) -> None:
         if self._asking.get(org) is done:

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from bot.app.bodies import TOOL_BODY_LIMIT, loads_json, read_body
 from bot.app.services import SERVICES_KEY, Services
-from bot.errors import Denied, NotInstalled, Unauthenticated, VaultmailError
+from bot.errors import Denied, ForgeUnavailable, NotInstalled, Unauthenticated, VaultmailError
 from bot.forge.errors import ForgeError
 from bot.office.config import Office
 from bot.store import api_tokens, installations, ledger, oauth
@@ -60,11 +60,13 @@ async def office_org(services: Services, principal: str) -> str:
     if not services.installations:
         raise NotInstalled("the App is not installed on any organisation yet: install it, "
                            "then call again", code="not_installed")
-    found = []
-    for org in sorted(services.installations):
-        office = await services.offices.get(services.forge_for_org(org), org)
-        if office is not None and principal in members(office):
-            found.append(org)
+    offices, unread = await services.read_offices()
+    found = [org for org, office in offices if principal in members(office)]
+    if len(found) != 1 and unread:
+        raise ForgeUnavailable(f"the config of {', '.join(unread)} cannot be read now, so "
+                               f"which office {principal} is in is not known: try again "
+                               f"later, or make a token for one office with `vaultmail token "
+                               f"create {principal} --org ORG`")
     if len(found) != 1:
         where = "no office" if not found else "the offices of " + ", ".join(found)
         raise Denied(

@@ -66,7 +66,9 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
         if principal.kind not in ("none", "user"):
             raise ApiError(401, "user does not exist")
         request[CTX_KEY] = Ctx(forge, principal, request)
-        await forge.faults.held(request.method, route.partition(" ")[2])
+        owner, name = request.match_info.get("owner"), request.match_info.get("repo")
+        await forge.faults.held(request.method, route.partition(" ")[2],
+                                f"{owner}/{name}" if owner and name else None)
         delay, fault = forge.faults.pick(request.method, route.partition(" ")[2])
         if delay > 0:
             await asyncio.sleep(delay)

@@ -171,11 +171,11 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
             if not forge.rates.enter(principal.rate_key):
                 raise SecondaryLimited(None)  # no retry-after: clients wait a minute
             in_flight = principal.rate_key
-        await forge.faults.held(request.method, route.partition(" ")[2])
         owner, name = request.match_info.get("owner"), request.match_info.get("repo")
+        repo = f"{owner}/{name}" if owner and name else None
+        await forge.faults.held(request.method, route.partition(" ")[2], repo)
         delay, fault = forge.faults.pick(request.method, route.partition(" ")[2],
-                                         principal.login,
-                                         f"{owner}/{name}" if owner and name else None)
+                                         principal.login, repo)
         if delay > 0:
             await asyncio.sleep(delay)
         window = forge.rates.window(principal.rate_key, resource)

@@ -1,0 +1,100 @@
+"""One office's trouble is its own (review 12): a second office installed beside acme whose
+email domain's DNS cannot answer, or whose installation has spent its forge requests, made
+every office's mail wait. Each RCPT looked up every office's domain proof and let the first
+DNS error answer 451 for all; each lookup read every office's config, waiting (up to 15
+minutes) for one whose forge said "rate limited"; and the outbox drained the offices one after
+another, so acme's mail to the outside waited for evil's. Over real SMTP on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bot.office.config import parse_office
+from bot.office.seed import seed_office
+from tests.test_email_support import DOMAIN, Mailroom, mailroom, message, send, wire
+
+__all__ = ["mailroom"]  # the fixture, used by name
+EVIL_DOMAIN = "lame.evil.example"
+EVIL = f"""org: evil
+email:
+  domain: {EVIL_DOMAIN}
+agents:
+  - slug: spy
+    login: evil-spy
+"""
+# long enough to tell "waited for evil" from "did not", short of the test run's own limit
+PATIENCE = 30.0
+
+
+async def _install_evil(room: Mailroom) -> None:
+    emb = room.embedded
+    seed_office(emb.forge, parse_office(EVIL, "evil.yml"))
+    emb.forge.put_file("evil/.github", "vaultmail.yml", EVIL, pusher="admin")
+    (app_id,) = emb.forge.state.apps
+    emb.forge.install_app(int(app_id), "evil")
+    await emb.settle()
+    assert "evil" in emb.services.installations
+
+
+async def _to_scout(room: Mailroom, subject: str) -> int:
+    raw = wire(message("bob@example.org", f"scout@{DOMAIN}", subject, "hello"))
+    answer = await asyncio.wait_for(send(room.port, raw, rcpts=[f"scout@{DOMAIN}"]),
+                                    PATIENCE)
+    assert answer.code == 250 and "acme/scout-vault#" in answer.text, answer
+    return answer.code
+
+
+async def test_another_offices_dns_failing_refuses_none_of_this_offices_mail(
+        mailroom: Mailroom) -> None:
+    mailroom.dns.failing.add(f"_vaultmail.{EVIL_DOMAIN}")  # evil's own name servers: SERVFAIL
+    await _install_evil(mailroom)
+    await _to_scout(mailroom, "Hi")
+    # evil's own mail is what waits: DNS cannot say now whose the domain is, try again later
+    raw = wire(message("bob@example.org", f"spy@{EVIL_DOMAIN}", "Hi", "hello"))
+    theirs = await send(mailroom.port, raw, rcpts=[f"spy@{EVIL_DOMAIN}"])
+    assert theirs.code == 451, theirs
+
+
+@pytest.mark.parametrize("trouble", ["limited", "hanging"])
+async def test_another_offices_forge_in_trouble_holds_up_none_of_this_offices_mail(
+        mailroom: Mailroom, trouble: str) -> None:
+    await _install_evil(mailroom)
+    emb = mailroom.embedded
+    contents = "GET /repos/{owner}/{repo}/contents/{path}"
+    if trouble == "limited":  # evil's installation has spent its hour's requests
+        emb.forge.faults.add(route=contents, kind="primary_limit", status=403,
+                             repo="evil/.github")
+    # else evil's config reads are not answered (until the test lets them go)
+    held = emb.forge.faults.hold(contents, count=None, repo="evil/.github") \
+        if trouble == "hanging" else None
+    emb.services.offices.max_age = 0.0  # every office's config is read again at each use
+    try:
+        await _to_scout(mailroom, "First")
+        await _to_scout(mailroom, "Second")
+        # and acme's agent's mail to the outside goes, whatever evil's outbox round waits for
+        await mailroom.tools("agent:scout")("mail_send", to="bob@example.org", subject="Out",
+                                            body="hello bob")
+        out = await asyncio.wait_for(mailroom.relay.next(), PATIENCE)
+        assert out.rcpt_tos == ["bob@example.org"]
+        if held is not None:
+            assert held.caught, "evil's config read was never held: the test tested nothing"
+    finally:
+        if held is not None:
+            held.release()
+
+
+async def test_another_offices_outbox_stuck_holds_up_none_of_this_offices_mail(
+        mailroom: Mailroom) -> None:
+    mailroom.dns.txts[f"_vaultmail.{EVIL_DOMAIN}"] = ["vaultmail-office=evil"]
+    await _install_evil(mailroom)
+    store = mailroom.embedded.services.store
+    # evil's drain cannot get on: its outbox's lock is held (a stalled replica's drain, a
+    # forge waiting out evil's limits: whatever keeps it)
+    async with store.named_lock("email-outbox:evil"):
+        for subject in ("One", "Two"):
+            await mailroom.tools("agent:scout")("mail_send", to="bob@example.org",
+                                                subject=subject, body="hello bob")
+            out = await asyncio.wait_for(mailroom.relay.next(), PATIENCE)
+            assert f"Subject: {subject}".encode() in out.content, out.content[:300]
