@@ -133,6 +133,7 @@ def test_the_settings_made_from_the_manifests(tmp_path: Path) -> None:
     assert settings.replica_id == "vaultmail-5d9c7b7f9-abcde"
     assert settings.host == "0.0.0.0"
     assert settings.public_url == "https://vaultmail.example.com"
+    assert [str(n) for n in settings.trusted_proxies] == ["10.0.0.0/8"]  # the ingress's
     # the data directory (the signing keys all replicas share) is on the shared volume
     data_mount = next(m for m in container["volumeMounts"] if m["name"] == "data")
     assert settings.data_dir.is_relative_to(data_mount["mountPath"])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import hashlib
 import html
 import re
@@ -41,6 +42,7 @@ from mcp.shared.auth import (
 from pydantic import AnyUrl
 
 from bot.app.embedded import Embedded
+from bot.app.settings import parse_proxies
 from bot.office.config import parse_office
 from bot.office.seed import seed_office
 from bot.store import oauth as oauth_rows
@@ -630,6 +632,36 @@ async def test_what_anyone_may_send_is_bounded(
         assert (await register(session, embedded))[0] == 201, "an hour later, again"
     finally:
         clock.now = real
+
+
+async def test_registrations_are_counted_per_client_behind_a_trusted_proxy(
+        embedded: Embedded, session: aiohttp.ClientSession,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Behind an ingress every request comes from the ingress's address, so the limit on
+    registrations an address may make was one for the whole internet: 20 an hour by anyone
+    and no office's new MCP client could register. With VAULTMAIL_TRUSTED_PROXIES naming the
+    ingress, the client is the address the ingress heard from (the nearest in
+    X-Forwarded-For that is no trusted proxy); without it, that header is anyone's to write
+    and counts for nothing."""
+    monkeypatch.setattr(oauth_server, "REGISTRATIONS_PER_HOUR", 2)
+    url = embedded.app_url + "/oauth/register"
+
+    async def register_from(forwarded: str) -> int:
+        async with session.post(url, json={"redirect_uris": [REDIRECT]},
+                                headers={"X-Forwarded-For": forwarded}) as resp:
+            return resp.status
+
+    # not trusted: what a client says of itself is not whom it is counted as
+    assert [await register_from(f"198.51.100.{n}") for n in (1, 2, 3)] == [201, 201, 429]
+    services = embedded.services
+    services.settings = dataclasses.replace(services.settings,
+                                            trusted_proxies=parse_proxies("127.0.0.1, ::1"))
+    # the ingress (on loopback here) appends whom it heard from; a client's own claim
+    # before that is skipped past, never taken
+    assert [await register_from(f"10.9.9.9, 203.0.113.{n}") for n in (1, 1, 2, 2)] == \
+        [201, 201, 201, 201]
+    assert await register_from("203.0.113.1") == 429
+    assert await register_from("203.0.113.9, 127.0.0.1") == 201  # two proxies: 203.0.113.9
 
 
 async def test_the_metadata_built_from_request_headers_is_not_cached(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -66,6 +67,7 @@ class NotRegistered(SettingsError):
 
 
 MIB = 1_048_576
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,10 @@ class Settings:
     # the Origins a browser page may call /mcp from (VAULTMAIL_ALLOWED_ORIGINS); none by default
     allowed_origins: tuple[str, ...] = field(default_factory=lambda: parse_origins(
         os.environ.get("VAULTMAIL_ALLOWED_ORIGINS")))
+    # the proxies (an ingress, a load balancer) whose X-Forwarded-For says whom a request is
+    # from (VAULTMAIL_TRUSTED_PROXIES); none by default: the connecting address is the client
+    trusted_proxies: tuple[Network, ...] = field(default_factory=lambda: parse_proxies(
+        os.environ.get("VAULTMAIL_TRUSTED_PROXIES")))
     # the index (DATABASE_URL): SQLite in the data directory by default; postgresql://...
     # for several replicas sharing one database
     database_url: str = ""
@@ -283,6 +289,7 @@ def _hosting(source: _EnvFile) -> dict[str, Any]:
         "doctor_interval": source.doctor_seconds,
         "log_level": source.log_level, "public_url": (source.public_url or "").rstrip("/"),
         "allowed_origins": parse_origins(source.allowed_origins),
+        "trusted_proxies": parse_proxies(source.trusted_proxies),
         "database_url": source.database_url or "", "replica_id": source.replica_id or "",
         "webhook_read_seconds": source.webhook_read_seconds,
         "operator_token": source.operator_token or "",
@@ -314,6 +321,22 @@ def parse_origins(text: str | None) -> tuple[str, ...]:
                             f"https://app.example.com, separated by commas ({wrong[0]!r} is not "
                             "one)")
     return found
+
+
+def parse_proxies(text: str | None) -> tuple[Network, ...]:
+    """VAULTMAIL_TRUSTED_PROXIES: addresses or networks (10.0.0.0/8, ::1) separated by commas
+    or spaces."""
+    found = []
+    for item in re.split(r"[\s,]+", text or ""):
+        if not item:
+            continue
+        try:
+            found.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise SettingsError(
+                f"VAULTMAIL_TRUSTED_PROXIES={text!r}: should be addresses or networks like "
+                f"10.0.0.0/8, separated by commas ({item!r} is not one)") from None
+    return tuple(found)
 
 
 def commands_setting(path: str | Path | None) -> AgentCommands:
@@ -377,6 +400,7 @@ class _EnvFile(BaseSettings):
     client_secret: str | None = _env("GITHUB_CLIENT_SECRET", "CLIENT_SECRET")
     public_url: str | None = _env("VAULTMAIL_PUBLIC_URL")
     allowed_origins: str | None = _env("VAULTMAIL_ALLOWED_ORIGINS")
+    trusted_proxies: str | None = _env("VAULTMAIL_TRUSTED_PROXIES")
     database_url: str | None = _env("DATABASE_URL")
     replica_id: str | None = _env("REPLICA_ID")
     webhook_read_seconds: float = Field(

@@ -53,6 +53,7 @@ from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, u
 from aiohttp import web
 
 from bot.app.bodies import loads_json, read_body
+from bot.app.peers import client_address
 from bot.app.services import SERVICES_KEY, Services
 from bot.console.frame import error_page, read_form
 from bot.console.render import SECURITY_HEADERS, page
@@ -274,7 +275,8 @@ async def register(request: web.Request) -> web.Response:
         "token_endpoint_auth_method": "none",  # a public client: PKCE is its proof
     }
     wait = await db.add_client(services.store, client_id, name, uris, answer, now,
-                               source=request.remote or "", per_hour=REGISTRATIONS_PER_HOUR)
+                               source=client_address(request, services.settings.trusted_proxies),
+                               per_hour=REGISTRATIONS_PER_HOUR)
     if wait is not None:
         refused = _oauth_error("too_many_registrations", (
             f"this address registered {REGISTRATIONS_PER_HOUR} clients within the hour: "
