@@ -230,6 +230,20 @@ async def test_a_missing_or_bad_token_points_at_the_protected_resource_metadata(
                                    "resource_name": "vaultmail"}
 
 
+async def test_a_wait_that_is_not_a_number_of_seconds_is_refused_saying_so(
+        embedded: Embedded) -> None:
+    """`wait=nan` passed the clamp to 0-50 s as NaN and was not counted as a long poll (no
+    cap of its token's applied), then reached the event loop's timer (uvloop's refuses it:
+    a 500), where any other bad `wait` is refused with a 422 saying what it should be."""
+    auth = {"Authorization": f"Bearer {embedded.api_tokens[SCOUT]}"}
+    async with httpx2.AsyncClient() as http:
+        for wait in ("nan", "NaN", "soon"):
+            resp = await http.get(embedded.app_url + "/api/v1/resources/wait",
+                                  params={"wait": wait}, headers=auth)
+            assert resp.status_code == 422, (wait, resp.status_code, resp.text)
+            assert "wait: a number of seconds" in resp.text, resp.text
+
+
 async def test_an_origin_not_allowed_is_refused_before_anything_else(embedded: Embedded) -> None:
     url, token = embedded.app_url + "/mcp", embedded.api_tokens[SCOUT]
     auth = {"Authorization": f"Bearer {token}"}

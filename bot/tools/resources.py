@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
@@ -250,9 +251,12 @@ async def wait_endpoint(request: web.Request) -> web.StreamResponse:
         if request.query.get("uri", INBOX_URI) != INBOX_URI:
             raise InvalidArguments(f"uri: only {INBOX_URI} can be watched")
         try:
-            wait = min(max(float(request.query.get("wait", "0")), 0.0), MAX_WAIT)
-        except ValueError as exc:
-            raise InvalidArguments("wait: a number of seconds, at most 50") from exc
+            wait = float(request.query.get("wait", "0"))
+        except ValueError:
+            wait = math.nan
+        if math.isnan(wait):  # (NaN passed the clamp below, and the loop's timer failed on it)
+            raise InvalidArguments("wait: a number of seconds, at most 50")
+        wait = min(max(wait, 0.0), MAX_WAIT)
         await _caller(request)  # refused at once, before holding anything
         after = request.query.get("after") or None
         key = bearer_key(request.headers.get("Authorization"))
