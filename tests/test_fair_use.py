@@ -164,6 +164,34 @@ async def test_long_polls_are_capped_per_token(embedded: Embedded, tools: Any) -
     assert (await again)[0] == 200
 
 
+async def test_long_polls_are_capped_per_principal_and_per_office_too(
+        embedded: Embedded, tools: Any) -> None:
+    """A person gets a token at each OAuth consent, and an office's config may name any
+    number of principals: a cap per token alone let one principal, or one office, hold as
+    many long polls as it liked in the process every office shares."""
+    polls = embedded.services.long_polls
+    polls.per_principal, polls.per_office = 2, 3
+    store, builder = embedded.services.store, tools("agent:builder")
+    tokens = [await api_tokens.create_token(store, "agent:builder", org="acme")
+              for _ in range(3)]
+    held = [asyncio.create_task(builder.raw("list_inbox", {"wait": 40}, token=t))
+            for t in tokens[:2]]
+    await polls.until_held("principal:acme/agent:builder", 2)
+    status, body = await builder.raw("list_inbox", {"wait": 40}, token=tokens[2])
+    assert status == 429 and body["error"]["code"] == "too_many_long_polls", body
+    assert "agent:builder, all its tokens together, already holds 2" in \
+        body["error"]["message"]
+    scout = tools("agent:scout")
+    held.append(asyncio.create_task(scout.raw("list_inbox", {"wait": 40})))
+    await polls.until_held("office:acme", 3)
+    status, body = await tools("agent:echo").raw("list_inbox", {"wait": 40})
+    assert status == 429 and "the acme office already holds 3" in body["error"]["message"]
+    for to in ("builder", "scout"):
+        await scout("mail_send", to=to, subject="Wake up", body="all of you")
+    assert [status for status, _ in await asyncio.gather(*held)] == [200] * 3
+    assert polls.held("office:acme") == 0
+
+
 # -- strangers -----------------------------------------------------------------------------------
 
 

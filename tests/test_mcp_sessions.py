@@ -9,6 +9,7 @@ JSON-RPC; the idle expiry with a clock the test moves (nothing is timed).
 
 from __future__ import annotations
 
+import contextlib
 from contextlib import AsyncExitStack
 
 import aiohttp
@@ -165,6 +166,33 @@ def test_least_recently_used_idle_first_and_a_refusal_changes_nothing() -> None:
     assert refused.value.code == "too_many_sessions" and refused.value.status == 429
     assert "2 MCP sessions are open for this API token" in refused.value.message
     assert sessions.held(keys[0]) == 2 and busy
+
+
+def test_an_office_at_its_cap_ends_its_own_oldest_idle_session_never_another_offices() -> None:
+    """However many principals an office's config names (each with its own cap), the office
+    holds at most `per_office` of the sessions every office shares: its next one ends its own
+    least recently used idle session, and another office's opening ends nothing of it."""
+    clock = Clock()
+    sessions = Sessions(per_key=5, per_office=3, clock=clock)
+    evil = [session_keys(f"e{n}", f"agent:e{n}", "evil") for n in range(4)]
+    for n, keys in enumerate(evil[:3]):
+        ticket, ending = sessions.admit(keys, keys[-1])
+        sessions.opened(ticket, f"evil{n}")
+        assert ending == []
+        clock.t += 1
+    ticket, ending = sessions.admit(evil[3], evil[3][-1])  # a fourth principal of evil's
+    sessions.opened(ticket, "evil3")
+    assert ending == [("evil0", evil[0][-1])], "its own oldest idle one"
+    acme = session_keys("a", "agent:a", "acme")
+    ticket, ending = sessions.admit(acme, acme[-1])
+    assert ending == [] and sessions.held(acme[1]) == 1
+    with contextlib.ExitStack() as streams:  # each of evil's with a stream open: busy, kept
+        for sid, keys in (("evil1", evil[1]), ("evil2", evil[2]), ("evil3", evil[3])):
+            streams.enter_context(sessions.using(sid, keys))
+        with pytest.raises(TooManyRequests) as refused:
+            sessions.admit(evil[0], evil[0][-1])
+    assert "3 MCP sessions are open for the evil office" in refused.value.message
+    assert sessions.admit(session_keys("b", "agent:b", "acme"), "agent:b")[1] == []
 
 
 def test_another_principals_requests_neither_use_nor_end_a_session() -> None:

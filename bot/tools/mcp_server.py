@@ -247,7 +247,8 @@ class LocalBackend:
         stack = ExitStack()
         try:
             stack.enter_context(self.services.long_polls.hold(
-                self.token_key, "an inbox subscription", {"wait": self.watch_wait}))
+                self.token_key, "an inbox subscription", {"wait": self.watch_wait},
+                (self.org or "(its office)", self.principal)))
         except VaultmailError as exc:
             raise _failure(exc) from exc
         return stack

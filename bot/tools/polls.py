@@ -1,9 +1,12 @@
-"""Long polls held per API token: at most `per_token` at once, the excess refused at once; and
-the MCP sessions open per API token (`Sessions`, below).
+"""Long polls held at once, counted per API token, per principal in its office and per office,
+the excess refused at once; and the MCP sessions open per API token (`Sessions`, below).
 
-A long poll (`list_inbox` or `agent_chat` with `wait`) holds a request open for up to 50 s. One
-client opening hundreds would hold them all; so each token may hold `PER_TOKEN` at a time, and
-one more is answered at once with 429 `too_many_long_polls`, naming the cap.
+A long poll (`list_inbox` or `agent_chat` with `wait`, an inbox subscription) holds a request
+open for up to 50 s (a subscription's stream, longer). One client opening hundreds would hold
+them all; so each token may hold `PER_TOKEN` at a time; a principal, however many tokens it
+has (a person gets one at each OAuth consent), `PER_PRINCIPAL`; and an office, however many
+principals its config names, `PER_OFFICE`: one office never holds the room every office's
+polls share. One more is answered at once with 429 `too_many_long_polls`, naming the cap.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from dataclasses import dataclass
 from bot.errors import TooManyRequests
 
 PER_TOKEN = 4  # long polls one API token may hold at once
+PER_PRINCIPAL = 16  # ... one principal in its office, all its tokens together
+PER_OFFICE = 1_000  # ... one office, all its principals together
 
 
 def token_key(token: str) -> str:
@@ -39,8 +44,10 @@ def is_long_poll(raw: object) -> bool:
 
 
 class LongPolls:
-    def __init__(self, per_token: int = PER_TOKEN) -> None:
-        self.per_token = per_token
+    def __init__(self, per_token: int = PER_TOKEN, per_principal: int = PER_PRINCIPAL,
+                 per_office: int = PER_OFFICE) -> None:
+        self.per_token, self.per_principal, self.per_office = \
+            per_token, per_principal, per_office
         self._held: Counter[str] = Counter()
         self._watchers: list[tuple[str, int, asyncio.Future[None]]] = []
 
@@ -65,24 +72,35 @@ class LongPolls:
         self._watchers = keep
 
     @contextlib.contextmanager
-    def hold(self, key: str | None, tool: str, raw: object) -> Iterator[None]:
-        """Count this call against its token while it runs, if it is a long poll."""
+    def hold(self, key: str | None, tool: str, raw: object,
+             owner: tuple[str, str] | None = None) -> Iterator[None]:
+        """Count this call, if it is a long poll, against its token (`key`) and, with
+        `owner` (org, principal), against its principal in its office and that office."""
         if key is None or not is_long_poll(raw):
             yield
             return
-        if self._held[key] >= self.per_token:
-            raise TooManyRequests(
-                f"{tool}: this API token already holds {self._held[key]} long polls (`wait`), "
-                f"the most one token may hold at once is {self.per_token}; wait for one to "
-                "return, or call without `wait`")
-        self._held[key] += 1
+        counted = [(key, self.per_token, "this API token")]
+        if owner is not None:
+            org, principal = owner[0].lower(), owner[1]
+            counted += [(f"principal:{org}/{principal}", self.per_principal,
+                         f"{principal}, all its tokens together,"),
+                        (f"office:{org}", self.per_office, f"the {org} office")]
+        for counter, cap, who in counted:
+            if self._held[counter] >= cap:
+                raise TooManyRequests(
+                    f"{tool}: {who} already holds {self._held[counter]} long polls (`wait`), "
+                    f"the most it may hold at once is {cap}; wait for one to return, or call "
+                    "without `wait`")
+        for counter, _, _ in counted:
+            self._held[counter] += 1
         self._wake()
         try:
             yield
         finally:
-            self._held[key] -= 1
-            if self._held[key] <= 0:
-                del self._held[key]
+            for counter, _, _ in counted:
+                self._held[counter] -= 1
+                if self._held[counter] <= 0:
+                    del self._held[counter]
 
 
 # -- MCP sessions ------------------------------------------------------------------------------
@@ -91,11 +109,15 @@ class LongPolls:
 # for SESSION_IDLE; the SDK caps them all together (10,000), so one token opening sessions in a
 # loop would lock every client out. Each is counted under its API token and under its principal
 # in its office (more tokens for one principal buy no more), at most PER_TOKEN_SESSIONS under
-# each. A key at its cap makes room by ending its own least recently used idle session (a
-# client that leaks sessions loses its oldest, nobody else anything); only when every one is
-# busy (a request in flight, a stream open) is the new one refused, 429, for that key alone.
+# each, and under its office, at most PER_OFFICE_SESSIONS (however many principals an office's
+# config names, it holds no more than that of the room every office shares). A key at its cap
+# makes room by ending its own least recently used idle session (a client that leaks sessions
+# loses its oldest, nobody else anything; an office at its cap, one of its own); only when
+# every one is busy (a request in flight, a stream open) is the new one refused, 429, for that
+# key alone.
 
 PER_TOKEN_SESSIONS = 32  # a client needs one session, a busy agent host a few: ample room
+PER_OFFICE_SESSIONS = 2_000  # a fifth of the SDK's 10,000
 SESSION_IDLE = 10 * 60.0  # seconds unused before a session is dropped (its client starts anew)
 
 
@@ -114,8 +136,9 @@ class Sessions:
     """Which MCP sessions each key holds; ending one (I/O) is the caller's."""
 
     def __init__(self, per_key: int = PER_TOKEN_SESSIONS, idle: float = SESSION_IDLE,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.per_key = per_key
+                 clock: Callable[[], float] = time.monotonic,
+                 per_office: int = PER_OFFICE_SESSIONS) -> None:
+        self.per_key, self.per_office = per_key, per_office
         self.idle = idle
         self.clock = clock
         self._open: dict[str, _Session] = {}  # by session id, or by ticket while it opens
@@ -134,7 +157,8 @@ class Sessions:
         for key in keys:
             mine = sorted((s.used, sid) for sid, s in self._open.items()
                           if key in s.keys and sid not in ending)
-            over = len(mine) + 1 - self.per_key
+            over = len(mine) + 1 - (self.per_office if key.startswith("office:")
+                                    else self.per_key)
             idle = [sid for _, sid in mine if self._open[sid].idle()]
             if over > len(idle):
                 raise TooManyRequests(
@@ -181,8 +205,11 @@ class Sessions:
 
 
 def session_keys(token_key: str | None, principal: str, org: str | None) -> tuple[str, ...]:
-    """What a session counts under: its token, then its principal in its office."""
-    return (f"token:{token_key}", f"principal:{principal} in {org or 'its office'}")
+    """What a session counts under: its token, its office, then its principal in its office
+    (last: whom the SDK holds it for)."""
+    office = (org or "its office").lower()
+    return (f"token:{token_key}", f"office:the {office} office",
+            f"principal:{principal} in {org or 'its office'}")
 
 
 def _who(key: str) -> str:

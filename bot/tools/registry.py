@@ -233,7 +233,8 @@ async def call_tool(call: Call, name: str, raw: Any) -> dict[str, Any]:
         # (the principal of its office: on Gitea one bot's pacer serves every org, and another
         # office's principal of the same name has turns of its own)
         with acting_for(f"{call.office.org.lower()}/{call.principal}"), \
-                call.services.long_polls.hold(call.token_key, name, raw):
+                call.services.long_polls.hold(call.token_key, name, raw,
+                                              (call.office.org, call.principal)):
             result = await _call_tool(call, name, raw)
         metrics.TOOL_CALLS.labels(tool=known, outcome="ok").inc()
         return result

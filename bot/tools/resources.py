@@ -257,10 +257,11 @@ async def wait_endpoint(request: web.Request) -> web.StreamResponse:
         if math.isnan(wait):  # (NaN passed the clamp below, and the loop's timer failed on it)
             raise InvalidArguments("wait: a number of seconds, at most 50")
         wait = min(max(wait, 0.0), MAX_WAIT)
-        await _caller(request)  # refused at once, before holding anything
+        call = await _caller(request)  # refused at once, before holding anything
         after = request.query.get("after") or None
         key = bearer_key(request.headers.get("Authorization"))
-        with services.long_polls.hold(key, "resources/wait", {"wait": wait}):
+        with services.long_polls.hold(key, "resources/wait", {"wait": wait},
+                                      (call.office.org, call.principal)):
             found = await unless_gone(request, wait_inbox_change(
                 services, lambda: _caller(request), after, wait))
     except VaultmailError as exc:
