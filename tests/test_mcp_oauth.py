@@ -634,6 +634,33 @@ async def test_what_anyone_may_send_is_bounded(
         clock.now = real
 
 
+async def test_sign_in_requests_one_address_may_start_are_bounded(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """Each sign-in request (`GET /oauth/authorize`, before anyone signs in) is kept in the
+    index for the person to consent to: a row written at a stranger's request, one a GET,
+    unbounded. One address may start AUTHORIZE_PER_MINUTE a minute; past it, a page saying
+    so (429) and nothing written."""
+    _, client = await register(session, embedded)
+    _, challenge = _pkce()
+    url = authorize_url(embedded, client["client_id"], challenge)
+    store = embedded.services.store
+
+    async def kept() -> int:
+        row = await store.fetchone("SELECT count(*) AS n FROM oauth_grants WHERE kind=?",
+                                   ("request",))
+        return int(row["n"]) if row else 0
+
+    before = await kept()
+    statuses = []
+    for _ in range(oauth_server.AUTHORIZE_PER_MINUTE + 2):
+        async with session.get(url, allow_redirects=False) as resp:
+            statuses.append(resp.status)
+            text = await resp.text()
+    assert statuses == [303] * oauth_server.AUTHORIZE_PER_MINUTE + [429, 429], statuses
+    assert "sign-in requests from your address" in text, text[:500]
+    assert await kept() == before + oauth_server.AUTHORIZE_PER_MINUTE
+
+
 async def test_registrations_are_counted_per_client_behind_a_trusted_proxy(
         embedded: Embedded, session: aiohttp.ClientSession,
         monkeypatch: pytest.MonkeyPatch) -> None:

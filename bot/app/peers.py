@@ -8,7 +8,10 @@ client registrations) count clients, not the ingress everyone comes through."""
 from __future__ import annotations
 
 import ipaddress
+import time
+from collections.abc import Callable
 
+import cachetools
 from aiohttp import web
 
 from bot.app.settings import Network
@@ -35,3 +38,22 @@ def client_address(request: web.Request, proxies: tuple[Network, ...]) -> str:
         if not _trusted(hop, proxies):
             return hop[:64]  # (a proxy's record of whom it heard from: an address)
     return peer
+
+
+class PerAddress:
+    """At most `limit` requests from one client address within `window` seconds of its last
+    one admitted, counted by this process: what bounds the work a stranger's flood makes
+    (each replica counts its own), not a quota."""
+
+    def __init__(self, limit: int, window: float = 60.0, size: int = 100_000,
+                 timer: Callable[[], float] = time.monotonic) -> None:
+        self.limit = limit
+        self._counts: cachetools.TTLCache[str, int] = cachetools.TTLCache(size, window,
+                                                                          timer=timer)
+
+    def admit(self, address: str) -> bool:
+        count = self._counts.get(address, 0)
+        if count >= self.limit:
+            return False
+        self._counts[address] = count + 1
+        return True

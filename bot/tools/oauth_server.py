@@ -53,7 +53,7 @@ from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, u
 from aiohttp import web
 
 from bot.app.bodies import loads_json, read_body
-from bot.app.peers import client_address
+from bot.app.peers import PerAddress, client_address
 from bot.app.services import SERVICES_KEY, Services
 from bot.console.frame import error_page, read_form
 from bot.console.render import SECURITY_HEADERS, page
@@ -93,6 +93,7 @@ MAX_REDIRECT_URIS = 10
 MAX_URI = 2000  # characters of one redirect URI
 MAX_STATE = 512  # characters of a client's `state` (kept until the consent)
 REGISTRATIONS_PER_HOUR = 20  # clients one address registers within an hour
+AUTHORIZE_PER_MINUTE = 30  # sign-in requests one address starts (each kept in the index)
 LOOPBACK_NAMES = {"localhost"}
 URI_CHARACTERS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+")
 HOST = re.compile(r"[a-z0-9.\-]+|[0-9a-f:.]+")  # a name or address (urlsplit's lower case)
@@ -108,6 +109,7 @@ class OAuthClock:
 
 
 CLOCK_KEY = web.AppKey("oauth_clock", OAuthClock)
+STARTS_KEY = web.AppKey("oauth_starts", PerAddress)  # sign-in requests per address
 
 
 def _now(request: web.Request) -> float:
@@ -373,6 +375,11 @@ async def authorize(request: web.Request) -> web.StreamResponse:
     if why is not None:
         return _refusal_page(request, f"{client.name} sent a sign-in request this server does "
                              f"not take ({why}): nothing was sent anywhere.")
+    if not request.app[STARTS_KEY].admit(
+            client_address(request, services.settings.trusted_proxies)):
+        return _refusal_page(request, f"More than {AUTHORIZE_PER_MINUTE} sign-in requests "
+                             "from your address within a minute: wait a minute, then start "
+                             "the sign-in from the MCP client again.", 429)
     ident = secrets.token_urlsafe(24)
     await db.add(services.store, [("request", ident)], grant_id=secrets.token_urlsafe(18),
                  client_id=client.client_id, principal=None, org=None,
@@ -638,6 +645,7 @@ def is_access_token(token: str) -> bool:
 
 def add_oauth_routes(app: web.Application) -> None:
     app[CLOCK_KEY] = OAuthClock()
+    app[STARTS_KEY] = PerAddress(AUTHORIZE_PER_MINUTE)
     r = app.router
     r.add_get(AS_METADATA_PATH, as_metadata)
     r.add_post(REGISTER, register)
