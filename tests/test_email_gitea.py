@@ -21,6 +21,7 @@ from tests.test_email_attachments import CSV, PDF, blob_sha
 from tests.test_email_support import (
     DOMAIN,
     Mailroom,
+    delivered,
     message,
     open_mailroom,
     send,
@@ -53,7 +54,7 @@ async def test_attachments_are_committed_to_a_gitea_vault(gitea_room: Mailroom) 
                 Message_ID="<gitea-files@example.org>"),
         ("prices.pdf", "application/pdf", PDF), ("prices.csv", "text/csv", CSV)))
     answer = await send(room.port, raw, rcpts=[f"scout@{DOMAIN}"])
-    assert answer.code == 250 and f"{SCOUT_VAULT}#1" in answer.text, answer
+    assert f"{SCOUT_VAULT}#1" in await delivered(gitea_room, answer), answer
     # the same message again (a client's retry): nothing committed twice
     assert (await send(room.port, raw, rcpts=[f"scout@{DOMAIN}"])).code == 250
     await room.embedded.settle()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import smtplib
 import ssl
 import time
@@ -26,6 +27,7 @@ from bot.app.embedded import Embedded, start_embedded
 from bot.app.settings import EmailSettings
 from bot.email import keys
 from bot.email.auth import DnsError
+from bot.store import mails
 from tests.support import Actor, ToolClient
 
 DOMAIN = "mail.acme.example"
@@ -177,6 +179,20 @@ async def send(port: int, data: bytes, *, rcpts: list[str],
                mail_from: str = "bob@example.org", tls: ssl.SSLContext | None = None) -> Answer:
     """Send over real SMTP as an ordinary client would (after STARTTLS with `tls`)."""
     return await asyncio.to_thread(_smtp_send, port, mail_from, rcpts, data, tls)
+
+
+async def delivered(room: Mailroom, answer: Answer) -> list[str]:
+    """The mails (owner/repo#n) a `250 ... delivered as <mail id>, ...` answer names: the
+    answer itself names no repository (a stranger learns none), the index maps its ids."""
+    found = re.search(r"delivered as ([^;]+)", answer.text)
+    assert answer.code == 250 and found is not None, answer
+    refs = []
+    for mail_id in found.group(1).split(","):
+        mail = await mails.get_mail(room.embedded.services.store, mail_id.strip())
+        assert mail is not None, (mail_id, answer)
+        refs.append(mail.ref)
+    assert not any(ref in answer.text for ref in refs), answer
+    return refs
 
 
 class CapturingRelay:

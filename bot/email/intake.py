@@ -384,7 +384,7 @@ class EmailIntake:
                + (f": {bounce.diagnostic}" if bounce.diagnostic else ""))
         told = await self.report_bounce(box.office, mail, bounce.original_id, [recipient],
                                         why, source="report")
-        return f"bounce of {bounce.original_id} told in {told.ref}" if told else None
+        return f"bounce of {bounce.original_id} recorded as {told.mail_id}" if told else None
 
     async def accepted(self, mail: MailRecord, message_id: str) -> set[str]:
         """The recipients the relay accepted `message_id` for (each `email.sent`'s `to`)."""

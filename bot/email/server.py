@@ -257,17 +257,20 @@ class SmtpHandler:
                             "again later")
                 try:
                     record = await intake.receive(box, message, verdicts)
-                except Undeliverable as exc:  # the agent's vault is gone or archived
-                    refused.append(f"<{rcpt[:200]}>: {exc.message}")
+                except Undeliverable:  # the agent's vault is gone or archived: the office
+                    # is told by its internal bounce; a stranger learns no repository's name
+                    refused.append(f"<{rcpt[:200]}>: this mailbox takes no mail now")
                     continue
-                refs.append(record.ref)
+                # the mail's id, not its issue: a stranger learns no private repository's
+                # name, nor how much mail its agent gets (the office finds it by the id)
+                refs.append(record.mail_id)
         except Exception as exc:
             log.warning("email not delivered", extra={"error": repr(exc),
                                                       "message_id": message.message_id})
             return "451 4.3.0 not delivered now: try again later"
         if not refs:  # the policy of every recipient refused it
             return f"550 5.7.1 {'; '.join(refused)}"
-        return f"250 2.0.0 delivered: {', '.join(refs)}" + (
+        return f"250 2.0.0 delivered as {', '.join(refs)}" + (
             f"; refused {'; '.join(refused)}" if refused else "")
 
 
