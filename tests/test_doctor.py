@@ -231,3 +231,47 @@ def test_the_help_shows_the_doctors_own_defaults() -> None:
 
     assert SHOWN_MAX_REPAIRS == MAX_REPAIRS
     assert SHOWN_REPLY_DAYS * 86400.0 == REPLY_WINDOW
+
+
+async def test_one_offices_repairs_or_spent_budget_stop_no_other_offices_pass(
+        embedded: Embedded, person: Any, tools: Any, session: Any) -> None:
+    """A pass's repairs were counted across offices, in the order of their names, and the
+    pass ended at the cap: an office that sorts first (`aardvark`, installed beside acme)
+    with lost writes enough, however they came about, took every pass's repairs, and acme's
+    lost writes were never written again. Each office now has its own `--max-repairs` a
+    pass, and its own installation's budget stops its own pass only."""
+    import yaml
+
+    from bot.office.config import parse_office
+    from bot.office.seed import seed_office
+    from bot.store import api_tokens
+    from tests.support import ToolClient
+    from tests.test_tenancy import EVIL
+
+    other = {**EVIL, "org": "aardvark"}
+    seed_office(embedded.forge, parse_office(yaml.safe_dump(other), "aardvark.yml"))
+    (app_id,) = embedded.forge.state.apps
+    embedded.forge.install_app(int(app_id), "aardvark")
+    await embedded.settle()
+    store = embedded.services.store
+    theirs = {p: await api_tokens.create_token(store, p, org="aardvark")
+              for p in ("human:marco@acme.com", "agent:scout")}
+    sent = []
+    for n in range(2):  # aardvark's two mails, then acme's one: three lost opens
+        their_marco = ToolClient(session, embedded, "human:marco@acme.com",
+                                 token=theirs["human:marco@acme.com"])
+        sent.append(("aardvark", (await their_marco(
+            "mail_send", to="scout", subject=f"Theirs {n}", body="x"))["mail"]["ref"]))
+    sent.append(("acme", (await tools("human:marco@acme.com")(
+        "mail_send", to="scout", subject="Ours", body="x"))["mail"]["ref"]))
+    await embedded.settle()
+    lose = embedded.forge.faults.add(route=PATCH_ISSUE, mode="lost", count=3)
+    for org, ref in sent:
+        scout = ToolClient(session, embedded, "agent:scout", token=theirs["agent:scout"]) \
+            if org == "aardvark" else tools("agent:scout")
+        await scout("mail_open", mail=ref)
+    assert lose.fired == 3
+    code, out = await vaultmail(embedded, "doctor", "--max-repairs", "1")
+    assert _count(out, "repaired") == 2, out  # one of aardvark's, and acme's
+    issue = await person("admin").issue(SCOUT_VAULT, _number(sent[-1][1]))
+    assert label_names(issue) == ["mail:working"], "acme's lost open written again"

@@ -28,8 +28,9 @@ Every repair happens under the mail's lock, after looking again (the index and t
 a change made meanwhile wins) and on the forge for an earlier repair's result (a marker), so a
 pass run twice, or by two replicas, repairs each thing once. Repairs are forge writes like any
 other: the caller paces them within the installation's budget (as the office's turns), and a
-pass makes at most `max_repairs` of them and stops early when the installation's primary
-budget is below `budget_floor` of its limit; the next pass goes on.
+pass makes at most `max_repairs` of them in each office and stops early in an office when its
+installation's primary budget is below `budget_floor` of its limit (the other offices go on);
+the next pass goes on where it stopped.
 
 `vaultmail doctor` runs a pass by hand (`--dry-run`: what it would repair, nothing written);
 the leader replica runs one every `VAULTMAIL_DOCTOR_SECONDS` (default 900).
@@ -75,7 +76,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("vaultmail.doctor")
 DOCTOR_EVERY = 900.0  # seconds between the leader's passes (VAULTMAIL_DOCTOR_SECONDS)
 REPLY_WINDOW = 2 * 86400.0  # replies ledgered this recently have their comment looked for
-MAX_REPAIRS = 100  # forge writes one pass makes at most; the next pass goes on
+MAX_REPAIRS = 100  # forge writes one pass makes at most in an office; the next pass goes on
 BUDGET_FLOOR = 0.2  # a pass stops early below this share of the primary rate limit left
 # the id the mailer gives the copy of a reply in the sender agent's vault (`Mailer.reply`)
 _REPLY_COPY_NS = uuid.UUID("5b0c3c1e-8f7a-4d6e-9a51-0c1d2e3f4a5b")
@@ -107,7 +108,7 @@ class DoctorReport:
     mails: int = 0
     replies: int = 0
     findings: list[Finding] = field(default_factory=list)
-    stopped: str | None = None  # why the pass ended before looking at everything
+    stopped: str | None = None  # why a pass over an office ended early ("org: why; ...")
     busy: bool = False  # another pass held the lock: this one looked at nothing
 
     def counts(self) -> Counter[str]:
@@ -272,11 +273,14 @@ class Doctor:
                 continue
             report.offices += 1
             token = writes_for.set(f"{office.org.lower()}/office")  # the office's turns
+            # each office's own repairs a pass, and its own installation's budget: one
+            # that sorts first, with lost writes enough, never takes another's pass
+            self._repairs = 0
             try:
                 await self._office(report, forge, office)
             except _Stop as stop:
-                report.stopped = str(stop)
-                break
+                said = f"{org}: {stop}"
+                report.stopped = f"{report.stopped}; {said}" if report.stopped else said
             except Exception as exc:  # one office's fault ends its pass, not the others'
                 log.exception("doctor pass over an office broke off", extra={"org": org})
                 self._found(report, Finding(org, "office", "?", "?", FLAGGED,

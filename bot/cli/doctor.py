@@ -59,7 +59,8 @@ def add_doctor_command(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("--dry-run", action="store_true",
                    help="say what would be repaired; write nothing")
     p.add_argument("--max-repairs", type=int, default=None,
-                   help=f"forge writes this pass makes at most (default {SHOWN_MAX_REPAIRS})")
+                   help=f"forge writes this pass makes at most in each office (default "
+                        f"{SHOWN_MAX_REPAIRS})")
     p.add_argument("--reply-days", type=float, default=None,
                    help="look for the comments of replies ledgered this many days back "
                         f"(default {SHOWN_REPLY_DAYS:g})")
