@@ -275,3 +275,31 @@ async def test_one_offices_repairs_or_spent_budget_stop_no_other_offices_pass(
     assert _count(out, "repaired") == 2, out  # one of aardvark's, and acme's
     issue = await person("admin").issue(SCOUT_VAULT, _number(sent[-1][1]))
     assert label_names(issue) == ["mail:working"], "acme's lost open written again"
+
+
+async def test_an_office_whose_config_read_hangs_is_skipped_not_waited_for(
+        embedded: Embedded) -> None:
+    """The pass read each office's config in turn and waited for it however long its forge
+    took (one waiting out its installation's rate limit: up to 15 minutes) before any office
+    after it was looked at."""
+    import yaml
+
+    from bot.office.config import parse_office
+    from bot.office.seed import seed_office
+    from tests.test_tenancy import EVIL
+
+    seed_office(embedded.forge, parse_office(yaml.safe_dump({**EVIL, "org": "aardvark"}),
+                                             "aardvark.yml"))
+    (app_id,) = embedded.forge.state.apps
+    embedded.forge.install_app(int(app_id), "aardvark")
+    await embedded.settle()
+    held = embedded.forge.faults.hold("GET /repos/{owner}/{repo}/contents/{path}", count=None,
+                                      repo="aardvark/.github")
+    try:
+        code, out = await vaultmail(embedded, "doctor")
+    finally:
+        held.release()
+    assert held.caught, "aardvark's config read was never held: the test tested nothing"
+    assert "aardvark: aardvark's office config: its forge has not answered in 3 s: skipped" \
+        in out, out
+    assert "acme/scout-vault:" in out and code == 0, out

@@ -64,6 +64,7 @@ from bot.mail.header import (
 )
 from bot.mail.mailer import fits, shown_as
 from bot.office.config import Office
+from bot.office.source import ROUND_WAIT, OfficeUnanswered
 from bot.store import ledger, mails, moves, replies
 from bot.store.mails import QUIET, MailRecord
 from labels.states import MailState, labels_for
@@ -267,7 +268,11 @@ class Doctor:
     async def _offices(self, report: DoctorReport, orgs: list[str] | None) -> None:
         for org in orgs or sorted(self.services.installations):
             forge = self.services.forge_for_org(org)
-            office = await self.services.offices.get(forge, org)
+            try:  # (a read that waits out this office's limits holds no other's pass)
+                office = await self.services.offices.get(forge, org, within=ROUND_WAIT)
+            except OfficeUnanswered as exc:
+                self.progress(f"{org}: {exc}: skipped this pass")
+                continue
             if office is None:
                 self.progress(f"{org}: no office config: skipped")
                 continue

@@ -16,7 +16,7 @@ from bot.app.notify import Notifier
 from bot.app.settings import Settings
 from bot.errors import NotInstalled
 from bot.mail.signing import Keyrings
-from bot.office.source import OfficeSource
+from bot.office.source import ROUND_WAIT, OfficeSource
 from bot.office.visibility import Visibility
 from bot.store import Store
 from bot.tools.polls import LongPolls
@@ -28,9 +28,6 @@ if TYPE_CHECKING:
     from bot.office.config import Office
 
 log = logging.getLogger("vaultmail.services")
-# seconds a round of every office (outbound webhooks, sign-in, email's recipients) gives one
-# office's config read that has not answered yet (a forge waiting out that office's limits)
-ROUND_WAIT = 3.0
 
 
 @dataclass

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("vaultmail.office")
 CONFIG_REPO = ".github"
 CONFIG_PATH = "vaultmail.yml"
+# seconds a round of every office (outbound webhooks, sign-in, email's recipients, the doctor)
+# gives one office's config read that has not answered yet (a forge waiting out its limits)
+ROUND_WAIT = 3.0
 
 
 class OfficeUnanswered(TimeoutError):
