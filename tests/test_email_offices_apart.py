@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import yaml
 
 from bot.office.config import parse_office
 from bot.office.seed import seed_office
@@ -98,3 +99,48 @@ async def test_another_offices_outbox_stuck_holds_up_none_of_this_offices_mail(
                                                 subject=subject, body="hello bob")
             out = await asyncio.wait_for(mailroom.relay.next(), PATIENCE)
             assert f"Subject: {subject}".encode() in out.content, out.content[:300]
+
+
+async def test_a_pushed_config_not_read_yet_is_waited_for_not_the_one_before_served(
+        mailroom: Mailroom) -> None:
+    """While the read a push asked for hangs, the config before it is not served to a round
+    of every office: scout's alias `research`, removed by the push, is answered 451 (try
+    later), not delivered to; once the read is answered, 550."""
+    emb = mailroom.embedded
+    forge = emb.forge
+    config = yaml.safe_load(forge.state.repo("acme", ".github").files["vaultmail.yml"])
+    del config["email"]["aliases"]
+    held = forge.faults.hold("GET /repos/{owner}/{repo}/contents/{path}", count=None,
+                             repo="acme/.github")
+    alias = f"research@{DOMAIN}"
+    raw = wire(message("bob@example.org", alias, "Hi", "hello"))
+    try:
+        forge.put_file("acme/.github", "vaultmail.yml", yaml.safe_dump(config),
+                       pusher="admin")
+        await held.arrived.wait()  # the push's read is at the forge, unanswered
+        answer = await asyncio.wait_for(send(mailroom.port, raw, rcpts=[alias]), PATIENCE)
+        assert answer.code == 451, answer
+    finally:
+        held.release()
+    await emb.settle()
+    answer = await send(mailroom.port, raw, rcpts=[alias])
+    assert answer.code == 550 and "no such mailbox" in answer.text, answer
+
+
+async def test_an_office_unreadable_for_good_turns_no_strangers_550_into_451(
+        mailroom: Mailroom) -> None:
+    """evil's config read fails every time (its installation suspended, its requests spent):
+    mail to a domain no office names, nor evil did when last read, is still refused for good
+    (550), not put off (451) for as long as evil's trouble lasts."""
+    await _install_evil(mailroom)
+    emb = mailroom.embedded
+    emb.forge.faults.add(route="GET /repos/{owner}/{repo}/contents/{path}", status=403,
+                         kind="primary_limit", repo="evil/.github")
+    emb.services.offices.max_age = 0.0
+    raw = wire(message("bob@example.org", "nobody@unknown.example", "Hi", "hello"))
+    answer = await send(mailroom.port, raw, rcpts=["nobody@unknown.example"])
+    assert answer.code == 550 and "no such mailbox" in answer.text, answer
+    # evil's own domain, which it named when last read: that may be its, try later
+    raw = wire(message("bob@example.org", f"spy@{EVIL_DOMAIN}", "Hi", "hello"))
+    answer = await send(mailroom.port, raw, rcpts=[f"spy@{EVIL_DOMAIN}"])
+    assert answer.code == 451, answer

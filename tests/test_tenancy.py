@@ -86,6 +86,25 @@ def _not_found(status: int, body: Any) -> bool:
     return status == 404 and body["error"]["code"] == "not_found"
 
 
+async def test_a_token_naming_no_office_is_never_pinned_while_an_office_is_unread(
+        tenants: Tenants) -> None:
+    """A token that names no office is pinned, for good, to the one office whose config
+    lists its principal, at its first use. evil's lists acme's `agent:scout` too: while
+    acme's config cannot be read, scout was found in evil's alone and the token pinned there
+    (review of this stop's round of every office). It is refused for now, and pinned nowhere."""
+    t = tenants
+    emb = t.embedded
+    legacy = await api_tokens.create_token(emb.services.store, SCOUT)  # names no office
+    emb.forge.faults.add(route="GET /repos/{owner}/{repo}/contents/{path}", status=403,
+                         kind="primary_limit", repo="acme/.github")  # acme's requests spent
+    emb.services.offices.max_age = 0.0  # read again at this use
+    status, body = await t.call(legacy, "list_inbox")
+    assert status == 502 and "cannot be read now" in body["error"]["message"], body
+    row = await emb.services.store.fetchone("SELECT org FROM api_tokens WHERE principal=?"
+                                            " AND org IS NULL", (SCOUT,))
+    assert row is not None, "pinned to an office while acme's config could not be read"
+
+
 async def test_another_office_cannot_read_a_mail_by_id_ref_list_or_thread(
         tenants: Tenants) -> None:
     t, m = tenants, tenants.acme_mail

@@ -34,7 +34,7 @@ from bot.console.visitor import (
     set_cookie,
     visitor,
 )
-from bot.errors import Denied, VaultmailError
+from bot.errors import Denied, ForgeUnavailable, VaultmailError
 from bot.store import api_tokens
 from bot.tools.http import make_call
 
@@ -145,10 +145,17 @@ async def forge_start(request: web.Request) -> web.StreamResponse:
     raise response
 
 
-async def offices_of_login(services: Services, login: str) -> list[tuple[str, str]]:
-    """(principal, org) of every installed office whose config lists the forge login."""
+async def offices_of_login(services: Services, login: str,
+                           chosen: str | None = None) -> list[tuple[str, str]]:
+    """(principal, org) of every installed office whose config lists the forge login (an
+    office whose config cannot be read now is left out; the one `chosen`, when it is that
+    office: ForgeUnavailable, try again)."""
+    offices, unread = await services.read_offices()
+    if chosen and chosen.lower() in unread:
+        raise ForgeUnavailable(f"{chosen}'s office config cannot be read now: sign in again "
+                               "in a minute")
     found = []
-    for org, office in await services.installed_offices():
+    for org, office in offices:
         if (who := office.by_login(login)) is not None:
             found.append((who.principal, org))
     return found
@@ -165,7 +172,7 @@ async def _person_for_login(services: Services, login: str,
                             chosen: str | None) -> tuple[str, str]:
     """The office principal of a forge login, and its org: the office that lists it; when
     several do, the one chosen (never silently the first)."""
-    found = await offices_of_login(services, login)
+    found = await offices_of_login(services, login, chosen)
     if chosen:
         found = [(p, org) for p, org in found if org == chosen]
     if not found:

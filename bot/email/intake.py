@@ -120,13 +120,18 @@ class EmailIntake:
         """The offices that name `domain` and have proven it theirs. Only theirs are looked
         up: another office's DNS or forge in trouble is not this domain's mail's. DnsError
         when DNS cannot say now for one of them, OfficesUnread when none has proven it and
-        an office's config cannot be read now (it may be the one): RCPT answers 451."""
+        an office's config cannot be read now that may name it (never read, or it did when
+        last read): RCPT answers 451."""
         offices, unread = await self.configured()
         found = [office for office in offices
                  if office.email is not None and office.email.domain == domain
                  and await self.proven(office)]
-        if not found and unread:
-            raise OfficesUnread(unread)
+        source = self.services.offices
+        maybe = [org for org in unread if not source.answered(org) or (
+            (last := source.last_valid(org)) is not None and last.email is not None
+            and last.email.domain == domain)]
+        if not found and maybe:  # (one never read, or that named this domain when it was)
+            raise OfficesUnread(maybe)
         return found
 
     async def proven(self, office: Office) -> bool:

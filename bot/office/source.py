@@ -36,9 +36,12 @@ CONFIG_PATH = "vaultmail.yml"
 # seconds a round of every office (outbound webhooks, sign-in, email's recipients, the doctor)
 # gives one office's config read that has not answered yet (a forge waiting out its limits)
 ROUND_WAIT = 3.0
+# seconds past `max_age` such a round goes on with an office's config read before, while its
+# forge does not answer (a push's read in flight: none, it said the config changed)
+STALE_AT_MOST = 300.0
 
 
-class OfficeUnanswered(TimeoutError):
+class OfficeUnanswered(Exception):
     """An office's config was never read, and its forge has not answered within the time a
     round of every office gives each (`OfficeSource.get(within=)`)."""
 
@@ -64,6 +67,7 @@ class OfficeSource:
         # handled side by side at start-up must not read "no config" off a fetch not done)
         self._asking: dict[str, asyncio.Future[Office | None]] = {}
         self._asked_at: dict[str, float] = {}  # when the read in flight began
+        self._fresh: set[str] = set()  # orgs a push asked to read again, until answered
         self.max_age = max_age
         self.last_error: dict[str, OfficeConfigError] = {}
 
@@ -71,17 +75,19 @@ class OfficeSource:
                   within: float | None = None) -> Office | None:
         """`org`'s office (None: it has no valid config). `within`: for a caller going round
         every office, how long this one's read may keep it, counted from the read's start:
-        past it, the answer before (when there was one) stands, else OfficeUnanswered; the
-        read goes on for whoever asks next. (Another office's forge that waits out its rate
-        limit must not hold every office's round.)"""
+        past it, the answer before stands (read within `max_age` + STALE_AT_MOST, and no push
+        asked for it again since), else OfficeUnanswered; the read goes on for whoever asks
+        next. (Another office's forge that waits out its rate limit must not hold every
+        office's round.)"""
         if self._path is not None:
             if self._local is None:
                 self._local = load_office(self._path)
             # the operator's file is one office's: another org installed beside it has none
             # (never this one's, or its tokens would act in this office)
             return self._local if self._local.org.lower() == org.lower() else None
-        if not fresh and time.monotonic() - self._fetched.get(org, -1e18) < self.max_age:
-            return self._last_valid.get(org)
+        if (not fresh and org not in self._fresh
+                and time.monotonic() - self._fetched.get(org, -1e18) < self.max_age):
+            return self._last_valid.get(org)  # (a push's read in flight: it is waited for)
         asking = self._asking.get(org)
         if asking is None:
             # shared by whoever asks: none's limit on forge waits (a delivery's) is the others'
@@ -92,19 +98,32 @@ class OfficeSource:
             asking.add_done_callback(lambda done: self._asked(org, done))
         # shielded: a caller that leaves (a long poll) does not cancel the others' answer;
         # a forge that failed fails each of them (a retry), never reads as "no config"
+        if fresh:
+            self._fresh.add(org)  # (until answered: the answer before is not served meanwhile)
         if within is None:
             return await asyncio.shield(asking)
-        left = within - (time.monotonic() - self._asked_at[org])
+        left = within - (time.monotonic() - self._asked_at.get(org, time.monotonic()))
         try:
             return await asyncio.wait_for(asyncio.shield(asking), max(0.0, left))
         except TimeoutError:
-            if org in self._fetched:
+            # the answer before stands a while, unless a push said it changed
+            if (org not in self._fresh and time.monotonic() - self._fetched.get(org, -1e18)
+                    < self.max_age + STALE_AT_MOST):
                 return self._last_valid.get(org)
             raise OfficeUnanswered(org, within) from None
+
+    def answered(self, org: str) -> bool:
+        """Whether `org`'s config was ever read (valid or not)."""
+        return org in self._fetched
+
+    def last_valid(self, org: str) -> Office | None:
+        """`org`'s office as its last valid config said, however long ago."""
+        return self._last_valid.get(org)
 
     def _asked(self, org: str, done: asyncio.Future[Office | None]) -> None:
         if self._asking.get(org) is done:
             del self._asking[org]
+            self._asked_at.pop(org, None)
         if not done.cancelled():
             done.exception()  # retrieved: whoever awaited it has it already
 
@@ -134,6 +153,7 @@ class OfficeSource:
         the answer before it, at start-up none: an SMTP recipient refused as unknown, a
         delivery handled as one of an office without a config.)"""
         self._fetched[org] = time.monotonic()
+        self._fresh.discard(org)
         return office
 
     def _refused(self, org: str, exc: OfficeConfigError) -> Office | None:
