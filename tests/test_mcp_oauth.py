@@ -689,6 +689,14 @@ async def test_registrations_are_counted_per_client_behind_a_trusted_proxy(
         [201, 201, 201, 201]
     assert await register_from("203.0.113.1") == 429
     assert await register_from("203.0.113.9, 127.0.0.1") == 201  # two proxies: 203.0.113.9
+    # an IPv6 host has a /64 to itself: its addresses share one count
+    assert [await register_from(f"2001:db8:1:2::{n}") for n in (1, 2, 3)] == \
+        [201, 201, 429]
+    assert await register_from("2001:db8:1:3::1") == 201  # the next /64: another host
+    # what a trusted proxy wrote that is no address counts as the proxy's own: loopback's,
+    # spent above (never a fresh count per string)
+    assert await register_from("junk") == 429
+    assert await register_from("203.0.113.77, junk") == 429
 
 
 async def test_the_metadata_built_from_request_headers_is_not_cached(

@@ -100,6 +100,13 @@ async def test_a_token_naming_no_office_is_never_pinned_while_an_office_is_unrea
     emb.services.offices.max_age = 0.0  # read again at this use
     status, body = await t.call(legacy, "list_inbox")
     assert status == 502 and "cannot be read now" in body["error"]["message"], body
+    # over MCP too, and not as a bad token (a client would throw it away): try again later
+    async with t.session.post(emb.app_url + "/mcp", json={
+            "jsonrpc": "2.0", "id": 1, "method": "ping"}, headers={
+            "Authorization": f"Bearer {legacy}", "Accept": "application/json, "
+            "text/event-stream"}) as resp:
+        assert resp.status == 502 and "WWW-Authenticate" not in resp.headers, resp.headers
+        assert resp.headers["Retry-After"] == "5"
     row = await emb.services.store.fetchone("SELECT org FROM api_tokens WHERE principal=?"
                                             " AND org IS NULL", (SCOUT,))
     assert row is not None, "pinned to an office while acme's config could not be read"

@@ -16,28 +16,49 @@ from aiohttp import web
 
 from bot.app.settings import Network
 
+IP = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-def _trusted(address: str, proxies: tuple[Network, ...]) -> bool:
+
+def _ip(address: str) -> IP | None:
     try:
         ip = ipaddress.ip_address(address.strip())
     except ValueError:
-        return False
+        return None
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return any(ip.version == net.version and ip in net for net in proxies)
+        return ip.ipv4_mapped
+    return ip
+
+
+def _trusted(ip: IP | None, proxies: tuple[Network, ...]) -> bool:
+    return ip is not None and any(ip.version == net.version and ip in net for net in proxies)
 
 
 def client_address(request: web.Request, proxies: tuple[Network, ...]) -> str:
-    """The address `request` is from, as above ("" when the connection names none)."""
+    """The address `request` is from, as above ("" when the connection names none). A hop a
+    trusted proxy wrote that is no address counts as the proxy's own."""
     peer = request.remote or ""
-    if not proxies or not _trusted(peer, proxies):
+    if not proxies or not _trusted(_ip(peer), proxies):
         return peer
-    hops = [h.strip() for field in request.headers.getall("X-Forwarded-For", [])
+    hops = [h for field in request.headers.getall("X-Forwarded-For", [])
             for h in field.split(",")]
     for hop in reversed(hops):
-        if not _trusted(hop, proxies):
-            return hop[:64]  # (a proxy's record of whom it heard from: an address)
+        ip = _ip(hop)
+        if ip is None:
+            return peer
+        if not _trusted(ip, proxies):
+            return str(ip)
     return peer
+
+
+def client_key(request: web.Request, proxies: tuple[Network, ...]) -> str:
+    """What limits per address count a request under: its client's address, or for IPv6 the
+    /64 it is in (a host is given a /64 as commonly as one IPv4 address: per address, one
+    host had 2^64 counts of its own)."""
+    address = client_address(request, proxies)
+    ip = _ip(address)
+    if isinstance(ip, ipaddress.IPv6Address):
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip) if ip is not None else address
 
 
 class PerAddress:

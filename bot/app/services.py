@@ -30,6 +30,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("vaultmail.services")
 
 
+def _cancelled_elsewhere(exc: BaseException) -> bool:
+    """A read shared with others cancelled while this round was not: that org's, unread."""
+    task = asyncio.current_task()
+    return (isinstance(exc, asyncio.CancelledError) and task is not None
+            and not task.cancelling())
+
+
 @dataclass
 class Services:
     settings: Settings
@@ -104,8 +111,8 @@ class Services:
         found, unread = [], []
         for org, office in zip(orgs, read, strict=True):
             if isinstance(office, BaseException):
-                if not isinstance(office, Exception):
-                    raise office  # (a cancellation: this round's, not one org's)
+                if not isinstance(office, Exception) and not _cancelled_elsewhere(office):
+                    raise office  # (this round cancelled, or the process stopping)
                 if org not in self._unread:  # said once, not at every round it lasts
                     log.warning("office config unreadable now; left out until it is: %r",
                                 office, extra={"org": org})

@@ -39,6 +39,7 @@ ROUND_WAIT = 3.0
 # seconds past `max_age` such a round goes on with an office's config read before, while its
 # forge does not answer (a push's read in flight: none, it said the config changed)
 STALE_AT_MOST = 300.0
+READS_AT_ONCE = 32  # configs read from the forge at once
 
 
 class OfficeUnanswered(Exception):
@@ -68,6 +69,7 @@ class OfficeSource:
         self._asking: dict[str, asyncio.Future[Office | None]] = {}
         self._asked_at: dict[str, float] = {}  # when the read in flight began
         self._fresh: set[str] = set()  # orgs a push asked to read again, until answered
+        self._reading = asyncio.Semaphore(READS_AT_ONCE)
         self.max_age = max_age
         self.last_error: dict[str, OfficeConfigError] = {}
 
@@ -129,7 +131,8 @@ class OfficeSource:
 
     async def _fetch(self, forge: Forge, org: str) -> Office | None:
         try:
-            text = await forge.get_file(f"{org}/{CONFIG_REPO}", CONFIG_PATH)
+            async with self._reading:  # (a round of a thousand offices: not all at once)
+                text = await forge.get_file(f"{org}/{CONFIG_REPO}", CONFIG_PATH)
         except UnreadableFile as exc:  # the org's file, not the forge: refused as invalid
             return self._answered(org, self._refused(org, OfficeConfigError(
                 self.where(org), [f"{self.where(org)}: {exc}"])))

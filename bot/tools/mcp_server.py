@@ -54,6 +54,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from bot.app.bodies import TOOL_BODY_LIMIT, read_body
 from bot.app.services import SERVICES_KEY, Services
 from bot.errors import (
+    ForgeUnavailable,
     IndexUnavailable,
     PayloadTooLarge,
     TooManyRequests,
@@ -836,7 +837,7 @@ async def mcp_endpoint(request: web.Request) -> web.StreamResponse:
                 raise
             raise index_unavailable("mcp") from exc
         principal = owner.principal
-    except IndexUnavailable as exc:
+    except (IndexUnavailable, ForgeUnavailable) as exc:  # (not the token's fault: try again)
         return _rpc_refusal(exc.status, UNAVAILABLE_RPC, exc,
                             headers={**cors, "Retry-After": "5"})
     except VaultmailError as exc:

@@ -53,7 +53,7 @@ from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, u
 from aiohttp import web
 
 from bot.app.bodies import loads_json, read_body
-from bot.app.peers import PerAddress, client_address
+from bot.app.peers import PerAddress, client_key
 from bot.app.services import SERVICES_KEY, Services
 from bot.console.frame import error_page, read_form
 from bot.console.render import SECURITY_HEADERS, page
@@ -277,7 +277,7 @@ async def register(request: web.Request) -> web.Response:
         "token_endpoint_auth_method": "none",  # a public client: PKCE is its proof
     }
     wait = await db.add_client(services.store, client_id, name, uris, answer, now,
-                               source=client_address(request, services.settings.trusted_proxies),
+                               source=client_key(request, services.settings.trusted_proxies),
                                per_hour=REGISTRATIONS_PER_HOUR)
     if wait is not None:
         refused = _oauth_error("too_many_registrations", (
@@ -376,7 +376,7 @@ async def authorize(request: web.Request) -> web.StreamResponse:
         return _refusal_page(request, f"{client.name} sent a sign-in request this server does "
                              f"not take ({why}): nothing was sent anywhere.")
     if not request.app[STARTS_KEY].admit(
-            client_address(request, services.settings.trusted_proxies)):
+            client_key(request, services.settings.trusted_proxies)):
         return _refusal_page(request, f"More than {AUTHORIZE_PER_MINUTE} sign-in requests "
                              "from your address within a minute: wait a minute, then start "
                              "the sign-in from the MCP client again.", 429)

@@ -207,11 +207,10 @@ class Sessions:
 def session_keys(token_key: str | None, principal: str, org: str | None) -> tuple[str, ...]:
     """What a session counts under: its token, its office, then its principal in its office
     (last: whom the SDK holds it for)."""
-    office = (org or "its office").lower()
-    return (f"token:{token_key}", f"office:the {office} office",
-            f"principal:{principal} in {org or 'its office'}")
+    office = (org or "(its office)").lower()
+    return (f"token:{token_key}", f"office:{office}", f"principal:{principal} in {office}")
 
 
 def _who(key: str) -> str:
     kind, _, rest = key.partition(":")
-    return "this API token" if kind == "token" else rest
+    return {"token": "this API token", "office": f"the {rest} office"}.get(kind, rest)
