@@ -8,7 +8,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -17,6 +16,7 @@ from gidgethub import GitHubException
 
 from bot import metrics
 from bot.app import runs
+from bot.app.build import build_services
 from bot.app.context import context_for
 from bot.app.doctor import DoctorSchedule
 from bot.app.intake import receive_webhook
@@ -29,18 +29,13 @@ from bot.app.settings import Settings
 from bot.app.worker import Worker
 from bot.console import add_console_routes
 from bot.forge.errors import ForgeError
-from bot.forge.github import ForgeClient, ForgeConfig
 from bot.forge.pacing import budget_waits
-from bot.forge.tokens import AppAuth, AppJwtAPI
-from bot.mail.signing import KeyringError, Keyrings, office_name
+from bot.mail.signing import KeyringError, office_name
 from bot.office.config import load_office
-from bot.office.source import OfficeSource
-from bot.private_files import private_dir
-from bot.store import health, offices, open_store
+from bot.store import health, offices
 from bot.store.budget import Limits, SharedWriteBudget
 from bot.tools.http import add_routes
 from bot.tools.mcp_server import add_mcp_routes
-from handlers import build_own_router, build_router
 
 log = logging.getLogger("vaultmail.web")
 
@@ -178,65 +173,12 @@ async def published_keys(request: web.Request) -> web.Response:
     return web.json_response(services.keyring.public_jwks(office))
 
 
-async def fetch_app_slug(auth: AppAuth, session: aiohttp.ClientSession, api_url: str) -> str:
-    gh = AppJwtAPI(session, "vaultmail", base_url=api_url)
-    data = await gh.getitem("/app", jwt=auth.app_jwt(), accept="application/vnd.github+json")
-    return str(data["slug"])
-
 WORKER_KEY = web.AppKey("worker", Worker)
 RECONCILER_KEY = web.AppKey("reconciler", Reconciler)
 FORWARDER_KEY = web.AppKey("forwarder", LedgerForwarder)
 PRESENCE_KEY = web.AppKey("presence", Presence)
 PRUNER_KEY = web.AppKey("pruner", Pruner)
 DOCTOR_KEY = web.AppKey("doctor", DoctorSchedule)
-
-
-async def build_services(settings: Settings, session: aiohttp.ClientSession) -> Services:
-    # the data directory is the app's own (0700) from its start, whichever engine holds the
-    # index: keys, tokens and the CLI's commands beside it find it there
-    private_dir(settings.data_dir)
-    if settings.dialect == "gitea":
-        return await build_gitea_services(settings, session)
-    auth = AppAuth(settings.app_id, settings.private_key_pem, settings.api_url, session)
-    slug = await fetch_app_slug(auth, session, settings.api_url)
-    config = ForgeConfig(write_interval=settings.write_interval, bot_login=f"{slug}[bot]")
-    client = ForgeClient(auth, session, settings.api_url, config=config)
-    installs = await _installations(settings, auth, session)
-    store = await open_store(settings.database,  # after the forge
-                             synchronous=settings.sqlite_synchronous)
-    # answered: no retry reopens it
-    services = Services(settings=settings, store=store, forge_client=client,
-                        router=build_router(), own_router=build_own_router(), app_slug=slug,
-                        offices=OfficeSource(settings.office_path,
-                                             url_refused=settings.outbound.url_refusal),
-                        keyring=Keyrings.in_data_dir(settings.data_dir))
-    services.keyring.installed = services.installations.keys  # what legacy keys served
-    services.installations.update(
-        {str(i["account"]["login"]).lower(): int(i["id"]) for i in installs})
-    return services
-
-
-async def build_gitea_services(settings: Settings, session: aiohttp.ClientSession) -> Services:
-    """Gitea/Forgejo: the bot user's token; one (synthetic) installation covering its orgs."""
-    from bot.forge.gitea import SYNTHETIC_INSTALLATION_ID, GiteaClient
-
-    probe = GiteaClient(settings.token, session, settings.api_url)
-    login = await probe.whoami()
-    # Gitea has no per-endpoint points budget (GitHub's secondary limit)
-    config = ForgeConfig(write_interval=settings.write_interval, bot_login=login,
-                         endpoint_points_per_minute=0)
-    client = GiteaClient(settings.token, session, settings.api_url, bot_login=login,
-                         config=config)
-    orgs = await client.installation().user_orgs()
-    store = await open_store(settings.database, synchronous=settings.sqlite_synchronous)
-    services = Services(settings=settings, store=store, forge_client=client,
-                        router=build_router(), own_router=build_own_router(), app_slug=login,
-                        offices=OfficeSource(settings.office_path,
-                                             url_refused=settings.outbound.url_refusal),
-                        keyring=Keyrings.in_data_dir(settings.data_dir), bot_user=login,
-                        installations={org.lower(): SYNTHETIC_INSTALLATION_ID for org in orgs})
-    services.keyring.installed = services.installations.keys  # what legacy keys served
-    return services
 
 
 def build_worker(services: Services) -> Worker:
@@ -265,14 +207,6 @@ async def _provision_at_start(services: Services) -> None:
     guid, event, payload = gitea.startup_delivery()
     if await services.store.enqueue_delivery(guid, event, payload, gitea.encode(payload)):
         services.wake_worker()
-
-
-async def _installations(settings: Settings, auth: AppAuth,
-                         session: aiohttp.ClientSession) -> list[dict[str, Any]]:
-    gh = AppJwtAPI(session, "vaultmail", base_url=settings.api_url)
-    installs: list[dict[str, Any]] = await gh.getitem(
-        "/app/installations", jwt=auth.app_jwt(), accept="application/vnd.github+json")
-    return installs
 
 
 class Startup:

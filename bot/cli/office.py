@@ -40,8 +40,8 @@ _PRINCIPAL = re.compile(r"^(human:[^@\s]+@[^@\s]+|agent:[a-z0-9-]+|office)$")
 
 @asynccontextmanager
 async def app_services(data: str | None) -> AsyncIterator[Services]:
+    from bot.app.build import build_services
     from bot.app.settings import Settings
-    from bot.app.web import build_services
 
     if data is not None:  # a mistyped --data is refused, not replaced by the environment's
         existing_data_dir(data, needs="")

@@ -374,8 +374,8 @@ async def test_the_installations_list_is_not_taken_from_where_a_redirect_points(
     """GET /app/installations (the App's JWT) maps each org to its installation at start-up:
     from the forge alone (found by review: a 307 elsewhere was followed, and its answer
     taken)."""
+    from bot.app.build import _installations
     from bot.app.settings import Settings
-    from bot.app.web import _installations
     from bot.forge.tokens import AppAuth
     from tests.support import app_key
 

@@ -1,0 +1,82 @@
+"""The app's parts from its settings, once the forge has answered (`build_services`): the
+forge client, the index, the office source and the keyrings. Kept apart from the web app
+(bot.app.web) so that a command that only reads (`vaultmail verify`, `reindex`, `doctor`)
+loads none of the web routes, the console or the MCP server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+
+from bot.app.services import Services
+from bot.app.settings import Settings
+from bot.forge.github import ForgeClient, ForgeConfig
+from bot.forge.tokens import AppAuth, AppJwtAPI
+from bot.mail.signing import Keyrings
+from bot.office.source import OfficeSource
+from bot.private_files import private_dir
+from bot.store import open_store
+from handlers import build_own_router, build_router
+
+
+async def fetch_app_slug(auth: AppAuth, session: aiohttp.ClientSession, api_url: str) -> str:
+    gh = AppJwtAPI(session, "vaultmail", base_url=api_url)
+    data = await gh.getitem("/app", jwt=auth.app_jwt(), accept="application/vnd.github+json")
+    return str(data["slug"])
+
+
+async def build_services(settings: Settings, session: aiohttp.ClientSession) -> Services:
+    # the data directory is the app's own (0700) from its start, whichever engine holds the
+    # index: keys, tokens and the CLI's commands beside it find it there
+    private_dir(settings.data_dir)
+    if settings.dialect == "gitea":
+        return await build_gitea_services(settings, session)
+    auth = AppAuth(settings.app_id, settings.private_key_pem, settings.api_url, session)
+    slug = await fetch_app_slug(auth, session, settings.api_url)
+    config = ForgeConfig(write_interval=settings.write_interval, bot_login=f"{slug}[bot]")
+    client = ForgeClient(auth, session, settings.api_url, config=config)
+    installs = await _installations(settings, auth, session)
+    store = await open_store(settings.database,  # after the forge
+                             synchronous=settings.sqlite_synchronous)
+    # answered: no retry reopens it
+    services = Services(settings=settings, store=store, forge_client=client,
+                        router=build_router(), own_router=build_own_router(), app_slug=slug,
+                        offices=OfficeSource(settings.office_path,
+                                             url_refused=settings.outbound.url_refusal),
+                        keyring=Keyrings.in_data_dir(settings.data_dir))
+    services.keyring.installed = services.installations.keys  # what legacy keys served
+    services.installations.update(
+        {str(i["account"]["login"]).lower(): int(i["id"]) for i in installs})
+    return services
+
+
+async def build_gitea_services(settings: Settings, session: aiohttp.ClientSession) -> Services:
+    """Gitea/Forgejo: the bot user's token; one (synthetic) installation covering its orgs."""
+    from bot.forge.gitea import SYNTHETIC_INSTALLATION_ID, GiteaClient
+
+    probe = GiteaClient(settings.token, session, settings.api_url)
+    login = await probe.whoami()
+    # Gitea has no per-endpoint points budget (GitHub's secondary limit)
+    config = ForgeConfig(write_interval=settings.write_interval, bot_login=login,
+                         endpoint_points_per_minute=0)
+    client = GiteaClient(settings.token, session, settings.api_url, bot_login=login,
+                         config=config)
+    orgs = await client.installation().user_orgs()
+    store = await open_store(settings.database, synchronous=settings.sqlite_synchronous)
+    services = Services(settings=settings, store=store, forge_client=client,
+                        router=build_router(), own_router=build_own_router(), app_slug=login,
+                        offices=OfficeSource(settings.office_path,
+                                             url_refused=settings.outbound.url_refusal),
+                        keyring=Keyrings.in_data_dir(settings.data_dir), bot_user=login,
+                        installations={org.lower(): SYNTHETIC_INSTALLATION_ID for org in orgs})
+    services.keyring.installed = services.installations.keys  # what legacy keys served
+    return services
+
+
+async def _installations(settings: Settings, auth: AppAuth,
+                         session: aiohttp.ClientSession) -> list[dict[str, Any]]:
+    gh = AppJwtAPI(session, "vaultmail", base_url=settings.api_url)
+    installs: list[dict[str, Any]] = await gh.getitem(
+        "/app/installations", jwt=auth.app_jwt(), accept="application/vnd.github+json")
+    return installs
