@@ -195,6 +195,36 @@ def test_an_office_at_its_cap_ends_its_own_oldest_idle_session_never_another_off
     assert sessions.admit(session_keys("b", "agent:b", "acme"), "agent:b")[1] == []
 
 
+def test_when_every_offices_sessions_fill_the_room_the_biggest_office_gives_way() -> None:
+    """Each office's cap bounds one office; five free GitHub orgs at their caps filled the
+    room the MCP SDK keeps for every office. With the room full, a session of the office
+    holding the most ends (its least recently used, idle first, busy if none is) for an
+    office holding fewer; the biggest office itself, or one as big, is refused."""
+    clock = Clock()
+    sessions = Sessions(per_key=10, per_office=10, total=5, clock=clock)
+    evil = [session_keys(f"e{n}", f"agent:e{n}", "evil") for n in range(4)]
+    with contextlib.ExitStack() as streams:  # each of evil's with a stream open: busy
+        for n, keys in enumerate(evil):
+            ticket, _ = sessions.admit(keys, keys[-1])
+            sessions.opened(ticket, f"evil{n}")
+            streams.enter_context(sessions.using(f"evil{n}", keys))
+            clock.t += 1
+        acme = session_keys("a", "agent:a", "acme")
+        ticket, ending = sessions.admit(acme, acme[-1])  # the fifth: room for it
+        sessions.opened(ticket, "acme0")
+        assert ending == []
+        ticket, ending = sessions.admit(acme, acme[-1])  # acme 2 against evil's 4
+        sessions.opened(ticket, "acme1")
+        assert ending == [("evil0", evil[0][-1])], "evil's oldest, busy as it is"
+        with pytest.raises(TooManyRequests) as refused:
+            sessions.admit(evil[0], evil[0][-1])  # evil holds the most: it waits
+        assert "keeps 5 MCP sessions at most" in refused.value.message
+        assert refused.value.code == "too_many_sessions"
+        globex = session_keys("g", "agent:g", "globex")
+        ticket, ending = sessions.admit(globex, globex[-1])
+        assert ending == [("evil1", evil[1][-1])]
+
+
 def test_another_principals_requests_neither_use_nor_end_a_session() -> None:
     sessions = Sessions(per_key=1, clock=Clock())
     mine, theirs = session_keys("m", "agent:a", "acme"), session_keys("t", "agent:b", "acme")

@@ -118,6 +118,10 @@ class LongPolls:
 
 PER_TOKEN_SESSIONS = 32  # a client needs one session, a busy agent host a few: ample room
 PER_OFFICE_SESSIONS = 2_000  # a fifth of the SDK's 10,000
+# all offices together, below the SDK's 10,000 (so this count, not the SDK's, decides): when
+# full, the office holding the most gives way to one holding fewer (free GitHub orgs make
+# five offices at their caps cheap), ending its least recently used session, idle or not
+TOTAL_SESSIONS = 9_000
 SESSION_IDLE = 10 * 60.0  # seconds unused before a session is dropped (its client starts anew)
 
 
@@ -137,8 +141,8 @@ class Sessions:
 
     def __init__(self, per_key: int = PER_TOKEN_SESSIONS, idle: float = SESSION_IDLE,
                  clock: Callable[[], float] = time.monotonic,
-                 per_office: int = PER_OFFICE_SESSIONS) -> None:
-        self.per_key, self.per_office = per_key, per_office
+                 per_office: int = PER_OFFICE_SESSIONS, total: int = TOTAL_SESSIONS) -> None:
+        self.per_key, self.per_office, self.total = per_key, per_office, total
         self.idle = idle
         self.clock = clock
         self._open: dict[str, _Session] = {}  # by session id, or by ticket while it opens
@@ -167,10 +171,32 @@ class Sessions:
                     "its Mcp-Session-Id) or let one finish; a session unused for "
                     f"{self.idle / 60:g} minutes is closed", code="too_many_sessions")
             ending += idle[:max(over, 0)]
+        ending += self._room_for(keys, set(ending))
         closing = [(sid, self._open.pop(sid).owner) for sid in dict.fromkeys(ending)]
         ticket = f"opening:{next(self._tickets)}"  # busy: never ended while it opens
         self._open[ticket] = _Session(keys, owner, now, busy=1)
         return ticket, closing
+
+    def _room_for(self, keys: tuple[str, ...], ending: set[str]) -> list[str]:
+        """When every office's sessions together fill `total`: the one session to end so
+        that `keys`' office gets one, the least recently used (idle first) of the office
+        holding the most, which must hold more than the asker's own with this one;
+        TooManyRequests when the asker's office is that office (or as big)."""
+        staying = {sid: s for sid, s in self._open.items() if sid not in ending}
+        if len(staying) + 1 <= self.total:
+            return []
+        offices = Counter(k for s in staying.values() for k in s.keys if k.startswith("office:"))
+        mine = next((k for k in keys if k.startswith("office:")), "")
+        biggest, held = offices.most_common(1)[0] if offices else ("", 0)
+        victims = sorted((not s.idle(), s.used, sid) for sid, s in staying.items()
+                         if biggest in s.keys and not sid.startswith("opening:"))
+        if not victims or held <= offices[mine] + 1:
+            raise TooManyRequests(
+                f"the app keeps {self.total} MCP sessions at most, all of them open, and "
+                f"{_who(mine or 'office:(its office)')} holds as many as any other office: "
+                "end one (DELETE /mcp with its Mcp-Session-Id), or try again later",
+                code="too_many_sessions")
+        return [victims[0][2]]
 
     def opened(self, ticket: str, session_id: str | None) -> None:
         """The opening request is answered: the session it made, or None (nothing was made)."""
