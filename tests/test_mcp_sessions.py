@@ -19,7 +19,13 @@ from bot.app.embedded import Embedded
 from bot.errors import TooManyRequests
 from bot.store import api_tokens
 from bot.tools.mcp_server import MANAGER_KEY
-from bot.tools.polls import PER_TOKEN_SESSIONS, SESSION_IDLE, Sessions, session_keys
+from bot.tools.polls import (
+    PER_TOKEN_SESSIONS,
+    SESSION_IDLE,
+    LongPolls,
+    Sessions,
+    session_keys,
+)
 from bot.tools.polls import token_key as key_of
 
 BUILDER, SCOUT = "agent:builder", "agent:scout"
@@ -223,6 +229,27 @@ def test_when_every_offices_sessions_fill_the_room_the_biggest_office_gives_way(
         globex = session_keys("g", "agent:g", "globex")
         ticket, ending = sessions.admit(globex, globex[-1])
         assert ending == [("evil1", evil[1][-1])]
+
+
+def test_long_polls_past_the_total_go_to_offices_below_their_share() -> None:
+    """Each office's cap bounds one office; with every office's polls together at `total`,
+    only an office holding less than its share gets one more."""
+    polls = LongPolls(per_token=10, per_principal=10, per_office=10, total=4)
+    wait = {"wait": 30}
+    with contextlib.ExitStack() as held:
+        for n in range(4):
+            held.enter_context(polls.hold(f"e{n}", "list_inbox", wait, ("evil", f"agent:e{n}")))
+        for _ in range(2):  # two offices holding: acme's share is 2
+            held.enter_context(polls.hold("a", "list_inbox", wait, ("acme", "agent:a")))
+        with pytest.raises(TooManyRequests) as refused:
+            polls.hold("a", "list_inbox", wait, ("acme", "agent:a")).__enter__()
+        assert "the acme office holds its share (2)" in refused.value.message
+        with pytest.raises(TooManyRequests):
+            polls.hold("e9", "list_inbox", wait, ("evil", "agent:e9")).__enter__()
+        # a third office: its share is 2 of the 4
+        held.enter_context(polls.hold("g", "list_inbox", wait, ("globex", "agent:g")))
+        assert polls.held("office:globex") == 1 and polls.held("office:evil") == 4
+    assert polls.held("all") == 0
 
 
 def test_another_principals_requests_neither_use_nor_end_a_session() -> None:

@@ -25,6 +25,10 @@ from bot.errors import TooManyRequests
 PER_TOKEN = 4  # long polls one API token may hold at once
 PER_PRINCIPAL = 16  # ... one principal in its office, all its tokens together
 PER_OFFICE = 1_000  # ... one office, all its principals together
+# ... every office together, past which only an office holding less than its share (this
+# divided among the offices holding any) gets one more: offices at their caps, however many
+# (free GitHub orgs), never leave another none
+TOTAL = 5_000
 
 
 def token_key(token: str) -> str:
@@ -43,11 +47,14 @@ def is_long_poll(raw: object) -> bool:
         return False
 
 
+_ALL = "all"  # every long poll held
+
+
 class LongPolls:
     def __init__(self, per_token: int = PER_TOKEN, per_principal: int = PER_PRINCIPAL,
-                 per_office: int = PER_OFFICE) -> None:
-        self.per_token, self.per_principal, self.per_office = \
-            per_token, per_principal, per_office
+                 per_office: int = PER_OFFICE, total: int = TOTAL) -> None:
+        self.per_token, self.per_principal, self.per_office, self.total = \
+            per_token, per_principal, per_office, total
         self._held: Counter[str] = Counter()
         self._watchers: list[tuple[str, int, asyncio.Future[None]]] = []
 
@@ -91,6 +98,17 @@ class LongPolls:
                     f"{tool}: {who} already holds {self._held[counter]} long polls (`wait`), "
                     f"the most it may hold at once is {cap}; wait for one to return, or call "
                     "without `wait`")
+        if owner is not None and self._held[_ALL] >= self.total:
+            office = counted[-1][0]
+            holding = sum(1 for k in self._held if k.startswith("office:")) + (
+                0 if self._held[office] else 1)
+            share = self.total // holding
+            if self._held[office] >= share:
+                raise TooManyRequests(
+                    f"{tool}: the app holds {self._held[_ALL]} long polls (`wait`), as many "
+                    f"as it keeps for every office together, and {counted[-1][2]} holds its "
+                    f"share ({share}); wait for one to return, or call without `wait`")
+        counted.append((_ALL, 0, ""))
         for counter, _, _ in counted:
             self._held[counter] += 1
         self._wake()
