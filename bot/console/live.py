@@ -10,7 +10,8 @@ the first event also covers anything that landed between the page and the stream
 Each round (a wake-up or a heartbeat) asks again who is looking, as a page request would: a
 session signed out or expired, a token revoked, a person taken out of the office ends the
 stream before anything more is sent. A person holds at most `PER_PERSON` streams in each office
-(another office's streams of the same principal are not theirs to count). The cap counts only
+(another office's streams of the same principal are not theirs to count), and an office's people
+together `PER_OFFICE`. The cap counts only
 streams whose connection is still open, asked at the moment of counting, so a page view right
 after another is never refused for the stream the page before closed; the closed stream's
 handler lets it go within half a second, not at the next heartbeat. One over the cap is
@@ -38,6 +39,7 @@ from bot.tools.http import client_gone
 
 HEARTBEAT = 15.0  # seconds between comments on an idle stream (and between looks at who it is)
 PER_PERSON = 8  # streams one person may hold at once in one office (a tab each)
+PER_OFFICE = 1_000  # ... all of one office's people together (its config may name any number)
 RETRY_AFTER = 5  # seconds a page refused a stream (at the cap) waits before it tries again
 
 
@@ -49,8 +51,8 @@ class Streams:
     predecessor closed a moment ago (the closed stream's handler lets it go on its next look,
     within `client_gone`'s half second)."""
 
-    def __init__(self, per_person: int = PER_PERSON) -> None:
-        self.per_person = per_person
+    def __init__(self, per_person: int = PER_PERSON, per_office: int = PER_OFFICE) -> None:
+        self.per_person, self.per_office = per_person, per_office
         self._held: dict[tuple[str, str], list[Callable[[], bool]]] = {}
         self._watchers: list[tuple[tuple[str, str], int, asyncio.Future[None]]] = []
 
@@ -59,11 +61,18 @@ class Streams:
         return sum(1 for is_open in self._held.get((org.lower(), principal), ()) if is_open())
 
     def check(self, org: str, principal: str) -> None:
-        """Refuse one more stream to a person who holds as many open as they may."""
+        """Refuse one more stream to a person who holds as many open as they may, or in an
+        office whose people together do."""
         if self.held(org, principal) >= self.per_person:
             raise TooManyRequests(f"{principal} already holds {self.per_person} live streams in "
                                   f"the office of {org} (one per open console page): close a "
                                   "tab", code="too_many_streams")
+        office = sum(sum(1 for is_open in held if is_open())
+                     for (o, _), held in self._held.items() if o == org.lower())
+        if office >= self.per_office:
+            raise TooManyRequests(f"the office of {org} holds {self.per_office} live streams, "
+                                  "the most its people may hold together: the page shows what "
+                                  "is new when reloaded", code="too_many_streams")
 
     @contextlib.contextmanager
     def hold(self, org: str, principal: str,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import re
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -22,6 +23,7 @@ import yaml
 
 from bot.app.embedded import Embedded
 from bot.console import live
+from bot.errors import TooManyRequests
 from bot.office.config import parse_office
 from bot.office.seed import seed_office
 from bot.store import api_tokens
@@ -168,3 +170,17 @@ async def test_a_refused_stream_says_when_to_try_again(embedded: Embedded) -> No
         async with await _stream(http, embedded, bearer(embedded, MARCO)) as resp:
             assert resp.status == 429
             assert int(resp.headers["Retry-After"]) == live.RETRY_AFTER
+
+
+def test_an_offices_people_together_hold_at_most_its_share_of_streams() -> None:
+    """Each person's cap bounds one person; an office's config may name any number of
+    people (each a forge login its admins control), so the office's streams together are
+    capped too, and another office's people are not counted against it."""
+    streams = live.Streams(per_person=2, per_office=3)
+    with contextlib.ExitStack() as held:
+        for person in ("human:a", "human:a", "human:b"):
+            held.enter_context(streams.hold("evil", person))
+        with pytest.raises(TooManyRequests) as refused:
+            streams.check("evil", "human:c")
+        assert "the office of evil holds 3 live streams" in refused.value.message
+        held.enter_context(streams.hold("acme", "human:a"))  # another office's: not counted
