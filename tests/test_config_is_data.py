@@ -247,7 +247,7 @@ async def test_an_orgs_unreadable_config_stops_no_round_of_every_office(
     services.offices.max_age = 0  # (its 60 s cache has run out)
     assert await offices_of_login(services, "marco") == [(MARCO, "acme")]
     assert await office_org(services, MARCO) == "acme"
-    await LedgerForwarder(services)._urls()
+    await LedgerForwarder(services)._round()
     kept = await services.offices.get(services.forge_for_org("evil"), "evil")
     assert kept is not None and kept.agent("spy") is not None  # the last valid one
     assert "evil" in services.offices.last_error

@@ -7,10 +7,17 @@ from __future__ import annotations
 
 from bot.email.gateway import GATEWAY_KEY
 from bot.email.intake import EmailIntake
-from bot.office.config import parse_office
-from bot.office.seed import seed_office
 from bot.store import ledger, mails
-from tests.test_email_support import DOMAIN, Mailroom, delivered, mailroom, message, send, wire
+from tests.test_email_support import (
+    DOMAIN,
+    Mailroom,
+    delivered,
+    install_office,
+    mailroom,
+    message,
+    send,
+    wire,
+)
 
 __all__ = ["mailroom"]  # the fixture, used by name
 RECORD = f"_vaultmail.{DOMAIN}"
@@ -61,12 +68,7 @@ async def test_mail_to_a_domain_not_proven_is_refused_naming_the_record(
 async def test_another_office_naming_the_domain_gets_none_of_its_mail(
         mailroom: Mailroom) -> None:
     emb = mailroom.embedded
-    seed_office(emb.forge, parse_office(CLAIMANT, "aardvark.yml"))
-    emb.forge.put_file("aardvark/.github", "vaultmail.yml", CLAIMANT, pusher="admin")
-    (app_id,) = emb.forge.state.apps
-    emb.forge.install_app(int(app_id), "aardvark")
-    await emb.settle()
-    assert "aardvark" in emb.services.installations
+    await install_office(mailroom, CLAIMANT)
     raw = wire(message("bob@example.org", f"scout@{DOMAIN}", "Hi", "hello"))
     answer = await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])
     assert "acme/scout-vault#1" in await delivered(mailroom, answer), answer

@@ -12,9 +12,16 @@ import asyncio
 import pytest
 import yaml
 
-from bot.office.config import parse_office
-from bot.office.seed import seed_office
-from tests.test_email_support import DOMAIN, Mailroom, delivered, mailroom, message, send, wire
+from tests.test_email_support import (
+    DOMAIN,
+    Mailroom,
+    delivered,
+    install_office,
+    mailroom,
+    message,
+    send,
+    wire,
+)
 
 __all__ = ["mailroom"]  # the fixture, used by name
 EVIL_DOMAIN = "lame.evil.example"
@@ -30,13 +37,7 @@ PATIENCE = 30.0
 
 
 async def _install_evil(room: Mailroom) -> None:
-    emb = room.embedded
-    seed_office(emb.forge, parse_office(EVIL, "evil.yml"))
-    emb.forge.put_file("evil/.github", "vaultmail.yml", EVIL, pusher="admin")
-    (app_id,) = emb.forge.state.apps
-    emb.forge.install_app(int(app_id), "evil")
-    await emb.settle()
-    assert "evil" in emb.services.installations
+    await install_office(room, EVIL)
 
 
 async def _to_scout(room: Mailroom, subject: str) -> int:

@@ -181,6 +181,23 @@ async def send(port: int, data: bytes, *, rcpts: list[str],
     return await asyncio.to_thread(_smtp_send, port, mail_from, rcpts, data, tls)
 
 
+async def install_office(room: Mailroom, config: str) -> str:
+    """Another org, seeded from its office `config` (YAML) and its config pushed, installs
+    the App beside acme; its org."""
+    from bot.office.config import parse_office
+    from bot.office.seed import seed_office
+
+    emb = room.embedded
+    office = parse_office(config, "another.yml")
+    seed_office(emb.forge, office)
+    emb.forge.put_file(f"{office.org}/.github", "vaultmail.yml", config, pusher="admin")
+    (app_id,) = emb.forge.state.apps
+    emb.forge.install_app(int(app_id), office.org)
+    await emb.settle()
+    assert office.org in emb.services.installations
+    return office.org
+
+
 async def delivered(room: Mailroom, answer: Answer) -> list[str]:
     """The mails (owner/repo#n) a `250 ... delivered as <mail id>, ...` answer names: the
     answer itself names no repository (a stranger learns none), the index maps its ids."""

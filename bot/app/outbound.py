@@ -9,13 +9,13 @@ the refusal is ledgered once as `office.config_refused` for each office naming i
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import hashlib
 import logging
 import time
+from functools import partial
 from typing import TYPE_CHECKING
 
-from bot.app.background import Background
+from bot.app.background import Rounds, Work
 from bot.app.egress import OutboundRefused
 from bot.app.signed_post import post_signed
 from bot.office.source import CONFIG_REPO
@@ -30,49 +30,33 @@ POLL = 0.5  # seconds between looks at the ledger when nothing woke us
 BATCH = 100
 MAX_BACKOFF = 300.0
 
-class LedgerForwarder(Background):
+def _short(url: str) -> str:
+    """A URL's name for its task (its query may carry a receiver's secret)."""
+    return hashlib.sha256(url.encode()).hexdigest()[:12]
+
+
+class LedgerForwarder(Rounds):
+    """Each URL is sent to by a task of its own (`Rounds`): a receiver that answers slowly
+    (or not until its timeout) holds its own cursor, never another URL's or another office's.
+    One replica at a time sends, from the shared cursors; when it dies the next oldest takes
+    over where they stand."""
+
     task_name = "vaultmail-outbound"
+    poll = POLL
 
     def __init__(self, services: Services) -> None:
         self.services = services
         super().__init__()
-        self._wake = asyncio.Event()
 
-    def wake(self) -> None:
-        self._wake.set()
+    async def _leading(self) -> bool:
+        return await self.services.store.is_leader()
 
-    async def _urls(self) -> list[tuple[str, str]]:
-        """(office, url) for every installed office's webhooks: each receives its own
-        office's ledger only, whoever else names the same URL."""
-        urls: list[tuple[str, str]] = []
-        for org, office in await self.services.installed_offices():
-            urls += [(org, u) for u in dict.fromkeys(office.webhooks)]
-        return urls
-
-    async def _run(self) -> None:
-        # each URL is sent to by a task of its own: a receiver that answers slowly (or not
-        # until its timeout) holds its own cursor, never another URL's or another office's
-        sending: dict[tuple[str, str], asyncio.Task[None]] = {}
-        try:
-            while True:
-                try:
-                    # one replica at a time sends, from the shared cursors; when it dies the
-                    # next oldest takes over where they stand
-                    if await self.services.store.is_leader():
-                        sending = {k: t for k, t in sending.items() if not t.done()}
-                        for org, url in await self._urls():
-                            if (org, url) not in sending:
-                                sending[(org, url)] = asyncio.create_task(
-                                    self._send(org, url), name=f"{self.task_name}:{org}")
-                except Exception as exc:  # keep forwarding whatever one bad round did
-                    log.warning("outbound round failed: %r", exc)
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), POLL)
-        finally:
-            for task in sending.values():
-                task.cancel()
-            await asyncio.gather(*sending.values(), return_exceptions=True)
+    async def _round(self) -> list[tuple[str, Work]]:
+        """For every installed office's webhooks: each receives its own office's ledger
+        only, whoever else names the same URL."""
+        return [(f"{org}:{_short(url)}", partial(self._send, org, url))
+                for org, office in await self.services.installed_offices()
+                for url in dict.fromkeys(office.webhooks)]
 
     async def _send(self, org: str, url: str) -> None:
         try:

@@ -18,17 +18,16 @@ told.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import json
 import logging
 import re
 import time
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from bot.app.background import Background
+from bot.app.background import Rounds, Work
 from bot.email import keys, outgoing, relay
 from bot.email.addresses import address_of, agent_address
 from bot.email.intake import EmailIntake
@@ -104,8 +103,12 @@ def reply_text(comment_body: str, key: str) -> str:
     return as_written(text).strip()
 
 
-class Outbox(Background):
+class Outbox(Rounds):
+    """Each office's messages go out in a task of its own (`Rounds`): one whose forge waits
+    out its rate limit, or whose relay is slow to answer, holds up no other office's."""
+
     task_name = "vaultmail-email-outbox"
+    poll = POLL
 
     def __init__(self, services: Services, intake: EmailIntake, relay_url: str, *,
                  give_up_after: float = GIVE_UP_AFTER) -> None:
@@ -113,34 +116,13 @@ class Outbox(Background):
         self.relay = relay.Relay.parse(relay_url) if relay_url else None
         self.give_up_after = give_up_after
         super().__init__()
-        self._wake = asyncio.Event()
 
-    def wake(self) -> None:
-        self._wake.set()
+    async def _leading(self) -> bool:
+        return await self.services.store.is_leader()
 
-    async def _run(self) -> None:
-        # each office's messages go out in a task of its own: one whose forge waits out its
-        # rate limit, or whose relay is slow to answer, holds up no other office's
-        draining: dict[str, asyncio.Task[None]] = {}
-        try:
-            while True:
-                try:
-                    if await self.services.store.is_leader():
-                        draining = {k: t for k, t in draining.items() if not t.done()}
-                        for office in await self.intake.offices():
-                            if office.org.lower() not in draining:
-                                draining[office.org.lower()] = asyncio.create_task(
-                                    self._drain(office),
-                                    name=f"{self.task_name}:{office.org.lower()}")
-                except Exception as exc:  # keep going whatever one round did
-                    log.warning("email outbox round failed: %r", exc)
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), POLL)
-        finally:
-            for task in draining.values():
-                task.cancel()
-            await asyncio.gather(*draining.values(), return_exceptions=True)
+    async def _round(self) -> list[tuple[str, Work]]:
+        return [(office.org.lower(), partial(self._drain, office))
+                for office in await self.intake.offices()]
 
     async def _drain(self, office: Office) -> None:
         try:
