@@ -28,6 +28,7 @@ from yarl import URL
 from bot.app import intake
 from bot.app.bodies import JSON_DEPTH_LIMIT, MiB
 from bot.app.embedded import Embedded, start_embedded
+from bot.app.web import OPERATOR_ONLY
 from bot.store import ledger, mails
 from tests.support import Actor, ToolClient, label_names, until
 from tests.test_exactly_once import forge_delivery, replay_under_new_id
@@ -194,6 +195,23 @@ async def test_readyz_says_ready_to_anyone_and_names_tenants_to_the_operator_onl
             "Authorization": "Bearer the-operators-token"}) as resp:
         body = await resp.json()
     assert resp.status == 200 and "acme" in body["checks"]["installations"]["detail"], body
+
+
+async def test_healthz_tells_anyone_alive_and_the_operator_how_much_is_queued(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """The queue's depth and dead letters are every office's together: with an operator's
+    token set they are the operator's, as /readyz's detail and /metrics are; anyone else
+    (a probe) is told the process is alive, and the index is not read for them."""
+    url = embedded.app_url + "/healthz"
+    _settings(embedded, operator_token="the-operators-token")
+    async with session.get(url) as resp:
+        body = await resp.json()
+    assert resp.status == 200 and body == {"status": "ok", "app": "vaultmail",
+                                           "detail": OPERATOR_ONLY}, body
+    async with session.get(url, headers={
+            "Authorization": "Bearer the-operators-token"}) as resp:
+        body = await resp.json()
+    assert body["queue_pending"] == 0 and body["dead_letters"] == 0, body
 
 
 # -- 4. state-changing events replayed --------------------------------------------------------

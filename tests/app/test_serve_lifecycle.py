@@ -231,7 +231,7 @@ async def _handled(session: aiohttp.ClientSession, url: str, tries: int = 300) -
     """Poll /healthz until nothing is pending (bounded)."""
     body: Any = None
     for _ in range(tries):
-        status, body = await _json(session, "GET", url + "/healthz")
+        status, body = await _json(session, "GET", url + "/healthz", headers=OPERATOR)
         if status == 200 and body["queue_pending"] == 0:
             return
         await asyncio.sleep(0.1)
