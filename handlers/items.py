@@ -296,7 +296,7 @@ async def card_edited(event: sansio.Event, ctx: HandlerContext) -> None:
         return
     s, item = found
     store = ctx.services.store
-    t = await db.thread_by_card(store, int(event.data["comment"]["id"]))
+    t = await db.thread_by_card(store, int(event.data["comment"]["id"]), item.ref)
     if t is None or t.state.question is None or t.card_body is None or t.card_id is None:
         return
     service = Comments(ctx.services, ctx.forge, s.office)

@@ -234,7 +234,7 @@ class Comments:
         gets back what the first one recorded, and nothing is written again."""
         store = self.services.store
         if new.forge_id is not None:
-            done = await db.comment_by_forge_id(store, new.forge_id)
+            done = await db.comment_by_forge_id(store, new.forge_id, item.ref)
             if done is not None:
                 return await self._added(done, actor)
         if new.key is not None:  # a call with this key resumed after it had recorded it

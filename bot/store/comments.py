@@ -90,6 +90,16 @@ CREATE TABLE IF NOT EXISTS item_updates (
 CREATE INDEX IF NOT EXISTS item_updates_item ON item_updates(item, seq);
 """)
 
+# A forge comment is recorded once for the issue it is on (`comment_by_forge_id`): on Gitea
+# every org's comments are numbered by one counter, and an org's admins sign their own
+# deliveries, so an id alone, unique across the index, let evil record first the id acme's
+# next comment would get, and acme's comment was then taken as already recorded.
+register_schema("""
+DROP INDEX IF EXISTS comments_forge_once;
+CREATE UNIQUE INDEX IF NOT EXISTS comments_forge_once_item ON comments(item, forge_id)
+    WHERE forge_id IS NOT NULL;
+""", version=19)
+
 # PostgreSQL writes SQLite's triggers below as functions; the same rows, the same moments.
 _PG_DERIVED = """
 CREATE OR REPLACE FUNCTION vm_thread_waiting() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -288,8 +298,11 @@ async def get_comment(store: Store, comment_id: str) -> CommentRow | None:
     return _comment(row) if row else None
 
 
-async def comment_by_forge_id(store: Store, forge_id: int) -> CommentRow | None:
-    row = await store.fetchone("SELECT * FROM comments WHERE forge_id=?", (forge_id,))
+async def comment_by_forge_id(store: Store, forge_id: int, item: str) -> CommentRow | None:
+    """The comment recorded for forge comment `forge_id` on `item` (a forge comment is on one
+    issue: its id alone, which another org's signed delivery may name first, is not enough)."""
+    row = await store.fetchone("SELECT * FROM comments WHERE item=? AND forge_id=?",
+                               (item, forge_id))
     return _comment(row) if row else None
 
 
@@ -349,8 +362,10 @@ async def get_thread(store: Store, thread_id: str) -> ThreadRow | None:
     return _thread(row) if row else None
 
 
-async def thread_by_card(store: Store, card_id: int) -> ThreadRow | None:
-    row = await store.fetchone("SELECT * FROM threads WHERE card_id=?", (card_id,))
+async def thread_by_card(store: Store, card_id: int, item: str) -> ThreadRow | None:
+    """The question whose card is forge comment `card_id` on `item`."""
+    row = await store.fetchone("SELECT * FROM threads WHERE card_id=? AND item=?",
+                               (card_id, item))
     return _thread(row) if row else None
 
 

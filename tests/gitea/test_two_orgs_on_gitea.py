@@ -221,3 +221,50 @@ async def test_an_orgs_webhook_carries_no_app_installation_events(
         status, text = await _post(office, session, "/webhook/evil", _secret(office, "evil"),
                                    body, event, f"inst-{n}")
         assert status == 403 and "not_from_gitea" in text, (event, status, text)
+
+
+async def test_an_orgs_webhook_cannot_claim_the_ids_of_another_orgs_comments_to_come(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """Gitea numbers every org's comments from one counter, so the next ids are easy to
+    guess. evil's admins signed a comment on evil's own outcome under the id acme's next
+    comment would get; an index that knew each forge comment once, whatever its issue, then
+    took acme's real comment for evil's, already recorded: acme's comment was never indexed
+    (found by review)."""
+    base = office.forge.url + "/api/v1"
+    marco = {"Authorization": f"token {office.forge_tokens['marco']}"}
+
+    async def call(method: str, path: str, body: Any, expect: int) -> Any:
+        async with session.request(method, base + path, json=body, headers=marco) as resp:
+            got = await resp.json(content_type=None)
+            assert resp.status == expect, (path, resp.status, got)
+            return got
+
+    vault = "/repos/acme/scout-vault"
+    label = (await call("POST", f"{vault}/labels", {"name": "outcome", "color": "#00aabb"},
+                        201))["id"]
+    outcome = await call("POST", f"{vault}/issues", {"title": "Pricing", "body": "x",
+                                                     "labels": [label]}, 201)
+    await office.settle()
+    seed_office(office.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
+    office.forge.add_org_member("evil", office.services.app_slug, role="admin")
+    office.services.installations["evil"] = SYNTHETIC_INSTALLATION_ID
+    guessed = office.forge.state.ids.get("comment", 400000) + 1  # acme's next comment's id
+    claim = {"action": "created",
+             "issue": {"id": 9001, "number": 1, "title": "Ours", "body": "x", "state": "open",
+                       "labels": [{"id": 1, "name": "outcome"}], "user": {"login": "eve"}},
+             "comment": {"id": guessed, "body": "claimed", "user": {"login": "eve"},
+                         "created_at": "2026-12-06T00:00:00Z",
+                         "updated_at": "2026-12-06T00:00:00Z"},
+             "repository": {"full_name": "evil/scout-vault", "name": "scout-vault",
+                            "owner": {"login": "evil"}}, "sender": {"login": "eve"}}
+    status, text = await _post(office, session, "/webhook/evil", _secret(office, "evil"),
+                               claim, "issue_comment", "evil-claim")
+    assert status in (200, 202), text
+    await office.settle()
+    posted = await call("POST", f"{vault}/issues/{outcome['number']}/comments",
+                        {"body": "Margins first, then prices."}, 201)
+    assert posted["id"] == guessed
+    await office.settle()
+    ours = await office.services.store.fetchall(
+        "SELECT body FROM comments WHERE item=?", (f"acme/scout-vault#{outcome['number']}",))
+    assert [r["body"] for r in ours] == ["Margins first, then prices."], ours
