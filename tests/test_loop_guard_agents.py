@@ -85,3 +85,36 @@ async def test_a_mail_a_person_writes_in_answer_to_a_quiet_mail_starts_at_hop_0(
     answer = (await scout("mail_send", to="builder", subject="Summary", body="Done so far",
                           inReplyTo=mine["ref"]))["mail"]
     assert (answer["hops"], answer["state"], answer["vault"]) == (1, "mail:new", BUILDER)
+
+
+async def test_two_agents_writing_on_the_mail_each_sent_the_other_stop_at_the_guard(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """An agent's comment on a mail it sent hands the mail back to its recipient: a
+    follow-up, which woke the recipient whatever had come before. builder writes on the mail
+    it sent scout, scout on the one it sent builder, each time it is woken, neither answering:
+    before, they woke each other forever. Each agent's follow-up counts a hop on its mail
+    (the recipient's reply starts the count again); past 3 it stays on the issue, wakes no
+    one, and `mail.loop_guard` is ledgered (found by review)."""
+    builder, scout = tools("agent:builder"), tools("agent:scout")
+    to_scout = (await builder("mail_send", to="scout", subject="Ping", body="ping"))["mail"]
+    to_builder = (await scout("mail_send", to="builder", subject="Pong", body="pong"))["mail"]
+    await embedded.settle()
+    writers = {"builder": person("builder-bot"), "scout": person("scout-bot")}
+    woken = []
+    for round_ in range(1, 6):
+        for agent, mail, recipient in (("builder", to_scout, scout),
+                                       ("scout", to_builder, builder)):
+            await recipient("mail_open", mail=mail["ref"])  # the recipient is at work on it
+            await writers[agent].comment(mail["vault"], mail["number"], f"any news? {round_}")
+            await embedded.settle()
+            got = (await recipient("mail_get", mail=mail["ref"]))["mail"]
+            woken.append(got["state"] == "mail:new")
+    assert woken == [True] * 6 + [False] * 4, woken  # three follow-ups each, then quiet
+    guards = await embedded.ledger_events("mail.loop_guard")
+    assert [(g.subject, g.data["hops"], g.data["follow_up"]) for g in guards] == [
+        (to_scout["ref"], 4, True), (to_builder["ref"], 4, True),
+        (to_scout["ref"], 5, True), (to_builder["ref"], 5, True)]
+    # a person's follow-up wakes scout, and starts the count again
+    await person("marco").comment(to_scout["vault"], to_scout["number"], "Where are we?")
+    await embedded.settle()
+    assert (await scout("mail_get", mail=to_scout["ref"]))["mail"]["state"] == "mail:new"

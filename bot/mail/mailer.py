@@ -660,6 +660,8 @@ class Mailer:
                 "comment on the issue to add a message instead"))
         if not text.strip():
             raise InvalidArguments("body is empty: write the reply")
+        if mail.agent_turns:  # answered: the sender's follow-ups are counted again from 0
+            await mails.count_agent_turn(self.services.store, mail.mail_id, reset=True)
         key = key or str(uuid.uuid4())
         again = idempotency.resumed()  # an earlier try with this key may have written some
         # everything refusable is checked before the first write: the comment, and the copy
@@ -705,11 +707,26 @@ class Mailer:
                         at: float | None = None) -> MailRecord:
         """Someone other than the recipient wrote (`text`, carried by the run it starts): the
         mail is the recipient's turn again, if they may write to it (the sender, or anyone who
-        may mail the recipient). A follow-up is no reply notification: it counts no hops."""
+        may mail the recipient). An agent's follow-up is an automatic notification too: each
+        counts a hop on the mail (`agent_turns`; a person's follow-up, or the recipient's
+        reply, starts the count again), and past LOOP_GUARD_HOPS it is left on the issue
+        without waking anyone (`mail.loop_guard`): two agents that each wrote on the mail they
+        sent the other, unanswered, woke each other forever. A person's never counts."""
         if actor not in (mail.from_principal, "office"):
             await self.check_may_send(actor, self.recipient(mail.to_principal))
         if mail.state == MailState.NEW.value:
             return mail
+        store = self.services.store
+        if actor.startswith("agent:"):
+            turns = await mails.count_agent_turn(store, mail.mail_id)
+            if mail.hops + turns > LOOP_GUARD_HOPS:
+                await ledger.record(store, "mail.loop_guard", actor, mail.ref, {
+                    "mail": mail.mail_id, "hops": mail.hops + turns, "follow_up": True,
+                    "reason": f"beyond {LOOP_GUARD_HOPS} hops: an agent's follow-up wakes "
+                              "no one; the recipient sees it on its next run"}, org=mail.org)
+                return mail
+        elif mail.agent_turns:
+            await mails.count_agent_turn(store, mail.mail_id, reset=True)
         return await self._move(mail, MailEvent.FOLLOW_UP, actor, "mail.sent", labels=labels,
                                 reopen_if_closed=True, data={"follow_up": True},
                                 follow_up=(actor, text) if text is not None else None, at=at)

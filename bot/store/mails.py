@@ -77,7 +77,7 @@ class MailRecord:
     state: str
     tampered: bool = False
     other_labels: tuple[str, ...] = ()  # labels besides mail:*, kept so writes keep them
-    agent_turns: int = 0  # no longer counted (follow-ups count no hops); kept for old indexes
+    agent_turns: int = 0  # agents' follow-ups that woke its recipient (the loop guard's count)
 
     @property
     def ref(self) -> str:
@@ -432,3 +432,13 @@ async def latest_mails_of(store: Store, principal: str, *, org: str) -> list[Mai
         "SELECT * FROM mails WHERE org=? AND (to_principal=? OR from_principal=?)"
         " ORDER BY sent DESC LIMIT 300", (org.lower(), principal, principal))
     return [_record(r) for r in rows]
+
+
+async def count_agent_turn(store: Store, mail_id: str, *, reset: bool = False) -> int:
+    """One more follow-up by an agent on the mail (`reset`: a person's, which starts the
+    count again): the count now."""
+    async with store.transaction() as db:
+        row = await db.fetchone(
+            "UPDATE mails SET agent_turns=" + ("0" if reset else "agent_turns+1")
+            + " WHERE mail_id=? RETURNING agent_turns", (mail_id,))
+    return int(row["agent_turns"]) if row else 0
