@@ -129,6 +129,33 @@ async def test_hop_counts_carry_across_email_and_stop_at_the_loop_guard(
     assert len(await _events(mailroom, "run.queued")) == 1, "the first mail's run only"
 
 
+async def test_answers_in_one_email_thread_climb_from_the_last_answer_not_the_first_mail(
+        mailroom: Mailroom) -> None:
+    """Another office's agent (played by the test) and scout answer each other in one email
+    thread: each answer lands on scout's mail as a comment, and scout's reply went out one
+    hop past the thread's first mail whatever the answer it replied to carried, so the
+    counts went 1, 2, 1, 2 and the guard never held (found by review). A reply is now one
+    hop past the answer it replies to."""
+    first = wire(message("bee@example.org", f"scout@{DOMAIN}", "Ping", "Your turn.",
+                         Message_ID="<t0@example.org>", X_Vaultmail_Hops="0"))
+    assert (await send(mailroom.port, first, rcpts=[f"scout@{DOMAIN}"])).code == 250
+    await mailroom.embedded.settle()
+    scout = mailroom.tools("agent:scout")
+    await scout("mail_reply", mail=f"{SCOUT_VAULT}#1", body="Yours.")
+    out = _parsed((await mailroom.relay.next()).original_content)
+    assert out["X-Vaultmail-Hops"] == "1"
+    answer = wire(message("bee@example.org", f"scout@{DOMAIN}", "Re: Ping", "No, yours.",
+                          Message_ID="<t2@example.org>", In_Reply_To=out["Message-ID"],
+                          X_Vaultmail_Hops="2"))
+    assert f"{SCOUT_VAULT}#1" in await delivered(
+        mailroom, await send(mailroom.port, answer, rcpts=[f"scout@{DOMAIN}"]))
+    await mailroom.embedded.settle()
+    await scout("mail_reply", mail=f"{SCOUT_VAULT}#1", body="Still yours.")
+    out = _parsed((await mailroom.relay.next()).original_content)
+    assert out["X-Vaultmail-Hops"] == "3", out["X-Vaultmail-Hops"]
+    assert out["In-Reply-To"] == "<t2@example.org>"
+
+
 async def test_a_reply_deferred_past_the_give_up_time_bounces_each_event_ledgered_once(
         mailroom: Mailroom) -> None:
     raw = wire(message("Bob <bob@example.org>", f"scout@{DOMAIN}", "Prices", "EU prices?",

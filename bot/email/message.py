@@ -339,6 +339,7 @@ class EmailMeta:
     verdicts: dict[str, Any] = field(default_factory=dict)
     automatic: str | None = None
     attachments: tuple[Attached, ...] = ()
+    hops: int | None = None  # its X-Vaultmail-Hops: what a reply to it counts on from
 
     def as_json(self) -> str:
         data: dict[str, Any] = {"message_id": self.message_id, "from": self.sender,
@@ -347,6 +348,8 @@ class EmailMeta:
                                 "verdicts": self.verdicts, "automatic": self.automatic}
         if self.attachments:
             data["attachments"] = [a.as_json() for a in self.attachments]
+        if self.hops is not None:
+            data["hops"] = self.hops
         # nothing in it can close the comment or start another
         return json.dumps(data, sort_keys=True, separators=(",", ":")).replace(
             "<", "\\u003c").replace(">", "\\u003e").replace("--", "-\\u002d")
@@ -385,6 +388,7 @@ def read_meta(body: str) -> EmailMeta | None:
                          cc=tuple(str(c) for c in data.get("cc", [])),
                          verdicts=dict(data.get("verdicts") or {}),
                          automatic=data.get("automatic"),
+                         hops=data["hops"] if isinstance(data.get("hops"), int) else None,
                          attachments=tuple(
                              Attached(name=str(a["name"]), path=str(a["path"]),
                                       size=int(a["size"]), content_type=str(a["type"]),
@@ -421,7 +425,7 @@ def render_inbound(message: Inbound, verdicts: Verdicts, *, quiet: str | None = 
     meta = EmailMeta(message_id=message.message_id, sender=message.sender,
                      references=message.references, to=message.to, cc=message.cc,
                      verdicts=verdicts.as_json(), automatic=message.automatic,
-                     attachments=attached)
+                     attachments=attached, hops=message.hops)
     rows = [("From", _cell(message.sender) + (f" ({_cell(message.sender_name)})"
                                                if message.sender_name else "")),
             ("Message-ID", _cell(message.message_id)),

@@ -411,7 +411,9 @@ class Outbox(Rounds):
             to=to, cc=cc, subject=outgoing.reply_subject(mail.subject),
             message_id=message_id, in_reply_to=latest.message_id,
             references=(*latest.references, latest.message_id), text=text,
-            sent=datetime.now(UTC), hops=mail.hops + 1)
+            # one hop past what it answers: the thread's mail, or a later answer in it that
+            # carried more (two agents answering in one thread climb as by mail)
+            sent=datetime.now(UTC), hops=max(mail.hops, latest.hops or 0) + 1)
         return await self._deliver(office, mail, out, "Sent")
 
     async def _reply_and_latest(self, forge: Forge, mail: MailRecord,
