@@ -217,6 +217,33 @@ async def test_a_stranger_is_answered_once_then_refused_quietly(
     assert len(denied) == 10
 
 
+async def test_a_strangers_refusal_names_none_of_the_offices_agents_teams_or_people(
+        embedded: Embedded, session: Any) -> None:
+    """A stranger's `/mail nosuch` on a public repository was answered "no agent 'nosuch';
+    known agents: scout, builder, ...", and a comment on a public item addressed to a team
+    or to guessed addresses named the office's teams and its people: read before the
+    stranger's own right to write was asked (found by review). Comments on items ask the
+    writer's access before their `to` and `cc` too."""
+    forge = embedded.forge
+    forge.add_repo("acme", "website", private=False)
+    embedded.forge_tokens["troll"] = forge.add_user("troll")
+    troll = Actor(session, embedded, "troll")
+    issue = await troll.open_issue("acme/website", "Let me in", "please")
+    await embedded.settle()
+    await troll.comment("acme/website", issue["number"], "/mail nosuch Hi\nhello")
+    await embedded.settle()
+    said = [c["body"] for c in await troll.comments("acme/website", issue["number"])
+            if c["user"]["login"] != "troll"]
+    assert len(said) == 1 and "not a member of this office" in said[0], said
+    office = embedded.services.offices
+    known = await office.get(embedded.services.forge_for_org("acme"), "acme")
+    assert known is not None
+    for name in [a.slug for a in known.agents] + [t for t in known.teams]:
+        assert name not in said[0], (name, said[0])
+    denied = [e for e in await embedded.ledger_events("run.denied") if e.actor == "forge:troll"]
+    assert denied and all("scout" not in str(e.data) for e in denied), denied
+
+
 async def test_a_person_of_the_office_hears_every_refusal(embedded: Embedded,
                                                           person: Any) -> None:
     """The quiet is for strangers: someone in the office is told why each time."""

@@ -257,11 +257,12 @@ class Comments:
                            "an item takes; continue on a new item that is `Part of` it",
                            code="item_full")
         parent = await self._parent_thread(item, new.parent)
+        await self._check_writer(actor, item, parent)
         table = Table(item.kind, item.author if item.kind == "plan" else None, item.claim)
         to = resolve(self.office, new.to, author=actor, claim=item.claim, field="to")
         cc = resolve(self.office, new.cc, author=actor, claim=item.claim, field="cc")
         check_addressed([*to, *cc])
-        await self._check_access(actor, item, parent, [*to, *cc])
+        await self._check_addressed(actor, item, [*to, *cc])
         comment_id = self._new_id(item, new.forge_id, actor, new.key)
         now = time.time()
         if parent is None:
@@ -340,13 +341,17 @@ class Comments:
         assert t is not None
         return t
 
-    async def _check_access(self, actor: str, item: Item, parent: db.ThreadRow | None,
-                            addressed: list[Reached]) -> None:
+    async def _check_writer(self, actor: str, item: Item, parent: db.ThreadRow | None) -> None:
+        """Whether `actor` may write here at all: asked before the comment's `to` and `cc`
+        are read, whose refusals name the office's agents, teams and people (a stranger on a
+        public repository learnt them from one comment)."""
         asked = parent is not None and may_reply(parent.state, self.office, actor)
         if await self.role(item.repo, actor) not in CONTRIBUTOR and not asked:
             raise await self.deny(actor, item.ref, (
                 f"{actor} needs contributor (write) access to {item.repo} to comment on "
                 f"{item.ref}; only people a question is addressed to may reply without it"))
+
+    async def _check_addressed(self, actor: str, item: Item, addressed: list[Reached]) -> None:
         blind = [r.principal for r in addressed
                  if await self.role(item.repo, r.principal) == "none"]
         if blind:

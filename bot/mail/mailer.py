@@ -176,6 +176,12 @@ class Mailer:
                                 {"reason": reason}, org=self.office.org)
         return Denied(reason, subject=subject, ledgered=True)
 
+    def is_member(self, actor: str) -> bool:
+        """Whether `actor` is the office, or one of its people or agents."""
+        kind, _, ident = actor.partition(":")
+        return actor == "office" or (kind == "human" and self.office.human(ident) is not None) \
+            or (kind == "agent" and self.office.agent(ident) is not None)
+
     def send_refusal(self, actor: str, agent: Agent) -> str | None:
         """Why `actor` may not send to `agent`, or None when it may (nothing is ledgered:
         the console asks this to say why before anyone tries)."""
@@ -245,6 +251,9 @@ class Mailer:
         the rest data already)."""
         if reply_to is not None:
             self.own(reply_to)
+        if check and not self.is_member(actor):  # before the office's agents are named to it
+            raise await self.deny(actor, f"mail to {to[:80]}",
+                                  f"{actor} is not a member of this office")
         agent = self.recipient(to)
         subject = checked_subject(subject, clip=automatic)
         body = body.replace("\r\n", "\n")
