@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from bot.app.embedded import Embedded
 from bot.store import ledger, mails
 from bot.tools import chat_tools
@@ -115,3 +117,24 @@ async def test_two_replies_racing_past_the_check_answer_once(
     assert "already answered" in body["error"]["message"]
     row = await get_chat(store, chat["chat"], org="acme")
     assert row is not None and row["answer"] == "pong"
+
+
+async def test_the_chats_waiting_for_an_agent_are_bounded(embedded: Embedded, tools: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each chat queues a run of the agent (and its dispatch): one person's script, with no
+    forge write to slow it, queued as many as it liked (found by review). Unanswered chats
+    are bounded per person and per agent; an answer makes room."""
+    monkeypatch.setattr(chat_tools, "WAITING_PER_PERSON", 2)
+    monkeypatch.setattr(chat_tools, "WAITING_PER_AGENT", 3)
+    marco, sara = tools("human:marco@acme.com"), tools("human:sara@acme.com")
+    first = [await marco("agent_chat", agent="scout", message=f"q{n}") for n in range(2)]
+    status, body = await marco.raw("agent_chat", {"agent": "scout", "message": "q2"})
+    assert status == 429 and body["error"]["code"] == "too_many_chats", body
+    await sara("agent_chat", agent="scout", message="mine")
+    status, body = await sara.raw("agent_chat", {"agent": "scout", "message": "more"})
+    assert status == 429 and "3 chats waiting" in body["error"]["message"], body
+    await tools("agent:scout")("chat_reply", chat=first[0]["chat"]["chat"], message="a0")
+    await marco("agent_chat", agent="scout", message="q2")  # room again
+    queued = [e for e in await embedded.ledger_events("run.queued")
+              if e.data.get("kind") == "chat" or e.subject.startswith("chat:")]
+    assert len(queued) == 4, queued

@@ -34,6 +34,16 @@ async def waiting_for(store: Store, agent: str, *, org: str) -> list[Row]:
         (org.lower(), agent))
 
 
+async def waiting_counts(db: Connection, agent: str, sender: str, *,
+                         org: str) -> tuple[int, int]:
+    """How many chats to `agent` of `org` wait for an answer: all of them, and `sender`'s."""
+    row = await db.fetchone(
+        "SELECT count(*) AS n, coalesce(sum(CASE WHEN sender=? THEN 1 ELSE 0 END), 0) AS mine"
+        " FROM chats WHERE org=? AND agent=? AND answered_at IS NULL",
+        (sender, org.lower(), agent))
+    return (int(row["n"]), int(row["mine"])) if row else (0, 0)
+
+
 async def add_chat(db: Connection, agent: str, sender: str, message: str,
                    created_at: float, *, org: str) -> int:
     """Keep a new chat of `org` in the caller's transaction; returns its id."""

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import Field
 
 from bot.app import runs
-from bot.errors import Conflict, NotFoundError
+from bot.errors import Conflict, NotFoundError, TooManyRequests
 from bot.office.config import Agent
 from bot.office.visibility import viewer_for
 from bot.store import chats, ledger
@@ -25,6 +25,8 @@ from bot.tools import outputs
 from bot.tools.registry import MAX_ID, READS_INDEX, Args, Call, Hints, inbox_provider, tool
 
 MAX_WAIT = 50
+WAITING_PER_PERSON = 20  # chats one person may have waiting for one agent's answer
+WAITING_PER_AGENT = 200  # ... every person's together
 
 
 def _iso(t: float | None) -> str | None:
@@ -99,6 +101,16 @@ async def agent_chat(call: Call, args: ChatArgs) -> dict[str, Any]:
 
     async def record() -> tuple[int, int | None]:
         async with store.transaction(ledger.key(call.office.org)) as db:
+            # each chat queues a run: unanswered ones are bounded per person and per agent,
+            # or one script could queue as many runs (and dispatches) as it liked
+            waiting, mine = await chats.waiting_counts(db, agent.principal, call.principal,
+                                                       org=call.office.org)
+            if mine >= WAITING_PER_PERSON or waiting >= WAITING_PER_AGENT:
+                raise TooManyRequests(
+                    f"{agent.principal} has {waiting} chats waiting for an answer, {mine} of "
+                    f"them yours; at most {WAITING_PER_PERSON} of one person's and "
+                    f"{WAITING_PER_AGENT} in all wait at once: wait for its answers (chat_get), "
+                    "or send mail", code="too_many_chats")
             chat_id = await chats.add_chat(db, agent.principal, call.principal, args.message,
                                            time.time(), org=call.office.org)
             admitted = await runs.admit(db, agent, "chat", f"chat:{chat_id}", call.principal,
