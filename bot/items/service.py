@@ -462,7 +462,13 @@ class Comments:
         card = render.render_card(row.id, author=author, state=row.state,
                                   mentions=mentions, logins=self._logins(), asked=mentions)
         if card != row.card_body:
-            await self.forge.update_comment(item.repo, row.card_id, card)
+            try:
+                await self.forge.update_comment(item.repo, row.card_id, card)
+            except NotFound:  # someone deleted the card: the question gets it back
+                mark = render.marker(row.id, kind="question")
+                posted = await self._posted(item, mark) or await self.forge.create_comment(
+                    item.repo, item.number, card, marker=mark)
+                return replace(row, card_id=int(posted["id"]), card_body=card)
         return replace(row, card_body=card)
 
     async def _commit(self, actor: str, item: Item, record: db.CommentRow, row: db.ThreadRow,
