@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from bot.app.embedded import Embedded, start_embedded
+from bot.app.runs import RUN_TOKEN_MARGIN
 from bot.app.settings import Settings, SettingsError
 from bot.office.config import (
     PYTHON,
@@ -24,7 +25,7 @@ from bot.office.config import (
     OfficeConfigError,
     parse_office,
 )
-from bot.store import mails
+from bot.store import api_tokens, mails
 from tests.support import Actor, ToolClient
 
 MARCO = "human:marco@acme.com"
@@ -166,6 +167,19 @@ async def test_a_command_gets_none_of_the_apps_settings_and_a_directory_of_its_o
         assert not list(data.rglob("left-behind"))
         text = base64.b64decode(stored["content"]).decode()
         assert "dispatch: command" in text and ENV_SCRIPT not in text
+        # the run's token acts for its time and a margin, whatever becomes of its revocation
+        # (the app killed mid-run, the command left running: it acted for good; review)
+        [row] = await emb.services.store.fetchall(
+            "SELECT created_at, expires_at, revoked_at FROM api_tokens WHERE principal=?"
+            " AND expires_at IS NOT NULL", ("agent:scout",))
+        assert row["expires_at"] - row["created_at"] == pytest.approx(60 + RUN_TOKEN_MARGIN)
+        assert row["revoked_at"] is not None
+        spent = await api_tokens.create_token(emb.services.store, "agent:scout", "acme",
+                                              lasts=0.0)
+        async with aiohttp.ClientSession() as session:
+            status, _ = await ToolClient(session, emb, MARCO).raw("list_inbox", {},
+                                                                  token=spent)
+        assert status == 401
     finally:
         await emb.stop()
 

@@ -57,6 +57,7 @@ DISPATCH_ATTEMPTS = 4
 EARLIER_MAILS = 5  # earlier mails of the thread a mail run carries
 EARLIER_BODY = 4_000  # characters of each earlier mail's body
 OUTPUT_KEPT = 4_000  # characters of a command's stdout and stderr kept in the ledger
+RUN_TOKEN_MARGIN = 300.0  # seconds a run's token acts past its timeout (its end recorded)
 CLIENT_PAYLOAD_BYTES = 60_000  # GitHub takes a repository_dispatch client_payload up to 64 KB
 # What of the app's environment a command gets: where programs are, the user's home, language
 # and time zone; nothing else (not the app's keys, secrets, database or forge settings)
@@ -365,7 +366,9 @@ async def run_command(services: Services, agent: Agent, how: CommandDispatch, su
     Never retried (a second run could act twice): the work stays in the agent's inbox."""
     run = int(payload["run"])
     async with services.lock_for(f"run:{org}:{agent.slug}"):
-        token = await api_tokens.create_token(services.store, agent.principal, org)
+        # it acts for the run's time and a margin, whatever becomes of its revocation
+        token = await api_tokens.create_token(services.store, agent.principal, org,
+                                              lasts=how.timeout + RUN_TOKEN_MARGIN)
         argv = [sys.executable if i == 0 and word == PYTHON else word
                 for i, word in enumerate(how.command)]
         started = time.monotonic()

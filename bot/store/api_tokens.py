@@ -21,6 +21,10 @@ CREATE TABLE IF NOT EXISTS api_tokens (
 """)
 
 register_columns("api_tokens", {"org": "{text}"})  # the office's org, when the token names one
+# when a token stops acting (a run's: its timeout and a margin), so one whose revocation never
+# came (the app killed mid-run, its command left running) does not act for good; NULL: never
+register_columns("api_tokens", {"expires_at": "{real}"}, version=19)
+_LIVE = "revoked_at IS NULL AND (expires_at IS NULL OR expires_at>?)"
 
 PREFIX = "vm_"
 LAST_USED_RESOLUTION = 60.0  # seconds: how fresh `last used` is kept
@@ -48,12 +52,16 @@ class Owner:
     org: str | None = None
 
 
-async def create_token(store: Store, principal: str, org: str | None = None) -> str:
+async def create_token(store: Store, principal: str, org: str | None = None, *,
+                       lasts: float | None = None) -> str:
+    """A new token for `principal` (in `org`'s office); `lasts`: seconds it acts, at most."""
     token = PREFIX + secrets.token_urlsafe(32)
+    now = time.time()
     async with store.transaction() as db:
         await db.execute(
-            "INSERT INTO api_tokens(principal, token_hash, created_at, org) VALUES (?,?,?,?)",
-            (principal, _hash(token), time.time(), org),
+            "INSERT INTO api_tokens(principal, token_hash, created_at, org, expires_at)"
+            " VALUES (?,?,?,?,?)",
+            (principal, _hash(token), now, org, now + lasts if lasts is not None else None),
         )
     return token
 
@@ -67,10 +75,8 @@ async def principal_for(store: Store, token: str) -> str | None:
 async def owner_of(store: Store, token: str) -> Owner | None:
     """Who a live token acts for (and note its use), or None."""
     row = await store.fetchone(
-        "SELECT id, principal, org, last_used_at FROM api_tokens"
-        " WHERE token_hash=? AND revoked_at IS NULL",
-        (_hash(token),),
-    )
+        "SELECT id, principal, org, last_used_at FROM api_tokens WHERE token_hash=? AND "
+        + _LIVE, (_hash(token), time.time()))
     if row is None:
         return None
     now = time.time()
@@ -90,7 +96,8 @@ def token_hash(token: str) -> str:
 async def live_hash(store: Store, hashed: str) -> bool:
     """Whether the token with this hash is still live (not revoked)."""
     row = await store.fetchone(
-        "SELECT 1 AS live FROM api_tokens WHERE token_hash=? AND revoked_at IS NULL", (hashed,))
+        "SELECT 1 AS live FROM api_tokens WHERE token_hash=? AND " + _LIVE,
+        (hashed, time.time()))
     return row is not None
 
 

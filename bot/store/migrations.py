@@ -64,7 +64,8 @@ NAMES = {
     18: "each queued delivery's office: claims share the worker between offices, so one"
         " office's backlog is not run before everything another queued after it",
     19: "a forge comment is recorded once for its issue, not once across the index: another"
-        " org's signed delivery naming the id first no longer hides an office's comment",
+        " org's signed delivery naming the id first no longer hides an office's comment; and"
+        " API tokens may expire (a run's, at its timeout and a margin)",
 }
 
 
