@@ -112,9 +112,29 @@ async def test_two_agents_writing_on_the_mail_each_sent_the_other_stop_at_the_gu
     assert woken == [True] * 6 + [False] * 4, woken  # three follow-ups each, then quiet
     guards = await embedded.ledger_events("mail.loop_guard")
     assert [(g.subject, g.data["hops"], g.data["follow_up"]) for g in guards] == [
-        (to_scout["ref"], 4, True), (to_builder["ref"], 4, True),
-        (to_scout["ref"], 5, True), (to_builder["ref"], 5, True)]
+        (to_scout["ref"], 4, True), (to_builder["ref"], 4, True)] * 2  # held ones count not
     # a person's follow-up wakes scout, and starts the count again
     await person("marco").comment(to_scout["vault"], to_scout["number"], "Where are we?")
     await embedded.settle()
     assert (await scout("mail_get", mail=to_scout["ref"]))["mail"]["state"] == "mail:new"
+
+
+async def test_an_agents_follow_up_retried_after_a_forge_failure_counts_once(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """The follow-up's count is written with its move: a delivery retried after the forge
+    failed its write counted again at each attempt, and a follow-up that never woke anyone
+    could push the agent's next one past the guard (review)."""
+    builder, scout = tools("agent:builder"), tools("agent:scout")
+    sent = (await builder("mail_send", to="scout", subject="Ping", body="ping"))["mail"]
+    await embedded.settle()
+    await scout("mail_open", mail=sent["ref"])
+    failing = embedded.forge.faults.add(
+        route="PATCH /repos/{owner}/{repo}/issues/{issue_number}", status=502, count=4)
+    await person("builder-bot").comment(sent["vault"], sent["number"], "any news?")
+    await embedded.settle()
+    assert failing.fired == 4  # (the client tries 3 times a delivery: the worker again)
+    got = (await scout("mail_get", mail=sent["ref"]))["mail"]
+    assert got["state"] == "mail:new", got
+    row = await embedded.services.store.fetchone(
+        "SELECT agent_turns FROM mails WHERE mail_id=?", (sent["mail_id"],))
+    assert row is not None and row["agent_turns"] == 1, row

@@ -16,7 +16,7 @@ from bot.app.notify import Notifier
 from bot.app.settings import Settings
 from bot.errors import NotInstalled
 from bot.mail.signing import Keyrings
-from bot.office.source import ROUND_WAIT, OfficeSource
+from bot.office.source import FIRST_READ_WAIT, ROUND_WAIT, OfficeSource
 from bot.office.visibility import Visibility
 from bot.store import Store
 from bot.tools.polls import LongPolls
@@ -103,11 +103,12 @@ class Services:
         config cannot be read now (their forge answers an error, or has not answered within
         `within` seconds of the read's start, when it was never read before: a read that
         waits out its rate limit goes on for the next round). One org never stops, or holds
-        up, a round of every office (outbound webhooks, sign-in, email's recipients)."""
+        up, a round of every office (outbound webhooks, sign-in, email's recipients). An
+        office never read before gets FIRST_READ_WAIT (a start on a loaded host)."""
         orgs = sorted(self.installations)
         read = await asyncio.gather(*(self.offices.get(self.forge_for_org(org), org,
-                                                       within=within) for org in orgs),
-                                    return_exceptions=True)
+                                                       within=within, first=FIRST_READ_WAIT)
+                                      for org in orgs), return_exceptions=True)
         found, unread = [], []
         for org, office in zip(orgs, read, strict=True):
             if isinstance(office, BaseException):

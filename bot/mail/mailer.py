@@ -595,6 +595,17 @@ class Mailer:
             raise Conflict(f"{mail.ref}: {exc}") from exc
         if new.value == mail.state and event in _SETS_STATE:
             return mail  # a retry that overlapped the first: it is done already
+        wakes = new is MailState.NEW and mail.state != MailState.NEW.value
+        # an agent's follow-up is counted where it applies (under the mail's lock, from the
+        # count as the index has it, written with the move): a retried delivery, or one that
+        # moves nothing, counts nothing
+        counted = wakes and event is MailEvent.FOLLOW_UP and actor.startswith("agent:")
+        if counted and mail.hops + mail.agent_turns + 1 > LOOP_GUARD_HOPS:
+            await ledger.record(self.services.store, "mail.loop_guard", actor, mail.ref, {
+                "mail": mail.mail_id, "hops": mail.hops + mail.agent_turns + 1,
+                "follow_up": True, "reason": f"beyond {LOOP_GUARD_HOPS} hops: an agent's "
+                "follow-up wakes no one; the recipient sees it on its next run"}, org=mail.org)
+            return mail
         fields: dict[str, Any] = {}
         current = labels if labels is not None else mail.labels
         after = labels_for(new, current).apply(current)
@@ -611,7 +622,6 @@ class Mailer:
             await self.check_tamper(mail, issue, "office", owed=owed)
             if at is None:  # a change made now: it happened when the forge took the write
                 at = moves.forge_time(issue.get("updated_at"))
-        wakes = new is MailState.NEW and mail.state != MailState.NEW.value
         agent = self.office.agent(mail.to_principal.removeprefix("agent:"))
         admitted: int | None = None
         async with self.services.store.transaction(
@@ -623,6 +633,12 @@ class Mailer:
                 latest = await mails.get_mail_in(db, mail.mail_id)
                 return latest or mail
             await moves.note(db, mail.mail_id, at)
+            if counted:
+                await mails.count_agent_turn(db, mail.mail_id)
+            elif mail.agent_turns and (event is MailEvent.REPLY or (
+                    event is MailEvent.FOLLOW_UP and wakes)):
+                # answered, or a person wrote: the agents' follow-ups count again from 0
+                await mails.count_agent_turn(db, mail.mail_id, reset=True)
             await ledger.append(db, ledger_event, actor, mail.ref,
                                 {"mail": mail.mail_id, "from": mail.state, "to": new.value,
                                  **(data or {})}, org=mail.org)
@@ -669,8 +685,6 @@ class Mailer:
                 "comment on the issue to add a message instead"))
         if not text.strip():
             raise InvalidArguments("body is empty: write the reply")
-        if mail.agent_turns:  # answered: the sender's follow-ups are counted again from 0
-            await mails.count_agent_turn(self.services.store, mail.mail_id, reset=True)
         key = key or str(uuid.uuid4())
         again = idempotency.resumed()  # an earlier try with this key may have written some
         # everything refusable is checked before the first write: the comment, and the copy
@@ -725,17 +739,6 @@ class Mailer:
             await self.check_may_send(actor, self.recipient(mail.to_principal))
         if mail.state == MailState.NEW.value:
             return mail
-        store = self.services.store
-        if actor.startswith("agent:"):
-            turns = await mails.count_agent_turn(store, mail.mail_id)
-            if mail.hops + turns > LOOP_GUARD_HOPS:
-                await ledger.record(store, "mail.loop_guard", actor, mail.ref, {
-                    "mail": mail.mail_id, "hops": mail.hops + turns, "follow_up": True,
-                    "reason": f"beyond {LOOP_GUARD_HOPS} hops: an agent's follow-up wakes "
-                              "no one; the recipient sees it on its next run"}, org=mail.org)
-                return mail
-        elif mail.agent_turns:
-            await mails.count_agent_turn(store, mail.mail_id, reset=True)
         return await self._move(mail, MailEvent.FOLLOW_UP, actor, "mail.sent", labels=labels,
                                 reopen_if_closed=True, data={"follow_up": True},
                                 follow_up=(actor, text) if text is not None else None, at=at)

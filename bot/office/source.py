@@ -40,6 +40,8 @@ ROUND_WAIT = 3.0
 # forge does not answer (a push's read in flight: none, it said the config changed)
 STALE_AT_MOST = 300.0
 READS_AT_ONCE = 32  # configs read from the forge at once
+# seconds such a round gives the read of an office's config never read before (at start)
+FIRST_READ_WAIT = 20.0
 
 
 class OfficeUnanswered(Exception):
@@ -74,13 +76,14 @@ class OfficeSource:
         self.last_error: dict[str, OfficeConfigError] = {}
 
     async def get(self, forge: Forge, org: str, *, fresh: bool = False,
-                  within: float | None = None) -> Office | None:
+                  within: float | None = None, first: float | None = None) -> Office | None:
         """`org`'s office (None: it has no valid config). `within`: for a caller going round
         every office, how long this one's read may keep it, counted from the read's start:
         past it, the answer before stands (read within `max_age` + STALE_AT_MOST, and no push
         asked for it again since), else OfficeUnanswered; the read goes on for whoever asks
         next. (Another office's forge that waits out its rate limit must not hold every
-        office's round.)"""
+        office's round.) `first`: how long instead, when `org` was never read (nothing to
+        go on with meanwhile: at start, on a loaded host, a read takes more than `within`)."""
         if self._path is not None:
             if self._local is None:
                 self._local = load_office(self._path)
@@ -104,6 +107,8 @@ class OfficeSource:
             self._fresh.add(org)  # (until answered: the answer before is not served meanwhile)
         if within is None:
             return await asyncio.shield(asking)
+        if first is not None and org not in self._fetched:
+            within = max(within, first)
         left = within - (time.monotonic() - self._asked_at.get(org, time.monotonic()))
         try:
             return await asyncio.wait_for(asyncio.shield(asking), max(0.0, left))

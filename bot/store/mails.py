@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from bot.store.db import Connection, Row, Store, hold, keyed, register_columns, register_schema
+from bot.store.migrations import register_backfill
 from bot.store.offices import org_of, scoped
 from bot.store.sql import Sql, Statement, greatest, upsert
 
@@ -52,6 +53,10 @@ CREATE TABLE IF NOT EXISTS runs (
 
 register_columns("mails", {"other_labels": "{text} NOT NULL DEFAULT '[]'",
                           "agent_turns": "{int} NOT NULL DEFAULT 0"})
+# counted again from schema 19 (agents' follow-ups that woke the recipient, reset by a reply or
+# a person's follow-up): what an older release counted, never reset, starts at 0
+register_backfill("UPDATE mails SET agent_turns=0 WHERE agent_turns<>0",
+                  postgres="UPDATE mails SET agent_turns=0 WHERE agent_turns<>0", version=19)
 
 # The states a mail row can hold: the four label names, and "quiet" for a reply delivered
 # past the loop guard (it carries no state label until someone acts on it).
@@ -434,11 +439,9 @@ async def latest_mails_of(store: Store, principal: str, *, org: str) -> list[Mai
     return [_record(r) for r in rows]
 
 
-async def count_agent_turn(store: Store, mail_id: str, *, reset: bool = False) -> int:
-    """One more follow-up by an agent on the mail (`reset`: a person's, which starts the
-    count again): the count now."""
-    async with store.transaction() as db:
-        row = await db.fetchone(
-            "UPDATE mails SET agent_turns=" + ("0" if reset else "agent_turns+1")
-            + " WHERE mail_id=? RETURNING agent_turns", (mail_id,))
-    return int(row["agent_turns"]) if row else 0
+async def count_agent_turn(db: Connection, mail_id: str, *, reset: bool = False) -> None:
+    """In the move's transaction: one more follow-up by an agent that woke the recipient
+    (`reset`: a person's follow-up, or the recipient's reply, which start the count again)."""
+    await db.execute("UPDATE mails SET agent_turns=" + ("0" if reset else "agent_turns+1")
+                     + " WHERE mail_id=?" + (" AND agent_turns<>0" if reset else ""),
+                     (mail_id,))
