@@ -135,6 +135,9 @@ async def test_the_chats_waiting_for_an_agent_are_bounded(embedded: Embedded, to
     assert status == 429 and "3 chats waiting" in body["error"]["message"], body
     await tools("agent:scout")("chat_reply", chat=first[0]["chat"]["chat"], message="a0")
     await marco("agent_chat", agent="scout", message="q2")  # room again
+    # an hour on, the chats still unanswered count no more (runs that failed shut no one out)
+    monkeypatch.setattr(chat_tools, "WAITING_FOR", -1.0)
+    await marco("agent_chat", agent="scout", message="q3")
     queued = [e for e in await embedded.ledger_events("run.queued")
               if e.data.get("kind") == "chat" or e.subject.startswith("chat:")]
-    assert len(queued) == 4, queued
+    assert len(queued) == 5, queued

@@ -34,13 +34,14 @@ async def waiting_for(store: Store, agent: str, *, org: str) -> list[Row]:
         (org.lower(), agent))
 
 
-async def waiting_counts(db: Connection, agent: str, sender: str, *,
-                         org: str) -> tuple[int, int]:
-    """How many chats to `agent` of `org` wait for an answer: all of them, and `sender`'s."""
+async def waiting_counts(db: Connection, agent: str, sender: str, *, org: str,
+                         since: float) -> tuple[int, int]:
+    """How many chats to `agent` of `org` started after `since` wait for an answer: all of
+    them, and `sender`'s."""
     row = await db.fetchone(
         "SELECT count(*) AS n, coalesce(sum(CASE WHEN sender=? THEN 1 ELSE 0 END), 0) AS mine"
-        " FROM chats WHERE org=? AND agent=? AND answered_at IS NULL",
-        (sender, org.lower(), agent))
+        " FROM chats WHERE org=? AND agent=? AND answered_at IS NULL AND created_at>?",
+        (sender, org.lower(), agent, since))
     return (int(row["n"]), int(row["mine"])) if row else (0, 0)
 
 

@@ -27,6 +27,7 @@ from bot.tools.registry import MAX_ID, READS_INDEX, Args, Call, Hints, inbox_pro
 MAX_WAIT = 50
 WAITING_PER_PERSON = 20  # chats one person may have waiting for one agent's answer
 WAITING_PER_AGENT = 200  # ... every person's together
+WAITING_FOR = 3600.0  # seconds an unanswered chat counts toward those
 
 
 def _iso(t: float | None) -> str | None:
@@ -103,14 +104,17 @@ async def agent_chat(call: Call, args: ChatArgs) -> dict[str, Any]:
         async with store.transaction(ledger.key(call.office.org)) as db:
             # each chat queues a run: unanswered ones are bounded per person and per agent,
             # or one script could queue as many runs (and dispatches) as it liked
+            # (of the last hour: an agent whose runs fail leaves its chats unanswered, and
+            # those must not shut its people out for good)
             waiting, mine = await chats.waiting_counts(db, agent.principal, call.principal,
-                                                       org=call.office.org)
+                                                       org=call.office.org,
+                                                       since=time.time() - WAITING_FOR)
             if mine >= WAITING_PER_PERSON or waiting >= WAITING_PER_AGENT:
                 raise TooManyRequests(
                     f"{agent.principal} has {waiting} chats waiting for an answer, {mine} of "
                     f"them yours; at most {WAITING_PER_PERSON} of one person's and "
-                    f"{WAITING_PER_AGENT} in all wait at once: wait for its answers (chat_get), "
-                    "or send mail", code="too_many_chats")
+                    f"{WAITING_PER_AGENT} in all wait at once (of the last hour): wait for its "
+                    "answers (chat_get), or send mail", code="too_many_chats")
             chat_id = await chats.add_chat(db, agent.principal, call.principal, args.message,
                                            time.time(), org=call.office.org)
             admitted = await runs.admit(db, agent, "chat", f"chat:{chat_id}", call.principal,
