@@ -106,6 +106,22 @@ def label_names(issue: dict[str, Any]) -> list[str]:
     return sorted(label["name"] for label in issue["labels"])
 
 
+def gitea_api(session: aiohttp.ClientSession, embedded: Embedded,
+              login: str) -> Callable[..., Awaitable[Any]]:
+    """`call(method, path, body=None, expect=200)`: the embedded office's local Gitea API
+    (`/api/v1`) as `login`, its answer's JSON once the status is the one expected."""
+    base = embedded.forge.url + "/api/v1"
+    headers = {"Authorization": f"token {embedded.forge_tokens[login]}"}
+
+    async def call(method: str, path: str, body: Any = None, expect: int = 200) -> Any:
+        async with session.request(method, base + path, json=body, headers=headers) as resp:
+            got = await resp.json(content_type=None)
+            assert resp.status == expect, (path, resp.status, got)
+            return got
+
+    return call
+
+
 class ToolClient:
     """A principal calling the app's tools over HTTP with its API token."""
 

@@ -195,16 +195,23 @@ async def test_long_polls_are_capped_per_principal_and_per_office_too(
 # -- strangers -----------------------------------------------------------------------------------
 
 
-async def test_a_stranger_is_answered_once_then_refused_quietly(
-        embedded: Embedded, session: Any) -> None:
-    """A stranger's ten `/mail` comments on a public repository: one refusal comment, and every
-    attempt ledgered as run.denied."""
+async def _stranger_on_a_public_repository(embedded: Embedded,
+                                           session: Any) -> tuple[Actor, dict[str, Any]]:
+    """`troll`, no one of the office's, and the issue they opened on acme's public website."""
     forge = embedded.forge
     forge.add_repo("acme", "website", private=False)
     embedded.forge_tokens["troll"] = forge.add_user("troll")
     troll = Actor(session, embedded, "troll")
     issue = await troll.open_issue("acme/website", "Let me in", "please")
     await embedded.settle()
+    return troll, issue
+
+
+async def test_a_stranger_is_answered_once_then_refused_quietly(
+        embedded: Embedded, session: Any) -> None:
+    """A stranger's ten `/mail` comments on a public repository: one refusal comment, and every
+    attempt ledgered as run.denied."""
+    troll, issue = await _stranger_on_a_public_repository(embedded, session)
     for i in range(10):
         await troll.comment("acme/website", issue["number"], f"/mail scout attempt {i}\nhello")
     await embedded.settle()
@@ -224,12 +231,7 @@ async def test_a_strangers_refusal_names_none_of_the_offices_agents_teams_or_peo
     or to guessed addresses named the office's teams and its people: read before the
     stranger's own right to write was asked (found by review). Comments on items ask the
     writer's access before their `to` and `cc` too."""
-    forge = embedded.forge
-    forge.add_repo("acme", "website", private=False)
-    embedded.forge_tokens["troll"] = forge.add_user("troll")
-    troll = Actor(session, embedded, "troll")
-    issue = await troll.open_issue("acme/website", "Let me in", "please")
-    await embedded.settle()
+    troll, issue = await _stranger_on_a_public_repository(embedded, session)
     await troll.comment("acme/website", issue["number"], "/mail nosuch Hi\nhello")
     await embedded.settle()
     said = [c["body"] for c in await troll.comments("acme/website", issue["number"])

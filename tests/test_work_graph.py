@@ -20,7 +20,7 @@ from bot.office.config import Office, load_office, parse_office
 from bot.store import comments as db
 from bot.store import mails
 from tests.items_support import MARCO, SCOUT, TOKEN_TTL, VAULT, make_item, where
-from tests.support import Actor
+from tests.support import Actor, gitea_api
 
 GOALS = "acme/critic-vault"  # goals in another repository of the org than the outcome
 PRODUCT = "acme/product"
@@ -293,14 +293,7 @@ async def gitea_office(tmp_path: Path) -> AsyncIterator[Embedded]:
 async def test_on_gitea_labels_and_part_of_still_make_the_tree(
         gitea_office: Embedded, session: aiohttp.ClientSession) -> None:
     office = gitea_office
-    base = office.forge.url + "/api/v1"
-    marco = {"Authorization": f"token {office.forge_tokens['marco']}"}
-
-    async def call(method: str, path: str, body: Any, expect: int) -> Any:
-        async with session.request(method, base + path, json=body, headers=marco) as resp:
-            got = await resp.json(content_type=None)
-            assert resp.status == expect, (path, resp.status, got)
-            return got
+    call = gitea_api(session, office, "marco")
 
     ids = {}
     for kind in ("goal", "outcome"):

@@ -14,6 +14,7 @@ from bot.app.embedded import Embedded
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
 from tests.gitea.conftest import GiteaSetup
 from tests.items_support import MARCO, SCOUT, TOKEN_TTL
+from tests.support import gitea_api
 
 VAULT = "/repos/acme/scout-vault"
 
@@ -123,14 +124,7 @@ async def test_on_gitea_an_outcome_waiting_on_a_person_depends_on_their_tracker(
                           text.replace("org: acme\n", "org: acme\nwaiting: dependency\n", 1),
                           pusher="admin")
     await office.settle()
-    base = office.forge.url + "/api/v1"
-    marco = {"Authorization": f"token {office.forge_tokens['marco']}"}
-
-    async def call(method: str, path: str, body: Any = None, expect: int = 200) -> Any:
-        async with session.request(method, base + path, json=body, headers=marco) as resp:
-            got = await resp.json(content_type=None)
-            assert resp.status == expect, (path, resp.status, got)
-            return got
+    call = gitea_api(session, office, "marco")
 
     async def tool(who: str, name: str, **args: Any) -> Any:
         headers = {"Authorization": f"Bearer {office.api_tokens[who]}"}

@@ -18,7 +18,7 @@ from bot.forge.gitea import SYNTHETIC_INSTALLATION_ID
 from bot.office.config import parse_office
 from bot.office.seed import seed_office
 from bot.store import api_tokens, mails
-from tests.support import ToolClient
+from tests.support import ToolClient, gitea_api
 
 EVIL = {"org": "evil",
         "humans": [{"email": "marco@acme.com", "login": "eve", "permissions": ["mail.send"]}],
@@ -230,14 +230,7 @@ async def test_an_orgs_webhook_cannot_claim_the_ids_of_another_orgs_comments_to_
     comment would get; an index that knew each forge comment once, whatever its issue, then
     took acme's real comment for evil's, already recorded: acme's comment was never indexed
     (found by review)."""
-    base = office.forge.url + "/api/v1"
-    marco = {"Authorization": f"token {office.forge_tokens['marco']}"}
-
-    async def call(method: str, path: str, body: Any, expect: int) -> Any:
-        async with session.request(method, base + path, json=body, headers=marco) as resp:
-            got = await resp.json(content_type=None)
-            assert resp.status == expect, (path, resp.status, got)
-            return got
+    call = gitea_api(session, office, "marco")
 
     vault = "/repos/acme/scout-vault"
     label = (await call("POST", f"{vault}/labels", {"name": "outcome", "color": "#00aabb"},
