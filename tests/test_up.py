@@ -85,9 +85,9 @@ async def test_serve_without_configuration_says_what_is_missing(tmp_path: Path) 
         assert proc.stderr is not None
         line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
         assert "GITHUB_WEBHOOK_SECRET" in line and "vaultmail up" in line, line
-        assert f"not registered yet: open http://127.0.0.1:{port}/setup" in line, line
-        async with aiohttp.ClientSession() as s, \
-                s.get(f"http://127.0.0.1:{port}/setup") as resp:
+        assert f"not registered yet: open http://127.0.0.1:{port}/setup?key=" in line, line
+        link = line.split("open ", 1)[1].split()[0]
+        async with aiohttp.ClientSession() as s, s.get(link) as resp:
             assert resp.status == 200
             assert 'action="https://github.com/settings/apps/new?state=' in await resp.text()
     finally:

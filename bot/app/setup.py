@@ -1,8 +1,9 @@
 """Registering vaultmail's GitHub App from its manifest (`app.yml`), as GitHub describes it in
 "Registering a GitHub App from a manifest".
 
-1. A page (`GET /setup`) holds a form with the manifest as JSON in a hidden `manifest` field and a
-   random `state`, posting to the forge's "new App from manifest" URL
+1. A page (`GET /setup?key=KEY`, the key printed where it started) holds a form with the
+   manifest as JSON in a hidden `manifest` field and a random `state`, posting to the forge's
+   "new App from manifest" URL
    (`{forge}/settings/apps/new`, or `{forge}/organizations/{org}/settings/apps/new`).
 2. The forge creates the App once the operator confirms, and sends the browser back to the
    manifest's `redirect_url` (`/setup/callback` here) with `code` and the same `state`.
@@ -13,7 +14,10 @@
 
 `vaultmail register` serves this page on localhost (bot/cli/register.py); `vaultmail serve`
 started without credentials serves it on its own port, as Probot does, then carries on as a
-normal serve with the new `.env` (`serve_until_registered`).
+normal serve with the new `.env` (`serve_until_registered`). Whoever registers the App owns
+what the deployment runs as (its webhooks, its private keys), and `serve` may listen where
+anyone reaches it: the page gives out a form only with the key it printed, and a state counts
+only when the forge sends back the browser it was given to (a cookie).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from bot.private_files import write_private
 
 PLACEHOLDER = "https://vaultmail.invalid"  # app.yml's stand-in for the app's public URL
 GITHUB = "https://github.com"
+BROWSER_COOKIE = "vaultmail_setup"
 STATE_TTL = 3600.0  # the forge's code lasts an hour; a state need not outlive it
 MAX_STATES = 256
 TIMEOUT = aiohttp.ClientTimeout(total=30)
@@ -470,7 +475,9 @@ class SetupPage:
                  "install the App.")
     registered: Registered | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
-    _states: dict[str, float] = field(default_factory=dict)
+    key: str = field(default_factory=lambda: secrets.token_urlsafe(18))
+    _browsers: set[str] = field(default_factory=set)  # the cookies of those given the page
+    _states: dict[str, tuple[float, str]] = field(default_factory=dict)  # state: (at, browser)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def add_routes(self, app: web.Application) -> None:
@@ -478,35 +485,65 @@ class SetupPage:
         app.router.add_get("/setup/callback", self.callback)
         app.router.add_get("/setup/installed", installed_page)
 
-    def _new_state(self) -> str:
+    def link(self, base: str) -> str:
+        """The page's address to print: only who sees it may register the App."""
+        return f"{base}/setup?{urlencode({'key': self.key})}"
+
+    def _new_state(self, browser: str) -> str:
         now = time.monotonic()
-        for s, at in list(self._states.items()):
+        for s, (at, _) in list(self._states.items()):
             if now - at > STATE_TTL or len(self._states) >= MAX_STATES:
                 del self._states[s]
         state = secrets.token_urlsafe(24)
-        self._states[state] = now
+        self._states[state] = (now, browser)
         return state
 
-    def _take_state(self, state: str) -> bool:
-        at = self._states.pop(state, None)
-        return at is not None and time.monotonic() - at <= STATE_TTL
+    def _take_state(self, state: str, browser: str) -> bool:
+        at, given_to = self._states.get(state, (0.0, ""))
+        if not browser or not secrets.compare_digest(given_to, browser):
+            return False  # not the browser it was given to: the state stays for that one
+        del self._states[state]
+        return time.monotonic() - at <= STATE_TTL
+
+    def _browser(self, request: web.Request) -> str | None:
+        """This browser's cookie, when the page was given to it (by the key)."""
+        cookie = request.cookies.get(BROWSER_COOKIE, "")
+        return cookie if cookie in self._browsers else None
 
     async def setup(self, request: web.Request) -> web.Response:
+        browser = self._browser(request)
         if self.registered is not None:
-            return self._registered_page()
+            return self._registered_page() if browser else _page(
+                "vaultmail is registered", "<p>This deployment's App is registered.</p>")
+        keyed = secrets.compare_digest(request.query.get("key", ""), self.key)
+        if browser is None and not keyed:
+            return _page("Open the link vaultmail printed", (
+                "<p>Registering the App decides what this deployment runs as, so this page "
+                "asks for the <code>key</code> in the link vaultmail printed where it started "
+                "(<code>open http://&hellip;/setup?key=&hellip;</code>): open that link.</p>"),
+                403)
         origin = str(request.url.origin())
+        if keyed and self.redirect_via_public and self.public_url and "moved" not in \
+                request.query and urlsplit(self.public_url).netloc != request.host:
+            # the forge sends the browser back to the public URL: its cookie must be there
+            # (once: behind a proxy that rewrites Host, it is as good as it gets)
+            raise web.HTTPFound(self.link(self.public_url) + "&moved=1")
+        if browser is None:
+            browser = secrets.token_urlsafe(24)
+            self._browsers.add(browser)
         public = self.public_url or origin
         back = self.public_url if self.redirect_via_public and self.public_url else origin
         redirect = f"{back}/setup/callback"
         manifest = manifest_for(self.manifest, public_url=public, redirect_url=redirect,
                                 name=self.name, public=self.public)
-        action = f"{self.forge.new_app_url(self.org)}?{urlencode({'state': self._new_state()})}"
+        action = (f"{self.forge.new_app_url(self.org)}?"
+                  f"{urlencode({'state': self._new_state(browser)})}")
         owner = f"the organisation <b>{html.escape(self.org)}</b>" if self.org else \
             "your own account (or run with <code>--org ORG</code>)"
         events = ", ".join(manifest.get("default_events", []))
         perms = ", ".join(f"{k}: {v}" for k, v in manifest.get("default_permissions", {}).items())
         hook = manifest.get("hook_attributes", {}).get("url", "(none)")
-        return _page(f"Register {manifest['name']}", (
+        page = _page(f"Register {manifest['name']}", (
             f"<p>This creates a GitHub App named <b>{html.escape(manifest['name'])}</b> on "
             f"{html.escape(self.forge.web)}, owned by {owner}, from app.yml.</p><ul>"
             f"<li>permissions: {html.escape(perms)}</li><li>events: {html.escape(events)}</li>"
@@ -517,17 +554,22 @@ class SetupPage:
             f"<button type=\"submit\">Register on {html.escape(self.forge.web)}</button></form>"
             "<p>The forge asks you to confirm, then sends you back here; the App's credentials "
             f"go to <code>{html.escape(str(self.env_file))}</code> (mode 0600).</p>"))
+        page.set_cookie(BROWSER_COOKIE, browser, path="/setup", httponly=True, samesite="Lax",
+                        secure=request.secure, max_age=int(STATE_TTL))
+        return page
 
     async def callback(self, request: web.Request) -> web.Response:
         code, state = request.query.get("code", ""), request.query.get("state", "")
         async with self._lock:
             if self.registered is not None:
                 return self._registered_page()
-            if not state or not self._take_state(state):
+            if not state or not self._take_state(state, request.cookies.get(BROWSER_COOKIE,
+                                                                             "")):
                 return _page("Registration not started here", (
                     "<p>The <code>state</code> of this return is not one this page gave out "
-                    "(or it was used already, or is over an hour old): nothing was written. "
-                    "Start again at <a href=\"/setup\">/setup</a>.</p>"), 400)
+                    "to this browser (or it was used already, or is over an hour old): "
+                    "nothing was written. Start again at <a href=\"/setup\">/setup</a>, in "
+                    "the browser that opened the link vaultmail printed.</p>"), 400)
             if not code:
                 return _page("No code", "<p>The forge sent no <code>code</code>: start again "
                              "at <a href=\"/setup\">/setup</a>.</p>", 400)
@@ -543,6 +585,12 @@ class SetupPage:
                     "The App was created on the forge: delete it there, fix the file's "
                     "folder, and start again at <a href=\"/setup\">/setup</a>.</p>"), 500)
             owner = app.get("owner") or {}
+            if self.org and str(owner.get("login", "")).lower() != self.org.lower():
+                return _page("Registered for another account", (
+                    f"<p>The forge made App <b>{html.escape(str(app.get('slug', '')))}</b> "
+                    f"for {html.escape(str(owner.get('login', '')))}, not for "
+                    f"{html.escape(self.org)}: nothing was written. Delete that App on the "
+                    "forge, and start again at <a href=\"/setup\">/setup</a>.</p>"), 400)
             self.registered = Registered(
                 app_id=int(app["id"]), slug=str(app["slug"]), name=str(app.get("name", "")),
                 owner=str(owner.get("login", "")), install_url=self.forge.install_url(
@@ -672,6 +720,6 @@ async def serve_until_registered(sock: socket.socket, unregistered: NotRegistere
         then="This app now carries on with it: it is serving as that App.")
     url = shown_url(sock, unregistered.host)
     return await serve_page(sock, page, stopped, probes=True, announce=(
-        f"vaultmail: not registered yet: open {url}/setup to register the App on "
+        f"vaultmail: not registered yet: open {page.link(url)} to register the App on "
         f"{page.forge.web} (missing {', '.join(unregistered.missing)}; or set them, or run "
         "`vaultmail register`; `vaultmail up` tries vaultmail without a forge)"))

@@ -74,7 +74,7 @@ async def cmd_register(args: argparse.Namespace) -> int:
               f"over {env_file} when `vaultmail serve` runs here", file=sys.stderr)
     try:
         if not await serve_page(sock, page, stop_signal().wait(), announce=(
-                f"vaultmail register: open {shown_url(sock, args.host)}/setup in a browser to "
+                f"vaultmail register: open {page.link(shown_url(sock, args.host))} in a browser to "
                 f"register {name} on {forge.web} {where} (webhooks to {public_url}/webhook)")):
             print("vaultmail register: stopped before the App was registered: nothing written",
                   file=sys.stderr)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -80,6 +81,13 @@ def _parse(page: str) -> _Form:
     return form
 
 
+def _setup_link(line: str) -> str:
+    """The registration page's address, its key included, as printed."""
+    found = re.search(r"(http://\S+/setup\?key=[\w-]+)", line)
+    assert found is not None, line
+    return found[1]
+
+
 async def _line(stream: asyncio.StreamReader | None, needle: str, timeout: float = 60) -> str:
     """The first line of a process's output that contains `needle`."""
     assert stream is not None
@@ -144,7 +152,8 @@ def load_office_text(text: str) -> Any:
 
 @pytest.fixture
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
+    # keeps cookies for 127.0.0.1 as a browser does (aiohttp's jar, by default, does not)
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as s:
         yield s
 
 
@@ -222,9 +231,9 @@ async def test_register_install_on_two_orgs_serve_and_mail_in_both(
                           cwd=tmp_path)
     try:
         line = await _line(register.stdout, "/setup")
-        setup_url = f"http://127.0.0.1:{reg_port}/setup"
+        setup_url = f"http://127.0.0.1:{reg_port}/setup?key="
         assert setup_url in line, line
-        form = _parse(await _text(session, setup_url))
+        form = _parse(await _text(session, _setup_link(line)))
         assert form.action is not None
         action = urlsplit(form.action)
         assert f"{action.scheme}://{action.netloc}{action.path}" == \
@@ -319,14 +328,14 @@ async def test_serve_without_credentials_offers_the_setup_page_then_serves(
         "GHE_HOST": urlsplit(forge.url).netloc, "GHE_PROTOCOL": "http", "GH_ORG": "globex"})
     try:
         line = await _line(serve.stderr, "not registered yet")
-        assert f"open {url}/setup" in line and "GITHUB_APP_ID" in line, line
+        assert f"open {url}/setup?key=" in line and "GITHUB_APP_ID" in line, line
         async with session.get(url + "/healthz") as resp:
             assert resp.status == 200, "alive while it waits to be registered"
             assert (await resp.json())["status"] == "not registered"
         async with session.get(url + "/readyz") as resp:
             assert resp.status == 503 and "registered" in (await resp.json())["failed"]
 
-        form = _parse(await _text(session, url + "/setup"))
+        form = _parse(await _text(session, _setup_link(line)))
         assert form.action is not None
         assert form.action.startswith(f"{forge.url}/organizations/globex/settings/apps/new?")
         manifest = json.loads(form.fields["manifest"])
@@ -345,6 +354,43 @@ async def test_serve_without_credentials_offers_the_setup_page_then_serves(
         assert await _stop(serve) == 0
 
 
+async def test_a_stranger_cannot_register_the_deployment_as_their_own_app(
+        forge: LocalForge, session: aiohttp.ClientSession, tmp_path: Path) -> None:
+    """`serve` without credentials listens where the world may reach it: /setup gives out a
+    form only with the key it printed, and a return from the forge counts only in the browser
+    that opened it. Before, anyone who reached /setup first registered their own App (their
+    webhook URL, their private keys), and the deployment carried on as it."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    serve = await _cli("serve", cwd=tmp_path, env={
+        "HOST": "127.0.0.1", "PORT": str(port), "VAULTMAIL_DATA": str(tmp_path / "data"),
+        "GHE_HOST": urlsplit(forge.url).netloc, "GHE_PROTOCOL": "http"})
+    forge.add_user("mallory")
+    try:
+        line = await _line(serve.stderr, "not registered yet")
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as stranger:
+            page = await _text(stranger, url + "/setup", status=403)
+            assert "key" in page and "state=" not in page, "no form, no state for a stranger"
+            await _text(stranger, url + "/setup?key=guess", status=403)
+            # the operator's own page, its state seen by the stranger (a referrer, a log)
+            form = _parse(await _text(session, _setup_link(line)))
+            manifest = json.loads(form.fields["manifest"])
+            manifest["hook_attributes"]["url"] = "https://attacker.example/hook"
+            assert form.action is not None
+            async with stranger.post(form.action, data={"manifest": json.dumps(manifest)},
+                                     headers={"Authorization":
+                                              f"token {forge.user_token('mallory')}"},
+                                     allow_redirects=False) as resp:
+                assert resp.status == 302, await resp.text()
+                callback = resp.headers["Location"]
+            page = await _text(stranger, callback, status=400)
+            assert "browser" in page, page
+        assert not (tmp_path / ".env").exists(), "nothing written for the stranger's App"
+        assert serve.returncode is None, "still waiting for the operator"
+    finally:
+        assert await _stop(serve) == 0
+
+
 async def test_the_callback_checks_state_and_says_what_to_do_with_a_bad_code(
         forge: LocalForge, session: aiohttp.ClientSession, tmp_path: Path) -> None:
     port = _free_port()
@@ -353,8 +399,8 @@ async def test_the_callback_checks_state_and_says_what_to_do_with_a_bad_code(
                           cwd=tmp_path)
     base = f"http://127.0.0.1:{port}"
     try:
-        await _line(register.stdout, "/setup")
-        form = _parse(await _text(session, base + "/setup"))
+        form = _parse(await _text(session, _setup_link(await _line(register.stdout,
+                                                                   "/setup"))))
         assert form.action is not None and form.action.startswith(
             f"{forge.url}/settings/apps/new?"), "no --org: the user's own account"
         state = parse_qs(urlsplit(form.action).query)["state"][0]

@@ -21,6 +21,7 @@ from tests.app.test_register import (
     _install,
     _line,
     _parse,
+    _setup_link,
     _stop,
     _submit_to_forge,
     _text,
@@ -47,13 +48,13 @@ async def test_the_steps_register_prints_work_in_the_order_it_prints_them(
     env_path = tmp_path / ".env"
     env_path.write_text(f"HOST=127.0.0.1\nPORT={app_port}\nVAULTMAIL_DATA={tmp_path / 'data'}\n")
     serve: asyncio.subprocess.Process | None = None
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
         register = await _cli("register", "--org", "acme", "--forge", forge.url, "--url",
                               app_url, "--port", str(reg_port), "--env-file", str(env_path),
                               cwd=tmp_path)
         try:
-            await _line(register.stdout, "/setup")
-            form = _parse(await _text(session, f"http://127.0.0.1:{reg_port}/setup"))
+            form = _parse(await _text(session, _setup_link(await _line(register.stdout,
+                                                                       "/setup"))))
             callback = await _submit_to_forge(session, form, admin)
             page = await _text(session, callback)
             out, _ = await asyncio.wait_for(register.communicate(), 60)
