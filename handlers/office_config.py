@@ -16,10 +16,8 @@ from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
 from bot.mail.markdown import as_data
-from bot.office.config import Agent, Human, Office
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
-from bot.store import api_tokens, ledger, oauth
-from bot.tools.http import members
+from bot.store import ledger
 
 router = Router()
 MARKER = "<!-- vaultmail:office-config-error -->"
@@ -33,41 +31,6 @@ def _touches_config(data: dict[str, object]) -> bool:
                for k in ("added", "modified", "removed"))
 
 
-async def _revoke_removed(ctx: HandlerContext, org: str, removed: set[str]) -> None:
-    """Whoever the new config removed loses their API tokens and OAuth grants (remote MCP
-    sign-ins) in this office now (added back, they get new ones), so no token outlives its
-    holder's place in the office."""
-    for principal in sorted(removed):
-        revoked = await api_tokens.revoke_principal(ctx.services.store, principal, org)
-        revoked += await oauth.revoke_principal(ctx.services.store, principal, org)
-        ctx.log.info("removed from the office: tokens revoked",
-                     extra={"org": org, "principal": principal, "revoked": revoked})
-
-
-def _relogged(before: Office, after: Office) -> set[str]:
-    """Who the new config gives another forge account (a login corrected, an account handed
-    over)."""
-    def logins(office: Office) -> dict[str, str]:
-        people: list[Human | Agent] = [*office.humans, *office.agents]
-        return {who.principal: who.login.lower() for who in people}
-
-    was = logins(before)
-    return {p for p, login in logins(after).items() if was.get(p, login) != login}
-
-
-async def _revoke_relogged(ctx: HandlerContext, org: str, relogged: set[str]) -> None:
-    """What a person granted, signed in as a forge account the office no longer says is
-    theirs, ends (their OAuth grants: whoever holds that account must not go on acting as
-    them; they consent again as the new one). Their API tokens, handed out by the operator
-    to the person and not to an account, stay; console sessions end at their next request
-    (bot.console.visitor). A grant whose consent kept the account is also checked at each
-    use; this ends those given before consents kept it."""
-    for principal in sorted(relogged):
-        revoked = await oauth.revoke_principal(ctx.services.store, principal, org)
-        ctx.log.info("given another forge account: OAuth grants revoked",
-                     extra={"org": org, "principal": principal, "revoked": revoked})
-
-
 @router.register("push")
 async def reload_office_config(event: sansio.Event, ctx: HandlerContext) -> None:
     data = event.data
@@ -78,7 +41,7 @@ async def reload_office_config(event: sansio.Event, ctx: HandlerContext) -> None
         return
     org = repo["owner"]["login"]
     offices = ctx.services.offices
-    before = await offices.get(ctx.forge, org)
+    # (whoever it no longer names loses their tokens as it is read: Services._config_taken)
     office = await offices.get(ctx.forge, org, fresh=True)
     error = offices.last_error.get(org)
     pusher = data.get("sender", {}).get("login", "")
@@ -89,9 +52,6 @@ async def reload_office_config(event: sansio.Event, ctx: HandlerContext) -> None
             ctx.log.info("office config reloaded", extra={"org": org})
             if issue is not None:
                 await _close_fixed(ctx, org, issue, pusher, commit)
-            if before is not None and office is not None:
-                await _revoke_removed(ctx, org, members(before) - members(office))
-                await _revoke_relogged(ctx, org, _relogged(before, office))
             return
         kept = "the last valid config stays in force" if office else \
             "no config is in force yet"

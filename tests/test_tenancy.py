@@ -197,20 +197,27 @@ async def test_an_idempotency_key_is_the_senders_in_its_own_office(tenants: Tena
     assert sent["mail"]["vault"] == "evil/scout-vault" and SECRET not in str(sent)
 
 
+@pytest.mark.parametrize("quiet", [False, True], ids=["busy", "quiet"])
 async def test_removing_someone_from_the_config_ends_their_tokens_for_good(
-        tenants: Tenants) -> None:
+        tenants: Tenants, quiet: bool) -> None:
+    """`quiet`: the office's config is read from the forge at each use, as after a minute
+    with no call (or on a replica that read it since): the push's own read finds the new
+    config already, and comparing with it revoked nothing before."""
     t = tenants
+    if quiet:
+        t.embedded.services.offices.max_age = 0
     without = {**EVIL, "agents": []}
     t.embedded.forge.put_file(f"evil/{CONFIG_REPO}", CONFIG_PATH, yaml.safe_dump(without),
                               pusher="eve")
     await t.embedded.settle()
-    status, body = await t.call(t.evil_scout, "mail_list")
-    assert status in (401, 403), body
+    # (its token is not used while it is out: nothing but the push can revoke it)
     t.embedded.forge.put_file(f"evil/{CONFIG_REPO}", CONFIG_PATH, yaml.safe_dump(EVIL),
                               pusher="eve")  # added back
     await t.embedded.settle()
     status, body = await t.call(t.evil_scout, "mail_list")
     assert status == 401 and "revoked" in body["error"]["message"], body
+    status, body = await t.call(t.evil_marco, "mail_list")
+    assert status == 200, "whoever stayed keeps theirs"
 
 
 async def test_an_uninstall_another_replica_handled_is_refused_here_at_once(

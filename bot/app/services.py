@@ -59,6 +59,24 @@ class Services:
     wake_worker: Callable[[], None] = lambda: None
     _unread: set[str] = field(default_factory=set, repr=False)  # orgs the last round left out
 
+    def __post_init__(self) -> None:
+        self.offices.on_new = self._config_taken
+
+    async def _config_taken(self, org: str, office: Office) -> None:
+        """A config text taken anew, by whichever replica reads it first: whoever the last one
+        recorded named and this one does not (or gives another forge account) loses what
+        they held in the office (bot.store.members)."""
+        from bot.store import members
+
+        named = {h.principal: h.login for h in office.humans}
+        named.update({a.principal: a.login for a in office.agents})
+        changed = await members.apply(self.store, org, named)
+        if changed.removed or changed.relogged:
+            log.info("office config: tokens of members removed or given another account "
+                     "revoked", extra={"org": org, "removed": sorted(changed.removed),
+                                       "relogged": sorted(changed.relogged),
+                                       "revoked": changed.revoked})
+
     def lock_for(self, key: str) -> AbstractAsyncContextManager[None]:
         """One holder at a time of a mail (or other key) across every replica: serialises
         the worker and tool calls on it."""

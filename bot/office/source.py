@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,6 +75,9 @@ class OfficeSource:
         self._reading = asyncio.Semaphore(READS_AT_ONCE)
         self.max_age = max_age
         self.last_error: dict[str, OfficeConfigError] = {}
+        # called with each config text taken anew, before anyone is served it (the members
+        # it no longer names lose their tokens: bot.store.members); a failure fails the read
+        self.on_new: Callable[[str, Office], Awaitable[None]] | None = None
 
     async def get(self, forge: Forge, org: str, *, fresh: bool = False,
                   within: float | None = None, first: float | None = None) -> Office | None:
@@ -86,7 +90,10 @@ class OfficeSource:
         go on with meanwhile: at start, on a loaded host, a read takes more than `within`)."""
         if self._path is not None:
             if self._local is None:
-                self._local = load_office(self._path)
+                local = load_office(self._path)
+                if self.on_new is not None:
+                    await self.on_new(local.org, local)
+                self._local = local
             # the operator's file is one office's: another org installed beside it has none
             # (never this one's, or its tokens would act in this office)
             return self._local if self._local.org.lower() == org.lower() else None
@@ -150,6 +157,8 @@ class OfficeSource:
             office = await asyncio.to_thread(self.validate, org, text)
         except OfficeConfigError as exc:
             return self._answered(org, self._refused(org, exc))
+        if self.on_new is not None:
+            await self.on_new(org, office)
         self.last_error.pop(org, None)
         self._last_valid[org] = office
         self._text[org] = text

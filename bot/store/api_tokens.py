@@ -7,7 +7,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from bot.store.db import Store, register_columns, register_schema
+from bot.store.db import Connection, Store, register_columns, register_schema
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS api_tokens (
@@ -126,10 +126,13 @@ async def revoke_principal(store: Store, principal: str, org: str) -> int:
     that names no office is pinned to one at its first use, `pin_office`; another office
     never revokes it). Returns how many were revoked."""
     async with store.transaction() as db:
-        changed = await db.execute(
-            "UPDATE api_tokens SET revoked_at=? WHERE principal=? AND org=?"
-            " AND revoked_at IS NULL", (time.time(), principal, org.lower()))
-        return changed
+        return await revoke_in(db, principal, org)
+
+
+async def revoke_in(db: Connection, principal: str, org: str) -> int:
+    """`revoke_principal` inside the caller's transaction."""
+    return await db.execute("UPDATE api_tokens SET revoked_at=? WHERE principal=? AND org=?"
+                            " AND revoked_at IS NULL", (time.time(), principal, org.lower()))
 
 
 async def pin_office(store: Store, token: str, org: str) -> None:

@@ -66,6 +66,8 @@ NAMES = {
     19: "a forge comment is recorded once for its issue, not once across the index: another"
         " org's signed delivery naming the id first no longer hides an office's comment; and"
         " API tokens may expire (a run's, at its timeout and a margin)",
+    20: "who each office's config last named, so a config that removes someone revokes their"
+        " tokens whichever replica reads it first, however long after the push",
 }
 
 
@@ -117,8 +119,8 @@ def register_backfill(sqlite: str, *, postgres: str, version: int) -> None:
 # new data directory) makes all of them, each version whole (a later version's columns go on
 # tables an earlier one made)
 TABLES = ("api_tokens", "attachments", "budget", "chats", "comments", "db", "deliveries",
-          "installations", "ledger", "mails", "moves", "oauth", "offices", "outbound", "rates",
-          "replies", "sessions", "strangers", "waiting")
+          "installations", "ledger", "mails", "members", "moves", "oauth", "offices", "outbound",
+          "rates", "replies", "sessions", "strangers", "waiting")
 
 
 def migrations() -> list[Migration]:

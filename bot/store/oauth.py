@@ -298,15 +298,19 @@ async def revoke_principal(store: Store, principal: str, org: str) -> int:
     removed from the office config: added back, they sign in again). The grants' own
     revocation is what a check reads, so a refresh under way meanwhile issues nothing live.
     Returns how many grants were revoked."""
-    now = time.time()
     async with store.transaction() as db:
-        changed = await db.execute(
-            "UPDATE oauth_consents SET revoked_at=? WHERE principal=? AND org=?"
-            " AND revoked_at IS NULL", (now, principal, org.lower()))
-        revoked = changed
-        marks = ",".join("?" for _ in ISSUED)
-        await db.execute(
-            f"UPDATE oauth_grants SET revoked_at=? WHERE principal=? AND org=?"
-            f" AND kind IN ({marks}) AND revoked_at IS NULL",
-            (now, principal, org.lower(), *ISSUED))
+        return await revoke_in(db, principal, org)
+
+
+async def revoke_in(db: Connection, principal: str, org: str) -> int:
+    """`revoke_principal` inside the caller's transaction."""
+    now = time.time()
+    revoked = await db.execute(
+        "UPDATE oauth_consents SET revoked_at=? WHERE principal=? AND org=?"
+        " AND revoked_at IS NULL", (now, principal, org.lower()))
+    marks = ",".join("?" for _ in ISSUED)
+    await db.execute(
+        f"UPDATE oauth_grants SET revoked_at=? WHERE principal=? AND org=?"
+        f" AND kind IN ({marks}) AND revoked_at IS NULL",
+        (now, principal, org.lower(), *ISSUED))
     return revoked

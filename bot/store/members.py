@@ -1,0 +1,61 @@
+"""Who each office's config last named (schema version 20), so that a config that removes
+someone revokes what they held in that office whichever replica reads it first, and however
+long after the push: diffed against an earlier read kept in memory, a quiet office's push (its
+config read again past `max_age`, or by a replica that had read it already) revoked nothing,
+and the removed principal's tokens acted again once a config named them back.
+
+An office recorded for the first time revokes nothing (nothing to compare with); from then on
+each new config is compared with the last one recorded, in one transaction under the office's
+key: whoever it no longer names loses their API tokens and OAuth grants in the office; whoever
+it gives another forge account loses their OAuth grants (they consent again as that account;
+their API tokens were handed to the person, not to the account)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bot.store import api_tokens, oauth
+from bot.store.db import Store, register_schema
+
+VERSION = 20
+
+register_schema("""
+CREATE TABLE IF NOT EXISTS office_members (
+    org {text} NOT NULL,         -- the office (the org's login, lower case)
+    principal {text} NOT NULL,
+    login {text} NOT NULL,       -- the forge account the config gave them, lower case
+    PRIMARY KEY (org, principal)
+);
+""", version=VERSION)
+
+
+@dataclass(frozen=True)
+class Changed:
+    removed: set[str] = field(default_factory=set)
+    relogged: set[str] = field(default_factory=set)
+    revoked: int = 0
+
+
+async def apply(store: Store, org: str, named: dict[str, str]) -> Changed:
+    """Record `named` (principal: login) as `org`'s members, revoking what the last recorded
+    config's members lost (see the module)."""
+    org = org.lower()
+    named = {principal: login.lower() for principal, login in named.items()}
+    async with store.transaction(f"office-members:{org}") as db:
+        rows = await db.fetchall("SELECT principal, login FROM office_members WHERE org=?",
+                                 (org,))
+        was = {r["principal"]: r["login"] for r in rows}
+        if was == named:
+            return Changed()
+        removed = set(was) - set(named)
+        relogged = {p for p, login in named.items() if p in was and was[p] != login}
+        revoked = 0
+        for principal in sorted(removed):
+            revoked += await api_tokens.revoke_in(db, principal, org)
+        for principal in sorted(removed | relogged):
+            revoked += await oauth.revoke_in(db, principal, org)
+        await db.execute("DELETE FROM office_members WHERE org=?", (org,))
+        for principal, login in sorted(named.items()):
+            await db.execute("INSERT INTO office_members(org, principal, login) VALUES (?,?,?)",
+                             (org, principal, login))
+    return Changed(removed, relogged, revoked)
