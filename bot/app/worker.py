@@ -30,6 +30,7 @@ from gidgethub.routing import Router
 from bot import metrics
 from bot.app.context import HandlerContext, change_key
 from bot.app.logs import bound, delivery_context
+from bot.app.org_signed import NotAsTheForgeSays, checked_event, org_signed
 from bot.errors import VaultmailError
 from bot.forge.errors import PutOff, RateLimited
 from bot.forge.pacing import acting_for, waiting_at_most
@@ -478,6 +479,15 @@ class Worker:
                 metrics.deliveries(item.event, "dead").inc()
                 logger.error("dead letter: %s", exc)
                 return True
+            if org_signed(item.guid):  # an org's admins' word: as the forge has it, or not
+                try:
+                    event = await checked_event(ctx, event)
+                except NotAsTheForgeSays as exc:
+                    await self._finish(item, "ignored")
+                    metrics.deliveries(item.event, "ignored").inc()
+                    logger.warning("refused: signed by its org, and the forge says "
+                                   "otherwise: %s", exc)
+                    return True
             first = await self._dispatch_once(item, router, event, ctx)
             if ctx.parked is not None:  # it waits for its issue's mail (see HandlerContext.park)
                 # recorded now, not with the next claim: a redelivered `opened` of its issue

@@ -294,6 +294,13 @@ class GiteaForge(RepoCaller):
                 continue
             yield github_issue(issue)
 
+    async def timeline(self, repo: str, number: int) -> list[JSON]:
+        """The issue's timeline, oldest first: its comments and what was done to it (`type`
+        close, reopen, label; `user` who did it; a label's `body` "1" when added)."""
+        return [entry async for entry in self._paginate(
+            "/repos/{owner}/{repo}/issues/{number}/timeline{?limit}",
+            {**split_repo(repo), "number": number, "limit": PAGE})]
+
     # -- dependencies (issue 25): Gitea's "depends on", GitHub's "blocked by" ---------------------
     async def list_blocked_by(self, repo: str, number: int) -> list[JSON]:
         """The issues this one depends on (is blocked by), in GitHub's shape."""

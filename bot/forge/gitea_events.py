@@ -61,7 +61,7 @@ def signature_valid(body: bytes, signature: str, secret: str) -> bool:
     return hmac.compare_digest(expected, signature.strip().lower())
 
 
-def _user(user: Any, bot_login: str) -> Any:
+def github_user(user: Any, bot_login: str) -> Any:
     if not isinstance(user, dict):
         return user
     out = dict(user)
@@ -75,7 +75,7 @@ def to_github(event: str, payload: dict[str, Any], bot_login: str) -> dict[str, 
     """The GitHub-shaped payload of a Gitea delivery."""
     out = copy.deepcopy(payload)
     out["installation"] = {"id": SYNTHETIC_INSTALLATION_ID}
-    out["sender"] = _user(out.get("sender"), bot_login)
+    out["sender"] = github_user(out.get("sender"), bot_login)
     if event == "issues" and out.get("action") in LABEL_ACTIONS:
         out["gitea_action"] = out["action"]
         out["action"] = "labeled"
@@ -85,12 +85,13 @@ def to_github(event: str, payload: dict[str, Any], bot_login: str) -> dict[str, 
             issue["number"] = out["number"]
         if out.get("is_pull"):
             issue["pull_request"] = out.get("pull_request") or {}
-        issue["user"] = _user(issue.get("user"), bot_login)
+        issue["user"] = github_user(issue.get("user"), bot_login)
         out["issue"] = issue
     if isinstance(out.get("label"), dict):  # a payload that names one label: the same names
         out["label"] = github_label(out["label"])
     if isinstance(out.get("comment"), dict):
-        out["comment"] = {**out["comment"], "user": _user(out["comment"].get("user"), bot_login)}
+        out["comment"] = {**out["comment"],
+                          "user": github_user(out["comment"].get("user"), bot_login)}
     repo = out.get("repository")
     if isinstance(repo, dict) and isinstance(repo.get("owner"), dict):
         owner = repo["owner"]

@@ -11,9 +11,9 @@ from urllib.parse import quote
 from aiohttp import web
 
 from ..access import at_least, user_level, visible
-from ..clock import parse_iso
+from ..clock import iso, parse_iso
 from ..github.http import ApiError, Ctx, invalid
-from ..state import Comment, Issue, Label, Org, Repo
+from ..state import Comment, Event, Issue, Label, Org, Repo
 from . import events
 from .http import Routes, int_list, issue_of, json_response, paginate
 from .render import API, GiteaRenderer
@@ -67,6 +67,22 @@ def _org(ctx: Ctx) -> Org:
 
 def _touch(ctx: Ctx, repo: Repo, issue: Issue) -> None:
     issue.updated_at = repo.updated_at = ctx.forge.clock.now()
+
+
+def _record(ctx: Ctx, issue: Issue, kind: str, actor: str, label: Label | None = None) -> None:
+    """What the issue's timeline shows (a Comment row of a type in Gitea: close, reopen,
+    label): who did it, as GET .../timeline answers."""
+    issue.events.append(Event(id=ctx.forge.state.next_id("event"), event=kind, actor=actor,
+                              created_at=ctx.forge.clock.now(),
+                              label={"id": str(label.id)} if label is not None else None))
+
+
+def _record_labels(ctx: Ctx, issue: Issue, before: list[int], actor: str) -> None:
+    """models/issues.newIssueLabel / deleteIssueLabel: one label comment per label changed."""
+    for gone in [i for i in before if i not in issue.labels]:
+        _record(ctx, issue, "unlabeled", actor, Label(id=gone, name="", color=""))
+    for added in [i for i in issue.labels if i not in before]:
+        _record(ctx, issue, "labeled", actor, Label(id=added, name="", color=""))
 
 
 # -- misc, users, orgs ---------------------------------------------------------------------
@@ -298,6 +314,7 @@ async def create_issue(request: web.Request) -> web.Response:
     repo.issues[issue.number] = issue
     repo.updated_at = now
     events.issue_event(ctx.forge, "opened", repo, login, issue)
+    _record_labels(ctx, issue, [], login)
     if issue.labels:  # services/issue.NewIssue: IssueChangeLabels after NewIssue
         events.issue_event(ctx.forge, "label_updated", repo, login, issue)
     return json_response(_r(ctx).issue(repo, issue), 201)
@@ -347,10 +364,12 @@ async def edit_issue(request: web.Request) -> web.Response:
     if state == "closed" and issue.state == "open":
         issue.state, issue.closed_at = "closed", ctx.forge.clock.now()
         _touch(ctx, repo, issue)
+        _record(ctx, issue, "closed", login)
         events.issue_event(ctx.forge, "closed", repo, login, issue)
     elif state == "open" and issue.state == "closed":
         issue.state, issue.closed_at = "open", None
         _touch(ctx, repo, issue)
+        _record(ctx, issue, "reopened", login)
         events.issue_event(ctx.forge, "reopened", repo, login, issue)
     return json_response(_r(ctx).issue(repo, issue), 201)
 
@@ -390,6 +409,7 @@ def _labels_changed(ctx: Ctx, repo: Repo, issue: Issue, before: list[int],
     AddLabels / ReplaceLabels / RemoveLabel / ClearLabels, whether or not it changed a thing."""
     if issue.labels != before:
         _touch(ctx, repo, issue)
+        _record_labels(ctx, issue, before, ctx.sender)
     action = "label_cleared" if cleared else "label_updated"
     events.issue_event(ctx.forge, action, repo, ctx.sender, issue)
 
@@ -557,6 +577,42 @@ async def list_issue_comments(request: web.Request) -> web.Response:
                                   "Access-Control-Expose-Headers": "X-Total-Count"})
 
 
+_TIMELINE_TYPES = {"closed": "close", "reopened": "reopen", "labeled": "label",
+                   "unlabeled": "label"}
+
+
+async def issue_timeline(request: web.Request) -> web.Response:
+    """ListIssueCommentsAndTimeline: the issue's comments and its events (those this forge
+    records: close, reopen, label), oldest first, as convert.ToTimelineComment renders them
+    (a label's `body` is "1" when it was added, "" when removed); paged, since/before."""
+    ctx = Ctx.of(request)
+    repo = ctx.repo()
+    issue = issue_of(ctx, repo)
+    r = _r(ctx)
+    since, before = _since(request), _since(request, "before")
+    url = f"{r.web}/{repo.full_name}/issues/{issue.number}"
+    rows: list[tuple[float, int, dict[str, Any]]] = []
+    for cid in issue.comment_ids:
+        if (c := repo.comments.get(cid)) is not None:
+            rows.append((c.created_at, c.id, {**r.comment(repo, c), "type": "comment",
+                                              "label": None}))
+    for e in issue.events:
+        kind = _TIMELINE_TYPES.get(e.event)
+        if kind is None:
+            continue
+        label = repo.label_by_id(int(e.label["id"])) if e.label else None
+        rows.append((e.created_at, e.id, {
+            "id": e.id, "type": kind, "html_url": f"{url}#issuecomment-{e.id}",
+            "pull_request_url": "", "issue_url": url, "user": r.anonymous_user(e.actor),
+            "body": "1" if e.event == "labeled" else "",
+            "created_at": iso(e.created_at), "updated_at": iso(e.created_at),
+            "label": r.label(repo, label) if label is not None else None}))
+    items = [row for at, _, row in sorted(rows, key=lambda t: (t[0], t[1]))
+             if (since is None or at >= since) and (before is None or at <= before)]
+    page, headers = paginate(request, items, ctx.forge.url)
+    return json_response(page, headers=headers)
+
+
 async def list_repo_comments(request: web.Request) -> web.Response:
     ctx = Ctx.of(request)
     repo = ctx.repo()
@@ -664,4 +720,5 @@ def register(routes: Routes) -> None:
     routes.add("DELETE", f"{base}/issues/{{index}}/labels", clear_issue_labels)
     routes.add("DELETE", f"{base}/issues/{{index}}/labels/{{id}}", delete_issue_label)
     routes.add("GET", f"{base}/issues/{{index}}/comments", list_issue_comments)
+    routes.add("GET", f"{base}/issues/{{index}}/timeline", issue_timeline)
     routes.add("POST", f"{base}/issues/{{index}}/comments", create_comment)

@@ -195,3 +195,34 @@ async def test_control_health_names_the_dialect(gitea: GiteaSetup,
                                                 session: aiohttp.ClientSession) -> None:
     async with session.get(gitea.forge.url + "/_forge/health") as resp:
         assert (await resp.json())["dialect"] == "gitea"
+
+
+async def test_the_timeline_says_who_commented_closed_reopened_and_labelled(
+        gitea: GiteaSetup, session: aiohttp.ClientSession) -> None:
+    """GET .../timeline (ListIssueCommentsAndTimeline): comments and the comment rows Gitea
+    writes for a close, a reopen and each label added or removed (`body` "1" when added),
+    oldest first, each with the user who did it."""
+    new = await _label(gitea, session, "mail:new", "#0e8a16")
+    _, issue, _ = await gitea.call(session, "marco", "POST", f"{VAULT}/issues",
+                                   {"title": "t"}, expect=201)
+    n = issue["number"]
+    await gitea.call(session, "lee", "POST", f"{VAULT}/issues/{n}/comments", {"body": "hi"},
+                     expect=201)
+    await gitea.call(session, "vaultmail", "POST", f"{VAULT}/issues/{n}/labels",
+                     {"labels": [new]}, expect=200)
+    await gitea.call(session, "marco", "PATCH", f"{VAULT}/issues/{n}", {"state": "closed"},
+                     expect=201)
+    await gitea.call(session, "vaultmail", "PATCH", f"{VAULT}/issues/{n}", {"state": "open"},
+                     expect=201)
+    await gitea.call(session, "vaultmail", "DELETE", f"{VAULT}/issues/{n}/labels", expect=204)
+    _, timeline, _ = await gitea.call(session, "marco", "GET", f"{VAULT}/issues/{n}/timeline",
+                                      expect=200)
+    seen = [(t["type"], t["user"]["login"], t["body"],
+             (t["label"] or {}).get("name")) for t in timeline]
+    assert seen == [("comment", "lee", "hi", None), ("label", "vaultmail", "1", "mail:new"),
+                    ("close", "marco", "", None), ("reopen", "vaultmail", "", None),
+                    ("label", "vaultmail", "", "mail:new")]
+    _, page, headers = await gitea.call(session, "marco", "GET",
+                                        f"{VAULT}/issues/{n}/timeline?limit=2&page=2",
+                                        expect=200)
+    assert [t["type"] for t in page] == ["close", "reopen"]

@@ -1,0 +1,135 @@
+"""Deliveries signed with an org's own webhook secret (Gitea: `POST /webhook/<org>`, the secret
+`vaultmail gitea-hook ORG` prints) are the word of that org's admins, who set the webhook and
+so know its secret: they could sign a comment marco never wrote, and the app would send mail
+signed as his. The forge records who did what, so before the handlers read such a delivery it
+is checked against the forge, and what it says is taken from there:
+
+- a comment is read back by its id, on the delivery's issue: its text and author are the
+  forge's; one `created` must be the sender's; one `edited` by someone else than its author
+  needs a sender who may write to the repository (as Gitea asks of whoever edits another's
+  comment);
+- an issue is read back (its title, body, state, labels and author are the forge's); one
+  `opened` must be the sender's; `closed` and `reopened` need the issue in that state and the
+  sender's close or reopen in its timeline, a label change the sender's label change;
+- a push is read as it comes: its handler reads the config it pushed from the forge;
+- anything else needs a sender who may write to the repository.
+
+What does not hold is refused (`NotAsTheForgeSays`): the delivery acts on nothing. Deliveries
+signed with the operator's secret (a GitHub App's, Gitea's system webhook) are the forge's own
+and are read as they come."""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+from gidgethub import sansio
+
+from bot.forge.errors import NotFound
+from bot.forge.gitea import GiteaForge
+from bot.forge.gitea_events import github_user
+
+if TYPE_CHECKING:
+    from bot.app.context import HandlerContext
+
+# what of an issue is taken from the forge
+_ISSUE_FIELDS = ("title", "body", "state", "labels", "user", "closed_at", "updated_at",
+                 "assignees")
+_TIMELINE = {"closed": "close", "reopened": "reopen", "labeled": "label"}
+_WRITERS = ("write", "maintain", "admin")
+
+
+class NotAsTheForgeSays(Exception):
+    """An org-signed delivery says what the forge does not: refused."""
+
+
+def org_signed(delivery_id: str) -> bool:
+    """Whether a queued delivery came through an org's own webhook (its id is recorded as
+    `<org>/<id>`, bot.app.intake)."""
+    return "/" in delivery_id
+
+
+def _login(user: Any) -> str:
+    if not isinstance(user, dict):
+        return ""
+    return str(user.get("login") or user.get("username") or "").lower()
+
+
+async def _may_write(forge: GiteaForge, repo: str, login: str) -> bool:
+    return await forge.permission(repo, login) in _WRITERS
+
+
+async def as_the_forge_has_it(forge: GiteaForge, event: str, data: dict[str, Any],
+                              bot_login: str) -> dict[str, Any]:
+    """The delivery's payload with its issue and comment as the forge has them; raises
+    NotAsTheForgeSays when the sender did not do what it says (see the module)."""
+    out = copy.deepcopy(data)
+    sender = _login(out.get("sender"))
+    repo = (out.get("repository") or {}).get("full_name")
+    action = out.get("action")
+    if not sender or not isinstance(repo, str):
+        raise NotAsTheForgeSays("it names no sender or no repository")
+    issue = out.get("issue")
+    if event == "push":  # its handler reads what it acts on (the office config) from the forge
+        return out
+    if not isinstance(issue, dict):
+        if not await _may_write(forge, repo, sender):
+            raise NotAsTheForgeSays(f"{sender} may not write to {repo}")
+        return out
+    number = int(issue["number"])
+    try:
+        found = await forge.get_issue(repo, number)
+    except NotFound:
+        raise NotAsTheForgeSays(f"{repo}#{number} does not exist") from None
+    found["user"] = github_user(found.get("user"), bot_login)
+    out["issue"] = {**issue, **{k: found[k] for k in _ISSUE_FIELDS if k in found}}
+    author = _login(found.get("user"))
+    if event == "issue_comment":
+        await _comment(forge, repo, number, out, sender, bot_login)
+    elif event == "issues" and action == "opened":
+        if author != sender:
+            raise NotAsTheForgeSays(f"{repo}#{number} was opened by {author}, not {sender}")
+    elif event == "issues" and action in _TIMELINE:
+        if action != "labeled" and found.get("state") != ("closed" if action == "closed"
+                                                          else "open"):
+            raise NotAsTheForgeSays(f"{repo}#{number} is not {action}")
+        kind = _TIMELINE[str(action)]
+        done = any(e.get("type") == kind and _login(e.get("user")) == sender
+                   for e in await forge.timeline(repo, number))
+        if not done:
+            raise NotAsTheForgeSays(f"{sender} never did that ({kind}) on {repo}#{number}")
+    elif author != sender and not await _may_write(forge, repo, sender):
+        raise NotAsTheForgeSays(f"{sender} may not write to {repo}")
+    return out
+
+
+async def _comment(forge: GiteaForge, repo: str, number: int, out: dict[str, Any],
+                   sender: str, bot_login: str) -> None:
+    comment = out.get("comment")
+    if not isinstance(comment, dict) or not isinstance(comment.get("id"), int):
+        raise NotAsTheForgeSays("it names no comment")
+    try:
+        found = await forge.get_comment(repo, int(comment["id"]))
+    except NotFound:
+        raise NotAsTheForgeSays(f"comment {comment['id']} does not exist on {repo}") from None
+    if not str(found.get("issue_url") or "").lower().endswith(
+            f"/{repo.lower()}/issues/{number}"):
+        raise NotAsTheForgeSays(f"comment {comment['id']} is not on {repo}#{number}")
+    author = _login(found.get("user"))
+    if out.get("action") == "created" and author != sender:
+        raise NotAsTheForgeSays(f"comment {comment['id']} was written by {author}, not "
+                                f"{sender}")
+    if author != sender and not await _may_write(forge, repo, sender):
+        raise NotAsTheForgeSays(f"{sender} may not edit {author}'s comment on {repo}")
+    out["comment"] = {**comment, "body": found.get("body") or "",
+                      "user": github_user(found.get("user"), bot_login),
+                      **{k: found[k] for k in ("created_at", "updated_at") if k in found}}
+
+
+async def checked_event(ctx: HandlerContext, event: sansio.Event) -> sansio.Event:
+    """`event` as the forge has it (`as_the_forge_has_it`), for the handlers."""
+    if not isinstance(ctx.forge, GiteaForge):  # (intake takes org webhooks on Gitea alone)
+        raise NotAsTheForgeSays("only Gitea's org webhooks are signed by an org")
+    data = await as_the_forge_has_it(ctx.forge, event.event, event.data,
+                                     ctx.services.bot_login)
+    return sansio.Event(data, event=event.event, delivery_id=event.delivery_id)
