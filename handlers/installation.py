@@ -52,8 +52,18 @@ def _account(event: sansio.Event) -> tuple[str, int] | None:
 async def remember_installation(event: sansio.Event, ctx: HandlerContext) -> None:
     if (found := _account(event)) is not None:
         org, inst = found
+        account = ((event.data.get("installation") or {}).get("account") or {}).get("id")
+        moved = await installations.installed(ctx.services.store, org, inst,
+                                              account if isinstance(account, int) else None)
+        if moved is not None:
+            # another account's org of that name: its office starts empty and signs with a
+            # key of its own; the config the old one had is not served to it meanwhile
+            ctx.services.keyring.for_office(org).rotate()
+            await ctx.services.offices.get(ctx.forge, org, fresh=True)
+            ctx.log.warning("installed by another account than the one the office was "
+                            "made for: that office is kept aside, this one starts empty",
+                            extra={"org": org, "kept_as": moved, "account_id": account})
         ctx.services.installations[org] = inst
-        await installations.installed(ctx.services.store, org, inst)
         ctx.log.info("installation added", extra={"org": org})
 
 

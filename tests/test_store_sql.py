@@ -29,6 +29,7 @@ SQLITE_ONLY = {
     "scalar max()": re.compile(r"\bmax\s*\([^()]*,", re.IGNORECASE),
     "a comment for PostgreSQL": re.compile(r"/\*"),
     "WITHOUT ROWID": re.compile(r"\bWITHOUT\s+ROWID\b", re.IGNORECASE),
+    "the catalogue": re.compile(r"\bsqlite_master\b|\bpragma_table_info\b"),
     "AUTOINCREMENT": re.compile(r"\bAUTOINCREMENT\b", re.IGNORECASE),
 }
 CASE_BLIND = re.compile(r"(?<![IN])LIKE\b")  # ILIKE, NOT LIKE aside

@@ -381,3 +381,89 @@ async def test_asking_while_the_fetched_config_is_being_parsed_waits_for_it(
     finally:
         may_finish.set()
     assert [o.org if o else None for o in offices] == ["acme", "acme"]
+
+
+GLOBEX = {
+    "org": "globex",
+    "humans": [{"email": "amy@globex.test", "login": "amy",
+                "permissions": ["mail.send", "editor"]}],
+    "agents": [{"slug": "scout", "login": "globex-scout", "person": "amy@globex.test",
+                "run": {"triggers": [], "dispatch": "none"},
+                "capabilities": {"mail.send": ["*"]}}],
+}
+SQUATTER = {
+    "org": "globex",
+    "humans": [{"email": "eve@evil.test", "login": "eve",
+                "permissions": ["mail.send", "editor"]}],
+    "agents": [{"slug": "scout", "login": "evil-scout", "person": "eve@evil.test",
+                "run": {"triggers": [], "dispatch": "none"},
+                "capabilities": {"mail.send": ["*"]}}],
+}
+
+
+async def test_an_org_name_taken_by_another_account_starts_a_new_office(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """globex renames itself (or is deleted), the forge frees the name, and another account
+    makes an org called globex and installs the App: its installation names another account
+    id. Before, it was globex's office: its mail, its ledger, its tokens, its signing key."""
+    forge, store = embedded.forge, embedded.services.store
+    seed_office(forge, parse_office(yaml.safe_dump(GLOBEX), "globex.yml"))
+    (app_id,) = forge.state.apps
+    first = forge.install_app(int(app_id), "globex")
+    await embedded.settle()
+    amy = await api_tokens.create_token(store, "human:amy@globex.test", "globex")
+    old_scout = await api_tokens.create_token(store, "agent:scout", "globex")
+    url = f"{embedded.app_url}/api/v1/tools/"
+
+    async def call(token: str, name: str, **args: Any) -> tuple[int, Any]:
+        async with session.post(url + name, json=args,
+                                headers={"Authorization": f"Bearer {token}"}) as resp:
+            return resp.status, await resp.json()
+
+    status, body = await call(amy, "mail_send", to="scout", subject=SECRET,
+                              body="Do not forward.")
+    assert status == 200, body
+    await embedded.settle()
+    old_kid = embedded.services.keyring.for_office("globex").active_kid
+    forge.uninstall_app(first)
+    await embedded.settle()
+    # the name is another account's now: its own config, people and repositories
+    forge.state.accounts["globex"].id = forge.state.next_id("account")
+    forge.add_user("eve", "eve@evil.test")
+    forge.set_permission("globex/scout-vault", "eve", "admin")
+    forge.set_permission("globex/scout-vault", "evil-scout", "write")
+    forge.put_file(f"globex/{CONFIG_REPO}", CONFIG_PATH, yaml.safe_dump(SQUATTER))
+    embedded.services.offices.max_age = 0  # (however long ago it was read: read again)
+    forge.install_app(int(app_id), "globex", sender="eve")
+    await embedded.settle()
+    from bot.store.offices import _COLUMNS
+    left = {}
+    for row in await store.fetchall(_COLUMNS):  # every column naming an office, every table
+        table, column = row["t"], row["c"]
+        if column in ("org", "office", "chain") and table not in (
+                "installations", "office_members"):  # (the new owner's own)
+            found = await store.fetchone(f"SELECT COUNT(*) AS n FROM {table}"
+                                         f" WHERE {column}='globex'")
+            if found is not None and found["n"]:
+                left[f"{table}.{column}"] = found["n"]
+    assert not left, f"the old office's rows left under its name: {left}"
+
+    eve = await api_tokens.create_token(store, "human:eve@evil.test", "globex")
+    new_scout = await api_tokens.create_token(store, "agent:scout", "globex")
+    status, body = await call(eve, "mail_list")
+    assert status == 200 and SECRET not in str(body), body
+    status, body = await call(eve, "list_changes", since=0)
+    assert status == 200 and SECRET not in str(body), body
+    status, body = await call(new_scout, "mail_list")
+    assert status == 200 and SECRET not in str(body), body
+    status, body = await call(old_scout, "mail_list")
+    assert status == 401, ("the old office's token acts in the new one", body)
+    assert embedded.services.keyring.for_office("globex").active_kid != old_kid
+    # what the old office kept is kept, aside, its ledger whole
+    kept = await store.fetchall("SELECT subject FROM mails WHERE org LIKE 'globex~%'")
+    assert [r["subject"] for r in kept] == [SECRET]
+    assert await ledger.verify_chain(store) is None
+    status, body = await call(eve, "mail_send", to="scout", subject="hello",
+                              body="a new office")
+    assert status == 200, body
+    assert await ledger.verify_chain(store) is None

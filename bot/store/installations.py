@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 
-from bot.store.db import Store, register_schema
+from bot.store.db import Store, register_columns, register_schema
+from bot.store.offices import retire_in
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS installations (
@@ -20,13 +21,38 @@ CREATE TABLE IF NOT EXISTS installations (
 """, version=4)
 
 
-async def installed(store: Store, org: str, installation_id: int) -> None:
-    """The App is (again) installed on `org` as `installation_id`."""
-    async with store.transaction() as db:
+# the forge's id of the account that installed it: a name is not an identity (an org renamed
+# or deleted frees its login, and another account may take it)
+register_columns("installations", {"account_id": "{int}"}, version=20)
+
+
+def archived_name(org: str, account_id: int) -> str:
+    """Where an office whose name went to another account is kept (`~` is in no login)."""
+    return f"{org.lower()}~{account_id}"
+
+
+async def installed(store: Store, org: str, installation_id: int,
+                    account_id: int | None = None) -> str | None:
+    """The App is (again) installed on `org` as `installation_id`, by the account
+    `account_id`. When the index knew `org` as another account's, that office is moved aside
+    first (`offices.retire_in`), in the same transaction, and where it went is returned: the
+    new owner's office starts empty, reads nothing of the old one's, and no token or grant of
+    the old one acts in it."""
+    org = org.lower()
+    async with store.transaction(f"installation:{org}") as db:
+        row = await db.fetchone("SELECT account_id FROM installations WHERE org=?", (org,))
+        was = row["account_id"] if row is not None else None
+        moved = None
+        if was is not None and account_id is not None and int(was) != account_id:
+            moved = archived_name(org, int(was))
+            await retire_in(db, org, moved)
         await db.execute(
-            "INSERT INTO installations(org, installation_id, removed_at) VALUES (?,?,NULL)"
-            " ON CONFLICT(org) DO UPDATE SET installation_id=excluded.installation_id,"
-            " removed_at=NULL", (org.lower(), installation_id))
+            "INSERT INTO installations(org, installation_id, removed_at, account_id)"
+            " VALUES (?,?,NULL,?) ON CONFLICT(org) DO UPDATE SET"
+            " installation_id=excluded.installation_id, removed_at=NULL,"
+            " account_id=COALESCE(excluded.account_id, installations.account_id)",
+            (org, installation_id, account_id))
+    return moved
 
 
 async def removed(store: Store, org: str, installation_id: int) -> None:

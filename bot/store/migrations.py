@@ -67,7 +67,9 @@ NAMES = {
         " org's signed delivery naming the id first no longer hides an office's comment; and"
         " API tokens may expire (a run's, at its timeout and a margin)",
     20: "who each office's config last named, so a config that removes someone revokes their"
-        " tokens whichever replica reads it first, however long after the push",
+        " tokens whichever replica reads it first, however long after the push; and the"
+        " account each installation's org belongs to, so a name another account takes over"
+        " starts a new office",
 }
 
 

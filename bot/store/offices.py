@@ -18,10 +18,12 @@ the strangers answered) key it by `scoped(org, principal)` instead.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from bot.store.db import Store
 from bot.store.migrations import register_backfill, register_columns
+from bot.store.sql import Connection, Sql
 
 VERSION = 4
 
@@ -112,3 +114,49 @@ async def adopt_unowned(store: Store, org: str) -> int:
                                    (org.lower(),))
         adopted += changed
     return adopted
+
+
+_COLUMNS = Sql(
+    "SELECT m.name AS t, p.name AS c FROM sqlite_master m, pragma_table_info(m.name) p"
+    " WHERE m.type='table'",
+    "SELECT table_name AS t, column_name AS c FROM information_schema.columns"
+    " WHERE table_schema=current_schema()")
+# keys made with `scoped(org, ...)` in tables with no office column of their own
+_SCOPED = {"inbox_agent_marks": "owner"}
+_KEPT = {"installations"}  # the org's own row: its caller writes the new owner's
+
+
+async def retire_in(db: Connection, org: str, archived: str) -> int:
+    """Move every row of `org`'s office aside, under `archived` (in the caller's transaction):
+    the org's name now belongs to another account, whose office starts empty, while what the
+    old office kept stays for the operator. Every column that names the office (`org`, the
+    queue's `office`, the ledger's `chain`), the repository of rows about one (`_BY_REPO`),
+    and scoped keys. Revokes every token and grant the old office gave. Returns rows moved."""
+    org, archived = org.lower(), archived.lower()
+    tables: dict[str, set[str]] = {}
+    for row in await db.fetchall(_COLUMNS):
+        tables.setdefault(str(row["t"]), set()).add(str(row["c"]))
+    now, moved = time.time(), 0
+    for table, columns in sorted(tables.items()):
+        if table in _KEPT:
+            continue
+        for column in ("org", "office", "chain"):
+            if column in columns:
+                moved += await db.execute(
+                    f"UPDATE {table} SET {column}=? WHERE {column}=?", (archived, org))
+        prefixed = [_BY_REPO.get(table)] + (["owner"] if table == "inbox_deliveries" else [])
+        for column in (c for c in prefixed if c is not None):
+            await db.execute(
+                f"UPDATE {table} SET {column}=? || substr({column}, ?) WHERE org=?"
+                f" AND lower(substr({column}, 1, ?))=?",
+                (archived, len(org) + 1, archived, len(org) + 1, org + "/"))
+        if table in _SCOPED:
+            column = _SCOPED[table]
+            moved += await db.execute(
+                f"UPDATE {table} SET {column}=? || substr({column}, ?)"
+                f" WHERE substr({column}, 1, ?)=?", (archived, len(org) + 1, len(org) + 1,
+                                                      org + "/"))
+        if "revoked_at" in columns and "org" in columns:  # tokens, grants: dead, not moved
+            await db.execute(f"UPDATE {table} SET revoked_at=? WHERE org=?"
+                             " AND revoked_at IS NULL", (now, archived))
+    return moved
