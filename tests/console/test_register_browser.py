@@ -17,7 +17,7 @@ from playwright.async_api import BrowserContext, Route, expect
 from bot.office.config import load_office
 from bot.office.seed import seed_office
 from localforge import LocalForge
-from tests.app.test_register import _cli, _env_file, _free_port, _line, _stop
+from tests.app.test_register import _cli, _env_file, _free_port, _line, _setup_link, _stop
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -40,7 +40,7 @@ async def test_an_operator_registers_and_installs_the_app_in_the_browser(
                             body="<h1>vaultmail is installed</h1>")
 
     try:
-        await _line(register.stdout, "/setup")
+        link = _setup_link(await _line(register.stdout, "/setup"))  # (its key in it)
         await context.route(re.compile(re.escape(app_url) + ".*"), the_app)
         page = await context.new_page()
         await page.goto(f"{forge.url}/login?return_to=/")
@@ -48,7 +48,8 @@ async def test_an_operator_registers_and_installs_the_app_in_the_browser(
         await page.get_by_label("Password").fill(forge.user_password("admin"))
         await page.get_by_role("button", name="Sign in").click()
 
-        await page.goto(f"http://127.0.0.1:{reg_port}/setup")
+        assert link.startswith(f"http://127.0.0.1:{reg_port}/setup?key=")
+        await page.goto(link)
         await page.get_by_role("button", name=re.compile("^Register on")).click()
         install = page.get_by_role("link", name="Install it")
         await expect(install).to_be_visible()
