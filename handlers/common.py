@@ -80,6 +80,19 @@ class Scene:
         return f"{self.repo}#{self.number}"
 
 
+async def actor_of(ctx: HandlerContext, office: Office, sender: dict[str, Any]) -> str:
+    """The principal a delivery's sender acts as: the office member the config gives its
+    login, when it is the forge account first seen with that login (a login renamed away and
+    taken by someone else is not: `Services.same_account`); else `forge:<login>`, an
+    outsider."""
+    login = str(sender["login"])
+    actor = principal_of(office, login)
+    if actor is not None and await ctx.services.same_account(office.org, actor, login,
+                                                             sender.get("id")):
+        return actor
+    return f"forge:{login}"
+
+
 async def scene(event: sansio.Event, ctx: HandlerContext) -> Scene | None:
     """The scene of an issue or issue_comment event, or None outside a configured office."""
     data = event.data
@@ -89,7 +102,7 @@ async def scene(event: sansio.Event, ctx: HandlerContext) -> Scene | None:
         ctx.log.info("no office config for this org: event ignored", extra={"repo": repo})
         return None
     login = data["sender"]["login"]
-    actor = principal_of(office, login) or f"forge:{login}"
+    actor = await actor_of(ctx, office, data["sender"])
     # its forge writes take the actor's turns, in its office (the worker resets it)
     writes_for.set(f"{office.org.lower()}/{actor}")
     return Scene(ctx, office, repo, int(data["issue"]["number"]), data["issue"], login, actor)

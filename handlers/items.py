@@ -31,12 +31,11 @@ from bot.items.render import (
 from bot.items.service import Comments, NewComment
 from bot.items.threads import may_answer, speaks_for_asked
 from bot.mail.commands import Command, parse_commands
-from bot.mail.mailer import principal_of
 from bot.mail.markdown import check_length
 from bot.office.config import Office
 from bot.office.visibility import login_of
 from bot.store import comments as db
-from handlers.common import Scene, scene
+from handlers.common import Scene, actor_of, scene
 from handlers.item_updates import record_update
 
 router = Router()
@@ -361,8 +360,7 @@ async def parent_changed(event: sansio.Event, ctx: HandlerContext) -> None:
     known = await db.get_item(ctx.services.store, item.ref)
     item = await service.index_item(item)
     if item.parent is not None and item.parent != (known.parent if known else None):
-        login = str(data["sender"]["login"])
-        actor = principal_of(office, login) or f"forge:{login}"
+        actor = await actor_of(ctx, office, data["sender"])
         await record_update(service, actor, item, known, {"action": "opened"})
 
 

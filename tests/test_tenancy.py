@@ -467,3 +467,38 @@ async def test_an_org_name_taken_by_another_account_starts_a_new_office(
                               body="a new office")
     assert status == 200, body
     assert await ledger.verify_chain(store) is None
+
+
+async def test_a_login_taken_over_by_another_account_acts_as_no_one(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """marco renames his forge account and someone else registers "marco": the office config
+    still says marco is human:marco@acme.com, but the account is not the one the office has
+    seen as marco. Before, its `/mail` went out as signed mail from marco, and it signed in
+    to the console as him."""
+    from tests.support import Actor
+
+    forge = embedded.forge
+    forge.add_repo("acme", "product")
+    forge.set_permission("acme/product", "marco", "write")
+    marco = Actor(session, embedded, "marco")
+    issue = await marco.open_issue("acme/product", "Pricing", "Where we talk about pricing")
+    await marco.comment("acme/product", issue["number"], "/mail scout Prices\nEU prices")
+    await embedded.settle()
+    (app_id,) = forge.state.apps
+    forge.state.web.authorizations.setdefault("marco", []).append(int(app_id))
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        answer = await forge_sign_in(browser, embedded, "/console/sign-in/forge",
+                                     embedded.forge_tokens["marco"])
+        assert answer.status == 303, "the real marco signs in"
+
+    forge.state.accounts["marco"].id = forge.state.next_id("account")  # the login's new owner
+    await marco.comment("acme/product", issue["number"], "/mail scout Wire the money\nnow")
+    await embedded.settle()
+    subjects = [r["subject"] for r in await embedded.services.store.fetchall(
+        "SELECT subject FROM mails WHERE org='acme'")]
+    assert "Prices" in subjects and "Wire the money" not in subjects, subjects
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        answer = await forge_sign_in(browser, embedded, "/console/sign-in/forge",
+                                     embedded.forge_tokens["marco"])
+        assert answer.status == 403, "not the account the office knows as marco"
+        assert "changed hands" in await answer.text()

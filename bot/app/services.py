@@ -59,8 +59,31 @@ class Services:
     wake_worker: Callable[[], None] = lambda: None
     _unread: set[str] = field(default_factory=set, repr=False)  # orgs the last round left out
 
+    # (org, principal, login): the account id bound to it (bot.store.members.bind), once seen
+    _accounts: dict[tuple[str, str, str], int] = field(default_factory=dict, repr=False)
+
     def __post_init__(self) -> None:
         self.offices.on_new = self._config_taken
+
+    async def same_account(self, org: str, principal: str, login: str,
+                           user_id: object) -> bool:
+        """Whether the forge account `user_id` acting (or signing in) as `login` is the one
+        `principal` of `org`'s office has (bot.store.members.bind); True when the forge said
+        no id."""
+        if not isinstance(user_id, int) or isinstance(user_id, bool):
+            return True
+        key = (org.lower(), principal, login.lower())
+        bound = self._accounts.get(key)
+        if bound is None:
+            from bot.store import members
+
+            if not await members.bind(self.store, org, principal, login, user_id):
+                log.warning("a login acting as an office's member is another forge account "
+                            "than the one first seen with it: taken as an outsider",
+                            extra={"org": org, "principal": principal, "login": login})
+                return False
+            bound = self._accounts[key] = user_id
+        return bound == user_id
 
     async def _config_taken(self, org: str, office: Office) -> None:
         """A config text taken anew, by whichever replica reads it first: whoever the last one
@@ -72,6 +95,8 @@ class Services:
         named.update({a.principal: a.login for a in office.agents})
         changed = await members.apply(self.store, org, named)
         if changed.removed or changed.relogged:
+            for key in [k for k in self._accounts if k[0] == org.lower()]:
+                del self._accounts[key]  # (bound again from the index, as it now stands)
             log.info("office config: tokens of members removed or given another account "
                      "revoked", extra={"org": org, "removed": sorted(changed.removed),
                                        "relogged": sorted(changed.relogged),

@@ -45,8 +45,10 @@ def authorize_url(settings: Settings, redirect_uri: str, state: str, verifier: s
     return f"{settings.web_url}/login/oauth/authorize?{urlencode(query)}"
 
 
-async def sign_in(settings: Settings, code: str, redirect_uri: str, verifier: str) -> str:
-    """The forge login that `code` was given to (the code is single-use)."""
+async def sign_in(settings: Settings, code: str, redirect_uri: str,
+                  verifier: str) -> tuple[str, int | None]:
+    """The forge login that `code` was given to (the code is single-use), and its account's
+    id (a login is a name its owner may give up: the id says whose it is now)."""
     async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
         token = await _access_token(http, settings, code, redirect_uri, verifier)
         return await _login(http, settings, token)
@@ -79,7 +81,8 @@ async def _access_token(http: aiohttp.ClientSession, settings: Settings, code: s
     return token
 
 
-async def _login(http: aiohttp.ClientSession, settings: Settings, token: str) -> str:
+async def _login(http: aiohttp.ClientSession, settings: Settings,
+                 token: str) -> tuple[str, int | None]:
     headers = {"Authorization": f"Bearer {token}", "Accept": "application/vnd.github+json"}
     try:
         async with http.get(f"{settings.api_url}/user", headers=headers,
@@ -90,4 +93,5 @@ async def _login(http: aiohttp.ClientSession, settings: Settings, token: str) ->
         raise SignInFailed(f"the forge did not say who signed in ({exc!r}); try again") from exc
     if status != 200 or not isinstance(body, dict) or not isinstance(body.get("login"), str):
         raise SignInFailed(f"the forge answered {status} to GET /user; sign in again")
-    return str(body["login"])
+    user_id = body.get("id")
+    return str(body["login"]), user_id if isinstance(user_id, int) else None

@@ -203,8 +203,14 @@ async def forge_callback(request: web.Request) -> web.StreamResponse:
         return _sign_in_page(request, message="The forge sent no code back: sign in again",
                              error=True, status=400)
     try:
-        login = await oauth.sign_in(services.settings, code, callback_url(request), verifier)
+        login, user_id = await oauth.sign_in(services.settings, code, callback_url(request),
+                                             verifier)
         principal, org = await _person_for_login(services, login, chosen or None)
+        if not await services.same_account(org, principal, login, user_id):
+            raise Denied(f"the forge account {login} is not the one {org}'s office knows by "
+                         "that login (the login has changed hands since): an admin of "
+                         f"{org} gives {principal} its new login in vaultmail.yml",
+                         code="another_account")
         response = await _start_session(request, services, principal, org, login, "forge",
                                         unquote(nxt))
     except ChooseOffice as choice:

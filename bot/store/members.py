@@ -4,6 +4,10 @@ long after the push: diffed against an earlier read kept in memory, a quiet offi
 config read again past `max_age`, or by a replica that had read it already) revoked nothing,
 and the removed principal's tokens acted again once a config named them back.
 
+Each member's forge account is also known by its id, the first one seen acting or signing in
+with the login the config gave (`bind`): a login is a name its owner may give up, and someone
+else may take it.
+
 An office recorded for the first time revokes nothing (nothing to compare with); from then on
 each new config is compared with the last one recorded, in one transaction under the office's
 key: whoever it no longer names loses their API tokens and OAuth grants in the office; whoever
@@ -24,6 +28,7 @@ CREATE TABLE IF NOT EXISTS office_members (
     org {text} NOT NULL,         -- the office (the org's login, lower case)
     principal {text} NOT NULL,
     login {text} NOT NULL,       -- the forge account the config gave them, lower case
+    user_id {int},               -- that login's account, as the forge first said (bind)
     PRIMARY KEY (org, principal)
 );
 """, version=VERSION)
@@ -54,8 +59,31 @@ async def apply(store: Store, org: str, named: dict[str, str]) -> Changed:
             revoked += await api_tokens.revoke_in(db, principal, org)
         for principal in sorted(removed | relogged):
             revoked += await oauth.revoke_in(db, principal, org)
-        await db.execute("DELETE FROM office_members WHERE org=?", (org,))
+        for principal in sorted(removed):
+            await db.execute("DELETE FROM office_members WHERE org=? AND principal=?",
+                             (org, principal))
         for principal, login in sorted(named.items()):
-            await db.execute("INSERT INTO office_members(org, principal, login) VALUES (?,?,?)",
-                             (org, principal, login))
+            if principal not in was:
+                await db.execute("INSERT INTO office_members(org, principal, login)"
+                                 " VALUES (?,?,?)", (org, principal, login))
+            elif principal in relogged:  # another account: known by its id when next seen
+                await db.execute("UPDATE office_members SET login=?, user_id=NULL"
+                                 " WHERE org=? AND principal=?", (login, org, principal))
     return Changed(removed, relogged, revoked)
+
+
+async def bind(store: Store, org: str, principal: str, login: str, user_id: int) -> bool:
+    """Whether the forge account `user_id`, signed in or acting as `login`, is the one the
+    office's `principal` has: the first account seen with that login since the config gave it
+    is theirs from then on (bound), and another account with the same login later is not (a
+    login renamed away and taken by someone else). True when the office's members are not
+    recorded yet (nothing to go by)."""
+    org, login = org.lower(), login.lower()
+    async with store.transaction() as db:
+        await db.execute("UPDATE office_members SET user_id=? WHERE org=? AND principal=?"
+                         " AND login=? AND user_id IS NULL", (user_id, org, principal, login))
+        row = await db.fetchone("SELECT login, user_id FROM office_members WHERE org=?"
+                                " AND principal=?", (org, principal))
+    if row is None or row["login"] != login:
+        return True  # (a config not recorded yet, or one this check is older than)
+    return row["user_id"] is None or int(row["user_id"]) == user_id
