@@ -13,6 +13,7 @@ from gidgethub import sansio
 from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
+from bot.digits import whole
 from bot.errors import InvalidArguments, NotFoundError, VaultmailError
 from bot.items import waiting
 from bot.items.model import Item, item_from_issue, make_ref
@@ -206,8 +207,8 @@ async def answer_from_forge(service: Comments, s: Scene, item: Item, cmd: Comman
     t, words = _which_question(s, item, questions, cmd.args.strip())
     option: str | int | None = None
     body = cmd.body.strip()
-    if words.isdigit() and t.state.question and t.state.question.options:
-        option = int(words)
+    if (number := whole(words)) is not None and t.state.question and t.state.question.options:
+        option = number
     elif words:
         body = f"{words}\n{body}".strip()
     if option is None and not body:

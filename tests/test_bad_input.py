@@ -290,6 +290,7 @@ BIG = "9" * 30
     ("get_tree", {"goal": f"{SCOUT}#{BIG}"}, 404),
     ("add_comment", {"targetType": "outcome", "target": f"{SCOUT}#{BIG}", "body": "hi"}, 404),
     ("mail_list", {"mailsBefore": f"2026-01-01T00:00:00Z|{SCOUT}|{BIG}"}, 422),
+    ("mail_list", {"mailsBefore": f"2026-01-01T00:00:00Z|{SCOUT}|\u00b2"}, 422),
 ])
 async def test_numbers_too_large_inside_a_reference_are_refused_not_a_500(
         tools: Any, tool: str, args: dict[str, Any], status: int) -> None:
@@ -306,3 +307,60 @@ async def test_a_tool_argument_with_a_lone_surrogate_is_refused_naming_it(
     assert status == 422, body
     assert body["error"]["code"] == "invalid_text"
     assert "subject" in body["error"]["message"]
+
+
+# -- numbers in URLs, cursors and comments: ASCII digits, in range ------------------------------
+# "²".isdigit() is True but int("²") raises, and 20 digits overflow the index's integers.
+
+MARCO = "human:marco@acme.com"
+
+
+async def test_a_number_in_a_console_url_that_is_no_number_is_refused_or_not_found(
+        embedded: Embedded, session: aiohttp.ClientSession, tools: Any) -> None:
+    sent = await tools(MARCO)("mail_send", to="scout", subject="Reply to me", body="x")
+    headers = {"Authorization": f"Bearer {embedded.api_tokens[MARCO]}"}
+
+    async def get(path: str) -> tuple[int, str]:
+        async with session.get(embedded.app_url + path, headers=headers) as resp:
+            return resp.status, await resp.text()
+
+    for before in ("%C2%B2", "99999999999999999999999999", "-1", "%EF%BC%91"):
+        status, body = await get(f"/console/ledger?before={before}")
+        assert status == 422 and "is not an entry&#39;s number" in body, (before, status)
+    status, body = await get("/console/mail?reply=" + sent["mail"]["ref"].replace("#", "%23"))
+    assert status == 200 and "In reply to" in body
+    for number in ("%C2%B2", "99999999999999999999999999"):
+        status, body = await get(f"/console/mail?reply={SCOUT}%23{number}")
+        assert status == 200 and "In reply to" not in body, (number, status)
+
+
+async def test_an_option_number_that_is_no_number_is_refused_naming_the_option(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    from tests.items_support import TOKEN_TTL, make_item
+
+    outcome = await make_item(embedded, person("marco"), "outcome", "Auth",
+                              assignees=["scout-bot"])
+    asked = await tools("agent:scout")("add_comment", target=outcome, **TOKEN_TTL)
+    for option in ("²", "9" * 30):
+        status, body = await tools(MARCO).raw("add_comment", {
+            "targetType": "outcome", "target": outcome, "parent": asked["comment"]["id"],
+            "option": option})
+        assert status == 422 and "is not one of this question's options" in \
+            body["error"]["message"], (option, status, body)
+
+
+async def test_an_answer_of_a_superscript_digit_is_words_not_a_dead_letter(
+        embedded: Embedded, person: Any) -> None:
+    from tests.items_support import forge_comments, make_item, where
+
+    await _quick_dead_letters(embedded)
+    marco, sara = person("marco"), person("sara")
+    goal = await make_item(embedded, marco, "goal", "EU launch")
+    repo, n = where(goal)
+    await marco.comment(repo, n, "/ask Which currency? @sara\n- [ ] EUR\n- [ ] Local")
+    await embedded.settle()
+    await sara.comment(repo, n, "/answer ²")
+    await embedded.settle()
+    assert await embedded.services.store.dead_letters() == []
+    card = (await forge_comments(marco, goal))[1]
+    assert "**Answered** by sara" in card["body"], card["body"]

@@ -43,6 +43,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from bot.app.settings import NotRegistered, Settings
+from bot.digits import whole
 from bot.private_files import write_private
 
 PLACEHOLDER = "https://vaultmail.invalid"  # app.yml's stand-in for the app's public URL
@@ -624,7 +625,7 @@ async def installed_page(request: web.Request) -> web.Response:
     inst = request.query.get("installation_id", "")
     action = request.query.get("setup_action", "install")
     what = "updated" if action == "update" else "installed"
-    which = f" (installation {html.escape(inst)})" if inst.isdigit() else ""
+    which = f" (installation {html.escape(inst)})" if whole(inst) is not None else ""
     return _page(f"vaultmail is {what}{which}", (
         "<p>Next: the office config, <code>vaultmail.yml</code> in the organisation's "
         "<code>.github</code> repository (the people, agents and their vaults; see "

@@ -16,6 +16,7 @@ from bot.console import live, queries, sessions
 from bot.console.frame import frame, signed_in, tool, unread_beside
 from bot.console.render import page
 from bot.console.visitor import Visitor
+from bot.digits import whole
 from bot.email.message import read_meta
 from bot.errors import InvalidArguments, NotFoundError
 from bot.items.views import parse_time, thread_view
@@ -143,9 +144,10 @@ async def _reply_to(v: Visitor, ref: str | None) -> MailRecord | None:
     if not ref:
         return None
     viewer = viewer_for(v.call)
-    where = ref.partition("#")
-    mail = (await mails.mail_at(v.services.store, where[0], int(where[2]))
-            if where[2].isdigit() else await mails.get_mail(v.services.store, ref))
+    vault, _, n = ref.partition("#")
+    number = whole(n)  # "vault#n", else a mail id (a number too big for the index is neither)
+    mail = (await mails.mail_at(v.services.store, vault, number) if number is not None
+            else await mails.get_mail(v.services.store, ref))
     return mail if mail is not None and viewer.sees_mail(mail) else None
 
 
@@ -258,11 +260,13 @@ async def ledger_page(request: web.Request, v: Visitor) -> web.StreamResponse:
     actor = (q.get("principal") or "").strip() or None
     since, until = _time_arg("from", q.get("from")), _time_arg("until", q.get("until"))
     before = q.get("before")
-    if before is not None and not before.isdigit():
-        raise InvalidArguments("before: a sequence number from the last page")
+    seq = None if before is None else whole(before)
+    if before is not None and seq is None:
+        raise InvalidArguments(f"before: {before[:40]!r} is not an entry's number; follow the "
+                               "Older entries link, or leave it out for the newest")
     entries, more = await queries.ledger_page(
         v.services.store, viewer_for(v.call), event=event, actor=actor, since=since,
-        until=until, before=int(before) if before else None)
+        until=until, before=seq)
     filters = {"kind": event or "", "principal": actor or "", "from": q.get("from", ""),
                "until": q.get("until", "")}
     return page("ledger.html", {

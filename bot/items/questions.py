@@ -6,6 +6,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bot.digits import whole
 from bot.errors import InvalidArguments
 from bot.mail.header import clean_subject
 
@@ -64,8 +65,9 @@ class Question:
         if not self.options:
             raise InvalidArguments("option: this question has no options; answer with body")
         text = str(choice).strip()
-        if text.isdigit() and 1 <= int(text) <= len(self.options):
-            return int(text) - 1
+        number = whole(text)
+        if number is not None and 1 <= number <= len(self.options):
+            return number - 1
         for i, o in enumerate(self.options):
             if o.label.lower() == text.lower():
                 return i

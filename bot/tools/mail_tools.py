@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from bot.digits import whole
 from bot.errors import InvalidArguments, NotFoundError
 from bot.office.visibility import viewer_for
 from bot.store import mails
@@ -136,11 +137,12 @@ def _cursor(mail: MailRecord) -> str:
 
 def _parse_cursor(text: str) -> mails.MailCursor:
     sent, _, rest = text.partition("|")
-    vault, _, number = rest.rpartition("|")
-    if not (sent and vault and number.isdigit() and len(number) <= 15):
+    vault, _, digits = rest.rpartition("|")
+    number = whole(digits)
+    if not (sent and vault and number is not None):
         raise InvalidArguments(f"mailsBefore: {text[:80]!r} is not a cursor; pass back the "
                                "moreMailsBefore of the last page, or leave it out for the newest")
-    return sent, vault, int(number)
+    return sent, vault, number
 
 
 @tool("mail_list", ListArgs, "List mail you sent or received, newest first, 30 at a time, "
