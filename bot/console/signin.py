@@ -184,6 +184,11 @@ async def _person_for_login(services: Services, login: str,
     return found[0]
 
 
+OAUTH_ERRORS = frozenset({"invalid_request", "unauthorized_client", "access_denied",
+                          "unsupported_response_type", "invalid_scope", "server_error",
+                          "temporarily_unavailable"})
+
+
 async def forge_callback(request: web.Request) -> web.StreamResponse:
     services = request.app[SERVICES_KEY]
     q = request.query
@@ -191,13 +196,15 @@ async def forge_callback(request: web.Request) -> web.StreamResponse:
     state, _, rest = kept.partition(":")
     verifier, _, rest = rest.partition(":")
     chosen, _, nxt = rest.partition(":")
-    if q.get("error"):  # the person said no, or the forge refused
-        return _sign_in_page(request, message=f"The forge did not sign you in: "
-                             f"{q.get('error_description') or q['error']}", error=True,
-                             status=401)
     if not state or not hmac.compare_digest(q.get("state", "").encode(), state.encode()):
         return _sign_in_page(request, message="This sign-in did not start here, or took longer "
                              "than 10 minutes: sign in again", error=True, status=403)
+    if q.get("error"):  # the person said no, or the forge refused
+        # anyone can link here with an error: its description is never shown on this site, and
+        # the code only when it is one of OAuth's own (RFC 6749 4.1.2.1)
+        code = f" ({q['error']})" if q["error"] in OAUTH_ERRORS else ""
+        return _sign_in_page(request, message=f"The forge did not sign you in{code}: sign in "
+                             "again", error=True, status=401)
     code = q.get("code", "")
     if not code:
         return _sign_in_page(request, message="The forge sent no code back: sign in again",

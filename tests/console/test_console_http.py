@@ -220,9 +220,13 @@ async def test_the_forge_callback_refuses_what_it_did_not_start(
         embedded: Embedded, session: aiohttp.ClientSession) -> None:
     status, body, _ = await get(session, embedded, "/console/oauth/callback?code=x&state=y")
     assert status == 403 and "did not start here" in body
+    # anyone's link may carry an error: its words are never shown on this site, nor is an
+    # error at all unless the sign-in started here
+    phish = ("&error_description=Your+account+is+locked%3A+call+%2B1+555+0100"
+             "+or+visit+evil.example")
     status, body, _ = await get(session, embedded, "/console/oauth/callback?error=access_denied"
-                                "&error_description=The+user+has+denied+your+application")
-    assert status == 401 and "The user has denied your application" in body
+                                + phish)
+    assert status == 403 and "did not start here" in body and "evil.example" not in body
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
         async with browser.get(embedded.app_url + "/console/sign-in/forge",
                                allow_redirects=False) as resp:
@@ -231,6 +235,15 @@ async def test_the_forge_callback_refuses_what_it_did_not_start(
         assert "code_challenge_method=S256" in where and "client_id=Iv1." in where
         state = re.search(r"state=([^&]+)", where)
         assert state
+        callback = embedded.app_url + "/console/oauth/callback?state=" + state.group(1)
+        async with browser.get(callback + "&error=access_denied" + phish) as resp:
+            page = await resp.text()
+            assert resp.status == 401 and "access_denied" in page, page
+            assert "evil.example" not in page and "locked" not in page
+        async with browser.get(callback + "&error=Call+555+0100+now" + phish) as resp:
+            page = await resp.text()
+            assert resp.status == 401 and "did not sign you in" in page
+            assert "555" not in page and "evil.example" not in page
         async with browser.get(embedded.app_url + "/console/oauth/callback?code=bogus&state="
                                + state.group(1)) as resp:
             assert resp.status == 401 and "bad_verification_code" in await resp.text()
