@@ -47,7 +47,7 @@ async def healthz(request: web.Request) -> web.Response:
     startup = request.app[STARTUP_KEY]
     services = startup.services
     settings = services.settings if services is not None else startup.settings
-    shown = not settings.operator_token or _from_operator(request, settings)
+    shown = _operator_sees(request, settings)
     if services is None:
         return web.json_response({"status": "starting", "error": startup.error} if shown
                                  else {"status": "starting", "detail": OPERATOR_ONLY})
@@ -77,6 +77,12 @@ def _from_operator(request: web.Request, settings: Settings) -> bool:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     return (bool(settings.operator_token) and scheme.lower() == "bearer"
             and hmac.compare_digest(token.strip().encode(), settings.operator_token.encode()))
+
+
+def _operator_sees(request: web.Request, settings: Settings) -> bool:
+    """Whether what is every office's (counts, why the start waits) is shown to this request:
+    the operator's, or anyone's while no operator's token is set."""
+    return not settings.operator_token or _from_operator(request, settings)
 
 
 def _readiness(request: web.Request, settings: Settings,
@@ -248,9 +254,12 @@ async def until_started(request: web.Request, handler: Handler) -> web.StreamRes
     failed deliveries; the reconciler asks for them again once the app runs)."""
     startup = request.app[STARTUP_KEY]
     if startup.services is None and request.path not in ALWAYS_SERVED:
+        # why (the forge's address, an exception) is the operator's, as at /healthz
+        why = (f" ({startup.error})" if _operator_sees(request, startup.settings)
+               else " (the operator sees why at /readyz)")
         return web.json_response({"error": {"code": "starting", "message": (
-            f"vaultmail is starting: the forge is not reachable yet ({startup.error}); "
-            "it keeps trying, see /readyz")}}, status=503, headers={"Retry-After": "5"})
+            f"vaultmail is starting: the forge is not reachable yet{why}; it keeps trying, "
+            "try again shortly")}}, status=503, headers={"Retry-After": "5"})
     return await handler(request)
 
 

@@ -103,6 +103,13 @@ async def test_serve_starts_while_the_forge_is_unreachable_and_becomes_ready_onc
         assert status == 503 and ready["failed"] == ["forge"], ready
         status, refused = await _json(session, "POST", app_url + "/webhook", data=b"{}")
         assert status == 503 and refused["error"]["code"] == "starting"
+        # why the start waits (the forge's address, an exception) is the operator's, as at
+        # /healthz and /readyz
+        for said in (health, ready, refused):
+            assert f":{forge_port}" not in json.dumps(said), said
+        status, told = await _json(session, "POST", app_url + "/webhook", data=b"{}",
+                                   headers=OPERATOR)
+        assert status == 503 and f":{forge_port}" in told["error"]["message"], told
 
         await forge.start(port=forge_port)
         ready = await _until_ready(session, app_url)
