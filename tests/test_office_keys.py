@@ -4,6 +4,7 @@ publishes each office's keys apart, and what evil's office signs never passes ac
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -125,6 +126,9 @@ async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
         return resp.status, await resp.json()
 
 
+OPERATOR = "operator-token-of-the-tests"
+
+
 async def test_each_office_keyset_is_served_apart_and_the_old_url_serves_them_all(
         two_offices: Embedded, session: aiohttp.ClientSession) -> None:
     emb = two_offices
@@ -142,7 +146,20 @@ async def test_each_office_keyset_is_served_apart_and_the_old_url_serves_them_al
     status, evil = await _get(session, f"{base}/vaultmail-keys/evil.json")
     assert status == 200 and {k["office"] for k in evil["keys"]} == {"evil"}
     status, union = await _get(session, f"{base}/vaultmail-keys.json")
-    assert status == 200 and {k["office"] for k in union["keys"]} == {"acme", "evil"}
+    assert status == 200 and {k["office"] for k in union["keys"]} == {"acme", "evil"}, (
+        "no operator's token set: everything every office shares is anyone's, as /metrics")
+    # with an operator's token set, the list of every office (every tenant here) is the
+    # operator's, as /metrics and /healthz are; each office's own URL stays anyone's
+    emb.services.settings = dataclasses.replace(emb.services.settings, operator_token=OPERATOR)
+    status, body = await _get(session, f"{base}/vaultmail-keys.json")
+    assert status == 401 and body["error"]["code"] == "operator_only", body
+    assert "/.well-known/vaultmail-keys/<org>.json" in body["error"]["message"]
+    async with session.get(f"{base}/vaultmail-keys.json",
+                           headers={"Authorization": f"Bearer {OPERATOR}"}) as resp:
+        union = await resp.json()
+        assert resp.status == 200 and {k["office"] for k in union["keys"]} == {"acme", "evil"}
+    status, jwks = await _get(session, f"{base}/vaultmail-keys/acme.json")
+    assert status == 200 and {k["office"] for k in jwks["keys"]} == {"acme"}
     status, body = await _get(session, f"{base}/vaultmail-keys/nobody.json")
     assert status == 404 and body["error"]["code"] == "no_office", body
     assert "nobody" in body["error"]["message"]

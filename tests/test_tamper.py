@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from bot.app.embedded import Embedded, start_embedded
 from bot.mail.signing import KEYS_FILE_NAME, Keyring
@@ -39,6 +41,19 @@ async def test_an_untouched_mail_verifies(embedded: Embedded, tools: Any) -> Non
     code, out = await vaultmail(embedded, "verify", mail["ref"])
     assert code == 0, out
     assert out.startswith("valid:") and "human:marco@acme.com" in out
+
+
+async def test_verify_reads_every_offices_keys_as_the_operator(
+        embedded: Embedded, tools: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With an operator's token set, every office's keys are the operator's (the app's
+    /.well-known/vaultmail-keys.json); `verify`, the operator's command, sends it."""
+    token = "operator-token-of-the-tests"
+    embedded.services.settings = dataclasses.replace(embedded.services.settings,
+                                                     operator_token=token)
+    monkeypatch.setenv("VAULTMAIL_OPERATOR_TOKEN", token)
+    mail = await _sent(embedded, tools)
+    code, out = await vaultmail(embedded, "verify", mail["ref"])
+    assert code == 0 and out.startswith("valid:"), out
 
 
 async def test_an_edited_body_is_flagged_and_the_signed_values_are_kept(

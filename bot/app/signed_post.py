@@ -1,8 +1,9 @@
 """Signed outbound POSTs (run dispatch, ledger triggers): JSON signed with the office's key.
 
 Receivers verify `X-Vaultmail-Signature: <kid>.<signature>` (Ed25519 over the raw body) with
-the keys published at /.well-known/vaultmail-keys.json. Each goes only where the operator's
-outbound policy lets it (`bot.app.egress`): a URL from an org's config is someone else's input.
+their office's keys, published at /.well-known/vaultmail-keys/<org>.json. Each goes only where
+the operator's outbound policy lets it (`bot.app.egress`): a URL from an org's config is
+someone else's input.
 """
 
 from __future__ import annotations

@@ -170,10 +170,17 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 async def published_keys(request: web.Request) -> web.Response:
     """The public signing keys: one office's at /.well-known/vaultmail-keys/<org>.json (or
     ?org=<org>), which is what its receivers check against; every office's and the legacy
-    ones at /.well-known/vaultmail-keys.json, as before offices had keys of their own."""
+    ones at /.well-known/vaultmail-keys.json, as before offices had keys of their own: a
+    list of every office here, so the operator's, as /metrics are."""
     services = request.app[SERVICES_KEY]
     org = request.match_info.get("org", request.query.get("org"))
     if org is None:
+        if not _operator_sees(request, services.settings):
+            return web.json_response({"error": {"code": "operator_only", "message": (
+                "every office's keys name every office here, so they are the operator's: "
+                "fetch your office's at /.well-known/vaultmail-keys/<org>.json, or send "
+                "Authorization: Bearer <VAULTMAIL_OPERATOR_TOKEN>")}},
+                status=401, headers={"WWW-Authenticate": "Bearer"})
         return web.json_response(services.keyring.public_jwks())
     try:
         office = office_name(org)

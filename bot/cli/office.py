@@ -93,16 +93,19 @@ async def cmd_reindex(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _published_keys(data: str | None, keys_url: str | None,
+async def _published_keys(data: str | None, keys_url: str | None, operator_token: str,
                           session: aiohttp.ClientSession) -> Verifier:
     """Every office's published keys (the app's, or `--keys-url`), else the key files in the
     data directory; the check itself requires the key to speak for the mail's office."""
     from bot.app.settings import SettingsError
     from bot.mail.signing import KEYS_FILE_NAME, OFFICE_KEYS_DIR, Keyrings, PublicKeys
 
+    headers = {}
     if keys_url is None and data and (Path(data) / "tokens.json").exists():
         app_url = json.loads((Path(data) / "tokens.json").read_text())["app_url"]
         keys_url = f"{app_url}/.well-known/vaultmail-keys.json"
+        if operator_token:  # every office's keys are the operator's; only to the app's own URL
+            headers["Authorization"] = f"Bearer {operator_token}"
     if keys_url is None:
         folder = data_dir_or_default(data)
         if not (folder / OFFICE_KEYS_DIR).is_dir() and not (folder / KEYS_FILE_NAME).exists():
@@ -112,7 +115,7 @@ async def _published_keys(data: str | None, keys_url: str | None,
                                 f"{OFFICE_KEYS_DIR}/ and no {KEYS_FILE_NAME})")
         return Keyrings.in_data_dir(folder)  # reads them, never makes any
     try:
-        async with session.get(keys_url) as resp:
+        async with session.get(keys_url, headers=headers) as resp:
             resp.raise_for_status()
             return PublicKeys.from_jwks(await resp.json())
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -146,7 +149,8 @@ async def _verify(args: argparse.Namespace) -> int:
                            "acme/scout-vault#12)")
     repo, number = m[1], int(m[2])
     async with app_services(args.data) as services, aiohttp.ClientSession() as session:
-        keys = await _published_keys(args.data, args.keys_url, session)
+        keys = await _published_keys(args.data, args.keys_url,
+                                     services.settings.operator_token, session)
         owner = repo.split("/")[0]
         if services.installation_of(owner) is None:
             raise ShellFailure("not_installed", f"the App is not installed on {owner}, so "

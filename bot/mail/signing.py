@@ -27,7 +27,8 @@ made them) and the legacy ones; ``PublicKeys`` with only the published ones.
 
 The published document (a JWK set, RFC 8037 OKP keys): ``GET
 /.well-known/vaultmail-keys/<org>.json`` (or ``...keys.json?org=<org>``) holds one office's keys
-and the legacy keys that served it; ``GET /.well-known/vaultmail-keys.json`` holds them all::
+and the legacy keys that served it; ``GET /.well-known/vaultmail-keys.json`` holds them all
+(the operator's, once an operator's token is set: it lists every office)::
 
     {"keys": [{"kid": "vm-acme-...", "kty": "OKP", "crv": "Ed25519", "x": "<b64url>",
                "use": "sig", "alg": "EdDSA", "active": true, "created": "2026-12-04T09:00:00Z",
