@@ -4,12 +4,16 @@ revocation effective at the next call."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 
-from bot.app.embedded import Embedded
+from bot.app.embedded import Embedded, start_embedded
+from bot.office.source import CONFIG_PATH, CONFIG_REPO
 from bot.store import api_tokens
+from tests.support import ToolClient
 from tests.test_cli_tools import vaultmail
 
 
@@ -113,3 +117,36 @@ async def test_a_token_for_no_known_office_says_to_name_one(tmp_path: Any) -> No
     code, out, err = await vaultmail("token", "create", "agent:scout", "--org", "acme",
                                      "--data", str(tmp_path))
     assert code == 0 and "in acme's office" in out, err
+
+
+async def test_an_office_written_with_capitals_revokes_the_tokens_it_made(
+        tmp_path: Path, database_url: str) -> None:
+    """`org: Acme` in the config: the tokens made for its people are the office's (acme) as
+    every other row is, so removing someone from the config ends them (they were kept as
+    "Acme", which the revocation, comparing "acme", never matched)."""
+    example = Path(__file__).resolve().parents[1] / "bot" / "example_office.yml"
+    config = yaml.safe_load(example.read_text())
+    config["org"] = "Acme"
+    office = tmp_path / "office.yml"
+    office.write_text(yaml.safe_dump(config, sort_keys=False))
+    emb = await start_embedded(office_path=office, data_dir=tmp_path / "d", port=0,
+                               forge_port=0, database_url=database_url)
+    try:
+        rows = await emb.services.store.fetchall("SELECT DISTINCT org FROM api_tokens")
+        assert [r["org"] for r in rows] == ["acme"]
+        async with aiohttp.ClientSession() as session:
+            lee = ToolClient(session, emb, "human:lee@acme.com")
+            status, _ = await lee.raw("mail_list", {})
+            assert status == 200
+            without = {**config, "humans": [h for h in config["humans"]
+                                            if h["email"] != "lee@acme.com"]}
+            emb.forge.put_file(f"acme/{CONFIG_REPO}", CONFIG_PATH, yaml.safe_dump(without),
+                               pusher="admin")
+            await emb.settle()
+            emb.forge.put_file(f"acme/{CONFIG_REPO}", CONFIG_PATH, yaml.safe_dump(config),
+                               pusher="admin")  # added back
+            await emb.settle()
+            status, body = await lee.raw("mail_list", {})
+            assert status == 401 and "revoked" in body["error"]["message"], body
+    finally:
+        await emb.stop()

@@ -61,7 +61,9 @@ async def create_token(store: Store, principal: str, org: str | None = None, *,
         await db.execute(
             "INSERT INTO api_tokens(principal, token_hash, created_at, org, expires_at)"
             " VALUES (?,?,?,?,?)",
-            (principal, _hash(token), now, org, now + lasts if lasts is not None else None),
+            # lowercase, as every org column: revoke_principal and pin_office compare so
+            (principal, _hash(token), now, org.lower() if org else None,
+             now + lasts if lasts is not None else None),
         )
     return token
 
