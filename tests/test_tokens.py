@@ -51,6 +51,37 @@ async def test_create_use_list_and_revoke_a_token(embedded: Embedded, tools: Any
     assert status == 200, "revoking one token leaves the principal's others alive"
 
 
+async def test_the_list_names_each_tokens_office_and_expiry(embedded: Embedded) -> None:
+    """acme and evil may both declare agent:scout: the operator told which to revoke by its
+    office; a run's token (one a run, acting until its timeout) says so, and once expired."""
+    store, data = embedded.services.store, str(embedded.data_dir)
+    evil = await api_tokens.create_token(store, "agent:scout", "Evil")
+    await api_tokens.create_token(store, "agent:scout", "acme", lasts=0.0)  # a run's, spent
+    await api_tokens.create_token(store, "agent:scout", "acme", lasts=3600.0)  # a run's
+    code, out, err = await vaultmail("token", "list", "--data", data, "--json")
+    assert code == 0, err
+    scouts = [t for t in json.loads(out)["result"]["tokens"] if t["principal"] == "agent:scout"]
+    assert [(t["org"], t["run"], t["expired"]) for t in scouts] == [
+        ("acme", False, False), ("evil", False, False), ("acme", True, True),
+        ("acme", True, False)], scouts
+    assert scouts[0]["expires"] is None and scouts[3]["expires"] is not None
+
+    code, out, err = await vaultmail("token", "list", "--data", data)
+    assert code == 0, err
+    lines = [line for line in out.splitlines() if "agent:scout" in line]
+    assert " evil " in lines[1] and "run" not in lines[1]
+    assert "run token, EXPIRED" in lines[2] and "run token, expires" in lines[3], lines
+
+    code, out, err = await vaultmail("token", "list", "--org", "EVIL", "--data", data,
+                                     "--json")
+    assert code == 0, err
+    [only] = json.loads(out)["result"]["tokens"]
+    assert (only["principal"], only["org"]) == ("agent:scout", "evil")
+    assert await api_tokens.principal_for(store, evil) == "agent:scout"
+    code, out, err = await vaultmail("token", "list", "--org", "nobody", "--data", data)
+    assert code == 0 and "no API tokens of nobody's office" in out, out
+
+
 async def test_tokens_are_stored_hashed(embedded: Embedded) -> None:
     store = embedded.services.store
     token = await api_tokens.create_token(store, "human:sara@acme.com")

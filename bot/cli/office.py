@@ -270,19 +270,28 @@ async def cmd_token_list(args: argparse.Namespace) -> int:
 
     store = await open_store(index_of(data_dir(args)))
     try:
-        tokens = await api_tokens.list_tokens(store)
+        tokens = await api_tokens.list_tokens(store, args.org)
     finally:
         await store.close()
+    now = time.time()
     if wants_json(args):
-        done({"tokens": [{"id": t.id, "principal": t.principal, "created": _when(t.created_at),
+        done({"tokens": [{"id": t.id, "principal": t.principal, "org": t.org,
+                          "created": _when(t.created_at),
                           "last_used": _when(t.last_used_at) if t.last_used_at else None,
+                          "expires": _when(t.expires_at) if t.expires_at else None,
+                          "expired": t.expired(now), "run": t.run,
                           "revoked": t.revoked} for t in tokens]})
         return 0
     for t in tokens:
-        print(f"{t.id:>4}  {t.principal:<32} created {_when(t.created_at)}  "
-              f"last used {_when(t.last_used_at)}{'  REVOKED' if t.revoked else ''}")
+        # acme and evil may both name agent:scout: the office tells which token is which
+        run = (f"  run token, {'EXPIRED' if t.expired(now) else 'expires'} "
+               f"{_when(t.expires_at)}" if t.run else "")
+        print(f"{t.id:>4}  {t.principal:<32} {t.org or '(unpinned)':<16} created "
+              f"{_when(t.created_at)}  last used {_when(t.last_used_at)}{run}"
+              f"{'  REVOKED' if t.revoked else ''}")
     if not tokens:
-        print("no API tokens (`vaultmail token create PRINCIPAL` makes one)")
+        print(f"no API tokens of {args.org.lower()}'s office" if args.org else
+              "no API tokens (`vaultmail token create PRINCIPAL` makes one)")
     return 0
 
 
@@ -492,7 +501,9 @@ def add_office_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p = with_data(tsub.add_parser("revoke", help="revoke an API token by its id (token list)"))
     p.add_argument("token_id", metavar="ID", type=int)
     p.set_defaults(func=cmd_token_revoke)
-    p = with_data(tsub.add_parser("list", help="the API tokens: id, principal, last use"))
+    p = with_data(tsub.add_parser("list", help="the API tokens: id, principal, office, last "
+                                               "use, a run's expiry"))
+    p.add_argument("--org", help="only this office's tokens (default: every office's)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_token_list)
     office = sub.add_parser("office", help="the office config")

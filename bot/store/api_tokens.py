@@ -34,9 +34,19 @@ LAST_USED_RESOLUTION = 60.0  # seconds: how fresh `last used` is kept
 class TokenInfo:
     id: int
     principal: str
+    org: str | None  # its office (None: pinned to one at its first use)
     created_at: float
     last_used_at: float | None
+    expires_at: float | None
     revoked: bool
+
+    @property
+    def run(self) -> bool:
+        """A run's token (bot.app.runs): the only tokens made to expire."""
+        return self.expires_at is not None
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and self.expires_at <= now
 
 
 def _hash(token: str) -> str:
@@ -146,7 +156,10 @@ async def pin_office(store: Store, token: str, org: str) -> None:
                          (org.lower(), _hash(token)))
 
 
-async def list_tokens(store: Store) -> list[TokenInfo]:
-    rows = await store.fetchall("SELECT * FROM api_tokens ORDER BY id")
-    return [TokenInfo(r["id"], r["principal"], r["created_at"], r["last_used_at"],
-                      r["revoked_at"] is not None) for r in rows]
+async def list_tokens(store: Store, org: str | None = None) -> list[TokenInfo]:
+    """Every token, or `org`'s office's only."""
+    rows = await store.fetchall(
+        "SELECT * FROM api_tokens ORDER BY id" if org is None else
+        "SELECT * FROM api_tokens WHERE org=? ORDER BY id", () if org is None else (org.lower(),))
+    return [TokenInfo(r["id"], r["principal"], r["org"], r["created_at"], r["last_used_at"],
+                      r["expires_at"], r["revoked_at"] is not None) for r in rows]
