@@ -1,6 +1,7 @@
 """Nothing in the index grows without bound (issue 28): handled deliveries, their payloads,
-idempotency results, expired sessions and strangers' quiet periods are pruned after their
-time; dead letters, what is still pending, and what is recent stay."""
+idempotency results, expired sessions, strangers' quiet periods and API tokens revoked or
+expired (a run's) are pruned after their time; dead letters, what is still pending, live
+tokens and what is recent stay."""
 
 from __future__ import annotations
 
@@ -43,10 +44,24 @@ async def test_what_is_past_its_time_is_pruned_and_nothing_else(
                     "'token','c',?,?)", (id_hash, OLD, expires))
             await db.execute("INSERT INTO stranger_replies(login, replied_at, cause)"
                              " VALUES ('acme/troll', ?, 'x')", (OLD,))
+            # API tokens: one per agent run besides the people's; those revoked or expired
+            # past the retention go, a live one stays however old
+            for name, revoked, expires in (
+                    ("live-old", None, None), ("run-live", None, NOW + 600),
+                    ("revoked-old", OLD, None), ("revoked-recent", RECENT, None),
+                    ("run-expired-old", None, OLD), ("run-expired-recent", None, RECENT),
+                    ("run-revoked-old", OLD, OLD + 600)):
+                await db.execute(
+                    "INSERT INTO api_tokens(principal, token_hash, created_at, org, revoked_at,"
+                    " expires_at) VALUES ('agent:scout', ?, ?, 'acme', ?, ?)",
+                    (name, OLD, revoked, expires))
         deleted = await prune(store, now=NOW, keep=7 * DAY)
         assert deleted == {"queue": 2, "deliveries": 3, "idempotency": 1,
                            "console_sessions": 1, "stranger_replies": 1, "oauth_grants": 0,
-                           "oauth_consents": 0, "oauth_clients": 0}, deleted
+                           "oauth_consents": 0, "oauth_clients": 0, "api_tokens": 3}, deleted
+        tokens = {r["token_hash"] for r in await store.fetchall(
+            "SELECT token_hash FROM api_tokens")}
+        assert tokens == {"live-old", "run-live", "revoked-recent", "run-expired-recent"}
         queue = {r["guid"] for r in await store.fetchall("SELECT guid FROM queue")}
         assert queue == {"done-recent", "dead-old", "pending-old"}
         kept = {r["guid"] for r in await store.fetchall("SELECT guid FROM deliveries")}

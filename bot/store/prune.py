@@ -9,6 +9,8 @@ deleted in batches by the leader (`bot.app.prune`):
   than `keep` would be taken again (GitHub redelivers for 3 days: `keep` is at least that);
 * idempotency results: a retry with the same key after `keep` is a new call;
 * console sessions past their expiry, and strangers' quiet periods past theirs;
+* API tokens revoked, or expired (a run's: one per agent run), `keep` ago: a token that can
+  no longer act, kept a while for `vaultmail token list`; a live one stays however old;
 * remote MCP sign-ins (`bot.store.oauth`): requests, codes and tokens a day past their expiry
   (a replay is recognised that long), grants a day past their end, and clients a day old that
   hold nothing (never allowed, or all they were given gone).
@@ -40,6 +42,7 @@ _STATEMENTS: dict[str, str] = {
     "idempotency": ("DELETE FROM idempotency WHERE done_at IS NOT NULL AND done_at < ?"),
     "console_sessions": _batched("console_sessions", "id_hash", "expires_at < ?"),
     "stranger_replies": _batched("stranger_replies", "login", "replied_at < ?"),
+    "api_tokens": _batched("api_tokens", "id", "revoked_at < ? OR expires_at < ?"),
     "oauth_grants": _batched("oauth_grants", "value_hash", "expires_at < ?"),
     "oauth_consents": _batched("oauth_consents", "grant_id", "expires_at < ? AND NOT EXISTS"
                                " (SELECT 1 FROM oauth_grants g"
@@ -59,13 +62,13 @@ async def prune(store: Store, *, now: float, keep: float) -> dict[str, int]:
     before = {"queue": now - keep, "deliveries": now - keep, "idempotency": now - keep,
               "console_sessions": now, "stranger_replies": now - QUIET_FOR,
               "oauth_grants": now - KEPT_AFTER_EXPIRY, "oauth_consents": now - KEPT_AFTER_EXPIRY,
-              "oauth_clients": now - DAY}
+              "oauth_clients": now - DAY, "api_tokens": now - keep}
     deleted: dict[str, int] = {}
     for table, sql in _STATEMENTS.items():
         total = 0
         while True:
             async with store.transaction() as db:
-                changed = await db.execute(sql, (before[table],))
+                changed = await db.execute(sql, (before[table],) * sql.count("?"))
                 n = changed
             total += n
             if n < BATCH or table == "idempotency":
