@@ -27,6 +27,9 @@ class Dialect(Protocol):
     def installation_deleted(self, forge: LocalForge, inst: Installation,
                              sender: str) -> None: ...
 
+    def installation_suspended(self, forge: LocalForge, inst: Installation, sender: str,
+                               action: str) -> None: ...
+
     def repo_created(self, forge: LocalForge, repo: Repo, sender: str) -> None: ...
 
     def pushed(self, forge: LocalForge, repo: Repo, pusher: str, path: str,
@@ -54,6 +57,10 @@ class EventsDialect:
 
     def installation_deleted(self, forge: LocalForge, inst: Installation, sender: str) -> None:
         self.events.installation_deleted(forge, inst, sender)
+
+    def installation_suspended(self, forge: LocalForge, inst: Installation, sender: str,
+                               action: str) -> None:
+        self.events.installation_suspended(forge, inst, sender, action)
 
     def repo_created(self, forge: LocalForge, repo: Repo, sender: str) -> None:
         self.events.repo_created(forge, repo, sender)

@@ -360,14 +360,40 @@ class LocalForge:
         """Uninstall (as an org owner would): sends installation.deleted, then the
         installation and its tokens are gone (its calls answer 401 or 404)."""
         inst = self.state.installations[installation_id]
-        org = self.state.org(inst.account)
-        who = sender or (org.owners[0] if org and org.owners else inst.account)
+        who = sender or self._owner_of(inst)
         self.dialect.installation_deleted(self, inst, who)
         del self.state.installations[installation_id]
         for value, token in list(self.state.tokens.items()):
             if token.installation_id == installation_id:
                 del self.state.tokens[value]
         self.save()
+
+    def suspend_app(self, installation_id: int, sender: str | None = None) -> None:
+        """Suspend the installation (as an org owner would, in its settings): sends
+        installation.suspend; it stays listed, with `suspended_at`, but gets no token (403)
+        and no other webhook until `unsuspend_app`, and its tokens stop working (401)."""
+        inst = self.state.installations[installation_id]
+        who = sender or self._owner_of(inst)
+        inst.suspended_at = inst.updated_at = self.clock.now()
+        inst.suspended_by = who
+        for value, token in list(self.state.tokens.items()):
+            if token.installation_id == installation_id:
+                del self.state.tokens[value]
+        self.dialect.installation_suspended(self, inst, who, "suspend")
+        self.save()
+
+    def unsuspend_app(self, installation_id: int, sender: str | None = None) -> None:
+        """Undo `suspend_app`: sends installation.unsuspend."""
+        inst = self.state.installations[installation_id]
+        who = sender or self._owner_of(inst)
+        inst.suspended_at = inst.suspended_by = None
+        inst.updated_at = self.clock.now()
+        self.dialect.installation_suspended(self, inst, who, "unsuspend")
+        self.save()
+
+    def _owner_of(self, inst: Installation) -> str:
+        org = self.state.org(inst.account)
+        return org.owners[0] if org and org.owners else inst.account
 
     def create_installation_token(self, installation_id: int, ttl: float = 3600.0) -> Token:
         """Mint an installation token directly (the API route does the same after the JWT)."""

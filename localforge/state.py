@@ -378,6 +378,8 @@ class Installation(Tracked):
     repo_ids: list[int] = Field(default_factory=list)  # used when selection is "selected"
     created_at: float
     updated_at: float
+    suspended_at: float | None = None  # still listed; no token, API call or webhook meanwhile
+    suspended_by: str | None = None
 
 
 class Token(Tracked):

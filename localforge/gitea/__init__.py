@@ -23,5 +23,9 @@ class GiteaDialect(EventsDialect):
     def installation_deleted(self, forge: LocalForge, inst: Installation, sender: str) -> None:
         """Gitea has no Apps: nothing is sent."""
 
+    def installation_suspended(self, forge: LocalForge, inst: Installation, sender: str,
+                               action: str) -> None:
+        """Gitea has no Apps: nothing is sent."""
+
 
 GITEA = GiteaDialect()

@@ -111,7 +111,7 @@ def authenticate(forge: LocalForge, header: str | None) -> Principal:
             return Principal(kind="user", login=acct.login, token=tok, app=app)
         return Principal(kind="user", login=acct.login, token=tok)
     inst = forge.state.installations.get(tok.installation_id or -1)
-    if inst is None:
+    if inst is None or inst.suspended_at is not None:
         raise bad_credentials()
     app = forge.state.apps[inst.app_id]
     return Principal(kind="installation", login=app.bot_login, token=tok, installation=inst,

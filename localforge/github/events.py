@@ -30,7 +30,7 @@ def emit(forge: LocalForge, event: str, action: str | None, repo: Repo, sender: 
     r = Renderer(forge)
     for inst in forge.state.installations_for_repo(repo):
         app = forge.state.apps.get(inst.app_id)
-        if app is None or not subscribed(app, event):
+        if app is None or not subscribed(app, event) or inst.suspended_at is not None:
             continue
         payload: dict[str, Any] = {"action": action} if action is not None else {}
         payload.update(_webhook_shape(body))
@@ -96,6 +96,12 @@ def installation_deleted(forge: LocalForge, inst: Installation, sender: str) -> 
     _installation(forge, inst, sender, "deleted")
 
 
+def installation_suspended(forge: LocalForge, inst: Installation, sender: str,
+                           action: str) -> None:
+    """`suspend` or `unsuspend`: the installation events a suspended App still gets."""
+    _installation(forge, inst, sender, action)
+
+
 def _installation(forge: LocalForge, inst: Installation, sender: str, action: str) -> None:
     app = forge.state.apps[inst.app_id]
     r = Renderer(forge)
@@ -113,7 +119,7 @@ def repo_created(forge: LocalForge, repo: Repo, sender: str) -> None:
     """A new repository under an all-repositories installation: installation_repositories."""
     r = Renderer(forge)
     for inst in forge.state.installations_for_repo(repo):
-        if inst.repository_selection != "all":
+        if inst.repository_selection != "all" or inst.suspended_at is not None:
             continue
         app = forge.state.apps[inst.app_id]
         payload: dict[str, Any] = {

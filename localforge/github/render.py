@@ -434,7 +434,8 @@ class Renderer:
             "permissions": dict(app.permissions), "events": list(app.events),
             "created_at": created, "updated_at": updated, "single_file_name": None,
             "has_multiple_single_files": False, "single_file_paths": [],
-            "suspended_by": None, "suspended_at": None,
+            "suspended_by": self.user(inst.suspended_by) if inst.suspended_by else None,
+            "suspended_at": iso(inst.suspended_at) if inst.suspended_at is not None else None,
         }
 
     def delivery_item(self, d: Delivery) -> Json:

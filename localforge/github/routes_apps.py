@@ -58,6 +58,8 @@ async def create_token(request: web.Request) -> web.Response:
         inst = None
     if inst is None or inst.app_id != app.id:
         raise not_found()
+    if inst.suspended_at is not None:
+        raise ApiError(403, "This installation has been suspended")
     body = await ctx.body()
     repos = ctx.forge.state.installation_repos(inst)
     narrowed: list[int] | None = None

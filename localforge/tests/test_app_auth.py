@@ -128,3 +128,51 @@ async def test_gidgethub_client_end_to_end(world: World) -> None:
         titles = [i["title"] async for i in gh.getiter("/repos/acme/vault/issues?per_page=2")]
         assert len(titles) == 5
         assert gh.rate_limit is not None and gh.rate_limit.remaining < 5000
+
+
+async def test_a_suspended_installation_is_listed_but_gets_no_token_and_no_webhook(
+        world: World) -> None:
+    """GitHub's "Suspend an app installation": the App's access to the API and to webhook
+    events is blocked for that account; it stays in the App's installations."""
+    old = await world.installation_token()
+    world.hooks.clear()
+    world.forge.suspend_app(world.installation_id)
+    app = f"Bearer {world.jwt()}"
+    status, _, listed = await world.call("GET", "/app/installations", auth=app)
+    assert status == 200 and listed[0]["suspended_by"]["login"] == "admin"
+    assert listed[0]["suspended_at"]
+    status, _, body = await world.call(
+        "POST", f"/app/installations/{world.installation_id}/access_tokens", auth=app)
+    assert (status, body["message"]) == (403, "This installation has been suspended")
+    status, _, _ = await world.call("GET", "/repos/acme/vault/issues", auth=f"token {old}")
+    assert status == 401
+    await world.call("POST", "/repos/acme/vault/issues", "marco", {"title": "unseen"})
+    await world.idle()
+    assert world.hooks.events() == [("installation", "suspend")]
+
+    world.hooks.clear()
+    world.forge.unsuspend_app(world.installation_id)
+    status, _, listed = await world.call("GET", "/app/installations", auth=app)
+    assert (listed[0]["suspended_by"], listed[0]["suspended_at"]) == (None, None)
+    token = await world.installation_token()
+    status, _, _ = await world.call("GET", "/repos/acme/vault/issues", auth=f"token {token}")
+    assert status == 200
+    await world.call("POST", "/repos/acme/vault/issues", "marco", {"title": "seen"})
+    await world.idle()
+    assert world.hooks.events() == [("installation", "unsuspend"), ("issues", "opened")]
+
+
+async def test_installations_are_listed_30_a_page_unless_asked_and_100_at_most(
+        world: World) -> None:
+    for i in range(150):
+        world.forge.add_org(f"org{i}", owner="admin")
+        world.forge.install_app(world.app_id, f"org{i}")
+    app = f"Bearer {world.jwt()}"
+    status, headers, first = await world.call("GET", "/app/installations", auth=app)
+    assert status == 200 and len(first) == 30 and 'rel="next"' in headers["Link"]
+    status, headers, big = await world.call("GET", "/app/installations?per_page=500", auth=app)
+    assert len(big) == 100
+    nxt = headers["Link"].split(">;")[0].lstrip("<")
+    status, headers, rest = await world.call("GET", nxt, auth=app)
+    assert len(rest) == 51 and 'rel="next"' not in headers["Link"]
+    assert len({i["id"] for i in big + rest}) == 151

@@ -58,6 +58,17 @@ async def _list_installations(w: World) -> None:
     r = await w.call("GET", "/app/installations", auth="jwt", expect=200)
     assert [i["id"] for i in r.json] == [w.installation_id]
     assert r.json[0]["account"]["login"] == ORG
+    # a page at a time, following Link; a suspended installation is listed, marked so
+    w.forge.add_org("beta", owner="admin")
+    beta = w.forge.install_app(w.app_id, "beta")
+    w.forge.suspend_app(beta)
+    r = await w.call("GET", "/app/installations", auth="jwt", params={"per_page": "1"},
+                     expect=200)
+    assert [i["suspended_at"] for i in r.json] == [None]
+    nxt = r.headers["Link"].split(">;")[0].lstrip("<")
+    r = await w.call("GET", nxt, auth="jwt", expect=200)
+    assert [(i["id"], i["suspended_by"]["login"]) for i in r.json] == [(beta, "admin")]
+    assert r.json[0]["suspended_at"] and 'rel="next"' not in r.headers["Link"]
 
 
 @scenario("apps/create-installation-access-token")
@@ -66,6 +77,11 @@ async def _create_token(w: World) -> None:
                      auth="jwt", expect=201)
     assert r.json["token"] and r.json["expires_at"]
     await w.call("POST", "/app/installations/999999/access_tokens", auth="jwt", expect=404)
+    w.forge.suspend_app(w.installation_id)
+    r = await w.call("POST", f"/app/installations/{w.installation_id}/access_tokens",
+                     auth="jwt", expect=403)
+    assert error_message(r.json) == "This installation has been suspended"
+    w.forge.unsuspend_app(w.installation_id)
     # A JWT more than 10 minutes ahead is refused (forge-facts 1.4).
     too_long = w.jwt(exp=int(time.time()) + 3600)
     r = await w.call("POST", f"/app/installations/{w.installation_id}/access_tokens",

@@ -153,6 +153,20 @@ async def test_installation_created(world: World) -> None:
     assert created["sender"]["login"] == "admin"
 
 
+async def test_installation_suspended_and_unsuspended(world: World) -> None:
+    w = world
+    await settle(w)
+    w.forge.suspend_app(w.installation_id)
+    await w.new_issue("While suspended", auth="marco")  # no webhook for it
+    w.forge.unsuspend_app(w.installation_id)
+    deliveries = await settle(w)
+    assert seq(deliveries) == ["installation.suspend", "installation.unsuspend"]
+    check_deliveries(w, deliveries)
+    suspend, unsuspend = (d.payload["installation"] for d in deliveries)
+    assert suspend["suspended_by"]["login"] == "admin" and suspend["suspended_at"]
+    assert unsuspend["suspended_by"] is None and unsuspend["suspended_at"] is None
+
+
 async def test_issue_lifecycle(world: World) -> None:
     w = world
     await settle(w)

@@ -241,6 +241,9 @@ ALLOWED_EXTRA_KEYS: dict[str, str] = {
     "rest:apps/list-installations:[]/account/user_view_type": (
         "simple-user declares user_view_type (GitHub sends \"public\"); the user inlined in "
         "GET /app/installations' account is an older copy without it"),
+    "rest:apps/list-installations:[]/suspended_by/user_view_type": (
+        "as the account's: a suspended installation's suspended_by there is the same older "
+        "copy of simple-user"),
 }
 
 
