@@ -16,7 +16,7 @@ from bot.forge.tokens import AppAuth, AppJwtAPI
 from bot.mail.signing import Keyrings
 from bot.office.source import OfficeSource
 from bot.private_files import private_dir
-from bot.store import open_store
+from bot.store import installations, open_store
 from handlers import build_own_router, build_router
 
 
@@ -36,18 +36,21 @@ async def build_services(settings: Settings, session: aiohttp.ClientSession) -> 
     slug = await fetch_app_slug(auth, session, settings.api_url)
     config = ForgeConfig(write_interval=settings.write_interval, bot_login=f"{slug}[bot]")
     client = ForgeClient(auth, session, settings.api_url, config=config)
-    installs = await _installations(settings, auth, session)
-    store = await open_store(settings.database,  # after the forge
-                             synchronous=settings.sqlite_synchronous)
-    # answered: no retry reopens it
+    # after the forge answered: no retry reopens it
+    store = await open_store(settings.database, synchronous=settings.sqlite_synchronous)
+    try:  # the index's installations, then the forge's: a webhook heard between is newer
+        before = await installations.known(store)
+        live = _live(await client.app().list_installations())
+    except BaseException:
+        await store.close()
+        raise
     services = Services(settings=settings, store=store, forge_client=client,
                         router=build_router(), own_router=build_own_router(), app_slug=slug,
                         offices=OfficeSource(settings.office_path,
                                              url_refused=settings.outbound.url_refusal),
                         keyring=Keyrings.in_data_dir(settings.data_dir))
     services.keyring.installed = services.installations.keys  # what legacy keys served
-    services.installations.update(
-        {str(i["account"]["login"]).lower(): int(i["id"]) for i in installs})
+    services.installations.update(await installations.listed(store, live, before))
     return services
 
 
@@ -74,9 +77,8 @@ async def build_gitea_services(settings: Settings, session: aiohttp.ClientSessio
     return services
 
 
-async def _installations(settings: Settings, auth: AppAuth,
-                         session: aiohttp.ClientSession) -> list[dict[str, Any]]:
-    gh = AppJwtAPI(session, "vaultmail", base_url=settings.api_url)
-    installs: list[dict[str, Any]] = await gh.getitem(
-        "/app/installations", jwt=auth.app_jwt(), accept="application/vnd.github+json")
-    return installs
+def _live(listing: list[dict[str, Any]]) -> dict[str, int]:
+    """{org: installation id} of the App's installations that are not suspended (GitHub
+    lists those too, and makes them no token)."""
+    return {str(i["account"]["login"]).lower(): int(i["id"]) for i in listing
+            if not i.get("suspended_at")}

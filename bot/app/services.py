@@ -171,8 +171,9 @@ class Services:
         inst = self.installation_of(org)
         if inst is None:
             raise NotInstalled(
-                f"the App is not installed on {org}: an owner of {org} installs it (the App's "
-                "page on the forge, Install), then the office works again", code="not_installed")
+                f"the App is not installed on {org}, or is suspended there: an owner of {org} "
+                "installs it (the App's page on the forge, Install) or unsuspends it (the org's "
+                "settings, GitHub Apps), then the office works again", code="not_installed")
         return self.forge_client.installation(inst, org=org)
 
     def forge_for(self, installation_id: int | None, org: str | None = None) -> Forge:

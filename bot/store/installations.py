@@ -2,7 +2,9 @@
 
 A webhook is handled by one replica, but every replica serves tool calls: an uninstall (or a
 suspension) is written here, so the replicas that did not handle it refuse the org's calls at
-once instead of serving it until their cached installation token expires.
+once instead of serving it until their cached installation token expires. A replica's start
+writes what the forge lists (`listed`): what changed while no app ran counts (an installation
+suspended or unsuspended then, its webhook not heard).
 """
 
 from __future__ import annotations
@@ -78,3 +80,39 @@ async def live_orgs(store: Store) -> list[str]:
     rows = await store.fetchall("SELECT org FROM installations WHERE removed_at IS NULL"
                                 " ORDER BY org")
     return [str(r["org"]) for r in rows]
+
+
+Known = dict[str, tuple[int, float | None]]  # org -> (installation id, removed_at)
+
+
+async def known(store: Store) -> Known:
+    """Every org's row as it stands (read before the forge's listing: see `listed`)."""
+    rows = await store.fetchall("SELECT org, installation_id, removed_at FROM installations")
+    return {str(r["org"]): (int(r["installation_id"]), r["removed_at"]) for r in rows}
+
+
+async def listed(store: Store, live: dict[str, int], before: Known) -> dict[str, int]:
+    """Take the forge's listing at start: `live` ({org: installation id}, suspended ones
+    left out), listed after `before` was read. A row still as `before` saw it is made what
+    the listing says (installed; removed if it was live and is not listed); a row a webhook
+    changed meanwhile is newer than the listing, and kept. Returns what is installed now."""
+    now = time.time()
+    # a row is as `before` saw it while its id and removed_at are (-1: none, or live)
+    same = " installations.installation_id=? AND COALESCE(installations.removed_at, -1)=?"
+    put, gone = [], []
+    for org, inst in live.items():
+        was_id, was_removed = before.get(org, (inst, None))
+        put.append((org, inst, was_id, -1 if was_removed is None else was_removed))
+    for org, (was_id, was_removed) in before.items():
+        if was_removed is None and org not in live:
+            gone.append((now, org, was_id, -1))
+    async with store.transaction() as db:
+        await db.executemany(
+            "INSERT INTO installations(org, installation_id, removed_at) VALUES (?,?,NULL)"
+            " ON CONFLICT(org) DO UPDATE SET installation_id=excluded.installation_id,"
+            " removed_at=NULL WHERE" + same, put)
+        await db.executemany(
+            "UPDATE installations SET removed_at=? WHERE org=? AND" + same, gone)
+        rows = await db.fetchall(
+            "SELECT org, installation_id FROM installations WHERE removed_at IS NULL")
+    return {str(r["org"]): int(r["installation_id"]) for r in rows}

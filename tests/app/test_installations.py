@@ -1,20 +1,23 @@
 """Any number of installations: two organisations on one forge, each with its own office, one
-installed after the app started and one uninstalled while it runs. Every tool call acts through
-the installation of the caller's office; an office whose org has not installed the App hears a
-503 naming the org."""
+installed after the app started and one uninstalled while it runs; however many there are when
+the app starts, each suspended one left out. Every tool call acts through the installation of
+the caller's office; an office whose org has not installed the App hears a 503 naming the
+org."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import yaml
 
-from bot.app.embedded import Embedded
+from bot.app.embedded import Embedded, start_embedded
 from bot.office.config import load_office
 from bot.office.seed import seed_office
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
 from bot.store import api_tokens
+from tests.support import app_key
 
 GLOBEX = """
 org: globex
@@ -42,13 +45,15 @@ def _app_id(embedded: Embedded) -> int:
     return int(app_id)
 
 
-async def _add_globex(embedded: Embedded, tmp: Any) -> None:
-    path = tmp / "globex.yml"
-    path.write_text(GLOBEX)
+async def _add_globex(embedded: Embedded, tmp: Any, org: str = "globex") -> None:
+    """globex's office, or the same office for `org` (amy@ORG.test, ORG-scout)."""
+    text = GLOBEX.replace("globex", org)
+    path = tmp / f"{org}.yml"
+    path.write_text(text)
     office = load_office(path)
     seed_office(embedded.forge, office)
-    embedded.forge.put_file(f"globex/{CONFIG_REPO}", CONFIG_PATH,
-                            yaml.safe_dump(yaml.safe_load(GLOBEX)))
+    embedded.forge.put_file(f"{org}/{CONFIG_REPO}", CONFIG_PATH,
+                            yaml.safe_dump(yaml.safe_load(text)))
 
 
 async def test_two_orgs_installed_at_different_times_each_office_through_its_own_installation(
@@ -141,3 +146,55 @@ async def test_reindex_of_one_office_keeps_the_other_offices_mails(
     rows = await services.store.fetchall("SELECT vault, subject FROM mails ORDER BY vault")
     assert {(r["vault"].lower(), r["subject"]) for r in rows} >= {
         ("acme/scout-vault", "Acme mail"), ("globex/scout-vault", "Globex mail")}
+
+
+async def test_every_installation_is_known_at_start_however_many(
+        tmp_path: Path, session: aiohttp.ClientSession, database_url: str) -> None:
+    """GitHub lists an App's installations 30 a page unless asked for more: an app that read
+    one page knew, after a restart, only the first 30 orgs, and the newest were "not installed"
+    until an installation event of theirs came. The listing also names suspended installations
+    (no token is made for them), and what changed while the app was down: umbrella suspended,
+    initech unsuspended (after the app heard it suspended, which the index kept)."""
+    first = await start_embedded(data_dir=tmp_path, persist_forge=True, port=0, forge_port=0,
+                                 database_url=database_url, app_key=app_key())
+    app_port = int(first.app_url.rsplit(":", 1)[1])
+    forge, app_id = first.forge, _app_id(first)
+    try:
+        for org in ("initech", "umbrella"):
+            await _add_globex(first, tmp_path, org)
+        initech = forge.install_app(app_id, "initech")
+        umbrella = forge.install_app(app_id, "umbrella")
+        await first.settle()  # (its vaults' labels made before the suspension)
+        forge.suspend_app(initech)
+        for i in range(30):
+            forge.add_org(f"org{i}")
+            forge.install_app(app_id, f"org{i}")
+        await _add_globex(first, tmp_path)
+        forge.install_app(app_id, "globex")  # the 34th: on the second page
+        await first.settle()
+        tokens = {org: await api_tokens.create_token(first.services.store,
+                                                     f"human:amy@{org}.test", org)
+                  for org in ("globex", "initech", "umbrella")}
+    finally:
+        await first.runner.cleanup()  # the app stops; meanwhile, on the forge:
+    try:
+        forge.unsuspend_app(initech)
+        forge.suspend_app(umbrella)
+        await forge.webhooks_idle()  # (their deliveries failed: no app was there)
+    finally:
+        await forge.stop()
+
+    again = await start_embedded(data_dir=tmp_path, persist_forge=True, port=app_port,
+                                 forge_port=0, database_url=database_url, app_key=app_key())
+    try:
+        status, body = await _tool(session, again, tokens["globex"], "mail_send", to="scout",
+                                   subject="Q3", body="Numbers please")
+        assert status == 200, body
+        status, body = await _tool(session, again, tokens["initech"], "mail_list")
+        assert status == 200, body
+        status, body = await _tool(session, again, tokens["umbrella"], "mail_list")
+        assert status == 503 and body["error"]["code"] == "not_installed", body
+        assert "umbrella" in body["error"]["message"] and \
+            "suspended" in body["error"]["message"], body
+    finally:
+        await again.stop()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -369,20 +368,16 @@ async def test_an_installation_token_is_never_asked_for_where_a_redirect_points(
     assert seen_elsewhere == []
 
 
-async def test_the_installations_list_is_not_taken_from_where_a_redirect_points(
-        tmp_path: Path) -> None:
+async def test_the_installations_list_is_not_taken_from_where_a_redirect_points() -> None:
     """GET /app/installations (the App's JWT) maps each org to its installation at start-up:
     from the forge alone (found by review: a 307 elsewhere was followed, and its answer
     taken)."""
-    from bot.app.build import _installations
-    from bot.app.settings import Settings
+    from bot.forge.github import ForgeClient
     from bot.forge.tokens import AppAuth
     from tests.support import app_key
 
     async with redirected_elsewhere() as (url, seen), aiohttp.ClientSession() as session:
-        settings = Settings(api_url=url, app_id="1", private_key_pem="",
-                            webhook_secret="w", data_dir=tmp_path)
         auth = AppAuth(1, app_key(), url, session, attempts=1)
         with pytest.raises(Exception):  # noqa: B017 (any refusal will do)
-            await _installations(settings, auth, session)
+            await ForgeClient(auth, session, url).app().list_installations()
     assert seen == [], f"asked elsewhere: {seen}"
