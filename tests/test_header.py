@@ -448,3 +448,55 @@ def test_an_old_header_signed_with_the_legacy_key_still_verifies() -> None:
     assert not verdict.valid and not verdict.signed
     assert verdict.reason == (f"signed with the legacy key {legacy.active_kid}, which signed "
                               "for office acme only, but evil/scout-vault is office evil's")
+
+
+# -- names: GitHub's and Gitea's ------------------------------------------------------------------
+
+
+def test_an_office_and_people_named_as_gitea_names_them_sign_and_verify() -> None:
+    """Gitea's and Forgejo's orgs and logins may hold '.' and '_' (bot.names): the header took
+    neither, so no mail of such an office, or from such a person, could be signed."""
+    rings = Keyrings.ephemeral()
+    vault = "acme_corp.eu/scout-vault"
+    header, issue_body = make(ring=rings.for_office("acme_corp.eu"), vault=vault,
+                              from_name="login:john.doe_x", to_name="agent:scout")
+    assert header.office == "acme_corp.eu" and "| `john.doe_x` |" in issue_body
+    assert verify_mail(SUBJECT, issue_body, vault, rings).valid
+
+
+# A mail a release before that signed, names at the edge of what it took (a login ending in a
+# hyphen and holding two, as GitHub's older accounts do; an office with a hyphen), with the
+# key it was signed with: it verifies as it did, byte for byte.
+OLD_KEY = {"kid": "vm-acme-corp-20261206-875634", "kty": "OKP", "crv": "Ed25519",
+           "x": "Q566FGWzKqvASdoGpsfkc_LZ0QcF3AqknlNwee4J-kA", "use": "sig", "alg": "EdDSA",
+           "office": "acme-corp"}
+OLD_HEADER = {
+    "body_sha256": "ec72c497e14844055de863272409592a389224afb93d5350296826ed2e8a00aa",
+    "from_name": "login:old--name-",
+    "from_principal": "human:al@acme.com",
+    "hops": 0,
+    "in_reply_to": None,
+    "key_id": "vm-acme-corp-20261206-875634",
+    "mail_id": "m-old-1",
+    "office": "acme-corp",
+    "sent": "2025-01-31T09:00:05Z",
+    "signature": "L0X4PEQknt147r4-v1qoJkkBkIuUX7MbK_1HJdwZtN3gk-iIxz46UBbo9F0WuR5ZUkEvPX"
+                 "MFDylzJvwReGniDQ",
+    "subject": "Old names",
+    "thread_id": "m-old-1",
+    "to_name": "agent:scout",
+    "to_principal": "agent:scout",
+    "vault": "acme-corp/scout-vault",
+    "version": 1,
+}
+OLD_MAIL = ("<!-- vaultmail:header v1 " + json.dumps(OLD_HEADER, separators=(",", ":"))
+            + " -->\n\n| From | To | Sent |\n| --- | --- | --- |\n"
+            "| `old--name-` | `agent:scout` | 2025-01-31 09:00 UTC |\n\n---\n\n"
+            "Hi,\n\nthe old names still verify.\n")
+
+
+def test_a_header_signed_before_names_were_widened_still_verifies() -> None:
+    keys = PublicKeys.from_jwks({"keys": [OLD_KEY]})
+    verdict = verify_mail("Old names", OLD_MAIL, "acme-corp/scout-vault", keys)
+    assert verdict.valid and verdict.office == "acme-corp", verdict.reason
+    assert verdict.header is not None and verdict.header.from_name == "login:old--name-"

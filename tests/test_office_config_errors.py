@@ -76,6 +76,25 @@ def test_an_email_is_checked_in_one_pass_and_a_long_one_refused_for_its_length(
         "marco.b@mail.acme.com"
 
 
+def test_an_org_or_a_login_no_forge_could_have_is_refused_at_load_saying_what_may_be() -> None:
+    """A name no forge gives an org or a person was taken at load and refused at each send
+    (or never looked up); the wider rule of GitHub's and Gitea's is checked at load instead,
+    and names with '.' and '_' (Gitea's) are taken."""
+    text = _example().replace("org: acme", "org: acme corp").replace(
+        "login: sara", "login: '@sara'").replace("login: scout-bot", "login: scout/bot")
+    errors = _errors(text)
+    for key, value in (("org", "acme corp"), ("humans[1].login", "@sara"),
+                       ("agents[0].login", "scout/bot")):
+        [error] = [e for e in errors if f"vaultmail.yml: {key}: " in e]
+        assert f"{value!r} is not" in error and "letters, digits, '-', '.' and '_'" in error, \
+            error
+    office = parse_office(_example().replace("org: acme", "org: acme_corp.eu").replace(
+        "login: sara", "login: sara.b").replace("login: scout-bot", "login: scout_bot"),
+        "vaultmail.yml", repository=True)
+    assert (office.org, office.humans[1].login, office.agents[0].login) == (
+        "acme_corp.eu", "sara.b", "scout_bot")
+
+
 class _Issues:
     """The `.github` repository's issues and comments as the org's admin reads them, on
     either dialect."""

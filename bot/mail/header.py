@@ -67,6 +67,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from bot.mail.signing import Signer, Verifier, kid_office, vault_office
+from bot.names import NAME, OFFICE
 
 HEADER_VERSION: Final = 1
 SIGNING_CONTEXT = b"vaultmail-header-v1\n"
@@ -93,7 +94,9 @@ SIGNED_FIELDS: tuple[str, ...] = (
 # `office` likewise: the office whose key signed (the vault's owner), on headers signed since
 # each office has its own key.
 OPTIONAL_SIGNED_FIELDS: tuple[str, ...] = ("from_name", "to_name", "office")
-_NAME_RE = re.compile(r"^(login:[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})|agent:[a-z0-9-]+|office)$")
+# (bot.names: wider than GitHub's alone, as Gitea's logins hold '.' and '_'; every name a
+# header held before is still one, so what was signed then verifies)
+_NAME_RE = re.compile(rf"^(login:{NAME}|agent:[a-z0-9-]+|office)$")
 
 _ID = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}"
 _REPO = r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+"
@@ -204,7 +207,7 @@ class MailHeader(BaseModel):
     key_id: str = Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")
     from_name: str | None = Field(default=None, pattern=_NAME_RE.pattern)
     to_name: str | None = Field(default=None, pattern=_NAME_RE.pattern)
-    office: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9-]{0,38}$")
+    office: str | None = Field(default=None, pattern=rf"^{OFFICE}$")
     signature: str = Field(default="", pattern=r"^[A-Za-z0-9_-]*$")
 
     @field_validator("from_principal", "to_principal")
@@ -374,8 +377,7 @@ def render_readable(header: MailHeader) -> str:
 # A mail the app writes for a person is the app's issue, so the forge would not tell them of
 # replies: the line below the table mentions them once (a mention subscribes them to the issue).
 # It is not signed; the verifier accepts it in exactly this form, with nothing else there.
-_LOGIN = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,38}[A-Za-z0-9])?"
-_NOTIFY_RE = re.compile(rf"^Replies here reach @{_LOGIN} too\.$")
+_NOTIFY_RE = re.compile(rf"^Replies here reach @{NAME} too\.$")
 
 
 def render_notify(login: str) -> str | None:

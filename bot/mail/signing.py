@@ -67,6 +67,7 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
 )
 
+from bot.names import OFFICE, RULE, is_name
 from bot.private_files import write_private
 
 try:  # POSIX: serialise creation and rotation between processes (app and CLI)
@@ -77,10 +78,9 @@ except ImportError:  # pragma: no cover - Windows
 KEYS_FILE_NAME = "signing-keys.json"  # the legacy keyring: verifies, signs nothing new
 OFFICE_KEYS_DIR = "signing-keys"  # one file per office: signing-keys/<org>.json
 _FILE_VERSION = 1
-# an org's login, lower case: GitHub's letters, digits and hyphens (at most 39); Gitea and
-# Forgejo also allow dots and underscores (at most 40). Never a path: no slash, no leading dot
-_OFFICE_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,39})$")
-_OFFICE_KID_RE = re.compile(r"^vm-([a-z0-9][a-z0-9._-]{0,39})-\d{8}-[0-9a-f]{6}$")
+# an office's name: its org's login, lower case (bot.names: never a path)
+_OFFICE_RE = re.compile(OFFICE)
+_OFFICE_KID_RE = re.compile(rf"^vm-({OFFICE})-\d{{8}}-[0-9a-f]{{6}}$")
 
 
 class KeyringError(ValueError):
@@ -117,9 +117,8 @@ def office_name(org: str) -> str:
     """An org's login as an office's name (lower case); KeyringError for anything else, so a
     name from a URL or a header never becomes a path elsewhere."""
     office = org.strip().lower() if isinstance(org, str) else ""
-    if not _OFFICE_RE.match(office) or "--" in office or office.endswith("-"):
-        raise KeyringError(f"{org!r} is not an organisation login (letters, digits and single "
-                           "hyphens, at most 39)")
+    if not is_name(office):
+        raise KeyringError(f"{org!r} is not an organisation login ({RULE})")
     return office
 
 
@@ -696,7 +695,7 @@ class Keyrings:
         found = set(self._rings)
         if self._dir is not None and self._dir.is_dir():
             found |= {p.name.removesuffix(".json") for p in self._dir.glob("*.json")
-                      if _OFFICE_RE.match(p.name.removesuffix(".json"))}
+                      if _OFFICE_RE.fullmatch(p.name.removesuffix(".json"))}
         return sorted(found)
 
     @property

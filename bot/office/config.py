@@ -27,6 +27,8 @@ from pydantic import (
     model_validator,
 )
 
+from bot.names import check_name
+
 HumanPermission = Literal["mail.send", "editor"]
 RunKind = Literal["mail", "chat"]
 
@@ -58,9 +60,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _login(v: str) -> str:
+    return check_name(v, "a login")
+
+
+Login = Annotated[str, AfterValidator(_login)]  # a person's or an agent's forge account
+
+
 class Human(_Strict):
     email: str
-    login: str
+    login: Login
     permissions: list[HumanPermission] = Field(default_factory=list)
 
     @field_validator("email")
@@ -171,7 +180,7 @@ class RunConfig(_Strict):
 
 class Agent(_Strict):
     slug: str
-    login: str
+    login: Login
     person: str | None = None
     vault: str | None = None
     run: RunConfig = Field(default_factory=RunConfig)
@@ -281,6 +290,11 @@ class Office(_Strict):
     # cleared once it is answered; "field", the org's "Waiting on" issue field (GitHub) names
     # who instead; "none" (the default, the least noise): nothing in the forge
     waiting: Literal["dependency", "field", "none"] = "none"
+
+    @field_validator("org")
+    @classmethod
+    def _org(cls, v: str) -> str:
+        return check_name(v, "an organisation's name")
 
     @field_validator("vault_pattern")
     @classmethod

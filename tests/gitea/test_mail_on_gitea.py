@@ -3,11 +3,12 @@ act on the forge's Gitea API with their tokens, agents through the app's tools o
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from bot.app.embedded import Embedded
+from bot.app.embedded import Embedded, start_embedded
 
 VAULT = "acme/scout-vault"
 
@@ -194,3 +195,56 @@ async def test_the_apps_own_events_are_ignored(office: Embedded) -> None:
     assert own and all(r["state"] in ("ignored", "done") for r in own)
     assert len(await office.ledger_events("mail.sent")) == 1, "no second mail from its echo"
     assert await office.ledger_events("run.denied") == []
+
+
+DOTTED = """
+org: acme_corp.eu
+humans:
+  - {email: john@acme.test, login: john.doe, permissions: [mail.send, editor]}
+agents:
+  - slug: scout
+    login: scout_bot
+    person: john@acme.test
+    run: {triggers: [], dispatch: none}
+    capabilities: {mail.send: ["*"]}
+  - slug: builder
+    login: builder.bot
+    person: john@acme.test
+    run: {triggers: [], dispatch: none}
+    capabilities: {mail.send: ["*"]}
+"""
+
+
+async def test_an_org_and_people_named_with_dots_and_underscores_send_mail_that_verifies(
+        tmp_path: Path) -> None:
+    """Gitea's and Forgejo's names may hold '.' and '_' (GitHub's never do): the header took
+    neither, so every mail of org acme_corp.eu, or from john.doe, "cannot be signed"."""
+    from tests.test_tamper import vaultmail
+
+    path = tmp_path / "office.yml"
+    path.write_text(DOTTED)
+    office = await start_embedded(office_path=path, data_dir=tmp_path / "data", port=0,
+                                  forge_port=0, dialect="gitea")
+    vault = "acme_corp.eu/scout-vault"
+    try:
+        async with aiohttp.ClientSession() as s:
+            john = Person(s, office, "john.doe")
+            issue = await john.call("POST", f"/repos/{vault}/issues",
+                                    {"title": "Price check", "body": "EU prices?"}, expect=201)
+            status, sent = await tool(s, office, "human:john@acme.test", "mail_send",
+                                      to="scout", subject="Stock", body="How many left?")
+            assert status == 200, sent
+            status, agents = await tool(s, office, "agent:builder", "mail_send", to="scout",
+                                        subject="Spec", body="Spec v1")
+            assert status == 200, agents
+            await office.settle()
+            adopted = await john.call("GET", f"/repos/{vault}/issues/{issue['number']}",
+                                      expect=200)
+            assert "| `john.doe` | `agent:scout` |" in adopted["body"]
+            for ref in (f"{vault}#{issue['number']}", sent["mail"]["ref"],
+                        agents["mail"]["ref"]):
+                code, out = await vaultmail(office, "verify", ref)
+                assert code == 0 and out.startswith("valid:"), (ref, out)
+        assert not await office.services.store.dead_letters()
+    finally:
+        await office.stop()
