@@ -16,6 +16,9 @@ from typing import Final
 NAME_MAX: Final = 40
 NAME: Final = r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}"  # no anchors: for patterns built on it
 OFFICE: Final = r"[a-z0-9][a-z0-9._-]{0,39}"  # an org's name as an office's: lower case
+# a name @-mentioned in text: it ends in a letter or digit, so that the '.' or '-' after it
+# ends the sentence, not the name (no forge name ends in '.' or '_')
+MENTIONED: Final = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
 _NAME = re.compile(NAME)
 RULE: Final = ("letters, digits, '-', '.' and '_', a letter or digit first, at most "
                f"{NAME_MAX} characters")

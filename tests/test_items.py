@@ -322,6 +322,8 @@ def test_to_and_cc_lines_at_the_top_and_mentions_address_a_comment() -> None:
     assert got.to == ["sara@acme.com", "team:pricing", "@marco", "@acme/pricing"]
     assert got.cc == ["@lee"] and got.body.startswith("Hi @marco")
     assert mentions("```\n@fenced\n```\n@real") == ["real"]
+    # Gitea's logins hold '.' and '_'; a sentence's full stop is not part of a name
+    assert mentions("Ask @john.doe and @ann_lee. Then @sara.") == ["john.doe", "ann_lee", "sara"]
 
 
 def test_ask_reads_options_and_the_recommended_one() -> None:

@@ -30,11 +30,11 @@ from bot.mail.markdown import (
     paragraph_lines,
     visible_text,
 )
+from bot.names import MENTIONED
 
 _MARK = "<!-- vaultmail:comment id={id}{extra} -->"
 _ADDRESS_LINE = re.compile(r"^\s*(?P<field>to|cc)\s*:\s*(?P<rest>.*)$", re.IGNORECASE)
-_MENTION = re.compile(r"(?<![\w/`@.])@(?P<name>[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
-                      r"(?:/[A-Za-z0-9_.-]+)?)")
+_MENTION = re.compile(rf"(?<![\w/`@.])@(?P<name>{MENTIONED}(?:/[A-Za-z0-9_.-]+)?)")
 # A task-list box: `- [ ] text`. The whitespace around the text is stripped afterwards:
 # a lazy `.+?` before `\s*$` tried the whole tail again at each of its characters.
 _TASK = re.compile(r"^\s*[-*]\s+\[(?P<mark>[ xX])\](?P<text>\s.+)")
