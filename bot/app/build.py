@@ -40,7 +40,7 @@ async def build_services(settings: Settings, session: aiohttp.ClientSession) -> 
     store = await open_store(settings.database, synchronous=settings.sqlite_synchronous)
     try:  # the index's installations, then the forge's: a webhook heard between is newer
         before = await installations.known(store)
-        live = _live(await client.app().list_installations())
+        listing = await client.app().list_installations()
     except BaseException:
         await store.close()
         raise
@@ -50,7 +50,11 @@ async def build_services(settings: Settings, session: aiohttp.ClientSession) -> 
                                              url_refused=settings.outbound.url_refusal),
                         keyring=Keyrings.in_data_dir(settings.data_dir))
     services.keyring.installed = services.installations.keys  # what legacy keys served
-    services.installations.update(await installations.listed(store, live, before))
+    installed, moved = await installations.listed(store, _live(listing), before,
+                                                  _accounts(listing))
+    for org in moved:  # (its office was moved aside: the new one signs with a key of its own)
+        services.keyring.for_office(org).rotate()
+    services.installations.update(installed)
     return services
 
 
@@ -75,6 +79,12 @@ async def build_gitea_services(settings: Settings, session: aiohttp.ClientSessio
                         installations={org.lower(): SYNTHETIC_INSTALLATION_ID for org in orgs})
     services.keyring.installed = services.installations.keys  # what legacy keys served
     return services
+
+
+def _accounts(listing: list[dict[str, Any]]) -> dict[str, int]:
+    """{org: its account's id}: whose each installation's org is (a login may change hands)."""
+    return {str(i["account"]["login"]).lower(): int(i["account"]["id"]) for i in listing
+            if isinstance((i.get("account") or {}).get("id"), int)}
 
 
 def _live(listing: list[dict[str, Any]]) -> dict[str, int]:

@@ -9,10 +9,13 @@ suspended or unsuspended then, its webhook not heard).
 
 from __future__ import annotations
 
+import logging
 import time
 
 from bot.store.db import Store, register_columns, register_schema
 from bot.store.offices import retire_in
+
+log = logging.getLogger("vaultmail.installations")
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS installations (
@@ -91,15 +94,20 @@ async def known(store: Store) -> Known:
     return {str(r["org"]): (int(r["installation_id"]), r["removed_at"]) for r in rows}
 
 
-async def listed(store: Store, live: dict[str, int], before: Known) -> dict[str, int]:
+async def listed(store: Store, live: dict[str, int], before: Known,
+                 accounts: dict[str, int] | None = None
+                 ) -> tuple[dict[str, int], list[str]]:
     """Take the forge's listing at start: `live` ({org: installation id}, suspended ones
     left out), listed after `before` was read. A row still as `before` saw it is made what
     the listing says (installed; removed if it was live and is not listed); a row a webhook
-    changed meanwhile is newer than the listing, and kept. Returns what is installed now."""
+    changed meanwhile is newer than the listing, and kept. `accounts` ({org: account id}): an
+    org the index knew as another account's is another office now, the old one moved aside
+    (see `installed`). Returns what is installed now, and the orgs whose office was moved."""
     now = time.time()
     # a row is as `before` saw it while its id and removed_at are (-1: none, or live)
     same = " installations.installation_id=? AND COALESCE(installations.removed_at, -1)=?"
     put, gone = [], []
+    moved_aside: list[str] = []
     for org, inst in live.items():
         was_id, was_removed = before.get(org, (inst, None))
         put.append((org, inst, was_id, -1 if was_removed is None else was_removed))
@@ -113,6 +121,23 @@ async def listed(store: Store, live: dict[str, int], before: Known) -> dict[str,
             " removed_at=NULL WHERE" + same, put)
         await db.executemany(
             "UPDATE installations SET removed_at=? WHERE org=? AND" + same, gone)
+        # whose each org is: one the index knew as another account's is another office now
+        # (see `installed`); the moved are said by the log
+        whose = {str(r["org"]): r["account_id"] for r in await db.fetchall(
+            "SELECT org, account_id FROM installations")}
+        for org, account in sorted((accounts or {}).items()):
+            was = whose.get(org)
+            if was == account:
+                continue
+            if was is not None:
+                moved = archived_name(org, int(was))
+                await retire_in(db, org, moved)
+                log.warning("installed by another account than the one its office was made "
+                            "for: that office is kept aside, this one starts empty",
+                            extra={"org": org, "kept_as": moved, "account_id": account})
+                moved_aside.append(org)
+            await db.execute("UPDATE installations SET account_id=? WHERE org=? AND"
+                             " (account_id IS NULL OR account_id<>?)", (account, org, account))
         rows = await db.fetchall(
             "SELECT org, installation_id FROM installations WHERE removed_at IS NULL")
-    return {str(r["org"]): int(r["installation_id"]) for r in rows}
+    return {str(r["org"]): int(r["installation_id"]) for r in rows}, moved_aside

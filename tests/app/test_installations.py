@@ -198,3 +198,56 @@ async def test_every_installation_is_known_at_start_however_many(
             "suspended" in body["error"]["message"], body
     finally:
         await again.stop()
+
+
+async def test_an_org_name_another_account_took_while_the_app_was_down_starts_a_new_office(
+        tmp_path: Path, session: aiohttp.ClientSession, database_url: str) -> None:
+    """The forge's listing at start names each installation's account: globex's name went
+    to another account while the app was down (its webhooks never came), and its office is
+    that account's from the start, empty, while globex's old office is kept aside."""
+    secret = "GLOBEX-CONFIDENTIAL merger memo"
+    first = await start_embedded(data_dir=tmp_path, persist_forge=True, port=0, forge_port=0,
+                                 database_url=database_url, app_key=app_key())
+    app_port = int(first.app_url.rsplit(":", 1)[1])
+    forge, app_id = first.forge, _app_id(first)
+    try:
+        await _add_globex(first, tmp_path)
+        installed = forge.install_app(app_id, "globex")
+        await first.settle()
+        amy = await api_tokens.create_token(first.services.store, "human:amy@globex.test",
+                                            "globex")
+        status, body = await _tool(session, first, amy, "mail_send", to="scout",
+                                   subject=secret, body="Do not forward.")
+        assert status == 200, body
+        await first.settle()
+        old_kid = first.services.keyring.for_office("globex").active_kid
+    finally:
+        await first.runner.cleanup()  # the app stops; meanwhile, on the forge:
+    try:
+        forge.uninstall_app(installed)
+        forge.state.accounts["globex"].id = forge.state.next_id("account")
+        forge.add_user("eve", "eve@evil.test")
+        forge.put_file("globex/.github", CONFIG_PATH, yaml.safe_dump({
+            "org": "globex", "humans": [{"email": "eve@evil.test", "login": "eve",
+                                         "permissions": ["mail.send", "editor"]}]}))
+        forge.install_app(app_id, "globex", sender="eve")
+        await forge.webhooks_idle()  # (their deliveries failed: no app was there)
+    finally:
+        await forge.stop()
+
+    again = await start_embedded(data_dir=tmp_path, persist_forge=True, port=app_port,
+                                 forge_port=0, database_url=database_url, app_key=app_key())
+    try:
+        eve = await api_tokens.create_token(again.services.store, "human:eve@evil.test",
+                                            "globex")
+        for name in ("mail_list", "list_changes"):
+            status, body = await _tool(session, again, eve, name)
+            assert status == 200 and secret not in str(body), (name, body)
+        status, body = await _tool(session, again, amy, "mail_list")
+        assert status == 401, body
+        assert again.services.keyring.for_office("globex").active_kid != old_kid
+        kept = await again.services.store.fetchall(
+            "SELECT subject FROM mails WHERE org LIKE 'globex~%'")
+        assert [r["subject"] for r in kept] == [secret]
+    finally:
+        await again.stop()
