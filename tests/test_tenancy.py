@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -502,3 +503,44 @@ async def test_a_login_taken_over_by_another_account_acts_as_no_one(
                                      embedded.forge_tokens["marco"])
         assert answer.status == 403, "not the account the office knows as marco"
         assert "changed hands" in await answer.text()
+
+
+async def test_the_numbers_an_office_is_shown_count_its_own_entries_only(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """`seq` numbered every office's ledger entries, so the gap between two of evil's told
+    evil how many acme had made in between, live (list_changes, the console's ledger page
+    and its paging, a webhook's delivery number). Each office is now shown its own count;
+    a cursor held from before still reads the same."""
+    store = embedded.services.store
+    evil = {"org": "evil", "humans": [{"email": "mallory@evil.test", "login": "mallory",
+                                       "permissions": ["mail.send"]}],
+            "agents": [{"slug": "spy", "login": "evil-spy", "person": "mallory@evil.test",
+                        "run": {"triggers": ["mail"], "dispatch": "none"}}]}
+    seed_office(embedded.forge, parse_office(yaml.safe_dump(evil), "evil.yml"))
+    (app_id,) = embedded.forge.state.apps
+    embedded.forge.install_app(int(app_id), "evil")
+    await embedded.settle()
+    token = await api_tokens.create_token(store, "human:mallory@evil.test", "evil")
+    mallory = ToolClient(session, embedded, "human:mallory@evil.test", token=token)
+    marco = ToolClient(session, embedded, MARCO)
+
+    async def evil_numbers(since: int = 0) -> list[int]:
+        await mallory("mail_send", to="spy", subject="tick", body="x")
+        await embedded.settle()
+        changes = await mallory("list_changes", since=since, limit=1000)
+        return [e["seq"] for e in changes["events"]]
+
+    first = await evil_numbers()
+    for n in range(5):  # acme's business, none of evil's
+        await marco("mail_send", to="scout", subject=f"acme {n}", body="x")
+    await embedded.settle()
+    both = await evil_numbers()
+    assert both == list(range(1, len(both) + 1)) and both[:len(first)] == first, both
+    more = await evil_numbers(since=both[-1])  # a cursor pages on from where it was
+    assert more and more == list(range(both[-1] + 1, both[-1] + 1 + len(more))), more
+    headers = {"Authorization": f"Bearer {token}"}
+    async with session.get(embedded.app_url + "/console/ledger", headers=headers) as resp:
+        page = await resp.text()
+    shown = [int(n) for n in re.findall(r'data-label="#">(\d+)<', page)]
+    assert shown and max(shown) <= len(both) + 2, shown
+    assert await ledger.verify_chain(store) is None

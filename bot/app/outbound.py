@@ -83,7 +83,7 @@ class LedgerForwarder(Rounds):
             try:
                 await post_signed(self.services.keyring.signer_for(entry.org), url,
                                   entry.as_json(), headers={
-                    "X-Vaultmail-Event": entry.event, "X-Vaultmail-Delivery": str(entry.seq)},
+                    "X-Vaultmail-Event": entry.event, "X-Vaultmail-Delivery": str(entry.number)},
                     outbound=self.services.settings.outbound)
             except Exception as exc:
                 failures = (int(row["failures"]) if row else 0) + 1

@@ -90,7 +90,7 @@ async def ledger_page(store: Store, viewer: Viewer, *, event: str | None, actor:
     shown: list[ledger.Entry] = []
     last_seen: int | None = None
     for entry in scan:
-        last_seen = entry.seq
+        last_seen = entry.number
         if await viewer.sees_entry(entry, store):
             shown.append(entry)
             if len(shown) == limit:

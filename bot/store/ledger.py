@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bot.store.db import Connection, Row, Store, hold, register_schema
+from bot.store.db import Connection, Row, Store, hold, register_columns, register_schema
+from bot.store.migrations import register_backfill
 from bot.store.sql import Sql, Statement, json_at
 
 register_schema("""
@@ -31,6 +32,17 @@ CREATE TABLE IF NOT EXISTS ledger (
 );
 CREATE INDEX IF NOT EXISTS ledger_event ON ledger(event);
 """)
+
+# where an entry stands in its office's ledger, the number the office is shown (`seq` numbers
+# every office's entries, so the gaps between an office's own told it how busy the others
+# were): an entry written before takes its seq, so a cursor an office held then still reads
+# the same, and each office counts on from its own last (schema 20)
+register_columns("ledger", {"pos": "{int}"}, version=20)
+register_backfill(
+    "UPDATE ledger SET pos=seq WHERE org IS NOT NULL AND pos IS NULL;\n"
+    "CREATE INDEX IF NOT EXISTS ledger_org_pos ON ledger(org, pos);\n",
+    postgres="UPDATE ledger SET pos=seq WHERE org IS NOT NULL AND pos IS NULL;\n"
+    "CREATE INDEX IF NOT EXISTS ledger_org_pos ON ledger(org, pos);\n", version=20)
 
 GENESIS = "0" * 64
 EVENTS = frozenset({
@@ -59,9 +71,15 @@ class Entry:
     hash: str
     org: str | None = None
     prev_hash: str = GENESIS  # the office chain's entry before it (GENESIS: its first)
+    pos: int | None = None  # its place in its office's ledger (None: an entry of no office)
+
+    @property
+    def number(self) -> int:
+        """The number its office is shown (and pages by): its place in the office's ledger."""
+        return self.pos if self.pos is not None else self.seq
 
     def as_json(self) -> dict[str, Any]:
-        return {"seq": self.seq, "time": _iso(self.time), "event": self.event,
+        return {"seq": self.number, "time": _iso(self.time), "event": self.event,
                 "actor": self.actor, "subject": self.subject, "data": self.data,
                 "hash": self.hash, "prev_hash": self.prev_hash, "office": self.org}
 
@@ -101,13 +119,15 @@ async def append(db: Connection, event: str, actor: str, subject: str,
     row = await db.fetchone("SELECT hash FROM ledger WHERE chain=? ORDER BY seq DESC LIMIT 1",
                             (org,))
     prev = row[0] if row else GENESIS
+    last = await db.fetchone("SELECT MAX(pos) AS pos FROM ledger WHERE org=?", (org,))
     t = time.time()
     blob = json.dumps(data or {}, sort_keys=True, separators=(",", ":"))
     return await db.insert(
-        "INSERT INTO ledger(time, event, actor, subject, data, prev_hash, hash, org, chain)"
-        " VALUES (?,?,?,?,?,?,?,?,?) RETURNING seq",
+        "INSERT INTO ledger(time, event, actor, subject, data, prev_hash, hash, org, chain,"
+        " pos) VALUES (?,?,?,?,?,?,?,?,?,?) RETURNING seq",
         (t, event, actor, subject, blob, prev,
-         _digest(prev, t, event, actor, subject, blob, org), org, org),
+         _digest(prev, t, event, actor, subject, blob, org), org, org,
+         int(last["pos"] or 0) + 1 if last else 1),
     )
 
 
@@ -173,7 +193,7 @@ async def recorded_with(store: Store, events: tuple[str, ...], subject: str, fie
 
 def _entry(r: Any) -> Entry:
     return Entry(r["seq"], r["time"], r["event"], r["actor"], r["subject"],
-                 json.loads(r["data"]), r["hash"], r["org"], r["prev_hash"])
+                 json.loads(r["data"]), r["hash"], r["org"], r["prev_hash"], r["pos"])
 
 
 def _of(org: str | None, sql: str, params: list[Any]) -> tuple[str, list[Any]]:
@@ -183,13 +203,16 @@ def _of(org: str | None, sql: str, params: list[Any]) -> tuple[str, list[Any]]:
 
 
 async def entries(store: Store, *, since: int = 0, limit: int = 1000,
-                  event: str | None = None, org: str | None = None) -> list[Entry]:
-    """Entries after `since` in order: `org`'s (None: every office's, for the operator)."""
-    sql, params = _of(org, "SELECT * FROM ledger WHERE seq>?", [since])
+                  event: str | None = None, org: str | None = None,
+                  shown: bool = False) -> list[Entry]:
+    """Entries after `since` in order: `org`'s (None: every office's, for the operator).
+    `shown`: `since` is the number the office is shown (`Entry.number`), not `seq`."""
+    column = "pos" if shown and org is not None else "seq"
+    sql, params = _of(org, f"SELECT * FROM ledger WHERE {column}>?", [since])
     if event:
         sql += " AND event=?"
         params.append(event)
-    rows = await store.fetchall(sql + " ORDER BY seq LIMIT ?", (*params, limit))
+    rows = await store.fetchall(sql + f" ORDER BY {column} LIMIT ?", (*params, limit))
     return [_entry(r) for r in rows]
 
 
@@ -224,7 +247,8 @@ async def scan_newest(store: Store, *, event: str | None, actor: str | None,
     own."""
     sql, params = _of(org, "SELECT * FROM ledger WHERE 1=1", list[Any]())
     for clause, value in (("event=?", event), ("actor=?", actor), ("time>=?", since),
-                          ("time<?", until), ("seq<?", before)):
+                          ("time<?", until),
+                          ("pos<?" if org is not None else "seq<?", before)):
         if value is not None:
             sql += f" AND {clause}"
             params.append(value)

@@ -110,8 +110,8 @@ async def adopt_unowned(store: Store, org: str) -> int:
                                        (org.lower(),))
             adopted += changed
         # old entries: seen by the office now; they stay on the old chain they were hashed on
-        changed = await db.execute("UPDATE ledger SET org=? WHERE org IS NULL AND chain IS NULL",
-                                   (org.lower(),))
+        changed = await db.execute("UPDATE ledger SET org=?, pos=seq WHERE org IS NULL"
+                                   " AND chain IS NULL", (org.lower(),))
         adopted += changed
     return adopted
 

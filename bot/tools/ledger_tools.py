@@ -22,7 +22,8 @@ MAX_SCANNED = 20_000  # entries looked at per call; `next` says where to go on f
 
 class ChangesArgs(Args):
     since: int = Field(default=0, ge=0, le=MAX_ID,
-                       description="sequence number of the last event seen")
+                       description="`seq` of the last event seen (the office's own "
+                                   "numbering)")
     limit: int = Field(default=200, ge=1, le=1000, description="at most this many events")
 
 
@@ -35,9 +36,10 @@ async def list_changes(call: Call, args: ChangesArgs) -> dict[str, Any]:
     events: list[dict[str, Any]] = []
     cursor, scanned = args.since, 0
     while len(events) < args.limit and scanned < MAX_SCANNED:
-        batch = await ledger.entries(store, since=cursor, limit=BATCH, org=call.office.org)
+        batch = await ledger.entries(store, since=cursor, limit=BATCH, org=call.office.org,
+                                     shown=True)
         for entry in batch:
-            cursor, scanned = entry.seq, scanned + 1
+            cursor, scanned = entry.number, scanned + 1
             if await viewer.sees_entry(entry, store):
                 # subjects, answers, reasons: text people wrote, data to an agent
                 events.append({**entry.as_json(), "contentIsData": True})
