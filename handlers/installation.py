@@ -59,7 +59,7 @@ async def remember_installation(event: sansio.Event, ctx: HandlerContext) -> Non
             # another account's org of that name: its office starts empty and signs with a
             # key of its own; the config the old one had is not served to it meanwhile
             ctx.services.keyring.for_office(org).rotate()
-            await ctx.services.offices.get(ctx.forge, org, fresh=True)
+            ctx.services.offices.forget(org)
             ctx.log.warning("installed by another account than the one the office was "
                             "made for: that office is kept aside, this one starts empty",
                             extra={"org": org, "kept_as": moved, "account_id": account})

@@ -544,3 +544,25 @@ async def test_the_numbers_an_office_is_shown_count_its_own_entries_only(
     shown = [int(n) for n in re.findall(r'data-label="#">(\d+)<', page)]
     assert shown and max(shown) <= len(both) + 2, shown
     assert await ledger.verify_chain(store) is None
+
+
+async def test_an_org_name_taken_by_another_account_is_not_served_the_old_config(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """The new owner of globex's name has no config of its own (yet): a missing config keeps
+    the last valid one in force, and that was the old office's, its people acting as members
+    and its webhooks hearing the new office's ledger (review). Read through a new
+    installation, what was kept of an org's config is not that org's any more."""
+    forge, services = embedded.forge, embedded.services
+    seed_office(forge, parse_office(yaml.safe_dump(GLOBEX), "globex.yml"))
+    (app_id,) = forge.state.apps
+    first = forge.install_app(int(app_id), "globex")
+    await embedded.settle()
+    assert await services.offices.get(services.forge_for_org("globex"), "globex") is not None
+    forge.uninstall_app(first)
+    await embedded.settle()
+    forge.state.accounts["globex"].id = forge.state.next_id("account")
+    del forge._repo(f"globex/{CONFIG_REPO}").files[CONFIG_PATH]  # (none of its own)
+    forge.install_app(int(app_id), "globex")
+    await embedded.settle()
+    office = await services.offices.get(services.forge_for_org("globex"), "globex")
+    assert office is None, [h.login for h in office.humans]

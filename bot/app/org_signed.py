@@ -65,6 +65,8 @@ async def as_the_forge_has_it(forge: GiteaForge, event: str, data: dict[str, Any
     NotAsTheForgeSays when the sender did not do what it says (see the module)."""
     out = copy.deepcopy(data)
     sender = _login(out.get("sender"))
+    if isinstance(out.get("sender"), dict):  # its id is the forge's only where read from it
+        out["sender"].pop("id", None)
     repo = (out.get("repository") or {}).get("full_name")
     action = out.get("action")
     if not sender or not isinstance(repo, str):
@@ -89,15 +91,17 @@ async def as_the_forge_has_it(forge: GiteaForge, event: str, data: dict[str, Any
     elif event == "issues" and action == "opened":
         if author != sender:
             raise NotAsTheForgeSays(f"{repo}#{number} was opened by {author}, not {sender}")
+        out["sender"] = found["user"]
     elif event == "issues" and action in _TIMELINE:
         if action != "labeled" and found.get("state") != ("closed" if action == "closed"
                                                           else "open"):
             raise NotAsTheForgeSays(f"{repo}#{number} is not {action}")
         kind = _TIMELINE[str(action)]
-        done = any(e.get("type") == kind and _login(e.get("user")) == sender
-                   for e in await forge.timeline(repo, number))
+        done = [e for e in await forge.timeline(repo, number)
+                if e.get("type") == kind and _login(e.get("user")) == sender]
         if not done:
             raise NotAsTheForgeSays(f"{sender} never did that ({kind}) on {repo}#{number}")
+        out["sender"] = github_user(done[-1].get("user"), bot_login)
     elif author != sender and not await _may_write(forge, repo, sender):
         raise NotAsTheForgeSays(f"{sender} may not write to {repo}")
     return out
@@ -112,13 +116,17 @@ async def _comment(forge: GiteaForge, repo: str, number: int, out: dict[str, Any
         found = await forge.get_comment(repo, int(comment["id"]))
     except NotFound:
         raise NotAsTheForgeSays(f"comment {comment['id']} does not exist on {repo}") from None
-    if not str(found.get("issue_url") or "").lower().endswith(
-            f"/{repo.lower()}/issues/{number}"):
+    # (Gitea gives a pull request's comment no issue_url: its address is pull_request_url)
+    where = {str(found.get(k) or "").lower() for k in ("issue_url", "pull_request_url")}
+    if not any(w.endswith((f"/{repo.lower()}/issues/{number}", f"/{repo.lower()}/pulls/{number}"))
+               for w in where):
         raise NotAsTheForgeSays(f"comment {comment['id']} is not on {repo}#{number}")
     author = _login(found.get("user"))
-    if out.get("action") == "created" and author != sender:
-        raise NotAsTheForgeSays(f"comment {comment['id']} was written by {author}, not "
-                                f"{sender}")
+    if out.get("action") == "created":
+        if author != sender:
+            raise NotAsTheForgeSays(f"comment {comment['id']} was written by {author}, not "
+                                    f"{sender}")
+        out["sender"] = github_user(found.get("user"), bot_login)
     if author != sender and not await _may_write(forge, repo, sender):
         raise NotAsTheForgeSays(f"{sender} may not edit {author}'s comment on {repo}")
     out["comment"] = {**comment, "body": found.get("body") or "",

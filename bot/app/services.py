@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from bot.office.config import Office
 
 log = logging.getLogger("vaultmail.services")
+ACCOUNT_KEPT = 60.0  # seconds a login's bound account is taken as read (as a config is)
 
 
 def _cancelled_elsewhere(exc: BaseException) -> bool:
@@ -59,8 +61,11 @@ class Services:
     wake_worker: Callable[[], None] = lambda: None
     _unread: set[str] = field(default_factory=set, repr=False)  # orgs the last round left out
 
-    # (org, principal, login): the account id bound to it (bot.store.members.bind), once seen
-    _accounts: dict[tuple[str, str, str], int] = field(default_factory=dict, repr=False)
+    # (org, principal, login): the account id bound to it (bot.store.members.bind) and when it
+    # was read: read again after ACCOUNT_KEPT (another replica may have applied a config that
+    # bound it anew)
+    _accounts: dict[tuple[str, str, str], tuple[int, float]] = field(default_factory=dict,
+                                                                      repr=False)
 
     def __post_init__(self) -> None:
         self.offices.on_new = self._config_taken
@@ -73,17 +78,18 @@ class Services:
         if not isinstance(user_id, int) or isinstance(user_id, bool):
             return True
         key = (org.lower(), principal, login.lower())
-        bound = self._accounts.get(key)
-        if bound is None:
-            from bot.store import members
+        bound, at = self._accounts.get(key, (None, 0.0))
+        if bound == user_id and time.monotonic() - at < ACCOUNT_KEPT:
+            return True
+        from bot.store import members
 
-            if not await members.bind(self.store, org, principal, login, user_id):
-                log.warning("a login acting as an office's member is another forge account "
-                            "than the one first seen with it: taken as an outsider",
-                            extra={"org": org, "principal": principal, "login": login})
-                return False
-            bound = self._accounts[key] = user_id
-        return bound == user_id
+        if not await members.bind(self.store, org, principal, login, user_id):
+            log.warning("a login acting as an office's member is another forge account than "
+                        "the one first seen with it: taken as an outsider",
+                        extra={"org": org, "principal": principal, "login": login})
+            return False
+        self._accounts[key] = (user_id, time.monotonic())
+        return True
 
     async def _config_taken(self, org: str, office: Office) -> None:
         """A config text taken anew, by whichever replica reads it first: whoever the last one

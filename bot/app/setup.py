@@ -562,8 +562,9 @@ class SetupPage:
     async def callback(self, request: web.Request) -> web.Response:
         code, state = request.query.get("code", ""), request.query.get("state", "")
         async with self._lock:
-            if self.registered is not None:
-                return self._registered_page()
+            if self.registered is not None:  # (what it wrote where: the registering browser's)
+                return self._registered_page() if self._browser(request) else _page(
+                    "vaultmail is registered", "<p>This deployment's App is registered.</p>")
             if not state or not self._take_state(state, request.cookies.get(BROWSER_COOKIE,
                                                                              "")):
                 return _page("Registration not started here", (

@@ -71,6 +71,10 @@ class OfficeSource:
         # handled side by side at start-up must not read "no config" off a fetch not done)
         self._asking: dict[str, asyncio.Future[Office | None]] = {}
         self._asked_at: dict[str, float] = {}  # when the read in flight began
+        # the installation each org's config was read through: read through another (the
+        # App installed again, maybe by another account that took the org's name), what was
+        # kept of it is not that org's config any more
+        self._read_under: dict[str, int | None] = {}
         self._fresh: set[str] = set()  # orgs a push asked to read again, until answered
         self._reading = asyncio.Semaphore(READS_AT_ONCE)
         self.max_age = max_age
@@ -97,6 +101,9 @@ class OfficeSource:
             # the operator's file is one office's: another org installed beside it has none
             # (never this one's, or its tokens would act in this office)
             return self._local if self._local.org.lower() == org.lower() else None
+        under = getattr(forge, "installation_id", None)
+        if org in self._read_under and self._read_under[org] != under:
+            self.forget(org)
         if (not fresh and org not in self._fresh
                 and time.monotonic() - self._fetched.get(org, -1e18) < self.max_age):
             return self._last_valid.get(org)  # (a push's read in flight: it is waited for)
@@ -105,6 +112,7 @@ class OfficeSource:
             # shared by whoever asks: none's limit on forge waits (a delivery's) is the others'
             asking = asyncio.get_running_loop().create_task(self._fetch(forge, org),
                                                             context=without_wait_limit())
+            self._read_under[org] = under
             self._asking[org] = asking
             self._asked_at[org] = time.monotonic()
             asking.add_done_callback(lambda done: self._asked(org, done))
@@ -125,6 +133,14 @@ class OfficeSource:
                     < self.max_age + STALE_AT_MOST):
                 return self._last_valid.get(org)
             raise OfficeUnanswered(org, within) from None
+
+    def forget(self, org: str) -> None:
+        """Drop what was kept of `org`'s config (its name now another account's): the next
+        read is its first."""
+        for kept in (self._last_valid, self._fetched, self._text, self.last_error,
+                     self._read_under):
+            kept.pop(org, None)
+        self._fresh.discard(org)
 
     def answered(self, org: str) -> bool:
         """Whether `org`'s config was ever read (valid or not)."""

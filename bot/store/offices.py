@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from bot.store.db import Store
+from bot.store.db import Store, hold
 from bot.store.migrations import register_backfill, register_columns
 from bot.store.sql import Connection, Sql
 
@@ -117,46 +117,63 @@ async def adopt_unowned(store: Store, org: str) -> int:
 
 
 _COLUMNS = Sql(
-    "SELECT m.name AS t, p.name AS c FROM sqlite_master m, pragma_table_info(m.name) p"
-    " WHERE m.type='table'",
-    "SELECT table_name AS t, column_name AS c FROM information_schema.columns"
+    "SELECT m.name AS t, p.name AS c, lower(p.type) AS type FROM sqlite_master m,"
+    " pragma_table_info(m.name) p WHERE m.type='table'",
+    "SELECT table_name AS t, column_name AS c, data_type AS type FROM information_schema.columns"
     " WHERE table_schema=current_schema()")
-# keys made with `scoped(org, ...)` in tables with no office column of their own
-_SCOPED = {"inbox_agent_marks": "owner"}
-_KEPT = {"installations"}  # the org's own row: its caller writes the new owner's
+_TEXT = ("text", "character varying")
+# what stays as it is: the ledger is hashed as written (its rows move by their office alone),
+# the org's own installation row is its caller's, and the rest are no office's
+_UNMOVED = {"installations", "ledger", "schema_migrations", "sqlite_sequence", "replicas",
+            "deliveries", "missed_deliveries", "reconcile_marks", "oauth_clients"}
+# what people wrote, and the app's own results: never a reference to rewrite
+_CONTENT = {"body", "subject", "message", "title", "answer", "summary", "data", "payload",
+            "result", "card_body", "detail", "metadata", "last_error", "flash", "cause",
+            "name", "content_type", "redirect_uri", "resource", "csrf", "fingerprint"}
+_IDEMPOTENCY = Sql("DELETE FROM idempotency WHERE substr(scope, 1, 5)='tool:'"
+                   " AND instr(scope, ?) > 0",
+                   "DELETE FROM idempotency WHERE substr(scope, 1, 5)='tool:'"
+                   " AND strpos(scope, ?) > 0")
 
 
 async def retire_in(db: Connection, org: str, archived: str) -> int:
     """Move every row of `org`'s office aside, under `archived` (in the caller's transaction):
     the org's name now belongs to another account, whose office starts empty, while what the
     old office kept stays for the operator. Every column that names the office (`org`, the
-    queue's `office`, the ledger's `chain`), the repository of rows about one (`_BY_REPO`),
-    and scoped keys. Revokes every token and grant the old office gave. Returns rows moved."""
+    queue's `office`, the ledger's `chain`), and every reference that starts with the office
+    (`org/...`: a mail's vault, an item's ref and parent, a scoped principal, ...), found in
+    the database's own catalogue, so a table added later is moved too; the old office's
+    idempotent results are dropped; every token and grant it gave is revoked. Holds the
+    office's member and ledger keys, so no append chains onto the old office meanwhile.
+    Returns the rows moved."""
     org, archived = org.lower(), archived.lower()
-    tables: dict[str, set[str]] = {}
+    await hold(db, f"office-members:{org}")
+    await hold(db, f"ledger:{org}")  # (an office's ledger key last, as every transaction)
+    tables: dict[str, dict[str, str]] = {}
     for row in await db.fetchall(_COLUMNS):
-        tables.setdefault(str(row["t"]), set()).add(str(row["c"]))
-    now, moved = time.time(), 0
+        tables.setdefault(str(row["t"]), {})[str(row["c"])] = str(row["type"] or "")
+    now, moved, prefix = time.time(), 0, org + "/"
     for table, columns in sorted(tables.items()):
-        if table in _KEPT:
+        if table in _UNMOVED - {"ledger"}:
             continue
+        owned = "org" in columns
         for column in ("org", "office", "chain"):
             if column in columns:
                 moved += await db.execute(
                     f"UPDATE {table} SET {column}=? WHERE {column}=?", (archived, org))
-        prefixed = [_BY_REPO.get(table)] + (["owner"] if table == "inbox_deliveries" else [])
-        for column in (c for c in prefixed if c is not None):
-            await db.execute(
-                f"UPDATE {table} SET {column}=? || substr({column}, ?) WHERE org=?"
-                f" AND lower(substr({column}, 1, ?))=?",
-                (archived, len(org) + 1, archived, len(org) + 1, org + "/"))
-        if table in _SCOPED:
-            column = _SCOPED[table]
-            moved += await db.execute(
-                f"UPDATE {table} SET {column}=? || substr({column}, ?)"
-                f" WHERE substr({column}, 1, ?)=?", (archived, len(org) + 1, len(org) + 1,
-                                                      org + "/"))
-        if "revoked_at" in columns and "org" in columns:  # tokens, grants: dead, not moved
+        if table == "ledger":
+            continue
+        for column, kind in sorted(columns.items()):
+            if kind not in _TEXT or column in _CONTENT or column in ("org", "office"):
+                continue
+            where = f"lower(substr({column}, 1, ?))=?" + (" AND org=?" if owned else "")
+            changed = await db.execute(
+                f"UPDATE {table} SET {column}=? || substr({column}, ?) WHERE {where}",
+                (archived, len(prefix), len(prefix), prefix,
+                 *((archived,) if owned else ())))
+            moved += changed
+        if "revoked_at" in columns and owned:  # tokens, grants: dead, not moved
             await db.execute(f"UPDATE {table} SET revoked_at=? WHERE org=?"
                              " AND revoked_at IS NULL", (now, archived))
+    await db.execute(_IDEMPOTENCY, (f":{org}:",))
     return moved

@@ -93,3 +93,59 @@ async def test_a_close_is_whoever_closed_it(
     assert row is not None and row.state != "mail:closed", "marco never closed it"
     entries = await ledger.entries(office.services.store, org="acme")
     assert not [e for e in entries if e.event == "mail.closed"], entries
+
+
+async def test_a_sender_id_the_forge_did_not_say_binds_no_one(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """A person's forge account is bound by the id first seen with their login: acme's
+    admins signed an edit of marco's comment with marco's login and an id of their choosing,
+    and marco's own account was then taken for someone else's (review). Only an id the forge
+    gave (its comment's, its issue's, its timeline's author) is taken."""
+    sent = await _mail(office, session)
+    marco = gitea_api(session, office, "marco")
+    repo = "acme/scout-vault"
+    office.forge.faults.drop_webhooks(count=1)  # (its own delivery lost: none binds marco)
+    comment = await marco("POST", f"/repos/{repo}/issues/{sent['number']}/comments",
+                          {"body": "noted"}, expect=201)
+    await office.settle()
+    issue = await marco("GET", f"/repos/{repo}/issues/{sent['number']}")
+    about = {"action": "edited", "issue": issue, "comment": comment,
+             "changes": {"body": {"from": "noted"}},
+             "repository": {"full_name": repo, "name": "scout-vault",
+                            "owner": {"login": "acme"}},
+             "sender": {"login": "marco", "id": 999_999}}
+    await _forged(office, session, "issue_comment", about, "forged-edit")
+    await marco("POST", f"/repos/{repo}/issues/{sent['number']}/comments",
+                {"body": "/mail scout Prices again\nEU prices, please"}, expect=201)
+    await office.settle()
+    subjects = [r["subject"] for r in await office.services.store.fetchall(
+        "SELECT subject FROM mails")]
+    assert "Prices again" in subjects, "marco's own /mail was taken for an outsider's"
+
+
+class _PullRequestForge:
+    """What Gitea answers about pull request #5 of acme/product and marco's comment on it
+    (models/issues/comment.go: a pull request's comment has no IssueURL, its PRURL instead);
+    the local Gitea has no pull requests to ask."""
+
+    async def get_issue(self, repo: str, number: int) -> dict[str, Any]:
+        return {"number": 5, "title": "Prices", "body": "", "state": "open", "labels": [],
+                "user": {"login": "marco", "id": 7}, "pull_request": {"merged": False}}
+
+    async def get_comment(self, repo: str, comment_id: int) -> dict[str, Any]:
+        return {"id": comment_id, "body": "/mail scout Prices\nEU",
+                "user": {"login": "marco", "id": 7}, "issue_url": "",
+                "pull_request_url": "https://gitea.example/acme/product/pulls/5"}
+
+
+async def test_a_comment_on_a_pull_request_is_where_gitea_says() -> None:
+    """Refused as "not on acme/product#5", a genuine /mail on a pull request was lost."""
+    from bot.app.org_signed import as_the_forge_has_it
+
+    data = {"action": "created", "sender": {"login": "marco", "id": 7},
+            "repository": {"full_name": "acme/product"},
+            "issue": {"number": 5, "pull_request": {}},
+            "comment": {"id": 99, "body": "/mail scout Prices\nEU", "user": {"login": "marco"}}}
+    out = await as_the_forge_has_it(_PullRequestForge(), "issue_comment",  # type: ignore[arg-type]
+                                    data, "vaultmail")
+    assert out["comment"]["body"] == "/mail scout Prices\nEU" and out["sender"]["id"] == 7

@@ -1,0 +1,101 @@
+"""Moving an office aside (bot.store.offices.retire_in), when its org's name went to another
+account: nothing of it is left where the new office reads, whatever table or reference
+holds it, and nothing chains onto it meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from bot.items.model import Item
+from bot.store import chats, ledger, open_store
+from bot.store import comments as db
+from bot.store.offices import _COLUMNS, _TEXT, retire_in
+from tests.support import until
+
+
+async def test_nothing_of_the_old_office_is_left_where_the_new_one_reads(
+        tmp_path: Path, database_url: str) -> None:
+    """An item is keyed by its reference (acme/plans#1), a plan by its parent's, a question by
+    the scope it waits in: the new owner of the name `acme` makes acme/plans and its issue #1,
+    and read the old office's outcome, its plan, and its open question (review)."""
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    try:
+        async with store.transaction() as tx:
+            await db.put_item(tx, Item("acme/plans", 1, "outcome", "Acquire globex (secret)",
+                                       "open", "marco"))
+            await db.put_item(tx, Item("acme/plans", 2, "plan", "Offer $40M", "open", "marco",
+                                       parent="acme/plans#1"))
+            await tx.execute(
+                "INSERT INTO threads(id, item, scope, asker, is_question, open, state,"
+                " updated_at, org) VALUES (?,?,?,?,?,?,?,?,?)",
+                ("c1", "acme/plans#1", "acme/plans#1", "agent:scout", 1, 1,
+                 json.dumps({"waiting_on": ["human:marco@acme.com"]}), time.time(), "acme"))
+            await tx.execute("INSERT INTO mail_shown(principal, upto) VALUES (?,?)",
+                             ("acme/agent:scout", 3))
+            await tx.execute("INSERT INTO inbox_agent_marks(owner, agent, seq) VALUES (?,?,?)",
+                             ("acme/human:marco@acme.com", "agent:scout", 2))
+            # acme-labs, whose name acme's begins, is another office: left as it is
+            await db.put_item(tx, Item("acme-labs/plans", 1, "outcome", "Theirs", "open", "x"))
+        async with store.transaction("installation:acme") as tx:
+            await retire_in(tx, "acme", "acme~7")
+        assert await db.get_item(store, "acme/plans#1") is None
+        assert await db.children(store, "acme/plans#1") == []
+        assert not await store.fetchall("SELECT id FROM threads WHERE scope=?",
+                                        ("acme/plans#1",))
+        assert await db.get_item(store, "acme~7/plans#1") is not None, "kept, aside"
+        assert await db.get_item(store, "acme-labs/plans#1") is not None
+        # every text column of every table: nothing begins with the office's name now
+        left = []
+        for row in await store.fetchall(_COLUMNS):
+            table, column = str(row["t"]), str(row["c"])
+            if str(row["type"]) not in _TEXT or table == "ledger":
+                continue
+            found = await store.fetchone(
+                f"SELECT COUNT(*) AS n FROM {table} WHERE {column}=? OR"
+                f" substr({column}, 1, 5)=?", ("acme", "acme/"))
+            if found is not None and found["n"]:
+                left.append(f"{table}.{column}")
+        assert not left, left
+    finally:
+        await store.close()
+
+
+async def test_an_append_beside_the_move_starts_the_new_offices_chain(
+        tmp_path: Path, database_url: str) -> None:
+    """On PostgreSQL an append beside the move, uncommitted yet, read the old office's last
+    entry and chained the new office's first entry onto it (its position too): the move
+    holds the office's ledger, and the append waits for it (review)."""
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    try:
+        for n in range(3):  # the old office's entries
+            async with store.transaction(ledger.key("acme")) as tx:
+                await ledger.append(tx, "mail.sent", "human:a", f"old {n}", org="acme")
+
+        async def append() -> None:
+            async with store.transaction(ledger.key("acme")) as tx:
+                await chats.add_chat(tx, "agent:scout", "human:b", "hello", 0.0, org="acme")
+                await ledger.append(tx, "mail.sent", "human:b", "the new office's first",
+                                    org="acme")
+
+        if database_url:
+            from tests.pg import waiting_behind
+
+            async with store.transaction("installation:acme") as tx:
+                await retire_in(tx, "acme", "acme~1")
+                me = await tx.fetchone("SELECT pg_backend_pid() AS pid")
+                assert me is not None
+                beside = asyncio.create_task(append())
+                await until(lambda: waiting_behind(database_url, int(me["pid"])))
+            await beside
+        else:  # one writer: the append comes before or after the move, whole
+            async with store.transaction("installation:acme") as tx:
+                await retire_in(tx, "acme", "acme~1")
+            await append()
+        assert await ledger.verify_chain(store) is None
+        new = await store.fetchall("SELECT pos, prev_hash FROM ledger WHERE org='acme'")
+        assert [(r["pos"], r["prev_hash"]) for r in new] == [(1, ledger.GENESIS)]
+    finally:
+        await store.close()
