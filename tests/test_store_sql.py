@@ -30,6 +30,7 @@ SQLITE_ONLY = {
     "a comment for PostgreSQL": re.compile(r"/\*"),
     "WITHOUT ROWID": re.compile(r"\bWITHOUT\s+ROWID\b", re.IGNORECASE),
     "the catalogue": re.compile(r"\bsqlite_master\b|\bpragma_table_info\b"),
+    "instr()": re.compile(r"\binstr\s*\(", re.IGNORECASE),
     "AUTOINCREMENT": re.compile(r"\bAUTOINCREMENT\b", re.IGNORECASE),
 }
 CASE_BLIND = re.compile(r"(?<![IN])LIKE\b")  # ILIKE, NOT LIKE aside

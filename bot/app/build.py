@@ -69,14 +69,24 @@ async def build_gitea_services(settings: Settings, session: aiohttp.ClientSessio
                          endpoint_points_per_minute=0)
     client = GiteaClient(settings.token, session, settings.api_url, bot_login=login,
                          config=config)
-    orgs = await client.installation().user_orgs()
+    orgs = await client.installation().user_org_ids()
     store = await open_store(settings.database, synchronous=settings.sqlite_synchronous)
+    try:  # whose each org is, as with a GitHub App's installations (see build_services)
+        before = await installations.known(store)
+        installed, moved = await installations.listed(
+            store, dict.fromkeys(orgs, SYNTHETIC_INSTALLATION_ID), before,
+            {org: i for org, i in orgs.items() if i is not None})
+    except BaseException:
+        await store.close()
+        raise
     services = Services(settings=settings, store=store, forge_client=client,
                         router=build_router(), own_router=build_own_router(), app_slug=login,
                         offices=OfficeSource(settings.office_path,
                                              url_refused=settings.outbound.url_refusal),
                         keyring=Keyrings.in_data_dir(settings.data_dir), bot_user=login,
-                        installations={org.lower(): SYNTHETIC_INSTALLATION_ID for org in orgs})
+                        installations=installed)
+    for org in moved:
+        services.keyring.for_office(org).rotate()
     services.keyring.installed = services.installations.keys  # what legacy keys served
     return services
 

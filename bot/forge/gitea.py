@@ -518,8 +518,14 @@ class GiteaForge(RepoCaller):
         return repos
 
     async def user_orgs(self) -> list[str]:
-        return [str(o.get("username") or o.get("name"))
-                async for o in self._paginate("/user/orgs{?limit}", {"limit": PAGE})]
+        return list(await self.user_org_ids())
+
+    async def user_org_ids(self) -> dict[str, int | None]:
+        """{org (lower case): its id} of every org the bot is in: whose each name is (an org
+        deleted frees its name, and another user may make one of that name)."""
+        return {str(o.get("username") or o.get("name")).lower():
+                o["id"] if isinstance(o.get("id"), int) else None
+                async for o in self._paginate("/user/orgs{?limit}", {"limit": PAGE})}
 
 
 def _exclusive(name: str) -> bool:

@@ -261,3 +261,44 @@ async def test_an_orgs_webhook_cannot_claim_the_ids_of_another_orgs_comments_to_
     ours = await office.services.store.fetchall(
         "SELECT body FROM comments WHERE item=?", (f"acme/scout-vault#{outcome['number']}",))
     assert [r["body"] for r in ours] == ["Margins first, then prices."], ours
+
+
+async def test_an_org_made_again_by_another_user_while_the_app_was_down_starts_a_new_office(
+        tmp_path: Any) -> None:
+    """Gitea sends no installation events: the app finds its orgs at start. acme was deleted
+    and another user made an org of that name and added the bot to it (as Gitea lets anyone
+    add a user): by its id, another org, whose office starts empty, acme's kept aside (found
+    by review: on Gitea the office went to whoever took the name)."""
+    from bot.app.embedded import start_embedded
+
+    secret = "ACME-CONFIDENTIAL on Gitea"
+    first = await start_embedded(data_dir=tmp_path, persist_forge=True, port=0, forge_port=0,
+                                 dialect="gitea")
+    app_port = int(first.app_url.rsplit(":", 1)[1])
+    try:
+        async with aiohttp.ClientSession() as s:
+            sent = await ToolClient(s, first, "human:marco@acme.com")(
+                "mail_send", to="scout", subject=secret, body="x")
+            assert sent["mail"]["vault"] == "acme/scout-vault"
+        await first.settle()
+        old_kid = first.services.keyring.for_office("acme").active_kid
+        # the name is another org's now (its people, by chance, named as acme's were)
+        first.forge.state.accounts["acme"].id = first.forge.state.next_id("account")
+    finally:
+        await first.stop()
+
+    again = await start_embedded(data_dir=tmp_path, persist_forge=True, port=app_port,
+                                 forge_port=0, dialect="gitea")
+    try:
+        token = await api_tokens.create_token(again.services.store, "human:marco@acme.com",
+                                              "acme")
+        async with aiohttp.ClientSession() as s:
+            listed = await ToolClient(s, again, "human:marco@acme.com", token=token)(
+                "mail_list")
+        assert secret not in json.dumps(listed), listed
+        assert again.services.keyring.for_office("acme").active_kid != old_kid
+        kept = await again.services.store.fetchall(
+            "SELECT subject FROM mails WHERE org LIKE 'acme~%'")
+        assert [r["subject"] for r in kept] == [secret]
+    finally:
+        await again.stop()
