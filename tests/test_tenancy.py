@@ -566,3 +566,31 @@ async def test_an_org_name_taken_by_another_account_is_not_served_the_old_config
     await embedded.settle()
     office = await services.offices.get(services.forge_for_org("globex"), "globex")
     assert office is None, [h.login for h in office.humans]
+
+
+async def test_the_chat_numbers_an_office_is_shown_count_its_own_chats_only(
+        tenants: Tenants) -> None:
+    """A chat's number was its id across every office: evil's two chats told evil how many
+    acme's people had started in between (the ledger's `chat:N` too). Each office numbers
+    its own; its chats are read, answered and seen in the ledger by them."""
+    t = tenants
+    acme_marco = ToolClient(t.session, t.embedded, MARCO)
+
+    async def evil_chat() -> int:
+        status, body = await t.call(t.evil_marco, "agent_chat", agent="scout", message="hi")
+        assert status == 200, body
+        return int(body["chat"]["chat"])
+
+    first = await evil_chat()
+    for n in range(3):
+        await acme_marco("agent_chat", agent="scout", message=f"acme {n}")
+    second = await evil_chat()
+    assert (first, second) == (1, 2), (first, second)
+    status, body = await t.call(t.evil_scout, "chat_reply", chat=second, message="hello")
+    assert status == 200 and body["chat"]["answer"] == "hello", body
+    status, body = await t.call(t.evil_marco, "chat_get", chat=second)
+    assert status == 200 and body["chat"]["answer"] == "hello", body
+    status, body = await t.call(t.evil_marco, "list_changes", since=0)
+    assert status == 200 and "chat:2" in [e["subject"] for e in body["events"]], body
+    mine = await acme_marco("chat_get", chat=t.acme_chat)  # acme's first, as it was
+    assert SECRET in mine["chat"]["message"]

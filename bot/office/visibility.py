@@ -234,7 +234,7 @@ class Viewer:
         if chat is not None:
             from bot.store import chats
 
-            row = await chats.chat_parties(store, int(chat["n"]))
+            row = await chats.chat_parties(store, int(chat["n"]), org=entry.org)
             return row is not None and self.sees_chat(str(row["sender"]), str(row["agent"]),
                                                       row["org"])
         to_agent = _TO_AGENT.match(subject)

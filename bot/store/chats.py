@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 
-from bot.store.db import Connection, Row, Store, register_schema
+from bot.store.db import Connection, Row, Store, register_columns, register_schema
+from bot.store.migrations import register_backfill
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS chats (
@@ -19,12 +20,21 @@ CREATE TABLE IF NOT EXISTS chats (
 );
 CREATE INDEX IF NOT EXISTS chats_agent ON chats(agent, answered_at);
 """)
+# the number a chat goes by in its office (`chat:N`): its id numbered every office's chats, so
+# an office's own told it how many the others had started (as the ledger's seq did); a chat
+# started before takes its id, and each office counts on from its own last (schema 20)
+register_columns("chats", {"number": "{int}"}, version=20)
+register_backfill(
+    "UPDATE chats SET number=id WHERE number IS NULL;\n"
+    "CREATE UNIQUE INDEX IF NOT EXISTS chats_org_number ON chats(org, number);\n",
+    postgres="UPDATE chats SET number=id WHERE number IS NULL;\n"
+    "CREATE UNIQUE INDEX IF NOT EXISTS chats_org_number ON chats(org, number);\n", version=20)
 
 
-async def get_chat(store: Store, chat_id: int, *, org: str) -> Row | None:
-    """`org`'s chat with this id, or None (another office's chat is none of its own)."""
-    return await store.fetchone("SELECT * FROM chats WHERE id=? AND org=?",
-                                (chat_id, org.lower()))
+async def get_chat(store: Store, number: int, *, org: str) -> Row | None:
+    """`org`'s chat of this number, or None (another office's chat is none of its own)."""
+    return await store.fetchone("SELECT * FROM chats WHERE org=? AND number=?",
+                                (org.lower(), number))
 
 
 async def waiting_for(store: Store, agent: str, *, org: str) -> list[Row]:
@@ -47,29 +57,35 @@ async def waiting_counts(db: Connection, agent: str, sender: str, *, org: str,
 
 async def add_chat(db: Connection, agent: str, sender: str, message: str,
                    created_at: float, *, org: str) -> int:
-    """Keep a new chat of `org` in the caller's transaction; returns its id."""
-    return await db.insert(
-        "INSERT INTO chats(agent, sender, message, created_at, org) VALUES (?,?,?,?,?)"
-        " RETURNING id", (agent, sender, message, created_at, org.lower()))
+    """Keep a new chat of `org` in the caller's transaction, which holds the office's ledger
+    key (its number is the office's next); returns its number."""
+    org = org.lower()
+    last = await db.fetchone("SELECT MAX(number) AS n FROM chats WHERE org=?", (org,))
+    number = int(last["n"] or 0) + 1 if last else 1
+    await db.execute("INSERT INTO chats(agent, sender, message, created_at, org, number)"
+                     " VALUES (?,?,?,?,?,?)", (agent, sender, message, created_at, org, number))
+    return number
 
 
-async def delete_chat(db: Connection, chat_id: int) -> None:
+async def delete_chat(db: Connection, number: int, *, org: str) -> None:
     """Drop a chat, in the caller's transaction."""
-    await db.execute("DELETE FROM chats WHERE id=?", (chat_id,))
+    await db.execute("DELETE FROM chats WHERE org=? AND number=?", (org.lower(), number))
 
 
-async def answer_chat(store: Store, chat_id: int, answer: str) -> int:
+async def answer_chat(store: Store, number: int, answer: str, *, org: str) -> int:
     """Set the chat's answer (timed now) unless it has one; returns the rows changed (0 or 1)."""
     async with store.transaction() as db:
         # Conditional: of two replies racing, only the first lands.
-        changed = await db.execute("UPDATE chats SET answer=?, answered_at=? WHERE id=?"
-                                   " AND answered_at IS NULL", (answer, time.time(), chat_id))
+        changed = await db.execute("UPDATE chats SET answer=?, answered_at=? WHERE org=?"
+                                   " AND number=? AND answered_at IS NULL",
+                                   (answer, time.time(), org.lower(), number))
         return changed
 
 
-async def chat_parties(store: Store, chat_id: int) -> Row | None:
-    """The (agent, sender, org) row of a chat, or None."""
-    return await store.fetchone("SELECT agent, sender, org FROM chats WHERE id=?", (chat_id,))
+async def chat_parties(store: Store, number: int, *, org: str | None) -> Row | None:
+    """The (agent, sender, org) row of `org`'s chat of this number, or None."""
+    return await store.fetchone("SELECT agent, sender, org FROM chats WHERE org=? AND number=?",
+                                (org.lower() if org else None, number))
 
 
 async def chats_between(store: Store, sender: str, agent: str,

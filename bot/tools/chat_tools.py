@@ -37,7 +37,7 @@ def _iso(t: float | None) -> str | None:
 
 
 def _chat_json(row: Row) -> dict[str, Any]:
-    return {"chat": row["id"], "agent": row["agent"], "from": row["sender"],
+    return {"chat": row["number"], "agent": row["agent"], "from": row["sender"],
             "message": row["message"], "sent": _iso(row["created_at"]),
             "answer": row["answer"], "answered": _iso(row["answered_at"]),
             "contentIsData": True}  # the message and the answer are someone's text: data
@@ -120,7 +120,7 @@ async def agent_chat(call: Call, args: ChatArgs) -> dict[str, Any]:
             admitted = await runs.admit(db, agent, "chat", f"chat:{chat_id}", call.principal,
                                         org=call.office.org)
             if admitted is None:  # refused: the ledger says so, and no chat is kept
-                await chats.delete_chat(db, chat_id)
+                await chats.delete_chat(db, chat_id, org=call.office.org)
         return chat_id, admitted
 
     # Shielded: a long-polling client that leaves cancels the wait, never the write.
@@ -187,7 +187,8 @@ async def chat_reply(call: Call, args: ChatReplyArgs) -> dict[str, Any]:
     if row["answered_at"] is not None:
         raise already
     # Conditional: of two replies racing past the check above, only the first lands.
-    landed = await chats.answer_chat(call.services.store, args.chat, args.message)
+    landed = await chats.answer_chat(call.services.store, args.chat, args.message,
+                                     org=call.office.org)
     if landed == 0:
         raise already
     call.services.notifier.notify([row["sender"]], org=call.office.org)
@@ -207,6 +208,6 @@ async def chat_get(call: Call, args: ChatRef) -> dict[str, Any]:
 async def chats_waiting(call: Call) -> dict[str, Any]:
     """An agent's inbox lists the chats waiting for its answer (answer with chat_reply)."""
     rows = await waiting_for(call.services.store, call.principal, org=call.office.org)
-    return {"chats": [{"chat": r["id"], "from": r["sender"], "message": r["message"],
+    return {"chats": [{"chat": r["number"], "from": r["sender"], "message": r["message"],
                        "sent": _iso(r["created_at"]), "contentIsData": True} for r in rows]}
 
