@@ -568,7 +568,7 @@ async def test_an_org_name_taken_by_another_account_is_not_served_the_old_config
     assert office is None, [h.login for h in office.humans]
 
 
-async def test_the_chat_numbers_an_office_is_shown_count_its_own_chats_only(
+async def test_the_chat_and_run_numbers_an_office_is_shown_count_its_own_only(
         tenants: Tenants) -> None:
     """A chat's number was its id across every office: evil's two chats told evil how many
     acme's people had started in between (the ledger's `chat:N` too). Each office numbers
@@ -592,5 +592,7 @@ async def test_the_chat_numbers_an_office_is_shown_count_its_own_chats_only(
     assert status == 200 and body["chat"]["answer"] == "hello", body
     status, body = await t.call(t.evil_marco, "list_changes", since=0)
     assert status == 200 and "chat:2" in [e["subject"] for e in body["events"]], body
+    runs = [e["data"]["run"] for e in body["events"] if e["event"] == "run.queued"]
+    assert runs == [1, 2], runs  # a run's number too is its office's
     mine = await acme_marco("chat_get", chat=t.acme_chat)  # acme's first, as it was
     assert SECRET in mine["chat"]["message"]

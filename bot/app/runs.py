@@ -304,7 +304,7 @@ async def _record_finished(services: Services, run: int, state: str, subject: st
     for attempt in range(1, FINISH_TRIES + 1):
         try:
             async with services.store.transaction(ledger.key(org)) as db:
-                await mails.finish_run(db, run, state)
+                await mails.finish_run(db, run, state, org=org)
                 await ledger.append(db, "run.finished", "office", subject, data, org=org)
             return
         except Exception:

@@ -314,16 +314,34 @@ async def replace_all(store: Store, mails: list[MailRecord],
             await put_mail(db, mail)
 
 
+# the number a run goes by in its office (its payload's and the ledger's `run`): its id numbered
+# every office's runs; one queued before takes its id, each office counts on from its own last
+register_columns("runs", {"number": "{int}"}, version=20)
+register_backfill(
+    "UPDATE runs SET number=id WHERE number IS NULL;\n"
+    "CREATE UNIQUE INDEX IF NOT EXISTS runs_org_number ON runs(org, number);\n",
+    postgres="UPDATE runs SET number=id WHERE number IS NULL;\n"
+    "CREATE UNIQUE INDEX IF NOT EXISTS runs_org_number ON runs(org, number);\n", version=20)
+
+
 async def add_run(db: Connection, agent: str, kind: str, subject: str,
                   state: str, *, org: str) -> int:
-    return await db.insert(
-        "INSERT INTO runs(agent, kind, subject, state, created_at, org) VALUES (?,?,?,?,?,?)"
-        " RETURNING id", (agent, kind, subject, state, time.time(), org.lower()))
+    """Keep a run of `org`'s, in the caller's transaction; returns its number (the office's
+    next: counted under the office's ledger key, which the run's ledger entry holds too)."""
+    org = org.lower()
+    await hold(db, f"ledger:{org}")
+    last = await db.fetchone("SELECT MAX(number) AS n FROM runs WHERE org=?", (org,))
+    number = int(last["n"] or 0) + 1 if last else 1
+    await db.execute("INSERT INTO runs(agent, kind, subject, state, created_at, org, number)"
+                     " VALUES (?,?,?,?,?,?,?)",
+                     (agent, kind, subject, state, time.time(), org, number))
+    return number
 
 
-async def finish_run(db: Connection, run_id: int, state: str) -> None:
+async def finish_run(db: Connection, number: int, state: str, *, org: str) -> None:
     """A dispatched run ended: `done`, or `failed` (it exited non-zero or timed out)."""
-    await db.execute("UPDATE runs SET state=? WHERE id=?", (state, run_id))
+    await db.execute("UPDATE runs SET state=? WHERE org=? AND number=?",
+                     (state, org.lower(), number))
 
 
 async def runs_for(store: Store, agent: str, *, org: str) -> list[dict[str, Any]]:
