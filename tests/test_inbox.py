@@ -7,6 +7,8 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
+
 from bot.app.embedded import Embedded
 from bot.store import comments as db
 from tests.items_support import CRITIC, MARCO, SARA, SCOUT, TOKEN_TTL, make_item, where
@@ -143,3 +145,29 @@ async def test_wait_returns_within_a_second_of_something_new(embedded: Embedded,
     assert [c["body"] for c in got["you"]["unread"]] == ["Ping"]
     status, err = await marco.raw("list_inbox", {"wait": 51})
     assert status == 422 and "wait" in err["error"]["message"]
+
+
+async def test_a_cursor_says_nothing_of_the_rows_beside_it(embedded: Embedded, person: Any,
+                                                          tools: Any) -> None:
+    """A cursor was the row's place among every office's inbox rows and item updates, so the
+    gap between two of an office's cursors told it how many the other offices had written
+    (review of the ledger's seq, the same leak). A cursor is the place under a keyed
+    permutation (bot.cursors): consecutive rows' cursors are not consecutive numbers, they
+    page as before, and one this app never gave is refused saying so."""
+    goal = await make_item(embedded, person("sara"), "goal", "Chatty")
+    sara: ToolClient = tools(SARA)
+    for i in range(31):
+        await sara("add_comment", targetType="goal", target=goal, body=f"note {i}",
+                   to=["marco@acme.com"])
+    marco = tools(MARCO)
+    await marco("list_inbox")
+    page = await marco("list_inbox", read=True)
+    places = await embedded.services.store.fetchall(
+        "SELECT seq FROM inbox_deliveries ORDER BY seq DESC LIMIT 30")
+    shown = [c["cursor"] for c in page["read"]]
+    assert shown != [int(r["seq"]) for r in places], "the rows' own places"
+    assert not any(abs(a - b) == 1 for a, b in zip(shown, shown[1:], strict=False)), shown
+    rest = await marco("list_inbox", read=True, readBefore=page["moreReadBefore"])
+    assert len(rest["read"]) == 1
+    with pytest.raises(AssertionError, match="bad_cursor"):
+        await marco("list_inbox", read=True, readBefore=2 ** 52)

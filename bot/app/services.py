@@ -15,6 +15,7 @@ from gidgethub.routing import Router
 
 from bot.app.notify import Notifier
 from bot.app.settings import Settings
+from bot.cursors import Cursors
 from bot.errors import NotInstalled
 from bot.mail.signing import Keyrings
 from bot.office.source import FIRST_READ_WAIT, ROUND_WAIT, OfficeSource
@@ -69,6 +70,7 @@ class Services:
 
     def __post_init__(self) -> None:
         self.offices.on_new = self._config_taken
+        self.cursors = Cursors(self.settings.webhook_secret)  # (bot.cursors)
 
     async def same_account(self, org: str, principal: str, login: str,
                            user_id: object) -> bool:

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from bot.app.notify import Wake
+from bot.cursors import Cursors
 from bot.errors import InvalidArguments
 from bot.items import inbox
 from bot.items import tree as work_tree
@@ -187,12 +188,33 @@ async def _look(call: Call, args: InboxArgs, since: float | None,
     if call.is_agent:  # the `inbox` field shares this look: its unread went out just above
         call.inbox_ready[COMMENTS_INBOX] = _agent_share(
             computed, unread=[] if args.markRead else None)
+    # a cursor is shown as the office may see it (bot.cursors: not a place among every
+    # office's rows)
+    cursors = call.services.cursors
     if args.read:
-        result |= await inbox.read_page(store, office, call.principal, args.readBefore, sees)
-    result |= await inbox.updates_page(store, office, call.principal, args.updatesBefore, since,
-                                       sees)
+        page = await inbox.read_page(store, office, call.principal,
+                                     _place(cursors, args.readBefore, "readBefore"), sees)
+        result |= _shown(cursors, page, "read", "moreReadBefore")
+    page = await inbox.updates_page(store, office, call.principal,
+                                    _place(cursors, args.updatesBefore, "updatesBefore"),
+                                    since, sees)
+    result |= _shown(cursors, page, "updates", "moreUpdatesBefore")
     result["note"] = DATA_NOTE
     return result
+
+
+def _place(cursors: Cursors, given: int | None, name: str) -> int | None:
+    try:
+        return None if given is None else cursors.place(given)
+    except ValueError:
+        raise InvalidArguments(f"{name}={given} is no cursor this app gave: pass back a "
+                               f"page's more... value, or leave {name} out for the newest",
+                               code="bad_cursor") from None
+
+
+def _shown(cursors: Cursors, page: dict[str, Any], rows: str, more: str) -> dict[str, Any]:
+    return {rows: [{**r, "cursor": cursors.shown(r["cursor"])} for r in page[rows]],
+            more: None if page[more] is None else cursors.shown(page[more])}
 
 
 async def _wait_for_new(call: Call, seconds: float, sees: inbox.Sees) -> Wake | None:

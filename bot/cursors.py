@@ -1,0 +1,45 @@
+"""Paging cursors as an office is shown them. A cursor was a row's place in a table every
+office writes (the inbox's deliveries, the item updates), so the gaps between an office's own
+told it how busy the others were. Now a cursor is that place under a keyed permutation of 52
+bits (a four-round Feistel network with HMAC-SHA256 rounds; below 2^53, so an exact JSON
+number in every client): the same place reads the same while the key stands, and says nothing
+of its neighbours'. The key is made from the deployment's webhook secret: a new secret makes
+the cursors handed out before unknown (a client pages again from the start)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+BITS = 52
+_HALF = BITS // 2
+_MASK = (1 << _HALF) - 1
+_ROUNDS = 4
+
+
+class Cursors:
+    def __init__(self, secret: str) -> None:
+        self._key = hmac.new(secret.encode(), b"vaultmail cursors", hashlib.sha256).digest()
+
+    def _round(self, i: int, half: int) -> int:
+        mac = hmac.new(self._key, bytes([i]) + half.to_bytes(4, "big"), hashlib.sha256)
+        return int.from_bytes(mac.digest()[:4], "big") & _MASK
+
+    def shown(self, place: int) -> int:
+        """The cursor an office is shown for a row's `place`."""
+        if not 0 <= place < 1 << BITS:
+            raise ValueError(f"{place} is past what a cursor holds")
+        left, right = place >> _HALF, place & _MASK
+        for i in range(_ROUNDS):
+            left, right = right, left ^ self._round(i, right)
+        return left << _HALF | right
+
+    def place(self, shown: int) -> int:
+        """The place a cursor this deployment gave stands for; ValueError for none it could
+        have given."""
+        if not 0 <= shown < 1 << BITS:
+            raise ValueError(f"{shown} is no cursor this app gave")
+        left, right = shown >> _HALF, shown & _MASK
+        for i in reversed(range(_ROUNDS)):
+            left, right = right ^ self._round(i, left), left
+        return left << _HALF | right
