@@ -596,3 +596,27 @@ async def test_the_chat_and_run_numbers_an_office_is_shown_count_its_own_only(
     assert runs == [1, 2], runs  # a run's number too is its office's
     mine = await acme_marco("chat_get", chat=t.acme_chat)  # acme's first, as it was
     assert SECRET in mine["chat"]["message"]
+
+
+async def test_an_office_checks_its_chain_from_what_it_is_shown(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """The hash covered the time to the microsecond, and an entry went out with its time to
+    the second: no one outside the index could check an entry's hash or the chain (review).
+    Each entry now carries the time as hashed; this check is written from docs/using.md's
+    recipe, as a receiver would, not from the app's code."""
+    import hashlib
+
+    marco = ToolClient(session, embedded, MARCO)
+    await marco("mail_send", to="scout", subject="Prix", body="Les prix, s'il vous plaît")
+    await embedded.settle()
+    events = (await marco("list_changes", since=0, limit=1000))["events"]
+    assert events
+    prev = "0" * 64
+    for e in events:  # (marco, the sender, sees the whole of acme's chain so far)
+        blob = json.dumps(e["data"], sort_keys=True, separators=(",", ":"))
+        fields = [e["prev_hash"], e["timestamp"], e["event"], e["actor"], e["subject"], blob,
+                  e["office"]]
+        assert e["prev_hash"] == prev, e
+        assert hashlib.sha256(json.dumps(fields, separators=(",", ":")).encode()
+                              ).hexdigest() == e["hash"], e
+        prev = e["hash"]

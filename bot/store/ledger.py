@@ -79,9 +79,12 @@ class Entry:
         return self.pos if self.pos is not None else self.seq
 
     def as_json(self) -> dict[str, Any]:
-        return {"seq": self.number, "time": _iso(self.time), "event": self.event,
-                "actor": self.actor, "subject": self.subject, "data": self.data,
-                "hash": self.hash, "prev_hash": self.prev_hash, "office": self.org}
+        # `timestamp` is the time as hashed: with it a receiver checks each entry's hash, and
+        # the chain, by itself (docs/using.md, "The ledger")
+        return {"seq": self.number, "time": _iso(self.time), "timestamp": round(self.time, 6),
+                "event": self.event, "actor": self.actor, "subject": self.subject,
+                "data": self.data, "hash": self.hash, "prev_hash": self.prev_hash,
+                "office": self.org}
 
 
 def _iso(t: float) -> str:

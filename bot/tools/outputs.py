@@ -234,13 +234,16 @@ class TreeResult(Result):
 # -- ledger and chat ------------------------------------------------------------------------
 
 class Event(Out):
-    seq: int = Field(description="the entry's sequence number")
+    seq: int = Field(description="the entry's number in its office's ledger")
     time: str
+    timestamp: float = Field(description="the time as hashed (seconds, to the microsecond)")
     event: str = Field(description="mail.sent, comment.added, run.denied, ...")
     actor: str
     subject: str
     data: dict[str, Any]
     hash: str = Field(description="the entry's hash in the ledger's chain")
+    prev_hash: str = Field(description="the hash of the office's entry before it")
+    office: str | None = Field(default=None, description="the office (org) whose chain it is")
     contentIsData: bool = Field(description=DATA)
 
 
