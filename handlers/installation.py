@@ -53,12 +53,15 @@ async def remember_installation(event: sansio.Event, ctx: HandlerContext) -> Non
     if (found := _account(event)) is not None:
         org, inst = found
         account = ((event.data.get("installation") or {}).get("account") or {}).get("id")
-        moved = await installations.installed(ctx.services.store, org, inst,
-                                              account if isinstance(account, int) else None)
-        if moved is not None:
-            # another account's org of that name: its office starts empty and signs with a
-            # key of its own; the config the old one had is not served to it meanwhile
+        account = account if isinstance(account, int) else None
+        if account is not None and installations.taken_over(
+                await installations.accounts(ctx.services.store), {org: account}):
+            # another account's org of that name: its office signs with a key of its own,
+            # made before the old office is moved aside (a retry after a crash between the
+            # two finds it moved, and would make none)
             ctx.services.keyring.for_office(org).rotate()
+        moved = await installations.installed(ctx.services.store, org, inst, account)
+        if moved is not None:  # its config the old one had is not served to it meanwhile
             ctx.services.offices.forget(org)
             ctx.log.warning("installed by another account than the one the office was "
                             "made for: that office is kept aside, this one starts empty",

@@ -50,10 +50,13 @@ async def build_services(settings: Settings, session: aiohttp.ClientSession) -> 
                                              url_refused=settings.outbound.url_refusal),
                         keyring=Keyrings.in_data_dir(settings.data_dir))
     services.keyring.installed = services.installations.keys  # what legacy keys served
-    installed, moved = await installations.listed(store, _live(listing), before,
-                                                  _accounts(listing))
-    for org in moved:  # (its office was moved aside: the new one signs with a key of its own)
+    # an org whose name another account took: its office signs with a key of its own, made
+    # before the old one is moved aside (a start after a crash between finds it moved)
+    for org in installations.taken_over(await installations.accounts(store),
+                                        _accounts(listing)):
         services.keyring.for_office(org).rotate()
+    installed, _ = await installations.listed(store, _live(listing), before,
+                                              _accounts(listing))
     services.installations.update(installed)
     return services
 
@@ -73,9 +76,12 @@ async def build_gitea_services(settings: Settings, session: aiohttp.ClientSessio
     store = await open_store(settings.database, synchronous=settings.sqlite_synchronous)
     try:  # whose each org is, as with a GitHub App's installations (see build_services)
         before = await installations.known(store)
-        installed, moved = await installations.listed(
-            store, dict.fromkeys(orgs, SYNTHETIC_INSTALLATION_ID), before,
-            {org: i for org, i in orgs.items() if i is not None})
+        ids = {org: i for org, i in orgs.items() if i is not None}
+        keyring = Keyrings.in_data_dir(settings.data_dir)
+        for org in installations.taken_over(await installations.accounts(store), ids):
+            keyring.for_office(org).rotate()  # (as build_services does)
+        installed, _ = await installations.listed(
+            store, dict.fromkeys(orgs, SYNTHETIC_INSTALLATION_ID), before, ids)
     except BaseException:
         await store.close()
         raise
@@ -83,10 +89,7 @@ async def build_gitea_services(settings: Settings, session: aiohttp.ClientSessio
                         router=build_router(), own_router=build_own_router(), app_slug=login,
                         offices=OfficeSource(settings.office_path,
                                              url_refused=settings.outbound.url_refusal),
-                        keyring=Keyrings.in_data_dir(settings.data_dir), bot_user=login,
-                        installations=installed)
-    for org in moved:
-        services.keyring.for_office(org).rotate()
+                        keyring=keyring, bot_user=login, installations=installed)
     services.keyring.installed = services.installations.keys  # what legacy keys served
     return services
 

@@ -88,6 +88,19 @@ async def live_orgs(store: Store) -> list[str]:
 Known = dict[str, tuple[int, float | None]]  # org -> (installation id, removed_at)
 
 
+async def accounts(store: Store) -> dict[str, int]:
+    """{org: the account id its office was made for}, of the orgs whose account is known."""
+    rows = await store.fetchall("SELECT org, account_id FROM installations"
+                                " WHERE account_id IS NOT NULL")
+    return {str(r["org"]): int(r["account_id"]) for r in rows}
+
+
+def taken_over(known: dict[str, int], now: dict[str, int]) -> list[str]:
+    """The orgs whose name another account has now (`now`: {org: account id})."""
+    return sorted(org for org, account in now.items()
+                  if org in known and known[org] != account)
+
+
 async def known(store: Store) -> Known:
     """Every org's row as it stands (read before the forge's listing: see `listed`)."""
     rows = await store.fetchall("SELECT org, installation_id, removed_at FROM installations")
