@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from bot.store.db import Connection, Row, Store, register_columns, register_schema
-from bot.store.migrations import register_backfill
+from bot.store.db import Connection, Row, Store, register_schema
+from bot.store.offices import next_number, numbered_per_office
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS chats (
@@ -20,15 +20,7 @@ CREATE TABLE IF NOT EXISTS chats (
 );
 CREATE INDEX IF NOT EXISTS chats_agent ON chats(agent, answered_at);
 """)
-# the number a chat goes by in its office (`chat:N`): its id numbered every office's chats, so
-# an office's own told it how many the others had started (as the ledger's seq did); a chat
-# started before takes its id, and each office counts on from its own last (schema 20)
-register_columns("chats", {"number": "{int}"}, version=20)
-register_backfill(
-    "UPDATE chats SET number=id WHERE number IS NULL;\n"
-    "CREATE UNIQUE INDEX IF NOT EXISTS chats_org_number ON chats(org, number);\n",
-    postgres="UPDATE chats SET number=id WHERE number IS NULL;\n"
-    "CREATE UNIQUE INDEX IF NOT EXISTS chats_org_number ON chats(org, number);\n", version=20)
+numbered_per_office("chats", "number", "id")  # the number a chat goes by (`chat:N`)
 
 
 async def get_chat(store: Store, number: int, *, org: str) -> Row | None:
@@ -57,11 +49,10 @@ async def waiting_counts(db: Connection, agent: str, sender: str, *, org: str,
 
 async def add_chat(db: Connection, agent: str, sender: str, message: str,
                    created_at: float, *, org: str) -> int:
-    """Keep a new chat of `org` in the caller's transaction, which holds the office's ledger
-    key (its number is the office's next); returns its number."""
+    """Keep a new chat of `org` in the caller's transaction (its number the office's next);
+    returns its number."""
     org = org.lower()
-    last = await db.fetchone("SELECT MAX(number) AS n FROM chats WHERE org=?", (org,))
-    number = int(last["n"] or 0) + 1 if last else 1
+    number = await next_number(db, "chats", "number", org)
     await db.execute("INSERT INTO chats(agent, sender, message, created_at, org, number)"
                      " VALUES (?,?,?,?,?,?)", (agent, sender, message, created_at, org, number))
     return number

@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bot.store.db import Connection, Row, Store, hold, register_columns, register_schema
-from bot.store.migrations import register_backfill
+from bot.store.db import Connection, Row, Store, hold, register_schema
+from bot.store.offices import next_number, numbered_per_office
 from bot.store.sql import Sql, Statement, json_at
 
 register_schema("""
@@ -33,16 +33,9 @@ CREATE TABLE IF NOT EXISTS ledger (
 CREATE INDEX IF NOT EXISTS ledger_event ON ledger(event);
 """)
 
-# where an entry stands in its office's ledger, the number the office is shown (`seq` numbers
-# every office's entries, so the gaps between an office's own told it how busy the others
-# were): an entry written before takes its seq, so a cursor an office held then still reads
-# the same, and each office counts on from its own last (schema 20)
-register_columns("ledger", {"pos": "{int}"}, version=20)
-register_backfill(
-    "UPDATE ledger SET pos=seq WHERE org IS NOT NULL AND pos IS NULL;\n"
-    "CREATE INDEX IF NOT EXISTS ledger_org_pos ON ledger(org, pos);\n",
-    postgres="UPDATE ledger SET pos=seq WHERE org IS NOT NULL AND pos IS NULL;\n"
-    "CREATE INDEX IF NOT EXISTS ledger_org_pos ON ledger(org, pos);\n", version=20)
+# where an entry stands in its office's ledger, the number the office is shown (not `seq`,
+# which numbers every office's entries)
+numbered_per_office("ledger", "pos", "seq", unique=False)
 
 GENESIS = "0" * 64
 EVENTS = frozenset({
@@ -122,15 +115,14 @@ async def append(db: Connection, event: str, actor: str, subject: str,
     row = await db.fetchone("SELECT hash FROM ledger WHERE chain=? ORDER BY seq DESC LIMIT 1",
                             (org,))
     prev = row[0] if row else GENESIS
-    last = await db.fetchone("SELECT MAX(pos) AS pos FROM ledger WHERE org=?", (org,))
+    pos = await next_number(db, "ledger", "pos", org)
     t = time.time()
     blob = json.dumps(data or {}, sort_keys=True, separators=(",", ":"))
     return await db.insert(
         "INSERT INTO ledger(time, event, actor, subject, data, prev_hash, hash, org, chain,"
         " pos) VALUES (?,?,?,?,?,?,?,?,?,?) RETURNING seq",
         (t, event, actor, subject, blob, prev,
-         _digest(prev, t, event, actor, subject, blob, org), org, org,
-         int(last["pos"] or 0) + 1 if last else 1),
+         _digest(prev, t, event, actor, subject, blob, org), org, org, pos),
     )
 
 

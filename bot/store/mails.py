@@ -9,7 +9,7 @@ from typing import Any
 
 from bot.store.db import Connection, Row, Store, hold, keyed, register_columns, register_schema
 from bot.store.migrations import register_backfill
-from bot.store.offices import org_of, scoped
+from bot.store.offices import next_number, numbered_per_office, org_of, scoped
 from bot.store.sql import Sql, Statement, greatest, upsert
 
 register_schema("""
@@ -314,24 +314,15 @@ async def replace_all(store: Store, mails: list[MailRecord],
             await put_mail(db, mail)
 
 
-# the number a run goes by in its office (its payload's and the ledger's `run`): its id numbered
-# every office's runs; one queued before takes its id, each office counts on from its own last
-register_columns("runs", {"number": "{int}"}, version=20)
-register_backfill(
-    "UPDATE runs SET number=id WHERE number IS NULL;\n"
-    "CREATE UNIQUE INDEX IF NOT EXISTS runs_org_number ON runs(org, number);\n",
-    postgres="UPDATE runs SET number=id WHERE number IS NULL;\n"
-    "CREATE UNIQUE INDEX IF NOT EXISTS runs_org_number ON runs(org, number);\n", version=20)
+numbered_per_office("runs", "number", "id")  # a run's in its payload and the ledger
 
 
 async def add_run(db: Connection, agent: str, kind: str, subject: str,
                   state: str, *, org: str) -> int:
     """Keep a run of `org`'s, in the caller's transaction; returns its number (the office's
-    next: counted under the office's ledger key, which the run's ledger entry holds too)."""
+    next)."""
     org = org.lower()
-    await hold(db, f"ledger:{org}")
-    last = await db.fetchone("SELECT MAX(number) AS n FROM runs WHERE org=?", (org,))
-    number = int(last["n"] or 0) + 1 if last else 1
+    number = await next_number(db, "runs", "number", org)
     await db.execute("INSERT INTO runs(agent, kind, subject, state, created_at, org, number)"
                      " VALUES (?,?,?,?,?,?,?)",
                      (agent, kind, subject, state, time.time(), org, number))

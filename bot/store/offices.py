@@ -87,6 +87,28 @@ def org_of(ref: str) -> str:
     return ref.split("/", 1)[0].strip().lower()
 
 
+def numbered_per_office(table: str, column: str, was: str, *, unique: bool = True) -> None:
+    """`table`'s rows get `column`, their number in their office, which is what the office is
+    shown (schema 20): a number every office's rows share (an id, a sequence) told an office,
+    by the gaps between its own, how busy the others were. A row written before takes `was`,
+    so what an office held then reads the same; each office counts on from its own last
+    (`next_number`)."""
+    register_columns(table, {column: "{int}"}, version=20)
+    index = (f"CREATE {'UNIQUE ' if unique else ''}INDEX IF NOT EXISTS {table}_org_{column}"
+             f" ON {table}(org, {column});\n")
+    backfill = f"UPDATE {table} SET {column}={was} WHERE {column} IS NULL;\n" + index
+    register_backfill(backfill, postgres=backfill, version=20)
+
+
+async def next_number(db: Connection, table: str, column: str, org: str) -> int:
+    """The next number of `org`'s in `table` (`numbered_per_office`); the caller's transaction
+    holds the office's ledger key, so no other takes it meanwhile."""
+    await hold(db, f"ledger:{org.lower()}")
+    row = await db.fetchone(f"SELECT MAX({column}) AS n FROM {table} WHERE org=?",
+                            (org.lower(),))
+    return int(row["n"] or 0) + 1 if row else 1
+
+
 def scoped(org: str, key: str) -> str:
     """A principal (or login) as a key of one office, for tables keyed by it alone."""
     return f"{org.lower()}/{key}"
