@@ -6,6 +6,7 @@ org."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from bot.office.config import load_office
 from bot.office.seed import seed_office
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
 from bot.store import api_tokens
+from localforge import LocalForge
 from tests.support import app_key
 
 GLOBEX = """
@@ -43,6 +45,19 @@ async def _tool(session: aiohttp.ClientSession, embedded: Embedded, token: str, 
 def _app_id(embedded: Embedded) -> int:
     (app_id,) = embedded.forge.state.apps
     return int(app_id)
+
+
+async def _while_down(forge: LocalForge, meanwhile: Callable[[LocalForge], None], tmp: Path,
+                      app_port: int, database_url: str) -> Embedded:
+    """What `meanwhile` does on the forge while the app is down (its webhooks fail: no app is
+    there), then the app started again on the same data, port and forge."""
+    try:
+        meanwhile(forge)
+        await forge.webhooks_idle()
+    finally:
+        await forge.stop()
+    return await start_embedded(data_dir=tmp, persist_forge=True, port=app_port, forge_port=0,
+                                database_url=database_url, app_key=app_key())
 
 
 async def _add_globex(embedded: Embedded, tmp: Any, org: str = "globex") -> None:
@@ -177,15 +192,12 @@ async def test_every_installation_is_known_at_start_however_many(
                   for org in ("globex", "initech", "umbrella")}
     finally:
         await first.runner.cleanup()  # the app stops; meanwhile, on the forge:
-    try:
+
+    def meanwhile(forge: LocalForge) -> None:
         forge.unsuspend_app(initech)
         forge.suspend_app(umbrella)
-        await forge.webhooks_idle()  # (their deliveries failed: no app was there)
-    finally:
-        await forge.stop()
 
-    again = await start_embedded(data_dir=tmp_path, persist_forge=True, port=app_port,
-                                 forge_port=0, database_url=database_url, app_key=app_key())
+    again = await _while_down(forge, meanwhile, tmp_path, app_port, database_url)
     try:
         status, body = await _tool(session, again, tokens["globex"], "mail_send", to="scout",
                                    subject="Q3", body="Numbers please")
@@ -223,7 +235,8 @@ async def test_an_org_name_another_account_took_while_the_app_was_down_starts_a_
         old_kid = first.services.keyring.for_office("globex").active_kid
     finally:
         await first.runner.cleanup()  # the app stops; meanwhile, on the forge:
-    try:
+
+    def meanwhile(forge: LocalForge) -> None:
         forge.uninstall_app(installed)
         forge.state.accounts["globex"].id = forge.state.next_id("account")
         forge.add_user("eve", "eve@evil.test")
@@ -231,12 +244,8 @@ async def test_an_org_name_another_account_took_while_the_app_was_down_starts_a_
             "org": "globex", "humans": [{"email": "eve@evil.test", "login": "eve",
                                          "permissions": ["mail.send", "editor"]}]}))
         forge.install_app(app_id, "globex", sender="eve")
-        await forge.webhooks_idle()  # (their deliveries failed: no app was there)
-    finally:
-        await forge.stop()
 
-    again = await start_embedded(data_dir=tmp_path, persist_forge=True, port=app_port,
-                                 forge_port=0, database_url=database_url, app_key=app_key())
+    again = await _while_down(forge, meanwhile, tmp_path, app_port, database_url)
     try:
         eve = await api_tokens.create_token(again.services.store, "human:eve@evil.test",
                                             "globex")
