@@ -141,3 +141,69 @@ async def test_the_chats_waiting_for_an_agent_are_bounded(embedded: Embedded, to
     queued = [e for e in await embedded.ledger_events("run.queued")
               if e.data.get("kind") == "chat" or e.subject.startswith("chat:")]
     assert len(queued) == 5, queued
+
+
+LEE = "human:lee@acme.com"
+
+
+async def test_a_refused_chats_number_is_never_given_again(embedded: Embedded,
+                                                          tools: Any) -> None:
+    """A chat its agent's triggers refuse is not kept, and its number went back: the next
+    chat of the office got it, and its people saw the refused one's ledger entry as theirs
+    (review). A number once given is never given again."""
+    status, body = await tools("human:sara@acme.com").raw(
+        "agent_chat", {"agent": "builder", "message": "secret"})
+    assert status == 409, body
+    chat = (await tools(LEE)("agent_chat", agent="scout", message="hi"))["chat"]
+    events = (await tools(LEE)("list_changes", since=0, limit=1000))["events"]
+    assert chat["chat"] == 2 and not [e for e in events if e["event"] == "run.refused"], (
+        chat, events)
+
+
+async def test_chats_beside_a_replica_of_the_release_before(embedded: Embedded,
+                                                            tools: Any) -> None:
+    """A rolling deploy: a replica of the release before numbers chats by their ids and
+    writes no number. Its chat is listed, read and answered by its id; while it lives, ours
+    go by their ids too (one of its next ids could be a number we gave); once it is gone, the
+    office counts on from above every id given (review)."""
+    import time
+
+    store = embedded.services.store
+    async with store.transaction() as db:
+        await db.execute("INSERT INTO replicas(id, url, started_at, seen_at, steady_since)"
+                         " VALUES ('old', NULL, vm_now(), vm_now(), vm_now())")
+        old = await db.insert(
+            "INSERT INTO chats(agent, sender, message, created_at, org) VALUES (?,?,?,?,?)"
+            " RETURNING id", ("agent:scout", LEE, "from the old replica", time.time(), "acme"))
+    scout = tools("agent:scout")
+    waiting = (await scout("mail_list"))["inbox"]["chats"]
+    assert [c["chat"] for c in waiting] == [old], waiting
+    answered = await scout("chat_reply", chat=old, message="seen")
+    assert answered["chat"]["answer"] == "seen"
+    beside = (await tools(LEE)("agent_chat", agent="scout", message="and ours"))["chat"]
+    row = await store.fetchone("SELECT id FROM chats WHERE message='and ours'")
+    assert row is not None and beside["chat"] == row["id"], "its id, while the old one lives"
+    async with store.transaction() as db:
+        await db.execute("DELETE FROM replicas WHERE id='old'")  # (the deploy is done)
+    after = (await tools(LEE)("agent_chat", agent="scout", message="after"))["chat"]
+    assert after["chat"] == beside["chat"] + 1, (beside, after)
+
+
+async def test_chats_from_before_offices_are_adopted_beside_numbered_ones(
+        embedded: Embedded, tools: Any) -> None:
+    """Chats written before offices (no office, their number their id) are given to the
+    deployment's one office at a start: its own numbers must not be theirs, or the start
+    failed on the unique number (review)."""
+    import time
+
+    from bot.store import offices
+
+    store = embedded.services.store
+    async with store.transaction() as db:
+        await db.execute("INSERT INTO chats(agent, sender, message, created_at, org, number)"
+                         " VALUES ('agent:scout', ?, 'old', ?, NULL, 1)", (LEE, time.time()))
+    await tools(LEE)("agent_chat", agent="scout", message="new")
+    assert await offices.adopt_unowned(store, "acme")
+    numbers = [r["number"] for r in await store.fetchall(
+        "SELECT number FROM chats WHERE org='acme' ORDER BY number")]
+    assert numbers == [1, 2], numbers

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from bot.store.db import Connection, Row, Store, register_schema
-from bot.store.offices import next_number, numbered_per_office
+from bot.store.offices import next_number, number_as_was, numbered_per_office
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS chats (
@@ -21,12 +21,20 @@ CREATE TABLE IF NOT EXISTS chats (
 CREATE INDEX IF NOT EXISTS chats_agent ON chats(agent, answered_at);
 """)
 numbered_per_office("chats", "number", "id")  # the number a chat goes by (`chat:N`)
+# a chat of this number: one a replica of the release before wrote (a rolling deploy) has none
+# until the office's next is numbered, and goes by its id meanwhile, as that release showed it
+_NUMBERED = "(number=? OR (number IS NULL AND id=?))"
+
+
+def number_of(row: Row) -> int:
+    """The number a chat goes by (see _NUMBERED)."""
+    return int(row["number"] if row["number"] is not None else row["id"])
 
 
 async def get_chat(store: Store, number: int, *, org: str) -> Row | None:
     """`org`'s chat of this number, or None (another office's chat is none of its own)."""
-    return await store.fetchone("SELECT * FROM chats WHERE org=? AND number=?",
-                                (org.lower(), number))
+    return await store.fetchone(f"SELECT * FROM chats WHERE org=? AND {_NUMBERED}",
+                                (org.lower(), number, number))
 
 
 async def waiting_for(store: Store, agent: str, *, org: str) -> list[Row]:
@@ -52,31 +60,35 @@ async def add_chat(db: Connection, agent: str, sender: str, message: str,
     """Keep a new chat of `org` in the caller's transaction (its number the office's next);
     returns its number."""
     org = org.lower()
-    number = await next_number(db, "chats", "number", org)
-    await db.execute("INSERT INTO chats(agent, sender, message, created_at, org, number)"
-                     " VALUES (?,?,?,?,?,?)", (agent, sender, message, created_at, org, number))
+    number = await next_number(db, "chats", "number", "id", org)
+    row = await db.insert("INSERT INTO chats(agent, sender, message, created_at, org, number)"
+                          " VALUES (?,?,?,?,?,?) RETURNING id",
+                          (agent, sender, message, created_at, org, number))
+    if number is None:  # (a rolling deploy: numbered as the release before numbers)
+        return await number_as_was(db, "chats", "number", "id", "id", row)
     return number
 
 
 async def delete_chat(db: Connection, number: int, *, org: str) -> None:
     """Drop a chat, in the caller's transaction."""
-    await db.execute("DELETE FROM chats WHERE org=? AND number=?", (org.lower(), number))
+    await db.execute(f"DELETE FROM chats WHERE org=? AND {_NUMBERED}",
+                     (org.lower(), number, number))
 
 
 async def answer_chat(store: Store, number: int, answer: str, *, org: str) -> int:
     """Set the chat's answer (timed now) unless it has one; returns the rows changed (0 or 1)."""
     async with store.transaction() as db:
         # Conditional: of two replies racing, only the first lands.
-        changed = await db.execute("UPDATE chats SET answer=?, answered_at=? WHERE org=?"
-                                   " AND number=? AND answered_at IS NULL",
-                                   (answer, time.time(), org.lower(), number))
+        changed = await db.execute(f"UPDATE chats SET answer=?, answered_at=? WHERE org=?"
+                                   f" AND {_NUMBERED} AND answered_at IS NULL",
+                                   (answer, time.time(), org.lower(), number, number))
         return changed
 
 
 async def chat_parties(store: Store, number: int, *, org: str | None) -> Row | None:
     """The (agent, sender, org) row of `org`'s chat of this number, or None."""
-    return await store.fetchone("SELECT agent, sender, org FROM chats WHERE org=? AND number=?",
-                                (org.lower() if org else None, number))
+    return await store.fetchone(f"SELECT agent, sender, org FROM chats WHERE org=? AND"
+                                f" {_NUMBERED}", (org.lower() if org else None, number, number))
 
 
 async def chats_between(store: Store, sender: str, agent: str,

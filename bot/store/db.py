@@ -84,6 +84,10 @@ register_columns("replicas", {"steady_since": "{real}", "incarnation": "{text}"}
 # 32-bit hashes
 NAMED_LOCKS_KIND = 3
 register_columns("replicas", {"named_locks": "{int}"}, version=16)
+# whether a replica numbers rows per office (bot.store.offices.next_number): 1, this release;
+# none, a release before schema 20, whose rows take their id (rolling deploys)
+NUMBERING = 1
+register_columns("replicas", {"numbering": "{int}"}, version=20)
 # The pending rows as a claim reads them (bot.store.queue, CLAIM and WAKEUP): in arrival order,
 # by issue, by due time, each with the columns the claim filters on (`state` too, though it is
 # 'pending' throughout: SQLite reads an index alone only if it holds every column named).
@@ -305,8 +309,9 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
                                  " WHERE state='pending' AND lease_owner IS NOT NULL")
             await db.execute("DELETE FROM replicas WHERE id=?", (self.replica_id,))
             await db.execute("INSERT INTO replicas(id, url, started_at, seen_at, steady_since,"
-                             " incarnation, named_locks) VALUES (?,?,vm_now(),vm_now(),vm_now(),"
-                             "?,?)", (self.replica_id, url, self.incarnation, NAMED_LOCKS_KIND))
+                             " incarnation, named_locks, numbering) VALUES (?,?,vm_now(),"
+                             "vm_now(),vm_now(),?,?,?)", (self.replica_id, url, self.incarnation,
+                                                          NAMED_LOCKS_KIND, NUMBERING))
             await db.execute("UPDATE queue SET lease_owner=NULL, takeovers=takeovers+1"
                              " WHERE lease_owner=? AND state='pending'", (self.replica_id,))
 
@@ -350,10 +355,10 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
                                           (self.replica_id,))
                 if taken is None:  # declared dead meanwhile (a long pause): alive again
                     await db.execute("INSERT INTO replicas(id, url, started_at, seen_at,"
-                                     " steady_since, incarnation, named_locks) VALUES"
-                                     " (?,?,vm_now(),vm_now(),vm_now(),?,?)",
+                                     " steady_since, incarnation, named_locks, numbering)"
+                                     " VALUES (?,?,vm_now(),vm_now(),vm_now(),?,?,?)",
                                      (self.replica_id, None, self.incarnation,
-                                      NAMED_LOCKS_KIND))
+                                      NAMED_LOCKS_KIND, NUMBERING))
         if beaten == 0 and taken is not None:
             raise ReplicaIdTaken(self.retire())
 

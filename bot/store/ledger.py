@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bot.store.db import Connection, Row, Store, hold, register_schema
-from bot.store.offices import next_number, numbered_per_office
+from bot.store.offices import next_number, number_as_was, numbered_per_office
 from bot.store.sql import Sql, Statement, json_at
 
 register_schema("""
@@ -65,6 +65,7 @@ class Entry:
     org: str | None = None
     prev_hash: str = GENESIS  # the office chain's entry before it (GENESIS: its first)
     pos: int | None = None  # its place in its office's ledger (None: an entry of no office)
+    chain: str | None = None  # the chain it was hashed on (None: the old single chain)
 
     @property
     def number(self) -> int:
@@ -77,7 +78,7 @@ class Entry:
         return {"seq": self.number, "time": _iso(self.time), "timestamp": round(self.time, 6),
                 "event": self.event, "actor": self.actor, "subject": self.subject,
                 "data": self.data, "hash": self.hash, "prev_hash": self.prev_hash,
-                "office": self.org}
+                "office": self.org, "chain": self.chain}
 
 
 def _iso(t: float) -> str:
@@ -115,15 +116,18 @@ async def append(db: Connection, event: str, actor: str, subject: str,
     row = await db.fetchone("SELECT hash FROM ledger WHERE chain=? ORDER BY seq DESC LIMIT 1",
                             (org,))
     prev = row[0] if row else GENESIS
-    pos = await next_number(db, "ledger", "pos", org)
+    pos = await next_number(db, "ledger", "pos", "seq", org)
     t = time.time()
     blob = json.dumps(data or {}, sort_keys=True, separators=(",", ":"))
-    return await db.insert(
+    seq = await db.insert(
         "INSERT INTO ledger(time, event, actor, subject, data, prev_hash, hash, org, chain,"
         " pos) VALUES (?,?,?,?,?,?,?,?,?,?) RETURNING seq",
         (t, event, actor, subject, blob, prev,
          _digest(prev, t, event, actor, subject, blob, org), org, org, pos),
     )
+    if pos is None:  # (a rolling deploy: numbered as the release before numbers)
+        await number_as_was(db, "ledger", "pos", "seq", "seq", seq)
+    return seq
 
 
 async def record(store: Store, event: str, actor: str, subject: str,
@@ -188,7 +192,8 @@ async def recorded_with(store: Store, events: tuple[str, ...], subject: str, fie
 
 def _entry(r: Any) -> Entry:
     return Entry(r["seq"], r["time"], r["event"], r["actor"], r["subject"],
-                 json.loads(r["data"]), r["hash"], r["org"], r["prev_hash"], r["pos"])
+                 json.loads(r["data"]), r["hash"], r["org"], r["prev_hash"], r["pos"],
+                 r["chain"])
 
 
 def _of(org: str | None, sql: str, params: list[Any]) -> tuple[str, list[Any]]:

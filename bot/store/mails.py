@@ -9,7 +9,7 @@ from typing import Any
 
 from bot.store.db import Connection, Row, Store, hold, keyed, register_columns, register_schema
 from bot.store.migrations import register_backfill
-from bot.store.offices import next_number, numbered_per_office, org_of, scoped
+from bot.store.offices import next_number, number_as_was, numbered_per_office, org_of, scoped
 from bot.store.sql import Sql, Statement, greatest, upsert
 
 register_schema("""
@@ -322,10 +322,12 @@ async def add_run(db: Connection, agent: str, kind: str, subject: str,
     """Keep a run of `org`'s, in the caller's transaction; returns its number (the office's
     next)."""
     org = org.lower()
-    number = await next_number(db, "runs", "number", org)
-    await db.execute("INSERT INTO runs(agent, kind, subject, state, created_at, org, number)"
-                     " VALUES (?,?,?,?,?,?,?)",
-                     (agent, kind, subject, state, time.time(), org, number))
+    number = await next_number(db, "runs", "number", "id", org)
+    row = await db.insert("INSERT INTO runs(agent, kind, subject, state, created_at, org,"
+                          " number) VALUES (?,?,?,?,?,?,?) RETURNING id",
+                          (agent, kind, subject, state, time.time(), org, number))
+    if number is None:  # (a rolling deploy: numbered as the release before numbers)
+        return await number_as_was(db, "runs", "number", "id", "id", row)
     return number
 
 

@@ -69,7 +69,8 @@ NAMES = {
     20: "who each office's config last named, so a config that removes someone revokes their"
         " tokens whichever replica reads it first, however long after the push; and the"
         " account each installation's org belongs to, so a name another account takes over"
-        " starts a new office",
+        " starts a new office; what an office is shown is numbered per office (its ledger"
+        " entries, chats and runs; inbox cursors keyed), not among every office's rows",
 }
 
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 
 from bot.store.db import Store, hold
-from bot.store.migrations import register_backfill, register_columns
+from bot.store.migrations import register_backfill, register_columns, register_schema
 from bot.store.sql import Connection, Sql
 
 VERSION = 4
@@ -87,6 +87,21 @@ def org_of(ref: str) -> str:
     return ref.split("/", 1)[0].strip().lower()
 
 
+register_schema("""
+CREATE TABLE IF NOT EXISTS office_numbers (
+    org {text} NOT NULL,
+    name {text} NOT NULL,        -- table.column
+    last {int} NOT NULL,         -- the last number given: never given again
+    PRIMARY KEY (org, name)
+);
+""", version=20)
+# a replica of a release before per-office numbers lives (a rolling deploy): its rows take
+# their id, and so do ours meanwhile, or one of its next ids could be a number we gave
+_OLDER_NUMBERING = ("SELECT 1 FROM replicas WHERE numbering IS NULL AND seen_at>vm_now()-?"
+                    " LIMIT 1")
+_OLDER_FOR = 5.0  # seconds without a heartbeat after which a replica is gone (queue.DEAD_AFTER)
+
+
 def numbered_per_office(table: str, column: str, was: str, *, unique: bool = True) -> None:
     """`table`'s rows get `column`, their number in their office, which is what the office is
     shown (schema 20): a number every office's rows share (an id, a sequence) told an office,
@@ -100,13 +115,39 @@ def numbered_per_office(table: str, column: str, was: str, *, unique: bool = Tru
     register_backfill(backfill, postgres=backfill, version=20)
 
 
-async def next_number(db: Connection, table: str, column: str, org: str) -> int:
-    """The next number of `org`'s in `table` (`numbered_per_office`); the caller's transaction
-    holds the office's ledger key, so no other takes it meanwhile."""
-    await hold(db, f"ledger:{org.lower()}")
-    row = await db.fetchone(f"SELECT MAX({column}) AS n FROM {table} WHERE org=?",
-                            (org.lower(),))
-    return int(row["n"] or 0) + 1 if row else 1
+async def next_number(db: Connection, table: str, column: str, was: str,
+                      org: str) -> int | None:
+    """The next number of `org`'s in `table` (`numbered_per_office`), in the caller's
+    transaction, under the office's ledger key: above every number given before (a row deleted
+    since too), and above every row of no office (which `adopt_unowned` may give it). None
+    while a replica of a release before numbers lives: the row takes its `was` then
+    (`number_as_was`), as that release's rows do."""
+    org = org.lower()
+    await hold(db, f"ledger:{org}")
+    # rows such a release wrote meanwhile: numbered as that release showed them
+    await db.execute(f"UPDATE {table} SET {column}={was} WHERE org=? AND {column} IS NULL",
+                     (org,))
+    if await db.fetchone(_OLDER_NUMBERING, (_OLDER_FOR,)) is not None:
+        return None
+    name = f"{table}.{column}"
+    row = await db.fetchone(  # (each side one step down the index on (org, column))
+        f"SELECT MAX(n) AS n FROM (SELECT MAX({column}) AS n FROM {table} WHERE org=?"
+        f" UNION ALL SELECT MAX({column}) FROM {table} WHERE org IS NULL) found", (org,))
+    kept = await db.fetchone("SELECT last FROM office_numbers WHERE org=? AND name=?",
+                             (org, name))
+    number = max(int(row["n"] or 0) if row else 0, int(kept["last"]) if kept else 0) + 1
+    await db.execute("INSERT INTO office_numbers(org, name, last) VALUES (?,?,?)"
+                     " ON CONFLICT(org, name) DO UPDATE SET last=excluded.last",
+                     (org, name, number))
+    return number
+
+
+async def number_as_was(db: Connection, table: str, column: str, was: str,
+                        key: str, value: int) -> int:
+    """The row `key`=`value` numbered as a release before per-office numbers numbered it
+    (its `was`); returns that number."""
+    await db.execute(f"UPDATE {table} SET {column}={was} WHERE {key}=?", (value,))
+    return value
 
 
 def scoped(org: str, key: str) -> str:

@@ -19,7 +19,7 @@ from bot.errors import Conflict, NotFoundError, TooManyRequests
 from bot.office.config import Agent
 from bot.office.visibility import viewer_for
 from bot.store import chats, ledger
-from bot.store.chats import get_chat, waiting_for
+from bot.store.chats import get_chat, number_of, waiting_for
 from bot.store.db import Row
 from bot.tools import outputs
 from bot.tools.registry import MAX_ID, READS_INDEX, Args, Call, Hints, inbox_provider, tool
@@ -37,7 +37,7 @@ def _iso(t: float | None) -> str | None:
 
 
 def _chat_json(row: Row) -> dict[str, Any]:
-    return {"chat": row["number"], "agent": row["agent"], "from": row["sender"],
+    return {"chat": number_of(row), "agent": row["agent"], "from": row["sender"],
             "message": row["message"], "sent": _iso(row["created_at"]),
             "answer": row["answer"], "answered": _iso(row["answered_at"]),
             "contentIsData": True}  # the message and the answer are someone's text: data
@@ -208,6 +208,6 @@ async def chat_get(call: Call, args: ChatRef) -> dict[str, Any]:
 async def chats_waiting(call: Call) -> dict[str, Any]:
     """An agent's inbox lists the chats waiting for its answer (answer with chat_reply)."""
     rows = await waiting_for(call.services.store, call.principal, org=call.office.org)
-    return {"chats": [{"chat": r["number"], "from": r["sender"], "message": r["message"],
+    return {"chats": [{"chat": number_of(r), "from": r["sender"], "message": r["message"],
                        "sent": _iso(r["created_at"]), "contentIsData": True} for r in rows]}
 

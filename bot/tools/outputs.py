@@ -243,7 +243,9 @@ class Event(Out):
     data: dict[str, Any]
     hash: str = Field(description="the entry's hash in the ledger's chain")
     prev_hash: str = Field(description="the hash of the office's entry before it")
-    office: str | None = Field(default=None, description="the office (org) whose chain it is")
+    office: str | None = Field(default=None, description="the office (org) it belongs to")
+    chain: str | None = Field(default=None, description="the chain it was hashed on: its "
+                              "office's, or null for the single chain before offices")
     contentIsData: bool = Field(description=DATA)
 
 
