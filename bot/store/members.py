@@ -79,11 +79,14 @@ async def bind(store: Store, org: str, principal: str, login: str, user_id: int)
     login renamed away and taken by someone else). True when the office's members are not
     recorded yet (nothing to go by)."""
     org, login = org.lower(), login.lower()
-    async with store.transaction() as db:
-        await db.execute("UPDATE office_members SET user_id=? WHERE org=? AND principal=?"
-                         " AND login=? AND user_id IS NULL", (user_id, org, principal, login))
-        row = await db.fetchone("SELECT login, user_id FROM office_members WHERE org=?"
-                                " AND principal=?", (org, principal))
+    query = "SELECT login, user_id FROM office_members WHERE org=? AND principal=?"
+    row = await store.fetchone(query, (org, principal))
+    if row is not None and row["login"] == login and row["user_id"] is None:
+        async with store.transaction() as db:  # (bound once: a read after that)
+            await db.execute("UPDATE office_members SET user_id=? WHERE org=? AND principal=?"
+                             " AND login=? AND user_id IS NULL",
+                             (user_id, org, principal, login))
+            row = await db.fetchone(query, (org, principal))
     if row is None or row["login"] != login:
         return True  # (a config not recorded yet, or one this check is older than)
     return row["user_id"] is None or int(row["user_id"]) == user_id
