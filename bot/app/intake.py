@@ -248,7 +248,7 @@ async def receive_webhook(request: web.Request) -> web.Response:
         # Gitea has no App installations: the app makes its own at start; one over a webhook
         # is an org's admins' (who sign their org's), and would act on every org's vaults
         return _error(403, "not_from_gitea", f"Gitea sends no {event} events: the app "
-                      "finds its organisations itself, at start")
+                      "finds its organisations itself, at start and every few minutes")
     glanced = jsontext.glance(body)
     if dialect.to_github is None and isinstance(glanced, dict) and \
             (why := _ignored(services, guid, event, glanced)) is not None:

@@ -19,6 +19,7 @@ from bot.app import runs
 from bot.app.build import build_services
 from bot.app.context import context_for
 from bot.app.doctor import DoctorSchedule
+from bot.app.gitea_orgs import GiteaOrgs
 from bot.app.intake import receive_webhook
 from bot.app.outbound import LedgerForwarder
 from bot.app.prune import Pruner
@@ -197,6 +198,7 @@ async def published_keys(request: web.Request) -> web.Response:
 
 WORKER_KEY = web.AppKey("worker", Worker)
 RECONCILER_KEY = web.AppKey("reconciler", Reconciler)
+GITEA_ORGS_KEY = web.AppKey("gitea_orgs", GiteaOrgs)
 FORWARDER_KEY = web.AppKey("forwarder", LedgerForwarder)
 PRESENCE_KEY = web.AppKey("presence", Presence)
 PRUNER_KEY = web.AppKey("pruner", Pruner)
@@ -320,6 +322,8 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
         worker.start()
         if settings.dialect == "gitea":
             await _provision_at_start(services)
+            app[GITEA_ORGS_KEY] = GiteaOrgs(services)  # (no installation events)
+            app[GITEA_ORGS_KEY].start()
         app[FORWARDER_KEY] = LedgerForwarder(services)
         app[FORWARDER_KEY].start()
         app[RECONCILER_KEY].start()
@@ -342,6 +346,8 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
             await app[PRUNER_KEY].stop()
         if DOCTOR_KEY in app:
             await app[DOCTOR_KEY].stop()
+        if GITEA_ORGS_KEY in app:
+            await app[GITEA_ORGS_KEY].stop()
         # in progress: finish, or back to the queue; the time requests in flight took (before
         # this, aiohttp waits for them) is taken from the same budget
         since = startup.stopping_since or time.monotonic()

@@ -302,3 +302,32 @@ async def test_an_org_made_again_by_another_user_while_the_app_was_down_starts_a
         assert [r["subject"] for r in kept] == [secret]
     finally:
         await again.stop()
+
+
+async def test_while_the_app_runs_an_org_made_again_or_joined_is_taken_at_the_next_look(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """The app reads the bot's orgs again every few minutes (bot.app.gitea_orgs), not only at
+    start: acme made again by another user under its name gets a new office, its old one
+    moved aside, and an org the bot was added to since is installed (found by review: until
+    a restart, whoever made acme again was served the old office)."""
+    from bot.app.gitea_orgs import refresh
+
+    secret = "ACME-CONFIDENTIAL while running"
+    sent = await ToolClient(session, office, "human:marco@acme.com")(
+        "mail_send", to="scout", subject=secret, body="x")
+    assert sent["mail"]["vault"] == "acme/scout-vault"
+    await office.settle()
+    old_kid = office.services.keyring.for_office("acme").active_kid
+    office.forge.state.accounts["acme"].id = office.forge.state.next_id("account")
+    seed_office(office.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
+    office.forge.add_org_member("evil", office.services.app_slug, role="admin")
+    assert await refresh(office.services) == ["evil"]
+    await office.settle()
+    assert office.services.installation_of("evil") == SYNTHETIC_INSTALLATION_ID
+    token = await api_tokens.create_token(office.services.store, "human:marco@acme.com",
+                                          "acme")
+    listed = await ToolClient(session, office, "human:marco@acme.com", token=token)(
+        "mail_list")
+    assert secret not in json.dumps(listed), listed
+    assert office.services.keyring.for_office("acme").active_kid != old_kid
+    assert await refresh(office.services) == [], "nothing new at the next look"
