@@ -16,7 +16,7 @@ from bot.forge.tokens import AppAuth, AppJwtAPI
 from bot.mail.signing import Keyrings
 from bot.office.source import OfficeSource
 from bot.private_files import private_dir
-from bot.store import installations, open_store
+from bot.store import Store, installations, open_store
 from handlers import build_own_router, build_router
 
 
@@ -50,15 +50,23 @@ async def build_services(settings: Settings, session: aiohttp.ClientSession) -> 
                                              url_refused=settings.outbound.url_refusal),
                         keyring=Keyrings.in_data_dir(settings.data_dir))
     services.keyring.installed = services.installations.keys  # what legacy keys served
-    # an org whose name another account took: its office signs with a key of its own, made
-    # before the old one is moved aside (a start after a crash between finds it moved)
-    for org in installations.taken_over(await installations.accounts(store),
-                                        _accounts(listing)):
-        services.keyring.for_office(org).rotate()
-    installed, _ = await installations.listed(store, _live(listing), before,
-                                              _accounts(listing))
+    installed, _ = await take_listing(store, services.keyring, _live(listing), before,
+                                      _accounts(listing))
     services.installations.update(installed)
     return services
+
+
+async def take_listing(store: Store, keyring: Keyrings, live: dict[str, int],
+                       before: installations.Known, accounts: dict[str, int]
+                       ) -> tuple[dict[str, int], list[str]]:
+    """The forge's listing of the App's orgs taken into the index (`installations.listed`),
+    at start and, on Gitea, every few minutes: an org whose name another account took has its
+    office's key rotated first, before the old office is moved aside (a crash between finds
+    it moved, and would rotate nothing). What is installed now, and the orgs taken over."""
+    taken = installations.taken_over(await installations.accounts(store), accounts)
+    for org in taken:
+        keyring.for_office(org).rotate()
+    return await installations.listed(store, live, before, accounts), taken
 
 
 async def build_gitea_services(settings: Settings, session: aiohttp.ClientSession) -> Services:
@@ -74,14 +82,12 @@ async def build_gitea_services(settings: Settings, session: aiohttp.ClientSessio
                          config=config)
     orgs = await client.installation().user_org_ids()
     store = await open_store(settings.database, synchronous=settings.sqlite_synchronous)
+    keyring = Keyrings.in_data_dir(settings.data_dir)
     try:  # whose each org is, as with a GitHub App's installations (see build_services)
-        before = await installations.known(store)
-        ids = {org: i for org, i in orgs.items() if i is not None}
-        keyring = Keyrings.in_data_dir(settings.data_dir)
-        for org in installations.taken_over(await installations.accounts(store), ids):
-            keyring.for_office(org).rotate()  # (as build_services does)
-        installed, _ = await installations.listed(
-            store, dict.fromkeys(orgs, SYNTHETIC_INSTALLATION_ID), before, ids)
+        installed, _ = await take_listing(
+            store, keyring, dict.fromkeys(orgs, SYNTHETIC_INSTALLATION_ID),
+            await installations.known(store),
+            {org: i for org, i in orgs.items() if i is not None})
     except BaseException:
         await store.close()
         raise

@@ -11,6 +11,7 @@ import asyncio
 import logging
 
 from bot.app.background import Background
+from bot.app.build import take_listing
 from bot.app.services import Services
 from bot.store import installations
 
@@ -25,15 +26,12 @@ async def refresh(services: Services) -> list[str]:
 
     client = services.forge_client
     assert isinstance(client, GiteaClient)
-    orgs = await client.installation().user_org_ids()
-    ids = {org: i for org, i in orgs.items() if i is not None}
     store = services.store
     before = await installations.known(store)
-    taken = installations.taken_over(await installations.accounts(store), ids)
-    for org in taken:  # a key of its own before the old office is moved (as at start)
-        services.keyring.for_office(org).rotate()
-    installed, _ = await installations.listed(
-        store, dict.fromkeys(orgs, SYNTHETIC_INSTALLATION_ID), before, ids)
+    orgs = await client.installation().user_org_ids()
+    installed, taken = await take_listing(
+        store, services.keyring, dict.fromkeys(orgs, SYNTHETIC_INSTALLATION_ID), before,
+        {org: i for org, i in orgs.items() if i is not None})
     for org in taken:  # what was kept of the old office's config is not the new one's
         services.offices.forget(org)
     new = sorted(set(installed) - set(services.installations))

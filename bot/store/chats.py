@@ -65,7 +65,7 @@ async def add_chat(db: Connection, agent: str, sender: str, message: str,
                           " VALUES (?,?,?,?,?,?) RETURNING id",
                           (agent, sender, message, created_at, org, number))
     if number is None:  # (a rolling deploy: numbered as the release before numbers)
-        return await number_as_was(db, "chats", "number", "id", "id", row)
+        return await number_as_was(db, "chats", "number", "id", row)
     return number
 
 

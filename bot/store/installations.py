@@ -108,19 +108,17 @@ async def known(store: Store) -> Known:
 
 
 async def listed(store: Store, live: dict[str, int], before: Known,
-                 accounts: dict[str, int] | None = None
-                 ) -> tuple[dict[str, int], list[str]]:
+                 accounts: dict[str, int] | None = None) -> dict[str, int]:
     """Take the forge's listing at start: `live` ({org: installation id}, suspended ones
     left out), listed after `before` was read. A row still as `before` saw it is made what
     the listing says (installed; removed if it was live and is not listed); a row a webhook
     changed meanwhile is newer than the listing, and kept. `accounts` ({org: account id}): an
     org the index knew as another account's is another office now, the old one moved aside
-    (see `installed`). Returns what is installed now, and the orgs whose office was moved."""
+    (see `installed`). Returns what is installed now."""
     now = time.time()
     # a row is as `before` saw it while its id and removed_at are (-1: none, or live)
     same = " installations.installation_id=? AND COALESCE(installations.removed_at, -1)=?"
     put, gone = [], []
-    moved_aside: list[str] = []
     for org, inst in live.items():
         was_id, was_removed = before.get(org, (inst, None))
         put.append((org, inst, was_id, -1 if was_removed is None else was_removed))
@@ -148,9 +146,8 @@ async def listed(store: Store, live: dict[str, int], before: Known,
                 log.warning("installed by another account than the one its office was made "
                             "for: that office is kept aside, this one starts empty",
                             extra={"org": org, "kept_as": moved, "account_id": account})
-                moved_aside.append(org)
             await db.execute("UPDATE installations SET account_id=? WHERE org=? AND"
                              " (account_id IS NULL OR account_id<>?)", (account, org, account))
         rows = await db.fetchall(
             "SELECT org, installation_id FROM installations WHERE removed_at IS NULL")
-    return {str(r["org"]): int(r["installation_id"]) for r in rows}, moved_aside
+    return {str(r["org"]): int(r["installation_id"]) for r in rows}

@@ -126,7 +126,7 @@ async def append(db: Connection, event: str, actor: str, subject: str,
          _digest(prev, t, event, actor, subject, blob, org), org, org, pos),
     )
     if pos is None:  # (a rolling deploy: numbered as the release before numbers)
-        await number_as_was(db, "ledger", "pos", "seq", "seq", seq)
+        await number_as_was(db, "ledger", "pos", "seq", seq)
     return seq
 
 

@@ -327,7 +327,7 @@ async def add_run(db: Connection, agent: str, kind: str, subject: str,
                           " number) VALUES (?,?,?,?,?,?,?) RETURNING id",
                           (agent, kind, subject, state, time.time(), org, number))
     if number is None:  # (a rolling deploy: numbered as the release before numbers)
-        return await number_as_was(db, "runs", "number", "id", "id", row)
+        return await number_as_was(db, "runs", "number", "id", row)
     return number
 
 

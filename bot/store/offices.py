@@ -130,12 +130,12 @@ async def next_number(db: Connection, table: str, column: str, was: str,
     if await db.fetchone(_OLDER_NUMBERING, (_OLDER_FOR,)) is not None:
         return None
     name = f"{table}.{column}"
-    row = await db.fetchone(  # (each side one step down the index on (org, column))
+    row = await db.fetchone(  # (each part one step down an index)
         f"SELECT MAX(n) AS n FROM (SELECT MAX({column}) AS n FROM {table} WHERE org=?"
-        f" UNION ALL SELECT MAX({column}) FROM {table} WHERE org IS NULL) found", (org,))
-    kept = await db.fetchone("SELECT last FROM office_numbers WHERE org=? AND name=?",
-                             (org, name))
-    number = max(int(row["n"] or 0) if row else 0, int(kept["last"]) if kept else 0) + 1
+        f" UNION ALL SELECT MAX({column}) FROM {table} WHERE org IS NULL"
+        " UNION ALL SELECT last FROM office_numbers WHERE org=? AND name=?) found",
+        (org, org, name))
+    number = (int(row["n"] or 0) if row else 0) + 1
     await db.execute("INSERT INTO office_numbers(org, name, last) VALUES (?,?,?)"
                      " ON CONFLICT(org, name) DO UPDATE SET last=excluded.last",
                      (org, name, number))
@@ -143,10 +143,10 @@ async def next_number(db: Connection, table: str, column: str, was: str,
 
 
 async def number_as_was(db: Connection, table: str, column: str, was: str,
-                        key: str, value: int) -> int:
-    """The row `key`=`value` numbered as a release before per-office numbers numbered it
-    (its `was`); returns that number."""
-    await db.execute(f"UPDATE {table} SET {column}={was} WHERE {key}=?", (value,))
+                        value: int) -> int:
+    """The row whose `was` (its id, its seq) is `value` numbered by it, as a release before
+    per-office numbers numbered it; returns that number."""
+    await db.execute(f"UPDATE {table} SET {column}={was} WHERE {was}=?", (value,))
     return value
 
 
