@@ -300,3 +300,33 @@ def test_a_record_of_an_office_is_signed_with_its_key_and_one_of_no_office_with_
         rings.signer_for(None)
     legacy = Keyring.load_or_create(tmp_path / KEYS_FILE_NAME)
     assert Keyrings.in_data_dir(tmp_path).signer_for(None).active_kid == legacy.active_kid
+
+
+def test_a_key_revoked_by_one_replica_is_gone_from_every_other(tmp_path: Path) -> None:
+    """Replicas share the data directory: one that has the key loaded (and verified with it)
+    neither trusts nor publishes it once another process revoked it; the signing key is never
+    revoked."""
+    from bot.mail.header import render_mail_body, sign_header, verify_mail
+
+    app, cli = Keyrings.in_data_dir(tmp_path), Keyrings.in_data_dir(tmp_path)
+    leaked = app.for_office("acme").active_kid
+    header = sign_header(keyring=app.for_office("acme"), from_principal="human:a@acme.test",
+                         to_principal="agent:scout", vault="acme/scout-vault", subject="Hi",
+                         body="x")
+    body = render_mail_body(header, "x")
+    assert verify_mail(header.subject, body, "acme/scout-vault", app).valid
+    with pytest.raises(KeyringError, match="is the active key"):
+        cli.for_office("acme").revoke(leaked)
+    new = cli.for_office("acme").rotate()
+    cli.for_office("acme").revoke(leaked)
+    with pytest.raises(KeyringError, match="already revoked"):
+        cli.for_office("acme").revoke(leaked)
+    assert not app.has_key(leaked) and app.revoked(leaked)
+    assert [k["kid"] for k in app.public_jwks("acme")["keys"]] == [new]
+    assert leaked not in PublicKeys.from_jwks(app.public_jwks()).key_ids
+    verdict = verify_mail(header.subject, body, "acme/scout-vault", app)
+    assert not verdict.valid and f"signed with revoked key {leaked}" in verdict.reason
+    assert app.for_office("acme").sign(DATA)[0] == new
+    doc = json.loads((tmp_path / OFFICE_KEYS_DIR / "acme.json").read_text())
+    assert [k["kid"] for k in doc["keys"]] == [new], "its private key is deleted"
+    assert [r["kid"] for r in doc["revoked"]] == [leaked]

@@ -312,3 +312,49 @@ async def test_keys_rotate_turns_one_office_key_and_old_mail_keeps_verifying(
     await embedded.settle()
     code, out = await vaultmail(embedded, "verify", newer["ref"])
     assert code == 0 and f"by key {m[1]}," in out, out
+
+
+async def test_keys_revoke_withdraws_a_leaked_key_everywhere_but_never_the_active_one(
+        embedded: Embedded, tools: Any, session: aiohttp.ClientSession) -> None:
+    """A leaked key is withdrawn by `vaultmail keys revoke`, run beside the app as another
+    process (as on another replica): the app stops publishing it and stops trusting what it
+    signed at once, without a restart; the key that signs now is never revoked without a new
+    one made first."""
+    mail = await _sent(embedded, tools)
+    kept = await mails.get_mail(embedded.services.store, mail["mail_id"])
+    assert kept is not None
+    leaked_kid = kept.key_id
+    assert (await tools("human:marco@acme.com")("mail_get", mail=mail["ref"]))["verified"]
+    code, out = await vaultmail(embedded, "keys", "revoke", leaked_kid)
+    assert code == 2, out
+    assert f"{leaked_kid} is office acme's active key" in out, out
+    assert "vaultmail keys rotate --org acme" in out, out
+    code, out = await vaultmail(embedded, "verify", mail["ref"])
+    assert code == 0, "nothing was revoked"
+    code, out = await vaultmail(embedded, "keys", "revoke", "vm-acme-20200101-abcdef")
+    assert code == 2 and "no key vm-acme-20200101-abcdef" in out, out
+
+    code, out = await vaultmail(embedded, "keys", "rotate", "--org", "acme")
+    assert code == 0, out
+    code, out = await vaultmail(embedded, "keys", "revoke", leaked_kid, "--org", "acme")
+    assert code == 0, out
+    assert out.startswith(f"office acme: key {leaked_kid} revoked"), out
+    assert "no longer published" in out and "no longer verifies" in out, out
+    code, out = await vaultmail(embedded, "keys", "revoke", leaked_kid)
+    assert code == 2 and "already revoked" in out, out
+    # the app (which held the key in memory) no longer trusts a header it signed
+    got = await tools("human:marco@acme.com")("mail_get", mail=mail["ref"])
+    assert got["verified"] is False, got
+    [entry] = await ledger.entries(embedded.services.store, event="mail.tampered")
+    assert f"signed with revoked key {leaked_kid}" in json.dumps(entry.data), entry
+
+    async with session.get(f"{embedded.app_url}/.well-known/vaultmail-keys/acme.json") as resp:
+        published = [k["kid"] for k in (await resp.json())["keys"]]
+    assert published and leaked_kid not in published, published
+    code, out = await vaultmail(embedded, "verify", mail["ref"])
+    assert code == 1 and f"unknown key id {leaked_kid}" in out, "it is not published"
+    newer = (await tools("human:marco@acme.com")("mail_send", to="scout", subject="After",
+                                                 body="revoked"))["mail"]
+    await embedded.settle()
+    code, out = await vaultmail(embedded, "verify", newer["ref"])
+    assert code == 0 and leaked_kid not in out, out

@@ -216,6 +216,45 @@ async def cmd_keys_rotate(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    """Withdraw a leaked key of one office: no longer published, trusted or signed with, by
+    the app and every replica (they share the data directory) from their next use of it."""
+    from bot.mail.signing import KeyringError, Keyrings, kid_office, office_name
+
+    data = existing_data_dir(args.data, needs="")
+    rings = Keyrings.in_data_dir(data)
+    office = kid_office(args.kid)  # a key id names its office
+    if office is None:
+        raise ShellFailure("usage", (
+            f"{args.kid!r} is not an office's key id (vm-<org>-<date>-<hex>): see "
+            f"`/.well-known/vaultmail-keys/<org>.json` for an office's"))
+    if args.org is not None:
+        try:
+            named = office_name(args.org)
+        except KeyringError as exc:
+            raise ShellFailure("usage", f"--org: {exc}") from exc
+        if named != office:
+            raise ShellFailure("usage", f"{args.kid} is a key of office {office}, not {named}")
+    ring = rings.existing(office)
+    if ring is None:
+        raise ShellFailure("no_keys", f"office {office} has no signing keys in {data}")
+    if args.kid == ring.active_kid:  # the only key is always the active one
+        raise ShellFailure("active_key", (
+            f"{args.kid} is office {office}'s active key, which signs its mail and POSTs: "
+            f"make a new one first with `vaultmail keys rotate --org {office} --data {data}`, "
+            f"then revoke {args.kid}"))
+    try:
+        ring.revoke(args.kid)
+    except KeyringError as exc:
+        raise ShellFailure("refused", f"office {office}: {exc}") from exc
+    kept = [k for k in ring.key_ids if k != ring.active_kid]
+    print(f"office {office}: key {args.kid} revoked: no longer published or trusted, by the "
+          f"app and every replica from their next use of it; mail it signed no longer "
+          f"verifies (when next checked: edited, read or reindexed, it is flagged tampered). "
+          f"Signing: {ring.active_kid}; kept for verifying: {', '.join(kept) or 'none'}")
+    return 0
+
+
 async def cmd_token_create(args: argparse.Namespace) -> int:
     from bot.store import api_tokens, installations, open_store
 
@@ -491,6 +530,11 @@ def add_office_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.add_argument("--org", help="the office (organisation) whose key to rotate (default: the "
                                  "one office that has keys)")
     p.set_defaults(func=cmd_keys_rotate)
+    p = with_data(ksub.add_parser("revoke", help="withdraw a leaked key: no longer "
+                                              "published, trusted or signed with"))
+    p.add_argument("kid", metavar="KID", help="the key id, vm-<org>-<date>-<hex>")
+    p.add_argument("--org", help="the office the key must be of (a check: the id names it)")
+    p.set_defaults(func=cmd_keys_revoke)
     token = sub.add_parser("token", help="API tokens")
     tsub = token.add_subparsers(dest="token_command", required=True)
     p = with_data(tsub.add_parser("create", help="issue an API token for a principal"))

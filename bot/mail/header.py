@@ -537,7 +537,10 @@ def _tampered(problems: list[str], header: MailHeader | None, signed: bool, body
                    body, copy, office)
 
 
-def _unknown_key(header: MailHeader) -> str:
+def _unknown_key(header: MailHeader, keys: Verifier) -> str:
+    if keys.revoked(header.key_id):  # leaked, so whoever holds it may have written this
+        return (f"signed with revoked key {header.key_id}: it no longer vouches for "
+                "anything it signed")
     named, owner = kid_office(header.key_id), vault_office(header.vault)
     if named is not None and named != owner:
         return f"unknown key id {header.key_id} (a key of office {named}, not {owner})"
@@ -607,7 +610,7 @@ def verify_mail(
     if header is None:
         return _tampered([f"header unreadable: {parsed.error}"], None, False, parsed.body)
     if not keys.has_key(header.key_id):
-        return _tampered([_unknown_key(header)], header, False, parsed.body)
+        return _tampered([_unknown_key(header, keys)], header, False, parsed.body)
     if not verify_signature(header, keys):
         return _tampered(["header fields changed"], header, False, parsed.body)
     forged = _not_this_office(header, keys)

@@ -6,7 +6,11 @@ signs with keys of its own (issue 21), so that nothing one office signs can pass
 first signature (or just before it, off the event loop: ``prepare``) as
 ``signing-keys/<org>.json`` in the data directory (mode 0600, created and rotated under a file
 lock, so the app, its replicas and the CLI agree on one key). One key
-of a keyring is active and signs; older ones stay for verifying after ``rotate()``.
+of a keyring is active and signs; older ones stay for verifying after ``rotate()``, until
+``revoke()`` (a leaked key): its private key is deleted and its id recorded as revoked, so it
+is neither published nor trusted any more. Every process reads the file again when it changed
+(one stat, at each signature, verification and publication), so a key revoked on one replica
+(the data directory is on the volume the replicas share) is revoked on all at their next use.
 
 Key ids name their office: ``vm-acme-20261204-3fa9c2`` (``vm-``, the org's login in lower
 case, the creation date, six random hex digits). Signatures are raw 64-byte Ed25519
@@ -38,7 +42,8 @@ and the legacy keys that served it; ``GET /.well-known/vaultmail-keys.json`` hol
 The private files::
 
     {"version": 1, "office": "acme", "active": "vm-acme-...",
-     "keys": [{"kid": "vm-acme-...", "created": "...Z", "private": "<b64url raw 32 bytes>"}]}
+     "keys": [{"kid": "vm-acme-...", "created": "...Z", "private": "<b64url raw 32 bytes>"}],
+     "revoked": [{"kid": "vm-acme-...", "revoked": "...Z"}]}          (once a key is revoked)
     {"version": 1, "active": "vm-2025...", "offices": ["acme"], "keys": [...]}   (legacy)
 """
 
@@ -93,6 +98,11 @@ class Verifier(Protocol):
     def has_key(self, kid: str) -> bool: ...
 
     def verify(self, kid: str, data: bytes, signature: str) -> bool: ...
+
+    def revoked(self, kid: str) -> bool:
+        """Whether ``kid`` was revoked (then it is not among its keys); False when it cannot
+        tell (published keys name no revoked key)."""
+        ...
 
     def speaks_for(self, kid: str) -> tuple[str, ...] | None:
         """The offices whose word key ``kid`` is: one for an office's key, those a legacy key
@@ -239,7 +249,8 @@ class Keyring:
     demo); ``Keyrings.for_office`` makes each office's."""
 
     def __init__(self, keys: list[SigningKey], active: str, path: Path | None = None, *,
-                 office: str | None = None, served: Iterable[str] | None = None) -> None:
+                 office: str | None = None, served: Iterable[str] | None = None,
+                 revoked: dict[str, datetime] | None = None) -> None:
         if not keys:
             raise KeyringError("a keyring needs at least one key")
         by_kid = {k.kid: k for k in keys}
@@ -257,6 +268,7 @@ class Keyring:
         self._active = active
         self._path = path
         self._served = _served(served)
+        self._revoked = dict(revoked or {})  # key id -> when; never in _keys again
         self._stamp: tuple[int, int, int] | None = None
 
     # -- construction ------------------------------------------------------------------------
@@ -299,11 +311,13 @@ class Keyring:
         except (OSError, ValueError) as exc:
             raise KeyringError(f"{path}: cannot read signing keys: {exc}") from exc
         keys, active = _keys_from_doc(doc, str(path))
+        revoked = _revoked_from_doc(doc, str(path))
         found = doc.get("office")
         if found != office:  # a file copied or renamed into the wrong place signs for no one
             raise KeyringError(f"{path}: holds the keys of office {found!r}, not {office!r}")
         try:
-            ring = cls(keys, active, path, office=office, served=doc.get("offices"))
+            ring = cls(keys, active, path, office=office, served=doc.get("offices"),
+                       revoked=revoked)
         except (KeyringError, TypeError) as exc:
             raise KeyringError(f"{path}: {exc}") from exc
         ring._stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -328,7 +342,8 @@ class Keyring:
                 }
                 for k in self._keys.values()
             ],
-        }
+        } | ({"revoked": [{"kid": kid, "revoked": _iso(when)}
+                          for kid, when in self._revoked.items()]} if self._revoked else {})
 
     def _write(self) -> None:
         if self._path is None:
@@ -350,7 +365,7 @@ class Keyring:
             return False
         fresh = Keyring._read(self._path, self._office)
         self._keys, self._active, self._stamp = fresh._keys, fresh._active, fresh._stamp
-        self._served = fresh._served
+        self._served, self._revoked = fresh._served, fresh._revoked
         return True
 
     # -- keys --------------------------------------------------------------------------------
@@ -416,6 +431,33 @@ class Keyring:
         self._write()
         return key.kid
 
+    def revoke(self, kid: str, now: datetime | None = None) -> None:
+        """Withdraw key ``kid`` (leaked): its private key is deleted, and it is published and
+        trusted no more, here and in every process that reads the file. KeyringError when
+        it is the active key (rotate first: something must sign), already revoked, or not
+        one of these keys."""
+        if self._path is None:
+            self._revoke(kid, now)
+            return
+        with _locked(self._path):
+            self.refresh()
+            self._revoke(kid, now)
+
+    def _revoke(self, kid: str, now: datetime | None) -> None:
+        if kid in self._revoked:
+            raise KeyringError(f"key {kid} was already revoked ({_iso(self._revoked[kid])})")
+        if kid not in self._keys:
+            raise KeyringError(f"no key {kid} here (keys: {', '.join(self._keys)})")
+        if kid == self._active:
+            raise KeyringError(f"{kid} is the active key, which signs: make a new one first")
+        del self._keys[kid]
+        self._revoked[kid] = (now or datetime.now(UTC)).astimezone(UTC)
+        self._write()
+
+    def revoked(self, kid: str) -> bool:
+        self.refresh()
+        return kid in self._revoked
+
     def sign(self, data: bytes, *, kid: str | None = None) -> tuple[str, str]:
         """Sign with the active key (or ``kid``); returns (key id, base64url signature)."""
         self.refresh()
@@ -426,8 +468,7 @@ class Keyring:
         return kid, b64url_encode(key.private.sign(data))
 
     def has_key(self, kid: str) -> bool:
-        if kid not in self._keys:
-            self.refresh()
+        self.refresh()  # always: a key another process (replica, CLI) revoked is gone here too
         return kid in self._keys
 
     def verify(self, kid: str, data: bytes, signature: str) -> bool:
@@ -461,6 +502,13 @@ def _served(offices: Iterable[str] | None) -> tuple[str, ...] | None:
     if isinstance(offices, str):
         raise KeyringError("offices must be a list of organisation logins")
     return tuple(sorted({office_name(o) for o in offices})) or None
+
+
+def _revoked_from_doc(doc: dict[str, Any], where: str) -> dict[str, datetime]:
+    try:
+        return {entry["kid"]: _parse_iso(entry["revoked"]) for entry in doc.get("revoked", [])}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise KeyringError(f"{where}: revoked: {exc}") from exc
 
 
 def _keys_from_doc(doc: Any, where: str) -> tuple[list[SigningKey], str]:
@@ -575,6 +623,9 @@ class PublicKeys:
     def verify(self, kid: str, data: bytes, signature: str) -> bool:
         key = self._keys.get(kid)
         return key is not None and _verify_with(key.public, data, signature)
+
+    def revoked(self, kid: str) -> bool:
+        return False  # a revoked key is left out of what is published, not named there
 
     def speaks_for(self, kid: str) -> tuple[str, ...] | None:
         key = self._keys.get(kid)
@@ -729,6 +780,10 @@ class Keyrings:
     def verify(self, kid: str, data: bytes, signature: str) -> bool:
         ring = self._ring_of(kid)
         return ring is not None and ring.verify(kid, data, signature)
+
+    def revoked(self, kid: str) -> bool:
+        ring = self._ring_of(kid)
+        return ring is not None and ring.revoked(kid)
 
     def speaks_for(self, kid: str) -> tuple[str, ...] | None:
         ring = self._ring_of(kid)

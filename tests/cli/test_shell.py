@@ -96,7 +96,8 @@ async def test_a_forge_that_is_not_there_is_one_line_with_what_to_do(tmp_path: P
 
 
 DATA_COMMANDS = [["token", "create", "agent:scout"], ["token", "list"], ["token", "revoke", "1"],
-                 ["ledger"], ["dead-letters"], ["keys", "rotate"], ["reindex"],
+                 ["ledger"], ["dead-letters"], ["keys", "rotate"],
+                 ["keys", "revoke", "vm-acme-20260101-abcdef"], ["reindex"],
                  ["verify", "acme/scout-vault#1"], ["inbox", "--as", "scout"],
                  ["send", "scout", "Hi", "text", "--as", "scout"]]
 
