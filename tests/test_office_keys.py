@@ -3,7 +3,6 @@ publishes each office's keys apart, and what evil's office signs never passes ac
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 from collections.abc import AsyncIterator
@@ -16,7 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from multidict import CIMultiDict
 
 from bot.app.embedded import Embedded, start_embedded
 from bot.office.config import load_office
@@ -54,20 +53,26 @@ class Runner:
         return web.Response(status=204)
 
 
-def passes_the_documented_check(app_url: str, office: str, jwks: dict[str, Any],
-                                headers: dict[str, str], raw_body: bytes) -> bool:
-    """docs/using.md, *Checking a signature*, as a runner of `office` runs it, on the keys
-    it fetched from `{app_url}/.well-known/vaultmail-keys/{office}.json`."""
-    def b64(s: str) -> bytes:
-        return base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))
+def documented_check() -> str:
+    """The Python of docs/using.md, *Checking a signature*, less its fetch of the keys."""
+    docs = (Path(__file__).parents[1] / "docs" / "using.md").read_text()
+    section = docs[docs.index("Checking a signature, for runs and triggers alike."):]
+    code = section[section.index("```python\n") + 10:section.index("```\n", 10)]
+    fetch = next(line for line in code.splitlines() if "urlopen" in line)
+    return code.replace(fetch + "\n", "")  # `jwks` is given: the app runs on this loop
 
-    keys = {k["kid"]: Ed25519PublicKey.from_public_bytes(b64(k["x"])) for k in jwks["keys"]}
-    kid, _, sig = headers["X-Vaultmail-Signature"].partition(".")
-    if kid not in keys:  # another office's key, or none
-        return False
+
+def passes_the_documented_check(app_url: str, office: str, jwks: dict[str, Any],
+                                headers: dict[str, str], raw_body: bytes, my_url: str,
+                                seen: set[str] | None = None) -> bool:
+    """The documented check, as a receiver of `office` at `my_url` runs it, on the keys it
+    fetched from `{app_url}/.well-known/vaultmail-keys/{office}.json`."""
+    where: dict[str, Any] = {"APP_URL": app_url, "OFFICE": office, "MY_URL": my_url,
+                             "jwks": jwks}
+    exec(documented_check(), where)  # noqa: S102 - our own docs' recipe
     try:
-        keys[kid].verify(b64(sig), raw_body)
-    except InvalidSignature:
+        where["check"](CIMultiDict(headers), raw_body, set() if seen is None else seen)
+    except (PermissionError, InvalidSignature):
         return False
     return True
 
@@ -180,14 +185,22 @@ async def test_a_run_payload_evil_signs_fails_the_documented_check_at_acmes_runn
     _, evil_keys = await _get(session, f"{emb.app_url}/.well-known/vaultmail-keys/evil.json")
     by_vault = {json.loads(body)["content"]["vault"]: (body, headers)
                 for body, headers in runner.runs}
+    runs = f"{runner.url}/runs"
     body, headers = by_vault["evil/scout-vault"]
-    assert headers["X-Vaultmail-Signature"].startswith("vm-evil-"), "the key id names evil"
-    assert not passes_the_documented_check(emb.app_url, "acme", acme_keys, headers, body)
-    assert passes_the_documented_check(emb.app_url, "evil", evil_keys, headers, body), \
+    assert headers["X-Vaultmail-Signature"].startswith("v2=vm-evil-"), "the key id names evil"
+    assert not passes_the_documented_check(emb.app_url, "acme", acme_keys, headers, body, runs)
+    assert passes_the_documented_check(emb.app_url, "evil", evil_keys, headers, body, runs), \
         "it is genuinely evil's"
     body, headers = by_vault["acme/scout-vault"]
-    assert headers["X-Vaultmail-Signature"].startswith("vm-acme-")
-    assert passes_the_documented_check(emb.app_url, "acme", acme_keys, headers, body)
+    assert headers["X-Vaultmail-Signature"].startswith("v2=vm-acme-")
+    run = json.loads(body)["run"]
+    assert (headers["X-Vaultmail-Event"], headers["X-Vaultmail-Delivery"]) == ("run", f"run-{run}")
+    seen: set[str] = set()
+    assert passes_the_documented_check(emb.app_url, "acme", acme_keys, headers, body, runs, seen)
+    assert not passes_the_documented_check(emb.app_url, "acme", acme_keys, headers, body, runs,
+                                           seen), "replayed to the runner: seen"
+    assert not passes_the_documented_check(emb.app_url, "acme", acme_keys, headers, body,
+                                           f"{runner.url}/hook"), "replayed to the hook"
 
 
 async def test_ledger_entries_reach_the_office_webhook_signed_with_the_office_key(
@@ -197,5 +210,12 @@ async def test_ledger_entries_reach_the_office_webhook_signed_with_the_office_ke
     await until(lambda: len(runner.hooks) >= 1)
     _, acme_keys = await _get(session, f"{emb.app_url}/.well-known/vaultmail-keys/acme.json")
     for body, headers in runner.hooks:
-        assert headers["X-Vaultmail-Signature"].startswith("vm-acme-")
-        assert passes_the_documented_check(emb.app_url, "acme", acme_keys, headers, body)
+        assert headers["X-Vaultmail-Signature"].startswith("v2=vm-acme-")
+        assert headers["X-Vaultmail-Delivery"] == str(json.loads(body)["seq"])
+        assert passes_the_documented_check(emb.app_url, "acme", acme_keys, headers, body,
+                                           f"{runner.url}/hook")
+        assert not passes_the_documented_check(emb.app_url, "acme", acme_keys, headers, body,
+                                               f"{runner.url}/runs"), "replayed to the runner"
+        assert not passes_the_documented_check(
+            emb.app_url, "acme", acme_keys, {**headers, "X-Vaultmail-Delivery": "999"}, body,
+            f"{runner.url}/hook"), "relabelled"

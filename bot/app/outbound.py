@@ -82,9 +82,9 @@ class LedgerForwarder(Rounds):
         for entry in await ledger.entries(store, since=cursor, limit=BATCH, org=org):
             try:
                 await post_signed(self.services.keyring.signer_for(entry.org), url,
-                                  entry.as_json(), headers={
-                    "X-Vaultmail-Event": entry.event, "X-Vaultmail-Delivery": str(entry.number)},
-                    outbound=self.services.settings.outbound)
+                                  entry.as_json(), event=entry.event,
+                                  delivery=str(entry.number),
+                                  outbound=self.services.settings.outbound)
             except Exception as exc:
                 failures = (int(row["failures"]) if row else 0) + 1
                 delay = min(MAX_BACKOFF, 0.5 * 2 ** failures)

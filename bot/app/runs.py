@@ -265,8 +265,10 @@ async def _dispatch(services: Services, forge: Forge, agent: Agent, vault: str, 
             if how == "repository_dispatch":
                 await forge.dispatch(vault, "vaultmail.run", fit_client_payload(payload))
             else:
+                # signed as delivery run-<n>: a runner drops a replay, or a retry it took
                 await post_signed(await services.keyring.ready_for(org), how, payload,
-                                  outbound=services.settings.outbound)
+                                  outbound=services.settings.outbound, event="run",
+                                  delivery=f"run-{payload['run']}")
             return
         except OutboundRefused as exc:  # nothing was sent, and no retry would send it
             await _refused(services, agent, subject, payload, org,
