@@ -93,7 +93,7 @@ async def test_two_agents_writing_on_the_mail_each_sent_the_other_stop_at_the_gu
     follow-up, which woke the recipient whatever had come before. builder writes on the mail
     it sent scout, scout on the one it sent builder, each time it is woken, neither answering:
     before, they woke each other forever. Each agent's follow-up counts a hop on its mail
-    (the recipient's reply starts the count again); past 3 it stays on the issue, wakes no
+    (only a person starts the count again); past 3 it stays on the issue, wakes no
     one, and `mail.loop_guard` is ledgered (found by review)."""
     builder, scout = tools("agent:builder"), tools("agent:scout")
     to_scout = (await builder("mail_send", to="scout", subject="Ping", body="ping"))["mail"]
@@ -138,3 +138,80 @@ async def test_an_agents_follow_up_retried_after_a_forge_failure_counts_once(
     row = await embedded.services.store.fetchone(
         "SELECT agent_turns FROM mails WHERE mail_id=?", (sent["mail_id"],))
     assert row is not None and row["agent_turns"] == 1, row
+
+
+async def test_two_agents_reopening_the_mail_each_sent_the_other_stop_at_the_guard(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """Reopening a closed mail hands it back to its recipient (mail:new, a run), as a
+    follow-up does, but it counted no hop: builder reopening the mail it sent scout each time
+    scout closed it, scout the one it sent builder, woke each other forever (review). An
+    agent's reopen counts a hop on its mail like its follow-up; past 3 the mail is back in the
+    recipient's inbox quiet (no mail label, no run) and `mail.loop_guard` is ledgered. A
+    person's reopen always wakes, and starts the count again."""
+    builder, scout = tools("agent:builder"), tools("agent:scout")
+    to_scout = (await builder("mail_send", to="scout", subject="Ping", body="ping"))["mail"]
+    to_builder = (await scout("mail_send", to="builder", subject="Pong", body="pong"))["mail"]
+    await embedded.settle()
+    # each may reopen on the forge what it sent the other (the org gives agents write)
+    embedded.forge.set_permission(SCOUT, "builder-bot", "write")
+    embedded.forge.set_permission(BUILDER, "scout-bot", "write")
+    reopeners = {"builder": person("builder-bot"), "scout": person("scout-bot")}
+    woken, states = [], []
+    for _ in range(1, 6):
+        for agent, mail, recipient in (("builder", to_scout, scout),
+                                       ("scout", to_builder, builder)):
+            await recipient("mail_close", mail=mail["ref"])  # done with it, it says
+            await embedded.settle()
+            queued = len(await embedded.ledger_events("run.queued"))
+            await reopeners[agent].call("PATCH", f"/repos/{mail['vault']}/issues/"
+                                        f"{mail['number']}", {"state": "open"}, expect=200)
+            await embedded.settle()
+            woken.append(len(await embedded.ledger_events("run.queued")) > queued)
+            states.append((await recipient("mail_get", mail=mail["ref"]))["mail"]["state"])
+    assert woken == [True] * 6 + [False] * 4, woken  # three reopens each, then no run
+    assert states == ["mail:new"] * 6 + ["quiet"] * 4, states
+    issue = await person("admin").issue(to_scout["vault"], to_scout["number"])
+    assert (issue["state"], label_names(issue)) == ("open", []), "delivered without mail:new"
+    guards = await embedded.ledger_events("mail.loop_guard")
+    assert [(g.subject, g.data["hops"], g.data.get("reopened")) for g in guards] == [
+        (to_scout["ref"], 4, True), (to_builder["ref"], 4, True)] * 2
+    # a person's reopen wakes scout whatever came before, and starts the count again
+    await scout("mail_close", mail=to_scout["ref"])
+    await embedded.settle()
+    await person("marco").call("PATCH", f"/repos/{to_scout['vault']}/issues/"
+                               f"{to_scout['number']}", {"state": "open"}, expect=200)
+    await embedded.settle()
+    assert (await scout("mail_get", mail=to_scout["ref"]))["mail"]["state"] == "mail:new"
+    await scout("mail_close", mail=to_scout["ref"])
+    await embedded.settle()
+    await reopeners["builder"].call("PATCH", f"/repos/{to_scout['vault']}/issues/"
+                                    f"{to_scout['number']}", {"state": "open"}, expect=200)
+    await embedded.settle()
+    assert (await scout("mail_get", mail=to_scout["ref"]))["mail"]["state"] == "mail:new"
+
+
+async def test_two_agents_answering_and_following_up_on_two_mails_stop_at_the_guard(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """The recipient's reply started an agent's count on the mail again: builder and scout,
+    each woken, replied to the mail it got and wrote on the one it had sent the other, and
+    woke each other forever, each follow-up at its mail's first turn (review). Only a
+    person's follow-up or reopen starts the count again."""
+    builder, scout = tools("agent:builder"), tools("agent:scout")
+    to_scout = (await builder("mail_send", to="scout", subject="Ping", body="ping"))["mail"]
+    to_builder = (await scout("mail_send", to="builder", subject="Pong", body="pong"))["mail"]
+    await embedded.settle()
+    writers = {"builder": person("builder-bot"), "scout": person("scout-bot")}
+    woken = []
+    for round_ in range(1, 6):
+        for agent, mail, recipient in (("builder", to_scout, scout),
+                                       ("scout", to_builder, builder)):
+            await recipient("mail_reply", mail=mail["ref"], body=f"done {round_}")
+            await writers[agent].comment(mail["vault"], mail["number"], f"and now? {round_}")
+            await embedded.settle()
+            got = (await recipient("mail_get", mail=mail["ref"]))["mail"]
+            woken.append(got["state"] == "mail:new")
+    assert woken == [True] * 6 + [False] * 4, woken
+    guards = [g for g in await embedded.ledger_events("mail.loop_guard")
+              if g.data.get("follow_up")]
+    assert [(g.subject, g.data["hops"]) for g in guards] == [
+        (to_scout["ref"], 4), (to_builder["ref"], 4)] * 2

@@ -193,11 +193,12 @@ async def test_agents_trading_comments_on_one_mail_are_stopped_by_the_loop_guard
         await embedded.settle()
         await builder_bot.comment(SCOUT, sent["number"], f"follow-up {turn}")
         await embedded.settle()
-    # Follow-ups count no hops (issue 10, item 7): the automatic copies of scout's replies do,
-    # so the fourth copy reaches builder quietly and wakes it no more.
+    # The automatic copies of scout's replies count hops on the thread, so the fourth copy
+    # reaches builder quietly and wakes it no more; builder's follow-ups count on the mail
+    # (scout's replies start nothing again), so its fourth wakes scout no more either.
     copies = [m for m in await mails.all_mails(embedded.services.store) if m.vault == BUILDER]
     assert sorted(m.hops for m in copies) == [1, 2, 3, 4]
     quiet = [m for m in copies if m.state == "quiet"]
     assert [m.hops for m in quiet] == [4]
     guards = await embedded.ledger_events("mail.loop_guard")
-    assert [g.subject for g in guards] == [quiet[0].ref]
+    assert [g.subject for g in guards] == [quiet[0].ref, sent["ref"]]

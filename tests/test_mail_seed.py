@@ -112,10 +112,12 @@ async def test_an_agents_mail_send_with_in_reply_to_counts_hops_like_the_reply_c
     assert sent["mail"]["hops"] == 5 and sent["mail"]["state"] == "quiet"
 
 
-async def test_follow_up_comments_carry_no_hops_only_the_automatic_reply_copies_do(
+async def test_follow_up_comments_count_on_the_mail_the_reply_copies_on_the_thread(
         embedded: Embedded, person: Any, tools: Any) -> None:
-    """Two agents trading comments on one mail: every follow-up is the recipient's turn again
-    (no hops), and the loop guard holds on the automatic copies of the replies."""
+    """Two agents trading comments on one mail: the mail keeps its hops (0), each agent's
+    follow-up is the recipient's turn again up to the guard (its turns count on the mail,
+    the recipient's replies starting nothing again), and the automatic copies of the replies
+    climb on the thread: past 3, both are delivered without waking anyone."""
     sent = (await tools("agent:builder")("mail_send", to="scout", subject="Chat",
                                          body="hi"))["mail"]
     scout_bot, builder_bot = person("scout-bot"), person("builder-bot")
@@ -124,16 +126,18 @@ async def test_follow_up_comments_carry_no_hops_only_the_automatic_reply_copies_
         await embedded.settle()
         await builder_bot.comment(SCOUT, sent["number"], f"follow-up {turn}")
         await embedded.settle()
-        assert label_names(await scout_bot.issue(SCOUT, sent["number"])) == ["mail:new"], (
-            f"follow-up {turn} is scout's turn again")
+        assert label_names(await scout_bot.issue(SCOUT, sent["number"])) == (
+            ["mail:new"] if turn <= 3 else ["mail:replied"]), (
+            f"follow-up {turn}: scout's turn again up to the guard")
     original = await mails.get_mail(embedded.services.store, sent["mail_id"])
     assert original is not None and original.hops == 0
     copies = sorted((m for m in await mails.all_mails(embedded.services.store)
                      if m.vault == BUILDER), key=lambda m: m.hops)
     assert [(m.hops, m.state) for m in copies] == [
         (1, "mail:new"), (2, "mail:new"), (3, "mail:new"), (4, "quiet")]
-    [guard] = await embedded.ledger_events("mail.loop_guard")
-    assert guard.subject == copies[-1].ref and guard.data["hops"] == 4
+    guards = await embedded.ledger_events("mail.loop_guard")
+    assert [(g.subject, g.data["hops"]) for g in guards] == [
+        (copies[-1].ref, 4), (original.ref, 4)]
 
 
 # -- 8. "mail:working (the agent opened it)" --------------------------------------------------

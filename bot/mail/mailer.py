@@ -50,6 +50,9 @@ LOOP_GUARD_HOPS = 3
 MAX_BODY = 60_000
 # events that set a state rather than add something: applied again in that state, a no-op
 _SETS_STATE = frozenset({MailEvent.OPEN, MailEvent.CLOSE, MailEvent.REOPEN})
+# what an agent does to a mail that hands it back to its recipient (mail:new, a run): each
+# counts a hop on the mail (`agent_turns`), as the reply copy does on the thread
+_AGENT_TURNS = frozenset({MailEvent.FOLLOW_UP, MailEvent.REOPEN})
 _IDEMPOTENCY_NS = uuid.UUID("5b0c3c1e-8f7a-4d6e-9a51-0c1d2e3f4a5b")
 _RE = re.compile(r"^(re:\s*)+", re.IGNORECASE)
 # how far before a mail's signing time its issues are looked for (the forge's clock may lag)
@@ -596,20 +599,25 @@ class Mailer:
         if new.value == mail.state and event in _SETS_STATE:
             return mail  # a retry that overlapped the first: it is done already
         wakes = new is MailState.NEW and mail.state != MailState.NEW.value
-        # an agent's follow-up is counted where it applies (under the mail's lock, from the
-        # count as the index has it, written with the move): a retried delivery, or one that
-        # moves nothing, counts nothing
-        counted = wakes and event is MailEvent.FOLLOW_UP and actor.startswith("agent:")
-        if counted and mail.hops + mail.agent_turns + 1 > LOOP_GUARD_HOPS:
+        # an agent's follow-up or reopen is counted where it applies (under the mail's lock,
+        # from the count as the index has it, written with the move): a retried delivery, or
+        # one that moves nothing, counts nothing
+        counted = wakes and event in _AGENT_TURNS and actor.startswith("agent:")
+        hops = mail.hops + mail.agent_turns + 1
+        guarded = counted and hops > LOOP_GUARD_HOPS
+        if guarded and event is MailEvent.FOLLOW_UP:
             await ledger.record(self.services.store, "mail.loop_guard", actor, mail.ref, {
-                "mail": mail.mail_id, "hops": mail.hops + mail.agent_turns + 1,
+                "mail": mail.mail_id, "hops": hops,
                 "follow_up": True, "reason": f"beyond {LOOP_GUARD_HOPS} hops: an agent's "
                 "follow-up wakes no one; the recipient sees it on its next run"}, org=mail.org)
             return mail
+        # an agent's reopen past the guard stands (the issue is open on the forge), but the
+        # mail is back in the recipient's inbox quiet: no mail label, no run, no wake-up
+        target: str = QUIET if guarded else new.value
         fields: dict[str, Any] = {}
         current = labels if labels is not None else mail.labels
-        after = labels_for(new, current).apply(current)
-        if new.value != mail.state:
+        after = labels_for(None if guarded else new, current).apply(current)
+        if target != mail.state:
             fields["labels"] = after
         if issue_state is not None:
             fields["state"] = issue_state
@@ -628,28 +636,35 @@ class Mailer:
                 mails.box_key(mail.org, mail.to_principal), ledger.key(mail.org)) as db:
             # from the state this writer saw only: of two replicas moving one mail at once,
             # the one whose view went stale ledgers (and admits) nothing
-            if not await mails.set_state(db, mail.mail_id, new.value, after,
+            if not await mails.set_state(db, mail.mail_id, target, after,
                                          expected=mail.state):
                 latest = await mails.get_mail_in(db, mail.mail_id)
                 return latest or mail
             await moves.note(db, mail.mail_id, at)
-            if counted:
+            if counted and not guarded:
                 await mails.count_agent_turn(db, mail.mail_id)
-            elif mail.agent_turns and (event is MailEvent.REPLY or (
-                    event is MailEvent.FOLLOW_UP and wakes)):
-                # answered, or a person wrote: the agents' follow-ups count again from 0
+            elif not counted and mail.agent_turns and event in _AGENT_TURNS and wakes:
+                # a person wrote or reopened: the agents' turns count from 0 (the recipient's
+                # reply does not: replying, then writing on the mail each sent the other, two
+                # agents would wake each other at the first turn forever)
                 await mails.count_agent_turn(db, mail.mail_id, reset=True)
             await ledger.append(db, ledger_event, actor, mail.ref,
-                                {"mail": mail.mail_id, "from": mail.state, "to": new.value,
+                                {"mail": mail.mail_id, "from": mail.state, "to": target,
                                  **(data or {})}, org=mail.org)
-            if wakes and agent is not None:
+            if guarded:
+                await ledger.append(db, "mail.loop_guard", actor, mail.ref, {
+                    "mail": mail.mail_id, "hops": hops, "reopened": True,
+                    "reason": f"beyond {LOOP_GUARD_HOPS} hops: an agent's reopen wakes no one; "
+                              "the mail is back quiet, the recipient sees it on its next run"},
+                    org=mail.org)
+            elif wakes and agent is not None:
                 admitted = await runs.admit(db, agent, "mail", mail.ref, actor, org=mail.org)
-        updated = mail.with_state(new.value)
+        updated = mail.with_state(target)
         # an agent that sent the mail learns of a reply by the copy in its vault (which wakes
         # it unless the loop guard made it quiet), not by this move: waking it here would let
         # two agents wake each other past the guard
-        woken = [mail.to_principal] + ([] if mail.from_principal.startswith("agent:")
-                                       else [mail.from_principal])
+        woken = [] if guarded else [mail.to_principal] + (
+            [] if mail.from_principal.startswith("agent:") else [mail.from_principal])
         self.services.notifier.notify(woken, org=mail.org)
         if admitted is not None and agent is not None:
             runs.dispatch_mail(self.services, self.forge, agent, updated, admitted,
@@ -731,10 +746,11 @@ class Mailer:
         """Someone other than the recipient wrote (`text`, carried by the run it starts): the
         mail is the recipient's turn again, if they may write to it (the sender, or anyone who
         may mail the recipient). An agent's follow-up is an automatic notification too: each
-        counts a hop on the mail (`agent_turns`; a person's follow-up, or the recipient's
-        reply, starts the count again), and past LOOP_GUARD_HOPS it is left on the issue
-        without waking anyone (`mail.loop_guard`): two agents that each wrote on the mail they
-        sent the other, unanswered, woke each other forever. A person's never counts."""
+        counts a hop on the mail (`agent_turns`, shared with its reopens: `reopened`; only a
+        person's follow-up or reopen starts the count again, not the recipient's reply), and
+        past LOOP_GUARD_HOPS it is left on the issue without waking anyone
+        (`mail.loop_guard`): two agents that each wrote on the mail they sent the other woke
+        each other forever. A person's never counts."""
         if actor not in (mail.from_principal, "office"):
             await self.check_may_send(actor, self.recipient(mail.to_principal))
         if mail.state == MailState.NEW.value:
@@ -877,6 +893,10 @@ class Mailer:
 
     async def reopened(self, mail: MailRecord, actor: str,
                        labels: list[str] | None = None, at: float | None = None) -> MailRecord:
+        """The issue was reopened on the forge: the mail is its recipient's again (mail:new, a
+        run). An agent's reopen counts a hop on the mail as its follow-up does
+        (`follow_up`): past LOOP_GUARD_HOPS the mail is back quiet (no mail label, no run),
+        and `mail.loop_guard` is ledgered. A person's reopen always wakes."""
         if mail.state != MailState.CLOSED.value:
             return mail
         return await self._move(mail, MailEvent.REOPEN, actor, "mail.sent", labels=labels,

@@ -82,7 +82,7 @@ class MailRecord:
     state: str
     tampered: bool = False
     other_labels: tuple[str, ...] = ()  # labels besides mail:*, kept so writes keep them
-    agent_turns: int = 0  # agents' follow-ups that woke its recipient (the loop guard's count)
+    agent_turns: int = 0  # agents' follow-ups and reopens that woke its recipient (loop guard)
 
     @property
     def ref(self) -> str:
@@ -451,8 +451,8 @@ async def latest_mails_of(store: Store, principal: str, *, org: str) -> list[Mai
 
 
 async def count_agent_turn(db: Connection, mail_id: str, *, reset: bool = False) -> None:
-    """In the move's transaction: one more follow-up by an agent that woke the recipient
-    (`reset`: a person's follow-up, or the recipient's reply, which start the count again)."""
+    """In the move's transaction: one more follow-up or reopen by an agent that woke the recipient
+    (`reset`: a person's follow-up or reopen, which start the count again)."""
     await db.execute("UPDATE mails SET agent_turns=" + ("0" if reset else "agent_turns+1")
                      + " WHERE mail_id=?" + (" AND agent_turns<>0" if reset else ""),
                      (mail_id,))
