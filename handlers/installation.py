@@ -70,6 +70,32 @@ async def remember_installation(event: sansio.Event, ctx: HandlerContext) -> Non
         ctx.log.info("installation added", extra={"org": org})
 
 
+@router.register("installation_target", action="renamed")
+async def follow_org_rename(event: sansio.Event, ctx: HandlerContext) -> None:
+    """The org renamed itself (the same account, a new login): its office follows it, keys
+    first (`take_listing` does the same when a start finds it renamed)."""
+    account = event.data.get("account") or {}
+    new, account_id = account.get("login"), account.get("id")
+    old = ((event.data.get("changes") or {}).get("login") or {}).get("from")
+    inst = (event.data.get("installation") or {}).get("id")
+    if not (isinstance(new, str) and isinstance(old, str) and isinstance(account_id, int)
+            and isinstance(inst, int)):
+        return
+    old, new = old.lower(), new.lower()
+    store = ctx.services.store
+    known = await installations.accounts(store)
+    if installations.renamed_in(known, {new: account_id}) != {old: new}:
+        return  # followed already (a start saw it first), or not this account's office
+    ctx.services.keyring.rename(old, new)
+    if await installations.renamed(store, old, new, account_id):
+        for org in (old, new):
+            ctx.services.offices.forget(org)
+        ctx.services.installations.pop(old, None)
+        ctx.services.installations[new] = inst
+        ctx.log.info("organisation renamed: its office follows it",
+                     extra={"org": new, "was": old})
+
+
 @router.register("installation", action="deleted")
 @router.register("installation", action="suspend")
 async def forget_installation(event: sansio.Event, ctx: HandlerContext) -> None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
-from .state import App, Delivery, Installation, Repo
+from .state import Account, App, Delivery, Installation, Repo
 
 if TYPE_CHECKING:
     from .forge import LocalForge
@@ -34,6 +34,11 @@ class Dialect(Protocol):
 
     def pushed(self, forge: LocalForge, repo: Repo, pusher: str, path: str,
                existed: bool) -> None: ...
+
+    def account_renamed(self, forge: LocalForge, account: Account, was: str,
+                        sender: str) -> None: ...
+
+    def repo_renamed(self, forge: LocalForge, repo: Repo, was: str, sender: str) -> None: ...
 
 
 class EventsDialect:
@@ -68,6 +73,13 @@ class EventsDialect:
     def pushed(self, forge: LocalForge, repo: Repo, pusher: str, path: str,
                existed: bool) -> None:
         self.events.pushed(forge, repo, pusher, path, existed)
+
+    def account_renamed(self, forge: LocalForge, account: Account, was: str,
+                        sender: str) -> None:
+        self.events.account_renamed(forge, account, was, sender)
+
+    def repo_renamed(self, forge: LocalForge, repo: Repo, was: str, sender: str) -> None:
+        self.events.repo_renamed(forge, repo, was, sender)
 
 
 def get_dialect(name: str) -> Dialect:

@@ -203,6 +203,58 @@ class LocalForge:
         self.save()
         return repo.id
 
+    def rename_org(self, old: str, new: str, sender: str | None = None) -> None:
+        """The org (or user) `old` renames itself `new`, as its owner would in its settings:
+        the same account (its id) under a new login, its repositories with it, their old
+        names leading to them (`State.moved`); each App installed on it hears
+        `installation_target.renamed` (GitHub; Gitea tells no hook)."""
+        acct = self.state.account(old)
+        if acct is None:
+            raise KeyError(f"no user or org {old!r}")
+        if self.state.account(new) is not None:
+            raise ValueError(f"the login {new!r} is taken")
+        was, low = acct.login, old.lower()
+        who = sender or self._owner_of_login(was)
+        del self.state.accounts[low]
+        acct.login = new
+        acct.updated_at = self.clock.now()
+        self.state.accounts[new.lower()] = acct
+        org = self.state.orgs.pop(low, None)
+        if org is not None:
+            org.login = new
+            self.state.orgs[new.lower()] = org
+        moved = dict(self.state.moved)
+        for repo in self.state.repos.values():
+            if repo.owner.lower() == low:
+                moved[f"{low}/{repo.name.lower()}"] = repo.id
+                repo.owner = new
+        self.state.moved = moved
+        for team in self.state.teams:
+            if team.org.lower() == low:
+                team.org = new
+        for inst in self.state.installations.values():
+            if inst.account.lower() == low:
+                inst.account = new
+        self.dialect.account_renamed(self, acct, was, who)
+        self.save()
+
+    def rename_repo(self, full_name: str, name: str, sender: str | None = None) -> None:
+        """Rename a repository (its settings): its old name leads to it (`State.moved`), and
+        the Apps on it hear `repository.renamed` (GitHub)."""
+        repo = self._repo(full_name)
+        if self.state.repo(repo.owner, name) is not None:
+            raise ValueError(f"{repo.owner}/{name} exists")
+        was = repo.name
+        self.state.moved = {**self.state.moved, repo.full_name.lower(): repo.id}
+        repo.name = name
+        repo.updated_at = self.clock.now()
+        self.dialect.repo_renamed(self, repo, was, sender or self._owner_of_login(repo.owner))
+        self.save()
+
+    def _owner_of_login(self, login: str) -> str:
+        org = self.state.org(login)
+        return org.owners[0] if org and org.owners else login
+
     def set_permission(self, full_name: str, login: str, permission: str) -> None:
         if permission not in PERMISSIONS:
             raise ValueError(f"permission must be one of {PERMISSIONS}")

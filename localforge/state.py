@@ -467,6 +467,9 @@ class State(Tracked):
     manifest_codes: dict[str, ManifestCode] = Field(default_factory=dict)
     web: WebState = Field(default_factory=WebState)
     ids: dict[str, int] = Field(default_factory=dict)
+    # a repository's full names before (lower case) -> its id: where a renamed org's or
+    # repository's old URLs lead (GitHub redirects them until the name is taken again)
+    moved: dict[str, int] = Field(default_factory=dict)
 
     def next_id(self, kind: str) -> int:
         base = {"account": 1000, "repo": 100000, "label": 200000, "issue": 300000,

@@ -5,6 +5,7 @@ loads none of the web routes, the console or the MCP server."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -50,23 +51,44 @@ async def build_services(settings: Settings, session: aiohttp.ClientSession) -> 
                                              url_refused=settings.outbound.url_refusal),
                         keyring=Keyrings.in_data_dir(settings.data_dir))
     services.keyring.installed = services.installations.keys  # what legacy keys served
-    installed, _ = await take_listing(store, services.keyring, _live(listing), before,
-                                      _accounts(listing))
-    services.installations.update(installed)
+    services.offices.renamed = services.keyring.renamed
+    taken = await take_listing(store, services.keyring, _live(listing), before,
+                               _accounts(listing))
+    services.installations.update(taken.installed)
     return services
 
 
+@dataclass(frozen=True)
+class Listing:
+    """What taking the forge's listing found: what is installed now, the orgs whose name
+    another account took (a new office each), and the orgs renamed ({old: new})."""
+
+    installed: dict[str, int]
+    taken: list[str]
+    renamed: dict[str, str]
+
+    def forget_configs(self, offices: OfficeSource) -> None:
+        """What was kept of these orgs' configs is not their office's now."""
+        for org in (*self.taken, *self.renamed, *self.renamed.values()):
+            offices.forget(org)
+
+
 async def take_listing(store: Store, keyring: Keyrings, live: dict[str, int],
-                       before: installations.Known, accounts: dict[str, int]
-                       ) -> tuple[dict[str, int], list[str]]:
+                       before: installations.Known, accounts: dict[str, int]) -> Listing:
     """The forge's listing of the App's orgs taken into the index (`installations.listed`),
-    at start and, on Gitea, every few minutes: an org whose name another account took has its
-    office's key rotated first, before the old office is moved aside (a crash between finds
-    it moved, and would rotate nothing). What is installed now, and the orgs taken over."""
-    taken = installations.taken_over(await installations.accounts(store), accounts)
+    at start and, on Gitea, every few minutes. An org that renamed itself (its account under
+    a new login) has its office's keys moved to the new name first, and an org whose name
+    another account took has its office's key rotated first, each before the index moves the
+    office (a crash between finds the keys moved, or the office moved, and moves nothing
+    twice)."""
+    known = await installations.accounts(store)
+    renamed = installations.renamed_in(known, accounts)
+    for old, new in renamed.items():
+        keyring.rename(old, new)
+    taken = installations.taken_over(known, accounts)
     for org in taken:
         keyring.for_office(org).rotate()
-    return await installations.listed(store, live, before, accounts), taken
+    return Listing(await installations.listed(store, live, before, accounts), taken, renamed)
 
 
 async def build_gitea_services(settings: Settings, session: aiohttp.ClientSession) -> Services:
@@ -84,7 +106,7 @@ async def build_gitea_services(settings: Settings, session: aiohttp.ClientSessio
     store = await open_store(settings.database, synchronous=settings.sqlite_synchronous)
     keyring = Keyrings.in_data_dir(settings.data_dir)
     try:  # whose each org is, as with a GitHub App's installations (see build_services)
-        installed, _ = await take_listing(
+        taken = await take_listing(
             store, keyring, dict.fromkeys(orgs, SYNTHETIC_INSTALLATION_ID),
             await installations.known(store),
             {org: i for org, i in orgs.items() if i is not None})
@@ -95,8 +117,9 @@ async def build_gitea_services(settings: Settings, session: aiohttp.ClientSessio
                         router=build_router(), own_router=build_own_router(), app_slug=login,
                         offices=OfficeSource(settings.office_path,
                                              url_refused=settings.outbound.url_refusal),
-                        keyring=keyring, bot_user=login, installations=installed)
+                        keyring=keyring, bot_user=login, installations=taken.installed)
     services.keyring.installed = services.installations.keys  # what legacy keys served
+    services.offices.renamed = keyring.renamed
     return services
 
 

@@ -3,7 +3,8 @@ start (bot.app.build) and again every ORGS_EVERY seconds here, on every replica.
 was added to since gets its office (and its vaults' labels), one it left is refused, and one
 made again under a known name by another user (another org id) gets a new office, the old one
 moved aside (bot.store.offices.retire_in), as an installation by another account does on
-GitHub."""
+GitHub. A known org id under a new name is the org renamed: its office follows it
+(bot.store.installations.rename), as GitHub's `installation_target.renamed` makes it."""
 
 from __future__ import annotations
 
@@ -29,12 +30,12 @@ async def refresh(services: Services) -> list[str]:
     store = services.store
     before = await installations.known(store)
     orgs = await client.installation().user_org_ids()
-    installed, taken = await take_listing(
+    taken = await take_listing(
         store, services.keyring, dict.fromkeys(orgs, SYNTHETIC_INSTALLATION_ID), before,
         {org: i for org, i in orgs.items() if i is not None})
-    for org in taken:  # what was kept of the old office's config is not the new one's
-        services.offices.forget(org)
-    new = sorted(set(installed) - set(services.installations))
+    taken.forget_configs(services.offices)
+    installed = taken.installed
+    new = sorted(set(installed) - set(services.installations) - set(taken.renamed.values()))
     services.installations.clear()  # (in place: others hold this dict)
     services.installations.update(installed)
     if new:  # their vaults' labels, as at start

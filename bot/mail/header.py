@@ -48,7 +48,10 @@ office signs with its own key (``bot.mail.signing``), a new header names it (``o
 the check requires the key to speak for the office that owns the vault (the vault's owner).
 A header another office's key signed, whatever vault it claims, is a forgery or a copy there;
 a legacy key (from before offices had keys) verifies for the offices it served. Headers
-without ``office`` (signed before) verify as they did.
+without ``office`` (signed before) verify as they did. An office renamed with its org (or a
+vault renamed) keeps the names it had with its keys (``Keyring.renamed``): a header signed for
+``old/x-vault`` verifies in ``new/x-vault``, where that vault went, and is a copy anywhere else,
+``old/x-vault`` of whoever holds the name ``old`` now included.
 """
 
 from __future__ import annotations
@@ -531,8 +534,9 @@ class Verdict:
 
 
 def _tampered(problems: list[str], header: MailHeader | None, signed: bool, body: str,
-              copy: bool = False) -> Verdict:
-    office = vault_office(header.vault) if header is not None and signed else None
+              copy: bool = False, keys: Verifier | None = None) -> Verdict:
+    office = vault_office(keys.vault_now(header.key_id, header.vault) if keys else header.vault
+                          ) if header is not None and signed else None
     return Verdict(VerdictStatus.TAMPERED, "; ".join(problems), tuple(problems), header, signed,
                    body, copy, office)
 
@@ -549,8 +553,11 @@ def _unknown_key(header: MailHeader, keys: Verifier) -> str:
 
 def _not_this_office(header: MailHeader, keys: Verifier) -> str | None:
     """Why a header whose signature verified is still not the word of the office owning the
-    vault it names (its key speaks for another office, or it names another), or None."""
-    owner = vault_office(header.vault)
+    vault it names (its key speaks for another office, or it names another), or None. The
+    vault is taken by the name it has now, where the key's office renamed it or itself since
+    (`Verifier.vault_now`): a header signed as `old/x-vault` is the word of the office that
+    was `old`, wherever that name went, never of whoever holds `old` now."""
+    owner = vault_office(keys.vault_now(header.key_id, header.vault))
     offices = keys.speaks_for(header.key_id)
     if offices is not None and owner not in offices:
         if kid_office(header.key_id) is None:
@@ -559,9 +566,10 @@ def _not_this_office(header: MailHeader, keys: Verifier) -> str | None:
                     f"only, but {header.vault} is office {owner}'s")
         return (f"signed with office {', '.join(offices)}'s key {header.key_id}, but "
                 f"{header.vault} is office {owner}'s: a forgery or a copy, not {owner}'s mail")
-    if header.office is not None and header.office != owner:
+    signed_for = vault_office(header.vault)  # (the office's name when it signed)
+    if header.office is not None and header.office != signed_for:
         return (f"the header names office {header.office}, but {header.vault} is office "
-                f"{owner}'s: a forgery or a copy, not {owner}'s mail")
+                f"{signed_for}'s: a forgery or a copy, not {signed_for}'s mail")
     return None
 
 
@@ -619,9 +627,11 @@ def verify_mail(
 
     problems: list[str] = []
     vault = vault_full_name.strip().lower()
+    now = keys.vault_now(header.key_id, header.vault)  # (renamed since, with its office)
     copy = False
-    if header.vault != vault:
-        problems.append(f"signed for {header.vault} but found in {vault_full_name}")
+    if now != vault:
+        renamed = f" (now {now})" if now != header.vault else ""
+        problems.append(f"signed for {header.vault}{renamed} but found in {vault_full_name}")
         copy = True
     if expected_mail_id is not None and header.mail_id != expected_mail_id:
         problems.append(
@@ -633,7 +643,8 @@ def verify_mail(
         if home is not None and home.lower() != here:
             problems.append(f"a copy of {home}: the header is that mail's, not this issue's")
             copy = True
-        if header.mail_id != adopted_mail_id(vault, issue_number) and (
+        # (an adopted mail's id names the issue where it was adopted: under its name then)
+        if header.mail_id != adopted_mail_id(header.vault, issue_number) and (
                 not opened_by or not app_login or opened_by.lower() != app_login.lower()):
             problems.append(
                 f"a copy: the header was written for another issue, and {here} was opened "
@@ -649,8 +660,8 @@ def verify_mail(
     if not parsed.has_separator or not _readable_matches(parsed.readable or "", header):
         problems.append("readable header changed: it no longer matches the signed one")
     if problems:
-        return _tampered(problems, header, True, parsed.body, copy)
-    office = vault_office(header.vault)
+        return _tampered(problems, header, True, parsed.body, copy, keys)
+    office = vault_office(now)
     return Verdict(VerdictStatus.VALID, f"signed for office {office}", (), header, True,
                    parsed.body, office=office)
 

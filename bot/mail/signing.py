@@ -110,6 +110,12 @@ class Verifier(Protocol):
         for no office): any; () for a key it does not have."""
         ...
 
+    def vault_now(self, kid: str, vault: str) -> str:
+        """The name that the vault ``vault``, as key ``kid``'s office signed for it, has now:
+        renamed with its office, or by itself, since (``Keyring.renamed``); ``vault`` itself
+        when neither was, or the key is no office's."""
+        ...
+
 
 class Signer(Protocol):
     @property
@@ -204,6 +210,7 @@ def _verify_with(public: Ed25519PublicKey, data: bytes, signature: str) -> bool:
 def _public_jwk(
     kid: str, public: Ed25519PublicKey, active: bool, created: datetime, *,
     office: str | None = None, served: tuple[str, ...] | None = None, legacy: bool = False,
+    renamed: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     jwk: dict[str, Any] = {
         "kid": kid,
@@ -221,6 +228,8 @@ def _public_jwk(
         jwk["legacy"] = True
     if office is None and served is not None:
         jwk["offices"] = list(served)
+    if office is not None and renamed:
+        jwk["renamed"] = dict(sorted(renamed.items()))
     return jwk
 
 
@@ -250,7 +259,8 @@ class Keyring:
 
     def __init__(self, keys: list[SigningKey], active: str, path: Path | None = None, *,
                  office: str | None = None, served: Iterable[str] | None = None,
-                 revoked: dict[str, datetime] | None = None) -> None:
+                 revoked: dict[str, datetime] | None = None,
+                 renamed: dict[str, str] | None = None) -> None:
         if not keys:
             raise KeyringError("a keyring needs at least one key")
         by_kid = {k.kid: k for k in keys}
@@ -259,8 +269,10 @@ class Keyring:
         if active not in by_kid:
             raise KeyringError(f"active key {active!r} is not in the keyring")
         self._office = office_name(office) if office is not None else None
+        self._renamed = _renamed(renamed) if self._office is not None else {}
         if self._office is not None:
-            foreign = [k for k in by_kid if kid_office(k) != self._office]
+            names = {self._office, *former_offices(self._renamed)}
+            foreign = [k for k in by_kid if kid_office(k) not in names]
             if foreign:
                 raise KeyringError(f"office {self._office}'s keyring holds keys not named for "
                                    f"it: {', '.join(foreign)}")
@@ -317,7 +329,7 @@ class Keyring:
             raise KeyringError(f"{path}: holds the keys of office {found!r}, not {office!r}")
         try:
             ring = cls(keys, active, path, office=office, served=doc.get("offices"),
-                       revoked=revoked)
+                       revoked=revoked, renamed=doc.get("renamed"))
         except (KeyringError, TypeError) as exc:
             raise KeyringError(f"{path}: {exc}") from exc
         ring._stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -330,6 +342,8 @@ class Keyring:
             doc["office"] = self._office
         if self._served is not None:
             doc["offices"] = list(self._served)
+        if self._renamed:
+            doc["renamed"] = dict(sorted(self._renamed.items()))
         return doc | {
             "active": self._active,
             "keys": [
@@ -366,6 +380,7 @@ class Keyring:
         fresh = Keyring._read(self._path, self._office)
         self._keys, self._active, self._stamp = fresh._keys, fresh._active, fresh._stamp
         self._served, self._revoked = fresh._served, fresh._revoked
+        self._renamed = fresh._renamed
         return True
 
     # -- keys --------------------------------------------------------------------------------
@@ -481,13 +496,34 @@ class Keyring:
             return ()
         return (self._office,) if self._office is not None else self._served
 
+    @property
+    def renamed(self) -> dict[str, str]:
+        """The names this office, and its vaults, had before ({was: now}, each as it is now):
+        an org login (the office renamed with its org: ``Keyrings.rename``) or a vault's full
+        name (``rename_vault``). Its headers signed under a name it had verify where that
+        name went, and nowhere else: whoever takes the name later is another office."""
+        self.refresh()
+        return dict(self._renamed)
+
+    def vault_now(self, kid: str, vault: str) -> str:
+        if self._office is None or not self.has_key(kid):
+            return vault
+        return name_now(self._renamed, vault)
+
+    def _rename(self, renamed: dict[str, str], path: Path | None) -> None:
+        """Take ``renamed`` as its names before, and ``path`` as its file; written there."""
+        self._renamed = _renamed(renamed)
+        self._path = path
+        self._write()
+
     def public_jwks(self, *, legacy: bool = False) -> dict[str, Any]:
         """Its public keys as a JWK set (``legacy``: marked as keys that sign nothing now)."""
         self.refresh()
         return {
             "keys": [
                 _public_jwk(k.kid, k.public, k.kid == self._active and not legacy, k.created,
-                            office=self._office, served=self._served, legacy=legacy)
+                            office=self._office, served=self._served, legacy=legacy,
+                            renamed=self._renamed)
                 for k in self._keys.values()
             ]
         }
@@ -509,6 +545,58 @@ def _revoked_from_doc(doc: dict[str, Any], where: str) -> dict[str, datetime]:
         return {entry["kid"]: _parse_iso(entry["revoked"]) for entry in doc.get("revoked", [])}
     except (KeyError, TypeError, ValueError) as exc:
         raise KeyringError(f"{where}: revoked: {exc}") from exc
+
+
+def _renamed(names: Any) -> dict[str, str]:
+    """An office's names before ({was: now}): org logins, or vaults' full names."""
+    if names is None:
+        return {}
+    if not isinstance(names, dict):
+        raise KeyringError("renamed must be an object {was: now}")
+    out: dict[str, str] = {}
+    for was, now in names.items():
+        if not isinstance(was, str) or not isinstance(now, str) or ("/" in was) != ("/" in now):
+            raise KeyringError("renamed must map an org to an org, a vault to a vault")
+        office_name(was.partition("/")[0])
+        office_name(now.partition("/")[0])
+        out[was.lower()] = now.lower()
+    return out
+
+
+def former_offices(renamed: dict[str, str]) -> list[str]:
+    """The org logins among an office's names before (the rest are vaults)."""
+    return [was for was in renamed if "/" not in was]
+
+
+def name_now(renamed: dict[str, str], vault: str) -> str:
+    """What ``vault`` is called now by an office's names before (see ``Keyring.renamed``):
+    its own rename, else its owner's (then its own under the new owner's name)."""
+    vault = vault.strip().lower()
+    if vault in renamed:
+        return renamed[vault]
+    owner, _, repo = vault.partition("/")
+    if owner in renamed and repo:
+        moved = f"{renamed[owner]}/{repo}"
+        return renamed.get(moved, moved)
+    return vault
+
+
+def renamed_to(renamed: dict[str, str], was: str, now: str) -> dict[str, str]:
+    """``renamed`` once ``was`` (an org login, or a vault's full name) is called ``now``:
+    every name that went to ``was`` (or into it) goes to ``now``, and ``was`` itself too.
+    A name given back is no name before."""
+    was, now = was.lower(), now.lower()
+
+    def moved(name: str) -> str:
+        if name == was:
+            return now
+        if "/" not in was and name.startswith(was + "/"):
+            return now + name[len(was):]
+        return name
+
+    out = {old: moved(new) for old, new in renamed.items()}
+    out[was] = now
+    return {old: new for old, new in out.items() if old != new}
 
 
 def _keys_from_doc(doc: Any, where: str) -> tuple[list[SigningKey], str]:
@@ -564,6 +652,7 @@ class PublicKey:
     office: str | None = None  # the office whose key it is
     served: tuple[str, ...] | None = None  # a legacy key's offices, once recorded
     legacy: bool = False
+    renamed: dict[str, str] | None = None  # its office's names before (Keyring.renamed)
 
 
 class PublicKeys:
@@ -600,13 +689,16 @@ class PublicKeys:
                     created = _parse_iso(jwk["created"])
             try:
                 office = office_name(jwk["office"]) if "office" in jwk else None
-                if office is not None and kid_office(kid) != office:
-                    raise KeyringError(f"its id does not name office {office}")
+                renamed = _renamed(jwk.get("renamed")) if office is not None else {}
+                if office is not None and kid_office(kid) not in (
+                        office, *former_offices(renamed)):
+                    raise KeyringError(f"its id names neither office {office} nor a name "
+                                       "it had")
                 served = _served(jwk["offices"]) if "offices" in jwk else None
             except (KeyringError, TypeError) as exc:
                 raise KeyringError(f"keys[{i}] ({kid}): {exc}") from exc
             keys.append(PublicKey(kid, public, jwk.get("active") is True, created, office,
-                                  served, jwk.get("legacy") is True))
+                                  served, jwk.get("legacy") is True, renamed or None))
         return cls(keys)
 
     @property
@@ -633,11 +725,16 @@ class PublicKeys:
             return ()
         return (key.office,) if key.office is not None else key.served
 
+    def vault_now(self, kid: str, vault: str) -> str:
+        key = self._keys.get(kid)
+        return name_now(key.renamed, vault) if key is not None and key.renamed else vault
+
     def to_jwks(self) -> dict[str, Any]:
         return {
             "keys": [
                 _public_jwk(k.kid, k.public, k.active, k.created or datetime.fromtimestamp(0, UTC),
-                            office=k.office, served=k.served, legacy=k.legacy)
+                            office=k.office, served=k.served, legacy=k.legacy,
+                            renamed=k.renamed)
                 for k in self._keys.values()
             ]
         }
@@ -664,6 +761,10 @@ class Keyrings:
         self._legacy = legacy
         self._legacy_path = legacy_path
         self._rings: dict[str, Keyring] = {}
+        # {a name an office had: the offices that had it}, read from the key files as the
+        # directory stood (`_stamp`): what finds a key signed under a name since given up
+        self._former: dict[str, list[str]] = {}
+        self._former_stamp: int | None = -1
         self.installed: Callable[[], Iterable[str]] = installed or (lambda: ())
 
     @classmethod
@@ -682,7 +783,7 @@ class Keyrings:
     def for_office(self, org: str) -> Keyring:
         """The keyring ``org``'s office signs with, made (one fresh key) at its first use."""
         office = office_name(org)
-        ring = self._rings.get(office)
+        ring = self._cached(office)
         if ring is not None:
             return ring
         if self._dir is None:
@@ -698,7 +799,7 @@ class Keyrings:
         no other work of the event loop. What ``for_office`` then returns; KeyringError as
         there."""
         office = office_name(org)
-        if office in self._rings or self._dir is None:
+        if self._cached(office) is not None or self._dir is None:
             return
         directory = self._dir
 
@@ -733,13 +834,93 @@ class Keyrings:
             office = office_name(org)
         except KeyringError:
             return None
-        ring = self._rings.get(office)
+        ring = self._cached(office)
         if ring is None and self._dir is not None:
             path = self._dir / f"{office}.json"
             if path.exists():
                 ring = self._rings.setdefault(office, Keyring.load_or_create(path,
                                                                              office=office))
         return ring
+
+    def _cached(self, office: str) -> Keyring | None:
+        """The keyring read before, unless its file has gone since (another process renamed
+        the office: `rename`): a name given up signs with none of its keys any more."""
+        ring = self._rings.get(office)
+        if ring is not None and ring.path is not None and not ring.path.exists():
+            del self._rings[office]
+            return None
+        return ring
+
+    # -- renames ---------------------------------------------------------------------------
+    def rename(self, old: str, new: str) -> None:
+        """Office ``old``'s keys become office ``new``'s, its org renamed (the same account):
+        moved into ``new``'s key file (beside any it has), ``old`` recorded among the names
+        it had (``Keyring.renamed``), and a key naming ``new`` made the active one. What it
+        signed as ``old`` verifies in its vaults under their new names; the name ``old``
+        keeps none of its keys, so whoever takes it later signs with keys of its own and
+        verifies nothing the office signed. Idempotent (a retry after a crash)."""
+        old, new = office_name(old), office_name(new)
+        with contextlib.ExitStack() as stack:
+            if self._dir is not None:
+                self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+                for path in sorted((self._dir / f"{old}.json", self._dir / f"{new}.json")):
+                    stack.enter_context(_locked(path))
+            src, dst = self._unlocked(old), self._unlocked(new)
+            if src is None:  # moved already (or it never signed): its name is kept all the same
+                if dst is not None and old not in dst.renamed:
+                    dst._rename(renamed_to(dst.renamed, old, new), dst.path)
+                    self._rings[new] = dst
+                self._former_stamp = -1
+                return
+            keys = {k.kid: k for ring in (dst, src) if ring is not None
+                    for k in ring._keys.values()}
+            names = renamed_to({**(dst.renamed if dst else {}), **src.renamed}, old, new)
+            ring = Keyring(list(keys.values()), (dst or src)._active, office=new,
+                           renamed=names)
+            ring._rename(names, None if self._dir is None else self._dir / f"{new}.json")
+            if kid_office(ring._active) != new:
+                ring._add(None)
+            if src.path is not None:
+                src.path.unlink()
+            self._rings.pop(old, None)
+            self._rings[new] = ring
+            self._former_stamp = -1
+
+    def renamed(self, org: str) -> dict[str, str]:
+        """The names ``org``'s office had ({was: now}: ``Keyring.renamed``); none made."""
+        ring = self.existing(org)
+        return ring.renamed if ring is not None else {}
+
+    def _unlocked(self, office: str) -> Keyring | None:
+        """``office``'s keyring read afresh (the caller holds its file's lock), or None."""
+        if self._dir is None:
+            return self._rings.get(office)
+        path = self._dir / f"{office}.json"
+        return Keyring._read(path, office) if path.exists() else None
+
+    def rename_vault(self, old: str, new: str) -> None:
+        """A vault of an office renamed (``owner/repo`` to ``owner/other``): what the office
+        signed for it under its old name verifies under the new (``Keyring.renamed``)."""
+        ring = self.for_office(vault_office(new))
+        with contextlib.ExitStack() as stack:
+            if ring.path is not None:
+                stack.enter_context(_locked(ring.path))
+            ring.refresh()
+            ring._rename(renamed_to(ring._renamed, old, new), ring.path)
+
+    def _had(self, name: str) -> list[Keyring]:
+        """The keyrings of the offices that were once called ``name``."""
+        stamp = self._dir.stat().st_mtime_ns if self._dir is not None and self._dir.is_dir() \
+            else None
+        if stamp != self._former_stamp or stamp is None:
+            former: dict[str, list[str]] = {}
+            for office in self.offices():
+                ring = self.existing(office)
+                for was in former_offices(ring.renamed if ring is not None else {}):
+                    former.setdefault(was, []).append(office)
+            self._former, self._former_stamp = former, stamp
+        found = (self.existing(o) for o in self._former.get(name, []))
+        return [ring for ring in found if ring is not None]
 
     def offices(self) -> list[str]:
         """The offices that have keys, here or in the data directory."""
@@ -771,7 +952,13 @@ class Keyrings:
     # -- verifying -------------------------------------------------------------------------
     def _ring_of(self, kid: str) -> Keyring | None:
         office = kid_office(kid)
-        return self.existing(office) if office is not None else self.legacy
+        if office is None:
+            return self.legacy
+        ring = self.existing(office)
+        if ring is not None and ring.has_key(kid):
+            return ring
+        # a key of a name its office has given up (renamed): that office's, not the name's
+        return next((r for r in self._had(office) if r.has_key(kid)), ring)
 
     def has_key(self, kid: str) -> bool:
         ring = self._ring_of(kid)
@@ -792,6 +979,10 @@ class Keyrings:
         if ring.office is None:
             return self.legacy_offices()
         return ring.speaks_for(kid)
+
+    def vault_now(self, kid: str, vault: str) -> str:
+        ring = self._ring_of(kid)
+        return ring.vault_now(kid, vault) if ring is not None else vault
 
     # -- publishing ------------------------------------------------------------------------
     def public_jwks(self, org: str | None = None) -> dict[str, Any]:
@@ -833,6 +1024,7 @@ __all__ = [
     "b64url_decode",
     "b64url_encode",
     "kid_office",
+    "name_now",
     "new_key_id",
     "office_name",
     "vault_office",

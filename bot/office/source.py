@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from bot.forge.errors import UnreadableFile
 from bot.forge.pacing import without_wait_limit
+from bot.mail.signing import name_now
 from bot.office.config import (
     Office,
     OfficeConfigError,
@@ -60,9 +61,12 @@ class OfficeSource:
     `url_refused`: the operator's outbound policy, applied to a repository config's URLs."""
 
     def __init__(self, path: Path | None = None, max_age: float = 60.0, *,
-                 url_refused: UrlCheck | None = None) -> None:
+                 url_refused: UrlCheck | None = None,
+                 renamed: Callable[[str], dict[str, str]] | None = None) -> None:
         self._path = path
         self._url_refused = url_refused
+        # an office's names before ({was: now}: Keyring.renamed): its config may still say them
+        self.renamed = renamed or (lambda org: {})
         self._local: Office | None = None
         self._last_valid: dict[str, Office] = {}
         self._fetched: dict[str, float] = {}
@@ -202,8 +206,8 @@ class OfficeSource:
         checked by the same): OfficeConfigError with every error, its line and column."""
         source = self.where(org)
         try:
-            return bound_to_org(parse_office(text, source, repository=True,
-                                             url_refused=self._url_refused), org, source, text)
+            office = parse_office(text, source, repository=True, url_refused=self._url_refused)
+            return bound_to_org(as_renamed(office, org, self.renamed(org)), org, source, text)
         except OfficeConfigError:
             raise
         except (ValueError, RecursionError, MemoryError) as exc:  # one org's file, whatever
@@ -224,6 +228,24 @@ class OfficeSource:
     def where(self, org: str) -> str:
         """Where `org`'s config is read from, as its errors name it."""
         return str(self._path) if self._path is not None else f"{org}/{CONFIG_REPO}/{CONFIG_PATH}"
+
+
+def as_renamed(office: Office, org: str, renamed: dict[str, str]) -> Office:
+    """`org`'s config read with the names its office had (`renamed`, {was: now}): written
+    before the org, or a vault, was renamed, it says `org: <old>` and names vaults by their
+    old names; it is taken as it would say now (until an admin writes the new names), and
+    only by the office that had those names (whoever holds `<old>` now has none of them)."""
+    if not renamed:
+        return office
+    agents = []
+    for agent in office.agents:
+        vault = office.vault_of(agent)
+        now = name_now(renamed, vault)
+        agents.append(agent if now == vault.lower() or now == vault
+                      else agent.model_copy(update={"vault": now}))
+    named = office.org.lower()
+    return office.model_copy(update={
+        "org": org if renamed.get(named) == org.lower() else office.org, "agents": agents})
 
 
 def bound_to_org(office: Office, org: str, source: str, text: str = "") -> Office:

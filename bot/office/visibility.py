@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from bot.mail.signing import name_now
 from bot.office.config import Office
 from bot.store.offices import org_of
 
@@ -148,6 +149,9 @@ class Viewer:
     forge: Forge
     office: Office
     principal: str
+    # the names the office, and its vaults, had before ({was: now}: Keyring.renamed): what
+    # a ledger entry written before a rename names (its subject is hashed as written)
+    renamed: dict[str, str] = field(default_factory=dict)
 
     @property
     def is_office(self) -> bool:
@@ -219,6 +223,7 @@ class Viewer:
         subject = entry.subject.strip()
         where = split_ref(subject)
         if where is not None:
+            where = (name_now(self.renamed, where[0]), where[1])
             from bot.store import mails
 
             mail_id = entry.data.get("mail")
@@ -241,10 +246,11 @@ class Viewer:
         if to_agent is not None:
             return mail_parties(self.office, entry.actor, to_agent["agent"], self.principal)
         if _REPO.match(subject):
-            return await self.sees_repo(subject)
+            return await self.sees_repo(name_now(self.renamed, subject))
         return entry.actor == self.principal
 
 
 def viewer_for(call: Any) -> Viewer:
     """The viewer of a tool call (`bot.tools.registry.Call`)."""
-    return Viewer(call.services.visibility, call.forge, call.office, call.principal)
+    return Viewer(call.services.visibility, call.forge, call.office, call.principal,
+                  call.services.keyring.renamed(call.office.org))

@@ -13,7 +13,8 @@ import logging
 import time
 
 from bot.store.db import Store, register_columns, register_schema
-from bot.store.offices import retire_in
+from bot.store.offices import rename_in, retire_in
+from bot.store.sql import Connection
 
 log = logging.getLogger("vaultmail.installations")
 
@@ -96,9 +97,58 @@ async def accounts(store: Store) -> dict[str, int]:
 
 
 def taken_over(known: dict[str, int], now: dict[str, int]) -> list[str]:
-    """The orgs whose name another account has now (`now`: {org: account id})."""
+    """The orgs whose name another account has now (`now`: {org: account id}), once the
+    renamed (`renamed_in`) are known by their new names: an org renamed away frees its name
+    for anyone, whose office is a new one."""
+    known = {renames.get(org, org): account
+             for renames in [renamed_in(known, now)] for org, account in known.items()}
     return sorted(org for org, account in now.items()
                   if org in known and known[org] != account)
+
+
+def renamed_in(known: dict[str, int], now: dict[str, int]) -> dict[str, str]:
+    """{old login: new login} of the orgs the index knows (`known`: {org: account id}) whose
+    account the forge lists under another login now (`now`), the old one not theirs now:
+    the org renamed itself, and its office follows it (`renamed`)."""
+    by_account = {account: org for org, account in known.items()}
+    return {by_account[account]: org for org, account in sorted(now.items())
+            if account in by_account and by_account[account] != org
+            and now.get(by_account[account]) != account}
+
+
+async def rename(db: Connection, old: str, new: str) -> str | None:
+    """In the caller's transaction: the office of `old` is `new`'s now, its org renamed
+    (`offices.rename_in`), and so is its installation row. What the index held under `new`
+    for another account (an office whose org left that name before) is moved aside first,
+    as when an installation names another account (`installed`); where it went is
+    returned."""
+    old, new = old.lower(), new.lower()
+    row = await db.fetchone("SELECT account_id FROM installations WHERE org=?", (new,))
+    moved = None
+    if row is not None:
+        moved = archived_name(new, int(row["account_id"] or 0))
+        await retire_in(db, new, moved)
+        await db.execute("DELETE FROM installations WHERE org=?", (new,))
+    await rename_in(db, old, new)
+    await db.execute("UPDATE installations SET org=? WHERE org=?", (new, old))
+    return moved
+
+
+async def renamed(store: Store, old: str, new: str, account_id: int) -> bool:
+    """The org `old` renamed itself `new` (GitHub's `installation_target.renamed`): its
+    office follows it (`rename`), when the index knows `old` as that account's. False when
+    it does not (renamed already, or another account's): nothing moved."""
+    old, new = old.lower(), new.lower()
+    async with store.transaction(f"installation:{old}") as db:
+        row = await db.fetchone("SELECT account_id FROM installations WHERE org=?", (old,))
+        if old == new or row is None or row["account_id"] not in (None, account_id):
+            return False
+        moved = await rename(db, old, new)
+        await db.execute("UPDATE installations SET account_id=? WHERE org=?",
+                         (account_id, new))
+    log.info("the organisation renamed itself: its office follows it",
+             extra={"org": new, "was": old, "kept_as": moved})
+    return True
 
 
 async def known(store: Store) -> Known:
@@ -108,14 +158,18 @@ async def known(store: Store) -> Known:
 
 
 async def listed(store: Store, live: dict[str, int], before: Known,
-                 accounts: dict[str, int] | None = None) -> dict[str, int]:
+                 accounts_now: dict[str, int] | None = None) -> dict[str, int]:
     """Take the forge's listing at start: `live` ({org: installation id}, suspended ones
     left out), listed after `before` was read. A row still as `before` saw it is made what
     the listing says (installed; removed if it was live and is not listed); a row a webhook
-    changed meanwhile is newer than the listing, and kept. `accounts` ({org: account id}): an
-    org the index knew as another account's is another office now, the old one moved aside
-    (see `installed`). Returns what is installed now."""
+    changed meanwhile is newer than the listing, and kept. `accounts_now` ({org: account
+    id}): an account the index knew under another login renamed its org, and the office
+    follows it (`rename`); an org the index knew as another account's is another office
+    now, the old one moved aside (see `installed`). Returns what is installed now."""
     now = time.time()
+    renames = renamed_in(await accounts(store), accounts_now or {})  # (by their new names)
+    before = {org: row for org, row in before.items() if org not in renames} | {
+        new: before[old] for old, new in renames.items() if old in before}
     # a row is as `before` saw it while its id and removed_at are (-1: none, or live)
     same = " installations.installation_id=? AND COALESCE(installations.removed_at, -1)=?"
     put, gone = [], []
@@ -126,6 +180,14 @@ async def listed(store: Store, live: dict[str, int], before: Known,
         if was_removed is None and org not in live:
             gone.append((now, org, was_id, -1))
     async with store.transaction() as db:
+        # an org that renamed itself meanwhile: its office follows it first, under its new
+        # name before the listing is taken (the webhook saying so may never have come)
+        whose = {str(r["org"]): int(r["account_id"]) for r in await db.fetchall(
+            "SELECT org, account_id FROM installations WHERE account_id IS NOT NULL")}
+        for old, new in renamed_in(whose, accounts_now or {}).items():
+            moved = await rename(db, old, new)
+            log.warning("the organisation renamed itself while no app heard it: its office "
+                        "follows it", extra={"org": new, "was": old, "kept_as": moved})
         await db.executemany(
             "INSERT INTO installations(org, installation_id, removed_at) VALUES (?,?,NULL)"
             " ON CONFLICT(org) DO UPDATE SET installation_id=excluded.installation_id,"
@@ -134,10 +196,10 @@ async def listed(store: Store, live: dict[str, int], before: Known,
             "UPDATE installations SET removed_at=? WHERE org=? AND" + same, gone)
         # whose each org is: one the index knew as another account's is another office now
         # (see `installed`); the moved are said by the log
-        whose = {str(r["org"]): r["account_id"] for r in await db.fetchall(
+        whose_now = {str(r["org"]): r["account_id"] for r in await db.fetchall(
             "SELECT org, account_id FROM installations")}
-        for org, account in sorted((accounts or {}).items()):
-            was = whose.get(org)
+        for org, account in sorted((accounts_now or {}).items()):
+            was = whose_now.get(org)
             if was == account:
                 continue
             if was is not None:

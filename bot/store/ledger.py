@@ -190,10 +190,19 @@ async def recorded_with(store: Store, events: tuple[str, ...], subject: str, fie
         + json_at("data") + "=? ORDER BY seq", (*events, subject, f"$.{field}", value))
 
 
+def _hashed_as(r: Any) -> str | None:
+    """The chain name an entry was hashed with: the name its office had then, where it was
+    renamed since (bot.store.offices.rename_in); a chain moved aside, `org~account`, was
+    hashed under the office's name (bot.store.offices.retire_in)."""
+    if r["hashed_as"] is not None:
+        return str(r["hashed_as"])
+    return str(r["chain"]).partition("~")[0] if r["chain"] is not None else None
+
+
 def _entry(r: Any) -> Entry:
     return Entry(r["seq"], r["time"], r["event"], r["actor"], r["subject"],
                  json.loads(r["data"]), r["hash"], r["org"], r["prev_hash"], r["pos"],
-                 r["chain"])
+                 _hashed_as(r))
 
 
 def _of(org: str | None, sql: str, params: list[Any]) -> tuple[str, list[Any]]:
@@ -230,9 +239,7 @@ async def verify_chain(store: Store, org: str | None = None) -> int | None:
         where = "chain IS NULL" if chain is None else "chain=?"
         for r in await store.fetchall(f"SELECT * FROM ledger WHERE {where} ORDER BY seq",
                                       () if chain is None else (chain,)):
-            # (a chain moved aside, `org~account`, was hashed under the office's name:
-            # bot.store.offices.retire_in)
-            hashed = chain.partition("~")[0] if chain is not None else None
+            hashed = _hashed_as(r)
             if r["prev_hash"] != prev or r["hash"] != _digest(
                     prev, r["time"], r["event"], r["actor"], r["subject"], r["data"], hashed):
                 return int(r["seq"])

@@ -71,6 +71,8 @@ NAMES = {
         " account each installation's org belongs to, so a name another account takes over"
         " starts a new office; what an office is shown is numbered per office (its ledger"
         " entries, chats and runs; inbox cursors keyed), not among every office's rows",
+    21: "the name each ledger entry was hashed under, once its office was renamed with its"
+        " org: the office's chain goes on under the new name and still verifies",
 }
 
 

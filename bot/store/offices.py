@@ -39,6 +39,9 @@ for _table in (*_BY_REPO, "inbox_deliveries", "chats", "runs", "ledger", "outbou
 # the hash chain an entry belongs to: its office's; NULL for entries written before there was
 # one chain per office (the old single chain, which still verifies as it was written)
 register_columns("ledger", {"chain": "{text}"}, version=VERSION)
+# the name an entry was hashed under, once its office was renamed (`rename_in`; NULL: its
+# chain's name, or a chain moved aside's name before its `~`: bot.store.ledger.verify_chain)
+register_columns("ledger", {"hashed_as": "{text}"}, version=21)
 
 
 def _owner_sqlite(column: str) -> str:
@@ -202,14 +205,36 @@ _IDEMPOTENCY = Sql("DELETE FROM idempotency WHERE substr(scope, 1, 5)='tool:'"
 async def retire_in(db: Connection, org: str, archived: str) -> int:
     """Move every row of `org`'s office aside, under `archived` (in the caller's transaction):
     the org's name now belongs to another account, whose office starts empty, while what the
-    old office kept stays for the operator. Every column that names the office (`org`, the
-    queue's `office`, the ledger's `chain`), and every reference that starts with the office
-    (`org/...`: a mail's vault, an item's ref and parent, a scoped principal, ...), found in
-    the database's own catalogue, so a table added later is moved too; the old office's
-    idempotent results are dropped; every token and grant it gave is revoked. Holds the
+    old office kept stays for the operator (`_move`). The old office's idempotent results are
+    dropped, and every token and grant it gave is revoked. Returns the rows moved."""
+    moved = await _move(db, org, archived, revoke=True)
+    await db.execute(_IDEMPOTENCY, (f":{org.lower()}:",))
+    return moved
+
+
+async def rename_in(db: Connection, org: str, new: str) -> int:
+    """The office of `org` follows its org's new login `new` (the same account renamed it),
+    in the caller's transaction (`_move`): its mail, items, ledger, members and numbers are
+    the office's under the new name, its tokens and grants act there as they did, and its
+    ledger chain goes on from its last entry, each entry still checked with the name it was
+    hashed under (`ledger.hashed_as`). Returns the rows moved."""
+    org, new = org.lower(), new.lower()
+    # the chain's entries were hashed under the old name: they keep it, where not kept yet
+    await db.execute("UPDATE ledger SET hashed_as=chain WHERE chain=? AND hashed_as IS NULL",
+                     (org,))
+    return await _move(db, org, new, revoke=False)
+
+
+
+async def _move(db: Connection, org: str, to: str, *, revoke: bool) -> int:
+    """Every row of `org`'s office moved to the office `to`: every column that names the
+    office (`org`, the queue's `office`, the ledger's `chain`), and every reference that
+    starts with the office (`org/...`: a mail's vault, an item's ref and parent, a scoped
+    principal, ...), found in the database's own catalogue, so a table added later is moved
+    too. `revoke`: every token and grant it gave is revoked, not moved live. Holds the
     office's member and ledger keys, so no append chains onto the old office meanwhile.
     Returns the rows moved."""
-    org, archived = org.lower(), archived.lower()
+    org, archived = org.lower(), to.lower()
     await hold(db, f"office-members:{org}")
     await hold(db, f"ledger:{org}")  # (an office's ledger key last, as every transaction)
     tables: dict[str, dict[str, str]] = {}
@@ -235,8 +260,7 @@ async def retire_in(db: Connection, org: str, archived: str) -> int:
                 (archived, len(prefix), len(prefix), prefix,
                  *((archived,) if owned else ())))
             moved += changed
-        if "revoked_at" in columns and owned:  # tokens, grants: dead, not moved
+        if revoke and "revoked_at" in columns and owned:  # tokens, grants: dead
             await db.execute(f"UPDATE {table} SET revoked_at=? WHERE org=?"
                              " AND revoked_at IS NULL", (now, archived))
-    await db.execute(_IDEMPOTENCY, (f":{org}:",))
     return moved

@@ -24,7 +24,7 @@ import secrets
 from typing import TYPE_CHECKING, Any
 
 from ..clock import iso
-from ..state import App, Delivery, Installation, Repo
+from ..state import Account, App, Delivery, Installation, Repo
 from .render import GiteaRenderer
 
 if TYPE_CHECKING:
@@ -186,6 +186,14 @@ def repo_created(forge: LocalForge, repo: Repo, sender: str) -> None:
     r = GiteaRenderer(forge)
     emit(forge, "repository", "created", repo, sender,
          {"organization": r.anonymous_user(repo.owner)})
+
+
+def account_renamed(forge: LocalForge, account: Account, was: str, sender: str) -> None:
+    """Gitea tells no hook of an org renamed: whoever cares reads its orgs again."""
+
+
+def repo_renamed(forge: LocalForge, repo: Repo, was: str, sender: str) -> None:
+    """Gitea sends no webhook for a repository renamed either."""
 
 
 def delivery_headers(forge: LocalForge, app: App, delivery: Delivery,

@@ -9,13 +9,13 @@ import secrets
 from typing import TYPE_CHECKING, Any
 
 from ..clock import iso
-from ..state import App, Delivery, Installation, Repo
+from ..state import Account, App, Delivery, Installation, Repo
 from .render import Renderer, node_id
 
 if TYPE_CHECKING:
     from ..forge import LocalForge
 
-ALWAYS = {"installation", "installation_repositories"}
+ALWAYS = {"installation", "installation_repositories", "installation_target"}
 HOOKSHOT = "GitHub-Hookshot/" + secrets.token_hex(4)[:7]
 
 
@@ -133,6 +133,31 @@ def repo_created(forge: LocalForge, repo: Repo, sender: str) -> None:
         }
         forge.webhooks.enqueue(app, "installation_repositories", "added", payload, inst.id,
                                None)
+
+
+def account_renamed(forge: LocalForge, account: Account, was: str, sender: str) -> None:
+    """The user or org an App is installed on renamed itself: `installation_target.renamed`
+    to each of its installations (the same installation and account id, a new login)."""
+    r = Renderer(forge)
+    for inst in list(forge.state.installations.values()):
+        if inst.account.lower() != account.login.lower():
+            continue
+        payload: dict[str, Any] = {
+            "action": "renamed",
+            "account": r.user(account.login),
+            "changes": {"login": {"from": was}},
+            "installation": {"id": inst.id, "node_id": node_id("Installation", inst.id)},
+            "sender": r.user(sender),
+            "target_type": account.type,
+        }
+        forge.webhooks.enqueue(forge.state.apps[inst.app_id], "installation_target",
+                               "renamed", payload, inst.id, None)
+
+
+def repo_renamed(forge: LocalForge, repo: Repo, was: str, sender: str) -> None:
+    """`repository.renamed`, with the name it had (`changes.repository.name.from`)."""
+    emit(forge, "repository", "renamed", repo, sender,
+         {"changes": {"repository": {"name": {"from": was}}}})
 
 
 def delivery_headers(forge: LocalForge, app: App, delivery: Delivery,

@@ -138,6 +138,9 @@ class Ctx:
                 repo = None
         else:
             repo = st.repo(mi["owner"], mi["repo"])
+            moved = st.repos.get(st.moved.get(f"{mi['owner']}/{mi['repo']}".lower(), -1))
+            if repo is None and moved is not None and visible(st, self.principal, moved):
+                raise self._moved(moved)
         if repo is None or not visible(st, self.principal, repo):
             raise not_found()
         if not at_least(level(st, self.principal, repo, scope), need):
@@ -150,6 +153,17 @@ class Ctx:
         if repo.archived and not archived_ok and self.request.method not in ("GET", "HEAD"):
             raise ApiError(403, "Repository was archived so is read-only.")
         return repo
+
+    def _moved(self, repo: Repo) -> ApiError:
+        """GitHub's answer at a renamed repository's old URL: 301 (a read) or 307 to the
+        same path under /repositories/{id}."""
+        head, _, rest = self.request.path.partition("/repos/")
+        tail = rest.split("/", 2)[2] if rest.count("/") >= 2 else ""
+        url = f"{self.forge.url}{head}/repositories/{repo.id}" + (f"/{tail}" if tail else "")
+        if self.request.query_string:
+            url += "?" + self.request.query_string
+        status = 301 if self.request.method in ("GET", "HEAD") else 307
+        return ApiError(status, "Moved Permanently", headers={"Location": url})
 
     def role(self, repo: Repo, scope: str = "issues") -> str | None:
         return level(self.forge.state, self.principal, repo, scope)

@@ -1,0 +1,152 @@
+"""An organisation renames itself (the same account, a new login), or a vault is renamed: the
+office follows its org's new name, and mail its vault's. Before, the renamed org got a new,
+empty office: its people's tokens, mail, ledger and keys stayed under the old name, and a
+rebuild of the index read the old mail's headers (signed for `globex/scout-vault`) as copies.
+
+Renamed while the app runs (GitHub's `installation_target.renamed`), or while it was down
+(its start sees the same account under a new login); then another account takes the freed
+name, and gets an empty office that verifies none of the old headers as its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from bot.app.embedded import Embedded, start_embedded
+from bot.mail.header import verify_issue
+from bot.mail.reindex import scan
+from bot.office.source import CONFIG_PATH
+from bot.store import api_tokens, ledger
+from localforge import LocalForge
+from tests.app.test_installations import _add_globex, _app_id, _tool, _while_down
+from tests.support import app_key
+
+BEFORE, AFTER = "Before the rename", "After the rename"
+
+
+async def _changes(session: aiohttp.ClientSession, embedded: Embedded,
+                   token: str) -> list[dict[str, Any]]:
+    status, body = await _tool(session, embedded, token, "list_changes", since=0)
+    assert status == 200, body
+    return list(body["events"] if "events" in body else body["changes"])
+
+
+def _chain(entries: list[dict[str, Any]]) -> list[tuple[int, str, str, str]]:
+    """What an entry is in its office's chain: its number, hashes, and the name hashed."""
+    return [(e["seq"], e["hash"], e["prev_hash"], e["chain"]) for e in entries]
+
+
+async def _follows(session: aiohttp.ClientSession, embedded: Embedded, amy: str, scout: str,
+                   before: list[dict[str, Any]]) -> None:
+    """What a person of the office renamed `initech` finds: their token acts there, the old
+    mail is in its vault's new name, the ledger goes on, and every mail verifies."""
+    services = embedded.services
+    status, body = await _tool(session, embedded, scout, "mail_list")
+    assert status == 200 and BEFORE in str(body), body
+    assert "initech/scout-vault" in str(body) and "globex/" not in str(body), body
+    assert _chain(await _changes(session, embedded, amy)) == _chain(before)  # the same ledger
+    status, body = await _tool(session, embedded, amy, "mail_send", to="scout", subject=AFTER,
+                               body="Signed under the new name.")
+    assert status == 200, body
+    await embedded.settle()
+    after = await _changes(session, embedded, amy)
+    assert _chain(after)[:len(before)] == _chain(before) and len(after) > len(before)
+    assert {e["office"] for e in after} == {"initech"}
+    for was, entry in zip(after, after[1:], strict=False):  # one chain, continued
+        assert entry["prev_hash"] == was["hash"], (was, entry)
+    assert await ledger.verify_chain(services.store, "initech") is None
+    assert await ledger.verify_chain(services.store) is None
+    # a rebuild from the forge finds both mails genuine where they are now
+    forge = services.forge_for_org("initech")
+    office = await services.offices.get(forge, "initech")
+    assert office is not None and office.org == "initech"
+    found, report = await scan(forge, office, services.keyring, app_login=services.bot_login)
+    assert sorted(m.subject for m in found) == [AFTER, BEFORE], report
+    assert not report.tampered and not report.copies, report
+
+
+async def test_an_org_renamed_keeps_its_office_and_the_freed_name_is_a_new_one(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    forge, services = embedded.forge, embedded.services
+    await _add_globex(embedded, tmp_path)
+    app_id = _app_id(embedded)
+    forge.install_app(app_id, "globex")
+    await embedded.settle()
+    amy = await api_tokens.create_token(services.store, "human:amy@globex.test", "globex")
+    scout = await api_tokens.create_token(services.store, "agent:scout", "globex")
+    status, body = await _tool(session, embedded, amy, "mail_send", to="scout", subject=BEFORE,
+                               body="Written while the org was globex.")
+    assert status == 200, body
+    await embedded.settle()
+    before = await _changes(session, embedded, amy)
+    old = services.keyring.for_office("globex").key_ids
+
+    forge.rename_org("globex", "initech")
+    await embedded.settle()
+    await _follows(session, embedded, amy, scout, before)
+
+    # another account makes an org called globex, copies the old mail into a vault of the
+    # same name, and installs the App: an empty office, whose keys are none of the old ones
+    forge.add_user("eve", "eve@evil.test")
+    forge.add_org("globex", owner="eve")
+    for repo in ("scout-vault", ".github"):
+        forge.add_repo("globex", repo, sender="eve")
+    forge.put_file("globex/.github", CONFIG_PATH, yaml.safe_dump({
+        "org": "globex", "humans": [{"email": "eve@evil.test", "login": "eve",
+                                     "permissions": ["mail.send", "editor"]}]}))
+    original = forge.state.repo("initech", "scout-vault")
+    assert original is not None
+    first = original.issues[1]
+    async with session.post(f"{forge.url}/repos/globex/scout-vault/issues",
+                            json={"title": first.title, "body": first.body},
+                            headers={"Authorization": f"token {forge.user_token('eve')}"}
+                            ) as resp:
+        assert resp.status == 201, await resp.text()
+        copied = await resp.json()
+    forge.install_app(app_id, "globex", sender="eve")
+    await embedded.settle()
+    eve = await api_tokens.create_token(services.store, "human:eve@evil.test", "globex")
+    for name in ("mail_list", "list_changes"):
+        status, body = await _tool(session, embedded, eve, name)
+        assert status == 200 and BEFORE not in str(body) and AFTER not in str(body), body
+    verdict = verify_issue(copied, "globex/scout-vault", services.keyring,
+                           app_login=services.bot_login)
+    assert not verdict.valid and verdict.office != "globex", verdict
+    assert not set(services.keyring.for_office("globex").key_ids) & set(old)
+    # and initech's office is as it was
+    status, body = await _tool(session, embedded, scout, "mail_list")
+    assert status == 200 and BEFORE in str(body) and AFTER in str(body), body
+
+
+async def test_an_org_renamed_while_the_app_was_down_is_followed_at_start(
+        tmp_path: Path, session: aiohttp.ClientSession, database_url: str) -> None:
+    first = await start_embedded(data_dir=tmp_path, persist_forge=True, port=0, forge_port=0,
+                                 database_url=database_url, app_key=app_key())
+    app_port = int(first.app_url.rsplit(":", 1)[1])
+    forge = first.forge
+    try:
+        await _add_globex(first, tmp_path)
+        forge.install_app(_app_id(first), "globex")
+        await first.settle()
+        store = first.services.store
+        amy = await api_tokens.create_token(store, "human:amy@globex.test", "globex")
+        scout = await api_tokens.create_token(store, "agent:scout", "globex")
+        status, body = await _tool(session, first, amy, "mail_send", to="scout",
+                                   subject=BEFORE, body="Written while the org was globex.")
+        assert status == 200, body
+        await first.settle()
+        before = await _changes(session, first, amy)
+    finally:
+        await first.runner.cleanup()  # the app stops; meanwhile, on the forge:
+
+    def meanwhile(forge: LocalForge) -> None:
+        forge.rename_org("globex", "initech")
+
+    again = await _while_down(forge, meanwhile, tmp_path, app_port, database_url)
+    try:
+        await _follows(session, again, amy, scout, before)
+    finally:
+        await again.stop()
