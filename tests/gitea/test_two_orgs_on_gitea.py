@@ -331,3 +331,35 @@ async def test_while_the_app_runs_an_org_made_again_or_joined_is_taken_at_the_ne
     assert secret not in json.dumps(listed), listed
     assert office.services.keyring.for_office("acme").active_kid != old_kid
     assert await refresh(office.services) == [], "nothing new at the next look"
+
+
+async def test_an_org_renamed_on_gitea_keeps_its_office_at_the_next_look(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """Gitea tells no hook of an org renamed: the app's look at the bot's orgs finds the org's
+    id under a new name, and the office follows it (its people's tokens, its mail under the
+    vault's new name), as GitHub's installation_target.renamed makes it. Before, the renamed
+    org was a new, empty office."""
+    from bot.app.gitea_orgs import refresh
+
+    globex = {"org": "globex",
+              "humans": [{"email": "amy@globex.test", "login": "amy",
+                          "permissions": ["mail.send"]}],
+              "agents": [{"slug": "scout", "login": "globex-scout",
+                          "person": "amy@globex.test", "capabilities": {"mail.send": ["*"]}}]}
+    seed_office(office.forge, parse_office(yaml.safe_dump(globex), "globex.yml"))
+    office.forge.add_org_member("globex", office.services.app_slug, role="admin")
+    assert await refresh(office.services) == ["globex"]
+    await office.settle()
+    amy = await api_tokens.create_token(office.services.store, "human:amy@globex.test",
+                                        "globex")
+    client = ToolClient(session, office, "human:amy@globex.test", token=amy)
+    sent = await client("mail_send", to="scout", subject="before the rename", body="x")
+    assert sent["mail"]["vault"] == "globex/scout-vault"
+    await office.settle()
+    office.forge.rename_org("globex", "initech")
+    assert await refresh(office.services) == [], "the same org: nothing newly installed"
+    assert office.services.installation_of("initech") == SYNTHETIC_INSTALLATION_ID
+    listed = await client("mail_list")
+    assert [m["vault"] for m in listed["mails"]] == ["initech/scout-vault"], listed
+    again = await client("mail_send", to="scout", subject="after the rename", body="y")
+    assert again["mail"]["vault"] == "initech/scout-vault"
