@@ -49,7 +49,7 @@ from localforge import LocalForge
 APP_SLUG = "vaultmail"
 # installation and installation_repositories always reach an App; it cannot subscribe to them.
 APP_EVENTS = ["issues", "issue_comment", "label", "push", "sub_issues",
-              "issue_dependencies", "pull_request"]  # as app.yml
+              "issue_dependencies", "pull_request", "repository"]  # as app.yml
 APP_PERMISSIONS = {"issues": "write", "metadata": "read", "contents": "write",
                    "pull_requests": "read", "checks": "write"}
 GITEA_EVENTS = ["issues", "issue_comment", "push"]  # "issues" covers issue_label and the like

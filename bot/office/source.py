@@ -104,7 +104,8 @@ class OfficeSource:
                 self._local = local
             # the operator's file is one office's: another org installed beside it has none
             # (never this one's, or its tokens would act in this office)
-            return self._local if self._local.org.lower() == org.lower() else None
+            local = as_renamed(self._local, org, self.renamed(org))
+            return local if local.org.lower() == org.lower() else None
         under = getattr(forge, "installation_id", None)
         if org in self._read_under and self._read_under[org] != under:
             self.forget(org)

@@ -226,6 +226,42 @@ async def rename_in(db: Connection, org: str, new: str) -> int:
 
 
 
+async def rename_vault_in(db: Connection, old: str, new: str) -> int:
+    """A repository of an office renamed (`owner/repo` to `owner/other`), in the caller's
+    transaction: every reference to it, or to one of its issues (`owner/repo#N`), found in
+    the catalogue as `_move` finds them (a mail's vault, an item's ref, ...), names it by
+    its new name. The ledger keeps the names it hashed. Returns the rows changed."""
+    old, new = old.lower(), new.lower()
+    org = org_of(old)
+    await hold(db, f"ledger:{org}")
+    changed = 0
+    for table, columns in sorted((await _catalogue(db)).items()):
+        if table in _UNMOVED:
+            continue
+        owned = "org" in columns
+        for column in _refs(columns):
+            where = (f"(lower({column})=? OR lower(substr({column}, 1, ?))=?)"
+                     + (" AND org=?" if owned else ""))
+            changed += await db.execute(
+                f"UPDATE {table} SET {column}=? || substr({column}, ?) WHERE {where}",
+                (new, len(old) + 1, old, len(old) + 1, old + "#", *((org,) if owned else ())))
+    return changed
+
+
+async def _catalogue(db: Connection) -> dict[str, dict[str, str]]:
+    """{table: {column: its type}} of every table, from the database's own catalogue."""
+    tables: dict[str, dict[str, str]] = {}
+    for row in await db.fetchall(_COLUMNS):
+        tables.setdefault(str(row["t"]), {})[str(row["c"])] = str(row["type"] or "")
+    return tables
+
+
+def _refs(columns: dict[str, str]) -> list[str]:
+    """The text columns that may hold a reference (`owner/repo...`, a scoped principal)."""
+    return [column for column, kind in sorted(columns.items())
+            if kind in _TEXT and column not in _CONTENT and column not in ("org", "office")]
+
+
 async def _move(db: Connection, org: str, to: str, *, revoke: bool) -> int:
     """Every row of `org`'s office moved to the office `to`: every column that names the
     office (`org`, the queue's `office`, the ledger's `chain`), and every reference that
@@ -237,11 +273,8 @@ async def _move(db: Connection, org: str, to: str, *, revoke: bool) -> int:
     org, archived = org.lower(), to.lower()
     await hold(db, f"office-members:{org}")
     await hold(db, f"ledger:{org}")  # (an office's ledger key last, as every transaction)
-    tables: dict[str, dict[str, str]] = {}
-    for row in await db.fetchall(_COLUMNS):
-        tables.setdefault(str(row["t"]), {})[str(row["c"])] = str(row["type"] or "")
     now, moved, prefix = time.time(), 0, org + "/"
-    for table, columns in sorted(tables.items()):
+    for table, columns in sorted((await _catalogue(db)).items()):
         if table in _UNMOVED - {"ledger"}:
             continue
         owned = "org" in columns
@@ -251,9 +284,7 @@ async def _move(db: Connection, org: str, to: str, *, revoke: bool) -> int:
                     f"UPDATE {table} SET {column}=? WHERE {column}=?", (archived, org))
         if table == "ledger":
             continue
-        for column, kind in sorted(columns.items()):
-            if kind not in _TEXT or column in _CONTENT or column in ("org", "office"):
-                continue
+        for column in _refs(columns):
             where = f"lower(substr({column}, 1, ?))=?" + (" AND org=?" if owned else "")
             changed = await db.execute(
                 f"UPDATE {table} SET {column}=? || substr({column}, ?) WHERE {where}",

@@ -150,3 +150,38 @@ async def test_an_org_renamed_while_the_app_was_down_is_followed_at_start(
         await _follows(session, again, amy, scout, before)
     finally:
         await again.stop()
+
+
+async def test_a_vault_renamed_keeps_its_mail(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """globex/scout-vault renamed scout-mail (`repository.renamed`): its mail rows name the
+    new vault, new mail goes there though the config still names none (the default pattern
+    says scout-vault), every mail verifies there, and the old URL leads to it (301)."""
+    forge, services = embedded.forge, embedded.services
+    await _add_globex(embedded, tmp_path)
+    forge.install_app(_app_id(embedded), "globex")
+    await embedded.settle()
+    amy = await api_tokens.create_token(services.store, "human:amy@globex.test", "globex")
+    status, body = await _tool(session, embedded, amy, "mail_send", to="scout", subject=BEFORE,
+                               body="Written to scout-vault.")
+    assert status == 200, body
+    await embedded.settle()
+
+    forge.rename_repo("globex/scout-vault", "scout-mail")
+    await embedded.settle()
+    status, body = await _tool(session, embedded, amy, "mail_list")
+    assert status == 200 and [m["vault"] for m in body["mails"]] == ["globex/scout-mail"], body
+    status, body = await _tool(session, embedded, amy, "mail_send", to="scout", subject=AFTER,
+                               body="Written to scout-mail.")
+    assert status == 200 and body["mail"]["vault"] == "globex/scout-mail", body
+    await embedded.settle()
+    forge_of = services.forge_for_org("globex")
+    office = await services.offices.get(forge_of, "globex")
+    assert office is not None and office.vaults() == ["globex/scout-mail"]
+    found, report = await scan(forge_of, office, services.keyring, app_login=services.bot_login)
+    assert sorted(m.subject for m in found) == [AFTER, BEFORE], report
+    assert not report.tampered and not report.copies, report
+    async with session.get(f"{forge.url}/repos/globex/scout-vault/issues/1", headers={
+            "Authorization": f"token {forge.user_token('amy')}"}) as resp:
+        assert resp.status == 200 and [r.status for r in resp.history] == [301]
+        assert (await resp.json())["title"] == BEFORE
