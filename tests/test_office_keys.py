@@ -219,3 +219,32 @@ async def test_ledger_entries_reach_the_office_webhook_signed_with_the_office_ke
         assert not passes_the_documented_check(
             emb.app_url, "acme", acme_keys, {**headers, "X-Vaultmail-Delivery": "999"}, body,
             f"{runner.url}/hook"), "relabelled"
+
+
+
+def test_a_renamed_offices_headers_verify_where_its_names_went_and_nowhere_else(
+        tmp_path: Path) -> None:
+    """globex renames itself initech, then renames its vault: what it signed as
+    globex/scout-vault verifies in initech/scout-mail (with the app's keys, another process's,
+    and the published ones), and is a copy anywhere else; the name globex, taken by someone
+    else, signs with keys of its own and verifies none of it."""
+    from bot.mail.header import render_mail_body, sign_header, verify_mail
+    from bot.mail.signing import Keyrings
+
+    app = Keyrings.in_data_dir(tmp_path)
+    header = sign_header(keyring=app.for_office("globex"), from_principal="agent:scout",
+                         to_principal="agent:scout", vault="globex/scout-vault",
+                         subject="signed as globex", body="kept")
+    issue = render_mail_body(header, "kept")
+    app.rename("globex", "initech")
+    app.rename("globex", "initech")  # (a retry after a crash moves nothing twice)
+    app.rename_vault("initech/scout-vault", "initech/scout-mail")
+    squatter = Keyrings.in_data_dir(tmp_path).for_office("globex")  # another process
+    assert not set(squatter.key_ids) & set(app.for_office("initech").key_ids)
+    for keys in (app, Keyrings.in_data_dir(tmp_path), app.public_keys("initech")):
+        found = verify_mail("signed as globex", issue, "initech/scout-mail", keys)
+        assert found.valid and found.office == "initech", found
+        for elsewhere in ("globex/scout-vault", "initech/scout-vault", "globex/scout-mail"):
+            copy = verify_mail("signed as globex", issue, elsewhere, keys)
+            assert not copy.valid and copy.copy and copy.office != "globex", (elsewhere, copy)
+    assert not app.public_keys("globex").has_key(header.key_id)
