@@ -78,9 +78,15 @@ async def office_org(services: Services, principal: str) -> str:
 
 async def _still_installed(services: Services, org: str) -> None:
     """Refuse an org another replica learnt was uninstalled (its webhook came to one replica
-    only): forget it here too, and its token with it."""
+    only): forget it here too, and its token with it. One another replica learnt was
+    installed, or renamed to this name (its office's tokens name it now), is served here too."""
     inst = services.installation_of(org)
-    if inst is None or not await installations.is_removed(services.store, org, inst):
+    if inst is None:
+        found = await installations.live_installation(services.store, org)
+        if found is not None:
+            services.installations[org.lower()] = found
+        return
+    if not await installations.is_removed(services.store, org, inst):
         return
     services.installations.pop(org.lower(), None)
     services.forge_client.forget(inst)

@@ -18,8 +18,9 @@ import yaml
 from bot.app.embedded import Embedded, start_embedded
 from bot.mail.header import verify_issue
 from bot.mail.reindex import scan
+from bot.mail.signing import Keyrings
 from bot.office.source import CONFIG_PATH
-from bot.store import api_tokens, ledger
+from bot.store import api_tokens, installations, ledger
 from localforge import LocalForge
 from tests.app.test_installations import _add_globex, _app_id, _tool, _while_down
 from tests.support import app_key
@@ -185,3 +186,34 @@ async def test_a_vault_renamed_keeps_its_mail(
             "Authorization": f"token {forge.user_token('amy')}"}) as resp:
         assert resp.status == 200 and [r.status for r in resp.history] == [301]
         assert (await resp.json())["title"] == BEFORE
+
+
+async def test_a_rename_another_replica_heard_is_followed_here_at_the_next_call(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """installation_target.renamed reaches one replica: the others knew the org's
+    installation by its old name only, and answered its office's calls 503 not_installed
+    under the new one until they restarted."""
+    forge, services = embedded.forge, embedded.services
+    await _add_globex(embedded, tmp_path)
+    app_id = _app_id(embedded)
+    forge.install_app(app_id, "globex")
+    await embedded.settle()
+    amy = await api_tokens.create_token(services.store, "human:amy@globex.test", "globex")
+    status, body = await _tool(session, embedded, amy, "mail_send", to="scout", subject=BEFORE,
+                               body="Written while the org was globex.")
+    assert status == 200, body
+    await embedded.settle()
+    hook = forge.state.apps[app_id].webhook_url
+    forge.set_webhook(app_id, url="http://127.0.0.1:9/webhook")  # (to the other replica)
+    forge.rename_org("globex", "initech")
+    await forge.webhooks_idle()
+    forge.set_webhook(app_id, url=hook)
+    # what the replica that heard it did, in the data directory and the index they share
+    Keyrings.in_data_dir(tmp_path).rename("globex", "initech")
+    assert await installations.renamed(services.store, "globex", "initech",
+                                       forge.state.accounts["initech"].id)
+    status, body = await _tool(session, embedded, amy, "mail_list")
+    assert status == 200 and [m["vault"] for m in body["mails"]] == ["initech/scout-vault"], body
+    status, body = await _tool(session, embedded, amy, "mail_send", to="scout", subject=AFTER,
+                               body="Signed under the new name.")
+    assert status == 200 and body["mail"]["vault"] == "initech/scout-vault", body
