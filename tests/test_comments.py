@@ -16,6 +16,7 @@ from bot.store import comments as db
 from tests.items_support import (
     BUILDER,
     CRITIC,
+    LEE,
     MARCO,
     SARA,
     SCOUT,
@@ -337,6 +338,32 @@ async def test_pass_on_amend_and_resolve_rights(embedded: Embedded, person: Any,
     done = await marco_t("resolve_comment", comment=qid)
     assert done["thread"]["resolved"] is True
     assert [e.data["thread"] for e in await events(embedded, "comment.resolved")] == [qid, qid]
+
+
+async def test_only_those_a_question_asks_pass_it_on(embedded: Embedded, person: Any,
+                                                     tools: Any) -> None:
+    """Being asked is what lets someone answer, and amend the decision: someone the question
+    never asked, who may write on the item, passed it to their own agent, which then changed
+    the decision. Only the asker and those asked (or their agents) pass a question on."""
+    outcome = await make_item(embedded, person("sara"), "outcome", "Pricing",
+                              repo="acme/builder-vault")
+    base = {"targetType": "outcome", "target": outcome}
+    q = await tools(MARCO)("add_comment", **base, body="Discount?", to=["lee@acme.com"],
+                           options=[{"label": "Yes"}, {"label": "No"}])
+    qid = q["comment"]["id"]
+    await tools(LEE)("add_comment", **base, parent=qid, option="Yes")
+    status, err = await tools(SARA).raw("add_comment", {
+        **base, "parent": qid, "body": "fyi", "to": ["agent:builder"]})
+    assert status == 403 and "only those the question asks" in err["error"]["message"], err
+    status, err = await tools(BUILDER).raw("add_comment", {
+        **base, "parent": qid, "option": "No", "amend": True})
+    assert status == 403, "not asked: no amend"
+    decision = (await tools(MARCO)("get_outcome", outcome=outcome))["decisions"][0]
+    assert decision["answer"]["option"] == "Yes", decision
+    # the asker may still ask someone more, and sara may reply in words
+    widened = await tools(MARCO)("add_comment", **base, parent=qid, body="and sara?",
+                                 to=["sara@acme.com"])
+    assert SARA in widened["thread"]["waitingOn"]
 
 
 async def test_an_agent_passes_a_question_to_its_person_with_me(embedded: Embedded,

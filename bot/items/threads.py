@@ -181,6 +181,10 @@ def reply(state: ThreadState, office: Office, who: str, *, comment: str, at: flo
     for r in [*to, *cc]:
         members.setdefault(r.principal, r.way)
     new_people = [r.principal for r in to if r.principal not in (who, state.asker)]
+    if q is not None and new_people and who != state.asker \
+            and not speaks_for_asked(state, office, who):
+        raise Denied(f"only those the question asks ({', '.join(state.asked)}) can pass it "
+                     "on; reply without `to`, or ask them to")
     answering = q is not None and answerer and (
         amend or (state.answer is None and (option is not None or not new_people)))
     if answering and q is not None and q.human_only and who.startswith("agent:") \
