@@ -54,12 +54,12 @@ async def remember_installation(event: sansio.Event, ctx: HandlerContext) -> Non
         org, inst = found
         account = ((event.data.get("installation") or {}).get("account") or {}).get("id")
         account = account if isinstance(account, int) else None
-        if account is not None and installations.taken_over(
-                await installations.accounts(ctx.services.store), {org: account}):
-            # another account's org of that name: its office signs with a key of its own,
-            # made before the old office is moved aside (a retry after a crash between the
-            # two finds it moved, and would make none)
-            ctx.services.keyring.for_office(org).rotate()
+        known = await installations.accounts(ctx.services.store)
+        if account is not None and installations.taken_over(known, {org: account}):
+            # another account's org of that name: the old office's keys are set aside before
+            # the office is (a retry after a crash between the two finds them moved), and the
+            # new one signs with a key of its own
+            ctx.services.keyring.retire(org, installations.archived_name(org, known[org]))
         moved = await installations.installed(ctx.services.store, org, inst, account)
         if moved is not None:  # its config the old one had is not served to it meanwhile
             ctx.services.offices.forget(org)

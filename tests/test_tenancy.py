@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from bot.app.embedded import Embedded
+from bot.mail.header import verify_mail
 from bot.office.config import parse_office
 from bot.office.seed import seed_office
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
@@ -460,6 +461,17 @@ async def test_an_org_name_taken_by_another_account_starts_a_new_office(
     status, body = await call(old_scout, "mail_list")
     assert status == 401, ("the old office's token acts in the new one", body)
     assert embedded.services.keyring.for_office("globex").active_kid != old_kid
+    # what the old office signed, copied into the new owner's vault of the same name, is
+    # not theirs: its keys are kept aside, neither published for the name nor trusted there
+    vault = forge.state.repo("globex", "scout-vault")
+    assert vault is not None
+    (issue,) = [i for i in vault.issues.values()
+                if i.title == SECRET]
+    copied = verify_mail(SECRET, issue.body, "globex/scout-vault", embedded.services.keyring)
+    assert not copied.valid, copied
+    assert old_kid not in embedded.services.keyring.for_office("globex").key_ids
+    async with session.get(f"{embedded.app_url}/.well-known/vaultmail-keys/globex.json") as r:
+        assert old_kid not in await r.text()
     # what the old office kept is kept, aside, its ledger whole
     kept = await store.fetchall("SELECT subject FROM mails WHERE org LIKE 'globex~%'")
     assert [r["subject"] for r in kept] == [SECRET]

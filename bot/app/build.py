@@ -78,16 +78,16 @@ async def take_listing(store: Store, keyring: Keyrings, live: dict[str, int],
     """The forge's listing of the App's orgs taken into the index (`installations.listed`),
     at start and, on Gitea, every few minutes. An org that renamed itself (its account under
     a new login) has its office's keys moved to the new name first, and an org whose name
-    another account took has its office's key rotated first, each before the index moves the
-    office (a crash between finds the keys moved, or the office moved, and moves nothing
-    twice)."""
+    another account took has its office's keys set aside first (`Keyrings.retire`), each
+    before the index moves the office (a crash between finds the keys moved, or the office
+    moved, and moves nothing twice)."""
     known = await installations.accounts(store)
     renamed = installations.renamed_in(known, accounts)
     for old, new in renamed.items():
         keyring.rename(old, new)
     taken = installations.taken_over(known, accounts)
     for org in taken:
-        keyring.for_office(org).rotate()
+        keyring.retire(org, installations.archived_name(org, known[org]))
     return Listing(await installations.listed(store, live, before, accounts), taken, renamed)
 
 

@@ -886,6 +886,32 @@ class Keyrings:
             self._rings[new] = ring
             self._former_stamp = -1
 
+    def retire(self, org: str, kept_as: str) -> Path | None:
+        """Office ``org``'s keys set aside, its name now another account's (the old office is
+        kept as ``kept_as``, ``bot.store.offices.retire_in``): the key file moves to
+        ``retired/<kept_as>.json``, the operator's, where no office reads it. The new owner's
+        office then signs with a key of its own made at its first use, and neither publishes
+        nor trusts one the old office signed with: what the old office signed, copied into a
+        vault of the same name, is not the new owner's word. Returns where the keys went
+        (None when the name had none: a retry after a crash finds them moved already)."""
+        office = office_name(org)
+        self._rings.pop(office, None)
+        if self._dir is None or not (self._dir / f"{office}.json").exists():
+            return None  # (no office of the name ever signed: nothing to set aside)
+        path = self._dir / f"{office}.json"
+        with _locked(path):
+            if not path.exists():
+                return None
+            aside = self._dir / "retired"
+            aside.mkdir(mode=0o700, exist_ok=True)
+            kept, n = aside / f"{kept_as}.json", 1
+            while kept.exists():  # (keys the name got between a crash and its retry)
+                kept, n = aside / f"{kept_as}.{n}.json", n + 1
+            os.replace(path, kept)
+        self._rings.pop(office, None)
+        self._former_stamp = -1
+        return kept
+
     def renamed(self, org: str) -> dict[str, str]:
         """The names ``org``'s office had ({was: now}: ``Keyring.renamed``); none made."""
         ring = self.existing(org)
