@@ -359,3 +359,99 @@ async def test_an_agent_shown_a_later_mail_is_still_woken_for_one_written_before
     await asyncio.wait_for(asyncio.gather(writing, later), HANG_GUARD)
     assert await mails.has_unshown(b, "agent:scout", org="acme"), (
         f"shown {[m.mail_id for m in shown]}, and nothing woke scout for the rest")
+
+
+# -- one office's row held never holds up another office's writes (review of issue 22) --------
+
+
+async def _row_held(url: str, sql: str) -> tuple[asyncpg.Connection, int]:
+    """Another replica's long transaction: a session of its own inside a transaction that ran
+    `sql` (locking what it locks), left open; its connection and pid."""
+    conn = await asyncpg.connect(url)
+    await conn.execute("BEGIN")
+    await conn.execute(sql)
+    return conn, int(await conn.fetchval("SELECT pg_backend_pid()"))
+
+
+async def test_a_finish_never_waits_for_another_offices_row_and_keeps_its_issues_order(
+        replicas: tuple[str, list[Store]]) -> None:
+    """A long transaction holds acme's queue row (say, another replica moving acme's rows).
+    A replica finishing acme's and globex's deliveries and claiming the next, in one
+    transaction, records globex's at once and carries acme's to its next write: it neither
+    waits for acme's row nor takes acme's finish for superseded, and it claims no later
+    delivery of acme's issue until that finish is recorded (found by review: the one
+    transaction waited for acme's row, every office's finishes with it, up to lock_timeout)."""
+    url, (a, b, *_) = replicas
+    assert await a.enqueue_delivery("acme-1", "issues", *_delivery(1, 1))
+    assert await a.enqueue_delivery("globex-1", "issues", *_delivery(1, 1, "globex"))
+    acme, globex = sorted(await b.due_items(limit=8), key=lambda i: i.guid)
+    assert await a.enqueue_delivery("acme-2", "issues", *_delivery(2, 1))  # after it, its issue
+    holder, pid = await _row_held(url, "SELECT 1 FROM queue WHERE guid='acme-1' FOR UPDATE")
+    finishing = asyncio.create_task(b.finish_and_claim([(acme, "done"), (globex, "done")], 8))
+    try:
+        await until(lambda: finishing.done() or pg.waiting_behind(url, pid), timeout=HANG_GUARD)
+        assert finishing.done(), "globex's finish waited for acme's row"
+        claimed, superseded = finishing.result()
+        assert (claimed, superseded) == ([], [])  # acme-2 waits for acme-1's finish
+        states = {r["guid"]: r["state"] for r in await a.fetchall("SELECT guid, state FROM queue")}
+        assert states == {"acme-1": "pending", "globex-1": "done", "acme-2": "pending"}
+    finally:
+        await holder.close()  # (rolled back)
+        await asyncio.wait_for(finishing, HANG_GUARD)
+    claimed, superseded = await b.finish_and_claim([], 8)
+    assert [i.guid for i in claimed] == ["acme-2"] and superseded == []
+    assert (await a.fetchone("SELECT state FROM queue WHERE guid='acme-1'"))["state"] == "done"
+
+
+async def test_a_finish_alone_never_waits_for_another_offices_row(
+        replicas: tuple[str, list[Store]]) -> None:
+    """`finish` (a parked delivery's, recorded at once) shares a transaction with the finishes
+    made beside it: globex's is recorded while acme's row is held, acme's once it is free."""
+    url, (a, b, *_) = replicas
+    assert await a.enqueue_delivery("acme-1", "issues", *_delivery(1, 1))
+    assert await a.enqueue_delivery("globex-1", "issues", *_delivery(1, 1, "globex"))
+    acme, globex = sorted(await b.due_items(limit=8), key=lambda i: i.guid)
+    holder, pid = await _row_held(url, "SELECT 1 FROM queue WHERE guid='acme-1' FOR UPDATE")
+    finishes = [asyncio.create_task(b.finish(acme, "parked")),
+                asyncio.create_task(b.finish(globex, "parked"))]
+    try:
+        await until(lambda: finishes[1].done() or pg.waiting_behind(url, pid),
+                    timeout=HANG_GUARD)
+        assert finishes[1].done() and finishes[1].result(), "globex's waited for acme's row"
+        assert not finishes[0].done()
+    finally:
+        await holder.close()
+        await asyncio.wait_for(asyncio.gather(*finishes), HANG_GUARD)
+    assert finishes[0].result()
+
+
+async def test_a_result_settled_never_waits_for_another_offices_key(
+        replicas: tuple[str, list[Store]]) -> None:
+    """The results of what deliveries ran once are written with their finish: acme's key's
+    row held by a long transaction leaves globex's result written and acme's handed back,
+    to be written in a later write, instead of the whole transaction waiting for it."""
+    url, (_, b, *_) = replicas
+    settling: list[Any] = []
+    for org in ("acme", "globex"):
+        await b.once("forge", f"{org}:k", "", lambda: asyncio.sleep(0, {"ok": True}),
+                     later=settling)
+    holder, pid = await _row_held(url, "SELECT 1 FROM idempotency WHERE key='acme:k' FOR UPDATE")
+    carried: list[Any] = []
+
+    async def also(db: Connection) -> None:
+        carried.extend(await b.settle_in(db, settling))
+
+    settle = asyncio.create_task(b.finish_and_claim([], 0, also=also))
+    try:
+        await until(lambda: settle.done() or pg.waiting_behind(url, pid), timeout=HANG_GUARD)
+        assert settle.done(), "globex's result waited for acme's key"
+        assert [ours[1] for ours, _ in carried] == ["acme:k"]
+    finally:
+        await holder.close()
+        await asyncio.wait_for(settle, HANG_GUARD)
+    results = {r["key"]: r["result"] for r in await b.fetchall(
+        "SELECT key, result FROM idempotency")}
+    assert results == {"acme:k": None, "globex:k": '{"ok": true}'}
+    async with b.transaction() as db:
+        assert await b.settle_in(db, carried) == []
+    assert (await b.fetchone("SELECT result FROM idempotency WHERE key='acme:k'"))["result"]

@@ -35,7 +35,7 @@ from bot.errors import VaultmailError
 from bot.forge.errors import PutOff, RateLimited
 from bot.forge.pacing import acting_for, waiting_at_most
 from bot.store import QueueItem, Store, queue
-from bot.store.idempotency import Settlement
+from bot.store.idempotency import Settlement, Stray
 from bot.store.sql import Connection
 
 # (delivery, its bound logger) -> what its handlers receive; LookupError when nothing can act
@@ -199,7 +199,7 @@ class Worker:
                 return False
         if not self._in_flight and self._idle.is_set() and not self._stopping and not (
                 self._finished or self._settling or self._preclaimed or self._let_go
-                or store.has_stray()):
+                or store.has_stray() or store.has_carried()):
             # idle, nothing to record: a read says whether anything is due for this replica
             # before a write transaction claims it (else each idle replica wrote twice a
             # second on PostgreSQL)
@@ -259,10 +259,13 @@ class Worker:
         self._preclaimed = {g: slot for g, slot in self._preclaimed.items() if g in flying}
         stray = store.stray()
         preclaimed: dict[str, tuple[str, str]] = {}
+        # the results and claims whose keys' rows another transaction held: the next write's
+        held_settling: list[Settlement] = []
+        held_stray: list[Stray] = []
 
         async def also(db: Connection) -> None:
-            await store.settle_in(db, settling)
-            await store.let_go_in(db, stray)
+            held_settling[:] = await store.settle_in(db, settling)
+            held_stray[:] = await store.let_go_in(db, stray)
 
         async def then(db: Connection, items: list[QueueItem]) -> None:
             preclaimed.update(await self._preclaim(db, items))
@@ -279,7 +282,9 @@ class Worker:
             self._let_go = let_go + self._let_go
             store.let_go_later(stray)
             raise
-        store.settled(settling)
+        store.settled([s for s in settling if s not in held_settling])
+        self._settling[:0] = held_settling
+        store.let_go_later(held_stray)
         self._preclaimed.update(preclaimed)
         for item in items:
             self._in_flight[item.guid] = item

@@ -190,6 +190,7 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
         self._parked = {}
         self._parked_writer = None
         self._finishes = []
+        self._carried = []
         self._finishes_writer = None
         self._handed_over = {}
         self._running = {}

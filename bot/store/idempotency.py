@@ -177,11 +177,19 @@ class IdempotencyMixin:
         if not task.cancelled():
             task.exception()  # retrieved: a waiter that left must not leave it unreported
 
-    async def settle_in(self, db: Any, settlements: list[Settlement]) -> None:
+    async def settle_in(self, db: Any, settlements: list[Settlement]) -> list[Settlement]:
         """Record, in `db`'s transaction, the results `once(..., later=)` left: each under
-        its claim, as `once` records its own (one taken over meanwhile keeps theirs)."""
+        its claim, as `once` records its own (one taken over meanwhile keeps theirs).
+        Returns those whose key's row another transaction holds now (PostgreSQL), to be
+        recorded in a later write (not `settled` yet): one office's key held never holds up
+        the others' results, nor the finishes written with them."""
+        held: list[Settlement] = []
         for ours, text in sorted(settlements):  # (each key's row in one order)
+            if not await _locked_now(db, self.engine, ours):
+                held.append((ours, text))
+                continue
             await _write_result_in(db, ours, text)
+        return held
 
     async def preclaim_in(self, db: Any, scope: str, key: str, fingerprint: str) -> bool:
         """Claim (scope, key) in `db`'s transaction if no one has yet (its first try): True
@@ -211,9 +219,16 @@ class IdempotencyMixin:
     def let_go_later(self, claims: list[Stray]) -> None:
         self._stray[:0] = claims
 
-    async def let_go_in(self, db: Any, claims: list[Stray]) -> None:
+    async def let_go_in(self, db: Any, claims: list[Stray]) -> list[Stray]:
+        """Let go of `claims` in `db`'s transaction; returns those whose key's row another
+        transaction holds now (PostgreSQL), for `let_go_later` (see `settle_in`)."""
+        held: list[Stray] = []
         for free, ours in sorted(claims, key=lambda claim: claim[1]):  # (one order of rows)
-            await _let_go_in(db, free, ours)
+            if await _locked_now(db, self.engine, ours):
+                await _let_go_in(db, free, ours)
+            else:
+                held.append((free, ours))
+        return held
 
     def settled(self, settlements: list[Settlement]) -> None:
         """The transaction that held `settle_in` committed (or this replica retired): its
@@ -389,6 +404,20 @@ async def _write_result_in(db: Any, ours: tuple[str, str, str, int], text: str) 
         if row is not None and row[0] is not None:
             return str(row[0])
     return None
+
+
+async def _locked_now(db: Any, engine: str, ours: tuple[str, str, str, int]) -> bool:
+    """Lock the key's row for `db`'s transaction unless another transaction holds it now
+    (PostgreSQL; SQLite's one writer holds every row): False when it is held. A key whose row
+    is gone is no one's to wait for (True: what follows finds nothing to write)."""
+    if engine == "sqlite":
+        return True
+    row = await db.fetchone(
+        "SELECT EXISTS (SELECT 1 FROM idempotency WHERE scope=? AND key=?"
+        " FOR UPDATE SKIP LOCKED) AS took,"
+        " EXISTS (SELECT 1 FROM idempotency WHERE scope=? AND key=?) AS there",
+        (*ours[:2], *ours[:2]))
+    return bool(row["took"]) or not row["there"]
 
 
 async def _let_go_in(db: Any, free: bool, ours: tuple[str, str, str, int]) -> None:

@@ -395,6 +395,45 @@ async def _finish_in(db: Connection, item: QueueItem, state: str, me: str, at: f
 
 
 FINISH_BATCH = 200  # finishes in one statement at most (two parameters each, twice)
+# PostgreSQL's finishes, and let-gos (state NULL), take only the rows no other transaction
+# holds now: one office's rows held by another replica's long transaction must not hold up
+# every office's finishes until lock_timeout. Per row: recorded (`done`), held (`held`: to be
+# tried again in the next write), or neither (its claim is no longer this replica's).
+# (parameters: the ids, states and claims, the ids, when, the replica, the ids)
+FINISH_FREE = (
+    "WITH f(id, state, seq) AS (SELECT * FROM unnest(?::bigint[], ?::text[], ?::bigint[])),"
+    " lockable AS (SELECT id FROM queue WHERE id = ANY(?::bigint[]) ORDER BY id"
+    " FOR UPDATE SKIP LOCKED),"
+    " done AS (UPDATE queue q SET state=coalesce(f.state, q.state), finished_at=CASE WHEN"
+    " f.state IS NULL THEN q.finished_at ELSE ?::float8 END, lease_owner=NULL FROM f"
+    " WHERE q.id=f.id AND q.id IN (SELECT id FROM lockable) AND q.state='pending'"
+    " AND q.lease_owner=? AND q.lease_seq=f.seq RETURNING q.id)"
+    " SELECT id, id IN (SELECT id FROM done) AS done, id NOT IN (SELECT id FROM lockable)"
+    " AS held FROM queue WHERE id = ANY(?::bigint[])")
+
+
+async def _finish_free_in(db: Connection, finished: Sequence[tuple[QueueItem, str | None]],
+                          me: str, at: float) -> list[bool | None]:
+    """PostgreSQL's `_finish_all_in`, a state of None letting go of the claim instead: for
+    each, True (recorded), False (its claim is another's now) or None (another transaction
+    holds its row: try again later). A delivery named twice is recorded once, its first
+    time."""
+    firsts: dict[int, tuple[QueueItem, str | None]] = {}
+    for item, state in finished:
+        firsts.setdefault(item.id, (item, state))
+    if not firsts:
+        return []
+    ids = list(firsts)
+    rows = await db.fetchall(FINISH_FREE, (
+        ids, [state for _, state in firsts.values()], [item.lease for item, _ in
+                                                       firsts.values()], ids, at, me, ids))
+    outcome = {int(r["id"]): None if r["held"] else bool(r["done"]) for r in rows}
+    recorded: list[bool | None] = []
+    seen: set[int] = set()
+    for item, _ in finished:
+        recorded.append(False if item.id in seen else outcome.get(item.id, False))
+        seen.add(item.id)
+    return recorded
 
 
 async def _finish_all_in(db: Connection, engine: str, finished: list[tuple[QueueItem, str]],
@@ -438,6 +477,9 @@ class QueueMixin:
     _parked: dict[str, deque[_Arrival]]
     _parked_writer: asyncio.Task[None] | None  # the one task committing those, while any
     _finishes: list[tuple[QueueItem, str, asyncio.Future[bool]]]  # finished deliveries, too
+    # finishes (a state) and let-gos (None) whose rows another transaction held: for the next
+    # finish_and_claim (PostgreSQL)
+    _carried: list[tuple[QueueItem, str | None]]
     _finishes_writer: asyncio.Task[None] | None
     # delivery id -> (when, by time.monotonic, the payload intake parsed)
     _handed_over: dict[str, tuple[float, dict[str, Any]]]
@@ -741,11 +783,19 @@ class QueueMixin:
         the results of what the deliveries ran once; `then` last, given what was claimed:
         their claims of what they will run once). Returns what it claimed, and which
         of `finished` were not recorded (taken over meanwhile)."""
+        # what an earlier call could not record (its rows held by another transaction: see
+        # FINISH_FREE) is tried first; it is not claimed again meanwhile, nor is anything
+        # after it of its issue (which a stop before it is recorded would run after it)
+        carried, self._carried = self._carried, []
+        finished = [*((item, state) for item, state in carried if state is not None),
+                    *finished]
+        let_go = [*(item for item, state in carried if state is None), *let_go]
         if self.retired is not None:  # another process holds this replica's id now
             return [], [item for item, _ in finished]
         at = now  # None: the database's clock (bot.store.db, vm_now)
         me = self.replica_id
         handed = self._handed_over
+        held: list[tuple[QueueItem, str | None]] = []  # rows held elsewhere: carried
 
         async def claim(db: Connection) -> tuple[list[QueueItem], list[QueueItem], bool]:
             """(claimed, superseded, whether another process holds this replica's id)"""
@@ -754,12 +804,24 @@ class QueueMixin:
             if also is not None:
                 await also(db)
             now = time.time()
-            superseded = [item for (item, _), ok in zip(
-                finished, await _finish_all_in(db, self.engine, finished, me, now),
-                strict=True) if not ok]
-            for item in let_go:  # (under the claim it was taken with, as a finish)
-                await db.execute("UPDATE queue SET lease_owner=NULL WHERE id=? AND " + _OURS,
-                                 (item.id, me, item.lease))
+            held.clear()
+            excluding_ids, issues_left = set(excluding), set(excluding_issues)
+            if self.engine == "postgresql":
+                ends = [*finished, *((item, None) for item in let_go)]
+                outcomes = await _finish_free_in(db, ends, me, now)
+                superseded = [item for (item, state), ok in zip(ends, outcomes, strict=True)
+                              if ok is False and state is not None]
+                held.extend(end for end, ok in zip(ends, outcomes, strict=True) if ok is None)
+                excluding_ids.update(item.id for item, _ in held)
+                issues_left.update(key for item, _ in held
+                                   if (key := issue_key(item.payload)) is not None)
+            else:
+                superseded = [item for (item, _), ok in zip(
+                    finished, await _finish_all_in(db, self.engine, finished, me, now),
+                    strict=True) if not ok]
+                for item in let_go:  # (under the claim it was taken with, as a finish)
+                    await db.execute("UPDATE queue SET lease_owner=NULL WHERE id=? AND "
+                                     + _OURS, (item.id, me, item.lease))
             # window after window, taking what one look at every pending row would: whether a
             # row may be taken depends on the rows before it, and one this claim took holds
             # nothing back now (it is this replica's) as it held nothing back before
@@ -769,8 +831,8 @@ class QueueMixin:
             # taken nor held back a later one about its issue, which then ran first)
             claim_at = at
             hold = NO_HOLD
-            if excluding_issues and limit:
-                left: tuple[Any, ...] = (sorted(excluding_issues), sorted(excluding))
+            if issues_left and limit:
+                left: tuple[Any, ...] = (sorted(issues_left), sorted(excluding_ids))
                 if self.engine == "sqlite":
                     left = tuple(json.dumps(ids) for ids in left)
                 found = next(iter(await db.fetchall(FIRST_LEFT, left)), None)
@@ -797,22 +859,22 @@ class QueueMixin:
                     if self.engine == "postgresql":
                         rows.extend(await self._claim_side_by_side(
                             db, at, int(first["id"]), limit - len(rows), left,
-                            excluding_issues, hold, out))
+                            issues_left, hold, out))
                         continue
                     rows.extend(await db.fetchall(
                         "UPDATE queue SET takeovers=takeovers+(CASE WHEN " + _STOPPED_HOLDER
                         + " THEN 1 ELSE 0 END), lease_owner=?, lease_seq=lease_seq+1"
                         " WHERE id IN (" + CLAIM + ") RETURNING *",
                         (me, me, *claim_params(me, claim_at, int(first["id"]),
-                                               limit - len(rows), left, excluding_issues,
+                                               limit - len(rows), left, issues_left,
                                                hold, out))))
 
             # the offices holding their share of the worker first wait for the others' due
             # deliveries, then take the room those leave (one office's backlog is not run
             # before everything another queued after it, and the room is never left idle)
-            await take({*excluding_offices, *sharing}, excluding)
+            await take({*excluding_offices, *sharing}, excluding_ids)
             if sharing and len(rows) < limit:
-                await take(excluding_offices, {*excluding, *(int(r["id"]) for r in rows)})
+                await take(excluding_offices, {*excluding_ids, *(int(r["id"]) for r in rows)})
             rows = await _set_suspects_apart(db, sorted(rows, key=lambda r: int(r["id"])))
             items = [_item(r, kept[1] if (kept := handed.get(r["guid"])) else None)
                      for r in rows]
@@ -821,7 +883,12 @@ class QueueMixin:
             return items, superseded, False
 
         # one trip (SQLite): the worker's one write between batches holds the one writer
-        items, superseded, taken = await self.run_transaction(claim)
+        try:
+            items, superseded, taken = await self.run_transaction(claim)
+        except BaseException:
+            self._carried[:0] = carried
+            raise
+        self._carried.extend(held)
         if taken:
             self.retire()
         for item in items:  # (kept until the claim is committed: else it is parsed again)
@@ -852,6 +919,11 @@ class QueueMixin:
         if not taken:
             return []
         return list(await db.fetchall(TAKE, (me, me, taken)))
+
+    def has_carried(self) -> bool:
+        """Whether finishes or let-gos wait for the next `finish_and_claim` (their rows were
+        held by another transaction)."""
+        return bool(self._carried)
 
     async def release(self) -> None:
         """Let go of this replica's claims on what it did not get to (a batch cut short)."""
@@ -915,12 +987,16 @@ class QueueMixin:
             await asyncio.sleep(0)  # let finishes made together join the first batch
             while self._finishes:
                 batch: list[tuple[QueueItem, str, asyncio.Future[bool]]] = []
-                recorded: list[bool] = []
+                recorded: list[bool | None] = []
                 try:
                     async with self.transaction() as db:
                         batch, self._finishes[:] = self._finishes[:BATCH], self._finishes[BATCH:]
                         now = time.time()
-                        for item, state, _ in batch:
+                        if self.engine == "postgresql":  # (rows held elsewhere: next round)
+                            recorded = await _finish_free_in(
+                                db, [(item, state) for item, state, _ in batch],
+                                self.replica_id, now)
+                        for item, state, _ in batch[len(recorded):]:
                             recorded.append(await _finish_in(db, item, state,
                                                              self.replica_id, now))
                 except Exception as exc:  # the worker retries its store calls
@@ -930,9 +1006,15 @@ class QueueMixin:
                     if not batch:
                         self._finishes.clear()
                     continue
+                again = [finish for finish, ok in zip(batch, recorded, strict=True)
+                         if ok is None]
                 for (_, _, done), ok in zip(batch, recorded, strict=True):
-                    if not done.done():
+                    if ok is not None and not done.done():
                         done.set_result(ok)
+                if again:  # each waits alone, the others answered: a moment, then again
+                    self._finishes[:0] = again
+                    if len(again) == len(self._finishes):
+                        await asyncio.sleep(PARKED_POLL)
         finally:
             self._finishes_writer = None
 
