@@ -455,3 +455,33 @@ async def test_a_result_settled_never_waits_for_another_offices_key(
     async with b.transaction() as db:
         assert await b.settle_in(db, carried) == []
     assert (await b.fetchone("SELECT result FROM idempotency WHERE key='acme:k'"))["result"]
+
+
+@pytest.mark.parametrize("first", ["commits", "rolls back"])
+async def test_a_redelivery_taken_in_by_two_replicas_holds_up_no_other_office(
+        replicas: tuple[str, list[Store]], first: str) -> None:
+    """A redelivered webhook reaches two replicas at once: one's intake of it is not committed
+    yet (paused). The other's batch, acme's redelivery and globex's delivery together, commits
+    globex's at once; acme's waits alone, outside any transaction, and is then recorded once:
+    refused as seen if the first committed, queued if it rolled back (found by review: the
+    batch waited on the uncommitted id, and globex's delivery with it)."""
+    url, (_, b, *_) = replicas
+    high, low = lock_pair("delivery:acme-dup")  # (what its intake holds until it commits)
+    holder, pid = await _row_held(
+        url, f"SELECT pg_advisory_xact_lock({high}, {low}); INSERT INTO deliveries(guid,"
+        " event, received_at) VALUES ('acme-dup', 'issues', 0)")
+    dup = asyncio.create_task(b.enqueue_delivery("acme-dup", "issues", *_delivery(7, 7)))
+    globex = asyncio.create_task(b.enqueue_delivery("globex-9", "issues",
+                                                    *_delivery(9, 9, "globex")))
+    try:
+        await until(lambda: globex.done() or _waiting_inside_transactions(url, pid),
+                    timeout=HANG_GUARD)
+        assert globex.done() and globex.result(), "globex's delivery waited for acme's"
+        assert not dup.done()
+    finally:
+        await (holder.execute("COMMIT") if first == "commits" else holder.close())
+        await asyncio.wait_for(asyncio.gather(dup, globex), HANG_GUARD)
+        await holder.close()
+    assert dup.result() is (first == "rolls back")
+    queued = [r["guid"] for r in await b.fetchall("SELECT guid FROM queue ORDER BY id")]
+    assert queued == (["globex-9", "acme-dup"] if first == "rolls back" else ["globex-9"])

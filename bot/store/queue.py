@@ -136,6 +136,20 @@ class _Arrival:
         return office_of(self.payload, self.key)
 
     @property
+    def parked_as(self) -> str:
+        """What it waits with when parked: its issue's arrivals (in order), else its own."""
+        return self.key if self.key is not None else "\n" + self.guid
+
+    @property
+    def intake_keys(self) -> list[tuple[str, str | None]]:
+        """The keys its intake holds from before its rows are written to commit (PostgreSQL),
+        each with the issue it is of: its issue's (its issue's deliveries numbered in the
+        order they commit) and its delivery id's (two replicas taking one redelivery in never
+        wait on each other's uncommitted row of it)."""
+        own: list[tuple[str, str | None]] = [("delivery:" + self.guid, None)]
+        return own if self.key is None else [("intake:" + self.key, self.key), *own]
+
+    @property
     def action(self) -> str | None:
         action = self.payload.get("action")
         return action if isinstance(action, str) else None
@@ -473,7 +487,7 @@ class QueueMixin:
     # thread on SQLite, added to on the event loop's: each is one step under the GIL)
     _arrivals: deque[_Arrival]
     _arrivals_writer: asyncio.Task[None] | None  # the one task committing them, while any wait
-    # issue -> arrivals about it waiting for another intake of it (PostgreSQL; see _park)
+    # issue (or a lone delivery id) -> arrivals waiting for another intake (PostgreSQL; _park)
     _parked: dict[str, deque[_Arrival]]
     _parked_writer: asyncio.Task[None] | None  # the one task committing those, while any
     _finishes: list[tuple[QueueItem, str, asyncio.Future[bool]]]  # finished deliveries, too
@@ -536,7 +550,7 @@ class QueueMixin:
                 arrival = self._arrivals.popleft()
             except IndexError:
                 break
-            if parked and (key := arrival.key) in parked:
+            if parked and (key := arrival.parked_as) in parked:
                 self._park(key, arrival)
             else:
                 into.append(arrival)
@@ -575,9 +589,9 @@ class QueueMixin:
                 self._answer([a], alone)
 
     def _park(self, key: str, arrival: _Arrival) -> None:
-        """`arrival` is about issue `key`, whose intake key another intake holds (a replica
-        may be paused inside it): it waits for that, with the issue's later arrivals, and the
-        batch it came in with goes on without it (PostgreSQL)."""
+        """One of `arrival`'s intake keys is held by another intake (a replica may be paused
+        inside it): it waits for that, with the later arrivals of its issue (`key`, its
+        `parked_as`), and the batch it came in with goes on without it (PostgreSQL)."""
         self._parked.setdefault(key, deque()).append(arrival)
         if self._parked_writer is None:
             self._parked_writer = asyncio.get_running_loop().create_task(self._commit_parked())
@@ -592,16 +606,22 @@ class QueueMixin:
         its later arrivals come after."""
         parked = self._parked
         waited = False
+        held: set[str] = set()  # the intake keys refused in the last round
         try:
             while parked:
                 groups = {key: list(waiting) for key, waiting in parked.items()}
+                needs = {key: dict(k for a in group for k in a.intake_keys)
+                         for key, group in groups.items()}
 
-                async def insert(db: Connection, groups: dict[str, list[_Arrival]] = groups
+                async def insert(db: Connection, groups: dict[str, list[_Arrival]] = groups,
+                                 needs: dict[str, dict[str, str | None]] = needs
                                  ) -> dict[str, set[_Arrival]]:
                     # (the free ones' keys are held now: taken again at once below)
-                    held = await self._refused(db, sorted(groups))
+                    held.clear()
+                    held.update(await self._refused(db, sorted(
+                        {k: i for keys in needs.values() for k, i in keys.items()}.items())))
                     return {key: await self._insert_arrivals(db, group, wait=True)
-                            for key, group in groups.items() if key not in held}
+                            for key, group in groups.items() if not held & needs[key].keys()}
 
                 try:
                     done = await self.run_transaction(insert)
@@ -620,8 +640,11 @@ class QueueMixin:
                 if not parked or len(done) == len(groups):
                     waited = False
                     continue  # (only what came meanwhile is left: at once)
-                if done or not waited:  # until the oldest one's key is free, or a moment
-                    waited = await self._until_free(next(iter(parked)))
+                # (the oldest group a key refused in this round holds back)
+                refused = next((sorted(held & needs[key].keys()) for key in parked
+                                if key in needs and held & needs[key].keys()), [])
+                if refused and (done or not waited):  # until the oldest one's key is free,
+                    waited = await self._until_free(refused[0])  # or a moment
                 else:  # (free to this release, still held the older releases' way)
                     waited = False
                     await asyncio.sleep(PARKED_POLL)
@@ -629,61 +652,63 @@ class QueueMixin:
             self._parked_writer = None
 
     async def _until_free(self, key: str) -> bool:
-        """Until issue `key`'s intake key is free, PARKED_POLL at most: one statement on a
+        """Until intake key `key` is free, PARKED_POLL at most: one statement on a
         pooled connection, outside any transaction (no writer's turn held, nothing held once
         it returns). True when it was free by then."""
         try:
             await self.fetchone(
                 "SELECT set_config('lock_timeout', ?, true),"
                 " pg_advisory_xact_lock_shared(?::int, ?::int)",
-                (f"{int(PARKED_POLL * 1000)}ms", *lock_pair("intake:" + key)))
+                (f"{int(PARKED_POLL * 1000)}ms", *lock_pair(key)))
         except Exception:  # still held (the wait ran out), or the database is away: the next
             return False  # round tries again, or answers with its error
         return True
 
-    async def _refused(self, db: Connection, keys: list[str]) -> set[str]:
-        """Of issues `keys` (sorted), those whose intake key (or, while an older replica
-        lives, the older releases' issue key) another intake holds; the others' are taken."""
-        pairs = [lock_pair("intake:" + key) for key in keys]
+    async def _refused(self, db: Connection, keys: list[tuple[str, str | None]]) -> set[str]:
+        """Of intake keys `keys` (sorted; each with the issue it is of, if one), those another
+        intake holds (or, for an issue's, while an older replica lives, the older releases'
+        issue key); the others' are taken, without waiting for any."""
+        pairs = [lock_pair(key) for key, _ in keys]
         return {row[0] for row in await db.fetchall(
-            "SELECT k FROM unnest(?::text[], ?::int[], ?::int[]) AS p(k, h, l) WHERE NOT CASE"
-            " WHEN NOT pg_try_advisory_xact_lock(h, l) THEN false WHEN NOT ?::boolean THEN true"
+            "SELECT k FROM unnest(?::text[], ?::int[], ?::int[], ?::text[]) AS p(k, h, l, i)"
+            " WHERE NOT CASE WHEN NOT pg_try_advisory_xact_lock(h, l) THEN false"
+            " WHEN i IS NULL OR NOT ?::boolean THEN true"
             " ELSE (SELECT CASE WHEN o = ANY(?::bigint[]) THEN true"
             " ELSE pg_try_advisory_xact_lock(o) END"
-            " FROM (SELECT hashtextextended('issue:' || k, 0) AS o) x) END",
-            (keys, [h for h, _ in pairs], [lo for _, lo in pairs], db.older_keys, RESERVED))}
+            " FROM (SELECT hashtextextended('issue:' || i, 0) AS o) x) END",
+            ([k for k, _ in keys], [h for h, _ in pairs], [lo for _, lo in pairs],
+             [i for _, i in keys], db.older_keys, RESERVED))}
 
     async def _park_held(self, db: Connection, batch: list[_Arrival]) -> None:
-        """Take the intake key of each issue `batch` is about where it is free (and, while an
-        older replica lives, the older releases' issue key too); take the arrivals about an
-        issue whose key another intake holds out of `batch`, to wait for it on their own: a
-        batch, which mixes offices, never waits for another intake."""
-        keys = sorted({a.key for a in batch if a.key is not None})
-        if not keys:
+        """Take the intake keys of `batch` (each issue's and delivery id's) where they are free
+        (and, while an older replica lives, the older releases' issue key too); take the
+        arrivals one of whose keys another intake holds out of `batch`, with the later ones of
+        their issues, to wait for it on their own: a batch, which mixes offices, never waits
+        for another intake."""
+        if not batch:
             return
-        refused = await self._refused(db, keys)
+        refused = await self._refused(db, sorted({k: i for a in batch
+                                                  for k, i in a.intake_keys}.items()))
         if refused:
-            kept = []
+            kept, parking = [], set()
             for a in batch:
-                key = a.key
-                if key is not None and key in refused:
-                    self._park(key, a)
+                if a.parked_as in parking or any(k in refused for k, _ in a.intake_keys):
+                    parking.add(a.parked_as)
+                    self._park(a.parked_as, a)
                 else:
                     kept.append(a)
             batch[:] = kept
 
     async def _wait_for_intakes(self, db: Connection, batch: list[_Arrival]) -> None:
-        """Take the intake key of each issue `batch` is about, waiting for other intakes of
-        them (before any row is written: nothing is held while waiting)."""
+        """Take the intake keys of `batch` (each issue's and delivery id's), waiting for other
+        intakes of them (before any row is written: nothing is held while waiting)."""
         issues = sorted({a.key for a in batch if a.key is not None})
-        if not issues:
-            return
-        pairs = sorted(lock_pair("intake:" + key) for key in issues)
+        pairs = sorted({lock_pair(key) for a in batch for key, _ in a.intake_keys})
         await db.execute("SELECT pg_advisory_xact_lock(h, l) FROM unnest(?::int[], ?::int[])"
                          " AS p(h, l)", ([h for h, _ in pairs], [lo for _, lo in pairs]))
         # and while an older replica lives, the older releases' issue key, as they take it:
         # in its order (the database's), never as one of the fixed numbers
-        if db.older_keys:
+        if db.older_keys and issues:
             await db.execute("SELECT pg_advisory_xact_lock(h) FROM (SELECT"
                              " hashtextextended(k, 0) AS h FROM (SELECT 'issue:' || k AS k"
                              " FROM unnest(?::text[]) k ORDER BY 1) o) s"
@@ -698,7 +723,8 @@ class QueueMixin:
         if self.engine == "postgresql":
             # each issue's deliveries are numbered in the order they commit: the issue's
             # intake key (which a claim looks at, skipping the issue) is held from before
-            # numbering to commit; another intake's wait for it, never a claim's
+            # numbering to commit; another intake's wait for it, never a claim's (and each
+            # delivery id's, so no intake waits on another's uncommitted row of the id below)
             await (self._wait_for_intakes if wait else self._park_held)(db, batch)
         if not batch:
             return set()
