@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from bot.store import ledger, mails
+from bot.store import ledger, mails, sessions
 from bot.store.db import Store
 from bot.store.locks import lock_pair
 from bot.store.queue import in_order, issue_key
@@ -485,3 +485,23 @@ async def test_a_redelivery_taken_in_by_two_replicas_holds_up_no_other_office(
     assert dup.result() is (first == "rolls back")
     queued = [r["guid"] for r in await b.fetchall("SELECT guid FROM queue ORDER BY id")]
     assert queued == (["globex-9", "acme-dup"] if first == "rolls back" else ["globex-9"])
+
+
+async def test_a_sign_in_never_waits_for_another_offices_sessions(
+        replicas: tuple[str, list[Store]]) -> None:
+    """A sign-in deleted every office's expired console sessions, so globex's sign-in waited
+    for a transaction holding acme's expired session (another sign-in's, or a prune's; found
+    by review). It keeps its own session alone now: pruning deletes the expired ones."""
+    url, (a, b, *_) = replicas
+    await sessions.add_session(a, "old", "human:x", "acme", "x", "gh", "c", 100.0, 200.0)
+    holder, pid = await _row_held(url, "DELETE FROM console_sessions WHERE expires_at < 1000")
+    signing_in = asyncio.create_task(sessions.add_session(
+        b, "new", "human:y", "globex", "y", "gh", "c", 1000.0, 5000.0))
+    try:
+        await until(lambda: signing_in.done() or pg.waiting_behind(url, pid),
+                    timeout=HANG_GUARD)
+        assert signing_in.done(), "globex's sign-in waited for acme's expired session"
+    finally:
+        await holder.close()
+        await asyncio.wait_for(signing_in, HANG_GUARD)
+    assert await sessions.live_session(b, "new", 1001.0) is not None
