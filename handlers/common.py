@@ -64,9 +64,8 @@ class Scene:
         flood of commands costs one reply, not one each."""
         said = text if text is not None else exc.message
         store = self.ctx.services.store
-        quiet_key = f"{self.office.org.lower()}/{self.login}"  # quiet in this office only
-        if self.stranger and not await strangers.may_reply(store, quiet_key,
-                                                           self.ctx.delivery_id):
+        if self.stranger and not await strangers.may_reply(
+                store, self.login, self.ctx.delivery_id, org=self.office.org):
             self.ctx.log.info("refused quietly", extra={"reason": exc.message, "issue": self.ref})
             if not (isinstance(exc, Denied) and exc.ledgered):
                 await ledger.record(store, "run.denied", self.actor, self.ref,

@@ -264,13 +264,16 @@ async def test_a_strangers_quiet_lasts_a_while_then_they_are_told_again(
         embedded: Embedded) -> None:
     store = embedded.services.store
     t0 = 5_000_000.0
-    assert await strangers.may_reply(store, "Troll", "d1", now=t0)
-    assert await strangers.may_reply(store, "troll", "d1", now=t0 + 5)  # its own retry
-    assert not await strangers.may_reply(store, "troll", "d2", now=t0 + 10)
-    assert not await strangers.may_reply(store, "troll", "d3",
+    assert await strangers.may_reply(store, "Troll", "d1", org="acme", now=t0)
+    assert await strangers.may_reply(store, "troll", "d1", org="acme",
+                                     now=t0 + 5)  # its own retry
+    assert not await strangers.may_reply(store, "troll", "d2", org="acme", now=t0 + 10)
+    assert not await strangers.may_reply(store, "troll", "d3", org="acme",
                                          now=t0 + strangers.QUIET_FOR - 1)
-    assert await strangers.may_reply(store, "troll", "d4", now=t0 + strangers.QUIET_FOR + 1)
-    assert not await strangers.may_reply(store, "troll", "d5", now=t0 + strangers.QUIET_FOR + 2)
+    assert await strangers.may_reply(store, "troll", "d4", org="acme",
+                                     now=t0 + strangers.QUIET_FOR + 1)
+    assert not await strangers.may_reply(store, "troll", "d5", org="acme",
+                                         now=t0 + strangers.QUIET_FOR + 2)
 
 
 INBOX = "vaultmail://inbox"

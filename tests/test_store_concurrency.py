@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from bot.store import ledger, mails, sessions
+from bot.store import ledger, mails, sessions, strangers
 from bot.store.db import Store
 from bot.store.locks import lock_pair
 from bot.store.queue import in_order, issue_key
@@ -505,3 +505,29 @@ async def test_a_sign_in_never_waits_for_another_offices_sessions(
         await holder.close()
         await asyncio.wait_for(signing_in, HANG_GUARD)
     assert await sessions.live_session(b, "new", 1001.0) is not None
+
+
+async def test_a_strangers_quiet_in_one_office_holds_up_no_other_office(
+        replicas: tuple[str, list[Store]]) -> None:
+    """A stranger's quiet period is one office's: its lock too (acme's answer to `troll`, not
+    yet committed, holds up no answer of globex's to the same login)."""
+    url, (a, b, *_) = replicas
+    stalled, release = asyncio.Event(), asyncio.Event()
+    holder: list[int] = []
+
+    async def acme_answers() -> None:
+        async with a.transaction(strangers.quiet_key("acme", "troll")) as db:
+            holder.append(int((await db.fetchone("SELECT pg_backend_pid() AS pid"))["pid"]))
+            stalled.set()
+            await release.wait()
+
+    acme = asyncio.create_task(acme_answers())
+    await asyncio.wait_for(stalled.wait(), HANG_GUARD)
+    globex = asyncio.create_task(strangers.may_reply(b, "troll", "d1", org="globex"))
+    try:
+        await until(lambda: globex.done() or pg.waiting_behind(url, holder[0]),
+                    timeout=HANG_GUARD)
+        assert globex.done() and globex.result(), "globex's answer waited for acme's"
+    finally:
+        release.set()
+        await asyncio.wait_for(asyncio.gather(acme, globex), HANG_GUARD)

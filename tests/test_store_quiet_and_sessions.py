@@ -1,6 +1,6 @@
 """Console sessions and strangers' quiet periods, each one office's (review of issue 22): a
 sign-in touches no other office's sessions (expired ones are refused when read and deleted by
-the prune)."""
+the prune), and a stranger refused by one office is still answered by another."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.store import open_store, sessions
+from bot.store import open_store, sessions, strangers
 from bot.store.db import Store
 from bot.store.prune import DAY, prune
 
@@ -35,3 +35,15 @@ async def test_an_expired_session_is_refused_then_pruned(store: Store) -> None:
     assert (await prune(store, now=NOW, keep=7 * DAY))["console_sessions"] == 1
     assert [r["id_hash"] for r in await store.fetchall(
         "SELECT id_hash FROM console_sessions")] == ["new"]
+
+
+async def test_a_stranger_refused_by_one_office_is_still_answered_by_another(
+        store: Store) -> None:
+    """acme's refusal of `troll` quiets troll in acme for QUIET_FOR, not in globex (found by
+    review: the quiet was keyed by the login alone, across every office)."""
+    assert await strangers.may_reply(store, "Troll", "d1", org="acme", now=NOW)
+    assert not await strangers.may_reply(store, "troll", "d2", org="ACME", now=NOW + 1)
+    assert await strangers.may_reply(store, "troll", "d3", org="globex", now=NOW + 2)
+    assert not await strangers.may_reply(store, "troll", "d4", org="globex", now=NOW + 3)
+    assert {r["login"] for r in await store.fetchall("SELECT login FROM stranger_replies")} \
+        == {"acme/troll", "globex/troll"}
