@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
+import base64
 from datetime import UTC, datetime
+from email import message_from_bytes, policy
+from email.message import EmailMessage
 
 import pytest
 
 from bot.email.addresses import BadAddress, mailbox, normalise, principal_of
 from bot.email.auth import Verdicts
-from bot.email.message import BadMessage, parse_inbound, read_meta, render_inbound
+from bot.email.message import (
+    BadMessage,
+    parse_inbound,
+    read_meta,
+    render_inbound,
+)
 from bot.email.outgoing import (
     Outgoing,
+    Unsendable,
     compose,
     mail_of_message_id,
     reply_message_id,
     reply_subject,
     to_wire,
 )
+from bot.mail.markdown import WORD_JOINER
 from bot.office.config import load_office, parse_office
 
 VERDICTS = Verdicts("pass", "example.org", "none", (), "none", "", "example.org")
@@ -106,6 +116,69 @@ def test_an_outgoing_reply_cannot_be_given_another_header_line() -> None:
     assert mail_of_message_id(out.message_id, "mail.acme.example") == \
         "00000000-0000-0000-0000-000000000000"
     assert mail_of_message_id(out.message_id, "other.example") is None
+
+
+# an RFC 2047 encoded-word that decodes to header lines and a body
+_EVIL_WORD = "=?utf-8?b?" + base64.b64encode(
+    b"Prices\r\nX-Injected: yes\r\n\r\nPHISH").decode() + "?="
+_OWN_ID = reply_message_id("0" * 8 + "-0000-0000-0000-" + "0" * 12, "k", "mail.acme.example")
+
+
+def _reply(**fields: object) -> Outgoing:
+    base: dict[str, object] = dict(
+        sender="scout@mail.acme.example", sender_name="scout (acme)", to=("bob@example.org",),
+        cc=(), subject="Re: Prices", message_id=_OWN_ID, in_reply_to="<m1@example.org>",
+        references=("<m1@example.org>",), text="12 EUR", sent=datetime(2026, 12, 4, tzinfo=UTC))
+    return Outgoing(**{**base, **fields})  # type: ignore[arg-type]
+
+
+def _read_back(data: bytes) -> EmailMessage:
+    msg = message_from_bytes(data, policy=policy.default)
+    assert isinstance(msg, EmailMessage)
+    return msg
+
+
+def test_a_stranger_subject_or_id_that_decodes_to_header_lines_stays_one_header_value() -> None:
+    """The email package decodes RFC 2047 encoded-words in a header value it is given, and
+    before Python 3.11.10 (CVE-2024-6923) writes a decoded line break raw (found by review: a
+    stranger's `Subject: =?utf-8?b?...?=` became header lines and a body in the agent's
+    DKIM-signed reply; so did an id like `<=?...?=>` through In-Reply-To and References).
+    A subject is read decoded, once; no header value written can open an encoded-word; an
+    id that is not a plain `<left@right>` is not written."""
+    found = parse_inbound(
+        f"From: bob@example.org\r\nSubject: {_EVIL_WORD}\r\nMessage-ID: <m1@example.org>\r\n"
+        f"References: <m0@example.org> <{_EVIL_WORD}>\r\n\r\nhi\r\n".encode())
+    assert found.subject == "Prices X-Injected: yes PHISH"
+    plain = ["From", "To", "Subject", "Date", "Message-ID", "Auto-Submitted", "Content-Type",
+             "Content-Transfer-Encoding", "MIME-Version"]
+    for subject, in_reply_to, references, headers in [
+            (reply_subject(found.subject), "<m1@example.org>", found.references,
+             plain[:5] + ["In-Reply-To", "References"] + plain[5:]),
+            (f"Re: {_EVIL_WORD}", f"<{_EVIL_WORD}>", (f"<{_EVIL_WORD}@example.org>",), plain),
+            ("Prices\u2028X-Injected: yes", None, (), plain)]:
+        out = _reply(subject=subject, in_reply_to=in_reply_to, references=references)
+        back = _read_back(to_wire(compose(out)))
+        assert list(back.keys()) == headers, subject
+        assert "\n" not in str(back["Subject"]) and back.get_content().strip() == "12 EUR"
+    assert _read_back(to_wire(compose(_reply(references=found.references))))[
+        "References"] == "<m0@example.org>"
+
+
+def test_a_message_that_is_not_written_as_composed_is_refused() -> None:
+    """The last check before a message goes: written and read back, it has the headers it
+    was given, none of them a line break (on a Python that writes a decoded one raw, or one
+    that encodes it); an address or own id the app would not write is refused too."""
+    msg = EmailMessage()
+    msg["Subject"] = _EVIL_WORD  # as compose set it before: the email package decodes it
+    msg.set_content("hi")
+    with pytest.raises(Unsendable):
+        to_wire(msg)
+    for bad in (dict(cc=("carol-@" + WORD_JOINER + "example.net",)),
+                dict(to=(f"{_EVIL_WORD}@example.net",)), dict(message_id=f"<{_EVIL_WORD}>")):
+        with pytest.raises(Unsendable):
+            compose(_reply(**bad))
+    with pytest.raises(BadAddress):
+        normalise(f"{_EVIL_WORD}@example.net")
 
 
 @pytest.mark.parametrize("header", ["From", "To", "Cc"])

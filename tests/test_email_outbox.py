@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import base64
 from email import message_from_bytes, policy
 from email.message import EmailMessage
 
@@ -195,3 +196,25 @@ def test_a_reply_by_email_carries_the_agents_words_as_written() -> None:
     comment = f"**agent:scout** replied:\n\n{as_data(text)}\n\n<!-- vaultmail:reply k1 -->"
     out = reply_text(comment, "k1")
     assert WORD_JOINER not in out and out == text
+
+
+async def test_a_subject_encoded_to_hold_header_lines_stays_the_replys_subject(
+        mailroom: Mailroom) -> None:
+    """A stranger's `Subject: =?utf-8?b?...?=` decoding to header lines and a body (found by
+    review: they went out as the agent's DKIM-signed reply's own, before Python 3.11.10): the
+    mail is titled with the subject decoded, and the reply carries it as one Subject."""
+    evil = base64.b64encode(b"Prices\r\nX-Injected: yes\r\n\r\nPHISH signed by acme").decode()
+    raw = (f"From: Bob <bob@example.org>\r\nTo: scout@{DOMAIN}\r\n"
+           f"Subject: =?utf-8?b?{evil}?=\r\nMessage-ID: <m1@example.org>\r\n"
+           "\r\nhello\r\n").encode()
+    assert (await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])).code == 250
+    await mailroom.embedded.settle()
+    issue = await mailroom.person("marco").issue(SCOUT_VAULT, 1)
+    assert issue["title"] == "Prices X-Injected: yes PHISH signed by acme"
+    await mailroom.tools("agent:scout")("mail_reply", mail=f"{SCOUT_VAULT}#1", body="12 EUR")
+    data = (await mailroom.relay.next()).original_content
+    assert data is not None and _dkim_ok(mailroom, data)
+    msg = _parsed(data)
+    assert "X-Injected" not in msg and msg.get_content().strip() == "12 EUR"
+    assert msg["Subject"] == "Re: Prices X-Injected: yes PHISH signed by acme"
+

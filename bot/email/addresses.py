@@ -10,9 +10,12 @@ from email.utils import getaddresses, parseaddr
 
 from bot.office.config import Agent, Office
 
-# one address as the app accepts it: no spaces, control or quoting characters, one @, a
-# dotted domain; what could add a header line or a Markdown construct is refused here
-_ADDRESS = re.compile(r"^[A-Za-z0-9.!#$%&'*+/=?^_{}~-]{1,64}@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$")
+# one address as the app accepts it: ASCII, no spaces, control or quoting characters, one @,
+# a dotted domain, no `=?` (which the email package would decode as an RFC 2047 encoded-word
+# when the address is written in a header); what could add a header line or a Markdown
+# construct is refused here
+_ADDRESS = re.compile(r"^(?!.*=\?)[A-Za-z0-9.!#$%&'*+/=?^_{}~-]{1,64}"
+                      r"@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$")
 MAX_ADDRESS = 254
 
 

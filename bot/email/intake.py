@@ -404,8 +404,9 @@ class EmailIntake:
         """The message `message_id` on `mail` will never arrive at `recipients`: a note on
         the mail's issue and a mail to its agent, in the thread, once. Ledgered
         `email.bounced` with the recipients (a list) and its `source`: `relay`, what the
-        outbox's relay decided (a 5xx, or the give-up), the only kind that settles a
-        recipient (bot.email.outbox `_settled`); `report`, a delivery report believed."""
+        outbox decided (the relay's 5xx, the give-up, or a message it would not write), the
+        only kind that settles a recipient (bot.email.outbox `_settled`); `report`, a
+        delivery report believed."""
         recipient = ", ".join(recipients)
         sent_by_agent = mail.to_principal.startswith("email:")  # mail_send to an address
         agent = office.agent((mail.from_principal if sent_by_agent

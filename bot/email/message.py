@@ -83,7 +83,20 @@ def _header(msg: Message, name: str) -> str:
         value = msg.get(name)
     except Exception:  # a header the parser cannot decode is as good as absent
         return ""
-    return re.sub(r"[\x00-\x1f\x7f]+", " ", str(value)).strip() if value is not None else ""
+    return _one_line(str(value)) if value is not None else ""
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"[\x00-\x1f\x7f]+", " ", text).strip()
+
+
+def _decoded(text: str) -> str:
+    """`text` with its RFC 2047 encoded-words decoded; as written when they do not decode."""
+    from email.header import decode_header, make_header
+
+    with contextlib.suppress(Exception):
+        return str(make_header(decode_header(text)))
+    return text
 
 
 MAX_HOPS = 99
@@ -223,10 +236,7 @@ def _filename(part: Message) -> str:
     except Exception:
         name = ""
     if name.startswith("=?"):  # an RFC 2047 encoded-word where RFC 2231 belongs (common)
-        from email.header import decode_header, make_header
-
-        with contextlib.suppress(Exception):  # undecodable: the name as written
-            name = str(make_header(decode_header(name)))
+        name = _decoded(name)
     return str(name)
 
 
@@ -298,7 +308,9 @@ def parse_inbound(raw: bytes) -> Inbound:
         sender=sender, sender_name=name if name.lower() != sender else "",
         to=tuple(header_addresses(_header(msg, "To"))),
         cc=tuple(header_addresses(_header(msg, "Cc"))),
-        subject=_header(msg, "Subject"), message_id=message_id,
+        # (decoded here, once, and its decoded line breaks made spaces: written as it came,
+        # the email package decoded it again in the agent's reply; see outgoing.header_text)
+        subject=_one_line(_decoded(_header(msg, "Subject"))), message_id=message_id,
         in_reply_to=message_ids(_header(msg, "In-Reply-To")),
         references=message_ids(_header(msg, "References")),
         automatic=automatic_reason(msg), text=text,

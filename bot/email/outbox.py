@@ -12,8 +12,8 @@ behind it); a 5xx marks the reply bounced and tells the agent by mail.
 Mail an agent sent to an address (`mail_send`, bot.email.sending) goes the same way, from the
 `mail.sent` entry that ledgered it. Each message's fate is ledgered once: `email.sent`, its
 first `email.deferred`, `email.bounced`. A message the relay keeps deferring (or that cannot
-reach it) past `give_up_after` seconds from its first deferral is given up: bounced, its agent
-told.
+reach it) past `give_up_after` seconds from its first deferral is given up: bounced, its
+agent told; one the app will not write (`outgoing.Unsendable`) is bounced at once.
 """
 
 from __future__ import annotations
@@ -313,17 +313,13 @@ class Outbox(Rounds):
         drop the copy."""
         if self.relay is None:
             raise Deferred("no relay: set SMTP_URL to send mail by email")
-        assert office.email is not None
-        domain, message_id = office.email.domain, out.message_id
+        message_id = out.message_id
         parts, bounced = await self._settled(mail, message_id)
         accepted = {r for part in parts for r in part}
         for part in parts:  # an earlier try's, its comment perhaps not written (it failed)
             await self._sent(office, mail, out, note, part, ledgered=True)
         todo = [r for r in out.recipients if r not in accepted and r not in bounced]
-        if todo:
-            data = outgoing.sign(outgoing.to_wire(outgoing.compose(out)), domain=domain,
-                                 private_pem=keys.office_key(self.services.settings.data_dir,
-                                                             office.org))
+        if todo and (data := await self._written(office, mail, out, todo)) is not None:
             answer = await relay.send(self.relay, out.sender, todo, data)
             if answer.accepted:
                 await self._sent(office, mail, out, note, answer.accepted)
@@ -341,6 +337,22 @@ class Outbox(Rounds):
             return {"state": "bounced", "message_id": message_id}
         return {"state": "sent", "message_id": message_id, "to": sent,
                 "bounced": [r for r in out.recipients if r not in accepted]}
+
+    async def _written(self, office: Office, mail: MailRecord, out: outgoing.Outgoing,
+                       todo: list[str]) -> bytes | None:
+        """`out` as it goes to the relay, DKIM-signed; None when the app will not write it
+        (outgoing.Unsendable: an address or id that would not stay one header value), which
+        no retry changes: then bounced to `todo` at once, the agent told why."""
+        assert office.email is not None
+        try:
+            wire = outgoing.to_wire(outgoing.compose(out))
+        except outgoing.Unsendable as exc:
+            await self.intake.report_bounce(office, mail, out.message_id, todo,
+                                            f"the app would not write it: {exc}",
+                                            source="relay")
+            return None
+        return outgoing.sign(wire, domain=office.email.domain, private_pem=keys.office_key(
+            self.services.settings.data_dir, office.org))
 
     async def _sent(self, office: Office, mail: MailRecord, out: outgoing.Outgoing,
                     note: str, to: tuple[str, ...], *, ledgered: bool = False) -> None:

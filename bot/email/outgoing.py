@@ -7,13 +7,14 @@ import hashlib
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from email import policy
+from email import message_from_bytes, policy
 from email.message import EmailMessage
 from email.utils import format_datetime
 
 import dkim
 
-from bot.email.addresses import display
+from bot.email.addresses import BadAddress, display, normalise
+from bot.mail.header import clean_subject
 
 SELECTOR = "vaultmail"
 MAX_REFERENCES = 20
@@ -22,6 +23,15 @@ SIGNED_HEADERS = [b"from", b"to", b"cc", b"subject", b"date", b"message-id", b"i
                   b"references", b"auto-submitted", b"x-vaultmail-hops", b"mime-version",
                   b"content-type"]
 _OWN_ID = re.compile(r"^<vm\.([0-9a-f-]{36})\.([0-9a-f]{16})@([^<>\s]+)>$")
+# a Message-ID as RFC 5322 writes one (`<dot-atom@dot-atom>`, ASCII); `plain_id` also refuses
+# an `=?`, which the email package would decode (see `header_text`)
+_ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]"
+_PLAIN_ID = re.compile(rf"<{_ATEXT}{{1,200}}@{_ATEXT}{{1,200}}>")
+
+
+class Unsendable(ValueError):
+    """A message the app will not write (the message says why): a permanent failure, never a
+    retry (bot.email.outbox bounces it at once)."""
 
 
 def reply_message_id(mail_id: str, key: str, domain: str) -> str:
@@ -44,8 +54,34 @@ def mail_of_message_id(message_id: str, domain: str) -> str | None:
 
 
 def reply_subject(subject: str) -> str:
-    subject = re.sub(r"[\x00-\x1f\x7f]+", " ", subject).strip()
+    subject = header_text(subject)
     return subject if re.match(r"(?i)^re:", subject) else f"Re: {subject}"
+
+
+def header_text(value: str) -> str:
+    """A text header value (a subject, a display name) that is written on one line and reads
+    back as itself: control characters, line separators and runs of spaces become one space
+    (`clean_subject`), and no `=?` is left to open an RFC 2047 encoded-word. Setting a header
+    makes the email package decode encoded-words in the value, and before Python 3.11.10
+    (CVE-2024-6923) it writes a decoded line break raw: a stranger's subject became header
+    lines and a body."""
+    return " ".join(clean_subject(value).split()).replace("=?", "= ?")
+
+
+def plain_id(value: str) -> bool:
+    """Whether `value` is a Message-ID the app writes in a header (`<left@right>`, ASCII, no
+    `=?`); a stranger's other ids still thread inbound mail but are never written."""
+    return _PLAIN_ID.fullmatch(value) is not None and "=?" not in value
+
+
+def _writable(address: str) -> str:
+    """`address`, when it is one the app takes (`normalise`: ASCII, no `=?`), else Unsendable."""
+    try:
+        if normalise(address) == address.lower():
+            return address
+    except BadAddress:
+        pass
+    raise Unsendable(f"{address[:254]!r} is not an address the app can write in a message")
 
 
 @dataclass(frozen=True)
@@ -69,20 +105,26 @@ class Outgoing:
 
 
 def compose(out: Outgoing) -> EmailMessage:
-    """The message; every header value built by the email package from checked parts, so no
-    subject or name can add a header line."""
+    """The message; every header value made of checked parts (addresses the app takes, text
+    through `header_text`, plain Message-IDs: an answered message's other ids are left out),
+    so no subject, name or id can add a header line. Unsendable when a part fails its check."""
+    if not plain_id(out.message_id):
+        raise Unsendable(f"{out.message_id[:254]!r} is not a Message-ID the app writes")
     msg = EmailMessage()
-    msg["From"] = display(out.sender, out.sender_name)
-    msg["To"] = ", ".join(out.to)
-    if out.cc:
-        msg["Cc"] = ", ".join(out.cc)
-    msg["Subject"] = out.subject
-    msg["Date"] = format_datetime(out.sent)
-    msg["Message-ID"] = out.message_id
-    if out.in_reply_to:
-        msg["In-Reply-To"] = out.in_reply_to
-    if out.references:
-        msg["References"] = " ".join(out.references[-MAX_REFERENCES:])
+    try:
+        msg["From"] = display(_writable(out.sender), header_text(out.sender_name))
+        msg["To"] = ", ".join(_writable(a) for a in out.to)
+        if out.cc:
+            msg["Cc"] = ", ".join(_writable(a) for a in out.cc)
+        msg["Subject"] = header_text(out.subject)
+        msg["Date"] = format_datetime(out.sent)
+        msg["Message-ID"] = out.message_id
+        if out.in_reply_to and plain_id(out.in_reply_to):
+            msg["In-Reply-To"] = out.in_reply_to
+        if references := [r for r in out.references if plain_id(r)][-MAX_REFERENCES:]:
+            msg["References"] = " ".join(references)
+    except ValueError as exc:  # the email package refused a value: nothing to retry
+        raise Unsendable(f"the message cannot be written: {exc}") from exc
     if out.automatic:
         msg["Auto-Submitted"] = "auto-replied"
     if out.hops is not None:
@@ -104,5 +146,13 @@ _WIRE = policy.SMTP.clone(max_line_length=998)  # headers folded only past RFC 5
 
 
 def to_wire(msg: EmailMessage) -> bytes:
-    """The message's bytes as SMTP carries them (CRLF)."""
-    return msg.as_bytes(policy=_WIRE)
+    """The message's bytes as SMTP carries them (CRLF). Read back before they go: Unsendable
+    unless they hold the headers `msg` has, in order, none of them decoding to a line break
+    (the last check that no value became a header line or a body of its own)."""
+    data = msg.as_bytes(policy=_WIRE)
+    back = message_from_bytes(data, policy=policy.default)
+    names = [k.lower() for k in msg]
+    if [k.lower() for k in back] != names or any(
+            re.search(r"[\r\n]", str(v)) for v in back.values()):
+        raise Unsendable(f"the message written has other headers than its own {names}")
+    return data
