@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 from datetime import UTC, datetime
 from email import message_from_bytes, policy
 from email.message import EmailMessage
@@ -12,6 +13,8 @@ import pytest
 from bot.email.addresses import BadAddress, mailbox, normalise, principal_of
 from bot.email.auth import Verdicts
 from bot.email.message import (
+    META_PREFIX,
+    Attached,
     BadMessage,
     parse_inbound,
     read_meta,
@@ -26,7 +29,7 @@ from bot.email.outgoing import (
     reply_subject,
     to_wire,
 )
-from bot.mail.markdown import WORD_JOINER
+from bot.mail.markdown import WORD_JOINER, defuse_mentions
 from bot.office.config import load_office, parse_office
 
 VERDICTS = Verdicts("pass", "example.org", "none", (), "none", "", "example.org")
@@ -179,6 +182,31 @@ def test_a_message_that_is_not_written_as_composed_is_refused() -> None:
             compose(_reply(**bad))
     with pytest.raises(BadAddress):
         normalise(f"{_EVIL_WORD}@example.net")
+
+
+def test_mention_defusing_leaves_the_meta_line_as_the_message_had_it() -> None:
+    """The app defuses @mentions over the whole body it posts, meta line included (found by
+    review: `carol-@example.net` in a Cc was kept with a word joiner after its `@`, an address
+    no relay takes, and every later reply of the thread waited behind it). The meta line has
+    no `@` or `&` for it to change; one written before reads back without the joiners."""
+    found = parse_inbound(b"From: bob-@example.org\r\nCc: carol-@example.net\r\n"
+                          b"Message-ID: <m-@example.org>\r\n\r\nhi @carol\r\n")
+    files = (Attached(name="a&#64;b.txt", path="attachments/x/a&#64;b.txt", size=1,
+                      content_type="text/plain", sha="0" * 40),)
+    body = defuse_mentions(render_inbound(found, VERDICTS, attached=files))
+    assert "hi @" + WORD_JOINER + "carol" in body, "the text is still defused"
+    meta = read_meta(body)
+    assert meta is not None
+    assert (meta.sender, meta.cc, meta.message_id) == (
+        "bob-@example.org", ("carol-@example.net",), "<m-@example.org>")
+    assert meta.attachments[0].name == "a&#64;b.txt"
+    legacy = defuse_mentions(META_PREFIX + json.dumps(
+        {"message_id": "<m-@example.org>", "from": "bob-@example.org",
+         "cc": ["carol-@example.net"], "references": ["<r-@example.org>"]}) + " -->")
+    assert WORD_JOINER in legacy
+    old = read_meta(legacy)
+    assert old is not None and (old.sender, old.cc, old.message_id, old.references) == (
+        "bob-@example.org", ("carol-@example.net",), "<m-@example.org>", ("<r-@example.org>",))
 
 
 @pytest.mark.parametrize("header", ["From", "To", "Cc"])

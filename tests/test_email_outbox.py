@@ -11,6 +11,7 @@ from email.message import EmailMessage
 import dkim
 
 from bot.email import keys
+from bot.email.gateway import GATEWAY_KEY
 from bot.store import ledger, mails
 from tests.support import label_names
 from tests.test_email_support import DOMAIN, Mailroom, delivered, mailroom, message, send, wire
@@ -218,3 +219,29 @@ async def test_a_subject_encoded_to_hold_header_lines_stays_the_replys_subject(
     assert "X-Injected" not in msg and msg.get_content().strip() == "12 EUR"
     assert msg["Subject"] == "Re: Prices X-Injected: yes PHISH signed by acme"
 
+
+async def test_an_address_ending_in_a_dash_gets_every_reply_of_its_thread(
+        mailroom: Mailroom) -> None:
+    """`carol-@example.net` in a Cc (found by review): mention-defusing over the mail's
+    body put a word joiner after its `@` in the meta line, the relay could not be given that
+    address, and the reply and every later one of the thread waited forever. Each reply
+    reaches her; and an answer naming a message id of that shape finds its thread."""
+    await _first_mail(mailroom, Cc="carol-@example.net")
+    scout = mailroom.tools("agent:scout")
+    for text in ("first", "second"):
+        await scout("mail_reply", mail=f"{SCOUT_VAULT}#1", body=text)
+        envelope = await mailroom.relay.next()
+        assert sorted(envelope.rcpt_tos) == ["bob@example.org", "carol-@example.net"]
+        assert _parsed(envelope.original_content or b"")["Cc"] == "carol-@example.net"
+    assert await mailroom.outbox_settled() == 0
+    outbox = mailroom.embedded.runner.app[GATEWAY_KEY].outbox
+    assert outbox is not None and await outbox.retrying("acme") == []
+
+    odd = wire(message("Dan <dan-@example.org>", f"scout@{DOMAIN}", "Rates", "EU rates?",
+                       Message_ID="<r-@example.org>"))
+    assert f"{SCOUT_VAULT}#2" in await delivered(
+        mailroom, await send(mailroom.port, odd, rcpts=[f"scout@{DOMAIN}"]))
+    answer = wire(message("erin@example.org", f"scout@{DOMAIN}", "Re: Rates", "Me too.",
+                          Message_ID="<r2@example.org>", In_Reply_To="<r-@example.org>"))
+    assert f"{SCOUT_VAULT}#2" in await delivered(
+        mailroom, await send(mailroom.port, answer, rcpts=[f"scout@{DOMAIN}"]))

@@ -533,3 +533,40 @@ async def test_a_recipient_deferred_past_the_give_up_time_bounces_alone(
     [told] = [m for m in await mails.all_mails(store) if m.subject.startswith("Undelivered")]
     assert "carol@example.net" in told.body and "bob@example.org" not in told.body
     assert await outbox.retrying("acme") == []
+
+
+async def test_a_message_that_keeps_failing_past_the_give_up_time_bounces_and_frees_its_thread(
+        mailroom: Mailroom) -> None:
+    """Any failure that keeps a message from going, not only the relay deferring it, is given
+    up past the give-up time as a bounce the agent is told of (found by review: anything
+    else, such as an address smtplib could not encode, was tried again forever, and every
+    later message of the thread waited behind it). Here the office's DKIM key cannot be read
+    as a key while the first reply is tried; the thread's next reply goes once it can."""
+    from bot.email import keys
+
+    raw = wire(message("Bob <bob@example.org>", f"scout@{DOMAIN}", "Prices", "EU prices?",
+                       Message_ID="<m1@example.org>"))
+    assert (await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])).code == 250
+    await mailroom.embedded.settle()
+    path = keys.key_path(mailroom.embedded.data_dir, "acme")
+    good = keys.office_key(mailroom.embedded.data_dir, "acme")
+    outbox = mailroom.embedded.runner.app[GATEWAY_KEY].outbox
+    assert outbox is not None
+    outbox.give_up_after = 0.0  # the first failure is past it
+    path.write_bytes(b"not a key")
+    scout = mailroom.tools("agent:scout")
+    await scout("mail_reply", mail=f"{SCOUT_VAULT}#1", body="Soon.")
+    await mailroom.outbox_settled()
+    await mailroom.embedded.settle()
+    path.write_bytes(good)
+    assert await outbox.retrying("acme") == [], "nothing left to try forever"
+    [bounced] = await _events(mailroom, "email.bounced")
+    assert "kept failing" in bounced.data["why"] and bounced.data["recipient"] == \
+        "bob@example.org"
+    store = mailroom.embedded.services.store
+    [told] = [m for m in await mails.all_mails(store) if m.subject.startswith("Undelivered")]
+    assert told.to_principal == "agent:scout" and "kept failing" in told.body
+    await scout("mail_reply", mail=f"{SCOUT_VAULT}#1", body="Here it is.")
+    envelope = await mailroom.relay.next()
+    assert b"Here it is." in (envelope.original_content or b"")
+    assert mailroom.relay.received.empty()

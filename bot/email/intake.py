@@ -315,9 +315,11 @@ class EmailIntake:
                         or sent_by(found, box.agent.principal)):
                     return found
                 continue
+            # (the id as the mail's table shows it: mention-defused, as the app posts it)
             for candidate in await mails.find_mails(store, org=office.org,
                                                     state=None, agent=box.agent.principal,
-                                                    text=ref.strip("<>"), limit=5):
+                                                    text=defuse_mentions(ref).strip("<>"),
+                                                    limit=5):
                 # (a mail made of a message: its meta line is the app's; anyone opening an
                 # issue in the vault could write one in theirs)
                 meta = read_meta(candidate.body) if candidate.from_principal.startswith(

@@ -29,7 +29,7 @@ from typing import Any
 
 from bot.email.addresses import header_address, header_addresses
 from bot.email.auth import Verdicts
-from bot.mail.markdown import disarm_markers
+from bot.mail.markdown import as_written, disarm_markers
 
 MAX_TEXT = 50_000  # characters of a message's text kept in the mail (the forge's limit is 65,536)
 _MSGID = re.compile(r"<[^<>\s]{1,250}>")
@@ -362,9 +362,12 @@ class EmailMeta:
             data["attachments"] = [a.as_json() for a in self.attachments]
         if self.hops is not None:
             data["hops"] = self.hops
-        # nothing in it can close the comment or start another
+        # nothing in it can close the comment or start another; no `@` or `&` in it for
+        # mention-defusing (bot.mail.markdown), run over the whole body it opens, to change:
+        # it made `carol-@example.net` an address no relay takes
         return json.dumps(data, sort_keys=True, separators=(",", ":")).replace(
-            "<", "\\u003c").replace(">", "\\u003e").replace("--", "-\\u002d")
+            "<", "\\u003c").replace(">", "\\u003e").replace("--", "-\\u002d").replace(
+            "@", "\\u0040").replace("&", "\\u0026")
 
 
 def meta_json(body: str) -> str | None:
@@ -392,12 +395,16 @@ def read_meta(body: str) -> EmailMeta | None:
     found = meta_json(body)
     if found is None:
         return None
+    # (a meta line written before `as_json` escaped `@` may carry mention-defusing's word
+    # joiners in its ids and addresses: taken off, as the message had them)
     try:
         data = json.loads(found)
-        return EmailMeta(message_id=str(data["message_id"]), sender=str(data["from"]),
-                         references=tuple(str(r) for r in data.get("references", [])),
-                         to=tuple(str(t) for t in data.get("to", [])),
-                         cc=tuple(str(c) for c in data.get("cc", [])),
+        return EmailMeta(message_id=as_written(str(data["message_id"])),
+                         sender=as_written(str(data["from"])),
+                         references=tuple(as_written(str(r))
+                                          for r in data.get("references", [])),
+                         to=tuple(as_written(str(t)) for t in data.get("to", [])),
+                         cc=tuple(as_written(str(c)) for c in data.get("cc", [])),
                          verdicts=dict(data.get("verdicts") or {}),
                          automatic=data.get("automatic"),
                          hops=data["hops"] if isinstance(data.get("hops"), int) else None,

@@ -12,8 +12,9 @@ behind it); a 5xx marks the reply bounced and tells the agent by mail.
 Mail an agent sent to an address (`mail_send`, bot.email.sending) goes the same way, from the
 `mail.sent` entry that ledgered it. Each message's fate is ledgered once: `email.sent`, its
 first `email.deferred`, `email.bounced`. A message the relay keeps deferring (or that cannot
-reach it) past `give_up_after` seconds from its first deferral is given up: bounced, its
-agent told; one the app will not write (`outgoing.Unsendable`) is bounced at once.
+reach it, or that fails for any other reason) past `give_up_after` seconds from its first
+deferral is given up: bounced, its agent told; one the app will not write
+(`outgoing.Unsendable`) is bounced at once.
 """
 
 from __future__ import annotations
@@ -235,18 +236,25 @@ class Outbox(Rounds):
             message_id)
         try:
             result = await self.services.store.once(scope, message_id, fingerprint, work)
-        except Deferred as deferred:
-            detail, waiting = str(deferred), deferred.recipients
+        except Exception as exc:
+            # the relay deferring it, or anything else that kept it from going (a key that
+            # cannot be read, a forge that keeps failing): tried again, and given up past
+            # give_up_after like a deferral, so the thread's later messages queue behind it
+            # for that long, never forever
+            deferred = exc if isinstance(exc, Deferred) else None
+            detail = str(exc) if deferred else f"sending it failed: {exc!r}"
+            waiting = deferred.recipients if deferred else ()
             first = await self._deferred(office, mail, message_id, detail, waiting,
-                                         whole=deferred.whole)
+                                         whole=deferred.whole if deferred else True)
             if time.time() - first < self.give_up_after:
                 raise
 
             async def give_up() -> idempotency.Result:
                 # the recipients still deferred (the ones the relay took are sent; the ones
                 # it refused for good were bounced when it did)
-                why = (f"the relay kept deferring it for {self.give_up_after:,.0f} seconds "
-                       f"and the app gave up: {detail}")
+                kept = "the relay kept deferring it" if deferred else "it kept failing"
+                why = (f"{kept} for {self.give_up_after:,.0f} seconds and the app gave up: "
+                       f"{detail}")
                 whom = list(waiting) or [address_of(mail.to_principal)
                                          or address_of(mail.from_principal) or ""]
                 await self.intake.report_bounce(office, mail, message_id, whom, why,
