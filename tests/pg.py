@@ -16,7 +16,6 @@ import itertools
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+
+from tests.support import free_port
 
 USER = "vaultmail-pg"  # the system user a root-started cluster runs as
 SUPERUSER = "vaultmail"
@@ -56,12 +57,6 @@ def _as_user() -> list[str]:
     except KeyError:
         subprocess.run(["useradd", "--system", "--no-create-home", USER], check=True)
     return ["runuser", "-u", USER, "--"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pid_alive(pid: int) -> bool:
@@ -114,7 +109,7 @@ def cluster_url() -> str:
     home = Path(tempfile.mkdtemp(prefix=f"vaultmail-pg-{os.getpid()}-"))
     if prefix:
         shutil.chown(home, user=USER)
-    data, port = home / "data", _free_port()
+    data, port = home / "data", free_port()
     subprocess.run([*prefix, str(pg / "initdb"), "-D", str(data), "-U", SUPERUSER,
                     "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8"],
                    check=True, stdout=subprocess.DEVNULL)

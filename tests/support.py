@@ -10,8 +10,10 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import os
+import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -243,3 +245,42 @@ async def served(app: web.Application) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+
+
+def port_share(worker: str = "", workers: int = 1) -> range:
+    """The ports this test process may hand out (`free_port`): below the kernel's ephemeral
+    range, where bind(0) and outgoing connections take theirs (or above it, where that leaves
+    more), split evenly among pytest-xdist's workers `gw0`, `gw1`, ... ("" alone: the whole)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    ports = max(range(10000, low), range(high + 1, 65536), key=len)
+    n = int(worker.removeprefix("gw") or 0)
+    return ports[n * len(ports) // workers:(n + 1) * len(ports) // workers]
+
+
+def _in_share() -> Iterator[int]:
+    share = port_share(os.environ.get("PYTEST_XDIST_WORKER", ""),
+                       int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    start = os.getpid() % len(share)  # (another test run beside this one starts elsewhere)
+    for i in range(len(share)):
+        yield share[(start + i) % len(share)]
+
+
+_ports = _in_share()
+
+
+def free_port() -> int:
+    """A port for a server a test starts later on it (a subprocess given `--port`): free now,
+    and handed to no one else meanwhile: not twice in this process, not by another xdist worker
+    (another share), not by the kernel to a bind(0) or an outgoing connection (outside its
+    ephemeral range). Nothing listens there until the test starts its server: a closed port."""
+    for port in _ports:
+        with socket.socket() as s:
+            try:  # on every address, as a server on 0.0.0.0 would
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue  # someone else's (or lingering in TIME_WAIT)
+        return port
+    raise RuntimeError("every port of this test process's share was handed out")

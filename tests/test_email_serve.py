@@ -19,18 +19,12 @@ from bot.office.config import load_office
 from bot.office.seed import office_yaml, seed_office
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
 from localforge import LocalForge
-from tests.support import until
+from tests.support import free_port, until
 from tests.test_email_support import DOMAIN, message, send, wire
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_serve_with_an_smtp_port_turns_a_message_into_mail(tmp_path: Path) -> None:
-    forge_port, app_port = _free_port(), _free_port()
+    forge_port, app_port = free_port(), free_port()
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption()).decode()
@@ -92,7 +86,7 @@ async def test_serve_with_its_smtp_port_in_use_fails_at_once(tmp_path: Path) -> 
                 "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "APP_ID": "1",
                 "PRIVATE_KEY": "-----BEGIN PRIVATE KEY-----\\nx\\n-----END PRIVATE KEY-----",
                 "WEBHOOK_SECRET": "s", "GITHUB_API_URL": "http://127.0.0.1:9",
-                "HOST": "127.0.0.1", "PORT": str(_free_port()),
+                "HOST": "127.0.0.1", "PORT": str(free_port()),
                 "VAULTMAIL_DATA": str(tmp_path / "data")},
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         _, err = await asyncio.wait_for(proc.communicate(), 60)

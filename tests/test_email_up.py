@@ -14,20 +14,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.support import until
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support import free_port, until
 
 
 async def test_up_prints_its_smtp_port_and_an_example_that_mails_scout(tmp_path: Path) -> None:
-    smtp_port = _free_port()
+    smtp_port = free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot.cli.main", "up", "--data", str(tmp_path), "--port",
-        str(_free_port()), "--forge-port", str(_free_port()), "--smtp-port", str(smtp_port),
+        str(free_port()), "--forge-port", str(free_port()), "--smtp-port", str(smtp_port),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
     assert proc.stdout is not None
     try:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,15 +17,10 @@ import pytest
 
 from localforge import LocalForge
 from tests.deployed import deploy
+from tests.support import free_port
 
 VAULT = "acme/scout-vault"
 VAULTMAIL = str(Path(sys.executable).parent / "vaultmail")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class App:
@@ -61,7 +55,7 @@ class App:
 
 @pytest.fixture
 async def deployed(tmp_path: Path) -> AsyncIterator[tuple[LocalForge, App, dict[str, str]]]:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     deployed = await deploy(f"{url}/webhook")
     forge, tokens = deployed.forge, deployed.tokens

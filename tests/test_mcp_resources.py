@@ -31,6 +31,7 @@ from bot.app.embedded import Embedded, start_embedded
 from bot.app.settings import SettingsError, parse_origins
 from bot.store import api_tokens
 from tests.items_support import MARCO, SCOUT, make_item
+from tests.support import free_port
 from tests.test_mcp import ROOT, _stdio_params
 
 BUILDER = "agent:builder"
@@ -308,9 +309,7 @@ async def test_vaultmail_mcp_fails_at_start_when_it_cannot_work(embedded: Embedd
     gone = await api_tokens.create_token(embedded.services.store, SCOUT)
     await api_tokens.revoke_token(embedded.services.store,
                                   (await api_tokens.list_tokens(embedded.services.store))[-1].id)
-    with __import__("socket").socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     for argv, why in ((["--token", gone, "--app", embedded.app_url], "refused the API token"),
                       (["--token", "vm_x", "--app", closed], "cannot reach the vaultmail app")):
         code, out, err = await _mcp(*argv)

@@ -19,11 +19,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.app.replicas import Replica, free_port
+from bot.app.replicas import Replica
 from bot.store import ledger, open_store
 from localforge import LocalForge
 from tests import pg
 from tests.deployed import deploy
+from tests.support import free_port
 
 SCOUT, BUILDER = "acme/scout-vault", "acme/builder-vault"
 SENDS, BY_HAND, REPLIES = 30, 6, 6

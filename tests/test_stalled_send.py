@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.app.replicas import Replica, free_port
+from bot.app.replicas import Replica
 from bot.store import idempotency, ledger, open_store
 from bot.store.db import Store
 from bot.store.queue import DEAD_AFTER
@@ -26,6 +26,7 @@ from localforge import LocalForge
 from tests import pg
 from tests.deployed import deploy
 from tests.harness.runner import vaultmail
+from tests.support import free_port
 
 SCOUT = "acme/scout-vault"
 CREATE = "POST /repos/{owner}/{repo}/issues"

@@ -11,11 +11,7 @@ from pathlib import Path
 
 import aiohttp
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support import free_port
 
 
 async def _up(data: Path, port: int, forge_port: int) -> tuple[asyncio.subprocess.Process, str]:
@@ -34,7 +30,7 @@ async def _stop(proc: asyncio.subprocess.Process) -> int:
 
 
 async def test_up_serves_writes_tokens_and_continues_after_a_restart(tmp_path: Path) -> None:
-    port, forge_port = _free_port(), _free_port()
+    port, forge_port = free_port(), free_port()
     proc, line = await _up(tmp_path, port, forge_port)
     try:
         assert "ready" in line
@@ -76,7 +72,7 @@ async def test_up_serves_writes_tokens_and_continues_after_a_restart(tmp_path: P
 async def test_serve_without_configuration_says_what_is_missing(tmp_path: Path) -> None:
     """As Probot does: instead of exiting, it serves the registration page on its port and
     says in one line what is missing and where to go (tests/app/test_register.py goes on)."""
-    port = _free_port()
+    port = free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot.cli.main", "serve", stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE, cwd=tmp_path,
@@ -103,7 +99,7 @@ async def test_up_with_replicas_runs_them_on_one_postgresql_and_spreads_the_webh
     from tests import pg
 
     url = await pg.fresh_database()
-    port, forge_port = _free_port(), _free_port()
+    port, forge_port = free_port(), free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot.cli.main", "up", "--data", str(tmp_path), "--port",
         str(port), "--forge-port", str(forge_port), "--replicas", "3", "--database-url", url,
@@ -154,12 +150,12 @@ async def test_a_second_process_on_one_sqlite_data_directory_exits_saying_why(
         tmp_path: Path) -> None:
     """A deploy that starts the new process before the old has exited, or two pods on one
     volume: the second says so in one line and exits 2; the first goes on (issue 27)."""
-    proc, line = await _up(tmp_path, _free_port(), _free_port())
+    proc, line = await _up(tmp_path, free_port(), free_port())
     try:
         assert "ready" in line
         second = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bot.cli.main", "up", "--data", str(tmp_path), "--port",
-            str(_free_port()), "--forge-port", str(_free_port()),
+            str(free_port()), "--forge-port", str(free_port()),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await asyncio.wait_for(second.communicate(), 60)
         assert second.returncode == 2, (out.decode(), err.decode())
@@ -184,7 +180,7 @@ async def test_up_with_a_port_in_use_says_which_in_one_line_and_exits_2(
                                    ("--forge-port", "--port", "for the local forge")):
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "bot.cli.main", "up", "--data", str(tmp_path / flag),
-                flag, busy, other, str(_free_port()), stdout=asyncio.subprocess.PIPE,
+                flag, busy, other, str(free_port()), stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE)
             out, err = await asyncio.wait_for(proc.communicate(), 60)
             assert proc.returncode == 2, (out.decode(), err.decode())
@@ -198,7 +194,7 @@ async def test_up_bound_to_every_interface_prints_links_one_can_open(tmp_path: P
     this machine reaches it."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot.cli.main", "up", "--data", str(tmp_path), "--host",
-        "0.0.0.0", "--port", str(_free_port()), "--forge-port", str(_free_port()),
+        "0.0.0.0", "--port", str(free_port()), "--forge-port", str(free_port()),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
     assert proc.stdout is not None
     try:

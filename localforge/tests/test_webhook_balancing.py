@@ -86,13 +86,14 @@ async def test_a_replica_that_is_down_is_passed_over(world: World,
 
 async def test_with_every_replica_down_the_delivery_fails_as_it_would_unbalanced(
         world: World) -> None:
-    closed = []
-    for _ in range(2):
-        with socket.socket() as s:
+    # two ports held (bound, not listening: a connection is refused) until the delivery is
+    # tried: let go before, another test's server could be given one
+    with socket.socket() as a, socket.socket() as b:
+        for s in (a, b):
             s.bind(("127.0.0.1", 0))
-            closed.append(f"http://127.0.0.1:{s.getsockname()[1]}/webhook")
-    world.forge.balance(world.hooks.url, closed)
-    await _open(world, 1)
+        world.forge.balance(world.hooks.url, [f"http://127.0.0.1:{s.getsockname()[1]}/webhook"
+                                              for s in (a, b)])
+        await _open(world, 1)
     (delivery,) = _issue_deliveries(world)
     assert delivery.status.startswith("failed to connect") and delivery.status_code == 0
     world.forge.balance(world.hooks.url, [])  # no balancer: the address itself again

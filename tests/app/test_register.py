@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import socket
 import stat
 import sys
 from collections.abc import AsyncIterator
@@ -30,6 +29,7 @@ from bot.office.config import load_office
 from bot.office.seed import seed_office
 from localforge import LocalForge
 from localforge.github.routes_manifest import check_manifest
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 GLOBEX = """
@@ -48,12 +48,6 @@ agents:
 DOCUMENTED = {"name", "url", "hook_attributes", "redirect_url", "callback_urls", "setup_url",
               "description", "public", "default_events", "default_permissions",
               "request_oauth_on_install", "setup_on_update"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class _Form(HTMLParser):
@@ -218,7 +212,7 @@ def _env_file(path: Path) -> dict[str, str]:
 async def test_register_install_on_two_orgs_serve_and_mail_in_both(
         forge: LocalForge, session: aiohttp.ClientSession, tmp_path: Path) -> None:
     admin = forge.user_token("admin")
-    reg_port, app_port = _free_port(), _free_port()
+    reg_port, app_port = free_port(), free_port()
     app_url = f"http://127.0.0.1:{app_port}"
     data = tmp_path / "data"
     env_path = tmp_path / ".env"
@@ -321,7 +315,7 @@ async def test_register_install_on_two_orgs_serve_and_mail_in_both(
 
 async def test_serve_without_credentials_offers_the_setup_page_then_serves(
         forge: LocalForge, session: aiohttp.ClientSession, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     serve = await _cli("serve", cwd=tmp_path, env={
         "HOST": "127.0.0.1", "PORT": str(port), "VAULTMAIL_DATA": str(tmp_path / "data"),
@@ -360,7 +354,7 @@ async def test_a_stranger_cannot_register_the_deployment_as_their_own_app(
     form only with the key it printed, and a return from the forge counts only in the browser
     that opened it. Before, anyone who reached /setup first registered their own App (their
     webhook URL, their private keys), and the deployment carried on as it."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     serve = await _cli("serve", cwd=tmp_path, env={
         "HOST": "127.0.0.1", "PORT": str(port), "VAULTMAIL_DATA": str(tmp_path / "data"),
@@ -393,7 +387,7 @@ async def test_a_stranger_cannot_register_the_deployment_as_their_own_app(
 
 async def test_the_callback_checks_state_and_says_what_to_do_with_a_bad_code(
         forge: LocalForge, session: aiohttp.ClientSession, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     register = await _cli("register", "--forge", forge.url, "--url", "http://127.0.0.1:9",
                           "--port", str(port), "--env-file", str(tmp_path / ".env"),
                           cwd=tmp_path)

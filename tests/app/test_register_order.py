@@ -17,7 +17,6 @@ from bot.office.seed import seed_office
 from localforge import LocalForge
 from tests.app.test_register import (
     _cli,
-    _free_port,
     _install,
     _line,
     _parse,
@@ -27,6 +26,7 @@ from tests.app.test_register import (
     _text,
     _until_serving,
 )
+from tests.support import free_port
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ async def forge() -> AsyncIterator[LocalForge]:
 async def test_the_steps_register_prints_work_in_the_order_it_prints_them(
         forge: LocalForge, tmp_path: Path) -> None:
     admin = forge.user_token("admin")
-    reg_port, app_port = _free_port(), _free_port()
+    reg_port, app_port = free_port(), free_port()
     app_url = f"http://127.0.0.1:{app_port}"
     env_path = tmp_path / ".env"
     env_path.write_text(f"HOST=127.0.0.1\nPORT={app_port}\nVAULTMAIL_DATA={tmp_path / 'data'}\n")

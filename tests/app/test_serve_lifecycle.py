@@ -24,14 +24,9 @@ from bot.office.config import load_office
 from bot.office.seed import seed_office
 from bot.store import open_store
 from localforge import LocalForge
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _key_pair() -> tuple[str, str]:
@@ -78,7 +73,7 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 
 async def test_serve_starts_while_the_forge_is_unreachable_and_becomes_ready_once_it_answers(
         tmp_path: Path, session: aiohttp.ClientSession) -> None:
-    forge_port, app_port = _free_port(), _free_port()
+    forge_port, app_port = free_port(), free_port()
     app_url = f"http://127.0.0.1:{app_port}"
     private, public = _key_pair()
     secret = "whsec-test"
@@ -140,7 +135,7 @@ async def test_a_port_in_use_fails_start_up_at_once_with_a_clear_message(
 
 async def test_sigterm_answers_long_polls_at_once_and_exits_0(
         tmp_path: Path, session: aiohttp.ClientSession) -> None:
-    port, forge_port = _free_port(), _free_port()
+    port, forge_port = free_port(), free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot.cli.main", "up", "--data", str(tmp_path), "--port",
         str(port), "--forge-port", str(forge_port), stdout=asyncio.subprocess.PIPE,
@@ -178,7 +173,7 @@ class _Office:
 
     def __init__(self, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
-        self.app_port, forge_port = _free_port(), _free_port()
+        self.app_port, forge_port = free_port(), free_port()
         self.app_url = f"http://127.0.0.1:{self.app_port}"
         private, public = _key_pair()
         self.forge = LocalForge()

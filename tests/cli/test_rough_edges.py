@@ -20,15 +20,10 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from bot.app.embedded import Embedded
 from tests.items_support import MARCO, SCOUT, make_item
+from tests.support import free_port
 from tests.test_cli_tools import vaultmail
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _cli(*argv: str, cwd: Path, env: dict[str, str],
@@ -72,7 +67,7 @@ async def test_up_without_data_leaves_nothing_in_the_temp_directory(tmp_path: Pa
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {"TMPDIR": str(tmp)}
-    proc = await _cli("up", "--port", str(_free_port()), "--forge-port", str(_free_port()),
+    proc = await _cli("up", "--port", str(free_port()), "--forge-port", str(free_port()),
                       cwd=tmp_path, env=env)
     assert proc.stdout is not None
     try:
@@ -91,7 +86,7 @@ async def test_up_without_data_leaves_nothing_in_the_temp_directory(tmp_path: Pa
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         code, _, err = await _run("up", "--port", str(busy.getsockname()[1]),
-                                  "--forge-port", str(_free_port()), cwd=tmp_path, env=env)
+                                  "--forge-port", str(free_port()), cwd=tmp_path, env=env)
     assert code == 2 and "Traceback" not in err, err
     assert list(tmp.iterdir()) == []
 
@@ -116,7 +111,7 @@ async def _serve_refuses(tmp_path: Path, env: dict[str, str], dot_env: str = "")
     """`vaultmail serve` with these settings: exit 2, one line, no traceback; the line."""
     (tmp_path / ".env").write_text(dot_env)
     code, out, err = await _run("serve", cwd=tmp_path, env={"HOST": "127.0.0.1",
-                                                            "PORT": str(_free_port()), **env})
+                                                            "PORT": str(free_port()), **env})
     assert code == 2, (code, out, err)
     lines = [x for x in err.splitlines() if x.strip()]
     assert len(lines) == 1 and "Traceback" not in err, err
@@ -217,9 +212,9 @@ async def test_start_up_failures_name_the_port_or_file_and_what_to_do(tmp_path: 
         port = busy.getsockname()[1]
         runs = {
             "forge port": (["forge", "--port", str(port)], [f"127.0.0.1:{port}", "--port"]),
-            "up office": (["up", "--office", str(nope), "--port", str(_free_port()),
-                           "--forge-port", str(_free_port())], ["--office", str(nope)]),
-            "forge seed": (["forge", "--seed", str(nope), "--port", str(_free_port())],
+            "up office": (["up", "--office", str(nope), "--port", str(free_port()),
+                           "--forge-port", str(free_port())], ["--office", str(nope)]),
+            "forge seed": (["forge", "--seed", str(nope), "--port", str(free_port())],
                            ["--seed", str(nope)]),
         }
         for what, (argv, named) in runs.items():

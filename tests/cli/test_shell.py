@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +15,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from bot.app.embedded import Embedded
+from tests.support import free_port
 from tests.test_cli_tools import vaultmail
 
 SCOUT_VAULT = "acme/scout-vault"
-
-
-def _closed_port() -> int:
-    """A loopback port nothing listens on (bound, then let go)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 def _one_line(code: int, err: str, expect: int = 2) -> str:
@@ -56,7 +48,7 @@ TOOL_COMMANDS = [["send", "scout", "Hi", "text"], ["open", "acme/scout-vault#1"]
 
 
 async def test_an_app_that_is_not_there_is_one_line_for_every_command_that_calls_it() -> None:
-    app = f"http://127.0.0.1:{_closed_port()}"
+    app = f"http://127.0.0.1:{free_port()}"
     runs = await asyncio.gather(*(vaultmail(*argv, "--token", "vm_nobody", "--app", app,
                                             "--json", stdin="") for argv in TOOL_COMMANDS))
     for argv, (code, out, err) in zip(TOOL_COMMANDS, runs, strict=True):
@@ -79,13 +71,13 @@ def _office_dir(tmp: Path, forge_url: str) -> Path:
     (data / "app.json").write_text(json.dumps({
         "app_id": 1, "installation_id": 11, "webhook_secret": "s", "private_key_pem": pem}))
     (data / "tokens.json").write_text(json.dumps({
-        "forge_url": forge_url, "app_url": f"http://127.0.0.1:{_closed_port()}",
+        "forge_url": forge_url, "app_url": f"http://127.0.0.1:{free_port()}",
         "forge_tokens": {}, "api_tokens": {}}))
     return data
 
 
 async def test_a_forge_that_is_not_there_is_one_line_with_what_to_do(tmp_path: Path) -> None:
-    forge = f"http://127.0.0.1:{_closed_port()}"
+    forge = f"http://127.0.0.1:{free_port()}"
     data = str(_office_dir(tmp_path, forge))
     commands = [["reindex"], ["verify", "acme/scout-vault#1", "--keys-url", f"{forge}/k.json"]]
     runs = await asyncio.gather(*(vaultmail(*argv, "--data", data) for argv in commands))

@@ -17,7 +17,8 @@ from playwright.async_api import BrowserContext, Route, expect
 from bot.office.config import load_office
 from bot.office.seed import seed_office
 from localforge import LocalForge
-from tests.app.test_register import _cli, _env_file, _free_port, _line, _setup_link, _stop
+from tests.app.test_register import _cli, _env_file, _line, _setup_link, _stop
+from tests.support import free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -27,7 +28,7 @@ async def test_an_operator_registers_and_installs_the_app_in_the_browser(
     forge = LocalForge()
     await forge.start()
     seed_office(forge, load_office())
-    reg_port, app_port = _free_port(), _free_port()
+    reg_port, app_port = free_port(), free_port()
     app_url = f"http://127.0.0.1:{app_port}"
     env_path = tmp_path / ".env"
     register = await _cli("register", "--org", "acme", "--forge", forge.url, "--url", app_url,

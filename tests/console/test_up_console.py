@@ -5,21 +5,16 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-import socket
 import sys
 from pathlib import Path
 
 import aiohttp
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support import free_port
 
 
 async def test_up_prints_the_console_and_a_sign_in_link_for_each_person(tmp_path: Path) -> None:
-    port, forge_port = _free_port(), _free_port()
+    port, forge_port = free_port(), free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot.cli.main", "up", "--data", str(tmp_path), "--port",
         str(port), "--forge-port", str(forge_port), stdout=asyncio.subprocess.PIPE,

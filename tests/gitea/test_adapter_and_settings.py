@@ -9,7 +9,6 @@ import hashlib
 import hmac
 import json
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from bot.app.settings import Settings, SettingsError
 from bot.cli.main import build_parser
 from bot.forge import gitea_events as gitea
 from bot.forge.gitea import SYNTHETIC_INSTALLATION_ID, api_base
+from tests.support import free_port
 
 
 def _issue_payload(action: str) -> dict[str, object]:
@@ -101,14 +101,8 @@ async def test_a_create_that_lands_then_fails_is_found_by_marker(office: Embedde
     assert [i.title for i in issues.values()] == ["Once"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def test_vaultmail_up_forge_gitea(tmp_path: Path) -> None:
-    port, forge_port = _free_port(), _free_port()
+    port, forge_port = free_port(), free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot.cli.main", "up", "--forge", "gitea", "--data", str(tmp_path),
         "--port", str(port), "--forge-port", str(forge_port),

@@ -28,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from bot.app.replicas import Replica, free_port
+from bot.app.replicas import Replica
 from bot.store import comments as store_comments
 from bot.store import ledger, open_store
 from localforge import LocalForge
@@ -37,6 +37,7 @@ from tests import pg
 from tests.deployed import deploy
 from tests.harness import skewed as skewed_clock
 from tests.harness.schedule import Fault, Op, Schedule
+from tests.support import free_port
 
 SCOUT, BUILDER = "acme/scout-vault", "acme/builder-vault"
 APP_BOT = "vaultmail[bot]"  # the App's installation's account: whose writes `lost` loses
