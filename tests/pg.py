@@ -15,6 +15,7 @@ import glob
 import itertools
 import os
 import pwd
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -32,6 +33,7 @@ SUPERUSER = "vaultmail"
 FAST = ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
         "-c", "max_connections=400", "-c", "shared_buffers=64MB"]
 _names = itertools.count()
+READY_WITHIN = 300  # seconds a started server may take to accept connections (a bound)
 
 
 def bin_dir() -> Path:
@@ -57,6 +59,22 @@ def _as_user() -> list[str]:
     except KeyError:
         subprocess.run(["useradd", "--system", "--no-create-home", USER], check=True)
     return ["runuser", "-u", USER, "--"]
+
+
+def _run(command: list[str], failed: str, log: Path | None = None) -> None:
+    """`command`, or an error saying what it did not do, with what it said and the end of the
+    server's `log`."""
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          errors="replace")
+    if done.returncode == 0:
+        return
+    said = done.stdout.strip()[-2000:]
+    tail = ""
+    if log is not None:
+        with contextlib.suppress(OSError):
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+    raise RuntimeError(f"{failed} (exit {done.returncode}): {shlex.join(command)}\n{said}"
+                       + (f"\nthe end of the server's log {log}:\n{tail}" if log else ""))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -110,13 +128,16 @@ def cluster_url() -> str:
     if prefix:
         shutil.chown(home, user=USER)
     data, port = home / "data", free_port()
-    subprocess.run([*prefix, str(pg / "initdb"), "-D", str(data), "-U", SUPERUSER,
-                    "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8"],
-                   check=True, stdout=subprocess.DEVNULL)
-    subprocess.run([*prefix, str(pg / "pg_ctl"), "-D", str(data), "-w", "-l",
-                    str(home / "log"), "-o", " ".join(
-                        ["-p", str(port), "-k", str(home), "-c", "listen_addresses=127.0.0.1",
-                         *FAST]), "start"], check=True, stdout=subprocess.DEVNULL)
+    _run([*prefix, str(pg / "initdb"), "-D", str(data), "-U", SUPERUSER, "--auth=trust",
+          "--encoding=UTF8", "--locale=C.UTF-8"], "initdb made no cluster")
+    # -w: until the server says it accepts connections (postmaster.pid's status), bounded
+    # generously: pg_ctl's own 60 s is short for a start beside a busy test run on 2 cores
+    _run([*prefix, str(pg / "pg_ctl"), "-D", str(data), "-w", "-t", str(READY_WITHIN), "-l",
+          str(home / "log"), "-o", " ".join(["-p", str(port), "-k", str(home), "-c",
+                                             "listen_addresses=127.0.0.1", *FAST]), "start"],
+         f"PostgreSQL on 127.0.0.1:{port} did not start (pg_ctl waits {READY_WITHIN} s at "
+         "most for it to accept connections)",
+         home / "log")
 
     def stop() -> None:
         subprocess.run([*prefix, str(pg / "pg_ctl"), "-D", str(data), "-m", "immediate",

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bot.app.replicas import Replica
 from localforge import LocalForge
 from tests.deployed import deploy
 from tests.support import free_port
@@ -23,30 +24,15 @@ VAULT = "acme/scout-vault"
 VAULTMAIL = str(Path(sys.executable).parent / "vaultmail")
 
 
-class App:
-    """`vaultmail serve` as an operator runs it, in its own process."""
-
-    def __init__(self, env: dict[str, str], url: str) -> None:
-        self.env, self.url = env, url
-        self.proc: asyncio.subprocess.Process | None = None
+class App(Replica):
+    """`vaultmail serve` as an operator runs it (its console script), in its own process."""
 
     async def start(self) -> None:
-        self.proc = await asyncio.create_subprocess_exec(
-            VAULTMAIL, "serve", env={**os.environ, **self.env},
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-        async with aiohttp.ClientSession() as s:
-            for _ in range(300):
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with s.get(self.url + "/readyz") as resp:
-                        if resp.status == 200:
-                            return
-                await asyncio.sleep(0.05)
-        raise AssertionError("vaultmail serve did not start")
-
-    async def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()  # SIGKILL: no drain, no cleanup
-        await self.proc.wait()
+        assert self.log_path is not None
+        with self.log_path.open("ab") as out:
+            self.proc = await asyncio.create_subprocess_exec(
+                VAULTMAIL, "serve", env={**os.environ, **self.env}, stdout=out, stderr=out)
+        await self.until_ready()
 
     async def pending(self) -> int:
         async with aiohttp.ClientSession() as s, s.get(self.url + "/healthz") as resp:
@@ -64,7 +50,7 @@ async def deployed(tmp_path: Path) -> AsyncIterator[tuple[LocalForge, App, dict[
     env = {**deployed.env(str(tmp_path / "data")), "PORT": str(port),
            "GITHUB_PRIVATE_KEY_PATH": str(tmp_path / "key.pem")}
     del env["PRIVATE_KEY"]
-    app = App(env, url)
+    app = App("app", url, env, tmp_path / "app.log")
     await app.start()  # makes the data directory, which `token create` then writes to
     # (its office named: the app may not have heard of the installation yet, whose webhook
     # failed; a token made now cannot wait for reconciliation to bring it)

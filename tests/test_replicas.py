@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -220,3 +221,25 @@ async def test_a_second_process_under_a_replicas_id_exits_saying_why(tmp_path: P
         await first.kill()
         await deployed.forge.stop()
         await pg.drop_database(database_url)
+
+
+async def test_a_replica_that_cannot_start_says_what_was_awaited_and_how_its_log_ends(
+        tmp_path: Path) -> None:
+    """Waiting for a replica to be ready fails, when it does, naming what it waited for, what
+    it saw last and the end of the replica's log (before: "did not become ready", and a path
+    to a log that a CI run does not keep)."""
+    with socket.socket() as taken:  # its port, already someone's: it exits at once
+        taken.bind(("127.0.0.1", 0))  # (not listening: asking /readyz there is refused)
+        port = taken.getsockname()[1]
+        key = "-----BEGIN PRIVATE KEY-----\\nx\\n-----END PRIVATE KEY-----"
+        replica = Replica("replica-1", f"http://127.0.0.1:{port}", {
+            "APP_ID": "1", "PRIVATE_KEY": key, "WEBHOOK_SECRET": "s",
+            "GITHUB_API_URL": "http://127.0.0.1:9", "HOST": "127.0.0.1", "PORT": str(port),
+            "VAULTMAIL_DATA": str(tmp_path / "data")},
+            tmp_path / "replica-1.log")
+        with pytest.raises(RuntimeError) as failed:
+            await replica.start()
+    said = str(failed.value)
+    assert f"http://127.0.0.1:{port}/readyz never answered 200" in said, said
+    assert "the process exited 2" in said, said
+    assert f"cannot listen on 127.0.0.1:{port}" in said.splitlines()[-1], said

@@ -5,7 +5,6 @@ same PostgreSQL database and the same signing keys (the data directory)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import socket
@@ -17,7 +16,10 @@ import aiohttp
 
 from bot.app.settings import Settings
 
-READY_WITHIN = 30.0  # seconds a replica may take to answer /readyz
+# seconds a replica may take to answer /readyz with 200: a bound on a failure, not a wait (it
+# returns as soon as the replica is ready); generous, as several replicas starting at once on
+# a busy machine (their imports, the schema's migration) take a while
+READY_WITHIN = 120.0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -71,17 +73,33 @@ class Replica:
     async def until_ready(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + READY_WITHIN
-        async with aiohttp.ClientSession() as s:
+        last = "no answer yet"  # what /readyz said last, for the failure
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
             while loop.time() < deadline:
                 if self.proc is not None and self.proc.returncode is not None:
+                    last = f"the process exited {self.proc.returncode}"
                     break
-                with contextlib.suppress(aiohttp.ClientError):
+                try:
                     async with s.get(self.url + "/readyz") as resp:
                         if resp.status == 200:
                             return
+                        last = f"{resp.status} {(await resp.text())[:500]}"
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    last = f"{type(exc).__name__}: {exc}"
                 await asyncio.sleep(0.05)  # (polling a process we do not own the loop of)
-        raise RuntimeError(f"replica {self.replica_id} at {self.url} did not become ready"
-                           + (f"; its log: {self.log_path}" if self.log_path else ""))
+            else:
+                last = f"after {READY_WITHIN:.0f} s: {last}"
+        raise RuntimeError(f"replica {self.replica_id}: {self.url}/readyz never answered 200 "
+                           f"({last})" + self._log_tail())
+
+    def _log_tail(self, lines: int = 30) -> str:
+        if self.log_path is None:
+            return ""
+        try:
+            tail = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError as exc:
+            return f"; its log {self.log_path}: {exc}"
+        return f"; the end of its log {self.log_path}:\n" + "\n".join(tail)
 
     async def kill(self) -> None:
         """SIGKILL: no drain, no goodbye; the others take over what it held."""
