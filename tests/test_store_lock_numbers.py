@@ -280,3 +280,41 @@ async def test_an_older_intake_of_two_issues_meets_no_cycle(
                 "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))", "issue:o/r#2"), \
                 "the waiting intake holds issue:o/r#2's older number"
         await asyncio.wait_for(taking_in, HANG_GUARD)
+
+
+_RELEASE_1_HELD = ("SELECT count(*) FROM pg_locks WHERE locktype='advisory' AND classid=0"
+                   " AND objsubid=1 AND objid::bigint=$1")
+
+
+async def test_with_no_replica_of_the_first_release_no_transaction_takes_its_write_lock(
+        replicas: tuple[str, list[Store]]) -> None:
+    """The first release's global write lock, taken shared by every transaction, was one lock
+    every office's writes touched (found by review): it is taken only while a replica that
+    may be of the first release (one from before schema 16, its `named_locks` none) lives."""
+    url, (a, _) = replicas
+    async with a.transaction("ledger:acme") as db:
+        await db.execute("SELECT 1")
+        async with _session(url) as conn:
+            assert await conn.fetchval(_RELEASE_1_HELD, RELEASE_1_WRITE_LOCK) == 0
+
+
+async def test_a_live_replica_of_the_first_release_still_excludes_this_releases_writes(
+        replicas: tuple[str, list[Store]]) -> None:
+    """While a replica from before schema 16 lives (the first release among them), its
+    writes, each under the write lock taken exclusive, exclude this release's, and the
+    reverse (rolling deploys)."""
+    url, (a, b) = replicas
+    await _older_replica(url, kind=None)
+    async with _session(url) as old:
+        async with old.transaction():
+            await old.execute("SELECT pg_advisory_xact_lock($1)", RELEASE_1_WRITE_LOCK)
+            writing = asyncio.create_task(ledger.record(b, "mail.sent", "agent:scout",
+                                                        "globex/scout-vault#1", org="globex"))
+            pid = int(await old.fetchval("SELECT pg_backend_pid()"))
+            await until(lambda: pg.waiting_behind(url, pid), timeout=HANG_GUARD)
+            assert not writing.done()
+        await asyncio.wait_for(writing, HANG_GUARD)
+        async with a.transaction() as db:  # and this release's write holds the old one off
+            await db.execute("SELECT 1")
+            assert await old.fetchval(
+                "SELECT pg_try_advisory_lock($1)", RELEASE_1_WRITE_LOCK) is False

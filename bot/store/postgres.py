@@ -52,9 +52,13 @@ log = logging.getLogger("vaultmail.store")
 #
 # Rolling deploys. Each replica's `replicas` row says how it numbers locks (`named_locks`:
 # NULL before schema 16, 2 for schema 16's release, NAMED_LOCKS_KIND now):
-# - the first release took RELEASE_1_WRITE_LOCK in every write transaction: each transaction
-#   here takes it shared, so one of its writes excludes every new one (and the reverse) while
-#   new ones never wait for each other;
+# - the first release (schema 7) took RELEASE_1_WRITE_LOCK in every write transaction: while
+#   a replica that may be of it lives (any from before schema 16: its row names no
+#   `named_locks`), each transaction here takes it shared, so one of its writes excludes every
+#   new one (and the reverse) while new ones never wait for each other. Else none takes it: one
+#   lock every office's writes touched. (Left open: a first-release replica that joins, or
+#   beats again after DEAD_AFTER, is excluded by the transactions begun once its row is seen,
+#   not by one already in flight then.)
 # - releases before this one numbered a transaction's key hashtextextended(key, 0), and named
 #   locks (NAMED_LOCKS, hashtext(key)) before schema 16, then hashtextextended(key,
 #   NAMED_SEED). A transaction's keys are tried that way too, in order, up to the first
@@ -68,6 +72,8 @@ log = logging.getLogger("vaultmail.store")
 #   transaction or taken by many at once: schema 16's named locks (a session lock, where
 #   another office's older key number could be chosen) and intake's older issue key.
 # (Drop the older ways once no replica of those releases can be left.)
+RELEASE_1_MAY_LIVE = ("EXISTS (SELECT 1 FROM replicas WHERE named_locks IS NULL"
+                      " AND seen_at>vm_now()-$2)")
 NAMED_LOCKS = OLD_NAMED_CLASS  # (before schema 16)
 NAMED_SEED = 0x766D_0003  # (schema 16's)
 OLDER_KEYS = ("EXISTS (SELECT 1 FROM replicas WHERE (named_locks IS NULL OR named_locks<3)"
@@ -216,8 +222,9 @@ class Connection:
 
     async def begin(self, keys: list[str]) -> None:
         """A transaction's first statement, in one trip: its turn beside the first release's
-        writers, its keys (in the order given), and each tried the older releases' way too
-        (held if free, so that an older replica starting meanwhile is excluded) up to the
+        writers (while one may live), its keys (in the order given), and each tried the older
+        releases' way too (held if free, so that an older replica starting meanwhile is
+        excluded) up to the
         first refused, and whether an older replica lives. Only while one does, the refused
         key and those after it are waited for that way, in order, as the older release takes
         them (never holding a later one while waiting for an earlier: no cycle with it); else
@@ -232,8 +239,8 @@ class Connection:
             tried += f" WHEN NOT {_older_try(n + 3)} THEN {i}"
         got = f"CASE{tried} ELSE {len(keys)} END" if keys else "0"
         row = await self._conn.fetchrow(
-            f"SELECT {OLDER_KEYS} AS older, t.got FROM (SELECT"
-            f" pg_advisory_xact_lock_shared($1){holds}, {got} AS got) t", *params)
+            f"SELECT {OLDER_KEYS} AS older, t.got FROM (SELECT CASE WHEN {RELEASE_1_MAY_LIVE}"
+            f" THEN pg_advisory_xact_lock_shared($1) END{holds}, {got} AS got) t", *params)
         assert row is not None
         self.older_keys = bool(row["older"])
         rest = keys[int(row["got"]):]
