@@ -8,7 +8,9 @@ the clock: a writer held up is one the server shows waiting for a lock."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from bot.store import ledger, mails, sessions, strangers
+from bot.store import installations, ledger, mails, sessions, strangers
 from bot.store.db import Store
 from bot.store.locks import lock_pair
 from bot.store.queue import in_order, issue_key
@@ -531,3 +533,73 @@ async def test_a_strangers_quiet_in_one_office_holds_up_no_other_office(
     finally:
         release.set()
         await asyncio.wait_for(asyncio.gather(acme, globex), HANG_GUARD)
+
+
+# -- one org's move, at a listing of the forge's orgs, holds up no other org (review, issue 22) --
+
+
+async def _waiting_on(url: str, holder: int) -> list[int]:
+    """The sessions the server shows waiting for a lock `holder` holds."""
+    conn = await asyncpg.connect(url)
+    try:
+        return [int(r["pid"]) for r in await conn.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type='Lock'"
+            " AND $1 = ANY(pg_blocking_pids(pid))", holder)]
+    finally:
+        await conn.close()
+
+
+async def test_a_listings_move_of_one_org_holds_up_no_other_orgs_webhook_or_rows(
+        replicas: tuple[str, list[Store]], caplog: pytest.LogCaptureFixture) -> None:
+    """A replica takes the forge's listing (at its start; on Gitea every 5 minutes on every
+    replica): `initrode` renamed itself `initech`, and `acme`'s name went to another account,
+    whose office is a new one. acme's move is held up (a long transaction holds a mail of
+    acme's). Meanwhile globex's installation webhook, on another replica, and a write to
+    initech's moved mail are made at once, and a second replica's listing waits for acme's
+    move alone and, once it is made, makes it no second time (found by review: one
+    transaction locked every org's installation row and every moved row while it moved
+    acme's office, so they all waited for it)."""
+    url, (a, b, c, _) = replicas
+    caplog.set_level(logging.INFO, logger="vaultmail.installations")
+    for org, installation, account in (("acme", 10, 1), ("globex", 30, 3), ("initrode", 40, 4)):
+        await installations.installed(a, org, installation, account)
+    async with a.transaction() as db:
+        await mails.put_mail(db, _mail(1))  # acme's
+        await mails.put_mail(db, dataclasses.replace(_mail(2), vault="initrode/scout-vault"))
+    before = await installations.known(a)
+    live, accounts = {"acme": 20, "globex": 30, "initech": 40}, {
+        "acme": 2, "globex": 3, "initech": 4}
+    holder, pid = await _row_held(url, "SELECT 1 FROM mails WHERE mail_id='m1' FOR UPDATE")
+    first = asyncio.create_task(installations.listed(a, live, before, accounts))
+    second: asyncio.Task[dict[str, int]] | None = None
+    try:
+        await until(_one_waits(url, pid), timeout=HANG_GUARD)
+        [listing] = await _waiting_on(url, pid)  # acme's move, held up
+
+        async def touch_initech() -> None:
+            async with b.transaction() as db:
+                assert await mails.set_state(db, "m2", "mail:working")
+
+        others = [asyncio.create_task(installations.installed(b, "globex", 31, 3)),
+                  asyncio.create_task(touch_initech())]
+        await until(lambda: all(t.done() for t in others)
+                    or pg.waiting_behind(url, listing), timeout=HANG_GUARD)
+        assert all(t.done() for t in others), "another org waited for acme's move"
+        await asyncio.gather(*others)
+        second = asyncio.create_task(installations.listed(  # (as the forge lists it now)
+            c, live | {"globex": 31}, await installations.known(c), accounts))
+        await until(_one_waits(url, listing), timeout=HANG_GUARD)  # for acme's move alone
+    finally:
+        await holder.close()  # (rolled back)
+        await asyncio.wait_for(asyncio.gather(first, *([second] if second else [])),
+                               HANG_GUARD)
+    assert second is not None
+    assert first.result() == second.result() == {"acme": 20, "globex": 31, "initech": 40}
+    rows = {r["mail_id"]: (r["org"], r["vault"]) for r in await a.fetchall(
+        "SELECT mail_id, org, vault FROM mails")}
+    assert rows == {"m1": ("acme~1", "acme~1/scout-vault"),
+                    "m2": ("initech", "initech/scout-vault")}
+    assert await installations.accounts(a) == {"acme": 2, "globex": 3, "initech": 4}
+    moves = [r.getMessage() for r in caplog.records if r.name == "vaultmail.installations"]
+    assert sum("kept aside" in m for m in moves) == 1, moves
+    assert sum("renamed itself" in m for m in moves) == 1, moves

@@ -46,18 +46,26 @@ async def installed(store: Store, org: str, installation_id: int,
     the old one acts in it."""
     org = org.lower()
     async with store.transaction(f"installation:{org}") as db:
-        row = await db.fetchone("SELECT account_id FROM installations WHERE org=?", (org,))
-        was = row["account_id"] if row is not None else None
-        moved = None
-        if was is not None and account_id is not None and int(was) != account_id:
-            moved = archived_name(org, int(was))
-            await retire_in(db, org, moved)
+        moved = await _retire_if_another(db, org, account_id)
         await db.execute(
             "INSERT INTO installations(org, installation_id, removed_at, account_id)"
             " VALUES (?,?,NULL,?) ON CONFLICT(org) DO UPDATE SET"
             " installation_id=excluded.installation_id, removed_at=NULL,"
             " account_id=COALESCE(excluded.account_id, installations.account_id)",
             (org, installation_id, account_id))
+    return moved
+
+
+async def _retire_if_another(db: Connection, org: str, account_id: int | None) -> str | None:
+    """Under `org`'s key (`installation:{org}`): when the index knows `org` as another
+    account's than `account_id`, that office is moved aside (`offices.retire_in`); where it
+    went, or None (the same account, or none known: nothing to move)."""
+    row = await db.fetchone("SELECT account_id FROM installations WHERE org=?", (org,))
+    was = row["account_id"] if row is not None else None
+    if was is None or account_id is None or int(was) == account_id:
+        return None
+    moved = archived_name(org, int(was))
+    await retire_in(db, org, moved)
     return moved
 
 
@@ -124,19 +132,21 @@ def renamed_in(known: dict[str, int], now: dict[str, int]) -> dict[str, str]:
 
 
 async def rename(db: Connection, old: str, new: str) -> str | None:
-    """In the caller's transaction: the office of `old` is `new`'s now, its org renamed
-    (`offices.rename_in`), and so is its installation row. What the index held under `new`
-    for another account (an office whose org left that name before) is moved aside first,
-    as when an installation names another account (`installed`); where it went is
-    returned."""
+    """In the caller's transaction, under both orgs' keys: the office of `old` is `new`'s
+    now, its org renamed (`offices.rename_in`), and so is its installation row. What the
+    index held under `new` for another account (an office whose org left that name before)
+    is moved aside first, as when an installation names another account (`installed`);
+    where it went is returned. The installation rows are written last: the offices' moves
+    (long) hold no row a listing or a webhook of another org writes."""
     old, new = old.lower(), new.lower()
     row = await db.fetchone("SELECT account_id FROM installations WHERE org=?", (new,))
     moved = None
     if row is not None:
         moved = archived_name(new, int(row["account_id"] or 0))
         await retire_in(db, new, moved)
-        await db.execute("DELETE FROM installations WHERE org=?", (new,))
     await rename_in(db, old, new)
+    if row is not None:
+        await db.execute("DELETE FROM installations WHERE org=?", (new,))
     await db.execute("UPDATE installations SET org=? WHERE org=?", (new, old))
     return moved
 
@@ -145,17 +155,29 @@ async def renamed(store: Store, old: str, new: str, account_id: int) -> bool:
     """The org `old` renamed itself `new` (GitHub's `installation_target.renamed`): its
     office follows it (`rename`), when the index knows `old` as that account's. False when
     it does not (renamed already, or another account's): nothing moved."""
+    done, moved = await _follow(store, old, new, account_id)
+    if done:
+        log.info("the organisation renamed itself: its office follows it",
+                 extra={"org": new.lower(), "was": old.lower(), "kept_as": moved})
+    return done
+
+
+async def _follow(store: Store, old: str, new: str, account_id: int
+                  ) -> tuple[bool, str | None]:
+    """`renamed`'s move, a transaction of its own under both orgs' keys (it moves `new`'s
+    office too, should the index hold one), checked under them: whether it moved, and where
+    what `new` held went."""
     old, new = old.lower(), new.lower()
-    async with store.transaction(f"installation:{old}") as db:
+    if old == new:
+        return False, None
+    async with store.transaction(f"installation:{old}", f"installation:{new}") as db:
         row = await db.fetchone("SELECT account_id FROM installations WHERE org=?", (old,))
-        if old == new or row is None or row["account_id"] not in (None, account_id):
-            return False
+        if row is None or row["account_id"] not in (None, account_id):
+            return False, None
         moved = await rename(db, old, new)
         await db.execute("UPDATE installations SET account_id=? WHERE org=?",
                          (account_id, new))
-    log.info("the organisation renamed itself: its office follows it",
-             extra={"org": new, "was": old, "kept_as": moved})
-    return True
+    return True, moved
 
 
 async def known(store: Store) -> Known:
@@ -166,57 +188,68 @@ async def known(store: Store) -> Known:
 
 async def listed(store: Store, live: dict[str, int], before: Known,
                  accounts_now: dict[str, int] | None = None) -> dict[str, int]:
-    """Take the forge's listing at start: `live` ({org: installation id}, suspended ones
-    left out), listed after `before` was read. A row still as `before` saw it is made what
-    the listing says (installed; removed if it was live and is not listed); a row a webhook
-    changed meanwhile is newer than the listing, and kept. `accounts_now` ({org: account
-    id}): an account the index knew under another login renamed its org, and the office
-    follows it (`rename`); an org the index knew as another account's is another office
-    now, the old one moved aside (see `installed`). Returns what is installed now."""
+    """Take the forge's listing (at start; on Gitea every few minutes, on every replica):
+    `live` ({org: installation id}, suspended ones left out), listed after `before` was read.
+    A row still as `before` saw it is made what the listing says (installed; removed if it
+    was live and is not listed); a row a webhook changed meanwhile is newer than the
+    listing, and kept. `accounts_now` ({org: account id}): an account the index knew under
+    another login renamed its org, and the office follows it (`rename`); an org the index
+    knew as another account's is another office now, the old one moved aside (see
+    `installed`). Returns what is installed now.
+
+    Each org's move is a transaction of its own under that org's key, as a webhook's is,
+    and is made only if still due once the key is held (another replica's listing, or a
+    webhook, may have made it); the listing itself is one short transaction after them. So
+    one org's move (long: it rewrites the office's rows) holds up no other org's webhook,
+    nor writes to another org's rows; and a stop between any two steps leaves what the next
+    listing finds due and completes."""
+    accounts_now = accounts_now or {}
     now = time.time()
-    renames = renamed_in(await accounts(store), accounts_now or {})  # (by their new names)
+    # an org that renamed itself meanwhile: its office follows it first, under its new name
+    # before the listing is taken (the webhook saying so may never have come)
+    renames = renamed_in(await accounts(store), accounts_now)  # (by their new names)
+    for old, new in renames.items():
+        done, moved = await _follow(store, old, new, accounts_now[new])
+        if done:
+            log.warning("the organisation renamed itself while no app heard it: its office "
+                        "follows it", extra={"org": new, "was": old, "kept_as": moved})
+    # whose each org is: one the index knew as another account's is another office now
+    # (see `installed`); the moved are said by the log
+    whose = await accounts(store)
+    for org, account in sorted(accounts_now.items()):
+        if whose.get(org, account) == account:
+            continue
+        async with store.transaction(f"installation:{org}") as db:
+            moved = await _retire_if_another(db, org, account)
+            if moved is not None:
+                await db.execute("UPDATE installations SET account_id=? WHERE org=?",
+                                 (account, org))
+        if moved is not None:
+            log.warning("installed by another account than the one its office was made "
+                        "for: that office is kept aside, this one starts empty",
+                        extra={"org": org, "kept_as": moved, "account_id": account})
     before = {org: row for org, row in before.items() if org not in renames} | {
         new: before[old] for old, new in renames.items() if old in before}
     # a row is as `before` saw it while its id and removed_at are (-1: none, or live)
     same = " installations.installation_id=? AND COALESCE(installations.removed_at, -1)=?"
     put, gone = [], []
-    for org, inst in live.items():
+    for org, inst in sorted(live.items()):  # (rows in one order: two listings never deadlock)
         was_id, was_removed = before.get(org, (inst, None))
         put.append((org, inst, was_id, -1 if was_removed is None else was_removed))
-    for org, (was_id, was_removed) in before.items():
+    for org, (was_id, was_removed) in sorted(before.items()):
         if was_removed is None and org not in live:
             gone.append((now, org, was_id, -1))
     async with store.transaction() as db:
-        # an org that renamed itself meanwhile: its office follows it first, under its new
-        # name before the listing is taken (the webhook saying so may never have come)
-        whose = {str(r["org"]): int(r["account_id"]) for r in await db.fetchall(
-            "SELECT org, account_id FROM installations WHERE account_id IS NOT NULL")}
-        for old, new in renamed_in(whose, accounts_now or {}).items():
-            moved = await rename(db, old, new)
-            log.warning("the organisation renamed itself while no app heard it: its office "
-                        "follows it", extra={"org": new, "was": old, "kept_as": moved})
         await db.executemany(
             "INSERT INTO installations(org, installation_id, removed_at) VALUES (?,?,NULL)"
             " ON CONFLICT(org) DO UPDATE SET installation_id=excluded.installation_id,"
             " removed_at=NULL WHERE" + same, put)
         await db.executemany(
             "UPDATE installations SET removed_at=? WHERE org=? AND" + same, gone)
-        # whose each org is: one the index knew as another account's is another office now
-        # (see `installed`); the moved are said by the log
-        whose_now = {str(r["org"]): r["account_id"] for r in await db.fetchall(
-            "SELECT org, account_id FROM installations")}
-        for org, account in sorted((accounts_now or {}).items()):
-            was = whose_now.get(org)
-            if was == account:
-                continue
-            if was is not None:
-                moved = archived_name(org, int(was))
-                await retire_in(db, org, moved)
-                log.warning("installed by another account than the one its office was made "
-                            "for: that office is kept aside, this one starts empty",
-                            extra={"org": org, "kept_as": moved, "account_id": account})
-            await db.execute("UPDATE installations SET account_id=? WHERE org=? AND"
-                             " (account_id IS NULL OR account_id<>?)", (account, org, account))
+        # the account of an org whose row names none yet (new here: no office to move)
+        await db.executemany("UPDATE installations SET account_id=? WHERE org=?"
+                             " AND account_id IS NULL", sorted(
+                                 (account, org) for org, account in accounts_now.items()))
         rows = await db.fetchall(
             "SELECT org, installation_id FROM installations WHERE removed_at IS NULL")
     return {str(r["org"]): int(r["installation_id"]) for r in rows}
