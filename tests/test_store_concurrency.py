@@ -603,3 +603,33 @@ async def test_a_listings_move_of_one_org_holds_up_no_other_orgs_webhook_or_rows
     moves = [r.getMessage() for r in caplog.records if r.name == "vaultmail.installations"]
     assert sum("kept aside" in m for m in moves) == 1, moves
     assert sum("renamed itself" in m for m in moves) == 1, moves
+
+
+@pytest.mark.parametrize("let_go", ["release", "leave"])
+async def test_letting_go_of_claims_never_waits_for_another_offices_row(
+        replicas: tuple[str, list[Store]], let_go: str) -> None:
+    """A replica claimed acme's and globex's deliveries; a long transaction holds acme's row.
+    Letting go of its claims (a batch cut short, `release`; a clean stop, `leave`) lets go of
+    globex's at once and keeps acme's, its own to claim again or, once it is gone, another's
+    to take over as a dead replica's (found by review: one statement let go of every office's
+    rows, and waited for acme's up to lock_timeout)."""
+    url, (a, b, *_) = replicas
+    assert await a.enqueue_delivery("acme-1", "issues", *_delivery(1, 1))
+    assert await a.enqueue_delivery("globex-1", "issues", *_delivery(1, 1, "globex"))
+    assert len(await b.due_items(limit=8)) == 2
+    holder, pid = await _row_held(url, "SELECT 1 FROM queue WHERE guid='acme-1' FOR UPDATE")
+    letting_go = asyncio.create_task(getattr(b, let_go)())
+    try:
+        await until(lambda: letting_go.done() or pg.waiting_behind(url, pid), timeout=HANG_GUARD)
+        assert letting_go.done(), "globex's let-go waited for acme's row"
+        await letting_go
+    finally:
+        await holder.close()  # (rolled back)
+        await asyncio.wait_for(letting_go, HANG_GUARD)
+    owners = {r["guid"]: r["lease_owner"] for r in await a.fetchall(
+        "SELECT guid, lease_owner FROM queue")}
+    assert owners == {"acme-1": "replica-1", "globex-1": None}
+    if let_go == "release":
+        assert sorted(i.guid for i in await b.due_items(limit=8)) == ["acme-1", "globex-1"]
+    else:
+        assert "replica-1" not in [r["id"] for r in await a.live_replicas()]

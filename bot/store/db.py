@@ -22,6 +22,7 @@ from bot.store.migrations import register_backfill, register_columns, register_s
 from bot.store.queue import (
     DEAD_AFTER,
     HEARTBEAT,
+    LET_GO_FREE,
     STEADY_GAP,
     QueueItem,
     QueueMixin,
@@ -374,8 +375,7 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
         if self.retired is not None:
             return  # (its id, and what is held under it, are another process's now)
         async with self.transaction() as db:
-            await db.execute("UPDATE queue SET lease_owner=NULL WHERE lease_owner=?"
-                             " AND state='pending'", (self.replica_id,))
+            await db.execute(LET_GO_FREE, (self.replica_id,))
             await db.execute("DELETE FROM replicas WHERE id=?", (self.replica_id,))
 
     async def live_replicas(self) -> list[Row]:

@@ -426,6 +426,17 @@ FINISH_FREE = (
     " AS held FROM queue WHERE id = ANY(?::bigint[])")
 
 
+# Letting go of every claim of this replica's (`release`, and `leave` at a clean stop): on
+# PostgreSQL only the rows no other transaction holds now, as FINISH_FREE; one held by another
+# replica's long transaction on one office's rows stays this replica's, claimed again by it
+# (`release`) or, once it is gone (`leave`), taken over as a dead replica's (DEAD_AFTER), instead
+# of holding up the let-go of every office's rows until lock_timeout. (parameter: the replica)
+LET_GO_FREE = Sql(
+    "UPDATE queue SET lease_owner=NULL WHERE lease_owner=? AND state='pending'",
+    "UPDATE queue SET lease_owner=NULL WHERE id IN (SELECT id FROM queue WHERE lease_owner=$1"
+    " AND state='pending' FOR UPDATE SKIP LOCKED) AND lease_owner=$1 AND state='pending'")
+
+
 async def _finish_free_in(db: Connection, finished: Sequence[tuple[QueueItem, str | None]],
                           me: str, at: float) -> list[bool | None]:
     """PostgreSQL's `_finish_all_in`, a state of None letting go of the claim instead: for
@@ -957,8 +968,7 @@ class QueueMixin:
             if await id_taken(db, self.replica_id, self.incarnation):
                 self.retire()
                 return  # (what is leased under the id is the other process's)
-            await db.execute("UPDATE queue SET lease_owner=NULL WHERE lease_owner=?"
-                             " AND state='pending'", (self.replica_id,))
+            await db.execute(LET_GO_FREE, (self.replica_id,))
 
     async def next_wakeup(self) -> float | None:
         """When the next delivery this replica could claim becomes due."""
