@@ -21,6 +21,7 @@ import pytest
 from bot.store import installations, ledger, mails, sessions, strangers
 from bot.store.db import Store
 from bot.store.locks import lock_pair
+from bot.store.prune import DAY, prune
 from bot.store.queue import in_order, issue_key
 from bot.store.sql import Connection
 from tests import pg
@@ -633,3 +634,36 @@ async def test_letting_go_of_claims_never_waits_for_another_offices_row(
         assert sorted(i.guid for i in await b.due_items(limit=8)) == ["acme-1", "globex-1"]
     else:
         assert "replica-1" not in [r["id"] for r in await a.live_replicas()]
+
+
+async def test_a_prune_never_waits_for_a_row_an_office_holds(
+        replicas: tuple[str, list[Store]]) -> None:
+    """acme's idempotency key and quiet period, both past their time, are held by a live
+    transaction of acme's (a key claimed again, a quiet period renewed). The leader's prune
+    deletes globex's at once and leaves acme's to the next prune (found by review: the
+    idempotency delete was one statement over every office's rows, so it waited for acme's
+    row, and any office's claim of a key could wait for it, as long as it ran)."""
+    url, (a, *_) = replicas
+    now, old = 2_000_000_000.0, 2_000_000_000.0 - 30 * DAY
+    async with a.transaction() as db:
+        for org in ("acme", "globex"):
+            await db.execute("INSERT INTO idempotency(scope, key, fingerprint, claimed_at,"
+                             " done_at) VALUES ('forge:issues', ?, 'f', ?, ?)",
+                             (f"{org}:k", old, old))
+            await db.execute("INSERT INTO stranger_replies(login, replied_at, cause)"
+                             " VALUES (?, ?, 'x')", (f"{org}/troll", old))
+    holder, pid = await _row_held(
+        url, "SELECT 1 FROM idempotency WHERE key='acme:k' FOR UPDATE;"
+        " SELECT 1 FROM stranger_replies WHERE login='acme/troll' FOR UPDATE")
+    pruning = asyncio.create_task(prune(a, now=now, keep=7 * DAY))
+    try:
+        await until(lambda: pruning.done() or pg.waiting_behind(url, pid), timeout=HANG_GUARD)
+        assert pruning.done(), "the prune waited for acme's rows"
+        deleted = await pruning
+        assert (deleted["idempotency"], deleted["stranger_replies"]) == (1, 1), deleted
+        assert [r["key"] for r in await a.fetchall("SELECT key FROM idempotency")] == ["acme:k"]
+    finally:
+        await holder.close()  # (rolled back)
+        await asyncio.wait_for(pruning, HANG_GUARD)
+    deleted = await prune(a, now=now, keep=7 * DAY)  # the next prune: acme's, free now
+    assert (deleted["idempotency"], deleted["stranger_replies"]) == (1, 1), deleted

@@ -1,7 +1,8 @@
 """What the index keeps, and for how long (issue 28): nothing grows without bound.
 
 Finished work is kept for `keep` seconds (`VAULTMAIL_RETENTION_DAYS`, 7 days by default), then
-deleted in batches by the leader (`bot.app.prune`):
+deleted in batches by the leader (`bot.app.prune`), on PostgreSQL never waiting for a row another
+transaction holds (it is left to the next prune):
 
 * queue rows handled (`done`, `ignored`) or parked for an issue that never became mail
   (`parked`), and their payloads; dead letters stay until an operator replays or drops them;
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from bot.store.db import Store
 from bot.store.oauth import KEPT_AFTER_EXPIRY
+from bot.store.sql import Sql
 from bot.store.strangers import QUIET_FOR
 
 DAY = 86_400.0
@@ -29,17 +31,25 @@ MIN_KEEP = 3 * DAY  # GitHub's redelivery window: a delivery is remembered at le
 BATCH = 1000  # rows one statement deletes: short transactions, however much is due
 
 
-def _batched(table: str, key: str, where: str) -> str:
-    return (f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} WHERE {where}"
-            f" LIMIT {BATCH})")
+def _batched(table: str, key: str, where: str) -> Sql:
+    """Delete up to BATCH rows of `table` matching `where`, picked by `key` (its primary key's
+    columns).
+    On PostgreSQL only rows no other transaction holds now (`SKIP LOCKED`): a row an office's
+    live transaction writes (a key being claimed, a quiet period being renewed) is left to the
+    next prune, never waited for; and each batch holds what it deletes only until it
+    commits."""
+    pick = (f"DELETE FROM {table} WHERE ({key}) IN (SELECT {key} FROM {table} WHERE {where}"
+            f" LIMIT {BATCH}")
+    return Sql(pick + ")", pick + " FOR UPDATE SKIP LOCKED)")
 
 
-_STATEMENTS: dict[str, str] = {
+_STATEMENTS: dict[str, Sql] = {
     "queue": _batched("queue", "id",
                       "state IN ('done', 'ignored', 'parked') AND finished_at < ?"),
     "deliveries": _batched("deliveries", "guid", "received_at < ? AND NOT EXISTS"
                            " (SELECT 1 FROM queue q WHERE q.guid=deliveries.guid)"),
-    "idempotency": ("DELETE FROM idempotency WHERE done_at IS NOT NULL AND done_at < ?"),
+    "idempotency": _batched("idempotency", "scope, key",
+                            "done_at IS NOT NULL AND done_at < ?"),
     "console_sessions": _batched("console_sessions", "id_hash", "expires_at < ?"),
     "stranger_replies": _batched("stranger_replies", "login", "replied_at < ?"),
     "api_tokens": _batched("api_tokens", "id", "revoked_at < ? OR expires_at < ?"),
@@ -68,10 +78,9 @@ async def prune(store: Store, *, now: float, keep: float) -> dict[str, int]:
         total = 0
         while True:
             async with store.transaction() as db:
-                changed = await db.execute(sql, (before[table],) * sql.count("?"))
-                n = changed
+                n = await db.execute(sql, (before[table],) * sql.sqlite.count("?"))
             total += n
-            if n < BATCH or table == "idempotency":
+            if n < BATCH:  # (on PostgreSQL, rows held elsewhere wait for the next prune)
                 break
         deleted[table] = total
     return deleted
