@@ -297,6 +297,50 @@ async def test_limits_are_refused_with_a_clear_error(embedded: Embedded, person:
     assert status == 409 and "2,000 comments" in err["error"]["message"]
 
 
+async def test_a_full_item_still_takes_the_answers_to_its_questions(embedded: Embedded,
+                                                                     person: Any,
+                                                                     tools: Any) -> None:
+    """Anyone a question asks may reply without write access, so someone asked once could
+    fill an item to its 2,000 comments and no question on it could be answered. Past the cap
+    a question still takes its answer and amends, ANSWERS_PAST_FULL (5) in all, each question
+    its own; anything else is refused as before."""
+    marco = person("marco")
+    goal = await make_item(embedded, marco, "goal", "Full")
+    base = {"targetType": "goal", "target": goal}
+    marco_t, builder = tools(MARCO), tools(BUILDER)  # builder may only read this vault
+    q1 = (await marco_t("add_comment", **base, body="Builder, is the API ready?",
+                        needsReply=True, to=["agent:builder"]))["comment"]["id"]
+    q2 = (await marco_t("add_comment", **base, body="And its docs?", needsReply=True,
+                        to=["agent:builder"]))["comment"]["id"]
+    store = embedded.services.store
+    async with store.transaction() as tx:  # filled in the index directly
+        for i in range(2_000):
+            await db.put_comment(tx, db.CommentRow(f"bulk{i}", goal, f"bulk{i}", None, BUILDER,
+                                                   "x", {}, None, 0.0))
+
+    async def refused(who: ToolClient, **args: Any) -> None:
+        status, err = await who.raw("add_comment", {**base, **args})
+        assert status == 409 and err["error"]["code"] == "item_full", err
+        assert "2,000 comments" in err["error"]["message"]
+
+    await refused(marco_t, body="One more thing")
+    await refused(marco_t, parent=q1, body="Builder?")  # a follow-up is no answer
+
+    answered = await builder("add_comment", **base, parent=q1, body="Yes, v2")
+    assert answered["thread"]["answer"]["body"] == "Yes, v2"
+    for n in range(4):
+        amended = await builder("add_comment", **base, parent=q1, body=f"v{3 + n}", amend=True)
+        assert amended["thread"]["answer"]["body"] == f"v{3 + n}"
+    await refused(builder, parent=q1, body="v7", amend=True)
+    await refused(builder, parent=q1, body="Also, thanks")  # a reply, not an answer
+    # the other question is answered all the same, and the forge shows both answers
+    assert (await builder("add_comment", **base, parent=q2,
+                          body="Half written"))["thread"]["answer"]["body"] == "Half written"
+    bodies = [c["body"] for c in await forge_comments(person("admin"), goal)]
+    assert any("Yes, v2" in b for b in bodies) and any("Half written" in b for b in bodies)
+    assert not any("v7" in b for b in bodies)
+
+
 async def test_pass_on_amend_and_resolve_rights(embedded: Embedded, person: Any,
                                                 tools: Any) -> None:
     marco = person("marco")

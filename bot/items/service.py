@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
 MAX_BODY = 10_000
 MAX_COMMENTS_PER_ITEM = 2_000
+ANSWERS_PAST_FULL = 5  # answers and amends a question takes once its item is full
 MAX_OPEN_PER_ITEM = 5
 MAX_OPEN_OVERALL = 100
 CONTRIBUTOR = ("admin", "maintain", "write")
@@ -59,6 +60,13 @@ CONTRIBUTOR = ("admin", "maintain", "write")
 TARGET_FORMS = ('name an item by owner/repo#N (e.g. acme/product#12) or by the key its title '
                 'or body gives it: a title "AC-12: ..." or "[AC-12] ...", or a body line '
                 '"Key: AC-12"')
+
+
+def _item_full(item: Item) -> Conflict:
+    return Conflict(f"{item.ref} already has {MAX_COMMENTS_PER_ITEM:,} comments, the most an "
+                    "item takes; continue on a new item that is `Part of` it (a question on "
+                    f"it still takes its answer, and amends: {ANSWERS_PAST_FULL} in all past "
+                    "the limit)", code="item_full")
 
 
 def no_issue(repo: str, number: int) -> NotFoundError:
@@ -252,10 +260,9 @@ class Comments:
         if len(body) > MAX_BODY:
             raise InvalidArguments(f"body: {len(body):,} characters; a comment takes at most "
                                    f"{MAX_BODY:,}. Shorten it or split it into a few comments")
-        if await db.count_comments(store, item.ref) >= MAX_COMMENTS_PER_ITEM:
-            raise Conflict(f"{item.ref} already has {MAX_COMMENTS_PER_ITEM:,} comments, the most "
-                           "an item takes; continue on a new item that is `Part of` it",
-                           code="item_full")
+        full = await db.count_comments(store, item.ref) >= MAX_COMMENTS_PER_ITEM
+        if full and new.parent is None:
+            raise _item_full(item)
         parent = await self._parent_thread(item, new.parent)
         await self._check_writer(actor, item, parent)
         table = Table(item.kind, item.author if item.kind == "plan" else None, item.claim)
@@ -274,6 +281,8 @@ class Comments:
         else:
             state, reply_kind = await self._reply(actor, item, parent, new, body, to, cc,
                                                   comment_id, now)
+            if full and not await self._answers_when_full(item, parent, reply_kind):
+                raise _item_full(item)
             thread_id, kind = parent.id, reply_kind
             candidates = [Reached(p, w) for p, w in state.members.items()]
             answered = now if reply_kind in ("answer", "amend") else parent.answered_at
@@ -304,6 +313,18 @@ class Comments:
             await waiting.sync(self, row.scope)
         return {"comment": comment_view(record), "thread": thread_view(row, actor),
                 "notify": record.data["notify"], "addressed": record.data["addressed"]}
+
+    async def _answers_when_full(self, item: Item, parent: db.ThreadRow,
+                                 kind: ReplyKind) -> bool:
+        """Whether a reply to an item that is full goes in all the same: an answer or amend,
+        while its question has had fewer than ANSWERS_PAST_FULL of them past the cap. Anyone
+        a question asks may reply without write access, so an outsider asked once could fill
+        the item; its questions are still answered, and each only a few times more."""
+        if kind not in ("answer", "amend"):
+            return False
+        past = await db.count_past(self.services.store, item.ref, parent.id,
+                                   MAX_COMMENTS_PER_ITEM)
+        return past < ANSWERS_PAST_FULL
 
     @staticmethod
     def _new_id(item: Item, forge_id: int | None, actor: str = "",

@@ -319,6 +319,15 @@ async def count_comments(store: Store, item: str) -> int:
     return int(row["n"]) if row else 0
 
 
+async def count_past(store: Store, item: str, thread: str, first: int) -> int:
+    """How many of `thread`'s comments came after the first `first` comments of `item`."""
+    row = await store.fetchone(
+        "SELECT count(*) AS n FROM comments WHERE item=? AND thread=? AND seq>"
+        " (SELECT seq FROM comments WHERE item=? ORDER BY seq LIMIT 1 OFFSET ?)",
+        (item, thread, item, first - 1))
+    return int(row["n"]) if row else 0
+
+
 # -- threads -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ThreadRow:
