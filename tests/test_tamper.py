@@ -351,10 +351,48 @@ async def test_keys_revoke_withdraws_a_leaked_key_everywhere_but_never_the_activ
     async with session.get(f"{embedded.app_url}/.well-known/vaultmail-keys/acme.json") as resp:
         published = [k["kid"] for k in (await resp.json())["keys"]]
     assert published and leaked_kid not in published, published
-    code, out = await vaultmail(embedded, "verify", mail["ref"])
+    code, out = await vaultmail(embedded, "verify", mail["ref"], "--keys-url",
+                                f"{embedded.app_url}/.well-known/vaultmail-keys.json")
     assert code == 1 and f"unknown key id {leaked_kid}" in out, "it is not published"
+    code, out = await vaultmail(embedded, "verify", mail["ref"])  # beside the app's key files
+    assert code == 1 and f"signed with revoked key {leaked_kid}" in out, out
     newer = (await tools("human:marco@acme.com")("mail_send", to="scout", subject="After",
                                                  body="revoked"))["mail"]
     await embedded.settle()
     code, out = await vaultmail(embedded, "verify", newer["ref"])
     assert code == 0 and leaked_kid not in out, out
+
+
+async def test_a_mail_signed_with_a_revoked_key_says_the_key_was_withdrawn_not_changed(
+        embedded: Embedded, tools: Any, person: Any, session: aiohttp.ClientSession) -> None:
+    """A mail whose key the operator revoked is flagged, but it was not changed: the notice on
+    its issue, the console's badge and `vaultmail verify` (run beside the app, which reads its
+    key files) say that the key that signed it was withdrawn, not that someone edited it."""
+    mail = await _sent(embedded, tools)
+    kept = await mails.get_mail(embedded.services.store, mail["mail_id"])
+    assert kept is not None
+    assert (await vaultmail(embedded, "keys", "rotate", "--org", "acme"))[0] == 0
+    assert (await vaultmail(embedded, "keys", "revoke", kept.key_id, "--org", "acme"))[0] == 0
+    admin: Actor = person("admin")
+    issue = await admin.issue(SCOUT_VAULT, mail["number"])
+    await admin.call("PATCH", f"/repos/{SCOUT_VAULT}/issues/{mail['number']}",
+                     {"title": issue["title"] + " "}, expect=200)  # the app checks it again
+    await embedded.settle()
+    flagged = await mails.get_mail(embedded.services.store, mail["mail_id"])
+    assert flagged is not None and flagged.tampered
+
+    [note] = [c["body"] for c in await admin.comments(SCOUT_VAULT, mail["number"])
+              if "vaultmail:tampered" in c["body"]]
+    assert "changed after it was sent" not in note, note
+    assert f"The key that signed this mail ({kept.key_id}) was withdrawn by the operator" \
+        in note and "no longer vouches for who sent it" in note, note
+    code, out = await vaultmail(embedded, "verify", mail["ref"])
+    assert code == 1 and f"signed with revoked key {kept.key_id}" in out, out
+    assert "withdrawn by the operator" in out, out
+
+    headers = {"Authorization": f"Bearer {embedded.api_tokens['human:marco@acme.com']}"}
+    for page in ("/console/mail", f"/console/mail/{kept.thread_id}"):
+        async with session.get(embedded.app_url + page, headers=headers) as resp:
+            html = await resp.text()
+        assert resp.status == 200 and "Signing key withdrawn" in html, (page, html[:300])
+        assert "Changed after sending" not in html, page

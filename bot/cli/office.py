@@ -96,12 +96,16 @@ async def cmd_reindex(args: argparse.Namespace) -> int:
 async def _published_keys(data: str | None, keys_url: str | None, operator_token: str,
                           session: aiohttp.ClientSession) -> Verifier:
     """Every office's published keys (the app's, or `--keys-url`), else the key files in the
-    data directory; the check itself requires the key to speak for the mail's office."""
+    data directory; the check itself requires the key to speak for the mail's office. The
+    app's own published keys are told which keys were revoked by its key files, where they
+    are here (run beside the app): a mail signed with one says so."""
     from bot.app.settings import SettingsError
     from bot.mail.signing import KEYS_FILE_NAME, OFFICE_KEYS_DIR, Keyrings, PublicKeys
 
     headers = {}
+    revoked = None
     if keys_url is None and data and (Path(data) / "tokens.json").exists():
+        revoked = Keyrings.in_data_dir(data).revoked
         app_url = json.loads((Path(data) / "tokens.json").read_text())["app_url"]
         keys_url = f"{app_url}/.well-known/vaultmail-keys.json"
         if operator_token:  # every office's keys are the operator's; only to the app's own URL
@@ -117,7 +121,7 @@ async def _published_keys(data: str | None, keys_url: str | None, operator_token
     try:
         async with session.get(keys_url, headers=headers) as resp:
             resp.raise_for_status()
-            return PublicKeys.from_jwks(await resp.json())
+            return PublicKeys.from_jwks(await resp.json(), revoked=revoked)
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise ShellFailure("keys_unreachable", (
             f"cannot read the published keys at {keys_url} ({type(exc).__name__}): is the app "

@@ -41,6 +41,13 @@ def _verdicts(found: Iterable[MailRecord]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _withdrawn(v: Visitor, found: Iterable[MailRecord]) -> set[str]:
+    """The mails in `found` signed with a key the operator has since revoked: not verified,
+    but not changed either; their badge says the key was withdrawn."""
+    keys = v.services.keyring
+    return {mail.mail_id for mail in found if keys.revoked(mail.key_id)}
+
+
 def _stack(cards: list[dict[str, Any]], deferred: dict[str, float]) -> list[dict[str, Any]]:
     """`yourTurn` as the card stack: in the inbox's order, the cards set aside (Defer) last,
     in the order they were set aside, so they come back at the end."""
@@ -135,6 +142,7 @@ async def mail_page(request: web.Request, v: Visitor) -> web.StreamResponse:
     return page("mail.html", {
         **await frame(request, v, "mail"), "threads": threads,
         "verdicts": _verdicts(m for t in threads for m in t.mails),
+        "withdrawn": _withdrawn(v, (m for t in threads for m in t.mails if m.tampered)),
         "filters": {"state": state or "", "agent": agent.slug if agent else "", "q": text or ""},
         "states": STATES, "may_send": allowed, "refusal": refusal, "reply_to": reply_to,
         "sent": q.get("sent")})
@@ -169,6 +177,7 @@ async def thread_page(request: web.Request, v: Visitor) -> web.StreamResponse:
     allowed, refusal = _senders(v)
     return page("thread.html", {**await frame(request, v, "mail"), "messages": messages,
                                 "verdicts": _verdicts(members),
+                                "withdrawn": _withdrawn(v, members),
                                 "thread_id": thread_id, "may_send": allowed,
                                 "refusal": refusal, "last": members[-1]})
 

@@ -62,7 +62,7 @@ import json
 import re
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final, Literal
@@ -527,10 +527,20 @@ class Verdict:
     body: str = ""
     copy: bool = False  # a genuine header on an issue it was not written for: not that mail
     office: str | None = None
+    revoked: bool = False  # signed with a key the operator withdrew (`vaultmail keys revoke`)
 
     @property
     def valid(self) -> bool:
         return self.status is VerdictStatus.VALID
+
+    @property
+    def warning(self) -> str:
+        """What a tampered mail's readers are told: a mail whose key was withdrawn was not
+        changed (as far as anyone can tell), it is only no longer vouched for."""
+        if self.revoked and self.header is not None:
+            return (f"The key that signed this mail ({self.header.key_id}) was withdrawn by "
+                    "the operator, so its header no longer vouches for who sent it")
+        return f"This mail was changed after it was sent ({self.reason})"
 
 
 def _tampered(problems: list[str], header: MailHeader | None, signed: bool, body: str,
@@ -541,10 +551,10 @@ def _tampered(problems: list[str], header: MailHeader | None, signed: bool, body
                    body, copy, office)
 
 
-def _unknown_key(header: MailHeader, keys: Verifier) -> str:
-    if keys.revoked(header.key_id):  # leaked, so whoever holds it may have written this
-        return (f"signed with revoked key {header.key_id}: it no longer vouches for "
-                "anything it signed")
+def _unknown_key(header: MailHeader, keys: Verifier, revoked: bool) -> str:
+    if revoked:  # leaked, so whoever holds it may have written this
+        return (f"signed with revoked key {header.key_id}: withdrawn by the operator, it no "
+                "longer vouches for anything it signed")
     named, owner = kid_office(header.key_id), vault_office(header.vault)
     if named is not None and named != owner:
         return f"unknown key id {header.key_id} (a key of office {named}, not {owner})"
@@ -618,7 +628,9 @@ def verify_mail(
     if header is None:
         return _tampered([f"header unreadable: {parsed.error}"], None, False, parsed.body)
     if not keys.has_key(header.key_id):
-        return _tampered([_unknown_key(header, keys)], header, False, parsed.body)
+        revoked = keys.revoked(header.key_id)
+        return replace(_tampered([_unknown_key(header, keys, revoked)], header, False,
+                                 parsed.body), revoked=revoked)
     if not verify_signature(header, keys):
         return _tampered(["header fields changed"], header, False, parsed.body)
     forged = _not_this_office(header, keys)

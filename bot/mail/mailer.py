@@ -545,8 +545,8 @@ class Mailer:
             # the mail's lock let go first: a tamper warning is a comment (a content
             # creation), which may wait for the hour's budget, and no pacing wait is made
             # under a lock
-            for reason, look_first in owed:
-                await self._warn_owed(mail, reason, look_first=look_first)
+            for warning, look_first in owed:
+                await self._warn_owed(mail, warning, look_first=look_first)
 
     async def _move_held(self, mail: MailRecord, event: MailEvent, actor: str,
                          ledger_event: str, *, labels: list[str] | None,
@@ -909,7 +909,7 @@ class Mailer:
 
         The flag and the ledger entry come first and note the warning as owed; the comment
         (with a marker) is part of what a retry does until it is on the forge. `owed`: the
-        comment is left to the caller (which holds the mail's lock): its reason and whether to
+        comment is left to the caller (which holds the mail's lock): its warning and whether to
         look for it first are added there, for `_warn_owed` once the lock is let go."""
         verdict = verify_issue(issue, mail.vault, self.services.keyring,
                                app_login=self.services.bot_login, expected_mail_id=mail.mail_id)
@@ -931,24 +931,26 @@ class Mailer:
                                                                                 mail.mail_id)
             if flag == mails.WARNING_OWED:
                 if owed is not None:
-                    owed.append((verdict.reason, not fresh))
+                    owed.append((verdict.warning, not fresh))
                 else:
-                    await self._warn_tampered(mail, verdict.reason, look_first=not fresh)
+                    await self._warn_tampered(mail, verdict.warning, look_first=not fresh)
         return False
 
-    async def _warn_owed(self, mail: MailRecord, reason: str, *, look_first: bool) -> None:
+    async def _warn_owed(self, mail: MailRecord, warning: str, *, look_first: bool) -> None:
         """A tamper warning a move found owed, posted outside the mail's lock (once: under the
         tamper lock, while the flag still says it is owed)."""
         async with self.services.lock_for(f"tamper:{mail.mail_id}"):
             if await mails.tamper_flag(self.services.store, mail.mail_id) == mails.WARNING_OWED:
-                await self._warn_tampered(mail, reason, look_first=look_first)
+                await self._warn_tampered(mail, warning, look_first=look_first)
 
-    async def _warn_tampered(self, mail: MailRecord, reason: str, *, look_first: bool) -> None:
+    async def _warn_tampered(self, mail: MailRecord, warning: str, *,
+                             look_first: bool) -> None:
+        """Post `warning` (`Verdict.warning`) on the mail's issue, with what was sent."""
         marker = f"<!-- vaultmail:tampered {mail.mail_id} -->"
         if not look_first or await self.forge.find_comment(mail.vault, mail.number,
                                                            marker) is None:
             await self.forge.create_comment(mail.vault, mail.number, (
-                f"⚠️ This mail was changed after it was sent ({reason}). vaultmail "
+                f"⚠️ {warning}. vaultmail "
                 f"keeps the signed original: from {mail.from_principal} to "
                 f"{mail.to_principal}, sent {mail.sent}, subject "
                 f"“{as_data(mail.subject)}”.\n\n{marker}"), marker=marker)

@@ -656,13 +656,18 @@ class PublicKey:
 
 
 class PublicKeys:
-    """Published keys only: verifies, never signs. Build with ``from_jwks``."""
+    """Published keys only: verifies, never signs. Build with ``from_jwks``. What is published
+    names no revoked key; ``revoked``, where given, tells them (the key files beside the app,
+    read by `vaultmail verify` on its machine), so a refusal can say why."""
 
-    def __init__(self, keys: list[PublicKey]) -> None:
+    def __init__(self, keys: list[PublicKey],
+                 revoked: Callable[[str], bool] | None = None) -> None:
         self._keys = {k.kid: k for k in keys}
+        self._revoked = revoked
 
     @classmethod
-    def from_jwks(cls, jwks: Any) -> PublicKeys:
+    def from_jwks(cls, jwks: Any, *, revoked: Callable[[str], bool] | None = None
+                  ) -> PublicKeys:
         """Read a JWK set as published by ``Keyrings.public_jwks``. Keys of other types are
         skipped; a malformed Ed25519 key is an error (KeyringError) naming which."""
         if not isinstance(jwks, dict) or not isinstance(jwks.get("keys"), list):
@@ -699,7 +704,7 @@ class PublicKeys:
                 raise KeyringError(f"keys[{i}] ({kid}): {exc}") from exc
             keys.append(PublicKey(kid, public, jwk.get("active") is True, created, office,
                                   served, jwk.get("legacy") is True, renamed or None))
-        return cls(keys)
+        return cls(keys, revoked)
 
     @property
     def key_ids(self) -> list[str]:
@@ -717,7 +722,8 @@ class PublicKeys:
         return key is not None and _verify_with(key.public, data, signature)
 
     def revoked(self, kid: str) -> bool:
-        return False  # a revoked key is left out of what is published, not named there
+        # a revoked key is left out of what is published, not named there
+        return kid not in self._keys and self._revoked is not None and self._revoked(kid)
 
     def speaks_for(self, kid: str) -> tuple[str, ...] | None:
         key = self._keys.get(kid)
