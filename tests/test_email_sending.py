@@ -6,9 +6,13 @@ fate ledgered once (`email.*`); a message the relay keeps deferring given up as 
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 from collections.abc import Awaitable, Callable
 from email import message_from_bytes, policy
 from email.message import EmailMessage
+
+import pytest
 
 from bot.email import outgoing
 from bot.email.gateway import GATEWAY_KEY
@@ -570,3 +574,68 @@ async def test_a_message_that_keeps_failing_past_the_give_up_time_bounces_and_fr
     envelope = await mailroom.relay.next()
     assert b"Here it is." in (envelope.original_content or b"")
     assert mailroom.relay.received.empty()
+
+
+async def test_a_deferral_note_shows_readers_no_internal_error_text(
+        mailroom: Mailroom, caplog: pytest.LogCaptureFixture) -> None:
+    """The "⏳ Deferred" note on the mail's issue is read by everyone who reads the vault: a
+    failure that is not the relay's answer (here the office's DKIM key path is a directory, so
+    reading it fails naming the path) is told as an internal error with an id, and the
+    details, with the mail and message ids, are in the log under that id alone (found by
+    review: the note showed the exception's text)."""
+    from bot.email import keys
+
+    caplog.set_level(logging.WARNING, logger="vaultmail.email")
+    raw = wire(message("Bob <bob@example.org>", f"scout@{DOMAIN}", "Prices", "EU prices?",
+                       Message_ID="<m1@example.org>"))
+    assert (await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])).code == 250
+    await mailroom.embedded.settle()
+    path = keys.key_path(mailroom.embedded.data_dir, "acme")
+    good = keys.office_key(mailroom.embedded.data_dir, "acme")
+    path.unlink()
+    path.mkdir()  # read as the key: IsADirectoryError, naming the path
+    scout = mailroom.tools("agent:scout")
+    await scout("mail_reply", mail=f"{SCOUT_VAULT}#1", body="Soon.")
+    await mailroom.outbox_settled()
+    await mailroom.embedded.settle()
+
+    [note] = [c["body"] for c in await mailroom.person("marco").comments(SCOUT_VAULT, 1)
+              if c["body"].startswith("⏳")]
+    assert str(mailroom.embedded.data_dir) not in note and "Errno" not in note, note
+    said = re.search(r"an internal error \(logged as (\w+)\)", note)
+    assert said, note
+    [deferred] = await _events(mailroom, "email.deferred")
+    assert deferred.data["detail"] == f"an internal error (logged as {said[1]})"
+    [logged] = [r for r in caplog.records if getattr(r, "error_id", None) == said[1]]
+    assert str(path) in str(logged.__dict__.get("error")), logged.__dict__
+    assert (logged.__dict__.get("org"), logged.__dict__.get("mail")) == ("acme",
+                                                                         f"{SCOUT_VAULT}#1")
+    assert logged.__dict__.get("message_id") == deferred.data["message_id"]
+
+    path.rmdir()
+    path.write_bytes(good)
+    envelope = await mailroom.relay.next()  # tried again once it can be: it goes
+    assert b"Soon." in (envelope.original_content or b"")
+
+
+async def test_a_relay_that_cannot_be_reached_is_told_without_its_address(
+        mailroom: Mailroom, caplog: pytest.LogCaptureFixture) -> None:
+    """A relay the outbox cannot reach is said on the issue as what kind of failure it was
+    (its connection refused); its address and the error are in the log alone."""
+    caplog.set_level(logging.WARNING, logger="vaultmail.email")
+    raw = wire(message("Bob <bob@example.org>", f"scout@{DOMAIN}", "Prices", "EU prices?",
+                       Message_ID="<m1@example.org>"))
+    assert (await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])).code == 250
+    await mailroom.embedded.settle()
+    await mailroom.relay.stop()  # nothing listens on its port now
+    await mailroom.tools("agent:scout")("mail_reply", mail=f"{SCOUT_VAULT}#1", body="Soon.")
+    await mailroom.outbox_settled()
+    await mailroom.embedded.settle()
+
+    [note] = [c["body"] for c in await mailroom.person("marco").comments(SCOUT_VAULT, 1)
+              if c["body"].startswith("⏳")]
+    assert "(the relay could not be reached: it refused the connection)" in note, note
+    assert "127.0.0.1" not in note and f":{mailroom.relay.port}" not in note, note
+    logged = next(r for r in caplog.records if r.getMessage() == "email relay unreachable")
+    assert f"127.0.0.1:{mailroom.relay.port}" in str(logged.__dict__.get("error"))
+    assert logged.__dict__.get("mail") == f"{SCOUT_VAULT}#1"

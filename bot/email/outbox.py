@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import re
+import secrets
 import time
 from datetime import UTC, datetime
 from functools import partial
@@ -88,12 +89,23 @@ async def _to_send(store: Any, org: str, cursor: int) -> list[ledger.Entry]:
 
 class Deferred(Exception):
     """The relay said later (4xx) or could not be reached: to `recipients` (none named: the
-    whole message)."""
+    whole message). Its text is shown on the mail's issue: never an error's own text."""
 
     def __init__(self, detail: str, recipients: tuple[str, ...] = (), *,
                  whole: bool = True) -> None:
         super().__init__(detail)
         self.recipients, self.whole = recipients, whole
+
+
+def _internal(office: Office, mail: MailRecord, message_id: str, exc: Exception) -> str:
+    """What the mail's readers are told of a failure that is not the relay's answer (a key,
+    the index, the forge): its text may name hosts, SQL or files, so it goes to the log
+    alone, with the office, mail and message, under an id the note names."""
+    error_id = secrets.token_hex(6)
+    log.warning("email not sent: internal error %s", error_id, exc_info=exc, extra={
+        "error_id": error_id, "org": office.org, "mail": mail.ref, "message_id": message_id,
+        "error": f"{type(exc).__name__}: {exc}"})
+    return f"an internal error (logged as {error_id})"
 
 
 def reply_text(comment_body: str, key: str) -> str:
@@ -242,7 +254,7 @@ class Outbox(Rounds):
             # give_up_after like a deferral, so the thread's later messages queue behind it
             # for that long, never forever
             deferred = exc if isinstance(exc, Deferred) else None
-            detail = str(exc) if deferred else f"sending it failed: {exc!r}"
+            detail = str(exc) if deferred else _internal(office, mail, message_id, exc)
             waiting = deferred.recipients if deferred else ()
             first = await self._deferred(office, mail, message_id, detail, waiting,
                                          whole=deferred.whole if deferred else True)
@@ -329,6 +341,10 @@ class Outbox(Rounds):
         todo = [r for r in out.recipients if r not in accepted and r not in bounced]
         if todo and (data := await self._written(office, mail, out, todo)) is not None:
             answer = await relay.send(self.relay, out.sender, todo, data)
+            if answer.failure is not None:  # (the note says only what kind of failure)
+                log.warning("email relay unreachable", extra={
+                    "org": office.org, "mail": mail.ref, "message_id": message_id,
+                    "error": answer.failure})
             if answer.accepted:
                 await self._sent(office, mail, out, note, answer.accepted)
                 accepted.update(answer.accepted)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import smtplib
+import socket
 import ssl
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 from urllib.parse import unquote, urlsplit
 
@@ -58,6 +59,9 @@ class Sent:
     accepted: tuple[str, ...] = ()
     deferred: dict[str, str] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
+    # why the relay could not be reached, in full (its address, the error): for the log only;
+    # `deferred` says it as vault readers may read it (`_unreachable`)
+    failure: str | None = None
 
     @property
     def state(self) -> Literal["sent", "partial", "deferred", "rejected"]:
@@ -100,9 +104,26 @@ def _send(relay: Relay, envelope_from: str, recipients: list[str], data: bytes) 
         return _all(recipients, "rejected" if exc.smtp_code >= 500 else "deferred",
                     f"{exc.smtp_code} {text}")
     except (OSError, smtplib.SMTPException) as exc:
-        return _all(recipients, "deferred",
-                    f"relay {relay.host}:{relay.port} unreachable: {exc!r}")
+        return replace(_all(recipients, "deferred",
+                            f"the relay could not be reached: {_unreachable(exc)}"),
+                       failure=f"relay {relay.host}:{relay.port} unreachable: {exc!r}")
     return _answer(recipients, refused)
+
+
+def _unreachable(exc: OSError) -> str:
+    """What kind of failure reaching the relay was, as the mail's readers are told it: not
+    the relay's address or the error's own text (the log has them)."""
+    if isinstance(exc, socket.gaierror):
+        return "its name did not resolve"
+    if isinstance(exc, TimeoutError):
+        return "it did not answer in time"
+    if isinstance(exc, ConnectionRefusedError):
+        return "it refused the connection"
+    if isinstance(exc, ssl.SSLError):
+        return "TLS with it failed"
+    if isinstance(exc, smtplib.SMTPServerDisconnected):
+        return "it closed the connection"
+    return "the connection failed"
 
 
 def _answer(recipients: list[str], refused: dict[str, tuple[int, bytes]]) -> Sent:
