@@ -20,7 +20,7 @@ import pytest
 from bot.store import ledger
 from bot.store.db import Store
 from bot.store.idempotency import _key_lock
-from bot.store.locks import RELEASE_1_WRITE_LOCK, lock_pair, lock_pair_sql
+from bot.store.locks import RELEASE_1_WRITE_LOCK, lock_pair, lock_pair_sql, named_lock_pair
 from bot.store.postgres import NAMED_SEED
 from tests import pg
 from tests.lookup3 import chosen, hashtextextended
@@ -140,11 +140,13 @@ async def test_a_named_lock_an_office_chose_is_never_another_offices_key(
         await _older_replica(url, kind=None)
     name = chosen("outbound:acme:https://hooks.acme.example/",
                   hashtextextended(ledger.key("globex")), seed=NAMED_SEED)
-    async with a.named_lock(name):
-        locker = a._locker  # noqa: SLF001 - the session holding named locks
-        assert locker is not None
-        waits = await _globex_waits_behind(url, int(await locker.fetchval(
-            "SELECT pg_backend_pid()")), b)
+    high, low = named_lock_pair(name)
+    async with a.named_lock(name), _session(url) as conn:
+        locker = await conn.fetchval(  # the session holding it (and its older ways)
+            "SELECT pid FROM pg_locks WHERE locktype='advisory' AND objsubid=2 AND granted"
+            " AND classid::bigint=$1 AND objid::bigint=$2", high & 0xFFFF_FFFF,
+            low & 0xFFFF_FFFF)
+        waits = await _globex_waits_behind(url, int(locker), b)
     assert not waits, "globex's ledger waited while acme's outbound sender held its lock"
 
 

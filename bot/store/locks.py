@@ -8,8 +8,9 @@ is 64 bits of the SHA-256 of its name, which no one can steer, as two 32-bit hal
 two-key space (`lock_pair`):
 
 * a transaction's key (`Store.transaction(key)`, `hold`): `lock_pair(name)`;
-* a named lock (`Store.named_lock`, held across transactions): `named_lock_pair(name)`, apart
-  from every transaction key by its prefix.
+* a named lock (`Store.named_lock`, held across transactions): `named_lock_pair(name)`, and
+  its second hold, on another session (`named_lock_second_pair(name)`: bot.store.postgres),
+  each apart from every transaction key by its prefix.
 
 The two-key space is the releases before this one's only for their named locks' class
 (`OLD_NAMED_CLASS`), which no pair here takes; everything else they numbered went to the
@@ -46,6 +47,12 @@ def named_lock_pair(name: str) -> tuple[int, int]:
     return lock_pair("named\n" + name)
 
 
+def named_lock_second_pair(name: str) -> tuple[int, int]:
+    """The two-key advisory lock a named lock `name` is held by a second time, on a session of
+    its own (bot.store.postgres: one session cut, the other keeps it until the holder stops)."""
+    return lock_pair("named-second\n" + name)
+
+
 def lock_pair_sql(text_expr: str) -> str:
     """SQL for `lock_pair` of the text the expression `text_expr` gives: two arguments."""
     digest = f"sha256(convert_to({text_expr}, 'UTF8'))"
@@ -55,4 +62,4 @@ def lock_pair_sql(text_expr: str) -> str:
 
 
 __all__ = ["MIGRATE_LOCK", "OLD_NAMED_CLASS", "RELEASE_1_WRITE_LOCK", "RESERVED", "lock_pair",
-           "lock_pair_sql", "named_lock_pair"]
+           "lock_pair_sql", "named_lock_pair", "named_lock_second_pair"]

@@ -8,21 +8,23 @@ an advisory lock of its transaction, so only writers of one key (an office's led
 installation's write budget, an idempotency key) ever wait for each other. No transaction
 waits unboundedly: a statement waits at most LOCK_WAIT for a lock, and the server ends a
 session left idle inside a transaction (a stalled replica) after IDLE_IN_TRANSACTION, letting go
-of what it held. (Named locks, a mail's or an agent's runs', are held on a session of their
-own across forge calls, for as long as their holder works: a stalled holder keeps them until
-its host stops answering keepalives.) Wake-ups for long polls cross replicas by LISTEN/NOTIFY.
+of what it held. (Named locks, a mail's or an agent's runs', are held on a few sessions of
+their own across forge calls, for as long as their holder works, who is stopped should one be
+cut: a stalled holder keeps them until its host stops answering keepalives.) Wake-ups for long
+polls cross replicas by LISTEN/NOTIFY.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
+import functools
 import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
@@ -35,6 +37,7 @@ from bot.store.locks import (
     RESERVED,
     lock_pair,
     named_lock_pair,
+    named_lock_second_pair,
 )
 from bot.store.migrations import MIGRATIONS_TABLE, column, migrations
 from bot.store.queue import DEAD_AFTER
@@ -46,9 +49,9 @@ log = logging.getLogger("vaultmail.store")
 # steer (PostgreSQL's hashtextextended, which releases before schema 17's numbering used, can
 # be run backwards), in the two-key space: a transaction's keys (Store.transaction(key), hold)
 # are locks of the transaction, `lock_pair`; named locks (Store.named_lock, held across
-# transactions on a session of their own) are session locks, `named_lock_pair`, never the
-# same lock as a transaction's key, so the one session holding named locks never waits on its
-# own transactions.
+# transactions on sessions of their own) are session locks, `named_lock_pair`, never the
+# same lock as a transaction's key, so a session holding named locks never waits on its
+# replica's transactions.
 #
 # Rolling deploys. Each replica's `replicas` row says how it numbers locks (`named_locks`:
 # NULL before schema 16, 2 for schema 16's release, NAMED_LOCKS_KIND now):
@@ -93,7 +96,12 @@ NAMED_TRY = (
     " AS before16,"
     " EXISTS (SELECT 1 FROM replicas WHERE named_locks=2 AND seen_at>vm_now()-$7)"
     " AS schema16) t")
-NAMED_LOCK_POLL = 0.05  # seconds between tries while another replica holds a named lock
+NAMED_TRY_SECOND = "SELECT pg_try_advisory_lock($1::int, $2::int)"
+# which of a lane's waited-for locks are free now, none of them held (one trip for them all)
+NAMED_LOOK = ("SELECT n FROM unnest($1::int[], $2::int[]) WITH ORDINALITY AS u(h, l, n)"
+              " WHERE CASE WHEN pg_try_advisory_lock(h, l) THEN pg_advisory_unlock(h, l) END")
+NAMED_LOCK_POLL = 0.05  # seconds between looks while another replica holds a named lock
+NAMED_LOCK_LANES = 4  # sessions a replica holds named locks on, however many (2 at least)
 CHANNEL = "vaultmail"  # LISTEN/NOTIFY: wake-ups for long polls on every replica
 STATEMENTS_KEPT = 2000  # statements prepared per connection (and known to the engine) at most
 
@@ -258,6 +266,59 @@ def _older_try(at: int) -> str:
     return f"({old} = ANY($3::bigint[]) OR pg_try_advisory_xact_lock({old}))"
 
 
+class NamedLockLost(ConnectionError):
+    """A session holding a named lock was cut while its holder worked (a killed backend, a
+    database restart): the holder is stopped with this where it awaits, as the database being
+    away stops any work (retried later), and another replica may take the lock once it has."""
+
+
+def named_lock_lane(key: str) -> int:
+    """The lane (of NAMED_LOCK_LANES) the named lock `key` is taken on; its second hold is on
+    the next lane. Stable: a key meets itself on one session of a replica."""
+    return named_lock_pair(key)[1] % NAMED_LOCK_LANES
+
+
+@dataclass(eq=False)
+class _Hold:
+    """A named lock this replica holds: on lane `first` its own lock (`ways`: the older
+    releases' ways too, on the same session), on lane `second` its second hold; and the task
+    that holds it, stopped should either session be cut."""
+
+    key: str
+    first: int
+    session: asyncpg.Connection
+    ways: list[int]
+    second: int = 0
+    second_session: asyncpg.Connection | None = None
+    holder: asyncio.Task[Any] | None = None
+    lost: bool = False  # a session of it was cut
+    cancelled: bool = False  # its holder cancelled for it, not yet told why
+
+    def cut_told(self) -> bool:
+        """Whether the CancelledError its holder meets is the cut's alone (then told)."""
+        if not self.cancelled:
+            return False
+        self.cancelled = False
+        assert self.holder is not None
+        return self.holder.uncancel() == 0
+
+
+@dataclass(eq=False)
+class _Lane:
+    """One of a replica's NAMED_LOCK_LANES sessions for named locks: one short statement at
+    a time (`turn`), so keys of other lanes never queue behind its keys."""
+
+    session: asyncpg.Connection | None = None
+    turn: asyncio.Lock = field(default_factory=asyncio.Lock)
+    holds: set[_Hold] = field(default_factory=set)  # holding a lock on the session
+    # holds whose lock on this lane's lost session is gone, their holders not stopped yet: the
+    # lane takes no lock again until they have (`PostgresStore._turn`)
+    stopping: set[_Hold] = field(default_factory=set)
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    waiting: dict[asyncio.Future[None], tuple[int, int]] = field(default_factory=dict)
+    looker: asyncio.Task[None] | None = None  # looks for `waiting`'s locks, while any
+
+
 # A replica's host that vanishes (powered off, cut off) closes none of its sessions: the server
 # would keep them, and the locks they hold (a transaction's keys and rows, named locks), for
 # as long as the kernel's TCP keepalive (2 hours by default). Asked of the server for each
@@ -304,14 +365,10 @@ class PostgresStore(Store):
         self._pool = pool
         self._writers = asyncio.Semaphore(max(1, max_size - READS_KEPT))
         self._listener: asyncpg.Connection | None = None
-        # one session holds this replica's named locks: it ends with the replica (a SIGKILL
-        # too), and so do they
-        self._locker: asyncpg.Connection | None = None
-        self._locker_turn = asyncio.Lock()  # one statement at a time on that session
+        # the sessions holding this replica's named locks: they end with the replica (a
+        # SIGKILL too), and so do its named locks
+        self._lanes = [_Lane() for _ in range(NAMED_LOCK_LANES)]
         self._letting_go: set[asyncio.Future[None]] = set()  # unlocks after a cancelled try
-        # named locks held an older way too, and how many times: (way, name) -> times (a
-        # session's advisory locks count: a cancelled try granted meanwhile holds it twice)
-        self._held_the_old_way: collections.Counter[tuple[int, str]] = collections.Counter()
         self._on_broadcast: Callable[[list[str]], None] | None = None
         self._on_gap: Callable[[], None] | None = None
         self._relisten: asyncio.Future[None] | None = None  # while the listener reconnects
@@ -330,7 +387,10 @@ class PostgresStore(Store):
         if self._relisten is not None:
             self._relisten.cancel()
             await asyncio.gather(self._relisten, return_exceptions=True)
-        for conn in (self._listener, self._locker):
+        for lane in self._lanes:
+            if lane.looker is not None:
+                lane.looker.cancel()
+        for conn in (self._listener, *(lane.session for lane in self._lanes)):
             if conn is not None:
                 with contextlib.suppress(Exception):
                     await conn.close()
@@ -383,35 +443,105 @@ class PostgresStore(Store):
             return await Connection(conn).fetchone(sql, params)
 
     # -- named locks across replicas ---------------------------------------------------------
+    # A replica takes its named locks on NAMED_LOCK_LANES sessions of its own ("lanes"), each
+    # one statement at a time: a key's lock on its lane (`named_lock_lane`, the older
+    # releases' ways beside it), then its second hold on the next lane, each a try. Waits for
+    # locks another replica holds are one look a lane every NAMED_LOCK_POLL for all of that
+    # lane's waiters. Should a lane's session be cut (a killed backend; a database restart
+    # cuts them all), every holder of a lock on it is stopped where it awaits (NamedLockLost)
+    # before its other hold is let go and before the lane takes any lock again: another
+    # replica, which takes both in order, gets the lock only once the holder has stopped.
 
     @asynccontextmanager
     async def named_lock(self, key: str) -> AsyncIterator[None]:
         """One holder of `key` among every replica: this process's tasks queue in memory, and
-        the one at the front tries the database's advisory lock until no other replica holds
-        it. Held on a session of its own, so a replica that dies lets go of them all."""
+        the one at the front tries the database's advisory locks until no other replica holds
+        them. Raises NamedLockLost in the holder should a session holding them be cut."""
         async with self._local_lock(key):
             while True:
-                attempt = asyncio.ensure_future(self._try_lock(key))
+                attempt = asyncio.ensure_future(self._try_named(key))
                 try:
-                    session = await asyncio.shield(attempt)
+                    hold = await asyncio.shield(attempt)
                 except asyncio.CancelledError:
                     # the database may grant it after all: let it go then, or it stays held
-                    attempt.add_done_callback(lambda done: self._let_go(done, key))
+                    attempt.add_done_callback(self._let_go_late)
                     raise
-                if session is not None:
+                if hold is not None:
                     break
-                await asyncio.sleep(NAMED_LOCK_POLL)  # another replica holds it
+                await self._until_looked_free(named_lock_lane(key), named_lock_pair(key))
+            holder = asyncio.current_task()
+            assert holder is not None
+            hold.holder = holder
             try:
+                sessions = ((hold.first, hold.session), (hold.second, hold.second_session))
+                if any(self._lanes[n].session is not s for n, s in sessions):
+                    raise NamedLockLost(f"named lock {key!r}: its session was cut as it was"
+                                        " taken")
+                for n, _ in sessions:
+                    self._lanes[n].holds.add(hold)
                 yield
+            except asyncio.CancelledError:
+                if hold.cut_told():  # (cancelled by `_lane_cut` alone)
+                    raise NamedLockLost(f"named lock {key!r}: its session was cut while held;"
+                                        " another replica may take it now") from None
+                raise
             finally:
-                await asyncio.shield(self._unlock(session, key))
+                await self._leave(hold)
 
-    async def _try_lock(self, key: str) -> asyncpg.Connection | None:
-        """The session now holding `key` for this replica, or None if another holds it."""
-        async with self._locker_turn:
-            if self._locker is None or self._locker.is_closed():
-                self._locker = await asyncpg.connect(self._url, server_settings=SESSION)
-            session = self._locker
+    async def _leave(self, hold: _Hold) -> None:
+        """Let go of `hold` as its holder leaves. A cut heard once its work was done (after
+        its last await) stops nothing: its holder is not cancelled for it."""
+        for n in (hold.first, hold.second):  # (at once: no cut cancels its holder from here)
+            self._lanes[n].holds.discard(hold)
+        letting_go = asyncio.ensure_future(self._let_go(hold))
+        while True:
+            try:
+                await asyncio.shield(letting_go)
+                return
+            except asyncio.CancelledError:
+                if not hold.cut_told():
+                    raise
+
+    @asynccontextmanager
+    async def _turn(self, n: int) -> AsyncIterator[asyncpg.Connection]:
+        """Lane `n`'s session, one statement at a time; opened again once every holder of a
+        lock on the one cut has stopped."""
+        lane = self._lanes[n]
+        while True:
+            while lane.stopping:
+                lane.stopped.clear()
+                await lane.stopped.wait()
+            async with lane.turn:
+                if lane.session is not None and lane.session.is_closed():
+                    self._lane_cut(n, lane.session)  # (before its listener was called)
+                if lane.stopping:
+                    continue
+                if lane.session is None:
+                    session = await asyncpg.connect(self._url, server_settings={
+                        **SESSION, "application_name": f"vaultmail locks {self.replica_id}"})
+                    session.add_termination_listener(functools.partial(self._lane_cut, n))
+                    lane.session = session
+                yield lane.session
+                return
+
+    def _lane_cut(self, n: int, session: object) -> None:
+        """Lane `n`'s session `session` is gone, and the locks it held: stop their holders."""
+        lane = self._lanes[n]
+        if session is not lane.session:
+            return  # (one of its earlier sessions: done with)
+        lane.session = None
+        for hold in lane.holds:
+            lane.stopping.add(hold)
+            if not hold.lost and hold.holder is not None:
+                hold.lost = hold.cancelled = True
+                hold.holder.cancel()
+        lane.holds.clear()
+
+    async def _try_named(self, key: str) -> _Hold | None:
+        """`key` now held by this replica, or None if another holds it (either hold, or an
+        older release's way while a replica of that release lives)."""
+        first = named_lock_lane(key)
+        async with self._turn(first) as session:
             # (the subquery, volatile, runs first and once: the older ways are tried only
             # once this way is got; all in one trip)
             row = await session.fetchrow(NAMED_TRY, *named_lock_pair(key), key, NAMED_SEED,
@@ -424,28 +554,89 @@ class PostgresStore(Store):
                 # a live replica of an older release may hold it its way
                 await self._unlock_ways(session, key, ways)
                 return None
-            for way in ways:
-                self._held_the_old_way[(way, key)] += 1
-            return session
+        hold = _Hold(key, first, session, ways, second=(first + 1) % NAMED_LOCK_LANES)
+        try:
+            async with self._turn(hold.second) as second:
+                got = await second.fetchval(NAMED_TRY_SECOND, *named_lock_second_pair(key))
+        except BaseException:
+            await asyncio.shield(self._let_go(hold))
+            raise
+        if not got:  # (its holder elsewhere is being stopped: its first session was cut)
+            await self._let_go(hold)
+            return None
+        hold.second_session = second
+        return hold
 
-    def _let_go(self, attempt: asyncio.Future[asyncpg.Connection | None], key: str) -> None:
+    async def _until_looked_free(self, n: int, pair: tuple[int, int]) -> None:
+        """Returns once lane `n`'s look finds the lock `pair` free (or cannot look)."""
+        lane = self._lanes[n]
+        free = asyncio.get_running_loop().create_future()
+        lane.waiting[free] = pair
+        if lane.looker is None:
+            lane.looker = asyncio.ensure_future(self._look(n))
+        try:
+            await free
+        finally:
+            lane.waiting.pop(free, None)
+
+    async def _look(self, n: int) -> None:
+        """Every NAMED_LOCK_POLL while any waits on lane `n`: one look for all its waiters."""
+        lane = self._lanes[n]
+        try:
+            while lane.waiting:
+                await asyncio.sleep(NAMED_LOCK_POLL)
+                waiting = list(lane.waiting.items())
+                try:
+                    async with self._turn(n) as session:
+                        free = {r["n"] - 1 for r in await session.fetch(
+                            NAMED_LOOK, [h for _, (h, _) in waiting],
+                            [low for _, (_, low) in waiting])}
+                except Exception:  # noqa: BLE001 - cut, away: each waiter tries and is told
+                    free = set(range(len(waiting)))
+                for i, (waiter, _) in enumerate(waiting):
+                    if i in free and not waiter.done():
+                        waiter.set_result(None)
+        finally:
+            lane.looker = None
+
+    def _let_go_late(self, attempt: asyncio.Future[_Hold | None]) -> None:
+        """A cancelled try's hold, let go of once it is known."""
         if attempt.cancelled() or attempt.exception() is not None:
             return
-        session = attempt.result()
-        if session is not None:
-            task = asyncio.ensure_future(self._unlock(session, key))
+        hold = attempt.result()
+        if hold is not None:
+            task = asyncio.ensure_future(self._let_go(hold))
             self._letting_go.add(task)
             task.add_done_callback(self._letting_go.discard)
 
-    async def _unlock(self, session: asyncpg.Connection, key: str) -> None:
-        async with self._locker_turn:
-            ways = [way for way in (1, 2) if self._held_the_old_way[(way, key)] > 0]
-            for way in ways:
-                self._held_the_old_way[(way, key)] -= 1
-                if not self._held_the_old_way[(way, key)]:
-                    del self._held_the_old_way[(way, key)]
-            if not session.is_closed():  # else its locks went with it
-                await self._unlock_ways(session, key, ways)
+    async def _let_go(self, hold: _Hold) -> None:
+        """Let go of each hold of `hold` on a session not cut (a cut one's went with it), then
+        let its lanes take locks again."""
+        async def unlock(n: int, session: asyncpg.Connection | None, second: bool) -> None:
+            lane = self._lanes[n]
+            if session is None or session is not lane.session:
+                return
+            async with lane.turn:
+                if session is not lane.session:
+                    return
+                with contextlib.suppress(Exception):  # (cut meanwhile: its locks went too)
+                    if second:
+                        await session.fetchval("SELECT pg_advisory_unlock($1::int, $2::int)",
+                                               *named_lock_second_pair(hold.key))
+                    else:
+                        await self._unlock_ways(session, hold.key, hold.ways)
+
+        try:
+            for n in (hold.first, hold.second):
+                self._lanes[n].holds.discard(hold)
+            await asyncio.gather(unlock(hold.first, hold.session, False),
+                                 unlock(hold.second, hold.second_session, True))
+        finally:
+            for n in (hold.first, hold.second):
+                lane = self._lanes[n]
+                lane.stopping.discard(hold)
+                if not lane.stopping:
+                    lane.stopped.set()
 
     @staticmethod
     async def _unlock_ways(session: asyncpg.Connection, key: str, ways: list[int]) -> None:
