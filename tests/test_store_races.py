@@ -182,6 +182,11 @@ async def test_a_replica_of_the_previous_release_and_one_of_this_keep_a_chain_wh
     await ledger.record(a, "mail.sent", "agent:scout", "acme/scout-vault#1", org="acme")
     conn = await asyncpg.connect(url)  # the previous release's replica, as it wrote
     try:
+        # it is alive (its row names no named_locks: from before schema 16), so this
+        # release's writers take the old lock shared
+        await conn.execute("INSERT INTO replicas(id, url, started_at, seen_at, steady_since,"
+                           " incarnation, named_locks) VALUES ('previous', NULL, vm_now(),"
+                           " vm_now()+60, vm_now(), 'x', NULL)")
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", 0x766D_0001)
             holder = int(await conn.fetchval("SELECT pg_backend_pid()"))
