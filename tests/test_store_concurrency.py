@@ -406,6 +406,142 @@ async def test_a_finish_never_waits_for_another_offices_row_and_keeps_its_issues
     assert (await a.fetchone("SELECT state FROM queue WHERE guid='acme-1'"))["state"] == "done"
 
 
+async def test_an_issues_later_finish_waits_for_its_earlier_one_held_elsewhere(
+        replicas: tuple[str, list[Store]]) -> None:
+    """Two deliveries of one issue finish in one batch while another transaction holds the
+    first's row: the second is carried with it, not recorded before it (found by review: it
+    was recorded done, and a stop then ran the first again, after the second)."""
+    url, (a, b, *_) = replicas
+    assert await a.enqueue_delivery("acme-1", "issues", *_delivery(1, 1))
+    assert await a.enqueue_delivery("acme-2", "issues", *_delivery(2, 1))
+    one, two = sorted(await b.due_items(limit=8), key=lambda i: i.guid)
+    holder, _ = await _row_held(url, "SELECT 1 FROM queue WHERE guid='acme-1' FOR UPDATE")
+    try:
+        await asyncio.wait_for(b.finish_and_claim([(one, "done"), (two, "done")], 8),
+                               HANG_GUARD)
+        states = {r["guid"]: r["state"] for r in await a.fetchall("SELECT guid, state FROM queue")}
+        assert states == {"acme-1": "pending", "acme-2": "pending"}, "the later one first"
+        assert b.has_carried()
+    finally:
+        await holder.close()
+    await b.finish_and_claim([], 8)
+    states = {r["guid"]: r["state"] for r in await a.fetchall("SELECT guid, state FROM queue")}
+    assert states == {"acme-1": "done", "acme-2": "done"} and not b.has_carried()
+
+
+async def test_a_worker_stopping_records_the_finishes_it_carries_first(
+        replicas: tuple[str, list[Store]]) -> None:
+    """A delivery ends while another transaction holds its row: its finish is carried. A
+    worker told to stop then returned with it unrecorded, and the replica's leave let the
+    finished delivery go, to run again (found by review). Now the stop waits for it."""
+    from gidgethub.routing import Router
+
+    from bot.app.context import HandlerContext
+    from bot.app.worker import Worker
+    from bot.store import QueueItem
+
+    url, (a, b, *_) = replicas
+    router = Router()
+    held: list[tuple[asyncpg.Connection, int]] = []
+
+    @router.register("issues")
+    async def handle(event: Any, ctx: HandlerContext) -> None:
+        # another replica's long transaction takes the row as this delivery ends
+        held.append(await _row_held(url, "SELECT 1 FROM queue WHERE guid='acme-1' FOR UPDATE"))
+
+    def context(item: QueueItem, log: Any) -> HandlerContext:
+        return HandlerContext(services=None, forge=None,  # type: ignore[arg-type]
+                              installation_id=item.installation_id, delivery_id=item.guid,
+                              log=log)
+
+    writes = 0
+    finish_and_claim = b.finish_and_claim
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:  # (the store's own, counted)
+        nonlocal writes
+        writes += 1
+        return await finish_and_claim(*args, **kwargs)
+
+    b.finish_and_claim = counted  # type: ignore[method-assign]
+    worker = Worker(b, router, Router(), lambda payload: False, context)
+    assert await a.enqueue_delivery("acme-1", "issues", *_delivery(1, 1))
+    worker.start()
+    try:
+        await until(lambda: bool(held) and b.has_carried(), timeout=HANG_GUARD)
+        stopping = asyncio.create_task(worker.stop(drain_timeout=HANG_GUARD))
+        seen = writes
+        # two more of the worker's writes while it stops: it has had its chance to return
+        await until(lambda: stopping.done() or writes >= seen + 2, timeout=HANG_GUARD)
+        assert not stopping.done(), "stopped with a finish carried, unrecorded"
+    finally:
+        for conn, _ in held:
+            await conn.close()
+    await asyncio.wait_for(stopping, HANG_GUARD)
+    await b.leave()  # what a replica's stop does next
+    row = await a.fetchone("SELECT state FROM queue WHERE guid='acme-1'")
+    assert row is not None and row["state"] == "done"
+
+
+async def test_two_replicas_claiming_one_pair_of_changes_in_opposite_orders_never_deadlock(
+        replicas: tuple[str, list[Store]]) -> None:
+    """Redeliveries of the same two forge changes claimed by two replicas, each batch in its
+    own order: the changes' claims are made in their keys' order, so neither waits for the
+    other's second (found by review: PostgreSQL broke a deadlock by rolling back one claim,
+    every office's finishes and results riding it)."""
+    from gidgethub.routing import Router
+
+    from bot.app.worker import Worker
+
+    url, (a, b, *_) = replicas
+    router = Router()
+
+    @router.register("issue_comment")
+    async def handle(event: Any, ctx: Any) -> None: ...
+
+    def comment(n: int, guid: str) -> tuple[str, dict[str, Any]]:
+        return guid, {"action": "created", "comment": {"id": n, "body": "x"},
+                      "issue": {"number": n}, "repository": {"full_name": "acme/scout-vault"}}
+
+    for guid, payload in (comment(1, "c1"), comment(2, "c2"), comment(1, "c1-again"),
+                          comment(2, "c2-again")):
+        assert await a.enqueue_delivery(guid, "issue_comment", payload,
+                                        json.dumps(payload).encode())
+    by_guid = {i.guid: i for i in await a.due_items(limit=8)}
+    workers = [Worker(s, router, Router(), lambda payload: False, None)  # type: ignore[arg-type]
+               for s in (a, b)]
+    both, go = asyncio.Event(), asyncio.Event()
+    firsts: list[int] = []  # the sessions that made their first claim
+
+    async def claim(worker: Worker, store: Store, guids: list[str]) -> None:
+        preclaim_in = store.preclaim_in
+
+        async def paced(db: Connection, scope: str, key: str, owner: str) -> bool:
+            done = await preclaim_in(db, scope, key, owner)
+            if not go.is_set():  # each holds its first claim until both made one
+                firsts.append(int((await db.fetchone("SELECT pg_backend_pid() AS p"))["p"]))
+                if len(firsts) == 2:
+                    both.set()
+                await go.wait()
+            return done
+
+        store.preclaim_in = paced  # type: ignore[method-assign]
+        async with store.transaction() as db:
+            await worker._preclaim(db, [by_guid[g] for g in guids])
+
+    tasks = [asyncio.create_task(claim(workers[0], a, ["c1", "c2"]))]
+    await until(lambda: len(firsts) == 1, timeout=HANG_GUARD)
+    tasks.append(asyncio.create_task(claim(workers[1], b, ["c2-again", "c1-again"])))
+    try:
+        # either both made their first claim (each then waits for the other's second: a
+        # deadlock), or the second waits for the first's (in the keys' order: no cycle)
+        await until(lambda: both.is_set() or pg.waiting_behind(url, firsts[0]),
+                    timeout=HANG_GUARD)
+        assert not both.is_set(), "each claimed another change first"
+    finally:
+        go.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), HANG_GUARD)  # (a deadlock raises here)
+
+
 async def test_a_finish_alone_never_waits_for_another_offices_row(
         replicas: tuple[str, list[Store]]) -> None:
     """`finish` (a parked delivery's, recorded at once) shares a transaction with the finishes

@@ -220,7 +220,12 @@ class Worker:
             if self._in_flight:
                 return False
             if self._stopping:
-                return True
+                if not (store.has_carried() or self._settling or store.has_stray()):
+                    return True
+                # finishes or results whose rows another transaction holds: recorded before
+                # the stop (else `leave` lets a finished delivery go, to run again)
+                await self._wait_for_work(time.time() + queue.PARKED_POLL)
+                return False
             self._idle.set()
             await self._wait_for_work(await store.next_wakeup())
             return False
@@ -311,15 +316,18 @@ class Worker:
         a change seen for the first time, the usual case, then needs no transaction of its
         own for its claim. Returns delivery id -> (scope, key) of those claimed."""
         claimed: dict[str, tuple[str, str]] = {}
-        seen: set[str] = set()
+        first: dict[str, QueueItem] = {}
         for item in items:
             key = change_key(item.event, item.payload)
-            if key is None or key in seen:
+            if key is None or key in first:
                 continue
-            seen.add(key)
             _, router, event = self._routed(item)
-            if not router.fetch(event):
-                continue  # no handler runs it: nothing to claim
+            if router.fetch(event):  # (no handler runs it: nothing to claim)
+                first[key] = item
+        # in the keys' order: two replicas claiming redeliveries of the same changes in
+        # another order would each wait for the other's uncommitted row (a deadlock, which
+        # rolls back every office's finishes and results riding the claim)
+        for key, item in sorted(first.items()):
             if await self.store.preclaim_in(db, "forge", key, ""):
                 claimed[item.guid] = ("forge", key)
         return claimed

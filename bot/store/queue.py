@@ -418,11 +418,16 @@ FINISH_FREE = (
     "WITH f(id, state, seq) AS (SELECT * FROM unnest(?::bigint[], ?::text[], ?::bigint[])),"
     " lockable AS (SELECT id FROM queue WHERE id = ANY(?::bigint[]) ORDER BY id"
     " FOR UPDATE SKIP LOCKED),"
+    " held AS (SELECT l.id FROM queue l WHERE l.id IN (SELECT id FROM f) AND (l.id NOT IN"
+    " (SELECT id FROM lockable) OR EXISTS (SELECT 1 FROM queue e WHERE e.id IN (SELECT id"
+    " FROM f) AND e.id NOT IN (SELECT id FROM lockable) AND e.issue_key=l.issue_key"
+    " AND e.id<l.id))),"
     " done AS (UPDATE queue q SET state=coalesce(f.state, q.state), finished_at=CASE WHEN"
     " f.state IS NULL THEN q.finished_at ELSE ?::float8 END, lease_owner=NULL FROM f"
-    " WHERE q.id=f.id AND q.id IN (SELECT id FROM lockable) AND q.state='pending'"
+    " WHERE q.id=f.id AND q.id IN (SELECT id FROM lockable) AND q.id NOT IN (SELECT id"
+    " FROM held) AND q.state='pending'"
     " AND q.lease_owner=? AND q.lease_seq=f.seq RETURNING q.id)"
-    " SELECT id, id IN (SELECT id FROM done) AS done, id NOT IN (SELECT id FROM lockable)"
+    " SELECT id, id IN (SELECT id FROM done) AS done, id IN (SELECT id FROM held)"
     " AS held FROM queue WHERE id = ANY(?::bigint[])")
 
 
