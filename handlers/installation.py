@@ -81,12 +81,22 @@ async def follow_org_rename(event: sansio.Event, ctx: HandlerContext) -> None:
     if not (isinstance(new, str) and isinstance(old, str) and isinstance(account_id, int)
             and isinstance(inst, int)):
         return
+    from bot.app.build import follow_keys, relist  # (bot.app.build imports the handlers)
+
     old, new = old.lower(), new.lower()
     store = ctx.services.store
     known = await installations.accounts(store)
     if installations.renamed_in(known, {new: account_id}) != {old: new}:
         return  # followed already (a start saw it first), or not this account's office
-    ctx.services.keyring.rename(old, new)
+    if await installations.held_elsewhere(store, new, account_id):
+        # the office under `new` is another account's, still installed: its org was renamed
+        # too and that event is not heard yet. The forge's listing says where it went: the
+        # rename out of `new` is followed first, then this one (never the office retired)
+        taken = await relist(ctx.services)
+        ctx.log.info("organisations renamed: their offices follow them",
+                     extra={"renamed": taken.renamed})
+        return
+    follow_keys(ctx.services.keyring, known, old, new)
     if await installations.renamed(store, old, new, account_id):
         for org in (old, new):
             ctx.services.offices.forget(org)

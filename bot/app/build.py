@@ -76,19 +76,50 @@ class Listing:
 async def take_listing(store: Store, keyring: Keyrings, live: dict[str, int],
                        before: installations.Known, accounts: dict[str, int]) -> Listing:
     """The forge's listing of the App's orgs taken into the index (`installations.listed`),
-    at start and, on Gitea, every few minutes. An org that renamed itself (its account under
-    a new login) has its office's keys moved to the new name first, and an org whose name
+    at start, on Gitea every few minutes, and on GitHub when a rename heard is into a name
+    whose office's own rename was not heard yet. An org that renamed itself (its account
+    under a new login) has its office's keys moved to the new name first (`follow_keys`),
+    in the order the index follows them (`installations.in_order`), and an org whose name
     another account took has its office's keys set aside first (`Keyrings.retire`), each
     before the index moves the office (a crash between finds the keys moved, or the office
     moved, and moves nothing twice)."""
     known = await installations.accounts(store)
     renamed = installations.renamed_in(known, accounts)
-    for old, new in renamed.items():
-        keyring.rename(old, new)
+    whose = dict(known)
+    for old, new in installations.in_order(renamed):
+        follow_keys(keyring, whose, old, new)
     taken = installations.taken_over(known, accounts)
     for org in taken:
         keyring.retire(org, installations.archived_name(org, known[org]))
     return Listing(await installations.listed(store, live, before, accounts), taken, renamed)
+
+
+def follow_keys(keyring: Keyrings, whose: dict[str, int], old: str, new: str) -> None:
+    """Office `old`'s keys follow its org's rename to `new` (`Keyrings.rename`); keys under
+    `new` of another account's office (`whose`: {org: account id}, as the index has it, kept
+    up to date here: an org left that name, uninstalled, deleted or renamed) are set aside
+    first, as the index sets that office aside (`installations.rename`)."""
+    account = whose.pop(old, None)
+    if new in whose and whose[new] != account:
+        keyring.retire(new, installations.archived_name(new, whose.pop(new)))
+    keyring.rename(old, new)
+    if account is not None:
+        whose[new] = account
+
+
+async def relist(services: Services) -> Listing:
+    """GitHub: the App's installations listed again and taken (`take_listing`), as at
+    start, and this replica's installations made what the index has now."""
+    client = services.forge_client
+    assert isinstance(client, ForgeClient)  # (Gitea's orgs are read by gitea_orgs.refresh)
+    before = await installations.known(services.store)
+    listing = await client.app().list_installations()
+    taken = await take_listing(services.store, services.keyring, _live(listing), before,
+                               _accounts(listing))
+    taken.forget_configs(services.offices)
+    services.installations.clear()  # (in place: others hold this dict)
+    services.installations.update(taken.installed)
+    return taken
 
 
 async def build_gitea_services(settings: Settings, session: aiohttp.ClientSession) -> Services:

@@ -54,6 +54,7 @@ import base64
 import binascii
 import contextlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -83,6 +84,7 @@ except ImportError:  # pragma: no cover - Windows
 KEYS_FILE_NAME = "signing-keys.json"  # the legacy keyring: verifies, signs nothing new
 OFFICE_KEYS_DIR = "signing-keys"  # one file per office: signing-keys/<org>.json
 _FILE_VERSION = 1
+log = logging.getLogger("vaultmail.keys")
 # an office's name: its org's login, lower case (bot.names: never a path)
 _OFFICE_RE = re.compile(OFFICE)
 _OFFICE_KID_RE = re.compile(rf"^vm-({OFFICE})-\d{{8}}-[0-9a-f]{{6}}$")
@@ -860,11 +862,15 @@ class Keyrings:
     # -- renames ---------------------------------------------------------------------------
     def rename(self, old: str, new: str) -> None:
         """Office ``old``'s keys become office ``new``'s, its org renamed (the same account):
-        moved into ``new``'s key file (beside any it has), ``old`` recorded among the names
-        it had (``Keyring.renamed``), and a key naming ``new`` made the active one. What it
-        signed as ``old`` verifies in its vaults under their new names; the name ``old``
-        keeps none of its keys, so whoever takes it later signs with keys of its own and
-        verifies nothing the office signed. Idempotent (a retry after a crash)."""
+        moved into ``new``'s key file, ``old`` recorded among the names it had
+        (``Keyring.renamed``), and a key naming ``new`` made the active one. What it signed
+        as ``old`` verifies in its vaults under their new names; the name ``old`` keeps none
+        of its keys, so whoever takes it later signs with keys of its own and verifies
+        nothing the office signed. An office that never signed gets its key file here, so
+        that its names before are kept all the same (its config may say them). Idempotent (a
+        retry after a crash). Keys under ``new`` that do not record ``old`` are another
+        office's (one whose org left the name): the callers set them aside first
+        (``retire``), and any still there are set aside here, never merged."""
         old, new = office_name(old), office_name(new)
         with contextlib.ExitStack() as stack:
             if self._dir is not None:
@@ -872,21 +878,28 @@ class Keyrings:
                 for path in sorted((self._dir / f"{old}.json", self._dir / f"{new}.json")):
                     stack.enter_context(_locked(path))
             src, dst = self._unlocked(old), self._unlocked(new)
-            if src is None:  # moved already (or it never signed): its name is kept all the same
-                if dst is not None and old not in dst.renamed:
-                    dst._rename(renamed_to(dst.renamed, old, new), dst.path)
-                    self._rings[new] = dst
+            if dst is not None and old not in dst.renamed:
+                log.warning("keys under a name another office left: set aside, not merged",
+                            extra={"org": new, "was": old})
+                self._set_aside(new, f"{new}~0")
+                dst = None
+            if src is None and dst is not None:  # moved already: a retry after a crash
+                self._rings[new] = dst
                 self._former_stamp = -1
                 return
+            names = renamed_to({**(dst.renamed if dst else {}),
+                                **(src.renamed if src else {})}, old, new)
             keys = {k.kid: k for ring in (dst, src) if ring is not None
                     for k in ring._keys.values()}
-            names = renamed_to({**(dst.renamed if dst else {}), **src.renamed}, old, new)
-            ring = Keyring(list(keys.values()), (dst or src)._active, office=new,
-                           renamed=names)
+            if (base := dst or src) is not None:
+                ring = Keyring(list(keys.values()), base._active, office=new, renamed=names)
+            else:  # it never signed: a key of its own now, to keep its names in
+                key = SigningKey.generate(None, new)
+                ring = Keyring([key], key.kid, office=new, renamed=names)
             ring._rename(names, None if self._dir is None else self._dir / f"{new}.json")
             if kid_office(ring._active) != new:
                 ring._add(None)
-            if src.path is not None:
+            if src is not None and src.path is not None:
                 src.path.unlink()
             self._rings.pop(old, None)
             self._rings[new] = ring
@@ -904,18 +917,24 @@ class Keyrings:
         self._rings.pop(office, None)
         if self._dir is None or not (self._dir / f"{office}.json").exists():
             return None  # (no office of the name ever signed: nothing to set aside)
-        path = self._dir / f"{office}.json"
-        with _locked(path):
-            if not path.exists():
-                return None
-            aside = self._dir / "retired"
-            aside.mkdir(mode=0o700, exist_ok=True)
-            kept, n = aside / f"{kept_as}.json", 1
-            while kept.exists():  # (keys the name got between a crash and its retry)
-                kept, n = aside / f"{kept_as}.{n}.json", n + 1
-            os.replace(path, kept)
+        with _locked(self._dir / f"{office}.json"):
+            return self._set_aside(office, kept_as)
+
+    def _set_aside(self, office: str, kept_as: str) -> Path | None:
+        """``retire``'s move, its file's lock held by the caller."""
         self._rings.pop(office, None)
         self._former_stamp = -1
+        if self._dir is None:
+            return None
+        path = self._dir / f"{office}.json"
+        if not path.exists():
+            return None
+        aside = self._dir / "retired"
+        aside.mkdir(mode=0o700, exist_ok=True)
+        kept, n = aside / f"{kept_as}.json", 1
+        while kept.exists():  # (keys the name got between a crash and its retry)
+            kept, n = aside / f"{kept_as}.{n}.json", n + 1
+        os.replace(path, kept)
         return kept
 
     def renamed(self, org: str) -> dict[str, str]:

@@ -114,21 +114,55 @@ async def accounts(store: Store) -> dict[str, int]:
 def taken_over(known: dict[str, int], now: dict[str, int]) -> list[str]:
     """The orgs whose name another account has now (`now`: {org: account id}), once the
     renamed (`renamed_in`) are known by their new names: an org renamed away frees its name
-    for anyone, whose office is a new one."""
-    known = {renames.get(org, org): account
-             for renames in [renamed_in(known, now)] for org, account in known.items()}
+    for anyone, whose office is a new one. A name an org was renamed into is that org's
+    (what the index held under it is moved aside by the rename itself)."""
+    renames = renamed_in(known, now)
+    after = {org: account for org, account in known.items() if org not in renames}
+    after |= {new: known[old] for old, new in renames.items()}
     return sorted(org for org, account in now.items()
-                  if org in known and known[org] != account)
+                  if org in after and after[org] != account)
 
 
 def renamed_in(known: dict[str, int], now: dict[str, int]) -> dict[str, str]:
     """{old login: new login} of the orgs the index knows (`known`: {org: account id}) whose
     account the forge lists under another login now (`now`), the old one not theirs now:
-    the org renamed itself, and its office follows it (`renamed`)."""
+    the org renamed itself, and its office follows it (`renamed`). Follow them `in_order`."""
     by_account = {account: org for org, account in known.items()}
     return {by_account[account]: org for org, account in sorted(now.items())
             if account in by_account and by_account[account] != org
             and now.get(by_account[account]) != account}
+
+
+def in_order(renames: dict[str, str]) -> list[tuple[str, str]]:
+    """The renames ({old: new}) as steps taken one after another: the rename out of a name
+    before the rename into it (an org takes the name another left; following the rename
+    into it first would move the office still there aside as one whose org had left). Orgs
+    that swapped names, or went round in a cycle, go through a name no forge gives first
+    (`_aside`)."""
+    left, steps = dict(renames), []
+    while left:
+        free = [old for old, new in sorted(left.items()) if new not in left]
+        for old in free:
+            steps.append((old, left.pop(old)))
+        if not free:  # every one left is in a cycle: one steps aside, and the cycle opens
+            old = min(left)
+            steps.append((old, _aside(old)))
+            left[_aside(old)] = left.pop(old)
+    return steps
+
+
+def _aside(org: str) -> str:
+    """A name `org`'s office holds for a moment in a cycle of renames: a login neither
+    GitHub (no '_') nor Gitea (no name ends in one) gives, and a valid key file name."""
+    return org[:39] + "_"
+
+
+async def held_elsewhere(store: Store, org: str, account_id: int) -> bool:
+    """Whether the index has `org` installed as another account's than `account_id`: that
+    account renamed its org too (`org` is ours now), its rename not heard yet."""
+    row = await store.fetchone("SELECT account_id FROM installations WHERE org=?"
+                               " AND removed_at IS NULL", (org.lower(),))
+    return row is not None and row["account_id"] != account_id
 
 
 async def rename(db: Connection, old: str, new: str) -> str | None:
@@ -207,9 +241,11 @@ async def listed(store: Store, live: dict[str, int], before: Known,
     now = time.time()
     # an org that renamed itself meanwhile: its office follows it first, under its new name
     # before the listing is taken (the webhook saying so may never have come)
-    renames = renamed_in(await accounts(store), accounts_now)  # (by their new names)
-    for old, new in renames.items():
-        done, moved = await _follow(store, old, new, accounts_now[new])
+    whose = await accounts(store)
+    renames = renamed_in(whose, accounts_now)  # (by their new names)
+    for old, new in in_order(renames):  # (the rename out of a name before the one into it)
+        whose[new] = whose.pop(old)
+        done, moved = await _follow(store, old, new, whose[new])
         if done:
             log.warning("the organisation renamed itself while no app heard it: its office "
                         "follows it", extra={"org": new, "was": old, "kept_as": moved})

@@ -23,7 +23,7 @@ from bot.office.source import CONFIG_PATH
 from bot.store import api_tokens, installations, ledger
 from localforge import LocalForge
 from tests.app.test_installations import _add_globex, _app_id, _tool, _while_down
-from tests.support import app_key
+from tests.support import app_key, free_port
 
 BEFORE, AFTER = "Before the rename", "After the rename"
 
@@ -217,3 +217,98 @@ async def test_a_rename_another_replica_heard_is_followed_here_at_the_next_call(
     status, body = await _tool(session, embedded, amy, "mail_send", to="scout", subject=AFTER,
                                body="Signed under the new name.")
     assert status == 200 and body["mail"]["vault"] == "initech/scout-vault", body
+
+
+
+async def _office_with_mail(embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession,
+                            org: str = "globex") -> tuple[int, str, set[str]]:
+    """`org`'s office installed and its first mail sent: its installation, amy's token, and
+    the keys the office signed with."""
+    await _add_globex(embedded, tmp_path, org)
+    inst = embedded.forge.install_app(_app_id(embedded), org)
+    await embedded.settle()
+    amy = await api_tokens.create_token(embedded.services.store, f"human:amy@{org}.test", org)
+    status, body = await _tool(session, embedded, amy, "mail_send", to="scout",
+                               subject=f"{org.upper()} ONLY", body=f"{org}'s word")
+    assert status == 200, body
+    await embedded.settle()
+    return inst, amy, set(embedded.services.keyring.for_office(org).key_ids)
+
+
+def _verdict(embedded: Embedded, issue: Any, vault: str) -> Any:
+    """What the keys here say of `issue` (the forge's) read in `vault`."""
+    services = embedded.services
+    return verify_issue({"title": issue.title, "body": issue.body, "number": issue.number,
+                         "user": {"login": services.bot_login}}, vault, services.keyring,
+                        app_login=services.bot_login)
+
+
+async def test_a_rename_into_a_name_an_uninstalled_org_left_takes_none_of_its_keys(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """globex uninstalls the App and leaves its name; initech renames itself globex. Before,
+    Keyrings.rename took the key file left under globex as initech's own (or merged it), so
+    what the old globex signed verified as the new globex's word."""
+    forge, services = embedded.forge, embedded.services
+    inst, _, old_keys = await _office_with_mail(embedded, tmp_path, session)
+    signed = forge.state.repo("globex", "scout-vault").issues[1]
+    forge.uninstall_app(inst)
+    await embedded.settle()
+    forge.rename_org("globex", "globex-old")  # (uninstalled: no office follows it)
+    await embedded.settle()
+    await _add_globex(embedded, tmp_path, "initech")
+    forge.install_app(_app_id(embedded), "initech")
+    await embedded.settle()
+    forge.rename_org("initech", "globex")
+    await embedded.settle()
+    ring = services.keyring.existing("globex")
+    assert ring is not None and not set(ring.key_ids) & old_keys, ring and ring.key_ids
+    assert not _verdict(embedded, signed, "globex/scout-vault").valid
+
+
+async def test_a_rename_into_a_name_whose_own_rename_is_not_heard_yet_retires_nothing(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """globex renames itself globex2, its event lost; initech then takes the name globex, its
+    event heard. Before, the office under globex (globex's, still installed) was taken as one
+    whose org had left: moved aside, its tokens revoked and its keys given to initech. Now
+    the forge's listing says where globex went: its office follows it first, then initech's."""
+    forge, services = embedded.forge, embedded.services
+    app_id = _app_id(embedded)
+    _, amy, globex_keys = await _office_with_mail(embedded, tmp_path, session)
+    _, ian, initech_keys = await _office_with_mail(embedded, tmp_path, session, "initech")
+    hook = forge.state.apps[app_id].webhook_url
+    forge.set_webhook(app_id, url=f"http://127.0.0.1:{free_port()}/webhook")  # (lost)
+    forge.rename_org("globex", "globex2")
+    await forge.webhooks_idle()
+    forge.set_webhook(app_id, url=hook)
+    forge.rename_org("initech", "globex")
+    await embedded.settle()
+    assert set(services.keyring.for_office("globex2").key_ids) >= globex_keys
+    assert not set(services.keyring.for_office("globex").key_ids) & globex_keys
+    assert set(services.keyring.for_office("globex").key_ids) >= initech_keys
+    for token, vault, subject in ((amy, "globex2/scout-vault", "GLOBEX ONLY"),
+                                  (ian, "globex/scout-vault", "INITECH ONLY")):
+        status, body = await _tool(session, embedded, token, "mail_list")
+        assert status == 200 and [(m["vault"], m["subject"]) for m in body["mails"]] == [
+            (vault, subject)], body
+    assert not await services.store.fetchall(
+        "SELECT 1 FROM api_tokens WHERE revoked_at IS NOT NULL")
+    assert sorted(services.installations) == ["acme", "globex", "globex2"]
+
+
+async def test_an_org_renamed_before_its_office_signed_anything_keeps_its_config(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """globex is renamed before its office signed anything (no key file): its config still
+    says `org: globex`. Before, the rename was recorded only in a key file, none was made,
+    and the config was refused (it names another org) until an admin wrote it again."""
+    forge, services = embedded.forge, embedded.services
+    await _add_globex(embedded, tmp_path)
+    forge.install_app(_app_id(embedded), "globex")
+    await embedded.settle()
+    amy = await api_tokens.create_token(services.store, "human:amy@globex.test", "globex")
+    assert services.keyring.existing("globex") is None
+    forge.rename_org("globex", "initech")
+    await embedded.settle()
+    status, body = await _tool(session, embedded, amy, "mail_send", to="scout", subject=AFTER,
+                               body="The office's first mail, after the rename.")
+    assert status == 200 and body["mail"]["vault"] == "initech/scout-vault", body
+

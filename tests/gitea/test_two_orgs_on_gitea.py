@@ -10,9 +10,11 @@ import json
 from typing import Any
 
 import aiohttp
+import pytest
 import yaml
 
 from bot.app.embedded import Embedded
+from bot.app.gitea_orgs import refresh
 from bot.app.intake import org_webhook_secret
 from bot.forge.gitea import SYNTHETIC_INSTALLATION_ID
 from bot.office.config import parse_office
@@ -363,3 +365,44 @@ async def test_an_org_renamed_on_gitea_keeps_its_office_at_the_next_look(
     assert [m["vault"] for m in listed["mails"]] == ["initech/scout-vault"], listed
     again = await client("mail_send", to="scout", subject="after the rename", body="y")
     assert again["mail"]["vault"] == "initech/scout-vault"
+
+
+@pytest.mark.parametrize(("renames", "now"), [
+    # evil takes the name acme left
+    ([("acme", "acme2"), ("evil", "acme")], {"acme": "acme2", "evil": "acme"}),
+    # the two swap their names
+    ([("acme", "spare"), ("evil", "acme"), ("spare", "evil")], {"acme": "evil", "evil": "acme"}),
+], ids=["freed", "swapped"])
+async def test_orgs_that_take_each_others_names_in_one_look_keep_their_offices(
+        office: Embedded, session: aiohttp.ClientSession,
+        renames: list[tuple[str, str]], now: dict[str, str]) -> None:
+    """Between two looks at the bot's orgs, acme renames itself and evil takes the name acme
+    left (or the two swap). Before, the renames were followed in the order of their names:
+    evil's into acme first, which moved acme's office aside as one whose org had left
+    (its tokens revoked, its keys given to evil). Now the rename out of a name is followed
+    before the rename into it (a swap through a name no forge gives)."""
+    services = office.services
+    seed_office(office.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
+    office.forge.add_org_member("evil", services.app_slug, role="admin")
+    assert await refresh(services) == ["evil"]
+    tokens, keys = {}, {}
+    for org in ("acme", "evil"):
+        tokens[org] = await api_tokens.create_token(services.store, "human:marco@acme.com",
+                                                    org)
+        await ToolClient(session, office, "human:marco@acme.com", token=tokens[org])(
+            "mail_send", to="scout", subject=f"{org}'s own", body="x")
+        await office.settle()
+        keys[org] = set(services.keyring.for_office(org).key_ids)
+    for old, new in renames:
+        office.forge.rename_org(old, new)
+    assert await refresh(services) == []
+    for org in ("acme", "evil"):
+        listed = await ToolClient(session, office, "human:marco@acme.com",
+                                  token=tokens[org])("mail_list")
+        assert [(m["vault"], m["subject"]) for m in listed["mails"]] == [
+            (f"{now[org]}/scout-vault", f"{org}'s own")], (org, listed)
+        assert set(services.keyring.for_office(now[org]).key_ids) >= keys[org]
+    assert not set(services.keyring.for_office("acme").key_ids) & keys["acme"]
+    assert not await services.store.fetchall(
+        "SELECT org FROM api_tokens WHERE revoked_at IS NOT NULL")
+    assert sorted(services.installations) == sorted(now.values())
