@@ -21,6 +21,7 @@ from bot.mail.signing import Keyrings
 from bot.office.source import FIRST_READ_WAIT, ROUND_WAIT, OfficeSource
 from bot.office.visibility import Visibility
 from bot.store import Store
+from bot.store.installations import live_orgs
 from bot.tools.polls import LongPolls
 
 if TYPE_CHECKING:
@@ -156,7 +157,10 @@ class Services:
         waits out its rate limit goes on for the next round). One org never stops, or holds
         up, a round of every office (outbound webhooks, sign-in, email's recipients). An
         office never read before gets FIRST_READ_WAIT (a start on a loaded host)."""
-        orgs = sorted(self.installations)
+        # (only those the index has installed: one another replica heard renamed, or
+        # uninstalled, is no office of this name any more)
+        live = set(await live_orgs(self.store))
+        orgs = sorted(org for org in self.installations if org in live)
         read = await asyncio.gather(*(self.offices.get(self.forge_for_org(org), org,
                                                        within=within, first=FIRST_READ_WAIT)
                                       for org in orgs), return_exceptions=True)

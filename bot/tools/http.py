@@ -77,21 +77,32 @@ async def office_org(services: Services, principal: str) -> str:
 
 
 async def _still_installed(services: Services, org: str) -> None:
-    """Refuse an org another replica learnt was uninstalled (its webhook came to one replica
-    only): forget it here too, and its token with it. One another replica learnt was
-    installed, or renamed to this name (its office's tokens name it now), is served here too."""
+    """Serve `org` as the index has it installed now, whichever replica heard of it (a
+    webhook comes to one replica only): one uninstalled, suspended or renamed away (its
+    office under its new name now) is refused and forgotten here, its token with it; one
+    installed, or renamed to this name (its office's tokens name it now), is served here too,
+    and a name of its installation's this replica knew it by that the index has not live
+    any more (the name it had) is forgotten."""
+    org = org.lower()
     inst = services.installation_of(org)
+    live = await installations.live_installation(services.store, org)
+    if live is not None:
+        if live != inst:
+            for other, was in list(services.installations.items()):
+                if was == live and other != org and await installations.live_installation(
+                        services.store, other) != live:
+                    services.installations.pop(other, None)
+                    services.offices.forget(other)
+            services.installations[org] = live
+        return
     if inst is None:
-        found = await installations.live_installation(services.store, org)
-        if found is not None:
-            services.installations[org.lower()] = found
-        return
-    if not await installations.is_removed(services.store, org, inst):
-        return
-    services.installations.pop(org.lower(), None)
+        return  # (not installed here either: forge_for_org says so)
+    services.installations.pop(org, None)
+    services.offices.forget(org)
     services.forge_client.forget(inst)
-    raise NotInstalled(f"the App is not installed on {org} any more: an org owner installs it "
-                       "again to use the office", code="not_installed")
+    raise NotInstalled(f"the App is not installed on {org} any more (uninstalled, suspended, "
+                       "or the organisation renamed): an org owner installs it again to use "
+                       "the office", code="not_installed")
 
 
 async def make_call(services: Services, principal: str, token: str | None = None,

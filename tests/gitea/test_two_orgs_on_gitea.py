@@ -49,8 +49,8 @@ async def test_another_org_cannot_reply_to_or_close_mail_through_the_shared_bot_
         office: Embedded, session: aiohttp.ClientSession) -> None:
     seed_office(office.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
     office.forge.add_org_member("evil", office.services.app_slug, role="admin")
-    # the bot is in evil too: one token, two orgs (as the app finds its orgs at start)
-    office.services.installations["evil"] = SYNTHETIC_INSTALLATION_ID
+    # the bot is in evil too: one token, two orgs (as the app finds its orgs)
+    assert await refresh(office.services) == ["evil"]
     sent = (await ToolClient(session, office, "human:marco@acme.com")(
         "mail_send", to="scout", subject="ACME only", body="x"))["mail"]
     await office.settle()
