@@ -9,6 +9,7 @@ from gidgethub import sansio
 from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
+from bot.app.listing import follow_keys, relist
 from bot.store import installations, offices
 from labels.catalogue import MAIL_LABELS
 
@@ -81,7 +82,6 @@ async def follow_org_rename(event: sansio.Event, ctx: HandlerContext) -> None:
     if not (isinstance(new, str) and isinstance(old, str) and isinstance(account_id, int)
             and isinstance(inst, int)):
         return
-    from bot.app.build import follow_keys, relist  # (bot.app.build imports the handlers)
 
     old, new = old.lower(), new.lower()
     store = ctx.services.store

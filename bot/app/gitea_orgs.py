@@ -12,7 +12,7 @@ import asyncio
 import logging
 
 from bot.app.background import Background
-from bot.app.build import take_listing
+from bot.app.listing import take_listing
 from bot.app.services import Services
 from bot.store import installations
 

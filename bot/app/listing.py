@@ -1,0 +1,92 @@
+"""Which orgs the App is installed on, as the forge lists them, taken into the index: at
+start, on Gitea every few minutes (bot.app.gitea_orgs), and on GitHub when a rename heard is
+into a name whose office's own rename was not heard yet (handlers.installation). Apart from
+bot.app.build, which imports the handlers, so that a handler may take a listing too."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bot.app.services import Services
+from bot.forge.github import ForgeClient
+from bot.mail.signing import Keyrings
+from bot.office.source import OfficeSource
+from bot.store import Store, installations
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What taking the forge's listing found: what is installed now, the orgs whose name
+    another account took (a new office each), and the orgs renamed ({old: new})."""
+
+    installed: dict[str, int]
+    taken: list[str]
+    renamed: dict[str, str]
+
+    def forget_configs(self, offices: OfficeSource) -> None:
+        """What was kept of these orgs' configs is not their office's now."""
+        for org in (*self.taken, *self.renamed, *self.renamed.values()):
+            offices.forget(org)
+
+
+async def take_listing(store: Store, keyring: Keyrings, live: dict[str, int],
+                       before: installations.Known, accounts: dict[str, int]) -> Listing:
+    """The forge's listing of the App's orgs taken into the index (`installations.listed`),
+    at start, on Gitea every few minutes, and on GitHub when a rename heard is into a name
+    whose office's own rename was not heard yet. An org that renamed itself (its account
+    under a new login) has its office's keys moved to the new name first (`follow_keys`),
+    in the order the index follows them (`installations.in_order`), and an org whose name
+    another account took has its office's keys set aside first (`Keyrings.retire`), each
+    before the index moves the office (a crash between finds the keys moved, or the office
+    moved, and moves nothing twice)."""
+    known = await installations.accounts(store)
+    renamed = installations.renamed_in(known, accounts)
+    whose = dict(known)
+    for old, new in installations.in_order(renamed):
+        follow_keys(keyring, whose, old, new)
+    taken = installations.taken_over(known, accounts)
+    for org in taken:
+        keyring.retire(org, installations.archived_name(org, known[org]))
+    return Listing(await installations.listed(store, live, before, accounts), taken, renamed)
+
+
+def follow_keys(keyring: Keyrings, whose: dict[str, int], old: str, new: str) -> None:
+    """Office `old`'s keys follow its org's rename to `new` (`Keyrings.rename`); keys under
+    `new` of another account's office (`whose`: {org: account id}, as the index has it, kept
+    up to date here: an org left that name, uninstalled, deleted or renamed) are set aside
+    first, as the index sets that office aside (`installations.rename`)."""
+    account = whose.pop(old, None)
+    if new in whose and whose[new] != account:
+        keyring.retire(new, installations.archived_name(new, whose.pop(new)))
+    keyring.rename(old, new)
+    if account is not None:
+        whose[new] = account
+
+
+async def relist(services: Services) -> Listing:
+    """GitHub: the App's installations listed again and taken (`take_listing`), as at
+    start, and this replica's installations made what the index has now."""
+    client = services.forge_client
+    assert isinstance(client, ForgeClient)  # (Gitea's orgs are read by gitea_orgs.refresh)
+    before = await installations.known(services.store)
+    listing = await client.app().list_installations()
+    taken = await take_listing(services.store, services.keyring, live_of(listing), before,
+                               accounts_of(listing))
+    taken.forget_configs(services.offices)
+    services.installations.clear()  # (in place: others hold this dict)
+    services.installations.update(taken.installed)
+    return taken
+
+
+def accounts_of(listing: list[dict[str, Any]]) -> dict[str, int]:
+    """{org: its account's id}: whose each installation's org is (a login may change hands)."""
+    return {str(i["account"]["login"]).lower(): int(i["account"]["id"]) for i in listing
+            if isinstance((i.get("account") or {}).get("id"), int)}
+
+
+def live_of(listing: list[dict[str, Any]]) -> dict[str, int]:
+    """{org: installation id} of the App's installations that are not suspended (GitHub
+    lists those too, and makes them no token)."""
+    return {str(i["account"]["login"]).lower(): int(i["id"]) for i in listing
+            if not i.get("suspended_at")}
