@@ -20,7 +20,7 @@ from bot.app.embedded import Embedded, start_embedded
 from bot.mail.header import parse_mail_body, verify_mail
 from bot.office.config import OfficeConfigError, load_office, parse_office
 from bot.store import api_tokens, mails
-from tests.support import Actor, ToolClient, label_names
+from tests.support import Actor, ToolClient, label_names, served
 
 SCOUT = "acme/scout-vault"
 BUILDER = "acme/builder-vault"
@@ -53,13 +53,9 @@ async def receiver() -> AsyncIterator[Receiver]:
     rec = Receiver()
     app = web.Application()
     app.router.add_post("/hook", rec.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    rec.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/hook"  # type: ignore[union-attr]
-    yield rec
-    await runner.cleanup()
+    async with served(app) as url:
+        rec.url = f"{url}/hook"
+        yield rec
 
 
 async def _office(tmp_path: Path, text: str) -> Embedded:

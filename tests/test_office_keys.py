@@ -22,7 +22,7 @@ from bot.office.config import load_office
 from bot.office.seed import seed_office
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
 from bot.store import api_tokens
-from tests.support import until
+from tests.support import served, until
 
 EVIL = """
 org: evil
@@ -83,13 +83,8 @@ async def runner() -> AsyncIterator[Runner]:
     app = web.Application()
     app.router.add_post("/runs", rec.run)
     app.router.add_post("/hook", rec.hook)
-    site_runner = web.AppRunner(app)
-    await site_runner.setup()
-    site = web.TCPSite(site_runner, "127.0.0.1", 0)
-    await site.start()
-    rec.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    yield rec
-    await site_runner.cleanup()
+    async with served(app) as rec.url:
+        yield rec
 
 
 @pytest.fixture

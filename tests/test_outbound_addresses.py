@@ -26,7 +26,7 @@ from bot.mail.signing import Keyring
 from bot.office.config import OfficeConfigError
 from bot.store import ledger
 from bot.store import outbound as cursors
-from tests.support import ToolClient, until
+from tests.support import ToolClient, served, until
 
 MARCO = "human:marco@acme.com"
 CONFIG = "acme/.github/vaultmail.yml"
@@ -55,13 +55,9 @@ async def receiver() -> AsyncIterator[Receiver]:
     rec = Receiver()
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", rec.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    rec.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield rec
-    await runner.cleanup()
+    async with served(app) as url:
+        rec.port = int(url.rsplit(":", 1)[1])
+        yield rec
 
 
 class Names(AbstractResolver):

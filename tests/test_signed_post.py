@@ -16,6 +16,7 @@ from aiohttp import web
 from bot.app.egress import OutboundPolicy
 from bot.app.signed_post import SignatureRefused, check_signed_post, post_signed
 from bot.mail.signing import Keyrings
+from tests.support import served
 
 LOOPBACK = OutboundPolicy.parse("127.0.0.1")
 
@@ -42,13 +43,8 @@ async def receivers() -> AsyncIterator[Receivers]:
     app = web.Application()
     app.router.add_post("/runs", rec.take)
     app.router.add_post("/hook", rec.take)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    rec.base = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    yield rec
-    await runner.cleanup()
+    async with served(app) as rec.base:
+        yield rec
 
 
 def _refused(reason: str, *args: object, **kwargs: object) -> None:
