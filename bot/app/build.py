@@ -52,7 +52,7 @@ async def build_services(settings: Settings, session: aiohttp.ClientSession) -> 
     services.offices.renamed = services.keyring.renamed
     taken = await take_listing(store, services.keyring, live_of(listing), before,
                                accounts_of(listing))
-    services.installations.update(taken.installed)
+    taken.take_into(services)
     return services
 
 

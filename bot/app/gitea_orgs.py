@@ -33,11 +33,9 @@ async def refresh(services: Services) -> list[str]:
     taken = await take_listing(
         store, services.keyring, dict.fromkeys(orgs, SYNTHETIC_INSTALLATION_ID), before,
         {org: i for org, i in orgs.items() if i is not None})
-    taken.forget_configs(services.offices)
-    installed = taken.installed
-    new = sorted(set(installed) - set(services.installations) - set(taken.renamed.values()))
-    services.installations.clear()  # (in place: others hold this dict)
-    services.installations.update(installed)
+    new = sorted(set(taken.installed) - set(services.installations)
+                 - set(taken.renamed.values()))
+    taken.take_into(services)
     if new:  # their vaults' labels, as at start
         guid, event, payload = gitea.startup_delivery()
         if await store.enqueue_delivery(guid, event, payload, gitea.encode(payload)):

@@ -11,7 +11,6 @@ from typing import Any
 from bot.app.services import Services
 from bot.forge.github import ForgeClient
 from bot.mail.signing import Keyrings
-from bot.office.source import OfficeSource
 from bot.store import Store, installations
 
 
@@ -24,10 +23,14 @@ class Listing:
     taken: list[str]
     renamed: dict[str, str]
 
-    def forget_configs(self, offices: OfficeSource) -> None:
-        """What was kept of these orgs' configs is not their office's now."""
+    def take_into(self, services: Services) -> None:
+        """This replica serves what the index has installed now (`services.installations`,
+        changed in place: others hold that dict), and forgets what it kept of the configs of
+        the orgs moved (taken by another account, or renamed): not their office's now."""
         for org in (*self.taken, *self.renamed, *self.renamed.values()):
-            offices.forget(org)
+            services.offices.forget(org)
+        services.installations.clear()
+        services.installations.update(self.installed)
 
 
 async def take_listing(store: Store, keyring: Keyrings, live: dict[str, int],
@@ -73,9 +76,7 @@ async def relist(services: Services) -> Listing:
     listing = await client.app().list_installations()
     taken = await take_listing(services.store, services.keyring, live_of(listing), before,
                                accounts_of(listing))
-    taken.forget_configs(services.offices)
-    services.installations.clear()  # (in place: others hold this dict)
-    services.installations.update(taken.installed)
+    taken.take_into(services)
     return taken
 
 

@@ -225,7 +225,6 @@ async def rename_in(db: Connection, org: str, new: str) -> int:
     return await _move(db, org, new, revoke=False)
 
 
-
 async def rename_vault_in(db: Connection, old: str, new: str) -> int:
     """A repository of an office renamed (`owner/repo` to `owner/other`), in the caller's
     transaction: every reference to it, or to one of its issues (`owner/repo#N`), found in
@@ -270,7 +269,7 @@ async def _move(db: Connection, org: str, to: str, *, revoke: bool) -> int:
     too. `revoke`: every token and grant it gave is revoked, not moved live. Holds the
     office's member and ledger keys, so no append chains onto the old office meanwhile.
     Returns the rows moved."""
-    org, archived = org.lower(), to.lower()
+    org, to = org.lower(), to.lower()
     await hold(db, f"office-members:{org}")
     await hold(db, f"ledger:{org}")  # (an office's ledger key last, as every transaction)
     now, moved, prefix = time.time(), 0, org + "/"
@@ -281,17 +280,16 @@ async def _move(db: Connection, org: str, to: str, *, revoke: bool) -> int:
         for column in ("org", "office", "chain"):
             if column in columns:
                 moved += await db.execute(
-                    f"UPDATE {table} SET {column}=? WHERE {column}=?", (archived, org))
+                    f"UPDATE {table} SET {column}=? WHERE {column}=?", (to, org))
         if table == "ledger":
             continue
         for column in _refs(columns):
             where = f"lower(substr({column}, 1, ?))=?" + (" AND org=?" if owned else "")
             changed = await db.execute(
                 f"UPDATE {table} SET {column}=? || substr({column}, ?) WHERE {where}",
-                (archived, len(prefix), len(prefix), prefix,
-                 *((archived,) if owned else ())))
+                (to, len(prefix), len(prefix), prefix, *((to,) if owned else ())))
             moved += changed
         if revoke and "revoked_at" in columns and owned:  # tokens, grants: dead
             await db.execute(f"UPDATE {table} SET revoked_at=? WHERE org=?"
-                             " AND revoked_at IS NULL", (now, archived))
+                             " AND revoked_at IS NULL", (now, to))
     return moved
