@@ -428,6 +428,14 @@ async def test_mail_to_an_agent_that_has_left_bounces_on_every_path(
     assert {e.data["why"] for e in bounced} == {"agent:echo has left the office"}
 
 
+async def _bob_asks_scout(room: Mailroom) -> None:
+    """Bob's question to scout, taken in: scout's mail #1, for scout to answer."""
+    raw = wire(message("Bob <bob@example.org>", f"scout@{DOMAIN}", "Prices", "EU prices?",
+                       Message_ID="<m1@example.org>"))
+    assert (await send(room.port, raw, rcpts=[f"scout@{DOMAIN}"])).code == 250
+    await room.embedded.settle()
+
+
 async def _reply_to_bob_and_carol(room: Mailroom) -> tuple[str, str]:
     """Bob writes to scout with carol in Cc; scout answers: one message to both (To bob, Cc
     carol). The reply's Message-ID, and the mail's ref."""
@@ -548,10 +556,7 @@ async def test_a_message_that_keeps_failing_past_the_give_up_time_bounces_and_fr
     as a key while the first reply is tried; the thread's next reply goes once it can."""
     from bot.email import keys
 
-    raw = wire(message("Bob <bob@example.org>", f"scout@{DOMAIN}", "Prices", "EU prices?",
-                       Message_ID="<m1@example.org>"))
-    assert (await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])).code == 250
-    await mailroom.embedded.settle()
+    await _bob_asks_scout(mailroom)
     path = keys.key_path(mailroom.embedded.data_dir, "acme")
     good = keys.office_key(mailroom.embedded.data_dir, "acme")
     outbox = mailroom.embedded.runner.app[GATEWAY_KEY].outbox
@@ -586,10 +591,7 @@ async def test_a_deferral_note_shows_readers_no_internal_error_text(
     from bot.email import keys
 
     caplog.set_level(logging.WARNING, logger="vaultmail.email")
-    raw = wire(message("Bob <bob@example.org>", f"scout@{DOMAIN}", "Prices", "EU prices?",
-                       Message_ID="<m1@example.org>"))
-    assert (await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])).code == 250
-    await mailroom.embedded.settle()
+    await _bob_asks_scout(mailroom)
     path = keys.key_path(mailroom.embedded.data_dir, "acme")
     good = keys.office_key(mailroom.embedded.data_dir, "acme")
     path.unlink()
@@ -623,10 +625,7 @@ async def test_a_relay_that_cannot_be_reached_is_told_without_its_address(
     """A relay the outbox cannot reach is said on the issue as what kind of failure it was
     (its connection refused); its address and the error are in the log alone."""
     caplog.set_level(logging.WARNING, logger="vaultmail.email")
-    raw = wire(message("Bob <bob@example.org>", f"scout@{DOMAIN}", "Prices", "EU prices?",
-                       Message_ID="<m1@example.org>"))
-    assert (await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])).code == 250
-    await mailroom.embedded.settle()
+    await _bob_asks_scout(mailroom)
     await mailroom.relay.stop()  # nothing listens on its port now
     await mailroom.tools("agent:scout")("mail_reply", mail=f"{SCOUT_VAULT}#1", body="Soon.")
     await mailroom.outbox_settled()

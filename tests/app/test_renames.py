@@ -28,6 +28,25 @@ from tests.support import app_key, free_port
 BEFORE, AFTER = "Before the rename", "After the rename"
 
 
+async def _globex_with_amy(embedded: Embedded, tmp_path: Path) -> tuple[int, str]:
+    """globex's office, the App installed on it: the App's id, and a token of amy's."""
+    await _add_globex(embedded, tmp_path)
+    app_id = _app_id(embedded)
+    embedded.forge.install_app(app_id, "globex")
+    await embedded.settle()
+    return app_id, await api_tokens.create_token(embedded.services.store,
+                                                 "human:amy@globex.test", "globex")
+
+
+async def _amy_mails_scout(session: aiohttp.ClientSession, embedded: Embedded, amy: str,
+                           body: str) -> None:
+    """amy's mail to scout (subject BEFORE), delivered."""
+    status, answer = await _tool(session, embedded, amy, "mail_send", to="scout",
+                                 subject=BEFORE, body=body)
+    assert status == 200, answer
+    await embedded.settle()
+
+
 async def _changes(session: aiohttp.ClientSession, embedded: Embedded,
                    token: str) -> list[dict[str, Any]]:
     status, body = await _tool(session, embedded, token, "list_changes", since=0)
@@ -72,16 +91,9 @@ async def _follows(session: aiohttp.ClientSession, embedded: Embedded, amy: str,
 async def test_an_org_renamed_keeps_its_office_and_the_freed_name_is_a_new_one(
         embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
     forge, services = embedded.forge, embedded.services
-    await _add_globex(embedded, tmp_path)
-    app_id = _app_id(embedded)
-    forge.install_app(app_id, "globex")
-    await embedded.settle()
-    amy = await api_tokens.create_token(services.store, "human:amy@globex.test", "globex")
+    app_id, amy = await _globex_with_amy(embedded, tmp_path)
     scout = await api_tokens.create_token(services.store, "agent:scout", "globex")
-    status, body = await _tool(session, embedded, amy, "mail_send", to="scout", subject=BEFORE,
-                               body="Written while the org was globex.")
-    assert status == 200, body
-    await embedded.settle()
+    await _amy_mails_scout(session, embedded, amy, "Written while the org was globex.")
     before = await _changes(session, embedded, amy)
     old = services.keyring.for_office("globex").key_ids
 
@@ -159,14 +171,8 @@ async def test_a_vault_renamed_keeps_its_mail(
     new vault, new mail goes there though the config still names none (the default pattern
     says scout-vault), every mail verifies there, and the old URL leads to it (301)."""
     forge, services = embedded.forge, embedded.services
-    await _add_globex(embedded, tmp_path)
-    forge.install_app(_app_id(embedded), "globex")
-    await embedded.settle()
-    amy = await api_tokens.create_token(services.store, "human:amy@globex.test", "globex")
-    status, body = await _tool(session, embedded, amy, "mail_send", to="scout", subject=BEFORE,
-                               body="Written to scout-vault.")
-    assert status == 200, body
-    await embedded.settle()
+    _, amy = await _globex_with_amy(embedded, tmp_path)
+    await _amy_mails_scout(session, embedded, amy, "Written to scout-vault.")
 
     forge.rename_repo("globex/scout-vault", "scout-mail")
     await embedded.settle()
@@ -194,15 +200,8 @@ async def test_a_rename_another_replica_heard_is_followed_here_at_the_next_call(
     installation by its old name only, and answered its office's calls 503 not_installed
     under the new one until they restarted."""
     forge, services = embedded.forge, embedded.services
-    await _add_globex(embedded, tmp_path)
-    app_id = _app_id(embedded)
-    forge.install_app(app_id, "globex")
-    await embedded.settle()
-    amy = await api_tokens.create_token(services.store, "human:amy@globex.test", "globex")
-    status, body = await _tool(session, embedded, amy, "mail_send", to="scout", subject=BEFORE,
-                               body="Written while the org was globex.")
-    assert status == 200, body
-    await embedded.settle()
+    app_id, amy = await _globex_with_amy(embedded, tmp_path)
+    await _amy_mails_scout(session, embedded, amy, "Written while the org was globex.")
     hook = forge.state.apps[app_id].webhook_url
     forge.set_webhook(app_id, url="http://127.0.0.1:9/webhook")  # (to the other replica)
     forge.rename_org("globex", "initech")
@@ -301,10 +300,7 @@ async def test_an_org_renamed_before_its_office_signed_anything_keeps_its_config
     says `org: globex`. Before, the rename was recorded only in a key file, none was made,
     and the config was refused (it names another org) until an admin wrote it again."""
     forge, services = embedded.forge, embedded.services
-    await _add_globex(embedded, tmp_path)
-    forge.install_app(_app_id(embedded), "globex")
-    await embedded.settle()
-    amy = await api_tokens.create_token(services.store, "human:amy@globex.test", "globex")
+    _, amy = await _globex_with_amy(embedded, tmp_path)
     assert services.keyring.existing("globex") is None
     forge.rename_org("globex", "initech")
     await embedded.settle()
