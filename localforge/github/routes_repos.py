@@ -10,6 +10,9 @@ from ..access import user_level, visible
 from ..state import Org, perm_rank
 from .http import ApiError, Ctx, Routes, invalid, json_response, not_found, paginate
 
+# GitHub's repository names: ASCII letters, digits, `.`, `-` and `_`, 100 at most
+_REPO_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
+
 REPO_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 LEGACY = {"admin": "admin", "maintain": "write", "write": "write", "triage": "read",
           "read": "read"}
@@ -39,12 +42,23 @@ async def get_repo(request: web.Request) -> web.Response:
 
 async def update_repo(request: web.Request) -> web.Response:
     """PATCH a repository: `archived` (true: read-only, every write answers 403; false: back
-    to writable) and `description`; an admin's (the App's `administration: write`)."""
+    to writable), `description`, and `name` (renamed: its old name leads to it, and the Apps
+    on it hear `repository.renamed`; a name the owner has already is 422); an admin's (the
+    App's `administration: write`)."""
     ctx = Ctx.of(request)
     ctx.require_auth()
     repo = ctx.repo(scope="administration", need="admin" if ctx.principal.kind == "user"
                     else "write", archived_ok=True)
     body = await ctx.body()
+    if "name" in body:
+        name = body["name"]
+        if not isinstance(name, str) or not _REPO_NAME.fullmatch(name):
+            raise invalid("Repository", "name")
+        if name != repo.name:
+            if ctx.forge.state.repo(repo.owner, name) is not None:
+                raise invalid("Repository", "name", "custom",
+                              "name already exists on this account")
+            ctx.forge.rename_repo(repo.full_name, name, sender=ctx.sender)
     if "archived" in body:
         if not isinstance(body["archived"], bool):
             raise invalid("Repository", "archived")

@@ -227,3 +227,27 @@ async def test_a_slow_receiver_times_out_and_is_not_retried(world: World) -> Non
                                         auth=f"Bearer {world.jwt()}")
     assert [(d["status"], d["status_code"]) for d in items] == [("timed out", 0)]
     assert len(world.hooks.received) == 1
+
+
+async def test_a_repository_renamed_by_its_admin_leads_from_its_old_name(world: World) -> None:
+    """PATCH /repos/{owner}/{repo} with `name`, as GitHub's API renames a repository: an
+    admin's alone, a name the owner has already is 422, the old name leads to the new one
+    (301), and the App hears `repository.renamed` with the name it had."""
+    world.forge.state.apps[world.app_id].events.append("repository")
+    world.forge.add_repo("acme", "other")
+    status, _, _ = await world.call("PATCH", "/repos/acme/vault", "marco", {"name": "mail"})
+    assert status == 403, "a writer renames nothing"
+    status, _, body = await world.call("PATCH", "/repos/acme/vault", "admin", {"name": "other"})
+    assert status == 422 and body["errors"][0]["field"] == "name", body
+    status, _, body = await world.call("PATCH", "/repos/acme/vault", "admin", {"name": "a b"})
+    assert status == 422, body
+    status, _, body = await world.call("PATCH", "/repos/acme/vault", "admin", {"name": "mail"})
+    assert status == 200 and body["full_name"] == "acme/mail", body
+    status, _, body = await world.call("GET", "/repos/acme/vault", "admin")  # (followed)
+    assert status == 200 and body["full_name"] == "acme/mail", body
+    await world.idle()
+    (renamed,) = [r for r in world.hooks.received if r.event == "repository"]
+    assert renamed.action == "renamed"
+    assert renamed.payload["changes"]["repository"]["name"]["from"] == "vault"
+    assert renamed.payload["repository"]["full_name"] == "acme/mail"
+    assert renamed.payload["sender"]["login"] == "admin"

@@ -174,7 +174,12 @@ async def test_a_vault_renamed_keeps_its_mail(
     _, amy = await _globex_with_amy(embedded, tmp_path)
     await _amy_mails_scout(session, embedded, amy, "Written to scout-vault.")
 
-    forge.rename_repo("globex/scout-vault", "scout-mail")
+    # its admin renames it through the forge's API, as on GitHub
+    forge.set_permission("globex/scout-vault", "gia", "admin")
+    async with session.patch(f"{forge.url}/repos/globex/scout-vault", json={
+            "name": "scout-mail"}, headers={"Authorization": f"token {forge.user_token('gia')}"}
+            ) as resp:
+        assert resp.status == 200, await resp.text()
     await embedded.settle()
     status, body = await _tool(session, embedded, amy, "mail_list")
     assert status == 200 and [m["vault"] for m in body["mails"]] == ["globex/scout-mail"], body
