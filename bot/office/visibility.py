@@ -153,6 +153,13 @@ class Viewer:
     # a ledger entry written before a rename names (its subject is hashed as written)
     renamed: dict[str, str] = field(default_factory=dict)
 
+    def repo_now(self, repo: str) -> str:
+        """What the repository `repo` (`owner/name`) is called now, by the names this office
+        had (`renamed`): a ref given out before a rename still names its issue. Another
+        office's names are never followed."""
+        now = name_now(self.renamed, repo)
+        return repo if now == repo.strip().lower() else now
+
     @property
     def is_office(self) -> bool:
         return self.principal == "office"
@@ -223,7 +230,7 @@ class Viewer:
         subject = entry.subject.strip()
         where = split_ref(subject)
         if where is not None:
-            where = (name_now(self.renamed, where[0]), where[1])
+            where = (self.repo_now(where[0]), where[1])
             from bot.store import mails
 
             mail_id = entry.data.get("mail")
@@ -246,7 +253,7 @@ class Viewer:
         if to_agent is not None:
             return mail_parties(self.office, entry.actor, to_agent["agent"], self.principal)
         if _REPO.match(subject):
-            return await self.sees_repo(name_now(self.renamed, subject))
+            return await self.sees_repo(self.repo_now(subject))
         return entry.actor == self.principal
 
 

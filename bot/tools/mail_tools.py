@@ -23,11 +23,11 @@ REF_MAX = 300  # owner (39) / repo (100) #N, or a mail id, with room to spare
 
 async def find_mail(call: Call, ref: str) -> MailRecord:
     """A mail by id or owner/repo#N, visible to the caller."""
-    store = call.services.store
+    store, viewer = call.services.store, viewer_for(call)
     m = _REF.match(ref.strip())
-    mail = (await mails.mail_at(store, m["repo"], int(m["n"])) if m
+    mail = (await mails.mail_at(store, viewer.repo_now(m["repo"]), int(m["n"])) if m
             else await mails.get_mail(store, ref.strip()))
-    if mail is None or not _may_see(call, mail):  # one you may not read is not found either
+    if mail is None or not viewer.sees_mail(mail):  # one you may not read is not found either
         raise NotFoundError(f"no mail {ref!r}: give a mail id or owner/repo#N from mail_list")
     return mail
 

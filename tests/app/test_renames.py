@@ -67,6 +67,9 @@ async def _follows(session: aiohttp.ClientSession, embedded: Embedded, amy: str,
     status, body = await _tool(session, embedded, scout, "mail_list")
     assert status == 200 and BEFORE in str(body), body
     assert "initech/scout-vault" in str(body) and "globex/" not in str(body), body
+    # a ref given out before the rename still names the mail, as the forge's old URL does
+    status, body = await _tool(session, embedded, scout, "mail_get", mail="globex/scout-vault#1")
+    assert status == 200 and body["mail"]["ref"] == "initech/scout-vault#1", body
     assert _chain(await _changes(session, embedded, amy)) == _chain(before)  # the same ledger
     status, body = await _tool(session, embedded, amy, "mail_send", to="scout", subject=AFTER,
                                body="Signed under the new name.")
@@ -183,6 +186,9 @@ async def test_a_vault_renamed_keeps_its_mail(
     await embedded.settle()
     status, body = await _tool(session, embedded, amy, "mail_list")
     assert status == 200 and [m["vault"] for m in body["mails"]] == ["globex/scout-mail"], body
+    # a ref given out before the rename still names the mail, as the forge's old URL does
+    status, body = await _tool(session, embedded, amy, "mail_get", mail="globex/scout-vault#1")
+    assert status == 200 and body["mail"]["ref"] == "globex/scout-mail#1", body
     status, body = await _tool(session, embedded, amy, "mail_send", to="scout", subject=AFTER,
                                body="Written to scout-mail.")
     assert status == 200 and body["mail"]["vault"] == "globex/scout-mail", body
