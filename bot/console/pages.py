@@ -25,6 +25,7 @@ from bot.office.visibility import viewer_for
 from bot.store import comments as db
 from bot.store import mails
 from bot.store.mails import MailRecord
+from bot.tools.mail_tools import find_mail
 
 STATES = ("new", "working", "replied", "closed", "held", "quiet")
 
@@ -151,12 +152,10 @@ async def mail_page(request: web.Request, v: Visitor) -> web.StreamResponse:
 async def _reply_to(v: Visitor, ref: str | None) -> MailRecord | None:
     if not ref:
         return None
-    viewer = viewer_for(v.call)
-    vault, _, n = ref.partition("#")
-    number = whole(n)  # "vault#n", else a mail id (a number too big for the index is neither)
-    mail = (await mails.mail_at(v.services.store, vault, number) if number is not None
-            else await mails.get_mail(v.services.store, ref))
-    return mail if mail is not None and viewer.sees_mail(mail) else None
+    try:  # as mail_get reads it: a ref from before a rename names the mail too
+        return await find_mail(v.call, ref)
+    except NotFoundError:
+        return None
 
 
 @signed_in

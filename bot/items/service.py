@@ -174,8 +174,11 @@ class Comments:
         """The item `target` names, by owner/repo#N or by its key ("AC-12"); with a `viewer`,
         only if the viewer's forge account can see it: otherwise "no issue", as for one that
         does not exist (nothing is leaked). `field` is the argument it came in (errors name
-        it); with "target", the kind came in `targetType`."""
+        it); with "target", the kind came in `targetType`. A ref given out before its org or
+        repository was renamed names the item by the names the viewer's office had."""
         where = split_ref(target)
+        if where is not None and viewer is not None:
+            where = (viewer.repo_now(where[0]), where[1])
         key = as_key(target) if where is None else None
         if where is None:
             where = await self._by_key(target, key, viewer, field)
