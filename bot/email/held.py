@@ -87,5 +87,5 @@ async def release(mailer: Mailer, actor: str, mail: MailRecord) -> MailRecord:
         mail = await mailer.follow_up(mail, actor)
     await ledger.record_once(mailer.services.store, "email.released", actor, mail.ref,
                              {"mail": mail.mail_id, "to": mail.state}, org=mail.org,
-                             by=("mail",))
+                             by=("mail",), renamed=mailer.services.keyring.renamed(mail.org))
     return mail

@@ -268,15 +268,17 @@ class EmailIntake:
                       verdicts: Verdicts, decision: Decision) -> None:
         """`email.received` (and `email.held`) for the message, once per mail and Message-ID."""
         store, sender = self.services.store, principal_of(message.sender)
+        renamed = self.services.keyring.renamed(office.org)  # (a retry after a rename)
         await ledger.record_once(store, "email.received", sender, record.ref, {
             "mail": record.mail_id, "message_id": message.message_id, "from": sender,
             "spf": verdicts.spf, "dkim": verdicts.dkim, "dmarc": verdicts.dmarc,
             "automatic": message.automatic, "hops": message.hops, "held": decision.held},
-            org=office.org, by=("message_id",))
+            org=office.org, by=("message_id",), renamed=renamed)
         if decision.held:
             await ledger.record_once(store, "email.held", "office", record.ref, {
                 "mail": record.mail_id, "message_id": message.message_id,
-                "reason": decision.reason or "held"}, org=office.org, by=("message_id",))
+                "reason": decision.reason or "held"}, org=office.org, by=("message_id",),
+                renamed=renamed)
 
     async def _attach(self, office: Office, vault: str, mail_id: str,
                       message: Inbound) -> tuple[Attached, ...]:
@@ -397,7 +399,8 @@ class EmailIntake:
     async def accepted(self, mail: MailRecord, message_id: str) -> set[str]:
         """The recipients the relay accepted `message_id` for (each `email.sent`'s `to`)."""
         rows = await ledger.recorded_with(self.services.store, ("email.sent",), mail.ref,
-                                          "message_id", message_id)
+                                          "message_id", message_id,
+                                          renamed=self.services.keyring.renamed(mail.org))
         return {str(r).lower() for row in rows for r in json.loads(row["data"]).get("to") or ()}
 
     async def report_bounce(self, office: Office, mail: MailRecord, message_id: str,
@@ -440,7 +443,7 @@ class EmailIntake:
                 "mail": mail.mail_id, "message_id": message_id, "recipient": recipient,
                 "recipients": list(recipients), "source": source, "why": why[:500],
                 "told": told.mail_id}, org=office.org,
-                by=("message_id", "recipient"))
+                by=("message_id", "recipient"), renamed=self.services.keyring.renamed(office.org))
             return {"mail": told.mail_id}
 
         done = await store.once(f"email-bounce:{office.org.lower()}",

@@ -283,10 +283,11 @@ class Outbox(Rounds):
         deferred) and say so on the mail's issue, naming them unless it is the whole
         message; when it was. The recipients a later try defers are among the first's: each
         try goes only to the ones not accepted or refused for good yet."""
-        store = self.services.store
+        store, renamed = self.services.store, self.services.keyring.renamed(office.org)
         first = await ledger.record_once(store, "email.deferred", "office", mail.ref, {
             "mail": mail.mail_id, "message_id": message_id, "detail": detail[:500],
-            "recipients": list(recipients)}, org=office.org, by=("message_id",))
+            "recipients": list(recipients)}, org=office.org, by=("message_id",),
+            renamed=renamed)
         if first is not None:
             forge = self.services.forge_for_org(office.org)
             marker = f"<!-- vaultmail:email-deferred {message_id.strip('<>')} -->"
@@ -297,7 +298,7 @@ class Outbox(Rounds):
                 f"after {self.give_up_after:,.0f} seconds.") + f"\n\n{marker}",
                 "the deferral note"), marker=marker)
         first_at = await ledger.first_recorded(store, "email.deferred", mail.ref,
-                                               "message_id", message_id)
+                                               "message_id", message_id, renamed=renamed)
         return first_at if first_at is not None else time.time()
 
     async def _settled(self, mail: MailRecord,
@@ -310,7 +311,8 @@ class Outbox(Rounds):
         parts: list[tuple[str, ...]] = []
         bounced: set[str] = set()
         rows = await ledger.recorded_with(self.services.store, ("email.sent", "email.bounced"),
-                                          mail.ref, "message_id", message_id)
+                                          mail.ref, "message_id", message_id,
+                                          renamed=self.services.keyring.renamed(mail.org))
         for row in rows:
             data = json.loads(row["data"])
             if row["event"] == "email.sent":
@@ -389,7 +391,8 @@ class Outbox(Rounds):
             await ledger.record_once(self.services.store, "email.sent", actor, mail.ref, {
                 "mail": mail.mail_id, "message_id": message_id, "to": list(to),
                 "recipients": ", ".join(to), "hops": out.hops}, org=office.org,
-                by=("message_id", "recipients"))
+                by=("message_id", "recipients"),
+                renamed=self.services.keyring.renamed(office.org))
         forge = self.services.forge_for_org(office.org)
         part = "" if list(to) == out.recipients else " " + hashlib.sha256(
             "\n".join(to).encode()).hexdigest()[:16]

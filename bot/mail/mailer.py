@@ -173,7 +173,8 @@ class Mailer:
         if isinstance(delivery, str):
             await ledger.record_once(self.services.store, "run.denied", actor, subject,
                                      {"reason": reason, "delivery": delivery},
-                                     org=self.office.org, by=("delivery", "reason"))
+                                     org=self.office.org, by=("delivery", "reason"),
+                                     renamed=self.services.keyring.renamed(self.office.org))
         else:
             await ledger.record(self.services.store, "run.denied", actor, subject,
                                 {"reason": reason}, org=self.office.org)
@@ -723,8 +724,9 @@ class Mailer:
                 await replies.keep(self.services.store, mail.mail_id, key, comment)
                 await self.forge.create_comment(mail.vault, mail.number, comment,
                                                 marker=marker)
-        if again and await ledger.recorded(self.services.store, "mail.replied", mail.ref,
-                                           "reply", key):
+        if again and await ledger.recorded(
+                self.services.store, "mail.replied", mail.ref, "reply", key,
+                renamed=self.services.keyring.renamed(self.office.org)):
             # the earlier try moved it: whatever happened since (its sender closed it) stands
             updated = await mails.get_mail(self.services.store, mail.mail_id) or mail
         else:

@@ -583,6 +583,17 @@ def name_now(renamed: dict[str, str], vault: str) -> str:
     return vault
 
 
+def names_before(renamed: dict[str, str], ref: str) -> list[str]:
+    """The names ``ref`` (an org, ``owner/repo`` or ``owner/repo#N``, as it is called now)
+    had by an office's names before: ``name_now``'s other way round, each leading to it."""
+    base, hash_, number = ref.strip().lower().partition("#")
+    owner, _, repo = base.partition("/")
+    owners = {owner} | {was.partition("/")[0] for was in renamed}
+    repos = {repo} | {was.partition("/")[2] for was in renamed if "/" in was}
+    names = {f"{o}/{r}" if repo else o for o in owners for r in repos}
+    return sorted(n + hash_ + number for n in names - {base} if name_now(renamed, n) == base)
+
+
 def renamed_to(renamed: dict[str, str], was: str, now: str) -> dict[str, str]:
     """``renamed`` once ``was`` (an org login, or a vault's full name) is called ``now``:
     every name that went to ``was`` (or into it) goes to ``now``, and ``was`` itself too.

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from bot.mail.signing import names_before
 from bot.store.db import Connection, Row, Store, hold, register_schema
 from bot.store.offices import next_number, number_as_was, numbered_per_office
 from bot.store.sql import Sql, Statement, json_at
@@ -144,50 +145,74 @@ async def entries_since(store: Store, org: str, event: str, since: float) -> lis
 
 
 async def record_once(store: Store, event: str, actor: str, subject: str,
-                      data: dict[str, Any], *, org: str, by: tuple[str, ...]) -> int | None:
-    """`record`, unless an `event` about `subject` whose data agrees on the fields `by` is in
-    `org`'s chain already (a delivery run again after a crash says what it said once); the
-    new entry's seq, or None. Looked at under the chain's key, so two tries never both write."""
+                      data: dict[str, Any], *, org: str, by: tuple[str, ...],
+                      renamed: dict[str, str] | None = None) -> int | None:
+    """`record`, unless an `event` about `subject` (or a name it had: `renamed`, see
+    `_about`) whose data agrees on the fields `by` is in `org`'s chain already (a delivery
+    run again after a crash says what it said once); the new entry's seq, or None. Looked at
+    under the chain's key, so two tries never both write."""
     async with store.transaction(key(org)) as db:
-        query: Statement = "SELECT 1 FROM ledger WHERE chain=? AND event=? AND subject=?"
+        about, subjects = _about(subject, renamed)
+        query: Statement = "SELECT 1 FROM ledger WHERE chain=? AND event=? AND " + about
         for _ in by:
             query = query + " AND " + json_at("data") + "=?"
         params = [p for f in by for p in (f"$.{f}", str(data[f]))]
         if await db.fetchone(query + " LIMIT 1",
-                             (org.lower(), event, subject, *params)) is not None:
+                             (org.lower(), event, *subjects, *params)) is not None:
             return None
         return await append(db, event, actor, subject, data, org=org)
 
 
-async def recorded(store: Store, event: str, subject: str, field: str, value: str) -> bool:
-    """Whether an `event` about `subject` with `data[field] == value` is in the ledger: what
-    a retry asks to learn if an earlier try already did its part (a subject names its
-    office's repository, so this never finds another office's entry)."""
+def _about(subject: str, renamed: dict[str, str] | None) -> tuple[str, tuple[str, ...]]:
+    """A lookup's condition on the subject, and its parameters: `subject`, or a name it had
+    by its office's names before (`renamed`: `Keyring.renamed`). An entry keeps the name it
+    was hashed under, so a step done before its org or repository was renamed is found by a
+    retry after it; a name it had is looked at in its office's rows only (`org`, the name
+    the subject's owner has now), never in another's that took the name since."""
+    before = names_before(renamed or {}, subject)
+    if not before:
+        return "subject=?", (subject,)
+    marks = ",".join("?" for _ in before)
+    return (f"(subject=? OR (org=? AND subject IN ({marks})))",
+            (subject, subject.partition("/")[0].lower(), *before))
+
+
+async def recorded(store: Store, event: str, subject: str, field: str, value: str, *,
+                   renamed: dict[str, str] | None = None) -> bool:
+    """Whether an `event` about `subject` (or a name it had: `_about`) with
+    `data[field] == value` is in the ledger: what a retry asks to learn if an earlier try
+    already did its part (a subject names its office's repository, so this never finds
+    another office's entry)."""
+    about, subjects = _about(subject, renamed)
     row = await store.fetchone(
-        "SELECT 1 FROM ledger WHERE event=? AND subject=? AND " + json_at("data") + "=? LIMIT 1",
-        (event, subject, f"$.{field}", value))
+        "SELECT 1 FROM ledger WHERE event=? AND " + about + " AND " + json_at("data")
+        + "=? LIMIT 1", (event, *subjects, f"$.{field}", value))
     return row is not None
 
 
-async def first_recorded(store: Store, event: str, subject: str, field: str,
-                         value: str) -> float | None:
-    """When the first `event` about `subject` with `data[field] == value` was recorded."""
+async def first_recorded(store: Store, event: str, subject: str, field: str, value: str, *,
+                         renamed: dict[str, str] | None = None) -> float | None:
+    """When the first `event` about `subject` (or a name it had: `_about`) with
+    `data[field] == value` was recorded."""
+    about, subjects = _about(subject, renamed)
     row = await store.fetchone(
-        "SELECT MIN(time) AS first FROM ledger WHERE event=? AND subject=?"
-        " AND " + json_at("data") + "=?", (event, subject, f"$.{field}", value))
+        "SELECT MIN(time) AS first FROM ledger WHERE event=? AND " + about
+        + " AND " + json_at("data") + "=?", (event, *subjects, f"$.{field}", value))
     return float(row["first"]) if row is not None and row["first"] is not None else None
 
 
 async def recorded_with(store: Store, events: tuple[str, ...], subject: str, field: str,
-                        value: str) -> list[Row]:
-    """Every entry of one of `events` about `subject` with `data[field] == value`, oldest
-    first (`event` and `data`): what earlier tries of a retried step did, part by part."""
+                        value: str, *, renamed: dict[str, str] | None = None) -> list[Row]:
+    """Every entry of one of `events` about `subject` (or a name it had: `_about`) with
+    `data[field] == value`, oldest first (`event` and `data`): what earlier tries of a
+    retried step did, part by part."""
     if not events:
         return []
     marks = ",".join("?" for _ in events)
+    about, subjects = _about(subject, renamed)
     return await store.fetchall(
-        f"SELECT event, data FROM ledger WHERE event IN ({marks}) AND subject=? AND "
-        + json_at("data") + "=? ORDER BY seq", (*events, subject, f"$.{field}", value))
+        f"SELECT event, data FROM ledger WHERE event IN ({marks}) AND " + about + " AND "
+        + json_at("data") + "=? ORDER BY seq", (*events, *subjects, f"$.{field}", value))
 
 
 def _hashed_as(r: Any) -> str | None:

@@ -222,7 +222,29 @@ async def rename_in(db: Connection, org: str, new: str) -> int:
     # the chain's entries were hashed under the old name: they keep it, where not kept yet
     await db.execute("UPDATE ledger SET hashed_as=chain WHERE chain=? AND hashed_as IS NULL",
                      (org,))
+    # its idempotent steps, named by the office (a tool call's key, an email's): a retry
+    # under the new name finds what it did under the old, and does not do it again
+    for row in await db.fetchall(_SCOPES, (f":{org}",)):
+        now = _scope_renamed(str(row["scope"]), org, new)
+        if now is not None:
+            await db.execute("UPDATE idempotency SET scope=? WHERE scope=?", (now, row["scope"]))
     return await _move(db, org, new, revoke=False)
+
+
+_SCOPES = Sql("SELECT DISTINCT scope FROM idempotency WHERE instr(scope, ?) > 0",
+              "SELECT DISTINCT scope FROM idempotency WHERE strpos(scope, ?) > 0")
+
+
+def _scope_renamed(scope: str, org: str, new: str) -> str | None:
+    """An idempotency scope of `org`'s office under its new name `new`: a tool's
+    (`tool:<name>:<org>:<principal>`) or an email's (`email-in:<org>`, ...); None for
+    another office's, or one that names no office."""
+    kind, _, rest = scope.partition(":")
+    if kind == "tool":
+        name, _, rest = rest.partition(":")
+        office, _, principal = rest.partition(":")
+        return f"tool:{name}:{new}:{principal}" if office == org else None
+    return f"{kind}:{new}" if kind.startswith("email-") and rest == org else None
 
 
 async def rename_vault_in(db: Connection, old: str, new: str) -> int:
