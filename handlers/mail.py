@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from gidgethub import sansio
 from gidgethub.routing import Router
 
@@ -21,6 +23,9 @@ own_router = Router()
 
 _LEDGER_FOR = {MailState.NEW: "mail.sent", MailState.WORKING: "mail.opened",
                MailState.REPLIED: "mail.replied", MailState.CLOSED: "mail.closed"}
+# An `issues.opened` handled within this many seconds of the issue's making may be taken as
+# delivered (`opened_just_now`); the reconciler's redeliveries come minutes later
+FRESH_OPENING = 10.0
 
 
 @router.register("issues", action="opened")
@@ -30,18 +35,40 @@ async def adopt_issue_as_mail(event: sansio.Event, ctx: HandlerContext) -> None:
         return
     if kind_of(s.labels, s.issue, type_names(s.office)) is not None:
         return  # goals, outcomes, plans and evidence (by label or issue type) are items
+    key = issue_key(event.data)
+    current = await opened_just_now(s, key)
     try:
-        await s.mailer.adopt(s.repo, s.issue, s.actor)
+        await s.mailer.adopt(s.repo, s.issue, s.actor, as_delivered=current)
     except VaultmailError as exc:
         await s.refuse(exc, f"this issue cannot become mail: {exc.message}")
         await ctx.forge.update_issue(s.repo, s.number, state="closed",
                                      state_reason="not_planned")
         return
-    # what came about the issue before its opening did (that delivery was missing) runs now
-    key = issue_key(event.data)
-    if key is not None and (unparked := await ctx.services.store.unpark(key)):
+    # what came about the issue before its opening did (that delivery was missing) runs now;
+    # none did when nothing else about it was waiting
+    if key is not None and not current and (unparked := await ctx.services.store.unpark(key)):
         ctx.log.info("deliveries that waited for this mail run now", extra={
             "issue": s.ref, "unparked": unparked})
+
+
+async def opened_just_now(s: Scene, key: str | None) -> bool:
+    """Whether this `issues.opened` delivery describes the issue as the forge has it now, so
+    adoption may take it as delivered instead of reading the issue first (one request less a
+    mail, the forge's most frequent event).
+
+    It does when it is handled within `FRESH_OPENING` seconds of the issue's making (by the
+    forge's clock and ours), shows the issue open and unchanged since it was made, is not a
+    retry, and nothing else about the issue has arrived. A late opening (dropped, then
+    redelivered by the reconciler; issue 28) or one whose issue changed since reads the forge
+    first. What is left, a change made in the moment before the adoption's write whose own
+    delivery is still on its way, is the same race a read just before the write leaves."""
+    issue = s.issue
+    made = moves.forge_time(issue.get("created_at"))
+    if (made is None or key is None or s.ctx.retry or issue.get("state") != "open"
+            or issue.get("updated_at") != issue.get("created_at")
+            or abs(time.time() - made) > FRESH_OPENING):
+        return False
+    return not await s.ctx.services.store.others_about(key, s.ctx.delivery_id)
 
 
 def wait_for_mail(s: Scene, why: str) -> None:

@@ -92,3 +92,46 @@ async def test_a_comment_on_an_issue_that_never_becomes_mail_waits_harmlessly(
     assert await mails.mail_at(store, SCOUT_VAULT, number) is None
     await prune.prune(store, now=10 ** 12, keep=0)
     assert await store.fetchone("SELECT 1 FROM queue WHERE state='parked'") is None
+
+
+GET_ISSUE = "GET /repos/{owner}/{repo}/issues/{issue_number}"
+PATCH_ISSUE = "PATCH /repos/{owner}/{repo}/issues/{issue_number}"
+
+
+async def test_an_opening_handled_at_once_is_adopted_as_delivered(
+        embedded: Embedded, person: Any) -> None:
+    """An `issues.opened` handled as soon as it came, its issue unchanged since it was made
+    and nothing else about it arrived, describes the issue as it is: adoption writes it (one
+    PATCH) without reading it first."""
+    marco: Actor = person("marco")
+    requests = embedded.forge.requests
+    reads, writes = requests.count(GET_ISSUE, "installation"), requests.count(PATCH_ISSUE)
+    issue = await marco.open_issue(SCOUT_VAULT, "Fresh", "handled as it came")
+    await embedded.settle()
+    found = await marco.issue(SCOUT_VAULT, issue["number"])
+    assert label_names(found) == ["mail:new"] and "vaultmail:header" in found["body"]
+    assert requests.count(GET_ISSUE, "installation") == reads
+    assert requests.count(PATCH_ISSUE) == writes + 1
+
+
+async def test_an_opening_handled_late_takes_the_issue_as_it_is_now(
+        embedded: Embedded, person: Any) -> None:
+    """An opening redelivered a minute after the issue was made, its issue relabelled since
+    (that delivery lost too, so nothing else about it waits): adoption reads the issue first
+    and keeps the label the delivery did not show."""
+    marco: Actor = person("marco")
+    forge = embedded.forge
+    forge.clock.offset -= 60.0  # the issue is made a minute before the app hears of it
+    forge.faults.drop_webhooks(count=2)
+    issue = await marco.open_issue(SCOUT_VAULT, "Late", "its opening comes a minute late")
+    number = int(issue["number"])
+    await marco.call("POST", f"/repos/{SCOUT_VAULT}/issues/{number}/labels",
+                     {"labels": ["urgent"]}, expect=200)
+    await embedded.settle()
+    assert forge.faults.drop.count == 0, "both deliveries were dropped"
+    opened = next(d for d in forge.state.deliveries.values()
+                  if d.action == "opened" and d.payload["issue"]["number"] == number)
+    assert forge.webhooks.redeliver(opened) is not None
+    await embedded.settle()
+    found = await marco.issue(SCOUT_VAULT, number)
+    assert sorted(label_names(found)) == ["mail:new", "urgent"], found["labels"]

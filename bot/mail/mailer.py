@@ -445,14 +445,17 @@ class Mailer:
         await self._record_new(record, record.from_principal, agent)
         return record
 
-    async def adopt(self, repo: str, issue: dict[str, Any], actor: str) -> MailRecord:
+    async def adopt(self, repo: str, issue: dict[str, Any], actor: str, *,
+                    as_delivered: bool = False) -> MailRecord:
         """A person (or agent) opened an issue in a vault by hand: make it mail from them.
 
         The issue is taken as the forge has it now, not as the `issues.opened` delivery
         described it (issue 28): that delivery may come late (dropped, then redelivered by the
-        reconciler) after the issue was edited, relabelled or closed. A closed issue becomes a
-        closed mail, ledgered sent and closed once each, if whoever closed it may close it (else
-        it is new mail, and the close's own delivery refuses and reopens it)."""
+        reconciler) after the issue was edited, relabelled or closed. `as_delivered`: the
+        delivery is known to describe it as it is now (`handlers.mail.opened_just_now`), so it
+        is not read again. A closed issue becomes a closed mail, ledgered sent and closed once
+        each, if whoever closed it may close it (else it is new mail, and the close's own
+        delivery refuses and reopens it)."""
         agent = self.office.agent_for_vault(repo)
         if agent is None:
             raise NotFoundError(f"{repo} is not a vault in this office")
@@ -461,7 +464,8 @@ class Mailer:
         if known is not None:
             return known
         await self.check_may_send(actor, agent)
-        issue = await self.forge.get_issue(repo, number)  # as it is now
+        if not as_delivered:
+            issue = await self.forge.get_issue(repo, number)  # as it is now
         # the words they wrote, their own mentions as they wrote them; a pasted mail's header
         # and table taken off (see `written_body`)
         body = written_body(issue.get("body"))

@@ -989,6 +989,13 @@ class QueueMixin:
                                   " AND lower(issue_key)=? LIMIT 1", (issue.lower(),))
         return row is not None
 
+    async def others_about(self, issue: str, besides: str) -> bool:
+        """Whether a delivery about `issue` (its `issue_key`) other than `besides` (a guid)
+        waits, to be handled or parked: something more about the issue has arrived."""
+        row = await self.fetchone("SELECT 1 FROM queue WHERE issue_key=? AND state IN"
+                                  " ('pending', 'parked') AND guid<>? LIMIT 1", (issue, besides))
+        return row is not None
+
     async def unpark(self, issue: str) -> int:
         """The deliveries about `issue` (its `issue_key`) parked until it became mail are due
         again, in their order (before any later one of the issue); returns how many.
