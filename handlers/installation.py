@@ -154,4 +154,22 @@ async def provision_labels_on_install(event: sansio.Event, ctx: HandlerContext) 
 
 @router.register("installation_repositories", action="added")
 async def provision_labels_on_repos_added(event: sansio.Event, ctx: HandlerContext) -> None:
-    await provision_vaults(ctx, _names(event.data.get("repositories_added") or []))
+    repos = _names(event.data.get("repositories_added") or [])
+    _take_old_names(ctx, repos)  # (first: a config naming one names that repository)
+    await provision_vaults(ctx, repos)
+
+
+@router.register("repository", action="created")
+async def take_old_name(event: sansio.Event, ctx: HandlerContext) -> None:
+    _take_old_names(ctx, _names([event.data.get("repository") or {}]))
+
+
+def _take_old_names(ctx: HandlerContext, repos: list[str]) -> None:
+    """Repositories made under a name a renamed vault had are repositories of their own: the
+    old name leads to the renamed vault no more (`Keyrings.vault_name_taken`), and the
+    office's config, read again, names the new one by it."""
+    for repo in repos:
+        if ctx.services.keyring.vault_name_taken(repo):
+            ctx.services.offices.forget(repo.split("/", 1)[0].lower())
+            ctx.log.info("a new repository under a renamed vault's old name: its own",
+                         extra={"repo": repo.lower()})

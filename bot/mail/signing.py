@@ -262,7 +262,8 @@ class Keyring:
     def __init__(self, keys: list[SigningKey], active: str, path: Path | None = None, *,
                  office: str | None = None, served: Iterable[str] | None = None,
                  revoked: dict[str, datetime] | None = None,
-                 renamed: dict[str, str] | None = None) -> None:
+                 renamed: dict[str, str] | None = None,
+                 renamed_keys: dict[str, list[str]] | None = None) -> None:
         if not keys:
             raise KeyringError("a keyring needs at least one key")
         by_kid = {k.kid: k for k in keys}
@@ -272,6 +273,7 @@ class Keyring:
             raise KeyringError(f"active key {active!r} is not in the keyring")
         self._office = office_name(office) if office is not None else None
         self._renamed = _renamed(renamed) if self._office is not None else {}
+        self._taken = _taken(renamed_keys, self._renamed)
         if self._office is not None:
             names = {self._office, *former_offices(self._renamed)}
             foreign = [k for k in by_kid if kid_office(k) not in names]
@@ -331,7 +333,8 @@ class Keyring:
             raise KeyringError(f"{path}: holds the keys of office {found!r}, not {office!r}")
         try:
             ring = cls(keys, active, path, office=office, served=doc.get("offices"),
-                       revoked=revoked, renamed=doc.get("renamed"))
+                       revoked=revoked, renamed=doc.get("renamed"),
+                       renamed_keys=doc.get("renamed_keys"))
         except (KeyringError, TypeError) as exc:
             raise KeyringError(f"{path}: {exc}") from exc
         ring._stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -346,6 +349,8 @@ class Keyring:
             doc["offices"] = list(self._served)
         if self._renamed:
             doc["renamed"] = dict(sorted(self._renamed.items()))
+        if self._taken:
+            doc["renamed_keys"] = dict(sorted(self._taken.items()))
         return doc | {
             "active": self._active,
             "keys": [
@@ -382,7 +387,7 @@ class Keyring:
         fresh = Keyring._read(self._path, self._office)
         self._keys, self._active, self._stamp = fresh._keys, fresh._active, fresh._stamp
         self._served, self._revoked = fresh._served, fresh._revoked
-        self._renamed = fresh._renamed
+        self._renamed, self._taken = fresh._renamed, fresh._taken
         return True
 
     # -- keys --------------------------------------------------------------------------------
@@ -507,14 +512,37 @@ class Keyring:
         self.refresh()
         return dict(self._renamed)
 
+    @property
+    def renamed_keys(self) -> dict[str, list[str]]:
+        """The vaults' names before that another repository took since, each with the keys
+        it still leads to the vault's new name for ({was: [kid, ...]}: the keys the office
+        had then, ``renamed_for``)."""
+        self.refresh()
+        return {was: list(kids) for was, kids in self._taken.items()}
+
+    def renamed_for(self, kid: str | None) -> dict[str, str]:
+        """Its names before that lead to their new ones for what key ``kid`` signed (None:
+        for what the office says now: its config, its refs). A vault's old name leads to
+        where the vault went, as the forge's old URL does, until another repository takes
+        it; from then on the name is that repository's, and only the keys the office had
+        then (a new one signs from then on: ``Keyrings.vault_name_taken``) mean the vault
+        by it."""
+        self.refresh()
+        return {was: now for was, now in self._renamed.items()
+                if was not in self._taken or kid in self._taken[was]}
+
     def vault_now(self, kid: str, vault: str) -> str:
         if self._office is None or not self.has_key(kid):
             return vault
-        return name_now(self._renamed, vault)
+        return name_now(self.renamed_for(kid), vault)
 
-    def _rename(self, renamed: dict[str, str], path: Path | None) -> None:
-        """Take ``renamed`` as its names before, and ``path`` as its file; written there."""
+    def _rename(self, renamed: dict[str, str], path: Path | None,
+                taken: dict[str, list[str]] | None = None) -> None:
+        """Take ``renamed`` as its names before (``taken``: those another repository took
+        since, by default those it had: ``renamed_keys``), and ``path`` as its file; written
+        there."""
         self._renamed = _renamed(renamed)
+        self._taken = _taken(self._taken if taken is None else taken, self._renamed)
         self._path = path
         self._write()
 
@@ -525,7 +553,7 @@ class Keyring:
             "keys": [
                 _public_jwk(k.kid, k.public, k.kid == self._active and not legacy, k.created,
                             office=self._office, served=self._served, legacy=legacy,
-                            renamed=self._renamed)
+                            renamed=self.renamed_for(k.kid))
                 for k in self._keys.values()
             ]
         }
@@ -563,6 +591,19 @@ def _renamed(names: Any) -> dict[str, str]:
         office_name(now.partition("/")[0])
         out[was.lower()] = now.lower()
     return out
+
+
+def _taken(taken: Any, renamed: dict[str, str]) -> dict[str, list[str]]:
+    """A key file's ``renamed_keys`` ({was: [kid, ...]}), for names among ``renamed``'s only
+    (a name renamed anew, or given back, is not taken)."""
+    if taken is None:
+        return {}
+    if not isinstance(taken, dict) or not all(
+            isinstance(kids, list) and all(isinstance(k, str) for k in kids)
+            for kids in taken.values()):
+        raise KeyringError("renamed_keys must be an object {was: [key id, ...]}")
+    return {str(was).lower(): list(kids) for was, kids in taken.items()
+            if str(was).lower() in renamed}
 
 
 def former_offices(renamed: dict[str, str]) -> list[str]:
@@ -900,6 +941,7 @@ class Keyrings:
                 return
             names = renamed_to({**(dst.renamed if dst else {}),
                                 **(src.renamed if src else {})}, old, new)
+            taken = {**(dst.renamed_keys if dst else {}), **(src.renamed_keys if src else {})}
             keys = {k.kid: k for ring in (dst, src) if ring is not None
                     for k in ring._keys.values()}
             if (base := dst or src) is not None:
@@ -907,7 +949,7 @@ class Keyrings:
             else:  # it never signed: a key of its own now, to keep its names in
                 key = SigningKey.generate(None, new)
                 ring = Keyring([key], key.kid, office=new, renamed=names)
-            ring._rename(names, None if self._dir is None else self._dir / f"{new}.json")
+            ring._rename(names, None if self._dir is None else self._dir / f"{new}.json", taken)
             if kid_office(ring._active) != new:
                 ring._add(None)
             if src is not None and src.path is not None:
@@ -949,9 +991,11 @@ class Keyrings:
         return kept
 
     def renamed(self, org: str) -> dict[str, str]:
-        """The names ``org``'s office had ({was: now}: ``Keyring.renamed``); none made."""
+        """The names ``org``'s office had that lead to its, or its vaults', names now ({was:
+        now}: ``Keyring.renamed``, less a vault's old name another repository took since:
+        ``Keyring.renamed_for``): what its config and its refs may still say; none made."""
         ring = self.existing(org)
-        return ring.renamed if ring is not None else {}
+        return ring.renamed_for(None) if ring is not None else {}
 
     def _unlocked(self, office: str) -> Keyring | None:
         """``office``'s keyring read afresh (the caller holds its file's lock), or None."""
@@ -968,7 +1012,28 @@ class Keyrings:
             if ring.path is not None:
                 stack.enter_context(_locked(ring.path))
             ring.refresh()
-            ring._rename(renamed_to(ring._renamed, old, new), ring.path)
+            # (a name taken, and now renamed itself: it leads to where that repository went)
+            ring._rename(renamed_to(ring._renamed, old, new), ring.path,
+                         {was: kids for was, kids in ring._taken.items() if was != old.lower()})
+
+    def vault_name_taken(self, vault: str) -> bool:
+        """Another repository took ``vault`` (``owner/repo``), a name a vault of its owner's
+        office had before a rename: from now on the name is that repository's, for the
+        office's config and refs (``renamed``) and for what it signs, with a new key made
+        here; what the keys it had signed under the name still verifies where the vault went
+        (``Keyring.renamed_for``). False when the name led nowhere (no vault of the office had
+        it, or it was taken already): nothing changed."""
+        vault = vault.strip().lower()
+        ring = self.existing(vault_office(vault))
+        if ring is None or vault not in ring.renamed or vault in ring.renamed_keys:
+            return False
+        with contextlib.ExitStack() as stack:
+            if ring.path is not None:
+                stack.enter_context(_locked(ring.path))
+            ring.refresh()
+            ring._rename(ring._renamed, ring.path, {**ring._taken, vault: sorted(ring._keys)})
+            ring._add(None)  # (what it signs from now on, under that name, is the new one's)
+        return True
 
     def _had(self, name: str) -> list[Keyring]:
         """The keyrings of the offices that were once called ``name``."""

@@ -18,7 +18,7 @@ import yaml
 from bot.app.embedded import Embedded, start_embedded
 from bot.mail.header import verify_issue
 from bot.mail.reindex import scan
-from bot.mail.signing import Keyrings
+from bot.mail.signing import Keyrings, PublicKeys
 from bot.office.source import CONFIG_PATH
 from bot.store import api_tokens, installations, ledger
 from localforge import LocalForge
@@ -343,3 +343,49 @@ async def test_a_replica_that_did_not_hear_the_rename_serves_no_office_under_the
     offices, _ = await services.read_offices()
     assert [org for org, _ in offices] == ["acme", "initech"]
     assert sorted(services.installations) == ["acme", "initech"]
+
+
+async def _rename_vault(session: aiohttp.ClientSession, forge: LocalForge, vault: str,
+                        name: str) -> None:
+    """`vault` renamed `name` by its admin (gia), through the forge's API, as on GitHub."""
+    forge.set_permission(vault, "gia", "admin")
+    async with session.patch(f"{forge.url}/repos/{vault}", json={"name": name}, headers={
+            "Authorization": f"token {forge.user_token('gia')}"}) as resp:
+        assert resp.status == 200, await resp.text()
+
+
+async def test_a_new_repository_under_a_vaults_old_name_is_a_vault_of_its_own(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """globex/scout-vault renamed scout-mail, then a new globex/scout-vault made (another
+    repository), which the config's default pattern names for scout. Before, the rename was
+    followed for the new one too: scout's new mail went to scout-mail, and its ref
+    globex/scout-vault#1 read scout-mail's first mail."""
+    forge, services = embedded.forge, embedded.services
+    _, amy = await _globex_with_amy(embedded, tmp_path)
+    await _amy_mails_scout(session, embedded, amy, "Written to the first scout-vault.")
+    await _rename_vault(session, forge, "globex/scout-vault", "scout-mail")
+    await embedded.settle()
+    forge.add_repo("globex", "scout-vault")  # (the App, on all its repositories, hears it)
+    await embedded.settle()
+
+    status, body = await _tool(session, embedded, amy, "mail_send", to="scout", subject=AFTER,
+                               body="Written to the new scout-vault.")
+    assert status == 200 and body["mail"]["vault"] == "globex/scout-vault", body
+    await embedded.settle()
+    status, body = await _tool(session, embedded, amy, "mail_get", mail="globex/scout-vault#1")
+    assert status == 200 and body["mail"]["subject"] == AFTER, body
+    status, body = await _tool(session, embedded, amy, "mail_get", mail="globex/scout-mail#1")
+    assert status == 200 and body["mail"]["subject"] == BEFORE, body
+    # each header verifies where its mail is: the old one in scout-mail, the new one here
+    old = forge.state.repo("globex", "scout-mail").issues[1]
+    new = forge.state.repo("globex", "scout-vault").issues[1]
+    assert _verdict(embedded, old, "globex/scout-mail").valid
+    assert _verdict(embedded, new, "globex/scout-vault").valid
+    assert not _verdict(embedded, old, "globex/scout-vault").valid  # (a copy there)
+    published = PublicKeys.from_jwks(services.keyring.public_jwks("globex"))  # (a receiver's)
+    for issue, vault in ((old, "globex/scout-mail"), (new, "globex/scout-vault")):
+        assert verify_issue({"title": issue.title, "body": issue.body, "number": 1, "user": {
+            "login": services.bot_login}}, vault, published, app_login=services.bot_login).valid
+    office = await services.offices.get(services.forge_for_org("globex"), "globex")
+    assert office is not None and office.vaults() == ["globex/scout-vault"]
+
