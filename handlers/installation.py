@@ -9,8 +9,8 @@ from gidgethub import sansio
 from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
-from bot.app.listing import follow_keys, relist
-from bot.store import installations, offices
+from bot.app.listing import follow_keys, follow_vault, relist
+from bot.store import installations
 from labels.catalogue import MAIL_LABELS
 
 router = Router()
@@ -109,9 +109,8 @@ async def follow_org_rename(event: sansio.Event, ctx: HandlerContext) -> None:
 @router.register("repository", action="renamed")
 async def follow_vault_rename(event: sansio.Event, ctx: HandlerContext) -> None:
     """A repository renamed: the index's rows about it (a vault's mail, an item) name it by
-    its new name, and what the office signed for it under the old one verifies there (keys
-    first, as for an org renamed). The office config is read again: one that still names the
-    vault by its old name is taken as naming the new (`bot.office.source.as_renamed`)."""
+    its new name, and what the office signed for it under the old one verifies there
+    (`follow_vault`; a start finds those renamed while no app heard: `catch_up_vaults`)."""
     repo = event.data.get("repository") or {}
     new = repo.get("full_name")
     was = (((event.data.get("changes") or {}).get("repository") or {}).get("name")
@@ -122,10 +121,7 @@ async def follow_vault_rename(event: sansio.Event, ctx: HandlerContext) -> None:
     old = f"{org}/{was}".lower()
     if old == new.lower() or org not in ctx.services.installations:
         return
-    ctx.services.keyring.rename_vault(old, new)
-    async with ctx.services.store.transaction(f"installation:{org}") as db:
-        changed = await offices.rename_vault_in(db, old, new)
-    ctx.services.offices.forget(org)
+    changed = await follow_vault(ctx.services, old, new)
     ctx.log.info("repository renamed: its rows follow it",
                  extra={"org": org, "was": old, "now": new.lower(), "rows": changed})
 

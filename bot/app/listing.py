@@ -5,13 +5,16 @@ bot.app.build, which imports the handlers, so that a handler may take a listing 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from bot.app.services import Services
 from bot.forge.github import ForgeClient
 from bot.mail.signing import Keyrings
-from bot.store import Store, installations
+from bot.store import Store, installations, offices
+
+log = logging.getLogger("vaultmail.listing")
 
 
 @dataclass(frozen=True)
@@ -91,3 +94,45 @@ def live_of(listing: list[dict[str, Any]]) -> dict[str, int]:
     lists those too, and makes them no token)."""
     return {str(i["account"]["login"]).lower(): int(i["id"]) for i in listing
             if not i.get("suspended_at")}
+
+
+async def follow_vault(services: Services, old: str, new: str) -> int:
+    """The vault `old` (`owner/repo`) renamed `new` (GitHub's `repository.renamed`, or found
+    so by `catch_up_vaults`): what its office signed under the old name verifies under the
+    new (keys first, as for an org renamed), the index's rows name it by the new, and its
+    office's config is read again (one naming the old is read as naming the new:
+    bot.office.source.as_renamed). Returns the rows changed."""
+    org = new.split("/", 1)[0].lower()
+    services.keyring.rename_vault(old, new)
+    async with services.store.transaction(f"installation:{org}") as db:
+        changed = await offices.rename_vault_in(db, old, new)
+    services.offices.forget(org)
+    return changed
+
+
+async def catch_up_vaults(services: Services, org: str) -> dict[str, str]:
+    """At start: the renames of `org`'s vaults made while no app heard them, followed
+    (`follow_vault`), as the start's listing follows orgs renamed. Each vault its config
+    names, or the index's mail rows name, is asked for (the forge leads an old name to the
+    repository's new one); and a vault's old name that a repository of its own answers to
+    now is that repository's (`Keyrings.vault_name_taken`). Returns {old: new} followed."""
+    forge = services.forge_for_org(org)
+    office = await services.offices.get(forge, org)
+    rows = await services.store.fetchall("SELECT DISTINCT vault FROM mails WHERE org=?",
+                                         (org,))
+    names = {v.lower() for v in office.vaults()} if office is not None else set()
+    names |= {str(row["vault"]).lower() for row in rows}
+    moved: dict[str, str] = {}
+    for name in sorted(names):
+        now = await forge.repo_name_now(name)
+        if now is not None and now != name:
+            await follow_vault(services, name, now)
+            moved[name] = now
+    for was in services.keyring.renamed(org):
+        if "/" in was and await forge.repo_name_now(was) == was:
+            services.keyring.vault_name_taken(was)
+            services.offices.forget(org)
+    if moved:
+        log.warning("vaults renamed while no app heard it: their rows follow them",
+                    extra={"org": org, "renamed": moved})
+    return moved

@@ -21,6 +21,7 @@ from bot.app.context import context_for
 from bot.app.doctor import DoctorSchedule
 from bot.app.gitea_orgs import GiteaOrgs
 from bot.app.intake import receive_webhook
+from bot.app.listing import catch_up_vaults
 from bot.app.outbound import LedgerForwarder
 from bot.app.prune import Pruner
 from bot.app.reconcile import Reconciler
@@ -223,6 +224,18 @@ async def _adopt_rows_from_before_offices(services: Services) -> None:
             log.info("rows from before offices adopted", extra={"org": org, "rows": adopted})
 
 
+async def _catch_up_vaults(services: Services) -> None:
+    """GitHub: the vaults renamed while the app was down, followed before any event is
+    handled (`catch_up_vaults`), as the start's listing follows the orgs renamed. One
+    office's forge failing leaves that office as it was, never the start."""
+    for org in sorted(services.installations):
+        try:
+            await catch_up_vaults(services, org)
+        except Exception as exc:  # (its forge, or its config: the next start tries again)
+            log.warning("vaults renamed while down: not read", extra={
+                "org": org, "error": repr(exc)})
+
+
 async def _provision_at_start(services: Services) -> None:
     """Gitea sends no installation event: queue a synthetic one, so the installation handler
     provisions the mail labels in every vault, as on GitHub."""
@@ -316,6 +329,8 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
             min_interval=cfg.write_interval))
         presence = app[PRESENCE_KEY] = Presence(services.store, services.notifier)
         await presence.start(settings.replica_id or None, settings.public_url or None)
+        if settings.dialect != "gitea":  # (on Gitea not yet: docs/using.md, Renames)
+            await _catch_up_vaults(services)
         worker = app[WORKER_KEY] = build_worker(services)
         app[RECONCILER_KEY] = Reconciler(
             services.store, services.forge_client.app, settings.reconcile_interval)

@@ -143,6 +143,11 @@ class Forge(Protocol):
 
     async def list_installation_repos(self) -> list[str]: ...
 
+    async def repo_name_now(self, repo: str) -> str | None:
+        """The full name (lower case) of the repository the forge answers `repo` with: its
+        new name when it was renamed (the old name leads to it), None when there is none."""
+        ...
+
 
 __all__ = ["JSON", "Forge", "blob_sha"]
 

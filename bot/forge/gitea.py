@@ -517,6 +517,13 @@ class GiteaForge(RepoCaller):
                 repos.append(str(r["full_name"]))
         return repos
 
+    async def repo_name_now(self, repo: str) -> str | None:
+        try:  # (a renamed repository's old name leads to it: followed, bot.forge.caller)
+            data = await self._get("/repos/{owner}/{repo}", split_repo(repo))
+        except NotFound:
+            return None
+        return str(data["full_name"]).lower()
+
     async def user_orgs(self) -> list[str]:
         return list(await self.user_org_ids())
 

@@ -533,6 +533,13 @@ class GitHubForge(RepoCaller):
             )
         ]
 
+    async def repo_name_now(self, repo: str) -> str | None:
+        try:  # (a renamed repository's old name leads to it: followed, bot.forge.caller)
+            data = await self._get("/repos/{owner}/{repo}", split_repo(repo))
+        except NotFound:
+            return None
+        return str(data["full_name"]).lower()
+
 
 InstallationForge = GitHubForge
 

@@ -389,3 +389,40 @@ async def test_a_new_repository_under_a_vaults_old_name_is_a_vault_of_its_own(
     office = await services.offices.get(services.forge_for_org("globex"), "globex")
     assert office is not None and office.vaults() == ["globex/scout-vault"]
 
+
+async def test_a_vault_renamed_while_the_app_was_down_is_followed_at_start(
+        tmp_path: Path, session: aiohttp.ClientSession, database_url: str) -> None:
+    """globex/scout-vault renamed scout-mail while no app heard it (no repository.renamed).
+    Before, the start did not notice: its mail rows named scout-vault, and new mail, sent
+    there, landed in scout-mail through the forge's redirect, signed for scout-vault (a copy
+    where it was)."""
+    first = await start_embedded(data_dir=tmp_path, persist_forge=True, port=0, forge_port=0,
+                                 database_url=database_url, app_key=app_key())
+    app_port = int(first.app_url.rsplit(":", 1)[1])
+    forge = first.forge
+    try:
+        _, amy = await _globex_with_amy(first, tmp_path)
+        await _amy_mails_scout(session, first, amy, "Written to scout-vault.")
+    finally:
+        await first.runner.cleanup()  # the app stops; meanwhile, on the forge:
+    await _rename_vault(session, forge, "globex/scout-vault", "scout-mail")
+
+    again = await _while_down(forge, lambda forge: None, tmp_path, app_port, database_url)
+    try:
+        status, body = await _tool(session, again, amy, "mail_list")
+        assert status == 200 and [m["vault"] for m in body["mails"]] == [
+            "globex/scout-mail"], body
+        status, body = await _tool(session, again, amy, "mail_send", to="scout",
+                                   subject=AFTER, body="Written to scout-mail.")
+        assert status == 200 and body["mail"]["vault"] == "globex/scout-mail", body
+        await again.settle()
+        services = again.services
+        forge_of = services.forge_for_org("globex")
+        office = await services.offices.get(forge_of, "globex")
+        assert office is not None and office.vaults() == ["globex/scout-mail"]
+        found, report = await scan(forge_of, office, services.keyring,
+                                   app_login=services.bot_login)
+        assert sorted(m.subject for m in found) == [AFTER, BEFORE], report
+        assert not report.tampered and not report.copies, report
+    finally:
+        await again.stop()
