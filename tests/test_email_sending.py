@@ -581,6 +581,67 @@ async def test_a_message_that_keeps_failing_past_the_give_up_time_bounces_and_fr
     assert mailroom.relay.received.empty()
 
 
+async def test_a_reply_given_up_names_each_recipient_it_was_for_its_cc_too(
+        mailroom: Mailroom) -> None:
+    """Bob writes to scout with carol in Cc, and scout's reply keeps failing before the relay
+    answers (the office's DKIM key cannot be read) past the give-up time: the bounce names
+    bob and carol, the reply's To and Cc (it named bob alone, so scout could not tell carol
+    never got it)."""
+    from bot.email import keys
+
+    raw = wire(message("Bob <bob@example.org>", f"scout@{DOMAIN}", "Prices", "EU prices?",
+                       Message_ID="<pc1@example.org>", Cc="carol@example.net"))
+    assert (await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])).code == 250
+    await mailroom.embedded.settle()
+    outbox = mailroom.embedded.runner.app[GATEWAY_KEY].outbox
+    assert outbox is not None
+    outbox.give_up_after = 0.0  # the first failure is past it
+    keys.office_key(mailroom.embedded.data_dir, "acme")  # made, then spoilt
+    keys.key_path(mailroom.embedded.data_dir, "acme").write_bytes(b"not a key")
+    await mailroom.tools("agent:scout")("mail_reply", mail=f"{SCOUT_VAULT}#1", body="Soon.")
+    await mailroom.outbox_settled()
+    await mailroom.embedded.settle()
+
+    [bounced] = await _events(mailroom, "email.bounced")
+    assert bounced.data["recipients"] == ["bob@example.org", "carol@example.net"]
+    store = mailroom.embedded.services.store
+    [told] = [m for m in await mails.all_mails(store) if m.subject.startswith("Undelivered")]
+    assert "bob@example.org" in told.body and "carol@example.net" in told.body
+
+
+async def test_a_reply_given_up_after_a_part_was_sent_names_only_the_rest(
+        mailroom: Mailroom) -> None:
+    """The relay accepts bob and defers carol; the retry then fails before the relay answers
+    (the key cannot be read) past the give-up time: the bounce names carol, who did not get
+    it, and not bob, who did (it named bob, the thread's To, alone)."""
+    from bot.email import keys
+    from bot.email.outbox import RETRY
+    from bot.store import outbound as cursors
+
+    mailroom.relay.refuse_rcpt["carol@example.net"] = ["451 4.3.0 busy, later"] * 20
+    message_id, _ = await _reply_to_bob_and_carol(mailroom)
+    outbox = mailroom.embedded.runner.app[GATEWAY_KEY].outbox
+    assert outbox is not None
+    store = mailroom.embedded.services.store
+    # the retry is set aside once the round that deferred carol is over; made due now
+    await mailroom.outbox_settled()
+    keys.key_path(mailroom.embedded.data_dir, "acme").write_bytes(b"not a key")
+    outbox.give_up_after = 0.0
+    for seq, failures, _ in await outbox.retrying("acme"):
+        await cursors.save_cursor(store, "acme", f"{RETRY}{seq}", seq, failures, 0.0, None)
+    await mailroom.outbox_settled()
+    await mailroom.embedded.settle()
+
+    assert await outbox.retrying("acme") == []
+    [sent] = await _events(mailroom, "email.sent")
+    assert sent.data["to"] == ["bob@example.org"]
+    [bounced] = await _events(mailroom, "email.bounced")
+    assert (bounced.data["message_id"], bounced.data["recipients"]) == (
+        message_id, ["carol@example.net"])
+    [told] = [m for m in await mails.all_mails(store) if m.subject.startswith("Undelivered")]
+    assert "carol@example.net" in told.body and "bob@example.org" not in told.body
+
+
 async def test_a_deferral_note_shows_readers_no_internal_error_text(
         mailroom: Mailroom, caplog: pytest.LogCaptureFixture) -> None:
     """The "⏳ Deferred" note on the mail's issue is read by everyone who reads the vault: a

@@ -72,6 +72,18 @@ def _said(answers: dict[str, str], recipients: list[str]) -> str:
     return "; ".join(f"{r}: {why}" for r, why in answers.items())
 
 
+def _reply_addressees(latest: EmailMeta,
+                      domain: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A reply's To and Cc: the sender of the message it answers, and the other addresses
+    that message named, the office's own (`domain`) left out."""
+    ours = {a for a in (*latest.to, *latest.cc) if a.rpartition("@")[2] == domain}
+    # (the addresses a stranger's message named: as many as the listener takes recipients
+    # of one message, never a list of the stranger's to mail as the office)
+    cc = tuple(a for a in dict.fromkeys((*latest.to, *latest.cc))
+               if a not in ours and a != latest.sender)[:MAX_REPLY_CC]
+    return (latest.sender,), cc
+
+
 def _ref(ref: str) -> tuple[str, int]:
     vault, _, number = ref.rpartition("#")
     return vault, int(number) if number.isdigit() else 0
@@ -262,16 +274,17 @@ class Outbox(Rounds):
                 raise
 
             async def give_up() -> idempotency.Result:
-                # the recipients still deferred (the ones the relay took are sent; the ones
-                # it refused for good were bounced when it did)
+                # the recipients still deferred, or (a failure before the relay answered)
+                # every one no try settled: the ones the relay took are sent; the ones it
+                # refused for good were bounced when it did
                 kept = "the relay kept deferring it" if deferred else "it kept failing"
                 why = (f"{kept} for {self.give_up_after:,.0f} seconds and the app gave up: "
                        f"{detail}")
-                whom = list(waiting) or [address_of(mail.to_principal)
-                                         or address_of(mail.from_principal) or ""]
-                await self.intake.report_bounce(office, mail, message_id, whom, why,
-                                                source="relay")
-                return {"state": "bounced", "detail": why, "to": list(waiting)}
+                whom = list(waiting) or await self._unsettled(office, mail, key, message_id)
+                if whom:
+                    await self.intake.report_bounce(office, mail, message_id, whom, why,
+                                                    source="relay")
+                return {"state": "bounced", "detail": why, "to": whom}
 
             result = await self.services.store.once(scope, message_id, fingerprint, give_up)
         return 1 if result.get("state") == "sent" else 0
@@ -320,6 +333,34 @@ class Outbox(Rounds):
             elif data.get("source") == "relay":
                 bounced.update(str(r) for r in data.get("recipients") or ())
         return parts, bounced
+
+    async def _unsettled(self, office: Office, mail: MailRecord, key: str | None,
+                         message_id: str) -> list[str]:
+        """Each recipient of `message_id` no try settled (`_settled`): its To and Cc, as
+        far as the app can tell them now (`_addressees`), less the ones sent or bounced."""
+        parts, bounced = await self._settled(mail, message_id)
+        settled = bounced.union(*parts)
+        return [r for r in await self._addressees(office, mail, key) if r not in settled]
+
+    async def _addressees(self, office: Office, mail: MailRecord,
+                          key: str | None) -> list[str]:
+        """Whom the message goes to: the address mail was sent to; a reply's To and Cc
+        (`_reply_addressees`) from the thread's latest message by email, or its first one
+        when the forge cannot be read (its failing may be why the reply did not go)."""
+        if key is None:
+            return [a for a in (address_of(mail.to_principal),) if a is not None]
+        assert office.email is not None
+        latest = read_meta(mail.body)
+        try:
+            latest = (await self._reply_and_latest(
+                self.services.forge_for_org(office.org), mail, key))[1]
+        except Exception:
+            log.warning("the reply's recipients read from its mail alone",
+                        extra={"mail": mail.ref, "reply": key}, exc_info=True)
+        if latest is None:
+            return [a for a in (address_of(mail.from_principal),) if a is not None]
+        to, cc = _reply_addressees(latest, office.email.domain)
+        return list(dict.fromkeys((*to, *cc)))
 
     async def _deliver(self, office: Office, mail: MailRecord, out: outgoing.Outgoing,
                        note: str) -> dict[str, Any]:
@@ -434,17 +475,13 @@ class Outbox(Rounds):
         assert office.email is not None
         forge = self.services.forge_for_org(office.org)
         text, latest = await self._reply_and_latest(forge, mail, key)
+        if text is None:
+            raise Deferred(f"the reply {key} is not on {mail.ref} yet")
         agent = office.agent(mail.to_principal.removeprefix("agent:"))
         sender = agent_address(office, agent) if agent is not None else None
         if agent is None or sender is None or latest is None:
             return {"state": "skipped", "why": "no agent address or no message to answer"}
-        domain = office.email.domain
-        ours = {a for a in (*latest.to, *latest.cc) if a.rpartition("@")[2] == domain}
-        to = (latest.sender,)
-        # (the addresses a stranger's message named: as many as the listener takes
-        # recipients of one message, never a list of the stranger's to mail as the office)
-        cc = tuple(a for a in dict.fromkeys((*latest.to, *latest.cc))
-                   if a not in ours and a != latest.sender)[:MAX_REPLY_CC]
+        to, cc = _reply_addressees(latest, office.email.domain)
         out = outgoing.Outgoing(
             sender=sender, sender_name=f"{agent.slug} ({office.org})",
             to=to, cc=cc, subject=outgoing.reply_subject(mail.subject),
@@ -456,9 +493,10 @@ class Outbox(Rounds):
         return await self._deliver(office, mail, out, "Sent")
 
     async def _reply_and_latest(self, forge: Forge, mail: MailRecord,
-                                key: str) -> tuple[str, EmailMeta | None]:
-        """The reply's text, and the latest message by email before it in the thread (what
-        it answers): the mail's own, or a later one posted as a comment."""
+                                key: str) -> tuple[str | None, EmailMeta | None]:
+        """The reply's text (None while it is not on the issue), and the latest message by
+        email before it in the thread (what it answers): the mail's own, or a later one
+        posted as a comment."""
         latest = read_meta(mail.body)
         comments = await forge.list_comments(mail.vault, mail.number)
         text: str | None = None
@@ -481,6 +519,4 @@ class Outbox(Rounds):
             text = reply_text(str((await forge.get_comment(mail.vault,
                                                            int(wanted_id))).get("body") or ""),
                               key)
-        if text is None:
-            raise Deferred(f"the reply {key} is not on {mail.ref} yet")
         return text, latest
