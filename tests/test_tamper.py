@@ -294,6 +294,56 @@ async def test_an_old_mail_signed_with_the_legacy_key_still_verifies(tmp_path: P
         await emb.stop()
 
 
+async def test_keys_revoke_withdraws_a_leaked_legacy_key_but_never_the_one_in_use(
+        tmp_path: Path) -> None:
+    """A data directory from before offices had keys: its legacy key, leaked, is withdrawn by
+    `vaultmail keys revoke` as an office's key is (it was refused as "not an office's key
+    id", so the operator could not): refused while it is the legacy keys' active key, which
+    still signs records of no office, until `keys rotate --legacy` makes a new one; then no
+    longer published or trusted, by the app running beside the CLI too."""
+    from bot.mail.header import render_mail_body, sign_header
+
+    data = tmp_path / "d"
+    data.mkdir()
+    legacy = Keyring.load_or_create(data / KEYS_FILE_NAME)
+    leaked_kid = legacy.active_kid
+    emb = await start_embedded(data_dir=data, port=0, forge_port=0)
+    try:
+        old = sign_header(keyring=legacy, from_principal="human:marco@acme.com",
+                          to_principal="agent:scout", vault=SCOUT_VAULT, subject="Old mail",
+                          body="signed last year")
+        issue = await emb.services.forge_for(None).create_issue(
+            SCOUT_VAULT, "Old mail", render_mail_body(old, "signed last year"),
+            labels=["mail:new"])
+        await emb.settle()
+        ref = f"{SCOUT_VAULT}#{issue['number']}"
+        assert (await vaultmail(emb, "verify", ref))[0] == 0
+
+        code, out = await vaultmail(emb, "keys", "revoke", leaked_kid)
+        assert code == 2 and f"{leaked_kid} is the legacy keys' active key" in out, out
+        assert "vaultmail keys rotate --legacy" in out, out
+        code, out = await vaultmail(emb, "keys", "revoke", leaked_kid, "--org", "globex")
+        assert code == 2 and "did not sign for office globex" in out, out
+        code, out = await vaultmail(emb, "keys", "rotate", "--legacy")
+        assert code == 0 and out.startswith("legacy keys: new signing key vm-"), out
+        code, out = await vaultmail(emb, "keys", "revoke", leaked_kid, "--org", "acme")
+        assert code == 0 and out.startswith(f"legacy keys: key {leaked_kid} revoked"), out
+        code, out = await vaultmail(emb, "keys", "revoke", leaked_kid)
+        assert code == 2 and "already revoked" in out, out
+
+        assert not emb.services.keyring.has_key(leaked_kid), "the app trusts it no more"
+        session = aiohttp.ClientSession()
+        async with session:
+            for doc in ("vaultmail-keys.json", "vaultmail-keys/acme.json"):
+                async with session.get(f"{emb.app_url}/.well-known/{doc}") as resp:
+                    published = [k["kid"] for k in (await resp.json())["keys"]]
+                assert published and leaked_kid not in published, (doc, published)
+        code, out = await vaultmail(emb, "verify", ref)
+        assert code == 1 and f"signed with revoked key {leaked_kid}" in out, out
+    finally:
+        await emb.stop()
+
+
 async def test_keys_rotate_turns_one_office_key_and_old_mail_keeps_verifying(
         embedded: Embedded, tools: Any) -> None:
     mail = await _sent(embedded, tools)

@@ -30,7 +30,7 @@ from bot.store.where import index_of
 
 if TYPE_CHECKING:
     from bot.app.services import Services
-    from bot.mail.signing import Verifier
+    from bot.mail.signing import Keyring, Keyrings, Verifier
 
 # (each command loads what it needs: the others start without the app's modules)
 
@@ -191,11 +191,19 @@ async def _verify(args: argparse.Namespace) -> int:
 
 
 async def cmd_keys_rotate(args: argparse.Namespace) -> int:
-    """A new active key for one office (`--org`, or the one office that has keys)."""
+    """A new active key for one office (`--org`, or the one office that has keys), or for the
+    legacy keys (`--legacy`: the way to stop using a leaked legacy key that is active)."""
     from bot.mail.signing import KeyringError, Keyrings, office_name
 
     data = existing_data_dir(args.data, needs="")
     rings = Keyrings.in_data_dir(data)
+    if args.legacy:
+        legacy = _legacy_keys(rings, data)
+        kid = legacy.rotate()
+        print(f"legacy keys: new signing key {kid} is active (it signs only records of no "
+              f"office, from before offices had keys); kept for verifying: "
+              f"{', '.join(k for k in legacy.key_ids if k != kid)}")
+        return 0
     offices = rings.offices()
     if args.org is not None:
         try:
@@ -220,39 +228,55 @@ async def cmd_keys_rotate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _legacy_keys(rings: Keyrings, data: Path) -> Keyring:
+    """The legacy keyring of `data` (from before offices had keys); ShellFailure if none."""
+    from bot.mail.signing import KEYS_FILE_NAME
+
+    if rings.legacy is None:
+        raise ShellFailure("no_keys", f"{data} has no legacy signing keys ({KEYS_FILE_NAME}, "
+                           "from before offices had keys of their own)")
+    return rings.legacy
+
+
 async def cmd_keys_revoke(args: argparse.Namespace) -> int:
-    """Withdraw a leaked key of one office: no longer published, trusted or signed with, by
-    the app and every replica (they share the data directory) from their next use of it."""
+    """Withdraw a leaked key of one office, or a legacy key (from before offices had keys):
+    no longer published, trusted or signed with, by the app and every replica (they share
+    the data directory) from their next use of it."""
     from bot.mail.signing import KeyringError, Keyrings, kid_office, office_name
 
     data = existing_data_dir(args.data, needs="")
     rings = Keyrings.in_data_dir(data)
-    office = kid_office(args.kid)  # a key id names its office
-    if office is None:
-        raise ShellFailure("usage", (
-            f"{args.kid!r} is not an office's key id (vm-<org>-<date>-<hex>): see "
-            f"`/.well-known/vaultmail-keys/<org>.json` for an office's"))
+    named = None
     if args.org is not None:
         try:
             named = office_name(args.org)
         except KeyringError as exc:
             raise ShellFailure("usage", f"--org: {exc}") from exc
-        if named != office:
+    office = kid_office(args.kid)  # a key id names its office; a legacy one none
+    if office is None:
+        ring, whose = _legacy_keys(rings, data), "the legacy keys'"
+        where, rotate, signs = "legacy keys", "--legacy", "records of no office"
+        if named is not None and ring.served is not None and named not in ring.served:
+            raise ShellFailure("usage", f"legacy key {args.kid} did not sign for office "
+                               f"{named} (it served {', '.join(ring.served)})")
+    else:
+        if named is not None and named != office:
             raise ShellFailure("usage", f"{args.kid} is a key of office {office}, not {named}")
-    ring = rings.existing(office)
-    if ring is None:
-        raise ShellFailure("no_keys", f"office {office} has no signing keys in {data}")
+        found = rings.existing(office)
+        if found is None:
+            raise ShellFailure("no_keys", f"office {office} has no signing keys in {data}")
+        ring, whose = found, f"office {office}'s"
+        where, rotate, signs = f"office {office}", f"--org {office}", "its mail and POSTs"
     if args.kid == ring.active_kid:  # the only key is always the active one
         raise ShellFailure("active_key", (
-            f"{args.kid} is office {office}'s active key, which signs its mail and POSTs: "
-            f"make a new one first with `vaultmail keys rotate --org {office} --data {data}`, "
-            f"then revoke {args.kid}"))
+            f"{args.kid} is {whose} active key, which signs {signs}: make a new one first "
+            f"with `vaultmail keys rotate {rotate} --data {data}`, then revoke {args.kid}"))
     try:
         ring.revoke(args.kid)
     except KeyringError as exc:
-        raise ShellFailure("refused", f"office {office}: {exc}") from exc
+        raise ShellFailure("refused", f"{where}: {exc}") from exc
     kept = [k for k in ring.key_ids if k != ring.active_kid]
-    print(f"office {office}: key {args.kid} revoked: no longer published or trusted, by the "
+    print(f"{where}: key {args.kid} revoked: no longer published or trusted, by the "
           f"app and every replica from their next use of it; mail it signed no longer "
           f"verifies (when next checked: edited, read or reindexed, it is flagged tampered). "
           f"Signing: {ring.active_kid}; kept for verifying: {', '.join(kept) or 'none'}")
@@ -531,13 +555,18 @@ def add_office_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     ksub = keys.add_subparsers(dest="keys_command", required=True)
     p = with_data(ksub.add_parser("rotate", help="add a new active key to an office's keys; "
                                               "old ones keep verifying"))
-    p.add_argument("--org", help="the office (organisation) whose key to rotate (default: the "
-                                 "one office that has keys)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--org", help="the office (organisation) whose key to rotate (default: "
+                                     "the one office that has keys)")
+    which.add_argument("--legacy", action="store_true",
+                       help="rotate the legacy keys, from before offices had keys")
     p.set_defaults(func=cmd_keys_rotate)
     p = with_data(ksub.add_parser("revoke", help="withdraw a leaked key: no longer "
                                               "published, trusted or signed with"))
-    p.add_argument("kid", metavar="KID", help="the key id, vm-<org>-<date>-<hex>")
-    p.add_argument("--org", help="the office the key must be of (a check: the id names it)")
+    p.add_argument("kid", metavar="KID", help="the key id, vm-<org>-<date>-<hex> (a legacy "
+                                              "key's: vm-<date>-<hex>)")
+    p.add_argument("--org", help="the office the key must be of (a check: the id names it, "
+                                 "a legacy key's file the offices it served)")
     p.set_defaults(func=cmd_keys_revoke)
     token = sub.add_parser("token", help="API tokens")
     tsub = token.add_subparsers(dest="token_command", required=True)

@@ -22,7 +22,9 @@ whole deployment (key ids ``vm-20250131-3fa9c2``). It is never made anew and sig
 ``Keyrings.signer_for``), but its keys verify the mail they signed, for the offices they
 served: those installed when this version first needs to know (usually the deployment's one
 office), recorded in that file as ``"offices"`` once and kept, so an org installed later never
-gets them. Until then (nothing installed yet) they verify for any office, as they did.
+gets them. Until then (nothing installed yet) they verify for any office, as they did. A
+leaked legacy key is revoked as an office's is (``vaultmail keys revoke``; its active one after
+``vaultmail keys rotate --legacy``).
 
 **Verifying** (``Verifier``) asks which offices a key speaks for (``speaks_for``): an office's
 key speaks for that office alone, a legacy key for the offices it served. ``Keyrings`` verifies
