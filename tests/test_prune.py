@@ -5,11 +5,17 @@ tokens and what is recent stay."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
+from typing import Any
+
+import asyncpg
 
 from bot.app.settings import Settings, SettingsError
 from bot.store import open_store
-from bot.store.prune import DAY, prune
+from bot.store.prune import DAY, STATEMENTS, prune
+from bot.store.sql import for_postgres
 
 NOW = 2_000_000_000.0
 OLD, RECENT = NOW - 30 * DAY, NOW - DAY
@@ -84,3 +90,61 @@ def test_retention_is_at_least_githubs_redelivery_window() -> None:
         assert "VAULTMAIL_RETENTION_DAYS" in str(exc) and "from 3" in str(exc)
     else:
         raise AssertionError("a retention under 3 days was taken")
+
+
+# each prune statement's table, and the indexes its plan must look things up by: the time
+# column it filters on, and the rows a NOT EXISTS looks for
+PRUNE_INDEXES = {
+    "queue": {"queue_finished"},
+    "deliveries": {"deliveries_received", "queue_guid"},
+    "idempotency": {"idempotency_done"},
+    "console_sessions": {"console_sessions_expiry"},
+    "stranger_replies": {"stranger_replies_replied"},
+    "api_tokens": {"api_tokens_revoked", "api_tokens_expiry"},
+    "oauth_grants": {"oauth_grants_expiry"},
+    "oauth_consents": {"oauth_consents_expiry", "oauth_grants_grant"},
+    "oauth_clients": {"oauth_clients_created", "oauth_consents_client", "oauth_grants_client"},
+}
+
+
+def _pg_plan_steps(plan: dict[str, Any]) -> list[tuple[str, str | None]]:
+    """Each node of a PostgreSQL plan (FORMAT JSON): its kind and the index it reads."""
+    return [(plan["Node Type"], plan.get("Index Name")),
+            *(s for p in plan.get("Plans", []) for s in _pg_plan_steps(p))]
+
+
+async def test_each_prune_batch_finds_what_is_past_its_time_by_an_index(
+        tmp_path: Path, database_url: str) -> None:
+    """The prune's batches filter by time columns, and most had no index (queue.finished_at,
+    deliveries.received_at, idempotency.done_at, stranger_replies.replied_at, api_tokens'
+    revoked_at and expires_at, oauth_clients.created_at; and queue.guid, which the deliveries'
+    NOT EXISTS looks up): on a large table every batch scanned all of it, and the hourly
+    prune holds each batch's transaction that long. Each statement's plan now reads by index
+    alone. The plans are asserted, not a time: SQLite's EXPLAIN QUERY PLAN scans no table;
+    PostgreSQL's, with sequential scans priced out (on the test's empty tables one would
+    rightly be cheaper), has no Seq Scan and reads the indexes named."""
+    assert set(PRUNE_INDEXES) == set(STATEMENTS)
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    try:
+        for table, sql in STATEMENTS.items():
+            params = (NOW,) * sql.sqlite.count("?")
+            if store.engine == "sqlite":
+                plan = [str(r["detail"]) for r in await store.fetchall(
+                    "EXPLAIN QUERY PLAN " + sql.sqlite, params)]
+                assert not [d for d in plan if d.startswith("SCAN")], (table, plan)
+                used = {m for d in plan for m in re.findall(r"USING (?:COVERING )?INDEX (\w+)",
+                                                            d)}
+            else:
+                conn = await asyncpg.connect(database_url)
+                try:
+                    await conn.execute("SET enable_seqscan = off")
+                    found = await conn.fetchval("EXPLAIN (FORMAT JSON) " + for_postgres(sql),
+                                                *params)
+                finally:
+                    await conn.close()
+                steps = _pg_plan_steps(json.loads(found)[0]["Plan"])
+                assert ("Seq Scan", None) not in steps, (table, steps)
+                used = {index for _, index in steps if index is not None}
+            assert PRUNE_INDEXES[table] <= used, (table, used)
+    finally:
+        await store.close()

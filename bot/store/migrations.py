@@ -73,6 +73,8 @@ NAMES = {
         " entries, chats and runs; inbox cursors keyed), not among every office's rows",
     21: "the name each ledger entry was hashed under, once its office was renamed with its"
         " org: the office's chain goes on under the new name and still verifies",
+    22: "the prune's look-ups indexed (the times it deletes by, queue rows by delivery): each"
+        " batch reads what it deletes, not its whole table",
 }
 
 
@@ -119,13 +121,13 @@ def register_backfill(sqlite: str, *, postgres: str, version: int) -> None:
     m.postgres_after.append(postgres)
 
 
-# every module that registers tables: each is loaded before the migrations are read, so that
-# whatever opens the index first (the app, or a command such as `vaultmail token create` on a
-# new data directory) makes all of them, each version whole (a later version's columns go on
-# tables an earlier one made)
+# every module that registers tables (or indexes: the prune's): each is loaded before the
+# migrations are read, so that whatever opens the index first (the app, or a command such as
+# `vaultmail token create` on a new data directory) makes all of them, each version whole (a
+# later version's columns go on tables an earlier one made)
 TABLES = ("api_tokens", "attachments", "budget", "chats", "comments", "db", "deliveries",
           "installations", "ledger", "mails", "members", "moves", "oauth", "offices", "outbound",
-          "rates", "replies", "sessions", "strangers", "waiting")
+          "prune", "rates", "replies", "sessions", "strangers", "waiting")
 
 
 def migrations() -> list[Migration]:

@@ -22,6 +22,7 @@ Mail, comments, chats and the ledger are the office's record and are never prune
 from __future__ import annotations
 
 from bot.store.db import Store
+from bot.store.migrations import register_schema
 from bot.store.oauth import KEPT_AFTER_EXPIRY
 from bot.store.sql import Sql
 from bot.store.strangers import QUIET_FOR
@@ -43,7 +44,23 @@ def _batched(table: str, key: str, where: str) -> Sql:
     return Sql(pick + ")", pick + " FOR UPDATE SKIP LOCKED)")
 
 
-_STATEMENTS: dict[str, Sql] = {
+# What each batch below looks up, indexed (the tables' other indexes cover the rest: sessions'
+# and OAuth grants' and consents' expiry, consents and grants by client, grants by consent), so a
+# batch reads the rows it deletes, not its whole table: the time each filters on, queue rows by
+# state and time (not queue_due's state alone: nearly every row is done), and queue rows by
+# delivery for the deliveries' NOT EXISTS.
+register_schema("""
+CREATE INDEX IF NOT EXISTS queue_finished ON queue(state, finished_at);
+CREATE INDEX IF NOT EXISTS queue_guid ON queue(guid);
+CREATE INDEX IF NOT EXISTS deliveries_received ON deliveries(received_at);
+CREATE INDEX IF NOT EXISTS idempotency_done ON idempotency(done_at);
+CREATE INDEX IF NOT EXISTS stranger_replies_replied ON stranger_replies(replied_at);
+CREATE INDEX IF NOT EXISTS api_tokens_revoked ON api_tokens(revoked_at);
+CREATE INDEX IF NOT EXISTS api_tokens_expiry ON api_tokens(expires_at);
+CREATE INDEX IF NOT EXISTS oauth_clients_created ON oauth_clients(created_at);
+""", version=22)
+
+STATEMENTS: dict[str, Sql] = {  # (one per table, in order; read by the tests)
     "queue": _batched("queue", "id",
                       "state IN ('done', 'ignored', 'parked') AND finished_at < ?"),
     "deliveries": _batched("deliveries", "guid", "received_at < ? AND NOT EXISTS"
@@ -74,7 +91,7 @@ async def prune(store: Store, *, now: float, keep: float) -> dict[str, int]:
               "oauth_grants": now - KEPT_AFTER_EXPIRY, "oauth_consents": now - KEPT_AFTER_EXPIRY,
               "oauth_clients": now - DAY, "api_tokens": now - keep}
     deleted: dict[str, int] = {}
-    for table, sql in _STATEMENTS.items():
+    for table, sql in STATEMENTS.items():
         total = 0
         while True:
             async with store.transaction() as db:
