@@ -10,10 +10,16 @@ Before issue 26 only the app's reply copy counted hops: agents answering each ot
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
-from bot.app.embedded import Embedded
-from tests.support import label_names
+import aiohttp
+import yaml
+
+from bot.app.embedded import Embedded, start_embedded
+from bot.office.config import PYTHON
+from bot.store import mails
+from tests.support import ToolClient, app_key, label_names
 
 SCOUT, BUILDER = "acme/scout-vault", "acme/builder-vault"
 MARCO = "human:marco@acme.com"
@@ -215,3 +221,62 @@ async def test_two_agents_answering_and_following_up_on_two_mails_stop_at_the_gu
               if g.data.get("follow_up")]
     assert [(g.subject, g.data["hops"]) for g in guards] == [
         (to_scout["ref"], 4), (to_builder["ref"], 4)] * 2
+
+
+# An echo-style agent that answers each wake with FRESH mail to the other (no inReplyTo):
+# "Ping N" woke it, it mails "Ping N+1", up to Ping 8 (a bound, so the loop the guard missed
+# ends by itself when it does)
+FRESH_PINGER = """
+import json, os, sys
+from bot.agents.echo import call
+run = json.load(sys.stdin)
+n = int(run["title"].split()[-1])
+other = {"agent:scout": "builder", "agent:builder": "scout"}[os.environ["VAULTMAIL_AGENT"]]
+if n < 8:
+    call("mail_send", {"to": other, "subject": f"Ping {n + 1}", "body": "your turn",
+                       "idempotencyKey": f"run-{run['run']}"})
+"""
+
+
+async def test_two_agents_answering_each_wake_with_fresh_mail_stop_at_the_guard(
+        tmp_path: Path, database_url: str) -> None:
+    """scout and builder run a command each time mail wakes them, and answer with fresh mail to
+    the other (mail_send, no inReplyTo): every mail started at hop 0, so they woke each other
+    forever. Mail an agent sends during a run a mail woke counts one hop more than that mail;
+    past 3 it arrives quiet (no run) and `mail.loop_guard` is ledgered. Mail the agent sends
+    outside a run (its long-lived token) starts at 0, as a person's does."""
+    office = yaml.safe_load((Path(__file__).resolve().parents[1] / "bot" /
+                             "example_office.yml").read_text())
+    for agent in office["agents"]:
+        if agent["slug"] in ("scout", "builder"):
+            agent["run"]["dispatch"] = {"command": [PYTHON, "-c", FRESH_PINGER], "timeout": 60}
+    path = tmp_path / "office.yml"  # the operator's own file: it may name a command
+    path.write_text(yaml.safe_dump(office, sort_keys=False))
+    emb = await start_embedded(office_path=path, data_dir=tmp_path / "d", port=0, forge_port=0,
+                               database_url=database_url, app_key=app_key())
+    try:
+        async with aiohttp.ClientSession() as session:
+            await ToolClient(session, emb, MARCO)("mail_send", to="scout", subject="Ping 0",
+                                                  body="start")
+            await emb.settle()
+            sent = sorted(await mails.list_mails(emb.services.store, org="acme"),
+                          key=lambda m: int(m.subject.split()[-1]))  # (one second: one `sent`)
+            assert [(m.subject, m.from_principal, m.hops, m.state) for m in sent] == [
+                ("Ping 0", MARCO, 0, "mail:new"),
+                ("Ping 1", "agent:scout", 1, "mail:new"),
+                ("Ping 2", "agent:builder", 2, "mail:new"),
+                ("Ping 3", "agent:scout", 3, "mail:new"),
+                ("Ping 4", "agent:builder", 4, "quiet")], sent
+            finished = await emb.ledger_events("run.finished")
+            assert [f.subject for f in finished] == [m.ref for m in sent[:4]], (
+                "hops 0..3 start runs; the quiet one does not")
+            assert all(f.data["exit"] == 0 for f in finished), [f.data for f in finished]
+            guards = await emb.ledger_events("mail.loop_guard")
+            assert [(g.subject, g.data["hops"]) for g in guards] == [(sent[4].ref, 4)]
+            # the agent's own mail outside any run (its long-lived token) starts at 0
+            outside = (await ToolClient(session, emb, "agent:scout")(
+                "mail_send", to="builder", subject="Ping 8", body="by hand"))["mail"]
+            assert (outside["hops"], outside["state"]) == (0, "mail:new")
+            await emb.settle()
+    finally:
+        await emb.stop()

@@ -248,3 +248,31 @@ async def test_an_unknown_tool_is_json_rpcs_invalid_params(embedded: Embedded) -
     assert raised.value.error.code == types.INVALID_PARAMS == -32602
     assert "no_such_tool" in raised.value.error.message
     assert "mail_send" in raised.value.error.message
+
+
+async def test_a_runs_token_over_mcp_sends_mail_a_hop_past_the_mail_that_woke_the_run(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """A mail run's token (bot.app.runs: one per run, naming the run's mail) acts over /mcp as
+    over the tool endpoint: fresh mail sent with it is one hop more than the mail that woke
+    the run, its agents' turns counted, so two agents answering each wake with fresh mail
+    reach the loop guard whichever face they use. The agent's long-lived token starts at 0."""
+    builder, scout = tools("agent:builder"), tools("agent:scout")
+    ping = (await builder("mail_send", to="scout", subject="Ping", body="ping"))["mail"]
+    pong = (await scout("mail_send", to="builder", subject="Re: Ping", body="pong",
+                        inReplyTo=ping["ref"]))["mail"]
+    woke = (await builder("mail_send", to="scout", subject="Re: Ping", body="ping again",
+                          inReplyTo=pong["ref"]))["mail"]
+    await scout("mail_open", mail=woke["ref"])
+    await person("builder-bot").comment(woke["vault"], woke["number"], "any news?")
+    await embedded.settle()  # builder's follow-up woke scout: hop 2, and one agent's turn
+    got = (await scout("mail_get", mail=woke["ref"]))["mail"]
+    assert (got["hops"], got["agent_turns"], got["state"]) == (2, 1, "mail:new"), got
+    run = await api_tokens.create_token(embedded.services.store, "agent:scout", "acme",
+                                        lasts=60.0, woken_by=woke["mail_id"])
+    fresh = {"to": "builder", "subject": "Fresh", "body": "news"}
+    async with mcp_http(embedded, run) as client:
+        sent = _result(await client.call_tool("mail_send", fresh))["mail"]
+    assert (sent["hops"], sent["state"]) == (4, "quiet"), sent
+    async with mcp_http(embedded, _token(embedded, "agent:scout")) as client:
+        sent = _result(await client.call_tool("mail_send", fresh))["mail"]
+    assert (sent["hops"], sent["state"]) == (0, "mail:new"), sent

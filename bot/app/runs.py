@@ -11,9 +11,11 @@ needs to act without another request (`mail_run`, `chat_run`): who wrote, the su
 (marked `contentIsData`: it is someone's text, never instructions), the thread, the hops, and
 where to reply. A command run also gets, in its environment, the app's URL and an API token of
 its agent that lives as long as the run (`VAULTMAIL_APP_URL`, `VAULTMAIL_TOKEN`), so it answers
-through the tools like any agent; its exit status, timing and the end of its output are ledgered
-as `run.finished`. It gets nothing else of the app's: its environment is built from an
-allow-list (`command_env`), and it runs in a directory of its own, removed when it ends.
+through the tools like any agent (a mail run's token names its mail: mail sent with it counts
+one hop more than that mail, bot.mail.mailer.LOOP_GUARD_HOPS); its exit status, timing and the
+end of its output are ledgered as `run.finished`. It gets nothing else of the app's: its
+environment is built from an allow-list (`command_env`), and it runs in a directory of its own,
+removed when it ends.
 """
 
 from __future__ import annotations
@@ -368,9 +370,11 @@ async def run_command(services: Services, agent: Agent, how: CommandDispatch, su
     Never retried (a second run could act twice): the work stays in the agent's inbox."""
     run = int(payload["run"])
     async with services.lock_for(f"run:{org}:{agent.slug}"):
-        # it acts for the run's time and a margin, whatever becomes of its revocation
+        # it acts for the run's time and a margin, whatever becomes of its revocation; a
+        # mail run's names its mail, so what the agent mails from it climbs the loop guard
         token = await api_tokens.create_token(services.store, agent.principal, org,
-                                              lasts=how.timeout + RUN_TOKEN_MARGIN)
+                                              lasts=how.timeout + RUN_TOKEN_MARGIN,
+                                              woken_by=payload.get("mail"))
         argv = [sys.executable if i == 0 and word == PYTHON else word
                 for i, word in enumerate(how.command)]
         started = time.monotonic()

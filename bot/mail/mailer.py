@@ -44,8 +44,10 @@ if TYPE_CHECKING:
     from bot.forge.base import Forge
 
 # Mail between agents beyond this many hops starts no run: the automatic reply notification
-# (the copy of a reply into an agent sender's vault), and mail an agent sends in answer to mail
-# (`inReplyTo`), each one hop more than the mail it answers. A mail a person writes starts at 0.
+# (the copy of a reply into an agent sender's vault), mail an agent sends in answer to mail
+# (`inReplyTo`), each one hop more than the mail it answers, and mail an agent sends from a run
+# a mail woke (its run token's `woken_by`), one more than that mail. A mail a person writes, or
+# an agent outside any run with nothing it answers, starts at 0.
 LOOP_GUARD_HOPS = 3
 MAX_BODY = 60_000
 # events that set a state rather than add something: applied again in that state, a no-op
@@ -237,18 +239,21 @@ class Mailer:
     # -- sending ---------------------------------------------------------------------------
     async def send(self, actor: str, to: str, subject: str, body: str, *,
                    reply_to: MailRecord | None = None, idempotency_key: str | None = None,
-                   check: bool = True, automatic: bool = False) -> MailRecord:
+                   check: bool = True, automatic: bool = False,
+                   woken_by: str | None = None) -> MailRecord:
         """Send mail from `actor`. `reply_to` threads it; `automatic` marks the copy of a
-        reply the app delivers to an agent sender, the one kind of mail that counts hops."""
+        reply the app delivers to an agent sender; `woken_by`: the mail whose run sends it
+        (`sent_hops`)."""
         draft = await self.draft(actor, to, subject, body, reply_to=reply_to,
                                  idempotency_key=idempotency_key, check=check,
-                                 automatic=automatic)
+                                 automatic=automatic, woken_by=woken_by)
         return await self.deliver_or_bounce(draft)
 
     async def draft(self, actor: str, to: str, subject: str, body: str, *,
                     reply_to: MailRecord | None = None, idempotency_key: str | None = None,
                     check: bool = True, automatic: bool = False,
-                    app_rendered: bool = False) -> MailRecord | _Draft:
+                    app_rendered: bool = False,
+                    woken_by: str | None = None) -> MailRecord | _Draft:
         """Everything `send` checks and signs, before any forge write: a refusal here leaves
         nothing behind. The mail itself when this key already sent it. `app_rendered`: the app
         wrote `body` (an email's, bot.email.message.render_inbound: its meta line the app's,
@@ -279,10 +284,7 @@ class Mailer:
         if existing is not None:
             return existing
         vault = self.office.vault_of(agent).lower()
-        # an agent answering mail climbs like the reply copy (the seed's "two agents replying
-        # to each other could wake each other forever" holds for mail_send + inReplyTo too)
-        answers = reply_to is not None and (automatic or actor.startswith("agent:"))
-        hops = await self._copy_hops(reply_to) if answers and reply_to else 0
+        hops = await self.sent_hops(actor, reply_to, woken_by=woken_by, automatic=automatic)
         header = _signed(
             keyring=await self.services.keyring.ready_for(self.office.org), from_principal=actor,
             to_principal=agent.principal,
@@ -374,6 +376,24 @@ class Mailer:
                 "try of it was still in flight. The mail is "
                 f"#{original.number}; this copy is closed and not in any inbox.\n\n{marker}"),
                 marker=marker)
+
+    async def sent_hops(self, actor: str, reply_to: MailRecord | None, *,
+                        woken_by: str | None = None, automatic: bool = False) -> int:
+        """The hops of mail `actor` sends. An agent answering mail (`reply_to`) climbs like
+        the reply copy (`automatic`, whoever replied): the seed's "two agents replying to each
+        other could wake each other forever" holds for mail_send + inReplyTo too. An agent
+        sending from a run a mail woke (`woken_by`, its run token's) climbs from the hop that
+        woke it, that mail's hops and its agents' turns (as a follow-up counts them), or two
+        agents answering each wake with fresh mail woke each other forever. A person's mail,
+        and an agent's outside any run answering nothing, start at 0."""
+        if not (automatic or actor.startswith("agent:")):
+            return 0
+        hops = await self._copy_hops(reply_to) if reply_to is not None else 0
+        woke = (await mails.get_mail(self.services.store, woken_by)
+                if woken_by is not None else None)
+        if woke is not None:
+            hops = max(hops, woke.hops + woke.agent_turns + 1)
+        return hops
 
     async def _copy_hops(self, replied: MailRecord) -> int:
         """The hops of an automatic reply copy of `replied`, or of mail an agent sends in

@@ -24,6 +24,9 @@ register_columns("api_tokens", {"org": "{text}"})  # the office's org, when the 
 # when a token stops acting (a run's: its timeout and a margin), so one whose revocation never
 # came (the app killed mid-run, its command left running) does not act for good; NULL: never
 register_columns("api_tokens", {"expires_at": "{real}"}, version=19)
+# a mail run's token: the id of the mail that woke the run, so mail its agent sends with it
+# climbs the loop guard's hops from there (bot.mail.mailer); NULL: no mail woke it
+register_columns("api_tokens", {"woken_by": "{text}"}, version=23)
 _LIVE = "revoked_at IS NULL AND (expires_at IS NULL OR expires_at>?)"
 
 PREFIX = "vm_"
@@ -60,20 +63,22 @@ class Owner:
 
     principal: str
     org: str | None = None
+    woken_by: str | None = None  # a run's token: the id of the mail that woke the run
 
 
 async def create_token(store: Store, principal: str, org: str | None = None, *,
-                       lasts: float | None = None) -> str:
-    """A new token for `principal` (in `org`'s office); `lasts`: seconds it acts, at most."""
+                       lasts: float | None = None, woken_by: str | None = None) -> str:
+    """A new token for `principal` (in `org`'s office); `lasts`: seconds it acts, at most;
+    `woken_by`: the mail whose run it is for."""
     token = PREFIX + secrets.token_urlsafe(32)
     now = time.time()
     async with store.transaction() as db:
         await db.execute(
-            "INSERT INTO api_tokens(principal, token_hash, created_at, org, expires_at)"
-            " VALUES (?,?,?,?,?)",
+            "INSERT INTO api_tokens(principal, token_hash, created_at, org, expires_at,"
+            " woken_by) VALUES (?,?,?,?,?,?)",
             # lowercase, as every org column: revoke_principal and pin_office compare so
             (principal, _hash(token), now, org.lower() if org else None,
-             now + lasts if lasts is not None else None),
+             now + lasts if lasts is not None else None, woken_by),
         )
     return token
 
@@ -87,7 +92,8 @@ async def principal_for(store: Store, token: str) -> str | None:
 async def owner_of(store: Store, token: str) -> Owner | None:
     """Who a live token acts for (and note its use), or None."""
     row = await store.fetchone(
-        "SELECT id, principal, org, last_used_at FROM api_tokens WHERE token_hash=? AND "
+        "SELECT id, principal, org, last_used_at, woken_by FROM api_tokens WHERE token_hash=?"
+        " AND "
         + _LIVE, (_hash(token), time.time()))
     if row is None:
         return None
@@ -97,7 +103,7 @@ async def owner_of(store: Store, token: str) -> Owner | None:
         async with store.transaction() as db:
             await db.execute("UPDATE api_tokens SET last_used_at=? WHERE id=?",
                              (now, row["id"]))
-    return Owner(str(row["principal"]), row["org"])
+    return Owner(str(row["principal"]), row["org"], row["woken_by"])
 
 
 def token_hash(token: str) -> str:

@@ -75,6 +75,8 @@ NAMES = {
         " org: the office's chain goes on under the new name and still verifies",
     22: "the prune's look-ups indexed (the times it deletes by, queue rows by delivery): each"
         " batch reads what it deletes, not its whole table",
+    23: "a run's API token names the mail that woke the run: mail its agent sends with it"
+        " counts one hop more than that mail (the loop guard)",
 }
 
 

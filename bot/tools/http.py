@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable
+from dataclasses import replace
 from typing import TypeVar
 
 from aiohttp import web
@@ -39,7 +40,7 @@ async def authenticate(services: Services, header: str | None) -> api_tokens.Own
     if owner.org is None:  # a token from before offices: pinned to the one office it is in
         org = await office_org(services, owner.principal)
         await api_tokens.pin_office(services.store, token, org)
-        owner = api_tokens.Owner(owner.principal, org)
+        owner = replace(owner, org=org)
     return owner
 
 
@@ -106,9 +107,10 @@ async def _still_installed(services: Services, org: str) -> None:
 
 
 async def make_call(services: Services, principal: str, token: str | None = None,
-                    org: str | None = None) -> Call:
+                    org: str | None = None, *, woken_by: str | None = None) -> Call:
     """The call's context: the caller's office (its token's org, else the one office that
-    has it) and that org's installation (503 naming the org when the App is not there)."""
+    has it) and that org's installation (503 naming the org when the App is not there);
+    `woken_by`: the mail whose run the token is for (`api_tokens.Owner`)."""
     org = org or await office_org(services, principal)
     await _still_installed(services, org)
     forge = services.forge_for_org(org)
@@ -125,7 +127,7 @@ async def make_call(services: Services, principal: str, token: str | None = None
         await ledger.record(services.store, "run.denied", principal, "tool call",
                             {"reason": reason}, org=org)
         raise Denied(reason, ledgered=True)
-    return Call(services, principal, office, forge, token_key=token)
+    return Call(services, principal, office, forge, token_key=token, woken_by=woken_by)
 
 
 DISCONNECT_CHECK = 0.5  # seconds between checks that a long-polling client is still there
@@ -173,7 +175,7 @@ async def tool_endpoint(request: web.Request) -> web.Response:
             raise VaultmailError(f"the body is not JSON: {exc}", code="bad_json") from exc
         work = call_tool(await make_call(
             services, owner.principal, bearer_key(request.headers.get("Authorization")),
-            owner.org), name, raw)
+            owner.org, woken_by=owner.woken_by), name, raw)
         if not long_poll(raw):
             result = await work
         elif (polled := await unless_gone(request, work)) is not None:

@@ -71,7 +71,7 @@ async def mail_send(call: Call, args: SendArgs) -> dict[str, Any]:
     await call.mailer.check_may_send(call.principal, call.mailer.recipient(args.to))
     record = await call.mailer.send(call.principal, args.to, args.subject, args.body,
                                     reply_to=reply_to, idempotency_key=args.idempotencyKey,
-                                    check=False)
+                                    check=False, woken_by=call.woken_by)
     return {"mail": mail_view(record)}
 
 

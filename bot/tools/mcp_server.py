@@ -84,6 +84,7 @@ ORG_SCOPE_KEY = "vaultmail.org"  # the token's office, when it names one
 TOKEN_SCOPE_KEY = "vaultmail.token_key"
 TOKEN_VALUE_SCOPE_KEY = "vaultmail.token"  # checked again on each wake of a subscription
 RESOURCE_SCOPE_KEY = "vaultmail.resource"  # the endpoint an OAuth access token must be for
+WOKEN_SCOPE_KEY = "vaultmail.woken_by"  # a run's token: the mail that woke the run
 FORBIDDEN_RPC = -32000  # JSON-RPC server error: the request's Origin is not allowed
 UNAUTHENTICATED_RPC = -32001  # JSON-RPC server error: no valid API token
 INVALID_REQUEST_RPC = -32600  # JSON-RPC: the request is not one (here: too large to read)
@@ -202,13 +203,15 @@ class LocalBackend:
     watch_wait: float = 86_400.0  # a wait ends on a change; this only bounds one round
     resource: str | None = None  # the MCP endpoint (for an OAuth access token)
     clock: Callable[[], float] = time.time  # when an OAuth access token expires
+    woken_by: str | None = None  # a run's token: the mail that woke the run (its hops climb)
 
     async def list_tools(self) -> list[ToolInfo]:
         return registry_tools()
 
     async def _call(self) -> Call:
         """The call's context (the request's token was checked as it came in)."""
-        return await make_call(self.services, self.principal, self.token_key, self.org)
+        return await make_call(self.services, self.principal, self.token_key, self.org,
+                               woken_by=self.woken_by)
 
     async def _still_valid(self) -> Call:
         """For each round of a subscription, which outlives its request: the token still
@@ -707,15 +710,17 @@ def add_mcp_routes(app: web.Application) -> None:
     async def backend_for(ctx: ServerRequestContext[Any, Any]) -> Backend:
         scope = getattr(ctx.request, "scope", None)
         scope = scope if isinstance(scope, Mapping) else {}
-        key, org, token, resource = (scope.get(TOKEN_SCOPE_KEY), scope.get(ORG_SCOPE_KEY),
-                                     scope.get(TOKEN_VALUE_SCOPE_KEY),
-                                     scope.get(RESOURCE_SCOPE_KEY))
+        key, org, token, resource, woken = (
+            scope.get(TOKEN_SCOPE_KEY), scope.get(ORG_SCOPE_KEY),
+            scope.get(TOKEN_VALUE_SCOPE_KEY), scope.get(RESOURCE_SCOPE_KEY),
+            scope.get(WOKEN_SCOPE_KEY))
         return LocalBackend(app[SERVICES_KEY], _principal_of(ctx),
                             key if isinstance(key, str) else None,
                             org if isinstance(org, str) else None,
                             token if isinstance(token, str) else None,
                             resource=resource if isinstance(resource, str) else None,
-                            clock=app[CLOCK_KEY].now)
+                            clock=app[CLOCK_KEY].now,
+                            woken_by=woken if isinstance(woken, str) else None)
 
     manager = StreamableHTTPSessionManager(
         app=build_server(backend_for),
@@ -866,6 +871,7 @@ async def mcp_endpoint(request: web.Request) -> web.StreamResponse:
         TOKEN_SCOPE_KEY: bearer_key(header),
         TOKEN_VALUE_SCOPE_KEY: header[7:].strip() if header else None,
         RESOURCE_SCOPE_KEY: mcp_resource(request),
+        WOKEN_SCOPE_KEY: owner.woken_by,
     })
     body_sent = False
 

@@ -78,6 +78,7 @@ class Call:
     # what a tool already computed for the `inbox` field of its own result, by provider name
     inbox_ready: dict[str, dict[str, Any]] = field(default_factory=dict)
     token_key: str | None = None  # the API token's `polls.token_key`: long polls per token
+    woken_by: str | None = None  # a run's token: the mail that woke the run (its hops climb)
 
     @property
     def mailer(self) -> Mailer:
