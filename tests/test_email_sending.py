@@ -19,8 +19,8 @@ from bot.email.gateway import GATEWAY_KEY
 from bot.email.sending import send_email
 from bot.forge.github import GitHubForge
 from bot.mail.mailer import Mailer
-from bot.store import ledger, mails, open_store
-from tests.support import label_names
+from bot.store import api_tokens, ledger, mails, open_store
+from tests.support import ToolClient, label_names
 from tests.test_email_outbox import _dkim_ok
 from tests.test_email_support import DOMAIN, Mailroom, delivered, mailroom, message, send, wire
 from tests.test_stalled_send import CREATE, GUARD, _silence
@@ -131,6 +131,29 @@ async def test_hop_counts_carry_across_email_and_stop_at_the_loop_guard(
     [guard] = await _events(mailroom, "mail.loop_guard")
     assert guard.subject == f"{SCOUT_VAULT}#3" and "hops" in guard.data["reason"]
     assert len(await _events(mailroom, "run.queued")) == 1, "the first mail's run only"
+
+
+async def test_fresh_email_from_a_mail_run_climbs_a_hop_past_the_mail_that_woke_it(
+        mailroom: Mailroom) -> None:
+    """Fresh mail (no inReplyTo) an agent sends to an address from a mail run (its run token
+    names the mail: bot.app.runs) counts one hop past the mail that woke the run, as mail to
+    an agent does: two offices' agents answering each wake with a fresh email reach the
+    loop guard too. Outside any run (its long-lived token) it starts at 0."""
+    first = wire(message("bob@example.org", f"scout@{DOMAIN}", "Ping", "Your turn.",
+                         Message_ID="<w2@example.org>", X_Vaultmail_Hops="2"))
+    assert (await send(mailroom.port, first, rcpts=[f"scout@{DOMAIN}"])).code == 250
+    await mailroom.embedded.settle()
+    store = mailroom.embedded.services.store
+    woke = await mails.mail_at(store, SCOUT_VAULT, 1)
+    assert woke is not None and woke.hops == 2
+    run = await api_tokens.create_token(store, "agent:scout", "acme", lasts=60.0,
+                                        woken_by=woke.mail_id)
+    in_run = ToolClient(mailroom.session, mailroom.embedded, "agent:scout", run)
+    await in_run("mail_send", to="bob@example.org", subject="News", body="Fresh.")
+    assert _parsed((await mailroom.relay.next()).original_content)["X-Vaultmail-Hops"] == "3"
+    await mailroom.tools("agent:scout")("mail_send", to="bob@example.org", subject="More",
+                                        body="By hand.")
+    assert _parsed((await mailroom.relay.next()).original_content)["X-Vaultmail-Hops"] == "0"
 
 
 async def test_answers_in_one_email_thread_climb_from_the_last_answer_not_the_first_mail(

@@ -59,7 +59,8 @@ def email_principal(to: str) -> str:
 
 async def send_email(mailer: Mailer, actor: str, to: str, subject: str, body: str, *,
                      reply_to: MailRecord | None = None,
-                     idempotency_key: str | None = None) -> MailRecord:
+                     idempotency_key: str | None = None,
+                     woken_by: str | None = None) -> MailRecord:
     """Mail from `actor` (an agent) to the address `to`: the mail in its vault, ledgered
     (`mail.sent`, to `email:<address>`), for the outbox to send. The mail itself again when
     `idempotency_key` sent it before."""
@@ -94,11 +95,8 @@ async def send_email(mailer: Mailer, actor: str, to: str, subject: str, body: st
     if existing is not None:
         return existing
     vault = office.vault_of(sender).lower()
-    # an agent answering mail climbs as it does mailing an agent (bot.mail.mailer)
-    hops = 0
-    if reply_to is not None:
-        hops = max(reply_to.hops, await mails.copy_hops(store, reply_to.thread_id,
-                                                        reply_to.ref)) + 1
+    # an agent answering mail, or mailing from a run, climbs as it does mailing an agent
+    hops = await mailer.sent_hops(actor, reply_to, woken_by=woken_by)
     header = _signed(
         keyring=await mailer.services.keyring.ready_for(office.org), from_principal=actor,
         to_principal=principal, vault=vault, subject=subject, body=body, mail_id=mail_id,

@@ -64,7 +64,7 @@ async def mail_send(call: Call, args: SendArgs) -> dict[str, Any]:
     if is_address(args.to):  # to someone outside, by email (issue 24)
         return {"mail": mail_view(await send_email(
             call.mailer, call.principal, args.to, args.subject, args.body, reply_to=reply_to,
-            idempotency_key=args.idempotencyKey))}
+            idempotency_key=args.idempotencyKey, woken_by=call.woken_by))}
     # an agent that has left: the sender gets a bounce naming why, not "no such agent"
     await call.mailer.bounce_if_left(call.principal, args.to, args.subject,
                                      key=args.idempotencyKey, about=reply_to)
