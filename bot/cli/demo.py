@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from bot.app.embedded import Embedded, start_embedded
+from bot.cli.output import say
 from bot.mail.header import parse_mail_body
 from bot.store import ledger
 
@@ -31,7 +32,7 @@ class Story:
 
     def check(self, ok: bool, what: str) -> None:
         self.step += 1
-        print(f"{'✓' if ok else '✗'} {self.step:>2}. {what}", flush=True)
+        say(f"{'✓' if ok else '✗'} {self.step:>2}. {what}", flush=True)
         if not ok:
             raise StepFailed(what)
 
@@ -99,12 +100,12 @@ class Story:
 
         closed = await self.tool("human:marco@acme.com", "mail_close", mail=f"{scout_vault}#{n}")
         self.check(closed["mail"]["state"] == "mail:closed", "marco closes his mail")
-        print("\nfinal labels:")
+        say("\nfinal labels:")
         for vault in e.office.vaults():
             for item in await self.forge("admin", "GET", f"/repos/{vault}/issues?state=all"):
                 names = ",".join(sorted(x["name"] for x in item["labels"])) or "(quiet)"
-                print(f"  {vault}#{item['number']:<3} {item['state']:<7} {names:<14} "
-                      f"{item['title']}")
+                say(f"  {vault}#{item['number']:<3} {item['state']:<7} {names:<14} "
+                    f"{item['title']}")
         ok = await ledger.verify_chain(e.services.store) is None
         self.check(ok, "the ledger's hash chain holds")
 
@@ -173,9 +174,9 @@ async def _run_demo(data_dir: Path) -> int:
         async with aiohttp.ClientSession() as session:
             await Story(embedded, session).run()
     except StepFailed as exc:
-        print(f"demo failed at: {exc}")
+        say(f"demo failed at: {exc}")
         return 1
     finally:
         await embedded.stop()
-    print("demo passed")
+    say("demo passed")
     return 0

@@ -4,10 +4,10 @@ summary table; `--dry-run` says what it would repair and writes nothing."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from bot.cli.shell import ShellFailure
+from bot.cli.output import say
+from bot.cli.shell import ShellFailure, done
 
 
 async def cmd_doctor(args: argparse.Namespace) -> int:
@@ -31,16 +31,15 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
 
         def progress(line: str) -> None:
             if not args.json:
-                print(line, file=sys.stderr, flush=True)
+                say(line, file=sys.stderr, flush=True)
 
         doctor = Doctor(services, dry_run=args.dry_run, max_repairs=max_repairs,
                         reply_window=reply_window, progress=progress)
         report = await doctor.run(orgs)
     if args.json:
-        print(json.dumps({"ok": True, "result": {"dry_run": args.dry_run,
-                                                 **report.as_json()}}))
+        done({"dry_run": args.dry_run, **report.as_json()})
     else:
-        print(("dry run: nothing written\n" if args.dry_run else "") + report.table())
+        say(("dry run: nothing written\n" if args.dry_run else "") + report.table())
     counts = report.counts()
     return 1 if report.busy or counts.get(FLAGGED) or counts.get(WOULD_REPAIR) else 0
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from bot.cli.output import say
 from bot.cli.shell import ShellFailure, existing_data_dir
 
 if TYPE_CHECKING:  # (loaded by these commands alone: every other one starts without them)
@@ -57,7 +58,7 @@ async def cmd_email_dns(args: argparse.Namespace) -> int:
     pem = keys.office_key(data, args.org)
     for name, kind, value in dns_records(domain, pem, args.mx or f"mx.{domain}",
                                          args.org):
-        print(f"{name}\t{kind}\t{value}")
+        say(f"{name}\t{kind}\t{value}")
     return 0
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bot.app.logs import LEVELS, lean_records, setup_logging
+from bot.cli.output import say
 from bot.cli.process import StartupError, listen, stop_signal
 from bot.store.where import is_postgres
 
@@ -46,17 +47,17 @@ async def _up(args: argparse.Namespace, data: Path) -> int:
     from bot.store.sqlite import IndexInUse, own_index
 
     if args.replicas < 1:
-        print("vaultmail up: --replicas must be 1 or more", file=sys.stderr)
+        say("vaultmail up: --replicas must be 1 or more", file=sys.stderr)
         return 2
     if args.replicas > 1 and not is_postgres(args.database_url or ""):
-        print("vaultmail up: several replicas share one PostgreSQL database: add "
-              "--database-url postgresql://USER@HOST/DB (or set DATABASE_URL)", file=sys.stderr)
+        say("vaultmail up: several replicas share one PostgreSQL database: add "
+            "--database-url postgresql://USER@HOST/DB (or set DATABASE_URL)", file=sys.stderr)
         return 2
     if not is_postgres(args.database_url or ""):
         try:  # one process serves a SQLite index
             own_index(data / "index.sqlite3")
         except IndexInUse as exc:
-            print(f"vaultmail up: {exc}", file=sys.stderr, flush=True)
+            say(f"vaultmail up: {exc}", file=sys.stderr, flush=True)
             return 2
     try:
         embedded = await start_embedded(
@@ -67,7 +68,7 @@ async def _up(args: argparse.Namespace, data: Path) -> int:
             email=EmailSettings(listen_host=args.host, listen_port=args.smtp_port,
                                 relay_url=os.environ.get("SMTP_URL", "")))
     except PortInUse as exc:
-        print(f"vaultmail up: {exc}", file=sys.stderr, flush=True)
+        say(f"vaultmail up: {exc}", file=sys.stderr, flush=True)
         return 2
     from bot.console.links import console_url, sign_in_lines
 
@@ -79,20 +80,20 @@ async def _up(args: argparse.Namespace, data: Path) -> int:
         embedded.write_tokens()
     stop = stop_signal()
     smtp = embedded.smtp_port
-    print(f"vaultmail ready: app {embedded.app_url}  forge {embedded.forge.url}  "
-          f"tokens {embedded.tokens_path}  console {console_url(embedded.app_url)}"
-          + (f"  smtp {_shown_host(args.host)}:{smtp}" if smtp is not None else "")
-          + (f"  replicas {' '.join(embedded.app_urls)}" if others else ""), flush=True)
+    say(f"vaultmail ready: app {embedded.app_url}  forge {embedded.forge.url}  "
+        f"tokens {embedded.tokens_path}  console {console_url(embedded.app_url)}"
+        + (f"  smtp {_shown_host(args.host)}:{smtp}" if smtp is not None else "")
+        + (f"  replicas {' '.join(embedded.app_urls)}" if others else ""), flush=True)
     if smtp is not None:
         from bot.cli.email import example_line
 
         example = example_line(embedded.office, _shown_host(args.host), smtp)
         if example is not None:
-            print(example, flush=True)
+            say(example, flush=True)
     oauth = embedded.services.settings.client_id != ""
     for line in sign_in_lines(embedded.app_url, embedded.office,
                               embedded.forge.user_password if oauth else None):
-        print(line, flush=True)
+        say(line, flush=True)
     try:
         await stop.wait()
     finally:
@@ -134,7 +135,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         try:  # one process serves a SQLite index (a second says so, before it listens)
             own_index(settings.db_path)
         except IndexInUse as exc:
-            print(f"vaultmail serve: {exc}", file=sys.stderr, flush=True)
+            say(f"vaultmail serve: {exc}", file=sys.stderr, flush=True)
             return 2
     sock = sock or listen(settings.host, settings.port)
     # SIGTERM: long polls are answered at once, deliveries in progress finish or go back to
@@ -156,8 +157,8 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     stop = stop_signal()
     gateway = app.get(GATEWAY_KEY) if email.listen_port is not None else None
     smtp = f"  smtp {email.listen_host}:{gateway.port}" if gateway is not None else ""
-    print(f"vaultmail serving on http://{settings.host}:{sock.getsockname()[1]}{smtp}",
-          flush=True)
+    say(f"vaultmail serving on http://{settings.host}:{sock.getsockname()[1]}{smtp}",
+        flush=True)
     failed = app[STARTUP_KEY].failed
     lean_records()
     tuned = asyncio.create_task(_tune_gc_once(app[STARTUP_KEY].ready))
@@ -169,7 +170,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         tuned.cancel()
         await runner.cleanup()
     if failed.is_set():
-        print(f"vaultmail: {app[STARTUP_KEY].error}", file=sys.stderr, flush=True)
+        say(f"vaultmail: {app[STARTUP_KEY].error}", file=sys.stderr, flush=True)
         return 1
     return 0
 
@@ -206,7 +207,7 @@ async def cmd_dead_letters(args: argparse.Namespace) -> int:
     try:
         if args.replay is not None:
             n = await store.replay(None if args.replay == "all" else int(args.replay))
-            print(f"{n} dead letter(s) queued again; the app handles them when it runs")
+            say(f"{n} dead letter(s) queued again; the app handles them when it runs")
             return 0
         dead = await store.dead_letters()
         if args.json:
@@ -215,9 +216,9 @@ async def cmd_dead_letters(args: argparse.Namespace) -> int:
                                    for d in dead]})
         for d in dead if not args.json else []:
             action = d.payload.get("action", "")
-            print(f"{d.id}\t{d.guid}\t{d.event}.{action}\t{d.attempts} attempts\t{d.last_error}")
+            say(f"{d.id}\t{d.guid}\t{d.event}.{action}\t{d.attempts} attempts\t{d.last_error}")
         if not dead and not args.json:
-            print("no dead letters")
+            say("no dead letters")
         return 0
     finally:
         await store.close()
@@ -229,15 +230,15 @@ async def cmd_gitea_hook(args: argparse.Namespace) -> int:
 
     secret = os.environ.get("GITEA_WEBHOOK_SECRET", "")
     if not secret:
-        print("GITEA_WEBHOOK_SECRET is not set: set it to the secret `vaultmail serve` runs "
-              "with, then ask again", file=sys.stderr)
+        say("GITEA_WEBHOOK_SECRET is not set: set it to the secret `vaultmail serve` runs "
+            "with, then ask again", file=sys.stderr)
         return 2
     base = (args.url or os.environ.get("VAULTMAIL_PUBLIC_URL") or "https://APP").rstrip("/")
     org = args.org.strip().lower()
-    print(f"org webhook of {org} (type gitea, JSON, events Issues, Issue comment, Push):\n"
-          f"  URL     {base}/webhook/{org}\n  secret  {org_webhook_secret(secret, org)}\n"
-          f"it signs deliveries about {org} only; give it to {org}'s admins, never "
-          "GITEA_WEBHOOK_SECRET itself")
+    say(f"org webhook of {org} (type gitea, JSON, events Issues, Issue comment, Push):\n"
+        f"  URL     {base}/webhook/{org}\n  secret  {org_webhook_secret(secret, org)}\n"
+        f"it signs deliveries about {org} only; give it to {org}'s admins, never "
+        "GITEA_WEBHOOK_SECRET itself")
     return 0
 
 
@@ -390,13 +391,13 @@ def _failed(args: argparse.Namespace, exc: Exception) -> int:
     from bot.office.config import OfficeConfigError
 
     if isinstance(exc, NotRegistered):  # a command that acts for an app, with none configured
-        print(f"vaultmail {args.command}: no app to act for: pass --data DIR (the data "
-              "directory of `vaultmail up --data DIR`), or run it where the App's settings are "
-              f"(missing {', '.join(exc.missing)}; `vaultmail serve --help` lists them)",
-              file=sys.stderr)
+        say(f"vaultmail {args.command}: no app to act for: pass --data DIR (the data "
+            "directory of `vaultmail up --data DIR`), or run it where the App's settings are "
+            f"(missing {', '.join(exc.missing)}; `vaultmail serve --help` lists them)",
+            file=sys.stderr)
         return 2
     if isinstance(exc, SettingsError | OfficeConfigError | StartupError):
-        print(f"vaultmail: {exc}", file=sys.stderr)
+        say(f"vaultmail: {exc}", file=sys.stderr)
         return 2
     from bot.cli.shell import fail, infrastructure
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
+from bot.cli.output import say, say_json
 from bot.cli.shell import (
     REFUSED,
     ShellFailure,
@@ -86,10 +87,10 @@ async def cmd_reindex(args: argparse.Namespace) -> int:
             report = await reindex(services.store, forge, office, services.keyring,
                                    app_login=services.bot_login, progress=True)
             forge.save_etag_cache(cache)
-            print(f"{org}: reindexed {report.mails} mail(s) from {report.issues} issue(s) in "
-                  f"{report.vaults} vault(s); tampered: {', '.join(report.tampered) or 'none'}"
-                  + (f"; copies of a mail, not indexed: {', '.join(report.copies)}"
-                     if report.copies else ""))
+            say(f"{org}: reindexed {report.mails} mail(s) from {report.issues} issue(s) in "
+                f"{report.vaults} vault(s); tampered: {', '.join(report.tampered) or 'none'}"
+                + (f"; copies of a mail, not indexed: {', '.join(report.copies)}"
+                   if report.copies else ""))
     return 0
 
 
@@ -179,14 +180,14 @@ async def _verify(args: argparse.Namespace) -> int:
                   "office": verdict.office, "from": h.from_principal, "to": h.to_principal,
                   "sent": h.sent, "key": h.key_id, "legacy_key": legacy})
         else:
-            print(f"valid: {args.mail} signed for office {verdict.office} by "
-                  f"{'legacy key' if legacy else 'key'} {h.key_id}, from {h.from_principal} "
-                  f"to {h.to_principal}, sent {h.sent}")
+            say(f"valid: {args.mail} signed for office {verdict.office} by "
+                f"{'legacy key' if legacy else 'key'} {h.key_id}, from {h.from_principal} "
+                f"to {h.to_principal}, sent {h.sent}")
         return 0
     if wants_json(args):
-        print(json.dumps(ShellFailure(verdict.status.value, verdict.reason).as_json()))
+        say_json(ShellFailure(verdict.status.value, verdict.reason).as_json())
     else:
-        print(f"{verdict.status.value}: {args.mail}: {verdict.reason}")
+        say(f"{verdict.status.value}: {args.mail}: {verdict.reason}")
     return REFUSED
 
 
@@ -200,9 +201,9 @@ async def cmd_keys_rotate(args: argparse.Namespace) -> int:
     if args.legacy:
         legacy = _legacy_keys(rings, data)
         kid = legacy.rotate()
-        print(f"legacy keys: new signing key {kid} is active (it signs only records of no "
-              f"office, from before offices had keys); kept for verifying: "
-              f"{', '.join(k for k in legacy.key_ids if k != kid)}")
+        say(f"legacy keys: new signing key {kid} is active (it signs only records of no "
+            f"office, from before offices had keys); kept for verifying: "
+            f"{', '.join(k for k in legacy.key_ids if k != kid)}")
         return 0
     offices = rings.offices()
     if args.org is not None:
@@ -223,8 +224,8 @@ async def cmd_keys_rotate(args: argparse.Namespace) -> int:
             "made when it first signs; the legacy signing-keys.json signs nothing any more)"))
     ring = rings.for_office(office)
     kid = ring.rotate()
-    print(f"office {office}: new signing key {kid} is active; kept for verifying: "
-          f"{', '.join(k for k in ring.key_ids if k != kid)}")
+    say(f"office {office}: new signing key {kid} is active; kept for verifying: "
+        f"{', '.join(k for k in ring.key_ids if k != kid)}")
     return 0
 
 
@@ -276,10 +277,10 @@ async def cmd_keys_revoke(args: argparse.Namespace) -> int:
     except KeyringError as exc:
         raise ShellFailure("refused", f"{where}: {exc}") from exc
     kept = [k for k in ring.key_ids if k != ring.active_kid]
-    print(f"{where}: key {args.kid} revoked: no longer published or trusted, by the "
-          f"app and every replica from their next use of it; mail it signed no longer "
-          f"verifies (when next checked: edited, read or reindexed, it is flagged tampered). "
-          f"Signing: {ring.active_kid}; kept for verifying: {', '.join(kept) or 'none'}")
+    say(f"{where}: key {args.kid} revoked: no longer published or trusted, by the "
+        f"app and every replica from their next use of it; mail it signed no longer "
+        f"verifies (when next checked: edited, read or reindexed, it is flagged tampered). "
+        f"Signing: {ring.active_kid}; kept for verifying: {', '.join(kept) or 'none'}")
     return 0
 
 
@@ -307,8 +308,8 @@ async def cmd_token_create(args: argparse.Namespace) -> int:
         token = await api_tokens.create_token(store, args.principal, org)
     finally:
         await store.close()
-    print(f"API token for {args.principal} in {org}'s office (shown once, stored hashed):"
-          f"\n{token}")
+    say(f"API token for {args.principal} in {org}'s office (shown once, stored hashed):"
+        f"\n{token}")
     return 0
 
 
@@ -321,10 +322,10 @@ async def cmd_token_revoke(args: argparse.Namespace) -> int:
     finally:
         await store.close()
     if not revoked:
-        print(f"vaultmail token revoke: no live token {args.token_id} (see `vaultmail token "
-              "list`)")
+        say(f"vaultmail token revoke: no live token {args.token_id} (see `vaultmail token "
+            "list`)")
         return 1
-    print(f"token {args.token_id} revoked: calls with it are refused from now on")
+    say(f"token {args.token_id} revoked: calls with it are refused from now on")
     return 0
 
 
@@ -353,12 +354,12 @@ async def cmd_token_list(args: argparse.Namespace) -> int:
         # acme and evil may both name agent:scout: the office tells which token is which
         run = (f"  run token, {'EXPIRED' if t.expired(now) else 'expires'} "
                f"{_when(t.expires_at)}" if t.run else "")
-        print(f"{t.id:>4}  {t.principal:<32} {t.org or '(unpinned)':<16} created "
-              f"{_when(t.created_at)}  last used {_when(t.last_used_at)}{run}"
-              f"{'  REVOKED' if t.revoked else ''}")
+        say(f"{t.id:>4}  {t.principal:<32} {t.org or '(unpinned)':<16} created "
+            f"{_when(t.created_at)}  last used {_when(t.last_used_at)}{run}"
+            f"{'  REVOKED' if t.revoked else ''}")
     if not tokens:
-        print(f"no API tokens of {args.org.lower()}'s office" if args.org else
-              "no API tokens (`vaultmail token create PRINCIPAL` makes one)")
+        say(f"no API tokens of {args.org.lower()}'s office" if args.org else
+            "no API tokens (`vaultmail token create PRINCIPAL` makes one)")
     return 0
 
 
@@ -374,17 +375,17 @@ async def cmd_ledger(args: argparse.Namespace) -> int:
         await store.close()
     if wants_json(args):
         if broken is not None:
-            print(json.dumps(ShellFailure("chain_broken", (
-                f"ledger chain broken at entry {broken}")).as_json()))
+            say_json(ShellFailure("chain_broken", (
+                f"ledger chain broken at entry {broken}")).as_json())
             return REFUSED
         done({"entries": [e.as_json() for e in entries], "chain": "intact"})
         return 0
     for e in entries:
         office = "" if org else f"{e.org or '(before offices)':<14} "
-        print(f"{e.seq:>5}  {e.as_json()['time']}  {office}{e.event:<16} {e.actor:<28} "
-              f"{e.subject}  {json.dumps(e.data, sort_keys=True)}")
+        say(f"{e.seq:>5}  {e.as_json()['time']}  {office}{e.event:<16} {e.actor:<28} "
+            f"{e.subject}  {json.dumps(e.data, sort_keys=True)}")
     if broken is not None:
-        print(f"ledger chain broken at entry {broken}")
+        say(f"ledger chain broken at entry {broken}")
         return REFUSED
     return 0
 
@@ -417,20 +418,19 @@ async def cmd_office_check(args: argparse.Namespace) -> int:
     except OfficeConfigError as exc:
         count = f"{len(exc.errors)} error{'s' if len(exc.errors) != 1 else ''}"
         if wants_json(args):
-            print(json.dumps({"ok": False, "error": {"code": "invalid_config", "message":
-                                                     f"{path}: {count}"},
-                              "errors": exc.errors}))
+            say_json({"ok": False, "error": {"code": "invalid_config", "message":
+                                             f"{path}: {count}"}, "errors": exc.errors})
         else:
-            print("\n".join(exc.errors))
-            print(f"{path}: {count}; the app would refuse it and keep the last valid config",
-                  file=sys.stderr)
+            say("\n".join(exc.errors))
+            say(f"{path}: {count}; the app would refuse it and keep the last valid config",
+                file=sys.stderr)
         return REFUSED
     if wants_json(args):
         done({"file": str(path), "org": office.org, "humans": len(office.humans),
               "agents": len(office.agents)})
     else:
-        print(f"{path}: valid: office {office.org}, {len(office.humans)} people, "
-              f"{len(office.agents)} agents")
+        say(f"{path}: valid: office {office.org}, {len(office.humans)} people, "
+            f"{len(office.agents)} agents")
     return 0
 
 
@@ -513,9 +513,9 @@ async def cmd_office_setup_types(args: argparse.Namespace) -> int:
         done({"org": args.org, "types": done_, "fields": fields_})
     else:
         for row in done_:
-            print(f"{row['type']}: {row['done']} ({row['kind']})")
+            say(f"{row['type']}: {row['done']} ({row['kind']})")
         for row in fields_:
-            print(f"{row['field']}: {row['done']} (issue field, waiting: field)")
+            say(f"{row['field']}: {row['done']} (issue field, waiting: field)")
     return 0
 
 

@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from bot.cli.output import say
 from bot.cli.process import StartupError, listen, stop_signal
 
 # (bot.app.setup is loaded by `register` alone: every other command starts without it)
@@ -58,11 +59,11 @@ async def cmd_register(args: argparse.Namespace) -> int:
                              "App's, or --env-file another file")
         sock = listen(args.host, args.port, backlog=64)
     except (SetupError, StartupError) as exc:
-        print(f"vaultmail register: {exc}", file=sys.stderr)
+        say(f"vaultmail register: {exc}", file=sys.stderr)
         return 2
     except ValueError as exc:  # --name
-        print(f"vaultmail register: --name={args.name!r}: at most 34 characters ({exc})",
-              file=sys.stderr)
+        say(f"vaultmail register: --name={args.name!r}: at most 34 characters ({exc})",
+            file=sys.stderr)
         return 2
     page = SetupPage(forge=forge, manifest=manifest, env_file=env_file, org=args.org,
                      public_url=public_url, name=args.name, public=True if args.public else None)
@@ -70,14 +71,14 @@ async def cmd_register(args: argparse.Namespace) -> int:
     where = f"for the organisation {args.org}" if args.org else "on your own account"
     shadowing = [n for n in CREDENTIALS if os.environ.get(n)]
     if shadowing:
-        print(f"vaultmail register: note: {', '.join(shadowing)} set in this environment win "
-              f"over {env_file} when `vaultmail serve` runs here", file=sys.stderr)
+        say(f"vaultmail register: note: {', '.join(shadowing)} set in this environment win "
+            f"over {env_file} when `vaultmail serve` runs here", file=sys.stderr)
     try:
         if not await serve_page(sock, page, stop_signal().wait(), announce=(
                 f"vaultmail register: open {page.link(shown_url(sock, args.host))} in a browser to "
                 f"register {name} on {forge.web} {where} (webhooks to {public_url}/webhook)")):
-            print("vaultmail register: stopped before the App was registered: nothing written",
-                  file=sys.stderr)
+            say("vaultmail register: stopped before the App was registered: nothing written",
+                file=sys.stderr)
             return 1
     finally:
         sock.close()
@@ -85,15 +86,15 @@ async def cmd_register(args: argparse.Namespace) -> int:
     assert done is not None
     removed = f"; taken out, superseded: {', '.join(done.env.removed)}" if done.env.removed \
         else ""
-    print(f"registered {done.slug} (App {done.app_id}, owned by {done.owner}) on {forge.web}: "
-          f"{', '.join(done.env.written)} written to {env_file} (mode 0600; {done.env.kept} "
-          f"other line(s) kept{removed})", flush=True)
+    say(f"registered {done.slug} (App {done.app_id}, owned by {done.owner}) on {forge.web}: "
+        f"{', '.join(done.env.written)} written to {env_file} (mode 0600; {done.env.kept} "
+        f"other line(s) kept{removed})", flush=True)
     # in this order: installing sends the browser to the app's setup URL, and webhooks to it,
     # so the app must be running first
-    print(f"next: run `vaultmail serve` where it reads that .env, so that it answers at "
-          f"{public_url} (the forge sends webhooks there, and your browser to "
-          f"{public_url}/setup/installed once you install)", flush=True)
-    print(f"then install it: {done.install_url}", flush=True)
+    say(f"next: run `vaultmail serve` where it reads that .env, so that it answers at "
+        f"{public_url} (the forge sends webhooks there, and your browser to "
+        f"{public_url}/setup/installed once you install)", flush=True)
+    say(f"then install it: {done.install_url}", flush=True)
     return 0
 
 

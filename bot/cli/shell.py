@@ -13,7 +13,6 @@ as well.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sqlite3
 import sys
@@ -24,6 +23,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from gidgethub import HTTPException
 
+from bot.cli.output import say, say_json
 from bot.forge.errors import ForgeError
 from bot.store.where import index_of, is_postgres
 
@@ -50,15 +50,15 @@ def wants_json(args: argparse.Namespace) -> bool:
 
 def done(result: Any) -> None:
     """A --json result, in the one shape (commands print for people otherwise)."""
-    print(json.dumps({"ok": True, "result": result}))
+    say_json({"ok": True, "result": result})
 
 
 def fail(args: argparse.Namespace, failure: ShellFailure) -> int:
     """Say it in one line (and as JSON with --json); the exit status."""
     if wants_json(args):
-        print(json.dumps(failure.as_json()))
+        say_json(failure.as_json())
     command = " ".join(c for c in (getattr(args, "command", None), _sub(args)) if c)
-    print(f"vaultmail {command}: {failure.message}".replace("\n", " "), file=sys.stderr)
+    say(f"vaultmail {command}: {failure.message}".replace("\n", " "), file=sys.stderr)
     return failure.status
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from bot.cli.output import say, say_json
 from bot.cli.shell import REFUSED, ShellFailure, done, existing_data_dir, fail, wants_json
 
 DEFAULT_APP_URL = "http://127.0.0.1:8080"
@@ -308,14 +309,14 @@ async def cmd_tool(args: argparse.Namespace) -> int:
     except ToolRefused as exc:
         extra = {k: v for k, v in exc.body.items() if k != "error"}
         if wants_json(args):
-            print(json.dumps(ShellFailure(exc.code, str(exc), extra=extra).as_json()))
-        print(f"vaultmail {args.command}: refused ({exc.status} {exc.code}): {exc}",
-              file=sys.stderr)
+            say_json(ShellFailure(exc.code, str(exc), extra=extra).as_json())
+        say(f"vaultmail {args.command}: refused ({exc.status} {exc.code}): {exc}",
+            file=sys.stderr)
         return REFUSED
     if wants_json(args):
         done(result)
     else:
-        print("\n".join(render(tool, result)))
+        say("\n".join(render(tool, result)))
     return 0
 
 
@@ -353,8 +354,8 @@ async def cmd_tools(args: argparse.Namespace) -> int:
         required = set(t["inputSchema"].get("required", []))
         params = " ".join(f"{k}" if k in required else f"[{k}]" for k in props)
         title = f": {t['title']}" if t.get("title") else ""
-        print(f"{t['name']} {params}{title}  [{_flags(t.get('annotations') or {})}]\n"
-              f"    {t['description']}")
+        say(f"{t['name']} {params}{title}  [{_flags(t.get('annotations') or {})}]\n"
+            f"    {t['description']}")
     return 0
 
 
