@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sys
 import time
 from collections.abc import Iterator, MutableMapping
@@ -59,10 +60,24 @@ _AS_BEFORE = (orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
               | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS)
 
 
+# what orjson writes raw that a terminal showing the log (`up`'s stderr) may act on: DEL, and
+# C1 (U+0080-U+009F, CSI among them) in UTF-8; it escapes C0 itself. A byte search finds
+# most lines without them, so the regex runs on few.
+_RAW_CONTROL = re.compile(rb"\x7f|\xc2[\x80-\x9f]")
+
+
+def _escaped(control: re.Match[bytes]) -> bytes:
+    return b"\\u%04x" % ord(control[0].decode())
+
+
 def _json_line(value: Any, **_: Any) -> str:
     """A line's JSON, written by orjson (a third of a line's cost with json.dumps); dataclasses,
-    datetimes and subclasses of str or int as `default=str` writes them."""
-    return jsontext.dumps(value, default=str, option=_AS_BEFORE).decode()
+    datetimes and subclasses of str or int as `default=str` writes them; no control character
+    left raw (the same text, every one escaped)."""
+    line = jsontext.dumps(value, default=str, option=_AS_BEFORE)
+    if b"\x7f" in line or b"\xc2" in line:
+        line = _RAW_CONTROL.sub(_escaped, line)
+    return line.decode()
 
 
 def setup_logging(level: str = "info") -> None:
