@@ -12,7 +12,7 @@ from typing import Any
 from bot.app.services import Services
 from bot.forge.github import ForgeClient
 from bot.mail.signing import Keyrings
-from bot.store import Store, installations, offices
+from bot.store import Store, installations, mails, offices
 
 log = logging.getLogger("vaultmail.listing")
 
@@ -118,10 +118,8 @@ async def catch_up_vaults(services: Services, org: str) -> dict[str, str]:
     now is that repository's (`Keyrings.vault_name_taken`). Returns {old: new} followed."""
     forge = services.forge_for_org(org)
     office = await services.offices.get(forge, org)
-    rows = await services.store.fetchall("SELECT DISTINCT vault FROM mails WHERE org=?",
-                                         (org,))
     names = {v.lower() for v in office.vaults()} if office is not None else set()
-    names |= {str(row["vault"]).lower() for row in rows}
+    names |= await mails.vaults_of(services.store, org)
     moved: dict[str, str] = {}
     for name in sorted(names):
         now = await forge.repo_name_now(name)

@@ -233,6 +233,12 @@ async def get_mail_in(db: Connection, mail_id: str) -> MailRecord | None:
     return _record(row) if row else None
 
 
+async def vaults_of(store: Store, org: str) -> set[str]:
+    """The vaults `org`'s mail rows name (lower case)."""
+    rows = await store.fetchall("SELECT DISTINCT vault FROM mails WHERE org=?", (org,))
+    return {str(row["vault"]).lower() for row in rows}
+
+
 async def mail_at(store: Store, vault: str, number: int) -> MailRecord | None:
     row = await store.fetchone("SELECT * FROM mails WHERE lower(vault)=lower(?) AND number=?",
                                (vault, number))
