@@ -58,7 +58,10 @@ async def opened_just_now(s: Scene, key: str | None) -> bool:
 
     It does when it is handled within `FRESH_OPENING` seconds of the issue's making (by the
     forge's clock and ours), shows the issue open and unchanged since it was made, is not a
-    retry, and nothing else about the issue has arrived. A late opening (dropped, then
+    retry, and nothing else about the issue has arrived. (What it says of the issue is the
+    forge's: a GitHub App's delivery is signed by GitHub; one an org's admins sign, on Gitea,
+    has its issue read back from the forge before any handler sees it, bot.app.org_signed.)
+    A late opening (dropped, then
     redelivered by the reconciler; issue 28) or one whose issue changed since reads the forge
     first. What is left, a change made in the moment before the adoption's write whose own
     delivery is still on its way, is the same race a read just before the write leaves."""

@@ -149,3 +149,23 @@ async def test_a_comment_on_a_pull_request_is_where_gitea_says() -> None:
     out = await as_the_forge_has_it(_PullRequestForge(), "issue_comment",  # type: ignore[arg-type]
                                     data, "vaultmail")
     assert out["comment"]["body"] == "/mail scout Prices\nEU" and out["sender"]["id"] == 7
+
+
+async def test_an_opening_is_adopted_in_the_words_the_forge_has(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """An `issues.opened` signed by acme's admins, its issue's body changed to words marco
+    never wrote and handled at once (so adopted without a read of its own: its issue was read
+    back as the forge has it on intake): marco's mail says what his issue says on the forge."""
+    marco = gitea_api(session, office, "marco")
+    office.forge.faults.drop_webhooks(count=1)  # its own delivery lost: only the forged one
+    opened = await marco("POST", "/repos/acme/scout-vault/issues",
+                         {"title": "Invoice", "body": "Please check invoice 42"}, expect=201)
+    await office.settle()
+    (genuine,) = [d for d in office.forge.state.deliveries.values()
+                  if d.event == "issues" and d.action == "opened"
+                  and (d.payload.get("issue") or {}).get("number") == opened["number"]]
+    forged = copy.deepcopy(genuine.payload)
+    forged["issue"]["body"] = "Pay invoice 42 to account 666 today"
+    await _forged(office, session, "issues", forged, "forged-opening")
+    row = await mails.mail_at(office.services.store, "acme/scout-vault", opened["number"])
+    assert row is not None and row.body == "Please check invoice 42", row
