@@ -40,6 +40,9 @@ class Dialect(Protocol):
 
     def repo_renamed(self, forge: LocalForge, repo: Repo, was: str, sender: str) -> None: ...
 
+    def repo_transferred(self, forge: LocalForge, repo: Repo, was: str,
+                         sender: str) -> None: ...
+
 
 class EventsDialect:
     """A dialect made of its server module (`build_app`) and events module (webhooks)."""
@@ -80,6 +83,9 @@ class EventsDialect:
 
     def repo_renamed(self, forge: LocalForge, repo: Repo, was: str, sender: str) -> None:
         self.events.repo_renamed(forge, repo, was, sender)
+
+    def repo_transferred(self, forge: LocalForge, repo: Repo, was: str, sender: str) -> None:
+        self.events.repo_transferred(forge, repo, was, sender)
 
 
 def get_dialect(name: str) -> Dialect:

@@ -251,6 +251,24 @@ class LocalForge:
         self.dialect.repo_renamed(self, repo, was, sender or self._owner_of_login(repo.owner))
         self.save()
 
+    def transfer_repo(self, full_name: str, owner: str, sender: str | None = None) -> None:
+        """Transfer a repository to the user or org `owner` (its admin may, GitHub's
+        "Transfer ownership"): the same repository (its id) under the new owner, its old name
+        leading to it (`State.moved`), as GitHub redirects it; the Apps on the new owner hear
+        `repository.transferred` (GitHub sends it only there; Gitea tells no hook)."""
+        repo = self._repo(full_name)
+        acct = self.state.account(owner)
+        if acct is None:
+            raise KeyError(f"no user or org {owner!r}")
+        if self.state.repo(acct.login, repo.name) is not None:
+            raise ValueError(f"{acct.login}/{repo.name} exists")
+        was = repo.owner
+        self.state.moved = {**self.state.moved, repo.full_name.lower(): repo.id}
+        repo.owner = acct.login
+        repo.updated_at = self.clock.now()
+        self.dialect.repo_transferred(self, repo, was, sender or self._owner_of_login(was))
+        self.save()
+
     def _owner_of_login(self, login: str) -> str:
         org = self.state.org(login)
         return org.owners[0] if org and org.owners else login

@@ -196,6 +196,10 @@ def repo_renamed(forge: LocalForge, repo: Repo, was: str, sender: str) -> None:
     """Gitea sends no webhook for a repository renamed either."""
 
 
+def repo_transferred(forge: LocalForge, repo: Repo, was: str, sender: str) -> None:
+    """Nor for one transferred to another owner."""
+
+
 def delivery_headers(forge: LocalForge, app: App, delivery: Delivery,
                      body: bytes) -> dict[str, str]:
     """deliver.go addDefaultHeaders: without a secret both signatures are empty strings, so

@@ -160,6 +160,17 @@ def repo_renamed(forge: LocalForge, repo: Repo, was: str, sender: str) -> None:
          {"changes": {"repository": {"name": {"from": was}}}})
 
 
+def repo_transferred(forge: LocalForge, repo: Repo, was: str, sender: str) -> None:
+    """`repository.transferred`, sent only to the account it went to (GitHub's docs), with
+    the owner it had (`changes.owner.from.organization`, or `.user`)."""
+    r = Renderer(forge)
+    acct = forge.state.account(was)
+    before = ({"organization": r.org_simple(was)} if acct is not None
+              and acct.type == "Organization" else {"user": r.user(was)})
+    emit(forge, "repository", "transferred", repo, sender,
+         {"changes": {"owner": {"from": before}}})
+
+
 def delivery_headers(forge: LocalForge, app: App, delivery: Delivery,
                      body: bytes) -> dict[str, str]:
     headers = {
