@@ -243,3 +243,18 @@ def test_a_renamed_offices_headers_verify_where_its_names_went_and_nowhere_else(
             copy = verify_mail("signed as globex", issue, elsewhere, keys)
             assert not copy.valid and copy.copy and copy.office != "globex", (elsewhere, copy)
     assert not app.public_keys("globex").has_key(header.key_id)
+
+
+def test_a_vault_gone_to_another_owner_is_no_rename_of_it(tmp_path: Path) -> None:
+    """globex/scout-vault transferred to eve (GitHub leads the old name there too). Before,
+    rename_vault took it as a rename: it made a keyring for an office `eve`, whose old name
+    globex/scout-vault led to eve/scout-vault. A vault is renamed within its office only."""
+    from bot.mail.signing import Keyrings
+
+    app = Keyrings.in_data_dir(tmp_path)
+    app.for_office("globex")
+    with pytest.raises(ValueError, match="another owner"):
+        app.rename_vault("globex/scout-vault", "eve/scout-vault")
+    assert app.existing("eve") is None and Keyrings.in_data_dir(tmp_path).offices() == [
+        "globex"]
+    assert app.renamed("globex") == {}

@@ -9,10 +9,12 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from bot.items.model import Item
 from bot.store import chats, ledger, open_store
 from bot.store import comments as db
-from bot.store.offices import _COLUMNS, _TEXT, retire_in
+from bot.store.offices import _COLUMNS, _TEXT, rename_vault_in, retire_in
 from tests.support import until
 
 
@@ -97,5 +99,24 @@ async def test_an_append_beside_the_move_starts_the_new_offices_chain(
         assert await ledger.verify_chain(store) is None
         new = await store.fetchall("SELECT pos, prev_hash FROM ledger WHERE org='acme'")
         assert [(r["pos"], r["prev_hash"]) for r in new] == [(1, ledger.GENESIS)]
+    finally:
+        await store.close()
+
+
+async def test_a_repository_gone_to_another_owner_takes_no_office_rows(
+        tmp_path: Path, database_url: str) -> None:
+    """rename_vault_in(acme/plans, eve/plans): before, acme's rows were made to name
+    eve/plans, a repository of another owner's (a transfer, which GitHub's old name leads
+    to, taken as a rename). A repository is renamed within its office only."""
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    try:
+        async with store.transaction() as tx:
+            await db.put_item(tx, Item("acme/plans", 1, "outcome", "Acquire globex (secret)",
+                                       "open", "marco"))
+        async with store.transaction("installation:eve") as tx:
+            with pytest.raises(ValueError, match="another owner"):
+                await rename_vault_in(tx, "acme/plans", "eve/plans")
+        assert await db.get_item(store, "acme/plans#1") is not None
+        assert await db.get_item(store, "eve/plans#1") is None
     finally:
         await store.close()

@@ -11,7 +11,7 @@ from typing import Any
 
 from bot.app.services import Services
 from bot.forge.github import ForgeClient
-from bot.mail.signing import Keyrings
+from bot.mail.signing import Keyrings, vault_office
 from bot.store import Store, installations, mails, offices
 
 log = logging.getLogger("vaultmail.listing")
@@ -101,7 +101,8 @@ async def follow_vault(services: Services, old: str, new: str) -> int:
     so by `catch_up_vaults`): what its office signed under the old name verifies under the
     new (keys first, as for an org renamed), the index's rows name it by the new, and its
     office's config is read again (one naming the old is read as naming the new:
-    bot.office.source.as_renamed). Returns the rows changed."""
+    bot.office.source.as_renamed). Returns the rows changed. Within its office only: a
+    vault that went to another owner is no rename (ValueError, nothing changed)."""
     org = new.split("/", 1)[0].lower()
     services.keyring.rename_vault(old, new)
     async with services.store.transaction(f"installation:{org}") as db:
@@ -115,17 +116,25 @@ async def catch_up_vaults(services: Services, org: str) -> dict[str, str]:
     (`follow_vault`), as the start's listing follows orgs renamed. Each vault its config
     names, or the index's mail rows name, is asked for (the forge leads an old name to the
     repository's new one); and a vault's old name that a repository of its own answers to
-    now is that repository's (`Keyrings.vault_name_taken`). Returns {old: new} followed."""
+    now is that repository's (`Keyrings.vault_name_taken`). A name the forge leads to another
+    owner's repository (GitHub redirects a repository transferred too) is a vault gone from
+    the office: said in the log, its rows and keys left as they are (an org renamed is the
+    listing's to follow, before this). Returns {old: new} followed."""
     forge = services.forge_for_org(org)
     office = await services.offices.get(forge, org)
     names = {v.lower() for v in office.vaults()} if office is not None else set()
     names |= await mails.vaults_of(services.store, org)
     moved: dict[str, str] = {}
+    gone: dict[str, str] = {}
     for name in sorted(names):
         now = await forge.repo_name_now(name)
-        if now is not None and now != name:
-            await follow_vault(services, name, now)
-            moved[name] = now
+        if now is None or now == name:
+            continue
+        if vault_office(now) != vault_office(name):
+            gone[name] = now
+            continue
+        await follow_vault(services, name, now)
+        moved[name] = now
     for was in services.keyring.renamed(org):
         if "/" in was and await forge.repo_name_now(was) == was:
             services.keyring.vault_name_taken(was)
@@ -133,4 +142,7 @@ async def catch_up_vaults(services: Services, org: str) -> dict[str, str]:
     if moved:
         log.warning("vaults renamed while no app heard it: their rows follow them",
                     extra={"org": org, "renamed": moved})
+    if gone:
+        log.warning("vaults transferred to another owner: gone from the office, their mail "
+                    "left in its index", extra={"org": org, "gone": gone})
     return moved

@@ -1008,7 +1008,11 @@ class Keyrings:
 
     def rename_vault(self, old: str, new: str) -> None:
         """A vault of an office renamed (``owner/repo`` to ``owner/other``): what the office
-        signed for it under its old name verifies under the new (``Keyring.renamed``)."""
+        signed for it under its old name verifies under the new (``Keyring.renamed``). A
+        vault is renamed within its office: one that went to another owner (transferred) is
+        not followed, nor a keyring made for that owner."""
+        if vault_office(old) != vault_office(new):
+            raise ValueError(f"{old} went to another owner ({new}): not a rename")
         ring = self.for_office(vault_office(new))
         with contextlib.ExitStack() as stack:
             if ring.path is not None:

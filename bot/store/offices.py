@@ -251,9 +251,12 @@ async def rename_vault_in(db: Connection, old: str, new: str) -> int:
     """A repository of an office renamed (`owner/repo` to `owner/other`), in the caller's
     transaction: every reference to it, or to one of its issues (`owner/repo#N`), found in
     the catalogue as `_move` finds them (a mail's vault, an item's ref, ...), names it by
-    its new name. The ledger keeps the names it hashed. Returns the rows changed."""
+    its new name. The ledger keeps the names it hashed. Returns the rows changed. Only
+    within the office: a repository that went to another owner takes no office's rows."""
     old, new = old.lower(), new.lower()
     org = org_of(old)
+    if org_of(new) != org:
+        raise ValueError(f"{old} went to another owner ({new}): not a rename")
     await hold(db, f"ledger:{org}")
     changed = 0
     for table, columns in sorted((await _catalogue(db)).items()):

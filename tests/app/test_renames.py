@@ -9,10 +9,12 @@ name, and gets an empty office that verifies none of the old headers as its own.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import yaml
 
 from bot.app.embedded import Embedded, start_embedded
@@ -20,7 +22,7 @@ from bot.mail.header import verify_issue
 from bot.mail.reindex import scan
 from bot.mail.signing import Keyrings, PublicKeys
 from bot.office.source import CONFIG_PATH
-from bot.store import api_tokens, installations, ledger
+from bot.store import api_tokens, installations, ledger, mails
 from localforge import LocalForge
 from tests.app.test_installations import _add_globex, _app_id, _tool, _while_down
 from tests.support import app_key, free_port
@@ -424,5 +426,48 @@ async def test_a_vault_renamed_while_the_app_was_down_is_followed_at_start(
                                    app_login=services.bot_login)
         assert sorted(m.subject for m in found) == [AFTER, BEFORE], report
         assert not report.tampered and not report.copies, report
+    finally:
+        await again.stop()
+
+
+async def test_a_vault_transferred_out_of_its_org_while_the_app_was_down_stays_its_offices(
+        tmp_path: Path, session: aiohttp.ClientSession, database_url: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """globex/scout-vault transferred to eve's account while no app heard it (a repository's
+    admin may), and made public: GitHub leads the old name to eve/scout-vault. Before, the
+    start followed it as a rename: globex's mail rows named eve/scout-vault (amy's mail_list
+    was empty), and a keyring was made for an office `eve` whose old name globex/scout-vault
+    led there. Now a vault is followed within its office only: one transferred out is gone,
+    and the log says so; its rows and keys stay globex's."""
+    caplog.set_level(logging.WARNING, logger="vaultmail.listing")
+    first = await start_embedded(data_dir=tmp_path, persist_forge=True, port=0, forge_port=0,
+                                 database_url=database_url, app_key=app_key())
+    app_port = int(first.app_url.rsplit(":", 1)[1])
+    forge = first.forge
+    try:
+        _, amy = await _globex_with_amy(first, tmp_path)
+        await _amy_mails_scout(session, first, amy, "globex's word")
+    finally:
+        await first.runner.cleanup()
+
+    def meanwhile(forge: LocalForge) -> None:
+        forge.add_user("eve", "eve@evil.test")
+        forge.set_permission("globex/scout-vault", "eve", "admin")
+        forge.transfer_repo("globex/scout-vault", "eve", sender="eve")
+        forge.state.repo("eve", "scout-vault").private = False  # (what any token may read)
+        forge.save()
+
+    again = await _while_down(forge, meanwhile, tmp_path, app_port, database_url)
+    try:
+        services = again.services
+        assert await mails.vaults_of(services.store, "globex") == {"globex/scout-vault"}
+        assert services.keyring.existing("eve") is None
+        assert services.keyring.renamed("globex") == {}
+        status, body = await _tool(session, again, amy, "mail_list")
+        assert status == 200 and [(m["vault"], m["subject"]) for m in body["mails"]] == [
+            ("globex/scout-vault", BEFORE)], body
+        gone = [r for r in caplog.records if "transferred" in r.getMessage()]
+        assert [getattr(r, "gone", None) for r in gone] == [
+            {"globex/scout-vault": "eve/scout-vault"}], caplog.text
     finally:
         await again.stop()
