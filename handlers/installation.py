@@ -126,6 +126,29 @@ async def follow_vault_rename(event: sansio.Event, ctx: HandlerContext) -> None:
                  extra={"org": org, "was": old, "now": new.lower(), "rows": changed})
 
 
+@router.register("repository", action="transferred")
+async def vault_transferred(event: sansio.Event, ctx: HandlerContext) -> None:
+    """A repository transferred to an account the App is installed on (GitHub sends
+    `repository.transferred` there only). Here it is a repository of its own, even under a
+    name a vault renamed had (`_take_old_names`); for the office it left, a vault of its
+    gone, not renamed: its rows and keys stay that office's (never followed across owners:
+    `follow_vault`; a start finds one transferred while no app heard: `catch_up_vaults`)."""
+    repo = event.data.get("repository") or {}
+    new, name = repo.get("full_name"), repo.get("name")
+    owner = ((event.data.get("changes") or {}).get("owner") or {}).get("from") or {}
+    was = (owner.get("organization") or owner.get("user") or {}).get("login")
+    if not isinstance(new, str) or "/" not in new:
+        return
+    _take_old_names(ctx, [new])
+    if (isinstance(was, str) and isinstance(name, str)
+            and was.lower() in ctx.services.installations):
+        org = was.lower()
+        ctx.services.offices.forget(org)  # (its config's vault is read again: gone)
+        ctx.log.warning("a repository transferred to another owner: gone from its office "
+                        "(a vault's mail stays in its index)", extra={
+                            "org": org, "vault": f"{org}/{name}".lower(), "now": new.lower()})
+
+
 @router.register("installation", action="deleted")
 @router.register("installation", action="suspend")
 async def forget_installation(event: sansio.Event, ctx: HandlerContext) -> None:

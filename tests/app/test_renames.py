@@ -471,3 +471,38 @@ async def test_a_vault_transferred_out_of_its_org_while_the_app_was_down_stays_i
             {"globex/scout-vault": "eve/scout-vault"}], caplog.text
     finally:
         await again.stop()
+
+
+async def test_a_vault_transferred_into_another_office_is_its_own_there_and_gone_here(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """initech renamed its scout-vault scout-mail; then globex/scout-vault is transferred to
+    initech, both offices installed (GitHub sends `repository.transferred` to initech's
+    installation only). Before, nothing heard it: initech's old name initech/scout-vault
+    still led to scout-mail, so initech's new mail for scout went to scout-mail and its ref
+    initech/scout-vault#1 read scout-mail's mail, not the repository there now; and globex's
+    log said nothing of its vault gone. Now the repository transferred is one of its own,
+    and the office it left is told (its rows stay)."""
+    caplog.set_level(logging.WARNING, logger="vaultmail")
+    forge, services = embedded.forge, embedded.services
+    _, amy, _ = await _office_with_mail(embedded, tmp_path, session)
+    _, ian, _ = await _office_with_mail(embedded, tmp_path, session, "initech")
+    await _rename_vault(session, forge, "initech/scout-vault", "scout-mail")
+    await embedded.settle()
+    forge.set_permission("globex/scout-vault", "gia", "admin")
+    forge.transfer_repo("globex/scout-vault", "initech", sender="gia")
+    await embedded.settle()
+
+    status, body = await _tool(session, embedded, ian, "mail_send", to="scout",
+                               subject=AFTER, body="to the scout-vault initech has now")
+    assert status == 200 and body["mail"]["vault"] == "initech/scout-vault", body
+    await embedded.settle()
+    status, body = await _tool(session, embedded, ian, "mail_get", mail="initech/scout-mail#1")
+    assert status == 200 and body["mail"]["subject"] == "INITECH ONLY", body
+    status, body = await _tool(session, embedded, amy, "mail_list")
+    assert status == 200 and [(m["vault"], m["subject"]) for m in body["mails"]] == [
+        ("globex/scout-vault", "GLOBEX ONLY")], body
+    assert services.keyring.renamed("globex") == {}
+    said = [getattr(r, "vault", None) for r in caplog.records
+            if "transferred to another owner" in r.getMessage()]
+    assert said == ["globex/scout-vault"], caplog.text
