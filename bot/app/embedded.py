@@ -6,6 +6,7 @@ same start-up path a newcomer runs.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -23,7 +24,7 @@ from bot.app.intake import org_webhook_secret
 from bot.app.reconcile import Reconciler
 from bot.app.services import SERVICES_KEY, Services
 from bot.app.settings import EmailSettings, Settings, commands_setting, outbound_setting
-from bot.app.web import RECONCILER_KEY, WORKER_KEY, create_app
+from bot.app.web import CATCH_UP_KEY, RECONCILER_KEY, WORKER_KEY, create_app
 from bot.app.worker import Worker
 from bot.console.signin import CALLBACK
 from bot.email.auth import Resolver
@@ -154,6 +155,13 @@ class Embedded:
             if (await self.services.store.pending_count() == 0
                     and not self.services.background):
                 return
+
+    async def vaults_caught_up(self) -> None:
+        """Wait until the start's catch-up of the vaults renamed while the app was down has
+        gone over every office (it runs beside the start: bot.app.web._catch_up_vaults)."""
+        task = self.runner.app.get(CATCH_UP_KEY)
+        if task is not None:
+            await asyncio.wait([task])
 
     async def ledger_events(self, event: str) -> list[ledger.Entry]:
         return await ledger.entries(self.services.store, event=event)

@@ -204,6 +204,7 @@ FORWARDER_KEY = web.AppKey("forwarder", LedgerForwarder)
 PRESENCE_KEY = web.AppKey("presence", Presence)
 PRUNER_KEY = web.AppKey("pruner", Pruner)
 DOCTOR_KEY = web.AppKey("doctor", DoctorSchedule)
+CATCH_UP_KEY = web.AppKey("vault_catch_up", asyncio.Task[None])
 
 
 def build_worker(services: Services) -> Worker:
@@ -224,16 +225,26 @@ async def _adopt_rows_from_before_offices(services: Services) -> None:
             log.info("rows from before offices adopted", extra={"org": org, "rows": adopted})
 
 
+CATCH_UP_AT_ONCE = 4  # offices whose vaults a start's catch-up reads at a time
+
+
 async def _catch_up_vaults(services: Services) -> None:
-    """GitHub: the vaults renamed while the app was down, followed before any event is
-    handled (`catch_up_vaults`), as the start's listing follows the orgs renamed. One
-    office's forge failing leaves that office as it was, never the start."""
-    for org in sorted(services.installations):
-        try:
-            await catch_up_vaults(services, org)
-        except Exception as exc:  # (its forge, or its config: the next start tries again)
-            log.warning("vaults renamed while down: not read", extra={
-                "org": org, "error": repr(exc)})
+    """GitHub: the vaults renamed while the app was down, followed (`catch_up_vaults`), as
+    the start's listing follows the orgs renamed: run beside the start, never in its way
+    (each office reads its vaults from the forge, one by one), CATCH_UP_AT_ONCE offices at
+    a time. One office's forge failing, or slow, leaves that office as it was (the next
+    start tries again), never the others."""
+    turns = asyncio.Semaphore(CATCH_UP_AT_ONCE)
+
+    async def office(org: str) -> None:
+        async with turns:
+            try:
+                await catch_up_vaults(services, org)
+            except Exception as exc:  # (its forge, or its config: the next start tries again)
+                log.warning("vaults renamed while down: not read", extra={
+                    "org": org, "error": repr(exc)})
+
+    await asyncio.gather(*(office(org) for org in sorted(services.installations)))
 
 
 async def _provision_at_start(services: Services) -> None:
@@ -330,7 +341,8 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
         presence = app[PRESENCE_KEY] = Presence(services.store, services.notifier)
         await presence.start(settings.replica_id or None, settings.public_url or None)
         if settings.dialect != "gitea":  # (on Gitea not yet: docs/using.md, Renames)
-            await _catch_up_vaults(services)
+            app[CATCH_UP_KEY] = asyncio.create_task(_catch_up_vaults(services),
+                                                    name="vaultmail-vault-catch-up")
         worker = app[WORKER_KEY] = build_worker(services)
         app[RECONCILER_KEY] = Reconciler(
             services.store, services.forge_client.app, settings.reconcile_interval)
@@ -355,6 +367,9 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
         if services is None:
             return
         services.notifier.close()  # (again, for runners that skip on_shutdown)
+        if CATCH_UP_KEY in app:  # (what it has not followed, the next start follows)
+            app[CATCH_UP_KEY].cancel()
+            await asyncio.gather(app[CATCH_UP_KEY], return_exceptions=True)
         await app[RECONCILER_KEY].stop()
         await app[FORWARDER_KEY].stop()
         if PRUNER_KEY in app:

@@ -9,6 +9,7 @@ name, and gets an empty office that verifies none of the old headers as its own.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,9 @@ import aiohttp
 import pytest
 import yaml
 
+from bot.app import web
 from bot.app.embedded import Embedded, start_embedded
+from bot.app.services import Services
 from bot.mail.header import verify_issue
 from bot.mail.reindex import scan
 from bot.mail.signing import Keyrings, PublicKeys
@@ -25,7 +28,7 @@ from bot.office.source import CONFIG_PATH
 from bot.store import api_tokens, installations, ledger, mails
 from localforge import LocalForge
 from tests.app.test_installations import _add_globex, _app_id, _tool, _while_down
-from tests.support import app_key, free_port
+from tests.support import app_key, free_port, until
 
 BEFORE, AFTER = "Before the rename", "After the rename"
 
@@ -411,6 +414,7 @@ async def test_a_vault_renamed_while_the_app_was_down_is_followed_at_start(
 
     again = await _while_down(forge, lambda forge: None, tmp_path, app_port, database_url)
     try:
+        await again.vaults_caught_up()  # (beside the start, not in its way)
         status, body = await _tool(session, again, amy, "mail_list")
         assert status == 200 and [m["vault"] for m in body["mails"]] == [
             "globex/scout-mail"], body
@@ -459,6 +463,7 @@ async def test_a_vault_transferred_out_of_its_org_while_the_app_was_down_stays_i
 
     again = await _while_down(forge, meanwhile, tmp_path, app_port, database_url)
     try:
+        await again.vaults_caught_up()
         services = again.services
         assert await mails.vaults_of(services.store, "globex") == {"globex/scout-vault"}
         assert services.keyring.existing("eve") is None
@@ -506,3 +511,34 @@ async def test_a_vault_transferred_into_another_office_is_its_own_there_and_gone
     said = [getattr(r, "vault", None) for r in caplog.records
             if "transferred to another owner" in r.getMessage()]
     assert said == ["globex/scout-vault"], caplog.text
+
+
+async def test_an_office_whose_forge_does_not_answer_holds_up_no_other_offices_catch_up(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """The start's catch-up of vaults renamed while no app heard (bot.app.web) read every
+    office's vaults in turn: globex's read not answered, initech's scout-vault renamed
+    scout-mail was never followed (and, before the worker started, no event was handled).
+    Now each office's runs beside the others', off the start's path."""
+    forge, services = embedded.forge, embedded.services
+    app_id = _app_id(embedded)
+    await _office_with_mail(embedded, tmp_path, session)
+    await _office_with_mail(embedded, tmp_path, session, "initech")
+    hook = forge.state.apps[app_id].webhook_url
+    forge.set_webhook(app_id, url=f"http://127.0.0.1:{free_port()}/webhook")  # (no app hears)
+    forge.rename_repo("initech/scout-vault", "scout-mail")
+    await forge.webhooks_idle()
+    forge.set_webhook(app_id, url=hook)
+    held = forge.faults.hold("GET /repos/{owner}/{repo}", count=None, repo="globex/scout-vault")
+    catching_up = asyncio.create_task(web._catch_up_vaults(services))
+    try:
+        await held.arrived.wait()
+        await until(lambda: _vaults_now(services, "initech", {"initech/scout-mail"}))
+        assert not catching_up.done()
+    finally:
+        held.release()
+        await catching_up
+    assert await mails.vaults_of(services.store, "globex") == {"globex/scout-vault"}
+
+
+async def _vaults_now(services: Services, org: str, vaults: set[str]) -> bool:
+    return await mails.vaults_of(services.store, org) == vaults
