@@ -138,6 +138,35 @@ async def test_a_hand_opened_mail_pasted_into_the_same_vault_does_not_verify(
     assert code == 0, out
 
 
+async def test_a_mail_adopted_before_ids_came_from_the_forges_issue_id_still_verifies(
+        embedded: Embedded, person: Any) -> None:
+    """An adopted mail's id was derived from `vault#number` before (it repeated when a
+    vault's name was reused); its headers, signed so, keep verifying and reindexing where
+    they were adopted, and are copies anywhere else."""
+    from bot.mail.header import legacy_adopted_mail_id, render_mail_body, sign_header
+
+    lee: Actor = person("lee")  # lee may not send: her issue is not adopted now
+    issue = await lee.open_issue(SCOUT_VAULT, "Logs", "Rotate the logs")
+    n = int(issue["number"])
+    header = sign_header(keyring=embedded.services.keyring.for_office("acme"),
+                         from_principal="human:marco@acme.com", to_principal="agent:scout",
+                         vault=SCOUT_VAULT, subject="Logs", body="Rotate the logs",
+                         mail_id=legacy_adopted_mail_id(SCOUT_VAULT, n))
+    await lee.call("PATCH", f"/repos/{SCOUT_VAULT}/issues/{n}",
+                   {"body": render_mail_body(header, "Rotate the logs")}, expect=200)
+    await embedded.settle()
+    code, out = await vaultmail(embedded, "verify", f"{SCOUT_VAULT}#{n}")
+    assert code == 0 and out.startswith("valid:"), out
+    copy = await _paste(person, "lee", SCOUT_VAULT, await lee.issue(SCOUT_VAULT, n))
+    await embedded.settle()
+    code, out = await vaultmail(embedded, "verify", f"{SCOUT_VAULT}#{copy}")
+    assert code == 1, out
+    code, out = await vaultmail(embedded, "reindex")
+    assert code == 0, out
+    kept = await mails.get_mail(embedded.services.store, header.mail_id)
+    assert kept is not None and kept.number == n and not kept.tampered, kept
+
+
 async def test_reindex_keeps_the_original_when_a_copy_sits_in_the_same_vault(
         embedded: Embedded, tools: Any, person: Any) -> None:
     mail = await _sent(embedded, tools)

@@ -56,7 +56,8 @@ from bot.forge.errors import ForgeError, NotFound
 from bot.forge.pacing import writes_for
 from bot.mail.header import (
     MailHeader,
-    adopted_mail_id,
+    adopted_here,
+    forge_id,
     headed_by,
     render_mail_body,
     sign_header,
@@ -206,7 +207,7 @@ def lost_header(mail: MailRecord, issue: dict[str, Any]) -> bool:
     (the signed header above them) was lost. (Words changed since are a person's edit, the
     tamper check's business, not a lost write.)"""
     text = str(issue.get("body") or "")
-    return (mail.mail_id == adopted_mail_id(mail.vault, mail.number)
+    return (adopted_here(mail.mail_id, mail.vault, mail.number, forge_id(issue))
             and mail.mail_id not in text and written_body(text) == mail.body)
 
 
@@ -446,7 +447,7 @@ class Doctor:
         except ForgeError as exc:
             if not _gone(exc):
                 raise
-        if mail.mail_id == adopted_mail_id(mail.vault, mail.number) or not mail.in_reply_to:
+        if not mail.in_reply_to:  # (an adopted mail answers nothing)
             self._found(report, Finding(mail.ref, "issue", "gone", _holds(mail), FLAGGED,
                                         "the mail's issue is gone from the forge; only replies "
                                         "the app delivered are opened again"))

@@ -20,7 +20,15 @@ import uuid
 from bot.email.addresses import BadAddress, normalise
 from bot.errors import InvalidArguments
 from bot.mail.header import headed_by, render_mail_body
-from bot.mail.mailer import MAX_BODY, Mailer, _signed, checked_subject, fits, shown_as
+from bot.mail.mailer import (
+    MAX_BODY,
+    Mailer,
+    _signed,
+    checked_subject,
+    fits,
+    keyed_here,
+    shown_as,
+)
 from bot.mail.markdown import as_data
 from bot.office.config import Agent
 from bot.store import idempotency, ledger, mails
@@ -93,7 +101,7 @@ async def send_email(mailer: Mailer, actor: str, to: str, subject: str, body: st
     store = mailer.services.store
     existing = await mails.get_mail(store, mail_id)
     if existing is not None:
-        return existing
+        return keyed_here(existing, office.org, idempotency_key)
     vault = office.vault_of(sender).lower()
     # an agent answering mail, or mailing from a run, climbs as it does mailing an agent
     hops = await mailer.sent_hops(actor, reply_to, woken_by=woken_by)

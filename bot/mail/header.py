@@ -39,7 +39,8 @@ bidi-override characters), and the issue is titled with exactly that.
 A header proves a mail, not a copy of it: on an issue from the forge (``verify_issue``) it must
 also be bound to that issue. The mails the app sends are issues the app opens as its own forge
 account, which nobody else can; the mails it adopts (opened by a person) have the mail id
-``adopted_mail_id(vault, number)``. A genuine header on any other issue is a copy
+``adopted_mail_id(issue_id)``, from the forge's id for the issue (before, from its vault and
+number: ``legacy_adopted_mail_id``, still accepted). A genuine header on any other issue is a copy
 (``Verdict.copy``). Nothing in the signed form changed for this, so older headers verify as
 before.
 
@@ -166,10 +167,32 @@ def clean_subject(subject: str) -> str:
     return _SUBJECT_INVISIBLE.sub("", _SUBJECT_SPACE.sub(" ", subject)).strip()
 
 
-def adopted_mail_id(vault: str, number: int) -> str:
-    """The mail id of the issue ``vault#number`` once the app adopts it (a person opened it
-    by hand): derived from where it is, so its header is bound to that one issue."""
+def adopted_mail_id(issue_id: int) -> str:
+    """The mail id of an issue a person opened by hand, once the app adopts it: derived from
+    the forge's own id for the issue (GitHub's and Gitea's ``id``), so its header is bound to
+    that one issue. Not from its vault and number: those repeat when a name is reused (a
+    vault renamed and a new repository made under its old name), and two mails had one id."""
+    return str(uuid.uuid5(MAIL_ID_NAMESPACE, f"adopt-issue\n{int(issue_id)}"))
+
+
+def legacy_adopted_mail_id(vault: str, number: int) -> str:
+    """The id mail adopted before ``adopted_mail_id`` had: from ``vault#number`` as signed.
+    Such mail keeps its id and verifies; the app names no new mail this way."""
     return str(uuid.uuid5(MAIL_ID_NAMESPACE, f"adopt\n{vault.lower()}#{number}"))
+
+
+def forge_id(issue: Mapping[str, Any]) -> int | None:
+    """The forge's own id for an issue as it returns it (GitHub's and Gitea's ``id``)."""
+    value = issue.get("id")
+    return value if isinstance(value, int) else None
+
+
+def adopted_here(mail_id: str, vault: str, number: int, issue_id: int | None = None) -> bool:
+    """Whether ``mail_id`` is the one the app gives the issue ``vault#number`` (the forge's
+    ``issue_id``, when known) adopting it: now, or before (``legacy_adopted_mail_id``). The
+    app's key signs no other id for a hand-opened issue, so either binds the header to it."""
+    return (issue_id is not None and mail_id == adopted_mail_id(issue_id)) or (
+        mail_id == legacy_adopted_mail_id(vault, number))
 
 
 def body_sha256(body: str) -> str:
@@ -599,6 +622,7 @@ def verify_mail(
     *,
     expected_mail_id: str | None = None,
     issue_number: int | None = None,
+    issue_id: int | None = None,
     opened_by: str | None = None,
     app_login: str | None = None,
     home: str | None = None,
@@ -612,7 +636,8 @@ def verify_mail(
 
     With ``issue_number`` the header must also be bound to that issue (what ``verify_issue``
     checks for every issue from the forge): its mail id is the one the app derives for that
-    number when it adopts a hand-opened issue (``adopted_mail_id``), or the issue was opened
+    issue (its forge id ``issue_id``; before, its number) when it adopts a hand-opened issue
+    (``adopted_here``), or the issue was opened
     by the app itself (``opened_by`` is ``app_login``), since nobody else can open an issue
     as the app. ``home`` is the issue the index holds this header's mail at, if it knows it:
     a header found anywhere else is a copy.
@@ -655,8 +680,9 @@ def verify_mail(
         if home is not None and home.lower() != here:
             problems.append(f"a copy of {home}: the header is that mail's, not this issue's")
             copy = True
-        # (an adopted mail's id names the issue where it was adopted: under its name then)
-        if header.mail_id != adopted_mail_id(header.vault, issue_number) and (
+        # (an adopted mail's id names the issue where it was adopted: its forge id, or
+        # before, its number under the vault's name then)
+        if not adopted_here(header.mail_id, header.vault, issue_number, issue_id) and (
                 not opened_by or not app_login or opened_by.lower() != app_login.lower()):
             problems.append(
                 f"a copy: the header was written for another issue, and {here} was opened "
@@ -695,6 +721,7 @@ def verify_issue(
     return verify_mail(
         str(issue.get("title") or ""), issue.get("body"), vault_full_name, keys,
         expected_mail_id=expected_mail_id, issue_number=int(issue["number"]),
+        issue_id=forge_id(issue),
         opened_by=str(opened_by) if opened_by else None, app_login=app_login, home=home)
 
 
@@ -705,7 +732,10 @@ __all__ = [
     "ParsedBody",
     "Verdict",
     "VerdictStatus",
+    "adopted_here",
     "adopted_mail_id",
+    "forge_id",
+    "legacy_adopted_mail_id",
     "body_sha256",
     "canonical_bytes",
     "clean_subject",

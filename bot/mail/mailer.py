@@ -65,6 +65,28 @@ log = logging.getLogger("vaultmail.mail")
 MAX_SUBJECT = 256  # GitHub's limit for an issue title
 
 
+def same_mail(indexed: MailRecord, record: MailRecord, *, adopted: bool) -> MailRecord:
+    """`indexed`, the row the index holds under `record`'s mail id, when it is the same mail:
+    in its vault (an adopted mail's id names one issue: at its number too; a sent mail's
+    late duplicate is another issue of it, `Mailer.deliver`). A row elsewhere is another
+    mail under a repeated id: refused loudly, never taken for this one (which would index
+    nothing: no inbox, no ledger, no run)."""
+    if indexed.vault != record.vault or (adopted and indexed.number != record.number):
+        raise Conflict(f"mail id {record.mail_id} of {record.ref} already names "
+                       f"{indexed.ref}: nothing indexed", code="mail_id_taken")
+    return indexed
+
+
+def keyed_here(existing: MailRecord, org: str, key: str | None) -> MailRecord:
+    """The mail idempotency `key` already sent, when it is this office's. Its id is derived
+    from the office's name, which another account may hold now (the office that had it
+    renamed, or moved aside): that mail is another office's, refused, never shown here."""
+    if existing.org != org.lower():
+        raise Conflict(f"the idempotency key {key!r} was used by the office that held the "
+                       f"name {org} before: use another key", code="idempotency_key_taken")
+    return existing
+
+
 def checked_subject(subject: str, *, clip: bool = False) -> str:
     """The subject as the app signs it and titles the issue (`clean_subject`: control
     characters become spaces, invisible and bidi-override ones go), or a refusal saying why.
@@ -282,7 +304,7 @@ class Mailer:
                    if idempotency_key else str(uuid.uuid4()))
         existing = await mails.get_mail(self.services.store, mail_id)
         if existing is not None:
-            return existing
+            return keyed_here(existing, self.office.org, idempotency_key)
         vault = self.office.vault_of(agent).lower()
         hops = await self.sent_hops(actor, reply_to, woken_by=woken_by, automatic=automatic)
         header = _signed(
@@ -411,10 +433,12 @@ class Mailer:
         return human.login if human else None
 
     async def _record_new(self, record: MailRecord, actor: str, agent: Agent, *,
-                          quiet: str | None = None, fenced: bool = False) -> MailRecord | None:
+                          quiet: str | None = None, fenced: bool = False,
+                          adopted: bool = False) -> MailRecord | None:
         """Index a mail now on the forge, ledger it and admit its run: once per mail id,
         whichever of the sender and the crash-recovery path (`record_found`) comes first.
-        The mail as indexed (this record, or the one indexed before it under its id);
+        The mail as indexed (this record, or the one indexed before it under its id: refused
+        when that one is elsewhere, `same_mail`; `adopted`: an id bound to its one issue);
         `fenced`: None, indexing nothing, when the running idempotency claim was taken over
         (checked under the claim's own key, which a takeover takes too)."""
         fence = idempotency.fence_key() if fenced else None
@@ -423,7 +447,7 @@ class Mailer:
             """(the mail as indexed, whether this call indexed it, its run if admitted)"""
             indexed = await mails.get_mail_in(db, record.mail_id)
             if indexed is not None:
-                return indexed, False, None
+                return same_mail(indexed, record, adopted=adopted), False, None
             if fence and not await idempotency.claim_held_in(db):
                 return None, False, None
             await _index_sent(db, record, actor)
@@ -489,7 +513,7 @@ class Mailer:
         # the words they wrote, their own mentions as they wrote them; a pasted mail's header
         # and table taken off (see `written_body`)
         body = written_body(issue.get("body"))
-        mail_id = adopted_mail_id(repo, number)  # binds the header to this issue
+        mail_id = adopted_mail_id(int(issue["id"]))  # binds the header to this issue
         title = str(issue.get("title") or "")
         header = _signed(
             keyring=await self.services.keyring.ready_for(self.office.org), from_principal=actor,
@@ -511,7 +535,7 @@ class Mailer:
             repo, number, body=fits(render_mail_body(header, body), "the mail, its header added"),
             labels=labels_for(state, current).apply(current), **retitle)
         if closer is None:
-            await self._record_new(record, actor, agent)
+            await self._record_new(record, actor, agent, adopted=True)
             return record
         closed = record.with_state(MailState.CLOSED.value)
         await self._record_adopted_closed(closed, actor, closer,
@@ -536,7 +560,9 @@ class Mailer:
         async with self.services.store.transaction(
                 f"mail:{record.mail_id}", mails.box_key(record.org, record.to_principal),
                 ledger.key(record.org)) as db:
-            if await mails.mail_indexed(db, record.mail_id):
+            indexed = await mails.get_mail_in(db, record.mail_id)
+            if indexed is not None:
+                same_mail(indexed, record, adopted=True)
                 return
             await _index_sent(db, record, actor)
             await moves.note(db, record.mail_id, at)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from bot.mail.header import Verdict, adopted_mail_id, verify_issue
+from bot.mail.header import Verdict, adopted_here, forge_id, verify_issue
 from bot.office.config import Office
 from bot.store import mails
 from bot.store.mails import QUIET, MailRecord
@@ -85,7 +85,7 @@ def _rank(record: MailRecord, issue: dict[str, Any], indexed: str | None) -> tup
     number = int(issue["number"])
     opened = _opened(issue)
     sent = datetime.strptime(record.sent, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
-    return (record.mail_id != adopted_mail_id(record.vault, number),
+    return (not adopted_here(record.mail_id, record.vault, number, forge_id(issue)),
             indexed is not None and record.ref != indexed,
             closed_duplicate(issue),
             record.tampered,

@@ -401,12 +401,6 @@ async def has_unshown(store: Store, principal: str, *, org: str) -> bool:
     return row is not None
 
 
-async def mail_indexed(db: Connection, mail_id: str) -> bool:
-    """Whether the index holds this mail id, read in the caller's transaction."""
-    return await db.fetchone("SELECT 1 FROM mails WHERE mail_id=?",
-                             (mail_id,)) is not None
-
-
 async def indexed_places(store: Store) -> list[Row]:
     """Every indexed mail's (mail_id, vault, number)."""
     return await store.fetchall("SELECT mail_id, vault, number FROM mails")

@@ -542,3 +542,80 @@ async def test_an_office_whose_forge_does_not_answer_holds_up_no_other_offices_c
 
 async def _vaults_now(services: Services, org: str, vaults: set[str]) -> bool:
     return await mails.vaults_of(services.store, org) == vaults
+
+
+async def _by_hand(session: aiohttp.ClientSession, forge: LocalForge, vault: str,
+                   title: str) -> int:
+    """amy opens an issue in `vault` by hand (the app adopts it as her mail to scout)."""
+    forge.set_permission(vault, "amy", "write")
+    async with session.post(f"{forge.url}/repos/{vault}/issues", json={
+            "title": title, "body": f"{title}, written by hand."}, headers={
+            "Authorization": f"token {forge.user_token('amy')}"}) as resp:
+        assert resp.status == 201, await resp.text()
+        return int((await resp.json())["number"])
+
+
+async def test_a_hand_opened_issue_in_a_new_repository_under_a_vaults_old_name_is_its_own_mail(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """globex/scout-vault#1, opened by hand, is adopted; the vault is renamed scout-mail and
+    a new globex/scout-vault made, whose #1 amy opens by hand too. Before, an adopted mail's
+    id was derived from `vault#number`: the new #1 had the old one's id, the index found that
+    mail under it and indexed nothing (a signed header and mail:new on the forge, no mail row,
+    no ledger entry, no run), and a rebuild read one of the two as a copy of the other."""
+    forge, services = embedded.forge, embedded.services
+    _, amy = await _globex_with_amy(embedded, tmp_path)
+    first = await _by_hand(session, forge, "globex/scout-vault", BEFORE)
+    await embedded.settle()
+    await _rename_vault(session, forge, "globex/scout-vault", "scout-mail")
+    await embedded.settle()
+    forge.add_repo("globex", "scout-vault")
+    await embedded.settle()
+    second = await _by_hand(session, forge, "globex/scout-vault", AFTER)
+    await embedded.settle()
+
+    status, old = await _tool(session, embedded, amy, "mail_get",
+                              mail=f"globex/scout-mail#{first}")
+    assert status == 200 and old["mail"]["subject"] == BEFORE, old
+    status, new = await _tool(session, embedded, amy, "mail_get",
+                              mail=f"globex/scout-vault#{second}")
+    assert status == 200 and new["mail"]["subject"] == AFTER, new
+    assert new["mail"]["mail_id"] != old["mail"]["mail_id"]
+    sent = [e.data["mail"] for e in await ledger.entries(services.store, event="mail.sent")]
+    assert sent == [old["mail"]["mail_id"], new["mail"]["mail_id"]], sent
+    office = await services.offices.get(services.forge_for_org("globex"), "globex")
+    assert office is not None
+    found, report = await scan(services.forge_for_org("globex"), office, services.keyring,
+                               app_login=services.bot_login)
+    assert sorted(m.subject for m in found) == [AFTER], report  # (its one vault now)
+    assert not report.copies and not report.tampered, report
+    for vault, number in (("globex/scout-mail", first), ("globex/scout-vault", second)):
+        async with session.get(f"{forge.url}/repos/{vault}/issues/{number}", headers={
+                "Authorization": f"token {forge.user_token('amy')}"}) as resp:
+            issue = await resp.json()  # (as opened: by amy, bound to it by its mail id)
+        assert verify_issue(issue, vault, services.keyring, app_login=services.bot_login).valid
+
+
+async def test_an_idempotency_key_the_freed_names_old_office_used_reads_none_of_its_mail(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """globex sends amy's mail with the key "q3", renames itself initech, and another account
+    makes a new globex office, whose amy sends with the key "q3" too. A key's mail id is
+    derived from the office's name: before, the new office's send answered with initech's
+    mail (its subject and body) as if it were its own, and sent nothing. Now it is refused,
+    saying why."""
+    forge, services = embedded.forge, embedded.services
+    app_id, amy = await _globex_with_amy(embedded, tmp_path)
+    status, body = await _tool(session, embedded, amy, "mail_send", to="scout", subject=BEFORE,
+                               body="initech's own words", idempotencyKey="q3")
+    assert status == 200, body
+    await embedded.settle()
+    forge.rename_org("globex", "initech")
+    await embedded.settle()
+
+    await _add_globex(embedded, tmp_path)  # another account, its own office under the name
+    forge.install_app(app_id, "globex")
+    await embedded.settle()
+    amy_again = await api_tokens.create_token(services.store, "human:amy@globex.test", "globex")
+    status, body = await _tool(session, embedded, amy_again, "mail_send", to="scout",
+                               subject=AFTER, body="the new globex", idempotencyKey="q3")
+    assert status == 409 and body["error"]["code"] == "idempotency_key_taken", body
+    assert "initech" not in str(body), body
