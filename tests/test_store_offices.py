@@ -14,7 +14,7 @@ import pytest
 from bot.items.model import Item
 from bot.store import chats, ledger, open_store
 from bot.store import comments as db
-from bot.store.offices import _COLUMNS, _TEXT, rename_vault_in, retire_in
+from bot.store.offices import _COLUMNS, _TEXT, rename_in, rename_vault_in, retire_in
 from tests.support import until
 
 
@@ -118,5 +118,32 @@ async def test_a_repository_gone_to_another_owner_takes_no_office_rows(
                 await rename_vault_in(tx, "acme/plans", "eve/plans")
         assert await db.get_item(store, "acme/plans#1") is not None
         assert await db.get_item(store, "eve/plans#1") is None
+    finally:
+        await store.close()
+
+
+async def test_a_retry_in_the_office_that_took_a_freed_name_finds_none_of_the_old_ones_steps(
+        tmp_path: Path, database_url: str) -> None:
+    """globex replied to globex/scout-vault#1 with the key reply-1 and renamed itself
+    initech (its entry keeps the name it was hashed under); another account's new globex
+    office asks whether its own #1 was replied to with reply-1. Before, `recorded`,
+    `first_recorded` and `recorded_with` looked at the subject alone, in every office's
+    chain: yes, and a retried reply there skipped its move (record_once, by chain, did not)."""
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    try:
+        await ledger.record(store, "mail.replied", "agent:scout", "globex/scout-vault#1",
+                            {"reply": "reply-1"}, org="globex")
+        async with store.transaction("installation:globex") as tx:
+            await rename_in(tx, "globex", "initech")
+        ref, renamed = "globex/scout-vault#1", {"globex": "initech"}
+        assert not await ledger.recorded(store, "mail.replied", ref, "reply", "reply-1",
+                                         org="globex", renamed={})
+        assert await ledger.first_recorded(store, "mail.replied", ref, "reply", "reply-1",
+                                           org="globex", renamed={}) is None
+        assert await ledger.recorded_with(store, ("mail.replied",), ref, "reply", "reply-1",
+                                          org="globex", renamed={}) == []
+        # initech's own retry still finds it, under the name it had
+        assert await ledger.recorded(store, "mail.replied", "initech/scout-vault#1", "reply",
+                                     "reply-1", org="initech", renamed=renamed)
     finally:
         await store.close()

@@ -151,9 +151,10 @@ async def _workload(store: Any) -> None:
     await replies.keep(store, "m1", "r1", "words")
     await replies.keep(store, "m1", "r1", "words again")
     assert await replies.kept(store, "m1", "r1") == "words"
-    assert await ledger.recorded(store, "mail.sent", "acme/scout-vault#1", "mail_id", "m1")
+    assert await ledger.recorded(store, "mail.sent", "acme/scout-vault#1", "mail_id", "m1",
+                                 org=org)
     assert await ledger.first_recorded(store, "mail.sent", "acme/scout-vault#1", "mail_id",
-                                       "m1") is not None
+                                       "m1", org=org) is not None
     assert await ledger.record_once(store, "mail.sent", "agent:a", "acme/scout-vault#1",
                                     {"mail_id": "m1"}, org=org, by=("mail_id",)) is None
     assert len(await ledger.scan_newest(store, event=None, actor=None, since=None,

@@ -399,7 +399,7 @@ class EmailIntake:
     async def accepted(self, mail: MailRecord, message_id: str) -> set[str]:
         """The recipients the relay accepted `message_id` for (each `email.sent`'s `to`)."""
         rows = await ledger.recorded_with(self.services.store, ("email.sent",), mail.ref,
-                                          "message_id", message_id,
+                                          "message_id", message_id, org=mail.org,
                                           renamed=self.services.keyring.renamed(mail.org))
         return {str(r).lower() for row in rows for r in json.loads(row["data"]).get("to") or ()}
 

@@ -311,7 +311,8 @@ class Outbox(Rounds):
                 f"after {self.give_up_after:,.0f} seconds.") + f"\n\n{marker}",
                 "the deferral note"), marker=marker)
         first_at = await ledger.first_recorded(store, "email.deferred", mail.ref,
-                                               "message_id", message_id, renamed=renamed)
+                                               "message_id", message_id, org=office.org,
+                                               renamed=renamed)
         return first_at if first_at is not None else time.time()
 
     async def _settled(self, mail: MailRecord,
@@ -324,7 +325,7 @@ class Outbox(Rounds):
         parts: list[tuple[str, ...]] = []
         bounced: set[str] = set()
         rows = await ledger.recorded_with(self.services.store, ("email.sent", "email.bounced"),
-                                          mail.ref, "message_id", message_id,
+                                          mail.ref, "message_id", message_id, org=mail.org,
                                           renamed=self.services.keyring.renamed(mail.org))
         for row in rows:
             data = json.loads(row["data"])

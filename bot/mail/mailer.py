@@ -776,7 +776,7 @@ class Mailer:
                                                 marker=marker)
         if again and await ledger.recorded(
                 self.services.store, "mail.replied", mail.ref, "reply", key,
-                renamed=self.services.keyring.renamed(self.office.org)):
+                org=self.office.org, renamed=self.services.keyring.renamed(self.office.org)):
             # the earlier try moved it: whatever happened since (its sender closed it) stands
             updated = await mails.get_mail(self.services.store, mail.mail_id) or mail
         else:

@@ -168,7 +168,9 @@ def _about(subject: str, renamed: dict[str, str] | None) -> tuple[str, tuple[str
     by its office's names before (`renamed`: `Keyring.renamed`). An entry keeps the name it
     was hashed under, so a step done before its org or repository was renamed is found by a
     retry after it; a name it had is looked at in its office's rows only (`org`, the name
-    the subject's owner has now), never in another's that took the name since."""
+    the subject's owner has now), never in another's that took the name since. Every lookup
+    also asks for its office's chain (`chain=?`): `subject` itself may be a name another
+    office's entries were hashed under before it was renamed or moved aside."""
     before = names_before(renamed or {}, subject)
     if not before:
         return "subject=?", (subject,)
@@ -178,41 +180,44 @@ def _about(subject: str, renamed: dict[str, str] | None) -> tuple[str, tuple[str
 
 
 async def recorded(store: Store, event: str, subject: str, field: str, value: str, *,
-                   renamed: dict[str, str] | None = None) -> bool:
+                   org: str, renamed: dict[str, str] | None = None) -> bool:
     """Whether an `event` about `subject` (or a name it had: `_about`) with
-    `data[field] == value` is in the ledger: what a retry asks to learn if an earlier try
-    already did its part (a subject names its office's repository, so this never finds
-    another office's entry)."""
+    `data[field] == value` is in `org`'s chain: what a retry asks to learn if an earlier
+    try already did its part."""
     about, subjects = _about(subject, renamed)
     row = await store.fetchone(
-        "SELECT 1 FROM ledger WHERE event=? AND " + about + " AND " + json_at("data")
-        + "=? LIMIT 1", (event, *subjects, f"$.{field}", value))
+        "SELECT 1 FROM ledger WHERE chain=? AND event=? AND " + about + " AND "
+        + json_at("data") + "=? LIMIT 1",
+        (org.lower(), event, *subjects, f"$.{field}", value))
     return row is not None
 
 
 async def first_recorded(store: Store, event: str, subject: str, field: str, value: str, *,
-                         renamed: dict[str, str] | None = None) -> float | None:
+                         org: str, renamed: dict[str, str] | None = None) -> float | None:
     """When the first `event` about `subject` (or a name it had: `_about`) with
-    `data[field] == value` was recorded."""
+    `data[field] == value` was recorded in `org`'s chain."""
     about, subjects = _about(subject, renamed)
     row = await store.fetchone(
-        "SELECT MIN(time) AS first FROM ledger WHERE event=? AND " + about
-        + " AND " + json_at("data") + "=?", (event, *subjects, f"$.{field}", value))
+        "SELECT MIN(time) AS first FROM ledger WHERE chain=? AND event=? AND " + about
+        + " AND " + json_at("data") + "=?",
+        (org.lower(), event, *subjects, f"$.{field}", value))
     return float(row["first"]) if row is not None and row["first"] is not None else None
 
 
 async def recorded_with(store: Store, events: tuple[str, ...], subject: str, field: str,
-                        value: str, *, renamed: dict[str, str] | None = None) -> list[Row]:
+                        value: str, *, org: str,
+                        renamed: dict[str, str] | None = None) -> list[Row]:
     """Every entry of one of `events` about `subject` (or a name it had: `_about`) with
-    `data[field] == value`, oldest first (`event` and `data`): what earlier tries of a
-    retried step did, part by part."""
+    `data[field] == value` in `org`'s chain, oldest first (`event` and `data`): what
+    earlier tries of a retried step did, part by part."""
     if not events:
         return []
     marks = ",".join("?" for _ in events)
     about, subjects = _about(subject, renamed)
     return await store.fetchall(
-        f"SELECT event, data FROM ledger WHERE event IN ({marks}) AND " + about + " AND "
-        + json_at("data") + "=? ORDER BY seq", (*events, *subjects, f"$.{field}", value))
+        f"SELECT event, data FROM ledger WHERE chain=? AND event IN ({marks}) AND " + about
+        + " AND " + json_at("data") + "=? ORDER BY seq",
+        (org.lower(), *events, *subjects, f"$.{field}", value))
 
 
 def _hashed_as(r: Any) -> str | None:
