@@ -10,13 +10,19 @@ Before issue 26 only the app's reply copy counted hops: agents answering each ot
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import yaml
+from aiohttp import web
 
+from bot.app.egress import OutboundPolicy
 from bot.app.embedded import Embedded, start_embedded
+from bot.app.signed_post import check_signed_post
+from bot.mail.signing import PublicKeys
 from bot.office.config import PYTHON
 from bot.store import mails
 from tests.support import ToolClient, app_key, label_names
@@ -280,3 +286,82 @@ async def test_two_agents_answering_each_wake_with_fresh_mail_stop_at_the_guard(
             await emb.settle()
     finally:
         await emb.stop()
+
+
+async def test_two_agents_dispatched_by_post_answering_each_wake_with_fresh_mail_stop_at_the_guard(
+        tmp_path: Path, database_url: str) -> None:
+    """scout and builder are run by a signed POST to their runner, which answers each wake
+    with fresh mail to the other using the agent's long-lived token (the only one a POST
+    runner has): every such mail started at hop 0, so they woke each other forever. Mail an
+    agent sends while a run a mail woke is open counts one hop past that mail, whatever token
+    it is sent with; past 3 it arrives quiet (no run) and `mail.loop_guard` is ledgered."""
+    answering: set[asyncio.Task[None]] = set()
+    received: list[dict[str, Any]] = []
+    emb: Embedded | None = None
+    session = aiohttp.ClientSession()
+
+    async def answer(run: dict[str, Any]) -> None:
+        assert emb is not None
+        n = int(run["title"].split()[-1])
+        other = {"scout": "builder", "builder": "scout"}[run["agent"]]
+        if n < 8:  # a bound, so the loop the guard missed ends by itself when it does
+            await ToolClient(session, emb, f"agent:{run['agent']}")(
+                "mail_send", to=other, subject=f"Ping {n + 1}", body="your turn",
+                idempotencyKey=f"run-{run['run']}")
+
+    async def runner(request: web.Request) -> web.Response:
+        assert emb is not None
+        body = await request.read()
+        async with session.get(emb.app_url + "/.well-known/vaultmail-keys.json") as resp:
+            keys = PublicKeys.from_jwks(await resp.json())  # (the office's, made at its first)
+        check_signed_post(keys, "acme", url,
+                          request.headers, body, now=time.time(),
+                          seen={f"run-{r['run']}" for r in received})
+        run = json.loads(body)
+        received.append(run)
+        task = asyncio.create_task(answer(run))  # the runner answers after the 204
+        answering.add(task)
+        task.add_done_callback(answering.discard)
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/runs", runner)
+    site_runner = web.AppRunner(app)
+    await site_runner.setup()
+    site = web.TCPSite(site_runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    url = f"http://127.0.0.1:{port}/runs"
+    office = yaml.safe_load((Path(__file__).resolve().parents[1] / "bot" /
+                             "example_office.yml").read_text())
+    for agent in office["agents"]:
+        if agent["slug"] in ("scout", "builder"):
+            agent["run"]["dispatch"] = url
+    path = tmp_path / "office.yml"
+    path.write_text(yaml.safe_dump(office, sort_keys=False))
+    emb = await start_embedded(office_path=path, data_dir=tmp_path / "d", port=0, forge_port=0,
+                               database_url=database_url, app_key=app_key(),
+                               outbound=OutboundPolicy.parse("127.0.0.1"))
+    try:
+        await ToolClient(session, emb, MARCO)("mail_send", to="scout", subject="Ping 0",
+                                              body="start")
+        await emb.settle()
+        while answering:  # each answer wakes the other agent: settle what it caused
+            await asyncio.gather(*answering)
+            await emb.settle()
+        sent = sorted(await mails.list_mails(emb.services.store, org="acme"),
+                      key=lambda m: int(m.subject.split()[-1]))
+        assert [(m.subject, m.from_principal, m.hops, m.state) for m in sent] == [
+            ("Ping 0", MARCO, 0, "mail:new"),
+            ("Ping 1", "agent:scout", 1, "mail:new"),
+            ("Ping 2", "agent:builder", 2, "mail:new"),
+            ("Ping 3", "agent:scout", 3, "mail:new"),
+            ("Ping 4", "agent:builder", 4, "quiet")], sent
+        assert [r["subject"] for r in received] == [m.ref for m in sent[:4]], (
+            "hops 0..3 are dispatched; the quiet one is not")
+        guards = await emb.ledger_events("mail.loop_guard")
+        assert [(g.subject, g.data["hops"]) for g in guards] == [(sent[4].ref, 4)]
+    finally:
+        await emb.stop()
+        await session.close()
+        await site_runner.cleanup()

@@ -12,7 +12,8 @@ needs to act without another request (`mail_run`, `chat_run`): who wrote, the su
 where to reply. A command run also gets, in its environment, the app's URL and an API token of
 its agent that lives as long as the run (`VAULTMAIL_APP_URL`, `VAULTMAIL_TOKEN`), so it answers
 through the tools like any agent (a mail run's token names its mail: mail sent with it counts
-one hop more than that mail, bot.mail.mailer.LOOP_GUARD_HOPS); its exit status, timing and the
+one hop more than that mail, bot.mail.mailer.LOOP_GUARD_HOPS; so does mail the agent sends with
+any token while a mail run of its is open, `RUN_HELD_OPEN`); its exit status, timing and the
 end of its output are ledgered as `run.finished`. It gets nothing else of the app's: its
 environment is built from an allow-list (`command_env`), and it runs in a directory of its own,
 removed when it ends.
@@ -60,6 +61,10 @@ EARLIER_MAILS = 5  # earlier mails of the thread a mail run carries
 EARLIER_BODY = 4_000  # characters of each earlier mail's body
 OUTPUT_KEPT = 4_000  # characters of a command's stdout and stderr kept in the ledger
 RUN_TOKEN_MARGIN = 300.0  # seconds a run's token acts past its timeout (its end recorded)
+# How long a mail run counts as open for the loop guard when the app never learns its end: a
+# POST's or a repository_dispatch's runner, or an agent that polls (a command's ends when it
+# exits). What its agent sends meanwhile, with any token, climbs from the run's mail
+RUN_HELD_OPEN = 3600.0
 CLIENT_PAYLOAD_BYTES = 60_000  # GitHub takes a repository_dispatch client_payload up to 64 KB
 # What of the app's environment a command gets: where programs are, the user's home, language
 # and time zone; nothing else (not the app's keys, secrets, database or forge settings)
@@ -69,11 +74,16 @@ _SOURCE_ROOT = str(Path(__file__).resolve().parents[2])  # where the `bot` packa
 
 
 async def admit(db: Connection, agent: Agent, kind: str, subject: str,
-                actor: str, *, org: str) -> int | None:
+                actor: str, *, org: str, woken_by: str | None = None) -> int | None:
     """Queue a run of `kind` for `agent` if its triggers admit it, ledgered either way: the
-    run's id, or None when refused."""
+    run's id, or None when refused. `woken_by`: a mail run's mail (its id): until the run is
+    over (`RUN_HELD_OPEN`), what the agent sends counts past it (bot.mail.mailer.sent_hops).
+    Kept only for a run the app dispatches: with `dispatch: none` no run is started, and what
+    the agent sends may be a person's doing at an MCP client, nothing the mail caused."""
     if kind in agent.run.triggers:
-        run_id = await mails.add_run(db, agent.slug, kind, subject, "queued", org=org)
+        dispatched = agent.run.dispatch != "none"
+        run_id = await mails.add_run(db, agent.slug, kind, subject, "queued", org=org,
+                                     woken_by=woken_by if dispatched else None)
         await ledger.append(db, "run.queued", actor, subject,
                             {"agent": agent.principal, "kind": kind, "run": run_id}, org=org)
         return run_id
@@ -370,11 +380,13 @@ async def run_command(services: Services, agent: Agent, how: CommandDispatch, su
     Never retried (a second run could act twice): the work stays in the agent's inbox."""
     run = int(payload["run"])
     async with services.lock_for(f"run:{org}:{agent.slug}"):
-        # it acts for the run's time and a margin, whatever becomes of its revocation; a
-        # mail run's names its mail, so what the agent mails from it climbs the loop guard
+        # it acts for the run's time and a margin, whatever becomes of its revocation; it
+        # names what woke the run, so what the agent mails from it counts from there: a mail
+        # run's mail (the loop guard climbs), a chat run's chat (a person's: from 0)
+        woke = payload.get("mail") or f"chat:{payload.get('chat')}"
         token = await api_tokens.create_token(services.store, agent.principal, org,
                                               lasts=how.timeout + RUN_TOKEN_MARGIN,
-                                              woken_by=payload.get("mail"))
+                                              woken_by=woke)
         argv = [sys.executable if i == 0 and word == PYTHON else word
                 for i, word in enumerate(how.command)]
         started = time.monotonic()

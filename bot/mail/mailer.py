@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -46,8 +47,9 @@ if TYPE_CHECKING:
 # Mail between agents beyond this many hops starts no run: the automatic reply notification
 # (the copy of a reply into an agent sender's vault), mail an agent sends in answer to mail
 # (`inReplyTo`), each one hop more than the mail it answers, and mail an agent sends from a run
-# a mail woke (its run token's `woken_by`), one more than that mail. A mail a person writes, or
-# an agent outside any run with nothing it answers, starts at 0.
+# a mail woke (its run token's `woken_by`, or, with another token, its latest mail run still
+# open), one more than that mail. A mail a person writes, or an agent's with no mail run open
+# and nothing it answers, starts at 0.
 LOOP_GUARD_HOPS = 3
 MAX_BODY = 60_000
 # events that set a state rather than add something: applied again in that state, a no-op
@@ -406,13 +408,22 @@ class Mailer:
         other could wake each other forever" holds for mail_send + inReplyTo too. An agent
         sending from a run a mail woke (`woken_by`, its run token's) climbs from the hop that
         woke it, that mail's hops and its agents' turns (as a follow-up counts them), or two
-        agents answering each wake with fresh mail woke each other forever. A person's mail,
-        and an agent's outside any run answering nothing, start at 0."""
+        agents answering each wake with fresh mail woke each other forever. Sent with a token
+        that names no run (an agent's long-lived one: a POST's or a repository_dispatch's
+        runner has no other), it climbs from the agent's latest mail run still open
+        (`mails.open_wake`): which token it holds is the agent's choice, whether a mail woke it
+        is the app's. A person's mail, and an agent's with no mail run open answering nothing,
+        start at 0."""
         if not (automatic or actor.startswith("agent:")):
             return 0
         hops = await self._copy_hops(reply_to) if reply_to is not None else 0
-        woke = (await mails.get_mail(self.services.store, woken_by)
-                if woken_by is not None else None)
+        store = self.services.store
+        if woken_by is None and not automatic:
+            woken_by = await mails.open_wake(store, actor.removeprefix("agent:"),
+                                             org=self.office.org,
+                                             since=time.time() - runs.RUN_HELD_OPEN)
+        # (a chat run's token names its chat, no mail: from 0, as a person's mail)
+        woke = await mails.get_mail(store, woken_by) if woken_by is not None else None
         if woke is not None:
             hops = max(hops, woke.hops + woke.agent_turns + 1)
         return hops
@@ -459,7 +470,7 @@ class Mailer:
                     org=record.org)
                 return record, True, None
             return record, True, await runs.admit(db, agent, "mail", record.ref, actor,
-                                                  org=record.org)
+                                                  org=record.org, woken_by=record.mail_id)
 
         # the sender and the recovery path may record one mail id at once: one looks, then
         # the other (one trip to the store: it is on every mail's path)
@@ -709,7 +720,8 @@ class Mailer:
                               "the mail is back quiet, the recipient sees it on its next run"},
                     org=mail.org)
             elif wakes and agent is not None:
-                admitted = await runs.admit(db, agent, "mail", mail.ref, actor, org=mail.org)
+                admitted = await runs.admit(db, agent, "mail", mail.ref, actor, org=mail.org,
+                                            woken_by=mail.mail_id)
         updated = mail.with_state(target)
         # an agent that sent the mail learns of a reply by the copy in its vault (which wakes
         # it unless the loop guard made it quiet), not by this move: waking it here would let

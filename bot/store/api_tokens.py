@@ -24,8 +24,8 @@ register_columns("api_tokens", {"org": "{text}"})  # the office's org, when the 
 # when a token stops acting (a run's: its timeout and a margin), so one whose revocation never
 # came (the app killed mid-run, its command left running) does not act for good; NULL: never
 register_columns("api_tokens", {"expires_at": "{real}"}, version=19)
-# a mail run's token: the id of the mail that woke the run, so mail its agent sends with it
-# climbs the loop guard's hops from there (bot.mail.mailer); NULL: no mail woke it
+# a run's token: what woke the run, a mail's id (mail its agent sends with it climbs the loop
+# guard's hops from there, bot.mail.mailer) or a chat's `chat:<n>`; NULL: no run's token
 register_columns("api_tokens", {"woken_by": "{text}"}, version=23)
 _LIVE = "revoked_at IS NULL AND (expires_at IS NULL OR expires_at>?)"
 
@@ -63,7 +63,7 @@ class Owner:
 
     principal: str
     org: str | None = None
-    woken_by: str | None = None  # a run's token: the id of the mail that woke the run
+    woken_by: str | None = None  # a run's token: what woke the run (a mail's id, chat:<n>)
 
 
 async def create_token(store: Store, principal: str, org: str | None = None, *,

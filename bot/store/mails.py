@@ -321,17 +321,22 @@ async def replace_all(store: Store, mails: list[MailRecord],
 
 
 numbered_per_office("runs", "number", "id")  # a run's in its payload and the ledger
+# a mail run's mail (its id), and an agent's runs by time: what an agent sends while the run is
+# open counts past that mail (`open_wake`, the loop guard); NULL: a chat's, or before schema 24
+register_columns("runs", {"woken_by": "{text}"}, version=24)
+register_schema("CREATE INDEX IF NOT EXISTS runs_agent ON runs(org, agent, created_at);",
+                version=24)
 
 
 async def add_run(db: Connection, agent: str, kind: str, subject: str,
-                  state: str, *, org: str) -> int:
-    """Keep a run of `org`'s, in the caller's transaction; returns its number (the office's
-    next)."""
+                  state: str, *, org: str, woken_by: str | None = None) -> int:
+    """Keep a run of `org`'s, in the caller's transaction (`woken_by`: a mail run's mail id);
+    returns its number (the office's next)."""
     org = org.lower()
     number = await next_number(db, "runs", "number", "id", org)
     row = await db.insert("INSERT INTO runs(agent, kind, subject, state, created_at, org,"
-                          " number) VALUES (?,?,?,?,?,?,?) RETURNING id",
-                          (agent, kind, subject, state, time.time(), org, number))
+                          " number, woken_by) VALUES (?,?,?,?,?,?,?,?) RETURNING id",
+                          (agent, kind, subject, state, time.time(), org, number, woken_by))
     if number is None:  # (a rolling deploy: numbered as the release before numbers)
         return await number_as_was(db, "runs", "number", "id", row)
     return number
@@ -341,6 +346,16 @@ async def finish_run(db: Connection, number: int, state: str, *, org: str) -> No
     """A dispatched run ended: `done`, or `failed` (it exited non-zero or timed out)."""
     await db.execute("UPDATE runs SET state=? WHERE org=? AND number=?",
                      (state, org.lower(), number))
+
+
+async def open_wake(store: Store, agent: str, *, org: str, since: float) -> str | None:
+    """The mail that woke `agent`'s latest mail run in `org`'s office still open: admitted
+    after `since` and not recorded as over (`finish_run`). None when there is none."""
+    row = await store.fetchone(
+        "SELECT woken_by FROM runs WHERE org=? AND agent=? AND created_at>? AND kind='mail'"
+        " AND state='queued' AND woken_by IS NOT NULL"
+        " ORDER BY created_at DESC, id DESC LIMIT 1", (org.lower(), agent, since))
+    return str(row["woken_by"]) if row is not None else None
 
 
 async def runs_for(store: Store, agent: str, *, org: str) -> list[dict[str, Any]]:

@@ -77,6 +77,9 @@ NAMES = {
         " batch reads what it deletes, not its whole table",
     23: "a run's API token names the mail that woke the run: mail its agent sends with it"
         " counts one hop more than that mail (the loop guard)",
+    24: "each mail run names the mail that woke it, and an agent's runs are indexed by time:"
+        " mail an agent sends while such a run is open, with whatever token, counts one hop"
+        " more than that mail (the loop guard)",
 }
 
 
