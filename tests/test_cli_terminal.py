@@ -28,6 +28,18 @@ def _raw_controls(text: str) -> list[str]:
     return sorted({c for c in text if c in RAW})
 
 
+def test_bidi_overrides_and_invisible_characters_are_shown() -> None:
+    """A right-to-left override makes "exe.gnp" read "png.exe" (and reorders a whole line of
+    someone's words), a zero-width space or joiner hides in a name, a line separator breaks a
+    line some terminals draw: the operator sees each as its code point."""
+    assert shown("invoice_\u202egnp.exe") == "invoice_<U+202E>gnp.exe"
+    hidden = ("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
+              "\u200b\u200c\u200d\u2060\ufeff\u2028\u2029")
+    assert shown(f"a{hidden}b") == "a" + "".join(f"<U+{ord(c):04X}>" for c in hidden) + "b"
+    # what people write stays as written: accents, scripts, emoji
+    assert shown("café مرحبا 👩‍💻") == "café مرحبا 👩<U+200D>💻"
+
+
 def test_control_characters_are_shown_and_lines_and_tabs_kept() -> None:
     assert shown(PAYLOAD) == SHOWN
     # a forge's CRLF line ends (GitHub's web editor writes them) are line ends, not ␍

@@ -7,8 +7,12 @@ A terminal acts on the control characters in such text (a window retitled, the s
 cleared, a line overwritten by a carriage return, the clipboard set by OSC 52), so `say` shows
 them instead: a C0 control as its Unicode control picture (ESC as ␛), DEL as ␡, a C1 control
 as `\\x9b`; newlines and tabs stay, and a CRLF line end (GitHub's web editor writes them) is a
-line end. JSON needs none of this: `json.dumps` escapes every control character but DEL, which
-it is made to escape too. (ruff's T20 refuses `print` elsewhere in bot/cli.)
+line end. Text can also fool the eye without a control character: a bidi override or isolate
+reorders what follows ("invoice_\u202egnp.exe" reads invoice_exe.png), a zero-width character
+hides inside a name, a line or paragraph separator breaks a line some terminals draw; `say`
+shows each as its code point (`<U+202E>`), a zero-width joiner in an emoji too. JSON needs
+none of this: `json.dumps` escapes every control character but DEL, which it is made to
+escape too, and all that is not ASCII. (ruff's T20 refuses `print` elsewhere in bot/cli.)
 """
 
 from __future__ import annotations
@@ -17,12 +21,18 @@ import json
 import sys
 from typing import Any, TextIO
 
+# bidi embeddings, overrides, isolates and marks; zero-width space, joiners, word joiner,
+# invisible operators and the byte-order mark; line and paragraph separators
+_UNSEEN = [*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C,
+           *range(0x200B, 0x200E), *range(0x2060, 0x2065), 0xFEFF, 0x2028, 0x2029]
 _SHOWN = ({c: chr(0x2400 + c) for c in range(0x20) if chr(c) not in "\n\t"}
-          | {0x7F: "\u2421"} | {c: f"\\x{c:02x}" for c in range(0x80, 0xA0)})
+          | {0x7F: "\u2421"} | {c: f"\\x{c:02x}" for c in range(0x80, 0xA0)}
+          | {c: f"<U+{c:04X}>" for c in _UNSEEN})
 
 
 def shown(text: str) -> str:
-    """`text` with its control characters shown, not acted on (newlines and tabs kept)."""
+    """`text` with its control and unseen characters shown, not acted on (newlines and tabs
+    kept)."""
     return text.replace("\r\n", "\n").translate(_SHOWN)
 
 
