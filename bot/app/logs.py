@@ -22,6 +22,7 @@ import structlog
 from structlog.contextvars import bound_contextvars, merge_contextvars
 
 from bot import jsontext
+from bot.cli.output import UNSEEN
 
 LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -61,9 +62,11 @@ _AS_BEFORE = (orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
 
 
 # what orjson writes raw that a terminal showing the log (`up`'s stderr) may act on: DEL, and
-# C1 (U+0080-U+009F, CSI among them) in UTF-8; it escapes C0 itself. A byte search finds
-# most lines without them, so the regex runs on few.
-_RAW_CONTROL = re.compile(rb"\x7f|\xc2[\x80-\x9f]")
+# C1 (U+0080-U+009F, CSI among them) in UTF-8; it escapes C0 itself. And what fools the eye
+# there (a bidi override, a zero-width character: the ones `say` shows). A line all ASCII
+# but DEL (most are) is not searched.
+_RAW_CONTROL = re.compile(b"|".join([rb"\x7f", rb"\xc2[\x80-\x9f]",
+                                     *(re.escape(chr(c).encode()) for c in UNSEEN)]))
 
 
 def _escaped(control: re.Match[bytes]) -> bytes:
@@ -75,7 +78,7 @@ def _json_line(value: Any, **_: Any) -> str:
     datetimes and subclasses of str or int as `default=str` writes them; no control character
     left raw (the same text, every one escaped)."""
     line = jsontext.dumps(value, default=str, option=_AS_BEFORE)
-    if b"\x7f" in line or b"\xc2" in line:
+    if b"\x7f" in line or not line.isascii():
         line = _RAW_CONTROL.sub(_escaped, line)
     return line.decode()
 

@@ -185,15 +185,18 @@ async def test_a_log_line_escapes_every_control_character_others_wrote(
         embedded: Embedded, log_lines: io.StringIO) -> None:
     """The log's JSON keeps the text as written, and a terminal that shows the log (`up`'s
     stderr) gets no control character to act on: DEL and C1 (CSI as one character), which
-    orjson writes raw, are escaped as JSON escapes C0. Here a key of a pushed config, which
-    the refusal's line names."""
+    orjson writes raw, are escaped as JSON escapes C0; so are the characters that fool the
+    eye (a right-to-left override, a zero-width space: bot.cli.output.UNSEEN). Here a key of a
+    pushed config, which the refusal's line names."""
     office = resources.files("bot").joinpath("example_office.yml").read_text()
     embedded.forge.put_file("acme/.github", "vaultmail.yml",
-                            office + '"evil\\x7f\\x9b2J": 1\n', pusher="admin")
+                            office + '"evil\\x7f\\x9b2J\\u202egnp\\u200b": 1\n',
+                            pusher="admin")
     await embedded.settle()
     text = log_lines.getvalue()
     assert [line for line in text.splitlines() if "evil" in line], "the refusal is logged"
-    assert not [c for c in text if c == "\x7f" or "\x80" <= c <= "\x9f"], \
+    assert not [c for c in text if c in "\x7f\u202e\u200b" or "\x80" <= c <= "\x9f"], \
         [line for line in text.splitlines() if "evil" in line]
     [refused] = [x for x in _parsed(log_lines) if x["msg"].startswith("office config refused")]
-    assert any("evil\x7f\x9b2J" in e for e in refused["errors"]), refused["errors"]
+    assert any("evil\x7f\x9b2J\u202egnp\u200b" in e for e in refused["errors"]), \
+        refused["errors"]
