@@ -22,7 +22,7 @@ import structlog
 from structlog.contextvars import bound_contextvars, merge_contextvars
 
 from bot import jsontext
-from bot.cli.output import UNSEEN
+from bot.unseen import UNSEEN
 
 LEVELS = ("debug", "info", "warning", "error", "critical")
 

@@ -21,11 +21,8 @@ import json
 import sys
 from typing import Any, TextIO
 
-# bidi embeddings, overrides, isolates and marks; zero-width space, joiners, word joiner,
-# invisible operators and the byte-order mark; line and paragraph separators (the log's JSON
-# escapes them too, bot.app.logs)
-UNSEEN = (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C,
-           *range(0x200B, 0x200E), *range(0x2060, 0x2065), 0xFEFF, 0x2028, 0x2029)
+from bot.unseen import UNSEEN
+
 _SHOWN = ({c: chr(0x2400 + c) for c in range(0x20) if chr(c) not in "\n\t"}
           | {0x7F: "\u2421"} | {c: f"\\x{c:02x}" for c in range(0x80, 0xA0)}
           | {c: f"<U+{c:04X}>" for c in UNSEEN})

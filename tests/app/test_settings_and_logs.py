@@ -186,7 +186,7 @@ async def test_a_log_line_escapes_every_control_character_others_wrote(
     """The log's JSON keeps the text as written, and a terminal that shows the log (`up`'s
     stderr) gets no control character to act on: DEL and C1 (CSI as one character), which
     orjson writes raw, are escaped as JSON escapes C0; so are the characters that fool the
-    eye (a right-to-left override, a zero-width space: bot.cli.output.UNSEEN). Here a key of a
+    eye (a right-to-left override, a zero-width space: bot.unseen.UNSEEN). Here a key of a
     pushed config, which the refusal's line names."""
     office = resources.files("bot").joinpath("example_office.yml").read_text()
     embedded.forge.put_file("acme/.github", "vaultmail.yml",
