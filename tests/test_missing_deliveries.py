@@ -11,9 +11,11 @@ queue (`parked`) until the issue is adopted, then handled in its order."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bot.app.embedded import Embedded
+from bot.mail.header import verify_issue
 from bot.store import mails, prune
 from tests.support import Actor, label_names
 
@@ -135,3 +137,131 @@ async def test_an_opening_handled_late_takes_the_issue_as_it_is_now(
     await embedded.settle()
     found = await marco.issue(SCOUT_VAULT, number)
     assert sorted(label_names(found)) == ["mail:new", "urgent"], found["labels"]
+
+
+# -- a change made just before the adoption's write --------------------------------------------
+# The person (or a script: "create an issue, then PATCH its body to add its own URL") changes
+# the issue in the moment between the app's reading it (or the opening's delivery describing
+# it) and the adoption's PATCH, which then writes the issue as it was: the change is undone on
+# the forge. Its own delivery comes after, showing the issue as the change left it, before the
+# adoption's write (no header, no mail:* label): the app makes the change again.
+
+
+def _dropped(embedded: Embedded, number: int, *, besides: list[Any] = ()) -> list[Any]:
+    """The forge's deliveries about issue `number` that it dropped (other than `besides`), in
+    the order it sent them."""
+    return sorted((d for d in embedded.forge.state.deliveries.values()
+                   if d.payload.get("issue", {}).get("number") == number
+                   and "dropped" in d.status and d not in besides), key=lambda d: d.id)
+
+
+async def _raced(embedded: Embedded, marco: Actor, change: Callable[[int], Awaitable[Any]],
+                 *, labels: list[str] | None = None, late: bool = False) -> int:
+    """The race acted out: marco opens an issue (with `labels`) and changes it (`change`),
+    every delivery dropped; the opening's come (redelivered at once, the forge's clock
+    fresh: adopted as they describe the issue, from before the change), then, once they are
+    handled, the change's. `late`: the issue was made a minute before the opening comes (the
+    adoption reads the issue first, and so sees the change)."""
+    forge = embedded.forge
+    if late:
+        forge.clock.offset -= 60.0
+    await marco.call("POST", f"/repos/{SCOUT_VAULT}/labels", {"name": "urgent"}, expect=201)
+    await embedded.settle()  # (its own delivery, `label.created`, is not the one dropped)
+    forge.faults.drop_webhooks(count=1 + len(labels or []))
+    issue = await marco.open_issue(SCOUT_VAULT, "Raced", "as opened",
+                                   **({"labels": labels} if labels else {}))
+    number = int(issue["number"])
+    await embedded.settle()
+    opening = _dropped(embedded, number)
+    forge.faults.drop_webhooks(count=1)
+    await change(number)
+    await embedded.settle()
+    assert forge.faults.drop.count == 0, "every delivery was dropped"
+    assert "vaultmail:header" not in str((await marco.issue(SCOUT_VAULT, number))["body"])
+    changed = _dropped(embedded, number, besides=opening)
+    assert len(opening) == 1 + len(labels or []) and len(changed) == 1
+    for delivery in opening:  # each alone: nothing else about the issue waits
+        assert forge.webhooks.redeliver(delivery) is not None
+        await embedded.settle()
+    assert "vaultmail:header" in (await marco.issue(SCOUT_VAULT, number))["body"]
+    assert forge.webhooks.redeliver(changed[0]) is not None
+    await embedded.settle()
+    return number
+
+
+async def _valid_once(embedded: Embedded, marco: Actor, number: int) -> tuple[Any, Any]:
+    """The mail at `number` is as signed, on the forge and in the index, never flagged, sent
+    once; (its issue, its index row)."""
+    found = await marco.issue(SCOUT_VAULT, number)
+    record = await mails.mail_at(embedded.services.store, SCOUT_VAULT, number)
+    assert record is not None and not record.tampered
+    verdict = verify_issue(found, SCOUT_VAULT, embedded.services.keyring,
+                           app_login=embedded.services.bot_login,
+                           expected_mail_id=record.mail_id)
+    assert verdict.valid, verdict.reason
+    assert not await embedded.ledger_events("mail.tampered")
+    ref = f"{SCOUT_VAULT}#{number}"
+    assert len([e for e in await embedded.ledger_events("mail.sent") if e.subject == ref]) == 1
+    assert not [c for c in await marco.comments(SCOUT_VAULT, number)
+                if "changed after it was sent" in c["body"]]
+    return found, record
+
+
+async def test_an_edit_made_just_before_the_adoptions_write_is_adopted_again(
+        embedded: Embedded, person: Any) -> None:
+    """marco's script opens an issue and at once PATCHes its title and body; the adoption
+    wrote the issue as opened over them. The edit's delivery shows the body before it without
+    a header: the mail is adopted again from the edit (the same mail id, signed again), once."""
+    marco: Actor = person("marco")
+
+    async def edit(number: int) -> None:
+        await marco.call("PATCH", f"/repos/{SCOUT_VAULT}/issues/{number}",
+                         {"title": "Raced, retitled", "body": f"see #{number}"}, expect=200)
+
+    number = await _raced(embedded, marco, edit)
+    found, record = await _valid_once(embedded, marco, number)
+    assert found["title"] == "Raced, retitled" and found["body"].rstrip().endswith(f"see #{number}")
+    assert record.body == f"see #{number}" and record.subject == "Raced, retitled"
+    [entry] = await embedded.ledger_events("mail.readopted")
+    assert entry.actor == "human:marco@acme.com" and entry.data["mail"] == record.mail_id
+    # the same delivery again (a retry) changes nothing more
+    [edited] = [d for d in _dropped(embedded, number) if d.action == "edited"]
+    assert embedded.forge.webhooks.redeliver(edited) is not None
+    await embedded.settle()
+    await _valid_once(embedded, marco, number)
+    assert len(await embedded.ledger_events("mail.readopted")) == 1
+
+
+async def test_an_edit_the_adoption_saw_is_not_taken_for_tampering(
+        embedded: Embedded, person: Any) -> None:
+    """The opening came late, so the adoption read the issue, edit and all: the edit's
+    delivery, showing a body without a header before it, is neither tampering nor anything to
+    adopt again."""
+    marco: Actor = person("marco")
+
+    async def edit(number: int) -> None:
+        await marco.call("PATCH", f"/repos/{SCOUT_VAULT}/issues/{number}",
+                         {"body": "the words it was adopted with"}, expect=200)
+
+    number = await _raced(embedded, marco, edit, late=True)
+    found, record = await _valid_once(embedded, marco, number)
+    assert record.body == "the words it was adopted with"
+    assert not await embedded.ledger_events("mail.readopted")
+
+
+async def test_an_edit_before_adoption_by_someone_else_is_not_signed_as_the_senders(
+        embedded: Embedded, person: Any) -> None:
+    """An editor changed marco's issue before the adoption's write: the words are not marco's,
+    so they are not signed as his mail; the mail stays as adopted and the edit is flagged."""
+    marco: Actor = person("marco")
+    sara: Actor = person("sara")
+
+    async def edit(number: int) -> None:
+        await sara.call("PATCH", f"/repos/{SCOUT_VAULT}/issues/{number}",
+                        {"body": "sara's words"}, expect=200)
+
+    number = await _raced(embedded, marco, edit)
+    record = await mails.mail_at(embedded.services.store, SCOUT_VAULT, number)
+    assert record is not None and record.body == "as opened" and record.tampered
+    assert not await embedded.ledger_events("mail.readopted")
+    assert "sara's words" not in (await marco.issue(SCOUT_VAULT, number))["body"]

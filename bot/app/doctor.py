@@ -55,15 +55,13 @@ from bot.app.background import Background
 from bot.forge.errors import ForgeError, NotFound
 from bot.forge.pacing import writes_for
 from bot.mail.header import (
-    MailHeader,
     adopted_here,
     forge_id,
     headed_by,
     render_mail_body,
-    sign_header,
     written_body,
 )
-from bot.mail.mailer import fits, shown_as
+from bot.mail.mailer import fits, signed_again
 from bot.office.config import Office
 from bot.office.source import ROUND_WAIT, OfficeUnanswered
 from bot.store import ledger, mails, moves, replies
@@ -209,17 +207,6 @@ def lost_header(mail: MailRecord, issue: dict[str, Any]) -> bool:
     text = str(issue.get("body") or "")
     return (adopted_here(mail.mail_id, mail.vault, mail.number, forge_id(issue))
             and mail.mail_id not in text and written_body(text) == mail.body)
-
-
-def _header_of(services: Services, office: Office, mail: MailRecord) -> MailHeader:
-    """The mail's header signed again from the index: the same values, the same mail id."""
-    return sign_header(
-        keyring=services.keyring.for_office(office.org),
-        from_principal=mail.from_principal, to_principal=mail.to_principal, vault=mail.vault,
-        subject=mail.subject, body=mail.body, mail_id=mail.mail_id, sent=mail.sent,
-        hops=mail.hops, in_reply_to=mail.in_reply_to, thread_id=mail.thread_id,
-        from_name=shown_as(office, mail.from_principal),
-        to_name=shown_as(office, mail.to_principal))
 
 
 def reply_copy_id(org: str, replier: str, mail_id: str, key: str) -> str:
@@ -427,7 +414,7 @@ class Doctor:
                 self._found(report, Finding(mail.ref, "header", "no signed header", "signed",
                                             SKIPPED, "it agrees now (changed meanwhile)"))
                 return
-            header = _header_of(self.services, office, fresh)
+            header = signed_again(self.services.keyring.for_office(office.org), office, fresh)
             await forge.update_issue(fresh.vault, fresh.number, body=fits(
                 render_mail_body(header, fresh.body), "the mail, its header added"))
             if (header.key_id, header.body_sha256) != (fresh.key_id, fresh.body_sha256):
@@ -467,7 +454,7 @@ class Doctor:
             issue = await forge.find_issue(mail.vault, mail.mail_id, headed_by(mail.mail_id))
             key_id, digest = fresh.key_id, fresh.body_sha256
             if issue is None:
-                header = _header_of(self.services, office, fresh)
+                header = signed_again(self.services.keyring.for_office(office.org), office, fresh)
                 key_id, digest = header.key_id, header.body_sha256
                 issue = await forge.create_issue(
                     fresh.vault, header.subject, render_mail_body(header, fresh.body),

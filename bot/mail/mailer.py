@@ -12,7 +12,8 @@ import logging
 import re
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +25,10 @@ from bot.errors import Conflict, Denied, InvalidArguments, NotFoundError
 from bot.forge.errors import ForgeError, NotFound, PermissionDenied, PutOff
 from bot.mail.header import (
     MailHeader,
+    adopted_here,
     adopted_mail_id,
     clean_subject,
+    forge_id,
     headed_by,
     render_mail_body,
     sign_header,
@@ -43,6 +46,7 @@ from labels.states import IllegalTransition, MailEvent, MailState, labels_for, t
 if TYPE_CHECKING:
     from bot.app.services import Services
     from bot.forge.base import Forge
+    from bot.mail.signing import Signer
 
 # Mail between agents beyond this many hops starts no run: the automatic reply notification
 # (the copy of a reply into an agent sender's vault), mail an agent sends in answer to mail
@@ -116,6 +120,16 @@ def _signed(**fields: Any) -> MailHeader:
                           for e in exc.errors())
         raise InvalidArguments(f"this mail cannot be signed: {where}",
                                code="invalid_mail") from exc
+
+
+def signed_again(keyring: Signer, office: Office, mail: MailRecord) -> MailHeader:
+    """`mail`'s header signed again from its record: the same values, the same mail id."""
+    return _signed(
+        keyring=keyring, from_principal=mail.from_principal, to_principal=mail.to_principal,
+        vault=mail.vault, subject=mail.subject, body=mail.body, mail_id=mail.mail_id,
+        sent=mail.sent, hops=mail.hops, in_reply_to=mail.in_reply_to, thread_id=mail.thread_id,
+        from_name=shown_as(office, mail.from_principal),
+        to_name=shown_as(office, mail.to_principal))
 
 
 def shown_as(office: Office, principal: str) -> str | None:
@@ -580,6 +594,75 @@ class Mailer:
             await ledger.append(db, "mail.closed", closer, record.ref, {
                 "mail": record.mail_id, "from": MailState.NEW.value,
                 "to": MailState.CLOSED.value, "adopted": True}, org=record.org)
+
+    # -- a change made just before the adoption's write -----------------------------------
+    # The adoption writes the issue (its body under the header, its title, its labels) as it
+    # read it, or as its opening's delivery described it: a change the person (or their
+    # script) made in the moment before that write is written over. That change's own
+    # delivery comes after, showing the issue as the change left it, from before the write:
+    # no header of the mail in its body, no mail:* label. Such a change is made again.
+
+    @staticmethod
+    def before_adoption(mail: MailRecord, issue: Mapping[str, Any],
+                        before: Mapping[str, Any]) -> bool:
+        """Whether `before` (the issue's body before a change, as its delivery shows it) is
+        `mail`'s issue (`issue`, with the forge's id) from before the adoption's write: the
+        mail was adopted, and the body opens with no header of it."""
+        return (adopted_here(mail.mail_id, mail.vault, mail.number, forge_id(issue))
+                and not headed_by(mail.mail_id)(before))
+
+    async def edited(self, mail: MailRecord, issue: dict[str, Any], actor: str, *,
+                     changes: Mapping[str, Any] | None, trusted: bool) -> None:
+        """An `issues.edited` delivery on `mail`'s issue, `issue` as the edit left it. An edit
+        of the text from before the adoption's write (`changes.body.from`, or the body when
+        only the title changed, shows no header of the mail) by its sender is adopted again:
+        their words signed as the mail, the same mail id, ledgered `mail.readopted`. Anything
+        else is checked as tampering. `trusted`: the delivery's words are the forge's, not
+        only its sender's say (an org-signed one's sender is the org admins' word)."""
+        body = (changes or {}).get("body")
+        before = {"body": body.get("from")} if isinstance(body, Mapping) else issue
+        agent = self.office.agent(mail.to_principal.removeprefix("agent:"))
+        if (trusted and not mail.tampered and actor == mail.from_principal
+                and agent is not None and self.send_refusal(actor, agent) is None
+                and self.before_adoption(mail, issue, before)
+                and await self._adopt_again(mail, issue, actor)):
+            return
+        await self.check_tamper(mail, issue, actor)
+
+    async def _adopt_again(self, mail: MailRecord, issue: dict[str, Any], actor: str) -> bool:
+        """`mail` signed again over `issue`'s title and body (as its sender's edit left them)
+        and written on the forge, if the forge still shows the adoption's words there (or this
+        very re-adoption's: a retry). False when it shows other words: a change since, left to
+        the tamper check."""
+        try:
+            subject = checked_subject(str(issue.get("title") or ""))
+        except InvalidArguments:
+            return False
+        body = written_body(issue.get("body"))
+        async with self.services.lock_for(mail.mail_id):
+            latest = await mails.get_mail(self.services.store, mail.mail_id) or mail
+            if (latest.subject, latest.body) == (subject, body):
+                return True  # the adoption read the issue after the edit: nothing was lost
+            now = await self.forge.get_issue(latest.vault, latest.number)
+            words = written_body(now.get("body")) if headed_by(latest.mail_id)(now) else None
+            if words not in (latest.body, body):
+                return False
+            header = signed_again(await self.services.keyring.ready_for(self.office.org),
+                                  self.office, replace(latest, subject=subject, body=body))
+            again = replace(latest, subject=header.subject, body=body, key_id=header.key_id,
+                            body_sha256=header.body_sha256)
+            retitle = {"title": header.subject} if header.subject != str(
+                now.get("title") or "").strip() else {}
+            await self.forge.update_issue(latest.vault, latest.number, body=fits(
+                render_mail_body(header, body), "the mail, its header added"), **retitle)
+            async with self.services.store.transaction(
+                    mails.box_key(latest.org, latest.to_principal), ledger.key(latest.org)) as db:
+                if await mails.signed_again(db, again, latest):
+                    await ledger.append(db, "mail.readopted", actor, latest.ref, {
+                        "mail": latest.mail_id, "subject": again.subject,
+                        "was": latest.body_sha256, "body_sha256": again.body_sha256},
+                                        org=latest.org)
+        return True
 
     # -- state changes ---------------------------------------------------------------------
     async def _move(self, mail: MailRecord, event: MailEvent, actor: str, ledger_event: str,

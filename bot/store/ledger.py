@@ -43,6 +43,7 @@ EVENTS = frozenset({
     "mail.sent", "mail.opened", "mail.replied", "mail.closed", "mail.loop_guard",
     "mail.bounced",  # mail to an agent that left, or to a vault gone or archived
     "mail.restored",  # a delivered mail's issue vanished and was opened again (the doctor)
+    "mail.readopted",  # an adopted mail signed again over its sender's edit its write undid
     "mail.tampered", "run.queued", "run.refused", "run.denied", "run.finished", "comment.added",
     "comment.answered", "comment.resolved", "office.config_refused",
     # real mailboxes (bot/email): a message accepted, held, released by hand, sent, first
