@@ -66,7 +66,7 @@ async def opened_just_now(s: Scene, key: str | None) -> bool:
     redelivered by the reconciler; issue 28) or one whose issue changed since reads the forge
     first. What is left, a change made in the moment before the adoption's write whose own
     delivery is still on its way, is the same race a read just before the write leaves: that
-    delivery makes an edit again (`Mailer.edited`)."""
+    delivery makes it again (`Mailer.edited`, `Mailer.undone_by_adoption`)."""
     issue = s.issue
     made = moves.forge_time(issue.get("created_at"))
     if (made is None or key is None or s.ctx.retry or issue.get("state") != "open"
@@ -153,7 +153,10 @@ async def review_hand_made_label_change(event: sansio.Event, ctx: HandlerContext
     if s is None or mail is None:
         return
     fresh = await ctx.forge.get_issue(s.repo, s.number)  # the newest label set, not the event's
-    labels = [str(label["name"]) for label in fresh.get("labels", [])]
+    # made just before the adoption's write, which undid it: made again
+    redo = await s.mailer.undone_by_adoption(mail, s.issue, str(event.data.get("action")),
+                                             str((event.data.get("label") or {}).get("name")))
+    labels = redo.apply(str(label["name"]) for label in fresh.get("labels", []))
     previous = None if mail.state == QUIET else MailState(mail.state)
     review = review_label_change(previous, labels)
     if review.accepted and review.state not in (None, previous):
@@ -162,7 +165,7 @@ async def review_hand_made_label_change(event: sansio.Event, ctx: HandlerContext
             await s.mailer.deny(s.actor, mail.ref, refusal)
             review = LabelReview(previous, False, refusal, labels_for(previous, labels))
     fields: dict[str, object] = {}
-    if not review.changes.empty:
+    if not (review.changes.empty and redo.empty):
         fields["labels"] = review.changes.apply(labels)
     if review.accepted:  # the issue's open/closed state follows an accepted label
         is_open = fresh.get("state") == "open"

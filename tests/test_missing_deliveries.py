@@ -265,3 +265,57 @@ async def test_an_edit_before_adoption_by_someone_else_is_not_signed_as_the_send
     assert record is not None and record.body == "as opened" and record.tampered
     assert not await embedded.ledger_events("mail.readopted")
     assert "sara's words" not in (await marco.issue(SCOUT_VAULT, number))["body"]
+
+
+async def test_a_label_added_just_before_the_adoptions_write_is_added_again(
+        embedded: Embedded, person: Any) -> None:
+    marco: Actor = person("marco")
+
+    async def label(number: int) -> None:
+        await marco.call("POST", f"/repos/{SCOUT_VAULT}/issues/{number}/labels",
+                         {"labels": ["urgent"]}, expect=200)
+
+    number = await _raced(embedded, marco, label)
+    found, record = await _valid_once(embedded, marco, number)
+    assert sorted(label_names(found)) == ["mail:new", "urgent"], found["labels"]
+    assert record.state == "mail:new" and record.other_labels == ("urgent",)
+
+
+async def test_a_label_removed_just_before_the_adoptions_write_is_removed_again(
+        embedded: Embedded, person: Any) -> None:
+    marco: Actor = person("marco")
+
+    async def unlabel(number: int) -> None:
+        await marco.call("DELETE", f"/repos/{SCOUT_VAULT}/issues/{number}/labels/urgent",
+                         expect=200)
+
+    number = await _raced(embedded, marco, unlabel, labels=["urgent"])
+    found, record = await _valid_once(embedded, marco, number)
+    assert label_names(found) == ["mail:new"], found["labels"]
+    assert record.state == "mail:new" and record.other_labels == ()
+
+
+async def test_a_label_change_from_before_adoption_does_not_undo_a_later_one(
+        embedded: Embedded, person: Any) -> None:
+    """The opening's `labeled` (the issue as made: no header, no mail:* label) comes after
+    marco took the label off the adopted mail: the adoption's write did not undo it, marco
+    did, later, so it is not made again."""
+    marco: Actor = person("marco")
+    forge = embedded.forge
+    await marco.call("POST", f"/repos/{SCOUT_VAULT}/labels", {"name": "urgent"}, expect=201)
+    await embedded.settle()
+    forge.faults.drop_webhooks(count=2)
+    issue = await marco.open_issue(SCOUT_VAULT, "Labelled", "made with a label",
+                                   labels=["urgent"])
+    number = int(issue["number"])
+    await embedded.settle()
+    opened, labeled = _dropped(embedded, number)
+    assert forge.webhooks.redeliver(opened) is not None
+    await embedded.settle()
+    await marco.call("DELETE", f"/repos/{SCOUT_VAULT}/issues/{number}/labels/urgent",
+                     expect=200)
+    await embedded.settle()
+    assert forge.webhooks.redeliver(labeled) is not None
+    await embedded.settle()
+    found, _ = await _valid_once(embedded, marco, number)
+    assert label_names(found) == ["mail:new"], found["labels"]

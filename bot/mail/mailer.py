@@ -41,7 +41,14 @@ from bot.office.config import Agent, Office
 from bot.store import idempotency, ledger, mails, moves, replies
 from bot.store.mails import QUIET, MailRecord
 from bot.store.sql import Connection
-from labels.states import IllegalTransition, MailEvent, MailState, labels_for, transition
+from labels.states import (
+    IllegalTransition,
+    LabelChanges,
+    MailEvent,
+    MailState,
+    labels_for,
+    transition,
+)
 
 if TYPE_CHECKING:
     from bot.app.services import Services
@@ -663,6 +670,46 @@ class Mailer:
                         "was": latest.body_sha256, "body_sha256": again.body_sha256},
                                         org=latest.org)
         return True
+
+    async def undone_by_adoption(self, mail: MailRecord, issue: Mapping[str, Any],
+                                 action: str, label: str) -> LabelChanges:
+        """A hand-made `labeled`/`unlabeled` of `label` (`issue` as its delivery shows it)
+        that the adoption's write undid, to be made again; else no change. It was made before
+        that write (the issue shows neither its header nor a mail:* label) and the forge's
+        timeline shows the app's write as the last change of that label: a later change by
+        anyone (their own delivery to come) stands."""
+        names = [str(lb.get("name", "")) for lb in issue.get("labels", [])]
+        if (label.lower().startswith("mail:") or not self.before_adoption(mail, issue)
+                or any(n.lower().startswith("mail:") for n in names)):
+            return LabelChanges()
+        last = await self._last_label_change(mail, label)
+        added = action == "labeled"
+        if last != (self.services.bot_login.lower(), not added):
+            return LabelChanges()
+        return LabelChanges(add=(label,)) if added else LabelChanges(remove=(label,))
+
+    async def _last_label_change(self, mail: MailRecord,
+                                 label: str) -> tuple[str, bool] | None:
+        """(who, whether added) of the last change of `label` on `mail`'s issue by its
+        timeline (GitHub's events, or Gitea's `label` entries: body "1" when added); None when
+        it shows none, or the forge lists no timeline."""
+        name = label.lower()
+        github = getattr(self.forge, "issue_timeline", None)
+        gitea = getattr(self.forge, "timeline", None)
+        changes: list[tuple[str, bool]] = []
+        if github is not None:
+            for e in await github(mail.vault, mail.number):
+                if (e.get("event") in ("labeled", "unlabeled")
+                        and str((e.get("label") or {}).get("name", "")).lower() == name):
+                    changes.append((str((e.get("actor") or {}).get("login", "")).lower(),
+                                    e.get("event") == "labeled"))
+        elif gitea is not None:
+            for e in await gitea(mail.vault, mail.number):
+                if (e.get("type") == "label"
+                        and str((e.get("label") or {}).get("name", "")).lower() == name):
+                    changes.append((str((e.get("user") or {}).get("login", "")).lower(),
+                                    e.get("body") == "1"))
+        return changes[-1] if changes else None
 
     # -- state changes ---------------------------------------------------------------------
     async def _move(self, mail: MailRecord, event: MailEvent, actor: str, ledger_event: str,
