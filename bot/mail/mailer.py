@@ -679,7 +679,7 @@ class Mailer:
         timeline shows the app's write as the last change of that label: a later change by
         anyone (their own delivery to come) stands."""
         names = [str(lb.get("name", "")) for lb in issue.get("labels", [])]
-        if (label.lower().startswith("mail:") or not self.before_adoption(mail, issue)
+        if (label.lower().startswith("mail:") or not self.before_adoption(mail, issue, issue)
                 or any(n.lower().startswith("mail:") for n in names)):
             return LabelChanges()
         last = await self._last_label_change(mail, label)
