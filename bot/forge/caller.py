@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
-from urllib.parse import quote, urljoin, urlsplit
+from urllib.parse import quote, unquote, urljoin, urlsplit
 
 import aiohttp
 import cachetools
@@ -47,6 +47,7 @@ from .base import JSON
 from .clock import Clock
 from .errors import (
     ForgeError,
+    MovedAway,
     NotFound,
     OutcomeUnknown,
     PermissionDenied,
@@ -154,10 +155,16 @@ class _GitHubAPI(gidgethub.aiohttp.GitHubAPI):
         renamed repository, stay on it), all of them within the one timeout: followed
         elsewhere, a write's body would go where the forge's answer says. A write follows 307
         and 308 (sent again as it was) and 303 (it was made: its result read with a GET);
-        another redirect, or one elsewhere, is the answer (gidgethub raises it)."""
+        another redirect, or one elsewhere, is the answer (gidgethub raises it).
+
+        A request of `/repos/{owner}/{repo}/...` is followed only into a repository that is
+        still `owner`'s (`_repository_at`): GitHub leads a repository transferred away by its
+        old name as it does one renamed, and public there it reads without the token's grant;
+        one gone to another owner raises MovedAway (a NotFound)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self._timeout.total or 0.0)
         timeout = self._timeout
+        asked = _repository_in(url, self.base_url)
         for _ in range(_REDIRECTS_AT_MOST + 1):
             async with self._session.request(
                 method, url, headers=headers, data=body, timeout=timeout,
@@ -176,6 +183,15 @@ class _GitHubAPI(gidgethub.aiohttp.GitHubAPI):
                             extra={"method": method, "url": url,
                                    "to": urlsplit(target).netloc.rpartition("@")[2]})
                 break
+            if asked is not None:
+                now = await self._repository_at(target, headers)
+                if now is None:
+                    log.warning("forge redirect not followed: not to a repository",
+                                extra={"method": method, "url": url, "to": target})
+                    break
+                if now.partition("/")[0] != asked.partition("/")[0]:
+                    raise MovedAway(f"{asked} now belongs to another owner ({now})", now=now,
+                                    status=404, method=method, url=url)
             if response.status == 303 and not reading:  # (the write was made)
                 method, body = "GET", b""
                 headers = {k: v for k, v in headers.items()
@@ -186,6 +202,24 @@ class _GitHubAPI(gidgethub.aiohttp.GitHubAPI):
                 raise TimeoutError(f"{method} {url}: redirects took past the timeout")
             timeout = aiohttp.ClientTimeout(total=left if self._timeout.total else None)
         return response.status, response.headers, payload
+
+    async def _repository_at(self, target: str, headers: Mapping[str, str]) -> str | None:
+        """The full name (lower case) of the repository a redirect leads to: in its path
+        (Gitea leads to `/repos/{owner}/{repo}/...`), or read at GitHub's `/repositories/{id}`
+        with the request's own credentials (a conditional read: the ETag cache answers it
+        again at no cost); None when `target` is in no repository."""
+        now = _repository_in(target, self.base_url)
+        if now is not None:
+            return now
+        path = _api_path(target, self.base_url)
+        if path is None or len(path) < 2 or path[0] != "repositories" or not path[1].isdigit():
+            return None
+        credentials = {k: v for k, v in headers.items() if k.lower() == "authorization"}
+        data, _, _ = await self._make_request(
+            "GET", f"{self.base_url.rstrip('/')}/repositories/{path[1]}", None, _NO_BODY,
+            ACCEPT, extra_headers=credentials)
+        name = data.get("full_name") if isinstance(data, dict) else None
+        return name.lower() if isinstance(name, str) else None
 
     async def call(
         self,
@@ -356,6 +390,24 @@ def _followable(target: str, url: str) -> bool:
     except ValueError:
         return False
     return "@" not in parts.netloc and same_origin(target, url)
+
+
+def _api_path(url: str, base: str) -> list[str] | None:
+    """The segments of `url`'s path under the API's (`base`), as the forge names them
+    (percent-decoded); None when `url` is not under it."""
+    prefix = urlsplit(base).path.rstrip("/") + "/"
+    path = urlsplit(url).path
+    if not path.startswith(prefix):
+        return None
+    return [unquote(part) for part in path[len(prefix):].split("/")]
+
+
+def _repository_in(url: str, base: str) -> str | None:
+    """`owner/repo` (lower case) of a URL of the forge's `/repos/{owner}/{repo}/...`."""
+    path = _api_path(url, base)
+    if path is None or len(path) < 3 or path[0] != "repos" or not path[1] or not path[2]:
+        return None
+    return f"{path[1]}/{path[2]}".lower()
 
 
 def next_on_forge(url: str, base: str) -> str | None:

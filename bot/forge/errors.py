@@ -54,6 +54,16 @@ class NotFound(ForgeError):
     """404: the repository, issue, comment, label or file does not exist (or is hidden)."""
 
 
+class MovedAway(NotFound):
+    """A repository's name that the forge leads to another owner's repository (GitHub
+    redirects one transferred as it does one renamed): gone from the owner it was asked of,
+    read as not found; ``now`` is its full name there."""
+
+    def __init__(self, message: str, *, now: str, **kw: Any) -> None:
+        self.now = now
+        super().__init__(message, **kw)
+
+
 class Unauthorized(ForgeError):
     """401 even after a fresh token / JWT: the app's credentials are rejected."""
 
@@ -95,6 +105,7 @@ class OutcomeUnknown(TransientError):
 
 __all__ = [
     "ForgeError",
+    "MovedAway",
     "NotFound",
     "OutcomeUnknown",
     "PermissionDenied",

@@ -52,7 +52,7 @@ from .caller import (
     split_repo,
 )
 from .clock import Clock, SystemClock
-from .errors import ForgeError, NotFound
+from .errors import ForgeError, MovedAway, NotFound
 from .pacing import Sleep
 
 log = logging.getLogger("vaultmail.forge.gitea")
@@ -520,6 +520,8 @@ class GiteaForge(RepoCaller):
     async def repo_name_now(self, repo: str) -> str | None:
         try:  # (a renamed repository's old name leads to it: followed, bot.forge.caller)
             data = await self._get("/repos/{owner}/{repo}", split_repo(repo))
+        except MovedAway as exc:  # (led to another owner's: not followed, but named)
+            return exc.now
         except NotFound:
             return None
         return str(data["full_name"]).lower()

@@ -19,8 +19,11 @@ import pytest
 import yaml
 
 from bot.app import web
+from bot.app.doctor import Doctor
 from bot.app.embedded import Embedded, start_embedded
 from bot.app.services import Services
+from bot.forge import errors
+from bot.forge.errors import NotFound
 from bot.mail.header import verify_issue
 from bot.mail.reindex import scan
 from bot.mail.signing import Keyrings, PublicKeys
@@ -619,3 +622,42 @@ async def test_an_idempotency_key_the_freed_names_old_office_used_reads_none_of_
                                subject=AFTER, body="the new globex", idempotencyKey="q3")
     assert status == 409 and body["error"]["code"] == "idempotency_key_taken", body
     assert "initech" not in str(body), body
+
+
+async def test_an_old_name_the_forge_leads_to_another_owner_reads_nothing_of_theirs(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """globex/scout-vault transferred to eve's account and made public (no App of globex's
+    hears it: GitHub tells only the new owner's). Before, globex's reads of the old name
+    followed the forge's redirect into eve's repository, readable without the installation's
+    grant: amy's mail_get of globex/scout-vault#1 answered eve's comment on it as the
+    thread, and the office's forge read eve's issues as globex's vault. Now a redirect
+    reaching another owner's repository is the vault gone (NotFound, naming where it went)."""
+    forge, services = embedded.forge, embedded.services
+    _, amy, _ = await _office_with_mail(embedded, tmp_path, session)
+    forge.add_user("eve", "eve@evil.test")
+    forge.set_permission("globex/scout-vault", "eve", "admin")
+    forge.transfer_repo("globex/scout-vault", "eve", sender="eve")
+    forge.state.repo("eve", "scout-vault").private = False  # (what any token may read)
+    async with session.post(f"{forge.url}/repos/eve/scout-vault/issues/1/comments",
+                            json={"body": "EVE'S WORDS"}, headers={
+                                "Authorization": f"token {forge.user_token('eve')}"}) as resp:
+        assert resp.status == 201, await resp.text()
+    async with session.patch(f"{forge.url}/repos/eve/scout-vault/issues/1",
+                             json={"state": "closed"}, headers={
+                                 "Authorization": f"token {forge.user_token('eve')}"}) as resp:
+        assert resp.status == 200, await resp.text()
+    await embedded.settle()
+
+    report = await Doctor(services, dry_run=True).run(["globex"])  # (eve's issues unread)
+    assert [(f.kind, "now belongs to another owner" in f.reason) for f in report.findings] == [
+        ("office", True)], report.as_json()
+    status, body = await _tool(session, embedded, amy, "mail_get", mail="globex/scout-vault#1")
+    assert "EVE'S WORDS" not in str(body), body
+    assert status == 502 and "now belongs to another owner" in str(body), body
+    globex = services.forge_for_org("globex")
+    with pytest.raises(NotFound, match="another owner") as gone:
+        await globex.get_issue("globex/scout-vault", 1)
+    assert isinstance(gone.value, errors.MovedAway) and gone.value.now == "eve/scout-vault"
+    with pytest.raises(NotFound, match="another owner"):
+        [i async for i in globex.iter_issues("globex/scout-vault", state="all")]
+    assert await globex.repo_name_now("globex/scout-vault") == "eve/scout-vault"

@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from bot.forge.caller import ACCEPT, _GitHubAPI
+from bot.forge.errors import MovedAway, NotFound
 from tests.support import redirected_elsewhere, served
 
 # path -> (status, headers, body) the server answers
@@ -274,6 +275,41 @@ async def test_redirects_are_followed_on_the_forges_origin_only(
                                            oauth_token="t0ken")
             assert seen[-1][1] == path, "not followed"
     assert stolen == []
+
+
+async def test_a_repositorys_old_name_is_followed_into_its_owners_repositories_only() -> None:
+    """Gitea leads a repository's old name to `/api/v1/repos/{owner}/{name}/...` (renamed, or
+    transferred): followed within the owner asked of; to another owner's, MovedAway (a
+    NotFound naming it) and nothing asked there (before, its issues read as the old owner's);
+    and a Location under /repos/ that names no repository is not followed."""
+    seen: list[str] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        to = {"/api/v1/repos/acme/old/issues/1": "/api/v1/repos/ACME/new/issues/1",
+              "/api/v1/repos/acme/gone/issues/1": "/api/v1/repos/eve/gone/issues/1",
+              "/api/v1/repos/acme/odd/issues/1": "/api/v1/repos/"}.get(request.path)
+        if to is None:
+            return web.json_response({"number": 1, "at": request.path})
+        return web.Response(status=307, headers={"Location": to})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    async with served(app) as url, aiohttp.ClientSession() as session:
+        client = _client(session, url + "/api/v1")
+        value, _, _ = await client._make_request(
+            "GET", url + "/api/v1/repos/acme/old/issues/1", None, b"", ACCEPT,
+            oauth_token="t0ken")
+        assert value == {"number": 1, "at": "/api/v1/repos/ACME/new/issues/1"}
+        with pytest.raises(MovedAway, match="acme/gone now belongs to another owner") as gone:
+            await client._make_request("PATCH", url + "/api/v1/repos/acme/gone/issues/1",
+                                       None, {"title": "x"}, ACCEPT, oauth_token="t0ken")
+        assert isinstance(gone.value, NotFound) and gone.value.now == "eve/gone"
+        with pytest.raises(gidgethub.RedirectionException):
+            await client._make_request("GET", url + "/api/v1/repos/acme/odd/issues/1", None,
+                                       b"", ACCEPT, oauth_token="t0ken")
+    assert seen == ["/api/v1/repos/acme/old/issues/1", "/api/v1/repos/ACME/new/issues/1",
+                    "/api/v1/repos/acme/gone/issues/1", "/api/v1/repos/acme/odd/issues/1"]
 
 
 async def test_a_write_answered_303_was_made_and_its_result_is_read() -> None:
