@@ -69,12 +69,14 @@ def _touch(ctx: Ctx, repo: Repo, issue: Issue) -> None:
     issue.updated_at = repo.updated_at = ctx.forge.clock.now()
 
 
-def _record(ctx: Ctx, issue: Issue, kind: str, actor: str, label: Label | None = None) -> None:
+def _record(ctx: Ctx, issue: Issue, kind: str, actor: str, label: Label | None = None,
+            assignee: str | None = None, rename: dict[str, str] | None = None) -> None:
     """What the issue's timeline shows (a Comment row of a type in Gitea: close, reopen,
-    label): who did it, as GET .../timeline answers."""
+    label, assignees, change_title): who did it, as GET .../timeline answers."""
     issue.events.append(Event(id=ctx.forge.state.next_id("event"), event=kind, actor=actor,
                               created_at=ctx.forge.clock.now(),
-                              label={"id": str(label.id)} if label is not None else None))
+                              label={"id": str(label.id)} if label is not None else None,
+                              assignee=assignee, rename=rename))
 
 
 def _record_labels(ctx: Ctx, issue: Issue, before: list[int], actor: str) -> None:
@@ -343,6 +345,7 @@ async def edit_issue(request: web.Request) -> web.Response:
         old = issue.title
         issue.title = title
         _touch(ctx, repo, issue)
+        _record(ctx, issue, "renamed", login, rename={"from": old, "to": title})
         events.issue_event(ctx.forge, "edited", repo, login, issue, {"title": {"from": old}})
     if isinstance(body.get("body"), str):
         old = issue.body or ""
@@ -354,9 +357,11 @@ async def edit_issue(request: web.Request) -> web.Response:
                   if (a := ctx.forge.state.account(str(x))) is not None]
         for who in [a for a in issue.assignees if a not in wanted]:
             issue.assignees.remove(who)
+            _record(ctx, issue, "unassigned", login, assignee=who)
             events.issue_event(ctx.forge, "unassigned", repo, login, issue)
         for who in [a for a in wanted if a not in issue.assignees]:
             issue.assignees.append(who)
+            _record(ctx, issue, "assigned", login, assignee=who)
             events.issue_event(ctx.forge, "assigned", repo, login, issue)
     state = body.get("state")
     if state is not None and state not in ("open", "closed"):
@@ -578,13 +583,16 @@ async def list_issue_comments(request: web.Request) -> web.Response:
 
 
 _TIMELINE_TYPES = {"closed": "close", "reopened": "reopen", "labeled": "label",
-                   "unlabeled": "label"}
+                   "unlabeled": "label", "assigned": "assignees", "unassigned": "assignees",
+                   "renamed": "change_title"}
 
 
 async def issue_timeline(request: web.Request) -> web.Response:
     """ListIssueCommentsAndTimeline: the issue's comments and its events (those this forge
-    records: close, reopen, label), oldest first, as convert.ToTimelineComment renders them
-    (a label's `body` is "1" when it was added, "" when removed); paged, since/before."""
+    records: close, reopen, label, assignees, change_title), oldest first, as
+    convert.ToTimelineComment renders them (a label's `body` is "1" when it was added, ""
+    when removed; an assignees' `assignee` with `removed_assignee`; a change_title's
+    `old_title` and `new_title`); paged, since/before."""
     ctx = Ctx.of(request)
     repo = ctx.repo()
     issue = issue_of(ctx, repo)
@@ -595,7 +603,9 @@ async def issue_timeline(request: web.Request) -> web.Response:
     for cid in issue.comment_ids:
         if (c := repo.comments.get(cid)) is not None:
             rows.append((c.created_at, c.id, {**r.comment(repo, c), "type": "comment",
-                                              "label": None}))
+                                              "label": None, "assignee": None,
+                                              "removed_assignee": False, "old_title": "",
+                                              "new_title": ""}))
     for e in issue.events:
         kind = _TIMELINE_TYPES.get(e.event)
         if kind is None:
@@ -606,7 +616,11 @@ async def issue_timeline(request: web.Request) -> web.Response:
             "pull_request_url": "", "issue_url": url, "user": r.anonymous_user(e.actor),
             "body": "1" if e.event == "labeled" else "",
             "created_at": iso(e.created_at), "updated_at": iso(e.created_at),
-            "label": r.label(repo, label) if label is not None else None}))
+            "label": r.label(repo, label) if label is not None else None,
+            "assignee": r.anonymous_user(e.assignee) if e.assignee else None,
+            "removed_assignee": e.event == "unassigned",
+            "old_title": (e.rename or {}).get("from", ""),
+            "new_title": (e.rename or {}).get("to", "")}))
     items = [row for at, _, row in sorted(rows, key=lambda t: (t[0], t[1]))
              if (since is None or at >= since) and (before is None or at <= before)]
     page, headers = paginate(request, items, ctx.forge.url)

@@ -226,3 +226,25 @@ async def test_the_timeline_says_who_commented_closed_reopened_and_labelled(
                                         f"{VAULT}/issues/{n}/timeline?limit=2&page=2",
                                         expect=200)
     assert [t["type"] for t in page] == ["close", "reopen"]
+
+
+async def test_the_timeline_says_who_assigned_and_retitled(
+        gitea: GiteaSetup, session: aiohttp.ClientSession) -> None:
+    """An assignee added or removed is an `assignees` row (its `assignee`, and
+    `removed_assignee` when removed), a new title a `change_title` row (`old_title`,
+    `new_title`): models/issues/comment.go's CommentTypeAssignees and CommentTypeChangeTitle,
+    as convert.ToTimelineComment renders them. A body edit writes none."""
+    _, issue, _ = await gitea.call(session, "marco", "POST", f"{VAULT}/issues",
+                                   {"title": "t"}, expect=201)
+    n = issue["number"]
+    await gitea.call(session, "marco", "PATCH", f"{VAULT}/issues/{n}",
+                     {"assignees": ["lee"], "title": "Prices", "body": "EU"}, expect=201)
+    await gitea.call(session, "lee", "PATCH", f"{VAULT}/issues/{n}", {"assignees": []},
+                     expect=201)
+    _, timeline, _ = await gitea.call(session, "marco", "GET", f"{VAULT}/issues/{n}/timeline",
+                                      expect=200)
+    seen = [(t["type"], t["user"]["login"], (t["assignee"] or {}).get("login"),
+             t["removed_assignee"], t["old_title"], t["new_title"]) for t in timeline]
+    assert seen == [("change_title", "marco", None, False, "t", "Prices"),
+                    ("assignees", "marco", "lee", False, "", ""),
+                    ("assignees", "lee", "lee", True, "", "")]
