@@ -9,8 +9,14 @@ is checked against the forge, and what it says is taken from there:
   needs a sender who may write to the repository (as Gitea asks of whoever edits another's
   comment);
 - an issue is read back (its title, body, state, labels and author are the forge's); one
-  `opened` must be the sender's; `closed` and `reopened` need the issue in that state and the
-  sender's close or reopen in its timeline, a label change the sender's label change;
+  `opened` must be the sender's. Every other action the handlers take as the sender's must be
+  in the issue's timeline as the sender's (`_TIMELINE`): a close, a reopen (the issue in that
+  state), a label change (of the label the delivery names, added or removed as it says), an
+  assignee added or removed, a new title. Only an event newer than the last one a delivery
+  was taken on counts (`org_signed_taken`), so one change is never taken twice; the handlers
+  read the issue as it is now, so the newest such event is taken, with those before it. A
+  body edit is in no timeline (Gitea records no editor): it is read as the forge has the
+  body, in no one's name (the app's own). Any other action is refused;
 - a push is read as it comes: its handler reads the config it pushed from the forge;
 - anything else needs a sender who may write to the repository.
 
@@ -26,8 +32,10 @@ from typing import TYPE_CHECKING, Any
 from gidgethub import sansio
 
 from bot.forge.errors import NotFound
-from bot.forge.gitea import GiteaForge
+from bot.forge.gitea import GiteaForge, github_label
 from bot.forge.gitea_events import github_user
+from bot.store import deliveries
+from bot.store.queue import issue_key
 
 if TYPE_CHECKING:
     from bot.app.context import HandlerContext
@@ -35,7 +43,10 @@ if TYPE_CHECKING:
 # what of an issue is taken from the forge
 _ISSUE_FIELDS = ("title", "body", "state", "labels", "user", "closed_at", "updated_at",
                  "assignees")
-_TIMELINE = {"closed": "close", "reopened": "reopen", "labeled": "label"}
+# the `issues` actions the handlers take as the sender's besides `opened`, each with the type
+# of the timeline row (Gitea's comment types, models/issues/comment.go) that shows who did it
+_TIMELINE = {"closed": "close", "reopened": "reopen", "labeled": "label", "unlabeled": "label",
+             "assigned": "assignees", "unassigned": "assignees", "edited": "change_title"}
 _WRITERS = ("write", "maintain", "admin")
 
 
@@ -60,9 +71,10 @@ async def _may_write(forge: GiteaForge, repo: str, login: str) -> bool:
 
 
 async def as_the_forge_has_it(forge: GiteaForge, event: str, data: dict[str, Any],
-                              bot_login: str) -> dict[str, Any]:
-    """The delivery's payload with its issue and comment as the forge has them; raises
-    NotAsTheForgeSays when the sender did not do what it says (see the module)."""
+                              bot_login: str, *, seen: int) -> tuple[dict[str, Any], int]:
+    """The delivery's payload with its issue and comment as the forge has them, and the
+    timeline event it is taken on (0: none; `seen`, the newest taken before about its issue);
+    raises NotAsTheForgeSays when the sender did not do what it says (see the module)."""
     out = copy.deepcopy(data)
     sender = _login(out.get("sender"))
     if isinstance(out.get("sender"), dict):  # its id is the forge's only where read from it
@@ -73,11 +85,11 @@ async def as_the_forge_has_it(forge: GiteaForge, event: str, data: dict[str, Any
         raise NotAsTheForgeSays("it names no sender or no repository")
     issue = out.get("issue")
     if event == "push":  # its handler reads what it acts on (the office config) from the forge
-        return out
+        return out, 0
     if not isinstance(issue, dict):
         if not await _may_write(forge, repo, sender):
             raise NotAsTheForgeSays(f"{sender} may not write to {repo}")
-        return out
+        return out, 0
     number = int(issue["number"])
     try:
         found = await forge.get_issue(repo, number)
@@ -92,23 +104,50 @@ async def as_the_forge_has_it(forge: GiteaForge, event: str, data: dict[str, Any
         if author != sender:
             raise NotAsTheForgeSays(f"{repo}#{number} was opened by {author}, not {sender}")
         out["sender"] = found["user"]
+    elif event == "issues" and action == "edited" and "title" not in (out.get("changes") or {}):
+        out["sender"] = github_user({"login": bot_login}, bot_login)  # (see the module)
     elif event == "issues" and action in _TIMELINE:
-        if action != "labeled" and found.get("state") != ("closed" if action == "closed"
-                                                          else "open"):
+        if action in ("closed", "reopened") and found.get("state") != (
+                "closed" if action == "closed" else "open"):
             raise NotAsTheForgeSays(f"{repo}#{number} is not {action}")
-        kind = _TIMELINE[str(action)]
         done = [e for e in await forge.timeline(repo, number)
-                if e.get("type") == kind and _login(e.get("user")) == sender]
+                if int(e.get("id") or 0) > seen and _login(e.get("user")) == sender
+                and _shows(str(action), out, e)]
         if not done:
-            raise NotAsTheForgeSays(f"{sender} never did that ({kind}) on {repo}#{number}")
+            raise NotAsTheForgeSays(f"{repo}#{number}'s timeline shows no {action} by {sender} "
+                                    "that was not taken already")
         out["sender"] = github_user(done[-1].get("user"), bot_login)
+        return out, int(done[-1]["id"])
+    elif event == "issues":
+        raise NotAsTheForgeSays(f"an org-signed {action} is not read")
     elif author != sender and not await _may_write(forge, repo, sender):
         raise NotAsTheForgeSays(f"{sender} may not write to {repo}")
-    return out
+    return out, 0
+
+
+def _shows(action: str, out: dict[str, Any], entry: dict[str, Any]) -> bool:
+    """Whether a timeline row is what an `issues` delivery with `action` says was done."""
+    if entry.get("type") != _TIMELINE[action]:
+        return False
+    if _TIMELINE[action] == "label":
+        added = entry.get("body") == "1"
+        # Gitea's own label_updated / label_cleared name no label, and add or remove any
+        if "gitea_action" not in out and added != (action == "labeled"):
+            return False
+        named = out.get("label")
+        return not isinstance(named, dict) or str(named.get("name", "")).lower() == str(
+            github_label(entry.get("label") or {})["name"]).lower()
+    if _TIMELINE[action] == "assignees":
+        named = _login(out.get("assignee"))
+        return bool(entry.get("removed_assignee")) == (action == "unassigned") and (
+            not named or named == _login(entry.get("assignee")))
+    return True
 
 
 async def _comment(forge: GiteaForge, repo: str, number: int, out: dict[str, Any],
                    sender: str, bot_login: str) -> None:
+    if out.get("action") not in ("created", "edited"):  # what the handlers read, no more
+        raise NotAsTheForgeSays(f"an org-signed comment {out.get('action')} is not read")
     comment = out.get("comment")
     if not isinstance(comment, dict) or not isinstance(comment.get("id"), int):
         raise NotAsTheForgeSays("it names no comment")
@@ -135,9 +174,15 @@ async def _comment(forge: GiteaForge, repo: str, number: int, out: dict[str, Any
 
 
 async def checked_event(ctx: HandlerContext, event: sansio.Event) -> sansio.Event:
-    """`event` as the forge has it (`as_the_forge_has_it`), for the handlers."""
+    """`event` as the forge has it (`as_the_forge_has_it`), for the handlers; the timeline
+    event it was taken on is recorded, so no other delivery is taken on it."""
     if not isinstance(ctx.forge, GiteaForge):  # (intake takes org webhooks on Gitea alone)
         raise NotAsTheForgeSays("only Gitea's org webhooks are signed by an org")
-    data = await as_the_forge_has_it(ctx.forge, event.event, event.data,
-                                     ctx.services.bot_login)
+    store, guid = ctx.services.store, str(event.delivery_id)
+    key = issue_key(event.data)
+    seen = await deliveries.org_signed_seen(store, key, guid) if key else 0
+    data, taken = await as_the_forge_has_it(ctx.forge, event.event, event.data,
+                                            ctx.services.bot_login, seen=seen)
+    if key and taken:
+        await deliveries.org_signed_took(store, key, taken, guid)
     return sansio.Event(data, event=event.event, delivery_id=event.delivery_id)

@@ -8,6 +8,9 @@ again only when a newer attempt of it failed too: one whose redelivery was answe
 being recorded (the app's own events no handler reads) is not asked for again and again. Rows
 go once recorded, or once older than the forge's redelivery window. `reconcile_marks` holds how
 far the last complete listing reached, so a round lists only what came since.
+
+`org_signed_taken` holds, per issue, the newest event of its timeline that a delivery signed by
+an org's own webhook was taken on (`bot.app.org_signed`), and that delivery's id.
 """
 
 from __future__ import annotations
@@ -38,6 +41,14 @@ CREATE TABLE IF NOT EXISTS reconcile_marks (
     delivered_at {real} NOT NULL
 );
 """, version=5)
+register_schema("""
+CREATE TABLE IF NOT EXISTS org_signed_taken (
+    issue {text} PRIMARY KEY,    -- owner/repo#N
+    org {text} NOT NULL,
+    event_id {int} NOT NULL,     -- the forge's id of the timeline event taken
+    guid {text} NOT NULL         -- the delivery that took it
+);
+""", version=25)
 
 
 @dataclass(frozen=True)
@@ -144,3 +155,23 @@ async def missed_held(store: Store) -> dict[str, int]:
     """The guids held as missed, each with how often it was asked for again."""
     rows = await store.fetchall("SELECT guid, asks FROM missed_deliveries")
     return {r["guid"]: int(r["asks"]) for r in rows}
+
+
+async def org_signed_seen(store: Store, issue: str, guid: str) -> int:
+    """The newest timeline event of `issue` (`owner/repo#N`) an org-signed delivery was taken
+    on, 0 for none; for a retry of the delivery that took it, the one before (it may take
+    its own event again)."""
+    row = await store.fetchone("SELECT event_id, guid FROM org_signed_taken WHERE issue=?",
+                               (issue.lower(),))
+    if row is None:
+        return 0
+    return int(row["event_id"]) - (1 if row["guid"] == guid else 0)
+
+
+async def org_signed_took(store: Store, issue: str, event_id: int, guid: str) -> None:
+    """Delivery `guid` was taken on timeline event `event_id` of `issue`; never back."""
+    async with store.transaction() as db:
+        await db.execute(
+            upsert("org_signed_taken", ["issue", "org", "event_id", "guid"], ["issue"])
+            + " WHERE org_signed_taken.event_id <= excluded.event_id",
+            (issue.lower(), issue.split("/", 1)[0].lower(), event_id, guid))

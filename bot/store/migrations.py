@@ -80,6 +80,9 @@ NAMES = {
     24: "each mail run names the mail that woke it, and an agent's runs are indexed by time:"
         " mail an agent sends while such a run is open, with whatever token, counts one hop"
         " more than that mail (the loop guard)",
+    25: "the newest timeline event of each issue that an org-signed Gitea delivery was taken"
+        " on: an event is taken once, so an org's admins cannot sign another change in the"
+        " name of someone who once made one",
 }
 
 

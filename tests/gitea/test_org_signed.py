@@ -146,8 +146,8 @@ async def test_a_comment_on_a_pull_request_is_where_gitea_says() -> None:
             "repository": {"full_name": "acme/product"},
             "issue": {"number": 5, "pull_request": {}},
             "comment": {"id": 99, "body": "/mail scout Prices\nEU", "user": {"login": "marco"}}}
-    out = await as_the_forge_has_it(_PullRequestForge(), "issue_comment",  # type: ignore[arg-type]
-                                    data, "vaultmail")
+    out, _ = await as_the_forge_has_it(_PullRequestForge(),  # type: ignore[arg-type]
+                                       "issue_comment", data, "vaultmail", seen=0)
     assert out["comment"]["body"] == "/mail scout Prices\nEU" and out["sender"]["id"] == 7
 
 
@@ -169,3 +169,81 @@ async def test_an_opening_is_adopted_in_the_words_the_forge_has(
     await _forged(office, session, "issues", forged, "forged-opening")
     row = await mails.mail_at(office.services.store, "acme/scout-vault", opened["number"])
     assert row is not None and row.body == "Please check invoice 42", row
+async def _labels_dropped(office: Embedded, session: aiohttp.ClientSession, login: str,
+                          number: int, names: list[str]) -> dict[str, Any]:
+    """`login` sets the issue's labels to `names` on the forge; its own delivery is lost, so
+    only what is forged afterwards speaks of the change. The issue as the forge answers."""
+    office.forge.faults.drop_webhooks(count=1)
+    who = gitea_api(session, office, login)
+    await who("PUT", f"/repos/acme/scout-vault/issues/{number}/labels", {"labels": names})
+    await office.settle()
+    issue: dict[str, Any] = await who("GET", f"/repos/acme/scout-vault/issues/{number}")
+    return issue
+
+
+def _issues_event(action: str, issue: dict[str, Any], sender: str,
+                  **more: Any) -> dict[str, Any]:
+    return {"action": action, "number": issue["number"], "issue": issue,
+            "repository": {"full_name": "acme/scout-vault", "name": "scout-vault",
+                           "owner": {"login": "acme"}},
+            "sender": {"login": sender}, **more}
+
+
+async def _hand_moves(office: Embedded) -> list[Any]:
+    return [e for e in await ledger.entries(office.services.store, org="acme")
+            if (e.data or {}).get("by_hand")]
+
+
+async def test_an_unlabeled_is_the_senders_only_as_the_timeline_says(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """acme's admins forged an `unlabeled` in scout's name (its agent account may write to
+    its vault) after marco set mail/working: only the recipient sets it, and it was taken as
+    scout's own move, by hand. Scout never touched a label: it moves nothing."""
+    sent = await _mail(office, session)
+    issue = await _labels_dropped(office, session, "marco", sent["number"], ["mail/working"])
+    await _forged(office, session, "issues", _issues_event(
+        "unlabeled", issue, "scout-bot", label={"name": "mail/new"}), "forged-unlabeled")
+    row = await mails.get_mail(office.services.store, sent["mail_id"])
+    assert row is not None and row.state == "mail:new", row
+    assert not await _hand_moves(office), "a move by hand scout never made"
+
+
+async def test_a_label_change_is_taken_once_and_for_its_label(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """A `labeled` was scout's whenever scout had ever changed a label of the issue: its one
+    genuine change (taken as it came) let acme's admins sign any later one as its. Only a
+    label event of the sender's that the app has not taken yet, of the label named, is."""
+    sent = await _mail(office, session)
+    scout = gitea_api(session, office, "scout-bot")
+    labels = {str(lb["name"]): lb["id"] for lb in
+              await scout("GET", "/repos/acme/scout-vault/labels")}
+    await scout("POST", f"/repos/acme/scout-vault/issues/{sent['number']}/labels",
+                {"labels": [labels["mail/working"]]})  # genuine, delivered and taken
+    await office.settle()
+    row = await mails.get_mail(office.services.store, sent["mail_id"])
+    assert row is not None and row.state == "mail:working", row
+    issue = await _labels_dropped(office, session, "marco", sent["number"], ["mail/replied"])
+    await _forged(office, session, "issues", _issues_event(
+        "label_updated", issue, "scout-bot"), "forged-again")
+    await _forged(office, session, "issues", _issues_event(
+        "labeled", issue, "scout-bot", label={"name": "mail/replied"}), "forged-named")
+    row = await mails.get_mail(office.services.store, sent["mail_id"])
+    assert row is not None and row.state == "mail:working", "scout never set mail:replied"
+    moves = await _hand_moves(office)
+    assert [e.data["to"] for e in moves] == ["mail:working"], moves
+
+
+async def test_an_assignment_or_a_type_the_timeline_does_not_show_acts_on_nothing(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """Actions the check knew nothing of were taken whenever their sender might write
+    (`assigned`, `typed`, ...): an allow-list now, each as the timeline shows it, and an
+    action Gitea never sends (`typed`) refused outright."""
+    sent = await _mail(office, session)
+    marco = gitea_api(session, office, "marco")
+    issue = await marco("GET", f"/repos/acme/scout-vault/issues/{sent['number']}")
+    for action in ("assigned", "typed"):
+        await _forged(office, session, "issues", _issues_event(
+            action, issue, "scout-bot", assignee={"login": "scout-bot"}), f"forged-{action}")
+    refused = [d for d in await office.services.store.fetchall(
+        "SELECT guid, state FROM queue") if "forged-" in str(d["guid"])]
+    assert len(refused) == 2 and all(d["state"] == "ignored" for d in refused), refused
