@@ -10,13 +10,20 @@ the first event also covers anything that landed between the page and the stream
 Each round (a wake-up or a heartbeat) asks again who is looking, as a page request would: a
 session signed out or expired, a token revoked, a person taken out of the office ends the
 stream before anything more is sent. A person holds at most `PER_PERSON` streams in each office
-(another office's streams of the same principal are not theirs to count), and an office's people
-together `PER_OFFICE`. The cap counts only
+(another office's streams of the same principal are not theirs to count); that cap counts only
 streams whose connection is still open, asked at the moment of counting, so a page view right
 after another is never refused for the stream the page before closed; the closed stream's
-handler lets it go within half a second, not at the next heartbeat. One over the cap is
-answered 429 with `Retry-After` (`RETRY_AFTER`); the page's script (static/console.js) tries
-again then, and after any other end of its stream with a backoff, saying it is reconnecting.
+handler lets it go within half a second, not at the next heartbeat. Each stream is also a long
+poll held (`bot.tools.polls.LongPolls`, the one owner of those limits): it counts against its
+office and every office's total, past which an office holding its share is refused, as the MCP
+long polls are (not against the principal's long polls: the person's cap above bounds theirs,
+counting only streams still open). One over a cap is answered 429 with `Retry-After`
+(`RETRY_AFTER`); the page's script (static/console.js) tries again then, and after any other end
+of its stream with a backoff, saying it is reconnecting.
+
+Streams one wake-up ends for the same person in the same office share one look at their inbox
+(`Notifier.together`, keyed by the wake-up, office and principal, as `list_inbox`'s woken polls
+are): a thousand pages woken together cost a look per person, not per page.
 """
 
 from __future__ import annotations
@@ -26,33 +33,35 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
+from bot.app.notify import Wake
 from bot.console.frame import badge_of, error_page, signed_in, tool
 from bot.console.visitor import NotSignedIn, Visitor, visitor
 from bot.errors import TooManyRequests, VaultmailError
 from bot.items import inbox
 from bot.store import chats, comments
 from bot.tools.http import client_gone
+from bot.tools.polls import LongPolls
 
 HEARTBEAT = 15.0  # seconds between comments on an idle stream (and between looks at who it is)
 PER_PERSON = 8  # streams one person may hold at once in one office (a tab each)
-PER_OFFICE = 1_000  # ... all of one office's people together (its config may name any number)
 RETRY_AFTER = 5  # seconds a page refused a stream (at the cap) waits before it tries again
 
 
 class Streams:
-    """The live streams open, per person in their office.
+    """The live streams open, per person in their office; each is also held as a long poll
+    (`LongPolls.holding`), which caps the office and the total.
 
-    Each stream is held with a way to ask whether its connection is still open: the cap counts
-    only those, so a page view right after another is not refused for the stream its
-    predecessor closed a moment ago (the closed stream's handler lets it go on its next look,
-    within `client_gone`'s half second)."""
+    Each stream is held with a way to ask whether its connection is still open: the person's
+    cap counts only those, so a page view right after another is not refused for the stream
+    its predecessor closed a moment ago (the closed stream's handler lets it go on its next
+    look, within `client_gone`'s half second)."""
 
-    def __init__(self, per_person: int = PER_PERSON, per_office: int = PER_OFFICE) -> None:
-        self.per_person, self.per_office = per_person, per_office
+    def __init__(self, per_person: int = PER_PERSON) -> None:
+        self.per_person = per_person
         self._held: dict[tuple[str, str], list[Callable[[], bool]]] = {}
         self._watchers: list[tuple[tuple[str, str], int, asyncio.Future[None]]] = []
 
@@ -60,35 +69,31 @@ class Streams:
         """How many of the person's streams are open now."""
         return sum(1 for is_open in self._held.get((org.lower(), principal), ()) if is_open())
 
-    def check(self, org: str, principal: str) -> None:
-        """Refuse one more stream to a person who holds as many open as they may, or in an
-        office whose people together do."""
+    def check(self, polls: LongPolls, org: str, principal: str) -> None:
+        """Refuse one more stream to a person who holds as many open as they may, or where
+        the long polls' limits refuse one more (`LongPolls.check`)."""
         if self.held(org, principal) >= self.per_person:
             raise TooManyRequests(f"{principal} already holds {self.per_person} live streams in "
                                   f"the office of {org} (one per open console page): close a "
                                   "tab", code="too_many_streams")
-        office = sum(sum(1 for is_open in held if is_open())
-                     for (o, _), held in self._held.items() if o == org.lower())
-        if office >= self.per_office:
-            raise TooManyRequests(f"the office of {org} holds {self.per_office} live streams, "
-                                  "the most its people may hold together: the page shows what "
-                                  "is new when reloaded", code="too_many_streams")
+        polls.check([], (org, None), *_ASKING)
 
     @contextlib.contextmanager
-    def hold(self, org: str, principal: str,
+    def hold(self, polls: LongPolls, org: str, principal: str,
              is_open: Callable[[], bool] = lambda: True) -> Iterator[None]:
-        self.check(org, principal)
+        self.check(polls, org, principal)
         key = (org.lower(), principal)
-        self._held.setdefault(key, []).append(is_open)
-        self._wake()
-        try:
-            yield
-        finally:
-            mine = self._held[key]
-            mine.remove(is_open)
-            if not mine:
-                del self._held[key]
+        with polls.holding([], (org, None), *_ASKING):
+            self._held.setdefault(key, []).append(is_open)
             self._wake()
+            try:
+                yield
+            finally:
+                mine = self._held[key]
+                mine.remove(is_open)
+                if not mine:
+                    del self._held[key]
+                self._wake()
 
     async def until(self, org: str, principal: str, n: int) -> None:
         """Return once the person holds `n` streams (tests meet here, not in a sleep)."""
@@ -110,6 +115,8 @@ class Streams:
 
 
 STREAMS = web.AppKey("console_streams", Streams)
+# how a stream the long polls' limits refuse is told so (`LongPolls.check`)
+_ASKING = ("a live stream: ", "the page shows what is new when reloaded", "too_many_streams")
 
 
 async def delivery_stamp(v: Visitor) -> str:
@@ -140,6 +147,17 @@ async def current(v: Visitor) -> tuple[str, int]:
     return await version(v, look, stamp), badge_of(look)
 
 
+async def _together(v: Visitor, woken: Wake | bool) -> tuple[str, int]:
+    """`current`, shared by the person's streams in this office that `woken` ended (it marks
+    nothing read: any of them may take another's look)."""
+    if not isinstance(woken, Wake):
+        return await current(v)
+    key = (woken, v.call.office.org.lower(), v.principal, "console")
+    answer, _ = await v.services.notifier.together.once(key, lambda: current(v),
+                                                         lambda _: True)
+    return cast(tuple[str, int], answer)
+
+
 def _keys(v: Visitor) -> set[str]:
     who = inbox.Whose.of(v.call.office, v.principal)
     return {*inbox.wait_keys(v.call.office, v.principal), v.principal,
@@ -166,14 +184,14 @@ def _open(request: web.Request) -> Callable[[], bool]:
 
 @signed_in
 async def events(request: web.Request, v: Visitor) -> web.StreamResponse:
-    streams = request.app[STREAMS]
+    streams, polls = request.app[STREAMS], v.services.long_polls
     try:
-        streams.check(v.call.office.org, v.principal)
+        streams.check(polls, v.call.office.org, v.principal)
     except TooManyRequests as exc:
         refused = error_page(request, exc, v)
         refused.headers["Retry-After"] = str(RETRY_AFTER)  # the page's script honours it
         return refused
-    with streams.hold(v.call.office.org, v.principal, _open(request)):
+    with streams.hold(polls, v.call.office.org, v.principal, _open(request)):
         response = web.StreamResponse(headers={
             "Content-Type": "text/event-stream", "Cache-Control": "no-store",
             "X-Accel-Buffering": "no"})
@@ -192,10 +210,11 @@ async def events(request: web.Request, v: Visitor) -> web.StreamResponse:
 async def _send_changes(request: web.Request, response: web.StreamResponse, v: Visitor,
                         gone: asyncio.Future[None]) -> None:
     notifier = v.services.notifier
-    last, woken = None, True
+    last: str | None = None
+    woken: Wake | bool | None = True  # (the first round looks, woken by nothing)
     while not notifier.closed and not gone.done():
-        waiter = asyncio.ensure_future(notifier.wait_any(_keys(v), HEARTBEAT,
-                                                         org=v.call.office.org))
+        waiter = asyncio.ensure_future(notifier.wait_woken(_keys(v), HEARTBEAT,
+                                                           org=v.call.office.org))
         await asyncio.sleep(0)  # registered before looking: nothing slips between
         try:
             still = await _still(request, v)
@@ -203,7 +222,7 @@ async def _send_changes(request: web.Request, response: web.StreamResponse, v: V
                 return  # signed out, or no longer the office's: not one more event
             v = still
             if woken:
-                now, count = await current(v)
+                now, count = await _together(v, woken)
                 if now != last:
                     data = json.dumps({"version": now, "badge": count})
                     await response.write(f"event: change\ndata: {data}\n\n".encode())
@@ -212,7 +231,7 @@ async def _send_changes(request: web.Request, response: web.StreamResponse, v: V
                 await response.write(b": idle\n\n")
             either: set[asyncio.Future[Any]] = {waiter, gone}
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-            woken = waiter.done() and waiter.result()
+            woken = waiter.result() if waiter.done() else None
         finally:
             if not waiter.done():
                 waiter.cancel()

@@ -7,6 +7,8 @@ them all; so each token may hold `PER_TOKEN` at a time; a principal, however man
 has (a person gets one at each OAuth consent), `PER_PRINCIPAL`; and an office, however many
 principals its config names, `PER_OFFICE`: one office never holds the room every office's
 polls share. One more is answered at once with 429 `too_many_long_polls`, naming the cap.
+A console page's live stream (bot.console.live) is held here too, against its office and the
+total, by the same rule (its person's streams have a cap of their own).
 """
 
 from __future__ import annotations
@@ -86,18 +88,23 @@ class LongPolls:
         if key is None or not is_long_poll(raw):
             yield
             return
-        counted = [(key, self.per_token, "this API token")]
-        if owner is not None:
-            org, principal = owner[0].lower(), owner[1]
-            counted += [(f"principal:{org}/{principal}", self.per_principal,
-                         f"{principal}, all its tokens together,"),
-                        (f"office:{org}", self.per_office, f"the {org} office")]
+        with self.holding([(key, self.per_token, "this API token")], owner, f"{tool}: ",
+                          "wait for one to return, or call without `wait`"):
+            yield
+
+    def check(self, counted: list[tuple[str, int, str]], owner: tuple[str, str | None] | None,
+              asking: str, advice: str, code: str = "too_many_long_polls") -> None:
+        """Refuse one more held by `counted`'s keys (each with its cap and whom it names) and,
+        with `owner` (org, principal), by its principal in its office (none: not counted
+        there) and that office: at any cap, or past the total where its office holds its
+        share already."""
+        counted = counted + self._owners(owner)
         for counter, cap, who in counted:
             if self._held[counter] >= cap:
                 raise TooManyRequests(
-                    f"{tool}: {who} already holds {self._held[counter]} long polls (`wait`), "
-                    f"the most it may hold at once is {cap}; wait for one to return, or call "
-                    "without `wait`")
+                    f"{asking}{who} already holds {self._held[counter]} long polls (`wait`, "
+                    f"a console page's live stream), the most it may hold at once is {cap}; "
+                    f"{advice}", code=code)
         if owner is not None and self._held[_ALL] >= self.total:
             office = counted[-1][0]
             holding = sum(1 for k in self._held if k.startswith("office:")) + (
@@ -105,17 +112,33 @@ class LongPolls:
             share = self.total // holding
             if self._held[office] >= share:
                 raise TooManyRequests(
-                    f"{tool}: the app holds {self._held[_ALL]} long polls (`wait`), as many "
-                    f"as it keeps for every office together, and {counted[-1][2]} holds its "
-                    f"share ({share}); wait for one to return, or call without `wait`")
-        counted.append((_ALL, 0, ""))
-        for counter, _, _ in counted:
+                    f"{asking}the app holds {self._held[_ALL]} long polls (`wait`, a console "
+                    f"page's live stream), as many as it keeps for every office together, "
+                    f"and {counted[-1][2]} holds its share ({share}); {advice}", code=code)
+
+    def _owners(self, owner: tuple[str, str | None] | None) -> list[tuple[str, int, str]]:
+        if owner is None:
+            return []
+        org, principal = owner[0].lower(), owner[1]
+        mine = [] if principal is None else [(f"principal:{org}/{principal}", self.per_principal,
+                                              f"{principal}, all its tokens together,")]
+        return [*mine, (f"office:{org}", self.per_office, f"the {org} office")]
+
+    @contextlib.contextmanager
+    def holding(self, counted: list[tuple[str, int, str]],
+                owner: tuple[str, str | None] | None, asking: str, advice: str,
+                code: str = "too_many_long_polls") -> Iterator[None]:
+        """Hold one more (`check` first): a long poll, or a console page's live stream
+        (bot.console.live), which count against the same office and total."""
+        self.check(counted, owner, asking, advice, code)
+        keys = [counter for counter, _, _ in counted + self._owners(owner)] + [_ALL]
+        for counter in keys:
             self._held[counter] += 1
         self._wake()
         try:
             yield
         finally:
-            for counter, _, _ in counted:
+            for counter in keys:
                 self._held[counter] -= 1
                 if self._held[counter] <= 0:
                     del self._held[counter]

@@ -27,6 +27,7 @@ from bot.errors import TooManyRequests
 from bot.office.config import parse_office
 from bot.office.seed import seed_office
 from bot.store import api_tokens
+from bot.tools.polls import LongPolls
 from tests.console.test_console_http import _events, bearer
 from tests.items_support import MARCO, SCOUT, TOKEN_TTL, make_item
 from tests.support import ToolClient
@@ -125,18 +126,24 @@ async def test_a_closed_stream_is_let_go_at_once_not_at_its_heartbeat(
                 await streams.until("acme", MARCO, 0)
 
 
-async def test_another_offices_streams_of_the_same_principal_take_none_of_the_cap(
-        embedded: Embedded) -> None:
+async def _evil_marco(embedded: Embedded) -> dict[str, str]:
     """`evil` declares acme's principal name `human:marco@acme.com` for its own admin: the
-    streams its console holds as that name are not acme marco's, nor his theirs."""
+    headers of its console's calls as that name."""
     evil = {"org": "evil", "humans": [{"email": "marco@acme.com", "login": "eve",
                                        "permissions": ["mail.send", "editor"]}]}
     seed_office(embedded.forge, parse_office(yaml.safe_dump(evil), "evil.yml"))
     (app_id,) = embedded.forge.state.apps
     embedded.forge.install_app(int(app_id), "evil")
     await embedded.settle()
-    eve = {"Authorization": "Bearer " + await api_tokens.create_token(
+    return {"Authorization": "Bearer " + await api_tokens.create_token(
         embedded.services.store, MARCO, "evil")}
+
+
+async def test_another_offices_streams_of_the_same_principal_take_none_of_the_cap(
+        embedded: Embedded) -> None:
+    """`evil` declares acme's principal name `human:marco@acme.com` for its own admin: the
+    streams its console holds as that name are not acme marco's, nor his theirs."""
+    eve = await _evil_marco(embedded)
     async with aiohttp.ClientSession() as http, AsyncExitStack() as pages:
         for _ in range(live.PER_PERSON):
             await _first(await pages.enter_async_context(await _stream(http, embedded, eve)))
@@ -175,12 +182,40 @@ async def test_a_refused_stream_says_when_to_try_again(embedded: Embedded) -> No
 def test_an_offices_people_together_hold_at_most_its_share_of_streams() -> None:
     """Each person's cap bounds one person; an office's config may name any number of
     people (each a forge login its admins control), so the office's streams together are
-    capped too, and another office's people are not counted against it."""
-    streams = live.Streams(per_person=2, per_office=3)
+    capped too (as its long polls: `LongPolls.per_office`), and another office's people are
+    not counted against it."""
+    polls, streams = LongPolls(per_office=3), live.Streams(per_person=2)
     with contextlib.ExitStack() as held:
         for person in ("human:a", "human:a", "human:b"):
-            held.enter_context(streams.hold("evil", person))
+            held.enter_context(streams.hold(polls, "evil", person))
         with pytest.raises(TooManyRequests) as refused:
-            streams.check("evil", "human:c")
-        assert "the office of evil holds 3 live streams" in refused.value.message
-        held.enter_context(streams.hold("acme", "human:a"))  # another office's: not counted
+            streams.check(polls, "evil", "human:c")
+        assert "the evil office already holds 3" in refused.value.message
+        held.enter_context(streams.hold(polls, "acme", "human:a"))  # another office's
+
+
+async def test_one_offices_streams_leave_another_office_its_share(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """Live streams were capped per person and per office only: six offices of 125 people
+    with 8 tabs each held 6,000 streams, whatever the room every office shares. Each stream
+    is now a long poll held (`LongPolls`): past the total, an office holding its share gets
+    none more, and the office it crowded out still gets its own, stream or `wait`."""
+    eve = await _evil_marco(embedded)
+    polls = embedded.services.long_polls
+    polls.total = 4
+    async with aiohttp.ClientSession() as http, AsyncExitStack() as pages:
+        for _ in range(4):
+            await _first(await pages.enter_async_context(await _stream(http, embedded, eve)))
+        await _first(await pages.enter_async_context(
+            await _stream(http, embedded, bearer(embedded, MARCO))))  # acme's share: owed
+        async with await _stream(http, embedded, eve) as resp:
+            assert resp.status == 429, "evil's fifth stream took acme's share"
+            text = await resp.text()
+            assert "the evil office holds its share (2)" in text, text
+            assert int(resp.headers["Retry-After"]) == live.RETRY_AFTER
+        scout = ToolClient(session, embedded, SCOUT)
+        waiting = asyncio.create_task(scout.raw("list_inbox", {"wait": 40}))
+        await polls.until_held("office:acme", 2)  # acme's own `wait`, within its share
+        await ToolClient(session, embedded, MARCO)("mail_send", to="scout", subject="Up",
+                                                   body="wake")
+        assert (await waiting)[0] == 200
