@@ -18,8 +18,10 @@ import hmac
 import json
 import logging
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
@@ -37,10 +39,12 @@ from bot.app.bodies import (
     size_text,
     too_large,
 )
+from bot.app.hook_generations import grace_text
 from bot.app.services import SERVICES_KEY, Services
 from bot.errors import PayloadTooLarge, VaultmailError
 from bot.forge import gitea_events as gitea
 from bot.office.source import CONFIG_REPO
+from bot.store.hook_secrets import Generation
 from bot.store.queue import installation_of, issue_key, office_of_key, payload_org
 
 log = logging.getLogger("vaultmail.intake")
@@ -63,34 +67,49 @@ def _gitea_mac(header: str | None) -> str | None:
     return claimed if _HEX_MAC.fullmatch(claimed) else None
 
 
-def org_webhook_secret(secret: str, org: str) -> str:
+def org_webhook_secret(secret: str, org: str, generation: int = 0) -> str:
     """The secret of `org`'s own webhook (Gitea: POST /webhook/<org>), made from the operator's
-    (GITEA_WEBHOOK_SECRET): an org's admins set theirs and learn nothing that signs another
-    org's deliveries (`vaultmail gitea-hook ORG` prints it)."""
-    return hmac.new(secret.encode(), f"vaultmail org webhook\n{org.lower()}".encode(),
-                    hashlib.sha256).hexdigest()
+    (GITEA_WEBHOOK_SECRET) and the org's generation (bot.store.hook_secrets): an org's admins
+    set theirs and learn nothing that signs another org's deliveries, or their own org's once
+    it is rotated (`vaultmail gitea-hook ORG [--rotate]` prints it). Generation 0 is the
+    secret every org had before rotation existed."""
+    message = f"vaultmail org webhook\n{org.lower()}" + (f"\n{generation}" if generation else "")
+    return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()
 
 
 class SignedBody:
-    """A webhook body as it arrives: its HMAC-SHA256 computed chunk by chunk, its size held
-    to `limit` (sans-I/O: `receive_webhook` feeds it)."""
+    """A webhook body as it arrives: its HMAC-SHA256 under each secret it may be signed with
+    computed chunk by chunk, its size held to `limit` (sans-I/O: `receive_webhook` feeds it)."""
 
-    def __init__(self, secret: str, limit: int = WEBHOOK_BODY_LIMIT) -> None:
-        self._mac = hmac.new(secret.encode(), digestmod=hashlib.sha256)
+    def __init__(self, *secrets: str, limit: int = WEBHOOK_BODY_LIMIT) -> None:
+        self._macs = [hmac.new(s.encode(), digestmod=hashlib.sha256) for s in secrets]
         self._chunks: list[bytes] = []
         self.size, self.limit = 0, limit
+
+    @classmethod
+    def whole(cls, body: bytes, *secrets: str) -> SignedBody:
+        signed = cls(*secrets, limit=len(body))
+        signed.add(body)
+        return signed
 
     def add(self, chunk: bytes) -> None:
         """Take the next chunk; PayloadTooLarge (413) once the body passes the limit."""
         if self.size + len(chunk) > self.limit:
             raise over_limit(WHAT, self.limit)
-        self._mac.update(chunk)
+        for mac in self._macs:
+            mac.update(chunk)
         self._chunks.append(chunk)
         self.size += len(chunk)
 
+    def signed_with(self, claimed: str | None) -> int | None:
+        """Which secret's HMAC `claimed` (hex) is (its place), compared in constant time."""
+        if claimed is None:
+            return None
+        return next((n for n, mac in enumerate(self._macs)
+                     if hmac.compare_digest(mac.hexdigest(), claimed)), None)
+
     def matches(self, claimed: str | None) -> bool:
-        """Whether `claimed` (hex) is the body's HMAC, compared in constant time."""
-        return claimed is not None and hmac.compare_digest(self._mac.hexdigest(), claimed)
+        return self.signed_with(claimed) is not None
 
     def body(self) -> bytes:
         return b"".join(self._chunks)
@@ -98,9 +117,7 @@ class SignedBody:
 
 def signature_valid(body: bytes, header: str | None, secret: str) -> bool:
     """Check `X-Hub-Signature-256` (sha256=<hex HMAC of the raw body>) in constant time."""
-    signed = SignedBody(secret, limit=len(body))
-    signed.add(body)
-    return signed.matches(_github_mac(header))
+    return SignedBody.whole(body, secret).matches(_github_mac(header))
 
 
 class Unverified:
@@ -227,20 +244,30 @@ async def receive_webhook(request: web.Request) -> web.Response:
     if org is not None and dialect is not GITEA:
         return await _answer_and_close(request, _error(
             404, "not_found", "a GitHub App's deliveries go to /webhook"))
-    signed = SignedBody(settings.webhook_secret if org is None else
-                        org_webhook_secret(settings.webhook_secret, org))
+    generation = None if org is None else await services.hook_generations.of(org)
+    signed = SignedBody(*_secrets(settings.webhook_secret, org, generation))
     # no signature to check: nothing of the body is worth reading
     refusal = (None if claimed is None else
                await _receive(request, signed, settings.webhook_read_seconds, guid))
     if refusal is not None:
         return refusal
-    if not signed.matches(claimed):
+    signed_with = signed.signed_with(claimed)
+    if signed_with is None and org is not None and claimed is not None and \
+            (fresh := await services.hook_generations.recheck(org)) != generation:
+        generation = fresh  # rotated since it was read here: the org's new secret, at once
+        signed_with = SignedBody.whole(signed.body(), *_secrets(
+            settings.webhook_secret, org, generation)).signed_with(claimed)
+    if signed_with is None:
         log.warning("webhook refused: bad or missing signature",
                     extra={"delivery_id": guid, "event": event})
         # (without a signature its body was never read: answered and closed, not lingered on)
         return await _answer_and_close(request, _error(
             401, "bad_signature",
             f"{signature_header} is missing or does not match the webhook secret"))
+    if signed_with == 1 and org is not None and generation is not None and \
+            (refused := _rotated_out(org, generation, settings.webhook_grace_seconds,
+                                     signature_header, guid, event)) is not None:
+        return await _answer_and_close(request, refused)
     body = signed.body()
     if not guid or not event:
         return _error(400, "missing_headers", f"{delivery_header} and {event_header} are required")
@@ -295,6 +322,38 @@ async def receive_webhook(request: web.Request) -> web.Response:
     if queued:
         services.wake_worker()
     return _json({"delivery": guid, "queued": queued}, status=202)
+
+
+def _secrets(master: str, org: str | None, generation: Generation | None) -> list[str]:
+    """What a delivery may be signed with: at /webhook the operator's secret; at an org's
+    own webhook its generation's and, once rotated, the one before (`_rotated_out`)."""
+    if org is None or generation is None:
+        return [master]
+    now = generation.number
+    return [org_webhook_secret(master, org, n) for n in (now, now - 1) if n >= 0]
+
+
+def _rotated_out(org: str, generation: Generation, grace: float, header: str, guid: str,
+                 event: str) -> web.Response | None:
+    """A delivery signed with `org`'s secret from before its rotation: None within the
+    grace (its admins are setting the new one), else the refusal, saying what to do."""
+    rotated_at = generation.rotated_at or 0.0
+    extra = {"delivery_id": guid, "event": event, "org": org,
+             "generation": generation.number - 1}
+    if time.time() < rotated_at + grace:
+        log.info("webhook signed with the org's secret from before its rotation, accepted "
+                 "within the grace", extra=extra)
+        return None
+    log.warning("webhook refused: signed with the org's secret from before its rotation",
+                extra=extra)
+    return _error(401, "webhook_secret_rotated", (
+        f"{org}'s webhook secret was rotated at {utc_text(rotated_at)}: {header} is made with the "
+        f"one before, accepted for {grace_text(grace)} after the rotation only; run "
+        f"`vaultmail gitea-hook {org}` for the current one and set it on {org}'s webhook"))
+
+
+def utc_text(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _org_about(payload: dict[str, Any]) -> str | None:

@@ -35,7 +35,8 @@ def serve_env(settings: Settings, *, port: int, replica_id: str) -> dict[str, st
            "HOST": settings.host, "PORT": str(port), "REPLICA_ID": replica_id,
            "VAULTMAIL_PUBLIC_URL": url, "LOG_LEVEL": settings.log_level,
            "VAULTMAIL_RECONCILE_SECONDS": str(settings.reconcile_interval),
-           "VAULTMAIL_DOCTOR_SECONDS": str(settings.doctor_interval)}
+           "VAULTMAIL_DOCTOR_SECONDS": str(settings.doctor_interval),
+           "VAULTMAIL_WEBHOOK_GRACE_SECONDS": str(settings.webhook_grace_seconds)}
     if settings.dialect == "gitea":
         env |= {"GITEA_URL": settings.api_url, "GITEA_TOKEN": settings.token,
                 "GITEA_WEBHOOK_SECRET": settings.webhook_secret}

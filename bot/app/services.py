@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from gidgethub.routing import Router
 
+from bot.app.hook_generations import HookGenerations
 from bot.app.notify import Notifier
 from bot.app.settings import Settings
 from bot.cursors import Cursors
@@ -72,6 +73,8 @@ class Services:
     def __post_init__(self) -> None:
         self.offices.on_new = self._config_taken
         self.cursors = Cursors(self.settings.webhook_secret)  # (bot.cursors)
+        # each org's webhook secret generation (Gitea), as intake takes it
+        self.hook_generations = HookGenerations(self.store)
 
     async def same_account(self, org: str, principal: str, login: str,
                            user_id: object) -> bool:

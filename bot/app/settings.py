@@ -67,6 +67,9 @@ class NotRegistered(SettingsError):
 
 
 MIB = 1_048_576
+# how long an org's webhook secret from before a rotation is still accepted (Gitea), by
+# default and at most (VAULTMAIL_WEBHOOK_GRACE_SECONDS)
+WEBHOOK_GRACE, WEBHOOK_GRACE_MAX = 3600.0, 7 * 24 * 3600.0
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -142,6 +145,10 @@ class Settings:
     # VAULTMAIL_WEBHOOK_READ_SECONDS: a webhook body not sent whole within this is answered 408
     # and its connection closed (the forge sends one in well under a second)
     webhook_read_seconds: float = 20.0
+    # VAULTMAIL_WEBHOOK_GRACE_SECONDS: how long after `vaultmail gitea-hook ORG --rotate` the
+    # org's secret before is still accepted, so its admins can set the new one (Gitea)
+    webhook_grace_seconds: float = field(default_factory=lambda: float(
+        os.environ.get("VAULTMAIL_WEBHOOK_GRACE_SECONDS") or WEBHOOK_GRACE))
     # VAULTMAIL_OPERATOR_TOKEN: `Authorization: Bearer <it>` shows /readyz's detail (which
     # installations, what failed and why); without it, /readyz says ready or not only
     operator_token: str = field(
@@ -292,6 +299,7 @@ def _hosting(source: _EnvFile) -> dict[str, Any]:
         "trusted_proxies": parse_proxies(source.trusted_proxies),
         "database_url": source.database_url or "", "replica_id": source.replica_id or "",
         "webhook_read_seconds": source.webhook_read_seconds,
+        "webhook_grace_seconds": source.webhook_grace_seconds,
         "operator_token": source.operator_token or "",
         "sqlite_synchronous": source.sqlite_synchronous,
         "retention_days": source.retention_days,
@@ -405,6 +413,9 @@ class _EnvFile(BaseSettings):
     replica_id: str | None = _env("REPLICA_ID")
     webhook_read_seconds: float = Field(
         default=20.0, gt=0, validation_alias=AliasChoices("VAULTMAIL_WEBHOOK_READ_SECONDS"))
+    webhook_grace_seconds: float = Field(
+        default=WEBHOOK_GRACE, ge=0, le=WEBHOOK_GRACE_MAX,
+        validation_alias=AliasChoices("VAULTMAIL_WEBHOOK_GRACE_SECONDS"))
     operator_token: str | None = _env("VAULTMAIL_OPERATOR_TOKEN")
     sqlite_synchronous: Literal["normal", "full"] = Field(
         default="normal", validation_alias=AliasChoices("VAULTMAIL_SQLITE_SYNCHRONOUS"))
@@ -501,6 +512,7 @@ _WANTS = {
     "reconcile_seconds": "a number of seconds above 0",
     "doctor_seconds": "a number of seconds above 0",
     "webhook_read_seconds": "a number of seconds above 0",
+    "webhook_grace_seconds": f"a number of seconds from 0 to {WEBHOOK_GRACE_MAX:.0f} (a week)",
     "sqlite_synchronous": "normal or full",
     "retention_days": "a number of days from 3 (GitHub's redelivery window) to 3650",
     "log_level": "one of debug, info, warning, error, critical (or trace, warn, fatal)",

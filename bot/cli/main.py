@@ -225,8 +225,13 @@ async def cmd_dead_letters(args: argparse.Namespace) -> int:
 
 
 async def cmd_gitea_hook(args: argparse.Namespace) -> int:
-    """An org's own webhook on Gitea: its URL and its secret, made from the operator's."""
-    from bot.app.intake import org_webhook_secret
+    """An org's own webhook on Gitea: its URL and its current secret, made from the
+    operator's and the org's generation in the index; `--rotate`: a new one for that org."""
+    from bot.app.hook_generations import grace_text
+    from bot.app.intake import org_webhook_secret, utc_text
+    from bot.app.settings import WEBHOOK_GRACE
+    from bot.cli.shell import existing_data_dir
+    from bot.store import hook_secrets, index_of, open_store
 
     secret = os.environ.get("GITEA_WEBHOOK_SECRET", "")
     if not secret:
@@ -235,10 +240,26 @@ async def cmd_gitea_hook(args: argparse.Namespace) -> int:
         return 2
     base = (args.url or os.environ.get("VAULTMAIL_PUBLIC_URL") or "https://APP").rstrip("/")
     org = args.org.strip().lower()
+    store = await open_store(index_of(existing_data_dir(args.data)))
+    try:
+        if args.rotate:
+            generation = await hook_secrets.rotate(store, org, "operator")
+        else:
+            generation = await hook_secrets.generation(store, org)
+    finally:
+        await store.close()
     say(f"org webhook of {org} (type gitea, JSON, events Issues, Issue comment, Push):\n"
-        f"  URL     {base}/webhook/{org}\n  secret  {org_webhook_secret(secret, org)}\n"
+        f"  URL     {base}/webhook/{org}\n"
+        f"  secret  {org_webhook_secret(secret, org, generation.number)}\n"
         f"it signs deliveries about {org} only; give it to {org}'s admins, never "
         "GITEA_WEBHOOK_SECRET itself")
+    if args.rotate:  # (the app's grace, as this shell's environment says it)
+        grace = float(os.environ.get("VAULTMAIL_WEBHOOK_GRACE_SECONDS") or WEBHOOK_GRACE)
+        say(f"rotated (generation {generation.number}): set it on {org}'s webhook now; "
+            f"the secret before it is accepted for {grace_text(grace)} "
+            "(VAULTMAIL_WEBHOOK_GRACE_SECONDS), then refused; other orgs' are unchanged")
+    elif generation.rotated_at is not None:
+        say(f"generation {generation.number}, rotated {utc_text(generation.rotated_at)}")
     return 0
 
 
@@ -332,6 +353,11 @@ def build_parser() -> argparse.ArgumentParser:
     hook = sub.add_parser("gitea-hook", help="an org's own webhook on Gitea: URL and secret")
     hook.add_argument("org")
     hook.add_argument("--url", help="the app's public URL (default: VAULTMAIL_PUBLIC_URL)")
+    hook.add_argument("--rotate", action="store_true",
+                      help="make ORG a new secret (its old one: refused after a grace, "
+                           "VAULTMAIL_WEBHOOK_GRACE_SECONDS, default 1 hour)")
+    hook.add_argument("--data", help="the data dir of the app or of `vaultmail up --data` "
+                                     "(or VAULTMAIL_DATA; DATABASE_URL names the index)")
     hook.set_defaults(func=cmd_gitea_hook)
     return parser
 

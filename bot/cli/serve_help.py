@@ -62,6 +62,9 @@ GROUPS: list[tuple[str, list[tuple[str, str]]]] = [
         ("doctor_seconds", "how often the leader repairs writes the forge lost (default 900)"),
         ("webhook_read_seconds", "a webhook body not sent whole within this is answered 408 "
                                  "(default 20)"),
+        ("webhook_grace_seconds", "Gitea: how long an org's webhook secret from before "
+                                  "`gitea-hook ORG --rotate` is still accepted (default "
+                                  "3600)"),
         ("retention_days", "how long handled deliveries and idempotency results are kept "
                            "(default 7, at least 3)"),
     ]),

@@ -46,6 +46,7 @@ EVENTS = frozenset({
     "mail.readopted",  # an adopted mail signed again over its sender's edit its write undid
     "mail.tampered", "run.queued", "run.refused", "run.denied", "run.finished", "comment.added",
     "comment.answered", "comment.resolved", "office.config_refused",
+    "office.webhook_secret_rotated",  # an org's own webhook secret (Gitea), by the operator
     # real mailboxes (bot/email): a message accepted, held, released by hand, sent, first
     # deferred, bounced
     "email.received", "email.held", "email.released", "email.sent", "email.deferred",

@@ -83,6 +83,9 @@ NAMES = {
     25: "the newest timeline event of each issue that an org-signed Gitea delivery was taken"
         " on: an event is taken once, so an org's admins cannot sign another change in the"
         " name of someone who once made one",
+    26: "each org's own webhook secret (Gitea) has a generation, moved on by `vaultmail"
+        " gitea-hook ORG --rotate` for that org alone: the secret before is accepted for a"
+        " grace after, then refused",
 }
 
 
@@ -134,8 +137,9 @@ def register_backfill(sqlite: str, *, postgres: str, version: int) -> None:
 # `vaultmail token create` on a new data directory) makes all of them, each version whole (a
 # later version's columns go on tables an earlier one made)
 TABLES = ("api_tokens", "attachments", "budget", "chats", "comments", "db", "deliveries",
-          "installations", "ledger", "mails", "members", "moves", "oauth", "offices", "outbound",
-          "prune", "rates", "replies", "sessions", "strangers", "waiting")
+          "hook_secrets", "installations", "ledger", "mails", "members", "moves", "oauth",
+          "offices", "outbound", "prune", "rates", "replies", "sessions", "strangers",
+          "waiting")
 
 
 def migrations() -> list[Migration]:

@@ -1,0 +1,84 @@
+"""The generation of each org's webhook secret (bot.store.hook_secrets) as intake takes it: held
+in memory, so a delivery costs no database round trip, and read again from the index every
+KEPT seconds, and at once (at most every RECHECK seconds) when a delivery's signature matches
+none of the secrets known for its org: an org's new secret is taken from its first delivery,
+on whichever replica gets it.
+
+Why a short TTL and not a NOTIFY (bot.app.replica): a rotation is made by a command
+(`vaultmail gitea-hook ORG --rotate`), not by a replica, often beside a single app on SQLite,
+where there is nothing to notify with; and a wake-up missed while the listening session was
+cut would leave a replica on the old generation until it restarts. Being a few seconds late
+costs nothing: the secret before a rotation is accepted for a grace (an hour by default) anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+
+from bot.store import Store
+from bot.store.hook_secrets import NEVER_ROTATED, Generation, generations
+
+log = logging.getLogger("vaultmail.intake")
+
+KEPT = 5.0  # seconds the generations read are taken as current
+RECHECK = 1.0  # the least time between reads for a signature that matched nothing known
+
+
+class HookGenerations:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._known: dict[str, Generation] | None = None  # None: not read yet
+        self._read_at = self._rechecked_at = -math.inf  # (time.monotonic())
+        self._reading: asyncio.Task[None] | None = None
+
+    async def of(self, org: str) -> Generation:
+        """`org`'s generation, as last read (read again once KEPT seconds old)."""
+        if self._known is None or time.monotonic() - self._read_at >= KEPT:
+            await self._read()
+        assert self._known is not None
+        return self._known.get(org.lower(), NEVER_ROTATED)
+
+    async def recheck(self, org: str) -> Generation:
+        """`org`'s generation read again, after a signature that matched none of its known
+        secrets (a rotation not read yet here), unless read for that less than RECHECK seconds
+        ago: anyone can send a bad signature, and costs the index one read a second at most."""
+        if time.monotonic() - self._rechecked_at >= RECHECK:
+            self._rechecked_at = time.monotonic()
+            await self._read()
+        return await self.of(org)
+
+    async def _read(self) -> None:
+        """One read at a time: deliveries arriving while it is under way wait for it, and
+        no more (a read started before a rotation may miss it: the next one sees it)."""
+        if self._reading is None:
+            self._reading = asyncio.create_task(self._read_now())
+        try:
+            await asyncio.shield(self._reading)
+        except Exception as exc:  # the index is away: what was read last still stands
+            if self._known is None:
+                raise
+            log.warning("org webhook secrets not read again: %r", exc)
+
+    async def _read_now(self) -> None:
+        started = time.monotonic()
+        try:
+            known = await generations(self._store)
+        finally:  # (failed: tried again KEPT seconds on, not by every delivery meanwhile)
+            self._read_at, self._reading = started, None
+        for org, generation in known.items():
+            if self._known is not None and self._known.get(org) != generation:
+                log.info("org webhook secret rotated: its new generation now signs",
+                         extra={"org": org, "generation": generation.number})
+        self._known = known
+
+
+def grace_text(seconds: float) -> str:
+    """A grace as the operator set it, in words: "1 hour", "10 minutes", "0 seconds"."""
+    for unit, size in (("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if n != 1 else ''}"
+    return f"{seconds:g} seconds"

@@ -1,0 +1,141 @@
+"""An org's own webhook secret (Gitea) can be rotated for that org alone: an admin who left, or
+a leaked hook config, keeps no power to sign the org's deliveries once the grace after
+`vaultmail gitea-hook ORG --rotate` is over, and no other org's webhook changes."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from bot.app.embedded import Embedded, start_embedded
+from bot.app.hook_generations import HookGenerations
+from bot.app.intake import org_webhook_secret
+from bot.store import hook_secrets, ledger, open_store
+from bot.store.hook_secrets import NEVER_ROTATED
+from tests.gitea.test_two_orgs_on_gitea import _post, _secret
+from tests.test_cli_tools import vaultmail
+
+
+def _push(org: str) -> dict[str, object]:
+    """A push to one of `org`'s repositories other than `.github`: signed, taken, acted on by
+    no handler."""
+    return {"ref": "refs/heads/main", "before": "0" * 40, "after": "1" * 40, "commits": [],
+            "repository": {"full_name": f"{org}/website", "name": "website",
+                           "owner": {"login": org}}, "sender": {"login": "marco"}}
+
+
+async def _hook(office: Embedded, org: str, *more: str) -> tuple[int, str, str]:
+    """`vaultmail gitea-hook ORG ...` beside the office, with the operator's secret."""
+    return await vaultmail("gitea-hook", org, "--data", str(office.data_dir),
+                           "--url", office.app_url, *more)
+
+
+@pytest.fixture
+def operator(office: Embedded, monkeypatch: pytest.MonkeyPatch) -> str:
+    master = office.services.settings.webhook_secret
+    monkeypatch.setenv("GITEA_WEBHOOK_SECRET", master)
+    return master
+
+
+async def test_a_rotated_orgs_webhook_takes_its_new_secret_and_for_the_grace_its_old_one(
+        office: Embedded, session: aiohttp.ClientSession, operator: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    old, evils = _secret(office, "acme"), _secret(office, "evil")
+
+    async def post(org: str, secret: str, guid: str) -> int:
+        return (await _post(office, session, f"/webhook/{org}", secret, _push(org), "push",
+                            guid))[0]
+
+    assert await post("acme", old, "r-0") == 202  # never rotated: the secret it always had
+    code, out, err = await _hook(office, "acme", "--rotate")
+    assert code == 0, err
+    new = org_webhook_secret(operator, "acme", 1)
+    assert new != old
+    assert f"URL     {office.app_url}/webhook/acme" in out and f"secret  {new}" in out, out
+    assert old not in out and "1 hour" in out and "rotated" in out, out
+    # what the org's webhook is signed with now, as asked again; evil's is what it was
+    assert f"secret  {new}" in (await _hook(office, "acme"))[1]
+    assert f"secret  {evils}" in (await _hook(office, "evil"))[1]
+    assert await post("acme", new, "r-1") == 202  # at once, though acme's was read just now
+    assert await post("acme", old, "r-2") == 202  # within the grace: the admin updates it
+    assert await post("evil", evils, "r-3") == 202  # another org's: as it was
+    assert await post("acme", org_webhook_secret(operator, "acme", 2), "r-4") == 401
+    [entry] = await ledger.entries(office.services.store, org="acme",
+                                   event="office.webhook_secret_rotated")
+    assert (entry.actor, entry.subject, entry.data) == ("operator", "acme", {"generation": 1})
+    logged = caplog.text + err
+    assert new not in logged and old not in logged and operator not in logged
+
+
+@pytest.fixture
+async def no_grace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Embedded]:
+    """An office whose operator gives a rotated secret no grace at all."""
+    monkeypatch.setenv("VAULTMAIL_WEBHOOK_GRACE_SECONDS", "0")
+    emb = await start_embedded(data_dir=tmp_path, port=0, forge_port=0, dialect="gitea")
+    monkeypatch.setenv("GITEA_WEBHOOK_SECRET", emb.services.settings.webhook_secret)
+    try:
+        yield emb
+    finally:
+        await emb.stop()
+
+
+async def test_a_rotated_out_secret_is_refused_past_the_grace_saying_what_to_do(
+        no_grace: Embedded, session: aiohttp.ClientSession) -> None:
+    office = no_grace
+    master = office.services.settings.webhook_secret
+    old = _secret(office, "acme")
+    code, out, err = await _hook(office, "acme", "--rotate")
+    assert code == 0, err
+    new = org_webhook_secret(master, "acme", 1)
+    assert f"secret  {new}" in out
+
+    async def post(org: str, secret: str, guid: str) -> tuple[int, str]:
+        return await _post(office, session, f"/webhook/{org}", secret, _push(org), "push", guid)
+
+    assert (await post("acme", new, "g-1"))[0] == 202
+    status, text = await post("acme", old, "g-2")
+    assert status == 401, text
+    error = json.loads(text)["error"]
+    assert error["code"] == "webhook_secret_rotated", error
+    assert "rotated" in error["message"] and "vaultmail gitea-hook acme" in error["message"]
+    assert (await post("evil", _secret(office, "evil"), "g-3"))[0] == 202
+    # rotated again: the one before (generation 1) is refused too, the first has no word
+    code, out, err = await _hook(office, "acme", "--rotate")
+    assert code == 0 and f"secret  {org_webhook_secret(master, 'acme', 2)}" in out, err
+    assert (await post("acme", org_webhook_secret(master, "acme", 2), "g-4"))[0] == 202
+    assert (await post("acme", new, "g-5"))[0] == 401
+    status, text = await post("acme", old, "g-6")
+    assert status == 401 and json.loads(text)["error"]["code"] == "bad_signature", text
+    assert await office.services.store.fetchone(
+        "SELECT 1 FROM queue WHERE guid IN ('acme/g-2','acme/g-5','acme/g-6')") is None
+
+
+async def test_a_rotation_is_kept_in_the_index_where_another_replica_reads_it(
+        database_url: str, tmp_path: Path) -> None:
+    """Two replicas of one index: the one that did not rotate takes the new generation at
+    the first signature its own did not match, the other org's generation unmoved."""
+    where = database_url or str(tmp_path / "index.sqlite3")
+    one, other = await open_store(where), await open_store(where)
+    try:
+        seen = HookGenerations(other)
+        assert await seen.of("acme") == NEVER_ROTATED  # read: held from now on
+        first = await hook_secrets.rotate(one, "ACME", "operator")
+        second = await hook_secrets.rotate(one, "acme", "operator")
+        assert (first.number, second.number) == (1, 2)
+        assert second.rotated_at is not None and first.rotated_at is not None
+        assert second.rotated_at >= first.rotated_at
+        assert await seen.recheck("acme") == second == await hook_secrets.generation(other,
+                                                                                    "Acme")
+        assert await seen.of("evil") == NEVER_ROTATED
+        assert [e.data for e in await ledger.entries(other, org="acme")] == [
+            {"generation": 1}, {"generation": 2}]
+        assert await ledger.verify_chain(other, "acme") is None
+    finally:
+        await one.close()
+        await other.close()
