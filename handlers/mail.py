@@ -8,7 +8,6 @@ from gidgethub import sansio
 from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
-from bot.app.org_signed import org_signed
 from bot.errors import VaultmailError
 from bot.items.model import kind_of, type_names
 from bot.mail.header import parse_mail_body
@@ -66,7 +65,8 @@ async def opened_just_now(s: Scene, key: str | None) -> bool:
     redelivered by the reconciler; issue 28) or one whose issue changed since reads the forge
     first. What is left, a change made in the moment before the adoption's write whose own
     delivery is still on its way, is the same race a read just before the write leaves: that
-    delivery makes it again (`Mailer.edited`, `Mailer.undone_by_adoption`)."""
+    delivery makes a label change again (`Mailer.undone_by_adoption`); an edit of title or body
+    is flagged (`Mailer.edited`)."""
     issue = s.issue
     made = moves.forge_time(issue.get("created_at"))
     if (made is None or key is None or s.ctx.retry or issue.get("state") != "open"
@@ -223,10 +223,7 @@ async def detect_tampering(event: sansio.Event, ctx: HandlerContext) -> None:
     s = await scene(event, ctx)
     mail = await s.mail() if s else None
     if s is not None and mail is not None:
-        # an org-signed delivery's sender and changes are its org admins' word (its issue is
-        # read back from the forge, bot.app.org_signed): no words are signed on it
-        await s.mailer.edited(mail, s.issue, s.actor, changes=event.data.get("changes"),
-                              trusted=not org_signed(ctx.delivery_id))
+        await s.mailer.edited(mail, s.issue, s.actor, changes=event.data.get("changes"))
 
 
 @own_router.register("issues", action="opened")

@@ -13,7 +13,7 @@ import re
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -607,7 +607,13 @@ class Mailer:
     # read it, or as its opening's delivery described it: a change the person (or their
     # script) made in the moment before that write is written over. That change's own
     # delivery comes after, showing the issue as the change left it, from before the write:
-    # no header of the mail in its body, no mail:* label. Such a change is made again.
+    # no header of the mail in its body, no mail:* label. A label change is made again
+    # (`undone_by_adoption`: the forge's timeline says who changed the label last). An edit of
+    # the title or body is not: a delivery's `changes.*.from` and times prove neither that the
+    # edit came before the write (a sender who takes the header off, that delivery lost, then
+    # writes other words looks the same) nor that it was the newest (deliveries come in any
+    # order), and a title-only edit shows a body someone else may have written. Signing it
+    # would sign words the adoption never read; it is checked as tampering, as any edit is.
 
     @staticmethod
     def before_adoption(mail: MailRecord, issue: Mapping[str, Any],
@@ -619,57 +625,17 @@ class Mailer:
                 and not headed_by(mail.mail_id)(before))
 
     async def edited(self, mail: MailRecord, issue: dict[str, Any], actor: str, *,
-                     changes: Mapping[str, Any] | None, trusted: bool) -> None:
-        """An `issues.edited` delivery on `mail`'s issue, `issue` as the edit left it. An edit
-        of the text from before the adoption's write (`changes.body.from`, or the body when
-        only the title changed, shows no header of the mail) by its sender is adopted again:
-        their words signed as the mail, the same mail id, ledgered `mail.readopted`. Anything
-        else is checked as tampering. `trusted`: the delivery's words are the forge's, not
-        only its sender's say (an org-signed one's sender is the org admins' word)."""
+                     changes: Mapping[str, Any] | None) -> None:
+        """An `issues.edited` delivery on `mail`'s issue, `issue` as the edit left it: checked
+        as tampering, unless it is an edit from before the adoption's write (`changes.body.from`,
+        or the body when only the title changed, shows no header of the mail) that the
+        adoption read (it signed this very title and these words): nothing changed since."""
         body = (changes or {}).get("body")
         before = {"body": body.get("from")} if isinstance(body, Mapping) else issue
-        agent = self.office.agent(mail.to_principal.removeprefix("agent:"))
-        if (trusted and not mail.tampered and actor == mail.from_principal
-                and agent is not None and self.send_refusal(actor, agent) is None
-                and self.before_adoption(mail, issue, before)
-                and await self._adopt_again(mail, issue, actor)):
+        if self.before_adoption(mail, issue, before) and (mail.subject, mail.body) == (
+                clean_subject(str(issue.get("title") or "")), written_body(issue.get("body"))):
             return
         await self.check_tamper(mail, issue, actor)
-
-    async def _adopt_again(self, mail: MailRecord, issue: dict[str, Any], actor: str) -> bool:
-        """`mail` signed again over `issue`'s title and body (as its sender's edit left them)
-        and written on the forge, if the forge still shows the adoption's words there (or this
-        very re-adoption's: a retry). False when it shows other words: a change since, left to
-        the tamper check."""
-        try:
-            subject = checked_subject(str(issue.get("title") or ""))
-        except InvalidArguments:
-            return False
-        body = written_body(issue.get("body"))
-        async with self.services.lock_for(mail.mail_id):
-            latest = await mails.get_mail(self.services.store, mail.mail_id) or mail
-            if (latest.subject, latest.body) == (subject, body):
-                return True  # the adoption read the issue after the edit: nothing was lost
-            now = await self.forge.get_issue(latest.vault, latest.number)
-            words = written_body(now.get("body")) if headed_by(latest.mail_id)(now) else None
-            if words not in (latest.body, body):
-                return False
-            header = signed_again(await self.services.keyring.ready_for(self.office.org),
-                                  self.office, replace(latest, subject=subject, body=body))
-            again = replace(latest, subject=header.subject, body=body, key_id=header.key_id,
-                            body_sha256=header.body_sha256)
-            retitle = {"title": header.subject} if header.subject != str(
-                now.get("title") or "").strip() else {}
-            await self.forge.update_issue(latest.vault, latest.number, body=fits(
-                render_mail_body(header, body), "the mail, its header added"), **retitle)
-            async with self.services.store.transaction(
-                    mails.box_key(latest.org, latest.to_principal), ledger.key(latest.org)) as db:
-                if await mails.signed_again(db, again, latest):
-                    await ledger.append(db, "mail.readopted", actor, latest.ref, {
-                        "mail": latest.mail_id, "subject": again.subject,
-                        "was": latest.body_sha256, "body_sha256": again.body_sha256},
-                                        org=latest.org)
-        return True
 
     async def undone_by_adoption(self, mail: MailRecord, issue: Mapping[str, Any],
                                  action: str, label: str) -> LabelChanges:

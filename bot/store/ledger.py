@@ -43,7 +43,6 @@ EVENTS = frozenset({
     "mail.sent", "mail.opened", "mail.replied", "mail.closed", "mail.loop_guard",
     "mail.bounced",  # mail to an agent that left, or to a vault gone or archived
     "mail.restored",  # a delivered mail's issue vanished and was opened again (the doctor)
-    "mail.readopted",  # an adopted mail signed again over its sender's edit its write undid
     "mail.tampered", "run.queued", "run.refused", "run.denied", "run.finished", "comment.added",
     "comment.answered", "comment.resolved", "office.config_refused",
     "office.webhook_secret_rotated",  # an org's own webhook secret (Gitea), by the operator

@@ -171,18 +171,6 @@ async def set_state(db: Connection, mail_id: str, state: str,
     return True
 
 
-async def signed_again(db: Connection, mail: MailRecord, was: MailRecord) -> bool:
-    """`mail`'s subject, body and signature as signed again over the same mail id (an adopted
-    mail adopted again: `Mailer.edited`), if its row still holds `was`'s; whether it did."""
-    await _hold_box_of(db, mail.mail_id)
-    changed = await db.execute(
-        "UPDATE mails SET subject=?, body=?, body_sha256=?, key_id=?, updated_at=vm_now()"
-        " WHERE mail_id=? AND subject=? AND body_sha256=?",
-        (mail.subject, mail.body, mail.body_sha256, mail.key_id, mail.mail_id, was.subject,
-         was.body_sha256))
-    return changed == 1
-
-
 async def copy_hops(store: Store, thread: str, replied: str) -> int:
     """The most hops among the automatic reply copies of the mail `replied` (owner/repo#N) in
     `thread`, 0 when there is none: copies are the mails in reply to it with hops above 0."""
