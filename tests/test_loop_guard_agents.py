@@ -10,8 +10,10 @@ Before issue 26 only the app's reply copy counted hops: agents answering each ot
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from bot.app.signed_post import check_signed_post
 from bot.mail.signing import PublicKeys
 from bot.office.config import PYTHON
 from bot.store import mails
-from tests.support import ToolClient, app_key, label_names
+from tests.support import Actor, ToolClient, app_key, label_names
 
 SCOUT, BUILDER = "acme/scout-vault", "acme/builder-vault"
 MARCO = "human:marco@acme.com"
@@ -288,26 +290,24 @@ async def test_two_agents_answering_each_wake_with_fresh_mail_stop_at_the_guard(
         await emb.stop()
 
 
-async def test_two_agents_dispatched_by_post_answering_each_wake_with_fresh_mail_stop_at_the_guard(
-        tmp_path: Path, database_url: str) -> None:
-    """scout and builder are run by a signed POST to their runner, which answers each wake
-    with fresh mail to the other using the agent's long-lived token (the only one a POST
-    runner has): every such mail started at hop 0, so they woke each other forever. Mail an
-    agent sends while a run a mail woke is open counts one hop past that mail, whatever token
-    it is sent with; past 3 it arrives quiet (no run) and `mail.loop_guard` is ledgered."""
+Answer = Callable[[Embedded, aiohttp.ClientSession, dict[str, Any]], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def dispatched_by_post(
+        tmp_path: Path, database_url: str, answer: Answer,
+        edit: Callable[[dict[str, Any]], None] = lambda agent: None,
+) -> AsyncIterator[tuple[Embedded, aiohttp.ClientSession, list[dict[str, Any]],
+                         Callable[[], Awaitable[None]]]]:
+    """An office whose scout and builder are run by a signed POST to a runner here, which
+    checks the signature, answers 204 and then calls `answer(office, session, run)` (as a
+    runner does after its 204). Yields the office, a session, the runs received and `settle`:
+    what the answers caused, settled (each may wake the other agent). `edit` changes each
+    agent of the office file before it starts."""
     answering: set[asyncio.Task[None]] = set()
     received: list[dict[str, Any]] = []
     emb: Embedded | None = None
     session = aiohttp.ClientSession()
-
-    async def answer(run: dict[str, Any]) -> None:
-        assert emb is not None
-        n = int(run["title"].split()[-1])
-        other = {"scout": "builder", "builder": "scout"}[run["agent"]]
-        if n < 8:  # a bound, so the loop the guard missed ends by itself when it does
-            await ToolClient(session, emb, f"agent:{run['agent']}")(
-                "mail_send", to=other, subject=f"Ping {n + 1}", body="your turn",
-                idempotencyKey=f"run-{run['run']}")
 
     async def runner(request: web.Request) -> web.Response:
         assert emb is not None
@@ -319,10 +319,17 @@ async def test_two_agents_dispatched_by_post_answering_each_wake_with_fresh_mail
                           seen={f"run-{r['run']}" for r in received})
         run = json.loads(body)
         received.append(run)
-        task = asyncio.create_task(answer(run))  # the runner answers after the 204
+        task = asyncio.create_task(answer(emb, session, run))  # the runner answers after the 204
         answering.add(task)
         task.add_done_callback(answering.discard)
         return web.Response(status=204)
+
+    async def settle() -> None:
+        assert emb is not None
+        await emb.settle()
+        while answering:  # each answer may wake the other agent: settle what it caused
+            await asyncio.gather(*answering)
+            await emb.settle()
 
     app = web.Application()
     app.router.add_post("/runs", runner)
@@ -337,18 +344,45 @@ async def test_two_agents_dispatched_by_post_answering_each_wake_with_fresh_mail
     for agent in office["agents"]:
         if agent["slug"] in ("scout", "builder"):
             agent["run"]["dispatch"] = url
+        edit(agent)
     path = tmp_path / "office.yml"
     path.write_text(yaml.safe_dump(office, sort_keys=False))
     emb = await start_embedded(office_path=path, data_dir=tmp_path / "d", port=0, forge_port=0,
                                database_url=database_url, app_key=app_key(),
                                outbound=OutboundPolicy.parse("127.0.0.1"))
     try:
+        yield emb, session, received, settle
+    finally:
+        await emb.stop()
+        await session.close()
+        await site_runner.cleanup()
+
+
+async def pinged_back(emb: Embedded, session: aiohttp.ClientSession,
+                      run: dict[str, Any]) -> None:
+    """A runner's answer to "Ping N": mail_send "Ping N+1" to the other agent with the agent's
+    long-lived token (all a POST's runner has), up to Ping 8 (a bound, so a loop the guard
+    misses ends by itself)."""
+    n = int(run["title"].split()[-1])
+    other = {"scout": "builder", "builder": "scout"}[run["agent"]]
+    if n < 8:
+        await ToolClient(session, emb, f"agent:{run['agent']}")(
+            "mail_send", to=other, subject=f"Ping {n + 1}", body="your turn",
+            idempotencyKey=f"run-{run['run']}")
+
+
+async def test_two_agents_dispatched_by_post_answering_each_wake_with_fresh_mail_stop_at_the_guard(
+        tmp_path: Path, database_url: str) -> None:
+    """scout and builder are run by a signed POST to their runner, which answers each wake
+    with fresh mail to the other using the agent's long-lived token (the only one a POST
+    runner has): every such mail started at hop 0, so they woke each other forever. Mail an
+    agent sends while a run a mail woke is open counts one hop past that mail, whatever token
+    it is sent with; past 3 it arrives quiet (no run) and `mail.loop_guard` is ledgered."""
+    async with dispatched_by_post(tmp_path, database_url, pinged_back) as (
+            emb, session, received, settle):
         await ToolClient(session, emb, MARCO)("mail_send", to="scout", subject="Ping 0",
                                               body="start")
-        await emb.settle()
-        while answering:  # each answer wakes the other agent: settle what it caused
-            await asyncio.gather(*answering)
-            await emb.settle()
+        await settle()
         sent = sorted(await mails.list_mails(emb.services.store, org="acme"),
                       key=lambda m: int(m.subject.split()[-1]))
         assert [(m.subject, m.from_principal, m.hops, m.state) for m in sent] == [
@@ -361,7 +395,40 @@ async def test_two_agents_dispatched_by_post_answering_each_wake_with_fresh_mail
             "hops 0..3 are dispatched; the quiet one is not")
         guards = await emb.ledger_events("mail.loop_guard")
         assert [(g.subject, g.data["hops"]) for g in guards] == [(sent[4].ref, 4)]
-    finally:
-        await emb.stop()
-        await session.close()
-        await site_runner.cleanup()
+
+
+async def test_an_agent_opening_issues_by_hand_in_anothers_vault_stops_at_the_guard(
+        tmp_path: Path, database_url: str) -> None:
+    """builder answers each wake by opening an issue in scout's vault as its own forge login
+    (builder-bot), scout by mail_send: the app adopts builder's issue as builder's mail, and
+    adopted mail started at hop 0 whoever opened it, so the two woke each other forever. An
+    issue an agent opens climbs as its mail_send would (from its mail run still open); past 3
+    it is adopted quiet (no mail:new on the forge, no run) and `mail.loop_guard` is ledgered."""
+    async def answer(emb: Embedded, session: aiohttp.ClientSession,
+                     run: dict[str, Any]) -> None:
+        n = int(run["title"].split()[-1])
+        if run["agent"] == "builder" and n < 8:
+            await Actor(session, emb, "builder-bot").open_issue(
+                SCOUT, f"Ping {n + 1}", "your turn")
+        else:
+            await pinged_back(emb, session, run)
+
+    async with dispatched_by_post(tmp_path, database_url, answer) as (
+            emb, session, received, settle):
+        await ToolClient(session, emb, MARCO)("mail_send", to="scout", subject="Ping 0",
+                                              body="start")
+        await settle()
+        sent = sorted(await mails.list_mails(emb.services.store, org="acme"),
+                      key=lambda m: int(m.subject.split()[-1]))
+        assert [(m.subject, m.from_principal, m.hops, m.state) for m in sent] == [
+            ("Ping 0", MARCO, 0, "mail:new"),
+            ("Ping 1", "agent:scout", 1, "mail:new"),
+            ("Ping 2", "agent:builder", 2, "mail:new"),
+            ("Ping 3", "agent:scout", 3, "mail:new"),
+            ("Ping 4", "agent:builder", 4, "quiet")], sent
+        assert [r["subject"] for r in received] == [m.ref for m in sent[:4]], (
+            "hops 0..3 are dispatched; the quiet one is not")
+        adopted = await Actor(session, emb, "marco").issue(SCOUT, sent[4].number)
+        assert label_names(adopted) == [], "a quiet adopted mail carries no mail:new"
+        guards = await emb.ledger_events("mail.loop_guard")
+        assert [(g.subject, g.data["hops"]) for g in guards] == [(sent[4].ref, 4)]

@@ -531,7 +531,9 @@ class Mailer:
         delivery is known to describe it as it is now (`handlers.mail.opened_just_now`), so it
         is not read again. A closed issue becomes a closed mail, ledgered sent and closed once
         each, if whoever closed it may close it (else it is new mail, and the close's own
-        delivery refuses and reopens it)."""
+        delivery refuses and reopens it). An agent's issue climbs as its `mail_send` would
+        (`sent_hops`: from its mail run still open), or an agent answering each wake with an
+        issue by hand in another's vault would loop past the guard; past it, adopted quiet."""
         agent = self.office.agent_for_vault(repo)
         if agent is None:
             raise NotFoundError(f"{repo} is not a vault in this office")
@@ -547,20 +549,23 @@ class Mailer:
         body = written_body(issue.get("body"))
         mail_id = adopted_mail_id(int(issue["id"]))  # binds the header to this issue
         title = str(issue.get("title") or "")
+        hops = await self.sent_hops(actor, None)
         header = _signed(
             keyring=await self.services.keyring.ready_for(self.office.org), from_principal=actor,
-            to_principal=agent.principal,
-            vault=repo.lower(), subject=checked_subject(title), body=body, mail_id=mail_id,
+            to_principal=agent.principal, vault=repo.lower(), subject=checked_subject(title),
+            body=body, mail_id=mail_id, hops=hops,
             from_name=shown_as(self.office, actor), to_name=shown_as(self.office, agent.principal))
         current = [label["name"] for label in issue.get("labels", [])]
         record = MailRecord(
             mail_id=mail_id, vault=repo.lower(), number=number, subject=header.subject,
             body=body, from_principal=actor, to_principal=agent.principal, sent=header.sent,
-            hops=0, in_reply_to=None, thread_id=header.thread_id, key_id=header.key_id,
+            hops=hops, in_reply_to=None, thread_id=header.thread_id, key_id=header.key_id,
             body_sha256=header.body_sha256, state=MailState.NEW.value,
             other_labels=tuple(n for n in current if not n.lower().startswith("mail:")))
         closer = self._closer(issue, actor, record)
-        state = MailState.NEW if closer is None else MailState.CLOSED
+        state: MailState | None = MailState.NEW if closer is None else MailState.CLOSED
+        if closer is None and hops > LOOP_GUARD_HOPS:  # as `deliver` holds a sent one
+            state, record = None, record.with_state(QUIET)
         # the title as signed (control and invisible characters out), in the same write
         retitle = {"title": header.subject} if header.subject != title.strip() else {}
         await self.forge.update_issue(
