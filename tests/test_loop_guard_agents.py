@@ -432,3 +432,51 @@ async def test_an_agent_opening_issues_by_hand_in_anothers_vault_stops_at_the_gu
         assert label_names(adopted) == [], "a quiet adopted mail carries no mail:new"
         guards = await emb.ledger_events("mail.loop_guard")
         assert [(g.subject, g.data["hops"]) for g in guards] == [(sent[4].ref, 4)]
+
+
+async def test_an_agent_naming_its_run_climbs_from_that_runs_mail_not_its_latest(
+        tmp_path: Path, database_url: str) -> None:
+    """marco asks builder to brief critic; meanwhile scout, in an unrelated chain, wakes
+    builder at hop 3. builder's runner, answering marco, mails critic with the long-lived
+    token: it climbed from builder's latest open run (hop 3), so the brief went out quiet at
+    hop 4 and critic was never woken. A runner names its run (`run`, the number its payload
+    carries) and climbs from that run's mail; only one of that agent's own open runs is taken,
+    and naming none still climbs from the latest."""
+    def edit(agent: dict[str, Any]) -> None:
+        if agent["slug"] == "builder":
+            agent["capabilities"]["mail.send"] = ["*"]
+        if agent["slug"] == "critic":
+            agent["run"]["triggers"] = ["mail"]
+
+    async def answer(emb: Embedded, session: aiohttp.ClientSession,
+                     run: dict[str, Any]) -> None:
+        return None  # this runner answers by hand, below
+
+    async with dispatched_by_post(tmp_path, database_url, answer, edit) as (
+            emb, session, received, settle):
+        marco, scout, builder = (ToolClient(session, emb, who) for who in (
+            MARCO, "agent:scout", "agent:builder"))
+        await marco("mail_send", to="builder", subject="brief critic", body="please")
+        await marco("mail_send", to="scout", subject="chain", body="go")
+        await settle()
+        [asked] = [r["run"] for r in received if r["title"] == "brief critic"]
+        [chain] = [r["run"] for r in received if r["title"] == "chain"]
+        for speaker, to, hop in ((scout, "builder", 1), (builder, "scout", 2),
+                                 (scout, "builder", 3)):
+            mail = (await speaker("mail_send", to=to, subject=f"P{hop}", body="..."))["mail"]
+            assert mail["hops"] == hop
+            await settle()
+        brief = (await builder("mail_send", to="critic", subject="marco asks: review X",
+                               body="x", run=asked))["mail"]
+        assert (brief["hops"], brief["state"]) == (1, "mail:new"), brief
+        # naming no run: the latest open one (scout's P3, hop 3), as before
+        unnamed = (await builder("mail_send", to="critic", subject="and this", body="y"))["mail"]
+        assert (unnamed["hops"], unnamed["state"]) == (4, "quiet"), unnamed
+        # another agent's run, or one that is none, is refused: nothing sent
+        for run in (chain, 999):
+            status, body = await builder.raw("mail_send", {
+                "to": "critic", "subject": "not mine", "body": "z", "run": run})
+            assert (status, body["error"]["code"]) == (422, "run_not_open"), body
+        await settle()
+        sent = await mails.list_mails(emb.services.store, org="acme")
+        assert "not mine" not in [m.subject for m in sent]

@@ -429,9 +429,10 @@ class Mailer:
         other could wake each other forever" holds for mail_send + inReplyTo too. An agent
         sending from a run a mail woke (`woken_by`, its run token's) climbs from the hop that
         woke it, that mail's hops and its agents' turns (as a follow-up counts them), or two
-        agents answering each wake with fresh mail woke each other forever. Sent with a token
-        that names no run (an agent's long-lived one: a POST's or a repository_dispatch's
-        runner has no other), it climbs from the agent's latest mail run still open
+        agents answering each wake with fresh mail woke each other forever (`woken_by` is also
+        the run an agent names, `named_run`). Sent with a token that names no run (an agent's
+        long-lived one: a POST's or a repository_dispatch's runner has no other), naming none,
+        it climbs from the agent's latest mail run still open
         (`mails.open_wake`): which token it holds is the agent's choice, whether a mail woke it
         is the app's. A person's mail, and an agent's with no mail run open answering nothing,
         start at 0."""
@@ -448,6 +449,21 @@ class Mailer:
         if woke is not None:
             hops = max(hops, woke.hops + woke.agent_turns + 1)
         return hops
+
+    async def named_run(self, actor: str, run: int) -> str:
+        """What woke run `run`, which agent `actor` names as the run its mail is sent from
+        (a POST's or a repository_dispatch's runner: its payload's `run`): what `sent_hops`
+        climbs from instead of its latest open mail run. Only one of the agent's own runs
+        still open is taken: it chooses among the wakes that are its, never another's."""
+        woke = await mails.run_wake(self.services.store, actor.removeprefix("agent:"), run,
+                                    org=self.office.org, since=time.time() - runs.RUN_HELD_OPEN)
+        if woke is None:
+            raise InvalidArguments(
+                f"run {run} is not one of {actor}'s open runs (one the app dispatched to it, "
+                "not ended, started within the last hour): give the `run` of the payload "
+                "that woke you, or leave it out (the mail then counts from your latest open "
+                "mail run)", code="run_not_open")
+        return woke
 
     async def _copy_hops(self, replied: MailRecord) -> int:
         """The hops of an automatic reply copy of `replied`, or of mail an agent sends in

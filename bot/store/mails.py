@@ -358,6 +358,21 @@ async def open_wake(store: Store, agent: str, *, org: str, since: float) -> str 
     return str(row["woken_by"]) if row is not None else None
 
 
+async def run_wake(store: Store, agent: str, number: int, *, org: str,
+                   since: float) -> str | None:
+    """What woke `agent`'s run `number` in `org`'s office, when that run is still open as
+    `open_wake` reads them: a mail run's mail id, or a chat run's `chat:<n>` (as a chat run's
+    token names it). None when it is not such a run of this agent's."""
+    row = await store.fetchone(
+        "SELECT kind, subject, woken_by FROM runs WHERE org=? AND agent=? AND number=?"
+        " AND created_at>? AND state='queued'", (org.lower(), agent, number, since))
+    if row is None:
+        return None
+    if row["kind"] == "chat":
+        return str(row["subject"])
+    return str(row["woken_by"]) if row["woken_by"] is not None else None
+
+
 async def runs_for(store: Store, agent: str, *, org: str) -> list[dict[str, Any]]:
     rows = await store.fetchall("SELECT * FROM runs WHERE org=? AND agent=? ORDER BY id",
                                 (org.lower(), agent))

@@ -13,7 +13,16 @@ from bot.office.visibility import viewer_for
 from bot.store import mails
 from bot.store.mails import QUIET, MailRecord
 from bot.tools import outputs
-from bot.tools.registry import READS_FORGE, READS_INDEX, Args, Call, Hints, inbox_provider, tool
+from bot.tools.registry import (
+    MAX_ID,
+    READS_FORGE,
+    READS_INDEX,
+    Args,
+    Call,
+    Hints,
+    inbox_provider,
+    tool,
+)
 
 # an issue number of at most 15 digits (below 2**53): a longer one names no issue, and never
 # reaches the index as an integer it cannot hold
@@ -52,6 +61,9 @@ class SendArgs(Args):
         "the mail this answers: its id or owner/repo#N"))
     idempotencyKey: str | None = Field(default=None, max_length=200, description=(
         "any string; a retried send with the same key returns the first mail, never a second"))
+    run: int | None = Field(default=None, ge=1, le=MAX_ID, description=(
+        "an agent's run this mail is sent from (the `run` of the payload that woke it): its "
+        "hops count from that run's mail; one of your own runs still open"))
 
 
 @tool("mail_send", SendArgs, "Send mail to an agent; it lands in the agent's vault as mail:new.",
@@ -59,19 +71,24 @@ class SendArgs(Args):
       hints=Hints(read_only=False, destructive=False, idempotent=False, open_world=True))
 async def mail_send(call: Call, args: SendArgs) -> dict[str, Any]:
     reply_to = await find_mail(call, args.inReplyTo) if args.inReplyTo else None
+    # the run the mail climbs from: its token's (a command run's), else the one the agent
+    # names, else (None) its latest open mail run (`Mailer.sent_hops`)
+    woken_by = call.woken_by
+    if woken_by is None and args.run is not None and call.is_agent:
+        woken_by = await call.mailer.named_run(call.principal, args.run)
     from bot.email.sending import is_address, send_email
 
     if is_address(args.to):  # to someone outside, by email (issue 24)
         return {"mail": mail_view(await send_email(
             call.mailer, call.principal, args.to, args.subject, args.body, reply_to=reply_to,
-            idempotency_key=args.idempotencyKey, woken_by=call.woken_by))}
+            idempotency_key=args.idempotencyKey, woken_by=woken_by))}
     # an agent that has left: the sender gets a bounce naming why, not "no such agent"
     await call.mailer.bounce_if_left(call.principal, args.to, args.subject,
                                      key=args.idempotencyKey, about=reply_to)
     await call.mailer.check_may_send(call.principal, call.mailer.recipient(args.to))
     record = await call.mailer.send(call.principal, args.to, args.subject, args.body,
                                     reply_to=reply_to, idempotency_key=args.idempotencyKey,
-                                    check=False, woken_by=call.woken_by)
+                                    check=False, woken_by=woken_by)
     return {"mail": mail_view(record)}
 
 
