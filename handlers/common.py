@@ -43,13 +43,20 @@ class Scene:
 
         Only they are mentioned: `text` often quotes what they wrote, so its @mentions are
         defused."""
+        await self._post(f"@{self.login} {as_data(text)}")
+
+    async def note(self, text: str) -> None:
+        """A one-line note on the issue addressed to no one: about an act the forge does not
+        say who made (its sender is the app's own account: bot.app.org_signed)."""
+        await self._post(as_data(text))
+
+    async def _post(self, line: str) -> None:
         marker = self.ctx.next_marker()  # a retry finds what an earlier attempt said
         if (self.ctx.retry or idempotency.resumed()) and await self.ctx.forge.find_comment(
                 self.repo, self.number, marker) is not None:
             return
-        await self.ctx.forge.create_comment(
-            self.repo, self.number, f"@{self.login} {as_data(text)} {marker}",
-            marker=marker)
+        await self.ctx.forge.create_comment(self.repo, self.number, f"{line} {marker}",
+                                            marker=marker)
 
     @property
     def stranger(self) -> bool:

@@ -299,6 +299,13 @@ async def card_edited(event: sansio.Event, ctx: HandlerContext) -> None:
     t = await db.thread_by_card(store, int(event.data["comment"]["id"]), item.ref)
     if t is None or t.state.question is None or t.card_body is None or t.card_id is None:
         return
+    if s.login.lower() == ctx.services.bot_login.lower():  # an edit no one can be shown to
+        # have made (a Gitea org's own webhook: bot.app.org_signed): it answers in no one's name
+        await ctx.forge.update_comment(s.repo, t.card_id, t.card_body)
+        await s.note(f"a tick in question card {t.id} was undone: this forge does not say who "
+                     "edits a comment, so a tick answers nothing here. Answer with `/answer "
+                     f"{t.id} <option number>` instead.")
+        return
     service = Comments(ctx.services, ctx.forge, s.office)
     choice = ticked_option(t.card_body, t.state.question,
                            str(event.data["comment"].get("body") or ""))

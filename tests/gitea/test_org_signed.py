@@ -12,8 +12,9 @@ from typing import Any
 import aiohttp
 
 from bot.app.embedded import Embedded
-from bot.store import ledger, mails
+from bot.store import comments, ledger, mails
 from tests.gitea.test_two_orgs_on_gitea import _post, _secret
+from tests.items_support import TOKEN_TTL
 from tests.support import ToolClient, gitea_api
 
 
@@ -247,3 +248,67 @@ async def test_an_assignment_or_a_type_the_timeline_does_not_show_acts_on_nothin
     refused = [d for d in await office.services.store.fetchall(
         "SELECT guid, state FROM queue") if "forged-" in str(d["guid"])]
     assert len(refused) == 2 and all(d["state"] == "ignored" for d in refused), refused
+
+
+async def test_a_tick_in_a_question_card_over_the_orgs_webhook_answers_in_no_ones_name(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """acme's admin (lee: may write, holds the hook secret) ticked marco's option in a card
+    and signed the edit as marco's: Gitea records no editor, and an edit of another's comment
+    passed on the sender's write access, so the question was answered as marco. An org-signed
+    comment edit is now read in the app's name: the tick is undone, and the note says to
+    answer with `/answer`, which the forge shows as its author's."""
+    vault = "/repos/acme/scout-vault"
+    marco, lee = gitea_api(session, office, "marco"), gitea_api(session, office, "lee")
+    lid = (await marco("POST", f"{vault}/labels", {"name": "outcome", "color": "#00aabb"},
+                       201))["id"]
+    outcome = await marco("POST", f"{vault}/issues", {"title": "Auth schema migration",
+                                                      "body": "x", "labels": [lid]}, 201)
+    await office.settle()
+    asked = await ToolClient(session, office, "agent:scout")(
+        "add_comment", **{**TOKEN_TTL, "target": f"acme/scout-vault#{outcome['number']}"})
+    [card] = [c for c in await marco("GET", f"{vault}/issues/{outcome['number']}/comments")
+              if "Token TTL" in c["body"]]
+    office.forge.faults.drop_webhooks(count=1)  # lee's own delivery: lee's hook drops it
+    edited = await lee("PATCH", f"{vault}/issues/comments/{card['id']}",
+                       {"body": card["body"].replace("- [ ] 2.", "- [x] 2.")}, 200)
+    await office.settle()
+    issue = await marco("GET", f"{vault}/issues/{outcome['number']}")
+    await _forged(office, session, "issue_comment", {
+        "action": "edited", "issue": issue, "comment": edited,
+        "changes": {"body": {"from": card["body"]}},
+        "repository": {"full_name": "acme/scout-vault", "name": "scout-vault",
+                       "owner": {"login": "acme"}},
+        "sender": {"login": "marco"}}, "forged-tick")
+    thread = await comments.get_thread(office.services.store, asked["comment"]["id"])
+    assert thread is not None and thread.state.answer is None, thread
+    now = await marco("GET", f"{vault}/issues/comments/{card['id']}")
+    assert now["body"] == card["body"], "the tick no one can be shown to have made stays"
+    said = [c["body"] for c in await marco("GET", f"{vault}/issues/{outcome['number']}/comments")
+            if "was undone" in c["body"]]
+    assert len(said) == 1 and "/answer" in said[0], said
+    assert "@" not in said[0].split("<!--")[0], "a note to whoever the admin named"
+
+
+async def test_a_title_change_is_the_senders_only_for_the_title_it_names(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """An `edited` with a title change passed on any change_title row of the sender's not
+    taken yet, whatever titles it named: the forge's body (an admin's edit since) was read as
+    the sender's. The row must be of the title the delivery says, from and to."""
+    sent = await _mail(office, session)
+    marco = gitea_api(session, office, "marco")
+    path = f"/repos/acme/scout-vault/issues/{sent['number']}"
+    before = (await marco("GET", path))["title"]
+    office.forge.faults.drop_webhooks(count=1)  # marco's own rename: its delivery lost
+    await marco("PATCH", path, {"title": "EU price list"}, 201)
+    await office.settle()
+    issue = await marco("GET", path)
+    for guid, old, new in (("forged-from", "Budget", "EU price list"),
+                           ("forged-to", before, "Payroll"),
+                           ("genuine-title", before, "EU price list")):
+        await _forged(office, session, "issues", _issues_event(
+            "edited", {**issue, "title": new}, "marco",
+            changes={"title": {"from": old}}), guid)
+    states = {d["guid"]: d["state"] for d in await office.services.store.fetchall(
+        "SELECT guid, state FROM queue")}
+    assert states["acme/forged-from"] == states["acme/forged-to"] == "ignored", states
+    assert states["acme/genuine-title"] == "done", states
