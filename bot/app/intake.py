@@ -43,6 +43,7 @@ from bot.app.hook_generations import grace_text
 from bot.app.services import SERVICES_KEY, Services
 from bot.errors import PayloadTooLarge, VaultmailError
 from bot.forge import gitea_events as gitea
+from bot.names import RULE, is_name
 from bot.office.source import CONFIG_REPO
 from bot.store.hook_secrets import Generation
 from bot.store.queue import installation_of, issue_key, office_of_key, payload_org
@@ -72,8 +73,10 @@ def org_webhook_secret(secret: str, org: str, generation: int = 0) -> str:
     (GITEA_WEBHOOK_SECRET) and the org's generation (bot.store.hook_secrets): an org's admins
     set theirs and learn nothing that signs another org's deliveries, or their own org's once
     it is rotated (`vaultmail gitea-hook ORG [--rotate]` prints it). Generation 0 is the
-    secret every org had before rotation existed."""
-    message = f"vaultmail org webhook\n{org.lower()}" + (f"\n{generation}" if generation else "")
+    secret every org had before rotation existed; a later one names its number in the first
+    line, so no org's name and number give another's (the name once followed by "\n1" did)."""
+    first = "vaultmail org webhook" + (f" {generation}" if generation else "")
+    message = f"{first}\n{org.lower()}"
     return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()
 
 
@@ -244,6 +247,10 @@ async def receive_webhook(request: web.Request) -> web.Response:
     if org is not None and dialect is not GITEA:
         return await _answer_and_close(request, _error(
             404, "not_found", "a GitHub App's deliveries go to /webhook"))
+    if org is not None and not is_name(org):  # (its secret is made from the name)
+        return await _answer_and_close(request, _error(
+            404, "not_an_org", f"/webhook/<org> takes the name of a forge org ({RULE}), and "
+            "this path names none: run `vaultmail gitea-hook ORG` for ORG's webhook URL"))
     generation = None if org is None else await services.hook_generations.of(org)
     signed = SignedBody(*_secrets(settings.webhook_secret, org, generation))
     # no signature to check: nothing of the body is worth reading

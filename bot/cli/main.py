@@ -231,6 +231,7 @@ async def cmd_gitea_hook(args: argparse.Namespace) -> int:
     from bot.app.intake import org_webhook_secret, utc_text
     from bot.app.settings import WEBHOOK_GRACE
     from bot.cli.shell import existing_data_dir
+    from bot.names import RULE, is_name
     from bot.store import hook_secrets, index_of, open_store
 
     secret = os.environ.get("GITEA_WEBHOOK_SECRET", "")
@@ -240,6 +241,9 @@ async def cmd_gitea_hook(args: argparse.Namespace) -> int:
         return 2
     base = (args.url or os.environ.get("VAULTMAIL_PUBLIC_URL") or "https://APP").rstrip("/")
     org = args.org.strip().lower()
+    if not is_name(org):  # (the app answers 404 at any other /webhook/<org>)
+        say(f"{org!r} is not a forge org's name ({RULE})", file=sys.stderr)
+        return 2
     store = await open_store(index_of(existing_data_dir(args.data)))
     try:
         if args.rotate:

@@ -139,3 +139,21 @@ async def test_a_rotation_is_kept_in_the_index_where_another_replica_reads_it(
     finally:
         await one.close()
         await other.close()
+
+
+async def test_an_org_webhook_names_a_forge_org_and_no_two_orgs_secrets_meet(
+        office: Embedded, session: aiohttp.ClientSession, operator: str) -> None:
+    """`/webhook/acme%0A1` was taken as an org `acme\\n1`, whose secret was acme's after one
+    rotation (the generation was joined to the name by a newline). The URL's org must now be
+    a forge org's name, and no org's secret is another's at any generation."""
+    assert org_webhook_secret(operator, "acme\n1") != org_webhook_secret(operator, "acme", 1)
+    code, _, err = await _hook(office, "acme\n1", "--rotate")
+    assert code == 2 and "not a forge org's name" in err, err
+    await _hook(office, "acme", "--rotate")
+    acmes = org_webhook_secret(operator, "acme", 1)
+    for n, org in enumerate(("acme%0A1", "-acme", "ac%20me", "a" * 41)):
+        status, text = await _post(office, session, f"/webhook/{org}", acmes, _push("acme"),
+                                   "push", f"n-{n}")
+        assert status == 404, (org, text)
+        error = json.loads(text)["error"]
+        assert error["code"] == "not_an_org" and "/webhook/<org>" in error["message"], error
