@@ -1,8 +1,9 @@
 """The generation of each org's webhook secret (bot.store.hook_secrets) as intake takes it: held
 in memory, so a delivery costs no database round trip, and read again from the index every
-KEPT seconds, and at once (at most every RECHECK seconds) when a delivery's signature matches
-none of the secrets known for its org: an org's new secret is taken from its first delivery,
-on whichever replica gets it.
+KEPT seconds, and at once when a delivery is signed with one of its org's next secrets
+(bot.app.intake: a rotation not read here yet): an org's new secret is taken from its first
+delivery, on whichever replica gets it. A bad signature, which anyone may send to any org's
+webhook, reads nothing: it cannot be made with a secret its sender does not hold.
 
 Why a short TTL and not a NOTIFY (bot.app.replica): a rotation is made by a command
 (`vaultmail gitea-hook ORG --rotate`), not by a replica, often beside a single app on SQLite,
@@ -24,14 +25,15 @@ from bot.store.hook_secrets import NEVER_ROTATED, Generation, generations
 log = logging.getLogger("vaultmail.intake")
 
 KEPT = 5.0  # seconds the generations read are taken as current
-RECHECK = 1.0  # the least time between reads for a signature that matched nothing known
+AHEAD = 2  # the generations past the one held that a signature is tried with (rotated twice
+# within KEPT: the admins set the latest)
 
 
 class HookGenerations:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._known: dict[str, Generation] | None = None  # None: not read yet
-        self._read_at = self._rechecked_at = -math.inf  # (time.monotonic())
+        self._read_at = -math.inf  # (time.monotonic())
         self._reading: asyncio.Task[None] | None = None
 
     async def of(self, org: str) -> Generation:
@@ -42,12 +44,9 @@ class HookGenerations:
         return self._known.get(org.lower(), NEVER_ROTATED)
 
     async def recheck(self, org: str) -> Generation:
-        """`org`'s generation read again, after a signature that matched none of its known
-        secrets (a rotation not read yet here), unless read for that less than RECHECK seconds
-        ago: anyone can send a bad signature, and costs the index one read a second at most."""
-        if time.monotonic() - self._rechecked_at >= RECHECK:
-            self._rechecked_at = time.monotonic()
-            await self._read()
+        """`org`'s generation read again now: a delivery was signed with one of its next
+        secrets (a rotation not read yet here), which only those who hold it can do."""
+        await self._read()
         return await self.of(org)
 
     async def _read(self) -> None:

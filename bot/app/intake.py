@@ -39,7 +39,7 @@ from bot.app.bodies import (
     size_text,
     too_large,
 )
-from bot.app.hook_generations import grace_text
+from bot.app.hook_generations import AHEAD, grace_text
 from bot.app.services import SERVICES_KEY, Services
 from bot.errors import PayloadTooLarge, VaultmailError
 from bot.forge import gitea_events as gitea
@@ -259,9 +259,12 @@ async def receive_webhook(request: web.Request) -> web.Response:
     if refusal is not None:
         return refusal
     signed_with = signed.signed_with(claimed)
-    if signed_with is None and org is not None and claimed is not None and \
-            (fresh := await services.hook_generations.recheck(org)) != generation:
-        generation = fresh  # rotated since it was read here: the org's new secret, at once
+    if signed_with is None and org is not None and generation is not None and \
+            claimed is not None and SignedBody.whole(signed.body(), *(
+                org_webhook_secret(settings.webhook_secret, org, generation.number + n)
+                for n in range(1, AHEAD + 1))).signed_with(claimed) is not None:
+        # signed with a secret the org is given at its next rotation: one not read here yet
+        generation = await services.hook_generations.recheck(org)
         signed_with = SignedBody.whole(signed.body(), *_secrets(
             settings.webhook_secret, org, generation)).signed_with(claimed)
     if signed_with is None:

@@ -157,3 +157,21 @@ async def test_an_org_webhook_names_a_forge_org_and_no_two_orgs_secrets_meet(
         assert status == 404, (org, text)
         error = json.loads(text)["error"]
         assert error["code"] == "not_an_org" and "/webhook/<org>" in error["message"], error
+
+
+async def test_bad_signatures_to_any_webhook_do_not_hold_back_a_rotated_orgs_new_secret(
+        office: Embedded, session: aiohttp.ClientSession, operator: str) -> None:
+    """The read again at a signature matching nothing known was one a second for the whole
+    replica: an outsider's bad request to any /webhook/<org> spent it, and acme's first
+    deliveries signed with its new secret got 401 until the generations were read again
+    (Gitea does not retry). Only a signature made with one of the org's next secrets, which
+    an outsider cannot make, reads the index again now."""
+    async def post(org: str, secret: str, guid: str) -> int:
+        return (await _post(office, session, f"/webhook/{org}", secret, _push(org), "push",
+                            guid))[0]
+
+    assert await post("acme", _secret(office, "acme"), "o-0") == 202  # generations read
+    assert await post("evil", "not evil's secret", "o-1") == 401  # anyone, anywhere
+    code, _, err = await _hook(office, "acme", "--rotate")
+    assert code == 0, err
+    assert await post("acme", org_webhook_secret(operator, "acme", 1), "o-2") == 202
