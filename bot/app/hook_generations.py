@@ -34,6 +34,7 @@ class HookGenerations:
         self._store = store
         self._known: dict[str, Generation] | None = None  # None: not read yet
         self._read_at = -math.inf  # (time.monotonic())
+        self._known_at = -math.inf  # when the read of _known began (time.monotonic())
         self._reading: asyncio.Task[None] | None = None
 
     async def of(self, org: str) -> Generation:
@@ -48,6 +49,12 @@ class HookGenerations:
         secrets (a rotation not read yet here), which only those who hold it can do."""
         await self._read()
         return await self.of(org)
+
+    def since_rotation(self, generation: Generation) -> float:
+        """Seconds since `generation` (as `of` gave it) became its org's, by the database's
+        clock: its age when read, and the time since on this replica's monotonic clock (a
+        duration, whatever its wall clock says)."""
+        return generation.age + time.monotonic() - self._known_at
 
     async def _read(self) -> None:
         """One read at a time: deliveries arriving while it is under way wait for it, and
@@ -71,7 +78,7 @@ class HookGenerations:
             if self._known is not None and self._known.get(org) != generation:
                 log.info("org webhook secret rotated: its new generation now signs",
                          extra={"org": org, "generation": generation.number})
-        self._known = known
+        self._known, self._known_at = known, started
 
 
 def grace_text(seconds: float) -> str:

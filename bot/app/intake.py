@@ -18,7 +18,6 @@ import hmac
 import json
 import logging
 import re
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -276,6 +275,7 @@ async def receive_webhook(request: web.Request) -> web.Response:
             f"{signature_header} is missing or does not match the webhook secret"))
     if signed_with == 1 and org is not None and generation is not None and \
             (refused := _rotated_out(org, generation, settings.webhook_grace_seconds,
+                                     services.hook_generations.since_rotation(generation),
                                      signature_header, guid, event)) is not None:
         return await _answer_and_close(request, refused)
     body = signed.body()
@@ -343,14 +343,15 @@ def _secrets(master: str, org: str | None, generation: Generation | None) -> lis
     return [org_webhook_secret(master, org, n) for n in (now, now - 1) if n >= 0]
 
 
-def _rotated_out(org: str, generation: Generation, grace: float, header: str, guid: str,
-                 event: str) -> web.Response | None:
-    """A delivery signed with `org`'s secret from before its rotation: None within the
-    grace (its admins are setting the new one), else the refusal, saying what to do."""
+def _rotated_out(org: str, generation: Generation, grace: float, since: float, header: str,
+                 guid: str, event: str) -> web.Response | None:
+    """A delivery signed with `org`'s secret from before its rotation, `since` seconds ago
+    (the database's clock: rotated_at is by it): None within the grace (its admins are
+    setting the new one), else the refusal, saying what to do."""
     rotated_at = generation.rotated_at or 0.0
     extra = {"delivery_id": guid, "event": event, "org": org,
              "generation": generation.number - 1}
-    if time.time() < rotated_at + grace:
+    if since < grace:
         log.info("webhook signed with the org's secret from before its rotation, accepted "
                  "within the grace", extra=extra)
         return None

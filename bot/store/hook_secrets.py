@@ -6,7 +6,7 @@ where every replica reads them: the secret itself is made from the operator's, n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bot.store import ledger
 from bot.store.db import Store, register_schema
@@ -27,6 +27,9 @@ CREATE TABLE IF NOT EXISTS org_webhook_secrets (
 class Generation:
     number: int
     rotated_at: float | None  # when it became the org's (None: never rotated)
+    # seconds since rotated_at when read, both by the database's clock (a replica's own may
+    # disagree with it); not what tells generations apart
+    age: float = field(default=0.0, compare=False)
 
 
 NEVER_ROTATED = Generation(0, None)
@@ -52,11 +55,14 @@ async def rotate(store: Store, org: str, actor: str) -> Generation:
 
 async def generations(store: Store) -> dict[str, Generation]:
     """Every rotated org's generation (a few rows: orgs never rotated have none)."""
-    rows = await store.fetchall("SELECT org, generation, rotated_at FROM org_webhook_secrets")
-    return {r[0]: Generation(int(r[1]), float(r[2])) for r in rows}
+    rows = await store.fetchall(_READ)
+    return {r[0]: Generation(int(r[1]), float(r[2]), float(r[3])) for r in rows}
 
 
 async def generation(store: Store, org: str) -> Generation:
-    row = await store.fetchone(
-        "SELECT generation, rotated_at FROM org_webhook_secrets WHERE org=?", (org.lower(),))
-    return NEVER_ROTATED if row is None else Generation(int(row[0]), float(row[1]))
+    row = await store.fetchone(_READ + " WHERE org=?", (org.lower(),))
+    return NEVER_ROTATED if row is None else Generation(int(row[1]), float(row[2]),
+                                                        float(row[3]))
+
+
+_READ = "SELECT org, generation, rotated_at, vm_now()-rotated_at AS age FROM org_webhook_secrets"

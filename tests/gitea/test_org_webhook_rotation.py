@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -175,3 +176,32 @@ async def test_bad_signatures_to_any_webhook_do_not_hold_back_a_rotated_orgs_new
     code, _, err = await _hook(office, "acme", "--rotate")
     assert code == 0, err
     assert await post("acme", org_webhook_secret(operator, "acme", 1), "o-2") == 202
+
+
+async def test_the_grace_is_counted_by_the_databases_clock_not_the_replicas(
+        database_url: str, tmp_path: Path, session: aiohttp.ClientSession,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rotation's time is the database's clock, and intake compared it with its replica's
+    own: a replica two hours ahead refused acme's secret from before a rotation made a moment
+    ago, well within the hour's grace. The time since a rotation is now the database's (its
+    age when read, and the time since on this replica's monotonic clock)."""
+    if not database_url:
+        pytest.skip("on SQLite the database's clock is the replica's own")
+    office = await start_embedded(data_dir=tmp_path, port=0, forge_port=0, dialect="gitea",
+                                  database_url=database_url)
+    try:
+        master = office.services.settings.webhook_secret
+        old = _secret(office, "acme")
+        await hook_secrets.rotate(office.services.store, "acme", "operator")
+
+        async def post(secret: str, guid: str) -> int:
+            return (await _post(office, session, "/webhook/acme", secret, _push("acme"),
+                                "push", guid))[0]
+
+        assert await post(org_webhook_secret(master, "acme", 1), "c-1") == 202  # read
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda: real() + 7200)  # the replica's clock
+        assert await post(old, "c-2") == 202, "refused within the grace"
+        monkeypatch.undo()
+    finally:
+        await office.stop()
