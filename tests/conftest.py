@@ -49,6 +49,14 @@ async def database_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
         yield url
 
 
+@pytest.fixture
+async def postgres_url() -> AsyncIterator[str]:
+    """A fresh PostgreSQL database's URL, at this release's schema: for what only PostgreSQL
+    has (a clock of the database's own apart from the replica's, other sessions' locks)."""
+    async for url in _each_engine("postgresql", migrated=True):
+        yield url
+
+
 @pytest.fixture(params=ENGINES)
 async def empty_database_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
     """As `database_url`, with nothing in it: for the tests that build an older release's

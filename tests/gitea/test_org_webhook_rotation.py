@@ -179,16 +179,15 @@ async def test_bad_signatures_to_any_webhook_do_not_hold_back_a_rotated_orgs_new
 
 
 async def test_the_grace_is_counted_by_the_databases_clock_not_the_replicas(
-        database_url: str, tmp_path: Path, session: aiohttp.ClientSession,
+        postgres_url: str, tmp_path: Path, session: aiohttp.ClientSession,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A rotation's time is the database's clock, and intake compared it with its replica's
     own: a replica two hours ahead refused acme's secret from before a rotation made a moment
     ago, well within the hour's grace. The time since a rotation is now the database's (its
-    age when read, and the time since on this replica's monotonic clock)."""
-    if not database_url:
-        pytest.skip("on SQLite the database's clock is the replica's own")
+    age when read, and the time since on this replica's monotonic clock). (PostgreSQL only:
+    on SQLite the database's clock is the replica's own.)"""
     office = await start_embedded(data_dir=tmp_path, port=0, forge_port=0, dialect="gitea",
-                                  database_url=database_url)
+                                  database_url=postgres_url)
     try:
         master = office.services.settings.webhook_secret
         old = _secret(office, "acme")
