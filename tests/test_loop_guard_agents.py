@@ -480,3 +480,80 @@ async def test_an_agent_naming_its_run_climbs_from_that_runs_mail_not_its_latest
         await settle()
         sent = await mails.list_mails(emb.services.store, org="acme")
         assert "not mine" not in [m.subject for m in sent]
+
+
+async def test_an_agent_naming_its_first_run_for_every_send_stops_at_the_guard(
+        tmp_path: Path, database_url: str) -> None:
+    """A POST's run is never marked over, so it stays open for the hour: each agent's runner
+    named its first run (a person's hop-0 mail) for every send, every Ping went out at hop
+    1 and scout and builder woke each other forever (review). A run is a budget, not a label:
+    each send from one run to one recipient counts a hop past the last, so the same first run
+    climbs 1, 2, 3 and the fourth send from it arrives quiet, `mail.loop_guard` ledgered."""
+    first: dict[str, int] = {}  # each agent's first run, a person's mail's, named every time
+
+    async def answer(emb: Embedded, session: aiohttp.ClientSession,
+                     run: dict[str, Any]) -> None:
+        first.setdefault(run["agent"], run["run"])
+        if run["title"].startswith("Ping") and int(run["title"].split()[-1]) < 8:
+            n = int(run["title"].split()[-1])
+            other = {"scout": "builder", "builder": "scout"}[run["agent"]]
+            await ToolClient(session, emb, f"agent:{run['agent']}")(
+                "mail_send", to=other, subject=f"Ping {n + 1}", body="your turn",
+                run=first[run["agent"]])
+
+    async with dispatched_by_post(tmp_path, database_url, answer) as (
+            emb, session, received, settle):
+        marco = ToolClient(session, emb, MARCO)
+        await marco("mail_send", to="builder", subject="hello", body="hi")  # builder's first
+        await settle()
+        await marco("mail_send", to="scout", subject="Ping 0", body="start")
+        await settle()
+        sent = sorted([m for m in await mails.list_mails(emb.services.store, org="acme")
+                       if m.subject.startswith("Ping")],
+                      key=lambda m: int(m.subject.split()[-1]))
+        assert [(m.subject, m.from_principal, m.hops, m.state) for m in sent] == [
+            ("Ping 0", MARCO, 0, "mail:new"),
+            ("Ping 1", "agent:scout", 1, "mail:new"),
+            ("Ping 2", "agent:builder", 1, "mail:new"),
+            ("Ping 3", "agent:scout", 2, "mail:new"),
+            ("Ping 4", "agent:builder", 2, "mail:new"),
+            ("Ping 5", "agent:scout", 3, "mail:new"),
+            ("Ping 6", "agent:builder", 3, "mail:new"),
+            ("Ping 7", "agent:scout", 4, "quiet")], sent
+        guards = await emb.ledger_events("mail.loop_guard")
+        assert [(g.subject, g.data["hops"]) for g in guards] == [(sent[7].ref, 4)]
+
+
+async def test_one_wake_fanning_out_to_several_agents_wakes_each_and_climbs_per_recipient(
+        tmp_path: Path, database_url: str) -> None:
+    """marco asks builder to brief critic, echo and scout: one mail from builder's run to each
+    is one hop past marco's (1), all mail:new, however many it briefs. Mailing one of them
+    again from that run climbs: 2, 3, then quiet at 4 (before, every send from the run was
+    hop 1, so a run could wake its agent's peers without end)."""
+    def edit(agent: dict[str, Any]) -> None:
+        if agent["slug"] == "builder":
+            agent["capabilities"]["mail.send"] = ["*"]
+        if agent["slug"] in ("critic", "echo"):
+            agent["run"].update(triggers=["mail"], dispatch="none")
+
+    async def answer(emb: Embedded, session: aiohttp.ClientSession,
+                     run: dict[str, Any]) -> None:
+        return None  # this runner answers by hand, below
+
+    async with dispatched_by_post(tmp_path, database_url, answer, edit) as (
+            emb, session, received, settle):
+        builder = ToolClient(session, emb, "agent:builder")
+        await ToolClient(session, emb, MARCO)("mail_send", to="builder",
+                                              subject="brief the others", body="please")
+        await settle()
+        [asked] = [r["run"] for r in received if r["title"] == "brief the others"]
+        briefs = [(await builder("mail_send", to=to, subject="brief", body="x",
+                                 run=asked))["mail"] for to in ("critic", "echo", "scout")]
+        assert [(b["to_principal"], b["hops"], b["state"]) for b in briefs] == [
+            ("agent:critic", 1, "mail:new"), ("agent:echo", 1, "mail:new"),
+            ("agent:scout", 1, "mail:new")], briefs
+        again = [(await builder("mail_send", to="critic", subject=f"more {n}", body="y",
+                                run=asked))["mail"] for n in range(3)]
+        assert [(m["hops"], m["state"]) for m in again] == [
+            (2, "mail:new"), (3, "mail:new"), (4, "quiet")], again
+        await settle()

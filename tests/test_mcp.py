@@ -276,3 +276,21 @@ async def test_a_runs_token_over_mcp_sends_mail_a_hop_past_the_mail_that_woke_th
     async with mcp_http(embedded, _token(embedded, "agent:scout")) as client:
         sent = _result(await client.call_tool("mail_send", fresh))["mail"]
     assert (sent["hops"], sent["state"]) == (0, "mail:new"), sent
+
+
+async def test_a_chat_runs_token_starts_at_hop_0_and_climbs_per_recipient(
+        embedded: Embedded) -> None:
+    """A chat run (a person's chat: its token names `chat:<n>`, no mail) sends from hop 0, as
+    the person would, and is a budget as a mail run is: each send from it to one recipient is
+    a hop past the last, so a chat run cannot wake another agent without end (it sent every
+    mail at 0); another recipient starts at 0 again."""
+    run = await api_tokens.create_token(embedded.services.store, "agent:scout", "acme",
+                                        lasts=60.0, woken_by="chat:1")
+    async with mcp_http(embedded, run) as client:
+        sent = [_result(await client.call_tool("mail_send", {
+            "to": to, "subject": "From chat", "body": "news"}))["mail"]
+            for to in ("builder", "builder", "critic", "builder", "builder")]
+    assert [(m["to_principal"], m["hops"], m["state"]) for m in sent] == [
+        ("agent:builder", 0, "mail:new"), ("agent:builder", 1, "mail:new"),
+        ("agent:critic", 0, "mail:new"), ("agent:builder", 2, "mail:new"),
+        ("agent:builder", 3, "mail:new")], sent

@@ -104,7 +104,8 @@ async def send_email(mailer: Mailer, actor: str, to: str, subject: str, body: st
         return keyed_here(existing, office.org, idempotency_key)
     vault = office.vault_of(sender).lower()
     # an agent answering mail, or mailing from a run, climbs as it does mailing an agent
-    hops = await mailer.sent_hops(actor, reply_to, woken_by=woken_by)
+    run = await mailer.sent_from(actor, woken_by)
+    hops = await mailer.sent_hops(actor, principal, reply_to, run=run)
     header = _signed(
         keyring=await mailer.services.keyring.ready_for(office.org), from_principal=actor,
         to_principal=principal, vault=vault, subject=subject, body=body, mail_id=mail_id,
@@ -141,6 +142,8 @@ async def send_email(mailer: Mailer, actor: str, to: str, subject: str, body: st
             lost = not await idempotency.claim_held_in(db)
             if not lost:
                 await mails.put_mail(db, record)
+                if run is not None:
+                    await mails.set_sent_from(db, mail_id, run)
                 await mails.sent(db, mail_id)
                 await ledger.append(db, "mail.sent", actor, record.ref, {
                     "mail": mail_id, "to": principal, "subject": record.subject,

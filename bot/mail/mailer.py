@@ -191,6 +191,7 @@ class _Draft:
     header: MailHeader
     body: str
     rendered: str
+    sent_from: str | None = None  # the run it is sent from (`Mailer.sent_from`)
 
 
 @dataclass
@@ -329,7 +330,9 @@ class Mailer:
         if existing is not None:
             return keyed_here(existing, self.office.org, idempotency_key)
         vault = self.office.vault_of(agent).lower()
-        hops = await self.sent_hops(actor, reply_to, woken_by=woken_by, automatic=automatic)
+        run = None if automatic else await self.sent_from(actor, woken_by)
+        hops = await self.sent_hops(actor, agent.principal, reply_to, run=run,
+                                    automatic=automatic)
         header = _signed(
             keyring=await self.services.keyring.ready_for(self.office.org), from_principal=actor,
             to_principal=agent.principal,
@@ -339,7 +342,7 @@ class Mailer:
             from_name=shown_as(self.office, actor), to_name=shown_as(self.office, agent.principal))
         issue_body = render_mail_body(header, body, notify=self._sender_login(actor))
         fits(issue_body, "the mail, its header table added")
-        return _Draft(actor, agent, header, body, issue_body)
+        return _Draft(actor, agent, header, body, issue_body, sent_from=run)
 
     async def deliver(self, draft: MailRecord | _Draft, *,
                       quiet: str | None = None) -> MailRecord:
@@ -371,7 +374,7 @@ class Mailer:
             thread_id=header.thread_id, key_id=header.key_id, body_sha256=header.body_sha256,
             state=QUIET if quiet else MailState.NEW.value)
         kept = await self._record_new(record, draft.actor, draft.agent, quiet=quiet,
-                                      fenced=True)
+                                      fenced=True, sent_from=draft.sent_from)
         if kept is None:
             # taken over meanwhile: this try indexes nothing; the new owner indexes one issue
             # and closes any other carrying the mail id (this one, should it be another)
@@ -422,38 +425,48 @@ class Mailer:
                 f"#{original.number}; this copy is closed and not in any inbox.\n\n{marker}"),
                 marker=marker)
 
-    async def sent_hops(self, actor: str, reply_to: MailRecord | None, *,
-                        woken_by: str | None = None, automatic: bool = False) -> int:
-        """The hops of mail `actor` sends. An agent answering mail (`reply_to`) climbs like
-        the reply copy (`automatic`, whoever replied): the seed's "two agents replying to each
-        other could wake each other forever" holds for mail_send + inReplyTo too. An agent
-        sending from a run a mail woke (`woken_by`, its run token's) climbs from the hop that
-        woke it, that mail's hops and its agents' turns (as a follow-up counts them), or two
-        agents answering each wake with fresh mail woke each other forever (`woken_by` is also
-        the run an agent names, `named_run`). Sent with a token that names no run (an agent's
-        long-lived one: a POST's or a repository_dispatch's runner has no other), naming none,
-        it climbs from the agent's latest mail run still open
-        (`mails.open_wake`): which token it holds is the agent's choice, whether a mail woke it
-        is the app's. A person's mail, and an agent's with no mail run open answering nothing,
-        start at 0."""
+    async def sent_from(self, actor: str, woken_by: str | None) -> str | None:
+        """The run mail `actor` sends now is sent from, by what woke it (a mail id, or a chat
+        run's `chat:<n>`): `woken_by` (its run token's, or the run it names, `named_run`),
+        else an agent's latest mail run still open (`mails.open_wake`: a POST's or a
+        repository_dispatch's runner holds only the agent's long-lived token; which token it
+        holds is the agent's choice, whether a mail woke it is the app's). None for a
+        person's mail, and an agent's with no run open."""
+        if not actor.startswith("agent:"):
+            return None
+        if woken_by is not None:
+            return woken_by
+        return await mails.open_wake(self.services.store, actor.removeprefix("agent:"),
+                                     org=self.office.org, since=time.time() - runs.RUN_HELD_OPEN)
+
+    async def sent_hops(self, actor: str, to: str, reply_to: MailRecord | None, *,
+                        run: str | None, automatic: bool = False) -> int:
+        """The hops of mail `actor` sends to `to`. An agent answering mail (`reply_to`) climbs
+        like the reply copy (`automatic`, whoever replied): the seed's "two agents replying
+        to each other could wake each other forever" holds for mail_send + inReplyTo too.
+        Mail sent from a run (`run`, `sent_from`) spends that run as a budget: one hop past
+        the mail that woke it (its hops and its agents' turns, as a follow-up counts them; a
+        chat run from 0, as a person's mail), and one more for each mail the agent sent
+        `to` from that run before. Else two agents answering each wake with fresh mail, or
+        naming one early run for every send, woke each other forever; fan-out (one mail
+        each to several agents) stays one hop past. A person's mail, and an agent's from no
+        run answering nothing, start at 0."""
         if not (automatic or actor.startswith("agent:")):
             return 0
         hops = await self._copy_hops(reply_to) if reply_to is not None else 0
-        store = self.services.store
-        if woken_by is None and not automatic:
-            woken_by = await mails.open_wake(store, actor.removeprefix("agent:"),
-                                             org=self.office.org,
-                                             since=time.time() - runs.RUN_HELD_OPEN)
-        # (a chat run's token names its chat, no mail: from 0, as a person's mail)
-        woke = await mails.get_mail(store, woken_by) if woken_by is not None else None
-        if woke is not None:
-            hops = max(hops, woke.hops + woke.agent_turns + 1)
+        if run is not None:
+            store = self.services.store
+            woke = await mails.get_mail(store, run)
+            start = woke.hops + woke.agent_turns + 1 if woke is not None else 0
+            earlier = await mails.sends_from(store, run, actor, to, org=self.office.org)
+            hops = max(hops, start + earlier)
         return hops
 
     async def named_run(self, actor: str, run: int) -> str:
         """What woke run `run`, which agent `actor` names as the run its mail is sent from
         (a POST's or a repository_dispatch's runner: its payload's `run`): what `sent_hops`
-        climbs from instead of its latest open mail run. Only one of the agent's own runs
+        climbs from instead of its latest open mail run, each send to one recipient one hop
+        more than the last. Only one of the agent's own runs
         still open is taken: it chooses among the wakes that are its, never another's."""
         woke = await mails.run_wake(self.services.store, actor.removeprefix("agent:"), run,
                                     org=self.office.org, since=time.time() - runs.RUN_HELD_OPEN)
@@ -482,13 +495,15 @@ class Mailer:
 
     async def _record_new(self, record: MailRecord, actor: str, agent: Agent, *,
                           quiet: str | None = None, fenced: bool = False,
-                          adopted: bool = False) -> MailRecord | None:
+                          adopted: bool = False,
+                          sent_from: str | None = None) -> MailRecord | None:
         """Index a mail now on the forge, ledger it and admit its run: once per mail id,
         whichever of the sender and the crash-recovery path (`record_found`) comes first.
         The mail as indexed (this record, or the one indexed before it under its id: refused
         when that one is elsewhere, `same_mail`; `adopted`: an id bound to its one issue);
         `fenced`: None, indexing nothing, when the running idempotency claim was taken over
-        (checked under the claim's own key, which a takeover takes too)."""
+        (checked under the claim's own key, which a takeover takes too). `sent_from`: the run
+        it was sent from, kept with it (`sent_hops` counts it)."""
         fence = idempotency.fence_key() if fenced else None
 
         async def index(db: Connection) -> tuple[MailRecord | None, bool, int | None]:
@@ -499,6 +514,8 @@ class Mailer:
             if fence and not await idempotency.claim_held_in(db):
                 return None, False, None
             await _index_sent(db, record, actor)
+            if sent_from is not None:
+                await mails.set_sent_from(db, record.mail_id, sent_from)
             if record.state == QUIET:
                 await ledger.append(db, "mail.loop_guard", "office", record.ref, {
                     "mail": record.mail_id, "hops": record.hops,
@@ -548,8 +565,9 @@ class Mailer:
         is not read again. A closed issue becomes a closed mail, ledgered sent and closed once
         each, if whoever closed it may close it (else it is new mail, and the close's own
         delivery refuses and reopens it). An agent's issue climbs as its `mail_send` would
-        (`sent_hops`: from its mail run still open), or an agent answering each wake with an
-        issue by hand in another's vault would loop past the guard; past it, adopted quiet."""
+        (`sent_hops`: from its mail run still open, and counted against that run), or an
+        agent answering each wake with an issue by hand in another's vault would loop past
+        the guard; past it, adopted quiet."""
         agent = self.office.agent_for_vault(repo)
         if agent is None:
             raise NotFoundError(f"{repo} is not a vault in this office")
@@ -565,7 +583,8 @@ class Mailer:
         body = written_body(issue.get("body"))
         mail_id = adopted_mail_id(int(issue["id"]))  # binds the header to this issue
         title = str(issue.get("title") or "")
-        hops = await self.sent_hops(actor, None)
+        run = await self.sent_from(actor, None)
+        hops = await self.sent_hops(actor, agent.principal, None, run=run)
         header = _signed(
             keyring=await self.services.keyring.ready_for(self.office.org), from_principal=actor,
             to_principal=agent.principal, vault=repo.lower(), subject=checked_subject(title),
@@ -588,7 +607,7 @@ class Mailer:
             repo, number, body=fits(render_mail_body(header, body), "the mail, its header added"),
             labels=labels_for(state, current).apply(current), **retitle)
         if closer is None:
-            await self._record_new(record, actor, agent, adopted=True)
+            await self._record_new(record, actor, agent, adopted=True, sent_from=run)
             return record
         closed = record.with_state(MailState.CLOSED.value)
         await self._record_adopted_closed(closed, actor, closer,

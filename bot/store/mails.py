@@ -373,6 +373,30 @@ async def run_wake(store: Store, agent: str, number: int, *, org: str,
     return str(row["woken_by"]) if row["woken_by"] is not None else None
 
 
+# the run an agent's mail was sent from, by what woke it (a mail id, or a chat run's `chat:<n>`):
+# each send from one run to one recipient counts a hop past the last (`sends_from`, the loop
+# guard), so a run is a budget an agent spends, not a label it may name again and again.
+# Written with the mail's row; NULL: a person's mail, a reply copy, or before schema 27
+register_columns("mails", {"sent_from": "{text}"}, version=27)
+register_backfill("CREATE INDEX IF NOT EXISTS mails_sent_from ON mails(sent_from)",
+                  postgres="CREATE INDEX IF NOT EXISTS mails_sent_from ON mails(sent_from)",
+                  version=27)
+
+
+async def set_sent_from(db: Connection, mail_id: str, run: str) -> None:
+    """Mail `mail_id` was sent from the run `run` woke (in the caller's transaction, the one
+    that indexes the mail)."""
+    await db.execute("UPDATE mails SET sent_from=? WHERE mail_id=?", (run, mail_id))
+
+
+async def sends_from(store: Store, run: str, sender: str, to: str, *, org: str) -> int:
+    """How many mails `sender` has sent to `to` in `org`'s office from the run `run` woke."""
+    row = await store.fetchone(
+        "SELECT COUNT(*) AS n FROM mails WHERE sent_from=? AND org=? AND from_principal=?"
+        " AND to_principal=?", (run, org.lower(), sender, to))
+    return int(row["n"]) if row is not None else 0
+
+
 async def runs_for(store: Store, agent: str, *, org: str) -> list[dict[str, Any]]:
     rows = await store.fetchall("SELECT * FROM runs WHERE org=? AND agent=? ORDER BY id",
                                 (org.lower(), agent))

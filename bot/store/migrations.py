@@ -86,6 +86,8 @@ NAMES = {
     26: "each org's own webhook secret (Gitea) has a generation, moved on by `vaultmail"
         " gitea-hook ORG --rotate` for that org alone: the secret before is accepted for a"
         " grace after, then refused",
+    27: "each mail an agent sends names the run it was sent from (what woke that run): each"
+        " send from one run to one recipient counts a hop past the last (the loop guard)",
 }
 
 
