@@ -39,6 +39,11 @@ async def handle_comment(event: sansio.Event, ctx: HandlerContext) -> None:
     s = await scene(event, ctx)
     if s is None:
         return
+    if s.no_one:  # edited since it was written, by whom the forge does not say (org_signed)
+        await s.note(f"comment {event.data['comment']['id']} was edited since it was written, "
+                     "and this forge does not say by whom, so nothing in it was done. Write it "
+                     "again in a new comment.")
+        return
     text = event.data["comment"].get("body") or ""
     commands = parse_commands(text)
     mail = await s.mail()

@@ -59,6 +59,12 @@ class Scene:
                                             marker=marker)
 
     @property
+    def no_one(self) -> bool:
+        """The act is the app's own account's: one the forge does not say who made (a Gitea
+        org's own webhook: bot.app.org_signed), which acts as no member."""
+        return self.login.lower() == self.ctx.services.bot_login.lower()
+
+    @property
     def stranger(self) -> bool:
         """Someone outside the office (on a public repository, anyone may comment)."""
         return self.actor.startswith("forge:")

@@ -81,6 +81,8 @@ async def comment_on_item(event: sansio.Event, ctx: HandlerContext) -> None:
     if found is None:
         return
     s, item = found
+    if s.no_one:  # edited since it was written: handle_comment notes it, nothing more
+        return
     comment = event.data["comment"]
     text = str(comment.get("body") or "")
     commands = parse_commands(text)
@@ -299,8 +301,7 @@ async def card_edited(event: sansio.Event, ctx: HandlerContext) -> None:
     t = await db.thread_by_card(store, int(event.data["comment"]["id"]), item.ref)
     if t is None or t.state.question is None or t.card_body is None or t.card_id is None:
         return
-    if s.login.lower() == ctx.services.bot_login.lower():  # an edit no one can be shown to
-        # have made (a Gitea org's own webhook: bot.app.org_signed): it answers in no one's name
+    if s.no_one:  # an edit no one can be shown to have made: it answers in no one's name
         await ctx.forge.update_comment(s.repo, t.card_id, t.card_body)
         await s.note(f"a tick in question card {t.id} was undone: this forge does not say who "
                      "edits a comment, so a tick answers nothing here. Answer with `/answer "

@@ -5,9 +5,13 @@ signed as his. The forge records who did what, so before the handlers read such 
 is checked against the forge, and what it says is taken from there:
 
 - a comment is read back by its id, on the delivery's issue: its text and author are the
-  forge's; one `created` must be the sender's; one `edited` is read in no one's name (the
-  app's own): Gitea records no editor, and an admin may edit anyone's comment, so a tick in a
-  question card over such a webhook answers nothing (handlers.items.card_edited undoes it);
+  forge's; one `created` must be the sender's, and is taken once (`org_signed_comments`); one
+  `edited` is read in no one's name (the app's own): Gitea records no editor, and an admin may
+  edit anyone's comment, so a tick in a question card over such a webhook answers nothing
+  (handlers.items.card_edited undoes it). For the same reason a `created` whose comment the
+  forge shows edited since it was written (its `updated_at` is not its `created_at`) is read
+  in no one's name: its author did not necessarily write what it says now (the handlers
+  run none of its commands and note so: handlers.comments.handle_comment);
 - an issue is read back (its title, body, state, labels and author are the forge's); one
   `opened` must be the sender's. Every other action the handlers take as the sender's must be
   in the issue's timeline as the sender's (`_TIMELINE`): a close, a reopen (the issue in that
@@ -36,6 +40,7 @@ from bot.forge.errors import NotFound
 from bot.forge.gitea import GiteaForge, github_label
 from bot.forge.gitea_events import github_user
 from bot.store import deliveries
+from bot.store.moves import forge_time
 from bot.store.queue import issue_key
 
 if TYPE_CHECKING:
@@ -171,7 +176,11 @@ async def _comment(forge: GiteaForge, repo: str, number: int, out: dict[str, Any
             raise NotAsTheForgeSays(f"comment {comment['id']} was written by {author}, not "
                                     f"{sender}")
         out["sender"] = github_user(found.get("user"), bot_login)
-    else:  # edited: by whom, the forge does not say (see the module)
+    # an edit (since it was written, for a `created`): by whom, the forge does not say (see
+    # the module). Gitea stamps both to the second: an edit within it goes unseen
+    written = forge_time(found.get("created_at"))
+    if out.get("action") == "edited" or written is None or \
+            forge_time(found.get("updated_at")) != written:
         out["sender"] = github_user({"login": bot_login}, bot_login)
     out["comment"] = {**comment, "body": found.get("body") or "",
                       "user": github_user(found.get("user"), bot_login),
@@ -180,7 +189,8 @@ async def _comment(forge: GiteaForge, repo: str, number: int, out: dict[str, Any
 
 async def checked_event(ctx: HandlerContext, event: sansio.Event) -> sansio.Event:
     """`event` as the forge has it (`as_the_forge_has_it`), for the handlers; the timeline
-    event it was taken on is recorded, so no other delivery is taken on it."""
+    event or the new comment it was taken on is recorded, so no other delivery is taken on
+    it."""
     if not isinstance(ctx.forge, GiteaForge):  # (intake takes org webhooks on Gitea alone)
         raise NotAsTheForgeSays("only Gitea's org webhooks are signed by an org")
     store, guid = ctx.services.store, str(event.delivery_id)
@@ -190,4 +200,10 @@ async def checked_event(ctx: HandlerContext, event: sansio.Event) -> sansio.Even
                                             ctx.services.bot_login, seen=seen)
     if key and taken:
         await deliveries.org_signed_took(store, key, taken, guid)
+    if event.event == "issue_comment" and data.get("action") == "created" and \
+            not await deliveries.org_signed_comment(store, guid.split("/", 1)[0],
+                                                    int(data["comment"]["id"]), guid):
+        # (the handlers' own once per change keys on the delivery's word for its update time)
+        raise NotAsTheForgeSays(f"comment {data['comment']['id']}'s `created` was taken "
+                                "already, from another delivery")
     return sansio.Event(data, event=event.event, delivery_id=event.delivery_id)

@@ -10,7 +10,8 @@ go once recorded, or once older than the forge's redelivery window. `reconcile_m
 far the last complete listing reached, so a round lists only what came since.
 
 `org_signed_taken` holds, per issue, the newest event of its timeline that a delivery signed by
-an org's own webhook was taken on (`bot.app.org_signed`), and that delivery's id.
+an org's own webhook was taken on (`bot.app.org_signed`), and that delivery's id;
+`org_signed_comments`, per comment, the one such delivery its `created` was taken from.
 """
 
 from __future__ import annotations
@@ -49,6 +50,13 @@ CREATE TABLE IF NOT EXISTS org_signed_taken (
     guid {text} NOT NULL         -- the delivery that took it
 );
 """, version=25)
+register_schema("""
+CREATE TABLE IF NOT EXISTS org_signed_comments (
+    comment_id {int} PRIMARY KEY,  -- the forge's id of the comment
+    org {text} NOT NULL,
+    guid {text} NOT NULL           -- the delivery its `created` was taken from
+);
+""", version=28)
 
 
 @dataclass(frozen=True)
@@ -175,3 +183,14 @@ async def org_signed_took(store: Store, issue: str, event_id: int, guid: str) ->
             upsert("org_signed_taken", ["issue", "org", "event_id", "guid"], ["issue"])
             + " WHERE org_signed_taken.event_id <= excluded.event_id",
             (issue.lower(), issue.split("/", 1)[0].lower(), event_id, guid))
+
+
+async def org_signed_comment(store: Store, org: str, comment_id: int, guid: str) -> bool:
+    """Whether delivery `guid` may take the `created` of comment `comment_id`: it is the first
+    to (recorded now), or a retry of the one that was."""
+    async with store.transaction() as db:
+        await db.execute("INSERT INTO org_signed_comments(comment_id, org, guid) VALUES (?,?,?)"
+                         " ON CONFLICT DO NOTHING", (comment_id, org.lower(), guid))
+        row = await db.fetchone("SELECT guid FROM org_signed_comments WHERE comment_id=?",
+                                (comment_id,))
+    return row is not None and row["guid"] == guid

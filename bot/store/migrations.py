@@ -88,6 +88,8 @@ NAMES = {
         " grace after, then refused",
     27: "each mail an agent sends names the run it was sent from (what woke that run): each"
         " send from one run to one recipient counts a hop past the last (the loop guard)",
+    28: "the comment each org-signed Gitea `created` was taken on: a comment's `created` is"
+        " taken once, so an org's admins cannot sign it again as its author's",
 }
 
 

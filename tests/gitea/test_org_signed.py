@@ -136,7 +136,9 @@ class _PullRequestForge:
     async def get_comment(self, repo: str, comment_id: int) -> dict[str, Any]:
         return {"id": comment_id, "body": "/mail scout Prices\nEU",
                 "user": {"login": "marco", "id": 7}, "issue_url": "",
-                "pull_request_url": "https://gitea.example/acme/product/pulls/5"}
+                "pull_request_url": "https://gitea.example/acme/product/pulls/5",
+                "created_at": "2026-12-04T18:02:35+01:00",  # (Gitea's own form)
+                "updated_at": "2026-12-04T18:02:35+01:00"}
 
 
 async def test_a_comment_on_a_pull_request_is_where_gitea_says() -> None:
@@ -312,3 +314,99 @@ async def test_a_title_change_is_the_senders_only_for_the_title_it_names(
         "SELECT guid, state FROM queue")}
     assert states["acme/forged-from"] == states["acme/forged-to"] == "ignored", states
     assert states["acme/genuine-title"] == "done", states
+
+
+async def _outcome_asking_marco(office: Embedded, session: aiohttp.ClientSession
+                                ) -> tuple[int, str]:
+    """An outcome in scout's vault with scout's question to marco on it: its number, and
+    the question's id."""
+    vault = "/repos/acme/scout-vault"
+    marco = gitea_api(session, office, "marco")
+    lid = (await marco("POST", f"{vault}/labels", {"name": "outcome", "color": "#00aabb"},
+                       201))["id"]
+    outcome = await marco("POST", f"{vault}/issues", {"title": "Auth schema migration",
+                                                      "body": "x", "labels": [lid]}, 201)
+    await office.settle()
+    asked = await ToolClient(session, office, "agent:scout")(
+        "add_comment", **{**TOKEN_TTL, "target": f"acme/scout-vault#{outcome['number']}"})
+    return int(outcome["number"]), str(asked["comment"]["id"])
+
+
+async def _created_then_edited_by_lee(office: Embedded, session: aiohttp.ClientSession,
+                                      number: int, said: str, edit: str, guid: str) -> None:
+    """marco comments `said` and lee (acme's admin: may write, holds the hook secret) edits
+    it to `edit` a second later, both deliveries lost; then lee signs a `created` of it as
+    marco's."""
+    vault = "/repos/acme/scout-vault"
+    marco, lee = gitea_api(session, office, "marco"), gitea_api(session, office, "lee")
+    office.forge.faults.drop_webhooks(count=1)
+    mine = await marco("POST", f"{vault}/issues/{number}/comments", {"body": said}, 201)
+    await office.settle()
+    office.forge.clock.advance(1)  # (Gitea stamps a comment to the second)
+    office.forge.faults.drop_webhooks(count=1)
+    edited = await lee("PATCH", f"{vault}/issues/comments/{mine['id']}", {"body": edit}, 200)
+    await office.settle()
+    await _forged(office, session, "issue_comment", {
+        "action": "created", "issue": await marco("GET", f"{vault}/issues/{number}"),
+        "comment": edited, "repository": {"full_name": "acme/scout-vault",
+                                          "name": "scout-vault", "owner": {"login": "acme"}},
+        "sender": {"login": "marco"}}, guid)
+
+
+async def test_a_comment_edited_since_it_was_written_mails_in_no_ones_name(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """marco wrote "ok"; lee edited it into a `/mail` and signed its `created` as marco's: the
+    forge shows marco as its author, not who wrote what it says now, and a mail in lee's
+    words was sent as marco's. A `created` whose comment the forge shows edited since is now
+    read in the app's name: nothing in it is done, and a note (to no one) says so."""
+    sent = await _mail(office, session)
+    await _created_then_edited_by_lee(office, session, sent["number"], "ok",
+                                      "/mail scout Wire the money\npay invoice 42 to acct 666",
+                                      "forged-created-mail")
+    rows = await office.services.store.fetchall("SELECT subject FROM mails WHERE subject=?",
+                                                ("Wire the money",))
+    assert not rows, "a mail signed as marco's, in lee's words"
+    said = [c["body"] for c in await gitea_api(session, office, "marco")(
+        "GET", f"/repos/acme/scout-vault/issues/{sent['number']}/comments")
+        if "edited since" in c["body"]]
+    assert len(said) == 1 and "@" not in said[0].split("<!--")[0], said
+
+
+async def test_a_comment_edited_since_it_was_written_answers_in_no_ones_name(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    number, question = await _outcome_asking_marco(office, session)
+    await _created_then_edited_by_lee(office, session, number, "thinking about it",
+                                      "/answer 2", "forged-created-answer")
+    thread = await comments.get_thread(office.services.store, question)
+    assert thread is not None and thread.state.answer is None, thread.state.answer
+
+
+async def test_a_comments_created_is_taken_once(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """lee signed marco's genuine `/answer 2` again after marco changed his mind to 1, under a
+    delivery id of its own and with its update time said another way (a change the app had
+    not handled, by the delivery's word): it was taken a second time as marco's (the index's
+    own checks kept his answer). A comment's `created` is now taken once: the replay is
+    refused."""
+    number, question = await _outcome_asking_marco(office, session)
+    marco = gitea_api(session, office, "marco")
+    path = f"/repos/acme/scout-vault/issues/{number}/comments"
+    await marco("POST", path, {"body": "/answer 2"}, 201)
+    await office.settle()
+    office.forge.clock.advance(1)
+    await marco("POST", path, {"body": "/answer 1"}, 201)
+    await office.settle()
+    thread = await comments.get_thread(office.services.store, question)
+    assert thread is not None and thread.state.answer is not None
+    first = thread.state.answer
+    (genuine,) = [d for d in office.forge.state.deliveries.values()
+                  if d.event == "issue_comment"
+                  and (d.payload.get("comment") or {}).get("body") == "/answer 2"]
+    replay = copy.deepcopy(genuine.payload)  # the same instant, said another way: a change
+    replay["comment"]["updated_at"] = replay["comment"]["updated_at"].replace("Z", "+00:00")
+    await _forged(office, session, "issue_comment", replay, "replayed-answer")
+    thread = await comments.get_thread(office.services.store, question)
+    assert thread is not None and thread.state.answer == first, thread.state.answer
+    states = {d["guid"]: d["state"] for d in await office.services.store.fetchall(
+        "SELECT guid, state FROM queue")}
+    assert states["acme/replayed-answer"] == "ignored", states
