@@ -181,3 +181,23 @@ async def test_an_office_written_with_capitals_revokes_the_tokens_it_made(
             assert status == 401 and "revoked" in body["error"]["message"], body
     finally:
         await emb.stop()
+
+
+async def test_revoke_names_whose_token_it_was_and_keeps_to_the_office_named(
+        embedded: Embedded) -> None:
+    """`token revoke ID` took any office's token id and said only "token N revoked": an
+    operator who misread the list revoked evil's scout for acme's and was not told. It now
+    names the token's principal and office, and with `--org` refuses another office's id."""
+    store, data = embedded.services.store, str(embedded.data_dir)
+    evil = await api_tokens.create_token(store, "agent:scout", "evil")
+    acme = await api_tokens.create_token(store, "agent:scout", "acme")
+    ids = {t.org: t.id for t in await api_tokens.list_tokens(store)
+           if t.principal == "agent:scout" and not t.revoked}
+    code, out, err = await vaultmail("token", "revoke", str(ids["evil"]), "--org", "Acme",
+                                     "--data", data)
+    assert code == 1 and "evil's office, not acme's" in out, (out, err)
+    assert await api_tokens.principal_for(store, evil) == "agent:scout", "left alive"
+    code, out, err = await vaultmail("token", "revoke", str(ids["acme"]), "--org", "acme",
+                                     "--data", data)
+    assert code == 0 and "agent:scout" in out and "acme's office" in out, (out, err)
+    assert await api_tokens.principal_for(store, acme) is None

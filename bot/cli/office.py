@@ -317,15 +317,22 @@ async def cmd_token_revoke(args: argparse.Namespace) -> int:
     from bot.store import api_tokens, open_store
 
     store = await open_store(index_of(data_dir(args)))
+    org = args.org.lower() if args.org else None
     try:
-        revoked = await api_tokens.revoke_token(store, args.token_id)
+        token = await api_tokens.revoke_token(store, args.token_id, org=org)
     finally:
         await store.close()
-    if not revoked:
+    if token is None:
         say(f"vaultmail token revoke: no live token {args.token_id} (see `vaultmail token "
             "list`)")
         return 1
-    say(f"token {args.token_id} revoked: calls with it are refused from now on")
+    office = f"{token.org}'s office" if token.org else "no office yet (unpinned)"
+    if org is not None and token.org != org:
+        say(f"vaultmail token revoke: token {args.token_id} ({token.principal}) belongs to "
+            f"{office}, not {org}'s: left alive (see `vaultmail token list --org {org}`)")
+        return 1
+    say(f"token {args.token_id} of {token.principal} in {office} revoked: calls with it are "
+        "refused from now on")
     return 0
 
 
@@ -577,6 +584,8 @@ def add_office_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.set_defaults(func=cmd_token_create)
     p = with_data(tsub.add_parser("revoke", help="revoke an API token by its id (token list)"))
     p.add_argument("token_id", metavar="ID", type=int)
+    p.add_argument("--org", help="the office the token must be of: another office's id is "
+                                 "refused")
     p.set_defaults(func=cmd_token_revoke)
     p = with_data(tsub.add_parser("list", help="the API tokens: id, principal, office, last "
                                                "use, a run's expiry"))

@@ -119,13 +119,21 @@ async def live_hash(store: Store, hashed: str) -> bool:
     return row is not None
 
 
-async def revoke_token(store: Store, token_id: int) -> bool:
+async def revoke_token(store: Store, token_id: int, *, org: str | None = None
+                       ) -> TokenInfo | None:
+    """Revoke the live token `token_id`, only if it is `org`'s office's when `org` is named.
+    Returns it as it was (its `org` tells whether another office's was left alone), or None
+    when no live token has that id."""
     async with store.transaction() as db:
-        changed = await db.execute(
-            "UPDATE api_tokens SET revoked_at=? WHERE id=? AND revoked_at IS NULL",
-            (time.time(), token_id),
-        )
-        return changed == 1
+        row = await db.fetchone("SELECT * FROM api_tokens WHERE id=? AND revoked_at IS NULL",
+                                (token_id,))
+        if row is None:
+            return None
+        if org is None or row["org"] == org.lower():
+            await db.execute("UPDATE api_tokens SET revoked_at=? WHERE id=?",
+                             (time.time(), token_id))
+        return TokenInfo(row["id"], row["principal"], row["org"], row["created_at"],
+                         row["last_used_at"], row["expires_at"], False)
 
 
 async def revoke_token_value(store: Store, token: str) -> bool:
