@@ -475,3 +475,31 @@ async def test_a_mail_signed_with_a_revoked_key_says_the_key_was_withdrawn_not_c
             html = await resp.text()
         assert resp.status == 200 and "Signing key withdrawn" in html, (page, html[:300])
         assert "Changed after sending" not in html, page
+
+
+async def test_verify_looks_up_a_pasted_headers_mail_in_the_repositorys_office_only(
+        embedded: Embedded, person: Any) -> None:
+    """`verify` looked up the mail a pasted header names across every office, and named
+    where another office keeps it ("a copy of evil/...#7"): acme's header now finds only
+    acme's mail."""
+    from bot.mail.header import render_mail_body, sign_header
+
+    lee: Actor = person("lee")  # lee may not send: her issue is not adopted
+    issue = await lee.open_issue(SCOUT_VAULT, "Logs", "Rotate the logs")
+    n = int(issue["number"])
+    theirs = mails.MailRecord(
+        mail_id="evils-own-mail", vault="evil/ledger-vault", number=7, subject="Payroll",
+        body="x", from_principal="human:eve@evil.example", to_principal="agent:ledger",
+        sent="2026-12-01T00:00:00Z", hops=0, in_reply_to=None, thread_id="evils-own-mail",
+        key_id="vm-evil-1", body_sha256="0" * 64, state="mail:new")
+    async with embedded.services.store.transaction() as db:
+        await mails.put_mail(db, theirs)
+    header = sign_header(keyring=embedded.services.keyring.for_office("acme"),
+                         from_principal="human:lee@acme.com", to_principal="agent:scout",
+                         vault=SCOUT_VAULT, subject="Logs", body="Rotate the logs",
+                         mail_id=theirs.mail_id)
+    await lee.call("PATCH", f"/repos/{SCOUT_VAULT}/issues/{n}",
+                   {"body": render_mail_body(header, "Rotate the logs")}, expect=200)
+    await embedded.settle()
+    code, out = await vaultmail(embedded, "verify", f"{SCOUT_VAULT}#{n}")
+    assert code == 1 and "evil" not in out, out

@@ -165,10 +165,12 @@ async def _verify(args: argparse.Namespace) -> int:
         except NotFound as exc:
             raise ShellFailure("not_found", f"no issue {args.mail} on the forge (or the App "
                                "cannot see it): check OWNER/REPO#N") from exc
-        # what the index knows: the mail at this issue, and where the header's mail is
+        # what the index knows: the mail at this issue, and where the header's mail is in the
+        # repository's office (another office's mail is none of this one's to name)
         here = await mails.mail_at(services.store, repo, number)
         header, _ = parse_mail_body(issue.get("body"))
-        home = await mails.get_mail(services.store, header.mail_id) if header else None
+        home = await mails.get_mail(services.store, header.mail_id,
+                                    org=owner) if header else None
         verdict = verify_issue(issue, repo, keys, app_login=services.bot_login,
                                expected_mail_id=here.mail_id if here else None,
                                home=home.ref if home else None)

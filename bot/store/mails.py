@@ -222,8 +222,11 @@ async def tamper_warned(db: Connection, mail_id: str) -> None:
                      (mail_id, WARNING_OWED))
 
 
-async def get_mail(store: Store, mail_id: str) -> MailRecord | None:
-    row = await store.fetchone("SELECT * FROM mails WHERE mail_id=?", (mail_id,))
+async def get_mail(store: Store, mail_id: str, *, org: str | None = None
+                   ) -> MailRecord | None:
+    """The mail; in `org`'s office only, when named."""
+    sql, params = _office(org)
+    row = await store.fetchone(sql + " AND mail_id=?", (*params, mail_id))
     return _record(row) if row else None
 
 
