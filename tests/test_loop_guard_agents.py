@@ -27,6 +27,7 @@ from bot.app.signed_post import check_signed_post
 from bot.mail.signing import PublicKeys
 from bot.office.config import PYTHON
 from bot.store import mails
+from bot.store.mails import MailRecord
 from tests.support import Actor, ToolClient, app_key, label_names
 
 SCOUT, BUILDER = "acme/scout-vault", "acme/builder-vault"
@@ -371,6 +372,24 @@ async def pinged_back(emb: Embedded, session: aiohttp.ClientSession,
             idempotencyKey=f"run-{run['run']}")
 
 
+async def _stopped_at_ping_4(emb: Embedded, received: list[dict[str, Any]]) -> MailRecord:
+    """marco's Ping 0 and the agents' answers, scout and builder in turn: hops 0..3 new and
+    dispatched, Ping 4 quiet (not dispatched) with one `mail.loop_guard`. Returns Ping 4."""
+    sent = sorted(await mails.list_mails(emb.services.store, org="acme"),
+                  key=lambda m: int(m.subject.split()[-1]))
+    assert [(m.subject, m.from_principal, m.hops, m.state) for m in sent] == [
+        ("Ping 0", MARCO, 0, "mail:new"),
+        ("Ping 1", "agent:scout", 1, "mail:new"),
+        ("Ping 2", "agent:builder", 2, "mail:new"),
+        ("Ping 3", "agent:scout", 3, "mail:new"),
+        ("Ping 4", "agent:builder", 4, "quiet")], sent
+    assert [r["subject"] for r in received] == [m.ref for m in sent[:4]], (
+        "hops 0..3 are dispatched; the quiet one is not")
+    guards = await emb.ledger_events("mail.loop_guard")
+    assert [(g.subject, g.data["hops"]) for g in guards] == [(sent[4].ref, 4)]
+    return sent[4]
+
+
 async def test_two_agents_dispatched_by_post_answering_each_wake_with_fresh_mail_stop_at_the_guard(
         tmp_path: Path, database_url: str) -> None:
     """scout and builder are run by a signed POST to their runner, which answers each wake
@@ -383,18 +402,7 @@ async def test_two_agents_dispatched_by_post_answering_each_wake_with_fresh_mail
         await ToolClient(session, emb, MARCO)("mail_send", to="scout", subject="Ping 0",
                                               body="start")
         await settle()
-        sent = sorted(await mails.list_mails(emb.services.store, org="acme"),
-                      key=lambda m: int(m.subject.split()[-1]))
-        assert [(m.subject, m.from_principal, m.hops, m.state) for m in sent] == [
-            ("Ping 0", MARCO, 0, "mail:new"),
-            ("Ping 1", "agent:scout", 1, "mail:new"),
-            ("Ping 2", "agent:builder", 2, "mail:new"),
-            ("Ping 3", "agent:scout", 3, "mail:new"),
-            ("Ping 4", "agent:builder", 4, "quiet")], sent
-        assert [r["subject"] for r in received] == [m.ref for m in sent[:4]], (
-            "hops 0..3 are dispatched; the quiet one is not")
-        guards = await emb.ledger_events("mail.loop_guard")
-        assert [(g.subject, g.data["hops"]) for g in guards] == [(sent[4].ref, 4)]
+        await _stopped_at_ping_4(emb, received)
 
 
 async def test_an_agent_opening_issues_by_hand_in_anothers_vault_stops_at_the_guard(
@@ -418,20 +426,9 @@ async def test_an_agent_opening_issues_by_hand_in_anothers_vault_stops_at_the_gu
         await ToolClient(session, emb, MARCO)("mail_send", to="scout", subject="Ping 0",
                                               body="start")
         await settle()
-        sent = sorted(await mails.list_mails(emb.services.store, org="acme"),
-                      key=lambda m: int(m.subject.split()[-1]))
-        assert [(m.subject, m.from_principal, m.hops, m.state) for m in sent] == [
-            ("Ping 0", MARCO, 0, "mail:new"),
-            ("Ping 1", "agent:scout", 1, "mail:new"),
-            ("Ping 2", "agent:builder", 2, "mail:new"),
-            ("Ping 3", "agent:scout", 3, "mail:new"),
-            ("Ping 4", "agent:builder", 4, "quiet")], sent
-        assert [r["subject"] for r in received] == [m.ref for m in sent[:4]], (
-            "hops 0..3 are dispatched; the quiet one is not")
-        adopted = await Actor(session, emb, "marco").issue(SCOUT, sent[4].number)
+        quiet = await _stopped_at_ping_4(emb, received)
+        adopted = await Actor(session, emb, "marco").issue(SCOUT, quiet.number)
         assert label_names(adopted) == [], "a quiet adopted mail carries no mail:new"
-        guards = await emb.ledger_events("mail.loop_guard")
-        assert [(g.subject, g.data["hops"]) for g in guards] == [(sent[4].ref, 4)]
 
 
 async def test_an_agent_naming_its_run_climbs_from_that_runs_mail_not_its_latest(

@@ -922,6 +922,18 @@ class RepoCaller(_Caller):
     def save_etag_cache(self, path: Path) -> None:
         save_etag_cache(self._gh._cache, self.installation_id, path)
 
+    async def repo_name_now(self, repo: str) -> str | None:
+        """`repo`'s name now (`owner/name`, lower case), as the forge leads its old name to it
+        (a rename: followed by the request loop), or where it went (another owner's: not
+        followed, `MovedAway` names it); None when it is gone."""
+        try:
+            data = await self._get("/repos/{owner}/{repo}", split_repo(repo))
+        except MovedAway as exc:
+            return exc.now
+        except NotFound:
+            return None
+        return str(data["full_name"]).lower()
+
     def load_etag_cache(self, path: Path) -> None:
         load_etag_cache(self._gh._cache, self.installation_id, path)
 

@@ -52,7 +52,7 @@ from .caller import (
     split_repo,
 )
 from .clock import Clock, SystemClock
-from .errors import ForgeError, MovedAway, NotFound
+from .errors import ForgeError, NotFound
 from .pacing import Sleep
 
 log = logging.getLogger("vaultmail.forge.gitea")
@@ -516,15 +516,6 @@ class GiteaForge(RepoCaller):
                                           {"org": login, "limit": PAGE}):
                 repos.append(str(r["full_name"]))
         return repos
-
-    async def repo_name_now(self, repo: str) -> str | None:
-        try:  # (a renamed repository's old name leads to it: followed, bot.forge.caller)
-            data = await self._get("/repos/{owner}/{repo}", split_repo(repo))
-        except MovedAway as exc:  # (led to another owner's: not followed, but named)
-            return exc.now
-        except NotFound:
-            return None
-        return str(data["full_name"]).lower()
 
     async def user_orgs(self) -> list[str]:
         return list(await self.user_org_ids())

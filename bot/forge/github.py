@@ -44,7 +44,6 @@ from .caller import (
 )
 from .clock import Clock
 from .errors import (
-    MovedAway,
     NotFound,
     ValidationFailed,
 )
@@ -533,15 +532,6 @@ class GitHubForge(RepoCaller):
                 iterable_key="repositories",
             )
         ]
-
-    async def repo_name_now(self, repo: str) -> str | None:
-        try:  # (a renamed repository's old name leads to it: followed, bot.forge.caller)
-            data = await self._get("/repos/{owner}/{repo}", split_repo(repo))
-        except MovedAway as exc:  # (led to another owner's: not followed, but named)
-            return exc.now
-        except NotFound:
-            return None
-        return str(data["full_name"]).lower()
 
 
 InstallationForge = GitHubForge
