@@ -294,3 +294,26 @@ async def test_a_chat_runs_token_starts_at_hop_0_and_climbs_per_recipient(
         ("agent:builder", 0, "mail:new"), ("agent:builder", 1, "mail:new"),
         ("agent:critic", 0, "mail:new"), ("agent:builder", 2, "mail:new"),
         ("agent:builder", 3, "mail:new")], sent
+
+
+async def test_a_run_named_where_it_cannot_count_is_refused_not_ignored(
+        embedded: Embedded) -> None:
+    """`mail_send`'s `run` names the agent's run a mail is sent from. Given where it cannot
+    count, it was dropped without a word: by a person (whose mail is sent from no run), and
+    beside a run's own token (which names its run already), where a run that is not the
+    token's own, or none at all, was taken as the token's. Each is now a 422 that says what
+    to do, and nothing is sent."""
+    store = embedded.services.store
+    run = await api_tokens.create_token(store, "agent:scout", "acme", lasts=60.0,
+                                        woken_by="chat:1")
+    marco = embedded.api_tokens["human:marco@acme.com"]
+    before = await store.fetchone("SELECT count(*) AS n FROM mails")
+    for token in (marco, run):
+        async with mcp_http(embedded, token) as client:
+            refused = await client.call_tool("mail_send", {
+                "to": "builder", "subject": "Which run?", "body": "b", "run": 999})
+        assert refused.is_error, refused
+        text = refused.content[0].text  # type: ignore[union-attr]
+        assert "run" in text and ("leave it out" in text or "leave `run` out" in text), text
+    after = await store.fetchone("SELECT count(*) AS n FROM mails")
+    assert after["n"] == before["n"], "nothing was sent"

@@ -74,8 +74,17 @@ async def mail_send(call: Call, args: SendArgs) -> dict[str, Any]:
     # the run the mail climbs from: its token's (a command run's), else the one the agent
     # names, else (None) its latest open mail run (`Mailer.sent_hops`)
     woken_by = call.woken_by
-    if woken_by is None and args.run is not None and call.is_agent:
-        woken_by = await call.mailer.named_run(call.principal, args.run)
+    if args.run is not None:  # named where it cannot count: said, not dropped
+        if not call.is_agent:
+            raise InvalidArguments("`run` names an agent's run its mail is sent from; a "
+                                   "person's mail is sent from none: leave it out",
+                                   code="run_not_open")
+        named = await call.mailer.named_run(call.principal, args.run)
+        if woken_by is not None and named != woken_by:
+            raise InvalidArguments(f"run {args.run} is not this token's own run (a run's "
+                                   "token names its run already): leave `run` out",
+                                   code="run_not_open")
+        woken_by = named
     from bot.email.sending import is_address, send_email
 
     if is_address(args.to):  # to someone outside, by email (issue 24)
