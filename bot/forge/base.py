@@ -63,6 +63,10 @@ class Forge(Protocol):
         """``fields``: title, body, state ("open"/"closed"), state_reason, labels, assignees."""
         ...
 
+    async def label_changes(self, repo: str, number: int, label: str) -> list[tuple[str, bool]]:
+        """(who, whether added) of each change of `label` on the issue, oldest first."""
+        ...
+
     def iter_issues(
         self,
         repo: str,

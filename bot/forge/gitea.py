@@ -301,6 +301,15 @@ class GiteaForge(RepoCaller):
             "/repos/{owner}/{repo}/issues/{number}/timeline{?limit}",
             {**split_repo(repo), "number": number, "limit": PAGE})]
 
+    async def label_changes(self, repo: str, number: int, label: str) -> list[tuple[str, bool]]:
+        """Who changed `label` on the issue and whether they added it, oldest first (its
+        timeline's `label` entries, body "1" when added; logins in lower case)."""
+        name = label.lower()
+        return [(str((e.get("user") or {}).get("login", "")).lower(), e.get("body") == "1")
+                for e in await self.timeline(repo, number)
+                if e.get("type") == "label"
+                and str((e.get("label") or {}).get("name", "")).lower() == name]
+
     # -- dependencies (issue 25): Gitea's "depends on", GitHub's "blocked by" ---------------------
     async def list_blocked_by(self, repo: str, number: int) -> list[JSON]:
         """The issues this one depends on (is blocked by), in GitHub's shape."""

@@ -431,6 +431,15 @@ class GitHubForge(RepoCaller):
             )
         ]
 
+    async def label_changes(self, repo: str, number: int, label: str) -> list[tuple[str, bool]]:
+        """Who changed `label` on the issue and whether they added it, oldest first (its
+        timeline's `labeled`/`unlabeled` events; logins in lower case)."""
+        name = label.lower()
+        return [(str((e.get("actor") or {}).get("login", "")).lower(), e.get("event") == "labeled")
+                for e in await self.issue_timeline(repo, number)
+                if e.get("event") in ("labeled", "unlabeled")
+                and str((e.get("label") or {}).get("name", "")).lower() == name]
+
     # -- comments --------------------------------------------------------------------------------
 
     async def find_comment(self, repo: str, number: int, marker: str) -> JSON | None:

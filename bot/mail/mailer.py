@@ -688,34 +688,12 @@ class Mailer:
         if (label.lower().startswith("mail:") or not self.before_adoption(mail, issue, issue)
                 or any(n.lower().startswith("mail:") for n in names)):
             return LabelChanges()
-        last = await self._last_label_change(mail, label)
+        changes = await self.forge.label_changes(mail.vault, mail.number, label)
+        last = changes[-1] if changes else None
         added = action == "labeled"
         if last != (self.services.bot_login.lower(), not added):
             return LabelChanges()
         return LabelChanges(add=(label,)) if added else LabelChanges(remove=(label,))
-
-    async def _last_label_change(self, mail: MailRecord,
-                                 label: str) -> tuple[str, bool] | None:
-        """(who, whether added) of the last change of `label` on `mail`'s issue by its
-        timeline (GitHub's events, or Gitea's `label` entries: body "1" when added); None when
-        it shows none, or the forge lists no timeline."""
-        name = label.lower()
-        github = getattr(self.forge, "issue_timeline", None)
-        gitea = getattr(self.forge, "timeline", None)
-        changes: list[tuple[str, bool]] = []
-        if github is not None:
-            for e in await github(mail.vault, mail.number):
-                if (e.get("event") in ("labeled", "unlabeled")
-                        and str((e.get("label") or {}).get("name", "")).lower() == name):
-                    changes.append((str((e.get("actor") or {}).get("login", "")).lower(),
-                                    e.get("event") == "labeled"))
-        elif gitea is not None:
-            for e in await gitea(mail.vault, mail.number):
-                if (e.get("type") == "label"
-                        and str((e.get("label") or {}).get("name", "")).lower() == name):
-                    changes.append((str((e.get("user") or {}).get("login", "")).lower(),
-                                    e.get("body") == "1"))
-        return changes[-1] if changes else None
 
     # -- state changes ---------------------------------------------------------------------
     async def _move(self, mail: MailRecord, event: MailEvent, actor: str, ledger_event: str,
