@@ -62,8 +62,9 @@ async def opened_just_now(s: Scene, key: str | None) -> bool:
     forge's: a GitHub App's delivery is signed by GitHub; one an org's admins sign, on Gitea,
     has its issue read back from the forge before any handler sees it, bot.app.org_signed.)
     A late opening (dropped, then redelivered by the reconciler; issue 28) or one whose issue
-    changed since reads the forge first. What is left, a change made in the moment before the adoption's write whose own
-    delivery is still on its way, is the same race a read just before the write leaves: that
+    changed since reads the forge first. What is left, a change made in the moment before the
+    adoption's write whose own delivery is still on its way, is the same race a read just
+    before the write leaves: that
     delivery makes a label change again (`Mailer.undone_by_adoption`); an edit of title or body
     is flagged (`Mailer.edited`)."""
     issue = s.issue
