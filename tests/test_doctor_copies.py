@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from bot.app.doctor import Doctor, reply_copy_id
+from bot.app.doctor import Doctor
 from bot.app.embedded import Embedded
+from bot.mail.mailer import keyed_mail_ids
 from bot.store import mails
 
 SCOUT_VAULT, BUILDER_VAULT = "acme/scout-vault", "acme/builder-vault"
@@ -28,9 +29,11 @@ async def test_a_mail_naming_a_lost_copys_id_is_not_taken_for_the_copy(
     await embedded.settle()
     copy = next(m for m in await mails.list_mails(store, org="acme", vault=BUILDER_VAULT)
                 if m.in_reply_to == asked["ref"])
-    # the copy's id is computable from what the forge shows (the mail id in the signed header
-    # of the mail it answers) and the reply's key
-    assert copy.mail_id == reply_copy_id("acme", "agent:scout", asked["mail_id"], "reply-1")
+    # the copy's id is computable from what the forge shows (the org's account, the mail id
+    # in the signed header of the mail it answers) and the reply's key
+    (copy_id, *_) = await keyed_mail_ids(embedded.services, "acme", "agent:scout",
+                                         f"reply\n{asked['mail_id']}\nreply-1")
+    assert copy.mail_id == copy_id
     # someone who may mail builder writes that id in a mail: the app opens its issue
     other = (await marco("mail_send", to="builder", subject="Unrelated",
                          body=f"ref {copy.mail_id}"))["mail"]

@@ -45,7 +45,6 @@ import json
 import logging
 import os
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -61,7 +60,7 @@ from bot.mail.header import (
     render_mail_body,
     written_body,
 )
-from bot.mail.mailer import fits, signed_again
+from bot.mail.mailer import fits, keyed_mail_ids, signed_again
 from bot.office.config import Office
 from bot.office.source import ROUND_WAIT, OfficeUnanswered
 from bot.store import ledger, mails, moves, replies
@@ -78,8 +77,6 @@ DOCTOR_EVERY = 900.0  # seconds between the leader's passes (VAULTMAIL_DOCTOR_SE
 REPLY_WINDOW = 2 * 86400.0  # replies ledgered this recently have their comment looked for
 MAX_REPAIRS = 100  # forge writes one pass makes at most in an office; the next pass goes on
 BUDGET_FLOOR = 0.2  # a pass stops early below this share of the primary rate limit left
-# the id the mailer gives the copy of a reply in the sender agent's vault (`Mailer.reply`)
-_REPLY_COPY_NS = uuid.UUID("5b0c3c1e-8f7a-4d6e-9a51-0c1d2e3f4a5b")
 
 REPAIRED, WOULD_REPAIR, FLAGGED, SKIPPED = "repaired", "would repair", "flagged", "skipped"
 _STATE_EVENTS = frozenset({"labeled", "unlabeled", "closed", "reopened"})
@@ -207,11 +204,6 @@ def lost_header(mail: MailRecord, issue: dict[str, Any]) -> bool:
     text = str(issue.get("body") or "")
     return (adopted_here(mail.mail_id, mail.vault, mail.number, forge_id(issue))
             and mail.mail_id not in text and written_body(text) == mail.body)
-
-
-def reply_copy_id(org: str, replier: str, mail_id: str, key: str) -> str:
-    """The mail id of the copy of reply `key` to `mail_id` (as `Mailer.reply` makes it)."""
-    return str(uuid.uuid5(_REPLY_COPY_NS, f"{org.lower()}\n{replier}\nreply\n{mail_id}\n{key}"))
 
 
 def _gone(exc: ForgeError) -> bool:
@@ -497,6 +489,17 @@ class Doctor:
                 if not any(body.rstrip().endswith(marker) for body in bodies):
                     await self._reply_gone(report, forge, office, mail, replier, key, marker)
 
+    async def _reply_copy(self, org: str, replier: str, mail_id: str,
+                          key: str) -> MailRecord | None:
+        """The copy of reply `key` to `mail_id` in the sender agent's vault, when the mailer
+        sent one (`Mailer.reply`: keyed by the reply's key, in `org`'s office)."""
+        for copy_id in await keyed_mail_ids(self.services, org, replier,
+                                            f"reply\n{mail_id}\n{key}"):
+            copy = await mails.get_mail(self.store, copy_id, org=org)
+            if copy is not None:
+                return copy
+        return None
+
     def _app_posted(self, comments: list[dict[str, Any]]) -> list[str]:
         """The bodies of the comments the app posted."""
         return [str(c.get("body") or "") for c in comments if self.services.by_app(c)]
@@ -507,8 +510,7 @@ class Doctor:
         body = await replies.kept(self.store, mail.mail_id, key)
         source = "as it was posted"
         if body is None:
-            copy = await mails.get_mail(self.store, reply_copy_id(office.org, replier,
-                                                                  mail.mail_id, key))
+            copy = await self._reply_copy(office.org, replier, mail.mail_id, key)
             if copy is None:
                 self._found(report, Finding(mail.ref, "reply comment", "gone", what, FLAGGED,
                                             "the reply's comment is gone from the forge, and "

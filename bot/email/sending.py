@@ -26,7 +26,7 @@ from bot.mail.mailer import (
     _signed,
     checked_subject,
     fits,
-    keyed_here,
+    keyed_mail,
     shown_as,
 )
 from bot.mail.markdown import as_data
@@ -96,12 +96,13 @@ async def send_email(mailer: Mailer, actor: str, to: str, subject: str, body: st
         raise InvalidArguments(f"body is {len(body):,} characters; at most {MAX_BODY:,}",
                                code="body_too_long")
     body = as_data(body)
-    mail_id = (str(uuid.uuid5(_NS, f"{office.org.lower()}\n{actor}\n{idempotency_key}"))
-               if idempotency_key else str(uuid.uuid4()))
+    mail_id = str(uuid.uuid4())
+    if idempotency_key:
+        mail_id, existing = await keyed_mail(mailer.services, office.org, actor,
+                                             idempotency_key, _NS)
+        if existing is not None:
+            return existing
     store = mailer.services.store
-    existing = await mails.get_mail(store, mail_id)
-    if existing is not None:
-        return keyed_here(existing, office.org, idempotency_key)
     vault = office.vault_of(sender).lower()
     # an agent answering mail, or mailing from a run, climbs as it does mailing an agent
     run = await mailer.sent_from(actor, woken_by)

@@ -37,8 +37,9 @@ from bot.mail.header import (
 )
 from bot.mail.markdown import as_data, defuse_mentions
 from bot.mail.reindex import closed_duplicate
+from bot.mail.signing import former_offices
 from bot.office.config import Agent, Office
-from bot.store import idempotency, ledger, mails, moves, replies
+from bot.store import idempotency, installations, ledger, mails, moves, replies
 from bot.store.mails import QUIET, MailRecord
 from bot.store.sql import Connection
 from labels.states import (
@@ -90,14 +91,49 @@ def same_mail(indexed: MailRecord, record: MailRecord, *, adopted: bool) -> Mail
     return indexed
 
 
-def keyed_here(existing: MailRecord, org: str, key: str | None) -> MailRecord:
-    """The mail idempotency `key` already sent, when it is this office's. Its id is derived
-    from the office's name, which another account may hold now (the office that had it
-    renamed, or moved aside): that mail is another office's, refused, never shown here."""
-    if existing.org != org.lower():
-        raise Conflict(f"the idempotency key {key!r} was used by the office that held the "
-                       f"name {org} before: use another key", code="idempotency_key_taken")
-    return existing
+def keyed_mail_id(office: str, actor: str, key: str,
+                  namespace: uuid.UUID = _IDEMPOTENCY_NS) -> str:
+    """The mail id `actor`'s idempotency `key` names, derived from `office` (one of
+    `office_keys`)."""
+    return str(uuid.uuid5(namespace, f"{office}\n{actor}\n{key}"))
+
+
+async def office_keys(services: Services, org: str) -> list[str]:
+    """What an office's key-derived mail ids are derived from: first its org's account id,
+    which a rename keeps (a retry after its org renamed itself names the same mail), then
+    the names the office has had (ids derived before the account id was: still found). An
+    office whose account is not known yet derives from its name, as before."""
+    account = await installations.account_of(services.store, org)
+    names = [org.lower(), *former_offices(services.keyring.renamed(org))]
+    return ([] if account is None else [f"account:{account}"]) + names
+
+
+async def keyed_mail_ids(services: Services, org: str, actor: str, key: str,
+                         namespace: uuid.UUID = _IDEMPOTENCY_NS) -> list[str]:
+    """The mail ids `actor`'s idempotency `key` names in `org`'s office: the one a send
+    takes now first, then those it took before (`office_keys`)."""
+    return [keyed_mail_id(office, actor, key, namespace)
+            for office in await office_keys(services, org)]
+
+
+async def keyed_mail(services: Services, org: str, actor: str, key: str,
+                     namespace: uuid.UUID = _IDEMPOTENCY_NS) -> tuple[str, MailRecord | None]:
+    """The mail id `actor`'s idempotency `key` names in `org`'s office, and the mail it sent
+    already, if any (under that id, or one the office derived before: `office_keys`). An id
+    of the office's names another account may hold (the office that had the name, renamed
+    or moved aside): that mail is not this office's, never shown here; under the id this
+    key names now it is refused, as the key cannot name this office's mail."""
+    ids = await keyed_mail_ids(services, org, actor, key, namespace)
+    for mail_id in ids:
+        existing = await mails.get_mail(services.store, mail_id)
+        if existing is None or (existing.org != org.lower() and mail_id != ids[0]):
+            continue
+        if existing.org != org.lower():
+            raise Conflict(f"the idempotency key {key!r} was used by the office that held "
+                           f"the name {org} before: use another key",
+                           code="idempotency_key_taken")
+        return mail_id, existing
+    return ids[0], None
 
 
 def checked_subject(subject: str, *, clip: bool = False) -> str:
@@ -323,12 +359,12 @@ class Mailer:
             await self.check_may_send(actor, agent)
         # a key is the sender's in its office: another office's principal of the same name
         # using the same key names another mail
-        mail_id = (str(uuid.uuid5(_IDEMPOTENCY_NS,
-                                  f"{self.office.org.lower()}\n{actor}\n{idempotency_key}"))
-                   if idempotency_key else str(uuid.uuid4()))
-        existing = await mails.get_mail(self.services.store, mail_id)
-        if existing is not None:
-            return keyed_here(existing, self.office.org, idempotency_key)
+        mail_id = str(uuid.uuid4())
+        if idempotency_key:
+            mail_id, existing = await keyed_mail(self.services, self.office.org, actor,
+                                                 idempotency_key)
+            if existing is not None:
+                return existing
         vault = self.office.vault_of(agent).lower()
         run = None if automatic else await self.sent_from(actor, woken_by)
         hops = await self.sent_hops(actor, agent.principal, reply_to, run=run,

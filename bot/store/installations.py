@@ -111,6 +111,15 @@ async def accounts(store: Store) -> dict[str, int]:
     return {str(r["org"]): int(r["account_id"]) for r in rows}
 
 
+async def account_of(store: Store, org: str) -> int | None:
+    """The forge's id of the account `org`'s office was made for, when known: what stays the
+    office's across a rename of its org (its login does not)."""
+    row = await store.fetchone("SELECT account_id FROM installations WHERE org=?",
+                               (org.lower(),))
+    return int(row["account_id"]) if row is not None and row["account_id"] is not None \
+        else None
+
+
 def taken_over(known: dict[str, int], now: dict[str, int]) -> list[str]:
     """The orgs whose name another account has now (`now`: {org: account id}), once the
     renamed (`renamed_in`) are known by their new names: an org renamed away frees its name

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from bot.mail.reindex import scan
 from bot.mail.signing import Keyrings, PublicKeys
 from bot.office.source import CONFIG_PATH
 from bot.store import api_tokens, installations, ledger, mails
+from bot.store.prune import MIN_KEEP, prune
 from localforge import LocalForge
 from tests.app.test_installations import _add_globex, _app_id, _tool, _while_down
 from tests.support import app_key, free_port, until
@@ -601,10 +603,11 @@ async def test_a_hand_opened_issue_in_a_new_repository_under_a_vaults_old_name_i
 async def test_an_idempotency_key_the_freed_names_old_office_used_reads_none_of_its_mail(
         embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
     """globex sends amy's mail with the key "q3", renames itself initech, and another account
-    makes a new globex office, whose amy sends with the key "q3" too. A key's mail id is
-    derived from the office's name: before, the new office's send answered with initech's
-    mail (its subject and body) as if it were its own, and sent nothing. Now it is refused,
-    saying why."""
+    makes a new globex office, whose amy sends with the key "q3" too. A key's mail id was
+    derived from the office's name: the new office's send answered with initech's mail (its
+    subject and body) as if it were its own, and sent nothing; then it was refused. Now it
+    is derived from the office's account id: the key is the new office's own, its mail sent,
+    nothing of initech's read."""
     forge, services = embedded.forge, embedded.services
     app_id, amy = await _globex_with_amy(embedded, tmp_path)
     status, body = await _tool(session, embedded, amy, "mail_send", to="scout", subject=BEFORE,
@@ -620,8 +623,8 @@ async def test_an_idempotency_key_the_freed_names_old_office_used_reads_none_of_
     amy_again = await api_tokens.create_token(services.store, "human:amy@globex.test", "globex")
     status, body = await _tool(session, embedded, amy_again, "mail_send", to="scout",
                                subject=AFTER, body="the new globex", idempotencyKey="q3")
-    assert status == 409 and body["error"]["code"] == "idempotency_key_taken", body
-    assert "initech" not in str(body), body
+    assert status == 200 and body["mail"]["vault"] == "globex/scout-vault", body
+    assert body["mail"]["subject"] == AFTER and "initech" not in str(body), body
 
 
 async def test_an_old_name_the_forge_leads_to_another_owner_reads_nothing_of_theirs(
@@ -661,3 +664,64 @@ async def test_an_old_name_the_forge_leads_to_another_owner_reads_nothing_of_the
     with pytest.raises(NotFound, match="another owner"):
         [i async for i in globex.iter_issues("globex/scout-vault", state="all")]
     assert await globex.repo_name_now("globex/scout-vault") == "eve/scout-vault"
+
+
+async def test_a_key_retried_after_the_org_renamed_itself_sends_no_second_mail(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """amy sends with the key "q3"; globex renames itself initech; a week on (the tool's
+    stored result pruned, as the index prunes it) her client retries "q3". The key's mail id
+    was derived from the office's name: before, the retry derived another id under the new
+    name and opened a second issue. Now it is derived from the org's account id, which a
+    rename keeps: the retry answers with the first mail."""
+    forge, services = embedded.forge, embedded.services
+    _, amy = await _globex_with_amy(embedded, tmp_path)
+    args = {"to": "scout", "subject": BEFORE, "body": "Once only.", "idempotencyKey": "q3"}
+    status, first = await _tool(session, embedded, amy, "mail_send", **args)
+    assert status == 200, first
+    await embedded.settle()
+    forge.rename_org("globex", "initech")
+    await embedded.settle()
+    week = time.time() + MIN_KEEP + 1
+    await prune(services.store, now=week, keep=MIN_KEEP)
+
+    status, again = await _tool(session, embedded, amy, "mail_send", **args)
+    assert status == 200, again
+    await embedded.settle()
+    assert again["mail"]["mail_id"] == first["mail"]["mail_id"], again
+    repo = forge.state.repo("initech", "scout-vault")
+    assert repo is not None and len(repo.issues) == 1, [i.title for i in repo.issues.values()]
+
+
+async def test_a_key_sent_before_ids_came_from_the_account_is_found_after_a_rename(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """globex's installation is known without its account (as a release before account ids
+    wrote it: its event not heard), and amy sends with the key "q3": the id is derived from
+    the name globex, as every key's was before. Its account is learnt, and globex renames
+    itself initech (the office follows it); a week on, amy's client retries "q3": it answers
+    with the mail the key sent under the name the office had then, and sends no other."""
+    forge, services = embedded.forge, embedded.services
+    await _add_globex(embedded, tmp_path)
+    forge.faults.drop_webhooks(count=1)  # installation.created: not heard
+    installation = forge.install_app(_app_id(embedded), "globex")
+    await installations.installed(services.store, "globex", installation)  # (no account)
+    services.installations["globex"] = installation
+    assert await installations.account_of(services.store, "globex") is None
+    amy = await api_tokens.create_token(services.store, "human:amy@globex.test", "globex")
+    args = {"to": "scout", "subject": BEFORE, "body": "Once only.", "idempotencyKey": "q3"}
+    status, first = await _tool(session, embedded, amy, "mail_send", **args)
+    assert status == 200, first
+    await embedded.settle()
+    account = forge.state.account("globex")
+    assert account is not None  # its installation heard at last (a start's listing): its account
+    await installations.installed(services.store, "globex", installation, account.id)
+    forge.rename_org("globex", "initech")
+    await embedded.settle()
+    assert await installations.account_of(services.store, "initech") == account.id
+    await prune(services.store, now=time.time() + MIN_KEEP + 1, keep=MIN_KEEP)
+
+    status, again = await _tool(session, embedded, amy, "mail_send", **args)
+    assert status == 200, again
+    await embedded.settle()
+    assert again["mail"]["mail_id"] == first["mail"]["mail_id"], again
+    repo = forge.state.repo("initech", "scout-vault")
+    assert repo is not None and len(repo.issues) == 1, [i.title for i in repo.issues.values()]
