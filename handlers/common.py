@@ -12,8 +12,9 @@ from bot.errors import Denied, VaultmailError
 from bot.forge.pacing import writes_for
 from bot.mail.mailer import Mailer, principal_of
 from bot.mail.markdown import as_data
+from bot.mail.signing import former_offices
 from bot.office.config import Office
-from bot.store import idempotency, ledger, mails, strangers
+from bot.store import idempotency, installations, ledger, mails, strangers
 from bot.store.mails import MailRecord
 
 
@@ -105,10 +106,26 @@ async def actor_of(ctx: HandlerContext, office: Office, sender: dict[str, Any]) 
     return f"forge:{login}"
 
 
+async def repo_now(ctx: HandlerContext, full_name: str) -> str:
+    """`full_name` under its org's name now. A delivery sent before its org renamed itself
+    (queued then, or redelivered as it was sent) names the old login, no office's now: the
+    org its installation is the index's for, when that login is one of its names before,
+    is what it became."""
+    repo = full_name.lower()
+    owner, _, name = repo.partition("/")
+    if ctx.installation_id is None:
+        return repo
+    org = await installations.org_of_installation(ctx.services.store, ctx.installation_id)
+    if org is None or org == owner or owner not in former_offices(
+            ctx.services.keyring.renamed(org)):
+        return repo
+    return f"{org}/{name}"
+
+
 async def scene(event: sansio.Event, ctx: HandlerContext) -> Scene | None:
     """The scene of an issue or issue_comment event, or None outside a configured office."""
     data = event.data
-    repo = data["repository"]["full_name"].lower()
+    repo = await repo_now(ctx, data["repository"]["full_name"])
     office = await ctx.services.offices.get(ctx.forge, repo.split("/")[0])
     if office is None:
         ctx.log.info("no office config for this org: event ignored", extra={"repo": repo})

@@ -36,7 +36,7 @@ from bot.mail.markdown import check_length
 from bot.office.config import Office
 from bot.office.visibility import login_of
 from bot.store import comments as db
-from handlers.common import Scene, actor_of, scene
+from handlers.common import Scene, actor_of, repo_now, scene
 from handlers.item_updates import record_update
 
 router = Router()
@@ -357,7 +357,7 @@ async def parent_changed(event: sansio.Event, ctx: HandlerContext) -> None:
     `parent_issue_*` to the sub-issue's; this handles the second, whose repository is the
     item's. A plan or evidence that joins an outcome is news on it, as one opened there is."""
     data = event.data
-    repo = str(data["repository"]["full_name"]).lower()
+    repo = await repo_now(ctx, str(data["repository"]["full_name"]))
     office = await ctx.services.offices.get(ctx.forge, repo.split("/")[0])
     sub = data.get("sub_issue")
     if office is None or not isinstance(sub, dict):
@@ -381,7 +381,7 @@ async def blocker_removed(event: sansio.Event, ctx: HandlerContext) -> None:
     what waits, and it stops when the question is answered or resolved, not when the link is
     cut. Any other blocker is the people's own business and is left alone."""
     data = event.data
-    repo = str(data["repository"]["full_name"]).lower()
+    repo = await repo_now(ctx, str(data["repository"]["full_name"]))
     blocked = data.get("blocked_issue")
     if not isinstance(blocked, dict) or "number" not in blocked:
         return
@@ -398,7 +398,7 @@ async def waiting_field_removed(event: sansio.Event, ctx: HandlerContext) -> Non
     if not isinstance(field, dict) or not isinstance(issue, dict) or \
             str(field.get("name", "")).lower() != waiting.FIELD.lower():
         return
-    repo = str(data["repository"]["full_name"]).lower()
+    repo = await repo_now(ctx, str(data["repository"]["full_name"]))
     await _show_waiting_again(ctx, "field", repo, int(issue["number"]))
 
 

@@ -120,6 +120,14 @@ async def account_of(store: Store, org: str) -> int | None:
         else None
 
 
+async def org_of_installation(store: Store, installation_id: int) -> str | None:
+    """The org the index has `installation_id` installed on now, when it is one org's alone
+    (the row follows its org's renames)."""
+    rows = await store.fetchall("SELECT org FROM installations WHERE installation_id=?"
+                                " AND removed_at IS NULL", (installation_id,))
+    return str(rows[0]["org"]) if len(rows) == 1 else None
+
+
 def taken_over(known: dict[str, int], now: dict[str, int]) -> list[str]:
     """The orgs whose name another account has now (`now`: {org: account id}), once the
     renamed (`renamed_in`) are known by their new names: an org renamed away frees its name

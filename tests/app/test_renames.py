@@ -725,3 +725,28 @@ async def test_a_key_sent_before_ids_came_from_the_account_is_found_after_a_rena
     assert again["mail"]["mail_id"] == first["mail"]["mail_id"], again
     repo = forge.state.repo("initech", "scout-vault")
     assert repo is not None and len(repo.issues) == 1, [i.title for i in repo.issues.values()]
+
+
+async def test_a_reply_delivered_under_the_old_names_after_the_rename_is_taken(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """scout replies by a comment on amy's mail, its delivery lost; globex renames itself
+    initech; the reconciler has the forge deliver the comment again, as it was sent: naming
+    globex/scout-vault. The reply is taken as the mail's, under its new name."""
+    forge, services = embedded.forge, embedded.services
+    _, amy = await _globex_with_amy(embedded, tmp_path)
+    await _amy_mails_scout(session, embedded, amy, "Which prices?")
+    forge.faults.drop_webhooks(count=1)
+    async with session.post(f"{forge.url}/repos/globex/scout-vault/issues/1/comments",
+                            json={"body": "EU prices, up 4%."},
+                            headers={"Authorization": f"token {forge.user_token('globex-scout')}"}
+                            ) as resp:
+        assert resp.status == 201, await resp.text()
+    await embedded.settle()
+    assert forge.faults.drop.count == 0, "the comment's delivery was dropped"
+    forge.rename_org("globex", "initech")
+    await embedded.settle()
+
+    assert await embedded.reconciler.run_once() == 1
+    await embedded.settle()
+    mail = await mails.mail_at(services.store, "initech/scout-vault", 1)
+    assert mail is not None and mail.state == "mail:replied", mail
