@@ -156,6 +156,30 @@ async def test_fresh_email_from_a_mail_run_climbs_a_hop_past_the_mail_that_woke_
     assert _parsed((await mailroom.relay.next()).original_content)["X-Vaultmail-Hops"] == "0"
 
 
+async def test_emails_from_one_run_to_one_address_sent_at_once_each_climb_a_hop(
+        mailroom: Mailroom) -> None:
+    """scout's runner sends three emails to bob at once from one mail run (its run's token):
+    each counted the sends recorded before it, none yet, so all went out one hop past the
+    mail that woke the run. Each claims its place in the run's budget as it counts, as mail
+    to an agent does (one place serving both: `Mailer.sent_hops`)."""
+    first = wire(message("bob@example.org", f"scout@{DOMAIN}", "Ping", "Your turn.",
+                         Message_ID="<c0@example.org>", X_Vaultmail_Hops="0"))
+    assert (await send(mailroom.port, first, rcpts=[f"scout@{DOMAIN}"])).code == 250
+    await mailroom.embedded.settle()
+    store = mailroom.embedded.services.store
+    woke = await mails.mail_at(store, SCOUT_VAULT, 1)
+    assert woke is not None and woke.hops == 0
+    run = await api_tokens.create_token(store, "agent:scout", "acme", lasts=60.0,
+                                        woken_by=woke.mail_id)
+    in_run = ToolClient(mailroom.session, mailroom.embedded, "agent:scout", run)
+    sent = await asyncio.gather(*(in_run("mail_send", to="bob@example.org", subject=f"N{n}",
+                                         body="Fresh.") for n in range(3)))
+    assert sorted(s["mail"]["hops"] for s in sent) == [1, 2, 3], sent
+    hops = sorted([_parsed((await mailroom.relay.next()).original_content)["X-Vaultmail-Hops"]
+                   for _ in sent])
+    assert hops == ["1", "2", "3"]
+
+
 async def test_answers_in_one_email_thread_climb_from_the_last_answer_not_the_first_mail(
         mailroom: Mailroom) -> None:
     """Another office's agent (played by the test) and scout answer each other in one email

@@ -24,14 +24,16 @@ from aiohttp import web
 from bot.app.egress import OutboundPolicy
 from bot.app.embedded import Embedded, start_embedded
 from bot.app.signed_post import check_signed_post
+from bot.mail.reindex import mail_from_issue
 from bot.mail.signing import PublicKeys
 from bot.office.config import PYTHON
-from bot.store import mails
+from bot.store import api_tokens, mails
 from bot.store.mails import MailRecord
 from tests.support import Actor, ToolClient, app_key, label_names
 
 SCOUT, BUILDER = "acme/scout-vault", "acme/builder-vault"
 MARCO = "human:marco@acme.com"
+CREATE = "POST /repos/{owner}/{repo}/issues"
 
 
 async def test_two_agents_replying_to_each_other_with_mail_send_could_wake_each_other_forever(
@@ -554,3 +556,65 @@ async def test_one_wake_fanning_out_to_several_agents_wakes_each_and_climbs_per_
         assert [(m["hops"], m["state"]) for m in again] == [
             (2, "mail:new"), (3, "mail:new"), (4, "quiet")], again
         await settle()
+
+
+async def _scouts_run(emb: Embedded, session: aiohttp.ClientSession) -> ToolClient:
+    """scout as its runner holds it, woken by marco's hop-0 mail: the run's own token (which
+    names that mail, bot.app.runs), whose sends to one recipient climb from hop 1."""
+    woke = (await ToolClient(session, emb, MARCO)("mail_send", to="scout", subject="Go",
+                                                  body="start"))["mail"]
+    await emb.settle()
+    token = await api_tokens.create_token(emb.services.store, "agent:scout", "acme",
+                                          lasts=600.0, woken_by=woke["mail_id"])
+    return ToolClient(session, emb, "agent:scout", token)
+
+
+async def test_sends_from_one_run_to_one_recipient_made_at_once_each_climb_a_hop(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """scout's runner fans out four mail_send to builder at once from one run (its run's
+    token, asyncio.gather): each counted the sends recorded before it, none yet, so all four
+    went out at hop 1 and a runner sending concurrently spent no budget (review). Each send
+    claims its place in the run's budget as it counts: 1, 2, 3, then quiet at 4."""
+    scout = await _scouts_run(embedded, session)
+    sent = await asyncio.gather(*(scout("mail_send", to="builder", subject=f"P{n}", body="x")
+                                  for n in range(4)))
+    assert sorted((s["mail"]["hops"], s["mail"]["state"]) for s in sent) == [
+        (1, "mail:new"), (2, "mail:new"), (3, "mail:new"), (4, "quiet")], sent
+    await embedded.settle()
+    guards = await embedded.ledger_events("mail.loop_guard")
+    assert [g.data["hops"] for g in guards] == [4]
+
+
+async def test_a_send_keeps_its_place_in_the_runs_budget_however_it_is_indexed_or_retried(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """Sends from one run to builder, each claiming its place as it counts, whatever happens
+    to it after. A send whose create landed but was answered 502 is indexed from its own
+    webhook (`record_found`), which knew no run: it was not counted, so the next send from
+    the run signed the same hop. A send whose create failed and is retried with its key
+    after another send keeps the place it claimed, as a crash before the create would: each
+    issue's signed header and index row agree, and no two sends share a hop."""
+    scout = await _scouts_run(embedded, session)
+    faults = embedded.forge.faults
+    faults.add(route=CREATE, mode="after", status=502, count=1)
+    recovered = (await scout("mail_send", to="builder", subject="A", body="a",
+                             idempotencyKey="a"))["mail"]
+    after = (await scout("mail_send", to="builder", subject="B", body="b"))["mail"]
+    failing = faults.add(route=CREATE, status=502)
+    status, _ = await scout.raw("mail_send", {"to": "builder", "subject": "C", "body": "c",
+                                              "idempotencyKey": "c"})
+    assert status >= 500 and failing.fired >= 1
+    faults.remove(failing)
+    meanwhile = (await scout("mail_send", to="builder", subject="D", body="d"))["mail"]
+    retried = (await scout("mail_send", to="builder", subject="C", body="c",
+                           idempotencyKey="c"))["mail"]
+    again = (await scout("mail_send", to="builder", subject="A", body="a",
+                         idempotencyKey="a"))["mail"]
+    sent = (recovered, after, retried, meanwhile)
+    assert [m["hops"] for m in sent] == [1, 2, 3, 4], sent
+    assert again["mail_id"] == recovered["mail_id"] and again["hops"] == 1
+    services = embedded.services
+    for mail in sent:
+        issue = await Actor(session, embedded, "marco").issue(mail["vault"], mail["number"])
+        signed = mail_from_issue(mail["vault"], issue, services.keyring,
+                                 app_login=services.bot_login)
+        assert signed is not None and signed.hops == mail["hops"], (mail, signed)

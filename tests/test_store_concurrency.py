@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 
 from bot.store import installations, ledger, mails, sessions, strangers
-from bot.store.db import Store
+from bot.store.db import Store, hold
 from bot.store.locks import lock_pair
 from bot.store.prune import DAY, prune
 from bot.store.queue import in_order, issue_key
@@ -803,3 +803,36 @@ async def test_a_prune_never_waits_for_a_row_an_office_holds(
         await asyncio.wait_for(pruning, HANG_GUARD)
     deleted = await prune(a, now=now, keep=7 * DAY)  # the next prune: acme's, free now
     assert (deleted["idempotency"], deleted["stranger_replies"]) == (1, 1), deleted
+
+
+# -- the loop guard's count of a run's sends, claimed on several replicas at once --------------
+
+
+async def test_sends_from_one_run_claimed_on_replicas_at_once_each_take_a_place_of_its_own(
+        replicas: tuple[str, list[Store]]) -> None:
+    """Twelve sends from one run of scout's to builder, counted and claimed on four replicas
+    at once (`mails.claim_send`, the loop guard's count): each takes a place of its own, 0 to
+    11, and a mail id claimed again keeps its place. The claim's key is that office's run and
+    recipient alone: while acme's is held, globex's same run names and acme's other
+    recipients are claimed without waiting."""
+    url, stores = replicas
+    run, sender = "wake-1", "agent:scout"
+
+    def claim(n: int, org: str = "acme", to: str = "agent:builder") -> Awaitable[int]:
+        return mails.claim_send(stores[n % 4], f"{org}-m{n}", run, sender, to, org=org)
+
+    places = await asyncio.wait_for(asyncio.gather(*(claim(n) for n in range(12))), HANG_GUARD)
+    assert sorted(places) == list(range(12)), places
+    assert await claim(3) == places[3], "a mail id keeps the place it claimed"
+
+    async def hold_acmes(db: Connection) -> None:
+        await hold(db, mails.run_sends_key("acme", run, sender, "agent:builder"))
+
+    writer, _, release = await _paused(stores[0], hold_acmes)
+    try:
+        assert await asyncio.wait_for(claim(20, "globex"), HANG_GUARD) == 0
+        assert await asyncio.wait_for(claim(21, to="agent:critic"), HANG_GUARD) == 0
+    finally:
+        release.set()
+        await writer
+    assert await claim(22) == 12

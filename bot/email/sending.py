@@ -106,7 +106,7 @@ async def send_email(mailer: Mailer, actor: str, to: str, subject: str, body: st
     vault = office.vault_of(sender).lower()
     # an agent answering mail, or mailing from a run, climbs as it does mailing an agent
     run = await mailer.sent_from(actor, woken_by)
-    hops = await mailer.sent_hops(actor, principal, reply_to, run=run)
+    hops = await mailer.sent_hops(actor, principal, reply_to, run=run, mail_id=mail_id)
     header = _signed(
         keyring=await mailer.services.keyring.ready_for(office.org), from_principal=actor,
         to_principal=principal, vault=vault, subject=subject, body=body, mail_id=mail_id,

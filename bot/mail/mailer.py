@@ -368,7 +368,7 @@ class Mailer:
         vault = self.office.vault_of(agent).lower()
         run = None if automatic else await self.sent_from(actor, woken_by)
         hops = await self.sent_hops(actor, agent.principal, reply_to, run=run,
-                                    automatic=automatic)
+                                    mail_id=mail_id, automatic=automatic)
         header = _signed(
             keyring=await self.services.keyring.ready_for(self.office.org), from_principal=actor,
             to_principal=agent.principal,
@@ -476,7 +476,7 @@ class Mailer:
                                      org=self.office.org, since=time.time() - runs.RUN_HELD_OPEN)
 
     async def sent_hops(self, actor: str, to: str, reply_to: MailRecord | None, *,
-                        run: str | None, automatic: bool = False) -> int:
+                        run: str | None, mail_id: str, automatic: bool = False) -> int:
         """The hops of mail `actor` sends to `to`. An agent answering mail (`reply_to`) climbs
         like the reply copy (`automatic`, whoever replied): the seed's "two agents replying
         to each other could wake each other forever" holds for mail_send + inReplyTo too.
@@ -485,8 +485,10 @@ class Mailer:
         chat run from 0, as a person's mail), and one more for each mail the agent sent
         `to` from that run before. Else two agents answering each wake with fresh mail, or
         naming one early run for every send, woke each other forever; fan-out (one mail
-        each to several agents) stays one hop past. A person's mail, and an agent's from no
-        run answering nothing, start at 0."""
+        each to several agents) stays one hop past. That count is mail `mail_id`'s place in
+        the run's budget, claimed as it is read (`mails.claim_send`): sends made at once each
+        count the others, and a retry of the mail id keeps its place. A person's mail, and an
+        agent's from no run answering nothing, start at 0."""
         if not (automatic or actor.startswith("agent:")):
             return 0
         hops = await self._copy_hops(reply_to) if reply_to is not None else 0
@@ -494,8 +496,8 @@ class Mailer:
             store = self.services.store
             woke = await mails.get_mail(store, run)
             start = woke.hops + woke.agent_turns + 1 if woke is not None else 0
-            earlier = await mails.sends_from(store, run, actor, to, org=self.office.org)
-            hops = max(hops, start + earlier)
+            place = await mails.claim_send(store, mail_id, run, actor, to, org=self.office.org)
+            hops = max(hops, start + place)
         return hops
 
     async def named_run(self, actor: str, run: int) -> str:
@@ -539,7 +541,8 @@ class Mailer:
         when that one is elsewhere, `same_mail`; `adopted`: an id bound to its one issue);
         `fenced`: None, indexing nothing, when the running idempotency claim was taken over
         (checked under the claim's own key, which a takeover takes too). `sent_from`: the run
-        it was sent from, kept with it (`sent_hops` counts it)."""
+        it was sent from, kept with it (what a release before schema 29 counts: its place in
+        the run's budget this release claimed already, `sent_hops`)."""
         fence = idempotency.fence_key() if fenced else None
 
         async def index(db: Connection) -> tuple[MailRecord | None, bool, int | None]:
@@ -620,7 +623,7 @@ class Mailer:
         mail_id = adopted_mail_id(int(issue["id"]))  # binds the header to this issue
         title = str(issue.get("title") or "")
         run = await self.sent_from(actor, None)
-        hops = await self.sent_hops(actor, agent.principal, None, run=run)
+        hops = await self.sent_hops(actor, agent.principal, None, run=run, mail_id=mail_id)
         header = _signed(
             keyring=await self.services.keyring.ready_for(self.office.org), from_principal=actor,
             to_principal=agent.principal, vault=repo.lower(), subject=checked_subject(title),

@@ -376,10 +376,10 @@ async def run_wake(store: Store, agent: str, number: int, *, org: str,
     return str(row["woken_by"]) if row["woken_by"] is not None else None
 
 
-# the run an agent's mail was sent from, by what woke it (a mail id, or a chat run's `chat:<n>`):
-# each send from one run to one recipient counts a hop past the last (`sends_from`, the loop
-# guard), so a run is a budget an agent spends, not a label it may name again and again.
-# Written with the mail's row; NULL: a person's mail, a reply copy, or before schema 27
+# the run an agent's mail was sent from, by what woke it (a mail id, or a chat run's `chat:<n>`),
+# written with the mail's row; NULL: a person's mail, a reply copy, or before schema 27. What
+# a release before 29 counts a run's sends by (`claim_send` counts these too, beside its claims,
+# while such a replica lives); `run_sends` is what this release counts.
 register_columns("mails", {"sent_from": "{text}"}, version=27)
 register_backfill("CREATE INDEX IF NOT EXISTS mails_sent_from ON mails(sent_from)",
                   postgres="CREATE INDEX IF NOT EXISTS mails_sent_from ON mails(sent_from)",
@@ -392,12 +392,56 @@ async def set_sent_from(db: Connection, mail_id: str, run: str) -> None:
     await db.execute("UPDATE mails SET sent_from=? WHERE mail_id=?", (run, mail_id))
 
 
-async def sends_from(store: Store, run: str, sender: str, to: str, *, org: str) -> int:
-    """How many mails `sender` has sent to `to` in `org`'s office from the run `run` woke."""
-    row = await store.fetchone(
-        "SELECT COUNT(*) AS n FROM mails WHERE sent_from=? AND org=? AND from_principal=?"
-        " AND to_principal=?", (run, org.lower(), sender, to))
-    return int(row["n"]) if row is not None else 0
+# Each send from one run to one recipient counts a hop past the last (the loop guard,
+# `Mailer.sent_hops`): a run is a budget an agent spends, not a label it may name again and
+# again. A send's place in that budget is claimed as it is counted, before its forge write, so
+# sends made at once each count the others, and a mail id keeps the place it claimed whatever
+# happens after (a retry of its key after a failed create or a crash; its mail indexed from
+# its own webhook, which knows no run). Schema 29.
+register_schema("""
+CREATE TABLE IF NOT EXISTS run_sends (
+    org {text} NOT NULL,
+    run {text} NOT NULL,
+    sender {text} NOT NULL,
+    to_principal {text} NOT NULL,
+    mail_id {text} NOT NULL,
+    place {int} NOT NULL,
+    PRIMARY KEY (org, run, sender, to_principal, mail_id)
+);
+""", version=29)
+
+_EARLIER_SENDS = (
+    "SELECT COUNT(*) AS n FROM ("
+    "SELECT mail_id FROM run_sends WHERE org=? AND run=? AND sender=? AND to_principal=?"
+    " UNION SELECT mail_id FROM mails WHERE org=? AND sent_from=? AND from_principal=?"
+    " AND to_principal=?) AS earlier")
+
+
+def run_sends_key(org: str, run: str, sender: str, to: str) -> str:
+    """The key one office's sends from one run to one recipient are claimed under."""
+    return f"run-sends:{scoped(org, run)}\n{sender}\n{to}"
+
+
+async def claim_send(store: Store, mail_id: str, run: str, sender: str, to: str, *,
+                     org: str) -> int:
+    """Mail `mail_id`'s place among the mails `sender` sends to `to` in `org`'s office from
+    the run `run` woke: how many were claimed (or indexed by an older release) before it, 0
+    for the first; the place it claimed before, when it has one. Counted and claimed in one
+    transaction under a key of that office's run and recipient alone."""
+    key = (org.lower(), run, sender, to)
+
+    async def claim(db: Connection) -> int:
+        row = await db.fetchone("SELECT place FROM run_sends WHERE org=? AND run=? AND sender=?"
+                                " AND to_principal=? AND mail_id=?", (*key, mail_id))
+        if row is not None:
+            return int(row["place"])
+        row = await db.fetchone(_EARLIER_SENDS, (*key, *key))
+        place = int(row["n"]) if row is not None else 0
+        await db.execute("INSERT INTO run_sends(org, run, sender, to_principal, mail_id, place)"
+                         " VALUES (?,?,?,?,?,?)", (*key, mail_id, place))
+        return place
+
+    return await store.run_transaction(claim, run_sends_key(org, run, sender, to))
 
 
 async def runs_for(store: Store, agent: str, *, org: str) -> list[dict[str, Any]]:

@@ -90,6 +90,8 @@ NAMES = {
         " send from one run to one recipient counts a hop past the last (the loop guard)",
     28: "the comment each org-signed Gitea `created` was taken on: a comment's `created` is"
         " taken once, so an org's admins cannot sign it again as its author's",
+    29: "each send from a run claims its place in the run's budget as it is counted (the loop"
+        " guard): sends made at once each count the others, and a retried key keeps its place",
 }
 
 
