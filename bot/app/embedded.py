@@ -319,8 +319,9 @@ def _seed_gitea(forge: LocalForge, office: Office, office_text: str,
     forge.put_file(f"{office.org}/{CONFIG_REPO}", CONFIG_PATH, office_text)
     secret = secrets.token_hex(20)
     # the org's own webhook, with the secret made for it from the operator's (`gitea-hook`)
+    org_id = forge.state.accounts[office.org.lower()].id  # (seed_office made it)
     token, _ = add_bot(forge, office.org, APP_SLUG, f"{app_url}/webhook/{office.org}",
-                       org_webhook_secret(secret, office.org), events=GITEA_EVENTS)
+                       org_webhook_secret(secret, office.org, org_id), events=GITEA_EVENTS)
     return forge_tokens, Identity(0, SYNTHETIC_INSTALLATION_ID, secret, "", dialect="gitea",
                                   token=token)
 

@@ -36,6 +36,7 @@ async def refresh(services: Services) -> list[str]:
     new = sorted(set(taken.installed) - set(services.installations)
                  - set(taken.renamed.values()))
     taken.take_into(services)
+    services.hook_generations.stale()  # (a name another org's now: its secret at once)
     if new:  # their vaults' labels, as at start
         guid, event, payload = gitea.startup_delivery()
         if await store.enqueue_delivery(guid, event, payload, gitea.encode(payload)):

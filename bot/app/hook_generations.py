@@ -1,9 +1,12 @@
-"""The generation of each org's webhook secret (bot.store.hook_secrets) as intake takes it: held
-in memory, so a delivery costs no database round trip, and read again from the index every
-KEPT seconds, and at once when a delivery is signed with one of its org's next secrets
-(bot.app.intake: a rotation not read here yet): an org's new secret is taken from its first
-delivery, on whichever replica gets it. A bad signature, which anyone may send to any org's
-webhook, reads nothing: it cannot be made with a secret its sender does not hold.
+"""What each org's webhook secret is made from (bot.store.hook_secrets: the forge's id of the
+org holding the name, and its generation) as intake takes it: held in memory, so a delivery
+costs no database round trip, and read again from the index every KEPT seconds, at once when
+a delivery is signed with one of its org's next secrets (bot.app.intake: a rotation not read
+here yet), and at the next delivery after this replica took the forge's listing of orgs (a
+name another org's now: the old org's secret is refused from then on). An org's new secret is
+taken from its first delivery, on whichever replica gets it. A bad signature, which anyone may
+send to any org's webhook, reads nothing: it cannot be made with a secret its sender does not
+hold.
 
 Why a short TTL and not a NOTIFY (bot.app.replica): a rotation is made by a command
 (`vaultmail gitea-hook ORG --rotate`), not by a replica, often beside a single app on SQLite,
@@ -50,6 +53,12 @@ class HookGenerations:
         await self._read()
         return await self.of(org)
 
+    def stale(self) -> None:
+        """Read again at the next delivery: this replica just took the forge's listing of
+        orgs (bot.app.gitea_orgs), which may have given a name to another org (another id,
+        another secret: the old org's is refused from the next delivery on, here)."""
+        self._read_at = -math.inf
+
     def since_rotation(self, generation: Generation) -> float:
         """Seconds since `generation` (as `of` gave it) became its org's, by the database's
         clock: its age when read, and the time since on this replica's monotonic clock (a
@@ -75,9 +84,13 @@ class HookGenerations:
         finally:  # (failed: tried again KEPT seconds on, not by every delivery meanwhile)
             self._read_at, self._reading = started, None
         for org, generation in known.items():
-            if self._known is not None and self._known.get(org) != generation:
+            was = None if self._known is None else self._known.get(org)
+            if was is not None and was.number != generation.number:
                 log.info("org webhook secret rotated: its new generation now signs",
                          extra={"org": org, "generation": generation.number})
+            if was is not None and was.org_id != generation.org_id:
+                log.warning("org webhook secret: the name is another org's now, whose secret "
+                            "is its own", extra={"org": org, "org_id": generation.org_id})
         self._known, self._known_at = known, started
 
 

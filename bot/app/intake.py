@@ -67,16 +67,29 @@ def _gitea_mac(header: str | None) -> str | None:
     return claimed if _HEX_MAC.fullmatch(claimed) else None
 
 
-def org_webhook_secret(secret: str, org: str, generation: int = 0) -> str:
+def org_webhook_secret(secret: str, org: str, org_id: int | None, generation: int = 0) -> str:
     """The secret of `org`'s own webhook (Gitea: POST /webhook/<org>), made from the operator's
-    (GITEA_WEBHOOK_SECRET) and the org's generation (bot.store.hook_secrets): an org's admins
-    set theirs and learn nothing that signs another org's deliveries, or their own org's once
-    it is rotated (`vaultmail gitea-hook ORG [--rotate]` prints it). Generation 0 is the
-    secret every org had before rotation existed; a later one names its number in the first
-    line, so no org's name and number give another's (the name once followed by "\n1" did)."""
-    first = "vaultmail org webhook" + (f" {generation}" if generation else "")
+    (GITEA_WEBHOOK_SECRET), the org's id on the forge and its generation (bot.store.hook_secrets):
+    an org's admins set theirs and learn nothing that signs another org's deliveries, their own
+    org's once it is rotated, or those of an org made again under its name once it is deleted
+    (`vaultmail gitea-hook ORG [--rotate]` prints it). `org_id` None: the secret made from the
+    name alone, as before ids (generation 0 the one before rotation existed; a later one names
+    its number in the first line, so no org's name and number give another's)."""
+    if org_id is None:
+        first = "vaultmail org webhook" + (f" {generation}" if generation else "")
+    else:  # (a first line no name-made secret has)
+        first = f"vaultmail org webhook {generation} for org {org_id}"
     message = f"{first}\n{org.lower()}"
     return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()
+
+
+def org_secrets(master: str, org: str, known: Generation, *numbers: int) -> list[str]:
+    """`org`'s secrets of the generations `numbers` (those below 0 left out), made for the org
+    `known` says holds its name now; none while the app has not seen the org (no id)."""
+    if known.org_id is None:
+        return []
+    made_for = None if known.by_name else known.org_id
+    return [org_webhook_secret(master, org, made_for, n) for n in numbers if n >= 0]
 
 
 class SignedBody:
@@ -259,9 +272,10 @@ async def receive_webhook(request: web.Request) -> web.Response:
         return refusal
     signed_with = signed.signed_with(claimed)
     if signed_with is None and org is not None and generation is not None and \
-            claimed is not None and SignedBody.whole(signed.body(), *(
-                org_webhook_secret(settings.webhook_secret, org, generation.number + n)
-                for n in range(1, AHEAD + 1))).signed_with(claimed) is not None:
+            claimed is not None and SignedBody.whole(signed.body(), *org_secrets(
+                settings.webhook_secret, org, generation,
+                *range(generation.number + 1, generation.number + AHEAD + 1))
+            ).signed_with(claimed) is not None:
         # signed with a secret the org is given at its next rotation: one not read here yet
         generation = await services.hook_generations.recheck(org)
         signed_with = SignedBody.whole(signed.body(), *_secrets(
@@ -272,7 +286,12 @@ async def receive_webhook(request: web.Request) -> web.Response:
         # (without a signature its body was never read: answered and closed, not lingered on)
         return await _answer_and_close(request, _error(
             401, "bad_signature",
-            f"{signature_header} is missing or does not match the webhook secret"))
+            f"{signature_header} is missing or does not match the webhook secret" + (
+                "" if org is None else
+                f" of {org}: {org}'s admins ask the operator for it (`vaultmail gitea-hook "
+                f"{org}`) and set it on {org}'s webhook. It is made for the org that holds "
+                "the name on the forge now: one given to an org deleted since, whose name "
+                "another org took, signs nothing")))
     if signed_with == 1 and org is not None and generation is not None and \
             (refused := _rotated_out(org, generation, settings.webhook_grace_seconds,
                                      services.hook_generations.since_rotation(generation),
@@ -339,8 +358,7 @@ def _secrets(master: str, org: str | None, generation: Generation | None) -> lis
     own webhook its generation's and, once rotated, the one before (`_rotated_out`)."""
     if org is None or generation is None:
         return [master]
-    now = generation.number
-    return [org_webhook_secret(master, org, n) for n in (now, now - 1) if n >= 0]
+    return org_secrets(master, org, generation, generation.number, generation.number - 1)
 
 
 def _rotated_out(org: str, generation: Generation, grace: float, since: float, header: str,

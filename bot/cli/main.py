@@ -226,9 +226,10 @@ async def cmd_dead_letters(args: argparse.Namespace) -> int:
 
 async def cmd_gitea_hook(args: argparse.Namespace) -> int:
     """An org's own webhook on Gitea: its URL and its current secret, made from the
-    operator's and the org's generation in the index; `--rotate`: a new one for that org."""
+    operator's, the org's id on the forge and its generation in the index; `--rotate`: a new
+    one for that org."""
     from bot.app.hook_generations import grace_text
-    from bot.app.intake import org_webhook_secret, utc_text
+    from bot.app.intake import org_secrets, utc_text
     from bot.app.settings import WEBHOOK_GRACE
     from bot.cli.shell import existing_data_dir
     from bot.names import RULE, is_name
@@ -246,15 +247,20 @@ async def cmd_gitea_hook(args: argparse.Namespace) -> int:
         return 2
     store = await open_store(index_of(existing_data_dir(args.data)))
     try:
-        if args.rotate:
+        generation = await hook_secrets.generation(store, org)
+        if generation.org_id is not None and args.rotate:
             generation = await hook_secrets.rotate(store, org, "operator")
-        else:
-            generation = await hook_secrets.generation(store, org)
     finally:
         await store.close()
+    if generation.org_id is None:  # (its secret is made for the org's id, which is the forge's)
+        say(f"the app has not seen an org {org}: add its bot user to the org as an owner; "
+            "the app reads the bot's orgs at start and every 5 minutes; then ask again",
+            file=sys.stderr)
+        return 2
+    [made] = org_secrets(secret, org, generation, generation.number)
     say(f"org webhook of {org} (type gitea, JSON, events Issues, Issue comment, Push):\n"
         f"  URL     {base}/webhook/{org}\n"
-        f"  secret  {org_webhook_secret(secret, org, generation.number)}\n"
+        f"  secret  {made}\n"
         f"it signs deliveries about {org} only; give it to {org}'s admins, never "
         "GITEA_WEBHOOK_SECRET itself")
     if args.rotate:  # (the app's grace, as this shell's environment says it)

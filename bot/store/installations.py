@@ -13,6 +13,7 @@ import logging
 import time
 
 from bot.store.db import Store, register_columns, register_schema
+from bot.store.hook_secrets import bind_names_in
 from bot.store.offices import rename_in, retire_in
 from bot.store.sql import Connection
 
@@ -303,6 +304,7 @@ async def listed(store: Store, live: dict[str, int], before: Known,
         await db.executemany("UPDATE installations SET account_id=? WHERE org=?"
                              " AND account_id IS NULL", sorted(
                                  (account, org) for org, account in accounts_now.items()))
+        await bind_names_in(db, accounts_now)  # (its webhook secret of before: its own)
         rows = await db.fetchall(
             "SELECT org, installation_id FROM installations WHERE removed_at IS NULL")
     return {str(r["org"]): int(r["installation_id"]) for r in rows}

@@ -92,6 +92,10 @@ NAMES = {
         " taken once, so an org's admins cannot sign it again as its author's",
     29: "each send from a run claims its place in the run's budget as it is counted (the loop"
         " guard): sends made at once each count the others, and a retried key keeps its place",
+    30: "each org's own webhook secret (Gitea) is made for the org's id on the forge, not its"
+        " name alone: an org made again under a deleted org's name is not signed for by the"
+        " old org's secret; the names known before are recorded with their org's id, whose"
+        " secret made from the name stays theirs",
 }
 
 

@@ -14,12 +14,13 @@ import re
 import aiohttp
 
 from bot.app.embedded import Embedded
-from bot.app.intake import org_webhook_secret
+from tests.gitea.test_two_orgs_on_gitea import _evil_seen, _secret
 
 
 async def test_an_orgs_event_names_do_not_become_metric_labels(
         office: Embedded, session: aiohttp.ClientSession) -> None:
-    secret = org_webhook_secret(office.services.settings.webhook_secret, "evil")
+    await _evil_seen(office)
+    secret = _secret(office, "evil")
     body = json.dumps({"action": "x", "repository": {
         "full_name": "evil/junk", "name": "junk", "owner": {"login": "evil"}},
         "sender": {"login": "mallory"}}).encode()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,11 +16,12 @@ import aiohttp
 import pytest
 
 from bot.app.embedded import Embedded, start_embedded
+from bot.app.gitea_orgs import refresh
 from bot.app.hook_generations import HookGenerations
-from bot.app.intake import org_webhook_secret
-from bot.store import hook_secrets, ledger, open_store
+from bot.app.intake import org_secrets, org_webhook_secret
+from bot.store import hook_secrets, installations, ledger, open_store, sqlite
 from bot.store.hook_secrets import NEVER_ROTATED
-from tests.gitea.test_two_orgs_on_gitea import _post, _secret
+from tests.gitea.test_two_orgs_on_gitea import _evil_seen, _post, _secret
 from tests.test_cli_tools import vaultmail
 
 
@@ -47,6 +50,7 @@ async def test_a_rotated_orgs_webhook_takes_its_new_secret_and_for_the_grace_its
         office: Embedded, session: aiohttp.ClientSession, operator: str,
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
+    await _evil_seen(office)
     old, evils = _secret(office, "acme"), _secret(office, "evil")
 
     async def post(org: str, secret: str, guid: str) -> int:
@@ -56,7 +60,7 @@ async def test_a_rotated_orgs_webhook_takes_its_new_secret_and_for_the_grace_its
     assert await post("acme", old, "r-0") == 202  # never rotated: the secret it always had
     code, out, err = await _hook(office, "acme", "--rotate")
     assert code == 0, err
-    new = org_webhook_secret(operator, "acme", 1)
+    new = _secret(office, "acme", 1)
     assert new != old
     assert f"URL     {office.app_url}/webhook/acme" in out and f"secret  {new}" in out, out
     assert old not in out and "1 hour" in out and "rotated" in out, out
@@ -66,7 +70,7 @@ async def test_a_rotated_orgs_webhook_takes_its_new_secret_and_for_the_grace_its
     assert await post("acme", new, "r-1") == 202  # at once, though acme's was read just now
     assert await post("acme", old, "r-2") == 202  # within the grace: the admin updates it
     assert await post("evil", evils, "r-3") == 202  # another org's: as it was
-    assert await post("acme", org_webhook_secret(operator, "acme", 2), "r-4") == 401
+    assert await post("acme", _secret(office, "acme", 2), "r-4") == 401
     [entry] = await ledger.entries(office.services.store, org="acme",
                                    event="office.webhook_secret_rotated")
     assert (entry.actor, entry.subject, entry.data) == ("operator", "acme", {"generation": 1})
@@ -89,11 +93,10 @@ async def no_grace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIter
 async def test_a_rotated_out_secret_is_refused_past_the_grace_saying_what_to_do(
         no_grace: Embedded, session: aiohttp.ClientSession) -> None:
     office = no_grace
-    master = office.services.settings.webhook_secret
     old = _secret(office, "acme")
     code, out, err = await _hook(office, "acme", "--rotate")
     assert code == 0, err
-    new = org_webhook_secret(master, "acme", 1)
+    new = _secret(office, "acme", 1)
     assert f"secret  {new}" in out
 
     async def post(org: str, secret: str, guid: str) -> tuple[int, str]:
@@ -105,11 +108,12 @@ async def test_a_rotated_out_secret_is_refused_past_the_grace_saying_what_to_do(
     error = json.loads(text)["error"]
     assert error["code"] == "webhook_secret_rotated", error
     assert "rotated" in error["message"] and "vaultmail gitea-hook acme" in error["message"]
+    await _evil_seen(office)
     assert (await post("evil", _secret(office, "evil"), "g-3"))[0] == 202
     # rotated again: the one before (generation 1) is refused too, the first has no word
     code, out, err = await _hook(office, "acme", "--rotate")
-    assert code == 0 and f"secret  {org_webhook_secret(master, 'acme', 2)}" in out, err
-    assert (await post("acme", org_webhook_secret(master, "acme", 2), "g-4"))[0] == 202
+    assert code == 0 and f"secret  {_secret(office, 'acme', 2)}" in out, err
+    assert (await post("acme", _secret(office, "acme", 2), "g-4"))[0] == 202
     assert (await post("acme", new, "g-5"))[0] == 401
     status, text = await post("acme", old, "g-6")
     assert status == 401 and json.loads(text)["error"]["code"] == "bad_signature", text
@@ -147,11 +151,15 @@ async def test_an_org_webhook_names_a_forge_org_and_no_two_orgs_secrets_meet(
     """`/webhook/acme%0A1` was taken as an org `acme\\n1`, whose secret was acme's after one
     rotation (the generation was joined to the name by a newline). The URL's org must now be
     a forge org's name, and no org's secret is another's at any generation."""
-    assert org_webhook_secret(operator, "acme\n1") != org_webhook_secret(operator, "acme", 1)
+    assert org_webhook_secret(operator, "acme\n1", None) != org_webhook_secret(
+        operator, "acme", None, 1)  # (made from the name alone, as before org ids)
     code, _, err = await _hook(office, "acme\n1", "--rotate")
     assert code == 2 and "not a forge org's name" in err, err
+    code, _, err = await _hook(office, "globex", "--rotate")  # an org the app has not seen
+    assert code == 2 and "has not seen an org globex" in err, err
+    assert (await hook_secrets.generation(office.services.store, "globex")) == NEVER_ROTATED
     await _hook(office, "acme", "--rotate")
-    acmes = org_webhook_secret(operator, "acme", 1)
+    acmes = _secret(office, "acme", 1)
     for n, org in enumerate(("acme%0A1", "-acme", "ac%20me", "a" * 41)):
         status, text = await _post(office, session, f"/webhook/{org}", acmes, _push("acme"),
                                    "push", f"n-{n}")
@@ -175,7 +183,7 @@ async def test_bad_signatures_to_any_webhook_do_not_hold_back_a_rotated_orgs_new
     assert await post("evil", "not evil's secret", "o-1") == 401  # anyone, anywhere
     code, _, err = await _hook(office, "acme", "--rotate")
     assert code == 0, err
-    assert await post("acme", org_webhook_secret(operator, "acme", 1), "o-2") == 202
+    assert await post("acme", _secret(office, "acme", 1), "o-2") == 202
 
 
 async def test_the_grace_is_counted_by_the_databases_clock_not_the_replicas(
@@ -189,7 +197,6 @@ async def test_the_grace_is_counted_by_the_databases_clock_not_the_replicas(
     office = await start_embedded(data_dir=tmp_path, port=0, forge_port=0, dialect="gitea",
                                   database_url=postgres_url)
     try:
-        master = office.services.settings.webhook_secret
         old = _secret(office, "acme")
         await hook_secrets.rotate(office.services.store, "acme", "operator")
 
@@ -197,10 +204,91 @@ async def test_the_grace_is_counted_by_the_databases_clock_not_the_replicas(
             return (await _post(office, session, "/webhook/acme", secret, _push("acme"),
                                 "push", guid))[0]
 
-        assert await post(org_webhook_secret(master, "acme", 1), "c-1") == 202  # read
+        assert await post(_secret(office, "acme", 1), "c-1") == 202  # read
         real = time.time
         monkeypatch.setattr(time, "time", lambda: real() + 7200)  # the replica's clock
         assert await post(old, "c-2") == 202, "refused within the grace"
         monkeypatch.undo()
     finally:
         await office.stop()
+
+
+def _printed(out: str) -> str:
+    """The secret `vaultmail gitea-hook` printed."""
+    found = re.search(r"secret  ([0-9a-f]{64})", out)
+    assert found is not None, out
+    return found[1]
+
+
+async def test_an_org_made_again_under_a_name_is_not_signed_for_by_the_old_orgs_secret(
+        office: Embedded, session: aiohttp.ClientSession, operator: str) -> None:
+    """acme was deleted on the forge and another user made an org of that name, and added
+    the bot to it. Its webhook secret was made from the name alone: the old acme's admin,
+    who was given it, signed deliveries the app took as the new acme's. The secret is made
+    for the org's id on the forge now: the new acme's is another, and the old one is
+    refused saying what to do."""
+    async def post(secret: str, guid: str) -> tuple[int, str]:
+        return await _post(office, session, "/webhook/acme", secret, _push("acme"), "push",
+                           guid)
+
+    code, out, err = await _hook(office, "acme")
+    assert code == 0, err
+    old = _printed(out)
+    assert (await post(old, "t-0"))[0] == 202
+    # deleted, and made again by another user (another id), who adds the bot to it
+    office.forge.state.accounts["acme"].id = office.forge.state.next_id("account")
+    await refresh(office.services)
+    status, text = await post(old, "t-1")
+    assert status == 401, "the old acme's admin signed for the new acme"
+    error = json.loads(text)["error"]
+    assert error["code"] == "bad_signature" and \
+        "vaultmail gitea-hook acme" in error["message"], error
+    code, out, err = await _hook(office, "acme")
+    assert code == 0, err
+    new = _printed(out)
+    assert new != old
+    assert (await post(new, "t-2"))[0] == 202
+    assert await office.services.store.fetchone(
+        "SELECT 1 FROM queue WHERE guid='acme/t-1'") is None
+
+
+async def test_a_secret_made_from_the_name_stays_the_org_it_was_given_to(
+        tmp_path: Path) -> None:
+    """Before org ids each org's secret was made from its name alone, and its admins set it:
+    an index from then (version 28) records each name it knew with its org's id (one not read
+    yet: the id the app reads first), and the name-made secret goes on signing for that org,
+    rotated too, and never for an org made again under its name."""
+    path = tmp_path / "index.sqlite3"
+    sqlite._migrate_file(str(path), upto=28)
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:  # acme's id read already; globex's, installed before ids were, not yet
+        conn.execute("INSERT INTO installations(org, installation_id, account_id)"
+                     " VALUES ('acme', 1, 5), ('globex', 1, NULL)")
+    finally:
+        conn.close()
+    store = await open_store(str(path))
+    try:
+        acme = await hook_secrets.generation(store, "acme")
+        assert (acme.org_id, acme.by_name) == (5, True)
+        assert org_secrets("op", "acme", acme, 0) == [org_webhook_secret("op", "acme", None)]
+        assert (await hook_secrets.generation(store, "globex")).org_id is None  # no secret yet
+        before = await installations.known(store)
+        await installations.listed(store, {"acme": 1, "globex": 1}, before,
+                                   {"acme": 5, "globex": 7})
+        globex = await hook_secrets.generation(store, "globex")
+        assert (globex.org_id, globex.by_name) == (7, True)
+        rotated = await hook_secrets.rotate(store, "acme", "operator")
+        assert org_secrets("op", "acme", rotated, 1) == [
+            org_webhook_secret("op", "acme", None, 1)]
+        # acme deleted, and made again by another user: its secret is its own
+        before = await installations.known(store)
+        await installations.listed(store, {"acme": 1, "globex": 1}, before,
+                                   {"acme": 9, "globex": 7})
+        taken = await hook_secrets.generation(store, "acme")
+        assert (taken.org_id, taken.by_name) == (9, False)
+        made = org_secrets("op", "acme", taken, 0, 1)
+        assert made == [org_webhook_secret("op", "acme", 9, n) for n in (0, 1)]
+        assert not set(made) & {org_webhook_secret("op", "acme", None, n) for n in (0, 1)}
+        assert (await hook_secrets.generation(store, "globex")).by_name
+    finally:
+        await store.close()

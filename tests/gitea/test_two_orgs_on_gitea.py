@@ -28,9 +28,19 @@ EVIL = {"org": "evil",
                     "capabilities": {"mail.send": ["*"]}}]}
 
 
-def _secret(office: Embedded, org: str) -> str:
-    """The secret of `org`'s own webhook, as `vaultmail gitea-hook` makes it."""
-    return org_webhook_secret(office.services.settings.webhook_secret, org)
+def _secret(office: Embedded, org: str, generation: int = 0) -> str:
+    """The secret of `org`'s own webhook, as `vaultmail gitea-hook` makes it (for the org's
+    id on the forge)."""
+    return org_webhook_secret(office.services.settings.webhook_secret, org,
+                              office.forge.state.accounts[org].id, generation)
+
+
+async def _evil_seen(office: Embedded) -> None:
+    """evil made on the forge (EVIL's office), the bot added to it, and the app's look at its
+    orgs taken: the app knows evil's id, which evil's webhook secret is made for."""
+    seed_office(office.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
+    office.forge.add_org_member("evil", office.services.app_slug, role="admin")
+    assert await refresh(office.services) == ["evil"]
 
 
 async def _post(office: Embedded, session: aiohttp.ClientSession, path: str, secret: str,
@@ -80,8 +90,9 @@ async def test_an_orgs_webhook_secret_signs_that_orgs_deliveries_only(
     master = office.services.settings.webhook_secret
     [(hook, _)] = org_hooks(office.forge, "acme")  # as `vaultmail up --forge gitea` sets it
     assert str(hook.webhook_url).endswith("/webhook/acme")
-    assert hook.webhook_secret == org_webhook_secret(master, "acme") != master
-    evils = org_webhook_secret(master, "evil")
+    assert hook.webhook_secret == _secret(office, "acme") != master
+    await _evil_seen(office)
+    evils = _secret(office, "evil")
     about_acme = json.dumps({
         "action": "opened", "number": 99,
         "issue": {"id": 1, "number": 99, "title": "From marco", "body": "x", "labels": [],
@@ -111,6 +122,7 @@ async def test_an_orgs_webhook_cannot_name_its_org_in_one_field_and_another_in_t
     sent = (await ToolClient(session, office, "human:marco@acme.com")(
         "mail_send", to="scout", subject="ACME only", body="x"))["mail"]
     await office.settle()
+    await _evil_seen(office)
     evils = _secret(office, "evil")
     issue = {"id": 777, "number": sent["number"], "title": "ACME only", "body": "x",
              "labels": [], "user": {"login": "vaultmail"}, "state": "open"}
@@ -152,6 +164,7 @@ async def test_an_orgs_webhook_cannot_queue_a_delivery_under_another_orgs_issue(
         "sub_issue": {"id": 6, "number": 1}, "sub_issue_repo": {
             "full_name": "acme/scout-vault", "owner": {"login": "acme"}},
         "sender": {"login": "eve"}}
+    await _evil_seen(office)
     status, text = await _post(office, session, "/webhook/evil", _secret(office, "evil"), body,
                                "issues", "evil-sub")
     assert status == 403 and "wrong_org" in text, text
@@ -202,6 +215,7 @@ async def test_a_delivery_id_is_one_orgs_own(
         answer: dict[str, object] = json.loads(text)
         return answer
 
+    await _evil_seen(office)
     assert (await post("evil", "5f0c-chosen"))["queued"] is True
     assert (await post("acme", "5f0c-chosen"))["queued"] is True, "acme's delivery was dropped"
     assert (await post("acme", "5f0c-chosen"))["queued"] is False  # acme's own redelivery
@@ -214,6 +228,7 @@ async def test_an_orgs_webhook_carries_no_app_installation_events(
     repository (so it passed as evil's) and it ran: with no repositories listed, the app
     listed every org's repositories through the one bot token and set labels in each vault,
     acme's too, as often as evil liked."""
+    await _evil_seen(office)
     for n, event in enumerate(("installation", "installation_repositories")):
         body = {
             "action": "created" if event == "installation" else "added",
@@ -240,9 +255,8 @@ async def test_an_orgs_webhook_cannot_claim_the_ids_of_another_orgs_comments_to_
     outcome = await call("POST", f"{vault}/issues", {"title": "Pricing", "body": "x",
                                                      "labels": [label]}, 201)
     await office.settle()
-    seed_office(office.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
-    office.forge.add_org_member("evil", office.services.app_slug, role="admin")
-    office.services.installations["evil"] = SYNTHETIC_INSTALLATION_ID
+    await _evil_seen(office)
+    await office.settle()
     guessed = office.forge.state.ids.get("comment", 400000) + 1  # acme's next comment's id
     claim = {"action": "created",
              "issue": {"id": 9001, "number": 1, "title": "Ours", "body": "x", "state": "open",
