@@ -45,17 +45,20 @@ async def reload_office_config(event: sansio.Event, ctx: HandlerContext) -> None
     office = await offices.get(ctx.forge, org, fresh=True)
     error = offices.last_error.get(org)
     pusher = data.get("sender", {}).get("login", "")
+    # the app's own: a push no one is named for (an org's webhook on Gitea: bot.app.org_signed)
+    anonymous = pusher.lower() == ctx.services.bot_login.lower()
+    pushed = f"`{CONFIG_PATH}` was pushed" if anonymous else f"@{pusher} pushed `{CONFIG_PATH}`"
     commit = str(data.get("after") or "")[:12]
     async with ctx.services.lock_for(f"office-config:{org.lower()}"):
         issue = await _open_config_issue(ctx, org)
         if error is None:
             ctx.log.info("office config reloaded", extra={"org": org})
             if issue is not None:
-                await _close_fixed(ctx, org, issue, pusher, commit)
+                await _close_fixed(ctx, org, issue, pushed, commit)
             return
         kept = "the last valid config stays in force" if office else \
             "no config is in force yet"
-        body = (f"{MARKER}\n@{pusher} pushed `{CONFIG_PATH}` ({commit or 'a commit'}); it was "
+        body = (f"{MARKER}\n{pushed} ({commit or 'a commit'}); it was "
                 f"refused and {kept}.\n\n"
                 + "\n".join(f"- {as_data(line)}" for line in error.errors)
                 + f"\n\nFix these and push again (`vaultmail office check {CONFIG_PATH}` "
@@ -66,7 +69,8 @@ async def reload_office_config(event: sansio.Event, ctx: HandlerContext) -> None
             await ctx.forge.create_issue(repo_name, TITLE, body, labels=[])
         elif issue.get("body") != body:
             await ctx.forge.update_issue(repo_name, int(issue["number"]), body=body)
-    await ledger.record(ctx.services.store, "office.config_refused", f"forge:{pusher}",
+    await ledger.record(ctx.services.store, "office.config_refused",
+                        "office" if anonymous else f"forge:{pusher}",
                         f"{org}/{CONFIG_REPO}", {"errors": error.errors}, org=org)
 
 
@@ -81,12 +85,13 @@ async def _open_config_issue(ctx: HandlerContext, org: str) -> dict[str, Any] | 
     return None
 
 
-async def _close_fixed(ctx: HandlerContext, org: str, issue: dict[str, Any], pusher: str,
+async def _close_fixed(ctx: HandlerContext, org: str, issue: dict[str, Any], pushed: str,
                        commit: str) -> None:
+    """`pushed`: "@login pushed `vaultmail.yml`", or "`vaultmail.yml` was pushed" (no one
+    named)."""
     repo_name, number = f"{org}/{CONFIG_REPO}", int(issue["number"])
     await ctx.forge.create_comment(repo_name, number, (
-        f"@{pusher} pushed a valid `{CONFIG_PATH}` ({commit or 'a commit'}): it is in force "
-        "now. Closing."))
+        f"{pushed} ({commit or 'a commit'}), valid: it is in force now. Closing."))
     await ctx.forge.update_issue(repo_name, number, state="closed", state_reason="completed")
     ctx.log.info("office config fixed: its error issue closed",
                  extra={"org": org, "issue": number})

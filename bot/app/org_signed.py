@@ -22,7 +22,8 @@ is checked against the forge, and what it says is taken from there:
   event is taken, with those before it. A body edit is in no timeline (Gitea records no
   editor): it is read as the forge has the body, in no one's name (the app's own). Any other
   action is refused;
-- a push is read as it comes: its handler reads the config it pushed from the forge;
+- a push is read in no one's name (the app's own): its handler reads the config it pushed
+  from the forge, and Gitea keeps no record of who pushed that the app can read back;
 - anything else needs a sender who may write to the repository.
 
 What does not hold is refused (`NotAsTheForgeSays`): the delivery acts on nothing. Deliveries
@@ -90,7 +91,9 @@ async def as_the_forge_has_it(forge: GiteaForge, event: str, data: dict[str, Any
     if not sender or not isinstance(repo, str):
         raise NotAsTheForgeSays("it names no sender or no repository")
     issue = out.get("issue")
-    if event == "push":  # its handler reads what it acts on (the office config) from the forge
+    if event == "push":  # its handler reads what it acts on (the office config) from the forge;
+        # who pushed, Gitea keeps no record of that the app can read back: no one's (the app's)
+        out["sender"] = github_user({"login": bot_login}, bot_login)
         return out, 0
     if not isinstance(issue, dict):
         if not await _may_write(forge, repo, sender):

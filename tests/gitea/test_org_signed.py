@@ -410,3 +410,26 @@ async def test_a_comments_created_is_taken_once(
     states = {d["guid"]: d["state"] for d in await office.services.store.fetchall(
         "SELECT guid, state FROM queue")}
     assert states["acme/replayed-answer"] == "ignored", states
+
+
+async def test_a_push_over_the_orgs_webhook_is_no_members(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """A push was read as it came: acme's admins signed one as marco's, touching a config the
+    forge holds refused, and the app said on acme's config-error issue that @marco pushed it,
+    and ledgered the refusal as his. Gitea gives the app no record of who pushed to read back:
+    a push over an org's webhook is read in no one's name."""
+    office.forge.put_file("acme/.github", "vaultmail.yml", "humans: [", pusher="lee")
+    await office.settle()
+    (genuine,) = [d for d in office.forge.state.deliveries.values() if d.event == "push"]
+    forged = copy.deepcopy(genuine.payload)
+    forged["sender"]["login"] = forged["pusher"]["login"] = "marco"
+    forged["after"] = "f" * 40
+    await _forged(office, session, "push", forged, "forged-push")
+    store = office.services.store
+    actors = {e.actor for e in await ledger.entries(store, org="acme",
+                                                    event="office.config_refused")}
+    assert "forge:marco" not in actors, actors
+    vault = office.forge.state.repo_by_full_name("acme/.github")
+    [issue] = vault.issues.values()
+    assert "ffffffffffff" in issue.body, "the forged push was not read at all"
+    assert "@marco" not in issue.body, issue.body
