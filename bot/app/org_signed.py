@@ -24,6 +24,9 @@ is checked against the forge, and what it says is taken from there:
   action is refused;
 - a push is read in no one's name (the app's own): its handler reads the config it pushed
   from the forge, and Gitea keeps no record of who pushed that the app can read back;
+- an event Gitea never sends (a repository renamed or transferred, a sub-issue or a dependency
+  linked: GitHub's) is refused: its handler would follow a rename that never was, or record a
+  link in the sender's name;
 - anything else needs a sender who may write to the repository.
 
 What does not hold is refused (`NotAsTheForgeSays`): the delivery acts on nothing. Deliveries
@@ -55,6 +58,10 @@ _ISSUE_FIELDS = ("title", "body", "state", "labels", "user", "closed_at", "updat
 _TIMELINE = {"closed": "close", "reopened": "reopen", "labeled": "label", "unlabeled": "label",
              "assigned": "assignees", "unassigned": "assignees", "edited": "change_title"}
 _WRITERS = ("write", "maintain", "admin")
+# the events Gitea sends of those the handlers read (a `repository` only `created` or
+# `deleted`: no rename, no transfer): any other over an org's webhook is its admins' word alone
+_GITEA_SENDS = ("issues", "issue_comment", "push", "pull_request", "repository")
+_REPOSITORY_ACTIONS = ("created", "deleted")
 
 
 class NotAsTheForgeSays(Exception):
@@ -90,6 +97,9 @@ async def as_the_forge_has_it(forge: GiteaForge, event: str, data: dict[str, Any
     action = out.get("action")
     if not sender or not isinstance(repo, str):
         raise NotAsTheForgeSays("it names no sender or no repository")
+    if event not in _GITEA_SENDS or (event == "repository" and action not in _REPOSITORY_ACTIONS):
+        raise NotAsTheForgeSays(f"Gitea sends no {event} {action or ''}: its org's admins "
+                                "alone said it")
     issue = out.get("issue")
     if event == "push":  # its handler reads what it acts on (the office config) from the forge;
         # who pushed, Gitea keeps no record of that the app can read back: no one's (the app's)

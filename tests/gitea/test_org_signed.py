@@ -433,3 +433,19 @@ async def test_a_push_over_the_orgs_webhook_is_no_members(
     [issue] = vault.issues.values()
     assert "ffffffffffff" in issue.body, "the forged push was not read at all"
     assert "@marco" not in issue.body, issue.body
+
+
+async def test_what_gitea_never_sends_is_not_read_from_an_orgs_webhook(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """Gitea sends no repository renamed or transferred, no sub-issue and no dependency
+    event: over an org's webhook one is its admins' word alone, and it was checked for write
+    access only. acme's admins signed a rename of acme/scout-vault into acme/.github that
+    never was, and the index's rows followed it: its mail was filed under a repository that
+    is not its vault. Each such event is now refused."""
+    sent = await _mail(office, session)
+    renamed = {"action": "renamed", "changes": {"repository": {"name": {"from": "scout-vault"}}},
+               "repository": {"full_name": "acme/.github", "name": ".github",
+                              "owner": {"login": "acme"}}, "sender": {"login": "admin"}}
+    await _forged(office, session, "repository", renamed, "forged-rename")
+    row = await mails.get_mail(office.services.store, sent["mail_id"])
+    assert row is not None and row.vault == "acme/scout-vault", row
