@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bot.forge.errors import ForgeError, MovedAway
+
 
 class VaultmailError(Exception):
     status = 400
@@ -63,6 +65,31 @@ class ForgeUnavailable(VaultmailError):
 
     status = 502
     code = "forge_error"
+
+
+class VaultMoved(VaultmailError):
+    """A vault (or the office's config repository) that the forge leads to another owner's
+    repository (a transfer): gone from the office until a person acts; asking again answers
+    the same. 410 Gone, as GitHub answers of an issue deleted: the thing was here and is no
+    longer, for good as far as a retry knows (a 5xx invites retries; 404 says it never was)."""
+
+    status = 410
+    code = "vault_moved"
+
+
+def forge_refusal(exc: ForgeError, what: str = "", done: str = "") -> VaultmailError:
+    """What a caller (of `what`) sees of a forge request that failed: a repository moved to
+    another owner said as such, with what to do; else the forge's answer, to try again later
+    (`done`: what became of the call, e.g. "nothing was recorded")."""
+    said = f"{what}: " if what else ""
+    if isinstance(exc, MovedAway):
+        return VaultMoved(
+            f"{said}{exc.was} was moved to another owner ({exc.now}), so nothing of it is "
+            f"read as this office's: an admin of {exc.now.partition('/')[0]} has it moved "
+            f"back to {exc.was.partition('/')[0]}, or the office's config "
+            "(.github/vaultmail.yml) names a new vault (an agent's `vault:`)")
+    return ForgeUnavailable(f"{said}the forge answered {exc}; "
+                            f"{done + ', ' if done else ''}try again later")
 
 
 class IndexUnavailable(VaultmailError):

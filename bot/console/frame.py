@@ -22,7 +22,7 @@ from bot.console.visitor import (
     sign_in_redirect,
     visitor,
 )
-from bot.errors import ForgeUnavailable, VaultmailError
+from bot.errors import VaultmailError, forge_refusal
 from bot.forge.errors import ForgeError
 from bot.office.visibility import viewer_for
 from bot.tools.registry import call_tool
@@ -85,8 +85,8 @@ def error_page(request: web.Request, exc: VaultmailError, v: Visitor | None = No
                                if v else None}, status=exc.status)
 
 
-def _forge_error(exc: ForgeError) -> ForgeUnavailable:
-    return ForgeUnavailable(f"the forge answered {exc}; nothing was recorded, try again later")
+def _forge_error(exc: ForgeError) -> VaultmailError:
+    return forge_refusal(exc, done="nothing was recorded")
 
 
 def signed_in(fn: PageFn) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

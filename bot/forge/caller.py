@@ -190,8 +190,8 @@ class _GitHubAPI(gidgethub.aiohttp.GitHubAPI):
                                 extra={"method": method, "url": url, "to": target})
                     break
                 if now.partition("/")[0] != asked.partition("/")[0]:
-                    raise MovedAway(f"{asked} now belongs to another owner ({now})", now=now,
-                                    status=404, method=method, url=url)
+                    raise MovedAway(f"{asked} now belongs to another owner ({now})", was=asked,
+                                    now=now, status=404, method=method, url=url)
             if response.status == 303 and not reading:  # (the write was made)
                 method, body = "GET", b""
                 headers = {k: v for k, v in headers.items()
@@ -752,6 +752,12 @@ class _Caller(abc.ABC):
                     async with self.client.semaphore:
                         # the URL already expanded: gidgethub only joins it to the base
                         return await self._gh.call(method, full_url, None, data, **credentials)
+                except MovedAway as exc:  # no retry mends it: a person must (the installation's)
+                    log.error("a repository moved to another owner: %s is %s now; nothing of "
+                              "it is read (its owner's admin moves it back, or the office's "
+                              "config names another)", exc.was, exc.now,
+                              extra={**extra, "repo": exc.was, "now": exc.now})
+                    raise
                 except (HTTPException, TimeoutError, aiohttp.ClientError) as exc:
                     caught = exc
             failure: str

@@ -57,9 +57,10 @@ class NotFound(ForgeError):
 class MovedAway(NotFound):
     """A repository's name that the forge leads to another owner's repository (GitHub
     redirects one transferred as it does one renamed): gone from the owner it was asked of,
-    read as not found; ``now`` is its full name there."""
+    read as not found; ``was`` is the name asked of, ``now`` its full name there."""
 
-    def __init__(self, message: str, *, now: str, **kw: Any) -> None:
+    def __init__(self, message: str, *, was: str, now: str, **kw: Any) -> None:
+        self.was = was
         self.now = now
         super().__init__(message, **kw)
 

@@ -13,7 +13,14 @@ from aiohttp import web
 
 from bot.app.bodies import TOOL_BODY_LIMIT, loads_json, read_body
 from bot.app.services import SERVICES_KEY, Services
-from bot.errors import Denied, ForgeUnavailable, NotInstalled, Unauthenticated, VaultmailError
+from bot.errors import (
+    Denied,
+    ForgeUnavailable,
+    NotInstalled,
+    Unauthenticated,
+    VaultmailError,
+    forge_refusal,
+)
 from bot.forge.errors import ForgeError
 from bot.office.config import Office
 from bot.store import api_tokens, installations, ledger, oauth
@@ -187,9 +194,8 @@ async def tool_endpoint(request: web.Request) -> web.Response:
         return web.json_response(exc.as_json(), status=exc.status)
     except ForgeError as exc:  # the forge refused or failed: say so, never a stack trace
         log.warning("tool failed at the forge", extra={"tool": name, "error": str(exc)})
-        return web.json_response({"error": {"code": "forge_error", "message": (
-            f"{name}: the forge answered {exc}; nothing was recorded, try again later")}},
-            status=502)
+        failed = forge_refusal(exc, name, "nothing was recorded")
+        return web.json_response(failed.as_json(), status=failed.status)
     except Exception as exc:
         if unavailable(exc):  # the index is away (a restart, a failover): try again shortly
             log.warning("tool refused: the index is unavailable",

@@ -16,7 +16,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from bot import metrics
 from bot.app.bodies import lone_surrogate_at
-from bot.errors import Denied, ForgeUnavailable, InvalidArguments, NotFoundError, VaultmailError
+from bot.errors import (
+    Denied,
+    InvalidArguments,
+    NotFoundError,
+    VaultmailError,
+    forge_refusal,
+)
 from bot.forge.errors import ForgeError
 from bot.forge.pacing import acting_for
 from bot.mail.mailer import Mailer
@@ -240,7 +246,7 @@ async def call_tool(call: Call, name: str, raw: Any) -> dict[str, Any]:
         metrics.TOOL_CALLS.labels(tool=known, outcome="ok").inc()
         return result
     except ForgeError as exc:
-        failed = ForgeUnavailable(f"{name}: the forge answered {exc}; try again later")
+        failed = forge_refusal(exc, name)
         metrics.TOOL_CALLS.labels(tool=known, outcome=failed.code).inc()
         await _shape_error(call, name, failed)
         raise failed from exc

@@ -29,7 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from bot.app.services import SERVICES_KEY, Services
-from bot.errors import ForgeUnavailable, InvalidArguments, VaultmailError
+from bot.errors import InvalidArguments, VaultmailError, forge_refusal
 from bot.forge.errors import ForgeError
 from bot.items import inbox
 from bot.items.views import thread_view
@@ -102,7 +102,7 @@ async def _run(call: Call, tool: str, **args: Any) -> dict[str, Any]:
     try:
         return await spec.fn(call, spec.args.model_validate(args))
     except ForgeError as exc:
-        raise ForgeUnavailable(f"{tool}: the forge answered {exc}; try again later") from exc
+        raise forge_refusal(exc, tool) from exc
 
 
 async def list_resources(call: Call) -> list[ResourceInfo]:
@@ -145,7 +145,7 @@ async def read_resource(call: Call, uri: str) -> dict[str, Any]:
     try:
         item = await comments_for(call).target(ref, None, viewer_for(call))
     except ForgeError as exc:
-        raise ForgeUnavailable(f"{uri}: the forge answered {exc}; try again later") from exc
+        raise forge_refusal(exc, uri) from exc
     if item.kind == "goal":
         content = await _run(call, "get_tree", goal=ref)
     elif item.kind == "outcome":

@@ -34,6 +34,7 @@ from bot.store.prune import MIN_KEEP, prune
 from localforge import LocalForge
 from tests.app.test_installations import _add_globex, _app_id, _tool, _while_down
 from tests.support import app_key, free_port, until
+from tests.test_mcp import _refused, mcp_http
 
 BEFORE, AFTER = "Before the rename", "After the rename"
 
@@ -656,7 +657,7 @@ async def test_an_old_name_the_forge_leads_to_another_owner_reads_nothing_of_the
         ("office", True)], report.as_json()
     status, body = await _tool(session, embedded, amy, "mail_get", mail="globex/scout-vault#1")
     assert "EVE'S WORDS" not in str(body), body
-    assert status == 502 and "now belongs to another owner" in str(body), body
+    assert status == 410 and "was moved to another owner" in str(body), body
     globex = services.forge_for_org("globex")
     with pytest.raises(NotFound, match="another owner") as gone:
         await globex.get_issue("globex/scout-vault", 1)
@@ -750,3 +751,33 @@ async def test_a_reply_delivered_under_the_old_names_after_the_rename_is_taken(
     await embedded.settle()
     mail = await mails.mail_at(services.store, "initech/scout-vault", 1)
     assert mail is not None and mail.state == "mail:replied", mail
+async def test_a_vault_moved_to_another_owner_is_410_saying_what_happened_not_try_again(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """globex/scout-vault transferred to eve's account (the forge leads its old name there:
+    MovedAway). Before, amy's mail_get, over the API and over MCP, was a 502 forge_error
+    saying to try again later, which never helps, and the log had a warning without the
+    installation. Now it is 410 vault_moved naming where it went and what to do (move it
+    back, or name a new vault in the office's config), and an error in the log with the
+    installation's id."""
+    caplog.set_level(logging.WARNING, logger="vaultmail")
+    forge = embedded.forge
+    inst, amy, _ = await _office_with_mail(embedded, tmp_path, session)
+    forge.add_user("eve", "eve@evil.test")
+    forge.set_permission("globex/scout-vault", "eve", "admin")
+    forge.transfer_repo("globex/scout-vault", "eve", sender="eve")
+    forge.state.repo("eve", "scout-vault").private = False
+    await embedded.settle()
+
+    status, body = await _tool(session, embedded, amy, "mail_get", mail="globex/scout-vault#1")
+    assert status == 410 and body["error"]["code"] == "vault_moved", body
+    said = body["error"]["message"]
+    assert "try again" not in said, said
+    for words in ("globex/scout-vault", "eve/scout-vault", "moved back", CONFIG_PATH):
+        assert words in said, said
+    async with mcp_http(embedded, amy) as client:
+        assert _refused(await client.call_tool(
+            "mail_get", {"mail": "globex/scout-vault#1"})) == (410, "vault_moved", said)
+    loud = [r for r in caplog.records if r.levelno >= logging.ERROR
+            and "eve/scout-vault" in r.getMessage()]
+    assert loud and {getattr(r, "installation_id", None) for r in loud} == {inst}, caplog.text
