@@ -61,10 +61,23 @@ async def test_what_is_past_its_time_is_pruned_and_nothing_else(
                     "INSERT INTO api_tokens(principal, token_hash, created_at, org, revoked_at,"
                     " expires_at) VALUES ('agent:scout', ?, ?, 'acme', ?, ?)",
                     (name, OLD, revoked, expires))
+            # what an org-signed delivery was taken on (an issue's newest timeline event, a
+            # comment's `created`): kept while a delivery of it could still be taken
+            for n, taken in ((1, OLD), (2, RECENT)):
+                await db.execute("INSERT INTO org_signed_taken(issue, org, event_id, guid,"
+                                 " taken_at) VALUES (?, 'acme', 7, 'acme/g', ?)",
+                                 (f"acme/scout-vault#{n}", taken))
+                await db.execute("INSERT INTO org_signed_comments(comment_id, org, guid,"
+                                 " taken_at) VALUES (?, 'acme', 'acme/g', ?)", (n, taken))
         deleted = await prune(store, now=NOW, keep=7 * DAY)
         assert deleted == {"queue": 2, "deliveries": 3, "idempotency": 1,
                            "console_sessions": 1, "stranger_replies": 1, "oauth_grants": 0,
-                           "oauth_consents": 0, "oauth_clients": 0, "api_tokens": 3}, deleted
+                           "oauth_consents": 0, "oauth_clients": 0, "api_tokens": 3,
+                           "org_signed_taken": 1, "org_signed_comments": 1}, deleted
+        assert [r["issue"] for r in await store.fetchall(
+            "SELECT issue FROM org_signed_taken")] == ["acme/scout-vault#2"]
+        assert [r["comment_id"] for r in await store.fetchall(
+            "SELECT comment_id FROM org_signed_comments")] == [2]
         tokens = {r["token_hash"] for r in await store.fetchall(
             "SELECT token_hash FROM api_tokens")}
         assert tokens == {"live-old", "run-live", "revoked-recent", "run-expired-recent"}
@@ -104,6 +117,8 @@ PRUNE_INDEXES = {
     "oauth_grants": {"oauth_grants_expiry"},
     "oauth_consents": {"oauth_consents_expiry", "oauth_grants_grant"},
     "oauth_clients": {"oauth_clients_created", "oauth_consents_client", "oauth_grants_client"},
+    "org_signed_taken": {"org_signed_taken_at"},
+    "org_signed_comments": {"org_signed_comments_at"},
 }
 
 

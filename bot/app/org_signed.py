@@ -19,9 +19,11 @@ is checked against the forge, and what it says is taken from there:
   assignee added or removed, a new title (from and to the titles the delivery says). Only an
   event newer than the last one a delivery was taken on counts (`org_signed_taken`), so one
   change is never taken twice; the handlers read the issue as it is now, so the newest such
-  event is taken, with those before it. A body edit is in no timeline (Gitea records no
-  editor): it is read as the forge has the body, in no one's name (the app's own). Any other
-  action is refused;
+  event is taken, with those before it. An event, or a comment's `created`, older than the
+  retention (VAULTMAIL_RETENTION_DAYS: what records it was taken is pruned after that) is
+  taken by no delivery: a delivery comes within seconds, not days. A body edit is in no
+  timeline (Gitea records no editor): it is read as the forge has the body, in no one's name
+  (the app's own). Any other action is refused;
 - a push is read in no one's name (the app's own): its handler reads the config it pushed
   from the forge, and Gitea keeps no record of who pushed that the app can read back;
 - an event Gitea never sends (a repository renamed or transferred, a sub-issue or a dependency
@@ -36,6 +38,7 @@ and are read as they come."""
 from __future__ import annotations
 
 import copy
+import time
 from typing import TYPE_CHECKING, Any
 
 from gidgethub import sansio
@@ -45,6 +48,7 @@ from bot.forge.gitea import GiteaForge, github_label
 from bot.forge.gitea_events import github_user
 from bot.store import deliveries
 from bot.store.moves import forge_time
+from bot.store.prune import DAY
 from bot.store.queue import issue_key
 
 if TYPE_CHECKING:
@@ -85,10 +89,12 @@ async def _may_write(forge: GiteaForge, repo: str, login: str) -> bool:
 
 
 async def as_the_forge_has_it(forge: GiteaForge, event: str, data: dict[str, Any],
-                              bot_login: str, *, seen: int) -> tuple[dict[str, Any], int]:
+                              bot_login: str, *, seen: int, since: float = 0.0
+                              ) -> tuple[dict[str, Any], int]:
     """The delivery's payload with its issue and comment as the forge has them, and the
-    timeline event it is taken on (0: none; `seen`, the newest taken before about its issue);
-    raises NotAsTheForgeSays when the sender did not do what it says (see the module)."""
+    timeline event it is taken on (0: none; `seen`, the newest taken before about its issue;
+    none made before `since`); raises NotAsTheForgeSays when the sender did not do what it
+    says (see the module)."""
     out = copy.deepcopy(data)
     sender = _login(out.get("sender"))
     if isinstance(out.get("sender"), dict):  # its id is the forge's only where read from it
@@ -118,7 +124,7 @@ async def as_the_forge_has_it(forge: GiteaForge, event: str, data: dict[str, Any
     out["issue"] = {**issue, **{k: found[k] for k in _ISSUE_FIELDS if k in found}}
     author = _login(found.get("user"))
     if event == "issue_comment":
-        await _comment(forge, repo, number, out, sender, bot_login)
+        await _comment(forge, repo, number, out, sender, bot_login, since)
     elif event == "issues" and action == "opened":
         if author != sender:
             raise NotAsTheForgeSays(f"{repo}#{number} was opened by {author}, not {sender}")
@@ -131,6 +137,7 @@ async def as_the_forge_has_it(forge: GiteaForge, event: str, data: dict[str, Any
             raise NotAsTheForgeSays(f"{repo}#{number} is not {action}")
         done = [e for e in await forge.timeline(repo, number)
                 if int(e.get("id") or 0) > seen and _login(e.get("user")) == sender
+                and (forge_time(e.get("created_at")) or 0.0) >= since
                 and _shows(str(action), data, e)]
         if not done:
             raise NotAsTheForgeSays(f"{repo}#{number}'s timeline shows no {action} by {sender} "
@@ -168,7 +175,7 @@ def _shows(action: str, out: dict[str, Any], entry: dict[str, Any]) -> bool:
 
 
 async def _comment(forge: GiteaForge, repo: str, number: int, out: dict[str, Any],
-                   sender: str, bot_login: str) -> None:
+                   sender: str, bot_login: str, since: float) -> None:
     if out.get("action") not in ("created", "edited"):  # what the handlers read, no more
         raise NotAsTheForgeSays(f"an org-signed comment {out.get('action')} is not read")
     comment = out.get("comment")
@@ -184,14 +191,17 @@ async def _comment(forge: GiteaForge, repo: str, number: int, out: dict[str, Any
                for w in where):
         raise NotAsTheForgeSays(f"comment {comment['id']} is not on {repo}#{number}")
     author = _login(found.get("user"))
+    written = forge_time(found.get("created_at"))
     if out.get("action") == "created":
+        if (written or 0.0) < since:
+            raise NotAsTheForgeSays(f"comment {comment['id']} was written before the retention "
+                                    "(what says its `created` was taken is pruned by then)")
         if author != sender:
             raise NotAsTheForgeSays(f"comment {comment['id']} was written by {author}, not "
                                     f"{sender}")
         out["sender"] = github_user(found.get("user"), bot_login)
     # an edit (since it was written, for a `created`): by whom, the forge does not say (see
     # the module). Gitea stamps both to the second: an edit within it goes unseen
-    written = forge_time(found.get("created_at"))
     if out.get("action") == "edited" or written is None or \
             forge_time(found.get("updated_at")) != written:
         out["sender"] = github_user({"login": bot_login}, bot_login)
@@ -209,8 +219,9 @@ async def checked_event(ctx: HandlerContext, event: sansio.Event) -> sansio.Even
     store, guid = ctx.services.store, str(event.delivery_id)
     key = issue_key(event.data)
     seen = await deliveries.org_signed_seen(store, key, guid) if key else 0
+    since = time.time() - ctx.services.settings.retention_days * DAY  # (bot.store.prune)
     data, taken = await as_the_forge_has_it(ctx.forge, event.event, event.data,
-                                            ctx.services.bot_login, seen=seen)
+                                            ctx.services.bot_login, seen=seen, since=since)
     if key and taken:
         await deliveries.org_signed_took(store, key, taken, guid)
     if event.event == "issue_comment" and data.get("action") == "created" and \

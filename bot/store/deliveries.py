@@ -11,15 +11,19 @@ far the last complete listing reached, so a round lists only what came since.
 
 `org_signed_taken` holds, per issue, the newest event of its timeline that a delivery signed by
 an org's own webhook was taken on (`bot.app.org_signed`), and that delivery's id;
-`org_signed_comments`, per comment, the one such delivery its `created` was taken from.
+`org_signed_comments`, per comment, the one such delivery its `created` was taken from. Each
+row notes when (`taken_at`): an event or comment older than the retention is taken by no such
+delivery, so a row that old guards nothing and is pruned (`bot.store.prune`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bot.store.db import Store, register_schema
+from bot.store.db import Store, register_columns, register_schema
+from bot.store.migrations import register_backfill
 from bot.store.sql import greatest, upsert
 
 register_schema("""
@@ -57,6 +61,17 @@ CREATE TABLE IF NOT EXISTS org_signed_comments (
     guid {text} NOT NULL           -- the delivery its `created` was taken from
 );
 """, version=28)
+# when each was taken (rows before: when the index was upgraded, a whole retention from then)
+register_columns("org_signed_taken", {"taken_at": "{real}"}, version=31)
+register_columns("org_signed_comments", {"taken_at": "{real}"}, version=31)
+_TAKEN_AT = """
+UPDATE org_signed_taken SET taken_at={now};
+UPDATE org_signed_comments SET taken_at={now};
+CREATE INDEX IF NOT EXISTS org_signed_taken_at ON org_signed_taken(taken_at);
+CREATE INDEX IF NOT EXISTS org_signed_comments_at ON org_signed_comments(taken_at);
+"""
+register_backfill(_TAKEN_AT.format(now="CAST(strftime('%s', 'now') AS REAL)"),
+                  postgres=_TAKEN_AT.format(now="extract(epoch FROM now())"), version=31)
 
 
 @dataclass(frozen=True)
@@ -180,17 +195,18 @@ async def org_signed_took(store: Store, issue: str, event_id: int, guid: str) ->
     """Delivery `guid` was taken on timeline event `event_id` of `issue`; never back."""
     async with store.transaction() as db:
         await db.execute(
-            upsert("org_signed_taken", ["issue", "org", "event_id", "guid"], ["issue"])
-            + " WHERE org_signed_taken.event_id <= excluded.event_id",
-            (issue.lower(), issue.split("/", 1)[0].lower(), event_id, guid))
+            upsert("org_signed_taken", ["issue", "org", "event_id", "guid", "taken_at"],
+                   ["issue"]) + " WHERE org_signed_taken.event_id <= excluded.event_id",
+            (issue.lower(), issue.split("/", 1)[0].lower(), event_id, guid, time.time()))
 
 
 async def org_signed_comment(store: Store, org: str, comment_id: int, guid: str) -> bool:
     """Whether delivery `guid` may take the `created` of comment `comment_id`: it is the first
     to (recorded now), or a retry of the one that was."""
     async with store.transaction() as db:
-        await db.execute("INSERT INTO org_signed_comments(comment_id, org, guid) VALUES (?,?,?)"
-                         " ON CONFLICT DO NOTHING", (comment_id, org.lower(), guid))
+        await db.execute("INSERT INTO org_signed_comments(comment_id, org, guid, taken_at)"
+                         " VALUES (?,?,?,?) ON CONFLICT DO NOTHING",
+                         (comment_id, org.lower(), guid, time.time()))
         row = await db.fetchone("SELECT guid FROM org_signed_comments WHERE comment_id=?",
                                 (comment_id,))
     return row is not None and row["guid"] == guid

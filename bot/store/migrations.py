@@ -96,6 +96,9 @@ NAMES = {
         " name alone: an org made again under a deleted org's name is not signed for by the"
         " old org's secret; the names known before are recorded with their org's id, whose"
         " secret made from the name stays theirs",
+    31: "when each org-signed Gitea delivery's event or comment was taken (indexed): what is"
+        " taken is kept for the retention, which is as old as an event a delivery is taken"
+        " on may be, then pruned",
 }
 
 

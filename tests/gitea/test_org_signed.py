@@ -449,3 +449,20 @@ async def test_what_gitea_never_sends_is_not_read_from_an_orgs_webhook(
     await _forged(office, session, "repository", renamed, "forged-rename")
     row = await mails.get_mail(office.services.store, sent["mail_id"])
     assert row is not None and row.vault == "acme/scout-vault", row
+async def test_a_comment_older_than_the_window_its_guard_is_kept_is_not_taken(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """What guards a comment's `created` from being taken twice (`org_signed_comments`), and an
+    issue's timeline events (`org_signed_taken`), is pruned once the retention is over
+    (VAULTMAIL_RETENTION_DAYS, the window a delivery is remembered). A delivery signed by
+    acme's admins about marco's `/answer 2` written 8 days ago, past that window, was taken
+    as marco's: once its guard is pruned, as often as they sign it. Now a comment (or a
+    timeline event) older than the window is taken by no org-signed delivery."""
+    number, question = await _outcome_asking_marco(office, session)
+    marco = gitea_api(session, office, "marco")
+    office.forge.clock.advance(-8 * 86_400)  # (written then: its delivery is signed now)
+    await marco("POST", f"/repos/acme/scout-vault/issues/{number}/comments",
+                {"body": "/answer 2"}, 201)
+    office.forge.clock.advance(8 * 86_400)
+    await office.settle()
+    thread = await comments.get_thread(office.services.store, question)
+    assert thread is not None and thread.state.answer is None, thread.state.answer
