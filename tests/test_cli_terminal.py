@@ -37,7 +37,25 @@ def test_bidi_overrides_and_invisible_characters_are_shown() -> None:
               "\u200b\u200c\u200d\u2060\ufeff\u2028\u2029")
     assert shown(f"a{hidden}b") == "a" + "".join(f"<U+{ord(c):04X}>" for c in hidden) + "b"
     # what people write stays as written: accents, scripts, emoji
-    assert shown("café مرحبا 👩‍💻") == "café مرحبا 👩<U+200D>💻"
+    assert shown("café مرحبا 👩‍💻") == "café مرحبا 👩‍💻"
+
+
+async def test_an_emojis_joiner_reaches_the_terminal_as_the_emoji_a_hidden_one_shown(
+        embedded: Embedded) -> None:
+    """A zero-width joiner is how an emoji of several is written (👩‍💻 is 👩, the joiner, 💻;
+    🏳️‍🌈 and 👩🏽‍💻 with a variation selector or a skin tone before it). `vaultmail show`
+    printed each as 👩<U+200D>💻. Now a joiner between two pictographs is the emoji; one
+    beside a letter, or at either end of a word, still hides something and is shown."""
+    data = ["--data", str(embedded.data_dir)]
+    emoji = "👩\u200d💻 🏳\ufe0f\u200d🌈 👩🏽\u200d💻 ❤\ufe0f\u200d🔥"
+    hiding = "pay\u200dpal \u200dx y\u200d 👩\u200da a\u200d💻"
+    code, out, err = await vaultmail("send", "scout", "Team", "-", "--as", "builder", *data,
+                                     stdin=f"{emoji} | {hiding}")
+    assert code == 0, err
+    code, out, err = await vaultmail("show", out.split()[0], "--as", "scout", *data)
+    assert code == 0, err
+    assert emoji in out, out
+    assert ("pay<U+200D>pal <U+200D>x y<U+200D> 👩<U+200D>a a<U+200D>💻") in out, out
 
 
 def test_control_characters_are_shown_and_lines_and_tabs_kept() -> None:

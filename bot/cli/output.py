@@ -10,7 +10,8 @@ as `\\x9b`; newlines and tabs stay, and a CRLF line end (GitHub's web editor wri
 line end. Text can also fool the eye without a control character: a bidi override or isolate
 reorders what follows ("invoice_\u202egnp.exe" reads invoice_exe.png), a zero-width character
 hides inside a name, a line or paragraph separator breaks a line some terminals draw; `say`
-shows each as its code point (`<U+202E>`), a zero-width joiner in an emoji too. JSON needs
+shows each as its code point (`<U+202E>`); a zero-width joiner too, but between two
+pictographs, where it writes an emoji of several (👩‍💻: `bot.unseen.joins_pictographs`). JSON needs
 none of this: `json.dumps` escapes every control character but DEL, which it is made to
 escape too, and all that is not ASCII. (ruff's T20 refuses `print` elsewhere in bot/cli.)
 """
@@ -21,7 +22,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-from bot.unseen import UNSEEN
+from bot.unseen import UNSEEN, ZWJ, joins_pictographs
 
 _SHOWN = ({c: chr(0x2400 + c) for c in range(0x20) if chr(c) not in "\n\t"}
           | {0x7F: "\u2421"} | {c: f"\\x{c:02x}" for c in range(0x80, 0xA0)}
@@ -30,8 +31,13 @@ _SHOWN = ({c: chr(0x2400 + c) for c in range(0x20) if chr(c) not in "\n\t"}
 
 def shown(text: str) -> str:
     """`text` with its control and unseen characters shown, not acted on (newlines and tabs
-    kept)."""
-    return text.replace("\r\n", "\n").translate(_SHOWN)
+    kept, and a joiner within an emoji)."""
+    parts = text.replace("\r\n", "\n").split(ZWJ)
+    out = [parts[0].translate(_SHOWN)]
+    for before, after in zip(parts, parts[1:], strict=False):
+        out += [ZWJ if joins_pictographs(before, after) else _SHOWN[ord(ZWJ)],
+                after.translate(_SHOWN)]
+    return "".join(out)
 
 
 def say(text: str, *, file: TextIO | None = None, flush: bool = False) -> None:
