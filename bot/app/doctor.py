@@ -79,7 +79,6 @@ MAX_REPAIRS = 100  # forge writes one pass makes at most in an office; the next 
 BUDGET_FLOOR = 0.2  # a pass stops early below this share of the primary rate limit left
 
 REPAIRED, WOULD_REPAIR, FLAGGED, SKIPPED = "repaired", "would repair", "flagged", "skipped"
-_STATE_EVENTS = frozenset({"labeled", "unlabeled", "closed", "reopened"})
 
 
 @dataclass(frozen=True)
@@ -328,28 +327,21 @@ class Doctor:
         last move: the app's latest write was lost."""
         if await self.store.pending_about(mail.ref):
             return "a delivery about it is still to be handled"
-        timeline = getattr(forge, "issue_timeline", None)
-        if timeline is None:
-            return "this forge lists no issue timeline to tell a lost write from a change"
-        events = [e for e in await timeline(mail.vault, mail.number)
-                  if e.get("event") in _STATE_EVENTS and (
-                      e.get("event") in ("closed", "reopened")
-                      or str((e.get("label") or {}).get("name", "")).lower().startswith("mail:"))]
+        changes = [c for c in await forge.state_changes(mail.vault, mail.number)
+                   if c.event in ("closed", "reopened") or c.label.lower().startswith("mail:")]
         app = self.services.bot_login.lower()
-        theirs = [e for e in events
-                  if str((e.get("actor") or {}).get("login", "")).lower() != app]
+        theirs = [c for c in changes if c.actor != app]
         if not theirs:
             return None
         last = theirs[-1]
-        at = moves.forge_time(last.get("created_at"))
+        at = moves.forge_time(last.at)
         applied = await moves.last_move(self.store, mail.mail_id)
         if applied is not None and at is not None and at <= applied:
             return None  # the index took that change (and moved after it)
-        if applied is None and events and events[-1] is not last:
+        if applied is None and changes and changes[-1] is not last:
             return None  # (no move recorded) the app wrote after that change
-        who = (last.get("actor") or {}).get("login", "someone")
-        return (f"{who} changed it on the forge ({last.get('event')} at "
-                f"{last.get('created_at')}) after the index's last move: a change not yet "
+        return (f"{last.actor or 'someone'} changed it on the forge ({last.event} at "
+                f"{last.at}) after the index's last move: a change not yet "
                 "delivered is not undone (the reconciler asks the forge for missed webhooks)")
 
     async def _state(self, report: DoctorReport, forge: Forge, mail: MailRecord,

@@ -23,6 +23,7 @@ import base64
 import binascii
 import hashlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -35,6 +36,16 @@ from labels.catalogue import Label
 from .errors import UnreadableFile
 
 JSON = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StateChange:
+    """A close, a reopen, or a label added or removed, as the issue's timeline shows it."""
+
+    event: str  # GitHub's name for it: closed, reopened, labeled, unlabeled
+    actor: str  # who did it: a login, lower case
+    at: str | None  # when (the forge's timestamp)
+    label: str = ""  # the label (the app's name for a Gitea mail state), for (un)labeled
 
 
 @runtime_checkable
@@ -65,6 +76,11 @@ class Forge(Protocol):
 
     async def label_changes(self, repo: str, number: int, label: str) -> list[tuple[str, bool]]:
         """(who, whether added) of each change of `label` on the issue, oldest first."""
+        ...
+
+    async def state_changes(self, repo: str, number: int) -> list[StateChange]:
+        """Each close, reopen and label change of the issue, oldest first (the doctor tells
+        a lost write of the app's from a change not yet delivered by them)."""
         ...
 
     def iter_issues(

@@ -41,7 +41,17 @@ from uritemplate import variable
 
 from labels.catalogue import MAIL_LABELS, Label
 
-from .base import JSON, Forge, blob_sha, contents_route, file_meta, file_or_none, file_text, probe
+from .base import (
+    JSON,
+    Forge,
+    StateChange,
+    blob_sha,
+    contents_route,
+    file_meta,
+    file_or_none,
+    file_text,
+    probe,
+)
 from .caller import (
     ForgeConfig,
     RepoCaller,
@@ -309,6 +319,18 @@ class GiteaForge(RepoCaller):
                 for e in await self.timeline(repo, number)
                 if e.get("type") == "label"
                 and str((e.get("label") or {}).get("name", "")).lower() == name]
+
+    async def state_changes(self, repo: str, number: int) -> list[StateChange]:
+        """Each close, reopen and label change of the issue, oldest first (its timeline's
+        `close`, `reopen` and `label` entries, a label's body "1" when added; a mail state
+        label by the app's name)."""
+        events = {"close": "closed", "reopen": "reopened"}
+        return [StateChange(
+            events.get(str(e["type"])) or ("labeled" if e.get("body") == "1" else "unlabeled"),
+            str((e.get("user") or {}).get("login", "")).lower(), e.get("created_at"),
+            str(github_label(e.get("label") or {})["name"]) if e["type"] == "label" else "")
+            for e in await self.timeline(repo, number)
+            if e.get("type") in ("close", "reopen", "label")]
 
     # -- dependencies (issue 25): Gitea's "depends on", GitHub's "blocked by" ---------------------
     async def list_blocked_by(self, repo: str, number: int) -> list[JSON]:

@@ -23,6 +23,7 @@ from labels.catalogue import Label
 from .base import (
     JSON,
     Forge,
+    StateChange,
     blob_sha,
     contents_route,
     file_meta,
@@ -439,6 +440,14 @@ class GitHubForge(RepoCaller):
                 for e in await self.issue_timeline(repo, number)
                 if e.get("event") in ("labeled", "unlabeled")
                 and str((e.get("label") or {}).get("name", "")).lower() == name]
+
+    async def state_changes(self, repo: str, number: int) -> list[StateChange]:
+        """Each close, reopen and label change of the issue, oldest first (its timeline's
+        `closed`, `reopened`, `labeled` and `unlabeled` events)."""
+        return [StateChange(str(e["event"]), str((e.get("actor") or {}).get("login", "")).lower(),
+                            e.get("created_at"), str((e.get("label") or {}).get("name", "")))
+                for e in await self.issue_timeline(repo, number)
+                if e.get("event") in ("closed", "reopened", "labeled", "unlabeled")]
 
     # -- comments --------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """`vaultmail doctor` on Gitea (issue 28): a reply comment an admin deleted is posted again
-from the words the app kept, once; a difference in state is flagged, never written (Gitea's
-issue timeline is not read, so a lost write cannot be told from a change not yet delivered)."""
+from the words the app kept, once; a change not yet delivered is flagged, never written,
+and a state write the forge lost is written again: the issue's timeline (`state_changes`)
+tells one from the other, as on GitHub."""
 
 from __future__ import annotations
 
@@ -50,5 +51,30 @@ async def test_the_doctor_on_gitea(office: Embedded) -> None:
         await office.forge.webhooks_idle()
         code, out = await vaultmail(office, "doctor")
         assert code == 1 and _count(out, "flagged") == 1, out
-        assert "no issue timeline" in out, out
+        # before, Gitea's timeline was not read: every difference was flagged, "this forge
+        # lists no issue timeline", a lost write of the app's as well as marco's close
+        assert "marco changed it on the forge (closed at" in out, out
         assert (await marco.issue(n))["state"] == "closed", "nothing written"
+
+
+async def test_the_doctor_on_gitea_writes_a_lost_close_again(office: Embedded) -> None:
+    """Before, the doctor flagged it ("this forge lists no issue timeline"): on Gitea no
+    lost write was ever repaired."""
+    async with aiohttp.ClientSession() as s:
+        status, sent = await tool(s, office, "human:marco@acme.com", "mail_send", to="scout",
+                                  subject="Close me", body="done?")
+        assert status == 200, sent
+        n = sent["mail"]["number"]
+        await office.settle()
+        status, closed = await tool(s, office, "human:marco@acme.com", "mail_close",
+                                    mail=f"{VAULT}#{n}")
+        assert status == 200, closed
+        await office.settle()
+        repo = office.forge.state.repo("acme", "scout-vault")
+        assert repo is not None
+        repo.issues[n].state = "open"  # the forge lost the app's close (a failover)
+        marco = Person(s, office, "marco")
+        assert (await marco.issue(n))["state"] == "open", "the close was lost"
+        code, out = await vaultmail(office, "doctor")
+        assert code == 0 and _count(out, "repaired") == 1, out
+        assert (await marco.issue(n))["state"] == "closed"
