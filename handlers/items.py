@@ -15,6 +15,7 @@ from gidgethub.routing import Router
 from bot.app.context import HandlerContext
 from bot.digits import whole
 from bot.errors import InvalidArguments, NotFoundError, VaultmailError
+from bot.forge.errors import NotFound
 from bot.items import waiting
 from bot.items.model import Item, item_from_issue, make_ref
 from bot.items.questions import naming
@@ -84,6 +85,9 @@ async def comment_on_item(event: sansio.Event, ctx: HandlerContext) -> None:
     if s.no_one:  # edited since it was written: handle_comment notes it, nothing more
         return
     comment = event.data["comment"]
+    gone = await db.comment_by_forge_id(ctx.services.store, int(comment["id"]), item.ref)
+    if gone is not None and gone.deleted_at is not None:
+        return  # deleted on the forge before this (late) `created` came: nothing of it is read
     text = str(comment.get("body") or "")
     commands = parse_commands(text)
     if any(c.name == "mail" for c in commands):
@@ -290,16 +294,47 @@ async def resolve_from_forge(service: Comments, s: Scene, item: Item, cmd: Comma
     await service.resolve(s.actor, target)
 
 
+@router.register("issue_comment", action="deleted")
+async def comment_deleted(event: sansio.Event, ctx: HandlerContext) -> None:
+    """A comment was deleted on the forge: the index lets it go (`Comments.forge_deleted`)."""
+    found = await _item_scene(event, ctx)
+    if found is None:
+        return
+    s, item = found
+    comment = event.data["comment"]
+    author = await actor_of(ctx, s.office, comment.get("user") or {"login": "ghost"})
+    await Comments(ctx.services, ctx.forge, s.office).forge_deleted(
+        s.actor, item, int(comment["id"]), author)
+
+
+async def words_edited(s: Scene, item: Item, forge_id: int) -> None:
+    """A comment's words were edited on the forge: read back from it (a delivery's words and
+    sender are not proof of what the forge shows: bot.app.org_signed) and shown in the index
+    as they are now. The app's own comments are its renderings, not anyone's words."""
+    try:
+        found = await s.ctx.forge.get_comment(s.repo, forge_id)
+    except NotFound:
+        return  # deleted since: its `deleted` follows
+    if s.ctx.services.by_app(found):
+        return
+    await Comments(s.ctx.services, s.ctx.forge, s.office).forge_edited(
+        item, forge_id, str(found.get("body") or ""))
+
+
 @router.register("issue_comment", action="edited")
 async def card_edited(event: sansio.Event, ctx: HandlerContext) -> None:
-    """A person ticked a box in a question card (the app's own edits never reach here)."""
+    """A person ticked a box in a question card (the app's own edits never reach here), or
+    edited a comment of their own (`words_edited`)."""
     found = await _item_scene(event, ctx)
     if found is None:
         return
     s, item = found
     store = ctx.services.store
     t = await db.thread_by_card(store, int(event.data["comment"]["id"]), item.ref)
-    if t is None or t.state.question is None or t.card_body is None or t.card_id is None:
+    if t is None:
+        await words_edited(s, item, int(event.data["comment"]["id"]))
+        return
+    if t.state.question is None or t.card_body is None or t.card_id is None:
         return
     if s.no_one:  # an edit no one can be shown to have made: it answers in no one's name
         await ctx.forge.update_comment(s.repo, t.card_id, t.card_body)

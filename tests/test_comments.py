@@ -586,3 +586,110 @@ async def test_a_retried_ask_posts_one_card_and_records_once(
     [added] = await events(embedded, "comment.added")
     thread = await db.get_thread(embedded.services.store, added.data["thread"])
     assert thread is not None and thread.card_id == cards[0]["id"]
+
+
+# -- the forge changes a comment after it was indexed -------------------------------------------
+async def _inbox_bodies(tools: Any, principal: str) -> list[str]:
+    got = await tools(principal)("list_inbox", markRead=False)
+    return [c["body"] for c in got["you"]["unread"]]
+
+
+async def test_a_comment_deleted_on_the_forge_leaves_every_inbox_and_its_ping_says_so(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """Acted out: sara deleted the password she pasted, and marco's inbox still showed it,
+    under the app's ping "@marco: @sara's comment above is for you"."""
+    sara = person("sara")
+    goal = await make_item(embedded, person("marco"), "goal", "EU launch")
+    repo, n = where(goal)
+    kept = await sara.comment(repo, n, "to: marco@acme.com\nPrices are 10 EUR")
+    pasted = await sara.comment(repo, n, "to: marco@acme.com\nthe admin password is hunter2")
+    await embedded.settle()
+    assert len(await _inbox_bodies(tools, MARCO)) == 2
+    await sara.call("DELETE", f"/repos/{repo}/issues/comments/{pasted['id']}", expect=204)
+    await embedded.settle()
+    assert await _inbox_bodies(tools, MARCO) == ["Prices are 10 EUR"]
+    store = embedded.services.store
+    gone = await db.comment_by_forge_id(store, int(pasted["id"]), goal)
+    assert gone is not None and gone.body == "" and gone.deleted_at is not None
+    assert "hunter2" not in str(gone.data), "a tombstone keeps who and when, not the words"
+    assert await db.count_comments(store, goal) == 1
+    bodies = [c["body"] for c in await forge_comments(sara, goal)]
+    assert not any("hunter2" in b for b in bodies)
+    [ping] = [b for b in bodies if f"id={gone.id} kind=ping" in b]
+    assert "deleted on the forge" in ping and "@marco" not in ping, ping
+    other = await db.comment_by_forge_id(store, int(kept["id"]), goal)
+    assert other is not None and any(f"id={other.id} kind=ping" in b and "@marco" in b
+                                     for b in bodies), "the other comment's ping stays"
+    assert [e.data["comment"] for e in await events(embedded, "comment.deleted")] == [gone.id]
+
+
+async def test_a_deleted_answer_is_withdrawn_and_the_question_waits_again(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """Acted out: sara deleted her `/answer`, and get_tree still gave her decision, the card
+    still said "Answered by sara: March"."""
+    marco, sara = person("marco"), person("sara")
+    goal = await make_item(embedded, marco, "goal", "EU launch")
+    repo, n = where(goal)
+    await marco.comment(repo, n, "to: sara@acme.com\n/ask Ship in March?\nheader: Ship month\n"
+                                 "- [ ] March\n- [ ] April\n")
+    await embedded.settle()
+    answer = await sara.comment(repo, n, "/answer Ship month 1")
+    await embedded.settle()
+    [decision] = (await tools(MARCO)("get_tree", goal=goal))["decisions"]
+    assert decision["answer"]["option"] == "March"
+    await sara.call("DELETE", f"/repos/{repo}/issues/comments/{answer['id']}", expect=204)
+    await embedded.settle()
+    assert (await tools(MARCO)("get_tree", goal=goal))["decisions"] == []
+    card = next(c["body"] for c in await forge_comments(marco, goal)
+                if "### Ship month" in c["body"])
+    assert "**Answered**" not in card and "Answer withdrawn" in card and "sara again" in card
+    assert "withdrawn: sara's answer (March), deleted on the forge" in card
+    [waiting] = (await tools(MARCO)("list_inbox", markRead=False))["you"]["waitingOnOthers"]
+    assert waiting["waitingOn"] == [SARA] and waiting["answer"] is None
+    assert waiting["history"][0]["withdrawn"] is True and waiting["history"][0]["body"] == ""
+    turn = (await tools(SARA)("list_inbox", markRead=False))["you"]["yourTurn"]
+    assert [t["header"] for t in turn] == ["Ship month"], "it is sara's turn again"
+    await sara.comment(repo, n, "/answer Ship month 2")
+    await embedded.settle()
+    [decision] = (await tools(MARCO)("get_tree", goal=goal))["decisions"]
+    assert decision["answer"]["option"] == "April"
+    assert decision["history"][0]["withdrawn"] is True
+
+
+async def test_a_deletion_delivered_before_its_creation_leaves_nothing_indexed(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    sara = person("sara")
+    goal = await make_item(embedded, person("marco"), "goal", "EU launch")
+    repo, n = where(goal)
+    forge = embedded.forge
+    forge.faults.drop_webhooks(count=1)
+    pasted = await sara.comment(repo, n, "to: marco@acme.com\nthe admin password is hunter2")
+    await embedded.settle()
+    await sara.call("DELETE", f"/repos/{repo}/issues/comments/{pasted['id']}", expect=204)
+    await embedded.settle()
+    created = next(d for d in forge.state.deliveries.values() if d.event == "issue_comment"
+                   and d.action == "created" and d.payload["comment"]["id"] == pasted["id"])
+    assert forge.webhooks.redeliver(created) is not None
+    await embedded.settle()
+    assert await _inbox_bodies(tools, MARCO) == []
+    assert not any("@marco" in c["body"] for c in await forge_comments(sara, goal))
+
+
+async def test_an_edited_comment_reads_as_the_forge_shows_it_and_runs_nothing(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """Acted out: sara changed "10 EUR" to "12 EUR" on the forge, and marco's inbox still
+    read 10."""
+    sara = person("sara")
+    goal = await make_item(embedded, person("marco"), "goal", "EU launch")
+    repo, n = where(goal)
+    c = await sara.comment(repo, n, "to: marco@acme.com\nPrices are 10 EUR")
+    await embedded.settle()
+    await sara.call("PATCH", f"/repos/{repo}/issues/comments/{c['id']}",
+                    {"body": "to: marco@acme.com\nto: lee@acme.com\nPrices are 12 EUR\n"
+                             "/ask Fine?"}, expect=200)
+    await embedded.settle()
+    [seen] = (await tools(MARCO)("list_inbox", markRead=False))["you"]["unread"]
+    assert seen["body"] == "Prices are 12 EUR\n/ask Fine?" and "edited" in seen, seen
+    assert (await tools(LEE)("list_inbox"))["you"]["unread"] == [], "an edit addresses no one"
+    assert not any("Question" in x["body"] for x in await forge_comments(sara, goal)), \
+        "an edit runs no command"

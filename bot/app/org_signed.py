@@ -176,11 +176,19 @@ def _shows(action: str, out: dict[str, Any], entry: dict[str, Any]) -> bool:
 
 async def _comment(forge: GiteaForge, repo: str, number: int, out: dict[str, Any],
                    sender: str, bot_login: str, since: float) -> None:
-    if out.get("action") not in ("created", "edited"):  # what the handlers read, no more
+    if out.get("action") not in ("created", "edited", "deleted"):  # what the handlers read
         raise NotAsTheForgeSays(f"an org-signed comment {out.get('action')} is not read")
     comment = out.get("comment")
     if not isinstance(comment, dict) or not isinstance(comment.get("id"), int):
         raise NotAsTheForgeSays("it names no comment")
+    if out.get("action") == "deleted":  # it holds where the forge has no such comment; by
+        # whom, the forge does not say: in no one's name
+        try:
+            await forge.get_comment(repo, int(comment["id"]))
+        except NotFound:
+            out["sender"] = github_user({"login": bot_login}, bot_login)
+            return
+        raise NotAsTheForgeSays(f"comment {comment['id']} is still on {repo}")
     try:
         found = await forge.get_comment(repo, int(comment["id"]))
     except NotFound:

@@ -106,6 +106,8 @@ def render_card(comment_id: str, *, author: str, state: ThreadState, mentions: l
     if q.human_only:
         head += " · *a person decides (human only)*"
     parts = [marker(comment_id, kind="question"), head, ""]
+    if not q.body:  # deleted on the forge: nothing of what it asked is repeated here
+        return "\n".join([*parts, _status(state, logins)]) + "\n"
     if q.header:
         parts += [f"### {as_data(q.header)}", ""]
     parts += [_neutralise(q.body), ""]
@@ -133,14 +135,27 @@ def _said(a: Any, logins: dict[str, str]) -> str:
     return f"{by}{relay}: {as_data(what.splitlines()[0]) if what else '(no words)'}"
 
 
+def _earlier(a: Any, logins: dict[str, str]) -> str:
+    if a.withdrawn:  # its words went with its comment
+        return (f"- withdrawn: {logins.get(a.by, a.by)}'s answer"
+                f"{f' ({as_data(a.option)})' if a.option else ''}, deleted on the forge")
+    return f"- changed from {_said(a, logins)}"
+
+
 def _status(state: ThreadState, logins: dict[str, str]) -> str:
+    earlier = [_earlier(a, logins) for a in reversed(state.history)]
     if state.answer is None:
-        if state.question and state.question.options:
-            return ("Tick a box, or reply `/answer <number>` (or `/answer` and your own "
-                    "words).")
-        return "Reply `/answer` and your answer."
-    lines = [f"**Answered** by {_said(state.answer, logins)}"]
-    lines += [f"- changed from {_said(a, logins)}" for a in reversed(state.history)]
+        if state.question and not state.question.body:  # its comment deleted on the forge
+            return "*This question was deleted on the forge.*"
+        how = ("Tick a box, or reply `/answer <number>` (or `/answer` and your own words)."
+               if state.question and state.question.options
+               else "Reply `/answer` and your answer.")
+        if state.history and state.history[-1].withdrawn:
+            who = ", ".join(logins.get(p, p) for p in state.waiting_on)
+            how = (f"**Answer withdrawn**: its comment was deleted on the forge. Waiting on "
+                   f"{who} again. {how}")
+        return "\n".join([how, *earlier])
+    lines = [f"**Answered** by {_said(state.answer, logins)}", *earlier]
     if state.resolved:
         lines.append("*Resolved.*")
     return "\n".join(lines)

@@ -37,7 +37,15 @@ from bot.items.model import (
     split_ref,
 )
 from bot.items.questions import validate_question
-from bot.items.threads import ReplyKind, ThreadState, may_reply, may_resolve, reply, start
+from bot.items.threads import (
+    ReplyKind,
+    ThreadState,
+    may_reply,
+    may_resolve,
+    reply,
+    start,
+    withdraw,
+)
 from bot.items.views import comment_view, thread_view
 from bot.office.config import Office
 from bot.office.visibility import login_of
@@ -362,7 +370,9 @@ class Comments:
             raise NotFoundError(f"parent: no comment {parent!r} on {item.ref}; give the `id` "
                                 "of a comment on this item")
         t = await db.get_thread(store, c.thread)
-        assert t is not None
+        if t is None:  # a comment deleted on the forge before it was indexed: no thread
+            raise NotFoundError(f"parent: no comment {parent!r} on {item.ref}; give the `id` "
+                                "of a comment on this item")
         return t
 
     async def _check_writer(self, actor: str, item: Item, parent: db.ThreadRow | None) -> None:
@@ -530,6 +540,68 @@ class Comments:
                     "thread": row.id, "comment": record.id, "amend": kind == "amend",
                     "answers": data.get("answers", [])}, org=self.office.org)
         self.services.notifier.notify(woken, org=self.office.org)
+
+    # -- following the forge ----------------------------------------------------------------
+    async def forge_edited(self, item: Item, forge_id: int, text: str) -> None:
+        """Forge comment `forge_id` was edited, and the forge shows `text` now: the words people
+        read of it follow (marked edited). Nothing else does: an edit runs no command, answers
+        nothing and addresses no one (docs/using.md), so a question or answer it made keeps
+        what was asked or decided."""
+        store = self.services.store
+        c = await db.comment_by_forge_id(store, forge_id, item.ref)
+        if c is None or c.deleted_at is not None or \
+                await db.thread_by_card(store, forge_id, item.ref) is not None:
+            return  # not indexed (or gone), or a card: the app's own words
+        body = (render.parse_addressing(text).body or text).replace("\r\n", "\n").strip()
+        if body != c.body:
+            async with store.transaction() as tx:
+                await db.edit_comment(tx, c.id, body[:MAX_BODY])
+
+    async def forge_deleted(self, actor: str, item: Item, forge_id: int,
+                            author: str) -> None:
+        """Forge comment `forge_id` (by `author`) was deleted on the forge by `actor`: it leaves
+        the inboxes, its words leave the index (a tombstone stays), an answer it gave is
+        withdrawn and a question it asked closed (`threads.withdraw`), and the app's ping for it
+        says it was deleted. One not indexed yet gets its tombstone now, so its `created`,
+        delivered late, indexes nothing. A question's card is the app's: deleted, it is posted
+        again (`refresh_card`), as before."""
+        store = self.services.store
+        if await db.thread_by_card(store, forge_id, item.ref) is not None:
+            return
+        c = await db.comment_by_forge_id(store, forge_id, item.ref)
+        org = self.office.org
+        if c is None:
+            cid = self._new_id(item, forge_id)
+            async with store.transaction() as tx:
+                await db.put_comment(tx, db.CommentRow(
+                    cid, item.ref, cid, None, author, "", {"kind": "deleted"}, forge_id,
+                    time.time(), deleted_at=time.time()))
+            return
+        if c.deleted_at is not None:
+            return
+        t = await db.get_thread(store, c.thread)
+        row = None
+        if t is not None and t.state.is_question:
+            state = withdraw(t.state, c.id, asked_it=c.id == t.id)
+            answered = None if t.state.answer and state.answer is None else t.answered_at
+            row = await self.refresh_card(item, replace(t, state=state, answered_at=answered))
+        owners = [owner_of(self.office, r["principal"]) for r in c.data.get("notify", [])]
+        withdrawn = t is not None and t.state.answer is not None and \
+            t.state.answer.comment == c.id
+        async with store.transaction(ledger.key(org)) as tx:
+            await db.forget_comment(tx, c, owners, org=org)
+            if row is not None:
+                await db.put_thread(tx, row)
+            await ledger.append(tx, "comment.deleted", actor, item.ref, {
+                "comment": c.id, "thread": c.thread, "author": c.author,
+                "withdrawnAnswer": withdrawn}, org=org)
+        mark = render.marker(c.id, kind="ping")
+        ping = await self._posted(item, mark)
+        if ping is not None:
+            await self.forge.update_comment(item.repo, int(ping["id"]), (
+                f"{mark}\nThe comment this note was about was deleted on the forge."))
+        if row is not None:
+            await waiting.sync(self, row.scope)
 
     # -- resolving --------------------------------------------------------------------------
     async def resolve(self, actor: str, comment_id: str,

@@ -37,10 +37,13 @@ class Answer:
     body: str = ""
     confirmed_with_person: bool = False
     person: str | None = None  # whose answer it was, when an agent relayed its person's
+    withdrawn: bool = False  # its comment was deleted on the forge (its words gone with it)
 
     def view(self) -> dict[str, Any]:
         out: dict[str, Any] = {"comment": self.comment, "by": self.by, "option": self.option,
                                "body": self.body, "at": self.at}
+        if self.withdrawn:
+            out["withdrawn"] = True
         if self.confirmed_with_person:
             out.update(confirmedWithPerson=True, personsAnswer=self.person)
         return out
@@ -220,3 +223,22 @@ def reply(state: ThreadState, office: Office, who: str, *, comment: str, at: flo
         return replace(base, waiting_on=(state.asker,)), "comment"
     return base, "comment"
 
+
+def withdraw(state: ThreadState, comment: str, *, asked_it: bool) -> ThreadState:
+    """The thread after comment `comment` was deleted on the forge. An answer it gave is
+    withdrawn: kept in the history as withdrawn, without its words (a decision is not erased
+    unsaid), and the question waits again on those asked, open; an earlier answer it replaced
+    stays replaced (its answerer changed their mind). A question it asked (`asked_it`: the
+    thread's first comment) is closed, its words gone: no one waits on what no one can read."""
+    def gone(a: Answer) -> Answer:
+        return replace(a, body="", withdrawn=True) if a.comment == comment else a
+
+    history = tuple(gone(a) for a in state.history)
+    if state.answer is not None and state.answer.comment == comment:
+        return replace(state, answer=None, history=(*history, gone(state.answer)),
+                       waiting_on=tuple(p for p in state.asked if p != state.asker),
+                       resolved=False, replied_since=())
+    if state.question is not None and asked_it:
+        return replace(state, question=replace(state.question, body="", context=None),
+                       history=history, waiting_on=(), resolved=True)
+    return replace(state, history=history)

@@ -39,6 +39,8 @@ def comment_view(c: CommentRow) -> dict[str, Any]:
     for key in ("to", "cc", "option", "amend", "confirmedWithPerson"):
         if c.data.get(key):
             out[key] = c.data[key]
+    if c.edited_at is not None:  # its words as the forge shows them since an edit
+        out["edited"] = iso(c.edited_at)
     return out
 
 
@@ -74,7 +76,8 @@ def decision_view(t: ThreadRow, viewer: str) -> dict[str, Any]:
         "answer": {"option": a.option, "body": a.body},
         "decidedBy": a.person if a.confirmed_with_person and a.person else a.by,
         "at": iso(a.at), "resolved": s.resolved, "contentIsData": True,
-        "history": [{"option": h.option, "body": h.body, "by": h.by, "at": iso(h.at)}
+        "history": [{"option": h.option, "body": h.body, "by": h.by, "at": iso(h.at),
+                     **({"withdrawn": True} if h.withdrawn else {})}
                     for h in reversed(s.history)],
     }
     if a.confirmed_with_person:

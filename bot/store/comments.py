@@ -267,6 +267,15 @@ async def children(store: Store, ref: str) -> list[Item]:
 
 
 # -- comments ------------------------------------------------------------------------------
+# Schema 32: a comment follows the forge after it was indexed. `edited_at`: when its words
+# were last read back from the forge after an edit; `deleted_at`: when it was deleted on the
+# forge (the row stays as a tombstone without its words, so a late `created` never indexes
+# it again).
+COMMENT_CHANGES_VERSION = 32
+register_columns("comments", {"edited_at": "{real}", "deleted_at": "{real}"},
+                 version=COMMENT_CHANGES_VERSION)
+
+
 @dataclass(frozen=True)
 class CommentRow:
     id: str
@@ -278,19 +287,41 @@ class CommentRow:
     data: dict[str, Any]
     forge_id: int | None
     created_at: float
+    edited_at: float | None = None
+    deleted_at: float | None = None
 
 
 def _comment(r: Any) -> CommentRow:
     return CommentRow(r["id"], r["item"], r["thread"], r["parent"], r["author"], r["body"],
-                      json.loads(r["data"]), r["forge_id"], r["created_at"])
+                      json.loads(r["data"]), r["forge_id"], r["created_at"], r["edited_at"],
+                      r["deleted_at"])
 
 
 async def put_comment(db: Connection, c: CommentRow) -> None:
     await db.execute(
         "INSERT INTO comments(id, item, thread, parent, author, body, data, forge_id,"
-        " created_at, org) VALUES (?,?,?,?,?,?,?,?,?,?)",
+        " created_at, deleted_at, org) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
         (c.id, c.item, c.thread, c.parent, c.author, c.body, json.dumps(c.data), c.forge_id,
-         c.created_at, org_of(c.item)))
+         c.created_at, c.deleted_at, org_of(c.item)))
+
+
+async def edit_comment(db: Connection, comment_id: str, body: str) -> None:
+    """The comment's words as the forge shows them after an edit."""
+    await db.execute("UPDATE comments SET body=?, edited_at=? WHERE id=? AND deleted_at IS NULL",
+                     (body, time.time(), comment_id))
+
+
+async def forget_comment(db: Connection, c: CommentRow, owners: list[str], *,
+                         org: str) -> None:
+    """Comment `c` was deleted on the forge: its words go (the row stays, a tombstone saying
+    who wrote it and when it went) and so do its deliveries in the `owners`' boxes."""
+    kept = {k: c.data[k] for k in ("kind", "option") if k in c.data}
+    await db.execute("UPDATE comments SET body='', data=?, deleted_at=? WHERE id=?",
+                     (json.dumps(kept), time.time(), c.id))
+    for owner in sorted(set(owners)):  # (each box's key held, as deliver holds it)
+        await hold(db, inbox_key(org, owner))
+        await db.execute("DELETE FROM inbox_deliveries WHERE owner=? AND comment=?",
+                         (scoped(org, owner), c.id))
 
 
 async def get_comment(store: Store, comment_id: str) -> CommentRow | None:
@@ -315,7 +346,8 @@ async def comments_by_ids(store: Store, ids: list[str]) -> dict[str, CommentRow]
 
 
 async def count_comments(store: Store, item: str) -> int:
-    row = await store.fetchone("SELECT count(*) AS n FROM comments WHERE item=?", (item,))
+    row = await store.fetchone(
+        "SELECT count(*) AS n FROM comments WHERE item=? AND deleted_at IS NULL", (item,))
     return int(row["n"]) if row else 0
 
 

@@ -99,6 +99,8 @@ NAMES = {
     31: "when each org-signed Gitea delivery's event or comment was taken (indexed): what is"
         " taken is kept for the retention, which is as old as an event a delivery is taken"
         " on may be, then pruned",
+    32: "comments follow the forge after they are indexed: when one was edited there (its"
+        " words read back) or deleted (a tombstone without its words)",
 }
 
 

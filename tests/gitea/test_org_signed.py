@@ -466,3 +466,42 @@ async def test_a_comment_older_than_the_window_its_guard_is_kept_is_not_taken(
     await office.settle()
     thread = await comments.get_thread(office.services.store, question)
     assert thread is not None and thread.state.answer is None, thread.state.answer
+async def test_an_edit_and_a_deletion_follow_the_forge_and_a_forged_deletion_does_nothing(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """On Gitea too the index followed no change made on the forge after a comment was
+    indexed: an edit's old words, a deleted comment's words, stayed in marco's inbox. An
+    edit's words are read back from the forge (an org-signed edit names no editor); a
+    deletion holds where the forge has no such comment: signed for one it still has, it
+    acts on nothing."""
+    vault = "/repos/acme/scout-vault"
+    marco, sara = gitea_api(session, office, "marco"), gitea_api(session, office, "sara")
+    lid = (await marco("POST", f"{vault}/labels", {"name": "goal", "color": "#00aabb"},
+                       201))["id"]
+    goal = await marco("POST", f"{vault}/issues", {"title": "EU launch", "body": "x",
+                                                   "labels": [lid]}, 201)
+    n = goal["number"]
+    await office.settle()
+    kept = await sara("POST", f"{vault}/issues/{n}/comments",
+                      {"body": "to: marco@acme.com\nPrices are 10 EUR"}, 201)
+    pasted = await sara("POST", f"{vault}/issues/{n}/comments",
+                        {"body": "to: marco@acme.com\nthe admin password is hunter2"}, 201)
+    await office.settle()
+    await sara("PATCH", f"{vault}/issues/comments/{kept['id']}",
+               {"body": "to: marco@acme.com\nPrices are 12 EUR"}, 200)
+    await sara("DELETE", f"{vault}/issues/comments/{pasted['id']}", None, 204)
+    await office.settle()
+
+    async def unread() -> list[Any]:
+        got = await ToolClient(session, office, "human:marco@acme.com")("list_inbox",
+                                                                        markRead=False)
+        return list(got["you"]["unread"])
+
+    [seen] = await unread()
+    assert seen["body"] == "Prices are 12 EUR" and "edited" in seen, seen
+    issue = await marco("GET", f"{vault}/issues/{n}")
+    await _forged(office, session, "issue_comment", {
+        "action": "deleted", "issue": issue, "comment": kept,
+        "repository": {"full_name": "acme/scout-vault", "name": "scout-vault",
+                       "owner": {"login": "acme"}},
+        "sender": {"login": "sara"}}, "forged-deletion")
+    assert [c["body"] for c in await unread()] == ["Prices are 12 EUR"]
