@@ -167,11 +167,13 @@ async def review_hand_made_label_change(event: sansio.Event, ctx: HandlerContext
     fields: dict[str, object] = {}
     if not (review.changes.empty and redo.empty):
         fields["labels"] = review.changes.apply(labels)
-    if review.accepted:  # the issue's open/closed state follows an accepted label
+    # the issue's open/closed state follows a label that moves the mail; a change that moves
+    # none leaves it: the index's state may be behind a close or reopen still on its way
+    if review.accepted and review.state not in (None, previous):
         is_open = fresh.get("state") == "open"
         if review.state is MailState.CLOSED and is_open:
             fields.update(state="closed", state_reason="completed")
-        elif review.state not in (None, MailState.CLOSED) and not is_open:
+        elif review.state is not MailState.CLOSED and not is_open:
             fields["state"] = "open"
     if fields:
         await ctx.forge.update_issue(s.repo, s.number, **fields)
