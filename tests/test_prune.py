@@ -69,15 +69,22 @@ async def test_what_is_past_its_time_is_pruned_and_nothing_else(
                                  (f"acme/scout-vault#{n}", taken))
                 await db.execute("INSERT INTO org_signed_comments(comment_id, org, guid,"
                                  " taken_at) VALUES (?, 'acme', 'acme/g', ?)", (n, taken))
+                # one issue's rows taken at different times: only the old one goes
+                await db.execute("INSERT INTO org_signed_rows(issue, event_id, org, guid,"
+                                 " taken_at) VALUES ('acme/scout-vault#3', ?, 'acme', 'acme/g',"
+                                 " ?)", (n, taken))
         deleted = await prune(store, now=NOW, keep=7 * DAY)
         assert deleted == {"queue": 2, "deliveries": 3, "idempotency": 1,
                            "console_sessions": 1, "stranger_replies": 1, "oauth_grants": 0,
                            "oauth_consents": 0, "oauth_clients": 0, "api_tokens": 3,
-                           "org_signed_taken": 1, "org_signed_comments": 1}, deleted
+                           "org_signed_taken": 1, "org_signed_comments": 1,
+                           "org_signed_rows": 1}, deleted
         assert [r["issue"] for r in await store.fetchall(
             "SELECT issue FROM org_signed_taken")] == ["acme/scout-vault#2"]
         assert [r["comment_id"] for r in await store.fetchall(
             "SELECT comment_id FROM org_signed_comments")] == [2]
+        assert [(r["issue"], r["event_id"]) for r in await store.fetchall(
+            "SELECT issue, event_id FROM org_signed_rows")] == [("acme/scout-vault#3", 2)]
         tokens = {r["token_hash"] for r in await store.fetchall(
             "SELECT token_hash FROM api_tokens")}
         assert tokens == {"live-old", "run-live", "revoked-recent", "run-expired-recent"}
@@ -119,6 +126,7 @@ PRUNE_INDEXES = {
     "oauth_clients": {"oauth_clients_created", "oauth_consents_client", "oauth_grants_client"},
     "org_signed_taken": {"org_signed_taken_at"},
     "org_signed_comments": {"org_signed_comments_at"},
+    "org_signed_rows": {"org_signed_rows_at"},
 }
 
 

@@ -16,14 +16,16 @@ is checked against the forge, and what it says is taken from there:
   `opened` must be the sender's. Every other action the handlers take as the sender's must be
   in the issue's timeline as the sender's (`_TIMELINE`): a close, a reopen (the issue in that
   state), a label change (of the label the delivery names, added or removed as it says), an
-  assignee added or removed, a new title (from and to the titles the delivery says). Only an
-  event newer than the last one a delivery was taken on counts (`org_signed_taken`), so one
-  change is never taken twice; the handlers read the issue as it is now, so the newest such
-  event is taken, with those before it. An event, or a comment's `created`, older than the
-  retention (VAULTMAIL_RETENTION_DAYS: what records it was taken is pruned after that) is
-  taken by no delivery: a delivery comes within seconds, not days. A body edit is in no
-  timeline (Gitea records no editor): it is read as the forge has the body, in no one's name
-  (the app's own). Any other action is refused;
+  assignee added or removed, a new title (from and to the titles the delivery says). Each
+  timeline row is taken by one delivery (`org_signed_rows`), so one change is never taken
+  twice, while a delivery about an earlier act of another kind (redelivered, or out of order)
+  still takes its own row. The newest row not taken yet that shows the act is taken, with the
+  sender's rows of its kind before it: the handlers read the issue as it is now (its labels,
+  its state), and one of Gitea's label deliveries may stand for several rows. An event, or a
+  comment's `created`, older than the retention (VAULTMAIL_RETENTION_DAYS: what records it
+  was taken is pruned after that) is taken by no delivery: a delivery comes within seconds,
+  not days. A body edit is in no timeline (Gitea records no editor): it is read as the forge
+  has the body, in no one's name (the app's own). Any other action is refused;
 - a push is read in no one's name (the app's own): its handler reads the config it pushed
   from the forge, and Gitea keeps no record of who pushed that the app can read back;
 - an event Gitea never sends (a repository renamed or transferred, a sub-issue or a dependency
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Container
 from typing import TYPE_CHECKING, Any
 
 from gidgethub import sansio
@@ -89,12 +92,12 @@ async def _may_write(forge: GiteaForge, repo: str, login: str) -> bool:
 
 
 async def as_the_forge_has_it(forge: GiteaForge, event: str, data: dict[str, Any],
-                              bot_login: str, *, seen: int, since: float = 0.0
-                              ) -> tuple[dict[str, Any], int]:
+                              bot_login: str, *, taken: Container[int] = (),
+                              since: float = 0.0) -> tuple[dict[str, Any], list[int]]:
     """The delivery's payload with its issue and comment as the forge has them, and the
-    timeline event it is taken on (0: none; `seen`, the newest taken before about its issue;
-    none made before `since`); raises NotAsTheForgeSays when the sender did not do what it
-    says (see the module)."""
+    timeline rows it is taken on (none of `taken`, those other deliveries took; none made
+    before `since`); raises NotAsTheForgeSays when the sender did not do what it says (see the
+    module)."""
     out = copy.deepcopy(data)
     sender = _login(out.get("sender"))
     if isinstance(out.get("sender"), dict):  # its id is the forge's only where read from it
@@ -110,11 +113,11 @@ async def as_the_forge_has_it(forge: GiteaForge, event: str, data: dict[str, Any
     if event == "push":  # its handler reads what it acts on (the office config) from the forge;
         # who pushed, Gitea keeps no record of that the app can read back: no one's (the app's)
         out["sender"] = github_user({"login": bot_login}, bot_login)
-        return out, 0
+        return out, []
     if not isinstance(issue, dict):
         if not await _may_write(forge, repo, sender):
             raise NotAsTheForgeSays(f"{sender} may not write to {repo}")
-        return out, 0
+        return out, []
     number = int(issue["number"])
     try:
         found = await forge.get_issue(repo, number)
@@ -135,20 +138,22 @@ async def as_the_forge_has_it(forge: GiteaForge, event: str, data: dict[str, Any
         if action in ("closed", "reopened") and found.get("state") != (
                 "closed" if action == "closed" else "open"):
             raise NotAsTheForgeSays(f"{repo}#{number} is not {action}")
-        done = [e for e in await forge.timeline(repo, number)
-                if int(e.get("id") or 0) > seen and _login(e.get("user")) == sender
-                and (forge_time(e.get("created_at")) or 0.0) >= since
-                and _shows(str(action), data, e)]
+        free = [e for e in await forge.timeline(repo, number)
+                if int(e.get("id") or 0) not in taken and _login(e.get("user")) == sender
+                and (forge_time(e.get("created_at")) or 0.0) >= since]
+        done = [e for e in free if _shows(str(action), data, e)]
         if not done:
             raise NotAsTheForgeSays(f"{repo}#{number}'s timeline shows no {action} by {sender} "
                                     "that was not taken already")
         out["sender"] = github_user(done[-1].get("user"), bot_login)
-        return out, int(done[-1]["id"])
+        newest = int(done[-1]["id"])
+        return out, [int(e["id"]) for e in free
+                     if e.get("type") == _TIMELINE[str(action)] and int(e["id"]) <= newest]
     elif event == "issues":
         raise NotAsTheForgeSays(f"an org-signed {action} is not read")
     elif author != sender and not await _may_write(forge, repo, sender):
         raise NotAsTheForgeSays(f"{sender} may not write to {repo}")
-    return out, 0
+    return out, []
 
 
 def _shows(action: str, out: dict[str, Any], entry: dict[str, Any]) -> bool:
@@ -226,12 +231,13 @@ async def checked_event(ctx: HandlerContext, event: sansio.Event) -> sansio.Even
         raise NotAsTheForgeSays("only Gitea's org webhooks are signed by an org")
     store, guid = ctx.services.store, str(event.delivery_id)
     key = issue_key(event.data)
-    seen = await deliveries.org_signed_seen(store, key, guid) if key else 0
     since = time.time() - ctx.services.settings.retention_days * DAY  # (bot.store.prune)
-    data, taken = await as_the_forge_has_it(ctx.forge, event.event, event.data,
-                                            ctx.services.bot_login, seen=seen, since=since)
-    if key and taken:
-        await deliveries.org_signed_took(store, key, taken, guid)
+    data, rows = await as_the_forge_has_it(
+        ctx.forge, event.event, event.data, ctx.services.bot_login,
+        taken=await deliveries.org_signed_taken(store, key, guid) if key else (), since=since)
+    if key and rows and not await deliveries.org_signed_took(store, key, rows, guid):
+        raise NotAsTheForgeSays(f"timeline row {rows[-1]} of {key} was taken already, by "
+                                "another delivery at the same moment")
     if event.event == "issue_comment" and data.get("action") == "created" and \
             not await deliveries.org_signed_comment(store, guid.split("/", 1)[0],
                                                     int(data["comment"]["id"]), guid):

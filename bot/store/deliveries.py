@@ -9,8 +9,10 @@ being recorded (the app's own events no handler reads) is not asked for again an
 go once recorded, or once older than the forge's redelivery window. `reconcile_marks` holds how
 far the last complete listing reached, so a round lists only what came since.
 
-`org_signed_taken` holds, per issue, the newest event of its timeline that a delivery signed by
-an org's own webhook was taken on (`bot.app.org_signed`), and that delivery's id;
+`org_signed_rows` holds each timeline row (event) of an issue that a delivery signed by an
+org's own webhook was taken on (`bot.app.org_signed`), and that delivery's id: a row is taken
+once, whatever order the deliveries come in. `org_signed_taken` (schema 25, no longer written)
+holds, per issue, the newest row taken before: it and every row before it were taken then.
 `org_signed_comments`, per comment, the one such delivery its `created` was taken from. Each
 row notes when (`taken_at`): an event or comment older than the retention is taken by no such
 delivery, so a row that old guards nothing and is pruned (`bot.store.prune`).
@@ -72,6 +74,17 @@ CREATE INDEX IF NOT EXISTS org_signed_comments_at ON org_signed_comments(taken_a
 """
 register_backfill(_TAKEN_AT.format(now="CAST(strftime('%s', 'now') AS REAL)"),
                   postgres=_TAKEN_AT.format(now="extract(epoch FROM now())"), version=31)
+register_schema("""
+CREATE TABLE IF NOT EXISTS org_signed_rows (
+    issue {text} NOT NULL,       -- owner/repo#N
+    event_id {int} NOT NULL,     -- the forge's id of the timeline row taken
+    org {text} NOT NULL,
+    guid {text} NOT NULL,        -- the delivery that took it
+    taken_at {real} NOT NULL,    -- when (pruned a retention after: bot.store.prune)
+    PRIMARY KEY (issue, event_id)
+);
+CREATE INDEX IF NOT EXISTS org_signed_rows_at ON org_signed_rows(taken_at);
+""", version=33)
 
 
 @dataclass(frozen=True)
@@ -180,24 +193,47 @@ async def missed_held(store: Store) -> dict[str, int]:
     return {r["guid"]: int(r["asks"]) for r in rows}
 
 
-async def org_signed_seen(store: Store, issue: str, guid: str) -> int:
-    """The newest timeline event of `issue` (`owner/repo#N`) an org-signed delivery was taken
-    on, 0 for none; for a retry of the delivery that took it, the one before (it may take
-    its own event again)."""
-    row = await store.fetchone("SELECT event_id, guid FROM org_signed_taken WHERE issue=?",
+@dataclass(frozen=True)
+class TakenRows:
+    """The timeline rows of one issue that org-signed deliveries other than one were taken
+    on: `row in taken` says whether it was."""
+
+    rows: frozenset[int]
+    upto: int = 0  # it and every row before it, taken under schema 25's newest-only record
+
+    def __contains__(self, event_id: object) -> bool:
+        return isinstance(event_id, int) and (event_id <= self.upto or event_id in self.rows)
+
+
+async def org_signed_taken(store: Store, issue: str, guid: str) -> TakenRows:
+    """The rows of `issue` (`owner/repo#N`) taken by deliveries other than `guid` (a retry of
+    the delivery that took a row may take it again)."""
+    rows = await store.fetchall("SELECT event_id FROM org_signed_rows WHERE issue=? AND guid<>?",
+                                (issue.lower(), guid))
+    old = await store.fetchone("SELECT event_id, guid FROM org_signed_taken WHERE issue=?",
                                (issue.lower(),))
-    if row is None:
-        return 0
-    return int(row["event_id"]) - (1 if row["guid"] == guid else 0)
+    upto = 0 if old is None else int(old["event_id"]) - (1 if old["guid"] == guid else 0)
+    return TakenRows(frozenset(int(r["event_id"]) for r in rows), upto)
 
 
-async def org_signed_took(store: Store, issue: str, event_id: int, guid: str) -> None:
-    """Delivery `guid` was taken on timeline event `event_id` of `issue`; never back."""
+async def org_signed_took(store: Store, issue: str, event_ids: Sequence[int],
+                          guid: str) -> bool:
+    """Whether delivery `guid` may take timeline rows `event_ids` (the newest last) of
+    `issue`: it is the first to take the newest, or a retry of the one that was. Those it
+    may take are recorded as its own (none another delivery took before)."""
+    issue, org = issue.lower(), issue.split("/", 1)[0].lower()
+    add = ("INSERT INTO org_signed_rows(issue, event_id, org, guid, taken_at)"
+           " VALUES (?,?,?,?,?) ON CONFLICT DO NOTHING")
+    now = time.time()
     async with store.transaction() as db:
-        await db.execute(
-            upsert("org_signed_taken", ["issue", "org", "event_id", "guid", "taken_at"],
-                   ["issue"]) + " WHERE org_signed_taken.event_id <= excluded.event_id",
-            (issue.lower(), issue.split("/", 1)[0].lower(), event_id, guid, time.time()))
+        await db.execute(add, (issue, event_ids[-1], org, guid, now))
+        row = await db.fetchone("SELECT guid FROM org_signed_rows WHERE issue=? AND event_id=?",
+                                (issue, event_ids[-1]))
+        if row is None or row["guid"] != guid:
+            return False
+        for event_id in event_ids[:-1]:
+            await db.execute(add, (issue, event_id, org, guid, now))
+    return True
 
 
 async def org_signed_comment(store: Store, org: str, comment_id: int, guid: str) -> bool:

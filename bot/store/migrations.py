@@ -101,6 +101,9 @@ NAMES = {
         " on may be, then pruned",
     32: "comments follow the forge after they are indexed: when one was edited there (its"
         " words read back) or deleted (a tombstone without its words)",
+    33: "each timeline row an org-signed Gitea delivery was taken on, one by one: a delivery"
+        " about an earlier act (redelivered, or out of order) takes its own row, not yet"
+        " taken, where the newest row taken on the issue refused it",
 }
 
 

@@ -15,7 +15,7 @@ transaction holds (it is left to the next prune):
 * remote MCP sign-ins (`bot.store.oauth`): requests, codes and tokens a day past their expiry
   (a replay is recognised that long), grants a day past their end, and clients a day old that
   hold nothing (never allowed, or all they were given gone);
-* what an org-signed Gitea delivery was taken on (`org_signed_taken`, `org_signed_comments`,
+* what an org-signed Gitea delivery was taken on (`org_signed_rows`, `org_signed_taken`, `org_signed_comments`,
   `bot.app.org_signed`), `keep` after it was taken: no such delivery is taken on an event or
   a comment older than `keep`, so a row that old guards nothing a delivery could take again.
 
@@ -84,6 +84,7 @@ STATEMENTS: dict[str, Sql] = {  # (one per table, in order; read by the tests)
                               " WHERE g.client_id=oauth_clients.client_id)"),
     "org_signed_taken": _batched("org_signed_taken", "issue", "taken_at < ?"),
     "org_signed_comments": _batched("org_signed_comments", "comment_id", "taken_at < ?"),
+    "org_signed_rows": _batched("org_signed_rows", "issue, event_id", "taken_at < ?"),
 }
 
 
@@ -95,7 +96,8 @@ async def prune(store: Store, *, now: float, keep: float) -> dict[str, int]:
               "console_sessions": now, "stranger_replies": now - QUIET_FOR,
               "oauth_grants": now - KEPT_AFTER_EXPIRY, "oauth_consents": now - KEPT_AFTER_EXPIRY,
               "oauth_clients": now - DAY, "api_tokens": now - keep,
-              "org_signed_taken": now - keep, "org_signed_comments": now - keep}
+              "org_signed_taken": now - keep, "org_signed_comments": now - keep,
+              "org_signed_rows": now - keep}
     deleted: dict[str, int] = {}
     for table, sql in STATEMENTS.items():
         total = 0

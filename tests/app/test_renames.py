@@ -751,6 +751,8 @@ async def test_a_reply_delivered_under_the_old_names_after_the_rename_is_taken(
     await embedded.settle()
     mail = await mails.mail_at(services.store, "initech/scout-vault", 1)
     assert mail is not None and mail.state == "mail:replied", mail
+
+
 async def test_a_vault_moved_to_another_owner_is_410_saying_what_happened_not_try_again(
         embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession,
         caplog: pytest.LogCaptureFixture) -> None:

@@ -150,7 +150,7 @@ async def test_a_comment_on_a_pull_request_is_where_gitea_says() -> None:
             "issue": {"number": 5, "pull_request": {}},
             "comment": {"id": 99, "body": "/mail scout Prices\nEU", "user": {"login": "marco"}}}
     out, _ = await as_the_forge_has_it(_PullRequestForge(),  # type: ignore[arg-type]
-                                       "issue_comment", data, "vaultmail", seen=0)
+                                       "issue_comment", data, "vaultmail")
     assert out["comment"]["body"] == "/mail scout Prices\nEU" and out["sender"]["id"] == 7
 
 
@@ -449,6 +449,8 @@ async def test_what_gitea_never_sends_is_not_read_from_an_orgs_webhook(
     await _forged(office, session, "repository", renamed, "forged-rename")
     row = await mails.get_mail(office.services.store, sent["mail_id"])
     assert row is not None and row.vault == "acme/scout-vault", row
+
+
 async def test_a_comment_older_than_the_window_its_guard_is_kept_is_not_taken(
         office: Embedded, session: aiohttp.ClientSession) -> None:
     """What guards a comment's `created` from being taken twice (`org_signed_comments`), and an
@@ -466,6 +468,8 @@ async def test_a_comment_older_than_the_window_its_guard_is_kept_is_not_taken(
     await office.settle()
     thread = await comments.get_thread(office.services.store, question)
     assert thread is not None and thread.state.answer is None, thread.state.answer
+
+
 async def test_an_edit_and_a_deletion_follow_the_forge_and_a_forged_deletion_does_nothing(
         office: Embedded, session: aiohttp.ClientSession) -> None:
     """On Gitea too the index followed no change made on the forge after a comment was
@@ -505,3 +509,63 @@ async def test_an_edit_and_a_deletion_follow_the_forge_and_a_forged_deletion_doe
                        "owner": {"login": "acme"}},
         "sender": {"login": "sara"}}, "forged-deletion")
     assert [c["body"] for c in await unread()] == ["Prices are 12 EUR"]
+async def _close_lost_then(office: Embedded, session: aiohttp.ClientSession,
+                           later: dict[str, Any] | None, label: str | None = None) -> str:
+    """marco closes his mail with the close's delivery lost, makes a later change (`later`
+    on the issue, or adds `label`, each delivered), then the close is redelivered (as an
+    operator does from Gitea's hook settings): the mail's state at the end."""
+    sent = await _mail(office, session)
+    repo, n = "acme/scout-vault", sent["number"]
+    marco = gitea_api(session, office, "marco")
+    deliveries = office.forge.state.deliveries
+    before = set(deliveries)
+    office.forge.faults.drop_webhooks(count=1)
+    await marco("PATCH", f"/repos/{repo}/issues/{n}", {"state": "closed"}, expect=201)
+    await office.settle()
+    (close,) = [deliveries[i] for i in set(deliveries) - before]
+    if later is not None:
+        await marco("PATCH", f"/repos/{repo}/issues/{n}", later, expect=201)
+    if label is not None:
+        made = await marco("POST", f"/repos/{repo}/labels", {"name": label, "color": "ff0000"},
+                           expect=201)
+        await marco("POST", f"/repos/{repo}/issues/{n}/labels", {"labels": [made["id"]]})
+    await office.settle()
+    office.forge.webhooks.redeliver(close)
+    await office.settle()
+    issue = await marco("GET", f"/repos/{repo}/issues/{n}")
+    row = await mails.get_mail(office.services.store, sent["mail_id"])
+    assert row is not None
+    return f"{issue['state']} {row.state}"
+
+
+async def test_a_close_delivered_after_a_later_assignment_still_closes_the_mail(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """Only a timeline row newer than the newest taken on the issue counted: marco's later
+    assignment, taken first, made his close's own row too old to be taken, and the lost
+    close, redelivered, was refused for good. Each row is now taken once, in any order."""
+    assert await _close_lost_then(office, session, {"assignees": ["marco"]}) == \
+        "closed mail:closed"
+
+
+async def test_a_close_delivered_after_a_later_label_change_still_closes_the_mail(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """The same with a label added later (whose review reopened the closed issue, too)."""
+    assert await _close_lost_then(office, session, None, label="urgent") == "closed mail:closed"
+
+
+async def test_a_redelivered_close_already_taken_is_refused(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """Taken once still holds, row by row: marco closed, reopened and closed again, each
+    delivered and taken; a close under other delivery ids finds no close of his untaken."""
+    sent = await _mail(office, session)
+    repo, n = "acme/scout-vault", sent["number"]
+    marco = gitea_api(session, office, "marco")
+    for state in ("closed", "open", "closed"):
+        await marco("PATCH", f"/repos/{repo}/issues/{n}", {"state": state}, expect=201)
+        await office.settle()
+    issue = await marco("GET", f"/repos/{repo}/issues/{n}")
+    for copy_ in ("replayed-close-1", "replayed-close-2"):
+        await _forged(office, session, "issues", _issues_event("closed", issue, "marco"), copy_)
+    states = {str(d["guid"]): d["state"] for d in await office.services.store.fetchall(
+        "SELECT guid, state FROM queue") if "replayed-close" in str(d["guid"])}
+    assert set(states.values()) == {"ignored"}, states
