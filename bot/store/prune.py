@@ -15,9 +15,10 @@ transaction holds (it is left to the next prune):
 * remote MCP sign-ins (`bot.store.oauth`): requests, codes and tokens a day past their expiry
   (a replay is recognised that long), grants a day past their end, and clients a day old that
   hold nothing (never allowed, or all they were given gone);
-* what an org-signed Gitea delivery was taken on (`org_signed_rows`, `org_signed_taken`, `org_signed_comments`,
-  `bot.app.org_signed`), `keep` after it was taken: no such delivery is taken on an event or
-  a comment older than `keep`, so a row that old guards nothing a delivery could take again.
+* what an org-signed Gitea delivery was taken on (`org_signed_rows`, `org_signed_taken`,
+  `org_signed_comments`, `bot.app.org_signed`), `keep` after it was taken: no such delivery is
+  taken on an event or a comment older than `keep`, so a row that old guards nothing a
+  delivery could take again.
 
 Mail, comments, chats and the ledger are the office's record and are never pruned here.
 """
