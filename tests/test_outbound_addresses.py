@@ -61,18 +61,19 @@ async def receiver() -> AsyncIterator[Receiver]:
 
 
 class Names(AbstractResolver):
-    """DNS for the test: every name under acme.example is 127.0.0.1 (as a hostile or careless
-    org's DNS could say); counts the lookups."""
+    """DNS for the test: every name under acme.example is `address`, 127.0.0.1 unless told (as
+    a hostile or careless org's DNS could say); counts the lookups."""
 
-    def __init__(self) -> None:
+    def __init__(self, address: str = "127.0.0.1") -> None:
         self.asked: list[str] = []
+        self.address = address
 
     async def resolve(self, host: str, port: int = 0,
                       family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
         self.asked.append(host)
         if not host.endswith(".acme.example"):
             raise OSError(f"{host}: unknown to the test's DNS")
-        return [ResolveResult(hostname=host, host="127.0.0.1", port=port,
+        return [ResolveResult(hostname=host, host=self.address, port=port,
                               family=socket.AF_INET, proto=0, flags=socket.AI_NUMERICHOST)]
 
     async def close(self) -> None:
@@ -93,15 +94,35 @@ class Names(AbstractResolver):
     ("::ffff:127.0.0.1", "loopback"), ("::ffff:169.254.169.254", "link-local"),
     ("::ffff:10.0.0.1", "private"), ("64:ff9b::a00:1", "private"),
     ("2002:a9fe:a9fe::", "link-local"),
-    ("192.0.2.1", "private"), ("198.18.0.1", "private"),
+    ("192.0.2.1", "documentation"), ("198.18.0.1", "benchmarking"),
 ])
 def test_addresses_the_app_does_not_send_to(address: str, kind: str) -> None:
     found = address_kind(ip_address(address))
     assert found is not None and kind in found, (address, found)
 
 
+@pytest.mark.parametrize(("address", "kind"), [
+    ("192.0.0.192", "IETF protocol"), ("192.0.0.8", "IETF protocol"),
+    ("192.0.0.9", "IETF protocol"), ("192.0.0.171", "IETF protocol"),
+    ("192.88.99.1", "6to4 relay"), ("198.51.100.7", "documentation"),
+    ("203.0.113.9", "documentation"), ("3fff::1", "documentation"),
+    ("2001:db8::1", "documentation"), ("2001::1", "IETF protocol"),
+    ("2001:20::1", "IETF protocol"), ("64:ff9b:1::1", "NAT64"), ("100::1", "discard"),
+    ("5f00::1", "reserved"), ("4000::1", "reserved"), ("::102:304", "reserved"),
+    ("::ffff:192.0.0.192", "IETF protocol"), ("2002:c000:c0::", "IETF protocol"),
+    ("64:ff9b::c000:c0", "IETF protocol"),
+])
+def test_special_purpose_blocks_are_refused_on_any_python(address: str, kind: str) -> None:
+    """IANA's special-purpose registries as the app's own table, not Python's `ipaddress`
+    (whose tables differ by patch release: before CVE-2024-4032's fix 192.0.0.192, where Oracle
+    Cloud's metadata service answers, was `is_global`)."""
+    found = address_kind(ip_address(address))
+    assert found is not None and kind in found, (address, found)
+
+
 @pytest.mark.parametrize("address", ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111",
-                                     "::ffff:8.8.8.8", "100.128.0.1"])
+                                     "::ffff:8.8.8.8", "100.128.0.1", "2002:808:808::",
+                                     "64:ff9b::808:808", "192.31.196.1", "2a00:1450::1"])
 def test_public_addresses_are_sent_to(address: str) -> None:
     assert address_kind(ip_address(address)) is None
 
@@ -171,6 +192,21 @@ async def test_a_name_resolving_inside_is_refused_once_resolved(receiver: Receiv
         "only to public addresses; the operator may allow this host or network in "
         "VAULTMAIL_OUTBOUND_ALLOW")
     assert receiver.got == []
+
+
+async def test_a_metadata_address_in_192_0_0_0_24_is_never_connected_to(
+        tmp_path: Path) -> None:
+    """192.0.0.192 as a literal, in IPv6 forms and as what a name resolves to: refused before
+    any connection, whichever Python runs the app."""
+    names = Names("192.0.0.192")
+    strict = OutboundPolicy.parse("", resolver=lambda: names)
+    for url in ["http://192.0.0.192/latest/meta-data/", "http://[::ffff:c000:c0]/opc/v2/",
+                "http://[64:ff9b::c000:c0]/", "http://metadata.acme.example/opc/v2/"]:
+        with pytest.raises(OutboundRefused) as caught:
+            await post_signed(Keyring.in_data_dir(tmp_path), url, {}, outbound=strict,
+                              timeout=5)
+        assert "an IETF protocol address" in caught.value.reason, (url, caught.value)
+    assert names.asked == ["metadata.acme.example"]
 
 
 async def test_a_redirect_is_not_followed(receiver: Receiver, tmp_path: Path) -> None:

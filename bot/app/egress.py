@@ -32,8 +32,44 @@ from yarl import URL
 
 IPAddress = IPv4Address | IPv6Address
 ALLOW_SETTING = "VAULTMAIL_OUTBOUND_ALLOW"
-_SHARED = ip_network("100.64.0.0/10")  # carrier-grade NAT: inside some provider's network
 _NAT64 = ip_network("64:ff9b::/96")  # an IPv4 address reached through a NAT64 gateway
+_METADATA = "where cloud metadata services answer"
+# What is not public, from IANA's IPv4 and IPv6 special-purpose address registries (and the
+# multicast and reserved space), as the app's own table: Python's `ipaddress` tables differ by
+# patch release (before CVE-2024-4032's fix, 192.0.0.192 was `is_global`). A block the registry
+# marks globally reachable inside one listed here (192.0.0.9, 2001:20::/28...) is refused all
+# the same: no receiver of ours lives there. ::ffff:0:0/96, 64:ff9b::/96 and 2002::/16 are
+# judged by the IPv4 address they carry (`_embedded_ipv4`), before this table.
+_NOT_PUBLIC: tuple[tuple[IPv4Network | IPv6Network, str], ...] = tuple(
+    (ip_network(net), kind) for net, kind in [
+        ("0.0.0.0/8", "an unspecified address ('this network')"),
+        ("10.0.0.0/8", "a private address"),
+        ("100.64.0.0/10", "a carrier-grade NAT address (100.64.0.0/10)"),
+        ("127.0.0.0/8", "a loopback address"),
+        ("169.254.0.0/16", f"a link-local address ({_METADATA})"),
+        ("172.16.0.0/12", "a private address"),
+        ("192.0.0.0/24", f"an IETF protocol address (192.0.0.0/24, {_METADATA})"),
+        ("192.0.2.0/24", "a documentation address"),
+        ("192.88.99.0/24", "a 6to4 relay anycast address"),
+        ("192.168.0.0/16", "a private address"),
+        ("198.18.0.0/15", "a benchmarking address"),
+        ("198.51.100.0/24", "a documentation address"),
+        ("203.0.113.0/24", "a documentation address"),
+        ("224.0.0.0/4", "a multicast address"),
+        ("240.0.0.0/4", "a reserved address"),  # 255.255.255.255, the broadcast, among them
+        ("::/128", "the unspecified address"),
+        ("::1/128", "a loopback address"),
+        ("64:ff9b:1::/48", "a local-use NAT64 address"),
+        ("100::/64", "a discard-only address"),
+        ("2001::/23", "an IETF protocol address (2001::/23, Teredo among them)"),
+        ("2001:db8::/32", "a documentation address"),
+        ("3fff::/20", "a documentation address"),
+        ("fc00::/7", "a private address (unique local)"),
+        ("fe80::/10", "a link-local address"),
+        ("fec0::/10", "a site-local address"),
+        ("ff00::/8", "a multicast address"),
+    ])
+_GLOBAL_UNICAST = ip_network("2000::/3")  # all the IPv6 space IANA gives out to be reached
 _HOST_NAME = re.compile(r"^(?=.{1,253}$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?\.)*"
                         r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$")
 _NUMERIC = re.compile(r"^[0-9a-fx.]+$")  # 127.1, 0x7f.1, 2130706433: IPv4 in legacy forms
@@ -65,25 +101,11 @@ def address_kind(ip: IPAddress) -> str | None:
     if isinstance(ip, IPv6Address) and (inner := _embedded_ipv4(ip)) is not None:
         kind = address_kind(inner)
         return f"{kind} ({inner}) in an IPv6 form" if kind else None
-    if ip.is_unspecified:
-        return "the unspecified address"
-    if ip.is_loopback:
-        return "a loopback address"
-    if ip.is_link_local:
-        return "a link-local address (where cloud metadata services answer)"
-    if ip.is_multicast:
-        return "a multicast address"
-    if ip in _SHARED:
-        return "a carrier-grade NAT address (100.64.0.0/10)"
-    if isinstance(ip, IPv6Address) and ip.is_site_local:
-        return "a site-local address"
-    if ip.is_reserved:
-        return "a reserved address"
-    if ip.is_private:
-        return "a private address"
-    if not ip.is_global:
-        return "not a public address"
-    return None
+    kind = next((kind for net, kind in _NOT_PUBLIC
+                 if net.version == ip.version and ip in net), None)
+    if kind is None and isinstance(ip, IPv6Address) and ip not in _GLOBAL_UNICAST:
+        return "a reserved address (outside 2000::/3, IPv6's global unicast space)"
+    return kind
 
 
 def literal_address(host: str) -> IPAddress | None:
