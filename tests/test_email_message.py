@@ -111,7 +111,7 @@ def test_an_outgoing_reply_cannot_be_given_another_header_line() -> None:
     out = Outgoing(sender="scout@mail.acme.example", sender_name="scout\r\nBcc: evil@x.example",
                    to=("bob@example.org",), cc=(), subject=reply_subject("Hi\r\nBcc: e@x.y"),
                    message_id=reply_message_id("0" * 8 + "-0000-0000-0000-" + "0" * 12, "k",
-                                               "mail.acme.example"),
+                                               "mail.acme.example", b"secret"),
                    in_reply_to="<m1@example.org>", references=("<m1@example.org>",),
                    text="hello", sent=datetime(2026, 12, 4, tzinfo=UTC))
     data = to_wire(compose(out))
@@ -124,7 +124,8 @@ def test_an_outgoing_reply_cannot_be_given_another_header_line() -> None:
 # an RFC 2047 encoded-word that decodes to header lines and a body
 _EVIL_WORD = "=?utf-8?b?" + base64.b64encode(
     b"Prices\r\nX-Injected: yes\r\n\r\nPHISH").decode() + "?="
-_OWN_ID = reply_message_id("0" * 8 + "-0000-0000-0000-" + "0" * 12, "k", "mail.acme.example")
+_OWN_ID = reply_message_id("0" * 8 + "-0000-0000-0000-" + "0" * 12, "k", "mail.acme.example",
+                           b"secret")
 
 
 def _reply(**fields: object) -> Outgoing:

@@ -17,7 +17,7 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Literal
 
-from bot.email import attachments, outgoing
+from bot.email import attachments, keys, outgoing
 from bot.email.addresses import BadAddress, Mailbox, mailbox, normalise, principal_of
 from bot.email.auth import DnsError, Verdicts
 from bot.email.domains import DomainProofs, record_name
@@ -314,7 +314,8 @@ class EmailIntake:
                 found = await mails.get_mail(store, mail_id)
                 if found is not None and found.org == office.org.lower() and (
                         found.to_principal == box.agent.principal
-                        or sent_by(found, box.agent.principal)):
+                        or sent_by(found, box.agent.principal)) \
+                        and await self._written_by_app(office, found, ref, box.domain):
                     return found
                 continue
             # (the id as the mail's table shows it: mention-defused, as the app posts it)
@@ -330,6 +331,17 @@ class EmailIntake:
                         and candidate.to_principal == box.agent.principal:
                     return candidate
         return None
+
+    async def _written_by_app(self, office: Office, mail: MailRecord, ref: str,
+                              domain: str) -> bool:
+        """Whether `ref` is a Message-ID the app wrote for `mail` (its digest keyed, so only
+        the app and those it sent it to know it), not one written from the mail id alone."""
+        replies = await ledger.values_recorded(
+            self.services.store, "mail.replied", mail.ref, "reply", org=mail.org,
+            renamed=self.services.keyring.renamed(mail.org))
+        return outgoing.written_by_app(
+            ref, mail.mail_id, replies, domain,
+            keys.message_id_secret(self.services.settings.data_dir, office.org))
 
     async def _add_to_thread(self, box: Mailbox, mail: MailRecord, message: Inbound,
                              verdicts: Verdicts, quiet: str | None) -> MailRecord:

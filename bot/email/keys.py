@@ -7,6 +7,8 @@ import base64
 import contextlib
 import fcntl
 import os
+import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
@@ -23,7 +25,24 @@ def key_path(data_dir: Path, org: str) -> Path:
 
 def office_key(data_dir: Path, org: str) -> bytes:
     """The office's private key (PEM), made under a file lock the first time."""
-    path = key_path(data_dir, org)
+    def make() -> str:
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                 serialization.NoEncryption()).decode()
+
+    return _made_once(key_path(data_dir, org), make)
+
+
+def message_id_secret(data_dir: Path, org: str) -> bytes:
+    """The key of the digest in the office's own Message-IDs (bot.email.outgoing), made the
+    first time: `dkim/<org>.ids` beside the DKIM key (back both up). A file of its own, so a
+    DKIM key replaced changes no Message-ID (a retry sends under the id it had)."""
+    path = key_path(data_dir, org).with_suffix(".ids")
+    return _made_once(path, lambda: secrets.token_hex(32)).strip()
+
+
+def _made_once(path: Path, make: Callable[[], str]) -> bytes:
+    """`path`'s bytes, written (mode 0600) from `make` under a file lock the first time."""
     if path.exists():
         return path.read_bytes()
     private_dir(path.parent)
@@ -31,10 +50,7 @@ def office_key(data_dir: Path, org: str) -> bytes:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if not path.exists():
-                key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-                write_private(path, key.private_bytes(
-                    serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                    serialization.NoEncryption()).decode())
+                write_private(path, make())
         finally:
             with contextlib.suppress(OSError):
                 fcntl.flock(lock, fcntl.LOCK_UN)

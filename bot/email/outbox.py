@@ -241,15 +241,16 @@ class Outbox(Rounds):
         if mail is None or office.email is None:
             return 0
         domain = office.email.domain
+        secret = keys.message_id_secret(self.services.settings.data_dir, office.org)
         if entry.event == "mail.sent":
             if entry.data.get("to") != mail.to_principal or address_of(mail.to_principal) is None:
                 return 0  # not mail to an address
-            key, message_id = None, outgoing.mail_message_id(mail.mail_id, domain)
+            key, message_id = None, outgoing.mail_message_id(mail.mail_id, domain, secret)
         else:
             key = entry.data.get("reply")
             if not isinstance(key, str) or address_of(mail.from_principal) is None:
                 return 0  # not a reply to mail by email
-            message_id = outgoing.reply_message_id(mail.mail_id, key, domain)
+            message_id = outgoing.reply_message_id(mail.mail_id, key, domain, secret)
 
         async def work() -> idempotency.Result:
             if key is None:

@@ -4,7 +4,9 @@ signature. Pure, no I/O (the key is given)."""
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from email import message_from_bytes, policy
@@ -17,6 +19,7 @@ from bot.email.addresses import BadAddress, display, normalise
 from bot.mail.header import clean_subject
 
 SELECTOR = "vaultmail"
+MAIL_KEY = "mail"  # the digest's key for mail an agent sent (a reply's is the reply's key)
 MAX_REFERENCES = 20
 HOPS_HEADER = "X-Vaultmail-Hops"  # the loop guard's count, carried between email and mail
 SIGNED_HEADERS = [b"from", b"to", b"cc", b"subject", b"date", b"message-id", b"in-reply-to",
@@ -34,23 +37,35 @@ class Unsendable(ValueError):
     retry (bot.email.outbox bounces it at once)."""
 
 
-def reply_message_id(mail_id: str, key: str, domain: str) -> str:
+def reply_message_id(mail_id: str, key: str, domain: str, secret: bytes) -> str:
     """The Message-ID of the reply `key` to mail `mail_id`: the same on every try (what makes
-    sending it once checkable), and naming the mail, so an answer to it finds its thread."""
-    digest = hashlib.sha256(f"{mail_id}\n{key}".encode()).hexdigest()[:16]
+    sending it once checkable), and naming the mail, so an answer to it finds its thread. The
+    digest is keyed with the office's `secret` (`keys.message_id_secret`): a mail id is no
+    secret, and an id anyone could compute from it would thread anyone's message into it."""
+    digest = hmac.new(secret, f"{mail_id}\n{key}".encode(), hashlib.sha256).hexdigest()[:16]
     return f"<vm.{mail_id}.{digest}@{domain}>"
 
 
-def mail_message_id(mail_id: str, domain: str) -> str:
+def mail_message_id(mail_id: str, domain: str, secret: bytes) -> str:
     """The Message-ID of mail an agent sent to an address (`mail_send`): the same on every
     try, and naming the mail, so an answer to it finds its thread."""
-    return reply_message_id(mail_id, "mail", domain)
+    return reply_message_id(mail_id, MAIL_KEY, domain, secret)
 
 
 def mail_of_message_id(message_id: str, domain: str) -> str | None:
-    """The mail id in one of the app's own Message-IDs at `domain`, else None."""
+    """The mail id in one of the app's own Message-IDs at `domain`, else None. Its digest is
+    not checked here (`written_by_app` does, knowing the mail's replies)."""
     m = _OWN_ID.match(message_id.strip())
     return m.group(1) if m is not None and m.group(3).lower() == domain.lower() else None
+
+
+def written_by_app(message_id: str, mail_id: str, keys: Iterable[str], domain: str,
+                   secret: bytes) -> bool:
+    """Whether `message_id` is the one the app wrote for mail `mail_id` (`mail_send`) or for
+    one of its replies `keys`, compared in constant time."""
+    given = message_id.strip().encode()
+    return any(hmac.compare_digest(given, reply_message_id(mail_id, key, domain, secret).encode())
+               for key in (MAIL_KEY, *keys))
 
 
 def reply_subject(subject: str) -> str:

@@ -221,6 +221,17 @@ async def recorded_with(store: Store, events: tuple[str, ...], subject: str, fie
         (org.lower(), *events, *subjects, f"$.{field}", value))
 
 
+async def values_recorded(store: Store, event: str, subject: str, field: str, *, org: str,
+                          renamed: dict[str, str] | None = None) -> list[str]:
+    """`data[field]` of every `event` entry about `subject` (or a name it had) in `org`'s
+    chain that has one, oldest first."""
+    about, subjects = _about(subject, renamed)
+    rows = await store.fetchall(
+        "SELECT " + json_at("data") + " AS v FROM ledger WHERE chain=? AND event=? AND "
+        + about + " ORDER BY seq", (f"$.{field}", org.lower(), event, *subjects))
+    return [str(r["v"]) for r in rows if r["v"] is not None]
+
+
 def _hashed_as(r: Any) -> str | None:
     """The chain name an entry was hashed with: the name its office had then, where it was
     renamed since (bot.store.offices.rename_in); a chain moved aside, `org~account`, was
