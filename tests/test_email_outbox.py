@@ -222,17 +222,18 @@ async def test_a_subject_encoded_to_hold_header_lines_stays_the_replys_subject(
 
 async def test_an_address_ending_in_a_dash_gets_every_reply_of_its_thread(
         mailroom: Mailroom) -> None:
-    """`carol-@example.net` in a Cc (found by review): mention-defusing over the mail's
-    body put a word joiner after its `@` in the meta line, the relay could not be given that
-    address, and the reply and every later one of the thread waited forever. Each reply
-    reaches her; and an answer naming a message id of that shape finds its thread."""
-    await _first_mail(mailroom, Cc="carol-@example.net")
+    """`carol-@example.org` in a Cc (found by review; scout may mail example.org): mention-
+    defusing over the mail's body put a word joiner after its `@` in the meta line, the relay
+    could not be given that address, and the reply and every later one of the thread waited
+    forever. Each reply reaches her; and an answer naming a message id of that shape finds
+    its thread."""
+    await _first_mail(mailroom, Cc="carol-@example.org")
     scout = mailroom.tools("agent:scout")
     for text in ("first", "second"):
         await scout("mail_reply", mail=f"{SCOUT_VAULT}#1", body=text)
         envelope = await mailroom.relay.next()
-        assert sorted(envelope.rcpt_tos) == ["bob@example.org", "carol-@example.net"]
-        assert _parsed(envelope.original_content or b"")["Cc"] == "carol-@example.net"
+        assert sorted(envelope.rcpt_tos) == ["bob@example.org", "carol-@example.org"]
+        assert _parsed(envelope.original_content or b"")["Cc"] == "carol-@example.org"
     assert await mailroom.outbox_settled() == 0
     outbox = mailroom.embedded.runner.app[GATEWAY_KEY].outbox
     assert outbox is not None and await outbox.retrying("acme") == []

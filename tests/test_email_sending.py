@@ -23,7 +23,16 @@ from bot.mail.mailer import Mailer
 from bot.store import api_tokens, ledger, mails, open_store
 from tests.support import ToolClient, label_names
 from tests.test_email_outbox import _dkim_ok
-from tests.test_email_support import DOMAIN, Mailroom, delivered, mailroom, message, send, wire
+from tests.test_email_support import (
+    DOMAIN,
+    Mailroom,
+    Sender,
+    delivered,
+    mailroom,
+    message,
+    send,
+    wire,
+)
 from tests.test_stalled_send import CREATE, GUARD, _silence
 
 __all__ = ["mailroom"]  # the fixture, used by name
@@ -531,6 +540,41 @@ async def _reply_to_bob_and_carol(room: Mailroom) -> tuple[str, str]:
     assert (out["To"], out["Cc"]) == ("bob@example.org", "carol@example.net")
     assert first.rcpt_tos == ["bob@example.org"], "carol refused at RCPT: bob's copy only"
     return str(out["Message-ID"]), ref
+
+
+async def test_a_reply_copies_others_only_where_authenticated_or_the_agent_may_mail_them(
+        mailroom: Mailroom) -> None:
+    """Scout takes mail from anyone. A stranger's unauthenticated message naming addresses
+    in Cc does not make scout's reply office mail to them: it goes to the sender, and to the
+    others scout's capabilities.mail.send allows (example.org, carol@example.net); the issue
+    says who was left out and why. An authenticated sender's reply-all goes to all."""
+    raw = wire(message("eve@other.example", f"scout@{DOMAIN}", "Offer", "Reply to all!",
+                       Message_ID="<o1@other.example>",
+                       Cc="victim@target.example, carol@example.net, dave@example.org"))
+    assert (await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])).code == 250
+    await mailroom.embedded.settle()
+    scout = mailroom.tools("agent:scout")
+    await scout("mail_reply", mail=f"{SCOUT_VAULT}#1", body="No.")
+    envelope = await mailroom.relay.next()
+    out = _parsed(envelope.original_content)
+    assert out["To"] == "eve@other.example"
+    assert out["Cc"] == "carol@example.net, dave@example.org"
+    assert "victim@target.example" not in envelope.rcpt_tos
+    await mailroom.outbox_settled()
+    comments = await mailroom.person("marco").comments(SCOUT_VAULT, 1)
+    [note] = [c["body"] for c in comments if "Not copied" in c["body"]]
+    assert "victim@target.example" in note and "carol@example.net" not in note
+    assert "authentication" in note and "capabilities.mail.send" in note
+
+    bob = Sender("example.com", mailroom.dns)
+    bob.publish()
+    signed = bob.sign(wire(message("bob@example.com", f"scout@{DOMAIN}", "Team", "All of us",
+                                   Message_ID="<t1@example.com>", Cc="victim@target.example")))
+    assert (await send(mailroom.port, signed, rcpts=[f"scout@{DOMAIN}"])).code == 250
+    await mailroom.embedded.settle()
+    await scout("mail_reply", mail=f"{SCOUT_VAULT}#2", body="Yes.")
+    out = _parsed((await mailroom.relay.next()).original_content)
+    assert (out["To"], out["Cc"]) == ("bob@example.com", "victim@target.example")
 
 
 async def test_a_relay_deferring_one_recipient_sends_the_retry_to_that_one_only(

@@ -34,9 +34,10 @@ from bot.email import keys, outgoing, relay
 from bot.email.addresses import address_of, agent_address
 from bot.email.intake import EmailIntake
 from bot.email.message import EmailMeta, read_meta
+from bot.email.sending import may_email
 from bot.mail.mailer import fits
 from bot.mail.markdown import as_data, as_written
-from bot.office.config import Office
+from bot.office.config import Agent, Office
 from bot.store import idempotency, ledger, mails
 from bot.store import outbound as cursors
 from bot.store.mails import MailRecord
@@ -72,16 +73,28 @@ def _said(answers: dict[str, str], recipients: list[str]) -> str:
     return "; ".join(f"{r}: {why}" for r, why in answers.items())
 
 
-def _reply_addressees(latest: EmailMeta,
-                      domain: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """A reply's To and Cc: the sender of the message it answers, and the other addresses
-    that message named, the office's own (`domain`) left out."""
+def _reply_addressees(latest: EmailMeta, domain: str, agent: Agent | None
+                      ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """A reply's To and Cc, and whom it leaves out: the sender of the message it answers, and
+    the other addresses that message named, the office's own (`domain`) left out. The others
+    only where the message passed authentication (`authenticated`) or the agent may mail them
+    (`may_email`): else anyone could have the office send DKIM-signed mail to whoever they
+    name."""
     ours = {a for a in (*latest.to, *latest.cc) if a.rpartition("@")[2] == domain}
     # (the addresses a stranger's message named: as many as the listener takes recipients
     # of one message, never a list of the stranger's to mail as the office)
-    cc = tuple(a for a in dict.fromkeys((*latest.to, *latest.cc))
-               if a not in ours and a != latest.sender)[:MAX_REPLY_CC]
-    return (latest.sender,), cc
+    named = tuple(a for a in dict.fromkeys((*latest.to, *latest.cc))
+                  if a not in ours and a != latest.sender)[:MAX_REPLY_CC]
+    if authenticated(latest.verdicts):
+        return (latest.sender,), named, ()
+    cc = tuple(a for a in named if agent is not None and may_email(agent, a))
+    return (latest.sender,), cc, tuple(a for a in named if a not in cc)
+
+
+def authenticated(verdicts: dict[str, Any]) -> bool:
+    """Whether a message's recorded verdicts say its From is its sender's: DMARC passed, or
+    SPF or DKIM passed for the From domain (`Verdicts.aligned`)."""
+    return verdicts.get("dmarc") == "pass" or bool(verdicts.get("aligned"))
 
 
 def _ref(ref: str) -> tuple[str, int]:
@@ -361,7 +374,8 @@ class Outbox(Rounds):
                         extra={"mail": mail.ref, "reply": key}, exc_info=True)
         if latest is None:
             return [a for a in (address_of(mail.from_principal),) if a is not None]
-        to, cc = _reply_addressees(latest, office.email.domain)
+        agent = office.agent(mail.to_principal.removeprefix("agent:"))
+        to, cc, _ = _reply_addressees(latest, office.email.domain, agent)
         return list(dict.fromkeys((*to, *cc)))
 
     async def _deliver(self, office: Office, mail: MailRecord, out: outgoing.Outgoing,
@@ -483,7 +497,9 @@ class Outbox(Rounds):
         sender = agent_address(office, agent) if agent is not None else None
         if agent is None or sender is None or latest is None:
             return {"state": "skipped", "why": "no agent address or no message to answer"}
-        to, cc = _reply_addressees(latest, office.email.domain)
+        to, cc, left_out = _reply_addressees(latest, office.email.domain, agent)
+        if left_out:
+            await self._tell_left_out(forge, mail, message_id, agent, left_out, latest)
         out = outgoing.Outgoing(
             sender=sender, sender_name=f"{agent.slug} ({office.org})",
             to=to, cc=cc, subject=outgoing.reply_subject(mail.subject),
@@ -493,6 +509,21 @@ class Outbox(Rounds):
             # carried more (two agents answering in one thread climb as by mail)
             sent=datetime.now(UTC), hops=max(mail.hops, latest.hops or 0) + 1)
         return await self._deliver(office, mail, out, "Sent")
+
+    @staticmethod
+    async def _tell_left_out(forge: Forge, mail: MailRecord, message_id: str, agent: Agent,
+                             left_out: tuple[str, ...], latest: EmailMeta) -> None:
+        """A note on the mail's issue, once a reply: the addresses its message named that the
+        reply does not go to, and why (`_reply_addressees`)."""
+        marker = f"<!-- vaultmail:email-left-out {message_id.strip('<>')} -->"
+        if await forge.find_comment(mail.vault, mail.number, marker) is None:
+            dmarc = as_data(str(latest.verdicts.get("dmarc") or "none"))
+            await forge.create_comment(mail.vault, mail.number, fits(
+                f"✂️ Not copied to {_listed(left_out)}: the message answered named them, but "
+                f"it did not pass authentication (DMARC {dmarc}, no SPF or DKIM pass for its "
+                f"From domain) and {agent.slug}'s capabilities.mail.send does not list them. "
+                f"The reply `{message_id}` goes to {_listed((latest.sender,))} and the "
+                f"addresses it may mail.\n\n{marker}", "the note"), marker=marker)
 
     async def _reply_and_latest(self, forge: Forge, mail: MailRecord,
                                 key: str) -> tuple[str | None, EmailMeta | None]:
