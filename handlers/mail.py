@@ -62,11 +62,13 @@ async def opened_just_now(s: Scene, key: str | None) -> bool:
     forge's: a GitHub App's delivery is signed by GitHub; one an org's admins sign, on Gitea,
     has its issue read back from the forge before any handler sees it, bot.app.org_signed.)
     A late opening (dropped, then redelivered by the reconciler; issue 28) or one whose issue
-    changed since reads the forge first. What is left, a change made in the moment before the
-    adoption's write whose own delivery is still on its way, is the same race a read just
-    before the write leaves: that
-    delivery makes a label change again (`Mailer.undone_by_adoption`); an edit of title or body
-    is flagged (`Mailer.edited`)."""
+    changed since reads the forge first. What is left, a change made between the issue's
+    making and the adoption's write (up to `FRESH_OPENING` seconds here; the moment between a
+    read and the write otherwise) whose own delivery is late or lost, the write undoes; that
+    delivery, when it comes (the reconciler's redelivery of a lost one), makes a label change
+    again (`Mailer.undone_by_adoption`) and puts an edit of title or body back in view as its
+    editor's, unsigned, the mail flagged (`Mailer.edited`): nothing is lost, and nothing is
+    signed that its sender did not send."""
     issue = s.issue
     made = moves.forge_time(issue.get("created_at"))
     if (made is None or key is None or s.ctx.retry or issue.get("state") != "open"

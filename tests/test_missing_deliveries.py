@@ -220,14 +220,21 @@ async def _signed_as_adopted(embedded: Embedded, marco: Actor, number: int,
     return record
 
 
+async def _kept(embedded: Embedded, marco: Actor, number: int) -> list[str]:
+    """The app's comments on `number` that keep an edit the adoption's write wrote over."""
+    return [c["body"] for c in await marco.comments(SCOUT_VAULT, number)
+            if c["user"]["login"] == embedded.services.bot_login
+            and "the signing wrote over the edit" in c["body"]]
+
+
 async def test_an_edit_made_just_before_the_adoptions_write_is_flagged_not_signed(
         embedded: Embedded, person: Any) -> None:
     """marco's script opens an issue and at once PATCHes its title and body; the adoption
-    wrote the issue as opened over them. The edit's delivery cannot show that it came before
-    the adoption's write and was marco's newest (a delivery's `changes.body.from` and times
-    are no proof of order): the edit is flagged as tampering, and nothing is signed that the
-    adoption did not read (an edit adopted again let a sender rewrite a sent mail, or sign a
-    collaborator's words, below)."""
+    wrote the issue as opened over them. The edit's delivery cannot show that it was marco's
+    newest (deliveries come in any order): nothing is signed that the adoption did not read
+    (an edit adopted again let a sender rewrite a sent mail, or sign a collaborator's words,
+    below), and the mail is flagged. Nor is the edit lost: the forge dates it no later than
+    the adoption's write, so what it said is quoted as marco's in a comment, unsigned."""
     marco: Actor = person("marco")
 
     async def edit(number: int) -> None:
@@ -237,6 +244,57 @@ async def test_an_edit_made_just_before_the_adoptions_write_is_flagged_not_signe
     number = await _raced(embedded, marco, edit)
     record = await _signed_as_adopted(embedded, marco, number, "as opened")
     assert record.subject == "Raced" and record.tampered
+    [kept] = await _kept(embedded, marco, number)
+    assert "human:marco@acme.com edited this issue (title and body)" in kept, kept
+    assert "Title: “Raced, retitled”" in kept and f"\n> see #{number}\n" in kept, kept
+
+
+async def test_an_edit_the_fresh_adoption_wrote_over_is_kept_in_view_unsigned(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """marco opens "Pay invoice 42: 100 EUR" and at once adds a correction. The opening is
+    handled within seconds (adopted as its delivery describes the issue, no read-back) while
+    the edit's delivery is lost: the adoption signs and writes the opening's words over the
+    correction. When the reconciler brings the edit's delivery, the correction is back in view
+    on the forge, quoted as marco's and unsigned, and scout's inbox and mail_get say the mail
+    holds an edit its signature does not cover; nothing is signed that marco did not send."""
+    marco: Actor = person("marco")
+    forge = embedded.forge
+    forge.faults.drop_webhooks(count=2)  # the opening's and the edit's
+    issue = await marco.open_issue(SCOUT_VAULT, "Pay invoice", "Pay invoice 42: 100 EUR")
+    number = int(issue["number"])
+    correction = "Pay invoice 42: 100 EUR. CORRECTION: do NOT pay @sara, it is a fraud"
+    await marco.call("PATCH", f"/repos/{SCOUT_VAULT}/issues/{number}", {"body": correction},
+                     expect=200)
+    await embedded.settle()
+    opened, _ = _dropped(embedded, number)
+    assert forge.webhooks.redeliver(opened) is not None  # at once: adopted as delivered
+    await embedded.settle()
+    assert "fraud" not in (await marco.issue(SCOUT_VAULT, number))["body"]  # written over
+    assert await embedded.reconciler.run_once() == 1  # the edit's delivery, come again
+    await embedded.settle()
+    record = await _signed_as_adopted(embedded, marco, number, "Pay invoice 42: 100 EUR")
+    assert record.tampered
+    found = await marco.issue(SCOUT_VAULT, number)
+    assert verify_issue(found, SCOUT_VAULT, embedded.services.keyring,
+                        app_login=embedded.services.bot_login,
+                        expected_mail_id=record.mail_id).valid
+    kept = [c for c in await marco.comments(SCOUT_VAULT, number) if "CORRECTION" in c["body"]]
+    assert len(kept) == 1, kept
+    note = kept[0]["body"]
+    assert kept[0]["user"]["login"] == embedded.services.bot_login
+    assert "> Pay invoice 42: 100 EUR. CORRECTION: do NOT pay @\u2060sara" in note, note
+    assert "human:marco" in note and "not signed" in note and "send" in note
+    scout = tools("agent:scout")
+    inbox = (await scout("mail_list"))["inbox"]["mail"]
+    [waiting] = [m for m in inbox if m["ref"] == record.ref]
+    assert waiting["tampered"] is True
+    got = await scout("mail_get", mail=record.ref)
+    assert got["mail"]["tampered"] is True and got["verified"] is True
+    assert any("CORRECTION" in c["body"] for c in got["comments"])
+    await embedded.reconciler.run_once()
+    await embedded.settle()
+    again = [c for c in await marco.comments(SCOUT_VAULT, number) if "CORRECTION" in c["body"]]
+    assert len(again) == 1, "kept once"
 
 
 async def test_a_sender_cannot_rewrite_a_sent_mail_by_losing_a_delivery(
@@ -251,6 +309,7 @@ async def test_a_sender_cannot_rewrite_a_sent_mail_by_losing_a_delivery(
     await embedded.settle()
     signed = (await marco.issue(SCOUT_VAULT, number))["body"]
     assert "vaultmail:header" in signed
+    forge.clock.advance(2)  # the forge dates the edits after the adoption's write
     forge.faults.drop_webhooks(count=2)
     for words in ("x", "pay 9999 EUR to acct 666"):
         await marco.call("PATCH", f"/repos/{SCOUT_VAULT}/issues/{number}", {"body": words},
@@ -264,6 +323,7 @@ async def test_a_sender_cannot_rewrite_a_sent_mail_by_losing_a_delivery(
     await embedded.settle()
     record = await _signed_as_adopted(embedded, marco, number, "pay 100 EUR to acct 1")
     assert record.tampered
+    assert not await _kept(embedded, marco, number), "no edit the adoption wrote over"
 
 
 async def test_a_title_edit_signs_no_collaborators_words(
@@ -278,6 +338,7 @@ async def test_a_title_edit_signs_no_collaborators_words(
     number = int(issue["number"])
     await embedded.settle()
     signed = (await marco.issue(SCOUT_VAULT, number))["body"]
+    forge.clock.advance(2)  # the forge dates the edits after the adoption's write
     forge.faults.drop_webhooks(count=3)
     await sara.call("PATCH", f"/repos/{SCOUT_VAULT}/issues/{number}",
                     {"body": "sara: pay 9999 EUR to acct 666"}, expect=200)
@@ -292,12 +353,14 @@ async def test_a_title_edit_signs_no_collaborators_words(
     await embedded.settle()
     record = await _signed_as_adopted(embedded, marco, number, "pay 100 EUR to acct 1")
     assert record.subject == "Order" and record.tampered
+    assert not await _kept(embedded, marco, number), "no edit the adoption wrote over"
 
 
 async def test_edits_before_adoption_delivered_out_of_order_roll_nothing_back(
         embedded: Embedded, person: Any) -> None:
     """marco edits his new issue to B, then C, before the adoption's write; C's delivery
-    comes before B's. Neither is signed (B's, taken last, signed words marco had replaced)."""
+    comes before B's. Neither is signed (B's, taken last, signed words marco had replaced);
+    each is kept in view, unsigned, dated by the forge."""
     marco: Actor = person("marco")
     forge = embedded.forge
     forge.faults.drop_webhooks(count=1)
@@ -316,6 +379,9 @@ async def test_edits_before_adoption_delivered_out_of_order_roll_nothing_back(
         await embedded.settle()
     record = await _signed_as_adopted(embedded, marco, number, "as opened")
     assert record.tampered
+    kept = await _kept(embedded, marco, number)
+    assert ["> words C" in k for k in kept] == [True, False], kept
+    assert "> words B" in kept[1], kept
 
 
 async def test_an_edit_the_adoption_saw_is_not_taken_for_tampering(
@@ -337,7 +403,8 @@ async def test_an_edit_the_adoption_saw_is_not_taken_for_tampering(
 async def test_an_edit_before_adoption_by_someone_else_is_not_signed_as_the_senders(
         embedded: Embedded, person: Any) -> None:
     """An editor changed marco's issue before the adoption's write: the words are not marco's,
-    so they are not signed as his mail; the mail stays as adopted and the edit is flagged."""
+    so they are not signed as his mail; the mail stays as adopted and the edit is flagged, and
+    kept in view as sara's, unsigned."""
     marco: Actor = person("marco")
     sara: Actor = person("sara")
 
@@ -349,6 +416,9 @@ async def test_an_edit_before_adoption_by_someone_else_is_not_signed_as_the_send
     record = await mails.mail_at(embedded.services.store, SCOUT_VAULT, number)
     assert record is not None and record.body == "as opened" and record.tampered
     assert "sara's words" not in (await marco.issue(SCOUT_VAULT, number))["body"]
+    [kept] = await _kept(embedded, marco, number)
+    assert "human:sara@acme.com edited this issue (body)" in kept, kept
+    assert "\n> sara's words\n" in kept, kept
 
 
 async def test_a_label_added_just_before_the_adoptions_write_is_added_again(

@@ -8,6 +8,7 @@ that updates the index and the ledger together. Tools and webhook handlers both 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import re
 import time
@@ -35,7 +36,7 @@ from bot.mail.header import (
     verify_issue,
     written_body,
 )
-from bot.mail.markdown import as_data, defuse_mentions
+from bot.mail.markdown import as_data, blockquote, defuse_mentions
 from bot.mail.reindex import closed_duplicate
 from bot.mail.signing import former_offices
 from bot.office.config import Agent, Office
@@ -199,6 +200,9 @@ def _state(mail: MailRecord) -> MailState | None:
 # GitHub refuses an issue or comment body longer than this: what the app writes (the header
 # table, the defused mentions, a reply's byline) is checked against it before the first write
 FORGE_MAX_BODY = 65_536
+# of an edit the adoption wrote over, quoted in a comment (`Mailer._written_over`): room left
+# for the notice around it
+QUOTED_MAX = FORGE_MAX_BODY - 4_000
 
 
 def fits(text: str, what: str) -> str:
@@ -533,8 +537,8 @@ class Mailer:
 
     async def _record_new(self, record: MailRecord, actor: str, agent: Agent, *,
                           quiet: str | None = None, fenced: bool = False,
-                          adopted: bool = False,
-                          sent_from: str | None = None) -> MailRecord | None:
+                          adopted: bool = False, sent_from: str | None = None,
+                          adopted_at: float | None = None) -> MailRecord | None:
         """Index a mail now on the forge, ledger it and admit its run: once per mail id,
         whichever of the sender and the crash-recovery path (`record_found`) comes first.
         The mail as indexed (this record, or the one indexed before it under its id: refused
@@ -542,7 +546,8 @@ class Mailer:
         `fenced`: None, indexing nothing, when the running idempotency claim was taken over
         (checked under the claim's own key, which a takeover takes too). `sent_from`: the run
         it was sent from, kept with it (what a release before schema 29 counts: its place in
-        the run's budget this release claimed already, `sent_hops`)."""
+        the run's budget this release claimed already, `sent_hops`); `adopted_at`: the forge
+        time of the adoption's write."""
         fence = idempotency.fence_key() if fenced else None
 
         async def index(db: Connection) -> tuple[MailRecord | None, bool, int | None]:
@@ -555,6 +560,8 @@ class Mailer:
             await _index_sent(db, record, actor)
             if sent_from is not None:
                 await mails.set_sent_from(db, record.mail_id, sent_from)
+            if adopted_at is not None:
+                await mails.set_adopted_at(db, record.mail_id, adopted_at)
             if record.state == QUIET:
                 await ledger.append(db, "mail.loop_guard", "office", record.ref, {
                     "mail": record.mail_id, "hops": record.hops,
@@ -642,15 +649,18 @@ class Mailer:
             state, record = None, record.with_state(QUIET)
         # the title as signed (control and invisible characters out), in the same write
         retitle = {"title": header.subject} if header.subject != title.strip() else {}
-        await self.forge.update_issue(
+        written = await self.forge.update_issue(
             repo, number, body=fits(render_mail_body(header, body), "the mail, its header added"),
             labels=labels_for(state, current).apply(current), **retitle)
+        # when the forge took the write: an edit it dates no later was written over (`edited`)
+        adopted_at = moves.forge_time(written.get("updated_at"))
         if closer is None:
-            await self._record_new(record, actor, agent, adopted=True, sent_from=run)
+            await self._record_new(record, actor, agent, adopted=True, sent_from=run,
+                                   adopted_at=adopted_at)
             return record
         closed = record.with_state(MailState.CLOSED.value)
         await self._record_adopted_closed(closed, actor, closer,
-                                          moves.forge_time(issue.get("closed_at")))
+                                          moves.forge_time(issue.get("closed_at")), adopted_at)
         return closed
 
     def _closer(self, issue: dict[str, Any], opener: str, record: MailRecord) -> str | None:
@@ -665,9 +675,10 @@ class Mailer:
         return who if self.may_manage(who, record) else None
 
     async def _record_adopted_closed(self, record: MailRecord, actor: str, closer: str,
-                                     at: float | None) -> None:
+                                     at: float | None, adopted_at: float | None) -> None:
         """Index an adopted mail found closed: sent by `actor`, closed by `closer` at forge
-        time `at`, each ledgered once; it wakes no one (nothing is left to do)."""
+        time `at`, each ledgered once; it wakes no one (nothing is left to do). `adopted_at`:
+        the forge time of the adoption's write."""
         async with self.services.store.transaction(
                 f"mail:{record.mail_id}", mails.box_key(record.org, record.to_principal),
                 ledger.key(record.org)) as db:
@@ -676,6 +687,8 @@ class Mailer:
                 same_mail(indexed, record, adopted=True)
                 return
             await _index_sent(db, record, actor)
+            if adopted_at is not None:
+                await mails.set_adopted_at(db, record.mail_id, adopted_at)
             await moves.note(db, record.mail_id, at)
             await ledger.append(db, "mail.closed", closer, record.ref, {
                 "mail": record.mail_id, "from": MailState.NEW.value,
@@ -688,11 +701,13 @@ class Mailer:
     # delivery comes after, showing the issue as the change left it, from before the write:
     # no header of the mail in its body, no mail:* label. A label change is made again
     # (`undone_by_adoption`: the forge's timeline says who changed the label last). An edit of
-    # the title or body is not: a delivery's `changes.*.from` and times prove neither that the
-    # edit came before the write (a sender who takes the header off, that delivery lost, then
-    # writes other words looks the same) nor that it was the newest (deliveries come in any
-    # order), and a title-only edit shows a body someone else may have written. Signing it
-    # would sign words the adoption never read; it is checked as tampering, as any edit is.
+    # the title or body is never signed: nothing in its delivery proves it was the editor's
+    # newest (deliveries come in any order), and a title-only edit shows a body someone else
+    # may have written. Nor is it lost: when the forge dates it no later than the adoption's
+    # write (`mails.adopted_at`; a sender who takes the header off later, that delivery lost,
+    # then writes other words, is dated after it), what it changed is put back in view as the
+    # editor's, unsigned, in a comment by the app, and the mail is flagged (`_written_over`).
+    # Any other such edit is checked as tampering, as any edit is.
 
     @staticmethod
     def before_adoption(mail: MailRecord, issue: Mapping[str, Any],
@@ -705,16 +720,62 @@ class Mailer:
 
     async def edited(self, mail: MailRecord, issue: dict[str, Any], actor: str, *,
                      changes: Mapping[str, Any] | None) -> None:
-        """An `issues.edited` delivery on `mail`'s issue, `issue` as the edit left it: checked
-        as tampering, unless it is an edit from before the adoption's write (`changes.body.from`,
-        or the body when only the title changed, shows no header of the mail) that the
-        adoption read (it signed this very title and these words): nothing changed since."""
+        """An `issues.edited` delivery on `mail`'s issue, `issue` as the edit left it, by
+        `actor`: checked as tampering, unless it is an edit from before the adoption's write
+        (`changes.body.from`, or the body when only the title changed, shows no header of the
+        mail) that the adoption read (it signed this very title and these words: nothing
+        changed since) or wrote over (`_written_over`)."""
         body = (changes or {}).get("body")
         before = {"body": body.get("from")} if isinstance(body, Mapping) else issue
-        if self.before_adoption(mail, issue, before) and (mail.subject, mail.body) == (
-                clean_subject(str(issue.get("title") or "")), written_body(issue.get("body"))):
-            return
+        if self.before_adoption(mail, issue, before):
+            if (mail.subject, mail.body) == (clean_subject(str(issue.get("title") or "")),
+                                             written_body(issue.get("body"))):
+                return
+            if await self._written_over(mail, issue, actor, changes):
+                return
         await self.check_tamper(mail, issue, actor)
+
+    async def _written_over(self, mail: MailRecord, issue: Mapping[str, Any], actor: str,
+                            changes: Mapping[str, Any] | None) -> bool:
+        """An edit from before the adoption's write that the write wrote over, when the forge
+        dates it (`issue`'s `updated_at`, whole seconds) no later than that write: what it
+        changed (its title, its body; both when the delivery does not say) is quoted as
+        `actor`'s in a comment by the app, as data and not signed, saying to send it again to
+        have it signed; the mail is flagged, ledgered once, and that comment is its warning.
+        False, doing nothing, when the forge dates the edit after the write (or the adoption's
+        time is not known): it is no edit the adoption wrote over."""
+        edited = moves.forge_time(issue.get("updated_at"))
+        adopted = await mails.adopted_at(self.services.store, mail.mail_id)
+        if edited is None or adopted is None or edited > adopted:
+            return False
+        fields = [k for k in ("title", "body") if k in (changes or {})] or ["title", "body"]
+        title = as_data(clean_subject(str(issue.get("title") or "")))
+        words = blockquote(as_data(written_body(issue.get("body"))))
+        said = "\n\n".join([*([f"Title: “{title}”"] if "title" in fields else []),
+                             *([words] if "body" in fields else [])])
+        if len(said) > QUOTED_MAX:  # the rest is in the forge's own edit history
+            said = said[:QUOTED_MAX] + f"\n\n[… {len(said) - QUOTED_MAX:,} characters more]"
+        digest = hashlib.sha256(f"{issue.get('updated_at')}\n{said}".encode()).hexdigest()[:16]
+        marker = f"<!-- vaultmail:written-over {mail.mail_id} {digest} -->"
+        async with self.services.lock_for(f"tamper:{mail.mail_id}"):
+            fresh = await self._flag_tampered(
+                mail, actor, "edited before it was signed: the signing wrote over the edit, "
+                "kept in a comment, not signed")
+            if await self.forge.find_comment(mail.vault, mail.number, marker) is None:
+                await self.forge.create_comment(mail.vault, mail.number, (
+                    f"⚠️ {actor} edited this issue ({' and '.join(fields)}) before vaultmail "
+                    f"signed it as mail, and the signing wrote over the edit (the forge dates "
+                    f"it {issue.get('updated_at')}, no later than the signing): the signed mail "
+                    "holds the issue as it was opened. What the edit said is kept here as "
+                    f"{actor} wrote it, not signed, and it is no part of the mail:\n\n{said}"
+                    "\n\nTo have these words signed, send them again: a comment on this mail, "
+                    f"or a new mail. vaultmail keeps the signed original: from "
+                    f"{mail.from_principal} to {mail.to_principal}, sent {mail.sent}, subject "
+                    f"“{as_data(mail.subject)}”.\n\n{marker}"), marker=marker)
+            if fresh:  # this comment is its warning
+                async with self.services.store.transaction() as db:
+                    await mails.tamper_warned(db, mail.mail_id)
+        return True
 
     async def undone_by_adoption(self, mail: MailRecord, issue: Mapping[str, Any],
                                  action: str, label: str) -> LabelChanges:
@@ -1137,13 +1198,7 @@ class Mailer:
             flag = await mails.tamper_flag(store, mail.mail_id)
             fresh = False
             if flag == 0:
-                async with store.transaction(mails.box_key(mail.org, mail.to_principal),
-                                             ledger.key(mail.org)) as db:
-                    fresh = await mails.mark_tampered(db, mail.mail_id)
-                    if fresh:
-                        await ledger.append(db, "mail.tampered", actor, mail.ref,
-                                            {"mail": mail.mail_id, "reason": verdict.reason},
-                                            org=mail.org)
+                fresh = await self._flag_tampered(mail, actor, verdict.reason)
                 flag = mails.WARNING_OWED if fresh else await mails.tamper_flag(store,
                                                                                 mail.mail_id)
             if flag == mails.WARNING_OWED:
@@ -1152,6 +1207,17 @@ class Mailer:
                 else:
                     await self._warn_tampered(mail, verdict.warning, look_first=not fresh)
         return False
+
+    async def _flag_tampered(self, mail: MailRecord, actor: str, reason: str) -> bool:
+        """Flag the mail, its warning owed, and ledger `mail.tampered` (under the tamper
+        lock); False when it was flagged already."""
+        async with self.services.store.transaction(mails.box_key(mail.org, mail.to_principal),
+                                                   ledger.key(mail.org)) as db:
+            fresh = await mails.mark_tampered(db, mail.mail_id)
+            if fresh:
+                await ledger.append(db, "mail.tampered", actor, mail.ref,
+                                    {"mail": mail.mail_id, "reason": reason}, org=mail.org)
+        return fresh
 
     async def _warn_owed(self, mail: MailRecord, warning: str, *, look_first: bool) -> None:
         """A tamper warning a move found owed, posted outside the mail's lock (once: under the

@@ -53,6 +53,12 @@ def as_data(text: str) -> str:
     return disarm_markers(defuse_mentions(text))
 
 
+def blockquote(text: str) -> str:
+    """`text` as a Markdown block quote, every line of it (`as_data` it first when it is
+    someone else's)."""
+    return "\n".join("> " + line for line in text.splitlines()) or ">"
+
+
 def as_written(text: str) -> str:
     """Words `as_data` made safe to post on the forge, as their writer wrote them (for where
     the forge does not read them: an email)."""

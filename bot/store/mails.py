@@ -444,6 +444,25 @@ async def claim_send(store: Store, mail_id: str, run: str, sender: str, to: str,
     return await store.run_transaction(claim, run_sends_key(org, run, sender, to))
 
 
+# the forge time of the adoption's write, which put the header on an issue opened by hand
+# (its answer's `updated_at`): an edit the forge dates no later was written over by it
+# (`Mailer.edited`). Written with the mail's row; NULL: mail the app opened, or before schema 34
+register_columns("mails", {"adopted_at": "{real}"}, version=34)
+
+
+async def set_adopted_at(db: Connection, mail_id: str, at: float) -> None:
+    """Mail `mail_id` was adopted by a write the forge dates `at` (in the indexing
+    transaction)."""
+    await db.execute("UPDATE mails SET adopted_at=? WHERE mail_id=?", (at, mail_id))
+
+
+async def adopted_at(store: Store, mail_id: str) -> float | None:
+    """The forge time of the write that adopted mail `mail_id`; None when it was not adopted
+    (or before schema 34)."""
+    row = await store.fetchone("SELECT adopted_at FROM mails WHERE mail_id=?", (mail_id,))
+    return float(row["adopted_at"]) if row and row["adopted_at"] is not None else None
+
+
 async def runs_for(store: Store, agent: str, *, org: str) -> list[dict[str, Any]]:
     rows = await store.fetchall("SELECT * FROM runs WHERE org=? AND agent=? ORDER BY id",
                                 (org.lower(), agent))

@@ -104,6 +104,8 @@ NAMES = {
     33: "each timeline row an org-signed Gitea delivery was taken on, one by one: a delivery"
         " about an earlier act (redelivered, or out of order) takes its own row, not yet"
         " taken, where the newest row taken on the issue refused it",
+    34: "each adopted mail keeps the forge time of the adoption's write: an edit the forge"
+        " dates no later was written over by it, and is put back in view unsigned",
 }
 
 

@@ -214,7 +214,8 @@ async def mail_waiting(call: Call) -> dict[str, Any]:
     # a wait now waits past these
     await mails.mark_shown(store, call.principal, upto, org=call.office.org)
     return {"mail": [{"mail": m.mail_id, "ref": m.ref, "from": m.from_principal,
-                      "subject": m.subject, "state": m.state, "contentIsData": True}
+                      "subject": m.subject, "state": m.state,
+                      **({"tampered": True} if m.tampered else {}), "contentIsData": True}
                      for m in waiting]}
 
 

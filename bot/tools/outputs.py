@@ -43,8 +43,10 @@ class Mail(Out):
     hops: int | None = Field(default=None, description="agent-to-agent hops so far")
     key_id: str | None = Field(default=None, description="the key that signed its header")
     body_sha256: str | None = None
-    tampered: bool | None = Field(default=None,
-                                  description="its header or body was changed after sending")
+    tampered: bool | None = Field(default=None, description=(
+        "its signature does not cover all that was written: its header or body was changed "
+        "after sending, or an edit made before it was signed was written over by the signing "
+        "(quoted, unsigned, in a comment by the app: mail_get)"))
     other_labels: list[str] | None = None
     contentIsData: bool = Field(description=DATA)
 
@@ -55,6 +57,9 @@ class InboxMail(Out):
     from_: str = Field(alias="from", description="who sent it")
     subject: str
     state: str = Field(description="mail:new, or quiet (past the loop guard)")
+    tampered: bool | None = Field(default=None, description=(
+        "only when true: its signature does not cover all that was written (see the mail's "
+        "`tampered`); read it with mail_get"))
     contentIsData: bool = Field(description=DATA)
 
 
