@@ -341,12 +341,16 @@ async def test_an_option_number_that_is_no_number_is_refused_naming_the_option(
     outcome = await make_item(embedded, person("marco"), "outcome", "Auth",
                               assignees=["scout-bot"])
     asked = await tools("agent:scout")("add_comment", target=outcome, **TOKEN_TTL)
-    for option in ("²", "9" * 30):
+    # out of range, as a number or as words: the same clear refusal naming the options
+    # (a schema bound on the number refused 5 and 0 first, in pydantic's words)
+    for option in ("²", "9" * 30, 3, 5, 0, -1, "5"):
         status, body = await tools(MARCO).raw("add_comment", {
             "targetType": "outcome", "target": outcome, "parent": asked["comment"]["id"],
             "option": option})
-        assert status == 422 and "is not one of this question's options" in \
-            body["error"]["message"], (option, status, body)
+        message = body["error"]["message"]
+        assert status == 422 and "is not one of this question's options" in message \
+            and "1. Keep 30 days; 2. Force re-login" in message, (option, status, body)
+        assert "constrained" not in message and "Input should" not in message, message
 
 
 async def test_an_answer_of_a_superscript_digit_is_words_not_a_dead_letter(
@@ -364,3 +368,15 @@ async def test_an_answer_of_a_superscript_digit_is_words_not_a_dead_letter(
     assert await embedded.services.store.dead_letters() == []
     card = (await forge_comments(marco, goal))[1]
     assert "**Answered** by sara" in card["body"], card["body"]
+
+
+async def test_a_number_of_no_chat_or_run_is_refused_in_the_tools_words(
+        embedded: Embedded, tools: Any) -> None:
+    """A schema bound (`ge=1`) refused chat 0 and run 0 in pydantic's words ("Input should be
+    greater than or equal to 1") before the tool could say what it takes."""
+    status, body = await tools(MARCO).raw("chat_get", {"chat": 0})
+    assert status == 404 and "no chat 0 of yours" in body["error"]["message"], body
+    status, body = await tools("agent:builder").raw(
+        "mail_send", {"to": "scout", "subject": "Runs", "body": "x", "run": 0})
+    assert status == 422 and body["error"]["code"] == "run_not_open", body
+    assert "open runs" in body["error"]["message"], body

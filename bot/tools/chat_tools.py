@@ -155,8 +155,9 @@ async def _wait_answer(call: Call, chat_id: int, wait: float) -> Row:
 
 
 class ChatRef(Args):
-    chat: int = Field(ge=1, le=MAX_ID,
-                      description="the chat's number, from agent_chat or your inbox")
+    # (no bound of the schema's own: a number of no chat is "no chat N", saying where they are)
+    chat: int = Field(description="the chat's number, from agent_chat or your inbox",
+                      json_schema_extra={"minimum": 1, "maximum": MAX_ID})
 
 
 class ChatReplyArgs(ChatRef):

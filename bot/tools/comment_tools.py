@@ -90,8 +90,9 @@ class AddArgs(Args):
     humanOnly: bool = Field(default=False, description="only a person may answer, not an agent")
     context: str | None = Field(default=None, description="what the person needs to know to "
                                 "answer", json_schema_extra={"maxLength": MAX_CONTEXT})
+    # a number out of range reaches the service, which names the question's own options
     option: Annotated[str, Field(min_length=1, max_length=200)] | Annotated[
-        int, Field(ge=1, le=MAX_OPTIONS)] | None = Field(
+        int, Field(json_schema_extra={"minimum": 1, "maximum": MAX_OPTIONS})] | None = Field(
         default=None, description=f"answer: option label or number (1 to {MAX_OPTIONS})")
     amend: bool = Field(default=False, description="change the answer you gave (with option)")
     confirmedWithPerson: bool = Field(default=False, description=(

@@ -61,7 +61,9 @@ class SendArgs(Args):
         "the mail this answers: its id or owner/repo#N"))
     idempotencyKey: str | None = Field(default=None, max_length=200, description=(
         "any string; a retried send with the same key returns the first mail, never a second"))
-    run: int | None = Field(default=None, ge=1, le=MAX_ID, description=(
+    # (no bound of the schema's own: a number of no run is refused naming the runs it takes)
+    run: int | None = Field(default=None, json_schema_extra={
+        "minimum": 1, "maximum": MAX_ID}, description=(
         "an agent's run this mail is sent from (the `run` of the payload that woke it): its "
         "hops count from that run's mail; one of your own runs still open"))
 
