@@ -4,7 +4,11 @@ told it how busy the others were. Now a cursor is that place under a keyed permu
 bits (a four-round Feistel network with HMAC-SHA256 rounds; below 2^53, so an exact JSON
 number in every client): the same place reads the same while the key stands, and says nothing
 of its neighbours'. The key is made from the deployment's webhook secret: a new secret makes
-the cursors handed out before unknown (a client pages again from the start)."""
+the cursors handed out before unknown (a client pages again from the start).
+
+A place is below 2^36 (68 billion rows): a number the app never gave reads as a place past
+that but once in 65,536, so it is refused (422 bad_cursor) rather than read as a place past
+every row (the first page again, as though it were a cursor)."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import hashlib
 import hmac
 
 BITS = 52
+PLACES = 1 << 36  # the places a cursor stands for (the rest of its numbers stand for none)
 _HALF = BITS // 2
 _MASK = (1 << _HALF) - 1
 _ROUNDS = 4
@@ -27,7 +32,7 @@ class Cursors:
 
     def shown(self, place: int) -> int:
         """The cursor an office is shown for a row's `place`."""
-        if not 0 <= place < 1 << BITS:
+        if not 0 <= place < PLACES:
             raise ValueError(f"{place} is past what a cursor holds")
         left, right = place >> _HALF, place & _MASK
         for i in range(_ROUNDS):
@@ -42,4 +47,7 @@ class Cursors:
         left, right = shown >> _HALF, shown & _MASK
         for i in reversed(range(_ROUNDS)):
             left, right = right ^ self._round(i, left), left
-        return left << _HALF | right
+        place = left << _HALF | right
+        if place >= PLACES:
+            raise ValueError(f"{shown} is no cursor this app gave")
+        return place

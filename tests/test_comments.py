@@ -530,6 +530,8 @@ async def test_mentions_in_text_from_tools_and_commands_are_not_posted_live(
 
 
 # -- a retried delivery records a hand-written comment once -----------------------------------
+
+
 async def test_a_retried_delivery_records_a_hand_written_comment_once(
         embedded: Embedded, person: Any, tools: Any, monkeypatch: Any) -> None:
     """Something failing after Comments.add committed (the ping note's POST) runs the whole
@@ -693,3 +695,44 @@ async def test_an_edited_comment_reads_as_the_forge_shows_it_and_runs_nothing(
     assert (await tools(LEE)("list_inbox"))["you"]["unread"] == [], "an edit addresses no one"
     assert not any("Question" in x["body"] for x in await forge_comments(sara, goal)), \
         "an edit runs no command"
+
+
+async def test_amending_to_the_same_answer_changes_nothing_and_says_so(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """marco amended his answer to the option it already was: the history gained "changed
+    from marco: Force re-login" to Force re-login, and the asker was told of a change that was
+    none. Now it is refused (409 answer_unchanged), nothing written; other words still amend."""
+    outcome = await make_item(embedded, person("marco"), "outcome", "Auth",
+                              assignees=["scout-bot"])
+    base = {"targetType": "outcome", "target": outcome}
+    q = await tools(SCOUT)("add_comment", target=outcome, **{
+        k: v for k, v in TOKEN_TTL.items() if k != "humanOnly"})
+    qid = q["comment"]["id"]
+    marco = tools(MARCO)
+    await marco("add_comment", **base, parent=qid, option="Force re-login")
+    before = await forge_comments(person("admin"), outcome)
+    for same in ({"option": 2}, {"option": "force re-login"}):
+        status, err = await marco.raw("add_comment", {**base, "parent": qid, "amend": True,
+                                                      **same})
+        assert status == 409 and err["error"]["code"] == "answer_unchanged", err
+        assert "already" in err["error"]["message"] and "Force re-login" in \
+            err["error"]["message"], err
+    assert await forge_comments(person("admin"), outcome) == before, "nothing written"
+    [thread] = [t for t in (await tools(SCOUT)("list_inbox"))["agents"]["yourTurn"]
+                if t["thread"] == qid]
+    assert thread["history"] == []
+    changed = await marco("add_comment", **base, parent=qid, option=2, body="and today",
+                          amend=True)
+    assert [h["option"] for h in changed["thread"]["history"]] == ["Force re-login"]
+
+
+async def test_a_target_of_another_kind_is_named_with_its_article(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """"targetType: acme/scout-vault#1 is a outcome, not a goal": a wrong article."""
+    outcome = await make_item(embedded, person("marco"), "outcome", "Auth")
+    evidence = await make_item(embedded, person("marco"), "evidence", "Logs")
+    for target, kind, said in ((outcome, "goal", "is an outcome, not a goal"),
+                               (evidence, "outcome", "is evidence, not an outcome")):
+        status, err = await tools(MARCO).raw("add_comment", {
+            "targetType": kind, "target": target, "body": "hi"})
+        assert status == 422 and said in err["error"]["message"], err

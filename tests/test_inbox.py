@@ -171,3 +171,13 @@ async def test_a_cursor_says_nothing_of_the_rows_beside_it(embedded: Embedded, p
     assert len(rest["read"]) == 1
     with pytest.raises(AssertionError, match="bad_cursor"):
         await marco("list_inbox", read=True, readBefore=2 ** 52)
+    # a number the app never gave, inside the cursors' range, is no cursor either (it read
+    # as a place past every row: the first page again, as if it were one)
+    for never in (12345, 1, -1, 2 ** 40):
+        status, err = await marco.raw("list_inbox", {"read": True, "readBefore": never})
+        assert status == 422 and err["error"]["code"] == "bad_cursor", (never, err)
+        status, err = await marco.raw("list_inbox", {"updatesBefore": never})
+        assert status == 422 and err["error"]["code"] == "bad_cursor", (never, err)
+    # readBefore pages the comments already read: without read, it was dropped unsaid
+    status, err = await marco.raw("list_inbox", {"readBefore": page["moreReadBefore"]})
+    assert status == 422 and "read: true" in err["error"]["message"], err

@@ -77,6 +77,11 @@ def _item_full(item: Item) -> Conflict:
                     "the limit)", code="item_full")
 
 
+def _a(kind: str) -> str:
+    """An item's kind with its article: "an outcome", "a goal", "evidence" (uncountable)."""
+    return kind if kind == "evidence" else f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+
+
 def no_issue(repo: str, number: int) -> NotFoundError:
     return NotFoundError(f"no issue {repo}#{number}: give owner/repo#N of a goal, outcome, "
                          "plan or evidence")
@@ -197,7 +202,8 @@ class Comments:
             raise self._no_key(key, field)
         if kind is not None and item.kind != kind:
             kind_field = "targetType" if field == "target" else field
-            raise InvalidArguments(f"{kind_field}: {item.ref} is a {item.kind}, not a {kind}")
+            raise InvalidArguments(f"{kind_field}: {item.ref} is {_a(item.kind)}, not "
+                                   f"{_a(kind)}")
         return item
 
     async def _by_key(self, target: str, key: str | None, viewer: Viewer | None,

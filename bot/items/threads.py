@@ -105,6 +105,11 @@ def start(asker: str, *, question: Question | None, to: list[Reached],
                        question=question)
 
 
+def _said(a: Answer) -> str:
+    what = " and ".join(repr(w) for w in (a.option, a.body) if w)
+    return what or "that"
+
+
 def _unique(items: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
@@ -177,6 +182,12 @@ def reply(state: ThreadState, office: Office, who: str, *, comment: str, at: flo
     if option is not None and state.answer is not None and not amend:
         raise Conflict("this question is already answered; to change the answer, reply with "
                         "amend: true")
+    was = state.answer
+    if amend and q is not None and was is not None and was.by == who and body == was.body \
+            and (q.options[option].label if option is not None else None) == was.option:
+        # (nothing to change: no history entry, nobody told of a change that is none)
+        raise Conflict(f"the answer is already {_said(was)}: nothing changed. Amend with "
+                       "another option or other words", code="answer_unchanged")
     members = dict(state.members)
     members.setdefault(who, way_of_writer(who))
     if way_of_writer(who) == "personal":

@@ -135,10 +135,13 @@ async def resolve_comment(call: Call, args: ResolveArgs) -> dict[str, Any]:
 
 class InboxArgs(Args):
     read: bool = Field(default=False, description="also return comments already read")
-    readBefore: int | None = Field(default=None, ge=0, le=MAX_ID,
-                                   description="moreReadBefore from a last page")
-    updatesBefore: int | None = Field(default=None, ge=0, le=MAX_ID,
-                                      description="moreUpdatesBefore from a last page")
+    # (cursors: any number that is none is 422 bad_cursor, in `_place`'s words)
+    readBefore: int | None = Field(default=None, description="moreReadBefore from a last page "
+                                   "(with read: true)",
+                                   json_schema_extra={"minimum": 0, "maximum": MAX_ID})
+    updatesBefore: int | None = Field(default=None, description="moreUpdatesBefore from a "
+                                      "last page",
+                                      json_schema_extra={"minimum": 0, "maximum": MAX_ID})
     since: str | None = Field(default=None, max_length=64,
                               description="stop updates at this time (ISO 8601)")
     wait: float = Field(default=0, ge=0, le=MAX_WAIT,
@@ -154,6 +157,9 @@ class InboxArgs(Args):
       hints=READS_INDEX, output=outputs.InboxResult)
 async def list_inbox(call: Call, args: InboxArgs) -> dict[str, Any]:
     office = call.office
+    if args.readBefore is not None and not args.read:
+        raise InvalidArguments("readBefore pages the comments already read: pass read: true "
+                               "with it")
     try:
         since = parse_time(args.since) if args.since else None
     except ValueError as exc:
