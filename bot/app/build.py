@@ -12,6 +12,7 @@ from bot.app.services import Services
 from bot.app.settings import Settings
 from bot.forge.github import ForgeClient, ForgeConfig
 from bot.forge.tokens import AppAuth, AppJwtAPI
+from bot.items.service import left_office
 from bot.mail.signing import Keyrings
 from bot.office.source import OfficeSource
 from bot.private_files import private_dir
@@ -49,6 +50,7 @@ async def build_services(settings: Settings, session: aiohttp.ClientSession) -> 
                                              url_refused=settings.outbound.url_refusal),
                         keyring=Keyrings.in_data_dir(settings.data_dir))
     services.keyring.installed = services.installations.keys  # what legacy keys served
+    services.left_office = left_office  # (questions stop waiting on whoever left)
     services.offices.renamed = services.keyring.renamed
     taken = await take_listing(store, services.keyring, live_of(listing), before,
                                accounts_of(listing))
@@ -84,5 +86,6 @@ async def build_gitea_services(settings: Settings, session: aiohttp.ClientSessio
                                              url_refused=settings.outbound.url_refusal),
                         keyring=keyring, bot_user=login, installations=taken.installed)
     services.keyring.installed = services.installations.keys  # what legacy keys served
+    services.left_office = left_office  # (questions stop waiting on whoever left)
     services.offices.renamed = keyring.renamed
     return services

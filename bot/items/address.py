@@ -40,6 +40,26 @@ def person_of(office: Office, principal: str) -> str | None:
     return None
 
 
+def in_office(office: Office, principal: str) -> bool:
+    """Whether a person or agent is in the office's config now; anyone else (the office
+    itself, a forge account) is not one it can leave."""
+    if principal.startswith("human:"):
+        return office.human(principal[6:]) is not None
+    if principal.startswith("agent:"):
+        return office.agent(principal[6:]) is not None
+    return True
+
+
+def gone_from(office: Office, principals: Iterable[str],
+              names: dict[str, str] | None = None) -> dict[str, str]:
+    """Those of `principals` who have left the office, each by the name people knew them by:
+    `names` (their login in the config before), else an agent's slug or the part of a
+    person's email before the @ (never the whole address: it is shown on the forge)."""
+    known = names or {}
+    return {p: known.get(p) or p.partition(":")[2].partition("@")[0]
+            for p in dict.fromkeys(principals) if not in_office(office, p)}
+
+
 def owner_of(office: Office, principal: str) -> str:
     """Whose inbox a principal's deliveries land in: its person, or itself without one."""
     return person_of(office, principal) or principal
@@ -127,13 +147,15 @@ def audience(office: Office, *, author: str, candidates: Iterable[Reached],
     pinged); agents reached put it in their person's agents inbox, which never pings anyone.
 
     The author never reaches themselves, and an agent writing does not reach its own person
-    unless it addresses them (`cc: ["me"]`): nobody wants to hear about their agents' work."""
+    unless it addresses them (`cc: ["me"]`): nobody wants to hear about their agents' work.
+    Someone who has left the office (a thread they were in) hears nothing more."""
     mine = person_of(office, author) if author.startswith("agent:") else None
     wanted = set(explicit)
     personal: dict[str, None] = {}
     through: dict[str, None] = {}
     for r in candidates:
-        if r.principal == author or (r.principal == mine and r.principal not in wanted):
+        if r.principal == author or (r.principal == mine and r.principal not in wanted) \
+                or not in_office(office, r.principal):
             continue
         if r.way == "personal" and r.principal.startswith("human:"):
             personal[r.principal] = None

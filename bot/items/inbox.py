@@ -144,7 +144,9 @@ def _turns(page: db.QuestionPage, targets: list[str], viewer: str, box: str) -> 
         view = _thread_view(t, viewer)
         # a question waiting on your answer, or a reply to one you asked: read it, act on
         # it, resolve it (seed: "questions waiting on you, and replies to yours")
-        view["turn"] = "replied" if s.asker in mine else "answer"
+        # (returned: asked only of people who have left, it is its asker's again: `why`)
+        view["turn"] = ("returned" if s.returned else "replied") if s.asker in mine \
+            else "answer"
         if box == "agents":
             view["forAgent"] = mine[0]
         if sibling:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.items.questions import Question
-from bot.items.threads import ThreadState
+from bot.items.threads import ThreadState, left_note
 from bot.mail.markdown import (
     MAX_TEXT,
     as_data,
@@ -99,7 +99,9 @@ def render_card(comment_id: str, *, author: str, state: ThreadState, mentions: l
     others = [m for m in mentions if m.lower() not in {a.lower() for a in shown}]
     if asked is not None and not shown:
         shown, others = others, []  # asked nobody it mentions: as before, all mentioned
-    who = mention_list(shown) or ", ".join(state.asked)
+    # (asked nobody it can mention: those asked by name, one who left by the name they had)
+    who = mention_list(shown) or ", ".join(state.left.get(p) or logins.get(p, p)
+                                           for p in state.asked)
     head = f"❓ **Question** from **{author}** for {who}"
     if others:
         head += f" · cc {mention_list(others)}"
@@ -143,6 +145,13 @@ def _earlier(a: Any, logins: dict[str, str]) -> str:
 
 
 def _status(state: ThreadState, logins: dict[str, str]) -> str:
+    note = left_note(state)
+    if note:
+        return f"*{as_data(note)}.*\n\n{_answer_status(state, logins)}"
+    return _answer_status(state, logins)
+
+
+def _answer_status(state: ThreadState, logins: dict[str, str]) -> str:
     earlier = [_earlier(a, logins) for a in reversed(state.history)]
     if state.answer is None:
         if state.question and not state.question.body:  # its comment deleted on the forge

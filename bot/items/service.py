@@ -10,13 +10,14 @@ idempotent).
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from bot.errors import Conflict, Denied, InvalidArguments, NotFoundError
-from bot.forge.errors import NotFound
+from bot.forge.errors import ForgeError, NotFound
 from bot.forge.gitea import GiteaForge
 from bot.items import render, waiting
 from bot.items.address import (
@@ -24,6 +25,7 @@ from bot.items.address import (
     Table,
     audience,
     check_addressed,
+    gone_from,
     owner_of,
     resolve,
     table_reach,
@@ -45,6 +47,7 @@ from bot.items.threads import (
     reply,
     start,
     withdraw,
+    without,
 )
 from bot.items.views import comment_view, thread_view
 from bot.office.config import Office
@@ -56,6 +59,8 @@ if TYPE_CHECKING:
     from bot.app.services import Services
     from bot.forge.base import Forge
     from bot.office.visibility import Viewer
+
+log = logging.getLogger(__name__)
 
 MAX_BODY = 10_000
 MAX_COMMENTS_PER_ITEM = 2_000
@@ -312,10 +317,10 @@ class Comments:
                            explicit=[*(r.principal for r in [*to, *cc]), *state.waiting_on])
         # the people reached personally are mentioned, and so is each agent reached through
         # its person's box, by its own account: an agent that reads only its forge
-        # notifications misses nothing (issue 26). One mention, in this comment only
-        mentions = [self.login(r.principal) for r in reached if r.way == "personal"
-                    or (r.principal.startswith("agent:") and login_of(self.office,
-                                                                      r.principal))]
+        # notifications misses nothing (issue 26). One mention, in this comment only; by a
+        # forge account only (a principal is no login: "@human:lee@acme.com" mentions nobody)
+        mentions = [login for r in reached if (login := login_of(self.office, r.principal))
+                    and (r.way == "personal" or r.principal.startswith("agent:"))]
         row, forge_id = await self._write_forge(actor, item, new, body, comment_id, row, kind,
                                                 mentions)
         answer = row.state.answer if kind in ("answer", "amend") else None
@@ -427,16 +432,57 @@ class Comments:
         if new.needs_reply or new.options or new.header or new.human_only or new.context:
             raise InvalidArguments("a reply cannot ask a new question: leave out parent to ask "
                                    "one, or reply in words")
+        # (anyone who left the office since, and was not swept at the config change: the
+        # thread as it reads without them, before and after this reply: `threads.without`)
+        parent = replace(parent, state=self.without_gone(parent.state))
         q = parent.state.question
         option = q.option_index(new.option) if new.option is not None and q else None
         if new.option is not None and q is None:
             raise InvalidArguments("option: this thread is not a question; reply with body")
         try:
-            return reply(parent.state, self.office, actor, comment=comment_id, at=now,
-                         body=body, option=option, amend=new.amend, confirmed=new.confirmed,
-                         to=to, cc=cc)
+            state, kind = reply(parent.state, self.office, actor, comment=comment_id, at=now,
+                                body=body, option=option, amend=new.amend,
+                                confirmed=new.confirmed, to=to, cc=cc)
         except Denied as exc:  # a question's rules (who answers, humanOnly): a permission
             raise await self.deny(actor, item.ref, exc.message) from exc
+        return self.without_gone(state), kind
+
+    def without_gone(self, state: ThreadState) -> ThreadState:
+        """The thread without those in it who have left the office."""
+        return without(state, gone_from(self.office, [*state.members, *state.waiting_on]))
+
+    # -- leaving ----------------------------------------------------------------------------
+    async def left_office(self, logins: dict[str, str]) -> None:
+        """Those the office's config named before and names no more (principal: their login
+        then) have left: the open questions waiting on them wait on them no more, and one
+        that then waits on nobody goes back to its asker, its card and the asker's inbox
+        saying why (`threads.without`). Run once the config is taken; a reply in a thread
+        reads it the same way (`without_gone`), and nobody who left is reached any more
+        (`address.audience`)."""
+        store, org = self.services.store, self.office.org
+        people = {p: login for p, login in logins.items() if p.startswith("human:")}
+        gone = gone_from(self.office, logins, people)  # (an agent is known by its slug)
+        scopes: set[str] = set()
+        for t in await db.open_questions_involving(store, list(gone), org=org):
+            row = replace(t, state=without(t.state, gone))
+            if row.state == t.state:
+                continue
+            item = await db.get_item(store, t.item)
+            if item is not None:
+                try:
+                    row = await self.refresh_card(item, row)
+                except ForgeError as exc:  # the card is put right at the thread's next change
+                    log.warning("left the office: card of %s not rewritten: %s", t.id, exc)
+            async with store.transaction() as tx:
+                await db.put_thread(tx, row)
+            if row.state.returned:  # the asker's box wakes: it is theirs again
+                asker = row.state.asker
+                box = "agents" if asker.startswith("agent:") else "you"
+                self.services.notifier.notify([wake_key(owner_of(self.office, asker), box)],
+                                              org=org)
+            scopes.add(row.scope)
+        for scope in sorted(scopes):
+            await waiting.sync(self, scope)
 
     async def _write_forge(self, actor: str, item: Item, new: NewComment, body: str,
                            comment_id: str, row: db.ThreadRow, kind: str,
@@ -641,3 +687,9 @@ class Comments:
         if s.is_question:
             await waiting.sync(self, row.scope)
         return row
+
+
+async def left_office(services: Services, forge: Forge, office: Office,
+                      logins: dict[str, str]) -> None:
+    """`Services.left_office`: see `Comments.left_office`."""
+    await Comments(services, forge, office).left_office(logins)

@@ -62,6 +62,9 @@ class ThreadState:
     # who has replied since the answer (its asker aside): an agent sharing the asker's person
     # carries the answer as history until it does (`inbox._turns`); a new answer clears it
     replied_since: tuple[str, ...] = ()
+    # those asked who have left the office since (no longer in its config), by the name
+    # people knew them by: the question waits on them no more (`without`)
+    left: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"asker": self.asker, "members": self.members, "asked": list(self.asked),
@@ -69,7 +72,7 @@ class ThreadState:
                 "question": self.question.to_json() if self.question else None,
                 "answer": asdict(self.answer) if self.answer else None,
                 "history": [asdict(a) for a in self.history], "resolved": self.resolved,
-                "replied_since": list(self.replied_since)}
+                "replied_since": list(self.replied_since), "left": self.left}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ThreadState:
@@ -78,7 +81,14 @@ class ThreadState:
                    question=Question.from_json(d["question"]) if d["question"] else None,
                    answer=Answer(**d["answer"]) if d["answer"] else None,
                    history=tuple(Answer(**a) for a in d["history"]), resolved=d["resolved"],
-                   replied_since=tuple(d.get("replied_since", ())))  # absent in older rows
+                   replied_since=tuple(d.get("replied_since", ())),  # absent in older rows
+                   left=dict(d.get("left", {})))
+
+    @property
+    def returned(self) -> bool:
+        """Asked only of people who have left: nobody can answer it, so it is its asker's
+        again (the one way an unanswered question waits on its asker)."""
+        return self.answer is None and self.waiting_on == (self.asker,) and bool(self.left)
 
     @property
     def is_question(self) -> bool:
@@ -103,6 +113,36 @@ def start(asker: str, *, question: Question | None, to: list[Reached],
         members.setdefault(p, "agents" if p.startswith("agent:") else "personal")
     return ThreadState(asker=asker, members=members, asked=asked, waiting_on=asked,
                        question=question)
+
+
+def without(state: ThreadState, gone: dict[str, str]) -> ThreadState:
+    """The thread once those in `gone` (principal: the name people knew them by) have left
+    the office: it reaches them no more and waits on them no more; a question that then
+    waits on nobody goes back to its asker (unless they left too). The same state when none
+    of them is in it."""
+    out = [p for p in gone if p in state.members or p in state.waiting_on]
+    if not out:
+        return state
+    members = {p: w for p, w in state.members.items() if p not in gone}
+    waiting = tuple(p for p in state.waiting_on if p not in gone)
+    left = dict(state.left)
+    if state.is_question:
+        left.update({p: gone[p] for p in out if p in state.asked})
+        if not waiting and state.asker not in gone and not state.resolved:
+            waiting = (state.asker,)
+    return replace(state, members=members, waiting_on=waiting, left=left)
+
+
+def left_note(state: ThreadState) -> str:
+    """Who of those asked has left the office, and what that did: "" when nobody has."""
+    if not state.left:
+        return ""
+    names = sorted(state.left.values(), key=str.lower)
+    text = f"{', '.join(names)} {'has' if len(names) == 1 else 'have'} left the office"
+    if state.returned:
+        text += ": nobody is asked now, so the question is back with its asker (pass it on " \
+                "with a reply `to` someone, or resolve it)"
+    return text
 
 
 def _said(a: Answer) -> str:
@@ -208,7 +248,8 @@ def reply(state: ThreadState, office: Office, who: str, *, comment: str, at: flo
     if state.answer is not None and who != state.asker:
         since = _unique([*since, who])  # acted on the answer, or passed it on
     base = replace(state, members=members, asked=_unique([*state.asked, *new_people]),
-                   replied_since=since)
+                   replied_since=since,
+                   left={p: n for p, n in state.left.items() if p not in new_people})
     if answering and q is not None:
         relayed = confirmed and who.startswith("agent:")
         answer = Answer(comment=comment, by=who, at=at,
@@ -223,11 +264,14 @@ def reply(state: ThreadState, office: Office, who: str, *, comment: str, at: flo
         return base, "comment"
     if new_people:
         waiting = [*state.waiting_on, *new_people]
+        if state.answer is None:  # (waited on its asker only when all asked had left)
+            waiting = [p for p in waiting if p != state.asker]
         if who.startswith("agent:") and person_of(office, who) in new_people:
             waiting = [p for p in waiting if p != who]  # handed to its person to decide
         return replace(base, waiting_on=_unique(waiting)), "pass_on"
     if who == state.asker:  # only the asker follows up (not the asking agent's person)
-        back = [state.answer.by] if state.answer else list(state.asked)
+        back = [state.answer.by] if state.answer else \
+            [p for p in state.asked if p not in state.left] or [state.asker]
         return replace(base, waiting_on=_unique(back)), "follow_up"
     if answerer and state.answer is not None:
         # someone asked replies to a follow-up: it is the asker's turn again

@@ -752,8 +752,12 @@ async def inbox_questions(store: Store, lists: dict[str, tuple[str, list[str]]],
 
 async def count_open_questions(store: Store, asker: str, item: str | None = None, *,
                                org: str) -> int:
+    """The asker's open questions that someone can still answer: not one asked only of people
+    who have left (unanswered and waiting on its asker: `ThreadState.returned`)."""
     sql, params = ("SELECT count(*) AS n FROM threads WHERE asker=? AND is_question=1 AND open=1"
-                   " AND org=?", [asker, org.lower()])
+                   " AND org=? AND NOT (answered_at IS NULL AND EXISTS (SELECT 1 FROM"
+                   " thread_waiting w WHERE w.thread=threads.id AND w.principal=threads.asker))",
+                   [asker, org.lower()])
     if item is not None:
         sql += " AND item=?"
         params.append(item)

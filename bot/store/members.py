@@ -39,6 +39,7 @@ class Changed:
     removed: set[str] = field(default_factory=set)
     relogged: set[str] = field(default_factory=set)
     revoked: int = 0
+    logins: dict[str, str] = field(default_factory=dict)  # the removed ones' logins before
 
 
 async def apply(store: Store, org: str, named: dict[str, str]) -> Changed:
@@ -69,7 +70,7 @@ async def apply(store: Store, org: str, named: dict[str, str]) -> Changed:
             elif principal in relogged:  # another account: known by its id when next seen
                 await db.execute("UPDATE office_members SET login=?, user_id=NULL"
                                  " WHERE org=? AND principal=?", (login, org, principal))
-    return Changed(removed, relogged, revoked)
+    return Changed(removed, relogged, revoked, {p: was[p] for p in removed})
 
 
 async def bind(store: Store, org: str, principal: str, login: str, user_id: int) -> bool:

@@ -78,8 +78,9 @@ class Card(Out):
     item: str = Field(description="the item it is on (owner/repo#N)")
     askedBy: str | None = None
     resolved: bool | None = None
-    turn: Literal["answer", "replied"] | None = Field(
-        default=None, description="answer: yours to answer; replied: a reply to your question")
+    turn: Literal["answer", "replied", "returned"] | None = Field(
+        default=None, description="answer: yours to answer; replied: a reply to your question; "
+        "returned: your question, asked only of people who have left the office (`why`)")
     targetType: str | None = Field(default=None, description="the item's kind, for add_comment")
     target: str | None = Field(default=None, description="the item, for add_comment")
     options: list[dict[str, Any]] | None = None
