@@ -5,10 +5,13 @@
 from __future__ import annotations
 
 import base64
+import re
 from email import message_from_bytes, policy
 from email.message import EmailMessage
+from email.parser import BytesHeaderParser
 
 import dkim
+import yaml
 
 from bot.email import keys
 from bot.email.gateway import GATEWAY_KEY
@@ -20,9 +23,9 @@ __all__ = ["mailroom"]
 SCOUT_VAULT = "acme/scout-vault"
 
 
-def _dkim_ok(room: Mailroom, data: bytes) -> bool:
+def _dkim_ok(room: Mailroom, data: bytes, domain: str = DOMAIN) -> bool:
     pem = keys.office_key(room.embedded.data_dir, "acme")
-    name, value = keys.dns_record(pem, DOMAIN)
+    name, value = keys.dns_record(pem, domain)
 
     def dnsfunc(asked: bytes, timeout: int = 5) -> bytes:
         return value.encode() if asked.decode().rstrip(".") == name else b""
@@ -246,3 +249,78 @@ async def test_an_address_ending_in_a_dash_gets_every_reply_of_its_thread(
                           Message_ID="<r2@example.org>", In_Reply_To="<r-@example.org>"))
     assert f"{SCOUT_VAULT}#2" in await delivered(
         mailroom, await send(mailroom.port, answer, rcpts=[f"scout@{DOMAIN}"]))
+
+
+LONG_DOMAIN = "mail.engineering.example-corporation.com"
+# ids as long as a real client's (Gmail's run to about 70 characters)
+BOB_IDS = [f"<CAKv{n}x7yQ3mZ9pL2wR8sT4uV6bN1cD5eF0gH-{n}kJ@mail.example.org>" for n in range(3)]
+
+
+async def _move_acme_to(room: Mailroom, domain: str) -> None:
+    """acme's mailboxes moved to `domain` (proven acme's in DNS, its config pushed)."""
+    emb = room.embedded
+    room.dns.txts[f"_vaultmail.{domain}"] = ["vaultmail-office=acme"]
+    config = yaml.safe_load(emb.forge.state.repo("acme", ".github").files["vaultmail.yml"])
+    config["email"]["domain"] = domain
+    emb.forge.put_file("acme/.github", "vaultmail.yml", yaml.safe_dump(config), pusher="admin")
+    await emb.settle()
+
+
+def _from_bob(n: int, answering: list[str]) -> bytes:
+    """Bob's message `n` answering the thread so far, as a mail client writes it: its
+    References folded between ids (RFC 5322 3.6.4), never inside one."""
+    threading = (f"In-Reply-To: {answering[-1]}\r\nReferences: "
+                 + "\r\n ".join(answering) + "\r\n") if answering else ""
+    return (f"From: Bob <bob@example.org>\r\nTo: scout@{LONG_DOMAIN}\r\n"
+            f"Subject: {'Re: ' if answering else ''}Prices\r\nMessage-ID: {BOB_IDS[n]}\r\n"
+            f"{threading}MIME-Version: 1.0\r\nContent-Type: text/plain\r\n\r\n"
+            f"Message {n}.\r\n").encode()
+
+
+def _raw_ids(data: bytes, name: str) -> list[str]:
+    """The ids of header `name` as its bytes hold them: plain msg-ids, each
+    whole on its line (a fold only between ids), none encoded (RFC 5322 3.6.4)."""
+    head = data.split(b"\r\n\r\n", 1)[0].decode("ascii")
+    found = re.search(rf"(?im)^{name}:([^\r\n]*(?:\r\n[ \t][^\r\n]*)*)", head)
+    assert found is not None, (name, head)
+    value = found.group(1)
+    assert "=?" not in value, (name, value)
+    lines = value.split("\r\n")
+    for line in lines:
+        assert re.fullmatch(r"(\s*<[^<>\s]+>)+\s*", line), (name, line)
+    return " ".join(lines).split()
+
+
+async def test_long_message_ids_go_out_as_plain_msg_ids_folded_between_ids_only(
+        mailroom: Mailroom) -> None:
+    """With a long mail domain the app's ids pass the email package's usual 78 characters,
+    where it writes In-Reply-To and References as RFC 2047 encoded-words (no mail client reads
+    those as ids: the thread breaks); the app writes at RFC 5322's 998 (`outgoing._WIRE`).
+    Over SMTP: the relay's bytes carry each id plain, folded only between ids, DKIM-signed,
+    and two parsers read the same ids."""
+    await _move_acme_to(mailroom, LONG_DOMAIN)
+    scout = mailroom.tools("agent:scout")
+    thread: list[str] = []
+    for n in range(3):
+        raw = _from_bob(n, thread)
+        assert f"{SCOUT_VAULT}#1" in await delivered(
+            mailroom, await send(mailroom.port, raw, rcpts=[f"scout@{LONG_DOMAIN}"]))
+        await mailroom.embedded.settle()
+        thread.append(BOB_IDS[n])
+        await scout("mail_reply", mail=f"{SCOUT_VAULT}#1", body=f"Answer {n}.")
+        data = (await mailroom.relay.next()).original_content
+        assert data is not None and _dkim_ok(mailroom, data, LONG_DOMAIN)
+        head = data.split(b"\r\n\r\n", 1)[0]  # every header the app writes, ASCII here
+        assert b"=?" not in head and max(map(len, head.split(b"\r\n"))) <= 998
+        (own,) = _raw_ids(data, "Message-ID")
+        assert own.endswith(f"@{LONG_DOMAIN}>") and len(f"Message-ID: {own}") > 78
+        assert _raw_ids(data, "In-Reply-To") == [BOB_IDS[n]]
+        assert _raw_ids(data, "References") == thread
+        modern = message_from_bytes(data, policy=policy.default)
+        old = BytesHeaderParser(policy=policy.compat32).parsebytes(data)
+        for parsed in (modern, old):
+            assert str(parsed["Message-ID"]).strip() == own
+            assert str(parsed["In-Reply-To"]).strip() == BOB_IDS[n]
+            assert str(parsed["References"]).split() == thread
+        thread.append(own)
+    assert len(await mails.all_mails(mailroom.embedded.services.store)) == 1, "one thread"

@@ -157,7 +157,10 @@ def sign(message: bytes, *, domain: str, private_pem: bytes, selector: str = SEL
     return bytes(signature) + message
 
 
-_WIRE = policy.SMTP.clone(max_line_length=998)  # headers folded only past RFC 5322's limit
+# headers folded only past RFC 5322's 998: at the email package's usual 78 it writes a longer
+# In-Reply-To or References (the app's ids with a long domain) as RFC 2047 encoded-words, which
+# no mail client reads as ids (RFC 5322 3.6.4); `plain_id` keeps each id well under 998
+_WIRE = policy.SMTP.clone(max_line_length=998)
 
 
 def to_wire(msg: EmailMessage) -> bytes:
