@@ -324,3 +324,23 @@ async def test_long_message_ids_go_out_as_plain_msg_ids_folded_between_ids_only(
             assert str(parsed["References"]).split() == thread
         thread.append(own)
     assert len(await mails.all_mails(mailroom.embedded.services.store)) == 1, "one thread"
+
+
+
+async def test_an_answer_whose_ids_its_sender_wrote_as_encoded_words_finds_its_thread(
+        mailroom: Mailroom) -> None:
+    """A sender writing with Python's email package at its usual 78 characters (as scripts
+    and help desks do) puts the agent's long id in In-Reply-To and References as RFC 2047
+    encoded-words; the answer is still read as naming it, and threads to the agent's mail."""
+    await _move_acme_to(mailroom, LONG_DOMAIN)
+    scout = mailroom.tools("agent:scout")
+    sent = (await scout("mail_send", to="bob@example.org", subject="Quote", body="A quote?"))
+    own = _parsed((await mailroom.relay.next()).original_content or b"")["Message-ID"]
+    answer = wire(message("bob@example.org", f"scout@{LONG_DOMAIN}", "Re: Quote", "12 EUR.",
+                          Message_ID="<a1@example.org>", In_Reply_To=own, References=own))
+    assert b"In-Reply-To: =?utf-8?q?" in answer  # as that sender writes it
+    said = await send(mailroom.port, answer, rcpts=[f"scout@{LONG_DOMAIN}"])
+    (ref,) = await delivered(mailroom, said)
+    await mailroom.embedded.settle()
+    reply = await mails.mail_at(mailroom.embedded.services.store, *ref.split("#"))
+    assert reply is not None and reply.in_reply_to == f"{SCOUT_VAULT}#{sent['mail']['number']}"

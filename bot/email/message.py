@@ -33,6 +33,8 @@ from bot.mail.markdown import as_written, disarm_markers
 
 MAX_TEXT = 50_000  # characters of a message's text kept in the mail (the forge's limit is 65,536)
 _MSGID = re.compile(r"<[^<>\s]{1,250}>")
+MAX_IDS = 50  # of one header's ids, the ones the app reads
+MAX_IDS_TEXT = 65_536  # characters of an encoded header that hold MAX_IDS ids and more
 _AUTOMATIC_PRECEDENCE = {"bulk", "junk", "list", "auto_reply"}
 
 
@@ -75,7 +77,12 @@ class Inbound:
 
 
 def message_ids(value: str | None) -> tuple[str, ...]:
-    return tuple(_MSGID.findall(value or ""))[:50]
+    """The `<...>` ids in a Message-ID, In-Reply-To or References value. Encoded-words are
+    decoded first: RFC 5322 never encodes a msg-id, but Python's email package at its usual 78
+    characters writes a long one so (`outgoing._WIRE`), and such an answer should thread."""
+    # decoding takes time more than linear in its length: only as much as 50 ids encoded take
+    text = _decoded(value[:MAX_IDS_TEXT]) if value and "=?" in value else value or ""
+    return tuple(_MSGID.findall(text))[:MAX_IDS]
 
 
 def _header(msg: Message, name: str) -> str:
