@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +13,7 @@ from bot.errors import Denied, VaultmailError
 from bot.forge.pacing import writes_for
 from bot.mail.mailer import Mailer, principal_of
 from bot.mail.markdown import as_data
-from bot.mail.signing import former_offices
+from bot.mail.signing import former_offices, name_now
 from bot.office.config import Office
 from bot.store import idempotency, installations, ledger, mails, strangers
 from bot.store.mails import MailRecord
@@ -106,26 +107,36 @@ async def actor_of(ctx: HandlerContext, office: Office, sender: dict[str, Any]) 
     return f"forge:{login}"
 
 
-async def repo_now(ctx: HandlerContext, full_name: str) -> str:
-    """`full_name` under its org's name now. A delivery sent before its org renamed itself
-    (queued then, or redelivered as it was sent) names the old login, no office's now: the
-    org its installation is the index's for, when that login is one of its names before,
-    is what it became."""
-    repo = full_name.lower()
+async def repo_now(ctx: HandlerContext, repository: Mapping[str, Any]) -> str:
+    """The full name now of a delivery's `repository` (its `full_name` and forge `id`). A
+    delivery sent before a rename (queued then, or redelivered as it was sent) names the
+    repository as it was called: an org's old login, no office's now, is the org its
+    installation is the index's for, when that login is one of its names before; and a name
+    one of the office's repositories had before is asked of the forge by the repository's
+    id, as a new repository may have taken the name since: the repository the delivery is
+    about is followed, within the office only."""
+    repo = str(repository["full_name"]).lower()
     owner, _, name = repo.partition("/")
     if ctx.installation_id is None:
         return repo
     org = await installations.org_of_installation(ctx.services.store, ctx.installation_id)
-    if org is None or org == owner or owner not in former_offices(
-            ctx.services.keyring.renamed(org)):
+    if org is None:
         return repo
-    return f"{org}/{name}"
+    ring = ctx.services.keyring.existing(org)
+    had = ring.renamed if ring is not None else {}  # (with the names taken since)
+    if org != owner and owner in former_offices(had):
+        repo = f"{org}/{name}"
+    repo_id = repository.get("id")
+    if name_now(had, repo) == repo or not isinstance(repo_id, int):
+        return repo
+    now = await ctx.forge.repo_name_of(repo_id)
+    return now if now is not None and now.partition("/")[0] == org else repo
 
 
 async def scene(event: sansio.Event, ctx: HandlerContext) -> Scene | None:
     """The scene of an issue or issue_comment event, or None outside a configured office."""
     data = event.data
-    repo = await repo_now(ctx, data["repository"]["full_name"])
+    repo = await repo_now(ctx, data["repository"])
     office = await ctx.services.offices.get(ctx.forge, repo.split("/")[0])
     if office is None:
         ctx.log.info("no office config for this org: event ignored", extra={"repo": repo})

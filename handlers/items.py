@@ -392,7 +392,7 @@ async def parent_changed(event: sansio.Event, ctx: HandlerContext) -> None:
     `parent_issue_*` to the sub-issue's; this handles the second, whose repository is the
     item's. A plan or evidence that joins an outcome is news on it, as one opened there is."""
     data = event.data
-    repo = await repo_now(ctx, str(data["repository"]["full_name"]))
+    repo = await repo_now(ctx, data["repository"])
     office = await ctx.services.offices.get(ctx.forge, repo.split("/")[0])
     sub = data.get("sub_issue")
     if office is None or not isinstance(sub, dict):
@@ -416,7 +416,7 @@ async def blocker_removed(event: sansio.Event, ctx: HandlerContext) -> None:
     what waits, and it stops when the question is answered or resolved, not when the link is
     cut. Any other blocker is the people's own business and is left alone."""
     data = event.data
-    repo = await repo_now(ctx, str(data["repository"]["full_name"]))
+    repo = await repo_now(ctx, data["repository"])
     blocked = data.get("blocked_issue")
     if not isinstance(blocked, dict) or "number" not in blocked:
         return
@@ -433,7 +433,7 @@ async def waiting_field_removed(event: sansio.Event, ctx: HandlerContext) -> Non
     if not isinstance(field, dict) or not isinstance(issue, dict) or \
             str(field.get("name", "")).lower() != waiting.FIELD.lower():
         return
-    repo = await repo_now(ctx, str(data["repository"]["full_name"]))
+    repo = await repo_now(ctx, data["repository"])
     await _show_waiting_again(ctx, "field", repo, int(issue["number"]))
 
 

@@ -168,6 +168,11 @@ class Forge(Protocol):
         new name when it was renamed (the old name leads to it), None when there is none."""
         ...
 
+    async def repo_name_of(self, repo_id: int) -> str | None:
+        """The full name now (lower case) of the repository with the forge id `repo_id`
+        (a payload's `repository.id`), None when there is none."""
+        ...
+
 
 __all__ = ["JSON", "Forge", "blob_sha"]
 

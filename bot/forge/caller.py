@@ -940,6 +940,15 @@ class RepoCaller(_Caller):
             return None
         return str(data["full_name"]).lower()
 
+    async def repo_name_of(self, repo_id: int) -> str | None:
+        """The full name now (lower case) of the repository whose forge id is `repo_id`,
+        wherever renames or transfers took it; None when it is gone (or out of reach)."""
+        try:
+            data = await self._get("/repositories/{id}", {"id": str(repo_id)})
+        except NotFound:
+            return None
+        return str(data["full_name"]).lower()
+
     def load_etag_cache(self, path: Path) -> None:
         load_etag_cache(self._gh._cache, self.installation_id, path)
 

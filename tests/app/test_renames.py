@@ -783,3 +783,82 @@ async def test_a_vault_moved_to_another_owner_is_410_saying_what_happened_not_tr
     loud = [r for r in caplog.records if r.levelno >= logging.ERROR
             and "eve/scout-vault" in r.getMessage()]
     assert loud and {getattr(r, "installation_id", None) for r in loud} == {inst}, caplog.text
+
+
+async def _reply_lost(session: aiohttp.ClientSession, embedded: Embedded, vault: str) -> None:
+    """scout replies by a comment on `vault#1`, amy's mail to it; the delivery is lost."""
+    forge = embedded.forge
+    forge.faults.drop_webhooks(count=1)
+    async with session.post(f"{forge.url}/repos/{vault}/issues/1/comments",
+                            json={"body": "EU prices, up 4%."}, headers={
+                                "Authorization": f"token {forge.user_token('globex-scout')}"}
+                            ) as resp:
+        assert resp.status == 201, await resp.text()
+    await embedded.settle()
+    assert forge.faults.drop.count == 0, "the comment's delivery was dropped"
+
+
+async def test_a_reply_delivered_under_the_vaults_old_name_after_its_rename_is_taken(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """scout replies by a comment on amy's mail, its delivery lost; globex/scout-vault is
+    renamed scout-mail; the reconciler has the forge deliver the comment again, as it was
+    sent: naming globex/scout-vault. Before, no mail was known there: the reply was parked,
+    then pruned, and the mail never replied. Now the delivery's repository (its id) is
+    taken under its name now, the vault's new one."""
+    _, amy = await _globex_with_amy(embedded, tmp_path)
+    await _amy_mails_scout(session, embedded, amy, "Which prices?")
+    await _reply_lost(session, embedded, "globex/scout-vault")
+    await _rename_vault(session, embedded.forge, "globex/scout-vault", "scout-mail")
+    await embedded.settle()
+
+    assert await embedded.reconciler.run_once() == 1
+    await embedded.settle()
+    mail = await mails.mail_at(embedded.services.store, "globex/scout-mail", 1)
+    assert mail is not None and mail.state == "mail:replied", mail
+
+
+async def test_a_reply_under_a_vaults_old_name_another_repository_took_is_the_vaults(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """The same, and a new globex/scout-vault made (a repository of its own) before the
+    comment is delivered again: the reply is the renamed vault's mail's (its repository's
+    id says so), not the new repository's #1, amy's new mail there, which stays unreplied."""
+    forge, services = embedded.forge, embedded.services
+    _, amy = await _globex_with_amy(embedded, tmp_path)
+    await _amy_mails_scout(session, embedded, amy, "Which prices?")
+    await _reply_lost(session, embedded, "globex/scout-vault")
+    await _rename_vault(session, forge, "globex/scout-vault", "scout-mail")
+    await embedded.settle()
+    forge.add_repo("globex", "scout-vault")
+    await embedded.settle()
+    status, body = await _tool(session, embedded, amy, "mail_send", to="scout", subject=AFTER,
+                               body="Written to the new scout-vault.")
+    assert status == 200 and body["mail"]["vault"] == "globex/scout-vault", body
+    await embedded.settle()
+
+    assert await embedded.reconciler.run_once() == 1
+    await embedded.settle()
+    old = await mails.mail_at(services.store, "globex/scout-mail", 1)
+    assert old is not None and old.state == "mail:replied", old
+    new = await mails.mail_at(services.store, "globex/scout-vault", 1)
+    assert new is not None and new.subject == AFTER and new.state != "mail:replied", new
+
+
+async def test_an_opening_delivered_under_the_vaults_old_name_after_its_rename_is_adopted(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """amy opens an issue by hand in globex/scout-vault, its `issues.opened` delivery lost;
+    the vault is renamed scout-mail; the reconciler has the opening delivered again, naming
+    globex/scout-vault. Before, the old name was no vault of the office's (its config's names
+    follow the rename): the issue was never mail. Now it is adopted where it is."""
+    forge, services = embedded.forge, embedded.services
+    _, amy = await _globex_with_amy(embedded, tmp_path)
+    forge.faults.drop_webhooks(count=1)
+    number = await _by_hand(session, forge, "globex/scout-vault", BEFORE)
+    await embedded.settle()
+    assert forge.faults.drop.count == 0, "the opening's delivery was dropped"
+    await _rename_vault(session, forge, "globex/scout-vault", "scout-mail")
+    await embedded.settle()
+
+    assert await embedded.reconciler.run_once() == 1
+    await embedded.settle()
+    mail = await mails.mail_at(services.store, "globex/scout-mail", number)
+    assert mail is not None and mail.subject == BEFORE, mail
