@@ -46,7 +46,12 @@ async def adopt_issue_as_mail(event: sansio.Event, ctx: HandlerContext) -> None:
         return
     # what came about the issue before its opening did (that delivery was missing) runs now;
     # none did when nothing else about it was waiting
-    if key is not None and not current and (unparked := await ctx.services.store.unpark(key)):
+    if key is None or current:
+        return
+    unparked = 0
+    for waiting in _keys(s, key):
+        unparked += await ctx.services.store.unpark(waiting)
+    if unparked:
         ctx.log.info("deliveries that waited for this mail run now", extra={
             "issue": s.ref, "unparked": unparked})
 
@@ -75,7 +80,18 @@ async def opened_just_now(s: Scene, key: str | None) -> bool:
             or issue.get("updated_at") != issue.get("created_at")
             or abs(time.time() - made) > FRESH_OPENING):
         return False
-    return not await s.ctx.services.store.others_about(key, s.ctx.delivery_id)
+    for about in _keys(s, key):
+        if await s.ctx.services.store.others_about(about, s.ctx.delivery_id):
+            return False
+    return True
+
+
+def _keys(s: Scene, key: str) -> list[str]:
+    """The queue's keys of the issue a delivery keyed `key` is about: its own, and the name
+    the issue's repository has now (`s.ref`). One sent before its vault's rename names the
+    old name; the others about the issue may name the new one (sent since, or their queue
+    rows renamed with the vault: bot.store.offices.rename_vault_in)."""
+    return list(dict.fromkeys((key, s.ref)))
 
 
 def wait_for_mail(s: Scene, why: str) -> None:

@@ -862,3 +862,31 @@ async def test_an_opening_delivered_under_the_vaults_old_name_after_its_rename_i
     await embedded.settle()
     mail = await mails.mail_at(services.store, "globex/scout-mail", number)
     assert mail is not None and mail.subject == BEFORE, mail
+
+
+async def test_a_reply_waiting_for_its_mail_is_taken_when_the_opening_comes_after_a_rename(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """amy opens an issue by hand in globex/scout-vault, its `issues.opened` delivery lost;
+    scout replies on it (the reply waits, parked, for the issue to become mail); the vault is
+    renamed scout-mail (the parked reply's queue row with it); the reconciler has the opening
+    delivered again, naming globex/scout-vault. Before, the adoption let out what waited
+    under the old name only: the reply stayed parked until pruned, the mail never replied."""
+    forge, services = embedded.forge, embedded.services
+    await _globex_with_amy(embedded, tmp_path)
+    forge.faults.drop_webhooks(count=1)
+    number = await _by_hand(session, forge, "globex/scout-vault", BEFORE)
+    await embedded.settle()
+    assert forge.faults.drop.count == 0, "the opening's delivery was dropped"
+    async with session.post(f"{forge.url}/repos/globex/scout-vault/issues/{number}/comments",
+                            json={"body": "EU prices, up 4%."}, headers={
+                                "Authorization": f"token {forge.user_token('globex-scout')}"}
+                            ) as resp:
+        assert resp.status == 201, await resp.text()
+    await embedded.settle()
+    await _rename_vault(session, forge, "globex/scout-vault", "scout-mail")
+    await embedded.settle()
+
+    assert await embedded.reconciler.run_once() == 1
+    await embedded.settle()
+    mail = await mails.mail_at(services.store, "globex/scout-mail", number)
+    assert mail is not None and mail.state == "mail:replied", mail
