@@ -8,7 +8,11 @@ is checked against the forge, and what it says is taken from there:
   forge's; one `created` must be the sender's, and is taken once (`org_signed_comments`); one
   `edited` is read in no one's name (the app's own): Gitea records no editor, and an admin may
   edit anyone's comment, so a tick in a question card over such a webhook answers nothing
-  (handlers.items.card_edited undoes it). For the same reason a `created` whose comment the
+  (handlers.items.card_edited undoes it). One `deleted` holds where the forge has no such
+  comment and the index holds it on that issue: Gitea's comment ids are sequential across
+  the instance, so the admins could sign the deletion of a comment not written yet, and its
+  tombstone would silence that comment when it came (in no one's name: the forge does not
+  say who deleted it). For the same reason a `created` whose comment the
   forge shows edited since it was written (its `updated_at` is not its `created_at`) is read
   in no one's name: its author did not necessarily write what it says now (the handlers
   run none of its commands and note so: handlers.comments.handle_comment);
@@ -49,13 +53,15 @@ from gidgethub import sansio
 from bot.forge.errors import NotFound
 from bot.forge.gitea import GiteaForge, github_label
 from bot.forge.gitea_events import github_user
-from bot.store import deliveries
+from bot.items.model import make_ref
+from bot.store import comments, deliveries
 from bot.store.moves import forge_time
 from bot.store.prune import DAY
 from bot.store.queue import issue_key
 
 if TYPE_CHECKING:
     from bot.app.context import HandlerContext
+    from bot.store import Store
 
 # what of an issue is taken from the forge
 _ISSUE_FIELDS = ("title", "body", "state", "labels", "user", "closed_at", "updated_at",
@@ -223,6 +229,15 @@ async def _comment(forge: GiteaForge, repo: str, number: int, out: dict[str, Any
                       **{k: found[k] for k in ("created_at", "updated_at") if k in found}}
 
 
+async def _indexed(store: Store, data: dict[str, Any]) -> bool:
+    """Whether the index holds the comment a delivery names, on the issue it names."""
+    issue = data.get("issue")
+    if not isinstance(issue, dict):
+        return False
+    return await comments.comment_by_forge_id(store, int(data["comment"]["id"]), make_ref(
+        str(data["repository"]["full_name"]), int(issue["number"]))) is not None
+
+
 async def checked_event(ctx: HandlerContext, event: sansio.Event) -> sansio.Event:
     """`event` as the forge has it (`as_the_forge_has_it`), for the handlers; the timeline
     event or the new comment it was taken on is recorded, so no other delivery is taken on
@@ -238,6 +253,13 @@ async def checked_event(ctx: HandlerContext, event: sansio.Event) -> sansio.Even
     if key and rows and not await deliveries.org_signed_took(store, key, rows, guid):
         raise NotAsTheForgeSays(f"timeline row {rows[-1]} of {key} was taken already, by "
                                 "another delivery at the same moment")
+    if event.event == "issue_comment" and data.get("action") == "deleted" and \
+            not await _indexed(store, data):
+        # the forge has no such comment: maybe not yet (Gitea's ids are sequential). A
+        # tombstone would drop its `created` when it comes; none is needed, as a `created`
+        # over this webhook is read back from the forge, and refused once the comment is gone
+        raise NotAsTheForgeSays(f"comment {data['comment']['id']} is none the app indexed "
+                                f"on {key}: its deletion takes nothing")
     if event.event == "issue_comment" and data.get("action") == "created" and \
             not await deliveries.org_signed_comment(store, guid.split("/", 1)[0],
                                                     int(data["comment"]["id"]), guid):

@@ -569,3 +569,46 @@ async def test_a_redelivered_close_already_taken_is_refused(
     states = {str(d["guid"]): d["state"] for d in await office.services.store.fetchall(
         "SELECT guid, state FROM queue") if "replayed-close" in str(d["guid"])}
     assert set(states.values()) == {"ignored"}, states
+
+
+async def test_a_deletion_or_edit_signed_for_a_comment_not_written_yet_silences_nothing(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """Acted out (review r4): Gitea's comment ids are sequential, instance-wide, so acme's
+    admin signed `deleted` for the next ids; the forge had no such comment (not yet), so the
+    deletion held and left a tombstone, and sara's "the launch is off" that came next under
+    that id was dropped unread. A deletion of a comment the index never held now takes
+    nothing, on its issue or another; an `edited` for one is refused as before."""
+    vault = "/repos/acme/scout-vault"
+    marco, sara = gitea_api(session, office, "marco"), gitea_api(session, office, "sara")
+    lid = (await marco("POST", f"{vault}/labels", {"name": "goal", "color": "#00aabb"},
+                       201))["id"]
+    a, b = [await marco("POST", f"{vault}/issues", {"title": title, "body": "x",
+                                                     "labels": [lid]}, 201)
+            for title in ("EU launch", "US launch")]
+    await office.settle()
+    await sara("POST", f"{vault}/issues/{a['number']}/comments",
+               {"body": "to: marco@acme.com\nfirst"}, 201)
+    await office.settle()
+    ids = [int(c["id"]) for issue in (a, b)
+           for c in await marco("GET", f"{vault}/issues/{issue['number']}/comments")]
+    newest = max(ids)
+    repository = {"full_name": "acme/scout-vault", "name": "scout-vault",
+                  "owner": {"login": "acme"}}
+    on_a = await marco("GET", f"{vault}/issues/{a['number']}")
+    # the next three ids: two deleted on a (the first comment to come is on a, the second on
+    # b), the third edited
+    for k, action in ((1, "deleted"), (2, "deleted"), (3, "edited")):
+        await _forged(office, session, "issue_comment", {
+            "action": action, "issue": on_a, "changes": {"body": {"from": ""}},
+            "comment": {"id": newest + k, "user": {"login": "sara"}, "body": "x"},
+            "repository": repository, "sender": {"login": "eve"}}, f"pre-{action}-{k}")
+    said = ["the launch is off, do not ship", "the US launch is off too", "and so is Asia"]
+    posted = [await sara("POST", f"{vault}/issues/{issue['number']}/comments",
+                         {"body": f"to: marco@acme.com\n@marco {text}"}, 201)
+              for issue, text in zip((a, b, a), said, strict=True)]
+    assert [c["id"] for c in posted] == [newest + 1, newest + 2, newest + 3]
+    await office.settle()
+    got = await ToolClient(session, office, "human:marco@acme.com")("list_inbox",
+                                                                    markRead=False)
+    assert sorted(c["body"] for c in got["you"]["unread"]) == sorted(
+        ["first", *(f"@marco {text}" for text in said)]), got["you"]["unread"]
