@@ -1,5 +1,7 @@
 """Each office's DKIM key (RSA 2048), made when it first signs: `dkim/<org>.pem` in the data
-directory, mode 0600, and the DNS TXT record that publishes it."""
+directory, mode 0600, and the DNS TXT record that publishes it; and the key of its
+Message-IDs' digest. Both follow the office: moved when its org is renamed, set aside when
+another account takes its name (`Keyrings.rename`, `retire`)."""
 
 from __future__ import annotations
 
@@ -15,12 +17,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from bot.email.outgoing import SELECTOR
-from bot.mail.signing import office_name
+from bot.mail.signing import MAIL_KEYS_DIR, office_name
 from bot.private_files import private_dir, write_private
 
 
 def key_path(data_dir: Path, org: str) -> Path:
-    return data_dir / "dkim" / f"{office_name(org)}.pem"
+    return data_dir / MAIL_KEYS_DIR / f"{office_name(org)}.pem"
 
 
 def office_key(data_dir: Path, org: str) -> bytes:

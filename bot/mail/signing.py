@@ -85,6 +85,10 @@ except ImportError:  # pragma: no cover - Windows
 
 KEYS_FILE_NAME = "signing-keys.json"  # the legacy keyring: verifies, signs nothing new
 OFFICE_KEYS_DIR = "signing-keys"  # one file per office: signing-keys/<org>.json
+# each office's email secrets (bot.email.keys): its DKIM key and its Message-ID digest's key,
+# dkim/<org>.pem and dkim/<org>.ids; they follow the office as its signing keys do
+MAIL_KEYS_DIR = "dkim"
+MAIL_KEY_SUFFIXES = (".pem", ".ids")
 _FILE_VERSION = 1
 log = logging.getLogger("vaultmail.keys")
 # an office's name: its org's login, lower case (bot.names: never a path)
@@ -681,6 +685,17 @@ def _keys_from_doc(doc: Any, where: str) -> tuple[list[SigningKey], str]:
     return keys, active
 
 
+def _moved_aside(path: Path, aside: Path, kept_as: str) -> Path:
+    """`path` moved into directory `aside` as `<kept_as><its suffix>`, numbered past any
+    there (what the name got between a crash and its retry): where it went."""
+    aside.mkdir(mode=0o700, exist_ok=True)
+    kept, n = aside / f"{kept_as}{path.suffix}", 1
+    while kept.exists():
+        kept, n = aside / f"{kept_as}.{n}{path.suffix}", n + 1
+    os.replace(path, kept)
+    return kept
+
+
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     if fcntl is None:  # pragma: no cover
@@ -817,9 +832,10 @@ class Keyrings:
     """
 
     def __init__(self, directory: Path | None = None, *, legacy: Keyring | None = None,
-                 legacy_path: Path | None = None,
+                 legacy_path: Path | None = None, mail_dir: Path | None = None,
                  installed: Callable[[], Iterable[str]] | None = None) -> None:
         self._dir = directory
+        self._mail_dir = mail_dir
         self._legacy = legacy
         self._legacy_path = legacy_path
         self._rings: dict[str, Keyring] = {}
@@ -834,7 +850,7 @@ class Keyrings:
                     installed: Callable[[], Iterable[str]] | None = None) -> Keyrings:
         data_dir = Path(data_dir)
         return cls(data_dir / OFFICE_KEYS_DIR, legacy_path=data_dir / KEYS_FILE_NAME,
-                   installed=installed)
+                   mail_dir=data_dir / MAIL_KEYS_DIR, installed=installed)
 
     @classmethod
     def ephemeral(cls, *, legacy: Keyring | None = None,
@@ -924,7 +940,8 @@ class Keyrings:
         that its names before are kept all the same (its config may say them). Idempotent (a
         retry after a crash). Keys under ``new`` that do not record ``old`` are another
         office's (one whose org left the name): the callers set them aside first
-        (``retire``), and any still there are set aside here, never merged."""
+        (``retire``), and any still there are set aside here, never merged. Its email
+        secrets move with them (``_follow_mail_keys``)."""
         old, new = office_name(old), office_name(new)
         with contextlib.ExitStack() as stack:
             if self._dir is not None:
@@ -937,6 +954,7 @@ class Keyrings:
                             extra={"org": new, "was": old})
                 self._set_aside(new, f"{new}~0")
                 dst = None
+            self._follow_mail_keys(old, new)  # (before any return: a retry moves what is left)
             if src is None and dst is not None:  # moved already: a retry after a crash
                 self._rings[new] = dst
                 self._former_stamp = -1
@@ -966,12 +984,16 @@ class Keyrings:
         ``retired/<kept_as>.json``, the operator's, where no office reads it. The new owner's
         office then signs with a key of its own made at its first use, and neither publishes
         nor trusts one the old office signed with: what the old office signed, copied into a
-        vault of the same name, is not the new owner's word. Returns where the keys went
-        (None when the name had none: a retry after a crash finds them moved already)."""
+        vault of the same name, is not the new owner's word. Its email secrets go the same
+        way (``dkim/retired/<kept_as>.pem`` and ``.ids``): the new owner's office makes a DKIM
+        key and a Message-ID key of its own, so no reply to the old office's mail threads
+        into it. Returns where the keys went (None when the name had none: a retry after a
+        crash finds them moved already)."""
         office = office_name(org)
         self._rings.pop(office, None)
-        if self._dir is None or not (self._dir / f"{office}.json").exists():
-            return None  # (no office of the name ever signed: nothing to set aside)
+        if self._dir is None:
+            return None
+        self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         with _locked(self._dir / f"{office}.json"):
             return self._set_aside(office, kept_as)
 
@@ -981,16 +1003,41 @@ class Keyrings:
         self._former_stamp = -1
         if self._dir is None:
             return None
+        for suffix in MAIL_KEY_SUFFIXES:  # (an office may have mailed, never signed)
+            self._mail_key_aside(f"{office}{suffix}", kept_as)
         path = self._dir / f"{office}.json"
         if not path.exists():
             return None
-        aside = self._dir / "retired"
-        aside.mkdir(mode=0o700, exist_ok=True)
-        kept, n = aside / f"{kept_as}.json", 1
-        while kept.exists():  # (keys the name got between a crash and its retry)
-            kept, n = aside / f"{kept_as}.{n}.json", n + 1
-        os.replace(path, kept)
-        return kept
+        return _moved_aside(path, self._dir / "retired", kept_as)
+
+    def _mail_key_aside(self, name: str, kept_as: str) -> None:
+        """Email secret file `name` (bot.email.keys) to ``dkim/retired/``, under its lock."""
+        if self._mail_dir is None or not self._mail_dir.exists():
+            return
+        with _locked(self._mail_dir / name):
+            if (self._mail_dir / name).exists():
+                _moved_aside(self._mail_dir / name, self._mail_dir / "retired", kept_as)
+
+    def _follow_mail_keys(self, old: str, new: str) -> None:
+        """Office ``old``'s email secrets become ``new``'s, each moved under both names'
+        locks (those bot.email.keys makes them under). The published DKIM record
+        (``vaultmail._domainkey.<its domain>``) names no org, so it still holds; and replies
+        to mail sent before still thread. One under ``new`` already was made there since
+        (by nothing of this office's, whose mail went under ``old`` until now): set aside,
+        never used in place of the office's own. Nothing under ``old`` (it never mailed, or
+        a retry finds them moved): nothing moves."""
+        if self._mail_dir is None or not self._mail_dir.exists() or old == new:
+            return
+        for suffix in MAIL_KEY_SUFFIXES:
+            src, dst = self._mail_dir / f"{old}{suffix}", self._mail_dir / f"{new}{suffix}"
+            with _locked(min(src, dst)), _locked(max(src, dst)):
+                if not src.exists():
+                    continue
+                if dst.exists():
+                    log.warning("an email secret under a name the office takes: set aside",
+                                extra={"org": new, "was": old, "file": suffix})
+                    _moved_aside(dst, self._mail_dir / "retired", f"{new}~0")
+                os.replace(src, dst)
 
     def renamed(self, org: str) -> dict[str, str]:
         """The names ``org``'s office had that lead to its, or its vaults', names now ({was:
