@@ -108,6 +108,8 @@ async def as_the_forge_has_it(forge: GiteaForge, event: str, data: dict[str, Any
     sender = _login(out.get("sender"))
     if isinstance(out.get("sender"), dict):  # its id is the forge's only where read from it
         out["sender"].pop("id", None)
+    if isinstance(out.get("repository"), dict):  # checked by name: its id is the signer's
+        out["repository"].pop("id", None)  # word (handlers.common.repo_now follows ids)
     repo = (out.get("repository") or {}).get("full_name")
     action = out.get("action")
     if not sender or not isinstance(repo, str):

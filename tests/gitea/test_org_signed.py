@@ -154,6 +154,24 @@ async def test_a_comment_on_a_pull_request_is_where_gitea_says() -> None:
     assert out["comment"]["body"] == "/mail scout Prices\nEU" and out["sender"]["id"] == 7
 
 
+async def test_a_repository_id_its_signer_wrote_is_not_taken() -> None:
+    """On an org's webhook the admins write the whole payload, `repository.id` too, while
+    the issue and comment are checked against `repository.full_name`: a delivery about the
+    new acme/scout-vault (a vault's old name) carrying the id of the renamed vault would be
+    checked there and handled there (`handlers.common.repo_now` follows an old name by the
+    repository's id). The id is dropped, as the sender's is: it is the forge's only where read
+    from it."""
+    from bot.app.org_signed import as_the_forge_has_it
+
+    data = {"action": "created", "sender": {"login": "marco", "id": 7},
+            "repository": {"full_name": "acme/product", "id": 100002},
+            "issue": {"number": 5, "pull_request": {}},
+            "comment": {"id": 99, "body": "/mail scout Prices\nEU", "user": {"login": "marco"}}}
+    out, _ = await as_the_forge_has_it(_PullRequestForge(),  # type: ignore[arg-type]
+                                       "issue_comment", data, "vaultmail")
+    assert "id" not in out["repository"], out["repository"]
+
+
 async def test_an_opening_is_adopted_in_the_words_the_forge_has(
         office: Embedded, session: aiohttp.ClientSession) -> None:
     """An `issues.opened` signed by acme's admins, its issue's body changed to words marco
