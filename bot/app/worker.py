@@ -463,8 +463,11 @@ class Worker:
         sender = item.payload.get("sender")
         login = sender.get("login") if isinstance(sender, dict) else None
         # its forge writes take the turns of whoever caused it (a handler's scene() names them
-        # as the office knows them); reset when the delivery is done
-        actor = f"forge:{login}" if isinstance(login, str) else None
+        # as the office knows them); reset when the delivery is done. An org-signed one's
+        # sender is its org's admins' word until the forge says who (bot.app.org_signed, then
+        # scene()): no one's till then, so they spend no one else's share of the budget
+        actor = f"forge:{login}" if isinstance(login, str) and not org_signed(item.guid) \
+            else None
         context = delivery_context(delivery_id=item.guid, installation_id=item.installation_id,
                                    event=item.event,
                                    action=action if isinstance(action, str) else None)

@@ -19,7 +19,8 @@ that budget fairly between the principals the writes are made for:
   (:func:`budget_waits`: /readyz's detail and ``vaultmail_forge_budget_wait_seconds``).
 
 The principal a write is made for travels in the :data:`writes_for` context variable: the tool
-layer sets it to the caller, the worker to the event's actor (see :func:`acting_for`). Writes
+layer sets it to the caller, the worker to the event's actor (see :func:`acting_for`; for an
+org-signed delivery, no one until the forge vouched for its sender: bot.app.worker). Writes
 made for no one (the app's own housekeeping) are turned and paced, but have no share cap.
 """
 

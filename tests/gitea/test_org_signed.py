@@ -630,3 +630,43 @@ async def test_a_deletion_or_edit_signed_for_a_comment_not_written_yet_silences_
                                                                     markRead=False)
     assert sorted(c["body"] for c in got["you"]["unread"]) == sorted(
         ["first", *(f"@marco {text}" for text in said)]), got["you"]["unread"]
+
+
+async def test_a_delivery_signed_as_marcos_spends_none_of_marcos_write_budget(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """The worker charged a delivery's forge writes to the sender its payload names before
+    the org-signed check said who that is: acme's admins signed a push as marco's (read in no
+    one's name), its config-error issue was made on marco's share of the write budget, and
+    marco's own push fixing the config (through the operator's system webhook: his, as it
+    came) could not close that issue, put off for the hour. An org-signed delivery's writes
+    are now the sender's only as the forge vouches for them (a handler's scene), else no
+    one's; one signed by the operator's secret (GitHub's path) is still its sender's."""
+    pacer = office.services.forge_for(None, "acme").pacer  # type: ignore[attr-defined]
+    pacer.principal_share = 0.001  # each principal: one creation an hour
+    config = office.forge.state.repo_by_full_name("acme/.github").files["vaultmail.yml"]
+    deliveries = office.forge.state.deliveries
+    try:
+        before = set(deliveries)
+        office.forge.faults.drop_webhooks(count=1)
+        office.forge.put_file("acme/.github", "vaultmail.yml", "humans: [", pusher="lee")
+        await office.settle()
+        (lees,) = [deliveries[i].payload for i in set(deliveries) - before]
+        forged = copy.deepcopy(lees)
+        forged["sender"]["login"] = forged["pusher"]["login"] = "marco"
+        await _forged(office, session, "push", forged, "forged-push")
+        [issue] = office.forge.state.repo_by_full_name("acme/.github").issues.values()
+        assert issue.state == "open", "the forged push read the refused config"
+
+        before = set(deliveries)
+        office.forge.faults.drop_webhooks(count=1)
+        office.forge.put_file("acme/.github", "vaultmail.yml", config, pusher="marco")
+        await office.settle()
+        (fix,) = [deliveries[i].payload for i in set(deliveries) - before]
+        status, text = await _post(office, session, "/webhook",
+                                   office.services.settings.webhook_secret, fix, "push",
+                                   "marcos-fix")
+        assert status == 202, text
+        await office.settle()  # (put off for the hour, it never settles)
+    finally:
+        pacer.principal_share = 0.75
+    assert issue.state == "closed", "marco's fix could not close the config-error issue"
