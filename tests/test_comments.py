@@ -726,6 +726,33 @@ async def test_amending_to_the_same_answer_changes_nothing_and_says_so(
     assert [h["option"] for h in changed["thread"]["history"]] == ["Force re-login"]
 
 
+async def test_answering_again_on_the_forge_with_the_same_option_says_so_there(
+        embedded: Embedded, person: Any) -> None:
+    """The tool refuses an amend to the answer one gave already (409 answer_unchanged); on the
+    forge, sara's second `/answer 2` must be told so there, as other `/answer` refusals are,
+    the answer and its card unchanged (no history of a change that is none)."""
+    marco, sara = person("marco"), person("sara")
+    goal = await make_item(embedded, marco, "goal", "EU launch")
+    repo, n = where(goal)
+    await marco.comment(repo, n, "/ask Which currency do we show first? @sara\n"
+                                 "header: Currency\n"
+                                 "- [ ] EUR (recommended) — most EU buyers\n"
+                                 "- [ ] Local currency — more work per country")
+    await embedded.settle()
+    await sara.comment(repo, n, "/answer 2")
+    await embedded.settle()
+    card = (await forge_comments(marco, goal))[1]
+    await sara.comment(repo, n, "/answer 2")
+    await embedded.settle()
+    said = await last_app_comment(person, goal)
+    assert "already" in said and "Local currency" in said and "nothing changed" in said, said
+    assert "amend" not in said.lower(), "the forge has no amend: say what to write there"
+    assert (await forge_comments(marco, goal))[1]["body"] == card["body"]
+    states = [r["state"] for r in await embedded.services.store.fetchall(
+        "SELECT state FROM queue WHERE event='issue_comment'")]
+    assert "dead" not in states and "pending" not in states, states
+
+
 async def test_a_target_of_another_kind_is_named_with_its_article(
         embedded: Embedded, person: Any, tools: Any) -> None:
     """"targetType: acme/scout-vault#1 is a outcome, not a goal": a wrong article."""

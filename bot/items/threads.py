@@ -226,8 +226,9 @@ def reply(state: ThreadState, office: Office, who: str, *, comment: str, at: flo
     if amend and q is not None and was is not None and was.by == who and body == was.body \
             and (q.options[option].label if option is not None else None) == was.option:
         # (nothing to change: no history entry, nobody told of a change that is none)
-        raise Conflict(f"the answer is already {_said(was)}: nothing changed. Amend with "
-                       "another option or other words", code="answer_unchanged")
+        # (said on the forge too, to a second `/answer`: no tool's words in it)
+        raise Conflict(f"the answer is already {_said(was)}: nothing changed. To change it, "
+                       "answer with another option or other words", code="answer_unchanged")
     members = dict(state.members)
     members.setdefault(who, way_of_writer(who))
     if way_of_writer(who) == "personal":
