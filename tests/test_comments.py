@@ -697,6 +697,60 @@ async def test_an_edited_comment_reads_as_the_forge_shows_it_and_runs_nothing(
         "an edit runs no command"
 
 
+async def test_an_edit_delivered_before_its_creation_is_what_the_index_ends_with(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """Acted out: sara's comment's `created` was lost (redelivered later), her edit "10 EUR"
+    -> "12 EUR" came first and found nothing indexed, then the late `created` indexed the
+    words of its payload: marco's inbox read 10 EUR though the forge showed 12. The edit's
+    words are kept until the comment is indexed: it ends as the forge shows it, marked edited,
+    and what the edit added runs nothing and addresses no one (as an edit after it would)."""
+    sara = person("sara")
+    goal = await make_item(embedded, person("marco"), "goal", "EU launch")
+    repo, n = where(goal)
+    forge = embedded.forge
+    forge.faults.drop_webhooks(count=1)
+    c = await sara.comment(repo, n, "to: marco@acme.com\nPrices are 10 EUR")
+    await embedded.settle()
+    await sara.call("PATCH", f"/repos/{repo}/issues/comments/{c['id']}",
+                    {"body": "to: marco@acme.com\nto: lee@acme.com\nPrices are 12 EUR\n"
+                             "/ask Fine?"}, expect=200)
+    await embedded.settle()
+    created = next(d for d in forge.state.deliveries.values() if d.event == "issue_comment"
+                   and d.action == "created" and d.payload["comment"]["id"] == c["id"])
+    assert forge.webhooks.redeliver(created) is not None
+    await embedded.settle()
+    [seen] = (await tools(MARCO)("list_inbox", markRead=False))["you"]["unread"]
+    assert seen["body"] == "Prices are 12 EUR\n/ask Fine?" and "edited" in seen, seen
+    assert (await tools(LEE)("list_inbox"))["you"]["unread"] == [], "an edit addresses no one"
+    assert not any("Question" in x["body"] for x in await forge_comments(sara, goal)), \
+        "an edit runs no command"
+
+
+async def test_a_deleted_ask_closes_its_question(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """marco deleted his `/ask` on the forge: the question is withdrawn, its card says so,
+    and it waits on no one (Comments.forge_deleted, threads.withdraw)."""
+    marco = person("marco")
+    goal = await make_item(embedded, marco, "goal", "EU launch")
+    repo, n = where(goal)
+    ask = await marco.comment(repo, n, "to: sara@acme.com\n/ask Ship in March?\n"
+                                       "header: Ship month\n- [ ] March\n- [ ] April\n")
+    await embedded.settle()
+    turn = (await tools(SARA)("list_inbox", markRead=False))["you"]["yourTurn"]
+    assert [t["header"] for t in turn] == ["Ship month"]
+    await marco.call("DELETE", f"/repos/{repo}/issues/comments/{ask['id']}", expect=204)
+    await embedded.settle()
+    question = await db.comment_by_forge_id(embedded.services.store, int(ask["id"]), goal)
+    assert question is not None and question.deleted_at is not None
+    thread = await db.get_thread(embedded.services.store, question.thread)
+    assert thread is not None and thread.state.resolved and thread.state.waiting_on == ()
+    assert thread.state.question is not None and thread.state.question.body == ""
+    assert (await tools(SARA)("list_inbox", markRead=False))["you"]["yourTurn"] == []
+    assert (await tools(MARCO)("list_inbox", markRead=False))["you"]["waitingOnOthers"] == []
+    [card] = [c["body"] for c in await forge_comments(marco, goal)]
+    assert "This question was deleted on the forge." in card and "March" not in card, card
+
+
 async def test_amending_to_the_same_answer_changes_nothing_and_says_so(
         embedded: Embedded, person: Any, tools: Any) -> None:
     """marco amended his answer to the option it already was: the history gained "changed

@@ -73,12 +73,17 @@ async def test_what_is_past_its_time_is_pruned_and_nothing_else(
                 await db.execute("INSERT INTO org_signed_rows(issue, event_id, org, guid,"
                                  " taken_at) VALUES ('acme/scout-vault#3', ?, 'acme', 'acme/g',"
                                  " ?)", (n, taken))
+                # an edit kept for a comment whose `created` never came: gone after the window
+                await db.execute("INSERT INTO early_edits(item, forge_id, body, edited_at)"
+                                 " VALUES ('acme/scout-vault#1', ?, 'x', ?)", (n, taken))
         deleted = await prune(store, now=NOW, keep=7 * DAY)
         assert deleted == {"queue": 2, "deliveries": 3, "idempotency": 1,
                            "console_sessions": 1, "stranger_replies": 1, "oauth_grants": 0,
                            "oauth_consents": 0, "oauth_clients": 0, "api_tokens": 3,
                            "org_signed_taken": 1, "org_signed_comments": 1,
-                           "org_signed_rows": 1}, deleted
+                           "org_signed_rows": 1, "early_edits": 1}, deleted
+        assert [r["forge_id"] for r in await store.fetchall(
+            "SELECT forge_id FROM early_edits")] == [2]
         assert [r["issue"] for r in await store.fetchall(
             "SELECT issue FROM org_signed_taken")] == ["acme/scout-vault#2"]
         assert [r["comment_id"] for r in await store.fetchall(
@@ -127,6 +132,7 @@ PRUNE_INDEXES = {
     "org_signed_taken": {"org_signed_taken_at"},
     "org_signed_comments": {"org_signed_comments_at"},
     "org_signed_rows": {"org_signed_rows_at"},
+    "early_edits": {"early_edits_at"},
 }
 
 

@@ -598,14 +598,18 @@ class Comments:
         """Forge comment `forge_id` was edited, and the forge shows `text` now: the words people
         read of it follow (marked edited). Nothing else does: an edit runs no command, answers
         nothing and addresses no one (docs/using.md), so a question or answer it made keeps
-        what was asked or decided."""
+        what was asked or decided. One not indexed yet (its `created` late) is indexed in
+        these words when that comes (`db.note_early_edit`)."""
         store = self.services.store
         c = await db.comment_by_forge_id(store, forge_id, item.ref)
-        if c is None or c.deleted_at is not None or \
+        if (c is not None and c.deleted_at is not None) or \
                 await db.thread_by_card(store, forge_id, item.ref) is not None:
-            return  # not indexed (or gone), or a card: the app's own words
+            return  # gone, or a card: the app's own words
         body = (render.parse_addressing(text).body or text).replace("\r\n", "\n").strip()
-        if body != c.body:
+        if c is None:  # its `created` is late: indexed in these words when it comes (its
+            # commands, if any, from the words it was written in, as an edit after it would)
+            await db.note_early_edit(store, item.ref, forge_id, body[:MAX_BODY])
+        elif body != c.body:
             async with store.transaction() as tx:
                 await db.edit_comment(tx, c.id, body[:MAX_BODY])
 

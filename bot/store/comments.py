@@ -275,6 +275,23 @@ COMMENT_CHANGES_VERSION = 32
 register_columns("comments", {"edited_at": "{real}", "deleted_at": "{real}"},
                  version=COMMENT_CHANGES_VERSION)
 
+# Schema 35: an edit that came before its comment was indexed (its `created` late: out of
+# order, or lost and redelivered): the forge's words then, and when, until the comment is
+# indexed (`put_comment` takes them in its transaction); pruned after the retention.
+EARLY_EDITS_VERSION = 35
+register_schema("""
+CREATE TABLE IF NOT EXISTS early_edits (
+    item {text} NOT NULL,
+    forge_id {int} NOT NULL,
+    body {text} NOT NULL,
+    edited_at {real} NOT NULL,
+    PRIMARY KEY (item, forge_id)
+);
+CREATE INDEX IF NOT EXISTS early_edits_at ON early_edits(edited_at);
+""", version=EARLY_EDITS_VERSION)
+_PUT_EARLY_EDIT = upsert("early_edits", ["item", "forge_id", "body", "edited_at"],
+                         ["item", "forge_id"])
+
 
 @dataclass(frozen=True)
 class CommentRow:
@@ -298,11 +315,29 @@ def _comment(r: Any) -> CommentRow:
 
 
 async def put_comment(db: Connection, c: CommentRow) -> None:
+    """Index `c`; a forge comment edited before it was indexed (`note_early_edit`) is indexed
+    with its words as the forge showed them after that edit, marked edited."""
+    body, edited_at = c.body, c.edited_at
+    if c.forge_id is not None and c.deleted_at is None:
+        early = await db.fetchone("SELECT body, edited_at FROM early_edits WHERE item=? AND"
+                                  " forge_id=?", (c.item, c.forge_id))
+        if early is not None:
+            await db.execute("DELETE FROM early_edits WHERE item=? AND forge_id=?",
+                             (c.item, c.forge_id))
+            if early["body"] != body:
+                body, edited_at = early["body"], early["edited_at"]
     await db.execute(
         "INSERT INTO comments(id, item, thread, parent, author, body, data, forge_id,"
-        " created_at, deleted_at, org) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-        (c.id, c.item, c.thread, c.parent, c.author, c.body, json.dumps(c.data), c.forge_id,
-         c.created_at, c.deleted_at, org_of(c.item)))
+        " created_at, edited_at, deleted_at, org) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+        (c.id, c.item, c.thread, c.parent, c.author, body, json.dumps(c.data), c.forge_id,
+         c.created_at, edited_at, c.deleted_at, org_of(c.item)))
+
+
+async def note_early_edit(store: Store, item: str, forge_id: int, body: str) -> None:
+    """Forge comment `forge_id` on `item`, not indexed yet, reads `body` after an edit: kept
+    for when it is (`put_comment`)."""
+    async with store.transaction() as db:
+        await db.execute(_PUT_EARLY_EDIT, (item, forge_id, body, time.time()))
 
 
 async def edit_comment(db: Connection, comment_id: str, body: str) -> None:

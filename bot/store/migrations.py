@@ -106,6 +106,8 @@ NAMES = {
         " taken, where the newest row taken on the issue refused it",
     34: "each adopted mail keeps the forge time of the adoption's write: an edit the forge"
         " dates no later was written over by it, and is put back in view unsigned",
+    35: "a comment's edit that came before the comment was indexed (its `created` late) is"
+        " kept until it is, so the comment is indexed in the words the forge shows",
 }
 
 

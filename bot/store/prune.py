@@ -18,7 +18,9 @@ transaction holds (it is left to the next prune):
 * what an org-signed Gitea delivery was taken on (`org_signed_rows`, `org_signed_taken`,
   `org_signed_comments`, `bot.app.org_signed`), `keep` after it was taken: no such delivery is
   taken on an event or a comment older than `keep`, so a row that old guards nothing a
-  delivery could take again.
+  delivery could take again;
+* a comment's edit kept until the comment is indexed (`early_edits`), `keep` after it: its
+  `created` comes within that or not at all (redelivered no later than `keep`).
 
 Mail, comments, chats and the ledger are the office's record and are never pruned here.
 """
@@ -86,6 +88,7 @@ STATEMENTS: dict[str, Sql] = {  # (one per table, in order; read by the tests)
     "org_signed_taken": _batched("org_signed_taken", "issue", "taken_at < ?"),
     "org_signed_comments": _batched("org_signed_comments", "comment_id", "taken_at < ?"),
     "org_signed_rows": _batched("org_signed_rows", "issue, event_id", "taken_at < ?"),
+    "early_edits": _batched("early_edits", "item, forge_id", "edited_at < ?"),
 }
 
 
@@ -98,7 +101,7 @@ async def prune(store: Store, *, now: float, keep: float) -> dict[str, int]:
               "oauth_grants": now - KEPT_AFTER_EXPIRY, "oauth_consents": now - KEPT_AFTER_EXPIRY,
               "oauth_clients": now - DAY, "api_tokens": now - keep,
               "org_signed_taken": now - keep, "org_signed_comments": now - keep,
-              "org_signed_rows": now - keep}
+              "org_signed_rows": now - keep, "early_edits": now - keep}
     deleted: dict[str, int] = {}
     for table, sql in STATEMENTS.items():
         total = 0
