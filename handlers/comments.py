@@ -40,9 +40,12 @@ async def handle_comment(event: sansio.Event, ctx: HandlerContext) -> None:
     if s is None:
         return
     if s.no_one:  # edited since it was written, by whom the forge does not say (org_signed)
+        # (on an item its words are indexed all the same, as its author's, marked edited:
+        # handlers.items.index_edited)
         await s.note(f"comment {event.data['comment']['id']} was edited since it was written, "
-                     "and this forge does not say by whom, so nothing in it was done. Write it "
-                     "again in a new comment.")
+                     "and this forge does not say by whom, so nothing it asks was done: no "
+                     "command run, no one mailed, answered or addressed. Write it again in a "
+                     "new comment for that.")
         return
     text = event.data["comment"].get("body") or ""
     commands = parse_commands(text)

@@ -7,6 +7,7 @@ Mail issues and `/mail` belong to handlers.comments and handlers.mail; this rout
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from gidgethub import sansio
@@ -37,6 +38,7 @@ from bot.mail.markdown import check_length
 from bot.office.config import Office
 from bot.office.visibility import login_of
 from bot.store import comments as db
+from bot.store.moves import forge_time
 from handlers.common import Scene, actor_of, repo_now, scene
 from handlers.item_updates import record_update
 
@@ -82,12 +84,13 @@ async def comment_on_item(event: sansio.Event, ctx: HandlerContext) -> None:
     if found is None:
         return
     s, item = found
-    if s.no_one:  # edited since it was written: handle_comment notes it, nothing more
-        return
     comment = event.data["comment"]
     gone = await db.comment_by_forge_id(ctx.services.store, int(comment["id"]), item.ref)
     if gone is not None and gone.deleted_at is not None:
         return  # deleted on the forge before this (late) `created` came: nothing of it is read
+    if s.no_one:  # edited since it was written (handle_comment notes it): words alone
+        await index_edited(s, item, comment)
+        return
     text = str(comment.get("body") or "")
     commands = parse_commands(text)
     if any(c.name == "mail" for c in commands):
@@ -131,6 +134,25 @@ async def comment_on_item(event: sansio.Event, ctx: HandlerContext) -> None:
             await ping_addressed(s, text, added)
     except VaultmailError as exc:
         await s.refuse(exc)
+
+
+async def index_edited(s: Scene, item: Item, comment: dict[str, Any]) -> None:
+    """A comment the forge shows edited since it was written, by whom it does not say
+    (bot.app.org_signed): indexed as an edit after its `created` would leave it, its author's
+    (the forge says who) in its words now, marked edited, but as an edit: no command run, no
+    question answered, no one addressed (`words_edited`), since its author may not have
+    written them."""
+    author = await actor_of(s.ctx, s.office, comment.get("user") or {"login": "ghost"})
+    text = str(comment.get("body") or "")
+    service = Comments(s.ctx.services, s.ctx.forge, s.office)
+    try:
+        check_length(text, limit=MAX_COMMENT)
+        await service.add(author, await service.index_item(item), NewComment(
+            body=parse_addressing(text).body or text, forge_id=int(comment["id"]),
+            edited_at=forge_time(comment.get("updated_at")) or time.time()))
+    except VaultmailError as exc:  # (said to no one: the words may not be its author's)
+        s.ctx.log.info("an edited comment was not indexed", extra={
+            "reason": exc.message, "issue": s.ref})
 
 
 async def ping_addressed(s: Scene, text: str, added: dict[str, Any], *,

@@ -109,6 +109,7 @@ class NewComment:
     forge_id: int | None = None  # set when the comment was written in the forge by hand
     quiet: bool = False  # a tick in a card: the card shows it, no comment is posted
     key: str | None = None  # the caller's idempotencyKey: the comment's id is derived from it
+    edited_at: float | None = None  # a forge comment edited before it was indexed: when
 
 
 @dataclass
@@ -329,7 +330,7 @@ class Comments:
             "amend": new.amend, "confirmedWithPerson": new.confirmed,
             "notify": [r.as_json() for r in reached],
             "addressed": [r.principal for r in [*to, *cc]],
-        }, forge_id, now)
+        }, forge_id, now, edited_at=new.edited_at)
         await self._commit(actor, item, record, row, kind, reached, to, cc)
         if row.state.is_question:  # asked, answered or passed on: the forge shows who it waits on
             await waiting.sync(self, row.scope)

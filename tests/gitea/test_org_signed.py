@@ -670,3 +670,45 @@ async def test_a_delivery_signed_as_marcos_spends_none_of_marcos_write_budget(
     finally:
         pacer.principal_share = 0.75
     assert issue.state == "closed", "marco's fix could not close the config-error issue"
+
+
+async def test_a_comment_its_author_edited_before_it_was_handled_is_indexed_as_the_forge_shows(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """sara commented on marco's plan and edited it a second later, before the app handled
+    its `created`: the forge shows the comment edited since it was written, so org_signed
+    reads it in no one's name, and the items handler left it there: it was never indexed,
+    and marco (the plan's author) never heard of it. It is now indexed as the forge shows
+    it, sara's, in its words now, marked edited; the edit's `cc:` addresses no one."""
+    vault = "/repos/acme/scout-vault"
+    marco, sara = gitea_api(session, office, "marco"), gitea_api(session, office, "sara")
+    lid = (await marco("POST", f"{vault}/labels", {"name": "plan", "color": "#00aabb"},
+                       201))["id"]
+    plan = await marco("POST", f"{vault}/issues", {"title": "EU launch plan", "body": "x",
+                                                   "labels": [lid]}, 201)
+    n = plan["number"]
+    await office.settle()
+    deliveries = office.forge.state.deliveries
+    before = set(deliveries)
+    office.forge.faults.drop_webhooks(count=1)  # its `created`, handled after the edit
+    mine = await sara("POST", f"{vault}/issues/{n}/comments", {"body": "Prices are 10 EUR"}, 201)
+    await office.settle()
+    (created,) = [deliveries[i] for i in set(deliveries) - before]
+    office.forge.clock.advance(1)  # (Gitea stamps a comment to the second)
+    await sara("PATCH", f"{vault}/issues/comments/{mine['id']}",
+               {"body": "cc: lee@acme.com\nPrices are 12 EUR"}, 200)
+    await office.settle()
+    office.forge.webhooks.redeliver(created)
+    await office.settle()
+
+    async def unread(who: str) -> list[Any]:
+        got = await ToolClient(session, office, who)("list_inbox", markRead=False)
+        return list(got["you"]["unread"])
+
+    [seen] = await unread("human:marco@acme.com")
+    assert seen["body"] == "Prices are 12 EUR" and "edited" in seen, seen
+    assert seen["author"] == "human:sara@acme.com", seen
+    assert await unread("human:lee@acme.com") == [], "addressed by words no one can be shown " \
+        "to have written"
+    row = await comments.comment_by_forge_id(office.services.store, int(mine["id"]),
+                                             f"acme/scout-vault#{n}")
+    assert row is not None and row.data["addressed"] == [] and row.data["kind"] == "comment"
