@@ -11,9 +11,13 @@ class VaultmailError(Exception):
     status = 400
     code = "bad_request"
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init__(self, message: str, *, code: str | None = None,
+                 on_forge: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        # the same said to a forge command (handlers.common.Scene.refuse), where the message
+        # names a tool's arguments (`confirmedWithPerson`, `body`) the forge has no way to write
+        self.on_forge = on_forge or message
         if code:
             self.code = code
         # what the error result carries besides `error`: for an agent, its `inbox`
@@ -44,8 +48,8 @@ class Denied(VaultmailError):
     code = "denied"
 
     def __init__(self, message: str, *, code: str | None = None, subject: str | None = None,
-                 ledgered: bool = False) -> None:
-        super().__init__(message, code=code)
+                 ledgered: bool = False, on_forge: str | None = None) -> None:
+        super().__init__(message, code=code, on_forge=on_forge)
         self.subject = subject
         self.ledgered = ledgered
 

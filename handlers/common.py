@@ -77,7 +77,7 @@ class Scene:
         Someone outside the office hears it once: their further refusals within
         `strangers.QUIET_FOR` are only ledgered (`run.denied` with `quiet`), so a stranger's
         flood of commands costs one reply, not one each."""
-        said = text if text is not None else exc.message
+        said = text if text is not None else exc.on_forge
         store = self.ctx.services.store
         if self.stranger and not await strangers.may_reply(
                 store, self.login, self.ctx.delivery_id, org=self.office.org):

@@ -374,7 +374,7 @@ async def card_edited(event: sansio.Event, ctx: HandlerContext) -> None:
             return
         except VaultmailError as exc:
             await ctx.forge.update_comment(s.repo, t.card_id, t.card_body)
-            await s.say(f"your tick was undone: {exc.message}")
+            await s.say(f"your tick was undone: {exc.on_forge}")
             return
     await ctx.forge.update_comment(s.repo, t.card_id, t.card_body)
     if choice is not None or not may_answer(t.state, s.office, s.actor):

@@ -367,3 +367,32 @@ async def test_a_day_of_the_token_ttl_story_with_the_agent_acting_only_by_commen
     kinds = [e.data["kind"] for e in await events(embedded, "comment.added")]
     assert kinds == ["question", "pass_on", "answer", "follow_up", "comment", "question",
                      "pass_on", "answer", "amend"]
+
+
+async def test_a_relay_refused_on_the_forge_says_what_to_write_there(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """scout's `/answer 1` relaying marco's answer without `/confirmed` was refused in the
+    tool's words, "reply with what they said and confirmedWithPerson: true", which the forge
+    has no way to write; so too a humanOnly question's refusal, sara's `/answer` to a question
+    that does not ask her ("reply with body") and a `/reply` without words ("answer with
+    option"). Each refusal a forge command reaches now says what to write on the forge."""
+    outcome = await make_item(embedded, person("marco"), "outcome", "Pricing",
+                              assignees=["scout-bot"])
+    repo, n = where(outcome)
+    said = []
+    for header, human_only in (("Discount", False), ("Launch", True)):
+        await tools(SARA)("add_comment", targetType="outcome", target=outcome, header=header,
+                          body=f"{header}?", options=YES_NO, humanOnly=human_only,
+                          to=["marco@acme.com"])
+    for who, text in (("scout-bot", "/answer Discount 1"), ("scout-bot", "/answer Launch 1"),
+                      ("sara", "/answer Discount 2"), ("marco", "/reply Discount")):
+        await person(who).comment(repo, n, text)
+        await embedded.settle()
+        said.append([c["body"] for c in await forge_comments(person("admin"), outcome)
+                     if c["user"]["login"] == "vaultmail[bot]"][-1])
+    assert all(t.state.answer is None for t in await _threads(embedded, outcome))
+    for line in said:
+        assert not any(w in line for w in ("confirmedWithPerson", "with body", "with option",
+                                           '["me"]')), line
+    assert "/confirmed" in said[0] and "/confirmed" in said[1] and "to: me" in said[1], said
+    assert "in words" in said[2] and "/reply" in said[3], said

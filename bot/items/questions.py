@@ -123,7 +123,8 @@ def validate_question(body: str, *, needs_reply: bool, options: list[dict[str, A
     if context is not None and len(context) > MAX_CONTEXT:
         raise InvalidArguments(f"context: {len(context)} characters, at most {MAX_CONTEXT}")
     if not body.strip():
-        raise InvalidArguments("body: a question needs its question in body")
+        raise InvalidArguments("body: a question needs its question in body",
+                               on_forge="a question needs its question: write it after `/ask`")
     return Question(body=body.strip(), options=parsed,
                     header=header.strip() if header and header.strip() else None,
                     human_only=human_only, context=context.strip() if context else None)

@@ -247,10 +247,11 @@ class Comments:
             return "none"
         return await self.services.visibility.role(self.forge, repo, login)
 
-    async def deny(self, actor: str, subject: str, reason: str) -> Denied:
+    async def deny(self, actor: str, subject: str, reason: str,
+                   on_forge: str | None = None) -> Denied:
         await ledger.record(self.services.store, "run.denied", actor, subject, {"reason": reason},
                             org=self.office.org)
-        return Denied(reason, subject=subject, ledgered=True)
+        return Denied(reason, subject=subject, ledgered=True, on_forge=on_forge)
 
     def is_editor(self, principal: str) -> bool:
         human = self.office.human(principal[6:]) if principal.startswith("human:") else None
@@ -279,7 +280,9 @@ class Comments:
                 return await self._added(done, actor)
         body = new.body.replace("\r\n", "\n").strip()
         if not body and new.option is None:
-            raise InvalidArguments("body: empty; write the comment, or answer with option")
+            raise InvalidArguments("body: empty; write the comment, or answer with option",
+                                   on_forge="nothing to say: write your words after the "
+                                   "command (`/reply [<header or id>] <your words>`)")
         if len(body) > MAX_BODY:
             raise InvalidArguments(f"body: {len(body):,} characters; a comment takes at most "
                                    f"{MAX_BODY:,}. Shorten it or split it into a few comments")
@@ -445,7 +448,7 @@ class Comments:
                                 body=body, option=option, amend=new.amend,
                                 confirmed=new.confirmed, to=to, cc=cc)
         except Denied as exc:  # a question's rules (who answers, humanOnly): a permission
-            raise await self.deny(actor, item.ref, exc.message) from exc
+            raise await self.deny(actor, item.ref, exc.message, exc.on_forge) from exc
         return self.without_gone(state), kind
 
     def without_gone(self, state: ThreadState) -> ThreadState:

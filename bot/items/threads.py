@@ -26,6 +26,9 @@ ReplyKind = Literal["answer", "amend", "follow_up", "pass_on", "comment"]
 _HUMAN_ONLY = ("this question is humanOnly: your person must decide. Tell them, then reply with "
                'what they said and confirmedWithPerson: true (or pass it to them with to: '
                '["me"])')
+_HUMAN_ONLY_ON_FORGE = ("this question is humanOnly: your person must decide. Tell them, then "
+                        "relay what they said with `/confirmed <what they said>` (or pass it "
+                        "to them with a line `to: me` above `/answer`)")
 
 
 @dataclass(frozen=True)
@@ -211,12 +214,17 @@ def reply(state: ThreadState, office: Office, who: str, *, comment: str, at: flo
     if (option is not None or amend) and not answerer:
         if q is not None and _relays(state, office, who):
             if q.human_only:
-                raise Denied(_HUMAN_ONLY)
-            raise Denied(f"only those the question asks ({', '.join(state.asked)}) can answer "
-                         f"it; to relay {person_of(office, who)}'s answer, reply with what "
-                         "they said and confirmedWithPerson: true, or reply with body")
+                raise Denied(_HUMAN_ONLY, on_forge=_HUMAN_ONLY_ON_FORGE)
+            only = f"only those the question asks ({', '.join(state.asked)}) can answer it"
+            raise Denied(f"{only}; to relay {person_of(office, who)}'s answer, reply with what "
+                         "they said and confirmedWithPerson: true, or reply with body",
+                         on_forge=f"{only}; to relay {person_of(office, who)}'s answer, write "
+                         "`/confirmed <what they said>` (or `/answer <option>` and a line "
+                         "`/confirmed`), or comment in words")
         raise Denied(f"only those the question asks ({', '.join(state.asked)}) can answer it; "
-                     "reply with body, or ask them to")
+                     "reply with body, or ask them to",
+                     on_forge=f"only those the question asks ({', '.join(state.asked)}) can "
+                     "answer it; comment in words, or ask them to")
     if amend and state.answer is None:
         raise InvalidArguments("amend: nothing has been answered yet; reply without amend")
     if option is not None and state.answer is not None and not amend:
@@ -244,7 +252,7 @@ def reply(state: ThreadState, office: Office, who: str, *, comment: str, at: flo
         amend or (state.answer is None and (option is not None or not new_people)))
     if answering and q is not None and q.human_only and who.startswith("agent:") \
             and not confirmed:
-        raise Denied(_HUMAN_ONLY)
+        raise Denied(_HUMAN_ONLY, on_forge=_HUMAN_ONLY_ON_FORGE)
     since = state.replied_since
     if state.answer is not None and who != state.asker:
         since = _unique([*since, who])  # acted on the answer, or passed it on
