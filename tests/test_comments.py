@@ -729,7 +729,8 @@ async def test_an_edit_delivered_before_its_creation_is_what_the_index_ends_with
 async def test_a_deleted_ask_closes_its_question(
         embedded: Embedded, person: Any, tools: Any) -> None:
     """marco deleted his `/ask` on the forge: the question is withdrawn, its card says so,
-    and it waits on no one (Comments.forge_deleted, threads.withdraw)."""
+    and it waits on no one (Comments.forge_deleted, threads.withdraw). The card kept only
+    "Question from marco for @sara", not the header using.md says it keeps: it keeps it."""
     marco = person("marco")
     goal = await make_item(embedded, marco, "goal", "EU launch")
     repo, n = where(goal)
@@ -749,6 +750,7 @@ async def test_a_deleted_ask_closes_its_question(
     assert (await tools(MARCO)("list_inbox", markRead=False))["you"]["waitingOnOthers"] == []
     [card] = [c["body"] for c in await forge_comments(marco, goal)]
     assert "This question was deleted on the forge." in card and "March" not in card, card
+    assert "### Ship month" in card, "its card keeps its header (docs/using.md)"
 
 
 async def test_amending_to_the_same_answer_changes_nothing_and_says_so(

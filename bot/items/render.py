@@ -108,10 +108,11 @@ def render_card(comment_id: str, *, author: str, state: ThreadState, mentions: l
     if q.human_only:
         head += " · *a person decides (human only)*"
     parts = [marker(comment_id, kind="question"), head, ""]
-    if not q.body:  # deleted on the forge: nothing of what it asked is repeated here
-        return "\n".join([*parts, _status(state, logins)]) + "\n"
     if q.header:
         parts += [f"### {as_data(q.header)}", ""]
+    if not q.body:  # deleted on the forge: nothing of what it asked is repeated, but its
+        # header (the name `/answer` knew it by)
+        return "\n".join([*parts, _status(state, logins)]) + "\n"
     parts += [_neutralise(q.body), ""]
     if q.context:
         parts += ["<details><summary>Context</summary>", "", _neutralise(q.context), "",
