@@ -15,7 +15,7 @@ from aiohttp import web
 from bot.console import live, queries, sessions
 from bot.console.frame import frame, signed_in, tool, unread_beside
 from bot.console.render import page
-from bot.console.visitor import Visitor
+from bot.console.visitor import Visitor, looking_itself
 from bot.digits import whole
 from bot.email.message import read_meta
 from bot.errors import InvalidArguments, NotFoundError
@@ -76,7 +76,8 @@ def _not_yours(box: dict[str, Any], principal: str) -> dict[str, Any]:
 
 async def inbox_context(request: web.Request, v: Visitor) -> dict[str, Any]:
     stamp = await live.delivery_stamp(v)  # before the look: a later delivery re-fetches
-    look = await tool(v, "list_inbox", read=True)  # the person looks: unread is marked read
+    # the person looks: what is unread is marked read (not when another site sent them here)
+    look = await tool(v, "list_inbox", read=True, markRead=looking_itself(request, v))
     deferred = await sessions.deferred(v.services.store, v.principal, org=v.call.office.org)
     you = look["you"]
     cards = {c["thread"] for c in you["yourTurn"]}

@@ -124,6 +124,18 @@ def check_csrf(request: web.Request, visitor: Visitor, form: dict[str, str]) -> 
                      "match your session): reload the page and send it again", code="csrf")
 
 
+def looking_itself(request: web.Request, visitor: Visitor) -> bool:
+    """Whether a GET is the person looking, so that it may mark what it shows read: a page of
+    the console's own (`Sec-Fetch-Site: same-origin`) or an address they typed or bookmarked
+    (`none`: no page sent them). SameSite=Lax sends the session cookie on a top-level
+    navigation from any site, which marks nothing; neither does a browser that sends no
+    Sec-Fetch-Site (it cannot tell the two apart). A browser never sends an API token by
+    itself: that looks as the tools do."""
+    if visitor.session is None:
+        return True
+    return request.headers.get("Sec-Fetch-Site") in ("same-origin", "none")
+
+
 def pre_session_token(request: web.Request) -> str:
     """The sign-in page's own token (a cookie and a field must match: no login CSRF)."""
     return request.cookies.get(PRE_COOKIE) or secrets.token_urlsafe(24)

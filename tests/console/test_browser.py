@@ -11,8 +11,15 @@ import pytest
 from playwright.async_api import BrowserContext, expect
 
 from bot.app.embedded import Embedded
-from tests.console.browser import PHONE, assert_accessible, live, shot, sign_in_with_forge
-from tests.items_support import BUILDER, MARCO, SCOUT, TOKEN_TTL, forge_comments, make_item
+from tests.console.browser import (
+    PHONE,
+    assert_accessible,
+    live,
+    shot,
+    sign_in_with_forge,
+    sign_in_with_token,
+)
+from tests.items_support import BUILDER, MARCO, SARA, SCOUT, TOKEN_TTL, forge_comments, make_item
 from tests.support import Actor, ToolClient, label_names
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -350,3 +357,42 @@ async def test_the_inbox_and_a_desk_read_as_they_should_in_the_browser(
     await page.goto(office.app_url + "/console/agents/critic")
     await expect(page.get_by_role("heading", name="critic's desk")).to_be_visible()
     await expect(page.get_by_label("Ask critic")).to_have_count(0)
+
+
+async def test_only_the_person_looking_marks_their_inbox_read(office: Embedded,
+                                                              context: BrowserContext) -> None:
+    """Another site sending marco's browser to his inbox (SameSite=Lax sends his session's
+    cookie on a top-level navigation from anywhere) marks nothing read: he has not seen it. The
+    Inbox link of a console page does, and so does the address typed or bookmarked."""
+    page = await context.new_page()
+    await sign_in_with_token(page, office, MARCO)
+    await expect(page.get_by_text("No unread comments.")).to_be_visible()
+    other_site = office.app_url.replace("127.0.0.1", "localhost")  # not 127.0.0.1's site
+    await page.goto(other_site + "/console/static/console.css")  # (the inbox left: not open)
+    async with aiohttp.ClientSession() as http:
+        marco = ToolClient(http, office, MARCO)
+        outcome = await make_item(office, Actor(http, office, "marco"), "outcome", "Auth",
+                                  assignees=["scout-bot"])
+
+        async def unread() -> list[str]:
+            return [c["body"] for c in
+                    (await marco("list_inbox", markRead=False))["you"]["unread"]]
+
+        for body in ("Secret for Marco", "Another for Marco"):
+            await ToolClient(http, office, SARA)("add_comment", targetType="outcome",
+                                                 target=outcome, body=body, to=["marco@acme.com"])
+        await office.settle()
+        await page.evaluate(f"window.location = {office.app_url + '/console/inbox'!r}")
+        await page.wait_for_url(office.app_url + "/console/inbox")
+        assert sorted(await unread()) == ["Another for Marco", "Secret for Marco"]
+        await expect(page.locator("li.comment.unread")).to_have_count(2)  # shown, still unread
+
+        await page.get_by_role("link", name=re.compile("^Inbox")).click()  # the console's own
+        await page.wait_for_load_state()
+        assert await unread() == []
+        await ToolClient(http, office, SARA)("add_comment", targetType="outcome",
+                                             target=outcome, body="Typed", to=["marco@acme.com"])
+        await office.settle()
+        await page.goto(office.app_url + "/console/inbox")  # typed or bookmarked
+        await expect(page.locator("li.comment.unread")).to_have_count(1)
+        assert await unread() == []
