@@ -701,8 +701,10 @@ async def test_registrations_are_counted_per_client_behind_a_trusted_proxy(
 
 async def test_the_metadata_built_from_request_headers_is_not_cached(
         embedded: Embedded, session: aiohttp.ClientSession) -> None:
-    """Without VAULTMAIL_PUBLIC_URL the metadata name the host the client asked: a cache
-    must not hand one client's answer to another."""
+    """Without VAULTMAIL_PUBLIC_URL the metadata name the host the client asked (through a
+    trusted proxy here): a cache must not hand one client's answer to another."""
+    embedded.services.settings = dataclasses.replace(
+        embedded.services.settings, trusted_proxies=parse_proxies("127.0.0.1, ::1"))
     settings = embedded.services.settings
     for path in ("/.well-known/oauth-authorization-server",
                  "/.well-known/oauth-protected-resource/mcp"):
@@ -714,6 +716,35 @@ async def test_the_metadata_built_from_request_headers_is_not_cached(
                 assert "other.example" in await resp.text()
         finally:
             object.__setattr__(settings, "public_url", embedded.app_url)
+
+
+async def test_the_address_in_the_metadata_is_a_trusted_proxys_to_say_only(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """Without VAULTMAIL_PUBLIC_URL, the issuer and resource the metadata advertise are the
+    address the request came to. X-Forwarded-Host and X-Forwarded-Proto say it only from a
+    proxy in VAULTMAIL_TRUSTED_PROXIES, as X-Forwarded-For does: from anyone else they are
+    the client's own words (it would pick the issuer and resource it is told)."""
+    services = embedded.services
+    services.settings = dataclasses.replace(services.settings, public_url="")
+    own = embedded.app_url.rstrip("/")
+    forwarded = {"X-Forwarded-Host": "evil.example", "X-Forwarded-Proto": "https"}
+
+    async def advertised() -> tuple[str, str]:
+        async with session.get(embedded.app_url + "/.well-known/oauth-authorization-server",
+                               headers=forwarded) as resp:
+            issuer = (await resp.json())["issuer"]
+        async with session.get(embedded.app_url + "/.well-known/oauth-protected-resource/mcp",
+                               headers=forwarded) as resp:
+            return issuer, (await resp.json())["resource"]
+
+    assert await advertised() == (own, own + "/mcp")
+    services.settings = dataclasses.replace(services.settings,
+                                            trusted_proxies=parse_proxies("127.0.0.1, ::1"))
+    assert await advertised() == ("https://evil.example", "https://evil.example/mcp")
+    # a proxy that appends: what the trusted one nearest the app wrote, never the client's
+    forwarded = {"X-Forwarded-Host": "evil.example, vault.acme.com",
+                 "X-Forwarded-Proto": "http, https"}
+    assert await advertised() == ("https://vault.acme.com", "https://vault.acme.com/mcp")
 
 
 async def test_the_oauth_tables_are_pruned(tmp_path: Path, database_url: str) -> None:

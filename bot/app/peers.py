@@ -37,7 +37,7 @@ def client_address(request: web.Request, proxies: tuple[Network, ...]) -> str:
     """The address `request` is from, as above ("" when the connection names none). A hop a
     trusted proxy wrote that is no address counts as the proxy's own."""
     peer = request.remote or ""
-    if not proxies or not _trusted(_ip(peer), proxies):
+    if not from_trusted_proxy(request, proxies):
         return peer
     hops = [h for field in request.headers.getall("X-Forwarded-For", [])
             for h in field.split(",")]
@@ -48,6 +48,30 @@ def client_address(request: web.Request, proxies: tuple[Network, ...]) -> str:
         if not _trusted(ip, proxies):
             return str(ip)
     return peer
+
+
+def from_trusted_proxy(request: web.Request, proxies: tuple[Network, ...]) -> bool:
+    """Whether `request` came through a proxy the operator trusts: its X-Forwarded-* headers
+    are the proxy's word; from anyone else, the client's own."""
+    return _trusted(_ip(request.remote or ""), proxies)
+
+
+def reached_at(request: web.Request, proxies: tuple[Network, ...]) -> tuple[str, str]:
+    """The scheme and host the client reached the app at: the request's own, or what a trusted
+    proxy says in X-Forwarded-Proto and X-Forwarded-Host (a TLS-terminating ingress speaks
+    http to the app). Of a list, the last: what the proxy nearest the app wrote; a client's
+    own before it is never taken."""
+    scheme, host = request.scheme, request.host
+    if from_trusted_proxy(request, proxies):
+        proto = _last(request, "X-Forwarded-Proto").lower()
+        scheme = proto if proto in ("http", "https") else scheme
+        host = _last(request, "X-Forwarded-Host") or host
+    return scheme, host
+
+
+def _last(request: web.Request, header: str) -> str:
+    values = [v.strip() for field in request.headers.getall(header, []) for v in field.split(",")]
+    return values[-1] if values else ""
 
 
 def client_key(request: web.Request, proxies: tuple[Network, ...]) -> str:

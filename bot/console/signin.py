@@ -31,6 +31,7 @@ from bot.console.visitor import (
     local_next,
     person_of,
     pre_session_token,
+    public_base,
     set_cookie,
     visitor,
 )
@@ -42,11 +43,6 @@ log = logging.getLogger("vaultmail.console")
 STATE_COOKIE = "vaultmail_oauth"
 STATE_AGE = 600  # seconds to come back from the forge (its codes last 10 minutes too)
 CALLBACK = f"{CONSOLE}/oauth/callback"
-
-
-def public_base(request: web.Request) -> str:
-    settings = request.app[SERVICES_KEY].settings
-    return settings.public_url or f"{request.scheme}://{request.host}"
 
 
 def callback_url(request: web.Request) -> str:

@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
+from bot.app.peers import reached_at
 from bot.app.services import SERVICES_KEY, Services
 from bot.console import sessions
 from bot.errors import Denied, Unauthenticated
@@ -139,6 +140,16 @@ def looking_itself(request: web.Request, visitor: Visitor) -> bool:
 def pre_session_token(request: web.Request) -> str:
     """The sign-in page's own token (a cookie and a field must match: no login CSRF)."""
     return request.cookies.get(PRE_COOKIE) or secrets.token_urlsafe(24)
+
+
+def public_base(request: web.Request) -> str:
+    """The app's URL: VAULTMAIL_PUBLIC_URL when set, else as the client reached it (through
+    a trusted proxy: as that proxy says, `bot.app.peers.reached_at`)."""
+    settings = request.app[SERVICES_KEY].settings
+    if settings.public_url:
+        return settings.public_url.rstrip("/")
+    scheme, host = reached_at(request, settings.trusted_proxies)
+    return f"{scheme}://{host}"
 
 
 def secure(request: web.Request) -> bool:

@@ -62,6 +62,7 @@ from bot.console.visitor import (
     NotSignedIn,
     Visitor,
     check_csrf,
+    public_base,
     sign_in_redirect,
     still_stands,
     visitor,
@@ -114,16 +115,6 @@ STARTS_KEY = web.AppKey("oauth_starts", PerAddress)  # sign-in requests per addr
 
 def _now(request: web.Request) -> float:
     return request.app[CLOCK_KEY].now()
-
-
-def public_base(request: web.Request) -> str:
-    """The app's URL: VAULTMAIL_PUBLIC_URL when set, else as the client reached it."""
-    configured = request.app[SERVICES_KEY].settings.public_url
-    if configured:
-        return configured.rstrip("/")
-    proto = request.headers.get("X-Forwarded-Proto", request.scheme).split(",")[0].strip()
-    host = request.headers.get("X-Forwarded-Host", request.host).split(",")[0].strip()
-    return f"{proto}://{host}"
 
 
 def mcp_resource(request: web.Request) -> str:
