@@ -135,7 +135,8 @@ class Settings:
     allowed_origins: tuple[str, ...] = field(default_factory=lambda: parse_origins(
         os.environ.get("VAULTMAIL_ALLOWED_ORIGINS")))
     # the proxies (an ingress, a load balancer) whose X-Forwarded-For says whom a request is
-    # from (VAULTMAIL_TRUSTED_PROXIES); none by default: the connecting address is the client
+    # from, and X-Forwarded-Proto and -Host where it was sent to, without a public_url
+    # (VAULTMAIL_TRUSTED_PROXIES); none by default: the connecting address is the client
     trusted_proxies: tuple[Network, ...] = field(default_factory=lambda: parse_proxies(
         os.environ.get("VAULTMAIL_TRUSTED_PROXIES")))
     # the index (DATABASE_URL): SQLite in the data directory by default; postgresql://...

@@ -54,7 +54,8 @@ GROUPS: list[tuple[str, list[tuple[str, str]]]] = [
         ("outbound_allow", "hosts and networks dispatch URLs and office webhooks may reach "
                            "besides public addresses, comma-separated"),
         ("allowed_origins", "origins a browser page may call /mcp from, comma-separated"),
-        ("trusted_proxies", "proxies (an ingress) whose X-Forwarded-For names the client, "
+        ("trusted_proxies", "proxies (an ingress) whose X-Forwarded-For names the client "
+                            "(and -Proto, -Host the address reached, without a public URL), "
                             "comma-separated addresses or networks"),
         ("operator_token", "Bearer token that shows /readyz's detail"),
         ("reconcile_seconds", "how often failed webhook deliveries are looked for (default "

@@ -153,8 +153,9 @@ def public_base(request: web.Request) -> str:
 
 
 def secure(request: web.Request) -> bool:
-    settings = request.app[SERVICES_KEY].settings
-    return settings.public_url.startswith("https://") or request.secure
+    """Whether cookies go out `Secure`: the app is reached over https (VAULTMAIL_PUBLIC_URL, or
+    as reached: a TLS request, or a trusted proxy's X-Forwarded-Proto behind one ending TLS)."""
+    return public_base(request).startswith("https://") or request.secure
 
 
 def set_cookie(response: web.StreamResponse, request: web.Request, name: str, value: str,

@@ -16,7 +16,7 @@ import aiohttp
 from yarl import URL
 
 from bot.app.embedded import Embedded
-from bot.app.settings import Settings
+from bot.app.settings import Settings, parse_proxies
 from bot.store import ledger
 from tests.items_support import MARCO, SARA, SCOUT, TOKEN_TTL, make_item, where
 from tests.support import Actor, ToolClient, redirected_elsewhere
@@ -297,6 +297,33 @@ async def test_over_https_the_session_cookie_is_secure(embedded: Embedded) -> No
             [cookie] = [c for c in resp.headers.getall("Set-Cookie")
                         if c.startswith("vaultmail_session=")]
     assert "Secure" in cookie and "HttpOnly" in cookie
+
+
+async def test_behind_a_tls_proxy_the_session_cookie_is_secure(embedded: Embedded) -> None:
+    """With no VAULTMAIL_PUBLIC_URL, behind an ingress that ends TLS and speaks http to the
+    app: its X-Forwarded-Proto (a proxy in VAULTMAIL_TRUSTED_PROXIES) says the browser is on
+    https, and the cookies go out Secure. The same header from anyone else says nothing."""
+    services = embedded.services
+    services.settings = dataclasses.replace(services.settings, public_url="")
+    tls = {"X-Forwarded-Proto": "https"}
+
+    async def cookies() -> list[str]:
+        async with aiohttp.ClientSession() as http:  # (no jar: the cookies as sent)
+            async with http.get(embedded.app_url + "/console/sign-in", headers=tls) as resp:
+                page = await resp.text()
+                [pre] = resp.headers.getall("Set-Cookie")
+            async with http.post(embedded.app_url + "/console/sign-in/token", data={
+                    "csrf": _field(page, "csrf"), "token": embedded.api_tokens[MARCO]},
+                    headers={**tls, "Cookie": pre.split(";")[0]},
+                    allow_redirects=False) as resp:
+                [session] = [c for c in resp.headers.getall("Set-Cookie")
+                             if c.startswith("vaultmail_session=")]
+        return [pre, session]
+
+    assert not any("Secure" in c for c in await cookies()), "a client's own word"
+    services.settings = dataclasses.replace(services.settings,
+                                            trusted_proxies=parse_proxies("127.0.0.1, ::1"))
+    assert all("Secure" in c for c in await cookies())
 
 
 async def test_api_token_sign_in_is_for_the_embedded_default_only(embedded: Embedded) -> None:
