@@ -1,6 +1,11 @@
 """Updates on outcomes (seed: `updates` in the inbox): status, plans, evidence and claims,
 recorded from the forge's issue events for those who created, hold, are assigned to or asked
-about the outcome."""
+about the outcome.
+
+Only the acts of someone with write access to the item's repository are news: on a public
+repository the author of an issue a member took in as evidence may close, reopen and edit it
+as often as they like, and each would otherwise be an update waking the outcome's people. The
+item's state still follows the forge (`get_outcome`, `get_tree` show it)."""
 
 from __future__ import annotations
 
@@ -36,7 +41,7 @@ def describe(item: Item, known: Item | None, data: dict[str, Any]) -> tuple[str,
 async def record_update(service: Comments, actor: str, item: Item, known: Item | None,
                         data: dict[str, Any]) -> None:
     what = describe(item, known, data)
-    if what is None:
+    if what is None or not await service.can_write(item.repo, actor):
         return
     outcome = item.parent if item.kind in ("plan", "evidence") else item.ref
     if outcome is None:

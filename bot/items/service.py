@@ -247,6 +247,10 @@ class Comments:
             return "none"
         return await self.services.visibility.role(self.forge, repo, login)
 
+    async def can_write(self, repo: str, principal: str) -> bool:
+        """Whether `principal` has write access to `repo` (contributor or above)."""
+        return await self.role(repo, principal) in CONTRIBUTOR
+
     async def deny(self, actor: str, subject: str, reason: str,
                    on_forge: str | None = None) -> Denied:
         await ledger.record(self.services.store, "run.denied", actor, subject, {"reason": reason},
@@ -395,7 +399,7 @@ class Comments:
         are read, whose refusals name the office's agents, teams and people (a stranger on a
         public repository learnt them from one comment)."""
         asked = parent is not None and may_reply(parent.state, self.office, actor)
-        if await self.role(item.repo, actor) not in CONTRIBUTOR and not asked:
+        if not await self.can_write(item.repo, actor) and not asked:
             raise await self.deny(actor, item.ref, (
                 f"{actor} needs contributor (write) access to {item.repo} to comment on "
                 f"{item.ref}; only people a question is addressed to may reply without it"))

@@ -1,0 +1,70 @@
+"""An outsider's issue on a public repository that a member took in as an item (issue 19, found
+by an outside review): what its author, who has no write access, then does to it alone (as the
+forge lets an issue's author: close, reopen, edit its title and body) fills no member's inbox,
+moves nothing in the office's graph and takes no member's item key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from bot.app.embedded import Embedded
+from tests.items_support import MARCO
+from tests.support import Actor
+
+SITE = "acme/website"
+
+
+@dataclass
+class Report:
+    marco: Actor
+    troll: Actor
+    outcome: dict[str, Any]  # marco's `[AC-7] Ship login`
+    number: int  # troll's "Login crashes", which marco labelled evidence for it
+
+    @property
+    def ref(self) -> str:
+        return f"{SITE}#{self.number}"
+
+    async def troll_sets(self, fields: dict[str, Any]) -> None:
+        await self.troll.call("PATCH", f"/repos/{SITE}/issues/{self.number}", fields,
+                              expect=200)
+
+
+async def _triaged_report(embedded: Embedded, session: aiohttp.ClientSession) -> Report:
+    """marco's outcome `[AC-7] Ship login` on acme's public website, and troll's (no one of
+    the office's) "Login crashes", `Part of` it, that marco triaged as evidence."""
+    forge = embedded.forge
+    forge.add_repo("acme", "website", private=False)
+    forge.set_permission(SITE, "marco", "write")
+    embedded.forge_tokens["troll"] = forge.add_user("troll")
+    marco, troll = Actor(session, embedded, "marco"), Actor(session, embedded, "troll")
+    outcome = await marco.open_issue(SITE, "[AC-7] Ship login", "login for all",
+                                     labels=["outcome"])
+    report = await troll.open_issue(SITE, "Login crashes",
+                                    f"Part of #{outcome['number']}\nstack trace")
+    await embedded.settle()
+    await marco.call("PATCH", f"/repos/{SITE}/issues/{report['number']}",
+                     {"labels": ["evidence"]}, expect=200)
+    await embedded.settle()
+    return Report(marco, troll, outcome, int(report["number"]))
+
+
+async def test_an_outsiders_closes_and_reopens_of_their_own_issue_fill_no_inbox(
+        embedded: Embedded, session: aiohttp.ClientSession, tools: Any) -> None:
+    r = await _triaged_report(embedded, session)
+    before = (await tools(MARCO)("list_inbox"))["updates"]
+    for _ in range(10):
+        await r.troll_sets({"state": "closed"})
+        await r.troll_sets({"state": "open"})
+    await embedded.settle()
+    assert (await tools(MARCO)("list_inbox"))["updates"] == before
+    # a member's close is news on the outcome, as before
+    embedded.forge.set_permission(SITE, "sara", "write")
+    await Actor(r.marco.session, embedded, "sara").call(
+        "PATCH", f"/repos/{SITE}/issues/{r.number}", {"state": "closed"}, expect=200)
+    await embedded.settle()
+    [news, *_] = (await tools(MARCO)("list_inbox"))["updates"]
+    assert news["summary"] == f"evidence {r.ref} closed: Login crashes"
