@@ -100,7 +100,7 @@ async def comment_on_item(event: sansio.Event, ctx: HandlerContext) -> None:
         # anyone may comment here: a comment too long to be one is refused unread (and the
         # refusal to someone outside the office is said once, then only ledgered)
         check_length(text, limit=MAX_COMMENT)
-        item = await service.index_item(item)
+        item = await service.index_item(item, by=s.actor)
         by_name = {c.name: c for c in commands}
         addressed = parse_addressing(text)
         to, cc = office_entries(s.office, addressed.to), office_entries(s.office, addressed.cc)
@@ -369,7 +369,7 @@ async def card_edited(event: sansio.Event, ctx: HandlerContext) -> None:
                            str(event.data["comment"].get("body") or ""))
     if choice is not None and may_answer(t.state, s.office, s.actor):
         try:
-            await service.add(s.actor, await service.index_item(item), NewComment(
+            await service.add(s.actor, await service.index_item(item, by=s.actor), NewComment(
                 parent=t.id, option=choice + 1, amend=t.state.answer is not None, quiet=True))
             return
         except VaultmailError as exc:
@@ -400,7 +400,8 @@ async def item_changed(event: sansio.Event, ctx: HandlerContext) -> None:
     s, item = found
     service = Comments(ctx.services, ctx.forge, s.office)
     known = await db.get_item(ctx.services.store, item.ref)
-    item = await service.index_item(item)
+    # an act the forge does not say who made is judged as a read of the issue is
+    item = await service.index_item(item, by=None if s.no_one else s.actor)
     await record_update(service, s.actor, item, known, event.data)
     if item.kind == "outcome" and known is not None and known.state != item.state:
         await waiting.sync(service, item.ref)  # a closed outcome waits on nobody
@@ -424,9 +425,9 @@ async def parent_changed(event: sansio.Event, ctx: HandlerContext) -> None:
         return
     service = Comments(ctx.services, ctx.forge, office)
     known = await db.get_item(ctx.services.store, item.ref)
-    item = await service.index_item(item)
+    actor = await actor_of(ctx, office, data["sender"])
+    item = await service.index_item(item, by=actor)
     if item.parent is not None and item.parent != (known.parent if known else None):
-        actor = await actor_of(ctx, office, data["sender"])
         await record_update(service, actor, item, known, {"action": "opened"})
 
 

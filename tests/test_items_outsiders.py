@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 
 from bot.app.embedded import Embedded
+from bot.store import comments as db
 from tests.items_support import MARCO
 from tests.support import Actor
 
@@ -68,3 +69,28 @@ async def test_an_outsiders_closes_and_reopens_of_their_own_issue_fill_no_inbox(
     await embedded.settle()
     [news, *_] = (await tools(MARCO)("list_inbox"))["updates"]
     assert news["summary"] == f"evidence {r.ref} closed: Login crashes"
+
+
+async def test_an_outsiders_part_of_moves_nothing_until_someone_with_write_access_makes_it(
+        embedded: Embedded, session: aiohttp.ClientSession, tools: Any) -> None:
+    r = await _triaged_report(embedded, session)
+    store = embedded.services.store
+    login = f"{SITE}#{r.outcome['number']}"
+    other = await r.marco.open_issue(SITE, "[AC-8] Pricing page", "prices", labels=["outcome"])
+    await embedded.settle()
+    elsewhere = f"{SITE}#{other['number']}"
+    assert (await db.get_item(store, r.ref)).parent == login  # type: ignore[union-attr]
+    # troll points his issue at another outcome, then comments on it and closes it
+    await r.troll_sets({"body": f"Part of #{other['number']}\nstack trace"})
+    await r.troll.comment(SITE, r.number, "still crashing")
+    await r.troll_sets({"state": "closed"})
+    await embedded.settle()
+    assert (await db.get_item(store, r.ref)).parent == login  # type: ignore[union-attr]
+    # a member's read of it from the forge takes the link no more than its webhooks did
+    await tools(MARCO)("add_comment", targetType="evidence", target=r.ref, body="seen")
+    assert (await db.get_item(store, r.ref)).parent == login  # type: ignore[union-attr]
+    # someone with write access makes the link: now it moves
+    await r.marco.call("PATCH", f"/repos/{SITE}/issues/{r.number}",
+                       {"body": f"Part of #{other['number']}\nstack trace, moved"}, expect=200)
+    await embedded.settle()
+    assert (await db.get_item(store, r.ref)).parent == elsewhere  # type: ignore[union-attr]

@@ -155,16 +155,18 @@ class Comments:
         fresh = item_from_issue(self.office, item.repo, full)
         return replace(item, parent=fresh.parent) if fresh is not None else item
 
-    async def index_item(self, item: Item, *, if_changed: bool = False) -> Item:
+    async def index_item(self, item: Item, *, if_changed: bool = False,
+                         by: str | None = None) -> Item:
         """Write `item` to the index (with the claim of the outcome a plan or evidence is
-        under); `if_changed`: only where the index has it otherwise."""
+        under); `if_changed`: only where the index has it otherwise. `by`: whose act shows
+        it (a webhook's sender), None for a read of the forge (see `_linked`)."""
         store = self.services.store
+        known = await db.get_item(store, item.ref)
+        item = await self._linked(item, known, by)
         if item.kind in ("plan", "evidence") and item.parent:
             parent = await self.parent_item(item.parent)
             if parent is not None and parent.kind == "outcome":
                 item = replace(item, claim=parent.claim)
-        known = await db.get_item(store, item.ref) \
-            if if_changed or item.kind in ("plan", "evidence") else None
         if if_changed and known == item:
             return item
         async with store.transaction() as tx:
@@ -173,6 +175,20 @@ class Comments:
                 # it implements another outcome or goal now: its decisions go with it
                 await db.move_threads(tx, item.ref, self.scope_of(known), self.scope_of(item))
         return item
+
+    async def _linked(self, item: Item, known: Item | None, by: str | None) -> Item:
+        """`item` with the parent the index has, where its link changed and no one with write
+        access to its repository need have changed it. On a public repository an issue's
+        author may edit its `Part of` line: their link would hang it, and its decisions and
+        updates, under any outcome of the org. The act's sender counts; for a read of the
+        forge, which does not say who edited the body, the item's author (an issue whose
+        author has write access is edited by no one without it). A sub-issue link, which
+        takes write access, comes by its own webhook, its sender's."""
+        was = known.parent if known is not None else None
+        if item.parent == was:
+            return item
+        who = by if by is not None else item.author or f"forge:{item.author_login}"
+        return item if await self.can_write(item.repo, who) else replace(item, parent=was)
 
     async def parent_item(self, ref: str) -> Item | None:
         if ref.split("/", 1)[0].lower() != self.office.org.lower():

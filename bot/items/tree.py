@@ -13,7 +13,8 @@ the latter is read again (a 304 while unchanged) so that a link the forge no lon
 shown. On Gitea, which has no sub-issues, the index alone, as its webhooks keep it.
 
 Whatever differs from the index on the way (a sub-issue added or moved while its webhooks were
-lost) is written back, so the index, the decisions' scope and the inbox follow the forge.
+lost) is written back, so the index, the decisions' scope and the inbox follow the forge; a
+`Part of` link only someone without write access can have written is not (`Comments._linked`).
 """
 
 from __future__ import annotations
