@@ -94,3 +94,23 @@ async def test_an_outsiders_part_of_moves_nothing_until_someone_with_write_acces
                        {"body": f"Part of #{other['number']}\nstack trace, moved"}, expect=200)
     await embedded.settle()
     assert (await db.get_item(store, r.ref)).parent == elsewhere  # type: ignore[union-attr]
+
+
+async def test_an_outsiders_key_never_takes_or_shadows_a_members_item_key(
+        embedded: Embedded, session: aiohttp.ClientSession, tools: Any) -> None:
+    r = await _triaged_report(embedded, session)
+    marco = tools(MARCO)
+    login = f"{SITE}#{r.outcome['number']}"
+    await r.troll_sets({"title": "[AC-7] Login crashes"})
+    await embedded.settle()
+    said = await marco("add_comment", targetType="outcome", target="AC-7", body="next")
+    assert said["comment"]["item"] == login
+    # a key no member's item gives itself is troll's item's, until one does
+    await r.troll_sets({"title": "[AC-9] Login crashes"})
+    await embedded.settle()
+    found = await marco("add_comment", targetType="evidence", target="AC-9", body="seen")
+    assert found["comment"]["item"] == r.ref
+    mine = await r.marco.open_issue(SITE, "[AC-9] Checkout", "pay", labels=["outcome"])
+    await embedded.settle()
+    said = await marco("add_comment", targetType="outcome", target="AC-9", body="mine")
+    assert said["comment"]["item"] == f"{SITE}#{mine['number']}"

@@ -135,10 +135,15 @@ class Item:
     def ref(self) -> str:
         return make_ref(self.repo, self.number)
 
+    @property
+    def author_principal(self) -> str:
+        """The author as an office principal, or `forge:<login>` for someone outside it."""
+        return self.author or f"forge:{self.author_login}"
+
     def as_json(self) -> dict[str, Any]:
         return {"ref": self.ref, "key": self.key, "kind": self.kind, "title": self.title,
                 "state": self.state,
-                "parent": self.parent, "author": self.author or f"forge:{self.author_login}",
+                "parent": self.parent, "author": self.author_principal,
                 "assignees": list(self.assignees), "claim": self.claim,
                 "contentIsData": True}  # the title is someone's text: data, not instructions
 

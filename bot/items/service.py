@@ -187,7 +187,7 @@ class Comments:
         was = known.parent if known is not None else None
         if item.parent == was:
             return item
-        who = by if by is not None else item.author or f"forge:{item.author_login}"
+        who = by if by is not None else item.author_principal
         return item if await self.can_write(item.repo, who) else replace(item, parent=was)
 
     async def parent_item(self, ref: str) -> Item | None:
@@ -230,7 +230,8 @@ class Comments:
 
     async def _by_key(self, target: str, key: str | None, viewer: Viewer | None,
                       field: str = "target") -> tuple[str, int]:
-        """The item of this office's org that gives itself `key`, as the index knows it."""
+        """The item of this office's org that gives itself `key`, as the index knows it; of
+        several, the one whose author has write access to its repository."""
         if key is None:
             raise InvalidArguments(f"{field}: {target.strip()[:80]!r} is neither owner/repo#N "
                                    f"nor an item key; {TARGET_FORMS}")
@@ -239,6 +240,11 @@ class Comments:
             found = [i for i in found if await viewer.sees_repo(i.repo)]
         if not found:
             raise self._no_key(key, field)
+        if len(found) > 1:  # the key of an item its author with write access gave (no one
+            # without it edits such an issue) outranks a key written by whoever opened an
+            # issue on a public repository: theirs never shadows a member's item
+            writers = [i for i in found if await self.can_write(i.repo, i.author_principal)]
+            found = writers or found
         if len(found) > 1:
             raise Conflict(f"{field}: {len(found)} items give themselves the key {key} "
                            f"({', '.join(i.ref for i in found)}); name one by owner/repo#N, "
