@@ -3,7 +3,10 @@
 validated exactly as a push of it is (`OfficeSource.validate`: the same errors, each with its
 key, line and column), and the result is a check run "vaultmail config" on the head commit
 (GitHub: success or failure, one annotation an error at its line and column, a summary saying
-what to fix) or, on Gitea, a commit status of that name. Opened, reopened and each push to the
+what to fix) or, on Gitea, a commit status of that name. Anyone may open a pull request
+on a public `.github`, so one check reports at most its first 50 errors (one write: GitHub
+takes 50 annotations a request), each message cut to 400 characters, and says how many more
+there are: fixing these first shows the next. Opened, reopened and each push to the
 branch (`synchronize`; Gitea says `synchronized`) check it again. A pull request elsewhere, or
 one that leaves the config alone (or removes it), gets nothing.
 """
@@ -20,6 +23,7 @@ from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
 from bot.forge.errors import PermissionDenied
+from bot.forge.github import MAX_ANNOTATIONS
 from bot.mail.markdown import as_data
 from bot.office.config import OfficeConfigError
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
@@ -28,6 +32,8 @@ router = Router()
 CHECK_NAME = "vaultmail config"
 ACTIONS = ("opened", "reopened", "synchronize", "synchronized")
 _AT = re.compile(r" \(line (\d+), column (\d+)\)$")
+SHOWN = MAX_ANNOTATIONS  # errors one check reports: GitHub's annotations a request (one write)
+WIDTH = 400  # characters of one error's message (it may quote any value the file holds)
 
 
 @runtime_checkable
@@ -52,10 +58,14 @@ def annotation(error: str, source: str) -> dict[str, Any]:
     line, column = (int(found[1]), int(found[2])) if found else (1, None)
     out: dict[str, Any] = {"path": CONFIG_PATH, "start_line": line, "end_line": line,
                            "annotation_level": "failure", "title": CONFIG_PATH,
-                           "message": _AT.sub("", message)}
+                           "message": _clip(_AT.sub("", message))}
     if column is not None:
         out["start_column"] = out["end_column"] = column
     return out
+
+
+def _clip(message: str) -> str:
+    return message if len(message) <= WIDTH else message[:WIDTH - 1] + "…"
 
 
 @router.register("pull_request")
@@ -97,19 +107,24 @@ async def _check(data: dict[str, Any], ctx: HandlerContext) -> None:
         await asyncio.to_thread(offices.validate, org, text)
     except OfficeConfigError as exc:
         source = offices.where(org)
-        notes = [annotation(e, source) for e in exc.errors]
-        count = f"{len(notes)} error{'s' if len(notes) != 1 else ''}"
+        # (bounded: GitHub takes a summary of 65,535 characters, 50 annotations a request)
+        notes = [annotation(e, source) for e in exc.errors[:SHOWN]]
+        total, more = len(exc.errors), len(exc.errors) - len(notes)
+        count = f"{total} error{'s' if total != 1 else ''}"
         summary = (f"`{CONFIG_PATH}` at {short} would be refused if merged ({count}); the "
                    "last valid config would stay in force. Fix each of these (the annotations "
                    "mark where) and push again; `vaultmail office check vaultmail.yml` says "
                    "the same before you push.\n\n"
                    + "\n".join(f"- {as_data(n['message'])} (line {n['start_line']}"
                                + (f", column {n['start_column']})" if "start_column" in n
-                                  else ")") for n in notes))
+                                  else ")") for n in notes)
+                   + (f"\n\n…and {more} more not shown here: fixing these first and pushing "
+                      "again shows the next." if more else ""))
         await forge.report_check(full_name, head_sha, CHECK_NAME, False,
                                  f"{CONFIG_PATH} is invalid: {count}", summary, notes)
         ctx.log.info("office config in a pull request refused",
-                     extra={"org": org, "pull": number, "errors": exc.errors})
+                     extra={"org": org, "pull": number, "error_count": total,
+                            "errors": exc.errors[:SHOWN]})
         return
     await forge.report_check(
         full_name, head_sha, CHECK_NAME, True, f"{CONFIG_PATH} is valid",

@@ -168,6 +168,24 @@ async def test_check_runs_need_checks_write(world: World) -> None:
     assert status == 403 and body["message"] == "Resource not accessible by integration"
 
 
+async def test_a_check_runs_summary_is_held_to_githubs_limit(world: World) -> None:
+    """GitHub documents output.summary (and text) at most 65,535 characters, refusing more."""
+    forge = world.forge
+    forge.open_pull("acme/vault", "docs", {"README.md": "x\n"}, "marco")
+    sha = forge.state.repo("acme", "vault").branches["docs"].head_sha  # type: ignore[union-attr]
+    auth = f"token {await world.installation_token()}"
+    for key, size, want in (("summary", 65_535, 201), ("summary", 65_536, 422),
+                            ("text", 65_536, 422)):
+        output = {"title": "t", "summary": "s", key: "x" * size}
+        status, _, body = await world.call("POST", "/repos/acme/vault/check-runs", auth=auth,
+                                           json_body={"name": "x", "head_sha": sha,
+                                                      "output": output})
+        assert status == want, (key, size, body)
+        if status == 422:
+            assert body["message"] == ("Invalid request.\n\nOnly 65535 characters are "
+                                       f"allowed; {size} were supplied."), body
+
+
 # -- the app -------------------------------------------------------------------------------
 async def _check_runs(office: Embedded, repo: str, ref: str) -> list[dict[str, Any]]:
     headers = {"Authorization": f"token {office.forge_tokens['admin']}"}
@@ -177,7 +195,8 @@ async def _check_runs(office: Embedded, repo: str, ref: str) -> list[dict[str, A
             assert resp.status == 200, await resp.text()
             runs: list[dict[str, Any]] = (await resp.json())["check_runs"]
         for run in runs:
-            async with http.get(run["output"]["annotations_url"], headers=headers) as resp:
+            async with http.get(run["output"]["annotations_url"], headers=headers,
+                                params={"per_page": "100"}) as resp:
                 run["annotations"] = await resp.json()
     return runs
 
@@ -240,6 +259,35 @@ async def test_pull_requests_that_leave_the_config_alone_get_nothing(
         assert await _check_runs(embedded, repo, head) == [], repo
     assert not any(run.name == "vaultmail config" for repo in forge.state.repos.values()
                    for run in repo.check_runs.values())
+
+
+async def test_a_strangers_config_with_thousands_of_errors_costs_one_check_run_write(
+        embedded: Embedded) -> None:
+    """An outsider's pull request to a public `.github` whose vaultmail.yml holds an error
+    for each of thousands of lines (some keys thousands of characters long): one write of
+    one check run, its first 50 errors as annotations and in a summary GitHub takes, which
+    says how many more there are. (Each login is thousands of characters: an error quotes
+    it.)"""
+    forge = embedded.forge
+    forge.state.repo("acme", ".github").private = False
+    forge.add_user("troll")
+    long = "k" * 3000
+    bad = "org: acme\nhumans:\n" + "".join(
+        f"  - {{email: bad{i}, login: 'x y{i}{long}', nope{i}: 1}}\n" for i in range(400))
+    before = len(forge.requests)
+    number = forge.open_pull(CONFIG_REPO, "troll-patch", {"vaultmail.yml": bad}, "troll")
+    await embedded.settle()
+    writes = [r for r in list(forge.requests)[before:]
+              if "check-runs" in r.route and r.method in ("POST", "PATCH")]
+    assert [(r.method, r.status) for r in writes] == [("POST", 201)]
+    head = forge.state.repo("acme", ".github").pulls[number].head_sha  # type: ignore[union-attr]
+    [run] = await _check_runs(embedded, CONFIG_REPO, head)
+    assert run["conclusion"] == "failure" and "1200 errors" in run["output"]["title"]
+    assert len(run["annotations"]) == 50
+    assert all(len(a["message"]) <= 500 for a in run["annotations"])
+    summary = run["output"]["summary"]
+    assert len(summary) < 40_000
+    assert "1150 more" in summary and "push again" in summary, summary[-400:]
 
 
 # -- Gitea: a commit status (the local Gitea forge has no pull requests yet: a stub answers) ---

@@ -51,6 +51,8 @@ from .errors import (
 from .pacing import Sleep
 from .tokens import AppAuth
 
+MAX_ANNOTATIONS = 50  # GitHub's annotations a check-run request
+
 
 class GitHubForge(RepoCaller):
     """The Forge interface for one installation (an installation token)."""
@@ -305,23 +307,19 @@ class GitHubForge(RepoCaller):
                            summary: str, annotations: Sequence[JSON] = ()) -> JSON:
         """A completed check run `name` on `head_sha`, success or failure, with its output and
         annotations (`path`, `start_line`, `end_line`, `start_column`, `annotation_level`,
-        `message`): GitHub takes 50 a request, so any more are added by updates. A retry may
-        leave two runs of the name; GitHub shows the newest."""
-        notes = list(annotations)
-        output: JSON = {"title": title, "summary": summary, "annotations": notes[:50]}
+        `message`), in one write: GitHub takes 50 annotations a request and a summary of
+        65,535 characters, and the caller gives no more. A retry may leave two runs of the
+        name; GitHub shows the newest."""
+        if len(annotations) > MAX_ANNOTATIONS:
+            raise ValueError(f"{len(annotations)} annotations: a check run takes "
+                             f"{MAX_ANNOTATIONS} a request")
+        output: JSON = {"title": title, "summary": summary, "annotations": list(annotations)}
         data, _, _ = await self._request(
             "POST", "/repos/{owner}/{repo}/check-runs", split_repo(repo),
             {"name": name, "head_sha": head_sha, "status": "completed",
              "conclusion": "success" if ok else "failure", "output": output},
             policy="idempotent", content=True)
         run: JSON = data
-        for at in range(50, len(notes), 50):
-            data, _, _ = await self._request(
-                "PATCH", "/repos/{owner}/{repo}/check-runs/{run_id}",
-                {**split_repo(repo), "run_id": run["id"]},
-                {"output": {**output, "annotations": notes[at:at + 50]}},
-                policy="idempotent")
-            run = data
         return run
 
     async def search_issues(self, q: str) -> list[JSON]:

@@ -15,7 +15,8 @@
   App's installation creates them (a personal token: 403 "You must authenticate via a GitHub
   App."), with `checks: write`; only the App that made one updates it. `name` and a
   `head_sha` the repository has are required (else 422 `No commit found for SHA: ...`); a
-  `conclusion` completes the run; `output` needs `title` and `summary`; at most 50
+  `conclusion` completes the run; `output` needs `title` and `summary` (it and `text` at
+  most 65,535 characters, else 422 "Only 65535 characters are allowed"); at most 50
   annotations a request, each with `path`, `start_line`, `end_line`, `annotation_level`
   (notice, warning, failure) and `message`, columns only on one line; an update's
   annotations are added to those the run has. The list takes `check_name`, `status`,
@@ -46,6 +47,7 @@ CONCLUSIONS = ("action_required", "cancelled", "failure", "neutral", "success", 
                "stale", "timed_out")
 LEVELS = ("notice", "warning", "failure")
 MAX_ANNOTATIONS = 50
+MAX_OUTPUT_TEXT = 65_535  # GitHub's documented limit on output.summary and output.text
 
 
 # -- commits and branches (the seeding side: LocalForge.push_to_branch / open_pull) ------------
@@ -316,6 +318,11 @@ def _output(body: Json, run: CheckRun) -> None:
     for key in ("title", "summary"):
         if not isinstance(out.get(key), str) or not out[key]:
             raise invalid("CheckRun", f"output.{key}", "missing_field")
+    for key in ("summary", "text"):
+        value = out.get(key)
+        if isinstance(value, str) and len(value) > MAX_OUTPUT_TEXT:  # GitHub's own words
+            raise ApiError(422, f"Invalid request.\n\nOnly {MAX_OUTPUT_TEXT} characters are "
+                                f"allowed; {len(value)} were supplied.")
     notes = out.get("annotations") or []
     if not isinstance(notes, list) or len(notes) > MAX_ANNOTATIONS:
         raise ApiError(422, "Validation Failed", [{
