@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from gidgethub import sansio
@@ -9,9 +10,12 @@ from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
 from bot.errors import InvalidArguments, VaultmailError
+from bot.items.model import item_from_issue
+from bot.items.render import parse_addressing
 from bot.mail.commands import parse_commands
 from bot.store.moves import forge_time
-from handlers.common import Scene, scene
+from handlers.common import Scene, actor_of, scene
+from handlers.items import office_entries
 from handlers.mail import wait_for_mail
 
 router = Router()
@@ -34,6 +38,38 @@ async def send_mail_from_command(s: Scene, args: str, body: str, key: str) -> No
     await s.say(f"mail sent to {record.to_principal}: {record.ref}")
 
 
+async def note_unread_edit(s: Scene, comment: dict[str, Any]) -> None:
+    """A comment read in no one's name runs nothing it says: say so when its words asked
+    something, as a refusal is said to its author (outside the office: once a while, else
+    only ledgered), so a stranger editing each of their comments is not answered each time."""
+    by = replace(s, login=str(comment["user"]["login"]),
+                 actor=await actor_of(s.ctx, s.office, comment["user"]))
+    if not await _asks(by, str(comment.get("body") or "")):
+        return
+    said = VaultmailError(
+        f"comment {comment['id']} was edited since it was written, and this forge does not "
+        "say by whom, so nothing it asks was done: no command run, no one mailed, answered "
+        "or addressed. Write it again in a new comment for that.")
+    if not await by.hushed(said):
+        await s.note(said.message)  # (to no one: who made the edit is not known)
+
+
+async def _asks(s: Scene, text: str) -> bool:
+    """Whether `text`, from `s.actor`, would have had the app act: a command; on mail, a reply
+    or follow-up from someone in the office; on an item, someone in the office addressed."""
+    if parse_commands(text):
+        return True
+    if await s.mail() is not None:
+        return not s.stranger  # (a stranger's words on mail wake no one)
+    if item_from_issue(s.office, s.repo, s.issue) is None:
+        return False
+    try:
+        addressed = parse_addressing(text)
+    except VaultmailError:  # too long to be a comment: refused unread
+        return False
+    return bool(office_entries(s.office, addressed.to + addressed.cc))
+
+
 @router.register("issue_comment", action="created")
 async def handle_comment(event: sansio.Event, ctx: HandlerContext) -> None:
     s = await scene(event, ctx)
@@ -42,10 +78,7 @@ async def handle_comment(event: sansio.Event, ctx: HandlerContext) -> None:
     if s.no_one:  # edited since it was written, by whom the forge does not say (org_signed)
         # (on an item its words are indexed all the same, as its author's, marked edited:
         # handlers.items.index_edited)
-        await s.note(f"comment {event.data['comment']['id']} was edited since it was written, "
-                     "and this forge does not say by whom, so nothing it asks was done: no "
-                     "command run, no one mailed, answered or addressed. Write it again in a "
-                     "new comment for that.")
+        await note_unread_edit(s, event.data["comment"])
         return
     text = event.data["comment"].get("body") or ""
     commands = parse_commands(text)

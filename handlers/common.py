@@ -77,17 +77,23 @@ class Scene:
         Someone outside the office hears it once: their further refusals within
         `strangers.QUIET_FOR` are only ledgered (`run.denied` with `quiet`), so a stranger's
         flood of commands costs one reply, not one each."""
-        said = text if text is not None else exc.on_forge
-        store = self.ctx.services.store
-        if self.stranger and not await strangers.may_reply(
-                store, self.login, self.ctx.delivery_id, org=self.office.org):
-            self.ctx.log.info("refused quietly", extra={"reason": exc.message, "issue": self.ref})
-            if not (isinstance(exc, Denied) and exc.ledgered):
-                await ledger.record(store, "run.denied", self.actor, self.ref,
-                                    {"reason": exc.message, "quiet": True}, org=self.office.org)
+        if await self.hushed(exc):
             return
         self.ctx.log.info("refused", extra={"reason": exc.message, "issue": self.ref})
-        await self.say(said)
+        await self.say(text if text is not None else exc.on_forge)
+
+    async def hushed(self, exc: VaultmailError) -> bool:
+        """Whether this refusal goes unsaid, only ledgered: the actor is outside the office
+        and heard one within `strangers.QUIET_FOR`."""
+        store = self.ctx.services.store
+        if not self.stranger or await strangers.may_reply(
+                store, self.login, self.ctx.delivery_id, org=self.office.org):
+            return False
+        self.ctx.log.info("refused quietly", extra={"reason": exc.message, "issue": self.ref})
+        if not (isinstance(exc, Denied) and exc.ledgered):
+            await ledger.record(store, "run.denied", self.actor, self.ref,
+                                {"reason": exc.message, "quiet": True}, org=self.office.org)
+        return True
 
     @property
     def ref(self) -> str:

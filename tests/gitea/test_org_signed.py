@@ -712,3 +712,49 @@ async def test_a_comment_its_author_edited_before_it_was_handled_is_indexed_as_t
     row = await comments.comment_by_forge_id(office.services.store, int(mine["id"]),
                                              f"acme/scout-vault#{n}")
     assert row is not None and row.data["addressed"] == [] and row.data["kind"] == "comment"
+
+
+async def test_an_outsiders_comments_edited_before_they_were_handled_get_a_note_only_if_they_asked(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """troll, outside the office, commented on their own issue in a public repository and
+    edited each comment a second later, before the app handled its `created`: each was read
+    in no one's name, and each got a note "nothing it asks was done", though it asked
+    nothing, past the quiet a stranger's refusals keep. A note is now said only of words
+    that ask something (a command, someone addressed), and to someone outside the office as
+    a refusal is: once a while, the rest ledgered."""
+    forge = office.forge
+    forge.add_repo("acme", "website", private=False)
+    office.forge_tokens["troll"] = forge.add_user("troll")
+    troll = gitea_api(session, office, "troll")
+    n = (await troll("POST", "/repos/acme/website/issues", {"title": "hi", "body": "x"},
+                     201))["number"]
+    await office.settle()
+    path = f"/repos/acme/website/issues/{n}/comments"
+
+    async def edited_before_handled(body: str, now: str) -> None:
+        deliveries = forge.state.deliveries
+        before = set(deliveries)
+        forge.faults.drop_webhooks(count=1)  # its `created`, handled after the edit
+        mine = await troll("POST", path, {"body": body}, 201)
+        await office.settle()
+        (created,) = [deliveries[i] for i in set(deliveries) - before]
+        forge.clock.advance(1)  # (Gitea stamps a comment to the second)
+        await troll("PATCH", f"/repos/acme/website/issues/comments/{mine['id']}",
+                    {"body": now}, 200)
+        await office.settle()
+        forge.webhooks.redeliver(created)
+        await office.settle()
+
+    async def notes() -> list[str]:
+        return [c["body"] for c in await troll("GET", path) if c["user"]["login"] != "troll"]
+
+    for i in range(3):
+        await edited_before_handled(f"spam {i}", f"spam {i}!")
+    assert await notes() == [], "words that asked nothing"
+    for i in range(2):
+        await edited_before_handled(f"spam {i}", f"/close\nspam {i}")
+    said = await notes()
+    assert len(said) == 1 and "edited since" in said[0], said
+    quiet = [e for e in await ledger.entries(office.services.store, event="run.denied")
+             if e.actor == "forge:troll"]
+    assert [e.data.get("quiet") for e in quiet] == [True], quiet
