@@ -25,7 +25,7 @@ from bot.app.context import HandlerContext
 from bot.forge.errors import PermissionDenied
 from bot.forge.github import MAX_ANNOTATIONS
 from bot.mail.markdown import as_data
-from bot.office.config import OfficeConfigError
+from bot.office.config import OfficeConfigError, shortened
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
 
 router = Router()
@@ -33,7 +33,6 @@ CHECK_NAME = "vaultmail config"
 ACTIONS = ("opened", "reopened", "synchronize", "synchronized")
 _AT = re.compile(r" \(line (\d+), column (\d+)\)$")
 SHOWN = MAX_ANNOTATIONS  # errors one check reports: GitHub's annotations a request (one write)
-WIDTH = 400  # characters of one error's message (it may quote any value the file holds)
 
 
 @runtime_checkable
@@ -52,20 +51,16 @@ class ChecksForge(Protocol):
 
 def annotation(error: str, source: str) -> dict[str, Any]:
     """One error (`source: key: why (line L, column C)`) as a check run's annotation at its
-    line and column (an error the file cannot place: line 1)."""
-    message = error.removeprefix(f"{source}: ")
+    line and column (an error the file cannot place: line 1), cut to 400 characters."""
+    message = shortened(error.removeprefix(f"{source}: "))
     found = _AT.search(message)
     line, column = (int(found[1]), int(found[2])) if found else (1, None)
     out: dict[str, Any] = {"path": CONFIG_PATH, "start_line": line, "end_line": line,
                            "annotation_level": "failure", "title": CONFIG_PATH,
-                           "message": _clip(_AT.sub("", message))}
+                           "message": _AT.sub("", message)}
     if column is not None:
         out["start_column"] = out["end_column"] = column
     return out
-
-
-def _clip(message: str) -> str:
-    return message if len(message) <= WIDTH else message[:WIDTH - 1] + "…"
 
 
 @router.register("pull_request")

@@ -16,8 +16,10 @@ from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
 from bot.mail.markdown import as_data
+from bot.office.config import shortened
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
 from bot.store import ledger
+from handlers.config_checks import SHOWN
 
 router = Router()
 MARKER = "<!-- vaultmail:office-config-error -->"
@@ -56,11 +58,14 @@ async def reload_office_config(event: sansio.Event, ctx: HandlerContext) -> None
             if issue is not None:
                 await _close_fixed(ctx, org, issue, pushed, commit)
             return
+        # (the first errors only: an issue body is at most 65,536 characters on GitHub)
+        more = len(error.errors) - SHOWN
         kept = "the last valid config stays in force" if office else \
             "no config is in force yet"
         body = (f"{MARKER}\n{pushed} ({commit or 'a commit'}); it was "
                 f"refused and {kept}.\n\n"
-                + "\n".join(f"- {as_data(line)}" for line in error.errors)
+                + "\n".join(f"- {as_data(shortened(line))}" for line in error.errors[:SHOWN])
+                + (f"\n\n…and {more} more not shown here." if more > 0 else "")
                 + f"\n\nFix these and push again (`vaultmail office check {CONFIG_PATH}` "
                 "says the same before you push). This issue is updated at each refused push "
                 "and closed when a valid config lands.")

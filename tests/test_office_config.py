@@ -33,6 +33,23 @@ async def test_an_invalid_push_is_refused_on_the_forge_and_the_old_config_stays(
     assert sent["mail"]["to_principal"] == "agent:scout"
 
 
+async def test_a_push_with_thousands_of_errors_is_refused_in_an_issue_github_takes(
+        embedded: Embedded, person: Any) -> None:
+    """A vaultmail.yml with an error on each of thousands of lines (logins of thousands of
+    characters, which the errors quote): the refusal issue listed every one, 1.4 MB that
+    GitHub refuses (an issue body is at most 65,536 characters), so no issue was opened and
+    the delivery failed at each retry. It lists the first 50, each cut, and says how many
+    more."""
+    long = "k" * 3000
+    bad = "org: acme\nhumans:\n" + "".join(
+        f"  - {{email: bad{i}, login: 'x y{i}{long}', nope{i}: 1}}\n" for i in range(400))
+    embedded.forge.put_file("acme/.github", "vaultmail.yml", bad, pusher="admin")
+    await embedded.settle()
+    [issue] = await person("admin").issues("acme/.github")
+    assert len(issue["body"]) < 40_000 and "1150 more" in issue["body"], issue["body"][-300:]
+    assert "humans[1].login" in issue["body"] and "(line 4, column 26)" in issue["body"]
+
+
 def _example() -> str:
     from importlib import resources
 

@@ -56,6 +56,15 @@ class OfficeConfigError(ValueError):
         super().__init__(f"invalid office config {source}:\n  " + "\n  ".join(errors))
 
 
+def shortened(error: str, width: int = 400) -> str:
+    """One error cut in the middle to `width` characters, for the forge: it may quote any
+    value the file holds; its key (first) and its line and column (last) stay."""
+    if len(error) <= width:
+        return error
+    head = (width - 1) // 2
+    return error[:head] + "…" + error[len(error) - (width - 1 - head):]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
