@@ -130,11 +130,19 @@ def looking_itself(request: web.Request, visitor: Visitor) -> bool:
     the console's own (`Sec-Fetch-Site: same-origin`) or an address they typed or bookmarked
     (`none`: no page sent them). SameSite=Lax sends the session cookie on a top-level
     navigation from any site, which marks nothing; neither does a browser that sends no
-    Sec-Fetch-Site (it cannot tell the two apart). A browser never sends an API token by
-    itself: that looks as the tools do."""
+    Sec-Fetch-Site (it cannot tell the two apart), nor an image or a frame, same-origin or
+    not: someone's words drawn on a console page may give one the console's own address. A
+    browser never sends an API token by itself: that looks as the tools do."""
     if visitor.session is None:
         return True
-    return request.headers.get("Sec-Fetch-Site") in ("same-origin", "none")
+    site, dest = request.headers.get("Sec-Fetch-Site"), request.headers.get("Sec-Fetch-Dest")
+    if dest == "document":  # a page navigated to: from the console, or typed
+        return site in ("same-origin", "none") and \
+            request.headers.get("Sec-Fetch-Mode") == "navigate"
+    # the page's own script (console.js) fetching a part; never an image or a frame whose
+    # address someone's words gave on a console page (same-origin too)
+    return dest == "empty" and site == "same-origin" and \
+        request.headers.get("X-Requested-With") == "fetch"
 
 
 def pre_session_token(request: web.Request) -> str:

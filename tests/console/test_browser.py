@@ -396,3 +396,40 @@ async def test_only_the_person_looking_marks_their_inbox_read(office: Embedded,
         await page.goto(office.app_url + "/console/inbox")  # typed or bookmarked
         await expect(page.locator("li.comment.unread")).to_have_count(1)
         assert await unread() == []
+
+
+
+async def test_an_image_in_someones_words_marks_nothing_read(office: Embedded,
+                                                             context: BrowserContext) -> None:
+    """A comment drawn on a console page may hold an image whose address is the console's own
+    (`![](/console/inbox?part=live)`): the browser fetches it from the page, same-origin and
+    with the person's cookie, and that fetch marked every unread comment read (acted out,
+    review r9: another site sent marco to his inbox, which marked nothing, and sara's image
+    then did). Only a page the person navigates to, or the page's own script, marks read
+    (`Sec-Fetch-Dest` document or empty, the script's `X-Requested-With`): never an image."""
+    page = await context.new_page()
+    await sign_in_with_token(page, office, MARCO)
+    await expect(page.get_by_text("No unread comments.")).to_be_visible()
+    other_site = office.app_url.replace("127.0.0.1", "localhost")
+    await page.goto(other_site + "/console/static/console.css")
+    async with aiohttp.ClientSession() as http:
+        marco = ToolClient(http, office, MARCO)
+        outcome = await make_item(office, Actor(http, office, "marco"), "outcome", "Auth",
+                                  assignees=["scout-bot"])
+
+        async def unread() -> list[str]:
+            return [c["body"] for c in
+                    (await marco("list_inbox", markRead=False))["you"]["unread"]]
+
+        sara = ToolClient(http, office, SARA)
+        await sara("add_comment", targetType="outcome", target=outcome,
+                   body="Secret for Marco", to=["marco@acme.com"])
+        await sara("add_comment", targetType="outcome", target=outcome,
+                   body="nice ![](/console/inbox?part=live)", to=["marco@acme.com"])
+        await office.settle()
+        await page.evaluate(f"window.location = {office.app_url + '/console/inbox'!r}")
+        await page.wait_for_url(office.app_url + "/console/inbox")
+        await page.wait_for_function(
+            "[...document.images].some(i => i.src.includes('part=live') && i.complete)")
+        assert sorted(await unread()) == ["Secret for Marco",
+                                          "nice ![](/console/inbox?part=live)"]
