@@ -76,7 +76,9 @@ async def reload_office_config(event: sansio.Event, ctx: HandlerContext) -> None
             await ctx.forge.update_issue(repo_name, int(issue["number"]), body=body)
     await ledger.record(ctx.services.store, "office.config_refused",
                         "office" if anonymous else f"forge:{pusher}",
-                        f"{org}/{CONFIG_REPO}", {"errors": error.errors}, org=org)
+                        f"{org}/{CONFIG_REPO}", {"errors": [shortened(e) for e in
+                                                            error.errors[:SHOWN]],
+                                                 "count": len(error.errors)}, org=org)
 
 
 async def _open_config_issue(ctx: HandlerContext, org: str) -> dict[str, Any] | None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from bot.app.embedded import Embedded
+from bot.store import ledger
 
 
 async def test_a_valid_push_takes_effect_at_once(embedded: Embedded, tools: Any) -> None:
@@ -48,6 +50,11 @@ async def test_a_push_with_thousands_of_errors_is_refused_in_an_issue_github_tak
     [issue] = await person("admin").issues("acme/.github")
     assert len(issue["body"]) < 40_000 and "1150 more" in issue["body"], issue["body"][-300:]
     assert "humans[1].login" in issue["body"] and "(line 4, column 26)" in issue["body"]
+    # the office's record of it (kept for ever, hash-chained) holds those, not 1.4 MB a push
+    [entry] = await ledger.entries(embedded.services.store, org="acme",
+                                   event="office.config_refused")
+    assert entry.data["count"] == 1200 and len(entry.data["errors"]) == 50, entry.data["count"]
+    assert len(json.dumps(entry.data)) < 40_000
 
 
 def _example() -> str:

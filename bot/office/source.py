@@ -27,6 +27,7 @@ from bot.office.config import (
     load_office,
     locate_errors,
     parse_office,
+    shortened,
 )
 
 if TYPE_CHECKING:
@@ -198,7 +199,8 @@ class OfficeSource:
         """`org`'s config refused: said once while it stays the same, the last valid kept."""
         if org not in self.last_error or str(self.last_error[org]) != str(exc):
             log.error("office config refused; last valid config stays in force",
-                      extra={"org": org, "errors": exc.errors})
+                      extra={"org": org, "errors": [shortened(e) for e in exc.errors[:50]],
+                             "count": len(exc.errors)})  # (a hostile file has thousands)
         self.last_error[org] = exc
         return self._last_valid.get(org)
 
