@@ -41,7 +41,6 @@ from uritemplate import URITemplate, variable
 
 from bot import jsontext, metrics
 from bot.private_files import write_private
-from bot.store import lease
 
 from . import writes
 from .base import JSON
@@ -717,7 +716,6 @@ class _Caller(abc.ABC):
         the turn: a creation waiting an hour for the next one holds no label move."""
         shared = await self._shared_turn(endpoint, content)
         async with self.pacer.turn(content, endpoint=endpoint) as waited:
-            lease.check()  # (a named lock held for this write may have gone while it waited)
             waited += shared
             self._count("paced", waited)
             metrics.PACING_SECONDS.inc(waited)

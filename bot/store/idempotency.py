@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from bot.errors import Conflict, VaultmailError
 from bot.forge.writes import counting as counting_writes
-from bot.store import lease
 from bot.store.group import GroupCommit
 from bot.store.queue import DEAD_AFTER, ReplicaIdTaken, id_taken
 
@@ -114,10 +113,7 @@ async def claim_held_in(db: Any) -> bool:
 
 async def check_claim() -> None:
     """The fence before a write that must happen once (an issue's creation): raises
-    NamedLockLost when a named lock the running task holds is not known held now
-    (bot.store.lease), `ClaimLost` when the running `work`'s claim is another's now. Cheap:
-    one read."""
-    lease.check()
+    `ClaimLost` when the running `work`'s claim is another's now. Cheap: one read."""
     held = _claim.get()
     if held is None:
         return

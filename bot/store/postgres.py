@@ -21,7 +21,6 @@ import contextlib
 import functools
 import json
 import logging
-import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -30,9 +29,7 @@ from typing import Any
 
 import asyncpg
 
-from bot.store import lease
 from bot.store.db import Store
-from bot.store.lease import NamedLockLost
 from bot.store.locks import (
     MIGRATE_LOCK,
     OLD_NAMED_CLASS,
@@ -269,6 +266,12 @@ def _older_try(at: int) -> str:
     return f"({old} = ANY($3::bigint[]) OR pg_try_advisory_xact_lock({old}))"
 
 
+class NamedLockLost(ConnectionError):
+    """A session holding a named lock was cut while its holder worked (a killed backend, a
+    database restart): the holder is stopped with this where it awaits, as the database being
+    away stops any work (retried later), and another replica may take the lock once it has."""
+
+
 def named_lock_lane(key: str) -> int:
     """The lane (of NAMED_LOCK_LANES) the named lock `key` is taken on; its second hold is on
     the next lane. Stable: a key meets itself on one session of a replica."""
@@ -290,13 +293,6 @@ class _Hold:
     holder: asyncio.Task[Any] | None = None
     lost: bool = False  # a session of it was cut
     cancelled: bool = False  # its holder cancelled for it, not yet told why
-    lanes: tuple[_Lane, ...] = ()  # its two lanes, once held
-
-    def held(self) -> bool:
-        """Known held now: no session of it cut, each shown alive within LEASE (the fence,
-        bot.store.lease.check)."""
-        now = time.monotonic()
-        return not self.lost and all(now - lane.alive_at < LEASE for lane in self.lanes)
 
     def cut_told(self) -> bool:
         """Whether the CancelledError its holder meets is the cut's alone (then told)."""
@@ -321,8 +317,6 @@ class _Lane:
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
     waiting: dict[asyncio.Future[None], tuple[int, int]] = field(default_factory=dict)
     looker: asyncio.Task[None] | None = None  # looks for `waiting`'s locks, while any
-    prober: asyncio.Task[None] | None = None  # shows its session alive, while it holds any
-    alive_at: float = 0.0  # (monotonic) when its session's latest answered statement was sent
 
 
 # A replica's host that vanishes (powered off, cut off) closes none of its sessions: the server
@@ -339,19 +333,6 @@ VANISHED_PEER = {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "1",
 # LOCK_WAIT for a lock: it fails, and the work it was part of is retried.
 IDLE_IN_TRANSACTION = 4.0  # under DEAD_AFTER: what it held goes before it is taken for dead
 LOCK_WAIT = 15.0
-# The server drops a silent peer's session, and its locks, no sooner than this after it last
-# heard from it (5 s idle, then 3 probes 1 s apart; 8 s of unacknowledged data).
-PEER_GIVE_UP = 8.0
-# This side does not wait for that: a replica cut off (or frozen) while holding a named lock
-# must stop before the server lets the lock go. While a lane holds any, its session is probed
-# every LANE_PROBE, each probe awaited at most LANE_PROBE_WAIT (its turn on the lane
-# included); one failed or late ends the session as cut (`_lane_cut`: the holders stopped).
-# And a hold is known held (the fence before a forge write) only while each of its sessions
-# was last shown alive under LEASE ago: what is left of PEER_GIVE_UP is the margin for the
-# write the fence lets through to be sent.
-LANE_PROBE = 1.0
-LANE_PROBE_WAIT = 1.5
-LEASE = 4.0
 SESSION = {**VANISHED_PEER,
            "idle_in_transaction_session_timeout": str(int(IDLE_IN_TRANSACTION * 1000)),
            "lock_timeout": str(int(LOCK_WAIT * 1000))}
@@ -407,9 +388,8 @@ class PostgresStore(Store):
             self._relisten.cancel()
             await asyncio.gather(self._relisten, return_exceptions=True)
         for lane in self._lanes:
-            for task in (lane.looker, lane.prober):
-                if task is not None:
-                    task.cancel()
+            if lane.looker is not None:
+                lane.looker.cancel()
         for conn in (self._listener, *(lane.session for lane in self._lanes)):
             if conn is not None:
                 with contextlib.suppress(Exception):
@@ -492,7 +472,6 @@ class PostgresStore(Store):
             holder = asyncio.current_task()
             assert holder is not None
             hold.holder = holder
-            hold.lanes = (self._lanes[hold.first], self._lanes[hold.second])
             try:
                 sessions = ((hold.first, hold.session), (hold.second, hold.second_session))
                 if any(self._lanes[n].session is not s for n, s in sessions):
@@ -500,10 +479,7 @@ class PostgresStore(Store):
                                         " taken")
                 for n, _ in sessions:
                     self._lanes[n].holds.add(hold)
-                    if self._lanes[n].prober is None:
-                        self._lanes[n].prober = asyncio.ensure_future(self._probe(n))
-                with lease.holding(hold):
-                    yield
+                yield
             except asyncio.CancelledError:
                 if hold.cut_told():  # (cancelled by `_lane_cut` alone)
                     raise NamedLockLost(f"named lock {key!r}: its session was cut while held;"
@@ -544,7 +520,6 @@ class PostgresStore(Store):
                     session = await asyncpg.connect(self._url, server_settings={
                         **SESSION, "application_name": f"vaultmail locks {self.replica_id}"})
                     session.add_termination_listener(functools.partial(self._lane_cut, n))
-                    _keep_alive(session)
                     lane.session = session
                 yield lane.session
                 return
@@ -562,40 +537,6 @@ class PostgresStore(Store):
                 hold.holder.cancel()
         lane.holds.clear()
 
-    async def _probe(self, n: int) -> None:
-        """Every LANE_PROBE while lane `n` holds any named lock: its session shown alive (a
-        round trip), or, failed or late, ended as cut."""
-        lane = self._lanes[n]
-        try:
-            while lane.holds:
-                await asyncio.sleep(LANE_PROBE)
-                session = lane.session
-                if session is None or not lane.holds:
-                    continue
-                try:
-                    async with asyncio.timeout(LANE_PROBE_WAIT), lane.turn:
-                        if not self._is_session(n, session):
-                            continue  # (cut meanwhile)
-                        sent = time.monotonic()
-                        await session.fetchval("SELECT 1")
-                    lane.alive_at = max(lane.alive_at, sent)
-                except Exception as exc:  # noqa: BLE001 - late, cut, refused: all a cut here
-                    log.warning("a named locks' session did not answer its probe within %.1fs"
-                                "; taken as cut: its holders stop (%r)", LANE_PROBE_WAIT, exc)
-                    self._end_silent(n, session)
-        finally:
-            lane.prober = None
-
-    def _is_session(self, n: int, session: asyncpg.Connection) -> bool:
-        return self._lanes[n].session is session
-
-    def _end_silent(self, n: int, session: asyncpg.Connection | None) -> None:
-        """Lane `n`'s session `session`, silent past its wait, ended as cut: its holders stop,
-        and its statements waiting on it fail now."""
-        self._lane_cut(n, session)
-        if session is not None:
-            session.terminate()
-
     async def _try_named(self, key: str) -> _Hold | None:
         """`key` now held by this replica, or None if another holds it (either hold, or an
         older release's way while a replica of that release lives)."""
@@ -603,10 +544,8 @@ class PostgresStore(Store):
         async with self._turn(first) as session:
             # (the subquery, volatile, runs first and once: the older ways are tried only
             # once this way is got; all in one trip)
-            sent = time.monotonic()
             row = await session.fetchrow(NAMED_TRY, *named_lock_pair(key), key, NAMED_SEED,
                                          NAMED_LOCKS, RESERVED, DEAD_AFTER)
-            self._lanes[first].alive_at = max(self._lanes[first].alive_at, sent)
             if row is None or not row["got"]:
                 return None
             way1, way2 = row["way1"], row["way2"]
@@ -618,10 +557,7 @@ class PostgresStore(Store):
         hold = _Hold(key, first, session, ways, second=(first + 1) % NAMED_LOCK_LANES)
         try:
             async with self._turn(hold.second) as second:
-                sent = time.monotonic()
                 got = await second.fetchval(NAMED_TRY_SECOND, *named_lock_second_pair(key))
-                lane = self._lanes[hold.second]
-                lane.alive_at = max(lane.alive_at, sent)
         except BaseException:
             await asyncio.shield(self._let_go(hold))
             raise
@@ -680,20 +616,15 @@ class PostgresStore(Store):
             lane = self._lanes[n]
             if session is None or session is not lane.session:
                 return
-            try:
-                # (bounded: a session gone silent is ended, and its locks with it)
-                async with asyncio.timeout(LANE_PROBE_WAIT), lane.turn:
-                    if session is not lane.session:
-                        return
-                    with contextlib.suppress(Exception):  # (cut meanwhile: its locks went too)
-                        if second:
-                            await session.fetchval(
-                                "SELECT pg_advisory_unlock($1::int, $2::int)",
-                                *named_lock_second_pair(hold.key))
-                        else:
-                            await self._unlock_ways(session, hold.key, hold.ways)
-            except TimeoutError:
-                self._end_silent(n, session)
+            async with lane.turn:
+                if session is not lane.session:
+                    return
+                with contextlib.suppress(Exception):  # (cut meanwhile: its locks went too)
+                    if second:
+                        await session.fetchval("SELECT pg_advisory_unlock($1::int, $2::int)",
+                                               *named_lock_second_pair(hold.key))
+                    else:
+                        await self._unlock_ways(session, hold.key, hold.ways)
 
         try:
             for n in (hold.first, hold.second):
@@ -784,21 +715,6 @@ class PostgresStore(Store):
             return
         if message.get("from") != self.replica_id and self._on_broadcast is not None:
             self._on_broadcast([str(k) for k in message.get("keys", [])])
-
-
-def _keep_alive(session: asyncpg.Connection) -> None:
-    """This side's TCP keepalive and user timeout on a lane's session, as the server's
-    (VANISHED_PEER) on its side but within LEASE: a statement sent to a vanished server fails
-    then rather than hanging. asyncpg has no option for it: set on its socket."""
-    sock = session._transport.get_extra_info("socket")  # noqa: SLF001
-    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
-        return  # (a Unix socket's peer cannot vanish)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", 1), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 2),
-                        ("TCP_USER_TIMEOUT", int(LEASE * 1000))):
-        option = getattr(socket, name, None)  # (Linux's; others keep their defaults)
-        if option is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 async def _migrate(url: str, upto: int | None = None) -> None:
