@@ -6,6 +6,7 @@ fate ledgered once (`email.*`); a message the relay keeps deferring given up as 
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import logging
 import re
@@ -15,12 +16,20 @@ from email.message import EmailMessage
 
 import pytest
 
+from bot.app.services import Services
 from bot.email import keys, outgoing
+from bot.email.auth import Verdicts
+from bot.email.domains import DomainProofs
 from bot.email.gateway import GATEWAY_KEY
+from bot.email.intake import EmailIntake
+from bot.email.message import parse_inbound
 from bot.email.sending import send_email
+from bot.forge.base import Forge
 from bot.forge.github import GitHubForge
 from bot.mail.mailer import Mailer
+from bot.office.config import Office
 from bot.store import api_tokens, ledger, mails, open_store
+from bot.store.db import Store
 from tests.support import ToolClient, label_names
 from tests.test_email_outbox import _dkim_ok
 from tests.test_email_support import (
@@ -824,3 +833,85 @@ async def test_a_relay_that_cannot_be_reached_is_told_without_its_address(
     logged = next(r for r in caplog.records if r.getMessage() == "email relay unreachable")
     assert f"127.0.0.1:{mailroom.relay.port}" in str(logged.__dict__.get("error"))
     assert logged.__dict__.get("mail") == f"{SCOUT_VAULT}#1"
+
+
+COMMENT = "POST /repos/{owner}/{repo}/issues/{issue_number}/comments"
+
+
+class _ReplicaIntake(EmailIntake):
+    """Another replica's intake: its own store (`services`) and its own forge client (its
+    own pacer, which the other's held write does not hold up)."""
+
+    def __init__(self, services: Services, proofs: DomainProofs, forge: Forge) -> None:
+        super().__init__(services, proofs)
+        self.forge = forge
+
+    def mailer(self, office: Office) -> Mailer:
+        return Mailer(self.services, self.forge, office)
+
+
+
+async def _raced(mailroom: Mailroom,
+                 write: Callable[[EmailIntake], Awaitable[object]]) -> None:
+    """`write` by replica a, its comment create held at the forge; a stalls past DEAD_AFTER
+    and replica b's `write` (the retry, its key taken over) runs to the end; then a's create
+    lands, late, and a goes on."""
+    emb = mailroom.embedded
+    intake = emb.runner.app[GATEWAY_KEY].intake
+    assert intake is not None
+    forge = emb.services.forge_for_org("acme")
+    assert isinstance(forge, GitHubForge)
+    a, b = await open_store(mailroom.index), await open_store(mailroom.index)
+    await a.join("replica-a")
+    await b.join("replica-b")
+
+    def replica(store: Store, its_forge: Forge) -> _ReplicaIntake:
+        services = copy.copy(emb.services)  # (no __post_init__: the office source is shared)
+        services.store = store
+        return _ReplicaIntake(services, intake.proofs, its_forge)
+
+    try:
+        held = emb.forge.faults.hold(COMMENT, count=1)
+        first = asyncio.create_task(write(replica(a, forge)))
+        await asyncio.wait_for(held.arrived.wait(), GUARD)  # a's comment is at the forge
+        await _silence(b, "replica-a")
+        await asyncio.wait_for(
+            write(replica(b, GitHubForge(forge.client, forge.installation_id))), GUARD)
+        held.release()  # a's comment lands now, after b's
+        await asyncio.wait_for(first, GUARD)
+    finally:
+        await a.close()
+        await b.close()
+    await emb.settle()
+
+
+async def test_an_answer_whose_stalled_comment_lands_late_is_on_the_thread_once(
+        mailroom: Mailroom) -> None:
+    """Bob's second message answers his first: a comment on its mail, once per Message-ID.
+    Replica a's try of it reaches the forge's comment create and is held there; a stalls past
+    DEAD_AFTER and b (the sender's retry, taken over) puts it on the thread. a's create lands
+    late: the later comment carrying the message's marker is deleted, the first kept."""
+    raw = wire(message("bob@example.org", f"scout@{DOMAIN}", "Question", "First words",
+                       Message_ID="<q1@example.org>"))
+    assert f"{SCOUT_VAULT}#1" in await delivered(
+        mailroom, await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"]))
+    await mailroom.embedded.settle()
+    answer = parse_inbound(wire(message(
+        "bob@example.org", f"scout@{DOMAIN}", "Re: Question", "The EU ones",
+        Message_ID="<q2@example.org>", In_Reply_To="<q1@example.org>",
+        References="<q1@example.org>")))
+    verdicts = Verdicts("pass", "example.org", "none", (), "none", "", "example.org")
+
+    async def add(intake: EmailIntake) -> object:
+        box = await intake.mailbox(f"scout@{DOMAIN}")
+        assert box is not None
+        thread = await intake.thread_of(box, answer)
+        assert thread is not None and thread.number == 1
+        return await intake._add_to_thread(box, thread, answer, verdicts, None)
+
+    await _raced(mailroom, add)
+    comments = await mailroom.person("marco").comments(SCOUT_VAULT, 1)
+    by_email = [c for c in comments if "wrote by email" in c["body"]]
+    assert len(by_email) == 1, [c["id"] for c in by_email]
+    assert "The EU ones" in by_email[0]["body"]
+

@@ -360,10 +360,16 @@ class EmailIntake:
             f"\n\n{marker}"), "the message, its byline added")
 
         async def work() -> idempotency.Result:
-            if not idempotency.resumed() or await forge.find_comment(
-                    mail.vault, mail.number, marker) is None:
+            # looked for on every try, not only a resumed one: another replica's try of this
+            # delivery (this one's, taken over) may have put it there
+            if await forge.find_comment(mail.vault, mail.number, marker) is None:
+                await idempotency.check_claim()  # the fence: a try taken over writes nothing
                 await forge.create_comment(mail.vault, mail.number, text, marker=marker)
+            # a try that stalled with its create in flight may land it after another wrote
+            # (or this one's may be that late one): the first stays, a later one is deleted
+            await forge.keep_first(mail.vault, mail.number, marker)
             if quiet is None:
+                await idempotency.check_claim()  # (a try taken over moves nothing either)
                 # the original sender writes again, or someone else in the thread (a Cc
                 # answering all): the office hands it on
                 actor = sender if sender == mail.from_principal else "office"

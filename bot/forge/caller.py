@@ -922,8 +922,42 @@ class RepoCaller(_Caller):
 
     installation_id: int
 
-    if TYPE_CHECKING:  # each forge finds its own comments (by the app, with a marker)
-        async def find_comment(self, repo: str, number: int, marker: str) -> JSON | None: ...
+    if TYPE_CHECKING:  # each forge knows its own comments (the app's login, its paging)
+        def _by_app(self, item: Mapping[str, Any]) -> bool: ...
+
+        async def list_comments(self, repo: str, number: int,
+                                since: str | datetime | None = None) -> list[JSON]: ...
+
+    async def marked_comments(self, repo: str, number: int, marker: str) -> list[JSON]:
+        """The app's recent comments on the issue whose body contains `marker`, oldest
+        first (more than one only when tries of one write raced: `keep_first`)."""
+        since = _iso_epoch(self.client.clock.now() - self.config.marker_window)
+        return [c for c in await self.list_comments(repo, number, since=since)
+                if self._by_app(c) and marker in (c.get("body") or "")]
+
+    async def find_comment(self, repo: str, number: int, marker: str) -> JSON | None:
+        """The newest recent comment by the app on the issue whose body contains `marker`."""
+        found = await self.marked_comments(repo, number, marker)
+        return found[-1] if found else None
+
+    async def keep_first(self, repo: str, number: int, marker: str) -> None:
+        """Delete every comment of the app's carrying `marker` but the first: a late copy
+        (a stalled try's create that landed after another try looked for it and wrote)."""
+        for late in (await self.marked_comments(repo, number, marker))[1:]:
+            log.warning("a late duplicate comment deleted", extra={
+                **self._log_extra, "repo": repo, "number": number, "comment": late["id"],
+                "outcome": "duplicate"})
+            await self.delete_comment(repo, int(late["id"]))
+
+    async def delete_comment(self, repo: str, comment_id: int) -> bool:
+        """Delete one of the app's comments; False when it was gone already."""
+        try:
+            await self._request(
+                "DELETE", "/repos/{owner}/{repo}/issues/comments/{comment_id}",
+                {**split_repo(repo), "comment_id": comment_id}, policy="idempotent")
+        except NotFound:
+            return False
+        return True
 
     def save_etag_cache(self, path: Path) -> None:
         save_etag_cache(self._gh._cache, self.installation_id, path)

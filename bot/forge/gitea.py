@@ -466,13 +466,6 @@ class GiteaForge(RepoCaller):
 
     # -- comments --------------------------------------------------------------------------------
 
-    async def find_comment(self, repo: str, number: int, marker: str) -> JSON | None:
-        since = _iso_epoch(self.client.clock.now() - self.config.marker_window)
-        for comment in reversed(await self.list_comments(repo, number, since=since)):
-            if self._by_app(comment) and marker in (comment.get("body") or ""):
-                return comment
-        return None
-
     async def list_comments(self, repo: str, number: int,
                             since: str | datetime | None = None) -> list[JSON]:
         """One request: Gitea returns every comment of an issue at once (no paging)."""

@@ -449,15 +449,6 @@ class GitHubForge(RepoCaller):
 
     # -- comments --------------------------------------------------------------------------------
 
-    async def find_comment(self, repo: str, number: int, marker: str) -> JSON | None:
-        """The newest recent comment by the app on the issue whose body contains ``marker``."""
-        since = _iso_epoch(self.client.clock.now() - self.config.marker_window)
-        comments = await self.list_comments(repo, number, since=since)
-        for comment in reversed(comments):
-            if self._by_app(comment) and marker in (comment.get("body") or ""):
-                return comment
-        return None
-
     async def list_comments(
         self, repo: str, number: int, since: str | datetime | None = None
     ) -> list[JSON]:
