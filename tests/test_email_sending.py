@@ -915,3 +915,24 @@ async def test_an_answer_whose_stalled_comment_lands_late_is_on_the_thread_once(
     assert len(by_email) == 1, [c["id"] for c in by_email]
     assert "The EU ones" in by_email[0]["body"]
 
+
+async def test_a_bounce_note_whose_stalled_comment_lands_late_is_on_the_mail_once(
+        mailroom: Mailroom) -> None:
+    """The bounce note on a mail sent by email, raced as above (`report_bounce`, once per
+    Message-ID and recipient): one note stays."""
+    sent = await mailroom.tools("agent:scout")("mail_send", to="bob@example.org",
+                                                subject="Quote", body="A quote?")
+    message_id = _parsed((await mailroom.relay.next()).original_content)["Message-ID"]
+    store = mailroom.embedded.services.store
+    mail = await mails.get_mail(store, sent["mail"]["mail_id"])
+    assert mail is not None
+
+    async def note(intake: EmailIntake) -> object:
+        return await intake.report_bounce(mailroom.embedded.office, mail, message_id,
+                                          ["bob@example.org"], "status 5.1.1",
+                                          source="report")
+
+    await _raced(mailroom, note)
+    comments = await mailroom.person("marco").comments(SCOUT_VAULT, mail.number)
+    notes = [c for c in comments if "bounced" in c["body"]]
+    assert len(notes) == 1, [c["id"] for c in notes]

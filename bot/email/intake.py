@@ -451,7 +451,9 @@ class EmailIntake:
 
         async def work() -> idempotency.Result:
             if await mailer.forge.find_comment(mail.vault, mail.number, marker) is None:
+                await idempotency.check_claim()  # the fence (as `_add_to_thread`'s)
                 await mailer.forge.create_comment(mail.vault, mail.number, note, marker=marker)
+            await mailer.forge.keep_first(mail.vault, mail.number, marker)
             told = await mailer.send(
                 "office", agent.principal, subject,
                 f"Your {what} by email to `{recipient}` on {mail.ref} did not arrive: {why}."
