@@ -977,7 +977,9 @@ class Mailer:
                 "comment on the issue to add a message instead"))
         if not text.strip():
             raise InvalidArguments("body is empty: write the reply")
-        key = key or str(uuid.uuid4())
+        # a named reply may have other tries (a retry, or another replica's try of it, taken
+        # over); a fresh key has none
+        named, key = key is not None, key or str(uuid.uuid4())
         again = idempotency.resumed()  # an earlier try with this key may have written some
         # everything refusable is checked before the first write: the comment, and the copy
         # an agent sender gets of it, so a refusal never leaves half a reply on the forge
@@ -993,13 +995,21 @@ class Mailer:
             marker = f"<!-- vaultmail:reply {key} -->"
             comment = fits(f"**{actor}** replied:\n\n{as_data(text)}\n\n{marker}",
                            "the reply, its byline added")
-            if not again or await self.forge.find_comment(mail.vault, mail.number,
+            # looked for on every try of a named reply, not only a resumed one: another
+            # replica's try of it (this one's, taken over) may have put it there
+            if not named or await self.forge.find_comment(mail.vault, mail.number,
                                                           marker) is None:
+                await idempotency.check_claim()  # the fence: a try taken over writes nothing
                 # kept a while: should the forge lose the comment, `vaultmail doctor` posts
                 # it again (a reply to a person has no copy anywhere else)
                 await replies.keep(self.services.store, mail.mail_id, key, comment)
                 await self.forge.create_comment(mail.vault, mail.number, comment,
                                                 marker=marker)
+            if named:
+                # a try that stalled with its create in flight may land it after another
+                # wrote (or this one's is that late one): the first stays, a later one goes
+                await self.forge.keep_first(mail.vault, mail.number, marker)
+                await idempotency.check_claim()  # (a try taken over moves nothing either)
         if again and await ledger.recorded(
                 self.services.store, "mail.replied", mail.ref, "reply", key,
                 org=self.office.org, renamed=self.services.keyring.renamed(self.office.org)):
