@@ -27,7 +27,15 @@ from bot.email.policy import Decision, decide
 from bot.forge.errors import ForgeError
 from bot.forge.gitea import GiteaForge, gitea_name
 from bot.mail.header import clean_subject, render_mail_body
-from bot.mail.mailer import LOOP_GUARD_HOPS, MAX_SUBJECT, Mailer, _Draft, _signed, fits
+from bot.mail.mailer import (
+    LOOP_GUARD_HOPS,
+    MAX_SUBJECT,
+    Mailer,
+    _Draft,
+    _signed,
+    comment_once,
+    fits,
+)
 from bot.mail.markdown import as_data, defuse_mentions
 from bot.office.config import Office
 from bot.office.source import CONFIG_REPO
@@ -360,14 +368,7 @@ class EmailIntake:
             f"\n\n{marker}"), "the message, its byline added")
 
         async def work() -> idempotency.Result:
-            # looked for on every try, not only a resumed one: another replica's try of this
-            # delivery (this one's, taken over) may have put it there
-            if await forge.find_comment(mail.vault, mail.number, marker) is None:
-                await idempotency.check_claim()  # the fence: a try taken over writes nothing
-                await forge.create_comment(mail.vault, mail.number, text, marker=marker)
-            # a try that stalled with its create in flight may land it after another wrote
-            # (or this one's may be that late one): the first stays, a later one is deleted
-            await forge.keep_first(mail.vault, mail.number, marker)
+            await comment_once(forge, mail.vault, mail.number, text, marker)
             if quiet is None:
                 await idempotency.check_claim()  # (a try taken over moves nothing either)
                 # the original sender writes again, or someone else in the thread (a Cc
@@ -450,10 +451,7 @@ class EmailIntake:
             subject = subject[:MAX_SUBJECT - 1].rstrip() + "…"
 
         async def work() -> idempotency.Result:
-            if await mailer.forge.find_comment(mail.vault, mail.number, marker) is None:
-                await idempotency.check_claim()  # the fence (as `_add_to_thread`'s)
-                await mailer.forge.create_comment(mail.vault, mail.number, note, marker=marker)
-            await mailer.forge.keep_first(mail.vault, mail.number, marker)
+            await comment_once(mailer.forge, mail.vault, mail.number, note, marker)
             told = await mailer.send(
                 "office", agent.principal, subject,
                 f"Your {what} by email to `{recipient}` on {mail.ref} did not arrive: {why}."

@@ -13,7 +13,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -213,6 +213,23 @@ def fits(text: str, what: str) -> str:
             f"{FORGE_MAX_BODY:,}: shorten the body (each @ before a name gains an invisible "
             "character, so it mentions nobody)", code="body_too_long")
     return text
+
+
+async def comment_once(forge: Forge, repo: str, number: int, text: str, marker: str, *,
+                       look: bool = True,
+                       before: Callable[[], Awaitable[object]] | None = None) -> None:
+    """`text` on `repo`#`number` once, across tries of one keyed write (`Store.once`): looked
+    for by `marker` on every try (`look`; another replica's try, this one's taken over, may
+    have put it there), fenced (`idempotency.check_claim`: a try taken over writes nothing),
+    then `before()` and the create; and after, the first comment carrying `marker` kept and
+    the app's later ones deleted (a stalled try's create that landed late)."""
+    if not look or await forge.find_comment(repo, number, marker) is None:
+        await idempotency.check_claim()
+        if before is not None:
+            await before()
+        await forge.create_comment(repo, number, text, marker=marker)
+    if look:
+        await forge.keep_first(repo, number, marker)
 
 
 class Undeliverable(Conflict):
@@ -995,20 +1012,13 @@ class Mailer:
             marker = f"<!-- vaultmail:reply {key} -->"
             comment = fits(f"**{actor}** replied:\n\n{as_data(text)}\n\n{marker}",
                            "the reply, its byline added")
-            # looked for on every try of a named reply, not only a resumed one: another
-            # replica's try of it (this one's, taken over) may have put it there
-            if not named or await self.forge.find_comment(mail.vault, mail.number,
-                                                          marker) is None:
-                await idempotency.check_claim()  # the fence: a try taken over writes nothing
-                # kept a while: should the forge lose the comment, `vaultmail doctor` posts
-                # it again (a reply to a person has no copy anywhere else)
-                await replies.keep(self.services.store, mail.mail_id, key, comment)
-                await self.forge.create_comment(mail.vault, mail.number, comment,
-                                                marker=marker)
+            # a named reply may have other tries (an unnamed one's key is fresh); kept a
+            # while before its create: should the forge lose the comment, `vaultmail doctor`
+            # posts it again (a reply to a person has no copy anywhere else)
+            await comment_once(self.forge, mail.vault, mail.number, comment, marker,
+                               look=named, before=lambda: replies.keep(
+                                   self.services.store, mail.mail_id, key, comment))
             if named:
-                # a try that stalled with its create in flight may land it after another
-                # wrote (or this one's is that late one): the first stays, a later one goes
-                await self.forge.keep_first(mail.vault, mail.number, marker)
                 await idempotency.check_claim()  # (a try taken over moves nothing either)
         if again and await ledger.recorded(
                 self.services.store, "mail.replied", mail.ref, "reply", key,
