@@ -60,12 +60,18 @@ def test_email_dns_prints_the_records_with_the_offices_dkim_key(
                  "--data", str(tmp_path)]) == 0
     lines = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
     assert [kind for _, kind, _ in lines] == ["MX", "TXT", "TXT", "TXT", "TXT"]
-    # the domain proven acme's office's (bot.email.domains)
-    assert ["_vaultmail.mail.acme.example", "TXT", "vaultmail-office=acme"] in lines
+    # the domain proven acme's office's (bot.email.domains): the record names acme's id on
+    # the forge, which the command says where it is not given
+    assert ["_vaultmail.mail.acme.example", "TXT",
+            "vaultmail-office-id=<the id of acme on the forge>"] in lines
     name, value = keys.dns_record(keys.office_key(tmp_path, "acme"), "mail.acme.example")
     assert [name, "TXT", value] in lines
     assert ["_dmarc.mail.acme.example", "TXT",
             "v=DMARC1; p=quarantine; adkim=r; aspf=r"] in lines
+    assert main(["email", "dns", "--org", "acme", "--org-id", "4021", "--domain",
+                 "mail.acme.example", "--data", str(tmp_path)]) == 0
+    assert "_vaultmail.mail.acme.example\tTXT\tvaultmail-office-id=4021" in \
+        capsys.readouterr().out.splitlines()
     assert main(["email", "dns", "--org", "acme", "--domain", "not a domain",
                  "--data", str(tmp_path)]) == 2
 

@@ -286,8 +286,9 @@ async def start_embedded(
             from bot.email.dns import SystemResolver, WithRecords
             from bot.email.domains import record_name, record_value
 
+            account = forge.state.accounts[office.org.lower()].id  # (seeded before)
             resolver = WithRecords(SystemResolver(), {
-                record_name(office.email.domain): [record_value(office.org)]})
+                record_name(office.email.domain): [record_value(account)]})
         add_email(app, email, resolver=resolver, sock=smtp_sock)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

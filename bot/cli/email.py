@@ -13,12 +13,13 @@ if TYPE_CHECKING:  # (loaded by these commands alone: every other one starts wit
     from bot.office.config import Office
 
 
-def dns_records(domain: str, dkim_pem: bytes, mx_host: str,
-                org: str = "") -> list[tuple[str, str, str]]:
+def dns_records(domain: str, dkim_pem: bytes, mx_host: str, org: str = "",
+                org_id: int | None = None) -> list[tuple[str, str, str]]:
     """(name, type, value) of each record: MX, SPF, DKIM, DMARC, and (with `org`) the one
-    that proves the domain the office's (bot.email.domains)."""
+    that proves the domain the office's (bot.email.domains), naming `org_id`, the org's id
+    on the forge (words saying so where not given)."""
     from bot.email import keys
-    from bot.email.domains import record_name, record_value
+    from bot.email.domains import record_name, value_for
 
     dkim_name, dkim_value = keys.dns_record(dkim_pem, domain)
     return [
@@ -26,7 +27,7 @@ def dns_records(domain: str, dkim_pem: bytes, mx_host: str,
         (domain, "TXT", "v=spf1 mx -all"),
         (dkim_name, "TXT", dkim_value),
         (f"_dmarc.{domain}", "TXT", "v=DMARC1; p=quarantine; adkim=r; aspf=r"),
-        *([(record_name(domain), "TXT", record_value(org))] if org else []),
+        *([(record_name(domain), "TXT", value_for(org, org_id))] if org else []),
     ]
 
 
@@ -57,7 +58,7 @@ async def cmd_email_dns(args: argparse.Namespace) -> int:
     data = existing_data_dir(args.data, needs="")
     pem = keys.office_key(data, args.org)
     for name, kind, value in dns_records(domain, pem, args.mx or f"mx.{domain}",
-                                         args.org):
+                                         args.org, args.org_id):
         say(f"{name}\t{kind}\t{value}")
     return 0
 
@@ -68,6 +69,9 @@ def add_email_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p = esub.add_parser("dns", help="print the MX, SPF, DKIM, DMARC and _vaultmail records of "
                                     "an office's mail domain (its DKIM key made if missing)")
     p.add_argument("--org", required=True, help="the office (organisation)")
+    p.add_argument("--org-id", type=int, help="the organisation's id on the forge, which its "
+                                              "_vaultmail record names (GitHub: gh api "
+                                              "orgs/ORG --jq .id)")
     p.add_argument("--domain", required=True, help="its email.domain (mail.acme.example)")
     p.add_argument("--mx", help="the host whose SMTP listener receives the mail (default: "
                                 "mx.DOMAIN)")

@@ -3,13 +3,21 @@ owner says so in DNS, as GitHub Pages and mail providers ask. A repository confi
 by whoever installs the App, so without this one org could name another's domain and receive
 (or shadow) its mail.
 
-The proof is a TXT record `_vaultmail.<domain>` whose value is `vaultmail-office=<org>`
-(`record`). It is looked up through the app's resolver (bot.email.dns; the tests' is a table)
-when the office's mail is first handled and again every `PROVEN_FOR` seconds (an unproven
-domain every `UNPROVEN_FOR`): at RCPT, and on each round of the outbox. Until it is proven,
+The proof is a TXT record `_vaultmail.<domain>` whose value is `vaultmail-office-id=<id>`,
+the forge's id of the office's org (`record`): what a rename keeps, and what an org made under
+the name of one deleted or renamed away does not have. It is looked up through the app's
+resolver (bot.email.dns; the tests' is a table) when the office's mail is first handled and
+again every `PROVEN_FOR` seconds (an unproven domain every `UNPROVEN_FOR`): at RCPT, and on
+each round of the outbox. Until it is proven,
 mail to the domain is refused at RCPT (`550 5.7.1` naming the record) and none is sent from
 it, and the office's ledger says once which record to publish (`office.config_refused`).
 Two offices naming one domain: only the one its record names has it.
+
+The record asked for before ids, `vaultmail-office=<org>` (`named_value`), names the org by
+name: it still proves the domain, but only for the account that proved the domain with one
+first (bot.store.domain_proofs; recorded at that first proof). So a record left published for
+an org deleted or renamed away proves nothing for another org made under its name; and after a
+rename it proves nothing for the renamed org either until it names the new name (or the id).
 
 The operator may vouch for domains itself (VAULTMAIL_SMTP_DOMAINS, `domain=org` pairs: a host
 that serves one org, a network without DNS); `vaultmail up`'s example office is vouched for
@@ -23,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from bot.email.auth import DnsError, Resolver
+from bot.store import domain_proofs
+from bot.store.db import Store
 
 PROVEN_FOR = 300.0
 UNPROVEN_FOR = 30.0
@@ -30,19 +40,34 @@ UNPROVEN_FOR = 30.0
 # for a domain whose name servers time out held a thread for the resolver's 5 s
 FAILING_FOR = 30.0
 PREFIX = "_vaultmail."
+Key = tuple[str, int | None, str]  # (org, its account, domain)
 
 
 def record_name(domain: str) -> str:
     return f"{PREFIX}{domain.lower().rstrip('.')}"
 
 
-def record_value(org: str) -> str:
+def record_value(account: int | str) -> str:
+    """The value naming the office whose org is `account` on the forge (an id; or words
+    standing for one not known here)."""
+    return f"vaultmail-office-id={account}"
+
+
+def value_for(org: str, account: int | None) -> str:
+    """`record_value` of `org`'s account; words saying which id goes there when not known."""
+    return record_value(f"<the id of {org.lower()} on the forge>" if account is None
+                        else account)
+
+
+def named_value(org: str) -> str:
+    """The value asked for before ids, naming the org by name (see the module's words)."""
     return f"vaultmail-office={org.lower()}"
 
 
-def record(domain: str, org: str) -> str:
-    """The record `org` publishes to prove `domain` is its office's, as a zone file says it."""
-    return f'{record_name(domain)} TXT "{record_value(org)}"'
+def record(domain: str, org: str, account: int | None) -> str:
+    """The record proving `domain` the office's of `org`, the forge's account `account`, as
+    a zone file says it."""
+    return f'{record_name(domain)} TXT "{value_for(org, account)}"'
 
 
 @dataclass(frozen=True)
@@ -52,26 +77,29 @@ class Proof:
 
 
 class DomainProofs:
-    """Each (org, domain)'s proof, looked up through `resolver` and kept a while."""
+    """Each (org, its account, domain)'s proof, looked up through `resolver` and kept a
+    while; who first proved a domain with a record naming its org is kept in `store`."""
 
-    def __init__(self, resolver: Resolver, vouched: Mapping[str, str] | None = None) -> None:
-        self.resolver = resolver
+    def __init__(self, resolver: Resolver, store: Store,
+                 vouched: Mapping[str, str] | None = None) -> None:
+        self.resolver, self.store = resolver, store
         self.vouched = {d.lower().rstrip("."): o.lower() for d, o in (vouched or {}).items()}
-        self._known: dict[tuple[str, str], tuple[Proof, float]] = {}
-        self._failing: dict[tuple[str, str], float] = {}  # until when DNS is not asked again
+        self._known: dict[Key, tuple[Proof, float]] = {}
+        self._failing: dict[Key, float] = {}  # until when DNS is not asked again
 
     def forget(self) -> None:
         """Look every domain up again at its next use (a record just published)."""
         self._known.clear()
         self._failing.clear()
 
-    async def proof(self, org: str, domain: str) -> Proof:
-        """Whether `domain` is `org`'s office's. DnsError when DNS cannot say now and nothing
-        is known yet (the caller answers 451: try again later)."""
+    async def proof(self, org: str, account: int | None, domain: str) -> Proof:
+        """Whether `domain` is the office's of `org`, the forge's account `account` (None:
+        not known yet). DnsError when DNS cannot say now and nothing is known yet (the
+        caller answers 451: try again later)."""
         org, domain = org.lower(), domain.lower().rstrip(".")
-        if domain in self.vouched:
-            return self._said(self.vouched[domain] == org, org, domain)
-        key, now = (org, domain), time.monotonic()
+        if domain in self.vouched:  # (the operator's word, by name: its host, its orgs)
+            return self._said(self.vouched[domain] == org, org, account, domain)
+        key, now = (org, account, domain), time.monotonic()
         known = self._known.get(key)
         if known is not None and known[1] > now:
             return known[0]
@@ -88,13 +116,33 @@ class DomainProofs:
             raise
         self._failing.pop(key, None)
         found = {v.strip().strip('"').strip().lower() for v in values}
-        proof = self._said(record_value(org) in found, org, domain)
+        if account is not None and record_value(account) in found:
+            proof = Proof(True, "")
+        elif named_value(org) in found:
+            proof = await self._named(org, account, domain)
+        else:
+            proof = self._said(False, org, account, domain)
         self._known[key] = (proof, now + (PROVEN_FOR if proof.proven else UNPROVEN_FOR))
         return proof
 
+    async def _named(self, org: str, account: int | None, domain: str) -> Proof:
+        """The proof of a record naming `org` by name: the domain is the office's of the
+        account that proved it with one first (recorded then). An account not known yet
+        proves nothing: who it would be recorded for is not known."""
+        if account is not None and \
+                await domain_proofs.first_named_by(self.store, domain, account) == account:
+            return Proof(True, "")
+        return Proof(False, f"{record_name(domain)} names {org} by name, which proves "
+                            f"{domain} only for the org that proved it so first: "
+                            f"{_publish(account, org, domain)}")
+
     @staticmethod
-    def _said(proven: bool, org: str, domain: str) -> Proof:
+    def _said(proven: bool, org: str, account: int | None, domain: str) -> Proof:
         if proven:
             return Proof(True, "")
-        return Proof(False, f"{domain} is not proven to be the {org} office's: publish the "
-                            f"TXT record {record(domain, org)}")
+        return Proof(False, f"{domain} is not proven to be the {org} office's: "
+                            f"{_publish(account, org, domain)}")
+
+
+def _publish(account: int | None, org: str, domain: str) -> str:
+    return f"publish the TXT record {record(domain, org, account)}"

@@ -90,7 +90,8 @@ def add_email(app: web.Application, settings: EmailSettings, *,
         await startup.ready.wait()
         services = startup.services
         assert services is not None
-        gateway.intake = EmailIntake(services, DomainProofs(resolver, settings.domains))
+        gateway.intake = EmailIntake(services, DomainProofs(resolver, services.store,
+                                                                settings.domains))
         gateway.outbox = Outbox(services, gateway.intake, settings.relay_url,
                                 give_up_after=settings.give_up_after)
         gateway.outbox.start()

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Literal
 from bot.email import attachments, keys, outgoing
 from bot.email.addresses import BadAddress, Mailbox, mailbox, normalise, principal_of
 from bot.email.auth import DnsError, Verdicts
-from bot.email.domains import DomainProofs, record_name
+from bot.email.domains import DomainProofs, record_name, record_value
 from bot.email.message import Attached, Bounce, Inbound, read_meta, render_inbound
 from bot.email.outgoing import HOPS_HEADER
 from bot.email.policy import Decision, decide
@@ -39,7 +39,7 @@ from bot.mail.mailer import (
 from bot.mail.markdown import as_data, defuse_mentions
 from bot.office.config import Office
 from bot.office.source import CONFIG_REPO
-from bot.store import idempotency, ledger, mails
+from bot.store import idempotency, installations, ledger, mails
 from bot.store.mails import MailRecord
 from labels.catalogue import MAIL_LABELS
 
@@ -104,7 +104,8 @@ class OfficesUnread(Exception):
 class EmailIntake:
     def __init__(self, services: Services, proofs: DomainProofs) -> None:
         self.services, self.proofs = services, proofs
-        self._told: set[tuple[str, str]] = set()  # (org, domain) refusals ledgered
+        # (org, its account, domain) refusals ledgered
+        self._told: set[tuple[str, int | None, str]] = set()
 
     async def configured(self) -> tuple[list[Office], list[str]]:
         """Every installed office's config naming an email domain, proven or not, read side
@@ -147,8 +148,9 @@ class EmailIntake:
         """Whether `office`'s email domain is proven its own; when not, its ledger says once
         which record to publish (`office.config_refused`)."""
         assert office.email is not None
-        proof = await self.proofs.proof(office.org, office.email.domain)
-        told = (office.org.lower(), office.email.domain)
+        account = await installations.account_of(self.services.store, office.org)
+        proof = await self.proofs.proof(office.org, account, office.email.domain)
+        told = (office.org.lower(), account, office.email.domain)
         if not proof.proven and told not in self._told:
             where = self.services.offices.where(office.org)
             await ledger.record_once(self.services.store, "office.config_refused", "office",
@@ -174,7 +176,8 @@ class EmailIntake:
             if await self.proven(office):
                 return None
         return (f"{domain} is not proven to be an office's here: its owner publishes the TXT "
-                f"record {record_name(domain)} naming the office")
+                f"record {record_name(domain)} naming the office's org by its id on the forge"
+                f" ({record_value('<id>')})")
 
     async def mailbox(self, address: str) -> Mailbox | None:
         try:

@@ -108,6 +108,9 @@ NAMES = {
         " dates no later was written over by it, and is put back in view unsigned",
     35: "a comment's edit that came before the comment was indexed (its `created` late) is"
         " kept until it is, so the comment is indexed in the words the forge shows",
+    36: "which account first proved each email domain with a `_vaultmail` record naming its"
+        " org (the form before ids): such a record proves the domain for that account alone,"
+        " not for another org made under the name",
 }
 
 
@@ -159,9 +162,9 @@ def register_backfill(sqlite: str, *, postgres: str, version: int) -> None:
 # `vaultmail token create` on a new data directory) makes all of them, each version whole (a
 # later version's columns go on tables an earlier one made)
 TABLES = ("api_tokens", "attachments", "budget", "chats", "comments", "db", "deliveries",
-          "hook_secrets", "installations", "ledger", "mails", "members", "moves", "oauth",
-          "offices", "outbound", "prune", "rates", "replies", "sessions", "strangers",
-          "waiting")
+          "domain_proofs", "hook_secrets", "installations", "ledger", "mails", "members",
+          "moves", "oauth", "offices", "outbound", "prune", "rates", "replies", "sessions",
+          "strangers", "waiting")
 
 
 def migrations() -> list[Migration]:
