@@ -71,7 +71,8 @@ def add_email_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("--org", required=True, help="the office (organisation)")
     p.add_argument("--org-id", type=int, help="the organisation's id on the forge, which its "
                                               "_vaultmail record names (GitHub: gh api "
-                                              "orgs/ORG --jq .id)")
+                                              "orgs/ORG --jq .id; Gitea: the id of GET "
+                                              "/api/v1/orgs/ORG)")
     p.add_argument("--domain", required=True, help="its email.domain (mail.acme.example)")
     p.add_argument("--mx", help="the host whose SMTP listener receives the mail (default: "
                                 "mx.DOMAIN)")
