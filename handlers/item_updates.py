@@ -14,6 +14,7 @@ from typing import Any
 from bot.items.address import owner_of
 from bot.items.model import Item
 from bot.items.service import Comments
+from bot.office.visibility import viewer_of
 from bot.store import comments as db
 
 
@@ -47,13 +48,23 @@ async def record_update(service: Comments, actor: str, item: Item, known: Item |
     if outcome is None:
         return
     kind, summary = what
+    # who is woken: asked of the forge before the write, so a failed ask writes nothing twice
+    woken = await _woken(service, outcome, item)
     async with service.services.store.transaction() as tx:
         await db.add_update(tx, outcome, kind, actor, summary, {"item": item.ref})
+    service.services.notifier.notify(woken, org=service.office.org)
+
+
+async def _woken(service: Comments, outcome: str, item: Item) -> list[str]:
+    """Everyone whose Updates this reaches (`updates_for`) and who will be shown it
+    (`updates_page`): it names `item`, with its title."""
     target = await db.get_item(service.services.store, outcome)
-    if target is not None:  # wake everyone whose Updates this reaches (`updates_for`)
-        askers, logins = await db.followers_of(service.services.store, outcome)
-        assigned = [who.principal for login in logins
-                    if (who := service.office.by_login(login)) is not None]
-        people = [p for p in (target.author, target.claim, *askers, *assigned) if p]
-        service.services.notifier.notify({owner_of(service.office, p) for p in people},
-                                         org=service.office.org)
+    if target is None:
+        return []
+    askers, logins = await db.followers_of(service.services.store, outcome)
+    assigned = [who.principal for login in logins
+                if (who := service.office.by_login(login)) is not None]
+    people = [p for p in (target.author, target.claim, *askers, *assigned) if p]
+    owners = {owner_of(service.office, p) for p in people}
+    return [o for o in sorted(owners) if await viewer_of(
+        service.services, service.forge, service.office, o).sees_ref(item.ref)]

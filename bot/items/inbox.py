@@ -10,6 +10,7 @@ history ("Your agents are handling"): reading it marks nothing, and it never wak
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -319,17 +320,38 @@ def _login(office: Office, principal: str) -> str | None:
     return who.login if who else None
 
 
+UPDATE_ROUNDS = 4  # reads at most for one page of updates, past those the viewer may not see
+
+
+def update_names(row: Any) -> set[str]:
+    """The items an update names: its outcome, and the plan or evidence it tells of (its ref
+    and title are in the summary)."""
+    about = json.loads(row["data"] or "{}").get("item")
+    return {str(row["item"]), *([about] if isinstance(about, str) else [])}
+
+
 async def updates_page(store: Store, office: Office, viewer: str, before: int | None,
                        since: float | None, sees: Sees = None) -> dict[str, Any]:
+    """The newest updates on the viewer's outcomes, each shown only where the viewer may see
+    every item it names. Those it may not see are read past, at most `UPDATE_ROUNDS` reads: a
+    page left short by them still has its cursor on."""
     who = Whose.of(office, viewer)
-    rows = await db.updates_for(store, who.everyone, logins_of(office, who), who.everyone,
-                                before, since, PAGE + 1, org=who.org)
-    shown = None if sees is None else await sees({str(r["item"]) for r in rows[:PAGE]})
-    updates = [{"item": r["item"], "kind": r["kind"], "actor": r["actor"],
-                "summary": r["summary"], "at": iso(r["at"]), "cursor": int(r["seq"]),
-                "contentIsData": True}  # a summary quotes the item's title
-               for r in rows[:PAGE] if shown is None or r["item"] in shown]
-    more = int(rows[PAGE - 1]["seq"]) if len(rows) > PAGE else None
+    updates: list[dict[str, Any]] = []
+    cursor, more = before, None
+    for _ in range(UPDATE_ROUNDS):
+        want = PAGE - len(updates)
+        rows = await db.updates_for(store, who.everyone, logins_of(office, who), who.everyone,
+                                    cursor, since, want + 1, org=who.org)
+        batch = rows[:want]
+        names = {r["seq"]: update_names(r) for r in batch}
+        shown = None if sees is None else await sees(set().union(*names.values()))
+        updates += [{"item": r["item"], "kind": r["kind"], "actor": r["actor"],
+                     "summary": r["summary"], "at": iso(r["at"]), "cursor": int(r["seq"]),
+                     "contentIsData": True}  # a summary quotes the item's title
+                    for r in batch if shown is None or names[r["seq"]] <= shown]
+        more = cursor = int(batch[-1]["seq"]) if len(rows) > want else None
+        if more is None or len(updates) == PAGE:
+            break
     return {"updates": updates, "moreUpdatesBefore": more}
 
 

@@ -259,5 +259,11 @@ class Viewer:
 
 def viewer_for(call: Any) -> Viewer:
     """The viewer of a tool call (`bot.tools.registry.Call`)."""
-    return Viewer(call.services.visibility, call.forge, call.office, call.principal,
-                  call.services.keyring.renamed(call.office.org))
+    return viewer_of(call.services, call.forge, call.office, call.principal)
+
+
+def viewer_of(services: Any, forge: Forge, office: Office, principal: str) -> Viewer:
+    """`principal` looking, with the app's `services` (`bot.app.context.Services`): as a call
+    of theirs would (`viewer_for`), for who is not calling (who an update would wake)."""
+    return Viewer(services.visibility, forge, office, principal,
+                  services.keyring.renamed(office.org))
