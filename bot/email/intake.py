@@ -26,6 +26,7 @@ from bot.email.outgoing import HOPS_HEADER
 from bot.email.policy import Decision, decide
 from bot.forge.errors import ForgeError
 from bot.forge.gitea import GiteaForge, gitea_name
+from bot.forge.once import comment_once
 from bot.mail.header import clean_subject, render_mail_body
 from bot.mail.mailer import (
     LOOP_GUARD_HOPS,
@@ -33,7 +34,6 @@ from bot.mail.mailer import (
     Mailer,
     _Draft,
     _signed,
-    comment_once,
     fits,
 )
 from bot.mail.markdown import as_data, defuse_mentions

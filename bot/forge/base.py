@@ -123,8 +123,9 @@ class Forge(Protocol):
         """A recent comment by the app on the issue whose body contains `marker`."""
         ...
 
-    async def keep_first(self, repo: str, number: int, marker: str) -> None:
-        """Delete the app's later comments carrying `marker`, keeping the first."""
+    async def keep_first(self, repo: str, number: int, marker: str) -> JSON | None:
+        """Delete the app's later comments carrying `marker`, keeping the first (returned;
+        None when there is none)."""
         ...
 
     async def delete_comment(self, repo: str, comment_id: int) -> bool: ...

@@ -940,14 +940,16 @@ class RepoCaller(_Caller):
         found = await self.marked_comments(repo, number, marker)
         return found[-1] if found else None
 
-    async def keep_first(self, repo: str, number: int, marker: str) -> None:
-        """Delete every comment of the app's carrying `marker` but the first: a late copy
-        (a stalled try's create that landed after another try looked for it and wrote)."""
-        for late in (await self.marked_comments(repo, number, marker))[1:]:
+    async def keep_first(self, repo: str, number: int, marker: str) -> JSON | None:
+        """Delete every comment of the app's carrying `marker` but the first (returned): a
+        late copy (a stalled try's create that landed after another try looked and wrote)."""
+        marked = await self.marked_comments(repo, number, marker)
+        for late in marked[1:]:
             log.warning("a late duplicate comment deleted", extra={
                 **self._log_extra, "repo": repo, "number": number, "comment": late["id"],
                 "outcome": "duplicate"})
             await self.delete_comment(repo, int(late["id"]))
+        return marked[0] if marked else None
 
     async def delete_comment(self, repo: str, comment_id: int) -> bool:
         """Delete one of the app's comments; False when it was gone already."""

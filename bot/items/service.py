@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from bot.errors import Conflict, Denied, InvalidArguments, NotFoundError
 from bot.forge.errors import ForgeError, NotFound
 from bot.forge.gitea import GiteaForge
+from bot.forge.once import comment_once
 from bot.items import render, waiting
 from bot.items.address import (
     Reached,
@@ -523,18 +524,22 @@ class Comments:
         the comment that stands for this one."""
         forge_id = new.forge_id
         author = self.login(actor) if actor.startswith("human:") else actor
-        again = new.key is not None and idempotency.resumed()  # an earlier try with the key
+        # a keyed write, or a forge comment's delivery, may have other tries: an earlier one
+        # (this is resumed) may have posted it, and one taken over may land its create late
+        tried = new.key is not None or new.forge_id is not None
+        again = new.forge_id is not None or (tried and idempotency.resumed())
+
+        async def once(text: str, mark: str) -> dict[str, Any]:
+            async def posted() -> dict[str, Any] | None:
+                return await self._posted(item, mark) if again else None
+            return await comment_once(self.forge, item.repo, item.number, text, mark,
+                                      look=tried, find=posted)
+
         if kind == "question":
             card = render.render_card(comment_id, author=author, state=row.state,
                                       mentions=mentions, logins=self._logins(),
                                       asked=self._asked_logins(row.state))
-            mark = render.marker(comment_id, kind="question")
-            posted = None
-            if new.forge_id is not None or again:  # a retry may have posted it already
-                posted = await self._posted(item, mark)
-            if posted is None:
-                posted = await self.forge.create_comment(item.repo, item.number, card,
-                                                         marker=mark)
+            posted = await once(card, render.marker(comment_id, kind="question"))
             row = replace(row, card_id=int(posted["id"]), card_body=card)
             return row, new.forge_id if new.forge_id is not None else row.card_id
         if new.forge_id is None and not new.quiet:
@@ -544,10 +549,7 @@ class Comments:
             text = render.render_comment(comment_id, author=author, body=body,
                                          mentions=mentions,
                                          thread=row.id if new.parent else None, note=note)
-            found = await self._posted(item, render.marker(comment_id)) if again else None
-            posted = found or await self.forge.create_comment(item.repo, item.number, text,
-                                                              marker=render.marker(comment_id))
-            forge_id = int(posted["id"])
+            forge_id = int((await once(text, render.marker(comment_id)))["id"])
         if row.state.is_question and row.card_id is not None and kind != "comment":
             row = await self.refresh_card(item, row)
         return row, forge_id
@@ -607,7 +609,13 @@ class Comments:
         woken = []  # each box wakes its own waiters: a person's never wakes for the agents'
         org = self.office.org
         keys = [db.inbox_key(org, owner_of(self.office, r.principal)) for r in reached]
-        async with self.services.store.transaction(*keys, ledger.key(org)) as tx:
+        # under the running idempotency claim's own key, which a takeover takes too: a try
+        # taken over indexes nothing (the retry that took it records the comment it kept)
+        fence = idempotency.fence_key()
+        async with self.services.store.transaction(
+                *keys, ledger.key(org), *([fence] if fence else [])) as tx:
+            if fence and not await idempotency.claim_held_in(tx):
+                raise idempotency.ClaimLost(f"comment {record.id}: its key was taken over")
             await db.put_comment(tx, record)
             await db.put_thread(tx, row)
             # boxes in one order (each delivery holds its box's key: see db.deliver)

@@ -13,7 +13,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from bot.app import runs
 from bot.errors import Conflict, Denied, InvalidArguments, NotFoundError
 from bot.forge.errors import ForgeError, NotFound, PermissionDenied, PutOff
+from bot.forge.once import comment_once
 from bot.mail.header import (
     MailHeader,
     adopted_here,
@@ -213,23 +214,6 @@ def fits(text: str, what: str) -> str:
             f"{FORGE_MAX_BODY:,}: shorten the body (each @ before a name gains an invisible "
             "character, so it mentions nobody)", code="body_too_long")
     return text
-
-
-async def comment_once(forge: Forge, repo: str, number: int, text: str, marker: str, *,
-                       look: bool = True,
-                       before: Callable[[], Awaitable[object]] | None = None) -> None:
-    """`text` on `repo`#`number` once, across tries of one keyed write (`Store.once`): looked
-    for by `marker` on every try (`look`; another replica's try, this one's taken over, may
-    have put it there), fenced (`idempotency.check_claim`: a try taken over writes nothing),
-    then `before()` and the create; and after, the first comment carrying `marker` kept and
-    the app's later ones deleted (a stalled try's create that landed late)."""
-    if not look or await forge.find_comment(repo, number, marker) is None:
-        await idempotency.check_claim()
-        if before is not None:
-            await before()
-        await forge.create_comment(repo, number, text, marker=marker)
-    if look:
-        await forge.keep_first(repo, number, marker)
 
 
 class Undeliverable(Conflict):
