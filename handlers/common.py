@@ -15,7 +15,7 @@ from bot.mail.mailer import Mailer, principal_of
 from bot.mail.markdown import as_data
 from bot.mail.signing import former_offices, name_now
 from bot.office.config import Office
-from bot.store import idempotency, installations, ledger, mails, strangers
+from bot.store import installations, ledger, mails, strangers
 from bot.store.mails import MailRecord
 
 
@@ -54,11 +54,7 @@ class Scene:
 
     async def _post(self, line: str) -> None:
         marker = self.ctx.next_marker()  # a retry finds what an earlier attempt said
-        if (self.ctx.retry or idempotency.resumed()) and await self.ctx.forge.find_comment(
-                self.repo, self.number, marker) is not None:
-            return
-        await self.ctx.forge.create_comment(self.repo, self.number, f"{line} {marker}",
-                                            marker=marker)
+        await self.ctx.post_once(self.repo, self.number, f"{line} {marker}", marker)
 
     @property
     def no_one(self) -> bool:

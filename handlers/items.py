@@ -182,7 +182,7 @@ async def ping_addressed(s: Scene, text: str, added: dict[str, Any], *,
     if missing:
         mark = marker(added['comment']['id'], kind='ping')
         note = f"{mark}\n{mention_list(missing)}: @{s.login}'s comment above is for you."
-        await s.ctx.forge.create_comment(s.repo, s.number, note, marker=mark)
+        await s.ctx.post_once(s.repo, s.number, note, mark)
 
 
 def _named(t: db.ThreadRow) -> str:

@@ -561,6 +561,32 @@ async def test_a_retried_delivery_records_a_hand_written_comment_once(
     assert len(pings) == 1 and "@sara" in pings[0]["body"]
 
 
+async def test_a_delivery_retried_after_its_ping_landed_pings_once(
+        embedded: Embedded, person: Any, monkeypatch: Any) -> None:
+    """The ping note landed, then the delivery failed (its replica stopped before finishing
+    it): the retry, which gets the comment as recorded, finds the note and posts no second."""
+    real = hi.ping_addressed
+    calls = {"n": 0}
+
+    async def fail_after_once(*a: Any, **k: Any) -> None:
+        calls["n"] += 1
+        await real(*a, **k)
+        if calls["n"] == 1:
+            raise RuntimeError("stopped after the ping note landed")
+
+    monkeypatch.setattr(hi, "ping_addressed", fail_after_once)
+    embedded.worker.base_backoff = 0.05
+    marco = person("marco")
+    outcome = await make_item(embedded, marco, "outcome", "Ship v3")
+    repo, n = where(outcome)
+    await marco.comment(repo, n, "to: sara@acme.com\nplease review")
+    await embedded.settle()
+    assert calls["n"] == 2, "the delivery was run again"
+    pings = [c for c in await forge_comments(person("admin"), outcome)
+             if c["user"]["login"] == "vaultmail[bot]"]
+    assert len(pings) == 1 and "@sara" in pings[0]["body"], [c["id"] for c in pings]
+
+
 async def test_a_retried_ask_posts_one_card_and_records_once(
         embedded: Embedded, person: Any, monkeypatch: Any) -> None:
     """A crash after the card was posted, before the index: the retry finds the card by its

@@ -7,11 +7,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from bot.forge.once import comment_once
+from bot.store import idempotency
 from bot.store.queue import payload_org
 
 if TYPE_CHECKING:
     from bot.app.services import Services
-    from bot.forge.base import Forge
+    from bot.forge.base import JSON, Forge
     from bot.store import QueueItem
 
 
@@ -66,6 +68,16 @@ class HandlerContext:
         self.said += 1
         digest = hashlib.sha256((self.source or self.delivery_id).encode()).hexdigest()[:20]
         return f"<!-- vaultmail:said {digest}:{self.said} -->"
+
+    async def post_once(self, repo: str, number: int, text: str, marker: str) -> None:
+        """`text` on `repo`#`number` once across this delivery's tries: looked for when an
+        earlier try may have written it, and a late copy (a try taken over whose create
+        landed after the retry's) deleted (`comment_once`)."""
+        async def earlier() -> JSON | None:
+            if self.retry or idempotency.resumed():
+                return await self.forge.find_comment(repo, number, marker)
+            return None
+        await comment_once(self.forge, repo, number, text, marker, find=earlier)
 
 
 def context_for(services: Services, item: QueueItem,
