@@ -19,10 +19,11 @@ from bot.store import open_store
 from bot.store.db import Store
 from bot.store.idempotency import Result
 from tests.items_support import MARCO, SCOUT, make_item, where
-from tests.support import Actor, until
+from tests.support import Actor, ToolClient, until
 from tests.test_stalled_send import GUARD, _silence
 
 COMMENT = "POST /repos/{owner}/{repo}/issues/{issue_number}/comments"
+EDIT = "PATCH /repos/{owner}/{repo}/issues/comments/{comment_id}"
 ASKS = {"comment": False, "question": True}  # needs_reply
 
 
@@ -100,3 +101,62 @@ async def test_a_keyed_comment_whose_stalled_create_lands_late_is_on_the_item_on
     assert len(await embedded.ledger_events("comment.added")) == 1
     unread = await db.unread_in(services.store, MARCO, ["you"], org="acme")
     assert [d["comment"] for d in unread] == [row.id]
+
+
+async def test_a_card_posted_again_by_a_stalled_answer_is_on_the_item_once(
+        embedded: Embedded, session: aiohttp.ClientSession, database_url: str) -> None:
+    """Someone deleted scout's question card; marco's keyed answer posts it again (its edit
+    finds the card gone). Replica a's try is held with that card's create in flight, stalls
+    past DEAD_AFTER, and b, the retry, takes the key over and posts the card itself; a's then
+    lands: one card stays, and the thread points at it."""
+    marco, admin = Actor(session, embedded, "marco"), Actor(session, embedded, "admin")
+    target = await make_item(embedded, marco, "outcome", "Token TTL")
+    repo, number = where(target)
+    scout = ToolClient(session, embedded, SCOUT)
+    asked = (await scout("add_comment", targetType="outcome", target=target, header="TTL",
+                         body="How long?", options=[{"label": "30 days"}, {"label": "7 days"}],
+                         to=["marco@acme.com"]))["comment"]["id"]
+    [card] = [c for c in await admin.comments(repo, number) if "kind=question" in c["body"]]
+    await admin.call("DELETE", f"/repos/{repo}/issues/comments/{card['id']}", expect=204)
+    await embedded.settle()
+    services = embedded.services
+    forge = services.forge_for_org("acme")
+    assert isinstance(forge, GitHubForge)
+    index = database_url or str(embedded.data_dir / "index.sqlite3")
+    a, b = await open_store(index), await open_store(index)
+    await a.join("replica-a")
+    await b.join("replica-b")
+
+    async def answer(store: Store, its_forge: GitHubForge) -> Result:
+        replica = copy.copy(services)
+        replica.store = store
+        comments = Comments(replica, its_forge, embedded.office)
+
+        async def work() -> Result:
+            item = await comments.load_item(repo, number)
+            return await comments.add(MARCO, item, NewComment(parent=asked, option=1,
+                                                              key="a1"))
+        return await store.once(f"tool:add_comment:acme:{MARCO}", "a1", "fp", work)
+
+    try:
+        edit = embedded.forge.faults.hold(EDIT, count=1)
+        first = asyncio.create_task(answer(a, forge))
+        await asyncio.wait_for(edit.arrived.wait(), GUARD)  # a's answer is on the item
+        held = embedded.forge.faults.hold(COMMENT, count=1)
+        edit.release()  # the card is gone: a posts it again, held at the forge
+        await asyncio.wait_for(held.arrived.wait(), GUARD)
+        await _silence(b, "replica-a")
+        retried = await asyncio.wait_for(
+            answer(b, GitHubForge(forge.client, forge.installation_id)), GUARD)
+        held.release()  # a's card lands now, after b's
+        answered = (await asyncio.wait_for(asyncio.gather(first, return_exceptions=True),
+                                           GUARD))[0]
+    finally:
+        await a.close()
+        await b.close()
+    await embedded.settle()
+    cards = [c for c in await admin.comments(repo, number) if "kind=question" in c["body"]]
+    assert len(cards) == 1, [c["id"] for c in cards]
+    assert answered == retried
+    thread = await db.get_thread(services.store, asked)
+    assert thread is not None and thread.card_id == cards[0]["id"]

@@ -582,10 +582,11 @@ class Comments:
         if card != row.card_body:
             try:
                 await self.forge.update_comment(item.repo, row.card_id, card)
-            except NotFound:  # someone deleted the card: the question gets it back
+            except NotFound:  # someone deleted the card: the question gets it back (once,
+                # across the tries of the answer or delivery that found it gone)
                 mark = render.marker(row.id, kind="question")
-                posted = await self._posted(item, mark) or await self.forge.create_comment(
-                    item.repo, item.number, card, marker=mark)
+                posted = await comment_once(self.forge, item.repo, item.number, card, mark,
+                                            find=lambda: self._posted(item, mark))
                 return replace(row, card_id=int(posted["id"]), card_body=card)
         return replace(row, card_body=card)
 
