@@ -22,14 +22,15 @@ from bot.email.auth import Verdicts
 from bot.email.domains import DomainProofs
 from bot.email.gateway import GATEWAY_KEY
 from bot.email.intake import EmailIntake
-from bot.email.message import parse_inbound
+from bot.email.message import Inbound, parse_inbound
 from bot.email.sending import send_email
 from bot.forge.base import Forge
-from bot.forge.github import GitHubForge
+from bot.forge.github import ForgeClient, GitHubForge
 from bot.mail.mailer import Mailer
 from bot.office.config import Office
 from bot.store import api_tokens, ledger, mails, open_store
 from bot.store.db import Store
+from bot.store.mails import MailRecord
 from tests.support import ToolClient, label_names
 from tests.test_email_outbox import _dkim_ok
 from tests.test_email_support import (
@@ -936,3 +937,60 @@ async def test_a_bounce_note_whose_stalled_comment_lands_late_is_on_the_mail_onc
     comments = await mailroom.person("marco").comments(SCOUT_VAULT, mail.number)
     notes = [c for c in comments if "bounced" in c["body"]]
     assert len(notes) == 1, [c["id"] for c in notes]
+
+
+async def test_a_held_note_two_messages_race_to_is_on_the_mail_once(mailroom: Mailroom) -> None:
+    """Eve, a stranger to builder, writes twice in quick succession, her second message
+    answering her first: each is held (builder's policy), and each tells builder's person
+    (sara) the mail is held, once a mail. Replica a delivers the first, its note's create
+    held at the forge; replica b delivers the second (another Message-ID: another lock) to
+    the end, and does not find a's note. a's create lands late: one note stays."""
+    emb = mailroom.embedded
+    intake = emb.runner.app[GATEWAY_KEY].intake
+    assert intake is not None
+    first = parse_inbound(wire(message("eve@other.example", f"builder@{DOMAIN}", "Offer",
+                                       "cheap!", Message_ID="<o1@other.example>")))
+    second = parse_inbound(wire(message(
+        "eve@other.example", f"builder@{DOMAIN}", "Re: Offer", "very cheap!",
+        Message_ID="<o2@other.example>", In_Reply_To="<o1@other.example>",
+        References="<o1@other.example>")))
+    verdicts = Verdicts("pass", "other.example", "none", (), "pass", "reject", "other.example",
+                        aligned=True)
+    a, b = await open_store(mailroom.index), await open_store(mailroom.index)
+    await a.join("replica-a")
+    await b.join("replica-b")
+
+    async def deliver(store: Store, inbound: Inbound) -> MailRecord:
+        replica = _replica(emb.services, store)
+        its = EmailIntake(replica, intake.proofs)
+        box = await its.mailbox(f"builder@{DOMAIN}")
+        assert box is not None and its.decide(box, inbound, verdicts).held
+        return await its.receive(box, inbound, verdicts)
+
+    try:
+        held = emb.forge.faults.hold(COMMENT, count=1)
+        held_first = asyncio.create_task(deliver(a, first))
+        await asyncio.wait_for(held.arrived.wait(), GUARD)  # a's note is at the forge
+        on_thread = await asyncio.wait_for(deliver(b, second), GUARD)
+        held.release()  # a's note lands now, after b's
+        assert (await asyncio.wait_for(held_first, GUARD)).ref == on_thread.ref
+    finally:
+        await a.close()
+        await b.close()
+    await emb.settle()
+    comments = await mailroom.person("sara").comments(on_thread.vault, on_thread.number)
+    notes = [c for c in comments if "held for you" in c["body"]]
+    assert len(notes) == 1, [c["id"] for c in notes]
+    assert any("very cheap!" in c["body"] for c in comments), "the second on the thread"
+
+
+def _replica(services: Services, store: Store) -> Services:
+    """Another replica's services: its own store, and its own forges (their own pacers, which
+    another replica's held write does not hold up)."""
+    replica = copy.copy(services)  # (no __post_init__: the office source is shared)
+    replica.store = store
+    client = copy.copy(services.forge_client)
+    assert isinstance(client, ForgeClient)
+    client._installations = {}  # noqa: SLF001
+    replica.forge_client = client
+    return replica

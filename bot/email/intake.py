@@ -302,18 +302,19 @@ class EmailIntake:
         return attached
 
     async def _tell_held(self, office: Office, mail: MailRecord, reason: str) -> None:
-        """A held mail's agent's person is mentioned on it once, so the forge tells them."""
+        """A held mail's agent's person is mentioned on it once, so the forge tells them.
+        Once across messages too: each held message of the mail's thread tells it, under its
+        own Message-ID's lock, and two on two replicas race (`comment_once`)."""
         agent = office.agent(mail.to_principal.removeprefix("agent:"))
         person = office.human(agent.person) if agent is not None and agent.person else None
         if person is None:
             return
         forge = self.services.forge_for_org(office.org)
         marker = f"<!-- vaultmail:email-held {mail.mail_id} -->"
-        if await forge.find_comment(mail.vault, mail.number, marker) is None:
-            await forge.create_comment(mail.vault, mail.number, fits(as_shown(
-                forge, f"@{person.login} this mail is held for you: {as_data(reason)}"
-                ". Release it to the agent by giving it the label `mail:new`, or drop it by "
-                f"closing the issue.\n\n{marker}"), "the held note"), marker=marker)
+        await comment_once(forge, mail.vault, mail.number, fits(as_shown(
+            forge, f"@{person.login} this mail is held for you: {as_data(reason)}"
+            ". Release it to the agent by giving it the label `mail:new`, or drop it by "
+            f"closing the issue.\n\n{marker}"), "the held note"), marker)
 
     async def thread_of(self, box: Mailbox, message: Inbound) -> MailRecord | None:
         """The agent's mail whose thread `message` answers (In-Reply-To, References): one the

@@ -1,6 +1,7 @@
-"""A comment that must land once across the tries of one keyed write (`Store.once`): a
-try stalled with its create in flight may be taken over (its replica silent past DEAD_AFTER),
-and its create land after the retry's."""
+"""A comment that must land once across the tries of one keyed write (`Store.once`), or
+across writers of one marker: a try stalled with its create in flight may be taken over (its
+replica silent past DEAD_AFTER), or another writer may look meanwhile, and its create land
+after the other's."""
 
 from __future__ import annotations
 
