@@ -23,6 +23,7 @@ from bot.email.domains import DomainProofs
 from bot.email.gateway import GATEWAY_KEY
 from bot.email.intake import EmailIntake
 from bot.email.message import Inbound, parse_inbound
+from bot.email.outbox import Outbox
 from bot.email.sending import send_email
 from bot.forge.base import Forge
 from bot.forge.github import ForgeClient, GitHubForge
@@ -994,3 +995,53 @@ def _replica(services: Services, store: Store) -> Services:
     client._installations = {}  # noqa: SLF001
     replica.forge_client = client
     return replica
+
+
+@pytest.mark.parametrize("note", ["✂️ Not copied", "📤 Sent"],
+                         ids=["the-left-out-note", "the-sent-note"])
+async def test_an_outbox_note_whose_stalled_comment_lands_late_is_on_the_mail_once(
+        mailroom: Mailroom, note: str) -> None:
+    """Scout answers a message by email: the outbox says on the mail whom the reply leaves
+    out (eve's message, not authenticated, named victim@ in Cc) or that it went (bob's), once
+    a message. Replica a's send of it (`Store.once`, by its Message-ID) is held at the forge's
+    create of that note; a stalls past DEAD_AFTER, and b, leading now, takes the key over and
+    sends it. a's create lands late: one note stays, and the relay got the message once."""
+    emb = mailroom.embedded
+    gateway = emb.runner.app[GATEWAY_KEY]
+    outbox, intake = gateway.outbox, gateway.intake
+    assert outbox is not None and intake is not None
+    await outbox.stop()  # (the replicas below send it)
+    sender, cc = ("eve@other.example", "victim@target.example") if note.startswith("✂") \
+        else ("bob@example.org", "")
+    raw = wire(message(sender, f"scout@{DOMAIN}", "Offer", "Reply to all!",
+                       Message_ID="<o1@other.example>", **({"Cc": cc} if cc else {})))
+    assert (await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])).code == 250
+    await emb.settle()
+    await mailroom.tools("agent:scout")("mail_reply", mail=f"{SCOUT_VAULT}#1", body="No.")
+    [entry] = await ledger.entries(emb.services.store, event="mail.replied", org="acme")
+    a, b = await open_store(mailroom.index), await open_store(mailroom.index)
+    await a.join("replica-a")
+    await b.join("replica-b")
+
+    def replica(store: Store) -> Outbox:
+        services = _replica(emb.services, store)
+        its = Outbox(services, EmailIntake(services, intake.proofs), "")
+        its.relay = outbox.relay
+        return its
+
+    try:
+        held = emb.forge.faults.hold(COMMENT, count=1)
+        first = asyncio.create_task(replica(a)._entry(emb.office, entry))
+        await asyncio.wait_for(held.arrived.wait(), GUARD)  # a's note is at the forge
+        await _silence(b, "replica-a")
+        assert await asyncio.wait_for(replica(b)._entry(emb.office, entry), GUARD) == 1
+        held.release()  # a's note lands now, after b's
+        await asyncio.wait_for(first, GUARD)
+    finally:
+        await a.close()
+        await b.close()
+    await emb.settle()
+    comments = await mailroom.person("marco").comments(SCOUT_VAULT, 1)
+    notes = [c for c in comments if c["body"].startswith(note)]
+    assert len(notes) == 1, [c["id"] for c in notes]
+    assert mailroom.relay.received.qsize() == 1

@@ -35,6 +35,7 @@ from bot.email.addresses import address_of, agent_address
 from bot.email.intake import EmailIntake
 from bot.email.message import EmailMeta, read_meta
 from bot.email.sending import may_email
+from bot.forge.once import comment_once
 from bot.mail.mailer import fits
 from bot.mail.markdown import as_data, as_written
 from bot.office.config import Agent, Office
@@ -454,10 +455,8 @@ class Outbox(Rounds):
         part = "" if list(to) == out.recipients else " " + hashlib.sha256(
             "\n".join(to).encode()).hexdigest()[:16]
         marker = f"<!-- vaultmail:email-sent {message_id.strip('<>')}{part} -->"
-        if await forge.find_comment(mail.vault, mail.number, marker) is None:
-            await forge.create_comment(mail.vault, mail.number, (
-                f"📤 {note} by email to {_listed(to)} as `{message_id}`.\n\n{marker}"),
-                marker=marker)
+        await comment_once(forge, mail.vault, mail.number, (
+            f"📤 {note} by email to {_listed(to)} as `{message_id}`.\n\n{marker}"), marker)
         if not ledgered:
             log.info("email sent", extra={"mail": mail.ref, "message_id": message_id,
                                           "to": list(to)})
@@ -516,14 +515,13 @@ class Outbox(Rounds):
         """A note on the mail's issue, once a reply: the addresses its message named that the
         reply does not go to, and why (`_reply_addressees`)."""
         marker = f"<!-- vaultmail:email-left-out {message_id.strip('<>')} -->"
-        if await forge.find_comment(mail.vault, mail.number, marker) is None:
-            dmarc = as_data(str(latest.verdicts.get("dmarc") or "none"))
-            await forge.create_comment(mail.vault, mail.number, fits(
-                f"✂️ Not copied to {_listed(left_out)}: the message answered named them, but "
-                f"it did not pass authentication (DMARC {dmarc}, no SPF or DKIM pass for its "
-                f"From domain) and {agent.slug}'s capabilities.mail.send does not list them. "
-                f"The reply `{message_id}` goes to {_listed((latest.sender,))} and the "
-                f"addresses it may mail.\n\n{marker}", "the note"), marker=marker)
+        dmarc = as_data(str(latest.verdicts.get("dmarc") or "none"))
+        await comment_once(forge, mail.vault, mail.number, fits(
+            f"✂️ Not copied to {_listed(left_out)}: the message answered named them, but "
+            f"it did not pass authentication (DMARC {dmarc}, no SPF or DKIM pass for its "
+            f"From domain) and {agent.slug}'s capabilities.mail.send does not list them. "
+            f"The reply `{message_id}` goes to {_listed((latest.sender,))} and the "
+            f"addresses it may mail.\n\n{marker}", "the note"), marker)
 
     async def _reply_and_latest(self, forge: Forge, mail: MailRecord,
                                 key: str) -> tuple[str | None, EmailMeta | None]:
