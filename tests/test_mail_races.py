@@ -104,3 +104,53 @@ async def test_a_reply_whose_stalled_write_lands_late_is_on_the_mail_and_copied_
     inbox = [i for i in copies if i["state"] == "open"]
     assert len(inbox) == 1 and label_names(inbox[0]) == ["mail:new"], [
         (i["number"], i["state"], label_names(i)) for i in copies]
+
+
+async def test_a_tamper_warning_whose_stalled_comment_lands_late_is_on_the_mail_once(
+        embedded: Embedded, session: aiohttp.ClientSession, database_url: str) -> None:
+    """builder's mail to scout is found changed (the warning owed: flagged, ledgered); the
+    warning is a comment on it, once. Replica a flagged it and posts the warning, its create
+    held at the forge; the tamper lock is lost under a (PostgreSQL: its session ended by the
+    server, a not told: docs/internals.md), and b, finding the warning still owed, posts it.
+    a's create lands late: one warning stays."""
+    builder = ToolClient(session, embedded, "agent:builder")
+    sent = (await builder("mail_send", to="scout", subject="Tamper", body="x"))["mail"]
+    await embedded.settle()
+    services = embedded.services
+    mail = await mails.get_mail(services.store, sent["mail_id"])
+    assert mail is not None
+    forge = services.forge_for_org("acme")
+    assert isinstance(forge, GitHubForge)
+    index = database_url or str(embedded.data_dir / "index.sqlite3")
+    a, b = await open_store(index), await open_store(index)
+    await a.join("replica-a")
+    await b.join("replica-b")
+    warning = "This mail was changed after it was sent (body changed after sending)"
+
+    def mailer(store: Store, its_forge: GitHubForge) -> Mailer:
+        replica = copy.copy(services)  # another replica: its own store, its own forge client
+        replica.store = store
+        return Mailer(replica, its_forge, embedded.office)
+
+    async def flag_and_warn() -> None:  # (check_tamper's, under the tamper lock)
+        its = mailer(a, forge)
+        assert await its._flag_tampered(mail, "office", "body changed after sending")
+        await its._warn_tampered(mail, warning)
+
+    try:
+        held = embedded.forge.faults.hold(COMMENT, count=1)
+        first = asyncio.create_task(flag_and_warn())
+        await asyncio.wait_for(held.arrived.wait(), GUARD)  # a's warning is at the forge
+        assert await mails.tamper_flag(b, mail.mail_id) == mails.WARNING_OWED
+        await asyncio.wait_for(mailer(b, GitHubForge(forge.client, forge.installation_id))
+                               ._warn_tampered(mail, warning), GUARD)
+        held.release()  # a's warning lands now, after b's
+        await asyncio.wait_for(first, GUARD)
+    finally:
+        await a.close()
+        await b.close()
+    await embedded.settle()
+    comments = await Actor(session, embedded, "marco").comments("acme/scout-vault",
+                                                                sent["number"])
+    warned = [c for c in comments if warning in c["body"]]
+    assert len(warned) == 1, [c["id"] for c in warned]

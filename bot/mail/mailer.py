@@ -812,7 +812,7 @@ class Mailer:
         ("open", "closed") the change itself made on the forge (someone closed or reopened the
         issue): a stale one is undone there, since the later move stands."""
         self.own(mail)
-        owed: list[tuple[str, bool]] = []
+        owed: list[str] = []
         try:
             return await self._move_held(mail, event, actor, ledger_event, labels=labels,
                                          issue_state=issue_state,
@@ -822,15 +822,15 @@ class Mailer:
             # the mail's lock let go first: a tamper warning is a comment (a content
             # creation), which may wait for the hour's budget, and no pacing wait is made
             # under a lock
-            for warning, look_first in owed:
-                await self._warn_owed(mail, warning, look_first=look_first)
+            for warning in owed:
+                await self._warn_owed(mail, warning)
 
     async def _move_held(self, mail: MailRecord, event: MailEvent, actor: str,
                          ledger_event: str, *, labels: list[str] | None,
                          issue_state: str | None, reopen_if_closed: bool,
                          data: dict[str, Any] | None, follow_up: tuple[str, str] | None,
                          at: float | None, forged: str | None,
-                         owed: list[tuple[str, bool]]) -> MailRecord:
+                         owed: list[str]) -> MailRecord:
         async with self.services.lock_for(mail.mail_id):
             last = await moves.last_move(self.services.store, mail.mail_id)
             if at is not None and last is not None and at < last:
@@ -868,7 +868,7 @@ class Mailer:
                            data: dict[str, Any] | None,
                            follow_up: tuple[str, str] | None = None,
                            at: float | None = None,
-                           owed: list[tuple[str, bool]] | None = None) -> MailRecord:
+                           owed: list[str] | None = None) -> MailRecord:
         try:
             new = transition(_state(mail), event)
         except IllegalTransition as exc:
@@ -1186,13 +1186,13 @@ class Mailer:
 
     # -- tamper checks ---------------------------------------------------------------------
     async def check_tamper(self, mail: MailRecord, issue: dict[str, Any], actor: str, *,
-                           owed: list[tuple[str, bool]] | None = None) -> bool:
+                           owed: list[str] | None = None) -> bool:
         """Verify the issue as found; flag, ledger and comment once when it was changed.
 
         The flag and the ledger entry come first and note the warning as owed; the comment
         (with a marker) is part of what a retry does until it is on the forge. `owed`: the
-        comment is left to the caller (which holds the mail's lock): its warning and whether to
-        look for it first are added there, for `_warn_owed` once the lock is let go."""
+        comment is left to the caller (which holds the mail's lock): its warning is added
+        there, for `_warn_owed` once the lock is let go."""
         verdict = verify_issue(issue, mail.vault, self.services.keyring,
                                app_login=self.services.bot_login, expected_mail_id=mail.mail_id)
         if verdict.valid:
@@ -1207,9 +1207,9 @@ class Mailer:
                                                                                 mail.mail_id)
             if flag == mails.WARNING_OWED:
                 if owed is not None:
-                    owed.append((verdict.warning, not fresh))
+                    owed.append(verdict.warning)
                 else:
-                    await self._warn_tampered(mail, verdict.warning, look_first=not fresh)
+                    await self._warn_tampered(mail, verdict.warning)
         return False
 
     async def _flag_tampered(self, mail: MailRecord, actor: str, reason: str) -> bool:
@@ -1223,24 +1223,23 @@ class Mailer:
                                     {"mail": mail.mail_id, "reason": reason}, org=mail.org)
         return fresh
 
-    async def _warn_owed(self, mail: MailRecord, warning: str, *, look_first: bool) -> None:
+    async def _warn_owed(self, mail: MailRecord, warning: str) -> None:
         """A tamper warning a move found owed, posted outside the mail's lock (once: under the
         tamper lock, while the flag still says it is owed)."""
         async with self.services.lock_for(f"tamper:{mail.mail_id}"):
             if await mails.tamper_flag(self.services.store, mail.mail_id) == mails.WARNING_OWED:
-                await self._warn_tampered(mail, warning, look_first=look_first)
+                await self._warn_tampered(mail, warning)
 
-    async def _warn_tampered(self, mail: MailRecord, warning: str, *,
-                             look_first: bool) -> None:
-        """Post `warning` (`Verdict.warning`) on the mail's issue, with what was sent."""
+    async def _warn_tampered(self, mail: MailRecord, warning: str) -> None:
+        """Post `warning` (`Verdict.warning`) on the mail's issue, with what was sent: looked
+        for even when this try flagged it, since its create may land after another's that
+        found it still owed (the tamper lock lost under this one: `comment_once`)."""
         marker = f"<!-- vaultmail:tampered {mail.mail_id} -->"
-        if not look_first or await self.forge.find_comment(mail.vault, mail.number,
-                                                           marker) is None:
-            await self.forge.create_comment(mail.vault, mail.number, (
-                f"⚠️ {warning}. vaultmail "
-                f"keeps the signed original: from {mail.from_principal} to "
-                f"{mail.to_principal}, sent {mail.sent}, subject "
-                f"“{as_data(mail.subject)}”.\n\n{marker}"), marker=marker)
+        await comment_once(self.forge, mail.vault, mail.number, (
+            f"⚠️ {warning}. vaultmail "
+            f"keeps the signed original: from {mail.from_principal} to "
+            f"{mail.to_principal}, sent {mail.sent}, subject "
+            f"“{as_data(mail.subject)}”.\n\n{marker}"), marker)
         async with self.services.store.transaction() as db:
             await mails.tamper_warned(db, mail.mail_id)
 
