@@ -1,7 +1,7 @@
 """The Gitea API subset vaultmail uses (Gitea 1.22 swagger): version, users, orgs and their
-hooks, repositories, issues, issue labels (ids or names), repository labels by id (exclusive
-scoped ones among them), comments, contents, collaborator permission; issue dependencies are in
-routes_deps."""
+hooks, repositories (by name or by id), issues, issue labels (ids or names), repository labels
+by id (exclusive scoped ones among them), comments, contents, collaborator permission; issue
+dependencies are in routes_deps."""
 
 from __future__ import annotations
 
@@ -220,6 +220,8 @@ async def list_org_hooks(request: web.Request) -> web.Response:
 
 # -- repositories --------------------------------------------------------------------------
 async def get_repo(request: web.Request) -> web.Response:
+    """repo.Get, and repo.GetByID (`/repositories/{id}`): the repository under its name now,
+    with the caller's permissions; 404 where it is none, or the caller may not see it."""
     ctx = Ctx.of(request)
     repo = ctx.repo()
     return json_response(_r(ctx).repo(repo, ctx.role(repo)))
@@ -712,6 +714,7 @@ def register(routes: Routes) -> None:
     routes.add("GET", "/orgs/{org}/hooks", list_org_hooks)
     routes.add("POST", "/orgs/{org}/hooks", create_org_hook)
     routes.add("GET", base, get_repo)
+    routes.add("GET", "/repositories/{repository_id}", get_repo)
     routes.add("GET", f"{base}/collaborators/{{collaborator}}/permission",
                collaborator_permission)
     routes.add("GET", f"{base}/contents/{{filepath}}", get_contents)

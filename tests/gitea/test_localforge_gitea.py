@@ -248,3 +248,34 @@ async def test_the_timeline_says_who_assigned_and_retitled(
     assert seen == [("change_title", "marco", None, False, "t", "Prices"),
                     ("assignees", "marco", "lee", False, "", ""),
                     ("assignees", "lee", "lee", True, "", "")]
+
+
+async def test_a_repository_is_read_by_its_id_by_whoever_may_see_it(
+        gitea: GiteaSetup, session: aiohttp.ClientSession) -> None:
+    """routers/api/v1/repo/repo.go GetByID: the repository with that id under its name now
+    (renamed: its new one), with the caller's permissions; 404 alike for an id none has and
+    for a private repository the caller may not see (nothing says it exists). Before, the
+    route was missing: a Gitea bot could not follow a repository by id."""
+    repo = gitea.forge.state.repo_by_full_name("acme/scout-vault")
+    assert repo is not None and repo.private
+    _, by_id, _ = await gitea.call(session, "vaultmail", "GET", f"/repositories/{repo.id}",
+                                   expect=200)
+    _, by_name, _ = await gitea.call(session, "vaultmail", "GET", VAULT, expect=200)
+    assert by_id == by_name and by_id["permissions"]["admin"] is True
+    gitea.forge.rename_repo("acme/scout-vault", "scout-mail")
+    _, renamed, _ = await gitea.call(session, "marco", "GET", f"/repositories/{repo.id}",
+                                     expect=200)
+    assert renamed["full_name"] == "acme/scout-mail" and renamed["id"] == repo.id
+    assert renamed["permissions"] == {"admin": False, "push": True, "pull": True}
+    gitea.forge.add_user("eve", "eve@evil.test")
+    gitea.tokens["eve"] = gitea.forge.user_token("eve")
+    for who, repo_id in (("eve", repo.id), ("vaultmail", 999999)):
+        status, body, _ = await gitea.call(session, who, "GET", f"/repositories/{repo_id}")
+        assert status == 404 and body["message"] == "The target couldn't be found.", body
+    async with session.get(f"{gitea.api}/repositories/{repo.id}") as resp:
+        assert resp.status == 404, "no token: a private repository is not there"
+    gitea.forge.state.repo_by_full_name("acme/scout-mail").private = False
+    async with session.get(f"{gitea.api}/repositories/{repo.id}") as resp:
+        public = await resp.json()
+        assert resp.status == 200 and public["permissions"] == {
+            "admin": False, "push": False, "pull": True}, public
