@@ -116,23 +116,49 @@ async def repo_now(ctx: HandlerContext, repository: Mapping[str, Any]) -> str:
     installation is the index's for, when that login is one of its names before; and a name
     one of the office's repositories had before is asked of the forge by the repository's
     id, as a new repository may have taken the name since: the repository the delivery is
-    about is followed, within the office only."""
+    about is followed, within the office only. On Gitea one bot is every org's
+    installation, which names no org: an old login is followed by the repository's id alone
+    (`_left_login`). An id is the forge's word only: one an org's admins signed is dropped
+    before this (bot.app.org_signed)."""
     repo = str(repository["full_name"]).lower()
     owner, _, name = repo.partition("/")
+    repo_id = repository.get("id")
     if ctx.installation_id is None:
         return repo
-    org = await installations.org_of_installation(ctx.services.store, ctx.installation_id)
+    orgs = await installations.orgs_of_installation(ctx.services.store, ctx.installation_id)
+    if len(orgs) > 1 and owner not in orgs:  # (Gitea)
+        return await _left_login(ctx, repo, repo_id, orgs)
+    org = orgs[0] if len(orgs) == 1 else owner if owner in orgs else None
     if org is None:
         return repo
-    ring = ctx.services.keyring.existing(org)
-    had = ring.renamed if ring is not None else {}  # (with the names taken since)
+    had = _names_before(ctx, org)
     if org != owner and owner in former_offices(had):
         repo = f"{org}/{name}"
-    repo_id = repository.get("id")
     if name_now(had, repo) == repo or not isinstance(repo_id, int):
         return repo
     now = await ctx.forge.repo_name_of(repo_id)
     return now if now is not None and now.partition("/")[0] == org else repo
+
+
+def _names_before(ctx: HandlerContext, org: str) -> dict[str, str]:
+    """The names office `org` and its repositories had before (with the names taken since)."""
+    ring = ctx.services.keyring.existing(org)
+    return ring.renamed if ring is not None else {}
+
+
+async def _left_login(ctx: HandlerContext, repo: str, repo_id: Any, orgs: list[str]) -> str:
+    """`repo`, whose owner is none of `orgs` (an installation several orgs share: Gitea's
+    bot), under its name now: the forge, asked with the app's own token by the repository's
+    id, names it within an office one of whose names before is the delivery's login; else
+    as it came."""
+    if not isinstance(repo_id, int):
+        return repo
+    now = await ctx.forge.repo_name_of(repo_id)
+    if now is None:
+        return repo
+    org = now.partition("/")[0]
+    left = org in orgs and repo.partition("/")[0] in former_offices(_names_before(ctx, org))
+    return now if left else repo
 
 
 async def scene(event: sansio.Event, ctx: HandlerContext) -> Scene | None:

@@ -121,12 +121,12 @@ async def account_of(store: Store, org: str) -> int | None:
         else None
 
 
-async def org_of_installation(store: Store, installation_id: int) -> str | None:
-    """The org the index has `installation_id` installed on now, when it is one org's alone
-    (the row follows its org's renames)."""
+async def orgs_of_installation(store: Store, installation_id: int) -> list[str]:
+    """The orgs the index has `installation_id` installed on now (the rows follow their orgs'
+    renames): one on GitHub; on Gitea, whose one bot is every org's "installation", all."""
     rows = await store.fetchall("SELECT org FROM installations WHERE installation_id=?"
-                                " AND removed_at IS NULL", (installation_id,))
-    return str(rows[0]["org"]) if len(rows) == 1 else None
+                                " AND removed_at IS NULL ORDER BY org", (installation_id,))
+    return [str(r["org"]) for r in rows]
 
 
 def taken_over(known: dict[str, int], now: dict[str, int]) -> list[str]:

@@ -13,13 +13,14 @@ import aiohttp
 import pytest
 import yaml
 
-from bot.app.embedded import Embedded
+from bot.app.embedded import GITEA_EVENTS, Embedded
 from bot.app.gitea_orgs import refresh
 from bot.app.intake import org_webhook_secret
 from bot.forge.gitea import SYNTHETIC_INSTALLATION_ID
 from bot.office.config import parse_office
 from bot.office.seed import seed_office
 from bot.store import api_tokens, mails
+from localforge.gitea.events import add_org_hook
 from tests.support import ToolClient, gitea_api
 
 EVIL = {"org": "evil",
@@ -349,26 +350,83 @@ async def test_while_the_app_runs_an_org_made_again_or_joined_is_taken_at_the_ne
     assert await refresh(office.services) == [], "nothing new at the next look"
 
 
+GLOBEX = {"org": "globex",
+          "humans": [{"email": "amy@globex.test", "login": "amy", "permissions": ["mail.send"]}],
+          "agents": [{"slug": "scout", "login": "globex-scout", "person": "amy@globex.test",
+                      "capabilities": {"mail.send": ["*"]}}]}
+
+
+async def _globex_with_amy(office: Embedded, session: aiohttp.ClientSession) -> ToolClient:
+    """globex's office beside acme's (the bot added to globex, the app's look taken, globex's
+    own webhook set): amy's tool client."""
+    seed_office(office.forge, parse_office(yaml.safe_dump(GLOBEX), "globex.yml"))
+    office.forge.add_org_member("globex", office.services.app_slug, role="admin")
+    assert await refresh(office.services) == ["globex"]
+    add_org_hook(office.forge, "globex", f"{office.app_url}/webhook/globex",
+                 _secret(office, "globex"), GITEA_EVENTS)
+    await office.settle()
+    amy = await api_tokens.create_token(office.services.store, "human:amy@globex.test",
+                                        "globex")
+    return ToolClient(session, office, "human:amy@globex.test", token=amy)
+
+
+async def _reply_lost(office: Embedded, session: aiohttp.ClientSession, vault: str,
+                      number: int) -> dict[str, Any]:
+    """globex's scout replies by a comment on `vault#number`; its delivery is lost: the
+    payload Gitea sent."""
+    deliveries = office.forge.state.deliveries
+    before = set(deliveries)
+    office.forge.faults.drop_webhooks(count=1)
+    async with session.post(
+            f"{office.forge.url}/api/v1/repos/{vault}/issues/{number}/comments",
+            json={"body": "EU prices, up 4%."},
+            headers={"Authorization": f"token {office.forge.user_token('globex-scout')}"}
+            ) as resp:
+        assert resp.status == 201, await resp.text()
+    await office.settle()
+    assert office.forge.faults.drop.count == 0, "the comment's delivery was dropped"
+    (lost,) = [deliveries[i] for i in set(deliveries) - before]
+    return dict(lost.payload)
+
+
+async def _system_hook(office: Embedded, session: aiohttp.ClientSession, event: str,
+                       payload: dict[str, Any], guid: str) -> None:
+    """`payload` delivered again as the instance's system webhook sends it (signed with the
+    operator's secret: the forge's word), under a new id (Gitea's Redeliver), and handled."""
+    status, text = await _post(office, session, "/webhook",
+                               office.services.settings.webhook_secret, payload, event, guid)
+    assert status == 202, text
+    await office.settle()
+
+
+async def test_a_reply_sent_under_an_orgs_old_login_is_taken_by_its_renamed_office(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """scout replies on amy's mail in globex/scout-vault, its delivery lost; globex renames
+    itself initech (followed at the app's next look); the comment is delivered again as it
+    was sent, naming globex. Before, with acme's office beside it every org's installation
+    is the bot's one (id 1), so the index could say no org the delivery's installation is
+    (installations.org_of_installation): globex, no office's now, was "no office config for
+    this org: event ignored", and the mail never replied. Now the forge is asked, with the
+    app's own token, what the repository (by its id) is called now: a name within the
+    office whose names before include globex is taken."""
+    client = await _globex_with_amy(office, session)
+    sent = (await client("mail_send", to="scout", subject="Prices?", body="Which?"))["mail"]
+    await office.settle()
+    lost = await _reply_lost(office, session, "globex/scout-vault", sent["number"])
+    office.forge.rename_org("globex", "initech")
+    assert await refresh(office.services) == []
+    await _system_hook(office, session, "issue_comment", lost, "redelivered-reply")
+    mail = await mails.mail_at(office.services.store, "initech/scout-vault", sent["number"])
+    assert mail is not None and mail.state == "mail:replied", mail
+
+
 async def test_an_org_renamed_on_gitea_keeps_its_office_at_the_next_look(
         office: Embedded, session: aiohttp.ClientSession) -> None:
     """Gitea tells no hook of an org renamed: the app's look at the bot's orgs finds the org's
     id under a new name, and the office follows it (its people's tokens, its mail under the
     vault's new name), as GitHub's installation_target.renamed makes it. Before, the renamed
     org was a new, empty office."""
-    from bot.app.gitea_orgs import refresh
-
-    globex = {"org": "globex",
-              "humans": [{"email": "amy@globex.test", "login": "amy",
-                          "permissions": ["mail.send"]}],
-              "agents": [{"slug": "scout", "login": "globex-scout",
-                          "person": "amy@globex.test", "capabilities": {"mail.send": ["*"]}}]}
-    seed_office(office.forge, parse_office(yaml.safe_dump(globex), "globex.yml"))
-    office.forge.add_org_member("globex", office.services.app_slug, role="admin")
-    assert await refresh(office.services) == ["globex"]
-    await office.settle()
-    amy = await api_tokens.create_token(office.services.store, "human:amy@globex.test",
-                                        "globex")
-    client = ToolClient(session, office, "human:amy@globex.test", token=amy)
+    client = await _globex_with_amy(office, session)
     sent = await client("mail_send", to="scout", subject="before the rename", body="x")
     assert sent["mail"]["vault"] == "globex/scout-vault"
     await office.settle()
@@ -420,3 +478,25 @@ async def test_orgs_that_take_each_others_names_in_one_look_keep_their_offices(
     assert not await services.store.fetchall(
         "SELECT org FROM api_tokens WHERE revoked_at IS NOT NULL")
     assert sorted(services.installations) == sorted(now.values())
+
+
+async def test_a_repository_of_the_org_that_took_an_old_login_is_not_the_renamed_offices(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """The same, and eve makes an org called globex (the login initech left) with a
+    scout-vault of its own: a delivery about her repository (its id hers, as the instance's
+    webhook sends it) is hers, never initech's mail of the same number."""
+    client = await _globex_with_amy(office, session)
+    sent = (await client("mail_send", to="scout", subject="Prices?", body="Which?"))["mail"]
+    await office.settle()
+    lost = await _reply_lost(office, session, "globex/scout-vault", sent["number"])
+    office.forge.rename_org("globex", "initech")
+    assert await refresh(office.services) == []
+    office.forge.add_user("eve", "eve@evil.test")
+    office.forge.add_org("globex", owner="eve")
+    office.forge.add_repo("globex", "scout-vault")
+    hers = office.forge.state.repo_by_full_name("globex/scout-vault")
+    await _system_hook(office, session, "issue_comment",
+                       {**lost, "repository": {**lost["repository"], "id": hers.id}},
+                       "eves-comment")
+    mail = await mails.mail_at(office.services.store, "initech/scout-vault", sent["number"])
+    assert mail is not None and mail.state == "mail:new", mail
