@@ -158,7 +158,7 @@ class Embedded:
 
     async def vaults_caught_up(self) -> None:
         """Wait until the start's catch-up of the vaults renamed while the app was down has
-        gone over every office (it runs beside the start: bot.app.web._catch_up_vaults)."""
+        gone over every office (it runs beside the start: bot.app.listing.catch_up_offices)."""
         task = self.runner.app.get(CATCH_UP_KEY)
         if task is not None:
             await asyncio.wait([task])

@@ -4,7 +4,9 @@ was added to since gets its office (and its vaults' labels), one it left is refu
 made again under a known name by another user (another org id) gets a new office, the old one
 moved aside (bot.store.offices.retire_in), as an installation by another account does on
 GitHub. A known org id under a new name is the org renamed: its office follows it
-(bot.store.installations.rename), as GitHub's `installation_target.renamed` makes it."""
+(bot.store.installations.rename), as GitHub's `installation_target.renamed` makes it. Gitea
+sends no rename of a repository either: each look follows the offices' vaults renamed since
+(bot.app.listing.catch_up_offices), as GitHub's `repository.renamed` makes it."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import asyncio
 import logging
 
 from bot.app.background import Background
-from bot.app.listing import take_listing
+from bot.app.listing import catch_up_offices, take_listing
 from bot.app.services import Services
 from bot.store import installations
 
@@ -21,7 +23,8 @@ ORGS_EVERY = 300.0
 
 
 async def refresh(services: Services) -> list[str]:
-    """Read the bot's orgs and take them (see the module); the orgs newly installed."""
+    """Read the bot's orgs and take them, and follow the vaults renamed (see the module); the
+    orgs newly installed."""
     from bot.forge import gitea_events as gitea
     from bot.forge.gitea import SYNTHETIC_INSTALLATION_ID, GiteaClient
 
@@ -37,6 +40,7 @@ async def refresh(services: Services) -> list[str]:
                  - set(taken.renamed.values()))
     taken.take_into(services)
     services.hook_generations.stale()  # (a name another org's now: its secret at once)
+    await catch_up_offices(services)  # (Gitea tells no hook of a vault renamed either)
     if new:  # their vaults' labels, as at start
         guid, event, payload = gitea.startup_delivery()
         if await store.enqueue_delivery(guid, event, payload, gitea.encode(payload)):

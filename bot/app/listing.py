@@ -5,6 +5,7 @@ bot.app.build, which imports the handlers, so that a handler may take a listing 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -146,3 +147,26 @@ async def catch_up_vaults(services: Services, org: str) -> dict[str, str]:
         log.warning("vaults transferred to another owner: gone from the office, their mail "
                     "left in its index", extra={"org": org, "gone": gone})
     return moved
+
+
+CATCH_UP_AT_ONCE = 4  # offices whose vaults a catch-up reads at a time
+
+
+async def catch_up_offices(services: Services) -> None:
+    """Every office's vaults renamed unheard, followed (`catch_up_vaults`): at a start (GitHub's
+    renamed while the app was down), run beside it, never in its way; on Gitea, which sends
+    no rename, at every look at the bot's orgs too (bot.app.gitea_orgs). Each office reads
+    its vaults from the forge one by one, CATCH_UP_AT_ONCE offices at a time; one office's
+    forge failing, or slow, leaves that office as it was (the next round tries again), never
+    the others."""
+    turns = asyncio.Semaphore(CATCH_UP_AT_ONCE)
+
+    async def office(org: str) -> None:
+        async with turns:
+            try:
+                await catch_up_vaults(services, org)
+            except Exception as exc:  # (its forge, or its config: the next round tries again)
+                log.warning("vaults renamed unheard: not read", extra={
+                    "org": org, "error": repr(exc)})
+
+    await asyncio.gather(*(office(org) for org in sorted(services.installations)))

@@ -21,7 +21,7 @@ from bot.app.context import context_for
 from bot.app.doctor import DoctorSchedule
 from bot.app.gitea_orgs import GiteaOrgs
 from bot.app.intake import receive_webhook
-from bot.app.listing import catch_up_vaults
+from bot.app.listing import catch_up_offices
 from bot.app.outbound import LedgerForwarder
 from bot.app.prune import Pruner
 from bot.app.reconcile import Reconciler
@@ -225,28 +225,6 @@ async def _adopt_rows_from_before_offices(services: Services) -> None:
             log.info("rows from before offices adopted", extra={"org": org, "rows": adopted})
 
 
-CATCH_UP_AT_ONCE = 4  # offices whose vaults a start's catch-up reads at a time
-
-
-async def _catch_up_vaults(services: Services) -> None:
-    """GitHub: the vaults renamed while the app was down, followed (`catch_up_vaults`), as
-    the start's listing follows the orgs renamed: run beside the start, never in its way
-    (each office reads its vaults from the forge, one by one), CATCH_UP_AT_ONCE offices at
-    a time. One office's forge failing, or slow, leaves that office as it was (the next
-    start tries again), never the others."""
-    turns = asyncio.Semaphore(CATCH_UP_AT_ONCE)
-
-    async def office(org: str) -> None:
-        async with turns:
-            try:
-                await catch_up_vaults(services, org)
-            except Exception as exc:  # (its forge, or its config: the next start tries again)
-                log.warning("vaults renamed while down: not read", extra={
-                    "org": org, "error": repr(exc)})
-
-    await asyncio.gather(*(office(org) for org in sorted(services.installations)))
-
-
 async def _provision_at_start(services: Services) -> None:
     """Gitea sends no installation event: queue a synthetic one, so the installation handler
     provisions the mail labels in every vault, as on GitHub."""
@@ -340,9 +318,8 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
             min_interval=cfg.write_interval))
         presence = app[PRESENCE_KEY] = Presence(services.store, services.notifier)
         await presence.start(settings.replica_id or None, settings.public_url or None)
-        if settings.dialect != "gitea":  # (on Gitea not yet: docs/using.md, Renames)
-            app[CATCH_UP_KEY] = asyncio.create_task(_catch_up_vaults(services),
-                                                    name="vaultmail-vault-catch-up")
+        app[CATCH_UP_KEY] = asyncio.create_task(catch_up_offices(services),
+                                                name="vaultmail-vault-catch-up")
         worker = app[WORKER_KEY] = build_worker(services)
         app[RECONCILER_KEY] = Reconciler(
             services.store, services.forge_client.app, settings.reconcile_interval)

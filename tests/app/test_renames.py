@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 import yaml
 
-from bot.app import web
+from bot.app import listing
 from bot.app.doctor import Doctor
 from bot.app.embedded import Embedded, start_embedded
 from bot.app.services import Services
@@ -521,7 +521,7 @@ async def test_a_vault_transferred_into_another_office_is_its_own_there_and_gone
 
 async def test_an_office_whose_forge_does_not_answer_holds_up_no_other_offices_catch_up(
         embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
-    """The start's catch-up of vaults renamed while no app heard (bot.app.web) read every
+    """The start's catch-up of vaults renamed while no app heard (bot.app.listing) read every
     office's vaults in turn: globex's read not answered, initech's scout-vault renamed
     scout-mail was never followed (and, before the worker started, no event was handled).
     Now each office's runs beside the others', off the start's path."""
@@ -535,7 +535,7 @@ async def test_an_office_whose_forge_does_not_answer_holds_up_no_other_offices_c
     await forge.webhooks_idle()
     forge.set_webhook(app_id, url=hook)
     held = forge.faults.hold("GET /repos/{owner}/{repo}", count=None, repo="globex/scout-vault")
-    catching_up = asyncio.create_task(web._catch_up_vaults(services))
+    catching_up = asyncio.create_task(listing.catch_up_offices(services))
     try:
         await held.arrived.wait()
         await until(lambda: _vaults_now(services, "initech", {"initech/scout-mail"}))

@@ -500,3 +500,25 @@ async def test_a_repository_of_the_org_that_took_an_old_login_is_not_the_renamed
                        "eves-comment")
     mail = await mails.mail_at(office.services.store, "initech/scout-vault", sent["number"])
     assert mail is not None and mail.state == "mail:new", mail
+
+
+async def test_a_vault_renamed_on_gitea_is_followed_and_a_reply_under_its_old_name_taken(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """scout replies on amy's mail in globex/scout-vault, its delivery lost; the vault is
+    renamed scout-mail in its settings (Gitea tells no hook); the comment is delivered
+    again as it was sent, naming scout-vault. Before, the app never noticed a vault renamed
+    on Gitea: its mail stayed under the old name, whose new repository would have been the
+    mail's, and nothing asked the forge what the repository is called now. Now the app's
+    look at the bot's orgs follows the vaults renamed (as a start does on GitHub), and the
+    late reply is followed by its repository's id to the mail under the vault's new name."""
+    client = await _globex_with_amy(office, session)
+    sent = (await client("mail_send", to="scout", subject="Prices?", body="Which?"))["mail"]
+    await office.settle()
+    lost = await _reply_lost(office, session, "globex/scout-vault", sent["number"])
+    office.forge.rename_repo("globex/scout-vault", "scout-mail")
+    assert await refresh(office.services) == []
+    listed = await client("mail_list")
+    assert [m["vault"] for m in listed["mails"]] == ["globex/scout-mail"], listed
+    await _system_hook(office, session, "issue_comment", lost, "redelivered-reply")
+    mail = await mails.mail_at(office.services.store, "globex/scout-mail", sent["number"])
+    assert mail is not None and mail.state == "mail:replied", mail
