@@ -156,7 +156,14 @@ class Ctx:
 
     def _moved(self, repo: Repo) -> ApiError:
         """GitHub's answer at a renamed repository's old URL: 301 (a read) or 307 to the
-        same path under /repositories/{id}."""
+        same path under /repositories/{id}. Gitea's (RedirectToRepo, RedirectToUser): 307
+        to the same path under the name now, as an absolute path."""
+        if self.forge.dialect_name == "gitea":
+            mi = self.request.match_info
+            path = self.request.path.replace(f"/{mi['owner']}/{mi['repo']}",
+                                             f"/{repo.full_name}", 1)
+            query = f"?{self.request.query_string}" if self.request.query_string else ""
+            return ApiError(307, "Temporary Redirect", headers={"Location": path + query})
         head, _, rest = self.request.path.partition("/repos/")
         tail = rest.split("/", 2)[2] if rest.count("/") >= 2 else ""
         url = f"{self.forge.url}{head}/repositories/{repo.id}" + (f"/{tail}" if tail else "")

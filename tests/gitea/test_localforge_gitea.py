@@ -279,3 +279,23 @@ async def test_a_repository_is_read_by_its_id_by_whoever_may_see_it(
         public = await resp.json()
         assert resp.status == 200 and public["permissions"] == {
             "admin": False, "push": False, "pull": True}, public
+
+
+async def test_a_renamed_repositorys_old_name_leads_to_its_new_one_as_gitea_leads_it(
+        gitea: GiteaSetup, session: aiohttp.ClientSession) -> None:
+    """services/context/repo.go RedirectToRepo: at a renamed repository's old name Gitea
+    answers 307, reads and writes alike, to the same path and query under the new name, an
+    absolute path (Go's http.Redirect); its owner's renamed login the same way
+    (RedirectToUser). Before, the Gitea face led
+    there as GitHub does, 301 to `/repositories/{id}/...`, no path Gitea has."""
+    gitea.forge.rename_repo("acme/scout-vault", "scout-mail")
+    headers = {"Authorization": f"token {gitea.bot_token}"}
+    for method in ("GET", "POST"):
+        async with session.request(method, f"{gitea.api}{VAULT}/issues?state=all",
+                                   json={"title": "t"} if method == "POST" else None,
+                                   headers=headers, allow_redirects=False) as resp:
+            assert resp.status == 307, (method, resp.status)
+            assert resp.headers["Location"] == \
+                "/api/v1/repos/acme/scout-mail/issues?state=all", resp.headers
+    async with session.get(f"{gitea.api}{VAULT}/issues", headers=headers) as resp:
+        assert resp.status == 200 and str(resp.url).endswith("/repos/acme/scout-mail/issues")
