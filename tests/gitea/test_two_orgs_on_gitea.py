@@ -21,6 +21,7 @@ from bot.office.config import parse_office
 from bot.office.seed import seed_office
 from bot.store import api_tokens, mails
 from localforge.gitea.events import add_org_hook
+from localforge.state import Delivery
 from tests.support import ToolClient, gitea_api
 
 EVIL = {"org": "evil",
@@ -371,9 +372,9 @@ async def _globex_with_amy(office: Embedded, session: aiohttp.ClientSession) -> 
 
 
 async def _reply_lost(office: Embedded, session: aiohttp.ClientSession, vault: str,
-                      number: int) -> dict[str, Any]:
-    """globex's scout replies by a comment on `vault#number`; its delivery is lost: the
-    payload Gitea sent."""
+                      number: int) -> Delivery:
+    """globex's scout replies by a comment on `vault#number`; its delivery (through globex's
+    own webhook) is lost: the delivery."""
     deliveries = office.forge.state.deliveries
     before = set(deliveries)
     office.forge.faults.drop_webhooks(count=1)
@@ -386,7 +387,7 @@ async def _reply_lost(office: Embedded, session: aiohttp.ClientSession, vault: s
     await office.settle()
     assert office.forge.faults.drop.count == 0, "the comment's delivery was dropped"
     (lost,) = [deliveries[i] for i in set(deliveries) - before]
-    return dict(lost.payload)
+    return lost
 
 
 async def _system_hook(office: Embedded, session: aiohttp.ClientSession, event: str,
@@ -415,7 +416,7 @@ async def test_a_reply_sent_under_an_orgs_old_login_is_taken_by_its_renamed_offi
     lost = await _reply_lost(office, session, "globex/scout-vault", sent["number"])
     office.forge.rename_org("globex", "initech")
     assert await refresh(office.services) == []
-    await _system_hook(office, session, "issue_comment", lost, "redelivered-reply")
+    await _system_hook(office, session, "issue_comment", lost.payload, "redelivered-reply")
     mail = await mails.mail_at(office.services.store, "initech/scout-vault", sent["number"])
     assert mail is not None and mail.state == "mail:replied", mail
 
@@ -496,7 +497,8 @@ async def test_a_repository_of_the_org_that_took_an_old_login_is_not_the_renamed
     office.forge.add_repo("globex", "scout-vault")
     hers = office.forge.state.repo_by_full_name("globex/scout-vault")
     await _system_hook(office, session, "issue_comment",
-                       {**lost, "repository": {**lost["repository"], "id": hers.id}},
+                       {**lost.payload, "repository": {**lost.payload["repository"],
+                                                       "id": hers.id}},
                        "eves-comment")
     mail = await mails.mail_at(office.services.store, "initech/scout-vault", sent["number"])
     assert mail is not None and mail.state == "mail:new", mail
@@ -519,6 +521,26 @@ async def test_a_vault_renamed_on_gitea_is_followed_and_a_reply_under_its_old_na
     assert await refresh(office.services) == []
     listed = await client("mail_list")
     assert [m["vault"] for m in listed["mails"]] == ["globex/scout-mail"], listed
-    await _system_hook(office, session, "issue_comment", lost, "redelivered-reply")
+    await _system_hook(office, session, "issue_comment", lost.payload, "redelivered-reply")
+    mail = await mails.mail_at(office.services.store, "globex/scout-mail", sent["number"])
+    assert mail is not None and mail.state == "mail:replied", mail
+
+
+async def test_a_reply_redelivered_through_the_orgs_webhook_after_a_vault_rename_is_taken(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """The same, the comment delivered again through globex's own webhook (its admins' word:
+    its repository's id is dropped, bot.app.org_signed). Before, the comment was read back
+    under the vault's old name, which Gitea leads to scout-mail, and refused as "not on
+    globex/scout-vault#1" (the forge says it is on scout-mail#1): the mail never replied.
+    The repository is now the one the forge answers the delivery's name with, its id read
+    back with the issue (the app's own token), and followed by it."""
+    client = await _globex_with_amy(office, session)
+    sent = (await client("mail_send", to="scout", subject="Prices?", body="Which?"))["mail"]
+    await office.settle()
+    lost = await _reply_lost(office, session, "globex/scout-vault", sent["number"])
+    office.forge.rename_repo("globex/scout-vault", "scout-mail")
+    assert await refresh(office.services) == []
+    office.forge.webhooks.redeliver(lost)
+    await office.settle()
     mail = await mails.mail_at(office.services.store, "globex/scout-mail", sent["number"])
     assert mail is not None and mail.state == "mail:replied", mail
