@@ -17,8 +17,8 @@ is checked against the forge, and what it says is taken from there:
   in no one's name: its author did not necessarily write what it says now (the handlers
   run none of its commands and note so: handlers.comments.handle_comment);
 - an issue is read back (its title, body, state, labels and author are the forge's, and so
-  is the repository's id: the repository the forge answers the delivery's name with, a
-  renamed vault's old name leading to it, which handlers.common.repo_now follows); one
+  is its repository's name and id: the repository the forge answers the delivery's name
+  with, a renamed vault's old name leading to it); one
   `opened` must be the sender's. Every other action the handlers take as the sender's must be
   in the issue's timeline as the sender's (`_TIMELINE`): a close, a reopen (the issue in that
   state), a label change (of the label the delivery names, added or removed as it says), an
@@ -112,7 +112,7 @@ async def as_the_forge_has_it(forge: GiteaForge, event: str, data: dict[str, Any
         out["sender"].pop("id", None)
     if isinstance(out.get("repository"), dict):  # checked by name: its id is the signer's
         out["repository"].pop("id", None)  # word (handlers.common.repo_now follows ids; the
-        # forge's is put back from what it answers: `_answered`)
+        # forge's is put in from what it answers: `_answered`)
     repo = (out.get("repository") or {}).get("full_name")
     action = out.get("action")
     if not sender or not isinstance(repo, str):
@@ -136,10 +136,10 @@ async def as_the_forge_has_it(forge: GiteaForge, event: str, data: dict[str, Any
         raise NotAsTheForgeSays(f"{repo}#{number} does not exist") from None
     found["user"] = github_user(found.get("user"), bot_login)
     out["issue"] = {**issue, **{k: found[k] for k in _ISSUE_FIELDS if k in found}}
-    at = _answered(found, out, repo)
+    repo = _answered(found, out, repo)
     author = _login(found.get("user"))
     if event == "issue_comment":
-        await _comment(forge, repo, at, number, out, sender, bot_login, since)
+        await _comment(forge, repo, number, out, sender, bot_login, since)
     elif event == "issues" and action == "opened":
         if author != sender:
             raise NotAsTheForgeSays(f"{repo}#{number} was opened by {author}, not {sender}")
@@ -170,14 +170,15 @@ async def as_the_forge_has_it(forge: GiteaForge, event: str, data: dict[str, Any
 
 def _answered(found: dict[str, Any], out: dict[str, Any], repo: str) -> str:
     """The full name of the repository the forge answered the delivery's `repo` with (a
-    renamed repository's old name leads to it, within its owner), read back with the issue:
-    its id, the forge's word read with the app's own token, is put in `out` for
-    handlers.common.repo_now to follow; `repo` where the forge named none."""
+    renamed repository's old name leads to it, within its owner), read back with the issue
+    with the app's own token: `out` names it so, its id the forge's; `repo` where the forge
+    named none."""
     answered = found.get("repository")
     if not isinstance(answered, dict) or not isinstance(answered.get("id"), int) or \
             not isinstance(answered.get("full_name"), str):
         return repo
-    out["repository"]["id"] = answered["id"]
+    out["repository"].update({k: answered[k] for k in ("id", "name", "full_name")
+                              if k in answered})
     return str(answered["full_name"])
 
 
@@ -204,10 +205,8 @@ def _shows(action: str, out: dict[str, Any], entry: dict[str, Any]) -> bool:
     return True
 
 
-async def _comment(forge: GiteaForge, repo: str, at: str, number: int, out: dict[str, Any],
+async def _comment(forge: GiteaForge, repo: str, number: int, out: dict[str, Any],
                    sender: str, bot_login: str, since: float) -> None:
-    """The delivery's comment as the forge has it, on `repo#number` (`at`: the repository's
-    name as the forge answered `repo`)."""
     if out.get("action") not in ("created", "edited", "deleted"):  # what the handlers read
         raise NotAsTheForgeSays(f"an org-signed comment {out.get('action')} is not read")
     comment = out.get("comment")
@@ -227,7 +226,7 @@ async def _comment(forge: GiteaForge, repo: str, at: str, number: int, out: dict
         raise NotAsTheForgeSays(f"comment {comment['id']} does not exist on {repo}") from None
     # (Gitea gives a pull request's comment no issue_url: its address is pull_request_url)
     where = {str(found.get(k) or "").lower() for k in ("issue_url", "pull_request_url")}
-    if not any(w.endswith((f"/{at.lower()}/issues/{number}", f"/{at.lower()}/pulls/{number}"))
+    if not any(w.endswith((f"/{repo.lower()}/issues/{number}", f"/{repo.lower()}/pulls/{number}"))
                for w in where):
         raise NotAsTheForgeSays(f"comment {comment['id']} is not on {repo}#{number}")
     author = _login(found.get("user"))

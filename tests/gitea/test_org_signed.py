@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 
 from bot.app.embedded import Embedded
+from bot.app.gitea_orgs import refresh
 from bot.store import comments, ledger, mails
 from tests.gitea.test_two_orgs_on_gitea import _post, _secret
 from tests.items_support import TOKEN_TTL
@@ -527,6 +528,44 @@ async def test_an_edit_and_a_deletion_follow_the_forge_and_a_forged_deletion_doe
                        "owner": {"login": "acme"}},
         "sender": {"login": "sara"}}, "forged-deletion")
     assert [c["body"] for c in await unread()] == ["Prices are 12 EUR"]
+async def test_a_deletion_sent_before_a_vault_rename_is_taken_after_it(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """sara deletes the password she pasted into a comment, the deletion's delivery lost;
+    the vault is renamed scout-mail (followed at the app's look); the deletion is delivered
+    again, naming scout-vault. Before, the index was asked for the comment under the old
+    name, which its rows no longer have: "none the app indexed", refused, and the password
+    stayed in marco's inbox. It is now asked under the name the forge answers the old one
+    with."""
+    vault = "/repos/acme/scout-vault"
+    marco, sara = gitea_api(session, office, "marco"), gitea_api(session, office, "sara")
+    lid = (await marco("POST", f"{vault}/labels", {"name": "goal", "color": "#00aabb"},
+                       201))["id"]
+    goal = await marco("POST", f"{vault}/issues", {"title": "EU launch", "body": "x",
+                                                   "labels": [lid]}, 201)
+    await office.settle()
+    pasted = await sara("POST", f"{vault}/issues/{goal['number']}/comments",
+                        {"body": "to: marco@acme.com\nthe admin password is hunter2"}, 201)
+    await office.settle()
+
+    async def unread() -> list[str]:
+        got = await ToolClient(session, office, "human:marco@acme.com")("list_inbox",
+                                                                        markRead=False)
+        return [c["body"] for c in got["you"]["unread"]]
+
+    assert await unread() == ["the admin password is hunter2"]
+    deliveries = office.forge.state.deliveries
+    before = set(deliveries)
+    office.forge.faults.drop_webhooks(count=1)
+    await sara("DELETE", f"{vault}/issues/comments/{pasted['id']}", None, 204)
+    await office.settle()
+    (deleted,) = [deliveries[i] for i in set(deliveries) - before]
+    office.forge.rename_repo("acme/scout-vault", "scout-mail")
+    assert await refresh(office.services) == []
+    office.forge.webhooks.redeliver(deleted)
+    await office.settle()
+    assert await unread() == []
+
+
 async def _close_lost_then(office: Embedded, session: aiohttp.ClientSession,
                            later: dict[str, Any] | None, label: str | None = None) -> str:
     """marco closes his mail with the close's delivery lost, makes a later change (`later`
