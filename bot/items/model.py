@@ -141,6 +141,7 @@ class Item:
         return self.author or f"forge:{self.author_login}"
 
     def as_json(self) -> dict[str, Any]:
+        """All of it, the refs it names included: a read path shows `views.item_view`."""
         return {"ref": self.ref, "key": self.key, "kind": self.kind, "title": self.title,
                 "state": self.state,
                 "parent": self.parent, "author": self.author_principal,

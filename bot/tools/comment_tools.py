@@ -24,7 +24,7 @@ from bot.items.questions import (
     MAX_THEN,
 )
 from bot.items.service import MAX_BODY, Comments, NewComment
-from bot.items.views import DATA_NOTE, decision_view, parse_time, thread_view
+from bot.items.views import DATA_NOTE, decision_view, item_view, parse_time, thread_view
 from bot.office.visibility import Viewer, viewer_for
 from bot.store import comments as db
 from bot.store import mails
@@ -258,9 +258,10 @@ async def get_outcome(call: Call, args: OutcomeArgs) -> dict[str, Any]:
     goals = []
     for parent in await work_tree.ancestors(service, item):  # from the forge, a read a level
         if parent.kind == "goal" and await viewer.sees_repo(parent.repo):
-            goals.append({**parent.as_json(), "decisions": await _decisions(call, viewer,
-                                                                            parent.ref)})
-    return {"outcome": item.as_json(), "decisions": await _decisions(call, viewer, item.ref),
+            goals.append({**await item_view(parent, viewer),
+                          "decisions": await _decisions(call, viewer, parent.ref)})
+    return {"outcome": await item_view(item, viewer),
+            "decisions": await _decisions(call, viewer, item.ref),
             "goals": goals, "note": DATA_NOTE}
 
 
@@ -287,10 +288,10 @@ async def get_tree(call: Call, args: TreeArgs) -> dict[str, Any]:
             return []
         children = await work_tree.children(service, ref)  # sub-issues, then `Part of`
         shown = await viewer.visible({c.ref for c in children})  # and nothing under the rest
-        return [{**c.as_json(), "children": await tree(c.ref, depth + 1)}
+        return [{**await item_view(c, viewer), "children": await tree(c.ref, depth + 1)}
                 for c in children if c.ref in shown]
 
-    return {"goal": goal.as_json(), "children": await tree(goal.ref, 0),
+    return {"goal": await item_view(goal, viewer), "children": await tree(goal.ref, 0),
             "decisions": await _decisions(call, viewer, goal.ref), "note": DATA_NOTE}
 
 

@@ -32,7 +32,7 @@ from bot.app.services import SERVICES_KEY, Services
 from bot.errors import InvalidArguments, VaultmailError, forge_refusal
 from bot.forge.errors import ForgeError
 from bot.items import inbox
-from bot.items.views import thread_view
+from bot.items.views import item_view, thread_view
 from bot.office.visibility import viewer_for
 from bot.store import comments as db
 from bot.tools.comment_tools import comments_for
@@ -142,8 +142,9 @@ async def read_resource(call: Call, uri: str) -> dict[str, Any]:
     ref = f"{m['owner']}/{m['repo']}#{m['n']}"
     if m["kind"] == "mail":
         return await _run(call, "mail_get", mail=ref)
+    viewer = viewer_for(call)
     try:
-        item = await comments_for(call).target(ref, None, viewer_for(call))
+        item = await comments_for(call).target(ref, None, viewer)
     except ForgeError as exc:
         raise forge_refusal(exc, uri) from exc
     if item.kind == "goal":
@@ -151,7 +152,7 @@ async def read_resource(call: Call, uri: str) -> dict[str, Any]:
     elif item.kind == "outcome":
         content = await _run(call, "get_outcome", outcome=ref)
     else:
-        content = {"item": item.as_json()}
+        content = {"item": await item_view(item, viewer)}
     threads = await db.open_threads(call.services.store, item=item.ref)
     return {**content, "threads": [thread_view(t, call.principal) for t in threads]}
 

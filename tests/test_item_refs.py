@@ -1,0 +1,61 @@
+"""Read paths name no item in a repository the reader cannot see: an item's JSON names its
+parent (and a plan takes its outcome's claim), an outcome's "Waiting on" on the forge names who
+its questions wait on, and an update names the plan it tells of (found by review r1, after
+test_item_updates.py). A hidden ref is left out, never replaced by a hint that it exists.
+
+The staging is test_item_updates.py's: lee is in the office and assigned to an outcome in
+scout's vault, and is no collaborator of the private `acme/secret`; marco and sara may read
+it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+
+from bot.app.embedded import Embedded
+from tests.items_support import LEE, SARA, make_item, where
+from tests.test_item_updates import SECRET, WORDS, _leaks, _stage
+
+
+async def test_an_outcome_shows_no_parent_in_a_repository_the_reader_cannot_see(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """A native sub-issue parent: the outcome's body does not name it, its JSON did."""
+    s = await _stage(embedded, person, tools)
+    goal = await make_item(embedded, s.marco, "goal", f"{WORDS}: goal", repo=SECRET)
+    repo, n = where(s.outcome)
+    child = await s.marco.call("GET", f"/repos/{repo}/issues/{n}", expect=200)
+    g_repo, g_n = where(goal)
+    await s.marco.call("POST", f"/repos/{g_repo}/issues/{g_n}/sub_issues",
+                       {"sub_issue_id": child["id"]}, expect=201)
+    await embedded.settle()
+    seen = await tools(LEE)("get_outcome", outcome=s.outcome)
+    assert not _leaks(seen), seen
+    assert seen["outcome"]["parent"] is None and seen["goals"] == []
+    assert (await tools(SARA)("get_outcome", outcome=s.outcome))["outcome"]["parent"] == goal
+
+
+async def _read(embedded: Embedded, session: aiohttp.ClientSession, who: str,
+                ref: str) -> dict[str, Any]:
+    """The item resource, as `vaultmail mcp` reads it for `who`."""
+    headers = {"Authorization": f"Bearer {embedded.api_tokens[who]}"}
+    uri = "vaultmail://item/" + ref.replace("#", "/")
+    async with session.get(f"{embedded.app_url}/api/v1/resources/read", params={"uri": uri},
+                           headers=headers) as resp:
+        assert resp.status == 200, await resp.text()
+        content: dict[str, Any] = (await resp.json())["content"]
+    return content
+
+
+async def test_a_plan_takes_no_claim_or_parent_from_an_outcome_the_reader_cannot_see(
+        embedded: Embedded, person: Any, tools: Any, session: aiohttp.ClientSession) -> None:
+    s = await _stage(embedded, person, tools)
+    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
+                             assignees=["scout-bot"])
+    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
+                           body=f"Part of {hidden}")
+    seen = (await _read(embedded, session, LEE, plan))["item"]
+    assert not _leaks(seen), seen
+    assert (seen["parent"], seen["claim"]) == (None, None)
+    sara = (await _read(embedded, session, SARA, plan))["item"]
+    assert (sara["parent"], sara["claim"]) == (hidden, "agent:scout")
