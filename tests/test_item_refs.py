@@ -14,8 +14,9 @@ from typing import Any
 import aiohttp
 
 from bot.app.embedded import Embedded
-from tests.items_support import LEE, SARA, make_item, where
-from tests.test_item_updates import SECRET, WORDS, _leaks, _stage
+from tests.items_support import LEE, MARCO, SARA, make_item, where
+from tests.test_item_updates import SECRET, WORDS, _leaks, _secret_plan, _stage
+from tests.test_work_graph_waiting import blocked_by, waiting_by_dependency
 
 
 async def test_an_outcome_shows_no_parent_in_a_repository_the_reader_cannot_see(
@@ -59,3 +60,19 @@ async def test_a_plan_takes_no_claim_or_parent_from_an_outcome_the_reader_cannot
     assert (seen["parent"], seen["claim"]) == (None, None)
     sara = (await _read(embedded, session, SARA, plan))["item"]
     assert (sara["parent"], sara["claim"]) == (hidden, "agent:scout")
+
+
+async def test_an_outcome_does_not_show_waiting_on_whom_a_hidden_plans_question_waits(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """The forge shows the outcome's blockers to whoever reads it (lee): a question on a
+    plan lee cannot see does not make it "Waiting on sara"; one on the outcome does."""
+    await waiting_by_dependency(embedded)
+    s = await _stage(embedded, person, tools)
+    plan = await _secret_plan(embedded, s)
+    marco = tools(MARCO)
+    await marco("add_comment", targetType="plan", target=plan, to=["sara@acme.com"],
+                header=f"{WORDS}?", body="Ship it?", needsReply=True)
+    assert await blocked_by(s.marco, s.outcome) == []
+    await marco("add_comment", targetType="outcome", target=s.outcome, to=["sara@acme.com"],
+                body="Prices ready?", needsReply=True)
+    assert [t["title"] for t in await blocked_by(s.marco, s.outcome)] == ["Waiting on sara"]

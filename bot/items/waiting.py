@@ -26,7 +26,10 @@ Chosen per office (`waiting:` in the office config):
   a forge without issue fields (Gitea, Forgejo) gets the same one line.
 
 The outcome is the question's scope: a question on a plan or evidence waits for the outcome it
-is under. `sync` compares who the scope's unanswered questions wait on with the trackers the
+is under, where the item is in the outcome's repository. Whoever may read the outcome on the
+forge reads what it shows: a question on an item in another repository, which some of them
+may not see, is not shown there (its card still waits in the inbox of whom it asks).
+`sync` compares who the scope's unanswered questions wait on with the trackers the
 outcome is blocked by (one read, ETag-cached; a tracker is known by the app's hidden marker in
 its text, so one the index lost or that two replicas both opened is still removed) and adds or
 removes the difference, so running it again changes nothing. A tracker someone removed by
@@ -144,7 +147,7 @@ async def _sync(service: Comments, forge: Dependencies, scope: str) -> None:
     outcome = await db.get_item(st, scope)
     if outcome is None or outcome.kind != "outcome":
         return
-    want = await store.waiting_on(st, scope)
+    want = await store.waiting_on(st, scope, outcome.repo)
     if outcome.state == "closed":
         want = set()
     known = {t.principal: t for t in await store.trackers(st, outcome.repo)}
@@ -227,7 +230,8 @@ async def _sync_field(service: Comments, scope: str) -> None:
     field = await _field(service, forge)
     if field is None:
         return
-    want = set() if outcome.state == "closed" else await store.waiting_on(st, scope)
+    want = (set() if outcome.state == "closed"
+            else await store.waiting_on(st, scope, outcome.repo))
     value = ", ".join(sorted({shown_name(service, p) for p in want}, key=str.lower))
     issue = await forge.get_issue(outcome.repo, outcome.number)  # ETag-cached
     values = issue.get("issue_field_values")

@@ -51,12 +51,15 @@ async def trackers(store: Store, repo: str) -> list[Tracker]:
     return [Tracker(r["repo"], r["principal"], r["number"], r["issue_id"]) for r in rows]
 
 
-async def waiting_on(store: Store, scope: str) -> set[str]:
-    """Who the questions counting for `scope` wait on while unanswered."""
+async def waiting_on(store: Store, scope: str, repo: str) -> set[str]:
+    """Who the questions counting for `scope` wait on while unanswered, of those on items in
+    `repo` (the outcome's: whoever reads it on the forge reads them too)."""
     rows = await store.fetchall(
-        "SELECT state FROM threads WHERE scope=? AND is_question=1 AND open=1", (scope,))
+        "SELECT item, state FROM threads WHERE scope=? AND is_question=1 AND open=1", (scope,))
     out: set[str] = set()
     for r in rows:
+        if str(r["item"]).lower().partition("#")[0] != repo.lower():
+            continue
         s = ThreadState.from_json(json.loads(r["state"]))
         if s.answer is None:
             out.update(s.waiting_on)
