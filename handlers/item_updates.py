@@ -51,7 +51,7 @@ async def record_update(service: Comments, actor: str, item: Item, known: Item |
     # who is woken: asked of the forge before the write, so a failed ask writes nothing twice
     woken = await _woken(service, outcome, item)
     async with service.services.store.transaction() as tx:
-        await db.add_update(tx, outcome, kind, actor, summary, {"item": item.ref})
+        await db.add_update(tx, outcome, kind, actor, summary, item.ref)
     service.services.notifier.notify(woken, org=service.office.org)
 
 

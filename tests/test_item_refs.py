@@ -76,3 +76,20 @@ async def test_an_outcome_does_not_show_waiting_on_whom_a_hidden_plans_question_
     await marco("add_comment", targetType="outcome", target=s.outcome, to=["sara@acme.com"],
                 body="Prices ready?", needsReply=True)
     assert [t["title"] for t in await blocked_by(s.marco, s.outcome)] == ["Waiting on sara"]
+
+
+async def test_updates_from_before_a_rename_are_judged_by_the_repository_they_name_now(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """acme/secret renamed acme/hidden, and a new acme/secret lee may read: the updates about
+    the old one's plan are still shown to sara (who reads acme/hidden) and not to lee."""
+    s = await _stage(embedded, person, tools)
+    plan = await _secret_plan(embedded, s)
+    await s.marco.call("PATCH", f"/repos/{SECRET}", {"name": "hidden"}, expect=200)
+    await embedded.settle()
+    embedded.forge.add_repo("acme", "secret")
+    embedded.forge.set_permission(SECRET, "lee", "read")
+    embedded.services.visibility.forget()
+    seen = await tools(LEE)("list_inbox")
+    assert not [u for u in seen["updates"] if WORDS in u["summary"]], seen["updates"]
+    shown = [u["summary"] for u in (await tools(SARA)("list_inbox"))["updates"]]
+    assert f"new plan {plan}: {WORDS}: plan" in shown, shown

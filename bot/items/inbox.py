@@ -10,7 +10,6 @@ history ("Your agents are handling"): reading it marks nothing, and it never wak
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -325,9 +324,9 @@ UPDATE_ROUNDS = 4  # reads at most for one page of updates, past those the viewe
 
 def update_names(row: Any) -> set[str]:
     """The items an update names: its outcome, and the plan or evidence it tells of (its ref
-    and title are in the summary)."""
-    about = json.loads(row["data"] or "{}").get("item")
-    return {str(row["item"]), *([about] if isinstance(about, str) else [])}
+    and title are in the summary), each by the name its repository has now."""
+    about = row["about"]
+    return {str(row["item"]), *([str(about)] if about else [])}
 
 
 async def updates_page(store: Store, office: Office, viewer: str, before: int | None,

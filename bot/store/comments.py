@@ -90,6 +90,18 @@ CREATE TABLE IF NOT EXISTS item_updates (
 CREATE INDEX IF NOT EXISTS item_updates_item ON item_updates(item, seq);
 """)
 
+# Schema 37: the item an update tells of besides its outcome (a plan, evidence), in a column
+# of its own, so a repository's or org's rename rewrites it as it does `item`
+# (offices.rename_vault_in): an update is judged by what the repository is called now, never
+# by a name another repository may take since. Filled from `data` for older rows.
+UPDATE_ABOUT_VERSION = 37
+register_columns("item_updates", {"about": "{text}"}, version=UPDATE_ABOUT_VERSION)
+register_backfill("UPDATE item_updates SET about=json_extract(data, '$.item')"
+                  " WHERE about IS NULL",
+                  postgres="UPDATE item_updates SET about=data::jsonb->>'item'"
+                           " WHERE about IS NULL",
+                  version=UPDATE_ABOUT_VERSION)
+
 # A forge comment is recorded once for the issue it is on (`comment_by_forge_id`): on Gitea
 # every org's comments are numbered by one counter, and an org's admins sign their own
 # deliveries, so an id alone, unique across the index, let evil record first the id acme's
@@ -869,7 +881,8 @@ async def updates_for(store: Store, mine: list[str], logins: list[str], exclude:
              " ORDER BY seq DESC LIMIT 1 OFFSET ?)")
     window = (org, page[0], *((since,) if since is not None else ()), UPDATES_WINDOW - 1)
     rows = await store.fetchall(
-        "SELECT * FROM (SELECT u.seq, u.item, u.kind, u.actor, u.summary, u.data, u.at"
+        "SELECT * FROM (SELECT u.seq, u.item, u.kind, u.actor, u.summary, u.data, u.at,"
+        " u.about"
         f" FROM item_updates u WHERE u.org=? AND u.seq<? AND u.at>=?"
         f" AND u.seq>=coalesce({bound}, -1)"
         f" AND u.actor NOT IN ({ex}) AND ("
@@ -879,7 +892,7 @@ async def updates_for(store: Store, mine: list[str], logins: list[str], exclude:
         + " WHERE t.scope=u.item AND t.is_question=1"
         f"  AND t.asker IN ({m})){assigned})"
         " ORDER BY u.seq DESC LIMIT ?) page"
-        f" UNION ALL SELECT -1, NULL, NULL, NULL, NULL, NULL, {bound}"
+        f" UNION ALL SELECT -1, NULL, NULL, NULL, NULL, NULL, {bound}, NULL"
         " ORDER BY 1 DESC",
         (org, *page, *window, *exclude, *mine, *mine, *mine, *logins, limit, *window))
     full = rows.pop()["at"] is not None
@@ -1073,11 +1086,12 @@ async def read_page(store: Store, owner: str, before: int | None,
 
 # -- updates on outcomes -------------------------------------------------------------------
 async def add_update(db: Connection, item: str, kind: str, actor: str, summary: str,
-                     data: dict[str, Any] | None = None) -> None:
-    await db.execute("INSERT INTO item_updates(item, kind, actor, summary, data, at, org)"
-                     " VALUES (?,?,?,?,?,?,?)",
-                     (item, kind, actor, summary, json.dumps(data or {}), time.time(),
-                      org_of(item)))
+                     about: str | None = None) -> None:
+    """An update on the outcome `item`, telling of the item `about` (a plan or evidence)."""
+    await db.execute("INSERT INTO item_updates(item, kind, actor, summary, data, at, org, about)"
+                     " VALUES (?,?,?,?,?,?,?,?)",
+                     (item, kind, actor, summary, json.dumps({"item": about} if about else {}),
+                      time.time(), org_of(item), about))
 
 
 

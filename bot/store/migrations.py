@@ -111,6 +111,9 @@ NAMES = {
     36: "which account first proved each email domain with a `_vaultmail` record naming its"
         " org (the form before ids): such a record proves the domain for that account alone,"
         " not for another org made under the name",
+    37: "the item each update on an outcome tells of (a plan, evidence) in a column of its own,"
+        " which a rename of its repository or org rewrites: an update is judged by the name"
+        " the repository has now",
 }
 
 
