@@ -6,15 +6,19 @@ nothing to the forge."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from bot.app.embedded import Embedded
+from bot.forge.github import GitHubForge
+from bot.items.service import Comments, NewComment
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
 from tests.items_support import MARCO, SCOUT, TOKEN_TTL, make_item, where
 from tests.support import Actor
+from tests.test_stalled_send import CREATE, GUARD
 from tests.test_work_graph_cli import setup_types
 
 DEPS = "POST /repos/{owner}/{repo}/issues/{issue_number}/dependencies/blocked_by"
@@ -217,3 +221,46 @@ async def test_a_waiting_blocker_a_person_removes_comes_back_while_the_question_
     assert [t["id"] for t in await blocked_by(marco, outcome)] == [tracker["id"]]
     await answer(tools, outcome, asked)
     assert await blocked_by(marco, outcome) == [], "answered: the app removes it for good"
+
+
+async def test_two_questions_at_once_open_one_tracker_for_the_person_they_wait_on(
+        embedded: Embedded, person: Any) -> None:
+    """scout asks marco on two outcomes at once, through two replicas: a's tracker create is
+    held at the forge; b's question looks (no tracker yet) and opens one; a's then lands.
+    marco has one open "Waiting on marco" (the later closed as its duplicate), and both
+    outcomes are blocked by it."""
+    await waiting_by_dependency(embedded)
+    marco = person("marco")
+    first = await make_item(embedded, marco, "outcome", "Auth schema migration")
+    second = await make_item(embedded, marco, "outcome", "Billing export")
+    repo, _ = where(first)
+    services = embedded.services
+    forge = services.forge_for_org("acme")
+    assert isinstance(forge, GitHubForge)
+
+    office = await services.offices.get(forge, "acme")  # (the config pushed: it waits so)
+    assert office is not None and office.waiting == "dependency"
+
+    async def ask_on(target: str, its_forge: GitHubForge) -> None:
+        comments = Comments(services, its_forge, office)
+        item = await comments.load_item(*where(target))
+        await comments.add(SCOUT, item, NewComment(body="Keep old sessions?",
+                                                   to=["marco@acme.com"], needs_reply=True))
+
+    held = embedded.forge.faults.hold(CREATE, count=1, repo=repo)
+    asking = asyncio.create_task(ask_on(first, forge))
+    arrived = asyncio.create_task(held.arrived.wait())
+    await asyncio.wait([arrived, asking], timeout=GUARD, return_when=asyncio.FIRST_COMPLETED)
+    assert arrived.done(), asking  # a's tracker is at the forge
+    # (b: another replica, its own forge client)
+    await asyncio.wait_for(ask_on(second, GitHubForge(forge.client, forge.installation_id)),
+                           GUARD)
+    held.release()  # a's tracker lands now, after b's
+    await asyncio.wait_for(asking, GUARD)
+    await embedded.settle()
+    issues = await marco.call("GET", f"/repos/{repo}/issues?state=all&per_page=100",
+                              expect=200)
+    trackers = [i for i in issues if i["title"] == "Waiting on marco"]
+    [kept] = [t for t in trackers if t["state"] == "open"]
+    assert [t["id"] for t in await blocked_by(marco, first)] == [kept["id"]]
+    assert [t["id"] for t in await blocked_by(marco, second)] == [kept["id"]]

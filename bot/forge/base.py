@@ -100,6 +100,11 @@ class Forge(Protocol):
         a marker found in one may be in their words."""
         ...
 
+    async def marked_issues(self, repo: str, marker: str) -> list[JSON]:
+        """The app's recent open issues whose body contains `marker`, oldest first (more
+        than one only when writers of one issue raced: `bot.forge.once.issue_once`)."""
+        ...
+
     async def search_issues(self, q: str) -> list[JSON]: ...
 
     # labels

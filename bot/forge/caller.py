@@ -24,7 +24,7 @@ import logging
 import random
 import re
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -927,6 +927,17 @@ class RepoCaller(_Caller):
 
         async def list_comments(self, repo: str, number: int,
                                 since: str | datetime | None = None) -> list[JSON]: ...
+
+        def iter_issues(self, repo: str, state: str = "all",
+                        labels: Sequence[str] | None = None,
+                        since: str | datetime | None = None) -> AsyncIterator[JSON]: ...
+
+    async def marked_issues(self, repo: str, marker: str) -> list[JSON]:
+        """The app's recent open issues whose body contains `marker`, oldest first."""
+        since = _iso_epoch(self.client.clock.now() - self.config.marker_window)
+        found = [i async for i in self.iter_issues(repo, state="open", since=since)
+                 if self._by_app(i) and marker in (i.get("body") or "")]
+        return sorted(found, key=lambda i: int(i["number"]))
 
     async def marked_comments(self, repo: str, number: int, marker: str) -> list[JSON]:
         """The app's recent comments on the issue whose body contains `marker`, oldest

@@ -31,8 +31,9 @@ forge reads what it shows: a question on an item in another repository, which so
 may not see, is not shown there (its card still waits in the inbox of whom it asks).
 `sync` compares who the scope's unanswered questions wait on with the trackers the
 outcome is blocked by (one read, ETag-cached; a tracker is known by the app's hidden marker in
-its text, so one the index lost or that two replicas both opened is still removed) and adds or
-removes the difference, so running it again changes nothing. A tracker someone removed by
+its text, so one the index lost is still removed; two questions at once open one tracker,
+`bot.forge.once.issue_once`, closing a second that lands late) and adds or removes the
+difference, so running it again changes nothing. A tracker someone removed by
 hand while the question still waits is put back at once (the `issue_dependencies` webhook
 `blocked_by_removed`: handlers.items.blocker_removed): what waits stops waiting when it is
 answered or resolved, not when the link is cut; a blocker of the people's own is left alone.
@@ -55,6 +56,7 @@ from bot.forge.errors import (
     Unauthorized,
     ValidationFailed,
 )
+from bot.forge.once import issue_once
 from bot.office.source import CONFIG_REPO
 from bot.office.visibility import login_of
 from bot.store import comments as db
@@ -192,7 +194,8 @@ async def _block(forge: Dependencies, repo: str, number: int, t: store.Tracker) 
 async def _tracker(service: Comments, repo: str, principal: str,
                    known: store.Tracker | None) -> store.Tracker:
     """The open tracker for `principal` in `repo`: the one the index knows (reopened if someone
-    closed it, since a closed issue blocks nothing), else a new one."""
+    closed it, since a closed issue blocks nothing), else the app's open one carrying its
+    marker, else a new one (`issue_once`: a second opened at the same time is closed)."""
     forge = service.forge
     if known is not None:
         try:
@@ -209,7 +212,8 @@ async def _tracker(service: Comments, repo: str, principal: str,
             "them. vaultmail keeps it: each outcome stops being blocked by it once its "
             "questions are answered. The issue itself needs nothing done; leave it open.\n\n"
             f"{mark}")
-    issue = await forge.create_issue(repo, f"Waiting on {name}", body, marker=mark)
+    # opened once, however many questions on the repository's outcomes wait on them at once
+    issue = await issue_once(forge, repo, f"Waiting on {name}", body, mark)
     tracker = store.Tracker(repo.lower(), principal, int(issue["number"]), int(issue["id"]))
     async with service.services.store.transaction() as tx:
         await store.put(tx, tracker)
