@@ -4,7 +4,9 @@ An invalid config is refused, and the last valid one stays in force. As Renovate
 configuration" issue does, the org has one open issue on its `.github` repository that says
 so: opened at the first bad push, its body rewritten at each further one (every error with its
 key, line and column, and who pushed which commit), and closed with a comment once a valid
-config lands. The issue is found again by a marker in its body and its author, the app.
+config lands. The issue is found again by a marker in its body and its author, the app; it is
+opened through `issue_once` (fenced; a second that lands late is closed as its duplicate), and
+the closing comment through `HandlerContext.post_once` (a retried push says it once).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from gidgethub import sansio
 from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
+from bot.forge.once import issue_once
 from bot.mail.markdown import as_data
 from bot.office.config import shortened
 from bot.office.source import CONFIG_PATH, CONFIG_REPO
@@ -52,10 +55,9 @@ async def reload_office_config(event: sansio.Event, ctx: HandlerContext) -> None
     pushed = f"`{CONFIG_PATH}` was pushed" if anonymous else f"@{pusher} pushed `{CONFIG_PATH}`"
     commit = str(data.get("after") or "")[:12]
     async with ctx.services.lock_for(f"office-config:{org.lower()}"):
-        issue = await _open_config_issue(ctx, org)
         if error is None:
             ctx.log.info("office config reloaded", extra={"org": org})
-            if issue is not None:
+            if (issue := await _open_config_issue(ctx, org)) is not None:
                 await _close_fixed(ctx, org, issue, pushed, commit)
             return
         # (the first errors only: an issue body is at most 65,536 characters on GitHub)
@@ -70,9 +72,11 @@ async def reload_office_config(event: sansio.Event, ctx: HandlerContext) -> None
                 "says the same before you push). This issue is updated at each refused push "
                 "and closed when a valid config lands.")
         repo_name = f"{org}/{CONFIG_REPO}"
-        if issue is None:
-            await ctx.forge.create_issue(repo_name, TITLE, body, labels=[])
-        elif issue.get("body") != body:
+        # opened once: a try taken over (the lock lost with its replica) may land its create
+        # after the retry's (the later closed as a duplicate)
+        issue = await issue_once(ctx.forge, repo_name, TITLE, body, MARKER,
+                                 find=lambda: _open_config_issue(ctx, org))
+        if issue.get("body") != body:
             await ctx.forge.update_issue(repo_name, int(issue["number"]), body=body)
     await ledger.record(ctx.services.store, "office.config_refused",
                         "office" if anonymous else f"forge:{pusher}",
@@ -97,8 +101,11 @@ async def _close_fixed(ctx: HandlerContext, org: str, issue: dict[str, Any], pus
     """`pushed`: "@login pushed `vaultmail.yml`", or "`vaultmail.yml` was pushed" (no one
     named)."""
     repo_name, number = f"{org}/{CONFIG_REPO}", int(issue["number"])
-    await ctx.forge.create_comment(repo_name, number, (
-        f"{pushed} ({commit or 'a commit'}), valid: it is in force now. Closing."))
+    # said once: a retry (the close failed after it) finds it by its marker
+    mark = ctx.next_marker()
+    await ctx.post_once(repo_name, number, (
+        f"{pushed} ({commit or 'a commit'}), valid: it is in force now. Closing.\n\n{mark}"),
+        mark)
     await ctx.forge.update_issue(repo_name, number, state="closed", state_reason="completed")
     ctx.log.info("office config fixed: its error issue closed",
                  extra={"org": org, "issue": number})

@@ -5,16 +5,27 @@ office check FILE` says the same locally and exits non-zero."""
 
 from __future__ import annotations
 
+import asyncio
+import copy
+import logging
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from gidgethub import sansio
 
+from bot.app.context import HandlerContext
 from bot.app.embedded import Embedded, start_embedded
+from bot.forge.github import GitHubForge
 from bot.office.config import OfficeConfigError, parse_office
+from bot.store import open_store
+from bot.store.db import Store
+from bot.store.idempotency import Result
+from handlers.office_config import reload_office_config
 from tests.test_cli_tools import vaultmail
+from tests.test_stalled_send import CREATE, GUARD, _silence
 
 CONFIG_REPO = "acme/.github"
 
@@ -181,3 +192,82 @@ async def test_office_check_validates_a_local_file(tmp_path: Path) -> None:
 
     code, out, err = await vaultmail("office", "check", str(tmp_path / "missing.yml"))
     assert code == 2 and "missing.yml" in err and "Traceback" not in err, (out, err)
+
+
+async def test_a_fix_whose_push_is_handled_again_says_so_once(embedded: Embedded) -> None:
+    """The "valid: … Closing." comment landed, then closing the issue failed (the forge
+    refused it once): the delivery's retry, which finds the issue still open, closes it
+    without saying so a second time."""
+    embedded.worker.base_backoff = 0.05
+    async with aiohttp.ClientSession() as http:
+        issues = _Issues(http, embedded)
+        embedded.forge.put_file(CONFIG_REPO, "vaultmail.yml",
+                                _example().replace("slug: scout", "slug: Scout!"),
+                                pusher="admin")
+        await embedded.settle()
+        [issue] = await issues.all()
+        refused = embedded.forge.faults.add(
+            route="PATCH /repos/{owner}/{repo}/issues/{issue_number}", status=422, count=1,
+            repo=CONFIG_REPO)
+        embedded.forge.put_file(CONFIG_REPO, "vaultmail.yml", _example(), pusher="sara")
+        await embedded.settle()
+        assert refused.fired == 1, "the close failed once: the delivery was run again"
+        [closed] = await issues.all()
+        assert closed["state"] == "closed"
+        said = [c for c in await issues.comments(issue["number"]) if "valid" in c["body"]]
+        assert len(said) == 1, [c["id"] for c in said]
+
+
+async def test_a_refused_push_whose_stalled_try_is_taken_over_opens_one_issue(
+        embedded: Embedded, database_url: str) -> None:
+    """A bad push handled by replica a, whose issue create is held at the forge; a stalls
+    past DEAD_AFTER and b, the retry, takes the delivery over, looks (a's issue is not there
+    yet) and opens one; a's then lands. One issue stays open, the first. (On PostgreSQL the
+    handler's named lock keeps b out while a holds it: b would look after a's landed. What
+    is acted out there is the lock lost with a's sessions, the open case in internals.md.)"""
+    if database_url:
+        pytest.skip("PostgreSQL's named lock holds b back until a is done (see above)")
+    embedded.forge.put_file(CONFIG_REPO, "vaultmail.yml",  # (no pusher: no webhook)
+                            _example().replace("slug: scout", "slug: Scout!"))
+    event = sansio.Event({
+        "ref": "refs/heads/main", "after": "c0ffee", "sender": {"login": "admin"},
+        "repository": {"name": ".github", "owner": {"login": "acme"},
+                       "default_branch": "main"},
+        "commits": [{"added": [], "modified": ["vaultmail.yml"], "removed": []}]},
+        event="push", delivery_id="d1")
+    services = embedded.services
+    forge = services.forge_for_org("acme")
+    assert isinstance(forge, GitHubForge)
+    index = str(embedded.data_dir / "index.sqlite3")
+    a, b = await open_store(index), await open_store(index)
+    await a.join("replica-a")
+    await b.join("replica-b")
+
+    async def handle(store: Store, its_forge: GitHubForge) -> Result:
+        replica = copy.copy(services)  # another replica: its own store, its own forge client
+        replica.store = store
+        ctx = HandlerContext(services=replica, forge=its_forge, installation_id=None,
+                             delivery_id="d1", source="push:c0ffee",
+                             log=logging.LoggerAdapter(logging.getLogger("test")))
+
+        async def work() -> Result:
+            await reload_office_config(event, ctx)
+            return {}
+        return await store.once("forge:push", "push:c0ffee", "fp", work)
+
+    try:
+        held = embedded.forge.faults.hold(CREATE, count=1, repo=CONFIG_REPO)
+        first = asyncio.create_task(handle(a, forge))
+        await asyncio.wait_for(held.arrived.wait(), GUARD)  # a's issue is at the forge
+        await _silence(b, "replica-a")
+        await asyncio.wait_for(handle(b, GitHubForge(forge.client, forge.installation_id)),
+                               GUARD)
+        held.release()  # a's issue lands now, after b's
+        await asyncio.wait_for(asyncio.gather(first, return_exceptions=True), GUARD)
+    finally:
+        await a.close()
+        await b.close()
+    async with aiohttp.ClientSession() as http:
+        issues = await _Issues(http, embedded).all()
+    states = [i["state"] for i in sorted(issues, key=lambda i: int(i["number"]))]
+    assert states == ["open", "closed"], "one open: a's, late, closed as its duplicate"
