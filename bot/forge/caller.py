@@ -41,6 +41,7 @@ from uritemplate import URITemplate, variable
 
 from bot import jsontext, metrics
 from bot.private_files import write_private
+from bot.store import lease
 
 from . import writes
 from .base import JSON
@@ -716,6 +717,7 @@ class _Caller(abc.ABC):
         the turn: a creation waiting an hour for the next one holds no label move."""
         shared = await self._shared_turn(endpoint, content)
         async with self.pacer.turn(content, endpoint=endpoint) as waited:
+            await lease.check()  # (a named lock held for this write may have gone meanwhile)
             waited += shared
             self._count("paced", waited)
             metrics.PACING_SECONDS.inc(waited)

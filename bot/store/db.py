@@ -85,6 +85,20 @@ register_columns("replicas", {"steady_since": "{real}", "incarnation": "{text}"}
 # 32-bit hashes
 NAMED_LOCKS_KIND = 3
 register_columns("replicas", {"named_locks": "{int}"}, version=16)
+# PostgreSQL's named locks' sessions ("lanes"), each with a lease (`until`, the database's
+# clock) renewed while the server shows the session alive (bot.store.postgres); unused on
+# SQLite, whose locks are in-process
+register_schema("""
+CREATE TABLE IF NOT EXISTS lane_leases (
+    pid {int} NOT NULL,
+    started {real} NOT NULL,
+    replica {text} NOT NULL,
+    lane {int} NOT NULL,
+    until {real} NOT NULL,
+    PRIMARY KEY (pid, started)
+);
+CREATE INDEX IF NOT EXISTS lane_leases_lane ON lane_leases(lane, until);
+""", version=38)
 # whether a replica numbers rows per office (bot.store.offices.next_number): 1, this release;
 # none, a release before schema 20, whose rows take their id (rolling deploys)
 NUMBERING = 1

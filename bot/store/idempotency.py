@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from bot.errors import Conflict, VaultmailError
 from bot.forge.writes import counting as counting_writes
+from bot.store import lease
 from bot.store.group import GroupCommit
 from bot.store.queue import DEAD_AFTER, ReplicaIdTaken, id_taken
 
@@ -113,7 +114,9 @@ async def claim_held_in(db: Any) -> bool:
 
 async def check_claim() -> None:
     """The fence before a write that must happen once (an issue's creation): raises
+    NamedLockLost when a named lock the running task holds was lost (bot.store.lease),
     `ClaimLost` when the running `work`'s claim is another's now. Cheap: one read."""
+    await lease.check()
     held = _claim.get()
     if held is None:
         return

@@ -114,6 +114,8 @@ NAMES = {
     37: "the item each update on an outcome tells of (a plan, evidence) in a column of its own,"
         " which a rename of its repository or org rewrites: an update is judged by the name"
         " the repository has now",
+    38: "named locks' sessions on PostgreSQL have leases, renewed while the server says the"
+        " session is alive: a replica taking a lock a dead session let go waits out its lease",
 }
 
 

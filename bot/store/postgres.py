@@ -22,13 +22,14 @@ import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
 
+from bot.store import lease
 from bot.store.db import Store
 from bot.store.locks import (
     MIGRATE_LOCK,
@@ -96,7 +97,41 @@ NAMED_TRY = (
     " AS before16,"
     " EXISTS (SELECT 1 FROM replicas WHERE named_locks=2 AND seen_at>vm_now()-$7)"
     " AS schema16) t")
-NAMED_TRY_SECOND = "SELECT pg_try_advisory_lock($1::int, $2::int)"
+# The second hold, and with it (no trip of its own) how long the lease of a session the server
+# ended is still to run, of those that held locks on the first hold's lane ($3): one may have
+# held this lock, its holder not told yet and writing until that lease ends. (Looked at here,
+# a trip after the first hold was got: a backend lets its locks go a moment before it leaves
+# pg_stat_activity.)
+NAMED_TRY_SECOND = (
+    "SELECT t.got, CASE WHEN t.got THEN (SELECT max(l.until)-vm_now() FROM lane_leases l"
+    " WHERE l.lane=$3 AND l.until>vm_now() AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a"
+    " WHERE a.pid=l.pid AND extract(epoch FROM a.backend_start)::float8=l.started))"
+    " END AS dead_lease FROM (SELECT pg_try_advisory_lock($1::int, $2::int) AS got) t")
+# A lane's lease, taken on the lane's own session as it opens (the leases of dead sessions run
+# out by themselves: those long over are cleared here), then renewed by RENEW_LEASES, on a
+# connection of its own (never behind a lane's statements), for this replica's lanes the
+# server shows alive (by backend pid and start: a pid can be used again), which it returns.
+LANE_LEASE = (
+    "WITH over AS (DELETE FROM lane_leases WHERE until<vm_now()-60)"
+    " INSERT INTO lane_leases(pid, started, replica, lane, until)"
+    " SELECT pid, extract(epoch FROM backend_start)::float8, $1, $2, vm_now()+$3"
+    " FROM pg_stat_activity WHERE pid=pg_backend_pid() RETURNING pid, started")
+RENEW_LEASES = (
+    "INSERT INTO lane_leases(pid, started, replica, lane, until)"
+    " SELECT s.pid, s.started, $1, s.lane, vm_now()+$5"
+    " FROM unnest($2::bigint[], $3::float8[], $4::bigint[]) AS s(pid, started, lane)"
+    " WHERE EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid=s.pid"
+    " AND extract(epoch FROM a.backend_start)::float8=s.started)"
+    " ON CONFLICT (pid, started) DO UPDATE SET until=excluded.until RETURNING pid, started")
+# A lease runs LEASE seconds (the database's clock) from its renewal. Its holders write
+# without asking while the renewal last confirmed was sent under LEASE - LEASE_MARGIN ago
+# (their own clock; the margin for a write that follows the fence and for clocks that run
+# apart), and otherwise wait for the next renewal's answer. Renewals go every RENEW; one
+# unanswered for RENEW_WAIT is sent again on a fresh connection (never given up on).
+LEASE = 6.0
+LEASE_MARGIN = 2.0
+RENEW = 1.5
+RENEW_WAIT = LEASE
 # which of a lane's waited-for locks are free now, none of them held (one trip for them all)
 NAMED_LOOK = ("SELECT n FROM unnest($1::int[], $2::int[]) WITH ORDINALITY AS u(h, l, n)"
               " WHERE CASE WHEN pg_try_advisory_lock(h, l) THEN pg_advisory_unlock(h, l) END")
@@ -266,16 +301,24 @@ def _older_try(at: int) -> str:
     return f"({old} = ANY($3::bigint[]) OR pg_try_advisory_xact_lock({old}))"
 
 
-class NamedLockLost(ConnectionError):
-    """A session holding a named lock was cut while its holder worked (a killed backend, a
-    database restart): the holder is stopped with this where it awaits, as the database being
-    away stops any work (retried later), and another replica may take the lock once it has."""
+NamedLockLost = lease.NamedLockLost
 
 
 def named_lock_lane(key: str) -> int:
     """The lane (of NAMED_LOCK_LANES) the named lock `key` is taken on; its second hold is on
     the next lane. Stable: a key meets itself on one session of a replica."""
     return named_lock_pair(key)[1] % NAMED_LOCK_LANES
+
+
+@dataclass(eq=False)
+class _Lease:
+    """A lane session's lease: `fresh_until` (this side's monotonic clock) the time up to
+    which its holders write without asking; `gone` once the server said the session ended."""
+
+    pid: int
+    started: float
+    fresh_until: float
+    gone: bool = False
 
 
 @dataclass(eq=False)
@@ -293,6 +336,22 @@ class _Hold:
     holder: asyncio.Task[Any] | None = None
     lost: bool = False  # a session of it was cut
     cancelled: bool = False  # its holder cancelled for it, not yet told why
+    # the first session's lease, and how to renew it now (the fence, `check`)
+    lease: _Lease | None = None
+    renew: Callable[[], Awaitable[None]] | None = None
+    released: bool = False  # let go: out of every fence (a task it started may outlive it)
+
+    async def check(self) -> None:
+        """The fence (bot.store.lease): passes while the first session's lease is fresh or
+        once the lock was let go; else waits for a renewal; raises once the session is gone
+        (a taker elsewhere waits out the lease before it goes on)."""
+        while not self.released and self.lease is not None and self.renew is not None:
+            if self.lease.gone:
+                raise NamedLockLost(f"named lock {self.key!r}: the server ended its session;"
+                                    " another replica may hold it now")
+            if time.monotonic() < self.lease.fresh_until:
+                return
+            await self.renew()
 
     def cut_told(self) -> bool:
         """Whether the CancelledError its holder meets is the cut's alone (then told)."""
@@ -317,6 +376,7 @@ class _Lane:
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
     waiting: dict[asyncio.Future[None], tuple[int, int]] = field(default_factory=dict)
     looker: asyncio.Task[None] | None = None  # looks for `waiting`'s locks, while any
+    lease: _Lease | None = None  # `session`'s
 
 
 # A replica's host that vanishes (powered off, cut off) closes none of its sessions: the server
@@ -373,6 +433,9 @@ class PostgresStore(Store):
         self._on_gap: Callable[[], None] | None = None
         self._relisten: asyncio.Future[None] | None = None  # while the listener reconnects
         self._closing = False
+        self._renewer: asyncpg.Connection | None = None  # renews the lanes' leases
+        self._renewing: asyncio.Task[None] | None = None  # every RENEW, once a lane opened
+        self._renewal: asyncio.Future[None] | None = None  # the one under way
 
     @classmethod
     async def open(cls, url: str, min_size: int = 2, max_size: int = 20) -> PostgresStore:
@@ -390,7 +453,12 @@ class PostgresStore(Store):
         for lane in self._lanes:
             if lane.looker is not None:
                 lane.looker.cancel()
-        for conn in (self._listener, *(lane.session for lane in self._lanes)):
+        for task in (self._renewing, self._renewal):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        await self._end_leases()
+        for conn in (self._listener, self._renewer, *(lane.session for lane in self._lanes)):
             if conn is not None:
                 with contextlib.suppress(Exception):
                     await conn.close()
@@ -479,7 +547,8 @@ class PostgresStore(Store):
                                         " taken")
                 for n, _ in sessions:
                     self._lanes[n].holds.add(hold)
-                yield
+                with lease.holding(hold):
+                    yield
             except asyncio.CancelledError:
                 if hold.cut_told():  # (cancelled by `_lane_cut` alone)
                     raise NamedLockLost(f"named lock {key!r}: its session was cut while held;"
@@ -491,6 +560,7 @@ class PostgresStore(Store):
     async def _leave(self, hold: _Hold) -> None:
         """Let go of `hold` as its holder leaves. A cut heard once its work was done (after
         its last await) stops nothing: its holder is not cancelled for it."""
+        hold.released = True
         for n in (hold.first, hold.second):  # (at once: no cut cancels its holder from here)
             self._lanes[n].holds.discard(hold)
         letting_go = asyncio.ensure_future(self._let_go(hold))
@@ -519,8 +589,18 @@ class PostgresStore(Store):
                 if lane.session is None:
                     session = await asyncpg.connect(self._url, server_settings={
                         **SESSION, "application_name": f"vaultmail locks {self.replica_id}"})
+                    try:
+                        sent = time.monotonic()
+                        row = await session.fetchrow(LANE_LEASE, self.replica_id, n, LEASE)
+                    except BaseException:
+                        session.terminate()
+                        raise
+                    assert row is not None
                     session.add_termination_listener(functools.partial(self._lane_cut, n))
                     lane.session = session
+                    lane.lease = _Lease(row["pid"], row["started"], sent + LEASE - LEASE_MARGIN)
+                    if self._renewing is None and not self._closing:
+                        self._renewing = asyncio.ensure_future(self._renew_every())
                 yield lane.session
                 return
 
@@ -530,6 +610,8 @@ class PostgresStore(Store):
         if session is not lane.session:
             return  # (one of its earlier sessions: done with)
         lane.session = None
+        if lane.lease is not None:
+            lane.lease.gone = True  # (its lock's other tasks are refused at their fence)
         for hold in lane.holds:
             lane.stopping.add(hold)
             if not hold.lost and hold.holder is not None:
@@ -554,14 +636,21 @@ class PostgresStore(Store):
                 # a live replica of an older release may hold it its way
                 await self._unlock_ways(session, key, ways)
                 return None
-        hold = _Hold(key, first, session, ways, second=(first + 1) % NAMED_LOCK_LANES)
+        hold = _Hold(key, first, session, ways, second=(first + 1) % NAMED_LOCK_LANES,
+                     lease=self._lanes[first].lease, renew=self._renew)
         try:
             async with self._turn(hold.second) as second:
-                got = await second.fetchval(NAMED_TRY_SECOND, *named_lock_second_pair(key))
+                row = await second.fetchrow(NAMED_TRY_SECOND, *named_lock_second_pair(key),
+                                            first)
+            if row is not None and row["got"] and row["dead_lease"] is not None:
+                # a holder elsewhere, cut off, may write until its lease ends: wait it out
+                log.warning("named lock %r: waiting %.1fs for the lease of a session the server"
+                            " ended to run out", key, row["dead_lease"])
+                await asyncio.sleep(row["dead_lease"])
         except BaseException:
             await asyncio.shield(self._let_go(hold))
             raise
-        if not got:  # (its holder elsewhere is being stopped: its first session was cut)
+        if row is None or not row["got"]:  # (its holder elsewhere is being stopped)
             await self._let_go(hold)
             return None
         hold.second_session = second
@@ -637,6 +726,77 @@ class PostgresStore(Store):
                 lane.stopping.discard(hold)
                 if not lane.stopping:
                     lane.stopped.set()
+
+    # -- the lanes' leases -------------------------------------------------------------------
+    # Each lane session has a lease row (LANE_LEASE), renewed every RENEW on a connection of
+    # its own for as long as the server shows the session alive. A holder's fence passes
+    # without asking while the lease is fresh (`_Hold.check`), else waits for a renewal; a
+    # renewal that finds a session gone ends it here as cut (`_lane_cut`: its holders are
+    # stopped). A replica that gets a lock a dead session held waits that session's lease out
+    # first (NAMED_TRY_SECOND): the holder, never told, writes no more by then.
+
+    async def _renew_every(self) -> None:
+        while True:
+            await asyncio.sleep(RENEW)
+            await self._renew()
+
+    async def _renew(self) -> None:
+        """One renewal of every lane's lease, shared by all who ask while it is under way."""
+        if self._renewal is None or self._renewal.done():
+            self._renewal = asyncio.ensure_future(self._renew_leases())
+        await asyncio.shield(self._renewal)
+
+    async def _renew_leases(self) -> None:
+        pause = 0.2
+        while True:
+            leases = [(n, lane.lease) for n, lane in enumerate(self._lanes)
+                      if lane.lease is not None and not lane.lease.gone]
+            if not leases:
+                return
+            sent = time.monotonic()
+            try:
+                if self._renewer is None or self._renewer.is_closed():
+                    self._renewer = await asyncpg.connect(
+                        self._url, server_settings=VANISHED_PEER, timeout=RENEW_WAIT)
+                rows = await asyncio.wait_for(self._renewer.fetch(
+                    RENEW_LEASES, self.replica_id, [x.pid for _, x in leases],
+                    [x.started for _, x in leases], [n for n, _ in leases], LEASE), RENEW_WAIT)
+            except Exception as exc:  # noqa: BLE001 - away, slow, cut: asked again, never given up
+                log.warning("cannot renew the named locks' leases; trying again: %r", exc)
+                if self._renewer is not None:
+                    self._renewer.terminate()
+                    self._renewer = None
+                await asyncio.sleep(pause)
+                pause = min(5.0, pause * 2)
+                continue
+            alive = {(r["pid"], r["started"]) for r in rows}
+            for n, x in leases:
+                lane = self._lanes[n]
+                if (x.pid, x.started) in alive:
+                    x.fresh_until = max(x.fresh_until, sent + LEASE - LEASE_MARGIN)
+                elif lane.lease is x and lane.session is not None:
+                    session = lane.session
+                    log.warning("named locks: the server ended lane %d's session", n)
+                    self._lane_cut(n, session)  # (marks the lease gone)
+                    session.terminate()
+                else:
+                    x.gone = True
+            return
+
+    async def _end_leases(self) -> None:
+        """At close: the leases of lanes that hold nothing are let go at once (a replica
+        taking a lock they held waits for none of them)."""
+        idle = [lane.lease for lane in self._lanes
+                if lane.lease is not None and not lane.lease.gone and not lane.holds
+                and not lane.stopping]
+        if not idle:
+            return
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(PROBE_WAIT):
+                async with self._pool.acquire() as conn:
+                    await conn.execute("DELETE FROM lane_leases WHERE (pid, started) IN"
+                                       " (SELECT * FROM unnest($1::bigint[], $2::float8[]))",
+                                       [x.pid for x in idle], [x.started for x in idle])
 
     @staticmethod
     async def _unlock_ways(session: asyncpg.Connection, key: str, ways: list[int]) -> None:
