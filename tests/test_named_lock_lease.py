@@ -278,3 +278,32 @@ async def test_a_burst_of_tries_on_the_holders_lane_stops_no_holder(a: Store) ->
     await asyncio.wait_for(asyncio.shield(burst), GUARD * 2)
     await asyncio.wait_for(holder, GUARD)
     assert events == ["holder done"]
+
+
+async def test_renewals_held_up_past_the_lease_delay_the_holders_write_and_refuse_none(
+        a: Store, postgres_url: str) -> None:
+    """A migration holds `lane_leases` itself for longer than a lease: no renewal is answered,
+    and the holder's fence, its lease no longer fresh, waits for one. Once the table is free
+    the renewal says the session is alive, and the write goes: delayed, never refused."""
+    entered = asyncio.Event()
+    written: list[str] = []
+
+    async def hold() -> None:
+        async with a.named_lock("mail:m1"):
+            entered.set()
+            await asyncio.sleep(LEASE)  # (past its lease: the fence must ask)
+            await idempotency.check_claim()
+            written.append("wrote")
+
+    holder = asyncio.create_task(hold())
+    await asyncio.wait_for(entered.wait(), GUARD)
+    dba = await asyncpg.connect(postgres_url)
+    try:
+        async with dba.transaction():
+            await dba.execute("LOCK TABLE lane_leases IN ACCESS EXCLUSIVE MODE")
+            await asyncio.sleep(LEASE + 2)  # (the migration's work)
+            assert written == []  # the fence waited for the server's word
+    finally:
+        await dba.close()
+    await asyncio.wait_for(holder, GUARD)
+    assert written == ["wrote"]
