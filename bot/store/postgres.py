@@ -636,8 +636,8 @@ class PostgresStore(Store):
                 # a live replica of an older release may hold it its way
                 await self._unlock_ways(session, key, ways)
                 return None
-        hold = _Hold(key, first, session, ways, second=(first + 1) % NAMED_LOCK_LANES,
-                     lease=self._lanes[first].lease, renew=self._renew)
+            hold = _Hold(key, first, session, ways, second=(first + 1) % NAMED_LOCK_LANES,
+                         lease=self._lanes[first].lease, renew=self._renew)  # (`session`'s)
         try:
             async with self._turn(hold.second) as second:
                 row = await second.fetchrow(NAMED_TRY_SECOND, *named_lock_second_pair(key),
