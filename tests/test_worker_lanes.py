@@ -17,13 +17,13 @@ from gidgethub.routing import Router
 from bot.app import worker as worker_module
 from bot.app.context import HandlerContext
 from bot.app.worker import Worker
-from bot.store import QueueItem, Store, open_store
+from bot.store import QueueItem, Store, offices, open_store
 
 
-def _comment(issue: int, comment: int) -> dict[str, Any]:
+def _comment(issue: int, comment: int, vault: str = "acme/scout-vault") -> dict[str, Any]:
     return {"action": "created", "issue": {"number": issue},
             "comment": {"id": comment, "updated_at": "2026-12-05T00:00:00Z"},
-            "repository": {"full_name": "acme/scout-vault"}, "sender": {"login": "someone"},
+            "repository": {"full_name": vault}, "sender": {"login": "someone"},
             "installation": {"id": 1}}
 
 
@@ -32,8 +32,9 @@ def context(item: QueueItem, log: Any) -> HandlerContext:
                           installation_id=item.installation_id, delivery_id=item.guid, log=log)
 
 
-async def _deliver(store: Store, guid: str, issue: int, comment: int) -> None:
-    payload = _comment(issue, comment)
+async def _deliver(store: Store, guid: str, issue: int, comment: int,
+                   vault: str = "acme/scout-vault") -> None:
+    payload = _comment(issue, comment, vault)
     assert await store.enqueue_delivery(guid, "issue_comment", payload,
                                         json.dumps(payload).encode())
 
@@ -584,5 +585,47 @@ async def test_one_offices_backlog_does_not_hold_back_another_offices_delivery(
     finally:
         for _ in range(40):
             gate.release()
+        await worker.stop(drain_timeout=1.0)
+        await store.close()
+
+
+async def test_a_delivery_queued_before_its_vaults_rename_runs_before_one_after_it(
+        tmp_path: Path, database_url: str) -> None:
+    """x-1, about acme/scout-vault#1, is queued; the vault is renamed scout-mail (its queue
+    row names acme/scout-mail#1 now: bot.store.offices.rename_vault_in); x-2, about
+    acme/scout-mail#1, is queued after it. One issue: x-2 runs after x-1. Before, the store
+    ordered them as one issue, and claimed them together, but the worker ran each in the lane
+    of the name its payload gave: x-2 ran beside x-1, and ended first."""
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    router = Router()
+    first_started, first_may_end = asyncio.Event(), asyncio.Event()
+    ran: list[str] = []
+
+    @router.register("issue_comment")
+    async def reply(event: sansio.Event, ctx: HandlerContext) -> None:
+        ran.append(f"start {event.delivery_id}")
+        if event.delivery_id == "x-1":
+            first_started.set()
+            await first_may_end.wait()
+        ran.append(f"end {event.delivery_id}")
+
+    worker = Worker(store, router, Router(), lambda payload: False, context)
+    try:
+        await _deliver(store, "x-1", 1, 101)
+        async with store.transaction() as db:
+            await offices.rename_vault_in(db, "acme/scout-vault", "acme/scout-mail")
+        await _deliver(store, "x-2", 1, 102, vault="acme/scout-mail")
+        worker.start()
+        await asyncio.wait_for(first_started.wait(), 30)
+        for _ in range(3000):  # until x-2 waits in x-1's lane, or runs
+            if "start x-2" in ran or any({"x-1", "x-2"} <= {i.guid for i in lane.items}
+                                         for lane in worker._lanes.values()):
+                break
+            await asyncio.sleep(0.01)
+        first_may_end.set()
+        await worker.idle(timeout=30)
+        assert ran == ["start x-1", "end x-1", "start x-2", "end x-2"], ran
+    finally:
+        first_may_end.set()
         await worker.stop(drain_timeout=1.0)
         await store.close()

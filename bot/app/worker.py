@@ -70,8 +70,10 @@ STORE_RETRY, STORE_RETRY_MAX = 0.5, 5.0  # seconds between tries while the index
 
 
 def issue_key(item: QueueItem) -> str | None:
-    """The issue a delivery is about (its order matters only among those), or None."""
-    return queue.issue_key(item.payload)
+    """The issue a delivery is about (its order matters only among those), or None: the key
+    it is queued under, which the store's claims order by (not its payload's: a name before
+    a rename)."""
+    return item.issue_key
 
 
 _OFFICE = "office:"  # a lane of an office's delivery about no issue (never an issue's key)

@@ -178,6 +178,9 @@ class QueueItem:
     last_error: str | None
     takeovers: int = 0
     lease: int = 0  # the claim it was taken under (its fencing token)
+    # the issue it is queued under (its payload's when queued), which a rename moves along
+    # with the rest (bot.store.offices); None: about no issue
+    issue_key: str | None = None
 
 
 def _item(row: Any, parsed: dict[str, Any] | None = None) -> QueueItem:
@@ -192,6 +195,7 @@ def _item(row: Any, parsed: dict[str, Any] | None = None) -> QueueItem:
         last_error=row["last_error"],
         takeovers=row["takeovers"],
         lease=row["lease_seq"],
+        issue_key=row["issue_key"],
     )
 
 
@@ -856,7 +860,7 @@ class QueueMixin:
                 held.extend(end for end, ok in zip(ends, outcomes, strict=True) if ok is None)
                 excluding_ids.update(item.id for item, _ in held)
                 issues_left.update(key for item, _ in held
-                                   if (key := issue_key(item.payload)) is not None)
+                                   if (key := item.issue_key) is not None)
             else:
                 superseded = [item for (item, _), ok in zip(
                     finished, await _finish_all_in(db, self.engine, finished, me, now),
