@@ -42,6 +42,7 @@ from bot.app.hook_generations import AHEAD, grace_text
 from bot.app.services import SERVICES_KEY, Services
 from bot.errors import PayloadTooLarge, VaultmailError
 from bot.forge import gitea_events as gitea
+from bot.mail.signing import name_now
 from bot.names import RULE, is_name
 from bot.office.source import CONFIG_REPO
 from bot.store.hook_secrets import Generation
@@ -342,7 +343,8 @@ async def receive_webhook(request: web.Request) -> web.Response:
         return await _answer_ignored(services, guid, recorded_as, event, payload, why)
     # signed, so the forge sent it: queued even when malformed (it then fails in the worker,
     # counts its attempts and ends in dead letters, and takes no other delivery with it)
-    queued = await services.store.enqueue_delivery(recorded_as, event, payload, body)
+    queued = await services.store.enqueue_delivery(recorded_as, event, payload, body,
+                                                   key=issue_now(services, payload))
     installation_id = installation_of(payload)
     log.info("webhook accepted" if queued else "webhook redelivered: already recorded",
              extra={"delivery_id": guid, "installation_id": installation_id, "event": event,
@@ -351,6 +353,28 @@ async def receive_webhook(request: web.Request) -> web.Response:
     if queued:
         services.wake_worker()
     return _json({"delivery": guid, "queued": queued}, status=202)
+
+
+def issue_now(services: Services, payload: dict[str, Any]) -> str | None:
+    """The issue a delivery is about (`issue_key`), under the names now: one sent before its
+    org or its vault was renamed (queued at the forge then, or redelivered as it was sent)
+    names them as they were called, and must run in order with the issue's deliveries under
+    the new names (the handlers read it there too: handlers.common.repo_now). An old name is
+    followed within the office whose name before it is (its installation's, when the org's
+    login is no office's now); one another repository took since is that one's."""
+    key = issue_key(payload)
+    if key is None:
+        return None
+    base, _, number = key.rpartition("#")
+    owner = office_of_key(key)
+    installed = services.installations
+    offices = [owner] if owner in installed else [
+        org for org, inst in installed.items() if inst == installation_of(payload)]
+    for org in offices:
+        now = name_now(services.keyring.renamed(org), base)
+        if now != base.lower():
+            return f"{now}#{number}"
+    return key
 
 
 def _secrets(master: str, org: str | None, generation: Generation | None) -> list[str]:

@@ -124,11 +124,12 @@ class _Arrival:
     raw: bytes
     done: asyncio.Future[bool]
     run: bool = True  # False: its id recorded alone (see enqueue_delivery)
+    named: str | None = None  # its issue's key under the names now (see enqueue_delivery)
 
     @functools.cached_property
     def key(self) -> str | None:
         """The issue it is about, when it is queued to run (see issue_key)."""
-        return issue_key(self.payload) if self.run else None
+        return (self.named or issue_key(self.payload)) if self.run else None
 
     @functools.cached_property
     def office(self) -> str | None:
@@ -178,8 +179,8 @@ class QueueItem:
     last_error: str | None
     takeovers: int = 0
     lease: int = 0  # the claim it was taken under (its fencing token)
-    # the issue it is queued under (its payload's when queued), which a rename moves along
-    # with the rest (bot.store.offices); None: about no issue
+    # the issue it is queued under (its payload's, under the names now: enqueue_delivery),
+    # which a rename moves along with the rest (bot.store.offices); None: about no issue
     issue_key: str | None = None
 
 
@@ -533,17 +534,21 @@ class QueueMixin:
                            params: Sequence[Any] = ()) -> list[Row]: ...
 
     async def enqueue_delivery(
-        self, guid: str, event: str, payload: dict[str, Any], raw: bytes, *, run: bool = True
+        self, guid: str, event: str, payload: dict[str, Any], raw: bytes, *, run: bool = True,
+        key: str | None = None
     ) -> bool:
         """Record a delivery and queue it; False when this delivery id was seen before.
         `run=False`: its id recorded alone, nothing queued (one no handler acts on: the
-        reconciler still knows it came, and asks for it no more).
+        reconciler still knows it came, and asks for it no more). `key`: the issue it is
+        about (`issue_key`) under the names now, where its payload names the issue as it was
+        called before a rename (None: as its payload names it), so that it runs in order with
+        the issue's deliveries under the new name.
 
         Deliveries arriving together are written in one transaction (group commit), and each
         caller is answered only once its delivery is committed: durable before the 2xx, with
         a handful of statements per batch instead of per delivery."""
         loop = asyncio.get_running_loop()
-        arrival = _Arrival(guid, event, payload, raw, loop.create_future(), run)
+        arrival = _Arrival(guid, event, payload, raw, loop.create_future(), run, key)
         self._arrivals.append(arrival)
         if self._arrivals_writer is None:  # one writer drains them all, batch after batch
             self._arrivals_writer = loop.create_task(self._write_arrivals())

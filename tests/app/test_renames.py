@@ -890,3 +890,50 @@ async def test_a_reply_waiting_for_its_mail_is_taken_when_the_opening_comes_afte
     await embedded.settle()
     mail = await mails.mail_at(services.store, "globex/scout-mail", number)
     assert mail is not None and mail.state == "mail:replied", mail
+
+
+async def _finished_at(services: Services, guids: list[str]) -> list[float]:
+    """When each of the queued deliveries `guids` (the forge's ids) was recorded finished
+    (a worker records what finished together with its next claim: those of one claim's
+    lane, in order, may share a time; a later claim's come later)."""
+    rows = await services.store.fetchall("SELECT guid, finished_at FROM queue")
+    at = {str(r["guid"]): r["finished_at"] for r in rows}
+    assert all(at.get(guid) is not None for guid in guids), at
+    return [float(at[guid]) for guid in guids]
+
+
+async def test_a_comment_under_a_vaults_old_name_and_one_under_its_new_run_in_arrival_order(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """scout's reply on amy's mail, its delivery lost; the vault is renamed scout-mail; the
+    reconciler has the reply delivered again, naming globex/scout-vault, and its first try
+    fails (the forge, asked where the repository is now, answers 502 to every try): it
+    waits for a retry.
+    scout then comments again, a delivery naming globex/scout-mail. Both are about one issue:
+    the second waits behind the first's retry, as deliveries about one issue do. Before,
+    each was queued under the name its payload gave (`owner/repo#N`): two issues to the
+    queue, and the second ran first."""
+    forge, services = embedded.forge, embedded.services
+    _, amy = await _globex_with_amy(embedded, tmp_path)
+    await _amy_mails_scout(session, embedded, amy, "Which prices?")
+    await _reply_lost(session, embedded, "globex/scout-vault")
+    await _rename_vault(session, forge, "globex/scout-vault", "scout-mail")
+    await embedded.settle()
+    known = {str(r["guid"]) for r in await services.store.fetchall("SELECT guid FROM queue")}
+
+    tries = 4  # (bot.forge.caller's for a 5xx)
+    where_now = forge.faults.add("GET /repos/{owner}/{repo}", count=tries)  # (repo_name_of)
+    assert await embedded.reconciler.run_once() == 1
+    await forge.webhooks_idle()
+    async with session.post(f"{forge.url}/repos/globex/scout-mail/issues/1/comments",
+                            json={"body": "And US prices are flat."}, headers={
+                                "Authorization": f"token {forge.user_token('globex-scout')}"}
+                            ) as resp:
+        assert resp.status == 201, await resp.text()
+    await embedded.settle()
+    assert where_now.fired == tries
+    rows = await services.store.fetchall("SELECT guid, payload FROM queue ORDER BY id")
+    late = [str(r["guid"]) for r in rows if str(r["guid"]) not in known
+            and "prices" in str(r["payload"])]
+    assert len(late) == 2, late  # the redelivered reply, then the new comment
+    first, second = await _finished_at(services, late)
+    assert first <= second, "the later comment ran before the reply's retry"
