@@ -150,15 +150,14 @@ async def _left_login(ctx: HandlerContext, repo: str, repo_id: Any, orgs: list[s
     """`repo`, whose owner is none of `orgs` (an installation several orgs share: Gitea's
     bot), under its name now: the forge, asked with the app's own token by the repository's
     id, names it within an office one of whose names before is the delivery's login; else
-    as it came."""
-    if not isinstance(repo_id, int):
+    as it came. A login no office ever had is not asked about: Gitea's system webhook sends
+    every org's comments, and an outsider's must cost no forge read (nor fail with one)."""
+    login = repo.partition("/")[0]
+    had = [org for org in orgs if login in former_offices(_names_before(ctx, org))]
+    if not had or not isinstance(repo_id, int):
         return repo
     now = await ctx.forge.repo_name_of(repo_id)
-    if now is None:
-        return repo
-    org = now.partition("/")[0]
-    left = org in orgs and repo.partition("/")[0] in former_offices(_names_before(ctx, org))
-    return now if left else repo
+    return now if now is not None and now.partition("/")[0] in had else repo
 
 
 async def scene(event: sansio.Event, ctx: HandlerContext) -> Scene | None:

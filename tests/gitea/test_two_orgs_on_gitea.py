@@ -21,7 +21,7 @@ from bot.office.config import parse_office
 from bot.office.seed import seed_office
 from bot.store import api_tokens, mails
 from localforge.gitea.events import add_org_hook
-from localforge.state import Delivery
+from localforge.state import Delivery, Repo
 from tests.support import ToolClient, gitea_api
 
 EVIL = {"org": "evil",
@@ -544,3 +544,43 @@ async def test_a_reply_redelivered_through_the_orgs_webhook_after_a_vault_rename
     await office.settle()
     mail = await mails.mail_at(office.services.store, "globex/scout-mail", sent["number"])
     assert mail is not None and mail.state == "mail:replied", mail
+
+
+def _comment_in(repo: Repo, n: int) -> dict[str, Any]:
+    """eve's comment `n` on #1 of `repo`, as the instance's system webhook sends it."""
+    owner, _, name = repo.full_name.partition("/")
+    return {"action": "created",
+            "issue": {"id": 777, "number": 1, "title": "hello", "body": "x", "labels": [],
+                      "user": {"login": "eve"}, "state": "open"},
+            "comment": {"id": 888 + n, "body": "hi there", "user": {"login": "eve"},
+                        "created_at": "2026-01-01T00:00:00Z",
+                        "updated_at": "2026-01-01T00:00:00Z"},
+            "repository": {"id": repo.id, "full_name": repo.full_name, "name": name,
+                           "owner": {"login": owner}},
+            "sender": {"login": "eve"}}
+
+
+async def test_a_delivery_about_an_org_the_app_never_knew_is_ignored_without_asking_the_forge(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """The instance's system webhook sends every comment on the instance, and `outsider`, an
+    org that never made an office, has a public repository eve comments on. Before, with
+    acme and globex beside each other, each such delivery asked the forge what the
+    repository (by its id) is called now (handlers.common._left_login): five comments, five
+    reads (ten with the rename's); and with that read failing (502) the outsider's delivery
+    was retried and dead-lettered. Now a login none of the offices ever had is ignored at
+    once: no forge call, handled."""
+    await _globex_with_amy(office, session)
+    forge = office.forge
+    forge.add_user("eve", "eve@evil.test")
+    forge.add_org("outsider", owner="eve")
+    forge.add_repo("outsider", "notes", private=False)
+    notes = forge.state.repo_by_full_name("outsider/notes")
+    forge.requests.clear()
+    for n in range(5):
+        await _system_hook(office, session, "issue_comment", _comment_in(notes, n), f"out-{n}")
+    by_id = "GET /api/v1/repositories/{repository_id}"
+    assert forge.requests.count(by_id) == 0, [(r.route, r.status) for r in forge.requests]
+    forge.faults.add(route=by_id, status=502)
+    await _system_hook(office, session, "issue_comment", _comment_in(notes, 5), "out-502")
+    assert forge.requests.count(by_id) == 0
+    assert await office.services.store.processed_count("out-502") == 1
