@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 
-from bot.app.background import Background
-from bot.app.listing import catch_up_offices, take_listing
+from bot.app.background import Rounds, Work
+from bot.app.listing import CATCH_UP_AT_ONCE, catch_up_office, catch_up_offices, take_listing
 from bot.app.services import Services
 from bot.store import installations
 
@@ -23,8 +24,15 @@ ORGS_EVERY = 300.0
 
 
 async def refresh(services: Services) -> list[str]:
-    """Read the bot's orgs and take them, and follow the vaults renamed (see the module); the
-    orgs newly installed."""
+    """A look at the bot's orgs (`look`), and the vaults renamed followed, every office's
+    (see the module); the orgs newly installed."""
+    new = await look(services)
+    await catch_up_offices(services)  # (Gitea tells no hook of a vault renamed either)
+    return new
+
+
+async def look(services: Services) -> list[str]:
+    """Read the bot's orgs and take them (see the module); the orgs newly installed."""
     from bot.forge import gitea_events as gitea
     from bot.forge.gitea import SYNTHETIC_INSTALLATION_ID, GiteaClient
 
@@ -40,7 +48,6 @@ async def refresh(services: Services) -> list[str]:
                  - set(taken.renamed.values()))
     taken.take_into(services)
     services.hook_generations.stale()  # (a name another org's now: its secret at once)
-    await catch_up_offices(services)  # (Gitea tells no hook of a vault renamed either)
     if new:  # their vaults' labels, as at start
         guid, event, payload = gitea.startup_delivery()
         if await store.enqueue_delivery(guid, event, payload, gitea.encode(payload)):
@@ -49,18 +56,28 @@ async def refresh(services: Services) -> list[str]:
     return new
 
 
-class GiteaOrgs(Background):
+class GiteaOrgs(Rounds):
+    """Every `every` seconds, on every replica, a look at the bot's orgs, then each office's
+    vaults renamed followed in a task of its own (`Rounds`: one at a time per office, at most
+    CATCH_UP_AT_ONCE offices reading at once): an office whose forge reads fail or hang holds
+    up neither the next look nor another office's catch-up."""
+
     task_name = "vaultmail-gitea-orgs"
 
     def __init__(self, services: Services, every: float = ORGS_EVERY) -> None:
-        self.services = services
-        self.every = every
         super().__init__()
+        self.services = services
+        self.poll = every
+        self._turns = asyncio.Semaphore(CATCH_UP_AT_ONCE)
 
     async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.every)
-            try:
-                await refresh(self.services)
-            except Exception as exc:  # the forge or the index: the next round tries again
-                log.warning("reading the bot's organisations failed: %r", exc)
+        await asyncio.sleep(self.poll)  # (the start has just looked, and catches up: bot.app.web)
+        await super()._run()
+
+    async def _leading(self) -> bool:
+        return True  # (each replica keeps its own list of the orgs)
+
+    async def _round(self) -> list[tuple[str, Work]]:
+        await look(self.services)  # (failing: Rounds logs it, the next round tries again)
+        return [(org, partial(catch_up_office, self.services, org, self._turns))
+                for org in sorted(self.services.installations)]

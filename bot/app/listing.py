@@ -160,13 +160,16 @@ async def catch_up_offices(services: Services) -> None:
     forge failing, or slow, leaves that office as it was (the next round tries again), never
     the others."""
     turns = asyncio.Semaphore(CATCH_UP_AT_ONCE)
+    await asyncio.gather(*(catch_up_office(services, org, turns)
+                           for org in sorted(services.installations)))
 
-    async def office(org: str) -> None:
-        async with turns:
-            try:
-                await catch_up_vaults(services, org)
-            except Exception as exc:  # (its forge, or its config: the next round tries again)
-                log.warning("vaults renamed unheard: not read", extra={
-                    "org": org, "error": repr(exc)})
 
-    await asyncio.gather(*(office(org) for org in sorted(services.installations)))
+async def catch_up_office(services: Services, org: str, turns: asyncio.Semaphore) -> None:
+    """`org`'s vaults renamed unheard, followed in one of `turns`; a failure is logged, and
+    leaves the office as it was."""
+    async with turns:
+        try:
+            await catch_up_vaults(services, org)
+        except Exception as exc:  # (its forge, or its config: the next round tries again)
+            log.warning("vaults renamed unheard: not read", extra={
+                "org": org, "error": repr(exc)})

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from bot.app.embedded import GITEA_EVENTS, Embedded
-from bot.app.gitea_orgs import refresh
+from bot.app.gitea_orgs import GiteaOrgs, refresh
 from bot.app.intake import org_webhook_secret
 from bot.forge.gitea import SYNTHETIC_INSTALLATION_ID
 from bot.office.config import parse_office
@@ -22,7 +22,7 @@ from bot.office.seed import seed_office
 from bot.store import api_tokens, mails
 from localforge.gitea.events import add_org_hook
 from localforge.state import Delivery, Repo
-from tests.support import ToolClient, gitea_api
+from tests.support import ToolClient, gitea_api, until
 
 EVIL = {"org": "evil",
         "humans": [{"email": "marco@acme.com", "login": "eve", "permissions": ["mail.send"]}],
@@ -584,3 +584,30 @@ async def test_a_delivery_about_an_org_the_app_never_knew_is_ignored_without_ask
     await _system_hook(office, session, "issue_comment", _comment_in(notes, 5), "out-502")
     assert forge.requests.count(by_id) == 0
     assert await office.services.store.processed_count("out-502") == 1
+
+
+async def test_an_office_whose_vault_reads_hang_holds_up_no_other_offices_catch_up(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """The app's look at the bot's orgs follows every office's vaults renamed (Gitea tells no
+    hook). globex's vault read is not answered; acme's scout-vault is renamed scout-mail
+    after the look that hung began. Before, each look waited for every office's catch-up,
+    so the held read stopped the looks (acme's rename never followed, no org taken); now
+    each office's catch-up runs in a task of its own, one at a time per office, and the next
+    look goes on without it."""
+    await _globex_with_amy(office, session)
+    forge = office.forge
+    held = forge.faults.hold("GET /api/v1/repos/{owner}/{repo}", count=None,
+                             repo="globex/scout-vault")
+    forge.requests.clear()
+    looks = GiteaOrgs(office.services, every=0.01)
+    looks.start()
+    try:
+        await held.arrived.wait()
+        await until(lambda: any(r.path == "/api/v1/repos/acme/scout-vault"  # (this look's)
+                                for r in forge.requests))
+        forge.rename_repo("acme/scout-vault", "scout-mail")
+        await until(lambda: office.services.keyring.renamed("acme").get("acme/scout-vault")
+                    == "acme/scout-mail")
+    finally:
+        held.release()
+        await looks.stop()
