@@ -1,27 +1,38 @@
 """Whose an email domain is (bot.email.domains): an office's `email: {domain: ...}` is live
 only once the domain's owner names the office in DNS, a TXT record `_vaultmail.<domain>`
-valued `vaultmail-office-id=<the org's id on the forge>` (or, for the org that proved it so
-first, `vaultmail-office=<org>`); two offices naming one domain, only the one DNS names gets
-its mail."""
+valued `vaultmail-office-id=<the org's id on the forge>` (or `vaultmail-office=<org>`, for an
+org that held the name, as the same account, when the index was upgraded to proofs by id);
+two offices naming one domain, only the one DNS names gets its mail."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
 
 from bot.email.gateway import GATEWAY_KEY
 from bot.email.intake import EmailIntake
 from bot.store import ledger, mails
+from tests.support import older_index
 from tests.test_email_support import (
+    ACME_ID,
     DOMAIN,
     Mailroom,
     delivered,
     install_office,
     mailroom,
     message,
+    open_mailroom,
     send,
     wire,
 )
 
 __all__ = ["mailroom"]  # the fixture, used by name
 RECORD = f"_vaultmail.{DOMAIN}"
+NAMED = "vaultmail-office=acme"  # acme's record in the form before ids
+BEFORE_IDS = 35  # the schema the release before proofs by id left
 # an org that installs the App and names acme's domain in its own config (it sorts first)
 CLAIMANT = f"""org: aardvark
 email:
@@ -36,6 +47,20 @@ def _intake(room: Mailroom) -> EmailIntake:
     intake = room.embedded.runner.app[GATEWAY_KEY].intake
     assert intake is not None
     return intake
+
+
+@contextlib.asynccontextmanager
+async def _upgraded(tmp_path: Path, empty_database_url: str,
+                    account: int | None = ACME_ID) -> AsyncIterator[Mailroom]:
+    """The mailroom on an index the release before proofs by id left (schema 35), acme's
+    office installed in it as `account`'s (None: an index that had not read its id), and
+    acme's record as published then, naming the org."""
+    target = await older_index(tmp_path, empty_database_url, BEFORE_IDS, [(
+        "INSERT INTO installations(org, installation_id, account_id) VALUES ('acme', 11, ?)",
+        (account,))])
+    async with open_mailroom(tmp_path, empty_database_url, record=NAMED) as room:
+        assert room.index == target
+        yield room
 
 
 def _account(room: Mailroom, org: str) -> int:
@@ -99,41 +124,100 @@ agents:
 """
 
 
+@pytest.mark.parametrize("asked_before", [True, False], ids=["proven-first", "never-asked"])
 async def test_a_name_another_account_takes_is_not_proven_by_the_records_of_the_old_org(
-        mailroom: Mailroom) -> None:
+        tmp_path: Path, empty_database_url: str, asked_before: bool) -> None:
     """Acted out: acme proved its domain with `vaultmail-office=acme`, then renamed itself
     acme2; another account made an org called acme, installed the App and named the domain
     in its config. The record, still published for the old acme, proved it the new acme's:
     the domain's mail went into its vault, and its agents would send (DKIM-signed) as the
     domain. The proof is bound to the org's account id now: the record names the org's id,
-    and one naming the org (the form before) proves only for the account that proved the
-    domain with it first. So after a rename that record proves for no one: acme2 names its
-    id, which a rename keeps."""
-    emb = mailroom.embedded
-    store = emb.services.store
-    raw = wire(message("bob@example.org", f"scout@{DOMAIN}", "Hi", "hello"))
-    first = await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])
-    assert (await delivered(mailroom, first))[0].startswith("acme/scout-vault#"), first
-    old = _account(mailroom, "acme")
-    emb.forge.rename_org("acme", "acme2")
-    await emb.settle()
-    await install_office(mailroom, NEWCOMER)
-    new = _account(mailroom, "acme")
-    assert new != old  # (nothing forgotten: what was proven for the old acme is not the new's)
+    and one naming the org (the form before) proves only for the account that held the name
+    when the index was upgraded. So after a rename that record proves for no one: acme2
+    names its id, which a rename keeps.
 
-    refused = await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])
-    assert refused.code == 550 and refused.text.startswith("5.7.1"), refused
-    assert "acme" not in refused.text.replace(DOMAIN, "") and str(new) not in refused.text
-    assert [m.vault for m in await mails.all_mails(store)] == ["acme2/scout-vault"]
-    assert await _intake(mailroom).offices() == [], "no office sends as the domain"
-    said = [e for e in await ledger.entries(store, event="office.config_refused")
-            if e.org == "acme"]
-    assert said and f'{RECORD} TXT "vaultmail-office-id={new}"' in said[-1].data[
-        "errors"][0], [e.data for e in said]
+    never-asked (review r3): no mail came between the upgrade and the rename, and the
+    record proved the domain for whichever account was asked first under the name: the
+    newcomer's, which then owned it."""
+    async with _upgraded(tmp_path, empty_database_url) as mailroom:
+        emb = mailroom.embedded
+        store = emb.services.store
+        raw = wire(message("bob@example.org", f"scout@{DOMAIN}", "Hi", "hello"))
+        if asked_before:
+            first = await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])
+            assert (await delivered(mailroom, first))[0].startswith("acme/scout-vault#"), first
+        old = _account(mailroom, "acme")
+        emb.forge.rename_org("acme", "acme2")
+        await emb.settle()
+        await install_office(mailroom, NEWCOMER)
+        new = _account(mailroom, "acme")
+        assert new != old  # (nothing forgotten: what was proven for the old acme is not the new's)
 
-    # acme2 publishes the record naming its id: the domain is its own again, under any name
-    mailroom.dns.txts[RECORD] = [f"vaultmail-office-id={old}"]
-    _intake(mailroom).proofs.forget()
-    taken = await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])
-    assert (await delivered(mailroom, taken))[0].startswith("acme2/scout-vault#"), taken
-    assert [o.org for o in await _intake(mailroom).offices()] == ["acme2"]
+        refused = await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])
+        assert refused.code == 550 and refused.text.startswith("5.7.1"), refused
+        assert "acme" not in refused.text.replace(DOMAIN, "") and str(new) not in refused.text
+        assert [m.vault for m in await mails.all_mails(store)] == \
+            ["acme2/scout-vault"] * asked_before
+        assert await _intake(mailroom).offices() == [], "no office sends as the domain"
+        said = [e for e in await ledger.entries(store, event="office.config_refused")
+                if e.org == "acme"]
+        assert said and f'{RECORD} TXT "vaultmail-office-id={new}"' in said[-1].data[
+            "errors"][0], [e.data for e in said]
+
+        # acme2 publishes the record naming its id: the domain is its own again, under any name
+        mailroom.dns.txts[RECORD] = [f"vaultmail-office-id={old}"]
+        _intake(mailroom).proofs.forget()
+        taken = await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])
+        assert (await delivered(mailroom, taken))[0].startswith("acme2/scout-vault#"), taken
+        assert [o.org for o in await _intake(mailroom).offices()] == ["acme2"]
+
+
+# an org that installs the App after the upgrade, proving its own domain by its name
+NEWCO_DOMAIN = "mail.newco.example"
+NEWCO = f"""org: newco
+email:
+  domain: {NEWCO_DOMAIN}
+agents:
+  - slug: scout
+    login: newco-scout
+"""
+
+
+async def test_a_record_naming_the_org_proves_nothing_for_an_office_first_known_after_ids(
+        tmp_path: Path, empty_database_url: str) -> None:
+    """acme, installed before the upgrade, keeps its domain by the record naming it; newco,
+    installed after, is not proven its own by such a record, first though it is to ask: its
+    ledger asks for the record naming its id."""
+    async with _upgraded(tmp_path, empty_database_url) as mailroom:
+        store = mailroom.embedded.services.store
+        raw = wire(message("bob@example.org", f"scout@{DOMAIN}", "Hi", "hello"))
+        taken = await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])
+        assert (await delivered(mailroom, taken))[0].startswith("acme/scout-vault#"), taken
+
+        mailroom.dns.txts[f"_vaultmail.{NEWCO_DOMAIN}"] = ["vaultmail-office=newco"]
+        await install_office(mailroom, NEWCO)
+        newco = _account(mailroom, "newco")
+        to_newco = wire(message("bob@example.org", f"scout@{NEWCO_DOMAIN}", "Hi", "hello"))
+        refused = await send(mailroom.port, to_newco, rcpts=[f"scout@{NEWCO_DOMAIN}"])
+        assert refused.code == 550 and refused.text.startswith("5.7.1"), refused
+        [said] = [e for e in await ledger.entries(store, event="office.config_refused")
+                  if e.org == "newco"]
+        assert f'_vaultmail.{NEWCO_DOMAIN} TXT "vaultmail-office-id={newco}"' in said.data[
+            "errors"][0], said.data
+        assert [m.vault for m in await mails.all_mails(store)] == ["acme/scout-vault"]
+
+
+async def test_a_record_naming_the_org_proves_nothing_where_the_index_had_not_its_account(
+        tmp_path: Path, empty_database_url: str) -> None:
+    """acme's office was known before the upgrade, but not its account: the id the listing
+    reads for the name after it could be a newcomer's (the name freed before the upgrade), so
+    the record naming the org proves nothing; the ledger asks for the one naming its id."""
+    async with _upgraded(tmp_path, empty_database_url, account=None) as mailroom:
+        store = mailroom.embedded.services.store
+        raw = wire(message("bob@example.org", f"scout@{DOMAIN}", "Hi", "hello"))
+        refused = await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])
+        assert refused.code == 550 and refused.text.startswith("5.7.1"), refused
+        [said] = await ledger.entries(store, event="office.config_refused")
+        assert f'{RECORD} TXT "vaultmail-office-id={ACME_ID}"' in said.data["errors"][0], \
+            said.data
+        assert await mails.all_mails(store) == []

@@ -89,8 +89,7 @@ async def test_another_offices_forge_in_trouble_holds_up_none_of_this_offices_ma
 
 async def test_another_offices_outbox_stuck_holds_up_none_of_this_offices_mail(
         mailroom: Mailroom) -> None:
-    mailroom.dns.txts[f"_vaultmail.{EVIL_DOMAIN}"] = ["vaultmail-office=evil"]
-    await _install_evil(mailroom)
+    await install_office(mailroom, EVIL, proven=True)
     store = mailroom.embedded.services.store
     # evil's drain cannot get on: its outbox's lock is held (a stalled replica's drain, a
     # forge waiting out evil's limits: whatever keeps it)

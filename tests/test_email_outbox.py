@@ -17,7 +17,16 @@ from bot.email import keys
 from bot.email.gateway import GATEWAY_KEY
 from bot.store import ledger, mails
 from tests.support import label_names
-from tests.test_email_support import DOMAIN, Mailroom, delivered, mailroom, message, send, wire
+from tests.test_email_support import (
+    ACME_ID,
+    DOMAIN,
+    Mailroom,
+    delivered,
+    mailroom,
+    message,
+    send,
+    wire,
+)
 
 __all__ = ["mailroom"]
 SCOUT_VAULT = "acme/scout-vault"
@@ -259,7 +268,7 @@ BOB_IDS = [f"<CAKv{n}x7yQ3mZ9pL2wR8sT4uV6bN1cD5eF0gH-{n}kJ@mail.example.org>" fo
 async def _move_acme_to(room: Mailroom, domain: str) -> None:
     """acme's mailboxes moved to `domain` (proven acme's in DNS, its config pushed)."""
     emb = room.embedded
-    room.dns.txts[f"_vaultmail.{domain}"] = ["vaultmail-office=acme"]
+    room.dns.txts[f"_vaultmail.{domain}"] = [f"vaultmail-office-id={ACME_ID}"]
     config = yaml.safe_load(emb.forge.state.repo("acme", ".github").files["vaultmail.yml"])
     config["email"]["domain"] = domain
     emb.forge.put_file("acme/.github", "vaultmail.yml", yaml.safe_dump(config), pusher="admin")

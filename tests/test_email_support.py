@@ -27,10 +27,14 @@ from bot.app.embedded import Embedded, start_embedded
 from bot.app.settings import EmailSettings
 from bot.email import keys
 from bot.email.auth import DnsError
+from bot.email.domains import record_name, record_value
 from bot.store import mails
 from tests.support import Actor, ToolClient
 
 DOMAIN = "mail.acme.example"
+# acme's id on the local forge as the embedded seeds it (the admin's account is made first):
+# what acme's `_vaultmail` record names (bot.email.domains), published before the app starts
+ACME_ID = 1002
 ATTACHMENT_MAX_BYTES = 200_000  # the mailroom's limit on one attachment (its message: 1 MiB)
 
 
@@ -181,15 +185,19 @@ async def send(port: int, data: bytes, *, rcpts: list[str],
     return await asyncio.to_thread(_smtp_send, port, mail_from, rcpts, data, tls)
 
 
-async def install_office(room: Mailroom, config: str) -> str:
+async def install_office(room: Mailroom, config: str, *, proven: bool = False) -> str:
     """Another org, seeded from its office `config` (YAML) and its config pushed, installs
-    the App beside acme; its org."""
+    the App beside acme; its org. `proven`: its email domain's `_vaultmail` record names
+    its id, published before it installs."""
     from bot.office.config import parse_office
     from bot.office.seed import seed_office
 
     emb = room.embedded
     office = parse_office(config, "another.yml")
     seed_office(emb.forge, office)
+    account = emb.forge.state.account(office.org)
+    if proven and office.email is not None and account is not None:
+        room.dns.txts[record_name(office.email.domain)] = [record_value(account.id)]
     emb.forge.put_file(f"{office.org}/.github", "vaultmail.yml", config, pusher="admin")
     (app_id,) = emb.forge.state.apps
     emb.forge.install_app(int(app_id), office.org)
@@ -292,12 +300,13 @@ class Mailroom:
 
 
 @contextlib.asynccontextmanager
-async def open_mailroom(tmp_path: Path, database_url: str,
-                        dialect: str = "github") -> AsyncIterator[Mailroom]:
+async def open_mailroom(tmp_path: Path, database_url: str, dialect: str = "github",
+                        record: str = record_value(ACME_ID)) -> AsyncIterator[Mailroom]:
     """The embedded default (its local forge speaking `dialect`) with its SMTP listener on a
-    free loopback port, DNS from a table, and replies going out to a capturing relay."""
-    # the office's domain proven acme's (bot.email.domains), as acme publishes it
-    dns = TableDns(txts={f"_vaultmail.{DOMAIN}": ["vaultmail-office=acme"]})
+    free loopback port, DNS from a table, and replies going out to a capturing relay.
+    `record`: the value of acme's `_vaultmail` record (bot.email.domains), as acme publishes
+    it: its id."""
+    dns = TableDns(txts={record_name(DOMAIN): [record]})
     relay = CapturingRelay()
     await relay.start()
     cert, key = self_signed(tmp_path)
@@ -309,6 +318,8 @@ async def open_mailroom(tmp_path: Path, database_url: str,
                             tls_key=key),
         resolver=dns)
     try:
+        acme = emb.forge.state.account("acme")
+        assert acme is not None and acme.id == ACME_ID, "the local forge seeds ids otherwise"
         async with aiohttp.ClientSession() as session:
             yield Mailroom(emb, dns, relay, session, cert, database_url)
     finally:

@@ -14,10 +14,11 @@ it, and the office's ledger says once which record to publish (`office.config_re
 Two offices naming one domain: only the one its record names has it.
 
 The record asked for before ids, `vaultmail-office=<org>` (`named_value`), names the org by
-name: it still proves the domain, but only for the account that proved the domain with one
-first (bot.store.domain_proofs; recorded at that first proof). So a record left published for
-an org deleted or renamed away proves nothing for another org made under its name; and after a
-rename it proves nothing for the renamed org either until it names the new name (or the id).
+name: it still proves the domain, but only for an org that held that name, as the same
+account, when the index was upgraded to proofs by id (bot.store.domain_proofs): never for an
+org the index learns of after, and never for whichever account is asked first. So a record
+left published for an org deleted or renamed away proves nothing for another org made under
+its name; and after a rename it proves nothing for the renamed org either (it names the id).
 
 The operator may vouch for domains itself (VAULTMAIL_SMTP_DOMAINS, `domain=org` pairs: a host
 that serves one org, a network without DNS); `vaultmail up`'s example office is vouched for
@@ -78,7 +79,7 @@ class Proof:
 
 class DomainProofs:
     """Each (org, its account, domain)'s proof, looked up through `resolver` and kept a
-    while; who first proved a domain with a record naming its org is kept in `store`."""
+    while; the orgs a record naming its org may prove a domain for are read from `store`."""
 
     def __init__(self, resolver: Resolver, store: Store,
                  vouched: Mapping[str, str] | None = None) -> None:
@@ -126,15 +127,15 @@ class DomainProofs:
         return proof
 
     async def _named(self, org: str, account: int | None, domain: str) -> Proof:
-        """The proof of a record naming `org` by name: the domain is the office's of the
-        account that proved it with one first (recorded then). An account not known yet
-        proves nothing: who it would be recorded for is not known."""
+        """The proof of a record naming `org` by name: the domain is the office's when its
+        account held that name before proofs by id. An account not known yet proves
+        nothing: whether it is that one is not known."""
         if account is not None and \
-                await domain_proofs.first_named_by(self.store, domain, account) == account:
+                await domain_proofs.held_before_ids(self.store, org, account):
             return Proof(True, "")
         return Proof(False, f"{record_name(domain)} names {org} by name, which proves "
-                            f"{domain} only for the org that proved it so first: "
-                            f"{_publish(account, org, domain)}")
+                            f"{domain} only for an org that had that name before offices "
+                            f"were proven by id: {_publish(account, org, domain)}")
 
     @staticmethod
     def _said(proven: bool, org: str, account: int | None, domain: str) -> Proof:

@@ -108,9 +108,10 @@ NAMES = {
         " dates no later was written over by it, and is put back in view unsigned",
     35: "a comment's edit that came before the comment was indexed (its `created` late) is"
         " kept until it is, so the comment is indexed in the words the forge shows",
-    36: "which account first proved each email domain with a `_vaultmail` record naming its"
-        " org (the form before ids): such a record proves the domain for that account alone,"
-        " not for another org made under the name",
+    36: "the orgs a `_vaultmail` record naming the org (the form before ids) may prove an email"
+        " domain for: each org the index held at this upgrade, with its account, and only that"
+        " account under that name; not an org first known after, nor another made under the"
+        " name",
     37: "the item each update on an outcome tells of (a plan, evidence) in a column of its own,"
         " which a rename of its repository or org rewrites: an update is judged by the name"
         " the repository has now",
