@@ -5,12 +5,21 @@ waited forever, counting against its asker's open-question limits. The same for 
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import re
 from importlib import resources
 from typing import Any
 
 from bot.app.embedded import Embedded
+from bot.app.services import Services
+from bot.forge.github import ForgeClient
+from bot.items.threads import ThreadState
+from bot.office.source import OfficeSource
+from bot.store import comments, open_store
+from bot.store.db import Store
 from tests.items_support import LEE, MARCO, SARA, SCOUT, forge_comments, make_item
+from tests.test_stalled_send import GUARD
 
 YES_NO = [{"label": "Yes"}, {"label": "No"}]
 
@@ -109,3 +118,133 @@ async def test_a_question_asked_of_an_agent_that_left_goes_back_to_its_asker(
     assert "agent:critic" not in {r["principal"] for r in follow["notify"]}
     bodies = [c["body"] for c in await forge_comments(person("admin"), outcome)]
     assert _broken_mentions("\n".join(bodies)) == [], bodies
+
+
+# The sweep at the config change, on two replicas (its own index connection and config reads
+# each, as `tests/test_mail_races.py`'s): exactly once and complete.
+PATCH_COMMENT = "PATCH /repos/{owner}/{repo}/issues/comments/{comment_id}"
+POST_COMMENT = "POST /repos/{owner}/{repo}/issues/{issue_number}/comments"
+
+
+def _replica(embedded: Embedded, store: Store) -> Services:
+    """Another replica, just started: its own index connection and forge client (its own
+    write turns), no config read yet."""
+    replica = copy.copy(embedded.services)
+    replica.store = store
+    client = replica.forge_client
+    assert isinstance(client, ForgeClient)
+    replica.forge_client = ForgeClient(client.auth, client.session, client.api_url,
+                                       client.requester, config=client.config)
+    replica.offices = OfficeSource()
+    replica.offices.on_new = replica._config_taken
+    return replica
+
+
+async def _thread(embedded: Embedded, qid: str) -> ThreadState:
+    t = await comments.get_thread(embedded.services.store, qid)
+    assert t is not None
+    return t.state
+
+
+async def test_a_sweep_cut_off_part_way_is_finished_by_the_next_read(
+        embedded: Embedded, person: Any, tools: Any, database_url: str) -> None:
+    """Replica a records that lee left and starts sending lee's questions back; it is cut off
+    at the first card (held at the forge: a crash, a forge that does not answer). Replica b,
+    started then, reads the config: the rest of the sweep is b's. a, let go late, writes
+    nothing twice."""
+    goal = await make_item(embedded, person("sara"), "goal", "EU launch")
+    base = {"targetType": "goal", "target": goal}
+    sara = tools(SARA)
+    qids = [(await sara("add_comment", **base, header=f"Q{i}", needsReply=True,
+                        body=f"Lee, {i}?", to=["lee@acme.com"]))["comment"]["id"]
+            for i in range(2)]
+    # (no pusher: no webhook; each replica reads the config itself)
+    embedded.forge.put_file("acme/.github", "vaultmail.yml", _without(LEE_BLOCK))
+    index = database_url or str(embedded.data_dir / "index.sqlite3")
+    a_store, b_store = await open_store(index), await open_store(index)
+    a, b = _replica(embedded, a_store), _replica(embedded, b_store)
+    held = embedded.forge.faults.hold(PATCH_COMMENT, count=1)
+    cut = asyncio.create_task(a.offices.get(a.forge_for_org("acme"), "acme", fresh=True))
+    try:
+        await asyncio.wait_for(held.arrived.wait(), GUARD)  # a: part-way
+        await asyncio.wait_for(b.offices.get(b.forge_for_org("acme"), "acme", fresh=True),
+                               GUARD)
+        for qid in qids:
+            state = await _thread(embedded, qid)
+            assert (state.waiting_on, state.left) == ((SARA,), {LEE: "lee"}), (qid, state)
+        held.release()
+        await asyncio.wait_for(cut, GUARD)
+    finally:
+        held.release()
+        cut.cancel()
+        await a_store.close()
+        await b_store.close()
+    bodies = [c["body"] for c in await forge_comments(person("admin"), goal)]
+    for i in range(2):
+        [card] = [b for b in bodies if f"Lee, {i}?" in b]
+        assert "lee has left the office" in card, card
+    for qid in qids:
+        assert (await _thread(embedded, qid)).waiting_on == (SARA,)
+
+
+async def test_a_question_asked_of_someone_as_they_leave_goes_back_and_then_is_refused(
+        embedded: Embedded, person: Any, tools: Any, database_url: str) -> None:
+    """sara asks lee through a replica that still has the config naming lee; the question is
+    at the forge (its card held) while replica b records that lee left and sweeps: it is
+    indexed after the sweep, and goes back to sara all the same. Asked again through that
+    replica, lee is refused: lee has left the office."""
+    goal = await make_item(embedded, person("sara"), "goal", "EU launch")
+    base = {"targetType": "goal", "target": goal}
+    sara = tools(SARA)
+    embedded.forge.put_file("acme/.github", "vaultmail.yml", _without(LEE_BLOCK))
+    index = database_url or str(embedded.data_dir / "index.sqlite3")
+    b_store = await open_store(index)
+    b = _replica(embedded, b_store)
+    held = embedded.forge.faults.hold(POST_COMMENT, count=1)
+    asking = asyncio.create_task(sara("add_comment", **base, header="EU", needsReply=True,
+                                      body="Lee, EU?", to=["lee@acme.com"]))
+    try:
+        await asyncio.wait_for(held.arrived.wait(), GUARD)  # checked, at the forge
+        await b.offices.get(b.forge_for_org("acme"), "acme", fresh=True)
+        held.release()
+        asked = await asyncio.wait_for(asking, GUARD)
+    finally:
+        held.release()
+        await b_store.close()
+    state = await _thread(embedded, asked["comment"]["id"])
+    assert (state.waiting_on, state.left) == ((SARA,), {LEE: "lee"}), state
+    status, err = await sara.raw("add_comment", {**base, "header": "Again", "needsReply": True,
+                                                 "body": "Lee?", "to": ["lee@acme.com"]})
+    assert status == 422 and err["error"]["code"] == "invalid_arguments", err
+    assert "lee has left the office" in err["error"]["message"], err
+
+
+async def test_an_answer_given_while_the_sweep_is_at_the_forge_is_kept(
+        embedded: Embedded, person: Any, tools: Any, database_url: str) -> None:
+    """The sweep takes lee off a question asked of lee and marco; while its card is at the
+    forge (held), marco answers. The sweep's write comes after the answer and keeps it."""
+    goal = await make_item(embedded, person("sara"), "goal", "EU launch")
+    base = {"targetType": "goal", "target": goal}
+    asked = await tools(SARA)("add_comment", **base, header="Day", options=YES_NO,
+                              body="Monday?", to=["lee@acme.com", "marco@acme.com"])
+    qid = asked["comment"]["id"]
+    embedded.forge.put_file("acme/.github", "vaultmail.yml", _without(LEE_BLOCK))
+    index = database_url or str(embedded.data_dir / "index.sqlite3")
+    a_store = await open_store(index)
+    a = _replica(embedded, a_store)
+    held = embedded.forge.faults.hold(PATCH_COMMENT, count=1)
+    sweep = asyncio.create_task(a.offices.get(a.forge_for_org("acme"), "acme", fresh=True))
+    try:
+        await asyncio.wait_for(held.arrived.wait(), GUARD)
+        await tools(MARCO)("add_comment", **base, parent=qid, option="Yes")
+        held.release()
+        await asyncio.wait_for(sweep, GUARD)
+    finally:
+        held.release()
+        await a_store.close()
+    state = await _thread(embedded, qid)
+    assert state.answer is not None and state.answer.option == "Yes", state
+    assert state.waiting_on == (SARA,) and LEE not in state.members, state
+    [card] = [c["body"] for c in await forge_comments(person("admin"), goal)
+              if "Monday?" in c["body"]]
+    assert "Yes" in card, card

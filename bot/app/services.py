@@ -63,10 +63,11 @@ class Services:
     # set by whoever runs the worker: new deliveries are queued, look now
     wake_worker: Callable[[], None] = lambda: None
     _unread: set[str] = field(default_factory=set, repr=False)  # orgs the last round left out
-    # (services, forge, office, {principal: login before}) for those a config no longer names:
-    # bot.items.service.left_office, set by the builder (the items import these services)
-    left_office: Callable[[Services, Forge, Office, dict[str, str]],
-                          Awaitable[None]] | None = field(default=None, repr=False)
+    # (services, forge, office): the office's open questions stop waiting on those its configs
+    # named once and name no more (bot.store.members.departed): bot.items.service.left_office,
+    # set by the builder (the items import these services)
+    left_office: Callable[[Services, Forge, Office], Awaitable[None]] | None = field(
+        default=None, repr=False)
 
     # (org, principal, login): the account id bound to it (bot.store.members.bind) and when it
     # was read: read again after ACCOUNT_KEPT (another replica may have applied a config that
@@ -117,19 +118,19 @@ class Services:
                      "revoked", extra={"org": org, "removed": sorted(changed.removed),
                                        "relogged": sorted(changed.relogged),
                                        "revoked": changed.revoked})
-        if changed.removed:
-            await self._left_office(org, office, changed.logins)
+        # each config taken, changed or not (a replica's first read, a read again after one
+        # failed): a sweep cut off part-way, on any replica, is finished by the next
+        await self._left_office(org, office)
 
-    async def _left_office(self, org: str, office: Office, logins: dict[str, str]) -> None:
-        """Those removed have left: the questions waiting on them stop waiting (once, by the
-        replica that recorded the change; a reply reads it the same way meanwhile)."""
+    async def _left_office(self, org: str, office: Office) -> None:
+        """Those who have left: the questions still waiting on them stop waiting."""
         if self.left_office is None:
             return
         try:
             forge = self.forge_for_org(org)
         except NotInstalled:  # (nothing of the office's is written while it is not)
             return
-        await self.left_office(self, forge, office, logins)
+        await self.left_office(self, forge, office)
 
     def lock_for(self, key: str) -> AbstractAsyncContextManager[None]:
         """One holder at a time of a mail (or other key) across every replica: serialises

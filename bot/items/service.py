@@ -54,7 +54,7 @@ from bot.items.views import comment_view, thread_view
 from bot.office.config import Office
 from bot.office.visibility import login_of
 from bot.store import comments as db
-from bot.store import idempotency, ledger
+from bot.store import idempotency, ledger, members
 
 if TYPE_CHECKING:
     from bot.app.services import Services
@@ -319,6 +319,7 @@ class Comments:
         parent = await self._parent_thread(item, new.parent)
         await self._check_writer(actor, item, parent)
         table = Table(item.kind, item.author if item.kind == "plan" else None, item.claim)
+        await self._check_present([*new.to, *new.cc])
         to = resolve(self.office, new.to, author=actor, claim=item.claim, field="to")
         cc = resolve(self.office, new.cc, author=actor, claim=item.claim, field="cc")
         check_addressed([*to, *cc])
@@ -362,6 +363,14 @@ class Comments:
             "addressed": [r.principal for r in [*to, *cc]],
         }, forge_id, now, edited_at=new.edited_at)
         await self._commit(actor, item, record, row, kind, reached, to, cc)
+        if row.state.is_question:
+            # someone asked who left meanwhile (a config taken since this replica read it,
+            # its sweep done before this was recorded): sent back now. Read after the commit,
+            # so a sweep that did not find this question finds them recorded here
+            gone = await self._departed()
+            if without(row.state, gone) != row.state:
+                stored = await db.get_thread(self.services.store, row.id)
+                row = (await self._send_back(stored, gone) if stored else None) or row
         if row.state.is_question:  # asked, answered or passed on: the forge shows who it waits on
             await waiting.sync(self, row.scope)
         return {"comment": comment_view(record), "thread": thread_view(row, actor),
@@ -427,6 +436,21 @@ class Comments:
                 f"{actor} needs contributor (write) access to {item.repo} to comment on "
                 f"{item.ref}; only people a question is addressed to may reply without it"))
 
+    async def _check_present(self, entries: list[str]) -> None:
+        """Nobody addressed by name (an email, agent:<slug>) has left the office, as the
+        newest config taken on any replica says (`members.departed`): this one's may still
+        name them. (One in a team of an older config is sent back after: `add`.)"""
+        if not entries:
+            return
+        gone = await self._departed()
+        named = {e.strip().lower() for e in entries}
+        names = sorted({login for p, login in gone.items()
+                        if p in named or p.removeprefix("human:") in named})
+        if names:
+            raise InvalidArguments(
+                f"to/cc: {', '.join(names)} {'has' if len(names) == 1 else 'have'} left the "
+                "office (its config names them no more); address someone still in it")
+
     async def _check_addressed(self, actor: str, item: Item, addressed: list[Reached]) -> None:
         blind = [r.principal for r in addressed
                  if await self.role(item.repo, r.principal) == "none"]
@@ -483,37 +507,60 @@ class Comments:
         return without(state, gone_from(self.office, [*state.members, *state.waiting_on]))
 
     # -- leaving ----------------------------------------------------------------------------
-    async def left_office(self, logins: dict[str, str]) -> None:
-        """Those the office's config named before and names no more (principal: their login
-        then) have left: the open questions waiting on them wait on them no more, and one
-        that then waits on nobody goes back to its asker, its card and the asker's inbox
-        saying why (`threads.without`). Run once the config is taken; a reply in a thread
-        reads it the same way (`without_gone`), and nobody who left is reached any more
-        (`address.audience`)."""
-        store, org = self.services.store, self.office.org
-        people = {p: login for p, login in logins.items() if p.startswith("human:")}
-        gone = gone_from(self.office, logins, people)  # (an agent is known by its slug)
+    async def left_office(self) -> None:
+        """Those the office's configs named once and name no more (`members.departed`, with
+        the login they had) have left: the open questions still waiting on them wait on them
+        no more, and one that then waits on nobody goes back to its asker, its card and the
+        asker's inbox saying why (`threads.without`). Run at each config taken, changed or
+        not: driven by the record, not by one push's diff, a sweep cut off part-way (a crash,
+        the forge) is finished by the next, on any replica; each question is sent back once
+        (`_send_back`). A reply in a thread reads it the same way (`without_gone`), and nobody
+        who left is reached any more (`address.audience`)."""
+        gone = await self._departed()
         scopes: set[str] = set()
-        for t in await db.open_questions_involving(store, list(gone), org=org):
+        for t in await db.open_questions_involving(self.services.store, list(gone),
+                                                   org=self.office.org):
+            if (row := await self._send_back(t, gone)) is not None:
+                scopes.add(row.scope)
+        for scope in sorted(scopes):
+            await waiting.sync(self, scope)
+
+    async def _departed(self) -> dict[str, str]:
+        """Who has left the office (principal: the name people knew them by, a person's login
+        then, an agent's slug), as recorded by the newest config taken on any replica: this
+        one's may be older (`members.departed`)."""
+        known = await members.departed(self.services.store, self.office.org)
+        return {p: login if p.startswith("human:") else p.removeprefix("agent:")
+                for p, login in known.items()}
+
+    async def _send_back(self, t: db.ThreadRow, gone: dict[str, str]) -> db.ThreadRow | None:
+        """The question without those in `gone`, written over it as read and only so
+        (`db.swap_thread`): a reply, or another replica's sweep, written meanwhile is read
+        again and kept, and the question is sent back (its asker's box woken) once. None
+        when there was nothing to do."""
+        store, org = self.services.store, self.office.org
+        while True:
             row = replace(t, state=without(t.state, gone))
-            if row.state == t.state:
-                continue
+            if row.state == t.state or not t.state.is_question:
+                return None
             item = await db.get_item(store, t.item)
             if item is not None:
                 try:
                     row = await self.refresh_card(item, row)
                 except ForgeError as exc:  # the card is put right at the thread's next change
                     log.warning("left the office: card of %s not rewritten: %s", t.id, exc)
-            async with store.transaction() as tx:
-                await db.put_thread(tx, row)
-            if row.state.returned:  # the asker's box wakes: it is theirs again
-                asker = row.state.asker
-                box = "agents" if asker.startswith("agent:") else "you"
-                self.services.notifier.notify([wake_key(owner_of(self.office, asker), box)],
-                                              org=org)
-            scopes.add(row.scope)
-        for scope in sorted(scopes):
-            await waiting.sync(self, scope)
+            if await db.swap_thread(store, t, row):
+                break
+            fresh = await db.get_thread(store, t.id)  # written meanwhile: again, from that
+            if fresh is None:
+                return None
+            t = fresh
+        if row.state.returned:  # the asker's box wakes: it is theirs again
+            asker = row.state.asker
+            box = "agents" if asker.startswith("agent:") else "you"
+            self.services.notifier.notify([wake_key(owner_of(self.office, asker), box)],
+                                          org=org)
+        return row
 
     async def _write_forge(self, actor: str, item: Item, new: NewComment, body: str,
                            comment_id: str, row: db.ThreadRow, kind: str,
@@ -732,7 +779,6 @@ class Comments:
         return row
 
 
-async def left_office(services: Services, forge: Forge, office: Office,
-                      logins: dict[str, str]) -> None:
+async def left_office(services: Services, forge: Forge, office: Office) -> None:
     """`Services.left_office`: see `Comments.left_office`."""
-    await Comments(services, forge, office).left_office(logins)
+    await Comments(services, forge, office).left_office()

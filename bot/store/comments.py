@@ -438,6 +438,20 @@ async def put_thread(db: Connection, t: ThreadRow) -> None:
          t.card_body, json.dumps(s.to_json()), t.answered_at, time.time(), org_of(t.item)))
 
 
+async def swap_thread(store: Store, seen: ThreadRow, row: ThreadRow) -> bool:
+    """Write `row` over the thread as `seen` read it, and only so: False, writing nothing,
+    when another write came between (its `updated_at` moved). For a change made off a read
+    with a forge write between, which must not undo what another writer did meanwhile."""
+    s = row.state
+    async with store.transaction() as db:
+        return await db.execute(
+            "UPDATE threads SET scope=?, asker=?, is_question=?, open=?, card_id=?,"
+            " card_body=?, state=?, answered_at=?, updated_at=? WHERE id=? AND updated_at=?",
+            (row.scope, s.asker, int(s.is_question), int(not s.resolved), row.card_id,
+             row.card_body, json.dumps(s.to_json()), row.answered_at,
+             max(time.time(), seen.updated_at + 1e-6), row.id, seen.updated_at)) == 1
+
+
 async def move_threads(db: Connection, item: str, old_scope: str, new_scope: str) -> None:
     """The item's threads count for `new_scope` now (a plan moved to another outcome): found
     through the scope index, so a move costs what its threads do."""

@@ -12,7 +12,13 @@ An office recorded for the first time revokes nothing (nothing to compare with);
 each new config is compared with the last one recorded, in one transaction under the office's
 key: whoever it no longer names loses their API tokens and OAuth grants in the office; whoever
 it gives another forge account loses their OAuth grants (they consent again as that account;
-their API tokens were handed to the person, not to the account)."""
+their API tokens were handed to the person, not to the account).
+
+Whoever a config no longer names is also recorded as departed (schema version 39), with the
+login they had, until a config names them again: the questions still waiting on them are
+sent back from that record (`bot.items.service.Comments.left_office`), so a sweep cut off
+part-way is finished by the next read of the config, on any replica, and a question asked of
+them through a replica that has not read the config yet is refused or sent back."""
 
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from dataclasses import dataclass, field
 
 from bot.store import api_tokens, oauth
 from bot.store.db import Store, register_schema
-from bot.store.sql import Connection, Row
+from bot.store.sql import Connection, Row, upsert
 
 VERSION = 20
 
@@ -34,13 +40,23 @@ CREATE TABLE IF NOT EXISTS office_members (
 );
 """, version=VERSION)
 
+DEPARTED_VERSION = 39
+register_schema("""
+CREATE TABLE IF NOT EXISTS office_departed (
+    org {text} NOT NULL,         -- the office (the org's login, lower case)
+    principal {text} NOT NULL,   -- one a config named and names no more
+    login {text} NOT NULL,       -- the login it gave them: the name people knew them by
+    PRIMARY KEY (org, principal)
+);
+""", version=DEPARTED_VERSION)
+_PUT_DEPARTED = upsert("office_departed", ["org", "principal", "login"], ["org", "principal"])
+
 
 @dataclass(frozen=True)
 class Changed:
     removed: set[str] = field(default_factory=set)
     relogged: set[str] = field(default_factory=set)
     revoked: int = 0
-    logins: dict[str, str] = field(default_factory=dict)  # the removed ones' logins before
 
 
 async def apply(store: Store, org: str, named: dict[str, str]) -> Changed:
@@ -64,14 +80,24 @@ async def apply(store: Store, org: str, named: dict[str, str]) -> Changed:
         for principal in sorted(removed):
             await db.execute("DELETE FROM office_members WHERE org=? AND principal=?",
                              (org, principal))
+            await db.execute(_PUT_DEPARTED, (org, principal, was[principal]))
         for principal, login in sorted(named.items()):
             if principal not in was:
                 await db.execute("INSERT INTO office_members(org, principal, login)"
                                  " VALUES (?,?,?)", (org, principal, login))
+                await db.execute("DELETE FROM office_departed WHERE org=? AND principal=?",
+                                 (org, principal))  # (back in the office)
             elif principal in relogged:  # another account: known by its id when next seen
                 await db.execute("UPDATE office_members SET login=?, user_id=NULL"
                                  " WHERE org=? AND principal=?", (login, org, principal))
-    return Changed(removed, relogged, revoked, {p: was[p] for p in removed})
+    return Changed(removed, relogged, revoked)
+
+
+async def departed(store: Store, org: str) -> dict[str, str]:
+    """Those `org`'s recorded configs named once and name no more: principal: login then."""
+    rows = await store.fetchall("SELECT principal, login FROM office_departed WHERE org=?",
+                                (org.lower(),))
+    return {r["principal"]: r["login"] for r in rows}
 
 
 async def bind(store: Store, org: str, principal: str, login: str, user_id: int) -> bool:

@@ -117,6 +117,9 @@ NAMES = {
         " the repository has now",
     38: "named locks' sessions on PostgreSQL have leases, renewed while the server says the"
         " session is alive: a replica taking a lock a dead session let go waits out its lease",
+    39: "whoever an office's config no longer names is recorded as departed, with the login"
+        " they had, until a config names them again: the questions waiting on them are sent"
+        " back from that record, so a sweep cut off part-way is finished by the next read",
 }
 
 
