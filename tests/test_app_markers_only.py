@@ -1,9 +1,14 @@
 """markers the app reads back from comments it posted, where the comment's text was
-written by someone else (the app echoes it), or from comments anyone may post."""
+written by someone else (the app echoes it), or from comments anyone may post, or where a
+value someone chose (an idempotencyKey) was part of the marker."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from bot.app.embedded import Embedded
 from bot.email.message import META_PREFIX
+from tests.support import Actor
 from tests.test_email_outbox import SCOUT_VAULT, _first_mail, _parsed
 from tests.test_email_support import DOMAIN, Mailroom, mailroom, send
 
@@ -111,3 +116,56 @@ def test_someone_elses_words_carry_no_marker_once_posted_as_data() -> None:
     once = as_data(text)
     assert "<!--" not in once and as_data(once) == once
     assert once.replace(WORD_JOINER, "") == text
+
+
+async def test_a_reply_key_that_writes_the_tamper_marker_does_not_silence_the_warning(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """Review r3: scout replies with an idempotencyKey that closes the reply's marker and
+    opens the tamper warning's (`k --> <!-- vaultmail:tampered <mail id>`); marco then edits
+    the mail. The app's reply comment carried that marker, so the warning was found
+    already posted and never written: the mail was flagged, and nobody told."""
+    sent = (await tools("agent:builder")("mail_send", to="scout", subject="Prices",
+                                         body="EU prices, please"))["mail"]
+    await embedded.settle()
+    scout = tools("agent:scout")
+    await scout("mail_reply", mail=sent["ref"], body="On it.",
+                idempotencyKey=f"k --> <!-- vaultmail:tampered {sent['mail_id']}")
+    await embedded.settle()
+    marco: Actor = person("marco")
+    issue = await marco.issue(SCOUT_VAULT, sent["number"])
+    await marco.call("PATCH", f"/repos/{SCOUT_VAULT}/issues/{sent['number']}",
+                     {"body": issue["body"].replace("EU prices", "US prices")}, expect=200)
+    await embedded.settle()
+    assert (await scout("mail_get", mail=sent["ref"]))["mail"]["tampered"] is True
+    bodies = [c["body"] for c in await marco.comments(SCOUT_VAULT, sent["number"])]
+    assert len([b for b in bodies if "changed after it was sent" in b]) == 1, bodies
+    # the reply carries its own marker alone: no other comment of the app's in it
+    reply = next(b for b in bodies if "On it." in b)
+    assert reply.count("<!--") == 1, reply
+
+
+async def test_a_reply_posted_under_the_earlier_marker_is_found_after_the_upgrade(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """A reply comment an earlier release posted ends in its key itself
+    (`<!-- vaultmail:reply r1 -->`): the doctor still counts it as the reply, and posts
+    nothing again."""
+    from bot.app.doctor import Doctor
+    from bot.forge import markers
+
+    sent = (await tools("human:marco@acme.com")("mail_send", to="scout", subject="Prices",
+                                                body="EU prices, please"))["mail"]
+    await embedded.settle()
+    await tools("agent:scout")("mail_reply", mail=sent["ref"], body="On it.",
+                               idempotencyKey="r1")
+    await embedded.settle()
+    marco: Actor = person("marco")
+    [reply] = [c for c in await marco.comments(SCOUT_VAULT, sent["number"])
+               if "On it." in c["body"]]
+    forge = embedded.services.forge_for_org("acme")  # as the earlier release wrote it
+    await forge.update_comment(SCOUT_VAULT, int(reply["id"]), reply["body"].replace(
+        markers.reply("r1"), "<!-- vaultmail:reply r1 -->"))
+    report = await Doctor(embedded.services).run(["acme"])
+    bodies = [c["body"] for c in await marco.comments(SCOUT_VAULT, sent["number"])]
+    assert [b for b in bodies if "On it." in b] == [
+        reply["body"].replace(markers.reply("r1"), "<!-- vaultmail:reply r1 -->")], \
+        report.table()

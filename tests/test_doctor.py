@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from bot.app.embedded import Embedded
+from bot.forge import markers
 from bot.store import mails
 from tests.support import label_names
 from tests.test_tamper import vaultmail
@@ -59,7 +60,7 @@ async def test_the_doctor_repairs_lost_writes_once(embedded: Embedded, person: A
                 idempotencyKey="reply-2")
     assert lose.fired == 1
     await embedded.settle()
-    marker, marker2 = "<!-- vaultmail:reply reply-1 -->", "<!-- vaultmail:reply reply-2 -->"
+    marker, marker2 = markers.reply("reply-1"), markers.reply("reply-2")
     comment = next(c for c in await admin.comments(SCOUT_VAULT, _number(asked["ref"]))
                    if marker in c["body"])
     await admin.call("DELETE", f"/repos/{SCOUT_VAULT}/issues/comments/{comment['id']}",
@@ -219,7 +220,7 @@ async def test_two_passes_at_once_repair_each_thing_once(embedded: Embedded, per
     issue = await admin.issue(SCOUT_VAULT, _number(one["ref"]))
     assert (issue["state"], label_names(issue)) == ("closed", ["mail:closed"])
     comments = [c for c in await admin.comments(SCOUT_VAULT, _number(two["ref"]))
-                if "<!-- vaultmail:reply two -->" in c["body"]]
+                if markers.reply("two") in c["body"]]
     assert len(comments) == 1, comments
 
 

@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from bot.forge import markers
 from bot.forge.once import comment_once
 from bot.store import idempotency
 from bot.store.queue import payload_org
@@ -67,7 +68,7 @@ class HandlerContext:
         same order, on every attempt."""
         self.said += 1
         digest = hashlib.sha256((self.source or self.delivery_id).encode()).hexdigest()[:20]
-        return f"<!-- vaultmail:said {digest}:{self.said} -->"
+        return markers.marker("said", f"{digest}:{self.said}")
 
     async def post_once(self, repo: str, number: int, text: str, marker: str) -> None:
         """`text` on `repo`#`number` once across this delivery's tries: looked for when an

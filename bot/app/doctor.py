@@ -12,7 +12,7 @@ every vault of every office:
   write was lost: the state the index holds is written again. Otherwise the difference is
   flagged, not touched: someone's change whose webhook is still to come must not be undone;
 - each reply the ledger holds (`mail.replied` with the reply's key, within `reply_window`)
-  against its comment on the mail's issue (the marker `vaultmail:reply KEY`, for replies the
+  against its comment on the mail's issue (the marker `vaultmail:reply DIGEST`, for replies the
   app posted): a comment that vanished is posted again as it was (`bot.store.replies` keeps
   it for the window), else from the reply's copy in the sender agent's vault (its body is the
   reply's words). A reply whose words are kept nowhere is flagged;
@@ -51,6 +51,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from bot.app.background import Background
+from bot.forge import markers
 from bot.forge.errors import ForgeError, NotFound
 from bot.forge.pacing import writes_for
 from bot.mail.header import (
@@ -477,9 +478,8 @@ class Doctor:
             comments = await forge.list_comments(mail.vault, mail.number)
             bodies = self._app_posted(comments)  # (anyone may write a reply's marker)
             for replier, key in made:
-                marker = f"<!-- vaultmail:reply {key} -->"
-                if not any(body.rstrip().endswith(marker) for body in bodies):
-                    await self._reply_gone(report, forge, office, mail, replier, key, marker)
+                if not any(markers.is_reply(body, key) for body in bodies):
+                    await self._reply_gone(report, forge, office, mail, replier, key)
 
     async def _reply_copy(self, org: str, replier: str, mail_id: str,
                           key: str) -> MailRecord | None:
@@ -497,11 +497,14 @@ class Doctor:
         return [str(c.get("body") or "") for c in comments if self.services.by_app(c)]
 
     async def _reply_gone(self, report: DoctorReport, forge: Forge, office: Office,
-                          mail: MailRecord, replier: str, key: str, marker: str) -> None:
+                          mail: MailRecord, replier: str, key: str) -> None:
         what = f"reply {key[:12]}"
+        marker = markers.reply(key)
         body = await replies.kept(self.store, mail.mail_id, key)
         source = "as it was posted"
-        if body is None:
+        if body is not None:  # (under this release's marker: one kept before ends in the key)
+            body = f"{markers.without_reply(body, key)}\n\n{marker}"
+        else:
             copy = await self._reply_copy(office.org, replier, mail.mail_id, key)
             if copy is None:
                 self._found(report, Finding(mail.ref, "reply comment", "gone", what, FLAGGED,
@@ -516,7 +519,7 @@ class Doctor:
             return
         async with self.services.lock_for(f"reply:{mail.mail_id}:{key}"):
             comments = await forge.list_comments(mail.vault, mail.number)
-            if any(body.rstrip().endswith(marker) for body in self._app_posted(comments)):
+            if any(markers.is_reply(body, key) for body in self._app_posted(comments)):
                 self._found(report, Finding(mail.ref, "reply comment", "gone", what, SKIPPED,
                                             "it is there now"))
                 return

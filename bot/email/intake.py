@@ -24,6 +24,7 @@ from bot.email.domains import DomainProofs, record_name, record_value
 from bot.email.message import Attached, Bounce, Inbound, read_meta, render_inbound
 from bot.email.outgoing import HOPS_HEADER
 from bot.email.policy import Decision, decide
+from bot.forge import markers
 from bot.forge.errors import ForgeError
 from bot.forge.gitea import GiteaForge, gitea_name
 from bot.forge.once import comment_once
@@ -79,7 +80,7 @@ def with_hops(mailer: Mailer, draft: MailRecord | _Draft, hops: int | None) -> M
 
 
 def _marker(message_id: str) -> str:
-    return f"<!-- vaultmail:email-in {hashlib.sha256(message_id.encode()).hexdigest()[:32]} -->"
+    return markers.marker("email-in", markers.token(message_id))
 
 
 def as_shown(forge: Forge, text: str) -> str:
@@ -310,7 +311,7 @@ class EmailIntake:
         if person is None:
             return
         forge = self.services.forge_for_org(office.org)
-        marker = f"<!-- vaultmail:email-held {mail.mail_id} -->"
+        marker = markers.marker("email-held", mail.mail_id)
         await comment_once(forge, mail.vault, mail.number, fits(as_shown(
             forge, f"@{person.login} this mail is held for you: {as_data(reason)}"
             ". Release it to the agent by giving it the label `mail:new`, or drop it by "
@@ -445,7 +446,7 @@ class EmailIntake:
         mailer = self.mailer(office)
         what = "mail" if sent_by_agent else "reply"
         digest = hashlib.sha256(f"{message_id}\n{recipient}".encode()).hexdigest()[:32]
-        marker = f"<!-- vaultmail:email-bounced {digest} -->"
+        marker = markers.marker("email-bounced", digest)
         # (the reason is the report's words: a stranger's)
         note = fits(as_data(
             f"📭 The {what} sent by email as `{message_id}` to `{recipient}` bounced ({why}).")

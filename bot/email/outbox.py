@@ -19,7 +19,6 @@ deferral is given up: bounced, its agent told; one the app will not write
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
@@ -35,6 +34,7 @@ from bot.email.addresses import address_of, agent_address
 from bot.email.intake import EmailIntake
 from bot.email.message import EmailMeta, read_meta
 from bot.email.sending import may_email
+from bot.forge import markers
 from bot.forge.once import comment_once
 from bot.mail.mailer import fits
 from bot.mail.markdown import as_data, as_written
@@ -137,7 +137,7 @@ def _internal(office: Office, mail: MailRecord, message_id: str, exc: Exception)
 def reply_text(comment_body: str, key: str) -> str:
     """What the agent wrote, from its reply's comment: the byline and marker of a reply the
     app posted taken off, mentions as written."""
-    text = comment_body.replace(f"<!-- vaultmail:reply {key} -->", "")
+    text = markers.without_reply(comment_body, key)
     text = re.sub(r"^\*\*[^*\n]{1,120}\*\* replied:\n\n", "", text.lstrip())
     return as_written(text).strip()
 
@@ -318,7 +318,7 @@ class Outbox(Rounds):
             renamed=renamed)
         if first is not None:
             forge = self.services.forge_for_org(office.org)
-            marker = f"<!-- vaultmail:email-deferred {message_id.strip('<>')} -->"
+            marker = markers.marker("email-deferred", message_id.strip("<>"))
             whom = f" for {_listed(recipients)}" if recipients and not whole else ""
             await forge.create_comment(mail.vault, mail.number, fits(as_data(
                 f"⏳ Deferred{whom}: `{message_id}` is not sent{' to them' if whom else ''} "
@@ -452,9 +452,8 @@ class Outbox(Rounds):
                 by=("message_id", "recipients"),
                 renamed=self.services.keyring.renamed(office.org))
         forge = self.services.forge_for_org(office.org)
-        part = "" if list(to) == out.recipients else " " + hashlib.sha256(
-            "\n".join(to).encode()).hexdigest()[:16]
-        marker = f"<!-- vaultmail:email-sent {message_id.strip('<>')}{part} -->"
+        part = () if list(to) == out.recipients else (markers.token("\n".join(to), 16),)
+        marker = markers.marker("email-sent", message_id.strip("<>"), *part)
         await comment_once(forge, mail.vault, mail.number, (
             f"📤 {note} by email to {_listed(to)} as `{message_id}`.\n\n{marker}"), marker)
         if not ledgered:
@@ -514,7 +513,7 @@ class Outbox(Rounds):
                              left_out: tuple[str, ...], latest: EmailMeta) -> None:
         """A note on the mail's issue, once a reply: the addresses its message named that the
         reply does not go to, and why (`_reply_addressees`)."""
-        marker = f"<!-- vaultmail:email-left-out {message_id.strip('<>')} -->"
+        marker = markers.marker("email-left-out", message_id.strip("<>"))
         dmarc = as_data(str(latest.verdicts.get("dmarc") or "none"))
         await comment_once(forge, mail.vault, mail.number, fits(
             f"✂️ Not copied to {_listed(left_out)}: the message answered named them, but "
@@ -540,8 +539,7 @@ class Outbox(Rounds):
             # recipients
             by_app = self.services.by_app(comment)
             if (wanted_id is not None and str(comment.get("id")) == wanted_id) or (
-                    wanted_id is None and by_app
-                    and body.rstrip().endswith(f"<!-- vaultmail:reply {key} -->")):
+                    wanted_id is None and by_app and markers.is_reply(body, key)):
                 text = reply_text(body, key)
                 break
             if by_app and body.startswith("**email:") and "<!-- vaultmail:email-in " in body:

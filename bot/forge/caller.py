@@ -43,7 +43,7 @@ from bot import jsontext, metrics
 from bot.private_files import write_private
 from bot.store import lease
 
-from . import writes
+from . import markers, writes
 from .base import JSON
 from .clock import Clock
 from .errors import (
@@ -935,21 +935,23 @@ class RepoCaller(_Caller):
                         since: str | datetime | None = None) -> AsyncIterator[JSON]: ...
 
     async def marked_issues(self, repo: str, marker: str) -> list[JSON]:
-        """The app's recent open issues whose body contains `marker`, oldest first."""
+        """The app's recent open issues whose body carries `marker` (a whole comment:
+        `markers.carries`), oldest first."""
         since = _iso_epoch(self.client.clock.now() - self.config.marker_window)
         found = [i async for i in self.iter_issues(repo, state="open", since=since)
-                 if self._by_app(i) and marker in (i.get("body") or "")]
+                 if self._by_app(i) and markers.carries(i.get("body") or "", marker)]
         return sorted(found, key=lambda i: int(i["number"]))
 
     async def marked_comments(self, repo: str, number: int, marker: str) -> list[JSON]:
-        """The app's recent comments on the issue whose body contains `marker`, oldest
-        first (more than one only when tries of one write raced: `keep_first`)."""
+        """The app's recent comments on the issue whose body carries `marker` (a whole
+        comment: `markers.carries`), oldest first (more than one only when tries of one write
+        raced: `keep_first`)."""
         since = _iso_epoch(self.client.clock.now() - self.config.marker_window)
         return [c for c in await self.list_comments(repo, number, since=since)
-                if self._by_app(c) and marker in (c.get("body") or "")]
+                if self._by_app(c) and markers.carries(c.get("body") or "", marker)]
 
     async def find_comment(self, repo: str, number: int, marker: str) -> JSON | None:
-        """The newest recent comment by the app on the issue whose body contains `marker`."""
+        """The newest recent comment by the app on the issue whose body carries `marker`."""
         found = await self.marked_comments(repo, number, marker)
         return found[-1] if found else None
 

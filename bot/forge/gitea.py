@@ -41,6 +41,7 @@ from uritemplate import variable
 
 from labels.catalogue import MAIL_LABELS, Label
 
+from . import markers
 from .base import (
     JSON,
     Forge,
@@ -264,7 +265,7 @@ class GiteaForge(RepoCaller):
              "limit": PAGE},
             max_pages=self.config.marker_search_pages,
         ):
-            if self._by_app(issue) and marker in (issue.get("body") or "") and (
+            if self._by_app(issue) and markers.found_in(issue.get("body") or "", marker) and (
                     accept is None or accept(github_issue(issue))):
                 return github_issue(issue)
         return None

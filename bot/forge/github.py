@@ -20,6 +20,7 @@ from uritemplate import variable
 
 from labels.catalogue import Label
 
+from . import markers
 from .base import (
     JSON,
     Forge,
@@ -136,7 +137,8 @@ class GitHubForge(RepoCaller):
         ):
             if "pull_request" in issue or not self._by_app(issue):
                 continue
-            if marker in (issue.get("body") or "") and (accept is None or accept(issue)):
+            if markers.found_in(issue.get("body") or "", marker) and (
+                    accept is None or accept(issue)):
                 found: JSON = issue
                 return found
         return None

@@ -6,11 +6,11 @@ other's."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
+from bot.forge import markers
 from bot.store import idempotency
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ async def _close_duplicate(forge: Forge, repo: str, number: int, first: JSON,
     log.warning("a late duplicate issue closed", extra={
         "repo": repo, "duplicate": number, "kept": first["number"], "outcome": "duplicate"})
     await forge.update_issue(repo, number, state="closed", state_reason="not_planned")
-    note = f"<!-- vaultmail:duplicate {hashlib.sha256(marker.encode()).hexdigest()[:20]} -->"
+    note = markers.marker("duplicate", markers.token(marker, 20))
     await comment_once(forge, repo, number, (
         f"A duplicate of #{first['number']}: two writers opened this issue at once. "
         f"#{first['number']} is the one kept; this copy is closed.\n\n{note}"), note,

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.forge import markers
 from bot.items.questions import Question
 from bot.items.threads import ThreadState, left_note
 from bot.mail.markdown import (
@@ -32,7 +33,6 @@ from bot.mail.markdown import (
 )
 from bot.names import MENTIONED
 
-_MARK = "<!-- vaultmail:comment id={id}{extra} -->"
 _ADDRESS_LINE = re.compile(r"^\s*(?P<field>to|cc)\s*:\s*(?P<rest>.*)$", re.IGNORECASE)
 _MENTION = re.compile(rf"(?<![\w/`@.])@(?P<name>{MENTIONED}(?:/[A-Za-z0-9_.-]+)?)")
 # A task-list box: `- [ ] text`. The whitespace around the text is stripped afterwards:
@@ -49,8 +49,7 @@ MAX_COMMENT = 16_000
 
 
 def marker(comment_id: str, **extra: str) -> str:
-    tail = "".join(f" {k}={v}" for k, v in extra.items())
-    return _MARK.format(id=comment_id, extra=tail)
+    return markers.marker("comment", f"id={comment_id}", *(f"{k}={v}" for k, v in extra.items()))
 
 
 def _neutralise(text: str) -> str:

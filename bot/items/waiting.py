@@ -48,6 +48,7 @@ import hashlib
 import logging
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from bot.forge import markers
 from bot.forge.errors import (
     ForgeError,
     NotFound,
@@ -118,7 +119,7 @@ def marker(org: str, principal: str) -> str:
     """The hidden line that names a tracker's principal without showing it (an email is not
     written into a repository's issues)."""
     token = hashlib.sha256(f"{org.lower()}\0{principal}".encode()).hexdigest()[:20]
-    return f"<!-- vaultmail:waiting-on {token} -->"
+    return markers.marker("waiting-on", token)
 
 
 def shown_name(service: Comments, principal: str) -> str:
@@ -161,8 +162,8 @@ async def _sync(service: Comments, forge: Dependencies, scope: str) -> None:
     marks = {marker(office.org, p): p for p in principals}
     shown: dict[str, list[store.Tracker]] = {}
     for issue in await forge.list_blocked_by(outcome.repo, outcome.number):
-        p = next((who for mark, who in marks.items() if mark in str(issue.get("body") or "")),
-                 None)
+        body = str(issue.get("body") or "")
+        p = next((who for mark, who in marks.items() if markers.carries(body, mark)), None)
         by = str((issue.get("user") or {}).get("login") or "")
         if p is not None and by.lower() == service.services.bot_login.lower():
             repo = _repo_of(issue) or outcome.repo

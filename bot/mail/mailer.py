@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from bot.app import runs
 from bot.errors import Conflict, Denied, InvalidArguments, NotFoundError
+from bot.forge import markers
 from bot.forge.errors import ForgeError, NotFound, PermissionDenied, PutOff
 from bot.forge.once import comment_once
 from bot.mail.header import (
@@ -55,7 +56,7 @@ from labels.states import (
 
 if TYPE_CHECKING:
     from bot.app.services import Services
-    from bot.forge.base import Forge
+    from bot.forge.base import JSON, Forge
     from bot.mail.signing import Signer
 
 # Mail between agents beyond this many hops starts no run: the automatic reply notification
@@ -457,7 +458,7 @@ class Mailer:
                      if not str(lb["name"]).startswith("mail:")]
             await self.forge.update_issue(vault, number, state="closed",
                                           state_reason="not_planned", labels=other)
-        marker = f"<!-- vaultmail:duplicate {original.mail_id} -->"
+        marker = markers.marker("duplicate", original.mail_id)
         if await self.forge.find_comment(vault, number, marker) is None:
             await self.forge.create_comment(vault, number, (
                 f"This issue is a duplicate of #{original.number}, the same mail (id "
@@ -757,7 +758,7 @@ class Mailer:
         if len(said) > QUOTED_MAX:  # the rest is in the forge's own edit history
             said = said[:QUOTED_MAX] + f"\n\n[… {len(said) - QUOTED_MAX:,} characters more]"
         digest = hashlib.sha256(f"{issue.get('updated_at')}\n{said}".encode()).hexdigest()[:16]
-        marker = f"<!-- vaultmail:written-over {mail.mail_id} {digest} -->"
+        marker = markers.marker("written-over", mail.mail_id, digest)
         async with self.services.lock_for(f"tamper:{mail.mail_id}"):
             fresh = await self._flag_tampered(
                 mail, actor, "edited before it was signed: the signing wrote over the edit, "
@@ -993,14 +994,22 @@ class Mailer:
                                     check=False, automatic=True,
                                     idempotency_key=f"reply\n{mail.mail_id}\n{key}")
         if not posted:
-            marker = f"<!-- vaultmail:reply {key} -->"
+            marker = markers.reply(key)  # (the key is the caller's: its digest)
             comment = fits(f"**{actor}** replied:\n\n{as_data(text)}\n\n{marker}",
                            "the reply, its byline added")
+
+            async def earlier() -> JSON | None:
+                # an earlier try before an upgrade wrote the key itself (`legacy_reply`)
+                for m in (marker, markers.legacy_reply(key)) if again else (marker,):
+                    if (found := await self.forge.find_comment(mail.vault, mail.number,
+                                                               m)) is not None:
+                        return found
+                return None
             # a named reply may have other tries (an unnamed one's key is fresh); kept a
             # while before its create: should the forge lose the comment, `vaultmail doctor`
             # posts it again (a reply to a person has no copy anywhere else)
             await comment_once(self.forge, mail.vault, mail.number, comment, marker,
-                               look=named, before=lambda: replies.keep(
+                               look=named, find=earlier, before=lambda: replies.keep(
                                    self.services.store, mail.mail_id, key, comment))
             if named:
                 await idempotency.check_claim()  # (a try taken over moves nothing either)
@@ -1234,7 +1243,7 @@ class Mailer:
         """Post `warning` (`Verdict.warning`) on the mail's issue, with what was sent: looked
         for even when this try flagged it, since its create may land after another's that
         found it still owed (the tamper lock lost under this one: `comment_once`)."""
-        marker = f"<!-- vaultmail:tampered {mail.mail_id} -->"
+        marker = markers.marker("tampered", mail.mail_id)
         await comment_once(self.forge, mail.vault, mail.number, (
             f"⚠️ {warning}. vaultmail "
             f"keeps the signed original: from {mail.from_principal} to "

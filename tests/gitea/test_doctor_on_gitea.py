@@ -10,6 +10,7 @@ import re
 import aiohttp
 
 from bot.app.embedded import Embedded
+from bot.forge import markers
 from tests.gitea.test_mail_on_gitea import VAULT, Person, tool
 from tests.test_tamper import vaultmail
 
@@ -32,7 +33,7 @@ async def test_the_doctor_on_gitea(office: Embedded) -> None:
         assert status == 200, replied
         await office.settle()
         admin, marco = Person(s, office, "admin"), Person(s, office, "marco")
-        marker = "<!-- vaultmail:reply g1 -->"
+        marker = markers.reply("g1")
         [comment] = [c for c in await admin.comments(n) if marker in c["body"]]
         await admin.call("DELETE", f"/repos/{VAULT}/issues/comments/{comment['id']}",
                          expect=204)
