@@ -77,28 +77,29 @@ def closed_duplicate(issue: dict[str, Any]) -> bool:
 def _rank(record: MailRecord, issue: dict[str, Any], indexed: str | None) -> tuple[int, ...]:
     """Which of several issues carrying one genuine header is the mail (lowest first).
 
-    An adopted mail's id names its issue; else the issue the index held it at; else one not
-    closed as a duplicate (a stalled send's late copy, `Mailer.deliver`); else an
-    untampered one; else the one the app opened when it signed the header (opened at or
-    after `sent`: someone editing an older issue of the app's to carry a newer header made a
-    copy), the earliest such."""
+    An adopted mail's id names its issue; else one not closed as a duplicate (a stalled
+    send's late copy, `Mailer.deliver`); else an untampered one; else the one the app opened
+    when it signed the header (opened at or after `sent`: someone editing an older issue of
+    the app's to carry a newer header made a copy), the earliest such: the original, with its
+    replies, even where the index holds a later one (a send retried against an index restored
+    from a backup opened that); last the issue the index held it at."""
     number = int(issue["number"])
     opened = _opened(issue)
     sent = datetime.strptime(record.sent, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
     return (not adopted_here(record.mail_id, record.vault, number, forge_id(issue)),
-            indexed is not None and record.ref != indexed,
             closed_duplicate(issue),
             record.tampered,
             opened is None or opened < sent - CLOCK_SKEW,
-            int(opened or 0), number)
+            int(opened or 0), number,
+            indexed is not None and record.ref != indexed)
 
 
 async def scan(forge: Forge, office: Office, keys: Verifier, *, app_login: str,
                indexed: dict[str, str] | None = None,
                progress: bool = False) -> tuple[list[MailRecord], ReindexReport]:
-    """Every mail in the office's vaults. `indexed` (mail id -> ref, from the index being
-    rebuilt) settles which issue is a mail whose header also sits on another: a copy never
-    displaces the original."""
+    """Every mail in the office's vaults. Of two issues carrying one mail's header the
+    original is kept (`_rank`); `indexed` (mail id -> ref, from the index being rebuilt)
+    tells apart only what nothing else does."""
     report = ReindexReport()
     found: dict[str, tuple[tuple[int, ...], MailRecord]] = {}
     bar = tqdm(total=None, unit="issue", desc="reindex", disable=not progress, leave=True)
