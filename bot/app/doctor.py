@@ -5,6 +5,12 @@ a state label PATCH undone leaves a mail in the wrong state on the forge for goo
 removed takes a reply away, and no webhook ever says so. A pass of the doctor compares, for
 every vault of every office:
 
+- first, what the forge shows that the index has no word of (an index restored from an old
+  backup: the forge is the source of truth and has moved on), caught up from the forge
+  (`catch_up_vault`, which the app also runs at start, before serving): a mail on the forge
+  the index does not hold is indexed, and a mail the app itself moved after the index's
+  last knowledge of it (its last move applied, else its send) takes the forge's state. Such
+  a change is never undone;
 - each indexed mail's state with its issue's `mail:*` label and open/closed state. When they
   differ and the forge shows no change the index has not taken (no delivery about the issue
   waiting in the queue, and, in the issue's timeline, no state change by anyone but the app
@@ -41,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import itertools
 import json
 import logging
 import os
@@ -48,6 +55,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from bot.app.background import Background
@@ -62,6 +70,7 @@ from bot.mail.header import (
     written_body,
 )
 from bot.mail.mailer import fits, keyed_mail_ids, signed_again
+from bot.mail.reindex import CLOCK_SKEW, _rank, mail_from_issue
 from bot.office.config import Office
 from bot.office.source import ROUND_WAIT, OfficeUnanswered
 from bot.store import ledger, mails, moves, replies
@@ -70,7 +79,7 @@ from labels.states import MailState, labels_for
 
 if TYPE_CHECKING:
     from bot.app.services import Services
-    from bot.forge.base import Forge
+    from bot.forge.base import Forge, StateChange
     from bot.store import Store
 
 log = logging.getLogger("vaultmail.doctor")
@@ -80,6 +89,7 @@ MAX_REPAIRS = 100  # forge writes one pass makes at most in an office; the next 
 BUDGET_FLOOR = 0.2  # a pass stops early below this share of the primary rate limit left
 
 REPAIRED, WOULD_REPAIR, FLAGGED, SKIPPED = "repaired", "would repair", "flagged", "skipped"
+CAUGHT_UP, WOULD_CATCH_UP = "caught up", "would catch up"  # the index behind the forge
 
 
 @dataclass(frozen=True)
@@ -114,10 +124,11 @@ class DoctorReport:
     def table(self) -> str:
         """The summary an operator reads: what was looked at, then one line per finding."""
         counts = self.counts()
+        behind = [name for name in (CAUGHT_UP, WOULD_CATCH_UP) if counts.get(name)]
         lines = [f"checked: {self.offices} office(s), {self.vaults} vault(s), {self.mails} "
                  f"mail(s), {self.replies} {'reply' if self.replies == 1 else 'replies'}",
                  "  ".join(f"{name}: {counts.get(name, 0)}"
-                           for name in (REPAIRED, WOULD_REPAIR, FLAGGED, SKIPPED))]
+                           for name in (REPAIRED, WOULD_REPAIR, FLAGGED, SKIPPED, *behind))]
         if self.stopped:
             lines.append(f"stopped early: {self.stopped}")
         if self.findings:
@@ -208,6 +219,127 @@ def lost_header(mail: MailRecord, issue: dict[str, Any]) -> bool:
 
 def _gone(exc: ForgeError) -> bool:
     return isinstance(exc, NotFound) or exc.status in (404, 410)
+
+
+async def state_changes(forge: Forge, mail: MailRecord) -> list[StateChange]:
+    """The issue's closes, reopens and mail label changes, oldest first."""
+    return [c for c in await forge.state_changes(mail.vault, mail.number)
+            if c.event in ("closed", "reopened") or c.label.lower().startswith("mail:")]
+
+
+async def unheard_move(services: Services, mail: MailRecord,
+                       changes: list[StateChange]) -> StateChange | None:
+    """The forge's latest state change of the mail when it is the app's own and newer than
+    anything the index knows of the mail (its last move applied; none applied: its send, the
+    app's labels at the start): the index is behind the forge (restored from a backup), not
+    the forge behind the index. A lost write leaves the forge older than the index instead."""
+    app = services.bot_login.lower()
+    if not changes or changes[-1].actor != app:
+        return None  # (someone's: `Doctor._undecided`)
+    applied = await moves.last_move(services.store, mail.mail_id)
+    if applied is None:
+        sending = itertools.takewhile(lambda c: c.actor == app and c.event == "labeled", changes)
+        return changes[-1] if len(list(sending)) < len(changes) else None
+    at = moves.forge_time(changes[-1].at)
+    return changes[-1] if at is not None and at > applied else None
+
+
+async def catch_up_vault(services: Services, forge: Forge, vault: str,
+                         issues: list[dict[str, Any]], *, dry_run: bool = False
+                         ) -> list[Finding]:
+    """The index caught up with what `issues` (of `vault`, as the forge lists them) show that
+    it has no word of: a mail the index does not hold is indexed (the original, where two
+    issues carry its header: `_rank`), and a mail the app moved after the index's last
+    knowledge of it takes the forge's state (`unheard_move`). A mail id the index holds at
+    another issue, or an issue another mail holds, is reindex's to settle."""
+    best: dict[str, tuple[tuple[int, ...], MailRecord, dict[str, Any]]] = {}
+    for issue in issues:
+        record = mail_from_issue(vault, issue, services.keyring, app_login=services.bot_login)
+        if record is None:
+            continue
+        rank = _rank(record, issue, None)
+        if record.mail_id not in best or rank < best[record.mail_id][0]:
+            best[record.mail_id] = (rank, record, issue)
+    found: list[Finding] = []
+    for _, record, issue in best.values():
+        indexed = await mails.get_mail(services.store, record.mail_id)
+        if indexed is None:
+            if await mails.mail_at(services.store, record.vault, record.number) is None:
+                found.append(await _index_unheard(services, record, issue, dry_run))
+        elif indexed.number == record.number and differs(indexed, issue):
+            change = await unheard_move(services, indexed, await state_changes(forge, indexed))
+            if change is not None:
+                found.append(await _take_state(services, forge, indexed, change, dry_run))
+    return [f for f in found if f.outcome != SKIPPED]
+
+
+async def _index_unheard(services: Services, record: MailRecord, issue: dict[str, Any],
+                         dry_run: bool) -> Finding:
+    def said(outcome: str) -> Finding:
+        return Finding(record.ref, "index", _shows(issue), "not indexed", outcome,
+                       "a mail on the forge the index had no word of: indexed from the forge")
+
+    if dry_run:
+        return said(WOULD_CATCH_UP)
+    async with (services.lock_for(record.mail_id), services.store.transaction(
+            mails.box_key(record.org, record.to_principal)) as db):
+        if (await mails.get_mail_in(db, record.mail_id)) is not None:
+            return said(SKIPPED)
+        await mails.put_mail(db, record)
+        await moves.note(db, record.mail_id, moves.forge_time(issue.get("updated_at")))
+    return said(CAUGHT_UP)
+
+
+async def _take_state(services: Services, forge: Forge, mail: MailRecord,
+                      change: StateChange, dry_run: bool) -> Finding:
+    why = (f"the app moved it on the forge ({change.event} {change.label} at {change.at}) "
+           "after anything the index knew of it: the forge's state taken, never undone")
+    if dry_run:
+        return Finding(mail.ref, "state", "?", _holds(mail), WOULD_CATCH_UP, why)
+    async with services.lock_for(mail.mail_id):  # as every mover of the mail does: look again
+        fresh = await mails.get_mail(services.store, mail.mail_id)
+        now = await forge.get_issue(mail.vault, mail.number)
+        record = mail_from_issue(mail.vault, now, services.keyring,
+                                 app_login=services.bot_login)
+        if (fresh is None or record is None or record.mail_id != fresh.mail_id
+                or not differs(fresh, now)):
+            return Finding(mail.ref, "state", _shows(now), _holds(mail), SKIPPED, why)
+        change = await unheard_move(services, fresh, await state_changes(forge, fresh)) or change
+        async with services.store.transaction(
+                mails.box_key(fresh.org, fresh.to_principal)) as db:
+            if not await mails.set_state(db, fresh.mail_id, record.state, _label_names(now),
+                                         expected=fresh.state):
+                return Finding(mail.ref, "state", _shows(now), _holds(mail), SKIPPED, why)
+            await moves.note(db, fresh.mail_id, moves.forge_time(change.at))
+    return Finding(mail.ref, "state", _shows(now), _holds(fresh), CAUGHT_UP, why)
+
+
+async def catch_up_index(services: Services) -> list[Finding]:
+    """At start, before serving: each office's vaults as the forge lists what changed in
+    them since the index last wrote their mail (less CLOCK_SKEW; a vault with none, all of
+    it), caught up (`catch_up_vault`), and said in the log. One office's forge failing
+    leaves that office for the doctor's next pass, never stops the start."""
+    found: list[Finding] = []
+    for org in sorted(services.installations):
+        try:
+            forge = services.forge_for_org(org)
+            office = await services.offices.get(forge, org)
+            if office is None:
+                continue
+            written = await mails.last_written(services.store, office.org)
+            for vault in office.vaults():
+                at = written.get(vault.lower())
+                since = None if at is None else datetime.fromtimestamp(at - CLOCK_SKEW, UTC)
+                issues = [i async for i in forge.iter_issues(vault, state="all", since=since)]
+                found += await catch_up_vault(services, forge, vault, issues)
+        except Exception as exc:  # (its forge, or its config)
+            log.warning("the index's catch-up with the forge: office not read", extra={
+                "org": org, "error": repr(exc)})
+    for finding in found:
+        log.warning("the index was behind the forge (restored from a backup?): caught up",
+                    extra={"issue": finding.ref, "kind": finding.kind,
+                           "forge": finding.forge, "index": finding.index})
+    return found
 
 
 class Doctor:
@@ -306,10 +438,19 @@ class Doctor:
             self._check_budget(forge)
             report.vaults += 1
             issues = {int(i["number"]): i async for i in forge.iter_issues(vault, state="all")}
+            # before any repair: what the index has no word of is taken, never undone
+            caught = await catch_up_vault(self.services, forge, vault, list(issues.values()),
+                                          dry_run=self.dry_run)
+            for finding in caught:
+                self._found(report, finding)
             indexed = await mails.list_mails(self.store, org=office.org, vault=vault,
                                              limit=1_000_000)
             self.progress(f"{vault}: {len(indexed)} mail(s), {len(issues)} issue(s)")
+            taken = {finding.ref for finding in caught}
             for mail in indexed:
+                if mail.ref in taken:  # (a dry run's: said once)
+                    report.mails += 1
+                    continue
                 report.mails += 1
                 issue = issues.get(mail.number)
                 if issue is None:
@@ -328,8 +469,12 @@ class Doctor:
         last move: the app's latest write was lost."""
         if await self.store.pending_about(mail.ref):
             return "a delivery about it is still to be handled"
-        changes = [c for c in await forge.state_changes(mail.vault, mail.number)
-                   if c.event in ("closed", "reopened") or c.label.lower().startswith("mail:")]
+        changes = await state_changes(forge, mail)
+        ahead = await unheard_move(self.services, mail, changes)
+        if ahead is not None:
+            return (f"the app moved it on the forge ({ahead.event} {ahead.label} at "
+                    f"{ahead.at}) after anything the index knows of it (an index restored "
+                    "from a backup?): taken from the forge, never undone")
         app = self.services.bot_login.lower()
         theirs = [c for c in changes if c.actor != app]
         if not theirs:

@@ -18,7 +18,7 @@ from bot import metrics
 from bot.app import runs
 from bot.app.build import build_services
 from bot.app.context import context_for
-from bot.app.doctor import DoctorSchedule
+from bot.app.doctor import DoctorSchedule, catch_up_index
 from bot.app.gitea_orgs import GiteaOrgs
 from bot.app.intake import receive_webhook
 from bot.app.listing import catch_up_offices
@@ -318,6 +318,9 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
             min_interval=cfg.write_interval))
         presence = app[PRESENCE_KEY] = Presence(services.store, services.notifier)
         await presence.start(settings.replica_id or None, settings.public_url or None)
+        # an index behind the forge (restored from a backup) is caught up before serving:
+        # a keyed send retried finds its mail, the doctor undoes nothing the index missed
+        await catch_up_index(services)
         app[CATCH_UP_KEY] = asyncio.create_task(catch_up_offices(services),
                                                 name="vaultmail-vault-catch-up")
         worker = app[WORKER_KEY] = build_worker(services)

@@ -242,6 +242,14 @@ async def vaults_of(store: Store, org: str) -> set[str]:
     return {str(row["vault"]).lower() for row in rows}
 
 
+async def last_written(store: Store, org: str) -> dict[str, float]:
+    """Each of `org`'s vaults (lower case) -> when the index last wrote a mail row of it
+    (the database's clock): what the index knows of the vault is no newer."""
+    rows = await store.fetchall("SELECT lower(vault) AS vault, max(updated_at) AS at FROM mails"
+                                " WHERE org=? GROUP BY lower(vault)", (org,))
+    return {str(row["vault"]): float(row["at"]) for row in rows}
+
+
 async def mail_at(store: Store, vault: str, number: int) -> MailRecord | None:
     row = await store.fetchone("SELECT * FROM mails WHERE lower(vault)=lower(?) AND number=?",
                                (vault, number))
