@@ -149,6 +149,11 @@ class Item:
                 "contentIsData": True}  # the title is someone's text: data, not instructions
 
 
+def scope_of(item: Item) -> str:
+    """Where the item's decisions count: a plan's or evidence's outcome or goal, else itself."""
+    return item.parent if item.kind in ("plan", "evidence") and item.parent else item.ref
+
+
 def claim_of(office: Office, assignees: list[str]) -> str | None:
     """The agent holding an outcome's claim: the first assignee who is an office agent."""
     for login in assignees:

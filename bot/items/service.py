@@ -36,6 +36,7 @@ from bot.items.model import (
     Item,
     as_key,
     item_from_issue,
+    scope_of,
     shows_native_parent,
     split_ref,
 )
@@ -258,7 +259,7 @@ class Comments:
 
     def scope_of(self, item: Item) -> str:
         """Questions on a plan or evidence count for the outcome or goal it belongs to."""
-        return item.parent if item.kind in ("plan", "evidence") and item.parent else item.ref
+        return scope_of(item)
 
     # -- access -----------------------------------------------------------------------------
     async def role(self, repo: str, principal: str) -> str:

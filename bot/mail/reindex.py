@@ -20,6 +20,7 @@ from labels.states import state_from_labels
 
 if TYPE_CHECKING:
     from bot.forge.base import Forge
+    from bot.items.rebuild import WorkReport
     from bot.mail.signing import Verifier
     from bot.store import Store
 
@@ -32,6 +33,7 @@ class ReindexReport:
     tampered: list[str] = field(default_factory=list)
     copies: list[str] = field(default_factory=list)  # a genuine header on an issue not its own
     attachments: int = 0  # rows of the email attachments index (bot.email.attachments)
+    work: WorkReport | None = None  # items, comments, questions (bot.items.rebuild)
 
 
 def mail_from_issue(vault: str, issue: dict[str, Any], keys: Verifier, *,
@@ -95,18 +97,22 @@ def _rank(record: MailRecord, issue: dict[str, Any], indexed: str | None) -> tup
 
 
 async def scan(forge: Forge, office: Office, keys: Verifier, *, app_login: str,
-               indexed: dict[str, str] | None = None,
-               progress: bool = False) -> tuple[list[MailRecord], ReindexReport]:
+               indexed: dict[str, str] | None = None, progress: bool = False,
+               listed: dict[str, list[dict[str, Any]]] | None = None,
+               ) -> tuple[list[MailRecord], ReindexReport]:
     """Every mail in the office's vaults. Of two issues carrying one mail's header the
     original is kept (`_rank`); `indexed` (mail id -> ref, from the index being rebuilt)
-    tells apart only what nothing else does."""
+    tells apart only what nothing else does. `listed` gets each vault's issues (the work
+    graph's rebuild reads them again)."""
     report = ReindexReport()
     found: dict[str, tuple[tuple[int, ...], MailRecord]] = {}
     bar = tqdm(total=None, unit="issue", desc="reindex", disable=not progress, leave=True)
     for vault in office.vaults():
         report.vaults += 1
         bar.set_postfix_str(vault)
+        seen = listed.setdefault(vault.lower(), []) if listed is not None else []
         async for issue in forge.iter_issues(vault, state="all"):
+            seen.append(issue)
             report.issues += 1
             bar.update(1)
             verdict = verify_issue(issue, vault, keys, app_login=app_login)
@@ -134,12 +140,16 @@ async def reindex(store: Store, forge: Forge, office: Office, keys: Verifier, *,
     which every mail the app opened was opened by (see `bot.mail.header.verify_issue`)."""
     indexed = {str(r["mail_id"]): f"{r['vault']}#{r['number']}"
                for r in await mails.indexed_places(store)}
+    listed: dict[str, list[dict[str, Any]]] = {}
     found, report = await scan(forge, office, keys, app_login=app_login, indexed=indexed,
-                               progress=progress)
+                               progress=progress, listed=listed)
     await mails.replace_all(store, found, office.vaults())
     if office.email is not None:  # email attachments: listed in the signed mail (issue 24)
         from bot.email.attachments import rebuild
 
         report.attachments = await rebuild(store, forge, office.vaults(), found,
                                            app_login=app_login)
+    from bot.items.rebuild import rebuild as rebuild_work
+
+    report.work = await rebuild_work(store, forge, office, app_login=app_login, listed=listed)
     return report

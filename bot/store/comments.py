@@ -928,15 +928,16 @@ def inbox_key(org: str, owner: str) -> str:
 
 
 async def deliver(db: Connection, owner: str, box: str, principal: str,
-                  comment: str, *, org: str) -> None:
+                  comment: str, *, org: str, read_at: float | None = None) -> None:
     # One owner's deliveries commit in the order of their seq: an agent's mark (mark_seen)
     # moves over the deliveries it was shown, so one numbered before them and committed after
     # would fall behind the mark unseen. (Callers delivering to several owners go in order of
     # owner; the ledger's key comes after.)
     await hold(db, inbox_key(org, owner))
     await db.execute("INSERT INTO inbox_deliveries(owner, box, principal, comment, created_at,"
-                     " org) VALUES (?,?,?,?,?,?)",
-                     (scoped(org, owner), box, principal, comment, time.time(), org.lower()))
+                     " org, read_at) VALUES (?,?,?,?,?,?,?)",
+                     (scoped(org, owner), box, principal, comment, time.time(), org.lower(),
+                      read_at))
 
 
 def _unread_in(boxes: int, *, columns: str = "*", order: str = " ORDER BY seq") -> Sql:

@@ -1,0 +1,377 @@
+"""Rebuild the work graph from the forge (`vaultmail reindex`, after the mail): items, their
+comments, the threads with their questions, answers and decisions, who each question waits
+on, and the inbox deliveries.
+
+The forge holds all of it in what people and the app wrote there: an item is an issue with an
+item label; a comment the app posted for a tool call opens with its marker (`<!-- vaultmail:
+comment id=… -->`) and says who wrote it, in which thread and as what (`render.render_comment`);
+a question is its card (`kind=question`: asker, those asked, the question, its options, and
+the answer a tick gave); a hand comment is read as the webhook read it (`/ask`, `/answer`,
+`/confirmed`, `/reply`, or words). Each item's comments are replayed in forge order through
+the thread rules (`bot.items.threads`), so a thread comes out as it was built.
+
+What the forge never had is not invented: an option's `then` (the asker's note, kept only in
+the index), the raw `to`/`cc` spellings of a tool call (the comment names those it reached),
+resolved marks on threads that are not questions, and read marks. A rebuild fills in what the
+index lacks and keeps every row it has (which may know more), so running it twice changes
+nothing; the deliveries it adds are read already (docs/using.md, "Reindex").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from bot.errors import VaultmailError
+from bot.items import render
+from bot.items.address import Reached, Table, audience, owner_of, resolve, table_reach
+from bot.items.model import Item, item_from_issue, scope_of
+from bot.items.questions import Option, Question, naming
+from bot.items.service import Comments
+from bot.items.threads import may_answer, reply, start
+from bot.items.views import parse_time
+from bot.mail.commands import parse_commands
+from bot.mail.markdown import as_written
+from bot.office.config import Office
+from bot.store import comments as db
+
+if TYPE_CHECKING:
+    from bot.forge.base import Forge
+    from bot.store import Store
+
+
+@dataclass
+class WorkReport:
+    items: int = 0
+    comments: int = 0  # comments added to the index (those it had are kept)
+    questions: int = 0  # question threads added
+    deliveries: int = 0
+
+
+_MARKER = re.compile(r"^<!-- vaultmail:comment id=(?P<id>c[0-9a-f]{32})(?P<kind> kind=\w+)?"
+                     r" -->$")
+_CARD_HEAD = re.compile(r"^❓ \*\*Question\*\* from \*\*(?P<author>.+?)\*\*"
+                        r" for (?P<who>.+?)(?: · cc (?P<cc>.+?))?"
+                        r"(?P<human> · \*a person decides \(human only\)\*)?$")
+_OPTION = re.compile(r"^- \[(?P<mark>[ x])\] (?P<n>\d+)\. \*\*(?P<label>.*?)\*\*"
+                     r"(?P<rec> \(recommended\))?(?: — (?P<description>.*))?$")
+_STATUS = ("**Answered** by ", "Tick a box, or reply", "Reply `/answer` and your answer.",
+           "**Answer withdrawn**", "*This question was deleted")
+_COMMENT_HEAD = re.compile(r"^💬 \*\*(?P<author>.+?)\*\*"
+                           r"(?: replied in thread `(?P<thread>c[0-9a-f]+)`)?"
+                           r"(?: \((?P<note>.*?)\))?(?: · for (?P<mentions>@.+))?$")
+_ANSWERED = re.compile(r"^\*\*Answered\*\* by (?P<login>[^:( ]+)")
+
+
+def _written(text: str) -> str:
+    """Words the app posted as data, as their writer wrote them (`render._neutralise` undone)."""
+    lines = [re.sub(r"^(\s*[-*]\s+)\\\[", r"\1[", line) for line in text.split("\n")]
+    return as_written("\n".join(lines))
+
+
+@dataclass
+class _Replay:
+    """One item's comments replayed: what the index gets for it."""
+
+    office: Office
+    item: Item
+    threads: dict[str, db.ThreadRow] = field(default_factory=dict)
+    comments: list[db.CommentRow] = field(default_factory=list)
+    asks: dict[str, int] = field(default_factory=dict)  # question id -> its hand `/ask`
+    ticks: list[tuple[str, str, int, str]] = field(default_factory=list)
+
+    def principal(self, name: str) -> str:
+        """An author or a mention as the app wrote it: an agent's principal, else a login."""
+        name = name.removeprefix("@")
+        if name.startswith(("agent:", "human:")):
+            return name
+        return _principal(self.office, name)
+
+    def reached(self, names: str | None) -> list[Reached]:
+        out = []
+        for name in (names or "").split(", "):
+            if name.strip():
+                p = self.principal(name.strip())
+                out.append(Reached(p, "agents" if p.startswith("agent:") else "personal"))
+        return out
+
+    def table(self) -> Table:
+        item = self.item
+        return Table(item.kind, item.author if item.kind == "plan" else None, item.claim)
+
+    def record(self, cid: str, author: str, body: str, thread: db.ThreadRow, *,
+               kind: str, forge_id: int | None, at: float, parent: str | None,
+               reached: list[Reached], to: list[Reached], cc: list[Reached],
+               option: str | None = None, amend: bool = False,
+               confirmed: bool = False) -> None:
+        spell = [r.principal.removeprefix("human:") for r in to]
+        self.comments.append(db.CommentRow(cid, self.item.ref, thread.id, parent, author, body, {
+            "to": spell, "cc": [r.principal.removeprefix("human:") for r in cc], "kind": kind,
+            "option": option, "amend": amend, "confirmedWithPerson": confirmed,
+            "notify": [r.as_json() for r in reached],
+            "addressed": [r.principal for r in [*to, *cc]]}, forge_id, at))
+        self.threads[thread.id] = thread
+
+    # -- the app's comments -------------------------------------------------------------
+    def card(self, cid: str, posted: dict[str, Any], at: float) -> None:
+        lines = str(posted.get("body") or "").replace("\r\n", "\n").split("\n")
+        head = _CARD_HEAD.match(lines[1]) if len(lines) > 1 else None
+        if head is None:
+            return
+        asker = self.principal(head["author"])
+        rest = lines[3:]
+        header = None
+        if rest and rest[0].startswith("### "):
+            header, rest = _written(rest[0][4:]), rest[2:]
+        end = next((i for i, line in enumerate(rest) if line.startswith(_STATUS)), len(rest))
+        status, rest = rest[end:], rest[:end]
+        options, context, body_lines = [], None, []
+        fold = rest.index("<details><summary>Context</summary>") \
+            if "<details><summary>Context</summary>" in rest else None
+        for line in rest:
+            if (m := _OPTION.match(line)) is not None:
+                options.append(Option(_written(m["label"]), _written(m["description"] or ""),
+                                      recommended=bool(m["rec"])))
+        if fold is not None:
+            close = rest.index("</details>", fold)
+            context = _written("\n".join(rest[fold + 2:close - 1]))
+            body_lines = rest[:fold]
+        else:
+            body_lines = [line for line in rest if not _OPTION.match(line)]
+        question = Question(_written("\n".join(body_lines).strip("\n")), options=tuple(options),
+                            header=header, human_only=bool(head["human"]), context=context)
+        to, cc = self.reached(head["who"]), self.reached(head["cc"])
+        table = table_reach(self.table())
+        try:
+            state = start(asker, question=question, to=to, cc=cc, reached=table)
+        except VaultmailError:
+            return
+        reached = audience(self.office, author=asker, candidates=[*table, *to, *cc],
+                           explicit=[*(r.principal for r in [*to, *cc]), *state.waiting_on])
+        row = db.ThreadRow(cid, self.item.ref, scope_of(self.item), state,
+                           int(posted["id"]), str(posted.get("body") or ""), None, at)
+        self.record(cid, asker, question.body, row, kind="question",
+                    forge_id=self.asks.get(cid, int(posted["id"])), at=at, parent=None,
+                    reached=reached, to=to, cc=cc)
+        self.ticked(row, status, lines)
+
+    def ticked(self, row: db.ThreadRow, status: list[str], lines: list[str]) -> None:
+        """A card showing an answer none of its comments gave: a tick (no comment of its own)."""
+        if not status or (m := _ANSWERED.match(status[0])) is None:
+            return
+        box = next((o for line in lines if (o := _OPTION.match(line)) and o["mark"] == "x"), None)
+        if box is None:
+            return
+        # its id from the card and the tick, so a second rebuild finds it indexed
+        seed = f"{row.id}\ntick\n{m['login']}\n{box['n']}"
+        cid = "c" + hashlib.sha256(seed.encode()).hexdigest()[:32]
+        self.ticks.append((row.id, self.principal(m["login"]), int(box["n"]) - 1, cid))
+
+    def tool_comment(self, cid: str, posted: dict[str, Any], at: float) -> None:
+        text = str(posted.get("body") or "").replace("\r\n", "\n")
+        lines = text.split("\n")
+        head = _COMMENT_HEAD.match(lines[1]) if len(lines) > 1 else None
+        if head is None:
+            return
+        author = self.principal(head["author"])
+        body = _written("\n".join(lines[3:]).strip("\n"))
+        mentioned = self.reached(head["mentions"])
+        note = as_written(head["note"] or "")
+        option = note.removeprefix("answer: ") if note.startswith("answer: ") else None
+        self.reply_or_start(cid, author, body, head["thread"], at=at, forge_id=int(posted["id"]),
+                            option=option, amend=note == "changed the answer",
+                            mentioned=mentioned)
+
+    # -- replaying ----------------------------------------------------------------------
+    def reply_or_start(self, cid: str, author: str, body: str, parent: str | None, *,
+                       at: float, forge_id: int | None, option: str | int | None = None,
+                       amend: bool = False, confirmed: bool = False,
+                       mentioned: list[Reached] | None = None,
+                       to: list[Reached] | None = None, cc: list[Reached] | None = None) -> None:
+        table = table_reach(self.table())
+        if parent is None:
+            if to is None:  # a tool call's comment: those it mentions beyond the table
+                to = [r for r in mentioned or [] if r.principal not in
+                      {t.principal for t in table}]
+            cc = cc or []
+            state = start(author, question=None, to=to, cc=cc, reached=table)
+            reached = audience(self.office, author=author, candidates=[*table, *to, *cc],
+                               explicit=[r.principal for r in [*to, *cc]])
+            row = db.ThreadRow(cid, self.item.ref, scope_of(self.item), state,
+                               None, None, None, at)
+            self.record(cid, author, body, row, kind="comment", forge_id=forge_id, at=at,
+                        parent=None, reached=reached, to=to, cc=cc)
+            return
+        t = self.threads.get(parent)
+        if t is None:
+            return
+        if to is None:  # a tool call's reply: those it mentions who were not in the thread
+            to = [r for r in mentioned or [] if r.principal not in t.state.members]
+        cc = cc or []
+        q = t.state.question
+        try:
+            index = q.option_index(option) if option is not None and q else None
+            state, kind = reply(t.state, self.office, author, comment=cid, at=at, body=body,
+                                option=index, amend=amend, confirmed=confirmed, to=to, cc=cc)
+        except VaultmailError:  # refused when it was written: never indexed then either
+            return
+        reached = audience(self.office, author=author,
+                           candidates=[Reached(p, w) for p, w in state.members.items()],
+                           explicit=[*(r.principal for r in [*to, *cc]), *state.waiting_on])
+        answered = at if kind in ("answer", "amend") else t.answered_at
+        answer = state.answer if kind in ("answer", "amend") else None
+        self.record(cid, author, body, replace(t, state=state, answered_at=answered,
+                                               updated_at=at),
+                    kind=kind, forge_id=forge_id, at=at, parent=parent, reached=reached,
+                    to=to, cc=cc, option=answer.option if answer else None, amend=amend,
+                    confirmed=confirmed)
+
+    def hand_comment(self, posted: dict[str, Any], at: float) -> None:
+        """A comment someone wrote on the forge, read as `handlers.items.comment_on_item`
+        read it (its rights aside: the forge let them write it)."""
+        text = str(posted.get("body") or "").replace("\r\n", "\n")
+        login = str((posted.get("user") or {}).get("login") or "ghost")
+        actor = _principal(self.office, login)
+        forge_id = int(posted["id"])
+        cid = Comments._new_id(self.item, forge_id)
+        commands = {c.name: c for c in parse_commands(text)}
+        if "mail" in commands:
+            return
+        try:
+            addressed = render.parse_addressing(text)
+            to = resolve(self.office, _entries(self.office, addressed.to), author=actor,
+                         claim=self.item.claim, field="to")
+            cc = resolve(self.office, _entries(self.office, addressed.cc), author=actor,
+                         claim=self.item.claim, field="cc")
+        except VaultmailError:
+            return
+        if "ask" in commands:  # its card, posted next, is the question
+            self.asks[cid] = forge_id
+            return
+        cmd = commands.get("answer") or commands.get("confirmed") or commands.get("reply")
+        if cmd is None:
+            if "resolve" not in commands:
+                self.reply_or_start(cid, actor, addressed.body or text, None, at=at,
+                                    forge_id=forge_id, to=to, cc=cc)
+            return
+        open_ = [t for t in self.threads.values() if not t.state.resolved]
+        questions = [(t.id, t.state.question) for t in open_ if t.state.question]
+        named = naming(cmd.args, questions)
+        confirmed = "confirmed" in commands
+        if len(named) == 1:
+            target, words = named[0]
+        else:
+            asking = [t.id for t in open_ if (may_answer(t.state, self.office, actor,
+                                                         confirmed=confirmed)
+                                              if cmd.name != "reply" else
+                                              actor in t.state.members)]
+            if len(asking) != 1:
+                return
+            target, words = asking[0], cmd.args.strip()
+        option: str | None = None
+        body = cmd.body.strip()
+        q = self.threads[target].state.question
+        if cmd.name != "reply" and words.isdigit() and q is not None and q.options:
+            option = words
+        elif words:
+            body = f"{words}\n{body}".strip()
+        answers = may_answer(self.threads[target].state, self.office, actor, confirmed=confirmed)
+        self.reply_or_start(cid, actor, body, target, at=at, forge_id=forge_id, option=option,
+                            amend=answers and self.threads[target].state.answer is not None,
+                            confirmed=confirmed, to=to, cc=cc)
+
+
+def _principal(office: Office, login: str) -> str:
+    """The office principal a forge login acts as, `forge:<login>` outside the office."""
+    who = office.by_login(login)
+    return who.principal if who is not None else f"forge:{login}"
+
+
+def _entries(office: Office, raw: list[str]) -> list[str]:
+    """Forge spellings as `to` entries (as `handlers.items.office_entries` reads them)."""
+    out: list[str] = []
+    for entry in raw:
+        if not entry.startswith("@"):
+            out.append(entry)
+        elif "/" in entry:
+            org, _, team = entry[1:].partition("/")
+            if org.lower() == office.org.lower() and team in office.teams:
+                out.append(f"team:{team}")
+        elif (who := office.by_login(entry[1:])) is not None:
+            out.append(who.principal.removeprefix("human:"))
+    return list(dict.fromkeys(out))
+
+
+async def replay(forge: Forge, office: Office, item: Item, *, app_login: str) -> _Replay:
+    """The item's comments, in forge order, through the thread rules."""
+    done = _Replay(office, item)
+    for posted in await forge.list_comments(item.repo, item.number):
+        at = parse_time(str(posted.get("created_at") or time.time()))
+        first = str(posted.get("body") or "").split("\n", 1)[0].strip()
+        by = str((posted.get("user") or {}).get("login") or "")
+        if by.lower() != app_login.lower():  # (where the app finds its own markers)
+            done.hand_comment(posted, at)
+        elif (m := _MARKER.match(first)) is not None and m["kind"] == " kind=question":
+            done.card(m["id"], posted, at)
+        elif m is not None and m["kind"] is None:
+            done.tool_comment(m["id"], posted, at)
+    for thread, who, option, cid in done.ticks:
+        t = done.threads[thread]
+        q = t.state.question
+        if q is not None and (t.state.answer is None
+                              or t.state.answer.option != q.options[option].label):
+            done.reply_or_start(cid, who, "", thread, at=t.updated_at, forge_id=None,
+                                option=option + 1, amend=t.state.answer is not None)
+    return done
+
+
+async def rebuild(store: Store, forge: Forge, office: Office, *, app_login: str,
+                  listed: dict[str, list[dict[str, Any]]] | None = None) -> WorkReport:
+    """Fill the index in from the forge: every item in the office's repositories (those the
+    app's installation reaches in its org) and what was said on it. `listed`: the issues of
+    repositories already listed (the mail's scan of the vaults), not listed again."""
+    report = WorkReport()
+    items: dict[str, Item] = {}
+    prefix = office.org.lower() + "/"
+    for repo in sorted(r for r in await forge.list_installation_repos()
+                       if r.lower().startswith(prefix)):
+        issues = (listed or {}).get(repo.lower())
+        if issues is None:
+            issues = [issue async for issue in forge.iter_issues(repo, state="all")]
+        for issue in issues:
+            item = item_from_issue(office, repo, issue)
+            if item is not None:
+                items[item.ref] = item
+    for ref, item in sorted(items.items()):  # a plan's or evidence's claim is its outcome's
+        parent = items.get(item.parent or "")
+        if item.kind in ("plan", "evidence") and parent is not None and parent.kind == "outcome":
+            items[ref] = replace(item, claim=parent.claim)
+    report.items = len(items)
+    now = time.time()
+    for item in items.values():
+        if await db.get_item(store, item.ref) is None:
+            async with store.transaction() as tx:
+                await db.put_item(tx, item)
+        done = await replay(forge, office, item, app_login=app_login)
+        have = await db.comments_by_ids(store, [c.id for c in done.comments])
+        for c in done.comments:
+            if c.id in have:
+                continue
+            report.comments += 1
+            async with store.transaction() as tx:
+                await db.put_comment(tx, c)
+                for r in sorted(c.data["notify"], key=lambda r: owner_of(office, r["principal"])):
+                    owner = owner_of(office, r["principal"])
+                    box = "you" if r["way"] == "personal" else "agents"
+                    await db.deliver(tx, owner, box, r["principal"], c.id, org=office.org,
+                                     read_at=now)
+                    report.deliveries += 1
+        for t in done.threads.values():
+            if await db.get_thread(store, t.id) is None:
+                async with store.transaction() as tx:
+                    await db.put_thread(tx, t)
+                report.questions += t.state.is_question
+    return report
