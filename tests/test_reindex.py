@@ -192,3 +192,47 @@ async def test_a_forge_answer_after_a_reindex_is_taken(
     got = await tools("agent:scout")("get_outcome", outcome=outcome)
     assert {(d["thread"], d["answer"]["body"]) for d in got["decisions"]} >= {
         (question, "EU please")}, got
+
+
+async def test_answers_given_on_the_forge_are_rebuilt_a_typed_one_and_a_tick(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """What people did on the forge alone is read back from it: sara's `/answer` comment, and
+    marco's tick on the card (no comment of its own: the card shows it). A tick's comment,
+    which the forge never had, gets an id of its own in a rebuild (docs/using.md)."""
+    from tests.items_support import TOKEN_TTL, forge_comments
+
+    goal, outcome, waiting = await _work(embedded, tools, person)
+    repo, _, number = outcome.partition("#")
+    await person("sara").comment(repo, int(number), "/answer EU please")
+    asked = await tools("agent:scout")("add_comment", target=outcome,
+                                       **{**TOKEN_TTL, "header": "Cache TTL"})
+    await embedded.forge.webhooks_idle()
+    await embedded.settle()
+    marco = person("marco")
+    card = next(c for c in await forge_comments(marco, outcome)
+                if f"id={asked['comment']['id']} kind=question" in c["body"])
+    ticked = card["body"].replace("- [ ] 2.", "- [x] 2.", 1)
+    await marco.call("PATCH", f"/repos/{repo}/issues/comments/{card['id']}", {"body": ticked},
+                     expect=200)
+    await embedded.forge.webhooks_idle()
+    await embedded.settle()
+    for who in PEOPLE:
+        await tools(who)("list_inbox")
+    before = _still(await _snapshot(embedded, tools, goal, outcome))
+    decided = {d["thread"]: d["answer"] for d in
+               before["human:marco@acme.com"]["outcome"]["decisions"]}
+    assert decided[waiting]["body"] == "EU please"
+    assert decided[asked["comment"]["id"]]["option"] == "Force re-login"
+    await _drop_work(embedded)
+    await reindex(embedded.services.store, embedded.services.forge_for(None), embedded.office,
+                  embedded.services.keyring, app_login=embedded.services.bot_login)
+    after = await _snapshot(embedded, tools, goal, outcome)
+    assert _without_ids(after) == _without_ids(before)
+
+
+def _without_ids(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _without_ids(v) for k, v in x.items() if k != "comment"}
+    if isinstance(x, list):
+        return [_without_ids(v) for v in x]
+    return x
