@@ -197,7 +197,8 @@ async def test_a_forge_answer_after_a_reindex_is_taken(
 async def test_answers_given_on_the_forge_are_rebuilt_a_typed_one_and_a_tick(
         embedded: Embedded, tools: Any, person: Any) -> None:
     """What people did on the forge alone is read back from it: sara's `/answer` comment, and
-    marco's tick on the card (no comment of its own: the card shows it). A tick's comment,
+    marco's tick on the card (no comment of its own: the card shows it), and scout resolving
+    it (the card says so). A tick's comment,
     which the forge never had, gets an id of its own in a rebuild (docs/using.md)."""
     from tests.items_support import TOKEN_TTL, forge_comments
 
@@ -216,6 +217,7 @@ async def test_answers_given_on_the_forge_are_rebuilt_a_typed_one_and_a_tick(
                      expect=200)
     await embedded.forge.webhooks_idle()
     await embedded.settle()
+    await tools("agent:scout")("resolve_comment", comment=asked["comment"]["id"])
     for who in PEOPLE:
         await tools(who)("list_inbox")
     before = _still(await _snapshot(embedded, tools, goal, outcome))
@@ -223,6 +225,7 @@ async def test_answers_given_on_the_forge_are_rebuilt_a_typed_one_and_a_tick(
                before["human:marco@acme.com"]["outcome"]["decisions"]}
     assert decided[waiting]["body"] == "EU please"
     assert decided[asked["comment"]["id"]]["option"] == "Force re-login"
+    assert any(d["resolved"] for d in before["human:marco@acme.com"]["outcome"]["decisions"])
     await _drop_work(embedded)
     await reindex(embedded.services.store, embedded.services.forge_for(None), embedded.office,
                   embedded.services.keyring, app_login=embedded.services.bot_login)

@@ -82,6 +82,7 @@ class _Replay:
     comments: list[db.CommentRow] = field(default_factory=list)
     asks: dict[str, int] = field(default_factory=dict)  # question id -> its hand `/ask`
     ticks: list[tuple[str, str, int, str]] = field(default_factory=list)
+    resolved: set[str] = field(default_factory=set)  # questions whose card says so
 
     def principal(self, name: str) -> str:
         """An author or a mention as the app wrote it: an agent's principal, else a login."""
@@ -157,6 +158,8 @@ class _Replay:
                     forge_id=self.asks.get(cid, int(posted["id"])), at=at, parent=None,
                     reached=reached, to=to, cc=cc)
         self.ticked(row, status, lines)
+        if "*Resolved.*" in status:
+            self.resolved.add(cid)
 
     def ticked(self, row: db.ThreadRow, status: list[str], lines: list[str]) -> None:
         """A card showing an answer none of its comments gave: a tick (no comment of its own)."""
@@ -325,6 +328,9 @@ async def replay(forge: Forge, office: Office, item: Item, *, app_login: str) ->
                               or t.state.answer.option != q.options[option].label):
             done.reply_or_start(cid, who, "", thread, at=t.updated_at, forge_id=None,
                                 option=option + 1, amend=t.state.answer is not None)
+    for thread in done.resolved & done.threads.keys():
+        t = done.threads[thread]
+        done.threads[thread] = replace(t, state=replace(t.state, resolved=True))
     return done
 
 
