@@ -90,7 +90,9 @@ async def cmd_reindex(args: argparse.Namespace) -> int:
             say(f"{org}: reindexed {report.mails} mail(s) from {report.issues} issue(s) in "
                 f"{report.vaults} vault(s); tampered: {', '.join(report.tampered) or 'none'}"
                 + (f"; copies of a mail, not indexed: {', '.join(report.copies)}"
-                   if report.copies else ""))
+                   if report.copies else "")
+                + (f"; {w.items} item(s), {w.comments} comment(s) and {w.questions} "
+                   "question(s) added" if (w := report.work) is not None else ""))
     return 0
 
 
