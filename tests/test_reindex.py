@@ -239,3 +239,30 @@ def _without_ids(x: Any) -> Any:
     if isinstance(x, list):
         return [_without_ids(v) for v in x]
     return x
+
+
+async def test_a_comment_refused_for_want_of_write_access_stays_out_of_a_rebuild(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """On a public repository anyone may comment; someone without write access who starts a
+    thread is refused, and nothing of it is indexed or delivered. A rebuild reads the forge's
+    comments: it holds the same rule, or troll's words would reach marco after a reindex."""
+    forge = embedded.forge
+    site = "acme/website"
+    forge.add_repo("acme", "website", private=False)
+    forge.set_permission(site, "marco", "write")
+    embedded.forge_tokens["troll"] = forge.add_user("troll")
+    outcome = await person("marco").open_issue(site, "Ship login", "login for all",
+                                               labels=["outcome"])
+    await embedded.settle()
+    await person("troll").comment(site, int(outcome["number"]),
+                                  "to: marco@acme.com\nclick my link")
+    await embedded.forge.webhooks_idle()
+    await embedded.settle()
+    marco = tools("human:marco@acme.com")
+    before = _still(await marco("list_inbox", markRead=False))
+    await _drop_work(embedded)
+    report = await reindex(embedded.services.store, embedded.services.forge_for(None),
+                           embedded.office, embedded.services.keyring,
+                           app_login=embedded.services.bot_login)
+    assert report.work is not None and report.work.comments == 0
+    assert _still(await marco("list_inbox", markRead=False)) == before

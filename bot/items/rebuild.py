@@ -30,8 +30,8 @@ from bot.items import render
 from bot.items.address import Reached, Table, audience, owner_of, resolve, table_reach
 from bot.items.model import Item, item_from_issue, scope_of
 from bot.items.questions import Option, Question, naming
-from bot.items.service import Comments
-from bot.items.threads import may_answer, reply, start
+from bot.items.service import CONTRIBUTOR, Comments
+from bot.items.threads import may_answer, may_reply, reply, start
 from bot.items.views import parse_time
 from bot.mail.commands import parse_commands
 from bot.mail.markdown import as_written
@@ -83,6 +83,7 @@ class _Replay:
     asks: dict[str, int] = field(default_factory=dict)  # question id -> its hand `/ask`
     ticks: list[tuple[str, str, int, str]] = field(default_factory=list)
     resolved: set[str] = field(default_factory=set)  # questions whose card says so
+    writers: set[str] = field(default_factory=set)  # logins with write access to the repository
 
     def principal(self, name: str) -> str:
         """An author or a mention as the app wrote it: an agent's principal, else a login."""
@@ -234,7 +235,8 @@ class _Replay:
 
     def hand_comment(self, posted: dict[str, Any], at: float) -> None:
         """A comment someone wrote on the forge, read as `handlers.items.comment_on_item`
-        read it (its rights aside: the forge let them write it)."""
+        read it, with its rights (`Comments._check_writer`): without write access, only a
+        reply in a question's thread that may have it."""
         text = str(posted.get("body") or "").replace("\r\n", "\n")
         login = str((posted.get("user") or {}).get("login") or "ghost")
         actor = _principal(self.office, login)
@@ -255,6 +257,9 @@ class _Replay:
             self.asks[cid] = forge_id
             return
         cmd = commands.get("answer") or commands.get("confirmed") or commands.get("reply")
+        writer = login.lower() in self.writers
+        if cmd is None and not writer:
+            return
         if cmd is None:
             if "resolve" not in commands:
                 self.reply_or_start(cid, actor, addressed.body or text, None, at=at,
@@ -274,6 +279,8 @@ class _Replay:
             if len(asking) != 1:
                 return
             target, words = asking[0], cmd.args.strip()
+        if not writer and not may_reply(self.threads[target].state, self.office, actor):
+            return
         option: str | None = None
         body = cmd.body.strip()
         q = self.threads[target].state.question
@@ -311,7 +318,12 @@ def _entries(office: Office, raw: list[str]) -> list[str]:
 async def replay(forge: Forge, office: Office, item: Item, *, app_login: str) -> _Replay:
     """The item's comments, in forge order, through the thread rules."""
     done = _Replay(office, item)
-    for posted in await forge.list_comments(item.repo, item.number):
+    comments = await forge.list_comments(item.repo, item.number)
+    for login in {str((c.get("user") or {}).get("login") or "").lower() for c in comments}:
+        if login and login != app_login.lower() and \
+                await forge.permission(item.repo, login) in CONTRIBUTOR:
+            done.writers.add(login)
+    for posted in comments:
         at = parse_time(str(posted.get("created_at") or time.time()))
         first = str(posted.get("body") or "").split("\n", 1)[0].strip()
         by = str((posted.get("user") or {}).get("login") or "")
