@@ -59,19 +59,16 @@ async def held_for(mailer: Mailer, viewer: str) -> list[Held]:
 
 async def count_for(mailer: Mailer, viewer: str) -> int:
     """How much mail is held for `viewer` (see the module): the count beside Held on every
-    console page, read from the index (a query per agent whose held mail is theirs)."""
-    office, store = mailer.office, mailer.services.store
+    console page, one COUNT in the index for all the agents whose held mail is theirs."""
+    office = mailer.office
     human = office.human(viewer.removeprefix("human:")) if viewer.startswith("human:") \
         else None
     editor = bool(human and "editor" in human.permissions)
-    count = 0
-    for agent in office.agents:
-        if editor or (agent.person and viewer == f"human:{agent.person.lower()}"):
-            count += len(await mails.find_mails(store, org=office.org,
-                                                state=MailState.HELD.value,
-                                                agent=agent.principal, text=None,
-                                                limit=MAX_LISTED))
-    return count
+    theirs = [a.principal for a in office.agents
+              if editor or (a.person and viewer == f"human:{a.person.lower()}")]
+    counts = await mails.count_to(mailer.services.store, org=office.org,
+                                  state=MailState.HELD.value, recipients=theirs)
+    return sum(counts.values())
 
 
 async def release(mailer: Mailer, actor: str, mail: MailRecord) -> MailRecord:

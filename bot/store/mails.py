@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -558,6 +559,20 @@ async def find_mails(store: Store, *, org: str, state: str | None, agent: str | 
     rows = await store.fetchall(query + " ORDER BY sent DESC, vault DESC, number DESC LIMIT ?",
                                 (*params, limit))
     return [_record(r) for r in rows]
+
+
+async def count_to(store: Store, *, org: str, state: str,
+                   recipients: Sequence[str]) -> dict[str, int]:
+    """How many of `org`'s mails in `state` each of `recipients` has, in one grouped COUNT
+    (by the `mails_org_to` index; a recipient with none is left out)."""
+    if not recipients:
+        return {}
+    marks = ",".join("?" * len(recipients))
+    rows = await store.fetchall(
+        "SELECT to_principal, count(*) AS n FROM mails WHERE org=? AND state=?"
+        f" AND to_principal IN ({marks}) GROUP BY to_principal",
+        (org.lower(), state, *recipients))
+    return {str(r["to_principal"]): int(r["n"]) for r in rows}
 
 
 async def knows_principal(store: Store, principal: str, *, org: str) -> bool:
