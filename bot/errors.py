@@ -105,10 +105,17 @@ class IndexUnavailable(VaultmailError):
 
 
 class TooManyRequests(VaultmailError):
-    """Over a per-token limit (long polls held at once); nothing was done."""
+    """Over a limit (long polls held at once, chats waiting); nothing was done.
+    `retry_after`: the seconds after which the same call is let through, where known (the
+    tool endpoint's Retry-After)."""
 
     status = 429
     code = "too_many_long_polls"
+
+    def __init__(self, message: str, *, code: str | None = None,
+                 retry_after: float | None = None) -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
 
 
 class NotInstalled(VaultmailError):

@@ -146,6 +146,42 @@ async def test_the_chats_waiting_for_an_agent_are_bounded(embedded: Embedded, to
 LEE = "human:lee@acme.com"
 
 
+async def _refused(client: ToolClient, agent: str) -> tuple[str, str | None]:
+    """A chat to `agent` refused 429: its message, and the Retry-After the answer carries."""
+    async with client.session.post(client.url + "agent_chat", json={
+            "agent": agent, "message": "one more"},
+            headers={"Authorization": f"Bearer {client.token}"}) as resp:
+        body = await resp.json()
+        assert resp.status == 429 and body["error"]["code"] == "too_many_chats", body
+        return body["error"]["message"], resp.headers.get("Retry-After")
+
+
+async def test_a_persons_chats_are_bounded_across_the_agents_of_the_office(
+        embedded: Embedded, tools: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-person cap was per agent asked (acted out, review r4: with caps of 2 per person
+    and 3 per agent, one person's chats to 31 agents queued 62 runs). A person's waiting chats
+    count across every agent of the office, and the office's all together; each refusal says
+    which cap, how many wait, what to do, and when the oldest counted ages out."""
+    from dataclasses import replace
+
+    monkeypatch.setattr(chat_tools, "WAITING_PER_PERSON", 2)
+    monkeypatch.setattr(chat_tools, "WAITING_PER_AGENT", 3)
+    marco, sara, lee = tools(MARCO), tools(SARA), tools(LEE)
+    await marco("agent_chat", agent="scout", message="q0")
+    await marco("agent_chat", agent="echo", message="q1")
+    for agent in ("scout", "echo"):  # another agent is no way around it
+        said, retry = await _refused(marco, agent)
+        assert "2 chats of yours wait" in said and "at most 2 of one person's" in said, said
+        assert "chat_get" in said and retry is not None and 0 < int(retry) <= 3601, retry
+    services = embedded.services  # the operator's cap on an office: 3 here
+    monkeypatch.setattr(services, "settings", replace(services.settings, chats_waiting=3))
+    await sara("agent_chat", agent="echo", message="mine")
+    said, retry = await _refused(lee, "scout")  # the office's cap: 3 in all
+    assert "3 chats wait in the acme office" in said and "VAULTMAIL_CHATS_WAITING" in said, said
+    assert retry is not None, said
+    assert len(await events(embedded, "run.queued")) == 3, "a refused chat queues no run"
+
+
 async def test_a_refused_chats_number_is_never_given_again(embedded: Embedded,
                                                           tools: Any) -> None:
     """A chat its agent's triggers refuse is not kept, and its number went back: the next

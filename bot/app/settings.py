@@ -70,6 +70,7 @@ MIB = 1_048_576
 # how long an org's webhook secret from before a rotation is still accepted (Gitea), by
 # default and at most (VAULTMAIL_WEBHOOK_GRACE_SECONDS)
 WEBHOOK_GRACE, WEBHOOK_GRACE_MAX = 3600.0, 7 * 24 * 3600.0
+CHATS_WAITING = 1000  # chats waiting in one office at once, by default (VAULTMAIL_CHATS_WAITING)
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -162,6 +163,10 @@ class Settings:
     # redelivery window)
     retention_days: float = field(default_factory=lambda: float(
         os.environ.get("VAULTMAIL_RETENTION_DAYS") or 7))
+    # VAULTMAIL_CHATS_WAITING: how many chats (each a queued run) may wait for an answer in one
+    # office at once, every person's to every agent together (bot.tools.chat_tools)
+    chats_waiting: int = field(default_factory=lambda: int(
+        os.environ.get("VAULTMAIL_CHATS_WAITING") or CHATS_WAITING))
     sqlite_synchronous: Literal["normal", "full"] = field(
         default_factory=lambda: "full" if os.environ.get(
             "VAULTMAIL_SQLITE_SYNCHRONOUS", "").lower() == "full" else "normal")
@@ -304,6 +309,7 @@ def _hosting(source: _EnvFile) -> dict[str, Any]:
         "operator_token": source.operator_token or "",
         "sqlite_synchronous": source.sqlite_synchronous,
         "retention_days": source.retention_days,
+        "chats_waiting": source.chats_waiting,
         "agent_commands": commands_setting(source.agent_commands),
         "outbound": outbound_setting(source.outbound_allow),
         "email": EmailSettings(
@@ -422,6 +428,8 @@ class _EnvFile(BaseSettings):
         default="normal", validation_alias=AliasChoices("VAULTMAIL_SQLITE_SYNCHRONOUS"))
     retention_days: float = Field(default=7.0, ge=3, le=3650,
                                   validation_alias=AliasChoices("VAULTMAIL_RETENTION_DAYS"))
+    chats_waiting: int = Field(default=CHATS_WAITING, ge=1, le=1_000_000,
+                               validation_alias=AliasChoices("VAULTMAIL_CHATS_WAITING"))
     agent_commands: Path | None = _env("VAULTMAIL_AGENT_COMMANDS")
     outbound_allow: str | None = _env("VAULTMAIL_OUTBOUND_ALLOW")
     smtp_host: str | None = _env("VAULTMAIL_SMTP_HOST")
@@ -516,6 +524,7 @@ _WANTS = {
     "webhook_grace_seconds": f"a number of seconds from 0 to {WEBHOOK_GRACE_MAX:.0f} (a week)",
     "sqlite_synchronous": "normal or full",
     "retention_days": "a number of days from 3 (GitHub's redelivery window) to 3650",
+    "chats_waiting": "a number of chats from 1 to 1000000",
     "log_level": "one of debug, info, warning, error, critical (or trace, warn, fatal)",
     "ghe_protocol": "https or http",
 }

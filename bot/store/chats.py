@@ -4,6 +4,7 @@ only."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from bot.store.db import Connection, Row, Store, register_schema
 from bot.store.offices import next_number, number_as_was, numbered_per_office
@@ -44,15 +45,42 @@ async def waiting_for(store: Store, agent: str, *, org: str) -> list[Row]:
         (org.lower(), agent))
 
 
+# the chats still waiting for an answer, as the caps on them count (`waiting_counts`): a
+# count reads the office's waiting chats of the hour only, never every chat it ever had
+register_schema("CREATE INDEX IF NOT EXISTS chats_waiting ON chats(org, created_at)"
+                " WHERE answered_at IS NULL", version=40)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """How many chats started after a time wait for an answer, and when the oldest of them
+    was started (None: none wait), in three scopes: one person's (to any agent), one agent's,
+    and the whole office's."""
+
+    person: int
+    person_oldest: float | None
+    agent: int
+    agent_oldest: float | None
+    office: int
+    office_oldest: float | None
+
+
 async def waiting_counts(db: Connection, agent: str, sender: str, *, org: str,
-                         since: float) -> tuple[int, int]:
-    """How many chats to `agent` of `org` started after `since` wait for an answer: all of
-    them, and `sender`'s."""
+                         since: float) -> Waiting:
+    """The chats of `org` started after `since` that wait for an answer (one statement):
+    `sender`'s to any agent, everyone's to `agent`, and all of them."""
     row = await db.fetchone(
-        "SELECT count(*) AS n, coalesce(sum(CASE WHEN sender=? THEN 1 ELSE 0 END), 0) AS mine"
-        " FROM chats WHERE org=? AND agent=? AND answered_at IS NULL AND created_at>?",
-        (sender, org.lower(), agent, since))
-    return (int(row["n"]), int(row["mine"])) if row else (0, 0)
+        "SELECT count(*) AS office, min(created_at) AS office_oldest,"
+        " coalesce(sum(CASE WHEN sender=? THEN 1 ELSE 0 END), 0) AS person,"
+        " min(CASE WHEN sender=? THEN created_at END) AS person_oldest,"
+        " coalesce(sum(CASE WHEN agent=? THEN 1 ELSE 0 END), 0) AS agent,"
+        " min(CASE WHEN agent=? THEN created_at END) AS agent_oldest"
+        " FROM chats WHERE org=? AND answered_at IS NULL AND created_at>?",
+        (sender, sender, agent, agent, org.lower(), since))
+    if row is None:
+        return Waiting(0, None, 0, None, 0, None)
+    return Waiting(int(row["person"]), row["person_oldest"], int(row["agent"]),
+                   row["agent_oldest"], int(row["office"]), row["office_oldest"])
 
 
 async def add_chat(db: Connection, agent: str, sender: str, message: str,

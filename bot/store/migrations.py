@@ -120,6 +120,8 @@ NAMES = {
     39: "whoever an office's config no longer names is recorded as departed, with the login"
         " they had, until a config names them again: the questions waiting on them are sent"
         " back from that record, so a sweep cut off part-way is finished by the next read",
+    40: "the chats waiting for an answer indexed by office and start: the caps on waiting"
+        " chats (one person's across the office's agents, the office's) count only those",
 }
 
 

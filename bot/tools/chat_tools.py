@@ -25,9 +25,14 @@ from bot.tools import outputs
 from bot.tools.registry import MAX_ID, READS_INDEX, Args, Call, Hints, inbox_provider, tool
 
 MAX_WAIT = 50
-WAITING_PER_PERSON = 20  # chats one person may have waiting for one agent's answer
-WAITING_PER_AGENT = 200  # ... every person's together
-WAITING_FOR = 3600.0  # seconds an unanswered chat counts toward those
+# Each chat queues a run (and its dispatch), so unanswered ones are capped: one person's to
+# every agent of the office together, one agent's from everyone, and the office's in all (the
+# operator's setting, VAULTMAIL_CHATS_WAITING).
+WAITING_PER_PERSON = 20
+WAITING_PER_AGENT = 200
+# seconds an unanswered chat counts toward those: an agent whose runs fail leaves its chats
+# unanswered, and those must not shut its people out for good
+WAITING_FOR = 3600.0
 
 
 def _iso(t: float | None) -> str | None:
@@ -102,19 +107,11 @@ async def agent_chat(call: Call, args: ChatArgs) -> dict[str, Any]:
 
     async def record() -> tuple[int, int | None]:
         async with store.transaction(ledger.key(call.office.org)) as db:
-            # each chat queues a run: unanswered ones are bounded per person and per agent,
-            # or one script could queue as many runs (and dispatches) as it liked
-            # (of the last hour: an agent whose runs fail leaves its chats unanswered, and
-            # those must not shut its people out for good)
-            waiting, mine = await chats.waiting_counts(db, agent.principal, call.principal,
-                                                       org=call.office.org,
-                                                       since=time.time() - WAITING_FOR)
-            if mine >= WAITING_PER_PERSON or waiting >= WAITING_PER_AGENT:
-                raise TooManyRequests(
-                    f"{agent.principal} has {waiting} chats waiting for an answer, {mine} of "
-                    f"them yours; at most {WAITING_PER_PERSON} of one person's and "
-                    f"{WAITING_PER_AGENT} in all wait at once (of the last hour): wait for its "
-                    "answers (chat_get), or send mail", code="too_many_chats")
+            now = time.time()
+            waiting = await chats.waiting_counts(db, agent.principal, call.principal,
+                                                 org=call.office.org, since=now - WAITING_FOR)
+            _refuse_over_caps(waiting, agent.principal, call.office.org,
+                              call.services.settings.chats_waiting, now)
             chat_id = await chats.add_chat(db, agent.principal, call.principal, args.message,
                                            time.time(), org=call.office.org)
             admitted = await runs.admit(db, agent, "chat", f"chat:{chat_id}", call.principal,
@@ -136,6 +133,32 @@ async def agent_chat(call: Call, args: ChatArgs) -> dict[str, Any]:
     row = await get_chat(store, chat_id, org=call.office.org)
     assert row is not None
     return {"chat": _chat_json(row)}  # the wait for the answer is `_answer`, after this
+
+
+def _refuse_over_caps(waiting: chats.Waiting, agent: str, org: str, per_office: int,
+                      now: float) -> None:
+    """TooManyRequests naming the first cap `waiting` is at, how many wait, what to do, and
+    when the oldest chat it counts stops counting (Retry-After; an answer makes room sooner)."""
+    def refuse(said: str, oldest: float | None) -> TooManyRequests:
+        wait = max(1.0, (now if oldest is None else oldest) + WAITING_FOR - now)
+        return TooManyRequests(
+            f"{said} (of the last hour): wait for their answers (chat_get), send mail instead, "
+            f"or try again in {wait:.0f} s, when the oldest stops counting", code="too_many_chats",
+            retry_after=wait)
+
+    if waiting.person >= WAITING_PER_PERSON:
+        raise refuse(f"{waiting.person} chats of yours wait for an answer, to this office's "
+                     f"agents together; at most {WAITING_PER_PERSON} of one person's wait at "
+                     "once", waiting.person_oldest)
+    if waiting.agent >= WAITING_PER_AGENT:
+        raise refuse(f"{agent} has {waiting.agent} chats waiting for an answer, everyone's "
+                     f"together; at most {WAITING_PER_AGENT} wait for one agent at once",
+                     waiting.agent_oldest)
+    if waiting.office >= per_office:
+        raise refuse(f"{waiting.office} chats wait in the {org} office, every person's to "
+                     f"every agent together; at most {per_office} wait in an office at once "
+                     "(the app operator's setting VAULTMAIL_CHATS_WAITING)",
+                     waiting.office_oldest)
 
 
 async def _wait_answer(call: Call, chat_id: int, wait: float) -> Row:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Awaitable
 from dataclasses import replace
 from typing import TypeVar
@@ -17,6 +18,7 @@ from bot.errors import (
     Denied,
     ForgeUnavailable,
     NotInstalled,
+    TooManyRequests,
     Unauthenticated,
     VaultmailError,
     forge_refusal,
@@ -191,7 +193,9 @@ async def tool_endpoint(request: web.Request) -> web.Response:
             return web.Response(status=499)
     except VaultmailError as exc:
         log.info("tool refused", extra={"tool": name, "code": exc.code, "reason": exc.message})
-        return web.json_response(exc.as_json(), status=exc.status)
+        wait = exc.retry_after if isinstance(exc, TooManyRequests) else None
+        return web.json_response(exc.as_json(), status=exc.status, headers=None if wait is None
+                                 else {"Retry-After": str(max(1, math.ceil(wait)))})
     except ForgeError as exc:  # the forge refused or failed: say so, never a stack trace
         log.warning("tool failed at the forge", extra={"tool": name, "error": str(exc)})
         failed = forge_refusal(exc, name, "nothing was recorded")
