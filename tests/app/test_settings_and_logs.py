@@ -148,7 +148,7 @@ async def _lines_of_up(tmp_path: Path, flags: list[str], env: dict[str, str]
             stdout=asyncio.subprocess.PIPE, stderr=err)
         assert proc.stdout is not None
         try:
-            line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+            line = (await asyncio.wait_for(proc.stdout.readline(), 180)).decode()
             assert line.startswith("vaultmail ready:"), (line, stderr.read_text())
         finally:
             proc.send_signal(signal.SIGTERM)
