@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import re
+import threading
 from importlib import resources
 from typing import Any
 
@@ -16,7 +17,7 @@ from bot.app.services import Services
 from bot.forge.github import ForgeClient
 from bot.items.threads import ThreadState
 from bot.office.source import OfficeSource
-from bot.store import comments, open_store
+from bot.store import comments, members, open_store
 from bot.store.db import Store
 from tests.items_support import LEE, MARCO, SARA, SCOUT, forge_comments, make_item
 from tests.test_stalled_send import GUARD
@@ -126,17 +127,17 @@ PATCH_COMMENT = "PATCH /repos/{owner}/{repo}/issues/comments/{comment_id}"
 POST_COMMENT = "POST /repos/{owner}/{repo}/issues/{issue_number}/comments"
 
 
-def _replica(embedded: Embedded, store: Store) -> Services:
+def _replica(embedded: Embedded, store: Store, offices: OfficeSource | None = None) -> Services:
     """Another replica, just started: its own index connection and forge client (its own
-    write turns), no config read yet."""
+    write turns), no config read yet (`offices`: its config source, when not a plain one)."""
     replica = copy.copy(embedded.services)
     replica.store = store
     client = replica.forge_client
     assert isinstance(client, ForgeClient)
     replica.forge_client = ForgeClient(client.auth, client.session, client.api_url,
                                        client.requester, config=client.config)
-    replica.offices = OfficeSource()
-    replica.offices.on_new = replica._config_taken
+    replica.offices = offices or OfficeSource()
+    replica.offices.on_read = replica._config_taken
     return replica
 
 
@@ -248,3 +249,72 @@ async def test_an_answer_given_while_the_sweep_is_at_the_forge_is_kept(
     [card] = [c["body"] for c in await forge_comments(person("admin"), goal)
               if "Monday?" in c["body"]]
     assert "Yes" in card, card
+
+
+async def test_someone_added_back_with_the_text_a_replica_still_holds_is_back_everywhere(
+        embedded: Embedded, person: Any, tools: Any, database_url: str) -> None:
+    """Replica y reads the config without lee (lee recorded as departed); lee is pushed back
+    with the very text replica x still holds, and x reads it: nothing new to x, but the
+    shared record must follow it (acted out: lee stayed departed, asked nothing, on every
+    replica, until one read a text other than its own)."""
+    x = embedded.services
+    goal = await make_item(embedded, person("sara"), "goal", "EU launch")
+    base = {"targetType": "goal", "target": goal}
+    sara = tools(SARA)
+    await sara("add_comment", **base, body="Lee, before?", needsReply=True,
+               to=["lee@acme.com"])
+    with_lee = _without()
+    assert x.offices._text["acme"] == with_lee  # (what x has read)
+    embedded.forge.put_file("acme/.github", "vaultmail.yml", _without(LEE_BLOCK))
+    index = database_url or str(embedded.data_dir / "index.sqlite3")
+    y_store = await open_store(index)
+    try:
+        y = _replica(embedded, y_store)
+        await y.offices.get(y.forge_for_org("acme"), "acme", fresh=True)
+    finally:
+        await y_store.close()
+    assert await members.departed(x.store, "acme") == {LEE: "lee"}
+    embedded.forge.put_file("acme/.github", "vaultmail.yml", with_lee, pusher="admin")
+    await embedded.settle()  # (x handles the push)
+    assert await members.departed(x.store, "acme") == {}
+    asked = await sara("add_comment", **base, body="Lee, after?", needsReply=True,
+                       to=["lee@acme.com"])
+    assert asked["thread"]["waitingOn"] == [LEE], asked["thread"]
+
+
+async def test_a_read_older_than_the_one_recorded_does_not_bring_anyone_back(
+        embedded: Embedded, person: Any, tools: Any, database_url: str) -> None:
+    """Replica x reads the config naming lee, and is slow to take it (its parse held); lee is
+    removed meanwhile, and replica y records it. x's read, begun before y's, must not record
+    lee back when it lands (acted out: it did, whichever text the forge has)."""
+    parsing, go_on = threading.Event(), threading.Event()
+
+    def slow(org: str) -> dict[str, str]:  # (x's parse, beside the loop: held here)
+        parsing.set()
+        go_on.wait(GUARD)
+        return {}
+
+    index = database_url or str(embedded.data_dir / "index.sqlite3")
+    x_store, y_store = await open_store(index), await open_store(index)
+    x = _replica(embedded, x_store, OfficeSource(renamed=slow))
+    y = _replica(embedded, y_store)
+    reading = asyncio.create_task(x.offices.get(x.forge_for_org("acme"), "acme", fresh=True))
+    try:
+        assert await asyncio.to_thread(parsing.wait, GUARD)  # x has the text naming lee
+        embedded.forge.put_file("acme/.github", "vaultmail.yml", _without(LEE_BLOCK))
+        await y.offices.get(y.forge_for_org("acme"), "acme", fresh=True)
+        assert await members.departed(y_store, "acme") == {LEE: "lee"}
+        go_on.set()
+        office = await asyncio.wait_for(reading, GUARD)
+        assert office is not None and any(h.login == "lee" for h in office.humans)
+    finally:
+        go_on.set()
+        reading.cancel()
+        await x_store.close()
+        await y_store.close()
+    assert await members.departed(embedded.services.store, "acme") == {LEE: "lee"}
+    goal = await make_item(embedded, person("sara"), "goal", "EU launch")
+    status, err = await tools(SARA).raw("add_comment", {
+        "targetType": "goal", "target": goal, "body": "Lee?", "needsReply": True,
+        "to": ["lee@acme.com"]})
+    assert status == 422 and "lee has left the office" in err["error"]["message"], err

@@ -76,7 +76,7 @@ class Services:
                                                                       repr=False)
 
     def __post_init__(self) -> None:
-        self.offices.on_new = self._config_taken
+        self.offices.on_read = self._config_taken
         self.cursors = Cursors(self.settings.webhook_secret)  # (bot.cursors)
         # each org's webhook secret generation (Gitea), as intake takes it
         self.hook_generations = HookGenerations(self.store)
@@ -102,15 +102,15 @@ class Services:
         self._accounts[key] = (user_id, time.monotonic())
         return True
 
-    async def _config_taken(self, org: str, office: Office) -> None:
-        """A config text taken anew, by whichever replica reads it first: whoever the last one
-        recorded named and this one does not (or gives another forge account) loses what
-        they held in the office (bot.store.members)."""
+    async def _config_taken(self, org: str, office: Office, read_at: float, new: bool) -> None:
+        """A config read from the forge (`new`: a text this replica had not taken), on any
+        replica: whoever the last one recorded named and this one does not (or gives another
+        forge account) loses what they held in the office (bot.store.members)."""
         from bot.store import members
 
         named = {h.principal: h.login for h in office.humans}
         named.update({a.principal: a.login for a in office.agents})
-        changed = await members.apply(self.store, org, named)
+        changed = await members.apply(self.store, org, named, read_at)
         if changed.removed or changed.relogged:
             for key in [k for k in self._accounts if k[0] == org.lower()]:
                 del self._accounts[key]  # (bound again from the index, as it now stands)
@@ -118,9 +118,12 @@ class Services:
                      "revoked", extra={"org": org, "removed": sorted(changed.removed),
                                        "relogged": sorted(changed.relogged),
                                        "revoked": changed.revoked})
-        # each config taken, changed or not (a replica's first read, a read again after one
-        # failed): a sweep cut off part-way, on any replica, is finished by the next
-        await self._left_office(org, office)
+        # each config text taken, changed or not (a replica's first read, a read again after
+        # one failed), and each read that recorded someone gone: a sweep cut off part-way, on
+        # any replica, is finished by the next (not at every read of a text unchanged, which
+        # each replica makes once a minute per office)
+        if new or changed.removed:
+            await self._left_office(org, office)
 
     async def _left_office(self, org: str, office: Office) -> None:
         """Those who have left: the questions still waiting on them stop waiting."""

@@ -84,9 +84,11 @@ class OfficeSource:
         self._reading = asyncio.Semaphore(READS_AT_ONCE)
         self.max_age = max_age
         self.last_error: dict[str, OfficeConfigError] = {}
-        # called with each config text taken anew, before anyone is served it (the members
-        # it no longer names lose their tokens: bot.store.members); a failure fails the read
-        self.on_new: Callable[[str, Office], Awaitable[None]] | None = None
+        # called with each valid config read (org, office, when its read began by the wall
+        # clock, whether its text is new to this replica), before anyone is served it: an
+        # unchanged text too, as the shared record of who the config names (bot.store.members)
+        # may hold another replica's read since; a failure fails the read
+        self.on_read: Callable[[str, Office, float, bool], Awaitable[None]] | None = None
 
     async def get(self, forge: Forge, org: str, *, fresh: bool = False,
                   within: float | None = None, first: float | None = None) -> Office | None:
@@ -99,9 +101,10 @@ class OfficeSource:
         go on with meanwhile: at start, on a loaded host, a read takes more than `within`)."""
         if self._path is not None:
             if self._local is None:
+                began = time.time()
                 local = load_office(self._path)
-                if self.on_new is not None:
-                    await self.on_new(local.org, local)
+                if self.on_read is not None:
+                    await self.on_read(local.org, local, began, True)
                 self._local = local
             # the operator's file is one office's: another org installed beside it has none
             # (never this one's, or its tokens would act in this office)
@@ -166,6 +169,7 @@ class OfficeSource:
     async def _fetch(self, forge: Forge, org: str) -> Office | None:
         try:
             async with self._reading:  # (a round of a thousand offices: not all at once)
+                began = time.time()
                 text = await forge.get_file(f"{org}/{CONFIG_REPO}", CONFIG_PATH)
         except UnreadableFile as exc:  # the org's file, not the forge: refused as invalid
             return self._answered(org, self._refused(org, OfficeConfigError(
@@ -173,14 +177,18 @@ class OfficeSource:
         if text is None:
             return self._answered(org, self._last_valid.get(org))
         if self._text.get(org) == text and org in self._last_valid:
+            # unchanged (a 304): not parsed, but applied (another replica may have recorded
+            # another text since, and the forge has this one back)
+            if self.on_read is not None:
+                await self.on_read(org, self._last_valid[org], began, False)
             self.last_error.pop(org, None)  # back to (or still) the last valid text
-            return self._answered(org, self._last_valid[org])  # unchanged (a 304): not parsed
+            return self._answered(org, self._last_valid[org])
         try:  # (another office's text: parsed beside the loop, which serves every office)
             office = await asyncio.to_thread(self.validate, org, text)
         except OfficeConfigError as exc:
             return self._answered(org, self._refused(org, exc))
-        if self.on_new is not None:
-            await self.on_new(org, office)
+        if self.on_read is not None:
+            await self.on_read(org, office, began, True)
         self.last_error.pop(org, None)
         self._last_valid[org] = office
         self._text[org] = text

@@ -18,10 +18,23 @@ Whoever a config no longer names is also recorded as departed (schema version 39
 login they had, until a config names them again: the questions still waiting on them are
 sent back from that record (`bot.items.service.Comments.left_office`), so a sweep cut off
 part-way is finished by the next read of the config, on any replica, and a question asked of
-them through a replica that has not read the config yet is refused or sent back."""
+them through a replica that has not read the config yet is refused or sent back.
+
+The record follows the config the forge has, not the one a replica read last (schema version
+41): every read of the config from the forge, changed for that replica or not, is applied, and
+costs one read when the record already holds what it names (`office_members_read`: a digest of
+the members it named, and when the read that recorded them began). Applied only on a text
+changed for that replica, a config pushed back to the text a replica still held (lee removed,
+then added back) was taken by that replica as nothing new, and lee stayed departed on every
+replica. A read that began before the one recorded is not applied: it may hold a text older
+than the one recorded (its answer came later than another replica's newer read; a push's read
+begins after the push), and the forge's next read, on any replica, puts right what differs.
+Those reads are ordered by the replicas' clocks: one that is behind by s seconds has its reads
+skipped for s seconds after another replica's, until a read of its own begins later."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 from bot.store import api_tokens, oauth
@@ -51,6 +64,17 @@ CREATE TABLE IF NOT EXISTS office_departed (
 """, version=DEPARTED_VERSION)
 _PUT_DEPARTED = upsert("office_departed", ["org", "principal", "login"], ["org", "principal"])
 
+READ_VERSION = 41
+register_schema("""
+CREATE TABLE IF NOT EXISTS office_members_read (
+    org {text} PRIMARY KEY,      -- the office (the org's login, lower case)
+    digest {text} NOT NULL,      -- of the members the recorded config named (principal: login)
+    read_at {real} NOT NULL      -- when that config's read from the forge began (wall clock)
+);
+""", version=READ_VERSION)
+_PUT_READ = upsert("office_members_read", ["org", "digest", "read_at"], ["org"])
+_GET_READ = "SELECT digest, read_at FROM office_members_read WHERE org=?"
+
 
 @dataclass(frozen=True)
 class Changed:
@@ -59,12 +83,30 @@ class Changed:
     revoked: int = 0
 
 
-async def apply(store: Store, org: str, named: dict[str, str]) -> Changed:
-    """Record `named` (principal: login) as `org`'s members, revoking what the last recorded
-    config's members lost (see the module)."""
+def _digest(named: dict[str, str]) -> str:
+    return hashlib.sha256(repr(sorted(named.items())).encode()).hexdigest()
+
+
+def _applies(row: Row | None, digest: str, read_at: float) -> bool:
+    """Whether a config naming `digest`'s members, read from `read_at`, changes the record
+    `row` (None: none yet): it names others, and its read is not older (see the module)."""
+    return row is None or (row["digest"] != digest and float(row["read_at"]) <= read_at)
+
+
+async def apply(store: Store, org: str, named: dict[str, str], read_at: float) -> Changed:
+    """Record `named` (principal: login), as a config read from the forge from `read_at`
+    (time.time()) names them, as `org`'s members, revoking what the last recorded config's
+    members lost (see the module). One read when the record names them already, or holds a
+    later read's."""
     org = org.lower()
     named = {principal: login.lower() for principal, login in named.items()}
+    digest = _digest(named)
+    if not _applies(await store.fetchone(_GET_READ, (org,)), digest, read_at):
+        return Changed()
     async with store.transaction(f"office-members:{org}") as db:
+        if not _applies(await db.fetchone(_GET_READ, (org,)), digest, read_at):
+            return Changed()  # (another replica's read, recorded meanwhile)
+        await db.execute(_PUT_READ, (org, digest, read_at))
         rows = await db.fetchall("SELECT principal, login FROM office_members WHERE org=?",
                                  (org,))
         was = {r["principal"]: r["login"] for r in rows}

@@ -122,6 +122,10 @@ NAMES = {
         " back from that record, so a sweep cut off part-way is finished by the next read",
     40: "the chats waiting for an answer indexed by office and start: the caps on waiting"
         " chats (one person's across the office's agents, the office's) count only those",
+    41: "each office's recorded members note which read of its config recorded them: every"
+        " read of the config from the forge is applied (one read when nothing differs), so a"
+        " config pushed back to a text a replica still held is recorded, and a read older than"
+        " the one recorded is not",
 }
 
 
