@@ -8,6 +8,7 @@ as it was before it) or an admin deleting a comment; the doctor runs as the oper
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -149,6 +150,47 @@ async def test_a_change_not_yet_delivered_is_flagged_not_undone(
     assert code == 0 and "the forge and the index agree" in out, out
     row = await mails.get_mail(embedded.services.store, sent["mail_id"])
     assert row is not None and row.state == "mail:closed"
+
+
+async def test_a_lost_write_after_one_that_landed_late_is_repaired_not_taken(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """Acted out (review r5): the app's follow-up write for marco's comment is held at the
+    forge; marco closes by hand (its delivery late); the held write lands (mail:new, after
+    the close); the close's delivery arrives and the app's label write for it is lost. The
+    doctor read the held write, dated after the close, as the index behind the forge
+    ("caught up": mail:new, the closed issue back in scout's inbox). The index recorded the
+    close after that write landed: it is the forge that is behind, and the close is
+    written again."""
+    marco, admin, faults = person("marco"), person("admin"), embedded.forge.faults
+    sent = (await tools("human:marco@acme.com")("mail_send", to="scout", subject="S",
+                                                 body="x"))["mail"]
+    await embedded.settle()
+    await tools("agent:scout")("mail_open", mail=sent["ref"])
+    await embedded.settle()
+    n = _number(sent["ref"])
+    held = faults.hold(PATCH_ISSUE, count=1, repo=SCOUT_VAULT)
+    await marco.comment(SCOUT_VAULT, n, "One more thing: EU too?")
+    await asyncio.wait_for(held.arrived.wait(), 20)  # the app's follow-up write, at the forge
+    faults.drop_webhooks(count=1)  # marco's close is delivered later (a backlog)
+    await marco.call("PATCH", f"/repos/{SCOUT_VAULT}/issues/{n}", {"state": "closed"},
+                     expect=200)
+    embedded.forge.clock.advance(1)  # the held write lands in a later (whole) forge second
+    held.release()
+    await embedded.settle()
+    lost = faults.add(route=PATCH_ISSUE, mode="lost", count=1)
+    assert await embedded.reconciler.run_once() == 1  # the close arrives
+    await embedded.settle()
+    assert lost.fired == 1
+    issue = await admin.issue(SCOUT_VAULT, n)
+    assert (issue["state"], label_names(issue)) == ("closed", ["mail:new"]), "the label lost"
+
+    code, out = await vaultmail(embedded, "doctor")
+    assert _count(out, "repaired") == 1 and "caught up" not in out, out
+    await embedded.settle()
+    issue = await admin.issue(SCOUT_VAULT, n)
+    row = await mails.get_mail(embedded.services.store, sent["mail_id"])
+    assert row is not None and row.state == "mail:closed", out
+    assert (issue["state"], label_names(issue)) == ("closed", ["mail:closed"]), out
 
 
 async def test_the_leaders_scheduled_pass_repairs_a_lost_move(

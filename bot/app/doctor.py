@@ -227,12 +227,21 @@ async def state_changes(forge: Forge, mail: MailRecord) -> list[StateChange]:
             if c.event in ("closed", "reopened") or c.label.lower().startswith("mail:")]
 
 
+# seconds the forge's clock may be ahead of the index's: an app write the forge dates within
+# this of the index's last record of the mail is taken as one the index knew of (so a lost
+# write is repaired; an index restored from a backup taken this soon after the mail's last
+# move is not caught up for that mail)
+RECORDED_MARGIN = 2.0
+
+
 async def unheard_move(services: Services, mail: MailRecord,
                        changes: list[StateChange]) -> StateChange | None:
     """The forge's latest state change of the mail when it is the app's own and newer than
-    anything the index knows of the mail (its last move applied; none applied: its send, the
-    app's labels at the start): the index is behind the forge (restored from a backup), not
-    the forge behind the index. A lost write leaves the forge older than the index instead."""
+    anything the index knows of the mail: the index is behind the forge (restored from a
+    backup), not the forge behind the index. What the index knows is judged by when it
+    recorded it (`mails.recorded_at`, past RECORDED_MARGIN), not by its moves' forge times,
+    which are when the person acted: a write that landed late is dated after later moves,
+    yet before the index recorded them. None applied: past the send's own labels."""
     app = services.bot_login.lower()
     if not changes or changes[-1].actor != app:
         return None  # (someone's: `Doctor._undecided`)
@@ -241,7 +250,10 @@ async def unheard_move(services: Services, mail: MailRecord,
         sending = itertools.takewhile(lambda c: c.actor == app and c.event == "labeled", changes)
         return changes[-1] if len(list(sending)) < len(changes) else None
     at = moves.forge_time(changes[-1].at)
-    return changes[-1] if at is not None and at > applied else None
+    recorded = await mails.recorded_at(services.store, mail.mail_id)
+    if at is None or recorded is None:
+        return None
+    return changes[-1] if at > max(applied, recorded + RECORDED_MARGIN) else None
 
 
 async def catch_up_vault(services: Services, forge: Forge, vault: str,

@@ -251,6 +251,13 @@ async def last_written(store: Store, org: str) -> dict[str, float]:
     return {str(row["vault"]): float(row["at"]) for row in rows}
 
 
+async def recorded_at(store: Store, mail_id: str) -> float | None:
+    """When the index last recorded anything of the mail (its row written, the database's
+    clock): what it knows of the mail is no newer. None: no such mail."""
+    row = await store.fetchone("SELECT updated_at FROM mails WHERE mail_id=?", (mail_id,))
+    return float(row["updated_at"]) if row else None
+
+
 async def mail_at(store: Store, vault: str, number: int) -> MailRecord | None:
     row = await store.fetchone("SELECT * FROM mails WHERE lower(vault)=lower(?) AND number=?",
                                (vault, number))
