@@ -10,6 +10,7 @@ from bot.forge.errors import ForgeError, MovedAway
 class VaultmailError(Exception):
     status = 400
     code = "bad_request"
+    retry_after: float | None = None  # seconds after which the same call may do (Retry-After)
 
     def __init__(self, message: str, *, code: str | None = None,
                  on_forge: str | None = None) -> None:
@@ -116,6 +117,15 @@ class TooManyRequests(VaultmailError):
                  retry_after: float | None = None) -> None:
         super().__init__(message, code=code)
         self.retry_after = retry_after
+
+
+class CatchingUp(VaultmailError):
+    """The office's index is being caught up with the forge at start (restored from a
+    backup?): a keyed send waits for it, so a retry finds the mail its first try sent."""
+
+    status = 503
+    code = "catching_up"
+    retry_after = 5.0
 
 
 class NotInstalled(VaultmailError):

@@ -45,6 +45,7 @@ class Office:
         self.app = await start_embedded(data_dir=self.data, port=0, forge_port=0,
                                         persist_forge=True, database_url=self.url,
                                         app_key=app_key())
+        await self.app.vaults_caught_up()  # (beside the start: what the tests look at)
         return self.app
 
     async def stop(self) -> None:

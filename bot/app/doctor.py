@@ -59,6 +59,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from bot.app.background import Background
+from bot.app.listing import CATCH_UP_AT_ONCE, catch_up_office
 from bot.forge import markers
 from bot.forge.errors import ForgeError, NotFound
 from bot.forge.pacing import writes_for
@@ -326,32 +327,58 @@ async def _take_state(services: Services, forge: Forge, mail: MailRecord,
     return Finding(mail.ref, "state", _shows(now), _holds(fresh), CAUGHT_UP, why)
 
 
-async def catch_up_index(services: Services) -> list[Finding]:
-    """At start, before serving: each office's vaults as the forge lists what changed in
-    them since the index last wrote their mail (less CLOCK_SKEW; a vault with none, all of
-    it), caught up (`catch_up_vault`), and said in the log. One office's forge failing
-    leaves that office for the doctor's next pass, never stops the start."""
+async def catch_up_index(services: Services, org: str) -> list[Finding]:
+    """`org`'s vaults as the forge lists what changed in them since the index last wrote
+    their mail (less CLOCK_SKEW; a vault with none, all of it), caught up (`catch_up_vault`),
+    and each finding said in the log."""
     found: list[Finding] = []
-    for org in sorted(services.installations):
-        try:
-            forge = services.forge_for_org(org)
-            office = await services.offices.get(forge, org)
-            if office is None:
-                continue
-            written = await mails.last_written(services.store, office.org)
-            for vault in office.vaults():
-                at = written.get(vault.lower())
-                since = None if at is None else datetime.fromtimestamp(at - CLOCK_SKEW, UTC)
-                issues = [i async for i in forge.iter_issues(vault, state="all", since=since)]
-                found += await catch_up_vault(services, forge, vault, issues)
-        except Exception as exc:  # (its forge, or its config)
-            log.warning("the index's catch-up with the forge: office not read", extra={
-                "org": org, "error": repr(exc)})
+    forge = services.forge_for_org(org)
+    office = await services.offices.get(forge, org)
+    if office is None:
+        return found
+    written = await mails.last_written(services.store, office.org)
+    for vault in office.vaults():
+        at = written.get(vault.lower())
+        since = None if at is None else datetime.fromtimestamp(at - CLOCK_SKEW, UTC)
+        issues = [i async for i in forge.iter_issues(vault, state="all", since=since)]
+        found += await catch_up_vault(services, forge, vault, issues)
     for finding in found:
         log.warning("the index was behind the forge (restored from a backup?): caught up",
                     extra={"issue": finding.ref, "kind": finding.kind,
                            "forge": finding.forge, "index": finding.index})
     return found
+
+
+async def catch_up_at_start(services: Services) -> None:
+    """At start, beside the serving (never in its way): each office's vaults renamed unheard
+    followed (`catch_up_office`), then its index caught up with the forge (`catch_up_index`),
+    CATCH_UP_AT_ONCE offices at a time, each office beside the others, so one whose forge is
+    slow or failing holds up no other. Until its own is done, only an office's keyed sends
+    wait (`Services.catching_up`: 503 catching_up); one that fails is logged and left to the
+    doctor's next pass, which catches up the same way before it repairs anything."""
+    services.catching_up.update(services.installations)
+    turns = asyncio.Semaphore(CATCH_UP_AT_ONCE)
+
+    async def office(org: str) -> None:
+        installation = services.installations.get(org)
+        try:
+            await catch_up_office(services, org, turns)
+            async with turns:
+                log.info("the index's catch-up with the forge: office begun",
+                         extra={"org": org, "installation": installation})
+                found = await catch_up_index(services, org)
+            log.info("the index's catch-up with the forge: office done", extra={
+                "org": org, "installation": installation, "caught_up": len(found)})
+        except Exception as exc:  # (its forge, or its config)
+            log.warning("the index's catch-up with the forge: office not read", extra={
+                "org": org, "installation": installation, "error": repr(exc)})
+        finally:
+            services.catching_up.discard(org)
+
+    try:
+        await asyncio.gather(*(office(org) for org in sorted(services.installations)))
+    finally:  # (cancelled at stop: nothing waits for it any more)
+        services.catching_up.clear()
 
 
 class Doctor:

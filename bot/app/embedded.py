@@ -157,8 +157,9 @@ class Embedded:
                 return
 
     async def vaults_caught_up(self) -> None:
-        """Wait until the start's catch-up of the vaults renamed while the app was down has
-        gone over every office (it runs beside the start: bot.app.listing.catch_up_offices)."""
+        """Wait until the start's catch-up (the vaults renamed while the app was down, and the
+        index with the forge) has gone over every office (it runs beside the start:
+        bot.app.doctor.catch_up_at_start)."""
         task = self.runner.app.get(CATCH_UP_KEY)
         if task is not None:
             await asyncio.wait([task])

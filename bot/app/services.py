@@ -55,6 +55,9 @@ class Services:
     keyring: Keyrings
     # org (lower case) -> installation id: read at start, kept by installation events
     installations: dict[str, int] = field(default_factory=dict)
+    # orgs whose index the start is still catching up with the forge (bot.app.doctor.
+    # catch_up_at_start): their keyed sends wait for it
+    catching_up: set[str] = field(default_factory=set)
     background: set[asyncio.Task[None]] = field(default_factory=set)
     notifier: Notifier = field(default_factory=Notifier)
     long_polls: LongPolls = field(default_factory=LongPolls)  # `wait` calls held per API token

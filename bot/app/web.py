@@ -18,10 +18,9 @@ from bot import metrics
 from bot.app import runs
 from bot.app.build import build_services
 from bot.app.context import context_for
-from bot.app.doctor import DoctorSchedule, catch_up_index
+from bot.app.doctor import DoctorSchedule, catch_up_at_start
 from bot.app.gitea_orgs import GiteaOrgs
 from bot.app.intake import receive_webhook
-from bot.app.listing import catch_up_offices
 from bot.app.outbound import LedgerForwarder
 from bot.app.prune import Pruner
 from bot.app.reconcile import Reconciler
@@ -318,11 +317,11 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
             min_interval=cfg.write_interval))
         presence = app[PRESENCE_KEY] = Presence(services.store, services.notifier)
         await presence.start(settings.replica_id or None, settings.public_url or None)
-        # an index behind the forge (restored from a backup) is caught up before serving:
-        # a keyed send retried finds its mail, the doctor undoes nothing the index missed
-        await catch_up_index(services)
-        app[CATCH_UP_KEY] = asyncio.create_task(catch_up_offices(services),
-                                                name="vaultmail-vault-catch-up")
+        # vaults renamed unheard, and an index behind the forge (restored from a backup),
+        # caught up beside the serving, office by office: until its own is done, only an
+        # office's keyed sends wait (a retry finds the mail its first try sent)
+        app[CATCH_UP_KEY] = asyncio.create_task(catch_up_at_start(services),
+                                                name="vaultmail-catch-up")
         worker = app[WORKER_KEY] = build_worker(services)
         app[RECONCILER_KEY] = Reconciler(
             services.store, services.forge_client.app, settings.reconcile_interval)

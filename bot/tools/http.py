@@ -18,7 +18,6 @@ from bot.errors import (
     Denied,
     ForgeUnavailable,
     NotInstalled,
-    TooManyRequests,
     Unauthenticated,
     VaultmailError,
     forge_refusal,
@@ -193,7 +192,7 @@ async def tool_endpoint(request: web.Request) -> web.Response:
             return web.Response(status=499)
     except VaultmailError as exc:
         log.info("tool refused", extra={"tool": name, "code": exc.code, "reason": exc.message})
-        wait = exc.retry_after if isinstance(exc, TooManyRequests) else None
+        wait = exc.retry_after
         return web.json_response(exc.as_json(), status=exc.status, headers=None if wait is None
                                  else {"Retry-After": str(max(1, math.ceil(wait)))})
     except ForgeError as exc:  # the forge refused or failed: say so, never a stack trace

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from bot.digits import whole
-from bot.errors import InvalidArguments, NotFoundError
+from bot.errors import CatchingUp, InvalidArguments, NotFoundError
 from bot.office.visibility import viewer_for
 from bot.store import mails
 from bot.store.mails import QUIET, MailRecord
@@ -87,6 +87,11 @@ async def mail_send(call: Call, args: SendArgs) -> dict[str, Any]:
                                    "token names its run already): leave `run` out",
                                    code="run_not_open")
         woken_by = named
+    if args.idempotencyKey and call.office.org.lower() in call.services.catching_up:
+        raise CatchingUp(f"{call.office.org}'s index is being caught up from the forge (the "
+                         "app has just started): a send with an idempotencyKey waits for it, "
+                         "so that it finds the mail an earlier try sent; nothing was sent, try "
+                         "again in a few seconds")
     from bot.email.sending import is_address, send_email
 
     if is_address(args.to):  # to someone outside, by email (issue 24)
