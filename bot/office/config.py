@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 import yaml
 from pydantic import (
@@ -386,29 +386,78 @@ def _locate(loc: tuple[int | str, ...]) -> str:
 
 
 MAX_DEPTH = 32  # an office config nests a few levels; one nested far deeper is none
+# What an org's file may make the host build, in the one process every office shares. A real
+# office's config is a few KB: tens of people and agents, a few hundred values.
+MAX_CONFIG_BYTES = 2 * 1024 * 1024
+MAX_VALUES = 250_000  # keys, values and list entries, an alias counted as all its anchor holds
+MAX_AGENTS = 1_000  # (and so vaults: one an agent)
+MAX_HUMANS = 10_000
+MAX_ENTRIES = 10_000  # in any one list or mapping
 
 
 _FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # (without libyaml: Python's)
 
 
-def _too_deep(text: str) -> int | None:
-    """The line where the YAML nests more than MAX_DEPTH levels, if it does (read as a stream
-    of events, without building it: building recurses once per level)."""
+def _beyond_limits(text: str, source: str) -> str | None:
+    """Why `text` is more YAML than a config may be, and where, if it is: too many bytes, too
+    deep, or too many values once its aliases are expanded. Read as a stream of events,
+    without building it: building recurses once per level, and an alias is one event however
+    much its anchor holds (PyYAML shares it, but validation copies each use: n aliases of n
+    aliases of a list of n are n³ values from n² bytes)."""
+    head = text[:MAX_CONFIG_BYTES + 1].encode("utf-8", "replace")  # (past it: over, whatever)
+    if len(head) > MAX_CONFIG_BYTES:
+        line = head[:MAX_CONFIG_BYTES].count(b"\n") + 1
+        return (f"{source}: more than {MAX_CONFIG_BYTES:,} bytes (2 MiB), the most a config "
+                "may be: a real office's is a few KB; remove what is not the office's "
+                f"(line {line}, column 1)")
     try:  # libyaml's events (it keeps its own stack, no recursion); Python's where it refuses
-        return _deeper_than_allowed(yaml.parse(text, Loader=_FAST_LOADER))
+        return _count_events(yaml.parse(text, Loader=_FAST_LOADER), source)
     except yaml.YAMLError:
-        return _deeper_than_allowed(yaml.parse(text, Loader=yaml.SafeLoader))
+        return _count_events(yaml.parse(text, Loader=yaml.SafeLoader), source)
 
 
-def _deeper_than_allowed(events: Iterator[yaml.Event]) -> int | None:
-    depth = 0
+def _count_events(events: Iterator[yaml.Event], source: str) -> str | None:
+    values = through_aliases = 0
+    open_: list[tuple[str | None, int]] = []  # each collection open: its anchor, values before
+    held: dict[str, int] = {}  # each anchor closed: the values it holds, its aliases expanded
     for event in events:
-        if isinstance(event, yaml.CollectionStartEvent):
-            depth += 1
-            if depth > MAX_DEPTH:
-                return event.start_mark.line + 1 if event.start_mark else 1
+        alias = None
+        if isinstance(event, yaml.AliasEvent):
+            alias = event.anchor
+            if any(anchor == alias for anchor, _ in open_):  # (then nothing could walk it)
+                return (f"{source}: *{alias} is inside &{alias}, a value that holds itself: "
+                        f"write it out instead{_at(event.start_mark)}")
+            size = held.get(alias or "", 1)
+            values, through_aliases = values + size, through_aliases + size
+        elif isinstance(event, yaml.ScalarEvent):
+            values += 1
+            if event.anchor:
+                held[event.anchor] = 1
+        elif isinstance(event, yaml.CollectionStartEvent):
+            if len(open_) == MAX_DEPTH:
+                line = event.start_mark.line + 1 if event.start_mark else 1
+                return (f"{source}: nested more than {MAX_DEPTH} levels deep: an office config "
+                        f"is a mapping of lists of mappings (line {line}, column 1)")
+            if event.anchor:
+                held.pop(event.anchor, None)  # (a name used again: the new one from here)
+            open_.append((event.anchor, values))
+            values += 1
         elif isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
+            anchor, before = open_.pop()
+            if anchor:
+                held[anchor] = values - before
+        if values > MAX_VALUES:
+            if alias is not None:
+                return (f"{source}: holds more than {MAX_VALUES:,} values once its aliases are "
+                        f"expanded (*{alias} repeats all that &{alias} holds, each time): write "
+                        f"it without repeating a large anchor{_at(event.start_mark)}")
+            if through_aliases:
+                return (f"{source}: holds more than {MAX_VALUES:,} values once its aliases are "
+                        f"expanded ({through_aliases:,} through aliases): write it without "
+                        f"repeating a large anchor{_at(event.start_mark)}")
+            return (f"{source}: holds more than {MAX_VALUES:,} values (keys, values and list "
+                    "entries), the most a config may: a real office's holds a few hundred; "
+                    f"remove what is not the office's{_at(event.start_mark)}")
     return None
 
 
@@ -437,7 +486,12 @@ def _unreadable_value(text: str) -> str:
     return "a value cannot be read"
 
 
-def _at(mark: yaml.Mark | None) -> str:
+class _Mark(Protocol):  # a place in the file, as Python's parser and libyaml's give it
+    line: int
+    column: int
+
+
+def _at(mark: _Mark | None) -> str:
     """Where in the file, as every error says it."""
     return f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
 
@@ -455,11 +509,9 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 
 def _load_yaml(text: str, source: str) -> Any:
     try:
-        deep = _too_deep(text)
-        if deep is not None:
-            raise OfficeConfigError(source, [
-                f"{source}: nested more than {MAX_DEPTH} levels deep: an office config is a "
-                f"mapping of lists of mappings (line {deep}, column 1)"])
+        beyond = _beyond_limits(text, source)
+        if beyond is not None:
+            raise OfficeConfigError(source, [beyond])
         try:  # libyaml's parser, ten times as fast; its refusals are read again below
             return yaml.load(text, Loader=_FAST_LOADER)  # noqa: S506 (a safe loader)
         except yaml.YAMLError:
@@ -559,6 +611,34 @@ def locate_errors(text: str, source: str, problems: list[tuple[str, str]]) -> li
     return out
 
 
+_PER_OFFICE = {  # key: (limit, what it holds, whose limit that is and what to do)
+    "agents": (MAX_AGENTS, "agents (a vault each)",
+               "an office may have: keep those in use, or give some an org of their own"),
+    "humans": (MAX_HUMANS, "people",
+               "an office may have: list only those who work with its agents")}
+_PER_LIST = (MAX_ENTRIES, "entries", "one list or mapping may hold: keep the entries in use")
+
+
+def _too_many(raw: dict[Any, Any]) -> list[tuple[str, str]]:
+    """`(key path, why)` for each list or mapping past its limit: the agents, the people, or
+    any other's entries. (`raw` is within MAX_VALUES, its aliases expanded, and holds no
+    cycle: walked whole.)"""
+    problems: list[tuple[str, str]] = []
+    todo: list[tuple[str, Any]] = [("", raw)]
+    while todo:
+        where, value = todo.pop()
+        if isinstance(value, dict):
+            todo += [(f"{where}.{k}" if where else str(k), v) for k, v in value.items()]
+        elif isinstance(value, list):
+            todo += [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+        else:
+            continue
+        limit, what, then = _PER_OFFICE.get(where, _PER_LIST)
+        if len(value) > limit:
+            problems.append((where, f"{len(value):,} {what}, more than the {limit:,} {then}"))
+    return sorted(problems)
+
+
 def parse_office(text: str, source: str = "office.yml", *, repository: bool = False,
                  url_refused: UrlCheck | None = None) -> Office:
     """Parse and validate; raise OfficeConfigError listing every problem with its location:
@@ -571,6 +651,9 @@ def parse_office(text: str, source: str = "office.yml", *, repository: bool = Fa
     if not isinstance(raw, dict):
         raise OfficeConfigError(source, [f"{source}: (top level): must be a mapping with org:"
                                          f"{_at(getattr(_compose(text), 'start_mark', None))}"])
+    too_many = _too_many(raw)
+    if too_many:
+        raise OfficeConfigError(source, locate_errors(text, source, too_many))
     try:
         return Office.model_validate(raw, context={"repository": repository,
                                                    "url_refused": url_refused})
