@@ -12,7 +12,7 @@ from bot.app.context import HandlerContext
 from bot.errors import InvalidArguments, VaultmailError
 from bot.items.model import item_from_issue
 from bot.items.render import parse_addressing
-from bot.mail.commands import parse_commands
+from bot.mail.commands import parse_commands, words_besides_commands
 from bot.store.moves import forge_time
 from handlers.common import Scene, actor_of, scene
 from handlers.items import office_entries
@@ -85,6 +85,7 @@ async def handle_comment(event: sansio.Event, ctx: HandlerContext) -> None:
     mail = await s.mail()
     # when it was written on the forge: a delivery handled late moves nothing made after it
     at = forge_time(event.data["comment"].get("created_at"))
+    reply_key = f"comment:{event.data['comment']['id']}"  # the reply, however often handled
     try:
         for index, cmd in enumerate(commands):
             if cmd.name == "mail":
@@ -96,14 +97,22 @@ async def handle_comment(event: sansio.Event, ctx: HandlerContext) -> None:
                 wait_for_mail(s, "commented on before it was adopted")
             return
         if "close" in names:
-            await s.mailer.close(mail, s.actor, labels=s.labels, at=at)
+            labels: list[str] | None = s.labels
+            words = words_besides_commands(text)
+            if s.actor == mail.to_principal and "mail" not in names and words.strip():
+                # the recipient's words beside its /close are its reply (copied to an agent
+                # sender, answered by email), made before the close as written
+                mail = await s.mailer.reply(mail, s.actor, words, posted=True, labels=labels,
+                                            key=reply_key, at=at)
+                labels = None  # the reply moved them: the close goes by the index
+            await s.mailer.close(mail, s.actor, labels=labels, at=at)
         elif "working" in names:
             await s.mailer.open(mail, s.actor, labels=s.labels, at=at)
         elif "mail" in names:
             return
         elif s.actor == mail.to_principal:
             await s.mailer.reply(mail, s.actor, text, posted=True, labels=s.labels,
-                                 key=f"comment:{event.data['comment']['id']}", at=at)
+                                 key=reply_key, at=at)
         elif s.actor.startswith("forge:"):
             # someone outside the office: their words stay on the forge, but wake no one
             ctx.log.info("comment from outside the office leaves the mail as it is",

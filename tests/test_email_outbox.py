@@ -198,6 +198,21 @@ async def test_the_agents_own_comment_on_the_issue_is_a_reply_by_email_too(
     assert sent["In-Reply-To"] == "<m1@example.org>"
 
 
+async def test_the_agents_words_with_close_go_out_by_email_and_then_the_mail_closes(
+        mailroom: Mailroom) -> None:
+    """Acted out (review r6): scout-bot's "12 EUR.\n\n/close" closed the mail and Bob got no
+    answer. The words beside the command are the reply, sent without the command."""
+    await _first_mail(mailroom)
+    await mailroom.person("scout-bot").comment(SCOUT_VAULT, 1, "12 EUR.\n\n/close")
+    await mailroom.embedded.settle()
+    await mailroom.outbox_settled()
+    assert not mailroom.relay.received.empty(), "Bob got no answer"
+    sent = _parsed((await mailroom.relay.next()).original_content or b"")
+    assert sent.get_content().strip() == "12 EUR."
+    issue = await mailroom.person("marco").issue(SCOUT_VAULT, 1)
+    assert issue["state"] == "closed" and label_names(issue) == ["mail:closed"]
+
+
 def test_a_reply_by_email_carries_the_agents_words_as_written() -> None:
     """What the app disarmed to post the agent's words on the forge (a word joiner after an
     `@`, inside an `<!--`) is undone before they leave by email (found by review: an HTML

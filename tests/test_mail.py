@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import aiohttp
+
 from bot.app.embedded import Embedded
 from bot.mail.header import parse_mail_body
 from bot.store import ledger, mails
 from tests.support import Actor, ToolClient, label_names
+from tests.test_exactly_once import forge_delivery, replay_under_new_id, short_forge_retries
 
 SCOUT_VAULT = "acme/scout-vault"
 BUILDER_VAULT = "acme/builder-vault"
+ISSUE = "/repos/{owner}/{repo}/issues/{issue_number}"
 
 
 async def events(embedded: Embedded, name: str) -> list[ledger.Entry]:
@@ -93,6 +97,48 @@ async def test_reply_is_copied_into_the_agent_senders_vault_with_hops(
     assert copy["title"] == "Re: Spec" and label_names(copy) == ["mail:new"]
     inbox = (await builder("mail_list"))["inbox"]["mail"]
     assert [m["ref"] for m in inbox] == [f"{BUILDER_VAULT}#{copy['number']}"]
+
+
+async def test_a_reply_and_close_in_one_comment_replies_then_closes_once(
+        embedded: Embedded, tools: Any, person: Any,
+        session: aiohttp.ClientSession) -> None:
+    """Acted out (review r6): scout-bot's "The answer is 42.\n\n/close" closed the mail, and
+    that was all: no `mail.replied`, no copy in builder's vault, nothing in its inbox. The
+    recipient's words beside its `/close` are its reply, copied, and then the mail is closed;
+    a delivery retried (its close landed, but answered 502) and one replayed after it do each
+    once."""
+    builder: ToolClient = tools("agent:builder")
+    sent = (await builder("mail_send", to="scout", subject="Spec",
+                          body="What is the answer?"))["mail"]
+    await embedded.settle()
+    short_forge_retries(embedded, attempts=1)
+    embedded.worker.base_backoff = 0.05
+    faults = embedded.forge.faults
+    copying = faults.hold("POST /repos/{owner}/{repo}/issues", repo=BUILDER_VAULT)
+    await person("scout-bot").comment(SCOUT_VAULT, sent["number"], "The answer is 42.\n\n/close")
+    settled = asyncio.ensure_future(embedded.settle())  # (done only if no copy is made)
+    await asyncio.wait([settled, asyncio.ensure_future(copying.arrived.wait())],
+                       return_when=asyncio.FIRST_COMPLETED)
+    assert copying.arrived.is_set(), "the reply written with /close never reached builder"
+    # replied on the mail, its copy on the way: the next write on the mail is the close
+    closing = faults.add("PATCH " + ISSUE, mode="after", count=1, repo=SCOUT_VAULT)
+    copying.release()
+    await settled
+    assert closing.fired == 1, "the close landed, answered 502, and the delivery ran again"
+    reply = forge_delivery(embedded, "issue_comment", "created",
+                           lambda p: p["comment"]["user"]["login"] == "scout-bot")
+    await replay_under_new_id(embedded, session, "issue_comment", reply)
+    original = await person("admin").issue(SCOUT_VAULT, sent["number"])
+    assert original["state"] == "closed" and label_names(original) == ["mail:closed"]
+    moves = [(e.event, e.data["to"]) for e in await ledger.entries(embedded.services.store)
+             if e.subject == sent["ref"] and e.event in ("mail.replied", "mail.closed")]
+    assert moves == [("mail.replied", "mail:replied"), ("mail.closed", "mail:closed")], moves
+    [copy] = await person("admin").issues(BUILDER_VAULT)
+    assert copy["title"] == "Re: Spec" and label_names(copy) == ["mail:new"]
+    assert parse_mail_body(copy["body"])[1] == "The answer is 42.", "the words, not /close"
+    inbox = (await builder("mail_list"))["inbox"]["mail"]
+    assert [m["ref"] for m in inbox] == [f"{BUILDER_VAULT}#{copy['number']}"]
+
 
 
 async def test_the_fourth_hop_is_delivered_quietly_with_loop_guard(

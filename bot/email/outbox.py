@@ -36,6 +36,7 @@ from bot.email.message import EmailMeta, read_meta
 from bot.email.sending import may_email
 from bot.forge import markers
 from bot.forge.once import comment_once
+from bot.mail.commands import words_besides_commands
 from bot.mail.mailer import fits
 from bot.mail.markdown import as_data, as_written
 from bot.office.config import Agent, Office
@@ -140,6 +141,12 @@ def reply_text(comment_body: str, key: str) -> str:
     text = markers.without_reply(comment_body, key)
     text = re.sub(r"^\*\*[^*\n]{1,120}\*\* replied:\n\n", "", text.lstrip())
     return as_written(text).strip()
+
+
+def _own_reply_text(comment_body: str, key: str) -> str:
+    """What the agent wrote in its own comment on the issue, its commands (a `/close` below
+    its words) left out: they were for the app, not the reader."""
+    return reply_text(words_besides_commands(comment_body), key)
 
 
 class Outbox(Rounds):
@@ -538,14 +545,15 @@ class Outbox(Rounds):
             # and the app posts others' words too; they would name the reply's text and
             # recipients
             by_app = self.services.by_app(comment)
-            if (wanted_id is not None and str(comment.get("id")) == wanted_id) or (
-                    wanted_id is None and by_app and markers.is_reply(body, key)):
+            if wanted_id is not None and str(comment.get("id")) == wanted_id:
+                text = _own_reply_text(body, key)
+                break
+            if wanted_id is None and by_app and markers.is_reply(body, key):
                 text = reply_text(body, key)
                 break
             if by_app and body.startswith("**email:") and "<!-- vaultmail:email-in " in body:
                 latest = read_meta(body) or latest
         if text is None and wanted_id is not None:
-            text = reply_text(str((await forge.get_comment(mail.vault,
-                                                           int(wanted_id))).get("body") or ""),
-                              key)
+            text = _own_reply_text(str((await forge.get_comment(
+                mail.vault, int(wanted_id))).get("body") or ""), key)
         return text, latest

@@ -30,9 +30,10 @@ class Command:
     body: str  # the lines after the command, up to the next command (for /mail and /ask)
 
 
-def parse_commands(text: str) -> list[Command]:
+def _found(text: str) -> tuple[list[str], list[tuple[int, str, str]]]:
+    """The text's lines, and its commands: (line number, name, args)."""
     if len(text) > MAX_TEXT:
-        return []
+        return [text], []
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     found: list[tuple[int, str, str]] = []
     for i, line in enumerate(lines):
@@ -42,6 +43,19 @@ def parse_commands(text: str) -> list[Command]:
     if found:  # most comments have no line like a command: no need to read them as CommonMark
         live = paragraph_lines(text)
         found = [f for f in found if f[0] in live]
+    return lines, found
+
+
+def words_besides_commands(text: str) -> str:
+    """What `text` says beside its commands: its lines, those of its commands taken out
+    (blank when it is commands alone; a command's args are on its line, and go with it)."""
+    lines, found = _found(text)
+    taken = {i for i, _, _ in found}
+    return "\n".join(line for i, line in enumerate(lines) if i not in taken).strip("\n")
+
+
+def parse_commands(text: str) -> list[Command]:
+    lines, found = _found(text)
     commands = []
     for k, (i, name, args) in enumerate(found):
         end = found[k + 1][0] if k + 1 < len(found) else len(lines)
