@@ -97,6 +97,11 @@ async def test_reply_is_copied_into_the_agent_senders_vault_with_hops(
     assert copy["title"] == "Re: Spec" and label_names(copy) == ["mail:new"]
     inbox = (await builder("mail_list"))["inbox"]["mail"]
     assert [m["ref"] for m in inbox] == [f"{BUILDER_VAULT}#{copy['number']}"]
+    # "so it wakes up to read it": the copy queued a run of builder for itself
+    woken = [e for e in await events(embedded, "run.queued")
+             if e.data["agent"] == "agent:builder"]
+    assert [(e.subject, e.data["kind"]) for e in woken] == [
+        (f"{BUILDER_VAULT}#{copy['number']}", "mail")]
 
 
 async def test_a_reply_and_close_in_one_comment_replies_then_closes_once(
@@ -141,6 +146,21 @@ async def test_a_reply_and_close_in_one_comment_replies_then_closes_once(
 
 
 
+async def test_a_reply_then_a_close_through_the_tools_copies_then_closes(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """The tool path of a reply and a close (mail_reply, then mail_close): the same order."""
+    builder, scout = tools("agent:builder"), tools("agent:scout")
+    sent = (await builder("mail_send", to="scout", subject="Spec", body="Answer?"))["mail"]
+    await scout("mail_reply", mail=sent["ref"], body="42.")
+    assert (await scout("mail_close", mail=sent["ref"]))["mail"]["state"] == "mail:closed"
+    await embedded.settle()
+    moves = [e.event for e in await ledger.entries(embedded.services.store)
+             if e.subject == sent["ref"] and e.event in ("mail.replied", "mail.closed")]
+    assert moves == ["mail.replied", "mail.closed"], moves
+    [copy] = await person("admin").issues(BUILDER_VAULT)
+    assert parse_mail_body(copy["body"])[1] == "42." and label_names(copy) == ["mail:new"]
+
+
 async def test_the_fourth_hop_is_delivered_quietly_with_loop_guard(
         embedded: Embedded, tools: Any, person: Any) -> None:
     builder, scout = tools("agent:builder"), tools("agent:scout")
@@ -179,6 +199,11 @@ async def test_open_reply_close_through_the_tools(embedded: Embedded, tools: Any
     assert (await scout("mail_open", mail=mail["ref"]))["mail"]["state"] == "mail:working"
     replied = await scout("mail_reply", mail=mail["mail_id"], body="Done: nothing odd")
     assert replied["mail"]["state"] == "mail:replied"
+    # the thread is the issue's ordinary comments: on the forge, and in mail_get
+    on_forge = [c["body"] for c in await person("marco").comments(SCOUT_VAULT, mail["number"])]
+    assert any("Done: nothing odd" in b for b in on_forge), on_forge
+    read = await marco("mail_get", mail=mail["ref"])
+    assert [c["body"] for c in read["comments"]] == on_forge
     closed = await marco("mail_close", mail=mail["ref"])
     assert closed["mail"]["state"] == "mail:closed"
     issue = await person("admin").issue(SCOUT_VAULT, mail["number"])
@@ -189,6 +214,9 @@ async def test_open_reply_close_through_the_tools(embedded: Embedded, tools: Any
     await embedded.settle()
     issue = await person("admin").issue(SCOUT_VAULT, mail["number"])
     assert issue["state"] == "open" and label_names(issue) == ["mail:new"]
+    read = await scout("mail_get", mail=mail["ref"])
+    assert [c["author"] for c in read["comments"]][-1] == "marco"
+    assert read["comments"][-1]["body"] == "One more thing"
     names = [e.event for e in await ledger.entries(embedded.services.store)]
     for name in ("mail.sent", "mail.opened", "mail.replied", "mail.closed"):
         assert name in names
