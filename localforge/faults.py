@@ -83,8 +83,15 @@ class Hold:
 class WebhookFault:
     rate: float = 0.0
     count: int = 0  # the next N deliveries, then `rate`
+    senders: tuple[str, ...] = ()  # only of acts by these logins (lower); empty: any
+    redeliveries: bool = True  # False: a redelivery goes through
 
-    def fire(self, rng: random.Random) -> bool:
+    def fire(self, rng: random.Random, sender: str | None = None,
+             redelivery: bool = False) -> bool:
+        if self.senders and (sender or "").lower() not in self.senders:
+            return False
+        if redelivery and not self.redeliveries:
+            return False
         if self.count > 0:
             self.count -= 1
             return True
@@ -132,8 +139,14 @@ class Faults:
         self.holds = [h for h in self.holds
                       if not h.released.is_set() and (h.count is None or h.caught < h.count)]
 
-    def drop_webhooks(self, rate: float = 0.0, count: int = 0) -> None:
-        self.drop = WebhookFault(rate=rate, count=count)
+    def drop_webhooks(self, rate: float = 0.0, count: int = 0, senders: tuple[str, ...] = (),
+                      redeliveries: bool = True) -> None:
+        """Drop deliveries (`senders`: only of what these logins did; `redeliveries`
+        False: a redelivery of a dropped one goes through, as a test sends it when it
+        chooses)."""
+        self.drop = WebhookFault(rate=rate, count=count,
+                                 senders=tuple(s.lower() for s in senders),
+                                 redeliveries=redeliveries)
 
     def duplicate_webhooks(self, rate: float = 0.0, count: int = 0) -> None:
         self.duplicate = WebhookFault(rate=rate, count=count)

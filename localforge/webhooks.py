@@ -114,7 +114,9 @@ class Dispatcher:
 
     async def _deliver(self, d: Delivery) -> None:
         d.delivered_at = self.clock.now()
-        if self.faults.drop.fire(self.faults.rng):
+        sender = d.payload.get("sender")
+        login = sender.get("login") if isinstance(sender, dict) else None
+        if self.faults.drop.fire(self.faults.rng, login, d.redelivery):
             d.status, d.status_code, d.duration = "failed to connect to host (dropped)", 0, 0.0
             return
         times = 2 if self.faults.duplicate.fire(self.faults.rng) else 1
