@@ -27,14 +27,17 @@ def comment_key(repo: str, comment: dict[str, Any]) -> str:
     return f"comment:{repo}:{comment.get('id')}:{comment.get('updated_at')}"
 
 
-async def send_mail_from_command(s: Scene, args: str, body: str, key: str) -> None:
+async def send_mail_from_command(s: Scene, args: str, body: str, key: str,
+                                 at: float | None) -> None:
+    """`/mail <agent> <subject>`; `at`: when the comment was written, by the forge, so an
+    agent's counts from the run it was written in however late it is read (`sent_from`)."""
     agent, subject = (args.split(None, 1) + ["", ""])[:2]  # a tab separates them too
     if not agent or not subject.strip():
         await s.refuse(InvalidArguments(
             "usage: `/mail <agent> <subject>` on one line, the message below it."))
         return
-    record = await s.mailer.send(s.actor, agent, subject, body,
-                                 idempotency_key=key)
+    record = await s.mailer.send(s.actor, agent, subject, body, idempotency_key=key,
+                                 written_at=at)
     await s.say(f"mail sent to {record.to_principal}: {record.ref}")
 
 
@@ -90,7 +93,8 @@ async def handle_comment(event: sansio.Event, ctx: HandlerContext) -> None:
         for index, cmd in enumerate(commands):
             if cmd.name == "mail":
                 await send_mail_from_command(
-                    s, cmd.args, cmd.body, f"{comment_key(s.repo, event.data['comment'])}:{index}")
+                    s, cmd.args, cmd.body, f"{comment_key(s.repo, event.data['comment'])}:{index}",
+                    at)
         names = {c.name for c in commands}
         if mail is None:
             if names != {"mail"}:  # something for the mail to do, once it is mail

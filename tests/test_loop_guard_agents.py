@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import yaml
 from aiohttp import web
 
+from bot.app import runs
 from bot.app.egress import OutboundPolicy
 from bot.app.embedded import Embedded, start_embedded
 from bot.app.signed_post import check_signed_post
@@ -407,6 +409,17 @@ async def test_two_agents_dispatched_by_post_answering_each_wake_with_fresh_mail
         await _stopped_at_ping_4(emb, received)
 
 
+async def builder_opens_issues(emb: Embedded, session: aiohttp.ClientSession,
+                               run: dict[str, Any]) -> None:
+    """builder's runner answers "Ping N" with an issue in scout's vault as builder-bot, scout's
+    with mail_send (`pinged_back`)."""
+    n = int(run["title"].split()[-1])
+    if run["agent"] == "builder" and n < 8:
+        await Actor(session, emb, "builder-bot").open_issue(SCOUT, f"Ping {n + 1}", "your turn")
+    else:
+        await pinged_back(emb, session, run)
+
+
 async def test_an_agent_opening_issues_by_hand_in_anothers_vault_stops_at_the_guard(
         tmp_path: Path, database_url: str) -> None:
     """builder answers each wake by opening an issue in scout's vault as its own forge login
@@ -414,16 +427,7 @@ async def test_an_agent_opening_issues_by_hand_in_anothers_vault_stops_at_the_gu
     adopted mail started at hop 0 whoever opened it, so the two woke each other forever. An
     issue an agent opens climbs as its mail_send would (from its mail run still open); past 3
     it is adopted quiet (no mail:new on the forge, no run) and `mail.loop_guard` is ledgered."""
-    async def answer(emb: Embedded, session: aiohttp.ClientSession,
-                     run: dict[str, Any]) -> None:
-        n = int(run["title"].split()[-1])
-        if run["agent"] == "builder" and n < 8:
-            await Actor(session, emb, "builder-bot").open_issue(
-                SCOUT, f"Ping {n + 1}", "your turn")
-        else:
-            await pinged_back(emb, session, run)
-
-    async with dispatched_by_post(tmp_path, database_url, answer) as (
+    async with dispatched_by_post(tmp_path, database_url, builder_opens_issues) as (
             emb, session, received, settle):
         await ToolClient(session, emb, MARCO)("mail_send", to="scout", subject="Ping 0",
                                               body="start")
@@ -618,3 +622,133 @@ async def test_a_send_keeps_its_place_in_the_runs_budget_however_it_is_indexed_o
         signed = mail_from_issue(mail["vault"], issue, services.keyring,
                                  app_login=services.bot_login)
         assert signed is not None and signed.hops == mail["hops"], (mail, signed)
+
+
+# a command answering each wake on the forge with its agent's own token (a runner may hold it):
+# an issue opened in the other's vault, or `/mail <other>` on the issue that woke it
+FORGE_PINGER = """
+import json, os, sys, urllib.request
+run = json.load(sys.stdin)
+n = int(run["title"].split()[-1])
+cfg = json.load(open(sys.argv[1]))
+me = os.environ["VAULTMAIL_AGENT"].removeprefix("agent:")
+other = {"scout": "builder", "builder": "scout"}[me]
+if cfg["by"] == "issue":
+    path, body = f"/repos/acme/{other}-vault/issues", {"title": f"Ping {n + 1}", "body": "go"}
+else:
+    number = run["subject"].split("#")[1]
+    path = f"/repos/acme/{me}-vault/issues/{number}/comments"
+    body = {"body": f"/mail {other} Ping {n + 1}\\nyour turn"}
+if n < 8:
+    urllib.request.urlopen(urllib.request.Request(
+        cfg["api"] + path, data=json.dumps(body).encode(), method="POST",
+        headers={"Authorization": "token " + cfg[me], "Content-Type": "application/json"}))
+"""
+
+
+def moved_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[float], None]:
+    """`time.time`, the app's and the forge's alike, from here on; each call moves it on by
+    that many seconds (for the test's rest)."""
+    real, shift = time.time, [0.0]
+    monkeypatch.setattr(time, "time", lambda: real() + shift[0])
+
+    def advance(seconds: float) -> None:
+        shift[0] += seconds
+    return advance
+
+
+async def heard_late(emb: Embedded, settle: Callable[[], Awaitable[None]], later: float,
+                     advance: Callable[[float], None]) -> None:
+    """The deliveries the forge dropped (`drop_webhooks`: what the agents wrote), each sent
+    again once everything before it has settled (the run that wrote it over, for a command)
+    and `later` seconds on, round after round until none is left (past the guard nothing
+    runs, so nothing more is written)."""
+    forge, sent_again = emb.forge, set[str]()
+    for _ in range(12):
+        await settle()
+        lost = [d for d in forge.state.deliveries.values()
+                if d.status.endswith("(dropped)") and d.guid not in sent_again]
+        if not lost:
+            return
+        advance(later)
+        for delivery in lost:
+            sent_again.add(delivery.guid)
+            assert forge.webhooks.redeliver(delivery) is not None
+    raise AssertionError("the agents kept writing")
+
+
+async def _pings(emb: Embedded) -> list[tuple[str, str, int, str]]:
+    sent = sorted([m for m in await mails.list_mails(emb.services.store, org="acme")
+                   if m.subject.startswith("Ping")], key=lambda m: int(m.subject.split()[-1]))
+    return [(m.subject, m.from_principal, m.hops, m.state) for m in sent]
+
+
+STOPPED_AT_PING_4 = [("Ping 0", MARCO, 0, "mail:new"), ("Ping 1", "agent:scout", 1, "mail:new"),
+                     ("Ping 2", "agent:builder", 2, "mail:new"),
+                     ("Ping 3", "agent:scout", 3, "mail:new"),
+                     ("Ping 4", "agent:builder", 4, "quiet")]
+
+
+@pytest.mark.parametrize("by", ["issue", "mail"])
+@pytest.mark.parametrize("later", [0.0, runs.RUN_HELD_OPEN + 60.0])
+async def test_command_agents_writing_on_the_forge_stop_at_the_guard_however_late_heard(
+        tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch, by: str,
+        later: float) -> None:
+    """scout and builder each run a command that answers its wake on the forge with the
+    agent's own token: an issue opened in the other's vault (`by` issue), or `/mail <other>`
+    on the issue that woke it. Their hops counted from the agent's run still open when the
+    app handled the write, and a command's run is over once it exits, before the forge's
+    delivery of what it wrote arrives: every Ping started at 0 (or, by timing, now and then),
+    each a run, without end; so did any runner's write whose lost delivery came back past
+    `RUN_HELD_OPEN`. Here each such delivery is lost and sent again once the run is over
+    (`later` seconds on): a write counts from the run open when the forge says it was made,
+    1, 2, 3, then quiet at 4, `mail.loop_guard` ledgered."""
+    office = yaml.safe_load((Path(__file__).resolve().parents[1] / "bot" /
+                             "example_office.yml").read_text())
+    cfgfile = tmp_path / "forge.json"
+    for agent in office["agents"]:
+        if agent["slug"] in ("scout", "builder"):
+            agent["run"]["dispatch"] = {"command": [PYTHON, "-c", FORGE_PINGER, str(cfgfile)],
+                                        "timeout": 60}
+            agent["capabilities"]["mail.send"] = ["*"]
+    path = tmp_path / "office.yml"
+    path.write_text(yaml.safe_dump(office, sort_keys=False))
+    emb = await start_embedded(office_path=path, data_dir=tmp_path / "d", port=0, forge_port=0,
+                               database_url=database_url, app_key=app_key())
+    advance = moved_clock(monkeypatch)
+    try:
+        cfgfile.write_text(json.dumps({"api": emb.forge.url + "/api/v3", "by": by, **{
+            slug: emb.forge_tokens[f"{slug}-bot"] for slug in ("scout", "builder")}}))
+        emb.forge.faults.drop_webhooks(rate=1.0, senders=("scout-bot", "builder-bot"),
+                                       redeliveries=False)
+        async with aiohttp.ClientSession() as session:
+            await ToolClient(session, emb, MARCO)("mail_send", to="scout", subject="Ping 0",
+                                                  body="start")
+            await heard_late(emb, emb.settle, later, advance)
+        pings = await _pings(emb)
+        assert pings == STOPPED_AT_PING_4, pings
+        finished = await emb.ledger_events("run.finished")
+        assert len(finished) == 4 and all(f.data["exit"] == 0 for f in finished), [
+            f.data for f in finished]
+        guards = await emb.ledger_events("mail.loop_guard")
+        assert [g.data["hops"] for g in guards] == [4]
+    finally:
+        await emb.stop()
+
+
+async def test_an_agents_issue_heard_of_past_the_hour_climbs_from_the_run_it_was_opened_in(
+        tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """builder's runner (dispatched by POST: its run never ends for the app) answers each wake
+    with an issue in scout's vault, scout's with mail_send. Each issue's delivery is lost and
+    sent again past `RUN_HELD_OPEN`: read by the time it was handled, builder's run was no
+    longer open and each issue was adopted at hop 0, so they woke each other without end. It
+    climbs from the run open when the forge says it was opened."""
+    async with dispatched_by_post(tmp_path, database_url, builder_opens_issues) as (
+            emb, session, received, settle):
+        advance = moved_clock(monkeypatch)
+        emb.forge.faults.drop_webhooks(rate=1.0, senders=("builder-bot",), redeliveries=False)
+        await ToolClient(session, emb, MARCO)("mail_send", to="scout", subject="Ping 0",
+                                              body="start")
+        await heard_late(emb, settle, runs.RUN_HELD_OPEN + 60.0, advance)
+        pings = await _pings(emb)
+        assert pings == STOPPED_AT_PING_4, pings

@@ -65,6 +65,10 @@ RUN_TOKEN_MARGIN = 300.0  # seconds a run's token acts past its timeout (its end
 # POST's or a repository_dispatch's runner, or an agent that polls (a command's ends when it
 # exits). What its agent sends meanwhile, with any token, climbs from the run's mail
 RUN_HELD_OPEN = 3600.0
+# What an agent writes on the forge is timed by the forge's clock, runs by ours: a write this
+# many seconds either side of a run's start and end counts as the run's (`Mailer.sent_from`)
+FORGE_CLOCK_SKEW = 30.0
+LONGEST_RUN = 86_400.0 + RUN_TOKEN_MARGIN  # a command's longest timeout (`RunDispatch`), ended
 CLIENT_PAYLOAD_BYTES = 60_000  # GitHub takes a repository_dispatch client_payload up to 64 KB
 # What of the app's environment a command gets: where programs are, the user's home, language
 # and time zone; nothing else (not the app's keys, secrets, database or forge settings)

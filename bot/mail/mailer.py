@@ -328,20 +328,22 @@ class Mailer:
     async def send(self, actor: str, to: str, subject: str, body: str, *,
                    reply_to: MailRecord | None = None, idempotency_key: str | None = None,
                    check: bool = True, automatic: bool = False,
-                   woken_by: str | None = None) -> MailRecord:
+                   woken_by: str | None = None,
+                   written_at: float | None = None) -> MailRecord:
         """Send mail from `actor`. `reply_to` threads it; `automatic` marks the copy of a
         reply the app delivers to an agent sender; `woken_by`: the mail whose run sends it
-        (`sent_hops`)."""
+        (`sent_hops`); `written_at`: when the forge says the write asking for it was made (a
+        `/mail` comment's), else now (`sent_from`)."""
         draft = await self.draft(actor, to, subject, body, reply_to=reply_to,
                                  idempotency_key=idempotency_key, check=check,
-                                 automatic=automatic, woken_by=woken_by)
+                                 automatic=automatic, woken_by=woken_by, written_at=written_at)
         return await self.deliver_or_bounce(draft)
 
     async def draft(self, actor: str, to: str, subject: str, body: str, *,
                     reply_to: MailRecord | None = None, idempotency_key: str | None = None,
                     check: bool = True, automatic: bool = False,
-                    app_rendered: bool = False,
-                    woken_by: str | None = None) -> MailRecord | _Draft:
+                    app_rendered: bool = False, woken_by: str | None = None,
+                    written_at: float | None = None) -> MailRecord | _Draft:
         """Everything `send` checks and signs, before any forge write: a refusal here leaves
         nothing behind. The mail itself when this key already sent it. `app_rendered`: the app
         wrote `body` (an email's, bot.email.message.render_inbound: its meta line the app's,
@@ -372,7 +374,7 @@ class Mailer:
             if existing is not None:
                 return existing
         vault = self.office.vault_of(agent).lower()
-        run = None if automatic else await self.sent_from(actor, woken_by)
+        run = None if automatic else await self.sent_from(actor, woken_by, at=written_at)
         hops = await self.sent_hops(actor, agent.principal, reply_to, run=run,
                                     mail_id=mail_id, automatic=automatic)
         header = _signed(
@@ -467,19 +469,27 @@ class Mailer:
                 f"#{original.number}; this copy is closed and not in any inbox.\n\n{marker}"),
                 marker=marker)
 
-    async def sent_from(self, actor: str, woken_by: str | None) -> str | None:
+    async def sent_from(self, actor: str, woken_by: str | None, *,
+                        at: float | None = None) -> str | None:
         """The run mail `actor` sends now is sent from, by what woke it (a mail id, or a chat
         run's `chat:<n>`): `woken_by` (its run token's, or the run it names, `named_run`),
-        else an agent's latest mail run still open (`mails.open_wake`: a POST's or a
+        else the agent's latest mail run open at `at` (`mails.wake_at`: a POST's or a
         repository_dispatch's runner holds only the agent's long-lived token; which token it
-        holds is the agent's choice, whether a mail woke it is the app's). None for a
-        person's mail, and an agent's with no run open."""
+        holds is the agent's choice, whether a mail woke it is the app's). `at`: when the
+        forge says the agent wrote what asks for the mail (an issue's or a `/mail` comment's
+        `created_at`), so a write counts as its run's however late its delivery is handled,
+        a command's run long over by then; None: now (a tool call, made while it runs). None
+        for a person's mail, and an agent's from no mail run."""
         if not actor.startswith("agent:"):
             return None
         if woken_by is not None:
             return woken_by
-        return await mails.open_wake(self.services.store, actor.removeprefix("agent:"),
-                                     org=self.office.org, since=time.time() - runs.RUN_HELD_OPEN)
+        # (now is our clock's, as the runs' are: no skew to allow for)
+        return await mails.wake_at(
+            self.services.store, actor.removeprefix("agent:"), org=self.office.org,
+            at=time.time() if at is None else at,
+            skew=0.0 if at is None else runs.FORGE_CLOCK_SKEW,
+            held_open=runs.RUN_HELD_OPEN, longest=runs.LONGEST_RUN)
 
     async def sent_hops(self, actor: str, to: str, reply_to: MailRecord | None, *,
                         run: str | None, mail_id: str, automatic: bool = False) -> int:
@@ -631,7 +641,7 @@ class Mailer:
         body = written_body(issue.get("body"))
         mail_id = adopted_mail_id(int(issue["id"]))  # binds the header to this issue
         title = str(issue.get("title") or "")
-        run = await self.sent_from(actor, None)
+        run = await self.sent_from(actor, None, at=moves.forge_time(issue.get("created_at")))
         hops = await self.sent_hops(actor, agent.principal, None, run=run, mail_id=mail_id)
         header = _signed(
             keyring=await self.services.keyring.ready_for(self.office.org), from_principal=actor,

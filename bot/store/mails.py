@@ -341,7 +341,7 @@ async def replace_all(store: Store, mails: list[MailRecord],
 
 numbered_per_office("runs", "number", "id")  # a run's in its payload and the ledger
 # a mail run's mail (its id), and an agent's runs by time: what an agent sends while the run is
-# open counts past that mail (`open_wake`, the loop guard); NULL: a chat's, or before schema 24
+# open counts past that mail (`wake_at`, the loop guard); NULL: a chat's, or before schema 24
 register_columns("runs", {"woken_by": "{text}"}, version=24)
 register_schema("CREATE INDEX IF NOT EXISTS runs_agent ON runs(org, agent, created_at);",
                 version=24)
@@ -362,26 +362,40 @@ async def add_run(db: Connection, agent: str, kind: str, subject: str,
 
 
 async def finish_run(db: Connection, number: int, state: str, *, org: str) -> None:
-    """A dispatched run ended: `done`, or `failed` (it exited non-zero or timed out)."""
-    await db.execute("UPDATE runs SET state=? WHERE org=? AND number=?",
-                     (state, org.lower(), number))
+    """A dispatched run ended: `done`, or `failed` (it exited non-zero or timed out); when is
+    kept (`finished_at`), so what its agent wrote before then counts past its mail however
+    late the forge's delivery of it comes (`wake_at`)."""
+    await db.execute("UPDATE runs SET state=?, finished_at=? WHERE org=? AND number=?",
+                     (state, time.time(), org.lower(), number))
 
 
-async def open_wake(store: Store, agent: str, *, org: str, since: float) -> str | None:
-    """The mail that woke `agent`'s latest mail run in `org`'s office still open: admitted
-    after `since` and not recorded as over (`finish_run`). None when there is none."""
+# when a run ended (`finish_run`); NULL: still open, never learnt (a POST's runner), or ended
+# before schema 42 (such a run counts only while `queued`, as before)
+register_columns("runs", {"finished_at": "{real}"}, version=42)
+
+
+async def wake_at(store: Store, agent: str, *, org: str, at: float, skew: float,
+                  held_open: float, longest: float) -> str | None:
+    """The mail that woke `agent`'s latest mail run in `org`'s office open at `at` (a write's
+    time): started by then, and ended after it (`finished_at`) or, its end not known, started
+    within `held_open` before it; no run is read that started `longest` before it. `skew`:
+    seconds either way a forge's clock, which times a write, may be off ours, which times
+    runs. None when there was none."""
     row = await store.fetchone(
-        "SELECT woken_by FROM runs WHERE org=? AND agent=? AND created_at>? AND kind='mail'"
-        " AND state='queued' AND woken_by IS NOT NULL"
-        " ORDER BY created_at DESC, id DESC LIMIT 1", (org.lower(), agent, since))
+        "SELECT woken_by FROM runs WHERE org=? AND agent=? AND kind='mail'"
+        " AND woken_by IS NOT NULL AND created_at<=? AND created_at>?"
+        " AND (finished_at>=? OR (finished_at IS NULL AND state='queued' AND created_at>?))"
+        " ORDER BY created_at DESC, id DESC LIMIT 1",
+        (org.lower(), agent, at + skew, at - skew - longest, at - skew,
+         at - skew - held_open))
     return str(row["woken_by"]) if row is not None else None
 
 
 async def run_wake(store: Store, agent: str, number: int, *, org: str,
                    since: float) -> str | None:
-    """What woke `agent`'s run `number` in `org`'s office, when that run is still open as
-    `open_wake` reads them: a mail run's mail id, or a chat run's `chat:<n>` (as a chat run's
-    token names it). None when it is not such a run of this agent's."""
+    """What woke `agent`'s run `number` in `org`'s office, when that run is open now (not
+    ended, started after `since`): a mail run's mail id, or a chat run's `chat:<n>` (as a chat
+    run's token names it). None when it is not such a run of this agent's."""
     row = await store.fetchone(
         "SELECT kind, subject, woken_by FROM runs WHERE org=? AND agent=? AND number=?"
         " AND created_at>? AND state='queued'", (org.lower(), agent, number, since))

@@ -126,6 +126,9 @@ NAMES = {
         " read of the config from the forge is applied (one read when nothing differs), so a"
         " config pushed back to a text a replica still held is recorded, and a read older than"
         " the one recorded is not",
+    42: "each run's end is kept: what an agent writes on the forge counts a hop past the mail"
+        " of the run open when the forge says it was written, however late it is heard of"
+        " (the loop guard)",
 }
 
 
