@@ -266,3 +266,31 @@ async def test_a_comment_refused_for_want_of_write_access_stays_out_of_a_rebuild
                            app_login=embedded.services.bot_login)
     assert report.work is not None and report.work.comments == 0
     assert _still(await marco("list_inbox", markRead=False)) == before
+
+
+def _decided(got: dict[str, Any]) -> dict[str, Any]:
+    return {d["thread"]: d["answer"] for d in got["decisions"]}
+
+
+async def test_an_edited_hand_comment_is_words_in_a_rebuild_as_it_was_live(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """Review r7 (A): marco (write access) edits sara's plain words on the forge into
+    `/answer US only`. Live, an edit runs no command; a rebuild reads the forge as it stands,
+    so it must read an edited comment as live did: words, answering nothing."""
+    _, outcome, waiting = await _work(embedded, tools, person)
+    repo, _, number = outcome.partition("#")
+    said = await person("sara").comment(repo, int(number), "I'll look at it next week")
+    await embedded.forge.webhooks_idle()
+    await embedded.settle()
+    embedded.forge.clock.advance(5)  # the forge stamps to the second: an edit after it
+    await person("marco").call("PATCH", f"/repos/{repo}/issues/comments/{said['id']}",
+                               {"body": "/answer US only"}, expect=200)
+    await embedded.forge.webhooks_idle()
+    await embedded.settle()
+    scout = tools("agent:scout")
+    live = _decided(await scout("get_outcome", outcome=outcome))
+    assert waiting not in live
+    await _drop_work(embedded)
+    await reindex(embedded.services.store, embedded.services.forge_for(None), embedded.office,
+                  embedded.services.keyring, app_login=embedded.services.bot_login)
+    assert _decided(await scout("get_outcome", outcome=outcome)) == live

@@ -37,6 +37,7 @@ from bot.mail.commands import parse_commands
 from bot.mail.markdown import as_written
 from bot.office.config import Office
 from bot.store import comments as db
+from bot.store.moves import forge_time
 
 if TYPE_CHECKING:
     from bot.forge.base import Forge
@@ -108,13 +109,13 @@ class _Replay:
                kind: str, forge_id: int | None, at: float, parent: str | None,
                reached: list[Reached], to: list[Reached], cc: list[Reached],
                option: str | None = None, amend: bool = False,
-               confirmed: bool = False) -> None:
+               confirmed: bool = False, edited: float | None = None) -> None:
         spell = [r.principal.removeprefix("human:") for r in to]
         self.comments.append(db.CommentRow(cid, self.item.ref, thread.id, parent, author, body, {
             "to": spell, "cc": [r.principal.removeprefix("human:") for r in cc], "kind": kind,
             "option": option, "amend": amend, "confirmedWithPerson": confirmed,
             "notify": [r.as_json() for r in reached],
-            "addressed": [r.principal for r in [*to, *cc]]}, forge_id, at))
+            "addressed": [r.principal for r in [*to, *cc]]}, forge_id, at, edited))
         self.threads[thread.id] = thread
 
     # -- the app's comments -------------------------------------------------------------
@@ -194,7 +195,8 @@ class _Replay:
                        at: float, forge_id: int | None, option: str | int | None = None,
                        amend: bool = False, confirmed: bool = False,
                        mentioned: list[Reached] | None = None,
-                       to: list[Reached] | None = None, cc: list[Reached] | None = None) -> None:
+                       to: list[Reached] | None = None, cc: list[Reached] | None = None,
+                       edited: float | None = None) -> None:
         table = table_reach(self.table())
         if parent is None:
             if to is None:  # a tool call's comment: those it mentions beyond the table
@@ -207,7 +209,7 @@ class _Replay:
             row = db.ThreadRow(cid, self.item.ref, scope_of(self.item), state,
                                None, None, None, at)
             self.record(cid, author, body, row, kind="comment", forge_id=forge_id, at=at,
-                        parent=None, reached=reached, to=to, cc=cc)
+                        parent=None, reached=reached, to=to, cc=cc, edited=edited)
             return
         t = self.threads.get(parent)
         if t is None:
@@ -236,12 +238,20 @@ class _Replay:
     def hand_comment(self, posted: dict[str, Any], at: float) -> None:
         """A comment someone wrote on the forge, read as `handlers.items.comment_on_item`
         read it, with its rights (`Comments._check_writer`): without write access, only a
-        reply in a question's thread that may have it."""
+        reply in a question's thread that may have it. One the forge shows edited since it
+        was written is words alone, as an edit was live (`handlers.items.index_edited`): what
+        it says now may not be its author's, and what it said then the forge no longer has."""
         text = str(posted.get("body") or "").replace("\r\n", "\n")
         login = str((posted.get("user") or {}).get("login") or "ghost")
         actor = _principal(self.office, login)
         forge_id = int(posted["id"])
         cid = Comments._new_id(self.item, forge_id)
+        if _edited(posted):
+            if login.lower() in self.writers:
+                self.reply_or_start(cid, actor, render.parse_addressing(text).body or text, None,
+                                    at=at, forge_id=forge_id, to=[], cc=[],
+                                    edited=forge_time(posted.get("updated_at")))
+            return
         commands = {c.name: c for c in parse_commands(text)}
         if "mail" in commands:
             return
@@ -292,6 +302,13 @@ class _Replay:
         self.reply_or_start(cid, actor, body, target, at=at, forge_id=forge_id, option=option,
                             amend=answers and self.threads[target].state.answer is not None,
                             confirmed=confirmed, to=to, cc=cc)
+
+
+def _edited(posted: dict[str, Any]) -> bool:
+    """Whether the forge shows a comment edited since it was written (as `bot.app.org_signed`
+    reads it; both stamps are to the second, so an edit within it goes unseen)."""
+    written = forge_time(posted.get("created_at"))
+    return written is None or forge_time(posted.get("updated_at")) != written
 
 
 def _principal(office: Office, login: str) -> str:
