@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import quote
 
 from bot.email.attachments import MAX_ATTACHMENTS, numbered, safe_name
+from bot.email.keys import comment_key
 from bot.email.message import read_meta
 from bot.mail.header import VerdictStatus, parse_mail_body, verify_mail
 from bot.mail.reindex import reindex
@@ -191,7 +192,8 @@ async def test_a_reply_in_the_thread_brings_its_files_to_the_threads_folder(
     async with store.transaction() as db:
         await db.execute("DELETE FROM mail_attachments")
     report = await reindex(store, emb.services.forge_for_org("acme"), emb.office,
-                           emb.services.keyring, app_login=emb.services.bot_login)
+                           emb.services.keyring, app_login=emb.services.bot_login,
+                           comment_key=comment_key(emb.services.settings.data_dir, "acme"))
     assert report.attachments == 2
     assert await attachments.of_mail(store, mail.mail_id) == rows
 

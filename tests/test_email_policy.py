@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bot.email.auth import Verdicts
+from bot.email.keys import comment_key
 from bot.email.message import parse_inbound
 from bot.email.policy import SenderRate, decide
 from bot.mail.reindex import reindex
@@ -80,7 +81,8 @@ async def test_outside_the_policy_mail_is_refused_or_held_for_the_person(
     live = await mails.all_mails(store)
     await mails.replace_all(store, [])
     await reindex(store, emb.services.forge_for_org("acme"), emb.office, emb.services.keyring,
-                  app_login=emb.services.bot_login)
+                  app_login=emb.services.bot_login,
+                  comment_key=comment_key(emb.services.settings.data_dir, "acme"))
     assert await mails.all_mails(store) == live
     # a person cannot hold mail by hand: only the office holds mail, as it arrives
     await sara.call("POST", "/repos/acme/builder-vault/issues/2/labels",

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from bot.email.keys import comment_key
 from bot.mail.mailer import Mailer
 from bot.mail.reindex import reindex
 from bot.store import mails
@@ -131,7 +132,8 @@ async def test_reindex_is_not_poisoned_by_a_copied_header(
     forge = svc.forge_for(None)
     office = await svc.offices.get(forge, "acme")
     await mails.replace_all(store, [])  # rebuilt from the forge alone
-    await reindex(store, forge, office, svc.keyring, app_login=svc.bot_login)
+    await reindex(store, forge, office, svc.keyring, app_login=svc.bot_login,
+                  comment_key=comment_key(svc.settings.data_dir, office.org))
     after = await mails.get_mail(store, rec.mail_id)
     assert after is not None and after.ref == rec.ref, (after.ref if after else None,
                                                         f"copy at {where}#{copy['number']}")

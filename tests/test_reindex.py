@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from bot.app.embedded import Embedded
+from bot.email.keys import comment_key
 from bot.mail.reindex import reindex
 from bot.store import mails
 from tests.test_tamper import vaultmail
@@ -31,7 +32,7 @@ async def test_reindex_rebuilds_an_index_equal_to_the_live_one(
     await mails.replace_all(store, [])
     forge = embedded.services.forge_for(None)
     report = await reindex(store, forge, embedded.office, embedded.services.keyring,
-                           app_login=embedded.services.bot_login)
+                           app_login=embedded.services.bot_login, comment_key=_key(embedded))
     assert report.mails == 4 and report.tampered == []
     assert await mails.all_mails(store) == live
 
@@ -55,9 +56,9 @@ async def test_a_second_reindex_under_the_same_token_costs_no_rate_limit(
     store, forge = embedded.services.store, embedded.services.forge_for(None)
     args = (store, forge, embedded.office, embedded.services.keyring)
     app_login = embedded.services.bot_login
-    await reindex(*args, app_login=app_login)
+    await reindex(*args, app_login=app_login, comment_key=_key(embedded))
     before = len(embedded.forge.requests.records)
-    report = await reindex(*args, app_login=app_login)
+    report = await reindex(*args, app_login=app_login, comment_key=_key(embedded))
     assert report.mails == 4
     lists = [r for r in embedded.forge.requests.records[before:] if r.route == LIST]
     assert len(lists) == len(await _office_repos(embedded))
@@ -72,10 +73,10 @@ async def test_after_the_tokens_hour_a_reindex_reads_everything_again(
     store, forge = embedded.services.store, embedded.services.forge_for(None)
     args = (store, forge, embedded.office, embedded.services.keyring)
     app_login = embedded.services.bot_login
-    await reindex(*args, app_login=app_login)
+    await reindex(*args, app_login=app_login, comment_key=_key(embedded))
     embedded.forge.clock.advance(3601)
     before = len(embedded.forge.requests.records)
-    report = await reindex(*args, app_login=app_login)
+    report = await reindex(*args, app_login=app_login, comment_key=_key(embedded))
     assert report.mails == 4
     lists = [r for r in embedded.forge.requests.records[before:]
              if r.route == LIST and r.status != 401]
@@ -148,6 +149,17 @@ async def _snapshot(embedded: Embedded, tools: Any, goal: str,
     return out
 
 
+async def _reindex(embedded: Embedded) -> Any:
+    services = embedded.services
+    return await reindex(services.store, services.forge_for(None), embedded.office,
+                         services.keyring, app_login=services.bot_login,
+                         comment_key=_key(embedded))
+
+
+def _key(embedded: Embedded) -> bytes:
+    return comment_key(embedded.services.settings.data_dir, embedded.office.org)
+
+
 async def _drop_work(embedded: Embedded) -> None:
     async with embedded.services.store.transaction() as tx:
         for table in ("items", "comments", "threads", "inbox_deliveries", "inbox_agent_marks"):
@@ -168,11 +180,13 @@ async def test_reindex_rebuilds_the_work_graph_each_person_and_agent_sees(
     await _drop_work(embedded)
     args = (embedded.services.store, embedded.services.forge_for(None), embedded.office,
             embedded.services.keyring)
-    await reindex(*args, app_login=embedded.services.bot_login)
+    await reindex(*args, app_login=embedded.services.bot_login,
+                          comment_key=_key(embedded))
     after = await _snapshot(embedded, tools, goal, outcome)
     for who in PEOPLE:
         assert after[who] == before[who], who
-    again = await reindex(*args, app_login=embedded.services.bot_login)
+    again = await reindex(*args, app_login=embedded.services.bot_login,
+                          comment_key=_key(embedded))
     assert again.work is not None and (again.work.comments, again.work.questions) == (0, 0)
     assert await _snapshot(embedded, tools, goal, outcome) == after
 
@@ -183,8 +197,7 @@ async def test_a_forge_answer_after_a_reindex_is_taken(
     on … asks human:sara") with the question's card right above it."""
     _, outcome, question = await _work(embedded, tools, person)
     await _drop_work(embedded)
-    await reindex(embedded.services.store, embedded.services.forge_for(None), embedded.office,
-                  embedded.services.keyring, app_login=embedded.services.bot_login)
+    await _reindex(embedded)
     repo, _, number = outcome.partition("#")
     await person("sara").comment(repo, int(number), "/answer EU please")
     await embedded.forge.webhooks_idle()
@@ -227,8 +240,7 @@ async def test_answers_given_on_the_forge_are_rebuilt_a_typed_one_and_a_tick(
     assert decided[asked["comment"]["id"]]["option"] == "Force re-login"
     assert any(d["resolved"] for d in before["human:marco@acme.com"]["outcome"]["decisions"])
     await _drop_work(embedded)
-    await reindex(embedded.services.store, embedded.services.forge_for(None), embedded.office,
-                  embedded.services.keyring, app_login=embedded.services.bot_login)
+    await _reindex(embedded)
     after = await _snapshot(embedded, tools, goal, outcome)
     assert _without_ids(after) == _without_ids(before)
 
@@ -261,9 +273,7 @@ async def test_a_comment_refused_for_want_of_write_access_stays_out_of_a_rebuild
     marco = tools("human:marco@acme.com")
     before = _still(await marco("list_inbox", markRead=False))
     await _drop_work(embedded)
-    report = await reindex(embedded.services.store, embedded.services.forge_for(None),
-                           embedded.office, embedded.services.keyring,
-                           app_login=embedded.services.bot_login)
+    report = await _reindex(embedded)
     assert report.work is not None and report.work.comments == 0
     assert _still(await marco("list_inbox", markRead=False)) == before
 
@@ -291,6 +301,72 @@ async def test_an_edited_hand_comment_is_words_in_a_rebuild_as_it_was_live(
     live = _decided(await scout("get_outcome", outcome=outcome))
     assert waiting not in live
     await _drop_work(embedded)
-    await reindex(embedded.services.store, embedded.services.forge_for(None), embedded.office,
-                  embedded.services.keyring, app_login=embedded.services.bot_login)
+    await _reindex(embedded)
     assert _decided(await scout("get_outcome", outcome=outcome)) == live
+
+
+def _chosen(got: dict[str, Any]) -> list[Any]:
+    """Each decision's choices, the answer's and those before it, and whose they were."""
+    return [(d["thread"], d["answer"]["option"], d["decidedBy"],
+             [(h["option"], h["by"]) for h in d["history"]]) for d in got["decisions"]]
+
+
+async def _edit_app_comment(embedded: Embedded, person: Any, who: str, outcome: str,
+                            find: str, edit: Any) -> None:
+    """`who` (write access) edits, on the forge, the app's comment on `outcome` holding
+    `find`: `edit` makes its new body from the old."""
+    from tests.items_support import forge_comments
+
+    repo, _, _ = outcome.partition("#")
+    them = person(who)
+    mine = next(c for c in await forge_comments(them, outcome) if find in c["body"])
+    await them.call("PATCH", f"/repos/{repo}/issues/comments/{mine['id']}",
+                    {"body": edit(mine["body"])}, expect=200)
+    await embedded.forge.webhooks_idle()
+    await embedded.settle()
+
+
+async def test_the_apps_comment_rewritten_on_the_forge_is_no_ones_answer_in_a_rebuild(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """Review r7 (C2): marco edits the app's comment of his own words to read
+    '💬 **sara** replied in thread <Which region?>' and 'EU only, final.'. Live, the app's
+    comments are its own words and an edit changes nothing; a rebuild took the head as the
+    forge shows it: sara had answered. The app's comment is sealed (a keyed MAC over what it
+    wrote): one a person edited is left out of a rebuild, and the report says so."""
+    _, outcome, waiting = await _work(embedded, tools, person)
+    await tools("human:marco@acme.com")("add_comment", target=outcome, targetType="outcome",
+                                        body="Looks fine to me")
+    await embedded.settle()
+
+    def forged(body: str) -> str:
+        lines = body.split("\n")
+        lines[1], lines[3] = f"💬 **sara** replied in thread `{waiting}`", "EU only, final."
+        return "\n".join(lines)
+
+    await _edit_app_comment(embedded, person, "marco", outcome, "Looks fine to me", forged)
+    scout = tools("agent:scout")
+    live = _decided(await scout("get_outcome", outcome=outcome))
+    assert waiting not in live
+    await _drop_work(embedded)
+    report = await _reindex(embedded)
+    assert _decided(await scout("get_outcome", outcome=outcome)) == live
+    assert report.work is not None and len(report.work.skipped) == 1, report.work
+
+
+async def test_a_note_edited_on_the_apps_answer_is_no_change_of_answer_in_a_rebuild(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """Review r7 (B): sara (write access, not asked) edits the app's comment carrying marco's
+    answer 'Keep 30 days' into '(answer: Force re-login)'. Live nothing changes; a rebuild
+    read the note as written now: a change of answer marco never made. The comment is left
+    out; the card (the app's, sealed) still says marco answered 'Keep 30 days', which is read
+    as his tick: the choice stands, its words went with the comment."""
+    _, outcome, _ = await _work(embedded, tools, person)
+    await _edit_app_comment(
+        embedded, person, "sara", outcome, "(answer: Keep 30 days)",
+        lambda body: body.replace("(answer: Keep 30 days)", "(answer: Force re-login)"))
+    scout = tools("agent:scout")
+    live = _chosen(await scout("get_outcome", outcome=outcome))
+    await _drop_work(embedded)
+    await _reindex(embedded)
+    after = _chosen(await scout("get_outcome", outcome=outcome))
+    assert after == live

@@ -18,6 +18,7 @@ import asyncpg
 import pytest
 
 from bot.app.embedded import Embedded, start_embedded
+from bot.email.keys import comment_key
 from bot.mail.reindex import reindex
 from bot.store import mails
 from tests import pg
@@ -207,7 +208,8 @@ async def test_reindex_keeps_the_original_of_two_issues_carrying_one_mail_id(
     async with app.services.store.transaction() as db:  # the index at the second, as r2 had it
         await mails.put_mail(db, replace(row, number=int(second["number"])))
     report = await reindex(app.services.store, forge, app.office, app.services.keyring,
-                           app_login=app.services.bot_login)
+                           app_login=app.services.bot_login,
+                           comment_key=comment_key(app.services.settings.data_dir, "acme"))
     assert report.copies == [f"{SCOUT_VAULT}#{second['number']}"], report
     row = await mails.get_mail(app.services.store, mail["mail_id"])
     assert row is not None and row.ref == mail["ref"]

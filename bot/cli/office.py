@@ -66,6 +66,7 @@ def data_dir(args: argparse.Namespace) -> Path:
 
 
 async def cmd_reindex(args: argparse.Namespace) -> int:
+    from bot.email.keys import comment_key
     from bot.mail.reindex import reindex
 
     async with app_services(args.data) as services:
@@ -85,14 +86,17 @@ async def cmd_reindex(args: argparse.Namespace) -> int:
             if office is None:
                 raise ShellFailure("no_office", services.offices.why_none(org))
             report = await reindex(services.store, forge, office, services.keyring,
-                                   app_login=services.bot_login, progress=True)
+                                   app_login=services.bot_login, progress=True,
+                                   comment_key=comment_key(services.settings.data_dir, org))
             forge.save_etag_cache(cache)
             say(f"{org}: reindexed {report.mails} mail(s) from {report.issues} issue(s) in "
                 f"{report.vaults} vault(s); tampered: {', '.join(report.tampered) or 'none'}"
                 + (f"; copies of a mail, not indexed: {', '.join(report.copies)}"
                    if report.copies else "")
                 + (f"; {w.items} item(s), {w.comments} comment(s) and {w.questions} "
-                   "question(s) added" if (w := report.work) is not None else ""))
+                   "question(s) added" if (w := report.work) is not None else "")
+                + (f"; the app's comments edited on the forge, skipped: {', '.join(w.skipped)}"
+                   if w is not None and w.skipped else ""))
     return 0
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import hashlib
+import hmac
 import os
 import secrets
 from collections.abc import Callable
@@ -41,6 +43,14 @@ def message_id_secret(data_dir: Path, org: str) -> bytes:
     DKIM key replaced changes no Message-ID (a retry sends under the id it had)."""
     path = key_path(data_dir, org).with_suffix(".ids")
     return _made_once(path, lambda: secrets.token_hex(32)).strip()
+
+
+def comment_key(data_dir: Path, org: str) -> bytes:
+    """The key that seals the office's comments and question cards on the forge
+    (`bot.items.render.seal`): derived from the Message-ID key, so it needs no file, backup
+    or move of its own."""
+    return hmac.new(message_id_secret(data_dir, org), b"vaultmail comments",
+                    hashlib.sha256).digest()
 
 
 def _made_once(path: Path, make: Callable[[], str]) -> bytes:

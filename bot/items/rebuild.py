@@ -50,6 +50,7 @@ class WorkReport:
     comments: int = 0  # comments added to the index (those it had are kept)
     questions: int = 0  # question threads added
     deliveries: int = 0
+    skipped: list[str] = field(default_factory=list)  # the app's comments edited on the forge
 
 
 _MARKER = re.compile(r"^<!-- vaultmail:comment id=(?P<id>c[0-9a-f]{32})(?P<kind> kind=\w+)?"
@@ -85,12 +86,18 @@ class _Replay:
     ticks: list[tuple[str, str, int, str]] = field(default_factory=list)
     resolved: set[str] = field(default_factory=set)  # questions whose card says so
     writers: set[str] = field(default_factory=set)  # logins with write access to the repository
+    skipped: list[int] = field(default_factory=list)  # the app's comments not as it wrote them
 
     def principal(self, name: str) -> str:
-        """An author or a mention as the app wrote it: an agent's principal, else a login."""
+        """An author or a mention as the app wrote it: an agent's principal, else a login. A
+        principal the office does not have is none the app would write: `_Foreign`."""
         name = name.removeprefix("@")
-        if name.startswith(("agent:", "human:")):
-            return name
+        kind, _, who = name.partition(":")
+        if kind in ("agent", "human"):
+            found = self.office.agent(who) if kind == "agent" else self.office.human(who)
+            if found is None:
+                raise _Foreign(name)
+            return found.principal
         return _principal(self.office, name)
 
     def reached(self, names: str | None) -> list[Reached]:
@@ -119,8 +126,8 @@ class _Replay:
         self.threads[thread.id] = thread
 
     # -- the app's comments -------------------------------------------------------------
-    def card(self, cid: str, posted: dict[str, Any], at: float) -> None:
-        lines = str(posted.get("body") or "").replace("\r\n", "\n").split("\n")
+    def card(self, cid: str, posted: dict[str, Any], text: str, at: float) -> None:
+        lines = text.split("\n")
         head = _CARD_HEAD.match(lines[1]) if len(lines) > 1 else None
         if head is None:
             return
@@ -175,8 +182,7 @@ class _Replay:
         cid = "c" + hashlib.sha256(seed.encode()).hexdigest()[:32]
         self.ticks.append((row.id, self.principal(m["login"]), int(box["n"]) - 1, cid))
 
-    def tool_comment(self, cid: str, posted: dict[str, Any], at: float) -> None:
-        text = str(posted.get("body") or "").replace("\r\n", "\n")
+    def tool_comment(self, cid: str, posted: dict[str, Any], text: str, at: float) -> None:
         lines = text.split("\n")
         head = _COMMENT_HEAD.match(lines[1]) if len(lines) > 1 else None
         if head is None:
@@ -332,8 +338,16 @@ def _entries(office: Office, raw: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-async def replay(forge: Forge, office: Office, item: Item, *, app_login: str) -> _Replay:
-    """The item's comments, in forge order, through the thread rules."""
+class _Foreign(Exception):
+    """A principal the office does not have, in one of the app's comments."""
+
+
+async def replay(forge: Forge, office: Office, item: Item, *, app_login: str,
+                 key: bytes) -> _Replay:
+    """The item's comments, in forge order, through the thread rules. The app's comments
+    and cards are taken only as the app wrote them: sealed (`render.opened`, with the
+    office's `key`), or, from before comments were sealed, never edited; any other is left
+    out (`skipped`), as is one naming a principal the office does not have."""
     done = _Replay(office, item)
     comments = await forge.list_comments(item.repo, item.number)
     for login in {str((c.get("user") or {}).get("login") or "").lower() for c in comments}:
@@ -346,10 +360,18 @@ async def replay(forge: Forge, office: Office, item: Item, *, app_login: str) ->
         by = str((posted.get("user") or {}).get("login") or "")
         if by.lower() != app_login.lower():  # (where the app finds its own markers)
             done.hand_comment(posted, at)
-        elif (m := _MARKER.match(first)) is not None and m["kind"] == " kind=question":
-            done.card(m["id"], posted, at)
-        elif m is not None and m["kind"] is None:
-            done.tool_comment(m["id"], posted, at)
+        elif (m := _MARKER.match(first)) is not None and \
+                m["kind"] in (None, " kind=question"):
+            text, sealed = render.opened(str(posted.get("body") or ""), key)
+            try:
+                if sealed is False or (sealed is None and _edited(posted)):
+                    raise _Foreign("edited")
+                if m["kind"] is None:
+                    done.tool_comment(m["id"], posted, text, at)
+                else:
+                    done.card(m["id"], posted, text, at)
+            except _Foreign:
+                done.skipped.append(int(posted["id"]))
     for thread, who, option, cid in done.ticks:
         t = done.threads[thread]
         q = t.state.question
@@ -363,11 +385,12 @@ async def replay(forge: Forge, office: Office, item: Item, *, app_login: str) ->
     return done
 
 
-async def rebuild(store: Store, forge: Forge, office: Office, *, app_login: str,
+async def rebuild(store: Store, forge: Forge, office: Office, *, app_login: str, key: bytes,
                   listed: dict[str, list[dict[str, Any]]] | None = None) -> WorkReport:
     """Fill the index in from the forge: every item in the office's repositories (those the
-    app's installation reaches in its org) and what was said on it. `listed`: the issues of
-    repositories already listed (the mail's scan of the vaults), not listed again."""
+    app's installation reaches in its org) and what was said on it. `key`: the office's
+    comment key (`keys.comment_key`). `listed`: the issues of repositories already listed
+    (the mail's scan of the vaults), not listed again."""
     report = WorkReport()
     items: dict[str, Item] = {}
     prefix = office.org.lower() + "/"
@@ -390,7 +413,8 @@ async def rebuild(store: Store, forge: Forge, office: Office, *, app_login: str,
         if await db.get_item(store, item.ref) is None:
             async with store.transaction() as tx:
                 await db.put_item(tx, item)
-        done = await replay(forge, office, item, app_login=app_login)
+        done = await replay(forge, office, item, app_login=app_login, key=key)
+        report.skipped += [f"{item.ref} comment {forge_id}" for forge_id in done.skipped]
         have = await db.comments_by_ids(store, [c.id for c in done.comments])
         for c in done.comments:
             if c.id in have:

@@ -16,6 +16,8 @@ comment longer than `MAX_COMMENT` is refused before any of it is read.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +52,30 @@ MAX_COMMENT = 16_000
 
 def marker(comment_id: str, **extra: str) -> str:
     return markers.marker("comment", f"id={comment_id}", *(f"{k}={v}" for k, v in extra.items()))
+
+
+def seal(text: str, key: bytes) -> str:
+    """`text` as the app posts it, sealed: its last line a keyed MAC (the office's
+    `keys.comment_key`) of all above it, marker and meaning, so a rebuild can tell the app's
+    own words from a person's edit of them (`opened`)."""
+    return f"{text}{markers.marker('seal', f'v1={_mac(text, key)}')}\n"
+
+
+def opened(text: str, key: bytes) -> tuple[str, bool | None]:
+    """A comment of the app's as the forge shows it: its text without the seal, and whether
+    the seal holds (None: it has none, posted before comments were sealed)."""
+    text = text.replace("\r\n", "\n")
+    at = text.rfind("<!-- vaultmail:seal v1=")
+    if at < 0:
+        return text, None
+    inner, given = text[:at], text[at:].rstrip()
+    return inner, hmac.compare_digest(given, markers.marker("seal", f"v1={_mac(inner, key)}"))
+
+
+def _mac(text: str, key: bytes) -> str:
+    # over the text as a forge may hand it back: its line ends and trailing blanks aside
+    data = text.replace("\r\n", "\n").rstrip().encode()
+    return hmac.new(key, data, hashlib.sha256).hexdigest()
 
 
 def _neutralise(text: str) -> str:

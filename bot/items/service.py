@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from bot.email import keys
 from bot.errors import Conflict, Denied, InvalidArguments, NotFoundError
 from bot.forge.errors import ForgeError, NotFound
 from bot.forge.gitea import GiteaForge
@@ -584,9 +585,9 @@ class Comments:
                                       look=tried, find=posted)
 
         if kind == "question":
-            card = render.render_card(comment_id, author=author, state=row.state,
-                                      mentions=mentions, logins=self._logins(),
-                                      asked=self._asked_logins(row.state))
+            card = self._sealed(render.render_card(
+                comment_id, author=author, state=row.state, mentions=mentions,
+                logins=self._logins(), asked=self._asked_logins(row.state)))
             posted = await once(card, render.marker(comment_id, kind="question"))
             row = replace(row, card_id=int(posted["id"]), card_body=card)
             return row, new.forge_id if new.forge_id is not None else row.card_id
@@ -594,9 +595,9 @@ class Comments:
             note = {"answer": f"answer: {row.state.answer.option}" if row.state.answer
                     and row.state.answer.option else "answer", "amend": "changed the answer",
                     "pass_on": "passed on"}.get(kind, "")
-            text = render.render_comment(comment_id, author=author, body=body,
-                                         mentions=mentions,
-                                         thread=row.id if new.parent else None, note=note)
+            text = self._sealed(render.render_comment(
+                comment_id, author=author, body=body, mentions=mentions,
+                thread=row.id if new.parent else None, note=note))
             forge_id = int((await once(text, render.marker(comment_id)))["id"])
         if row.state.is_question and row.card_id is not None and kind != "comment":
             row = await self.refresh_card(item, row)
@@ -609,6 +610,12 @@ class Comments:
             if self.services.by_app(c) and str(c.get("body") or "").startswith(mark):
                 return c
         return None
+
+    def _sealed(self, text: str) -> str:
+        """A comment or card as the app posts it: sealed, so a rebuild takes it only as the
+        app wrote it (`bot.items.rebuild`)."""
+        return render.seal(text, keys.comment_key(self.services.settings.data_dir,
+                                                  self.office.org))
 
     def _asked_logins(self, state: ThreadState) -> list[str]:
         """The forge accounts of those a question asks, people and agents alike."""
@@ -625,8 +632,9 @@ class Comments:
         asker = row.state.asker
         author = self.login(asker) if asker.startswith("human:") else asker
         mentions = self._asked_logins(row.state)
-        card = render.render_card(row.id, author=author, state=row.state,
-                                  mentions=mentions, logins=self._logins(), asked=mentions)
+        card = self._sealed(render.render_card(row.id, author=author, state=row.state,
+                                               mentions=mentions, logins=self._logins(),
+                                               asked=mentions))
         if card != row.card_body:
             try:
                 await self.forge.update_comment(item.repo, row.card_id, card)

@@ -135,9 +135,11 @@ async def scan(forge: Forge, office: Office, keys: Verifier, *, app_login: str,
 
 
 async def reindex(store: Store, forge: Forge, office: Office, keys: Verifier, *,
-                  app_login: str, progress: bool = False) -> ReindexReport:
+                  app_login: str, comment_key: bytes, progress: bool = False) -> ReindexReport:
     """Rebuild the mail index from the forge. `app_login` is the app's own forge account,
-    which every mail the app opened was opened by (see `bot.mail.header.verify_issue`)."""
+    which every mail the app opened was opened by (see `bot.mail.header.verify_issue`);
+    `comment_key` seals its comments (`bot.email.keys.comment_key`), which the work graph's
+    rebuild takes only as it wrote them."""
     indexed = {str(r["mail_id"]): f"{r['vault']}#{r['number']}"
                for r in await mails.indexed_places(store)}
     listed: dict[str, list[dict[str, Any]]] = {}
@@ -151,5 +153,6 @@ async def reindex(store: Store, forge: Forge, office: Office, keys: Verifier, *,
                                            app_login=app_login)
     from bot.items.rebuild import rebuild as rebuild_work
 
-    report.work = await rebuild_work(store, forge, office, app_login=app_login, listed=listed)
+    report.work = await rebuild_work(store, forge, office, app_login=app_login, key=comment_key,
+                                     listed=listed)
     return report

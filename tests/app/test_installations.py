@@ -140,6 +140,7 @@ async def test_a_principal_in_no_installed_office_is_told_how_to_name_one(
 
 async def test_reindex_of_one_office_keeps_the_other_offices_mails(
         embedded: Embedded, session: aiohttp.ClientSession, tmp_path: Any) -> None:
+    from bot.email.keys import comment_key
     from bot.mail.reindex import reindex
 
     await _add_globex(embedded, tmp_path)
@@ -157,7 +158,8 @@ async def test_reindex_of_one_office_keeps_the_other_offices_mails(
     office = await services.offices.get(forge, "globex")
     assert office is not None
     await reindex(services.store, forge, office, services.keyring,
-                  app_login=services.bot_login)
+                  app_login=services.bot_login,
+                  comment_key=comment_key(services.settings.data_dir, office.org))
     rows = await services.store.fetchall("SELECT vault, subject FROM mails ORDER BY vault")
     assert {(r["vault"].lower(), r["subject"]) for r in rows} >= {
         ("acme/scout-vault", "Acme mail"), ("globex/scout-vault", "Globex mail")}
