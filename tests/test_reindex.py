@@ -370,3 +370,35 @@ async def test_a_note_edited_on_the_apps_answer_is_no_change_of_answer_in_a_rebu
     await _reindex(embedded)
     after = _chosen(await scout("get_outcome", outcome=outcome))
     assert after == live
+
+
+async def test_a_thread_the_index_has_older_than_the_forge_is_brought_up_to_date(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """Review r7 (F): an index behind the forge (a backup from before sara's `/answer EU
+    please`: the question's row as it was then, her answer's comment missing). The rebuild
+    added the comment but wrote a thread only where there was none: the decision stayed
+    missing, and sara's turn stayed hers, however often it ran."""
+    from bot.store import comments as db
+
+    _, outcome, waiting = await _work(embedded, tools, person)
+    store = embedded.services.store
+    old = await db.get_thread(store, waiting)
+    assert old is not None
+    repo, _, number = outcome.partition("#")
+    await person("sara").comment(repo, int(number), "/answer EU please")
+    await embedded.forge.webhooks_idle()
+    await embedded.settle()
+    scout, sara = tools("agent:scout"), tools("human:sara@acme.com")
+    live = _decided(await scout("get_outcome", outcome=outcome))
+    turn = _still((await sara("list_inbox", markRead=False))["you"]["yourTurn"])
+    assert live[waiting]["body"] == "EU please"
+    async with store.transaction() as tx:  # the backup: from before sara's answer
+        await tx.execute("DELETE FROM comments WHERE thread = ? AND id <> ?", (waiting, waiting))
+        await db.put_thread(tx, old)
+    report = await _reindex(embedded)
+    assert report.work is not None and report.work.comments == 1
+    assert _decided(await scout("get_outcome", outcome=outcome)) == live
+    assert _still((await sara("list_inbox", markRead=False))["you"]["yourTurn"]) == turn
+    again = await _reindex(embedded)
+    assert again.work is not None and again.work.comments == 0
+    assert _decided(await scout("get_outcome", outcome=outcome)) == live

@@ -416,10 +416,12 @@ async def rebuild(store: Store, forge: Forge, office: Office, *, app_login: str,
         done = await replay(forge, office, item, app_login=app_login, key=key)
         report.skipped += [f"{item.ref} comment {forge_id}" for forge_id in done.skipped]
         have = await db.comments_by_ids(store, [c.id for c in done.comments])
+        behind: set[str] = set()  # threads given a comment the index lacked
         for c in done.comments:
             if c.id in have:
                 continue
             report.comments += 1
+            behind.add(c.thread)
             async with store.transaction() as tx:
                 await db.put_comment(tx, c)
                 for r in sorted(c.data["notify"], key=lambda r: owner_of(office, r["principal"])):
@@ -429,8 +431,20 @@ async def rebuild(store: Store, forge: Forge, office: Office, *, app_login: str,
                                      read_at=now)
                     report.deliveries += 1
         for t in done.threads.values():
-            if await db.get_thread(store, t.id) is None:
+            known = await db.get_thread(store, t.id)
+            if known is None:
                 async with store.transaction() as tx:
                     await db.put_thread(tx, t)
                 report.questions += t.state.is_question
+            elif t.id in behind:  # the index is older than the forge: it takes the replay
+                await db.swap_thread(store, known, _caught_up(known, t))
     return report
+
+
+def _caught_up(known: db.ThreadRow, replayed: db.ThreadRow) -> db.ThreadRow:
+    """The thread as replayed from the forge, which has comments `known` (the index's row)
+    lacks, keeping what the index alone knew: the question with its options' `then`, and a
+    resolved mark."""
+    state = replace(replayed.state, question=known.state.question or replayed.state.question,
+                    resolved=known.state.resolved or replayed.state.resolved)
+    return replace(replayed, state=state)
