@@ -402,3 +402,33 @@ async def test_a_thread_the_index_has_older_than_the_forge_is_brought_up_to_date
     again = await _reindex(embedded)
     assert again.work is not None and again.work.comments == 0
     assert _decided(await scout("get_outcome", outcome=outcome)) == live
+
+
+
+async def test_an_outsiders_part_of_line_links_nothing_in_a_rebuild(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """Review r7 (D): troll (no one of the office) opens an issue on acme's public website,
+    marco labels it evidence, and troll edits its body to `Part of <the outcome>`. Live the
+    link is taken only from someone with write access (Comments._linked); a rebuild took the
+    body as the forge shows it, hanging troll's words under marco's outcome."""
+    goal, outcome, _ = await _work(embedded, tools, person)
+    forge, site = embedded.forge, "acme/website"
+    forge.add_repo("acme", "website", private=False)
+    forge.set_permission(site, "marco", "write")
+    embedded.forge_tokens["troll"] = forge.add_user("troll")
+    troll = person("troll")
+    issue = await troll.open_issue(site, "Login is slow", "see logs")
+    await person("marco").call("POST", f"/repos/{site}/issues/{issue['number']}/labels",
+                               {"labels": ["evidence"]}, expect=200)
+    await embedded.forge.webhooks_idle()
+    await embedded.settle()
+    await troll.call("PATCH", f"/repos/{site}/issues/{issue['number']}",
+                     {"body": f"Part of {outcome}\nOutcome done, ship it"}, expect=200)
+    await embedded.forge.webhooks_idle()
+    await embedded.settle()
+    marco = tools("human:marco@acme.com")
+    live = _still(await marco("get_tree", goal=goal))
+    assert "Login is slow" not in str(live)
+    await _drop_work(embedded)
+    await _reindex(embedded)
+    assert _still(await marco("get_tree", goal=goal)) == live

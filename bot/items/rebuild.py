@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from bot.errors import VaultmailError
 from bot.items import render
 from bot.items.address import Reached, Table, audience, owner_of, resolve, table_reach
-from bot.items.model import Item, item_from_issue, scope_of
+from bot.items.model import Item, item_from_issue, native_parent, scope_of
 from bot.items.questions import Option, Question, naming
 from bot.items.service import CONTRIBUTOR, Comments
 from bot.items.threads import may_answer, may_reply, reply, start
@@ -393,6 +393,7 @@ async def rebuild(store: Store, forge: Forge, office: Office, *, app_login: str,
     (the mail's scan of the vaults), not listed again."""
     report = WorkReport()
     items: dict[str, Item] = {}
+    issue_of: dict[str, dict[str, Any]] = {}
     prefix = office.org.lower() + "/"
     for repo in sorted(r for r in await forge.list_installation_repos()
                        if r.lower().startswith(prefix)):
@@ -402,7 +403,10 @@ async def rebuild(store: Store, forge: Forge, office: Office, *, app_login: str,
         for issue in issues:
             item = item_from_issue(office, repo, issue)
             if item is not None:
-                items[item.ref] = item
+                items[item.ref], issue_of[item.ref] = item, issue
+    writes: dict[tuple[str, str], bool] = {}
+    for ref, item in sorted(items.items()):
+        items[ref] = await _linked(store, forge, item, issue_of[ref], writes)
     for ref, item in sorted(items.items()):  # a plan's or evidence's claim is its outcome's
         parent = items.get(item.parent or "")
         if item.kind in ("plan", "evidence") and parent is not None and parent.kind == "outcome":
@@ -439,6 +443,24 @@ async def rebuild(store: Store, forge: Forge, office: Office, *, app_login: str,
             elif t.id in behind:  # the index is older than the forge: it takes the replay
                 await db.swap_thread(store, known, _caught_up(known, t))
     return report
+
+
+async def _linked(store: Store, forge: Forge, item: Item, issue: dict[str, Any],
+                  writes: dict[tuple[str, str], bool]) -> Item:
+    """`item` with the parent live would have taken (`Comments._linked`): a sub-issue link
+    (which takes write access to make) as the forge has it, a `Part of` line only from an
+    author with write access to the item's repository (on a public one anyone may edit their
+    issue's body), else the parent the index has, if any. `writes`: answers asked already."""
+    if item.parent is None or native_parent(item.repo, issue) is not None:
+        return item
+    known = await db.get_item(store, item.ref)
+    was = known.parent if known is not None else None
+    if item.parent == was:
+        return item
+    asked = (item.repo.lower(), item.author_login.lower())
+    if asked not in writes:
+        writes[asked] = await forge.permission(item.repo, item.author_login) in CONTRIBUTOR
+    return item if writes[asked] else replace(item, parent=was)
 
 
 def _caught_up(known: db.ThreadRow, replayed: db.ThreadRow) -> db.ThreadRow:
