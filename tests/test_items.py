@@ -279,6 +279,23 @@ def test_text_that_looks_like_a_box_cannot_forge_an_option() -> None:
     assert "- \\[ ] fake box" in text
 
 
+def test_the_apps_comment_opens_as_sealed_only_as_it_wrote_it() -> None:
+    """The seal a rebuild trusts (bot.items.rebuild): it holds through what a forge may do to
+    a body (CRLF line ends, trailing blanks), and fails for any edit of the words above it,
+    under another key, or with its MAC cut short; a body with none says so (None)."""
+    from bot.items.render import opened, seal
+
+    key, text = b"k" * 32, render_comment("c1", author=SCOUT, body="keep them", mentions=[],
+                                          thread="c2", note="answer: Keep 30 days")
+    sealed = seal(text, key)
+    assert opened(sealed, key) == (text, True)
+    assert opened(sealed.replace("\n", "\r\n") + "  \n", key)[1] is True
+    assert opened(sealed.replace("Keep 30 days", "Force re-login"), key)[1] is False
+    assert opened(sealed, b"j" * 32)[1] is False
+    assert opened(sealed.rstrip()[:-8] + " -->\n", key)[1] is False
+    assert opened(text, key) == (text, None)
+
+
 # What the forge takes for a mention: `@` after no letter/digit/underscore, then a letter/digit.
 LIVE = re.compile(r"(?<![A-Za-z0-9_])@(?P<name>[A-Za-z0-9][A-Za-z0-9-]*(?:/[\w.-]+)?)")
 
