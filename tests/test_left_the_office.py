@@ -9,13 +9,17 @@ import asyncio
 import copy
 import re
 import threading
+import time
 from importlib import resources
 from typing import Any
+
+import pytest
 
 from bot.app.embedded import Embedded
 from bot.app.services import Services
 from bot.forge.github import ForgeClient
 from bot.items.threads import ThreadState
+from bot.office import source
 from bot.office.source import OfficeSource
 from bot.store import comments, members, open_store
 from bot.store.db import Store
@@ -279,6 +283,46 @@ async def test_someone_added_back_with_the_text_a_replica_still_holds_is_back_ev
     assert await members.departed(x.store, "acme") == {}
     asked = await sara("add_comment", **base, body="Lee, after?", needsReply=True,
                        to=["lee@acme.com"])
+    assert asked["thread"]["waitingOn"] == [LEE], asked["thread"]
+
+
+class _AnHourAhead:
+    """A replica's wall clock an hour fast (the rest of `time` as it is)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    @staticmethod
+    def time() -> float:
+        return time.time() + 3600
+
+
+async def test_a_replica_whose_clock_ran_ahead_freezes_no_one_in_or_out(
+        embedded: Embedded, person: Any, tools: Any, database_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review r8: replica y, its clock an hour fast, read the config without lee once and
+    recorded that read an hour ahead; lee was pushed back and every replica read it, yet each
+    read counted as older than y's, and lee stayed departed (422 "lee has left the office")
+    for the hour. A read is recorded no later than the database's own clock says it is."""
+    x = embedded.services
+    embedded.forge.put_file("acme/.github", "vaultmail.yml", _without(LEE_BLOCK))
+    index = database_url or str(embedded.data_dir / "index.sqlite3")
+    y_store = await open_store(index)
+    try:
+        y = _replica(embedded, y_store)
+        with monkeypatch.context() as fast:
+            fast.setattr(source, "time", _AnHourAhead())
+            await y.offices.get(y.forge_for_org("acme"), "acme", fresh=True)
+        assert await members.departed(x.store, "acme") == {LEE: "lee"}
+        embedded.forge.put_file("acme/.github", "vaultmail.yml", _without(), pusher="admin")
+        await embedded.settle()  # (x handles the push)
+        await y.offices.get(y.forge_for_org("acme"), "acme", fresh=True)  # (its clock right)
+    finally:
+        await y_store.close()
+    assert await members.departed(x.store, "acme") == {}
+    goal = await make_item(embedded, person("sara"), "goal", "EU launch")
+    asked = await tools(SARA)("add_comment", targetType="goal", target=goal, body="Lee?",
+                              needsReply=True, to=["lee@acme.com"])
     assert asked["thread"]["waitingOn"] == [LEE], asked["thread"]
 
 

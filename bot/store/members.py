@@ -29,8 +29,10 @@ then added back) was taken by that replica as nothing new, and lee stayed depart
 replica. A read that began before the one recorded is not applied: it may hold a text older
 than the one recorded (its answer came later than another replica's newer read; a push's read
 begins after the push), and the forge's next read, on any replica, puts right what differs.
-Those reads are ordered by the replicas' clocks: one that is behind by s seconds has its reads
-skipped for s seconds after another replica's, until a read of its own begins later."""
+Those reads are ordered by the replicas' clocks, each recorded no later than the database's
+clock says it is (`vm_now()`): one that is behind by s seconds has its reads skipped for s
+seconds after another replica's, until a read of its own begins later; one that is ahead
+outranks no later read (review r8: a read an hour ahead had frozen the record for the hour)."""
 
 from __future__ import annotations
 
@@ -104,6 +106,10 @@ async def apply(store: Store, org: str, named: dict[str, str], read_at: float) -
     if not _applies(await store.fetchone(_GET_READ, (org,)), digest, read_at):
         return Changed()
     async with store.transaction(f"office-members:{org}") as db:
+        # never later than the database's clock: one read by a replica whose clock ran
+        # ahead would otherwise outrank every read until the clocks caught up (review r8)
+        now = await db.fetchone("SELECT vm_now() AS t")
+        read_at = min(read_at, float(now["t"])) if now else read_at
         if not _applies(await db.fetchone(_GET_READ, (org,)), digest, read_at):
             return Changed()  # (another replica's read, recorded meanwhile)
         await db.execute(_PUT_READ, (org, digest, read_at))
