@@ -18,6 +18,7 @@ from bot.app import worker as worker_module
 from bot.app.context import HandlerContext
 from bot.app.worker import Worker
 from bot.store import QueueItem, Store, offices, open_store
+from tests.support import older_index
 
 
 def _comment(issue: int, comment: int, vault: str = "acme/scout-vault") -> dict[str, Any]:
@@ -628,4 +629,98 @@ async def test_a_delivery_queued_before_its_vaults_rename_runs_before_one_after_
     finally:
         first_may_end.set()
         await worker.stop(drain_timeout=1.0)
+        await store.close()
+
+
+async def _one_issue_in_order(store: Store, before: str, after: str,
+                              rename: tuple[str, str] | None = None,
+                              queued: bool = False) -> list[str]:
+    """x-1 about `before`#1 queued (`queued`: it is already), then (after `rename`, when
+    given) x-2 about `after`#1; what ran, in order, x-1 held until x-2 waits in its lane or
+    runs."""
+    router = Router()
+    first_started, first_may_end = asyncio.Event(), asyncio.Event()
+    ran: list[str] = []
+
+    @router.register("issue_comment")
+    async def reply(event: sansio.Event, ctx: HandlerContext) -> None:
+        ran.append(f"start {event.delivery_id}")
+        if event.delivery_id == "x-1":
+            first_started.set()
+            await first_may_end.wait()
+        ran.append(f"end {event.delivery_id}")
+
+    worker = Worker(store, router, Router(), lambda payload: False, context)
+    try:
+        if not queued:
+            await _deliver(store, "x-1", 1, 101, vault=before)
+        if rename is not None:
+            async with store.transaction() as db:
+                await offices.rename_vault_in(db, *rename)
+        await _deliver(store, "x-2", 1, 102, vault=after)
+        worker.start()
+        await asyncio.wait_for(first_started.wait(), 30)
+        for _ in range(3000):  # until x-2 waits in x-1's lane, or runs
+            if "start x-2" in ran or any({"x-1", "x-2"} <= {i.guid for i in lane.items}
+                                         for lane in worker._lanes.values()):
+                break
+            await asyncio.sleep(0.01)
+        first_may_end.set()
+        await worker.idle(timeout=30)
+        return ran
+    finally:
+        first_may_end.set()
+        await worker.stop(drain_timeout=1.0)
+
+
+async def test_a_delivery_queued_before_a_capitalised_vaults_rename_runs_before_one_after_it(
+        tmp_path: Path, database_url: str) -> None:
+    """GitHub's payloads spell a repository as its owner does: x-1 about
+    Initech/Scout-Vault#1 is queued, the vault renamed Initech/Scout-Mail, x-2 about
+    Initech/Scout-Mail#1 queued after. Before, the rename rewrote x-1's key in lower case
+    (initech/scout-mail#1) while x-2 kept its payload's case: two issues, x-2 ran beside
+    x-1 and ended first."""
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    try:
+        ran = await _one_issue_in_order(store, "Initech/Scout-Vault", "Initech/Scout-Mail",
+                                        rename=("Initech/Scout-Vault", "Initech/Scout-Mail"))
+        assert ran == ["start x-1", "end x-1", "start x-2", "end x-2"], ran
+    finally:
+        await store.close()
+
+
+async def test_deliveries_spelling_one_repository_in_two_cases_run_in_arrival_order(
+        tmp_path: Path, database_url: str) -> None:
+    """GitHub's names are case-insensitive: x-1 names Acme/Scout-Vault#1, x-2
+    acme/scout-vault#1, one issue. Before, each was keyed as spelt: x-2 ran beside x-1."""
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    try:
+        ran = await _one_issue_in_order(store, "Acme/Scout-Vault", "acme/scout-vault")
+        assert ran == ["start x-1", "end x-1", "start x-2", "end x-2"], ran
+    finally:
+        await store.close()
+
+
+async def test_keys_the_release_before_queued_in_their_payloads_case_order_with_this_ones(
+        tmp_path: Path, empty_database_url: str) -> None:
+    """A rolling deploy: x-1 about Initech/Scout-Vault#1 was queued by the release before
+    (schema 42), keyed in its payload's case; the index is upgraded, and x-2, spelt
+    initech/scout-vault#1, queued by this release. One issue: x-2 runs after x-1. A replica
+    of the release before, still live, queues in its payload's case too: lowered as well."""
+    payload = json.dumps(_comment(1, 101, "Initech/Scout-Vault"))
+    insert = ("INSERT INTO queue(guid, event, installation_id, issue_key, office, payload,"
+              " next_at, created_at) VALUES (?, 'issue_comment', 1, ?, 'initech', ?, 0, 0)")
+    target = await older_index(tmp_path, empty_database_url, 42,
+                               [(insert, ("x-1", "Initech/Scout-Vault#1", payload))])
+    store = await open_store(target)
+    try:
+        async with store.transaction() as db:  # as the release before writes it, mid-deploy
+            await db.execute(insert, ("x-0", "Initech/Scout-Vault#2", payload))
+        keys = {r["guid"]: r["issue_key"] for r in await store.fetchall(
+            "SELECT guid, issue_key FROM queue")}
+        assert keys == {"x-1": "initech/scout-vault#1", "x-0": "initech/scout-vault#2"}
+        ran = await _one_issue_in_order(store, "Initech/Scout-Vault", "initech/scout-vault",
+                                        queued=True)
+        assert ran.index("end x-1") < ran.index("start x-2"), ran
+    finally:
         await store.close()

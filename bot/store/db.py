@@ -61,6 +61,31 @@ register_schema(SCHEMA)
 register_schema(IDEMPOTENCY_SCHEMA)
 register_columns("queue", {"issue_key": "{text}"})
 
+# Issue keys are lower case (bot.store.queue.issue_key): those queued before are lowered, and
+# a trigger lowers each one a replica of the release before writes (in its payload's case)
+# during a rolling deploy, so its rows order with this release's. (The trigger can go once
+# no replica of a release before 43 can be left.)
+register_schema("""
+UPDATE queue SET issue_key=lower(issue_key)
+    WHERE state IN ('pending', 'parked') AND issue_key<>lower(issue_key);
+CREATE TRIGGER IF NOT EXISTS queue_issue_key_lower AFTER INSERT ON queue
+    WHEN NEW.issue_key<>lower(NEW.issue_key) BEGIN
+    UPDATE queue SET issue_key=lower(NEW.issue_key) WHERE id=NEW.id;
+END;
+""", postgres="""
+UPDATE queue SET issue_key=lower(issue_key)
+    WHERE state IN ('pending', 'parked') AND issue_key<>lower(issue_key);
+CREATE OR REPLACE FUNCTION vm_issue_key_lower() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.issue_key := lower(NEW.issue_key);
+    RETURN NEW;
+END $$;
+DROP TRIGGER IF EXISTS queue_issue_key_lower ON queue;
+CREATE TRIGGER queue_issue_key_lower BEFORE INSERT OR UPDATE OF issue_key ON queue
+    FOR EACH ROW WHEN (NEW.issue_key <> lower(NEW.issue_key))
+    EXECUTE FUNCTION vm_issue_key_lower();
+""", version=43)
+
 # Replicas: each process that opens the store is one, and says it is alive every HEARTBEAT
 # seconds. What a replica holds (queue leases, idempotency claims, leadership) is held while
 # its heartbeat is younger than DEAD_AFTER; after that any other replica takes it over.

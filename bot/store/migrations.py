@@ -129,6 +129,9 @@ NAMES = {
     42: "each run's end is kept: what an agent writes on the forge counts a hop past the mail"
         " of the run open when the forge says it was written, however late it is heard of"
         " (the loop guard)",
+    43: "deliveries' issue keys in lower case, the one form stored, compared and locked in"
+        " (a forge's names are case-insensitive): the keys queued before are lowered, and so"
+        " is each a replica of the release before writes while it lives",
 }
 
 

@@ -59,14 +59,16 @@ HANDED_OVER_FOR = 30.0
 
 def issue_key(payload: dict[str, Any]) -> str | None:
     """The issue a delivery is about (deliveries about one issue run in arrival order, retries
-    included), or None. Never raises, whatever the payload holds."""
+    included), or None. Never raises, whatever the payload holds. In lower case, the one form
+    a key is stored, compared and locked in: a forge's names are case-insensitive, GitHub's
+    payloads spell them as their owner does, and a rename rewrites keys in lower case."""
     issue = payload.get("issue")
     repo = payload.get("repository")
     if "sub_issue" in payload:  # sub_issues: about the sub-issue, whichever side it reached
         issue = payload.get("sub_issue")
         repo = payload.get("sub_issue_repo") or repo
     if isinstance(issue, dict) and isinstance(repo, dict):
-        return f"{repo.get('full_name')}#{issue.get('number')}"
+        return f"{repo.get('full_name')}#{issue.get('number')}".lower()
     return None
 
 
@@ -995,14 +997,15 @@ class QueueMixin:
     async def pending_about(self, issue: str) -> bool:
         """Whether a delivery about `issue` (owner/repo#N, any case) waits to be handled."""
         row = await self.fetchone("SELECT 1 FROM queue WHERE state='pending'"
-                                  " AND lower(issue_key)=? LIMIT 1", (issue.lower(),))
+                                  " AND issue_key=? LIMIT 1", (issue.lower(),))
         return row is not None
 
     async def others_about(self, issue: str, besides: str) -> bool:
         """Whether a delivery about `issue` (its `issue_key`) other than `besides` (a guid)
         waits, to be handled or parked: something more about the issue has arrived."""
         row = await self.fetchone("SELECT 1 FROM queue WHERE issue_key=? AND state IN"
-                                  " ('pending', 'parked') AND guid<>? LIMIT 1", (issue, besides))
+                                  " ('pending', 'parked') AND guid<>? LIMIT 1",
+                                  (issue.lower(), besides))
         return row is not None
 
     async def unpark(self, issue: str) -> int:
@@ -1014,6 +1017,7 @@ class QueueMixin:
         delivery's park is recorded as soon as its handler is done, before a later delivery
         of its issue runs, and a park recorded by another replica meanwhile is missed by the
         update alone just the same.)"""
+        issue = issue.lower()  # (keys are stored in lower case: issue_key)
         if await self.fetchone("SELECT 1 FROM queue WHERE state='parked' AND issue_key=?"
                                " LIMIT 1", (issue,)) is None:
             return 0
