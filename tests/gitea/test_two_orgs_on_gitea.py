@@ -611,3 +611,66 @@ async def test_an_office_whose_vault_reads_hang_holds_up_no_other_offices_catch_
     finally:
         held.release()
         await looks.stop()
+
+
+CONFIG_READ = "GET /api/v1/repos/{owner}/{repo}/contents/{filepath}"
+BOTS_ORGS = "GET /api/v1/user/orgs"
+
+
+async def test_deliveries_about_orgs_the_bot_is_not_in_read_nothing_of_theirs_from_the_forge(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """Five orgs the bot is not in, eve's, each with a public repository eve comments on (the
+    system webhook sends every comment on the instance). Before, each delivery read that
+    org's config from the forge (`<org>/.github/vaultmail.yml`, a 404), one read per org
+    per minute however many orgs; with that read failing (502) the outsider's delivery was
+    retried and dead-lettered; a push of a config to such an org's `.github` read it too.
+    Now an org the bot is not in costs one look at the bot's orgs, shared and at most one a
+    minute, and nothing of its own: here that look fails (502), and every delivery is still
+    done at once, none retried."""
+    forge = office.forge
+    forge.add_user("eve", "eve@evil.test")
+    notes = []
+    for n in range(5):
+        forge.add_org(f"outsider{n}", owner="eve")
+        forge.add_repo(f"outsider{n}", "notes", private=False)
+        notes.append(forge.state.repo_by_full_name(f"outsider{n}/notes"))
+    forge.faults.add(route=BOTS_ORGS, status=502)
+    forge.requests.clear()
+    await _system_hook(office, session, "issue_comment", _comment_in(notes[0], 0), "out-0")
+    looked = forge.requests.count(BOTS_ORGS)
+    for n in range(1, 5):
+        await _system_hook(office, session, "issue_comment", _comment_in(notes[n], n),
+                           f"out-{n}")
+    assert forge.requests.count(CONFIG_READ) == 0, [
+        (r.path, r.status) for r in forge.requests.records if r.route == CONFIG_READ]
+    assert forge.requests.count(BOTS_ORGS) == looked  # (one look, for all five)
+    # eve pushes a config to her org's `.github` (before: read again, fresh, and its issue
+    # looked for)
+    push = {"ref": "refs/heads/main", "after": "f" * 40,
+            "commits": [{"added": ["vaultmail.yml"], "modified": [], "removed": []}],
+            "repository": {"id": 4242, "name": ".github", "full_name": "outsider1/.github",
+                           "default_branch": "main", "owner": {"login": "outsider1"}},
+            "sender": {"login": "eve"}}
+    await _system_hook(office, session, "push", push, "out-push")
+    assert {r.route for r in forge.requests.records} == {BOTS_ORGS}  # (and nothing else)
+    forge.faults.add(route=CONFIG_READ, status=502)
+    await _system_hook(office, session, "issue_comment", _comment_in(notes[0], 5), "out-502")
+    assert forge.requests.count(CONFIG_READ) == 0
+    for guid in [f"out-{n}" for n in range(5)] + ["out-push", "out-502"]:
+        assert await office.services.store.processed_count(guid) == 1, guid
+
+
+async def test_an_org_the_bot_joined_since_the_last_look_is_served_at_its_first_delivery(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """globex adds the bot and amy comments at once, before the app's next look at its orgs:
+    the delivery, about an org not (yet) among the app's, asks for that look and is served,
+    its office read."""
+    seed_office(office.forge, parse_office(yaml.safe_dump(GLOBEX), "globex.yml"))
+    office.forge.add_org_member("globex", office.services.app_slug, role="admin")
+    office.forge.add_repo("globex", "notes", private=False)
+    notes = office.forge.state.repo_by_full_name("globex/notes")
+    office.forge.requests.clear()
+    await _system_hook(office, session, "issue_comment", _comment_in(notes, 0), "joined-0")
+    assert office.services.installation_of("globex") == SYNTHETIC_INSTALLATION_ID
+    assert office.services.offices.last_valid("globex") is not None
+    assert await office.services.store.processed_count("joined-0") == 1
