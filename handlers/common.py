@@ -9,7 +9,6 @@ from typing import Any
 from gidgethub import sansio
 
 from bot.app.context import HandlerContext
-from bot.app.gitea_orgs import serves
 from bot.errors import Denied, VaultmailError
 from bot.forge.pacing import writes_for
 from bot.mail.mailer import Mailer, principal_of
@@ -161,21 +160,11 @@ async def _left_login(ctx: HandlerContext, repo: str, repo_id: Any, orgs: list[s
     return now if now is not None and now.partition("/")[0] in had else repo
 
 
-async def office_of(ctx: HandlerContext, org: str, *, fresh: bool = False) -> Office | None:
-    """`org`'s office (None: it has no valid config), read through the office source (`fresh`:
-    a push said it changed). An org the app does not serve has none, and nothing of it is
-    read from the forge (bot.app.gitea_orgs.serves): on Gitea every org's deliveries come."""
-    if not await serves(ctx.services, org):
-        ctx.log.info("an org the app does not serve: event ignored", extra={"org": org})
-        return None
-    return await ctx.services.offices.get(ctx.forge, org, fresh=fresh)
-
-
 async def scene(event: sansio.Event, ctx: HandlerContext) -> Scene | None:
     """The scene of an issue or issue_comment event, or None outside a configured office."""
     data = event.data
     repo = await repo_now(ctx, data["repository"])
-    office = await office_of(ctx, repo.split("/")[0])
+    office = await ctx.services.offices.get(ctx.forge, repo.split("/")[0])
     if office is None:
         ctx.log.info("no office config for this org: event ignored", extra={"repo": repo})
         return None

@@ -11,7 +11,6 @@ from gidgethub.routing import Router
 from bot.app.context import HandlerContext
 from bot.app.listing import follow_keys, follow_vault, relist
 from bot.store import installations
-from handlers.common import office_of
 from labels.catalogue import MAIL_LABELS
 
 router = Router()
@@ -29,7 +28,7 @@ async def provision_vaults(ctx: HandlerContext, repos: list[str]) -> list[str]:
     for repo in repos:
         by_org.setdefault(repo.split("/")[0], []).append(repo)
     for org, names in by_org.items():
-        office = await office_of(ctx, org)
+        office = await ctx.services.offices.get(ctx.forge, org)
         vaults = {v.lower() for v in office.vaults()} if office else None
         for repo in names:
             if _is_vault(repo, vaults):

@@ -39,7 +39,7 @@ from bot.office.config import Office
 from bot.office.visibility import login_of
 from bot.store import comments as db
 from bot.store.moves import forge_time
-from handlers.common import Scene, actor_of, office_of, repo_now, scene
+from handlers.common import Scene, actor_of, repo_now, scene
 from handlers.item_updates import record_update
 
 router = Router()
@@ -416,7 +416,7 @@ async def parent_changed(event: sansio.Event, ctx: HandlerContext) -> None:
     item's. A plan or evidence that joins an outcome is news on it, as one opened there is."""
     data = event.data
     repo = await repo_now(ctx, data["repository"])
-    office = await office_of(ctx, repo.split("/")[0])
+    office = await ctx.services.offices.get(ctx.forge, repo.split("/")[0])
     sub = data.get("sub_issue")
     if office is None or not isinstance(sub, dict):
         return
@@ -463,7 +463,7 @@ async def waiting_field_removed(event: sansio.Event, ctx: HandlerContext) -> Non
 async def _show_waiting_again(ctx: HandlerContext, mode: str, repo: str, number: int) -> None:
     """Where the office shows waiting this way and `repo#number` is an outcome, its waiting
     is written again as its questions have it (a person's undoing is put back)."""
-    office = await office_of(ctx, repo.split("/")[0])
+    office = await ctx.services.offices.get(ctx.forge, repo.split("/")[0])
     if office is None or office.waiting != mode:
         return
     ref = make_ref(repo, number)

@@ -17,7 +17,6 @@ from gidgethub import sansio
 from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
-from bot.app.gitea_orgs import serves
 from bot.forge.once import issue_once
 from bot.mail.markdown import as_data
 from bot.office.config import shortened
@@ -46,9 +45,6 @@ async def reload_office_config(event: sansio.Event, ctx: HandlerContext) -> None
     if data.get("ref") != f"refs/heads/{repo.get('default_branch', 'main')}":
         return
     org = repo["owner"]["login"]
-    if not await serves(ctx.services, org):  # (Gitea: an org the bot is not in)
-        ctx.log.info("an org the app does not serve: its config push ignored", extra={"org": org})
-        return
     offices = ctx.services.offices
     # (whoever it no longer names loses their tokens as it is read: Services._config_taken)
     office = await offices.get(ctx.forge, org, fresh=True)

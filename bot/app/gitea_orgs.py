@@ -6,16 +6,12 @@ moved aside (bot.store.offices.retire_in), as an installation by another account
 GitHub. A known org id under a new name is the org renamed: its office follows it
 (bot.store.installations.rename), as GitHub's `installation_target.renamed` makes it. Gitea
 sends no rename of a repository either: each look follows the offices' vaults renamed since
-(bot.app.listing.catch_up_offices), as GitHub's `repository.renamed` makes it.
-
-The instance's system webhook sends every org's deliveries, the bot's or not: one about an org
-the app does not serve reads nothing of that org from the forge (`serves`)."""
+(bot.app.listing.catch_up_offices), as GitHub's `repository.renamed` makes it."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from functools import partial
 
 from bot.app.background import Rounds, Work
@@ -25,8 +21,6 @@ from bot.store import installations
 
 log = logging.getLogger("vaultmail.gitea_orgs")
 ORGS_EVERY = 300.0
-# seconds after a look an org not among the bot's asked for, before another may be (`serves`)
-UNKNOWN_LOOK_EVERY = 60.0
 
 
 async def refresh(services: Services) -> list[str]:
@@ -60,36 +54,6 @@ async def look(services: Services) -> list[str]:
             services.wake_worker()
         log.info("organisations the bot was added to: installed", extra={"orgs": new})
     return new
-
-
-async def serves(services: Services, org: str) -> bool:
-    """Whether the app serves `org`: on GitHub, always (deliveries come for installations
-    only); on Gitea, when the bot is in it. An org not among those the app knows asks for a
-    look at the bot's orgs (one joined since the last is served at once), shared by whoever
-    asks meanwhile and at most one every UNKNOWN_LOOK_EVERY seconds: however many orgs
-    outsiders comment in, their deliveries cost the forge that look, and nothing of theirs.
-    A look that fails serves no org it did not know (logged; nothing retried)."""
-    org = org.lower()
-    if services.settings.dialect != "gitea" or org in services.installations:
-        return True
-    if (services.org_look is None
-            and time.monotonic() - services.org_looked_at >= UNKNOWN_LOOK_EVERY):
-        services.org_looked_at = time.monotonic()
-        services.org_look = asyncio.get_running_loop().create_task(look(services))
-        services.org_look.add_done_callback(partial(_looked, services))
-    if services.org_look is not None:
-        try:  # (shielded: one caller leaving cancels no one else's answer)
-            await asyncio.shield(services.org_look)
-        except Exception as exc:  # (the forge's, or the index's): not served, not retried
-            log.warning("a look at the bot's orgs, for an org not among them, failed: %r",
-                        exc, extra={"org": org})
-    return org in services.installations
-
-
-def _looked(services: Services, done: asyncio.Task[list[str]]) -> None:
-    services.org_look = None
-    if not done.cancelled():
-        done.exception()  # (retrieved: whoever awaited it has it already)
 
 
 class GiteaOrgs(Rounds):

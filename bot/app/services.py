@@ -66,10 +66,6 @@ class Services:
     # set by whoever runs the worker: new deliveries are queued, look now
     wake_worker: Callable[[], None] = lambda: None
     _unread: set[str] = field(default_factory=set, repr=False)  # orgs the last round left out
-    # Gitea: the look at the bot's orgs a delivery about an org not among them asked for, in
-    # flight, and when the last began (bot.app.gitea_orgs.serves)
-    org_look: asyncio.Task[list[str]] | None = field(default=None, repr=False)
-    org_looked_at: float = field(default=float("-inf"), repr=False)
     # (services, forge, office): the office's open questions stop waiting on those its configs
     # named once and name no more (bot.store.members.departed): bot.items.service.left_office,
     # set by the builder (the items import these services)
