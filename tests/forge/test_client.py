@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from bot.forge import markers
 from bot.forge.clock import SystemClock
 from bot.forge.errors import NotFound, OutcomeUnknown, RateLimited, TransientError
 from labels.catalogue import MAIL_LABELS, Label
@@ -154,7 +155,7 @@ async def test_write_then_fail_create_comment_yields_one(env: Env) -> None:
     inst = env.inst()
     issue = await inst.create_issue(REPO, "thread", "body")
     env.forge.faults.add(route=COMMENTS, status=502, count=1, mode="after")
-    marker = "m-reply-7"
+    marker = markers.marker("reply", "7")  # (a comment's marker is found only whole)
     comment = await inst.create_comment(REPO, issue["number"], f"reply {marker}", marker=marker)
     comments = await inst.list_comments(REPO, issue["number"])
     assert [c["id"] for c in comments if marker in c["body"]] == [comment["id"]]
