@@ -100,7 +100,7 @@ async def comment_on_item(event: sansio.Event, ctx: HandlerContext) -> None:
         # anyone may comment here: a comment too long to be one is refused unread (and the
         # refusal to someone outside the office is said once, then only ledgered)
         check_length(text, limit=MAX_COMMENT)
-        item = await service.index_item(item, by=s.actor)
+        item = await service.index_item(item)  # a comment says nothing of the body's link
         by_name = {c.name: c for c in commands}
         addressed = parse_addressing(text)
         to, cc = office_entries(s.office, addressed.to), office_entries(s.office, addressed.cc)
@@ -369,7 +369,7 @@ async def card_edited(event: sansio.Event, ctx: HandlerContext) -> None:
                            str(event.data["comment"].get("body") or ""))
     if choice is not None and may_answer(t.state, s.office, s.actor):
         try:
-            await service.add(s.actor, await service.index_item(item, by=s.actor), NewComment(
+            await service.add(s.actor, await service.index_item(item), NewComment(
                 parent=t.id, option=choice + 1, amend=t.state.answer is not None, quiet=True))
             return
         except VaultmailError as exc:
@@ -400,11 +400,24 @@ async def item_changed(event: sansio.Event, ctx: HandlerContext) -> None:
     s, item = found
     service = Comments(ctx.services, ctx.forge, s.office)
     known = await db.get_item(ctx.services.store, item.ref)
-    # an act the forge does not say who made is judged as a read of the issue is
-    item = await service.index_item(item, by=None if s.no_one else s.actor)
+    item = await service.index_item(item, by=_body_by(s, event.data, known))
     await record_update(service, s.actor, item, known, event.data)
     if item.kind == "outcome" and known is not None and known.state != item.state:
         await waiting.sync(service, item.ref)  # a closed outcome waits on nobody
+
+
+def _body_by(s: Scene, data: dict[str, Any], known: Item | None) -> str | None:
+    """Who stands behind the `Part of` line of the body this delivery shows (its issue is the
+    forge's as it was at the act): the sender who wrote it (`opened`, a body `edited`) or who
+    took the issue in as an item by this act (the body as it stood then). Any other act of
+    theirs (a close, a label, an assignee) is not about the body, which may be an outsider's
+    edit since: None, judged as a read of the issue is (`Comments._linked`). So is an act
+    the forge does not say who made."""
+    if s.no_one:
+        return None
+    wrote = data.get("action") == "opened" or (
+        data.get("action") == "edited" and "body" in (data.get("changes") or {}))
+    return s.actor if wrote or known is None else None
 
 
 @router.register("sub_issues", action="parent_issue_added")

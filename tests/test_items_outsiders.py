@@ -12,7 +12,7 @@ import aiohttp
 
 from bot.app.embedded import Embedded
 from bot.store import comments as db
-from tests.items_support import MARCO
+from tests.items_support import MARCO, make_item
 from tests.support import Actor
 
 SITE = "acme/website"
@@ -114,3 +114,75 @@ async def test_an_outsiders_key_never_takes_or_shadows_a_members_item_key(
     await embedded.settle()
     said = await marco("add_comment", targetType="outcome", target="AC-9", body="mine")
     assert said["comment"]["item"] == f"{SITE}#{mine['number']}"
+
+
+async def _outsiders_report(embedded: Embedded, session: aiohttp.ClientSession,
+                            ) -> tuple[Actor, Actor, str, str, int]:
+    """marco's goal and outcome in the private vault, and troll's "Login crashes" on acme's
+    public website, pointing at nothing: (marco, troll, goal, outcome, troll's number)."""
+    forge = embedded.forge
+    forge.add_repo("acme", "website", private=False)
+    forge.set_permission(SITE, "marco", "write")
+    embedded.forge_tokens["troll"] = forge.add_user("troll")
+    marco, troll = Actor(session, embedded, "marco"), Actor(session, embedded, "troll")
+    goal = await make_item(embedded, marco, "goal", "Safer sign-in")
+    outcome = await make_item(embedded, marco, "outcome", "Auth migration",
+                              body=f"Part of {goal}")
+    report = await troll.open_issue(SITE, "Login crashes", "stack trace")
+    await embedded.settle()
+    return marco, troll, goal, outcome, int(report["number"])
+
+
+async def _linked_nowhere(embedded: Embedded, tools: Any, goal: str, number: int) -> None:
+    assert "Login crashes" not in str(await tools(MARCO)("get_tree", goal=goal))
+    item = await db.get_item(embedded.services.store, f"{SITE}#{number}")
+    assert item is not None and item.parent is None, item
+
+
+async def test_an_outsiders_edit_delivered_before_a_members_label_links_nothing(
+        embedded: Embedded, session: aiohttp.ClientSession, tools: Any) -> None:
+    """Acted out: marco labelled troll's issue evidence; troll at once edited its body to
+    `Part of` marco's outcome in the private vault, and his edit was delivered before marco's
+    label. Handling the label, the app read the body as it was now, in marco's name, and hung
+    troll's issue under the outcome (get_tree showed it, with the outcome's claim)."""
+    marco, troll, goal, outcome, n = await _outsiders_report(embedded, session)
+    forge = embedded.forge
+    forge.faults.drop_webhooks(count=1, senders=("marco",))  # the label's delivery waits
+    await marco.call("PATCH", f"/repos/{SITE}/issues/{n}", {"labels": ["evidence"]},
+                     expect=200)
+    await troll.call("PATCH", f"/repos/{SITE}/issues/{n}",
+                     {"body": f"Part of {outcome}\nstack trace"}, expect=200)
+    await embedded.settle()
+    labelled = next(d for d in forge.state.deliveries.values()
+                    if d.event == "issues" and d.action == "labeled"
+                    and d.payload["issue"]["number"] == n)
+    assert forge.webhooks.redeliver(labelled) is not None
+    await embedded.settle()
+    await _linked_nowhere(embedded, tools, goal, n)
+    # nor does marco's later act that is not about the body take troll's line
+    await marco.call("PATCH", f"/repos/{SITE}/issues/{n}", {"state": "closed"}, expect=200)
+    await marco.comment(SITE, n, "seen")
+    await embedded.settle()
+    await _linked_nowhere(embedded, tools, goal, n)
+    # marco writing the line himself links it
+    await marco.call("PATCH", f"/repos/{SITE}/issues/{n}",
+                     {"body": f"Part of {outcome}\nstack trace, triaged"}, expect=200)
+    await embedded.settle()
+    item = await db.get_item(embedded.services.store, f"{SITE}#{n}")
+    assert item is not None and item.parent == outcome
+
+
+async def test_an_outsiders_edit_before_a_members_label_is_handled_links_nothing(
+        embedded: Embedded, session: aiohttp.ClientSession, tools: Any) -> None:
+    """The same race the other way round: marco's label is delivered first, and troll's edit
+    lands while the app handles it (its read of the issue waits at the forge)."""
+    marco, troll, goal, outcome, n = await _outsiders_report(embedded, session)
+    held = embedded.forge.faults.hold("GET /repos/{owner}/{repo}/issues/{issue_number}", repo=SITE)
+    await marco.call("PATCH", f"/repos/{SITE}/issues/{n}", {"labels": ["evidence"]},
+                     expect=200)
+    await held.arrived.wait()
+    await troll.call("PATCH", f"/repos/{SITE}/issues/{n}",
+                     {"body": f"Part of {outcome}\nstack trace"}, expect=200)
+    held.release()
+    await embedded.settle()
+    await _linked_nowhere(embedded, tools, goal, n)

@@ -37,6 +37,7 @@ from bot.items.model import (
     Item,
     as_key,
     item_from_issue,
+    native_parent,
     scope_of,
     shows_native_parent,
     split_ref,
@@ -155,14 +156,17 @@ class Comments:
             full = await self.forge.get_issue(item.repo, item.number)
         except NotFound:
             return item
-        fresh = item_from_issue(self.office, item.repo, full)
-        return replace(item, parent=fresh.parent) if fresh is not None else item
+        # only its sub-issue link (which takes write access): its body may have been
+        # edited since the act, by someone without it (the webhook's body is the act's)
+        linked = native_parent(item.repo, full)
+        return replace(item, parent=linked) if linked is not None else item
 
     async def index_item(self, item: Item, *, if_changed: bool = False,
                          by: str | None = None) -> Item:
         """Write `item` to the index (with the claim of the outcome a plan or evidence is
-        under); `if_changed`: only where the index has it otherwise. `by`: whose act shows
-        it (a webhook's sender), None for a read of the forge (see `_linked`)."""
+        under); `if_changed`: only where the index has it otherwise. `by`: who stands behind
+        its body's `Part of` line (a webhook's sender who wrote the body, or took the issue in
+        by the act it shows), None for a read of the forge or any other act (see `_linked`)."""
         store = self.services.store
         known = await db.get_item(store, item.ref)
         item = await self._linked(item, known, by)
@@ -183,10 +187,12 @@ class Comments:
         """`item` with the parent the index has, where its link changed and no one with write
         access to its repository need have changed it. On a public repository an issue's
         author may edit its `Part of` line: their link would hang it, and its decisions and
-        updates, under any outcome of the org. The act's sender counts; for a read of the
-        forge, which does not say who edited the body, the item's author (an issue whose
-        author has write access is edited by no one without it). A sub-issue link, which
-        takes write access, comes by its own webhook, its sender's."""
+        updates, under any outcome of the org. `by` counts where given: the one who wrote the
+        body, or took the issue in as it stood (handlers.items._body_by); a writer's other
+        act after an outsider's edit vouches for nothing. Else, as for a read of the forge,
+        which does not say who edited the body, the item's author (an issue whose author has
+        write access is edited by no one without it). A sub-issue link, which takes write
+        access, comes by its own webhook, its sender's."""
         was = known.parent if known is not None else None
         if item.parent == was:
             return item
