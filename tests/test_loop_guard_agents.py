@@ -281,7 +281,9 @@ async def test_two_agents_answering_each_wake_with_fresh_mail_stop_at_the_guard(
                 ("Ping 3", "agent:scout", 3, "mail:new"),
                 ("Ping 4", "agent:builder", 4, "quiet")], sent
             finished = await emb.ledger_events("run.finished")
-            assert [f.subject for f in finished] == [m.ref for m in sent[:4]], (
+            # (as a set: a run's end is recorded when its process is seen to exit, and the
+            # run its mail woke may end first on a loaded machine)
+            assert sorted(f.subject for f in finished) == sorted(m.ref for m in sent[:4]), (
                 "hops 0..3 start runs; the quiet one does not")
             assert all(f.data["exit"] == 0 for f in finished), [f.data for f in finished]
             guards = await emb.ledger_events("mail.loop_guard")
