@@ -57,7 +57,7 @@ from bot.forge.gitea import GiteaForge, github_label
 from bot.forge.gitea_events import github_user
 from bot.items.model import make_ref
 from bot.store import comments, deliveries
-from bot.store.moves import forge_time
+from bot.store.moves import edited_since_written, forge_time
 from bot.store.prune import DAY
 from bot.store.queue import issue_key
 
@@ -241,8 +241,7 @@ async def _comment(forge: GiteaForge, repo: str, number: int, out: dict[str, Any
         out["sender"] = github_user(found.get("user"), bot_login)
     # an edit (since it was written, for a `created`): by whom, the forge does not say (see
     # the module). Gitea stamps both to the second: an edit within it goes unseen
-    if out.get("action") == "edited" or written is None or \
-            forge_time(found.get("updated_at")) != written:
+    if out.get("action") == "edited" or edited_since_written(found):
         out["sender"] = github_user({"login": bot_login}, bot_login)
     out["comment"] = {**comment, "body": found.get("body") or "",
                       "user": github_user(found.get("user"), bot_login),

@@ -37,7 +37,7 @@ from bot.mail.commands import parse_commands
 from bot.mail.markdown import as_written
 from bot.office.config import Office
 from bot.store import comments as db
-from bot.store.moves import forge_time
+from bot.store.moves import edited_since_written, forge_time
 
 if TYPE_CHECKING:
     from bot.forge.base import Forge
@@ -252,7 +252,7 @@ class _Replay:
         actor = _principal(self.office, login)
         forge_id = int(posted["id"])
         cid = Comments._new_id(self.item, forge_id)
-        if _edited(posted):
+        if edited_since_written(posted):
             if login.lower() in self.writers:
                 self.reply_or_start(cid, actor, render.parse_addressing(text).body or text, None,
                                     at=at, forge_id=forge_id, to=[], cc=[],
@@ -310,13 +310,6 @@ class _Replay:
                             confirmed=confirmed, to=to, cc=cc)
 
 
-def _edited(posted: dict[str, Any]) -> bool:
-    """Whether the forge shows a comment edited since it was written (as `bot.app.org_signed`
-    reads it; both stamps are to the second, so an edit within it goes unseen)."""
-    written = forge_time(posted.get("created_at"))
-    return written is None or forge_time(posted.get("updated_at")) != written
-
-
 def _principal(office: Office, login: str) -> str:
     """The office principal a forge login acts as, `forge:<login>` outside the office."""
     who = office.by_login(login)
@@ -364,7 +357,7 @@ async def replay(forge: Forge, office: Office, item: Item, *, app_login: str,
                 m["kind"] in (None, " kind=question"):
             text, sealed = render.opened(str(posted.get("body") or ""), key)
             try:
-                if sealed is False or (sealed is None and _edited(posted)):
+                if sealed is False or (sealed is None and edited_since_written(posted)):
                     raise _Foreign("edited")
                 if m["kind"] is None:
                     done.tool_comment(m["id"], posted, text, at)

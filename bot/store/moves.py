@@ -37,6 +37,14 @@ def forge_time(value: Any) -> float | None:
         return None
 
 
+def edited_since_written(posted: dict[str, Any]) -> bool:
+    """Whether the forge shows a comment edited since it was written (its `updated_at` is not
+    its `created_at`; one without a `created_at` counts as edited). Both stamps are to the
+    second, so an edit within it goes unseen."""
+    written = forge_time(posted.get("created_at"))
+    return written is None or forge_time(posted.get("updated_at")) != written
+
+
 async def is_stale(db: Connection, mail_id: str, at: float | None) -> bool:
     """Whether a move that happened at forge time `at` is older than the mail's latest
     applied move (read in the caller's transaction; None: a move of unknown time, never)."""
