@@ -18,10 +18,11 @@ config `{org}/.github/vaultmail.yml` (kept 60 s) and PATCHes the issue once (mar
 
 A cell is a number of installations (1, 10, 50): the deliveries are spread round-robin over
 that many organisations, fresh ones for each cell and app (so one cell's minute of points does
-not fall into the next, and each cell pays its own token and config reads). The issues are made
-beforehand with webhooks dropped; their `issues.opened` payloads, as the forge rendered them,
-are signed with each app's secret and POSTed to its webhook endpoint by a load client in its own
-process, 50 in flight, each answer waited for at most 10 s (GitHub's webhook timeout).
+not fall into the next, and each cell pays its own token and config reads). Each cell's issues
+are made just before it runs, with webhooks dropped; their `issues.opened` payloads, as the
+forge rendered them, are signed with each app's secret and POSTed to its webhook endpoint by a
+load client in its own process, 50 in flight, each answer waited for at most 10 s (GitHub's
+webhook timeout).
 
 Measured per cell and app: events a second (deliveries whose PATCH the forge answered 200,
 from the first POST to the last such PATCH); p50/p99 to acknowledge (the webhook answer) and
@@ -332,6 +333,28 @@ def _install(forge: LocalForge, office: Office, app: App, cells: tuple[int, ...]
         app.orgs[org] = forge.install_app(app.app_id, org)
 
 
+async def _open_issues(forge: LocalForge, token: str, app: App, cell: int | str,
+                       count: int) -> None:
+    """The issues of one cell of `app`, opened just before it runs (webhooks dropped, the
+    forge's limits lifted meanwhile): their `issues.opened` payloads, as the forge rendered
+    them, are what the cell posts, as fresh as the forge would have sent them. (Issues made
+    at set-up were minutes old by a later round's cell: an opening that late is one
+    redelivered, which an app may rightly read again before acting on.)"""
+    orgs = app.cell_orgs(cell)
+    limits = forge.limits.as_dict()
+    forge.limits.update({"primary": 10**7, "secondary_per_minute": 0,
+                         "secondary_per_hour": 0, "concurrent_requests": 0,
+                         "endpoint_points_per_minute": 0})
+    forge.faults.drop_webhooks(rate=1.0)
+    try:
+        await _make_issues(forge, token, [(org, -(-count // len(orgs))) for org in orgs])
+        await forge.webhooks_idle()
+    finally:
+        forge.faults.drop_webhooks(rate=0.0)
+        forge.limits.update(limits)
+    _take_opened(forge, app)
+
+
 async def _make_issues(forge: LocalForge, token: str, jobs: list[tuple[str, int]]) -> None:
     """Open `n` issues in each org's vault, 16 at a time."""
     todo = [(org, i) for org, n in jobs for i in range(n)]
@@ -359,8 +382,8 @@ def _take_opened(forge: LocalForge, app: App) -> None:
             if d.action == "opened":
                 found.setdefault(by_installation[d.installation_id], []).append(d.payload)
             del forge.state.deliveries[d.id]
-    app.payloads = {org: sorted(p, key=lambda x: x["issue"]["number"])
-                    for org, p in found.items()}
+    app.payloads.update({org: sorted(p, key=lambda x: x["issue"]["number"])
+                         for org, p in found.items()})
 
 
 async def _until_idle(app: App, timeout: float = 300) -> None:
@@ -557,20 +580,9 @@ async def main(cells: tuple[int, ...], count: int, stock_count: int,
             _install(forge, office, app, cells, rounds)
         for app in apps:
             await _until_idle(app)
-        forge.faults.drop_webhooks(rate=1.0)
         marco = forge.user_token("marco")
-        jobs = []
         for app in apps:
-            jobs.append((f"{app.key}w-00", WARMUP))
-            for k in range(rounds):
-                for cell in cells:
-                    orgs = app.cell_orgs(_tag(cell, k))
-                    jobs += [(org, -(-app.count // cell)) for org in orgs]
-        await _make_issues(forge, marco, jobs)
-        await forge.webhooks_idle()
-        forge.faults.drop_webhooks(rate=0.0)
-        for app in apps:
-            _take_opened(forge, app)
+            await _open_issues(forge, marco, app, "w", WARMUP)
         forge.limits.update(Limits().as_dict())  # the run itself under GitHub's limits
         forge.rates.windows.clear()  # and with the set-up's spending forgotten
         setup = time.perf_counter() - t0
@@ -584,6 +596,8 @@ async def main(cells: tuple[int, ...], count: int, stock_count: int,
             began = time.monotonic()
             for cell in cells:
                 for app in (apps if k % 2 == 0 else apps[::-1]):
+                    await _until_idle(app)
+                    await _open_issues(forge, marco, app, _tag(cell, k), app.count)
                     row = await _measure(forge, app, _tag(cell, k), app.count)
                     rows.append((app, {**row, "cell": cell, "round": k}))
     finally:
