@@ -6,6 +6,7 @@ Pure: parsing and validation only. Errors name the file, the key and why, all at
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -360,20 +361,59 @@ class Office(_Strict):
         return agent.vault or f"{self.org}/{self.vault_pattern.replace('{slug}', agent.slug)}"
 
     def agent(self, slug: str) -> Agent | None:
-        return next((a for a in self.agents if a.slug == slug), None)
+        return _lookups(self).agents.get(slug)
 
     def human(self, email: str) -> Human | None:
-        return next((h for h in self.humans if h.email == email.lower()), None)
+        return _lookups(self).humans.get(email.lower())
 
     def by_login(self, login: str) -> Human | Agent | None:
-        people: list[Human | Agent] = [*self.humans, *self.agents]
-        return next((who for who in people if who.login.lower() == login.lower()), None)
+        return _lookups(self).logins.get(login.lower())
 
     def agent_for_vault(self, full_name: str) -> Agent | None:
-        return next((a for a in self.agents if self.vault_of(a).lower() == full_name.lower()), None)
+        return _lookups(self).vaults.get(full_name.lower())
 
     def vaults(self) -> list[str]:
         return [self.vault_of(a) for a in self.agents]
+
+
+@dataclass(frozen=True)
+class _Lookups:
+    """An office's members by what each lookup goes by, the first in the file winning as a
+    pass over the lists would (an office may list 10,000 people: each delivery looks its
+    sender up, and more)."""
+
+    agents: dict[str, Agent]
+    humans: dict[str, Human]
+    logins: dict[str, Human | Agent]
+    vaults: dict[str, Agent]
+
+    @classmethod
+    def of(cls, office: Office) -> _Lookups:
+        agents: dict[str, Agent] = {}
+        humans: dict[str, Human] = {}
+        logins: dict[str, Human | Agent] = {}
+        vaults: dict[str, Agent] = {}
+        for h in office.humans:
+            humans.setdefault(h.email, h)
+            logins.setdefault(h.login.lower(), h)
+        for a in office.agents:
+            agents.setdefault(a.slug, a)
+            logins.setdefault(a.login.lower(), a)
+            vaults.setdefault(office.vault_of(a).lower(), a)
+        return cls(agents, humans, logins, vaults)
+
+
+# id(office) -> its lookups, for as long as it lives (an Office is frozen: made once each).
+# Not an attribute of the model: pydantic compares those, and offices are compared.
+_LOOKUPS: dict[int, _Lookups] = {}
+
+
+def _lookups(office: Office) -> _Lookups:
+    found = _LOOKUPS.get(id(office))
+    if found is None:
+        found = _LOOKUPS[id(office)] = _Lookups.of(office)
+        weakref.finalize(office, _LOOKUPS.pop, id(office), None)
+    return found
 
 
 def _locate(loc: tuple[int | str, ...]) -> str:
