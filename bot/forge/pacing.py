@@ -177,10 +177,11 @@ class WritePacer:
 
     def _window_wait(self, times: deque[float], limit: int, span: float, now: float) -> float:
         """The time until fewer than `limit` of `times` fall within the last `span` seconds."""
-        recent = [t for t in times if t > now - span - self.slack]
-        if limit <= 0 or len(recent) < limit:
+        # (`times` ascend: fewer than `limit` fall within the window unless the limit-th
+        # from the end does; not a pass over the window's every write, per write)
+        if limit <= 0 or len(times) < limit or times[-limit] <= now - span - self.slack:
             return now
-        return recent[-limit] + span + self.slack
+        return times[-limit] + span + self.slack
 
     def _expire(self, times: deque[float], now: float) -> None:
         while times and times[0] <= now - 3600.0 - self.slack:
