@@ -125,7 +125,10 @@ async def repo_now(ctx: HandlerContext, repository: Mapping[str, Any]) -> str:
     repo_id = repository.get("id")
     if ctx.installation_id is None:
         return repo
-    orgs = await installations.orgs_of_installation(ctx.services.store, ctx.installation_id)
+    if ctx.orgs is None:
+        ctx.orgs = await installations.orgs_of_installation(ctx.services.store,
+                                                            ctx.installation_id)
+    orgs = ctx.orgs
     if len(orgs) > 1 and owner not in orgs:  # (Gitea)
         return await _left_login(ctx, repo, repo_id, orgs)
     org = orgs[0] if len(orgs) == 1 else owner if owner in orgs else None

@@ -47,10 +47,12 @@ router = Router()
 
 async def _item_scene(event: sansio.Event, ctx: HandlerContext) -> tuple[Scene, Item] | None:
     s = await scene(event, ctx)
-    if s is None or await s.mail() is not None:
+    if s is None:
         return None
+    # (what the issue's labels and type make it, first: a vault's mail is none, and is not
+    # looked up again after its own handler adopted it)
     item = item_from_issue(s.office, s.repo, s.issue)
-    if item is None:
+    if item is None or await s.mail() is not None:
         return None
     item = await Comments(ctx.services, ctx.forge, s.office).with_native_parent(
         item, s.issue, opened=event.data.get("action") == "opened")

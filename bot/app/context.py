@@ -55,6 +55,9 @@ class HandlerContext:
     said: int = field(default=0, init=False)
     # why the delivery waits for its issue's mail (`park`), or None
     parked: str | None = field(default=None, init=False)
+    # the orgs the index had its installation on when this handling first asked (each
+    # handler the delivery is routed to asks: `handlers.common.repo_now`)
+    orgs: list[str] | None = field(default=None, init=False)
 
     def park(self, why: str) -> None:
         """This delivery is about a vault's issue that is not mail yet, though it may become
