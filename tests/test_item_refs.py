@@ -9,12 +9,13 @@ it."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import aiohttp
 
 from bot.app.embedded import Embedded
-from tests.items_support import LEE, MARCO, SARA, make_item, where
+from tests.items_support import BUILDER, LEE, MARCO, SARA, forge_comments, make_item, where
 from tests.test_item_updates import SECRET, WORDS, _leaks, _secret_plan, _stage
 from tests.test_work_graph_waiting import blocked_by, waiting_by_dependency
 
@@ -93,3 +94,26 @@ async def test_updates_from_before_a_rename_are_judged_by_the_repository_they_na
     assert not [u for u in seen["updates"] if WORDS in u["summary"]], seen["updates"]
     shown = [u["summary"] for u in (await tools(SARA)("list_inbox"))["updates"]]
     assert f"new plan {plan}: {WORDS}: plan" in shown, shown
+
+
+async def test_a_comment_on_a_plan_reaches_no_claim_of_an_outcome_its_writer_cannot_see(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """A plan's claim is its hidden outcome's (builder's): lee's `to: agent` is refused as on
+    a plan under no outcome, and lee's words reach, mention and name no agent; sara, who may
+    read the outcome, reaches builder as before."""
+    s = await _stage(embedded, person, tools)
+    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
+                             assignees=["builder-bot"])
+    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
+                           body=f"Part of {hidden}")
+    lee = tools(LEE)
+    status, body = await lee.raw("add_comment", {"targetType": "plan", "target": plan,
+                                                 "to": ["agent"], "body": "Who runs this?"})
+    assert status == 422 and "no agent is assigned" in body["error"]["message"], body
+    added = await lee("add_comment", targetType="plan", target=plan, body="Looks right")
+    assert "builder" not in json.dumps(added), added
+    said = [c["body"] for c in await forge_comments(s.marco, plan)]
+    assert not [b for b in said if "builder" in b], said
+    added = await tools(SARA)("add_comment", targetType="plan", target=plan, to=["agent"],
+                              body="Who runs this?")
+    assert added["addressed"] == [BUILDER]

@@ -53,9 +53,9 @@ from bot.items.threads import (
     withdraw,
     without,
 )
-from bot.items.views import comment_view, thread_view
+from bot.items.views import claim_seen, comment_view, thread_view
 from bot.office.config import Office
-from bot.office.visibility import login_of
+from bot.office.visibility import login_of, viewer_of
 from bot.store import comments as db
 from bot.store import idempotency, ledger, members
 
@@ -326,10 +326,13 @@ class Comments:
             raise _item_full(item)
         parent = await self._parent_thread(item, new.parent)
         await self._check_writer(actor, item, parent)
-        table = Table(item.kind, item.author if item.kind == "plan" else None, item.claim)
+        # the claim as the writer may know it: a hidden outcome's is neither addressed as
+        # `agent` nor reached, which the answer's `notify` and the forge's mention would name
+        claim = await claim_seen(item, viewer_of(self.services, self.forge, self.office, actor))
+        table = Table(item.kind, item.author if item.kind == "plan" else None, claim)
         await self._check_present([*new.to, *new.cc])
-        to = resolve(self.office, new.to, author=actor, claim=item.claim, field="to")
-        cc = resolve(self.office, new.cc, author=actor, claim=item.claim, field="cc")
+        to = resolve(self.office, new.to, author=actor, claim=claim, field="to")
+        cc = resolve(self.office, new.cc, author=actor, claim=claim, field="cc")
         check_addressed([*to, *cc])
         await self._check_addressed(actor, item, [*to, *cc])
         comment_id = self._new_id(item, new.forge_id, actor, new.key)

@@ -43,9 +43,18 @@ async def item_view(item: Item, viewer: Viewer) -> dict[str, Any]:
     out = item.as_json()
     if item.parent is not None and not await viewer.sees_ref(item.parent):
         out["parent"] = None
-        if item.kind in ("plan", "evidence"):
-            out["claim"] = None
+    out["claim"] = await claim_seen(item, viewer)
     return out
+
+
+async def claim_seen(item: Item, viewer: Viewer) -> str | None:
+    """The claim of `item` as `viewer` may know it: a plan's or evidence's is its outcome's,
+    known only to who may see that outcome. What they are shown (item_view) and whom their
+    comments reach (`to: agent`, the claim holder: Comments.add) both read it here."""
+    if item.kind in ("plan", "evidence") and item.parent is not None \
+            and not await viewer.sees_ref(item.parent):
+        return None
+    return item.claim
 
 
 def comment_view(c: CommentRow) -> dict[str, Any]:
