@@ -16,6 +16,7 @@ import aiohttp
 
 from bot.app.embedded import Embedded
 from tests.items_support import BUILDER, LEE, MARCO, SARA, forge_comments, make_item, where
+from tests.support import Actor
 from tests.test_item_updates import SECRET, WORDS, _leaks, _secret_plan, _stage
 from tests.test_work_graph_waiting import blocked_by, waiting_by_dependency
 
@@ -117,3 +118,35 @@ async def test_a_comment_on_a_plan_reaches_no_claim_of_an_outcome_its_writer_can
     added = await tools(SARA)("add_comment", targetType="plan", target=plan, to=["agent"],
                               body="Who runs this?")
     assert added["addressed"] == [BUILDER]
+
+
+async def _inbox_version(embedded: Embedded, session: aiohttp.ClientSession, who: str) -> str:
+    """The version sara's console inbox page shows: its live stream sends `change` when the
+    version it looks up differs from this."""
+    headers = {"Authorization": f"Bearer {embedded.api_tokens[who]}"}
+    async with session.get(f"{embedded.app_url}/console/inbox", headers=headers) as resp:
+        assert resp.status == 200
+        html = await resp.text()
+    return html.split('data-version="', 1)[1].split('"', 1)[0]
+
+
+async def test_a_delivery_on_an_item_its_owner_cannot_see_changes_nothing_of_their_page(
+        embedded: Embedded, person: Any, tools: Any, session: aiohttp.ClientSession) -> None:
+    """marco addresses builder on an outcome in acme/builds, which builder reads and its
+    person sara does not: it lands in sara's agents box, hidden from her; her console page
+    (and so its live stream) does not change for it. One on the vault, which she reads, does."""
+    embedded.forge.add_repo("acme", "builds")
+    embedded.forge.set_permission("acme/builds", "marco", "admin")
+    embedded.forge.set_permission("acme/builds", "builder-bot", "write")
+    embedded.forge.remove_org_member("acme", "sara")
+    marco: Actor = person("marco")
+    hidden = await make_item(embedded, marco, "outcome", f"{WORDS}: outcome",
+                             repo="acme/builds")
+    shown = await make_item(embedded, marco, "outcome", "Public price list")
+    before = await _inbox_version(embedded, session, SARA)
+    await tools(MARCO)("add_comment", targetType="outcome", target=hidden,
+                       to=["agent:builder"], body="Please build it")
+    assert await _inbox_version(embedded, session, SARA) == before
+    await tools(MARCO)("add_comment", targetType="outcome", target=shown,
+                       to=["agent:builder"], body="Please price it")
+    assert await _inbox_version(embedded, session, SARA) != before

@@ -42,7 +42,8 @@ from bot.console.frame import badge_of, error_page, signed_in, tool
 from bot.console.visitor import NotSignedIn, Visitor, visitor
 from bot.errors import TooManyRequests, VaultmailError
 from bot.items import inbox
-from bot.store import chats, comments
+from bot.office.visibility import viewer_for
+from bot.store import chats
 from bot.tools.http import client_gone
 from bot.tools.polls import LongPolls
 
@@ -123,9 +124,11 @@ async def delivery_stamp(v: Visitor) -> str:
     """What moves whenever something reaches the person or their agents (read marks aside),
     and when one of their chats is answered."""
     owner = inbox.Whose.of(v.call.office, v.principal).owner
-    row = await comments.latest_delivery_seq(v.services.store, owner, org=v.call.office.org)
+    # one on an item the person may not see (their agent's) is not shown: it moves nothing
+    seq = await inbox.latest_seen(v.services.store, v.call.office, owner,
+                                  viewer_for(v.call).visible)
     chat = await chats.answered_stamp(v.services.store, v.principal, org=v.call.office.org)
-    return f"{row['seq'] if row else 0}:{chat['n'] if chat else 0}:{chat['at'] if chat else 0}"
+    return f"{seq}:{chat['n'] if chat else 0}:{chat['at'] if chat else 0}"
 
 
 async def version(v: Visitor, look: dict[str, Any], stamp: str) -> str:

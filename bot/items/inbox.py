@@ -354,6 +354,24 @@ async def updates_page(store: Store, office: Office, viewer: str, before: int | 
     return {"updates": updates, "moreUpdatesBefore": more}
 
 
+async def latest_seen(store: Store, office: Office, owner: str, sees: Sees) -> int:
+    """The seq of `owner`'s newest inbox delivery on an item the viewer may see (0: none
+    found), reading past those it may not see at most `UPDATE_ROUNDS` pages: what moves a
+    page's version when something new reaches the person or their agents, and never for
+    something it does not show."""
+    before = None
+    for _ in range(UPDATE_ROUNDS):
+        rows = await db.latest_deliveries(store, owner, before, PAGE, org=office.org)
+        shown = None if sees is None else await sees({str(r["item"]) for r in rows})
+        for r in rows:
+            if shown is None or str(r["item"]) in shown:
+                return int(r["seq"])
+        if len(rows) < PAGE:
+            break
+        before = int(rows[-1]["seq"])
+    return 0
+
+
 async def counts_for_person(store: Store, office: Office, viewer: str) -> dict[str, int]:
     """What waits in the person's own inbox, for their agent to mention (never to handle)."""
     if Whose.of(office, viewer).person is None:

@@ -1120,10 +1120,15 @@ async def followers_of(store: Store, outcome: str) -> tuple[list[str], list[str]
     return [str(r["asker"]) for r in askers], [str(r["login"]) for r in logins]
 
 
-async def latest_delivery_seq(store: Store, owner: str, *, org: str) -> Row | None:
-    """The highest inbox delivery seq of `owner` (column `seq`, NULL when none)."""
-    return await store.fetchone(
-        "SELECT MAX(seq) AS seq FROM inbox_deliveries WHERE owner=?", (scoped(org, owner),))
+async def latest_deliveries(store: Store, owner: str, before: int | None, limit: int, *,
+                            org: str) -> list[Row]:
+    """`owner`'s newest inbox deliveries (below seq `before`, where given), newest first:
+    each its `seq` and the `item` its comment is on."""
+    below = "" if before is None else " AND d.seq<?"
+    return await store.fetchall(
+        "SELECT d.seq AS seq, c.item AS item FROM inbox_deliveries d JOIN comments c"
+        " ON c.id=d.comment WHERE d.owner=?" + below + " ORDER BY d.seq DESC LIMIT ?",
+        (scoped(org, owner), *(() if before is None else (before,)), limit))
 
 
 async def questions_answered_by(store: Store, principal: str, limit: int, *,
