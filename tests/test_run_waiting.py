@@ -54,3 +54,25 @@ async def test_past_the_loop_guard_the_agent_sees_it_on_its_next_run(
     assert [m["ref"] for m in waiting if m["state"] == "quiet"] == [quiet["ref"]]
     inbox = await echo("list_inbox")
     assert len(inbox["agents"]["yourTurn"]) == 1
+
+
+async def test_a_run_counts_nothing_waiting_on_an_item_the_agent_cannot_see(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """builder and echo share sara's agents box; a comment for builder on an outcome in
+    acme/builds, which echo-bot may not read, is not echo's to see: its list_inbox leaves it
+    out, and so does the count its run's payload carries (`waiting.unread`)."""
+    embedded.forge.add_repo("acme", "builds")
+    embedded.forge.set_permission("acme/builds", "marco", "admin")
+    embedded.forge.set_permission("acme/builds", "builder-bot", "write")
+    outcome = await make_item(embedded, person("marco"), "outcome", "Build farm",
+                              repo="acme/builds")
+    await tools(MARCO)("add_comment", targetType="outcome", target=outcome,
+                       to=["agent:builder"], body="Please build it")
+    assert (await tools("agent:echo")("list_inbox", markRead=False))["agents"]["unread"] == []
+    sent = (await tools(MARCO)("mail_send", to="echo", subject="Hello",
+                               body="Anything else on your desk?"))["mail"]
+    await embedded.settle()
+    [finished] = await embedded.ledger_events("run.finished")
+    assert finished.subject == sent["ref"] and finished.data["exit"] == 0, finished.data
+    [reply] = await person("admin").comments(ECHO, sent["number"])
+    assert "unread comment" not in reply["body"], reply["body"]

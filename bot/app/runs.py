@@ -46,6 +46,7 @@ from bot.office.config import (
     CommandDispatch,
     Office,
 )
+from bot.office.visibility import viewer_of
 from bot.store import api_tokens, ledger, mails
 from bot.store.db import Connection
 from bot.store.mails import QUIET
@@ -104,8 +105,8 @@ async def admit(db: Connection, agent: Agent, kind: str, subject: str,
 WAITING_NAMED = 5  # quiet mails a run names (the rest are counted)
 
 
-async def waiting_for(services: Services, office: Office | None, agent: Agent, *, org: str,
-                      besides: str | None = None) -> dict[str, Any]:
+async def waiting_for(services: Services, forge: Forge, office: Office | None, agent: Agent,
+                      *, org: str, besides: str | None = None) -> dict[str, Any]:
     """What waits for `agent` besides the run's own mail (seed: past the loop guard "the agent
     sees it on its next run"): its mail to handle, the quiet loop-guard deliveries named, and
     its inbox's counts: comments it has not been shown (`unread`) and questions whose turn is
@@ -122,15 +123,18 @@ async def waiting_for(services: Services, office: Office | None, agent: Agent, *
         # null when the office's config cannot be read now: not known, rather than none
         "unread": None, "yourTurn": None, "see": "list_inbox", "contentIsData": True}
     if office is not None:
+        # counted as its list_inbox shows them: what is on items it may not see (a sibling
+        # agent's, in their person's shared box) is not its to count
+        sees = viewer_of(services, forge, office, agent.principal).visible
         boxes = (await inbox.compute(store, office, agent.principal, mark_you=False,
-                                     mark_agents=False)).boxes
+                                     mark_agents=False, sees=sees)).boxes
         out.update(unread=len(boxes["agents"]["unread"]),
                    yourTurn=len(boxes["agents"]["yourTurn"]))
     return out
 
 
-async def mail_run(services: Services, agent: Agent, record: MailRecord, run: int, *,
-                   follow_up: tuple[str, str] | None = None,
+async def mail_run(services: Services, forge: Forge, agent: Agent, record: MailRecord,
+                   run: int, *, follow_up: tuple[str, str] | None = None,
                    office: Office | None = None) -> dict[str, Any]:
     """The run of a mail: the mail itself, the new message when a follow-up woke the agent
     (`follow_up`: who wrote it, and its text), the thread's earlier mails the agent took part
@@ -156,7 +160,7 @@ async def mail_run(services: Services, agent: Agent, record: MailRecord, run: in
         },
         "reply": {"tool": "mail_reply", "arguments": {"mail": record.ref}, "issue": record.ref,
                   "as": agent.principal},
-        "waiting": await waiting_for(services, office, agent, org=record.org,
+        "waiting": await waiting_for(services, forge, office, agent, org=record.org,
                                      besides=record.mail_id),
     }
 
@@ -200,7 +204,7 @@ def dispatch_mail(services: Services, forge: Forge, agent: Agent, record: MailRe
         return
 
     async def go() -> None:
-        payload = await mail_run(services, agent, record, run, follow_up=follow_up,
+        payload = await mail_run(services, forge, agent, record, run, follow_up=follow_up,
                                  office=await _office(services, forge, record.org))
         await _dispatch(services, forge, agent, record.vault, record.ref, payload)
 
@@ -215,8 +219,8 @@ def dispatch_chat(services: Services, forge: Forge, agent: Agent, vault: str, ch
 
     async def go() -> None:
         payload = chat_run(agent, chat, sender, message, run, org)
-        payload["waiting"] = await waiting_for(services, await _office(services, forge, org),
-                                               agent, org=org.lower())
+        payload["waiting"] = await waiting_for(
+            services, forge, await _office(services, forge, org), agent, org=org.lower())
         await _dispatch(services, forge, agent, vault, f"chat:{chat}", payload)
 
     _background(services, go())
