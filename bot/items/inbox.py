@@ -28,7 +28,8 @@ _VIEWS_CACHED = 16384
 # everyone else (the only way a view depends on its viewer); a row rewritten is a new object.
 _views: OrderedDict[tuple[str, bool], tuple[db.ThreadRow, dict[str, Any]]] = OrderedDict()
 # Which of these items the viewer may see (bot.office.visibility.Viewer.visible): what it may
-# not see is neither shown nor marked read. None: the viewer sees every item.
+# not see is neither shown nor marked read. None: the viewer sees every item. Every read of
+# a box takes it, no default: a read path that forgot it would show everything.
 Sees = Callable[[Iterable[str]], Awaitable[set[str]]] | None
 
 
@@ -72,7 +73,7 @@ class Whose:
 
 
 async def _unread(store: Store, who: Whose, *, mark_you: bool, mark_agents: bool,
-                  sees: Sees = None) -> dict[str, tuple[list[dict[str, Any]], int]]:
+                  sees: Sees) -> dict[str, tuple[list[dict[str, Any]], int]]:
     """Each box's unread comments (views, and how many), oldest first.
 
     `you`: the person's own, marked read (`mark_you`) only by the person reading them.
@@ -112,7 +113,7 @@ async def _unread(store: Store, who: Whose, *, mark_you: bool, mark_agents: bool
     return out
 
 
-async def has_new(store: Store, office: Office, viewer: str, sees: Sees = None) -> bool:
+async def has_new(store: Store, office: Office, viewer: str, sees: Sees) -> bool:
     """Whether something unread is the viewer's own to see now: a person's own box, an agent's
     share of the agents' box (seed: "returns as soon as something new is yours")."""
     who = Whose.of(office, viewer)
@@ -249,8 +250,8 @@ class Computed:
 
 
 async def compute(store: Store, office: Office, viewer: str, *, mark_you: bool,
-                  mark_agents: bool, sees: Sees = None) -> Computed:
-    """The boxes (see `boxes`) and the person's counts, from one read of the open questions'
+                  mark_agents: bool, sees: Sees) -> Computed:
+    """The boxes (`you` and `agents`) and the person's counts, from one read of the open questions'
     pages (`_questions`)."""
     who = Whose.of(office, viewer)
     pages, unread = await asyncio.gather(  # two reads of their own: side by side
@@ -280,14 +281,8 @@ async def compute(store: Store, office: Office, viewer: str, *, mark_you: bool,
     return Computed({"you": you, "agents": agents}, person_unread, person_waiting)
 
 
-async def boxes(store: Store, office: Office, viewer: str, *, mark_you: bool,
-                mark_agents: bool) -> dict[str, Any]:
-    computed = await compute(store, office, viewer, mark_you=mark_you, mark_agents=mark_agents)
-    return computed.boxes
-
-
 async def read_page(store: Store, office: Office, viewer: str,
-                    before: int | None, sees: Sees = None) -> dict[str, Any]:
+                    before: int | None, sees: Sees) -> dict[str, Any]:
     who = Whose.of(office, viewer)
     if viewer == who.person:  # their own box
         rows = await db.read_page(store, who.owner, before, PAGE + 1, org=who.org)
@@ -330,7 +325,7 @@ def update_names(row: Any) -> set[str]:
 
 
 async def updates_page(store: Store, office: Office, viewer: str, before: int | None,
-                       since: float | None, sees: Sees = None) -> dict[str, Any]:
+                       since: float | None, sees: Sees) -> dict[str, Any]:
     """The newest updates on the viewer's outcomes, each shown only where the viewer may see
     every item it names. Those it may not see are read past, at most `UPDATE_ROUNDS` reads: a
     page left short by them still has its cursor on."""
@@ -370,11 +365,3 @@ async def latest_seen(store: Store, office: Office, owner: str, sees: Sees) -> i
             break
         before = int(rows[-1]["seq"])
     return 0
-
-
-async def counts_for_person(store: Store, office: Office, viewer: str) -> dict[str, int]:
-    """What waits in the person's own inbox, for their agent to mention (never to handle)."""
-    if Whose.of(office, viewer).person is None:
-        return {"unreadForYourPerson": 0, "waitingOnYourPerson": 0}
-    computed = await compute(store, office, viewer, mark_you=False, mark_agents=False)
-    return computed.counts
