@@ -150,3 +150,34 @@ async def test_a_delivery_on_an_item_its_owner_cannot_see_changes_nothing_of_the
     await tools(MARCO)("add_comment", targetType="outcome", target=shown,
                        to=["agent:builder"], body="Please price it")
     assert await _inbox_version(embedded, session, SARA) != before
+
+
+async def test_the_forge_names_no_claim_holder_of_an_outcome_in_another_repository(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """marco may read the private outcome, so his comment on its plan in the vault reaches
+    builder, its claim holder; but the app's comment on the plan is read by everyone who reads
+    the vault (lee), so it does not @mention builder: a mention would tell them who holds the
+    hidden outcome. One that names builder itself mentions it; on a plan in the outcome's own
+    repository, which has exactly the outcome's readers, the claim holder is mentioned."""
+    s = await _stage(embedded, person, tools)
+    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
+                             assignees=["builder-bot"])
+    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
+                           body=f"Part of {hidden}")
+    marco = tools(MARCO)
+    added = await marco("add_comment", targetType="plan", target=plan, body="Looks right")
+    assert BUILDER in [r["principal"] for r in added["notify"]], added  # reached, in the index
+    added = await marco("add_comment", targetType="plan", target=plan, to=["agent"],
+                        body="Who runs this?")
+    assert added["addressed"] == [BUILDER], added
+    said = [c["body"] for c in await forge_comments(s.marco, plan)]
+    assert len(said) == 2 and not [b for b in said if "builder" in b], said
+    await marco("add_comment", targetType="plan", target=plan, to=["agent:builder"],
+                body="builder, run it")
+    said = [c["body"] for c in await forge_comments(s.marco, plan)]
+    assert "@builder-bot" in said[-1], said
+    inside = await make_item(embedded, s.marco, "plan", f"{WORDS}: plan",
+                             body=f"Part of {hidden}", repo=SECRET)
+    await marco("add_comment", targetType="plan", target=inside, body="Looks right")
+    said = [c["body"] for c in await forge_comments(s.marco, inside)]
+    assert "@builder-bot" in said[-1], said

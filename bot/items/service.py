@@ -53,7 +53,7 @@ from bot.items.threads import (
     withdraw,
     without,
 )
-from bot.items.views import claim_seen, comment_view, thread_view
+from bot.items.views import claim_seen, claim_shown, comment_view, thread_view
 from bot.office.config import Office
 from bot.office.visibility import login_of, viewer_of
 from bot.store import comments as db
@@ -362,8 +362,12 @@ class Comments:
         # its person's box, by its own account: an agent that reads only its forge
         # notifications misses nothing (issue 26). One mention, in this comment only; by a
         # forge account only (a principal is no login: "@human:lee@acme.com" mentions nobody)
+        # (the claim of an outcome in another repository only where the writer named its
+        # holder: the forge shows the comment to readers of the item who may not see it)
+        unnamed = {claim} - {claim_shown(item)} - {e.strip().lower() for e in [*new.to, *new.cc]}
         mentions = [login for r in reached if (login := login_of(self.office, r.principal))
-                    and (r.way == "personal" or r.principal.startswith("agent:"))]
+                    and (r.way == "personal" or r.principal.startswith("agent:"))
+                    and r.principal not in unnamed]
         row, forge_id = await self._write_forge(actor, item, new, body, comment_id, row, kind,
                                                 mentions)
         answer = row.state.answer if kind in ("answer", "amend") else None

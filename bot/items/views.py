@@ -57,6 +57,16 @@ async def claim_seen(item: Item, viewer: Viewer) -> str | None:
     return item.claim
 
 
+def claim_shown(item: Item) -> str | None:
+    """The claim the forge may name on `item`, to everyone who reads it there: a plan's or
+    evidence's (its outcome's) only when it is in the outcome's own repository, which has
+    exactly the outcome's readers (as `store.waiting.waiting_on` counts questions)."""
+    if item.kind in ("plan", "evidence") and item.parent is not None \
+            and item.parent.partition("#")[0].lower() != item.repo.lower():
+        return None
+    return item.claim
+
+
 def comment_view(c: CommentRow) -> dict[str, Any]:
     out: dict[str, Any] = {"id": c.id, "item": c.item, "thread": c.thread, "parent": c.parent,
                            "author": c.author, "body": c.body, "at": iso(c.created_at),
