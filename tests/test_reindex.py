@@ -432,3 +432,42 @@ async def test_an_outsiders_part_of_line_links_nothing_in_a_rebuild(
     await _drop_work(embedded)
     await _reindex(embedded)
     assert _still(await marco("get_tree", goal=goal)) == live
+
+
+async def test_a_rebuild_reaches_no_claim_of_an_outcome_the_writer_cannot_see(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """lee writes in scout's vault and may not see private acme/secret, whose outcome (held
+    by builder) a plan in the vault is part of. Live, lee's hand `to: agent` on the plan is
+    refused and lee's words reach no agent (views.claim_seen); a rebuild took the plan's claim
+    for every writer, so after a reindex builder was addressed and reached."""
+    from bot.store import comments as db
+    from tests.items_support import BUILDER, LEE, make_item
+    from tests.test_item_updates import SECRET, _stage
+
+    s = await _stage(embedded, person, tools)
+    hidden = await make_item(embedded, s.marco, "outcome", "Secret outcome", repo=SECRET,
+                             assignees=["builder-bot"])
+    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
+                           body=f"Part of {hidden}")
+    repo, n = plan.split("#")
+    lee = person("lee")
+    posted = [await lee.comment(repo, int(n), "to: agent\nWho runs this?"),
+              await lee.comment(repo, int(n), "Looks right")]
+    await tools(LEE)("add_comment", targetType="plan", target=plan, body="Fine by me")
+    await embedded.forge.webhooks_idle()
+    await embedded.settle()
+    ids = [int(c["id"]) for c in await s.marco.comments(repo, int(n))]
+    assert {int(c["id"]) for c in posted} <= set(ids)
+    store = embedded.services.store
+
+    async def indexed() -> dict[int, Any]:
+        rows = [await db.comment_by_forge_id(store, i, plan) for i in ids]
+        return {r.forge_id: (r.data["addressed"], [x["principal"] for x in r.data["notify"]])
+                for r in rows if r is not None and r.forge_id is not None}
+
+    live = await indexed()
+    assert int(posted[0]["id"]) not in live and len(live) == 2, live
+    assert BUILDER not in str(live), live
+    await _drop_work(embedded)
+    await _reindex(embedded)
+    assert await indexed() == live

@@ -32,10 +32,11 @@ from bot.items.model import Item, item_from_issue, native_parent, scope_of
 from bot.items.questions import Option, Question, naming
 from bot.items.service import CONTRIBUTOR, Comments
 from bot.items.threads import may_answer, may_reply, reply, start
-from bot.items.views import parse_time
+from bot.items.views import claim_seen, parse_time
 from bot.mail.commands import parse_commands
 from bot.mail.markdown import as_written
 from bot.office.config import Office
+from bot.office.visibility import Viewer, Visibility
 from bot.store import comments as db
 from bot.store.moves import edited_since_written, forge_time
 
@@ -80,6 +81,9 @@ class _Replay:
 
     office: Office
     item: Item
+    forge: Forge
+    visibility: Visibility  # the rebuild's: each writer's access asked once
+    claims: dict[str, str | None] = field(default_factory=dict)  # writer -> the claim seen
     threads: dict[str, db.ThreadRow] = field(default_factory=dict)
     comments: list[db.CommentRow] = field(default_factory=list)
     asks: dict[str, int] = field(default_factory=dict)  # question id -> its hand `/ask`
@@ -108,9 +112,18 @@ class _Replay:
                 out.append(Reached(p, "agents" if p.startswith("agent:") else "personal"))
         return out
 
-    def table(self) -> Table:
+    async def claim(self, author: str) -> str | None:
+        """The claim `author`'s comments took live (`Comments.add`): `views.claim_seen`, their
+        access asked of the forge as live asks it."""
+        if author not in self.claims:
+            viewer = Viewer(self.visibility, self.forge, self.office, author)
+            self.claims[author] = await claim_seen(self.item, viewer)
+        return self.claims[author]
+
+    async def table(self, author: str) -> Table:
         item = self.item
-        return Table(item.kind, item.author if item.kind == "plan" else None, item.claim)
+        return Table(item.kind, item.author if item.kind == "plan" else None,
+                     await self.claim(author))
 
     def record(self, cid: str, author: str, body: str, thread: db.ThreadRow, *,
                kind: str, forge_id: int | None, at: float, parent: str | None,
@@ -126,7 +139,7 @@ class _Replay:
         self.threads[thread.id] = thread
 
     # -- the app's comments -------------------------------------------------------------
-    def card(self, cid: str, posted: dict[str, Any], text: str, at: float) -> None:
+    async def card(self, cid: str, posted: dict[str, Any], text: str, at: float) -> None:
         lines = text.split("\n")
         head = _CARD_HEAD.match(lines[1]) if len(lines) > 1 else None
         if head is None:
@@ -154,7 +167,7 @@ class _Replay:
         question = Question(_written("\n".join(body_lines).strip("\n")), options=tuple(options),
                             header=header, human_only=bool(head["human"]), context=context)
         to, cc = self.reached(head["who"]), self.reached(head["cc"])
-        table = table_reach(self.table())
+        table = table_reach(await self.table(asker))
         try:
             state = start(asker, question=question, to=to, cc=cc, reached=table)
         except VaultmailError:
@@ -182,7 +195,7 @@ class _Replay:
         cid = "c" + hashlib.sha256(seed.encode()).hexdigest()[:32]
         self.ticks.append((row.id, self.principal(m["login"]), int(box["n"]) - 1, cid))
 
-    def tool_comment(self, cid: str, posted: dict[str, Any], text: str, at: float) -> None:
+    async def tool_comment(self, cid: str, posted: dict[str, Any], text: str, at: float) -> None:
         lines = text.split("\n")
         head = _COMMENT_HEAD.match(lines[1]) if len(lines) > 1 else None
         if head is None:
@@ -192,19 +205,19 @@ class _Replay:
         mentioned = self.reached(head["mentions"])
         note = as_written(head["note"] or "")
         option = note.removeprefix("answer: ") if note.startswith("answer: ") else None
-        self.reply_or_start(cid, author, body, head["thread"], at=at, forge_id=int(posted["id"]),
-                            option=option, amend=note == "changed the answer",
-                            mentioned=mentioned)
+        await self.reply_or_start(cid, author, body, head["thread"], at=at,
+                                  forge_id=int(posted["id"]), option=option,
+                                  amend=note == "changed the answer", mentioned=mentioned)
 
     # -- replaying ----------------------------------------------------------------------
-    def reply_or_start(self, cid: str, author: str, body: str, parent: str | None, *,
+    async def reply_or_start(self, cid: str, author: str, body: str, parent: str | None, *,
                        at: float, forge_id: int | None, option: str | int | None = None,
                        amend: bool = False, confirmed: bool = False,
                        mentioned: list[Reached] | None = None,
                        to: list[Reached] | None = None, cc: list[Reached] | None = None,
                        edited: float | None = None) -> None:
-        table = table_reach(self.table())
         if parent is None:
+            table = table_reach(await self.table(author))
             if to is None:  # a tool call's comment: those it mentions beyond the table
                 to = [r for r in mentioned or [] if r.principal not in
                       {t.principal for t in table}]
@@ -241,7 +254,7 @@ class _Replay:
                     to=to, cc=cc, option=answer.option if answer else None, amend=amend,
                     confirmed=confirmed)
 
-    def hand_comment(self, posted: dict[str, Any], at: float) -> None:
+    async def hand_comment(self, posted: dict[str, Any], at: float) -> None:
         """A comment someone wrote on the forge, read as `handlers.items.comment_on_item`
         read it, with its rights (`Comments._check_writer`): without write access, only a
         reply in a question's thread that may have it. One the forge shows edited since it
@@ -254,19 +267,21 @@ class _Replay:
         cid = Comments._new_id(self.item, forge_id)
         if edited_since_written(posted):
             if login.lower() in self.writers:
-                self.reply_or_start(cid, actor, render.parse_addressing(text).body or text, None,
-                                    at=at, forge_id=forge_id, to=[], cc=[],
-                                    edited=forge_time(posted.get("updated_at")))
+                words = render.parse_addressing(text).body or text
+                await self.reply_or_start(cid, actor, words, None, at=at, forge_id=forge_id,
+                                          to=[], cc=[],
+                                          edited=forge_time(posted.get("updated_at")))
             return
         commands = {c.name: c for c in parse_commands(text)}
         if "mail" in commands:
             return
+        claim = await self.claim(actor)
         try:
             addressed = render.parse_addressing(text)
             to = resolve(self.office, _entries(self.office, addressed.to), author=actor,
-                         claim=self.item.claim, field="to")
+                         claim=claim, field="to")
             cc = resolve(self.office, _entries(self.office, addressed.cc), author=actor,
-                         claim=self.item.claim, field="cc")
+                         claim=claim, field="cc")
         except VaultmailError:
             return
         if "ask" in commands:  # its card, posted next, is the question
@@ -278,8 +293,8 @@ class _Replay:
             return
         if cmd is None:
             if "resolve" not in commands:
-                self.reply_or_start(cid, actor, addressed.body or text, None, at=at,
-                                    forge_id=forge_id, to=to, cc=cc)
+                await self.reply_or_start(cid, actor, addressed.body or text, None, at=at,
+                                          forge_id=forge_id, to=to, cc=cc)
             return
         open_ = [t for t in self.threads.values() if not t.state.resolved]
         questions = [(t.id, t.state.question) for t in open_ if t.state.question]
@@ -305,9 +320,9 @@ class _Replay:
         elif words:
             body = f"{words}\n{body}".strip()
         answers = may_answer(self.threads[target].state, self.office, actor, confirmed=confirmed)
-        self.reply_or_start(cid, actor, body, target, at=at, forge_id=forge_id, option=option,
-                            amend=answers and self.threads[target].state.answer is not None,
-                            confirmed=confirmed, to=to, cc=cc)
+        await self.reply_or_start(cid, actor, body, target, at=at, forge_id=forge_id,
+                                  option=option, confirmed=confirmed, to=to, cc=cc,
+                                  amend=answers and self.threads[target].state.answer is not None)
 
 
 def _principal(office: Office, login: str) -> str:
@@ -336,12 +351,12 @@ class _Foreign(Exception):
 
 
 async def replay(forge: Forge, office: Office, item: Item, *, app_login: str,
-                 key: bytes) -> _Replay:
+                 key: bytes, visibility: Visibility) -> _Replay:
     """The item's comments, in forge order, through the thread rules. The app's comments
     and cards are taken only as the app wrote them: sealed (`render.opened`, with the
     office's `key`), or, from before comments were sealed, never edited; any other is left
     out (`skipped`), as is one naming a principal the office does not have."""
-    done = _Replay(office, item)
+    done = _Replay(office, item, forge, visibility)
     comments = await forge.list_comments(item.repo, item.number)
     for login in {str((c.get("user") or {}).get("login") or "").lower() for c in comments}:
         if login and login != app_login.lower() and \
@@ -352,7 +367,7 @@ async def replay(forge: Forge, office: Office, item: Item, *, app_login: str,
         first = str(posted.get("body") or "").split("\n", 1)[0].strip()
         by = str((posted.get("user") or {}).get("login") or "")
         if by.lower() != app_login.lower():  # (where the app finds its own markers)
-            done.hand_comment(posted, at)
+            await done.hand_comment(posted, at)
         elif (m := _MARKER.match(first)) is not None and \
                 m["kind"] in (None, " kind=question"):
             text, sealed = render.opened(str(posted.get("body") or ""), key)
@@ -360,9 +375,9 @@ async def replay(forge: Forge, office: Office, item: Item, *, app_login: str,
                 if sealed is False or (sealed is None and edited_since_written(posted)):
                     raise _Foreign("edited")
                 if m["kind"] is None:
-                    done.tool_comment(m["id"], posted, text, at)
+                    await done.tool_comment(m["id"], posted, text, at)
                 else:
-                    done.card(m["id"], posted, text, at)
+                    await done.card(m["id"], posted, text, at)
             except _Foreign:
                 done.skipped.append(int(posted["id"]))
     for thread, who, option, cid in done.ticks:
@@ -370,8 +385,8 @@ async def replay(forge: Forge, office: Office, item: Item, *, app_login: str,
         q = t.state.question
         if q is not None and (t.state.answer is None
                               or t.state.answer.option != q.options[option].label):
-            done.reply_or_start(cid, who, "", thread, at=t.updated_at, forge_id=None,
-                                option=option + 1, amend=t.state.answer is not None)
+            await done.reply_or_start(cid, who, "", thread, at=t.updated_at, forge_id=None,
+                                      option=option + 1, amend=t.state.answer is not None)
     for thread in done.resolved & done.threads.keys():
         t = done.threads[thread]
         done.threads[thread] = replace(t, state=replace(t.state, resolved=True))
@@ -406,11 +421,13 @@ async def rebuild(store: Store, forge: Forge, office: Office, *, app_login: str,
             items[ref] = replace(item, claim=parent.claim)
     report.items = len(items)
     now = time.time()
+    visibility = Visibility()  # who may see an outcome, for the claim each writer took
     for item in items.values():
         if await db.get_item(store, item.ref) is None:
             async with store.transaction() as tx:
                 await db.put_item(tx, item)
-        done = await replay(forge, office, item, app_login=app_login, key=key)
+        done = await replay(forge, office, item, app_login=app_login, key=key,
+                            visibility=visibility)
         report.skipped += [f"{item.ref} comment {forge_id}" for forge_id in done.skipped]
         have = await db.comments_by_ids(store, [c.id for c in done.comments])
         behind: set[str] = set()  # threads given a comment the index lacked
