@@ -21,7 +21,7 @@ import pytest
 from gidgethub import sansio
 from gidgethub.routing import Router
 
-from bot.app.context import HandlerContext
+from bot.app.context import HandlerContext, change_key, named_change_key
 from bot.app.embedded import Embedded
 from bot.app.worker import Worker
 from bot.errors import InvalidArguments
@@ -362,12 +362,43 @@ async def test_a_stop_that_cuts_a_batch_short_still_records_what_finished(
         await worker.stop(drain_timeout=1.0)  # (delivery 1 is done well before)
         rows = await store.fetchall("SELECT key, result FROM idempotency ORDER BY key")
         assert [(r["key"], r["result"]) for r in rows] == [
-            (f"issues.opened:{SCOUT_VAULT}:11", '{"delivery": "d1"}'),
-            (f"issues.opened:{SCOUT_VAULT}:12", None)]
+            ("issues.opened:acme:11", '{"delivery": "d1"}'), ("issues.opened:acme:12", None)]
         states = await store.fetchall("SELECT guid, state FROM queue ORDER BY guid")
         assert [(r["guid"], r["state"]) for r in states] == [("d1", "done"), ("d2", "pending")]
     finally:
         stuck.set()
+        await store.close()
+
+
+async def test_an_opening_naming_another_orgs_issue_id_hides_not_that_orgs_opening(
+        tmp_path: Path) -> None:
+    """A change is keyed by the forge's ids within its org: globex's admins, who sign
+    globex's Gitea deliveries and may put any id in them, name the id of acme's issue in an
+    opening of their own, delivered first; acme's opening is handled all the same."""
+    store = await open_store(tmp_path / "index.sqlite3")
+    router = Router()
+    handled: list[str] = []
+
+    @router.register("issues", action="opened")
+    async def adopt(event: sansio.Event, ctx: HandlerContext) -> None:
+        handled.append(event.data["repository"]["full_name"])
+
+    def context(item: QueueItem, log: Any) -> HandlerContext:
+        return HandlerContext(services=None, forge=None, installation_id=None,  # type: ignore[arg-type]
+                              delivery_id=item.guid, log=log)
+
+    worker = Worker(store, router, Router(), lambda payload: False, context)
+    try:
+        for guid, org in (("d1", "globex"), ("d2", "acme")):
+            payload = {"action": "opened", "issue": {"number": 1, "id": 300001},
+                       "repository": {"full_name": f"{org}/scout-vault"}}
+            assert await store.enqueue_delivery(guid, "issues", payload,
+                                                json.dumps(payload).encode())
+        worker.start()
+        await until(lambda: len(handled) == 2)
+        assert sorted(handled) == ["acme/scout-vault", "globex/scout-vault"]
+    finally:
+        await worker.stop()
         await store.close()
 
 
@@ -482,3 +513,113 @@ async def test_a_retried_reply_does_not_reopen_a_mail_its_sender_closed_since(
     issue = await person("admin").issue(SCOUT_VAULT, sent["mail"]["number"])
     replied = await embedded.ledger_events("mail.replied")
     assert len(replied) == 1 and issue["state"] == "closed", (len(replied), issue["state"])
+
+
+# -- one forge change, however its repository is named ----------------------------------------
+
+def _named(payload: dict[str, Any], full_name: str) -> dict[str, Any]:
+    """`payload` as a capture naming its repository `full_name` (another case, or its name
+    after a rename) would carry it: the same change, the same ids."""
+    owner, name = full_name.split("/")
+    repo = {**payload["repository"], "full_name": full_name, "name": name,
+            "owner": {**payload["repository"]["owner"], "login": owner}}
+    return {**payload, "repository": repo}
+
+
+async def test_an_opening_replayed_naming_its_repository_in_capitals_is_refused_once(
+        embedded: Embedded, person: Any, session: aiohttp.ClientSession) -> None:
+    """GitHub's payloads spell a repository as its owner does (`Acme/Scout-Vault`), a rename
+    or another capture in lower case: the opening is one change (the issue's id), so a copy
+    naming the repository in another case is refused, said and ledgered once."""
+    lee = person("lee")  # no mail.send
+    issue = await lee.open_issue(SCOUT_VAULT, "Hi", "please do X")
+    await embedded.settle()
+    payload = forge_delivery(embedded, "issues", "opened",
+                             lambda p: p["issue"]["number"] == issue["number"]
+                             and p["repository"]["full_name"].lower() == SCOUT_VAULT)
+    await replay_under_new_id(embedded, session, "issues", _named(payload, "Acme/Scout-Vault"))
+    said = [c["body"] for c in await person("admin").comments(SCOUT_VAULT, issue["number"])
+            if "cannot become mail" in c["body"]]
+    assert len(said) == 1, said
+    assert len(await embedded.ledger_events("run.denied")) == 1
+
+
+async def test_a_reply_replayed_under_its_vaults_new_name_does_not_take_the_turn_back(
+        embedded: Embedded, person: Any, session: aiohttp.ClientSession) -> None:
+    """scout's reply is delivered naming acme/scout-vault; marco answers it; the vault is
+    renamed scout-mail, and the reply arrives again naming the new name (a capture replayed):
+    one comment, one reply, the turn stays marco's answer's."""
+    marco, scout_bot = person("marco"), person("scout-bot")
+    issue = await marco.open_issue(SCOUT_VAULT, "Numbers", "Q3 numbers?")
+    await embedded.settle()
+    await scout_bot.comment(SCOUT_VAULT, issue["number"], "Q3 is up 4%.")
+    await embedded.settle()
+    reply = forge_delivery(embedded, "issue_comment", "created",
+                           lambda p: p["comment"]["user"]["login"] == "scout-bot")
+    await marco.comment(SCOUT_VAULT, issue["number"], "And Q2?")
+    await embedded.settle()
+    embedded.forge.rename_repo(SCOUT_VAULT, "scout-mail")
+    await embedded.settle()
+    await replay_under_new_id(embedded, session, "issue_comment",
+                              _named(reply, "acme/scout-mail"))
+    assert label_names(await marco.issue("acme/scout-mail", issue["number"])) == ["mail:new"]
+    assert len(await embedded.ledger_events("mail.replied")) == 1
+
+
+async def _as_a_release_before_left_it(embedded: Embedded, payload: dict[str, Any], *,
+                                       finished: bool) -> str:
+    """The change `payload` reports, its row moved to the key releases before recorded it
+    under (the repository's name in it, as spelt), as one of them would have left it:
+    finished, or claimed and left unfinished. Returns that key."""
+    new, named = change_key("issues", payload), named_change_key("issues", payload)
+    assert new is not None and named is not None and new != named
+    async with embedded.services.store.transaction() as db:
+        await db.execute("UPDATE idempotency SET key=? WHERE scope='forge' AND key=?",
+                         (named, new))
+        if not finished:
+            await db.execute("UPDATE idempotency SET result=NULL, done_at=NULL, owner=NULL"
+                             " WHERE scope='forge' AND key=?", (named,))
+    return named
+
+
+async def test_an_opening_a_release_before_handled_is_recognised_when_redelivered(
+        embedded: Embedded, person: Any, session: aiohttp.ClientSession) -> None:
+    """lee's opening was refused by a release that keyed it by its repository's name; the
+    app is upgraded and the opening redelivered as it was sent: still one change, refused,
+    said and ledgered once."""
+    lee = person("lee")
+    issue = await lee.open_issue(SCOUT_VAULT, "Hi", "please do X")
+    await embedded.settle()
+    payload = forge_delivery(embedded, "issues", "opened",
+                             lambda p: p["issue"]["number"] == issue["number"])
+    await _as_a_release_before_left_it(embedded, payload, finished=True)
+    await replay_under_new_id(embedded, session, "issues", payload)
+    said = [c["body"] for c in await person("admin").comments(SCOUT_VAULT, issue["number"])
+            if "cannot become mail" in c["body"]]
+    assert len(said) == 1, said
+    assert len(await embedded.ledger_events("run.denied")) == 1
+
+
+async def test_an_opening_a_release_before_left_unfinished_goes_on_from_its_try(
+        embedded: Embedded, person: Any, session: aiohttp.ClientSession) -> None:
+    """A release before began refusing lee's opening (its comment, marked from the key it
+    used, is on the forge) and stopped before recording it; upgraded, the opening is
+    redelivered: the refusal is looked for by that try's marker, and not said again."""
+    lee = person("lee")
+    issue = await lee.open_issue(SCOUT_VAULT, "Hi", "please do X")
+    await embedded.settle()
+    payload = forge_delivery(embedded, "issues", "opened",
+                             lambda p: p["issue"]["number"] == issue["number"])
+    named = await _as_a_release_before_left_it(embedded, payload, finished=False)
+    # the refusal as that release marked it (its marker made from its key)
+    new = change_key("issues", payload)
+    ours, theirs = (hashlib.sha256(str(k).encode()).hexdigest()[:20] for k in (new, named))
+    repo = embedded.forge.state.repo("acme", "scout-vault")
+    assert repo is not None
+    said = [c for c in repo.comments.values() if ours in c.body]
+    assert len(said) == 1
+    said[0].body = said[0].body.replace(ours, theirs)
+    await replay_under_new_id(embedded, session, "issues", payload)
+    said_now = [c["body"] for c in await person("admin").comments(SCOUT_VAULT, issue["number"])
+                if "cannot become mail" in c["body"]]
+    assert len(said_now) == 1, said_now

@@ -23,21 +23,38 @@ def change_key(event: str, payload: dict[str, Any]) -> str | None:
     arrives (a redelivery under a new id, a replayed capture): a new comment, by its id and
     update time (commands and replies come from there), and an issue's opening, by the
     issue's id (an issue is opened once; adoption and its refusal come from there). What
-    these do is keyed on this, never on the delivery id. Edits and other issue events carry
-    no such identity (two edits within a second can look alike), so their handlers are
-    idempotent by state instead."""
+    these do is keyed on this, never on the delivery id. By the forge's ids, not the
+    repository's name: one change whose payloads spell it `Acme/Scout-Vault` and
+    `acme/scout-vault`, or name it before and after a rename, is one key. Within its org
+    (lower case), which intake checked an org-signed delivery is about: ids are the signer's
+    word there, and one org's admins must not claim another org's change by naming its id.
+    Edits and other issue events carry no such identity (two edits within a second can look
+    alike), so their handlers are idempotent by state instead."""
+    return _change_key(event, payload, named=False)
+
+
+def named_change_key(event: str, payload: dict[str, Any]) -> str | None:
+    """The key releases before this one recorded the change under: its repository's name as
+    the payload spelt it, for its org. A redelivery of a change handled then carries that
+    spelling again, so its row is found (`Worker._dispatch_once`)."""
+    return _change_key(event, payload, named=True)
+
+
+def _change_key(event: str, payload: dict[str, Any], *, named: bool) -> str | None:
     action, repo = payload.get("action"), payload.get("repository")
     if not isinstance(repo, dict):
         return None
+    full_name = repo.get("full_name")
+    scope = full_name if named else str(full_name).partition("/")[0].lower()
     if event == "issue_comment" and action == "created":
         comment = payload.get("comment")
         if isinstance(comment, dict) and comment.get("id") is not None:
-            return (f"issue_comment.created:{repo.get('full_name')}:{comment.get('id')}:"
+            return (f"issue_comment.created:{scope}:{comment.get('id')}:"
                     f"{comment.get('updated_at')}")
     if event == "issues" and action == "opened":
         issue = payload.get("issue")
         if isinstance(issue, dict) and issue.get("id") is not None:
-            return f"issues.opened:{repo.get('full_name')}:{issue.get('id')}"
+            return f"issues.opened:{scope}:{issue.get('id')}"
     return None
 
 

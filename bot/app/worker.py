@@ -28,14 +28,14 @@ from gidgethub import sansio
 from gidgethub.routing import Router
 
 from bot import metrics
-from bot.app.context import HandlerContext, change_key
+from bot.app.context import HandlerContext, change_key, named_change_key
 from bot.app.logs import bound, delivery_context
 from bot.app.org_signed import NotAsTheForgeSays, checked_event, org_signed
 from bot.errors import VaultmailError
 from bot.forge.errors import PutOff, RateLimited
 from bot.forge.pacing import acting_for, waiting_at_most
 from bot.store import QueueItem, Store, queue
-from bot.store.idempotency import Settlement, Stray
+from bot.store.idempotency import Settlement, Stray, resuming
 from bot.store.sql import Connection
 
 # (delivery, its bound logger) -> what its handlers receive; LookupError when nothing can act
@@ -570,7 +570,17 @@ class Worker:
             return item.guid
 
         async def handle() -> dict[str, Any]:
-            await router.dispatch(event, ctx)
+            # releases before keyed the change by its repository's name as spelt: what one
+            # handled, or began, is found under that key, as this delivery spells it
+            named = named_change_key(item.event, item.payload)
+            began, done = (await self.store.left_under("forge", named) if named is not None
+                           else (False, None))
+            if done is not None:
+                return done
+            if began:  # left unfinished: go on from its try (its markers; looking first)
+                ctx.source, ctx.retry = str(named), True
+            with resuming() if began else contextlib.nullcontext():
+                await router.dispatch(event, ctx)
             if ctx.parked is not None:  # not done: handled again once its issue is mail
                 raise _Parked(ctx.parked)
             return {"delivery": item.guid}

@@ -26,11 +26,12 @@ delivery (`settle_in`, then `settled`) rather than in one of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import hashlib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from bot.errors import Conflict, VaultmailError
@@ -78,6 +79,17 @@ def resumed() -> bool:
     """True inside `work` that runs again for a key an earlier attempt claimed and did not
     finish: what it writes may be on the forge already, so look before writing."""
     return _resumed.get()
+
+
+@contextlib.contextmanager
+def resuming() -> Iterator[None]:
+    """`resumed()` true within: the work goes on from a try recorded under another key (the
+    form a release before gave it: `IdempotencyMixin.left_under`)."""
+    token = _resumed.set(True)
+    try:
+        yield
+    finally:
+        _resumed.reset(token)
 
 
 def fingerprint(value: Any) -> str:
@@ -173,6 +185,22 @@ class IdempotencyMixin:
         self._running[slot] = (task, fingerprint)
         task.add_done_callback(lambda t: self._finished(slot, t))
         return _copy(await asyncio.shield(task))  # a caller that leaves never cuts the work
+
+    async def left_under(self, scope: str, key: str) -> tuple[bool, Result | None]:
+        """What (scope, key) holds, for work now keyed otherwise that a release before keyed
+        so: (whether it was claimed, its result once done). Waits while another live replica
+        is at work on it (a release before, during a rolling deploy), as `once` would."""
+        while True:
+            row = await self.fetchone("SELECT result, owner FROM idempotency WHERE scope=?"
+                                      " AND key=?", (scope, key))
+            if row is None:
+                return False, None
+            if row[0] is not None:
+                done: Result = json.loads(row[0])
+                return True, done
+            if not await self._held_elsewhere(self, row[1]):
+                return True, None  # left unfinished: go on from it (`resuming`)
+            await asyncio.sleep(OTHER_REPLICA_POLL)
 
     def _finished(self, slot: tuple[str, str], task: asyncio.Future[Result]) -> None:
         if self._running.get(slot, (None, ""))[0] is task and slot not in self._unsettled:
