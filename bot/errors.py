@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from bot.forge.errors import ForgeError, MovedAway
+
+# Seconds a client waits before it tries again after a 429 or 503 that knows no better: what
+# the app's other "try again shortly" answers (intake, start-up) have always said.
+RETRY_SHORTLY = 5.0
 
 
 class VaultmailError(Exception):
@@ -26,6 +31,21 @@ class VaultmailError(Exception):
 
     def as_json(self) -> dict[str, Any]:
         return {"error": {"code": self.code, "message": self.message}, **self.extra}
+
+
+def retry_headers(status: int, wait: float | None = None) -> dict[str, str]:
+    """The Retry-After an HTTP answer of `status` carries (RFC 9110 §10.2.3: whole seconds):
+    a 429 or 503 says when to come back (`wait`, else RETRY_SHORTLY), so that a client (an
+    MCP client, curl --retry, octokit's retry plugin) neither hammers nor gives up; another
+    status only with a `wait` (a forge's failure: try again shortly)."""
+    if wait is None and status not in (429, 503):
+        return {}
+    return {"Retry-After": str(max(1, math.ceil(RETRY_SHORTLY if wait is None else wait)))}
+
+
+def refusal_headers(exc: VaultmailError) -> dict[str, str]:
+    """`retry_headers` for a refusal: its status and its `retry_after`."""
+    return retry_headers(exc.status, exc.retry_after)
 
 
 class InvalidArguments(VaultmailError):
@@ -70,6 +90,7 @@ class ForgeUnavailable(VaultmailError):
 
     status = 502
     code = "forge_error"
+    retry_after = RETRY_SHORTLY
 
 
 class VaultMoved(VaultmailError):

@@ -173,6 +173,7 @@ async def test_a_persons_chats_are_bounded_across_the_agents_of_the_office(
         said, retry = await _refused(marco, agent)
         assert "2 chats of yours wait" in said and "at most 2 of one person's" in said, said
         assert "chat_get" in said and retry is not None and 0 < int(retry) <= 3601, retry
+        assert f"try again in {retry} s" in said, (said, retry)  # the header says the same
     services = embedded.services  # the operator's cap on an office: 3 here
     monkeypatch.setattr(services, "settings", replace(services.settings, chats_waiting=3))
     await sara("agent_chat", agent="echo", message="mine")

@@ -40,7 +40,7 @@ from bot.app.bodies import (
 )
 from bot.app.hook_generations import AHEAD, grace_text
 from bot.app.services import SERVICES_KEY, Services
-from bot.errors import PayloadTooLarge, VaultmailError
+from bot.errors import PayloadTooLarge, VaultmailError, retry_headers
 from bot.forge import gitea_events as gitea
 from bot.mail.signing import name_now
 from bot.names import RULE, is_name
@@ -228,7 +228,7 @@ async def _receive(request: web.Request, signed: SignedBody, read_seconds: float
             response = _error(503, "busy", (
                 f"the app holds {size_text(UNVERIFIED.limit)} of webhook bodies not "
                 "verified yet, the most it takes at once; send it again shortly"))
-            response.headers["Retry-After"] = "5"
+            response.headers.update(retry_headers(503))
             return await _answer_and_close(request, response)
     except PayloadTooLarge as exc:
         log.warning("webhook refused: too large", extra={"reason": exc.message})

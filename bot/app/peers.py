@@ -92,7 +92,7 @@ class PerAddress:
 
     def __init__(self, limit: int, window: float = 60.0, size: int = 100_000,
                  timer: Callable[[], float] = time.monotonic) -> None:
-        self.limit = limit
+        self.limit, self.window = limit, window  # (a refused client may come back after it)
         self._counts: cachetools.TTLCache[str, int] = cachetools.TTLCache(size, window,
                                                                           timer=timer)
 

@@ -29,6 +29,7 @@ from bot.app.services import SERVICES_KEY, Services
 from bot.app.settings import Settings
 from bot.app.worker import Worker
 from bot.console import add_console_routes
+from bot.errors import retry_headers
 from bot.forge.errors import ForgeError
 from bot.forge.pacing import budget_waits
 from bot.mail.signing import KeyringError, office_name
@@ -269,7 +270,7 @@ async def until_started(request: web.Request, handler: Handler) -> web.StreamRes
                else " (the operator sees why at /readyz)")
         return web.json_response({"error": {"code": "starting", "message": (
             f"vaultmail is starting: the forge is not reachable yet{why}; it keeps trying, "
-            "try again shortly")}}, status=503, headers={"Retry-After": "5"})
+            "try again shortly")}}, status=503, headers=retry_headers(503))
     return await handler(request)
 
 

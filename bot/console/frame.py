@@ -22,7 +22,7 @@ from bot.console.visitor import (
     sign_in_redirect,
     visitor,
 )
-from bot.errors import VaultmailError, forge_refusal
+from bot.errors import VaultmailError, forge_refusal, refusal_headers
 from bot.forge.errors import ForgeError
 from bot.office.visibility import viewer_for
 from bot.tools.registry import call_tool
@@ -79,10 +79,12 @@ async def frame(request: web.Request, v: Visitor, current: str, *,
 
 
 def error_page(request: web.Request, exc: VaultmailError, v: Visitor | None = None) -> web.Response:
-    return page("error.html", {"v": v, "error": exc, "status": exc.status,
-                               "path": request.path_qs, "current": None, "csrf": v.csrf if v
-                               else "", "badge": None, "agents_nav": [], "human": v.human
-                               if v else None}, status=exc.status)
+    shown = page("error.html", {"v": v, "error": exc, "status": exc.status,
+                                "path": request.path_qs, "current": None, "csrf": v.csrf if v
+                                else "", "badge": None, "agents_nav": [], "human": v.human
+                                if v else None}, status=exc.status)
+    shown.headers.update(refusal_headers(exc))  # a 429 or 503 says when to come back
+    return shown
 
 
 def _forge_error(exc: ForgeError) -> VaultmailError:

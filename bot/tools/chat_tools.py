@@ -9,6 +9,7 @@ person gets the answer from `agent_chat` with `wait`, or later with `chat_get`.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -140,10 +141,11 @@ def _refuse_over_caps(waiting: chats.Waiting, agent: str, org: str, per_office: 
     """TooManyRequests naming the first cap `waiting` is at, how many wait, what to do, and
     when the oldest chat it counts stops counting (Retry-After; an answer makes room sooner)."""
     def refuse(said: str, oldest: float | None) -> TooManyRequests:
-        wait = max(1.0, (now if oldest is None else oldest) + WAITING_FOR - now)
+        # whole seconds, rounded up: what the message says is what Retry-After says
+        wait = max(1, math.ceil((now if oldest is None else oldest) + WAITING_FOR - now))
         return TooManyRequests(
             f"{said} (of the last hour): wait for their answers (chat_get), send mail instead, "
-            f"or try again in {wait:.0f} s, when the oldest stops counting", code="too_many_chats",
+            f"or try again in {wait} s, when the oldest stops counting", code="too_many_chats",
             retry_after=wait)
 
     if waiting.person >= WAITING_PER_PERSON:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Awaitable
 from dataclasses import replace
 from typing import TypeVar
@@ -21,6 +20,8 @@ from bot.errors import (
     Unauthenticated,
     VaultmailError,
     forge_refusal,
+    refusal_headers,
+    retry_headers,
 )
 from bot.forge.errors import ForgeError
 from bot.office.config import Office
@@ -192,19 +193,19 @@ async def tool_endpoint(request: web.Request) -> web.Response:
             return web.Response(status=499)
     except VaultmailError as exc:
         log.info("tool refused", extra={"tool": name, "code": exc.code, "reason": exc.message})
-        wait = exc.retry_after
-        return web.json_response(exc.as_json(), status=exc.status, headers=None if wait is None
-                                 else {"Retry-After": str(max(1, math.ceil(wait)))})
+        return web.json_response(exc.as_json(), status=exc.status,
+                                 headers=refusal_headers(exc))
     except ForgeError as exc:  # the forge refused or failed: say so, never a stack trace
         log.warning("tool failed at the forge", extra={"tool": name, "error": str(exc)})
         failed = forge_refusal(exc, name, "nothing was recorded")
-        return web.json_response(failed.as_json(), status=failed.status)
+        return web.json_response(failed.as_json(), status=failed.status,
+                                 headers=refusal_headers(failed))
     except Exception as exc:
         if unavailable(exc):  # the index is away (a restart, a failover): try again shortly
             log.warning("tool refused: the index is unavailable",
                         extra={"tool": name, "error": repr(exc)})
             return web.json_response(index_unavailable(name).as_json(), status=503,
-                                     headers={"Retry-After": "5"})
+                                     headers=retry_headers(503))
         log.exception("tool crashed", extra={"tool": name})
         return web.json_response({"error": {"code": "internal", "message": (
             f"{name} failed inside vaultmail; the app's log has the details")}}, status=500)

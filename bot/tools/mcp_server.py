@@ -60,6 +60,7 @@ from bot.errors import (
     TooManyRequests,
     Unauthenticated,
     VaultmailError,
+    refusal_headers,
 )
 from bot.store import api_tokens
 from bot.store.engines import index_unavailable, unavailable
@@ -784,10 +785,11 @@ def _cors(origin: str | None) -> dict[str, str]:
 
 def _rpc_refusal(status: int, code: int, exc: VaultmailError,
                  headers: Mapping[str, str] | None = None) -> web.Response:
-    """A JSON-RPC error without an id (MCP clients show its reason) with the HTTP status."""
+    """A JSON-RPC error without an id (MCP clients show its reason) with the HTTP status (a
+    429 or 503 with its Retry-After)."""
     return web.json_response({"jsonrpc": "2.0", "id": None, "error": {
         "code": code, "message": f"{exc.code}: {exc.message}", "data": exc.as_json()["error"]}},
-        status=status, headers=headers)
+        status=status, headers={**(headers or {}), **refusal_headers(exc)})
 
 
 async def _run_manager(app: web.Application) -> AsyncIterator[None]:
@@ -843,8 +845,7 @@ async def mcp_endpoint(request: web.Request) -> web.StreamResponse:
             raise index_unavailable("mcp") from exc
         principal = owner.principal
     except (IndexUnavailable, ForgeUnavailable) as exc:  # (not the token's fault: try again)
-        return _rpc_refusal(exc.status, UNAVAILABLE_RPC, exc,
-                            headers={**cors, "Retry-After": "5"})
+        return _rpc_refusal(exc.status, UNAVAILABLE_RPC, exc, headers=cors)
     except VaultmailError as exc:
         # where a client learns how to authenticate (RFC 9728 §5.1); a token that was given
         # and refused is also `invalid_token` (RFC 6750 §3.1)

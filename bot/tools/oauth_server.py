@@ -67,7 +67,14 @@ from bot.console.visitor import (
     still_stands,
     visitor,
 )
-from bot.errors import Denied, NotInstalled, PayloadTooLarge, Unauthenticated, VaultmailError
+from bot.errors import (
+    Denied,
+    NotInstalled,
+    PayloadTooLarge,
+    Unauthenticated,
+    VaultmailError,
+    retry_headers,
+)
 from bot.office.config import Office
 from bot.store import api_tokens, ledger
 from bot.store import oauth as db
@@ -271,11 +278,9 @@ async def register(request: web.Request) -> web.Response:
                                source=client_key(request, services.settings.trusted_proxies),
                                per_hour=REGISTRATIONS_PER_HOUR)
     if wait is not None:
-        refused = _oauth_error("too_many_registrations", (
+        return _oauth_error("too_many_registrations", (
             f"this address registered {REGISTRATIONS_PER_HOUR} clients within the hour: "
-            "register again later, or keep the client_id a registration gave"), 429)
-        refused.headers["Retry-After"] = str(int(wait) + 1)
-        return refused
+            "register again later, or keep the client_id a registration gave"), 429, wait)
     log.info("oauth client registered", extra={"client": client_id, "client_name": name})
     return web.json_response(answer, status=201, headers={"Cache-Control": "no-store"})
 
@@ -289,9 +294,10 @@ def _with_query(target: str, params: dict[str, str]) -> str:
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
-def _refusal_page(request: web.Request, message: str, status: int = 400) -> web.Response:
+def _refusal_page(request: web.Request, message: str, status: int = 400,
+                  retry_after: float | None = None) -> web.Response:
     exc = VaultmailError(message, code="invalid_request")
-    exc.status = status
+    exc.status, exc.retry_after = status, retry_after
     return error_page(request, exc)
 
 
@@ -366,11 +372,11 @@ async def authorize(request: web.Request) -> web.StreamResponse:
     if why is not None:
         return _refusal_page(request, f"{client.name} sent a sign-in request this server does "
                              f"not take ({why}): nothing was sent anywhere.")
-    if not request.app[STARTS_KEY].admit(
-            client_key(request, services.settings.trusted_proxies)):
+    starts = request.app[STARTS_KEY]
+    if not starts.admit(client_key(request, services.settings.trusted_proxies)):
         return _refusal_page(request, f"More than {AUTHORIZE_PER_MINUTE} sign-in requests "
                              "from your address within a minute: wait a minute, then start "
-                             "the sign-in from the MCP client again.", 429)
+                             "the sign-in from the MCP client again.", 429, starts.window)
     ident = secrets.token_urlsafe(24)
     await db.add(services.store, [("request", ident)], grant_id=secrets.token_urlsafe(18),
                  client_id=client.client_id, principal=None, org=None,
@@ -486,8 +492,11 @@ async def consent(request: web.Request) -> web.StreamResponse:
 
 # -- token ----------------------------------------------------------------------------------
 
-def _oauth_error(error: str, description: str, status: int = 400) -> web.Response:
-    headers = {"Cache-Control": "no-store", "Pragma": "no-cache"}
+def _oauth_error(error: str, description: str, status: int = 400,
+                 retry_after: float | None = None) -> web.Response:
+    """An RFC 6749 error; a 429 or 503 says when to come back (`retry_after`, else shortly)."""
+    headers = {"Cache-Control": "no-store", "Pragma": "no-cache",
+               **retry_headers(status, retry_after)}
     if status == 401:
         headers["WWW-Authenticate"] = 'Basic realm="vaultmail"'
     return web.json_response({"error": error, "error_description": description},
@@ -590,7 +599,7 @@ async def _by_refresh(services: Services, form: dict[str, str], client_id: str,
         except (Denied, NotInstalled, Unauthenticated) as exc:
             return _oauth_error("invalid_grant", exc.message)
         except VaultmailError as exc:
-            return _oauth_error("temporarily_unavailable", exc.message, 503)
+            return _oauth_error("temporarily_unavailable", exc.message, 503, exc.retry_after)
     return await _issue(services, held, value, now, replaces=("access",))
 
 

@@ -29,7 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from bot.app.services import SERVICES_KEY, Services
-from bot.errors import InvalidArguments, VaultmailError, forge_refusal
+from bot.errors import InvalidArguments, VaultmailError, forge_refusal, refusal_headers
 from bot.forge.errors import ForgeError
 from bot.items import inbox
 from bot.items.views import item_view, thread_view
@@ -211,7 +211,7 @@ class Stopping(VaultmailError):
 
 
 def _error(exc: VaultmailError) -> web.Response:
-    return web.json_response(exc.as_json(), status=exc.status)
+    return web.json_response(exc.as_json(), status=exc.status, headers=refusal_headers(exc))
 
 
 async def me(request: web.Request) -> web.Response:
