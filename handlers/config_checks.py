@@ -25,8 +25,8 @@ from bot.app.context import HandlerContext
 from bot.forge.errors import PermissionDenied
 from bot.forge.github import MAX_ANNOTATIONS
 from bot.mail.markdown import as_data
-from bot.office.config import OfficeConfigError, shortened
-from bot.office.source import CONFIG_PATH, CONFIG_REPO
+from bot.office.config import MAX_CONFIG_BYTES, OfficeConfigError, shortened
+from bot.office.source import CONFIG_PATH, CONFIG_REPO, config_text
 
 router = Router()
 CHECK_NAME = "vaultmail config"
@@ -42,7 +42,8 @@ class ChecksForge(Protocol):
 
     async def pull_files(self, repo: str, number: int) -> list[dict[str, Any]]: ...
 
-    async def get_file_at(self, repo: str, path: str, ref: str) -> str | None: ...
+    async def get_file_at(self, repo: str, path: str, ref: str, *,
+                          at_most: int | None = None) -> str | None: ...
 
     async def report_check(self, repo: str, head_sha: str, name: str, ok: bool, title: str,
                            summary: str, annotations: Sequence[dict[str, Any]] = ()
@@ -93,12 +94,14 @@ async def _check(data: dict[str, Any], ctx: HandlerContext) -> None:
     if not any(f.get("filename") == CONFIG_PATH and f.get("status") != "removed"
                for f in files):
         return
-    text = await forge.get_file_at(full_name, CONFIG_PATH, head_sha)
-    if text is None:
-        return
     offices = ctx.services.offices
     short = head_sha[:12]
-    try:  # (anyone's pull request: parsed beside the loop, which serves every office)
+    try:  # (anyone's pull request: read bounded, parsed beside the loop, which serves every
+        # office)
+        text = await config_text(forge.get_file_at(full_name, CONFIG_PATH, head_sha,
+                                                   at_most=MAX_CONFIG_BYTES), offices.where(org))
+        if text is None:
+            return
         await asyncio.to_thread(offices.validate, org, text)
     except OfficeConfigError as exc:
         source = offices.where(org)

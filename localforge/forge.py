@@ -15,7 +15,7 @@ from .dialect import Dialect, get_dialect
 from .faults import Faults
 from .limits import Limits, RateTracker
 from .persist import Snapshotter
-from .reqlog import RequestLog
+from .reqlog import BodySent, RequestLog
 from .state import PERMISSIONS, Account, App, Installation, Org, Repo, State, Team, Token
 from .webhooks import Dispatcher
 
@@ -52,6 +52,7 @@ class LocalForge:
         self.limits = Limits()
         self.rates = RateTracker(self.limits, self.clock)
         self.requests = RequestLog()
+        self.streamed: list[BodySent] = []  # large answers sent in chunks (gitea/http.py)
         self.webhooks = Dispatcher(self.state, self.clock, self.faults, self._headers,
                                    self.save)
         self.url = "http://127.0.0.1:0"

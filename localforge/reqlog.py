@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -18,6 +19,19 @@ class RequestRecord:
     at: float
     duration: float
     installation_id: int | None = None
+
+
+@dataclass
+class BodySent:
+    """A large answer sent in chunks, as Gitea's JSON encoder sends one (no Content-Length):
+    how many of its `size` bytes went out before it ended, and whether all of them did (a
+    client that stops reading and closes the connection ends it early)."""
+
+    path: str
+    size: int
+    sent: int = 0
+    whole: bool = False
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class RequestLog:

@@ -271,7 +271,7 @@ async def test_a_strangers_config_with_thousands_of_errors_costs_one_check_run_w
     forge = embedded.forge
     forge.state.repo("acme", ".github").private = False
     forge.add_user("troll")
-    long = "k" * 3000
+    long = "k" * 2400  # (the file under 1 MB: GitHub gives no bigger one's bytes in JSON)
     bad = "org: acme\nhumans:\n" + "".join(
         f"  - {{email: bad{i}, login: 'x y{i}{long}', nope{i}: 1}}\n" for i in range(400))
     before = len(forge.requests)
@@ -289,6 +289,21 @@ async def test_a_strangers_config_with_thousands_of_errors_costs_one_check_run_w
     assert len(summary) < 40_000
     assert "1150 more" in summary and "push again" in summary, summary[-400:]
 
+
+
+async def test_a_config_too_big_to_read_fails_the_check_saying_so(embedded: Embedded) -> None:
+    """A pull request's config over the 2 MiB limit (on GitHub, one whose bytes the contents
+    API does not give) is a failed check naming the limit, read no further than its size;
+    the check's read raised, and no check was reported (acted out)."""
+    forge = embedded.forge
+    forge.add_user("troll")
+    line = "# " + "x" * 1021 + "\n"
+    number = forge.open_pull(CONFIG_REPO, "big", {"vaultmail.yml": line * 3 * 1024}, "troll")
+    await embedded.settle()
+    head = forge.state.repo("acme", ".github").pulls[number].head_sha  # type: ignore[union-attr]
+    [run] = await _check_runs(embedded, CONFIG_REPO, head)
+    assert run["conclusion"] == "failure", run
+    assert "more than 2,097,152 bytes (2 MiB)" in run["output"]["summary"], run["output"]
 
 # -- Gitea: a commit status (the local Gitea forge has no pull requests yet: a stub answers) ---
 async def test_on_gitea_the_check_is_a_commit_status() -> None:

@@ -135,3 +135,19 @@ async def test_a_pushed_alias_bomb_is_refused_in_the_issue_at_its_line(
         issue["body"]
     sent = await tools("agent:builder")("mail_send", to="scout", subject="Still", body="works")
     assert sent["mail"]["to_principal"] == "agent:scout"
+
+
+async def test_a_config_too_big_for_githubs_contents_api_is_refused_by_its_size(
+        embedded: Embedded, person: Any) -> None:
+    """GitHub's contents API gives a file over 1 MB no bytes (`encoding: none`) and says its
+    `size`: one over the 2 MiB limit is refused as too big, naming the limit (not as an
+    encoding this app cannot read), before anything is decoded. (On Gitea, which sends the
+    bytes however many: tests/gitea/test_config_size.py.)"""
+    line = "# " + "x" * 1021 + "\n"
+    text = line * (3 * MIB // len(line))
+    embedded.forge.put_file("acme/.github", "vaultmail.yml", text, pusher="admin")
+    await embedded.settle()
+    [issue] = await person("admin").issues("acme/.github")
+    assert issue["title"] == "vaultmail.yml was refused"
+    assert "more than 2,097,152 bytes (2 MiB), the most a config may be" in issue["body"], \
+        issue["body"]

@@ -33,7 +33,7 @@ import aiohttp
 
 from labels.catalogue import Label
 
-from .errors import UnreadableFile
+from .errors import FileTooLarge, UnreadableFile
 
 JSON = dict[str, Any]
 
@@ -148,7 +148,11 @@ class Forge(Protocol):
         """The user's role on the repository: admin|maintain|write|triage|read|none."""
         ...
 
-    async def get_file(self, repo: str, path: str) -> str | None: ...
+    async def get_file(self, repo: str, path: str, *, at_most: int | None = None) -> str | None:
+        """The text of the file at `path` on the default branch; None when there is none.
+        `at_most`: the most bytes it may be; FileTooLarge past it, its answer not read
+        beyond what a file that size takes (`contents_at_most`)."""
+        ...
 
     async def file_info(self, repo: str, path: str) -> JSON | None:
         """The contents API's description of a file on the default branch (``sha``: its git
@@ -199,14 +203,32 @@ def file_or_none(data: Any) -> JSON | None:
     return data if isinstance(data, dict) and data.get("type", "file") == "file" else None
 
 
-def file_text(path: str, data: JSON) -> str:
-    """A contents answer's file as UTF-8 text; UnreadableFile when it cannot be read as such."""
+def contents_at_most(at_most: int | None) -> int | None:
+    """The most bytes a contents answer of a file of `at_most` bytes takes: its base64 (4/3,
+    GitHub's with a newline, two characters in JSON, every 60) and its links."""
+    return None if at_most is None else at_most * 3 // 2 + 64 * 1024
+
+
+def too_large(path: str, at_most: int) -> FileTooLarge:
+    return FileTooLarge(f"{path}: more than {at_most:,} bytes", at_most=at_most, method="GET",
+                        url=path)
+
+
+def file_text(path: str, data: JSON, at_most: int | None = None) -> str:
+    """A contents answer's file as UTF-8 text; UnreadableFile when it cannot be read as such,
+    FileTooLarge when it is over `at_most` bytes (its `size` looked at before decoding)."""
+    size = data.get("size")
+    if at_most is not None and isinstance(size, int) and size > at_most:
+        raise too_large(path, at_most)
     raw = data.get("content")
     if data.get("encoding") != "base64" or not isinstance(raw, str):  # (GitHub: over 1 MB)
         raise UnreadableFile(f"{path}: unsupported content encoding {data.get('encoding')!r}"
                              " (a file over 1 MB, or not a file)", method="GET", url=path)
     try:
-        return base64.b64decode(raw).decode("utf-8")
+        decoded = base64.b64decode(raw)
+        if at_most is not None and len(decoded) > at_most:  # (whatever its `size` said)
+            raise too_large(path, at_most)
+        return decoded.decode("utf-8")
     except (binascii.Error, UnicodeDecodeError) as exc:
         raise UnreadableFile(f"{path}: cannot decode content: {exc}", method="GET",
                              url=path) from exc

@@ -47,6 +47,7 @@ from . import markers, writes
 from .base import JSON
 from .clock import Clock
 from .errors import (
+    FileTooLarge,
     ForgeError,
     MovedAway,
     NotFound,
@@ -150,7 +151,8 @@ class _GitHubAPI(gidgethub.aiohttp.GitHubAPI):
         self._observe = observe
 
     async def _request(
-        self, method: str, url: str, headers: Mapping[str, str], body: bytes = b""
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes = b"",
+        read_at_most: int | None = None,
     ) -> tuple[int, Mapping[str, str], bytes]:
         """One request, redirects followed on the forge's own origin only (GitHub's, of a
         renamed repository, stay on it), all of them within the one timeout: followed
@@ -161,7 +163,8 @@ class _GitHubAPI(gidgethub.aiohttp.GitHubAPI):
         A request of `/repos/{owner}/{repo}/...` is followed only into a repository that is
         still `owner`'s (`_repository_at`): GitHub leads a repository transferred away by its
         old name as it does one renamed, and public there it reads without the token's grant;
-        one gone to another owner raises MovedAway (a NotFound)."""
+        one gone to another owner raises MovedAway (a NotFound). `read_at_most`: the most
+        of the answer's body read (FileTooLarge past it, `_body`)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self._timeout.total or 0.0)
         timeout = self._timeout
@@ -171,7 +174,7 @@ class _GitHubAPI(gidgethub.aiohttp.GitHubAPI):
                 method, url, headers=headers, data=body, timeout=timeout,
                 allow_redirects=False,
             ) as response:
-                payload = await response.read()
+                payload = await _body(response, read_at_most, method, url)
             self._observe(method, url, response.status, response.headers)
             location = response.headers.get("location")
             reading = method in ("GET", "HEAD")
@@ -231,9 +234,11 @@ class _GitHubAPI(gidgethub.aiohttp.GitHubAPI):
         *,
         oauth_token: str | None = None,
         jwt: str | None = None,
+        read_at_most: int | None = None,
     ) -> tuple[Any, str | None, int]:
         return await self._make_request(
-            method, url, url_vars, data, ACCEPT, jwt=jwt, oauth_token=oauth_token
+            method, url, url_vars, data, ACCEPT, jwt=jwt, oauth_token=oauth_token,
+            read_at_most=read_at_most,
         )
 
     async def _make_request(
@@ -247,6 +252,7 @@ class _GitHubAPI(gidgethub.aiohttp.GitHubAPI):
         oauth_token: str | None = None,
         content_type: str = gidgethub.abc.JSON_CONTENT_TYPE,
         extra_headers: dict[str, str] | None = None,
+        read_at_most: int | None = None,
     ) -> tuple[Any, str | None, int]:
         """gidgethub's request, made the way it makes it (its headers, its ETag cache, its
         errors), with JSON read and written in C: its own reading, the standard library's
@@ -282,7 +288,8 @@ class _GitHubAPI(gidgethub.aiohttp.GitHubAPI):
             body = jsontext.dumps(data)
             headers["content-type"] = _JSON_UTF_8
             headers["content-length"] = str(len(body))
-        status, response_headers, text = await self._request(method, filled_url, headers, body)
+        status, response_headers, text = await self._request(method, filled_url, headers, body,
+                                                             read_at_most)
         if status == 304 and cached is not None:  # what it read before, read again
             return _decoded(cached.content_type, cached.text), cached.more, status
         kind = response_headers.get("content-type")
@@ -305,6 +312,23 @@ _READ_REDIRECTS = frozenset((301, 302, 303, 307, 308))
 _WRITE_REDIRECTS = frozenset((303, 307, 308))
 _REDIRECTS_AT_MOST = 10  # (aiohttp's own limit)
 _JSON_UTF_8 = "application/json; charset=utf-8"
+
+
+async def _body(response: aiohttp.ClientResponse, at_most: int | None, method: str,
+                url: str) -> bytes:
+    """The answer's body; with `at_most`, FileTooLarge once it is over that many bytes (a
+    Content-Length over it: before any is read), the connection closed, not drained."""
+    if at_most is None:
+        return await response.read()
+    declared = None if "content-encoding" in response.headers else response.content_length
+    if declared is None or declared <= at_most:
+        try:
+            await response.content.readexactly(at_most + 1)
+        except asyncio.IncompleteReadError as whole:  # it ended within the limit
+            return whole.partial
+    response.close()
+    raise FileTooLarge(f"the answer is over {at_most:,} bytes, the most read of it",
+                       at_most=at_most, status=response.status, method=method, url=url)
 
 
 @dataclass(frozen=True, slots=True)
@@ -688,20 +712,22 @@ class _Caller(abc.ABC):
         policy: Policy | None = None,
         content: bool = False,
         find_existing: Callable[[], Awaitable[Any]] | None = None,
+        read_at_most: int | None = None,
     ) -> tuple[Any, str | None, int]:
         """One logical request: returns ``(data, next_url, status)``.
 
         ``policy`` says what may be retried after an ambiguous failure (5xx, timeout, dropped
         connection): ``read`` and ``idempotent`` retry; ``create`` calls ``find_existing`` and
         returns what it finds (as status 200) before retrying, or raises OutcomeUnknown without
-        it; ``once`` raises OutcomeUnknown.
+        it; ``once`` raises OutcomeUnknown. ``read_at_most``: the most of a read's answer
+        read (FileTooLarge past it, not retried: the file is what it is).
         """
         if policy is None:
             policy = "read" if method == "GET" else "idempotent"
         if method == "GET":
             # (a read's value is the caller's own: the ETag cache keeps the text it was read from)
             return await self._attempts(method, url, url_vars, data, policy, content,
-                                        find_existing)
+                                        find_existing, read_at_most=read_at_most)
         # one write at a time per installation, turns shared fairly between the principals the
         # writes are made for (`pacing.writes_for`), each paced within its share of the budget
         endpoint = f"{method} {url.split('{?')[0]}"  # the budget is per route, not per URL
@@ -734,6 +760,7 @@ class _Caller(abc.ABC):
         content: bool,
         find_existing: Callable[[], Awaitable[Any]] | None,
         endpoint: str | None = None,
+        read_at_most: int | None = None,
     ) -> tuple[Any, str | None, int]:
         cfg = self.config
         _route.set(url.split("{?")[0])  # the template, not the URL: a metric label per route
@@ -753,7 +780,8 @@ class _Caller(abc.ABC):
                 try:
                     async with self.client.semaphore:
                         # the URL already expanded: gidgethub only joins it to the base
-                        return await self._gh.call(method, full_url, None, data, **credentials)
+                        return await self._gh.call(method, full_url, None, data,
+                                                   read_at_most=read_at_most, **credentials)
                 except MovedAway as exc:  # no retry mends it: a person must (the installation's)
                     log.error("a repository moved to another owner: %s is %s now; nothing of "
                               "it is read (its owner's admin moves it back, or the office's "
@@ -848,8 +876,9 @@ class _Caller(abc.ABC):
             self._count("retries")
             await self._sleep(delay)
 
-    async def _get(self, url: str, url_vars: UrlVars | None = None) -> Any:
-        data, _, _ = await self._request("GET", url, url_vars)
+    async def _get(self, url: str, url_vars: UrlVars | None = None, *,
+                   read_at_most: int | None = None) -> Any:
+        data, _, _ = await self._request("GET", url, url_vars, read_at_most=read_at_most)
         return data
 
     async def _paginate(

@@ -50,6 +50,15 @@ class UnreadableFile(ForgeError):
     for the contents API): a fault of the file, not of the forge; asking again reads the same."""
 
 
+class FileTooLarge(UnreadableFile):
+    """An answer over the most its reader takes (`at_most` bytes): refused once that many
+    were read, the rest never (a file's admins may commit hundreds of MB)."""
+
+    def __init__(self, message: str, *, at_most: int, **kw: Any) -> None:
+        self.at_most = at_most
+        super().__init__(message, **kw)
+
+
 class NotFound(ForgeError):
     """404: the repository, issue, comment, label or file does not exist (or is hidden)."""
 

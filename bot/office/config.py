@@ -438,6 +438,12 @@ MAX_ENTRIES = 10_000  # in any one list or mapping
 _FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # (without libyaml: Python's)
 
 
+def too_big(source: str) -> str:
+    """The error of a config over MAX_CONFIG_BYTES (the forge's refused unread: `source`)."""
+    return (f"{source}: more than {MAX_CONFIG_BYTES:,} bytes (2 MiB), the most a config may "
+            "be: a real office's is a few KB; remove what is not the office's")
+
+
 def _beyond_limits(text: str, source: str) -> str | None:
     """Why `text` is more YAML than a config may be, and where, if it is: too many bytes, too
     deep, or too many values once its aliases are expanded. Read as a stream of events,
@@ -447,9 +453,7 @@ def _beyond_limits(text: str, source: str) -> str | None:
     head = text[:MAX_CONFIG_BYTES + 1].encode("utf-8", "replace")  # (past it: over, whatever)
     if len(head) > MAX_CONFIG_BYTES:
         line = head[:MAX_CONFIG_BYTES].count(b"\n") + 1
-        return (f"{source}: more than {MAX_CONFIG_BYTES:,} bytes (2 MiB), the most a config "
-                "may be: a real office's is a few KB; remove what is not the office's "
-                f"(line {line}, column 1)")
+        return f"{too_big(source)} (line {line}, column 1)"
     try:  # libyaml's events (it keeps its own stack, no recursion); Python's where it refuses
         return _count_events(yaml.parse(text, Loader=_FAST_LOADER), source)
     except yaml.YAMLError:

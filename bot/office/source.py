@@ -17,10 +17,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bot.forge.errors import UnreadableFile
+from bot.forge.errors import FileTooLarge, UnreadableFile
 from bot.forge.pacing import without_wait_limit
 from bot.mail.signing import name_now
 from bot.office.config import (
+    MAX_CONFIG_BYTES,
     Office,
     OfficeConfigError,
     UrlCheck,
@@ -28,6 +29,7 @@ from bot.office.config import (
     locate_errors,
     parse_office,
     shortened,
+    too_big,
 )
 
 if TYPE_CHECKING:
@@ -170,10 +172,10 @@ class OfficeSource:
         try:
             async with self._reading:  # (a round of a thousand offices: not all at once)
                 began = time.time()
-                text = await forge.get_file(f"{org}/{CONFIG_REPO}", CONFIG_PATH)
-        except UnreadableFile as exc:  # the org's file, not the forge: refused as invalid
-            return self._answered(org, self._refused(org, OfficeConfigError(
-                self.where(org), [f"{self.where(org)}: {exc}"])))
+                text = await config_text(forge.get_file(
+                    f"{org}/{CONFIG_REPO}", CONFIG_PATH, at_most=MAX_CONFIG_BYTES), self.where(org))
+        except OfficeConfigError as exc:  # the org's file, not the forge: refused as invalid
+            return self._answered(org, self._refused(org, exc))
         if text is None:
             return self._answered(org, self._last_valid.get(org))
         if self._text.get(org) == text and org in self._last_valid:
@@ -239,6 +241,18 @@ class OfficeSource:
     def where(self, org: str) -> str:
         """Where `org`'s config is read from, as its errors name it."""
         return str(self._path) if self._path is not None else f"{org}/{CONFIG_REPO}/{CONFIG_PATH}"
+
+
+async def config_text(read: Awaitable[str | None], source: str) -> str | None:
+    """What `read` (of a config at `source`, at most MAX_CONFIG_BYTES) gets from the forge:
+    its text, None when there is none; OfficeConfigError when it cannot be a config (too big,
+    refused before it was read whole; not UTF-8 text)."""
+    try:
+        return await read
+    except FileTooLarge:
+        raise OfficeConfigError(source, [too_big(source)]) from None
+    except UnreadableFile as exc:
+        raise OfficeConfigError(source, [f"{source}: {exc}"]) from exc
 
 
 def as_renamed(office: Office, org: str, renamed: dict[str, str]) -> Office:

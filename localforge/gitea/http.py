@@ -11,6 +11,7 @@ from urllib.parse import urlencode
 from aiohttp import web
 
 from ..github.http import TEMPLATES_KEY, ApiError, Ctx, Handler, int_param, invalid
+from ..reqlog import BodySent
 from ..state import Issue, Repo
 from .render import API
 
@@ -32,6 +33,37 @@ def gitea_error(err: ApiError, url: str) -> web.Response:
     if err.errors:
         body["message"] = f"{message}: {err.errors}"
     return json_response(body, err.status, err.headers)
+
+
+STREAMED_OVER = 1024 * 1024  # bytes of JSON past which an answer goes out in chunks
+CHUNK = 64 * 1024
+
+
+async def streamed_json(request: web.Request, data: Any,
+                        sent: list[BodySent]) -> web.StreamResponse:
+    """`data` as JSON, in chunks when it is large: Gitea encodes straight into the response,
+    so a big answer has no Content-Length and a client may stop reading it part way. What
+    went out is recorded in `sent` (a BodySent, appended)."""
+    body = json.dumps(data, ensure_ascii=False).encode()
+    if len(body) <= STREAMED_OVER:
+        return json_response(data)
+    record = BodySent(request.path, len(body))
+    sent.append(record)
+    response = web.StreamResponse(headers={"Content-Type": "application/json;charset=utf-8"})
+    response.enable_chunked_encoding()
+    try:
+        await response.prepare(request)
+        view = memoryview(body)
+        for start in range(0, len(body), CHUNK):
+            await response.write(view[start:start + CHUNK])  # waits while the client is full
+            record.sent += len(view[start:start + CHUNK])
+        await response.write_eof()
+        record.whole = True
+    except ConnectionError:  # the client closed the connection before the end
+        pass
+    finally:
+        record.ended.set()
+    return response
 
 
 def json_response(data: Any, status: int = 200,

@@ -15,7 +15,7 @@ from ..clock import iso, parse_iso
 from ..github.http import ApiError, Ctx, invalid
 from ..state import Comment, Event, Issue, Label, Org, Repo
 from . import events
-from .http import Routes, int_list, issue_of, json_response, paginate
+from .http import Routes, int_list, issue_of, json_response, paginate, streamed_json
 from .render import API, GiteaRenderer
 
 VERSION = "1.22.6"
@@ -249,14 +249,14 @@ async def collaborator_permission(request: web.Request) -> web.Response:
                           "user": _r(ctx).user(acct)})
 
 
-async def get_contents(request: web.Request) -> web.Response:
+async def get_contents(request: web.Request) -> web.StreamResponse:
     ctx = Ctx.of(request)
     repo = ctx.repo(scope="contents")
     path = request.match_info["filepath"].strip("/")
     raw = repo.file_bytes(path)  # text or not (an attachment: routes_contents)
     if raw is None:
         raise ApiError(404, "Not Found")
-    return json_response(_r(ctx).content_file(repo, path, raw))
+    return await streamed_json(request, _r(ctx).content_file(repo, path, raw), ctx.forge.streamed)
 
 
 # -- issues --------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from ..state import (
 if TYPE_CHECKING:
     from ..forge import LocalForge
 
+CONTENTS_AT_MOST = 1024 * 1024  # a file the contents API gives in JSON (GitHub: "1 MB")
 REACTIONS = ("+1", "-1", "laugh", "confused", "heart", "hooray", "eyes", "rocket")
 Json = dict[str, Any]
 
@@ -472,9 +473,13 @@ class Renderer:
         git = f"{self.repo_url(repo)}/git/blobs/{sha}"
         b64 = base64.b64encode(raw).decode()
         wrapped = "\n".join(b64[i:i + 60] for i in range(0, len(b64), 60)) + "\n"
+        # GitHub's JSON gives a file of 1 MB at most; a bigger one's is empty, `encoding`
+        # "none" (its bytes only through the raw or object media types, up to 100 MB)
+        over = len(raw) > CONTENTS_AT_MOST
         return {
-            "type": "file", "encoding": "base64", "size": len(raw),
-            "name": path.rsplit("/", 1)[-1], "path": path, "content": wrapped, "sha": sha,
+            "type": "file", "encoding": "none" if over else "base64", "size": len(raw),
+            "name": path.rsplit("/", 1)[-1], "path": path, "content": "" if over else wrapped,
+            "sha": sha,
             "url": u, "git_url": git, "html_url": html,
             "download_url": f"{self.web}/{repo.full_name}/raw/{repo.default_branch}/{quote(path)}",
             "_links": {"self": u, "git": git, "html": html},
