@@ -271,6 +271,8 @@ async def test_allowed_origins_come_from_vaultmail_allowed_origins(
             assert resp.status_code == 200, origin
             assert resp.headers["access-control-allow-origin"] == origin
             assert "Mcp-Session-Id" in resp.headers["access-control-expose-headers"]
+            # (a 429's or 503's wait: not a header a page may read unless exposed)
+            assert "Retry-After" in resp.headers["access-control-expose-headers"]
         for origin in ("https://console.acme.example.evil", "http://localhost:5174"):
             assert (await _post(url, {**auth, "Origin": origin})).status_code == 403, origin
         async with httpx2.AsyncClient() as http:  # a page's preflight, before its POST

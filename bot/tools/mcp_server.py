@@ -780,7 +780,7 @@ def _cors(origin: str | None) -> dict[str, str]:
         return {}
     return {"Access-Control-Allow-Origin": origin, "Vary": "Origin",
             "Access-Control-Expose-Headers": "Mcp-Session-Id, Mcp-Protocol-Version, "
-                                             "WWW-Authenticate"}
+                                             "WWW-Authenticate, Retry-After"}
 
 
 def _rpc_refusal(status: int, code: int, exc: VaultmailError,
