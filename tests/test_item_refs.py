@@ -181,3 +181,30 @@ async def test_the_forge_names_no_claim_holder_of_an_outcome_in_another_reposito
     await marco("add_comment", targetType="plan", target=inside, body="Looks right")
     said = [c["body"] for c in await forge_comments(s.marco, inside)]
     assert "@builder-bot" in said[-1], said
+
+
+async def test_a_question_card_names_no_claim_holder_of_an_outcome_in_another_repository(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """marco asks `agent` (builder, who holds the private outcome) on its plan in the vault:
+    the card, posted and rewritten with builder's answer, is read by everyone who reads the
+    vault (lee), so it names no builder; asked as `agent:builder`, it mentions them."""
+    s = await _stage(embedded, person, tools)
+    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
+                             assignees=["builder-bot"])
+    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
+                           body=f"Part of {hidden}")
+    marco = tools(MARCO)
+    added = await marco("add_comment", targetType="plan", target=plan, to=["agent"],
+                        needsReply=True, body="Who runs this?")
+    assert added["thread"]["askedTo"] == [BUILDER], added
+    said = [c["body"] for c in await forge_comments(s.marco, plan)]
+    assert len(said) == 1 and "builder" not in said[0], said
+    await tools(BUILDER)("add_comment", targetType="plan", target=plan,
+                         parent=added["comment"]["id"], body="I do")
+    said = [c["body"] for c in await forge_comments(s.marco, plan)]
+    assert "**Answered** by agent: I do" in said[0] and "builder" not in said[0], said
+    await marco("add_comment", targetType="plan", target=plan, to=["agent:builder"],
+                needsReply=True, body="builder, will you run it?")
+    said = [c["body"] for c in await forge_comments(s.marco, plan)]
+    assert "for @builder-bot" in said[-1], said
+

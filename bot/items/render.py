@@ -113,20 +113,24 @@ def option_line(i: int, q: Question, ticked: bool) -> str:
 
 
 def render_card(comment_id: str, *, author: str, state: ThreadState, mentions: list[str],
-                logins: dict[str, str], asked: list[str] | None = None) -> str:
+                logins: dict[str, str], asked: list[str] | None = None,
+                hidden: str | None = None) -> str:
     """The card; `mentions` are the logins it @mentions, `asked` the logins of those it asks
-    (the rest of `mentions`, reached but not asked, follow "cc")."""
+    (the rest of `mentions`, reached but not asked, follow "cc"); `hidden`, a claim holder
+    the forge may not name (`views.claim_unnamed`), is asked as "agent", unmentioned."""
     q = state.question
     assert q is not None
     people = {m.lower() for m in mentions}
     shown = [m for m in (asked or []) if m.lower() in people] if asked is not None \
         else mentions
     others = [m for m in mentions if m.lower() not in {a.lower() for a in shown}]
-    if asked is not None and not shown:
+    unnamed = ["agent"] if hidden in state.asked else []
+    if asked is not None and not shown and not unnamed:
         shown, others = others, []  # asked nobody it mentions: as before, all mentioned
     # (asked nobody it can mention: those asked by name, one who left by the name they had)
-    who = mention_list(shown) or ", ".join(state.left.get(p) or logins.get(p, p)
-                                           for p in state.asked)
+    named = [mention_list(shown)] if shown else []
+    who = ", ".join([*named, *unnamed]) or ", ".join(state.left.get(p) or logins.get(p, p)
+                                                     for p in state.asked)
     head = f"❓ **Question** from **{author}** for {who}"
     if others:
         head += f" · cc {mention_list(others)}"

@@ -53,7 +53,7 @@ from bot.items.threads import (
     withdraw,
     without,
 )
-from bot.items.views import claim_seen, claim_shown, comment_view, thread_view
+from bot.items.views import claim_seen, claim_unnamed, comment_view, thread_view
 from bot.office.config import Office
 from bot.office.visibility import login_of, viewer_of
 from bot.store import comments as db
@@ -364,12 +364,12 @@ class Comments:
         # forge account only (a principal is no login: "@human:lee@acme.com" mentions nobody)
         # (the claim of an outcome in another repository only where the writer named its
         # holder: the forge shows the comment to readers of the item who may not see it)
-        unnamed = {claim} - {claim_shown(item)} - {e.strip().lower() for e in [*new.to, *new.cc]}
+        hidden = claim_unnamed(item, [*new.to, *new.cc])
         mentions = [login for r in reached if (login := login_of(self.office, r.principal))
                     and (r.way == "personal" or r.principal.startswith("agent:"))
-                    and r.principal not in unnamed]
+                    and r.principal != hidden]
         row, forge_id = await self._write_forge(actor, item, new, body, comment_id, row, kind,
-                                                mentions)
+                                                mentions, hidden)
         answer = row.state.answer if kind in ("answer", "amend") else None
         record = db.CommentRow(comment_id, item.ref, thread_id, new.parent, actor, body, {
             "to": new.to, "cc": new.cc, "kind": kind, "option": answer.option if answer else None,
@@ -579,7 +579,8 @@ class Comments:
 
     async def _write_forge(self, actor: str, item: Item, new: NewComment, body: str,
                            comment_id: str, row: db.ThreadRow, kind: str,
-                           mentions: list[str]) -> tuple[db.ThreadRow, int | None]:
+                           mentions: list[str],
+                           hidden: str | None) -> tuple[db.ThreadRow, int | None]:
         """Post what the forge lacks: the card for a question, the comment for a tool call.
 
         Returns the thread (its card rewritten when the reply changed it) and the forge id of
@@ -600,7 +601,8 @@ class Comments:
         if kind == "question":
             card = self._sealed(render.render_card(
                 comment_id, author=author, state=row.state, mentions=mentions,
-                logins=self._logins(), asked=self._asked_logins(row.state)))
+                logins=self._logins(hidden), asked=self._asked_logins(row.state, hidden),
+                hidden=hidden))
             posted = await once(card, render.marker(comment_id, kind="question"))
             row = replace(row, card_id=int(posted["id"]), card_body=card)
             return row, new.forge_id if new.forge_id is not None else row.card_id
@@ -630,13 +632,16 @@ class Comments:
         return render.seal(text, keys.comment_key(self.services.settings.data_dir,
                                                   self.office.org))
 
-    def _asked_logins(self, state: ThreadState) -> list[str]:
-        """The forge accounts of those a question asks, people and agents alike."""
-        return [login for p in state.asked if (login := login_of(self.office, p))]
+    def _asked_logins(self, state: ThreadState, hidden: str | None) -> list[str]:
+        """The forge accounts of those a question asks, people and agents alike (but the
+        claim holder the card may not name, `hidden`)."""
+        return [login for p in state.asked if p != hidden and (login := login_of(self.office, p))]
 
-    def _logins(self) -> dict[str, str]:
+    def _logins(self, hidden: str | None) -> dict[str, str]:
+        """How a card names each principal: `hidden` as the `to` entry that reaches it."""
         people = {h.principal: h.login for h in self.office.humans}
-        return people | {a.principal: a.principal for a in self.office.agents}
+        agents = {a.principal: a.principal for a in self.office.agents}
+        return people | agents | ({hidden: "agent"} if hidden else {})
 
     async def refresh_card(self, item: Item, row: db.ThreadRow) -> db.ThreadRow:
         """Rewrite the card to show the answer, its history and whether it is resolved."""
@@ -644,10 +649,14 @@ class Comments:
             return row
         asker = row.state.asker
         author = self.login(asker) if asker.startswith("human:") else asker
-        mentions = self._asked_logins(row.state)
+        # the claim holder named as the question was posted (`add`): by its asker's to/cc
+        asked = await db.get_comment(self.services.store, row.id)
+        hidden = claim_unnamed(item, [*asked.data.get("to", []), *asked.data.get("cc", [])]
+                               if asked else [])
+        mentions = self._asked_logins(row.state, hidden)
         card = self._sealed(render.render_card(row.id, author=author, state=row.state,
-                                               mentions=mentions, logins=self._logins(),
-                                               asked=mentions))
+                                               mentions=mentions, logins=self._logins(hidden),
+                                               asked=mentions, hidden=hidden))
         if card != row.card_body:
             try:
                 await self.forge.update_comment(item.repo, row.card_id, card)

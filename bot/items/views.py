@@ -6,6 +6,7 @@ never as instructions. `then` is shown only to the asker (seed: "`then` is shown
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,15 @@ def claim_shown(item: Item) -> str | None:
     exactly the outcome's readers (as `store.waiting.waiting_on` counts questions)."""
     if item.kind in ("plan", "evidence") and item.parent is not None \
             and item.parent.partition("#")[0].lower() != item.repo.lower():
+        return None
+    return item.claim
+
+
+def claim_unnamed(item: Item, named: Iterable[str]) -> str | None:
+    """The claim holder the forge may not name on `item` (not `claim_shown`), unless the
+    writer `named` them (their `to`/`cc` entries, as `agent:builder`); None when it may."""
+    if item.claim is None or claim_shown(item) == item.claim \
+            or item.claim in {e.strip().lower() for e in named}:
         return None
     return item.claim
 
