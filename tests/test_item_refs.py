@@ -208,3 +208,22 @@ async def test_a_question_card_names_no_claim_holder_of_an_outcome_in_another_re
     said = [c["body"] for c in await forge_comments(s.marco, plan)]
     assert "for @builder-bot" in said[-1], said
 
+
+async def test_the_note_for_a_hand_comment_names_no_claim_holder_of_a_hidden_outcome(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """marco writes `to: agent` by hand on the vault plan of the private outcome: it reaches
+    builder, but the app's note that would mention builder is read by the vault's readers,
+    so none is posted; `to: agent:builder`, named by marco, gets it."""
+    s = await _stage(embedded, person, tools)
+    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
+                             assignees=["builder-bot"])
+    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
+                           body=f"Part of {hidden}")
+    await s.marco.comment(*where(plan), "to: agent\n\nWho runs this?")
+    await embedded.settle()
+    said = [c["body"] for c in await forge_comments(s.marco, plan)]
+    assert len(said) == 1 and not [b for b in said if "builder" in b], said
+    await s.marco.comment(*where(plan), "to: agent:builder\n\nbuilder, run it")
+    await embedded.settle()
+    said = [c["body"] for c in await forge_comments(s.marco, plan)]
+    assert "@builder-bot" in said[-1], said
