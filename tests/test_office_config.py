@@ -41,8 +41,8 @@ async def test_a_push_with_thousands_of_errors_is_refused_in_an_issue_github_tak
     characters, which the errors quote): the refusal issue listed every one, 1.4 MB that
     GitHub refuses (an issue body is at most 65,536 characters), so no issue was opened and
     the delivery failed at each retry. It lists the first 50, each cut, and says how many
-    more."""
-    long = "k" * 3000
+    more. (The file stays under the 1 MB GitHub's contents API answers in JSON.)"""
+    long = "k" * 2400
     bad = "org: acme\nhumans:\n" + "".join(
         f"  - {{email: bad{i}, login: 'x y{i}{long}', nope{i}: 1}}\n" for i in range(400))
     embedded.forge.put_file("acme/.github", "vaultmail.yml", bad, pusher="admin")
