@@ -96,8 +96,8 @@ async def _check(data: dict[str, Any], ctx: HandlerContext) -> None:
         return
     offices = ctx.services.offices
     short = head_sha[:12]
-    try:  # (anyone's pull request: read bounded, parsed beside the loop, which serves every
-        # office)
+    # (anyone's pull request: read bounded, parsed beside the loop, which serves every office)
+    try:
         text = await config_text(forge.get_file_at(full_name, CONFIG_PATH, head_sha,
                                                    at_most=MAX_CONFIG_BYTES), offices.where(org))
         if text is None:

@@ -107,6 +107,7 @@ async def comment_on_item(event: sansio.Event, ctx: HandlerContext) -> None:
         by_name = {c.name: c for c in commands}
         addressed = parse_addressing(text)
         to, cc = office_entries(s.office, addressed.to), office_entries(s.office, addressed.cc)
+        hidden = claim_unnamed(item, [*to, *cc])  # (its notes name no hidden claim holder)
         forge_id = int(comment["id"])
         if "ask" in by_name:
             ask = parse_ask(by_name["ask"].args, by_name["ask"].body)
@@ -124,17 +125,17 @@ async def comment_on_item(event: sansio.Event, ctx: HandlerContext) -> None:
                     part for part in (cmd.body, said.args, said.body) if part.strip()))
             added, was = await answer_from_forge(service, s, item, cmd, forge_id, to=to,
                                                  cc=cc, confirmed="confirmed" in by_name)
-            await ping_addressed(s, item, text, added, was_waiting=was)
+            await ping_addressed(s, text, added, hidden=hidden, was_waiting=was)
         elif "reply" in by_name:
             added, was = await reply_from_forge(service, s, item, by_name["reply"], forge_id,
                                                 to=to, cc=cc)
-            await ping_addressed(s, item, text, added, was_waiting=was)
+            await ping_addressed(s, text, added, hidden=hidden, was_waiting=was)
         elif "resolve" in by_name:
             await resolve_from_forge(service, s, item, by_name["resolve"])
         else:
             added = await service.add(s.actor, item, NewComment(
                 body=addressed.body or text, to=to, cc=cc, forge_id=forge_id))
-            await ping_addressed(s, item, text, added)
+            await ping_addressed(s, text, added, hidden=hidden)
     except VaultmailError as exc:
         await s.refuse(exc)
 
@@ -158,17 +159,17 @@ async def index_edited(s: Scene, item: Item, comment: dict[str, Any]) -> None:
             "reason": exc.message, "issue": s.ref})
 
 
-async def ping_addressed(s: Scene, item: Item, text: str, added: dict[str, Any], *,
+async def ping_addressed(s: Scene, text: str, added: dict[str, Any], *,
+                         hidden: str | None = None,
                          was_waiting: tuple[str, ...] | None = None) -> None:
     """People a `to:` / `cc:` line names by email or team are reached personally, but the forge
     notifies only @-mentions: the app mentions them, once, in a short note. So it does for
     those whose turn a reply in a question's thread made it (`was_waiting`: whose it was), and
     for an agent addressed, asked or given the turn, by its own account: what reaches it
     through its person's box would otherwise never show in its forge notifications. Not the
-    claim holder of an outcome elsewhere, unless the comment names them (as Comments.add)."""
+    claim holder of an outcome elsewhere the comment does not name (`hidden`: as
+    Comments.add, `views.claim_unnamed`)."""
     mentioned = {m.lower() for m in mentions(text)}
-    addressed = parse_addressing(text)
-    hidden = claim_unnamed(item, office_entries(s.office, [*addressed.to, *addressed.cc]))
     for entry in office_entries(s.office, [f"@{m}" for m in mentions(text) if "/" in m]):
         team = s.office.teams.get(entry.removeprefix("team:"), [])
         mentioned |= {h.login.lower() for e in team if (h := s.office.human(e))}

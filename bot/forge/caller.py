@@ -44,7 +44,14 @@ from bot.private_files import write_private
 from bot.store import lease
 
 from . import markers, writes
-from .base import JSON
+from .base import (
+    JSON,
+    contents_at_most,
+    contents_route,
+    file_meta,
+    file_or_none,
+    file_text,
+)
 from .clock import Clock
 from .errors import (
     FileTooLarge,
@@ -962,6 +969,35 @@ class RepoCaller(_Caller):
         def iter_issues(self, repo: str, state: str = "all",
                         labels: Sequence[str] | None = None,
                         since: str | datetime | None = None) -> AsyncIterator[JSON]: ...
+
+    # -- files (the contents API: GitHub's and Gitea's alike) --------------------------------
+    async def _file(self, repo: str, path: str, ref: str | None = None,
+                    at_most: int | None = None) -> JSON | None:
+        """The contents API's answer for a file on the default branch, or as of `ref`; of
+        one over `at_most` bytes, no more read than its size takes (FileTooLarge)."""
+        route, args = contents_route(path), split_repo(repo)
+        if ref is not None:
+            route, args = route + "{?ref}", {**args, "ref": ref}
+        try:
+            return file_or_none(await self._get(route, args,
+                                                read_at_most=contents_at_most(at_most)))
+        except NotFound:
+            return None
+
+    async def get_file(self, repo: str, path: str, *, at_most: int | None = None) -> str | None:
+        data = await self._file(repo, path, at_most=at_most)
+        return None if data is None else file_text(path, data, at_most)
+
+    async def get_file_at(self, repo: str, path: str, ref: str, *,
+                          at_most: int | None = None) -> str | None:
+        """The text of the file at `path` as of `ref` (a branch, tag or commit sha); None when
+        it has none there."""
+        data = await self._file(repo, path, ref, at_most)
+        return None if data is None else file_text(path, data, at_most)
+
+    async def file_info(self, repo: str, path: str) -> JSON | None:
+        data = await self._file(repo, path)
+        return None if data is None else file_meta(data)
 
     async def marked_issues(self, repo: str, marker: str) -> list[JSON]:
         """The app's recent open issues whose body carries `marker` (a whole comment:

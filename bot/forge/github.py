@@ -26,11 +26,7 @@ from .base import (
     Forge,
     StateChange,
     blob_sha,
-    contents_at_most,
     contents_route,
-    file_meta,
-    file_or_none,
-    file_text,
     probe,
 )
 from .caller import (
@@ -300,13 +296,6 @@ class GitHubForge(RepoCaller):
             )
         ]
 
-    async def get_file_at(self, repo: str, path: str, ref: str, *,
-                          at_most: int | None = None) -> str | None:
-        """The text of the file at `path` as of `ref` (a branch or a commit sha); None when
-        it has none there."""
-        data = await self._file(repo, path, ref, at_most)
-        return None if data is None else file_text(path, data, at_most)
-
     async def report_check(self, repo: str, head_sha: str, name: str, ok: bool, title: str,
                            summary: str, annotations: Sequence[JSON] = ()) -> JSON:
         """A completed check run `name` on `head_sha`, success or failure, with its output and
@@ -482,27 +471,6 @@ class GitHubForge(RepoCaller):
         except NotFound:
             return "none"
         return str(data.get("role_name") or data.get("permission") or "none")
-
-    async def _file(self, repo: str, path: str, ref: str | None = None,
-                    at_most: int | None = None) -> JSON | None:
-        """The contents API's answer for a file on the default branch, or as of `ref`; of
-        one over `at_most` bytes, no more read than its size takes (FileTooLarge)."""
-        route, args = contents_route(path), split_repo(repo)
-        if ref is not None:
-            route, args = route + "{?ref}", {**args, "ref": ref}
-        try:
-            return file_or_none(await self._get(route, args,
-                                                read_at_most=contents_at_most(at_most)))
-        except NotFound:
-            return None
-
-    async def get_file(self, repo: str, path: str, *, at_most: int | None = None) -> str | None:
-        data = await self._file(repo, path, at_most=at_most)
-        return None if data is None else file_text(path, data, at_most)
-
-    async def file_info(self, repo: str, path: str) -> JSON | None:
-        data = await self._file(repo, path)
-        return None if data is None else file_meta(data)
 
     async def put_file(
         self, repo: str, path: str, content: bytes, message: str, sha: str | None = None

@@ -46,7 +46,7 @@ async def streamed_json(request: web.Request, data: Any,
     went out is recorded in `sent` (a BodySent, appended)."""
     body = json.dumps(data, ensure_ascii=False).encode()
     if len(body) <= STREAMED_OVER:
-        return json_response(data)
+        return web.Response(body=body, content_type="application/json", charset="utf-8")
     record = BodySent(request.path, len(body))
     sent.append(record)
     response = web.StreamResponse(headers={"Content-Type": "application/json;charset=utf-8"})
