@@ -569,11 +569,9 @@ class Mailer:
                 return same_mail(indexed, record, adopted=adopted), False, None
             if fence and not await idempotency.claim_held_in(db):
                 return None, False, None
-            await _index_sent(db, record, actor)
+            await _index_sent(db, record, actor, adopted_at=adopted_at)
             if sent_from is not None:
                 await mails.set_sent_from(db, record.mail_id, sent_from)
-            if adopted_at is not None:
-                await mails.set_adopted_at(db, record.mail_id, adopted_at)
             if record.state == QUIET:
                 await ledger.append(db, "mail.loop_guard", "office", record.ref, {
                     "mail": record.mail_id, "hops": record.hops,
@@ -698,9 +696,7 @@ class Mailer:
             if indexed is not None:
                 same_mail(indexed, record, adopted=True)
                 return
-            await _index_sent(db, record, actor)
-            if adopted_at is not None:
-                await mails.set_adopted_at(db, record.mail_id, adopted_at)
+            await _index_sent(db, record, actor, adopted_at=adopted_at)
             await moves.note(db, record.mail_id, at)
             await ledger.append(db, "mail.closed", closer, record.ref, {
                 "mail": record.mail_id, "from": MailState.NEW.value,
@@ -1263,10 +1259,14 @@ class Mailer:
             await mails.tamper_warned(db, mail.mail_id)
 
 
-async def _index_sent(db: Connection, record: MailRecord, actor: str) -> None:
-    """Inside the indexing transaction: the mail in the index, and `mail.sent` by `actor`."""
-    await mails.put_mail(db, record)
-    await mails.sent(db, record.mail_id)
+async def _index_sent(db: Connection, record: MailRecord, actor: str, *,
+                      adopted_at: float | None = None) -> None:
+    """Inside the indexing transaction: the mail in the index, and `mail.sent` by `actor`.
+    `adopted_at`: a mail adopted by a write the forge dates then (an issue opened by hand:
+    no send of the app's was pending)."""
+    await mails.put_mail(db, record, adopted_at=adopted_at)
+    if adopted_at is None:
+        await mails.sent(db, record.mail_id)
     await ledger.append(db, "mail.sent", actor, record.ref, {
         "mail": record.mail_id, "to": record.to_principal, "subject": record.subject,
         "hops": record.hops, "thread": record.thread_id,

@@ -83,6 +83,16 @@ def place(times: list[tuple[float, bool, str]], at: float, content: bool, endpoi
 
 
 _Write = tuple[str, str, bool, float | None]  # (who, endpoint, content, at most this wait)
+_Placed = tuple[float, bool, str]  # (at, content, endpoint)
+
+
+@dataclass
+class _Window:
+    """One installation's writes placed, as one placing transaction knows them: the last
+    minute's (`recent`), and the hour's creations before that once a creation needed them."""
+
+    recent: list[_Placed]
+    creations: list[_Placed] | None = None
 
 
 class SharedWriteBudget:
@@ -119,28 +129,40 @@ class SharedWriteBudget:
 
         async def place_all(db: Connection) -> list[float]:
             waits: list[float] = []
+            # the writes placed so far, per installation, as this transaction reads them: read
+            # once (its key is held to the end), then each place taken here added (a group of
+            # one installation's writes read its window once, not once a write)
+            placed: dict[str, _Window] = {}
+            now = 0.0
             for who, endpoint, content, at_most in writes:
-                row = await db.fetchone("SELECT vm_now() AS t")
-                assert row is not None
-                now = float(row[0])
+                if not placed:  # (the group's writes are placed at one moment of the store's)
+                    row = await db.fetchone("SELECT vm_now() AS t")
+                    assert row is not None
+                    now = float(row[0])
                 horizon = now - 3600.0 - self.limits.slack
                 # every window but the hour's creations looks a minute back at most (and the
                 # spacing, min_interval): what was placed since, whatever it was, and before
                 # that, for a creation, the hour's creations
                 recent = now - max(60.0, self.limits.min_interval) - self.limits.slack
-                rows = list(await db.fetchall("SELECT at, content, endpoint FROM forge_writes"
-                                              " WHERE who=? AND at>?", (who, recent)))
-                if content:
-                    rows += await db.fetchall(
+                window = placed.get(who)
+                if window is None:
+                    rows = await db.fetchall("SELECT at, content, endpoint FROM forge_writes"
+                                             " WHERE who=? AND at>?", (who, recent))
+                    window = placed[who] = _Window(
+                        [(float(r[0]), bool(r[1]), str(r[2])) for r in rows])
+                if content and window.creations is None:
+                    rows = await db.fetchall(
                         "SELECT at, content, endpoint FROM forge_writes WHERE who=?"
                         " AND content=1 AND at>? AND at<=?", (who, horizon, recent))
-                at = place([(float(r[0]), bool(r[1]), str(r[2])) for r in rows], now, content,
-                           endpoint, self.limits)
+                    window.creations = [(float(r[0]), bool(r[1]), str(r[2])) for r in rows]
+                at = place(window.recent + (window.creations or []) if content
+                           else window.recent, now, content, endpoint, self.limits)
                 if at_most is not None and at - now > at_most:
                     waits.append(at - now)  # put off by its caller: no place taken
                     continue
                 await db.execute("INSERT INTO forge_writes(who, endpoint, content, at)"
                                  " VALUES (?,?,?,?)", (who, endpoint, int(content), at))
+                window.recent.append((at, content, endpoint))
                 self._placed[who] += 1  # now and then (its first place, then every 100th),
                 if self._placed[who] % PURGE_EVERY == 1:  # forget what no window holds
                     await db.execute("DELETE FROM forge_writes WHERE who=? AND at<?",

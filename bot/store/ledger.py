@@ -115,18 +115,23 @@ async def append(db: Connection, event: str, actor: str, subject: str,
     # the office's chain is appended to one entry at a time; other offices' chains go on
     # meanwhile (held to the caller's commit: append last, after the rows it records)
     await hold(db, key(org))
-    row = await db.fetchone("SELECT hash FROM ledger WHERE chain=? ORDER BY seq DESC LIMIT 1",
-                            (org,))
-    prev = row[0] if row else GENESIS
+    # the chain's head: the entry this transaction appended last (the key kept others out
+    # since), else the newest's
+    prev = db.memo.get(("ledger head", org))
+    if prev is None:
+        row = await db.fetchone(
+            "SELECT hash FROM ledger WHERE chain=? ORDER BY seq DESC LIMIT 1", (org,))
+        prev = row[0] if row else GENESIS
     pos = await next_number(db, "ledger", "pos", "seq", org)
     t = time.time()
     blob = json.dumps(data or {}, sort_keys=True, separators=(",", ":"))
+    digest = _digest(prev, t, event, actor, subject, blob, org)
     seq = await db.insert(
         "INSERT INTO ledger(time, event, actor, subject, data, prev_hash, hash, org, chain,"
         " pos) VALUES (?,?,?,?,?,?,?,?,?,?) RETURNING seq",
-        (t, event, actor, subject, blob, prev,
-         _digest(prev, t, event, actor, subject, blob, org), org, org, pos),
+        (t, event, actor, subject, blob, prev, digest, org, org, pos),
     )
+    db.memo["ledger head", org] = digest
     if pos is None:  # (a rolling deploy: numbered as the release before numbers)
         await number_as_was(db, "ledger", "pos", "seq", seq)
     return seq

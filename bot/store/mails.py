@@ -121,6 +121,8 @@ def _record(row: Any) -> MailRecord:
 # (updated_at by the database's clock, vm_now(): what wakes an agent is compared across
 # replicas, whose host clocks may disagree)
 _PUT_MAIL = upsert("mails", [*_COLUMNS, "org"], ["mail_id"], {"updated_at": "vm_now()"})
+_PUT_ADOPTED = upsert("mails", [*_COLUMNS, "org", "adopted_at"], ["mail_id"],
+                      {"updated_at": "vm_now()"})
 
 
 # One recipient's mail rows are written one transaction at a time (on PostgreSQL, where writers
@@ -142,12 +144,18 @@ async def _hold_box_of(db: Connection, mail_id: str) -> None:
         await hold(db, box_key(org_of(row["vault"]), row["to_principal"]))
 
 
-async def put_mail(db: Connection, mail: MailRecord) -> None:
+async def put_mail(db: Connection, mail: MailRecord, *, adopted_at: float | None = None
+                   ) -> None:
+    """The mail's row, written whole; `adopted_at` as `set_adopted_at` (in the same
+    statement)."""
     await hold(db, box_key(mail.org, mail.to_principal))
     values = [getattr(mail, c) for c in _COLUMNS]
     values[_COLUMNS.index("tampered")] = int(mail.tampered)
     values[_COLUMNS.index("other_labels")] = json.dumps(list(mail.other_labels))
-    await db.execute(_PUT_MAIL, (*values, mail.org))
+    if adopted_at is None:
+        await db.execute(_PUT_MAIL, (*values, mail.org))
+    else:
+        await db.execute(_PUT_ADOPTED, (*values, mail.org, adopted_at))
 
 
 async def set_state(db: Connection, mail_id: str, state: str,

@@ -124,24 +124,44 @@ async def next_number(db: Connection, table: str, column: str, was: str,
     transaction, under the office's ledger key: above every number given before (a row deleted
     since too), and above every row of no office (which `adopt_unowned` may give it). None
     while a replica of a release before numbers lives: the row takes its `was` then
-    (`number_as_was`), as that release's rows do."""
+    (`number_as_was`), as that release's rows do.
+
+    What a transaction learns here it keeps (`db.memo`): the key is held to its end, so the
+    second number it takes of an office's is the first plus one, and what it read of the
+    release before's replicas and rows stands (a mail's adoption takes three numbers)."""
     org = org.lower()
-    await hold(db, f"ledger:{org}")
-    # rows such a release wrote meanwhile: numbered as that release showed them
-    await db.execute(f"UPDATE {table} SET {column}={was} WHERE org=? AND {column} IS NULL",
-                     (org,))
-    if await db.fetchone(_OLDER_NUMBERING, (_OLDER_FOR,)) is not None:
-        return None
     name = f"{table}.{column}"
-    row = await db.fetchone(  # (each part one step down an index)
-        f"SELECT MAX(n) AS n FROM (SELECT MAX({column}) AS n FROM {table} WHERE org=?"
+    memo = db.memo
+    given = memo.get(("number", org, name))
+    if given is not None:
+        number = int(given) + 1
+        await db.execute("UPDATE office_numbers SET last=? WHERE org=? AND name=?",
+                         (number, org, name))
+        memo["number", org, name] = number
+        return number
+    await hold(db, f"ledger:{org}")
+    if ("unnumbered", org, table) not in memo:
+        # rows such a release wrote meanwhile: numbered as that release showed them
+        await db.execute(f"UPDATE {table} SET {column}={was} WHERE org=? AND {column} IS NULL",
+                         (org,))
+    older = memo.get("older numbering")
+    if older is None:
+        older = memo["older numbering"] = (
+            await db.fetchone(_OLDER_NUMBERING, (_OLDER_FOR,)) is not None)
+    if older:
+        return None
+    memo["unnumbered", org, table] = True  # (none now, and none comes: the key is held)
+    row = await db.fetchone(  # (each part one step down an index; WHERE true: SQLite's
+        # parser takes the ON CONFLICT as the upsert's, not as a join's)
+        "INSERT INTO office_numbers(org, name, last) SELECT ?, ?, COALESCE(MAX(n), 0) + 1"
+        f" FROM (SELECT MAX({column}) AS n FROM {table} WHERE org=?"
         f" UNION ALL SELECT MAX({column}) FROM {table} WHERE org IS NULL"
-        " UNION ALL SELECT last FROM office_numbers WHERE org=? AND name=?) found",
-        (org, org, name))
-    number = (int(row["n"] or 0) if row else 0) + 1
-    await db.execute("INSERT INTO office_numbers(org, name, last) VALUES (?,?,?)"
-                     " ON CONFLICT(org, name) DO UPDATE SET last=excluded.last",
-                     (org, name, number))
+        " UNION ALL SELECT last FROM office_numbers WHERE org=? AND name=?) found WHERE true"
+        " ON CONFLICT(org, name) DO UPDATE SET last=excluded.last RETURNING last",
+        (org, name, org, org, name))
+    assert row is not None
+    number = int(row[0])
+    memo["number", org, name] = number
     return number
 
 

@@ -199,6 +199,7 @@ class Connection:
         # whether a replica of a release that numbered keys by hashtextextended lives (read
         # as the transaction began): its keys are then taken its way too (OLDER_KEYS)
         self.older_keys = False
+        self.memo: dict[Any, Any] = {}
 
     async def _coerced(self, sql: str, params: Sequence[Any]) -> list[Any]:
         convert = _CONVERTERS.get(sql)

@@ -58,6 +58,9 @@ class Connection(Protocol):
     # whether keys are also taken as a live replica of an older release takes them
     # (PostgreSQL, bot.store.postgres: OLDER_WAY)
     older_keys: bool
+    # what the transaction has learnt that no other writer can change before it ends (the
+    # keys it holds keep them out): the numbers it gave, the ledger chain's head it wrote
+    memo: dict[Any, Any]
 
     async def execute(self, sql: Statement, params: Params = ()) -> int:
         """Run a statement; how many rows it changed."""

@@ -199,6 +199,7 @@ class Connection:
 
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
+        self.memo: dict[Any, Any] = {}
 
     async def _hop(self, fn: Callable[..., T], sql: Statement, params: Any) -> T:
         """`fn(connection, sql, params)` in the connection's thread: one hop."""
@@ -231,6 +232,7 @@ class _InThread(Connection):
 
     def __init__(self, conn: sqlite3.Connection) -> None:  # (no aiosqlite: its thread's own)
         self._conn = conn
+        self.memo = {}
 
     async def _hop(self, fn: Callable[..., T], sql: Statement, params: Any) -> T:
         return fn(self._conn, for_sqlite(sql), params)
@@ -367,7 +369,6 @@ class SqliteStore(Store):
         super().__init__()
         self._db = db
         self._lock = asyncio.Lock()
-        self._conn = Connection(db)
         self._checkpointer: Checkpointer | None = None
         self._reads: list[tuple[str, Params, bool, asyncio.Future[Any]]] = []
         self._reads_queued = False
@@ -430,7 +431,7 @@ class SqliteStore(Store):
                 raise
             before = self._db.total_changes
             try:
-                yield self._conn
+                yield Connection(self._db)  # (its own: what one transaction learns is its)
                 await self._db.commit()
             except BaseException as exc:
                 self._note_failure(exc)
