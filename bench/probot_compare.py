@@ -43,6 +43,8 @@ Run: .venv/bin/python -m bench.probot_compare   (`npm ci` in bench/probot once)
      BENCH_TRACE=/tmp/profiles/trace: wall-clock spans of `vaultmail serve` (its write lock,
      SQLite hops, forge requests; bench.store_trace), summarised by
      `.venv/bin/python -m bench.store_trace /tmp/profiles/trace`.
+     BENCH_SQL=/tmp/profiles/sql: the SQL statements `vaultmail serve` runs per event, and
+     the commonest, per cell (bench.sql_count).
      BENCH_DEBUG=1: per cell and app, each thread's CPU, the forge's requests, how busy the
      machine was, and a timeline (per 50 ms: posted, answered, read, written).
 """
@@ -76,6 +78,7 @@ from typing import Any
 
 import aiohttp
 
+from bench import sql_count
 from bench.common import client_main, ms, percentile, run_client
 from bot.app.embedded import APP_EVENTS, APP_PERMISSIONS, APP_SLUG, new_private_key
 from bot.office.config import Office, load_office
@@ -243,15 +246,20 @@ class App:
 
 
 def _trace_env() -> dict[str, str]:
-    """With BENCH_TRACE: `vaultmail serve` wrapped by bench.store_trace (bench/trace_site)."""
-    trace = os.environ.get("BENCH_TRACE")
-    if not trace:
-        return {}
-    Path(f"{trace}.vm.jsonl").unlink(missing_ok=True)
-    Path(f"{trace}.cells.jsonl").unlink(missing_ok=True)
-    site = Path(__file__).parent / "trace_site"
-    return {"PYTHONPATH": os.pathsep.join([str(site), str(Path.cwd())]),
-            "VAULTMAIL_BENCH_TRACE": f"{trace}.vm.jsonl"}
+    """With BENCH_TRACE: `vaultmail serve` wrapped by bench.store_trace; with BENCH_SQL, its
+    statements counted by bench.sql_count (both: bench/trace_site)."""
+    env: dict[str, str] = {}
+    if trace := os.environ.get("BENCH_TRACE"):
+        Path(f"{trace}.vm.jsonl").unlink(missing_ok=True)
+        Path(f"{trace}.cells.jsonl").unlink(missing_ok=True)
+        env["VAULTMAIL_BENCH_TRACE"] = f"{trace}.vm.jsonl"
+    if sql := os.environ.get("BENCH_SQL"):
+        Path(f"{sql}.vm.json").unlink(missing_ok=True)
+        env["VAULTMAIL_BENCH_SQL"] = f"{sql}.vm.json"
+    if env:
+        site = Path(__file__).parent / "trace_site"
+        env["PYTHONPATH"] = os.pathsep.join([str(site), str(Path.cwd())])
+    return env
 
 
 async def _vaultmail(forge: LocalForge, data_dir: Path) -> App:
@@ -420,6 +428,8 @@ async def _measure(forge: LocalForge, app: App, cell: int | str, count: int) -> 
     since = len(forge.requests.records)
     refused_before = Counter(forge.rates.refused)
     tx0 = await _write_transactions(app)
+    sql = os.environ.get("BENCH_SQL") if app.key == "vm" else None
+    statements0 = sql_count.read(f"{sql}.vm.json") if sql else Counter()
     cpu0 = _cpu_seconds(app.proc.pid)
     threads0 = _thread_cpu(app.proc.pid)
     busy0 = _machine_busy()
@@ -484,6 +494,12 @@ async def _measure(forge: LocalForge, app: App, cell: int | str, count: int) -> 
     await _until_idle(app, timeout=ideal + 300)
     scan()
     tx = await _write_transactions(app) - tx0  # (after the cell, its last results included)
+    if sql:  # (the count is rewritten ten times a second: after the idle probe, it is whole)
+        await asyncio.sleep(0.3)
+        ran = sql_count.read(f"{sql}.vm.json") - statements0
+        common = ", ".join(f"{n / count:.2f} {s}" for s, n in ran.most_common(8))
+        print(f"[sql] {app.name} cell {cell}: {ran.total() / count:.1f} statements / event;"
+              f" commonest: {common}")
     sent: list[float] = result["sent"]
     first = min(sent)
     last = max(written.values(), default=first)
