@@ -333,8 +333,10 @@ async def comment_deleted(event: sansio.Event, ctx: HandlerContext) -> None:
     s, item = found
     comment = event.data["comment"]
     author = await actor_of(ctx, s.office, comment.get("user") or {"login": "ghost"})
-    await Comments(ctx.services, ctx.forge, s.office).forge_deleted(
-        s.actor, item, int(comment["id"]), author)
+    service = Comments(ctx.services, ctx.forge, s.office)
+    # (as indexed, with its outcome's claim: the card it rewrites names no hidden holder)
+    await service.forge_deleted(s.actor, await service.index_item(item), int(comment["id"]),
+                                author)
 
 
 async def words_edited(s: Scene, item: Item, forge_id: int) -> None:

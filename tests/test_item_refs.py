@@ -209,6 +209,42 @@ async def test_a_question_card_names_no_claim_holder_of_an_outcome_in_another_re
     assert "for @builder-bot" in said[-1], said
 
 
+async def test_a_question_card_asking_a_person_and_a_hidden_claim_holder_names_the_person(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """marco asks sara and `agent` (builder, who holds the private outcome) on its plan in
+    the vault: the card names sara alone, as its mentions do; "for @sara, agent" told the
+    vault's readers that an agent, the hidden outcome's, is asked too. A card asking only
+    builder names nobody, rewritten with builder's answer too."""
+    s = await _stage(embedded, person, tools)
+    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
+                             assignees=["builder-bot"])
+    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
+                           body=f"Part of {hidden}")
+    marco = tools(MARCO)
+    added = await marco("add_comment", targetType="plan", target=plan,
+                        to=["sara@acme.com", "agent"], needsReply=True, body="Who runs this?")
+    assert added["thread"]["askedTo"] == [SARA, BUILDER], added
+    said = [c["body"] for c in await forge_comments(s.marco, plan)]
+    assert said[-1].splitlines()[1] == "❓ **Question** from **marco** for @sara", said
+    alone = await marco("add_comment", targetType="plan", target=plan, to=["agent"],
+                        needsReply=True, body="Will you run it?")
+    await tools(BUILDER)("add_comment", targetType="plan", target=plan,
+                         parent=alone["comment"]["id"], body="I do")
+    card = [c["body"] for c in await forge_comments(s.marco, plan)
+            if alone["comment"]["id"] in c["body"]][0]
+    assert card.splitlines()[1] == "❓ **Question** from **marco**", card
+    assert "**Answered** by agent: I do" in card, card
+    # builder's answer deleted on the forge: the card waits again, on nobody it may name
+    [answer] = [c for c in await forge_comments(s.marco, plan) if "I do" in c["body"]
+                and "kind=question" not in c["body"]]
+    await s.marco.call("DELETE", f"/repos/{where(plan)[0]}/issues/comments/{answer['id']}",
+                       expect=204)
+    await embedded.settle()
+    card = [c["body"] for c in await forge_comments(s.marco, plan)
+            if alone["comment"]["id"] in c["body"]][0]
+    assert "Answer withdrawn" in card and "Waiting on" not in card, card
+
+
 async def test_the_note_for_a_hand_comment_names_no_claim_holder_of_a_hidden_outcome(
         embedded: Embedded, person: Any, tools: Any) -> None:
     """marco writes `to: agent` by hand on the vault plan of the private outcome: it reaches

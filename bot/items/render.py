@@ -117,21 +117,21 @@ def render_card(comment_id: str, *, author: str, state: ThreadState, mentions: l
                 hidden: str | None = None) -> str:
     """The card; `mentions` are the logins it @mentions, `asked` the logins of those it asks
     (the rest of `mentions`, reached but not asked, follow "cc"); `hidden`, a claim holder
-    the forge may not name (`views.claim_unnamed`), is asked as "agent", unmentioned."""
+    the forge may not name (`views.claim_unnamed`), is neither mentioned nor named as asked:
+    the card says whom it asks only of those its readers may be told of, as its mentions do
+    (even "agent" would tell them the hidden outcome's holder is asked)."""
     q = state.question
     assert q is not None
     people = {m.lower() for m in mentions}
     shown = [m for m in (asked or []) if m.lower() in people] if asked is not None \
         else mentions
     others = [m for m in mentions if m.lower() not in {a.lower() for a in shown}]
-    unnamed = ["agent"] if hidden in state.asked else []
-    if asked is not None and not shown and not unnamed:
+    if asked is not None and not shown and hidden not in state.asked:
         shown, others = others, []  # asked nobody it mentions: as before, all mentioned
     # (asked nobody it can mention: those asked by name, one who left by the name they had)
-    named = [mention_list(shown)] if shown else []
-    who = ", ".join([*named, *unnamed]) or ", ".join(state.left.get(p) or logins.get(p, p)
-                                                     for p in state.asked)
-    head = f"❓ **Question** from **{author}** for {who}"
+    who = mention_list(shown) if shown else ", ".join(
+        state.left.get(p) or logins.get(p, p) for p in state.asked if p != hidden)
+    head = f"❓ **Question** from **{author}**" + (f" for {who}" if who else "")
     if others:
         head += f" · cc {mention_list(others)}"
     if q.human_only:
@@ -141,7 +141,7 @@ def render_card(comment_id: str, *, author: str, state: ThreadState, mentions: l
         parts += [f"### {as_data(q.header)}", ""]
     if not q.body:  # deleted on the forge: nothing of what it asked is repeated, but its
         # header (the name `/answer` knew it by)
-        return "\n".join([*parts, _status(state, logins)]) + "\n"
+        return "\n".join([*parts, _status(state, logins, hidden)]) + "\n"
     parts += [_neutralise(q.body), ""]
     if q.context:
         parts += ["<details><summary>Context</summary>", "", _neutralise(q.context), "",
@@ -153,7 +153,7 @@ def render_card(comment_id: str, *, author: str, state: ThreadState, mentions: l
         parts.append(option_line(i, q, i == chosen))
     if q.options:
         parts.append("")
-    parts.append(_status(state, logins))
+    parts.append(_status(state, logins, hidden))
     return "\n".join(parts) + "\n"
 
 
@@ -174,14 +174,14 @@ def _earlier(a: Any, logins: dict[str, str]) -> str:
     return f"- changed from {_said(a, logins)}"
 
 
-def _status(state: ThreadState, logins: dict[str, str]) -> str:
+def _status(state: ThreadState, logins: dict[str, str], hidden: str | None) -> str:
     note = left_note(state)
     if note:
-        return f"*{as_data(note)}.*\n\n{_answer_status(state, logins)}"
-    return _answer_status(state, logins)
+        return f"*{as_data(note)}.*\n\n{_answer_status(state, logins, hidden)}"
+    return _answer_status(state, logins, hidden)
 
 
-def _answer_status(state: ThreadState, logins: dict[str, str]) -> str:
+def _answer_status(state: ThreadState, logins: dict[str, str], hidden: str | None) -> str:
     earlier = [_earlier(a, logins) for a in reversed(state.history)]
     if state.answer is None:
         if state.question and not state.question.body:  # its comment deleted on the forge
@@ -190,9 +190,10 @@ def _answer_status(state: ThreadState, logins: dict[str, str]) -> str:
                if state.question and state.question.options
                else "Reply `/answer` and your answer.")
         if state.history and state.history[-1].withdrawn:
-            who = ", ".join(logins.get(p, p) for p in state.waiting_on)
-            how = (f"**Answer withdrawn**: its comment was deleted on the forge. Waiting on "
-                   f"{who} again. {how}")
+            # (whom it waits on, as the head says whom it asks: not `hidden`)
+            who = ", ".join(logins.get(p, p) for p in state.waiting_on if p != hidden)
+            how = ("**Answer withdrawn**: its comment was deleted on the forge. "
+                   f"{f'Waiting on {who} again. ' if who else ''}{how}")
         return "\n".join([how, *earlier])
     lines = [f"**Answered** by {_said(state.answer, logins)}", *earlier]
     if state.resolved:
