@@ -11,11 +11,15 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import yaml
 
 from bot.app.embedded import Embedded
+from bot.office.config import parse_office
+from bot.office.seed import seed_office
 from bot.tools import oauth_server
 from bot.tools.mcp_server import SESSIONS_KEY
 from bot.tools.polls import PER_TOKEN, token_key
+from tests.support import forge_sign_in
 from tests.test_mcp_oauth import _pkce, authorize_url, register
 from tests.test_mcp_sessions import BUILDER, INITIALIZE, _auth, open_session
 
@@ -77,3 +81,34 @@ async def test_sign_in_starts_over_the_cap_say_to_come_back_in_a_minute(
     async with session.get(url, allow_redirects=False) as resp:
         assert resp.status == 429 and "wait a minute" in await resp.text()
         assert resp.headers.get("Retry-After") == "60", dict(resp.headers)
+
+
+async def test_readyz_not_ready_says_when_to_look_again(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """Acted out: /readyz answered 503 without Retry-After. Each look checks afresh: look
+    again shortly."""
+    embedded.forge.faults.add(route="GET /", status=502)
+    async with session.get(embedded.app_url + "/readyz") as resp:
+        assert resp.status == 503 and (await resp.json())["failed"] == ["forge"]
+        assert resp.headers.get("Retry-After") == SHORTLY, dict(resp.headers)
+
+
+async def test_a_forge_sign_in_the_office_of_cannot_be_read_says_when_to_come_back(
+        embedded: Embedded) -> None:
+    """Acted out: marco signs in with the forge into evil's office while evil's config cannot
+    be read; the page said "try again" (502, a forge failure) with no Retry-After, as the
+    console's other pages of a refusal carry."""
+    evil = {"org": "evil", "humans": [{"email": "m@evil.test", "login": "marco"}]}
+    seed_office(embedded.forge, parse_office(yaml.safe_dump(evil), "evil.yml"))
+    (app_id,) = embedded.forge.state.apps
+    embedded.forge.install_app(int(app_id), "evil")
+    await embedded.settle()
+    embedded.forge.state.web.authorizations.setdefault("marco", []).append(int(app_id))
+    embedded.forge.faults.add(route="GET /repos/{owner}/{repo}/contents/{path}", status=403,
+                              kind="primary_limit", repo="evil/.github")
+    embedded.services.offices.max_age = 0.0  # read again at this sign-in
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        answer = await forge_sign_in(browser, embedded, "/console/sign-in/forge?org=evil",
+                                     embedded.forge_tokens["marco"])
+    assert answer.status == 502, answer.status
+    assert answer.headers.get("Retry-After") == SHORTLY, dict(answer.headers)

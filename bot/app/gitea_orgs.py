@@ -68,6 +68,7 @@ class GiteaOrgs(Rounds):
         super().__init__()
         self.services = services
         self.poll = every
+        services.installs_looked_for_every = every  # (NotInstalled's Retry-After)
         self._turns = asyncio.Semaphore(CATCH_UP_AT_ONCE)
 
     async def _run(self) -> None:

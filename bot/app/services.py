@@ -55,6 +55,10 @@ class Services:
     keyring: Keyrings
     # org (lower case) -> installation id: read at start, kept by installation events
     installations: dict[str, int] = field(default_factory=dict)
+    # seconds between the app's own looks for new installations (Gitea's, which sends no
+    # installation events: bot.app.gitea_orgs sets it); None where the forge tells of each at
+    # once (GitHub's installation events)
+    installs_looked_for_every: float | None = None
     # orgs whose index the start is still catching up with the forge (bot.app.doctor.
     # catch_up_at_start): their keyed sends wait for it
     catching_up: set[str] = field(default_factory=set)
@@ -209,11 +213,18 @@ class Services:
         """This org's installation's forge; NotInstalled (503) naming the org otherwise."""
         inst = self.installation_of(org)
         if inst is None:
-            raise NotInstalled(
+            raise self.not_installed(
                 f"the App is not installed on {org}, or is suspended there: an owner of {org} "
                 "installs it (the App's page on the forge, Install) or unsuspends it (the org's "
-                "settings, GitHub Apps), then the office works again", code="not_installed")
+                "settings, GitHub Apps), then the office works again")
         return self.forge_client.installation(inst, org=org)
+
+    def not_installed(self, message: str) -> NotInstalled:
+        """NotInstalled whose Retry-After is when this app may first know of an installation
+        made now: at its next look for them, where it looks (Gitea), else shortly."""
+        exc = NotInstalled(message, code="not_installed")
+        exc.retry_after = self.installs_looked_for_every
+        return exc
 
     def forge_for(self, installation_id: int | None, org: str | None = None) -> Forge:
         """The forge an event's installation acts through (`org`: the org it is about, which

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from bot.app.settings import NotRegistered, Settings
 from bot.digits import whole
+from bot.errors import retry_headers
 from bot.private_files import write_private
 
 PLACEHOLDER = "https://vaultmail.invalid"  # app.yml's stand-in for the app's public URL
@@ -666,7 +667,7 @@ def _setup_probes(app: web.Application, page: SetupPage) -> None:
     async def readyz(request: web.Request) -> web.Response:
         return web.json_response({"status": "not ready", "failed": ["registered"], "checks": {
             "registered": {"ok": False, "detail": "not registered yet: open /setup"}}},
-            status=503)
+            status=503, headers=retry_headers(503))  # (registered, it serves at once)
 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

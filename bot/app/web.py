@@ -87,17 +87,20 @@ def _operator_sees(request: web.Request, settings: Settings) -> bool:
     return not settings.operator_token or _from_operator(request, settings)
 
 
-def _readiness(request: web.Request, settings: Settings,
+def _readiness(request: web.Request, startup: Startup,
                checks: dict[str, dict[str, object]]) -> web.Response:
     """200 or 503 with the names of the checks that failed, to anyone; what each check found
-    (installations name the tenants) to the operator only."""
+    (installations name the tenants) to the operator only. A 503 says when a look again
+    makes sense (`Startup.retry_in`)."""
+    settings = startup.services.settings if startup.services is not None else startup.settings
     failed = [name for name, c in checks.items() if not c["ok"]]
     body: dict[str, object] = {"status": "not ready" if failed else "ready", "failed": failed}
     if _from_operator(request, settings):
         body["checks"] = checks
     else:
         body["detail"] = OPERATOR_ONLY
-    return web.json_response(body, status=503 if failed else 200)
+    return web.json_response(body, status=503 if failed else 200,
+                             headers=retry_headers(503, startup.retry_in()) if failed else None)
 
 
 async def readyz(request: web.Request) -> web.Response:
@@ -105,7 +108,7 @@ async def readyz(request: web.Request) -> web.Response:
     startup = request.app[STARTUP_KEY]
     services = startup.services
     if services is None:
-        return _readiness(request, startup.settings, {
+        return _readiness(request, startup, {
             "forge": {"ok": False, "detail": f"not reached yet: {startup.error}"}})
     checks: dict[str, dict[str, object]] = {}
 
@@ -151,7 +154,7 @@ async def readyz(request: web.Request) -> web.Response:
     for name, probe in (("database", database), ("forge", forge),
                         ("installations", installations), ("queue", queue)):
         await check(name, probe)
-    return _readiness(request, services.settings, checks)
+    return _readiness(request, startup, checks)
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
@@ -242,11 +245,19 @@ class Startup:
         self.settings = settings  # (the probes' until `services` has them)
         self.services: Services | None = None
         self.error: str | None = None
+        self.next_try: float | None = None  # (monotonic) when the start tries the forge again
         self.ready = asyncio.Event()
         self.stopping_since: float | None = None  # (monotonic) when shutdown began
         # a start that cannot go on (not a forge it keeps trying: a REPLICA_ID another live
         # process uses, say): `serve` exits with `error`
         self.failed = asyncio.Event()
+
+    def retry_in(self) -> float | None:
+        """Seconds until a look again may find the app started: its next try at the forge
+        (None, "shortly", once started: every look checks afresh)."""
+        if self.services is not None or self.next_try is None:
+            return None
+        return self.next_try - time.monotonic()
 
 
 # SIGTERM to the end of the worker's drain, at most; what is left of an orchestrator's grace
@@ -270,7 +281,7 @@ async def until_started(request: web.Request, handler: Handler) -> web.StreamRes
                else " (the operator sees why at /readyz)")
         return web.json_response({"error": {"code": "starting", "message": (
             f"vaultmail is starting: the forge is not reachable yet{why}; it keeps trying, "
-            "try again shortly")}}, status=503, headers=retry_headers(503))
+            "try again shortly")}}, status=503, headers=retry_headers(503, startup.retry_in()))
     return await handler(request)
 
 
@@ -305,6 +316,7 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
                     raise
                 log.warning("forge not reachable; trying again", extra={
                     "api": settings.api_url, "error": repr(exc), "retry_in": delay})
+                startup.next_try = time.monotonic() + delay
                 await asyncio.sleep(delay)
                 delay = min(RETRY_MAX, delay * 2)
         app[SERVICES_KEY] = services

@@ -35,7 +35,7 @@ from bot.console.visitor import (
     set_cookie,
     visitor,
 )
-from bot.errors import Denied, ForgeUnavailable, VaultmailError
+from bot.errors import Denied, ForgeUnavailable, VaultmailError, retry_headers
 from bot.store import api_tokens
 from bot.tools.http import make_call
 
@@ -57,7 +57,8 @@ def _forge_link(nxt: str, login: str | None = None, org: str | None = None) -> s
 
 def _sign_in_page(request: web.Request, *, message: str | None = None, error: bool = False,
                   status: int = 200, offices: list[str] | None = None,
-                  nxt: str | None = None, login: str | None = None) -> web.Response:
+                  nxt: str | None = None, login: str | None = None,
+                  retry_after: float | None = None) -> web.Response:
     services = request.app[SERVICES_KEY]
     token = pre_session_token(request)
     nxt = local_next(nxt if nxt is not None else request.query.get("next"))
@@ -69,6 +70,7 @@ def _sign_in_page(request: web.Request, *, message: str | None = None, error: bo
                     for org in offices or []],
         "forge_web": services.settings.web_url, "tokens": services.settings.token_sign_in,
         "message": message, "error": error}, status=status)
+    response.headers.update(retry_headers(status, retry_after))  # a 429 or 503: when again
     set_cookie(response, request, PRE_COOKIE, token, STATE_AGE)
     return response
 
@@ -117,7 +119,8 @@ async def token_sign_in(request: web.Request) -> web.StreamResponse:
                                             form.get("token", "").strip()),
                                         "token", form.get("next", ""))
     except VaultmailError as exc:
-        return _sign_in_page(request, message=exc.message, error=True, status=exc.status)
+        return _sign_in_page(request, message=exc.message, error=True, status=exc.status,
+                             retry_after=exc.retry_after)
     raise response
 
 
@@ -224,7 +227,8 @@ async def forge_callback(request: web.Request) -> web.StreamResponse:
         log.info("console sign-in failed", extra={"reason": str(exc)})
         return _sign_in_page(request, message=str(exc), error=True, status=401)
     except VaultmailError as exc:
-        return _sign_in_page(request, message=exc.message, error=True, status=exc.status)
+        return _sign_in_page(request, message=exc.message, error=True, status=exc.status,
+                             retry_after=exc.retry_after)
     raise response
 
 

@@ -16,7 +16,6 @@ from bot.app.services import SERVICES_KEY, Services
 from bot.errors import (
     Denied,
     ForgeUnavailable,
-    NotInstalled,
     Unauthenticated,
     VaultmailError,
     forge_refusal,
@@ -68,8 +67,8 @@ async def office_org(services: Services, principal: str) -> str:
     if services.default_org is not None:
         return services.default_org
     if not services.installations:
-        raise NotInstalled("the App is not installed on any organisation yet: install it, "
-                           "then call again", code="not_installed")
+        raise services.not_installed("the App is not installed on any organisation yet: "
+                                     "install it, then call again")
     offices, unread = await services.read_offices()
     found = [org for org, office in offices if principal in members(office)]
     if unread:  # (one found among those read may not be the one: the token is pinned for good)
@@ -110,9 +109,9 @@ async def _still_installed(services: Services, org: str) -> None:
     services.installations.pop(org, None)
     services.offices.forget(org)
     services.forge_client.forget(inst)
-    raise NotInstalled(f"the App is not installed on {org} any more (uninstalled, suspended, "
-                       "or the organisation renamed): an org owner installs it again to use "
-                       "the office", code="not_installed")
+    raise services.not_installed(
+        f"the App is not installed on {org} any more (uninstalled, suspended, or the "
+        "organisation renamed): an org owner installs it again to use the office")
 
 
 async def make_call(services: Services, principal: str, token: str | None = None,

@@ -101,7 +101,8 @@ async def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None,
                ) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot.cli.main", *args, cwd=str(cwd),
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(cwd), **(env or {})},
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(cwd),
+             "PYTHONPATH": str(ROOT), **(env or {})},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
 
 
@@ -328,6 +329,7 @@ async def test_serve_without_credentials_offers_the_setup_page_then_serves(
             assert (await resp.json())["status"] == "not registered"
         async with session.get(url + "/readyz") as resp:
             assert resp.status == 503 and "registered" in (await resp.json())["failed"]
+            assert resp.headers.get("Retry-After") == "5", dict(resp.headers)  # as every 503
 
         form = _parse(await _text(session, _setup_link(line)))
         assert form.action is not None

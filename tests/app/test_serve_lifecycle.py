@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from bot.app.embedded import APP_EVENTS, APP_PERMISSIONS
+from bot.app.web import RETRY_MAX
 from bot.office.config import load_office
 from bot.office.seed import seed_office
 from bot.store import open_store
@@ -41,7 +42,7 @@ def _key_pair() -> tuple[str, str]:
 async def _serve(env: dict[str, str], cwd: Path) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot.cli.main", "serve", cwd=str(cwd),
-        env={"PATH": "/usr/bin:/bin", "HOME": str(cwd), **env},
+        env={"PATH": "/usr/bin:/bin", "HOME": str(cwd), "PYTHONPATH": str(ROOT), **env},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
 
 
@@ -98,6 +99,13 @@ async def test_serve_starts_while_the_forge_is_unreachable_and_becomes_ready_onc
         assert status == 503 and ready["failed"] == ["forge"], ready
         status, refused = await _json(session, "POST", app_url + "/webhook", data=b"{}")
         assert status == 503 and refused["error"]["code"] == "starting"
+        # each says when to look again: at the start's next try at the forge, at most
+        # RETRY_MAX away (acted out: /readyz said nothing, the refusal a fixed 5 s)
+        for path in ("/readyz", "/webhook"):
+            async with session.request("GET" if path == "/readyz" else "POST", app_url + path,
+                                       data=b"{}") as resp:
+                assert resp.status == 503
+                assert 1 <= int(resp.headers.get("Retry-After", "0")) <= RETRY_MAX, resp.headers
         # why the start waits (the forge's address, an exception) is the operator's, as at
         # /healthz and /readyz
         for said in (health, ready, refused):

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from bot.app.embedded import GITEA_EVENTS, Embedded
-from bot.app.gitea_orgs import GiteaOrgs, refresh
+from bot.app.gitea_orgs import ORGS_EVERY, GiteaOrgs, refresh
 from bot.app.intake import org_webhook_secret
 from bot.forge.gitea import SYNTHETIC_INSTALLATION_ID
 from bot.office.config import parse_office
@@ -221,6 +221,38 @@ async def test_a_delivery_id_is_one_orgs_own(
     assert (await post("evil", "5f0c-chosen"))["queued"] is True
     assert (await post("acme", "5f0c-chosen"))["queued"] is True, "acme's delivery was dropped"
     assert (await post("acme", "5f0c-chosen"))["queued"] is False  # acme's own redelivery
+
+
+async def test_an_office_not_installed_yet_is_told_to_come_back_at_the_next_look(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """Gitea sends no installation events: the app finds an org the bot was added to at its
+    next look at the bot's orgs (every ORGS_EVERY s). Acted out: a token of globex's office,
+    before the bot is in globex, was answered 503 not_installed with Retry-After 5, and
+    asking again 5 s later finds it no more installed; it says the looks' cadence now. The
+    look taken, the office is served."""
+    seed_office(office.forge, parse_office(yaml.safe_dump(GLOBEX), "globex.yml"))
+    amy = await api_tokens.create_token(office.services.store, "human:amy@globex.test",
+                                        "globex")
+    async with session.post(office.app_url + "/api/v1/tools/mail_list", json={},
+                            headers={"Authorization": f"Bearer {amy}"}) as resp:
+        assert resp.status == 503, await resp.text()
+        assert (await resp.json())["error"]["code"] == "not_installed"
+        assert resp.headers.get("Retry-After") == str(int(ORGS_EVERY)), dict(resp.headers)
+    office.forge.add_org_member("globex", office.services.app_slug, role="admin")
+    assert await refresh(office.services) == ["globex"]
+    status, _ = await ToolClient(session, office, "human:amy@globex.test", token=amy).raw(
+        "mail_list", {})
+    assert status == 200
+
+
+async def test_the_console_says_when_to_come_back_to_a_forge_sign_in_not_set_up(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """Signing in with the forge is GitHub's OAuth client only: here it is 503, and like
+    every 503 the app answers (acted out: this one did not) it carries Retry-After."""
+    async with session.get(office.app_url + "/console/sign-in/forge",
+                           allow_redirects=False) as resp:
+        assert resp.status == 503 and "not set up" in await resp.text()
+        assert resp.headers.get("Retry-After") == "5", dict(resp.headers)
 
 
 async def test_an_orgs_webhook_carries_no_app_installation_events(
