@@ -12,7 +12,7 @@ needs to act without another request (`mail_run`, `chat_run`): who wrote, the su
 where to reply. A command run also gets, in its environment, the app's URL and an API token of
 its agent that lives as long as the run (`VAULTMAIL_APP_URL`, `VAULTMAIL_TOKEN`), so it answers
 through the tools like any agent (a mail run's token names its mail: mail sent with it counts
-one hop more than that mail, bot.mail.mailer.LOOP_GUARD_HOPS; so does mail the agent sends with
+one hop more than that mail, bot.mail.header.LOOP_GUARD_HOPS; so does mail the agent sends with
 any token while a mail run of its is open, `RUN_HELD_OPEN`); its exit status, timing and the
 end of its output are ledgered as `run.finished`. It gets nothing else of the app's: its
 environment is built from an allow-list (`command_env`), and it runs in a directory of its own,

@@ -28,9 +28,8 @@ from bot.forge import markers
 from bot.forge.errors import ForgeError
 from bot.forge.gitea import GiteaForge, gitea_name
 from bot.forge.once import comment_once
-from bot.mail.header import clean_subject, render_mail_body
+from bot.mail.header import LOOP_GUARD_HOPS, clean_subject, render_mail_body
 from bot.mail.mailer import (
-    LOOP_GUARD_HOPS,
     MAX_SUBJECT,
     Mailer,
     _Draft,
@@ -66,7 +65,7 @@ def sent_by(mail: MailRecord, principal: str) -> bool:
 
 def with_hops(mailer: Mailer, draft: MailRecord | _Draft, hops: int | None) -> MailRecord | _Draft:
     """`draft` signed again with the hops a message carried (X-Vaultmail-Hops), when more
-    than it has: the loop guard counts on across email (bot.mail.mailer.LOOP_GUARD_HOPS)."""
+    than it has: the loop guard counts on across email (bot.mail.header.LOOP_GUARD_HOPS)."""
     if isinstance(draft, MailRecord) or hops is None or hops <= draft.header.hops:
         return draft
     h = draft.header

@@ -117,14 +117,18 @@ async def has_new(store: Store, office: Office, viewer: str, sees: Sees) -> bool
     """Whether something unread is the viewer's own to see now: a person's own box, an agent's
     share of the agents' box (seed: "returns as soon as something new is yours")."""
     who = Whose.of(office, viewer)
-    if who.viewer == who.person:
+    agent = who.viewer != who.person
+    if not agent:
         rows = await db.unread_in(store, who.owner, ["you"], org=who.org)
     else:
         rows = await db.unseen_by(store, who.owner, who.viewer, org=who.org)
-    if not rows or sees is None:
+    if not rows or (sees is None and not agent):
         return bool(rows)
     found = await db.comments_by_ids(store, [r["comment"] for r in rows])
-    return bool(await sees({c.item for c in found.values()}))
+    # a comment past the loop guard is the agent's to see on its next look, not news that
+    # ends a wait (bot.items.loop_guard)
+    items = {c.item for c in found.values() if not (agent and c.data.get("loopGuard"))}
+    return bool(items) and (sees is None or bool(await sees(items)))
 
 
 def _turns(page: db.QuestionPage, targets: list[str], viewer: str, box: str) -> Cards:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from bot.errors import VaultmailError
-from bot.items import render
+from bot.items import loop_guard, render
 from bot.items.address import Reached, Table, audience, owner_of, resolve, table_reach
 from bot.items.model import Item, item_from_issue, native_parent, scope_of
 from bot.items.questions import Option, Question, naming
@@ -129,13 +129,21 @@ class _Replay:
                kind: str, forge_id: int | None, at: float, parent: str | None,
                reached: list[Reached], to: list[Reached], cc: list[Reached],
                option: str | None = None, amend: bool = False,
-               confirmed: bool = False, edited: float | None = None) -> None:
+               confirmed: bool = False, edited: float | None = None,
+               before: tuple[str, ...] = ()) -> None:
+        """Record a comment and its thread as it leaves it (`before`: whom the thread waited
+        on before it), past the loop guard as live took it (`Comments.add`)."""
         spell = [r.principal.removeprefix("human:") for r in to]
+        guard = loop_guard.held(author, loop_guard.hops(
+            c.author for c in reversed(self.comments)))
+        if guard:
+            thread = replace(thread, state=loop_guard.no_agents_turn(before, thread.state))
         self.comments.append(db.CommentRow(cid, self.item.ref, thread.id, parent, author, body, {
             "to": spell, "cc": [r.principal.removeprefix("human:") for r in cc], "kind": kind,
             "option": option, "amend": amend, "confirmedWithPerson": confirmed,
             "notify": [r.as_json() for r in reached],
-            "addressed": [r.principal for r in [*to, *cc]]}, forge_id, at, edited))
+            "addressed": [r.principal for r in [*to, *cc]],
+            **({"loopGuard": guard} if guard else {})}, forge_id, at, edited))
         self.threads[thread.id] = thread
 
     # -- the app's comments -------------------------------------------------------------
@@ -252,7 +260,7 @@ class _Replay:
                                                updated_at=at),
                     kind=kind, forge_id=forge_id, at=at, parent=parent, reached=reached,
                     to=to, cc=cc, option=answer.option if answer else None, amend=amend,
-                    confirmed=confirmed)
+                    confirmed=confirmed, before=t.state.waiting_on)
 
     async def hand_comment(self, posted: dict[str, Any], at: float) -> None:
         """A comment someone wrote on the forge, read as `handlers.items.comment_on_item`

@@ -21,7 +21,7 @@ from bot.errors import Conflict, Denied, InvalidArguments, NotFoundError
 from bot.forge.errors import ForgeError, NotFound
 from bot.forge.gitea import GiteaForge
 from bot.forge.once import comment_once
-from bot.items import render, waiting
+from bot.items import loop_guard, render, waiting
 from bot.items.address import (
     Reached,
     Table,
@@ -337,6 +337,9 @@ class Comments:
         await self._check_addressed(actor, item, [*to, *cc])
         comment_id = self._new_id(item, new.forge_id, actor, new.key)
         now = time.time()
+        # the loop guard (bot.items.loop_guard): past it, recorded and shown, waking no agent
+        hops = await db.agents_in_a_row(store, item.ref)
+        guard = loop_guard.held(actor, hops)
         if parent is None:
             state = await self._start(actor, item, new, body, to, cc, table)
             thread_id, kind = comment_id, ("question" if state.is_question else "comment")
@@ -354,6 +357,10 @@ class Comments:
             # the scope as the item is now (fresh from the forge), not as the thread last had it
             row = replace(parent, state=state, answered_at=answered,
                           scope=self.scope_of(item))
+        if guard:
+            row = replace(row, state=loop_guard.no_agents_turn(
+                parent.state.waiting_on if parent else (), row.state))
+            state = row.state
         # those addressed, and those whose turn it now is (seed: "Your follow-up hands it back
         # to them"), hear it even when they are the writing agent's own person
         reached = audience(self.office, author=actor, candidates=candidates,
@@ -366,7 +373,8 @@ class Comments:
         # holder: the forge shows the comment to readers of the item who may not see it)
         hidden = claim_unnamed(item, [*new.to, *new.cc])
         mentions = [login for r in reached if (login := login_of(self.office, r.principal))
-                    and (r.way == "personal" or r.principal.startswith("agent:"))
+                    and (r.way == "personal" or (r.principal.startswith("agent:")
+                                                 and not guard))
                     and r.principal != hidden]
         row, forge_id = await self._write_forge(actor, item, new, body, comment_id, row, kind,
                                                 mentions, hidden)
@@ -376,8 +384,9 @@ class Comments:
             "amend": new.amend, "confirmedWithPerson": new.confirmed,
             "notify": [r.as_json() for r in reached],
             "addressed": [r.principal for r in [*to, *cc]],
+            **({"loopGuard": guard} if guard else {}),
         }, forge_id, now, edited_at=new.edited_at)
-        await self._commit(actor, item, record, row, kind, reached, to, cc)
+        await self._commit(actor, item, record, row, kind, reached, to, cc, hops)
         if row.state.is_question:
             # someone asked who left meanwhile (a config taken since this replica read it,
             # its sweep done before this was recorded): sent back now. Read after the commit,
@@ -388,8 +397,17 @@ class Comments:
                 row = (await self._send_back(stored, gone) if stored else None) or row
         if row.state.is_question:  # asked, answered or passed on: the forge shows who it waits on
             await waiting.sync(self, row.scope)
-        return {"comment": comment_view(record), "thread": thread_view(row, actor),
-                "notify": record.data["notify"], "addressed": record.data["addressed"]}
+        return self._answer(record, row, actor)
+
+    @staticmethod
+    def _answer(c: db.CommentRow, t: db.ThreadRow, actor: str) -> dict[str, Any]:
+        """What `add` answers for comment `c` in thread `t`: past the loop guard, why it
+        woke no agent (as mail's quiet delivery says)."""
+        out = {"comment": comment_view(c), "thread": thread_view(t, actor),
+               "notify": c.data.get("notify", []), "addressed": c.data.get("addressed", [])}
+        if c.data.get("loopGuard"):
+            out["loopGuard"] = c.data["loopGuard"]
+        return out
 
     async def _answers_when_full(self, item: Item, parent: db.ThreadRow,
                                  kind: ReplyKind) -> bool:
@@ -424,8 +442,7 @@ class Comments:
         """What `add` returned for a comment it already recorded."""
         t = await db.get_thread(self.services.store, c.thread)
         assert t is not None
-        return {"comment": comment_view(c), "thread": thread_view(t, actor),
-                "notify": c.data.get("notify", []), "addressed": c.data.get("addressed", [])}
+        return self._answer(c, t, actor)
 
     async def _parent_thread(self, item: Item, parent: str | None) -> db.ThreadRow | None:
         if parent is None:
@@ -670,7 +687,7 @@ class Comments:
 
     async def _commit(self, actor: str, item: Item, record: db.CommentRow, row: db.ThreadRow,
                       kind: str, reached: list[Reached], to: list[Reached],
-                      cc: list[Reached]) -> None:
+                      cc: list[Reached], hops: int) -> None:
         s = row.state
         data: dict[str, Any] = {
             "comment": record.id, "item": item.ref, "thread": row.id, "parent": record.parent,
@@ -686,6 +703,7 @@ class Comments:
                                     "confirmedWithPerson": a.confirmed_with_person}
                                    for a in (s.answer, *reversed(s.history))]
         woken = []  # each box wakes its own waiters: a person's never wakes for the agents'
+        guard = record.data.get("loopGuard")
         org = self.office.org
         keys = [db.inbox_key(org, owner_of(self.office, r.principal)) for r in reached]
         # under the running idempotency claim's own key, which a takeover takes too: a try
@@ -701,9 +719,14 @@ class Comments:
             for r in sorted(reached, key=lambda r: owner_of(self.office, r.principal)):
                 owner = owner_of(self.office, r.principal)
                 box = "you" if r.way == "personal" else "agents"
-                woken.append(wake_key(owner, box))
+                if box == "you" or not guard:  # past the loop guard no agents' box wakes
+                    woken.append(wake_key(owner, box))
                 await db.deliver(tx, owner, box, r.principal, record.id, org=self.office.org)
             await ledger.append(tx, "comment.added", actor, item.ref, data, org=self.office.org)
+            if guard:
+                await ledger.append(tx, "comment.loop_guard", actor, item.ref, {
+                    "comment": record.id, "thread": row.id, "hops": hops, "reason": guard},
+                    org=self.office.org)
             if kind in ("answer", "amend"):
                 await ledger.append(tx, "comment.answered", actor, item.ref, {
                     "thread": row.id, "comment": record.id, "amend": kind == "amend",

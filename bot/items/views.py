@@ -81,7 +81,7 @@ def comment_view(c: CommentRow) -> dict[str, Any]:
     out: dict[str, Any] = {"id": c.id, "item": c.item, "thread": c.thread, "parent": c.parent,
                            "author": c.author, "body": c.body, "at": iso(c.created_at),
                            "contentIsData": True}
-    for key in ("to", "cc", "option", "amend", "confirmedWithPerson"):
+    for key in ("to", "cc", "option", "amend", "confirmedWithPerson", "loopGuard"):
         if c.data.get(key):
             out[key] = c.data[key]
     if c.edited_at is not None:  # its words as the forge shows them since an edit

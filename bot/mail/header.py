@@ -73,6 +73,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from bot.mail.signing import Signer, Verifier, kid_office, vault_office
 from bot.names import NAME, OFFICE
 
+# Mail between agents beyond this many hops starts no run: the automatic reply notification
+# (the copy of a reply into an agent sender's vault), mail an agent sends in answer to mail
+# (`inReplyTo`), each one hop more than the mail it answers, and mail an agent sends from a run
+# a mail woke (its run token's `woken_by`, or, with another token, its latest mail run still
+# open), one more than that mail. A mail a person writes, or an agent's with no mail run open
+# and nothing it answers, starts at 0. Agents' comments in a row on an item count the same
+# (bot.items.loop_guard).
+LOOP_GUARD_HOPS = 3
+
 HEADER_VERSION: Final = 1
 SIGNING_CONTEXT = b"vaultmail-header-v1\n"
 HEADER_PREFIX = "<!-- vaultmail:header v"

@@ -27,6 +27,7 @@ from bot.forge import markers
 from bot.forge.errors import ForgeError, NotFound, PermissionDenied, PutOff
 from bot.forge.once import comment_once
 from bot.mail.header import (
+    LOOP_GUARD_HOPS,
     MailHeader,
     adopted_here,
     adopted_mail_id,
@@ -59,13 +60,7 @@ if TYPE_CHECKING:
     from bot.forge.base import JSON, Forge
     from bot.mail.signing import Signer
 
-# Mail between agents beyond this many hops starts no run: the automatic reply notification
-# (the copy of a reply into an agent sender's vault), mail an agent sends in answer to mail
-# (`inReplyTo`), each one hop more than the mail it answers, and mail an agent sends from a run
-# a mail woke (its run token's `woken_by`, or, with another token, its latest mail run still
-# open), one more than that mail. A mail a person writes, or an agent's with no mail run open
-# and nothing it answers, starts at 0.
-LOOP_GUARD_HOPS = 3
+# (LOOP_GUARD_HOPS: the header's, which carries the hops; comments on items share it)
 MAX_BODY = 60_000
 # events that set a state rather than add something: applied again in that state, a no-op
 _SETS_STATE = frozenset({MailEvent.OPEN, MailEvent.CLOSE, MailEvent.REOPEN})

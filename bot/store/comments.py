@@ -398,6 +398,17 @@ async def count_comments(store: Store, item: str) -> int:
     return int(row["n"]) if row else 0
 
 
+async def agents_in_a_row(store: Store, item: str) -> int:
+    """How many of the item's comments, newest first, agents wrote before anyone else's (the
+    loop guard's hops for the next comment: `bot.items.loop_guard.hops`, in SQL). A comment
+    deleted on the forge is not counted, as a rebuild, which never sees it, counts it not."""
+    row = await store.fetchone(
+        "SELECT count(*) AS n FROM comments WHERE item=? AND deleted_at IS NULL AND seq>"
+        " coalesce((SELECT max(seq) FROM comments WHERE item=? AND deleted_at IS NULL"
+        " AND substr(author, 1, 6)<>'agent:'), 0)", (item, item))
+    return int(row["n"]) if row else 0
+
+
 async def count_past(store: Store, item: str, thread: str, first: int) -> int:
     """How many of `thread`'s comments came after the first `first` comments of `item`."""
     row = await store.fetchone(

@@ -44,7 +44,9 @@ EVENTS = frozenset({
     "mail.bounced",  # mail to an agent that left, or to a vault gone or archived
     "mail.restored",  # a delivered mail's issue vanished and was opened again (the doctor)
     "mail.tampered", "run.queued", "run.refused", "run.denied", "run.finished", "comment.added",
-    "comment.answered", "comment.resolved", "comment.deleted", "office.config_refused",
+    "comment.answered", "comment.resolved", "comment.deleted",
+    "comment.loop_guard",  # an agent's comment on an item past the loop guard: woke no agent
+    "office.config_refused",
     "office.webhook_secret_rotated",  # an org's own webhook secret (Gitea), by the operator
     # real mailboxes (bot/email): a message accepted, held, released by hand, sent, first
     # deferred, bounced

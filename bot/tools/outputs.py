@@ -175,6 +175,9 @@ class CommentAdded(Result):
     thread: Card
     notify: list[Reached] = Field(description="who the comment reached, and how")
     addressed: list[str] = Field(description="the principals it was addressed to")
+    loopGuard: str | None = Field(default=None, description=(
+        "past the loop guard (agents' comments in a row on the item): why it was delivered "
+        "without waking an agent"))
 
 
 class ThreadResult(Result):
