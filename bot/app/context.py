@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from bot.store import QueueItem
 
 
-def change_key(event: str, payload: dict[str, Any]) -> str | None:
+def change_key(event: str, payload: dict[str, Any], office: str | None = None) -> str | None:
     """The forge change a delivery reports, when the app must act on it once however often it
     arrives (a redelivery under a new id, a replayed capture): a new comment, by its id and
     update time (commands and replies come from there), and an issue's opening, by the
@@ -28,9 +28,12 @@ def change_key(event: str, payload: dict[str, Any]) -> str | None:
     `acme/scout-vault`, or name it before and after a rename, is one key. Within its org
     (lower case), which intake checked an org-signed delivery is about: ids are the signer's
     word there, and one org's admins must not claim another org's change by naming its id.
-    Edits and other issue events carry no such identity (two edits within a second can look
-    alike), so their handlers are idempotent by state instead."""
-    return _change_key(event, payload, named=False)
+    `office`: that org under its name now, where the payload may name it as it was called
+    before a rename (bot.app.worker's `queued_change_key`; a rename moves the keys with the office:
+    bot.store.offices.rename_in). Edits and other issue events carry no such identity (two
+    edits within a second can look alike), so their handlers are idempotent by state
+    instead."""
+    return _change_key(event, payload, named=False, office=office)
 
 
 def named_change_key(event: str, payload: dict[str, Any]) -> str | None:
@@ -40,12 +43,13 @@ def named_change_key(event: str, payload: dict[str, Any]) -> str | None:
     return _change_key(event, payload, named=True)
 
 
-def _change_key(event: str, payload: dict[str, Any], *, named: bool) -> str | None:
+def _change_key(event: str, payload: dict[str, Any], *, named: bool,
+                office: str | None = None) -> str | None:
     action, repo = payload.get("action"), payload.get("repository")
     if not isinstance(repo, dict):
         return None
     full_name = repo.get("full_name")
-    scope = full_name if named else str(full_name).partition("/")[0].lower()
+    scope = full_name if named else office or str(full_name).partition("/")[0].lower()
     if event == "issue_comment" and action == "created":
         comment = payload.get("comment")
         if isinstance(comment, dict) and comment.get("id") is not None:

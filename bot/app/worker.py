@@ -320,7 +320,7 @@ class Worker:
         claimed: dict[str, tuple[str, str]] = {}
         first: dict[str, QueueItem] = {}
         for item in items:
-            key = change_key(item.event, item.payload)
+            key = queued_change_key(item)
             if key is None or key in first:
                 continue
             _, router, event = self._routed(item)
@@ -564,22 +564,28 @@ class Worker:
         """Run the handlers; for a forge change that can reach the app again under another
         delivery id (Gitea's "Redeliver", a replayed capture), once per change: returns the
         delivery id that handled it."""
-        key = change_key(item.event, item.payload)
+        key = queued_change_key(item)
         if key is None:
             await router.dispatch(event, ctx)
             return item.guid
 
         async def handle() -> dict[str, Any]:
-            # releases before keyed the change by its repository's name as spelt: what one
-            # handled, or began, is found under that key, as this delivery spells it
-            named = named_change_key(item.event, item.payload)
-            began, done = (await self.store.left_under("forge", named) if named is not None
-                           else (False, None))
-            if done is not None:
-                return done
-            if began:  # left unfinished: go on from its try (its markers; looking first)
-                ctx.source, ctx.retry = str(named), True
-            with resuming() if began else contextlib.nullcontext():
+            # what was handled, or begun, under a key this change has no more, as this
+            # delivery spells it: releases before keyed it by its repository's name, and by
+            # the login its payload names before their renames moved the keys with the office
+            began = None
+            for left in dict.fromkeys((named_change_key(item.event, item.payload),
+                                       change_key(item.event, item.payload))):
+                if left is None or left == key:
+                    continue
+                there, done = await self.store.left_under("forge", left)
+                if done is not None:
+                    return done
+                if there and began is None:
+                    began = left
+            if began is not None:  # left unfinished: go on from its try (its markers; looking
+                ctx.source, ctx.retry = began, True  # first)
+            with resuming() if began is not None else contextlib.nullcontext():
                 await router.dispatch(event, ctx)
             if ctx.parked is not None:  # not done: handled again once its issue is mail
                 raise _Parked(ctx.parked)
@@ -594,6 +600,18 @@ class Worker:
         except _Parked:
             return item.guid
         return str(done["delivery"])
+
+
+def queued_change_key(item: QueueItem) -> str | None:
+    """`change_key` of a queued delivery, within its office under its name now: the office of
+    the issue it is queued under (intake's `issue_now`, which follows an org's old login
+    within the office that had it, and which a rename moves), so a change delivered before
+    its org renamed itself and again after, naming either login, is one key. An org-signed
+    delivery keeps the org it names (the webhook's, checked at intake): its signer's word
+    follows no rename into another office."""
+    office = (None if item.issue_key is None or org_signed(item.guid)
+              else queue.office_of_key(item.issue_key))
+    return change_key(item.event, item.payload, office)
 
 
 @dataclass

@@ -248,9 +248,18 @@ async def rename_in(db: Connection, org: str, new: str) -> int:
         now = _scope_renamed(str(row["scope"]), org, new)
         if now is not None:
             await db.execute("UPDATE idempotency SET scope=? WHERE scope=?", (now, row["scope"]))
+    # the forge changes it handled (`<event>.<action>:<org>:<ids>`: bot.app.context's
+    # change_key), under its new name: a change delivered again, naming its org's old login
+    # or its new one, is keyed under the office's name now, and found
+    await db.execute(_FORGE_KEYS, (new, len(org) + 1, len(org) + 1, f"{org}:"))
     return await _move(db, org, new, revoke=False)
 
 
+_FORGE_KEYS = Sql(
+    "UPDATE idempotency SET key=substr(key, 1, instr(key, ':')) || ? || substr(key,"
+    " instr(key, ':') + ?) WHERE scope='forge' AND substr(key, instr(key, ':') + 1, ?)=?",
+    "UPDATE idempotency SET key=substr(key, 1, strpos(key, ':')) || ? || substr(key,"
+    " strpos(key, ':') + ?) WHERE scope='forge' AND substr(key, strpos(key, ':') + 1, ?)=?")
 _SCOPES = Sql("SELECT DISTINCT scope FROM idempotency WHERE instr(scope, ?) > 0",
               "SELECT DISTINCT scope FROM idempotency WHERE strpos(scope, ?) > 0")
 

@@ -34,6 +34,7 @@ from bot.store.prune import MIN_KEEP, prune
 from localforge import LocalForge
 from tests.app.test_installations import _add_globex, _app_id, _tool, _while_down
 from tests.support import app_key, free_port, until
+from tests.test_exactly_once import _named, forge_delivery, replay_under_new_id
 from tests.test_mcp import _refused, mcp_http
 
 BEFORE, AFTER = "Before the rename", "After the rename"
@@ -937,3 +938,70 @@ async def test_a_comment_under_a_vaults_old_name_and_one_under_its_new_run_in_ar
     assert len(late) == 2, late  # the redelivered reply, then the new comment
     first, second = await _finished_at(services, late)
     assert first <= second, "the later comment ran before the reply's retry"
+
+
+@pytest.mark.parametrize("named", ["globex", "initech"], ids=["as-sent", "new-login"])
+async def test_a_reply_delivered_again_after_the_rename_is_taken_once(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession, named: str) -> None:
+    """scout replies on amy's mail in globex/scout-vault, and amy answers it (the turn is
+    scout's again); globex renames itself initech; the reply comes again under a new
+    delivery id, naming globex as it was sent (GitHub's "Redeliver") or initech (a capture
+    taken since). One change: it takes the turn back from amy's answer no more, and is
+    ledgered once. Before, the change was keyed under the login its payload named: named
+    initech, it was a new key, and the reply ran again (mail:replied, two mail.replied)."""
+    forge, services = embedded.forge, embedded.services
+    _, amy = await _globex_with_amy(embedded, tmp_path)
+    await _amy_mails_scout(session, embedded, amy, "Which prices?")
+    await _comment(session, forge, "globex-scout", "globex/scout-vault", 1, "EU, up 4%.")
+    await embedded.settle()
+    reply = forge_delivery(embedded, "issue_comment", "created",
+                           lambda p: p["comment"]["user"]["login"] == "globex-scout")
+    await _comment(session, forge, "amy", "globex/scout-vault", 1, "And the US?")
+    await embedded.settle()
+    forge.rename_org("globex", "initech")
+    await embedded.settle()
+
+    await replay_under_new_id(embedded, session, "issue_comment",
+                              _named(reply, f"{named}/scout-vault"))
+    mail = await mails.mail_at(services.store, "initech/scout-vault", 1)
+    assert mail is not None and mail.state == "mail:new", mail
+    assert len(await embedded.ledger_events("mail.replied")) == 1
+
+
+async def test_a_reply_handled_before_a_rename_that_left_its_key_is_found_when_redelivered(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """The same, where the rename was followed by a release that left the change's key under
+    the old login (renames moved no forge keys then): the reply redelivered as it was sent
+    is found there, and not taken again."""
+    forge, services = embedded.forge, embedded.services
+    _, amy = await _globex_with_amy(embedded, tmp_path)
+    await _amy_mails_scout(session, embedded, amy, "Which prices?")
+    await _comment(session, forge, "globex-scout", "globex/scout-vault", 1, "EU, up 4%.")
+    await embedded.settle()
+    reply = forge_delivery(embedded, "issue_comment", "created",
+                           lambda p: p["comment"]["user"]["login"] == "globex-scout")
+    await _comment(session, forge, "amy", "globex/scout-vault", 1, "And the US?")
+    await embedded.settle()
+    forge.rename_org("globex", "initech")
+    await embedded.settle()
+    now = "issue_comment.created:initech:"
+    async with services.store.transaction() as db:  # as that release left it
+        moved = await db.execute(
+            "UPDATE idempotency SET key=? || substr(key, ?) WHERE scope='forge'"
+            " AND substr(key, 1, ?)=?", ("issue_comment.created:globex:", len(now) + 1,
+                                         len(now), now))
+    assert moved == 2, "scout's reply and amy's answer"
+
+    await replay_under_new_id(embedded, session, "issue_comment", reply)
+    mail = await mails.mail_at(services.store, "initech/scout-vault", 1)
+    assert mail is not None and mail.state == "mail:new", mail
+    assert len(await embedded.ledger_events("mail.replied")) == 1
+
+
+async def _comment(session: aiohttp.ClientSession, forge: LocalForge, login: str, repo: str,
+                   number: int, body: str) -> None:
+    async with session.post(f"{forge.url}/repos/{repo}/issues/{number}/comments",
+                            json={"body": body},
+                            headers={"Authorization": f"token {forge.user_token(login)}"}
+                            ) as resp:
+        assert resp.status == 201, await resp.text()
