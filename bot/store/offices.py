@@ -211,7 +211,8 @@ _TEXT = ("text", "character varying")
 # what stays as it is: the ledger is hashed as written (its rows move by their office alone),
 # the org's own installation row is its caller's, and the rest are no office's
 _UNMOVED = {"installations", "ledger", "schema_migrations", "sqlite_sequence", "replicas",
-            "deliveries", "missed_deliveries", "reconcile_marks", "oauth_clients"}
+            "deliveries", "missed_deliveries", "reconcile_marks", "oauth_clients",
+            "idempotency"}  # (its clients' keys: the office's steps move by `_move_steps`)
 # what people wrote, and the app's own results: never a reference to rewrite
 _CONTENT = {"body", "subject", "message", "title", "answer", "summary", "data", "payload",
             "result", "card_body", "detail", "metadata", "last_error", "flash", "cause",
@@ -229,6 +230,7 @@ async def retire_in(db: Connection, org: str, archived: str) -> int:
     dropped, and every token and grant it gave is revoked. Returns the rows moved."""
     moved = await _move(db, org, archived, revoke=True)
     await db.execute(_IDEMPOTENCY, (f":{org.lower()}:",))
+    await _move_steps(db, org.lower(), archived.lower())  # (the rest: no key of the new one's)
     return moved
 
 
@@ -242,17 +244,33 @@ async def rename_in(db: Connection, org: str, new: str) -> int:
     # the chain's entries were hashed under the old name: they keep it, where not kept yet
     await db.execute("UPDATE ledger SET hashed_as=chain WHERE chain=? AND hashed_as IS NULL",
                      (org,))
-    # its idempotent steps, named by the office (a tool call's key, an email's): a retry
-    # under the new name finds what it did under the old, and does not do it again
-    for row in await db.fetchall(_SCOPES, (f":{org}",)):
-        now = _scope_renamed(str(row["scope"]), org, new)
-        if now is not None:
-            await db.execute("UPDATE idempotency SET scope=? WHERE scope=?", (now, row["scope"]))
-    # the forge changes it handled (`<event>.<action>:<org>:<ids>`: bot.app.context's
-    # change_key), under its new name: a change delivered again, naming its org's old login
-    # or its new one, is keyed under the office's name now, and found
-    await db.execute(_FORGE_KEYS, (new, len(org) + 1, len(org) + 1, f"{org}:"))
+    await _move_steps(db, org, new)
     return await _move(db, org, new, revoke=False)
+
+
+async def _move_steps(db: Connection, org: str, to: str) -> None:
+    """`org`'s idempotent steps, `to`'s (its new name, or where it is moved aside): the
+    scopes named by the office (a tool call's, an email's), an email's keys (its mail's ref,
+    `org/...`), and the forge changes it handled (`<event>.<action>:<org>:<ids>`: bot.app.
+    context's change_key), so a retry, or a change delivered again naming either login, finds
+    what was done under the old name. A tool call's key is its client's word, whatever it
+    says: never rewritten (nor another office's key that begins `org/`)."""
+    for row in await db.fetchall(_SCOPES, (f":{org}",)):
+        now = _scope_renamed(str(row["scope"]), org, to)
+        if now is None:
+            continue
+        await db.execute("UPDATE idempotency SET scope=? WHERE scope=?", (now, row["scope"]))
+        if not now.startswith("tool:"):
+            await _rekey(db, now, org, "/", to)
+    await db.execute(_FORGE_KEYS, (to, len(org) + 1, len(org) + 1, f"{org}:"))
+
+
+async def _rekey(db: Connection, scope: str, old: str, sep: str, new: str) -> int:
+    """The keys of `scope` that begin `old` and `sep` (an email's: its mail's ref) begin
+    `new` instead."""
+    return await db.execute("UPDATE idempotency SET key=? || substr(key, ?) WHERE scope=?"
+                            " AND lower(substr(key, 1, ?))=?",
+                            (new, len(old) + 1, scope, len(old) + 1, old + sep))
 
 
 _FORGE_KEYS = Sql(
@@ -298,6 +316,10 @@ async def rename_vault_in(db: Connection, old: str, new: str) -> int:
             changed += await db.execute(
                 f"UPDATE {table} SET {column}=? || substr({column}, ?) WHERE {where}",
                 (new, len(old) + 1, old, len(old) + 1, old + "#", *((org,) if owned else ())))
+    for row in await db.fetchall(_SCOPES, (f":{org}",)):  # its emails' steps, by their refs
+        scope = str(row["scope"])
+        if scope.startswith("email-") and scope.partition(":")[2] == org:
+            changed += await _rekey(db, scope, old, "#", new)
     return changed
 
 

@@ -1005,3 +1005,31 @@ async def _comment(session: aiohttp.ClientSession, forge: LocalForge, login: str
                             headers={"Authorization": f"token {forge.user_token(login)}"}
                             ) as resp:
         assert resp.status == 201, await resp.text()
+
+
+async def test_another_offices_key_that_begins_with_the_renamed_orgs_login_is_kept(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """scout, in acme, replies on builder's mail with the key "globex/r1" (a key is the
+    client's to choose); globex, another office, renames itself initech; scout's client
+    retries "globex/r1". The key is acme's: the retry answers with the first reply, and
+    replies no more."""
+    forge, services = embedded.forge, embedded.services
+    await _globex_with_amy(embedded, tmp_path)
+    builder = await api_tokens.create_token(services.store, "agent:builder", "acme")
+    scout = await api_tokens.create_token(services.store, "agent:scout", "acme")
+    status, sent = await _tool(session, embedded, builder, "mail_send", to="scout",
+                               subject="Prices", body="EU prices?")
+    assert status == 200, sent
+    await embedded.settle()
+    args = {"mail": sent["mail"]["ref"], "body": "Up 4%.", "idempotencyKey": "globex/r1"}
+    status, first = await _tool(session, embedded, scout, "mail_reply", **args)
+    assert status == 200, first
+    await embedded.settle()
+    forge.rename_org("globex", "initech")
+    await embedded.settle()
+
+    status, again = await _tool(session, embedded, scout, "mail_reply", **args)
+    assert status == 200, again
+    await embedded.settle()
+    assert again["mail"] == first["mail"], (again, first)
+    assert len(await embedded.ledger_events("mail.replied")) == 1
