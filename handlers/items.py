@@ -256,7 +256,9 @@ async def answer_from_forge(service: Comments, s: Scene, item: Item, cmd: Comman
     added = await service.add(s.actor, item, NewComment(
         body=body, parent=t.id, option=option, amend=answers and t.state.answer is not None,
         to=to, cc=cc, confirmed=confirmed, forge_id=forge_id))
-    if len(added["thread"].get("askedTo") or ()) > len(t.state.asked):  # passed on
+    # passed on: it asks someone new (the view the writer is given may leave out one it
+    # asked before, a claim holder hidden from them: views.hidden_claims)
+    if set(added["thread"].get("askedTo") or ()) - set(t.state.asked):
         return added, t.state.waiting_on
     if not answers and s.actor != t.state.asker:  # they meant to answer: say how it was taken
         await s.say(f"your `/answer` is a reply in thread `{t.id}`, not the answer: the question "

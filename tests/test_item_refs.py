@@ -263,3 +263,55 @@ async def test_the_note_for_a_hand_comment_names_no_claim_holder_of_a_hidden_out
     await embedded.settle()
     said = [c["body"] for c in await forge_comments(s.marco, plan)]
     assert "@builder-bot" in said[-1], said
+
+
+async def test_a_thread_on_a_plan_names_no_hidden_claim_holder_to_a_reader_who_cannot_see_it(
+        embedded: Embedded, person: Any, tools: Any, session: aiohttp.ClientSession) -> None:
+    """marco asks lee and `agent` (builder, who holds the private outcome) on its plan in the
+    vault. The plan's resource gives lee no claim (item_view) and the card names no builder;
+    its threads named builder as asked, waited on and answering. Now lee is told of them as
+    the card tells him (asked of lee; answered by "agent"); sara, who may see the outcome,
+    of builder."""
+    s = await _stage(embedded, person, tools)
+    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
+                             assignees=["builder-bot"])
+    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
+                           body=f"Part of {hidden}")
+    asked = await tools(MARCO)("add_comment", targetType="plan", target=plan,
+                               to=["lee@acme.com", "agent"], needsReply=True,
+                               body="Who runs this?")
+    [thread] = (await _read(embedded, session, LEE, plan))["threads"]
+    assert (thread["askedTo"], thread["waitingOn"]) == ([LEE], [LEE]), thread
+    [thread] = (await _read(embedded, session, SARA, plan))["threads"]
+    assert (thread["askedTo"], thread["waitingOn"]) == ([LEE, BUILDER], [LEE, BUILDER])
+    await tools(BUILDER)("add_comment", targetType="plan", target=plan,
+                         parent=asked["comment"]["id"], body="I do")
+    [thread] = (await _read(embedded, session, LEE, plan))["threads"]
+    assert thread["answer"]["by"] == "agent" and "builder" not in json.dumps(thread), thread
+    [thread] = (await _read(embedded, session, SARA, plan))["threads"]
+    assert thread["answer"]["by"] == BUILDER, thread
+
+
+async def test_lees_inbox_and_his_answer_name_no_hidden_claim_holder(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """The same question, in lee's inbox (Your turn) and in what his answer returns (the
+    thread, whom it reached): asked of builder, waiting on builder, reaching builder were
+    given him there too."""
+    s = await _stage(embedded, person, tools)
+    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
+                             assignees=["builder-bot"])
+    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
+                           body=f"Part of {hidden}")
+    asked = await tools(MARCO)("add_comment", targetType="plan", target=plan,
+                               to=["lee@acme.com", "agent"], needsReply=True,
+                               body="Who runs this?")
+    lee = tools(LEE)
+    [card] = (await lee("list_inbox"))["you"]["yourTurn"]
+    assert (card["askedTo"], card["waitingOn"]) == ([LEE], [LEE]), card
+    answered = await lee("add_comment", targetType="plan", target=plan,
+                         parent=asked["comment"]["id"], body="sara does")
+    assert answered["thread"]["askedTo"] == [LEE], answered
+    assert "builder" not in json.dumps(answered), answered
+    resolved = await tools(MARCO)("resolve_comment", comment=asked["comment"]["id"])
+    assert resolved["thread"]["askedTo"] == [LEE, BUILDER], resolved
+

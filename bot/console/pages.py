@@ -19,7 +19,7 @@ from bot.console.visitor import Visitor, looking_itself
 from bot.digits import whole
 from bot.email.message import read_meta
 from bot.errors import InvalidArguments, NotFoundError
-from bot.items.views import parse_time, thread_view
+from bot.items.views import hidden_claims, parse_time, thread_view
 from bot.office.config import Agent
 from bot.office.visibility import viewer_for
 from bot.store import comments as db
@@ -60,10 +60,12 @@ def _stack(cards: list[dict[str, Any]], deferred: dict[str, float]) -> list[dict
 
 async def _answered(v: Visitor) -> list[dict[str, Any]]:
     store = v.services.store
-    rows = await queries.answered_by(store, viewer_for(v.call), v.principal)
+    viewer = viewer_for(v.call)
+    rows = await queries.answered_by(store, viewer, v.principal)
     kinds = await db.item_kinds(store, {t.item for t in rows})
-    return [dict(thread_view(t, v.principal), targetType=kinds.get(t.item), target=t.item)
-            for t in rows]
+    hidden = await hidden_claims(store, rows, viewer.visible)
+    return [dict(thread_view(t, v.principal, hidden=hidden.get(t.id)),
+                 targetType=kinds.get(t.item), target=t.item) for t in rows]
 
 
 def _not_yours(box: dict[str, Any], principal: str) -> dict[str, Any]:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from bot.items.address import agents_of, owner_of
-from bot.items.views import comment_view, iso, thread_view
+from bot.items.views import Sees, comment_view, hidden_claims, iso, thread_view
 from bot.office.config import Office
 from bot.store import Store
 from bot.store import comments as db
@@ -25,22 +24,24 @@ PAGE = 30
 HISTORY = "Your agents are handling"
 _VIEWS_CACHED = 16384
 # thread_view of the row objects the store's thread cache hands out, for the asker and for
-# everyone else (the only way a view depends on its viewer); a row rewritten is a new object.
-_views: OrderedDict[tuple[str, bool], tuple[db.ThreadRow, dict[str, Any]]] = OrderedDict()
-# Which of these items the viewer may see (bot.office.visibility.Viewer.visible): what it may
-# not see is neither shown nor marked read. None: the viewer sees every item. Every read of
-# a box takes it, no default: a read path that forgot it would show everything.
-Sees = Callable[[Iterable[str]], Awaitable[set[str]]] | None
+# everyone else, with the claim holder it leaves out (the only ways a view depends on its
+# viewer); a row rewritten is a new object.
+_views: OrderedDict[tuple[str, bool, str | None], tuple[db.ThreadRow, dict[str, Any]]] = \
+    OrderedDict()
+# `Sees` (bot.items.views): which of these items the viewer may see: what it may not see is
+# neither shown nor marked read. Every read of a box takes it, no default: a read path that
+# forgot it would show everything.
 
 
-def _thread_view(t: db.ThreadRow, viewer: str) -> dict[str, Any]:
-    """A fresh copy of `thread_view(t, viewer)` (its top level is the caller's to extend)."""
-    key = (t.id, viewer == t.state.asker)
+def _thread_view(t: db.ThreadRow, viewer: str, hidden: dict[str, str]) -> dict[str, Any]:
+    """A fresh copy of `thread_view(t, viewer)` (its top level is the caller's to extend), less
+    the claim holder `hidden` has for it (`views.hidden_claims`)."""
+    key = (t.id, viewer == t.state.asker, hidden.get(t.id))
     hit = _views.get(key)
     if hit is not None and hit[0] is t:
         _views.move_to_end(key)
         return dict(hit[1])
-    view = thread_view(t, viewer)
+    view = thread_view(t, viewer, hidden=hidden.get(t.id))
     _views[key] = (t, view)
     if len(_views) > _VIEWS_CACHED:
         _views.popitem(last=False)
@@ -131,7 +132,8 @@ async def has_new(store: Store, office: Office, viewer: str, sees: Sees) -> bool
     return bool(items) and (sees is None or bool(await sees(items)))
 
 
-def _turns(page: db.QuestionPage, targets: list[str], viewer: str, box: str) -> Cards:
+def _turns(page: db.QuestionPage, targets: list[str], viewer: str, box: str,
+           hidden: dict[str, str]) -> Cards:
     """The cards of questions waiting on `targets`: the page the store read (newest first,
     visibility and the page cut in its query; see `_questions`), checked here again."""
     out: list[dict[str, Any]] = []
@@ -146,7 +148,7 @@ def _turns(page: db.QuestionPage, targets: list[str], viewer: str, box: str) -> 
         if not mine or not s.is_question or (sibling and viewer in s.replied_since):
             total -= 1  # (the query left these out: a safety net, never taken)
             continue
-        view = _thread_view(t, viewer)
+        view = _thread_view(t, viewer, hidden)
         # a question waiting on your answer, or a reply to one you asked: read it, act on
         # it, resolve it (seed: "questions waiting on you, and replies to yours")
         # (returned: asked only of people who have left, it is its asker's again: `why`)
@@ -163,7 +165,7 @@ def _turns(page: db.QuestionPage, targets: list[str], viewer: str, box: str) -> 
 
 
 def _waiting_on_others(page: db.QuestionPage, askers: list[str], viewer: str,
-                       box: str) -> Cards:
+                       box: str, hidden: dict[str, str]) -> Cards:
     out: list[dict[str, Any]] = []
     total = page.total
     for t in page.threads:
@@ -171,7 +173,7 @@ def _waiting_on_others(page: db.QuestionPage, askers: list[str], viewer: str,
         if not s.is_question or s.answer is not None or s.asker not in askers:
             total -= 1  # (as in _turns: never taken)
             continue
-        view = _thread_view(t, viewer)
+        view = _thread_view(t, viewer, hidden)
         if box == "agents":
             view["byAgent"] = s.asker
         out.append(view)
@@ -261,20 +263,22 @@ async def compute(store: Store, office: Office, viewer: str, *, mark_you: bool,
     pages, unread = await asyncio.gather(  # two reads of their own: side by side
         _questions(store, who, sees),
         _unread(store, who, mark_you=mark_you, mark_agents=mark_agents, sees=sees))
+    hidden = await hidden_claims(store, [t for p in pages.values() for t in p.threads], sees)
     you: dict[str, Any] = {"yourTurn": [], "unread": [], "waitingOnOthers": []}
     person_unread = person_waiting = 0
     if who.person is not None:
-        turns = _turns(pages["you_turn"], [who.person], viewer, "you")
+        turns = _turns(pages["you_turn"], [who.person], viewer, "you", hidden)
         you = {"yourTurn": [], "unread": unread["you"][0], "waitingOnOthers": []}
         turns.into(you, "yourTurn")
-        _waiting_on_others(pages["you_waiting"], [who.person], viewer, "you").into(
+        _waiting_on_others(pages["you_waiting"], [who.person], viewer, "you", hidden).into(
             you, "waitingOnOthers")
         person_unread, person_waiting = unread["you"][1], turns.total
     agents: dict[str, Any] = {"yourTurn": [], "unread": unread["agents"][0],
                               "waitingOnOthers": []}
-    _turns(pages["agents_turn"], list(who.agents), viewer, "agents").into(agents, "yourTurn")
-    _waiting_on_others(pages["agents_waiting"], list(who.agents), viewer, "agents").into(
-        agents, "waitingOnOthers")
+    _turns(pages["agents_turn"], list(who.agents), viewer, "agents", hidden).into(
+        agents, "yourTurn")
+    _waiting_on_others(pages["agents_waiting"], list(who.agents), viewer, "agents",
+                       hidden).into(agents, "waitingOnOthers")
     if viewer == who.person:  # the person sees it as history, never as a notification
         agents = {"title": HISTORY, **agents}
     cards = [v for box in (you, agents) for key in ("yourTurn", "waitingOnOthers")

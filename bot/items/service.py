@@ -53,7 +53,14 @@ from bot.items.threads import (
     withdraw,
     without,
 )
-from bot.items.views import claim_seen, claim_unnamed, comment_view, thread_view
+from bot.items.views import (
+    claim_seen,
+    claim_unnamed,
+    comment_view,
+    hidden_claims,
+    named_in,
+    thread_view,
+)
 from bot.office.config import Office
 from bot.office.visibility import login_of, viewer_of
 from bot.store import comments as db
@@ -397,17 +404,7 @@ class Comments:
                 row = (await self._send_back(stored, gone) if stored else None) or row
         if row.state.is_question:  # asked, answered or passed on: the forge shows who it waits on
             await waiting.sync(self, row.scope)
-        return self._answer(record, row, actor)
-
-    @staticmethod
-    def _answer(c: db.CommentRow, t: db.ThreadRow, actor: str) -> dict[str, Any]:
-        """What `add` answers for comment `c` in thread `t`: past the loop guard, why it
-        woke no agent (as mail's quiet delivery says)."""
-        out = {"comment": comment_view(c), "thread": thread_view(t, actor),
-               "notify": c.data.get("notify", []), "addressed": c.data.get("addressed", [])}
-        if c.data.get("loopGuard"):
-            out["loopGuard"] = c.data["loopGuard"]
-        return out
+        return await self._as_added(actor, record, row)
 
     async def _answers_when_full(self, item: Item, parent: db.ThreadRow,
                                  kind: ReplyKind) -> bool:
@@ -442,7 +439,19 @@ class Comments:
         """What `add` returned for a comment it already recorded."""
         t = await db.get_thread(self.services.store, c.thread)
         assert t is not None
-        return self._answer(c, t, actor)
+        return await self._as_added(actor, c, t)
+
+    async def _as_added(self, actor: str, c: db.CommentRow, t: db.ThreadRow) -> dict[str, Any]:
+        """What `add` returns to `actor` for comment `c` in thread `t`: nothing that names a
+        claim holder they may not be told of (`views.hidden_claims`), reached or not."""
+        sees = viewer_of(self.services, self.forge, self.office, actor).visible
+        hidden = (await hidden_claims(self.services.store, [t], sees)).get(t.id)
+        out = {"comment": comment_view(c), "thread": thread_view(t, actor, hidden=hidden),
+               "notify": [r for r in c.data.get("notify", []) if r["principal"] != hidden],
+               "addressed": [p for p in c.data.get("addressed", []) if p != hidden]}
+        if c.data.get("loopGuard"):  # past the loop guard: why it woke no agent (as mail's
+            out["loopGuard"] = c.data["loopGuard"]  # quiet delivery says)
+        return out
 
     async def _parent_thread(self, item: Item, parent: str | None) -> db.ThreadRow | None:
         if parent is None:
@@ -668,8 +677,7 @@ class Comments:
         author = self.login(asker) if asker.startswith("human:") else asker
         # the claim holder named as the question was posted (`add`): by its asker's to/cc
         asked = await db.get_comment(self.services.store, row.id)
-        hidden = claim_unnamed(item, [*asked.data.get("to", []), *asked.data.get("cc", [])]
-                               if asked else [])
+        hidden = claim_unnamed(item, named_in(asked))
         mentions = self._asked_logins(row.state, hidden)
         card = self._sealed(render.render_card(row.id, author=author, state=row.state,
                                                mentions=mentions, logins=self._logins(hidden),

@@ -24,7 +24,15 @@ from bot.items.questions import (
     MAX_THEN,
 )
 from bot.items.service import MAX_BODY, Comments, NewComment
-from bot.items.views import DATA_NOTE, decision_view, item_view, parse_time, thread_view
+from bot.items.views import (
+    DATA_NOTE,
+    Sees,
+    decision_view,
+    hidden_claims,
+    item_view,
+    parse_time,
+    thread_view,
+)
 from bot.office.visibility import Viewer, viewer_for
 from bot.store import comments as db
 from bot.store import mails
@@ -129,8 +137,10 @@ class ResolveArgs(Args):
       output=outputs.ThreadResult,
       hints=Hints(read_only=False, destructive=False, idempotent=True, open_world=True))
 async def resolve_comment(call: Call, args: ResolveArgs) -> dict[str, Any]:
-    row = await comments_for(call).resolve(call.principal, args.comment, viewer_for(call))
-    return {"thread": thread_view(row, call.principal)}
+    viewer = viewer_for(call)
+    row = await comments_for(call).resolve(call.principal, args.comment, viewer)
+    hidden = await hidden_claims(call.services.store, [row], viewer.visible)
+    return {"thread": thread_view(row, call.principal, hidden=hidden.get(row.id))}
 
 
 class InboxArgs(Args):
@@ -182,7 +192,7 @@ async def list_inbox(call: Call, args: InboxArgs) -> dict[str, Any]:
 
 
 async def _look(call: Call, args: InboxArgs, since: float | None,
-                sees: inbox.Sees) -> dict[str, Any]:
+                sees: Sees) -> dict[str, Any]:
     store, office = call.services.store, call.office
     is_person = call.principal == inbox.Whose.of(office, call.principal).person
     # (the updates page read side by side with the boxes saved a builder's call about 0.5 ms
@@ -224,7 +234,7 @@ def _shown(cursors: Cursors, page: dict[str, Any], rows: str, more: str) -> dict
             more: None if page[more] is None else cursors.shown(page[more])}
 
 
-async def _wait_for_new(call: Call, seconds: float, sees: inbox.Sees) -> Wake | None:
+async def _wait_for_new(call: Call, seconds: float, sees: Sees) -> Wake | None:
     """Sleep on the notifier until something new is the caller's (no polling): a person's own
     box, never their agents'; an agent's share of the agents' box and its own mail and chats.
     The wake-up that ended the sleep; None when something was new at once, or on timeout.

@@ -32,7 +32,7 @@ from bot.app.services import SERVICES_KEY, Services
 from bot.errors import InvalidArguments, VaultmailError, forge_refusal, refusal_headers
 from bot.forge.errors import ForgeError
 from bot.items import inbox
-from bot.items.views import item_view, thread_view
+from bot.items.views import hidden_claims, item_view, thread_view
 from bot.office.visibility import viewer_for
 from bot.store import comments as db
 from bot.tools.comment_tools import comments_for
@@ -154,7 +154,9 @@ async def read_resource(call: Call, uri: str) -> dict[str, Any]:
     else:
         content = {"item": await item_view(item, viewer)}
     threads = await db.open_threads(call.services.store, item=item.ref)
-    return {**content, "threads": [thread_view(t, call.principal) for t in threads]}
+    hidden = await hidden_claims(call.services.store, threads, viewer.visible)
+    return {**content, "threads": [thread_view(t, call.principal, hidden=hidden.get(t.id))
+                                   for t in threads]}
 
 
 def digest(content: Any) -> str:
