@@ -261,9 +261,18 @@ async def answer_from_forge(service: Comments, s: Scene, item: Item, cmd: Comman
     if set(added["thread"].get("askedTo") or ()) - set(t.state.asked):
         return added, t.state.waiting_on
     if not answers and s.actor != t.state.asker:  # they meant to answer: say how it was taken
-        await s.say(f"your `/answer` is a reply in thread `{t.id}`, not the answer: the question "
-                    f"asks {', '.join(t.state.asked)}, and only they answer it")
+        asks = await _asks(service, item, t)
+        await s.say(f"your `/answer` is a reply in thread `{t.id}`, not the answer: "
+                    + (f"the question asks {asks}, and only they answer it" if asks
+                       else "only those the question asks answer it"))
     return added, t.state.waiting_on
+
+
+async def _asks(service: Comments, item: Item, t: db.ThreadRow) -> str:
+    """Whom `t`'s question asks, for a note on the forge (read by all who read `item`,
+    indexed): as its card names them, not a claim holder it may not name (`unnamed_in`)."""
+    hidden = await service.unnamed_in(item, t)
+    return ", ".join(p for p in t.state.asked if p != hidden)
 
 
 def _concerns(t: db.ThreadRow, office: Office, who: str) -> bool:
@@ -392,7 +401,8 @@ async def card_edited(event: sansio.Event, ctx: HandlerContext) -> None:
             return
     await ctx.forge.update_comment(s.repo, t.card_id, t.card_body)
     if choice is not None or not may_answer(t.state, s.office, s.actor):
-        reason = (f"only the people it asks ({', '.join(t.state.asked)}) can tick its boxes")
+        asks = await _asks(service, await service.index_item(item), t)
+        reason = f"only the people it asks{f' ({asks})' if asks else ''} can tick its boxes"
         await service.deny(s.actor, item.ref, f"question card {t.id}: {reason}")
         await s.say(f"your change to the question card was undone: {reason}. Comment in words "
                     "instead.")

@@ -315,3 +315,32 @@ async def test_lees_inbox_and_his_answer_name_no_hidden_claim_holder(
     resolved = await tools(MARCO)("resolve_comment", comment=asked["comment"]["id"])
     assert resolved["thread"]["askedTo"] == [LEE, BUILDER], resolved
 
+
+
+async def test_a_note_to_one_not_asked_names_no_hidden_claim_holder_as_asked(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """marco asks sara and `agent` (builder, holding the private outcome) on its plan in the
+    vault; lee, not asked, writes `/answer` naming it by hand, and ticks its card. The notes
+    that tell him his words are a reply and his tick is undone, read by everyone who reads
+    the vault, said the question "asks human:sara@acme.com, agent:builder": now whom the card
+    names (sara)."""
+    s = await _stage(embedded, person, tools)
+    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
+                             assignees=["builder-bot"])
+    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
+                           body=f"Part of {hidden}")
+    asked = await tools(MARCO)("add_comment", targetType="plan", target=plan,
+                               to=["sara@acme.com", "agent"], needsReply=True,
+                               body="Run it today?", options=[{"label": "Yes"}, {"label": "No"}])
+    lee = person("lee")
+    await lee.comment(*where(plan), f"/answer {asked['comment']['id']} sara does")
+    [card] = [c for c in await forge_comments(s.marco, plan) if "kind=question" in c["body"]]
+    await lee.call("PATCH", f"/repos/{where(plan)[0]}/issues/comments/{card['id']}",
+                   {"body": card["body"].replace("- [ ] 1.", "- [x] 1.")}, expect=200)
+    await embedded.settle()
+    said = [c["body"] for c in await forge_comments(s.marco, plan)]
+    [note] = [b for b in said if "not the answer" in b]
+    assert "asks human:sara@acme.com, and only they answer it" in note, note
+    [note] = [b for b in said if "undone" in b]
+    assert "only the people it asks (human:sara@acme.com) can tick" in note, note
+    assert not [b for b in said if "builder" in b], said

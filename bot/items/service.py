@@ -669,15 +669,21 @@ class Comments:
         agents = {a.principal: a.principal for a in self.office.agents}
         return people | agents | ({hidden: "agent"} if hidden else {})
 
+    async def unnamed_in(self, item: Item, row: db.ThreadRow) -> str | None:
+        """The claim holder the forge may not name in thread `row` on `item` (indexed, with its
+        outcome's claim), to whoever reads the item there: as the question was posted (`add`),
+        by its asker's to/cc (`views.claim_unnamed`)."""
+        if claim_unnamed(item, []) is None:  # none to hide: the question need not be read
+            return None
+        return claim_unnamed(item, named_in(await db.get_comment(self.services.store, row.id)))
+
     async def refresh_card(self, item: Item, row: db.ThreadRow) -> db.ThreadRow:
         """Rewrite the card to show the answer, its history and whether it is resolved."""
         if row.card_id is None:
             return row
         asker = row.state.asker
         author = self.login(asker) if asker.startswith("human:") else asker
-        # the claim holder named as the question was posted (`add`): by its asker's to/cc
-        asked = await db.get_comment(self.services.store, row.id)
-        hidden = claim_unnamed(item, named_in(asked))
+        hidden = await self.unnamed_in(item, row)
         mentions = self._asked_logins(row.state, hidden)
         card = self._sealed(render.render_card(row.id, author=author, state=row.state,
                                                mentions=mentions, logins=self._logins(hidden),
