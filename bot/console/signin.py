@@ -18,6 +18,7 @@ from urllib.parse import quote, unquote
 from aiohttp import web
 
 from bot.app.services import SERVICES_KEY, Services
+from bot.app.settings import Settings
 from bot.console import oauth, sessions
 from bot.console.frame import error_page, read_form
 from bot.console.render import page
@@ -55,6 +56,20 @@ def _forge_link(nxt: str, login: str | None = None, org: str | None = None) -> s
             + (f"&org={quote(org, safe='')}" if org else ""))
 
 
+def not_set_up(settings: Settings) -> str:
+    """Why there is no sign-in with the forge, true of this forge: on GitHub the App's OAuth
+    client is not set; on Gitea there is none to set (`oauth.enabled`), and people sign in
+    with an API token instead."""
+    if settings.dialect == "github":
+        return ("Sign-in with the forge is not set up: the operator sets GITHUB_CLIENT_ID and "
+                "GITHUB_CLIENT_SECRET (the App's OAuth client)")
+    how = ("in the form below" if settings.token_sign_in else
+           "sent as `Authorization: Bearer <token>` with each request (an admin makes one "
+           "with `vaultmail token create PRINCIPAL --org ORG`)")
+    return ("Sign-in with the forge is not set up on Gitea: it is GitHub's (an App's OAuth "
+            f"client). Sign in with an API token {how}")
+
+
 def _sign_in_page(request: web.Request, *, message: str | None = None, error: bool = False,
                   status: int = 200, offices: list[str] | None = None,
                   nxt: str | None = None, login: str | None = None,
@@ -69,7 +84,8 @@ def _sign_in_page(request: web.Request, *, message: str | None = None, error: bo
         "offices": [{"org": org, "link": _forge_link(nxt, login, org)}
                     for org in offices or []],
         "forge_web": services.settings.web_url, "tokens": services.settings.token_sign_in,
-        "message": message, "error": error}, status=status)
+        "message": message, "error": error, "not_set_up": not_set_up(services.settings)},
+        status=status)
     response.headers.update(retry_headers(status, retry_after))  # a 429 or 503: when again
     set_cookie(response, request, PRE_COOKIE, token, STATE_AGE)
     return response
@@ -128,9 +144,7 @@ async def forge_start(request: web.Request) -> web.StreamResponse:
     """Off to the forge's authorize page, with a fresh `state` to check on the way back."""
     settings = request.app[SERVICES_KEY].settings
     if not oauth.enabled(settings):
-        return _sign_in_page(request, message="Sign-in with the forge is not set up: the "
-                             "operator sets GITHUB_CLIENT_ID and GITHUB_CLIENT_SECRET (the App's "
-                             "OAuth client)", error=True, status=503)
+        return _sign_in_page(request, message=not_set_up(settings), error=True, status=503)
     state, verifier = secrets.token_urlsafe(24), secrets.token_urlsafe(48)
     nxt = local_next(request.query.get("next"))
     login = request.query.get("login") or None

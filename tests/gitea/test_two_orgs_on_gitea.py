@@ -4,6 +4,7 @@ tokens can neither read nor reply to nor close acme's mail through that one toke
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -253,6 +254,26 @@ async def test_the_console_says_when_to_come_back_to_a_forge_sign_in_not_set_up(
                            allow_redirects=False) as resp:
         assert resp.status == 503 and "not set up" in await resp.text()
         assert resp.headers.get("Retry-After") == "5", dict(resp.headers)
+
+
+async def test_on_gitea_the_console_says_how_people_sign_in_not_to_set_githubs_client(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """Sign-in with the forge is GitHub's OAuth client: on Gitea the console told operators
+    to set GITHUB_CLIENT_ID and GITHUB_CLIENT_SECRET, which change nothing here. It says how
+    people sign in instead: with an API token, in the form on the embedded default, else
+    as a Bearer token (the sign-in page too, where it has no form)."""
+    async with session.get(office.app_url + "/console/sign-in/forge",
+                           allow_redirects=False) as resp:
+        text = await resp.text()
+    assert "GITHUB_CLIENT_ID" not in text and "GitHub&#39;s" in text, text
+    assert "Sign in with an API token in the form below" in text, text
+    office.services.settings = dataclasses.replace(office.services.settings,
+                                                   token_sign_in=False)
+    for path in ("/console/sign-in/forge", "/console/sign-in"):
+        async with session.get(office.app_url + path, allow_redirects=False) as resp:
+            text = await resp.text()
+        assert "GITHUB_CLIENT_ID" not in text and "GitHub&#39;s" in text, (path, text)
+        assert "Authorization: Bearer" in text and "vaultmail token create" in text, text
 
 
 async def test_an_orgs_webhook_carries_no_app_installation_events(
