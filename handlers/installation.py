@@ -119,6 +119,7 @@ async def follow_vault_rename(event: sansio.Event, ctx: HandlerContext) -> None:
         return
     org = new.split("/", 1)[0].lower()
     old = f"{org}/{was}".lower()
+    await ctx.services.follow_index()  # (its org's install another replica may have heard)
     if old == new.lower() or org not in ctx.services.installations:
         return
     changed = await follow_vault(ctx.services, old, new)
@@ -140,6 +141,7 @@ async def vault_transferred(event: sansio.Event, ctx: HandlerContext) -> None:
     if not isinstance(new, str) or "/" not in new:
         return
     _take_old_names(ctx, [new])
+    await ctx.services.follow_index()
     if (isinstance(was, str) and isinstance(name, str)
             and was.lower() in ctx.services.installations):
         org = was.lower()

@@ -417,6 +417,7 @@ class Doctor:
         return report
 
     async def _offices(self, report: DoctorReport, orgs: list[str] | None) -> None:
+        await self.services.follow_index()  # (installs another replica heard of)
         for org in orgs or sorted(self.services.installations):
             forge = self.services.forge_for_org(org)
             try:  # (a read that waits out this office's limits holds no other's pass)

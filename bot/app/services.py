@@ -22,7 +22,7 @@ from bot.mail.signing import Keyrings
 from bot.office.source import FIRST_READ_WAIT, ROUND_WAIT, OfficeSource
 from bot.office.visibility import Visibility
 from bot.store import Store
-from bot.store.installations import live_orgs
+from bot.store import installations as installed
 from bot.tools.polls import LongPolls
 
 if TYPE_CHECKING:
@@ -174,6 +174,33 @@ class Services:
     def installation_of(self, org: str) -> int | None:
         return self.installations.get(org.lower())
 
+    async def follow_index(self) -> None:
+        """Serve what the index has installed now, whichever replica heard of it (a webhook
+        reaches one replica, which writes it there before it acts on it): an org installed,
+        unsuspended or renamed to its name that this replica did not hear of is served here
+        too; one uninstalled, suspended, renamed away or installed anew is forgotten, its
+        config with it (and its installation's token, when no org has it now)."""
+        live = await installed.live(self.store)
+        for org in set(self.installations) | set(live):
+            inst = self.installations.get(org)
+            if live.get(org) == inst:
+                continue
+            self.offices.forget(org)  # (another office under that name now, or none)
+            if inst is not None and inst not in live.values():
+                self.forge_client.forget(inst)
+        self.installations.clear()  # (in place: others hold this dict)
+        self.installations.update(live)
+
+    async def still_installed(self, org: str) -> None:
+        """`org` served as the index has it now (`follow_index`); NotInstalled when this
+        replica served it and the index has it installed no more."""
+        was = self.installation_of(org)
+        await self.follow_index()
+        if was is not None and self.installation_of(org) is None:
+            raise self.not_installed(
+                f"the App is not installed on {org} any more (uninstalled, suspended, or the "
+                "organisation renamed): an org owner installs it again to use the office")
+
     async def installed_offices(self) -> list[tuple[str, Office]]:
         """(org, office) of every installed org with a config (`read_offices`): an org whose
         config cannot be read now is left out of this round, and said so."""
@@ -188,10 +215,8 @@ class Services:
         waits out its rate limit goes on for the next round). One org never stops, or holds
         up, a round of every office (outbound webhooks, sign-in, email's recipients). An
         office never read before gets FIRST_READ_WAIT (a start on a loaded host)."""
-        # (only those the index has installed: one another replica heard renamed, or
-        # uninstalled, is no office of this name any more)
-        live = set(await live_orgs(self.store))
-        orgs = sorted(org for org in self.installations if org in live)
+        await self.follow_index()  # (an install, rename or uninstall another replica heard)
+        orgs = sorted(self.installations)
         read = await asyncio.gather(*(self.offices.get(self.forge_for_org(org), org,
                                                        within=within, first=FIRST_READ_WAIT)
                                       for org in orgs), return_exceptions=True)

@@ -2,7 +2,8 @@
 
 A webhook is handled by one replica, but every replica serves tool calls: an uninstall (or a
 suspension) is written here, so the replicas that did not handle it refuse the org's calls at
-once instead of serving it until their cached installation token expires. A replica's start
+once instead of serving it until their cached installation token expires, and serve an org
+installed through another at once (`Services.follow_index`). A replica's start
 writes what the forge lists (`listed`): what changed while no app ran counts (an installation
 suspended or unsuspended then, its webhook not heard).
 """
@@ -88,11 +89,12 @@ async def is_removed(store: Store, org: str, installation_id: int) -> bool:
     return row is not None
 
 
-async def live_installation(store: Store, org: str) -> int | None:
-    """`org`'s installation, when the index has it installed (whichever replica heard it)."""
-    row = await store.fetchone("SELECT installation_id FROM installations WHERE org=?"
-                               " AND removed_at IS NULL", (org.lower(),))
-    return int(row["installation_id"]) if row is not None else None
+async def live(store: Store) -> dict[str, int]:
+    """{org: installation id} of every org the index has installed now, whichever replica
+    heard of it."""
+    rows = await store.fetchall("SELECT org, installation_id FROM installations"
+                                " WHERE removed_at IS NULL")
+    return {str(r["org"]): int(r["installation_id"]) for r in rows}
 
 
 async def live_orgs(store: Store) -> list[str]:

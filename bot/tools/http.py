@@ -24,7 +24,7 @@ from bot.errors import (
 )
 from bot.forge.errors import ForgeError
 from bot.office.config import Office
-from bot.store import api_tokens, installations, ledger, oauth
+from bot.store import api_tokens, ledger, oauth
 from bot.store.engines import index_unavailable, unavailable
 from bot.tools import chat_tools as _chat_tools  # noqa: F401
 from bot.tools import comment_tools as _comment_tools  # noqa: F401
@@ -64,6 +64,7 @@ def members(office: Office) -> set[str]:
 
 async def office_org(services: Services, principal: str) -> str:
     """The org of the one office that has `principal` (a token that names no org)."""
+    await services.follow_index()  # (an org installed that another replica heard of)
     if services.default_org is not None:
         return services.default_org
     if not services.installations:
@@ -85,42 +86,13 @@ async def office_org(services: Services, principal: str) -> str:
     return found[0]
 
 
-async def _still_installed(services: Services, org: str) -> None:
-    """Serve `org` as the index has it installed now, whichever replica heard of it (a
-    webhook comes to one replica only): one uninstalled, suspended or renamed away (its
-    office under its new name now) is refused and forgotten here, its token with it; one
-    installed, or renamed to this name (its office's tokens name it now), is served here too,
-    and a name of its installation's this replica knew it by that the index has not live
-    any more (the name it had) is forgotten."""
-    org = org.lower()
-    inst = services.installation_of(org)
-    live = await installations.live_installation(services.store, org)
-    if live is not None:
-        if live != inst:
-            for other, was in list(services.installations.items()):
-                if was == live and other != org and await installations.live_installation(
-                        services.store, other) != live:
-                    services.installations.pop(other, None)
-                    services.offices.forget(other)
-            services.installations[org] = live
-        return
-    if inst is None:
-        return  # (not installed here either: forge_for_org says so)
-    services.installations.pop(org, None)
-    services.offices.forget(org)
-    services.forge_client.forget(inst)
-    raise services.not_installed(
-        f"the App is not installed on {org} any more (uninstalled, suspended, or the "
-        "organisation renamed): an org owner installs it again to use the office")
-
-
 async def make_call(services: Services, principal: str, token: str | None = None,
                     org: str | None = None, *, woken_by: str | None = None) -> Call:
     """The call's context: the caller's office (its token's org, else the one office that
     has it) and that org's installation (503 naming the org when the App is not there);
     `woken_by`: the mail whose run the token is for (`api_tokens.Owner`)."""
     org = org or await office_org(services, principal)
-    await _still_installed(services, org)
+    await services.still_installed(org)
     forge = services.forge_for_org(org)
     office = await services.offices.get(forge, org)
     if office is None:

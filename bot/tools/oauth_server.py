@@ -634,6 +634,7 @@ async def access_owner(services: Services, token: str, resource: str,
     if held.principal is None or held.org is None:
         raise Unauthenticated("this access token acts for nobody")
     if held.grant_login is not None:  # (the office as the call will read it: kept a minute)
+        await services.still_installed(held.org)  # (signed in through another replica)
         office = await services.offices.get(services.forge_for_org(held.org), held.org)
         await _still_granted(services, held, office, now)
     return api_tokens.Owner(held.principal, held.org)
