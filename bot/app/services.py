@@ -195,7 +195,9 @@ class Services:
         """`org` served as the index has it now (`follow_index`); NotInstalled when this
         replica served it and the index has it installed no more."""
         was = self.installation_of(org)
-        await self.follow_index()
+        if await installed.live_installation(self.store, org) == was:
+            return  # (as this replica serves it: one row read, however many orgs there are)
+        await self.follow_index()  # (changed: every org as the index has it now)
         if was is not None and self.installation_of(org) is None:
             raise self.not_installed(
                 f"the App is not installed on {org} any more (uninstalled, suspended, or the "

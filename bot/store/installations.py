@@ -89,6 +89,13 @@ async def is_removed(store: Store, org: str, installation_id: int) -> bool:
     return row is not None
 
 
+async def live_installation(store: Store, org: str) -> int | None:
+    """`org`'s installation, when the index has it installed (whichever replica heard it)."""
+    row = await store.fetchone("SELECT installation_id FROM installations WHERE org=?"
+                               " AND removed_at IS NULL", (org.lower(),))
+    return int(row["installation_id"]) if row is not None else None
+
+
 async def live(store: Store) -> dict[str, int]:
     """{org: installation id} of every org the index has installed now, whichever replica
     heard of it."""
