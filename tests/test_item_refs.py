@@ -15,9 +15,11 @@ from typing import Any
 import aiohttp
 
 from bot.app.embedded import Embedded
+from bot.store import comments as db
 from tests.items_support import BUILDER, LEE, MARCO, SARA, forge_comments, make_item, where
 from tests.support import Actor
 from tests.test_item_updates import SECRET, WORDS, _leaks, _secret_plan, _stage
+from tests.test_reindex import _drop_work, _reindex
 from tests.test_work_graph_waiting import blocked_by, waiting_by_dependency
 
 
@@ -344,3 +346,43 @@ async def test_a_note_to_one_not_asked_names_no_hidden_claim_holder_as_asked(
     [note] = [b for b in said if "undone" in b]
     assert "only the people it asks (human:sara@acme.com) can tick" in note, note
     assert not [b for b in said if "builder" in b], said
+
+
+async def test_a_hidden_claim_holders_answer_is_posted_and_shown_by_agent(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """marco asks lee and `agent` (builder, holding the private outcome) on its plan in the
+    vault; builder answers. The card said "Answered by agent", but the app posted builder's
+    answer as "💬 **agent:builder**", read by lee (as by everyone who reads the vault), and
+    lee's inbox gave it him with `author: agent:builder`. Now both say "agent", as the card
+    does; marco, who may see the outcome, is shown builder; asked as `agent:builder`, the
+    forge names them."""
+    s = await _stage(embedded, person, tools)
+    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
+                             assignees=["builder-bot"])
+    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
+                           body=f"Part of {hidden}")
+    marco, builder = tools(MARCO), tools(BUILDER)
+    asked = await marco("add_comment", targetType="plan", target=plan,
+                        to=["lee@acme.com", "agent"], needsReply=True, body="Who runs this?")
+    answered = await builder("add_comment", targetType="plan", target=plan,
+                             parent=asked["comment"]["id"], body="I do")
+    said = [c["body"] for c in await forge_comments(person("lee"), plan)]
+    assert not [b for b in said if "builder" in b], said
+    assert f"💬 **agent** replied in thread `{asked['comment']['id']}`" in said[-1], said
+    [answer] = [c for c in (await tools(LEE)("list_inbox"))["you"]["unread"]
+                if c["body"] == "I do"]
+    assert answer["author"] == "agent", answer
+    [answer] = [c for c in (await marco("list_inbox"))["you"]["unread"]
+                if c["body"] == "I do"]
+    assert answer["author"] == BUILDER, answer
+    named = await marco("add_comment", targetType="plan", target=plan,
+                        to=["agent:builder"], needsReply=True, body="Today?")
+    await builder("add_comment", targetType="plan", target=plan,
+                  parent=named["comment"]["id"], body="Yes")
+    said = [c["body"] for c in await forge_comments(person("lee"), plan)]
+    assert "💬 **agent:builder** replied in thread" in said[-1], said
+    # a rebuild from the forge takes "agent" for the claim holder it stands for
+    await _drop_work(embedded)
+    await _reindex(embedded)
+    rebuilt = await db.get_comment(embedded.services.store, answered["comment"]["id"])
+    assert rebuilt is not None and rebuilt.author == BUILDER, rebuilt

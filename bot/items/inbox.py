@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from bot.items.address import agents_of, owner_of
-from bot.items.views import Sees, comment_view, hidden_claims, iso, thread_view
+from bot.items.views import (
+    Sees,
+    comment_view,
+    hidden_authors,
+    hidden_claims,
+    iso,
+    thread_view,
+)
 from bot.office.config import Office
 from bot.store import Store
 from bot.store import comments as db
@@ -93,6 +100,9 @@ async def _unread(store: Store, who: Whose, *, mark_you: bool, mark_agents: bool
         c = found.get(r["comment"])
         return shown is not None and c is not None and c.item not in shown
 
+    # (by "agent", an answer of a claim holder the viewer may not be told of)
+    unnamed = await hidden_authors(store, [c for c in found.values()
+                                           if shown is None or c.item in shown], sees)
     out: dict[str, tuple[list[dict[str, Any]], int]] = {}
     for box, rows in (("you", you_rows), ("agents", agent_rows)):
         views = []
@@ -100,7 +110,7 @@ async def _unread(store: Store, who: Whose, *, mark_you: bool, mark_agents: bool
             c = found.get(r["comment"])
             if c is None or hidden(r):
                 continue
-            view = comment_view(c)
+            view = comment_view(c, hidden=unnamed.get(c.thread))
             if box == "agents":
                 view["forAgent"] = r["principal"]
             views.append(view)
@@ -298,11 +308,14 @@ async def read_page(store: Store, office: Office, viewer: str,
         rows = await db.seen_page(store, who.owner, viewer, before, PAGE + 1, org=who.org)
     found = await db.comments_by_ids(store, [r["comment"] for r in rows[:PAGE]])
     shown = None if sees is None else await sees({c.item for c in found.values()})
+    unnamed = await hidden_authors(store, [c for c in found.values()
+                                           if shown is None or c.item in shown], sees)
     read = []
     for r in rows[:PAGE]:
         c = found.get(r["comment"])
         if c is not None and (shown is None or c.item in shown):
-            read.append({**comment_view(c), "box": r["box"], "cursor": int(r["seq"])})
+            read.append({**comment_view(c, hidden=unnamed.get(c.thread)), "box": r["box"],
+                         "cursor": int(r["seq"])})
     more = int(rows[PAGE - 1]["seq"]) if len(rows) > PAGE else None
     return {"read": read, "moreReadBefore": more}
 

@@ -32,7 +32,7 @@ from bot.items.model import Item, item_from_issue, native_parent, scope_of
 from bot.items.questions import Option, Question, naming
 from bot.items.service import CONTRIBUTOR, Comments
 from bot.items.threads import may_answer, may_reply, reply, start
-from bot.items.views import claim_seen, parse_time
+from bot.items.views import claim_seen, claim_unnamed, parse_time
 from bot.mail.commands import parse_commands
 from bot.mail.markdown import as_written
 from bot.office.config import Office
@@ -96,6 +96,8 @@ class _Replay:
         """An author or a mention as the app wrote it: an agent's principal, else a login. A
         principal the office does not have is none the app would write: `_Foreign`."""
         name = name.removeprefix("@")
+        if name == "agent" and (holder := claim_unnamed(self.item, [])) is not None:
+            return holder  # a claim holder the forge may not name (`Comments._named_as`)
         kind, _, who = name.partition(":")
         if kind in ("agent", "human"):
             found = self.office.agent(who) if kind == "agent" else self.office.human(who)

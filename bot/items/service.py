@@ -383,8 +383,12 @@ class Comments:
                     and (r.way == "personal" or (r.principal.startswith("agent:")
                                                  and not guard))
                     and r.principal != hidden]
-        row, forge_id = await self._write_forge(actor, item, new, body, comment_id, row, kind,
-                                                mentions, hidden)
+        # the writer, as the forge names them: a hidden claim holder as the card names them,
+        # unless the thread's question named them (a reply's own to/cc names nobody's author)
+        unnamed = await self.unnamed_in(item, parent) if parent is not None else hidden
+        row, forge_id = await self._write_forge(new, body, comment_id, item, row, kind,
+                                                mentions, hidden,
+                                                author=self._named_as(actor, unnamed))
         answer = row.state.answer if kind in ("answer", "amend") else None
         record = db.CommentRow(comment_id, item.ref, thread_id, new.parent, actor, body, {
             "to": new.to, "cc": new.cc, "kind": kind, "option": answer.option if answer else None,
@@ -446,7 +450,8 @@ class Comments:
         claim holder they may not be told of (`views.hidden_claims`), reached or not."""
         sees = viewer_of(self.services, self.forge, self.office, actor).visible
         hidden = (await hidden_claims(self.services.store, [t], sees)).get(t.id)
-        out = {"comment": comment_view(c), "thread": thread_view(t, actor, hidden=hidden),
+        out = {"comment": comment_view(c, hidden=hidden),
+               "thread": thread_view(t, actor, hidden=hidden),
                "notify": [r for r in c.data.get("notify", []) if r["principal"] != hidden],
                "addressed": [p for p in c.data.get("addressed", []) if p != hidden]}
         if c.data.get("loopGuard"):  # past the loop guard: why it woke no agent (as mail's
@@ -603,16 +608,15 @@ class Comments:
                                           org=org)
         return row
 
-    async def _write_forge(self, actor: str, item: Item, new: NewComment, body: str,
-                           comment_id: str, row: db.ThreadRow, kind: str,
-                           mentions: list[str],
-                           hidden: str | None) -> tuple[db.ThreadRow, int | None]:
-        """Post what the forge lacks: the card for a question, the comment for a tool call.
+    async def _write_forge(self, new: NewComment, body: str, comment_id: str, item: Item,
+                           row: db.ThreadRow, kind: str, mentions: list[str],
+                           hidden: str | None, *, author: str) -> tuple[db.ThreadRow, int | None]:
+        """Post what the forge lacks: the card for a question, the comment for a tool call,
+        by `author` (`_named_as`).
 
         Returns the thread (its card rewritten when the reply changed it) and the forge id of
         the comment that stands for this one."""
         forge_id = new.forge_id
-        author = self.login(actor) if actor.startswith("human:") else actor
         # a keyed write, or a forge comment's delivery, may have other tries: an earlier one
         # (this is resumed) may have posted it, and one taken over may land its create late
         tried = new.key is not None or new.forge_id is not None
@@ -663,6 +667,14 @@ class Comments:
         claim holder the card may not name, `hidden`)."""
         return [login for p in state.asked if p != hidden and (login := login_of(self.office, p))]
 
+    def _named_as(self, who: str, hidden: str | None) -> str:
+        """How the forge names writer `who`: a person by login, an agent by principal, and
+        `hidden`, a claim holder it may not name, as the `to` entry that reaches it (as
+        `_logins` names them on a card)."""
+        if who == hidden:
+            return "agent"
+        return self.login(who) if who.startswith("human:") else who
+
     def _logins(self, hidden: str | None) -> dict[str, str]:
         """How a card names each principal: `hidden` as the `to` entry that reaches it."""
         people = {h.principal: h.login for h in self.office.humans}
@@ -681,9 +693,8 @@ class Comments:
         """Rewrite the card to show the answer, its history and whether it is resolved."""
         if row.card_id is None:
             return row
-        asker = row.state.asker
-        author = self.login(asker) if asker.startswith("human:") else asker
         hidden = await self.unnamed_in(item, row)
+        author = self._named_as(row.state.asker, hidden)
         mentions = self._asked_logins(row.state, hidden)
         card = self._sealed(render.render_card(row.id, author=author, state=row.state,
                                                mentions=mentions, logins=self._logins(hidden),

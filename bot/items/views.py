@@ -117,10 +117,23 @@ async def hidden_claims(store: Store, threads: Iterable[ThreadRow], sees: Sees) 
     return out
 
 
-def comment_view(c: CommentRow) -> dict[str, Any]:
+async def hidden_authors(store: Store, comments: Iterable[CommentRow],
+                         sees: Sees) -> dict[str, str]:
+    """`hidden_claims` for the threads of `comments` an agent wrote (only an agent holds a
+    claim), by thread id: what `comment_view` takes for each."""
+    ids = {c.thread for c in comments if c.author.startswith("agent:")}
+    if sees is None or not ids:
+        return {}
+    return await hidden_claims(store, await db.threads_by_ids(store, sorted(ids)), sees)
+
+
+def comment_view(c: CommentRow, *, hidden: str | None) -> dict[str, Any]:
+    """The comment as a viewer reads it; by `hidden`, a claim holder they may not be told of
+    (`hidden_claims` of its thread), it is by "agent", as the forge shows it (`Comments.add`)
+    and the card names their answer. No default, as `thread_view`'s."""
     out: dict[str, Any] = {"id": c.id, "item": c.item, "thread": c.thread, "parent": c.parent,
-                           "author": c.author, "body": c.body, "at": iso(c.created_at),
-                           "contentIsData": True}
+                           "author": "agent" if c.author == hidden else c.author,
+                           "body": c.body, "at": iso(c.created_at), "contentIsData": True}
     for key in ("to", "cc", "option", "amend", "confirmedWithPerson", "loopGuard"):
         if c.data.get(key):
             out[key] = c.data[key]

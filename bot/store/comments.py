@@ -475,6 +475,14 @@ async def get_thread(store: Store, thread_id: str) -> ThreadRow | None:
     return _thread(row) if row else None
 
 
+async def threads_by_ids(store: Store, ids: list[str]) -> list[ThreadRow]:
+    if not ids:
+        return []
+    marks = ",".join("?" for _ in ids)
+    rows = await store.fetchall(f"SELECT * FROM threads WHERE id IN ({marks})", tuple(ids))
+    return [_thread(r) for r in rows]
+
+
 async def thread_by_card(store: Store, card_id: int, item: str) -> ThreadRow | None:
     """The question whose card is forge comment `card_id` on `item`."""
     row = await store.fetchone("SELECT * FROM threads WHERE card_id=? AND item=?",
