@@ -19,6 +19,7 @@ from bot.store import comments as db
 from tests.items_support import BUILDER, LEE, MARCO, SARA, forge_comments, make_item, where
 from tests.support import Actor
 from tests.test_item_updates import SECRET, WORDS, _leaks, _secret_plan, _stage
+from tests.test_left_the_office import _without
 from tests.test_reindex import _drop_work, _reindex
 from tests.test_work_graph_waiting import blocked_by, waiting_by_dependency
 
@@ -386,3 +387,42 @@ async def test_a_hidden_claim_holders_answer_is_posted_and_shown_by_agent(
     await _reindex(embedded)
     rebuilt = await db.get_comment(embedded.services.store, answered["comment"]["id"])
     assert rebuilt is not None and rebuilt.author == BUILDER, rebuilt
+
+
+BUILDER_BLOCK = ("  - slug: builder\n    login: builder-bot\n    person: sara@acme.com\n"
+                 "    run:\n      triggers: [mail]\n      dispatch: none\n    capabilities:\n"
+                 "      mail.send: [scout]\n")
+
+
+async def test_a_hidden_claim_holder_who_left_is_not_named_as_having_left(
+        embedded: Embedded, person: Any, tools: Any, session: aiohttp.ClientSession) -> None:
+    """marco asks lee and `agent` (builder, holding the private outcome) on its plan in the
+    vault, and `agent` alone; builder leaves the office. Lee's card in his inbox (`left`,
+    `why`), the plan's threads and the cards on the forge said "builder has left the
+    office": now they name nobody who left; marco, who may see the outcome, is told."""
+    s = await _stage(embedded, person, tools)
+    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
+                             assignees=["builder-bot"])
+    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
+                           body=f"Part of {hidden}")
+    marco = tools(MARCO)
+    both = await marco("add_comment", targetType="plan", target=plan,
+                       to=["lee@acme.com", "agent"], needsReply=True, body="Who runs this?")
+    alone = await marco("add_comment", targetType="plan", target=plan, to=["agent"],
+                        needsReply=True, body="Will you run it?")
+    embedded.forge.put_file("acme/.github", "vaultmail.yml", _without(
+        BUILDER_BLOCK, "    builder: {accept: [example.org], otherwise: hold}\n"),
+        pusher="admin")
+    await embedded.settle()
+    [card] = (await tools(LEE)("list_inbox"))["you"]["yourTurn"]
+    assert card["thread"] == both["comment"]["id"] and "builder" not in json.dumps(card), card
+    assert "left" not in card and "why" not in card, card
+    threads = (await _read(embedded, session, LEE, plan))["threads"]
+    assert len(threads) == 2 and "builder" not in json.dumps(threads), threads
+    said = [c["body"] for c in await forge_comments(person("lee"), plan)]
+    assert not [b for b in said if "builder" in b], said
+    [back] = [t for t in (await _read(embedded, session, MARCO, plan))["threads"]
+              if t["thread"] == alone["comment"]["id"]]
+    assert back["left"] == ["builder"] and "builder has left the office" in back["why"], back
+    [back] = [t for t in threads if t["thread"] == alone["comment"]["id"]]
+    assert back["left"] == [] and back["why"].startswith("Nobody is asked now"), back

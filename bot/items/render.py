@@ -175,7 +175,7 @@ def _earlier(a: Any, logins: dict[str, str]) -> str:
 
 
 def _status(state: ThreadState, logins: dict[str, str], hidden: str | None) -> str:
-    note = left_note(state)
+    note = left_note(state, hidden)
     if note:
         return f"*{as_data(note)}.*\n\n{_answer_status(state, logins, hidden)}"
     return _answer_status(state, logins, hidden)

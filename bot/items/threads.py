@@ -136,16 +136,24 @@ def without(state: ThreadState, gone: dict[str, str]) -> ThreadState:
     return replace(state, members=members, waiting_on=waiting, left=left)
 
 
-def left_note(state: ThreadState) -> str:
-    """Who of those asked has left the office, and what that did: "" when nobody has."""
+def left_names(state: ThreadState, hidden: str | None) -> list[str]:
+    """The names of those asked who have left the office, but `hidden`, a claim holder the
+    reader may not be told of (`views.hidden_claims`, `claim_unnamed`)."""
+    return sorted((n for p, n in state.left.items() if p != hidden), key=str.lower)
+
+
+def left_note(state: ThreadState, hidden: str | None) -> str:
+    """Who of those asked has left the office (`left_names`), and what that did: "" when
+    nobody has."""
     if not state.left:
         return ""
-    names = sorted(state.left.values(), key=str.lower)
+    names = left_names(state, hidden)
+    back = "nobody is asked now, so the question is back with its asker (pass it on with a " \
+           "reply `to` someone, or resolve it)"
+    if not names:  # only a claim holder it may not name: what it did, not who
+        return back[0].upper() + back[1:] if state.returned else ""
     text = f"{', '.join(names)} {'has' if len(names) == 1 else 'have'} left the office"
-    if state.returned:
-        text += ": nobody is asked now, so the question is back with its asker (pass it on " \
-                "with a reply `to` someone, or resolve it)"
-    return text
+    return f"{text}: {back}" if state.returned else text
 
 
 def _said(a: Answer) -> str:

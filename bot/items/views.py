@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from bot.items.model import Item
-from bot.items.threads import Answer, ThreadState, left_note
+from bot.items.threads import Answer, ThreadState, left_names, left_note
 from bot.store import Store
 from bot.store import comments as db
 from bot.store.comments import CommentRow, ThreadRow
@@ -168,8 +168,9 @@ def thread_view(t: ThreadRow, viewer: str, *, hidden: str | None) -> dict[str, A
                    waitingOn=[p for p in s.waiting_on if p != hidden],
                    answer=_answer(s, s.answer, viewer, hidden) if s.answer else None,
                    history=[_answer(s, a, viewer, hidden) for a in reversed(s.history)])
-        if s.left:  # those asked who have left the office, and what that did
-            out.update(left=sorted(s.left.values(), key=str.lower), why=left_note(s))
+        why = left_note(s, hidden)  # those asked who have left the office, and what that did
+        if why:
+            out.update(left=left_names(s, hidden), why=why)
     return out
 
 
