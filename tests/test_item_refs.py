@@ -426,3 +426,36 @@ async def test_a_hidden_claim_holder_who_left_is_not_named_as_having_left(
     assert back["left"] == ["builder"] and "builder has left the office" in back["why"], back
     [back] = [t for t in threads if t["thread"] == alone["comment"]["id"]]
     assert back["left"] == [] and back["why"].startswith("Nobody is asked now"), back
+
+
+async def test_the_ledger_shows_no_reader_entries_naming_a_hidden_claim_holder(
+        embedded: Embedded, person: Any, tools: Any, session: aiohttp.ClientSession) -> None:
+    """marco asks `agent` (builder, holding the private outcome) on its plan in the vault and
+    builder answers. The ledger's entries about the plan, which lee may read (list_changes,
+    the console's ledger), named builder as reached, asked, answering and writing. Now an
+    entry on the plan that names the claim holder lee may not know is not shown him, as an
+    entry about the outcome is not; the others about the plan are; sara is shown them all."""
+    s = await _stage(embedded, person, tools)
+    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
+                             assignees=["builder-bot"])
+    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
+                           body=f"Part of {hidden}")
+    asked = await tools(MARCO)("add_comment", targetType="plan", target=plan, to=["agent"],
+                               needsReply=True, body="Who runs this?")
+    await tools(BUILDER)("add_comment", targetType="plan", target=plan,
+                         parent=asked["comment"]["id"], body="I do")
+    await tools(LEE)("add_comment", targetType="plan", target=plan, body="Looks right")
+
+    async def about_plan(who: str) -> list[dict[str, Any]]:
+        events = (await tools(who)("list_changes", since=0, limit=1000))["events"]
+        return [e for e in events if e["subject"] == plan]
+
+    seen = await about_plan(LEE)
+    assert not [e for e in seen if "builder" in json.dumps(e)], seen
+    assert [e["actor"] for e in seen if e["event"] == "comment.added"] == [LEE], seen
+    assert [e for e in await about_plan(SARA) if e["actor"] == BUILDER]
+    headers = {"Authorization": f"Bearer {embedded.api_tokens[LEE]}"}
+    async with session.get(f"{embedded.app_url}/console/ledger", headers=headers) as resp:
+        assert resp.status == 200
+        rows = (await resp.text()).split("<table", 1)[1]  # (its filter lists every agent)
+    assert "agent:builder" not in rows and "human:lee@acme.com" in rows, rows

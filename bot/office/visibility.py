@@ -13,8 +13,10 @@
 * **A mail** is visible to its sender, its recipient, the recipient agent's person and editors.
 * **A chat** to its sender and the agent asked.
 * **A ledger entry** as what it is about: a mail or a chat as above, an item or repository as
-  the repository; a refused attempt (`run.denied`) also to whoever was refused; an entry about
-  mail to an agent (a refused send) to the sender, that agent, its person and editors.
+  the repository (but one on a plan or evidence naming the claim holder of an outcome the
+  viewer cannot see, `views.claim_seen`, as an entry about the outcome is not); a refused
+  attempt (`run.denied`) also to whoever was refused; an entry about mail to an agent (a
+  refused send) to the sender, that agent, its person and editors.
 * `office` sees everything of its own office; a principal outside the office config sees
   nothing.
 * **The office wall**: one deployment serves many offices (orgs), and nothing of another office
@@ -28,6 +30,7 @@ something that does not exist, so a refusal never tells that it exists.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -241,7 +244,9 @@ class Viewer:
             if entry.event.startswith("mail.") or isinstance(mail_id, str):
                 # a mail the index no longer holds: whoever acted, and editors
                 return entry.actor == self.principal or is_editor(self.office, self.principal)
-            return await self.sees_repo(where[0])
+            repo, _, n = subject.partition("#")
+            return await self.sees_repo(where[0]) and \
+                not await self._names_hidden_claim(entry, f"{self.repo_now(repo)}#{n}", store)
         chat = _CHAT.match(subject)
         if chat is not None:
             from bot.store import chats
@@ -255,6 +260,21 @@ class Viewer:
         if _REPO.match(subject):
             return await self.sees_repo(self.repo_now(subject))
         return entry.actor == self.principal
+
+    async def _names_hidden_claim(self, entry: Entry, ref: str, store: Store) -> bool:
+        """Whether `entry`, about item `ref`, names its claim holder where this viewer may not
+        know of the claim (a plan's or evidence's whose outcome they cannot see:
+        `views.claim_seen`), as its actor or in its data (reached, asked, answering)."""
+        data = json.dumps(entry.data)
+        if not entry.actor.startswith("agent:") and '"agent:' not in data:
+            return False  # (only an agent holds a claim: most entries read no item)
+        from bot.items.views import claim_seen
+        from bot.store.comments import get_item
+
+        item = await get_item(store, ref)
+        if item is None or item.claim is None or await claim_seen(item, self) is not None:
+            return False
+        return entry.actor == item.claim or f'"{item.claim}"' in data
 
 
 def viewer_for(call: Any) -> Viewer:
