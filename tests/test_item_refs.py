@@ -382,11 +382,22 @@ async def test_a_hidden_claim_holders_answer_is_posted_and_shown_by_agent(
                   parent=named["comment"]["id"], body="Yes")
     said = [c["body"] for c in await forge_comments(person("lee"), plan)]
     assert "💬 **agent:builder** replied in thread" in said[-1], said
+    # builder's own question (its card) and comment on the plan: by "agent" too
+    embedded.forge.set_permission("acme/scout-vault", "builder-bot", "write")
+    embedded.services.visibility.forget()
+    own = await builder("add_comment", targetType="plan", target=plan, to=["lee@acme.com"],
+                        needsReply=True, body="Shall I start?")
+    await builder("add_comment", targetType="plan", target=plan, body="Started")
+    said = [c["body"] for c in await forge_comments(person("lee"), plan)]
+    assert said[-2].splitlines()[1].startswith("❓ **Question** from **agent** for @lee"), said
+    assert said[-1].splitlines()[1].startswith("💬 **agent**"), said
     # a rebuild from the forge takes "agent" for the claim holder it stands for
     await _drop_work(embedded)
     await _reindex(embedded)
     rebuilt = await db.get_comment(embedded.services.store, answered["comment"]["id"])
     assert rebuilt is not None and rebuilt.author == BUILDER, rebuilt
+    thread = await db.get_thread(embedded.services.store, own["comment"]["id"])
+    assert thread is not None and thread.state.asker == BUILDER, thread
 
 
 BUILDER_BLOCK = ("  - slug: builder\n    login: builder-bot\n    person: sara@acme.com\n"
