@@ -57,11 +57,9 @@ async def item_view(item: Item, viewer: Viewer) -> dict[str, Any]:
 async def claim_seen(item: Item, viewer: Viewer) -> str | None:
     """The claim of `item` as `viewer` may know it: a plan's or evidence's is its outcome's,
     known only to who may see that outcome. What they are shown (item_view) and whom their
-    comments reach (`to: agent`, the claim holder: Comments.add) both read it here."""
-    if item.kind in ("plan", "evidence") and item.parent is not None \
-            and not await viewer.sees_ref(item.parent):
-        return None
-    return item.claim
+    comments reach (`to: agent`, the claim holder: Comments.add) both read it here
+    (`Viewer.hides_claim`)."""
+    return None if await viewer.hides_claim(item) else item.claim
 
 
 def claim_shown(item: Item) -> str | None:

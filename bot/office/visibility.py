@@ -43,6 +43,7 @@ from bot.store.offices import org_of
 
 if TYPE_CHECKING:
     from bot.forge.base import Forge
+    from bot.items.model import Item
     from bot.store import Store
     from bot.store.ledger import Entry
     from bot.store.mails import MailRecord
@@ -268,13 +269,19 @@ class Viewer:
         data = json.dumps(entry.data)
         if not entry.actor.startswith("agent:") and '"agent:' not in data:
             return False  # (only an agent holds a claim: most entries read no item)
-        from bot.items.views import claim_seen
         from bot.store.comments import get_item
 
         item = await get_item(store, ref)
-        if item is None or item.claim is None or await claim_seen(item, self) is not None:
+        if item is None or item.claim is None or not await self.hides_claim(item):
             return False
         return entry.actor == item.claim or f'"{item.claim}"' in data
+
+    async def hides_claim(self, item: Item) -> bool:
+        """Whether the claim of `item` is one this viewer may not know: a plan's or
+        evidence's is its outcome's, known only to who may see that outcome
+        (`views.claim_seen`, and the ledger's entries naming its holder)."""
+        return item.kind in ("plan", "evidence") and item.parent is not None \
+            and not await self.sees_ref(item.parent)
 
 
 def viewer_for(call: Any) -> Viewer:
