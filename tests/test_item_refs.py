@@ -215,9 +215,9 @@ async def test_a_question_card_names_no_claim_holder_of_an_outcome_in_another_re
 async def test_a_question_card_asking_a_person_and_a_hidden_claim_holder_names_the_person(
         embedded: Embedded, person: Any, tools: Any) -> None:
     """marco asks sara and `agent` (builder, who holds the private outcome) on its plan in
-    the vault: the card names sara alone, as its mentions do; "for @sara, agent" told the
-    vault's readers that an agent, the hidden outcome's, is asked too. A card asking only
-    builder names nobody, rewritten with builder's answer too."""
+    the vault: the card asks "@sara, agent", as marco wrote it, and names no builder; one
+    asking only builder, "agent", rewritten with builder's answer and its deletion too. A
+    rebuild from the forge reads "agent" back as builder, asked and waited on."""
     s = await _stage(embedded, person, tools)
     hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
                              assignees=["builder-bot"])
@@ -228,16 +228,16 @@ async def test_a_question_card_asking_a_person_and_a_hidden_claim_holder_names_t
                         to=["sara@acme.com", "agent"], needsReply=True, body="Who runs this?")
     assert added["thread"]["askedTo"] == [SARA, BUILDER], added
     said = [c["body"] for c in await forge_comments(s.marco, plan)]
-    assert said[-1].splitlines()[1] == "❓ **Question** from **marco** for @sara", said
+    assert said[-1].splitlines()[1] == "❓ **Question** from **marco** for @sara, agent", said
     alone = await marco("add_comment", targetType="plan", target=plan, to=["agent"],
                         needsReply=True, body="Will you run it?")
     await tools(BUILDER)("add_comment", targetType="plan", target=plan,
                          parent=alone["comment"]["id"], body="I do")
     card = [c["body"] for c in await forge_comments(s.marco, plan)
             if alone["comment"]["id"] in c["body"]][0]
-    assert card.splitlines()[1] == "❓ **Question** from **marco**", card
+    assert card.splitlines()[1] == "❓ **Question** from **marco** for agent", card
     assert "**Answered** by agent: I do" in card, card
-    # builder's answer deleted on the forge: the card waits again, on nobody it may name
+    # builder's answer deleted on the forge: the card waits again, on "agent"
     [answer] = [c for c in await forge_comments(s.marco, plan) if "I do" in c["body"]
                 and "kind=question" not in c["body"]]
     await s.marco.call("DELETE", f"/repos/{where(plan)[0]}/issues/comments/{answer['id']}",
@@ -245,7 +245,16 @@ async def test_a_question_card_asking_a_person_and_a_hidden_claim_holder_names_t
     await embedded.settle()
     card = [c["body"] for c in await forge_comments(s.marco, plan)
             if alone["comment"]["id"] in c["body"]][0]
-    assert "Answer withdrawn" in card and "Waiting on" not in card, card
+    assert "Answer withdrawn" in card and "Waiting on agent again" in card, card
+    assert "builder" not in card, card
+    # a rebuild from the forge: both questions ask builder, the second waits on him again
+    await _drop_work(embedded)
+    await _reindex(embedded)
+    both = await db.get_thread(embedded.services.store, added["comment"]["id"])
+    assert both is not None and list(both.state.asked) == [SARA, BUILDER], both
+    again = await db.get_thread(embedded.services.store, alone["comment"]["id"])
+    assert again is not None and list(again.state.asked) == [BUILDER], again
+    assert list(again.state.waiting_on) == [BUILDER], again
 
 
 async def test_the_note_for_a_hand_comment_names_no_claim_holder_of_a_hidden_outcome(

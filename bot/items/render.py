@@ -117,21 +117,23 @@ def render_card(comment_id: str, *, author: str, state: ThreadState, mentions: l
                 hidden: str | None = None) -> str:
     """The card; `mentions` are the logins it @mentions, `asked` the logins of those it asks
     (the rest of `mentions`, reached but not asked, follow "cc"); `hidden`, a claim holder
-    the forge may not name (`views.claim_unnamed`), is neither mentioned nor named as asked:
-    the card says whom it asks only of those its readers may be told of, as its mentions do
-    (even "agent" would tell them the hidden outcome's holder is asked)."""
+    the forge may not name (`views.claim_unnamed`), is asked as "agent", unmentioned: what
+    its author wrote (`to: agent`), which a rebuild from the forge reads back as the holder
+    (`bot.items.rebuild`), and no one's name."""
     q = state.question
     assert q is not None
     people = {m.lower() for m in mentions}
     shown = [m for m in (asked or []) if m.lower() in people] if asked is not None \
         else mentions
     others = [m for m in mentions if m.lower() not in {a.lower() for a in shown}]
-    if asked is not None and not shown and hidden not in state.asked:
+    unnamed = ["agent"] if hidden is not None and hidden in state.asked else []
+    if asked is not None and not shown and not unnamed:
         shown, others = others, []  # asked nobody it mentions: as before, all mentioned
     # (asked nobody it can mention: those asked by name, one who left by the name they had)
-    who = mention_list(shown) if shown else ", ".join(
-        state.left.get(p) or logins.get(p, p) for p in state.asked if p != hidden)
-    head = f"❓ **Question** from **{author}**" + (f" for {who}" if who else "")
+    named = [mention_list(shown)] if shown else []
+    who = ", ".join([*named, *unnamed]) or ", ".join(state.left.get(p) or logins.get(p, p)
+                                                     for p in state.asked)
+    head = f"❓ **Question** from **{author}** for {who}"
     if others:
         head += f" · cc {mention_list(others)}"
     if q.human_only:
@@ -190,8 +192,9 @@ def _answer_status(state: ThreadState, logins: dict[str, str], hidden: str | Non
                if state.question and state.question.options
                else "Reply `/answer` and your answer.")
         if state.history and state.history[-1].withdrawn:
-            # (whom it waits on, as the head says whom it asks: not `hidden`)
-            who = ", ".join(logins.get(p, p) for p in state.waiting_on if p != hidden)
+            # (whom it waits on, as the head says whom it asks: `hidden` as "agent")
+            who = ", ".join("agent" if p == hidden else logins.get(p, p)
+                            for p in state.waiting_on)
             how = ("**Answer withdrawn**: its comment was deleted on the forge. "
                    f"{f'Waiting on {who} again. ' if who else ''}{how}")
         return "\n".join([how, *earlier])
