@@ -25,7 +25,7 @@ from bot.office.config import (
     OfficeConfigError,
     parse_office,
 )
-from bot.store import api_tokens, mails
+from bot.store import api_tokens, installations, mails
 from tests.support import Actor, ToolClient
 
 MARCO = "human:marco@acme.com"
@@ -255,7 +255,11 @@ async def test_an_orgs_unreadable_config_stops_no_round_of_every_office(
     services = embedded.services
     seed_office(embedded.forge, parse_office(yaml.safe_dump(EVIL_OFFICE), "evil.yml"))
     (app_id,) = embedded.forge.state.apps
-    services.installations["evil"] = embedded.forge.install_app(int(app_id), "evil")
+    installation = embedded.forge.install_app(int(app_id), "evil")
+    # installed as the installation webhook records it: in the index, which every replica
+    # serves (Services.follow_index), then in this replica's memory
+    await installations.installed(services.store, "evil", installation)
+    services.installations["evil"] = installation
     assert await services.offices.get(services.forge_for_org("evil"), "evil") is not None
     embedded.forge.state.repo_by_full_name("evil/.github").write_file("vaultmail.yml", poison)
     services.offices.max_age = 0  # (its 60 s cache has run out)
