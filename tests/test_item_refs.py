@@ -24,6 +24,17 @@ from tests.test_reindex import _drop_work, _reindex
 from tests.test_work_graph_waiting import blocked_by, waiting_by_dependency
 
 
+async def _vault_plan_of_hidden(embedded: Embedded, s: Any, holder: str = "builder-bot"
+                                ) -> tuple[str, str]:
+    """marco's outcome in private acme/secret, claimed by `holder`, and a plan in scout's
+    vault `Part of` it: (the outcome, the plan)."""
+    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
+                             assignees=[holder])
+    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
+                           body=f"Part of {hidden}")
+    return hidden, plan
+
+
 async def test_an_outcome_shows_no_parent_in_a_repository_the_reader_cannot_see(
         embedded: Embedded, person: Any, tools: Any) -> None:
     """A native sub-issue parent: the outcome's body does not name it, its JSON did."""
@@ -56,10 +67,7 @@ async def _read(embedded: Embedded, session: aiohttp.ClientSession, who: str,
 async def test_a_plan_takes_no_claim_or_parent_from_an_outcome_the_reader_cannot_see(
         embedded: Embedded, person: Any, tools: Any, session: aiohttp.ClientSession) -> None:
     s = await _stage(embedded, person, tools)
-    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
-                             assignees=["scout-bot"])
-    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
-                           body=f"Part of {hidden}")
+    hidden, plan = await _vault_plan_of_hidden(embedded, s, "scout-bot")
     seen = (await _read(embedded, session, LEE, plan))["item"]
     assert not _leaks(seen), seen
     assert (seen["parent"], seen["claim"]) == (None, None)
@@ -106,10 +114,7 @@ async def test_a_comment_on_a_plan_reaches_no_claim_of_an_outcome_its_writer_can
     a plan under no outcome, and lee's words reach, mention and name no agent; sara, who may
     read the outcome, reaches builder as before."""
     s = await _stage(embedded, person, tools)
-    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
-                             assignees=["builder-bot"])
-    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
-                           body=f"Part of {hidden}")
+    hidden, plan = await _vault_plan_of_hidden(embedded, s)
     lee = tools(LEE)
     status, body = await lee.raw("add_comment", {"targetType": "plan", "target": plan,
                                                  "to": ["agent"], "body": "Who runs this?"})
@@ -163,10 +168,7 @@ async def test_the_forge_names_no_claim_holder_of_an_outcome_in_another_reposito
     hidden outcome. One that names builder itself mentions it; on a plan in the outcome's own
     repository, which has exactly the outcome's readers, the claim holder is mentioned."""
     s = await _stage(embedded, person, tools)
-    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
-                             assignees=["builder-bot"])
-    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
-                           body=f"Part of {hidden}")
+    hidden, plan = await _vault_plan_of_hidden(embedded, s)
     marco = tools(MARCO)
     added = await marco("add_comment", targetType="plan", target=plan, body="Looks right")
     assert BUILDER in [r["principal"] for r in added["notify"]], added  # reached, in the index
@@ -192,10 +194,7 @@ async def test_a_question_card_names_no_claim_holder_of_an_outcome_in_another_re
     the card, posted and rewritten with builder's answer, is read by everyone who reads the
     vault (lee), so it names no builder; asked as `agent:builder`, it mentions them."""
     s = await _stage(embedded, person, tools)
-    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
-                             assignees=["builder-bot"])
-    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
-                           body=f"Part of {hidden}")
+    hidden, plan = await _vault_plan_of_hidden(embedded, s)
     marco = tools(MARCO)
     added = await marco("add_comment", targetType="plan", target=plan, to=["agent"],
                         needsReply=True, body="Who runs this?")
@@ -219,10 +218,7 @@ async def test_a_question_card_asking_a_person_and_a_hidden_claim_holder_names_t
     asking only builder, "agent", rewritten with builder's answer and its deletion too. A
     rebuild from the forge reads "agent" back as builder, asked and waited on."""
     s = await _stage(embedded, person, tools)
-    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
-                             assignees=["builder-bot"])
-    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
-                           body=f"Part of {hidden}")
+    hidden, plan = await _vault_plan_of_hidden(embedded, s)
     marco = tools(MARCO)
     added = await marco("add_comment", targetType="plan", target=plan,
                         to=["sara@acme.com", "agent"], needsReply=True, body="Who runs this?")
@@ -263,10 +259,7 @@ async def test_the_note_for_a_hand_comment_names_no_claim_holder_of_a_hidden_out
     builder, but the app's note that would mention builder is read by the vault's readers,
     so none is posted; `to: agent:builder`, named by marco, gets it."""
     s = await _stage(embedded, person, tools)
-    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
-                             assignees=["builder-bot"])
-    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
-                           body=f"Part of {hidden}")
+    hidden, plan = await _vault_plan_of_hidden(embedded, s)
     await s.marco.comment(*where(plan), "to: agent\n\nWho runs this?")
     await embedded.settle()
     said = [c["body"] for c in await forge_comments(s.marco, plan)]
@@ -285,10 +278,7 @@ async def test_a_thread_on_a_plan_names_no_hidden_claim_holder_to_a_reader_who_c
     the card tells him (asked of lee; answered by "agent"); sara, who may see the outcome,
     of builder."""
     s = await _stage(embedded, person, tools)
-    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
-                             assignees=["builder-bot"])
-    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
-                           body=f"Part of {hidden}")
+    hidden, plan = await _vault_plan_of_hidden(embedded, s)
     asked = await tools(MARCO)("add_comment", targetType="plan", target=plan,
                                to=["lee@acme.com", "agent"], needsReply=True,
                                body="Who runs this?")
@@ -310,10 +300,7 @@ async def test_lees_inbox_and_his_answer_name_no_hidden_claim_holder(
     thread, whom it reached): asked of builder, waiting on builder, reaching builder were
     given him there too."""
     s = await _stage(embedded, person, tools)
-    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
-                             assignees=["builder-bot"])
-    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
-                           body=f"Part of {hidden}")
+    hidden, plan = await _vault_plan_of_hidden(embedded, s)
     asked = await tools(MARCO)("add_comment", targetType="plan", target=plan,
                                to=["lee@acme.com", "agent"], needsReply=True,
                                body="Who runs this?")
@@ -337,10 +324,7 @@ async def test_a_note_to_one_not_asked_names_no_hidden_claim_holder_as_asked(
     the vault, said the question "asks human:sara@acme.com, agent:builder": now whom the card
     names (sara)."""
     s = await _stage(embedded, person, tools)
-    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
-                             assignees=["builder-bot"])
-    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
-                           body=f"Part of {hidden}")
+    hidden, plan = await _vault_plan_of_hidden(embedded, s)
     asked = await tools(MARCO)("add_comment", targetType="plan", target=plan,
                                to=["sara@acme.com", "agent"], needsReply=True,
                                body="Run it today?", options=[{"label": "Yes"}, {"label": "No"}])
@@ -367,10 +351,7 @@ async def test_a_hidden_claim_holders_answer_is_posted_and_shown_by_agent(
     does; marco, who may see the outcome, is shown builder; asked as `agent:builder`, the
     forge names them."""
     s = await _stage(embedded, person, tools)
-    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
-                             assignees=["builder-bot"])
-    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
-                           body=f"Part of {hidden}")
+    hidden, plan = await _vault_plan_of_hidden(embedded, s)
     marco, builder = tools(MARCO), tools(BUILDER)
     asked = await marco("add_comment", targetType="plan", target=plan,
                         to=["lee@acme.com", "agent"], needsReply=True, body="Who runs this?")
@@ -421,10 +402,7 @@ async def test_a_hidden_claim_holder_who_left_is_not_named_as_having_left(
     `why`), the plan's threads and the cards on the forge said "builder has left the
     office": now they name nobody who left; marco, who may see the outcome, is told."""
     s = await _stage(embedded, person, tools)
-    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
-                             assignees=["builder-bot"])
-    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
-                           body=f"Part of {hidden}")
+    hidden, plan = await _vault_plan_of_hidden(embedded, s)
     marco = tools(MARCO)
     both = await marco("add_comment", targetType="plan", target=plan,
                        to=["lee@acme.com", "agent"], needsReply=True, body="Who runs this?")
@@ -456,10 +434,7 @@ async def test_the_ledger_shows_no_reader_entries_naming_a_hidden_claim_holder(
     entry on the plan that names the claim holder lee may not know is not shown him, as an
     entry about the outcome is not; the others about the plan are; sara is shown them all."""
     s = await _stage(embedded, person, tools)
-    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
-                             assignees=["builder-bot"])
-    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
-                           body=f"Part of {hidden}")
+    hidden, plan = await _vault_plan_of_hidden(embedded, s)
     asked = await tools(MARCO)("add_comment", targetType="plan", target=plan, to=["agent"],
                                needsReply=True, body="Who runs this?")
     await tools(BUILDER)("add_comment", targetType="plan", target=plan,
