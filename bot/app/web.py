@@ -194,7 +194,7 @@ async def published_keys(request: web.Request) -> web.Response:
                                  status=400)
     # keys are made for an installed office only, never for any name a request brings
     if services.installation_of(office) is None:
-        await services.follow_index()  # (installed through another replica)
+        await services.still_installed(office)  # (one row: installed through another replica?)
     if services.installation_of(office) is None and office not in services.keyring.offices():
         return web.json_response({"error": {"code": "no_office", "message": (
             f"no office {office} here: the App is not installed on {office}, and no key ever "

@@ -345,7 +345,7 @@ class Comments:
         comment_id = self._new_id(item, new.forge_id, actor, new.key)
         now = time.time()
         # the loop guard (bot.items.loop_guard): past it, recorded and shown, waking no agent
-        hops = await db.agents_in_a_row(store, item.ref)
+        hops = await db.agents_in_a_row(store, item.ref) if loop_guard.is_agent(actor) else 0
         guard = loop_guard.held(actor, hops)
         if parent is None:
             state = await self._start(actor, item, new, body, to, cc, table)
