@@ -184,9 +184,7 @@ async def ping_addressed(s: Scene, text: str, added: dict[str, Any], *,
                if (r["way"] == "personal" or r["principal"].startswith("agent:"))
                and (r["principal"] in added["addressed"] or r["principal"] in asked
                     or r["principal"] in turned)
-               and r["principal"] != hidden
-               # past the loop guard no agent is pinged (bot.items.loop_guard)
-               and not (added.get("loopGuard") and r["principal"].startswith("agent:"))
+               and r["principal"] != hidden  # (past the loop guard it notified no agent)
                and (login := login_of(s.office, r["principal"])) and login.lower()
                not in mentioned]
     if missing:

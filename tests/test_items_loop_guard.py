@@ -70,7 +70,8 @@ async def test_two_agents_answering_each_other_on_a_plan_stop_waking_each_other(
                                                     body=f"pong {n}", to=[to]))
             else:  # by hand on the forge, from the agent's own account
                 login = MENTION[speaker][1:]
-                await person(login).comment(*where(plan), f"to: {to}\n\npong {n}")
+                await person(login).comment(*where(plan),
+                                            f"to: {to}\n\n/reply {root} pong {n}")
         woke.append(await _woke(embedded, tools, to, write))
         speaker = to
     hops = LOOP_GUARD_HOPS
@@ -78,6 +79,11 @@ async def test_two_agents_answering_each_other_on_a_plan_stop_waking_each_other(
     guarded = [a for a in answers if a.get("loopGuard")]
     assert [a["comment"]["body"] for a in guarded] == ["pong 5"]
     assert f"beyond {hops} hops" in guarded[0]["loopGuard"]
+    # it woke no agent, so the answer names none notified (marco, the plan's author, is), and
+    # says whose inbox has it unwoken
+    assert [r["principal"] for r in guarded[0]["notify"]] == [MARCO], guarded
+    assert guarded[0]["deliveredUnwoken"] == [SCOUT], guarded
+    assert all("deliveredUnwoken" not in a for a in answers if not a.get("loopGuard"))
     ledgered = await events(embedded, "comment.loop_guard")
     assert [(e.data["hops"], e.subject) for e in ledgered] == [(4, plan), (5, plan), (6, plan)]
     # still on the item, mentioning no agent there; and in the inbox, saying why
@@ -126,3 +132,59 @@ async def test_past_the_guard_an_agents_reply_hands_no_agent_the_turn_and_a_rebu
     assert live.state.answer is not None and rebuilt.state.answer is not None
     assert (rebuilt.state.waiting_on, rebuilt.state.answer.comment) == (
         live.state.waiting_on, live.state.answer.comment)
+
+
+async def test_agents_comments_in_different_threads_of_an_item_are_no_run(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """marco asks scout one question and builder another on his plan; each agent answers its
+    own, the other chimes in there, and they talk among the plan's comments: six agents'
+    comments in a row on the item, but no conversation holds more than two, so none is held
+    (the seed's guard counts per conversation, as mail counts per thread). Within one thread
+    the run still counts: past 3 there an agent's reply is held; and a rebuild agrees."""
+    embedded.forge.set_permission(VAULT, "builder-bot", "write")
+    plan = await make_item(embedded, person("marco"), "plan", "Cache plan")
+    base = {"targetType": "plan", "target": plan}
+    marco = tools(MARCO)
+    q1 = (await marco("add_comment", **base, body="TTL?", needsReply=True,
+                      to=["agent:scout"]))["comment"]["id"]
+    q2 = (await marco("add_comment", **base, body="Size?", needsReply=True,
+                      to=["agent:builder"]))["comment"]["id"]
+    said = [await tools(SCOUT)("add_comment", **base, parent=q1, body="60s"),
+            await tools(BUILDER)("add_comment", **base, parent=q1, body="or 30s"),
+            await tools(BUILDER)("add_comment", **base, parent=q2, body="1 GB"),
+            await tools(SCOUT)("add_comment", **base, parent=q2, body="fits"),
+            await tools(SCOUT)("add_comment", **base, body="shall we?", to=["agent:builder"]),
+            await tools(BUILDER)("add_comment", **base, body="yes", to=["agent:scout"])]
+    assert [a.get("loopGuard") for a in said] == [None] * 6, said
+    # one thread's own run: marco's question, then five agents' replies: the fifth is held
+    for n, speaker in enumerate([SCOUT, BUILDER, SCOUT]):
+        said.append(await tools(speaker)("add_comment", **base, parent=q1, body=f"more {n}"))
+    assert [bool(a.get("loopGuard")) for a in said] == [False] * 8 + [True], said
+    ledgered = await events(embedded, "comment.loop_guard")
+    assert [(e.data["thread"], e.data["hops"]) for e in ledgered] == [(q1, 4)]
+    ids = [a["comment"]["id"] for a in said]
+    store = embedded.services.store
+    await _drop_work(embedded)
+    await _reindex(embedded)
+    rebuilt = await db.comments_by_ids(store, ids)
+    assert [bool(rebuilt[i].data.get("loopGuard")) for i in ids] == [False] * 8 + [True]
+
+
+async def test_agents_replying_in_one_thread_at_once_are_each_counted(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """Three agents' comments in a row in scout's thread on a plan, then four more sent at
+    once: each read the run before any of the others was recorded (3), so all four went
+    unheld. The run is read and the comment recorded one at a time in a thread: 3, then held
+    at 4, 5 and 6."""
+    embedded.forge.set_permission(VAULT, "builder-bot", "write")
+    plan = await make_item(embedded, person("marco"), "plan", "Cache plan")
+    base = {"targetType": "plan", "target": plan}
+    root = (await tools(SCOUT)("add_comment", **base, body="ping",
+                               to=["agent:builder"]))["comment"]["id"]
+    for speaker in (BUILDER, SCOUT):
+        await tools(speaker)("add_comment", **base, parent=root, body="pong")
+    burst = await asyncio.gather(*(tools(s)("add_comment", **base, parent=root, body=f"at once {n}")
+                                   for n, s in enumerate([BUILDER, SCOUT, BUILDER, SCOUT])))
+    assert sorted(bool(a.get("loopGuard")) for a in burst) == [False, True, True, True], burst
+    ledgered = await events(embedded, "comment.loop_guard")
+    assert sorted(e.data["hops"] for e in ledgered) == [4, 5, 6]

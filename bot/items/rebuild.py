@@ -136,8 +136,10 @@ class _Replay:
         """Record a comment and its thread as it leaves it (`before`: whom the thread waited
         on before it), past the loop guard as live took it (`Comments.add`)."""
         spell = [r.principal.removeprefix("human:") for r in to]
+        where = loop_guard.conversation(thread.id, parent)
         guard = loop_guard.held(author, loop_guard.hops(
-            c.author for c in reversed(self.comments)))
+            c.author for c in reversed(self.comments)
+            if loop_guard.counts_in(where, c.thread, c.parent)))
         if guard:
             thread = replace(thread, state=loop_guard.no_agents_turn(before, thread.state))
         self.comments.append(db.CommentRow(cid, self.item.ref, thread.id, parent, author, body, {

@@ -344,60 +344,69 @@ class Comments:
         await self._check_addressed(actor, item, [*to, *cc])
         comment_id = self._new_id(item, new.forge_id, actor, new.key)
         now = time.time()
-        # the loop guard (bot.items.loop_guard): past it, recorded and shown, waking no agent
-        hops = await db.agents_in_a_row(store, item.ref) if loop_guard.is_agent(actor) else 0
-        guard = loop_guard.held(actor, hops)
-        if parent is None:
-            state = await self._start(actor, item, new, body, to, cc, table)
-            thread_id, kind = comment_id, ("question" if state.is_question else "comment")
-            candidates = [*table_reach(table), *to, *cc]
-            row = db.ThreadRow(thread_id, item.ref, self.scope_of(item), state, None, None,
-                               None, now)
-        else:
-            state, reply_kind = await self._reply(actor, item, parent, new, body, to, cc,
-                                                  comment_id, now)
-            if full and not await self._answers_when_full(item, parent, reply_kind):
-                raise _item_full(item)
-            thread_id, kind = parent.id, reply_kind
-            candidates = [Reached(p, w) for p, w in state.members.items()]
-            answered = now if reply_kind in ("answer", "amend") else parent.answered_at
-            # the scope as the item is now (fresh from the forge), not as the thread last had it
-            row = replace(parent, state=state, answered_at=answered,
-                          scope=self.scope_of(item))
-        if guard:
-            row = replace(row, state=loop_guard.no_agents_turn(
-                parent.state.waiting_on if parent else (), row.state))
-            state = row.state
-        # those addressed, and those whose turn it now is (seed: "Your follow-up hands it back
-        # to them"), hear it even when they are the writing agent's own person
-        reached = audience(self.office, author=actor, candidates=candidates,
-                           explicit=[*(r.principal for r in [*to, *cc]), *state.waiting_on])
-        # the people reached personally are mentioned, and so is each agent reached through
-        # its person's box, by its own account: an agent that reads only its forge
-        # notifications misses nothing (issue 26). One mention, in this comment only; by a
-        # forge account only (a principal is no login: "@human:lee@acme.com" mentions nobody)
-        # (the claim of an outcome in another repository only where the writer named its
-        # holder: the forge shows the comment to readers of the item who may not see it)
-        hidden = claim_unnamed(item, [*new.to, *new.cc])
-        mentions = [login for r in reached if (login := login_of(self.office, r.principal))
-                    and (r.way == "personal" or (r.principal.startswith("agent:")
-                                                 and not guard))
-                    and r.principal != hidden]
-        # the writer, as the forge names them: a hidden claim holder as the card names them,
-        # unless the thread's question named them (a reply's own to/cc names nobody's author)
-        unnamed = await self.unnamed_in(item, parent) if parent is not None else hidden
-        row, forge_id = await self._write_forge(new, body, comment_id, item, row, kind,
-                                                mentions, hidden,
-                                                author=self._named_as(actor, unnamed))
-        answer = row.state.answer if kind in ("answer", "amend") else None
-        record = db.CommentRow(comment_id, item.ref, thread_id, new.parent, actor, body, {
-            "to": new.to, "cc": new.cc, "kind": kind, "option": answer.option if answer else None,
-            "amend": new.amend, "confirmedWithPerson": new.confirmed,
-            "notify": [r.as_json() for r in reached],
-            "addressed": [r.principal for r in [*to, *cc]],
-            **({"loopGuard": guard} if guard else {}),
-        }, forge_id, now, edited_at=new.edited_at)
-        await self._commit(actor, item, record, row, kind, reached, to, cc, hops)
+        # the loop guard (bot.items.loop_guard): past it, recorded and shown, waking no agent.
+        # Its conversation's run is read and this comment recorded one writer at a time (an
+        # item's conversation: within the office), so two agents writing at once are each
+        # counted, and the forge's order, which a rebuild reads, is the index's
+        where = loop_guard.conversation(parent.id if parent else comment_id, new.parent)
+        async with self.services.lock_for(f"comment-run:{item.ref}:{where or ''}"):
+            if parent is not None:  # as the last writer in it left it
+                parent = await db.get_thread(store, parent.id) or parent
+            hops = await db.agents_in_a_row(store, item.ref, where) \
+                if loop_guard.is_agent(actor) else 0
+            guard = loop_guard.held(actor, hops)
+            if parent is None:
+                state = await self._start(actor, item, new, body, to, cc, table)
+                thread_id, kind = comment_id, ("question" if state.is_question else "comment")
+                candidates = [*table_reach(table), *to, *cc]
+                row = db.ThreadRow(thread_id, item.ref, self.scope_of(item), state, None, None,
+                                   None, now)
+            else:
+                state, reply_kind = await self._reply(actor, item, parent, new, body, to, cc,
+                                                      comment_id, now)
+                if full and not await self._answers_when_full(item, parent, reply_kind):
+                    raise _item_full(item)
+                thread_id, kind = parent.id, reply_kind
+                candidates = [Reached(p, w) for p, w in state.members.items()]
+                answered = now if reply_kind in ("answer", "amend") else parent.answered_at
+                # the scope as the item is now (fresh from the forge), not as the thread last had it
+                row = replace(parent, state=state, answered_at=answered,
+                              scope=self.scope_of(item))
+            if guard:
+                row = replace(row, state=loop_guard.no_agents_turn(
+                    parent.state.waiting_on if parent else (), row.state))
+                state = row.state
+            # those addressed, and those whose turn it now is (seed: "Your follow-up hands it back
+            # to them"), hear it even when they are the writing agent's own person
+            reached = audience(self.office, author=actor, candidates=candidates,
+                               explicit=[*(r.principal for r in [*to, *cc]), *state.waiting_on])
+            # the people reached personally are mentioned, and so is each agent reached through
+            # its person's box, by its own account: an agent that reads only its forge
+            # notifications misses nothing (issue 26). One mention, in this comment only; by a
+            # forge account only (a principal is no login: "@human:lee@acme.com" mentions nobody)
+            # (the claim of an outcome in another repository only where the writer named its
+            # holder: the forge shows the comment to readers of the item who may not see it)
+            hidden = claim_unnamed(item, [*new.to, *new.cc])
+            mentions = [login for r in reached if (login := login_of(self.office, r.principal))
+                        and (r.way == "personal" or (r.principal.startswith("agent:")
+                                                     and not guard))
+                        and r.principal != hidden]
+            # the writer, as the forge names them: a hidden claim holder as the card names them,
+            # unless the thread's question named them (a reply's own to/cc names nobody's author)
+            unnamed = await self.unnamed_in(item, parent) if parent is not None else hidden
+            row, forge_id = await self._write_forge(new, body, comment_id, item, row, kind,
+                                                    mentions, hidden,
+                                                    author=self._named_as(actor, unnamed))
+            answer = row.state.answer if kind in ("answer", "amend") else None
+            record = db.CommentRow(comment_id, item.ref, thread_id, new.parent, actor, body, {
+                "to": new.to, "cc": new.cc, "kind": kind,
+                "option": answer.option if answer else None, "amend": new.amend,
+                "confirmedWithPerson": new.confirmed,
+                "notify": [r.as_json() for r in reached],
+                "addressed": [r.principal for r in [*to, *cc]],
+                **({"loopGuard": guard} if guard else {}),
+            }, forge_id, now, edited_at=new.edited_at)
+            await self._commit(actor, item, record, row, kind, reached, to, cc, hops)
         if row.state.is_question:
             # someone asked who left meanwhile (a config taken since this replica read it,
             # its sweep done before this was recorded): sent back now. Read after the commit,
@@ -450,12 +459,17 @@ class Comments:
         claim holder they may not be told of (`views.hidden_claims`), reached or not."""
         sees = viewer_of(self.services, self.forge, self.office, actor).visible
         hidden = (await hidden_claims(self.services.store, [t], sees)).get(t.id)
-        out = {"comment": comment_view(c, hidden=hidden),
-               "thread": thread_view(t, actor, hidden=hidden),
-               "notify": [r for r in c.data.get("notify", []) if r["principal"] != hidden],
-               "addressed": [p for p in c.data.get("addressed", []) if p != hidden]}
+        reached = [r for r in c.data.get("notify", []) if r["principal"] != hidden]
+        out: dict[str, Any] = {"comment": comment_view(c, hidden=hidden),
+                               "thread": thread_view(t, actor, hidden=hidden),
+                               "notify": reached,
+                               "addressed": [p for p in c.data.get("addressed", [])
+                                             if p != hidden]}
         if c.data.get("loopGuard"):  # past the loop guard: why it woke no agent (as mail's
-            out["loopGuard"] = c.data["loopGuard"]  # quiet delivery says)
+            out["loopGuard"] = c.data["loopGuard"]  # quiet delivery says), and whose inbox
+            # has it unwoken: notified are only those it woke (`_commit`), people personally
+            out["notify"] = [r for r in reached if r["way"] == "personal"]
+            out["deliveredUnwoken"] = [r["principal"] for r in reached if r["way"] != "personal"]
         return out
 
     async def _parent_thread(self, item: Item, parent: str | None) -> db.ThreadRow | None:

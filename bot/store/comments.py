@@ -398,14 +398,19 @@ async def count_comments(store: Store, item: str) -> int:
     return int(row["n"]) if row else 0
 
 
-async def agents_in_a_row(store: Store, item: str) -> int:
-    """How many of the item's comments, newest first, agents wrote before anyone else's (the
-    loop guard's hops for the next comment: `bot.items.loop_guard.hops`, in SQL). A comment
-    deleted on the forge is not counted, as a rebuild, which never sees it, counts it not."""
+async def agents_in_a_row(store: Store, item: str, thread: str | None) -> int:
+    """How many of a conversation's comments, newest first, agents wrote before anyone else's
+    (the loop guard's hops for its next comment: `bot.items.loop_guard.hops`, in SQL): thread
+    `thread`'s, or with None the item's comments that reply to none
+    (`loop_guard.counts_in`). A comment deleted on the forge is not counted, as a rebuild,
+    which never sees it, counts it not."""
+    where = "item=? AND deleted_at IS NULL AND " + (
+        "thread=?" if thread is not None else "parent IS NULL")
+    args = (item, thread) if thread is not None else (item,)
     row = await store.fetchone(
-        "SELECT count(*) AS n FROM comments WHERE item=? AND deleted_at IS NULL AND seq>"
-        " coalesce((SELECT max(seq) FROM comments WHERE item=? AND deleted_at IS NULL"
-        " AND substr(author, 1, 6)<>'agent:'), 0)", (item, item))
+        f"SELECT count(*) AS n FROM comments WHERE {where} AND seq>"
+        f" coalesce((SELECT max(seq) FROM comments WHERE {where}"
+        " AND substr(author, 1, 6)<>'agent:'), 0)", (*args, *args))
     return int(row["n"]) if row else 0
 
 

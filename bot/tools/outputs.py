@@ -173,11 +173,14 @@ class Reached(Out):
 class CommentAdded(Result):
     comment: CommentView
     thread: Card
-    notify: list[Reached] = Field(description="who the comment reached, and how")
+    notify: list[Reached] = Field(description="who the comment reached and woke, and how")
     addressed: list[str] = Field(description="the principals it was addressed to")
     loopGuard: str | None = Field(default=None, description=(
-        "past the loop guard (agents' comments in a row on the item): why it was delivered "
-        "without waking an agent"))
+        "past the loop guard (agents' comments in a row in its conversation): why it was "
+        "delivered without waking an agent"))
+    deliveredUnwoken: list[str] | None = Field(default=None, description=(
+        "past the loop guard: the agents it is in the inbox of, not woken (they see it at "
+        "their next look)"))
 
 
 class ThreadResult(Result):
