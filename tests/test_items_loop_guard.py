@@ -1,8 +1,9 @@
 """The seed's loop guard (mail.md: "Two agents replying to each other could wake each other
 forever ... Beyond 3 hops, the notification is still delivered, but without mail:new") for
 comments on items: agents that address each other on a plan, through the tools or by hand on
-the forge, woke each other's inbox waits with no count, for ever. An item counts its agents'
-comments in a row (a person's comment ends the run); past LOOP_GUARD_HOPS an agent's comment
+the forge, woke each other's inbox waits with no count, for ever. Each conversation on an item
+(a thread; the item's comments that reply to none) counts its agents' comments in a row (a
+person's comment there ends the run); past LOOP_GUARD_HOPS an agent's comment
 is recorded and shown, but wakes no agent, hands no agent the turn, and `comment.loop_guard`
 is ledgered."""
 
