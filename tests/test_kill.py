@@ -16,9 +16,10 @@ import aiohttp
 import pytest
 
 from bot.app.replicas import Replica
+from bot.store import ledger, open_store
 from localforge import LocalForge
-from tests.deployed import deploy
-from tests.support import free_port
+from tests.deployed import APP_SLUG, deploy
+from tests.support import free_port, until
 
 VAULT = "acme/scout-vault"
 VAULTMAIL = str(Path(sys.executable).parent / "vaultmail")
@@ -126,3 +127,79 @@ async def test_no_mail_lost_or_duplicated_when_the_app_is_killed(
 
 async def _at_least(items: set[int], n: int) -> bool:
     return len(items) >= n
+
+
+async def test_a_send_killed_after_its_create_landed_is_recorded_once_by_the_start(
+        deployed: tuple[LocalForge, App, dict[str, str]], tmp_path: Path) -> None:
+    """A keyed send's issue create lands and its answer is lost (a 502); the app's look for
+    it on the forge is held there, its own webhook lost, and the app killed. The start's
+    catch-up finds the issue, which this index began sending and never recorded: it is
+    recorded as its sender would (one row, one `mail.sent`, its run admitted), and the
+    client's retry returns it. Acted out (the fault harness, seed 2028, SQLite): the
+    catch-up indexed the row alone, and the retry, finding it, ledgered nothing."""
+    forge, app, tokens = deployed
+    api = {"Authorization": f"Bearer {tokens['api:agent:builder']}"}
+    person = {"Authorization": f"token {tokens['marco']}"}
+    send = {"to": "scout", "subject": "Killed mid-send", "body": "once",
+            "idempotencyKey": "killed-1"}
+    async with aiohttp.ClientSession() as s:
+
+        async def mail_send(args: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+            async with s.post(app.url + "/api/v1/tools/mail_send", headers=api,
+                              json=args) as resp:
+                return resp.status, await resp.json()
+
+        async def answered(args: dict[str, Any]) -> None:
+            async def ok() -> bool:
+                status, body = await mail_send(args)
+                assert status in (200, 503), body  # 503: the start's catch-up still runs
+                return status == 200
+            await until(ok, timeout=60)
+
+        await answered({**send, "subject": "Before", "idempotencyKey": "before"})
+        await forge.webhooks_idle()  # (what that send made is told)
+        forge.faults.add("POST /repos/{owner}/{repo}/issues", status=502, mode="after",
+                         count=1)
+        # its `issues.opened`, which would record it (`record_found`), is not heard (nor
+        # redelivered) until the start's catch-up is done: the catch-up finds the issue first
+        forge.faults.drop_webhooks(rate=1.0, senders=(f"{APP_SLUG}[bot]",))
+        held = forge.faults.hold("GET /repos/{owner}/{repo}/issues", count=1, repo=VAULT)
+        first = asyncio.create_task(mail_send(send))
+        await asyncio.wait_for(held.arrived.wait(), 60)  # did the create land? asked
+        await app.kill()
+        held.release()
+        with contextlib.suppress(aiohttp.ClientError):
+            await first
+
+        async def landed() -> list[dict[str, Any]]:
+            async with s.get(forge.url + f"/repos/{VAULT}/issues?state=all",
+                             headers=person) as resp:
+                return [i for i in await resp.json() if i["title"] == send["subject"]]
+
+        async def one_landed() -> bool:
+            return len(await landed()) == 1
+
+        assert await one_landed()
+        await app.start()
+        await answered(send)  # (answered once the start's catch-up is done)
+        forge.faults.drop_webhooks()
+        status, body = await mail_send(send)
+        assert status == 200, body
+        mail = body["mail"]
+        issues = await landed()
+    await app.kill()
+    assert [i["number"] for i in issues] == [mail["number"]]
+    store = await open_store(str(tmp_path / "data" / "index.sqlite3"))
+    try:
+        rows = await store.fetchall("SELECT vault, number FROM mails WHERE mail_id=?",
+                                    (mail["mail_id"],))
+        runs = await store.fetchall("SELECT state FROM runs WHERE subject=?",
+                                    (f"{VAULT}#{mail['number']}",))
+        entries = await ledger.entries(store, limit=1000)
+    finally:
+        await store.close()
+    assert [tuple(r) for r in rows] == [(VAULT, mail["number"])]
+    sent = [e.subject for e in entries
+            if e.event == "mail.sent" and e.data.get("mail") == mail["mail_id"]]
+    assert sent == [f"{VAULT}#{mail['number']}"], "the send is ledgered once"
+    assert len(runs) == 1, "its recipient's run admitted once"

@@ -70,7 +70,7 @@ from bot.mail.header import (
     render_mail_body,
     written_body,
 )
-from bot.mail.mailer import fits, keyed_mail_ids, signed_again
+from bot.mail.mailer import Mailer, fits, keyed_mail_ids, signed_again
 from bot.mail.reindex import CLOCK_SKEW, _rank, mail_from_issue
 from bot.office.config import Office
 from bot.office.source import ROUND_WAIT, OfficeUnanswered
@@ -257,7 +257,7 @@ async def unheard_move(services: Services, mail: MailRecord,
     return changes[-1] if at > max(applied, recorded + RECORDED_MARGIN) else None
 
 
-async def catch_up_vault(services: Services, forge: Forge, vault: str,
+async def catch_up_vault(services: Services, forge: Forge, office: Office, vault: str,
                          issues: list[dict[str, Any]], *, dry_run: bool = False
                          ) -> list[Finding]:
     """The index caught up with what `issues` (of `vault`, as the forge lists them) show that
@@ -278,7 +278,8 @@ async def catch_up_vault(services: Services, forge: Forge, vault: str,
         indexed = await mails.get_mail(services.store, record.mail_id)
         if indexed is None:
             if await mails.mail_at(services.store, record.vault, record.number) is None:
-                found.append(await _index_unheard(services, record, issue, dry_run))
+                found.append(await _index_unheard(services, Mailer(services, forge, office),
+                                                  record, issue, dry_run))
         elif indexed.number == record.number and differs(indexed, issue):
             change = await unheard_move(services, indexed, await state_changes(forge, indexed))
             if change is not None:
@@ -286,14 +287,20 @@ async def catch_up_vault(services: Services, forge: Forge, vault: str,
     return [f for f in found if f.outcome != SKIPPED]
 
 
-async def _index_unheard(services: Services, record: MailRecord, issue: dict[str, Any],
-                         dry_run: bool) -> Finding:
+async def _index_unheard(services: Services, mailer: Mailer, record: MailRecord,
+                         issue: dict[str, Any], dry_run: bool) -> Finding:
     def said(outcome: str) -> Finding:
         return Finding(record.ref, "index", _shows(issue), "not indexed", outcome,
                        "a mail on the forge the index had no word of: indexed from the forge")
 
     if dry_run:
         return said(WOULD_CATCH_UP)
+    # a send this index began and never recorded (stopped between the forge's create and its
+    # record): recorded as its sender would, with its `mail.sent` and its run, not as a row
+    # alone, which its sender's retry would then find and take as recorded
+    if (await mails.send_begun(services.store, record.mail_id)
+            and await mailer.record_found(record.vault, issue) is not None):
+        return said(CAUGHT_UP)
     async with (services.lock_for(record.mail_id), services.store.transaction(
             mails.box_key(record.org, record.to_principal)) as db):
         if (await mails.get_mail_in(db, record.mail_id)) is not None:
@@ -341,7 +348,7 @@ async def catch_up_index(services: Services, org: str) -> list[Finding]:
         at = written.get(vault.lower())
         since = None if at is None else datetime.fromtimestamp(at - CLOCK_SKEW, UTC)
         issues = [i async for i in forge.iter_issues(vault, state="all", since=since)]
-        found += await catch_up_vault(services, forge, vault, issues)
+        found += await catch_up_vault(services, forge, office, vault, issues)
     for finding in found:
         log.warning("the index was behind the forge (restored from a backup?): caught up",
                     extra={"issue": finding.ref, "kind": finding.kind,
@@ -479,8 +486,8 @@ class Doctor:
             report.vaults += 1
             issues = {int(i["number"]): i async for i in forge.iter_issues(vault, state="all")}
             # before any repair: what the index has no word of is taken, never undone
-            caught = await catch_up_vault(self.services, forge, vault, list(issues.values()),
-                                          dry_run=self.dry_run)
+            caught = await catch_up_vault(self.services, forge, office, vault,
+                                          list(issues.values()), dry_run=self.dry_run)
             for finding in caught:
                 self._found(report, finding)
             indexed = await mails.list_mails(self.store, org=office.org, vault=vault,

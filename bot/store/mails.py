@@ -203,6 +203,12 @@ async def intend_send(store: Store, mail_id: str, vault: str) -> bool:
         return changed == 1
 
 
+async def send_begun(store: Store, mail_id: str) -> bool:
+    """Whether a send of `mail_id` was begun here (`intend_send`) and not yet recorded."""
+    row = await store.fetchone("SELECT 1 FROM pending_sends WHERE mail_id=?", (mail_id,))
+    return row is not None
+
+
 async def sent(db: Connection, mail_id: str) -> None:
     await db.execute("DELETE FROM pending_sends WHERE mail_id=?", (mail_id,))
 
