@@ -265,6 +265,13 @@ async def receive_webhook(request: web.Request) -> web.Response:
             404, "not_an_org", f"/webhook/<org> takes the name of a forge org ({RULE}), and "
             "this path names none: run `vaultmail gitea-hook ORG` for ORG's webhook URL"))
     generation = None if org is None else await services.hook_generations.of(org)
+    office = org  # whose webhook it is: the org's office, under its name now
+    if org is not None and generation is not None and generation.org_id is None and \
+            (now := renamed_to(services, org)) is not None:
+        # no org holds the name now, and its org renamed itself: Gitea posts to the URL the
+        # hook had (a redelivery, a delivery queued before, a hook not updated yet), signed
+        # with the secret made for that name and the org's id, which only its admins hold
+        office, generation = now, await services.hook_generations.of(now)
     signed = SignedBody(*_secrets(settings.webhook_secret, org, generation))
     # no signature to check: nothing of the body is worth reading
     refusal = (None if claimed is None else
@@ -278,7 +285,7 @@ async def receive_webhook(request: web.Request) -> web.Response:
                 *range(generation.number + 1, generation.number + AHEAD + 1))
             ).signed_with(claimed) is not None:
         # signed with a secret the org is given at its next rotation: one not read here yet
-        generation = await services.hook_generations.recheck(org)
+        generation = await services.hook_generations.recheck(office or org)
         signed_with = SignedBody.whole(signed.body(), *_secrets(
             settings.webhook_secret, org, generation)).signed_with(claimed)
     if signed_with is None:
@@ -329,7 +336,7 @@ async def receive_webhook(request: web.Request) -> web.Response:
         except Exception:  # malformed: queued as it came, it fails alone and dead-letters
             log.warning("webhook payload not in the forge's shape; queued as it came",
                         extra={"delivery_id": guid, "event": event}, exc_info=True)
-    if org is not None and (about := _org_about(payload)) != org.lower():
+    if org is not None and (about := _org_about(payload)) not in (org.lower(), office):
         # signed with one org's secret: about that org only, never another's repositories
         log.warning("webhook refused: about another org than its webhook's",
                     extra={"delivery_id": guid, "event": event, "org": org})
@@ -338,7 +345,8 @@ async def receive_webhook(request: web.Request) -> web.Response:
                       "org>, about that org alone")
     # an org's own webhook names its deliveries, and its admins, who sign them, may choose the
     # name: recorded as that org's, no other org's delivery can make one a redelivery
-    recorded_as = guid if org is None else f"{org.lower()}/{guid}"
+    # (under the office's name now, as a rename moves the ids recorded before: bot.store.offices)
+    recorded_as = guid if office is None else f"{office.lower()}/{guid}"
     if (why := _ignored(services, guid, event, payload)) is not None:
         return await _answer_ignored(services, guid, recorded_as, event, payload, why)
     # signed, so the forge sent it: queued even when malformed (it then fails in the worker,
@@ -353,6 +361,13 @@ async def receive_webhook(request: web.Request) -> web.Response:
     if queued:
         services.wake_worker()
     return _json({"delivery": guid, "queued": queued}, status=202)
+
+
+def renamed_to(services: Services, login: str) -> str | None:
+    """The office installed now whose org was once called `login` (it renamed itself), when
+    one alone was: what `login`'s webhook, as its URL still names it, now posts for."""
+    offices = [o for o in services.keyring.once_called(login) if o in services.installations]
+    return offices[0] if len(offices) == 1 else None
 
 
 def issue_now(services: Services, payload: dict[str, Any]) -> str | None:

@@ -56,6 +56,7 @@ from bot.forge.errors import NotFound
 from bot.forge.gitea import GiteaForge, github_label
 from bot.forge.gitea_events import github_user
 from bot.items.model import make_ref
+from bot.mail.signing import former_offices
 from bot.store import comments, deliveries
 from bot.store.moves import edited_since_written, forge_time
 from bot.store.prune import DAY
@@ -257,6 +258,20 @@ async def _indexed(store: Store, data: dict[str, Any]) -> bool:
         str(data["repository"]["full_name"]), int(issue["number"]))) is not None
 
 
+def named_now(had: dict[str, str], data: dict[str, Any]) -> dict[str, Any]:
+    """`data` naming its repository's owner as the office whose webhook took it is called
+    now, where it names a login the office had (`had`: its names before): sent before its org
+    renamed itself (redelivered as it was, or queued then), and the forge leads no old login
+    to the new one (bot.forge.caller refuses a repository moved to another owner)."""
+    repo = data.get("repository")
+    if not isinstance(repo, dict) or not isinstance(repo.get("full_name"), str):
+        return data
+    owner, _, name = repo["full_name"].lower().partition("/")
+    if owner not in former_offices(had):
+        return data
+    return {**data, "repository": {**repo, "full_name": f"{had[owner]}/{name}"}}
+
+
 async def checked_event(ctx: HandlerContext, event: sansio.Event) -> sansio.Event:
     """`event` as the forge has it (`as_the_forge_has_it`), for the handlers; the timeline
     event or the new comment it was taken on is recorded, so no other delivery is taken on
@@ -264,10 +279,11 @@ async def checked_event(ctx: HandlerContext, event: sansio.Event) -> sansio.Even
     if not isinstance(ctx.forge, GiteaForge):  # (intake takes org webhooks on Gitea alone)
         raise NotAsTheForgeSays("only Gitea's org webhooks are signed by an org")
     store, guid = ctx.services.store, str(event.delivery_id)
-    key = issue_key(event.data)
+    named = named_now(ctx.services.keyring.renamed(guid.split("/", 1)[0]), event.data)
+    key = issue_key(named)
     since = time.time() - ctx.services.settings.retention_days * DAY  # (bot.store.prune)
     data, rows = await as_the_forge_has_it(
-        ctx.forge, event.event, event.data, ctx.services.bot_login,
+        ctx.forge, event.event, named, ctx.services.bot_login,
         taken=await deliveries.org_signed_taken(store, key, guid) if key else (), since=since)
     if key and rows and not await deliveries.org_signed_took(store, key, rows, guid):
         raise NotAsTheForgeSays(f"timeline row {rows[-1]} of {key} was taken already, by "

@@ -607,10 +607,13 @@ def queued_change_key(item: QueueItem) -> str | None:
     the issue it is queued under (intake's `issue_now`, which follows an org's old login
     within the office that had it, and which a rename moves), so a change delivered before
     its org renamed itself and again after, naming either login, is one key. An org-signed
-    delivery keeps the org it names (the webhook's, checked at intake): its signer's word
-    follows no rename into another office."""
-    office = (None if item.issue_key is None or org_signed(item.guid)
-              else queue.office_of_key(item.issue_key))
+    delivery keeps the office whose webhook took it (its id's `<org>/`, which a rename moves
+    with the office, as it moves the keys): its signer's word follows no rename into another
+    office, and its own office's, whatever login the payload names."""
+    if org_signed(item.guid):
+        office: str | None = item.guid.partition("/")[0]
+    else:
+        office = None if item.issue_key is None else queue.office_of_key(item.issue_key)
     return change_key(item.event, item.payload, office)
 
 

@@ -245,6 +245,10 @@ async def rename_in(db: Connection, org: str, new: str) -> int:
     await db.execute("UPDATE ledger SET hashed_as=chain WHERE chain=? AND hashed_as IS NULL",
                      (org,))
     await _move_steps(db, org, new)
+    # the ids its own webhook's deliveries were recorded under (`<org>/<id>`: bot.app.intake),
+    # as the queue's move with it: one delivered again to the hook's old URL is one seen
+    await db.execute(_DELIVERY_IDS, (new, len(org) + 1, len(org) + 1, f"{org}/", new,
+                                     len(org) + 1))
     return await _move(db, org, new, revoke=False)
 
 
@@ -278,6 +282,9 @@ _FORGE_KEYS = Sql(
     " instr(key, ':') + ?) WHERE scope='forge' AND substr(key, instr(key, ':') + 1, ?)=?",
     "UPDATE idempotency SET key=substr(key, 1, strpos(key, ':')) || ? || substr(key,"
     " strpos(key, ':') + ?) WHERE scope='forge' AND substr(key, strpos(key, ':') + 1, ?)=?")
+_DELIVERY_IDS = (  # (an id recorded under both names already stays as it is)
+    "UPDATE deliveries SET guid=? || substr(guid, ?) WHERE substr(guid, 1, ?)=? AND NOT EXISTS"
+    " (SELECT 1 FROM deliveries d WHERE d.guid=? || substr(deliveries.guid, ?))")
 _SCOPES = Sql("SELECT DISTINCT scope FROM idempotency WHERE instr(scope, ?) > 0",
               "SELECT DISTINCT scope FROM idempotency WHERE strpos(scope, ?) > 0")
 

@@ -664,3 +664,35 @@ async def test_an_office_whose_vault_reads_hang_holds_up_no_other_offices_catch_
     finally:
         held.release()
         await looks.stop()
+
+
+async def test_a_delivery_redelivered_to_an_orgs_old_webhook_url_is_its_renamed_offices(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """scout's reply through globex's own webhook is lost; globex renames itself initech
+    (followed at the app's next look); Gitea's Redeliver posts it again to the URL the hook
+    had, /webhook/globex, signed with the secret it had. Before, the app knew no org called
+    globex any more, so no secret for it: a bare 401 "bad_signature", as if the secret were
+    wrong, and the reply never taken. The secret is the office's (made for globex's id, which
+    is initech's): taken as initech's, once per delivery id."""
+    client = await _globex_with_amy(office, session)
+    sent = (await client("mail_send", to="scout", subject="Prices?", body="Which?"))["mail"]
+    await office.settle()
+    [opened] = [d for d in office.forge.state.deliveries.values()
+                if d.url.endswith("/webhook/globex") and d.action == "opened"]
+    lost = await _reply_lost(office, session, "globex/scout-vault", sent["number"])
+    assert lost.url.endswith("/webhook/globex")
+    office.forge.rename_org("globex", "initech")
+    assert await refresh(office.services) == []
+    handled = office.forge.webhooks.redeliver(opened)  # taken before the rename: not again
+    await office.settle()
+    assert handled is not None and handled.status_code == 202, handled.response_payload
+    assert json.loads(handled.response_payload or "{}")["queued"] is False
+    again = office.forge.webhooks.redeliver(lost)
+    await office.settle()
+    assert again is not None and again.status_code == 202, again.response_payload
+    mail = await mails.mail_at(office.services.store, "initech/scout-vault", sent["number"])
+    assert mail is not None and mail.state == "mail:replied", mail
+    twice = office.forge.webhooks.redeliver(lost)  # the same delivery id: recorded already
+    await office.settle()
+    assert twice is not None and twice.status_code == 202, twice.response_payload
+    assert json.loads(twice.response_payload or "{}")["queued"] is False
