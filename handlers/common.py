@@ -155,8 +155,7 @@ async def _left_login(ctx: HandlerContext, repo: str, repo_id: Any, orgs: list[s
     id, names it within an office one of whose names before is the delivery's login; else
     as it came. A login no office ever had is not asked about: Gitea's system webhook sends
     every org's comments, and an outsider's must cost no forge read (nor fail with one)."""
-    login = repo.partition("/")[0]
-    had = [org for org in orgs if login in former_offices(_names_before(ctx, org))]
+    had = ctx.services.named_before(repo.partition("/")[0], orgs)
     if not had or not isinstance(repo_id, int):
         return repo
     now = await ctx.forge.repo_name_of(repo_id)

@@ -46,7 +46,13 @@ from bot.mail.signing import name_now
 from bot.names import RULE, is_name
 from bot.office.source import CONFIG_REPO
 from bot.store.hook_secrets import Generation
-from bot.store.queue import installation_of, issue_key, office_of_key, payload_org
+from bot.store.queue import (
+    installation_of,
+    issue_key,
+    office_of,
+    office_of_key,
+    payload_org,
+)
 
 log = logging.getLogger("vaultmail.intake")
 
@@ -349,6 +355,9 @@ async def receive_webhook(request: web.Request) -> web.Response:
     recorded_as = guid if office is None else f"{office.lower()}/{guid}"
     if (why := _ignored(services, guid, event, payload)) is not None:
         return await _answer_ignored(services, guid, recorded_as, event, payload, why)
+    if dialect is GITEA and (outsider := office_of(payload, issue_key(payload))) is not None \
+            and await services.no_office(outsider):
+        return _no_office(services, guid, event, outsider, own_webhook=org is not None)
     # signed, so the forge sent it: queued even when malformed (it then fails in the worker,
     # counts its attempts and ends in dead letters, and takes no other delivery with it)
     queued = await services.store.enqueue_delivery(recorded_as, event, payload, body,
@@ -464,6 +473,30 @@ async def _answer_ignored(services: Services, guid: str, recorded_as: str, event
               "webhook ignored: no handler acts on it",
               extra={"delivery_id": guid, "event": event, "action": payload.get("action")})
     return _json({"delivery": guid, "queued": False, "ignored": True}, status=202)
+
+
+def _no_office(services: Services, guid: str, event: str, org: str, *,
+               own_webhook: bool) -> web.Response:
+    """The answer to a delivery about `org`, which has no office here (Gitea: the bot is not
+    in it, or left it): nothing queued or recorded, and no forge read. The system webhook
+    sends every org's comments, so there it is accepted and ignored (202); an org's own
+    webhook, still posting, is told (503, Retry-After: when the app looks at the bot's orgs
+    again, which makes an org the bot was added to since an office)."""
+    metrics.deliveries(event, "ignored").inc()
+    log.debug("webhook ignored: no office for its org",
+              extra={"delivery_id": guid, "event": event, "org": org})
+    every = services.installs_looked_for_every
+    message = (f"no office for {org} here: the bot is not a member of {org}, so the delivery "
+               "is ignored (the app looks at the bot's organisations "
+               + (f"every {every:g} s" if every else "at start")
+               + "; an org it was added to since is an office from its next look)")
+    if not own_webhook:
+        return _json({"delivery": guid, "queued": False, "ignored": True,
+                      "code": "no_office", "message": message}, status=202)
+    response = _error(503, "no_office", message + f"; {org}'s admins add the bot again, or "
+                      "remove this webhook")
+    response.headers.update(retry_headers(503, every))
+    return response
 
 
 def _elsewhere(event: str, payload: dict[str, Any]) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -18,7 +18,7 @@ from bot.app.notify import Notifier
 from bot.app.settings import Settings
 from bot.cursors import Cursors
 from bot.errors import NotInstalled
-from bot.mail.signing import Keyrings
+from bot.mail.signing import Keyrings, former_offices
 from bot.office.source import FIRST_READ_WAIT, ROUND_WAIT, OfficeSource
 from bot.office.visibility import Visibility
 from bot.store import Store
@@ -173,6 +173,23 @@ class Services:
 
     def installation_of(self, org: str) -> int | None:
         return self.installations.get(org.lower())
+
+    def named_before(self, login: str, orgs: Iterable[str]) -> list[str]:
+        """Those of `orgs` whose office had the org login `login` before (renamed since): a
+        delivery sent under it is theirs."""
+        login = login.lower()
+        return [org for org in orgs if (ring := self.keyring.existing(org)) is not None
+                and login in former_offices(ring.renamed)]
+
+    async def no_office(self, org: str) -> bool:
+        """Whether no office here is `org`'s, now or under a name it had before, nor is one in
+        the index (installed through another replica's look since this one's): an outsider,
+        whose deliveries cost no forge read and no queued work. Read from memory, the
+        keyrings and one index row, never the forge."""
+        org = org.lower()
+        if org in self.installations or self.named_before(org, self.installations):
+            return False
+        return await installed.live_installation(self.store, org) is None
 
     async def follow_index(self) -> None:
         """Serve what the index has installed now, whichever replica heard of it (a webhook

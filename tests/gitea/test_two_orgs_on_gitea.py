@@ -621,7 +621,7 @@ async def test_a_delivery_about_an_org_the_app_never_knew_is_ignored_without_ask
     repository (by its id) is called now (handlers.common._left_login): five comments, five
     reads (ten with the rename's); and with that read failing (502) the outsider's delivery
     was retried and dead-lettered. Now a login none of the offices ever had is ignored at
-    once: no forge call, handled."""
+    once: no forge call, and (since the intake answers it) nothing kept."""
     await _globex_with_amy(office, session)
     forge = office.forge
     forge.add_user("eve", "eve@evil.test")
@@ -636,7 +636,7 @@ async def test_a_delivery_about_an_org_the_app_never_knew_is_ignored_without_ask
     forge.faults.add(route=by_id, status=502)
     await _system_hook(office, session, "issue_comment", _comment_in(notes, 5), "out-502")
     assert forge.requests.count(by_id) == 0
-    assert await office.services.store.processed_count("out-502") == 1
+    assert await office.services.store.processed_count("out-502") == 0
 
 
 async def test_an_office_whose_vault_reads_hang_holds_up_no_other_offices_catch_up(
@@ -696,3 +696,41 @@ async def test_a_delivery_redelivered_to_an_orgs_old_webhook_url_is_its_renamed_
     await office.settle()
     assert twice is not None and twice.status_code == 202, twice.response_payload
     assert json.loads(twice.response_payload or "{}")["queued"] is False
+
+
+async def test_an_outsiders_delivery_is_answered_at_intake_with_no_forge_read_and_nothing_kept(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """An outsider's delivery: a comment on `outsider`, an org the bot was never in, through
+    the instance's system webhook (every org's comments), and one on `evil`, an org that
+    removed the bot, through evil's own webhook, which still posts. Before, each was queued
+    and its handling read the org's office config from the forge (a 502 there retried it,
+    on the forge's budget, into dead letters). Now each is answered at intake, saying there
+    is no office for its org: no forge read, nothing queued or recorded."""
+    forge = office.forge
+    forge.add_user("eve", "eve@evil.test")
+    forge.add_org("outsider", owner="eve")
+    forge.add_repo("outsider", "notes", private=False)
+    notes = forge.state.repo_by_full_name("outsider/notes")
+    await _evil_seen(office)
+    forge.add_repo("evil", "notes", private=False)
+    forge.remove_org_member("evil", office.services.app_slug)
+    await refresh(office.services)
+    assert office.services.installation_of("evil") is None
+    evils = forge.state.repo_by_full_name("evil/notes")
+    forge.faults.add(route="GET /api/v1/repos/{owner}/{repo}/contents/{filepath}", status=502)
+    forge.requests.clear()
+    master = office.services.settings.webhook_secret
+    answers = []
+    for n, (path, secret, repo) in enumerate([
+            ("/webhook", master, notes), ("/webhook", master, notes),
+            ("/webhook/evil", _secret(office, "evil"), evils)]):
+        answers.append(await _post(office, session, path, secret, _comment_in(repo, n),
+                                   "issue_comment", f"outsider-{n}"))
+    await office.settle()
+    about = [(r.route, r.status) for r in forge.requests
+             if "/outsider/" in r.path.lower() or "/evil/" in r.path.lower()]
+    assert about == [], about
+    assert [status for status, _ in answers] == [202, 202, 503], answers
+    assert all("no office for" in text and "no_office" in text for _, text in answers), answers
+    assert await office.services.store.fetchone(
+        "SELECT 1 FROM queue WHERE guid LIKE '%outsider-%'") is None
