@@ -353,11 +353,12 @@ async def receive_webhook(request: web.Request) -> web.Response:
     # name: recorded as that org's, no other org's delivery can make one a redelivery
     # (under the office's name now, as a rename moves the ids recorded before: bot.store.offices)
     recorded_as = guid if office is None else f"{office.lower()}/{guid}"
-    if (why := _ignored(services, guid, event, payload)) is not None:
-        return await _answer_ignored(services, guid, recorded_as, event, payload, why)
+    # (before an idle event's id is recorded: the system webhook sends every org's pushes)
     if dialect is GITEA and (outsider := office_of(payload, issue_key(payload))) is not None \
             and await services.no_office(outsider):
         return _no_office(services, guid, event, outsider, own_webhook=org is not None)
+    if (why := _ignored(services, guid, event, payload)) is not None:
+        return await _answer_ignored(services, guid, recorded_as, event, payload, why)
     # signed, so the forge sent it: queued even when malformed (it then fails in the worker,
     # counts its attempts and ends in dead letters, and takes no other delivery with it)
     queued = await services.store.enqueue_delivery(recorded_as, event, payload, body,

@@ -704,8 +704,9 @@ async def test_an_outsiders_delivery_is_answered_at_intake_with_no_forge_read_an
     the instance's system webhook (every org's comments), and one on `evil`, an org that
     removed the bot, through evil's own webhook, which still posts. Before, each was queued
     and its handling read the org's office config from the forge (a 502 there retried it,
-    on the forge's budget, into dead letters). Now each is answered at intake, saying there
-    is no office for its org: no forge read, nothing queued or recorded."""
+    on the forge's budget, into dead letters); a push to outsider/notes, which no handler
+    takes, had its id recorded. Now each is answered at intake, saying there is no office
+    for its org: no forge read, nothing queued or recorded."""
     forge = office.forge
     forge.add_user("eve", "eve@evil.test")
     forge.add_org("outsider", owner="eve")
@@ -726,11 +727,20 @@ async def test_an_outsiders_delivery_is_answered_at_intake_with_no_forge_read_an
             ("/webhook/evil", _secret(office, "evil"), evils)]):
         answers.append(await _post(office, session, path, secret, _comment_in(repo, n),
                                    "issue_comment", f"outsider-{n}"))
+    # a push to a repository other than .github, which no handler acts on: before, its id
+    # was recorded, a write for each of the instance's pushes anywhere
+    push = {"ref": "refs/heads/main", "commits": [], "sender": {"login": "eve"},
+            "repository": {"id": notes.id, "full_name": "outsider/notes", "name": "notes",
+                           "owner": {"login": "outsider"}}}
+    answers.append(await _post(office, session, "/webhook", master, push, "push",
+                               "outsider-push"))
     await office.settle()
     about = [(r.route, r.status) for r in forge.requests
              if "/outsider/" in r.path.lower() or "/evil/" in r.path.lower()]
     assert about == [], about
-    assert [status for status, _ in answers] == [202, 202, 503], answers
+    assert [status for status, _ in answers] == [202, 202, 503, 202], answers
     assert all("no office for" in text and "no_office" in text for _, text in answers), answers
-    assert await office.services.store.fetchone(
-        "SELECT 1 FROM queue WHERE guid LIKE '%outsider-%'") is None
+    store = office.services.store
+    for table in ("queue", "deliveries"):
+        assert await store.fetchone(
+            f"SELECT 1 FROM {table} WHERE guid LIKE '%outsider-%'") is None, table
