@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from functools import partial
 
 from bot.app.background import Rounds, Work
@@ -21,6 +23,10 @@ from bot.store import installations
 
 log = logging.getLogger("vaultmail.gitea_orgs")
 ORGS_EVERY = 300.0
+# a delivery about an org with no office here looks at the bot's orgs at most this often, who-
+# ever sends it: an org that just added the bot is an office at its first delivery, and an
+# outsider's deliveries (the system webhook sends every org's) cost one read in this time
+LOOK_AGAIN_AFTER = 30.0
 
 
 async def refresh(services: Services) -> list[str]:
@@ -64,12 +70,38 @@ class GiteaOrgs(Rounds):
 
     task_name = "vaultmail-gitea-orgs"
 
-    def __init__(self, services: Services, every: float = ORGS_EVERY) -> None:
+    def __init__(self, services: Services, every: float = ORGS_EVERY, *,
+                 again_after: float = LOOK_AGAIN_AFTER,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.services = services
         self.poll = every
         services.installs_looked_for_every = every  # (NotInstalled's Retry-After)
+        services.look_for_orgs = self.look_now
         self._turns = asyncio.Semaphore(CATCH_UP_AT_ONCE)
+        self._again_after, self._clock = again_after, clock
+        self._looked = clock()  # (the start has just looked: bot.app.web)
+        self._looking: asyncio.Future[list[str]] | None = None
+
+    async def look_now(self) -> bool:
+        """A look at the bot's orgs for a delivery about an org with no office here, unless
+        one was made in the last `again_after` seconds (then, or when it fails: False); one
+        look at a time, whoever asks, shared by those asking while it runs."""
+        if self._looking is None:
+            if self._clock() - self._looked < self._again_after:
+                return False
+            self._looked = self._clock()
+            self._looking = asyncio.ensure_future(look(self.services))
+            self._looking.add_done_callback(self._looked_now)
+        try:
+            await asyncio.shield(self._looking)
+        except Exception:  # (the forge's answer: logged, the delivery answered as it stands)
+            log.warning("look at the bot's organisations failed", exc_info=True)
+            return False
+        return True
+
+    def _looked_now(self, _: asyncio.Future[list[str]]) -> None:
+        self._looking = None
 
     async def _run(self) -> None:
         await asyncio.sleep(self.poll)  # (the start has just looked, and catches up: bot.app.web)
@@ -79,6 +111,7 @@ class GiteaOrgs(Rounds):
         return True  # (each replica keeps its own list of the orgs)
 
     async def _round(self) -> list[tuple[str, Work]]:
+        self._looked = self._clock()
         await look(self.services)  # (failing: Rounds logs it, the next round tries again)
         return [(org, partial(catch_up_office, self.services, org, self._turns))
                 for org in sorted(self.services.installations)]

@@ -38,6 +38,7 @@ from bot.app.bodies import (
     size_text,
     too_large,
 )
+from bot.app.gitea_orgs import LOOK_AGAIN_AFTER
 from bot.app.hook_generations import AHEAD, grace_text
 from bot.app.services import SERVICES_KEY, Services
 from bot.errors import PayloadTooLarge, VaultmailError, retry_headers
@@ -355,7 +356,7 @@ async def receive_webhook(request: web.Request) -> web.Response:
     recorded_as = guid if office is None else f"{office.lower()}/{guid}"
     # (before an idle event's id is recorded: the system webhook sends every org's pushes)
     if dialect is GITEA and (outsider := office_of(payload, issue_key(payload))) is not None \
-            and await services.no_office(outsider):
+            and await _no_office_after_a_look(services, outsider):
         return _no_office(services, guid, event, outsider, own_webhook=org is not None)
     if (why := _ignored(services, guid, event, payload)) is not None:
         return await _answer_ignored(services, guid, recorded_as, event, payload, why)
@@ -476,6 +477,15 @@ async def _answer_ignored(services: Services, guid: str, recorded_as: str, event
     return _json({"delivery": guid, "queued": False, "ignored": True}, status=202)
 
 
+async def _no_office_after_a_look(services: Services, org: str) -> bool:
+    """Whether `org` has no office here, even after a look at the bot's orgs (when none was
+    made lately): the bot may have been added to it since the last."""
+    if not await services.no_office(org):
+        return False
+    look = services.look_for_orgs
+    return look is None or not await look() or await services.no_office(org)
+
+
 def _no_office(services: Services, guid: str, event: str, org: str, *,
                own_webhook: bool) -> web.Response:
     """The answer to a delivery about `org`, which has no office here (Gitea: the bot is not
@@ -489,14 +499,15 @@ def _no_office(services: Services, guid: str, event: str, org: str, *,
     every = services.installs_looked_for_every
     message = (f"no office for {org} here: the bot is not a member of {org}, so the delivery "
                "is ignored (the app looks at the bot's organisations "
-               + (f"every {every:g} s" if every else "at start")
+               + (f"every {every:g} s, and at a delivery about an org it does not know at "
+                  f"most every {LOOK_AGAIN_AFTER:g} s" if every else "at start")
                + "; an org it was added to since is an office from its next look)")
     if not own_webhook:
         return _json({"delivery": guid, "queued": False, "ignored": True,
                       "code": "no_office", "message": message}, status=202)
     response = _error(503, "no_office", message + f"; {org}'s admins add the bot again, or "
                       "remove this webhook")
-    response.headers.update(retry_headers(503, every))
+    response.headers.update(retry_headers(503, LOOK_AGAIN_AFTER if every else None))
     return response
 
 

@@ -59,6 +59,9 @@ class Services:
     # installation events: bot.app.gitea_orgs sets it); None where the forge tells of each at
     # once (GitHub's installation events)
     installs_looked_for_every: float | None = None
+    # Gitea's look at the bot's orgs now, for a delivery about an org with no office here
+    # (bot.app.gitea_orgs: at most once in a while, whoever asks); whether it looked
+    look_for_orgs: Callable[[], Awaitable[bool]] | None = None
     # orgs whose index the start is still catching up with the forge (bot.app.doctor.
     # catch_up_at_start): their keyed sends wait for it
     catching_up: set[str] = field(default_factory=set)

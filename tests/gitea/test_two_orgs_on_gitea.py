@@ -639,6 +639,48 @@ async def test_a_delivery_about_an_org_the_app_never_knew_is_ignored_without_ask
     assert await office.services.store.processed_count("out-502") == 0
 
 
+async def test_a_delivery_about_an_org_that_added_the_bot_since_the_last_look_is_its_offices(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """evil adds the bot after the app's last look at its orgs (every 300 s), and eve's
+    comment there comes through the instance's system webhook. Before, it was answered
+    `no_office` and ignored: lost, as was every delivery about evil until the next look. Now
+    a delivery about an org with no office here makes the app look at the bot's orgs, at
+    most once every 30 s whoever asks: evil is an office and the delivery queued. An
+    outsider's deliveries within those 30 s read nothing more."""
+    now = [0.0]
+    GiteaOrgs(office.services, again_after=30, clock=lambda: now[0])  # (its looks, no rounds)
+    forge = office.forge
+    seed_office(forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
+    forge.add_org_member("evil", office.services.app_slug, role="admin")
+    forge.add_repo("evil", "notes", private=False)
+    forge.add_user("eve", "eve@evil.test")
+    forge.add_org("outsider", owner="eve")
+    forge.add_repo("outsider", "notes", private=False)
+    now[0] = 31.0
+    forge.requests.clear()
+    master = office.services.settings.webhook_secret
+    status, text = await _post(office, session, "/webhook", master,
+                               _comment_in(forge.state.repo_by_full_name("evil/notes"), 0),
+                               "issue_comment", "evil-0")
+    assert status == 202 and json.loads(text)["queued"] is True, text
+    assert office.services.installation_of("evil") is not None
+    looks = "GET /api/v1/user/orgs"
+    assert forge.requests.count(looks) == 1
+    await office.settle()  # (evil's vaults labelled, as at start)
+    forge.requests.clear()
+    outsider = _comment_in(forge.state.repo_by_full_name("outsider/notes"), 1)
+    for n in range(3):
+        status, text = await _post(office, session, "/webhook", master, outsider,
+                                   "issue_comment", f"outsider-{n}")
+        assert status == 202 and "no_office" in text, text
+    assert [r.route for r in forge.requests] == []  # (looked 0 s ago)
+    now[0] = 62.0
+    status, text = await _post(office, session, "/webhook", master, outsider,
+                               "issue_comment", "outsider-3")
+    assert status == 202 and "no_office" in text, text
+    assert [r.route for r in forge.requests] == [looks]
+
+
 async def test_an_office_whose_vault_reads_hang_holds_up_no_other_offices_catch_up(
         office: Embedded, session: aiohttp.ClientSession) -> None:
     """The app's look at the bot's orgs follows every office's vaults renamed (Gitea tells no
