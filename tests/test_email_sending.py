@@ -16,6 +16,7 @@ from email.message import EmailMessage
 
 import pytest
 
+from bot.app.doctor import catch_up_index
 from bot.app.services import Services
 from bot.email import keys, outgoing
 from bot.email.auth import Verdicts
@@ -1045,3 +1046,58 @@ async def test_an_outbox_note_whose_stalled_comment_lands_late_is_on_the_mail_on
     notes = [c for c in comments if c["body"].startswith(note)]
     assert len(notes) == 1, [c["id"] for c in notes]
     assert mailroom.relay.received.qsize() == 1
+
+
+async def test_an_email_send_stopped_after_its_create_landed_is_sent_once_by_the_start(
+        mailroom: Mailroom) -> None:
+    """A keyed `mail_send` to an address: its issue create lands and its answer is lost (a
+    502), its look for it on the forge is held there and the send stopped (as a kill stops
+    it), its own webhook lost. The start's catch-up finds the issue, which this index began
+    sending: it is recorded as its sender records it (one `mail.sent`, which the outbox
+    sends by; no run, no loop-guard entry), and the relay gets it once, the client's retry
+    returning the same mail. Acted out: the catch-up indexed the row alone (the recipient
+    is no agent), no `mail.sent`, and the email never went out."""
+    emb = mailroom.embedded
+    services = emb.services
+    forge = services.forge_for_org("acme")
+    mailer = Mailer(services, forge, emb.office)
+
+    async def send() -> MailRecord:
+        return await send_email(mailer, "agent:scout", "bob@example.org", "Stopped quote",
+                                "Once, please.", idempotency_key="stopped-1")
+
+    emb.forge.faults.add(route=CREATE, status=502, mode="after", count=1)
+    emb.forge.faults.drop_webhooks(rate=1.0, senders=(services.bot_login,))
+    held = emb.forge.faults.hold("GET /repos/{owner}/{repo}/issues", count=1, repo=SCOUT_VAULT)
+    first = asyncio.create_task(send())
+    await asyncio.wait_for(held.arrived.wait(), GUARD)  # did the create land? asked
+    first.cancel()  # stopped there
+    held.release()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    store = services.store
+    assert len(await _begun(store)) == 1, "begun, never recorded"
+
+    found = await catch_up_index(services, "acme")
+    emb.forge.faults.drop_webhooks()
+    assert [f.kind for f in found] == ["index"], found
+    envelope = await mailroom.relay.next()
+    assert envelope.rcpt_tos == ["bob@example.org"]
+    assert _parsed(envelope.original_content)["Subject"] == "Stopped quote"
+    again = await send()
+    assert again.ref == found[0].ref
+    await emb.settle()
+    assert await mailroom.outbox_settled() == 0 and mailroom.relay.received.empty(), \
+        "one message reaches the relay"
+    sent = [e.subject for e in await _events(mailroom, "mail.sent")
+            if e.data.get("mail") == again.mail_id]
+    assert sent == [again.ref], "the send is ledgered once"
+    assert [e.subject for e in await _events(mailroom, "email.sent")] == [again.ref]
+    assert not await _events(mailroom, "mail.loop_guard")
+    assert not await store.fetchall("SELECT id FROM runs WHERE subject=?", (again.ref,))
+    assert not await mails.send_begun(store, again.mail_id)
+
+
+async def _begun(store: Store) -> list[str]:
+    """The mail ids whose send was begun and not recorded."""
+    return [r["mail_id"] for r in await store.fetchall("SELECT mail_id FROM pending_sends")]

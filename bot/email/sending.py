@@ -31,7 +31,7 @@ from bot.mail.mailer import (
 )
 from bot.mail.markdown import as_data
 from bot.office.config import Agent
-from bot.store import idempotency, ledger, mails
+from bot.store import idempotency, mails
 from bot.store.mails import QUIET, MailRecord
 
 _NS = uuid.UUID("0f6b7c52-3d1e-4a8b-9c2f-5e7a1d3b9c40")
@@ -131,27 +131,11 @@ async def send_email(mailer: Mailer, actor: str, to: str, subject: str, body: st
         body=body, from_principal=actor, to_principal=principal, sent=header.sent,
         hops=header.hops, in_reply_to=header.in_reply_to, thread_id=header.thread_id,
         key_id=header.key_id, body_sha256=header.body_sha256, state=QUIET)
-    fence = idempotency.fence_key()
-    kept: MailRecord | None = None
-    lost = False
-    async with store.transaction(f"mail:{mail_id}", mails.box_key(record.org, principal),
-                                 ledger.key(record.org), *([fence] if fence else [])) as db:
-        kept = await mails.get_mail_in(db, mail_id)
-        if kept is None:
-            # indexed and ledgered (what the outbox follows) only under the claim: a try
-            # taken over while its create was in flight queues nothing
-            lost = not await idempotency.claim_held_in(db)
-            if not lost:
-                await mails.put_mail(db, record)
-                if run is not None:
-                    await mails.set_sent_from(db, mail_id, run)
-                await mails.sent(db, mail_id)
-                await ledger.append(db, "mail.sent", actor, record.ref, {
-                    "mail": mail_id, "to": principal, "subject": record.subject,
-                    "hops": record.hops, "thread": record.thread_id,
-                    "in_reply_to": record.in_reply_to}, org=record.org)
-                kept = record
-    if lost or kept is None:
+    # indexed and ledgered (what the outbox follows) only under the claim: a try taken over
+    # while its create was in flight queues nothing; recorded once, whichever of this try and
+    # the crash-recovery path (`Mailer.record_found`: a try stopped after its create) is first
+    kept = await mailer._record_new(record, actor, None, fenced=True, sent_from=run)
+    if kept is None:
         raise idempotency.ClaimLost(f"send of {mail_id}: its key was taken over")
     if kept.number != record.number:
         # another try indexed its own issue while this one's create was in flight: this

@@ -542,12 +542,14 @@ class Mailer:
         human = self.office.human(actor.removeprefix("human:"))
         return human.login if human else None
 
-    async def _record_new(self, record: MailRecord, actor: str, agent: Agent, *,
+    async def _record_new(self, record: MailRecord, actor: str, agent: Agent | None, *,
                           quiet: str | None = None, fenced: bool = False,
                           adopted: bool = False, sent_from: str | None = None,
                           adopted_at: float | None = None) -> MailRecord | None:
         """Index a mail now on the forge, ledger it and admit its run: once per mail id,
         whichever of the sender and the crash-recovery path (`record_found`) comes first.
+        `agent` None: mail to an address (bot.email.sending), in no one's inbox: its
+        `mail.sent` is what the outbox sends it by; no run, no loop-guard entry.
         The mail as indexed (this record, or the one indexed before it under its id: refused
         when that one is elsewhere, `same_mail`; `adopted`: an id bound to its one issue);
         `fenced`: None, indexing nothing, when the running idempotency claim was taken over
@@ -567,6 +569,8 @@ class Mailer:
             await _index_sent(db, record, actor, adopted_at=adopted_at)
             if sent_from is not None:
                 await mails.set_sent_from(db, record.mail_id, sent_from)
+            if agent is None:
+                return record, True, None
             if record.state == QUIET:
                 await ledger.append(db, "mail.loop_guard", "office", record.ref, {
                     "mail": record.mail_id, "hops": record.hops,
@@ -586,21 +590,25 @@ class Mailer:
             return indexed
         if record.state != QUIET:  # a copy past the loop guard wakes no one: next run's
             self.services.notifier.notify([record.to_principal], org=record.org)
-        if admitted is not None:
+        if agent is not None and admitted is not None:
             runs.dispatch_mail(self.services, self.forge, agent, record, admitted)
         return record
 
     async def record_found(self, repo: str, issue: dict[str, Any]) -> MailRecord | None:
         """Index a mail the app created but did not get to record (it crashed in between):
-        the issue's own signed header says everything. None when it is not such a mail."""
+        the issue's own signed header says everything, and it is recorded as its sender
+        records it (mail to an address too: its `mail.sent` queues it for the outbox). None
+        when it is not such a mail."""
         from bot.mail.reindex import mail_from_issue
 
         record = mail_from_issue(repo, issue, self.services.keyring,
                                  app_login=self.services.bot_login)
         if record is None or record.tampered:
             return None
+        emailed = record.to_principal.startswith("email:")  # (bot.email.sending's principal)
         agent = self.office.agent(record.to_principal.removeprefix("agent:"))
-        if agent is None or await mails.get_mail(self.services.store, record.mail_id):
+        if (agent is None and not emailed) or await mails.get_mail(self.services.store,
+                                                                   record.mail_id):
             return None
         await self._record_new(record, record.from_principal, agent)
         return record
