@@ -12,8 +12,12 @@ import asyncio
 import re
 from typing import Any
 
+import pytest
+
 from bot.app.embedded import Embedded
 from bot.forge import markers
+from bot.mail.mailer import Mailer
+from bot.mail.reindex import mail_from_issue
 from bot.store import mails
 from tests.support import label_names
 from tests.test_tamper import vaultmail
@@ -346,3 +350,46 @@ async def test_an_office_whose_config_read_hangs_is_skipped_not_waited_for(
     assert "aardvark: aardvark's office config: its forge has not answered in 3 s: skipped" \
         in out, out
     assert "acme/scout-vault:" in out and code == 0, out
+
+
+async def test_the_doctor_records_a_send_an_older_catch_up_indexed_as_a_row_alone(
+        embedded: Embedded) -> None:
+    """A keyed send stopped after its create landed (its answer a 502, its look for it held
+    and the send stopped there, its own webhook lost), then indexed as a row alone, as a
+    release before 44's catch-up did: no `mail.sent`, its recipient never woken. The doctor
+    reports it, and records it as its sender would have, once however often it runs.
+    Acted out: the doctor said nothing of it (`would repair: 0`)."""
+    services, faults = embedded.services, embedded.forge.faults
+    forge = services.forge_for_org("acme")
+    mailer = Mailer(services, forge, embedded.office)
+    faults.add(route=CREATE_ISSUE, status=502, mode="after", count=1)
+    faults.drop_webhooks(rate=1.0, senders=(services.bot_login,))
+    held = faults.hold("GET /repos/{owner}/{repo}/issues", count=1, repo=SCOUT_VAULT)
+    first = asyncio.create_task(mailer.send("human:marco@acme.com", "scout", "Row alone",
+                                            "once", idempotency_key="row-alone"))
+    await asyncio.wait_for(held.arrived.wait(), 60)  # did the create land? asked
+    first.cancel()  # stopped there
+    held.release()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    [issue] = [i async for i in forge.iter_issues(SCOUT_VAULT, state="all")
+               if i["title"] == "Row alone"]
+    record = mail_from_issue(SCOUT_VAULT, issue, services.keyring, app_login=services.bot_login)
+    assert record is not None
+    store = services.store
+    async with store.transaction() as db:  # what the older catch-up wrote: the row alone
+        await mails.put_mail(db, record)
+    faults.drop_webhooks()
+
+    code, out = await vaultmail(embedded, "doctor", "--dry-run")
+    assert code == 1 and _count(out, "would repair") == 1 and record.ref in out, out
+    code, out = await vaultmail(embedded, "doctor")
+    assert code == 0 and _count(out, "repaired") == 1, out
+    code, out = await vaultmail(embedded, "doctor")
+    assert code == 0 and _count(out, "repaired") == 0 and _count(out, "flagged") == 0, out
+    sent = [e.subject for e in await embedded.ledger_events("mail.sent")
+            if e.data.get("mail") == record.mail_id]
+    assert sent == [record.ref], "the send is ledgered once"
+    queued = [e.subject for e in await embedded.ledger_events("run.queued")]
+    assert queued.count(record.ref) == 1, "its recipient's run admitted once"
+    assert not await mails.send_begun(store, record.mail_id)

@@ -492,6 +492,7 @@ class Doctor:
                 self._found(report, finding)
             indexed = await mails.list_mails(self.store, org=office.org, vault=vault,
                                              limit=1_000_000)
+            ledgered = await ledger.mails_sent(self.store, office.org)
             self.progress(f"{vault}: {len(indexed)} mail(s), {len(issues)} issue(s)")
             taken = {finding.ref for finding in caught}
             for mail in indexed:
@@ -503,6 +504,8 @@ class Doctor:
                 if issue is None:
                     await self._vanished(report, forge, office, mail)
                     continue
+                if mail.mail_id not in ledgered:
+                    await self._unledgered(report, forge, office, mail, issue)
                 if lost_header(mail, issue):
                     await self._header(report, forge, office, mail)
                 if differs(mail, issue):
@@ -575,6 +578,34 @@ class Doctor:
         self._found(report, Finding(mail.ref, "state", _shows(now), _holds(fresh), REPAIRED,
                                     "the app's write was lost: the index's state written "
                                     "again"))
+
+    # -- mails indexed with no `mail.sent` ------------------------------------------------------
+    async def _unledgered(self, report: DoctorReport, forge: Forge, office: Office,
+                          mail: MailRecord, issue: dict[str, Any]) -> None:
+        """A row with no `mail.sent` (a release before 44's catch-up indexed a send stopped
+        after its create as a row alone: never ledgered, its recipient never woken, mail to an
+        address never emailed). Where this index began that send and the issue's signed header
+        is the row's, it is recorded as its sender would have (`Mailer.record_unledgered`);
+        else flagged. A row of a send never begun here (caught up after a restore from a
+        backup, or reindexed) is as it should be: its ledger has no word of it."""
+        def said(outcome: str, why: str) -> Finding:
+            return Finding(mail.ref, "sent", _shows(issue), "no mail.sent", outcome, why)
+
+        if not await mails.send_begun(self.store, mail.mail_id):
+            return
+        record = mail_from_issue(mail.vault, issue, self.services.keyring,
+                                 app_login=self.services.bot_login)
+        if record is None or record.tampered or record.mail_id != mail.mail_id:
+            self._found(report, said(FLAGGED, (
+                "a send begun here, indexed with no mail.sent, and its issue no longer "
+                "carries its signed header: not ledgered, its recipient not woken")))
+            return
+        why = "a send begun here, indexed as a row alone: recorded as its sender would have"
+        if not self._may_repair():
+            self._found(report, said(WOULD_REPAIR, why))
+            return
+        done = await Mailer(self.services, forge, office).record_unledgered(mail)
+        self._found(report, said(REPAIRED if done else SKIPPED, why))
 
     # -- adopted mails whose header was lost ---------------------------------------------------
     async def _header(self, report: DoctorReport, forge: Forge, office: Office,

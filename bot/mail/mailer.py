@@ -569,17 +569,7 @@ class Mailer:
             await _index_sent(db, record, actor, adopted_at=adopted_at)
             if sent_from is not None:
                 await mails.set_sent_from(db, record.mail_id, sent_from)
-            if agent is None:
-                return record, True, None
-            if record.state == QUIET:
-                await ledger.append(db, "mail.loop_guard", "office", record.ref, {
-                    "mail": record.mail_id, "hops": record.hops,
-                    "reason": quiet or f"beyond {LOOP_GUARD_HOPS} hops: delivered without "
-                              "mail:new"},
-                    org=record.org)
-                return record, True, None
-            return record, True, await runs.admit(db, agent, "mail", record.ref, actor,
-                                                  org=record.org, woken_by=record.mail_id)
+            return record, True, await _woken(db, record, actor, agent, quiet)
 
         # the sender and the recovery path may record one mail id at once: one looks, then
         # the other (one trip to the store: it is on every mail's path)
@@ -593,6 +583,31 @@ class Mailer:
         if agent is not None and admitted is not None:
             runs.dispatch_mail(self.services, self.forge, agent, record, admitted)
         return record
+
+    async def record_unledgered(self, mail: MailRecord) -> bool:
+        """Ledger a mail indexed as a row alone though this index began its send (a release
+        before 44's catch-up: `mails.send_begun`), as its sender would have: `mail.sent`
+        (mail to an address: what the outbox sends it by), pending cleared, and the wake it
+        never had (its run, or its loop-guard entry; none once its recipient has opened it).
+        False when that send was recorded meanwhile, or the recipient is gone."""
+        agent = self.office.agent(mail.to_principal.removeprefix("agent:"))
+        if agent is None and not mail.to_principal.startswith("email:"):
+            return False
+
+        async def ledger_it(db: Connection) -> tuple[bool, int | None]:
+            if not await mails.sent(db, mail.mail_id):  # (recorded meanwhile: pending cleared)
+                return False, None
+            await _ledger_sent(db, mail, mail.from_principal)
+            if mail.state not in (MailState.NEW.value, QUIET):
+                return True, None
+            return True, await _woken(db, mail, mail.from_principal, agent, None)
+
+        done, admitted = await self.services.store.run_transaction(
+            ledger_it, f"mail:{mail.mail_id}", mails.box_key(mail.org, mail.to_principal),
+            ledger.key(mail.org))
+        if agent is not None and admitted is not None:
+            runs.dispatch_mail(self.services, self.forge, agent, mail, admitted)
+        return bool(done)
 
     async def record_found(self, repo: str, issue: dict[str, Any]) -> MailRecord | None:
         """Index a mail the app created but did not get to record (it crashed in between):
@@ -1270,7 +1285,28 @@ async def _index_sent(db: Connection, record: MailRecord, actor: str, *,
     await mails.put_mail(db, record, adopted_at=adopted_at)
     if adopted_at is None:
         await mails.sent(db, record.mail_id)
+    await _ledger_sent(db, record, actor)
+
+
+async def _ledger_sent(db: Connection, record: MailRecord, actor: str) -> None:
     await ledger.append(db, "mail.sent", actor, record.ref, {
         "mail": record.mail_id, "to": record.to_principal, "subject": record.subject,
         "hops": record.hops, "thread": record.thread_id,
         "in_reply_to": record.in_reply_to}, org=record.org)
+
+
+async def _woken(db: Connection, record: MailRecord, actor: str, agent: Agent | None,
+                 quiet: str | None) -> int | None:
+    """Inside the indexing transaction: the wake a mail just ledgered sent gives its recipient
+    agent, its run admitted (its id), or past the loop guard its `mail.loop_guard` entry.
+    None for mail to an address (`agent` None): in no one's inbox."""
+    if agent is None:
+        return None
+    if record.state == QUIET:
+        await ledger.append(db, "mail.loop_guard", "office", record.ref, {
+            "mail": record.mail_id, "hops": record.hops,
+            "reason": quiet or f"beyond {LOOP_GUARD_HOPS} hops: delivered without mail:new"},
+            org=record.org)
+        return None
+    return await runs.admit(db, agent, "mail", record.ref, actor, org=record.org,
+                            woken_by=record.mail_id)

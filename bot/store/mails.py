@@ -209,8 +209,9 @@ async def send_begun(store: Store, mail_id: str) -> bool:
     return row is not None
 
 
-async def sent(db: Connection, mail_id: str) -> None:
-    await db.execute("DELETE FROM pending_sends WHERE mail_id=?", (mail_id,))
+async def sent(db: Connection, mail_id: str) -> bool:
+    """The send of `mail_id` recorded: whether one was pending (`intend_send`)."""
+    return await db.execute("DELETE FROM pending_sends WHERE mail_id=?", (mail_id,)) == 1
 
 
 # `tampered` holds 0 (as signed), WARNING_OWED (flagged and ledgered, its warning comment not
