@@ -14,6 +14,7 @@ import pytest
 from bot.items.model import Item
 from bot.store import chats, ledger, open_store
 from bot.store import comments as db
+from bot.store.idempotency import Settlement, claim_held_in, resumed
 from bot.store.offices import _COLUMNS, _TEXT, rename_in, rename_vault_in, retire_in
 from tests.support import until
 
@@ -145,5 +146,49 @@ async def test_a_retry_in_the_office_that_took_a_freed_name_finds_none_of_the_ol
         # initech's own retry still finds it, under the name it had
         assert await ledger.recorded(store, "mail.replied", "initech/scout-vault#1", "reply",
                                      "reply-1", org="initech", renamed=renamed)
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(("step", "now"), [
+    (("forge", "issue_comment.created:acme:7:t"), ("forge", "issue_comment.created:initech:7:t")),
+    (("tool:mail_send:acme:agent:scout", "k1"), ("tool:mail_send:initech:agent:scout", "k1")),
+])
+@pytest.mark.parametrize("later", [False, True], ids=["own", "worker"])
+async def test_a_step_at_work_while_its_office_is_renamed_keeps_its_result_there(
+        tmp_path: Path, database_url: str, step: tuple[str, str], now: tuple[str, str],
+        later: bool) -> None:
+    """acme renames itself initech while one of its steps (a forge change, a tool call) is at
+    work: the rename moves the step's claim to the new name (`_move_steps`). Before, the
+    finished try wrote its result under the old key only: nowhere, the claim left unfinished
+    under the new key, its fence (`claim_held_in`) said lost meanwhile, and a redelivery
+    after the rename ran the step again as a retry. The try's claim is its row wherever the
+    office's name takes it."""
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    runs: list[bool] = []
+    held: list[bool] = []
+
+    async def work() -> dict[str, str]:
+        runs.append(resumed())
+        async with store.transaction("installation:acme", "installation:initech") as tx:
+            await rename_in(tx, "acme", "initech")
+        held.append(await claim_held_in(store))  # (the fence before a forge write)
+        return {"delivery": "d1"}
+
+    try:
+        settling: list[Settlement] = []
+        assert await store.once(*step, "", work, later=settling if later else None) == {
+            "delivery": "d1"}
+        if later:  # (the worker's: recorded with the delivery's finish)
+            async with store.transaction() as tx:
+                assert await store.settle_in(tx, settling) == []
+            store.settled(settling)
+        row = await store.fetchone("SELECT result FROM idempotency WHERE scope=? AND key=?",
+                                   now)
+        assert row is not None and row["result"] is not None, "the result is kept"
+        assert json.loads(row["result"]) == {"delivery": "d1"}
+        # delivered again after the rename, keyed by the office's name now: done, not run
+        assert await store.once(*now, "", work) == {"delivery": "d1"}
+        assert (runs, held) == ([False], [True])
     finally:
         await store.close()

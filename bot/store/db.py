@@ -99,6 +99,12 @@ CREATE TABLE IF NOT EXISTS replicas (
 """, version=2)
 register_columns("queue", {"lease_owner": "{text}"}, version=2)
 register_columns("idempotency", {"owner": "{text}"}, version=2)
+# each try's claim its own id, which an office's rename, moving the key, keeps (bot.store.
+# idempotency.Claim); indexed while unfinished, the rows a try finishes or lets go of
+register_columns("idempotency", {"claim": "{text}"}, version=44)
+_CLAIMS = ("CREATE INDEX IF NOT EXISTS idempotency_claim ON idempotency(claim)"
+           " WHERE result IS NULL;\n")
+register_backfill(_CLAIMS, postgres=_CLAIMS, version=44)
 # how often a replica stopped (died, or was taken for dead) while it held the delivery, the
 # number of its latest claim, since when a replica has beaten without a gap (see
 # bot.store.queue, suspects and poison, and fencing), and which process holds a replica id
@@ -236,6 +242,7 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
         self._running = {}
         self._unsettled = set()
         self._stray = []
+        self._preclaims = {}
         self._named: dict[str, tuple[asyncio.Lock, int]] = {}  # key -> lock, its users
         self._keyed: dict[str, tuple[asyncio.Lock, int]] = {}  # transactions' keys, the same
         self.replica_id = new_replica_id()

@@ -31,6 +31,7 @@ import contextvars
 import hashlib
 import json
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -58,20 +59,26 @@ CREATE TABLE IF NOT EXISTS idempotency (
 """
 
 Result = dict[str, Any]
+# a try's claim: (scope, key) as claimed, its owner and attempt, and its own id (the row's
+# `claim`), by which the try finds its row wherever an office's rename moved the key since
+# (bot.store.offices._move_steps); owner and attempt fence it against a takeover
+Claim = tuple[str, str, str, int, str]
 # a claim to let go of with a later write: whether to free it (else leave it unowned), and it
-Stray = tuple[bool, tuple[str, str, str, int]]
+Stray = tuple[bool, Claim]
 # a finished try's result left for the caller to record in a transaction of its own (the
-# worker's, which finishes the delivery that ran it): its claim (scope, key, owner, attempt),
-# and the result's JSON
-Settlement = tuple[tuple[str, str, str, int], str]
+# worker's, which finishes the delivery that ran it): its claim, and the result's JSON
+Settlement = tuple[Claim, str]
 # what a claim found: ("claimed", attempt, resumed), ("done", result JSON, _), ("reused", ...),
 # ("wait", ...)
 _Claimed = tuple[str, Any, bool]
+# the row of a try's claim, wherever its key is now: its id, still its owner's and attempt's,
+# unfinished (`_ours`)
+_OURS = "claim=? AND owner=? AND attempts=? AND result IS NULL"
 OTHER_REPLICA_POLL = 0.05  # seconds between looks at a key another replica is working on
 _resumed: contextvars.ContextVar[bool] = contextvars.ContextVar("idempotency_resumed",
                                                                 default=False)
-# the claim the running `work` holds: its store, and (scope, key, owner, attempt)
-_claim: contextvars.ContextVar[tuple[IdempotencyMixin, tuple[str, str, str, int]] | None] = \
+# the claim the running `work` holds: its store, and it
+_claim: contextvars.ContextVar[tuple[IdempotencyMixin, Claim] | None] = \
     contextvars.ContextVar("idempotency_claim", default=None)
 
 
@@ -120,8 +127,8 @@ async def claim_held_in(db: Any) -> bool:
     held = _claim.get()
     if held is None:
         return True
-    return await db.fetchone("SELECT 1 FROM idempotency WHERE scope=? AND key=? AND owner=?"
-                             " AND attempts=? AND result IS NULL", held[1]) is not None
+    return await db.fetchone(f"SELECT 1 FROM idempotency WHERE {_OURS}",
+                             _ours(held[1])) is not None
 
 
 async def check_claim() -> None:
@@ -132,8 +139,7 @@ async def check_claim() -> None:
     held = _claim.get()
     if held is None:
         return
-    row = await held[0].fetchone("SELECT 1 FROM idempotency WHERE scope=? AND key=? AND"
-                                 " owner=? AND attempts=? AND result IS NULL", held[1])
+    row = await held[0].fetchone(f"SELECT 1 FROM idempotency WHERE {_OURS}", _ours(held[1]))
     if row is None:
         raise ClaimLost(f"idempotency claim {held[1][0]!r}/{held[1][1]!r} taken over")
 
@@ -148,6 +154,7 @@ class IdempotencyMixin:
     _running: dict[tuple[str, str], tuple[asyncio.Future[Result], str]]
     _unsettled: set[tuple[str, str]]  # done, their results not yet recorded: kept in _running
     _stray: list[Stray]  # claims to let go of with the worker's next write (see `stray`)
+    _preclaims: dict[tuple[str, str], str]  # the ids `preclaim_in` gave, until a `once` runs
 
     replica_id: str
     incarnation: str
@@ -226,16 +233,23 @@ class IdempotencyMixin:
         """Claim (scope, key) in `db`'s transaction if no one has yet (its first try): True
         when claimed, for `once(..., preclaimed=True)` once committed. A key already there
         (done, at work elsewhere, left unfinished) is left to `once` to look at."""
-        return bool(await db.execute(
-            "INSERT INTO idempotency(scope, key, fingerprint, claimed_at, owner)"
-            " VALUES (?,?,?,?,?) ON CONFLICT DO NOTHING",
-            (scope, key, fingerprint, time.time(), self.replica_id)))
+        claim = uuid.uuid4().hex
+        if not await db.execute(
+                "INSERT INTO idempotency(scope, key, fingerprint, claimed_at, owner, claim)"
+                " VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+                (scope, key, fingerprint, time.time(), self.replica_id, claim)):
+            return False
+        self._preclaims[scope, key] = claim  # (a rolled-back one's is replaced by the next)
+        return True
 
     def preclaims_unused(self, slots: list[tuple[str, str]]) -> None:
         """Keys `preclaim_in` claimed that no `once` ran under (their deliveries were let go
         of, or no handler ran): let go of with the caller's next write, free again as a
         refused first try leaves its key, rather than waited on by another replica's call."""
-        self.let_go_later([(True, (scope, key, self.replica_id, 1)) for scope, key in slots])
+        self.let_go_later([(True, self._preclaimed(scope, key)) for scope, key in slots])
+
+    def _preclaimed(self, scope: str, key: str) -> Claim:
+        return (scope, key, self.replica_id, 1, self._preclaims.pop((scope, key), ""))
 
     def stray(self) -> list[Stray]:
         """The claims to let go of (failed tries' that could not be while the store was away,
@@ -264,7 +278,7 @@ class IdempotencyMixin:
     def settled(self, settlements: list[Settlement]) -> None:
         """The transaction that held `settle_in` committed (or this replica retired): its
         keys' calls look at the stored results from now on."""
-        for (scope, key, _, _), _ in settlements:
+        for (scope, key, *_), _ in settlements:
             slot = (scope, key)
             self._unsettled.discard(slot)
             running = self._running.get(slot)
@@ -288,9 +302,11 @@ class IdempotencyMixin:
                                   work: Callable[[], Awaitable[Result]],
                                   later: list[Settlement] | None, preclaimed: bool) -> Result:
         scope, key = slot
+        ours = self._preclaimed(scope, key) if preclaimed else None
         while True:
+            fresh = uuid.uuid4().hex  # (this try's claim's id, should it make one)
             outcome: _Claimed = (("claimed", 1, False) if preclaimed
-                                 else await self._take_claim(slot, fingerprint))
+                                 else await self._take_claim(slot, fingerprint, fresh))
             if outcome[0] == "claimed":
                 claim, existed = outcome[1], outcome[2]
                 break
@@ -303,8 +319,8 @@ class IdempotencyMixin:
             # replica): wait for its result, as a second call on this replica would
             await asyncio.sleep(OTHER_REPLICA_POLL)
         # this try's claim: its owner and number (fencing: a try that stalled past DEAD_AFTER
-        # and was taken over records nothing when it wakes)
-        ours = (scope, key, self.replica_id, claim)
+        # and was taken over records nothing when it wakes), and its id
+        ours = ours or (scope, key, self.replica_id, claim, fresh)
         token = _resumed.set(existed)
         fence = _claim.set((self, ours))
         try:
@@ -347,35 +363,40 @@ class IdempotencyMixin:
     # waits for its turn or commits are made together in the next (`bot.store.group`), each
     # by the same statements as alone, one after the other.
 
-    async def _take_claim(self, slot: tuple[str, str], fingerprint: str) -> _Claimed:
+    async def _take_claim(self, slot: tuple[str, str], fingerprint: str,
+                          claim: str) -> _Claimed:
         if self.engine != "sqlite":
             async with self.transaction(_key_lock(*slot)) as db:
                 if await id_taken(db, self.replica_id, self.incarnation):
                     raise ReplicaIdTaken(self.retire())  # its claims are another's now
-                return await self._claim_in(db, slot, fingerprint)
-        group: GroupCommit[tuple[tuple[str, str], str], _Claimed] | None
+                return await self._claim_in(db, slot, fingerprint, claim)
+        group: GroupCommit[tuple[tuple[str, str], str, str], _Claimed] | None
         group = self.__dict__.get("_claims_group")
         if group is None:
             group = self.__dict__["_claims_group"] = GroupCommit(self._write_claims)
-        return await group((slot, fingerprint))
+        return await group((slot, fingerprint, claim))
 
-    async def _write_claims(self, batch: list[tuple[tuple[str, str], str]]) -> list[_Claimed]:
-        async with self.transaction(*sorted({_key_lock(*slot) for slot, _ in batch})) as db:
+    async def _write_claims(self, batch: list[tuple[tuple[str, str], str, str]]
+                            ) -> list[_Claimed]:
+        async with self.transaction(*sorted({_key_lock(*slot) for slot, _, _ in batch})) as db:
             if await id_taken(db, self.replica_id, self.incarnation):
                 raise ReplicaIdTaken(self.retire())  # its claims are another's now
-            return [await self._claim_in(db, slot, fingerprint) for slot, fingerprint in batch]
+            return [await self._claim_in(db, slot, fingerprint, claim)
+                    for slot, fingerprint, claim in batch]
 
-    async def _claim_in(self, db: Any, slot: tuple[str, str], fingerprint: str) -> _Claimed:
-        """Claim (scope, key) in `db`'s transaction: ("claimed", its attempt, whether an
-        earlier try claimed it), ("done", the stored result), ("reused", ...) for a key first
-        used with another fingerprint, or ("wait", ...) while another live replica is at it."""
+    async def _claim_in(self, db: Any, slot: tuple[str, str], fingerprint: str,
+                        claim: str) -> _Claimed:
+        """Claim (scope, key) in `db`'s transaction, the claim's id `claim`: ("claimed", its
+        attempt, whether an earlier try claimed it), ("done", the stored result), ("reused",
+        ...) for a key first used with another fingerprint, or ("wait", ...) while another
+        live replica is at it."""
         scope, key = slot
         row = await db.fetchone("SELECT fingerprint, result, owner, attempts FROM"
                                 " idempotency WHERE scope=? AND key=?", slot)
         if row is None:
             await db.execute("INSERT INTO idempotency(scope, key, fingerprint,"
-                             " claimed_at, owner) VALUES (?,?,?,?,?)",
-                             (scope, key, fingerprint, time.time(), self.replica_id))
+                             " claimed_at, owner, claim) VALUES (?,?,?,?,?,?)",
+                             (scope, key, fingerprint, time.time(), self.replica_id, claim))
             return ("claimed", 1, False)
         if row[0] != fingerprint:
             return ("reused", 0, True)
@@ -384,11 +405,11 @@ class IdempotencyMixin:
         if not await self._held_elsewhere(db, row[2]):
             # claimed before and never finished (its replica died or restarted): this call
             # takes it over
-            claim = int(row[3]) + 1
-            await db.execute("UPDATE idempotency SET attempts=?, claimed_at=?, owner=?"
+            attempt = int(row[3]) + 1
+            await db.execute("UPDATE idempotency SET attempts=?, claimed_at=?, owner=?, claim=?"
                              " WHERE scope=? AND key=?",
-                             (claim, time.time(), self.replica_id, scope, key))
-            return ("claimed", claim, True)
+                             (attempt, time.time(), self.replica_id, claim, scope, key))
+            return ("claimed", attempt, True)
         return ("wait", 0, True)
 
     # -- results, committed together ---------------------------------------------------------
@@ -399,20 +420,20 @@ class IdempotencyMixin:
     # keys' results instead of one each. On SQLite only, whose one writer holds every key
     # anyway: grouping there adds no wait, it takes turns away.
 
-    async def _record_result(self, ours: tuple[str, str, str, int], text: str) -> str | None:
+    async def _record_result(self, ours: Claim, text: str) -> str | None:
         """Store a finished try's result under its claim, committed when this returns: None,
         or the result another try stored meanwhile (this try's claim was taken over)."""
         if self.engine != "sqlite":
             # writers side by side (PostgreSQL): each result alone, as before, so that no
             # key's row another replica holds (a takeover) keeps other offices' results waiting
             return (await self._write_results([(ours, text)]))[0]
-        group: GroupCommit[tuple[tuple[str, str, str, int], str], str | None] | None
+        group: GroupCommit[tuple[Claim, str], str | None] | None
         group = self.__dict__.get("_results_group")
         if group is None:
             group = self.__dict__["_results_group"] = GroupCommit(self._write_results)
         return await group((ours, text))
 
-    async def _write_results(self, batch: list[tuple[tuple[str, str, str, int], str]]
+    async def _write_results(self, batch: list[tuple[Claim, str]]
                              ) -> list[str | None]:
         # each key's row in one order (PostgreSQL: two replicas' batches never wait in a circle)
         order = sorted(range(len(batch)), key=lambda i: batch[i][0])
@@ -423,12 +444,12 @@ class IdempotencyMixin:
         return answers
 
 
-async def _write_result_in(db: Any, ours: tuple[str, str, str, int], text: str) -> str | None:
-    """A finished try's result, under its claim: None, or the result another try stored
-    meanwhile (this try's claim was taken over while it stalled: the key keeps theirs)."""
-    changed = await db.execute("UPDATE idempotency SET result=?, done_at=? WHERE scope=? AND"
-                               " key=? AND owner=? AND attempts=? AND result IS NULL",
-                               (text, time.time(), *ours))
+async def _write_result_in(db: Any, ours: Claim, text: str) -> str | None:
+    """A finished try's result, under its claim, wherever a rename moved its key: None, or the
+    result another try stored meanwhile (this try's claim was taken over while it stalled:
+    the key keeps theirs)."""
+    changed = await db.execute(f"UPDATE idempotency SET result=?, done_at=? WHERE {_OURS}",
+                               (text, time.time(), *_ours(ours)))
     if changed == 0:
         row = await db.fetchone("SELECT result FROM idempotency WHERE scope=? AND key=?",
                                 ours[:2])
@@ -437,30 +458,32 @@ async def _write_result_in(db: Any, ours: tuple[str, str, str, int], text: str) 
     return None
 
 
-async def _locked_now(db: Any, engine: str, ours: tuple[str, str, str, int]) -> bool:
+async def _locked_now(db: Any, engine: str, ours: Claim) -> bool:
     """Lock the key's row for `db`'s transaction unless another transaction holds it now
     (PostgreSQL; SQLite's one writer holds every row): False when it is held. A key whose row
     is gone is no one's to wait for (True: what follows finds nothing to write)."""
     if engine == "sqlite":
         return True
     row = await db.fetchone(
-        "SELECT EXISTS (SELECT 1 FROM idempotency WHERE scope=? AND key=?"
-        " FOR UPDATE SKIP LOCKED) AS took,"
-        " EXISTS (SELECT 1 FROM idempotency WHERE scope=? AND key=?) AS there",
-        (*ours[:2], *ours[:2]))
+        f"SELECT EXISTS (SELECT 1 FROM idempotency WHERE {_OURS} FOR UPDATE SKIP LOCKED)"
+        f" AS took, EXISTS (SELECT 1 FROM idempotency WHERE {_OURS}) AS there",
+        (*_ours(ours), *_ours(ours)))
     return bool(row["took"]) or not row["there"]
 
 
-async def _let_go_in(db: Any, free: bool, ours: tuple[str, str, str, int]) -> None:
+async def _let_go_in(db: Any, free: bool, ours: Claim) -> None:
     """A failed try's claim, let go of: deleted when `free`, else left unowned, so that the
     next try, on any replica, takes it over (as from a dead replica) instead of waiting for
     a result no one is at work on."""
     if free:
-        await db.execute("DELETE FROM idempotency WHERE scope=? AND key=? AND result IS NULL"
-                         " AND owner=? AND attempts=?", ours)
+        await db.execute(f"DELETE FROM idempotency WHERE {_OURS}", _ours(ours))
     else:
-        await db.execute("UPDATE idempotency SET owner=NULL WHERE scope=? AND key=? AND"
-                         " result IS NULL AND owner=? AND attempts=?", ours)
+        await db.execute(f"UPDATE idempotency SET owner=NULL WHERE {_OURS}", _ours(ours))
+
+
+def _ours(ours: Claim) -> tuple[str, str, int]:
+    """The parameters of `_OURS` for a try's claim."""
+    return ours[4], ours[2], ours[3]
 
 
 def _copy(result: Result) -> Result:

@@ -132,6 +132,8 @@ NAMES = {
     43: "deliveries' issue keys in lower case, the one form stored, compared and locked in"
         " (a forge's names are case-insensitive): the keys queued before are lowered, and so"
         " is each a replica of the release before writes while it lives",
+    44: "each idempotency claim has an id of its own, which an office's rename keeps: a try at"
+        " work while its office was renamed records its result under the key's new name",
 }
 
 
