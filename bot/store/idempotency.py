@@ -459,9 +459,10 @@ async def _write_result_in(db: Any, ours: Claim, text: str) -> str | None:
 
 
 async def _locked_now(db: Any, engine: str, ours: Claim) -> bool:
-    """Lock the key's row for `db`'s transaction unless another transaction holds it now
-    (PostgreSQL; SQLite's one writer holds every row): False when it is held. A key whose row
-    is gone is no one's to wait for (True: what follows finds nothing to write)."""
+    """Lock the claim's row (wherever its key is now) for `db`'s transaction unless another
+    transaction holds it now (PostgreSQL; SQLite's one writer holds every row): False when it
+    is held. A claim whose row is gone, or another try's now, is no one's to wait for (True:
+    what follows finds nothing to write)."""
     if engine == "sqlite":
         return True
     row = await db.fetchone(
