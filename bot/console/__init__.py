@@ -24,6 +24,7 @@ async def _home(request: web.Request) -> web.StreamResponse:
 
 def add_console_routes(app: web.Application) -> None:
     app[live.STREAMS] = live.Streams()
+    signin.add_limits(app)
     r = app.router
     r.add_get("/", _home)
     r.add_get(CONSOLE, _home)

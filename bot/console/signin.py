@@ -17,6 +17,7 @@ from urllib.parse import quote, unquote
 
 from aiohttp import web
 
+from bot.app.peers import PerAddress, client_key
 from bot.app.services import SERVICES_KEY, Services
 from bot.app.settings import Settings
 from bot.console import oauth, sessions
@@ -44,6 +45,16 @@ log = logging.getLogger("vaultmail.console")
 STATE_COOKIE = "vaultmail_oauth"
 STATE_AGE = 600  # seconds to come back from the forge (its codes last 10 minutes too)
 CALLBACK = f"{CONSOLE}/oauth/callback"
+# forge sign-ins one address starts a minute, and codes it has the app trade at the forge (each
+# a POST with the App's OAuth client credentials, which the forge counts against the App)
+SIGN_INS_PER_MINUTE = 30
+STARTS_KEY = web.AppKey("console_sign_in_starts", PerAddress)
+TRADES_KEY = web.AppKey("console_code_trades", PerAddress)
+
+
+def add_limits(app: web.Application) -> None:
+    app[STARTS_KEY] = PerAddress(SIGN_INS_PER_MINUTE)
+    app[TRADES_KEY] = PerAddress(SIGN_INS_PER_MINUTE)
 
 
 def callback_url(request: web.Request) -> str:
@@ -89,6 +100,16 @@ def _sign_in_page(request: web.Request, *, message: str | None = None, error: bo
     response.headers.update(retry_headers(status, retry_after))  # a 429 or 503: when again
     set_cookie(response, request, PRE_COOKIE, token, STATE_AGE)
     return response
+
+
+def _over_limit(request: web.Request, key: web.AppKey[PerAddress]) -> web.Response | None:
+    """The 429 page when the client's address is past its sign-ins for the minute."""
+    limiter = request.app[key]
+    if limiter.admit(client_key(request, request.app[SERVICES_KEY].settings.trusted_proxies)):
+        return None
+    return _sign_in_page(request, message=f"More than {SIGN_INS_PER_MINUTE} sign-ins with the "
+                         "forge from your address within a minute: wait a minute, then sign "
+                         "in again", error=True, status=429, retry_after=limiter.window)
 
 
 async def sign_in_page(request: web.Request) -> web.StreamResponse:
@@ -145,6 +166,8 @@ async def forge_start(request: web.Request) -> web.StreamResponse:
     settings = request.app[SERVICES_KEY].settings
     if not oauth.enabled(settings):
         return _sign_in_page(request, message=not_set_up(settings), error=True, status=503)
+    if (refused := _over_limit(request, STARTS_KEY)) is not None:
+        return refused
     state, verifier = secrets.token_urlsafe(24), secrets.token_urlsafe(48)
     nxt = local_next(request.query.get("next"))
     login = request.query.get("login") or None
@@ -222,6 +245,10 @@ async def forge_callback(request: web.Request) -> web.StreamResponse:
     if not code:
         return _sign_in_page(request, message="The forge sent no code back: sign in again",
                              error=True, status=400)
+    # the state proves nothing of the visitor (anyone gets one, or writes the cookie): what
+    # bounds the forge requests a stranger makes the app send is this limit
+    if (refused := _over_limit(request, TRADES_KEY)) is not None:
+        return refused
     try:
         login, user_id = await oauth.sign_in(services.settings, code, callback_url(request),
                                              verifier)

@@ -249,6 +249,59 @@ async def test_the_forge_callback_refuses_what_it_did_not_start(
             assert resp.status == 401 and "bad_verification_code" in await resp.text()
 
 
+def token_requests(embedded: Embedded) -> int:
+    """The `POST /login/oauth/access_token` requests the forge has had (its own count of
+    them, per App: web routes are not in its API request log)."""
+    return sum(len(hits) for key, hits in embedded.forge.rates.hits.items()
+               if key.startswith("oauth:"))
+
+
+async def test_one_address_cannot_make_the_app_ask_the_forge_for_tokens_without_end(
+        embedded: Embedded) -> None:
+    """Acted out (found by review): with a state cookie from the sign-in start page (or one
+    it made up: the cookie is the browser's), a stranger called the callback with a made-up
+    code as often as they liked, and each call cost the app a POST to the forge's
+    /login/oauth/access_token with the App's OAuth client credentials (50 calls: 50 POSTs),
+    where the forge counts every one against the App (GitHub: 2,000 an hour, then everyone's
+    sign-in is refused). Now one address is admitted SIGN_INS_PER_MINUTE such trades, and as
+    many starts, a minute; past that a 429 page with Retry-After saying to wait a minute."""
+    from bot.console import signin
+
+    limit = signin.SIGN_INS_PER_MINUTE
+    before = token_requests(embedded)
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        async with browser.get(embedded.app_url + "/console/sign-in/forge",
+                               allow_redirects=False) as resp:
+            state = re.search(r"state=([^&]+)", resp.headers["Location"])
+        assert state
+        statuses = []
+        for n in range(limit + 20):
+            async with browser.get(embedded.app_url + f"/console/oauth/callback?code=made-up-{n}"
+                                   f"&state={state.group(1)}", allow_redirects=False) as resp:
+                statuses.append(resp.status)
+                page, wait = await resp.text(), resp.headers.get("Retry-After")
+    assert token_requests(embedded) - before == limit, token_requests(embedded) - before
+    assert statuses == [401] * limit + [429] * 20, statuses
+    assert wait == "60" and "wait a minute" in page, (wait, page[-800:])
+    # a made-up cookie is as good as one the start page gave: the limit is on the trade
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as other:
+        other.cookie_jar.update_cookies({signin.STATE_COOKIE: "s:v::"}, URL(embedded.app_url))
+        async with other.get(embedded.app_url + "/console/oauth/callback?code=x&state=s",
+                             allow_redirects=False) as resp:
+            assert resp.status == 429, resp.status
+    assert token_requests(embedded) - before == limit
+    # the start page: as many a minute, then the same answer
+    async with aiohttp.ClientSession() as browser:
+        starts = []
+        for _ in range(limit + 2):
+            async with browser.get(embedded.app_url + "/console/sign-in/forge",
+                                   allow_redirects=False) as resp:
+                starts.append(resp.status)
+                page, wait = await resp.text(), resp.headers.get("Retry-After")
+    assert starts == [303] * (limit - 1) + [429] * 3, starts  # (one start above)
+    assert wait == "60" and "wait a minute" in page, (wait, page[-800:])
+
+
 async def test_answers_and_refusals_come_back_as_pages(
         embedded: Embedded, session: aiohttp.ClientSession, person: Any) -> None:
     outcome = await make_item(embedded, person("marco"), "outcome", "Auth",
