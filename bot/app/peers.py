@@ -78,7 +78,12 @@ def client_key(request: web.Request, proxies: tuple[Network, ...]) -> str:
     """What limits per address count a request under: its client's address, or for IPv6 the
     /64 it is in (a host is given a /64 as commonly as one IPv4 address: per address, one
     host had 2^64 counts of its own)."""
-    address = client_address(request, proxies)
+    return address_key(client_address(request, proxies))
+
+
+def address_key(address: str) -> str:
+    """What limits per address count a client `address` under (`client_key`): the address,
+    or for IPv6 the /64 it is in."""
     ip = _ip(address)
     if isinstance(ip, ipaddress.IPv6Address):
         return str(ipaddress.ip_network(f"{ip}/64", strict=False))

@@ -8,6 +8,7 @@
 | an attachment over its limit, or more attachments than it may carry | `552 5.3.4` naming it |
 | a message with no From address the app takes | `550 5.6.0` saying so |
 | the app not started yet, or the forge or the index failing | `451 4.3.0`: send it again later |
+| past a rate: one From's to an agent, an address's mail with no authenticated From | `451 4.7.1` |
 | the agent's vault gone or archived | `550 5.7.1` naming why (an internal bounce) |
 | delivered | `250 2.0.0` naming each mail's issue |
 
@@ -28,6 +29,7 @@ from typing import Any
 
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
+from bot.app.peers import PerAddress, address_key
 from bot.email.addresses import BadAddress, normalise
 from bot.email.attachments import MAX_ATTACHMENTS, safe_name
 from bot.email.auth import DnsError, Resolver, Verdicts, authenticate
@@ -155,6 +157,10 @@ class SmtpHandler:
         self._intake = intake
         self.resolver = resolver
         self.rate = rate
+        # mail whose From is not authenticated, per connecting address: its From is anyone's
+        # to write, so the rate per sender alone let one address have the app write an issue
+        # for every message by writing a new From each time
+        self.peers = PerAddress(rate.per_minute)
         self.attachment_max_bytes = attachment_max_bytes
         self._pool = ThreadPoolExecutor(STRANGER_THREADS, thread_name_prefix="vaultmail-smtp")
 
@@ -230,6 +236,9 @@ class SmtpHandler:
         verdicts = await self._beside(
             self._authenticate, raw, str(peer), session.host_name or "",
             envelope.mail_from or "", message.sender.rpartition("@")[2])
+        if not verdicts.aligned and not self.peers.admit(address_key(str(peer))):
+            return (f"451 4.7.1 too many messages from your address whose From is not "
+                    f"authenticated: at most {self.rate.per_minute} a minute; try again later")
         refs: list[str] = []
         refused: list[str] = []
         bounce = await self._beside(parse_dsn, raw) if message.report else None
