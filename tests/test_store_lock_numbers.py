@@ -62,7 +62,7 @@ async def _acme_claim_held(store: Store, key: str) -> AsyncIterator[int]:
 
     async def claim() -> None:
         async with store.transaction(_key_lock(SCOPE, key)) as db:
-            await store._claim_in(db, (SCOPE, key), "fp")  # noqa: SLF001
+            await store._claim_in(db, (SCOPE, key), "fp", "c1")  # noqa: SLF001
             row = await db.fetchone("SELECT pg_backend_pid() AS pid")
             assert row is not None
             holder.append(int(row["pid"]))
