@@ -345,11 +345,15 @@ class Comments:
         comment_id = self._new_id(item, new.forge_id, actor, new.key)
         now = time.time()
         # the loop guard (bot.items.loop_guard): past it, recorded and shown, waking no agent.
-        # Its conversation's run is read and this comment recorded one writer at a time (an
-        # item's conversation: within the office), so two agents writing at once are each
-        # counted, and the forge's order, which a rebuild reads, is the index's
+        # Its conversation's run is read and this comment recorded one writer at a time on
+        # this replica, so two agents writing at once through it are each counted, and the
+        # forge's order, which a rebuild reads, is the index's. Not the database's lock: it
+        # is held across the forge write, and a replica stalled there (its create held, its
+        # key taken over by the retry) would hold up every comment in the conversation,
+        # the retry's too. Across replicas, comments at the same moment may each read the
+        # run without the others: those in flight at once, never more (the next reads all)
         where = loop_guard.conversation(parent.id if parent else comment_id, new.parent)
-        async with self.services.lock_for(f"comment-run:{item.ref}:{where or ''}"):
+        async with self.services.store.local_lock(f"comment-run:{item.ref}:{where or ''}"):
             if parent is not None:  # as the last writer in it left it
                 parent = await db.get_thread(store, parent.id) or parent
             hops = await db.agents_in_a_row(store, item.ref, where) \

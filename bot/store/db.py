@@ -263,6 +263,13 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
             yield
 
     @asynccontextmanager
+    async def local_lock(self, key: str) -> AsyncIterator[None]:
+        """One holder at a time of `key` among this process's tasks only, on every engine:
+        never the database's, so a replica stalled inside it holds up no other replica."""
+        async with self._local_lock(f"local:{key}"):
+            yield
+
+    @asynccontextmanager
     async def _local_lock(self, key: str,
                           table: dict[str, tuple[asyncio.Lock, int]] | None = None,
                           ) -> AsyncIterator[None]:
