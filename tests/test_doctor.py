@@ -19,6 +19,7 @@ from bot.forge import markers
 from bot.mail.mailer import Mailer
 from bot.mail.reindex import mail_from_issue
 from bot.store import mails
+from labels.states import MailState
 from tests.support import label_names
 from tests.test_tamper import vaultmail
 
@@ -393,3 +394,37 @@ async def test_the_doctor_records_a_send_an_older_catch_up_indexed_as_a_row_alon
     queued = [e.subject for e in await embedded.ledger_events("run.queued")]
     assert queued.count(record.ref) == 1, "its recipient's run admitted once"
     assert not await mails.send_begun(store, record.mail_id)
+
+
+async def test_a_begun_send_caught_up_after_its_recipient_answered_it_wakes_no_one(
+        embedded: Embedded) -> None:
+    """A keyed send stopped after its create landed, its pending row kept (a backup taken
+    while it was at work, restored after its recipient had woken and answered it: the
+    issue says mail:replied). The catch-up records it as its sender did, `mail.sent` once,
+    but wakes no one: the forge says it was opened already. Acted out: the catch-up admitted
+    a run for it (its recipient woken twice for one mail)."""
+    services, faults = embedded.services, embedded.forge.faults
+    forge = services.forge_for_org("acme")
+    mailer = Mailer(services, forge, embedded.office)
+    faults.add(route=CREATE_ISSUE, status=502, mode="after", count=1)
+    faults.drop_webhooks(rate=1.0, senders=(services.bot_login,))
+    held = faults.hold("GET /repos/{owner}/{repo}/issues", count=1, repo=SCOUT_VAULT)
+    first = asyncio.create_task(mailer.send("human:marco@acme.com", "scout", "Answered",
+                                            "once", idempotency_key="answered"))
+    await asyncio.wait_for(held.arrived.wait(), 60)  # did the create land? asked
+    first.cancel()  # stopped there
+    held.release()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    [issue] = [i async for i in forge.iter_issues(SCOUT_VAULT, state="all")
+               if i["title"] == "Answered"]
+    await forge.set_labels(SCOUT_VAULT, int(issue["number"]), [MailState.REPLIED.value])
+    faults.drop_webhooks()
+    ref = f"{SCOUT_VAULT}#{issue['number']}"
+
+    code, out = await vaultmail(embedded, "doctor")
+    assert ref in out, out
+    sent = [e.subject for e in await embedded.ledger_events("mail.sent") if e.subject == ref]
+    assert sent == [ref], "the send is ledgered once"
+    queued = [e.subject for e in await embedded.ledger_events("run.queued")]
+    assert ref not in queued, "no run for a mail its recipient answered"

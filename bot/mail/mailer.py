@@ -578,7 +578,8 @@ class Mailer:
             ledger.key(record.org), *([fence] if fence else []))
         if not new:
             return indexed
-        if record.state != QUIET:  # a copy past the loop guard wakes no one: next run's
+        if record.state == MailState.NEW.value:  # (a copy past the loop guard wakes no one:
+            # next run's; a mail caught up opened already was told of before)
             self.services.notifier.notify([record.to_principal], org=record.org)
         if agent is not None and admitted is not None:
             runs.dispatch_mail(self.services, self.forge, agent, record, admitted)
@@ -598,8 +599,6 @@ class Mailer:
             if not await mails.sent(db, mail.mail_id):  # (recorded meanwhile: pending cleared)
                 return False, None
             await _ledger_sent(db, mail, mail.from_principal)
-            if mail.state not in (MailState.NEW.value, QUIET):
-                return True, None
             return True, await _woken(db, mail, mail.from_principal, agent, None)
 
         done, admitted = await self.services.store.run_transaction(
@@ -1299,8 +1298,10 @@ async def _woken(db: Connection, record: MailRecord, actor: str, agent: Agent | 
                  quiet: str | None) -> int | None:
     """Inside the indexing transaction: the wake a mail just ledgered sent gives its recipient
     agent, its run admitted (its id), or past the loop guard its `mail.loop_guard` entry.
-    None for mail to an address (`agent` None): in no one's inbox."""
-    if agent is None:
+    None for mail to an address (`agent` None): in no one's inbox; and for mail its recipient
+    opened already (a send caught up after its issue moved on, as a backup restored from
+    while it was at work finds it: its recipient was woken for it then)."""
+    if agent is None or record.state not in (MailState.NEW.value, QUIET):
         return None
     if record.state == QUIET:
         await ledger.append(db, "mail.loop_guard", "office", record.ref, {
