@@ -192,3 +192,42 @@ async def test_a_step_at_work_while_its_office_is_renamed_keeps_its_result_there
         assert (runs, held) == ([False], [True])
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize(("step", "now"), [
+    (("forge", "issue_comment.created:acme:7:t"), ("forge", "issue_comment.created:initech:7:t")),
+    (("tool:mail_send:acme:agent:scout", "k1"), ("tool:mail_send:initech:agent:scout", "k1")),
+])
+async def test_a_step_delivered_again_under_the_new_name_waits_for_this_replicas_try(
+        tmp_path: Path, database_url: str, step: tuple[str, str], now: tuple[str, str]) -> None:
+    """acme renames itself initech while one of its steps is at work on this replica, its
+    result left for the worker to record; the step comes again, keyed by the office's name
+    now, to the same replica. Before, the claim's row named this replica as its owner, which
+    a claim takes for a dead incarnation of itself: the second call took it over and ran the
+    step beside the first. It waits for this process's try, and returns its result."""
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    ran: list[str] = []
+
+    async def first() -> dict[str, str]:
+        ran.append("first")
+        async with store.transaction("installation:acme", "installation:initech") as tx:
+            await rename_in(tx, "acme", "initech")
+        return {"delivery": "d1"}
+
+    async def again() -> dict[str, str]:
+        ran.append("again")
+        return {"delivery": "d2"}
+
+    try:
+        settling: list[Settlement] = []
+        assert await store.once(*step, "", first, later=settling) == {"delivery": "d1"}
+        waits = store.claim_waits
+        second = asyncio.create_task(store.once(*now, "", again))
+        await until(lambda: second.done() or store.claim_waits > waits)
+        async with store.transaction() as tx:  # (the worker's, with the delivery's finish)
+            assert await store.settle_in(tx, settling) == []
+        store.settled(settling)
+        assert await asyncio.wait_for(second, 10) == {"delivery": "d1"}
+        assert ran == ["first"]
+    finally:
+        await store.close()

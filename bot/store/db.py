@@ -243,6 +243,8 @@ class Store(QueueMixin, IdempotencyMixin, ABC):
         self._unsettled = set()
         self._stray = []
         self._preclaims = {}
+        self._at_work = set()
+        self.claim_waits = 0
         self._named: dict[str, tuple[asyncio.Lock, int]] = {}  # key -> lock, its users
         self._keyed: dict[str, tuple[asyncio.Lock, int]] = {}  # transactions' keys, the same
         self.replica_id = new_replica_id()

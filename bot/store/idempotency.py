@@ -155,6 +155,11 @@ class IdempotencyMixin:
     _unsettled: set[tuple[str, str]]  # done, their results not yet recorded: kept in _running
     _stray: list[Stray]  # claims to let go of with the worker's next write (see `stray`)
     _preclaims: dict[tuple[str, str], str]  # the ids `preclaim_in` gave, until a `once` runs
+    # the claim ids of this process's tries, running or their results not yet recorded: a
+    # key its office's rename moved is no slot `_running` knows, and its row names this
+    # replica as owner, which a claim would otherwise take for a dead incarnation's
+    _at_work: set[str]
+    claim_waits: int  # calls that waited for another try of their key to finish
 
     replica_id: str
     incarnation: str
@@ -278,7 +283,8 @@ class IdempotencyMixin:
     def settled(self, settlements: list[Settlement]) -> None:
         """The transaction that held `settle_in` committed (or this replica retired): its
         keys' calls look at the stored results from now on."""
-        for (scope, key, *_), _ in settlements:
+        for (scope, key, *_, claim), _ in settlements:
+            self._at_work.discard(claim)
             slot = (scope, key)
             self._unsettled.discard(slot)
             running = self._running.get(slot)
@@ -316,18 +322,23 @@ class IdempotencyMixin:
                 done: Result = json.loads(outcome[1])
                 return done
             # another live replica is at work on it (a client's retry that reached another
-            # replica): wait for its result, as a second call on this replica would
+            # replica), or this one under the key's name before its office's rename: wait for
+            # its result, as a second call on this replica would
+            self.claim_waits += 1
             await asyncio.sleep(OTHER_REPLICA_POLL)
         # this try's claim: its owner and number (fencing: a try that stalled past DEAD_AFTER
         # and was taken over records nothing when it wakes), and its id
         ours = ours or (scope, key, self.replica_id, claim, fresh)
         token = _resumed.set(existed)
         fence = _claim.set((self, ours))
+        self._at_work.add(ours[4])
+        ran = False
         try:
             if preclaimed:  # claimed with its delivery, maybe long ago: still ours? (this
                 await check_claim()  # replica may have been taken for dead meanwhile)
             with counting_writes() as made:
                 result = await work()
+            ran = True
         except ClaimLost:
             raise  # another's claim now: nothing of this try's is written to the key
         except Exception as exc:  # (cancelled: the replica is stopping; its claims go with it)
@@ -346,11 +357,16 @@ class IdempotencyMixin:
         finally:
             _claim.reset(fence)
             _resumed.reset(token)
-        if later is not None:  # recorded by the caller, with what it writes next
+            if not ran:  # (let go of, or left for a later call of this replica to take over)
+                self._at_work.discard(ours[4])
+        if later is not None:  # recorded by the caller, with what it writes next (`settled`)
             self._unsettled.add(slot)
             later.append((ours, json.dumps(result)))
             return result
-        theirs = await self._record_result(ours, json.dumps(result))
+        try:
+            theirs = await self._record_result(ours, json.dumps(result))
+        finally:
+            self._at_work.discard(ours[4])
         if theirs is not None:  # taken over while this try stalled: the key keeps theirs
             kept: Result = json.loads(theirs)
             return kept
@@ -391,7 +407,7 @@ class IdempotencyMixin:
         ...) for a key first used with another fingerprint, or ("wait", ...) while another
         live replica is at it."""
         scope, key = slot
-        row = await db.fetchone("SELECT fingerprint, result, owner, attempts FROM"
+        row = await db.fetchone("SELECT fingerprint, result, owner, attempts, claim FROM"
                                 " idempotency WHERE scope=? AND key=?", slot)
         if row is None:
             await db.execute("INSERT INTO idempotency(scope, key, fingerprint,"
@@ -402,6 +418,8 @@ class IdempotencyMixin:
             return ("reused", 0, True)
         if row[1] is not None:
             return ("done", str(row[1]), True)
+        if row[4] in self._at_work:  # this process's try, under its key's name before
+            return ("wait", 0, True)
         if not await self._held_elsewhere(db, row[2]):
             # claimed before and never finished (its replica died or restarted): this call
             # takes it over
