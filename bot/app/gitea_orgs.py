@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 
 from bot.app.background import Rounds, Work
@@ -62,6 +62,10 @@ async def look(services: Services) -> list[str]:
     return new
 
 
+async def _answer(value: bool) -> bool:
+    return value
+
+
 class GiteaOrgs(Rounds):
     """Every `every` seconds, on every replica, a look at the bot's orgs, then each office's
     vaults renamed followed in a task of its own (`Rounds`: one at a time per office, at most
@@ -83,25 +87,36 @@ class GiteaOrgs(Rounds):
         self._looked = clock()  # (the start has just looked: bot.app.web)
         self._looking: asyncio.Future[list[str]] | None = None
 
-    async def look_now(self) -> bool:
+    def look_now(self) -> Awaitable[bool]:
         """A look at the bot's orgs for a delivery about an org with no office here, unless
-        one was made in the last `again_after` seconds (then, or when it fails: False); one
-        look at a time, whoever asks, shared by those asking while it runs."""
-        if self._looking is None:
-            if self._clock() - self._looked < self._again_after:
-                return False
-            self._looked = self._clock()
-            self._looking = asyncio.ensure_future(look(self.services))
-            self._looking.add_done_callback(self._looked_now)
+        one was made in the last `again_after` seconds (then, or when it fails: False).
+        Decided when called: a look under way then (a round's, another delivery's) is the one
+        it shares."""
+        if self._looking is None and self._clock() - self._looked < self._again_after:
+            return _answer(False)
+        return self._told(self._look())
+
+    async def _told(self, looking: asyncio.Future[list[str]]) -> bool:
         try:
-            await asyncio.shield(self._looking)
+            await asyncio.shield(looking)
         except Exception:  # (the forge's answer: logged, the delivery answered as it stands)
             log.warning("look at the bot's organisations failed", exc_info=True)
             return False
         return True
 
-    def _looked_now(self, _: asyncio.Future[list[str]]) -> None:
+    def _look(self) -> asyncio.Future[list[str]]:
+        """The look under way, or a new one: one at a time, whoever asks (a round,
+        deliveries); two at once would each take the same orgs as new."""
+        if self._looking is None:
+            self._looked = self._clock()
+            self._looking = asyncio.ensure_future(look(self.services))
+            self._looking.add_done_callback(self._looked_now)
+        return self._looking
+
+    def _looked_now(self, done: asyncio.Future[list[str]]) -> None:
         self._looking = None
+        if not done.cancelled():
+            done.exception()  # (told to whoever awaited it; none may have, if cancelled)
 
     async def _run(self) -> None:
         await asyncio.sleep(self.poll)  # (the start has just looked, and catches up: bot.app.web)
@@ -111,7 +126,6 @@ class GiteaOrgs(Rounds):
         return True  # (each replica keeps its own list of the orgs)
 
     async def _round(self) -> list[tuple[str, Work]]:
-        self._looked = self._clock()
-        await look(self.services)  # (failing: Rounds logs it, the next round tries again)
+        await asyncio.shield(self._look())  # (failing: Rounds logs it, the next round tries)
         return [(org, partial(catch_up_office, self.services, org, self._turns))
                 for org in sorted(self.services.installations)]

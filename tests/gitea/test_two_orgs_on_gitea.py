@@ -4,6 +4,7 @@ tokens can neither read nor reply to nor close acme's mail through that one toke
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import hmac
@@ -679,6 +680,28 @@ async def test_a_delivery_about_an_org_that_added_the_bot_since_the_last_look_is
                                "issue_comment", "outsider-3")
     assert status == 202 and "no_office" in text, text
     assert [r.route for r in forge.requests] == [looks]
+
+
+async def test_a_deliverys_look_while_a_rounds_look_is_under_way_is_the_same_read(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """The app's round looks at the bot's orgs and the forge is slow to answer; 31 s later a
+    delivery about an org with no office here asks for a look. Before, it made a second
+    read beside the first (the round's look was not the one deliveries share), and both
+    took what they read, each taking the same new orgs. One look at a time, whoever asks."""
+    now = [100.0]
+    looks = GiteaOrgs(office.services, again_after=30, clock=lambda: now[0])
+    forge = office.forge
+    forge.requests.clear()
+    route = "GET /api/v1/user/orgs"
+    held = forge.faults.hold(route, count=1)
+    round_ = asyncio.create_task(looks._round())  # noqa: SLF001
+    await asyncio.wait_for(held.arrived.wait(), 10)
+    now[0] = 131.0
+    delivery = looks.look_now()  # (while the round's read is held)
+    held.release()
+    assert await asyncio.wait_for(delivery, 10) is True
+    await asyncio.wait_for(round_, 10)
+    assert forge.requests.count(route) == 1
 
 
 async def test_an_office_whose_vault_reads_hang_holds_up_no_other_offices_catch_up(
