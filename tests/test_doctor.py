@@ -353,6 +353,28 @@ async def test_an_office_whose_config_read_hangs_is_skipped_not_waited_for(
     assert "acme/scout-vault:" in out and code == 0, out
 
 
+async def _send_stopped_after_its_create(embedded: Embedded, subject: str,
+                                         key: str) -> dict[str, Any]:
+    """marco's keyed send to scout stopped after its create landed (its answer a 502, its look
+    for it held and the send stopped there, the app's own webhook about it lost): the issue
+    it left on the forge, its send still begun in the index; the app's webhooks still lost."""
+    services, faults = embedded.services, embedded.forge.faults
+    forge = services.forge_for_org("acme")
+    faults.add(route=CREATE_ISSUE, status=502, mode="after", count=1)
+    faults.drop_webhooks(rate=1.0, senders=(services.bot_login,))
+    held = faults.hold("GET /repos/{owner}/{repo}/issues", count=1, repo=SCOUT_VAULT)
+    first = asyncio.create_task(Mailer(services, forge, embedded.office).send(
+        "human:marco@acme.com", "scout", subject, "once", idempotency_key=key))
+    await asyncio.wait_for(held.arrived.wait(), 60)  # did the create land? asked
+    first.cancel()  # stopped there
+    held.release()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    [issue] = [i async for i in forge.iter_issues(SCOUT_VAULT, state="all")
+               if i["title"] == subject]
+    return issue
+
+
 async def test_the_doctor_records_a_send_an_older_catch_up_indexed_as_a_row_alone(
         embedded: Embedded) -> None:
     """A keyed send stopped after its create landed (its answer a 502, its look for it held
@@ -360,27 +382,14 @@ async def test_the_doctor_records_a_send_an_older_catch_up_indexed_as_a_row_alon
     release before 44's catch-up did: no `mail.sent`, its recipient never woken. The doctor
     reports it, and records it as its sender would have, once however often it runs.
     Acted out: the doctor said nothing of it (`would repair: 0`)."""
-    services, faults = embedded.services, embedded.forge.faults
-    forge = services.forge_for_org("acme")
-    mailer = Mailer(services, forge, embedded.office)
-    faults.add(route=CREATE_ISSUE, status=502, mode="after", count=1)
-    faults.drop_webhooks(rate=1.0, senders=(services.bot_login,))
-    held = faults.hold("GET /repos/{owner}/{repo}/issues", count=1, repo=SCOUT_VAULT)
-    first = asyncio.create_task(mailer.send("human:marco@acme.com", "scout", "Row alone",
-                                            "once", idempotency_key="row-alone"))
-    await asyncio.wait_for(held.arrived.wait(), 60)  # did the create land? asked
-    first.cancel()  # stopped there
-    held.release()
-    with pytest.raises(asyncio.CancelledError):
-        await first
-    [issue] = [i async for i in forge.iter_issues(SCOUT_VAULT, state="all")
-               if i["title"] == "Row alone"]
+    services = embedded.services
+    issue = await _send_stopped_after_its_create(embedded, "Row alone", "row-alone")
     record = mail_from_issue(SCOUT_VAULT, issue, services.keyring, app_login=services.bot_login)
     assert record is not None
     store = services.store
     async with store.transaction() as db:  # what the older catch-up wrote: the row alone
         await mails.put_mail(db, record)
-    faults.drop_webhooks()
+    embedded.forge.faults.drop_webhooks()
 
     code, out = await vaultmail(embedded, "doctor", "--dry-run")
     assert code == 1 and _count(out, "would repair") == 1 and record.ref in out, out
@@ -403,23 +412,10 @@ async def test_a_begun_send_caught_up_after_its_recipient_answered_it_wakes_no_o
     issue says mail:replied). The catch-up records it as its sender did, `mail.sent` once,
     but wakes no one: the forge says it was opened already. Acted out: the catch-up admitted
     a run for it (its recipient woken twice for one mail)."""
-    services, faults = embedded.services, embedded.forge.faults
-    forge = services.forge_for_org("acme")
-    mailer = Mailer(services, forge, embedded.office)
-    faults.add(route=CREATE_ISSUE, status=502, mode="after", count=1)
-    faults.drop_webhooks(rate=1.0, senders=(services.bot_login,))
-    held = faults.hold("GET /repos/{owner}/{repo}/issues", count=1, repo=SCOUT_VAULT)
-    first = asyncio.create_task(mailer.send("human:marco@acme.com", "scout", "Answered",
-                                            "once", idempotency_key="answered"))
-    await asyncio.wait_for(held.arrived.wait(), 60)  # did the create land? asked
-    first.cancel()  # stopped there
-    held.release()
-    with pytest.raises(asyncio.CancelledError):
-        await first
-    [issue] = [i async for i in forge.iter_issues(SCOUT_VAULT, state="all")
-               if i["title"] == "Answered"]
+    forge = embedded.services.forge_for_org("acme")
+    issue = await _send_stopped_after_its_create(embedded, "Answered", "answered")
     await forge.set_labels(SCOUT_VAULT, int(issue["number"]), [MailState.REPLIED.value])
-    faults.drop_webhooks()
+    embedded.forge.faults.drop_webhooks()
     ref = f"{SCOUT_VAULT}#{issue['number']}"
 
     code, out = await vaultmail(embedded, "doctor")

@@ -377,7 +377,7 @@ async def receive_webhook(request: web.Request) -> web.Response:
 def renamed_to(services: Services, login: str) -> str | None:
     """The office installed now whose org was once called `login` (it renamed itself), when
     one alone was: what `login`'s webhook, as its URL still names it, now posts for."""
-    offices = [o for o in services.keyring.once_called(login) if o in services.installations]
+    offices = services.named_before(login, services.installations)
     return offices[0] if len(offices) == 1 else None
 
 

@@ -1088,10 +1088,6 @@ class Keyrings:
             ring._add(None)  # (what it signs from now on, under that name, is the new one's)
         return True
 
-    def once_called(self, name: str) -> list[str]:
-        """The offices that were once called ``name`` (their orgs renamed themselves since)."""
-        return [ring.office for ring in self._had(name.lower()) if ring.office is not None]
-
     def _had(self, name: str) -> list[Keyring]:
         """The keyrings of the offices that were once called ``name``."""
         stamp = self._dir.stat().st_mtime_ns if self._dir is not None and self._dir.is_dir() \

@@ -239,14 +239,6 @@ async def values_recorded(store: Store, event: str, subject: str, field: str, *,
     return [str(r["v"]) for r in rows if r["v"] is not None]
 
 
-async def mails_sent(store: Store, org: str) -> set[str]:
-    """The mail ids `org`'s chain holds a `mail.sent` of."""
-    rows = await store.fetchall(
-        "SELECT " + json_at("data") + " AS v FROM ledger WHERE chain=? AND event=?",
-        ("$.mail", org.lower(), "mail.sent"))
-    return {str(r["v"]) for r in rows if r["v"] is not None}
-
-
 def _hashed_as(r: Any) -> str | None:
     """The chain name an entry was hashed with: the name its office had then, where it was
     renamed since (bot.store.offices.rename_in); a chain moved aside, `org~account`, was

@@ -209,6 +209,11 @@ async def send_begun(store: Store, mail_id: str) -> bool:
     return row is not None
 
 
+async def sends_begun(store: Store) -> set[str]:
+    """The mail ids whose sends were begun here (`intend_send`) and not yet recorded."""
+    return {str(r["mail_id"]) for r in await store.fetchall("SELECT mail_id FROM pending_sends")}
+
+
 async def sent(db: Connection, mail_id: str) -> bool:
     """The send of `mail_id` recorded: whether one was pending (`intend_send`)."""
     return await db.execute("DELETE FROM pending_sends WHERE mail_id=?", (mail_id,)) == 1

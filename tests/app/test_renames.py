@@ -939,16 +939,11 @@ async def test_a_comment_under_a_vaults_old_name_and_one_under_its_new_run_in_ar
     assert first <= second, "the later comment ran before the reply's retry"
 
 
-@pytest.mark.parametrize("named", ["globex", "initech"], ids=["as-sent", "new-login"])
-async def test_a_reply_delivered_again_after_the_rename_is_taken_once(
-        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession, named: str) -> None:
-    """scout replies on amy's mail in globex/scout-vault, and amy answers it (the turn is
-    scout's again); globex renames itself initech; the reply comes again under a new
-    delivery id, naming globex as it was sent (GitHub's "Redeliver") or initech (a capture
-    taken since). One change: it takes the turn back from amy's answer no more, and is
-    ledgered once. Before, the change was keyed under the login its payload named: named
-    initech, it was a new key, and the reply ran again (mail:replied, two mail.replied)."""
-    forge, services = embedded.forge, embedded.services
+async def _reply_answered_then_renamed(embedded: Embedded, tmp_path: Path,
+                                       session: aiohttp.ClientSession) -> dict[str, Any]:
+    """scout's reply on amy's mail in globex/scout-vault, handled, amy's answer after it, then
+    globex renamed initech: the reply's delivery, as it was sent."""
+    forge = embedded.forge
     _, amy = await _globex_with_amy(embedded, tmp_path)
     await _amy_mails_scout(session, embedded, amy, "Which prices?")
     await _comment(session, forge, "globex-scout", "globex/scout-vault", 1, "EU, up 4%.")
@@ -959,6 +954,20 @@ async def test_a_reply_delivered_again_after_the_rename_is_taken_once(
     await embedded.settle()
     forge.rename_org("globex", "initech")
     await embedded.settle()
+    return reply
+
+
+@pytest.mark.parametrize("named", ["globex", "initech"], ids=["as-sent", "new-login"])
+async def test_a_reply_delivered_again_after_the_rename_is_taken_once(
+        embedded: Embedded, tmp_path: Path, session: aiohttp.ClientSession, named: str) -> None:
+    """scout replies on amy's mail in globex/scout-vault, and amy answers it (the turn is
+    scout's again); globex renames itself initech; the reply comes again under a new
+    delivery id, naming globex as it was sent (GitHub's "Redeliver") or initech (a capture
+    taken since). One change: it takes the turn back from amy's answer no more, and is
+    ledgered once. Before, the change was keyed under the login its payload named: named
+    initech, it was a new key, and the reply ran again (mail:replied, two mail.replied)."""
+    services = embedded.services
+    reply = await _reply_answered_then_renamed(embedded, tmp_path, session)
 
     await replay_under_new_id(embedded, session, "issue_comment",
                               _named(reply, f"{named}/scout-vault"))
@@ -972,17 +981,8 @@ async def test_a_reply_handled_before_a_rename_that_left_its_key_is_found_when_r
     """The same, where the rename was followed by a release that left the change's key under
     the old login (renames moved no forge keys then): the reply redelivered as it was sent
     is found there, and not taken again."""
-    forge, services = embedded.forge, embedded.services
-    _, amy = await _globex_with_amy(embedded, tmp_path)
-    await _amy_mails_scout(session, embedded, amy, "Which prices?")
-    await _comment(session, forge, "globex-scout", "globex/scout-vault", 1, "EU, up 4%.")
-    await embedded.settle()
-    reply = forge_delivery(embedded, "issue_comment", "created",
-                           lambda p: p["comment"]["user"]["login"] == "globex-scout")
-    await _comment(session, forge, "amy", "globex/scout-vault", 1, "And the US?")
-    await embedded.settle()
-    forge.rename_org("globex", "initech")
-    await embedded.settle()
+    services = embedded.services
+    reply = await _reply_answered_then_renamed(embedded, tmp_path, session)
     now = "issue_comment.created:initech:"
     async with services.store.transaction() as db:  # as that release left it
         moved = await db.execute(
