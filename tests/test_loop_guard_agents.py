@@ -312,6 +312,7 @@ async def dispatched_by_post(
     what the answers caused, settled (each may wake the other agent). `edit` changes each
     agent of the office file before it starts."""
     answering: set[asyncio.Task[None]] = set()
+    answers_ended = 0  # (an answer may start and end within one settle: see `settle`)
     received: list[dict[str, Any]] = []
     emb: Embedded | None = None
     session = aiohttp.ClientSession()
@@ -328,15 +329,25 @@ async def dispatched_by_post(
         received.append(run)
         task = asyncio.create_task(answer(emb, session, run))  # the runner answers after the 204
         answering.add(task)
-        task.add_done_callback(answering.discard)
+        task.add_done_callback(answered)
         return web.Response(status=204)
 
+    def answered(task: asyncio.Task[None]) -> None:
+        nonlocal answers_ended
+        answering.discard(task)
+        answers_ended += 1
+
     async def settle() -> None:
+        # each answer may wake the other agent: settle what it caused, until no answer is
+        # under way and none ended while settling (one that ends after the office's last look
+        # at its webhooks, say an issue it opened, is settled by the next round)
         assert emb is not None
-        await emb.settle()
-        while answering:  # each answer may wake the other agent: settle what it caused
+        while True:
             await asyncio.gather(*answering)
+            ended = answers_ended
             await emb.settle()
+            if not answering and answers_ended == ended:
+                return
 
     app = web.Application()
     app.router.add_post("/runs", runner)
