@@ -9,6 +9,7 @@ import os
 import threading
 
 from bot.email.server import STRANGER_THREADS
+from bot.store import mails
 from tests.test_email_support import (
     DOMAIN,
     Mailroom,
@@ -106,6 +107,36 @@ async def test_a_forged_from_cannot_spend_a_real_senders_rate(mailroom: Mailroom
     answer = await send(mailroom.port, real, rcpts=[f"scout@{DOMAIN}"],
                         mail_from="boss@partner.example")
     assert answer.code == 250, answer
+
+
+async def test_one_domain_writing_a_new_sender_each_time_is_told_to_try_later(
+        mailroom: Mailroom) -> None:
+    """Acted out: an authenticated sender (an aligned SPF or DKIM pass) was counted by its
+    whole From address, so whoever publishes a domain's SPF (or holds its DKIM key) sent
+    a0@evil.example, a1@evil.example, ... each under a count of its own, from an address of
+    its own each: 26 messages, 26 issues on the forge, and no end to it. The aligned domain
+    (its organisational domain: a subdomain is the same owner's) now has a count of its own
+    per agent too, five times a sender's (25 a minute here): past it 451, try again later;
+    another domain's senders are not held up by it."""
+    Sender("evil.example", mailroom.dns).publish()  # SPF passes for every loopback address
+    answers = []
+    for n in range(26):
+        raw = wire(message(f"a{n}@evil.example", f"scout@{DOMAIN}", f"Offer {n}", "!!!"))
+        answers.append(await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"],
+                                  mail_from=f"a{n}@evil.example", source=f"127.0.1.{n + 1}"))
+    assert [a.code for a in answers] == [250] * 25 + [451], [a.code for a in answers]
+    assert "evil.example" in answers[-1].text and "at most 25 a minute" in answers[-1].text
+    assert "try again" in answers[-1].text
+    # a subdomain's From, aligned with evil.example's SPF (relaxed), is evil.example's
+    raw = wire(message("b@news.evil.example", f"scout@{DOMAIN}", "Offer", "!!!"))
+    assert (await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"],
+                       mail_from="b@evil.example", source="127.0.2.1")).code == 451
+    Sender("example.net", mailroom.dns).publish()
+    calm = wire(message("bob@example.net", f"scout@{DOMAIN}", "Hello", "just me"))
+    assert (await send(mailroom.port, calm, rcpts=[f"scout@{DOMAIN}"],
+                       mail_from="bob@example.net", source="127.0.2.2")).code == 250
+    await mailroom.embedded.settle()
+    assert len(await mails.all_mails(mailroom.embedded.services.store)) == 26
 
 
 async def test_a_strangers_cc_list_is_not_whom_the_office_mails(mailroom: Mailroom) -> None:

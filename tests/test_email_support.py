@@ -162,8 +162,9 @@ class _Client(smtplib.SMTP):
 
 
 def _smtp_send(port: int, mail_from: str, rcpts: list[str], data: bytes,
-               tls: ssl.SSLContext | None = None) -> Answer:
-    with _Client("127.0.0.1", port, timeout=60) as client:
+               tls: ssl.SSLContext | None = None, source: str | None = None) -> Answer:
+    with _Client("127.0.0.1", port, timeout=60,
+                 source_address=None if source is None else (source, 0)) as client:
         client.ehlo("client.example.org")
         if tls is not None:
             client.starttls(context=tls)
@@ -180,9 +181,11 @@ def _smtp_send(port: int, mail_from: str, rcpts: list[str], data: bytes,
 
 
 async def send(port: int, data: bytes, *, rcpts: list[str],
-               mail_from: str = "bob@example.org", tls: ssl.SSLContext | None = None) -> Answer:
-    """Send over real SMTP as an ordinary client would (after STARTTLS with `tls`)."""
-    return await asyncio.to_thread(_smtp_send, port, mail_from, rcpts, data, tls)
+               mail_from: str = "bob@example.org", tls: ssl.SSLContext | None = None,
+               source: str | None = None) -> Answer:
+    """Send over real SMTP as an ordinary client would (after STARTTLS with `tls`), from
+    loopback address `source` (default 127.0.0.1)."""
+    return await asyncio.to_thread(_smtp_send, port, mail_from, rcpts, data, tls, source)
 
 
 async def install_office(room: Mailroom, config: str, *, proven: bool = False) -> str:

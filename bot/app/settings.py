@@ -80,8 +80,9 @@ class EmailSettings:
     SMTP listener is (VAULTMAIL_SMTP_HOST, VAULTMAIL_SMTP_PORT; no port, no listener; 0, any
     free one), the relay replies go out through (SMTP_URL), the largest message taken
     (VAULTMAIL_SMTP_MAX_BYTES) and attachment (VAULTMAIL_SMTP_ATTACHMENT_MAX_BYTES), how many
-    messages a minute one outside sender may send one agent (VAULTMAIL_SMTP_SENDER_RATE) and
-    the name the listener greets with."""
+    messages a minute one outside sender may send one agent (VAULTMAIL_SMTP_SENDER_RATE; five
+    times it, one authenticated domain's senders together, bot.email.policy.SharedSenderRate)
+    and the name the listener greets with."""
 
     listen_host: str = "127.0.0.1"
     listen_port: int | None = None

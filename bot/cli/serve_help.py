@@ -75,7 +75,8 @@ GROUPS: list[tuple[str, list[tuple[str, str]]]] = [
         ("smtp_url", "the relay replies go out through: smtp://, smtp+starttls:// or smtps://"),
         ("smtp_max_bytes", "the largest message taken (default 10 MiB)"),
         ("smtp_sender_rate", "messages a minute one outside sender may send one agent "
-                             "(default 20)"),
+                             "(default 20; five times it from one authenticated domain's "
+                             "senders together)"),
         ("smtp_hostname", "the name the listener greets with (default vaultmail)"),
     ]),
 ]

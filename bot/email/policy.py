@@ -107,12 +107,19 @@ class SenderRate:
 
 class SharedSenderRate:
     """`SenderRate` counted in the index (bot.store.rates), so that every replica counts the
-    same messages: a storm spread over the replicas is turned away as one sent to one."""
+    same messages: a storm spread over the replicas is turned away as one sent to one. An
+    authenticated sender's domain (its organisational domain, as alignment counts it) has a
+    count of its own per agent too, DOMAIN_TIMES the sender's: whoever holds a domain's SPF or
+    DKIM writes as many local parts as it likes, each a sender of its own."""
 
     WINDOW = 60.0
+    # a big provider's many real senders writing to one agent within a minute stay well under
+    # five times what one of them may send
+    DOMAIN_TIMES = 5
 
     def __init__(self, per_minute: int) -> None:
         self.per_minute = per_minute
+        self.domain_per_minute = per_minute * self.DOMAIN_TIMES
 
     @staticmethod
     def key(org: str, agent: str, sender: str) -> str:
@@ -121,4 +128,11 @@ class SharedSenderRate:
     async def admit(self, store: Store, org: str, agent: str, sender: str) -> bool:
         """Count one message, or False when the sender is over its rate (nothing counted)."""
         return await rates.admit(store, self.key(org, agent, sender), self.per_minute,
+                                 self.WINDOW)
+
+    async def admit_domain(self, store: Store, org: str, agent: str, domain: str) -> bool:
+        """Count one message from an authenticated sender of `domain` (an organisational
+        domain), or False when the domain is over its rate (nothing counted)."""
+        return await rates.admit(store, f"email-domain-rate:{org.lower()}/{agent}/"
+                                        f"{domain.lower()}", self.domain_per_minute,
                                  self.WINDOW)

@@ -8,7 +8,8 @@
 | an attachment over its limit, or more attachments than it may carry | `552 5.3.4` naming it |
 | a message with no From address the app takes | `550 5.6.0` saying so |
 | the app not started yet, or the forge or the index failing | `451 4.3.0`: send it again later |
-| past a rate: one From's to an agent, an address's mail with no authenticated From | `451 4.7.1` |
+| past a rate: one From's, or one authenticated domain's, to an agent | `451 4.7.1` |
+| past an address's rate: its mail with no authenticated From | `451 4.7.1` |
 | the agent's vault gone or archived | `550 5.7.1` naming why (an internal bounce) |
 | delivered | `250 2.0.0` naming each mail's issue |
 
@@ -32,7 +33,7 @@ from aiosmtpd.smtp import SMTP, Envelope, Session
 from bot.app.peers import PerAddress, address_key
 from bot.email.addresses import BadAddress, normalise
 from bot.email.attachments import MAX_ATTACHMENTS, safe_name
-from bot.email.auth import DnsError, Resolver, Verdicts, authenticate
+from bot.email.auth import DnsError, Resolver, Verdicts, authenticate, organisational
 from bot.email.intake import EmailIntake
 from bot.email.message import BadMessage, Inbound, parse_dsn, parse_inbound
 from bot.email.policy import SharedSenderRate
@@ -264,6 +265,13 @@ class SmtpHandler:
                     return (f"451 4.7.1 too many messages from {message.sender} to "
                             f"{box.address}: at most {self.rate.per_minute} a minute; try "
                             "again later")
+                # and its domain one (whose owner writes as many local parts as it likes)
+                domain = organisational(verdicts.from_domain) if verdicts.aligned else ""
+                if domain and not await self.rate.admit_domain(
+                        intake.services.store, box.office.org, box.agent.slug, domain):
+                    return (f"451 4.7.1 too many messages from senders at {domain} to "
+                            f"{box.address}: at most {self.rate.domain_per_minute} a minute "
+                            "from one domain; try again later")
                 try:
                     record = await intake.receive(box, message, verdicts)
                 except Undeliverable:  # the agent's vault is gone or archived: the office

@@ -1,6 +1,7 @@
 """Rates counted in the index, so that every replica counts the same: the messages one outside
-sender sent one agent in the last minute (bot.email.policy.SharedSenderRate). Times are the
-database's clock (vm_now()), so the replicas' own clocks need not agree."""
+sender, and one authenticated domain's senders together (email-domain-rate:...), sent one agent
+in the last minute (bot.email.policy.SharedSenderRate). Times are the database's clock
+(vm_now()), so the replicas' own clocks need not agree."""
 
 from __future__ import annotations
 
