@@ -139,6 +139,33 @@ async def test_one_domain_writing_a_new_sender_each_time_is_told_to_try_later(
     assert len(await mails.all_mails(mailroom.embedded.services.store)) == 26
 
 
+async def test_one_address_cannot_have_the_app_look_up_dns_without_limit(
+        mailroom: Mailroom) -> None:
+    """Acted out: the count per connecting address of mail whose From is not authenticated
+    was asked only after the message's SPF, DKIM and DMARC lookups, so an address past it,
+    told 451, still had the app ask DNS for every message it sent (names of its choosing:
+    an amplifier against their name servers, and work on the app's own threads). Each
+    message's authentication is now counted per address first, five times the rate (25 a
+    minute here): past it 451 before any lookup."""
+    answers = []
+    for n in range(25):
+        raw = wire(message(f"x{n}@amplifier.example", f"scout@{DOMAIN}", f"Hi {n}", "?"))
+        answers.append(await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"],
+                                  mail_from=f"x{n}@amplifier.example"))
+    assert [a.code for a in answers] == [250] * 5 + [451] * 20, [a.code for a in answers]
+    assert "amplifier.example" in mailroom.dns.asked  # (SPF: the envelope sender's domain)
+    before = len(mailroom.dns.asked)
+    raw = wire(message("y@amplifier.example", f"scout@{DOMAIN}", "Once more", "?"))
+    answer = await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"],
+                        mail_from="y@amplifier.example")
+    assert answer.code == 451 and "try again" in answer.text, answer
+    looked = [name for name in mailroom.dns.asked[before:] if "amplifier" in name]
+    assert looked == [], f"a message past the address's budget was looked up: {looked}"
+    # another address is not held up by it
+    assert (await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"],
+                       mail_from="y@amplifier.example", source="127.0.0.2")).code == 250
+
+
 async def test_a_strangers_cc_list_is_not_whom_the_office_mails(mailroom: Mailroom) -> None:
     """A reply goes to the message's sender and, reply-all, to everyone its Cc named: a
     stranger (no authentication) naming 400 addresses in Cc had scout's one answer go out

@@ -46,8 +46,10 @@ class TableDns:
     hosts: dict[str, list[str]] = field(default_factory=dict)
     mxs: dict[str, list[str]] = field(default_factory=dict)
     failing: set[str] = field(default_factory=set)
+    asked: list[str] = field(default_factory=list)  # each name looked up, in order
 
     def _look(self, table: dict[str, list[str]], name: str) -> list[str]:
+        self.asked.append(name.lower())
         if name.lower() in self.failing:
             raise DnsError(f"{name}: timed out")
         return list(table.get(name.lower().rstrip("."), []))

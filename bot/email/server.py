@@ -9,7 +9,7 @@
 | a message with no From address the app takes | `550 5.6.0` saying so |
 | the app not started yet, or the forge or the index failing | `451 4.3.0`: send it again later |
 | past a rate: one From's, or one authenticated domain's, to an agent | `451 4.7.1` |
-| past an address's rate: its mail with no authenticated From | `451 4.7.1` |
+| past an address's rate: its messages authenticated (before a lookup), or not | `451 4.7.1` |
 | the agent's vault gone or archived | `550 5.7.1` naming why (an internal bounce) |
 | delivered | `250 2.0.0` naming each mail's issue |
 
@@ -48,6 +48,11 @@ MAX_RECIPIENTS = 20
 # past it, what is left is a temporary error (temperror), not another wait.
 STRANGER_THREADS = 8
 AUTH_SECONDS = 20.0
+# Messages one connecting address may have authenticated a minute, as a multiple of the sender
+# rate, counted before the lookups, each of which names a domain the sender chooses: counted
+# after them, one address had the app ask DNS for all it sent (an amplifier against the name
+# servers, and work on the listener's threads)
+AUTH_TIMES = 5
 
 
 class _Deadline:
@@ -162,6 +167,9 @@ class SmtpHandler:
         # to write, so the rate per sender alone let one address have the app write an issue
         # for every message by writing a new From each time
         self.peers = PerAddress(rate.per_minute)
+        # every message's authentication, per connecting address, authenticated or not: its
+        # lookups are paid for before they are made (AUTH_TIMES)
+        self.lookups = PerAddress(rate.per_minute * AUTH_TIMES)
         self.attachment_max_bytes = attachment_max_bytes
         self._pool = ThreadPoolExecutor(STRANGER_THREADS, thread_name_prefix="vaultmail-smtp")
 
@@ -234,6 +242,9 @@ class SmtpHandler:
         if refusal is not None:
             return refusal
         peer = session.peer[0] if isinstance(session.peer, tuple) else ""
+        if not self.lookups.admit(address_key(str(peer))):
+            return (f"451 4.7.1 too many messages from your address: at most "
+                    f"{self.lookups.limit} a minute are authenticated; try again later")
         verdicts = await self._beside(
             self._authenticate, raw, str(peer), session.host_name or "",
             envelope.mail_from or "", message.sender.rpartition("@")[2])
