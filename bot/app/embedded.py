@@ -58,6 +58,8 @@ GITEA_EVENTS = ["issues", "issue_comment", "push"]  # "issues" covers issue_labe
 # command`) runs the example agent, as VAULTMAIL_AGENT_COMMANDS would say on a deployment
 EXAMPLE_COMMANDS = AgentCommands({"acme": {"echo": CommandDispatch(
     command=[PYTHON, "-m", "bot.agents.echo"], timeout=60)}})
+# Embedded.settle's looks before it gives up: each waits out what the one before found
+SETTLE_ROUNDS = 20
 
 
 def principals(office: Office) -> list[str]:
@@ -146,8 +148,9 @@ class Embedded:
 
     async def settle(self, timeout: float = 30.0) -> None:
         """Wait until every webhook has been delivered and handled (and what they caused,
-        run dispatches and local agents' command runs among them)."""
-        for _ in range(20):
+        run dispatches and local agents' command runs among them). TimeoutError when each of
+        SETTLE_ROUNDS looks found more under way (what was caused keeps causing more: a loop)."""
+        for _ in range(SETTLE_ROUNDS):
             await self.forge.webhooks_idle()
             await self.worker.idle(timeout)
             await runs.idle(self.services, timeout)
@@ -155,6 +158,8 @@ class Embedded:
             if (await self.services.store.pending_count() == 0
                     and not self.services.background):
                 return
+        raise TimeoutError(f"not settled after {SETTLE_ROUNDS} rounds: each found deliveries "
+                           "pending or runs under way that the round before had caused")
 
     async def vaults_caught_up(self) -> None:
         """Wait until the start's catch-up (the vaults renamed while the app was down, and the

@@ -246,7 +246,9 @@ class Startup:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings  # (the probes' until `services` has them)
         self.services: Services | None = None
-        self.error: str | None = None
+        # why it is not started yet (None once it is): until the first try at the forge has
+        # an answer, that it is under way (a probe made then was told "(None)")
+        self.error: str | None = f"{settings.api_url}: the first try is under way"
         self.next_try: float | None = None  # (monotonic) when the start tries the forge again
         self.ready = asyncio.Event()
         self.stopping_since: float | None = None  # (monotonic) when shutdown began

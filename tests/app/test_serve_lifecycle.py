@@ -124,6 +124,45 @@ async def test_serve_starts_while_the_forge_is_unreachable_and_becomes_ready_onc
     assert proc.returncode == 0
 
 
+async def test_while_the_first_try_at_the_forge_is_under_way_the_operator_is_told_so(
+        tmp_path: Path, session: aiohttp.ClientSession) -> None:
+    """A forge that takes the connection and says nothing holds the start's first try: the
+    operator was told "the forge is not reachable yet (None)" (acted out on CI: a probe
+    made before the first try had failed), /readyz "not reached yet: None". They name the
+    forge and that the first try is under way."""
+    app_port = free_port()
+    app_url = f"http://127.0.0.1:{app_port}"
+    private, _ = _key_pair()
+    with socket.socket() as silent:  # listens, and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        forge_port = silent.getsockname()[1]
+        proc = await _serve({"APP_ID": "1", "PRIVATE_KEY": private, "WEBHOOK_SECRET": "whsec",
+                             "GITHUB_API_URL": f"http://127.0.0.1:{forge_port}",
+                             "HOST": "127.0.0.1", "PORT": str(app_port),
+                             "VAULTMAIL_DATA": str(tmp_path / "data"),
+                             "VAULTMAIL_OPERATOR_TOKEN": "operator-token-of-the-tests"},
+                            tmp_path)
+        try:
+            assert proc.stdout is not None
+            line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+            assert line.strip() == f"vaultmail serving on {app_url}"
+            said = [
+                (await _json(session, "GET", app_url + "/healthz", headers=OPERATOR))[1]
+                ["error"],
+                (await _json(session, "GET", app_url + "/readyz", headers=OPERATOR))[1]
+                ["checks"]["forge"]["detail"],
+                (await _json(session, "POST", app_url + "/webhook", data=b"{}",
+                             headers=OPERATOR))[1]["error"]["message"]]
+            for text in said:
+                assert f":{forge_port}" in text and "first try" in text, said
+                assert "None" not in text, said
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(proc.wait(), 30)
+    assert proc.returncode == 0
+
+
 async def test_a_port_in_use_fails_start_up_at_once_with_a_clear_message(
         tmp_path: Path) -> None:
     private, _ = _key_pair()
