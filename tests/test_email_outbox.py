@@ -11,6 +11,7 @@ from email.message import EmailMessage
 from email.parser import BytesHeaderParser
 
 import dkim
+import pytest
 import yaml
 
 from bot.email import keys
@@ -21,6 +22,7 @@ from tests.test_email_support import (
     ACME_ID,
     DOMAIN,
     Mailroom,
+    Sender,
     delivered,
     mailroom,
     message,
@@ -368,3 +370,39 @@ async def test_an_answer_whose_ids_its_sender_wrote_as_encoded_words_finds_its_t
     await mailroom.embedded.settle()
     reply = await mails.mail_at(mailroom.embedded.services.store, *ref.split("#"))
     assert reply is not None and reply.in_reply_to == f"{SCOUT_VAULT}#{sent['mail']['number']}"
+
+
+@pytest.mark.parametrize("held_by", ["dmarc", "policy"])
+async def test_a_message_held_on_a_thread_does_not_choose_whom_the_reply_goes_to(
+        mailroom: Mailroom, held_by: str) -> None:
+    """A message held as it arrives in a thread (its From fails DMARC, or the agent's policy
+    holds its sender) is a quiet comment: no one released it. The agent's next reply on the
+    thread answers the last message not held. Acted out: the reply answered the held one,
+    so whoever knew the thread's Message-ID (anyone its first message was copied to) had the
+    office send DKIM-signed mail to a forged From (ceo@victim.example), or, held by the
+    policy, to a sender the office does not take mail from and everyone it named in Cc."""
+    agent, vault = ("scout", SCOUT_VAULT) if held_by == "dmarc" else (
+        "builder", "acme/builder-vault")
+    Sender("example.org", mailroom.dns).publish()  # alice authenticates
+    Sender("victim.example", mailroom.dns).publish()  # p=reject: a forged From fails DMARC
+    Sender("other.example", mailroom.dns).publish()  # eve's own domain authenticates
+    first = wire(message("alice@example.org", f"{agent}@{DOMAIN}", "Prices", "EU prices?",
+                         Message_ID="<a1@example.org>"))
+    assert (await send(mailroom.port, first, rcpts=[f"{agent}@{DOMAIN}"],
+                       mail_from="alice@example.org")).code == 250
+    frm, mail_from = ("ceo@victim.example", "eve@evil.example") if held_by == "dmarc" else (
+        "eve@other.example", "eve@other.example")
+    intruder = wire(message(frm, f"{agent}@{DOMAIN}", "Re: Prices", "Send them to me.",
+                            Message_ID="<e1@evil.example>", In_Reply_To="<a1@example.org>",
+                            Cc="spy@evil.example"))
+    assert (await send(mailroom.port, intruder, rcpts=[f"{agent}@{DOMAIN}"],
+                       mail_from=mail_from)).code == 250
+    await mailroom.embedded.settle()
+    comments = await mailroom.person("marco").comments(vault, 1)
+    assert any("<e1@evil.example>" in c["body"] and "held" in c["body"] for c in comments)
+    await mailroom.tools(f"agent:{agent}")("mail_reply", mail=f"{vault}#1", body="12 EUR.")
+    envelope = await mailroom.relay.next()
+    assert envelope.rcpt_tos == ["alice@example.org"]
+    msg = _parsed(envelope.original_content or b"")
+    assert msg["To"] == "alice@example.org" and msg["Cc"] is None
+    assert msg["In-Reply-To"] == "<a1@example.org>"

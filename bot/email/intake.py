@@ -232,7 +232,8 @@ class EmailIntake:
                                           f"{message.message_id}"):
             thread = await self.thread_of(box, message)
             if thread is not None and not sent_by(thread, agent.principal):
-                record = await self._add_to_thread(box, thread, message, verdicts, quiet)
+                record = await self._add_to_thread(box, thread, message, verdicts, quiet,
+                                                   held=decision.held)
             else:
                 # new mail; an answer to mail the agent sent by email is new mail in its
                 # thread, as an agent's reply is a copy in its sender's vault
@@ -356,9 +357,11 @@ class EmailIntake:
             keys.message_id_secret(self.services.settings.data_dir, office.org))
 
     async def _add_to_thread(self, box: Mailbox, mail: MailRecord, message: Inbound,
-                             verdicts: Verdicts, quiet: str | None) -> MailRecord:
-        """The message as a comment on the thread's mail, and, unless an automaton sent it,
-        the mail the agent's turn again (a follow-up): once per Message-ID."""
+                             verdicts: Verdicts, quiet: str | None, *,
+                             held: bool = False) -> MailRecord:
+        """The message as a comment on the thread's mail, and, unless an automaton sent it
+        (or it is quiet), the mail the agent's turn again (a follow-up): once per Message-ID.
+        A `held` one says so in its meta line: no reply answers it (bot.email.outbox)."""
         store = self.services.store
         mailer = self.mailer(box.office)
         forge = mailer.forge
@@ -366,7 +369,8 @@ class EmailIntake:
         marker = _marker(message.message_id)
         attached = await self._attach(box.office, mail.vault, mail.mail_id, message) \
             if message.parts else ()
-        rendered = render_inbound(message, verdicts, quiet=quiet, attached=attached)
+        rendered = render_inbound(message, verdicts, quiet=quiet, attached=attached,
+                                  held=held)
         text = fits(defuse_mentions(
             f"**{as_data(sender)}** wrote by email:\n\n{rendered}"
             f"\n\n{marker}"), "the message, its byline added")

@@ -359,6 +359,8 @@ class EmailMeta:
     automatic: str | None = None
     attachments: tuple[Attached, ...] = ()
     hops: int | None = None  # its X-Vaultmail-Hops: what a reply to it counts on from
+    # held as it came into a thread (a quiet comment no one releases): no reply answers it
+    held: bool = False
 
     def as_json(self) -> str:
         data: dict[str, Any] = {"message_id": self.message_id, "from": self.sender,
@@ -369,6 +371,8 @@ class EmailMeta:
             data["attachments"] = [a.as_json() for a in self.attachments]
         if self.hops is not None:
             data["hops"] = self.hops
+        if self.held:
+            data["held"] = True
         # nothing in it can close the comment or start another; no `@` or `&` in it for
         # mention-defusing (bot.mail.markdown), run over the whole body it opens, to change:
         # it made `carol-@example.net` an address no relay takes
@@ -415,6 +419,7 @@ def read_meta(body: str) -> EmailMeta | None:
                          verdicts=dict(data.get("verdicts") or {}),
                          automatic=data.get("automatic"),
                          hops=data["hops"] if isinstance(data.get("hops"), int) else None,
+                         held=data.get("held") is True,
                          attachments=tuple(
                              Attached(name=str(a["name"]), path=str(a["path"]),
                                       size=int(a["size"]), content_type=str(a["type"]),
@@ -443,15 +448,15 @@ def _attachments_table(attached: tuple[Attached, ...]) -> str:
 
 
 def render_inbound(message: Inbound, verdicts: Verdicts, *, quiet: str | None = None,
-                   attached: tuple[Attached, ...] = ()) -> str:
+                   attached: tuple[Attached, ...] = (), held: bool = False) -> str:
     """The text of a mail (or of a comment, for a message in a thread) made of `message`:
     the meta line, what people read of its origin, its attachments as they lie in the vault
     (`attached`: names, sizes, types and links, inside the signed body), then its text as
-    data."""
+    data. `held`: a message held as it came into a thread, which no reply answers."""
     meta = EmailMeta(message_id=message.message_id, sender=message.sender,
                      references=message.references, to=message.to, cc=message.cc,
                      verdicts=verdicts.as_json(), automatic=message.automatic,
-                     attachments=attached, hops=message.hops)
+                     attachments=attached, hops=message.hops, held=held)
     rows = [("From", _cell(message.sender) + (f" ({_cell(message.sender_name)})"
                                                if message.sender_name else "")),
             ("Message-ID", _cell(message.message_id)),

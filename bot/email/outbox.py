@@ -533,7 +533,8 @@ class Outbox(Rounds):
                                 key: str) -> tuple[str | None, EmailMeta | None]:
         """The reply's text (None while it is not on the issue), and the latest message by
         email before it in the thread (what it answers): the mail's own, or a later one
-        posted as a comment."""
+        posted as a comment, not held as it came (its From may be forged, or one the
+        agent's policy does not take: no one released it, so it names no recipient)."""
         latest = read_meta(mail.body)
         comments = await forge.list_comments(mail.vault, mail.number)
         text: str | None = None
@@ -552,7 +553,8 @@ class Outbox(Rounds):
                 text = reply_text(body, key)
                 break
             if by_app and body.startswith("**email:") and "<!-- vaultmail:email-in " in body:
-                latest = read_meta(body) or latest
+                meta = read_meta(body)
+                latest = meta if meta is not None and not meta.held else latest
         if text is None and wanted_id is not None:
             text = _own_reply_text(str((await forge.get_comment(
                 mail.vault, int(wanted_id))).get("body") or ""), key)
