@@ -16,7 +16,7 @@ import yaml
 
 from bot.email import keys
 from bot.email.gateway import GATEWAY_KEY
-from bot.store import ledger, mails
+from bot.store import ledger, mails, replies
 from tests.support import label_names
 from tests.test_email_support import (
     ACME_ID,
@@ -406,3 +406,57 @@ async def test_a_message_held_on_a_thread_does_not_choose_whom_the_reply_goes_to
     msg = _parsed(envelope.original_content or b"")
     assert msg["To"] == "alice@example.org" and msg["Cc"] is None
     assert msg["In-Reply-To"] == "<a1@example.org>"
+
+
+@pytest.mark.parametrize("by", ["mail_reply", "comment"])
+async def test_a_reply_goes_out_by_email_as_the_agent_wrote_it_not_as_edited_since(
+        mailroom: Mailroom, by: str) -> None:
+    """The outbox reads a reply's words when it sends it, after the agent wrote them: the
+    reply's comment (the app's for `mail_reply`, the agent's own by hand) may be edited by
+    anyone with write access to the vault in between (and for as long as the relay defers
+    it). Acted out: marco edited scout's reply before it went, and Bob got marco's words,
+    DKIM-signed, from scout. What goes out is what the agent wrote."""
+    outbox = mailroom.embedded.runner.app[GATEWAY_KEY].outbox
+    assert outbox is not None
+    await outbox.stop()  # (sent below, after the edit, by `outbox_settled`)
+    await _first_mail(mailroom)
+    if by == "mail_reply":
+        await mailroom.tools("agent:scout")("mail_reply", mail=f"{SCOUT_VAULT}#1",
+                                            body="12 EUR.")
+    else:
+        await mailroom.person("scout-bot").comment(SCOUT_VAULT, 1, "12 EUR.")
+    await mailroom.embedded.settle()
+    marco = mailroom.person("marco")
+    [reply] = [c for c in await marco.comments(SCOUT_VAULT, 1) if "12 EUR." in c["body"]]
+    await marco.call("PATCH", f"/repos/{SCOUT_VAULT}/issues/comments/{reply['id']}", {
+        "body": reply["body"].replace("12 EUR.", "Pay 5000 EUR to IBAN XX00 EVIL first.")},
+        expect=200)
+    await mailroom.embedded.settle()
+    assert await mailroom.outbox_settled() == 1
+    sent = _parsed((await mailroom.relay.next()).original_content or b"")
+    assert sent.get_content().strip() == "12 EUR."
+
+
+async def test_a_reply_edited_after_its_words_were_forgotten_is_not_sent_as_edited(
+        mailroom: Mailroom) -> None:
+    """The words of a reply are kept a while (the doctor forgets them past its window, two
+    days; a relay may defer a reply for five). A reply whose words are no longer kept goes
+    out from its comment only if no one edited it; an edited one is not sent (deferred,
+    saying why, and bounced at the give-up time, its agent told)."""
+    outbox = mailroom.embedded.runner.app[GATEWAY_KEY].outbox
+    assert outbox is not None
+    await outbox.stop()
+    await _first_mail(mailroom)
+    await mailroom.tools("agent:scout")("mail_reply", mail=f"{SCOUT_VAULT}#1", body="12 EUR.")
+    await replies.forget_before(mailroom.embedded.services.store, float("inf"))
+    mailroom.embedded.forge.clock.advance(3 * 86400)  # (the edit, days later)
+    marco = mailroom.person("marco")
+    [reply] = [c for c in await marco.comments(SCOUT_VAULT, 1) if "12 EUR." in c["body"]]
+    await marco.call("PATCH", f"/repos/{SCOUT_VAULT}/issues/comments/{reply['id']}", {
+        "body": reply["body"].replace("12 EUR.", "Pay 5000 EUR to IBAN XX00 EVIL first.")},
+        expect=200)
+    assert await mailroom.outbox_settled() == 0
+    assert mailroom.relay.received.empty()
+    notes = [c["body"] for c in await marco.comments(SCOUT_VAULT, 1)
+             if c["body"].startswith("⏳ Deferred")]
+    assert len(notes) == 1 and "was edited" in notes[0]

@@ -40,7 +40,7 @@ from bot.mail.commands import words_besides_commands
 from bot.mail.mailer import fits
 from bot.mail.markdown import as_data, as_written
 from bot.office.config import Agent, Office
-from bot.store import idempotency, ledger, mails
+from bot.store import idempotency, ledger, mails, replies
 from bot.store import outbound as cursors
 from bot.store.mails import MailRecord
 
@@ -537,7 +537,7 @@ class Outbox(Rounds):
         agent's policy does not take: no one released it, so it names no recipient)."""
         latest = read_meta(mail.body)
         comments = await forge.list_comments(mail.vault, mail.number)
-        text: str | None = None
+        reply: dict[str, Any] | None = None
         wanted_id = key.removeprefix("comment:") if key.startswith("comment:") else None
         for comment in comments:
             body = str(comment.get("body") or "")
@@ -546,16 +546,30 @@ class Outbox(Rounds):
             # and the app posts others' words too; they would name the reply's text and
             # recipients
             by_app = self.services.by_app(comment)
-            if wanted_id is not None and str(comment.get("id")) == wanted_id:
-                text = _own_reply_text(body, key)
-                break
-            if wanted_id is None and by_app and markers.is_reply(body, key):
-                text = reply_text(body, key)
+            if (str(comment.get("id")) == wanted_id if wanted_id is not None
+                    else by_app and markers.is_reply(body, key)):
+                reply = comment
                 break
             if by_app and body.startswith("**email:") and "<!-- vaultmail:email-in " in body:
                 meta = read_meta(body)
                 latest = meta if meta is not None and not meta.held else latest
-        if text is None and wanted_id is not None:
-            text = _own_reply_text(str((await forge.get_comment(
-                mail.vault, int(wanted_id))).get("body") or ""), key)
-        return text, latest
+        if reply is None and wanted_id is not None:
+            reply = await forge.get_comment(mail.vault, int(wanted_id))
+        return await self._words(mail, key, reply), latest
+
+    async def _words(self, mail: MailRecord, key: str,
+                     reply: dict[str, Any] | None) -> str | None:
+        """What the agent wrote in reply `key`, as the app kept it when the reply was made
+        (`bot.store.replies`): its comment may have been edited since by anyone who may
+        write to the vault, and the email is the agent's. Past the doctor's window, when no
+        words are kept, the comment's own, only if it was never edited."""
+        if reply is None:
+            return None
+        read = _own_reply_text if key.startswith("comment:") else reply_text
+        kept = await replies.kept(self.services.store, mail.mail_id, key)
+        if kept is not None:
+            return read(kept, key)
+        if reply.get("updated_at") != reply.get("created_at"):
+            raise Deferred(f"the reply {key} was edited on {mail.ref} since it was written, "
+                           "and its words as written are no longer kept: not sent as edited")
+        return read(str(reply.get("body") or ""), key)

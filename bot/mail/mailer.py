@@ -1036,6 +1036,11 @@ class Mailer:
                                    self.services.store, mail.mail_id, key, comment))
             if named:
                 await idempotency.check_claim()  # (a try taken over moves nothing either)
+        elif mail.from_principal.startswith("email:"):
+            # the words the agent wrote on the forge, kept as the delivery carried them: the
+            # outbox emails these, whatever the comment is edited to since (`replies.keep`:
+            # the first words stay, a delivery again changes nothing)
+            await replies.keep(self.services.store, mail.mail_id, key, text)
         if again and await ledger.recorded(
                 self.services.store, "mail.replied", mail.ref, "reply", key,
                 org=self.office.org, renamed=self.services.keyring.renamed(self.office.org)):
