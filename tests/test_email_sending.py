@@ -1048,6 +1048,52 @@ async def test_an_outbox_note_whose_stalled_comment_lands_late_is_on_the_mail_on
     assert mailroom.relay.received.qsize() == 1
 
 
+async def test_an_outbox_send_stalled_past_its_takeover_before_the_relay_took_it_goes_once(
+        mailroom: Mailroom) -> None:
+    """Replica a's send of scout's reply (`Store.once`, by its Message-ID) stalls past
+    DEAD_AFTER before the message reaches the relay: here the relay is slow to answer a's EHLO
+    (a VM pause or a frozen event loop just before the send is the same window). b, leading
+    now, takes the key over and sends it. a, woken, must not hand the relay the message
+    again (acted out: the relay got it twice, the second a DKIM-signed copy to bob)."""
+    emb = mailroom.embedded
+    gateway = emb.runner.app[GATEWAY_KEY]
+    outbox, intake = gateway.outbox, gateway.intake
+    assert outbox is not None and intake is not None
+    await outbox.stop()  # (the replicas below send it)
+    raw = wire(message("bob@example.org", f"scout@{DOMAIN}", "Offer", "How much?",
+                       Message_ID="<s1@example.org>"))
+    assert (await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])).code == 250
+    await emb.settle()
+    await mailroom.tools("agent:scout")("mail_reply", mail=f"{SCOUT_VAULT}#1", body="12 EUR.")
+    [entry] = await ledger.entries(emb.services.store, event="mail.replied", org="acme")
+    a, b = await open_store(mailroom.index), await open_store(mailroom.index)
+    await a.join("replica-a")
+    await b.join("replica-b")
+
+    def replica(store: Store) -> Outbox:
+        services = _replica(emb.services, store)
+        its = Outbox(services, EmailIntake(services, intake.proofs), "")
+        its.relay = outbox.relay
+        return its
+
+    try:
+        held = mailroom.relay.hold_greeting()
+        first = asyncio.create_task(replica(a)._entry(emb.office, entry))
+        await asyncio.wait_for(held.arrived.wait(), GUARD)  # a is at the relay, unanswered
+        await _silence(b, "replica-a")
+        assert await asyncio.wait_for(replica(b)._entry(emb.office, entry), GUARD) == 1
+        held.release()  # a wakes
+        assert await asyncio.wait_for(first, GUARD) == 1, "a answers b's send"
+    finally:
+        await a.close()
+        await b.close()
+    await emb.settle()
+    assert mailroom.relay.received.qsize() == 1, "the relay got the message once"
+    assert len(await _events(mailroom, "email.sent")) == 1
+    comments = await mailroom.person("marco").comments(SCOUT_VAULT, 1)
+    assert sum(c["body"].startswith("📤 Sent") for c in comments) == 1
+
+
 async def test_an_email_send_stopped_after_its_create_landed_is_sent_once_by_the_start(
         mailroom: Mailroom) -> None:
     """A keyed `mail_send` to an address: its issue create lands and its answer is lost (a

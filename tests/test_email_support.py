@@ -29,6 +29,7 @@ from bot.email import keys
 from bot.email.auth import DnsError
 from bot.email.domains import record_name, record_value
 from bot.store import mails
+from localforge.faults import Hold
 from tests.support import Actor, ToolClient
 
 DOMAIN = "mail.acme.example"
@@ -235,8 +236,25 @@ class CapturingRelay:
         # full at the far end: 450), and when each RCPT for it came
         self.refuse_rcpt: dict[str, list[str]] = {}
         self.rcpt_at: dict[str, list[float]] = {}
+        self.greetings: list[Hold] = []  # EHLOs to leave unanswered until released
         self.port = 0
         self._server: asyncio.base_events.Server | None = None
+
+    def hold_greeting(self) -> Hold:
+        """Leave the next client's EHLO unanswered until the returned hold is released (a
+        relay slow to greet): the client has connected, and sent nothing of its message."""
+        held = Hold(route="EHLO")
+        self.greetings.append(held)
+        return held
+
+    async def handle_EHLO(self, server: SMTP, session: Session, envelope: Envelope,
+                          hostname: str, responses: list[str]) -> list[str]:
+        session.host_name = hostname  # (a hook of its own sets it, as aiosmtpd's does)
+        if self.greetings:
+            held = self.greetings.pop(0)
+            held._caught_one()  # noqa: SLF001 (localforge's hold, kept by this relay)
+            await held.released.wait()
+        return responses
 
     async def handle_RCPT(self, server: SMTP, session: Session, envelope: Envelope,
                           address: str, rcpt_options: list[str]) -> str:

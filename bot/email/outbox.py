@@ -394,10 +394,11 @@ class Outbox(Rounds):
         issue, `email.sent` naming them), the refused ones for good bounced (the agent told,
         naming them), and the deferred ones raise Deferred, to be tried again on their own.
 
-        The accepted ones are ledgered right after the relay's answer, before anything else:
-        a crash between the two is the one way a recipient gets the message twice (the retry
-        goes to it again), and the Message-ID, the same on every try, lets its mail system
-        drop the copy."""
+        The accepted ones are ledgered right after the relay's answer, before anything else.
+        A try taken over stops at the fence, before the relay has anything of it: a crash, or
+        a stall past the takeover, between the relay's DATA and that ledgering are the ways a
+        recipient gets the message twice (the retry goes to it again), and the Message-ID,
+        the same on every try, lets its mail system drop the copy."""
         if self.relay is None:
             raise Deferred("no relay: set SMTP_URL to send mail by email")
         message_id = out.message_id
@@ -407,7 +408,10 @@ class Outbox(Rounds):
             await self._sent(office, mail, out, note, part, ledgered=True)
         todo = [r for r in out.recipients if r not in accepted and r not in bounced]
         if todo and (data := await self._written(office, mail, out, todo)) is not None:
-            answer = await relay.send(self.relay, out.sender, todo, data)
+            # the fence (as before an issue's creation): a try that stalled past DEAD_AFTER
+            # and was taken over hands the relay nothing; its new owner sends it
+            answer = await relay.send(self.relay, out.sender, todo, data,
+                                      fence=idempotency.check_claim)
             if answer.failure is not None:  # (the note says only what kind of failure)
                 log.warning("email relay unreachable", extra={
                     "org": office.org, "mail": mail.ref, "message_id": message_id,

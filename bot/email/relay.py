@@ -15,6 +15,7 @@ import asyncio
 import smtplib
 import socket
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 from urllib.parse import unquote, urlsplit
@@ -78,24 +79,50 @@ def _all(recipients: list[str], state: Literal["deferred", "rejected"], why: str
     return Sent(deferred=each) if state == "deferred" else Sent(rejected=each)
 
 
-def _send(relay: Relay, envelope_from: str, recipients: list[str], data: bytes) -> Sent:
+def _connect(relay: Relay) -> smtplib.SMTP:
+    """A session with the relay, greeted (EHLO, TLS, login): ready for a message's envelope."""
     context = ssl.create_default_context()
+    client: smtplib.SMTP
+    if relay.tls == "implicit":
+        client = smtplib.SMTP_SSL(relay.host, relay.port, timeout=relay.timeout,
+                                  context=context)
+    else:
+        client = smtplib.SMTP(relay.host, relay.port, timeout=relay.timeout)
     try:
-        client: smtplib.SMTP
-        if relay.tls == "implicit":
-            client = smtplib.SMTP_SSL(relay.host, relay.port, timeout=relay.timeout,
-                                      context=context)
-        else:
-            client = smtplib.SMTP(relay.host, relay.port, timeout=relay.timeout)
-        with client:
+        client.ehlo()
+        if relay.tls == "starttls" or (relay.tls == "opportunistic"
+                                       and client.has_extn("starttls")):
+            client.starttls(context=context)
             client.ehlo()
-            if relay.tls == "starttls" or (relay.tls == "opportunistic"
-                                           and client.has_extn("starttls")):
-                client.starttls(context=context)
-                client.ehlo()
-            if relay.username:
-                client.login(relay.username, relay.password)
-            refused = client.sendmail(envelope_from, recipients, data)
+        if relay.username:
+            client.login(relay.username, relay.password)
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+def _quit(client: smtplib.SMTP) -> None:
+    with client:  # (QUIT, then closed; a relay gone already is no error)
+        pass
+
+
+async def send(relay: Relay, envelope_from: str, recipients: list[str], data: bytes, *,
+               fence: Callable[[], Awaitable[None]] | None = None) -> Sent:
+    """Hand the message to the relay (smtplib, on worker threads). `fence` is awaited once
+    the relay has greeted the app, right before the envelope (MAIL FROM): a try that may no
+    longer send (`idempotency.check_claim`) raises there, and the relay gets nothing. It
+    comes after the greeting, which may be slow (a relay's greet pause, TLS): longer than a
+    claim holds without a heartbeat."""
+    try:
+        client = await asyncio.to_thread(_connect, relay)
+        try:
+            if fence is not None:
+                await fence()
+            refused = await asyncio.to_thread(client.sendmail, envelope_from, recipients,
+                                              data)
+        finally:
+            await asyncio.to_thread(_quit, client)
     except smtplib.SMTPRecipientsRefused as exc:  # every recipient refused at RCPT
         return _answer(recipients, exc.recipients)
     except smtplib.SMTPResponseException as exc:  # MAIL FROM or DATA: the whole message
@@ -134,8 +161,3 @@ def _answer(recipients: list[str], refused: dict[str, tuple[int, bytes]]) -> Sen
     return Sent(accepted=tuple(r for r in recipients if r not in said),
                 deferred={r: why for r, (code, why) in said.items() if code < 500},
                 rejected={r: why for r, (code, why) in said.items() if code >= 500})
-
-
-async def send(relay: Relay, envelope_from: str, recipients: list[str], data: bytes) -> Sent:
-    """Hand the message to the relay (smtplib, on a worker thread)."""
-    return await asyncio.to_thread(_send, relay, envelope_from, recipients, data)
