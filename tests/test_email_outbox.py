@@ -124,6 +124,21 @@ async def test_a_reply_is_sent_once_and_a_4xx_is_tried_again(mailroom: Mailroom)
     assert mailroom.relay.received.empty()
 
 
+async def test_a_reply_the_relay_took_is_sent_whatever_it_answers_to_quit(
+        mailroom: Mailroom) -> None:
+    """The relay takes the message (250 after DATA), then answers QUIT with a 421: the
+    message is sent, and not sent again (acted out: the QUIT's answer was taken for the
+    message's, deferred, and the retry handed the relay a second copy)."""
+    await _first_mail(mailroom)
+    mailroom.relay.quit_answers.append("421 4.3.2 shutting down")
+    await mailroom.tools("agent:scout")("mail_reply", mail=f"{SCOUT_VAULT}#1", body="Done.")
+    assert b"Done." in ((await mailroom.relay.next()).original_content or b"")
+    await mailroom.outbox_settled()
+    store = mailroom.embedded.services.store
+    assert not await ledger.entries(store, event="email.deferred", org="acme")
+    assert len(await ledger.entries(store, event="email.sent", org="acme")) == 1
+
+
 async def test_a_delivery_report_marks_the_reply_bounced_and_tells_the_agent(
         mailroom: Mailroom) -> None:
     await _first_mail(mailroom)

@@ -237,6 +237,7 @@ class CapturingRelay:
         self.refuse_rcpt: dict[str, list[str]] = {}
         self.rcpt_at: dict[str, list[float]] = {}
         self.greetings: list[Hold] = []  # EHLOs to leave unanswered until released
+        self.quit_answers: list[str] = []  # answers to give to the next QUITs, in order
         self.port = 0
         self._server: asyncio.base_events.Server | None = None
 
@@ -270,6 +271,9 @@ class CapturingRelay:
             return self.refuse.pop(0)
         self.received.put_nowait(envelope)
         return "250 2.0.0 queued"
+
+    async def handle_QUIT(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        return self.quit_answers.pop(0) if self.quit_answers else "221 Bye"
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()

@@ -103,8 +103,12 @@ def _connect(relay: Relay) -> smtplib.SMTP:
 
 
 def _quit(client: smtplib.SMTP) -> None:
-    with client:  # (QUIT, then closed; a relay gone already is no error)
-        pass
+    """QUIT, then closed. Its answer (or a relay gone already) changes nothing: the message's
+    fate was DATA's answer, and taking a QUIT's 4xx for it would send the message again."""
+    try:
+        client.quit()
+    except (OSError, smtplib.SMTPException):
+        client.close()
 
 
 async def send(relay: Relay, envelope_from: str, recipients: list[str], data: bytes, *,
