@@ -564,6 +564,43 @@ async def test_authorize_errors_are_a_page_never_a_redirect(
             assert resp.status == 400 and "Location" not in resp.headers, (extra, resp.status)
 
 
+async def test_pkce_values_are_as_rfc_7636_defines_them(
+        embedded: Embedded, browser: aiohttp.ClientSession, session: aiohttp.ClientSession
+) -> None:
+    """A code_challenge is the base64url SHA-256 of the verifier (43 characters) and a
+    code_verifier 43 to 128 unreserved characters (RFC 7636 §4.1, §4.2). Found by review: any
+    43 to 128 characters were taken as a challenge, so a sign-in the person allowed led to a
+    code no verifier could trade, and the exchange was a 500 (a challenge not ASCII); and a
+    verifier was hashed with whatever was not ASCII made `?`, so `é...` traded a code whose
+    challenge was that of `?...`."""
+    _, client = await register(session, embedded)
+    cid = client["client_id"]
+    for challenge in ("é" * 43, "!" * 43, _pkce()[1] + "A", "A" * 128):
+        async with session.get(authorize_url(embedded, cid, challenge),
+                               allow_redirects=False) as resp:
+            assert resp.status == 400 and "Location" not in resp.headers, challenge
+            assert "base64url SHA-256" in html.unescape(await resp.text()), challenge
+    # a code kept with such a challenge (by the release before): refused, never a 500
+    store, now = embedded.services.store, embedded.runner.app[CLOCK_KEY].now()
+    await oauth_rows.allow(store, "vmoc_kept", grant_id="g-kept", client_id=cid,
+                           principal=MARCO, org="acme", resource=embedded.app_url + "/mcp",
+                           redirect_uri=REDIRECT, now=now, lifetimes=LIFETIMES,
+                           detail={"challenge": "é" * 43})
+    status, body = await token(session, embedded, grant_type="authorization_code",
+                               code="vmoc_kept", redirect_uri=REDIRECT, client_id=cid,
+                               code_verifier=_pkce()[0])
+    assert (status, body.get("error")) == (400, "invalid_grant"), body
+    # a verifier of other characters is refused, whatever it hashes to
+    odd = "?" * 43
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(odd.encode()).digest()).decode()
+    code = await code_for(browser, embedded, "marco", cid, challenge.rstrip("="))
+    for verifier in ("é" * 43, odd):
+        status, body = await token(session, embedded, grant_type="authorization_code",
+                                   code=code, redirect_uri=REDIRECT, client_id=cid,
+                                   code_verifier=verifier)
+        assert (status, body.get("error")) == (400, "invalid_grant"), (verifier, body)
+
+
 async def test_redirect_uris_are_well_formed_and_loopback_ports_are_free(
         embedded: Embedded, browser: aiohttp.ClientSession, session: aiohttp.ClientSession
 ) -> None:

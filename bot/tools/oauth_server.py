@@ -107,6 +107,10 @@ URI_CHARACTERS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+")
 HOST = re.compile(r"[a-z0-9.\-]+|[0-9a-f:.]+")  # a name or address (urlsplit's lower case)
 # the authority of a redirect URI: a name, or an IP literal in brackets, and a port
 NETLOC = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+)(:\d{1,5})?")
+# PKCE as RFC 7636 defines it: the S256 challenge is the unpadded base64url of a SHA-256
+# (§4.2), the verifier 43 to 128 unreserved characters (§4.1); nothing else is hashed or kept
+CHALLENGE = re.compile(r"[A-Za-z0-9_-]{43}")
+VERIFIER = re.compile(r"[A-Za-z0-9._~-]{43,128}")
 
 
 @dataclass
@@ -141,7 +145,8 @@ def same_resource(a: str, b: str) -> bool:
 
 
 def challenge_of(verifier: str) -> str:
-    digest = hashlib.sha256(verifier.encode("ascii", "replace")).digest()
+    """The S256 challenge of a verifier (`VERIFIER`: ASCII only)."""
+    digest = hashlib.sha256(verifier.encode("ascii")).digest()
     return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
@@ -339,8 +344,9 @@ def authorize_refusal(request: web.Request) -> str | None:
         return "PKCE is required: send code_challenge and code_challenge_method=S256"
     if method != "S256":
         return "code_challenge_method must be S256 (plain is refused)"
-    if not 43 <= len(challenge) <= 128:
-        return "code_challenge is the base64url SHA-256 of the code verifier (43 characters)"
+    if not CHALLENGE.fullmatch(challenge):
+        return ("code_challenge is the base64url SHA-256 of the code verifier (43 characters, "
+                "no padding)")
     resource = q.get("resource") or mcp_resource(request)
     if not same_resource(resource, mcp_resource(request)):
         return f"resource: tokens here are for {mcp_resource(request)} only"
@@ -573,8 +579,9 @@ async def _by_code(request: web.Request, services: Services, form: dict[str, str
         return _oauth_error("invalid_grant", "redirect_uri is not the one the code was "
                             "given for")
     verifier = form.get("code_verifier", "")
-    if not 43 <= len(verifier) <= 128 or not hmac.compare_digest(
-            challenge_of(verifier), str(held.detail.get("challenge", ""))):
+    # (compared as bytes: a challenge kept by an older release may be anything)
+    if not VERIFIER.fullmatch(verifier) or not hmac.compare_digest(
+            challenge_of(verifier).encode(), str(held.detail.get("challenge", "")).encode()):
         return _oauth_error("invalid_grant", "the code_verifier does not match the "
                             "code_challenge (PKCE)")
     if resource is not None and not same_resource(resource, held.resource):
