@@ -372,6 +372,25 @@ async def test_a_note_edited_on_the_apps_answer_is_no_change_of_answer_in_a_rebu
     assert after == live
 
 
+async def test_a_seal_edited_to_any_text_is_a_broken_seal_not_a_failed_rebuild(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """sara (write access) edits the seal of the app's comment to read `v1=é...`: the seal
+    was compared as text, which Python's constant-time compare refuses for anything not
+    ASCII, so the rebuild of the whole office failed (TypeError) on one person's edit. A
+    seal of any text that is not the app's is broken: the comment is left out, as any edited
+    one, and the rest is rebuilt."""
+    _, outcome, _ = await _work(embedded, tools, person)
+    await _edit_app_comment(
+        embedded, person, "sara", outcome, "(answer: Keep 30 days)",
+        lambda body: body.replace("<!-- vaultmail:seal v1=", "<!-- vaultmail:seal v1=é"))
+    scout = tools("agent:scout")
+    live = _chosen(await scout("get_outcome", outcome=outcome))
+    await _drop_work(embedded)
+    report = await _reindex(embedded)
+    assert report.work is not None and len(report.work.skipped) == 1, report.work
+    assert _chosen(await scout("get_outcome", outcome=outcome)) == live
+
+
 async def test_a_thread_the_index_has_older_than_the_forge_is_brought_up_to_date(
         embedded: Embedded, tools: Any, person: Any) -> None:
     """Review r7 (F): an index behind the forge (a backup from before sara's `/answer EU
