@@ -517,7 +517,8 @@ class SetupPage:
         if self.registered is not None:
             return self._registered_page() if browser else _page(
                 "vaultmail is registered", "<p>This deployment's App is registered.</p>")
-        keyed = secrets.compare_digest(request.query.get("key", ""), self.key)
+        # (as bytes: the key is anyone's to write, and a text compare refuses what is not ASCII)
+        keyed = secrets.compare_digest(request.query.get("key", "").encode(), self.key.encode())
         if browser is None and not keyed:
             return _page("Open the link vaultmail printed", (
                 "<p>Registering the App decides what this deployment runs as, so this page "

@@ -58,7 +58,8 @@ def signature_valid(body: bytes, signature: str, secret: str) -> bool:
     if not signature:
         return False
     expected = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected, signature.strip().lower())
+    # (as bytes: the header is the sender's, and a text compare refuses what is not ASCII)
+    return hmac.compare_digest(expected.encode(), signature.strip().lower().encode())
 
 
 def github_user(user: Any, bot_login: str) -> Any:

@@ -368,6 +368,8 @@ async def test_a_stranger_cannot_register_the_deployment_as_their_own_app(
             page = await _text(stranger, url + "/setup", status=403)
             assert "key" in page and "state=" not in page, "no form, no state for a stranger"
             await _text(stranger, url + "/setup?key=guess", status=403)
+            # (a key not in ASCII was a 500: the compare refused to compare it)
+            await _text(stranger, url + "/setup?key=%C3%A9%C3%A9", status=403)
             # the operator's own page, its state seen by the stranger (a referrer, a log)
             form = _parse(await _text(session, _setup_link(line)))
             manifest = json.loads(form.fields["manifest"])

@@ -63,6 +63,7 @@ def test_signature_is_bare_hex_hmac() -> None:
     assert gitea.signature_valid(body, sig, secret)
     assert not gitea.signature_valid(body, "sha256=" + sig, secret)
     assert not gitea.signature_valid(body, "", secret)
+    assert not gitea.signature_valid(body, "é" * 64, secret)  # (was a TypeError)
     assert gitea.delivery_of({"X-Forgejo-Delivery": "d", "X-Forgejo-Event": "issues",
                               "X-Forgejo-Signature": sig}) == ("d", "issues", sig)
 
