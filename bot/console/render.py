@@ -79,6 +79,7 @@ SECURITY_HEADERS = {
                                 "img-src 'self' data:; connect-src 'self'; "
                                 "frame-ancestors 'none'; form-action 'self'; "
                                 "base-uri 'none'"),
+    "X-Frame-Options": "DENY",  # (for a browser that knows no frame-ancestors)
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",

@@ -49,6 +49,8 @@ async def test_a_request_without_a_session_is_sent_to_sign_in(
     status, body, resp = await get(session, embedded, "/console/sign-in")
     assert status == 200 and "Sign in with the forge" in body and "API token" in body
     assert "default-src 'self'" in resp.headers["Content-Security-Policy"]
+    # framed by no one, also where a browser knows no frame-ancestors (CSP level 1)
+    assert resp.headers["X-Frame-Options"] == "DENY"
 
 
 async def test_pages_take_an_api_token_and_are_for_people_only(
