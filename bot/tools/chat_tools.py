@@ -19,7 +19,7 @@ from bot.app import runs
 from bot.errors import Conflict, NotFoundError, TooManyRequests
 from bot.office.config import Agent
 from bot.office.visibility import viewer_for
-from bot.store import chats, ledger
+from bot.store import chats, idempotency, ledger
 from bot.store.chats import get_chat, number_of, waiting_for
 from bot.store.db import Row
 from bot.tools import outputs
@@ -106,8 +106,16 @@ async def agent_chat(call: Call, args: ChatArgs) -> dict[str, Any]:
             f"{human.login} cannot see its vault {vault}; an org owner can give them read "
             "access"))
 
+    # under the running idempotency claim's own key, which a takeover takes too: a try taken
+    # over (stalled past DEAD_AFTER) keeps no chat and wakes no one; `once` answers the
+    # retry's chat
+    fence = idempotency.fence_key()
+
     async def record() -> tuple[int, int | None]:
-        async with store.transaction(ledger.key(call.office.org)) as db:
+        async with store.transaction(ledger.key(call.office.org),
+                                     *([fence] if fence else [])) as db:
+            if fence and not await idempotency.claim_held_in(db):
+                raise idempotency.ClaimLost(f"chat to {agent.principal}: its key was taken over")
             now = time.time()
             waiting = await chats.waiting_counts(db, agent.principal, call.principal,
                                                  org=call.office.org, since=now - WAITING_FOR)

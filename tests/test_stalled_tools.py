@@ -1,0 +1,114 @@
+"""Keyed tools whose try stalls past DEAD_AFTER (a frozen loop, a VM pause, a slow forge)
+before it records what it did, while another replica takes the key over and does the work:
+the stalled try, woken, records nothing and wakes no one. Staged with two replicas' own
+stores on one index, each with its own forge client and permission cache (cold: the try's
+look at the forge is the request held)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from bot.app import runs
+from bot.app.egress import OutboundPolicy
+from bot.app.embedded import Embedded, start_embedded
+from bot.office.visibility import Visibility
+from bot.store import ledger, open_store
+from bot.store.db import Store
+from bot.tools.registry import Call, call_tool
+from tests.support import app_key, served
+from tests.test_email_sending import _replica
+from tests.test_stalled_send import GUARD, _silence
+
+SCOUT_VAULT = "acme/scout-vault"
+MARCO = "human:marco@acme.com"
+PERMISSION = "GET /repos/{owner}/{repo}/collaborators/{username}/permission"
+
+
+@dataclass
+class Office:
+    """The example office with scout's runs dispatched as signed POSTs to `received`'s
+    runner, and two replicas' stores (a, b) beside the app's."""
+
+    embedded: Embedded
+    a: Store
+    b: Store
+    received: list[bytes] = field(default_factory=list)
+
+    def call(self, store: Store, principal: str) -> Call:
+        """A call on the replica of `store`: its own forge client and a cold permission
+        cache (another process's)."""
+        services = _replica(self.embedded.services, store)
+        services.visibility = Visibility()
+        return Call(services, principal, self.embedded.office, services.forge_for_org("acme"))
+
+
+@pytest.fixture
+async def office(tmp_path: Path, database_url: str) -> AsyncIterator[Office]:
+    received: list[bytes] = []
+
+    async def runner(request: web.Request) -> web.Response:
+        received.append(await request.read())
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/runs", runner)
+    async with served(app) as base:
+        text = (Path(__file__).parents[1] / "bot" / "example_office.yml").read_text()
+        # scout's (the first agent's) dispatch
+        (tmp_path / "office.yml").write_text(
+            text.replace("dispatch: none\n", f"dispatch: {base}/runs\n", 1))
+        emb = await start_embedded(office_path=tmp_path / "office.yml", data_dir=tmp_path / "d",
+                                   port=0, forge_port=0, database_url=database_url,
+                                   outbound=OutboundPolicy.parse("127.0.0.1"),
+                                   app_key=app_key())
+        index = database_url or str(emb.data_dir / "index.sqlite3")
+        a, b = await open_store(index), await open_store(index)
+        try:
+            await a.join("replica-a")
+            await b.join("replica-b")
+            yield Office(emb, a, b, received)
+        finally:
+            await a.close()
+            await b.close()
+            await emb.stop()
+
+
+async def _stalled_at_the_forge(office: Office, principal: str, route: str, tool: str,
+                                args: dict[str, Any], repo: str = SCOUT_VAULT
+                                ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """a's keyed call is held at `route` (its first such request) past DEAD_AFTER; b's retry
+    takes the key over and finishes; then a is let go. Both answers, a's and b's."""
+    held = office.embedded.forge.faults.hold(route, count=1, repo=repo)
+    first = asyncio.create_task(call_tool(office.call(office.a, principal), tool, args))
+    await asyncio.wait_for(held.arrived.wait(), GUARD)  # a is at the forge, unanswered
+    await _silence(office.b, "replica-a")
+    retried = await asyncio.wait_for(call_tool(office.call(office.b, principal), tool, args),
+                                     GUARD)
+    held.release()  # a wakes
+    answered = await asyncio.wait_for(first, GUARD)
+    assert await runs.idle(office.embedded.services, GUARD), "the dispatches ended"
+    return answered, retried
+
+
+async def test_a_keyed_chat_stalled_past_its_takeover_is_kept_and_run_once(
+        office: Office) -> None:
+    """Replica a's keyed `agent_chat` stalls (at its look at marco's access to scout's vault)
+    past DEAD_AFTER; b's retry takes the key over, keeps the chat and dispatches scout's run.
+    a, woken, must keep no second chat and wake scout no second time (acted out: two chats,
+    two `chat` runs, the runner POSTed twice)."""
+    chat = {"agent": "scout", "message": "EU or US first?", "idempotencyKey": "chat-1"}
+    answered, retried = await _stalled_at_the_forge(office, MARCO, PERMISSION, "agent_chat",
+                                                    chat)
+    assert answered == retried, "both tries answer the one chat"
+    store = office.embedded.services.store
+    assert len(await store.fetchall("SELECT * FROM chats")) == 1, "one chat kept"
+    queued = await ledger.entries(store, event="run.queued")
+    assert [e.subject for e in queued] == [f"chat:{retried['chat']['chat']}"], "one run"
+    assert len(office.received) == 1, "the runner got one run"
