@@ -112,3 +112,50 @@ async def test_a_keyed_chat_stalled_past_its_takeover_is_kept_and_run_once(
     queued = await ledger.entries(store, event="run.queued")
     assert [e.subject for e in queued] == [f"chat:{retried['chat']['chat']}"], "one run"
     assert len(office.received) == 1, "the runner got one run"
+
+
+class _Watched(dict[str, tuple[asyncio.Lock, int]]):
+    """A replica's table of its tasks' locks (`Store._named`: key -> lock, its users) that
+    tells when a second user, a waiter behind the holder, comes to `key`: a wait no request
+    of its shows."""
+
+    def __init__(self, key: str, table: dict[str, tuple[asyncio.Lock, int]]) -> None:
+        super().__init__(table)
+        self.key, self.waiting = key, asyncio.Event()
+
+    def __setitem__(self, key: str, value: tuple[asyncio.Lock, int]) -> None:
+        super().__setitem__(key, value)
+        if key == self.key and value[1] >= 2:
+            self.waiting.set()
+
+
+async def test_a_keyed_reply_stalled_past_its_takeover_after_its_comment_moves_the_mail_once(
+        office: Office) -> None:
+    """Scout's keyed `mail_reply` on replica a posts its comment and passes its fence, then
+    waits for the mail's lock (another task of a's holds it: the worker, say) past
+    DEAD_AFTER; b's retry takes the key over, finds the comment and moves the mail. a, woken,
+    must not move it again (acted out: `mail.replied` ledgered twice for the one reply, what
+    list_changes and the office's trigger URL are told twice)."""
+    emb = office.embedded
+    builder = Call(emb.services, "agent:builder", emb.office, emb.services.forge_for_org("acme"))
+    sent = (await call_tool(builder, "mail_send", {"to": "scout", "subject": "Stall",
+                                                   "body": "x"}))["mail"]
+    await emb.settle()
+    reply = {"mail": sent["mail_id"], "body": "Done.", "idempotencyKey": "r1"}
+    watched = office.a._named = _Watched(sent["mail_id"], office.a._named)  # noqa: SLF001
+    held = office.a._local_lock(sent["mail_id"])  # noqa: SLF001 (a's own task holds it)
+    await held.__aenter__()
+    try:
+        first = asyncio.create_task(call_tool(office.call(office.a, "agent:scout"),
+                                              "mail_reply", reply))
+        await asyncio.wait_for(watched.waiting.wait(), GUARD)  # a's reply waits for the lock
+        await _silence(office.b, "replica-a")
+        retried = await asyncio.wait_for(
+            call_tool(office.call(office.b, "agent:scout"), "mail_reply", reply), GUARD)
+    finally:
+        await held.__aexit__(None, None, None)  # a wakes
+    answered = await asyncio.wait_for(first, GUARD)
+    assert answered["mail"]["mail_id"] == retried["mail"]["mail_id"] == sent["mail_id"]
+    replied = await ledger.entries(emb.services.store, event="mail.replied")
+    assert [e.data.get("reply") for e in replied] == [replied[0].data["reply"]], \
+        "the reply is ledgered once"

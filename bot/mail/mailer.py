@@ -825,7 +825,8 @@ class Mailer:
                     *, labels: list[str] | None = None, issue_state: str | None = None,
                     reopen_if_closed: bool = False, data: dict[str, Any] | None = None,
                     follow_up: tuple[str, str] | None = None,
-                    at: float | None = None, forged: str | None = None) -> MailRecord:
+                    at: float | None = None, forged: str | None = None,
+                    fenced: bool = False) -> MailRecord:
         """Apply `event` under the mail's lock, so a tool call and the worker never
         interleave on one mail: one forge write when anything changes, then index + ledger.
         `reopen_if_closed`: the issue is reopened if the mail is closed *as found under the
@@ -834,14 +835,16 @@ class Mailer:
         for one made now, a tool call's): a change older than the mail's last applied move
         (a delivery handled late) moves nothing (`bot.store.moves`). `forged`: the issue state
         ("open", "closed") the change itself made on the forge (someone closed or reopened the
-        issue): a stale one is undone there, since the later move stands."""
+        issue): a stale one is undone there, since the later move stands. `fenced`: indexed
+        and ledgered only under the running idempotency claim (ClaimLost when taken over)."""
         self.own(mail)
         owed: list[str] = []
         try:
             return await self._move_held(mail, event, actor, ledger_event, labels=labels,
                                          issue_state=issue_state,
                                          reopen_if_closed=reopen_if_closed, data=data,
-                                         follow_up=follow_up, at=at, forged=forged, owed=owed)
+                                         follow_up=follow_up, at=at, forged=forged, owed=owed,
+                                         fenced=fenced)
         finally:
             # the mail's lock let go first: a tamper warning is a comment (a content
             # creation), which may wait for the hour's budget, and no pacing wait is made
@@ -854,7 +857,7 @@ class Mailer:
                          issue_state: str | None, reopen_if_closed: bool,
                          data: dict[str, Any] | None, follow_up: tuple[str, str] | None,
                          at: float | None, forged: str | None,
-                         owed: list[str]) -> MailRecord:
+                         owed: list[str], fenced: bool) -> MailRecord:
         async with self.services.lock_for(mail.mail_id):
             last = await moves.last_move(self.services.store, mail.mail_id)
             if at is not None and last is not None and at < last:
@@ -874,7 +877,8 @@ class Mailer:
                 issue_state = "open"
             return await self._move_locked(found, event, actor, ledger_event,
                                            labels=labels, issue_state=issue_state, data=data,
-                                           follow_up=follow_up, at=at, owed=owed)
+                                           follow_up=follow_up, at=at, owed=owed,
+                                           fenced=fenced)
 
     async def _undo_stale(self, mail: MailRecord, forged: str) -> None:
         """A stale close or reopen made on the forge (the handler saw the issue still so) is
@@ -892,7 +896,8 @@ class Mailer:
                            data: dict[str, Any] | None,
                            follow_up: tuple[str, str] | None = None,
                            at: float | None = None,
-                           owed: list[str] | None = None) -> MailRecord:
+                           owed: list[str] | None = None,
+                           fenced: bool = False) -> MailRecord:
         try:
             new = transition(_state(mail), event)
         except IllegalTransition as exc:
@@ -933,8 +938,15 @@ class Mailer:
                 at = moves.forge_time(issue.get("updated_at"))
         agent = self.office.agent(mail.to_principal.removeprefix("agent:"))
         admitted: int | None = None
+        # under the claim's own key, which a takeover takes too: a try taken over (stalled
+        # past DEAD_AFTER) ledgers nothing; the retry that took it moved the mail
+        fence = idempotency.fence_key() if fenced else None
         async with self.services.store.transaction(
-                mails.box_key(mail.org, mail.to_principal), ledger.key(mail.org)) as db:
+                mails.box_key(mail.org, mail.to_principal), ledger.key(mail.org),
+                *([fence] if fence else [])) as db:
+            if fence and not await idempotency.claim_held_in(db):
+                raise idempotency.ClaimLost(f"{ledger_event} of {mail.ref}: its key was taken"
+                                            " over")
             # from the state this writer saw only: of two replicas moving one mail at once,
             # the one whose view went stale ledgers (and admits) nothing
             if not await mails.set_state(db, mail.mail_id, target, after,
@@ -1049,7 +1061,7 @@ class Mailer:
         else:
             updated = await self._move(mail, MailEvent.REPLY, actor, "mail.replied",
                                        labels=labels, reopen_if_closed=True,
-                                       data={"reply": key}, at=at)
+                                       data={"reply": key}, at=at, fenced=named)
         if copy is not None:
             # the reply stands; a copy with nowhere to go is a bounce in the replier's vault
             with contextlib.suppress(Undeliverable):
