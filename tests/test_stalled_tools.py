@@ -18,16 +18,21 @@ from aiohttp import web
 from bot.app import runs
 from bot.app.egress import OutboundPolicy
 from bot.app.embedded import Embedded, start_embedded
+from bot.email.auth import Verdicts
+from bot.email.gateway import GATEWAY_KEY
+from bot.email.message import parse_inbound
 from bot.office.visibility import Visibility
-from bot.store import ledger, open_store
+from bot.store import ledger, mails, open_store
 from bot.store.db import Store
 from bot.tools.registry import Call, call_tool
 from tests.support import app_key, served
-from tests.test_email_sending import _replica
+from tests.test_email_sending import _replica, _ReplicaIntake
+from tests.test_email_support import DOMAIN, Mailroom, delivered, mailroom, message, send, wire
 from tests.test_stalled_send import GUARD, _silence
 
 SCOUT_VAULT = "acme/scout-vault"
 MARCO = "human:marco@acme.com"
+__all__ = ["mailroom"]  # the fixture, used by name
 PERMISSION = "GET /repos/{owner}/{repo}/collaborators/{username}/permission"
 
 
@@ -159,3 +164,66 @@ async def test_a_keyed_reply_stalled_past_its_takeover_after_its_comment_moves_t
     replied = await ledger.entries(emb.services.store, event="mail.replied")
     assert [e.data.get("reply") for e in replied] == [replied[0].data["reply"]], \
         "the reply is ledgered once"
+
+
+async def test_an_email_answer_stalled_past_its_takeover_after_its_comment_wakes_the_agent_once(
+        mailroom: Mailroom) -> None:
+    """Bob answers his own message on a mail scout has opened: a comment on it, and the mail
+    scout's turn again (a follow-up), once per Message-ID (`email-in`'s once). Replica a's try
+    posts the comment and passes its fence, then waits for the mail's lock (another task of
+    a's holds it) past DEAD_AFTER; b's retry takes the key over and hands the mail back to
+    scout, who opens it again. a, woken, must not hand it back a second time (acted out: the
+    mail back to mail:new and a second run queued for scout, for one message)."""
+    emb = mailroom.embedded
+    raw = wire(message("bob@example.org", f"scout@{DOMAIN}", "Question", "First words",
+                       Message_ID="<q1@example.org>"))
+    assert f"{SCOUT_VAULT}#1" in await delivered(
+        mailroom, await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"]))
+    await emb.settle()
+    scout = mailroom.tools("agent:scout")
+    await scout("mail_open", mail=f"{SCOUT_VAULT}#1")
+    answer = parse_inbound(wire(message(
+        "bob@example.org", f"scout@{DOMAIN}", "Re: Question", "The EU ones",
+        Message_ID="<q2@example.org>", In_Reply_To="<q1@example.org>",
+        References="<q1@example.org>")))
+    verdicts = Verdicts("pass", "example.org", "none", (), "none", "", "example.org")
+    intake = emb.runner.app[GATEWAY_KEY].intake
+    assert intake is not None
+    a, b = await open_store(mailroom.index), await open_store(mailroom.index)
+    await a.join("replica-a")
+    await b.join("replica-b")
+
+    async def add(store: Store) -> object:
+        services = _replica(emb.services, store)
+        its = _ReplicaIntake(services, intake.proofs, services.forge_for_org("acme"))
+        box = await its.mailbox(f"scout@{DOMAIN}")
+        assert box is not None
+        thread = await its.thread_of(box, answer)
+        assert thread is not None and thread.number == 1
+        return await its._add_to_thread(box, thread, answer, verdicts, None)  # noqa: SLF001
+
+    mail = await mails.get_mail(emb.services.store, (await scout(
+        "mail_get", mail=f"{SCOUT_VAULT}#1"))["mail"]["mail_id"])
+    assert mail is not None and mail.state == "mail:working"
+    try:
+        watched = a._named = _Watched(mail.mail_id, a._named)  # noqa: SLF001
+        held = a._local_lock(mail.mail_id)  # noqa: SLF001 (a's own task holds it)
+        await held.__aenter__()
+        try:
+            first = asyncio.create_task(add(a))
+            await asyncio.wait_for(watched.waiting.wait(), GUARD)  # a waits for the lock
+            await _silence(b, "replica-a")
+            await asyncio.wait_for(add(b), GUARD)
+            await scout("mail_open", mail=f"{SCOUT_VAULT}#1")  # scout's run took it up
+        finally:
+            await held.__aexit__(None, None, None)  # a wakes
+        await asyncio.wait_for(first, GUARD)
+    finally:
+        await a.close()
+        await b.close()
+    await emb.settle()
+    now = await mails.get_mail(emb.services.store, mail.mail_id)
+    assert now is not None and now.state == "mail:working", "scout's open stands"
+    queued = [e for e in await ledger.entries(emb.services.store, event="run.queued")
+              if e.subject == mail.ref]
+    assert len(queued) == 2, "one run for bob's first message, one for his answer"

@@ -1073,7 +1073,7 @@ class Mailer:
 
     async def follow_up(self, mail: MailRecord, actor: str, *,
                         labels: list[str] | None = None, text: str | None = None,
-                        at: float | None = None) -> MailRecord:
+                        at: float | None = None, fenced: bool = False) -> MailRecord:
         """Someone other than the recipient wrote (`text`, carried by the run it starts): the
         mail is the recipient's turn again, if they may write to it (the sender, or anyone who
         may mail the recipient). An agent's follow-up is an automatic notification too: each
@@ -1081,14 +1081,15 @@ class Mailer:
         person's follow-up or reopen starts the count again, not the recipient's reply), and
         past LOOP_GUARD_HOPS it is left on the issue without waking anyone
         (`mail.loop_guard`): two agents that each wrote on the mail they sent the other woke
-        each other forever. A person's never counts."""
+        each other forever. A person's never counts. `fenced`: as `_move`'s."""
         if actor not in (mail.from_principal, "office"):
             await self.check_may_send(actor, self.recipient(mail.to_principal))
         if mail.state == MailState.NEW.value:
             return mail
         return await self._move(mail, MailEvent.FOLLOW_UP, actor, "mail.sent", labels=labels,
                                 reopen_if_closed=True, data={"follow_up": True},
-                                follow_up=(actor, text) if text is not None else None, at=at)
+                                follow_up=(actor, text) if text is not None else None, at=at,
+                                fenced=fenced)
 
     # -- internal bounces ------------------------------------------------------------------
     def has_left(self, principal: str) -> str | None:
