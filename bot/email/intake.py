@@ -380,11 +380,11 @@ class EmailIntake:
             if quiet is None:
                 await idempotency.check_claim()  # (a try taken over moves nothing either)
                 # the original sender writes again, or someone else in the thread (a Cc
-                # answering all): the office hands it on; fenced again where it moves the
-                # mail, which a try that stalls after the check (at the mail's lock) reaches
-                # taken over
+                # answering all): the office hands it on (fenced again where it moves the
+                # mail, which a try that stalls after the check, at the mail's lock, reaches
+                # taken over: Mailer._fenced)
                 actor = sender if sender == mail.from_principal else "office"
-                await mailer.follow_up(mail, actor, text=message.text, fenced=True)
+                await mailer.follow_up(mail, actor, text=message.text)
             return {"mail": mail.mail_id}
 
         await store.once(f"email-in:{box.office.org.lower()}", f"{mail.ref}\n{message.message_id}",

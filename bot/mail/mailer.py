@@ -13,7 +13,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -825,8 +825,7 @@ class Mailer:
                     *, labels: list[str] | None = None, issue_state: str | None = None,
                     reopen_if_closed: bool = False, data: dict[str, Any] | None = None,
                     follow_up: tuple[str, str] | None = None,
-                    at: float | None = None, forged: str | None = None,
-                    fenced: bool = False) -> MailRecord:
+                    at: float | None = None, forged: str | None = None) -> MailRecord:
         """Apply `event` under the mail's lock, so a tool call and the worker never
         interleave on one mail: one forge write when anything changes, then index + ledger.
         `reopen_if_closed`: the issue is reopened if the mail is closed *as found under the
@@ -835,16 +834,16 @@ class Mailer:
         for one made now, a tool call's): a change older than the mail's last applied move
         (a delivery handled late) moves nothing (`bot.store.moves`). `forged`: the issue state
         ("open", "closed") the change itself made on the forge (someone closed or reopened the
-        issue): a stale one is undone there, since the later move stands. `fenced`: indexed
-        and ledgered only under the running idempotency claim (ClaimLost when taken over)."""
+        issue): a stale one is undone there, since the later move stands. Under an idempotency
+        claim (a keyed tool call, a delivery's change), indexed and ledgered only while the
+        claim is still this try's (ClaimLost when it was taken over: `_fenced`)."""
         self.own(mail)
         owed: list[str] = []
         try:
             return await self._move_held(mail, event, actor, ledger_event, labels=labels,
                                          issue_state=issue_state,
                                          reopen_if_closed=reopen_if_closed, data=data,
-                                         follow_up=follow_up, at=at, forged=forged, owed=owed,
-                                         fenced=fenced)
+                                         follow_up=follow_up, at=at, forged=forged, owed=owed)
         finally:
             # the mail's lock let go first: a tamper warning is a comment (a content
             # creation), which may wait for the hour's budget, and no pacing wait is made
@@ -857,7 +856,7 @@ class Mailer:
                          issue_state: str | None, reopen_if_closed: bool,
                          data: dict[str, Any] | None, follow_up: tuple[str, str] | None,
                          at: float | None, forged: str | None,
-                         owed: list[str], fenced: bool) -> MailRecord:
+                         owed: list[str]) -> MailRecord:
         async with self.services.lock_for(mail.mail_id):
             last = await moves.last_move(self.services.store, mail.mail_id)
             if at is not None and last is not None and at < last:
@@ -877,8 +876,7 @@ class Mailer:
                 issue_state = "open"
             return await self._move_locked(found, event, actor, ledger_event,
                                            labels=labels, issue_state=issue_state, data=data,
-                                           follow_up=follow_up, at=at, owed=owed,
-                                           fenced=fenced)
+                                           follow_up=follow_up, at=at, owed=owed)
 
     async def _undo_stale(self, mail: MailRecord, forged: str) -> None:
         """A stale close or reopen made on the forge (the handler saw the issue still so) is
@@ -896,8 +894,7 @@ class Mailer:
                            data: dict[str, Any] | None,
                            follow_up: tuple[str, str] | None = None,
                            at: float | None = None,
-                           owed: list[str] | None = None,
-                           fenced: bool = False) -> MailRecord:
+                           owed: list[str] | None = None) -> MailRecord:
         try:
             new = transition(_state(mail), event)
         except IllegalTransition as exc:
@@ -912,10 +909,12 @@ class Mailer:
         hops = mail.hops + mail.agent_turns + 1
         guarded = counted and hops > LOOP_GUARD_HOPS
         if guarded and event is MailEvent.FOLLOW_UP:
-            await ledger.record(self.services.store, "mail.loop_guard", actor, mail.ref, {
-                "mail": mail.mail_id, "hops": hops,
-                "follow_up": True, "reason": f"beyond {LOOP_GUARD_HOPS} hops: an agent's "
-                "follow-up wakes no one; the recipient sees it on its next run"}, org=mail.org)
+            async with self._fenced(f"{ledger_event} of {mail.ref}", ledger.key(mail.org)) as db:
+                await ledger.append(db, "mail.loop_guard", actor, mail.ref, {
+                    "mail": mail.mail_id, "hops": hops,
+                    "follow_up": True, "reason": f"beyond {LOOP_GUARD_HOPS} hops: an agent's "
+                    "follow-up wakes no one; the recipient sees it on its next run"},
+                    org=mail.org)
             return mail
         # an agent's reopen past the guard stands (the issue is open on the forge), but the
         # mail is back in the recipient's inbox quiet: no mail label, no run, no wake-up
@@ -938,15 +937,9 @@ class Mailer:
                 at = moves.forge_time(issue.get("updated_at"))
         agent = self.office.agent(mail.to_principal.removeprefix("agent:"))
         admitted: int | None = None
-        # under the claim's own key, which a takeover takes too: a try taken over (stalled
-        # past DEAD_AFTER) ledgers nothing; the retry that took it moved the mail
-        fence = idempotency.fence_key() if fenced else None
-        async with self.services.store.transaction(
-                mails.box_key(mail.org, mail.to_principal), ledger.key(mail.org),
-                *([fence] if fence else [])) as db:
-            if fence and not await idempotency.claim_held_in(db):
-                raise idempotency.ClaimLost(f"{ledger_event} of {mail.ref}: its key was taken"
-                                            " over")
+        async with self._fenced(f"{ledger_event} of {mail.ref}",
+                                mails.box_key(mail.org, mail.to_principal),
+                                ledger.key(mail.org)) as db:
             # from the state this writer saw only: of two replicas moving one mail at once,
             # the one whose view went stale ledgers (and admits) nothing
             if not await mails.set_state(db, mail.mail_id, target, after,
@@ -984,6 +977,18 @@ class Mailer:
             runs.dispatch_mail(self.services, self.forge, agent, updated, admitted,
                                follow_up=follow_up)
         return updated
+
+    @contextlib.asynccontextmanager
+    async def _fenced(self, what: str, *keys: str) -> AsyncIterator[Connection]:
+        """A write transaction on `keys` that commits only while the running idempotency
+        claim (if any: a keyed tool call, a delivery's change) is still this try's: under the
+        claim's own key, which a takeover takes too, ClaimLost when it was taken over (this try
+        stalled past DEAD_AFTER; the one that took it over does the work)."""
+        fence = idempotency.fence_key()
+        async with self.services.store.transaction(*keys, *([fence] if fence else [])) as db:
+            if fence and not await idempotency.claim_held_in(db):
+                raise idempotency.ClaimLost(f"{what}: its key was taken over")
+            yield db
 
     async def open(self, mail: MailRecord, actor: str, *,
                    labels: list[str] | None = None, at: float | None = None) -> MailRecord:
@@ -1061,7 +1066,7 @@ class Mailer:
         else:
             updated = await self._move(mail, MailEvent.REPLY, actor, "mail.replied",
                                        labels=labels, reopen_if_closed=True,
-                                       data={"reply": key}, at=at, fenced=named)
+                                       data={"reply": key}, at=at)
         if copy is not None:
             # the reply stands; a copy with nowhere to go is a bounce in the replier's vault
             with contextlib.suppress(Undeliverable):
@@ -1073,7 +1078,7 @@ class Mailer:
 
     async def follow_up(self, mail: MailRecord, actor: str, *,
                         labels: list[str] | None = None, text: str | None = None,
-                        at: float | None = None, fenced: bool = False) -> MailRecord:
+                        at: float | None = None) -> MailRecord:
         """Someone other than the recipient wrote (`text`, carried by the run it starts): the
         mail is the recipient's turn again, if they may write to it (the sender, or anyone who
         may mail the recipient). An agent's follow-up is an automatic notification too: each
@@ -1081,15 +1086,14 @@ class Mailer:
         person's follow-up or reopen starts the count again, not the recipient's reply), and
         past LOOP_GUARD_HOPS it is left on the issue without waking anyone
         (`mail.loop_guard`): two agents that each wrote on the mail they sent the other woke
-        each other forever. A person's never counts. `fenced`: as `_move`'s."""
+        each other forever. A person's never counts."""
         if actor not in (mail.from_principal, "office"):
             await self.check_may_send(actor, self.recipient(mail.to_principal))
         if mail.state == MailState.NEW.value:
             return mail
         return await self._move(mail, MailEvent.FOLLOW_UP, actor, "mail.sent", labels=labels,
                                 reopen_if_closed=True, data={"follow_up": True},
-                                follow_up=(actor, text) if text is not None else None, at=at,
-                                fenced=fenced)
+                                follow_up=(actor, text) if text is not None else None, at=at)
 
     # -- internal bounces ------------------------------------------------------------------
     def has_left(self, principal: str) -> str | None:
