@@ -998,27 +998,20 @@ def _replica(services: Services, store: Store) -> Services:
     return replica
 
 
-@pytest.mark.parametrize("note", ["✂️ Not copied", "📤 Sent"],
-                         ids=["the-left-out-note", "the-sent-note"])
-async def test_an_outbox_note_whose_stalled_comment_lands_late_is_on_the_mail_once(
-        mailroom: Mailroom, note: str) -> None:
-    """Scout answers a message by email: the outbox says on the mail whom the reply leaves
-    out (eve's message, not authenticated, named victim@ in Cc) or that it went (bob's), once
-    a message. Replica a's send of it (`Store.once`, by its Message-ID) is held at the forge's
-    create of that note; a stalls past DEAD_AFTER, and b, leading now, takes the key over and
-    sends it. a's create lands late: one note stays, and the relay got the message once."""
+async def _replied_for_two_outboxes(
+        mailroom: Mailroom, raw: bytes, reply: str,
+) -> tuple[ledger.Entry, Store, Store, Callable[[Store], Outbox]]:
+    """`raw` delivered to scout and answered with `reply` (mail_reply), the app's own outbox
+    stopped: (the reply's `mail.replied`, replicas a and b joined on the index, and an outbox
+    for a replica's store) for a test to send the reply from two replicas."""
     emb = mailroom.embedded
     gateway = emb.runner.app[GATEWAY_KEY]
     outbox, intake = gateway.outbox, gateway.intake
     assert outbox is not None and intake is not None
-    await outbox.stop()  # (the replicas below send it)
-    sender, cc = ("eve@other.example", "victim@target.example") if note.startswith("✂") \
-        else ("bob@example.org", "")
-    raw = wire(message(sender, f"scout@{DOMAIN}", "Offer", "Reply to all!",
-                       Message_ID="<o1@other.example>", **({"Cc": cc} if cc else {})))
+    await outbox.stop()  # (the replicas the test makes send it)
     assert (await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])).code == 250
     await emb.settle()
-    await mailroom.tools("agent:scout")("mail_reply", mail=f"{SCOUT_VAULT}#1", body="No.")
+    await mailroom.tools("agent:scout")("mail_reply", mail=f"{SCOUT_VAULT}#1", body=reply)
     [entry] = await ledger.entries(emb.services.store, event="mail.replied", org="acme")
     a, b = await open_store(mailroom.index), await open_store(mailroom.index)
     await a.join("replica-a")
@@ -1030,6 +1023,24 @@ async def test_an_outbox_note_whose_stalled_comment_lands_late_is_on_the_mail_on
         its.relay = outbox.relay
         return its
 
+    return entry, a, b, replica
+
+
+@pytest.mark.parametrize("note", ["✂️ Not copied", "📤 Sent"],
+                         ids=["the-left-out-note", "the-sent-note"])
+async def test_an_outbox_note_whose_stalled_comment_lands_late_is_on_the_mail_once(
+        mailroom: Mailroom, note: str) -> None:
+    """Scout answers a message by email: the outbox says on the mail whom the reply leaves
+    out (eve's message, not authenticated, named victim@ in Cc) or that it went (bob's), once
+    a message. Replica a's send of it (`Store.once`, by its Message-ID) is held at the forge's
+    create of that note; a stalls past DEAD_AFTER, and b, leading now, takes the key over and
+    sends it. a's create lands late: one note stays, and the relay got the message once."""
+    emb = mailroom.embedded
+    sender, cc = ("eve@other.example", "victim@target.example") if note.startswith("✂") \
+        else ("bob@example.org", "")
+    raw = wire(message(sender, f"scout@{DOMAIN}", "Offer", "Reply to all!",
+                       Message_ID="<o1@other.example>", **({"Cc": cc} if cc else {})))
+    entry, a, b, replica = await _replied_for_two_outboxes(mailroom, raw, "No.")
     try:
         held = emb.forge.faults.hold(COMMENT, count=1)
         first = asyncio.create_task(replica(a)._entry(emb.office, entry))
@@ -1056,26 +1067,9 @@ async def test_an_outbox_send_stalled_past_its_takeover_before_the_relay_took_it
     now, takes the key over and sends it. a, woken, must not hand the relay the message
     again (acted out: the relay got it twice, the second a DKIM-signed copy to bob)."""
     emb = mailroom.embedded
-    gateway = emb.runner.app[GATEWAY_KEY]
-    outbox, intake = gateway.outbox, gateway.intake
-    assert outbox is not None and intake is not None
-    await outbox.stop()  # (the replicas below send it)
     raw = wire(message("bob@example.org", f"scout@{DOMAIN}", "Offer", "How much?",
                        Message_ID="<s1@example.org>"))
-    assert (await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])).code == 250
-    await emb.settle()
-    await mailroom.tools("agent:scout")("mail_reply", mail=f"{SCOUT_VAULT}#1", body="12 EUR.")
-    [entry] = await ledger.entries(emb.services.store, event="mail.replied", org="acme")
-    a, b = await open_store(mailroom.index), await open_store(mailroom.index)
-    await a.join("replica-a")
-    await b.join("replica-b")
-
-    def replica(store: Store) -> Outbox:
-        services = _replica(emb.services, store)
-        its = Outbox(services, EmailIntake(services, intake.proofs), "")
-        its.relay = outbox.relay
-        return its
-
+    entry, a, b, replica = await _replied_for_two_outboxes(mailroom, raw, "12 EUR.")
     try:
         held = mailroom.relay.hold_greeting()
         first = asyncio.create_task(replica(a)._entry(emb.office, entry))

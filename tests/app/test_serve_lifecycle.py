@@ -72,6 +72,26 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
         yield s
 
 
+async def _serving(tmp_path: Path, app_id: int, private: str, secret: str, forge_port: int,
+                   app_port: int) -> asyncio.subprocess.Process:
+    """`serve` for App `app_id` of the forge at `forge_port` (which need not answer yet),
+    once it says it listens on `app_port`; the operator's token is OPERATOR's."""
+    proc = await _serve({"APP_ID": str(app_id), "PRIVATE_KEY": private, "WEBHOOK_SECRET": secret,
+                         "GITHUB_API_URL": f"http://127.0.0.1:{forge_port}", "HOST": "127.0.0.1",
+                         "PORT": str(app_port), "VAULTMAIL_DATA": str(tmp_path / "data"),
+                         "VAULTMAIL_OPERATOR_TOKEN": "operator-token-of-the-tests"},
+                        tmp_path)
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+        assert line.strip() == f"vaultmail serving on http://127.0.0.1:{app_port}"
+    except BaseException:
+        proc.kill()  # (no test goes on with it, and none leaves it behind)
+        await proc.wait()
+        raise
+    return proc
+
+
 async def test_serve_starts_while_the_forge_is_unreachable_and_becomes_ready_once_it_answers(
         tmp_path: Path, session: aiohttp.ClientSession) -> None:
     forge_port, app_port = free_port(), free_port()
@@ -84,15 +104,8 @@ async def test_serve_starts_while_the_forge_is_unreachable_and_becomes_ready_onc
                                 webhook_url=app_url + "/webhook", webhook_secret=secret,
                                 events=APP_EVENTS, permissions=APP_PERMISSIONS)
     forge.install_app(app_id, "acme")
-    proc = await _serve({"APP_ID": str(app_id), "PRIVATE_KEY": private, "WEBHOOK_SECRET": secret,
-                         "GITHUB_API_URL": f"http://127.0.0.1:{forge_port}", "HOST": "127.0.0.1",
-                         "PORT": str(app_port), "VAULTMAIL_DATA": str(tmp_path / "data"),
-                         "VAULTMAIL_OPERATOR_TOKEN": "operator-token-of-the-tests"},
-                        tmp_path)
+    proc = await _serving(tmp_path, app_id, private, secret, forge_port, app_port)
     try:
-        assert proc.stdout is not None
-        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
-        assert line.strip() == f"vaultmail serving on {app_url}"
         status, health = await _json(session, "GET", app_url + "/healthz")
         assert (status, health["status"]) == (200, "starting"), "alive before the forge answers"
         status, ready = await _json(session, "GET", app_url + "/readyz")
@@ -137,16 +150,8 @@ async def test_while_the_first_try_at_the_forge_is_under_way_the_operator_is_tol
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         forge_port = silent.getsockname()[1]
-        proc = await _serve({"APP_ID": "1", "PRIVATE_KEY": private, "WEBHOOK_SECRET": "whsec",
-                             "GITHUB_API_URL": f"http://127.0.0.1:{forge_port}",
-                             "HOST": "127.0.0.1", "PORT": str(app_port),
-                             "VAULTMAIL_DATA": str(tmp_path / "data"),
-                             "VAULTMAIL_OPERATOR_TOKEN": "operator-token-of-the-tests"},
-                            tmp_path)
+        proc = await _serving(tmp_path, 1, private, "whsec", forge_port, app_port)
         try:
-            assert proc.stdout is not None
-            line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
-            assert line.strip() == f"vaultmail serving on {app_url}"
             said = [
                 (await _json(session, "GET", app_url + "/healthz", headers=OPERATOR))[1]
                 ["error"],
