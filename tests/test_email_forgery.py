@@ -13,15 +13,19 @@ from tests.test_email_support import DOMAIN, Mailroom, mailroom, message, send, 
 __all__ = ["mailroom"]  # the fixture, used by name
 
 
-def _report(message_id: str, recipient: str) -> bytes:
+def _report(message_id: str, recipient: str, *, mta: str = "x", status: str = "5.1.1",
+            diagnostic: str = "", to: str = "scout") -> bytes:
     """An RFC 3464 report that `message_id` failed for `recipient`, as anyone can write."""
+    said = f"Diagnostic-Code: smtp; {diagnostic}\r\n" if diagnostic else ""
     return (
-        "From: MAILER-DAEMON@example.org\r\nTo: scout@mail.acme.example\r\n"
+        f"From: MAILER-DAEMON@example.org\r\nTo: {to}@mail.acme.example\r\n"
         "Subject: Undelivered\r\nMessage-ID: <forged@example.org>\r\nMIME-Version: 1.0\r\n"
         'Content-Type: multipart/report; report-type=delivery-status; boundary="B"\r\n\r\n'
         "--B\r\nContent-Type: text/plain\r\n\r\nx\r\n"
-        "--B\r\nContent-Type: message/delivery-status\r\n\r\nReporting-MTA: dns; x\r\n\r\n"
-        f"Final-Recipient: rfc822; {recipient}\r\nAction: failed\r\nStatus: 5.1.1\r\n\r\n"
+        "--B\r\nContent-Type: message/delivery-status\r\n\r\n"
+        f"Reporting-MTA: dns; {mta}\r\n\r\n"
+        f"Final-Recipient: rfc822; {recipient}\r\nAction: failed\r\nStatus: {status}\r\n"
+        f"{said}\r\n"
         "--B\r\nContent-Type: text/rfc822-headers\r\n\r\n"
         f"Message-ID: {message_id}\r\n\r\n--B--\r\n").encode()
 
@@ -69,6 +73,27 @@ async def test_a_report_for_an_accepted_recipient_is_told_but_settles_nothing(
            for e in await _events(mailroom, "email.bounced")}
     assert got == {"carol@example.net": ("relay", ["carol@example.net"]),
                    "bob@example.org": ("report", ["bob@example.org"])}
+
+
+async def test_a_report_to_one_agent_about_another_s_message_is_not_believed(
+        mailroom: Mailroom) -> None:
+    """A report on scout's reply to bob, for bob (whom the relay accepted), addressed to
+    builder@: a delivery report goes to the sender of the message it reports on, so builder's
+    mailbox takes it as mail like any other, not as a bounce of scout's (found by review:
+    only the office was checked, and scout was told bob never got it)."""
+    mailroom.relay.refuse_rcpt["carol@example.net"] = ["550 5.1.1 no such user"]
+    message_id, _ = await _reply_to_bob_and_carol(mailroom)
+    await mailroom.embedded.settle()
+    await mailroom.outbox_settled()
+    answer = await send(mailroom.port, _report(message_id, "bob@example.org", to="builder"),
+                        rcpts=[f"builder@{DOMAIN}"], mail_from="")
+    assert "bounce of" not in answer.text, answer
+    await mailroom.embedded.settle()
+    assert [e.data["recipient"] for e in await _events(mailroom, "email.bounced")] == [
+        "carol@example.net"], "the relay's refusal alone"
+    store = mailroom.embedded.services.store
+    assert ["bob@" in m.body for m in await mails.all_mails(store)
+            if m.subject.startswith("Undelivered:")] == [False]
 
 
 async def _echo_leaves(room: Mailroom) -> None:

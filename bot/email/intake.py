@@ -63,6 +63,12 @@ def sent_by(mail: MailRecord, principal: str) -> bool:
     return mail.from_principal == principal and mail.to_principal.startswith("email:")
 
 
+def emailing_agent(mail: MailRecord) -> str:
+    """The principal of the agent whose email `mail`'s outgoing messages are: its sender's
+    for mail sent to an address, else its recipient's (a reply to mail that came by email)."""
+    return mail.from_principal if mail.to_principal.startswith("email:") else mail.to_principal
+
+
 def with_hops(mailer: Mailer, draft: MailRecord | _Draft, hops: int | None) -> MailRecord | _Draft:
     """`draft` signed again with the hops a message carried (X-Vaultmail-Hops), when more
     than it has: the loop guard counts on across email (bot.mail.header.LOOP_GUARD_HOPS)."""
@@ -396,8 +402,10 @@ class EmailIntake:
         the SMTP answer; None when it is about no message of this office's (then it is mail
         like any other).
 
-        A report is unauthenticated: anyone who got the message knows its Message-ID and
-        can write one. So it is believed only for a recipient the relay already accepted the
+        A report is about a message of the mailbox's agent's (it goes to the message's
+        sender): one sent to another agent's mailbox is mail like any other. It is
+        unauthenticated: anyone who got the message knows its Message-ID and can write one.
+        So it is believed only for a recipient the relay already accepted the
         message for (`email.sent`): a report of a later failure can only follow an
         acceptance. Then the mail is marked bounced and its agent told (`report_bounce`,
         `source: report`); that never settles a recipient for the outbox, which counts only
@@ -407,7 +415,10 @@ class EmailIntake:
         mail_id = outgoing.mail_of_message_id(bounce.original_id, box.domain)
         store = self.services.store
         mail = await mails.get_mail(store, mail_id) if mail_id else None
-        if mail is None or mail.org != box.office.org.lower():
+        # (a report goes to the sender of the message it is about: one to another agent's
+        # mailbox is about no message of its own)
+        if mail is None or mail.org != box.office.org.lower() \
+                or emailing_agent(mail) != box.agent.principal:
             return None
         try:
             recipient = normalise(bounce.recipient)
@@ -443,8 +454,7 @@ class EmailIntake:
         delivery report believed."""
         recipient = ", ".join(recipients)
         sent_by_agent = mail.to_principal.startswith("email:")  # mail_send to an address
-        agent = office.agent((mail.from_principal if sent_by_agent
-                              else mail.to_principal).removeprefix("agent:"))
+        agent = office.agent(emailing_agent(mail).removeprefix("agent:"))
         if agent is None:
             return None
         store = self.services.store
