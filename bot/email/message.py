@@ -487,13 +487,20 @@ def render_inbound(message: Inbound, verdicts: Verdicts, *, quiet: str | None = 
 
 # -- delivery status notifications (RFC 3464) --------------------------------------------------
 
+# (what the app repeats in its own words of a report a stranger may write: a status code and a
+# host name, or nothing; the rest of it is quoted as the report's)
+_STATUS = re.compile(r"[245]\.\d{1,3}\.\d{1,3}")
+_HOST = re.compile(r"[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63}){0,10}")
+
+
 @dataclass(frozen=True)
 class Bounce:
     original_id: str  # the Message-ID of the message that bounced
     recipient: str
-    status: str  # 5.1.1
+    status: str  # 5.1.1, or "" when the report's is no status code
     action: str  # failed | delayed | delivered | relayed | expanded
-    diagnostic: str
+    diagnostic: str  # the report's words (a stranger's, for one from outside)
+    reporting_mta: str = ""  # its Reporting-MTA's host name, or "" when it names none
 
     @property
     def failed(self) -> bool:
@@ -534,15 +541,19 @@ def _report(msg: Message) -> Bounce | None:
         return None
     status_text = _payload_text(status_part)
     blocks = [b for b in re.split(r"\r?\n\s*\r?\n", status_text) if b.strip()]
+    per_message = _fields(blocks[0]) if len(blocks) > 1 else {}
     per_recipient = _fields(blocks[1]) if len(blocks) > 1 else _fields(status_text)
     ids = message_ids(_original_header(original, "Message-ID"))
     if not ids:
         return None
     recipient = per_recipient.get("final-recipient", per_recipient.get("original-recipient", ""))
+    status = per_recipient.get("status", "")
+    mta = per_message.get("reporting-mta", "").rpartition(";")[2].strip()
     return Bounce(original_id=ids[0], recipient=recipient.rpartition(";")[2].strip(),
-                  status=per_recipient.get("status", ""),
+                  status=status if _STATUS.fullmatch(status) else "",
                   action=per_recipient.get("action", "").lower(),
-                  diagnostic=per_recipient.get("diagnostic-code", "")[:500])
+                  diagnostic=per_recipient.get("diagnostic-code", "")[:500],
+                  reporting_mta=mta if _HOST.fullmatch(mta) else "")
 
 
 def _payload_text(part: Message) -> str:

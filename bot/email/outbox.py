@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from bot.app.background import Rounds, Work
 from bot.email import keys, outgoing, relay
 from bot.email.addresses import address_of, agent_address
-from bot.email.intake import EmailIntake
+from bot.email.intake import EmailIntake, Said
 from bot.email.message import EmailMeta, read_meta
 from bot.email.sending import may_email
 from bot.forge import markers
@@ -119,9 +119,10 @@ class Deferred(Exception):
     whole message). Its text is shown on the mail's issue: never an error's own text."""
 
     def __init__(self, detail: str, recipients: tuple[str, ...] = (), *,
-                 whole: bool = True) -> None:
+                 whole: bool = True, by_relay: bool = False) -> None:
         super().__init__(detail)
-        self.recipients, self.whole = recipients, whole
+        # by_relay: `detail` is the relay's own answer (quoted as its words), not the app's
+        self.recipients, self.whole, self.by_relay = recipients, whole, by_relay
 
 
 def _internal(office: Office, mail: MailRecord, message_id: str, exc: Exception) -> str:
@@ -300,12 +301,14 @@ class Outbox(Rounds):
                 # every one no try settled: the ones the relay took are sent; the ones it
                 # refused for good were bounced when it did
                 kept = "the relay kept deferring it" if deferred else "it kept failing"
-                why = (f"{kept} for {self.give_up_after:,.0f} seconds and the app gave up: "
-                       f"{detail}")
+                why = f"{kept} for {self.give_up_after:,.0f} seconds and the app gave up"
+                said = Said("The relay last said", detail) if deferred and deferred.by_relay \
+                    else None
+                why += "" if said else f": {detail}"
                 whom = list(waiting) or await self._unsettled(office, mail, key, message_id)
                 if whom:
                     await self.intake.report_bounce(office, mail, message_id, whom, why,
-                                                    source="relay")
+                                                    source="relay", said=said)
                 return {"state": "bounced", "detail": why, "to": whom}
 
             result = await self.services.store.once(scope, message_id, fingerprint, give_up)
@@ -421,12 +424,13 @@ class Outbox(Rounds):
                 accepted.update(answer.accepted)
             if answer.rejected:
                 await self.intake.report_bounce(
-                    office, mail, message_id, list(answer.rejected),
-                    "the relay refused it: " + _said(answer.rejected, out.recipients),
-                    source="relay")
+                    office, mail, message_id, list(answer.rejected), "the relay refused it",
+                    source="relay",
+                    said=Said("The relay said", _said(answer.rejected, out.recipients)))
             if answer.deferred:
                 raise Deferred(_said(answer.deferred, out.recipients), tuple(answer.deferred),
-                               whole=list(answer.deferred) == out.recipients)
+                               whole=list(answer.deferred) == out.recipients,
+                               by_relay=answer.failure is None)
         sent = [r for r in out.recipients if r in accepted]
         if not sent:
             return {"state": "bounced", "message_id": message_id}
