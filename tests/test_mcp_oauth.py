@@ -175,9 +175,9 @@ def _pkce() -> tuple[str, str]:
 
 
 async def register(http: aiohttp.ClientSession, embedded: Embedded,
-                   uris: list[str] | None = None) -> tuple[int, dict[str, Any]]:
+                   uris: list[str] | None = None, **metadata: Any) -> tuple[int, dict[str, Any]]:
     async with http.post(embedded.app_url + "/oauth/register", json={
-            "client_name": "by hand", "redirect_uris": uris or [REDIRECT]}) as resp:
+            "client_name": "by hand", "redirect_uris": uris or [REDIRECT], **metadata}) as resp:
         return resp.status, await resp.json()
 
 
@@ -205,9 +205,9 @@ async def code_for(browser: aiohttp.ClientSession, embedded: Embedded, login: st
 
 
 async def signed_in_tokens(browser: aiohttp.ClientSession, embedded: Embedded,
-                           login: str) -> tuple[str, dict[str, Any]]:
+                           login: str, **metadata: Any) -> tuple[str, dict[str, Any]]:
     """(client id, the token answer) of a client a person allowed."""
-    _, client = await register(browser, embedded)
+    _, client = await register(browser, embedded, **metadata)
     verifier, challenge = _pkce()
     code = await code_for(browser, embedded, login, client["client_id"], challenge)
     status, body = await token(browser, embedded, grant_type="authorization_code", code=code,
@@ -390,6 +390,26 @@ async def _refresh(http: aiohttp.ClientSession, embedded: Embedded, cid: str,
                    refresh_token: str) -> tuple[int, dict[str, Any]]:
     return await token(http, embedded, grant_type="refresh_token",
                        refresh_token=refresh_token, client_id=cid)
+
+
+async def test_a_client_registered_without_refresh_tokens_gets_none_and_may_not_refresh(
+        embedded: Embedded, browser: aiohttp.ClientSession, session: aiohttp.ClientSession
+) -> None:
+    """A client that registered `grant_types: ["authorization_code"]` is issued what it
+    registered (RFC 7591 §2): an access token and no refresh token, and a refresh from it is
+    refused `unauthorized_client` (RFC 6749 §5.2), whatever token it sends: here one of
+    another client's, live (found by review: it got a refresh token, and could use it).
+    Registering with no `authorization_code` is refused: such a client could get nothing."""
+    cid, tokens = await signed_in_tokens(browser, embedded, "marco",
+                                         grant_types=["authorization_code"])
+    assert "refresh_token" not in tokens, tokens
+    assert (await mcp_status(session, embedded, tokens["access_token"]))[0] == 200
+    _, other = await signed_in_tokens(browser, embedded, "marco")
+    status, body = await _refresh(session, embedded, cid, other["refresh_token"])
+    assert (status, body.get("error")) == (400, "unauthorized_client"), body
+    for grants in (["refresh_token"], []):
+        status, body = await register(session, embedded, grant_types=grants)
+        assert (status, body.get("error")) == (400, "invalid_client_metadata"), body
 
 
 async def test_a_person_removed_from_the_office_loses_their_grant_for_good(

@@ -146,14 +146,18 @@ class Client:
     client_id: str
     name: str
     redirect_uris: list[str]
+    grant_types: tuple[str, ...] = ("authorization_code", "refresh_token")  # registered
 
 
 async def client(store: Store, client_id: str) -> Client | None:
-    row = await store.fetchone("SELECT client_id, name, redirect_uris FROM oauth_clients"
-                               " WHERE client_id=?", (client_id,))
+    row = await store.fetchone("SELECT client_id, name, redirect_uris, metadata"
+                               " FROM oauth_clients WHERE client_id=?", (client_id,))
     if row is None:
         return None
-    return Client(str(row["client_id"]), str(row["name"]), list(json.loads(row["redirect_uris"])))
+    # (the registration as answered: its grant_types checked then, the defaults when none)
+    grants = json.loads(row["metadata"]).get("grant_types", Client.grant_types)
+    return Client(str(row["client_id"]), str(row["name"]), list(json.loads(row["redirect_uris"])),
+                  tuple(str(g) for g in grants))
 
 
 async def _insert(db: Connection, values: list[tuple[str, str]], *, grant_id: str,

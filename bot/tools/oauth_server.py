@@ -19,8 +19,9 @@ MCP endpoint.
   which office, and allows or denies. Allowing sends the browser back to the client with a
   code (good once, for a minute) and `iss` (RFC 9207).
 * `POST /oauth/token`: `authorization_code` (with the PKCE `code_verifier`, the same
-  `redirect_uri`, client and resource) and `refresh_token` (rotated: each refresh token is
-  good once; used twice, the whole grant is revoked, as is everything a replayed code led to).
+  `redirect_uri`, client and resource) and `refresh_token` (issued and taken only for a client
+  whose registered `grant_types` name it; rotated: each refresh token is good once; used
+  twice, the whole grant is revoked, as is everything a replayed code led to).
   Only an exchange with the right client, redirect URI and verifier spends a code (or, spent
   already, revokes its grant): one who merely saw it can do neither. An access token lasts an
   hour; the grant, whatever is refreshed, thirty days from the consent. A refresh is refused,
@@ -243,9 +244,12 @@ def check_registration(body: Any) -> tuple[str, list[str]]:
         if why:
             raise RegistrationRefused("invalid_redirect_uri", why)
     grants = body.get("grant_types", ["authorization_code", "refresh_token"])
-    if not _strings(grants) or not set(grants) <= {"authorization_code", "refresh_token"}:
-        raise RegistrationRefused("invalid_client_metadata", "grant_types: authorization_code "
-                                  "and refresh_token are the ones this server issues")
+    # (a client is issued what it registered, RFC 7591 §2: without a code, nothing at all)
+    if not _strings(grants) or not set(grants) <= {"authorization_code", "refresh_token"} \
+            or "authorization_code" not in grants:
+        raise RegistrationRefused("invalid_client_metadata", "grant_types: authorization_code, "
+                                  "and refresh_token if the client refreshes: the ones this "
+                                  "server issues")
     responses = body.get("response_types", ["code"])
     if not _strings(responses) or set(responses) != {"code"}:
         raise RegistrationRefused("invalid_client_metadata", "response_types: [\"code\"] only")
@@ -520,14 +524,16 @@ def _client_id_of(request: web.Request, form: dict[str, str]) -> str:
     return form.get("client_id", "")
 
 
-async def _issue(services: Services, held: db.Grant, value: str, now: float,
-                 replaces: tuple[str, ...] = ()) -> web.Response:
-    """Spend `value` (`held`: a code or refresh token) for a new access and refresh token,
-    in one transaction of its grant (`bot.store.oauth.exchange`)."""
+async def _issue(services: Services, client: db.Client, held: db.Grant, value: str,
+                 now: float, replaces: tuple[str, ...] = ()) -> web.Response:
+    """Spend `value` (`held`: a code or refresh token) for a new access token, and a refresh
+    token for a client that registered the refresh_token grant, in one transaction of its
+    grant (`bot.store.oauth.exchange`)."""
     access = ACCESS_PREFIX + secrets.token_urlsafe(32)
-    refresh = REFRESH_PREFIX + secrets.token_urlsafe(48)
-    spent = await db.exchange(services.store, held, value, [("access", access),
-                                                             ("refresh", refresh)],
+    refresh = REFRESH_PREFIX + secrets.token_urlsafe(48) \
+        if "refresh_token" in client.grant_types else None
+    issued = [("access", access)] + ([("refresh", refresh)] if refresh else [])
+    spent = await db.exchange(services.store, held, value, issued,
                               now=now, lifetimes=LIFETIMES, replaces=replaces)
     if spent is db.Spent.REPLAYED:
         log.warning(f"oauth {held.kind} used twice: its grant is revoked",
@@ -536,10 +542,11 @@ async def _issue(services: Services, held: db.Grant, value: str, now: float,
         what = "code" if held.kind == "code" else "refresh token"
         return _oauth_error("invalid_grant", f"the {what} is unknown, used, expired or "
                             "revoked")
-    return web.json_response({
-        "access_token": access, "token_type": "Bearer",
-        "expires_in": int(LIFETIMES["access"]), "refresh_token": refresh,
-    }, headers={"Cache-Control": "no-store", "Pragma": "no-cache"})
+    answer: dict[str, Any] = {"access_token": access, "token_type": "Bearer",
+                              "expires_in": int(LIFETIMES["access"])}
+    if refresh:
+        answer["refresh_token"] = refresh
+    return web.json_response(answer, headers={"Cache-Control": "no-store", "Pragma": "no-cache"})
 
 
 async def token(request: web.Request) -> web.Response:
@@ -549,28 +556,33 @@ async def token(request: web.Request) -> web.Response:
                             "(application/x-www-form-urlencoded)")
     form = await read_form(request)
     client_id = _client_id_of(request, form)
-    if not client_id or await db.client(services.store, client_id) is None:
+    client = await db.client(services.store, client_id) if client_id else None
+    if client is None:
         return _oauth_error("invalid_client", "no client registered here has this client_id",
                             401)
     now = _now(request)
     grant_type = form.get("grant_type", "")
     resource = form.get("resource")
+    if grant_type in ("authorization_code", "refresh_token") \
+            and grant_type not in client.grant_types:  # (RFC 6749 §5.2)
+        return _oauth_error("unauthorized_client", f"this client did not register the "
+                            f"{grant_type} grant")
     if grant_type == "authorization_code":
-        return await _by_code(request, services, form, client_id, resource, now)
+        return await _by_code(request, services, form, client, resource, now)
     if grant_type == "refresh_token":
-        return await _by_refresh(services, form, client_id, resource, now)
+        return await _by_refresh(services, form, client, resource, now)
     return _oauth_error("unsupported_grant_type", "grant_type is authorization_code or "
                         "refresh_token")
 
 
 async def _by_code(request: web.Request, services: Services, form: dict[str, str],
-                   client_id: str, resource: str | None, now: float) -> web.Response:
+                   client: db.Client, resource: str | None, now: float) -> web.Response:
     """The code, checked whole (client, redirect URI, PKCE, resource) before it is spent:
     only a request that could have used it spends it, or (spent already) revokes its
     grant."""
     code = form.get("code", "")
     held = await db.find(services.store, "code", code) if code else None
-    if held is None or held.client_id != client_id:
+    if held is None or held.client_id != client.client_id:
         return _oauth_error("invalid_grant", "the code is unknown, used, expired or not this "
                             "client's")
     given = form.get("redirect_uri")
@@ -586,16 +598,16 @@ async def _by_code(request: web.Request, services: Services, form: dict[str, str
                             "code_challenge (PKCE)")
     if resource is not None and not same_resource(resource, held.resource):
         return _oauth_error("invalid_target", f"the code is for {held.resource} only")
-    return await _issue(services, held, code, now)
+    return await _issue(services, client, held, code, now)
 
 
-async def _by_refresh(services: Services, form: dict[str, str], client_id: str,
+async def _by_refresh(services: Services, form: dict[str, str], client: db.Client,
                       resource: str | None, now: float) -> web.Response:
     value = form.get("refresh_token", "")
     held = await db.find(services.store, "refresh", value) if value else None
     bad = _oauth_error("invalid_grant", "the refresh token is unknown, used, expired or "
                        "revoked")
-    if held is None or held.client_id != client_id:
+    if held is None or held.client_id != client.client_id:
         return bad
     if resource is not None and not same_resource(resource, held.resource):
         return _oauth_error("invalid_target", f"the refresh token is for {held.resource} only")
@@ -607,7 +619,7 @@ async def _by_refresh(services: Services, form: dict[str, str], client_id: str,
             return _oauth_error("invalid_grant", exc.message)
         except VaultmailError as exc:
             return _oauth_error("temporarily_unavailable", exc.message, 503, exc.retry_after)
-    return await _issue(services, held, value, now, replaces=("access",))
+    return await _issue(services, client, held, value, now, replaces=("access",))
 
 
 async def _still_granted(services: Services, held: db.Grant, office: Office | None,
