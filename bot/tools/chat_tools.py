@@ -23,7 +23,16 @@ from bot.store import chats, idempotency, ledger
 from bot.store.chats import get_chat, number_of, waiting_for
 from bot.store.db import Row
 from bot.tools import outputs
-from bot.tools.registry import MAX_ID, READS_INDEX, Args, Call, Hints, inbox_provider, tool
+from bot.tools.registry import (
+    MAX_ID,
+    READS_INDEX,
+    Args,
+    Call,
+    Hints,
+    inbox_provider,
+    still_acting,
+    tool,
+)
 
 MAX_WAIT = 50
 # Each chat queues a run (and its dispatch), so unanswered ones are capped: one person's to
@@ -179,9 +188,10 @@ async def _wait_answer(call: Call, chat_id: int, wait: float) -> Row:
         remaining = deadline - asyncio.get_running_loop().time()
         if row["answered_at"] is not None or remaining <= 0:
             return row
-        if not await call.services.notifier.wait(call.principal, remaining,
-                                                 org=call.office.org):
-            # timed out, or shutting down
+        woken = await call.services.notifier.wait(call.principal, remaining,
+                                                  org=call.office.org)
+        await still_acting(call)  # slept: its token or office may be gone since
+        if not woken:  # timed out, or shutting down
             row = await get_chat(call.services.store, chat_id, org=call.office.org)
             assert row is not None
             return row

@@ -45,6 +45,7 @@ from bot.tools.registry import (
     Call,
     Hints,
     inbox_provider,
+    still_acting,
     tool,
 )
 
@@ -251,7 +252,9 @@ async def _wait_for_new(call: Call, seconds: float, sees: Sees) -> Wake | None:
         with contextlib.suppress(asyncio.CancelledError):
             await waiter
         return None
-    return await waiter
+    woken = await waiter
+    await still_acting(call)  # slept: its token or office may be gone since
+    return woken
 
 
 class OutcomeArgs(Args):

@@ -110,6 +110,16 @@ async def make_call(services: Services, principal: str, token: str | None = None
     return Call(services, principal, office, forge, token_key=token, woken_by=woken_by)
 
 
+async def bearer_call(services: Services, header: str | None) -> Call:
+    """The call of the request's API token (`authenticate`, then `make_call`); it asks both
+    again when a long poll of it wakes (`Call.recheck`)."""
+    owner = await authenticate(services, header)
+    call = await make_call(services, owner.principal, bearer_key(header), owner.org,
+                           woken_by=owner.woken_by)
+    call.recheck = lambda: bearer_call(services, header)
+    return call
+
+
 DISCONNECT_CHECK = 0.5  # seconds between checks that a long-polling client is still there
 
 
@@ -147,15 +157,14 @@ async def tool_endpoint(request: web.Request) -> web.Response:
     services = request.app[SERVICES_KEY]
     name = request.match_info["name"]
     try:
-        owner = await authenticate(services, request.headers.get("Authorization"))
+        header = request.headers.get("Authorization")
+        call = await bearer_call(services, header)
         try:
             data = await read_body(request, TOOL_BODY_LIMIT, "the request body")
             raw = loads_json(data) if data.strip() else {}  # nesting over 64: 400 bad_json
         except ValueError as exc:  # not JSON, not UTF-8, or a number of over 4300 digits
             raise VaultmailError(f"the body is not JSON: {exc}", code="bad_json") from exc
-        work = call_tool(await make_call(
-            services, owner.principal, bearer_key(request.headers.get("Authorization")),
-            owner.org, woken_by=owner.woken_by), name, raw)
+        work = call_tool(call, name, raw)
         if not long_poll(raw):
             result = await work
         elif (polled := await unless_gone(request, work)) is not None:

@@ -211,8 +211,10 @@ class LocalBackend:
 
     async def _call(self) -> Call:
         """The call's context (the request's token was checked as it came in)."""
-        return await make_call(self.services, self.principal, self.token_key, self.org,
+        call = await make_call(self.services, self.principal, self.token_key, self.org,
                                woken_by=self.woken_by)
+        call.recheck = self._still_valid  # (a long poll asks it again after each sleep)
+        return call
 
     async def _still_valid(self) -> Call:
         """For each round of a subscription, which outlives its request: the token still

@@ -20,6 +20,7 @@ from bot.errors import (
     Denied,
     InvalidArguments,
     NotFoundError,
+    Unauthenticated,
     VaultmailError,
     forge_refusal,
 )
@@ -85,6 +86,9 @@ class Call:
     inbox_ready: dict[str, dict[str, Any]] = field(default_factory=dict)
     token_key: str | None = None  # the API token's `polls.token_key`: long polls per token
     woken_by: str | None = None  # a run's token: the mail that woke the run (its hops climb)
+    # asks again who the caller is (its token, its office), raising when it may act no more:
+    # a long poll asks after each sleep (`still_acting`)
+    recheck: Callable[[], Awaitable[object]] | None = None
 
     @property
     def mailer(self) -> Mailer:
@@ -256,13 +260,25 @@ async def call_tool(call: Call, name: str, raw: Any) -> dict[str, Any]:
         raise
 
 
+async def still_acting(call: Call) -> None:
+    """After a long poll's sleep, before it looks: the caller may still act (its token not
+    revoked nor expired, its principal still in the office), else Unauthenticated saying why,
+    so a poll never outlives its right to what it would show."""
+    if call.recheck is None:
+        return
+    try:
+        await call.recheck()
+    except Denied as exc:  # out of the office (its tokens were revoked as it was found so)
+        raise Unauthenticated(exc.message) from exc
+
+
 async def _shape_error(call: Call, name: str, exc: VaultmailError) -> None:
     if isinstance(exc, Denied) and not exc.ledgered:
         await ledger.record(call.services.store, "run.denied", call.principal,
                             exc.subject or f"tool:{name}", {"reason": exc.message, "tool": name},
                             org=call.office.org)
         exc.ledgered = True
-    if call.is_agent:
+    if call.is_agent and not isinstance(exc, Unauthenticated):  # (never to whom may not read it)
         try:
             exc.extra["inbox"] = await agent_inbox(call)
         except Exception:  # the refusal matters more than the inbox beside it

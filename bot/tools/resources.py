@@ -36,7 +36,7 @@ from bot.items.views import hidden_claims, item_view, thread_view
 from bot.office.visibility import viewer_for
 from bot.store import comments as db
 from bot.tools.comment_tools import comments_for
-from bot.tools.http import authenticate, bearer_key, make_call, unless_gone
+from bot.tools.http import bearer_call, unless_gone
 from bot.tools.registry import TOOLS, Call, agent_inbox
 
 INBOX_URI = "vaultmail://inbox"
@@ -201,10 +201,7 @@ async def wait_inbox_change(services: Services, call_for: CallFor, after: str | 
 # -- over HTTP, for `vaultmail mcp` on stdio ------------------------------------------------
 
 async def _caller(request: web.Request) -> Call:
-    services = request.app[SERVICES_KEY]
-    header = request.headers.get("Authorization")
-    owner = await authenticate(services, header)
-    return await make_call(services, owner.principal, bearer_key(header), owner.org)
+    return await bearer_call(request.app[SERVICES_KEY], request.headers.get("Authorization"))
 
 
 class Stopping(VaultmailError):
@@ -262,8 +259,7 @@ async def wait_endpoint(request: web.Request) -> web.StreamResponse:
         wait = min(max(wait, 0.0), MAX_WAIT)
         call = await _caller(request)  # refused at once, before holding anything
         after = request.query.get("after") or None
-        key = bearer_key(request.headers.get("Authorization"))
-        with services.long_polls.hold(key, "resources/wait", {"wait": wait},
+        with services.long_polls.hold(call.token_key, "resources/wait", {"wait": wait},
                                       (call.office.org, call.principal)):
             found = await unless_gone(request, wait_inbox_change(
                 services, lambda: _caller(request), after, wait))
