@@ -112,12 +112,35 @@ async def make_call(services: Services, principal: str, token: str | None = None
 
 async def bearer_call(services: Services, header: str | None) -> Call:
     """The call of the request's API token (`authenticate`, then `make_call`); it asks both
-    again when a long poll of it wakes (`Call.recheck`)."""
+    again when a long poll of it wakes (`Call.recheck`, `_asked_again`)."""
     owner = await authenticate(services, header)
     call = await make_call(services, owner.principal, bearer_key(header), owner.org,
                            woken_by=owner.woken_by)
-    call.recheck = lambda: bearer_call(services, header)
+    call.recheck = lambda: _asked_again(services, header)
     return call
+
+
+# the rechecks under way, by token: one wake-up ends many polls of one token (a person's
+# inboxes, a client's retries), and they ask once, as they share one look at the inbox
+_RECHECKS: dict[tuple[int, str | None], asyncio.Future[Call]] = {}
+
+
+async def _asked_again(services: Services, header: str | None) -> Call:
+    """`bearer_call` again for a woken long poll, one ask for the polls of one token woken
+    together (a thousand polls woken at once made a thousand token reads)."""
+    key = (id(services), header)
+    asked = _RECHECKS.get(key)
+    if asked is None:
+        asked = _RECHECKS[key] = asyncio.ensure_future(bearer_call(services, header))
+
+        def done(f: asyncio.Future[Call]) -> None:
+            _RECHECKS.pop(key, None)
+            if not f.cancelled():
+                f.exception()  # (taken: every poll that asked may have gone meanwhile)
+
+        asked.add_done_callback(done)
+    # (shielded: a poll that goes, its client gone, leaves the ask to the others)
+    return await asyncio.shield(asked)
 
 
 DISCONNECT_CHECK = 0.5  # seconds between checks that a long-polling client is still there
