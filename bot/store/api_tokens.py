@@ -111,6 +111,21 @@ def token_hash(token: str) -> str:
     return _hash(token)
 
 
+async def live_hashes(store: Store, hashed: set[str]) -> set[str]:
+    """Those of the token hashes `hashed` whose tokens are still live: one read for many (the
+    long polls one wake-up ends, `bot.tools.http._still_live`)."""
+    live: set[str] = set()
+    wanted = sorted(hashed)
+    for at in range(0, len(wanted), 500):  # (under every engine's limit on parameters)
+        chunk = wanted[at:at + 500]
+        marks = ",".join("?" * len(chunk))
+        rows = await store.fetchall(
+            f"SELECT token_hash FROM api_tokens WHERE token_hash IN ({marks}) AND " + _LIVE,
+            (*chunk, time.time()))
+        live.update(str(row["token_hash"]) for row in rows)
+    return live
+
+
 async def live_hash(store: Store, hashed: str) -> bool:
     """Whether the token with this hash is still live (not revoked)."""
     row = await store.fetchone(
