@@ -292,7 +292,8 @@ class Outbox(Rounds):
             detail = str(exc) if deferred else _internal(office, mail, message_id, exc)
             waiting = deferred.recipients if deferred else ()
             first = await self._deferred(office, mail, message_id, detail, waiting,
-                                         whole=deferred.whole if deferred else True)
+                                         whole=deferred.whole if deferred else True,
+                                         by_relay=bool(deferred and deferred.by_relay))
             if time.time() - first < self.give_up_after:
                 raise
 
@@ -316,11 +317,12 @@ class Outbox(Rounds):
 
     async def _deferred(self, office: Office, mail: MailRecord, message_id: str,
                         detail: str, recipients: tuple[str, ...] = (), *,
-                        whole: bool = True) -> float:
+                        whole: bool = True, by_relay: bool = False) -> float:
         """Ledger the message's first deferral (`email.deferred`, once, with the recipients
         deferred) and say so on the mail's issue, naming them unless it is the whole
         message; when it was. The recipients a later try defers are among the first's: each
-        try goes only to the ones not accepted or refused for good yet."""
+        try goes only to the ones not accepted or refused for good yet. `by_relay`: `detail`
+        is the relay's answer (another mail system's words, relayed), quoted as theirs."""
         store, renamed = self.services.store, self.services.keyring.renamed(office.org)
         first = await ledger.record_once(store, "email.deferred", "office", mail.ref, {
             "mail": mail.mail_id, "message_id": message_id, "detail": detail[:500],
@@ -330,10 +332,12 @@ class Outbox(Rounds):
             forge = self.services.forge_for_org(office.org)
             marker = markers.marker("email-deferred", message_id.strip("<>"))
             whom = f" for {_listed(recipients)}" if recipients and not whole else ""
+            why = "" if by_relay else f" ({detail[:500]})"
+            said = f"\n\n{Said('The relay said', detail[:500]).quoted()}" if by_relay else ""
             await forge.create_comment(mail.vault, mail.number, fits(as_data(
                 f"⏳ Deferred{whom}: `{message_id}` is not sent{' to them' if whom else ''} "
-                f"yet ({detail[:500]}); tried again with backoff, and given up as bounced "
-                f"after {self.give_up_after:,.0f} seconds.") + f"\n\n{marker}",
+                f"yet{why}; tried again with backoff, and given up as bounced after "
+                f"{self.give_up_after:,.0f} seconds.{said}") + f"\n\n{marker}",
                 "the deferral note"), marker=marker)
         first_at = await ledger.first_recorded(store, "email.deferred", mail.ref,
                                                "message_id", message_id, org=office.org,
