@@ -749,13 +749,9 @@ class Comments:
         guard = record.data.get("loopGuard")
         org = self.office.org
         keys = [db.inbox_key(org, owner_of(self.office, r.principal)) for r in reached]
-        # under the running idempotency claim's own key, which a takeover takes too: a try
-        # taken over indexes nothing (the retry that took it records the comment it kept)
-        fence = idempotency.fence_key()
-        async with self.services.store.transaction(
-                *keys, ledger.key(org), *([fence] if fence else [])) as tx:
-            if fence and not await idempotency.claim_held_in(tx):
-                raise idempotency.ClaimLost(f"comment {record.id}: its key was taken over")
+        # a try taken over indexes nothing (the retry that took it records the comment it kept)
+        async with idempotency.fenced(self.services.store, f"comment {record.id}",
+                                      *keys, ledger.key(org)) as tx:
             await db.put_comment(tx, record)
             await db.put_thread(tx, row)
             # boxes in one order (each delivery holds its box's key: see db.deliver)

@@ -13,7 +13,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -836,7 +836,7 @@ class Mailer:
         ("open", "closed") the change itself made on the forge (someone closed or reopened the
         issue): a stale one is undone there, since the later move stands. Under an idempotency
         claim (a keyed tool call, a delivery's change), indexed and ledgered only while the
-        claim is still this try's (ClaimLost when it was taken over: `_fenced`)."""
+        claim is still this try's (ClaimLost when it was taken over: `idempotency.fenced`)."""
         self.own(mail)
         owed: list[str] = []
         try:
@@ -909,7 +909,8 @@ class Mailer:
         hops = mail.hops + mail.agent_turns + 1
         guarded = counted and hops > LOOP_GUARD_HOPS
         if guarded and event is MailEvent.FOLLOW_UP:
-            async with self._fenced(f"{ledger_event} of {mail.ref}", ledger.key(mail.org)) as db:
+            async with idempotency.fenced(self.services.store, f"{ledger_event} of {mail.ref}",
+                                          ledger.key(mail.org)) as db:
                 await ledger.append(db, "mail.loop_guard", actor, mail.ref, {
                     "mail": mail.mail_id, "hops": hops,
                     "follow_up": True, "reason": f"beyond {LOOP_GUARD_HOPS} hops: an agent's "
@@ -937,9 +938,9 @@ class Mailer:
                 at = moves.forge_time(issue.get("updated_at"))
         agent = self.office.agent(mail.to_principal.removeprefix("agent:"))
         admitted: int | None = None
-        async with self._fenced(f"{ledger_event} of {mail.ref}",
-                                mails.box_key(mail.org, mail.to_principal),
-                                ledger.key(mail.org)) as db:
+        async with idempotency.fenced(self.services.store, f"{ledger_event} of {mail.ref}",
+                                      mails.box_key(mail.org, mail.to_principal),
+                                      ledger.key(mail.org)) as db:
             # from the state this writer saw only: of two replicas moving one mail at once,
             # the one whose view went stale ledgers (and admits) nothing
             if not await mails.set_state(db, mail.mail_id, target, after,
@@ -977,18 +978,6 @@ class Mailer:
             runs.dispatch_mail(self.services, self.forge, agent, updated, admitted,
                                follow_up=follow_up)
         return updated
-
-    @contextlib.asynccontextmanager
-    async def _fenced(self, what: str, *keys: str) -> AsyncIterator[Connection]:
-        """A write transaction on `keys` that commits only while the running idempotency
-        claim (if any: a keyed tool call, a delivery's change) is still this try's: under the
-        claim's own key, which a takeover takes too, ClaimLost when it was taken over (this try
-        stalled past DEAD_AFTER; the one that took it over does the work)."""
-        fence = idempotency.fence_key()
-        async with self.services.store.transaction(*keys, *([fence] if fence else [])) as db:
-            if fence and not await idempotency.claim_held_in(db):
-                raise idempotency.ClaimLost(f"{what}: its key was taken over")
-            yield db
 
     async def open(self, mail: MailRecord, actor: str, *,
                    labels: list[str] | None = None, at: float | None = None) -> MailRecord:

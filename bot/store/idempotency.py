@@ -32,7 +32,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from bot.errors import Conflict, VaultmailError
@@ -129,6 +129,19 @@ async def claim_held_in(db: Any) -> bool:
         return True
     return await db.fetchone(f"SELECT 1 FROM idempotency WHERE {_OURS}",
                              _ours(held[1])) is not None
+
+
+@contextlib.asynccontextmanager
+async def fenced(store: Any, what: str, *keys: str) -> AsyncIterator[Any]:
+    """A write transaction of `store` on `keys` that commits only while the running `work`'s
+    claim (if any: a keyed tool call, a delivery's change) is still its own: under the claim's
+    own key (`fence_key`), which a takeover takes too, ClaimLost naming `what` when it was
+    taken over (its try stalled past DEAD_AFTER; the one that took it does the work)."""
+    fence = fence_key()
+    async with store.transaction(*keys, *([fence] if fence else [])) as db:
+        if fence and not await claim_held_in(db):
+            raise ClaimLost(f"{what}: its key was taken over")
+        yield db
 
 
 async def check_claim() -> None:

@@ -115,16 +115,11 @@ async def agent_chat(call: Call, args: ChatArgs) -> dict[str, Any]:
             f"{human.login} cannot see its vault {vault}; an org owner can give them read "
             "access"))
 
-    # under the running idempotency claim's own key, which a takeover takes too: a try taken
-    # over (stalled past DEAD_AFTER) keeps no chat and wakes no one; `once` answers the
-    # retry's chat
-    fence = idempotency.fence_key()
-
     async def record() -> tuple[int, int | None]:
-        async with store.transaction(ledger.key(call.office.org),
-                                     *([fence] if fence else [])) as db:
-            if fence and not await idempotency.claim_held_in(db):
-                raise idempotency.ClaimLost(f"chat to {agent.principal}: its key was taken over")
+        # a try taken over (stalled past DEAD_AFTER) keeps no chat and wakes no one; `once`
+        # answers the retry's chat
+        async with idempotency.fenced(store, f"chat to {agent.principal}",
+                                      ledger.key(call.office.org)) as db:
             now = time.time()
             waiting = await chats.waiting_counts(db, agent.principal, call.principal,
                                                  org=call.office.org, since=now - WAITING_FOR)
