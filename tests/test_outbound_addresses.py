@@ -7,6 +7,7 @@ nothing arrives without the allow-list, and that it does with it."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import AsyncIterator
 from ipaddress import ip_address
@@ -146,7 +147,7 @@ def test_the_operator_allows_hosts_and_networks() -> None:
         assert found is not None and why in found, (url, found)
         assert found.endswith("the operator may allow this host or network in "
                               "VAULTMAIL_OUTBOUND_ALLOW") or why == "http and", found
-    for wrong in ("10.0.0.0/33", "bad!host", "127.1", "http://x.example"):
+    for wrong in ("10.0.0.0/33", "bad!host", "127.1", "http://x.example", "1.2.3.4.5"):
         with pytest.raises(ValueError, match=f"VAULTMAIL_OUTBOUND_ALLOW=.*'{wrong}' is none"):
             OutboundPolicy.parse(f"::1,{wrong}")
 
@@ -207,6 +208,42 @@ async def test_a_metadata_address_in_192_0_0_0_24_is_never_connected_to(
                               timeout=5)
         assert "an IETF protocol address" in caught.value.reason, (url, caught.value)
     assert names.asked == ["metadata.acme.example"]
+
+
+@pytest.mark.parametrize("host", ["1.2.3.4.5", "10.0.0.1.5", "127.0.0.1.", "2130706433.",
+                                  "0.", "%31%32%37.0.0.1"])
+async def test_a_host_that_is_neither_an_address_nor_a_name_is_never_looked_up(
+        receiver: Receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: str) -> None:
+    """aiohttp takes a host of digits and dots as an address, so it never asks the checked
+    resolver: before its fix (PR 12827, in 3.14) it handed the text to the system's own lookup
+    (getaddrinfo), whose search domains can make `1.2.3.4.5` `1.2.3.4.5.corp.internal`, an
+    internal address behind a wildcard record (here the system answers so). The policy refuses
+    such a host itself, at config load and before anything is looked up, whichever aiohttp the
+    app runs with."""
+    names = Names()
+    asked_the_system: list[str] = []
+    loop = asyncio.get_running_loop()
+    system = loop.getaddrinfo
+
+    async def search_domains(host: Any, port: Any, **kwargs: Any) -> Any:
+        if isinstance(host, str) and host.rstrip(".").replace(".", "").isdigit():
+            asked_the_system.append(host)
+            host = "127.0.0.1"  # the wildcard record of the operator's search domain
+        return await system(host, port, **kwargs)
+
+    monkeypatch.setattr(loop, "getaddrinfo", search_domains)
+    url = f"http://{host}:{receiver.port}/hook"
+    strict = OutboundPolicy.parse("", resolver=lambda: names)
+    try:
+        await post_signed(Keyring.in_data_dir(tmp_path), url, {}, outbound=strict, timeout=5)
+    except OutboundRefused:
+        pass
+    except aiohttp.ClientError:  # (a lookup the system answered otherwise: still a failure)
+        pass
+    assert (receiver.paths(), asked_the_system, names.asked) == ([], [], [])
+    assert strict.url_refusal(url) is not None, url
+    with pytest.raises(OutboundRefused, match="neither an address nor a host name"):
+        await post_signed(Keyring.in_data_dir(tmp_path), url, {}, outbound=strict, timeout=5)
 
 
 async def test_a_redirect_is_not_followed(receiver: Receiver, tmp_path: Path) -> None:

@@ -153,7 +153,8 @@ class OutboundPolicy:
             except ValueError:
                 pass
             name = entry.lower().rstrip(".")
-            if not _HOST_NAME.match(name) or literal_address(name) is not None:
+            if (not _HOST_NAME.match(name) or literal_address(name) is not None
+                    or name.rpartition(".")[2].isdigit()):
                 raise ValueError(
                     f"{ALLOW_SETTING}={text!r}: should be addresses (127.0.0.1, ::1), networks "
                     f"(10.0.0.0/8) or host names (hooks.internal.example) separated by commas "
@@ -196,6 +197,12 @@ class OutboundPolicy:
             kind = self.address_refusal(ip)
             return f"{host} is {kind}: {_HINT}" if kind else None
         name = host.lower().rstrip(".")
+        # digits and dots that are no address (1.2.3.4.5, 127.0.0.1.) are no name either: an
+        # HTTP client may take them for an address and hand them to the system's lookup,
+        # never to the checked resolver (aiohttp did before its fix, PR 12827, in 3.14), and
+        # its search domains may answer with an internal address
+        if not _HOST_NAME.match(name) or name.rpartition(".")[2].isdigit():
+            return f"{host} is neither an address nor a host name"
         if name == "localhost" or name.endswith(".localhost"):
             return f"{host} is the app's own host (a loopback name): {_HINT}"
         return None
