@@ -189,3 +189,31 @@ async def test_a_receiver_that_hangs_holds_up_no_other_offices_webhook(
         release.set()
         await emb.stop()
         await runner.cleanup()
+
+
+async def test_an_orgs_rename_sends_its_webhook_nothing_it_had_acknowledged(
+        tmp_path: Path, receiver: Receiver, database_url: str) -> None:
+    """The office follows its org's new name, its ledger with it: its webhook's cursor too.
+    Before, the cursor was left under the old name, and the webhook was sent the office's whole
+    ledger again from its first entry."""
+    from importlib import resources
+
+    text = resources.files("bot").joinpath("example_office.yml").read_text()
+    (tmp_path / "office.yml").write_text(text + f"webhooks:\n  - {receiver.url}\n")
+    emb = await start_embedded(office_path=tmp_path / "office.yml", data_dir=tmp_path / "d",
+                               port=0, forge_port=0, outbound=LOOPBACK,
+                               database_url=database_url)
+    try:
+        await _send(emb, "Before")
+        before = len(await ledger.entries(emb.services.store, org="acme"))
+        await _until(lambda: len(receiver.events) >= before)
+        emb.forge.rename_org("acme", "initech")
+        await emb.settle()
+        await _send(emb, "After")
+        ours = await ledger.entries(emb.services.store, org="initech")
+        assert len(ours) > before, "the rename moved the ledger, and the new mail is in it"
+        await _until(lambda: len(receiver.events) >= len(ours))
+        seqs = [json.loads(body)["seq"] for body, _ in receiver.events]
+        assert seqs == sorted(set(seqs)), f"each event once: {seqs}"
+    finally:
+        await emb.stop()

@@ -14,9 +14,12 @@ import pytest
 from bot.items.model import Item
 from bot.store import chats, ledger, open_store
 from bot.store import comments as db
+from bot.store import outbound as cursors
 from bot.store.idempotency import Settlement, claim_held_in, resumed
 from bot.store.offices import _COLUMNS, _TEXT, rename_in, rename_vault_in, retire_in
 from tests.support import until
+
+HOOK = "https://hooks.acme.example/vaultmail"
 
 
 async def test_nothing_of_the_old_office_is_left_where_the_new_one_reads(
@@ -42,8 +45,16 @@ async def test_nothing_of_the_old_office_is_left_where_the_new_one_reads(
                              ("acme/human:marco@acme.com", "agent:scout", 2))
             # acme-labs, whose name acme's begins, is another office: left as it is
             await db.put_item(tx, Item("acme-labs/plans", 1, "outcome", "Theirs", "open", "x"))
+        # its webhook's cursor (keyed `acme <url>`): the new acme's forwarder starts its own
+        await cursors.save_cursor(store, "acme", HOOK, 41, 3, time.time() + 300, "503")
+        await cursors.save_cursor(store, "acme-labs", HOOK, 40, 0, 0.0, None)
         async with store.transaction("installation:acme") as tx:
             await retire_in(tx, "acme", "acme~7")
+        assert await cursors.get_cursor(store, "acme", HOOK) is None
+        kept = await cursors.get_cursor(store, "acme~7", HOOK)
+        assert kept is not None and (kept["seq"], kept["org"]) == (41, "acme~7")
+        theirs = await cursors.get_cursor(store, "acme-labs", HOOK)
+        assert theirs is not None and theirs["seq"] == 40
         assert await db.get_item(store, "acme/plans#1") is None
         assert await db.children(store, "acme/plans#1") == []
         assert not await store.fetchall("SELECT id FROM threads WHERE scope=?",

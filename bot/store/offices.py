@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from bot.store import outbound
 from bot.store.db import Store, hold
 from bot.store.migrations import register_backfill, register_columns, register_schema
 from bot.store.sql import Connection, Sql
@@ -375,4 +376,5 @@ async def _move(db: Connection, org: str, to: str, *, revoke: bool) -> int:
         if revoke and "revoked_at" in columns and owned:  # tokens, grants: dead
             await db.execute(f"UPDATE {table} SET revoked_at=? WHERE org=?"
                              " AND revoked_at IS NULL", (now, to))
+    await outbound.move_cursors(db, org, to)  # (keyed `<org> <url>`: no reference above)
     return moved

@@ -5,7 +5,7 @@ office's cursor for that URL starts."""
 
 from __future__ import annotations
 
-from bot.store.db import Row, Store, register_schema
+from bot.store.db import Connection, Row, Store, register_schema
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS outbound_cursors (
@@ -54,6 +54,20 @@ async def cursors_under(store: Store, org: str, prefix: str) -> list[Row]:
     return await store.fetchall(
         "SELECT url, seq, failures, next_at FROM outbound_cursors WHERE url>=? AND url<?"
         " ORDER BY seq", (low, low + "\U0010ffff"))
+
+
+async def move_cursors(db: Connection, org: str, to: str) -> None:
+    """`org`'s cursors keyed under `to` (the office renamed, or moved aside: in the caller's
+    transaction, `bot.store.offices`), where its forwarder reads them from then on: left
+    under the old name, the office's webhooks were sent its whole ledger again, and whoever
+    took the name after it found them. A row keyed under `to` already names no office of
+    `to`'s (one moved before cursors moved with their office): it goes."""
+    org, to = org.lower(), to.lower()
+    await db.execute("DELETE FROM outbound_cursors WHERE substr(url, 1, ?)=?",
+                     (len(to) + 1, _key(to, "")))
+    await db.execute("UPDATE outbound_cursors SET url=? || substr(url, ?)"
+                     " WHERE substr(url, 1, ?)=?",
+                     (_key(to, ""), len(org) + 2, len(org) + 1, _key(org, "")))
 
 
 async def drop_cursor(store: Store, org: str, url: str) -> None:
