@@ -22,10 +22,11 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 
 from bot.app.egress import OutboundPolicy, OutboundRefused, address_kind
 from bot.app.embedded import Embedded, start_embedded
+from bot.app.runs import DISPATCH_ATTEMPTS
 from bot.app.signed_post import post_signed
 from bot.mail.signing import Keyring
 from bot.office.config import OfficeConfigError
-from bot.store import ledger
+from bot.store import ledger, mails
 from bot.store import outbound as cursors
 from tests.support import ToolClient, served, until
 
@@ -45,6 +46,8 @@ class Receiver:
         self.got.append((request.path, dict(request.headers)))
         if request.path == "/moved":  # where a redirect would take the request inside
             raise web.HTTPTemporaryRedirect("/inside")
+        if request.path == "/down":
+            return web.Response(status=503)
         return web.Response(status=204)
 
     def paths(self) -> list[str]:
@@ -351,3 +354,36 @@ async def test_vaultmail_up_refuses_an_office_file_with_an_internal_url_before_s
     [error] = caught.value.errors
     assert error.startswith(f"{office}: webhooks[0]: Value error, http://127.0.0.1:9/hook: "
                             "127.0.0.1 is a loopback address"), error
+
+
+async def test_a_run_whose_dispatch_fails_every_try_is_ledgered_failed(
+        tmp_path: Path, receiver: Receiver, database_url: str) -> None:
+    """A runner that answers 503 to every try: the tries are bounded, each the same delivery,
+    and the run's end is ledgered (`run.finished`, failed, with the last answer), as a refused
+    dispatch's is. Before, the app logged that it gave up, and the run stayed `queued` for
+    good, with nothing in the office's ledger to say it never reached its runner."""
+    url = f"http://127.0.0.1:{receiver.port}/down"
+    (tmp_path / "office.yml").write_text(_office(url, []))
+    emb = await start_embedded(office_path=tmp_path / "office.yml", data_dir=tmp_path / "d",
+                               port=0, forge_port=0, database_url=database_url,
+                               outbound=OutboundPolicy.parse("127.0.0.1"))
+    try:
+        async with aiohttp.ClientSession() as session:
+            sent = (await ToolClient(session, emb, MARCO)(
+                "mail_send", to="scout", subject="Go", body="run"))["mail"]
+
+        async def finished() -> bool:
+            return bool(await emb.ledger_events("run.finished"))
+
+        await until(finished, timeout=30)
+        [end] = await emb.ledger_events("run.finished")
+        assert end.subject == sent["ref"], end
+        assert (end.data["tries"], end.data["url"]) == (DISPATCH_ATTEMPTS, url), end.data
+        assert "answered 503" in end.data["error"] and "refused" not in end.data, end.data
+        deliveries = {headers["X-Vaultmail-Delivery"] for _, headers in receiver.got}
+        assert len(receiver.got) == DISPATCH_ATTEMPTS
+        assert deliveries == {f"run-{end.data['run']}"}
+        [run] = await mails.runs_for(emb.services.store, "scout", org="acme")
+        assert run["state"] == "failed"
+    finally:
+        await emb.stop()

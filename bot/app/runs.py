@@ -280,7 +280,10 @@ async def _dispatch(services: Services, forge: Forge, agent: Agent, vault: str, 
     if isinstance(how, CommandDispatch):
         await run_command(services, agent, how, subject, payload, org)
         return
+    started, last = time.monotonic(), ""
     for attempt in range(1, DISPATCH_ATTEMPTS + 1):
+        if attempt > 1:
+            await asyncio.sleep(0.5 * 2 ** (attempt - 1))
         try:
             if how == "repository_dispatch":
                 await forge.dispatch(vault, "vaultmail.run", fit_client_payload(payload))
@@ -295,25 +298,33 @@ async def _dispatch(services: Services, forge: Forge, agent: Agent, vault: str, 
                            f"run.dispatch: {exc}", url=how)
             return
         except Exception as exc:  # network or forge failure: retry with backoff
+            last = str(exc) or type(exc).__name__
             log.warning("run dispatch failed (attempt %d): %r", attempt, exc,
                         extra={"agent": agent.slug, "subject": subject})
-            await asyncio.sleep(0.5 * 2 ** attempt)
-    log.error("run dispatch gave up", extra={"agent": agent.slug, "subject": subject})
+    # the run's end, as a refusal's: left `queued`, nothing told the office it never went
+    await _refused(services, agent, subject, payload, org,
+                   f"run.dispatch: gave up after {DISPATCH_ATTEMPTS} tries: {last}",
+                   url=None if how == "repository_dispatch" else how, refused=False,
+                   extra={"tries": DISPATCH_ATTEMPTS,
+                          "seconds": round(time.monotonic() - started, 3)})
 
 
 async def _refused(services: Services, agent: Agent, subject: str, payload: dict[str, Any],
-                   org: str, reason: str, *, url: str | None = None) -> None:
-    """A run the app would not dispatch: `failed`, ledgered as `run.finished` with the reason
-    (its `error`), so the office sees it where it sees every run end."""
+                   org: str, reason: str, *, url: str | None = None, refused: bool = True,
+                   extra: dict[str, Any] | None = None) -> None:
+    """A run the app would not dispatch (`refused`), or could not (every try failed): `failed`,
+    ledgered as `run.finished` with the reason (its `error`), so the office sees it where it
+    sees every run end."""
     run = int(payload["run"])
     data: dict[str, Any] = {"agent": agent.principal, "kind": payload["kind"], "run": run,
                             "exit": None, "timed_out": False, "seconds": 0.0,
-                            "refused": True, "error": reason}
+                            **({"refused": True} if refused else {}), "error": reason,
+                            **(extra or {})}
     if url is not None:
         data["url"] = url
     await _record_finished(services, run, "failed", subject, data, org)
-    log.warning("run dispatch refused", extra={"agent": agent.slug, "subject": subject,
-                                               "error": reason})
+    log.warning("run dispatch refused" if refused else "run dispatch gave up",
+                extra={"agent": agent.slug, "subject": subject, "error": reason})
 
 
 FINISH_TRIES = 3  # a run's end is recorded by nobody else: a write that lost a lock race retries
