@@ -14,12 +14,11 @@ from gidgethub import sansio
 from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
-from bot.digits import whole
-from bot.errors import InvalidArguments, NotFoundError, VaultmailError
+from bot.errors import NotFoundError, VaultmailError
 from bot.forge.errors import NotFound
 from bot.items import waiting
+from bot.items.forge_commands import aim_answer, aim_reply, answering
 from bot.items.model import Item, item_from_issue, make_ref
-from bot.items.questions import naming
 from bot.items.render import (
     MAX_COMMENT,
     has_then,
@@ -32,7 +31,7 @@ from bot.items.render import (
     without_then,
 )
 from bot.items.service import Comments, NewComment
-from bot.items.threads import may_answer, speaks_for_asked
+from bot.items.threads import may_answer
 from bot.items.views import claim_unnamed
 from bot.mail.commands import Command, parse_commands
 from bot.mail.markdown import check_length
@@ -118,11 +117,8 @@ async def comment_on_item(event: sansio.Event, ctx: HandlerContext) -> None:
             if has_then(text):  # the asker's own notes: in the index now, out of the forge
                 await ctx.forge.update_comment(s.repo, forge_id, without_then(text))
         elif "answer" in by_name or "confirmed" in by_name:
-            cmd = by_name.get("answer") or by_name["confirmed"]
-            if "answer" in by_name and "confirmed" in by_name:  # `/confirmed <what they said>`
-                said = by_name["confirmed"]
-                cmd = Command(cmd.name, cmd.args, "\n".join(
-                    part for part in (cmd.body, said.args, said.body) if part.strip()))
+            cmd = answering(by_name)  # (with `/confirmed <what they said>`'s words)
+            assert cmd is not None
             added, was = await answer_from_forge(service, s, item, cmd, forge_id, to=to,
                                                  cc=cc, confirmed="confirmed" in by_name)
             await ping_addressed(s, text, added, hidden=hidden, was_waiting=was)
@@ -193,63 +189,14 @@ async def ping_addressed(s: Scene, text: str, added: dict[str, Any], *,
         await s.ctx.post_once(s.repo, s.number, note, mark)
 
 
-def _named(t: db.ThreadRow) -> str:
-    """A question as `/answer` names it: its header (else the start of its words) and id."""
-    q = t.state.question
-    assert q is not None
-    name = f'"{q.header}"' if q.header else f'"{q.body.splitlines()[0][:60]}"'
-    return f"{name} (`{t.id}`)"
-
-
-def _which_question(s: Scene, item: Item, questions: list[db.ThreadRow],
-                    words: str) -> tuple[db.ThreadRow, str]:
-    """The question `/answer` is for, and its answer's words: the one named first (by its
-    comment id or header), else the only open question on the item that asks the commenter
-    (else the only one they may reply to, speaking with or for someone asked). With several,
-    none is guessed: the commenter is told which are open and how to name one."""
-    named = naming(words, [(t.id, t.state.question) for t in questions if t.state.question])
-    if len(named) == 1:
-        qid, rest = named[0]
-        return next(t for t in questions if t.id == qid), rest
-    if len(named) > 1:
-        raise InvalidArguments(f"{len(named)} open questions on {item.ref} have that header; "
-                               "name one by its id: `/answer <id> <your answer>` ("
-                               + ", ".join(_named(t) for t in questions
-                                           if t.id in {qid for qid, _ in named}) + ")")
-    asking = [t for t in questions if may_answer(t.state, s.office, s.actor)] or [
-        t for t in questions if t.state.asker != s.actor
-        and speaks_for_asked(t.state, s.office, s.actor)]
-    if not asking:
-        raise NotFoundError(f"no open question on {item.ref} asks {s.actor}; "
-                            "comment in words instead")
-    if len(asking) > 1:
-        example = next((q.header for t in asking if (q := t.state.question) and q.header),
-                       asking[0].id)
-        raise InvalidArguments(
-            f"{len(asking)} open questions on {item.ref} ask you: "
-            + ", ".join(_named(t) for t in asking)
-            + f"; say which: `/answer <header or id> <your answer>`, e.g. `/answer {example} "
-            f"{words or '2'}`")
-    return asking[0], words
-
-
 async def answer_from_forge(service: Comments, s: Scene, item: Item, cmd: Command,
                             forge_id: int, *, to: list[str], cc: list[str],
                             confirmed: bool = False) -> tuple[dict[str, Any], tuple[str, ...]]:
     """`/answer` (or `/confirmed`: an agent relaying its person's answer). With a `to:` line
     naming someone new it passes the question on instead (`to: me`: to the agent's person)."""
-    questions = [t for t in await db.open_threads(s.ctx.services.store, item=item.ref)
-                 if t.state.is_question]
-    t, words = _which_question(s, item, questions, cmd.args.strip())
-    option: str | int | None = None
-    body = cmd.body.strip()
-    if (number := whole(words)) is not None and t.state.question and t.state.question.options:
-        option = number
-    elif words:
-        body = f"{words}\n{body}".strip()
-    if option is None and not body:
-        raise InvalidArguments("usage: `/answer <option number>` or `/answer <your words>`; "
-                               "to name the question, `/answer <header or id> <your answer>`")
+    threads = await db.open_threads(s.ctx.services.store, item=item.ref)
+    aimed = aim_answer(s.office, s.actor, item.ref, threads, cmd)
+    t, option, body = aimed.thread, aimed.option, aimed.body
     answers = may_answer(t.state, s.office, s.actor, confirmed=confirmed)
     added = await service.add(s.actor, item, NewComment(
         body=body, parent=t.id, option=option, amend=answers and t.state.answer is not None,
@@ -273,12 +220,6 @@ async def _asks(service: Comments, item: Item, t: db.ThreadRow) -> str:
     return ", ".join(p for p in t.state.asked if p != hidden)
 
 
-def _concerns(t: db.ThreadRow, office: Office, who: str) -> bool:
-    """A thread `who` is in: asked it, was asked, was reached by it or wrote in it."""
-    return who == t.state.asker or who in t.state.members or (
-        t.state.is_question and speaks_for_asked(t.state, office, who))
-
-
 async def reply_from_forge(service: Comments, s: Scene, item: Item, cmd: Command,
                            forge_id: int, *, to: list[str],
                            cc: list[str]) -> tuple[dict[str, Any], tuple[str, ...]]:
@@ -286,34 +227,9 @@ async def reply_from_forge(service: Comments, s: Scene, item: Item, cmd: Command
     makes one: the asker's follow-up, a pass-on (`to:` naming someone new; `to: me` hands an
     agent's question to its person), or words that reach everyone in the thread. Without a
     name, the only open thread on the item the commenter is in."""
-    store = s.ctx.services.store
-    threads = await db.open_threads(store, item=item.ref)
-    words = cmd.args.strip()
-    first = words.split(maxsplit=1)
-    by_id = [t for t in threads if first and first[0].strip("`") == t.id]
-    questions = [(t.id, t.state.question) for t in threads if t.state.question is not None]
-    named = naming(words, questions)
-    if by_id:
-        target, words = by_id[0], first[1].strip() if len(first) > 1 else ""
-    elif len(named) == 1:
-        target = next(t for t in threads if t.id == named[0][0])
-        words = named[0][1]
-    elif len(named) > 1:
-        raise InvalidArguments(f"{len(named)} open questions on {item.ref} have that header; "
-                               "name one by its id: `/reply <id> <your words>`")
-    else:
-        mine = [t for t in threads if _concerns(t, s.office, s.actor)]
-        if not mine:
-            raise NotFoundError(f"no open thread on {item.ref} has you in it; name one: "
-                                "`/reply <header or id> <your words>`, or comment without "
-                                "`/reply` to start a thread")
-        if len(mine) > 1:
-            raise InvalidArguments(
-                f"{len(mine)} open threads on {item.ref} have you in it: "
-                + ", ".join(_named(t) if t.state.question else f"`{t.id}`" for t in mine)
-                + "; say which: `/reply <header or id> <your words>`")
-        target = mine[0]
-    body = f"{words}\n{cmd.body.strip()}".strip()
+    threads = await db.open_threads(s.ctx.services.store, item=item.ref)
+    aimed = aim_reply(s.office, s.actor, item.ref, threads, cmd)
+    target, body = aimed.thread, aimed.body
     return await service.add(s.actor, item, NewComment(
         body=body, parent=target.id, to=to, cc=cc, forge_id=forge_id)), target.state.waiting_on
 

@@ -490,3 +490,90 @@ async def test_a_rebuild_reaches_no_claim_of_an_outcome_the_writer_cannot_see(
     await _drop_work(embedded)
     await _reindex(embedded)
     assert await indexed() == live
+
+
+async def _hand(embedded: Embedded, person: Any, who: str, ref: str, text: str) -> None:
+    repo, _, number = ref.partition("#")
+    await person(who).comment(repo, int(number), text)
+    await embedded.forge.webhooks_idle()
+    await embedded.settle()
+
+
+async def _seen_by(tools: Any, readers: list[str], refs: list[str]) -> dict[str, Any]:
+    """What each reader is shown of `refs` (decisions, threads) and in their inbox, read
+    comments included, once all of it is marked read (a rebuild's deliveries are read)."""
+    for who in readers:
+        await tools(who)("list_inbox")
+    out: dict[str, Any] = {}
+    for who in readers:
+        t = tools(who)
+        out[who] = _unordered(_still({
+            "inbox": await t("list_inbox", markRead=False, read=True),
+            "outcomes": [await t("get_outcome", outcome=r) for r in refs]}))
+    return out
+
+
+def _unordered(x: Any) -> Any:
+    """Lists as sets: items made within a second of each other are ordered by the index's
+    clock live and by the forge's (to the second) in a rebuild."""
+    if isinstance(x, dict):
+        return {k: _unordered(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return sorted((_unordered(v) for v in x), key=repr)
+    return x
+
+
+async def test_a_rebuild_reads_forge_commands_as_live_did(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """Review of issues 25/26: the rebuild read `/answer`, `/confirmed` and `/reply` its own
+    way, and its index differed from the live one it replaced: `/answer ²` (a digit, not an
+    ASCII one) was an answer in words live and nothing in a rebuild; marco's `/answer` to a
+    question asking his agent scout (a reply in the thread live) was dropped; his
+    `/reply <id>` naming a plain thread, with two open, was dropped; scout's relay `/answer 2`
+    with a line `/confirmed <what marco said>` lost marco's words."""
+    from tests.items_support import make_item
+
+    sara, marco = tools("human:sara@acme.com"), person("marco")
+    words = await make_item(embedded, marco, "outcome", "Colours")
+    digits = await sara("add_comment", target=words, targetType="outcome", to=["marco@acme.com"],
+                        body="Which colour?", options=[{"label": "Red"}, {"label": "Blue"}])
+    await embedded.settle()
+    await _hand(embedded, person, "marco", words, "/answer \u00b2")
+
+    to_agent = await make_item(embedded, marco, "outcome", "Shapes")
+    await sara("add_comment", target=to_agent, targetType="outcome", to=["agent:scout"],
+               body="Which shape?", needsReply=True)
+    await embedded.settle()
+    await _hand(embedded, person, "marco", to_agent, "/answer round, scout")
+
+    plain = await make_item(embedded, marco, "outcome", "Sizes")
+    first = await sara("add_comment", target=plain, targetType="outcome",
+                       to=["marco@acme.com"], body="Pick a size")
+    await sara("add_comment", target=plain, targetType="outcome", to=["marco@acme.com"],
+               body="Pick a weight")
+    await embedded.settle()
+    await _hand(embedded, person, "marco", plain, f"/reply {first['comment']['id']} large")
+
+    relayed = await make_item(embedded, marco, "outcome", "Fonts")
+    await sara("add_comment", target=relayed, targetType="outcome", to=["marco@acme.com"],
+               body="Which font?", options=[{"label": "Serif"}, {"label": "Sans"}])
+    await embedded.settle()
+    await _hand(embedded, person, "scout-bot", relayed, "/answer 2\n/confirmed marco: sans")
+
+    refs = [words, to_agent, plain, relayed]
+    readers = ["human:sara@acme.com", "human:marco@acme.com", "agent:scout"]
+    before = await _seen_by(tools, readers, refs)
+    said = {d["thread"]: d["answer"] for d in before["human:sara@acme.com"]["outcomes"][0]
+            ["decisions"]}
+    assert (said[digits["comment"]["id"]]["option"],
+            said[digits["comment"]["id"]]["body"]) == (None, "\u00b2")
+    fonts = before["human:sara@acme.com"]["outcomes"][3]["decisions"]
+    assert [(d["answer"]["option"], d["answer"]["body"]) for d in fonts] == [
+        ("Sans", "marco: sans")]
+    assert "large" in str(before["human:sara@acme.com"]["inbox"])
+    assert "round, scout" in str(before["human:sara@acme.com"]["inbox"])
+    await _drop_work(embedded)
+    await _reindex(embedded)
+    after = await _seen_by(tools, readers, refs)
+    for who in readers:
+        assert after[who] == before[who], who

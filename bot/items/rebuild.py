@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 from bot.errors import VaultmailError
 from bot.items import loop_guard, render
 from bot.items.address import Reached, Table, audience, owner_of, resolve, table_reach
+from bot.items.forge_commands import aim_answer, aim_reply, answering
 from bot.items.model import Item, item_from_issue, native_parent, scope_of
-from bot.items.questions import Option, Question, naming
+from bot.items.questions import Option, Question
 from bot.items.service import CONTRIBUTOR, Comments
 from bot.items.threads import may_answer, may_reply, reply, start
 from bot.items.views import claim_seen, claim_unnamed, parse_time
@@ -299,7 +300,7 @@ class _Replay:
         if "ask" in commands:  # its card, posted next, is the question
             self.asks[cid] = forge_id
             return
-        cmd = commands.get("answer") or commands.get("confirmed") or commands.get("reply")
+        cmd = answering(commands) or commands.get("reply")
         writer = login.lower() in self.writers
         if cmd is None and not writer:
             return
@@ -308,33 +309,26 @@ class _Replay:
                 await self.reply_or_start(cid, actor, addressed.body or text, None, at=at,
                                           forge_id=forge_id, to=to, cc=cc)
             return
-        open_ = [t for t in self.threads.values() if not t.state.resolved]
-        questions = [(t.id, t.state.question) for t in open_ if t.state.question]
-        named = naming(cmd.args, questions)
-        confirmed = "confirmed" in commands
-        if len(named) == 1:
-            target, words = named[0]
-        else:
-            asking = [t.id for t in open_ if (may_answer(t.state, self.office, actor,
-                                                         confirmed=confirmed)
-                                              if cmd.name != "reply" else
-                                              actor in t.state.members)]
-            if len(asking) != 1:
-                return
-            target, words = asking[0], cmd.args.strip()
-        if not writer and not may_reply(self.threads[target].state, self.office, actor):
+        # the thread and the option or words, as live aimed them (`forge_commands`): a
+        # refusal then is nothing indexed now
+        threads = list(self.threads.values())
+        try:
+            aimed = aim_reply(self.office, actor, self.item.ref, threads, cmd) \
+                if cmd.name == "reply" else \
+                aim_answer(self.office, actor, self.item.ref, threads, cmd)
+        except VaultmailError:
             return
-        option: str | None = None
-        body = cmd.body.strip()
-        q = self.threads[target].state.question
-        if cmd.name != "reply" and words.isdigit() and q is not None and q.options:
-            option = words
-        elif words:
-            body = f"{words}\n{body}".strip()
-        answers = may_answer(self.threads[target].state, self.office, actor, confirmed=confirmed)
-        await self.reply_or_start(cid, actor, body, target, at=at, forge_id=forge_id,
-                                  option=option, confirmed=confirmed, to=to, cc=cc,
-                                  amend=answers and self.threads[target].state.answer is not None)
+        t = aimed.thread
+        if not writer and not may_reply(t.state, self.office, actor):
+            return
+        if not aimed.body and aimed.option is None:
+            return  # (refused live: nothing to say)
+        confirmed = "confirmed" in commands and cmd.name != "reply"
+        answers = cmd.name != "reply" and may_answer(t.state, self.office, actor,
+                                                     confirmed=confirmed)
+        await self.reply_or_start(cid, actor, aimed.body, t.id, at=at, forge_id=forge_id,
+                                  option=aimed.option, confirmed=confirmed, to=to, cc=cc,
+                                  amend=answers and t.state.answer is not None)
 
 
 def _principal(office: Office, login: str) -> str:
