@@ -577,3 +577,40 @@ async def test_a_rebuild_reads_forge_commands_as_live_did(
     after = await _seen_by(tools, readers, refs)
     for who in readers:
         assert after[who] == before[who], who
+
+
+async def test_an_answer_written_while_its_question_was_resolved_stays_out_of_a_rebuild(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """Review of issues 25/26: `/answer` looks only at open questions, so marco's second
+    `/answer` after scout resolved the question was refused and the decision stayed his first.
+    The forge does not say when a tool resolved it, and a rebuild took the second as a changed
+    answer: the decision came back "Blue" (words) and "Sans" with a history (an option). The
+    card, sealed, shows each answer the app took: a hand answer it does not show is not one."""
+    from tests.items_support import make_item
+
+    scout = tools("agent:scout")
+    refs, asked = [], []
+    for title, ask in (("Colours", {"needsReply": True}),
+                       ("Fonts", {"options": [{"label": "Serif"}, {"label": "Sans"}]})):
+        ref = await make_item(embedded, person("marco"), "outcome", title)
+        q = await scout("add_comment", target=ref, targetType="outcome", to=["marco@acme.com"],
+                        body=f"Which of the {title.lower()}?", **ask)
+        await embedded.settle()
+        refs.append(ref)
+        asked.append(q["comment"]["id"])
+    await _hand(embedded, person, "marco", refs[0], "/answer Red")
+    await _hand(embedded, person, "marco", refs[1], "/answer 1")
+    for q in asked:
+        await scout("resolve_comment", comment=q)
+    await _hand(embedded, person, "marco", refs[0], "/answer Blue")
+    await _hand(embedded, person, "marco", refs[1], "/answer 2")
+    readers = ["human:marco@acme.com", "agent:scout"]
+    before = await _seen_by(tools, readers, refs)
+    assert [[(d["answer"]["option"], d["answer"]["body"], d["history"], d["resolved"])
+             for d in o["decisions"]] for o in before["agent:scout"]["outcomes"]] == [
+        [(None, "Red", [], True)], [("Serif", "", [], True)]]
+    await _drop_work(embedded)
+    await _reindex(embedded)
+    after = await _seen_by(tools, readers, refs)
+    for who in readers:
+        assert after[who] == before[who], who

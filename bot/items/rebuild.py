@@ -32,7 +32,7 @@ from bot.items.forge_commands import aim_answer, aim_reply, answering
 from bot.items.model import Item, item_from_issue, native_parent, scope_of
 from bot.items.questions import Option, Question
 from bot.items.service import CONTRIBUTOR, Comments
-from bot.items.threads import may_answer, may_reply, reply, start
+from bot.items.threads import ThreadState, may_answer, may_reply, reply, start
 from bot.items.views import claim_seen, claim_unnamed, parse_time
 from bot.mail.commands import parse_commands
 from bot.mail.markdown import as_written
@@ -92,6 +92,10 @@ class _Replay:
     resolved: set[str] = field(default_factory=set)  # questions whose card says so
     writers: set[str] = field(default_factory=set)  # logins with write access to the repository
     skipped: list[int] = field(default_factory=list)  # the app's comments not as it wrote them
+    # question id -> the answers its card shows, oldest first (`carded`), and how many of
+    # them the replay has met so far
+    answers: dict[str, list[str]] = field(default_factory=dict)
+    met: dict[str, int] = field(default_factory=dict)
 
     def principal(self, name: str) -> str:
         """An author or a mention as the app wrote it: an agent's principal, else a login. A
@@ -192,6 +196,7 @@ class _Replay:
         self.record(cid, asker, question.body, row, kind="question",
                     forge_id=self.asks.get(cid, int(posted["id"])), at=at, parent=None,
                     reached=reached, to=to, cc=cc)
+        self.answers[cid] = _carded(status)
         self.ticked(row, status, lines)
         if "*Resolved.*" in status:
             self.resolved.add(cid)
@@ -222,13 +227,39 @@ class _Replay:
                                   forge_id=int(posted["id"]), option=option,
                                   amend=note == "changed the answer", mentioned=mentioned)
 
+    def on_card(self, thread: str, state: ThreadState, *, hand: bool) -> bool:
+        """Whether the answer `state` has now is the next one the question's card shows (the
+        replay then moves past it). The card, sealed, is the app's record of every answer it
+        took, in order; the forge does not say when a question was resolved (by a tool) and
+        reopened, so a hand `/answer` written while it was resolved (refused then) reads
+        like any other. One the card does not show, past those met, was not taken (`hand`:
+        left out; an answer the app posted, or a tick the card shows, is taken all the same)."""
+        shown = self.answers.get(thread)
+        if shown is None or state.answer is None:
+            return True
+        holder = claim_unnamed(self.item, [])
+        forms = {render.answer_line(state.answer, logins)
+                 for logins in (self.logins, self.logins | ({holder: "agent"} if holder else {}))}
+        start_at = self.met.get(thread, 0)
+        at = next((i for i in range(start_at, len(shown)) if shown[i] in forms), None)
+        if at is None:
+            return not hand
+        self.met[thread] = at + 1
+        return True
+
+    @property
+    def logins(self) -> dict[str, str]:
+        """How a card names each principal (`Comments._logins`)."""
+        return {h.principal: h.login for h in self.office.humans} | {
+            a.principal: a.principal for a in self.office.agents}
+
     # -- replaying ----------------------------------------------------------------------
     async def reply_or_start(self, cid: str, author: str, body: str, parent: str | None, *,
                        at: float, forge_id: int | None, option: str | int | None = None,
                        amend: bool = False, confirmed: bool = False,
                        mentioned: list[Reached] | None = None,
                        to: list[Reached] | None = None, cc: list[Reached] | None = None,
-                       edited: float | None = None) -> None:
+                       edited: float | None = None, hand: bool = False) -> None:
         if parent is None:
             table = table_reach(await self.table(author))
             if to is None:  # a tool call's comment: those it mentions beyond the table
@@ -256,6 +287,8 @@ class _Replay:
                                 option=index, amend=amend, confirmed=confirmed, to=to, cc=cc)
         except VaultmailError:  # refused when it was written: never indexed then either
             return
+        if kind in ("answer", "amend") and not self.on_card(t.id, state, hand=hand):
+            return  # a hand answer the card never showed: refused when it was written
         reached = audience(self.office, author=author,
                            candidates=[Reached(p, w) for p, w in state.members.items()],
                            explicit=[*(r.principal for r in [*to, *cc]), *state.waiting_on])
@@ -328,7 +361,17 @@ class _Replay:
                                                      confirmed=confirmed)
         await self.reply_or_start(cid, actor, aimed.body, t.id, at=at, forge_id=forge_id,
                                   option=aimed.option, confirmed=confirmed, to=to, cc=cc,
-                                  amend=answers and t.state.answer is not None)
+                                  amend=answers and t.state.answer is not None, hand=True)
+
+
+def _carded(status: list[str]) -> list[str]:
+    """The answers a card's status shows (`render._answer_status`), oldest first, each as
+    `render.answer_line` writes it; one withdrawn has no comment left on the forge to meet."""
+    now = [line.removeprefix("**Answered** by ") for line in status
+           if line.startswith("**Answered** by ")]
+    before = [line.removeprefix("- changed from ") for line in status
+              if line.startswith("- changed from ")]
+    return [*reversed(before), *now]
 
 
 def _principal(office: Office, login: str) -> str:

@@ -161,6 +161,12 @@ def render_card(comment_id: str, *, author: str, state: ThreadState, mentions: l
     return "\n".join(parts) + "\n"
 
 
+def answer_line(a: Any, logins: dict[str, str]) -> str:
+    """An answer as its card names it, after "**Answered** by " or "- changed from ": the
+    rebuild matches the answers it replays against these (bot.items.rebuild)."""
+    return _said(a, logins)
+
+
 def _said(a: Any, logins: dict[str, str]) -> str:
     by = logins.get(a.by, a.by)
     what = a.option or ""
