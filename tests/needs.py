@@ -53,10 +53,18 @@ def chromium(executable: str = CHROMIUM) -> str:
     return executable
 
 
+def _pg_named() -> bool:
+    """VAULTMAIL_TEST_PG names a server to use, or VAULTMAIL_PG_BIN a folder holding the
+    server's binaries (tests/pg.py takes either before Debian's)."""
+    folder = os.environ.get("VAULTMAIL_PG_BIN")
+    return bool(os.environ.get("VAULTMAIL_TEST_PG")
+                or (folder and Path(folder, "pg_ctl").is_file()))
+
+
 def postgresql(lib: str = POSTGRESQL, path: str | None = None) -> None:
     """PostgreSQL's server binaries (tests/pg.py starts a throwaway cluster with them), unless
-    VAULTMAIL_TEST_PG names a server to use instead."""
-    if os.environ.get("VAULTMAIL_TEST_PG"):
+    VAULTMAIL_TEST_PG names a server to use instead; VAULTMAIL_PG_BIN may name their folder."""
+    if _pg_named():
         return
     if glob.glob(f"{lib}/*/bin/pg_ctl") or shutil.which("pg_ctl", path=path):
         return
@@ -123,8 +131,8 @@ def missing_packages(path: str | None = None, chromium_at: str = CHROMIUM,
         "chromium": Path(chromium_at).is_file(),
         "nodejs": shutil.which("node", path=path) is not None,
         "npm": shutil.which("npm", path=path) is not None,
-        "postgresql": bool(os.environ.get("VAULTMAIL_TEST_PG") or glob.glob(
-            f"{lib}/*/bin/pg_ctl") or shutil.which("pg_ctl", path=path)),
+        "postgresql": bool(_pg_named() or glob.glob(f"{lib}/*/bin/pg_ctl")
+                           or shutil.which("pg_ctl", path=path)),
     }
     return [package for package, there in found.items() if not there]
 

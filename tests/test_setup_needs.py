@@ -58,6 +58,18 @@ def test_postgresql_missing_names_the_package(tmp_path: Path,
     needs.postgresql()  # this machine has it
 
 
+def test_a_server_vaultmail_pg_bin_names_is_not_missing(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """No Debian server and no pg_ctl on PATH, but VAULTMAIL_PG_BIN names a folder holding one
+    (tests/pg.py starts its cluster from it: bench/device/run.sh): nothing to install."""
+    monkeypatch.delenv("VAULTMAIL_TEST_PG", raising=False)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "pg_ctl").write_text("")
+    monkeypatch.setenv("VAULTMAIL_PG_BIN", str(tmp_path / "bin"))
+    needs.postgresql(lib=str(tmp_path / "lib"), path=str(tmp_path))
+    assert "postgresql" not in needs.missing_packages(str(tmp_path), lib=str(tmp_path / "lib"))
+
+
 # The start of the run (tests/conftest.py: needs.set_up in the controlling process), driven in
 # a real subprocess whose PATH is one folder of this test's: a fake apt-get there records what
 # it was asked and "installs" the programs of the packages it was given (or fails), so which
