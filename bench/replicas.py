@@ -123,7 +123,8 @@ def _more_offices(embedded: Embedded, offices: int) -> list[tuple[str, str]]:
             "humans": [{"email": f"p@{org}.example", "login": f"p-{org}",
                         "permissions": ["mail.send"]}],
             "agents": [{"slug": "scout", "login": f"scout-{org}", "person": f"p@{org}.example",
-                        "run": {"triggers": [], "dispatch": "none"}}]}), f"{org}.yml"))
+                        "run": {"triggers": [], "dispatch": "none"}}]}), f"{org}.yml",
+            repository=False))
         forge.install_app(int(app_id), org)
         vaults.append((f"{org}/scout-vault", tokens[f"p-{org}"]))
     return vaults

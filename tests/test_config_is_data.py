@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from bot.app.embedded import Embedded, start_embedded
 from bot.app.runs import RUN_TOKEN_MARGIN
@@ -22,7 +23,9 @@ from bot.office.config import (
     PYTHON,
     AgentCommands,
     CommandDispatch,
+    Office,
     OfficeConfigError,
+    RunConfig,
     parse_office,
 )
 from bot.store import api_tokens, installations, mails
@@ -62,10 +65,24 @@ def test_a_repository_config_naming_a_command_is_refused_where_it_does() -> None
     assert any(e.startswith(f"{CONFIG}: agents[0].run.dispatch: ") and "operator" in e
                for e in caught.value.errors), caught.value.errors
     # the operator's own file may name one; `dispatch: command` is fine from anywhere
-    own = parse_office(text, "office.yml").agent("echo")
+    own = parse_office(text, "office.yml", repository=False).agent("echo")
     assert own is not None and isinstance(own.run.dispatch, CommandDispatch)
     asked = parse_office(_example(), CONFIG, repository=True).agent("echo")
     assert asked is not None and asked.run.dispatch == "command"
+
+
+def test_reading_a_config_as_the_operators_is_said_never_assumed() -> None:
+    """Where a config came from is said by every caller: a parse that forgets to say, or a
+    validation given no context, reads it as an org's (no command), never as the operator's."""
+    text = _with_dispatch(_example(), {"echo": {"command": ["sh", "-c", "id"]}})
+    with pytest.raises(TypeError):
+        parse_office(text, CONFIG)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError, match="cannot name a command"):
+        Office.model_validate(yaml.safe_load(text))
+    with pytest.raises(ValidationError, match="cannot name a command"):
+        RunConfig(dispatch=CommandDispatch(command=["sh", "-c", "id"]))
+    own = Office.model_validate(yaml.safe_load(text), context={"repository": False})
+    assert isinstance(own.agent("echo").run.dispatch, CommandDispatch)  # type: ignore[union-attr]
 
 
 async def test_a_pushed_config_naming_a_command_is_refused_and_nothing_runs(
@@ -253,7 +270,8 @@ async def test_an_orgs_unreadable_config_stops_no_round_of_every_office(
     from bot.tools.http import office_org
 
     services = embedded.services
-    seed_office(embedded.forge, parse_office(yaml.safe_dump(EVIL_OFFICE), "evil.yml"))
+    seed_office(embedded.forge, parse_office(yaml.safe_dump(EVIL_OFFICE), "evil.yml",
+                                             repository=False))
     (app_id,) = embedded.forge.state.apps
     installation = embedded.forge.install_app(int(app_id), "evil")
     # installed as the installation webhook records it: in the index, which every replica

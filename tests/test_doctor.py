@@ -297,7 +297,8 @@ async def test_one_offices_repairs_or_spent_budget_stop_no_other_offices_pass(
     from tests.test_tenancy import EVIL
 
     other = {**EVIL, "org": "aardvark"}
-    seed_office(embedded.forge, parse_office(yaml.safe_dump(other), "aardvark.yml"))
+    seed_office(embedded.forge, parse_office(yaml.safe_dump(other), "aardvark.yml",
+                                             repository=False))
     (app_id,) = embedded.forge.state.apps
     embedded.forge.install_app(int(app_id), "aardvark")
     await embedded.settle()
@@ -337,7 +338,7 @@ async def test_an_office_whose_config_read_hangs_is_skipped_not_waited_for(
     from tests.test_tenancy import EVIL
 
     seed_office(embedded.forge, parse_office(yaml.safe_dump({**EVIL, "org": "aardvark"}),
-                                             "aardvark.yml"))
+                                             "aardvark.yml", repository=False))
     (app_id,) = embedded.forge.state.apps
     embedded.forge.install_app(int(app_id), "aardvark")
     await embedded.settle()

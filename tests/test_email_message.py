@@ -100,11 +100,11 @@ def test_an_alias_taken_twice_or_for_no_agent_is_a_config_error() -> None:
     base = ("org: acme\nagents:\n  - {slug: scout, login: s}\n  - {slug: builder, login: b}\n"
             "email:\n  domain: mail.acme.example\n  aliases:\n")
     with pytest.raises(ValueError, match="already another address"):
-        parse_office(base + "    scout: [builder]\n")
+        parse_office(base + "    scout: [builder]\n", repository=False)
     with pytest.raises(ValueError, match="no agent 'ghost'"):
-        parse_office(base + "    ghost: [g]\n")
+        parse_office(base + "    ghost: [g]\n", repository=False)
     with pytest.raises(ValueError, match="not a mail domain"):
-        parse_office("org: acme\nemail: {domain: 'not a domain'}\n")
+        parse_office("org: acme\nemail: {domain: 'not a domain'}\n", repository=False)
 
 
 def test_an_outgoing_reply_cannot_be_given_another_header_line() -> None:

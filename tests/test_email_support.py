@@ -199,7 +199,7 @@ async def install_office(room: Mailroom, config: str, *, proven: bool = False) -
     from bot.office.seed import seed_office
 
     emb = room.embedded
-    office = parse_office(config, "another.yml")
+    office = parse_office(config, "another.yml", repository=False)
     seed_office(emb.forge, office)
     account = emb.forge.state.account(office.org)
     if proven and office.email is not None and account is not None:

@@ -232,7 +232,7 @@ def bent(draw: st.DrawFn, value: Any, garbage: st.SearchStrategy[Any] = JSON,
 
 def _office_answer(text: str) -> Office | None:
     try:
-        return parse_office(text, "vaultmail.yml")
+        return parse_office(text, "vaultmail.yml", repository=False)
     except OfficeConfigError as exc:
         assert exc.errors and all(e.startswith("vaultmail.yml: ") for e in exc.errors)
         assert all(e.split(": ", 2)[1:] for e in exc.errors), "each error says where and why"

@@ -131,7 +131,8 @@ def test_at_most_twenty_people_are_addressed() -> None:
     humans = [{"email": f"p{i}@acme.com", "login": f"p{i}"} for i in range(21)]
     big = parse_office(__import__("yaml").safe_dump({"org": "acme", "humans": humans,
                                                       "teams": {"all": [h["email"]
-                                                                        for h in humans]}}))
+                                                                        for h in humans]}}),
+                       repository=False)
     everyone = resolve(big, ["team:all"], author="human:p0@acme.com", claim=None, field="to")
     with pytest.raises(InvalidArguments, match="at most 20"):
         check_addressed(everyone)

@@ -317,10 +317,11 @@ def test_a_dispatch_command_is_validated_with_every_error_located() -> None:
             ('{"cmd": ["x"]}', "agents[0].run.dispatch.cmd", "Extra inputs"),
             ("ftp://runner", "agents[0].run.dispatch", "{command: [...]}")]:
         with pytest.raises(OfficeConfigError) as caught:
-            parse_office(_scout_dispatch(base, dispatch), "office.yml")
+            parse_office(_scout_dispatch(base, dispatch), "office.yml", repository=False)
         assert any(e.startswith(f"office.yml: {where}:") and why in e
                    for e in caught.value.errors), caught.value.errors
-    ok = parse_office(_scout_dispatch(base, '{"command": ["run-agent"], "timeout": 5}'))
+    ok = parse_office(_scout_dispatch(base, '{"command": ["run-agent"], "timeout": 5}'),
+                      repository=False)
     scout = ok.agent("scout")
     assert scout is not None and not isinstance(scout.run.dispatch, str)
     assert scout.run.dispatch.command == ["run-agent"] and scout.run.dispatch.timeout == 5

@@ -358,7 +358,7 @@ async def test_a_token_of_one_office_never_acts_in_another(
 ) -> None:
     """evil's person eve is `human:marco@acme.com` in evil's office: her token, made by
     signing in as herself, finds none of acme's marco's mail."""
-    seed_office(embedded.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
+    seed_office(embedded.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml", repository=False))
     (app_id,) = embedded.forge.state.apps
     embedded.forge.install_app(int(app_id), "evil")
     sent = (await ToolClient(session, embedded, MARCO)(

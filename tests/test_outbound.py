@@ -174,7 +174,7 @@ async def test_a_receiver_that_hangs_holds_up_no_other_offices_webhook(
     try:
         seed_office(emb.forge, parse_office(yaml.safe_dump(
             {"org": "evil", "webhooks": [evil_url],
-             "agents": [{"slug": "spy", "login": "evil-spy"}]}), "evil.yml"))
+             "agents": [{"slug": "spy", "login": "evil-spy"}]}), "evil.yml", repository=False))
         (app_id,) = emb.forge.state.apps
         emb.services.installations["evil"] = emb.forge.install_app(int(app_id), "evil")
         await ledger.record(emb.services.store, "office.config_refused", "office",

@@ -99,7 +99,7 @@ async def test_a_forge_sign_in_the_office_of_cannot_be_read_says_when_to_come_ba
     be read; the page said "try again" (502, a forge failure) with no Retry-After, as the
     console's other pages of a refusal carry."""
     evil = {"org": "evil", "humans": [{"email": "m@evil.test", "login": "marco"}]}
-    seed_office(embedded.forge, parse_office(yaml.safe_dump(evil), "evil.yml"))
+    seed_office(embedded.forge, parse_office(yaml.safe_dump(evil), "evil.yml", repository=False))
     (app_id,) = embedded.forge.state.apps
     embedded.forge.install_app(int(app_id), "evil")
     await embedded.settle()

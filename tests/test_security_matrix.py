@@ -415,7 +415,7 @@ async def two_offices(world: World) -> TwoOffices:
     from bot.store import api_tokens
 
     forge = world.embedded.forge
-    seed_office(forge, parse_office(json.dumps(EVIL_OFFICE), "evil.yml"))
+    seed_office(forge, parse_office(json.dumps(EVIL_OFFICE), "evil.yml", repository=False))
     (app_id,) = forge.state.apps
     forge.install_app(int(app_id), "evil")
     await world.embedded.settle()

@@ -68,7 +68,7 @@ class Tenants:
 @pytest.fixture
 async def tenants(embedded: Embedded,
                   session: aiohttp.ClientSession) -> AsyncIterator[Tenants]:
-    seed_office(embedded.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
+    seed_office(embedded.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml", repository=False))
     (app_id,) = embedded.forge.state.apps
     inst = embedded.forge.install_app(int(app_id), "evil")
     acme_marco = ToolClient(session, embedded, MARCO)
@@ -241,7 +241,7 @@ async def test_a_login_in_two_offices_chooses_the_office_at_sign_in(
     """acme's marco is also listed (as himself, by login) in evil's config: signing in with
     the forge never lands him silently in either; he chooses, and gets the one he chose."""
     evil = {"org": "evil", "humans": [{"email": "m@evil.test", "login": "marco"}]}
-    seed_office(embedded.forge, parse_office(yaml.safe_dump(evil), "evil.yml"))
+    seed_office(embedded.forge, parse_office(yaml.safe_dump(evil), "evil.yml", repository=False))
     (app_id,) = embedded.forge.state.apps
     embedded.forge.install_app(int(app_id), "evil")
     await embedded.settle()
@@ -310,7 +310,7 @@ async def test_each_offices_webhook_receives_its_own_offices_ledger_only(
         emb.forge.put_file(f"acme/{CONFIG_REPO}", CONFIG_PATH, yaml.safe_dump(acme),
                            pusher="admin")
         seed_office(emb.forge, parse_office(yaml.safe_dump(
-            {**EVIL, "webhooks": [f"http://127.0.0.1:{port}/evil"]}), "evil.yml"))
+            {**EVIL, "webhooks": [f"http://127.0.0.1:{port}/evil"]}), "evil.yml", repository=False))
         (app_id,) = emb.forge.state.apps
         emb.forge.install_app(int(app_id), "evil")
         await emb.settle()
@@ -409,7 +409,7 @@ async def test_an_org_name_taken_by_another_account_starts_a_new_office(
     makes an org called globex and installs the App: its installation names another account
     id. Before, it was globex's office: its mail, its ledger, its tokens, its signing key."""
     forge, store = embedded.forge, embedded.services.store
-    seed_office(forge, parse_office(yaml.safe_dump(GLOBEX), "globex.yml"))
+    seed_office(forge, parse_office(yaml.safe_dump(GLOBEX), "globex.yml", repository=False))
     (app_id,) = forge.state.apps
     first = forge.install_app(int(app_id), "globex")
     await embedded.settle()
@@ -528,7 +528,7 @@ async def test_the_numbers_an_office_is_shown_count_its_own_entries_only(
                                        "permissions": ["mail.send"]}],
             "agents": [{"slug": "spy", "login": "evil-spy", "person": "mallory@evil.test",
                         "run": {"triggers": ["mail"], "dispatch": "none"}}]}
-    seed_office(embedded.forge, parse_office(yaml.safe_dump(evil), "evil.yml"))
+    seed_office(embedded.forge, parse_office(yaml.safe_dump(evil), "evil.yml", repository=False))
     (app_id,) = embedded.forge.state.apps
     embedded.forge.install_app(int(app_id), "evil")
     await embedded.settle()
@@ -565,7 +565,7 @@ async def test_an_org_name_taken_by_another_account_is_not_served_the_old_config
     and its webhooks hearing the new office's ledger (review). Read through a new
     installation, what was kept of an org's config is not that org's any more."""
     forge, services = embedded.forge, embedded.services
-    seed_office(forge, parse_office(yaml.safe_dump(GLOBEX), "globex.yml"))
+    seed_office(forge, parse_office(yaml.safe_dump(GLOBEX), "globex.yml", repository=False))
     (app_id,) = forge.state.apps
     first = forge.install_app(int(app_id), "globex")
     await embedded.settle()

@@ -32,7 +32,7 @@ EVIL = {
 
 
 async def _install_evil(embedded: Embedded) -> None:
-    seed_office(embedded.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
+    seed_office(embedded.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml", repository=False))
     (app_id,) = embedded.forge.state.apps
     embedded.forge.install_app(int(app_id), "evil")
     await embedded.settle()

@@ -20,7 +20,7 @@ from tests.test_tenancy import EVIL, MARCO, SECRET
 
 
 async def _with_evil(embedded: Embedded, session: aiohttp.ClientSession) -> tuple[str, str]:
-    seed_office(embedded.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
+    seed_office(embedded.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml", repository=False))
     (app_id,) = embedded.forge.state.apps
     embedded.forge.install_app(int(app_id), "evil")
     sent = (await ToolClient(session, embedded, MARCO)(

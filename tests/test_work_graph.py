@@ -263,7 +263,7 @@ def test_kind_by_issue_type_first_then_label_and_an_office_mapping() -> None:
     assert kind(office, issue([], "Bug")) is None
     text = resources.files("bot").joinpath("example_office.yml").read_text()
     mapped = parse_office(text.replace("org: acme\n", "org: acme\nitem_types: "
-                                       "{outcome: Epic, plan: Task}\n", 1))
+                                       "{outcome: Epic, plan: Task}\n", 1), repository=False)
     assert kind(mapped, issue([], "Epic")) == "outcome"
     assert kind(mapped, issue([], "task")) == "plan"
     assert kind(mapped, issue([], "Outcome")) is None, \

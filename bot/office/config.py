@@ -119,6 +119,13 @@ def _context(info: ValidationInfo) -> dict[str, Any]:
     return info.context if isinstance(info.context, dict) else {}
 
 
+def _from_repository(info: ValidationInfo) -> bool:
+    """Whether the config is read as an org's (untrusted): unless the caller said it is the
+    operator's (`repository: False`), it is, so a validation that forgets to say names no
+    command for the app's host."""
+    return _context(info).get("repository") is not False
+
+
 def _outbound_url(url: str, info: ValidationInfo) -> str:
     check = _context(info).get("url_refused")
     why = check(url) if check is not None else None
@@ -171,7 +178,7 @@ class RunConfig(_Strict):
     @field_validator("dispatch", mode="before")
     @classmethod
     def _no_command_from_a_repository(cls, v: Any, info: ValidationInfo) -> Any:
-        if _context(info).get("repository") and isinstance(v, dict | CommandDispatch):
+        if _from_repository(info) and isinstance(v, dict | CommandDispatch):
             raise ValueError(_NO_COMMANDS)
         return v
 
@@ -683,14 +690,15 @@ def _too_many(raw: dict[Any, Any]) -> list[tuple[str, str]]:
     return sorted(problems)
 
 
-def parse_office(text: str, source: str = "office.yml", *, repository: bool = False,
+def parse_office(text: str, source: str = "office.yml", *, repository: bool,
                  url_refused: UrlCheck | None = None) -> Office:
     """Parse and validate; raise OfficeConfigError listing every problem with its location:
     the key, and the line and column in the file.
 
     `repository`: the config comes from an org's repository, not from the operator, so it may
-    not name a command; `url_refused`: why the operator's policy refuses a URL (a dispatch URL
-    or a webhook), or None."""
+    not name a command (no default: each caller says whose text it reads, the operator's side
+    never taken by leaving it out); `url_refused`: why the operator's policy refuses a URL (a
+    dispatch URL or a webhook), or None."""
     raw = _load_yaml(text, source)
     if not isinstance(raw, dict):
         raise OfficeConfigError(source, [f"{source}: (top level): must be a mapping with org:"
@@ -709,9 +717,9 @@ def load_office(path: str | Path | None = None) -> Office:
     """Load an office file, or the built-in example office when path is None."""
     if path is None:
         text = resources.files("bot").joinpath("example_office.yml").read_text()
-        return parse_office(text, "built-in example office")
-    p = Path(path)
-    return parse_office(p.read_text(), str(p))
+        return parse_office(text, "built-in example office", repository=False)
+    p = Path(path)  # a file the operator named (--office, VAULTMAIL_OFFICE): theirs
+    return parse_office(p.read_text(), str(p), repository=False)
 
 
 # -- the operator's commands (VAULTMAIL_AGENT_COMMANDS) -----------------------------------------

@@ -29,7 +29,8 @@ async def test_an_office_whose_catch_up_hangs_holds_up_only_its_own_keyed_sends(
     url = f"http://127.0.0.1:{port}"
     deployed = await deploy(f"{url}/webhook")
     forge = deployed.forge
-    seed_office(forge, parse_office(yaml.safe_dump({**EVIL, "org": "aardvark"}), "a.yml"))
+    seed_office(forge, parse_office(yaml.safe_dump({**EVIL, "org": "aardvark"}), "a.yml",
+                                    repository=False))
     deployed.install()
     forge.install_app(deployed.app_id, "aardvark")
     held = forge.faults.hold("GET /repos/{owner}/{repo}/issues", count=None,

@@ -79,7 +79,7 @@ async def test_the_ledger_page_counts_the_offices_own_entries_not_everyones(
     for n in range(5):  # acme's business, none of evil's
         await marco("mail_send", to="scout", subject=f"acme {n}", body="x")
     await embedded.settle()
-    seed_office(embedded.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
+    seed_office(embedded.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml", repository=False))
     (app_id,) = embedded.forge.state.apps
     embedded.forge.install_app(int(app_id), "evil")
     await embedded.settle()

@@ -131,7 +131,7 @@ async def _evil_marco(embedded: Embedded) -> dict[str, str]:
     headers of its console's calls as that name."""
     evil = {"org": "evil", "humans": [{"email": "marco@acme.com", "login": "eve",
                                        "permissions": ["mail.send", "editor"]}]}
-    seed_office(embedded.forge, parse_office(yaml.safe_dump(evil), "evil.yml"))
+    seed_office(embedded.forge, parse_office(yaml.safe_dump(evil), "evil.yml", repository=False))
     (app_id,) = embedded.forge.state.apps
     embedded.forge.install_app(int(app_id), "evil")
     await embedded.settle()

@@ -42,7 +42,7 @@ def _secret(office: Embedded, org: str, generation: int = 0) -> str:
 async def _evil_seen(office: Embedded) -> None:
     """evil made on the forge (EVIL's office), the bot added to it, and the app's look at its
     orgs taken: the app knows evil's id, which evil's webhook secret is made for."""
-    seed_office(office.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
+    seed_office(office.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml", repository=False))
     office.forge.add_org_member("evil", office.services.app_slug, role="admin")
     assert await refresh(office.services) == ["evil"]
 
@@ -61,7 +61,7 @@ async def _post(office: Embedded, session: aiohttp.ClientSession, path: str, sec
 
 async def test_another_org_cannot_reply_to_or_close_mail_through_the_shared_bot_token(
         office: Embedded, session: aiohttp.ClientSession) -> None:
-    seed_office(office.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
+    seed_office(office.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml", repository=False))
     office.forge.add_org_member("evil", office.services.app_slug, role="admin")
     # the bot is in evil too: one token, two orgs (as the app finds its orgs)
     assert await refresh(office.services) == ["evil"]
@@ -183,7 +183,7 @@ async def test_each_org_writes_within_a_budget_of_its_own(
     out at once (it spent the one budget every org drew on)."""
     import time
 
-    seed_office(office.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
+    seed_office(office.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml", repository=False))
     office.forge.add_org_member("evil", office.services.app_slug, role="admin")
     office.services.installations["evil"] = SYNTHETIC_INSTALLATION_ID
     acme, evil = (office.services.forge_for_org(org) for org in ("acme", "evil"))
@@ -232,7 +232,7 @@ async def test_an_office_not_installed_yet_is_told_to_come_back_at_the_next_look
     before the bot is in globex, was answered 503 not_installed with Retry-After 5, and
     asking again 5 s later finds it no more installed; it says the looks' cadence now. The
     look taken, the office is served."""
-    seed_office(office.forge, parse_office(yaml.safe_dump(GLOBEX), "globex.yml"))
+    seed_office(office.forge, parse_office(yaml.safe_dump(GLOBEX), "globex.yml", repository=False))
     amy = await api_tokens.create_token(office.services.store, "human:amy@globex.test",
                                         "globex")
     async with session.post(office.app_url + "/api/v1/tools/mail_list", json={},
@@ -391,7 +391,7 @@ async def test_while_the_app_runs_an_org_made_again_or_joined_is_taken_at_the_ne
     await office.settle()
     old_kid = office.services.keyring.for_office("acme").active_kid
     office.forge.state.accounts["acme"].id = office.forge.state.next_id("account")
-    seed_office(office.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
+    seed_office(office.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml", repository=False))
     office.forge.add_org_member("evil", office.services.app_slug, role="admin")
     assert await refresh(office.services) == ["evil"]
     await office.settle()
@@ -414,7 +414,7 @@ GLOBEX = {"org": "globex",
 async def _globex_with_amy(office: Embedded, session: aiohttp.ClientSession) -> ToolClient:
     """globex's office beside acme's (the bot added to globex, the app's look taken, globex's
     own webhook set): amy's tool client."""
-    seed_office(office.forge, parse_office(yaml.safe_dump(GLOBEX), "globex.yml"))
+    seed_office(office.forge, parse_office(yaml.safe_dump(GLOBEX), "globex.yml", repository=False))
     office.forge.add_org_member("globex", office.services.app_slug, role="admin")
     assert await refresh(office.services) == ["globex"]
     add_org_hook(office.forge, "globex", f"{office.app_url}/webhook/globex",
@@ -509,7 +509,7 @@ async def test_orgs_that_take_each_others_names_in_one_look_keep_their_offices(
     (its tokens revoked, its keys given to evil). Now the rename out of a name is followed
     before the rename into it (a swap through a name no forge gives)."""
     services = office.services
-    seed_office(office.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
+    seed_office(office.forge, parse_office(yaml.safe_dump(EVIL), "evil.yml", repository=False))
     office.forge.add_org_member("evil", services.app_slug, role="admin")
     assert await refresh(services) == ["evil"]
     tokens, keys = {}, {}
@@ -651,7 +651,7 @@ async def test_a_delivery_about_an_org_that_added_the_bot_since_the_last_look_is
     now = [0.0]
     GiteaOrgs(office.services, again_after=30, clock=lambda: now[0])  # (its looks, no rounds)
     forge = office.forge
-    seed_office(forge, parse_office(yaml.safe_dump(EVIL), "evil.yml"))
+    seed_office(forge, parse_office(yaml.safe_dump(EVIL), "evil.yml", repository=False))
     forge.add_org_member("evil", office.services.app_slug, role="admin")
     forge.add_repo("evil", "notes", private=False)
     forge.add_user("eve", "eve@evil.test")
