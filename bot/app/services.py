@@ -86,7 +86,7 @@ class Services:
                                                                       repr=False)
 
     def __post_init__(self) -> None:
-        self.offices.on_read = self._config_taken
+        self.take_offices(self.offices)
         self.cursors = Cursors(self.settings.webhook_secret)  # (bot.cursors)
         # each org's webhook secret generation (Gitea), as intake takes it
         self.hook_generations = HookGenerations(self.store)
@@ -111,6 +111,16 @@ class Services:
             return False
         self._accounts[key] = (user_id, time.monotonic())
         return True
+
+    def take_offices(self, source: OfficeSource) -> None:
+        """Read the offices' configs from `source`, told what it needs of the index."""
+        self.offices = source
+        source.on_read = self._config_taken
+        source.file_holder = self._file_holder
+
+    async def _file_holder(self, named: str, org: str) -> tuple[int, int] | None:
+        """(bot.office.source.OfficeSource.file_holder)"""
+        return await installed.file_office_holder(self.store, named, org)
 
     async def _config_taken(self, org: str, office: Office, read_at: float, new: bool) -> None:
         """A config read from the forge (`new`: a text this replica had not taken), on any

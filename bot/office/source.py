@@ -70,7 +70,13 @@ class OfficeSource:
         self._url_refused = url_refused
         # an office's names before ({was: now}: Keyring.renamed): its config may still say them
         self.renamed = renamed or (lambda org: {})
+        # (the file's org, an org served now): None when the office under that name now is
+        # the org the file was first served to, else (that account, the one there now)
+        # (bot.store.installations.file_office_holder; set by the services)
+        self.file_holder: Callable[[str, str], Awaitable[tuple[int, int] | None]] | None = None
         self._local: Office | None = None
+        # per org: when the file's holder was last asked, and its answer (kept `max_age`)
+        self._file_checked: dict[str, tuple[float, tuple[int, int] | None]] = {}
         self._last_valid: dict[str, Office] = {}
         self._fetched: dict[str, float] = {}
         self._text: dict[str, str] = {}  # the text the last valid config was parsed from
@@ -109,9 +115,13 @@ class OfficeSource:
                     await self.on_read(local.org, local, began, True)
                 self._local = local
             # the operator's file is one office's: another org installed beside it has none
-            # (never this one's, or its tokens would act in this office)
+            # (never this one's, or its tokens would act in this office), and neither has
+            # another org under its name (made again by another user: its repositories would
+            # be written the file's people's mail), told apart by id as installations are
             local = as_renamed(self._local, org, self.renamed(org))
-            return local if local.org.lower() == org.lower() else None
+            if local.org.lower() != org.lower() or await self._file_not_for(org) is not None:
+                return None
+            return local
         under = getattr(forge, "installation_id", None)
         if org in self._read_under and self._read_under[org] != under:
             self.forget(org)
@@ -145,11 +155,23 @@ class OfficeSource:
                 return self._last_valid.get(org)
             raise OfficeUnanswered(org, within) from None
 
+    async def _file_not_for(self, org: str) -> tuple[int, int] | None:
+        """Whether the operator's file is not the office under `org` now (`file_holder`),
+        asked again after `max_age` (another replica's look may have found the name taken)."""
+        assert self._local is not None
+        kept = self._file_checked.get(org)
+        if kept is None or time.monotonic() - kept[0] >= self.max_age:
+            holder = self.file_holder
+            kept = (time.monotonic(),
+                    None if holder is None else await holder(self._local.org, org))
+            self._file_checked[org] = kept
+        return kept[1]
+
     def forget(self, org: str) -> None:
         """Drop what was kept of `org`'s config (its name now another account's): the next
         read is its first."""
         for kept in (self._last_valid, self._fetched, self._text, self.last_error,
-                     self._read_under):
+                     self._read_under, self._file_checked):
             kept.pop(org, None)
         self._fresh.discard(org)
 
@@ -230,6 +252,12 @@ class OfficeSource:
     def why_none(self, org: str) -> str:
         """Why `org` has no office now, for whoever asked: its config refused (and none valid
         before), naming the first error, or none found."""
+        other = self._file_checked.get(org, (0.0, None))[1]
+        if self._path is not None and other is not None:
+            return (f"{org} is not the org the operator's office file ({self._path}) serves: "
+                    f"the file was first served to forge account {other[0]} under that name, "
+                    f"and {org} is account {other[1]} now (an org deleted and made again under "
+                    "its name, by whoever made it), so it has no office here")
         refused = self.last_error.get(org)
         if refused is not None:
             more = len(refused.errors) - 1

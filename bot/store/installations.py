@@ -34,6 +34,42 @@ CREATE TABLE IF NOT EXISTS installations (
 register_columns("installations", {"account_id": "{int}"}, version=20)
 
 
+# the account the operator's office file (VAULTMAIL_OFFICE) was first served to, by the org
+# the file names: the file speaks for that org (its id), not for whoever holds the login later
+# (an org deleted and made again under it; bot.office.source.OfficeSource)
+FILE_OFFICE = 45
+register_schema("""
+CREATE TABLE IF NOT EXISTS office_file_accounts (
+    org {text} PRIMARY KEY,
+    account_id {int} NOT NULL
+);
+""", version=FILE_OFFICE)
+
+
+async def file_office_holder(store: Store, named: str, org: str) -> tuple[int, int] | None:
+    """Whether the office under `org` now is the org the operator's office file, which names
+    `named`, was first served to (the same account, under its login then or renamed since):
+    None when it is, or when `org`'s account is not known (nothing to tell apart by, as
+    `installed`); else (the account first served, the account under `org` now). The first
+    ask with a known account binds the file to it."""
+    named, org = named.lower(), org.lower()
+    row = await store.fetchone(
+        "SELECT i.account_id AS now, f.account_id AS bound FROM installations i"
+        " LEFT JOIN office_file_accounts f ON f.org=? WHERE i.org=?", (named, org))
+    if row is None or row["now"] is None:
+        return None
+    now = int(row["now"])
+    bound = row["bound"]
+    if bound is None:
+        async with store.transaction() as db:
+            await db.execute("INSERT INTO office_file_accounts(org, account_id) VALUES (?,?)"
+                             " ON CONFLICT(org) DO NOTHING", (named, now))
+            got = await db.fetchone("SELECT account_id FROM office_file_accounts WHERE org=?",
+                                    (named,))
+        bound = got["account_id"] if got is not None else now
+    return None if int(bound) == now else (int(bound), now)
+
+
 def archived_name(org: str, account_id: int) -> str:
     """Where an office whose name went to another account is kept (`~` is in no login)."""
     return f"{org.lower()}~{account_id}"

@@ -134,6 +134,8 @@ NAMES = {
         " is each a replica of the release before writes while it lives",
     44: "each idempotency claim has an id of its own, which an office's rename keeps: a try at"
         " work while its office was renamed records its result under the key's new name",
+    45: "the operator's office file (VAULTMAIL_OFFICE) is bound to the org account it was"
+        " first served to: an org made again under its name by another user is not served it",
 }
 
 

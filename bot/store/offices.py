@@ -210,10 +210,13 @@ _COLUMNS = Sql(
     " WHERE table_schema=current_schema()")
 _TEXT = ("text", "character varying")
 # what stays as it is: the ledger is hashed as written (its rows move by their office alone),
-# the org's own installation row is its caller's, and the rest are no office's
+# the org's own installation row is its caller's, the operator's office file is bound to an
+# account under the name the file says (moved aside with an office whose name another account
+# took, the file would be bound afresh to that account), and the rest are no office's
 _UNMOVED = {"installations", "ledger", "schema_migrations", "sqlite_sequence", "replicas",
             "deliveries", "missed_deliveries", "reconcile_marks", "oauth_clients",
-            "idempotency"}  # (its clients' keys: the office's steps move by `_move_steps`)
+            "idempotency",  # (its clients' keys: the office's steps move by `_move_steps`)
+            "office_file_accounts"}
 # what people wrote, and the app's own results: never a reference to rewrite
 _CONTENT = {"body", "subject", "message", "title", "answer", "summary", "data", "payload",
             "result", "card_body", "detail", "metadata", "last_error", "flash", "cause",
