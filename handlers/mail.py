@@ -248,12 +248,20 @@ async def detect_tampering(event: sansio.Event, ctx: HandlerContext) -> None:
 
 @own_router.register("issues", action="opened")
 async def index_mail_the_app_created(event: sansio.Event, ctx: HandlerContext) -> None:
-    """The app's own new issue, seen again: if a crash kept it out of the index, index it."""
+    """The app's own new issue, seen again: if a crash kept it out of the index, index it;
+    if the index holds its mail as another issue, it is a late duplicate its try did not get
+    to close (stopped after the create: this delivery is retried until it is closed)."""
     header, _ = parse_mail_body(event.data["issue"].get("body"))
-    if header is None or await mails.get_mail(ctx.services.store, header.mail_id):
+    if header is None:
+        return
+    indexed = await mails.get_mail(ctx.services.store, header.mail_id)
+    if indexed is not None and indexed.number == int(event.data["issue"]["number"]):
         return  # the usual case: the sender recorded it already, at no forge request
     s = await scene(event, ctx)
     if s is None or s.office.agent_for_vault(s.repo) is None:
+        return
+    if indexed is not None:
+        await s.mailer.close_if_duplicate(s.repo, s.issue, indexed)
         return
     if await s.mailer.record_found(s.repo, s.issue) is not None:
         ctx.log.warning("mail recovered from its own webhook", extra={"mail": s.ref})

@@ -139,3 +139,31 @@ async def test_a_mail_created_just_before_a_crash_is_recovered_from_its_webhook(
     [sent] = await embedded.ledger_events("mail.sent")
     assert sent.actor == "agent:builder"
     assert len(await embedded.ledger_events("run.queued")) == 1
+
+
+async def test_a_late_duplicate_left_open_by_its_try_is_closed_when_its_own_webhook_comes(
+        embedded: Any, tools: Any, person: Any) -> None:
+    """A stalled try's create landed after another try sent the mail, and the stalled try
+    stopped before closing it (its index unreachable, a crash: the fault harness on three
+    replicas, a PostgreSQL restart). The late issue's own `issues.opened` closes it as a
+    duplicate (not planned, no state label, a comment naming the mail): it is in no inbox,
+    never indexed, never ledgered."""
+    sent = (await tools("agent:builder")("mail_send", to="scout", subject="Twice",
+                                         body="sent once"))["mail"]
+    admin = person("admin")
+    original = await admin.issue(SCOUT_VAULT, sent["number"])
+    forge = embedded.services.forge_for(None)  # the app's own create, as the stalled try's
+    late = await forge.create_issue(SCOUT_VAULT, original["title"], original["body"],
+                                    labels=["mail:new"])
+    await embedded.settle()
+    dup = await admin.issue(SCOUT_VAULT, int(late["number"]))
+    assert (dup["state"], dup["state_reason"], label_names(dup)) == (
+        "closed", "not_planned", []), "the late duplicate is closed, in no inbox"
+    said = [c["body"] for c in await admin.comments(SCOUT_VAULT, int(late["number"]))]
+    assert len(said) == 1 and f"duplicate of #{sent['number']}" in said[0], said
+    mail = await admin.issue(SCOUT_VAULT, sent["number"])
+    assert (mail["state"], label_names(mail)) == ("open", ["mail:new"])
+    rows = await embedded.services.store.fetchall(
+        "SELECT number FROM mails WHERE mail_id=?", (sent["mail_id"],))
+    assert [r["number"] for r in rows] == [sent["number"]]
+    assert len(await embedded.ledger_events("mail.sent")) == 1

@@ -443,6 +443,19 @@ class Mailer:
             if verdict.valid:
                 await self._close_duplicate(kept.vault, number, kept)
 
+    async def close_if_duplicate(self, vault: str, issue: dict[str, Any],
+                                 original: MailRecord) -> None:
+        """Close `issue` as a duplicate of `original` when it is another issue of that mail in
+        its vault, opened by the app with a genuine signed header (a late create its try did
+        not get to close: it stopped after the create, `deliver`)."""
+        if vault.lower() != original.vault.lower() or int(issue["number"]) == original.number:
+            return
+        verdict = verify_issue(issue, vault, self.services.keyring,
+                               app_login=self.services.bot_login,
+                               expected_mail_id=original.mail_id)
+        if verdict.valid:
+            await self._close_duplicate(vault, int(issue["number"]), original)
+
     async def _close_duplicate(self, vault: str, number: int, original: MailRecord) -> None:
         """Close `vault`#`number`, a second issue of `original`'s mail, as a duplicate: not
         planned, its state labels taken off (in no inbox, never indexed), a comment naming the
