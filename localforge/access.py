@@ -54,7 +54,11 @@ def user_level(state: State, login: str, repo: Repo) -> str | None:
     if org is not None:
         if low in (o.lower() for o in org.owners):
             return "admin"
-        if low in (m.lower() for m in org.members):
+        # GitHub: membership gives the org's base permission (default read) on every
+        # repository. Gitea (models/perm/access/repo_permission.go, GetUserRepoPermission):
+        # a member reaches a private repository only through a team that has it (the
+        # Owners team: owner); membership alone gives a public one's minimum, read.
+        if state.dialect == "github" and low in (m.lower() for m in org.members):
             best = max(best, perm_rank("read"))
         for team in state.teams:
             if team.org.lower() == org.login.lower() and low in (m.lower() for m in team.members):

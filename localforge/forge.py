@@ -48,6 +48,8 @@ class LocalForge:
             if loaded is not None:
                 self.state, self.clock.offset = loaded
             self._snap.track(self.state)  # saves write what changed (persist.py)
+        if self.state.dialect != dialect:
+            self.state.dialect = "gitea" if dialect == "gitea" else "github"
         self.faults = Faults()
         self.limits = Limits()
         self.rates = RateTracker(self.limits, self.clock)

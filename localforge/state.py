@@ -456,6 +456,8 @@ class Delivery(Tracked):
 
 
 class State(Tracked):
+    # whose access rules apply (access.user_level): an org member's base permission differs
+    dialect: Literal["github", "gitea"] = "github"
     accounts: dict[str, Account] = Field(default_factory=dict)  # lower login -> account
     orgs: dict[str, Org] = Field(default_factory=dict)  # lower login -> org
     teams: list[Team] = Field(default_factory=list)

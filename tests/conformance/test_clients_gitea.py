@@ -70,6 +70,12 @@ class World:
     def client(self, who: str) -> AsyncPyforgejoApi:
         return AsyncPyforgejoApi(base_url=self.forge.url + "/api/v1", api_key=self.tokens[who])
 
+    def reader(self, login: str) -> None:
+        """Give an org member read on the vault as a Gitea org owner would: a team that has
+        it (membership alone reaches no private repository on Gitea)."""
+        self.forge.add_team(OWNER, "readers", [login])
+        self.forge.set_team_permission(OWNER, "readers", f"{OWNER}/{REPO}", "read")
+
 
 @pytest.fixture
 async def world() -> AsyncIterator[World]:
@@ -146,6 +152,7 @@ async def test_labels_issues_and_comments(world: World) -> None:
     assert await marco.issue.get_labels(OWNER, REPO, n) == []
 
     first = faithful(await marco.issue.create_comment(OWNER, REPO, n, body="one"))
+    world.reader("rita")
     await world.client("rita").issue.create_comment(OWNER, REPO, n, body="two")
     comments = faithful(await marco.issue.get_comments(OWNER, REPO, n))
     assert [c.body for c in comments] == ["one", "two"]
@@ -219,7 +226,8 @@ async def test_errors(world: World) -> None:
     with pytest.raises(UnprocessableEntityError):
         await marco.issue.create_issue(OWNER, REPO, title="")
     issue = await marco.issue.create_issue(OWNER, REPO, title="t")
-    with pytest.raises(ForbiddenError):
+    world.reader("rita")
+    with pytest.raises(ForbiddenError):  # read may not label
         await rita.issue.add_label(OWNER, REPO, issue.number, labels=["a"])
     with pytest.raises(ApiError) as unknown:  # an id that is no label of the repository
         await world.client("admin").issue.remove_label(OWNER, REPO, issue.number, "424242")
@@ -240,3 +248,43 @@ async def test_errors(world: World) -> None:
     assert hook.events == ["issues", "issue_assign", "issue_label", "issue_milestone",
                            "issue_comment"]
     assert [h.id for h in faithful(await admin.organization.org_list_hooks(OWNER))] == [hook.id]
+
+
+async def test_an_org_member_reaches_a_private_repository_only_through_a_team(
+        world: World) -> None:
+    """Gitea's GetUserRepoPermission (models/perm/access/repo_permission.go): org membership
+    alone gives no access to a private repository (only a public one's minimum, read); a team
+    that has the repository gives its mode, the Owners team owner. A member in no such team is
+    answered as if the repository did not exist, and the permission endpoint says "none"."""
+    admin, rita = world.client("admin"), world.client("rita")
+    world.forge.add_repo(OWNER, "other")
+    world.forge.add_team(OWNER, "elsewhere", ["rita"])  # a team, but not on the vault
+    world.forge.set_team_permission(OWNER, "elsewhere", f"{OWNER}/other", "write")
+    with pytest.raises(NotFoundError) as absent:
+        await rita.repository.repo_get(OWNER, "no-such-repo")
+    with pytest.raises(NotFoundError) as hidden:
+        await rita.repository.repo_get(OWNER, REPO)
+    assert hidden.value.body == absent.value.body, "not even its existence"
+    with pytest.raises(NotFoundError):
+        await rita.issue.list_issues(OWNER, REPO)
+    with pytest.raises(NotFoundError):
+        await rita.repository.repo_get_contents(OWNER, REPO, "README.md")
+    with pytest.raises(NotFoundError):  # the repository is looked up before the permission
+        await rita.repository.repo_get_repo_permissions(OWNER, REPO, "rita")
+    none = faithful(await admin.repository.repo_get_repo_permissions(OWNER, REPO, "rita"))
+    assert none.permission == "none" and none.role_name == "none"
+    other = faithful(await rita.repository.repo_get(OWNER, "other"))
+    assert other.permissions is not None and other.permissions.push is True
+
+    world.reader("rita")
+    repo = faithful(await rita.repository.repo_get(OWNER, REPO))
+    assert repo.permissions is not None and repo.permissions.pull is True
+    assert repo.permissions.push is False
+    assert faithful(await rita.repository.repo_get_repo_permissions(
+        OWNER, REPO, "rita")).permission == "read"
+    assert faithful(await admin.repository.repo_get_repo_permissions(
+        OWNER, REPO, "admin")).permission == "owner"
+
+    world.forge.add_repo(OWNER, "open", private=False)  # public: any signed-in user reads it
+    assert faithful(await admin.repository.repo_get_repo_permissions(
+        OWNER, "open", "olga")).permission == "read"
