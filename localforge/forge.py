@@ -187,6 +187,14 @@ class LocalForge:
         self.save()
         return team.id
 
+    def remove_team_member(self, org: str, slug: str, login: str) -> None:
+        """Take someone out of a team: what they reached through it, they lose."""
+        team = self.state.team(org, slug)
+        if team is None:
+            raise KeyError(f"no team {org}/{slug}")
+        team.members[:] = [m for m in team.members if m.lower() != login.lower()]
+        self.save()
+
     def add_repo(self, owner: str, name: str, private: bool = True,
                  description: str | None = None, sender: str | None = None) -> int:
         """Create a repository (issues enabled); installations on all repos hear about it."""
