@@ -275,6 +275,8 @@ async def test_an_org_member_reaches_a_private_repository_only_through_a_team(
     assert none.permission == "none" and none.role_name == "none"
     other = faithful(await rita.repository.repo_get(OWNER, "other"))
     assert other.permissions is not None and other.permissions.push is True
+    listed = faithful(await rita.organization.org_list_repos(OWNER))
+    assert [r.name for r in listed] == ["other"], "the org's list shows what she reaches"
 
     world.reader("rita")
     repo = faithful(await rita.repository.repo_get(OWNER, REPO))
