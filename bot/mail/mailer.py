@@ -448,13 +448,16 @@ class Mailer:
         """Close `issue` as a duplicate of `original` when it is another issue of that mail in
         its vault, opened by the app with a genuine signed header (a late create its try did
         not get to close: it stopped after the create, `deliver`)."""
-        if vault.lower() != original.vault.lower() or int(issue["number"]) == original.number:
+        number = int(issue["number"])
+        if vault.lower() != original.vault.lower() or number == original.number:
             return
-        verdict = verify_issue(issue, vault, self.services.keyring,
-                               app_login=self.services.bot_login,
+        # the issue as the forge has it now, not as a delivery said (an org-signed one on
+        # Gitea is its org's admins' words)
+        verdict = verify_issue(await self.forge.get_issue(vault, number), vault,
+                               self.services.keyring, app_login=self.services.bot_login,
                                expected_mail_id=original.mail_id)
         if verdict.valid:
-            await self._close_duplicate(vault, int(issue["number"]), original)
+            await self._close_duplicate(vault, number, original)
 
     async def _close_duplicate(self, vault: str, number: int, original: MailRecord) -> None:
         """Close `vault`#`number`, a second issue of `original`'s mail, as a duplicate: not
