@@ -456,8 +456,21 @@ class Mailer:
         verdict = verify_issue(await self.forge.get_issue(vault, number), vault,
                                self.services.keyring, app_login=self.services.bot_login,
                                expected_mail_id=original.mail_id)
-        if verdict.valid:
-            await self._close_duplicate(vault, number, original)
+        if not verdict.valid:
+            return
+        # a duplicate only beside the issue the index holds: when that one is gone, this is
+        # the mail opened again in its place (the doctor's repair of a lost copy, which
+        # indexes it after its create), not a second send
+        try:
+            await self.forge.get_issue(vault, original.number)
+        except ForgeError as exc:
+            if isinstance(exc, NotFound) or exc.status in (404, 410):
+                return
+            raise
+        now = await mails.get_mail(self.services.store, original.mail_id)
+        if now is not None and now.vault.lower() == vault.lower() and now.number == number:
+            return  # indexed as this issue meanwhile
+        await self._close_duplicate(vault, number, original)
 
     async def _close_duplicate(self, vault: str, number: int, original: MailRecord) -> None:
         """Close `vault`#`number`, a second issue of `original`'s mail, as a duplicate: not
