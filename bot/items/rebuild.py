@@ -238,20 +238,14 @@ class _Replay:
         if shown is None or state.answer is None:
             return True
         holder = claim_unnamed(self.item, [])
-        forms = {render.answer_line(state.answer, logins)
-                 for logins in (self.logins, self.logins | ({holder: "agent"} if holder else {}))}
+        forms = {render.answer_line(state.answer, render.card_logins(self.office, hidden))
+                 for hidden in (None, holder)}
         start_at = self.met.get(thread, 0)
         at = next((i for i in range(start_at, len(shown)) if shown[i] in forms), None)
         if at is None:
             return not hand
         self.met[thread] = at + 1
         return True
-
-    @property
-    def logins(self) -> dict[str, str]:
-        """How a card names each principal (`Comments._logins`)."""
-        return {h.principal: h.login for h in self.office.humans} | {
-            a.principal: a.principal for a in self.office.agents}
 
     # -- replaying ----------------------------------------------------------------------
     async def reply_or_start(self, cid: str, author: str, body: str, parent: str | None, *,

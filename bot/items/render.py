@@ -34,6 +34,7 @@ from bot.mail.markdown import (
     visible_text,
 )
 from bot.names import MENTIONED
+from bot.office.config import Office
 
 _ADDRESS_LINE = re.compile(r"^\s*(?P<field>to|cc)\s*:\s*(?P<rest>.*)$", re.IGNORECASE)
 _MENTION = re.compile(rf"(?<![\w/`@.])@(?P<name>{MENTIONED}(?:/[A-Za-z0-9_.-]+)?)")
@@ -159,6 +160,14 @@ def render_card(comment_id: str, *, author: str, state: ThreadState, mentions: l
         parts.append("")
     parts.append(_status(state, logins, hidden))
     return "\n".join(parts) + "\n"
+
+
+def card_logins(office: Office, hidden: str | None = None) -> dict[str, str]:
+    """How a card names each principal: a person by login, an agent by its principal, and
+    `hidden` (a claim holder the forge may not name) as the `to` entry that reaches it."""
+    people = {h.principal: h.login for h in office.humans}
+    agents = {a.principal: a.principal for a in office.agents}
+    return people | agents | ({hidden: "agent"} if hidden else {})
 
 
 def answer_line(a: Any, logins: dict[str, str]) -> str:

@@ -694,10 +694,8 @@ class Comments:
         return self.login(who) if who.startswith("human:") else who
 
     def _logins(self, hidden: str | None) -> dict[str, str]:
-        """How a card names each principal: `hidden` as the `to` entry that reaches it."""
-        people = {h.principal: h.login for h in self.office.humans}
-        agents = {a.principal: a.principal for a in self.office.agents}
-        return people | agents | ({hidden: "agent"} if hidden else {})
+        """How a card names each principal (`render.card_logins`)."""
+        return render.card_logins(self.office, hidden)
 
     async def unnamed_in(self, item: Item, row: db.ThreadRow) -> str | None:
         """The claim holder the forge may not name in thread `row` on `item` (indexed, with its

@@ -453,8 +453,9 @@ class Mailer:
             return
         # the issue as the forge has it now, not as a delivery said (an org-signed one on
         # Gitea is its org's admins' words)
-        verdict = verify_issue(await self.forge.get_issue(vault, number), vault,
-                               self.services.keyring, app_login=self.services.bot_login,
+        fresh = await self.forge.get_issue(vault, number)
+        verdict = verify_issue(fresh, vault, self.services.keyring,
+                               app_login=self.services.bot_login,
                                expected_mail_id=original.mail_id)
         if not verdict.valid:
             return
@@ -470,15 +471,17 @@ class Mailer:
         now = await mails.get_mail(self.services.store, original.mail_id)
         if now is not None and now.vault.lower() == vault.lower() and now.number == number:
             return  # indexed as this issue meanwhile
-        await self._close_duplicate(vault, number, original)
+        await self._close_duplicate(vault, number, original, fresh)
 
-    async def _close_duplicate(self, vault: str, number: int, original: MailRecord) -> None:
+    async def _close_duplicate(self, vault: str, number: int, original: MailRecord,
+                               issue: JSON | None = None) -> None:
         """Close `vault`#`number`, a second issue of `original`'s mail, as a duplicate: not
         planned, its state labels taken off (in no inbox, never indexed), a comment naming the
         original. Each write is found again by a retry: nothing is said twice."""
         log.warning("a late duplicate of a mail closed", extra={
             "mail": original.ref, "duplicate": f"{vault}#{number}", "outcome": "duplicate"})
-        issue = await self.forge.get_issue(vault, number)
+        if issue is None:  # (read already by a caller that checked it)
+            issue = await self.forge.get_issue(vault, number)
         if not closed_duplicate(issue):
             other = [str(lb["name"]) for lb in issue.get("labels", [])
                      if not str(lb["name"]).startswith("mail:")]
