@@ -1,17 +1,25 @@
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from bot.app.embedded import Embedded, start_embedded
-from bot.store import Store, open_store
-from tests import needs, pg
-from tests.support import Actor, ToolClient, app_key
+from tests import scratch
+
+# before anything makes a temp file, pytest's basetemp included (xdist's workers inherit it)
+scratch.use_memory_where_there_is_room()
+
+from bot.app.embedded import Embedded, start_embedded  # noqa: E402
+from bot.store import Store, open_store  # noqa: E402
+from tests import needs, pg  # noqa: E402
+from tests.support import Actor, ToolClient, app_key  # noqa: E402
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -87,10 +95,27 @@ async def _fresh_database(*, migrated: bool = True) -> str:
     return await pg.fresh_database(migrated=migrated)
 
 
+_sqlite_templates: list[Path] = []  # this process's migrated SQLite index, once made
+
+
+async def _sqlite_template() -> Path:
+    """An empty SQLite index at this release's schema, made once a process (as tests/pg.py
+    makes PostgreSQL's template): the migrations cost a SQLite test more than its copy."""
+    if not _sqlite_templates:
+        path = Path(tempfile.mkdtemp(prefix="vaultmail-index-")) / "index.sqlite3"
+        store = await open_store(path)
+        await store.close()  # (its WAL folded into the file: the file alone is the index)
+        atexit.register(shutil.rmtree, path.parent, True)
+        _sqlite_templates.append(path)
+    return _sqlite_templates[0]
+
+
 @pytest.fixture
 async def embedded(tmp_path: Path, database_url: str) -> AsyncIterator[Embedded]:
     """The embedded default (`vaultmail up`) on free loopback ports, with the example office,
     on each engine."""
+    if not database_url:  # SQLite: the index as the app's first start leaves it, copied
+        shutil.copyfile(await _sqlite_template(), tmp_path / "index.sqlite3")
     emb = await start_embedded(data_dir=tmp_path, port=0, forge_port=0,
                                database_url=database_url, app_key=app_key())
     try:

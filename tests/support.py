@@ -150,10 +150,12 @@ _validators: dict[str, Draft202012Validator] = {}
 
 def check_output(name: str, result: Any) -> None:
     """Every result a test gets from a tool matches the outputSchema the tool declares."""
-    schema = TOOLS[name].output_schema() if name in TOOLS else None
-    if schema is None:
-        return
-    validator = _validators.setdefault(name, Draft202012Validator(schema))
+    validator = _validators.get(name)
+    if validator is None:  # (made once a tool: a schema and its checks are costly to build)
+        schema = TOOLS[name].output_schema() if name in TOOLS else None
+        if schema is None:
+            return
+        validator = _validators[name] = Draft202012Validator(schema)
     error = best_match(validator.iter_errors(result))
     assert error is None, (f"{name}: the result does not match its output schema "
                            f"(bot/tools/outputs.py): {error.message} at "

@@ -6,6 +6,8 @@ tool as a principal, and adds the `inbox` field to every result for an agent, er
 
 from __future__ import annotations
 
+import copy
+import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -127,6 +129,13 @@ READS_INDEX = Hints(read_only=True, destructive=False, idempotent=True, open_wor
 READS_FORGE = Hints(read_only=True, destructive=False, idempotent=True, open_world=True)
 
 
+@functools.cache
+def _schema(model: type[BaseModel]) -> dict[str, Any]:
+    """A model's JSON schema, made once: pydantic builds it anew at each call, which cost a
+    tools/list (and every test's check of a result) milliseconds a tool. Handed out as copies."""
+    return model.model_json_schema(by_alias=True)
+
+
 @dataclass(frozen=True)
 class Tool:
     name: str
@@ -141,10 +150,10 @@ class Tool:
     output: type[BaseModel] | None = None  # the result's model (`bot.tools.outputs`)
 
     def input_schema(self) -> dict[str, Any]:
-        return self.args.model_json_schema(by_alias=True)
+        return copy.deepcopy(_schema(self.args))
 
     def output_schema(self) -> dict[str, Any] | None:
-        return None if self.output is None else self.output.model_json_schema(by_alias=True)
+        return None if self.output is None else copy.deepcopy(_schema(self.output))
 
     def annotations(self) -> dict[str, Any]:
         return {"title": self.title, **(self.hints.as_json() if self.hints else {})}
