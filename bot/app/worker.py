@@ -543,7 +543,7 @@ class Worker:
             logger.info("ignored: already handled as delivery %s", first)
             return True
         await self._finish(item)
-        metrics.HANDLER_SECONDS.labels(event=metrics.event_label(item.event)).observe(
+        metrics.handler_seconds(item.event).observe(
             time.perf_counter() - started)
         metrics.deliveries(item.event, "handled").inc()
         logger.info("handled")
