@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from tests import scratch
@@ -23,8 +21,3 @@ def test_a_disk_a_full_tmpfs_or_one_not_writable_is_not() -> None:
 def test_a_temp_directory_someone_chose_is_kept() -> None:
     assert scratch.chosen({"TMPDIR": "/var/tmp"}, "tmpfs", 100 * scratch.ROOM, True) is None
 
-
-def test_this_run_and_its_children_share_one_temp_directory() -> None:
-    # what conftest chose at its import holds for tempfile here and for the processes started
-    # (xdist's workers, the clusters' sweep in tests/pg.py look where their parent made them)
-    assert os.environ.get("TMPDIR", tempfile.gettempdir()) == tempfile.gettempdir()
