@@ -71,6 +71,32 @@ async def test_an_index_at_the_first_release_upgrades_in_place_and_keeps_what_it
         await again.close()
 
 
+async def test_an_index_another_process_is_writing_is_waited_for_as_it_opens(
+        tmp_path: Path) -> None:
+    """Turning an index of the first release (a rollback journal) to WAL needs it alone, and
+    SQLite answers "database is locked" at once, without the connection's 30 s wait, while
+    another connection holds a write open on it (another replica or command migrating it:
+    acted out, three replicas opening one such index at once failed one time in 20-40). The
+    store waits for it as for any lock, and a failed open leaves no connection behind (its
+    thread kept the process from exiting)."""
+    path = tmp_path / "index.sqlite3"
+    _version_one_sqlite(path)
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # (a write under way: its RESERVED lock)
+    opening = asyncio.create_task(open_store(str(path)))
+    try:
+        done, _ = await asyncio.wait({opening}, timeout=1.0)
+        assert not done, f"refused while another wrote, not waited for: {opening.exception()}"
+    finally:
+        writer.execute("COMMIT")
+        writer.close()
+    store = await opening
+    try:
+        assert (await store.fetchone("PRAGMA journal_mode"))[0] == "wal"
+    finally:
+        await store.close()
+
+
 def test_a_command_that_opens_a_fresh_index_first_makes_every_table(tmp_path: Path) -> None:
     """`vaultmail token create` on a new data directory, before the app ever ran there: the
     index it makes (and the versions it records) hold every table of every version, not only

@@ -95,8 +95,30 @@ def _private_index(path: Path) -> None:
         narrow(path.with_name(path.name + suffix))
 
 
+OPEN_WAIT = 30.0  # seconds an opening waits for another process's lock (sqlite3's 5 s ran out)
+
+
+async def _write_ahead_log(db: aiosqlite.Connection) -> None:
+    """The index in WAL mode. Turning a rollback-journal index (the first release's) to WAL
+    needs it alone, and SQLite answers "database is locked" at once, not after the
+    connection's wait, while another connection holds a write open on it (another replica or
+    command migrating it as it opens): asked again until that write ends, as long as a lock
+    is waited for."""
+    deadline = time.monotonic() + OPEN_WAIT
+    pause = 0.01
+    while True:
+        try:
+            await db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                raise
+        await asyncio.sleep(pause)
+        pause = min(0.5, pause * 2)
+
+
 def _migrate_file(path: str, upto: int | None = None) -> None:
-    conn = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+    conn = sqlite3.connect(path, timeout=OPEN_WAIT, isolation_level=None)
     try:
         _migrate(conn, upto)
     finally:
@@ -379,21 +401,24 @@ class SqliteStore(Store):
     async def open(cls, path: str | Path, *, synchronous: str = "normal") -> SqliteStore:
         if str(path) != ":memory:":
             _private_index(Path(path))
-        # as long as the migration's own wait: processes opening one index at once wait for
-        # whichever migrates it (sqlite3's 5 s default ran out under load)
-        db = await aiosqlite.connect(str(path), timeout=30.0)
-        db.row_factory = aiosqlite.Row
-        await db.create_function("vm_now", 0, time.time)  # the store's clock (bot.store.db)
-        await db.execute("PRAGMA journal_mode=WAL")
         if synchronous.upper() not in ("NORMAL", "FULL"):
             raise ValueError(f"synchronous: {synchronous!r} is not normal or full")
-        await db.execute(f"PRAGMA synchronous={synchronous.upper()}")
-        await db.execute("PRAGMA foreign_keys=ON")
-        await db.commit()
         if str(path) == ":memory:":  # (no second connection reaches a memory database)
-            await db.close()
             raise ValueError("the index needs a file: give a path, not :memory:")
-        await asyncio.to_thread(_migrate_file, str(path))
+        # as long as the migration's own wait: processes opening one index at once wait for
+        # whichever migrates it
+        db = await aiosqlite.connect(str(path), timeout=OPEN_WAIT)
+        try:  # (a connection left open keeps its thread, and the process, from ending)
+            db.row_factory = aiosqlite.Row
+            await db.create_function("vm_now", 0, time.time)  # the store's clock
+            await _write_ahead_log(db)
+            await db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+            await db.execute("PRAGMA foreign_keys=ON")
+            await db.commit()
+            await asyncio.to_thread(_migrate_file, str(path))
+        except BaseException:
+            await db.close()
+            raise
         store = cls(db)
         if str(path) != ":memory:":
             await db.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
