@@ -399,12 +399,11 @@ class SqliteStore(Store):
 
     @classmethod
     async def open(cls, path: str | Path, *, synchronous: str = "normal") -> SqliteStore:
-        if str(path) != ":memory:":
-            _private_index(Path(path))
-        if synchronous.upper() not in ("NORMAL", "FULL"):
-            raise ValueError(f"synchronous: {synchronous!r} is not normal or full")
         if str(path) == ":memory:":  # (no second connection reaches a memory database)
             raise ValueError("the index needs a file: give a path, not :memory:")
+        _private_index(Path(path))
+        if synchronous.upper() not in ("NORMAL", "FULL"):
+            raise ValueError(f"synchronous: {synchronous!r} is not normal or full")
         # as long as the migration's own wait: processes opening one index at once wait for
         # whichever migrates it
         db = await aiosqlite.connect(str(path), timeout=OPEN_WAIT)
@@ -416,14 +415,13 @@ class SqliteStore(Store):
             await db.execute("PRAGMA foreign_keys=ON")
             await db.commit()
             await asyncio.to_thread(_migrate_file, str(path))
+            await db.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
         except BaseException:
             await db.close()
             raise
         store = cls(db)
-        if str(path) != ":memory:":
-            await db.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
-            store._checkpointer = Checkpointer(str(path))
-            store._checkpointer.start()
+        store._checkpointer = Checkpointer(str(path))
+        store._checkpointer.start()
         return store
 
     async def is_leader(self) -> bool:
