@@ -51,6 +51,34 @@ async def run_client(module: str, spec: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User and system CPU seconds the live processes `pids` have used so far (Linux's /proc;
+    0.0 for one that is gone)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # after the command, which may hold spaces
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def children_of(parent: int) -> list[int]:
+    """The pids of `parent`'s live child processes (a PostgreSQL server's backends)."""
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rfind(")") + 2:].split()[1]) == parent:
+                kids.append(int(entry.name))
+    return kids
+
+
 def run(main: Coroutine[Any, Any, T]) -> T:
     """Run a bench (or its load client) on the event loop `vaultmail serve` runs on: uvloop's
     where it is installed. An app started in-process then runs as deployed, and a client on

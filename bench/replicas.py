@@ -24,7 +24,10 @@ statistics, every transaction committed per event, reads included (`pg_stat_data
 xact_commit`, less what the sampler itself commits), and lock waits, the
 sessions `pg_stat_activity` shows waiting for a lock (`wait_event_type = 'Lock'`), sampled every
 SAMPLE_EVERY seconds and summed into session-seconds per 1,000 events, by kind of lock
-(advisory, a row's transaction, a relation...).
+(advisory, a row's transaction, a relation...). And the CPU seconds per 1,000 events each part
+used inside the window (Linux's /proc): this process (the bench, the local forge and the first
+replica), the other replicas, PostgreSQL's server processes; with the load client's, what
+shows whether a cell was bound by the cores or by waits.
 
 Run: .venv/bin/python -m bench.replicas [--workloads intake,mail,offices] [--offices 8]
      [--count 1500] [--mails 200] [--cells sqlite,1,2,4] [--limits on|off|both]
@@ -37,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import sys
 import tempfile
 import time
@@ -47,7 +51,7 @@ import aiohttp
 import asyncpg
 import yaml
 
-from bench.common import ms, percentile, run, run_client
+from bench.common import children_of, cpu_seconds, ms, percentile, run, run_client
 from bench.intake import _non_vault_payload
 from bot.app.embedded import Embedded, start_embedded
 from bot.app.replicas import start_replicas
@@ -58,6 +62,38 @@ from tests import pg
 IN_FLIGHT = 50
 WARMUP = 20
 SAMPLE_EVERY = 0.01  # seconds between looks at pg_stat_activity
+
+
+class CpuSplit:
+    """CPU seconds used between start() and stop(), by part: this process (the bench, the
+    local forge and the first replica), the other replicas, PostgreSQL's server processes."""
+
+    def __init__(self, replicas: list[int], server: int | None) -> None:
+        self.replicas, self.server = replicas, server
+        self.used = {"this process": 0.0, "other replicas": 0.0, "PostgreSQL": 0.0}
+        self._backends: dict[int, float] = {}
+
+    def _server_now(self) -> dict[int, float]:
+        if self.server is None:
+            return {}
+        return {pid: cpu_seconds([pid]) for pid in [self.server, *children_of(self.server)]}
+
+    def start(self) -> None:
+        self.used["this process"] = -sum(os.times()[:2])
+        self.used["other replicas"] = -cpu_seconds(self.replicas)
+        self._backends = self._server_now()
+
+    def stop(self) -> None:
+        self.used["this process"] += sum(os.times()[:2])
+        self.used["other replicas"] += cpu_seconds(self.replicas)
+        # a backend that began inside the window counts whole; one that ended in it is lost
+        self.used["PostgreSQL"] = sum(cpu - self._backends.get(pid, 0.0)
+                                      for pid, cpu in self._server_now().items())
+
+    def per_1000(self, events: int) -> str:
+        parts = [f"{k} {v * 1000 / events:.1f}" for k, v in self.used.items()
+                 if k != "PostgreSQL" or self.server is not None]
+        return f"{sum(self.used.values()) * 1000 / events:.1f} ({', '.join(parts)})"
 
 
 class LockWaits:
@@ -100,6 +136,13 @@ class LockWaits:
         await asyncio.sleep(1.5)  # sessions flush their statistics at most once a second
         self.commits += await self._xact_commit() - self.samples - 1
         await self._conn.close()
+
+    async def server_pid(self) -> int:
+        """The PostgreSQL server's (postmaster's) pid: the parent of this session's backend."""
+        assert self._conn is not None
+        backend = int(await self._conn.fetchval("SELECT pg_backend_pid()"))
+        stat = Path(f"/proc/{backend}/stat").read_text()
+        return int(stat[stat.rfind(")") + 2:].split()[1])
 
     def seconds_per_1000(self, events: int) -> str:
         """Lock-wait session-seconds per 1,000 events, in all and by kind."""
@@ -207,6 +250,9 @@ async def _cell(cell: str, workload: str, limits_on: bool, count: int,
         async with aiohttp.ClientSession() as session:
             writes = -await _write_transactions(session, apps)
         async with waits or contextlib.nullcontext():
+            cpu = CpuSplit([r.proc.pid for r in others if r.proc is not None],
+                           await waits.server_pid() if waits else None)
+            cpu.start()
             start = time.perf_counter()
             result = await run_client("bench.intake", {  # its load client, in its own process
                 "urls": urls, "event": "issues", "rate": None,
@@ -218,6 +264,7 @@ async def _cell(cell: str, workload: str, limits_on: bool, count: int,
                     break
                 await asyncio.sleep(0.05)
             handled = time.perf_counter() - start
+            cpu.stop()
         async with aiohttp.ClientSession() as session:
             writes += await _write_transactions(session, apps)
         lat: list[float] = result["latencies"]
@@ -231,6 +278,7 @@ async def _cell(cell: str, workload: str, limits_on: bool, count: int,
                 f"{writes / (count + WARMUP):.2f}",
                 "-" if waits is None else f"{waits.commits / (count + WARMUP):.1f}",
                 "-" if waits is None else waits.seconds_per_1000(count + WARMUP),
+                cpu.per_1000(count + WARMUP),
                 f"{bad or 'none'}; refused {refused or 'none'}"]
     finally:
         await asyncio.gather(*(r.stop() for r in others))
@@ -252,6 +300,7 @@ async def main(workloads: list[str], cells: list[str], count: int, mails: int,
     head = ["workload", "engine", "forge limits", "answered/s", "p50 ms", "p99 ms", "handled/s",
             "write transactions/event", "PostgreSQL transactions/event (reads too)",
             "lock-wait s per 1,000 events (by lock)",
+            "CPU s per 1,000 events (by part; the load client's not counted)",
             "other answers; forge refusals"]
     print(f"command: .venv/bin/python -m bench.replicas --workloads {','.join(workloads)} "
           f"--count {count} --mails {mails} --cells {','.join(cells)} --limits {limits}"
