@@ -239,13 +239,19 @@ class IdempotencyMixin:
         Returns those whose key's row another transaction holds now (PostgreSQL), to be
         recorded in a later write (not `settled` yet): one office's key held never holds up
         the others' results, nor the finishes written with them."""
-        held: list[Settlement] = []
-        for ours, text in sorted(settlements):  # (each key's row in one order)
-            if not await _locked_now(db, self.engine, ours):
-                held.append((ours, text))
-                continue
-            await _write_result_in(db, ours, text)
-        return held
+        if not settlements:
+            return []
+        if self.engine == "sqlite":  # (one writer: it holds every row)
+            for ours, text in settlements:
+                await _write_result_in(db, ours, text)
+            return []
+        # one statement for them all (SETTLE_FREE)
+        rows = await db.fetchall(SETTLE_FREE, (
+            [ours[4] for ours, _ in settlements], [ours[2] for ours, _ in settlements],
+            [ours[3] for ours, _ in settlements], [text for _, text in settlements],
+            time.time()))
+        held = {row["claim"] for row in rows if row["there"] and not row["wrote"]}
+        return [(ours, text) for ours, text in settlements if ours[4] in held]
 
     async def preclaim_in(self, db: Any, scope: str, key: str, fingerprint: str) -> bool:
         """Claim (scope, key) in `db`'s transaction if no one has yet (its first try): True
@@ -473,6 +479,27 @@ class IdempotencyMixin:
             for i in order:
                 answers[i] = await _write_result_in(db, *batch[i])
         return answers
+
+
+# PostgreSQL's `settle_in`, in one statement: each result is written under its claim (`_OURS`:
+# its id, owner and attempt, wherever a rename moved its key, while no result is there) where
+# no other transaction holds the claim's row now (FOR UPDATE SKIP LOCKED, as
+# queue.FINISH_FREE: no wait, so no order to keep). Per claim: `wrote`, or `there` (still
+# unfinished and ours, as the statement began: its row is held elsewhere, to be written by a
+# later write), or neither (gone, or another try's now: nothing to write). The update finds
+# its rows by claim id, which a rename that committed since the statement began keeps.
+# (parameters: the claim ids, owners, attempts and results, when)
+SETTLE_FREE = (
+    "WITH s(claim, owner, attempts, result) AS (SELECT * FROM unnest(?::text[], ?::text[],"
+    " ?::bigint[], ?::text[])),"
+    " took AS (SELECT i.claim FROM idempotency i JOIN s ON i.claim=s.claim AND i.owner=s.owner"
+    " AND i.attempts=s.attempts WHERE i.result IS NULL FOR UPDATE OF i SKIP LOCKED),"
+    " wrote AS (UPDATE idempotency i SET result=s.result, done_at=?::float8 FROM s"
+    " WHERE i.claim IN (SELECT claim FROM took) AND i.claim=s.claim AND i.owner=s.owner"
+    " AND i.attempts=s.attempts AND i.result IS NULL RETURNING i.claim)"
+    " SELECT s.claim, s.claim IN (SELECT claim FROM wrote) AS wrote, EXISTS (SELECT 1 FROM"
+    " idempotency i WHERE i.claim=s.claim AND i.owner=s.owner AND i.attempts=s.attempts"
+    " AND i.result IS NULL) AS there FROM s")
 
 
 async def _write_result_in(db: Any, ours: Claim, text: str) -> str | None:
