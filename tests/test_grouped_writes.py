@@ -186,9 +186,9 @@ async def test_a_key_claimed_with_its_delivery_is_run_under_without_a_claim_of_i
     try, not a resumed one, and no other replica waits on it."""
     tries, work = tried()
     async with store.transaction() as db:
-        assert await store.preclaim_in(db, "forge", "k", "")
-        assert not await store.preclaim_in(db, "forge", "k", "")  # claimed: left to `once`
-        assert await store.preclaim_in(db, "forge", "unused", "")
+        assert await store.preclaim_in(db, "forge", [("k", "")]) == {"k"}
+        # claimed: left to `once`
+        assert await store.preclaim_in(db, "forge", [("unused", ""), ("k", "")]) == {"unused"}
     later: list[Settlement] = []
     before = store.write_transactions
     assert await store.once("forge", "k", "", work, later=later, preclaimed=True) == {"n": 1}
@@ -211,7 +211,7 @@ async def test_a_key_claimed_with_its_delivery_and_taken_over_since_is_not_run_u
     comes to run, gets that result; nothing runs on a claim that is no longer its own."""
     tries, work = tried()
     async with store.transaction() as db:
-        assert await store.preclaim_in(db, "forge", "k", "")
+        assert await store.preclaim_in(db, "forge", [("k", "")]) == {"k"}
     async with store.transaction() as db:
         await db.execute("UPDATE idempotency SET owner='other', attempts=2,"
                          " result='{\"n\": -1}' WHERE scope='forge' AND key='k'")

@@ -487,7 +487,10 @@ async def test_two_replicas_claiming_one_pair_of_changes_in_opposite_orders_neve
     """Redeliveries of the same two forge changes claimed by two replicas, each batch in its
     own order: the changes' claims are made in their keys' order, so neither waits for the
     other's second (found by review: PostgreSQL broke a deadlock by rolling back one claim,
-    every office's finishes and results riding it)."""
+    every office's finishes and results riding it). A batch's claims are one statement
+    (`preclaim_in`): the first replica holds the first change's claim, uncommitted, while the
+    second's batch waits for it, then claims the second change too; the second's batch,
+    made in the keys' order, waits on the first change holding nothing of the second's."""
     from gidgethub.routing import Router
 
     from bot.app.worker import Worker
@@ -507,39 +510,33 @@ async def test_two_replicas_claiming_one_pair_of_changes_in_opposite_orders_neve
         assert await a.enqueue_delivery(guid, "issue_comment", payload,
                                         json.dumps(payload).encode())
     by_guid = {i.guid: i for i in await a.due_items(limit=8)}
-    workers = [Worker(s, router, Router(), lambda payload: False, None)  # type: ignore[arg-type]
-               for s in (a, b)]
-    both, go = asyncio.Event(), asyncio.Event()
-    firsts: list[int] = []  # the sessions that made their first claim
+    first, second = (Worker(s, router, Router(), lambda payload: False, None)  # type: ignore[arg-type]
+                     for s in (a, b))
+    holder: list[int] = []  # the first's session
+    waited = asyncio.Event()
 
-    async def claim(worker: Worker, store: Store, guids: list[str]) -> None:
-        preclaim_in = store.preclaim_in
+    async def claim_first() -> dict[str, tuple[str, str]]:
+        async with a.transaction() as db:
+            claimed = await first._preclaim(db, [by_guid["c1"]])
+            holder.append(int((await db.fetchone("SELECT pg_backend_pid() AS p"))["p"]))
+            await waited.wait()
+            claimed.update(await first._preclaim(db, [by_guid["c2"]]))
+            return claimed
 
-        async def paced(db: Connection, scope: str, key: str, owner: str) -> bool:
-            done = await preclaim_in(db, scope, key, owner)
-            if not go.is_set():  # each holds its first claim until both made one
-                firsts.append(int((await db.fetchone("SELECT pg_backend_pid() AS p"))["p"]))
-                if len(firsts) == 2:
-                    both.set()
-                await go.wait()
-            return done
+    async def claim_second() -> dict[str, tuple[str, str]]:
+        async with b.transaction() as db:
+            return await second._preclaim(db, [by_guid["c2-again"], by_guid["c1-again"]])
 
-        store.preclaim_in = paced  # type: ignore[method-assign]
-        async with store.transaction() as db:
-            await worker._preclaim(db, [by_guid[g] for g in guids])
-
-    tasks = [asyncio.create_task(claim(workers[0], a, ["c1", "c2"]))]
-    await until(lambda: len(firsts) == 1, timeout=HANG_GUARD)
-    tasks.append(asyncio.create_task(claim(workers[1], b, ["c2-again", "c1-again"])))
+    firsts = asyncio.create_task(claim_first())
+    await until(lambda: bool(holder), timeout=HANG_GUARD)
+    seconds = asyncio.create_task(claim_second())
     try:
-        # either both made their first claim (each then waits for the other's second: a
-        # deadlock), or the second waits for the first's (in the keys' order: no cycle)
-        await until(lambda: both.is_set() or pg.waiting_behind(url, firsts[0]),
-                    timeout=HANG_GUARD)
-        assert not both.is_set(), "each claimed another change first"
+        await until(lambda: pg.waiting_behind(url, holder[0]), timeout=HANG_GUARD)
     finally:
-        go.set()
-    await asyncio.wait_for(asyncio.gather(*tasks), HANG_GUARD)  # (a deadlock raises here)
+        waited.set()
+    # (a deadlock raises here: PostgreSQL rolls one of them back)
+    claimed, claimed_again = await asyncio.wait_for(asyncio.gather(firsts, seconds), HANG_GUARD)
+    assert sorted(claimed) == ["c1", "c2"] and claimed_again == {}
 
 
 async def test_a_finish_alone_never_waits_for_another_offices_row(

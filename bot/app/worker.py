@@ -326,12 +326,12 @@ class Worker:
             _, router, event = self._routed(item)
             if router.fetch(event):  # (no handler runs it: nothing to claim)
                 first[key] = item
-        # in the keys' order: two replicas claiming redeliveries of the same changes in
-        # another order would each wait for the other's uncommitted row (a deadlock, which
-        # rolls back every office's finishes and results riding the claim)
-        for key, item in sorted(first.items()):
-            if await self.store.preclaim_in(db, "forge", key, ""):
-                claimed[item.guid] = ("forge", key)
+        # one statement, in the keys' order (`preclaim_in`): two replicas claiming
+        # redeliveries of the same changes in another order would each wait for the other's
+        # uncommitted row (a deadlock, which rolls back every office's finishes and results
+        # riding the claim)
+        for key in await self.store.preclaim_in(db, "forge", [(key, "") for key in first]):
+            claimed[first[key].guid] = ("forge", key)
         return claimed
 
     def _routed(self, item: QueueItem) -> tuple[bool, Router, sansio.Event]:

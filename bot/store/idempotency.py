@@ -32,7 +32,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from bot.errors import Conflict, VaultmailError
@@ -253,18 +253,31 @@ class IdempotencyMixin:
         held = {row["claim"] for row in rows if row["there"] and not row["wrote"]}
         return [(ours, text) for ours, text in settlements if ours[4] in held]
 
-    async def preclaim_in(self, db: Any, scope: str, key: str, fingerprint: str) -> bool:
-        """Claim (scope, key) in `db`'s transaction if no one has yet (its first try): True
-        when claimed, for `once(..., preclaimed=True)` once committed. A key already there
-        (done, at work elsewhere, left unfinished) is left to `once` to look at."""
-        claim = uuid.uuid4().hex
-        if not await db.execute(
+    async def preclaim_in(self, db: Any, scope: str,
+                          keys: Sequence[tuple[str, str]]) -> set[str]:
+        """Claim each (key, fingerprint) of `keys` under `scope` in `db`'s transaction where
+        no one has yet (its first try), in the keys' order (two replicas claiming one pair
+        of keys never wait for each other's second: a deadlock), one statement for them all
+        on PostgreSQL: the keys claimed, for `once(..., preclaimed=True)` once committed. A
+        key already there (done, at work elsewhere, left unfinished) is left to `once` to
+        look at."""
+        ordered = sorted(dict(keys).items())
+        claims = {key: uuid.uuid4().hex for key, _ in ordered}
+        at = time.time()
+        if self.engine == "sqlite":  # (in the writer's thread: no hop per statement)
+            claimed = {key for key, fingerprint in ordered if await db.execute(
                 "INSERT INTO idempotency(scope, key, fingerprint, claimed_at, owner, claim)"
                 " VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING",
-                (scope, key, fingerprint, time.time(), self.replica_id, claim)):
-            return False
-        self._preclaims[scope, key] = claim  # (a rolled-back one's is replaced by the next)
-        return True
+                (scope, key, fingerprint, at, self.replica_id, claims[key]))}
+        elif ordered:
+            claimed = {row["key"] for row in await db.fetchall(PRECLAIM, (
+                scope, at, self.replica_id, [key for key, _ in ordered],
+                [fingerprint for _, fingerprint in ordered], [claims[key] for key, _ in ordered]))}
+        else:
+            claimed = set()
+        for key in claimed:  # (a rolled-back one's is replaced by the next)
+            self._preclaims[scope, key] = claims[key]
+        return claimed
 
     def preclaims_unused(self, slots: list[tuple[str, str]]) -> None:
         """Keys `preclaim_in` claimed that no `once` ran under (their deliveries were let go
@@ -480,6 +493,13 @@ class IdempotencyMixin:
                 answers[i] = await _write_result_in(db, *batch[i])
         return answers
 
+
+# PostgreSQL's `preclaim_in`: the keys' rows inserted in the order given (sorted), where none
+# is yet. (parameters: the scope, when, the replica, the keys, fingerprints and claim ids)
+PRECLAIM = (
+    "INSERT INTO idempotency(scope, key, fingerprint, claimed_at, owner, claim)"
+    " SELECT ?::text, k, f, ?::float8, ?::text, c FROM unnest(?::text[], ?::text[], ?::text[])"
+    " WITH ORDINALITY AS u(k, f, c, n) ORDER BY n ON CONFLICT DO NOTHING RETURNING key")
 
 # PostgreSQL's `settle_in`, in one statement: each result is written under its claim (`_OURS`:
 # its id, owner and attempt, wherever a rename moved its key, while no result is there) where
