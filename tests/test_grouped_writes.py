@@ -220,6 +220,35 @@ async def test_a_key_claimed_with_its_delivery_and_taken_over_since_is_not_run_u
     assert tries == [] and later == []
 
 
+async def test_a_key_peeked_at_with_a_preclaimed_tries_fence_is_waited_on_while_another_works_it(
+        store: Store) -> None:
+    """A try claimed with its delivery reads the keys its work looks under first (`once(...,
+    peek=)`, as the worker's look under the keys releases before used) with its claim's fence,
+    one read: a key there that another live replica is at work on (a release before, during
+    a rolling deploy) is still waited for, read again until its result is there, which the
+    work gets; a key not there is none."""
+    async with store.transaction() as db:
+        await db.execute("INSERT INTO replicas(id, url, started_at, seen_at, steady_since)"
+                         " VALUES ('older', NULL, vm_now(), vm_now()+3600, vm_now())")
+        await db.execute("INSERT INTO idempotency(scope, key, fingerprint, claimed_at, owner)"
+                         " VALUES ('forge', 'old', '', 0, 'older')")
+        assert await store.preclaim_in(db, "forge", [("k", "")]) == {"k"}
+    began = asyncio.Event()
+
+    async def work() -> dict[str, Any]:
+        began.set()
+        return {"old": await store.left_under("forge", "old"),
+                "none": await store.left_under("forge", "none")}
+
+    task = asyncio.create_task(store.once("forge", "k", "", work, later=[], preclaimed=True,
+                                          peek=[("forge", "old"), ("forge", "none")]))
+    await began.wait()  # (its fence has read the key: unfinished, its owner alive)
+    async with store.transaction() as db:  # the other replica finishes it
+        await db.execute("UPDATE idempotency SET result='{\"n\": 7}' WHERE key='old'")
+    assert json.loads(json.dumps(await asyncio.wait_for(task, 10))) == {
+        "old": [True, {"n": 7}], "none": [False, None]}
+
+
 async def test_an_idle_worker_looks_for_work_with_a_read_and_writes_nothing(
         tmp_path: Path) -> None:
     """An idle worker (each replica's, twice a second on PostgreSQL) asks with a read whether

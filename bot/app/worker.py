@@ -569,15 +569,16 @@ class Worker:
             await router.dispatch(event, ctx)
             return item.guid
 
+        # what was handled, or begun, under a key this change has no more, as this delivery
+        # spells it: releases before keyed it by its repository's name, and by the login its
+        # payload names before their renames moved the keys with the office
+        lefts = [left for left in dict.fromkeys((named_change_key(item.event, item.payload),
+                                                 change_key(item.event, item.payload)))
+                 if left is not None and left != key]
+
         async def handle() -> dict[str, Any]:
-            # what was handled, or begun, under a key this change has no more, as this
-            # delivery spells it: releases before keyed it by its repository's name, and by
-            # the login its payload names before their renames moved the keys with the office
             began = None
-            for left in dict.fromkeys((named_change_key(item.event, item.payload),
-                                       change_key(item.event, item.payload))):
-                if left is None or left == key:
-                    continue
+            for left in lefts:
                 there, done = await self.store.left_under("forge", left)
                 if done is not None:
                     return done
@@ -595,8 +596,10 @@ class Worker:
             # claimed with its batch (usually), its result recorded with the delivery's
             # finish: no write transaction of its own
             preclaimed = self._preclaimed.pop(item.guid, None) == ("forge", key)
+            # (the keys it looks under first are read with its claim's fence: `peek`)
             done = await self.store.once("forge", key, "", handle, later=self._settling,
-                                         preclaimed=preclaimed)
+                                         preclaimed=preclaimed,
+                                         peek=[("forge", left) for left in lefts])
         except _Parked:
             return item.guid
         return str(done["delivery"])

@@ -80,6 +80,10 @@ _resumed: contextvars.ContextVar[bool] = contextvars.ContextVar("idempotency_res
 # the claim the running `work` holds: its store, and it
 _claim: contextvars.ContextVar[tuple[IdempotencyMixin, Claim] | None] = \
     contextvars.ContextVar("idempotency_claim", default=None)
+# what the running `work` was told its first `left_under` of each key finds (`once`'s
+# `peek`): read with its claim's fence as it began, so not again
+_peeked: contextvars.ContextVar[dict[tuple[str, str], Any] | None] = \
+    contextvars.ContextVar("idempotency_peeked", default=None)
 
 
 def resumed() -> bool:
@@ -157,6 +161,25 @@ async def check_claim() -> None:
         raise ClaimLost(f"idempotency claim {held[1][0]!r}/{held[1][1]!r} taken over")
 
 
+async def _fence_and_peek(store: IdempotencyMixin, ours: Claim,
+                          peek: Sequence[tuple[str, str]]) -> dict[tuple[str, str], Any]:
+    """`check_claim` for the try of claim `ours` as it begins, and the rows (result, owner)
+    of the keys `peek` as `left_under` reads them (None: no row), in the same one read."""
+    await lease.check()
+    also = " OR ".join("(scope=? AND key=?)" for _ in peek)
+    rows = await store.fetchall(
+        f"SELECT 1 AS ours, scope, key, result, owner FROM idempotency WHERE {_OURS}"
+        + (f" UNION ALL SELECT 0, scope, key, result, owner FROM idempotency WHERE {also}"
+           if peek else ""), (*_ours(ours), *(part for slot in peek for part in slot)))
+    if not any(row["ours"] for row in rows):
+        raise ClaimLost(f"idempotency claim {ours[0]!r}/{ours[1]!r} taken over")
+    peeked: dict[tuple[str, str], Any] = dict.fromkeys(peek)
+    for row in rows:
+        if not row["ours"]:
+            peeked[row["scope"], row["key"]] = (row["result"], row["owner"])
+    return peeked
+
+
 def _key_lock(scope: str, key: str) -> str:
     return f"idempotency:{scope}\n{key}"
 
@@ -182,6 +205,7 @@ class IdempotencyMixin:
         def transaction(self, *keys: str) -> AbstractAsyncContextManager[Any]: ...
         def retire(self) -> str: ...
         async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> Any: ...
+        async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]: ...
 
     async def _held_elsewhere(self, db: Any, owner: str | None) -> bool:
         """Whether `owner`, another replica than this one, is alive (its claim holds)."""
@@ -192,12 +216,15 @@ class IdempotencyMixin:
 
     async def once(self, scope: str, key: str, fingerprint: str,
                    work: Callable[[], Awaitable[Result]], *,
-                   later: list[Settlement] | None = None, preclaimed: bool = False) -> Result:
+                   later: list[Settlement] | None = None, preclaimed: bool = False,
+                   peek: Sequence[tuple[str, str]] = ()) -> Result:
         """Run `work` once for (scope, key); see the module docstring. With `later`, a result
         is not recorded here: it is appended to `later`, for the caller to record with
         `settle_in` in a transaction it makes anyway, then `settled`; until then a call with
         the key in this process gets the result, and another replica's waits for it. With
-        `preclaimed`, the caller claimed the key itself (`preclaim_in`, committed)."""
+        `preclaimed`, the caller claimed the key itself (`preclaim_in`, committed). `peek`:
+        the keys `work` looks under first (`left_under`), read with the fence a preclaimed
+        try begins with (one read for both)."""
         slot = (scope, key)
         running = self._running.get(slot)
         if running is not None:  # the first call is still at work: wait for its result
@@ -206,7 +233,7 @@ class IdempotencyMixin:
                 raise _reused(key)
             return _copy(await asyncio.shield(future))
         task = asyncio.ensure_future(
-            self._claim_and_run(slot, fingerprint, work, later, preclaimed))
+            self._claim_and_run(slot, fingerprint, work, later, preclaimed, peek))
         self._running[slot] = (task, fingerprint)
         task.add_done_callback(lambda t: self._finished(slot, t))
         return _copy(await asyncio.shield(task))  # a caller that leaves never cuts the work
@@ -214,10 +241,16 @@ class IdempotencyMixin:
     async def left_under(self, scope: str, key: str) -> tuple[bool, Result | None]:
         """What (scope, key) holds, for work now keyed otherwise that a release before keyed
         so: (whether it was claimed, its result once done). Waits while another live replica
-        is at work on it (a release before, during a rolling deploy), as `once` would."""
+        is at work on it (a release before, during a rolling deploy), as `once` would. Inside
+        `once(..., peek=)`, a key it peeked at is first taken as its try's fence read it, as
+        the try began (one read fewer), then read again each time it waits."""
+        peeked = _peeked.get()
         while True:
-            row = await self.fetchone("SELECT result, owner FROM idempotency WHERE scope=?"
-                                      " AND key=?", (scope, key))
+            if peeked is not None and (scope, key) in peeked:  # (read as the try began)
+                row = peeked.pop((scope, key))
+            else:
+                row = await self.fetchone("SELECT result, owner FROM idempotency WHERE"
+                                          " scope=? AND key=?", (scope, key))
             if row is None:
                 return False, None
             if row[0] is not None:
@@ -325,11 +358,12 @@ class IdempotencyMixin:
 
     async def _claim_and_run(self, slot: tuple[str, str], fingerprint: str,
                              work: Callable[[], Awaitable[Result]],
-                             later: list[Settlement] | None, preclaimed: bool) -> Result:
+                             later: list[Settlement] | None, preclaimed: bool,
+                             peek: Sequence[tuple[str, str]]) -> Result:
         while True:
             try:
                 return await self._claim_and_run_once(slot, fingerprint, work, later,
-                                                      preclaimed)
+                                                      preclaimed, peek)
             except ClaimLost:
                 preclaimed = False
                 # taken over while this try stalled (past DEAD_AFTER): it wrote nothing more,
@@ -338,7 +372,8 @@ class IdempotencyMixin:
 
     async def _claim_and_run_once(self, slot: tuple[str, str], fingerprint: str,
                                   work: Callable[[], Awaitable[Result]],
-                                  later: list[Settlement] | None, preclaimed: bool) -> Result:
+                                  later: list[Settlement] | None, preclaimed: bool,
+                                  peek: Sequence[tuple[str, str]]) -> Result:
         scope, key = slot
         ours = self._preclaimed(scope, key) if preclaimed else None
         while True:
@@ -363,11 +398,14 @@ class IdempotencyMixin:
         ours = ours or (scope, key, self.replica_id, claim, fresh)
         token = _resumed.set(existed)
         fence = _claim.set((self, ours))
+        looked = _peeked.set(None)
         self._at_work.add(ours[4])
         ran = False
         try:
             if preclaimed:  # claimed with its delivery, maybe long ago: still ours? (this
-                await check_claim()  # replica may have been taken for dead meanwhile)
+                # replica may have been taken for dead meanwhile); what `work` looks at first
+                # is read with it (`check_claim` and `left_under`'s first reads in one)
+                _peeked.set(await _fence_and_peek(self, ours, peek))
             with counting_writes() as made:
                 result = await work()
             ran = True
@@ -387,6 +425,7 @@ class IdempotencyMixin:
                 raise
             raise
         finally:
+            _peeked.reset(looked)
             _claim.reset(fence)
             _resumed.reset(token)
             if not ran:  # (let go of, or left for a later call of this replica to take over)
