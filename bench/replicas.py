@@ -29,8 +29,14 @@ used inside the window (Linux's /proc): this process (the bench, the local forge
 replica), the other replicas, PostgreSQL's server processes; with the load client's, what
 shows whether a cell was bound by the cores or by waits.
 
+With `--warm N`, each cell first has N deliveries handled (for mail, N issues more) and its
+queue drained before the window opens: the replicas measured as replicas that have run a while
+(their pools' connections open, statements prepared and planned), not just started. Cold, at 4
+replicas, 44 of PostgreSQL's backends opened inside a 5-second window and used more than half
+of the server's CPU in it.
+
 Run: .venv/bin/python -m bench.replicas [--workloads intake,mail,offices] [--offices 8]
-     [--count 1500] [--mails 200] [--cells sqlite,1,2,4] [--limits on|off|both]
+     [--count 1500] [--mails 200] [--cells sqlite,1,2,4] [--limits on|off|both] [--warm 0]
      (needs PostgreSQL's server: tests/pg.py starts a throwaway cluster, or set
      VAULTMAIL_TEST_PG=postgresql://USER@HOST:PORT/postgres)
 """
@@ -220,8 +226,15 @@ async def _write_transactions(session: aiohttp.ClientSession, apps: list[str]) -
     return total
 
 
+async def _until_drained(embedded: Embedded) -> None:
+    for _ in range(12000):  # every replica's queue is the one table: until it is empty
+        if not await embedded.services.store.pending_count():
+            return
+        await asyncio.sleep(0.05)
+
+
 async def _cell(cell: str, workload: str, limits_on: bool, count: int,
-                offices: int = 1) -> list[str]:
+                offices: int = 1, warm: int = 0) -> list[str]:
     url = "" if cell == "sqlite" else await pg.fresh_database()
     replicas = 1 if cell == "sqlite" else int(cell)
     embedded = await start_embedded(data_dir=Path(tempfile.mkdtemp()), port=0, forge_port=0,
@@ -234,17 +247,26 @@ async def _cell(cell: str, workload: str, limits_on: bool, count: int,
             embedded.forge.limits.update({"secondary_per_minute": 0, "secondary_per_hour": 0,
                                           "endpoint_points_per_minute": 0})
         if workload == "mail":
-            payloads = await _vault_payloads(embedded, count + WARMUP)
+            payloads = await _vault_payloads(embedded, warm + count + WARMUP)
         elif workload == "offices":
             vaults = _more_offices(embedded, offices)
             await embedded.settle()  # the installations' own webhooks handled first
-            payloads = await _vault_payloads(embedded, count + WARMUP, vaults)
+            payloads = await _vault_payloads(embedded, warm + count + WARMUP, vaults)
         else:
             payloads = [await _non_vault_payload(embedded)]
         if replicas > 1:
             others = await start_replicas(embedded.services.settings, replicas - 1)
         urls = [embedded.app_url + "/webhook", *(r.url + "/webhook" for r in others)]
-        store = embedded.services.store
+        if warm:  # handled and drained before the window: every replica's pool and caches
+            # as a replica that has run a while has them (its connections opened, statements
+            # prepared and planned), not as one just started
+            spec = {"urls": urls, "event": "issues", "rate": None,
+                    "secret": embedded.services.settings.webhook_secret,
+                    "payloads": payloads[:warm] if len(payloads) > 1 else payloads,
+                    "concurrency": IN_FLIGHT, "count": warm, "warmup": 0}
+            await run_client("bench.intake", spec)
+            await _until_drained(embedded)
+            payloads = payloads[warm:] if len(payloads) > 1 else payloads
         waits = LockWaits(url) if url else None
         apps = [embedded.app_url, *(r.url for r in others)]
         async with aiohttp.ClientSession() as session:
@@ -259,10 +281,7 @@ async def _cell(cell: str, workload: str, limits_on: bool, count: int,
                 "secret": embedded.services.settings.webhook_secret,
                 "payloads": payloads, "concurrency": IN_FLIGHT, "count": count,
                 "warmup": WARMUP})
-            for _ in range(12000):  # every replica's queue is the one table: until it is empty
-                if not await store.pending_count():
-                    break
-                await asyncio.sleep(0.05)
+            await _until_drained(embedded)
             handled = time.perf_counter() - start
             cpu.stop()
         async with aiohttp.ClientSession() as session:
@@ -288,14 +307,14 @@ async def _cell(cell: str, workload: str, limits_on: bool, count: int,
 
 
 async def main(workloads: list[str], cells: list[str], count: int, mails: int,
-               limits: str = "both", offices: int = 8) -> None:
+               limits: str = "both", offices: int = 8, warm: int = 0) -> None:
     rows = []
     for workload, n in (("intake", count), ("mail", mails), ("offices", mails)):
         if workload not in workloads:
             continue
         for limits_on in (True, False) if limits == "both" else (limits == "on",):
             for cell in cells:
-                rows.append(await _cell(cell, workload, limits_on, n, offices))
+                rows.append(await _cell(cell, workload, limits_on, n, offices, warm))
                 print("  ".join(rows[-1]), file=sys.stderr, flush=True)
     head = ["workload", "engine", "forge limits", "answered/s", "p50 ms", "p99 ms", "handled/s",
             "write transactions/event", "PostgreSQL transactions/event (reads too)",
@@ -304,7 +323,7 @@ async def main(workloads: list[str], cells: list[str], count: int, mails: int,
             "other answers; forge refusals"]
     print(f"command: .venv/bin/python -m bench.replicas --workloads {','.join(workloads)} "
           f"--count {count} --mails {mails} --cells {','.join(cells)} --limits {limits}"
-          f" --offices {offices}\n")
+          f" --offices {offices}" + (f" --warm {warm}" if warm else "") + "\n")
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
     for row in rows:
@@ -320,6 +339,8 @@ if __name__ == "__main__":
     parser.add_argument("--limits", choices=["on", "off", "both"], default="both")
     parser.add_argument("--offices", type=int, default=8,
                         help="organisations of the offices workload")
+    parser.add_argument("--warm", type=int, default=0,
+                        help="deliveries handled before each cell's window, not counted")
     args = parser.parse_args()
     run(main(args.workloads.split(","), args.cells.split(","), args.count, args.mails,
-                     args.limits, args.offices))
+                     args.limits, args.offices, args.warm))
