@@ -226,6 +226,55 @@ async def test_chats_beside_a_replica_of_the_release_before(embedded: Embedded,
     assert after["chat"] == beside["chat"] + 1, (beside, after)
 
 
+async def test_rows_a_stopped_replica_of_the_release_before_wrote_are_numbered_as_it_showed(
+        embedded: Embedded, tools: Any) -> None:
+    """A replica of the release before wrote a chat, its run and their ledger entry (no
+    number: each goes by its id, its seq), then stopped: none of that release lives, so the
+    office counts on. Its rows are numbered as it showed them, and the office's next numbers
+    come after them, not in between (a number it showed is never given again): each
+    transaction that numbers an office's rows first numbers those left unnumbered, whether
+    or not such a replica lives now."""
+    import time
+
+    from bot.store.ledger import GENESIS, _digest
+
+    store = embedded.services.store
+    lee = tools(LEE)
+    await lee("agent_chat", agent="scout", message="ours, first")
+    async with store.transaction(ledger.key("acme")) as db:
+        await db.execute("INSERT INTO replicas(id, url, started_at, seen_at, steady_since)"
+                         " VALUES ('old', NULL, vm_now()-60, vm_now()-60, vm_now()-60)")
+        chat = await db.insert(
+            "INSERT INTO chats(agent, sender, message, created_at, org) VALUES (?,?,?,?,?)"
+            " RETURNING id", ("agent:scout", LEE, "from the old replica", time.time(), "acme"))
+        run = await db.insert("INSERT INTO runs(agent, kind, subject, state, created_at, org)"
+                              " VALUES (?,?,?,?,?,?) RETURNING id",
+                              ("agent:scout", "chat", f"chat:{chat}", "queued", time.time(),
+                               "acme"))
+        head = await db.fetchone("SELECT hash FROM ledger WHERE chain='acme'"
+                                 " ORDER BY seq DESC LIMIT 1")
+        prev, at, data = head[0] if head else GENESIS, time.time(), f'{{"run":{run}}}'
+        seq = await db.insert(
+            "INSERT INTO ledger(time, event, actor, subject, data, prev_hash, hash, org, chain)"
+            " VALUES (?,?,?,?,?,?,?,?,?) RETURNING seq",
+            (at, "run.queued", LEE, f"chat:{chat}", data, prev,
+             _digest(prev, at, "run.queued", LEE, f"chat:{chat}", data, "acme"), "acme",
+             "acme"))
+    after = (await lee("agent_chat", agent="scout", message="ours, after"))["chat"]
+    assert after["chat"] == chat + 1, ("after the old replica's chat", chat, after)
+    assert (await lee("chat_get", chat=chat))["chat"]["message"] == "from the old replica"
+    numbered = {(r["kind"], r["n"], r["was"]) for r in await store.fetchall(
+        "SELECT 'chat' AS kind, number AS n, id AS was FROM chats WHERE id=?"
+        " UNION ALL SELECT 'run', number, id FROM runs WHERE id=?"
+        " UNION ALL SELECT 'entry', pos, seq FROM ledger WHERE seq=?", (chat, run, seq))}
+    assert numbered == {("chat", chat, chat), ("run", run, run), ("entry", seq, seq)}, numbered
+    changes = (await lee("list_changes", since=0, limit=1000))["events"]
+    queued = [e for e in changes if e["event"] == "run.queued"]
+    assert [e["subject"] for e in queued][-2:] == [f"chat:{chat}", f"chat:{chat + 1}"], queued
+    assert queued[-1]["data"]["run"] == run + 1 and queued[-1]["seq"] == seq + 1, queued
+    assert await ledger.verify_chain(store, "acme") is None
+
+
 async def test_chats_from_before_offices_are_adopted_beside_numbered_ones(
         embedded: Embedded, tools: Any) -> None:
     """Chats written before offices (no office, their number their id) are given to the

@@ -18,6 +18,7 @@ the strangers answered) key it by `scoped(org, principal)` instead.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 
@@ -129,7 +130,12 @@ async def next_number(db: Connection, table: str, column: str, was: str,
 
     What a transaction learns here it keeps (`db.memo`): the key is held to its end, so the
     second number it takes of an office's is the first plus one, and what it read of the
-    release before's replicas and rows stands (a mail's adoption takes three numbers)."""
+    release before's replicas and rows stands (a mail's adoption takes three numbers).
+
+    Each first number of a table in a transaction first numbers the rows such a release wrote
+    meanwhile, and looks whether one of its replicas lives: on SQLite each its own statement
+    (its transaction runs in one hop), on PostgreSQL all of it one statement with the
+    number's (`_numbered_pg`), as fresh as ever (read once the key is held), one round trip."""
     org = org.lower()
     name = f"{table}.{column}"
     memo = db.memo
@@ -141,29 +147,58 @@ async def next_number(db: Connection, table: str, column: str, was: str,
         memo["number", org, name] = number
         return number
     await hold(db, f"ledger:{org}")
-    if ("unnumbered", org, table) not in memo:
-        # rows such a release wrote meanwhile: numbered as that release showed them
-        await db.execute(f"UPDATE {table} SET {column}={was} WHERE org=? AND {column} IS NULL",
-                         (org,))
     older = memo.get("older numbering")
-    if older is None:
-        older = memo["older numbering"] = (
-            await db.fetchone(_OLDER_NUMBERING, (_OLDER_FOR,)) is not None)
-    if older:
-        return None
+    if db.engine == "postgresql" and not older:
+        # (`older` None: not read yet in this transaction; no row back then: one lives)
+        row = await db.fetchone(_numbered_pg(table, column, was),
+                                (org, org, name, org, org, name, older is None, _OLDER_FOR))
+        memo["older numbering"] = row is None
+        if row is None:
+            return None
+    else:
+        if ("unnumbered", org, table) not in memo:
+            # rows such a release wrote meanwhile: numbered as that release showed them
+            await db.execute(f"UPDATE {table} SET {column}={was} WHERE org=? AND {column}"
+                             " IS NULL", (org,))
+        if older is None:
+            older = memo["older numbering"] = (
+                await db.fetchone(_OLDER_NUMBERING, (_OLDER_FOR,)) is not None)
+        if older:
+            return None
+        row = await db.fetchone(  # (each part one step down an index; WHERE true: SQLite's
+            # parser takes the ON CONFLICT as the upsert's, not as a join's)
+            "INSERT INTO office_numbers(org, name, last) SELECT ?, ?, COALESCE(MAX(n), 0) + 1"
+            f" FROM (SELECT MAX({column}) AS n FROM {table} WHERE org=?"
+            f" UNION ALL SELECT MAX({column}) FROM {table} WHERE org IS NULL"
+            " UNION ALL SELECT last FROM office_numbers WHERE org=? AND name=?) found"
+            " WHERE true ON CONFLICT(org, name) DO UPDATE SET last=excluded.last"
+            " RETURNING last", (org, name, org, org, name))
+        assert row is not None
     memo["unnumbered", org, table] = True  # (none now, and none comes: the key is held)
-    row = await db.fetchone(  # (each part one step down an index; WHERE true: SQLite's
-        # parser takes the ON CONFLICT as the upsert's, not as a join's)
-        "INSERT INTO office_numbers(org, name, last) SELECT ?, ?, COALESCE(MAX(n), 0) + 1"
-        f" FROM (SELECT MAX({column}) AS n FROM {table} WHERE org=?"
-        f" UNION ALL SELECT MAX({column}) FROM {table} WHERE org IS NULL"
-        " UNION ALL SELECT last FROM office_numbers WHERE org=? AND name=?) found WHERE true"
-        " ON CONFLICT(org, name) DO UPDATE SET last=excluded.last RETURNING last",
-        (org, name, org, org, name))
-    assert row is not None
     number = int(row[0])
     memo["number", org, name] = number
     return number
+
+
+@functools.cache
+def _numbered_pg(table: str, column: str, was: str) -> str:
+    """PostgreSQL: `next_number`'s three steps in one statement. The rows a release before
+    wrote unnumbered are numbered `was` (`fixed`; the statement's other parts read the table
+    as it was before, so the numbers given are counted from `fixed` too); then, unless asked
+    not to look (the transaction read it already) or a replica of that release lives (then no
+    row comes back), the office's next number is taken, above every number given."""
+    return (
+        f"WITH fixed AS (UPDATE {table} SET {column}={was} WHERE org=? AND {column} IS NULL"
+        f" RETURNING {column} AS n)"
+        " INSERT INTO office_numbers(org, name, last) SELECT ?, ?, next FROM"
+        " (SELECT COALESCE(MAX(n), 0) + 1 AS next FROM"
+        f" (SELECT MAX({column}) AS n FROM {table} WHERE org=?"
+        f" UNION ALL SELECT MAX({column}) FROM {table} WHERE org IS NULL"
+        " UNION ALL SELECT last FROM office_numbers WHERE org=? AND name=?"
+        " UNION ALL SELECT MAX(n) FROM fixed) found) counted"
+        " WHERE NOT (? AND EXISTS (SELECT 1 FROM replicas WHERE numbering IS NULL"
+        " AND seen_at>vm_now()-?))"
+        " ON CONFLICT(org, name) DO UPDATE SET last=excluded.last RETURNING last")
 
 
 async def number_as_was(db: Connection, table: str, column: str, was: str,

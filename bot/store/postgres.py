@@ -42,7 +42,7 @@ from bot.store.locks import (
 )
 from bot.store.migrations import MIGRATIONS_TABLE, column, migrations
 from bot.store.queue import DEAD_AFTER
-from bot.store.sql import Params, Row, Statement, ddl, for_postgres
+from bot.store.sql import Engine, Params, Row, Statement, ddl, for_postgres
 
 log = logging.getLogger("vaultmail.store")
 
@@ -191,6 +191,7 @@ class Connection:
     """The store's connection (bot.store.sql.Connection) over one pooled asyncpg connection:
     each call one statement, prepared once per connection (asyncpg's statement cache)."""
 
+    engine: Engine = "postgresql"
     keyed = True  # writers run side by side: `hold` takes an advisory lock
 
     def __init__(self, conn: asyncpg.Connection) -> None:

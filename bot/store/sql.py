@@ -53,6 +53,10 @@ class Connection(Protocol):
     aiosqlite, PostgreSQL's over asyncpg). A statement is a plain string both engines take, or
     a `Sql` said for each (bot.store.sql)."""
 
+    # which engine it is, where the two must take a step in different statements: each of
+    # PostgreSQL's costs a round trip (folded into one where its dialect can), SQLite's
+    # `run_transaction` runs whole in one hop to its thread (each kept plain there)
+    engine: Engine
     # whether the engine runs writers side by side, so that `hold` takes a lock
     keyed: bool
     # whether keys are also taken as a live replica of an older release takes them

@@ -23,7 +23,7 @@ from bot.private_files import narrow, private_dir, private_file
 from bot.store.db import Store
 from bot.store.migrations import MIGRATIONS_TABLE, column, migrations
 from bot.store.sql import Connection as StoreConnection
-from bot.store.sql import Params, Row, Statement, ddl, for_sqlite
+from bot.store.sql import Engine, Params, Row, Statement, ddl, for_sqlite
 
 log = logging.getLogger("vaultmail.store")
 
@@ -216,6 +216,7 @@ class Connection:
     the connection's thread, which runs the statement, reads what it answers and closes its
     cursor there (aiosqlite's cursor takes a hop for each)."""
 
+    engine: Engine = "sqlite"
     keyed = False  # one writer at a time: it holds every key
     older_keys = False
 
