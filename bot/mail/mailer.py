@@ -593,14 +593,16 @@ class Mailer:
 
         async def index(db: Connection) -> tuple[MailRecord | None, bool, int | None]:
             """(the mail as indexed, whether this call indexed it, its run if admitted)"""
-            indexed = await mails.get_mail_in(db, record.mail_id)
+            # the row under its id, if one is there, whoever holds the claim now; else this
+            # one, if this try's claim is still its own
+            if fence and not await idempotency.claim_held_in(db):
+                indexed = await mails.get_mail_in(db, record.mail_id)
+                return (None if indexed is None
+                        else same_mail(indexed, record, adopted=adopted)), False, None
+            indexed = await _indexed_before(db, record, actor, adopted_at=adopted_at,
+                                            sent_from=sent_from)
             if indexed is not None:
                 return same_mail(indexed, record, adopted=adopted), False, None
-            if fence and not await idempotency.claim_held_in(db):
-                return None, False, None
-            await _index_sent(db, record, actor, adopted_at=adopted_at)
-            if sent_from is not None:
-                await mails.set_sent_from(db, record.mail_id, sent_from)
             return record, True, await _woken(db, record, actor, agent, quiet)
 
         # the sender and the recovery path may record one mail id at once: one looks, then
@@ -741,11 +743,10 @@ class Mailer:
         async with self.services.store.transaction(
                 f"mail:{record.mail_id}", mails.box_key(record.org, record.to_principal),
                 ledger.key(record.org)) as db:
-            indexed = await mails.get_mail_in(db, record.mail_id)
+            indexed = await _indexed_before(db, record, actor, adopted_at=adopted_at)
             if indexed is not None:
                 same_mail(indexed, record, adopted=True)
                 return
-            await _index_sent(db, record, actor, adopted_at=adopted_at)
             await moves.note(db, record.mail_id, at)
             await ledger.append(db, "mail.closed", closer, record.ref, {
                 "mail": record.mail_id, "from": MailState.NEW.value,
@@ -1320,14 +1321,32 @@ class Mailer:
 
 
 async def _index_sent(db: Connection, record: MailRecord, actor: str, *,
-                      adopted_at: float | None = None) -> None:
-    """Inside the indexing transaction: the mail in the index, and `mail.sent` by `actor`.
-    `adopted_at`: a mail adopted by a write the forge dates then (an issue opened by hand:
-    no send of the app's was pending)."""
-    await mails.put_mail(db, record, adopted_at=adopted_at)
+                      adopted_at: float | None = None, sent_from: str | None = None) -> bool:
+    """Inside the indexing transaction: the mail in the index, and `mail.sent` by `actor`;
+    False, doing nothing, when a row is under its mail id already. `adopted_at`: a mail
+    adopted by a write the forge dates then (an issue opened by hand: no send of the app's
+    was pending); `sent_from`: the run it was sent from (`mails.add_mail`)."""
+    if not await mails.add_mail(db, record, adopted_at=adopted_at, sent_from=sent_from):
+        return False
     if adopted_at is None:
         await mails.sent(db, record.mail_id)
     await _ledger_sent(db, record, actor)
+    return True
+
+
+async def _indexed_before(db: Connection, record: MailRecord, actor: str, *,
+                          adopted_at: float | None = None,
+                          sent_from: str | None = None) -> MailRecord | None:
+    """Inside the indexing transaction: the row indexed under the mail's id before, if one
+    is (nothing written then); else None, `_index_sent` done. The row's write is the look,
+    one statement that writes nothing where a row is, not a read and then a write."""
+    while not await _index_sent(db, record, actor, adopted_at=adopted_at,
+                                sent_from=sent_from):
+        indexed = await mails.get_mail_in(db, record.mail_id)
+        if indexed is not None:
+            return indexed
+        # (gone between the two: a reindex let it go; the write looks again)
+    return None
 
 
 async def _ledger_sent(db: Connection, record: MailRecord, actor: str) -> None:

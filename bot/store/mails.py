@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Sequence
@@ -125,6 +126,17 @@ _PUT_ADOPTED = upsert("mails", [*_COLUMNS, "org", "adopted_at"], ["mail_id"],
                       {"updated_at": "vm_now()"})
 
 
+@functools.cache
+def _add(adopted: bool, sent_from: bool) -> str:
+    """`add_mail`'s statement: the row `put_mail` writes (`adopted_at`, `sent_from` too where
+    given), or nothing where one is under its id."""
+    columns = [*_COLUMNS, "org", *(["adopted_at"] if adopted else []),
+               *(["sent_from"] if sent_from else [])]
+    return (f"INSERT INTO mails({', '.join(columns)}, updated_at)"
+            f" VALUES ({','.join('?' for _ in columns)},vm_now())"
+            " ON CONFLICT(mail_id) DO NOTHING RETURNING 1")
+
+
 # One recipient's mail rows are written one transaction at a time (on PostgreSQL, where writers
 # run side by side): `updated_at` is what wakes a waiting agent (has_unshown, against what it
 # was last shown), so a row stamped earlier must never commit after one stamped later, or an
@@ -144,18 +156,36 @@ async def _hold_box_of(db: Connection, mail_id: str) -> None:
         await hold(db, box_key(org_of(row["vault"]), row["to_principal"]))
 
 
+def _values(mail: MailRecord) -> list[Any]:
+    values = [getattr(mail, c) for c in _COLUMNS]
+    values[_COLUMNS.index("tampered")] = int(mail.tampered)
+    values[_COLUMNS.index("other_labels")] = json.dumps(list(mail.other_labels))
+    return values
+
+
 async def put_mail(db: Connection, mail: MailRecord, *, adopted_at: float | None = None
                    ) -> None:
     """The mail's row, written whole; `adopted_at` as `set_adopted_at` (in the same
     statement)."""
     await hold(db, box_key(mail.org, mail.to_principal))
-    values = [getattr(mail, c) for c in _COLUMNS]
-    values[_COLUMNS.index("tampered")] = int(mail.tampered)
-    values[_COLUMNS.index("other_labels")] = json.dumps(list(mail.other_labels))
+    values = _values(mail)
     if adopted_at is None:
         await db.execute(_PUT_MAIL, (*values, mail.org))
     else:
         await db.execute(_PUT_ADOPTED, (*values, mail.org, adopted_at))
+
+
+async def add_mail(db: Connection, mail: MailRecord, *, adopted_at: float | None = None,
+                   sent_from: str | None = None) -> bool:
+    """The mail's row, as `put_mail` writes it (and `sent_from`, the run it was sent from),
+    unless a row is under its id already: then nothing is written, and False (`get_mail_in`
+    reads it). One statement where a look, then a write, took two: the mail's indexing
+    (bot.mail.mailer), on every new mail's path."""
+    await hold(db, box_key(mail.org, mail.to_principal))
+    extra = [v for v in (adopted_at, sent_from) if v is not None]
+    row = await db.fetchone(_add(adopted_at is not None, sent_from is not None),
+                            (*_values(mail), mail.org, *extra))
+    return row is not None
 
 
 async def set_state(db: Connection, mail_id: str, state: str,
@@ -434,12 +464,6 @@ register_columns("mails", {"sent_from": "{text}"}, version=27)
 register_backfill("CREATE INDEX IF NOT EXISTS mails_sent_from ON mails(sent_from)",
                   postgres="CREATE INDEX IF NOT EXISTS mails_sent_from ON mails(sent_from)",
                   version=27)
-
-
-async def set_sent_from(db: Connection, mail_id: str, run: str) -> None:
-    """Mail `mail_id` was sent from the run `run` woke (in the caller's transaction, the one
-    that indexes the mail)."""
-    await db.execute("UPDATE mails SET sent_from=? WHERE mail_id=?", (run, mail_id))
 
 
 # Each send from one run to one recipient counts a hop past the last (the loop guard,
