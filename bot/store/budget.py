@@ -82,6 +82,13 @@ def place(times: list[tuple[float, bool, str]], at: float, content: bool, endpoi
     return at
 
 
+# PostgreSQL: the store's clock and the writes placed since a span before it (`recent`,
+# reckoned as place_all does: now - span - slack), in one statement; the clock is read once
+# (a volatile function's CTE is never inlined), and a row without a write (`at` NULL) comes
+# back when there is none
+_NOW_AND_RECENT = ("WITH n(t) AS (SELECT vm_now()) SELECT n.t, w.at, w.content, w.endpoint"
+                   " FROM n LEFT JOIN forge_writes w ON w.who=? AND w.at>n.t-?-?")
+
 _Write = tuple[str, str, bool, float | None]  # (who, endpoint, content, at most this wait)
 _Placed = tuple[float, bool, str]  # (at, content, endpoint)
 
@@ -134,17 +141,26 @@ class SharedWriteBudget:
             # one installation's writes read its window once, not once a write)
             placed: dict[str, _Window] = {}
             now = 0.0
+            # every window but the hour's creations looks a minute back at most (and the
+            # spacing, min_interval): what was placed since, whatever it was, and before
+            # that, for a creation, the hour's creations
+            back = max(60.0, self.limits.min_interval)
             for who, endpoint, content, at_most in writes:
-                if not placed:  # (the group's writes are placed at one moment of the store's)
+                window = placed.get(who)
+                if window is None and not placed and db.engine == "postgresql":
+                    # (the group's writes are placed at one moment of the store's: read with
+                    # the first one's window, in one round trip)
+                    rows = await db.fetchall(_NOW_AND_RECENT,
+                                             (who, back, float(self.limits.slack)))
+                    now = float(rows[0][0])
+                    window = placed[who] = _Window([(float(r[1]), bool(r[2]), str(r[3]))
+                                                    for r in rows if r[1] is not None])
+                elif not placed:  # (SQLite: each its own statement, in the trip's one hop)
                     row = await db.fetchone("SELECT vm_now() AS t")
                     assert row is not None
                     now = float(row[0])
                 horizon = now - 3600.0 - self.limits.slack
-                # every window but the hour's creations looks a minute back at most (and the
-                # spacing, min_interval): what was placed since, whatever it was, and before
-                # that, for a creation, the hour's creations
-                recent = now - max(60.0, self.limits.min_interval) - self.limits.slack
-                window = placed.get(who)
+                recent = now - back - self.limits.slack
                 if window is None:
                     rows = await db.fetchall("SELECT at, content, endpoint FROM forge_writes"
                                              " WHERE who=? AND at>?", (who, recent))
