@@ -249,6 +249,39 @@ async def test_a_key_peeked_at_with_a_preclaimed_tries_fence_is_waited_on_while_
         "old": [True, {"n": 7}], "none": [False, None]}
 
 
+async def test_a_second_peeked_key_is_read_again_after_a_wait_on_the_first(
+        store: Store) -> None:
+    """What the fence read of the keys a try looks under is stale once the work waited on
+    one of them: a change another replica finished under the second key meanwhile (a release
+    before, its own key) is found there, not made again."""
+    async with store.transaction() as db:
+        await db.execute("INSERT INTO replicas(id, url, started_at, seen_at, steady_since)"
+                         " VALUES ('older', NULL, vm_now(), vm_now()+3600, vm_now())")
+        await db.execute("INSERT INTO idempotency(scope, key, fingerprint, claimed_at, owner)"
+                         " VALUES ('forge', 'old1', '', 0, 'older')")
+        assert await store.preclaim_in(db, "forge", [("k", "")]) == {"k"}
+    began = asyncio.Event()
+
+    async def work() -> dict[str, Any]:  # as the worker's look under the keys before
+        began.set()
+        for left in ("old1", "old2"):
+            _, done = await store.left_under("forge", left)
+            if done is not None:
+                return done
+        return {"delivery": "made again"}
+
+    task = asyncio.create_task(store.once("forge", "k", "", work, later=[], preclaimed=True,
+                                          peek=[("forge", "old1"), ("forge", "old2")]))
+    await began.wait()  # (its fence has read both: old1 at work on a live replica, no old2)
+    async with store.transaction() as db:
+        # another replica finished the change under old2; old1's try was let go of
+        await db.execute("INSERT INTO idempotency(scope, key, fingerprint, claimed_at, owner,"
+                         " result) VALUES ('forge', 'old2', '', 0, 'older2',"
+                         " '{\"delivery\": \"d-other\"}')")
+        await db.execute("UPDATE idempotency SET owner=NULL WHERE key='old1'")
+    assert await asyncio.wait_for(task, 10) == {"delivery": "d-other"}
+
+
 async def test_an_idle_worker_looks_for_work_with_a_read_and_writes_nothing(
         tmp_path: Path) -> None:
     """An idle worker (each replica's, twice a second on PostgreSQL) asks with a read whether

@@ -243,7 +243,8 @@ class IdempotencyMixin:
         so: (whether it was claimed, its result once done). Waits while another live replica
         is at work on it (a release before, during a rolling deploy), as `once` would. Inside
         `once(..., peek=)`, a key it peeked at is first taken as its try's fence read it, as
-        the try began (one read fewer), then read again each time it waits."""
+        the try began (one read fewer), then read again each time it waits; once it waited,
+        every key it peeked at is read again (the fence's reading is stale by then)."""
         peeked = _peeked.get()
         while True:
             if peeked is not None and (scope, key) in peeked:  # (read as the try began)
@@ -258,6 +259,8 @@ class IdempotencyMixin:
                 return True, done
             if not await self._held_elsewhere(self, row[1]):
                 return True, None  # left unfinished: go on from it (`resuming`)
+            if peeked:  # (what the fence read is stale once anything waited)
+                peeked.clear()
             await asyncio.sleep(OTHER_REPLICA_POLL)
 
     def _finished(self, slot: tuple[str, str], task: asyncio.Future[Result]) -> None:
