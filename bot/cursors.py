@@ -20,24 +20,46 @@ PLACES = 1 << 36  # the places a cursor stands for (the rest of its numbers stan
 _HALF = BITS // 2
 _MASK = (1 << _HALF) - 1
 _ROUNDS = 4
+_KEPT = 4096  # cursors kept, by place (`Cursors.shown`)
 
 
 class Cursors:
     def __init__(self, secret: str) -> None:
-        self._key = hmac.new(secret.encode(), b"vaultmail cursors", hashlib.sha256).digest()
+        key = hmac.new(secret.encode(), b"vaultmail cursors", hashlib.sha256).digest()
+        # HMAC-SHA256 under `key` (RFC 2104: H(key^opad || H(key^ipad || message)), the key
+        # of 32 bytes padded to the hash's block), from the two keyed states made once here:
+        # each round copies them, where `hmac.new` (or the one-shot `hmac.digest`) set the
+        # key up again, 2.0 us against 0.8 us, and a page of list_inbox's updates rounds its
+        # cursors 120 times (the same bytes: tests/test_cursors.py)
+        padded = key.ljust(hashlib.sha256().block_size, b"\0")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in padded))
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in padded))
+        # the cursors shown lately, by place: an inbox shows the same page of updates on call
+        # after call (its newest first), 30 cursors of four rounds each
+        self._given: dict[int, int] = {}
 
     def _round(self, i: int, half: int) -> int:
-        mac = hmac.new(self._key, bytes([i]) + half.to_bytes(4, "big"), hashlib.sha256)
-        return int.from_bytes(mac.digest()[:4], "big") & _MASK
+        inner = self._inner.copy()
+        inner.update(bytes([i]) + half.to_bytes(4, "big"))
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return int.from_bytes(outer.digest()[:4], "big") & _MASK
 
     def shown(self, place: int) -> int:
         """The cursor an office is shown for a row's `place`."""
+        given = self._given.get(place)
+        if given is not None:
+            return given
         if not 0 <= place < PLACES:
             raise ValueError(f"{place} is past what a cursor holds")
         left, right = place >> _HALF, place & _MASK
         for i in range(_ROUNDS):
             left, right = right, left ^ self._round(i, right)
-        return left << _HALF | right
+        given = left << _HALF | right
+        if len(self._given) >= _KEPT:  # the oldest kept makes room
+            del self._given[next(iter(self._given))]
+        self._given[place] = given
+        return given
 
     def place(self, shown: int) -> int:
         """The place a cursor this deployment gave stands for; ValueError for none it could
