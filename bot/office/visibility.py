@@ -35,6 +35,7 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from bot.mail.signing import name_now
@@ -123,8 +124,22 @@ def login_of(office: Office, principal: str) -> str | None:
 
 
 def split_ref(ref: str) -> tuple[str, int] | None:
+    """`owner/repo#N` as (lower-cased `owner/repo`, N); None for other text."""
+    # (kept: every read asks about the same refs again, list_inbox about a hundred a call,
+    # 1 us each; the answer is the text's alone. Only text a ref could be is kept, so what
+    # is kept stays small: owner 39 and repository 100 characters, a number of 20 digits)
+    return _split_ref(ref) if len(ref) <= _REF_KEPT else _split(ref)
+
+
+_REF_KEPT = 200
+
+
+def _split(ref: str) -> tuple[str, int] | None:
     m = _REF.match(ref.strip())
     return (m["repo"].lower(), int(m["n"])) if m else None
+
+
+_split_ref = lru_cache(maxsize=16_384)(_split)
 
 
 def is_editor(office: Office, principal: str) -> bool:

@@ -12,6 +12,7 @@ from operator import attrgetter, itemgetter
 from typing import Any
 from weakref import WeakKeyDictionary
 
+from bot import jsontext
 from bot.items.model import Item
 from bot.items.threads import ThreadState
 from bot.store.db import Connection, Row, Store, hold, register_columns, register_schema
@@ -320,10 +321,12 @@ class CommentRow:
     deleted_at: float | None = None
 
 
+# (a row's JSON is read by orjson where it reads it as json.loads does, `bot.jsontext`: an
+# inbox reads some fifty of them a call)
 def _comment(r: Any) -> CommentRow:
     return CommentRow(r["id"], r["item"], r["thread"], r["parent"], r["author"], r["body"],
-                      json.loads(r["data"]), r["forge_id"], r["created_at"], r["edited_at"],
-                      r["deleted_at"])
+                      jsontext.loads(r["data"]), r["forge_id"], r["created_at"],
+                      r["edited_at"], r["deleted_at"])
 
 
 async def put_comment(db: Connection, c: CommentRow) -> None:
@@ -437,7 +440,8 @@ class ThreadRow:
 
 
 def _thread(r: Any) -> ThreadRow:
-    return ThreadRow(r["id"], r["item"], r["scope"], ThreadState.from_json(json.loads(r["state"])),
+    return ThreadRow(r["id"], r["item"], r["scope"],
+                     ThreadState.from_json(jsontext.loads(r["state"])),
                      r["card_id"], r["card_body"], r["answered_at"], r["updated_at"])
 
 
@@ -486,6 +490,27 @@ async def threads_by_ids(store: Store, ids: list[str]) -> list[ThreadRow]:
     marks = ",".join("?" for _ in ids)
     rows = await store.fetchall(f"SELECT * FROM threads WHERE id IN ({marks})", tuple(ids))
     return [_thread(r) for r in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadPlace:
+    """Where a thread is: its item, and the scope its decision counts for (`ThreadRow`'s,
+    without its state)."""
+
+    id: str
+    item: str
+    scope: str
+
+
+async def thread_places(store: Store, ids: list[str]) -> list[ThreadPlace]:
+    """The places of these threads: what `views.hidden_claims` reads of a thread, without
+    reading and decoding its state (an inbox asks it of the threads of its unread comments
+    on every call)."""
+    if not ids:
+        return []
+    rows = await store.fetchall(f"SELECT id, item, scope FROM threads WHERE id IN ({_marks(ids)})",
+                                tuple(ids))
+    return [ThreadPlace(r["id"], r["item"], r["scope"]) for r in rows]
 
 
 async def thread_by_card(store: Store, card_id: int, item: str) -> ThreadRow | None:
