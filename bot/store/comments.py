@@ -921,9 +921,12 @@ UPDATES_WINDOW = 512  # newest updates checked one by one before the relevant se
 
 async def updates_for(store: Store, mine: list[str], logins: list[str], exclude: list[str],
                       before: int | None, since: float | None,
-                      limit: int, *, org: str) -> list[Row]:
+                      limit: int, *, org: str, least: int | None = None) -> list[Row]:
     """`updates_page` over `org`'s items relevant to `mine`/`logins` (see `_relevant_sql`),
-    newest first, without building that set when the newest updates already fill the page."""
+    newest first, without building that set when the newest updates already fill the page.
+    `least`: the caller reads ahead, and `least` rows (or every one there is) are enough
+    where the window holds that many but not `limit` (it reads on from the last row when it
+    needs more): the window's rows are returned, not read past it."""
     org = org.lower()
     mine = mine or [""]
     m, ex = _marks(mine), _marks(exclude) or "''"
@@ -959,8 +962,8 @@ async def updates_for(store: Store, mine: list[str], logins: list[str], exclude:
         " ORDER BY 1 DESC",
         (org, *page, *window, *exclude, *mine, *mine, *mine, *logins, limit, *window))
     full = rows.pop()["at"] is not None
-    if len(rows) >= limit or not full:
-        return rows  # the page is full, or the window held every candidate
+    if len(rows) >= (limit if least is None else least) or not full:
+        return rows  # the page is full (enough of it), or the window held every candidate
     sql, params = _relevant_sql(mine, logins)
     return await store.fetchall(
         "SELECT * FROM item_updates WHERE item IN (" + sql + f") AND actor NOT IN ({ex})"

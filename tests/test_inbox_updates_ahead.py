@@ -1,0 +1,147 @@
+"""The updates page reads ahead (issue 22, `bench.inbox`): a page with updates the viewer may
+not see read past them in four reads, one per round; it reads as many rows ahead as the share
+it saw says the page lacks, so it takes one or two reads, and gives the same page and cursor
+as the rounds read one by one (`inbox.updates_page`), on both engines. Counted, not timed."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from bot.items import inbox
+from bot.items.model import Item
+from bot.items.views import iso
+from bot.office.config import load_office
+from bot.store import Store, open_store
+from bot.store import comments as db
+
+SARA = "human:sara@acme.com"
+SHOWN, HIDDEN = "acme/shown", "acme/hidden"
+
+
+async def sees(refs: Iterable[str]) -> set[str]:  # acme/shown only, as the forge would say
+    return {r for r in refs if r.startswith(SHOWN + "#")}
+
+
+async def rounds_one_by_one(
+    store: Store, before: int | None, since: float | None
+) -> dict[str, Any]:
+    """The page as the rounds read it one by one, each its own read of as many updates as
+    the page lacks (and one more)."""
+    office = load_office()
+    who = inbox.Whose.of(office, SARA)
+    logins = inbox.logins_of(office, who)
+    updates: list[dict[str, Any]] = []
+    cursor, more = before, None
+    for _ in range(inbox.UPDATE_ROUNDS):
+        want = inbox.PAGE - len(updates)
+        rows = await db.updates_for(
+            store, who.everyone, logins, who.everyone, cursor, since, want + 1, org=who.org
+        )
+        batch = rows[:want]
+        names = {r["seq"]: inbox.update_names(r) for r in batch}
+        shown = await sees(set().union(*names.values()))
+        updates += [
+            {
+                "item": r["item"],
+                "kind": r["kind"],
+                "actor": r["actor"],
+                "summary": r["summary"],
+                "at": iso(r["at"]),
+                "cursor": int(r["seq"]),
+                "contentIsData": True,
+            }
+            for r in batch
+            if names[r["seq"]] <= shown
+        ]
+        more = cursor = int(batch[-1]["seq"]) if len(rows) > want else None
+        if more is None or len(updates) == inbox.PAGE:
+            break
+    return {"updates": updates, "moreUpdatesBefore": more}
+
+
+async def _fill(store: Store, hidden: Any, count: int) -> None:
+    """`count` updates on sara's outcomes, update `u` on acme/hidden where `hidden(u)` (and
+    one in seven of the others on acme/shown telling of a plan in acme/hidden)."""
+    async with store.transaction() as tx:
+        await tx.execute("DELETE FROM item_updates")
+        await tx.execute("DELETE FROM items")
+        for repo in (SHOWN, HIDDEN):
+            for n in (1, 2, 3):
+                await db.put_item(
+                    tx,
+                    Item(
+                        repo=repo,
+                        number=n,
+                        kind="outcome",
+                        title=f"o{n}",
+                        state="open",
+                        author_login="sara",
+                        parent=None,
+                        author=SARA,
+                        assignees=(),
+                        claim=None,
+                    ),
+                )
+        for u in range(count):
+            on = HIDDEN if hidden(u) else SHOWN
+            about = f"{HIDDEN}#9" if on == SHOWN and u % 7 == 3 else None
+            await db.add_update(
+                tx, f"{on}#{u % 3 + 1}", "status", "agent:scout", f"u{u}", about=about
+            )
+
+
+def _by_chance(share: float, seed: int) -> Any:
+    chance = random.Random(seed)
+    drawn: dict[int, bool] = {}
+    return lambda u: drawn.setdefault(u, chance.random() < share)
+
+
+async def test_a_page_reads_ahead_and_is_the_page_the_rounds_read_one_by_one(
+    tmp_path: Path, database_url: str
+) -> None:
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    reads: list[str] = []
+    fetchall = store.fetchall
+
+    async def counted(sql: Any, params: Any = ()) -> list[Any]:
+        if "item_updates" in str(getattr(sql, "sqlite", sql)):
+            reads.append("read")
+        return await fetchall(sql, params)
+
+    store.fetchall = counted  # type: ignore[method-assign]
+    office = load_office()
+    try:
+        cases: list[tuple[str, Any, int]] = [
+            ("none hidden", lambda u: False, 100),
+            ("every other", lambda u: u % 2 == 1, 100),  # (every seventh shown names one too)
+            ("all hidden", lambda u: True, 150),
+            ("every other, short", lambda u: u % 2 == 1, 40),
+            *[
+                (f"{share:.0%} by chance", _by_chance(share, seed), count)
+                for seed, (share, count) in enumerate(
+                    [(0.3, 300), (0.5, 200), (0.8, 300), (0.5, 31), (0.1, 7)]
+                )
+            ],
+        ]
+        for name, hidden, count in cases:
+            await _fill(store, hidden, count)
+            for since in (None, 0.0):
+                before: int | None = None
+                while True:  # every page, by its cursor, as a client pages
+                    reads.clear()
+                    want = await rounds_one_by_one(store, before, since)
+                    one_by_one = len(reads)
+                    reads.clear()
+                    got = await inbox.updates_page(store, office, SARA, before, since, sees)
+                    assert got == want, (name, before)
+                    assert len(reads) <= one_by_one, (name, before)  # never more reads
+                    if before is None and name in ("every other", "all hidden"):
+                        assert (one_by_one, len(reads)) == (4, 2), name
+                    before = got["moreUpdatesBefore"]
+                    if before is None:
+                        break
+    finally:
+        await store.close()
