@@ -487,14 +487,17 @@ class Mailer:
                      if not str(lb["name"]).startswith("mail:")]
             await self.forge.update_issue(vault, number, state="closed",
                                           state_reason="not_planned", labels=other)
+        # said once, whoever else closes it at once (the late try itself and the worker
+        # handling its issue's `opened`, on two replicas): each looks, writes, then keeps the
+        # first comment carrying the marker and deletes the app's later ones; unfenced, as
+        # the late try tidies its own create
         marker = markers.marker("duplicate", original.mail_id)
-        if await self.forge.find_comment(vault, number, marker) is None:
-            await self.forge.create_comment(vault, number, (
-                f"This issue is a duplicate of #{original.number}, the same mail (id "
-                f"`{original.mail_id}`) opened twice: a send was retried while an earlier "
-                "try of it was still in flight. The mail is "
-                f"#{original.number}; this copy is closed and not in any inbox.\n\n{marker}"),
-                marker=marker)
+        await comment_once(self.forge, vault, number, (
+            f"This issue is a duplicate of #{original.number}, the same mail (id "
+            f"`{original.mail_id}`) opened twice: a send was retried while an earlier "
+            "try of it was still in flight. The mail is "
+            f"#{original.number}; this copy is closed and not in any inbox.\n\n{marker}"),
+            marker, fenced=False)
 
     async def sent_from(self, actor: str, woken_by: str | None, *,
                         at: float | None = None) -> str | None:
