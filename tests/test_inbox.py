@@ -181,3 +181,33 @@ async def test_a_cursor_says_nothing_of_the_rows_beside_it(embedded: Embedded, p
     # readBefore pages the comments already read: without read, it was dropped unsaid
     status, err = await marco.raw("list_inbox", {"readBefore": page["moreReadBefore"]})
     assert status == 422 and "read: true" in err["error"]["message"], err
+
+
+async def test_a_refused_cursor_marks_nothing_read(embedded: Embedded, person: Any,
+                                                   tools: Any) -> None:
+    """A person's look refused for a cursor this app never gave (422 bad_cursor) shows
+    nothing, so it marks nothing read: the comments it would have shown once are still
+    unread on the next look (they were marked read, then the cursor refused: never shown).
+    An agent's refusal carries its `inbox`, where its share is shown (once). A long poll
+    with such a cursor is refused before it waits."""
+    outcome = await make_item(embedded, person("marco"), "outcome", "Cursors",
+                              assignees=["scout-bot"])
+    sara: ToolClient = tools(SARA)
+    note = await sara("add_comment", targetType="outcome", target=outcome, body="Heads up",
+                      to=["marco@acme.com"])
+    marco: ToolClient = tools(MARCO)
+    scout: ToolClient = tools(SCOUT)
+    shown_to_scout = []
+    for args in ({"updatesBefore": 12345}, {"read": True, "readBefore": 12345}):
+        status, err = await marco.raw("list_inbox", args)
+        assert status == 422 and err["error"]["code"] == "bad_cursor", (args, err)
+        status, err = await scout.raw("list_inbox", args)
+        assert status == 422 and err["error"]["code"] == "bad_cursor", (args, err)
+        shown_to_scout += [c["id"] for c in err["inbox"]["unread"]]
+    got = await marco("list_inbox")
+    assert [c["id"] for c in got["you"]["unread"]] == [note["comment"]["id"]]
+    assert shown_to_scout == [note["comment"]["id"]]  # in its refusal's inbox, once
+    started = time.monotonic()
+    status, err = await marco.raw("list_inbox", {"updatesBefore": 12345, "wait": 30})
+    assert status == 422 and err["error"]["code"] == "bad_cursor", err
+    assert time.monotonic() - started < 10, "refused before it waited"
