@@ -102,8 +102,9 @@ async def hidden_claims(store: Store, threads: Iterable[ThreadRow | ThreadPlace]
     and questions of those the viewer cannot see are read, none else."""
     if sees is None:
         return {}
-    foreign = [t for t in threads
-               if t.scope.partition("#")[0].lower() != t.item.partition("#")[0].lower()]
+    foreign = [t for t in threads  # (a thread counted on its own item, most, is not)
+               if t.scope != t.item
+               and t.scope.partition("#")[0].lower() != t.item.partition("#")[0].lower()]
     if not foreign:
         return {}
     items = {ref: await db.get_item(store, ref) for ref in {t.item for t in foreign}}
