@@ -112,10 +112,12 @@ class LockWaits:
         self.commits = 0
         self._task: asyncio.Task[None] | None = None
         self._conn: asyncpg.Connection | None = None
+        self.server = 0  # the PostgreSQL server's pid
 
     async def __aenter__(self) -> LockWaits:
         self._conn = await asyncpg.connect(self.url)
         self.commits = -await self._xact_commit()
+        self.server = await self._server_pid()  # (before the sampler: one query at a time)
         self._task = asyncio.create_task(self._sample())
         return self
 
@@ -143,7 +145,7 @@ class LockWaits:
         self.commits += await self._xact_commit() - self.samples - 1
         await self._conn.close()
 
-    async def server_pid(self) -> int:
+    async def _server_pid(self) -> int:
         """The PostgreSQL server's (postmaster's) pid: the parent of this session's backend."""
         assert self._conn is not None
         backend = int(await self._conn.fetchval("SELECT pg_backend_pid()"))
@@ -273,7 +275,7 @@ async def _cell(cell: str, workload: str, limits_on: bool, count: int,
             writes = -await _write_transactions(session, apps)
         async with waits or contextlib.nullcontext():
             cpu = CpuSplit([r.proc.pid for r in others if r.proc is not None],
-                           await waits.server_pid() if waits else None)
+                           waits.server if waits else None)
             cpu.start()
             start = time.perf_counter()
             result = await run_client("bench.intake", {  # its load client, in its own process
