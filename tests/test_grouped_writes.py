@@ -220,6 +220,17 @@ async def test_a_key_claimed_with_its_delivery_and_taken_over_since_is_not_run_u
     assert tries == [] and later == []
 
 
+async def _preclaimed_beside_older_at_work(store: Store, key: str) -> None:
+    """`k` claimed with its delivery, while a live replica of a release before is at work on
+    `key` (its change keyed so)."""
+    async with store.transaction() as db:
+        await db.execute("INSERT INTO replicas(id, url, started_at, seen_at, steady_since)"
+                         " VALUES ('older', NULL, vm_now(), vm_now()+3600, vm_now())")
+        await db.execute("INSERT INTO idempotency(scope, key, fingerprint, claimed_at, owner)"
+                         " VALUES ('forge', ?, '', 0, 'older')", (key,))
+        assert await store.preclaim_in(db, "forge", [("k", "")]) == {"k"}
+
+
 async def test_a_key_peeked_at_with_a_preclaimed_tries_fence_is_waited_on_while_another_works_it(
         store: Store) -> None:
     """A try claimed with its delivery reads the keys its work looks under first (`once(...,
@@ -227,12 +238,7 @@ async def test_a_key_peeked_at_with_a_preclaimed_tries_fence_is_waited_on_while_
     one read: a key there that another live replica is at work on (a release before, during
     a rolling deploy) is still waited for, read again until its result is there, which the
     work gets; a key not there is none."""
-    async with store.transaction() as db:
-        await db.execute("INSERT INTO replicas(id, url, started_at, seen_at, steady_since)"
-                         " VALUES ('older', NULL, vm_now(), vm_now()+3600, vm_now())")
-        await db.execute("INSERT INTO idempotency(scope, key, fingerprint, claimed_at, owner)"
-                         " VALUES ('forge', 'old', '', 0, 'older')")
-        assert await store.preclaim_in(db, "forge", [("k", "")]) == {"k"}
+    await _preclaimed_beside_older_at_work(store, "old")
     began = asyncio.Event()
 
     async def work() -> dict[str, Any]:
@@ -254,12 +260,7 @@ async def test_a_second_peeked_key_is_read_again_after_a_wait_on_the_first(
     """What the fence read of the keys a try looks under is stale once the work waited on
     one of them: a change another replica finished under the second key meanwhile (a release
     before, its own key) is found there, not made again."""
-    async with store.transaction() as db:
-        await db.execute("INSERT INTO replicas(id, url, started_at, seen_at, steady_since)"
-                         " VALUES ('older', NULL, vm_now(), vm_now()+3600, vm_now())")
-        await db.execute("INSERT INTO idempotency(scope, key, fingerprint, claimed_at, owner)"
-                         " VALUES ('forge', 'old1', '', 0, 'older')")
-        assert await store.preclaim_in(db, "forge", [("k", "")]) == {"k"}
+    await _preclaimed_beside_older_at_work(store, "old1")
     began = asyncio.Event()
 
     async def work() -> dict[str, Any]:  # as the worker's look under the keys before
