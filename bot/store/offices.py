@@ -102,8 +102,8 @@ CREATE TABLE IF NOT EXISTS office_numbers (
 """, version=20)
 # a replica of a release before per-office numbers lives (a rolling deploy): its rows take
 # their id, and so do ours meanwhile, or one of its next ids could be a number we gave
-_OLDER_NUMBERING = ("SELECT 1 FROM replicas WHERE numbering IS NULL AND seen_at>vm_now()-?"
-                    " LIMIT 1")
+_OLDER_LIVES = "SELECT 1 FROM replicas WHERE numbering IS NULL AND seen_at>vm_now()-?"
+_OLDER_NUMBERING = _OLDER_LIVES + " LIMIT 1"
 _OLDER_FOR = 5.0  # seconds without a heartbeat after which a replica is gone (queue.DEAD_AFTER)
 
 
@@ -158,26 +158,39 @@ async def next_number(db: Connection, table: str, column: str, was: str,
     else:
         if ("unnumbered", org, table) not in memo:
             # rows such a release wrote meanwhile: numbered as that release showed them
-            await db.execute(f"UPDATE {table} SET {column}={was} WHERE org=? AND {column}"
-                             " IS NULL", (org,))
+            await db.execute(_fix(table, column, was), (org,))
         if older is None:
             older = memo["older numbering"] = (
                 await db.fetchone(_OLDER_NUMBERING, (_OLDER_FOR,)) is not None)
         if older:
             return None
-        row = await db.fetchone(  # (each part one step down an index; WHERE true: SQLite's
-            # parser takes the ON CONFLICT as the upsert's, not as a join's)
+        row = await db.fetchone(  # (WHERE true: SQLite's parser takes the ON CONFLICT as
+            # the upsert's, not as a join's)
             "INSERT INTO office_numbers(org, name, last) SELECT ?, ?, COALESCE(MAX(n), 0) + 1"
-            f" FROM (SELECT MAX({column}) AS n FROM {table} WHERE org=?"
-            f" UNION ALL SELECT MAX({column}) FROM {table} WHERE org IS NULL"
-            " UNION ALL SELECT last FROM office_numbers WHERE org=? AND name=?) found"
-            " WHERE true ON CONFLICT(org, name) DO UPDATE SET last=excluded.last"
-            " RETURNING last", (org, name, org, org, name))
+            f" FROM ({_numbers_given(table, column)}) found WHERE true{_TAKEN}",
+            (org, name, org, org, name))
         assert row is not None
     memo["unnumbered", org, table] = True  # (none now, and none comes: the key is held)
     number = int(row[0])
     memo["number", org, name] = number
     return number
+
+
+def _fix(table: str, column: str, was: str) -> str:
+    """The rows of an office (parameter: the org) a release before wrote unnumbered, numbered
+    as that release showed them (`was`)."""
+    return f"UPDATE {table} SET {column}={was} WHERE org=? AND {column} IS NULL"
+
+
+def _numbers_given(table: str, column: str) -> str:
+    """The numbers an office's next is above (parameters: the org, the org and the counter's
+    name), each part one step down an index: its rows', those of no office, its counter's."""
+    return (f"SELECT MAX({column}) AS n FROM {table} WHERE org=?"
+            f" UNION ALL SELECT MAX({column}) FROM {table} WHERE org IS NULL"
+            " UNION ALL SELECT last FROM office_numbers WHERE org=? AND name=?")
+
+
+_TAKEN = " ON CONFLICT(org, name) DO UPDATE SET last=excluded.last RETURNING last"
 
 
 @functools.cache
@@ -188,17 +201,11 @@ def _numbered_pg(table: str, column: str, was: str) -> str:
     not to look (the transaction read it already) or a replica of that release lives (then no
     row comes back), the office's next number is taken, above every number given."""
     return (
-        f"WITH fixed AS (UPDATE {table} SET {column}={was} WHERE org=? AND {column} IS NULL"
-        f" RETURNING {column} AS n)"
+        f"WITH fixed AS ({_fix(table, column, was)} RETURNING {column} AS n)"
         " INSERT INTO office_numbers(org, name, last) SELECT ?, ?, next FROM"
         " (SELECT COALESCE(MAX(n), 0) + 1 AS next FROM"
-        f" (SELECT MAX({column}) AS n FROM {table} WHERE org=?"
-        f" UNION ALL SELECT MAX({column}) FROM {table} WHERE org IS NULL"
-        " UNION ALL SELECT last FROM office_numbers WHERE org=? AND name=?"
-        " UNION ALL SELECT MAX(n) FROM fixed) found) counted"
-        " WHERE NOT (? AND EXISTS (SELECT 1 FROM replicas WHERE numbering IS NULL"
-        " AND seen_at>vm_now()-?))"
-        " ON CONFLICT(org, name) DO UPDATE SET last=excluded.last RETURNING last")
+        f" ({_numbers_given(table, column)} UNION ALL SELECT MAX(n) FROM fixed) found) counted"
+        f" WHERE NOT (? AND EXISTS ({_OLDER_LIVES})){_TAKEN}")
 
 
 async def number_as_was(db: Connection, table: str, column: str, was: str,
