@@ -169,3 +169,29 @@ async def test_every_installation_forgets_what_no_window_holds(
         assert {str(r["who"]): int(r["n"]) for r in rows} == {}
     finally:
         await store.close()
+
+
+async def test_places_of_the_release_before_and_of_this_one_together_keep_the_budget(
+        two_replicas: tuple[Store, Store]) -> None:
+    """A rolling deploy: a replica of the release before places each write in a transaction
+    that reads and writes under the installation's key (what `_place_locked` still runs), one
+    of this release without a transaction (`vm_budget_place`: written only if nothing was
+    placed since its read). Placing one installation's creations side by side, one at a time
+    each, they never place more in a minute than the App may make."""
+    limits = Limits(per_minute=30, per_hour=500, endpoint_points_per_minute=0, slack=1.0)
+    this, before = (SharedWriteBudget(store, limits) for store in two_replicas)
+    create = "POST /repos/{owner}/{repo}/issues"
+
+    async def place_before(n: int) -> None:
+        for _ in range(n):
+            await before._place_locked([("7", create, True, None)])
+
+    async def place_now(n: int) -> None:
+        for _ in range(n):
+            await this.reserve("7", create, True)
+
+    await asyncio.gather(place_before(40), place_now(40))
+    rows = await two_replicas[0].fetchall("SELECT at FROM forge_writes WHERE who='7'")
+    placed = [float(r["at"]) for r in rows]
+    assert len(placed) == 80
+    assert _most_in_window(placed, 60.0) == 30

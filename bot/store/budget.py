@@ -9,6 +9,14 @@ the earliest moment at which it keeps every
 replica's writes together within GitHub's secondary limits (80 creations a minute, 500 an
 hour, 900 points a minute per endpoint) is found, recorded, and the caller waits until then.
 Times are the database's clock (vm_now()), so the replicas' own clocks need not agree.
+
+On PostgreSQL a place takes two round trips and no transaction of its own: the window is read
+(`_PLACED`), the places are found here, and `vm_budget_place` writes them under the
+installation's key only if no write of that installation was placed since the read (else it
+is read and found again). The transaction that read and wrote under the key (BEGIN, the key,
+the read, the insert, COMMIT: five round trips, one place a mail on the hot path) is kept for
+where that cannot be: a replica of a release that numbers its keys another way lives, or the
+installation's places keep moving under the reads.
 """
 
 from __future__ import annotations
@@ -16,8 +24,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from bot.store.db import Store, register_schema
+from bot.store.db import NAMED_LOCKS_KIND, Store, register_schema
 from bot.store.group import GroupCommit
+from bot.store.locks import lock_pair
+from bot.store.queue import DEAD_AFTER
 from bot.store.sql import Connection
 
 register_schema("""
@@ -36,6 +46,38 @@ register_schema("""
 CREATE INDEX IF NOT EXISTS forge_writes_creations ON forge_writes(who, at) WHERE content=1;
 """, version=16)
 PURGE_EVERY = 100  # an installation's places between two deletions of what no window holds
+
+# PostgreSQL (schema 46): a group of one installation's places written only if none was placed
+# since they were found (`p_seen`: the newest id of its writes then, 0 for none), under the key
+# every placing takes (`Store.transaction("budget:<who>")`'s, `bot.store.locks.lock_pair`), so
+# a transaction of a release before placing meanwhile is waited for. Its statements run one
+# after the other, each seeing what committed before it began (a VOLATILE function's, in READ
+# COMMITTED): the look at the newest id sees a place committed while the key was waited for,
+# which the calling statement's own snapshot would not. Called alone, its transaction ends
+# with it, and so does the key.
+register_schema("", postgres="""
+CREATE INDEX IF NOT EXISTS forge_writes_who_id ON forge_writes(who, id);
+CREATE OR REPLACE FUNCTION vm_budget_place(p_who text, p_high int, p_low int, p_seen bigint,
+        p_endpoints text[], p_contents bigint[], p_ats double precision[],
+        p_forget_before double precision) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(p_high, p_low);
+    IF coalesce((SELECT max(id) FROM forge_writes WHERE who = p_who), 0) <> p_seen THEN
+        RETURN false;
+    END IF;
+    INSERT INTO forge_writes(who, endpoint, content, at)
+        SELECT p_who, e, c, a FROM unnest(p_endpoints, p_contents, p_ats) AS p(e, c, a);
+    IF p_forget_before IS NOT NULL THEN
+        DELETE FROM forge_writes WHERE who = p_who AND at < p_forget_before;
+    END IF;
+    RETURN true;
+END $$;
+""", version=46)
+# a place found again this many times (another replica's places of the installation moving
+# under each read) is then taken under the installation's key, read and written in one
+# transaction: it waits its turn instead of reading again
+UNLOCKED_TRIES = 3
 
 WRITE_POINTS = 5  # what GitHub counts a write on its endpoint's budget
 
@@ -89,6 +131,21 @@ def place(times: list[tuple[float, bool, str]], at: float, content: bool, endpoi
 _NOW_AND_RECENT = ("WITH n(t) AS (SELECT vm_now()) SELECT n.t, w.at, w.content, w.endpoint"
                    " FROM n LEFT JOIN forge_writes w ON w.who=? AND w.at>n.t-?-?")
 
+# PostgreSQL: what `vm_budget_place` is written against, in one statement: the store's clock,
+# the newest id of the installation's writes, whether a replica numbering its keys another
+# way lives (its placing takes another lock: then the transaction's way, whose keys are taken
+# its way too), and the writes placed since a span before the clock (`part` 0), with, when
+# `creations` is asked, the hour's creations before that (`part` 1); a row without a write
+# (`at` NULL) comes back when there is none
+_PLACED = (
+    "WITH n(t) AS (SELECT vm_now())"
+    " SELECT n.t, (SELECT max(id) FROM forge_writes WHERE who=?) AS newest,"
+    " EXISTS (SELECT 1 FROM replicas WHERE (named_locks IS NULL OR named_locks<?)"
+    " AND seen_at>n.t-?) AS older, w.part, w.at, w.content, w.endpoint"
+    " FROM n LEFT JOIN LATERAL (SELECT 0 AS part, at, content, endpoint FROM forge_writes"
+    " WHERE who=? AND at>n.t-?-? UNION ALL SELECT 1, at, content, endpoint FROM forge_writes"
+    " WHERE ?::boolean AND who=? AND content=1 AND at>n.t-3600.0-? AND at<=n.t-?-?) w ON true")
+
 _Write = tuple[str, str, bool, float | None]  # (who, endpoint, content, at most this wait)
 _Placed = tuple[float, bool, str]  # (at, content, endpoint)
 
@@ -131,6 +188,60 @@ class SharedWriteBudget:
         return await group((who, endpoint, content, at_most))
 
     async def _place(self, writes: list[_Write]) -> list[float]:
+        if self.store.engine == "postgresql":  # (a group of one installation's writes)
+            for _ in range(UNLOCKED_TRIES):
+                waits = await self._place_unlocked(writes[0][0], writes)
+                if waits is not None:
+                    return waits
+        return await self._place_locked(writes)
+
+    async def _place_unlocked(self, who: str, writes: list[_Write]) -> list[float] | None:
+        """PostgreSQL: `writes` placed in two round trips, without a transaction around them
+        (see the module's docstring); None when that was not done: read and place again."""
+        back = max(60.0, self.limits.min_interval)
+        slack = float(self.limits.slack)
+        creations = any(content for _, _, content, _ in writes)
+        rows = await self.store.fetchall(_PLACED, (
+            who, NAMED_LOCKS_KIND, DEAD_AFTER, who, back, slack, creations, who, slack, back,
+            slack))
+        head = rows[0]
+        if head["older"]:
+            return None
+        now = float(head["t"])
+        window = _Window([(float(r["at"]), bool(r["content"]), str(r["endpoint"]))
+                          for r in rows if r["at"] is not None and r["part"] == 0],
+                         [(float(r["at"]), bool(r["content"]), str(r["endpoint"]))
+                          for r in rows if r["at"] is not None and r["part"] == 1]
+                         if creations else None)
+        waits: list[float] = []
+        taken: list[tuple[str, int, float]] = []
+        for _, endpoint, content, at_most in writes:
+            at = place(window.recent + (window.creations or []) if content else window.recent,
+                       now, content, endpoint, self.limits)
+            waits.append(at - now)
+            if at_most is not None and at - now > at_most:
+                continue  # put off by its caller: no place taken
+            taken.append((endpoint, int(content), at))
+            window.recent.append((at, content, endpoint))
+        if not taken:
+            return waits
+        # now and then (an installation's first place, then every PURGE_EVERY-th), what no
+        # window holds is forgotten, under the key, with the places
+        placed = self._placed[who]
+        forget = any((placed + n) % PURGE_EVERY == 1 for n in range(1, len(taken) + 1))
+        row = await self.store.fetchone(
+            "SELECT vm_budget_place(?, ?, ?, ?, ?::text[], ?::bigint[], ?::float8[],"
+            " ?::float8) AS done",
+            (who, *lock_pair(f"budget:{who}"), int(head["newest"] or 0),
+             [e for e, _, _ in taken], [c for _, c, _ in taken], [a for _, _, a in taken],
+             now - 3600.0 - slack if forget else None))
+        if row is None or not row["done"]:
+            return None
+        self.store.write_transactions += 1
+        self._placed[who] += len(taken)
+        return waits
+
+    async def _place_locked(self, writes: list[_Write]) -> list[float]:
         # one installation's writes are placed one at a time; other installations' meanwhile
         keys = sorted({f"budget:{who}" for who, _, _, _ in writes})
 

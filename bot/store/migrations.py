@@ -136,6 +136,9 @@ NAMES = {
         " work while its office was renamed records its result under the key's new name",
     45: "the operator's office file (VAULTMAIL_OFFICE) is bound to the org account it was"
         " first served to: an org made again under its name by another user is not served it",
+    46: "the forge write budget placed without a transaction of its own on PostgreSQL: a"
+        " function writes a group of places under the installation's key only if none was"
+        " placed since they were found (two round trips where five were)",
 }
 
 
