@@ -18,7 +18,7 @@ from typing import Any
 from bot.mail.signing import names_before
 from bot.store.db import Connection, Row, Store, hold, register_schema
 from bot.store.offices import next_number, number_as_was, numbered_per_office
-from bot.store.sql import Sql, Statement, json_at
+from bot.store.sql import Params, Sql, Statement, json_at
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS ledger (
@@ -105,6 +105,9 @@ def key(org: str) -> str:
     return f"ledger:{org.lower()}"
 
 
+_HEAD = "SELECT hash FROM ledger WHERE chain=? ORDER BY seq DESC LIMIT 1"
+
+
 async def append(db: Connection, event: str, actor: str, subject: str,
                  data: dict[str, Any] | None = None, *, org: str) -> int:
     """Append to `org`'s chain inside the caller's transaction (so the entry commits with
@@ -118,20 +121,29 @@ async def append(db: Connection, event: str, actor: str, subject: str,
     # meanwhile (held to the caller's commit: append last, after the rows it records)
     await hold(db, key(org))
     # the chain's head: the entry this transaction appended last (the key kept others out
-    # since), else the newest's
+    # since), else the newest's (PostgreSQL: read by the first number's statement, once the
+    # office's key is held; the office's counter moved by this entry's own INSERT: one round
+    # trip each, not three)
     prev = db.memo.get(("ledger head", org))
+    counted: list[tuple[str, Params]] = []
+    pos = await next_number(db, "ledger", "pos", "seq", org, counted=counted,
+                            head=None if prev is not None else _HEAD)
     if prev is None:
-        row = await db.fetchone(
-            "SELECT hash FROM ledger WHERE chain=? ORDER BY seq DESC LIMIT 1", (org,))
-        prev = row[0] if row else GENESIS
-    pos = await next_number(db, "ledger", "pos", "seq", org)
+        if ("head", org, "ledger.pos") in db.memo:
+            prev = db.memo.pop(("head", org, "ledger.pos")) or GENESIS
+        else:
+            row = await db.fetchone(_HEAD, (org,))
+            prev = row[0] if row else GENESIS
     t = time.time()
     blob = json.dumps(data or {}, sort_keys=True, separators=(",", ":"))
     digest = _digest(prev, t, event, actor, subject, blob, org)
     seq = await db.insert(
-        "INSERT INTO ledger(time, event, actor, subject, data, prev_hash, hash, org, chain,"
+        ("WITH " + ", ".join(f"counted{n} AS ({sql})" for n, (sql, _) in enumerate(counted))
+         + " " if counted else "")
+        + "INSERT INTO ledger(time, event, actor, subject, data, prev_hash, hash, org, chain,"
         " pos) VALUES (?,?,?,?,?,?,?,?,?,?) RETURNING seq",
-        (t, event, actor, subject, blob, prev, digest, org, org, pos),
+        (*(p for _, params in counted for p in params),
+         t, event, actor, subject, blob, prev, digest, org, org, pos),
     )
     db.memo["ledger head", org] = digest
     if pos is None:  # (a rolling deploy: numbered as the release before numbers)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from bot.store import outbound
 from bot.store.db import Store, hold
 from bot.store.migrations import register_backfill, register_columns, register_schema
-from bot.store.sql import Connection, Sql
+from bot.store.sql import Connection, Params, Sql
 
 VERSION = 4
 
@@ -121,7 +121,8 @@ def numbered_per_office(table: str, column: str, was: str, *, unique: bool = Tru
 
 
 async def next_number(db: Connection, table: str, column: str, was: str,
-                      org: str) -> int | None:
+                      org: str, *, counted: list[tuple[str, Params]] | None = None,
+                      head: str | None = None) -> int | None:
     """The next number of `org`'s in `table` (`numbered_per_office`), in the caller's
     transaction, under the office's ledger key: above every number given before (a row deleted
     since too), and above every row of no office (which `adopt_unowned` may give it). None
@@ -135,26 +136,41 @@ async def next_number(db: Connection, table: str, column: str, was: str,
     Each first number of a table in a transaction first numbers the rows such a release wrote
     meanwhile, and looks whether one of its replicas lives: on SQLite each its own statement
     (its transaction runs in one hop), on PostgreSQL all of it one statement with the
-    number's (`_numbered_pg`), as fresh as ever (read once the key is held), one round trip."""
+    number's (`_numbered_pg`), as fresh as ever (read once the key is held), one round trip.
+
+    PostgreSQL, where each statement is a round trip: with `counted`, a later number's move of
+    the office's counter is not sent here but put in `counted` (a statement and its
+    parameters), for the caller to send as a `WITH` of the statement that writes the row it
+    numbers (`ledger.append`); with `head` (a one-value query, parameter: the org), the first
+    number's statement also reads it, after the key, and `memo["head", org, name]` holds what
+    it read (absent when it was not read: read it yourself)."""
     org = org.lower()
     name = f"{table}.{column}"
     memo = db.memo
     given = memo.get(("number", org, name))
     if given is not None:
         number = int(given) + 1
-        await db.execute("UPDATE office_numbers SET last=? WHERE org=? AND name=?",
-                         (number, org, name))
+        move: tuple[str, Params] = ("UPDATE office_numbers SET last=? WHERE org=? AND name=?",
+                                    (number, org, name))
+        if counted is not None and db.engine == "postgresql":
+            counted.append(move)
+        else:
+            await db.execute(*move)
         memo["number", org, name] = number
         return number
     await hold(db, f"ledger:{org}")
     older = memo.get("older numbering")
     if db.engine == "postgresql" and not older:
         # (`older` None: not read yet in this transaction; no row back then: one lives)
-        row = await db.fetchone(_numbered_pg(table, column, was),
-                                (org, org, name, org, org, name, older is None, _OLDER_FOR))
+        row = await db.fetchone(
+            _numbered_pg(table, column, was, head),
+            (org, org, name, org, org, name, older is None, _OLDER_FOR,
+             *(() if head is None else (org,))))
         memo["older numbering"] = row is None
         if row is None:
             return None
+        if head is not None:
+            memo["head", org, name] = row[1]
     else:
         if ("unnumbered", org, table) not in memo:
             # rows such a release wrote meanwhile: numbered as that release showed them
@@ -194,7 +210,7 @@ _TAKEN = " ON CONFLICT(org, name) DO UPDATE SET last=excluded.last RETURNING las
 
 
 @functools.cache
-def _numbered_pg(table: str, column: str, was: str) -> str:
+def _numbered_pg(table: str, column: str, was: str, head: str | None = None) -> str:
     """PostgreSQL: `next_number`'s three steps in one statement. The rows a release before
     wrote unnumbered are numbered `was` (`fixed`; the statement's other parts read the table
     as it was before, so the numbers given are counted from `fixed` too); then, unless asked
@@ -205,7 +221,8 @@ def _numbered_pg(table: str, column: str, was: str) -> str:
         " INSERT INTO office_numbers(org, name, last) SELECT ?, ?, next FROM"
         " (SELECT COALESCE(MAX(n), 0) + 1 AS next FROM"
         f" ({_numbers_given(table, column)} UNION ALL SELECT MAX(n) FROM fixed) found) counted"
-        f" WHERE NOT (? AND EXISTS ({_OLDER_LIVES})){_TAKEN}")
+        f" WHERE NOT (? AND EXISTS ({_OLDER_LIVES})){_TAKEN}"
+        + ("" if head is None else f", ({head}) AS head"))
 
 
 async def number_as_was(db: Connection, table: str, column: str, was: str,
