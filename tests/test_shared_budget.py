@@ -5,12 +5,19 @@ nor more writes to one endpoint than its points allow; alone, a write waits for 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+import asyncpg
 
 from bot.store import open_store
 from bot.store.budget import Limits, SharedWriteBudget, place
 from bot.store.db import Store
+from bot.store.locks import lock_pair
+from tests import pg
+from tests.support import until
 
 
 def _most_in_window(times: list[float], span: float) -> int:
@@ -195,3 +202,94 @@ async def test_places_of_the_release_before_and_of_this_one_together_keep_the_bu
     placed = [float(r["at"]) for r in rows]
     assert len(placed) == 80
     assert _most_in_window(placed, 60.0) == 30
+
+
+CREATE = "POST /repos/{owner}/{repo}/issues"
+HANG_GUARD = 60.0
+
+
+@contextlib.asynccontextmanager
+async def _key_held(url: str, who: str) -> AsyncIterator[int]:
+    """A placing of this release, held up under the installation's key (a paused replica, as
+    in tests/test_store_lock_numbers.py): its session's pid; let go as the block ends."""
+    conn = await asyncpg.connect(url)
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", *lock_pair(f"budget:{who}"))
+            yield int(await conn.fetchval("SELECT pg_backend_pid()"))
+    finally:
+        await conn.close()
+
+
+async def test_an_older_replica_starting_between_the_read_and_the_place_is_still_excluded(
+        ) -> None:
+    """A replica of a release that numbered keys by hashtextextended (schema 16's) starts after
+    this release read the installation's window (no such replica lived then) and places its
+    creation, its way, before this release's place is written: the transaction's way tries
+    the key its way too and so excludes it (test_store_lock_numbers), and the place without a
+    transaction must as well (found by review: `vm_budget_place` took the new number only, and
+    its look at the newest id could not see the older replica's write, not committed yet)."""
+    limits = Limits(per_minute=1, per_hour=500, endpoint_points_per_minute=0, slack=1.0)
+    async with pg.replicas(1) as (url, (store,)):
+        budget = SharedWriteBudget(store, limits)
+        old = await asyncpg.connect(url)
+        try:
+            async with _key_held(url, "7") as holder:
+                placing = asyncio.create_task(budget.reserve("7", CREATE, True))
+                await until(lambda: pg.waiting_behind(url, holder), timeout=HANG_GUARD)
+                # the older replica joins, and places a creation the way its release does
+                await old.execute(
+                    "INSERT INTO replicas(id, url, started_at, seen_at, steady_since,"
+                    " incarnation, named_locks) VALUES ('older', NULL, vm_now(),"
+                    " vm_now()+60, vm_now(), 'x', 2)")  # (live for a minute)
+                older = old.transaction()
+                await older.start()
+                assert await old.fetchval(
+                    "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))", "budget:7")
+                assert await old.fetchval("SELECT count(*) FROM forge_writes WHERE who='7'"
+                                          " AND at>vm_now()-61") == 0
+                await old.execute("INSERT INTO forge_writes(who, endpoint, content, at)"
+                                  " VALUES ('7', $1, 1, vm_now())", CREATE)
+                old_pid = int(await old.fetchval("SELECT pg_backend_pid()"))
+            await until(lambda: placing.done() or pg.waiting_behind(url, old_pid),
+                        timeout=HANG_GUARD)
+            await older.commit()
+            await asyncio.wait_for(placing, HANG_GUARD)
+        finally:
+            await old.close()
+        rows = await store.fetchall("SELECT at FROM forge_writes WHERE who='7'")
+        placed = [float(r["at"]) for r in rows]
+        assert len(placed) == 2
+        assert _most_in_window(placed, 60.0) == 1, "two creations in a minute of one"
+
+
+async def test_a_place_is_sent_as_late_after_its_moment_as_the_slack_allows_at_most() -> None:
+    """The moment a caller sends its write (the answer's arrival, then the wait) lands within
+    the slack of the place recorded for it: the next write is placed a span and the slack
+    after that place, so a write sent later than that shares a window of GitHub's with it.
+    Found by review: the place without a transaction found its moment from the clock read
+    before the installation's key was waited for (another placing held it, or the pool had no
+    connection free), then recorded it as it was; the transaction read it under the key."""
+    limits = Limits(per_minute=1, per_hour=500, endpoint_points_per_minute=0, slack=1.0)
+    async with pg.replicas(1) as (url, (store,)):
+        budget = SharedWriteBudget(store, limits)
+
+        async def clock() -> float:
+            row = await store.fetchone("SELECT vm_now() AS t")
+            assert row is not None
+            return float(row["t"])
+
+        async with _key_held(url, "7") as holder:
+            placing = asyncio.create_task(budget.reserve("7", CREATE, True))
+            await until(lambda: pg.waiting_behind(url, holder), timeout=HANG_GUARD)
+            held_since = await clock()
+
+            async def held_past_the_slack() -> bool:
+                return await clock() > held_since + 2 * limits.slack
+
+            await until(held_past_the_slack, timeout=HANG_GUARD)
+        wait = await asyncio.wait_for(placing, HANG_GUARD)
+        sent = await clock() + wait
+        rows = await store.fetchall("SELECT at FROM forge_writes WHERE who='7'")
+        assert len(rows) == 1
+        assert sent <= float(rows[0]["at"]) + limits.slack, (sent, float(rows[0]["at"]))

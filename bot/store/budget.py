@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from bot.store.db import NAMED_LOCKS_KIND, Store, register_schema
 from bot.store.group import GroupCommit
-from bot.store.locks import lock_pair
+from bot.store.locks import RESERVED, lock_pair
 from bot.store.queue import DEAD_AFTER
 from bot.store.sql import Connection
 
@@ -54,30 +54,51 @@ PURGE_EVERY = 100  # an installation's places between two deletions of what no w
 # after the other, each seeing what committed before it began (a VOLATILE function's, in READ
 # COMMITTED): the look at the newest id sees a place committed while the key was waited for,
 # which the calling statement's own snapshot would not. Called alone, its transaction ends
-# with it, and so does the key.
+# with it, and so does the key. As `Connection.begin` does, the key is then tried the older
+# releases' way too (hashtextextended of `p_key`, held if free) before it looks whether a
+# replica numbering keys that way lives ('older': the transaction's way, at once): one that
+# starts after the read's look is excluded or seen, never placing beside it unseen (its write
+# not committed, the newest id unchanged). And the places were found from the read's clock
+# (`p_now`): written more than `p_lag` after it (the key or a pooled connection waited for),
+# the caller would send later than its place by more than the slack allows ('late': read
+# and found again, as when one was placed meanwhile, 'moved').
 register_schema("", postgres="""
 CREATE INDEX IF NOT EXISTS forge_writes_who_id ON forge_writes(who, id);
-CREATE OR REPLACE FUNCTION vm_budget_place(p_who text, p_high int, p_low int, p_seen bigint,
-        p_endpoints text[], p_contents bigint[], p_ats double precision[],
-        p_forget_before double precision) RETURNS boolean
-    LANGUAGE plpgsql VOLATILE AS $$
+CREATE OR REPLACE FUNCTION vm_budget_place(p_who text, p_high int, p_low int, p_key text,
+        p_reserved bigint[], p_kind int, p_dead_after double precision, p_seen bigint,
+        p_now double precision, p_lag double precision, p_endpoints text[],
+        p_contents bigint[], p_ats double precision[], p_forget_before double precision)
+    RETURNS text LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    old bigint := hashtextextended(p_key, 0);
 BEGIN
     PERFORM pg_advisory_xact_lock(p_high, p_low);
+    PERFORM old = ANY(p_reserved) OR pg_try_advisory_xact_lock(old);
+    IF EXISTS (SELECT 1 FROM replicas WHERE (named_locks IS NULL OR named_locks < p_kind)
+               AND seen_at > vm_now() - p_dead_after) THEN
+        RETURN 'older';
+    END IF;
+    IF vm_now() - p_now > p_lag THEN
+        RETURN 'late';
+    END IF;
     IF coalesce((SELECT max(id) FROM forge_writes WHERE who = p_who), 0) <> p_seen THEN
-        RETURN false;
+        RETURN 'moved';
     END IF;
     INSERT INTO forge_writes(who, endpoint, content, at)
         SELECT p_who, e, c, a FROM unnest(p_endpoints, p_contents, p_ats) AS p(e, c, a);
     IF p_forget_before IS NOT NULL THEN
         DELETE FROM forge_writes WHERE who = p_who AND at < p_forget_before;
     END IF;
-    RETURN true;
+    RETURN 'placed';
 END $$;
 """, version=46)
 # a place found again this many times (another replica's places of the installation moving
-# under each read) is then taken under the installation's key, read and written in one
-# transaction: it waits its turn instead of reading again
+# under each read, or each written too late) is then taken under the installation's key, read
+# and written in one transaction: it waits its turn instead of reading again
 UNLOCKED_TRIES = 3
+# the part of the slack that a place without a transaction may be written after its clock was
+# read (the transaction's way reads the clock under the key: a few round trips)
+LAG_OF_SLACK = 0.25
 
 WRITE_POINTS = 5  # what GitHub counts a write on its endpoint's budget
 
@@ -146,6 +167,10 @@ _PLACED = (
     " WHERE who=? AND at>n.t-?-? UNION ALL SELECT 1, at, content, endpoint FROM forge_writes"
     " WHERE ?::boolean AND who=? AND content=1 AND at>n.t-3600.0-? AND at<=n.t-?-?) w ON true")
 
+# `_place_unlocked`'s answer while a replica numbering keys another way lives (this list, by
+# identity: no group's waits are it)
+_OLDER: list[float] = []
+
 _Write = tuple[str, str, bool, float | None]  # (who, endpoint, content, at most this wait)
 _Placed = tuple[float, bool, str]  # (at, content, endpoint)
 
@@ -191,13 +216,16 @@ class SharedWriteBudget:
         if self.store.engine == "postgresql":  # (a group of one installation's writes)
             for _ in range(UNLOCKED_TRIES):
                 waits = await self._place_unlocked(writes[0][0], writes)
+                if waits is _OLDER:
+                    break
                 if waits is not None:
                     return waits
         return await self._place_locked(writes)
 
     async def _place_unlocked(self, who: str, writes: list[_Write]) -> list[float] | None:
         """PostgreSQL: `writes` placed in two round trips, without a transaction around them
-        (see the module's docstring); None when that was not done: read and place again."""
+        (see the module's docstring); None when that was not done: read and place again;
+        `_OLDER` when a replica numbering keys another way lives: the transaction's way."""
         back = max(60.0, self.limits.min_interval)
         slack = float(self.limits.slack)
         creations = any(content for _, _, content, _ in writes)
@@ -206,7 +234,7 @@ class SharedWriteBudget:
             slack))
         head = rows[0]
         if head["older"]:
-            return None
+            return _OLDER
         now = float(head["t"])
         window = _Window([(float(r["at"]), bool(r["content"]), str(r["endpoint"]))
                           for r in rows if r["at"] is not None and r["part"] == 0],
@@ -229,13 +257,18 @@ class SharedWriteBudget:
         # window holds is forgotten, under the key, with the places
         placed = self._placed[who]
         forget = any((placed + n) % PURGE_EVERY == 1 for n in range(1, len(taken) + 1))
+        key = f"budget:{who}"
         row = await self.store.fetchone(
-            "SELECT vm_budget_place(?, ?, ?, ?, ?::text[], ?::bigint[], ?::float8[],"
-            " ?::float8) AS done",
-            (who, *lock_pair(f"budget:{who}"), int(head["newest"] or 0),
+            "SELECT vm_budget_place(?, ?, ?, ?, ?::bigint[], ?, ?::float8, ?, ?::float8,"
+            " ?::float8, ?::text[], ?::bigint[], ?::float8[], ?::float8) AS done",
+            (who, *lock_pair(key), key, RESERVED, NAMED_LOCKS_KIND, DEAD_AFTER,
+             int(head["newest"] or 0), now, slack * LAG_OF_SLACK,
              [e for e, _, _ in taken], [c for _, c, _ in taken], [a for _, _, a in taken],
              now - 3600.0 - slack if forget else None))
-        if row is None or not row["done"]:
+        done = None if row is None else row["done"]
+        if done == "older":
+            return _OLDER
+        if done != "placed":  # 'moved' or 'late': read and found again
             return None
         self.store.write_transactions += 1
         self._placed[who] += len(taken)
