@@ -75,7 +75,9 @@ async def main(profile: bool, rounds: int, count: bool) -> None:
         if "--floor" in sys.argv:  # the inbox reads made free: HTTP, wake-up and JSON alone
             from bot.items import inbox
             real = inbox.compute, inbox.updates_page
-            empty = inbox.Computed({"you": {}, "agents": {}}, 0, 0)
+            # (shaped as a real look with nothing in it: list_inbox reads `you.unread`)
+            empty = inbox.Computed({box: {"yourTurn": [], "unread": [], "waitingOnOthers": []}
+                                    for box in ("you", "agents")}, 0, 0)
 
             async def compute(*a: Any, **k: Any) -> Any:
                 return empty
@@ -106,9 +108,9 @@ async def main(profile: bool, rounds: int, count: bool) -> None:
                 Store.fetchall, Store.fetchone = impl
                 orig = e.services.notifier.notify
                 if prof is not None:
-                    def notify(ps: Any, _o: Any = orig) -> None:
+                    def notify(ps: Any, *, org: str, _o: Any = orig) -> None:
                         prof.start()
-                        _o(ps)
+                        _o(ps, org=org)
                     e.services.notifier.notify = notify  # type: ignore[method-assign]
                 res = await b.hold_http_polls(e, 1000, trace=False)
                 if prof is not None:
