@@ -1,16 +1,16 @@
 """Wake-ups for long polls: `list_inbox` with `wait` sleeps here until something is new for it.
 
-No busy loop and no task per waiter: each waiting call owns one asyncio.Event, registered under
-every key it waits for; whoever makes something new under a key calls `notify`, which sets the
-events registered under it. A key is a principal (an agent's mail and chats, a chat's answer)
-or an inbox box (`you:<owner>`, `agents:<owner>`: see `bot.items.inbox.wait_keys`), so that a
-person's long poll wakes for their own box only, never for their agents'. Keys are an
-office's: `notify` and `wait_any` take the org and key under it, so one office's
-`agent:scout` never wakes (or cuts short the long poll of) another's.
+No busy loop and no task per waiter: each waiting call owns one future (`Watch`), registered
+under every key it waits for; whoever makes something new under a key calls `notify`, which
+sets the futures registered under it. A key is a principal (an agent's mail and chats, a
+chat's answer) or an inbox box (`you:<owner>`, `agents:<owner>`: see
+`bot.items.inbox.wait_keys`), so that a person's long poll wakes for their own box only, never
+for their agents'. Keys are an office's: `notify` and `wait_any` take the org and key under
+it, so one office's `agent:scout` never wakes (or cuts short the long poll of) another's.
 
-Each wake-up is one object (`Wake`), which `wait_woken` hands to every wait it ends: polls of
-one viewer ended by the same wake-up may share one answer (`Together`), never polls ended by
-another, nor another viewer's.
+Each wake-up is one object (`Wake`), which `wait_woken` (or `woken`) hands to every wait it
+ends: polls of one viewer ended by the same wake-up may share one answer (`Together`), never
+polls ended by another, nor another viewer's.
 """
 
 from __future__ import annotations
@@ -39,24 +39,28 @@ class Wake:
     __slots__ = ()
 
 
-class _Waiter:
-    """One waiting call: its event, and the wake-up that set it first."""
+class Watch:
+    """One waiting call, registered under its keys (`Notifier.watch`): the future it sleeps
+    on, and the wake-up that ended it first. A plain future rather than an `asyncio.Event`:
+    the wake-up resumes the waiting call itself, with no event's waiters to go through."""
 
-    __slots__ = ("event", "wake")
+    __slots__ = ("future", "keys", "wake")
 
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
+    def __init__(self, future: asyncio.Future[None], keys: set[str] | None) -> None:
+        self.future = future
+        self.keys = keys  # None: registered nowhere (ended, or made while shutting down)
         self.wake: Wake | None = None
 
     def set(self, wake: Wake | None) -> None:
         if self.wake is None:
             self.wake = wake
-        self.event.set()
+        if not self.future.done():
+            self.future.set_result(None)
 
 
 class Notifier:
     def __init__(self) -> None:
-        self._waiting: defaultdict[str, set[_Waiter]] = defaultdict(set)
+        self._waiting: defaultdict[str, set[Watch]] = defaultdict(set)
         # answers shared by one viewer's polls that one wake-up ended (bot.tools.comment_tools)
         self.together: Together[Any] = Together()
         self.closed = False  # shutting down: every wait answers at once with what is there
@@ -68,9 +72,9 @@ class Notifier:
     def close(self) -> None:
         """On SIGTERM: wake every long poll now, and let no new one wait."""
         self.closed = True
-        for waiters in self._waiting.values():
-            for waiter in waiters:
-                waiter.set(None)
+        for watches in self._waiting.values():
+            for watch in watches:
+                watch.set(None)
 
     def notify(self, principals: Iterable[str], *, org: str) -> None:
         """Something is new under these keys of `org`'s office: wake who waits here and on
@@ -103,8 +107,8 @@ class Notifier:
         wake-up, the same `Wake` for every wait it ends."""
         wake = Wake()
         for principal in set(principals):
-            for waiter in self._waiting.pop(principal, ()):
-                waiter.set(wake)
+            for watch in self._waiting.pop(principal, ()):
+                watch.set(wake)
 
     def wake_everyone(self) -> None:
         """Wake every wait here (wake-ups from other replicas may have been missed: each
@@ -122,27 +126,53 @@ class Notifier:
     async def wait_woken(self, principals: Iterable[str], timeout: float, *,
                          org: str) -> Wake | None:
         """Like `wait_any`: the wake-up that ended the wait, None on timeout or shutdown."""
+        watch = self.watch(principals, org=org)
+        try:
+            return await self.woken(watch, timeout)
+        finally:
+            self.unwatch(watch)
+
+    def watch(self, principals: Iterable[str], *, org: str) -> Watch:
+        """Register a wait now, under these keys of `org`'s office, to sleep on later
+        (`woken`): a wake-up in between ends it, so a caller may look at what is there
+        first and miss nothing. Each watch is ended by `unwatch` (at once, or after `woken`)."""
+        future = asyncio.get_running_loop().create_future()
+        if self.closed:  # shutting down: over at once, registered nowhere
+            watch = Watch(future, None)
+            watch.set(None)
+            return watch
+        keys = {_scoped(org, p) for p in principals}
+        watch = Watch(future, keys)
+        for key in keys:
+            self._waiting[key].add(watch)
+        metrics.LONG_POLLS.inc()
+        return watch
+
+    async def woken(self, watch: Watch, timeout: float) -> Wake | None:
+        """Sleep on `watch` (`watch`) until woken: the wake-up, None on timeout or shutdown."""
         if self.closed:
             return None
-        waiter = _Waiter()
-        keys = {_scoped(org, p) for p in principals}
-        for key in keys:
-            self._waiting[key].add(waiter)
-        metrics.LONG_POLLS.inc()
         try:
             async with asyncio.timeout(timeout):  # no extra task, unlike wait_for
-                await waiter.event.wait()
-            return None if self.closed else waiter.wake
+                await watch.future
+            return None if self.closed else watch.wake
         except TimeoutError:
             return None
-        finally:
-            metrics.LONG_POLLS.dec()
-            for key in keys:
-                waiting = self._waiting.get(key)
-                if waiting is not None:
-                    waiting.discard(waiter)
-                    if not waiting:
-                        del self._waiting[key]
+
+    def unwatch(self, watch: Watch) -> None:
+        """The end of a watch: no longer registered (again: nothing)."""
+        if watch.keys is None:
+            return
+        metrics.LONG_POLLS.dec()
+        for key in watch.keys:
+            waiting = self._waiting.get(key)
+            if waiting is not None:
+                waiting.discard(watch)
+                if not waiting:
+                    del self._waiting[key]
+        watch.keys = None
+        if not watch.future.done():
+            watch.future.cancel()
 
     def waiting(self) -> int:
         """How many principal registrations are waiting (a wait on two counts twice)."""
@@ -162,22 +192,26 @@ class Together(Generic[T]):
     something: unread comments shown once), the followers start again, one of them first."""
 
     def __init__(self) -> None:
-        self._flights: dict[Hashable, asyncio.Future[object]] = {}
+        # each flight's followers, each on a future of its own: a follower cancelled cancels
+        # only its own, and the answer resumes each follower itself (a future shared by all,
+        # shielded for each, took two turns of the loop a follower, through the shield)
+        self._flights: dict[Hashable, list[asyncio.Future[object]]] = {}
         self.shared = 0  # answers handed to a follower (for tests and benches)
 
     async def once(self, key: Hashable, compute: Callable[[], Awaitable[T]],
                    shareable: Callable[[T], bool]) -> tuple[T, bool]:
         """(the answer, whether it is another caller's)."""
-        while (flight := self._flights.get(key)) is not None:
-            got = await asyncio.shield(flight)  # (a follower cancelled leaves it be)
+        while (followers := self._flights.get(key)) is not None:
+            mine: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+            followers.append(mine)
+            got = await mine
             if got is _AGAIN:
                 continue  # a loop, not a call: rounds of it stack no frames
             if got is not _ALONE:
                 self.shared += 1
                 return got, True  # type: ignore[return-value]
             return await compute(), False
-        flight = asyncio.get_running_loop().create_future()
-        self._flights[key] = flight
+        followers = self._flights[key] = []
         answer: object = _ALONE
         try:
             result = await compute()
@@ -185,4 +219,6 @@ class Together(Generic[T]):
             return result, False
         finally:
             del self._flights[key]
-            flight.set_result(answer)
+            for follower in followers:
+                if not follower.done():  # (done: cancelled, its caller gone)
+                    follower.set_result(answer)

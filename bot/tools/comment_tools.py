@@ -3,8 +3,6 @@ get_tree; and the `inbox` every agent's tool result carries."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -245,19 +243,19 @@ async def _wait_for_new(call: Call, seconds: float, sees: Sees) -> Wake | None:
     box, never their agents'; an agent's share of the agents' box and its own mail and chats.
     The wake-up that ended the sleep; None when something was new at once, or on timeout.
 
-    The waiter is registered before looking, so a delivery between the look and the sleep
-    still wakes it."""
-    waiter = asyncio.create_task(call.services.notifier.wait_woken(
-        inbox.wait_keys(call.office, call.principal), seconds, org=call.office.org))
-    await asyncio.sleep(0)
-    if await inbox.has_new(call.services.store, call.office, call.principal, sees) or (
-            call.is_agent and await mails.has_unshown(call.services.store, call.principal,
-                                                      org=call.office.org)):
-        waiter.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waiter
-        return None
-    woken = await waiter
+    The wait is registered before looking, so a delivery between the look and the sleep
+    still wakes it; the wake-up resumes this call itself (no task of its own to go through
+    first: one turn of the loop fewer for each of a thousand polls woken together)."""
+    notifier, office = call.services.notifier, call.office
+    watch = notifier.watch(inbox.wait_keys(office, call.principal), org=office.org)
+    try:
+        if await inbox.has_new(call.services.store, office, call.principal, sees) or (
+                call.is_agent and await mails.has_unshown(call.services.store, call.principal,
+                                                          org=office.org)):
+            return None
+        woken = await notifier.woken(watch, seconds)
+    finally:
+        notifier.unwatch(watch)
     await still_acting(call)  # slept: its token or office may be gone since
     return woken
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import contextvars
 import logging
 from collections.abc import Awaitable
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -122,8 +122,11 @@ async def bearer_call(services: Services, header: str | None) -> Call:
 
 
 # the rechecks asked in this turn of the loop, per app: one wake-up ends many polls, and they
-# ask together (one read), and go on together, as they share one look at the inbox
-_RECHECKS: dict[int, tuple[set[str], asyncio.Future[set[str]]]] = {}
+# ask together (one read), and go on together, as they share one look at the inbox. Each poll
+# waits on a future of its own, answered by the read: a poll that goes (its client gone)
+# cancels only its own, and the read's answer resumes each poll itself (a shared future
+# shielded for each poll took two turns of the loop a poll, through the shield)
+_RECHECKS: dict[int, list[tuple[str, asyncio.Future[bool]]]] = {}
 
 
 async def _still_live(services: Services, hashed: str) -> None:
@@ -138,25 +141,31 @@ async def _still_live(services: Services, hashed: str) -> None:
     key = id(services)
     asked = _RECHECKS.get(key)
     if asked is None:
-        asked = _RECHECKS[key] = (set(), loop.create_future())
+        asked = _RECHECKS[key] = []
         loop.call_soon(_ask_live, services, key)
-    asked[0].add(hashed)
-    # (shielded: a poll that goes, its client gone, leaves the ask to the others)
-    if hashed not in await asyncio.shield(asked[1]):
+    live: asyncio.Future[bool] = loop.create_future()
+    asked.append((hashed, live))
+    if not await live:
         raise Unauthenticated("this API token was revoked or has expired while the call "
                               "waited (or its principal left the office): nothing is shown")
 
 
 def _ask_live(services: Services, key: int) -> None:
     """The read for the rechecks asked in the turn before (`_still_live`)."""
-    hashes, answer = _RECHECKS.pop(key)
+    asked = _RECHECKS.pop(key)
 
     async def ask() -> None:
         try:
-            answer.set_result(await api_tokens.live_hashes(services.store, hashes))
+            live = await api_tokens.live_hashes(services.store, {h for h, _ in asked})
         except Exception as exc:  # (the index away: each poll is told, as for any read)
-            answer.set_exception(exc)
-            answer.exception()  # (taken: every poll that asked may have gone meanwhile)
+            for _, answer in asked:
+                if not answer.done():  # (done: cancelled, its poll gone)
+                    answer.set_exception(exc)
+                    answer.exception()  # (taken: its poll may go before it reads it)
+            return
+        for hashed, answer in asked:
+            if not answer.done():
+                answer.set_result(hashed in live)
 
     background = asyncio.ensure_future(ask())
     _ASKING.add(background)
@@ -184,19 +193,65 @@ def long_poll(raw: object) -> bool:
     return isinstance(raw, dict) and bool(raw.get("wait"))
 
 
-async def unless_gone(request: web.Request, work: Awaitable[T]) -> T | None:
-    """Run `work`; cancel it (and return None) if the client goes away first."""
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(client_gone(request))
+class _Held:
+    """A long poll's work and its request, while `unless_gone` waits for it."""
+
+    __slots__ = ("gone", "request", "work")
+
+    def __init__(self, request: web.Request, work: asyncio.Future[Any]) -> None:
+        self.request, self.work, self.gone = request, work, False
+
+
+# The long polls held on each event loop, and the one task there that looks every
+# DISCONNECT_CHECK whether their clients are still there (while any is held). One task for all,
+# not one beside each poll: 1,000 polls woken together each cancelled its own watcher, one
+# more turn of the loop a poll before it was answered, and 1,000 held made 2,000 wake-ups a
+# second doing nothing (bench.polls_profile).
+_HELD: dict[asyncio.AbstractEventLoop, set[_Held]] = {}
+
+
+async def _watch_held(loop: asyncio.AbstractEventLoop, held: set[_Held]) -> None:
     try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        while True:
+            await asyncio.sleep(DISCONNECT_CHECK)
+            if not held:
+                return
+            for one in list(held):
+                transport = one.request.transport
+                if transport is None or transport.is_closing():
+                    one.gone = True
+                    one.work.cancel()
     finally:
-        watch.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    return task.result() if not task.cancelled() else None
+        if _HELD.get(loop) is held:
+            del _HELD[loop]
+
+
+async def unless_gone(request: web.Request, work: Awaitable[T]) -> T | None:
+    """Run `work`; cancel it (and return None) if the client goes away first (seen within
+    DISCONNECT_CHECK, as `client_gone` sees it)."""
+    task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    held = _HELD.get(loop)
+    if held is None:
+        held = _HELD[loop] = set()
+        # (its own context: nothing of the first poll's is the watcher's)
+        watcher = loop.create_task(_watch_held(loop, held), context=contextvars.Context())
+        _WATCHING.add(watcher)
+        watcher.add_done_callback(_WATCHING.discard)
+    one = _Held(request, task)
+    held.add(one)
+    try:
+        return await task  # (this handler cancelled: so is the work, and it waits for it)
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if one.gone and (current is None or not current.cancelling()):
+            return None  # the client went away (not this handler cancelled): nobody to answer
+        raise
+    finally:
+        held.discard(one)
+
+
+_WATCHING: set[asyncio.Task[None]] = set()  # (held: a task no one holds may be collected)
 
 
 async def tool_endpoint(request: web.Request) -> web.Response:
