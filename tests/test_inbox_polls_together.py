@@ -5,11 +5,13 @@ and unread comments are still shown once."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import pytest
 
 from bot.app.embedded import Embedded
@@ -59,6 +61,38 @@ async def test_one_viewers_polls_woken_together_share_one_look_never_another_vie
     assert embedded.services.notifier.together.shared == 3
     # each its own: the top level of an answer is not shared
     assert len({id(a) for a in answers}) == 5
+
+
+async def test_polls_woken_together_get_the_bytes_a_fresh_look_gets_never_another_viewers(
+        embedded: Embedded, person: Any, tools: Any, session: aiohttp.ClientSession) -> None:
+    """Over HTTP, byte for byte: two of marco's polls woken together (one look for both, its
+    JSON made once) get what a call without `wait` gets after them, with the same headers;
+    sara's poll, ended by the same wake-up, gets hers, never his (here their answers differ:
+    marco owes sara an answer)."""
+    goal = await make_item(embedded, person("sara"), "goal", "Quiet")
+    await tools(SARA)("add_comment", targetType="goal", target=goal, body="Which way?",
+                      to=["marco@acme.com"], needsReply=True)
+    await tools(MARCO)("list_inbox")  # what is unread: read now, so a woken poll finds it read
+    await tools(SARA)("list_inbox")
+
+    async def raw(principal: str, args: dict[str, Any]) -> tuple[int, str, bytes]:
+        async with session.post(f"{embedded.app_url}/api/v1/tools/list_inbox", json=args,
+                                headers={"Authorization":
+                                         f"Bearer {embedded.api_tokens[principal]}"}) as resp:
+            return resp.status, resp.headers["Content-Type"], await resp.read()
+
+    notifier = embedded.services.notifier
+    polls = [asyncio.create_task(raw(who, {"wait": 20})) for who in (MARCO, MARCO, SARA)]
+    await _all_waiting(embedded, polls, 3)
+    notifier.notify([inbox.wake_key(MARCO, "you"), inbox.wake_key(SARA, "you")], org="acme")
+    marco_1, marco_2, sara = await asyncio.wait_for(asyncio.gather(*polls), 10)
+    assert notifier.together.shared == 1  # marco's second poll had the first's look
+    assert marco_1 == marco_2 == await raw(MARCO, {})
+    assert sara == await raw(SARA, {})
+    assert marco_1[:2] == (200, "application/json; charset=utf-8")
+    turns = [[t["item"] for t in json.loads(body)["you"]["yourTurn"]]
+             for _, _, body in (marco_1, sara)]
+    assert turns == [[goal], []]  # each viewer's own: the bytes differ
 
 
 async def test_polls_woken_by_different_wake_ups_do_not_share(

@@ -16,6 +16,7 @@ polls ended by another, nor another viewer's.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Hashable, Iterable
@@ -222,3 +223,46 @@ class Together(Generic[T]):
             for follower in followers:
                 if not follower.done():  # (done: cancelled, its caller gone)
                     follower.set_result(answer)
+
+
+class SharedAnswer:
+    """An answer that a single flight (`Together`) hands to each of its callers, and its JSON
+    text, made once for all of them (`AnswerCopy.json_bytes`): 1,000 polls of three people
+    woken together encoded three answers, not 1,000. What is under its top level is every
+    caller's: nobody changes it once made (as for any answer `Together` shares)."""
+
+    __slots__ = ("_text", "answer")
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        self.answer = answer
+        self._text: bytes | None = None
+
+    def copy(self) -> AnswerCopy:
+        """A caller's own: its top level is its own to add to (its JSON is then its own)."""
+        return AnswerCopy(self)
+
+    def text(self) -> bytes:
+        """`json.dumps` of the answer, as UTF-8 (what `aiohttp.web.json_response` sends)."""
+        if self._text is None:
+            self._text = json.dumps(self.answer).encode("utf-8")
+        return self._text
+
+
+class AnswerCopy(dict[str, Any]):
+    """One caller's copy of a `SharedAnswer`."""
+
+    __slots__ = ("_shared",)
+
+    def __init__(self, shared: SharedAnswer) -> None:
+        super().__init__(shared.answer)
+        self._shared = shared
+
+    def json_bytes(self) -> bytes:
+        """`json.dumps` of this copy, as UTF-8: the shared text while its top level is still
+        the shared answer's (the same keys, in the same order, with the same values)."""
+        answer = self._shared.answer
+        if len(self) == len(answer) and all(
+                k == key and v is value
+                for (k, v), (key, value) in zip(self.items(), answer.items(), strict=True)):
+            return self._shared.text()
+        return json.dumps(self).encode("utf-8")

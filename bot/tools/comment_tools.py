@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bot.app.notify import Wake
+from bot.app.notify import SharedAnswer, Wake
 from bot.cursors import Cursors
 from bot.errors import InvalidArguments
 from bot.items import inbox
@@ -189,10 +189,10 @@ async def list_inbox(call: Call, args: InboxArgs) -> dict[str, Any]:
         # field, its own mark): not shared
         key = (woken, office.org.lower(), call.principal, args.model_dump_json(exclude={"wait"}))
         mark = args.markRead and call.principal == inbox.Whose.of(office, call.principal).person
-        result, _ = await call.services.notifier.together.once(
-            key, lambda: _look(call, args, since, sees, places),
-            lambda r: not (mark and r["you"]["unread"]))
-        return dict(result)  # the top level is each caller's own
+        shared: tuple[SharedAnswer, bool] = await call.services.notifier.together.once(
+            key, lambda: _look_shared(call, args, since, sees, places),
+            lambda r: not (mark and r.answer["you"]["unread"]))
+        return shared[0].copy()  # the top level is each caller's own (its JSON made once)
     return await _look(call, args, since, sees, places)
 
 
@@ -222,6 +222,11 @@ async def _look(call: Call, args: InboxArgs, since: float | None, sees: Sees,
     result |= _shown(cursors, page, "updates", "moreUpdatesBefore")
     result["note"] = DATA_NOTE
     return result
+
+
+async def _look_shared(call: Call, args: InboxArgs, since: float | None, sees: Sees,
+                       places: tuple[int | None, int | None]) -> SharedAnswer:
+    return SharedAnswer(await _look(call, args, since, sees, places))
 
 
 def _place(cursors: Cursors, given: int | None, name: str) -> int | None:
