@@ -15,9 +15,12 @@ rows side by side:
               are three people's, so with it they make three looks)
   --profile   pyinstrument over the wake-up (from the notify to the last answer), written to
               /tmp/polls_profile.txt
+  --python-gc (with any of the above) the process collects garbage with Python's own
+              thresholds and nothing frozen, as bench.inbox did before it collected as
+              `serve` does (bot.cli.main.collect_as_served)
 
 Run: .venv/bin/python -m bench.polls_profile [ROUNDS] [--plain|--floor|--count|--profile]
-[--alone]
+[--alone] [--python-gc]
 """
 
 import sys
@@ -55,6 +58,10 @@ def counting(fn: Any) -> Any:
 
 async def main(profile: bool, rounds: int, count: bool) -> None:
     e = await start_embedded(data_dir=Path(tempfile.mkdtemp()), port=0, forge_port=0)
+    if "--python-gc" not in sys.argv:  # as bench.inbox: the process collects as `serve` does
+        from bot.cli.main import collect_as_served
+
+        collect_as_served()
     if "--alone" in sys.argv:
         together = getattr(e.services.notifier, "together", None)
         if together is not None:  # (a tree before the single flight has none)

@@ -403,6 +403,13 @@ async def _tune_gc_once(ready: asyncio.Event) -> None:
     the process; about 0.3 % after. Each web request's garbage is mostly freed by its
     reference counts; what cycles it leaves wait a little longer to be collected."""
     await ready.wait()
+    collect_as_served()
+
+
+def collect_as_served() -> None:
+    """The start-up heap frozen out of later collections, the collector run less often
+    (`_tune_gc_once`): `serve` once started, and a bench that runs the app in its own process
+    (bench.inbox), so that it measures the app as `serve` runs it."""
     gc.collect()  # (what is garbage now is collected, not frozen)
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
