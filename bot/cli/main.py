@@ -94,6 +94,7 @@ async def _up(args: argparse.Namespace, data: Path) -> int:
     for line in sign_in_lines(embedded.app_url, embedded.office,
                               embedded.forge.user_password if oauth else None):
         say(line, flush=True)
+    collect_as_served()  # (started: as `serve` tunes the collector, for the same reasons)
     try:
         await stop.wait()
     finally:
