@@ -200,3 +200,54 @@ async def test_a_log_line_escapes_every_control_character_others_wrote(
     [refused] = [x for x in _parsed(log_lines) if x["msg"].startswith("office config refused")]
     assert any("evil\x7f\x9b2J\u202egnp\u200b" in e for e in refused["errors"]), \
         refused["errors"]
+
+
+def _records() -> list[logging.LogRecord]:
+    """Records of every kind the app logs: plain, with `%` arguments, with extras (one that
+    names a field the context binds too), text that needs escaping, each level, one with an
+    exception, one with a stack."""
+    def record(level: int, msg: str, args: tuple[Any, ...] = (), exc: Any = None,
+               **extra: Any) -> logging.LogRecord:
+        r = logging.getLogger("vaultmail.test").makeRecord(
+            "vaultmail.test", level, "(unknown file)", 0, msg, args, exc, extra=extra)
+        return r
+    try:
+        raise ValueError("boom\x1b[2J")
+    except ValueError:
+        exc = sys.exc_info()
+    stacked = record(logging.INFO, "with a stack")
+    stacked.stack_info = "Stack (most recent call last):\n  here"
+    return [
+        record(logging.INFO, "handled"),
+        record(logging.INFO, "webhook accepted", delivery_id="d-1", installation_id=7,
+               event="issues", action="opened"),
+        record(logging.WARNING, "put off %.0f s: %s", (3.4, "budget"), issue="acme/v#1"),
+        record(logging.DEBUG, "ignored \x7f\u202e\u200b \u00e9", reason="own\x9b"),
+        record(logging.ERROR, "dead letter: %s", ("x",), exc=exc, delivery_id="d-2"),
+        record(logging.CRITICAL, "stop", level_of="x", when=Path("/tmp")),
+        stacked,
+    ]
+
+
+def test_a_line_is_the_one_structlogs_chain_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The formatter writes the app's lines itself, without structlog's copy of each record
+    and chain of calls (bench.probot_compare's CPU): every record gives the very line that
+    chain gives (the same keys in the same order, the same escapes, the same time), the
+    context's fields with it; exceptions and stacks still go through the chain."""
+    import structlog
+
+    from bot.app import logs
+    from bot.app.logs import delivery_context
+
+    ours = logs._formatter()
+    chain = structlog.stdlib.ProcessorFormatter(foreign_pre_chain=ours.foreign_pre_chain,
+                                                processors=ours.processors)
+    for now in (1733580000.25, 1733580000.9999, 1733580001.0):
+        monkeypatch.setattr(logs.time, "time", lambda now=now: now)
+        for r in _records():
+            assert ours.format(r) == chain.format(r)
+            with delivery_context(delivery_id="d-9", installation_id=42, event="issues",
+                                  level="bound"):
+                line = ours.format(r)
+                assert line == chain.format(r)
+                assert json.loads(line)["delivery_id"] in ("d-9", r.__dict__.get("delivery_id"))
