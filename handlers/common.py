@@ -15,7 +15,7 @@ from bot.mail.mailer import Mailer, principal_of
 from bot.mail.markdown import as_data
 from bot.mail.signing import former_offices, name_now
 from bot.office.config import Office
-from bot.store import installations, ledger, mails, strangers
+from bot.store import idempotency, installations, ledger, mails, strangers
 from bot.store.mails import MailRecord
 
 
@@ -163,7 +163,22 @@ async def _left_login(ctx: HandlerContext, repo: str, repo_id: Any, orgs: list[s
 
 
 async def scene(event: sansio.Event, ctx: HandlerContext) -> Scene | None:
-    """The scene of an issue or issue_comment event, or None outside a configured office."""
+    """The scene of an issue or issue_comment event, or None outside a configured office.
+    Found once for the handlers a delivery is routed to in one try (an `issues.opened` is
+    the mail's and the items'): a later handler of that try is given the same."""
+    this_try = idempotency.this_try()
+    found = ctx.scenes.get(id(event))
+    if found is not None and found[0] is event and found[1] == this_try:
+        known: Scene = found[2]
+        writes_for.set(f"{known.office.org.lower()}/{known.actor}")  # (as the first set it)
+        return known
+    s = await _scene(event, ctx)
+    if s is not None:  # (none found is found again: each handler logs why it ignores it)
+        ctx.scenes[id(event)] = (event, this_try, s)
+    return s
+
+
+async def _scene(event: sansio.Event, ctx: HandlerContext) -> Scene | None:
     data = event.data
     repo = await repo_now(ctx, data["repository"])
     office = await ctx.services.offices.get(ctx.forge, repo.split("/")[0])

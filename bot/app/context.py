@@ -79,6 +79,9 @@ class HandlerContext:
     # the orgs the index had its installation on when this handling first asked (each
     # handler the delivery is routed to asks: `handlers.common.repo_now`)
     orgs: list[str] | None = field(default=None, init=False)
+    # the scene each handler of this try at the delivery reads (`handlers.common.scene`):
+    # found once, by the first (its event, the try it was found in, and it)
+    scenes: dict[int, tuple[Any, str | None, Any]] = field(default_factory=dict, init=False)
 
     def park(self, why: str) -> None:
         """This delivery is about a vault's issue that is not mail yet, though it may become

@@ -92,6 +92,13 @@ def resumed() -> bool:
     return _resumed.get()
 
 
+def this_try() -> str | None:
+    """The id of the try the running `work` is (a new one each time its key is claimed
+    again), or None outside any."""
+    held = _claim.get()
+    return None if held is None else held[1][4]
+
+
 @contextlib.contextmanager
 def resuming() -> Iterator[None]:
     """`resumed()` true within: the work goes on from a try recorded under another key (the
