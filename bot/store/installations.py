@@ -166,11 +166,18 @@ async def account_of(store: Store, org: str) -> int | None:
         else None
 
 
+# the orgs of an installation, in order: every `issues` delivery asks (`handlers.common`),
+# each time a look-up in `installations_installation`, not a read of every installation
+ORGS_OF_INSTALLATION = ("SELECT org FROM installations WHERE installation_id=?"
+                        " AND removed_at IS NULL ORDER BY org")
+register_schema("CREATE INDEX IF NOT EXISTS installations_installation"
+                " ON installations(installation_id, org);", version=47)
+
+
 async def orgs_of_installation(store: Store, installation_id: int) -> list[str]:
     """The orgs the index has `installation_id` installed on now (the rows follow their orgs'
     renames): one on GitHub; on Gitea, whose one bot is every org's "installation", all."""
-    rows = await store.fetchall("SELECT org FROM installations WHERE installation_id=?"
-                                " AND removed_at IS NULL ORDER BY org", (installation_id,))
+    rows = await store.fetchall(ORGS_OF_INSTALLATION, (installation_id,))
     return [str(r["org"]) for r in rows]
 
 

@@ -308,9 +308,15 @@ async def recorded_at(store: Store, mail_id: str) -> float | None:
     return float(row["updated_at"]) if row else None
 
 
+# the mail of an issue, its vault's name in any case: every `issues` delivery asks, each
+# time one look-up in `mails_vault_lower` (before it, a read of every mail the index held)
+MAIL_AT = "SELECT * FROM mails WHERE lower(vault)=lower(?) AND number=?"
+register_schema("CREATE INDEX IF NOT EXISTS mails_vault_lower ON mails(lower(vault), number);",
+                version=47)
+
+
 async def mail_at(store: Store, vault: str, number: int) -> MailRecord | None:
-    row = await store.fetchone("SELECT * FROM mails WHERE lower(vault)=lower(?) AND number=?",
-                               (vault, number))
+    row = await store.fetchone(MAIL_AT, (vault, number))
     return _record(row) if row else None
 
 

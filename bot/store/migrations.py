@@ -139,6 +139,9 @@ NAMES = {
     46: "the forge write budget placed without a transaction of its own on PostgreSQL: a"
         " function writes a group of places under the installation's key only if none was"
         " placed since they were found (two round trips where five were)",
+    47: "the mails indexed by vault (its name in any case) and number, and the installations"
+        " by installation id: the mail of an issue and the orgs of an installation, which"
+        " every delivery about an issue asks for, are each a look-up, not a read of the table",
 }
 
 

@@ -247,6 +247,16 @@ _STEADY_ME = ("EXISTS (SELECT 1 FROM replicas me WHERE me.id=?"
 _MINE_TO_TAKE = ("(q.lease_owner IS NULL OR q.lease_owner=? OR (q.lease_owner NOT IN ("
                  + _LIVE + ") AND " + _STEADY_ME + ")) AND NOT EXISTS (" + _HELD_BEHIND + ")")
 _CLAIMABLE = "q.state='pending' AND q.next_at<=coalesce(?, vm_now()) AND " + _MINE_TO_TAKE
+# whether a delivery about an issue other than one (a guid) waits, pending or parked: each
+# state the issue's own look-up in its partial index (`queue_held`, `queue_parked`), where a
+# `state IN` read every pending and parked row, the backlog, through the state's index
+# (parameters: the issue and the guid, twice)
+OTHERS_ABOUT = Sql(
+    "SELECT 1 FROM queue INDEXED BY queue_held WHERE issue_key=? AND state='pending'"
+    " AND guid<>? UNION ALL SELECT 1 FROM queue INDEXED BY queue_parked WHERE issue_key=?"
+    " AND state='parked' AND guid<>? LIMIT 1",
+    "SELECT 1 FROM queue WHERE issue_key=? AND state='pending' AND guid<>?"
+    " UNION ALL SELECT 1 FROM queue WHERE issue_key=? AND state='parked' AND guid<>? LIMIT 1")
 # where the next window begins: the oldest pending delivery from an id on
 NEXT_PENDING = Sql("SELECT MIN(id) AS id FROM queue INDEXED BY queue_claim_office"
                    " WHERE state='pending' AND id>=?",
@@ -1003,9 +1013,7 @@ class QueueMixin:
     async def others_about(self, issue: str, besides: str) -> bool:
         """Whether a delivery about `issue` (its `issue_key`) other than `besides` (a guid)
         waits, to be handled or parked: something more about the issue has arrived."""
-        row = await self.fetchone("SELECT 1 FROM queue WHERE issue_key=? AND state IN"
-                                  " ('pending', 'parked') AND guid<>? LIMIT 1",
-                                  (issue.lower(), besides))
+        row = await self.fetchone(OTHERS_ABOUT, (issue.lower(), besides) * 2)
         return row is not None
 
     async def unpark(self, issue: str) -> int:
