@@ -244,13 +244,10 @@ class SharedWriteBudget:
         waits: list[float] = []
         taken: list[tuple[str, int, float]] = []
         for _, endpoint, content, at_most in writes:
-            at = place(window.recent + (window.creations or []) if content else window.recent,
-                       now, content, endpoint, self.limits)
-            waits.append(at - now)
-            if at_most is not None and at - now > at_most:
-                continue  # put off by its caller: no place taken
-            taken.append((endpoint, int(content), at))
-            window.recent.append((at, content, endpoint))
+            wait, at = self._take(window, now, endpoint, content, at_most)
+            waits.append(wait)
+            if at is not None:
+                taken.append((endpoint, int(content), at))
         if not taken:
             return waits
         # now and then (an installation's first place, then every PURGE_EVERY-th), what no
@@ -273,6 +270,18 @@ class SharedWriteBudget:
         self.store.write_transactions += 1
         self._placed[who] += len(taken)
         return waits
+
+    def _take(self, window: _Window, now: float, endpoint: str, content: bool,
+              at_most: float | None) -> tuple[float, float | None]:
+        """One write's wait from `now` and its moment, placed among `window`'s (which takes
+        it), or no moment when its caller puts it off (`at_most`): no place taken. Both ways
+        of placing use it."""
+        at = place(window.recent + (window.creations or []) if content else window.recent,
+                   now, content, endpoint, self.limits)
+        if at_most is not None and at - now > at_most:
+            return at - now, None
+        window.recent.append((at, content, endpoint))
+        return at - now, at
 
     async def _place_locked(self, writes: list[_Write]) -> list[float]:
         # one installation's writes are placed one at a time; other installations' meanwhile
@@ -315,19 +324,16 @@ class SharedWriteBudget:
                         "SELECT at, content, endpoint FROM forge_writes WHERE who=?"
                         " AND content=1 AND at>? AND at<=?", (who, horizon, recent))
                     window.creations = [(float(r[0]), bool(r[1]), str(r[2])) for r in rows]
-                at = place(window.recent + (window.creations or []) if content
-                           else window.recent, now, content, endpoint, self.limits)
-                if at_most is not None and at - now > at_most:
-                    waits.append(at - now)  # put off by its caller: no place taken
+                wait, at = self._take(window, now, endpoint, content, at_most)
+                waits.append(wait)
+                if at is None:
                     continue
                 await db.execute("INSERT INTO forge_writes(who, endpoint, content, at)"
                                  " VALUES (?,?,?,?)", (who, endpoint, int(content), at))
-                window.recent.append((at, content, endpoint))
                 self._placed[who] += 1  # now and then (its first place, then every 100th),
                 if self._placed[who] % PURGE_EVERY == 1:  # forget what no window holds
                     await db.execute("DELETE FROM forge_writes WHERE who=? AND at<?",
                                      (who, horizon))
-                waits.append(at - now)
             return waits
 
         return await self.store.run_transaction(place_all, *keys)  # (SQLite: one trip)
