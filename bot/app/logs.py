@@ -19,7 +19,6 @@ from typing import Any
 
 import orjson
 import structlog
-from structlog._log_levels import map_method_name
 from structlog.contextvars import bound_contextvars, merge_contextvars
 
 from bot import jsontext
@@ -49,8 +48,9 @@ def _rename_event(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMa
     return event
 
 
-# the attributes every LogRecord has: any other on a record is its `extra` (ExtraAdder's rule)
-_RECORD_KEYS = structlog.stdlib._LOG_RECORD_KEYS
+# the attributes every LogRecord has: any other on a record is its `extra` (ExtraAdder's rule,
+# made as structlog makes its own list: public names only, so an upgrade cannot take them away)
+_RECORD_KEYS = frozenset(logging.LogRecord("name", 0, "pathname", 0, "msg", (), None).__dict__)
 
 
 class _LineFormatter(structlog.stdlib.ProcessorFormatter):
@@ -68,7 +68,7 @@ class _LineFormatter(structlog.stdlib.ProcessorFormatter):
         ed: dict[str, Any] = {"_record": record, "_from_structlog": False,
                               "msg": record.getMessage()}
         merge_contextvars(None, method, ed)
-        ed["level"] = map_method_name(method)  # add_log_level
+        structlog.stdlib.add_log_level(None, method, ed)
         ed["logger"] = record.name  # add_logger_name
         for key, value in record.__dict__.items():  # ExtraAdder
             if key not in _RECORD_KEYS:
