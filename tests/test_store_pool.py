@@ -102,3 +102,33 @@ async def test_a_webhooks_payload_is_stored_compressed_with_lz4(
         await emb.stop()
         await observer.close()
     assert stored == ("lz4" if has_lz4 else "pglz")
+
+
+async def test_a_new_connection_asks_the_server_about_the_array_types_once_and_compiles_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """asyncpg asks the server about an array type it has no codec for (a cold catalog query,
+    10-20 ms of a new session's time, then the statement prepared again) once per set of such
+    types a statement brings. The store's statements pass bigint[], float8[] and int[]: a new
+    pooled connection asks about them together before it serves anything, and nothing a
+    session of the store runs is JIT-compiled."""
+    asked: list[list[int]] = []
+    introspect = asyncpg.Connection._introspect_types
+
+    async def counted(self: asyncpg.Connection, typeoids: object, timeout: object) -> object:
+        asked.append(sorted(typeoids))  # type: ignore[call-overload]
+        return await introspect(self, typeoids, timeout)
+
+    monkeypatch.setattr(asyncpg.Connection, "_introspect_types", counted)
+    url = await pg.fresh_database(migrated=True)
+    store = await PostgresStore.open(url, min_size=1, max_size=1)
+    try:
+        async with store.transaction() as db:  # statements of the store's that pass each
+            await db.fetchall("SELECT id FROM queue WHERE id = ANY(?::bigint[])", ([1, 2],))
+            await db.fetchall("SELECT * FROM unnest(?::int[], ?::int[])", ([1], [2]))
+            await db.fetchall("SELECT * FROM unnest(?::float8[])", ([1.5],))
+        row = await store.fetchone("SELECT current_setting('jit') AS jit")
+    finally:
+        await store.close()
+        await pg.drop_database(url)
+    assert len(asked) == 1, asked
+    assert row is not None and row["jit"] == "off"

@@ -395,9 +395,12 @@ VANISHED_PEER = {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "1",
 # LOCK_WAIT for a lock: it fails, and the work it was part of is retried.
 IDLE_IN_TRANSACTION = 4.0  # under DEAD_AFTER: what it held goes before it is taken for dead
 LOCK_WAIT = 15.0
+# JIT off: no statement of the store runs long enough to gain from compiling it, and one whose
+# estimated cost crosses jit_above_cost (a large table, a catalog query such as asyncpg's type
+# introspection) would spend milliseconds compiling first.
 SESSION = {**VANISHED_PEER,
            "idle_in_transaction_session_timeout": str(int(IDLE_IN_TRANSACTION * 1000)),
-           "lock_timeout": str(int(LOCK_WAIT * 1000))}
+           "lock_timeout": str(int(LOCK_WAIT * 1000)), "jit": "off"}
 # A delivery's payload (a GitHub event, 5-25 KB of JSON), a mail's body, a ledger entry's data:
 # values over 2 KB are compressed as they are stored. PostgreSQL's own compression (pglz)
 # cost the server about 230 us a 12 KB issues.opened payload queued, lz4 75 (2,000 rows, one
@@ -411,6 +414,19 @@ PROBE_WAIT = 1.0
 # connections of the pool kept for reads outside transactions: a transaction that reads
 # through the store (not its own connection) must find one free, however many are writing
 READS_KEPT = 4
+
+
+# The array types the store's statements pass. asyncpg knows no codec for an array type until it
+# has asked the server (its type introspection: a catalog query a new session plans cold, about
+# 10-17 ms of the server's time, then the statement prepared again) and asks once per type set a
+# statement brings, per connection: bench.replicas' 1-replica cell made 44 such asks, 0.86 s of
+# the server's time (pg_stat_statements with track_planning). A new pooled connection asks for
+# all of them at once, before it serves anything (`_knows_the_arrays`).
+ARRAYS_PASSED = "SELECT $1::bigint[], $2::float8[], $3::int[], $4::text[]"
+
+
+async def _knows_the_arrays(conn: asyncpg.Connection) -> None:
+    await conn.fetchrow(ARRAYS_PASSED, None, None, None, None)
 
 
 class _Pooled(asyncpg.Connection):  # type: ignore[misc]
@@ -452,7 +468,7 @@ class PostgresStore(Store):
         pool = await asyncpg.create_pool(url, min_size=min_size, max_size=max_size,
                                          server_settings=SESSION | (FAST_COMPRESSION if lz4
                                                                     else {}),
-                                         connection_class=_Pooled,
+                                         connection_class=_Pooled, init=_knows_the_arrays,
                                          statement_cache_size=STATEMENTS_KEPT)
         return cls(url, pool, max_size)
 
