@@ -304,6 +304,11 @@ async def breakdown(embedded: Embedded, principal: str) -> dict[str, str]:
                                                                      org=who.org),
         "updates_for (the updates page list_inbox reads)": lambda: db.updates_for(
             store, mine, logins, mine, None, None, inbox.PAGE + 1, org=who.org),
+        # (since issue 22's updates pass a person's or agent's page is read by repository:
+        # the keys of a page of updates first, then the page's updates by their seqs)
+        "  the updates page's first read of keys (seqs and repositories)": lambda:
+            db.updates_for(store, mine, logins, mine, None, None, inbox.PAGE + 1,
+                           org=who.org, keys=True),
         "mail_waiting (mail:new, quiet)": lambda: asyncio.gather(
             mails.list_mails(store, org="acme", to=principal, state="mail:new"),
             mails.list_mails(store, org="acme", to=principal, state="quiet")),

@@ -17,6 +17,8 @@ from typing import Any
 import aiohttp
 
 from bot.app.embedded import Embedded
+from bot.items.inbox import PAGE
+from bot.store import comments as db
 from tests.items_support import LEE, MARCO, SARA, make_item
 from tests.support import Actor, ToolClient
 
@@ -120,3 +122,123 @@ async def test_nobody_is_woken_for_an_update_they_will_not_be_shown(
     await make_item(embedded, s.marco, "plan", "Price list: plan", body=f"Part of {s.outcome}")
     await embedded.settle()
     assert await lee_waits is not None
+
+
+# The updates page applies the visibility rule to repositories (issue 22, `bench.inbox`):
+# the keys of lee's updates (seq and repositories) are read, each repository asked once, and
+# only the page's updates are read, so of a run of updates lee may not see, however long,
+# only the keys leave the database. Before, they were read and hidden in Python, at most
+# four rounds of them: past that the page came back short, and each round was a read.
+HIDDEN_RUN = 4 * PAGE + 10  # more than the four rounds read past
+
+
+async def _hidden_run(embedded: Embedded, s: Staged) -> tuple[str, list[str]]:
+    """40 updates lee may see on the outcome, then HIDDEN_RUN newer ones naming the plan in
+    acme/secret (as the handler writes them); returns the plan, and the 40 summaries newest
+    first."""
+    plan = await _secret_plan(embedded, s)
+    shown = [f"outcome note {i}" for i in range(40)]
+    async with embedded.services.store.transaction() as tx:
+        for words in shown:
+            await db.add_update(tx, s.outcome, "status", MARCO, words)
+        for _ in range(HIDDEN_RUN):
+            await db.add_update(tx, s.outcome, "plan", MARCO, f"plan {plan} closed: {WORDS}",
+                                about=plan)
+    return plan, shown[::-1]
+
+
+async def test_a_run_of_updates_the_reader_cannot_see_longer_than_a_page_hides_no_visible_one(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """lee's newest HIDDEN_RUN updates name a plan in acme/secret: lee's first page is the 30
+    visible ones below them, its cursor on the 30th, and the next page the 10 after them;
+    sara, who may read acme/secret, is shown the run."""
+    s = await _stage(embedded, person, tools)
+    plan, shown = await _hidden_run(embedded, s)
+    lee: ToolClient = tools(LEE)
+    first = await lee("list_inbox")
+    assert not _leaks(first["updates"]), first["updates"]
+    assert [u["summary"] for u in first["updates"]] == shown[:PAGE]
+    assert first["moreUpdatesBefore"] == first["updates"][-1]["cursor"]
+    second = await lee("list_inbox", updatesBefore=first["moreUpdatesBefore"])
+    assert not _leaks(second["updates"]), second["updates"]
+    assert [u["summary"] for u in second["updates"]][:10] == shown[PAGE:]
+    assert [u["summary"] for u in (await tools(SARA)("list_inbox"))["updates"]] == [
+        f"plan {plan} closed: {WORDS}"] * PAGE
+
+
+async def test_an_updates_page_past_updates_the_reader_cannot_see_is_one_read(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """lee's list_inbox over the hidden run reads updates once (before: a read a round, and
+    it read past the rounds' four), besides the reads of their keys (each one's seq and the
+    repositories it names), a page of them first, twice as many each time none is shown:
+    three for the run; no row of them that names the hidden plan leaves the database."""
+    s = await _stage(embedded, person, tools)
+    await _hidden_run(embedded, s)
+    await embedded.settle()
+    store = embedded.services.store
+    reads: list[str] = []
+    returned: list[Any] = []
+    fetchall = store.fetchall
+
+    async def spy(sql: Any, params: Any = ()) -> list[Any]:
+        rows = await fetchall(sql, params)
+        text = str(getattr(sql, "sqlite", sql))
+        if "item_updates" in text:
+            reads.append("updates" if "summary" in text else "keys")
+            returned.extend(rows)
+        return rows
+
+    store.fetchall = spy  # type: ignore[method-assign]
+    try:
+        page = await tools(LEE)("list_inbox")
+    finally:
+        del store.fetchall
+    assert reads.count("updates") == 1, reads
+    assert reads.count("keys") <= 3, reads  # 31, 62 and 124 keys: HIDDEN_RUN + 31 < 217
+    assert len(page["updates"]) == PAGE
+    values = [str(v) for row in returned for v in tuple(row)]
+    assert not [v for v in values if WORDS in v or v.startswith(SECRET + "#")], (
+        "an update naming the hidden plan left the database")
+
+
+# Visibility is a forge request per repository and person (`Visibility`, cached 45 s): the
+# updates page asks it about the repositories of the updates that may be on the reader's
+# page, never about every repository the office's updates name (with many repositories and
+# many people polling, that spent the installation's rate limit).
+PERMISSION = "GET /repos/{owner}/{repo}/collaborators/{username}/permission"
+ELSEWHERE = 6  # repositories with updates on marco's outcomes, none of them lee's
+
+
+async def test_a_persons_updates_page_asks_the_forge_only_about_the_repositories_of_their_updates(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """lee's list_inbox, asked with a cold visibility cache, makes the same permission requests
+    before and after marco's outcomes in ELSEWHERE other repositories are closed (an update
+    each, none on an outcome of lee's), and none about those repositories."""
+    s = await _stage(embedded, person, tools)
+    await make_item(embedded, s.marco, "plan", "Price list: plan", body=f"Part of {s.outcome}")
+    lee: ToolClient = tools(LEE)
+
+    async def asked() -> tuple[list[str], list[str]]:
+        """lee's updates, and the repositories whose permission for lee the call asked."""
+        embedded.services.visibility.forget()
+        start = len(embedded.forge.requests)
+        page = await lee("list_inbox")
+        return [u["summary"] for u in page["updates"]], sorted(
+            r.path for r in list(embedded.forge.requests)[start:]
+            if r.route == PERMISSION and "/collaborators/lee/" in r.path)
+
+    before = await asked()
+    assert f"new plan {s.outcome[:-1]}2: Price list: plan" in before[0], before
+    assert before[1], "lee's page asks about the repository of lee's updates"
+    for i in range(ELSEWHERE):
+        repo = f"acme/elsewhere-{i}"
+        embedded.forge.add_repo("acme", repo.split("/")[1])
+        embedded.forge.set_permission(repo, "marco", "admin")
+        outcome = await make_item(embedded, s.marco, "outcome", f"Elsewhere {i}", repo=repo)
+        await s.marco.call("PATCH", f"/repos/{repo}/issues/{outcome.partition('#')[2]}",
+                           {"state": "closed"}, expect=200)
+        await embedded.settle()
+    written = await embedded.services.store.fetchall(
+        "SELECT DISTINCT item FROM item_updates WHERE item LIKE 'acme/elsewhere-%'")
+    assert len(written) == ELSEWHERE, written  # (an update on each)
+    assert await asked() == before

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -345,20 +346,98 @@ def update_names(row: Any) -> set[str]:
     return {str(row["item"]), *([str(about)] if about else [])}
 
 
+# The most repositories one page asks `sees` about by repository (`_updates_by_repository`):
+# the updates the rounds read at most, each naming one or two. Past it the page is read in
+# rounds, asking of the items of what they read.
+MAX_UPDATE_REPOS = PAGE * UPDATE_ROUNDS
+
+
+def _update_view(r: Any) -> dict[str, Any]:
+    return {"item": r["item"], "kind": r["kind"], "actor": r["actor"],
+            "summary": r["summary"], "at": iso(r["at"]), "cursor": int(r["seq"]),
+            "contentIsData": True}  # a summary quotes the item's title
+
+
 async def updates_page(store: Store, office: Office, viewer: str, before: int | None,
                        since: float | None, sees: Sees) -> dict[str, Any]:
     """The newest updates on the viewer's outcomes, each shown only where the viewer may see
-    every item it names. Those it may not see are read past, at most `UPDATE_ROUNDS` rounds
-    (each the next updates, as many as the page lacks): a page left short by them still has
-    its cursor on.
+    every item it names: the 30 newest of those, however many it may not see lie among or
+    above them, with its cursor on the last where any update lies below it
+    (`_updates_by_repository`); where its first read of keys names more than
+    MAX_UPDATE_REPOS repositories, read in rounds (`_updates_in_rounds`)."""
+    who = Whose.of(office, viewer)
+    logins = logins_of(office, who)
+    if sees is not None:
+        page = await _updates_by_repository(store, who, logins, before, since, sees)
+        if page is not None:
+            return page
+    return await _updates_in_rounds(store, who, logins, before, since, sees)
+
+
+async def _updates_by_repository(
+        store: Store, who: Whose, logins: list[str], before: int | None, since: float | None,
+        sees: Callable[[Iterable[str]], Awaitable[set[str]]]) -> dict[str, Any] | None:
+    """The page by the repositories of the viewer's updates: the keys of the updates on its
+    outcomes (each one's seq and the repositories it names: `updates_for(keys=True)`), read
+    newest first until a page of those whose every repository the viewer may see, and
+    whether any update lies below it: a page first, then as many as the share of them shown
+    so far says the page lacks (twice as many as the last, while none was shown), so a
+    page with updates it may not see among them takes a read or two more of keys and no
+    more of updates, however long their run. Each repository is asked of
+    `sees` once (one item of each stands for it, as for the questions: visibility is per
+    repository), and only those of the viewer's updates: for a person each is a forge
+    request, and the office's other repositories are never asked about. Then the page is
+    read by its seqs (`updates_at`), so what an update it does not show says never leaves
+    the database, and checked with `sees` again (a safety net: what it hides leaves the
+    page short, its cursor on). Past MAX_UPDATE_REPOS repositories, so that a page never
+    asks of more: None where the first read passes it (the rounds), else the page ends
+    above the read that would, short, its cursor on."""
+    asked: dict[str, bool] = {}
+    chosen: list[int] = []  # the page's seqs
+    more: int | None = None
+    cursor, limit, examined = before, PAGE + 1, 0
+    while True:
+        keys = await db.updates_for(store, who.everyone, logins, who.everyone, cursor, since,
+                                    limit, org=who.org, keys=True)
+        new = {repo for k in keys for repo in (k["repo"], k["about_repo"]) if repo}
+        new -= asked.keys()
+        if len(asked) + len(new) > MAX_UPDATE_REPOS:
+            if cursor is None or cursor == before:
+                return None  # past it at once: the rounds, asking of what they read
+            more = cursor  # past it after a read: the page ends above this read, cursor on
+            break
+        if new:
+            seen = await sees({f"{repo}#1" for repo in new})
+            asked.update({repo: f"{repo}#1" in seen for repo in new})
+        for k in keys:  # ('' names no repository: never shown)
+            if len(chosen) == PAGE:  # an update, shown or not, lies below the page's last
+                more = chosen[-1]
+                break
+            if asked.get(k["repo"]) and (k["about_repo"] is None or asked.get(k["about_repo"])):
+                chosen.append(int(k["seq"]))
+        if more is not None or len(keys) < limit:
+            break  # (or every update below `before` read)
+        cursor, examined = int(keys[-1]["seq"]), examined + len(keys)
+        limit = (-(-(PAGE - len(chosen)) * examined // len(chosen)) + 1 if chosen
+                 else 2 * limit)
+    rows = await db.updates_at(store, chosen, org=who.org)
+    names = {r["seq"]: update_names(r) for r in rows}
+    shown = await sees(set().union(*names.values()))
+    return {"updates": [_update_view(r) for r in rows if names[r["seq"]] <= shown],
+            "moreUpdatesBefore": more}
+
+
+async def _updates_in_rounds(store: Store, who: Whose, logins: list[str], before: int | None,
+                             since: float | None, sees: Sees) -> dict[str, Any]:
+    """The page read in rounds, hiding in Python what the viewer may not see: those updates
+    are read past, at most `UPDATE_ROUNDS` rounds (each the next updates, as many as the
+    page lacks): a page left short by them still has its cursor on.
 
     A round after the first reads ahead for the rounds after it: as many rows as the share
     of them the viewer saw so far says the page lacks (as many as the rounds left take at
     most, when it saw none), so a page with hidden updates takes one or two reads where it
     took up to four (bench.inbox: builder's and lee's took four), and each round takes the
     rows its own read would have returned: the page and its cursor are the same."""
-    who = Whose.of(office, viewer)
-    logins = logins_of(office, who)
     updates: list[dict[str, Any]] = []
     cursor, more = before, None
     ahead: list[Any] = []  # the next updates below `cursor`, read ahead
@@ -382,10 +461,8 @@ async def updates_page(store: Store, office: Office, viewer: str, before: int | 
         examined += len(batch)
         names = {r["seq"]: update_names(r) for r in batch}
         shown = None if sees is None else await sees(set().union(*names.values()))
-        updates += [{"item": r["item"], "kind": r["kind"], "actor": r["actor"],
-                     "summary": r["summary"], "at": iso(r["at"]), "cursor": int(r["seq"]),
-                     "contentIsData": True}  # a summary quotes the item's title
-                    for r in batch if shown is None or names[r["seq"]] <= shown]
+        updates += [_update_view(r) for r in batch
+                    if shown is None or names[r["seq"]] <= shown]
         more = cursor = int(batch[-1]["seq"]) if len(rows) > want else None
         if more is None or len(updates) == PAGE:
             break

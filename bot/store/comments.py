@@ -919,14 +919,31 @@ async def relevant_items(store: Store, mine: list[str], logins: list[str], *,
 UPDATES_WINDOW = 512  # newest updates checked one by one before the relevant set is built
 
 
+def _update_columns(keys: bool, alias: str = "") -> str:
+    """What `updates_for` reads of each update: the update, or (`keys`) its seq and the
+    repositories of the items it names (`_repo_key`: of its outcome, `item`, and of the plan
+    or evidence it tells of, `about`, NULL where it tells of none; '' for a name of no
+    repository), and its time."""
+    a = alias
+    if not keys:
+        return f"{a}seq, {a}item, {a}kind, {a}actor, {a}summary, {a}data, {a}at, {a}about"
+    return (f"{a}seq, {_repo_key(a + 'item')} AS repo, (CASE WHEN {a}about IS NULL"
+            f" OR {a}about='' THEN NULL ELSE {_repo_key(a + 'about')} END) AS about_repo,"
+            f" {a}at")
+
+
 async def updates_for(store: Store, mine: list[str], logins: list[str], exclude: list[str],
                       before: int | None, since: float | None,
-                      limit: int, *, org: str, least: int | None = None) -> list[Row]:
+                      limit: int, *, org: str, least: int | None = None,
+                      keys: bool = False) -> list[Row]:
     """`updates_page` over `org`'s items relevant to `mine`/`logins` (see `_relevant_sql`),
     newest first, without building that set when the newest updates already fill the page.
     `least`: the caller reads ahead, and `least` rows (or every one there is) are enough
     where the window holds that many but not `limit` (it reads on from the last row when it
-    needs more): the window's rows are returned, not read past it."""
+    needs more): the window's rows are returned, not read past it. `keys`: each row's seq,
+    the repositories it names and its time alone (`_update_columns`), for what the viewer
+    may see: what an update says stays in the database until it is read by its seq
+    (`updates_at`)."""
     org = org.lower()
     mine = mine or [""]
     m, ex = _marks(mine), _marks(exclude) or "''"
@@ -945,10 +962,15 @@ async def updates_for(store: Store, mine: list[str], logins: list[str], exclude:
     at = " AND at>=?" if since is not None else ""
     bound = (f"(SELECT seq FROM item_updates WHERE org=? AND seq<?{at}"
              " ORDER BY seq DESC LIMIT 1 OFFSET ?)")
-    window = (org, page[0], *((since,) if since is not None else ()), UPDATES_WINDOW - 1)
+    # (the keys' window twice as long: it counts the updates the viewer may not see too,
+    # which the rounds read in windows of their own, and one long window is cheaper than
+    # building the relevant set: bench.inbox's lee)
+    rows_in = 2 * UPDATES_WINDOW if keys else UPDATES_WINDOW
+    window = (org, page[0], *((since,) if since is not None else ()), rows_in - 1)
+    bound_row = (f"-1, NULL, NULL, {bound}" if keys
+                 else f"-1, NULL, NULL, NULL, NULL, NULL, {bound}, NULL")
     rows = await store.fetchall(
-        "SELECT * FROM (SELECT u.seq, u.item, u.kind, u.actor, u.summary, u.data, u.at,"
-        " u.about"
+        f"SELECT * FROM (SELECT {_update_columns(keys, 'u.')}"
         f" FROM item_updates u WHERE u.org=? AND u.seq<? AND u.at>=?"
         f" AND u.seq>=coalesce({bound}, -1)"
         f" AND u.actor NOT IN ({ex}) AND ("
@@ -958,7 +980,7 @@ async def updates_for(store: Store, mine: list[str], logins: list[str], exclude:
         + " WHERE t.scope=u.item AND t.is_question=1"
         f"  AND t.asker IN ({m})){assigned})"
         " ORDER BY u.seq DESC LIMIT ?) page"
-        f" UNION ALL SELECT -1, NULL, NULL, NULL, NULL, NULL, {bound}, NULL"
+        f" UNION ALL SELECT {bound_row}"
         " ORDER BY 1 DESC",
         (org, *page, *window, *exclude, *mine, *mine, *mine, *logins, limit, *window))
     full = rows.pop()["at"] is not None
@@ -966,9 +988,19 @@ async def updates_for(store: Store, mine: list[str], logins: list[str], exclude:
         return rows  # the page is full (enough of it), or the window held every candidate
     sql, params = _relevant_sql(mine, logins)
     return await store.fetchall(
-        "SELECT * FROM item_updates WHERE item IN (" + sql + f") AND actor NOT IN ({ex})"
-        " AND seq<? AND at>=? AND org=? ORDER BY seq DESC LIMIT ?",
+        f"SELECT {_update_columns(keys)} FROM item_updates WHERE item IN (" + sql
+        + f") AND actor NOT IN ({ex}) AND seq<? AND at>=? AND org=? ORDER BY seq DESC"
+        " LIMIT ?",
         (*params, *exclude, *page, org, limit))
+
+
+async def updates_at(store: Store, seqs: list[int], *, org: str) -> list[Row]:
+    """The updates of `org` of these seqs (as `updates_for` reads them), newest first."""
+    if not seqs:
+        return []
+    return await store.fetchall(
+        f"SELECT {_update_columns(False)} FROM item_updates WHERE seq IN ({_marks(seqs)})"
+        " AND org=? ORDER BY seq DESC", (*seqs, org.lower()))
 
 
 # -- deliveries (the inboxes) --------------------------------------------------------------
