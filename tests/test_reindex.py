@@ -211,8 +211,10 @@ async def test_answers_given_on_the_forge_are_rebuilt_a_typed_one_and_a_tick(
         embedded: Embedded, tools: Any, person: Any) -> None:
     """What people did on the forge alone is read back from it: sara's `/answer` comment, and
     marco's tick on the card (no comment of its own: the card shows it), and scout resolving
-    it (the card says so). A tick's comment,
-    which the forge never had, gets an id of its own in a rebuild (docs/using.md)."""
+    it (the card says so). A tick's comment, which the forge never had, came back under an
+    id of its own, made from the card and the tick: the card's mark names the comment each
+    answer came from, a tick's too, and a rebuild gives it that id (docs/using.md)."""
+    from bot.store import comments as db
     from tests.items_support import TOKEN_TTL, forge_comments
 
     goal, outcome, waiting = await _work(embedded, tools, person)
@@ -239,18 +241,18 @@ async def test_answers_given_on_the_forge_are_rebuilt_a_typed_one_and_a_tick(
     assert decided[waiting]["body"] == "EU please"
     assert decided[asked["comment"]["id"]]["option"] == "Force re-login"
     assert any(d["resolved"] for d in before["human:marco@acme.com"]["outcome"]["decisions"])
+    store = embedded.services.store
+
+    async def tick() -> str | None:
+        t = await db.get_thread(store, asked["comment"]["id"])
+        return t.state.answer.comment if t is not None and t.state.answer else None
+
+    ticked_live = await tick()
     await _drop_work(embedded)
     await _reindex(embedded)
     after = await _snapshot(embedded, tools, goal, outcome)
-    assert _without_ids(after) == _without_ids(before)
-
-
-def _without_ids(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {k: _without_ids(v) for k, v in x.items() if k != "comment"}
-    if isinstance(x, list):
-        return [_without_ids(v) for v in x]
-    return x
+    assert after == before, "\n".join(_differences(before, after))
+    assert await tick() == ticked_live
 
 
 async def test_a_comment_refused_for_want_of_write_access_stays_out_of_a_rebuild(
@@ -614,3 +616,120 @@ async def test_an_answer_written_while_its_question_was_resolved_stays_out_of_a_
     after = await _seen_by(tools, readers, refs)
     for who in readers:
         assert after[who] == before[who], who
+
+
+def _differences(was: Any, now: Any, at: str = "") -> list[str]:
+    """Where two snapshots differ, leaf by leaf (what an assertion tells of a rebuild)."""
+    if isinstance(was, dict) and isinstance(now, dict):
+        return [d for k in sorted(was.keys() | now.keys())
+                for d in _differences(was.get(k), now.get(k), f"{at}.{k}")]
+    if isinstance(was, list) and isinstance(now, list) and len(was) == len(now):
+        return [d for n, (a, b) in enumerate(zip(was, now, strict=True))
+                for d in _differences(a, b, f"{at}[{n}]")]
+    return [] if was == now else [f"{at}: {str(was)[:80]!r} -> {str(now)[:80]!r}"]
+
+
+async def _edit(embedded: Embedded, person: Any, who: str, ref: str, find: str,
+                body: str) -> None:
+    """`who` edits, on the forge and a few seconds after it was written (the forge stamps to
+    the second), the comment on `ref` that reads `find`, to read `body`."""
+    from tests.items_support import forge_comments
+
+    repo, _, _ = ref.partition("#")
+    them = person(who)
+    mine = next(c for c in await forge_comments(them, ref) if c["body"] == find)
+    embedded.forge.clock.advance(5)
+    await them.call("PATCH", f"/repos/{repo}/issues/comments/{mine['id']}", {"body": body},
+                    expect=200)
+    await embedded.forge.webhooks_idle()
+    await embedded.settle()
+
+
+async def test_an_answer_taken_live_and_edited_since_is_rebuilt_as_it_was_taken(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """An `/answer` the app took, edited on the forge after: live the answer stands (an edit
+    answers nothing, and changes nothing that was answered) and the comment reads as edited;
+    a rebuild read the comment as edited since it was written, took none of its commands, and
+    the answer was gone: sara's question read open again, her turn again. sara fixes a typo
+    in her own answer; marco (write access) rewrites scout's relay of his answer and his own
+    first answer, which he changed since. The card the app sealed when it took each answer
+    names the comment that gave it: a rebuild takes that answer from it, whatever the comment
+    says now, and the comment's words as the forge shows them."""
+    from tests.items_support import make_item
+
+    scout, sara, marco = (tools("agent:scout"), tools("human:sara@acme.com"),
+                          person("marco"))
+    regions = await make_item(embedded, marco, "outcome", "Regions")
+    await scout("add_comment", target=regions, targetType="outcome", to=["sara@acme.com"],
+                body="Which region?", needsReply=True)
+    fonts = await make_item(embedded, marco, "outcome", "Fonts")
+    await sara("add_comment", target=fonts, targetType="outcome", to=["marco@acme.com"],
+               body="Which font?", options=[{"label": "Serif"}, {"label": "Sans"}])
+    sizes = await make_item(embedded, marco, "outcome", "Sizes")
+    await sara("add_comment", target=sizes, targetType="outcome", to=["marco@acme.com"],
+               body="Which size?", options=[{"label": "Small"}, {"label": "Large"}])
+    await embedded.settle()
+    await _hand(embedded, person, "sara", regions, "/answer EU pleas")
+    await _hand(embedded, person, "scout-bot", fonts, "/answer 2\n/confirmed marco: sans")
+    await _hand(embedded, person, "marco", sizes, "/answer 1")
+    await _hand(embedded, person, "marco", sizes, "/answer 2\nafter all")
+    await _edit(embedded, person, "sara", regions, "/answer EU pleas", "/answer EU please")
+    await _edit(embedded, person, "marco", fonts, "/answer 2\n/confirmed marco: sans",
+                "/answer 1\n/confirmed marco: serif")
+    await _edit(embedded, person, "marco", sizes, "/answer 1", "/answer 2")
+    refs = [regions, fonts, sizes]
+    readers = ["human:sara@acme.com", "human:marco@acme.com", "agent:scout"]
+    before = await _seen_by(tools, readers, refs)
+    decided = [[(d["answer"]["option"], d["answer"]["body"], d["decidedBy"],
+                 [(h["option"], h["body"]) for h in d["history"]]) for d in o["decisions"]]
+               for o in before["agent:scout"]["outcomes"]]
+    assert decided == [[(None, "EU pleas", "human:sara@acme.com", [])],
+                       [("Sans", "marco: sans", "human:marco@acme.com", [])],
+                       [("Large", "after all", "human:marco@acme.com", [("Small", "")])]], \
+        decided
+    await _drop_work(embedded)
+    await _reindex(embedded)
+    after = await _seen_by(tools, readers, refs)
+    for who in readers:
+        assert after[who] == before[who], "\n".join([who, *_differences(before[who], after[who])])
+    again = await _reindex(embedded)
+    assert again.work is not None and (again.work.comments, again.work.questions) == (0, 0)
+    assert await _seen_by(tools, readers, refs) == after
+
+
+async def test_an_ask_edited_on_the_forge_is_its_question_in_a_rebuild(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """An `/ask` the forge shows edited since it was written: the app's own edit taking an
+    option's `then` note out of it (which lands a second or more after it was written as
+    often as not), or its asker's. Live it is the question's comment, its words as the forge
+    shows them after a person's edit; a rebuild read it as an edited comment, words alone,
+    and a thread of those words came back beside the question, reaching those the item
+    reaches. The card names the comment that asked it: a rebuild takes it as the question's."""
+    from tests.items_support import forge_comments, make_item
+
+    marco = person("marco")
+    currency = await make_item(embedded, marco, "outcome", "Currency")
+    repo, _, number = currency.partition("#")
+    held = embedded.forge.faults.hold("PATCH /repos/{owner}/{repo}/issues/comments/{comment_id}",
+                                      count=1, repo=repo)
+    asked = "/ask Which currency first? @sara\n- [ ] EUR <!-- then: price list A -->\n- [ ] Local"
+    mine = await marco.comment(repo, int(number), asked)
+    await held.caught_at_least(1)  # the app takes `then` out of it, later than its second
+    embedded.forge.clock.advance(5)
+    held.release()
+    await embedded.forge.webhooks_idle()
+    await embedded.settle()
+    now = next(c for c in await forge_comments(marco, currency) if c["id"] == mine["id"])
+    assert "then:" not in now["body"] and now["updated_at"] != now["created_at"], now
+    colours = await make_item(embedded, marco, "outcome", "Colours")
+    await _hand(embedded, person, "marco", colours, "/ask Which colour? @sara")
+    await _edit(embedded, person, "marco", colours, "/ask Which colour? @sara",
+                "/ask Which colour, really? @sara")
+    refs = [currency, colours]
+    readers = ["human:sara@acme.com", "human:marco@acme.com", "agent:scout"]
+    before = await _seen_by(tools, readers, refs)
+    await _drop_work(embedded)
+    await _reindex(embedded)
+    after = await _seen_by(tools, readers, refs)
+    for who in readers:
+        assert after[who] == before[who], "\n".join([who, *_differences(before[who], after[who])])

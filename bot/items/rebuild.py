@@ -27,12 +27,20 @@ from typing import TYPE_CHECKING, Any
 
 from bot.errors import VaultmailError
 from bot.items import loop_guard, render
-from bot.items.address import Reached, Table, audience, owner_of, resolve, table_reach
-from bot.items.forge_commands import aim_answer, aim_reply, answering
+from bot.items.address import (
+    Reached,
+    Table,
+    audience,
+    owner_of,
+    person_of,
+    resolve,
+    table_reach,
+)
+from bot.items.forge_commands import Aimed, aim_answer, aim_reply, answering
 from bot.items.model import Item, item_from_issue, native_parent, scope_of
 from bot.items.questions import Option, Question
-from bot.items.service import CONTRIBUTOR, Comments
-from bot.items.threads import ThreadState, may_answer, may_reply, reply, start
+from bot.items.service import CONTRIBUTOR, MAX_BODY, Comments
+from bot.items.threads import Answer, ThreadState, may_answer, may_reply, reply, start
 from bot.items.views import claim_seen, claim_unnamed, parse_time
 from bot.mail.commands import parse_commands
 from bot.mail.markdown import as_written
@@ -88,14 +96,24 @@ class _Replay:
     threads: dict[str, db.ThreadRow] = field(default_factory=dict)
     comments: list[db.CommentRow] = field(default_factory=list)
     asks: dict[str, int] = field(default_factory=dict)  # question id -> its hand `/ask`
-    ticks: list[tuple[str, str, int, str]] = field(default_factory=list)
+    # a tick's question, who ticked, the option, its id (the card's mark's), and one made
+    # from the card and the tick (where the card has no mark, or names a comment read)
+    ticks: list[tuple[str, str, int, str, str]] = field(default_factory=list)
     resolved: set[str] = field(default_factory=set)  # questions whose card says so
     writers: set[str] = field(default_factory=set)  # logins with write access to the repository
     skipped: list[int] = field(default_factory=list)  # the app's comments not as it wrote them
-    # question id -> the answers its card shows, oldest first (`carded`), and how many of
-    # them the replay has met so far
-    answers: dict[str, list[str]] = field(default_factory=dict)
+    # question id -> the answers its card shows, oldest first (`carded`), each with the mark
+    # naming its comment (none on a card from before marks), and how many of them the replay
+    # has met so far
+    answers: dict[str, list[Carded]] = field(default_factory=dict)
     met: dict[str, int] = field(default_factory=dict)
+    # what the cards (sealed) say, read before any comment is replayed: a hand comment's id
+    # -> the question and answer its card says it gave (`given`), and the `/ask` comments
+    # the forge shows edited since (`asked`)
+    gave: dict[str, tuple[str, Carded]] = field(default_factory=dict)
+    cards: set[str] = field(default_factory=set)
+    asked_since: dict[str, dict[str, Any]] = field(default_factory=dict)
+    recorded: set[str] = field(default_factory=set)
 
     def principal(self, name: str) -> str:
         """An author or a mention as the app wrote it: an agent's principal, else a login. A
@@ -140,6 +158,9 @@ class _Replay:
                before: tuple[str, ...] = ()) -> None:
         """Record a comment and its thread as it leaves it (`before`: whom the thread waited
         on before it), past the loop guard as live took it (`Comments.add`)."""
+        if cid in self.recorded:  # one forge comment is one comment, however it was read: a
+            return  # second reading (never expected) is not a failed rebuild of the office
+        self.recorded.add(cid)
         spell = [r.principal.removeprefix("human:") for r in to]
         where = loop_guard.conversation(thread.id, parent)
         guard = loop_guard.held(author, loop_guard.hops(
@@ -156,18 +177,21 @@ class _Replay:
         self.threads[thread.id] = thread
 
     # -- the app's comments -------------------------------------------------------------
+    def read_card(self, cid: str, text: str) -> None:
+        """What a card (sealed) says before its item's comments are replayed: that it is a
+        question's (so a hand comment with its id is the `/ask` it was posted for) and which
+        comment gave each answer it shows."""
+        self.cards.add(cid)
+        for entry in _carded(_card_parts(text)[3]):
+            if entry.mark is not None:
+                self.gave[entry.mark.comment] = (cid, entry)
+
     async def card(self, cid: str, posted: dict[str, Any], text: str, at: float) -> None:
         lines = text.split("\n")
-        head = _CARD_HEAD.match(lines[1]) if len(lines) > 1 else None
+        head, header, rest, status = _card_parts(text)
         if head is None:
             return
         asker = self.principal(head["author"])
-        rest = lines[3:]
-        header = None
-        if rest and rest[0].startswith("### "):
-            header, rest = _written(rest[0][4:]), rest[2:]
-        end = next((i for i, line in enumerate(rest) if line.startswith(_STATUS)), len(rest))
-        status, rest = rest[end:], rest[:end]
         options, context, body_lines = [], None, []
         fold = rest.index("<details><summary>Context</summary>") \
             if "<details><summary>Context</summary>" in rest else None
@@ -193,13 +217,35 @@ class _Replay:
                            explicit=[*(r.principal for r in [*to, *cc]), *state.waiting_on])
         row = db.ThreadRow(cid, self.item.ref, scope_of(self.item), state,
                            int(posted["id"]), str(posted.get("body") or ""), None, at)
-        self.record(cid, asker, question.body, row, kind="question",
+        body, edited = self.ask_now(cid, question)
+        self.record(cid, asker, body, row, kind="question",
                     forge_id=self.asks.get(cid, int(posted["id"])), at=at, parent=None,
-                    reached=reached, to=to, cc=cc)
+                    reached=reached, to=to, cc=cc, edited=edited)
         self.answers[cid] = _carded(status)
         self.ticked(row, status, lines)
         if "*Resolved.*" in status:
             self.resolved.add(cid)
+
+    def ask_now(self, cid: str, question: Question) -> tuple[str, float | None]:
+        """The words of the question's comment as live shows them, and since when they are
+        edited: its question's; or, for an `/ask` a person edited since (`asked_since`), its
+        words now, as an edit leaves them live (`Comments.forge_edited`). The app edits an
+        `/ask` itself to take its options' `then` out (`handlers.items.comment_on_item`), an
+        edit live never reads back: one that still asks the question asked is that one."""
+        posted = self.asked_since.get(cid)
+        if posted is None:
+            return question.body, None
+        text = str(posted.get("body") or "").replace("\r\n", "\n")
+        ask = {c.name: c for c in parse_commands(text)}.get("ask")
+        try:
+            still = ask is not None and \
+                render.parse_ask(ask.args, ask.body).body.strip() == question.body.strip()
+        except VaultmailError:
+            still = False
+        if still:
+            return question.body, None
+        words = (render.parse_addressing(text).body or text).strip()[:MAX_BODY]
+        return words, forge_time(posted.get("updated_at"))
 
     def ticked(self, row: db.ThreadRow, status: list[str], lines: list[str]) -> None:
         """A card showing an answer none of its comments gave: a tick (no comment of its own)."""
@@ -208,10 +254,13 @@ class _Replay:
         box = next((o for line in lines if (o := _OPTION.match(line)) and o["mark"] == "x"), None)
         if box is None:
             return
-        # its id from the card and the tick, so a second rebuild finds it indexed
+        mark = render.answer_mark(status[0])[1]
+        # its id as the card names it, else one from the card and the tick, so a second
+        # rebuild finds it indexed
         seed = f"{row.id}\ntick\n{m['login']}\n{box['n']}"
-        cid = "c" + hashlib.sha256(seed.encode()).hexdigest()[:32]
-        self.ticks.append((row.id, self.principal(m["login"]), int(box["n"]) - 1, cid))
+        made = "c" + hashlib.sha256(seed.encode()).hexdigest()[:32]
+        self.ticks.append((row.id, self.principal(m["login"]), int(box["n"]) - 1,
+                           mark.comment if mark is not None else made, made))
 
     async def tool_comment(self, cid: str, posted: dict[str, Any], text: str, at: float) -> None:
         lines = text.split("\n")
@@ -230,22 +279,31 @@ class _Replay:
     def on_card(self, thread: str, state: ThreadState, *, hand: bool) -> bool:
         """Whether the answer `state` has now is the next one the question's card shows (the
         replay then moves past it). The card, sealed, is the app's record of every answer it
-        took, in order; the forge does not say when a question was resolved (by a tool) and
-        reopened, so a hand `/answer` written while it was resolved (refused then) reads
-        like any other. One the card does not show, past those met, was not taken (`hand`:
-        left out; an answer the app posted, or a tick the card shows, is taken all the same)."""
+        took, in order, and of the comment that gave each (its mark); the forge does not say
+        when a question was resolved (by a tool) and reopened, so a hand `/answer` written
+        while it was resolved (refused then) reads like any other, as does the same answer
+        written twice, once refused. One the card does not show, past those met, was not
+        taken (`hand`: left out; an answer the app posted, or a tick the card shows, is taken
+        all the same)."""
         shown = self.answers.get(thread)
         if shown is None or state.answer is None:
             return True
-        holder = claim_unnamed(self.item, [])
-        forms = {render.answer_line(state.answer, render.card_logins(self.office, hidden))
-                 for hidden in (None, holder)}
+        forms = self.forms(state.answer)
         start_at = self.met.get(thread, 0)
-        at = next((i for i in range(start_at, len(shown)) if shown[i] in forms), None)
+        given = state.answer.comment
+        at = next((i for i in range(start_at, len(shown)) if shown[i].line in forms
+                   and (shown[i].mark is None or shown[i].comment == given)), None)
         if at is None:
             return not hand
         self.met[thread] = at + 1
         return True
+
+    def forms(self, answer: Answer) -> set[str]:
+        """An answer as its card may name it: its answerer by name, or as "agent" (a claim
+        holder the forge may not name)."""
+        holder = claim_unnamed(self.item, [])
+        return {render.answer_line(answer, render.card_logins(self.office, hidden))
+                for hidden in (None, holder)}
 
     # -- replaying ----------------------------------------------------------------------
     async def reply_or_start(self, cid: str, author: str, body: str, parent: str | None, *,
@@ -253,7 +311,10 @@ class _Replay:
                        amend: bool = False, confirmed: bool = False,
                        mentioned: list[Reached] | None = None,
                        to: list[Reached] | None = None, cc: list[Reached] | None = None,
-                       edited: float | None = None, hand: bool = False) -> None:
+                       edited: float | None = None, hand: bool = False,
+                       shown: str | None = None) -> None:
+        """`shown`: the comment's words as the forge shows them, where they are not `body`
+        (the words of its answer): an answer's comment edited since."""
         if parent is None:
             table = table_reach(await self.table(author))
             if to is None:  # a tool call's comment: those it mentions beyond the table
@@ -288,24 +349,34 @@ class _Replay:
                            explicit=[*(r.principal for r in [*to, *cc]), *state.waiting_on])
         answered = at if kind in ("answer", "amend") else t.answered_at
         answer = state.answer if kind in ("answer", "amend") else None
-        self.record(cid, author, body, replace(t, state=state, answered_at=answered,
-                                               updated_at=at),
+        self.record(cid, author, body if shown is None else shown,
+                    replace(t, state=state, answered_at=answered, updated_at=at),
                     kind=kind, forge_id=forge_id, at=at, parent=parent, reached=reached,
                     to=to, cc=cc, option=answer.option if answer else None, amend=amend,
-                    confirmed=confirmed, before=t.state.waiting_on)
+                    confirmed=confirmed, before=t.state.waiting_on, edited=edited)
 
     async def hand_comment(self, posted: dict[str, Any], at: float) -> None:
         """A comment someone wrote on the forge, read as `handlers.items.comment_on_item`
         read it, with its rights (`Comments._check_writer`): without write access, only a
-        reply in a question's thread that may have it. One the forge shows edited since it
-        was written is words alone, as an edit was live (`handlers.items.index_edited`): what
-        it says now may not be its author's, and what it said then the forge no longer has."""
+        reply in a question's thread that may have it. One a card names is what the card
+        says it was, whatever it says now: the `/ask` the card was posted for, or an answer
+        the app took (`given`). Any other the forge shows edited since it was written is
+        words alone, as an edit was live (`handlers.items.index_edited`): what it says now may
+        not be its author's, and what it said then the forge no longer has."""
         text = str(posted.get("body") or "").replace("\r\n", "\n")
         login = str((posted.get("user") or {}).get("login") or "ghost")
         actor = _principal(self.office, login)
         forge_id = int(posted["id"])
         cid = Comments._new_id(self.item, forge_id)
-        if edited_since_written(posted):
+        edited = edited_since_written(posted)
+        if cid in self.cards:  # the `/ask` its card was posted for (its id is the card's)
+            self.asks[cid] = forge_id
+            if edited:
+                self.asked_since[cid] = posted
+            return
+        if cid in self.gave and await self.given(cid, actor, posted, text, at, edited=edited):
+            return
+        if edited:
             if login.lower() in self.writers:
                 words = render.parse_addressing(text).body or text
                 await self.reply_or_start(cid, actor, words, None, at=at, forge_id=forge_id,
@@ -357,15 +428,115 @@ class _Replay:
                                   option=aimed.option, confirmed=confirmed, to=to, cc=cc,
                                   amend=answers and t.state.answer is not None, hand=True)
 
+    async def given(self, cid: str, actor: str, posted: dict[str, Any], text: str,
+                    at: float, *, edited: bool) -> bool:
+        """A hand comment whose card (sealed) shows it gave one of its answers: that answer,
+        in its place among the card's, whatever the comment says now. Live an edit answers
+        nothing and changes no answer, so an `/answer` fixed for a typo, or rewritten by
+        someone with write access, answered what the card says; and one the card does not
+        name answers nothing, as before. Its words in full where the forge shows the
+        comment as written and they are the words the card shows (the card shows their
+        first line); else the card's, and the comment reads as the forge shows it, edited,
+        addressing no one (as an edit left it live). False where the card's answer is not
+        this comment's to give (its question not rebuilt, or the card naming another)."""
+        question, entry = self.gave[cid]
+        t = self.threads.get(question)
+        mark = entry.mark
+        if t is None or mark is None or (q := t.state.question) is None or \
+                (mark.option is not None and not 0 < mark.option <= len(q.options)):
+            return False
+        option = q.options[mark.option - 1].label if mark.option is not None else None
+        words = self.card_words(entry.line, actor, option, relayed=mark.relayed, cid=cid)
+        if words is None:
+            return False
+        to: list[Reached] = []
+        cc: list[Reached] = []
+        shown = (render.parse_addressing(text).body or text).strip()[:MAX_BODY]
+        stamp = forge_time(posted.get("updated_at"))
+        if not edited and (written := await self.as_it_came(actor, text, t)) is not None:
+            aimed, to, cc = written
+            said = Answer(cid, actor, 0.0, option=option, body=aimed.body,
+                          confirmed_with_person=mark.relayed,
+                          person=person_of(self.office, actor) if mark.relayed else None)
+            if aimed.option == mark.option and entry.line in self.forms(said):
+                words, shown, stamp = aimed.body, aimed.body, None
+            else:
+                to, cc = [], []
+        await self.reply_or_start(cid, actor, words, t.id, at=at, forge_id=int(posted["id"]),
+                                  option=mark.option, confirmed=mark.relayed, to=to, cc=cc,
+                                  amend=t.state.answer is not None, hand=True, shown=shown,
+                                  edited=stamp)
+        return True
 
-def _carded(status: list[str]) -> list[str]:
+    def card_words(self, line: str, actor: str, option: str | None, *, relayed: bool,
+                   cid: str) -> str | None:
+        """The words of `actor`'s answer the card's `line` shows (their first line), as their
+        writer wrote them: the line is `render.answer_line` of that answer, so what follows
+        that of the same answer without words is theirs. None: the line is not `actor`'s."""
+        person = person_of(self.office, actor) if relayed else None
+        for words in ("", "\n"):  # none, and some: the line up to where they start
+            probe = Answer(cid, actor, 0.0, option=option, body=words,
+                           confirmed_with_person=relayed, person=person)
+            for form in self.forms(probe):
+                if words == "" and line == form and option is not None:
+                    return ""
+                if words and line.startswith(form) and len(line) > len(form):
+                    return as_written(line[len(form):])
+        return None
+
+    async def as_it_came(self, actor: str, text: str, t: db.ThreadRow
+                         ) -> tuple[Aimed, list[Reached], list[Reached]] | None:
+        """An `/answer` (or `/confirmed`) to `t` as live read it when it came: its option or
+        words and whom its `to:`/`cc:` lines address. None where it reads as none now."""
+        commands = {c.name: c for c in parse_commands(text)}
+        cmd = answering(commands)
+        if cmd is None:
+            return None
+        try:
+            addressed = render.parse_addressing(text)
+            claim = await self.claim(actor)
+            to = resolve(self.office, _entries(self.office, addressed.to), author=actor,
+                         claim=claim, field="to")
+            cc = resolve(self.office, _entries(self.office, addressed.cc), author=actor,
+                         claim=claim, field="cc")
+            return aim_answer(self.office, actor, self.item.ref, [t], cmd), to, cc
+        except VaultmailError:
+            return None
+
+
+@dataclass(frozen=True)
+class Carded:
+    """An answer a card shows: as `render.answer_line` writes it, and its mark, if any."""
+
+    line: str
+    mark: render.AnswerMark | None
+
+    @property
+    def comment(self) -> str | None:
+        return self.mark.comment if self.mark is not None else None
+
+
+def _card_parts(text: str) -> tuple[re.Match[str] | None, str | None, list[str], list[str]]:
+    """A card's head, header, the lines of its question and options, and its status."""
+    lines = text.split("\n")
+    head = _CARD_HEAD.match(lines[1]) if len(lines) > 1 else None
+    rest = lines[3:]
+    header = None
+    if rest and rest[0].startswith("### "):
+        header, rest = _written(rest[0][4:]), rest[2:]
+    end = next((i for i, line in enumerate(rest) if line.startswith(_STATUS)), len(rest))
+    return head, header, rest[:end], rest[end:]
+
+
+def _carded(status: list[str]) -> list[Carded]:
     """The answers a card's status shows (`render._answer_status`), oldest first, each as
-    `render.answer_line` writes it; one withdrawn has no comment left on the forge to meet."""
+    `render.answer_line` writes it, with the mark naming its comment; one withdrawn has no
+    comment left on the forge to meet."""
     now = [line.removeprefix("**Answered** by ") for line in status
            if line.startswith("**Answered** by ")]
     before = [line.removeprefix("- changed from ") for line in status
               if line.startswith("- changed from ")]
-    return [*reversed(before), *now]
+    return [Carded(*render.answer_mark(line)) for line in [*reversed(before), *now]]
 
 
 def _principal(office: Office, login: str) -> str:
@@ -405,27 +576,42 @@ async def replay(forge: Forge, office: Office, item: Item, *, app_login: str,
         if login and login != app_login.lower() and \
                 await forge.permission(item.repo, login) in CONTRIBUTOR:
             done.writers.add(login)
+    # the app's comments as it wrote them, and what its cards say, before any is replayed: a
+    # hand comment a card names (its `/ask`, an answer it gave) comes before its card or is
+    # edited since, and is read as the card says
+    own: dict[int, tuple[re.Match[str], str | None]] = {}
     for posted in comments:
-        at = parse_time(str(posted.get("created_at") or time.time()))
         first = str(posted.get("body") or "").split("\n", 1)[0].strip()
         by = str((posted.get("user") or {}).get("login") or "")
-        if by.lower() != app_login.lower():  # (where the app finds its own markers)
-            await done.hand_comment(posted, at)
-        elif (m := _MARKER.match(first)) is not None and \
-                m["kind"] in (None, " kind=question"):
-            text, sealed = render.opened(str(posted.get("body") or ""), key)
-            try:
-                if sealed is False or (sealed is None and edited_since_written(posted)):
-                    raise _Foreign("edited")
-                if m["kind"] is None:
-                    await done.tool_comment(m["id"], posted, text, at)
-                else:
-                    await done.card(m["id"], posted, text, at)
-            except _Foreign:
-                done.skipped.append(int(posted["id"]))
-    for thread, who, option, cid in done.ticks:
+        if by.lower() != app_login.lower() or (m := _MARKER.match(first)) is None or \
+                m["kind"] not in (None, " kind=question"):
+            continue  # (where the app finds its own markers)
+        opened, sealed = render.opened(str(posted.get("body") or ""), key)
+        trusted = not (sealed is False or (sealed is None and edited_since_written(posted)))
+        own[int(posted["id"])] = (m, opened if trusted else None)
+        if trusted and m["kind"] is not None:
+            done.read_card(m["id"], opened)
+    for posted in comments:
+        at = parse_time(str(posted.get("created_at") or time.time()))
+        if (mine := own.get(int(posted["id"]))) is None:
+            by = str((posted.get("user") or {}).get("login") or "")
+            if by.lower() != app_login.lower():
+                await done.hand_comment(posted, at)
+            continue
+        m, text = mine
+        try:
+            if text is None:
+                raise _Foreign("edited")
+            if m["kind"] is None:
+                await done.tool_comment(m["id"], posted, text, at)
+            else:
+                await done.card(m["id"], posted, text, at)
+        except _Foreign:
+            done.skipped.append(int(posted["id"]))
+    for thread, who, option, cid, made in done.ticks:
         t = done.threads[thread]
         q = t.state.question
+        cid = made if cid in done.recorded else cid  # (a mark naming a comment read already)
         if q is not None and (t.state.answer is None
                               or t.state.answer.option != q.options[option].label):
             await done.reply_or_start(cid, who, "", thread, at=t.updated_at, forge_id=None,

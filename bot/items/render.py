@@ -176,6 +176,47 @@ def answer_line(a: Any, logins: dict[str, str]) -> str:
     return _said(a, logins)
 
 
+@dataclass(frozen=True)
+class AnswerMark:
+    """What a card records, hidden after each answer it shows, of the answer the app took:
+    the comment that gave it, the option it chose (its number) and whether an agent relayed
+    its person's answer. The forge keeps a person's comment only as last edited, and an
+    edit answers nothing (`handlers.items.words_edited`): the card, sealed, is what a rebuild
+    takes an answer from (`bot.items.rebuild`), whatever its comment says now."""
+
+    comment: str
+    option: int | None = None  # 1-based
+    relayed: bool = False
+
+
+_COMMENT_ID = re.compile(r"c[0-9a-f]{1,64}")
+_ANSWER_MARK = re.compile(r" <!-- vaultmail:answer comment=(?P<comment>c[0-9a-f]{1,64})"
+                          r"(?: option=(?P<option>[0-9]{1,3}))?(?P<relayed> relayed)? -->")
+
+
+def _mark(a: Any, q: Question | None) -> str:
+    if not _COMMENT_ID.fullmatch(a.comment):
+        return ""
+    number = next((i + 1 for i, o in enumerate(q.options) if o.label == a.option), None) \
+        if q is not None and a.option is not None else None
+    return " " + markers.marker("answer", f"comment={a.comment}",
+                                *([f"option={number}"] if number is not None else []),
+                                *(["relayed"] if a.confirmed_with_person else []))
+
+
+def answer_mark(line: str) -> tuple[str, AnswerMark | None]:
+    """A card's answer line (after "**Answered** by " or "- changed from ") as `answer_line`
+    wrote it, and the mark after it, if any (cards from before marks have none). The words
+    before it are data: `as_data` disarmed every `<!--` in them, so the mark is the app's."""
+    at = line.rfind(" <!-- vaultmail:answer ")
+    m = _ANSWER_MARK.fullmatch(line, at) if at >= 0 else None
+    if m is None:
+        return line, None
+    option = m["option"]
+    return line[:at], AnswerMark(m["comment"], int(option) if option else None,
+                                 relayed=bool(m["relayed"]))
+
+
 def _said(a: Any, logins: dict[str, str]) -> str:
     by = logins.get(a.by, a.by)
     what = a.option or ""
@@ -186,11 +227,11 @@ def _said(a: Any, logins: dict[str, str]) -> str:
     return f"{by}{relay}: {as_data(what.splitlines()[0]) if what else '(no words)'}"
 
 
-def _earlier(a: Any, logins: dict[str, str]) -> str:
+def _earlier(a: Any, logins: dict[str, str], q: Question | None) -> str:
     if a.withdrawn:  # its words went with its comment
         return (f"- withdrawn: {logins.get(a.by, a.by)}'s answer"
                 f"{f' ({as_data(a.option)})' if a.option else ''}, deleted on the forge")
-    return f"- changed from {_said(a, logins)}"
+    return f"- changed from {_said(a, logins)}{_mark(a, q)}"
 
 
 def _status(state: ThreadState, logins: dict[str, str], hidden: str | None) -> str:
@@ -201,7 +242,7 @@ def _status(state: ThreadState, logins: dict[str, str], hidden: str | None) -> s
 
 
 def _answer_status(state: ThreadState, logins: dict[str, str], hidden: str | None) -> str:
-    earlier = [_earlier(a, logins) for a in reversed(state.history)]
+    earlier = [_earlier(a, logins, state.question) for a in reversed(state.history)]
     if state.answer is None:
         if state.question and not state.question.body:  # its comment deleted on the forge
             return "*This question was deleted on the forge.*"
@@ -215,7 +256,8 @@ def _answer_status(state: ThreadState, logins: dict[str, str], hidden: str | Non
             how = ("**Answer withdrawn**: its comment was deleted on the forge. "
                    f"{f'Waiting on {who} again. ' if who else ''}{how}")
         return "\n".join([how, *earlier])
-    lines = [f"**Answered** by {_said(state.answer, logins)}", *earlier]
+    lines = [f"**Answered** by {_said(state.answer, logins)}"
+             f"{_mark(state.answer, state.question)}", *earlier]
     if state.resolved:
         lines.append("*Resolved.*")
     return "\n".join(lines)

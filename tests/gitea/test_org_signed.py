@@ -400,6 +400,45 @@ async def test_a_comment_edited_since_it_was_written_answers_in_no_ones_name(
     assert thread is not None and thread.state.answer is None, thread.state.answer
 
 
+async def test_an_answer_edited_since_it_was_taken_is_rebuilt_as_taken_and_no_other(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """On Gitea too: marco's `/answer 2`, taken, then edited by him into `/answer 1`, is the
+    answer 2 it was in a rebuild (the card the app sealed names the comment that gave it);
+    lee's edit of marco's words into `/answer 2`, signed as a new comment of marco's (read
+    in no one's name: no answer), is still none in a rebuild, though the forge shows the
+    same words under marco's name: the card names no such comment."""
+    from tests.test_reindex import _drop_work, _reindex
+
+    store = office.services.store
+    number, question = await _outcome_asking_marco(office, session)
+    marco = gitea_api(session, office, "marco")
+    path = f"/repos/acme/scout-vault/issues/{number}/comments"
+    said = await marco("POST", path, {"body": "/answer 2"}, 201)
+    await office.settle()
+    office.forge.clock.advance(2)  # (Gitea stamps a comment to the second)
+    await marco("PATCH", f"/repos/acme/scout-vault/issues/comments/{said['id']}",
+                {"body": "/answer 1"}, 200)
+    await office.settle()
+    other, forged = await _outcome_asking_marco(office, session)
+    await _created_then_edited_by_lee(office, session, other, "thinking about it",
+                                      "/answer 2", "forged-created-answer")
+
+    async def answers() -> list[Any]:
+        out = []
+        for q in (question, forged):
+            t = await comments.get_thread(store, q)
+            assert t is not None
+            a = t.state.answer
+            out.append(None if a is None else (a.comment, a.by, a.option, a.body))
+        return out
+
+    live = await answers()
+    assert [a and a[2] for a in live] == ["Force re-login", None], live
+    await _drop_work(office)
+    await _reindex(office)
+    assert await answers() == live
+
+
 async def test_a_comments_created_is_taken_once(
         office: Embedded, session: aiohttp.ClientSession) -> None:
     """lee signed marco's genuine `/answer 2` again after marco changed his mind to 1, under a
