@@ -360,18 +360,24 @@ async def test_a_note_edited_on_the_apps_answer_is_no_change_of_answer_in_a_rebu
     """Review r7 (B): sara (write access, not asked) edits the app's comment carrying marco's
     answer 'Keep 30 days' into '(answer: Force re-login)'. Live nothing changes; a rebuild
     read the note as written now: a change of answer marco never made. The comment is left
-    out; the card (the app's, sealed) still says marco answered 'Keep 30 days', which is read
-    as his tick: the choice stands, its words went with the comment."""
+    out; the card (the app's, sealed) still says marco answered 'Keep 30 days', which was read
+    as his tick: the choice stood, its words went with the comment. The card's mark names the
+    comment that gave it, gone from the rebuild: its answer is replayed as the card shows it,
+    words and id, and everyone reads what they read live."""
     _, outcome, _ = await _work(embedded, tools, person)
     await _edit_app_comment(
         embedded, person, "sara", outcome, "(answer: Keep 30 days)",
         lambda body: body.replace("(answer: Keep 30 days)", "(answer: Force re-login)"))
     scout = tools("agent:scout")
     live = _chosen(await scout("get_outcome", outcome=outcome))
+    seen = await _seen_by(tools, PEOPLE, [outcome])
     await _drop_work(embedded)
     await _reindex(embedded)
     after = _chosen(await scout("get_outcome", outcome=outcome))
     assert after == live
+    now = await _seen_by(tools, PEOPLE, [outcome])
+    for who in PEOPLE:
+        assert now[who] == seen[who], "\n".join([who, *_differences(seen[who], now[who])])
 
 
 async def test_a_seal_edited_to_any_text_is_a_broken_seal_not_a_failed_rebuild(
@@ -731,5 +737,45 @@ async def test_an_ask_edited_on_the_forge_is_its_question_in_a_rebuild(
     await _drop_work(embedded)
     await _reindex(embedded)
     after = await _seen_by(tools, readers, refs)
+    for who in readers:
+        assert after[who] == before[who], "\n".join([who, *_differences(before[who], after[who])])
+
+
+async def test_each_tick_a_card_shows_is_rebuilt_in_its_place(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """marco ticks Small on sara's card, then changes his answer with `/answer 2`, then ticks
+    Small again. A tick has no comment on the forge, and a rebuild took one only where it was
+    the card's answer now: the first tick was gone from the history, and `/answer 2` read as
+    the first answer, not a change. The card's marks name each answer's comment, a tick's
+    too: one no comment on the forge gave is a tick, replayed where the card shows it."""
+    from tests.items_support import forge_comments, make_item
+
+    sara, marco = tools("human:sara@acme.com"), person("marco")
+    sizes = await make_item(embedded, marco, "outcome", "Sizes")
+    asked = await sara("add_comment", target=sizes, targetType="outcome", to=["marco@acme.com"],
+                       body="Which size?", options=[{"label": "Small"}, {"label": "Large"}])
+    await embedded.settle()
+    repo, _, _ = sizes.partition("#")
+
+    async def tick(box: str) -> None:
+        card = next(c for c in await forge_comments(marco, sizes)
+                    if f"id={asked['comment']['id']} kind=question" in c["body"])
+        await marco.call("PATCH", f"/repos/{repo}/issues/comments/{card['id']}",
+                         {"body": card["body"].replace(f"- [ ] {box}.", f"- [x] {box}.", 1)},
+                         expect=200)
+        await embedded.forge.webhooks_idle()
+        await embedded.settle()
+
+    await tick("1")
+    await _hand(embedded, person, "marco", sizes, "/answer 2\nbigger")
+    await tick("1")
+    readers = ["human:sara@acme.com", "human:marco@acme.com", "agent:scout"]
+    before = await _seen_by(tools, readers, [sizes])
+    [decided] = before["human:sara@acme.com"]["outcomes"][0]["decisions"]
+    assert (decided["answer"]["option"], [(h["option"], h["body"]) for h in decided["history"]]
+            ) == ("Small", [("Large", "bigger"), ("Small", "")]), decided
+    await _drop_work(embedded)
+    await _reindex(embedded)
+    after = await _seen_by(tools, readers, [sizes])
     for who in readers:
         assert after[who] == before[who], "\n".join([who, *_differences(before[who], after[who])])

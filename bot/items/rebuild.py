@@ -96,9 +96,8 @@ class _Replay:
     threads: dict[str, db.ThreadRow] = field(default_factory=dict)
     comments: list[db.CommentRow] = field(default_factory=list)
     asks: dict[str, int] = field(default_factory=dict)  # question id -> its hand `/ask`
-    # a tick's question, who ticked, the option, its id (the card's mark's), and one made
-    # from the card and the tick (where the card has no mark, or names a comment read)
-    ticks: list[tuple[str, str, int, str, str]] = field(default_factory=list)
+    ticks: list[tuple[str, str, int, str]] = field(default_factory=list)  # unmarked cards'
+
     resolved: set[str] = field(default_factory=set)  # questions whose card says so
     writers: set[str] = field(default_factory=set)  # logins with write access to the repository
     skipped: list[int] = field(default_factory=list)  # the app's comments not as it wrote them
@@ -114,6 +113,8 @@ class _Replay:
     cards: set[str] = field(default_factory=set)
     asked_since: dict[str, dict[str, Any]] = field(default_factory=dict)
     recorded: set[str] = field(default_factory=set)
+    on_forge: set[str] = field(default_factory=set)  # the ids of the item's comments there
+    tried: set[str] = field(default_factory=set)  # the card's answers replayed as ticks
 
     def principal(self, name: str) -> str:
         """An author or a mention as the app wrote it: an agent's principal, else a login. A
@@ -222,7 +223,8 @@ class _Replay:
                     forge_id=self.asks.get(cid, int(posted["id"])), at=at, parent=None,
                     reached=reached, to=to, cc=cc, edited=edited)
         self.answers[cid] = _carded(status)
-        self.ticked(row, status, lines)
+        if not any(entry.mark for entry in self.answers[cid]):
+            self.ticked(row, status, lines)
         if "*Resolved.*" in status:
             self.resolved.add(cid)
 
@@ -248,21 +250,21 @@ class _Replay:
         return words, forge_time(posted.get("updated_at"))
 
     def ticked(self, row: db.ThreadRow, status: list[str], lines: list[str]) -> None:
-        """A card showing an answer none of its comments gave: a tick (no comment of its own)."""
+        """A card from before marks showing an answer none of its comments gave: a tick (no
+        comment of its own). A marked card says which of its answers they are
+        (`carded_ticks`)."""
         if not status or (m := _ANSWERED.match(status[0])) is None:
             return
         box = next((o for line in lines if (o := _OPTION.match(line)) and o["mark"] == "x"), None)
         if box is None:
             return
-        mark = render.answer_mark(status[0])[1]
-        # its id as the card names it, else one from the card and the tick, so a second
-        # rebuild finds it indexed
+        # its id from the card and the tick, so a second rebuild finds it indexed
         seed = f"{row.id}\ntick\n{m['login']}\n{box['n']}"
-        made = "c" + hashlib.sha256(seed.encode()).hexdigest()[:32]
-        self.ticks.append((row.id, self.principal(m["login"]), int(box["n"]) - 1,
-                           mark.comment if mark is not None else made, made))
+        cid = "c" + hashlib.sha256(seed.encode()).hexdigest()[:32]
+        self.ticks.append((row.id, self.principal(m["login"]), int(box["n"]) - 1, cid))
 
     async def tool_comment(self, cid: str, posted: dict[str, Any], text: str, at: float) -> None:
+        await self.ticks_before(cid)
         lines = text.split("\n")
         head = _COMMENT_HEAD.match(lines[1]) if len(lines) > 1 else None
         if head is None:
@@ -297,6 +299,42 @@ class _Replay:
             return not hand
         self.met[thread] = at + 1
         return True
+
+    async def ticks_before(self, cid: str) -> None:
+        """Before comment `cid` is read, the ticks its card shows before the answer it gave."""
+        if (named := self.gave.get(cid)) is not None and named[0] in self.threads:
+            await self.carded_ticks(named[0], cid)
+
+    async def carded_ticks(self, thread: str, cid: str | None) -> None:
+        """The answers `thread`'s card shows before the one comment `cid` gave (all left, for
+        None) that no comment on the forge gave, as the app wrote it: ticks (and an answer
+        whose comment a person edited, which the app wrote), each replayed in its place,
+        under the id and in the words the card shows, as its tick was live."""
+        shown = self.answers.get(thread) or []
+        start = self.met.get(thread, 0)
+        end = len(shown) if cid is None else \
+            next((i for i in range(start, len(shown)) if shown[i].comment == cid), start)
+        for entry in shown[start:end]:
+            mark, t = entry.mark, self.threads[thread]
+            q = t.state.question
+            if mark is None or mark.comment in self.on_forge or mark.comment in self.tried \
+                    or q is None or (m := _ANSWERED.match("**Answered** by " + entry.line)) \
+                    is None or (mark.option is not None
+                                and not 0 < mark.option <= len(q.options)):
+                continue
+            self.tried.add(mark.comment)
+            try:
+                who = self.principal(m["login"])
+            except _Foreign:
+                continue
+            option = q.options[mark.option - 1].label if mark.option is not None else None
+            words = self.card_words(entry.line, who, option, relayed=mark.relayed,
+                                    cid=mark.comment)
+            if words is not None:
+                await self.reply_or_start(mark.comment, who, words, thread, at=t.updated_at,
+                                          forge_id=None, option=mark.option,
+                                          confirmed=mark.relayed,
+                                          amend=t.state.answer is not None)
 
     def forms(self, answer: Answer) -> set[str]:
         """An answer as its card may name it: its answerer by name, or as "agent" (a claim
@@ -369,6 +407,7 @@ class _Replay:
         forge_id = int(posted["id"])
         cid = Comments._new_id(self.item, forge_id)
         edited = edited_since_written(posted)
+        await self.ticks_before(cid)
         if cid in self.cards:  # the `/ask` its card was posted for (its id is the card's)
             self.asks[cid] = forge_id
             if edited:
@@ -583,12 +622,16 @@ async def replay(forge: Forge, office: Office, item: Item, *, app_login: str,
     for posted in comments:
         first = str(posted.get("body") or "").split("\n", 1)[0].strip()
         by = str((posted.get("user") or {}).get("login") or "")
-        if by.lower() != app_login.lower() or (m := _MARKER.match(first)) is None or \
-                m["kind"] not in (None, " kind=question"):
+        if by.lower() != app_login.lower():
+            done.on_forge.add(Comments._new_id(item, int(posted["id"])))
+            continue
+        if (m := _MARKER.match(first)) is None or m["kind"] not in (None, " kind=question"):
             continue  # (where the app finds its own markers)
         opened, sealed = render.opened(str(posted.get("body") or ""), key)
         trusted = not (sealed is False or (sealed is None and edited_since_written(posted)))
         own[int(posted["id"])] = (m, opened if trusted else None)
+        if trusted:
+            done.on_forge.add(m["id"])
         if trusted and m["kind"] is not None:
             done.read_card(m["id"], opened)
     for posted in comments:
@@ -608,10 +651,11 @@ async def replay(forge: Forge, office: Office, item: Item, *, app_login: str,
                 await done.card(m["id"], posted, text, at)
         except _Foreign:
             done.skipped.append(int(posted["id"]))
-    for thread, who, option, cid, made in done.ticks:
+    for thread in list(done.answers):
+        await done.carded_ticks(thread, None)
+    for thread, who, option, cid in done.ticks:
         t = done.threads[thread]
         q = t.state.question
-        cid = made if cid in done.recorded else cid  # (a mark naming a comment read already)
         if q is not None and (t.state.answer is None
                               or t.state.answer.option != q.options[option].label):
             await done.reply_or_start(cid, who, "", thread, at=t.updated_at, forge_id=None,
