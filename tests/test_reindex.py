@@ -779,3 +779,47 @@ async def test_each_tick_a_card_shows_is_rebuilt_in_its_place(
     after = await _seen_by(tools, readers, [sizes])
     for who in readers:
         assert after[who] == before[who], "\n".join([who, *_differences(before[who], after[who])])
+
+
+async def test_a_command_an_edit_adds_does_nothing_in_a_rebuild_as_live(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """What an edit can make a rebuild do that live did not: marco (write access) edits
+    sara's words, written before her `/answer EU`, into that same `/answer EU` (the card
+    shows sara answered EU: read by its words, the edited comment could take the answer
+    from the one that gave it), another of hers into a `/reply` in scout's thread, and
+    scout's words into a `/confirmed` relay of his answer to sara's question and an `/ask`.
+    Live none of it runs; in a rebuild none of it does either: only the comment the card
+    names answers, and the rest are words as the forge shows them."""
+    from tests.items_support import make_item
+
+    scout, sara, marco = tools("agent:scout"), tools("human:sara@acme.com"), person("marco")
+    regions = await make_item(embedded, marco, "outcome", "Regions")
+    asked = await scout("add_comment", target=regions, targetType="outcome",
+                        to=["sara@acme.com"], body="Which region?", needsReply=True)
+    fonts = await make_item(embedded, marco, "outcome", "Fonts")
+    await sara("add_comment", target=fonts, targetType="outcome", to=["marco@acme.com"],
+               body="Which font?", options=[{"label": "Serif"}, {"label": "Sans"}])
+    await embedded.settle()
+    await _hand(embedded, person, "sara", regions, "I'll check with legal")
+    await _hand(embedded, person, "sara", regions, "Also the DPA")
+    await _hand(embedded, person, "sara", regions, "/answer EU")
+    await _hand(embedded, person, "scout-bot", fonts, "Looking into it")
+    await _hand(embedded, person, "scout-bot", fonts, "Still looking")
+    await _edit(embedded, person, "marco", regions, "I'll check with legal", "/answer EU")
+    await _edit(embedded, person, "marco", regions, "Also the DPA",
+                f"/reply {asked['comment']['id']} US too")
+    await _edit(embedded, person, "marco", fonts, "Looking into it",
+                "/answer 1\n/confirmed marco: serif")
+    await _edit(embedded, person, "marco", fonts, "Still looking",
+                "/ask Which weight? @marco\n- [ ] Bold\n- [ ] Light")
+    refs = [regions, fonts]
+    readers = ["human:sara@acme.com", "human:marco@acme.com", "agent:scout"]
+    before = await _seen_by(tools, readers, refs)
+    decided = [[(d["answer"]["option"], d["answer"]["body"]) for d in o["decisions"]]
+               for o in before["agent:scout"]["outcomes"]]
+    assert decided == [[(None, "EU")], []], decided
+    await _drop_work(embedded)
+    await _reindex(embedded)
+    after = await _seen_by(tools, readers, refs)
+    for who in readers:
+        assert after[who] == before[who], "\n".join([who, *_differences(before[who], after[who])])
