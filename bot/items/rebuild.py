@@ -106,13 +106,14 @@ class _Replay:
     # has met so far
     answers: dict[str, list[Carded]] = field(default_factory=dict)
     met: dict[str, int] = field(default_factory=dict)
-    # what the cards (sealed) say, read before any comment is replayed: a hand comment's id
-    # -> the question and answer its card says it gave (`given`), and the `/ask` comments
-    # the forge shows edited since (`asked`)
+    # what the cards (sealed) say, read before any comment is replayed (`read_card`): each
+    # comment id a mark names -> its question and the answer it gave (a hand comment's:
+    # `given`; a tick's: `carded_ticks`), the cards' ids (the `/ask` each came from has it),
+    # and those `/ask` comments the forge shows edited since (`ask_now`)
     gave: dict[str, tuple[str, Carded]] = field(default_factory=dict)
     cards: set[str] = field(default_factory=set)
     asked_since: dict[str, dict[str, Any]] = field(default_factory=dict)
-    recorded: set[str] = field(default_factory=set)
+    recorded: set[str] = field(default_factory=set)  # comment ids recorded (`record`)
     on_forge: set[str] = field(default_factory=set)  # the ids of the item's comments there
     tried: set[str] = field(default_factory=set)  # the card's answers replayed as ticks
 
