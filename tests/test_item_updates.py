@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import pytest
 
 from bot.app.embedded import Embedded
 from bot.items.inbox import PAGE
@@ -242,3 +243,53 @@ async def test_a_persons_updates_page_asks_the_forge_only_about_the_repositories
         "SELECT DISTINCT item FROM item_updates WHERE item LIKE 'acme/elsewhere-%'")
     assert len(written) == ELSEWHERE, written  # (an update on each)
     assert await asked() == before
+
+
+# The keys a page reads are bounded as the rounds' rows were: a reader with a long run of
+# updates they may not see (a person taken off the repository of their outcomes' plans, an
+# agent whose login sees none) read every key below their cursor on each look before, newest
+# first to the oldest (100,000 such updates: 106,156 rows in 18 reads, 0.7 s a list_inbox on
+# SQLite, where the rounds read 124): a page looks at KEYS_A_PAGE keys at most, and one it
+# leaves short has its cursor on the last of them.
+KEYS_A_PAGE = 1024  # inbox.MAX_UPDATE_KEYS, as docs/using.md says it
+LONG_RUN = 3 * KEYS_A_PAGE - 100
+
+
+async def test_a_page_reads_a_bounded_number_of_keys_however_long_the_hidden_run(
+        embedded: Embedded, person: Any, tools: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """lee's 40 visible updates lie below LONG_RUN that name the plan in acme/secret: each of
+    lee's pages reads at most KEYS_A_PAGE keys (and one more, to tell whether any update lies
+    below a full page), and paging on by `moreUpdatesBefore` shows the 40 and those before
+    them, each once."""
+    s = await _stage(embedded, person, tools)
+    plan = await _secret_plan(embedded, s)
+    lee: ToolClient = tools(LEE)
+    earlier = [u["summary"] for u in (await lee("list_inbox"))["updates"]]
+    shown = [f"outcome note {i}" for i in range(40)]
+    async with embedded.services.store.transaction() as tx:
+        for words in shown:
+            await db.add_update(tx, s.outcome, "status", MARCO, words)
+        for _ in range(LONG_RUN):
+            await db.add_update(tx, s.outcome, "plan", MARCO, f"plan {plan} closed: {WORDS}",
+                                about=plan)
+    keys: list[int] = []  # the keys each page read
+    updates_for = db.updates_for
+
+    async def counted(*args: Any, **kwargs: Any) -> list[Any]:
+        rows = await updates_for(*args, **kwargs)
+        keys[-1] += len(rows) if kwargs.get("keys") else 0
+        return rows
+
+    monkeypatch.setattr(db, "updates_for", counted)
+    paged: list[str] = []
+    before: int | None = None
+    for _ in range(LONG_RUN // KEYS_A_PAGE + 3):  # (pages enough, with a bound)
+        keys.append(0)
+        page = await lee("list_inbox", **({} if before is None else {"updatesBefore": before}))
+        assert not _leaks(page["updates"]), page["updates"]
+        paged += [u["summary"] for u in page["updates"]]
+        before = page["moreUpdatesBefore"]
+        if before is None:
+            break
+    assert max(keys) <= KEYS_A_PAGE + 1, keys
+    assert before is None and paged == shown[::-1] + earlier, (keys, paged)

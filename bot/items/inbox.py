@@ -350,6 +350,11 @@ def update_names(row: Any) -> set[str]:
 # the updates the rounds read at most, each naming one or two. Past it the page is read in
 # rounds, asking of the items of what they read.
 MAX_UPDATE_REPOS = PAGE * UPDATE_ROUNDS
+# The most keys one page reads (`_updates_by_repository`): what a look costs stays bounded
+# however long a run of updates the viewer may not see (one who sees none of their updates
+# read every key of them on each look, 100,000 of them 0.7 s). Past it the page ends at the
+# last key read, short, its cursor on.
+MAX_UPDATE_KEYS = 1024
 
 
 def _update_view(r: Any) -> dict[str, Any]:
@@ -362,8 +367,8 @@ async def updates_page(store: Store, office: Office, viewer: str, before: int | 
                        since: float | None, sees: Sees) -> dict[str, Any]:
     """The newest updates on the viewer's outcomes, each shown only where the viewer may see
     every item it names: the 30 newest of those, however many it may not see lie among or
-    above them, with its cursor on the last where any update lies below it
-    (`_updates_by_repository`); where its first read of keys names more than
+    above them (up to MAX_UPDATE_KEYS looked through), with its cursor on the last where any
+    update lies below it (`_updates_by_repository`); where its first read of keys names more than
     MAX_UPDATE_REPOS repositories, read in rounds (`_updates_in_rounds`)."""
     who = Whose.of(office, viewer)
     logins = logins_of(office, who)
@@ -383,7 +388,8 @@ async def _updates_by_repository(
     whether any update lies below it: a page first, then as many as the share of them shown
     so far says the page lacks (twice as many as the last, while none was shown), so a
     page with updates it may not see among them takes a read or two more of keys and no
-    more of updates, however long their run. Each repository is asked of
+    more of updates, up to MAX_UPDATE_KEYS keys a page: a longer run ends the page at
+    the last key read, short, its cursor on. Each repository is asked of
     `sees` once (one item of each stands for it, as for the questions: visibility is per
     repository), and only those of the viewer's updates: for a person each is a forge
     request, and the office's other repositories are never asked about. Then the page is
@@ -418,8 +424,13 @@ async def _updates_by_repository(
         if more is not None or len(keys) < limit:
             break  # (or every update below `before` read)
         cursor, examined = int(keys[-1]["seq"]), examined + len(keys)
+        if examined >= MAX_UPDATE_KEYS and len(chosen) < PAGE:
+            more = cursor  # as many keys as a page reads: it ends at the last, cursor on
+            break
         limit = (-(-(PAGE - len(chosen)) * examined // len(chosen)) + 1 if chosen
                  else 2 * limit)
+        # (a full page reads one key more, to tell whether any update lies below it)
+        limit = min(limit, max(1, MAX_UPDATE_KEYS - examined))
     rows = await db.updates_at(store, chosen, org=who.org)
     names = {r["seq"]: update_names(r) for r in rows}
     shown = await sees(set().union(*names.values()))
