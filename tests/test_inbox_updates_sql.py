@@ -255,3 +255,65 @@ async def test_a_page_asks_only_about_the_repositories_of_the_readers_updates(
         assert paged == every  # no update left out, none twice
     finally:
         await store.close()
+
+
+# A page stops at MAX_UPDATE_REPOS repositories where the update it looks at next would pass
+# it, not above the whole read that holds that update: a read of keys after the first is as
+# long as the share shown says the page lacks (29 times the first read's where it showed
+# one), and on an office of many repositories it named past the bound however few of them
+# the page needed, so the page ended at what the first read showed. sara, who may see one
+# repository in ten of 300, took 77 pages of her 295 updates, most of 1 to 4, where
+# ff090b3^'s rounds took 29.
+MANY = [f"acme/m{i}" for i in range(300)]
+MANY_SEEN = set(MANY[::10])
+
+
+async def sees_one_in_ten(refs: Iterable[str]) -> set[str]:
+    return {r for r in refs if r.split("#")[0] in MANY_SEEN}
+
+
+def _repos(row: Any) -> set[str]:
+    return {name.partition("#")[0].lower() for name in inbox.update_names(row)}
+
+
+async def test_a_page_stops_at_the_update_that_would_pass_the_repository_bound(
+    tmp_path: Path, database_url: str
+) -> None:
+    store = await open_store(database_url or tmp_path / "index.sqlite3")
+    office = load_office()
+    chance = random.Random(5)
+    try:
+        async with store.transaction() as tx:
+            for repo in MANY:
+                await db.put_item(tx, Item(repo=repo, number=1, kind="outcome", title="o",
+                                           state="open", author_login="sara", parent=None,
+                                           author=SARA, assignees=(), claim=None))
+            for u in range(3000):
+                about = f"{chance.choice(MANY)}#4" if u % 5 == 1 else None
+                await db.add_update(tx, f"{chance.choice(MANY)}#1", "status", "agent:scout",
+                                    f"u{u}", about=about)
+        who = inbox.Whose.of(office, SARA)
+        every = await db.updates_for(store, who.everyone, inbox.logins_of(office, who),
+                                     who.everyone, None, None, 10**6, org=who.org)
+        paged: list[Any] = []
+        before: int | None = None
+        while True:  # every page, by its cursor, as a client pages
+            got = await inbox.updates_page(store, office, SARA, before, None,
+                                           sees_one_in_ten)
+            paged += got["updates"]
+            more = got["moreUpdatesBefore"]
+            if more is None:
+                break
+            if len(got["updates"]) < inbox.PAGE:  # ended short: by a bound
+                looked = [r for r in every if more <= r["seq"] < (before or 2**62)]
+                below = next(r for r in every if r["seq"] < more)
+                named = set().union(*map(_repos, looked))
+                assert len(looked) >= inbox.MAX_UPDATE_KEYS or (
+                    len(named) <= inbox.MAX_UPDATE_REPOS
+                    < len(named | _repos(below))), (before, len(looked), len(named))
+            before = more
+        want = await every_update_hidden_in_python(store, None, None, sees_one_in_ten,
+                                                   page=10**6)
+        assert paged == want["updates"]  # none left out, none twice
+    finally:
+        await store.close()

@@ -396,8 +396,8 @@ async def _updates_by_repository(
     read by its seqs (`updates_at`), so what an update it does not show says never leaves
     the database, and checked with `sees` again (a safety net: what it hides leaves the
     page short, its cursor on). Past MAX_UPDATE_REPOS repositories, so that a page never
-    asks of more: None where the first read passes it (the rounds), else the page ends
-    above the read that would, short, its cursor on."""
+    asks of more: None where the first read passes it (the rounds), else the page ends at
+    the last update above the first that would, short, its cursor on."""
     asked: dict[str, bool] = {}
     chosen: list[int] = []  # the page's seqs
     more: int | None = None
@@ -405,22 +405,33 @@ async def _updates_by_repository(
     while True:
         keys = await db.updates_for(store, who.everyone, logins, who.everyone, cursor, since,
                                     limit, org=who.org, keys=True)
-        new = {repo for k in keys for repo in (k["repo"], k["about_repo"]) if repo}
-        new -= asked.keys()
-        if len(asked) + len(new) > MAX_UPDATE_REPOS:
-            if cursor is None or cursor == before:
-                return None  # past it at once: the rounds, asking of what they read
-            more = cursor  # past it after a read: the page ends above this read, cursor on
-            break
+        # the keys the page looks through: those above the first that would pass
+        # MAX_UPDATE_REPOS (a read is as long as the share shown says the page lacks, and on
+        # many repositories passed it far below the update that would fill the page)
+        new: set[str] = set()
+        took = len(keys)
+        for i, k in enumerate(keys):
+            its = {repo for repo in (k["repo"], k["about_repo"])
+                   if repo and repo not in asked} - new
+            if len(asked) + len(new) + len(its) > MAX_UPDATE_REPOS:
+                took = i
+                break
+            new |= its
+        if took < len(keys) and cursor == before:
+            return None  # past it at the first read: the rounds, asking of what they read
         if new:
             seen = await sees({f"{repo}#1" for repo in new})
             asked.update({repo: f"{repo}#1" in seen for repo in new})
-        for k in keys:  # ('' names no repository: never shown)
+        for k in keys[:took]:  # ('' names no repository: never shown)
             if len(chosen) == PAGE:  # an update, shown or not, lies below the page's last
                 more = chosen[-1]
                 break
             if asked.get(k["repo"]) and (k["about_repo"] is None or asked.get(k["about_repo"])):
                 chosen.append(int(k["seq"]))
+        if more is None and took < len(keys):  # past it: the page ends at the last update
+            # it looked at (an update lies below it: the one that would pass it), cursor on
+            more = (chosen[-1] if len(chosen) == PAGE
+                    else int(keys[took - 1]["seq"]) if took else cursor)
         if more is not None or len(keys) < limit:
             break  # (or every update below `before` read)
         cursor, examined = int(keys[-1]["seq"]), examined + len(keys)
