@@ -823,3 +823,43 @@ async def test_a_command_an_edit_adds_does_nothing_in_a_rebuild_as_live(
     after = await _seen_by(tools, readers, refs)
     for who in readers:
         assert after[who] == before[who], "\n".join([who, *_differences(before[who], after[who])])
+
+
+async def test_an_edit_too_long_to_read_is_not_read_live_nor_fails_a_rebuild(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """sara edits her `/answer EU`, which the app took, and marco his `/ask` and his words,
+    to more than the app reads of a comment (`render.MAX_COMMENT`; GitHub takes 65,536
+    characters, Gitea more). Live the edit's delivery failed, retried until it died; a
+    rebuild raised on each, and no item of the office was rebuilt. An edit too long to read
+    is not read: live and in a rebuild the answer and the question keep their words, and a
+    comment known only as edited so (its words then gone) is none, as `index_edited` has it."""
+    from tests.items_support import make_item
+
+    scout, marco = tools("agent:scout"), person("marco")
+    regions = await make_item(embedded, marco, "outcome", "Regions")
+    await scout("add_comment", target=regions, targetType="outcome", to=["sara@acme.com"],
+                body="Which region?", needsReply=True)
+    await embedded.settle()
+    await _hand(embedded, person, "sara", regions, "/answer EU")
+    colours = await make_item(embedded, marco, "outcome", "Colours")
+    await _hand(embedded, person, "marco", colours, "/ask Which colour? @sara")
+    long = "x" * 17_000
+    await _edit(embedded, person, "sara", regions, "/answer EU", f"/answer EU {long}")
+    await _edit(embedded, person, "marco", colours, "/ask Which colour? @sara",
+                f"/ask Which colour? @sara\n{long}")
+    refs = [regions, colours]
+    readers = ["human:sara@acme.com", "human:marco@acme.com", "agent:scout"]
+    before = await _seen_by(tools, readers, refs)
+    outcomes = before["agent:scout"]["outcomes"]
+    assert [(d["answer"]["body"], d["question"]) for d in outcomes[0]["decisions"]] == [
+        ("EU", "Which region?")], outcomes[0]
+    assert [t["body"] for t in before["human:sara@acme.com"]["inbox"]["you"]["yourTurn"]] == [
+        "Which colour? @sara"], before["human:sara@acme.com"]["inbox"]
+    await _hand(embedded, person, "marco", regions, "Noted")
+    await _edit(embedded, person, "marco", regions, "Noted", f"Noted {long}")
+    await _drop_work(embedded)
+    report = await _reindex(embedded)
+    assert report.work is not None and report.work.items == 2, report.work
+    after = await _seen_by(tools, readers, refs)
+    for who in readers:
+        assert after[who] == before[who], "\n".join([who, *_differences(before[who], after[who])])

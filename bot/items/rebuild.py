@@ -245,10 +245,10 @@ class _Replay:
                 render.parse_ask(ask.args, ask.body).body.strip() == question.body.strip()
         except VaultmailError:
             still = False
-        if still:
+        words = render.edited_words(text)
+        if still or words is None:  # (too long to read: live kept the question's words)
             return question.body, None
-        words = (render.parse_addressing(text).body or text).strip()[:MAX_BODY]
-        return words, forge_time(posted.get("updated_at"))
+        return words.strip()[:MAX_BODY], forge_time(posted.get("updated_at"))
 
     def ticked(self, row: db.ThreadRow, status: list[str], lines: list[str]) -> None:
         """A card from before marks showing an answer none of its comments gave: a tick (no
@@ -417,8 +417,10 @@ class _Replay:
         if cid in self.gave and await self.given(cid, actor, posted, text, at, edited=edited):
             return
         if edited:
-            if login.lower() in self.writers:
-                words = render.parse_addressing(text).body or text
+            # (one too long to read, `words` None, is no comment: as live refuses it when its
+            # `created` comes edited, `handlers.items.index_edited`)
+            if login.lower() in self.writers and \
+                    (words := render.edited_words(text)) is not None:
                 await self.reply_or_start(cid, actor, words, None, at=at, forge_id=forge_id,
                                           to=[], cc=[],
                                           edited=forge_time(posted.get("updated_at")))
@@ -491,8 +493,9 @@ class _Replay:
             return False
         to: list[Reached] = []
         cc: list[Reached] = []
-        shown = (render.parse_addressing(text).body or text).strip()[:MAX_BODY]
-        stamp = forge_time(posted.get("updated_at"))
+        now = render.edited_words(text)  # (None: too long to read, its words kept live)
+        shown = now.strip()[:MAX_BODY] if now is not None else None
+        stamp = forge_time(posted.get("updated_at")) if now is not None else None
         if not edited and (written := await self.as_it_came(actor, text, t)) is not None:
             aimed, to, cc = written
             said = Answer(cid, actor, 0.0, option=option, body=aimed.body,

@@ -317,6 +317,16 @@ def parse_addressing(text: str) -> Addressed:
     return out
 
 
+def edited_words(text: str) -> str | None:
+    """What a comment says after an edit, as the index shows it (`Comments.forge_edited`):
+    its words, its `to:`/`cc:` lines aside (an edit addresses no one). None for one longer
+    than the app reads (`MAX_COMMENT`): an edit of it is not read, as such a comment is not
+    when it comes, and its words stay those it had (a rebuild reads the same)."""
+    if len(text) > MAX_COMMENT:
+        return None
+    return parse_addressing(text).body or text
+
+
 def mentions(text: str) -> list[str]:
     """@login and @org/team outside quotes, code and HTML comments, in order, without repeats.
     TextTooLong past `MAX_COMMENT`."""

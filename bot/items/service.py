@@ -782,7 +782,10 @@ class Comments:
         if (c is not None and c.deleted_at is not None) or \
                 await db.thread_by_card(store, forge_id, item.ref) is not None:
             return  # gone, or a card: the app's own words
-        body = (render.parse_addressing(text).body or text).replace("\r\n", "\n").strip()
+        words = render.edited_words(text)
+        if words is None:  # too long to read: not read, its words kept (a refusal raised
+            return  # here was a delivery retried until it died)
+        body = words.replace("\r\n", "\n").strip()
         if c is None:  # its `created` is late: indexed in these words when it comes (its
             # commands, if any, from the words it was written in, as an edit after it would)
             await db.note_early_edit(store, item.ref, forge_id, body[:MAX_BODY])
