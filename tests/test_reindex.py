@@ -863,3 +863,35 @@ async def test_an_edit_too_long_to_read_is_not_read_live_nor_fails_a_rebuild(
     after = await _seen_by(tools, readers, refs)
     for who in readers:
         assert after[who] == before[who], "\n".join([who, *_differences(before[who], after[who])])
+
+
+async def test_an_agents_answer_on_the_apps_comment_edited_since_is_rebuilt(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """sara asks scout; scout answers Sans through the app (its comment, sealed); marco (write
+    access) edits that comment on the forge. Live nothing changes. A rebuild leaves the
+    edited comment out and takes the answer from the card, whose mark names its comment: but
+    it read the answerer's name on the card only up to a colon, "agent" for `agent:scout`,
+    and the answer was gone (sara's question open again, scout's turn again)."""
+    from tests.items_support import make_item
+
+    sara, scout = tools("human:sara@acme.com"), tools("agent:scout")
+    fonts = await make_item(embedded, person("marco"), "outcome", "Fonts")
+    asked = await sara("add_comment", target=fonts, targetType="outcome", to=["agent:scout"],
+                       body="Which font?", options=[{"label": "Serif"}, {"label": "Sans"}])
+    await embedded.settle()
+    await scout("add_comment", target=fonts, targetType="outcome",
+                parent=asked["comment"]["id"], option="Sans", body="sans it is")
+    await embedded.settle()
+    await _edit_app_comment(embedded, person, "marco", fonts, "💬 **agent:scout**",
+                            lambda body: body.replace("sans it is", "serif after all"))
+    readers = ["human:sara@acme.com", "human:marco@acme.com", "agent:scout"]
+    before = await _seen_by(tools, readers, [fonts])
+    assert [(d["answer"]["option"], d["answer"]["body"], d["decidedBy"]) for d in
+            before["human:sara@acme.com"]["outcomes"][0]["decisions"]] == [
+        ("Sans", "sans it is", "agent:scout")], before["human:sara@acme.com"]["outcomes"]
+    await _drop_work(embedded)
+    report = await _reindex(embedded)
+    assert report.work is not None and len(report.work.skipped) == 1, report.work
+    after = await _seen_by(tools, readers, [fonts])
+    for who in readers:
+        assert after[who] == before[who], "\n".join([who, *_differences(before[who], after[who])])

@@ -75,7 +75,8 @@ _STATUS = ("**Answered** by ", "Tick a box, or reply", "Reply `/answer` and your
 _COMMENT_HEAD = re.compile(r"^💬 \*\*(?P<author>.+?)\*\*"
                            r"(?: replied in thread `(?P<thread>c[0-9a-f]+)`)?"
                            r"(?: \((?P<note>.*?)\))?(?: · for (?P<mentions>@.+))?$")
-_ANSWERED = re.compile(r"^\*\*Answered\*\* by (?P<login>[^:( ]+)")
+# who answered: a login, or an agent's principal (`render.card_logins`: its colon is no end)
+_ANSWERED = re.compile(r"^\*\*Answered\*\* by (?P<login>(?:agent:)?[^:( ]+)")
 
 
 def _written(text: str) -> str:
