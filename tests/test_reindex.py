@@ -895,3 +895,38 @@ async def test_an_agents_answer_on_the_apps_comment_edited_since_is_rebuilt(
     after = await _seen_by(tools, readers, [fonts])
     for who in readers:
         assert after[who] == before[who], "\n".join([who, *_differences(before[who], after[who])])
+
+
+async def test_a_question_whose_words_read_like_its_cards_own_lines_is_rebuilt_as_asked(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """A question's words are data on its card, a line of them like one of the card's own
+    all the same: sara quotes an earlier card in hers ("**Answered** by marco: Serif",
+    "*Resolved.*"), and scout's starts a line as the card's Context fold does. A rebuild
+    read the card's status from the first line like one, in sara's words: her question came
+    back cut there, without its options, marco's answer dropped and the question resolved;
+    and scout's (no context of its own, so no `</details>` after it) raised, and no item of
+    the office was rebuilt. The status is the card's last part, and a fold with no end is
+    words."""
+    from tests.items_support import make_item
+
+    sara, scout = tools("human:sara@acme.com"), tools("agent:scout")
+    fonts = await make_item(embedded, person("marco"), "outcome", "Fonts")
+    await sara("add_comment", target=fonts, targetType="outcome", to=["marco@acme.com"],
+               body="Last time:\n**Answered** by marco: Serif\n*Resolved.*\nStill right?",
+               options=[{"label": "Serif"}, {"label": "Sans"}])
+    regions = await make_item(embedded, person("marco"), "outcome", "Regions")
+    await scout("add_comment", target=regions, targetType="outcome", to=["sara@acme.com"],
+                body="Which region?\n<details><summary>Context</summary>\nsee the DPA",
+                needsReply=True)
+    await embedded.settle()
+    await _hand(embedded, person, "marco", fonts, "/answer 2")
+    refs = [fonts, regions]
+    readers = ["human:sara@acme.com", "human:marco@acme.com", "agent:scout"]
+    before = await _seen_by(tools, readers, refs)
+    assert [(d["answer"]["option"], d["resolved"]) for d in
+            before["human:sara@acme.com"]["outcomes"][0]["decisions"]] == [("Sans", False)]
+    await _drop_work(embedded)
+    await _reindex(embedded)
+    after = await _seen_by(tools, readers, refs)
+    for who in readers:
+        assert after[who] == before[who], "\n".join([who, *_differences(before[who], after[who])])

@@ -70,6 +70,7 @@ _CARD_HEAD = re.compile(r"^❓ \*\*Question\*\* from \*\*(?P<author>.+?)\*\*"
                         r"(?P<human> · \*a person decides \(human only\)\*)?$")
 _OPTION = re.compile(r"^- \[(?P<mark>[ x])\] (?P<n>\d+)\. \*\*(?P<label>.*?)\*\*"
                      r"(?P<rec> \(recommended\))?(?: — (?P<description>.*))?$")
+_FOLD = "<details><summary>Context</summary>"  # (`render.render_card`'s, before its context)
 _STATUS = ("**Answered** by ", "Tick a box, or reply", "Reply `/answer` and your answer.",
            "**Answer withdrawn**", "*This question was deleted")
 _COMMENT_HEAD = re.compile(r"^💬 \*\*(?P<author>.+?)\*\*"
@@ -196,14 +197,15 @@ class _Replay:
             return
         asker = self.principal(head["author"])
         options, context, body_lines = [], None, []
-        fold = rest.index("<details><summary>Context</summary>") \
-            if "<details><summary>Context</summary>" in rest else None
+        fold = rest.index(_FOLD) if _FOLD in rest else None
+        # (a fold with no end after it is the question's words: the card's has one)
+        close = next((i for i in range(fold + 2, len(rest)) if rest[i] == "</details>"),
+                     None) if fold is not None else None
         for line in rest:
             if (m := _OPTION.match(line)) is not None:
                 options.append(Option(_written(m["label"]), _written(m["description"] or ""),
                                       recommended=bool(m["rec"])))
-        if fold is not None:
-            close = rest.index("</details>", fold)
+        if fold is not None and close is not None:
             context = _written("\n".join(rest[fold + 2:close - 1]))
             body_lines = rest[:fold]
         else:
@@ -568,7 +570,10 @@ def _card_parts(text: str) -> tuple[re.Match[str] | None, str | None, list[str],
     header = None
     if rest and rest[0].startswith("### "):
         header, rest = _written(rest[0][4:]), rest[2:]
-    end = next((i for i, line in enumerate(rest) if line.startswith(_STATUS)), len(rest))
+    # the status is the card's last part, and only its first line starts as one does: a line
+    # of the question's words (data, above it) may start so too
+    end = next((i for i in range(len(rest) - 1, -1, -1) if rest[i].startswith(_STATUS)),
+               len(rest))
     return head, header, rest[:end], rest[end:]
 
 
