@@ -16,7 +16,8 @@ from ..github import control
 from ..github.auth import authenticate
 from ..github.http import CTX_KEY, FORGE_KEY, TEMPLATES_KEY, ApiError, Ctx, Handler
 from ..reqlog import RequestRecord
-from ..web import GITEA_API_ROOTS, is_web_request
+from ..routing import add_shared_routes
+from ..web import API_ROOTS, GITEA_API_ROOTS, WEB_FORGE_KEY, WEB_ROUTES, is_web_request
 from ..web import register as register_web_pages
 from . import routes, routes_contents, routes_deps
 from .http import Routes, gitea_error, json_response
@@ -95,14 +96,20 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
     return resp
 
 
-def build_app(forge: LocalForge) -> web.Application:
-    app = web.Application(middlewares=[api_middleware], client_max_size=32 * 1024 * 1024)
-    app[FORGE_KEY] = forge
+def _routes(app: web.Application) -> None:
+    """Every route of the dialect (built once a process: localforge/routing.py)."""
     app[TEMPLATES_KEY] = {}
     control.register(app)
     routes.register(Routes(app))
     routes_deps.register(Routes(app))
     routes_contents.register(Routes(app))
     # Sign-in and the pages; Gitea's own OAuth2 provider is not modelled.
-    register_web_pages(app, forge, oauth_flow=False, api_roots=GITEA_API_ROOTS)
+    register_web_pages(app, oauth_flow=False, api_roots=GITEA_API_ROOTS)
+
+
+def build_app(forge: LocalForge) -> web.Application:
+    app = web.Application(middlewares=[api_middleware], client_max_size=32 * 1024 * 1024)
+    add_shared_routes(app, _routes, (TEMPLATES_KEY, WEB_ROUTES, API_ROOTS))
+    app[FORGE_KEY] = forge
+    app[WEB_FORGE_KEY] = forge
     return app

@@ -17,8 +17,9 @@ from ..access import Principal
 from ..faults import RouteFault
 from ..limits import Window
 from ..reqlog import RequestRecord
+from ..routing import add_shared_routes
 from ..state import Repo
-from ..web import is_web_request
+from ..web import API_ROOTS, WEB_FORGE_KEY, WEB_ROUTES, is_web_request
 from ..web import register as register_web_pages
 from . import (
     control,
@@ -250,9 +251,8 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
     return resp
 
 
-def build_app(forge: LocalForge) -> web.Application:
-    app = web.Application(middlewares=[api_middleware], client_max_size=32 * 1024 * 1024)
-    app[FORGE_KEY] = forge
+def _routes(app: web.Application) -> None:
+    """Every route of the dialect (built once a process: localforge/routing.py)."""
     app[TEMPLATES_KEY] = {}
     routes = Routes(app)
     control.register(app)
@@ -261,5 +261,14 @@ def build_app(forge: LocalForge) -> web.Application:
                    routes_fields, routes_pulls):
         module.register(routes)
     routes_manifest.register_web(app)
-    register_web_pages(app, forge)  # last: its /{owner}/{repo} patterns yield to the API
+    register_web_pages(app)  # last: its /{owner}/{repo} patterns yield to the API
+
+
+def build_app(forge: LocalForge) -> web.Application:
+    app = web.Application(middlewares=[api_middleware], client_max_size=32 * 1024 * 1024)
+    add_shared_routes(app, _routes, (TEMPLATES_KEY, routes_manifest.WEB_ROUTES_KEY,
+                                     WEB_ROUTES, API_ROOTS))
+    app[FORGE_KEY] = forge
+    app[WEB_FORGE_KEY] = forge
+    app[routes_manifest.PENDING_KEY] = {}  # (this forge's own)
     return app

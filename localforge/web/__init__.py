@@ -1,7 +1,7 @@
 """The forge's web side (what github.com serves beside api.github.com): sign-in and sessions,
 GitHub's OAuth web flow for Apps, and read-only pages for the `html_url`s the API hands out.
 
-`register(app, forge)` adds the routes to a dialect's aiohttp application, after its API
+`register(app)` adds the routes to a dialect's aiohttp application, after its API
 routes; the dialect's API middleware passes a request through untouched when
 `is_web_request(request)` (no rate-limit headers, ETags or request log: these are not API
 calls). `signed_in(forge, request)` answers who is signed in, for any web route of the forge.
@@ -23,7 +23,8 @@ from .session import WEB_FORGE_KEY, forge_of, set_new_csrf, signed_in, viewer
 if TYPE_CHECKING:
     from ..forge import LocalForge
 
-__all__ = ["is_web_request", "register", "signed_in"]
+__all__ = ["API_ROOTS", "WEB_FORGE_KEY", "WEB_ROUTES", "is_web_request", "register",
+           "signed_in"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 WEB_ROUTES: web.AppKey[dict[Any, str]] = web.AppKey("forge_web_routes", dict)
@@ -99,10 +100,10 @@ def _guard(handler: Handler, template: str) -> Handler:
     return wrapped
 
 
-def register(app: web.Application, forge: LocalForge, oauth_flow: bool = True,
+def register(app: web.Application, oauth_flow: bool = True,
              api_roots: frozenset[str] = GITHUB_API_ROOTS) -> None:
-    """Add the web routes; call it after the API's routes (those take precedence)."""
-    app[WEB_FORGE_KEY] = forge
+    """Add the web routes; call it after the API's routes (those take precedence). The
+    dialect's build_app puts the forge under WEB_FORGE_KEY (the routes are shared: routing.py)."""
     app[API_ROOTS] = api_roots
     routes: dict[Any, str] = {}
     table: list[tuple[str, str, Handler]] = [
