@@ -338,9 +338,8 @@ async def _api_tokens(embedded: Embedded, path: Path, fresh: bool) -> dict[str, 
         kept: dict[str, str] = json.loads(path.read_text()).get("api_tokens", {})
         if kept:
             return kept
-    store = embedded.services.store
-    return {p: await api_tokens.create_token(store, p, embedded.office.org)
-            for p in principals(embedded.office)}
+    return await api_tokens.create_tokens(embedded.services.store, principals(embedded.office),
+                                          embedded.office.org)
 
 
 def _office_text(office_path: str | Path | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bot.store.db import Connection, Store, register_columns, register_schema
@@ -71,16 +72,32 @@ async def create_token(store: Store, principal: str, org: str | None = None, *,
     """A new token for `principal` (in `org`'s office); `lasts`: seconds it acts, at most;
     `woken_by`: the mail whose run it is for."""
     token = PREFIX + secrets.token_urlsafe(32)
+    async with store.transaction() as db:
+        await db.execute(_INSERT, _row(principal, token, org, time.time(), lasts, woken_by))
+    return token
+
+
+async def create_tokens(store: Store, principals: Sequence[str],
+                        org: str | None = None) -> dict[str, str]:
+    """A new token for each of `principals` (in `org`'s office), in one statement: an office's
+    first start makes one for everyone in it (bot.app.embedded)."""
+    made = {p: PREFIX + secrets.token_urlsafe(32) for p in principals}
     now = time.time()
     async with store.transaction() as db:
-        await db.execute(
-            "INSERT INTO api_tokens(principal, token_hash, created_at, org, expires_at,"
-            " woken_by) VALUES (?,?,?,?,?,?)",
-            # lowercase, as every org column: revoke_principal and pin_office compare so
-            (principal, _hash(token), now, org.lower() if org else None,
-             now + lasts if lasts is not None else None, woken_by),
-        )
-    return token
+        await db.executemany(_INSERT, [_row(p, token, org, now, None, None)
+                                       for p, token in made.items()])
+    return made
+
+
+_INSERT = ("INSERT INTO api_tokens(principal, token_hash, created_at, org, expires_at, woken_by)"
+           " VALUES (?,?,?,?,?,?)")
+
+
+def _row(principal: str, token: str, org: str | None, now: float, lasts: float | None,
+         woken_by: str | None) -> tuple[str, str, float, str | None, float | None, str | None]:
+    # lowercase, as every org column: revoke_principal and pin_office compare so
+    return (principal, _hash(token), now, org.lower() if org else None,
+            now + lasts if lasts is not None else None, woken_by)
 
 
 async def principal_for(store: Store, token: str) -> str | None:
