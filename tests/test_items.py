@@ -283,18 +283,39 @@ def test_text_that_looks_like_a_box_cannot_forge_an_option() -> None:
 def test_the_apps_comment_opens_as_sealed_only_as_it_wrote_it() -> None:
     """The seal a rebuild trusts (bot.items.rebuild): it holds through what a forge may do to
     a body (CRLF line ends, trailing blanks), and fails for any edit of the words above it,
-    under another key, or with its MAC cut short; a body with none says so (None)."""
-    from bot.items.render import opened, seal
+    under another key, with its MAC cut short, or on another issue than the one it was written
+    on; a body with none says so (None)."""
+    from bot.items.render import Opened, opened, seal
 
     key, text = b"k" * 32, render_comment("c1", author=SCOUT, body="keep them", mentions=[],
                                           thread="c2", note="answer: Keep 30 days")
-    sealed = seal(text, key)
-    assert opened(sealed, key) == (text, True)
-    assert opened(sealed.replace("\n", "\r\n") + "  \n", key)[1] is True
-    assert opened(sealed.replace("Keep 30 days", "Force re-login"), key)[1] is False
-    assert opened(sealed, b"j" * 32)[1] is False
-    assert opened(sealed.rstrip()[:-8] + " -->\n", key)[1] is False
-    assert opened(text, key) == (text, None)
+    sealed = seal(text, key, 7001)
+    assert opened(sealed, key, 7001) == Opened(text, True)
+    assert opened(sealed.replace("\n", "\r\n") + "  \n", key, 7001).holds is True
+    assert opened(sealed.replace("Keep 30 days", "Force re-login"), key, 7001).holds is False
+    assert opened(sealed, b"j" * 32, 7001).holds is False
+    assert opened(sealed.rstrip()[:-8] + " -->\n", key, 7001).holds is False
+    assert opened(sealed, key, 7002).holds is False  # a copy on another issue
+    assert opened(sealed, key, None).holds is False
+    assert opened(text, key, 7001) == Opened(text, None)
+
+
+def test_a_v1_seal_holds_on_any_issue_and_says_so() -> None:
+    """A seal from before seals named their issue (v1: the text alone) still holds, on any
+    issue: its MAC is given, for a rebuild to find the same text on two items."""
+    import hashlib
+    import hmac
+
+    from bot.forge import markers
+    from bot.items.render import Opened, opened
+
+    key, text = b"k" * 32, render_comment("c1", author=SCOUT, body="keep them", mentions=[],
+                                          thread=None)
+    mac = hmac.new(key, text.rstrip().encode(), hashlib.sha256).hexdigest()
+    sealed = f"{text}{markers.marker('seal', f'v1={mac}')}\n"
+    for issue in (7001, 7002, None):
+        assert opened(sealed, key, issue) == Opened(text, True, mac)
+    assert opened(sealed.replace("keep them", "drop them"), key, 7001).v1 is None
 
 
 # What the forge takes for a mention: `@` after no letter/digit/underscore, then a letter/digit.

@@ -382,7 +382,7 @@ async def test_a_note_edited_on_the_apps_answer_is_no_change_of_answer_in_a_rebu
 
 async def test_a_seal_edited_to_any_text_is_a_broken_seal_not_a_failed_rebuild(
         embedded: Embedded, tools: Any, person: Any) -> None:
-    """sara (write access) edits the seal of the app's comment to read `v1=é...`: the seal
+    """sara (write access) edits the seal of the app's comment to read `v2=é...`: the seal
     was compared as text, which Python's constant-time compare refuses for anything not
     ASCII, so the rebuild of the whole office failed (TypeError) on one person's edit. A
     seal of any text that is not the app's is broken: the comment is left out, as any edited
@@ -390,7 +390,7 @@ async def test_a_seal_edited_to_any_text_is_a_broken_seal_not_a_failed_rebuild(
     _, outcome, _ = await _work(embedded, tools, person)
     await _edit_app_comment(
         embedded, person, "sara", outcome, "(answer: Keep 30 days)",
-        lambda body: body.replace("<!-- vaultmail:seal v1=", "<!-- vaultmail:seal v1=é"))
+        lambda body: body.replace("<!-- vaultmail:seal v2=", "<!-- vaultmail:seal v2=é"))
     scout = tools("agent:scout")
     live = _chosen(await scout("get_outcome", outcome=outcome))
     await _drop_work(embedded)
@@ -930,3 +930,98 @@ async def test_a_question_whose_words_read_like_its_cards_own_lines_is_rebuilt_a
     after = await _seen_by(tools, readers, refs)
     for who in readers:
         assert after[who] == before[who], "\n".join([who, *_differences(before[who], after[who])])
+
+
+async def _copy_onto(embedded: Embedded, person: Any, who: str, source: str, find: str,
+                     target: str, onto: str) -> int:
+    """`who` (write access) edits the app's comment on `target` holding `onto` into an exact
+    copy of the app's comment on `source` holding `find`, seal and all. Returns the edited
+    comment's forge id."""
+    from tests.items_support import forge_comments
+
+    them = person(who)
+    body = next(c for c in await forge_comments(them, source) if find in c["body"])["body"]
+    mine = next(c for c in await forge_comments(them, target) if onto in c["body"])
+    await them.call("PATCH", f"/repos/{target.partition('#')[0]}/issues/comments/{mine['id']}",
+                    {"body": body}, expect=200)
+    await embedded.forge.webhooks_idle()
+    await embedded.settle()
+    return int(mine["id"])
+
+
+async def _card_copied(embedded: Embedded, tools: Any, person: Any, *,
+                       repo: str | None) -> None:
+    """sara asks marco on `one`, marco decides; scout (or, in another repository, marco)
+    comments on `two`; marco edits that comment of the app's into an exact copy of sara's
+    sealed card on `one`. Live nothing changes; after a reindex sara's question and marco's
+    decision are on `one` still, nothing is on `two`, and the report names the copy."""
+    from bot.store import comments as db
+    from tests.items_support import MARCO, SARA, TOKEN_TTL, make_item
+
+    # (the copy's item made first where it can sort first: a rebuild replays in ref order)
+    if repo is not None:
+        embedded.forge.add_repo(*repo.split("/"))
+        embedded.forge.set_permission(repo, "marco", "admin")
+        two = await make_item(embedded, person("marco"), "outcome", "Elsewhere", repo=repo)
+    one = await make_item(embedded, person("marco"), "outcome", "Sessions")
+    if repo is None:
+        two = await make_item(embedded, person("marco"), "outcome", "Logs")
+    sara, marco = tools(SARA), tools(MARCO)
+    asked = (await sara("add_comment", target=one, **TOKEN_TTL))["comment"]["id"]
+    await embedded.settle()
+    await marco("add_comment", target=one, targetType="outcome", parent=asked,
+                option="Keep 30 days", body="keep them")
+    writer = tools("agent:scout") if repo is None else marco
+    await writer("add_comment", target=two, targetType="outcome", body="Checking the logs")
+    await embedded.settle()
+    forged = await _copy_onto(embedded, person, "marco", one, "kind=question", two,
+                              "Checking the logs")
+    live = {r: _decided(await marco("get_outcome", outcome=r)) for r in (one, two)}
+    assert asked in live[one] and not live[two], live
+    await _drop_work(embedded)
+    report = await _reindex(embedded)
+    assert {r: _decided(await marco("get_outcome", outcome=r)) for r in (one, two)} == live
+    thread = await db.get_thread(embedded.services.store, asked)
+    assert thread is not None and thread.item == one, thread
+    assert report.work is not None and f"{two} comment {forged}" in report.work.skipped, \
+        report.work
+
+
+async def test_a_sealed_card_copied_onto_another_item_moves_nothing_in_a_rebuild(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """The review's reproduction: marco (write access) edits scout's app comment on item #2
+    into an exact copy of sara's sealed card from item #1. The seal covered the text alone,
+    so a rebuild took the copy as the app's card on #2: sara's question and marco's decision
+    moved there. The seal binds the item it is written on: the copy is a person's edit."""
+    await _card_copied(embedded, tools, person, repo=None)
+
+
+async def test_a_sealed_card_copied_into_another_repository_moves_nothing_in_a_rebuild(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """As above, the copy on an item of another repository of the office."""
+    await _card_copied(embedded, tools, person, repo="acme/alpha")
+
+
+async def test_a_sealed_tool_comment_copied_onto_another_item_is_no_ones_in_a_rebuild(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """marco edits the app's comment of his words on one item into an exact copy of scout's sealed
+    comment on another: after a reindex scout's words are on their own item, not on the
+    copy's, and the report names the copy."""
+    from bot.store import comments as db
+    from tests.items_support import make_item
+
+    two = await make_item(embedded, person("marco"), "outcome", "Logs")
+    one = await make_item(embedded, person("marco"), "outcome", "Sessions")
+    said = await tools("agent:scout")("add_comment", target=one, targetType="outcome",
+                                      body="The migration is done")
+    await tools("human:marco@acme.com")("add_comment", target=two, targetType="outcome",
+                                        body="Checking the logs")
+    await embedded.settle()
+    forged = await _copy_onto(embedded, person, "marco", one, "The migration is done", two,
+                              "Checking the logs")
+    await _drop_work(embedded)
+    report = await _reindex(embedded)
+    got = await db.get_comment(embedded.services.store, said["comment"]["id"])
+    assert got is not None and got.item == one, got
+    assert report.work is not None and f"{two} comment {forged}" in report.work.skipped, \
+        report.work

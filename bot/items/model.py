@@ -130,6 +130,9 @@ class Item:
     claim: str | None = None  # agent principal assigned (outcomes); for plans/evidence, filled
     #                           in from the parent outcome by the service
     key: str | None = None  # the stable key it gives itself ("AC-12"), see `key_of`
+    # its issue's forge id (`id` in the forge's issue), where read from the forge: what the
+    # app's seals bind (`render.seal`). Not indexed, and no part of an item's equality
+    forge_id: int | None = field(default=None, compare=False)
 
     @property
     def ref(self) -> str:
@@ -177,4 +180,5 @@ def item_from_issue(office: Office, repo: str, issue: dict[str, Any]) -> Item | 
                 author_login=login, parent=parent_of(repo, issue), assignees=tuple(assignees),
                 author=who.principal if who else None,
                 claim=claim_of(office, assignees) if kind == "outcome" else None,
-                key=key_of(str(issue.get("title") or ""), str(issue.get("body") or "")))
+                key=key_of(str(issue.get("title") or ""), str(issue.get("body") or "")),
+                forge_id=int(issue["id"]) if issue.get("id") is not None else None)

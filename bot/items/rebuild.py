@@ -61,6 +61,8 @@ class WorkReport:
     questions: int = 0  # question threads added
     deliveries: int = 0
     skipped: list[str] = field(default_factory=list)  # the app's comments edited on the forge
+    # (or copied there from another item: each `copied` is in `skipped` too)
+    copied: list[str] = field(default_factory=list)  # one v1-sealed text on several items
 
 
 _MARKER = re.compile(r"^<!-- vaultmail:comment id=(?P<id>c[0-9a-f]{32})(?P<kind> kind=\w+)?"
@@ -103,6 +105,7 @@ class _Replay:
     resolved: set[str] = field(default_factory=set)  # questions whose card says so
     writers: set[str] = field(default_factory=set)  # logins with write access to the repository
     skipped: list[int] = field(default_factory=list)  # the app's comments not as it wrote them
+    copied: list[int] = field(default_factory=list)  # those of them a v1 seal on another item
     # question id -> the answers its card shows, oldest first (`carded`), each with the mark
     # naming its comment (none on a card from before marks), and how many of them the replay
     # has met so far
@@ -614,13 +617,18 @@ class _Foreign(Exception):
 
 
 async def replay(forge: Forge, office: Office, item: Item, *, app_login: str,
-                 key: bytes, visibility: Visibility) -> _Replay:
-    """The item's comments, in forge order, through the thread rules. The app's comments
-    and cards are taken only as the app wrote them: sealed (`render.opened`, with the
-    office's `key`), or, from before comments were sealed, never edited; any other is left
-    out (`skipped`), as is one naming a principal the office does not have."""
+                 key: bytes, visibility: Visibility,
+                 comments: list[dict[str, Any]] | None = None,
+                 copied: frozenset[str] = frozenset()) -> _Replay:
+    """The item's comments (`comments`, where listed already), in forge order, through the
+    thread rules. The app's comments and cards are taken only as the app wrote them on this
+    item: sealed (`render.opened`, with the office's `key` and the item's issue), or, from
+    before comments were sealed, never edited; any other is left out (`skipped`), as is one
+    naming a principal the office does not have, and one whose v1 seal (which names no item)
+    is among `copied`: the same text found on another item too (`rebuild`)."""
     done = _Replay(office, item, forge, visibility)
-    comments = await forge.list_comments(item.repo, item.number)
+    if comments is None:
+        comments = await forge.list_comments(item.repo, item.number)
     for login in {str((c.get("user") or {}).get("login") or "").lower() for c in comments}:
         if login and login != app_login.lower() and \
                 await forge.permission(item.repo, login) in CONTRIBUTOR:
@@ -637,8 +645,12 @@ async def replay(forge: Forge, office: Office, item: Item, *, app_login: str,
             continue
         if (m := _MARKER.match(first)) is None or m["kind"] not in (None, " kind=question"):
             continue  # (where the app finds its own markers)
-        opened, sealed = render.opened(str(posted.get("body") or ""), key)
-        trusted = not (sealed is False or (sealed is None and edited_since_written(posted)))
+        read = render.opened(str(posted.get("body") or ""), key, item.forge_id)
+        opened, sealed = read.text, read.holds
+        trusted = not (sealed is False or (sealed is None and edited_since_written(posted))
+                       or read.v1 in copied)
+        if read.v1 in copied:
+            done.copied.append(int(posted["id"]))
         own[int(posted["id"])] = (m, opened if trusted else None)
         if trusted:
             done.on_forge.add(m["id"])
@@ -705,37 +717,73 @@ async def rebuild(store: Store, forge: Forge, office: Office, *, app_login: str,
     report.items = len(items)
     now = time.time()
     visibility = Visibility()  # who may see an outcome, for the claim each writer took
+    # A v1 seal (from before seals named their issue) holds on any item: the same text on
+    # two items is a copy on one of them, and which cannot be told, so none is taken. An item
+    # with one waits for all the office's items to be listed; the others are written at once
+    deferred: list[tuple[Item, list[dict[str, Any]]]] = []
+    v1_on: dict[str, set[str]] = {}  # a v1 seal's MAC -> the items it is on
     for item in items.values():
         if await db.get_item(store, item.ref) is None:
             async with store.transaction() as tx:
                 await db.put_item(tx, item)
-        done = await replay(forge, office, item, app_login=app_login, key=key,
-                            visibility=visibility)
-        report.skipped += [f"{item.ref} comment {forge_id}" for forge_id in done.skipped]
-        have = await db.comments_by_ids(store, [c.id for c in done.comments])
-        behind: set[str] = set()  # threads given a comment the index lacked
-        for c in done.comments:
-            if c.id in have:
-                continue
-            report.comments += 1
-            behind.add(c.thread)
-            async with store.transaction() as tx:
-                await db.put_comment(tx, c)
-                for r in sorted(c.data["notify"], key=lambda r: owner_of(office, r["principal"])):
-                    owner = owner_of(office, r["principal"])
-                    box = "you" if r["way"] == "personal" else "agents"
-                    await db.deliver(tx, owner, box, r["principal"], c.id, org=office.org,
-                                     read_at=now)
-                    report.deliveries += 1
-        for t in done.threads.values():
-            known = await db.get_thread(store, t.id)
-            if known is None:
-                async with store.transaction() as tx:
-                    await db.put_thread(tx, t)
-                report.questions += t.state.is_question
-            elif t.id in behind:  # the index is older than the forge: it takes the replay
-                await db.swap_thread(store, known, _caught_up(known, t))
+        comments = await forge.list_comments(item.repo, item.number)
+        seals = _v1_seals(comments, app_login=app_login, key=key)
+        if seals:
+            for mac in seals:
+                v1_on.setdefault(mac, set()).add(item.ref)
+            deferred.append((item, comments))
+            continue
+        await _write(store, office, report, now, await replay(
+            forge, office, item, app_login=app_login, key=key, visibility=visibility,
+            comments=comments))
+    copied = frozenset(mac for mac, on in v1_on.items() if len(on) > 1)
+    for item, comments in deferred:
+        await _write(store, office, report, now, await replay(
+            forge, office, item, app_login=app_login, key=key, visibility=visibility,
+            comments=comments, copied=copied))
     return report
+
+
+def _v1_seals(comments: list[dict[str, Any]], *, app_login: str, key: bytes) -> set[str]:
+    """The MACs of the holding v1 seals on the app's comments in `comments`."""
+    out: set[str] = set()
+    for posted in comments:
+        if str((posted.get("user") or {}).get("login") or "").lower() != app_login.lower():
+            continue
+        if (mac := render.opened(str(posted.get("body") or ""), key, None).v1) is not None:
+            out.add(mac)
+    return out
+
+
+async def _write(store: Store, office: Office, report: WorkReport, now: float,
+                 done: _Replay) -> None:
+    """What the replay of one item found that the index lacks, into the index."""
+    item = done.item
+    report.skipped += [f"{item.ref} comment {forge_id}" for forge_id in done.skipped]
+    report.copied += [f"{item.ref} comment {forge_id}" for forge_id in done.copied]
+    have = await db.comments_by_ids(store, [c.id for c in done.comments])
+    behind: set[str] = set()  # threads given a comment the index lacked
+    for c in done.comments:
+        if c.id in have:
+            continue
+        report.comments += 1
+        behind.add(c.thread)
+        async with store.transaction() as tx:
+            await db.put_comment(tx, c)
+            for r in sorted(c.data["notify"], key=lambda r: owner_of(office, r["principal"])):
+                owner = owner_of(office, r["principal"])
+                box = "you" if r["way"] == "personal" else "agents"
+                await db.deliver(tx, owner, box, r["principal"], c.id, org=office.org,
+                                 read_at=now)
+                report.deliveries += 1
+    for t in done.threads.values():
+        known = await db.get_thread(store, t.id)
+        if known is None:
+            async with store.transaction() as tx:
+                await db.put_thread(tx, t)
+            report.questions += t.state.is_question
+        elif t.id in behind:  # the index is older than the forge: it takes the replay
+            await db.swap_thread(store, known, _caught_up(known, t))
 
 
 async def _linked(store: Store, forge: Forge, item: Item, issue: dict[str, Any],

@@ -55,30 +55,54 @@ def marker(comment_id: str, **extra: str) -> str:
     return markers.marker("comment", f"id={comment_id}", *(f"{k}={v}" for k, v in extra.items()))
 
 
-def seal(text: str, key: bytes) -> str:
-    """`text` as the app posts it, sealed: its last line a keyed MAC (the office's
-    `keys.comment_key`) of all above it, marker and meaning, so a rebuild can tell the app's
-    own words from a person's edit of them (`opened`)."""
-    return f"{text}{markers.marker('seal', f'v1={_mac(text, key)}')}\n"
+def seal(text: str, key: bytes, issue: int) -> str:
+    """`text` as the app posts it on the issue whose forge id is `issue`, sealed: its last line
+    a keyed MAC (the office's `keys.comment_key`) of all above it, marker and meaning, and of
+    that issue, so a rebuild can tell the app's own words on this item from a person's edit of
+    them (`opened`), and from a copy of them on another item. The issue's forge id survives
+    a rename of its repository and a transfer within the office; its number alone does not."""
+    return f"{text}{markers.marker('seal', f'v2={_mac2(text, key, issue)}')}\n"
 
 
-def opened(text: str, key: bytes) -> tuple[str, bool | None]:
-    """A comment of the app's as the forge shows it: its text without the seal, and whether
-    the seal holds (None: it has none, posted before comments were sealed)."""
+@dataclass(frozen=True)
+class Opened:
+    """A comment of the app's as a rebuild reads it (`opened`)."""
+    text: str  # without its seal
+    holds: bool | None  # the seal holds here (None: no seal, posted before comments were)
+    v1: str | None = None  # a holding v1 seal's MAC: it names no item (see `rebuild`)
+
+
+def opened(text: str, key: bytes, issue: int | None) -> Opened:
+    """A comment of the app's as the forge shows it on the issue whose forge id is `issue`
+    (None: not known, so no v2 seal holds): its text without the seal, and whether the seal
+    holds. A v2 seal holds only on the issue it was written on; a v1 seal (from before seals
+    named their issue) on any, so its MAC is given for the rebuild to find it on two items."""
     text = text.replace("\r\n", "\n")
-    at = text.rfind("<!-- vaultmail:seal v1=")
+    at = text.rfind("<!-- vaultmail:seal v")
     if at < 0:
-        return text, None
-    inner, given = text[:at], text[at:].rstrip()
+        return Opened(text, None)
+    inner, given = text[:at], text[at:].rstrip().encode()
     # (as bytes: the seal is anyone's to edit, and a text compare refuses what is not ASCII)
-    return inner, hmac.compare_digest(
-        given.encode(), markers.marker("seal", f"v1={_mac(inner, key)}").encode())
+    if given.startswith(b"<!-- vaultmail:seal v1="):
+        mac = _mac(inner, key)
+        holds = hmac.compare_digest(given, markers.marker("seal", f"v1={mac}").encode())
+        return Opened(inner, holds, mac if holds else None)
+    if issue is None:
+        return Opened(inner, False)
+    return Opened(inner, hmac.compare_digest(
+        given, markers.marker("seal", f"v2={_mac2(inner, key, issue)}").encode()))
 
 
 def _mac(text: str, key: bytes) -> str:
     # over the text as a forge may hand it back: its line ends and trailing blanks aside
     data = text.replace("\r\n", "\n").rstrip().encode()
     return hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
+def _mac2(text: str, key: bytes, issue: int) -> str:
+    # under a key of its own (no v1 MAC of any text is a v2 one), the issue before the text
+    own = hmac.new(key, b"vaultmail comment seal v2", hashlib.sha256).digest()
+    return _mac(f"{int(issue)}\n{text}", own)
 
 
 def _neutralise(text: str) -> str:

@@ -647,7 +647,7 @@ class Comments:
                                       look=tried, find=posted)
 
         if kind == "question":
-            card = self._sealed(render.render_card(
+            card = await self._sealed(item, render.render_card(
                 comment_id, author=author, state=row.state, mentions=mentions,
                 logins=self._logins(hidden), asked=self._asked_logins(row.state, hidden),
                 hidden=hidden))
@@ -658,7 +658,7 @@ class Comments:
             note = {"answer": f"answer: {row.state.answer.option}" if row.state.answer
                     and row.state.answer.option else "answer", "amend": "changed the answer",
                     "pass_on": "passed on"}.get(kind, "")
-            text = self._sealed(render.render_comment(
+            text = await self._sealed(item, render.render_comment(
                 comment_id, author=author, body=body, mentions=mentions,
                 thread=row.id if new.parent else None, note=note))
             forge_id = int((await once(text, render.marker(comment_id)))["id"])
@@ -674,11 +674,15 @@ class Comments:
                 return c
         return None
 
-    def _sealed(self, text: str) -> str:
-        """A comment or card as the app posts it: sealed, so a rebuild takes it only as the
-        app wrote it (`bot.items.rebuild`)."""
+    async def _sealed(self, item: Item, text: str) -> str:
+        """A comment or card as the app posts it on `item`: sealed, bound to the item's issue,
+        so a rebuild takes it only as the app wrote it and only there (`bot.items.rebuild`).
+        An item read from the index has no forge id: its issue is read (ETag-cached)."""
+        issue = item.forge_id
+        if issue is None:
+            issue = int((await self.forge.get_issue(item.repo, item.number))["id"])
         return render.seal(text, keys.comment_key(self.services.settings.data_dir,
-                                                  self.office.org))
+                                                  self.office.org), issue)
 
     def _asked_logins(self, state: ThreadState, hidden: str | None) -> list[str]:
         """The forge accounts of those a question asks, people and agents alike (but the
@@ -712,9 +716,9 @@ class Comments:
         hidden = await self.unnamed_in(item, row)
         author = self._named_as(row.state.asker, hidden)
         mentions = self._asked_logins(row.state, hidden)
-        card = self._sealed(render.render_card(row.id, author=author, state=row.state,
-                                               mentions=mentions, logins=self._logins(hidden),
-                                               asked=mentions, hidden=hidden))
+        card = await self._sealed(item, render.render_card(
+            row.id, author=author, state=row.state, mentions=mentions,
+            logins=self._logins(hidden), asked=mentions, hidden=hidden))
         if card != row.card_body:
             try:
                 await self.forge.update_comment(item.repo, row.card_id, card)
