@@ -1025,3 +1025,93 @@ async def test_a_sealed_tool_comment_copied_onto_another_item_is_no_ones_in_a_re
     assert got is not None and got.item == one, got
     assert report.work is not None and f"{two} comment {forged}" in report.work.skipped, \
         report.work
+
+
+def _as_v1(embedded: Embedded, body: str) -> str:
+    """An app comment's body sealed as releases before seals named their item sealed it (v1:
+    the text alone)."""
+    import hashlib
+    import hmac
+
+    text = body[:body.rindex("<!-- vaultmail:seal ")]
+    mac = hmac.new(_key(embedded), text.rstrip().encode(), hashlib.sha256).hexdigest()
+    return f"{text}<!-- vaultmail:seal v1={mac} -->\n"
+
+
+async def test_a_v1_card_holds_on_its_item_and_a_copy_of_it_elsewhere_is_taken_on_neither(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """A card sealed before seals named their item (v1) is still the app's on its own item.
+    Its seal holds on any item, so once marco copies it onto the app's comment on another,
+    which of the two is the app's cannot be told: a rebuild takes neither, and its report
+    names both (`copied`)."""
+    from bot.store import comments as db
+    from tests.items_support import MARCO, SARA, TOKEN_TTL, forge_comments, make_item
+
+    one = await make_item(embedded, person("marco"), "outcome", "Sessions")
+    two = await make_item(embedded, person("marco"), "outcome", "Logs")
+    sara, marco = tools(SARA), tools(MARCO)
+    asked = (await sara("add_comment", target=one, **TOKEN_TTL))["comment"]["id"]
+    await embedded.settle()
+    await marco("add_comment", target=one, targetType="outcome", parent=asked,
+                option="Keep 30 days", body="keep them")
+    await marco("add_comment", target=two, targetType="outcome", body="Checking the logs")
+    await embedded.settle()
+    card = next(c for c in await forge_comments(person("marco"), one)
+                if "kind=question" in c["body"])
+    # the card as an older release left it (its own write: no delivery the app acts on)
+    embedded.forge.faults.drop_webhooks(count=1)
+    await person("marco").call("PATCH", f"/repos/{one.partition('#')[0]}/issues/comments/"
+                               f"{card['id']}", {"body": _as_v1(embedded, card["body"])},
+                               expect=200)
+    await embedded.forge.webhooks_idle()
+    await embedded.settle()
+    live = {r: _decided(await marco("get_outcome", outcome=r)) for r in (one, two)}
+    assert asked in live[one] and not live[two], live
+    await _drop_work(embedded)
+    report = await _reindex(embedded)
+    assert {r: _decided(await marco("get_outcome", outcome=r)) for r in (one, two)} == live
+    assert report.work is not None and not report.work.copied, report.work
+
+    forged = await _copy_onto(embedded, person, "marco", one, "kind=question", two,
+                              "Checking the logs")
+    await _drop_work(embedded)
+    report = await _reindex(embedded)
+    assert report.work is not None and sorted(report.work.copied) == sorted(
+        [f"{one} comment {card['id']}", f"{two} comment {forged}"]), report.work
+    assert set(report.work.copied) <= set(report.work.skipped), report.work
+    assert not _decided(await marco("get_outcome", outcome=two))
+    thread = await db.get_thread(embedded.services.store, asked)
+    assert thread is None or thread.item == one, thread
+
+
+async def test_a_v1_card_is_sealed_to_its_item_when_the_app_next_rewrites_it(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """A card an older release sealed (v1, naming no item) is redrawn with a seal bound to its
+    item the next time the app rewrites it (here: marco changes his answer)."""
+    from tests.items_support import MARCO, SARA, TOKEN_TTL, forge_comments, make_item
+
+    one = await make_item(embedded, person("marco"), "outcome", "Sessions")
+    sara, marco = tools(SARA), tools(MARCO)
+    asked = (await sara("add_comment", target=one, **TOKEN_TTL))["comment"]["id"]
+    await embedded.settle()
+    await marco("add_comment", target=one, targetType="outcome", parent=asked,
+                option="Keep 30 days", body="keep them")
+    await embedded.settle()
+
+    async def card() -> dict[str, Any]:
+        return next(c for c in await forge_comments(person("marco"), one)
+                    if "kind=question" in c["body"])
+
+    was = await card()
+    embedded.forge.faults.drop_webhooks(count=1)
+    await person("marco").call("PATCH", f"/repos/{one.partition('#')[0]}/issues/comments/"
+                               f"{was['id']}", {"body": _as_v1(embedded, was["body"])},
+                               expect=200)
+    await embedded.forge.webhooks_idle()
+    await _drop_work(embedded)  # the index as the older release's rebuild left it
+    await _reindex(embedded)
+    assert "<!-- vaultmail:seal v1=" in (await card())["body"]
+    await marco("add_comment", target=one, targetType="outcome", parent=asked,
+                option="Force re-login", body="changed my mind", amend=True)
+    await embedded.settle()
+    assert "<!-- vaultmail:seal v2=" in (await card())["body"]

@@ -836,3 +836,38 @@ async def test_an_outsiders_comments_edited_before_they_were_handled_get_a_note_
     quiet = [e for e in await ledger.entries(office.services.store, event="run.denied")
              if e.actor == "forge:troll"]
     assert [e.data.get("quiet") for e in quiet] == [True], quiet
+
+
+async def test_a_sealed_card_copied_onto_another_item_moves_nothing_in_a_rebuild(
+        office: Embedded, session: aiohttp.ClientSession) -> None:
+    """On Gitea too (its issues' `id` is what the seal binds): marco edits scout's app comment
+    on another outcome into an exact copy of scout's sealed card to him; after a reindex the
+    question is on its own outcome still, and the report names the copy."""
+    from tests.test_reindex import _drop_work, _reindex
+
+    vault = "/repos/acme/scout-vault"
+    marco = gitea_api(session, office, "marco")
+    number, question = await _outcome_asking_marco(office, session)
+    lid = next(label["id"] for label in await marco("GET", f"{vault}/labels", None, 200)
+               if label["name"] == "outcome")
+    other = await marco("POST", f"{vault}/issues", {"title": "Logs", "body": "x",
+                                                    "labels": [lid]}, 201)
+    await office.settle()
+    await ToolClient(session, office, "agent:scout")(
+        "add_comment", target=f"acme/scout-vault#{other['number']}", targetType="outcome",
+        body="Checking the logs")
+    await office.settle()
+    card = next(c for c in await marco("GET", f"{vault}/issues/{number}/comments", None, 200)
+                if "kind=question" in c["body"])
+    mine = next(c for c in await marco("GET", f"{vault}/issues/{other['number']}/comments",
+                                       None, 200) if "Checking the logs" in c["body"])
+    office.forge.clock.advance(1)
+    await marco("PATCH", f"{vault}/issues/comments/{mine['id']}", {"body": card["body"]}, 200)
+    await office.settle()
+    await _drop_work(office)
+    report = await _reindex(office)
+    t = await comments.get_thread(office.services.store, question)
+    assert t is not None and t.item == f"acme/scout-vault#{number}", t
+    assert report.work is not None and \
+        f"acme/scout-vault#{other['number']} comment {mine['id']}" in report.work.skipped, \
+        report.work
