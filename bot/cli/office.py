@@ -96,7 +96,10 @@ async def cmd_reindex(args: argparse.Namespace) -> int:
                 + (f"; {w.items} item(s), {w.comments} comment(s) and {w.questions} "
                    "question(s) added" if (w := report.work) is not None else "")
                 + (f"; the app's comments edited on the forge, skipped: {', '.join(w.skipped)}"
-                   if w is not None and w.skipped else ""))
+                   if w is not None and w.skipped else "")
+                # (each also in `skipped`: one old seal's text on several items, none taken)
+                + (f"; of those, one old-sealed text on several items: {', '.join(w.copied)}"
+                   if w is not None and w.copied else ""))
     return 0
 
 
