@@ -1115,3 +1115,29 @@ async def test_a_v1_card_is_sealed_to_its_item_when_the_app_next_rewrites_it(
                 option="Force re-login", body="changed my mind", amend=True)
     await embedded.settle()
     assert "<!-- vaultmail:seal v2=" in (await card())["body"]
+
+
+async def test_a_card_sealed_before_its_repository_was_renamed_holds_in_a_rebuild(
+        embedded: Embedded, tools: Any, person: Any) -> None:
+    """The seal binds its issue's forge id, not the repository's name: after acme/alpha is
+    renamed acme/beta, a rebuild takes sara's card there, with marco's decision."""
+    from tests.items_support import MARCO, SARA, TOKEN_TTL, make_item
+
+    embedded.forge.add_repo("acme", "alpha")
+    for who in ("marco", "sara"):
+        embedded.forge.set_permission("acme/alpha", who, "admin" if who == "marco" else "write")
+    one = await make_item(embedded, person("marco"), "outcome", "Sessions", repo="acme/alpha")
+    sara, marco = tools(SARA), tools(MARCO)
+    asked = (await sara("add_comment", target=one, **TOKEN_TTL))["comment"]["id"]
+    await embedded.settle()
+    await marco("add_comment", target=one, targetType="outcome", parent=asked,
+                option="Keep 30 days", body="keep them")
+    await embedded.settle()
+    embedded.forge.rename_repo("acme/alpha", "beta")
+    await embedded.forge.webhooks_idle()
+    await embedded.settle()
+    await _drop_work(embedded)
+    report = await _reindex(embedded)
+    assert report.work is not None and not report.work.skipped, report.work
+    now = one.replace("acme/alpha", "acme/beta")
+    assert asked in _decided(await marco("get_outcome", outcome=now))
