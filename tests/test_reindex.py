@@ -960,7 +960,8 @@ async def _card_copied(embedded: Embedded, tools: Any, person: Any, *,
 
     # (the copy's item made first where it can sort first: a rebuild replays in ref order)
     if repo is not None:
-        embedded.forge.add_repo(*repo.split("/"))
+        owner, name = repo.split("/")
+        embedded.forge.add_repo(owner, name)
         embedded.forge.set_permission(repo, "marco", "admin")
         two = await make_item(embedded, person("marco"), "outcome", "Elsewhere", repo=repo)
     one = await make_item(embedded, person("marco"), "outcome", "Sessions")
