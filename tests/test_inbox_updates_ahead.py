@@ -8,26 +8,17 @@ Counted, not timed."""
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bot.items import inbox
-from bot.items.model import Item
 from bot.items.views import iso
 from bot.office.config import load_office
 from bot.store import Store, open_store
 from bot.store import comments as db
-
-SARA = "human:sara@acme.com"
-SHOWN, HIDDEN = "acme/shown", "acme/hidden"
-
-
-async def sees(refs: Iterable[str]) -> set[str]:  # acme/shown only, as the forge would say
-    return {r for r in refs if r.startswith(SHOWN + "#")}
+from tests.updates_support import SARA, by_chance, fill_updates, sees
 
 
 async def rounds_one_by_one(
@@ -67,43 +58,6 @@ async def rounds_one_by_one(
     return {"updates": updates, "moreUpdatesBefore": more}
 
 
-async def _fill(store: Store, hidden: Any, count: int) -> None:
-    """`count` updates on sara's outcomes, update `u` on acme/hidden where `hidden(u)` (and
-    one in seven of the others on acme/shown telling of a plan in acme/hidden)."""
-    async with store.transaction() as tx:
-        await tx.execute("DELETE FROM item_updates")
-        await tx.execute("DELETE FROM items")
-        for repo in (SHOWN, HIDDEN):
-            for n in (1, 2, 3):
-                await db.put_item(
-                    tx,
-                    Item(
-                        repo=repo,
-                        number=n,
-                        kind="outcome",
-                        title=f"o{n}",
-                        state="open",
-                        author_login="sara",
-                        parent=None,
-                        author=SARA,
-                        assignees=(),
-                        claim=None,
-                    ),
-                )
-        for u in range(count):
-            on = HIDDEN if hidden(u) else SHOWN
-            about = f"{HIDDEN}#9" if on == SHOWN and u % 7 == 3 else None
-            await db.add_update(
-                tx, f"{on}#{u % 3 + 1}", "status", "agent:scout", f"u{u}", about=about
-            )
-
-
-def _by_chance(share: float, seed: int) -> Any:
-    chance = random.Random(seed)
-    drawn: dict[int, bool] = {}
-    return lambda u: drawn.setdefault(u, chance.random() < share)
-
-
 async def test_a_page_reads_ahead_and_is_the_page_the_rounds_read_one_by_one(
     tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -127,14 +81,14 @@ async def test_a_page_reads_ahead_and_is_the_page_the_rounds_read_one_by_one(
             ("all hidden", lambda u: True, 150),
             ("every other, short", lambda u: u % 2 == 1, 40),
             *[
-                (f"{share:.0%} by chance", _by_chance(share, seed), count)
+                (f"{share:.0%} by chance", by_chance(share, seed), count)
                 for seed, (share, count) in enumerate(
                     [(0.3, 300), (0.5, 200), (0.8, 300), (0.5, 31), (0.1, 7)]
                 )
             ],
         ]
         for name, hidden, count in cases:
-            await _fill(store, hidden, count)
+            await fill_updates(store, hidden, count)
             for since in (None, 0.0):
                 before: int | None = None
                 while True:  # every page, by its cursor, as a client pages

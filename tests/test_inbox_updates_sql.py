@@ -21,13 +21,7 @@ from bot.items.views import iso
 from bot.office.config import load_office
 from bot.store import Store, open_store
 from bot.store import comments as db
-
-SARA = "human:sara@acme.com"
-SHOWN, HIDDEN = "acme/shown", "acme/hidden"
-
-
-async def sees(refs: Iterable[str]) -> set[str]:  # acme/shown only, as the forge would say
-    return {r for r in refs if r.startswith(SHOWN + "#")}
+from tests.updates_support import SARA, SHOWN, by_chance, fill_updates, sees
 
 
 async def every_update_hidden_in_python(
@@ -66,43 +60,6 @@ async def every_update_hidden_in_python(
     return {"updates": updates, "moreUpdatesBefore": more}
 
 
-async def _fill(store: Store, hidden: Any, count: int) -> None:
-    """`count` updates on sara's outcomes, update `u` on acme/hidden where `hidden(u)` (and
-    one in seven of the others on acme/shown telling of a plan in acme/hidden)."""
-    async with store.transaction() as tx:
-        await tx.execute("DELETE FROM item_updates")
-        await tx.execute("DELETE FROM items")
-        for repo in (SHOWN, HIDDEN):
-            for n in (1, 2, 3):
-                await db.put_item(
-                    tx,
-                    Item(
-                        repo=repo,
-                        number=n,
-                        kind="outcome",
-                        title=f"o{n}",
-                        state="open",
-                        author_login="sara",
-                        parent=None,
-                        author=SARA,
-                        assignees=(),
-                        claim=None,
-                    ),
-                )
-        for u in range(count):
-            on = HIDDEN if hidden(u) else SHOWN
-            about = f"{HIDDEN}#9" if on == SHOWN and u % 7 == 3 else None
-            await db.add_update(
-                tx, f"{on}#{u % 3 + 1}", "status", "agent:scout", f"u{u}", about=about
-            )
-
-
-def _by_chance(share: float, seed: int) -> Any:
-    chance = random.Random(seed)
-    drawn: dict[int, bool] = {}
-    return lambda u: drawn.setdefault(u, chance.random() < share)
-
-
 async def item_by_item(refs: Iterable[str]) -> set[str]:
     """As `sees`, but acme/shown#2 hidden too: the keys, judged per repository, pass its
     updates, and the Python check after the read hides them (the safety net)."""
@@ -134,14 +91,14 @@ async def test_a_page_is_one_read_and_the_page_hiding_in_python_gives(
             ("every other, short", lambda u: u % 2 == 1, 40),
             ("a run past the rounds", lambda u: 20 <= u < 20 + 5 * inbox.PAGE, 200),
             *[
-                (f"{share:.0%} by chance", _by_chance(share, seed), count)
+                (f"{share:.0%} by chance", by_chance(share, seed), count)
                 for seed, (share, count) in enumerate(
                     [(0.3, 300), (0.5, 200), (0.8, 300), (0.5, 31), (0.1, 7)]
                 )
             ],
         ]
         for name, hidden, count in cases:
-            await _fill(store, hidden, count)
+            await fill_updates(store, hidden, count)
             for viewer_sees in (sees, item_by_item):
                 for since in (None, 0.0):
                     before: int | None = None
