@@ -11,6 +11,7 @@ from pathlib import Path
 
 import aiohttp
 
+from bot.app.embedded import start_embedded
 from tests.support import free_port
 
 
@@ -205,3 +206,35 @@ async def test_up_bound_to_every_interface_prints_links_one_can_open(tmp_path: P
             assert resp.status == 200
     finally:
         assert await _stop(proc) == 0
+
+
+async def test_tokens_json_works_again_after_the_index_is_rebuilt_from_scratch(
+        tmp_path: Path) -> None:
+    """The index went (deleted, or restored from nothing) while the forge kept its state: the
+    tokens tokens.json names are in no index any more. The next start makes new ones for those
+    it does not know and writes them, so the file's tokens act (they were 401 unauthenticated);
+    a token the index still knows is kept as it is."""
+    first = await start_embedded(data_dir=tmp_path, port=0, forge_port=0,
+                                 persist_forge=True)
+    kept = dict(first.api_tokens)
+    await first.stop()
+    for index in tmp_path.glob("index.sqlite3*"):
+        index.unlink()
+    again = await start_embedded(data_dir=tmp_path, port=0, forge_port=0,
+                                persist_forge=True)
+    try:
+        written = json.loads((tmp_path / "tokens.json").read_text())["api_tokens"]
+        assert written == again.api_tokens and set(written) == set(kept)
+        async with aiohttp.ClientSession() as s:
+            for principal, token in written.items():
+                async with s.post(again.app_url + "/api/v1/tools/list_inbox", json={},
+                                  headers={"Authorization": f"Bearer {token}"}) as resp:
+                    assert resp.status == 200, (principal, await resp.text())
+    finally:
+        await again.stop()
+    third = await start_embedded(data_dir=tmp_path, port=0, forge_port=0,
+                                 persist_forge=True)
+    try:
+        assert third.api_tokens == written, "tokens the index knows are kept"
+    finally:
+        await third.stop()

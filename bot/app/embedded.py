@@ -334,12 +334,20 @@ def _seed_gitea(forge: LocalForge, office: Office, office_text: str,
 
 
 async def _api_tokens(embedded: Embedded, path: Path, fresh: bool) -> dict[str, str]:
+    """tokens.json's API tokens where the index knows them, new ones for the office's other
+    principals: after the index was deleted or rebuilt from the forge (which keeps no token),
+    the file's tokens were unknown, every call with them 401, until tokens were made by hand."""
+    kept: dict[str, str] = {}
     if not fresh and path.exists():
-        kept: dict[str, str] = json.loads(path.read_text()).get("api_tokens", {})
-        if kept:
-            return kept
-    return await api_tokens.create_tokens(embedded.services.store, principals(embedded.office),
-                                          embedded.office.org)
+        kept = json.loads(path.read_text()).get("api_tokens", {})
+        known = await api_tokens.known_hashes(
+            embedded.services.store, {api_tokens.token_hash(t) for t in kept.values()})
+        kept = {p: t for p, t in kept.items() if api_tokens.token_hash(t) in known}
+    missing = [p for p in principals(embedded.office) if p not in kept]
+    if not missing:
+        return kept
+    return kept | await api_tokens.create_tokens(embedded.services.store, missing,
+                                                 embedded.office.org)
 
 
 def _office_text(office_path: str | Path | None) -> str:

@@ -128,6 +128,19 @@ def token_hash(token: str) -> str:
     return _hash(token)
 
 
+async def known_hashes(store: Store, hashed: set[str]) -> set[str]:
+    """Those of the token hashes `hashed` the index has a row of, live or not (a token revoked
+    or expired is known: it is not made again)."""
+    wanted = sorted(hashed)
+    known: set[str] = set()
+    for at in range(0, len(wanted), 500):  # (under every engine's limit on parameters)
+        chunk = wanted[at:at + 500]
+        rows = await store.fetchall("SELECT token_hash FROM api_tokens WHERE token_hash IN ("
+                                    + ",".join("?" * len(chunk)) + ")", tuple(chunk))
+        known.update(str(row["token_hash"]) for row in rows)
+    return known
+
+
 async def live_hashes(store: Store, hashed: set[str]) -> set[str]:
     """Those of the token hashes `hashed` whose tokens are still live: one read for many (the
     long polls one wake-up ends, `bot.tools.http._still_live`)."""
