@@ -20,6 +20,7 @@ import asyncpg
 import pytest
 
 from bot.app.embedded import start_embedded
+from bot.store import postgres
 from bot.store.postgres import LOCK_WAIT, PostgresStore
 from tests import pg
 from tests.support import app_key
@@ -119,6 +120,8 @@ async def test_a_new_connection_asks_the_server_about_the_array_types_once_and_c
         return await introspect(self, typeoids, timeout)
 
     monkeypatch.setattr(asyncpg.Connection, "_introspect_types", counted)
+    # (what sessions of this process learnt before is set aside: they would ask nothing)
+    monkeypatch.setattr(postgres, "_BUILT_IN_TYPES", {})
     url = await pg.fresh_database(migrated=True)
     store = await PostgresStore.open(url, min_size=1, max_size=1)
     try:
@@ -132,3 +135,33 @@ async def test_a_new_connection_asks_the_server_about_the_array_types_once_and_c
         await pg.drop_database(url)
     assert len(asked) == 1, asked
     assert row is not None and row["jit"] == "off"
+
+
+async def test_a_second_store_asks_the_server_nothing_about_the_built_in_types(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The built-in types are the same on every server and in every database: what one session
+    of the process learnt of them (its pool's first connection asking about the arrays the
+    store passes), a second store's sessions, on another database, take as it is (a test's
+    next database; a replica's pool filled again after an outage), and ask the server nothing:
+    each ask is a cold catalog query, 10-20 ms of a new session's time."""
+    asked: list[list[int]] = []
+    introspect = asyncpg.Connection._introspect_types
+
+    async def counted(self: asyncpg.Connection, typeoids: object, timeout: object) -> object:
+        asked.append(sorted(typeoids))  # type: ignore[call-overload]
+        return await introspect(self, typeoids, timeout)
+
+    monkeypatch.setattr(asyncpg.Connection, "_introspect_types", counted)
+    monkeypatch.setattr(postgres, "_BUILT_IN_TYPES", {}, raising=False)  # (learnt none yet)
+    for _ in range(2):
+        url = await pg.fresh_database(migrated=True)
+        store = await PostgresStore.open(url, min_size=1, max_size=1)
+        try:
+            async with store.transaction() as db:
+                rows = await db.fetchall("SELECT * FROM unnest(?::bigint[], ?::int[],"
+                                         " ?::float8[]) AS t(b, i, f)", ([2**40], [7], [1.5]))
+            assert [tuple(r) for r in rows] == [(2**40, 7, 1.5)]
+        finally:
+            await store.close()
+            await pg.drop_database(url)
+    assert len(asked) == 1, asked

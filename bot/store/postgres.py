@@ -429,7 +429,37 @@ async def _knows_the_arrays(conn: asyncpg.Connection) -> None:
     await conn.fetchrow(ARRAYS_PASSED, None, None, None, None)
 
 
-class _Pooled(asyncpg.Connection):  # type: ignore[misc]
+# PostgreSQL's first OID for what is made after initdb: below it the built-in types, the same
+# on every server and in every database
+FIRST_NORMAL_OID = 16384
+# asyncpg's look-ups of built-in types (the rows, and the statement that read them), once a
+# process for every session of the store (_Session)
+_BUILT_IN_TYPES: dict[frozenset[int], Any] = {}
+
+
+class _Session(asyncpg.Connection):  # type: ignore[misc]
+    """A session of the store. asyncpg looks up, on each new session, every type a statement
+    uses that it has no codec for: the store's int[], bigint[] and float8[] parameters among
+    them, as asyncpg knows only text[] and oid[] of the arrays by heart (MagicStack/asyncpg
+    #1272). Each look-up is a catalog query and three round trips around it, ~10 ms of the
+    server's CPU on a fresh session, and a replica opens sessions as its load grows and after
+    every outage (the tests: about six a test, 100 ms of each PostgreSQL test; a pooled one
+    asks once, `_knows_the_arrays`). Built-in types are the same everywhere: what one session
+    of the process learnt of them, every later one takes as it is, asking the server nothing.
+    (`_introspect_types` is asyncpg's own, 0.30-0.32: the rows it registers, and the statement
+    that read them, whose name alone it reads. tests/test_store_pool.py holds it to that.)"""
+
+    async def _introspect_types(self, typeoids: Any, timeout: Any) -> Any:
+        key = frozenset(typeoids)
+        if not key or max(key) >= FIRST_NORMAL_OID:
+            return await super()._introspect_types(typeoids, timeout)
+        known = _BUILT_IN_TYPES.get(key)
+        if known is None:
+            known = _BUILT_IN_TYPES[key] = await super()._introspect_types(typeoids, timeout)
+        return known
+
+
+class _Pooled(_Session):
     """A connection of the store's pool, handed back with nothing to undo. The store keeps no
     session state on these: its advisory locks are its transactions' and `SET LOCAL` ends with
     them, while LISTEN and the session's named locks have connections of their own. So asyncpg's
@@ -615,7 +645,8 @@ class PostgresStore(Store):
                     continue
                 if lane.session is None:
                     session = await asyncpg.connect(self._url, server_settings={
-                        **SESSION, "application_name": f"vaultmail locks {self.replica_id}"})
+                        **SESSION, "application_name": f"vaultmail locks {self.replica_id}"},
+                        connection_class=_Session)
                     try:
                         sent = time.monotonic()
                         row = await session.fetchrow(LANE_LEASE, self.replica_id, n, LEASE)
@@ -784,7 +815,8 @@ class PostgresStore(Store):
             try:
                 if self._renewer is None or self._renewer.is_closed():
                     self._renewer = await asyncpg.connect(
-                        self._url, server_settings=VANISHED_PEER, timeout=RENEW_WAIT)
+                        self._url, server_settings=VANISHED_PEER, timeout=RENEW_WAIT,
+                        connection_class=_Session)
                 rows = await asyncio.wait_for(self._renewer.fetch(
                     RENEW_LEASES, self.replica_id, [x.pid for _, x in leases],
                     [x.started for _, x in leases], [n for n, _ in leases], LEASE), RENEW_WAIT)
@@ -864,7 +896,8 @@ class PostgresStore(Store):
         await self._open_listener()
 
     async def _open_listener(self) -> None:
-        conn = await asyncpg.connect(self._url, server_settings=VANISHED_PEER)
+        conn = await asyncpg.connect(self._url, server_settings=VANISHED_PEER,
+                                     connection_class=_Session)
         try:
             await conn.add_listener(CHANNEL, self._heard)
         except BaseException:
