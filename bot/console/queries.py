@@ -89,9 +89,9 @@ async def ledger_page(store: Store, viewer: Viewer, *, event: str | None, actor:
                                     org=viewer.office.org)
     shown: list[ledger.Entry] = []
     last_seen: int | None = None
-    for entry in scan:
+    async for entry, seen in viewer.entries_seen(scan, store):
         last_seen = entry.number
-        if await viewer.sees_entry(entry, store):
+        if seen:
             shown.append(entry)
             if len(shown) == limit:
                 break

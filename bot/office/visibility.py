@@ -33,7 +33,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -55,6 +55,8 @@ _REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _CHAT = re.compile(r"^chat:(?P<n>[0-9]+)$")
 _TO_AGENT = re.compile(r"^(?:mail|chat) to (?P<agent>agent:[a-z0-9-]+)$")
 PER_OFFICE = 20_000  # answers kept per office (repository owner)
+ASKED_AT_ONCE = 8  # forge requests one `visible` makes together (GitHub allows 100 in flight)
+ENTRIES_AHEAD = 50  # ledger entries whose repositories `entries_seen` asks about together
 
 
 @dataclass
@@ -214,21 +216,21 @@ class Viewer:
         return self.is_office and self.in_office(ref)
 
     async def visible(self, refs: Iterable[str]) -> set[str]:
-        """Those of `refs` (items or issues) this principal may see; each repository asked once."""
+        """Those of `refs` (items or issues) this principal may see; each repository asked once,
+        ASKED_AT_ONCE of them together (on GitHub each is a request: in a row, an inbox over
+        many repositories waited for every answer in turn each time the cached ones ran out)."""
         refs = set(refs)
-        repos: dict[str, bool] = {}
-        out = set()
-        for ref in refs:
-            where = split_ref(ref)
-            if where is None:
-                if self.is_office and self.in_office(ref):
-                    out.add(ref)
-                continue
-            if where[0] not in repos:
-                repos[where[0]] = await self.sees_repo(where[0])
-            if repos[where[0]]:
-                out.add(ref)
-        return out
+        where = {ref: split_ref(ref) for ref in refs}
+        names = sorted({w[0] for w in where.values() if w is not None})
+        room = asyncio.Semaphore(ASKED_AT_ONCE)
+
+        async def sees(repo: str) -> bool:
+            async with room:
+                return await self.sees_repo(repo)
+
+        seen = dict(zip(names, await asyncio.gather(*map(sees, names)), strict=True))
+        return {ref for ref, w in where.items()
+                if (seen[w[0]] if w is not None else self.is_office and self.in_office(ref))}
 
     def sees_mail(self, mail: MailRecord) -> bool:
         return self.in_office(mail.vault) and mail_parties(
@@ -237,6 +239,20 @@ class Viewer:
     def sees_chat(self, sender: str, agent: str, org: str | None) -> bool:
         return org is not None and org.lower() == self.org and self.principal in (
             "office", sender, agent)
+
+    async def entries_seen(self, entries: Sequence[Entry],
+                           store: Store) -> AsyncIterator[tuple[Entry, bool]]:
+        """Each of `entries` in order, and whether this viewer sees it (`sees_entry`). The
+        repositories of the next ENTRIES_AHEAD are asked about together first (`visible`): one
+        by one, a page over many repositories waited for each forge answer in turn; a caller
+        that stops early has asked about no more than that ahead."""
+        for start in range(0, len(entries), ENTRIES_AHEAD):
+            chunk = entries[start:start + ENTRIES_AHEAD]
+            if not self.is_office:
+                await self.visible({f"{self.repo_now(where[0])}#1" for entry in chunk
+                                    if (where := split_ref(entry.subject.strip())) is not None})
+            for entry in chunk:
+                yield entry, await self.sees_entry(entry, store)
 
     async def sees_entry(self, entry: Entry, store: Store) -> bool:
         """A ledger entry, as what it is about (see the module's docstring)."""

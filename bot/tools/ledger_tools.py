@@ -38,9 +38,9 @@ async def list_changes(call: Call, args: ChangesArgs) -> dict[str, Any]:
     while len(events) < args.limit and scanned < MAX_SCANNED:
         batch = await ledger.entries(store, since=cursor, limit=BATCH, org=call.office.org,
                                      shown=True)
-        for entry in batch:
+        async for entry, seen in viewer.entries_seen(batch, store):
             cursor, scanned = entry.number, scanned + 1
-            if await viewer.sees_entry(entry, store):
+            if seen:
                 # subjects, answers, reasons: text people wrote, data to an agent
                 events.append({**entry.as_json(), "contentIsData": True})
                 if len(events) == args.limit:

@@ -1,0 +1,74 @@
+"""Who may see a repository is a forge request for each repository (bot.office.visibility:
+the collaborator permission of the person's login, kept 45 s). A read over many repositories
+asks about them together: one after another, a person's inbox or ledger page over N
+repositories waited for N answers in a row each time the kept ones ran out.
+
+sara has questions from scout, and the ledger entries about them, on four repositories; the
+forge holds every permission request until the test has seen them all arrive at once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any
+
+import pytest
+
+from bot.app.embedded import Embedded
+from tests.items_support import SARA, SCOUT, TOKEN_TTL, make_item
+
+PERMISSION = "GET /repos/{owner}/{repo}/collaborators/{username}/permission"
+REPOS = [f"acme/team-{i}" for i in range(4)]
+
+
+async def _questions_on_four_repositories(embedded: Embedded, person: Any,
+                                          tools: Any) -> list[str]:
+    """scout's question to sara on an outcome in each of REPOS; sara no longer reads the last
+    (and is no org member: she sees only what she is a collaborator of). The comments' ids."""
+    embedded.forge.remove_org_member("acme", "sara")
+    asked = []
+    for repo in REPOS:
+        owner, name = repo.split("/")
+        embedded.forge.add_repo(owner, name)
+        embedded.forge.set_permission(repo, "marco", "admin")
+        embedded.forge.set_permission(repo, "scout-bot", "write")
+        embedded.forge.set_permission(repo, "sara", "read")
+        outcome = await make_item(embedded, person("marco"), "outcome", f"Auth {repo}",
+                                  assignees=["scout-bot"], repo=repo)
+        q = await tools(SCOUT)("add_comment", target=outcome,
+                               **{**TOKEN_TTL, "to": ["sara@acme.com"]})
+        asked.append(q["comment"]["id"])
+    embedded.forge.remove_permission(REPOS[-1], "sara")  # (access taken away since)
+    embedded.services.visibility.forget()  # (what was learnt of sara while asking)
+    return asked
+
+
+async def _asked_at_once(embedded: Embedded, read: Awaitable[Any]) -> Any:
+    """What `read` gives, once the forge has held a permission request for each of REPOS at
+    the same time."""
+    held = embedded.forge.faults.hold(PERMISSION, count=None)
+    answer = asyncio.ensure_future(read)
+    try:
+        await asyncio.wait_for(held.caught_at_least(len(REPOS)), 10)
+    except TimeoutError:
+        pytest.fail(f"the forge was asked about {held.caught} of the {len(REPOS)} repositories "
+                    "at once", pytrace=False)
+    finally:
+        held.release()
+    return await answer
+
+
+async def test_the_inbox_asks_about_the_repositories_of_its_questions_at_once(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    asked = await _questions_on_four_repositories(embedded, person, tools)
+    box = await _asked_at_once(embedded, tools(SARA)("list_inbox"))
+    assert sorted(t["thread"] for t in box["you"]["yourTurn"]) == sorted(asked[:-1])
+
+
+async def test_the_ledger_page_asks_about_the_repositories_of_its_entries_at_once(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    await _questions_on_four_repositories(embedded, person, tools)
+    events = (await _asked_at_once(embedded, tools(SARA)("list_changes", since=0,
+                                                         limit=1000)))["events"]
+    about = {e["subject"].partition("#")[0] for e in events}
+    assert REPOS[0] in about and REPOS[-1] not in about, about
