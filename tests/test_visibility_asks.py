@@ -9,13 +9,15 @@ forge holds every permission request until the test has seen them all arrive at 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from bot.app.embedded import Embedded
-from tests.items_support import SARA, SCOUT, TOKEN_TTL, make_item
+from bot.store import ledger
+from tests.items_support import LEE, MARCO, SARA, SCOUT, TOKEN_TTL, VAULT, make_item
+from tests.support import ToolClient
 
 PERMISSION = "GET /repos/{owner}/{repo}/collaborators/{username}/permission"
 REPOS = [f"acme/team-{i}" for i in range(4)]
@@ -72,3 +74,40 @@ async def test_the_ledger_page_asks_about_the_repositories_of_its_entries_at_onc
                                                          limit=1000)))["events"]
     about = {e["subject"].partition("#")[0] for e in events}
     assert REPOS[0] in about and REPOS[-1] not in about, about
+
+
+async def test_a_ledger_page_reads_the_mails_of_its_entries_together(
+        embedded: Embedded, tools: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each ledger entry about a mail was one or two reads of its own (by the mail's id, then
+    by its issue): a page a person scans of thousands of entries was thousands of reads. Now
+    a read for each ENTRIES_AHEAD entries; who sees which mail is unchanged."""
+    store = embedded.services.store
+    sent = [(await tools(MARCO)("mail_send", to="scout", subject=f"Plan {i}",
+                                body="Details follow."))["mail"] for i in range(3)]
+    for i in range(120):  # mail entries the index holds no mail of (one gone since)
+        await ledger.record(store, "mail.opened", "agent:scout", f"{VAULT}#{500 + i}",
+                            {"mail": f"gone-{i}"}, org="acme")
+    reads = 0
+
+    def counted(read: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def read_counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal reads
+            reads += 1
+            return await read(*args, **kwargs)
+        return read_counted
+
+    monkeypatch.setattr(store, "fetchone", counted(store.fetchone))
+    monkeypatch.setattr(store, "fetchall", counted(store.fetchall))
+    mine = (await tools(MARCO)("list_changes", since=0, limit=1000))["events"]
+    assert reads < 30, f"{reads} reads of the index for a page of {len(mine)} entries"
+    theirs = (await tools(LEE)("list_changes", since=0, limit=1000))["events"]
+    mail_sent = [(e["subject"], e["data"].get("mail")) for e in mine if e["event"] == "mail.sent"]
+    assert [m for _, m in mail_sent] == [m["mail_id"] for m in sent], mail_sent
+    assert not [e for e in theirs if e["event"].startswith("mail.")], theirs
+    # an entry whose mail is gone: whoever acted (and editors) still see it
+    assert len([e for e in await _entries(tools(SCOUT)) if e["data"].get("mail", "").startswith(
+        "gone-")]) == 120
+
+
+async def _entries(client: ToolClient) -> list[dict[str, Any]]:
+    return list((await client("list_changes", since=0, limit=1000))["events"])

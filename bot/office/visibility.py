@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from bot.store.mails import MailRecord
 
 TTL = 45.0
+# the mails a page of ledger entries is about: by id, and by (vault lower-cased, number)
+_Known = tuple[dict[str, "MailRecord"], dict[tuple[str, int], "MailRecord"]]
 _REF = re.compile(r"^(?P<repo>[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)#(?P<n>[1-9][0-9]*)$")
 _REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _CHAT = re.compile(r"^chat:(?P<n>[0-9]+)$")
@@ -246,16 +248,25 @@ class Viewer:
         repositories of the next ENTRIES_AHEAD are asked about together first (`visible`): one
         by one, a page over many repositories waited for each forge answer in turn; a caller
         that stops early has asked about no more than that ahead."""
+        from bot.store import mails
+
         for start in range(0, len(entries), ENTRIES_AHEAD):
             chunk = entries[start:start + ENTRIES_AHEAD]
+            known: _Known | None = None
             if not self.is_office:
-                await self.visible({f"{self.repo_now(where[0])}#1" for entry in chunk
-                                    if (where := split_ref(entry.subject.strip())) is not None})
+                places = {(self.repo_now(where[0]), where[1]) for entry in chunk
+                          if (where := split_ref(entry.subject.strip())) is not None}
+                await self.visible({f"{repo}#1" for repo, _ in places})
+                # (and the mails they are about, in one read rather than one or two each)
+                known = await mails.mails_known(
+                    store, [i for e in chunk if isinstance(i := e.data.get("mail"), str)],
+                    places)
             for entry in chunk:
-                yield entry, await self.sees_entry(entry, store)
+                yield entry, await self.sees_entry(entry, store, known)
 
-    async def sees_entry(self, entry: Entry, store: Store) -> bool:
-        """A ledger entry, as what it is about (see the module's docstring)."""
+    async def sees_entry(self, entry: Entry, store: Store, known: _Known | None = None) -> bool:
+        """A ledger entry, as what it is about (see the module's docstring); `known`: the mails
+        of its page, read together (`entries_seen`), else each is read here."""
         if entry.org is None or entry.org.lower() != self.org:
             return False
         if self.is_office:
@@ -269,8 +280,13 @@ class Viewer:
             from bot.store import mails
 
             mail_id = entry.data.get("mail")
-            mail = (await mails.get_mail(store, mail_id) if isinstance(mail_id, str) else None
-                    ) or await mails.mail_at(store, *where)
+            if known is not None:
+                by_id, by_place = known
+                mail = (by_id.get(mail_id) if isinstance(mail_id, str) else None) \
+                    or by_place.get((where[0].lower(), where[1]))
+            else:
+                mail = (await mails.get_mail(store, mail_id) if isinstance(mail_id, str)
+                        else None) or await mails.mail_at(store, *where)
             if mail is not None:
                 return self.sees_mail(mail)
             if entry.event.startswith("mail.") or isinstance(mail_id, str):

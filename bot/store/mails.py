@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -318,6 +318,24 @@ register_schema("CREATE INDEX IF NOT EXISTS mails_vault_lower ON mails(lower(vau
 async def mail_at(store: Store, vault: str, number: int) -> MailRecord | None:
     row = await store.fetchone(MAIL_AT, (vault, number))
     return _record(row) if row else None
+
+
+async def mails_known(store: Store, ids: Iterable[str], places: Iterable[tuple[str, int]]
+                      ) -> tuple[dict[str, MailRecord], dict[tuple[str, int], MailRecord]]:
+    """The mails of these ids, and those at these (vault, number) places (a vault's name in
+    any case, keyed lower-cased), in one statement: what `get_mail` and `mail_at` find of
+    each, for a page of ledger entries at once (bot.office.visibility.Viewer.entries_seen)."""
+    named, at = set(ids), {(v.lower(), n) for v, n in places}
+    if not named and not at:
+        return {}, {}
+    where = [f"mail_id IN ({','.join('?' * len(named))})"] if named else []
+    where += ["(lower(vault)=? AND number=?)"] * len(at)
+    rows = await store.fetchall("SELECT * FROM mails WHERE " + " OR ".join(where),
+                                (*sorted(named), *(x for place in sorted(at) for x in place)))
+    found = [_record(row) for row in rows]
+    return ({m.mail_id: m for m in found if m.mail_id in named},
+            {(m.vault.lower(), m.number): m for m in found
+             if (m.vault.lower(), m.number) in at})
 
 
 def _office(org: str | None) -> tuple[str, list[Any]]:
