@@ -76,17 +76,22 @@ async def test_the_ledger_page_asks_about_the_repositories_of_its_entries_at_onc
     assert REPOS[0] in about and REPOS[-1] not in about, about
 
 
-async def test_a_ledger_page_reads_the_mails_of_its_entries_together(
-        embedded: Embedded, tools: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_ledger_page_reads_the_mails_and_items_of_its_entries_together(
+        embedded: Embedded, person: Any, tools: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each ledger entry about a mail was one or two reads of its own (by the mail's id, then
-    by its issue): a page a person scans of thousands of entries was thousands of reads. Now
-    a read for each ENTRIES_AHEAD entries; who sees which mail is unchanged."""
+    by its issue), and each an agent wrote about an item a read of the item: a page a person
+    scans of thousands of entries was thousands of reads. Now a read of each for every
+    ENTRIES_AHEAD entries; who sees which entry is unchanged."""
     store = embedded.services.store
     sent = [(await tools(MARCO)("mail_send", to="scout", subject=f"Plan {i}",
                                 body="Details follow."))["mail"] for i in range(3)]
     for i in range(120):  # mail entries the index holds no mail of (one gone since)
         await ledger.record(store, "mail.opened", "agent:scout", f"{VAULT}#{500 + i}",
                             {"mail": f"gone-{i}"}, org="acme")
+    # an agent's entries about an item (each asks whether they name a claim hidden from you)
+    outcome = await make_item(embedded, person("marco"), "outcome", "Auth")
+    for i in range(60):
+        await ledger.record(store, "comment.added", "agent:scout", outcome, {"n": i}, org="acme")
     reads = 0
 
     def counted(read: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -107,6 +112,7 @@ async def test_a_ledger_page_reads_the_mails_of_its_entries_together(
     # an entry whose mail is gone: whoever acted (and editors) still see it
     assert len([e for e in await _entries(tools(SCOUT)) if e["data"].get("mail", "").startswith(
         "gone-")]) == 120
+    assert len([e for e in theirs if e["subject"] == outcome]) >= 60
 
 
 async def _entries(client: ToolClient) -> list[dict[str, Any]]:

@@ -50,8 +50,6 @@ if TYPE_CHECKING:
     from bot.store.mails import MailRecord
 
 TTL = 45.0
-# the mails a page of ledger entries is about: by id, and by (vault lower-cased, number)
-_Known = tuple[dict[str, "MailRecord"], dict[tuple[str, int], "MailRecord"]]
 _REF = re.compile(r"^(?P<repo>[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)#(?P<n>[1-9][0-9]*)$")
 _REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _CHAT = re.compile(r"^chat:(?P<n>[0-9]+)$")
@@ -59,6 +57,16 @@ _TO_AGENT = re.compile(r"^(?:mail|chat) to (?P<agent>agent:[a-z0-9-]+)$")
 PER_OFFICE = 20_000  # answers kept per office (repository owner)
 ASKED_AT_ONCE = 8  # forge requests one `visible` makes together (GitHub allows 100 in flight)
 ENTRIES_AHEAD = 50  # ledger entries whose repositories `entries_seen` asks about together
+
+
+@dataclass(frozen=True)
+class EntriesAbout:
+    """What a page of ledger entries is about, read together (`Viewer.entries_seen`): the
+    mails by id and by (vault lower-cased, number), the items by ref."""
+
+    mails: dict[str, MailRecord]
+    mails_at: dict[tuple[str, int], MailRecord]
+    items: dict[str, Item]
 
 
 @dataclass
@@ -248,25 +256,29 @@ class Viewer:
         repositories of the next ENTRIES_AHEAD are asked about together first (`visible`): one
         by one, a page over many repositories waited for each forge answer in turn; a caller
         that stops early has asked about no more than that ahead."""
-        from bot.store import mails
+        from bot.store import comments, mails
 
         for start in range(0, len(entries), ENTRIES_AHEAD):
             chunk = entries[start:start + ENTRIES_AHEAD]
-            known: _Known | None = None
+            page: EntriesAbout | None = None
             if not self.is_office:
                 places = {(self.repo_now(where[0]), where[1]) for entry in chunk
                           if (where := split_ref(entry.subject.strip())) is not None}
                 await self.visible({f"{repo}#1" for repo, _ in places})
-                # (and the mails they are about, in one read rather than one or two each)
-                known = await mails.mails_known(
+                # (and the mails and items they are about, a read each rather than a read or
+                # two an entry)
+                by_id, by_place = await mails.mails_known(
                     store, [i for e in chunk if isinstance(i := e.data.get("mail"), str)],
                     places)
+                page = EntriesAbout(by_id, by_place, await comments.items_at(
+                    store, [f"{repo}#{n}" for repo, n in places]))
             for entry in chunk:
-                yield entry, await self.sees_entry(entry, store, known)
+                yield entry, await self.sees_entry(entry, store, page)
 
-    async def sees_entry(self, entry: Entry, store: Store, known: _Known | None = None) -> bool:
-        """A ledger entry, as what it is about (see the module's docstring); `known`: the mails
-        of its page, read together (`entries_seen`), else each is read here."""
+    async def sees_entry(self, entry: Entry, store: Store,
+                         page: EntriesAbout | None = None) -> bool:
+        """A ledger entry, as what it is about (see the module's docstring); `page`: what the
+        entries of its page are about, read together (`entries_seen`), else read here."""
         if entry.org is None or entry.org.lower() != self.org:
             return False
         if self.is_office:
@@ -280,10 +292,9 @@ class Viewer:
             from bot.store import mails
 
             mail_id = entry.data.get("mail")
-            if known is not None:
-                by_id, by_place = known
-                mail = (by_id.get(mail_id) if isinstance(mail_id, str) else None) \
-                    or by_place.get((where[0].lower(), where[1]))
+            if page is not None:
+                mail = (page.mails.get(mail_id) if isinstance(mail_id, str) else None) \
+                    or page.mails_at.get((where[0].lower(), where[1]))
             else:
                 mail = (await mails.get_mail(store, mail_id) if isinstance(mail_id, str)
                         else None) or await mails.mail_at(store, *where)
@@ -293,8 +304,8 @@ class Viewer:
                 # a mail the index no longer holds: whoever acted, and editors
                 return entry.actor == self.principal or is_editor(self.office, self.principal)
             repo, _, n = subject.partition("#")
-            return await self.sees_repo(where[0]) and \
-                not await self._names_hidden_claim(entry, f"{self.repo_now(repo)}#{n}", store)
+            return await self.sees_repo(where[0]) and not await self._names_hidden_claim(
+                entry, f"{self.repo_now(repo)}#{n}", store, page)
         chat = _CHAT.match(subject)
         if chat is not None:
             from bot.store import chats
@@ -309,7 +320,8 @@ class Viewer:
             return await self.sees_repo(self.repo_now(subject))
         return entry.actor == self.principal
 
-    async def _names_hidden_claim(self, entry: Entry, ref: str, store: Store) -> bool:
+    async def _names_hidden_claim(self, entry: Entry, ref: str, store: Store,
+                                  page: EntriesAbout | None = None) -> bool:
         """Whether `entry`, about item `ref`, names its claim holder where this viewer may not
         know of the claim (a plan's or evidence's whose outcome they cannot see:
         `views.claim_seen`), as its actor or in its data (reached, asked, answering)."""
@@ -318,7 +330,7 @@ class Viewer:
             return False  # (only an agent holds a claim: most entries read no item)
         from bot.store.comments import get_item
 
-        item = await get_item(store, ref)
+        item = page.items.get(ref) if page is not None else await get_item(store, ref)
         if item is None or item.claim is None or not await self.hides_claim(item):
             return False
         return entry.actor == item.claim or f'"{item.claim}"' in data
