@@ -249,6 +249,49 @@ async def test_the_agent_is_prompted_with_the_mail_in_its_repository_dispatch(
         await emb.stop()
 
 
+async def test_a_repository_dispatch_whose_answer_was_lost_is_not_sent_again(
+        tmp_path: Path, receiver: Receiver) -> None:
+    """GitHub's repository_dispatch has no id and no idempotency key: after an answer that
+    leaves unknown whether it landed (here it did, then the forge answered 502), a second
+    try may start a second run of the same mail. It is not sent again: the run stays open
+    (the loop guard holds it as any run whose end the app never learns) and the office is
+    told (`run.dispatch_unknown`)."""
+    emb = await _office(tmp_path, _scout_dispatch(_example(), "repository_dispatch"))
+    try:
+        [app] = list(emb.forge.state.apps.values())
+        app.permissions["contents"] = "write"
+        actions = emb.forge.register_app(slug="actions", name="Actions", public_key_pem=_pem(),
+                                         webhook_url=receiver.url, webhook_secret="s3cret",
+                                         events=["repository_dispatch"])
+        emb.forge.install_app(actions, "acme")
+        await emb.settle()
+        lost = emb.forge.faults.add(route="POST /repos/{owner}/{repo}/dispatches", mode="after",
+                                    count=1)
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session:
+            sent = (await ToolClient(session, emb, MARCO)(
+                "mail_send", to="scout", subject="Nightly", body="Run it once."))["mail"]
+        await emb.settle()
+        assert lost.fired == 1
+        dispatched = []
+        while not receiver.got.empty():
+            event, headers = receiver.got.get_nowait()
+            if headers.get("X-GitHub-Event") == "repository_dispatch":
+                dispatched.append(event["client_payload"]["run"])
+        [queued] = [e for e in await emb.ledger_events("run.queued")
+                    if e.subject == sent["ref"]]
+        assert dispatched == [queued.data["run"]], "one mail, one run"
+        [unknown] = await emb.ledger_events("run.dispatch_unknown")
+        assert unknown.subject == sent["ref"] and unknown.data["run"] == queued.data["run"]
+        assert "502" in unknown.data["error"], unknown.data
+        assert not await emb.ledger_events("run.finished")
+        runs = await mails.runs_for(emb.services.store, "scout", org="acme")
+        assert [r["state"] for r in runs] == ["queued"]  # open: its end is not known
+    finally:
+        await emb.stop()
+
+
 def _pem() -> str:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from bot.app.egress import OutboundRefused
 from bot.app.signed_post import post_signed
+from bot.forge.errors import OutcomeUnknown
 from bot.forge.pacing import without_wait_limit
 from bot.items import inbox
 from bot.office.config import (
@@ -297,6 +298,14 @@ async def _dispatch(services: Services, forge: Forge, agent: Agent, vault: str, 
             await _refused(services, agent, subject, payload, org,
                            f"run.dispatch: {exc}", url=how)
             return
+        except OutcomeUnknown as exc:
+            # the forge may have taken it (an answer lost, a 5xx after the write): a
+            # repository_dispatch has no id and GitHub no idempotency key, nor any way to look
+            # for the event, so a second try could start a second run of the same mail. A
+            # POST is tried again (its runner drops a delivery it took); this is not. The run
+            # stays open, as one whose end the app never learns (RUN_HELD_OPEN)
+            await _unknown(services, agent, subject, payload, org, attempt, started, exc)
+            return
         except Exception as exc:  # network or forge failure: retry with backoff
             last = str(exc) or type(exc).__name__
             log.warning("run dispatch failed (attempt %d): %r", attempt, exc,
@@ -307,6 +316,26 @@ async def _dispatch(services: Services, forge: Forge, agent: Agent, vault: str, 
                    url=None if how == "repository_dispatch" else how, refused=False,
                    extra={"tries": DISPATCH_ATTEMPTS,
                           "seconds": round(time.monotonic() - started, 3)})
+
+
+async def _unknown(services: Services, agent: Agent, subject: str, payload: dict[str, Any],
+                   org: str, tries: int, started: float, exc: Exception) -> None:
+    """A repository_dispatch that may or may not have landed: ledgered as
+    `run.dispatch_unknown`, the run left `queued` (it may be running)."""
+    data = {"agent": agent.principal, "kind": payload["kind"], "run": int(payload["run"]),
+            "tries": tries, "seconds": round(time.monotonic() - started, 3),
+            "error": f"run.dispatch: {exc}"}
+    for attempt in range(1, FINISH_TRIES + 1):
+        try:
+            await ledger.record(services.store, "run.dispatch_unknown", "office", subject, data,
+                                org=org)
+            break
+        except Exception:
+            if attempt == FINISH_TRIES:
+                raise
+            await asyncio.sleep(0.2 * attempt)
+    log.warning("run dispatch outcome unknown; not tried again",
+                extra={"agent": agent.slug, "subject": subject, "error": data["error"]})
 
 
 async def _refused(services: Services, agent: Agent, subject: str, payload: dict[str, Any],

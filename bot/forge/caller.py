@@ -838,12 +838,15 @@ class _Caller(abc.ABC):
             except (TimeoutError, aiohttp.ClientError) as exc:
                 failure = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 last_exc = exc
-            # an ambiguous failure: 5xx, timeout or connection error
+            # an ambiguous failure: 5xx, timeout or a connection lost; but a connection never
+            # made (refused, no route, a name not found, TLS refused) sent nothing, and any
+            # write is tried again after it, as a write that cannot land twice
+            unsent = isinstance(last_exc, aiohttp.ClientConnectorError)
             transient_tries += 1
             status_or_none = (
                 int(last_exc.status_code) if isinstance(last_exc, HTTPException) else None
             )
-            if policy == "once" or (policy == "create" and find_existing is None):
+            if not unsent and (policy == "once" or (policy == "create" and find_existing is None)):
                 raise OutcomeUnknown(
                     f"{failure}; the write may or may not have landed, not retried",
                     status=status_or_none,
@@ -851,7 +854,7 @@ class _Caller(abc.ABC):
                     url=full_url,
                 ) from last_exc
             delay = self._backoff(transient_tries)
-            if policy == "create" and find_existing is not None:
+            if policy == "create" and find_existing is not None and not unsent:
                 # never retry a create blind: did it land after all? (look even after the last try)
                 await self._sleep(delay)
                 try:

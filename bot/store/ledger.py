@@ -44,6 +44,8 @@ EVENTS = frozenset({
     "mail.bounced",  # mail to an agent that left, or to a vault gone or archived
     "mail.restored",  # a delivered mail's issue vanished and was opened again (the doctor)
     "mail.tampered", "run.queued", "run.refused", "run.denied", "run.finished", "comment.added",
+    # a repository_dispatch the forge may or may not have taken: not sent again (bot.app.runs)
+    "run.dispatch_unknown",
     "comment.answered", "comment.resolved", "comment.deleted",
     "comment.loop_guard",  # an agent's comment on an item past the loop guard: woke no agent
     "office.config_refused",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
+import aiohttp
 import pytest
 
 from bot.forge import markers
@@ -205,6 +207,20 @@ async def test_dispatch_not_retried_blind(env: Env) -> None:
     env.forge.faults.add(route="POST /repos/{owner}/{repo}/dispatches", count=1, mode="after")
     with pytest.raises(OutcomeUnknown):
         await inst.dispatch(REPO, "vaultmail", {"a": 2})
+
+
+async def test_dispatch_is_tried_again_when_no_connection_was_made(env: Env) -> None:
+    """A connection refused sent nothing: a write that must not land twice is tried again
+    after it (an answer lost, above, is not)."""
+    # a connection each request (none kept to be found closed: a write on one is ambiguous)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
+        inst = dataclasses.replace(env, session=http).inst()
+        await inst.dispatch(REPO, "vaultmail", {"a": 1})  # (its token taken, the forge up)
+        await env.forge.stop()  # nothing listens at its port now
+        with pytest.raises(TransientError) as info:
+            await inst.dispatch(REPO, "vaultmail", {"a": 2})
+    assert not isinstance(info.value, OutcomeUnknown), info.value
+    assert "gave up after 4 tries" in str(info.value)
 
 
 # -- rate limits ----------------------------------------------------------------------------------
