@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import re
+import time
 from email import message_from_bytes, policy
 from email.message import EmailMessage
 from email.parser import BytesHeaderParser
@@ -16,7 +17,9 @@ import yaml
 
 from bot.email import keys
 from bot.email.gateway import GATEWAY_KEY
+from bot.email.outbox import MAX_BACKOFF, RETRY
 from bot.store import ledger, mails, replies
+from bot.store import outbound as cursors
 from tests.support import label_names
 from tests.test_email_support import (
     ACME_ID,
@@ -122,6 +125,29 @@ async def test_a_reply_is_sent_once_and_a_4xx_is_tried_again(mailroom: Mailroom)
     assert b"Soon." in (envelope.original_content or b"")
     assert await mailroom.outbox_settled() == 0, "nothing is sent twice"
     assert mailroom.relay.received.empty()
+
+
+async def test_a_reply_deferred_for_days_is_still_tried_at_most_every_five_minutes(
+        mailroom: Mailroom) -> None:
+    """A relay that keeps deferring one reply (until it is given up after 5 days): its backoff
+    counted each failure as 2 ** failures, a float past 1,023 of them (3.5 days at 5 minutes
+    apart): OverflowError out of the office's whole round, its next try never saved, and
+    every later reply of the office left behind it, round after round."""
+    await _first_mail(mailroom)
+    mailroom.relay.refuse.extend(["451 4.3.0 busy, later"] * 2)
+    await mailroom.tools("agent:scout")("mail_reply", mail=f"{SCOUT_VAULT}#1", body="Soon.")
+    outbox = mailroom.embedded.runner.app[GATEWAY_KEY].outbox
+    assert outbox is not None
+    while not await outbox.retrying("acme"):  # (the first try, refused, set it aside)
+        await mailroom.outbox_settled()
+    [(seq, _, _)] = await outbox.retrying("acme")
+    store = mailroom.embedded.services.store
+    await cursors.save_cursor(store, "acme", f"{RETRY}{seq}", seq, 1_100, 0.0, "451")
+    await mailroom.outbox_settled()
+    [(again, failures, next_at)] = await outbox.retrying("acme")
+    assert (again, failures) == (seq, 1_101)
+    assert time.time() + 200 < next_at <= time.time() + MAX_BACKOFF
+    assert mailroom.relay.refuse == [] and mailroom.relay.received.empty()
 
 
 async def test_a_reply_the_relay_took_is_sent_whatever_it_answers_to_quit(

@@ -16,10 +16,11 @@ from aiohttp import web
 
 from bot.app.egress import OutboundPolicy
 from bot.app.embedded import Embedded, start_embedded
-from bot.app.outbound import LedgerForwarder
+from bot.app.outbound import MAX_BACKOFF, LedgerForwarder
 from bot.app.signed_post import check_signed_post
 from bot.mail.signing import PublicKeys
 from bot.store import ledger, open_store
+from bot.store import outbound as cursors
 
 # the receivers listen on loopback, which the app sends to only when the operator allows it
 LOOPBACK = OutboundPolicy.parse("127.0.0.1")
@@ -217,3 +218,24 @@ async def test_an_orgs_rename_sends_its_webhook_nothing_it_had_acknowledged(
         assert seqs == sorted(set(seqs)), f"each event once: {seqs}"
     finally:
         await emb.stop()
+
+
+async def test_a_receiver_down_for_days_is_still_tried_at_most_every_five_minutes(
+        embedded: Embedded, receiver: Receiver) -> None:
+    """A webhook URL left in an office's config after its receiver went away fails for good.
+    Its backoff counted each failure as 2 ** failures, a float past 1,023 of them (3.5 days
+    at 5 minutes apart): OverflowError, its next try never saved, and the URL POSTed to at
+    every look (twice a second) from then on."""
+    await _send(embedded, "Still there?")
+    services = dataclasses.replace(embedded.services, settings=dataclasses.replace(
+        embedded.services.settings, outbound=LOOPBACK))
+    await cursors.save_cursor(services.store, "acme", receiver.url, 0, 1_100, 0.0, "503")
+    receiver.down = True
+    forwarder = LedgerForwarder(services)
+    assert await forwarder.forward("acme", receiver.url) == 0
+    assert len(receiver.refused) == 1
+    row = await cursors.get_cursor(services.store, "acme", receiver.url)
+    assert row is not None and row["failures"] == 1_101
+    assert time.time() + 200 < row["next_at"] <= time.time() + MAX_BACKOFF
+    assert await forwarder.forward("acme", receiver.url) == 0  # not yet: its backoff holds
+    assert len(receiver.refused) == 1

@@ -10,6 +10,15 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+
+def backoff(failures: int, cap: float, base: float = 0.5) -> float:
+    """The wait after `failures` failures in a row: `base` doubling, at most `cap`. A sender
+    fails for good when its receiver is gone, and its count keeps climbing: 2 ** failures as a
+    float overflows past 1,023 of them (3.5 days at 5 minutes apart), so the exponent stops
+    where `cap` was long reached."""
+    return min(cap, base * 2.0 ** min(max(failures, 0), 62))
+
+
 log = logging.getLogger("vaultmail.background")
 Work = Callable[[], Coroutine[Any, Any, None]]  # one key's work in a round (`Rounds`)
 

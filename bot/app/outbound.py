@@ -15,7 +15,7 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING
 
-from bot.app.background import Rounds, Work
+from bot.app.background import Rounds, Work, backoff
 from bot.app.egress import OutboundRefused
 from bot.app.signed_post import post_signed
 from bot.office.source import CONFIG_REPO
@@ -87,7 +87,7 @@ class LedgerForwarder(Rounds):
                                   outbound=self.services.settings.outbound)
             except Exception as exc:
                 failures = (int(row["failures"]) if row else 0) + 1
-                delay = min(MAX_BACKOFF, 0.5 * 2 ** failures)
+                delay = backoff(failures, MAX_BACKOFF)
                 await self._save(org, url, cursor, failures, time.time() + delay, repr(exc))
                 if isinstance(exc, OutboundRefused) and (row is None
                                                          or row["last_error"] != repr(exc)):

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from bot.app.background import Rounds, Work
+from bot.app.background import Rounds, Work, backoff
 from bot.email import keys, outgoing, relay
 from bot.email.addresses import address_of, agent_address
 from bot.email.intake import EmailIntake, Said
@@ -237,7 +237,7 @@ class Outbox(Rounds):
 
     async def _set_aside(self, org: str, seq: int, failures: int,
                          exc: Exception | None) -> None:
-        delay = min(MAX_BACKOFF, 0.5 * 2 ** failures) if failures else 0.0
+        delay = backoff(failures, MAX_BACKOFF) if failures else 0.0
         await cursors.save_cursor(self.services.store, org, f"{RETRY}{seq}", seq, failures,
                                   time.time() + delay, repr(exc) if exc else None)
         if exc is not None:
