@@ -16,7 +16,7 @@ import pytest
 
 from bot.app.embedded import Embedded
 from bot.store import ledger
-from tests.items_support import LEE, MARCO, SARA, SCOUT, TOKEN_TTL, VAULT, make_item
+from tests.items_support import BUILDER, LEE, MARCO, SARA, SCOUT, TOKEN_TTL, make_item
 from tests.support import ToolClient
 
 PERMISSION = "GET /repos/{owner}/{repo}/collaborators/{username}/permission"
@@ -86,7 +86,7 @@ async def test_a_ledger_page_reads_the_mails_and_items_of_its_entries_together(
     sent = [(await tools(MARCO)("mail_send", to="scout", subject=f"Plan {i}",
                                 body="Details follow."))["mail"] for i in range(3)]
     for i in range(120):  # mail entries the index holds no mail of (one gone since)
-        await ledger.record(store, "mail.opened", "agent:scout", f"{VAULT}#{500 + i}",
+        await ledger.record(store, "mail.opened", BUILDER, f"acme/builder-vault#{500 + i}",
                             {"mail": f"gone-{i}"}, org="acme")
     # an agent's entries about an item (each asks whether they name a claim hidden from you)
     outcome = await make_item(embedded, person("marco"), "outcome", "Auth")
@@ -105,13 +105,19 @@ async def test_a_ledger_page_reads_the_mails_and_items_of_its_entries_together(
     monkeypatch.setattr(store, "fetchall", counted(store.fetchall))
     mine = (await tools(MARCO)("list_changes", since=0, limit=1000))["events"]
     assert reads < 30, f"{reads} reads of the index for a page of {len(mine)} entries"
+    embedded.services.visibility.forget()
+    start = len(embedded.forge.requests)
     theirs = (await tools(LEE)("list_changes", since=0, limit=1000))["events"]
+    # about mails (who sees one is its parties): no question to the forge about the vault
+    asked = {r.path.split("/")[3] for r in list(embedded.forge.requests)[start:]
+             if r.route == PERMISSION and "/collaborators/lee/" in r.path}
+    assert asked == {outcome.partition("#")[0].split("/")[1]}, asked
     mail_sent = [(e["subject"], e["data"].get("mail")) for e in mine if e["event"] == "mail.sent"]
     assert [m for _, m in mail_sent] == [m["mail_id"] for m in sent], mail_sent
     assert not [e for e in theirs if e["event"].startswith("mail.")], theirs
     # an entry whose mail is gone: whoever acted (and editors) still see it
-    assert len([e for e in await _entries(tools(SCOUT)) if e["data"].get("mail", "").startswith(
-        "gone-")]) == 120
+    assert len([e for e in await _entries(tools(BUILDER))
+                if e["data"].get("mail", "").startswith("gone-")]) == 120
     assert len([e for e in theirs if e["subject"] == outcome]) >= 60
 
 

@@ -68,6 +68,12 @@ class EntriesAbout:
     mails_at: dict[tuple[str, int], MailRecord]
     items: dict[str, Item]
 
+    def mail(self, mail_id: object, where: tuple[str, int]) -> MailRecord | None:
+        """The mail an entry is about: by its `mail` id, else at its issue (as `get_mail`,
+        then `mail_at`, find it)."""
+        return (self.mails.get(mail_id) if isinstance(mail_id, str) else None) \
+            or self.mails_at.get((where[0].lower(), where[1]))
+
 
 @dataclass
 class Visibility:
@@ -252,28 +258,44 @@ class Viewer:
 
     async def entries_seen(self, entries: Sequence[Entry],
                            store: Store) -> AsyncIterator[tuple[Entry, bool]]:
-        """Each of `entries` in order, and whether this viewer sees it (`sees_entry`). The
-        repositories of the next ENTRIES_AHEAD are asked about together first (`visible`): one
-        by one, a page over many repositories waited for each forge answer in turn; a caller
-        that stops early has asked about no more than that ahead."""
+        """Each of `entries` in order, and whether this viewer sees it (`sees_entry`). What the
+        next ENTRIES_AHEAD are about is read first, and the repositories sees_entry will ask
+        about are asked about together (`visible`): one by one, a page over many repositories
+        waited for each forge answer in turn; a caller that stops early has asked about no
+        more than that ahead."""
         from bot.store import comments, mails
 
         for start in range(0, len(entries), ENTRIES_AHEAD):
             chunk = entries[start:start + ENTRIES_AHEAD]
             page: EntriesAbout | None = None
             if not self.is_office:
+                # the mails and items they are about: a read each, not a read or two an entry
                 places = {(self.repo_now(where[0]), where[1]) for entry in chunk
                           if (where := split_ref(entry.subject.strip())) is not None}
-                await self.visible({f"{repo}#1" for repo, _ in places})
-                # (and the mails and items they are about, a read each rather than a read or
-                # two an entry)
                 by_id, by_place = await mails.mails_known(
                     store, [i for e in chunk if isinstance(i := e.data.get("mail"), str)],
                     places)
                 page = EntriesAbout(by_id, by_place, await comments.items_at(
                     store, [f"{repo}#{n}" for repo, n in places]))
+                # then the repositories sees_entry will ask about, together
+                await self.visible({f"{repo}#1" for entry in chunk
+                                    if (repo := self._repo_of(entry, page)) is not None})
             for entry in chunk:
                 yield entry, await self.sees_entry(entry, store, page)
+
+    def _repo_of(self, entry: Entry, page: EntriesAbout) -> str | None:
+        """The repository `sees_entry` asks about for `entry` (None: it asks none, the entry
+        being about a mail, a chat, or nothing of a repository)."""
+        subject = entry.subject.strip()
+        where = split_ref(subject)
+        if where is not None:
+            where = (self.repo_now(where[0]), where[1])
+            mail_id = entry.data.get("mail")
+            if page.mail(mail_id, where) is not None or entry.event.startswith("mail.") \
+                    or isinstance(mail_id, str):
+                return None
+            return where[0]
+        return self.repo_now(subject) if _REPO.match(subject) else None
 
     async def sees_entry(self, entry: Entry, store: Store,
                          page: EntriesAbout | None = None) -> bool:
@@ -293,8 +315,7 @@ class Viewer:
 
             mail_id = entry.data.get("mail")
             if page is not None:
-                mail = (page.mails.get(mail_id) if isinstance(mail_id, str) else None) \
-                    or page.mails_at.get((where[0].lower(), where[1]))
+                mail = page.mail(mail_id, where)
             else:
                 mail = (await mails.get_mail(store, mail_id) if isinstance(mail_id, str)
                         else None) or await mails.mail_at(store, *where)
