@@ -286,6 +286,11 @@ def display_name(from_value: str) -> str:
 # An address header longer than any real one (a hundred recipients fit in a tenth of it):
 # the standard library's address parser spends seconds on one folded over megabytes
 MAX_ADDRESS_HEADER = 65_536
+# The headers the app reads that RFC 5322 (3.6) allows once. DKIM verifies the last of each
+# (RFC 6376 5.4.2) and the app read the first: a header written above a signed message's own
+# (a digest its sender really signed) passed DKIM and was the app's subject, thread or Cc.
+SINGLE = ("From", "Sender", "To", "Cc", "Subject", "Message-ID", "In-Reply-To",
+          "References")
 
 
 def parse_inbound(raw: bytes) -> Inbound:
@@ -295,6 +300,9 @@ def parse_inbound(raw: bytes) -> Inbound:
     except Exception as exc:  # the parser is lenient; anything it still trips on is refused
         raise BadMessage(f"the message cannot be read as RFC 5322 ({type(exc).__name__})") \
             from exc
+    for name in SINGLE:
+        if (count := len(msg.get_all(name) or ())) > 1:
+            raise BadMessage(f"it has {count} {name} headers; RFC 5322 allows one")
     for name in ("From", "To", "Cc"):
         if len(value := _header(msg, name)) > MAX_ADDRESS_HEADER:
             raise BadMessage(f"its {name} header is {len(value):,} characters; at most "

@@ -6,7 +6,7 @@
 | RCPT to a domain an office names but has not proven in DNS | `550 5.7.1` naming the record |
 | a message (SIZE or DATA) over the limit | `552 5.3.4` naming the limit |
 | an attachment over its limit, or more attachments than it may carry | `552 5.3.4` naming it |
-| a message with no From address the app takes | `550 5.6.0` saying so |
+| no From address the app takes, or two of a header allowed once | `550 5.6.0` saying so |
 | the app not started yet, or the forge or the index failing | `451 4.3.0`: send it again later |
 | past a rate: one From's, or one authenticated domain's, to an agent | `451 4.7.1` |
 | past an address's rate: its messages authenticated (before a lookup), or not | `451 4.7.1` |
