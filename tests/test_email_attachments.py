@@ -217,3 +217,38 @@ async def test_a_file_or_message_over_its_limit_is_refused_552_naming_it(
     assert answer.code == 552 and f"at most {MAX_ATTACHMENTS}" in answer.text
     assert await mails.all_mails(mailroom.embedded.services.store) == []
     assert mailroom.embedded.forge.requests.count(PUT_CONTENTS) == 0
+
+
+GET_CONTENTS = "GET /repos/{owner}/{repo}/contents/{path}"
+
+
+async def test_a_thread_full_of_one_file_name_costs_each_message_a_few_reads_a_file(
+        mailroom: Mailroom) -> None:
+    """A sender fills a thread's folder with files of one name (20 a message, each of other
+    bytes), then sends more. Each name already there was looked for, one forge read a number
+    (`x.txt`, `x-2.txt`, ...), for each part, so a message's reads grew with everything the
+    thread held: the third message 20 files, 820 reads, and a dozen messages spend the
+    office's hourly forge quota (found by review). A part now looks at two numbered names,
+    then its bytes' (`x-<sha>.txt`): at most four reads a file, however full the folder."""
+    forge = mailroom.embedded.forge
+
+    def files(round_: int) -> list[tuple[str, str, bytes]]:
+        return [("x.txt", "text/plain", f"{round_}.{i}\n".encode()) for i in range(20)]
+
+    first = with_files(message("bob@example.org", f"scout@{DOMAIN}", "Files", "a",
+                               Message_ID="<f1@example.org>"), *files(1))
+    assert (await send(mailroom.port, wire(first), rcpts=[f"scout@{DOMAIN}"])).code == 250
+    for n in (2, 3):
+        reply = with_files(message("bob@example.org", f"scout@{DOMAIN}", "Re: Files", "b",
+                                   Message_ID=f"<f{n}@example.org>",
+                                   In_Reply_To="<f1@example.org>"), *files(n))
+        reads = forge.requests.count(GET_CONTENTS)
+        answer = await send(mailroom.port, wire(reply), rcpts=[f"scout@{DOMAIN}"])
+        assert f"{SCOUT_VAULT}#1" in await delivered(mailroom, answer)
+        spent = forge.requests.count(GET_CONTENTS) - reads
+        assert spent <= 4 * 20, f"message {n}: {spent} reads for 20 files"
+    [mail] = await mails.all_mails(mailroom.embedded.services.store)
+    rows = await attachments.of_mail(mailroom.embedded.services.store, mail.mail_id)
+    assert len(rows) == len({r.path for r in rows}) == 60, "each file kept, apart"
+    assert sorted({r.sha for r in rows}) == sorted(
+        {blob_sha(f"{r}.{i}\n".encode()) for r in (1, 2, 3) for i in range(20)})

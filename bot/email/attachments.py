@@ -7,6 +7,8 @@ contents API at `attachments/<mail id>/<safe name>`, then listed in the mail's s
   Markdown treats specially; clipped, the extension kept; `attachment` when nothing is left;
 - a name is numbered (`report-2.pdf`) when another file of the message has it, or when the
   vault holds another file under it (a reply in the thread sent one by that name before);
+  past two numbered names taken, it is named by its bytes (`report-<sha>.pdf`, `candidates`):
+  a few reads a file, however many of that name the thread holds;
 - exactly once: a file already at a path with the same bytes (its git blob sha) is the file,
   so a message sent again, or delivered again after a failure half-way, commits nothing twice;
 - the sizes are checked at SMTP time (bot.email.server): here every part fits.
@@ -56,6 +58,24 @@ def numbered(name: str, n: int) -> str:
     return f"{stem}-{n}.{ext}" if dot and stem else f"{name}-{n}"
 
 
+def with_sha(name: str, sha: str) -> str:
+    """`name` with `sha` (its bytes' blob sha, or its start) before its extension."""
+    stem, dot, ext = name.rpartition(".")
+    return f"{stem}-{sha}.{ext}" if dot and stem else f"{name}-{sha}"
+
+
+def candidates(base: str, sha: str, used: set[str]) -> list[str]:
+    """The names a part named `base` (made safe) with blob `sha` is looked for under, in
+    order, the message's names already `used` (lower case) left out: two numbered names,
+    then its bytes' (`report-<12 of its sha>.pdf`, then the whole sha). A fixed few, so a
+    folder a thread's senders filled with one name costs each part at most four reads
+    (numbered on until a free one, each part read the folder's every file of that name)."""
+    numbers = (numbered(base, n) for n in range(1, MAX_ATTACHMENTS + 3))
+    first = [name for name in numbers if name.lower() not in used][:2]
+    return first + [name for name in (with_sha(base, sha[:12]), with_sha(base, sha))
+                    if name.lower() not in used]
+
+
 def _type(content_type: str) -> str:
     cleaned = re.sub(r"[^\w.+\-/]", "", content_type.lower())[:100]
     return cleaned if "/" in cleaned else "application/octet-stream"
@@ -72,14 +92,8 @@ async def commit(forge: Forge, vault: str, mail_id: str, parts: Sequence[Part], 
     used: set[str] = set()
     out: list[Attached] = []
     for part in parts:
-        base = safe_name(part.filename)
         sha = blob_sha(part.data)
-        n = 0
-        while True:
-            n += 1
-            name = numbered(base, n)
-            if name.lower() in used:
-                continue
+        for name in candidates(safe_name(part.filename), sha, used):
             path = f"{folder(mail_id)}/{name}"
             info = await forge.file_info(vault, path)
             if info is None:
@@ -89,6 +103,8 @@ async def commit(forge: Forge, vault: str, mail_id: str, parts: Sequence[Part], 
                 break
             if info.get("sha") == sha:  # there already: this message's, sent before
                 break
+        else:  # (four names of other bytes, the last its whole sha: a SHA-1 collision)
+            raise ValueError(f"no free name for {name} in {folder(mail_id)}")
         used.add(name.lower())
         out.append(Attached(name=name, path=path, size=len(part.data),
                             content_type=_type(part.content_type), sha=sha,
