@@ -168,3 +168,26 @@ def test_the_rate_counts_per_sender_and_agent_within_a_minute() -> None:
                                                                        "b@x.example")
     now[0] = 60.5
     assert rate.admit("acme", "scout", "a@x.example")
+
+
+async def test_a_message_to_an_agent_that_refuses_it_and_one_that_takes_it_loses_neither(
+        mailroom: Mailroom) -> None:
+    """eve, outside the office, writes to scout (anyone) and critic (the office only) in one
+    message. The answer to DATA is every recipient's (RFC 5321): it was 250, so eve's server
+    took critic's copy as delivered, and critic's refusal was said only in the 250's text,
+    which no mail server reads (found by review). critic now waits for a message of its own
+    (452 at RCPT, which a server tries again alone), and there it is refused 550 with why."""
+    Sender("other.example", mailroom.dns).publish()
+    both = wire(message("eve@other.example", f"scout@{DOMAIN}", "Hi", "both of you",
+                        Cc=f"critic@{DOMAIN}"))
+    answer = await send(mailroom.port, both, rcpts=[f"scout@{DOMAIN}", f"critic@{DOMAIN}"],
+                        mail_from="eve@other.example")
+    assert answer.code == 250 and "refused" not in answer.text, answer
+    assert set(answer.refused) == {f"critic@{DOMAIN}"}, answer
+    code, said = answer.refused[f"critic@{DOMAIN}"]
+    assert code == 452 and b"4.5.3" in said and b"of its own" in said, said
+    alone = await send(mailroom.port, both, rcpts=[f"critic@{DOMAIN}"],
+                       mail_from="eve@other.example")
+    assert alone.code == 550 and "critic takes email from the office only" in alone.text
+    store = mailroom.embedded.services.store
+    assert [m.to_principal for m in await mails.all_mails(store)] == ["agent:scout"]

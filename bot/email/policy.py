@@ -53,6 +53,18 @@ def accepts(office: Office, policy: EmailPolicy, sender: str) -> bool:
     return False
 
 
+def refusing(office: Office, agent: Agent) -> tuple[str, str] | None:
+    """What decides whether the agent's policy refuses a message (`decide`): its office and
+    `accept`, for a policy that refuses anyone; None for one that refuses no one. Recipients
+    of one message share it (bot.email.server): the answer to DATA is all of theirs."""
+    policy = policy_of(office, agent)
+    if policy.accept == "anyone" or policy.otherwise != "refuse":
+        return None
+    accept = policy.accept if isinstance(policy.accept, str) else "\n".join(
+        sorted(policy.accept))
+    return office.org.lower(), accept
+
+
 def decide(office: Office, agent: Agent, message: Inbound, verdicts: Verdicts) -> Decision:
     if message.automatic:
         return Decision("quiet", f"sent by an automaton ({message.automatic}): delivered "

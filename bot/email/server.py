@@ -4,6 +4,7 @@
 |---|---|
 | RCPT to an unknown address, or one of an agent that has left | `550 5.1.1` naming it, alike |
 | RCPT to a domain an office names but has not proven in DNS | `550 5.7.1` naming the record |
+| RCPT to an agent refusing on other terms than the first recipient's | `452 4.5.3`: alone |
 | a message (SIZE or DATA) over the limit | `552 5.3.4` naming the limit |
 | an attachment over its limit, or more attachments than it may carry | `552 5.3.4` naming it |
 | no From address the app takes, or two of a header allowed once | `550 5.6.0` saying so |
@@ -24,6 +25,7 @@ import logging
 import socket
 import ssl
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -36,7 +38,7 @@ from bot.email.attachments import MAX_ATTACHMENTS, safe_name
 from bot.email.auth import DnsError, Resolver, Verdicts, authenticate, organisational
 from bot.email.intake import EmailIntake
 from bot.email.message import BadMessage, Inbound, parse_dsn, parse_inbound
-from bot.email.policy import SharedSenderRate
+from bot.email.policy import SharedSenderRate, refusing
 from bot.mail.mailer import Undeliverable
 
 log = logging.getLogger("vaultmail.email")
@@ -171,6 +173,9 @@ class SmtpHandler:
         # lookups are paid for before they are made (AUTH_TIMES)
         self.lookups = PerAddress(rate.per_minute * AUTH_TIMES)
         self.attachment_max_bytes = attachment_max_bytes
+        # each transaction's recipients' policy terms (`refusing`), as its first set them
+        self._terms: weakref.WeakKeyDictionary[Envelope, tuple[str, str] | None] = \
+            weakref.WeakKeyDictionary()
         self._pool = ThreadPoolExecutor(STRANGER_THREADS, thread_name_prefix="vaultmail-smtp")
 
     async def _beside(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -225,6 +230,15 @@ class SmtpHandler:
             return f"550 5.7.1 <{address[:200]}>: {unproven}"
         if box is None:
             return f"550 5.1.1 <{address[:200]}>: no such mailbox here"
+        # The answer to DATA is every recipient's (RFC 5321): a message one recipient's
+        # policy refuses and another's takes was answered 250 and the refusal lost in its
+        # text. A recipient whose policy may refuse on other terms than the first's waits
+        # for a message of its own (452: the sender's server sends it again alone).
+        terms = refusing(box.office, box.agent)
+        if envelope.rcpt_tos and self._terms.get(envelope, terms) != terms:
+            return (f"452 4.5.3 <{address[:200]}> takes email on terms of its own: send it "
+                    "in a message of its own")
+        self._terms.setdefault(envelope, terms)
         envelope.rcpt_tos.append(address)
         return "250 2.1.5 OK"
 
