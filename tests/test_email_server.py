@@ -262,3 +262,28 @@ async def test_a_message_over_starttls_is_delivered_and_plain_stays_possible(
         await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"], tls=untrusting)
     await mailroom.embedded.settle()
     assert len(await mails.all_mails(mailroom.embedded.services.store)) == 1
+
+
+def _guesses(port: int, names: list[str], source: str = "127.0.0.1") -> list[int]:
+    """RCPT for each of `names` at the office's domain in one session: each answer's code."""
+    with smtplib.SMTP("127.0.0.1", port, timeout=60, source_address=(source, 0)) as client:
+        client.ehlo("client.example.org")
+        client.mail("eve@evil.example")
+        return [client.rcpt(f"{name}@{DOMAIN}")[0] for name in names]
+
+
+async def test_one_address_guessing_mailbox_names_is_told_to_try_later(
+        mailroom: Mailroom) -> None:
+    """Acted out: one session answered 2,000 RCPTs for names the office does not have in
+    under 7 s, each looked up in the office's configs and the index (who has left), and
+    each answer said whether the name was an agent's; no limit came (found by review). The
+    refusals one connecting address has a minute are now as many as the messages it may
+    have authenticated (five times the sender rate): past them every RCPT from it is 450
+    4.7.1, try again later, before any lookup, a real name's too (it says nothing). Another
+    address is answered as before."""
+    limit = 5 * 5  # the mailroom's sender rate, five times
+    codes = await asyncio.to_thread(_guesses, mailroom.port,
+                                    [f"guess{i}" for i in range(limit + 10)] + ["scout"])
+    assert codes == [550] * limit + [450] * 11, codes
+    other = await asyncio.to_thread(_guesses, mailroom.port, ["guess", "scout"], "127.0.0.2")
+    assert other == [550, 250], other

@@ -101,6 +101,10 @@ class PerAddress:
         self._counts: cachetools.TTLCache[str, int] = cachetools.TTLCache(size, window,
                                                                           timer=timer)
 
+    def spent(self, address: str) -> bool:
+        """Whether `address` has no request left now (nothing counted)."""
+        return self._counts.get(address, 0) >= self.limit
+
     def admit(self, address: str) -> bool:
         count = self._counts.get(address, 0)
         if count >= self.limit:
