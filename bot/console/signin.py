@@ -3,9 +3,9 @@
 With the forge account: GitHub's OAuth web flow (`bot.console.oauth`), the `state` kept in an
 HTTP-only cookie until the forge sends the browser back. With an API token, on the embedded
 default only (`Settings.token_sign_in`). Either way the person is found in the office config by
-their forge login or token, and gets a session cookie (HTTP-only, SameSite=Lax, Secure over
-https). The sign-in form has its own CSRF token (cookie and field must match), so no page
-elsewhere can sign a browser in as someone else.
+their forge login or token, and gets a session cookie (HTTP-only, SameSite=Lax; over https
+Secure and `__Host-`: `visitor.set_cookie`). The sign-in form has its own CSRF token (cookie
+and field must match), so no page elsewhere can sign a browser in as someone else.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from bot.console.visitor import (
     TOKEN_LOGIN,
     NotSignedIn,
     check_csrf,
+    clear_cookie,
+    get_cookie,
     local_next,
     person_of,
     pre_session_token,
@@ -128,8 +130,8 @@ async def _start_session(request: web.Request, services: Services, principal: st
     value, _ = await sessions.create(services.store, principal, org, login, via)
     response = web.HTTPSeeOther(local_next(nxt))
     set_cookie(response, request, COOKIE, value, int(sessions.LIFETIME))
-    response.del_cookie(PRE_COOKIE, path=CONSOLE)
-    response.del_cookie(STATE_COOKIE, path=CONSOLE)
+    clear_cookie(response, request, PRE_COOKIE)
+    clear_cookie(response, request, STATE_COOKIE)
     return response
 
 
@@ -140,7 +142,7 @@ async def token_sign_in(request: web.Request) -> web.StreamResponse:
         return _sign_in_page(request, message="Sign-in with an API token is for the embedded "
                              "default only: sign in with your forge account", error=True,
                              status=403)
-    expected = request.cookies.get(PRE_COOKIE, "")
+    expected = get_cookie(request, PRE_COOKIE) or ""
     if not expected or not hmac.compare_digest(form.get("csrf", "").encode(), expected.encode()):
         return _sign_in_page(request, message="This sign-in form is stale (its CSRF token does "
                              "not match): send it again", error=True, status=403)
@@ -228,7 +230,7 @@ OAUTH_ERRORS = frozenset({"invalid_request", "unauthorized_client", "access_deni
 async def forge_callback(request: web.Request) -> web.StreamResponse:
     services = request.app[SERVICES_KEY]
     q = request.query
-    kept = request.cookies.get(STATE_COOKIE, "")
+    kept = get_cookie(request, STATE_COOKIE) or ""
     state, _, rest = kept.partition(":")
     verifier, _, rest = rest.partition(":")
     chosen, _, nxt = rest.partition(":")
@@ -287,5 +289,5 @@ async def sign_out(request: web.Request) -> web.StreamResponse:
     if v.session is not None:
         await sessions.end(services.store, v.session)
     response = web.HTTPSeeOther(f"{CONSOLE}/sign-in?out=1")
-    response.del_cookie(COOKIE, path=CONSOLE)
+    clear_cookie(response, request, COOKIE)
     raise response

@@ -72,7 +72,7 @@ async def visitor(request: web.Request) -> Visitor:
         call = await make_call(services, owner.principal, bearer_key(header), owner.org)
         return Visitor(call, person_of(call), None,
                        TOKEN_LOGIN + api_tokens.token_hash(bearer_key(header) or ""))
-    value = request.cookies.get(COOKIE)
+    value = get_cookie(request, COOKIE)
     session = await sessions.get(services.store, value) if value else None
     if session is None:
         raise NotSignedIn()
@@ -147,7 +147,7 @@ def looking_itself(request: web.Request, visitor: Visitor) -> bool:
 
 def pre_session_token(request: web.Request) -> str:
     """The sign-in page's own token (a cookie and a field must match: no login CSRF)."""
-    return request.cookies.get(PRE_COOKIE) or secrets.token_urlsafe(24)
+    return get_cookie(request, PRE_COOKIE) or secrets.token_urlsafe(24)
 
 
 def public_base(request: web.Request) -> str:
@@ -166,10 +166,38 @@ def secure(request: web.Request) -> bool:
     return public_base(request).startswith("https://") or request.secure
 
 
+# Over https each of the console's cookies is `__Host-` (Secure, Path=/, no Domain: RFC
+# 6265bis §4.1.3.2), which a browser takes from this origin over https only: a page of a
+# sibling subdomain (`Domain=`) or a man in the middle of a plain-http request to the host
+# cannot plant one (their own session, or the sign-in form's token), as it could a plain
+# name. Over http (the embedded default on loopback) there is no Secure, so no prefix: the
+# plain name, on /console.
+HOST_PREFIX = "__Host-"
+
+
+def cookie_name(request: web.Request, name: str) -> str:
+    """What the cookie `name` is called for this request (`__Host-` over https)."""
+    return HOST_PREFIX + name if secure(request) else name
+
+
+def get_cookie(request: web.Request, name: str) -> str | None:
+    """The cookie `name` as this app sets it: over https only its `__Host-` one."""
+    return request.cookies.get(cookie_name(request, name))
+
+
 def set_cookie(response: web.StreamResponse, request: web.Request, name: str, value: str,
                max_age: int) -> None:
-    response.set_cookie(name, value, max_age=max_age, path=CONSOLE, httponly=True,
-                        samesite="Lax", secure=secure(request))
+    tls = secure(request)
+    response.set_cookie(cookie_name(request, name), value, max_age=max_age,
+                        path="/" if tls else CONSOLE, httponly=True, samesite="Lax", secure=tls)
+
+
+def clear_cookie(response: web.StreamResponse, request: web.Request, name: str) -> None:
+    """End the cookie `name` (with its own attributes: a browser keeps a `__Host-` one that a
+    deletion without Secure and Path=/ names)."""
+    tls = secure(request)
+    response.del_cookie(cookie_name(request, name), path="/" if tls else CONSOLE,
+                        secure=tls, httponly=True, samesite="Lax")
 
 
 def sign_in_redirect(request: web.Request) -> web.HTTPSeeOther:

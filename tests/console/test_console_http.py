@@ -351,8 +351,74 @@ async def test_over_https_the_session_cookie_is_secure(embedded: Embedded) -> No
                 "csrf": _field(page, "csrf"), "token": embedded.api_tokens[MARCO]},
                 headers={"Cookie": pre.split(";")[0]}, allow_redirects=False) as resp:
             [cookie] = [c for c in resp.headers.getall("Set-Cookie")
-                        if c.startswith("vaultmail_session=")]
+                        if c.startswith("__Host-vaultmail_session=")]
     assert "Secure" in cookie and "HttpOnly" in cookie
+
+
+def _cookie(headers: list[str], name: str) -> str:
+    found = [c for c in headers if c.startswith(name + "=")]
+    assert len(found) == 1, (name, headers)
+    return found[0]
+
+
+async def test_over_https_no_other_site_can_plant_the_consoles_cookies(
+        embedded: Embedded) -> None:
+    """Over https the session, the sign-in form's token and the OAuth state are `__Host-`
+    cookies (Secure, Path=/, no Domain), which a browser takes from this origin over https
+    only (RFC 6265bis §4.1.3.2). Before, they were plain names: a page of a sibling subdomain
+    (`Set-Cookie: vaultmail_session=...; Domain=acme.com`) or a man in the middle of any
+    plain-http request to the host could plant the attacker's own session in a person's
+    browser (they then write to the attacker's inbox) or the sign-in form's token, and the
+    app took it. A cookie by the plain name is no session there."""
+    services, forge = embedded.services, embedded.forge
+    public = "https://vault.acme.com"
+    services.settings = dataclasses.replace(services.settings, public_url=public)
+    (app_id,) = forge.state.apps
+    forge.set_callback_urls(int(app_id), [public + "/console/oauth/callback"])
+    forge.state.web.authorizations.setdefault("marco", []).append(int(app_id))
+    async with aiohttp.ClientSession() as http:  # (it speaks http to the app: no jar)
+        async with http.get(embedded.app_url + "/console/sign-in") as resp:
+            page = await resp.text()
+            pre = _cookie(resp.headers.getall("Set-Cookie"), "__Host-vaultmail_signin")
+        async with http.post(embedded.app_url + "/console/sign-in/token", data={
+                "csrf": _field(page, "csrf"), "token": embedded.api_tokens[MARCO]},
+                headers={"Cookie": pre.split(";")[0]}, allow_redirects=False) as resp:
+            assert resp.status == 303, await resp.text()
+            made = _cookie(resp.headers.getall("Set-Cookie"), "__Host-vaultmail_session")
+        for cookie in (pre, made):
+            attributes = [a.strip().lower() for a in cookie.split(";")[1:]]
+            assert "secure" in attributes and "path=/" in attributes, cookie
+            assert not any(a.startswith("domain") for a in attributes), cookie
+        value = made.split(";")[0].partition("=")[2]
+        async with http.get(embedded.app_url + "/console/inbox", allow_redirects=False,
+                            headers={"Cookie": f"vaultmail_session={value}"}) as resp:
+            assert resp.status == 303, "a cookie anyone may have planted is no session"
+        async with http.get(embedded.app_url + "/console/inbox", allow_redirects=False,
+                            headers={"Cookie": f"__Host-vaultmail_session={value}"}) as resp:
+            page = await resp.text()
+            assert resp.status == 200, page[:300]
+        async with http.post(embedded.app_url + "/console/sign-out", allow_redirects=False,
+                             data={"csrf": _field(page, "csrf")},
+                             headers={"Cookie": f"__Host-vaultmail_session={value}"}) as resp:
+            assert resp.status == 303
+            gone = _cookie(resp.headers.getall("Set-Cookie"), "__Host-vaultmail_session")
+        # (a browser drops a `__Host-` deletion without Secure and Path=/, keeping the cookie)
+        assert "Max-Age=0" in gone and "Secure" in gone and "Path=/;" in gone + ";", gone
+
+        # the forge's OAuth web flow: its state cookie likewise, and its session
+        async with http.get(embedded.app_url + "/console/sign-in/forge",
+                            allow_redirects=False) as resp:
+            authorize = resp.headers["Location"]
+            state = _cookie(resp.headers.getall("Set-Cookie"), "__Host-vaultmail_oauth")
+        assert "Secure" in state and "Path=/;" in state + ";", state
+        async with http.get(authorize, allow_redirects=False, headers={
+                "Authorization": f"token {embedded.forge_tokens['marco']}"}) as resp:
+            back = URL(resp.headers["Location"])
+        assert str(back).startswith(public + "/console/oauth/callback?"), back
+        async with http.get(embedded.app_url + back.path_qs, allow_redirects=False,
+                            headers={"Cookie": state.split(";")[0]}) as resp:
+            assert resp.status == 303, await resp.text()
+            _cookie(resp.headers.getall("Set-Cookie"), "__Host-vaultmail_session")
 
 
 async def test_behind_a_tls_proxy_the_session_cookie_is_secure(embedded: Embedded) -> None:
@@ -373,7 +439,7 @@ async def test_behind_a_tls_proxy_the_session_cookie_is_secure(embedded: Embedde
                     headers={**tls, "Cookie": pre.split(";")[0]},
                     allow_redirects=False) as resp:
                 [session] = [c for c in resp.headers.getall("Set-Cookie")
-                             if c.startswith("vaultmail_session=")]
+                             if c.partition("=")[0].endswith("vaultmail_session")]
         return [pre, session]
 
     assert not any("Secure" in c for c in await cookies()), "a client's own word"
