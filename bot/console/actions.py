@@ -13,7 +13,7 @@ from aiohttp import web
 from bot.console import sessions
 from bot.console.frame import action, done, tool
 from bot.console.visitor import CONSOLE, Visitor
-from bot.errors import InvalidArguments
+from bot.errors import InvalidArguments, NotFoundError
 
 INBOX = f"{CONSOLE}/inbox"
 
@@ -56,9 +56,15 @@ async def answer(request: web.Request, v: Visitor, form: dict[str, str]) -> web.
 
 @action(_inbox)
 async def defer(request: web.Request, v: Visitor, form: dict[str, str]) -> web.StreamResponse:
-    """Set a card aside: it goes to the end of the stack and comes back after the others."""
-    await sessions.defer(v.services.store, v.principal, _required(form, "thread"),
-                         org=v.call.office.org)
+    """Set a card aside: it goes to the end of the stack and comes back after the others.
+    Only a card of the person's stack: any other text a form names would be a row of the
+    index kept for nothing (as many, and as long, as requests carry)."""
+    thread = _required(form, "thread")
+    look = await tool(v, "list_inbox", markRead=False)
+    if thread not in {c["thread"] for c in look["you"]["yourTurn"]}:
+        raise NotFoundError(f"no card {thread[:80]!r} waits on you to set aside: reload the "
+                            "Inbox")
+    await sessions.defer(v.services.store, v.principal, thread, org=v.call.office.org)
     return await done(v, INBOX, "Deferred: it comes back at the end of your stack")
 
 

@@ -873,3 +873,32 @@ async def test_console_sign_in_takes_no_answer_from_where_a_redirect_points(
         with contextlib.suppress(SignInFailed):
             login = await sign_in(settings, "code", "http://x/cb", "verifier")
     assert seen == [], f"asked elsewhere: {seen}; signed in as {login!r}"
+
+
+async def test_only_a_card_waiting_on_the_person_is_set_aside(
+        embedded: Embedded, session: aiohttp.ClientSession, person: Any) -> None:
+    """Defer kept whatever `thread` a form named, unchecked, as a row of the index: any text
+    up to a request's size (1 MiB), a row per distinct one, without end (only the person's
+    next look at the Inbox page dropped them). One person of any office on the deployment
+    could so fill the index every office shares. Now only a card of the person's own stack
+    (a question waiting on them) is set aside; anything else is 404 and keeps nothing."""
+    from bot.console import sessions
+
+    store = embedded.services.store
+    outcome = await make_item(embedded, person("marco"), "outcome", "Auth",
+                              assignees=["scout-bot"])
+    asked = await ToolClient(session, embedded, SCOUT)("add_comment", target=outcome,
+                                                       **TOKEN_TTL)
+    card = asked["comment"]["id"]
+    url = embedded.app_url + "/console/inbox/defer"
+    for thread, who in (("x" * 200_000, MARCO), ("no-such-thread", MARCO), (card, SARA)):
+        async with session.post(url, data={"thread": thread}, headers=bearer(embedded, who),
+                                allow_redirects=False) as resp:
+            assert resp.status == 404, (resp.status, (await resp.text())[:300])
+            assert "x" * 300 not in await resp.text()
+    for who in (MARCO, SARA):
+        assert await sessions.deferred(store, who, org="acme") == {}, "nothing kept"
+    async with session.post(url, data={"thread": card}, headers=bearer(embedded, MARCO),
+                            allow_redirects=False) as resp:
+        assert resp.status == 303, (await resp.text())[:300]
+    assert list(await sessions.deferred(store, MARCO, org="acme")) == [card]
