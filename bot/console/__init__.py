@@ -48,5 +48,7 @@ def add_console_routes(app: web.Application) -> None:
     r.add_get(f"{CONSOLE}/agents/{{slug}}", pages.desk_page)
     r.add_post(f"{CONSOLE}/agents/{{slug}}/chat", actions.chat)
     r.add_get(f"{CONSOLE}/ledger", pages.ledger_page)
-    r.add_get(f"{CONSOLE}/events", live.events)
+    # no HEAD: the stream writes its events itself, and a HEAD answer has no body (written
+    # anyway, they would be the next response read on the connection)
+    r.add_get(f"{CONSOLE}/events", live.events, allow_head=False)
     r.add_static(f"{CONSOLE}/static", STATIC, append_version=False)

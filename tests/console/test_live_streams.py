@@ -179,6 +179,25 @@ async def test_a_refused_stream_says_when_to_try_again(embedded: Embedded) -> No
             assert int(resp.headers["Retry-After"]) == live.RETRY_AFTER
 
 
+async def test_a_head_request_opens_no_stream_and_leaves_its_connection_whole(
+        embedded: Embedded) -> None:
+    """HEAD /console/events (aiohttp answers a HEAD with the GET route's handler) opened a
+    live stream and wrote its events after the headers, though a HEAD response has no body,
+    on a connection that stays open for the client's next request: that request's answer
+    began with `retry: 3000` (acted out: "Bad status line"), and the stream went on writing
+    into the connection at every wake-up. A proxy that keeps its connections to the app for
+    everyone's requests hands those bytes to whoever's request comes next on it. HEAD is
+    refused now (405), and the connection carries the next request as it should."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http:
+        async with asyncio.timeout(WAIT):
+            async with http.head(embedded.app_url + "/console/events",
+                                 headers=bearer(embedded, MARCO)) as resp:
+                assert resp.status == 405 and resp.headers["Allow"] == "GET"
+            async with http.get(embedded.app_url + "/healthz") as resp:  # (the same connection)
+                assert resp.status == 200 and (await resp.json())["status"] == "ok"
+    assert embedded.runner.app[live.STREAMS].held("acme", MARCO) == 0
+
+
 def test_an_offices_people_together_hold_at_most_its_share_of_streams() -> None:
     """Each person's cap bounds one person; an office's config may name any number of
     people (each a forge login its admins control), so the office's streams together are
