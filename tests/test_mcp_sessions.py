@@ -81,6 +81,21 @@ async def test_one_token_cannot_use_up_the_sessions_of_everyone(
     assert status == 200 and sid is not None, body
 
 
+async def test_a_head_request_leaves_its_connection_whole(embedded: Embedded) -> None:
+    """HEAD /mcp with a token reached the SDK, whose 405 answer the bridge wrote body and all
+    (82 bytes of JSON-RPC error), though a HEAD answer has no body, on a connection kept open
+    for the client's next request: that request's answer began with `{"jsonrpc"` (aiohttp's
+    client: "Bad status line"). Behind a proxy that reuses its connections to the app for
+    everyone's requests, whoever's request came next on it got those bytes. The status and
+    headers are still the SDK's; the body is not written."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http:
+        async with http.head(embedded.app_url + "/mcp",
+                             headers=_auth(embedded.api_tokens[SCOUT])) as resp:
+            assert resp.status == 405
+        async with http.get(embedded.app_url + "/healthz") as resp:  # (the same connection)
+            assert resp.status == 200 and (await resp.json())["status"] == "ok"
+
+
 async def test_a_second_token_of_the_principal_shares_its_cap(
         embedded: Embedded, session: aiohttp.ClientSession) -> None:
     """More tokens for one principal buy no more sessions: they count in its office too."""

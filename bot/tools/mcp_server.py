@@ -900,7 +900,9 @@ async def mcp_endpoint(request: web.Request) -> web.StreamResponse:
                         made = value.decode("latin-1")
                 await response.prepare(request)
             elif message["type"] == "http.response.body" and response is not None:
-                if message.get("body"):
+                # (a HEAD answer has no body: written, it would be the next response read on
+                # the connection, which stays open)
+                if message.get("body") and request.method != "HEAD":
                     await response.write(message["body"])
                 if not message.get("more_body", False):
                     await response.write_eof()
