@@ -40,6 +40,7 @@ from bot.console.visitor import (
     visitor,
 )
 from bot.errors import Denied, ForgeUnavailable, VaultmailError, retry_headers
+from bot.names import is_name
 from bot.store import api_tokens
 from bot.tools.http import make_call
 
@@ -69,6 +70,14 @@ def _forge_link(nxt: str, login: str | None = None, org: str | None = None) -> s
             + (f"&org={quote(org, safe='')}" if org else ""))
 
 
+def _asked_login(request: web.Request) -> str:
+    """The forge login a sign-in link suggests (`?login=`, as `vaultmail up` prints), or ""
+    for anything that cannot be one: anyone's link may carry words, and none of them are
+    shown on this site or sent on to the forge's sign-in page."""
+    login = request.query.get("login", "")
+    return login if is_name(login) else ""
+
+
 def not_set_up(settings: Settings) -> str:
     """Why there is no sign-in with the forge, true of this forge: on GitHub the App's OAuth
     client is not set; on Gitea there is none to set (`oauth.enabled`), and people sign in
@@ -90,7 +99,7 @@ def _sign_in_page(request: web.Request, *, message: str | None = None, error: bo
     services = request.app[SERVICES_KEY]
     token = pre_session_token(request)
     nxt = local_next(nxt if nxt is not None else request.query.get("next"))
-    login = login if login is not None else request.query.get("login", "")
+    login = login if login is not None else _asked_login(request)
     response = page("sign_in.html", {
         "v": None, "current": "sign-in", "csrf": token, "next": nxt, "login": login,
         "forge": oauth.enabled(services.settings), "forge_link": _forge_link(nxt, login),
@@ -172,7 +181,7 @@ async def forge_start(request: web.Request) -> web.StreamResponse:
         return refused
     state, verifier = secrets.token_urlsafe(24), secrets.token_urlsafe(48)
     nxt = local_next(request.query.get("next"))
-    login = request.query.get("login") or None
+    login = _asked_login(request) or None
     # the office chosen (when a login is in several), kept with the state: only an office
     # that lists the login the forge signs in is ever used
     org = "".join(c for c in (request.query.get("org") or "") if c.isalnum() or c == "-")

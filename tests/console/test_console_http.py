@@ -902,3 +902,27 @@ async def test_only_a_card_waiting_on_the_person_is_set_aside(
                             allow_redirects=False) as resp:
         assert resp.status == 303, (await resp.text())[:300]
     assert list(await sessions.deferred(store, MARCO, org="acme")) == [card]
+
+
+async def test_a_sign_in_link_shows_no_words_but_a_forge_login(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """The sign-in page showed the `login` of its address in its button, whatever it was:
+    anyone's link to this site (`/console/sign-in?login=...`) put their words on the page,
+    "Sign in with the forge as <them>", and on to the forge's own sign-in as the login it
+    suggests. As for the forge's `error_description` (test_the_forge_callback_refuses_what_
+    it_did_not_start), only what can be a forge login is taken from a link; anything else is
+    left out, and the page works as without it."""
+    phish = "support. Your account is locked: call +1 555 0100 or visit evil.example"
+    status, body, _ = await get(session, embedded, "/console/sign-in?login="
+                                + phish.replace(" ", "+"))
+    assert status == 200 and "Sign in with the forge" in body
+    assert "evil.example" not in body and "555 0100" not in body, body
+    async with session.get(embedded.app_url + "/console/sign-in/forge?login="
+                           + phish.replace(" ", "+"), allow_redirects=False) as resp:
+        assert resp.status == 303
+        assert "evil.example" not in resp.headers["Location"], resp.headers["Location"]
+    status, body, _ = await get(session, embedded, "/console/sign-in?login=marco")
+    assert "Sign in with the forge as marco" in body, "a login, as `vaultmail up` prints"
+    async with session.get(embedded.app_url + "/console/sign-in/forge?login=marco",
+                           allow_redirects=False) as resp:
+        assert "login=marco" in resp.headers["Location"]
