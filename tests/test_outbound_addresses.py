@@ -134,19 +134,20 @@ def test_public_addresses_are_sent_to(address: str) -> None:
 def test_the_operator_allows_hosts_and_networks() -> None:
     policy = OutboundPolicy.parse("127.0.0.1/32, ::1 [fd00::1] hooks.internal.example,10.1.0.0/16")
     for allowed in ("127.0.0.1", "::1", "fd00::1", "::ffff:127.0.0.1", "10.1.200.3"):
-        assert policy.address_refusal(ip_address(allowed)) is None, allowed
+        assert policy.address_refusal(ip_address(allowed), office="acme") is None, allowed
     for refused in ("127.0.0.2", "10.2.0.1", "169.254.169.254"):
-        assert policy.address_refusal(ip_address(refused)) is not None, refused
-    assert policy.url_refusal("https://hooks.internal.example/x") is None
-    assert policy.url_refusal("http://HOOKS.internal.example./x") is None
-    assert policy.url_refusal("http://other.internal.example/x") is None  # checked once resolved
+        assert policy.address_refusal(ip_address(refused), office="acme") is not None, refused
+    assert policy.url_refusal("https://hooks.internal.example/x", "acme") is None
+    assert policy.url_refusal("http://HOOKS.internal.example./x", "acme") is None
+    # a name not allowed is checked once resolved
+    assert policy.url_refusal("http://other.internal.example/x", "acme") is None
     nothing = OutboundPolicy.parse(None)
     for url, why in [("http://127.0.0.1:8/", "loopback"), ("http://[::1]/", "loopback"),
                      ("http://127.1/", "loopback"), ("http://2130706433/", "loopback"),
                      ("http://0x7f.1/", "loopback"), ("http://localhost:9/", "loopback name"),
                      ("http://a.localhost/", "loopback name"), ("ftp://8.8.8.8/", "http and"),
                      ("http://[::ffff:a9fe:a9fe]/", "link-local")]:
-        found = nothing.url_refusal(url)
+        found = nothing.url_refusal(url, "acme")
         assert found is not None and why in found, (url, found)
         assert found.endswith("the operator may allow this host or network in "
                               "VAULTMAIL_OUTBOUND_ALLOW") or why == "http and", found
@@ -169,15 +170,16 @@ async def test_nothing_reaches_an_internal_address_unless_the_operator_allows_it
     strict = OutboundPolicy.parse("", resolver=lambda: names)
     for url in internal:
         with pytest.raises(OutboundRefused) as caught:
-            await post_signed(keyring, url, {"n": 1}, outbound=strict, timeout=5)
+            await post_signed(keyring, url, {"n": 1}, outbound=strict, office="acme", timeout=5)
         assert caught.value.url == url and "VAULTMAIL_OUTBOUND_ALLOW" in str(caught.value)
     assert receiver.got == [], "nothing was sent"
     assert names.asked == ["hooks.acme.example"], "only the name was looked up"
 
     allowing = OutboundPolicy.parse("127.0.0.1/32 hooks.acme.example", resolver=lambda: names)
-    await post_signed(keyring, f"http://127.0.0.1:{port}/hook", {"n": 2}, outbound=allowing)
+    await post_signed(keyring, f"http://127.0.0.1:{port}/hook", {"n": 2}, outbound=allowing,
+                      office="acme")
     await post_signed(keyring, f"http://hooks.acme.example:{port}/named", {"n": 3},
-                      outbound=allowing)
+                      outbound=allowing, office="acme")
     assert receiver.paths() == ["/hook", "/named"]
     # the connection went to the address checked, with the name kept for the receiver
     assert receiver.got[1][1]["Host"] == f"hooks.acme.example:{port}"
@@ -190,7 +192,7 @@ async def test_a_name_resolving_inside_is_refused_once_resolved(receiver: Receiv
     url = f"http://hooks.acme.example:{receiver.port}/hook"
     with pytest.raises(OutboundRefused) as caught:
         await post_signed(Keyring.in_data_dir(tmp_path), url, {},
-                          outbound=OutboundPolicy.parse("", resolver=lambda: names))
+                          outbound=OutboundPolicy.parse("", resolver=lambda: names), office="acme")
     assert str(caught.value) == (
         f"{url}: hooks.acme.example resolves to 127.0.0.1, a loopback address: the app sends "
         "only to public addresses; the operator may allow this host or network in "
@@ -208,7 +210,7 @@ async def test_a_metadata_address_in_192_0_0_0_24_is_never_connected_to(
                 "http://[64:ff9b::c000:c0]/", "http://metadata.acme.example/opc/v2/"]:
         with pytest.raises(OutboundRefused) as caught:
             await post_signed(Keyring.in_data_dir(tmp_path), url, {}, outbound=strict,
-                              timeout=5)
+                              office="acme", timeout=5)
         assert "an IETF protocol address" in caught.value.reason, (url, caught.value)
     assert names.asked == ["metadata.acme.example"]
 
@@ -238,15 +240,17 @@ async def test_a_host_that_is_neither_an_address_nor_a_name_is_never_looked_up(
     url = f"http://{host}:{receiver.port}/hook"
     strict = OutboundPolicy.parse("", resolver=lambda: names)
     try:
-        await post_signed(Keyring.in_data_dir(tmp_path), url, {}, outbound=strict, timeout=5)
+        await post_signed(Keyring.in_data_dir(tmp_path), url, {}, outbound=strict,
+                          office="acme", timeout=5)
     except OutboundRefused:
         pass
     except aiohttp.ClientError:  # (a lookup the system answered otherwise: still a failure)
         pass
     assert (receiver.paths(), asked_the_system, names.asked) == ([], [], [])
-    assert strict.url_refusal(url) is not None, url
+    assert strict.url_refusal(url, "acme") is not None, url
     with pytest.raises(OutboundRefused, match="neither an address nor a host name"):
-        await post_signed(Keyring.in_data_dir(tmp_path), url, {}, outbound=strict, timeout=5)
+        await post_signed(Keyring.in_data_dir(tmp_path), url, {}, outbound=strict,
+                          office="acme", timeout=5)
 
 
 async def test_a_redirect_is_not_followed(receiver: Receiver, tmp_path: Path) -> None:
@@ -254,7 +258,8 @@ async def test_a_redirect_is_not_followed(receiver: Receiver, tmp_path: Path) ->
     allowing = OutboundPolicy.parse("127.0.0.1")
     with pytest.raises(RuntimeError, match="answered 307 .redirects are not followed"):
         await post_signed(Keyring.in_data_dir(tmp_path),
-                          f"http://127.0.0.1:{receiver.port}/moved", {}, outbound=allowing)
+                          f"http://127.0.0.1:{receiver.port}/moved", {}, outbound=allowing,
+                          office="acme")
     assert receiver.paths() == ["/moved"], "the redirect's target got nothing"
 
 
@@ -387,3 +392,123 @@ async def test_a_run_whose_dispatch_fails_every_try_is_ledgered_failed(
         assert run["state"] == "failed"
     finally:
         await emb.stop()
+
+
+GLOBEX: dict[str, Any] = {
+    "org": "globex",
+    "humans": [{"email": "hank@globex.com", "login": "hank", "permissions": ["mail.send"]}],
+    "agents": [{"slug": "scout", "login": "globex-scout", "person": "hank@globex.com",
+                "run": {"triggers": ["mail"], "dispatch": "none"}}],
+}
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "runner.acme.example"],
+                         ids=["address", "host name"])
+async def test_a_receiver_allowed_for_one_office_is_not_reached_for_another(
+        tmp_path: Path, receiver: Receiver, database_url: str, host: str) -> None:
+    """The operator allows acme's internal runner (`acme=HOST`); globex, installed on the same
+    deployment, names the same receiver for its runs and webhooks. acme's requests reach it;
+    globex's are refused (an address at config load, a name once resolved) and the receiver
+    gets none of them, the refusal worded as any refusal is, naming no other office. Before,
+    an entry allowed its host to every org's config: another tenant could make the app send
+    to it, on any port and path, and read why it failed in its own ledger."""
+    from bot.office.config import parse_office
+    from bot.office.seed import seed_office
+    from bot.store import api_tokens
+
+    names = Names()
+    base = f"http://{host}:{receiver.port}"
+    emb = await start_embedded(data_dir=tmp_path / "d", port=0, forge_port=0,
+                               database_url=database_url,
+                               outbound=OutboundPolicy.parse(f"acme={host}",
+                                                             resolver=lambda: names))
+    try:
+        seed_office(emb.forge, parse_office(yaml.safe_dump(GLOBEX), "globex.yml",
+                                            repository=False))
+        (app_id,) = emb.forge.state.apps
+        emb.forge.install_app(int(app_id), "globex")
+        await emb.settle()
+        emb.forge.put_file("acme/.github", "vaultmail.yml",
+                           _office(f"{base}/acme/runs", [f"{base}/acme/hook"]), pusher="admin")
+        globex = {**GLOBEX, "webhooks": [f"{base}/globex/hook"]}
+        globex["agents"] = [{**GLOBEX["agents"][0],
+                             "run": {"triggers": ["mail"], "dispatch": f"{base}/globex/runs"}}]
+        emb.forge.put_file("globex/.github", "vaultmail.yml", yaml.safe_dump(globex),
+                           pusher="admin")
+        await emb.settle()
+        hank = await api_tokens.create_token(emb.services.store, "human:hank@globex.com",
+                                             "globex")
+        async with aiohttp.ClientSession() as session:
+            await ToolClient(session, emb, MARCO)("mail_send", to="scout", subject="Go",
+                                                   body="run")
+            async with session.post(emb.app_url + "/api/v1/tools/mail_send",
+                                    headers={"Authorization": f"Bearer {hank}"},
+                                    json={"to": "scout", "subject": "Go", "body": "run"}
+                                    ) as resp:
+                assert resp.status == 200, await resp.text()
+        await emb.settle()
+
+        async def globex_refused() -> list[str]:
+            entries = await ledger.entries(emb.services.store, org="globex")
+            return [error for e in entries if e.event == "office.config_refused"
+                    for error in e.data["errors"]] + [
+                e.data["error"] for e in entries if e.event == "run.finished"]
+
+        async def acme_reached_and_globex_refused() -> bool:
+            reached = {"/acme/runs", "/acme/hook"} <= set(receiver.paths())
+            # a literal address is refused with the config; a name once resolved, for the
+            # run and for the webhook each
+            return reached and len(await globex_refused()) >= (1 if host[0].isdigit() else 2)
+
+        await until(acme_reached_and_globex_refused, timeout=30)
+        why = ("a loopback address: the app sends only to public addresses; the operator may "
+               "allow this host or network in VAULTMAIL_OUTBOUND_ALLOW")
+        for error in await globex_refused():
+            assert f"{base}/globex/" in error and why in error, error
+            assert "acme" not in error.replace(".acme.example", ""), error
+        assert not [p for p in receiver.paths() if p.startswith("/globex")], receiver.paths()
+        if host[0].isdigit():  # its config was refused: the one before (dispatch: none) holds
+            [refused] = [e for e in await ledger.entries(emb.services.store, org="globex")
+                         if e.event == "office.config_refused"]
+            assert "agents[0].run.dispatch" in refused.data["errors"][0], refused.data
+    finally:
+        await emb.stop()
+
+
+def test_an_entry_for_one_office_allows_nothing_to_another() -> None:
+    policy = OutboundPolicy.parse("Acme=10.0.0.5, acme=hooks.internal.example acme=[fd00::1],"
+                                  "192.168.7.0/24")
+    for office in ("acme", "ACME"):
+        for allowed in ("10.0.0.5", "fd00::1", "::ffff:10.0.0.5", "192.168.7.1"):
+            assert policy.address_refusal(ip_address(allowed), office=office) is None
+        assert policy.allows_host("Hooks.Internal.Example.", office=office)
+        assert policy.url_refusal("http://10.0.0.5:8080/runs", office) is None
+    assert policy.address_refusal(ip_address("192.168.7.1"), office="globex") is None
+    assert not policy.allows_host("hooks.internal.example", office="globex")
+    nothing = OutboundPolicy.parse("")
+    for url in ("http://10.0.0.5:8080/runs", "http://[fd00::1]/", "http://[::ffff:10.0.0.5]/"):
+        # refused to globex as if no office were allowed it: nothing says acme is
+        assert policy.url_refusal(url, "globex") == nothing.url_refusal(url, "globex"), url
+        assert policy.url_refusal(url, "globex") is not None, url
+    for wrong in ("bad!org=10.0.0.5", "=10.0.0.5", "acme=", "acme=bad!host", "a=b=10.0.0.5"):
+        with pytest.raises(ValueError, match="VAULTMAIL_OUTBOUND_ALLOW="):
+            OutboundPolicy.parse(f"acme=::1,{wrong}")
+
+
+async def test_office_check_applies_the_entries_for_the_org_the_file_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`vaultmail office check` refuses what the app would: an entry for acme lets acme's file
+    name the receiver, not globex's (nor acme's file checked as globex's, `--org globex`)."""
+    from tests.test_cli_tools import vaultmail
+
+    monkeypatch.setenv("VAULTMAIL_OUTBOUND_ALLOW", "acme=127.0.0.1")
+    acme, globex = tmp_path / "acme.yml", tmp_path / "globex.yml"
+    acme.write_text(_office("none", ["http://127.0.0.1:9/hook"]))
+    globex.write_text(yaml.safe_dump({**GLOBEX, "webhooks": ["http://127.0.0.1:9/hook"]}))
+    code, out, err = await vaultmail("office", "check", str(acme))
+    assert code == 0 and "valid" in out, (out, err)
+    for argv in ([str(globex)], [str(acme), "--org", "globex"]):
+        code, out, err = await vaultmail("office", "check", *argv)
+        assert code == 1, (argv, out, err)
+        assert "webhooks[0]: Value error, http://127.0.0.1:9/hook: 127.0.0.1 is a loopback " \
+               "address" in out, (argv, out)

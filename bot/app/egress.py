@@ -9,6 +9,12 @@ and the connection goes to the address checked (the name stays in Host and in TL
 name that answers otherwise the second time (DNS rebinding) gains nothing. Redirects are not
 followed, and no proxy from the environment is used (aiohttp's default), so the address
 checked is the one reached.
+
+An entry of VAULTMAIL_OUTBOUND_ALLOW may name the office it is for (`acme=10.0.0.5`): every
+check is asked for an office, the one on whose behalf the request goes (the org whose config
+names the URL), and another office's entry does not apply to it. Without that, an internal
+receiver the operator allowed for one org could be reached by every other org's config: its
+ports probed, the answers read back from the ledger.
 """
 
 from __future__ import annotations
@@ -30,7 +36,10 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
+from bot.names import is_name
+
 IPAddress = IPv4Address | IPv6Address
+Network = IPv4Network | IPv6Network
 ALLOW_SETTING = "VAULTMAIL_OUTBOUND_ALLOW"
 _NAT64 = ip_network("64:ff9b::/96")  # an IPv4 address reached through a NAT64 gateway
 _METADATA = "where cloud metadata services answer"
@@ -130,11 +139,12 @@ _HINT = (f"the app sends only to public addresses; the operator may allow this h
 @dataclass(frozen=True)
 class OutboundPolicy:
     """VAULTMAIL_OUTBOUND_ALLOW: the networks and host names the app may send to besides
-    public addresses (for a receiver on the app's own network). A host name allowed is
-    allowed whatever it resolves to: the operator trusts its DNS."""
+    public addresses (for a receiver on the app's own network), each for every office or for
+    one (`office`: its org, lower case; None for all). A host name allowed is allowed whatever
+    it resolves to: the operator trusts its DNS."""
 
-    networks: tuple[IPv4Network | IPv6Network, ...] = ()
-    hosts: frozenset[str] = frozenset()
+    networks: tuple[tuple[str | None, Network], ...] = ()
+    hosts: frozenset[tuple[str | None, str]] = frozenset()
     # how names are resolved: aiohttp's default resolver, or the one a test gives
     resolver: Callable[[], AbstractResolver] | None = field(default=None, compare=False)
 
@@ -142,45 +152,63 @@ class OutboundPolicy:
     def parse(cls, text: str | None, *,
               resolver: Callable[[], AbstractResolver] | None = None) -> OutboundPolicy:
         """Entries separated by commas or spaces: an address (127.0.0.1, ::1, [::1]), a
-        network (10.0.0.0/8) or a host name (hooks.internal.example). ValueError names the
+        network (10.0.0.0/8) or a host name (hooks.internal.example), each for every office,
+        or for one office when its org comes first (acme=10.0.0.5). ValueError names the
         entry that is none of these."""
-        networks: list[IPv4Network | IPv6Network] = []
-        hosts: set[str] = set()
+        networks: list[tuple[str | None, Network]] = []
+        hosts: set[tuple[str | None, str]] = set()
         for entry in (e for e in re.split(r"[\s,]+", text or "") if e):
+            org, eq, target = entry.rpartition("=")
+            office = org.lower() if eq else None
+            if eq and not is_name(org):
+                raise ValueError(
+                    f"{ALLOW_SETTING}={text!r}: {entry!r} should be org=host or org=network "
+                    f"(acme=10.0.0.5), the org as the forge spells it ({org!r} is no org)")
             try:
-                networks.append(ip_network(entry.strip("[]"), strict=False))
+                networks.append((office, ip_network(target.strip("[]"), strict=False)))
                 continue
             except ValueError:
                 pass
-            name = entry.lower().rstrip(".")
+            name = target.lower().rstrip(".")
             if (not _HOST_NAME.match(name) or literal_address(name) is not None
                     or name.rpartition(".")[2].isdigit()):
                 raise ValueError(
                     f"{ALLOW_SETTING}={text!r}: should be addresses (127.0.0.1, ::1), networks "
-                    f"(10.0.0.0/8) or host names (hooks.internal.example) separated by commas "
-                    f"({entry!r} is none of these)")
-            hosts.add(name)
+                    f"(10.0.0.0/8) or host names (hooks.internal.example), each for every "
+                    f"office or for one (acme=10.0.0.5), separated by commas ({entry!r} is "
+                    f"none of these)")
+            hosts.add((office, name))
         return cls(tuple(networks), frozenset(hosts), resolver)
 
-    def allows_host(self, host: str) -> bool:
-        return host.lower().rstrip(".") in self.hosts
+    @staticmethod
+    def _applies(scope: str | None, office: str) -> bool:
+        return scope is None or scope == office.lower()
 
-    def address_refusal(self, ip: IPAddress) -> str | None:
-        """Why `ip` may not be reached (`a private address`), or None."""
+    def allows_host(self, host: str, *, office: str) -> bool:
+        """Whether the operator allowed the name `host` for `office`."""
+        name = host.lower().rstrip(".")
+        return any(self._applies(scope, office) for scope, allowed in self.hosts
+                   if allowed == name)
+
+    def address_refusal(self, ip: IPAddress, *, office: str) -> str | None:
+        """Why `ip` may not be reached on `office`'s behalf (`a private address`), or None. The
+        reason is the same whether or not another office may reach it: an office is not told
+        what the others are allowed."""
         if isinstance(ip, IPv6Address) and ip.scope_id:
             ip = IPv6Address(ip.compressed.split("%")[0])
         forms: list[IPAddress] = [ip]
         if isinstance(ip, IPv6Address) and (inner := _embedded_ipv4(ip)) is not None:
             forms.append(inner)
         if any(form.version == net.version and form in net
-               for form in forms for net in self.networks):
+               for form in forms for scope, net in self.networks
+               if self._applies(scope, office)):
             return None
         return address_kind(ip)
 
-    def url_refusal(self, url: str) -> str | None:
-        """Why `url` may not be sent to, from the URL alone (its scheme, an address it names,
-        a `localhost` name), or None: at config load and again before each request; a name is
-        checked once resolved (`session`)."""
+    def url_refusal(self, url: str, office: str) -> str | None:
+        """Why `url` may not be sent to on `office`'s behalf, from the URL alone (its scheme,
+        an address it names, a `localhost` name), or None: at config load and again before
+        each request; a name is checked once resolved (`session`)."""
         try:
             parsed = URL(url)
         except (ValueError, TypeError):
@@ -190,11 +218,11 @@ class OutboundPolicy:
         host = parsed.raw_host
         if not host:
             return "the URL names no host"
-        if self.allows_host(host):
+        if self.allows_host(host, office=office):
             return None
         ip = literal_address(host)
         if ip is not None:
-            kind = self.address_refusal(ip)
+            kind = self.address_refusal(ip, office=office)
             return f"{host} is {kind}: {_HINT}" if kind else None
         name = host.lower().rstrip(".")
         # digits and dots that are no address (1.2.3.4.5, 127.0.0.1.) are no name either: an
@@ -207,15 +235,16 @@ class OutboundPolicy:
             return f"{host} is the app's own host (a loopback name): {_HINT}"
         return None
 
-    def session(self, url: str, *, timeout: float) -> aiohttp.ClientSession:
-        """A session for requests to `url` alone: OutboundRefused now if the URL names what
-        may not be reached, or at connect time if its name resolves to such an address."""
-        why = self.url_refusal(url)
+    def session(self, url: str, *, office: str, timeout: float) -> aiohttp.ClientSession:
+        """A session for requests to `url` alone on `office`'s behalf: OutboundRefused now if
+        the URL names what may not be reached, or at connect time if its name resolves to
+        such an address."""
+        why = self.url_refusal(url, office=office)
         if why is not None:
             raise OutboundRefused(url, why)
         inner = self.resolver() if self.resolver is not None else aiohttp.DefaultResolver()
-        connector = aiohttp.TCPConnector(resolver=_CheckedResolver(self, inner, url),
-                                         use_dns_cache=False)
+        connector = aiohttp.TCPConnector(
+            resolver=_CheckedResolver(self, inner, url, office), use_dns_cache=False)
         return aiohttp.ClientSession(connector=connector,
                                      timeout=aiohttp.ClientTimeout(total=timeout))
 
@@ -224,16 +253,17 @@ class _CheckedResolver(AbstractResolver):
     """Resolves a name once and refuses it if any address it gives may not be reached; the
     connector then connects to exactly these addresses."""
 
-    def __init__(self, policy: OutboundPolicy, inner: AbstractResolver, url: str) -> None:
-        self._policy, self._inner, self._url = policy, inner, url
+    def __init__(self, policy: OutboundPolicy, inner: AbstractResolver, url: str,
+                 office: str) -> None:
+        self._policy, self._inner, self._url, self._office = policy, inner, url, office
 
     async def resolve(self, host: str, port: int = 0,
                       family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
         found = await self._inner.resolve(host, port, family)
-        if self._policy.allows_host(host):
+        if self._policy.allows_host(host, office=self._office):
             return found
         for result in found:
-            kind = self._policy.address_refusal(ip_address(result["host"]))
+            kind = self._policy.address_refusal(ip_address(result["host"]), office=self._office)
             if kind is not None:
                 raise OutboundRefused(self._url,
                                       f"{host} resolves to {result['host']}, {kind}: {_HINT}")

@@ -84,7 +84,7 @@ class LedgerForwarder(Rounds):
                 await post_signed(self.services.keyring.signer_for(entry.org), url,
                                   entry.as_json(), event=entry.event,
                                   delivery=str(entry.number),
-                                  outbound=self.services.settings.outbound)
+                                  outbound=self.services.settings.outbound, office=org)
             except Exception as exc:
                 failures = (int(row["failures"]) if row else 0) + 1
                 delay = backoff(failures, MAX_BACKOFF)

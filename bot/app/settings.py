@@ -176,7 +176,7 @@ class Settings:
     agent_commands: AgentCommands = field(default_factory=lambda: commands_setting(
         os.environ.get("VAULTMAIL_AGENT_COMMANDS")))
     # VAULTMAIL_OUTBOUND_ALLOW: the hosts and networks dispatch URLs and office webhooks may
-    # reach besides public addresses (also read by `vaultmail up`)
+    # reach besides public addresses, each for one org or every org (also read by `up`)
     outbound: OutboundPolicy = field(default_factory=lambda: outbound_setting(
         os.environ.get("VAULTMAIL_OUTBOUND_ALLOW")))
     email: EmailSettings = field(default_factory=EmailSettings)
@@ -369,7 +369,8 @@ def commands_setting(path: str | Path | None) -> AgentCommands:
 
 
 def outbound_setting(text: str | None) -> OutboundPolicy:
-    """VAULTMAIL_OUTBOUND_ALLOW: addresses, networks and host names, separated by commas."""
+    """VAULTMAIL_OUTBOUND_ALLOW: addresses, networks and host names, each for every org or
+    for one (acme=10.0.0.5), separated by commas."""
     try:
         return OutboundPolicy.parse(text)
     except ValueError as exc:

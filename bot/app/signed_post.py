@@ -16,8 +16,8 @@ the raw body, joined by newlines. ``check_signed_post`` is the receiver's check 
 docs/using.md, *Checking a signature*, is the same in a few lines). The body-only form of
 before is not sent: a receiver still checking it would still take replays.
 
-Each POST goes only where the operator's outbound policy lets it (`bot.app.egress`): a URL from
-an org's config is someone else's input.
+Each POST goes only where the operator's outbound policy lets it for the office it is sent for
+(`bot.app.egress`): a URL from an org's config is someone else's input.
 """
 
 from __future__ import annotations
@@ -45,11 +45,12 @@ def signed_text(timestamp: str, url: str, event: str, delivery: str, body: bytes
 
 
 async def post_signed(keyring: Signer, url: str, payload: Mapping[str, Any], *,
-                      outbound: OutboundPolicy, event: str = "", delivery: str = "",
-                      timeout: float = 10.0) -> None:
-    """POST `payload` to `url`, signed for that URL, now, `event` and `delivery`; raises
-    OutboundRefused (nothing sent) when `outbound` does not let the request reach `url`'s
-    address, else on a network error or a status that is not 2xx. Each try is signed anew."""
+                      outbound: OutboundPolicy, office: str, event: str = "",
+                      delivery: str = "", timeout: float = 10.0) -> None:
+    """POST `payload` to `url` on `office`'s behalf, signed for that URL, now, `event` and
+    `delivery`; raises OutboundRefused (nothing sent) when `outbound` does not let `office`'s
+    request reach `url`'s address, else on a network error or a status that is not 2xx. Each
+    try is signed anew."""
     body = json.dumps(payload, sort_keys=True).encode()
     timestamp = str(int(time.time()))
     kid, sig = keyring.sign(signed_text(timestamp, url, event, delivery, body))
@@ -61,7 +62,7 @@ async def post_signed(keyring: Signer, url: str, payload: Mapping[str, Any], *,
     if delivery:
         headers["X-Vaultmail-Delivery"] = delivery
     # a redirect would lead the request past the address checked: it is answered as a failure
-    async with outbound.session(url, timeout=timeout) as session, \
+    async with outbound.session(url, office=office, timeout=timeout) as session, \
             session.post(url, data=body, headers=headers, allow_redirects=False) as resp:
         if resp.status >= 300:
             moved = " (redirects are not followed: give the final URL)" \

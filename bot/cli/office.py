@@ -429,8 +429,9 @@ async def cmd_office_check(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         return fail(args, ShellFailure("usage", f"VAULTMAIL_OUTBOUND_ALLOW: {exc}"))
     try:
+        # its URLs checked for the org named (--org), else for the org the file says
         office = parse_office(text, str(path), repository=not args.operator,
-                              url_refused=policy.url_refusal)
+                              url_refused=policy.url_refusal, office=args.org or None)
         if args.org:
             bound_to_org(office, args.org, str(path), text)
     except OfficeConfigError as exc:

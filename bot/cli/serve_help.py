@@ -52,7 +52,8 @@ GROUPS: list[tuple[str, list[tuple[str, str]]]] = [
         ("agent_commands", "a YAML file: the program each org's `dispatch: command` agent "
                            "runs here"),
         ("outbound_allow", "hosts and networks dispatch URLs and office webhooks may reach "
-                           "besides public addresses, comma-separated"),
+                           "besides public addresses, comma-separated, each for one org "
+                           "(acme=10.0.0.5) or every org"),
         ("allowed_origins", "origins a browser page may call /mcp from, comma-separated"),
         ("trusted_proxies", "proxies (an ingress) whose X-Forwarded-For names the client "
                             "(and -Proto, -Host the address reached, without a public URL), "

@@ -111,8 +111,8 @@ _NO_COMMANDS = (
 
 # What parsing a config from an org's repository is given (pydantic's validation context):
 # `repository` (no commands) and `url_refused` (the operator's outbound policy: why a URL may
-# not be sent to, or None).
-UrlCheck = Callable[[str], str | None]
+# not be sent to on the office's behalf, or None).
+UrlCheck = Callable[[str, str], str | None]  # (url, office): bot.app.egress url_refusal
 
 
 def _context(info: ValidationInfo) -> dict[str, Any]:
@@ -127,8 +127,9 @@ def _from_repository(info: ValidationInfo) -> bool:
 
 
 def _outbound_url(url: str, info: ValidationInfo) -> str:
-    check = _context(info).get("url_refused")
-    why = check(url) if check is not None else None
+    context = _context(info)
+    check = context.get("url_refused")
+    why = check(url, context.get("office", "")) if check is not None else None
     if why:
         raise ValueError(f"{url}: {why}")
     return url
@@ -691,14 +692,16 @@ def _too_many(raw: dict[Any, Any]) -> list[tuple[str, str]]:
 
 
 def parse_office(text: str, source: str = "office.yml", *, repository: bool,
-                 url_refused: UrlCheck | None = None) -> Office:
+                 url_refused: UrlCheck | None = None, office: str | None = None) -> Office:
     """Parse and validate; raise OfficeConfigError listing every problem with its location:
     the key, and the line and column in the file.
 
     `repository`: the config comes from an org's repository, not from the operator, so it may
     not name a command (no default: each caller says whose text it reads, the operator's side
     never taken by leaving it out); `url_refused`: why the operator's policy refuses a URL (a
-    dispatch URL or a webhook), or None."""
+    dispatch URL or a webhook) on behalf of `office`, the org whose config this is (by
+    default, the org the file says: what the operator allowed another office is not this
+    one's), or None."""
     raw = _load_yaml(text, source)
     if not isinstance(raw, dict):
         raise OfficeConfigError(source, [f"{source}: (top level): must be a mapping with org:"
@@ -707,8 +710,11 @@ def parse_office(text: str, source: str = "office.yml", *, repository: bool,
     if too_many:
         raise OfficeConfigError(source, locate_errors(text, source, too_many))
     try:
+        said = raw.get("org")
+        whose = office if office is not None else said if isinstance(said, str) else ""
         return Office.model_validate(raw, context={"repository": repository,
-                                                   "url_refused": url_refused})
+                                                   "url_refused": url_refused,
+                                                   "office": whose})
     except ValidationError as exc:
         raise OfficeConfigError(source, _schema_errors(exc, text, source)) from exc
 

@@ -61,7 +61,8 @@ class OfficeUnanswered(Exception):
 class OfficeSource:
     """`max_age`: how long a fetched config is used without asking the forge again; a push
     to the config asks at once (`fresh=True`), so this only bounds edits made without one.
-    `url_refused`: the operator's outbound policy, applied to a repository config's URLs."""
+    `url_refused`: the operator's outbound policy, applied to a repository config's URLs on
+    behalf of its org."""
 
     def __init__(self, path: Path | None = None, max_age: float = 60.0, *,
                  url_refused: UrlCheck | None = None,
@@ -241,7 +242,9 @@ class OfficeSource:
         checked by the same): OfficeConfigError with every error, its line and column."""
         source = self.where(org)
         try:
-            office = parse_office(text, source, repository=True, url_refused=self._url_refused)
+            # its URLs checked on behalf of the org served, whatever the file says it is
+            office = parse_office(text, source, repository=True, url_refused=self._url_refused,
+                                  office=org)
             return bound_to_org(as_renamed(office, org, self.renamed(org)), org, source, text)
         except OfficeConfigError:
             raise
