@@ -495,6 +495,30 @@ def test_an_entry_for_one_office_allows_nothing_to_another() -> None:
             OutboundPolicy.parse(f"acme=::1,{wrong}")
 
 
+def test_entries_for_every_office_that_reach_inside_are_named() -> None:
+    """What `serve` warns of when it serves orgs from their repositories: an entry for every
+    office lets each org's config reach it."""
+    policy = OutboundPolicy.parse("acme=10.0.0.5, acme=hooks.acme.example, 127.0.0.1, "
+                                  "8.8.8.0/24, hooks.internal.example, 0.0.0.0/0, fd00::/8, "
+                                  "2a00:1450::/32")
+    assert policy.unscoped_inside() == ["hooks.internal.example", "127.0.0.1/32", "0.0.0.0/0",
+                                        "fd00::/8"]
+    assert OutboundPolicy.parse("acme=10.0.0.0/8 8.8.8.8").unscoped_inside() == []
+
+
+async def test_serving_every_org_warns_of_an_entry_for_every_office(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="vaultmail.web")
+    emb = await start_embedded(data_dir=tmp_path / "d", port=0, forge_port=0,
+                               outbound=OutboundPolicy.parse("acme=10.9.9.9, 127.0.0.1"))
+    await emb.stop()
+    [warned] = [r.getMessage() for r in caplog.records if "OUTBOUND_ALLOW" in r.getMessage()]
+    assert "every office's config reach 127.0.0.1/32: name the org" in warned, warned
+    assert "10.9.9.9" not in warned
+
+
 async def test_office_check_applies_the_entries_for_the_org_the_file_is(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`vaultmail office check` refuses what the app would: an entry for acme lets acme's file

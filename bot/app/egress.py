@@ -132,6 +132,14 @@ def literal_address(host: str) -> IPAddress | None:
     return None
 
 
+def _reaches_inside(net: Network) -> bool:
+    """Whether `net` holds an address that is not public (an entry allowing it does something)."""
+    if isinstance(net, IPv6Network) and not net.subnet_of(IPv6Network("2000::/3")):
+        return True
+    return any(net.version == inner.version and net.overlaps(inner)
+               for inner, _ in _NOT_PUBLIC)
+
+
 _HINT = (f"the app sends only to public addresses; the operator may allow this host or "
          f"network in {ALLOW_SETTING}")
 
@@ -179,6 +187,14 @@ class OutboundPolicy:
                     f"none of these)")
             hosts.add((office, name))
         return cls(tuple(networks), frozenset(hosts), resolver)
+
+    def unscoped_inside(self) -> list[str]:
+        """The entries for every office that let a request reach what is not public (any host
+        name: a public one needs no entry): on a deployment serving several orgs, each lets
+        every org's config reach it, so `serve` warns of them."""
+        found = sorted(name for office, name in self.hosts if office is None)
+        return found + [str(net) for office, net in self.networks
+                        if office is None and _reaches_inside(net)]
 
     @staticmethod
     def _applies(scope: str | None, office: str) -> bool:

@@ -357,6 +357,14 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
         startup.services, startup.error = services, None
         startup.ready.set()
         log.info("app started", extra={"app": services.app_slug, "api": settings.api_url})
+        # serving orgs from their own repositories: an entry for every office lets each org's
+        # config reach that internal host (its ports probed, the errors read in its ledger)
+        wide = settings.outbound.unscoped_inside() if settings.office_path is None else []
+        if wide:
+            log.warning(
+                "VAULTMAIL_OUTBOUND_ALLOW lets every office's config reach %s: name the org "
+                "each is for (acme=10.0.0.5) unless every org here may send there",
+                ", ".join(wide), extra={"entries": wide})
 
     async def stop() -> None:
         services = startup.services
