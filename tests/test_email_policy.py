@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import smtplib
+
+import pytest
+import yaml
+
 from bot.email.auth import Verdicts
 from bot.email.keys import comment_key
 from bot.email.message import parse_inbound
@@ -190,4 +196,81 @@ async def test_a_message_to_an_agent_that_refuses_it_and_one_that_takes_it_loses
                        mail_from="eve@other.example")
     assert alone.code == 550 and "critic takes email from the office only" in alone.text
     store = mailroom.embedded.services.store
+    assert [m.to_principal for m in await mails.all_mails(store)] == ["agent:scout"]
+
+
+async def test_a_message_to_an_archived_vault_and_one_that_takes_it_refuses_only_that_copy(
+        mailroom: Mailroom) -> None:
+    """Bob writes to scout and to echo, whose vault is archived. That was found only at DATA,
+    which answered 250 '...; refused <echo@...>': the answer to DATA is every recipient's, so
+    Bob's server counted echo's copy delivered and it was lost (found by review). The vault's
+    state is known at RCPT: echo is refused there, 550, and scout's copy goes alone."""
+    await mailroom.person("admin").call("PATCH", "/repos/acme/echo-vault",
+                                        {"archived": True}, expect=200)
+    raw = wire(message("bob@example.org", f"scout@{DOMAIN}", "Hi", "both of you",
+                       Cc=f"echo@{DOMAIN}"))
+    answer = await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}", f"echo@{DOMAIN}"])
+    assert answer.code == 250 and "refused" not in answer.text, answer
+    assert set(answer.refused) == {f"echo@{DOMAIN}"}, answer
+    code, said = answer.refused[f"echo@{DOMAIN}"]
+    assert code == 550 and b"5.7.1" in said and b"takes no mail now" in said, said
+    assert b"echo-vault" not in said  # a stranger learns no repository's name
+    store = mailroom.embedded.services.store
+    assert [m.to_principal for m in await mails.all_mails(store)] == ["agent:scout"]
+    # the office is told, once however often a server asks
+    assert (await send(mailroom.port, raw, rcpts=[f"echo@{DOMAIN}"])).code == 550
+    [bounced] = await ledger.entries(store, event="mail.bounced")
+    assert "acme/echo-vault is archived" in bounced.data["why"], bounced.data
+
+
+def _open_transaction(port: int, rcpts: list[str]) -> smtplib.SMTP:
+    """A client that has said MAIL and RCPT (each accepted) and not yet DATA."""
+    client = smtplib.SMTP("127.0.0.1", port, timeout=60)
+    client.ehlo("client.example.org")
+    assert client.mail("bob@example.org")[0] == 250
+    for rcpt in rcpts:
+        assert client.rcpt(rcpt)[0] == 250, rcpt
+    return client
+
+
+def _data(client: smtplib.SMTP, raw: bytes) -> tuple[int, str]:
+    try:
+        code, text = client.data(raw)
+        return code, text.decode()
+    finally:
+        client.quit()
+
+
+@pytest.mark.parametrize("lost", ["archived", "left"])
+async def test_a_recipient_lost_between_rcpt_and_data_is_refused_alone_and_nothing_is_lost(
+        mailroom: Mailroom, lost: str) -> None:
+    """Bob's server has named scout and echo at RCPT (both 250); before DATA, echo's vault is
+    archived, or echo leaves the office. DATA answered 250 '...; refused <echo@...>' (echo's
+    copy counted delivered and lost) or 550 for the whole message though scout's copy was
+    delivered (Bob told it failed). DATA's answer is every recipient's: with one that can no
+    longer take it, the message is 451 (not taken now), scout's copy kept; Bob's server
+    sends it again, echo is refused at RCPT with why, and scout has it once."""
+    emb = mailroom.embedded
+    rcpts = [f"scout@{DOMAIN}", f"echo@{DOMAIN}"]
+    raw = wire(message("bob@example.org", f"scout@{DOMAIN}", "Hi", "both of you",
+                       Cc=f"echo@{DOMAIN}", Message_ID="<both@example.org>"))
+    client = await asyncio.to_thread(_open_transaction, mailroom.port, rcpts)
+    if lost == "archived":
+        await mailroom.person("admin").call("PATCH", "/repos/acme/echo-vault",
+                                            {"archived": True}, expect=200)
+    else:
+        repo = emb.forge.state.repo("acme", ".github")
+        assert repo is not None
+        config = yaml.safe_load(repo.files["vaultmail.yml"])
+        config["agents"] = [a for a in config["agents"] if a["slug"] != "echo"]
+        emb.forge.put_file("acme/.github", "vaultmail.yml", yaml.safe_dump(config),
+                           pusher="admin")
+        await emb.settle()
+    code, text = await asyncio.to_thread(_data, client, raw)
+    assert code == 451 and "4.3.0" in text and f"echo@{DOMAIN}" in text, (code, text)
+    again = await send(mailroom.port, raw, rcpts=rcpts)
+    assert again.code == 250 and "refused" not in again.text, again
+    assert set(again.refused) == {f"echo@{DOMAIN}"}, again
+    assert again.refused[f"echo@{DOMAIN}"][0] == 550, again
+    store = emb.services.store
     assert [m.to_principal for m in await mails.all_mails(store)] == ["agent:scout"]

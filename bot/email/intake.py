@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
@@ -49,6 +50,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vaultmail.email")
 MAX_THREAD_REFS = 20
+# how long what the forge said of a vault (gone, archived or open) answers RCPTs to its
+# agent: a sender naming a real agent again and again costs the forge one read a while
+CLOSED_SECONDS = 30.0
 SMTP_SENDER = "email:(smtp)"  # who a refusal at RCPT is ledgered from: the sender is unproven
 
 
@@ -125,6 +129,8 @@ class EmailIntake:
         self.services, self.proofs = services, proofs
         # (org, its account, domain) refusals ledgered
         self._told: set[tuple[str, int | None, str]] = set()
+        # vault -> (when, why it takes no mail or None): `closed`'s last answers
+        self._closed: dict[str, tuple[float, str | None]] = {}
 
     async def configured(self) -> tuple[list[Office], list[str]]:
         """Every installed office's config naming an email domain, proven or not, read side
@@ -227,6 +233,29 @@ class EmailIntake:
                                 key=f"left\n{SMTP_SENDER}\n{principal}")
             return why
         return None
+
+    async def closed(self, box: Mailbox) -> str | None:
+        """Why `box`'s agent takes no mail now: its vault gone or archived, as a delivery to
+        it would find (`Mailer.undeliverable`), asked of the forge (its answer kept
+        CLOSED_SECONDS, or until a delivery finds it closed: `found_closed`). Ledgered
+        `mail.bounced` once per agent and why, whoever the sender claims to be (RCPT: it is
+        unproven). None when it takes mail. bot.email.server asks at RCPT: the answer to DATA
+        is every recipient's, so a copy refused there was counted delivered and lost."""
+        vault = box.office.vault_of(box.agent).lower()
+        at, why = self._closed.get(vault, (-CLOSED_SECONDS, None))
+        if time.monotonic() - at >= CLOSED_SECONDS:
+            state = await self.services.forge_for_org(box.office.org).repo_closed(vault)
+            why = None if state is None else Mailer.closed_why(state, vault)
+            self._closed[vault] = (time.monotonic(), why)
+        if why is not None:
+            principal = box.agent.principal
+            await self.mailer(box.office).bounce(SMTP_SENDER, principal, "(by email)", why,
+                                                 key=f"closed\n{SMTP_SENDER}\n{principal}\n{why}")
+        return why
+
+    def found_closed(self, box: Mailbox) -> None:
+        """A delivery to `box` found its vault takes no mail: the next RCPT asks the forge."""
+        self._closed.pop(box.office.vault_of(box.agent).lower(), None)
 
     def mailer(self, office: Office) -> Mailer:
         return Mailer(self.services, self.services.forge_for_org(office.org), office)

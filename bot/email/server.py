@@ -12,11 +12,17 @@
 | the app not started yet, or the forge or the index failing | `451 4.3.0`: send it again later |
 | past a rate: one From's, or one authenticated domain's, to an agent | `451 4.7.1` |
 | past an address's rate: its messages authenticated (before a lookup), or not | `451 4.7.1` |
-| the agent's vault gone or archived | `550 5.7.1` naming why (an internal bounce) |
+| RCPT to an agent whose vault is gone or archived | `550 5.7.1`, no repository named |
+| the agent's vault gone or archived since RCPT, it the only recipient | `550 5.7.1` alike |
+| one of several recipients gone (left, its vault closed, refusing) since RCPT | `451 4.3.0` |
 | delivered | `250 2.0.0` naming each mail's issue |
 
-A message is answered 250 only once it is mail on the forge, so an accepted message is never
-lost; one the client sends again after a 451 or a timeout is delivered once (bot.email.intake).
+A message is answered 250 only once it is mail on the forge for every recipient RCPT took,
+so an accepted message is never lost: DATA has one answer for all of them (RFC 5321), so a
+copy refused beside others delivered would be counted delivered. What can be known at RCPT is
+refused there, and what changes between RCPT and DATA is 451 for the whole message (the
+copies delivered kept): one the client sends again after a 451 or a timeout is delivered
+once (bot.email.intake), and its RCPTs refuse the recipient alone, with why.
 """
 
 from __future__ import annotations
@@ -241,6 +247,16 @@ class SmtpHandler:
             return f"550 5.7.1 <{address[:200]}>: {unproven}"
         if box is None:
             return f"550 5.1.1 <{address[:200]}>: no such mailbox here"
+        # A vault gone or archived was found only at DATA, whose answer is every
+        # recipient's: beside another recipient's delivery the refusal was lost in a 250's
+        # text and the copy counted delivered. It is known here: refused alone.
+        try:
+            closed = await intake.closed(box)
+        except Exception as exc:
+            log.warning("RCPT vault lookup failed", extra={"error": repr(exc)})
+            return "451 4.3.0 the mailbox cannot be looked up now: try again later"
+        if closed is not None:  # (a stranger learns no repository's name)
+            return f"550 5.7.1 <{address[:200]}>: this mailbox takes no mail now"
         # The answer to DATA is every recipient's (RFC 5321): a message one recipient's
         # policy refuses and another's takes was answered 250 and the refusal lost in its
         # text. A recipient whose policy may refuse on other terms than the first's waits
@@ -277,13 +293,17 @@ class SmtpHandler:
             return (f"451 4.7.1 too many messages from your address whose From is not "
                     f"authenticated: at most {self.rate.per_minute} a minute; try again later")
         refs: list[str] = []
-        refused: list[str] = []
+        # each recipient RCPT took that cannot take it now, with its answer were it alone:
+        # the config changed, its vault was closed, or its policy refuses (terms changed)
+        refused: list[tuple[str, str]] = []
         bounce = await self._beside(parse_dsn, raw) if message.report else None
         try:
             for rcpt in dict.fromkeys(a.lower() for a in envelope.rcpt_tos):
                 box = await intake.mailbox(rcpt)
                 if box is None:  # the config changed since RCPT
-                    return f"550 5.1.1 <{rcpt[:200]}>: no such mailbox here any more"
+                    refused.append((rcpt, f"5.1.1 <{rcpt[:200]}>: no such mailbox here any "
+                                          "more"))
+                    continue
                 if bounce is not None and bounce.failed:
                     said = await intake.bounced(box, bounce)
                     if said is not None:
@@ -291,7 +311,7 @@ class SmtpHandler:
                         continue
                 decision = intake.decide(box, message, verdicts)
                 if decision.action == "refuse":
-                    refused.append(f"<{rcpt[:200]}>: {decision.reason}")
+                    refused.append((rcpt, f"5.7.1 <{rcpt[:200]}>: {decision.reason}"))
                     continue
                 # an authenticated sender (an aligned SPF or DKIM pass) has a count of its
                 # own: a From anyone can write never spends the real sender's
@@ -312,7 +332,9 @@ class SmtpHandler:
                     record = await intake.receive(box, message, verdicts)
                 except Undeliverable:  # the agent's vault is gone or archived: the office
                     # is told by its internal bounce; a stranger learns no repository's name
-                    refused.append(f"<{rcpt[:200]}>: this mailbox takes no mail now")
+                    intake.found_closed(box)
+                    refused.append((rcpt, f"5.7.1 <{rcpt[:200]}>: this mailbox takes no "
+                                          "mail now"))
                     continue
                 # the mail's id, not its issue: a stranger learns no private repository's
                 # name, nor how much mail its agent gets (the office finds it by the id)
@@ -321,10 +343,17 @@ class SmtpHandler:
             log.warning("email not delivered", extra={"error": repr(exc),
                                                       "message_id": message.message_id})
             return "451 4.3.0 not delivered now: try again later"
-        if not refs:  # the policy of every recipient refused it
-            return f"550 5.7.1 {'; '.join(refused)}"
-        return f"250 2.0.0 delivered as {', '.join(refs)}" + (
-            f"; refused {'; '.join(refused)}" if refused else "")
+        if refused and not refs:  # no recipient takes it: refused for good, each saying why
+            return f"550 {refused[0][1][:5]} " + "; ".join(why[6:] for _, why in refused)
+        if refused:
+            # The answer to DATA is every recipient's (RFC 5321): a 250 counts the refused
+            # copies delivered, a 550 the delivered ones failed. Not taken now: the copies
+            # delivered are kept (the message sent again is delivered to them once), and
+            # the retry's RCPTs refuse the others alone, each with why.
+            gone = ", ".join(f"<{rcpt[:200]}>" for rcpt, _ in refused)
+            return (f"451 4.3.0 {gone} can no longer take it: send it again, and "
+                    f"{'they are' if len(refused) > 1 else 'it is'} refused alone")
+        return f"250 2.0.0 delivered as {', '.join(refs)}"
 
 
 class ListenError(RuntimeError):

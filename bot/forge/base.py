@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 from urllib.parse import quote
 
 import aiohttp
@@ -187,6 +187,11 @@ class Forge(Protocol):
     async def repo_name_of(self, repo_id: int) -> str | None:
         """The full name now (lower case) of the repository with the forge id `repo_id`
         (a payload's `repository.id`), None when there is none."""
+        ...
+
+    async def repo_closed(self, repo: str) -> Literal["gone", "archived"] | None:
+        """Whether `repo` takes no writes: `gone` (none), `archived` (read-only); None when
+        it takes them (or was moved: its writes then say)."""
         ...
 
 

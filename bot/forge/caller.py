@@ -1059,6 +1059,17 @@ class RepoCaller(_Caller):
             return None
         return str(data["full_name"]).lower()
 
+    async def repo_closed(self, repo: str) -> Literal["gone", "archived"] | None:
+        """Whether `repo` takes no writes: `gone` (404), `archived` (read-only: every write
+        403); None when it takes them, or was moved away (its writes then say)."""
+        try:
+            data = await self._get("/repos/{owner}/{repo}", split_repo(repo))
+        except MovedAway:
+            return None
+        except NotFound:
+            return "gone"
+        return "archived" if isinstance(data, dict) and data.get("archived") else None
+
     async def repo_name_of(self, repo_id: int) -> str | None:
         """The full name now (lower case) of the repository whose forge id is `repo_id`,
         wherever renames or transfers took it; None when it is gone (or out of reach)."""

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 from pydantic import ValidationError
@@ -1168,10 +1168,16 @@ class Mailer:
         the vault is gone (404, 410) or archived (403 saying so); None for any other failure
         (a retry may yet deliver it)."""
         if isinstance(exc, NotFound) or (isinstance(exc, ForgeError) and exc.status == 410):
-            return f"its vault {vault} is gone"
+            return Mailer.closed_why("gone", vault)
         if isinstance(exc, PermissionDenied) and "archived" in exc.message.lower():
-            return f"its vault {vault} is archived (read-only)"
+            return Mailer.closed_why("archived", vault)
         return None
+
+    @staticmethod
+    def closed_why(state: Literal["gone", "archived"], vault: str) -> str:
+        """Why mail to `vault` cannot be delivered, `state` as the forge says it."""
+        return f"its vault {vault} is gone" if state == "gone" else \
+            f"its vault {vault} is archived (read-only)"
 
     async def deliver_or_bounce(self, draft: MailRecord | _Draft) -> MailRecord:
         """`deliver`, and when the recipient's vault is gone or archived, a bounce
