@@ -15,6 +15,7 @@ from email import message_from_bytes, policy
 from email.message import EmailMessage
 
 import pytest
+import yaml
 
 from bot.app.doctor import catch_up_index
 from bot.app.services import Services
@@ -1145,3 +1146,77 @@ async def test_an_email_send_stopped_after_its_create_landed_is_sent_once_by_the
 async def _begun(store: Store) -> list[str]:
     """The mail ids whose send was begun and not recorded."""
     return [r["mail_id"] for r in await store.fetchall("SELECT mail_id FROM pending_sends")]
+
+
+async def _push_acme(room: Mailroom, change: Callable[[dict[str, object]], None]) -> None:
+    """acme's office config as `change` leaves it, pushed to the forge."""
+    emb = room.embedded
+    repo = emb.forge.state.repo("acme", ".github")
+    assert repo is not None
+    config = yaml.safe_load(repo.files["vaultmail.yml"])
+    change(config)
+    emb.forge.put_file("acme/.github", "vaultmail.yml", yaml.safe_dump(config), pusher="admin")
+    await emb.settle()
+
+
+async def test_mail_to_an_address_its_agent_may_no_longer_email_is_not_sent(
+        mailroom: Mailroom) -> None:
+    """scout's capabilities.mail.send allowed example.org when it sent Bob mail; the office
+    took that away before the outbox sent it, and the outbox sent it all the same, by SMTP,
+    DKIM-signed as scout (found by review): a permission is checked when what it allows
+    takes effect. Not sent: bounced, the agent told and the issue saying why."""
+    outbox = mailroom.embedded.runner.app[GATEWAY_KEY].outbox
+    assert outbox is not None
+    await outbox.stop()  # (queued now, sent below by `outbox_settled`)
+    sent = await mailroom.tools("agent:scout")("mail_send", to="bob@example.org",
+                                              subject="Quote", body="Send a quote.")
+
+    def no_email(config: dict[str, object]) -> None:
+        agents = config["agents"]
+        assert isinstance(agents, list)
+        [scout] = [a for a in agents if a["slug"] == "scout"]
+        scout["capabilities"]["mail.send"] = ["*"]
+
+    await _push_acme(mailroom, no_email)
+    assert await mailroom.outbox_settled() == 0
+    assert mailroom.relay.received.empty() and mailroom.relay.rcpt_at == {}
+    [bounced] = await _events(mailroom, "email.bounced")
+    assert bounced.data["recipients"] == ["bob@example.org"], bounced.data
+    assert "capabilities.mail.send no longer allows bob@example.org" in bounced.data["why"]
+    store = mailroom.embedded.services.store
+    [told] = [m for m in await mails.all_mails(store) if m.subject == "Undelivered: Quote"]
+    assert told.to_principal == "agent:scout" and "no longer allows" in told.body
+    notes = [c["body"] for c in await mailroom.person("marco").comments(
+        SCOUT_VAULT, sent["mail"]["number"])]
+    assert any(n.startswith("📭") and "no longer allows" in n for n in notes), notes
+    assert await mailroom.outbox_settled() == 0 and mailroom.relay.received.empty()
+
+
+async def test_a_reply_of_an_agent_that_left_before_it_went_is_not_sent_and_the_office_told(
+        mailroom: Mailroom) -> None:
+    """echo replied to Bob by email; echo left the office before the outbox sent it. Nothing
+    went (no agent, no address), but nothing said so either: the reply just never went. It
+    is bounced, the issue and the ledger saying why (echo is not here to be told)."""
+    outbox = mailroom.embedded.runner.app[GATEWAY_KEY].outbox
+    assert outbox is not None
+    await outbox.stop()
+    raw = wire(message("Bob <bob@example.org>", f"echo@{DOMAIN}", "Prices", "EU prices?",
+                       Message_ID="<m1@example.org>"))
+    assert (await send(mailroom.port, raw, rcpts=[f"echo@{DOMAIN}"])).code == 250
+    await mailroom.embedded.settle()
+    await mailroom.tools("agent:echo")("mail_reply", mail="acme/echo-vault#1", body="12 EUR.")
+
+    def echo_leaves(config: dict[str, object]) -> None:
+        agents = config["agents"]
+        assert isinstance(agents, list)
+        config["agents"] = [a for a in agents if a["slug"] != "echo"]
+
+    await _push_acme(mailroom, echo_leaves)
+    assert await mailroom.outbox_settled() == 0
+    assert mailroom.relay.received.empty() and mailroom.relay.rcpt_at == {}
+    # (echo's own run, a local agent, answered Bob too: each reply bounced alike)
+    bounced = await _events(mailroom, "email.bounced")
+    assert bounced and all(b.data["recipients"] == ["bob@example.org"] for b in bounced)
+    assert {b.data["why"] for b in bounced} == {"not sent: agent:echo has left the office"}
+    notes = [c["body"] for c in await mailroom.person("marco").comments("acme/echo-vault", 1)]
+    assert any(n.startswith("📭") and "has left the office" in n for n in notes), notes

@@ -501,9 +501,8 @@ class EmailIntake:
         delivery report believed."""
         recipient = ", ".join(recipients)
         sent_by_agent = mail.to_principal.startswith("email:")  # mail_send to an address
+        # (an agent that has left is told nothing: the issue and the ledger say it)
         agent = office.agent(emailing_agent(mail).removeprefix("agent:"))
-        if agent is None:
-            return None
         store = self.services.store
         mailer = self.mailer(office)
         what = "mail" if sent_by_agent else "reply"
@@ -519,7 +518,7 @@ class EmailIntake:
 
         async def work() -> idempotency.Result:
             await comment_once(mailer.forge, mail.vault, mail.number, note, marker)
-            told = await mailer.send(
+            told = None if agent is None else await mailer.send(
                 "office", agent.principal, subject,
                 f"Your {what} by email to `{recipient}` on {mail.ref} did not arrive: {why}."
                 f"{quoted}\n\nThe {what}'s Message-ID: `{message_id}`.", reply_to=mail,
@@ -529,11 +528,11 @@ class EmailIntake:
                 "mail": mail.mail_id, "message_id": message_id, "recipient": recipient,
                 "recipients": list(recipients), "source": source,
                 "why": (why + (f": {said.words}" if said is not None else ""))[:500],
-                "told": told.mail_id}, org=office.org,
+                "told": told.mail_id if told else None}, org=office.org,
                 by=("message_id", "recipient"), renamed=self.services.keyring.renamed(office.org))
-            return {"mail": told.mail_id}
+            return {"mail": told.mail_id if told else ""}
 
         done = await store.once(f"email-bounce:{office.org.lower()}",
                                 f"{message_id}\n{recipient}",
                                 idempotency.fingerprint([message_id, recipient]), work)
-        return await mails.get_mail(store, str(done["mail"]))
+        return await mails.get_mail(store, str(done["mail"])) if done["mail"] else None

@@ -484,9 +484,20 @@ class Outbox(Rounds):
         """Mail an agent sent to an address (bot.email.sending)."""
         assert office.email is not None
         agent = office.agent(mail.from_principal.removeprefix("agent:"))
-        sender = agent_address(office, agent) if agent is not None else None
         to = address_of(mail.to_principal)
-        if agent is None or sender is None or to is None:
+        if to is None:
+            return {"state": "skipped", "why": "no address"}
+        # what let the agent mail `to` (mail_send checked it) is checked again as it goes:
+        # the office may have taken it away while the message waited
+        if agent is None:
+            return await self._withheld(office, mail, None, message_id,
+                                        f"{mail.from_principal} has left the office")
+        if not may_email(agent, to):
+            return await self._withheld(
+                office, mail, None, message_id,
+                f"{agent.slug}'s capabilities.mail.send no longer allows {to}")
+        sender = agent_address(office, agent)
+        if sender is None:
             return {"state": "skipped", "why": "no agent address"}
         # in answer to mail by email: threaded after the latest message of that thread
         answered = await mails.mail_at(self.services.store, *_ref(mail.in_reply_to)) \
@@ -503,6 +514,9 @@ class Outbox(Rounds):
 
     async def _send(self, office: Office, mail: MailRecord, key: str,
                     message_id: str) -> dict[str, Any]:
+        if office.agent(mail.to_principal.removeprefix("agent:")) is None:
+            return await self._withheld(office, mail, key, message_id,
+                                        f"{mail.to_principal} has left the office")
         if self.relay is None:
             raise Deferred("no relay: set SMTP_URL to send replies by email")
         assert office.email is not None
@@ -526,6 +540,23 @@ class Outbox(Rounds):
             # carried more (two agents answering in one thread climb as by mail)
             sent=datetime.now(UTC), hops=max(mail.hops, latest.hops or 0) + 1)
         return await self._deliver(office, mail, out, "Sent")
+
+    async def _withheld(self, office: Office, mail: MailRecord, key: str | None,
+                        message_id: str, why: str) -> dict[str, Any]:
+        """Not sent, ever: what let the message go no longer holds as it is to go (its agent
+        has left the office, or may no longer email the address). A permission is checked
+        when what it allows takes effect: the message waited (the outbox, a deferral), and
+        held, it would go whenever the permission came back, in another context. Bounced
+        to every recipient no try settled (`report_bounce`: the issue says why, the agent
+        is told by mail if it is still here, `email.bounced`)."""
+        why = f"not sent: {why}"
+        whom = await self._unsettled(office, mail, key, message_id)
+        if whom:
+            await self.intake.report_bounce(office, mail, message_id, whom, why,
+                                            source="relay")
+        log.info("email withheld", extra={"org": office.org, "mail": mail.ref,
+                                          "message_id": message_id, "why": why})
+        return {"state": "bounced", "detail": why, "to": whom}
 
     @staticmethod
     async def _tell_left_out(forge: Forge, mail: MailRecord, message_id: str, agent: Agent,
