@@ -10,14 +10,27 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from bot.app.embedded import Embedded
+from bot.office.visibility import ENTRIES_AHEAD, viewer_of
 from bot.store import ledger
-from tests.items_support import BUILDER, LEE, MARCO, SARA, SCOUT, TOKEN_TTL, make_item
+from bot.store import mails as mail_index
+from tests.items_support import (
+    BUILDER,
+    CRITIC,
+    LEE,
+    MARCO,
+    SARA,
+    SCOUT,
+    TOKEN_TTL,
+    make_item,
+)
 from tests.support import ToolClient
+from tests.test_item_updates import SECRET, WORDS, _stage
 
 PERMISSION = "GET /repos/{owner}/{repo}/collaborators/{username}/permission"
 REPOS = [f"acme/team-{i}" for i in range(4)]
@@ -123,3 +136,62 @@ async def test_a_ledger_page_reads_the_mails_and_items_of_its_entries_together(
 
 async def _entries(client: ToolClient) -> list[dict[str, Any]]:
     return list((await client("list_changes", since=0, limit=1000))["events"])
+
+
+async def test_a_ledger_page_shows_each_reader_what_each_entry_alone_shows(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """Read a page at a time (entries_seen: the mails, items and repositories of
+    ENTRIES_AHEAD entries together), list_changes shows each reader exactly the entries
+    sees_entry shows reading each entry's mail and item by itself: over mails between
+    different parties, a renamed vault, a plan whose claim is hidden from some, chats,
+    entries about a repository, refusals, and entries whose `mail` names a mail elsewhere."""
+    store = embedded.services.store
+    s = await _stage(embedded, person, tools)
+    hidden = await make_item(embedded, s.marco, "outcome", f"{WORDS}: outcome", repo=SECRET,
+                             assignees=["builder-bot"])
+    plan = await make_item(embedded, s.marco, "plan", "Price list: plan",
+                           body=f"Part of {hidden}")
+    asked = await tools(MARCO)("add_comment", targetType="plan", target=plan, to=["agent"],
+                               needsReply=True, body="Who runs this?")
+    await tools(BUILDER)("add_comment", targetType="plan", target=plan,
+                         parent=asked["comment"]["id"], body="I do")
+    await tools(LEE)("add_comment", targetType="plan", target=plan, body="Looks right")
+    sent = [(await tools(who)("mail_send", to=to, subject=f"{who} to {to}",
+                              body="Details follow."))["mail"]
+            for who, to in ((MARCO, "scout"), (BUILDER, "scout"), (SARA, "builder"),
+                            (SCOUT, "builder"))]
+    await embedded.settle()
+    # another office's mail, and entries whose `mail` names a mail elsewhere than their subject
+    other = replace(await mail_index.get_mail(store, sent[1]["mail_id"]) or pytest.fail("?"),
+                    mail_id="globex-1", vault="globex/vault", number=1,
+                    from_principal=LEE, to_principal=LEE)
+    async with store.transaction() as db:
+        await mail_index.put_mail(db, other)
+    for mail_id, subject in (("globex-1", sent[0]["ref"]), (sent[1]["mail_id"], plan),
+                             (sent[2]["mail_id"], s.outcome), ("gone", s.outcome),
+                             (sent[3]["mail_id"], "acme/scout-vault")):
+        for event in ("mail.opened", "run.queued", "comment.added"):
+            await ledger.record(store, event, SCOUT, subject, {"mail": mail_id}, org="acme")
+    for subject in (sent[1]["ref"].upper(), plan, hidden, "acme/secret", "ACME/Scout-Vault",
+                    "chat:1", "mail to agent:critic", "tool:list_inbox"):
+        for actor in (BUILDER, LEE, MARCO):
+            await ledger.record(store, "run.denied", actor, subject,
+                                {"reason": "no", "asked": ["agent:builder"]}, org="acme")
+    await tools(MARCO)("agent_chat", agent="scout", message="EU or US first?")
+    embedded.forge.set_permission("acme/scout-vault", "admin", "admin")
+    await person("admin").call("PATCH", "/repos/acme/scout-vault", {"name": "scout-mail"},
+                               expect=200)
+    await embedded.settle()
+    for subject in (sent[0]["ref"], plan, "acme/scout-vault", "acme/scout-mail"):
+        await ledger.record(store, "comment.added", BUILDER, subject, {"n": 1}, org="acme")
+    entries = await ledger.entries(store, org="acme", shown=True, limit=10_000)
+    assert len(entries) > ENTRIES_AHEAD
+    office = next(o for org, o in await embedded.services.installed_offices() if org == "acme")
+    forge = embedded.services.forge_for_org("acme")
+    for who in (MARCO, SARA, LEE, SCOUT, BUILDER, CRITIC):
+        viewer = viewer_of(embedded.services, forge, office, who)
+        each = [e.number for e in entries if await viewer.sees_entry(e, store)]
+        paged = [e["seq"] for e in (await tools(who)("list_changes", since=0,
+                                                     limit=1000))["events"]]
+        assert paged == each, who
+
