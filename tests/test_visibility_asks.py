@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from bot.app.embedded import Embedded
-from bot.office.visibility import ENTRIES_AHEAD, viewer_of
+from bot.office.visibility import ASKED_AT_ONCE, ENTRIES_AHEAD, viewer_of
 from bot.store import ledger
 from bot.store import mails as mail_index
 from tests.items_support import (
@@ -195,3 +195,41 @@ async def test_a_ledger_page_shows_each_reader_what_each_entry_alone_shows(
                                                      limit=1000))["events"]]
         assert paged == each, who
 
+
+async def test_a_read_that_failed_asks_the_forge_nothing_more(
+        embedded: Embedded, tools: Any) -> None:
+    """A read over many repositories asks about them ASKED_AT_ONCE at a time; one of the
+    answers failing fails the read. The asks not yet made were made anyway, for nobody,
+    after the caller had its error: on a forge failing them all, one read was as many
+    failures (each with its retries) as it had repositories. Now none is asked once the
+    read has failed (those on their way finish, and their answers are kept)."""
+    store = embedded.services.store
+    embedded.forge.remove_org_member("acme", "sara")
+    repos = [f"acme/many-{i:02d}" for i in range(20)]
+    for repo in [*repos[2:], *repos[:2]]:  # (the entry about repos[1] the newest)
+        owner, name = repo.split("/")
+        embedded.forge.add_repo(owner, name)
+        embedded.forge.set_permission(repo, "sara", "read")
+        await ledger.record(store, "comment.added", MARCO, f"{repo}#1", {"n": 1}, org="acme")
+    newest = (await ledger.entries(store, org="acme", shown=True, limit=10_000))[-1]
+    embedded.services.visibility.forget()
+    embedded.forge.faults.add(PERMISSION, status=403, repo=repos[0])  # (no retry mends it)
+    holds = {repo: embedded.forge.faults.hold(PERMISSION, count=None, repo=repo)
+             for repo in repos[1:]}
+    try:
+        status, _ = await tools(SARA).raw("list_changes", {"since": 0, "limit": 1000})
+        assert status != 200
+        # the asks on their way when it failed (those after the first, in order), held at
+        # the forge: one let go, and sara's page of its entry alone, which has its answer
+        on_their_way = repos[1:ASKED_AT_ONCE]
+        for repo in on_their_way:
+            await asyncio.wait_for(holds[repo].caught_at_least(1), 10)
+        holds[repos[1]].release()
+        alone = await tools(SARA)("list_changes", since=newest.number - 1)
+        assert [e["subject"] for e in alone["events"]] == [f"{repos[1]}#1"], alone
+        asked_after = [repo for repo, held in holds.items()
+                       if held.caught and repo not in on_their_way]
+    finally:
+        for held in holds.values():
+            held.release()
+    assert not asked_after, f"{len(asked_after)} more asked after the read had failed"

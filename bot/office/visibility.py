@@ -239,10 +239,21 @@ class Viewer:
         where = {ref: split_ref(ref) for ref in refs}
         names = sorted({w[0] for w in where.values() if w is not None})
         room = asyncio.Semaphore(ASKED_AT_ONCE)
+        failed = False
 
         async def sees(repo: str) -> bool:
+            nonlocal failed
             async with room:
-                return await self.sees_repo(repo)
+                # once one ask failed (or the caller left) the read has failed: gather cancels
+                # none of the others, and those still waiting would each ask the forge for
+                # nobody (on a forge failing them all, a failure and its retries apiece)
+                if failed:
+                    return False
+                try:
+                    return await self.sees_repo(repo)
+                except BaseException:
+                    failed = True  # (before the room is left: the next in it sees it)
+                    raise
 
         seen = dict(zip(names, await asyncio.gather(*map(sees, names)), strict=True))
         return {ref for ref, w in where.items()
