@@ -17,7 +17,8 @@ started without credentials serves it on its own port, as Probot does, then carr
 normal serve with the new `.env` (`serve_until_registered`). Whoever registers the App owns
 what the deployment runs as (its webhooks, its private keys), and `serve` may listen where
 anyone reaches it: the page gives out a form only with the key it printed, and a state counts
-only when the forge sends back the browser it was given to (a cookie).
+only when the forge sends back the browser it was given to (a cookie: over https a `__Host-`
+one, `bot.app.cookies`, as the console's).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import yaml
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from bot.app import cookies
 from bot.app.settings import NotRegistered, Settings
 from bot.digits import whole
 from bot.errors import retry_headers
@@ -507,9 +509,20 @@ class SetupPage:
         del self._states[state]
         return time.monotonic() - at <= STATE_TTL
 
+    def _tls(self, request: web.Request) -> bool:
+        """Whether the browser is on https: a TLS request, or `serve`'s https public URL (the
+        page sends the browser there first, behind an ingress that ends TLS). `register`'s
+        page is on loopback whatever the App's URL."""
+        return request.secure or (self.redirect_via_public and
+                                  (self.public_url or "").startswith("https://"))
+
+    def _cookie(self, request: web.Request) -> str:
+        """The browser's cookie (`bot.app.cookies`: over https only its `__Host-` one)."""
+        return cookies.read(request, BROWSER_COOKIE, self._tls(request)) or ""
+
     def _browser(self, request: web.Request) -> str | None:
         """This browser's cookie, when the page was given to it (by the key)."""
-        cookie = request.cookies.get(BROWSER_COOKIE, "")
+        cookie = self._cookie(request)
         return cookie if cookie in self._browsers else None
 
     async def setup(self, request: web.Request) -> web.Response:
@@ -557,8 +570,8 @@ class SetupPage:
             f"<button type=\"submit\">Register on {html.escape(self.forge.web)}</button></form>"
             "<p>The forge asks you to confirm, then sends you back here; the App's credentials "
             f"go to <code>{html.escape(str(self.env_file))}</code> (mode 0600).</p>"))
-        page.set_cookie(BROWSER_COOKIE, browser, path="/setup", httponly=True, samesite="Lax",
-                        secure=request.secure, max_age=int(STATE_TTL))
+        cookies.put(page, BROWSER_COOKIE, browser, tls=self._tls(request), path="/setup",
+                    max_age=int(STATE_TTL))
         return page
 
     async def callback(self, request: web.Request) -> web.Response:
@@ -567,8 +580,7 @@ class SetupPage:
             if self.registered is not None:  # (what it wrote where: the registering browser's)
                 return self._registered_page() if self._browser(request) else _page(
                     "vaultmail is registered", "<p>This deployment's App is registered.</p>")
-            if not state or not self._take_state(state, request.cookies.get(BROWSER_COOKIE,
-                                                                             "")):
+            if not state or not self._take_state(state, self._cookie(request)):
                 return _page("Registration not started here", (
                     "<p>The <code>state</code> of this return is not one this page gave out "
                     "to this browser (or it was used already, or is over an hour old): "

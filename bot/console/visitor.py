@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
+from bot.app import cookies
 from bot.app.peers import reached_at
 from bot.app.services import SERVICES_KEY, Services
 from bot.console import sessions
@@ -166,38 +167,23 @@ def secure(request: web.Request) -> bool:
     return public_base(request).startswith("https://") or request.secure
 
 
-# Over https each of the console's cookies is `__Host-` (Secure, Path=/, no Domain: RFC
-# 6265bis §4.1.3.2), which a browser takes from this origin over https only: a page of a
-# sibling subdomain (`Domain=`) or a man in the middle of a plain-http request to the host
-# cannot plant one (their own session, or the sign-in form's token), as it could a plain
-# name. Over http (the embedded default on loopback) there is no Secure, so no prefix: the
-# plain name, on /console.
-HOST_PREFIX = "__Host-"
-
-
-def cookie_name(request: web.Request, name: str) -> str:
-    """What the cookie `name` is called for this request (`__Host-` over https)."""
-    return HOST_PREFIX + name if secure(request) else name
+# Over https each of the console's cookies is `__Host-` (Secure, Path=/, no Domain), else the
+# plain name on /console: `bot.app.cookies`, which the App set-up page's cookie shares.
 
 
 def get_cookie(request: web.Request, name: str) -> str | None:
     """The cookie `name` as this app sets it: over https only its `__Host-` one."""
-    return request.cookies.get(cookie_name(request, name))
+    return cookies.read(request, name, secure(request))
 
 
 def set_cookie(response: web.StreamResponse, request: web.Request, name: str, value: str,
                max_age: int) -> None:
-    tls = secure(request)
-    response.set_cookie(cookie_name(request, name), value, max_age=max_age,
-                        path="/" if tls else CONSOLE, httponly=True, samesite="Lax", secure=tls)
+    cookies.put(response, name, value, tls=secure(request), path=CONSOLE, max_age=max_age)
 
 
 def clear_cookie(response: web.StreamResponse, request: web.Request, name: str) -> None:
-    """End the cookie `name` (with its own attributes: a browser keeps a `__Host-` one that a
-    deletion without Secure and Path=/ names)."""
-    tls = secure(request)
-    response.del_cookie(cookie_name(request, name), path="/" if tls else CONSOLE,
-                        secure=tls, httponly=True, samesite="Lax")
+    """End the cookie `name` (with its own attributes: `cookies.drop`)."""
+    cookies.drop(response, name, tls=secure(request), path=CONSOLE)
 
 
 def sign_in_redirect(request: web.Request) -> web.HTTPSeeOther:

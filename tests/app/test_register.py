@@ -25,6 +25,8 @@ import aiohttp
 import pytest
 import yaml
 
+from bot.app.setup import Forge, SetupPage, load_manifest, serve_page, shown_url
+from bot.cli.process import listen
 from bot.office.config import load_office
 from bot.office.seed import seed_office
 from localforge import LocalForge
@@ -526,3 +528,52 @@ def test_registers_default_forge_is_the_setup_flows() -> None:
     from bot.cli.register import GITHUB as SHOWN
 
     assert SHOWN == GITHUB
+
+
+def _set_cookie(headers: list[str], name: str) -> str:
+    found = [c for c in headers if c.startswith(name + "=")]
+    assert len(found) == 1, (name, headers)
+    return found[0]
+
+
+async def test_over_https_no_other_site_can_plant_the_setup_pages_cookie(
+        forge: LocalForge, tmp_path: Path) -> None:
+    """`serve` without credentials, its public URL https (an ingress ends TLS): the setup
+    page's cookie, which a return from the forge must come back with, is `__Host-` (Secure,
+    Path=/, no Domain), as the console's are. Before, it was the plain `vaultmail_setup`: a
+    page of a sibling subdomain or a man in the middle of a plain-http request to the host
+    could plant one in the operator's browser, and a cookie by the plain name was read."""
+    public = "https://vault.acme.example"
+    page = SetupPage(forge=Forge.from_web(forge.url), manifest=load_manifest(),
+                     env_file=tmp_path / ".env", public_url=public, redirect_via_public=True)
+    sock = listen("127.0.0.1", 0)
+    stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    serving = asyncio.create_task(serve_page(sock, page, stop, announce="setup page"))
+    base = shown_url(sock, "127.0.0.1")
+    try:
+        # (no jar: the app is spoken to in http, as the ingress does)
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http:
+            async with http.get(page.link(base) + "&moved=1") as resp:  # (at the public host)
+                form = _parse(await resp.text())
+                assert resp.status == 200
+                given = _set_cookie(resp.headers.getall("Set-Cookie"), "__Host-vaultmail_setup")
+            attributes = [a.strip().lower() for a in given.split(";")[1:]]
+            assert "secure" in attributes and "path=/" in attributes, given
+            assert not any(a.startswith("domain") for a in attributes), given
+            value = given.split(";")[0].partition("=")[2]
+            back = urlsplit(await _submit_to_forge(http, form, forge.user_token("admin")))
+            assert f"{back.scheme}://{back.netloc}" == public, back
+            callback = f"{base}{back.path}?{back.query}"
+            page_text = await _text(http, callback, status=400,
+                                    headers={"Cookie": f"vaultmail_setup={value}"})
+            assert "not started here" in page_text.lower(), "a planted plain cookie: nothing"
+            assert not (tmp_path / ".env").exists()
+            done = _parse(await _text(http, callback,
+                                      headers={"Cookie": f"__Host-vaultmail_setup={value}"}))
+            assert f"{forge.url}/apps/vaultmail/installations/new" in done.links
+    finally:
+        if not stop.done():  # (registered, the page stops by itself: it ends `stop`)
+            stop.set_result(None)
+        registered = await serving
+        sock.close()
+    assert registered and (tmp_path / ".env").exists()
