@@ -718,6 +718,37 @@ async def test_sign_in_requests_one_address_may_start_are_bounded(
     assert await kept() == before + oauth_server.AUTHORIZE_PER_MINUTE
 
 
+async def test_an_image_of_a_sign_in_request_keeps_nothing_and_spends_none(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """Anyone may register a client, and words on a console page may draw
+    `![](/oauth/authorize?client_id=...)` (`img-src 'self'`): each reader's browser fetched
+    it, which kept a sign-in request in the index and spent one of the reader's address's
+    AUTHORIZE_PER_MINUTE. A sign-in request is taken from a page navigated to (or a client
+    that sends no Sec-Fetch-Dest); an image is 403, keeps nothing and spends nothing."""
+    _, client = await register(session, embedded)
+    _, challenge = _pkce()
+    url = authorize_url(embedded, client["client_id"], challenge)
+    store = embedded.services.store
+
+    async def kept() -> int:
+        row = await store.fetchone("SELECT count(*) AS n FROM oauth_grants WHERE kind=?",
+                                   ("request",))
+        return int(row["n"]) if row else 0
+
+    before = await kept()
+    image = {"Sec-Fetch-Dest": "image", "Sec-Fetch-Mode": "no-cors",
+             "Sec-Fetch-Site": "same-origin"}
+    for _ in range(oauth_server.AUTHORIZE_PER_MINUTE):
+        async with session.get(url, headers=image, allow_redirects=False) as resp:
+            assert resp.status == 403, resp.status
+            assert "Sec-Fetch-Dest: image" in await resp.text()
+    assert await kept() == before
+    async with session.get(url, allow_redirects=False, headers={
+            "Sec-Fetch-Dest": "document", "Sec-Fetch-Mode": "navigate"}) as resp:
+        assert resp.status == 303, "the address's own sign-in"
+    assert await kept() == before + 1
+
+
 async def test_registrations_are_counted_per_client_behind_a_trusted_proxy(
         embedded: Embedded, session: aiohttp.ClientSession,
         monkeypatch: pytest.MonkeyPatch) -> None:

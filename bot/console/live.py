@@ -39,7 +39,7 @@ from aiohttp import web
 
 from bot.app.notify import Wake
 from bot.console.frame import badge_of, error_page, signed_in, tool
-from bot.console.visitor import NotSignedIn, Visitor, visitor
+from bot.console.visitor import NotSignedIn, Visitor, not_for_a_part, visitor
 from bot.errors import TooManyRequests, VaultmailError
 from bot.items import inbox
 from bot.office.visibility import viewer_for
@@ -185,6 +185,7 @@ def _open(request: web.Request) -> Callable[[], bool]:
     return is_open
 
 
+@not_for_a_part  # (an image of it held a stream)
 @signed_in
 async def events(request: web.Request, v: Visitor) -> web.StreamResponse:
     streams, polls = request.app[STREAMS], v.services.long_polls

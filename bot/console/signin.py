@@ -33,6 +33,7 @@ from bot.console.visitor import (
     clear_cookie,
     get_cookie,
     local_next,
+    not_for_a_part,
     person_of,
     pre_session_token,
     public_base,
@@ -172,6 +173,7 @@ async def token_sign_in(request: web.Request) -> web.StreamResponse:
     raise response
 
 
+@not_for_a_part  # (an image of it spent a sign-in, and wrote over the state cookie)
 async def forge_start(request: web.Request) -> web.StreamResponse:
     """Off to the forge's authorize page, with a fresh `state` to check on the way back."""
     settings = request.app[SERVICES_KEY].settings
@@ -236,6 +238,7 @@ OAUTH_ERRORS = frozenset({"invalid_request", "unauthorized_client", "access_deni
                           "temporarily_unavailable"})
 
 
+@not_for_a_part  # (the forge sends the browser here: a page)
 async def forge_callback(request: web.Request) -> web.StreamResponse:
     services = request.app[SERVICES_KEY]
     q = request.query

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -144,6 +145,32 @@ def looking_itself(request: web.Request, visitor: Visitor) -> bool:
     # address someone's words gave on a console page (same-origin too)
     return dest == "empty" and site == "same-origin" and \
         request.headers.get("X-Requested-With") == "fetch"
+
+
+# A GET that acts (opens a live stream, starts or ends a sign-in) is for a page navigated to
+# (`Sec-Fetch-Dest: document`) or the console's own script (`empty`: its fetches and its
+# EventSource, as Chromium sends them), or a client that sends no Sec-Fetch-Dest (a script, an
+# old browser). Never for what a page fetches for its parts (an image, a frame, a style):
+# `img-src 'self'` lets someone's words on a console page draw `![](/console/events)`, fetched
+# with the reader's cookie, which held one of their live streams, or `![](/console/sign-in/
+# forge)`, which spent a sign-in of their address and wrote over the OAuth state of theirs.
+NAVIGATED_OR_FETCHED = frozenset({"document", "empty"})
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def not_for_a_part(handler: Handler) -> Handler:
+    """`handler`, refused (403, nothing done) to a request a page makes for one of its parts."""
+    async def checked(request: web.Request) -> web.StreamResponse:
+        dest = request.headers.get("Sec-Fetch-Dest")
+        if dest is None or dest in NAVIGATED_OR_FETCHED:
+            return await handler(request)
+        return web.Response(status=403, text=(
+            f"{request.path} acts (a live stream, a sign-in), so it is for a page you open or "
+            f"the console's own script, not for a page's {dest} (Sec-Fetch-Dest: {dest}); "
+            f"someone's words on a page may name it. Nothing was done: open {CONSOLE}/inbox "
+            "in your browser."), headers={"Cache-Control": "no-store",
+                                          "X-Content-Type-Options": "nosniff"})
+    return checked
 
 
 def pre_session_token(request: web.Request) -> str:

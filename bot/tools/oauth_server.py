@@ -63,6 +63,7 @@ from bot.console.visitor import (
     NotSignedIn,
     Visitor,
     check_csrf,
+    not_for_a_part,
     public_base,
     sign_in_redirect,
     still_stands,
@@ -359,6 +360,7 @@ def authorize_refusal(request: web.Request) -> str | None:
     return None
 
 
+@not_for_a_part  # (an image of it kept a request and spent a start of the reader's address)
 async def authorize(request: web.Request) -> web.StreamResponse:
     """Check the request; keep it; on to the consent page. Anything wrong is a page here,
     never a redirect: not to an unchecked URI (RFC 6749 §4.1.2.1), and, clients registering

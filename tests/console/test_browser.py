@@ -5,6 +5,7 @@ a phone-sized screen; axe-core finds no serious or critical violation on any pag
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import aiohttp
 import pytest
@@ -435,3 +436,48 @@ async def test_an_image_in_someones_words_marks_nothing_read(office: Embedded,
             "[...document.images].some(i => i.src.includes('part=live') && i.complete)")
         assert sorted(await unread()) == ["Secret for Marco",
                                           "nice ![](/console/inbox?part=live)"]
+
+
+async def test_an_image_in_someones_words_opens_no_stream_and_starts_no_sign_in(
+        office: Embedded, context: BrowserContext) -> None:
+    """`img-src 'self'` lets someone's words draw an image whose address is the console's own
+    (`![](/console/events)`, `![](/console/sign-in/forge)`), fetched by the reader's browser
+    with their cookie: the first opened a live stream (one of the person's 8), the second
+    started a sign-in with the forge (one of the address's 30 a minute, and a new OAuth state
+    cookie over the one of a sign-in under way). A GET that acts is refused now to anything
+    but a page navigated to (`Sec-Fetch-Dest: document`) or a script's fetch or EventSource
+    (`empty`), as Chromium sends them: the console's own stream still opens."""
+    from bot.console import live as live_streams
+
+    page = await context.new_page()
+    sent: dict[str, list[dict[str, str]]] = {}
+
+    async def seen(request: Any) -> None:
+        path = request.url.removeprefix(office.app_url).partition("?")[0]
+        sent.setdefault(path, []).append(await request.all_headers())
+
+    page.on("request", seen)
+    await sign_in_with_token(page, office, MARCO)
+    await live(page)
+    async with aiohttp.ClientSession() as http:
+        outcome = await make_item(office, Actor(http, office, "marco"), "outcome", "Auth",
+                                  assignees=["scout-bot"])
+        await ToolClient(http, office, SARA)(
+            "add_comment", targetType="outcome", target=outcome, to=["marco@acme.com"],
+            body="look ![](/console/events?x=1) ![](/console/sign-in/forge?next=/console/mail)")
+        await office.settle()
+    async with page.expect_response(lambda r: "/console/events?x=1" in r.url) as stream, \
+            page.expect_response(lambda r: "/console/sign-in/forge?" in r.url) as start:
+        await page.reload()
+    await live(page)
+    # Chromium's own: a navigation is `document`, the page's EventSource `empty` (its
+    # fetches are too, which test_only_the_person_looking_marks_their_inbox_read stands on;
+    # Playwright does not always show their Sec-Fetch-*)
+    assert {h.get("sec-fetch-dest") for h in sent["/console/inbox"]
+            if h.get("sec-fetch-mode") == "navigate"} == {"document"}, sent["/console/inbox"]
+    assert {(h.get("sec-fetch-dest"), h.get("sec-fetch-mode")) for h in sent["/console/events"]
+            } >= {("empty", "cors"), ("image", "no-cors")}, sent["/console/events"]
+    assert [c["name"] for c in await context.cookies()
+            if c["name"].endswith("vaultmail_oauth")] == [], "no sign-in started"
+    assert office.runner.app[live_streams.STREAMS].held("acme", MARCO) == 1, "the page's own"
+    assert (await stream.value).status == 403 and (await start.value).status == 403

@@ -926,3 +926,43 @@ async def test_a_sign_in_link_shows_no_words_but_a_forge_login(
     async with session.get(embedded.app_url + "/console/sign-in/forge?login=marco",
                            allow_redirects=False) as resp:
         assert "login=marco" in resp.headers["Location"]
+
+
+async def test_an_image_starts_no_sign_in(embedded: Embedded) -> None:
+    """`![](/console/sign-in/forge)` in someone's words, drawn on a console page: the reader's
+    browser fetched it, which started a sign-in with the forge (one of the address's
+    SIGN_INS_PER_MINUTE, and a new OAuth state cookie over the one of a sign-in under way,
+    whose return then "did not start here"). The start and the forge's return are taken only
+    as a page (`Sec-Fetch-Dest: document`, or a client that sends none); an image is 403,
+    saying so, and starts nothing."""
+    from bot.console import signin
+
+    image = {"Sec-Fetch-Dest": "image", "Sec-Fetch-Mode": "no-cors",
+             "Sec-Fetch-Site": "same-origin"}
+    page = {"Sec-Fetch-Dest": "document", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Site": "none"}
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        async with browser.get(embedded.app_url + "/console/sign-in/forge", headers=page,
+                               allow_redirects=False) as resp:
+            assert resp.status == 303
+            state = re.search(r"state=([^&]+)", resp.headers["Location"])
+        assert state
+        for _ in range(signin.SIGN_INS_PER_MINUTE):
+            async with browser.get(embedded.app_url + "/console/sign-in/forge?next=/console/mail",
+                                   headers=image, allow_redirects=False) as resp:
+                text = await resp.text()
+                assert resp.status == 403, (resp.status, text[:300])
+                assert "image" in text and "Sec-Fetch-Dest" in text, text
+                assert not any("vaultmail_oauth" in c for c in resp.headers.getall(
+                    "Set-Cookie", [])), "the state of the sign-in under way is kept"
+        async with browser.get(embedded.app_url + "/console/oauth/callback?code=x&state="
+                               + state.group(1), headers=image, allow_redirects=False) as resp:
+            assert resp.status == 403, resp.status
+        # the sign-in under way has its state still (a made-up code: the forge refuses it),
+        # and the address its sign-ins
+        async with browser.get(embedded.app_url + "/console/oauth/callback?code=x&state="
+                               + state.group(1), headers=page) as resp:
+            text = await resp.text()
+            assert resp.status == 401 and "bad_verification_code" in text, text[-600:]
+        async with browser.get(embedded.app_url + "/console/sign-in/forge", headers=page,
+                               allow_redirects=False) as resp:
+            assert resp.status == 303, resp.status

@@ -238,3 +238,34 @@ async def test_one_offices_streams_leave_another_office_its_share(
         await ToolClient(session, embedded, MARCO)("mail_send", to="scout", subject="Up",
                                                    body="wake")
         assert (await waiting)[0] == 200
+
+
+# What a browser sends for an image, as Chromium does for `<img src>` on a console page
+IMAGE = {"Sec-Fetch-Dest": "image", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Site": "same-origin"}
+
+
+async def test_an_image_of_the_stream_holds_none_of_the_persons_streams(
+        embedded: Embedded) -> None:
+    """Someone's words on a console page may draw `![](/console/events)`: the reader's browser
+    fetched it with their session cookie, and each such image held one of the person's
+    PER_PERSON streams as long as the page was open (a few of them, and their own pages were
+    refused theirs, 429). A GET of the stream is taken only from a script (`Sec-Fetch-Dest:
+    empty`, an EventSource), a page (`document`) or a client that sends none; anything else
+    is 403, saying so, and holds nothing."""
+    url = embedded.app_url + "/console"
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser, \
+            AsyncExitStack() as images:
+        async with browser.get(url + "/sign-in") as resp:
+            page = await resp.text()
+        async with browser.post(url + "/sign-in/token", data={
+                "csrf": _field(page, "csrf"), "token": embedded.api_tokens[MARCO]}) as resp:
+            assert resp.status == 200
+        for _ in range(live.PER_PERSON):
+            resp = await images.enter_async_context(await _stream(browser, embedded, IMAGE))
+            assert resp.status == 403, resp.status
+            text = await resp.text()
+            assert "image" in text and "Sec-Fetch-Dest" in text, text
+        assert embedded.runner.app[live.STREAMS].held("acme", MARCO) == 0
+        eventsource = {**IMAGE, "Sec-Fetch-Dest": "empty", "Sec-Fetch-Mode": "cors"}
+        async with await _stream(browser, embedded, eventsource) as resp:
+            first, _ = await _first(resp)  # the page's own stream opens
