@@ -41,7 +41,7 @@ from bot.console.visitor import (
     visitor,
 )
 from bot.errors import Denied, ForgeUnavailable, VaultmailError, retry_headers
-from bot.names import is_name
+from bot.names import RULE, is_name
 from bot.store import api_tokens
 from bot.tools.http import make_call
 
@@ -49,6 +49,9 @@ log = logging.getLogger("vaultmail.console")
 STATE_COOKIE = "vaultmail_oauth"
 STATE_AGE = 600  # seconds to come back from the forge (its codes last 10 minutes too)
 CALLBACK = f"{CONSOLE}/oauth/callback"
+# the longest next= (URL-encoded) the state cookie carries: with the state, the verifier and
+# an org (a forge name, at most 40 characters) well under the 4,096 bytes a browser keeps
+MAX_NEXT = 2000
 # forge sign-ins one address starts a minute, and codes it has the app trade at the forge (each
 # a POST with the App's OAuth client credentials, which the forge counts against the App)
 SIGN_INS_PER_MINUTE = 30
@@ -179,18 +182,31 @@ async def forge_start(request: web.Request) -> web.StreamResponse:
     settings = request.app[SERVICES_KEY].settings
     if not oauth.enabled(settings):
         return _sign_in_page(request, message=not_set_up(settings), error=True, status=503)
+    # what the state cookie carries back, bounded: a browser keeps no cookie past 4,096 bytes,
+    # and without it the forge's return "did not start here" (the link's words never shown)
+    nxt = local_next(request.query.get("next"))
+    if len(carried := quote(nxt, safe="")) > MAX_NEXT:
+        return _sign_in_page(request, message=f"This sign-in link's next= (the page to open "
+                             f"once signed in) is {len(carried):,} characters, more than the "
+                             f"{MAX_NEXT:,} a sign-in with the forge carries: sign in here "
+                             "(you land on your inbox), then open that page again", error=True,
+                             status=400, nxt="")
+    # the office chosen (when a login is in several), kept with the state: only an office
+    # that lists the login the forge signs in is ever used
+    org = request.query.get("org") or ""
+    if org and not is_name(org):
+        return _sign_in_page(request, message=f"This sign-in link's org= is not an "
+                             f"organisation's name on a forge ({RULE}): sign in here, and "
+                             "choose your office then if you are in several", error=True,
+                             status=400, nxt=nxt)
     if (refused := _over_limit(request, STARTS_KEY)) is not None:
         return refused
     state, verifier = secrets.token_urlsafe(24), secrets.token_urlsafe(48)
-    nxt = local_next(request.query.get("next"))
     login = _asked_login(request) or None
-    # the office chosen (when a login is in several), kept with the state: only an office
-    # that lists the login the forge signs in is ever used
-    org = "".join(c for c in (request.query.get("org") or "") if c.isalnum() or c == "-")
     response = web.HTTPSeeOther(oauth.authorize_url(settings, callback_url(request), state,
                                                     verifier, login))
-    set_cookie(response, request, STATE_COOKIE,
-               f"{state}:{verifier}:{org.lower()}:{quote(nxt, safe='')}", STATE_AGE)
+    set_cookie(response, request, STATE_COOKIE, f"{state}:{verifier}:{org.lower()}:{carried}",
+               STATE_AGE)
     raise response
 
 

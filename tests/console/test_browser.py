@@ -481,3 +481,24 @@ async def test_an_image_in_someones_words_opens_no_stream_and_starts_no_sign_in(
             if c["name"].endswith("vaultmail_oauth")] == [], "no sign-in started"
     assert office.runner.app[live_streams.STREAMS].held("acme", MARCO) == 1, "the page's own"
     assert (await stream.value).status == 403 and (await start.value).status == 403
+
+
+async def test_a_sign_in_link_too_long_for_its_cookie_says_so(office: Embedded,
+                                                             context: BrowserContext) -> None:
+    """A console link of a few KB (`next=` the page to come back to after signing in): the
+    forge sign-in kept it in its state cookie, past the 4,096 bytes Chromium keeps of one, so
+    the browser kept none, and after the forge's sign-in and authorize the console said
+    "This sign-in did not start here". Now the start says what was wrong and what to do, and
+    signing in from there lands on the inbox."""
+    page = await context.new_page()
+    await page.goto(office.app_url + "/console/mail?q=" + "x" * 4000)
+    await expect(page).to_have_url(re.compile(r"/console/sign-in\?next="))
+    await page.get_by_role("link", name="Sign in with the forge").click()
+    await expect(page.get_by_role("alert")).to_contain_text("next=")
+    await expect(page.get_by_role("alert")).to_contain_text("sign in")
+    await page.get_by_role("link", name="Sign in with the forge").click()
+    await page.get_by_label("Username or email address").fill("marco")
+    await page.get_by_label("Password").fill(office.forge.user_password("marco"))
+    await page.get_by_role("button", name="Sign in").click()
+    await page.get_by_role("button", name=re.compile("^Authorize")).click()
+    await expect(page).to_have_url(re.compile(r"/console/inbox$"))

@@ -966,3 +966,31 @@ async def test_an_image_starts_no_sign_in(embedded: Embedded) -> None:
         async with browser.get(embedded.app_url + "/console/sign-in/forge", headers=page,
                                allow_redirects=False) as resp:
             assert resp.status == 303, resp.status
+
+
+async def test_a_sign_in_link_too_long_for_its_cookie_says_so(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """The forge sign-in keeps the page to come back to (`next=`) and the office chosen
+    (`org=`) in its state cookie: a link with a few KB of either made a cookie past the 4,096
+    bytes a browser keeps, so it kept none, and the forge's return was refused as "did not
+    start here" (Chromium: test_browser::test_a_sign_in_link_too_long_for_its_cookie_says_so).
+    Now such a link is a 400 sign-in page saying what was wrong and what to do, sending
+    nothing to the forge; `org=` is an organisation's name on a forge (`bot.names.is_name`,
+    not letters and digits picked out of anything), else likewise."""
+    start = embedded.app_url + "/console/sign-in/forge"
+    long_next = "/console/mail?q=" + "x" * 3000
+    for query, says in ((f"next={long_next}", "next="), ("org=" + "a" * 3000, "org="),
+                        ("org=ac%20me%21", "org="), ("org=acme:x", "org=")):
+        async with session.get(f"{start}?{query}", allow_redirects=False) as resp:
+            text = await resp.text()
+            assert resp.status == 400, (query[:40], resp.status)
+            assert says in text and "sign in" in text.lower(), text[-1500:]
+            assert not any("vaultmail_oauth" in c for c in resp.headers.getall(
+                "Set-Cookie", [])), "nothing started"
+            assert "x" * 100 not in text and "ac me" not in text, "no words of the link shown"
+    async with session.get(f"{start}?org=acme.corp_1&next=/console/mail",
+                           allow_redirects=False) as resp:
+        assert resp.status == 303, resp.status
+        [state] = [c for c in resp.headers.getall("Set-Cookie")
+                   if c.startswith("vaultmail_oauth=")]
+        assert ":acme.corp_1:" in state, state  # (a name: '.' and '_' are a forge's too)
