@@ -17,7 +17,7 @@ import pytest
 
 from bot.app.embedded import Embedded
 from bot.office.visibility import ASKED_AT_ONCE, ENTRIES_AHEAD, viewer_of
-from bot.store import ledger
+from bot.store import comments, ledger
 from bot.store import mails as mail_index
 from tests.items_support import (
     BUILDER,
@@ -27,6 +27,7 @@ from tests.items_support import (
     SARA,
     SCOUT,
     TOKEN_TTL,
+    VAULT,
     make_item,
 )
 from tests.support import ToolClient
@@ -233,3 +234,26 @@ async def test_a_read_that_failed_asks_the_forge_nothing_more(
         for held in holds.values():
             held.release()
     assert not asked_after, f"{len(asked_after)} more asked after the read had failed"
+
+
+async def test_a_ledger_pages_reads_are_a_few_statements_whatever_its_mix(
+        embedded: Embedded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a page of entries is about is read by statements whose lists vary in length (ids,
+    places, refs): said as they came, one connection prepared thousands of shapes, past the
+    STATEMENTS_KEPT it keeps, and every statement of that connection was prepared again."""
+    store = embedded.services.store
+    said: set[str] = set()
+    fetchall = store.fetchall
+
+    async def noted(sql: Any, params: Any = ()) -> Any:
+        said.add(sql if isinstance(sql, str) else sql.sqlite)
+        return await fetchall(sql, params)
+
+    monkeypatch.setattr(store, "fetchall", noted)
+    for ids in range(51):
+        for places in range(0, 51, 7):
+            await mail_index.mails_known(store, [f"m{i}" for i in range(ids)],
+                                    [(VAULT, n + 1) for n in range(places)])
+    for refs in range(51):
+        await comments.items_at(store, [f"{VAULT}#{n + 1}" for n in range(refs)])
+    assert len(said) <= 7 * 8 + 7, len(said)  # (1-64 of each list: 7 lengths a list)

@@ -19,7 +19,7 @@ from bot.items.threads import ThreadState
 from bot.store.db import Connection, Row, Store, hold, register_columns, register_schema
 from bot.store.migrations import register_backfill
 from bot.store.offices import org_of, scoped
-from bot.store.sql import Sql, greatest, indexed_by, upsert
+from bot.store.sql import Sql, greatest, indexed_by, padded, upsert
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS items (
@@ -266,7 +266,7 @@ async def get_item(store: Store, ref: str) -> Item | None:
 
 async def items_at(store: Store, refs: Iterable[str]) -> dict[str, Item]:
     """The index's items among `refs`, by ref, in one statement."""
-    refs = sorted(set(refs))
+    refs = padded(sorted(set(refs)))
     if not refs:
         return {}
     rows = await store.fetchall(f"SELECT * FROM items WHERE ref IN ({_marks(refs)})",

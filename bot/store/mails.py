@@ -12,7 +12,7 @@ from typing import Any
 from bot.store.db import Connection, Row, Store, hold, keyed, register_columns, register_schema
 from bot.store.migrations import register_backfill
 from bot.store.offices import next_number, number_as_was, numbered_per_office, org_of, scoped
-from bot.store.sql import Sql, Statement, greatest, upsert
+from bot.store.sql import Sql, Statement, greatest, padded, upsert
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS mails (
@@ -328,10 +328,11 @@ async def mails_known(store: Store, ids: Iterable[str], places: Iterable[tuple[s
     named, at = set(ids), {(v.lower(), n) for v, n in places}
     if not named and not at:
         return {}, {}
-    where = [f"mail_id IN ({','.join('?' * len(named))})"] if named else []
-    where += ["(lower(vault)=? AND number=?)"] * len(at)
+    ids, places = padded(sorted(named)), padded(sorted(at))  # (a few statements' shapes)
+    where = [f"mail_id IN ({','.join('?' * len(ids))})"] if ids else []
+    where += ["(lower(vault)=lower(?) AND number=?)"] * len(places)  # (as MAIL_AT says it)
     rows = await store.fetchall("SELECT * FROM mails WHERE " + " OR ".join(where),
-                                (*sorted(named), *(x for place in sorted(at) for x in place)))
+                                (*ids, *(x for place in places for x in place)))
     found = [_record(row) for row in rows]
     return ({m.mail_id: m for m in found if m.mail_id in named},
             {(m.vault.lower(), m.number): m for m in found

@@ -16,7 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +145,17 @@ def upsert(table: str, columns: list[str], key: list[str],
                      + [f"{c}={e}" for c, e in computed.items()])
     return (f"INSERT INTO {table}({', '.join([*columns, *computed])}) VALUES ({marks})"
             f" ON CONFLICT({', '.join(key)}) DO UPDATE SET {sets}")
+
+
+def padded(values: Sequence[T]) -> list[T]:
+    """`values`, the last repeated up to the next power of two: an `IN (...)` or `OR` list of
+    any length 1-N is one of log2(N) statements, not N (each statement a connection prepares
+    and keeps: two such lists in one statement were thousands of shapes, past what a
+    connection keeps, STATEMENTS_KEPT)."""
+    if not values:
+        return []
+    size = 1 << (len(values) - 1).bit_length()
+    return [*values, *[values[-1]] * (size - len(values))]
 
 
 def indexed_by(table: str, index: str) -> Sql:
