@@ -14,8 +14,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import aiohttp
-
 from bot.cli.output import say, say_json
 from bot.cli.shell import (
     REFUSED,
@@ -30,10 +28,13 @@ from bot.cli.shell import (
 from bot.store.where import index_of
 
 if TYPE_CHECKING:
+    import aiohttp
+
     from bot.app.services import Services
     from bot.mail.signing import Keyring, Keyrings, Verifier
 
-# (each command loads what it needs: the others start without the app's modules)
+# (each command loads what it needs: the others start without the app's modules, and those
+# that make no HTTP request without aiohttp's client)
 
 _REF = re.compile(r"^([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)#([1-9][0-9]*)$")
 _PRINCIPAL = re.compile(r"^(human:[^@\s]+@[^@\s]+|agent:[a-z0-9-]+|office)$")
@@ -41,6 +42,8 @@ _PRINCIPAL = re.compile(r"^(human:[^@\s]+@[^@\s]+|agent:[a-z0-9-]+|office)$")
 
 @asynccontextmanager
 async def app_services(data: str | None) -> AsyncIterator[Services]:
+    import aiohttp
+
     from bot.app.build import build_services
     from bot.app.settings import Settings
 
@@ -109,6 +112,8 @@ async def _published_keys(data: str | None, keys_url: str | None, operator_token
     data directory; the check itself requires the key to speak for the mail's office. The
     app's own published keys are told which keys were revoked by its key files, where they
     are here (run beside the app): a mail signed with one says so."""
+    import aiohttp
+
     from bot.app.settings import SettingsError
     from bot.mail.signing import KEYS_FILE_NAME, OFFICE_KEYS_DIR, Keyrings, PublicKeys
 
@@ -152,6 +157,8 @@ async def cmd_verify(args: argparse.Namespace) -> int:
 
 
 async def _verify(args: argparse.Namespace) -> int:
+    import aiohttp
+
     from bot.forge.errors import NotFound
     from bot.mail.header import parse_mail_body, verify_issue
     from bot.mail.signing import kid_office
@@ -468,6 +475,8 @@ async def cmd_office_setup_types(args: argparse.Namespace) -> int:
     organisation's "Issue Types" write; the App's own installation cannot). With `--office`
     naming `waiting: field`, the org's "Waiting on" issue field too (`POST /orgs/{org}/
     issue-fields`, the same owner; fine-grained: the organisation's "Issue Fields" write)."""
+    import aiohttp
+
     from bot.items.model import DEFAULT_TYPES, ITEM_KINDS
     from bot.office.config import OfficeConfigError, load_office
 

@@ -20,9 +20,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
-from gidgethub import HTTPException
-
 from bot.cli.output import say, say_json
 from bot.forge.errors import ForgeError
 from bot.store.where import index_of, is_postgres
@@ -85,6 +82,9 @@ def forge_unreachable(url: str, why: object) -> ShellFailure:
 def infrastructure(exc: BaseException) -> ShellFailure | None:
     """An infrastructure problem as one line with what to do, or None for anything else (a
     bug, which keeps its traceback)."""
+    import aiohttp  # (here, not at the top: a command that makes no request loads no client)
+    from gidgethub import HTTPException
+
     if isinstance(exc, ShellFailure):
         return exc
     if isinstance(exc, ForgeError):

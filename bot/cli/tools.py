@@ -17,8 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from bot.cli.output import say, say_json
 from bot.cli.shell import REFUSED, ShellFailure, done, existing_data_dir, fail, wants_json
 
@@ -33,6 +31,8 @@ class ShellError(ShellFailure):
 
 
 def app_unreachable(app_url: str, exc: BaseException) -> ShellError:
+    import aiohttp
+
     reason = (exc.os_error.strerror or str(exc.os_error)
               if isinstance(exc, aiohttp.ClientConnectorError) else type(exc).__name__)
     return ShellError(f"cannot reach the vaultmail app at {app_url} ({reason}): start it "
@@ -97,6 +97,8 @@ class ToolRefused(Exception):
 
 
 async def call_app(who: Identity, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    import aiohttp  # (by the commands that call the app: the others start without it)
+
     timeout = aiohttp.ClientTimeout(total=int(arguments.get("wait") or 0) + 60)
     headers = {"Authorization": f"Bearer {who.token}"}
     try:
@@ -256,6 +258,8 @@ def _call_arguments(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
 
 
 async def _tool_properties(app_url: str, tool: str) -> dict[str, Any]:
+    import aiohttp
+
     try:
         async with aiohttp.ClientSession() as session, \
                 session.get(f"{app_url}/api/v1/tools") as resp:
@@ -334,6 +338,8 @@ def _flags(annotations: dict[str, Any]) -> str:
 
 
 async def cmd_tools(args: argparse.Namespace) -> int:
+    import aiohttp
+
     try:
         tokens = _tokens_file(args.data)
         app_url = (args.app or os.environ.get("VAULTMAIL_APP_URL")
