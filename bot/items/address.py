@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from bot.errors import InvalidArguments
-from bot.office.config import Office
+
+if TYPE_CHECKING:  # (annotations only: the index loads this module, not the office's models)
+    from bot.office.config import Office
 
 Way = Literal["personal", "agents"]
 MAX_ADDRESSED = 20

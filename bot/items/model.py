@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from bot.office.config import Office
+if TYPE_CHECKING:  # (annotations only: the index loads this module, not the office's models)
+    from bot.office.config import Office
 
 ItemKind = Literal["goal", "outcome", "plan", "evidence"]
 ITEM_KINDS: tuple[ItemKind, ...] = ("goal", "outcome", "plan", "evidence")

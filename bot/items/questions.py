@@ -8,7 +8,7 @@ from typing import Any
 
 from bot.digits import whole
 from bot.errors import InvalidArguments
-from bot.mail.header import clean_subject
+from bot.unseen import clean_subject
 
 MAX_OPTIONS = 4
 MAX_LABEL = 60

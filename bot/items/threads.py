@@ -15,12 +15,14 @@ answer, keeps the old one in the history, hands the turn to the asker and reopen
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from bot.errors import Conflict, Denied, InvalidArguments
 from bot.items.address import Reached, Way, person_of, way_of_writer
 from bot.items.questions import Question
-from bot.office.config import Office
+
+if TYPE_CHECKING:  # (annotations only: the index loads this module, not the office's models)
+    from bot.office.config import Office
 
 ReplyKind = Literal["answer", "amend", "follow_up", "pass_on", "comment"]
 _HUMAN_ONLY = ("this question is humanOnly: your person must decide. Tell them, then reply with "

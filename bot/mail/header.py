@@ -72,6 +72,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from bot.mail.signing import Signer, Verifier, kid_office, vault_office
 from bot.names import NAME, OFFICE
+from bot.unseen import clean_subject
 
 # Mail between agents beyond this many hops starts no run: the automatic reply notification
 # (the copy of a reply into an agent sender's vault), mail an agent sends in answer to mail
@@ -157,23 +158,6 @@ def normalize_body(body: str) -> str:
 def normalize_subject(subject: str) -> str:
     """The subject as compared with the issue title: without surrounding whitespace."""
     return subject.strip()
-
-
-# Where a person reads a subject (the issue title, the inbox, the ledger) it must read as what
-# it is: control characters (tab, newline, C1) become spaces; characters that are invisible or
-# reorder the text around them (bidi embeddings, overrides, isolates and marks, zero-width
-# space, word joiner, BOM, soft hyphen, Hangul fillers, tag characters, ...) are removed. The
-# zero-width (non-)joiners that emoji sequences and scripts such as Persian need are kept.
-_SUBJECT_SPACE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-_SUBJECT_INVISIBLE = re.compile(
-    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180e\u200b\u200e\u200f"
-    "\u202a-\u202e\u2060-\u206f\u3164\ufeff\uffa0\ufff9-\ufffb"
-    "\U0001d173-\U0001d17a\U000e0000-\U000e0fff]")
-
-
-def clean_subject(subject: str) -> str:
-    """The subject the app signs and titles the issue with (see above); may be empty."""
-    return _SUBJECT_INVISIBLE.sub("", _SUBJECT_SPACE.sub(" ", subject)).strip()
 
 
 def adopted_mail_id(issue_id: int) -> str:

@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bot.mail.signing import names_before
 from bot.store.db import Connection, Row, Store, hold, register_schema
 from bot.store.offices import next_number, number_as_was, numbered_per_office
 from bot.store.sql import Params, Sql, Statement, json_at
@@ -193,6 +192,8 @@ def _about(subject: str, renamed: dict[str, str] | None) -> tuple[str, tuple[str
     the subject's owner has now), never in another's that took the name since. Every lookup
     also asks for its office's chain (`chain=?`): `subject` itself may be a name another
     office's entries were hashed under before it was renamed or moved aside."""
+    from bot.mail.signing import names_before  # (here: opening the index loads no cryptography)
+
     before = names_before(renamed or {}, subject)
     if not before:
         return "subject=?", (subject,)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from pathlib import Path
 
+from bot.store import index_of, open_store
 from tests.test_cli_tools import ROOT
 
 # what a command that does not use them must not load (cumulative import times on a 2-core
@@ -52,3 +54,11 @@ async def test_help_loads_no_http_client_no_settings_and_no_office_models() -> N
     assert "argparse" in loaded  # (the probe ran the command)
     assert _heavy(loaded, HTTP + APP + MAIL) == []
 
+
+async def test_a_command_that_reads_the_index_loads_neither_the_office_models_nor_http(
+        tmp_path: Path) -> None:
+    store = await open_store(index_of(tmp_path))  # an index as the app leaves it
+    await store.close()
+    loaded = await _loaded("token", "list", "--data", str(tmp_path))
+    assert "bot.store.api_tokens" in loaded
+    assert _heavy(loaded, HTTP + APP + MAIL) == []
