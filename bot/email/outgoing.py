@@ -16,9 +16,9 @@ from email.utils import format_datetime
 import dkim
 
 from bot.email.addresses import BadAddress, display, normalise
+from bot.email.keys import SELECTOR
 from bot.mail.header import clean_subject
 
-SELECTOR = "vaultmail"
 MAIL_KEY = "mail"  # the digest's key for mail an agent sent (a reply's is the reply's key)
 MAX_REFERENCES = 20
 HOPS_HEADER = "X-Vaultmail-Hops"  # the loop guard's count, carried between email and mail

@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from bot.app.embedded import Embedded
 from bot.store import index_of, open_store
 from tests.test_cli_tools import ROOT
 
@@ -66,3 +67,12 @@ async def test_a_command_that_reads_the_index_loads_neither_the_office_models_no
                            env={"DATABASE_URL": database_url} if database_url else None)
     assert "bot.store.api_tokens" in loaded
     assert _heavy(loaded, HTTP + APP + MAIL) == []
+
+
+async def test_a_command_that_acts_for_the_app_loads_no_dkim_nor_dns_resolver(
+        embedded: Embedded) -> None:
+    """DKIM and dnspython are for the app's email (signing, checking, the listener): `doctor`,
+    `verify` and `reindex` build the app's services without them."""
+    loaded = await _loaded("doctor", "--dry-run", "--json", "--data", str(embedded.data_dir))
+    assert "bot.app.services" in loaded  # (it acted for the app)
+    assert _heavy(loaded, ["dkim", "dns", "aiosmtplib", "bot.email.outgoing"]) == []
