@@ -362,3 +362,34 @@ async def test_a_read_older_than_the_one_recorded_does_not_bring_anyone_back(
         "targetType": "goal", "target": goal, "body": "Lee?", "needsReply": True,
         "to": ["lee@acme.com"]})
     assert status == 422 and "lee has left the office" in err["error"]["message"], err
+
+
+CONFIG_GET = "GET /repos/{owner}/{repo}/contents/{path}"
+
+
+async def test_a_read_under_way_when_the_config_is_forgotten_keeps_nothing(
+        embedded: Embedded, person: Any, tools: Any) -> None:
+    """A config read is part-way (lee left: its sweep's card held at the forge) when what was
+    kept of the office's config is forgotten (a new repository under a renamed vault's old
+    name: the office's names read again). That read, parsed with the names forgotten, was
+    kept and served for a minute after: scout's mail went to the renamed vault and not to the
+    new one (test_renames, under load). The next read after `forget` is its own."""
+    goal = await make_item(embedded, person("sara"), "goal", "EU launch")
+    await tools(SARA)("add_comment", targetType="goal", target=goal, header="Q",
+                      needsReply=True, body="Lee?", to=["lee@acme.com"])
+    embedded.forge.put_file("acme/.github", "vaultmail.yml", _without(LEE_BLOCK))
+    services = embedded.services
+    forge = services.forge_for_org("acme")
+    held = embedded.forge.faults.hold(PATCH_COMMENT, count=1)
+    read = asyncio.create_task(services.offices.get(forge, "acme", fresh=True))
+    try:
+        await asyncio.wait_for(held.arrived.wait(), GUARD)  # the read: part-way
+        services.offices.forget("acme")
+        held.release()
+        await asyncio.wait_for(read, GUARD)
+    finally:
+        held.release()
+    reads = len([r for r in embedded.forge.requests if r.route == CONFIG_GET])
+    assert await services.offices.get(forge, "acme") is not None
+    assert len([r for r in embedded.forge.requests if r.route == CONFIG_GET]) == reads + 1, \
+        "the office was served what the read begun before `forget` found"

@@ -90,6 +90,9 @@ class OfficeSource:
         # kept of it is not that org's config any more
         self._read_under: dict[str, int | None] = {}
         self._fresh: set[str] = set()  # orgs a push asked to read again, until answered
+        # how many times each org's config was forgotten: a read begun before the last time
+        # answers whoever waited for it, but nothing of it is kept (`forget`)
+        self._forgotten: dict[str, int] = {}
         self._reading = asyncio.Semaphore(READS_AT_ONCE)
         self.max_age = max_age
         self.last_error: dict[str, OfficeConfigError] = {}
@@ -169,12 +172,15 @@ class OfficeSource:
         return kept[1]
 
     def forget(self, org: str) -> None:
-        """Drop what was kept of `org`'s config (its name now another account's): the next
-        read is its first."""
+        """Drop what was kept of `org`'s config (its name now another account's, a vault's
+        old name another repository's): the next read is its first. A read under way is not
+        waited for and keeps nothing: begun before, it may be parsed with what was forgotten
+        (the names the office had), and kept, it was served for `max_age` after."""
         for kept in (self._last_valid, self._fetched, self._text, self.last_error,
-                     self._read_under, self._file_checked):
+                     self._read_under, self._file_checked, self._asking, self._asked_at):
             kept.pop(org, None)
         self._fresh.discard(org)
+        self._forgotten[org] = self._forgotten.get(org, 0) + 1
 
     def answered(self, org: str) -> bool:
         """Whether `org`'s config was ever read (valid or not)."""
@@ -192,44 +198,59 @@ class OfficeSource:
             done.exception()  # retrieved: whoever awaited it has it already
 
     async def _fetch(self, forge: Forge, org: str) -> Office | None:
+        forgotten = self._forgotten.get(org, 0)
+        office = await self._read(forge, org)
+        if self._forgotten.get(org, 0) == forgotten:
+            self._fetched[org] = time.monotonic()  # it stands for `max_age` from now
+            self._fresh.discard(org)
+        return office
+
+    async def _read(self, forge: Forge, org: str) -> Office | None:
+        """`org`'s config read from the forge, what is kept of it updated (unless `forget`
+        was called meanwhile)."""
+        forgotten = self._forgotten.get(org, 0)
+
+        def kept() -> bool:  # (forgotten since the read began: nothing of it is kept)
+            return self._forgotten.get(org, 0) == forgotten
+
         try:
             async with self._reading:  # (a round of a thousand offices: not all at once)
                 began = time.time()
                 text = await config_text(forge.get_file(
                     f"{org}/{CONFIG_REPO}", CONFIG_PATH, at_most=MAX_CONFIG_BYTES), self.where(org))
         except OfficeConfigError as exc:  # the org's file, not the forge: refused as invalid
-            return self._answered(org, self._refused(org, exc))
+            return self._refused(org, exc, kept())
         if text is None:
-            return self._answered(org, self._last_valid.get(org))
-        if self._text.get(org) == text and org in self._last_valid:
+            return self._last_valid.get(org)
+        last = self._last_valid.get(org)
+        if self._text.get(org) == text and last is not None:
             # unchanged (a 304): not parsed, but applied (another replica may have recorded
             # another text since, and the forge has this one back)
             if self.on_read is not None:
-                await self.on_read(org, self._last_valid[org], began, False)
-            self.last_error.pop(org, None)  # back to (or still) the last valid text
-            return self._answered(org, self._last_valid[org])
+                await self.on_read(org, last, began, False)
+            if kept():
+                self.last_error.pop(org, None)  # back to (or still) the last valid text
+            return last
         try:  # (another office's text: parsed beside the loop, which serves every office)
             office = await asyncio.to_thread(self.validate, org, text)
         except OfficeConfigError as exc:
-            return self._answered(org, self._refused(org, exc))
+            return self._refused(org, exc, kept())
         if self.on_read is not None:
             await self.on_read(org, office, began, True)
-        self.last_error.pop(org, None)
-        self._last_valid[org] = office
-        self._text[org] = text
-        return self._answered(org, office)
-
-    def _answered(self, org: str, office: Office | None) -> Office | None:
-        """The forge has answered and `office` is in place: it stands for `max_age` from now.
-        (Marked fresh before it was in place, a caller while the text was being parsed read
-        the answer before it, at start-up none: an SMTP recipient refused as unknown, a
-        delivery handled as one of an office without a config.)"""
-        self._fetched[org] = time.monotonic()
-        self._fresh.discard(org)
+        # (in place before the read is marked answered, `_fetch`: a caller meanwhile read the
+        # answer before it, at start-up none: an SMTP recipient refused as unknown, a
+        # delivery handled as one of an office without a config)
+        if kept():
+            self.last_error.pop(org, None)
+            self._last_valid[org] = office
+            self._text[org] = text
         return office
 
-    def _refused(self, org: str, exc: OfficeConfigError) -> Office | None:
-        """`org`'s config refused: said once while it stays the same, the last valid kept."""
+    def _refused(self, org: str, exc: OfficeConfigError, kept: bool = True) -> Office | None:
+        """`org`'s config refused: said once while it stays the same, the last valid kept
+        (`kept`: the read began since the org's config was last forgotten)."""
+        if not kept:
+            return None
         if org not in self.last_error or str(self.last_error[org]) != str(exc):
             log.error("office config refused; last valid config stays in force",
                       extra={"org": org, "errors": [shortened(e) for e in exc.errors[:50]],
