@@ -101,6 +101,45 @@ async def test_mail_to_a_domain_not_proven_is_refused_naming_the_record(
     assert (await delivered(mailroom, taken))[0].startswith("acme/scout-vault#"), taken
 
 
+async def test_mail_waiting_on_a_domain_no_longer_proven_is_given_up_never_sent_late(
+        mailroom: Mailroom) -> None:
+    """Found by review: an office whose domain is no longer proven was left out of the
+    outbox's rounds, so its messages waited with no give-up clock and went whenever the
+    record came back, however late (months), where any other message that cannot go is
+    given up after VAULTMAIL_SMTP_GIVE_UP_SECONDS. The same clock applies: deferred, then
+    given up, bounced saying why, the issue and the agent told; never sent after."""
+    outbox = mailroom.embedded.runner.app[GATEWAY_KEY].outbox
+    assert outbox is not None
+    await outbox.stop()  # (its rounds are run below by `outbox_settled`)
+    acme = _account(mailroom, "acme")
+    mailroom.dns.txts.pop(RECORD, None)  # acme's record taken away
+    _intake(mailroom).proofs.forget()
+    outbox.give_up_after = 0.0  # the first deferral is past it (as months would be)
+    sent = await mailroom.tools("agent:scout")("mail_send", to="bob@example.org",
+                                               subject="Quote", body="Send a quote.")
+    await mailroom.embedded.settle()
+    assert await mailroom.outbox_settled() == 0 and mailroom.relay.received.empty()
+    store = mailroom.embedded.services.store
+    [deferred] = await ledger.entries(store, event="email.deferred")
+    assert "not proven" in deferred.data["detail"] and RECORD in deferred.data["detail"]
+    [bounced] = await ledger.entries(store, event="email.bounced")
+    assert bounced.data["recipients"] == ["bob@example.org"], bounced.data
+    assert bounced.data["source"] == "relay" and "gave up" in bounced.data["why"]
+    assert "not proven" in bounced.data["why"], bounced.data
+    [told] = [m for m in await mails.all_mails(store) if m.subject == "Undelivered: Quote"]
+    assert told.to_principal == "agent:scout" and "not proven" in told.body
+    notes = [c["body"] for c in await mailroom.person("marco").comments(
+        "acme/scout-vault", sent["mail"]["number"])]
+    assert sum(n.startswith("⏳ Deferred") for n in notes) == 1, notes
+    assert sum(n.startswith("📭") and "not proven" in n for n in notes) == 1, notes
+
+    mailroom.dns.txts[RECORD] = [f"vaultmail-office-id={acme}"]  # published again, late
+    _intake(mailroom).proofs.forget()
+    assert await mailroom.outbox_settled() == 0 and mailroom.relay.received.empty()
+    assert mailroom.relay.rcpt_at == {}
+    assert await ledger.entries(store, event="email.sent") == []
+
+
 async def test_another_office_naming_the_domain_gets_none_of_its_mail(
         mailroom: Mailroom) -> None:
     emb = mailroom.embedded

@@ -317,7 +317,7 @@ class Mailroom:
 
         outbox = self.embedded.runner.app[GATEWAY_KEY].outbox
         assert outbox is not None
-        return sum([await outbox.drain(office) for office in await outbox.intake.offices()])
+        return sum([await outbox.drain(office) for office in await outbox.offices()])
 
     @property
     def port(self) -> int:

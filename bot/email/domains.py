@@ -10,7 +10,8 @@ resolver (bot.email.dns; the tests' is a table) when the office's mail is first 
 again every `PROVEN_FOR` seconds (an unproven domain every `UNPROVEN_FOR`): at RCPT, and on
 each round of the outbox. Until it is proven,
 mail to the domain is refused at RCPT (`550 5.7.1` naming the record) and none is sent from
-it, and the office's ledger says once which record to publish (`office.config_refused`).
+it (the outbox defers its messages, and gives them up on a deferral's clock: never sent late),
+and the office's ledger says once which record to publish (`office.config_refused`).
 Two offices naming one domain: only the one its record names has it.
 
 The record asked for before ids, `vaultmail-office=<org>` (`named_value`), names the org by

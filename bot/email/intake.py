@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Literal
 from bot.email import attachments, keys, outgoing
 from bot.email.addresses import BadAddress, Mailbox, mailbox, normalise, principal_of
 from bot.email.auth import DnsError, Verdicts
-from bot.email.domains import DomainProofs, record_name, record_value
+from bot.email.domains import DomainProofs, Proof, record_name, record_value
 from bot.email.message import Attached, Bounce, Inbound, read_meta, render_inbound
 from bot.email.outgoing import HOPS_HEADER
 from bot.email.policy import Decision, decide
@@ -172,6 +172,20 @@ class EmailIntake:
     async def proven(self, office: Office) -> bool:
         """Whether `office`'s email domain is proven its own; when not, its ledger says once
         which record to publish (`office.config_refused`)."""
+        return (await self._proof(office)).proven
+
+    async def unproven_why(self, office: Office) -> str | None:
+        """Why nothing may go out from `office`'s email domain now (not proven its own, or
+        DNS cannot say and never said); None when it is proven. The outbox's deferral."""
+        assert office.email is not None
+        try:
+            proof = await self._proof(office)
+        except DnsError:
+            return (f"DNS cannot say now whether {office.email.domain} is the office's "
+                    f"({record_name(office.email.domain)} did not answer)")
+        return None if proof.proven else f"the office's email domain is not proven: {proof.why}"
+
+    async def _proof(self, office: Office) -> Proof:
         assert office.email is not None
         account = await installations.account_of(self.services.store, office.org)
         proof = await self.proofs.proof(office.org, account, office.email.domain)
@@ -184,7 +198,7 @@ class EmailIntake:
                                       "email_domain": office.email.domain},
                                      org=office.org, by=("email_domain",))
             self._told.add(told)
-        return proof.proven
+        return proof
 
     async def unproven(self, address: str) -> str | None:
         """Why mail to `address` is refused: its domain is one an office here names but no

@@ -114,6 +114,12 @@ async def _to_send(store: Any, org: str, cursor: int) -> list[ledger.Entry]:
     return sorted(found, key=lambda e: e.seq)[:BATCH]
 
 
+class Unproven(Exception):
+    """The office's email domain is not proven its own now (bot.email.domains), so nothing
+    goes out from it: a deferral like the relay's, tried again and given up past
+    give_up_after, never sent whenever the domain is proven again, however late."""
+
+
 class Deferred(Exception):
     """The relay said later (4xx) or could not be reached: to `recipients` (none named: the
     whole message). Its text is shown on the mail's issue: never an error's own text."""
@@ -169,7 +175,12 @@ class Outbox(Rounds):
 
     async def _round(self) -> list[tuple[str, Work]]:
         return [(office.org.lower(), partial(self._drain, office))
-                for office in await self.intake.offices()]
+                for office in await self.offices()]
+
+    async def offices(self) -> list[Office]:
+        """Every office whose config names an email domain, proven or not: one not proven
+        now sends nothing (`drain`), but its messages' give-up clock runs."""
+        return (await self.intake.configured())[0]
 
     async def _drain(self, office: Office) -> None:
         try:
@@ -188,6 +199,9 @@ class Outbox(Rounds):
         email it answers, never the app's earlier ones)."""
         org, store = office.org.lower(), self.services.store
         async with store.named_lock(f"email-outbox:{org}"):
+            # a domain not proven now (its record taken away, DNS never answering): each
+            # message that would go is deferred (`Unproven`), so given up in time
+            unproven = await self.intake.unproven_why(office)
             sent, now = 0, time.time()
             waiting: set[str] = set()  # threads with a message set aside before this one
             for seq, failures, next_at in await self.retrying(org):
@@ -200,7 +214,7 @@ class Outbox(Rounds):
                     waiting.add(thread)
                     continue
                 try:
-                    sent += await self._entry(office, entry)
+                    sent += await self._entry(office, entry, unproven)
                 except Exception as exc:
                     await self._set_aside(org, seq, failures + 1, exc)
                     waiting.add(thread)
@@ -216,7 +230,7 @@ class Outbox(Rounds):
                     await self._set_aside(org, entry.seq, 0, None)  # its turn after those
                 else:
                     try:
-                        sent += await self._entry(office, entry)
+                        sent += await self._entry(office, entry, unproven)
                     except Exception as exc:
                         await self._set_aside(org, entry.seq, 1, exc)
                         waiting.add(await self._thread(entry))
@@ -256,7 +270,8 @@ class Outbox(Rounds):
         mail = await mails.get_mail(self.services.store, str(entry.data.get("mail", "")))
         return mail.thread_id if mail is not None and mail.thread_id else f"seq:{entry.seq}"
 
-    async def _entry(self, office: Office, entry: ledger.Entry) -> int:
+    async def _entry(self, office: Office, entry: ledger.Entry,
+                     unproven: str | None = None) -> int:
         if entry.event == "mail.sent" and not str(entry.data.get("to", "")).startswith("email:"):
             return 0  # mail inside the office (most of them): nothing to look up
         mail = await mails.get_mail(self.services.store, str(entry.data.get("mail", "")))
@@ -275,6 +290,8 @@ class Outbox(Rounds):
             message_id = outgoing.reply_message_id(mail.mail_id, key, domain, secret)
 
         async def work() -> idempotency.Result:
+            if unproven is not None:  # (checked under its key: one sent already stays sent)
+                raise Unproven(unproven)
             if key is None:
                 return await self._send_mail(office, mail, message_id)
             return await self._send(office, mail, key, message_id)
@@ -285,11 +302,15 @@ class Outbox(Rounds):
             result = await self.services.store.once(scope, message_id, fingerprint, work)
         except Exception as exc:
             # the relay deferring it, or anything else that kept it from going (a key that
-            # cannot be read, a forge that keeps failing): tried again, and given up past
-            # give_up_after like a deferral, so the thread's later messages queue behind it
-            # for that long, never forever
+            # cannot be read, a forge that keeps failing, a domain not proven): tried again,
+            # and given up past give_up_after like a deferral, so the thread's later messages
+            # queue behind it for that long, never forever, and none goes late
             deferred = exc if isinstance(exc, Deferred) else None
-            detail = str(exc) if deferred else _internal(office, mail, message_id, exc)
+            unproven_now = isinstance(exc, Unproven)  # (the app's own words, as a relay's)
+            detail = str(exc) if deferred or unproven_now \
+                else _internal(office, mail, message_id, exc)
+            kept = "the relay kept deferring it" if deferred else \
+                "it could not go" if unproven_now else "it kept failing"
             waiting = deferred.recipients if deferred else ()
             first = await self._deferred(office, mail, message_id, detail, waiting,
                                          whole=deferred.whole if deferred else True,
@@ -301,7 +322,6 @@ class Outbox(Rounds):
                 # the recipients still deferred, or (a failure before the relay answered)
                 # every one no try settled: the ones the relay took are sent; the ones it
                 # refused for good were bounced when it did
-                kept = "the relay kept deferring it" if deferred else "it kept failing"
                 why = f"{kept} for {self.give_up_after:,.0f} seconds and the app gave up"
                 said = Said("The relay last said", detail) if deferred and deferred.by_relay \
                     else None
