@@ -132,3 +132,25 @@ async def test_the_held_note_names_the_release_label_as_gitea_spells_it(
     mail = await mails.mail_at(store, vault, 1)
     assert mail is not None and mail.state == "mail:new"
     assert len(await room.embedded.ledger_events("email.released")) == 1
+
+
+async def test_an_archived_gitea_vault_is_refused_at_rcpt(gitea_room: Mailroom) -> None:
+    """The RCPT-time check of a vault (Forge.repo_closed) reads the repository's `archived`,
+    which Gitea's API gives as it is (convert.ToRepo: `archived`, `archived_at`); the local
+    forge's Gitea dialect answered `archived: false` for every repository, so an archived
+    vault was taken at RCPT and a message to it and another agent got 451 on every try."""
+    repo = gitea_room.embedded.forge.state.repo("acme", "echo-vault")
+    assert repo is not None
+    repo.archived = True  # (archived in Gitea's settings; its API's writes then answer 423)
+    status, data = await _gitea(gitea_room, "GET", "/repos/acme/echo-vault")
+    assert status == 200 and data["archived"] is True, data
+    assert data["archived_at"] != "1970-01-01T00:00:00Z", data
+    status, data = await _gitea(gitea_room, "GET", "/repos/acme/scout-vault")
+    assert status == 200 and data["archived"] is False, data
+    assert data["archived_at"] == "1970-01-01T00:00:00Z", data
+    raw = wire(message("bob@example.org", f"scout@{DOMAIN}", "Hi", "both of you",
+                       Cc=f"echo@{DOMAIN}"))
+    answer = await send(gitea_room.port, raw, rcpts=[f"scout@{DOMAIN}", f"echo@{DOMAIN}"])
+    assert answer.code == 250, answer
+    code, said = answer.refused[f"echo@{DOMAIN}"]
+    assert code == 550 and b"takes no mail now" in said, said

@@ -112,9 +112,13 @@ class GiteaRenderer:
             "clone_url": f"{self.web}/{repo.full_name}.git", "original_url": "",
             "website": "", "stars_count": 0, "forks_count": 0, "watchers_count": 0,
             "open_issues_count": repo.open_issue_count(), "open_pr_counter": 0,
-            "release_counter": 0, "default_branch": repo.default_branch, "archived": False,
+            # convert.ToRepo: `archived` as it is (Forge.repo_closed reads it at RCPT), and
+            # `archived_at` the zero time until then (the state keeps no archive time: its
+            # last update stands for it)
+            "release_counter": 0, "default_branch": repo.default_branch,
+            "archived": repo.archived,
             "created_at": iso(repo.created_at), "updated_at": iso(repo.updated_at),
-            "archived_at": "1970-01-01T00:00:00Z",
+            "archived_at": iso(repo.updated_at) if repo.archived else "1970-01-01T00:00:00Z",
             "permissions": {"admin": r >= 5, "push": r >= 3, "pull": r >= 1},
             "has_issues": repo.has_issues,
             "internal_tracker": {"enable_time_tracker": False,
