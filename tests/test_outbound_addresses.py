@@ -8,6 +8,7 @@ nothing arrives without the allow-list, and that it does with it."""
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from collections.abc import AsyncIterator
 from ipaddress import ip_address
@@ -134,9 +135,10 @@ def test_public_addresses_are_sent_to(address: str) -> None:
 def test_the_operator_allows_hosts_and_networks() -> None:
     policy = OutboundPolicy.parse("127.0.0.1/32, ::1 [fd00::1] hooks.internal.example,10.1.0.0/16")
     for allowed in ("127.0.0.1", "::1", "fd00::1", "::ffff:127.0.0.1", "10.1.200.3"):
-        assert policy.address_refusal(ip_address(allowed), office="acme") is None, allowed
+        assert policy.address_refusal(ip_address(allowed), office="acme", port=80) is None, allowed
     for refused in ("127.0.0.2", "10.2.0.1", "169.254.169.254"):
-        assert policy.address_refusal(ip_address(refused), office="acme") is not None, refused
+        why = policy.address_refusal(ip_address(refused), office="acme", port=80)
+        assert why is not None, refused
     assert policy.url_refusal("https://hooks.internal.example/x", "acme") is None
     assert policy.url_refusal("http://HOOKS.internal.example./x", "acme") is None
     # a name not allowed is checked once resolved
@@ -480,11 +482,11 @@ def test_an_entry_for_one_office_allows_nothing_to_another() -> None:
                                   "192.168.7.0/24")
     for office in ("acme", "ACME"):
         for allowed in ("10.0.0.5", "fd00::1", "::ffff:10.0.0.5", "192.168.7.1"):
-            assert policy.address_refusal(ip_address(allowed), office=office) is None
-        assert policy.allows_host("Hooks.Internal.Example.", office=office)
+            assert policy.address_refusal(ip_address(allowed), office=office, port=80) is None
+        assert policy.allows_host("Hooks.Internal.Example.", office=office, port=443)
         assert policy.url_refusal("http://10.0.0.5:8080/runs", office) is None
-    assert policy.address_refusal(ip_address("192.168.7.1"), office="globex") is None
-    assert not policy.allows_host("hooks.internal.example", office="globex")
+    assert policy.address_refusal(ip_address("192.168.7.1"), office="globex", port=80) is None
+    assert not policy.allows_host("hooks.internal.example", office="globex", port=443)
     nothing = OutboundPolicy.parse("")
     for url in ("http://10.0.0.5:8080/runs", "http://[fd00::1]/", "http://[::ffff:10.0.0.5]/"):
         # refused to globex as if no office were allowed it: nothing says acme is
@@ -495,6 +497,47 @@ def test_an_entry_for_one_office_allows_nothing_to_another() -> None:
             OutboundPolicy.parse(f"acme=::1,{wrong}")
 
 
+def test_an_entry_with_a_port_allows_that_port_alone() -> None:
+    """`host:port`, `[v6]:port`, `network:port`, each for an office or every office: the URL's
+    port (else 80 or 443 by scheme) is the one checked; an entry without a port allows every
+    port, as before ports could be named."""
+    policy = OutboundPolicy.parse("acme=10.0.0.5:8080 acme=[fd00::1]:443, acme=[fd00::/64]:8443,"
+                                  "acme=hooks.internal.example:8443 192.168.7.0/24:9000 "
+                                  "10.9.9.9 [fd00::2]")
+    for url in ("http://10.0.0.5:8080/runs", "https://[fd00::1]/", "https://[fd00::1]:443/",
+                "http://[fd00::9]:8443/", "https://hooks.internal.example:8443/x",
+                "http://192.168.7.1:9000/", "http://10.9.9.9:5432/", "http://[fd00::2]:1/"):
+        assert policy.url_refusal(url, "acme") is None, url
+    for url in ("http://10.0.0.5/runs", "http://10.0.0.5:5432/", "https://10.0.0.5/",
+                "http://[fd00::1]/", "http://[fd00::9]/", "http://192.168.7.1/",
+                "http://10.0.0.5:8080x/"):
+        assert policy.url_refusal(url, "acme") is not None, url
+    assert policy.url_refusal("http://10.0.0.5:8080/runs", "globex") is not None
+    assert policy.url_refusal("http://192.168.7.1:9000/", "globex") is None
+    # worded as any refusal: nothing says which port is allowed
+    nothing = OutboundPolicy.parse("")
+    assert policy.url_refusal("http://10.0.0.5:22/", "acme") == nothing.url_refusal(
+        "http://10.0.0.5:22/", "acme")
+    assert policy.allows_host("hooks.internal.example", office="acme", port=8443)
+    assert not policy.allows_host("hooks.internal.example", office="acme", port=443)
+    assert policy.address_refusal(ip_address("::ffff:10.0.0.5"), office="acme", port=8080) is None
+    assert policy.address_refusal(ip_address("10.0.0.5"), office="acme", port=80) is not None
+    for wrong in ("10.0.0.5:0", "10.0.0.5:65536", "acme=10.0.0.5:00", "[::1]:99999",
+                  "hooks.internal.example:123456789012345678901234567890"):
+        named = "VAULTMAIL_OUTBOUND_ALLOW=.*" + re.escape(f"'{wrong}' names no port")
+        with pytest.raises(ValueError, match=named):
+            OutboundPolicy.parse(f"::1,{wrong}")
+    from bot.app.settings import SettingsError, outbound_setting
+
+    with pytest.raises(SettingsError, match="VAULTMAIL_OUTBOUND_ALLOW=.*'acme=10.0.0.5:0'"):
+        outbound_setting("acme=10.0.0.5:0")  # the start stops, naming the setting
+    for wrong in ("[hooks.internal.example]:80", "[::1]x", "a:b:80",
+                  "10.0.0.5:", "acme=10.0.0.5:http", "hooks.internal.example:-1",
+                  "10.0.0.5:８０", "acme=:8080"):
+        with pytest.raises(ValueError, match="VAULTMAIL_OUTBOUND_ALLOW=.*is none of these"):
+            OutboundPolicy.parse(f"::1,{wrong}")
+
+
 def test_entries_for_every_office_that_reach_inside_are_named() -> None:
     """What `serve` warns of when it serves orgs from their repositories: an entry for every
     office lets each org's config reach it."""
@@ -503,6 +546,9 @@ def test_entries_for_every_office_that_reach_inside_are_named() -> None:
                                   "2a00:1450::/32")
     assert policy.unscoped_inside() == ["hooks.internal.example", "127.0.0.1/32", "0.0.0.0/0",
                                         "fd00::/8"]
+    ports = OutboundPolicy.parse("10.0.0.5:8080, [fd00::1]:443 hooks.internal.example:8443")
+    assert ports.unscoped_inside() == ["hooks.internal.example:8443", "10.0.0.5/32:8080",
+                                       "[fd00::1/128]:443"]
     assert OutboundPolicy.parse("acme=10.0.0.0/8 8.8.8.8").unscoped_inside() == []
 
 
@@ -536,3 +582,58 @@ async def test_office_check_applies_the_entries_for_the_org_the_file_is(
         assert code == 1, (argv, out, err)
         assert "webhooks[0]: Value error, http://127.0.0.1:9/hook: 127.0.0.1 is a loopback " \
                "address" in out, (argv, out)
+
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "runner.acme.example"],
+                         ids=["address", "host name"])
+async def test_an_entry_with_a_port_reaches_that_port_alone(
+        tmp_path: Path, receiver: Receiver, host: str) -> None:
+    """The operator allows acme's runner on its port (`acme=HOST:PORT`); acme's config names
+    it, and another port on the same host (a second receiver, as the host's database or admin
+    port would be). The runner gets acme's runs and webhook; the other port is refused (an
+    address at config load, a name once resolved, before connecting) and gets nothing. Before,
+    an entry allowed every port of its host: an office's config could reach any service on it,
+    not the one allowed."""
+    other = Receiver()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", other.handle)
+    names = Names()
+    async with served(app) as other_url:
+        other.port = int(other_url.rsplit(":", 1)[1])
+        allowed, wrong = (f"http://{host}:{receiver.port}", f"http://{host}:{other.port}/hook")
+        policy = OutboundPolicy.parse(f"acme={host}:{receiver.port}", resolver=lambda: names)
+        office = tmp_path / "office.yml"
+        office.write_text(_office(f"{allowed}/runs", [f"{allowed}/hook", wrong]))
+        if host[0].isdigit():  # refused with the config, naming the URL
+            with pytest.raises(OfficeConfigError) as caught:
+                await start_embedded(office_path=office, data_dir=tmp_path / "d0", port=0,
+                                     forge_port=0, outbound=policy)
+            [error] = caught.value.errors
+            assert f"webhooks[1]: Value error, {wrong}: 127.0.0.1 is a loopback address" \
+                in error, error
+            office.write_text(_office(f"{allowed}/runs", [f"{allowed}/hook"]))
+        emb = await start_embedded(office_path=office, data_dir=tmp_path / "d", port=0,
+                                   forge_port=0, outbound=policy)
+        try:
+            async with aiohttp.ClientSession() as session:
+                await ToolClient(session, emb, MARCO)("mail_send", to="scout", subject="Go",
+                                                       body="run")
+
+            async def served_and_refused() -> bool:
+                refused = host[0].isdigit() or bool(
+                    await emb.ledger_events("office.config_refused"))
+                return {"/runs", "/hook"} <= set(receiver.paths()) and refused
+
+            await until(served_and_refused, timeout=30)
+            if not host[0].isdigit():
+                [refused] = await emb.ledger_events("office.config_refused")
+                [error] = refused.data["errors"]
+                assert error.startswith(f"{CONFIG}: webhooks[1]: {wrong}: runner.acme.example "
+                                        "resolves to 127.0.0.1, a loopback address"), error
+            with pytest.raises(OutboundRefused):  # and so at send time, whatever the config
+                await post_signed(Keyring.in_data_dir(tmp_path), wrong, {}, outbound=policy,
+                                  office="acme", timeout=5)
+        finally:
+            await emb.stop()
+        assert other.got == [], "the port not allowed got nothing"

@@ -15,6 +15,11 @@ check is asked for an office, the one on whose behalf the request goes (the org 
 names the URL), and another office's entry does not apply to it. Without that, an internal
 receiver the operator allowed for one org could be reached by every other org's config: its
 ports probed, the answers read back from the ledger.
+
+An entry may also name the port it is for (`acme=10.0.0.5:8080`, `[fd00::1]:8080`): a host
+allowed on every port lets a config reach whatever else listens there (its database, an admin
+port), not only the receiver the operator meant. The port checked is the one the connection
+goes to (the URL's, else 80 or 443 by scheme), at config load and again once resolved.
 """
 
 from __future__ import annotations
@@ -140,6 +145,35 @@ def _reaches_inside(net: Network) -> bool:
                for inner, _ in _NOT_PUBLIC)
 
 
+def _split_port(target: str, text: str | None, entry: str) -> tuple[str, int | None]:
+    """An entry's host or network and the port after it, if any: `[v6]:port` for an IPv6
+    address or network (unbracketed, its colons are its own), `host:port` otherwise."""
+    if target.startswith("["):
+        inside, bracket, after = target[1:].partition("]")
+        if not bracket or (after and not after.startswith(":")):
+            return target, None  # (refused as no address nor name)
+        target, digits = inside, after[1:] if after else None
+    elif target.count(":") == 1:
+        target, _, digits = target.partition(":")
+    else:
+        return target, None
+    if digits is None or not digits.isascii() or not digits.isdigit():
+        return target if digits is None else entry, None  # (refused as no address nor name)
+    if not 0 < int(digits) <= 65535:
+        raise ValueError(
+            f"{ALLOW_SETTING}={text!r}: {entry!r} names no port ({digits!r}): a port is 1 to "
+            f"65535, after the host (127.0.0.1:8080, hooks.internal.example:8080) or an IPv6 "
+            f"address in brackets ([::1]:8080)")
+    return target, int(digits)
+
+
+def _entry_text(target: str, port: int | None, *, v6: bool = False) -> str:
+    """An entry as the operator would write it (10.0.0.5/32:8080, [fd00::/8]:8080)."""
+    if port is None:
+        return target
+    return f"[{target}]:{port}" if v6 else f"{target}:{port}"
+
+
 _HINT = (f"the app sends only to public addresses; the operator may allow this host or "
          f"network in {ALLOW_SETTING}")
 
@@ -148,11 +182,11 @@ _HINT = (f"the app sends only to public addresses; the operator may allow this h
 class OutboundPolicy:
     """VAULTMAIL_OUTBOUND_ALLOW: the networks and host names the app may send to besides
     public addresses (for a receiver on the app's own network), each for every office or for
-    one (`office`: its org, lower case; None for all). A host name allowed is allowed whatever
-    it resolves to: the operator trusts its DNS."""
+    one (`office`: its org, lower case; None for all), on one port or every port (None). A host
+    name allowed is allowed whatever it resolves to: the operator trusts its DNS."""
 
-    networks: tuple[tuple[str | None, Network], ...] = ()
-    hosts: frozenset[tuple[str | None, str]] = frozenset()
+    networks: tuple[tuple[str | None, Network, int | None], ...] = ()
+    hosts: frozenset[tuple[str | None, str, int | None]] = frozenset()
     # how names are resolved: aiohttp's default resolver, or the one a test gives
     resolver: Callable[[], AbstractResolver] | None = field(default=None, compare=False)
 
@@ -160,11 +194,12 @@ class OutboundPolicy:
     def parse(cls, text: str | None, *,
               resolver: Callable[[], AbstractResolver] | None = None) -> OutboundPolicy:
         """Entries separated by commas or spaces: an address (127.0.0.1, ::1, [::1]), a
-        network (10.0.0.0/8) or a host name (hooks.internal.example), each for every office,
-        or for one office when its org comes first (acme=10.0.0.5). ValueError names the
-        entry that is none of these."""
-        networks: list[tuple[str | None, Network]] = []
-        hosts: set[tuple[str | None, str]] = set()
+        network (10.0.0.0/8) or a host name (hooks.internal.example), each on every port or on
+        the one that follows it (127.0.0.1:8080, [::1]:8080, 10.0.0.0/8:8080), each for every
+        office, or for one office when its org comes first (acme=10.0.0.5:8080). ValueError
+        names the entry that is none of these."""
+        networks: list[tuple[str | None, Network, int | None]] = []
+        hosts: set[tuple[str | None, str, int | None]] = set()
         for entry in (e for e in re.split(r"[\s,]+", text or "") if e):
             org, eq, target = entry.rpartition("=")
             office = org.lower() if eq else None
@@ -172,61 +207,68 @@ class OutboundPolicy:
                 raise ValueError(
                     f"{ALLOW_SETTING}={text!r}: {entry!r} should be org=host or org=network "
                     f"(acme=10.0.0.5), the org as the forge spells it ({org!r} is no org)")
+            target, port = _split_port(target, text, entry)
             try:
-                networks.append((office, ip_network(target.strip("[]"), strict=False)))
+                networks.append((office, ip_network(target.strip("[]"), strict=False), port))
                 continue
             except ValueError:
                 pass
+            if "[" in entry:  # brackets hold an IPv6 address or network, nothing else
+                target = "[]"
             name = target.lower().rstrip(".")
             if (not _HOST_NAME.match(name) or literal_address(name) is not None
                     or name.rpartition(".")[2].isdigit()):
                 raise ValueError(
                     f"{ALLOW_SETTING}={text!r}: should be addresses (127.0.0.1, ::1), networks "
-                    f"(10.0.0.0/8) or host names (hooks.internal.example), each for every "
-                    f"office or for one (acme=10.0.0.5), separated by commas ({entry!r} is "
-                    f"none of these)")
-            hosts.add((office, name))
+                    f"(10.0.0.0/8) or host names (hooks.internal.example), each on every port "
+                    f"or on one (127.0.0.1:8080, [::1]:8080), for every office or for one "
+                    f"(acme=10.0.0.5), separated by commas ({entry!r} is none of these)")
+            hosts.add((office, name, port))
         return cls(tuple(networks), frozenset(hosts), resolver)
 
     def unscoped_inside(self) -> list[str]:
         """The entries for every office that let a request reach what is not public (any host
         name: a public one needs no entry): on a deployment serving several orgs, each lets
         every org's config reach it, so `serve` warns of them."""
-        found = sorted(name for office, name in self.hosts if office is None)
-        return found + [str(net) for office, net in self.networks
+        found = sorted(_entry_text(name, port) for office, name, port in self.hosts
+                       if office is None)
+        return found + [_entry_text(str(net), port, v6=net.version == 6)
+                        for office, net, port in self.networks
                         if office is None and _reaches_inside(net)]
 
     @staticmethod
-    def _applies(scope: str | None, office: str) -> bool:
-        return scope is None or scope == office.lower()
+    def _applies(scope: str | None, office: str, allowed: int | None, port: int) -> bool:
+        return (scope is None or scope == office.lower()) and allowed in (None, port)
 
-    def allows_host(self, host: str, *, office: str) -> bool:
-        """Whether the operator allowed the name `host` for `office`."""
+    def allows_host(self, host: str, *, office: str, port: int) -> bool:
+        """Whether the operator allowed the name `host` on `port` for `office`."""
         name = host.lower().rstrip(".")
-        return any(self._applies(scope, office) for scope, allowed in self.hosts
-                   if allowed == name)
+        return any(self._applies(scope, office, allowed_port, port)
+                   for scope, allowed, allowed_port in self.hosts if allowed == name)
 
-    def address_refusal(self, ip: IPAddress, *, office: str) -> str | None:
-        """Why `ip` may not be reached on `office`'s behalf (`a private address`), or None. The
-        reason is the same whether or not another office may reach it: an office is not told
-        what the others are allowed."""
+    def address_refusal(self, ip: IPAddress, *, office: str, port: int) -> str | None:
+        """Why `ip` may not be reached on `port` on `office`'s behalf (`a private address`),
+        or None. The reason is the same whether or not another office, or another port, is
+        allowed: an office is not told what the others are allowed, nor the config where the
+        operator's receiver listens."""
         if isinstance(ip, IPv6Address) and ip.scope_id:
             ip = IPv6Address(ip.compressed.split("%")[0])
         forms: list[IPAddress] = [ip]
         if isinstance(ip, IPv6Address) and (inner := _embedded_ipv4(ip)) is not None:
             forms.append(inner)
         if any(form.version == net.version and form in net
-               for form in forms for scope, net in self.networks
-               if self._applies(scope, office)):
+               for form in forms for scope, net, allowed in self.networks
+               if self._applies(scope, office, allowed, port)):
             return None
         return address_kind(ip)
 
     def url_refusal(self, url: str, office: str) -> str | None:
         """Why `url` may not be sent to on `office`'s behalf, from the URL alone (its scheme,
-        an address it names, a `localhost` name), or None: at config load and again before
-        each request; a name is checked once resolved (`session`)."""
+        an address it names and its port, a `localhost` name), or None: at config load and
+        again before each request; a name is checked once resolved (`session`)."""
         try:
             parsed = URL(url)
+            port = parsed.port  # the URL's, else the scheme's (80, 443): where it connects
         except (ValueError, TypeError):
             return "not a URL"
         if parsed.scheme not in ("http", "https"):
@@ -234,11 +276,13 @@ class OutboundPolicy:
         host = parsed.raw_host
         if not host:
             return "the URL names no host"
-        if self.allows_host(host, office=office):
+        if port is None:
+            return "not a URL"
+        if self.allows_host(host, office=office, port=port):
             return None
         ip = literal_address(host)
         if ip is not None:
-            kind = self.address_refusal(ip, office=office)
+            kind = self.address_refusal(ip, office=office, port=port)
             return f"{host} is {kind}: {_HINT}" if kind else None
         name = host.lower().rstrip(".")
         # digits and dots that are no address (1.2.3.4.5, 127.0.0.1.) are no name either: an
@@ -266,8 +310,8 @@ class OutboundPolicy:
 
 
 class _CheckedResolver(AbstractResolver):
-    """Resolves a name once and refuses it if any address it gives may not be reached; the
-    connector then connects to exactly these addresses."""
+    """Resolves a name once and refuses it if any address it gives may not be reached on the
+    port it gives; the connector then connects to exactly these addresses and ports."""
 
     def __init__(self, policy: OutboundPolicy, inner: AbstractResolver, url: str,
                  office: str) -> None:
@@ -276,10 +320,12 @@ class _CheckedResolver(AbstractResolver):
     async def resolve(self, host: str, port: int = 0,
                       family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
         found = await self._inner.resolve(host, port, family)
-        if self._policy.allows_host(host, office=self._office):
-            return found
         for result in found:
-            kind = self._policy.address_refusal(ip_address(result["host"]), office=self._office)
+            # the port of each result is the one connected to (the URL's, as asked)
+            if self._policy.allows_host(host, office=self._office, port=result["port"]):
+                continue
+            kind = self._policy.address_refusal(ip_address(result["host"]), office=self._office,
+                                                port=result["port"])
             if kind is not None:
                 raise OutboundRefused(self._url,
                                       f"{host} resolves to {result['host']}, {kind}: {_HINT}")

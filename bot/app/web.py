@@ -363,7 +363,8 @@ def create_app(settings: Settings, *, wait_for_forge: bool = True) -> web.Applic
         if wide:
             log.warning(
                 "VAULTMAIL_OUTBOUND_ALLOW lets every office's config reach %s: name the org "
-                "each is for (acme=10.0.0.5) unless every org here may send there",
+                "each is for, and its port (acme=10.0.0.5:8080), unless every org here may "
+                "send there",
                 ", ".join(wide), extra={"entries": wide})
 
     async def stop() -> None:

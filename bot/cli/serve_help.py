@@ -53,7 +53,8 @@ GROUPS: list[tuple[str, list[tuple[str, str]]]] = [
                            "runs here"),
         ("outbound_allow", "hosts and networks dispatch URLs and office webhooks may reach "
                            "besides public addresses, comma-separated, each for one org "
-                           "(acme=10.0.0.5) or every org"),
+                           "(acme=10.0.0.5) or every org, on one port (acme=10.0.0.5:8080) "
+                           "or every port"),
         ("allowed_origins", "origins a browser page may call /mcp from, comma-separated"),
         ("trusted_proxies", "proxies (an ingress) whose X-Forwarded-For names the client "
                             "(and -Proto, -Host the address reached, without a public URL), "
