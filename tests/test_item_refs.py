@@ -16,6 +16,7 @@ import aiohttp
 
 from bot.app.embedded import Embedded
 from bot.store import comments as db
+from bot.store import ledger
 from tests.items_support import BUILDER, LEE, MARCO, SARA, forge_comments, make_item, where
 from tests.support import Actor
 from tests.test_item_updates import SECRET, WORDS, _leaks, _secret_plan, _stage
@@ -449,6 +450,40 @@ async def test_the_ledger_shows_no_reader_entries_naming_a_hidden_claim_holder(
     assert not [e for e in seen if "builder" in json.dumps(e)], seen
     assert [e["actor"] for e in seen if e["event"] == "comment.added"] == [LEE], seen
     assert [e for e in await about_plan(SARA) if e["actor"] == BUILDER]
+    headers = {"Authorization": f"Bearer {embedded.api_tokens[LEE]}"}
+    async with session.get(f"{embedded.app_url}/console/ledger", headers=headers) as resp:
+        assert resp.status == 200
+        rows = (await resp.text()).split("<table", 1)[1]  # (its filter lists every agent)
+    assert "agent:builder" not in rows and "human:lee@acme.com" in rows, rows
+
+
+async def test_an_entry_naming_a_plan_in_another_case_names_no_hidden_claim_holder(
+        embedded: Embedded, person: Any, tools: Any, session: aiohttp.ClientSession) -> None:
+    """A ledger subject is a ref as written, and a ref typed by hand may be in any case
+    (`Acme/Scout-Vault#3`: the forge ignores case). The item it names was looked up under the
+    subject's own spelling, where items are kept under the canonical (lower-cased) ref
+    (`make_ref`): no item was found, so an entry on the plan naming builder, the claim holder
+    of an outcome lee may not see, was shown him. No tool writes such a subject today (each
+    writes `item.ref`), so it is written as one would be."""
+    s = await _stage(embedded, person, tools)
+    _, plan = await _vault_plan_of_hidden(embedded, s)
+    repo, n = where(plan)
+    typed = "/".join(part.title() for part in repo.split("/")) + f"#{n}"
+    assert typed != plan and typed.lower() == plan
+    store = embedded.services.store
+    await ledger.record(store, "comment.added", BUILDER, typed, {"words": 2}, org="acme")
+    await ledger.record(store, "comment.added", "agent:scout", typed, {"asked": [BUILDER]},
+                        org="acme")
+    await ledger.record(store, "comment.added", LEE, typed, {"words": 3}, org="acme")
+
+    async def about_plan(who: str) -> list[dict[str, Any]]:
+        events = (await tools(who)("list_changes", since=0, limit=1000))["events"]
+        return [e for e in events if e["subject"] == typed]
+
+    seen = await about_plan(LEE)
+    assert not [e for e in seen if "builder" in json.dumps(e)], seen
+    assert [e["actor"] for e in seen] == [LEE], seen
+    assert len(await about_plan(SARA)) == 3
     headers = {"Authorization": f"Bearer {embedded.api_tokens[LEE]}"}
     async with session.get(f"{embedded.app_url}/console/ledger", headers=headers) as resp:
         assert resp.status == 200

@@ -37,6 +37,14 @@ def split_ref(ref: str) -> tuple[str, int] | None:
     return (m["repo"].lower(), int(m["n"])) if m else None
 
 
+def item_ref(ref: str) -> str:
+    """`ref` as the index keeps items (`make_ref`, `Item.ref`): an `owner/repo#N` in any case
+    names one issue (the forge ignores case), and a ref someone typed, kept as a ledger
+    subject, may be in any; other text as it is."""
+    where = split_ref(ref)
+    return make_ref(*where) if where is not None else ref
+
+
 def as_key(text: str) -> str | None:
     """`text` as an item key (upper-cased: keys are compared without case), or None."""
     text = text.strip()

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from bot.items.model import make_ref
 from bot.mail.signing import name_now
 from bot.office.config import Office
 from bot.store.offices import org_of
@@ -62,7 +63,8 @@ ENTRIES_AHEAD = 50  # ledger entries whose repositories `entries_seen` asks abou
 @dataclass(frozen=True)
 class EntriesAbout:
     """What a page of ledger entries is about, read together (`Viewer.entries_seen`): the
-    mails by id and by (vault lower-cased, number), the items by ref."""
+    mails by id and by (vault lower-cased, number), the items by their ref as kept
+    (`make_ref`: an entry's subject may name one in another case)."""
 
     mails: dict[str, MailRecord]
     mails_at: dict[tuple[str, int], MailRecord]
@@ -193,9 +195,9 @@ class Viewer:
     def repo_now(self, repo: str) -> str:
         """What the repository `repo` (`owner/name`) is called now, by the names this office
         had (`renamed`): a ref given out before a rename still names its issue. Another
-        office's names are never followed."""
-        now = name_now(self.renamed, repo)
-        return repo if now == repo.strip().lower() else now
+        office's names are never followed. Lower-cased, as the index keeps names (the name
+        as given, in its own case, built a ref no item is kept under)."""
+        return name_now(self.renamed, repo)
 
     @property
     def is_office(self) -> bool:
@@ -287,7 +289,7 @@ class Viewer:
                     store, [i for e in chunk if isinstance(i := e.data.get("mail"), str)],
                     places)
                 page = EntriesAbout(by_id, by_place, await comments.items_at(
-                    store, [f"{repo}#{n}" for repo, n in places]))
+                    store, [make_ref(repo, n) for repo, n in places]))
                 # then the repositories sees_entry will ask about, together
                 await self.visible({f"{repo}#1" for entry in chunk
                                     if (repo := self._repo_of(entry, page)) is not None})
@@ -335,9 +337,8 @@ class Viewer:
             if entry.event.startswith("mail.") or isinstance(mail_id, str):
                 # a mail the index no longer holds: whoever acted, and editors
                 return entry.actor == self.principal or is_editor(self.office, self.principal)
-            repo, _, n = subject.partition("#")
             return await self.sees_repo(where[0]) and not await self._names_hidden_claim(
-                entry, f"{self.repo_now(repo)}#{n}", store, page)
+                entry, make_ref(*where), store, page)
         chat = _CHAT.match(subject)
         if chat is not None:
             from bot.store import chats

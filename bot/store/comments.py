@@ -14,7 +14,7 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from bot import jsontext
-from bot.items.model import Item
+from bot.items.model import Item, item_ref
 from bot.items.threads import ThreadState
 from bot.store.db import Connection, Row, Store, hold, register_columns, register_schema
 from bot.store.migrations import register_backfill
@@ -260,13 +260,15 @@ async def items_by_key(store: Store, key: str, org: str) -> list[Item]:
 
 
 async def get_item(store: Store, ref: str) -> Item | None:
-    row = await store.fetchone("SELECT * FROM items WHERE ref=?", (ref,))
+    """The index's item `ref` names, in any case (`item_ref`: as `put_item` keeps it)."""
+    row = await store.fetchone("SELECT * FROM items WHERE ref=?", (item_ref(ref),))
     return _item(row) if row else None
 
 
 async def items_at(store: Store, refs: Iterable[str]) -> dict[str, Item]:
-    """The index's items among `refs`, by ref, in one statement."""
-    refs = padded(sorted(set(refs)))
+    """The index's items among `refs` (in any case), by their ref as kept (`item_ref`), in one
+    statement."""
+    refs = padded(sorted({item_ref(ref) for ref in refs}))
     if not refs:
         return {}
     rows = await store.fetchall(f"SELECT * FROM items WHERE ref IN ({_marks(refs)})",
