@@ -11,10 +11,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bot.email.gateway import GATEWAY_KEY
 from bot.email.intake import EmailIntake
+from bot.email.outbox import RETRY
 from bot.store import ledger, mails
+from bot.store import outbound as cursors
 from tests.support import older_index
 from tests.test_email_support import (
     ACME_ID,
@@ -137,6 +140,61 @@ async def test_mail_waiting_on_a_domain_no_longer_proven_is_given_up_never_sent_
     _intake(mailroom).proofs.forget()
     assert await mailroom.outbox_settled() == 0 and mailroom.relay.received.empty()
     assert mailroom.relay.rcpt_at == {}
+    assert await ledger.entries(store, event="email.sent") == []
+
+
+async def _push_acme(room: Mailroom, email: dict[str, str] | None) -> None:
+    """acme's office config pushed with `email` as its `email:` section (None: none)."""
+    repo = room.embedded.forge.state.repo("acme", ".github")
+    assert repo is not None
+    config = yaml.safe_load(repo.files["vaultmail.yml"])
+    config.pop("email", None)
+    if email is not None:
+        config["email"] = email
+    room.embedded.forge.put_file("acme/.github", "vaultmail.yml", yaml.safe_dump(config),
+                                 pusher="admin")
+    await room.embedded.settle()
+
+
+async def test_mail_waiting_when_the_email_section_goes_is_given_up_never_sent_late(
+        mailroom: Mailroom) -> None:
+    """Found by review, as 4e5e107 for a domain no longer proven: a message the relay
+    deferred, then acme's config dropped its `email:` section. The outbox drained only
+    offices whose config names a domain, so the message waited with no give-up clock, and
+    went whenever the section came back, however late. The same clock applies: deferred
+    saying why, then given up, bounced, the issue and the agent told; never sent after."""
+    outbox = mailroom.embedded.runner.app[GATEWAY_KEY].outbox
+    assert outbox is not None
+    await outbox.stop()  # (its rounds are run below by `outbox_settled`)
+    repo = mailroom.embedded.forge.state.repo("acme", ".github")
+    assert repo is not None
+    email = yaml.safe_load(repo.files["vaultmail.yml"])["email"]
+    mailroom.relay.refuse = ["451 4.3.0 try again later"]
+    sent = await mailroom.tools("agent:scout")("mail_send", to="bob@example.org",
+                                               subject="Quote", body="Send a quote.")
+    await mailroom.embedded.settle()
+    assert await mailroom.outbox_settled() == 0 and mailroom.relay.received.empty()
+    store = mailroom.embedded.services.store
+    assert len(await ledger.entries(store, event="email.deferred")) == 1
+
+    await _push_acme(mailroom, None)  # the office's email section gone
+    outbox.give_up_after = 0.0  # the first deferral is past it (as months would be)
+    for seq, failures, _ in await outbox.retrying("acme"):  # its backoff over: due now
+        await cursors.save_cursor(store, "acme", f"{RETRY}{seq}", seq, failures, 0.0, None)
+    assert await mailroom.outbox_settled() == 0 and mailroom.relay.received.empty()
+    [bounced] = await ledger.entries(store, event="email.bounced")
+    assert bounced.data["recipients"] == ["bob@example.org"], bounced.data
+    assert bounced.data["source"] == "relay" and "gave up" in bounced.data["why"]
+    assert "names no email domain" in bounced.data["why"], bounced.data
+    [told] = [m for m in await mails.all_mails(store) if m.subject == "Undelivered: Quote"]
+    assert told.to_principal == "agent:scout" and "names no email domain" in told.body
+    notes = [c["body"] for c in await mailroom.person("marco").comments(
+        "acme/scout-vault", sent["mail"]["number"])]
+    assert sum(n.startswith("⏳ Deferred") for n in notes) == 1, notes
+    assert sum(n.startswith("📭") and "names no email domain" in n for n in notes) == 1, notes
+
+    await _push_acme(mailroom, email)  # the section back, late
+    assert await mailroom.outbox_settled() == 0 and mailroom.relay.received.empty()
     assert await ledger.entries(store, event="email.sent") == []
 
 

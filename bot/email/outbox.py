@@ -55,6 +55,9 @@ POLL = 0.5
 BATCH = 100
 MAX_BACKOFF = 300.0
 MAX_REPLY_CC = 19  # with its To, the recipients one message may have here (server.MAX_RECIPIENTS)
+# the domain of a message first met when its office's config names none (RFC 2606's
+# reserved TLD): never sent from it (`_entry` defers it), only its key and clock
+NO_DOMAIN = "invalid"
 GIVE_UP_AFTER = 5 * 24 * 3600.0  # as long as a common MTA keeps a message it cannot deliver
 
 
@@ -178,9 +181,14 @@ class Outbox(Rounds):
                 for office in await self.offices()]
 
     async def offices(self) -> list[Office]:
-        """Every office whose config names an email domain, proven or not: one not proven
-        now sends nothing (`drain`), but its messages' give-up clock runs."""
-        return (await self.intake.configured())[0]
+        """Every office whose config names an email domain, proven or not, and every one
+        the outbox drained before whose config names none now (its `email:` section gone
+        while messages waited): one not proven now, or with no domain, sends nothing
+        (`drain`), but its messages' give-up clock runs."""
+        found = [office for _, office in (await self.services.read_offices())[0]]
+        drained = set(await cursors.orgs_with(self.services.store, CURSOR))
+        return [office for office in found
+                if office.email is not None or office.org.lower() in drained]
 
     async def _drain(self, office: Office) -> None:
         try:
@@ -199,8 +207,9 @@ class Outbox(Rounds):
         email it answers, never the app's earlier ones)."""
         org, store = office.org.lower(), self.services.store
         async with store.named_lock(f"email-outbox:{org}"):
-            # a domain not proven now (its record taken away, DNS never answering): each
-            # message that would go is deferred (`Unproven`), so given up in time
+            # a domain not proven now (its record taken away, DNS never answering, the
+            # config naming none): each message that would go is deferred (`Unproven`), so
+            # given up in time
             unproven = await self.intake.unproven_why(office)
             sent, now = 0, time.time()
             waiting: set[str] = set()  # threads with a message set aside before this one
@@ -275,19 +284,28 @@ class Outbox(Rounds):
         if entry.event == "mail.sent" and not str(entry.data.get("to", "")).startswith("email:"):
             return 0  # mail inside the office (most of them): nothing to look up
         mail = await mails.get_mail(self.services.store, str(entry.data.get("mail", "")))
-        if mail is None or office.email is None:
+        if mail is None:
             return 0
-        domain = office.email.domain
         secret = keys.message_id_secret(self.services.settings.data_dir, office.org)
         if entry.event == "mail.sent":
             if entry.data.get("to") != mail.to_principal or address_of(mail.to_principal) is None:
                 return 0  # not mail to an address
-            key, message_id = None, outgoing.mail_message_id(mail.mail_id, domain, secret)
+            key, local = None, outgoing.mail_message_id(mail.mail_id, "", secret)
         else:
             key = entry.data.get("reply")
             if not isinstance(key, str) or address_of(mail.from_principal) is None:
                 return 0  # not a reply to mail by email
-            message_id = outgoing.reply_message_id(mail.mail_id, key, domain, secret)
+            local = outgoing.reply_message_id(mail.mail_id, key, "", secret)
+        # its Message-ID (its key here, its ledger entries') at the domain it was first tried
+        # from, else the office's now: the config dropping its `email:` section or naming
+        # another domain restarts no clock and sends no second copy; it is deferred (below)
+        now = office.email.domain if office.email is not None else None
+        domain = await self._tried_from(office, mail, local[:-1]) or now or NO_DOMAIN
+        message_id = f"{local[:-1]}{domain}>"
+        if unproven is None and domain != now:
+            unproven = "it was written while the office's config named no email domain" \
+                if domain == NO_DOMAIN else f"it was to go from {domain}, and the office's " \
+                f"config names {now} now"
 
         async def work() -> idempotency.Result:
             if unproven is not None:  # (checked under its key: one sent already stays sent)
@@ -326,7 +344,8 @@ class Outbox(Rounds):
                 said = Said("The relay last said", detail) if deferred and deferred.by_relay \
                     else None
                 why += "" if said else f": {detail}"
-                whom = list(waiting) or await self._unsettled(office, mail, key, message_id)
+                whom = list(waiting) or await self._unsettled(office, mail, key, message_id,
+                                                              domain)
                 if whom:
                     await self.intake.report_bounce(office, mail, message_id, whom, why,
                                                     source="relay", said=said)
@@ -334,6 +353,18 @@ class Outbox(Rounds):
 
             result = await self.services.store.once(scope, message_id, fingerprint, give_up)
         return 1 if result.get("state") == "sent" else 0
+
+    async def _tried_from(self, office: Office, mail: MailRecord, local: str) -> str | None:
+        """The domain a message whose Message-ID begins `local` (`<vm.<mail>.<digest>@`: the
+        same at any domain) was first tried from, by its ledger entries; None if never."""
+        renamed = self.services.keyring.renamed(office.org)
+        for event in ("email.deferred", "email.sent", "email.bounced"):
+            for message_id in await ledger.values_recorded(
+                    self.services.store, event, mail.ref, "message_id", org=office.org,
+                    renamed=renamed):
+                if message_id.startswith(local) and message_id.endswith(">"):
+                    return message_id[len(local):-1]
+        return None
 
     async def _deferred(self, office: Office, mail: MailRecord, message_id: str,
                         detail: str, recipients: tuple[str, ...] = (), *,
@@ -385,21 +416,22 @@ class Outbox(Rounds):
         return parts, bounced
 
     async def _unsettled(self, office: Office, mail: MailRecord, key: str | None,
-                         message_id: str) -> list[str]:
+                         message_id: str, domain: str | None = None) -> list[str]:
         """Each recipient of `message_id` no try settled (`_settled`): its To and Cc, as
         far as the app can tell them now (`_addressees`), less the ones sent or bounced."""
         parts, bounced = await self._settled(mail, message_id)
         settled = bounced.union(*parts)
-        return [r for r in await self._addressees(office, mail, key) if r not in settled]
+        domain = domain or (office.email.domain if office.email is not None else NO_DOMAIN)
+        return [r for r in await self._addressees(office, mail, key, domain)
+                if r not in settled]
 
-    async def _addressees(self, office: Office, mail: MailRecord,
-                          key: str | None) -> list[str]:
+    async def _addressees(self, office: Office, mail: MailRecord, key: str | None,
+                          domain: str) -> list[str]:
         """Whom the message goes to: the address mail was sent to; a reply's To and Cc
         (`_reply_addressees`) from the thread's latest message by email, or its first one
         when the forge cannot be read (its failing may be why the reply did not go)."""
         if key is None:
             return [a for a in (address_of(mail.to_principal),) if a is not None]
-        assert office.email is not None
         latest = read_meta(mail.body)
         try:
             latest = (await self._reply_and_latest(
@@ -410,7 +442,7 @@ class Outbox(Rounds):
         if latest is None:
             return [a for a in (address_of(mail.from_principal),) if a is not None]
         agent = office.agent(mail.to_principal.removeprefix("agent:"))
-        to, cc, _ = _reply_addressees(latest, office.email.domain, agent)
+        to, cc, _ = _reply_addressees(latest, domain, agent)  # (the message's own domain)
         return list(dict.fromkeys((*to, *cc)))
 
     async def _deliver(self, office: Office, mail: MailRecord, out: outgoing.Outgoing,

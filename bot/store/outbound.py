@@ -47,6 +47,14 @@ async def save_cursor(store: Store, org: str, url: str, seq: int, failures: int,
             (_key(org, url), seq, failures, next_at, error, org.lower()))
 
 
+async def orgs_with(store: Store, url: str) -> list[str]:
+    """The offices that have a cursor of `url` (lowercase)."""
+    rows = await store.fetchall(
+        "SELECT org FROM outbound_cursors WHERE org IS NOT NULL AND url=org || ' ' || ?",
+        (url,))
+    return [str(r["org"]) for r in rows]
+
+
 async def cursors_under(store: Store, org: str, prefix: str) -> list[Row]:
     """`org`'s cursors whose URL begins with `prefix`, by seq (a range of the key, not LIKE:
     an org's name may hold LIKE's wildcards, and must never match another office's rows)."""
