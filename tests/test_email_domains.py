@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -125,16 +126,7 @@ async def test_mail_waiting_on_a_domain_no_longer_proven_is_given_up_never_sent_
     store = mailroom.embedded.services.store
     [deferred] = await ledger.entries(store, event="email.deferred")
     assert "not proven" in deferred.data["detail"] and RECORD in deferred.data["detail"]
-    [bounced] = await ledger.entries(store, event="email.bounced")
-    assert bounced.data["recipients"] == ["bob@example.org"], bounced.data
-    assert bounced.data["source"] == "relay" and "gave up" in bounced.data["why"]
-    assert "not proven" in bounced.data["why"], bounced.data
-    [told] = [m for m in await mails.all_mails(store) if m.subject == "Undelivered: Quote"]
-    assert told.to_principal == "agent:scout" and "not proven" in told.body
-    notes = [c["body"] for c in await mailroom.person("marco").comments(
-        "acme/scout-vault", sent["mail"]["number"])]
-    assert sum(n.startswith("⏳ Deferred") for n in notes) == 1, notes
-    assert sum(n.startswith("📭") and "not proven" in n for n in notes) == 1, notes
+    await _given_up_once(mailroom, sent, "not proven")
 
     mailroom.dns.txts[RECORD] = [f"vaultmail-office-id={acme}"]  # published again, late
     _intake(mailroom).proofs.forget()
@@ -182,16 +174,7 @@ async def test_mail_waiting_when_the_email_section_goes_is_given_up_never_sent_l
     for seq, failures, _ in await outbox.retrying("acme"):  # its backoff over: due now
         await cursors.save_cursor(store, "acme", f"{RETRY}{seq}", seq, failures, 0.0, None)
     assert await mailroom.outbox_settled() == 0 and mailroom.relay.received.empty()
-    [bounced] = await ledger.entries(store, event="email.bounced")
-    assert bounced.data["recipients"] == ["bob@example.org"], bounced.data
-    assert bounced.data["source"] == "relay" and "gave up" in bounced.data["why"]
-    assert "names no email domain" in bounced.data["why"], bounced.data
-    [told] = [m for m in await mails.all_mails(store) if m.subject == "Undelivered: Quote"]
-    assert told.to_principal == "agent:scout" and "names no email domain" in told.body
-    notes = [c["body"] for c in await mailroom.person("marco").comments(
-        "acme/scout-vault", sent["mail"]["number"])]
-    assert sum(n.startswith("⏳ Deferred") for n in notes) == 1, notes
-    assert sum(n.startswith("📭") and "names no email domain" in n for n in notes) == 1, notes
+    await _given_up_once(mailroom, sent, "names no email domain")
 
     await _push_acme(mailroom, email)  # the section back, late
     assert await mailroom.outbox_settled() == 0 and mailroom.relay.received.empty()
@@ -318,3 +301,19 @@ async def test_a_record_naming_the_org_proves_nothing_where_the_index_had_not_it
         assert f'{RECORD} TXT "vaultmail-office-id={ACME_ID}"' in said.data["errors"][0], \
             said.data
         assert await mails.all_mails(store) == []
+
+
+async def _given_up_once(mailroom: Mailroom, sent: dict[str, Any], why: str) -> None:
+    """scout's mail to bob was given up once, saying `why`: one bounce (the relay's source),
+    the agent's Undelivered mail, one deferral note and one bounce note on its issue."""
+    store = mailroom.embedded.services.store
+    [bounced] = await ledger.entries(store, event="email.bounced")
+    assert bounced.data["recipients"] == ["bob@example.org"], bounced.data
+    assert bounced.data["source"] == "relay" and "gave up" in bounced.data["why"]
+    assert why in bounced.data["why"], bounced.data
+    [told] = [m for m in await mails.all_mails(store) if m.subject == "Undelivered: Quote"]
+    assert told.to_principal == "agent:scout" and why in told.body
+    notes = [c["body"] for c in await mailroom.person("marco").comments(
+        "acme/scout-vault", sent["mail"]["number"])]
+    assert sum(n.startswith("⏳ Deferred") for n in notes) == 1, notes
+    assert sum(n.startswith("📭") and why in n for n in notes) == 1, notes
