@@ -39,6 +39,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from bot.items.model import make_ref
+from bot.items.model import split_ref as _split
 from bot.mail.signing import name_now
 from bot.office.config import Office
 from bot.store.offices import org_of
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
     from bot.store.mails import MailRecord
 
 TTL = 45.0
-_REF = re.compile(r"^(?P<repo>[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)#(?P<n>[1-9][0-9]*)$")
 _REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _CHAT = re.compile(r"^chat:(?P<n>[0-9]+)$")
 _TO_AGENT = re.compile(r"^(?:mail|chat) to (?P<agent>agent:[a-z0-9-]+)$")
@@ -154,12 +154,7 @@ def split_ref(ref: str) -> tuple[str, int] | None:
 _REF_KEPT = 200
 
 
-def _split(ref: str) -> tuple[str, int] | None:
-    m = _REF.match(ref.strip())
-    return (m["repo"].lower(), int(m["n"])) if m else None
-
-
-_split_ref = lru_cache(maxsize=16_384)(_split)
+_split_ref = lru_cache(maxsize=16_384)(_split)  # (bot.items.model's, kept)
 
 
 def is_editor(office: Office, principal: str) -> bool:
