@@ -259,10 +259,11 @@ class EmailIntake:
         is every recipient's, so a copy refused there was counted delivered and lost."""
         vault = box.office.vault_of(box.agent).lower()
         at, why = self._closed.get(vault, (-CLOSED_SECONDS, None))
-        if time.monotonic() - at >= CLOSED_SECONDS:
-            state = await self.services.forge_for_org(box.office.org).repo_closed(vault)
-            why = None if state is None else Mailer.closed_why(state, vault)
-            self._closed[vault] = (time.monotonic(), why)
+        if time.monotonic() - at < CLOSED_SECONDS:
+            return why  # (ledgered when the forge said it: the key keeps it once anyway)
+        state = await self.services.forge_for_org(box.office.org).repo_closed(vault)
+        why = None if state is None else Mailer.closed_why(state, vault)
+        self._closed[vault] = (time.monotonic(), why)
         if why is not None:
             principal = box.agent.principal
             await self.mailer(box.office).bounce(SMTP_SENDER, principal, "(by email)", why,
