@@ -28,7 +28,7 @@ def _hash(value: str) -> str:
 class Session:
     id_hash: str
     principal: str
-    org: str | None
+    org: str | None  # None: a session from before sign-in pinned a token (`visitor` ends it)
     login: str
     via: str  # "forge" (the OAuth web flow) or "token" (an API token)
     csrf: str
@@ -36,7 +36,7 @@ class Session:
     expires_at: float
 
 
-async def create(store: Store, principal: str, org: str | None, login: str,
+async def create(store: Store, principal: str, org: str, login: str,
                  via: str) -> tuple[str, Session]:
     """A new session: the cookie's value (shown once, to the browser) and the session."""
     value = secrets.token_urlsafe(32)

@@ -43,7 +43,7 @@ from bot.console.visitor import (
 from bot.errors import Denied, ForgeUnavailable, VaultmailError, retry_headers
 from bot.names import RULE, is_name
 from bot.store import api_tokens
-from bot.tools.http import make_call
+from bot.tools.http import make_call, pinned
 
 log = logging.getLogger("vaultmail.console")
 STATE_COOKIE = "vaultmail_oauth"
@@ -137,7 +137,7 @@ async def sign_in_page(request: web.Request) -> web.StreamResponse:
 
 
 async def _start_session(request: web.Request, services: Services, principal: str,
-                         org: str | None, login: str, via: str, nxt: str) -> web.HTTPSeeOther:
+                         org: str, login: str, via: str, nxt: str) -> web.HTTPSeeOther:
     call = await make_call(services, principal, None, org)
     person_of(call)  # the console is for the office's people
     value, _ = await sessions.create(services.store, principal, org, login, via)
@@ -159,16 +159,20 @@ async def token_sign_in(request: web.Request) -> web.StreamResponse:
     if not expected or not hmac.compare_digest(form.get("csrf", "").encode(), expected.encode()):
         return _sign_in_page(request, message="This sign-in form is stale (its CSRF token does "
                              "not match): send it again", error=True, status=403)
-    owner = await api_tokens.owner_of(services.store, form.get("token", "").strip())
+    token = form.get("token", "").strip()
+    owner = await api_tokens.owner_of(services.store, token)
     if owner is None:
         return _sign_in_page(request, message="That API token is unknown or revoked: copy one "
                              "from tokens.json (api_tokens) or make one with `vaultmail token "
                              "create PRINCIPAL`", error=True, status=401)
     try:
+        # a token from before offices is pinned here as at its first tool call: a session of
+        # no office was looked up again at every page, and went to whichever office named the
+        # principal then (another office's person of the same name), or to none
+        org = await pinned(services, owner, token)
         # the session keeps the token's hash as its login: it ends when the token is revoked
-        response = await _start_session(request, services, owner.principal, owner.org,
-                                        TOKEN_LOGIN + api_tokens.token_hash(
-                                            form.get("token", "").strip()),
+        response = await _start_session(request, services, owner.principal, org,
+                                        TOKEN_LOGIN + api_tokens.token_hash(token),
                                         "token", form.get("next", ""))
     except VaultmailError as exc:
         return _sign_in_page(request, message=exc.message, error=True, status=exc.status,

@@ -78,6 +78,12 @@ async def visitor(request: web.Request) -> Visitor:
     session = await sessions.get(services.store, value) if value else None
     if session is None:
         raise NotSignedIn()
+    if session.org is None:
+        # signed in with a token of no office before sign-in pinned it: its office was looked
+        # up again at each page (another office's person of the same name, or none); it ends,
+        # and the person signs in again (which pins the token)
+        await sessions.end(services.store, session)
+        raise NotSignedIn()
     try:
         call = await make_call(services, session.principal, None, session.org)
     except Denied:  # taken out of the office since: the session ends with it

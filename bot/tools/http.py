@@ -46,11 +46,19 @@ async def authenticate(services: Services, header: str | None) -> api_tokens.Own
     owner = await api_tokens.owner_of(services.store, token)
     if owner is None:
         raise Unauthenticated("this API token is unknown or revoked")
-    if owner.org is None:  # a token from before offices: pinned to the one office it is in
-        org = await office_org(services, owner.principal)
-        await api_tokens.pin_office(services.store, token, org)
-        owner = replace(owner, org=org)
-    return owner
+    return replace(owner, org=await pinned(services, owner, token))
+
+
+async def pinned(services: Services, owner: api_tokens.Owner, token: str) -> str:
+    """The office of `owner`'s `token`: a token from before offices is pinned to the one
+    office it is in at its first use, whatever the use (a tool call, a console sign-in), so
+    that an office that later declares a principal of the same name can neither take what it
+    opens over nor make it ambiguous."""
+    if owner.org is not None:
+        return owner.org
+    org = await office_org(services, owner.principal)
+    await api_tokens.pin_office(services.store, token, org)
+    return org
 
 
 def bearer_key(header: str | None) -> str | None:

@@ -4,7 +4,9 @@ activity alone (found by review)."""
 
 from __future__ import annotations
 
+import hashlib
 import re
+import time
 from pathlib import Path
 
 import aiohttp
@@ -13,10 +15,12 @@ from yarl import URL
 
 from bot.app.embedded import Embedded
 from bot.console import sessions
-from bot.console.visitor import COOKIE
+from bot.console.visitor import COOKIE, TOKEN_LOGIN
 from bot.office.config import parse_office
 from bot.office.seed import seed_office
+from bot.office.source import CONFIG_PATH, CONFIG_REPO
 from bot.store import api_tokens
+from bot.store import sessions as console_db
 from tests.support import ToolClient, forge_sign_in
 
 MARCO = "human:marco@acme.com"
@@ -101,6 +105,83 @@ def _field(page: str, name: str) -> str:
     found = re.search(rf'name="{name}" value="([^"]*)"', page)
     assert found, f"no field {name}"
     return found[1]
+
+
+async def _token_sign_in(browser: aiohttp.ClientSession, embedded: Embedded,
+                         token: str) -> aiohttp.ClientResponse:
+    url = embedded.app_url + "/console"
+    async with browser.get(url + "/sign-in") as resp:
+        page = await resp.text()
+    form = {"csrf": _field(page, "csrf"), "token": token, "next": "/console/inbox"}
+    async with browser.post(url + "/sign-in/token", data=form, allow_redirects=False) as resp:
+        await resp.read()
+        return resp
+
+
+# evil, installed beside acme, declares a marco@acme.com of its own (its own person)
+EVIL_MARCO = {**EVIL, "humans": [*EVIL["humans"], {
+    "email": "marco@acme.com", "login": "eve", "permissions": ["mail.send", "editor"]}]}
+
+
+async def test_a_console_sign_in_with_a_token_that_named_no_office_pins_it_to_its_office(
+        embedded: Embedded) -> None:
+    """A token made before offices (`vaultmail token create PRINCIPAL`, no --org) is pinned to
+    the office it is found in at its first use. Signing in to the console with one kept a
+    session of no office, looked up again at each page: once another office declared a
+    principal of the same name, marco of acme was turned away from his own console ("in the
+    offices of acme, evil") and signed out; once acme then took him out of its config, the
+    session went on as evil's marco, reading evil's inbox."""
+    store = embedded.services.store
+    legacy = await api_tokens.create_token(store, MARCO)  # (no office: from before offices)
+    jar = aiohttp.CookieJar
+    async with aiohttp.ClientSession(cookie_jar=jar(unsafe=True)) as laptop, \
+            aiohttp.ClientSession(cookie_jar=jar(unsafe=True)) as phone:
+        for browser in (laptop, phone):
+            assert (await _token_sign_in(browser, embedded, legacy)).status == 303, "signed in"
+        seed_office(embedded.forge, parse_office(yaml.safe_dump(EVIL_MARCO), "evil.yml",
+                                                 repository=False))
+        (app_id,) = embedded.forge.state.apps
+        embedded.forge.install_app(int(app_id), "evil")
+        await embedded.settle()
+        async with laptop.get(embedded.app_url + "/console/inbox",
+                              allow_redirects=False) as resp:
+            assert resp.status == 200, (
+                f"marco's session is acme's, whatever evil declares: {resp.status} "
+                f"{(await resp.text())[:600]}")
+        async with laptop.post(embedded.app_url + "/api/v1/tools/mail_list", json={},
+                               headers={"Authorization": f"Bearer {legacy}"}) as resp:
+            assert resp.status == 200, "the sign-in pinned the token to acme, as a first use"
+        # acme's marco is marcus@acme.com now: human:marco@acme.com is nobody of acme's
+        config = EXAMPLE.read_text().replace("marco@acme.com", "marcus@acme.com")
+        embedded.forge.put_file(f"acme/{CONFIG_REPO}", CONFIG_PATH, config, pusher="admin")
+        await embedded.settle()
+        office = await embedded.services.offices.get(
+            embedded.services.forge_for_org("acme"), "acme")
+        assert office is not None and office.human("marcus@acme.com") is not None
+        async with phone.get(embedded.app_url + "/console/inbox",
+                             allow_redirects=False) as resp:
+            assert resp.status != 200, "acme took marco out: his session is not evil's marco's"
+
+
+async def test_a_session_of_no_office_from_before_sign_in_pinned_tokens_ends(
+        embedded: Embedded) -> None:
+    """A session signed in with such a token before this release kept no office: it ends, and
+    the person signs in again (which pins the token)."""
+    store = embedded.services.store
+    legacy = await api_tokens.create_token(store, MARCO)
+    value = "before-pinning"
+    await console_db.add_session(store, hashlib.sha256(value.encode()).hexdigest(), MARCO,
+                                 None, TOKEN_LOGIN + api_tokens.token_hash(legacy), "token",
+                                 "csrf", time.time(), time.time() + 3600)
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        browser.cookie_jar.update_cookies({COOKIE: value}, URL(embedded.app_url))
+        async with browser.get(embedded.app_url + "/console/inbox",
+                               allow_redirects=False) as resp:
+            assert resp.status == 303 and "/console/sign-in" in resp.headers["Location"]
+        assert (await _token_sign_in(browser, embedded, legacy)).status == 303
+        async with browser.get(embedded.app_url + "/console/inbox",
+                               allow_redirects=False) as resp:
+            assert resp.status == 200
 
 
 async def test_a_console_session_ends_with_the_api_token_it_signed_in_with(
