@@ -454,8 +454,10 @@ def _page(title: str, body: str, status: int = 200) -> web.Response:
             "</title><style>body{font-family:system-ui,sans-serif;max-width:42em;margin:2em auto;"
             "line-height:1.5}code{background:#f3f3f3;padding:0 .2em}</style></head><body>"
             f"<h1>{html.escape(title)}</h1>{body}</body></html>")
+    # no referrer: the page's address holds the key (or the forge's code and the state), and
+    # its form and links go to the forge, another site (a browser's default may send it all)
     return web.Response(text=text, status=status, content_type="text/html",
-                        headers={"Cache-Control": "no-store"})
+                        headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"})
 
 
 @dataclass

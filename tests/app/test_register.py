@@ -577,3 +577,34 @@ async def test_over_https_no_other_site_can_plant_the_setup_pages_cookie(
         registered = await serving
         sock.close()
     assert registered and (tmp_path / ".env").exists()
+
+
+async def test_the_setup_page_keeps_its_key_from_the_forge(forge: LocalForge,
+                                                           tmp_path: Path) -> None:
+    """The set-up page's address holds the key that gives out the form (whoever has it
+    registers the deployment's App), and its form posts to the forge, another site: the page
+    says to send no referrer, so that no browser's default (older ones send the whole
+    address to another https site) hands the key to the forge, or to its logs. The page
+    after the return holds the forge's code and the state in its address, and links to the
+    forge's install page: the same."""
+    page = SetupPage(forge=Forge.from_web(forge.url), manifest=load_manifest(),
+                     env_file=tmp_path / ".env")
+    sock = listen("127.0.0.1", 0)
+    stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    serving = asyncio.create_task(serve_page(sock, page, stop, announce="setup page"))
+    base = shown_url(sock, "127.0.0.1")
+    try:
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+            async with browser.get(page.link(base)) as resp:
+                assert resp.status == 200
+                form = _parse(await resp.text())
+                assert resp.headers.get("Referrer-Policy") == "no-referrer", dict(resp.headers)
+            callback = await _submit_to_forge(browser, form, forge.user_token("admin"))
+            async with browser.get(callback) as resp:
+                assert resp.status == 200, await resp.text()
+                assert resp.headers.get("Referrer-Policy") == "no-referrer", dict(resp.headers)
+    finally:
+        if not stop.done():
+            stop.set_result(None)
+        assert await serving
+        sock.close()
