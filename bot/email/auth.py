@@ -14,7 +14,8 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import dkim
@@ -50,11 +51,27 @@ class Verdicts:
     # an SPF or DKIM pass for the From domain (relaxed alignment), with or without a DMARC
     # record: what an allow-list needs before it believes a From
     aligned: bool = False
+    # When the From is proven by DKIM alone (no aligned SPF pass): the header names (lower
+    # case) the aligned signatures that verified cover (their h=), and whether one covers the
+    # whole body (no l=, or one past the body's end). None when SPF proves the From (the
+    # message came from a server the domain lists: all of it is the domain's) or nothing does
+    # (then nothing in it is believed as the sender's). Not recorded: the listener's alone.
+    signed: tuple[str, ...] | None = field(default=None, compare=False)
+    body_signed: bool = field(default=True, compare=False)
 
     def as_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["dkim_domains"] = list(self.dkim_domains)
+        del data["signed"], data["body_signed"]
         return data
+
+    def unsigned(self, present: Iterable[str]) -> list[str]:
+        """Of the headers `present` (as the message writes their names), the ones the
+        signatures proving the From do not cover: anyone who has the signed message can add
+        them and it still passes (RFC 6376 5.4). [] unless the From rests on DKIM alone."""
+        if self.signed is None:
+            return []
+        return [name for name in present if name.lower() not in self.signed]
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Verdicts:
@@ -230,12 +247,36 @@ def check_spf(ip: str, domain: str, resolver: Resolver) -> str:
 MAX_SIGNATURES = 5
 
 
+@dataclass(frozen=True)
+class Signature:
+    """A DKIM signature that verified: its d=, the headers its h= names (lower case), and
+    whether it covers the whole body (an l= shorter than the body leaves the rest anyone's)."""
+    domain: str
+    headers: frozenset[str]
+    whole_body: bool
+
+
 def check_dkim(message: bytes, resolver: Resolver) -> tuple[str, tuple[str, ...]]:
     """`pass` and the d= domains of the signatures that verified, `fail`, `temperror`, or
     `none` (no signature)."""
+    result, passed = dkim_signatures(message, resolver)
+    return result, tuple(dict.fromkeys(s.domain for s in passed))
+
+
+def _whole_body(d: dkim.DKIM) -> bool:
+    length = d.signature_fields.get(b"l")
+    if length is None:
+        return True
+    policy = dkim.CanonicalizationPolicy.from_c_value(
+        d.signature_fields.get(b"c", b"simple/simple"))
+    return int(length) >= len(policy.canonicalize_body(d.body))
+
+
+def dkim_signatures(message: bytes, resolver: Resolver) -> tuple[str, list[Signature]]:
+    """`check_dkim`'s result, and each signature that verified."""
     signatures = len(re.findall(rb"(?im)^DKIM-Signature:", message))
     if signatures == 0:
-        return "none", ()
+        return "none", []
     temp = False
 
     def dnsfunc(name: bytes, timeout: int = 5) -> bytes:
@@ -247,7 +288,7 @@ def check_dkim(message: bytes, resolver: Resolver) -> tuple[str, tuple[str, ...]
             temp = True
             return b""
 
-    passed: list[str] = []
+    passed: list[Signature] = []
     for idx in range(min(signatures, MAX_SIGNATURES)):
         d = dkim.DKIM(message, minkey=1024)
         try:
@@ -255,10 +296,13 @@ def check_dkim(message: bytes, resolver: Resolver) -> tuple[str, tuple[str, ...]
         except dkim.DKIMException:
             ok = False
         if ok and d.domain:
-            passed.append(d.domain.decode("ascii", "replace").lower())
+            passed.append(Signature(
+                d.domain.decode("ascii", "replace").lower(),
+                frozenset(h.decode("ascii", "replace") for h in d.include_headers),
+                _whole_body(d)))
     if passed:
-        return "pass", tuple(dict.fromkeys(passed))
-    return ("temperror" if temp else "fail"), ()
+        return "pass", passed
+    return ("temperror" if temp else "fail"), []
 
 
 # -- DMARC -------------------------------------------------------------------------------------
@@ -327,12 +371,16 @@ def authenticate(message: bytes, *, ip: str, helo: str, mail_from: str, from_dom
     to be from `from_domain` (its From header's)."""
     spf_domain = mail_from.rpartition("@")[2].lower() if mail_from else helo.lower()
     spf = check_spf(ip, spf_domain, resolver)
-    dkim_result, dkim_domains = check_dkim(message, resolver)
+    dkim_result, passed = dkim_signatures(message, resolver)
+    dkim_domains = tuple(dict.fromkeys(s.domain for s in passed))
     dmarc, policy = check_dmarc(from_domain, spf, spf_domain, dkim_result, dkim_domains,
                                 resolver)
-    aligned = bool(from_domain) and (
-        (spf == "pass" and _aligned(spf_domain, from_domain, "r"))
-        or (dkim_result == "pass" and any(_aligned(d, from_domain, "r") for d in dkim_domains)))
+    spf_aligned = bool(from_domain) and spf == "pass" and _aligned(spf_domain, from_domain, "r")
+    proving = [s for s in passed if from_domain and _aligned(s.domain, from_domain, "r")]
+    # the From proven by DKIM alone: what those signatures cover is all that is the sender's
+    signed = None if spf_aligned or not proving else tuple(sorted(
+        frozenset[str]().union(*(s.headers for s in proving))))
     return Verdicts(spf=spf, spf_domain=spf_domain, dkim=dkim_result, dkim_domains=dkim_domains,
                     dmarc=dmarc, dmarc_policy=policy, from_domain=from_domain.lower(),
-                    aligned=aligned)
+                    aligned=spf_aligned or bool(proving), signed=signed,
+                    body_signed=signed is None or any(s.whole_body for s in proving))

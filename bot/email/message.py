@@ -68,7 +68,7 @@ class Inbound:
     truncated: bool = False
     parts: tuple[Part, ...] = ()  # its attachments, in the message's order
     hops: int | None = None  # X-Vaultmail-Hops: the loop guard's count another office sent
-
+    headers: tuple[str, ...] = ()  # which of SIGNED_OR_REFUSED it has
 
     @property
     def thread_refs(self) -> list[str]:
@@ -291,6 +291,14 @@ MAX_ADDRESS_HEADER = 65_536
 # (a digest its sender really signed) passed DKIM and was the app's subject, thread or Cc.
 SINGLE = ("From", "Sender", "To", "Cc", "Subject", "Message-ID", "In-Reply-To",
           "References")
+# The headers the app acts on as the sender's: the mail's sender, title, thread and
+# idempotency, and whom the agent's reply copies (bot.email.outbox: an authenticated
+# message's To and Cc). Where the From is proven by DKIM alone, one of them present but not
+# covered by the signature is anyone's to add to a signed message they replay (a Cc to
+# have the office mail them): refused (bot.email.server). Those that only make a message
+# quieter (Auto-Submitted, Precedence, List-*, X-Vaultmail-Hops: `automatic_reason`,
+# `hops_of`) are believed unsigned: a mailing list adds them after the author signed.
+SIGNED_OR_REFUSED = ("From", "To", "Cc", "Subject", "Message-ID", "In-Reply-To", "References")
 
 
 def parse_inbound(raw: bytes) -> Inbound:
@@ -330,7 +338,8 @@ def parse_inbound(raw: bytes) -> Inbound:
         references=message_ids(_header(msg, "References")),
         automatic=automatic_reason(msg), text=text,
         report=msg.get_content_type() == "multipart/report", truncated=truncated,
-        parts=file_parts(msg), hops=hops_of(msg))
+        parts=file_parts(msg), hops=hops_of(msg),
+        headers=tuple(name for name in SIGNED_OR_REFUSED if name in msg))
 
 
 # -- the signed body ---------------------------------------------------------------------------

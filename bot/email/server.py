@@ -9,6 +9,7 @@
 | a message (SIZE or DATA) over the limit | `552 5.3.4` naming the limit |
 | an attachment over its limit, or more attachments than it may carry | `552 5.3.4` naming it |
 | no From address the app takes, or two of a header allowed once | `550 5.6.0` saying so |
+| its From proven by DKIM alone, and a header acted on or the body not all signed | `550 5.7.1` |
 | the app not started yet, or the forge or the index failing | `451 4.3.0`: send it again later |
 | past a rate: one From's, or one authenticated domain's, to an agent | `451 4.7.1` |
 | past an address's rate: its messages authenticated (before a lookup), or not | `451 4.7.1` |
@@ -292,6 +293,9 @@ class SmtpHandler:
         if not verdicts.aligned and not self.peers.admit(address_key(str(peer))):
             return (f"451 4.7.1 too many messages from your address whose From is not "
                     f"authenticated: at most {self.rate.per_minute} a minute; try again later")
+        unsigned = unsigned_refusal(message, verdicts)
+        if unsigned is not None:
+            return unsigned
         refs: list[str] = []
         # each recipient RCPT took that cannot take it now, with its answer were it alone:
         # the config changed, its vault was closed, or its policy refuses (terms changed)
@@ -354,6 +358,28 @@ class SmtpHandler:
             return (f"451 4.3.0 {gone} can no longer take it: send it again, and "
                     f"{'they are' if len(refused) > 1 else 'it is'} refused alone")
         return f"250 2.0.0 delivered as {', '.join(refs)}"
+
+
+def unsigned_refusal(message: Inbound, verdicts: Verdicts) -> str | None:
+    """The 550 for a message whose From only DKIM proves, with a header the app acts on (its
+    To, Cc, Subject, ids) or part of its body that the signature does not cover; else None.
+    Anyone holding a message the domain signed can add those and send it on, and it still
+    passes: a Cc the agent's reply then copies, a subject or a thread of their choosing, text
+    after an l= (RFC 6376 8.2, 8.15). Refused, not read without them: the sender learns what
+    to sign, and nothing is delivered other than as written."""
+    unsigned = verdicts.unsigned(message.headers)
+    domains = ", ".join(verdicts.dkim_domains)
+    if unsigned:
+        names = " and ".join(unsigned)
+        return (f"550 5.7.1 its {names} header{'s are' if len(unsigned) > 1 else ' is'} not "
+                f"covered by its DKIM signature (d={domains}), the only proof of its sender: "
+                f"sign the {names} header{'s' if len(unsigned) > 1 else ''}, or send it from "
+                f"a server the SPF record of {verdicts.from_domain} lists")
+    if not verdicts.body_signed:
+        return (f"550 5.7.1 its DKIM signature (d={domains}), the only proof of its sender, "
+                "covers only part of its body (l=): sign the whole body, or send it from a "
+                f"server the SPF record of {verdicts.from_domain} lists")
+    return None
 
 
 class ListenError(RuntimeError):
