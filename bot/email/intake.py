@@ -56,6 +56,14 @@ CLOSED_SECONDS = 30.0
 SMTP_SENDER = "email:(smtp)"  # who a refusal at RCPT is ledgered from: the sender is unproven
 
 
+def closed_key(principal: str, why: str) -> str:
+    """The `mail.bounced` key of mail by email to `principal`, whose vault takes no mail
+    (`why`): one entry per agent and why, found at RCPT (`EmailIntake.closed`) or at DATA
+    (`EmailIntake.receive`), so a message is told of once, whichever found it (and whoever
+    its sender claims to be: at RCPT no one is proven)."""
+    return f"closed\n{SMTP_SENDER}\n{principal}\n{why}"
+
+
 def subject_of(message: Inbound) -> str:
     """The mail's subject: the message's, cleaned and clipped, or `(no subject)`."""
     subject = clean_subject(message.subject) or "(no subject)"
@@ -267,7 +275,7 @@ class EmailIntake:
         if why is not None:
             principal = box.agent.principal
             await self.mailer(box.office).bounce(SMTP_SENDER, principal, "(by email)", why,
-                                                 key=f"closed\n{SMTP_SENDER}\n{principal}\n{why}")
+                                                 key=closed_key(principal, why))
         return why
 
     def found_closed(self, box: Mailbox) -> None:
@@ -335,11 +343,13 @@ class EmailIntake:
             return await mailer.deliver(with_hops(mailer, draft, message.hops), quiet=quiet)
         except ForgeError as exc:  # a vault gone or archived: refused for good (550)
             why = None if isinstance(draft, MailRecord) else mailer.undeliverable(
-                exc, draft.header.vault)
+                exc, draft.header.vault.lower())
             if why is None:
                 raise
+            # under the key RCPT ledgers it by: the retry of a message DATA found closed
+            # (451 beside a copy delivered) is refused at RCPT, and was ledgered twice
             raise await mailer.bounce(sender, agent.principal, subject, why,
-                                      key=f"email\n{message.message_id}") from exc
+                                      key=closed_key(agent.principal, why)) from exc
 
     async def _ledger(self, office: Office, record: MailRecord, message: Inbound,
                       verdicts: Verdicts, decision: Decision) -> None:
