@@ -280,3 +280,28 @@ async def test_a_recipient_lost_between_rcpt_and_data_is_refused_alone_and_nothi
         # review). (echo, never mailed, is no departed agent the index knows: nothing told.)
         bounced = await ledger.entries(store, event="mail.bounced")
         assert [b.data["to"] for b in bounced] == ["agent:echo"], [b.data for b in bounced]
+
+
+async def test_a_message_sent_again_after_a_451_is_charged_only_for_copies_not_delivered(
+        mailroom: Mailroom) -> None:
+    """Bob (authenticated; 5 a minute to one agent) has written scout 4 messages and echo 5.
+    His message to both: scout's copy is delivered (scout's fifth), echo's is over the rate,
+    451 for the whole message, scout's copy kept. His server sends it again: scout's copy
+    was charged again, though it is delivered and costs nothing, and the retry was refused
+    for scout (found by review); it is refused for echo alone, and scout has it once."""
+    bob = Sender("example.net", mailroom.dns)
+    bob.publish()
+    scout, echo = f"scout@{DOMAIN}", f"echo@{DOMAIN}"
+    for n, to in enumerate([scout] * 4 + [echo] * 5):
+        raw = wire(message("bob@example.net", to, f"Note {n}", "x"))
+        assert (await send(mailroom.port, raw, rcpts=[to],
+                           mail_from="bob@example.net")).code == 250
+    both = wire(message("bob@example.net", scout, "Both", "you two", Cc=echo,
+                        Message_ID="<both@example.net>"))
+    for _ in range(2):
+        answer = await send(mailroom.port, both, rcpts=[scout, echo],
+                            mail_from="bob@example.net")
+        assert answer.code == 451 and f"to {echo}: at most 5 a minute" in answer.text, answer
+    store = mailroom.embedded.services.store
+    assert [m.subject for m in await mails.all_mails(store)
+            if m.to_principal == "agent:scout"].count("Both") == 1

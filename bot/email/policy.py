@@ -10,6 +10,7 @@ authenticated (an aligned SPF or DKIM pass), so a forged From matches nothing.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -137,14 +138,26 @@ class SharedSenderRate:
     def key(org: str, agent: str, sender: str) -> str:
         return f"email-rate:{org.lower()}/{agent}/{sender.lower()}"
 
-    async def admit(self, store: Store, org: str, agent: str, sender: str) -> bool:
-        """Count one message, or False when the sender is over its rate (nothing counted)."""
-        return await rates.admit(store, self.key(org, agent, sender), self.per_minute,
-                                 self.WINDOW)
+    @staticmethod
+    def copy(sender: str, message: Inbound) -> str:
+        """What one message is counted as: its sender, Message-ID and the ids it answers,
+        hashed: what its delivery is once per (bot.email.intake: new mail by Message-ID, a
+        comment by the thread's mail and Message-ID), so a message sent again costs nothing
+        and one with the same id sent to another thread is counted."""
+        return hashlib.sha256("\n".join([sender.lower(), message.message_id,
+                                         *message.thread_refs]).encode()).hexdigest()[:32]
 
-    async def admit_domain(self, store: Store, org: str, agent: str, domain: str) -> bool:
+    async def admit(self, store: Store, org: str, agent: str, sender: str, *,
+                    message: str | None = None) -> bool:
+        """Count one message, or False when the sender is over its rate (nothing counted).
+        `message` (`copy`): one counted for this agent before is not counted again."""
+        return await rates.admit(store, self.key(org, agent, sender), self.per_minute,
+                                 self.WINDOW, message=message)
+
+    async def admit_domain(self, store: Store, org: str, agent: str, domain: str, *,
+                           message: str | None = None) -> bool:
         """Count one message from an authenticated sender of `domain` (an organisational
         domain), or False when the domain is over its rate (nothing counted)."""
         return await rates.admit(store, f"email-domain-rate:{org.lower()}/{agent}/"
                                         f"{domain.lower()}", self.domain_per_minute,
-                                 self.WINDOW)
+                                 self.WINDOW, message=message)

@@ -320,15 +320,20 @@ class SmtpHandler:
                 # an authenticated sender (an aligned SPF or DKIM pass) has a count of its
                 # own: a From anyone can write never spends the real sender's
                 who = message.sender + (" (authenticated)" if verdicts.aligned else "")
+                # each copy is charged once: sent again after a 451 (another copy over its
+                # rate, or a recipient lost since RCPT), the copies counted before (delivered
+                # once, bot.email.intake) cost nothing, and are not refused again for them
+                copy = self.rate.copy(who, message)
                 if not await self.rate.admit(intake.services.store, box.office.org,
-                                             box.agent.slug, who):
+                                             box.agent.slug, who, message=copy):
                     return (f"451 4.7.1 too many messages from {message.sender} to "
                             f"{box.address}: at most {self.rate.per_minute} a minute; try "
                             "again later")
                 # and its domain one (whose owner writes as many local parts as it likes)
                 domain = organisational(verdicts.from_domain) if verdicts.aligned else ""
                 if domain and not await self.rate.admit_domain(
-                        intake.services.store, box.office.org, box.agent.slug, domain):
+                        intake.services.store, box.office.org, box.agent.slug, domain,
+                        message=copy):
                     return (f"451 4.7.1 too many messages from senders at {domain} to "
                             f"{box.address}: at most {self.rate.domain_per_minute} a minute "
                             "from one domain; try again later")

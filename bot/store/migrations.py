@@ -142,6 +142,8 @@ NAMES = {
     47: "the mails indexed by vault (its name in any case) and number, and the installations"
         " by installation id: the mail of an issue and the orgs of an installation, which"
         " every delivery about an issue asks for, are each a look-up, not a read of the table",
+    48: "each rate hit names the message it counted (its sender and Message-ID, hashed): a"
+        " message sent again after a 451 is not charged again for the copies counted before",
 }
 
 

@@ -1,13 +1,20 @@
 """Rates counted in the index, so that every replica counts the same: the messages one outside
 sender, and one authenticated domain's senders together (email-domain-rate:...), sent one agent
 in the last minute (bot.email.policy.SharedSenderRate). Times are the database's clock
-(vm_now()), so the replicas' own clocks need not agree."""
+(vm_now()), so the replicas' own clocks need not agree. A hit may name the message it counted
+(schema version 48), which is then not counted again: a message sent again after a 451."""
 
 from __future__ import annotations
 
 from bot.store.db import Store, register_schema
+from bot.store.migrations import register_backfill, register_columns
 
 VERSION = 13
+MESSAGE_VERSION = 48
+# how long a hit that names its message is kept (a quiet key's others go after a window): a
+# sender's server sends a message again after a 451 minutes or hours later, and the copies
+# counted before are not charged again (bot.email.server)
+MESSAGE_KEPT = 24 * 3600.0
 
 register_schema("""
 CREATE TABLE IF NOT EXISTS rate_hits (
@@ -17,13 +24,24 @@ CREATE TABLE IF NOT EXISTS rate_hits (
 );
 CREATE INDEX IF NOT EXISTS rate_hits_key_at ON rate_hits(key, at);
 """, version=VERSION)
+register_columns("rate_hits", {"message": "{text}"}, version=MESSAGE_VERSION)
+register_backfill(
+    "CREATE INDEX IF NOT EXISTS rate_hits_key_message ON rate_hits(key, message)",
+    postgres="CREATE INDEX IF NOT EXISTS rate_hits_key_message ON rate_hits(key, message)",
+    version=MESSAGE_VERSION)
 
 
-async def admit(store: Store, key: str, limit: int, window: float) -> bool:
+async def admit(store: Store, key: str, limit: int, window: float, *,
+                message: str | None = None) -> bool:
     """Count one hit under `key`, or False when `limit` hits are counted in the last `window`
     seconds already (nothing counted). One key's hits are counted one at a time, whichever
-    replica counts them."""
+    replica counts them. `message`: what is counted is that message (a digest); one
+    counted under `key` before (within MESSAGE_KEPT) is admitted and not counted again."""
     async with store.transaction(key) as db:
+        if message is not None and await db.fetchone(
+                "SELECT 1 FROM rate_hits WHERE key=? AND message=? LIMIT 1",
+                (key, message)) is not None:
+            return True
         row = await db.fetchone("SELECT vm_now() AS t")
         assert row is not None
         now = float(row[0])
@@ -33,7 +51,10 @@ async def admit(store: Store, key: str, limit: int, window: float) -> bool:
         counted = int(row[0])
         if counted >= limit:
             return False
-        await db.execute("INSERT INTO rate_hits(key, at) VALUES (?,?)", (key, now))
+        await db.execute("INSERT INTO rate_hits(key, at, message) VALUES (?,?,?)",
+                         (key, now, message))
         if counted == 0:  # a key quiet for a window: forget what no window holds any more
-            await db.execute("DELETE FROM rate_hits WHERE key=? AND at<=?", (key, now - window))
+            # (and which messages it counted, after MESSAGE_KEPT)
+            await db.execute("DELETE FROM rate_hits WHERE key=? AND at<=? AND (message IS NULL"
+                             " OR at<=?)", (key, now - window, now - MESSAGE_KEPT))
     return True
