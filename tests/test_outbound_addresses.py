@@ -21,7 +21,7 @@ import yaml
 from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from bot.app.egress import OutboundPolicy, OutboundRefused, address_kind
+from bot.app.egress import Behalf, OutboundPolicy, OutboundRefused, address_kind
 from bot.app.embedded import Embedded, start_embedded
 from bot.app.runs import DISPATCH_ATTEMPTS
 from bot.app.signed_post import post_signed
@@ -32,6 +32,7 @@ from bot.store import outbound as cursors
 from tests.support import ToolClient, served, until
 
 MARCO = "human:marco@acme.com"
+ACME, GLOBEX_OFFICE = Behalf("acme"), Behalf("globex")  # (their accounts not known)
 CONFIG = "acme/.github/vaultmail.yml"
 
 
@@ -135,21 +136,21 @@ def test_public_addresses_are_sent_to(address: str) -> None:
 def test_the_operator_allows_hosts_and_networks() -> None:
     policy = OutboundPolicy.parse("127.0.0.1/32, ::1 [fd00::1] hooks.internal.example,10.1.0.0/16")
     for allowed in ("127.0.0.1", "::1", "fd00::1", "::ffff:127.0.0.1", "10.1.200.3"):
-        assert policy.address_refusal(ip_address(allowed), office="acme", port=80) is None, allowed
+        assert policy.address_refusal(ip_address(allowed), office=ACME, port=80) is None, allowed
     for refused in ("127.0.0.2", "10.2.0.1", "169.254.169.254"):
-        why = policy.address_refusal(ip_address(refused), office="acme", port=80)
+        why = policy.address_refusal(ip_address(refused), office=ACME, port=80)
         assert why is not None, refused
-    assert policy.url_refusal("https://hooks.internal.example/x", "acme") is None
-    assert policy.url_refusal("http://HOOKS.internal.example./x", "acme") is None
+    assert policy.url_refusal("https://hooks.internal.example/x", ACME) is None
+    assert policy.url_refusal("http://HOOKS.internal.example./x", ACME) is None
     # a name not allowed is checked once resolved
-    assert policy.url_refusal("http://other.internal.example/x", "acme") is None
+    assert policy.url_refusal("http://other.internal.example/x", ACME) is None
     nothing = OutboundPolicy.parse(None)
     for url, why in [("http://127.0.0.1:8/", "loopback"), ("http://[::1]/", "loopback"),
                      ("http://127.1/", "loopback"), ("http://2130706433/", "loopback"),
                      ("http://0x7f.1/", "loopback"), ("http://localhost:9/", "loopback name"),
                      ("http://a.localhost/", "loopback name"), ("ftp://8.8.8.8/", "http and"),
                      ("http://[::ffff:a9fe:a9fe]/", "link-local")]:
-        found = nothing.url_refusal(url, "acme")
+        found = nothing.url_refusal(url, ACME)
         assert found is not None and why in found, (url, found)
         assert found.endswith("the operator may allow this host or network in "
                               "VAULTMAIL_OUTBOUND_ALLOW") or why == "http and", found
@@ -172,16 +173,16 @@ async def test_nothing_reaches_an_internal_address_unless_the_operator_allows_it
     strict = OutboundPolicy.parse("", resolver=lambda: names)
     for url in internal:
         with pytest.raises(OutboundRefused) as caught:
-            await post_signed(keyring, url, {"n": 1}, outbound=strict, office="acme", timeout=5)
+            await post_signed(keyring, url, {"n": 1}, outbound=strict, office=ACME, timeout=5)
         assert caught.value.url == url and "VAULTMAIL_OUTBOUND_ALLOW" in str(caught.value)
     assert receiver.got == [], "nothing was sent"
     assert names.asked == ["hooks.acme.example"], "only the name was looked up"
 
     allowing = OutboundPolicy.parse("127.0.0.1/32 hooks.acme.example", resolver=lambda: names)
     await post_signed(keyring, f"http://127.0.0.1:{port}/hook", {"n": 2}, outbound=allowing,
-                      office="acme")
+                      office=ACME)
     await post_signed(keyring, f"http://hooks.acme.example:{port}/named", {"n": 3},
-                      outbound=allowing, office="acme")
+                      outbound=allowing, office=ACME)
     assert receiver.paths() == ["/hook", "/named"]
     # the connection went to the address checked, with the name kept for the receiver
     assert receiver.got[1][1]["Host"] == f"hooks.acme.example:{port}"
@@ -194,7 +195,7 @@ async def test_a_name_resolving_inside_is_refused_once_resolved(receiver: Receiv
     url = f"http://hooks.acme.example:{receiver.port}/hook"
     with pytest.raises(OutboundRefused) as caught:
         await post_signed(Keyring.in_data_dir(tmp_path), url, {},
-                          outbound=OutboundPolicy.parse("", resolver=lambda: names), office="acme")
+                          outbound=OutboundPolicy.parse("", resolver=lambda: names), office=ACME)
     assert str(caught.value) == (
         f"{url}: hooks.acme.example resolves to 127.0.0.1, a loopback address: the app sends "
         "only to public addresses; the operator may allow this host or network in "
@@ -212,7 +213,7 @@ async def test_a_metadata_address_in_192_0_0_0_24_is_never_connected_to(
                 "http://[64:ff9b::c000:c0]/", "http://metadata.acme.example/opc/v2/"]:
         with pytest.raises(OutboundRefused) as caught:
             await post_signed(Keyring.in_data_dir(tmp_path), url, {}, outbound=strict,
-                              office="acme", timeout=5)
+                              office=ACME, timeout=5)
         assert "an IETF protocol address" in caught.value.reason, (url, caught.value)
     assert names.asked == ["metadata.acme.example"]
 
@@ -243,16 +244,16 @@ async def test_a_host_that_is_neither_an_address_nor_a_name_is_never_looked_up(
     strict = OutboundPolicy.parse("", resolver=lambda: names)
     try:
         await post_signed(Keyring.in_data_dir(tmp_path), url, {}, outbound=strict,
-                          office="acme", timeout=5)
+                          office=ACME, timeout=5)
     except OutboundRefused:
         pass
     except aiohttp.ClientError:  # (a lookup the system answered otherwise: still a failure)
         pass
     assert (receiver.paths(), asked_the_system, names.asked) == ([], [], [])
-    assert strict.url_refusal(url, "acme") is not None, url
+    assert strict.url_refusal(url, ACME) is not None, url
     with pytest.raises(OutboundRefused, match="neither an address nor a host name"):
         await post_signed(Keyring.in_data_dir(tmp_path), url, {}, outbound=strict,
-                          office="acme", timeout=5)
+                          office=ACME, timeout=5)
 
 
 async def test_a_redirect_is_not_followed(receiver: Receiver, tmp_path: Path) -> None:
@@ -261,7 +262,7 @@ async def test_a_redirect_is_not_followed(receiver: Receiver, tmp_path: Path) ->
     with pytest.raises(RuntimeError, match="answered 307 .redirects are not followed"):
         await post_signed(Keyring.in_data_dir(tmp_path),
                           f"http://127.0.0.1:{receiver.port}/moved", {}, outbound=allowing,
-                          office="acme")
+                          office=ACME)
     assert receiver.paths() == ["/moved"], "the redirect's target got nothing"
 
 
@@ -480,18 +481,19 @@ async def test_a_receiver_allowed_for_one_office_is_not_reached_for_another(
 def test_an_entry_for_one_office_allows_nothing_to_another() -> None:
     policy = OutboundPolicy.parse("Acme=10.0.0.5, acme=hooks.internal.example acme=[fd00::1],"
                                   "192.168.7.0/24")
-    for office in ("acme", "ACME"):
+    for office in (ACME, Behalf("ACME")):
         for allowed in ("10.0.0.5", "fd00::1", "::ffff:10.0.0.5", "192.168.7.1"):
             assert policy.address_refusal(ip_address(allowed), office=office, port=80) is None
         assert policy.allows_host("Hooks.Internal.Example.", office=office, port=443)
         assert policy.url_refusal("http://10.0.0.5:8080/runs", office) is None
-    assert policy.address_refusal(ip_address("192.168.7.1"), office="globex", port=80) is None
-    assert not policy.allows_host("hooks.internal.example", office="globex", port=443)
+    assert policy.address_refusal(ip_address("192.168.7.1"), office=GLOBEX_OFFICE, port=80) is None
+    assert not policy.allows_host("hooks.internal.example", office=GLOBEX_OFFICE, port=443)
     nothing = OutboundPolicy.parse("")
     for url in ("http://10.0.0.5:8080/runs", "http://[fd00::1]/", "http://[::ffff:10.0.0.5]/"):
         # refused to globex as if no office were allowed it: nothing says acme is
-        assert policy.url_refusal(url, "globex") == nothing.url_refusal(url, "globex"), url
-        assert policy.url_refusal(url, "globex") is not None, url
+        refused = policy.url_refusal(url, GLOBEX_OFFICE)
+        assert refused == nothing.url_refusal(url, GLOBEX_OFFICE), url
+        assert policy.url_refusal(url, GLOBEX_OFFICE) is not None, url
     for wrong in ("bad!org=10.0.0.5", "=10.0.0.5", "acme=", "acme=bad!host", "a=b=10.0.0.5"):
         with pytest.raises(ValueError, match="VAULTMAIL_OUTBOUND_ALLOW="):
             OutboundPolicy.parse(f"acme=::1,{wrong}")
@@ -507,21 +509,21 @@ def test_an_entry_with_a_port_allows_that_port_alone() -> None:
     for url in ("http://10.0.0.5:8080/runs", "https://[fd00::1]/", "https://[fd00::1]:443/",
                 "http://[fd00::9]:8443/", "https://hooks.internal.example:8443/x",
                 "http://192.168.7.1:9000/", "http://10.9.9.9:5432/", "http://[fd00::2]:1/"):
-        assert policy.url_refusal(url, "acme") is None, url
+        assert policy.url_refusal(url, ACME) is None, url
     for url in ("http://10.0.0.5/runs", "http://10.0.0.5:5432/", "https://10.0.0.5/",
                 "http://[fd00::1]/", "http://[fd00::9]/", "http://192.168.7.1/",
                 "http://10.0.0.5:8080x/"):
-        assert policy.url_refusal(url, "acme") is not None, url
-    assert policy.url_refusal("http://10.0.0.5:8080/runs", "globex") is not None
-    assert policy.url_refusal("http://192.168.7.1:9000/", "globex") is None
+        assert policy.url_refusal(url, ACME) is not None, url
+    assert policy.url_refusal("http://10.0.0.5:8080/runs", GLOBEX_OFFICE) is not None
+    assert policy.url_refusal("http://192.168.7.1:9000/", GLOBEX_OFFICE) is None
     # worded as any refusal: nothing says which port is allowed
     nothing = OutboundPolicy.parse("")
-    assert policy.url_refusal("http://10.0.0.5:22/", "acme") == nothing.url_refusal(
-        "http://10.0.0.5:22/", "acme")
-    assert policy.allows_host("hooks.internal.example", office="acme", port=8443)
-    assert not policy.allows_host("hooks.internal.example", office="acme", port=443)
-    assert policy.address_refusal(ip_address("::ffff:10.0.0.5"), office="acme", port=8080) is None
-    assert policy.address_refusal(ip_address("10.0.0.5"), office="acme", port=80) is not None
+    assert policy.url_refusal("http://10.0.0.5:22/", ACME) == nothing.url_refusal(
+        "http://10.0.0.5:22/", ACME)
+    assert policy.allows_host("hooks.internal.example", office=ACME, port=8443)
+    assert not policy.allows_host("hooks.internal.example", office=ACME, port=443)
+    assert policy.address_refusal(ip_address("::ffff:10.0.0.5"), office=ACME, port=8080) is None
+    assert policy.address_refusal(ip_address("10.0.0.5"), office=ACME, port=80) is not None
     for wrong in ("10.0.0.5:0", "10.0.0.5:65536", "acme=10.0.0.5:00", "[::1]:99999",
                   "hooks.internal.example:123456789012345678901234567890"):
         named = "VAULTMAIL_OUTBOUND_ALLOW=.*" + re.escape(f"'{wrong}' names no port")
@@ -633,7 +635,143 @@ async def test_an_entry_with_a_port_reaches_that_port_alone(
                                         "resolves to 127.0.0.1, a loopback address"), error
             with pytest.raises(OutboundRefused):  # and so at send time, whatever the config
                 await post_signed(Keyring.in_data_dir(tmp_path), wrong, {}, outbound=policy,
-                                  office="acme", timeout=5)
+                                  office=ACME, timeout=5)
         finally:
             await emb.stop()
         assert other.got == [], "the port not allowed got nothing"
+
+
+# -- an entry's org is an account, not a login -------------------------------------------------
+
+SQUATTER: dict[str, Any] = {
+    "org": "globex",
+    "humans": [{"email": "eve@evil.test", "login": "eve", "permissions": ["mail.send"]}],
+    "agents": [{"slug": "scout", "login": "evil-scout", "person": "eve@evil.test",
+                "run": {"triggers": ["mail"], "dispatch": "none"}}],
+}
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "runner.acme.example"],
+                         ids=["address", "host name"])
+async def test_an_entry_for_an_org_does_not_pass_to_the_next_owner_of_its_login(
+        tmp_path: Path, receiver: Receiver, database_url: str, host: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The operator allows globex's runner (`globex=HOST`, the org by its login). globex is
+    deleted, and another account makes an org called globex and installs the App: its config
+    names the same receiver. The entry was bound to the account that first used it, so the
+    new owner's URLs are refused where another office's are (an address at config load, a
+    name once resolved), worded as any refusal, and the receiver gets nothing of theirs; the
+    operator is told which entry and what to write. Before, the entry went with the login:
+    whoever took it reached the internal hosts allowed for the org that had it."""
+    import logging
+
+    from bot.office.config import parse_office
+    from bot.office.seed import seed_office
+    from bot.store import api_tokens
+
+    caplog.set_level(logging.WARNING)
+    names = Names()
+    base = f"http://{host}:{receiver.port}"
+    emb = await start_embedded(data_dir=tmp_path / "d", port=0, forge_port=0,
+                               database_url=database_url,
+                               outbound=OutboundPolicy.parse(f"globex={host}",
+                                                             resolver=lambda: names))
+    try:
+        forge = emb.forge
+        seed_office(forge, parse_office(yaml.safe_dump(GLOBEX), "globex.yml", repository=False))
+        (app_id,) = forge.state.apps
+        first = forge.install_app(int(app_id), "globex")
+        await emb.settle()
+        forge.put_file("globex/.github", "vaultmail.yml",
+                       yaml.safe_dump({**GLOBEX, "webhooks": [f"{base}/old/hook"]}),
+                       pusher="admin")
+        await emb.settle()
+        hank = await api_tokens.create_token(emb.services.store, "human:hank@globex.com",
+                                             "globex")
+        async with aiohttp.ClientSession() as session, session.post(
+                emb.app_url + "/api/v1/tools/mail_send",
+                headers={"Authorization": f"Bearer {hank}"},
+                json={"to": "scout", "subject": "Go", "body": "run"}) as resp:
+            assert resp.status == 200, await resp.text()
+        await until(lambda: "/old/hook" in receiver.paths(), timeout=30)
+
+        forge.uninstall_app(first)
+        await emb.settle()
+        # the login is another account's now, with its own config naming the receiver
+        forge.state.accounts["globex"].id = forge.state.next_id("account")
+        forge.add_user("eve", "eve@evil.test")
+        forge.set_permission("globex/scout-vault", "eve", "admin")
+        forge.set_permission("globex/scout-vault", "evil-scout", "write")
+        squatter = {**SQUATTER, "webhooks": [f"{base}/new/hook"]}
+        squatter["agents"] = [{**SQUATTER["agents"][0],
+                               "run": {"triggers": ["mail"], "dispatch": f"{base}/new/runs"}}]
+        forge.install_app(int(app_id), "globex", sender="eve")
+        await emb.settle()
+        forge.put_file("globex/.github", "vaultmail.yml", yaml.safe_dump(squatter),
+                       pusher="eve")
+        await emb.settle()
+        eve = await api_tokens.create_token(emb.services.store, "human:eve@evil.test", "globex")
+        async with aiohttp.ClientSession() as session, session.post(
+                emb.app_url + "/api/v1/tools/mail_send",
+                headers={"Authorization": f"Bearer {eve}"},
+                json={"to": "scout", "subject": "Go", "body": "run"}) as resp:
+            # (an address: the config is refused as it is read, so the office has none)
+            assert resp.status == 200 or (host[0].isdigit() and resp.status == 400
+                                          and "is a loopback address" in await resp.text())
+        await emb.settle()
+
+        async def refused() -> list[str]:
+            entries = await ledger.entries(emb.services.store, org="globex")
+            return [error for e in entries if e.event == "office.config_refused"
+                    for error in e.data["errors"]] + [
+                e.data["error"] for e in entries
+                if e.event == "run.finished" and e.data.get("error")]
+
+        async def refused_or_reached() -> bool:
+            reached = [p for p in receiver.paths() if p.startswith("/new")]
+            return bool(reached) or len(await refused()) >= (1 if host[0].isdigit() else 2)
+
+        await until(refused_or_reached, timeout=30)
+        assert not [p for p in receiver.paths() if p.startswith("/new")], receiver.paths()
+        why = ("a loopback address: the app sends only to public addresses; the operator may "
+               "allow this host or network in VAULTMAIL_OUTBOUND_ALLOW")
+        for error in await refused():
+            assert f"{base}/new/" in error and why in error, error
+        [warned] = {r.getMessage(): r for r in caplog.records
+                    if "first used by" in r.getMessage()}.values()
+        entry = f"globex={host}/32" if host[0].isdigit() else f"globex={host}"
+        assert f"globex ({entry}) were first used by" in warned.getMessage(), warned.getMessage()
+        assert "globex#" in warned.getMessage(), "it says what to write for the new owner"
+        assert warned.__dict__["entries"] == [entry]
+    finally:
+        await emb.stop()
+
+
+def test_an_entry_may_name_the_account_its_org_is() -> None:
+    """`acme#1234=10.0.0.5`: the entry is for the office whose forge account is 1234, under
+    the login acme; `acme=...` for the account its login's entries were bound to at first
+    sight (`Behalf.by_login`). Any other holder of the login is refused as another office is."""
+    policy = OutboundPolicy.parse("acme#1234=10.0.0.5:8080, ACME#1234=[fd00::1],"
+                                  "acme=hooks.internal.example, acme#77=10.7.7.7")
+    acme, other = Behalf("acme", 1234, by_login=True), Behalf("acme", 99, by_login=False)
+    unknown = Behalf("acme", None, by_login=True)
+    assert policy.url_refusal("http://10.0.0.5:8080/runs", acme) is None
+    assert policy.url_refusal("http://[fd00::1]/", acme) is None
+    assert policy.allows_host("hooks.internal.example", office=acme, port=443)
+    assert policy.url_refusal("http://10.7.7.7/", acme) is not None
+    nothing = OutboundPolicy.parse("")
+    for office in (other, unknown, Behalf("acme", 99, by_login=True)):
+        for url in ("http://10.0.0.5:8080/runs", "http://[fd00::1]/"):
+            refused = policy.url_refusal(url, office)
+            assert refused is not None and refused == nothing.url_refusal(url, office), url
+    assert not policy.allows_host("hooks.internal.example", office=other, port=443)
+    assert policy.allows_host("hooks.internal.example", office=unknown, port=443)
+    assert policy.by_login("ACME") == ["acme=hooks.internal.example"]
+    assert policy.by_login("globex") == []
+    # `office check`, which cannot ask the forge: as for the account each entry names
+    offline = Behalf("acme", None, by_login=True, any_account=True)
+    assert policy.url_refusal("http://10.0.0.5:8080/runs", offline) is None
+    for wrong in ("acme#=10.0.0.5", "acme#x=10.0.0.5", "acme#0=10.0.0.5", "#12=10.0.0.5",
+                  "acme#-1=10.0.0.5", "acme#1#2=10.0.0.5", "acme#１=10.0.0.5"):
+        with pytest.raises(ValueError, match="VAULTMAIL_OUTBOUND_ALLOW=.*org#account"):
+            OutboundPolicy.parse(f"::1,{wrong}")

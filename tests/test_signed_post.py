@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from bot.app.egress import OutboundPolicy
+from bot.app.egress import Behalf, OutboundPolicy
 from bot.app.signed_post import SignatureRefused, check_signed_post, post_signed
 from bot.mail.signing import Keyrings
 from tests.support import served
@@ -60,7 +60,7 @@ async def test_a_signed_post_verifies_only_where_when_and_as_what_it_was_sent(
     keys = rings.public_keys("acme")  # what acme's receivers fetch from the well-known URL
     runs, hook = f"{receivers.base}/runs", f"{receivers.base}/hook"
     await post_signed(acme, hook, {"seq": 7, "event": "mail.sent"}, outbound=LOOPBACK,
-                      office="acme", event="mail.sent", delivery="7")
+                      office=Behalf("acme"), event="mail.sent", delivery="7")
     body, headers = receivers.last("/hook")
     now = time.time()
     assert check_signed_post(keys, "acme", hook, headers, body, now=now) == "7"
@@ -103,7 +103,7 @@ async def test_a_run_dispatch_carries_its_run_as_the_delivery(receivers: Receive
     rings = Keyrings.ephemeral()
     runs = f"{receivers.base}/runs"
     await post_signed(rings.for_office("acme"), runs, {"run": 3, "kind": "mail"},
-                      outbound=LOOPBACK, office="acme", event="run", delivery="run-3")
+                      outbound=LOOPBACK, office=Behalf("acme"), event="run", delivery="run-3")
     body, headers = receivers.last("/runs")
     keys = rings.public_keys("acme")
     assert check_signed_post(keys, "acme", runs, headers, body, now=time.time()) == "run-3"

@@ -46,8 +46,7 @@ async def build_services(settings: Settings, session: aiohttp.ClientSession) -> 
         raise
     services = Services(settings=settings, store=store, forge_client=client,
                         router=build_router(), own_router=build_own_router(), app_slug=slug,
-                        offices=OfficeSource(settings.office_path,
-                                             url_refused=settings.outbound.url_refusal),
+                        offices=OfficeSource(settings.office_path),
                         keyring=Keyrings.in_data_dir(settings.data_dir))
     services.keyring.installed = services.installations.keys  # what legacy keys served
     services.left_office = left_office  # (questions stop waiting on whoever left)
@@ -82,8 +81,7 @@ async def build_gitea_services(settings: Settings, session: aiohttp.ClientSessio
         raise
     services = Services(settings=settings, store=store, forge_client=client,
                         router=build_router(), own_router=build_own_router(), app_slug=login,
-                        offices=OfficeSource(settings.office_path,
-                                             url_refused=settings.outbound.url_refusal),
+                        offices=OfficeSource(settings.office_path),
                         keyring=keyring, bot_user=login, installations=taken.installed)
     services.keyring.installed = services.installations.keys  # what legacy keys served
     services.left_office = left_office  # (questions stop waiting on whoever left)

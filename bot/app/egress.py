@@ -20,6 +20,13 @@ An entry may also name the port it is for (`acme=10.0.0.5:8080`, `[fd00::1]:8080
 allowed on every port lets a config reach whatever else listens there (its database, an admin
 port), not only the receiver the operator meant. The port checked is the one the connection
 goes to (the URL's, else 80 or 443 by scheme), at config load and again once resolved.
+
+An entry's org is an account, not a login: on GitHub an org can be deleted and its login taken
+by another account, whose config would otherwise reach what was allowed for the org before.
+`acme#1234=10.0.0.5` is for the office whose forge account is 1234 (under the login acme);
+`acme=10.0.0.5` is bound to the account that holds acme when the entry is first used for it
+(`Services.behalf`, kept in the index), and another account under that login is refused as
+another office is. Each check is told the office's account (`Behalf`).
 """
 
 from __future__ import annotations
@@ -87,6 +94,25 @@ _GLOBAL_UNICAST = ip_network("2000::/3")  # all the IPv6 space IANA gives out to
 _HOST_NAME = re.compile(r"^(?=.{1,253}$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?\.)*"
                         r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$")
 _NUMERIC = re.compile(r"^[0-9a-fx.]+$")  # 127.1, 0x7f.1, 2130706433: IPv4 in legacy forms
+
+
+@dataclass(frozen=True)
+class Behalf:
+    """The office a request is sent for: its org (its login now), the forge account that
+    holds it now (None where the index does not know it: nothing to tell owners apart by),
+    and whether the entries naming the org by login alone are its (`by_login`: false when
+    they were first used by another account). `any_account`: as for the account each entry
+    names (`vaultmail office check`, which cannot ask the forge; it sends nothing)."""
+
+    org: str
+    account: int | None = None
+    by_login: bool = True
+    any_account: bool = False
+
+
+# an entry's office: None for every office, else (org in lower case, its account id, or None
+# for the account its login's entries are bound to)
+Scope = tuple[str, int | None] | None
 
 
 class OutboundRefused(Exception):
@@ -174,6 +200,28 @@ def _entry_text(target: str, port: int | None, *, v6: bool = False) -> str:
     return f"[{target}]:{port}" if v6 else f"{target}:{port}"
 
 
+_ORG_ACCOUNT = re.compile(r"^(?P<org>[^#]*)#(?P<account>[0-9]+)$", re.ASCII)
+
+
+def _scope(org: str, text: str | None, entry: str) -> Scope:
+    """The office an entry's `org=` (or `org#account=`) names."""
+    account: int | None = None
+    if "#" in org:
+        found = _ORG_ACCOUNT.match(org)
+        if found is None or not is_name(found["org"]) or int(found["account"]) == 0:
+            raise ValueError(
+                f"{ALLOW_SETTING}={text!r}: {entry!r} should be org#account=host (acme#1234="
+                f"10.0.0.5): the org as the forge spells it, and its forge account id, a "
+                f"number from 1 ({org!r} is not)")
+        org, account = found["org"], int(found["account"])
+    if not is_name(org):
+        raise ValueError(
+            f"{ALLOW_SETTING}={text!r}: {entry!r} should be org=host or org=network "
+            f"(acme=10.0.0.5, or org#account=host), the org as the forge spells it ({org!r} is "
+            f"no org)")
+    return org.lower(), account
+
+
 _HINT = (f"the app sends only to public addresses; the operator may allow this host or "
          f"network in {ALLOW_SETTING}")
 
@@ -182,11 +230,12 @@ _HINT = (f"the app sends only to public addresses; the operator may allow this h
 class OutboundPolicy:
     """VAULTMAIL_OUTBOUND_ALLOW: the networks and host names the app may send to besides
     public addresses (for a receiver on the app's own network), each for every office or for
-    one (`office`: its org, lower case; None for all), on one port or every port (None). A host
+    one (`Scope`: its org, lower case, and the account named, or None for the account the
+    login's entries are bound to; None for all), on one port or every port (None). A host
     name allowed is allowed whatever it resolves to: the operator trusts its DNS."""
 
-    networks: tuple[tuple[str | None, Network, int | None], ...] = ()
-    hosts: frozenset[tuple[str | None, str, int | None]] = frozenset()
+    networks: tuple[tuple[Scope, Network, int | None], ...] = ()
+    hosts: frozenset[tuple[Scope, str, int | None]] = frozenset()
     # how names are resolved: aiohttp's default resolver, or the one a test gives
     resolver: Callable[[], AbstractResolver] | None = field(default=None, compare=False)
 
@@ -196,17 +245,14 @@ class OutboundPolicy:
         """Entries separated by commas or spaces: an address (127.0.0.1, ::1, [::1]), a
         network (10.0.0.0/8) or a host name (hooks.internal.example), each on every port or on
         the one that follows it (127.0.0.1:8080, [::1]:8080, 10.0.0.0/8:8080), each for every
-        office, or for one office when its org comes first (acme=10.0.0.5:8080). ValueError
-        names the entry that is none of these."""
-        networks: list[tuple[str | None, Network, int | None]] = []
-        hosts: set[tuple[str | None, str, int | None]] = set()
+        office, or for one office when its org comes first (acme=10.0.0.5:8080), with its
+        forge account id (acme#1234=10.0.0.5) or without (bound to the account that first
+        uses it). ValueError names the entry that is none of these."""
+        networks: list[tuple[Scope, Network, int | None]] = []
+        hosts: set[tuple[Scope, str, int | None]] = set()
         for entry in (e for e in re.split(r"[\s,]+", text or "") if e):
             org, eq, target = entry.rpartition("=")
-            office = org.lower() if eq else None
-            if eq and not is_name(org):
-                raise ValueError(
-                    f"{ALLOW_SETTING}={text!r}: {entry!r} should be org=host or org=network "
-                    f"(acme=10.0.0.5), the org as the forge spells it ({org!r} is no org)")
+            office = _scope(org, text, entry) if eq else None
             target, port = _split_port(target, text, entry)
             try:
                 networks.append((office, ip_network(target.strip("[]"), strict=False), port))
@@ -226,6 +272,15 @@ class OutboundPolicy:
             hosts.add((office, name, port))
         return cls(tuple(networks), frozenset(hosts), resolver)
 
+    def by_login(self, org: str) -> list[str]:
+        """The entries naming `org` by its login alone (`acme=10.0.0.5`), as written: those
+        bound to the account that first uses them."""
+        scope = (org.lower(), None)
+        return sorted({f"{org.lower()}={_entry_text(name, port)}"
+                       for office, name, port in self.hosts if office == scope}
+                      | {f"{org.lower()}={_entry_text(str(net), port, v6=net.version == 6)}"
+                         for office, net, port in self.networks if office == scope})
+
     def unscoped_inside(self) -> list[str]:
         """The entries for every office that let a request reach what is not public (any host
         name: a public one needs no entry): on a deployment serving several orgs, each lets
@@ -237,16 +292,27 @@ class OutboundPolicy:
                         if office is None and _reaches_inside(net)]
 
     @staticmethod
-    def _applies(scope: str | None, office: str, allowed: int | None, port: int) -> bool:
-        return (scope is None or scope == office.lower()) and allowed in (None, port)
+    def _applies(scope: Scope, office: Behalf, allowed: int | None, port: int) -> bool:
+        if allowed not in (None, port):
+            return False
+        if scope is None:
+            return True
+        org, account = scope
+        if org != office.org.lower():
+            return False
+        if office.any_account:
+            return True
+        # an account named: that account's office alone (an account not known is not it);
+        # the login alone: the account it was bound to at first use
+        return office.account == account if account is not None else office.by_login
 
-    def allows_host(self, host: str, *, office: str, port: int) -> bool:
+    def allows_host(self, host: str, *, office: Behalf, port: int) -> bool:
         """Whether the operator allowed the name `host` on `port` for `office`."""
         name = host.lower().rstrip(".")
         return any(self._applies(scope, office, allowed_port, port)
                    for scope, allowed, allowed_port in self.hosts if allowed == name)
 
-    def address_refusal(self, ip: IPAddress, *, office: str, port: int) -> str | None:
+    def address_refusal(self, ip: IPAddress, *, office: Behalf, port: int) -> str | None:
         """Why `ip` may not be reached on `port` on `office`'s behalf (`a private address`),
         or None. The reason is the same whether or not another office, or another port, is
         allowed: an office is not told what the others are allowed, nor the config where the
@@ -262,7 +328,7 @@ class OutboundPolicy:
             return None
         return address_kind(ip)
 
-    def url_refusal(self, url: str, office: str) -> str | None:
+    def url_refusal(self, url: str, office: Behalf) -> str | None:
         """Why `url` may not be sent to on `office`'s behalf, from the URL alone (its scheme,
         an address it names and its port, a `localhost` name), or None: at config load and
         again before each request; a name is checked once resolved (`session`)."""
@@ -295,7 +361,14 @@ class OutboundPolicy:
             return f"{host} is the app's own host (a loopback name): {_HINT}"
         return None
 
-    def session(self, url: str, *, office: str, timeout: float) -> aiohttp.ClientSession:
+    def url_refusal_offline(self, url: str, org: str) -> str | None:
+        """`url_refusal` for `org` without asking the forge whose account it is, as for the
+        account each entry for `org` names (`vaultmail office check`, `up`'s check of its
+        file before it starts: nothing is sent on it; the app checks again when it reads the
+        config, for the account the org is)."""
+        return self.url_refusal(url, Behalf(org, any_account=True))
+
+    def session(self, url: str, *, office: Behalf, timeout: float) -> aiohttp.ClientSession:
         """A session for requests to `url` alone on `office`'s behalf: OutboundRefused now if
         the URL names what may not be reached, or at connect time if its name resolves to
         such an address."""
@@ -314,7 +387,7 @@ class _CheckedResolver(AbstractResolver):
     port it gives; the connector then connects to exactly these addresses and ports."""
 
     def __init__(self, policy: OutboundPolicy, inner: AbstractResolver, url: str,
-                 office: str) -> None:
+                 office: Behalf) -> None:
         self._policy, self._inner, self._url, self._office = policy, inner, url, office
 
     async def resolve(self, host: str, port: int = 0,

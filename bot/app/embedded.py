@@ -217,7 +217,7 @@ async def start_embedded(
         office_yaml(in_repository)
     # what the app will read back from the forge, refused now rather than found refused there
     parse_office(office_text, str(office_path or "built-in example office"), repository=True,
-                 url_refused=outbound.url_refusal)
+                 url_refused=outbound.url_refusal_offline)
     # Bind the app's socket before anything is started (a port in use then leaves nothing
     # open), and so the App can be registered with its real webhook URL.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -79,12 +79,13 @@ class LedgerForwarder(Rounds):
             return 0
         cursor = int(row["seq"]) if row else await cursors.legacy_seq(store, url)
         sent = 0
+        behalf = await self.services.behalf(org)  # (its account, as the policy asks it)
         for entry in await ledger.entries(store, since=cursor, limit=BATCH, org=org):
             try:
                 await post_signed(self.services.keyring.signer_for(entry.org), url,
                                   entry.as_json(), event=entry.event,
                                   delivery=str(entry.number),
-                                  outbound=self.services.settings.outbound, office=org)
+                                  outbound=self.services.settings.outbound, office=behalf)
             except Exception as exc:
                 failures = (int(row["failures"]) if row else 0) + 1
                 delay = backoff(failures, MAX_BACKOFF)

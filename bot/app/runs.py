@@ -291,7 +291,8 @@ async def _dispatch(services: Services, forge: Forge, agent: Agent, vault: str, 
             else:
                 # signed as delivery run-<n>: a runner drops a replay, or a retry it took
                 await post_signed(await services.keyring.ready_for(org), how, payload,
-                                  outbound=services.settings.outbound, office=org,
+                                  outbound=services.settings.outbound,
+                                  office=await services.behalf(org),
                                   event="run",
                                   delivery=f"run-{payload['run']}")
             return

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from gidgethub.routing import Router
 
+from bot.app.egress import Behalf
 from bot.app.hook_generations import HookGenerations
 from bot.app.notify import Notifier
 from bot.app.settings import Settings
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from bot.forge.base import Forge
     from bot.forge.gitea import GiteaClient
     from bot.forge.github import ForgeClient
-    from bot.office.config import Office
+    from bot.office.config import Office, UrlCheck
 
 log = logging.getLogger("vaultmail.services")
 ACCOUNT_KEPT = 60.0  # seconds a login's bound account is taken as read (as a config is)
@@ -84,6 +85,8 @@ class Services:
     # bound it anew)
     _accounts: dict[tuple[str, str, str], tuple[int, float]] = field(default_factory=dict,
                                                                       repr=False)
+    # (org, account): told that the outbound entries for org's login are not its (`behalf`)
+    _outbound_warned: set[tuple[str, int]] = field(default_factory=set, repr=False)
 
     def __post_init__(self) -> None:
         self.take_offices(self.offices)
@@ -117,6 +120,39 @@ class Services:
         self.offices = source
         source.on_read = self._config_taken
         source.file_holder = self._file_holder
+        source.url_refused_for = self._url_refused_for
+
+    async def _url_refused_for(self, org: str) -> UrlCheck:
+        """(bot.office.source.OfficeSource.url_refused_for)"""
+        behalf = await self.behalf(org)
+        policy = self.settings.outbound
+        return lambda url, _org: policy.url_refusal(url, behalf)
+
+    async def behalf(self, org: str) -> Behalf:
+        """`org`'s office as the outbound policy is asked for it (bot.app.egress): the forge
+        account under its login now, and whether the entries naming the login alone
+        (`acme=10.0.0.5`) are that account's: they are bound to the account they are first
+        asked for (`outbound_entries_holder`), so an org made again under the login by another
+        account does not reach what the operator allowed the one before. The operator is
+        told once (per process) of each account refused so."""
+        org = org.lower()
+        account = await installed.account_of(self.store, org)
+        entries = self.settings.outbound.by_login(org)
+        if account is None or not entries:  # (an account not known: nothing to tell apart)
+            return Behalf(org, account, by_login=True)
+        first = await installed.outbound_entries_holder(self.store, org, account)
+        if first != account and (org, account) not in self._outbound_warned:
+            self._outbound_warned.add((org, account))
+            log.warning(
+                "VAULTMAIL_OUTBOUND_ALLOW's entries for %s (%s) were first used by forge "
+                "account %d, and %s is account %d now (an org deleted and its name taken by "
+                "another account): they do not apply to it. To allow the new owner, write its "
+                "entries as %s#%d=HOST; to keep them the first account's under a new name, "
+                "write NEWNAME#%d=HOST; else remove them",
+                org, ", ".join(entries), first, org, account, org, account, first,
+                extra={"org": org, "entries": entries, "bound_account": first,
+                       "account": account})
+        return Behalf(org, account, by_login=first == account)
 
     async def _file_holder(self, named: str, org: str) -> tuple[int, int] | None:
         """(bot.office.source.OfficeSource.file_holder)"""

@@ -370,7 +370,8 @@ def commands_setting(path: str | Path | None) -> AgentCommands:
 
 def outbound_setting(text: str | None) -> OutboundPolicy:
     """VAULTMAIL_OUTBOUND_ALLOW: addresses, networks and host names, each for every org or
-    for one (acme=10.0.0.5), separated by commas."""
+    for one (acme=10.0.0.5, or acme#1234=10.0.0.5 naming its forge account), separated by
+    commas."""
     try:
         return OutboundPolicy.parse(text)
     except ValueError as exc:

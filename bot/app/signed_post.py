@@ -27,7 +27,7 @@ import time
 from collections.abc import Container, Mapping
 from typing import Any
 
-from bot.app.egress import OutboundPolicy
+from bot.app.egress import Behalf, OutboundPolicy
 from bot.mail.signing import Signer, Verifier
 
 VERSION = "v2"
@@ -45,7 +45,7 @@ def signed_text(timestamp: str, url: str, event: str, delivery: str, body: bytes
 
 
 async def post_signed(keyring: Signer, url: str, payload: Mapping[str, Any], *,
-                      outbound: OutboundPolicy, office: str, event: str = "",
+                      outbound: OutboundPolicy, office: Behalf, event: str = "",
                       delivery: str = "", timeout: float = 10.0) -> None:
     """POST `payload` to `url` on `office`'s behalf, signed for that URL, now, `event` and
     `delivery`; raises OutboundRefused (nothing sent) when `outbound` does not let `office`'s

@@ -438,7 +438,7 @@ async def cmd_office_check(args: argparse.Namespace) -> int:
     try:
         # its URLs checked for the org named (--org), else for the org the file says
         office = parse_office(text, str(path), repository=not args.operator,
-                              url_refused=policy.url_refusal, office=args.org or None)
+                              url_refused=policy.url_refusal_offline, office=args.org or None)
         if args.org:
             bound_to_org(office, args.org, str(path), text)
     except OfficeConfigError as exc:

@@ -53,8 +53,9 @@ GROUPS: list[tuple[str, list[tuple[str, str]]]] = [
                            "runs here"),
         ("outbound_allow", "hosts and networks dispatch URLs and office webhooks may reach "
                            "besides public addresses, comma-separated, each for one org "
-                           "(acme=10.0.0.5) or every org, on one port (acme=10.0.0.5:8080) "
-                           "or every port"),
+                           "(acme=10.0.0.5, bound to the org account first using it; "
+                           "acme#1234=10.0.0.5: account 1234's) or every org, on one port "
+                           "(acme=10.0.0.5:8080, [fd00::1]:8080) or every port"),
         ("allowed_origins", "origins a browser page may call /mcp from, comma-separated"),
         ("trusted_proxies", "proxies (an ingress) whose X-Forwarded-For names the client "
                             "(and -Proto, -Host the address reached, without a public URL), "

@@ -75,6 +75,10 @@ class OfficeSource:
         # the org the file was first served to, else (that account, the one there now)
         # (bot.store.installations.file_office_holder; set by the services)
         self.file_holder: Callable[[str, str], Awaitable[tuple[int, int] | None]] | None = None
+        # the outbound check for an org's URLs as the org stands now (its forge account: an
+        # operator's entry for the org is for the account it names or was bound to), asked
+        # before each parse; `url_refused` where unset (set by the services)
+        self.url_refused_for: Callable[[str], Awaitable[UrlCheck]] | None = None
         self._local: Office | None = None
         # per org: when the file's holder was last asked, and its answer (kept `max_age`)
         self._file_checked: dict[str, tuple[float, tuple[int, int] | None]] = {}
@@ -232,7 +236,9 @@ class OfficeSource:
                 self.last_error.pop(org, None)  # back to (or still) the last valid text
             return last
         try:  # (another office's text: parsed beside the loop, which serves every office)
-            office = await asyncio.to_thread(self.validate, org, text)
+            checks = {} if self.url_refused_for is None else {
+                "url_refused": await self.url_refused_for(org)}
+            office = await asyncio.to_thread(self.validate, org, text, **checks)
         except OfficeConfigError as exc:
             return self._refused(org, exc, kept())
         if self.on_read is not None:
@@ -258,14 +264,15 @@ class OfficeSource:
         self.last_error[org] = exc
         return self._last_valid.get(org)
 
-    def validate(self, org: str, text: str) -> Office:
+    def validate(self, org: str, text: str, url_refused: UrlCheck | None = None) -> Office:
         """`org`'s config from `text`, validated as a push of it is (a pull request's is
-        checked by the same): OfficeConfigError with every error, its line and column."""
+        checked by the same): OfficeConfigError with every error, its line and column.
+        `url_refused`: the outbound check for `org` now (else the source's)."""
         source = self.where(org)
         try:
             # its URLs checked on behalf of the org served, whatever the file says it is
-            office = parse_office(text, source, repository=True, url_refused=self._url_refused,
-                                  office=org)
+            office = parse_office(text, source, repository=True,
+                                  url_refused=url_refused or self._url_refused, office=org)
             return bound_to_org(as_renamed(office, org, self.renamed(org)), org, source, text)
         except OfficeConfigError:
             raise

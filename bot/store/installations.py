@@ -46,6 +46,38 @@ CREATE TABLE IF NOT EXISTS office_file_accounts (
 """, version=FILE_OFFICE)
 
 
+# the account the entries of VAULTMAIL_OUTBOUND_ALLOW that name an org by its login alone
+# (`acme=10.0.0.5`) were first used for (bot.app.egress): the operator allowed that org's
+# receiver, not whoever holds the login later (an org deleted and made again under it)
+OUTBOUND_BOUND = 49
+register_schema("""
+CREATE TABLE IF NOT EXISTS outbound_allow_accounts (
+    org {text} PRIMARY KEY,
+    account_id {int} NOT NULL
+);
+""", version=OUTBOUND_BOUND)
+
+
+async def _first_account(store: Store, table: str, org: str, now: int) -> int:
+    """The account `table` binds `org` to, `now` when none yet (bound now, whichever replica
+    asks first: the row first written stands)."""
+    async with store.transaction() as db:
+        await db.execute(f"INSERT INTO {table}(org, account_id) VALUES (?,?)"
+                         " ON CONFLICT(org) DO NOTHING", (org, now))
+        got = await db.fetchone(f"SELECT account_id FROM {table} WHERE org=?", (org,))
+    return int(got["account_id"]) if got is not None else now
+
+
+async def outbound_entries_holder(store: Store, org: str, now: int) -> int:
+    """The account the entries naming `org` by its login are for: the one first asked for
+    (`now`, the account under `org` now, when none was: they are bound to it from then)."""
+    row = await store.fetchone("SELECT account_id FROM outbound_allow_accounts WHERE org=?",
+                               (org.lower(),))
+    if row is not None:
+        return int(row["account_id"])
+    return await _first_account(store, "outbound_allow_accounts", org.lower(), now)
+
+
 async def file_office_holder(store: Store, named: str, org: str) -> tuple[int, int] | None:
     """Whether the office under `org` now is the org the operator's office file, which names
     `named`, was first served to (the same account, under its login then or renamed since):
@@ -61,12 +93,7 @@ async def file_office_holder(store: Store, named: str, org: str) -> tuple[int, i
     now = int(row["now"])
     bound = row["bound"]
     if bound is None:
-        async with store.transaction() as db:
-            await db.execute("INSERT INTO office_file_accounts(org, account_id) VALUES (?,?)"
-                             " ON CONFLICT(org) DO NOTHING", (named, now))
-            got = await db.fetchone("SELECT account_id FROM office_file_accounts WHERE org=?",
-                                    (named,))
-        bound = got["account_id"] if got is not None else now
+        bound = await _first_account(store, "office_file_accounts", named, now)
     return None if int(bound) == now else (int(bound), now)
 
 

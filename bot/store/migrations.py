@@ -144,6 +144,9 @@ NAMES = {
         " every delivery about an issue asks for, are each a look-up, not a read of the table",
     48: "each rate hit names the message it counted (its sender and Message-ID, hashed): a"
         " message sent again after a 451 is not charged again for the copies counted before",
+    49: "the entries of VAULTMAIL_OUTBOUND_ALLOW naming an org by its login are bound to the"
+        " org account they were first used for: an org made again under the login by another"
+        " account does not reach what was allowed for the one before",
 }
 
 

@@ -271,11 +271,12 @@ _TEXT = ("text", "character varying")
 # what stays as it is: the ledger is hashed as written (its rows move by their office alone),
 # the org's own installation row is its caller's, the operator's office file is bound to an
 # account under the name the file says (moved aside with an office whose name another account
-# took, the file would be bound afresh to that account), and the rest are no office's
+# took, the file would be bound afresh to that account), and so are the outbound entries
+# naming an org by login (`outbound_allow_accounts`), and the rest are no office's
 _UNMOVED = {"installations", "ledger", "schema_migrations", "sqlite_sequence", "replicas",
             "deliveries", "missed_deliveries", "reconcile_marks", "oauth_clients",
             "idempotency",  # (its clients' keys: the office's steps move by `_move_steps`)
-            "office_file_accounts"}
+            "office_file_accounts", "outbound_allow_accounts"}
 # what people wrote, and the app's own results: never a reference to rewrite
 _CONTENT = {"body", "subject", "message", "title", "answer", "summary", "data", "payload",
             "result", "card_body", "detail", "metadata", "last_error", "flash", "cause",

@@ -30,8 +30,8 @@ async def filed(tmp_path: Path, database_url: str) -> AsyncIterator[Embedded]:
     emb = await start_embedded(data_dir=tmp_path / "d", port=0, forge_port=0, dialect="gitea",
                                database_url=database_url)
     services = emb.services
-    services.take_offices(OfficeSource(path, url_refused=services.settings.outbound.url_refusal,
-                                       renamed=services.keyring.renamed))
+    # (its URLs checked for the org served, as the services ask: `url_refused_for`)
+    services.take_offices(OfficeSource(path, renamed=services.keyring.renamed))
     try:
         yield emb
     finally:
