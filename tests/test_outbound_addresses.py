@@ -775,3 +775,35 @@ def test_an_entry_may_name_the_account_its_org_is() -> None:
                   "acme#-1=10.0.0.5", "acme#1#2=10.0.0.5", "acme#１=10.0.0.5"):
         with pytest.raises(ValueError, match="VAULTMAIL_OUTBOUND_ALLOW=.*org#account"):
             OutboundPolicy.parse(f"::1,{wrong}")
+
+
+@pytest.mark.parametrize(("entry", "meant"), [
+    ("::1:8080", ("[::1]:8080", "[::1:8080]")),
+    ("acme=2001:db8::5:443", ("acme=[2001:db8::5]:443", "acme=[2001:db8::5:443]")),
+    ("fd00::1:2", ("[fd00::1]:2", "[fd00::1:2]")),
+])
+def test_an_unbracketed_ipv6_address_ending_in_a_port_like_group_stops_the_start(
+        entry: str, meant: tuple[str, str]) -> None:
+    """`::1:8080` is the address ::1:8080 on every port to `ipaddress`, and ::1 on port 8080
+    to whoever wrote it as `host:port`: neither is taken; the error says what to write for
+    each."""
+    from bot.app.settings import SettingsError, outbound_setting
+
+    with pytest.raises(SettingsError) as caught:
+        outbound_setting(f"10.0.0.5, {entry}")
+    said = str(caught.value)
+    assert said.startswith("VAULTMAIL_OUTBOUND_ALLOW=") and f"{entry!r} is ambiguous" in said
+    for form in meant:
+        assert form in said, said
+    for clear in (meant[0], meant[1], "fd00::1", "::1", "fd00::", "fd00:0:0:0:0:0:0:8080",
+                  "2001:db8::/32", "::ffff:10.0.0.5"):
+        OutboundPolicy.parse(clear)
+
+
+def test_a_6to4_network_for_every_office_is_named_at_start() -> None:
+    """2002::/16 carries every IPv4 address, private ones among them (2002:a00::/24 is
+    10.0.0.0/8): allowed to every office, it reaches inside as 0.0.0.0/0 does."""
+    policy = OutboundPolicy.parse("2002::/16, 2002:a00::/24, 2002:808:808::/48, "
+                                  "[2002:c0a8:101::/48]:8080, acme=2002::/16")
+    assert policy.unscoped_inside() == ["2002::/16", "2002:a00::/24",
+                                        "[2002:c0a8:101::/48]:8080"]

@@ -96,6 +96,10 @@ _HOST_NAME = re.compile(r"^(?=.{1,253}$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?\.
 _NUMERIC = re.compile(r"^[0-9a-fx.]+$")  # 127.1, 0x7f.1, 2130706433: IPv4 in legacy forms
 
 
+_SIX_TO_FOUR = ip_network("2002::/16")  # 6to4: bits 16 to 48 are an IPv4 address
+_AMBIGUOUS = re.compile(r"^(?P<address>.*):(?P<group>[0-9]{1,5})$")
+
+
 @dataclass(frozen=True)
 class Behalf:
     """The office a request is sent for: its org (its login now), the forge account that
@@ -164,9 +168,18 @@ def literal_address(host: str) -> IPAddress | None:
 
 
 def _reaches_inside(net: Network) -> bool:
-    """Whether `net` holds an address that is not public (an entry allowing it does something)."""
+    """Whether `net` holds an address that is not public (an entry allowing it does something).
+    A 6to4 network (2002::/16) is judged by the IPv4 addresses it carries, as its addresses
+    are (`address_kind`): 2002::/16 itself carries 10.0.0.0/8 and every other."""
     if isinstance(net, IPv6Network) and not net.subnet_of(IPv6Network("2000::/3")):
         return True
+    if isinstance(net, IPv6Network) and net.overlaps(_SIX_TO_FOUR):
+        if net.prefixlen <= 16:
+            return True
+        carried = IPv4Network(((int(net.network_address) >> 80) & 0xFFFF_FFFF,
+                               min(net.prefixlen - 16, 32)), strict=False)
+        if _reaches_inside(carried):
+            return True
     return any(net.version == inner.version and net.overlaps(inner)
                for inner, _ in _NOT_PUBLIC)
 
@@ -182,6 +195,7 @@ def _split_port(target: str, text: str | None, entry: str) -> tuple[str, int | N
     elif target.count(":") == 1:
         target, _, digits = target.partition(":")
     else:
+        _refuse_ambiguous(target, text, entry)
         return target, None
     if digits is None or not digits.isascii() or not digits.isdigit():
         return target if digits is None else entry, None  # (refused as no address nor name)
@@ -191,6 +205,27 @@ def _split_port(target: str, text: str | None, entry: str) -> tuple[str, int | N
             f"65535, after the host (127.0.0.1:8080, hooks.internal.example:8080) or an IPv6 "
             f"address in brackets ([::1]:8080)")
     return target, int(digits)
+
+
+def _refuse_ambiguous(target: str, text: str | None, entry: str) -> None:
+    """An IPv6 address written without brackets whose last group is digits that could be a
+    port (`::1:8080`): `ipaddress` reads the address ::1:8080 on every port, whoever wrote it
+    may have meant ::1 on port 8080 (`host:port`). Neither is guessed: ValueError says what to
+    write for each."""
+    found = _AMBIGUOUS.match(target)
+    if found is None or "/" in target or not 0 < int(found["group"]) <= 65535:
+        return
+    address = found["address"]
+    try:
+        ip_address(target), IPv6Address(address)
+    except ValueError:
+        return  # (one reading alone is an address: fd00::1, fd00:0:0:0:0:0:0:8080)
+    org = entry[:len(entry) - len(target)]  # (`acme=` or `acme#1234=`, as written)
+    raise ValueError(
+        f"{ALLOW_SETTING}={text!r}: {entry!r} is ambiguous: an IPv6 address whose last group "
+        f"({found['group']}) could be a port. Write {org}[{address}]:{found['group']} for "
+        f"{address} on port {found['group']}, or {org}[{target}] for the address {target} on "
+        f"every port (an IPv6 address with a port is written in brackets)")
 
 
 def _entry_text(target: str, port: int | None, *, v6: bool = False) -> str:
@@ -247,7 +282,8 @@ class OutboundPolicy:
         the one that follows it (127.0.0.1:8080, [::1]:8080, 10.0.0.0/8:8080), each for every
         office, or for one office when its org comes first (acme=10.0.0.5:8080), with its
         forge account id (acme#1234=10.0.0.5) or without (bound to the account that first
-        uses it). ValueError names the entry that is none of these."""
+        uses it). ValueError names the entry that is none of these, or an IPv6 address
+        without brackets that may end in a port (`::1:8080`)."""
         networks: list[tuple[Scope, Network, int | None]] = []
         hosts: set[tuple[Scope, str, int | None]] = set()
         for entry in (e for e in re.split(r"[\s,]+", text or "") if e):
