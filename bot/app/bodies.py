@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from itertools import accumulate
 from typing import Any
 
@@ -143,3 +144,12 @@ def replace_surrogates(value: Any) -> Any:
     if isinstance(value, list):
         return [replace_surrogates(v) for v in value]
     return value
+
+
+def json_response(data: Any, *, status: int = 200,
+                  headers: Mapping[str, str] | None = None) -> web.Response:
+    """`aiohttp.web.json_response`, its text written by orjson (`jsontext.dumps`): aiohttp
+    writes with `json.dumps`, which took about a twentieth of a `list_inbox` call over HTTP
+    (an 80 KB answer: bench.inbox). The same value, the same headers."""
+    return web.Response(body=jsontext.dumps(data), status=status, headers=headers,
+                        content_type="application/json", charset="utf-8")

@@ -30,6 +30,7 @@ from bot import jsontext, metrics
 from bot.app.bodies import (
     WEBHOOK_BODY_LIMIT,
     MiB,
+    json_response,
     loads_json,
     lone_surrogate_at,
     may_hold_surrogates,
@@ -187,7 +188,7 @@ GITEA = Dialect(("X-Gitea-Delivery", "X-Gitea-Event", "X-Gitea-Signature"),
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": {"code": code, "message": message}}, status=status)
+    return json_response({"error": {"code": code, "message": message}}, status=status)
 
 
 async def _answer_and_close(request: web.Request, response: web.Response) -> web.Response:
@@ -371,7 +372,7 @@ async def receive_webhook(request: web.Request) -> web.Response:
     metrics.deliveries(event, "received" if queued else "redelivered").inc()
     if queued:
         services.wake_worker()
-    return _json({"delivery": guid, "queued": queued}, status=202)
+    return json_response({"delivery": guid, "queued": queued}, status=202)
 
 
 def renamed_to(services: Services, login: str) -> str | None:
@@ -474,7 +475,7 @@ async def _answer_ignored(services: Services, guid: str, recorded_as: str, event
     log.debug("webhook ignored: caused by the app itself" if why == "own" else
               "webhook ignored: no handler acts on it",
               extra={"delivery_id": guid, "event": event, "action": payload.get("action")})
-    return _json({"delivery": guid, "queued": False, "ignored": True}, status=202)
+    return json_response({"delivery": guid, "queued": False, "ignored": True}, status=202)
 
 
 async def _no_office_after_a_look(services: Services, org: str) -> bool:
@@ -503,7 +504,7 @@ def _no_office(services: Services, guid: str, event: str, org: str, *,
                   f"most every {LOOK_AGAIN_AFTER:g} s" if every else "at start")
                + "; an org it was added to since is an office from its next look)")
     if not own_webhook:
-        return _json({"delivery": guid, "queued": False, "ignored": True,
+        return json_response({"delivery": guid, "queued": False, "ignored": True,
                       "code": "no_office", "message": message}, status=202)
     response = _error(503, "no_office", message + f"; {org}'s admins add the bot again, or "
                       "remove this webhook")
@@ -518,7 +519,3 @@ def _elsewhere(event: str, payload: dict[str, Any]) -> bool:
         isinstance(repo.get("name"), str) and repo["name"].lower() != CONFIG_REPO
 
 
-def _json(value: dict[str, Any], status: int) -> web.Response:
-    """`web.json_response`, written by orjson (aiohttp writes with json.dumps)."""
-    return web.Response(body=jsontext.dumps(value), status=status,
-                        content_type="application/json", charset="utf-8")

@@ -16,13 +16,12 @@ polls ended by another, nor another viewer's.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any, Generic, TypeVar
 
-from bot import metrics
+from bot import jsontext, metrics
 
 T = TypeVar("T")
 
@@ -242,9 +241,9 @@ class SharedAnswer:
         return AnswerCopy(self)
 
     def text(self) -> bytes:
-        """`json.dumps` of the answer, as UTF-8 (what `aiohttp.web.json_response` sends)."""
+        """The answer's JSON text, as `bodies.json_response` sends it."""
         if self._text is None:
-            self._text = json.dumps(self.answer).encode("utf-8")
+            self._text = jsontext.dumps(self.answer)
         return self._text
 
 
@@ -258,11 +257,11 @@ class AnswerCopy(dict[str, Any]):
         self._shared = shared
 
     def json_bytes(self) -> bytes:
-        """`json.dumps` of this copy, as UTF-8: the shared text while its top level is still
-        the shared answer's (the same keys, in the same order, with the same values)."""
+        """This copy's JSON text: the shared text while its top level is still the shared
+        answer's (the same keys, in the same order, with the same values)."""
         answer = self._shared.answer
         if len(self) == len(answer) and all(
                 k == key and v is value
                 for (k, v), (key, value) in zip(self.items(), answer.items(), strict=True)):
             return self._shared.text()
-        return json.dumps(self).encode("utf-8")
+        return jsontext.dumps(self)

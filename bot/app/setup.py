@@ -44,6 +44,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from bot.app import cookies
+from bot.app.bodies import json_response
 from bot.app.settings import NotRegistered, Settings
 from bot.digits import whole
 from bot.errors import retry_headers
@@ -677,10 +678,10 @@ def add_registered_pages(app: web.Application, settings: Settings) -> None:
 
 def _setup_probes(app: web.Application, page: SetupPage) -> None:
     async def healthz(request: web.Request) -> web.Response:
-        return web.json_response({"status": "not registered", "setup": "/setup"})
+        return json_response({"status": "not registered", "setup": "/setup"})
 
     async def readyz(request: web.Request) -> web.Response:
-        return web.json_response({"status": "not ready", "failed": ["registered"], "checks": {
+        return json_response({"status": "not ready", "failed": ["registered"], "checks": {
             "registered": {"ok": False, "detail": "not registered yet: open /setup"}}},
             status=503, headers=retry_headers(503))  # (registered, it serves at once)
 

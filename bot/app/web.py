@@ -16,6 +16,7 @@ from gidgethub import GitHubException
 
 from bot import metrics
 from bot.app import runs
+from bot.app.bodies import json_response
 from bot.app.build import build_services
 from bot.app.context import context_for
 from bot.app.doctor import DoctorSchedule, catch_up_at_start
@@ -51,13 +52,13 @@ async def healthz(request: web.Request) -> web.Response:
     settings = services.settings if services is not None else startup.settings
     shown = _operator_sees(request, settings)
     if services is None:
-        return web.json_response({"status": "starting", "error": startup.error} if shown
-                                 else {"status": "starting", "detail": OPERATOR_ONLY})
+        return json_response({"status": "starting", "error": startup.error} if shown
+                             else {"status": "starting", "detail": OPERATOR_ONLY})
     if not shown:
-        return web.json_response({"status": "ok", "app": services.app_slug,
+        return json_response({"status": "ok", "app": services.app_slug,
                                   "detail": OPERATOR_ONLY})
     stats = await services.store.queue_stats()  # two index reads, not every dead letter
-    return web.json_response({
+    return json_response({
         "status": "ok",
         "app": services.app_slug,
         "queue_pending": int(stats["pending"]),
@@ -99,8 +100,8 @@ def _readiness(request: web.Request, startup: Startup,
         body["checks"] = checks
     else:
         body["detail"] = OPERATOR_ONLY
-    return web.json_response(body, status=503 if failed else 200,
-                             headers=retry_headers(503, startup.retry_in()) if failed else None)
+    return json_response(body, status=503 if failed else 200,
+                         headers=retry_headers(503, startup.retry_in()) if failed else None)
 
 
 async def readyz(request: web.Request) -> web.Response:
@@ -164,7 +165,7 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
     services = startup.services
     settings = services.settings if services is not None else startup.settings
     if settings.operator_token and not _from_operator(request, settings):
-        return web.json_response({"error": {
+        return json_response({"error": {
             "code": "operator_only", "message": "the metrics name each installation, so they "
             "are the operator's: send Authorization: Bearer <VAULTMAIL_OPERATOR_TOKEN>"}},
             status=401, headers={"WWW-Authenticate": "Bearer"})
@@ -181,25 +182,25 @@ async def published_keys(request: web.Request) -> web.Response:
     org = request.match_info.get("org", request.query.get("org"))
     if org is None:
         if not _operator_sees(request, services.settings):
-            return web.json_response({"error": {"code": "operator_only", "message": (
+            return json_response({"error": {"code": "operator_only", "message": (
                 "every office's keys name every office here, so they are the operator's: "
                 "fetch your office's at /.well-known/vaultmail-keys/<org>.json, or send "
                 "Authorization: Bearer <VAULTMAIL_OPERATOR_TOKEN>")}},
                 status=401, headers={"WWW-Authenticate": "Bearer"})
-        return web.json_response(services.keyring.public_jwks())
+        return json_response(services.keyring.public_jwks())
     try:
         office = office_name(org)
     except KeyringError as exc:
-        return web.json_response({"error": {"code": "bad_office", "message": str(exc)}},
-                                 status=400)
+        return json_response({"error": {"code": "bad_office", "message": str(exc)}},
+                             status=400)
     # keys are made for an installed office only, never for any name a request brings
     if services.installation_of(office) is None:
         await services.still_installed(office)  # (one row: installed through another replica?)
     if services.installation_of(office) is None and office not in services.keyring.offices():
-        return web.json_response({"error": {"code": "no_office", "message": (
+        return json_response({"error": {"code": "no_office", "message": (
             f"no office {office} here: the App is not installed on {office}, and no key ever "
             "signed for it")}}, status=404)
-    return web.json_response(services.keyring.public_jwks(office))
+    return json_response(services.keyring.public_jwks(office))
 
 
 WORKER_KEY = web.AppKey("worker", Worker)
@@ -283,7 +284,7 @@ async def until_started(request: web.Request, handler: Handler) -> web.StreamRes
         # why (the forge's address, an exception) is the operator's, as at /healthz
         why = (f" ({startup.error})" if _operator_sees(request, startup.settings)
                else " (the operator sees why at /readyz)")
-        return web.json_response({"error": {"code": "starting", "message": (
+        return json_response({"error": {"code": "starting", "message": (
             f"vaultmail is starting: the forge is not reachable yet{why}; it keeps trying, "
             "try again shortly")}}, status=503, headers=retry_headers(503, startup.retry_in()))
     return await handler(request)

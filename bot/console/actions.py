@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from bot.app.bodies import json_response
 from bot.console import sessions
 from bot.console.frame import action, done, tool
 from bot.console.visitor import CONSOLE, Visitor
@@ -107,6 +108,6 @@ async def chat(request: web.Request, v: Visitor, form: dict[str, str]) -> web.St
         args["idempotencyKey"] = _key(form)
     result = await tool(v, "agent_chat", **args)
     if request.headers.get("Accept") == "application/json":
-        return web.json_response(result)
+        return json_response(result)
     return await done(v, f"{CONSOLE}/agents/{slug}#chat",
                       f"Asked {slug}; its answer appears here when it comes")

@@ -16,6 +16,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from bot.app import cookies
+from bot.app.bodies import json_response
 from bot.app.peers import reached_at
 from bot.app.services import SERVICES_KEY, Services
 from bot.console import sessions
@@ -234,4 +235,4 @@ def local_next(target: str | None) -> str:
 def not_signed_in_json() -> web.Response:
     error = Unauthenticated("sign in at /console/sign-in, or send Authorization: Bearer <api "
                             "token>")
-    return web.json_response(error.as_json(), status=error.status)
+    return json_response(error.as_json(), status=error.status)

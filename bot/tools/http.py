@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from bot.app.bodies import TOOL_BODY_LIMIT, loads_json, read_body
+from bot.app.bodies import TOOL_BODY_LIMIT, json_response, loads_json, read_body
 from bot.app.notify import AnswerCopy
 from bot.app.services import SERVICES_KEY, Services
 from bot.errors import (
@@ -283,31 +283,31 @@ async def tool_endpoint(request: web.Request) -> web.Response:
             return web.Response(status=499)
     except VaultmailError as exc:
         log.info("tool refused", extra={"tool": name, "code": exc.code, "reason": exc.message})
-        return web.json_response(exc.as_json(), status=exc.status,
-                                 headers=refusal_headers(exc))
+        return json_response(exc.as_json(), status=exc.status,
+                             headers=refusal_headers(exc))
     except ForgeError as exc:  # the forge refused or failed: say so, never a stack trace
         log.warning("tool failed at the forge", extra={"tool": name, "error": str(exc)})
         failed = forge_refusal(exc, name, "nothing was recorded")
-        return web.json_response(failed.as_json(), status=failed.status,
-                                 headers=refusal_headers(failed))
+        return json_response(failed.as_json(), status=failed.status,
+                             headers=refusal_headers(failed))
     except Exception as exc:
         if unavailable(exc):  # the index is away (a restart, a failover): try again shortly
             log.warning("tool refused: the index is unavailable",
                         extra={"tool": name, "error": repr(exc)})
-            return web.json_response(index_unavailable(name).as_json(), status=503,
-                                     headers=retry_headers(503))
+            return json_response(index_unavailable(name).as_json(), status=503,
+                                 headers=retry_headers(503))
         log.exception("tool crashed", extra={"tool": name})
-        return web.json_response({"error": {"code": "internal", "message": (
+        return json_response({"error": {"code": "internal", "message": (
             f"{name} failed inside vaultmail; the app's log has the details")}}, status=500)
     if isinstance(result, AnswerCopy):  # (an answer polls woken together share: its JSON
         # text is made once for all; the same bytes and headers as json_response's)
         return web.Response(body=result.json_bytes(), content_type="application/json",
                             charset="utf-8")
-    return web.json_response(result)
+    return json_response(result)
 
 
 async def list_tools(request: web.Request) -> web.Response:
-    return web.json_response({"tools": [t.listing() for t in TOOLS.values()]})
+    return json_response({"tools": [t.listing() for t in TOOLS.values()]})
 
 
 def add_routes(app: web.Application) -> None:

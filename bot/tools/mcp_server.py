@@ -51,7 +51,7 @@ from mcp.shared.subscriptions import (
 )
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from bot.app.bodies import TOOL_BODY_LIMIT, read_body
+from bot.app.bodies import TOOL_BODY_LIMIT, json_response, read_body
 from bot.app.services import SERVICES_KEY, Services
 from bot.errors import (
     ForgeUnavailable,
@@ -749,7 +749,7 @@ async def protected_resource_metadata(request: web.Request) -> web.Response:
     own authorisation server (`bot.tools.oauth_server`), which it names, or vaultmail API
     tokens (`vaultmail token create PRINCIPAL`), which need no discovery."""
     base = public_base(request)
-    return web.json_response({
+    return json_response({
         "resource": f"{base}/mcp",
         "authorization_servers": [base],
         "bearer_methods_supported": ["header"],
@@ -789,7 +789,7 @@ def _rpc_refusal(status: int, code: int, exc: VaultmailError,
                  headers: Mapping[str, str] | None = None) -> web.Response:
     """A JSON-RPC error without an id (MCP clients show its reason) with the HTTP status (a
     429 or 503 with its Retry-After)."""
-    return web.json_response({"jsonrpc": "2.0", "id": None, "error": {
+    return json_response({"jsonrpc": "2.0", "id": None, "error": {
         "code": code, "message": f"{exc.code}: {exc.message}", "data": exc.as_json()["error"]}},
         status=status, headers={**(headers or {}), **refusal_headers(exc)})
 
@@ -859,7 +859,7 @@ async def mcp_endpoint(request: web.Request) -> web.StreamResponse:
     try:
         body = await read_body(request, TOOL_BODY_LIMIT, "the request body")
     except PayloadTooLarge as exc:
-        return web.json_response({"jsonrpc": "2.0", "id": None, "error": {
+        return json_response({"jsonrpc": "2.0", "id": None, "error": {
             "code": INVALID_REQUEST_RPC, "message": f"{exc.code}: {exc.message}",
             "data": exc.as_json()["error"]}}, status=exc.status)
     peer = request.transport.get_extra_info("peername") if request.transport else None
@@ -933,9 +933,9 @@ async def mcp_endpoint(request: web.Request) -> web.StreamResponse:
     else:  # the 2026 protocol: no session
         await manager.handle_request(scope, receive, send)
     if response is None:
-        return web.json_response({"error": {"code": "mcp_error",
+        return json_response({"error": {"code": "mcp_error",
                                             "message": "the MCP transport gave no answer"}},
-                                 status=500)
+                             status=500)
     return response
 
 

@@ -53,7 +53,7 @@ from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, u
 
 from aiohttp import web
 
-from bot.app.bodies import loads_json, read_body
+from bot.app.bodies import json_response, loads_json, read_body
 from bot.app.peers import PerAddress, client_key
 from bot.app.services import SERVICES_KEY, Services
 from bot.console.frame import error_page, read_form
@@ -179,8 +179,8 @@ def metadata_cache(request: web.Request) -> dict[str, str]:
 
 
 async def as_metadata(request: web.Request) -> web.Response:
-    return web.json_response(authorization_server_metadata(public_base(request)),
-                             headers=metadata_cache(request))
+    return json_response(authorization_server_metadata(public_base(request)),
+                         headers=metadata_cache(request))
 
 
 # -- registration (RFC 7591) -------------------------------------------------------------------
@@ -292,7 +292,7 @@ async def register(request: web.Request) -> web.Response:
             f"this address registered {REGISTRATIONS_PER_HOUR} clients within the hour: "
             "register again later, or keep the client_id a registration gave"), 429, wait)
     log.info("oauth client registered", extra={"client": client_id, "client_name": name})
-    return web.json_response(answer, status=201, headers={"Cache-Control": "no-store"})
+    return json_response(answer, status=201, headers={"Cache-Control": "no-store"})
 
 
 # -- authorize ----------------------------------------------------------------------------------
@@ -511,8 +511,8 @@ def _oauth_error(error: str, description: str, status: int = 400,
                **retry_headers(status, retry_after)}
     if status == 401:
         headers["WWW-Authenticate"] = 'Basic realm="vaultmail"'
-    return web.json_response({"error": error, "error_description": description},
-                             status=status, headers=headers)
+    return json_response({"error": error, "error_description": description},
+                         status=status, headers=headers)
 
 
 def _client_id_of(request: web.Request, form: dict[str, str]) -> str:
@@ -548,7 +548,7 @@ async def _issue(services: Services, client: db.Client, held: db.Grant, value: s
                               "expires_in": int(LIFETIMES["access"])}
     if refresh:
         answer["refresh_token"] = refresh
-    return web.json_response(answer, headers={"Cache-Control": "no-store", "Pragma": "no-cache"})
+    return json_response(answer, headers={"Cache-Control": "no-store", "Pragma": "no-cache"})
 
 
 async def token(request: web.Request) -> web.Response:

@@ -28,6 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
+from bot.app.bodies import json_response
 from bot.app.services import SERVICES_KEY, Services
 from bot.errors import InvalidArguments, VaultmailError, forge_refusal, refusal_headers
 from bot.forge.errors import ForgeError
@@ -210,7 +211,7 @@ class Stopping(VaultmailError):
 
 
 def _error(exc: VaultmailError) -> web.Response:
-    return web.json_response(exc.as_json(), status=exc.status, headers=refusal_headers(exc))
+    return json_response(exc.as_json(), status=exc.status, headers=refusal_headers(exc))
 
 
 async def me(request: web.Request) -> web.Response:
@@ -219,7 +220,7 @@ async def me(request: web.Request) -> web.Response:
         call = await _caller(request)
     except VaultmailError as exc:
         return _error(exc)
-    return web.json_response({"principal": call.principal, "org": call.office.org})
+    return json_response({"principal": call.principal, "org": call.office.org})
 
 
 async def resources_endpoint(request: web.Request) -> web.Response:
@@ -228,7 +229,7 @@ async def resources_endpoint(request: web.Request) -> web.Response:
         listed = await list_resources(call)
     except VaultmailError as exc:
         return _error(exc)
-    return web.json_response({"resources": [r.as_json() for r in listed],
+    return json_response({"resources": [r.as_json() for r in listed],
                               "templates": [t.as_json() for t in TEMPLATES]})
 
 
@@ -238,7 +239,7 @@ async def read_endpoint(request: web.Request) -> web.Response:
         content = await read_resource(await _caller(request), uri)
     except VaultmailError as exc:
         return _error(exc)
-    return web.json_response({"uri": uri, "mimeType": MIME, "content": content})
+    return json_response({"uri": uri, "mimeType": MIME, "content": content})
 
 
 async def wait_endpoint(request: web.Request) -> web.StreamResponse:
@@ -268,7 +269,7 @@ async def wait_endpoint(request: web.Request) -> web.StreamResponse:
     if found is None:  # the client went away
         return web.Response(status=499)
     changed, now = found
-    return web.json_response({"changed": changed, "digest": now})
+    return json_response({"changed": changed, "digest": now})
 
 
 def add_resource_routes(app: web.Application) -> None:
