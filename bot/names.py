@@ -11,6 +11,7 @@ nothing but those and '-', '.', '_': never a path or markup.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Final
 
 NAME_MAX: Final = 40
@@ -35,3 +36,52 @@ def check_name(text: str, what: str) -> str:
         raise ValueError(f"{text!r} is not {what} on a forge ({RULE}): write it as the "
                          "forge shows it, e.g. acme_corp or john.doe")
     return text
+
+
+# -- an operator's entry for one org (VAULTMAIL_OUTBOUND_ALLOW, VAULTMAIL_AGENT_COMMANDS) -------
+
+# The org such an entry is for: its login in lower case, and the forge account id it names, or
+# None where it names the login alone. A login is not an org: on GitHub an org can be deleted
+# and its login taken by another account, which must not get what the operator set for the
+# org before. So an entry by login alone is bound to the account holding the login when the
+# operator's entries for it are first used (bot.app.services.Services.behalf, kept in the
+# index), and `acme#1234` is account 1234's alone.
+OrgEntry = tuple[str, int | None]
+_ORG_ACCOUNT = re.compile(r"^(?P<org>[^#]*)#(?P<account>[0-9]+)$", re.ASCII)
+
+
+def org_entry(text: str) -> OrgEntry | None:
+    """The org an operator's entry names: `acme` (its login alone) or `acme#1234` (and its
+    forge account id, a number from 1), or None when `text` is neither."""
+    account: int | None = None
+    if "#" in text:
+        found = _ORG_ACCOUNT.match(text)
+        if found is None or int(found["account"]) == 0:
+            return None
+        text, account = found["org"], int(found["account"])
+    return (text.lower(), account) if is_name(text) else None
+
+
+@dataclass(frozen=True)
+class Behalf:
+    """An office as the operator's entries for one org are applied to it: its org (its login
+    now), the forge account that holds it now (None where the index does not know it: nothing
+    to tell owners apart by), and whether the entries naming the login alone are its
+    (`by_login`: false when they were bound to another account at first use). `any_account`:
+    as for the account each entry names (`vaultmail office check`, which cannot ask the
+    forge; it sends and runs nothing)."""
+
+    org: str
+    account: int | None = None
+    by_login: bool = True
+    any_account: bool = False
+
+    def is_for(self, entry: OrgEntry) -> bool:
+        """Whether an entry for `entry` is this office's: its org, and the account named (an
+        account not known is not it), else the one its login's entries are bound to."""
+        org, account = entry
+        if org != self.org.lower():
+            return False
+        if self.any_account:
+            return True
+        return self.account == account if account is not None else self.by_login

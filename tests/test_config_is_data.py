@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from bot.app.embedded import Embedded, start_embedded
 from bot.app.runs import RUN_TOKEN_MARGIN
 from bot.app.settings import Settings, SettingsError
+from bot.names import Behalf
 from bot.office.config import (
     PYTHON,
     AgentCommands,
@@ -28,7 +29,7 @@ from bot.office.config import (
     RunConfig,
     parse_office,
 )
-from bot.store import api_tokens, installations, mails
+from bot.store import api_tokens, installations, ledger, mails
 from tests.support import Actor, ToolClient
 
 MARCO = "human:marco@acme.com"
@@ -139,6 +140,97 @@ async def test_dispatch_command_runs_what_the_operator_set_and_nothing_else(
         await emb.stop()
 
 
+GLOBEX: dict[str, Any] = {
+    "org": "globex",
+    "humans": [{"email": "hank@globex.com", "login": "hank", "permissions": ["mail.send"]}],
+    "agents": [{"slug": "scout", "login": "globex-scout", "person": "hank@globex.com",
+                "run": {"triggers": ["mail"], "dispatch": "command"}}],
+}
+SQUATTER: dict[str, Any] = {
+    "org": "globex",
+    "humans": [{"email": "eve@evil.test", "login": "eve", "permissions": ["mail.send"]}],
+    "agents": [{"slug": "scout", "login": "evil-scout", "person": "eve@evil.test",
+                "run": {"triggers": ["mail"], "dispatch": "command"}}],
+}
+
+
+async def _send(emb: Embedded, principal: str, org: str) -> str:
+    """A mail to scout from `principal` of `org`'s office: its ref."""
+    token = await api_tokens.create_token(emb.services.store, principal, org)
+    async with aiohttp.ClientSession() as session, session.post(
+            emb.app_url + "/api/v1/tools/mail_send", headers={"Authorization": f"Bearer {token}"},
+            json={"to": "scout", "subject": "Go", "body": "run"}) as resp:
+        assert resp.status == 200, await resp.text()
+        return str((await resp.json())["mail"]["ref"])
+
+
+async def test_a_command_for_an_org_does_not_run_for_the_next_owner_of_its_login(
+        tmp_path: Path, database_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The operator sets a program for globex's scout (`globex:` in VAULTMAIL_AGENT_COMMANDS,
+    the org by its login). globex is deleted, and another account makes an org called globex,
+    installs the App and writes a config whose scout says `dispatch: command`. The command was
+    bound to the account that first used it: the new owner's run is refused as one with no
+    command set (failed, `run.finished` saying so), nothing runs on the app's host, and the
+    operator is told what to write. Before, the command went with the login: whoever took it
+    had the app run, on its host, the program the operator set for the org that had it."""
+    import logging
+
+    from bot.office.seed import seed_office
+
+    caplog.set_level(logging.WARNING)
+    ran = tmp_path / "ran"
+    granted = AgentCommands({"globex": {"scout": CommandDispatch(command=[
+        PYTHON, "-c", f"import sys; open({str(ran)!r}, 'a').write(sys.stdin.read() + '\\n')"])}})
+    emb = await start_embedded(data_dir=tmp_path / "d", port=0, forge_port=0,
+                               database_url=database_url, agent_commands=granted)
+    try:
+        forge = emb.forge
+        seed_office(forge, parse_office(yaml.safe_dump(GLOBEX), "globex.yml", repository=False))
+        (app_id,) = forge.state.apps
+        first = forge.install_app(int(app_id), "globex")
+        await emb.settle()
+        hanks = await _send(emb, "human:hank@globex.com", "globex")
+        await emb.settle()
+        [done] = [e for e in await ledger.entries(emb.services.store, org="globex")
+                  if e.event == "run.finished"]
+        assert done.subject == hanks and done.data["exit"] == 0, done.data
+        assert len(ran.read_text().splitlines()) == 1, "the org's own run ran its command"
+
+        forge.uninstall_app(first)
+        await emb.settle()
+        # the login is another account's now, with its own config asking for the command
+        forge.state.accounts["globex"].id = forge.state.next_id("account")
+        forge.add_user("eve", "eve@evil.test")
+        forge.set_permission("globex/scout-vault", "eve", "admin")
+        forge.set_permission("globex/scout-vault", "evil-scout", "write")
+        forge.install_app(int(app_id), "globex", sender="eve")
+        await emb.settle()
+        forge.put_file("globex/.github", "vaultmail.yml", yaml.safe_dump(SQUATTER),
+                       pusher="eve")
+        await emb.settle()
+        eves = await _send(emb, "human:eve@evil.test", "globex")
+        await emb.settle()
+
+        assert len(ran.read_text().splitlines()) == 1, "the new owner's run ran the command"
+        [refused] = [e for e in await ledger.entries(emb.services.store, org="globex")
+                     if e.event == "run.finished"]
+        assert refused.subject == eves, refused
+        assert refused.data["exit"] is None and refused.data["refused"] is True, refused.data
+        # worded as for an office with no command set: it is not told what another had
+        assert refused.data["error"].startswith(
+            "no command is set for globex's agent scout"), refused.data["error"]
+        [run] = await mails.runs_for(emb.services.store, "scout", org="globex")
+        assert run["state"] == "failed"
+        [warned] = {r.getMessage(): r for r in caplog.records
+                    if "VAULTMAIL_AGENT_COMMANDS" in r.getMessage()}.values()
+        new = forge.state.accounts["globex"].id
+        message = warned.getMessage()
+        assert "globex (scout)" in message and f"globex#{new}" in message, message
+        assert warned.__dict__["agents"] == ["scout"] and warned.__dict__["account"] == new
+    finally:
+        await emb.stop()
+
+
 ENV_SCRIPT = ("import json, os, sys; sys.stdin.read(); open('left-behind', 'w').close(); "
               "print(json.dumps({'keys': sorted(os.environ), 'cwd': os.getcwd(), "
               "'lang': os.environ.get('LANG'), 'tz': os.environ.get('TZ')}))")
@@ -211,10 +303,10 @@ def test_the_command_setting_names_programs_per_org_and_agent(tmp_path: Path) ->
     commands.write_text('acme:\n  echo:\n    command: ["{python}", "-m", "bot.agents.echo"]\n'
                         "    timeout: 30\n")
     settings = Settings.from_env({**GITEA, "VAULTMAIL_AGENT_COMMANDS": str(commands)})
-    echo = settings.agent_commands.command_for("Acme", "echo")
+    echo = settings.agent_commands.command_for(Behalf("Acme"), "echo")
     assert echo is not None and echo.command[0] == PYTHON and echo.timeout == 30
-    assert settings.agent_commands.command_for("globex", "echo") is None
-    assert Settings.from_env(GITEA).agent_commands.command_for("acme", "echo") is None
+    assert settings.agent_commands.command_for(Behalf("globex"), "echo") is None
+    assert Settings.from_env(GITEA).agent_commands.command_for(Behalf("acme"), "echo") is None
     commands.write_text("acme:\n  echo:\n    command: []\n  Echo!: {command: [x]}\n")
     with pytest.raises(SettingsError) as caught:
         Settings.from_env({**GITEA, "VAULTMAIL_AGENT_COMMANDS": str(commands)})
@@ -223,6 +315,44 @@ def test_the_command_setting_names_programs_per_org_and_agent(tmp_path: Path) ->
     assert "acme.echo.command" in message and "at least 1" in message, message
     with pytest.raises(SettingsError, match="cannot be read"):
         Settings.from_env({**GITEA, "VAULTMAIL_AGENT_COMMANDS": str(tmp_path / "none.yml")})
+
+
+
+def test_a_command_may_name_the_account_its_org_is(tmp_path: Path) -> None:
+    """`acme#1234:` is for the office whose forge account is 1234, under the login acme;
+    `acme:` for the account the login's entries were bound to at first use (Behalf.by_login),
+    which the operator's outbound entries share. Any other holder of the login runs none."""
+    commands = tmp_path / "commands.yml"
+    commands.write_text('acme:\n  echo: {command: [by-login]}\n  scout: {command: [scout]}\n'
+                        'ACME#1234:\n  echo: {command: [by-account]}\n'
+                        'acme#77:\n  builder: {command: [seventy-seven]}\n')
+    granted = Settings.from_env({**GITEA, "VAULTMAIL_AGENT_COMMANDS": str(commands)}
+                                ).agent_commands
+    acme, other = Behalf("acme", 1234, by_login=True), Behalf("acme", 99, by_login=False)
+
+    def program(office: Behalf, slug: str) -> str | None:
+        found = granted.command_for(office, slug)
+        return None if found is None else found.command[0]
+
+    assert program(acme, "echo") == "by-account", "the account named comes first"
+    assert program(acme, "scout") == "scout" and program(acme, "builder") is None
+    assert program(Behalf("acme", 1234, by_login=False), "echo") == "by-account"
+    assert program(Behalf("acme", 1234, by_login=False), "scout") is None
+    assert program(other, "echo") is None and program(other, "scout") is None
+    assert program(Behalf("acme", 99, by_login=True), "echo") == "by-login"
+    assert program(Behalf("acme", 77, by_login=False), "builder") == "seventy-seven"
+    # an account not known is not the one named; the login's entries apply (nothing to
+    # tell its owners apart by)
+    unknown = Behalf("acme", None, by_login=True)
+    assert program(unknown, "builder") is None and program(unknown, "echo") == "by-login"
+    assert granted.by_login("ACME") == ["echo", "scout"] and granted.by_login("globex") == []
+    for wrong in ("acme#", "acme#x", "acme#0", "#12", "acme#-1", "acme#1#2", "acme#１",
+                  "Acme Corp"):
+        commands.write_text(f"{wrong!r}:\n  echo: {{command: [x]}}\n")
+        with pytest.raises(SettingsError) as caught:
+            Settings.from_env({**GITEA, "VAULTMAIL_AGENT_COMMANDS": str(commands)})
+        assert f"{wrong}: not an org" in str(caught.value) and "acme#1234" in str(
+            caught.value), str(caught.value)
 
 
 # -- one org's file, one org's problem ---------------------------------------------------------

@@ -21,11 +21,12 @@ import yaml
 from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from bot.app.egress import Behalf, OutboundPolicy, OutboundRefused, address_kind
+from bot.app.egress import OutboundPolicy, OutboundRefused, address_kind
 from bot.app.embedded import Embedded, start_embedded
 from bot.app.runs import DISPATCH_ATTEMPTS
 from bot.app.signed_post import post_signed
 from bot.mail.signing import Keyring
+from bot.names import Behalf
 from bot.office.config import OfficeConfigError
 from bot.store import ledger, mails
 from bot.store import outbound as cursors

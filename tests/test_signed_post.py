@@ -13,9 +13,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from bot.app.egress import Behalf, OutboundPolicy
+from bot.app.egress import OutboundPolicy
 from bot.app.signed_post import SignatureRefused, check_signed_post, post_signed
 from bot.mail.signing import Keyrings
+from bot.names import Behalf
 from tests.support import served
 
 LOOPBACK = OutboundPolicy.parse("127.0.0.1")

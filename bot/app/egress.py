@@ -48,7 +48,7 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
-from bot.names import is_name
+from bot.names import Behalf, OrgEntry, org_entry
 
 IPAddress = IPv4Address | IPv6Address
 Network = IPv4Network | IPv6Network
@@ -100,23 +100,9 @@ _SIX_TO_FOUR = ip_network("2002::/16")  # 6to4: bits 16 to 48 are an IPv4 addres
 _AMBIGUOUS = re.compile(r"^(?P<address>.*):(?P<group>[0-9]{1,5})$")
 
 
-@dataclass(frozen=True)
-class Behalf:
-    """The office a request is sent for: its org (its login now), the forge account that
-    holds it now (None where the index does not know it: nothing to tell owners apart by),
-    and whether the entries naming the org by login alone are its (`by_login`: false when
-    they were first used by another account). `any_account`: as for the account each entry
-    names (`vaultmail office check`, which cannot ask the forge; it sends nothing)."""
-
-    org: str
-    account: int | None = None
-    by_login: bool = True
-    any_account: bool = False
-
-
-# an entry's office: None for every office, else (org in lower case, its account id, or None
-# for the account its login's entries are bound to)
-Scope = tuple[str, int | None] | None
+# an entry's office: None for every office, else the org it names (bot.names.OrgEntry: its
+# login in lower case, and its account id, or None for the account the login is bound to)
+Scope = OrgEntry | None
 
 
 class OutboundRefused(Exception):
@@ -235,26 +221,20 @@ def _entry_text(target: str, port: int | None, *, v6: bool = False) -> str:
     return f"[{target}]:{port}" if v6 else f"{target}:{port}"
 
 
-_ORG_ACCOUNT = re.compile(r"^(?P<org>[^#]*)#(?P<account>[0-9]+)$", re.ASCII)
-
-
 def _scope(org: str, text: str | None, entry: str) -> Scope:
     """The office an entry's `org=` (or `org#account=`) names."""
-    account: int | None = None
-    if "#" in org:
-        found = _ORG_ACCOUNT.match(org)
-        if found is None or not is_name(found["org"]) or int(found["account"]) == 0:
-            raise ValueError(
-                f"{ALLOW_SETTING}={text!r}: {entry!r} should be org#account=host (acme#1234="
-                f"10.0.0.5): the org as the forge spells it, and its forge account id, a "
-                f"number from 1 ({org!r} is not)")
-        org, account = found["org"], int(found["account"])
-    if not is_name(org):
+    scope = org_entry(org)
+    if scope is None and "#" in org:
+        raise ValueError(
+            f"{ALLOW_SETTING}={text!r}: {entry!r} should be org#account=host (acme#1234="
+            f"10.0.0.5): the org as the forge spells it, and its forge account id, a "
+            f"number from 1 ({org!r} is not)")
+    if scope is None:
         raise ValueError(
             f"{ALLOW_SETTING}={text!r}: {entry!r} should be org=host or org=network "
             f"(acme=10.0.0.5, or org#account=host), the org as the forge spells it ({org!r} is "
             f"no org)")
-    return org.lower(), account
+    return scope
 
 
 _HINT = (f"the app sends only to public addresses; the operator may allow this host or "
@@ -331,16 +311,8 @@ class OutboundPolicy:
     def _applies(scope: Scope, office: Behalf, allowed: int | None, port: int) -> bool:
         if allowed not in (None, port):
             return False
-        if scope is None:
-            return True
-        org, account = scope
-        if org != office.org.lower():
-            return False
-        if office.any_account:
-            return True
-        # an account named: that account's office alone (an account not known is not it);
-        # the login alone: the account it was bound to at first use
-        return office.account == account if account is not None else office.by_login
+        # the org's office: the account named, else the one the login's entries are bound to
+        return scope is None or office.is_for(scope)
 
     def allows_host(self, host: str, *, office: Behalf, port: int) -> bool:
         """Whether the operator allowed the name `host` on `port` for `office`."""

@@ -271,7 +271,12 @@ async def _dispatch(services: Services, forge: Forge, agent: Agent, vault: str, 
     how = agent.run.dispatch
     org = vault.split("/")[0].lower()  # the vault's org: the office the run belongs to
     if how == OPERATOR_COMMAND:
-        granted = services.settings.agent_commands.command_for(org, agent.slug)
+        # the program the operator set for the org as it stands now: one set for its login
+        # alone is for the account the login was bound to (Services.behalf), not whoever took
+        # the login since; another account's run is refused as one with none set, and the
+        # operator is told what to write
+        granted = services.settings.agent_commands.command_for(await services.behalf(org),
+                                                               agent.slug)
         if granted is None:
             await _refused(services, agent, subject, payload, org, (
                 f"no command is set for {org}'s agent {agent.slug}: `dispatch: command` runs "

@@ -13,13 +13,15 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from gidgethub.routing import Router
 
-from bot.app.egress import Behalf
+from bot.app.egress import ALLOW_SETTING
 from bot.app.hook_generations import HookGenerations
 from bot.app.notify import Notifier
 from bot.app.settings import Settings
 from bot.cursors import Cursors
 from bot.errors import NotInstalled
 from bot.mail.signing import Keyrings, former_offices
+from bot.names import Behalf
+from bot.office.config import COMMANDS_SETTING
 from bot.office.source import FIRST_READ_WAIT, ROUND_WAIT, OfficeSource
 from bot.office.visibility import Visibility
 from bot.store import Store
@@ -41,6 +43,32 @@ def _cancelled_elsewhere(exc: BaseException) -> bool:
     task = asyncio.current_task()
     return (isinstance(exc, asyncio.CancelledError) and task is not None
             and not task.cancelling())
+
+
+def _tell_not_theirs(setting: str, org: str, entries: list[str], first: int,
+                     account: int) -> None:
+    """The operator's warning that `setting`'s entries for `org` by its login alone (its
+    outbound entries, or the agents given a command) are not account `account`'s, and what
+    to write."""
+    extra = {"org": org, "bound_account": first, "account": account}
+    if setting == ALLOW_SETTING:
+        log.warning(
+            "VAULTMAIL_OUTBOUND_ALLOW's entries for %s (%s) were first used by forge "
+            "account %d, and %s is account %d now (an org deleted and its name taken by "
+            "another account): they do not apply to it. To allow the new owner, write its "
+            "entries as %s#%d=HOST; to keep them the first account's under a new name, "
+            "write NEWNAME#%d=HOST; else remove them",
+            org, ", ".join(entries), first, org, account, org, account, first,
+            extra={**extra, "entries": entries})
+        return
+    log.warning(
+        "VAULTMAIL_AGENT_COMMANDS's commands for %s (%s) were first used by forge account %d, "
+        "and %s is account %d now (an org deleted and its name taken by another account): "
+        "they do not run for it, its runs fail as with no command set. To run them for the "
+        "new owner, write them under `%s#%d:`; to keep them the first account's under a new "
+        "name, under `NEWNAME#%d:`; else remove them",
+        org, ", ".join(entries), first, org, account, org, account, first,
+        extra={**extra, "agents": entries})
 
 
 @dataclass
@@ -85,8 +113,9 @@ class Services:
     # bound it anew)
     _accounts: dict[tuple[str, str, str], tuple[int, float]] = field(default_factory=dict,
                                                                       repr=False)
-    # (org, account): told that the outbound entries for org's login are not its (`behalf`)
-    _outbound_warned: set[tuple[str, int]] = field(default_factory=set, repr=False)
+    # (setting, org, account): told that the setting's entries for org's login are not its
+    # (`behalf`)
+    _not_theirs_told: set[tuple[str, str, int]] = field(default_factory=set, repr=False)
 
     def __post_init__(self) -> None:
         self.take_offices(self.offices)
@@ -129,29 +158,26 @@ class Services:
         return lambda url, _org: policy.url_refusal(url, behalf)
 
     async def behalf(self, org: str) -> Behalf:
-        """`org`'s office as the outbound policy is asked for it (bot.app.egress): the forge
-        account under its login now, and whether the entries naming the login alone
-        (`acme=10.0.0.5`) are that account's: they are bound to the account they are first
-        asked for (`outbound_entries_holder`), so an org made again under the login by another
-        account does not reach what the operator allowed the one before. The operator is
-        told once (per process) of each account refused so."""
+        """`org`'s office as the operator's entries for one org are applied to it (the
+        outbound policy, bot.app.egress; the agents' commands, bot.office.config.
+        AgentCommands): the forge account under its login now, and whether the entries naming
+        the login alone (`acme=10.0.0.5`, `acme:`) are that account's: they are bound to the
+        account they are first asked for (`login_entries_holder`, one binding for both
+        settings), so an org made again under the login by another account does not reach
+        what the operator allowed the one before, nor run its programs. The operator is told
+        once (per process) of each account refused so, per setting."""
         org = org.lower()
         account = await installed.account_of(self.store, org)
-        entries = self.settings.outbound.by_login(org)
-        if account is None or not entries:  # (an account not known: nothing to tell apart)
-            return Behalf(org, account, by_login=True)
-        first = await installed.outbound_entries_holder(self.store, org, account)
-        if first != account and (org, account) not in self._outbound_warned:
-            self._outbound_warned.add((org, account))
-            log.warning(
-                "VAULTMAIL_OUTBOUND_ALLOW's entries for %s (%s) were first used by forge "
-                "account %d, and %s is account %d now (an org deleted and its name taken by "
-                "another account): they do not apply to it. To allow the new owner, write its "
-                "entries as %s#%d=HOST; to keep them the first account's under a new name, "
-                "write NEWNAME#%d=HOST; else remove them",
-                org, ", ".join(entries), first, org, account, org, account, first,
-                extra={"org": org, "entries": entries, "bound_account": first,
-                       "account": account})
+        named = {ALLOW_SETTING: self.settings.outbound.by_login(org),
+                 COMMANDS_SETTING: self.settings.agent_commands.by_login(org)}
+        if account is None or not any(named.values()):
+            return Behalf(org, account, by_login=True)  # (no account: nothing to tell apart)
+        first = await installed.login_entries_holder(self.store, org, account)
+        if first != account:
+            for setting, entries in named.items():
+                if entries and (setting, org, account) not in self._not_theirs_told:
+                    self._not_theirs_told.add((setting, org, account))
+                    _tell_not_theirs(setting, org, entries, first, account)
         return Behalf(org, account, by_login=first == account)
 
     async def _file_holder(self, named: str, org: str) -> tuple[int, int] | None:

@@ -27,8 +27,9 @@ import time
 from collections.abc import Container, Mapping
 from typing import Any
 
-from bot.app.egress import Behalf, OutboundPolicy
+from bot.app.egress import OutboundPolicy
 from bot.mail.signing import Signer, Verifier
+from bot.names import Behalf
 
 VERSION = "v2"
 TOLERANCE_SECONDS = 300  # a receiver takes a timestamp this far from its clock, either way

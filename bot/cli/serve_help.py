@@ -50,7 +50,9 @@ GROUPS: list[tuple[str, list[tuple[str, str]]]] = [
     ("What the operator decides", [
         ("office", "a local office file instead of the org's .github/vaultmail.yml"),
         ("agent_commands", "a YAML file: the program each org's `dispatch: command` agent "
-                           "runs here"),
+                           "runs here, by org (acme:, bound to the org account first using "
+                           "it, as VAULTMAIL_OUTBOUND_ALLOW's; acme#1234: account 1234's), "
+                           "then slug"),
         ("outbound_allow", "hosts and networks dispatch URLs and office webhooks may reach "
                            "besides public addresses, comma-separated, each for one org "
                            "(acme=10.0.0.5, bound to the org account first using it; "

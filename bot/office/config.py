@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from bot.names import check_name
+from bot.names import Behalf, check_name, org_entry
 
 HumanPermission = Literal["mail.send", "editor"]
 RunKind = Literal["mail", "chat"]
@@ -737,13 +737,26 @@ _COMMANDS = TypeAdapter(dict[str, dict[str, CommandDispatch]])
 class AgentCommands:
     """Which agent of which org may run which program on the app's host: the operator's
     setting, never a repository's. An agent whose config says `dispatch: command` runs the
-    one set here for its org and slug."""
+    one set here for its org and slug. An org is written by its login (`acme`: bound to the
+    forge account holding the login when the operator's entries for it are first used, as
+    VAULTMAIL_OUTBOUND_ALLOW's are: bot.names.Behalf) or with its account (`acme#1234`)."""
 
     by_org: Mapping[str, Mapping[str, CommandDispatch]] = field(default_factory=dict)
 
-    def command_for(self, org: str, slug: str) -> CommandDispatch | None:
-        return next((cmds.get(slug) for o, cmds in self.by_org.items()
-                     if o.lower() == org.lower() and slug in cmds), None)
+    def command_for(self, office: Behalf, slug: str) -> CommandDispatch | None:
+        """The program set for `office`'s agent `slug`: the one under its org and account
+        (`acme#1234`), else under its login alone (`acme`) where the login is bound to its
+        account. A login another account held first runs nothing of what was set for it."""
+        found = [(entry[1] is None, cmds[slug]) for org, cmds in self.by_org.items()
+                 if slug in cmds and (entry := org_entry(org)) is not None
+                 and office.is_for(entry)]
+        return min(found, key=lambda f: f[0])[1] if found else None
+
+    def by_login(self, org: str) -> list[str]:
+        """The agents of `org` given a program under its login alone (`acme:`): those bound to
+        the account that first uses the operator's entries for it."""
+        return sorted({slug for key, cmds in self.by_org.items()
+                       if org_entry(key) == (org.lower(), None) for slug in cmds})
 
     def merged(self, other: AgentCommands) -> AgentCommands:
         """These commands with `other`'s added (an agent in both: `other`'s)."""
@@ -755,8 +768,9 @@ class AgentCommands:
 
 
 def parse_agent_commands(text: str, source: str) -> AgentCommands:
-    """A commands file: `org: {slug: {command: [words], timeout: seconds}}`. OfficeConfigError
-    lists every problem as `file: key: why`."""
+    """A commands file: `org: {slug: {command: [words], timeout: seconds}}`, each org by its
+    login (`acme`) or with its forge account id (`acme#1234`). OfficeConfigError lists every
+    problem as `file: key: why`."""
     raw = _load_yaml(text, source)
     if raw is None:
         return AgentCommands()
@@ -765,11 +779,19 @@ def parse_agent_commands(text: str, source: str) -> AgentCommands:
     except ValidationError as exc:
         errors = [f"{source}: {_locate(e['loc'])}: {e['msg']}" for e in exc.errors()]
         raise OfficeConfigError(source, errors) from exc
-    errors = [f"{source}: {org}.{slug}: not an agent slug (lowercase letters, digits and "
-              "dashes)" for org, cmds in parsed.items() for slug in cmds if not _SLUG.match(slug)]
+    errors = [f"{source}: {org}: not an org as the forge spells it (acme), nor one with its "
+              "forge account id, a number from 1 (acme#1234)"
+              for org in parsed if org_entry(org) is None]
+    errors += [f"{source}: {org}.{slug}: not an agent slug (lowercase letters, digits and "
+               "dashes)" for org, cmds in parsed.items() for slug in cmds
+               if not _SLUG.match(slug)]
     if errors:
         raise OfficeConfigError(source, errors)
-    return AgentCommands({org.lower(): cmds for org, cmds in parsed.items()})
+    out: dict[str, dict[str, CommandDispatch]] = {}
+    for org, cmds in parsed.items():  # (Acme and acme are one org: the forge's logins are)
+        login, account = org_entry(org) or (org, None)
+        out.setdefault(login if account is None else f"{login}#{account}", {}).update(cmds)
+    return AgentCommands(out)
 
 
 def load_agent_commands(path: str | Path) -> AgentCommands:

@@ -46,9 +46,12 @@ CREATE TABLE IF NOT EXISTS office_file_accounts (
 """, version=FILE_OFFICE)
 
 
-# the account the entries of VAULTMAIL_OUTBOUND_ALLOW that name an org by its login alone
-# (`acme=10.0.0.5`) were first used for (bot.app.egress): the operator allowed that org's
-# receiver, not whoever holds the login later (an org deleted and made again under it)
+# the account the operator's entries naming an org by its login alone were first used for
+# (VAULTMAIL_OUTBOUND_ALLOW's `acme=10.0.0.5`, VAULTMAIL_AGENT_COMMANDS's `acme:`; bot.names.
+# Behalf): the operator meant that org, not whoever holds the login later (an org deleted and
+# made again under it). One row per login, whichever setting first used it: the login means
+# one account to the operator, so the settings cannot disagree about who the org is (the
+# table is named for the setting that first needed it)
 OUTBOUND_BOUND = 49
 register_schema("""
 CREATE TABLE IF NOT EXISTS outbound_allow_accounts (
@@ -68,9 +71,10 @@ async def _first_account(store: Store, table: str, org: str, now: int) -> int:
     return int(got["account_id"]) if got is not None else now
 
 
-async def outbound_entries_holder(store: Store, org: str, now: int) -> int:
-    """The account the entries naming `org` by its login are for: the one first asked for
-    (`now`, the account under `org` now, when none was: they are bound to it from then)."""
+async def login_entries_holder(store: Store, org: str, now: int) -> int:
+    """The account the operator's entries naming `org` by its login are for: the one first
+    asked for (`now`, the account under `org` now, when none was: they are bound to it from
+    then)."""
     row = await store.fetchone("SELECT account_id FROM outbound_allow_accounts WHERE org=?",
                                (org.lower(),))
     if row is not None:
