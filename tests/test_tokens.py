@@ -201,3 +201,21 @@ async def test_revoke_names_whose_token_it_was_and_keeps_to_the_office_named(
                                      "--data", data)
     assert code == 0 and "agent:scout" in out and "acme's office" in out, (out, err)
     assert await api_tokens.principal_for(store, acme) is None
+
+
+async def test_a_first_use_that_lost_the_race_to_pin_a_token_acts_where_the_winner_pinned_it(
+        embedded: Embedded) -> None:
+    """Two first uses of a token that named no office (from before offices) each work out its
+    office; the first to write pins it. The other, which read the token unpinned and worked
+    out another office meanwhile (a config changed between them), acts where the token is
+    pinned, not where it worked out (found by review: a console session of the other office)."""
+    from bot.tools.http import pinned
+
+    store = embedded.services.store
+    token = await api_tokens.create_token(store, "human:marco@acme.com")
+    stale = await api_tokens.owner_of(store, token)  # read before the other use pinned it
+    assert stale is not None and stale.org is None
+    await api_tokens.pin_office(store, token, "evil")  # the other first use, meanwhile
+    assert await pinned(embedded.services, stale, token) == "evil"
+    again = await api_tokens.owner_of(store, token)
+    assert again is not None and again.org == "evil"

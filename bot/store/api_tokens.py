@@ -206,13 +206,16 @@ async def revoke_in(db: Connection, principal: str, org: str) -> int:
                             " AND revoked_at IS NULL", (time.time(), principal, org.lower()))
 
 
-async def pin_office(store: Store, token: str, org: str) -> None:
+async def pin_office(store: Store, token: str, org: str) -> str:
     """A token that named no office acts in `org`'s from now on (its first use found it
     there): an office that later declares a principal of the same name can neither take it
-    over nor make it ambiguous."""
+    over nor make it ambiguous. The office it is pinned to: `org`, or the one another first
+    use pinned it to before (the first written stands, on any replica)."""
     async with store.transaction() as db:
         await db.execute("UPDATE api_tokens SET org=? WHERE token_hash=? AND org IS NULL",
                          (org.lower(), _hash(token)))
+        row = await db.fetchone("SELECT org FROM api_tokens WHERE token_hash=?", (_hash(token),))
+    return str(row["org"]) if row is not None and row["org"] is not None else org.lower()
 
 
 async def list_tokens(store: Store, org: str | None = None) -> list[TokenInfo]:

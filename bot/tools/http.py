@@ -53,12 +53,12 @@ async def pinned(services: Services, owner: api_tokens.Owner, token: str) -> str
     """The office of `owner`'s `token`: a token from before offices is pinned to the one
     office it is in at its first use, whatever the use (a tool call, a console sign-in), so
     that an office that later declares a principal of the same name can neither take what it
-    opens over nor make it ambiguous."""
+    opens over nor make it ambiguous. Where another first use pinned it meanwhile (having
+    worked out another office: a config changed between them), the office it pinned."""
     if owner.org is not None:
         return owner.org
-    org = await office_org(services, owner.principal)
-    await api_tokens.pin_office(services.store, token, org)
-    return org
+    return await api_tokens.pin_office(services.store, token,
+                                       await office_org(services, owner.principal))
 
 
 def bearer_key(header: str | None) -> str | None:
