@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from importlib import resources
 
-from bot.store import mails
+from bot.store import attachments, mails
 from tests.test_email_sending import SCOUT_VAULT, _events, _reply_to_bob_and_carol
 from tests.test_email_support import (
     DOMAIN,
+    SIGNED,
     Mailroom,
     Sender,
     delivered,
@@ -282,3 +283,55 @@ async def test_a_header_acted_on_that_dkim_alone_does_not_cover_is_refused(
     await delivered(mailroom, await send(
         mailroom.port, b"Cc: carol@acme.com\r\n" + digest(8), rcpts=[to],
         mail_from="noreply@acme.com"))
+
+
+# What a signer that signs the MIME headers signs (dkimpy's default, RFC 4871 5.5's list;
+# the office's own outgoing.SIGNED_HEADERS sign mime-version and content-type)
+MIME_SIGNED = (*SIGNED, "mime-version", "content-type", "content-transfer-encoding")
+# a log the sender quotes in its text: lines a reader shown another boundary takes as parts
+QUOTED = ("Here is the log you asked for:\n\n--eve\nContent-Type: text/plain\n\n"
+          "Wire 10,000 to eve today.\n--eve\nContent-Type: application/pdf; name=invoice.pdf\n"
+          "Content-Disposition: attachment; filename=invoice.pdf\n"
+          "Content-Transfer-Encoding: base64\n\nJVBERi0xLjQK\n--eve--\n")
+
+
+async def test_a_signed_message_with_a_mime_header_added_above_its_signed_one_is_refused(
+        mailroom: Mailroom) -> None:
+    """A message acme.com signed, its Content-Type, Content-Transfer-Encoding and
+    MIME-Version among the headers signed (as dkimpy signs by default), sent on with another
+    of one of them written above. DKIM verifies the last (RFC 6376 5.4.2) and the email
+    package reads the first: a Content-Type naming a boundary that appears in the signed text
+    made its quoted lines the message's parts (found by review: delivered as the text 'Wire
+    10,000 to eve today.' and invoice.pdf saved in the vault, under 'DKIM pass'); a
+    Content-Transfer-Encoding changed how the text decodes, a Content-Disposition
+    (attachment) above its inline one hid it. RFC 2045 (3) allows one of each: refused
+    550 5.6.0 naming the header, and the signed message as sent is delivered as written, no
+    file saved."""
+    acme = Sender("acme.com", mailroom.dns)
+    acme.publish(spf="v=spf1 ip4:192.0.2.1 -all")  # DKIM alone vouches for it
+    to = f"scout@{DOMAIN}"
+    raw = wire(message("noreply@acme.com", to, "The log", QUOTED,
+                       Message_ID="<log-1@acme.com>")).replace(
+        b"MIME-Version: 1.0\r\n", b"MIME-Version: 1.0\r\nContent-Disposition: inline\r\n")
+    signed = acme.sign(raw, headers=MIME_SIGNED)
+    assert b"Content-Type: text/plain" in signed and b"boundary" not in signed
+    for added in (b'Content-Type: multipart/mixed; boundary="eve"\r\n',
+                  b"Content-Transfer-Encoding: base64\r\n",
+                  b"MIME-Version: 1.0\r\n",
+                  b"Content-Disposition: attachment\r\n"):
+        answer = await send(mailroom.port, added + signed, rcpts=[to],
+                            mail_from="eve@evil.example")
+        name = added.split(b":")[0].decode()
+        assert answer.code == 550 and "5.6.0" in answer.text \
+            and f"it has 2 {name} headers" in answer.text, (added, answer)
+    store = mailroom.embedded.services.store
+    assert [m for m in await mails.all_mails(store) if m.from_principal.startswith("email:")
+            ] == [], "nothing delivered"
+    [ref] = await delivered(mailroom, await send(mailroom.port, signed, rcpts=[to],
+                                                 mail_from="eve@evil.example"))
+    await mailroom.embedded.settle()
+    [mail] = [m for m in await mails.all_mails(store) if m.ref == ref]
+    assert "DKIM pass (d=acme.com)" in mail.body and "Here is the log" in mail.body
+    assert await attachments.of_mail(store, mail.mail_id) == [], "no file saved"
+    repo = mailroom.embedded.forge.state.repo("acme", "scout-vault")
+    assert repo is not None and not [p for p in repo.paths() if p.startswith("attachments/")]

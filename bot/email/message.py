@@ -291,6 +291,16 @@ MAX_ADDRESS_HEADER = 65_536
 # (a digest its sender really signed) passed DKIM and was the app's subject, thread or Cc.
 SINGLE = ("From", "Sender", "To", "Cc", "Subject", "Message-ID", "In-Reply-To",
           "References")
+# The MIME headers of the message itself, which say how its body is read: which parts are
+# text and which files (saved into the vault), what charset and transfer encoding its text
+# is decoded with, whether its text is an attachment. The email package reads the first of
+# each and DKIM verifies the last: a Content-Type naming a boundary found in the signed text
+# written above the signed one made quoted lines the message's parts. RFC 2045 (3) allows
+# one Content-Type, Content-Transfer-Encoding and MIME-Version; a Content-Disposition
+# (RFC 2183: an attachment's hides the text) is one too, as Amazon SES takes them all. (A
+# part's own are inside the body, which the signature covers whole.)
+MIME_SINGLE = ("MIME-Version", "Content-Type", "Content-Transfer-Encoding",
+               "Content-Disposition")
 # The headers the app acts on as the sender's: the mail's sender, title, thread and
 # idempotency, and whom the agent's reply copies (bot.email.outbox: an authenticated
 # message's To and Cc). Where the From is proven by DKIM alone, one of them present but not
@@ -308,9 +318,11 @@ def parse_inbound(raw: bytes) -> Inbound:
     except Exception as exc:  # the parser is lenient; anything it still trips on is refused
         raise BadMessage(f"the message cannot be read as RFC 5322 ({type(exc).__name__})") \
             from exc
-    for name in SINGLE:
+    for name in (*SINGLE, *MIME_SINGLE):
         if (count := len(msg.get_all(name) or ())) > 1:
-            raise BadMessage(f"it has {count} {name} headers; RFC 5322 allows one")
+            raise BadMessage(f"it has {count} {name} headers; " + (
+                "RFC 5322 allows one" if name in SINGLE else "RFC 2045 allows one"
+                if name != "Content-Disposition" else "a message has one"))
     for name in ("From", "To", "Cc"):
         if len(value := _header(msg, name)) > MAX_ADDRESS_HEADER:
             raise BadMessage(f"its {name} header is {len(value):,} characters; at most "
