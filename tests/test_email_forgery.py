@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-from bot.store import attachments, mails
+from bot.store import attachments, ledger, mails
 from tests.test_email_sending import SCOUT_VAULT, _events, _reply_to_bob_and_carol
 from tests.test_email_support import (
     DOMAIN,
@@ -335,3 +335,34 @@ async def test_a_signed_message_with_a_mime_header_added_above_its_signed_one_is
     assert await attachments.of_mail(store, mail.mail_id) == [], "no file saved"
     repo = mailroom.embedded.forge.state.repo("acme", "scout-vault")
     assert repo is not None and not [p for p in repo.paths() if p.startswith("attachments/")]
+
+
+async def test_a_header_written_above_a_signed_one_makes_no_message_louder(
+        mailroom: Mailroom) -> None:
+    """The headers that make a message quieter (X-Vaultmail-Hops, Auto-Submitted, Precedence,
+    List-Id) are believed whoever wrote them: a higher count, an automaton's mark, only
+    quiets its own mail. But the app read the first of each, and DKIM verifies the last: one
+    written above a signed message's own (another office's agent's answer past the loop
+    guard, signed with its hop count; an auto-reply; a list's digest) made it wake the agent
+    (found by review: hops 0 and mail:new, under 'DKIM pass'). Every one of each is read: the
+    highest count, any automaton's mark."""
+    other = Sender("other.example", mailroom.dns)
+    other.publish(spf="v=spf1 ip4:192.0.2.1 -all")  # DKIM alone vouches for it
+    store = mailroom.embedded.services.store
+    to = f"scout@{DOMAIN}"
+    signs = (*SIGNED, "auto-submitted", "x-vaultmail-hops", "precedence", "list-id")
+    cases = ((b"X-Vaultmail-Hops: 0\r\n", {"X_Vaultmail_Hops": "5"}, 5),
+             (b"Auto-Submitted: no\r\n", {"Auto_Submitted": "auto-replied"}, None),
+             (b"Precedence: first-class\r\n", {"Precedence": "bulk"}, None),
+             (b"List-Id:\r\n", {"List_Id": "<news.other.example>"}, None))
+    for n, (added, headers, hops) in enumerate(cases):
+        signed = other.sign(wire(message("echo@other.example", to, f"Answer {n}", "Yours.",
+                                         Message_ID=f"<a-{n}@other.example>", **headers)),
+                            headers=signs)
+        [ref] = await delivered(mailroom, await send(mailroom.port, added + signed,
+                                                     rcpts=[to], mail_from="eve@evil.example"))
+        await mailroom.embedded.settle()
+        [mail] = [m for m in await mails.all_mails(store) if m.ref == ref]
+        assert "DKIM pass (d=other.example)" in mail.body, mail.body
+        assert (mail.state, mail.hops if hops else None) == ("quiet", hops), (added, mail)
+    assert await ledger.entries(store, event="run.queued") == [], "no one woken"

@@ -109,24 +109,43 @@ def _decoded(text: str) -> str:
 MAX_HOPS = 99
 
 
+def _headers(msg: Message, name: str) -> list[str]:
+    """Every `name` header's value, in order (as `_header` reads one).
+
+    The headers that only make a message quieter are read in all their copies: the app read
+    the first and DKIM verifies the last (RFC 6376 5.4.2), so a `X-Vaultmail-Hops: 0` or an
+    `Auto-Submitted: no` written above a signed message's own made it wake the agent, still
+    'DKIM pass'. Each copy can only quiet it, whoever wrote it."""
+    try:
+        values = msg.get_all(name) or []
+    except Exception:  # a header the parser cannot decode is as good as absent
+        return []
+    return [_one_line(str(v)) for v in values]
+
+
 def hops_of(msg: Message) -> int | None:
     """The loop guard's count the message carries (`X-Vaultmail-Hops`, from an agent of this
-    or another vaultmail office), None when it carries none or one that is no count. Believed
-    whoever sent it: a higher count only makes its own mail quieter."""
-    value = _header(msg, "X-Vaultmail-Hops")
-    return min(int(value), MAX_HOPS) if re.fullmatch(r"\d{1,6}", value) else None
+    or another vaultmail office; of several, the highest), None when it carries none or none
+    that is a count. Believed whoever sent it: a higher count only makes its own mail
+    quieter."""
+    counts = [min(int(v), MAX_HOPS) for v in _headers(msg, "X-Vaultmail-Hops")
+              if re.fullmatch(r"\d{1,6}", v)]
+    return max(counts) if counts else None
 
 
 def automatic_reason(msg: Message) -> str | None:
-    auto = _header(msg, "Auto-Submitted").lower()
-    if auto and auto.split(";")[0].strip() != "no":
-        return f"Auto-Submitted: {auto}"
-    precedence = _header(msg, "Precedence").lower()
-    if precedence in _AUTOMATIC_PRECEDENCE:
-        return f"Precedence: {precedence}"
+    """Why an automaton sent the message, or None: any of its Auto-Submitted (other than
+    `no`), Precedence, List-Id or List-Unsubscribe headers says so (`_headers`)."""
+    for value in _headers(msg, "Auto-Submitted"):
+        auto = value.lower()
+        if auto and auto.split(";")[0].strip() != "no":
+            return f"Auto-Submitted: {auto}"
+    for value in _headers(msg, "Precedence"):
+        if (precedence := value.lower()) in _AUTOMATIC_PRECEDENCE:
+            return f"Precedence: {precedence}"
     if msg.get_content_type() == "multipart/report":
         return "a delivery report"
-    if _header(msg, "List-Id") or _header(msg, "List-Unsubscribe"):
+    if any(_headers(msg, "List-Id")) or any(_headers(msg, "List-Unsubscribe")):
         return "mailing-list mail (List-Id)"
     return None
 
