@@ -18,6 +18,7 @@ from tests.test_email_support import (
     message,
     send,
     wire,
+    with_files,
 )
 
 __all__ = ["mailroom"]  # the fixture, used by name
@@ -366,3 +367,35 @@ async def test_a_header_written_above_a_signed_one_makes_no_message_louder(
         assert "DKIM pass (d=other.example)" in mail.body, mail.body
         assert (mail.state, mail.hops if hops else None) == ("quiet", hops), (added, mail)
     assert await ledger.entries(store, event="run.queued") == [], "no one woken"
+
+
+# What Gmail's signatures cover (h= of a 2023 message from gmail.com, s=20210112: its
+# From, To, Cc, Subject, Date, Message-ID and Reply-To signed over, and MIME-Version; no
+# Content-Type, no Content-Transfer-Encoding)
+GMAIL_SIGNED = ("to", "subject", "message-id", "date", "from", "mime-version", "from", "to",
+                "cc", "subject", "date", "message-id", "reply-to")
+
+
+async def test_a_forwarded_message_signed_as_gmail_signs_is_delivered(
+        mailroom: Mailroom) -> None:
+    """A message whose From DKIM alone proves (forwarded: its domain's SPF does not list the
+    server that brought it), signed as Gmail signs, whose signature covers neither its
+    Content-Type nor its Content-Transfer-Encoding (nor do RFC 6376 5.4.1's recommended
+    headers include them): delivered, with its file. Were the app to ask for those signed, as
+    it asks for its To or Cc, every message forwarded from Gmail would be refused; two of
+    either are refused instead (above), which no real signer's message has."""
+    mail_domain = Sender("gmail.example", mailroom.dns)
+    mail_domain.publish(spf="v=spf1 ip4:192.0.2.1 -all")
+    raw = wire(with_files(message("ann@gmail.example", f"scout@{DOMAIN}", "Prices",
+                                  "Prix: 12 €, voir le fichier.",
+                                  Message_ID="<CAG-1@mail.gmail.example>"),
+                          ("prices.csv", "text/csv", b"item,price\nbolt,12\n")))
+    signed = mail_domain.sign(raw, headers=GMAIL_SIGNED)
+    [ref] = await delivered(mailroom, await send(mailroom.port, signed,
+                                                 rcpts=[f"scout@{DOMAIN}"],
+                                                 mail_from="fwd@forwarder.example"))
+    await mailroom.embedded.settle()
+    store = mailroom.embedded.services.store
+    [mail] = [m for m in await mails.all_mails(store) if m.ref == ref]
+    assert "DKIM pass (d=gmail.example)" in mail.body and "Prix: 12 €" in mail.body
+    assert [a.name for a in await attachments.of_mail(store, mail.mail_id)] == ["prices.csv"]

@@ -327,6 +327,9 @@ MIME_SINGLE = ("MIME-Version", "Content-Type", "Content-Transfer-Encoding",
 # have the office mail them): refused (bot.email.server). Those that only make a message
 # quieter (Auto-Submitted, Precedence, List-*, X-Vaultmail-Hops: `automatic_reason`,
 # `hops_of`) are believed unsigned: a mailing list adds them after the author signed.
+# Content-Type and Content-Transfer-Encoding are not asked for either, though they say how
+# the body is read: Gmail signs neither (nor does RFC 6376 5.4.1 recommend them), so every
+# message forwarded from Gmail would be refused; two of either are (MIME_SINGLE).
 SIGNED_OR_REFUSED = ("From", "To", "Cc", "Subject", "Message-ID", "In-Reply-To", "References")
 
 
