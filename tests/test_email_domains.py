@@ -7,6 +7,7 @@ two offices naming one domain, only the one DNS names gets its mail."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,9 @@ import yaml
 from bot.email.gateway import GATEWAY_KEY
 from bot.email.intake import EmailIntake
 from bot.email.outbox import RETRY
-from bot.store import ledger, mails
+from bot.store import api_tokens, ledger, mails
 from bot.store import outbound as cursors
-from tests.support import older_index
+from tests.support import ToolClient, older_index
 from tests.test_email_support import (
     ACME_ID,
     DOMAIN,
@@ -252,6 +253,84 @@ async def test_a_name_another_account_takes_is_not_proven_by_the_records_of_the_
         assert [o.org for o in await _intake(mailroom).offices()] == ["acme2"]
 
 
+# the new acme of the vouched case: its agent may write to the outside, as the old one's could
+NEWCOMER_SENDING = NEWCOMER + """    capabilities:
+      mail.send: ["email:@example.org"]
+"""
+
+
+@pytest.mark.parametrize("mail_first", [True, False], ids=["mail-first", "config-first"])
+async def test_a_domain_vouched_for_an_org_is_not_the_next_owner_of_its_login(
+        tmp_path: Path, database_url: str, mail_first: bool,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The operator vouches for acme's domain (`VAULTMAIL_SMTP_DOMAINS=DOMAIN=acme`, no
+    record in DNS). acme renames itself acme2 (or is deleted: the login is free either way);
+    another account makes an org called acme, installs the App and names the domain in its
+    config. The vouch named the org by its login, so it went with the login: the domain's
+    mail went into the new owner's vault and its agents sent as the domain. The vouch by
+    login alone is bound, as VAULTMAIL_OUTBOUND_ALLOW's entries are, to the account holding
+    the login when the operator's entries for it are first used (a mail, or the config read
+    before any: config-first): for the newcomer the domain is unproven as any is (550 at
+    RCPT, its outbox defers), and the operator is told what to write."""
+    caplog.set_level(logging.WARNING)
+    async with open_mailroom(tmp_path, database_url, domains={DOMAIN: "acme"}) as mailroom:
+        emb = mailroom.embedded
+        store = emb.services.store
+        mailroom.dns.txts.pop(RECORD)  # the operator's word alone proves it
+        raw = wire(message("bob@example.org", f"scout@{DOMAIN}", "Hi", "hello"))
+        if mail_first:
+            first = await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])
+            assert (await delivered(mailroom, first))[0].startswith("acme/scout-vault#"), first
+        old = _account(mailroom, "acme")
+        emb.forge.rename_org("acme", "acme2")
+        await emb.settle()
+        await install_office(mailroom, NEWCOMER_SENDING)
+        new = _account(mailroom, "acme")
+        assert new != old
+
+        refused = await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])
+        assert refused.code == 550 and refused.text.startswith("5.7.1"), refused
+        assert "acme" not in refused.text.replace(DOMAIN, "") and str(new) not in refused.text
+        assert [m.vault for m in await mails.all_mails(store)] == \
+            ["acme2/scout-vault"] * mail_first
+        assert await _intake(mailroom).offices() == [], "no office sends as the domain"
+        # the newcomer's agent's mail to the outside waits, as from any unproven domain
+        scout = await api_tokens.create_token(store, "agent:scout", "acme")
+        await ToolClient(mailroom.session, emb, "agent:scout", scout)(
+            "mail_send", to="bob@example.org", subject="Out", body="hello bob")
+        await emb.settle()
+        assert await mailroom.outbox_settled() == 0 and mailroom.relay.received.empty()
+        said = [e for e in await ledger.entries(store, event="office.config_refused")
+                if e.org == "acme"]
+        assert said and f"vaultmail-office-id={new}" in said[-1].data["errors"][0], said
+
+        [warned] = {r.getMessage(): r for r in caplog.records
+                    if "VAULTMAIL_SMTP_DOMAINS" in r.getMessage()}.values()
+        text = warned.getMessage()
+        assert f"acme ({DOMAIN}) were first used by forge account {old}" in text, text
+        assert f"{DOMAIN}=acme#{new}" in text and f"{DOMAIN}=NEWNAME#{old}" in text, text
+        assert (warned.__dict__["org"], warned.__dict__["domains"],
+                warned.__dict__["bound_account"], warned.__dict__["account"]) == \
+            ("acme", [DOMAIN], old, new)
+
+
+@pytest.mark.parametrize("vouched", ["acme#{id}", "ACME#{id}", "acme#999999"])
+async def test_a_vouched_domain_may_name_the_account_its_org_is(
+        tmp_path: Path, database_url: str, vouched: str) -> None:
+    """`DOMAIN=acme#1002`: the domain is the office's whose forge account is 1002, under the
+    login acme; another account's number proves it for no one (550, as any unproven)."""
+    entry = vouched.format(id=ACME_ID)
+    async with open_mailroom(tmp_path, database_url, domains={DOMAIN: entry}) as mailroom:
+        mailroom.dns.txts.pop(RECORD)
+        raw = wire(message("bob@example.org", f"scout@{DOMAIN}", "Hi", "hello"))
+        answer = await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])
+        if entry.endswith(f"#{ACME_ID}"):
+            assert (await delivered(mailroom, answer))[0].startswith("acme/scout-vault#")
+        else:
+            assert answer.code == 550 and answer.text.startswith("5.7.1"), answer
+            assert await _intake(mailroom).offices() == []
+
+
 # an org that installs the App after the upgrade, proving its own domain by its name
 NEWCO_DOMAIN = "mail.newco.example"
 NEWCO = f"""org: newco
@@ -285,6 +364,26 @@ async def test_a_record_naming_the_org_proves_nothing_for_an_office_first_known_
         assert f'_vaultmail.{NEWCO_DOMAIN} TXT "vaultmail-office-id={newco}"' in said.data[
             "errors"][0], said.data
         assert [m.vault for m in await mails.all_mails(store)] == ["acme/scout-vault"]
+
+
+async def test_a_domain_vouched_for_an_org_with_nothing_else_set_is_bound_at_its_config(
+        tmp_path: Path, database_url: str) -> None:
+    """newco has only its domain vouched for by login (no command, no outbound entry): its
+    config's first read binds the login to its account, before any mail comes, so another
+    account taking the login after newco is renamed has the domain unproven."""
+    async with open_mailroom(tmp_path, database_url,
+                             domains={NEWCO_DOMAIN: "newco"}) as mailroom:
+        emb = mailroom.embedded
+        await install_office(mailroom, NEWCO)
+        old = _account(mailroom, "newco")
+        emb.forge.rename_org("newco", "newco2")
+        await emb.settle()
+        await install_office(mailroom, NEWCO)  # another account's newco, the same config
+        assert _account(mailroom, "newco") != old
+        raw = wire(message("bob@example.org", f"scout@{NEWCO_DOMAIN}", "Hi", "hello"))
+        refused = await send(mailroom.port, raw, rcpts=[f"scout@{NEWCO_DOMAIN}"])
+        assert refused.code == 550 and refused.text.startswith("5.7.1"), refused
+        assert await mails.all_mails(emb.services.store) == []
 
 
 async def test_a_record_naming_the_org_proves_nothing_where_the_index_had_not_its_account(

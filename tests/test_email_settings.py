@@ -61,3 +61,23 @@ def test_the_give_up_time_and_the_listeners_certificate_come_from_the_environmen
     cert, key = self_signed(tmp_path)
     assert tls_context(EmailSettings(tls_cert=cert, tls_key=key)) is not None
     assert tls_context(EmailSettings()) is None
+
+
+def test_the_domains_the_operator_vouches_for_name_an_org_or_its_account() -> None:
+    """VAULTMAIL_SMTP_DOMAINS: `domain=org` (its login, bound to the account holding it at
+    first use) or `domain=org#account`; a pair that is neither stops the start, where it
+    was taken as vouching for no one (no `=`), or for a login as written (`=acme#x`)."""
+    email = Settings.from_env({**GITEA, "VAULTMAIL_SMTP_DOMAINS":
+                               "Mail.Acme.Example.=Acme, mail.globex.example=globex#5678"
+                               " mail.initech.example=initech"}).email
+    assert email.domains == {"mail.acme.example": "acme",
+                             "mail.globex.example": "globex#5678",
+                             "mail.initech.example": "initech"}
+    assert email.vouched_by_login("ACME") == ["mail.acme.example"]
+    assert email.vouched_by_login("globex") == []
+    for wrong in ("mail.acme.example", "mail.acme.example=", "=acme",
+                  "mail.acme.example=acme#", "mail.acme.example=acme#0",
+                  "mail.acme.example=acme#x", "mail.acme.example=acme/x"):
+        with pytest.raises(SettingsError, match=r"^VAULTMAIL_SMTP_DOMAINS=.*is not "
+                                                r"domain=org: .*acme#1234"):
+            Settings.from_env({**GITEA, "VAULTMAIL_SMTP_DOMAINS": f"a.example=a,{wrong}"})

@@ -335,11 +335,12 @@ class Mailroom:
 
 @contextlib.asynccontextmanager
 async def open_mailroom(tmp_path: Path, database_url: str, dialect: str = "github",
-                        record: str = record_value(ACME_ID)) -> AsyncIterator[Mailroom]:
+                        record: str = record_value(ACME_ID),
+                        domains: dict[str, str] | None = None) -> AsyncIterator[Mailroom]:
     """The embedded default (its local forge speaking `dialect`) with its SMTP listener on a
     free loopback port, DNS from a table, and replies going out to a capturing relay.
     `record`: the value of acme's `_vaultmail` record (bot.email.domains), as acme publishes
-    it: its id."""
+    it: its id. `domains`: those the operator vouches for (VAULTMAIL_SMTP_DOMAINS)."""
     dns = TableDns(txts={record_name(DOMAIN): [record]})
     relay = CapturingRelay()
     await relay.start()
@@ -349,7 +350,7 @@ async def open_mailroom(tmp_path: Path, database_url: str, dialect: str = "githu
         email=EmailSettings(listen_port=0, relay_url=f"smtp://127.0.0.1:{relay.port}",
                             max_bytes=1_048_576, sender_rate=5,
                             attachment_max_bytes=ATTACHMENT_MAX_BYTES, tls_cert=cert,
-                            tls_key=key),
+                            tls_key=key, domains=domains or {}),
         resolver=dns)
     try:
         acme = emb.forge.state.account("acme")

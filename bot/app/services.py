@@ -16,7 +16,7 @@ from gidgethub.routing import Router
 from bot.app.egress import ALLOW_SETTING
 from bot.app.hook_generations import HookGenerations
 from bot.app.notify import Notifier
-from bot.app.settings import Settings
+from bot.app.settings import DOMAINS_SETTING, Settings
 from bot.cursors import Cursors
 from bot.errors import NotInstalled
 from bot.mail.signing import Keyrings, former_offices
@@ -48,9 +48,21 @@ def _cancelled_elsewhere(exc: BaseException) -> bool:
 def _tell_not_theirs(setting: str, org: str, entries: list[str], first: int,
                      account: int) -> None:
     """The operator's warning that `setting`'s entries for `org` by its login alone (its
-    outbound entries, or the agents given a command) are not account `account`'s, and what
-    to write."""
+    outbound entries, the agents given a command, or the email domains vouched for) are not
+    account `account`'s, and what to write."""
     extra = {"org": org, "bound_account": first, "account": account}
+    if setting == DOMAINS_SETTING:
+        log.warning(
+            "VAULTMAIL_SMTP_DOMAINS's domains for %s (%s) were first used by forge account %d, "
+            "and %s is account %d now (an org deleted and its name taken by another account): "
+            "they are not vouched for it, its mail to them is refused and none is sent from "
+            "them, as for a domain not proven. To vouch for them for the new owner, write %s; "
+            "to keep them the first account's under a new name, %s; else remove them",
+            org, ", ".join(entries), first, org, account,
+            ",".join(f"{d}={org}#{account}" for d in entries),
+            ",".join(f"{d}=NEWNAME#{first}" for d in entries),
+            extra={**extra, "domains": entries})
+        return
     if setting == ALLOW_SETTING:
         log.warning(
             "VAULTMAIL_OUTBOUND_ALLOW's entries for %s (%s) were first used by forge "
@@ -160,16 +172,18 @@ class Services:
     async def behalf(self, org: str) -> Behalf:
         """`org`'s office as the operator's entries for one org are applied to it (the
         outbound policy, bot.app.egress; the agents' commands, bot.office.config.
-        AgentCommands): the forge account under its login now, and whether the entries naming
-        the login alone (`acme=10.0.0.5`, `acme:`) are that account's: they are bound to the
-        account they are first asked for (`login_entries_holder`, one binding for both
-        settings), so an org made again under the login by another account does not reach
-        what the operator allowed the one before, nor run its programs. The operator is told
-        once (per process) of each account refused so, per setting."""
+        AgentCommands; the email domains vouched for, bot.email.domains): the forge account
+        under its login now, and whether the entries naming the login alone (`acme=10.0.0.5`,
+        `acme:`, `mail.acme.example=acme`) are that account's: they are bound to the account
+        they are first asked for (`login_entries_holder`, one binding for every setting), so
+        an org made again under the login by another account does not reach what the
+        operator allowed the one before, nor run its programs, nor have its mail. The
+        operator is told once (per process) of each account refused so, per setting."""
         org = org.lower()
         account = await installed.account_of(self.store, org)
         named = {ALLOW_SETTING: self.settings.outbound.by_login(org),
-                 COMMANDS_SETTING: self.settings.agent_commands.by_login(org)}
+                 COMMANDS_SETTING: self.settings.agent_commands.by_login(org),
+                 DOMAINS_SETTING: self.settings.email.vouched_by_login(org)}
         if account is None or not any(named.values()):
             return Behalf(org, account, by_login=True)  # (no account: nothing to tell apart)
         first = await installed.login_entries_holder(self.store, org, account)

@@ -14,6 +14,7 @@ from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from bot.app.egress import OutboundPolicy
+from bot.names import org_entry
 from bot.office.config import AgentCommands, OfficeConfigError, load_agent_commands
 
 USAGE = """\
@@ -99,8 +100,16 @@ class EmailSettings:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     # email domains the operator vouches for, {domain: org} (VAULTMAIL_SMTP_DOMAINS,
-    # `domain=org` pairs): no DNS proof asked of them (bot.email.domains)
+    # `domain=org` pairs): no DNS proof asked of them (bot.email.domains). The org is an
+    # account, as in VAULTMAIL_OUTBOUND_ALLOW: `acme#1234`, or `acme` bound to the account
+    # holding the login when the operator's entries for it are first used (bot.names.Behalf)
     domains: Mapping[str, str] = field(default_factory=dict)
+
+    def vouched_by_login(self, org: str) -> list[str]:
+        """The domains vouched for `org` by its login alone (`domain=acme`): those bound to
+        the account that first uses the operator's entries for it."""
+        return sorted(domain for domain, entry in self.domains.items()
+                      if org_entry(entry) == (org.lower(), None))
 
 
 @dataclass(frozen=True)
@@ -319,9 +328,7 @@ def _hosting(source: _EnvFile) -> dict[str, Any]:
             hostname=source.smtp_hostname, sender_rate=source.smtp_sender_rate,
             attachment_max_bytes=source.smtp_attachment_max_bytes,
             give_up_after=source.smtp_give_up_seconds, tls_cert=source.smtp_tls_cert,
-            tls_key=source.smtp_tls_key, domains=dict(
-                pair.split("=", 1) for pair in re.split(r"[\s,]+", source.smtp_domains or "")
-                if "=" in pair)),
+            tls_key=source.smtp_tls_key, domains=domains_setting(source.smtp_domains)),
     }
 
 
@@ -376,6 +383,29 @@ def outbound_setting(text: str | None) -> OutboundPolicy:
         return OutboundPolicy.parse(text)
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
+
+
+DOMAINS_SETTING = "VAULTMAIL_SMTP_DOMAINS"
+
+
+def domains_setting(text: str | None) -> dict[str, str]:
+    """VAULTMAIL_SMTP_DOMAINS: `domain=org` pairs separated by commas or spaces, each org by
+    its login (`acme`) or with its forge account id (`acme#1234`); {domain: the org so}. A
+    pair that is not one stops the start: read otherwise, it vouched for no one, or (an org
+    by login) for whoever holds the login."""
+    found: dict[str, str] = {}
+    for pair in (p for p in re.split(r"[\s,]+", text or "") if p):
+        domain, _, org = pair.partition("=")
+        entry = org_entry(org)
+        if not domain.strip(".") or entry is None:
+            raise SettingsError(
+                f"{DOMAINS_SETTING}={text!r}: {pair!r} is not domain=org: write each as "
+                "mail.acme.example=acme (the org as the forge spells it) or "
+                "mail.acme.example=acme#1234 (with its forge account id, a number from 1), "
+                "separated by commas or spaces")
+        login, account = entry
+        found[domain.lower().rstrip(".")] = login if account is None else f"{login}#{account}"
+    return found
 
 
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]

@@ -83,6 +83,9 @@ GROUPS: list[tuple[str, list[tuple[str, str]]]] = [
                              "(default 20; five times it from one authenticated domain's "
                              "senders together)"),
         ("smtp_hostname", "the name the listener greets with (default vaultmail)"),
+        ("smtp_domains", "email domains vouched for without DNS, domain=org pairs "
+                         "(mail.acme.example=acme, bound to the org account first using it, "
+                         "as VAULTMAIL_OUTBOUND_ALLOW's; =acme#1234: account 1234's)"),
     ]),
 ]
 

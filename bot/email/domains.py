@@ -23,7 +23,11 @@ its name; and after a rename it proves nothing for the renamed org either (it na
 
 The operator may vouch for domains itself (VAULTMAIL_SMTP_DOMAINS, `domain=org` pairs: a host
 that serves one org, a network without DNS); `vaultmail up`'s example office is vouched for
-by the record its embedded resolver adds (bot.app.embedded)."""
+by the record its embedded resolver adds (bot.app.embedded). A vouch names an account, as a
+record does: `domain=acme#1234`, or `domain=acme` bound to the account holding the login when
+the operator's entries for it are first used (bot.names.Behalf, Services.behalf: the rule of
+VAULTMAIL_OUTBOUND_ALLOW and VAULTMAIL_AGENT_COMMANDS), so an org made again under the login
+by another account has the domain unproven, as any other office naming it."""
 
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from bot.email.auth import DnsError, Resolver
+from bot.names import Behalf, OrgEntry, org_entry
 from bot.store import domain_proofs
 from bot.store.db import Store
 
@@ -85,7 +90,12 @@ class DomainProofs:
     def __init__(self, resolver: Resolver, store: Store,
                  vouched: Mapping[str, str] | None = None) -> None:
         self.resolver, self.store = resolver, store
-        self.vouched = {d.lower().rstrip("."): o.lower() for d, o in (vouched or {}).items()}
+        self.vouched: dict[str, OrgEntry] = {}
+        for domain, org in (vouched or {}).items():
+            entry = org_entry(org)
+            if entry is None:  # (the settings stop the start on one: bot.app.settings)
+                raise ValueError(f"{domain}={org}: not an org, nor org#account")
+            self.vouched[domain.lower().rstrip(".")] = entry
         self._known: dict[Key, tuple[Proof, float]] = {}
         self._failing: dict[Key, float] = {}  # until when DNS is not asked again
 
@@ -94,13 +104,17 @@ class DomainProofs:
         self._known.clear()
         self._failing.clear()
 
-    async def proof(self, org: str, account: int | None, domain: str) -> Proof:
-        """Whether `domain` is the office's of `org`, the forge's account `account` (None:
-        not known yet). DnsError when DNS cannot say now and nothing is known yet (the
-        caller answers 451: try again later)."""
-        org, domain = org.lower(), domain.lower().rstrip(".")
-        if domain in self.vouched:  # (the operator's word, by name: its host, its orgs)
-            return self._said(self.vouched[domain] == org, org, account, domain)
+    def vouches(self, domain: str) -> bool:
+        """Whether the operator vouches for `domain` (for some office): no DNS is asked."""
+        return domain.lower().rstrip(".") in self.vouched
+
+    async def proof(self, office: Behalf, domain: str) -> Proof:
+        """Whether `domain` is the office's of `office.org`, the forge's account
+        `office.account` (None: not known yet). DnsError when DNS cannot say now and nothing
+        is known yet (the caller answers 451: try again later)."""
+        org, account, domain = office.org.lower(), office.account, domain.lower().rstrip(".")
+        if domain in self.vouched:  # (the operator's word, for an account: its host, its orgs)
+            return self._said(office.is_for(self.vouched[domain]), org, account, domain)
         key, now = (org, account, domain), time.monotonic()
         known = self._known.get(key)
         if known is not None and known[1] > now:

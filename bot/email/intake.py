@@ -38,6 +38,7 @@ from bot.mail.mailer import (
     fits,
 )
 from bot.mail.markdown import as_data, blockquote, defuse_mentions
+from bot.names import Behalf
 from bot.office.config import Office
 from bot.office.source import CONFIG_REPO
 from bot.store import idempotency, installations, ledger, mails
@@ -197,8 +198,15 @@ class EmailIntake:
 
     async def _proof(self, office: Office) -> Proof:
         assert office.email is not None
-        account = await installations.account_of(self.services.store, office.org)
-        proof = await self.proofs.proof(office.org, account, office.email.domain)
+        if self.proofs.vouches(office.email.domain):
+            # the operator's word is for an account: one by login alone binds the login at
+            # its first use, and tells the operator of another account under it
+            behalf = await self.services.behalf(office.org)
+        else:  # (DNS names the account itself: nothing of the operator's to bind)
+            behalf = Behalf(office.org,
+                            await installations.account_of(self.services.store, office.org))
+        account = behalf.account
+        proof = await self.proofs.proof(behalf, office.email.domain)
         told = (office.org.lower(), account, office.email.domain)
         if not proof.proven and told not in self._told:
             where = self.services.offices.where(office.org)
