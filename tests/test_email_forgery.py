@@ -399,3 +399,79 @@ async def test_a_forwarded_message_signed_as_gmail_signs_is_delivered(
     [mail] = [m for m in await mails.all_mails(store) if m.ref == ref]
     assert "DKIM pass (d=gmail.example)" in mail.body and "Prix: 12 €" in mail.body
     assert [a.name for a in await attachments.of_mail(store, mail.mail_id)] == ["prices.csv"]
+
+
+async def test_a_bare_cr_or_lf_in_the_header_section_is_refused(mailroom: Mailroom) -> None:
+    """acme.com's DKIM signature is the only proof of its From, and its h= names cc,
+    in-reply-to and references, absent (oversigned: none may be added). A stranger replaying
+    it wrote `X-Note: hi<CR>Cc: eve@evil.example`: dkimpy ends lines at CRLF or LF alone, so
+    it read one X-Note header, unsigned, and the signature verified; the app's parser ends a
+    line at a CR alone too, and read a Cc the signature covers (h= names it): eve's Cc was
+    delivered as acme's, DKIM pass (found by review). RFC 5322 (2.2, 2.3) allows a CR or an
+    LF in a header section only as CRLF: either alone is refused 550 5.6.0, saying where and
+    what to do. The body's are the signer's (its hash covers them: dkimpy takes an LF alone
+    as CRLF, as the app's parser does): a signed body with them is delivered."""
+    acme = Sender("acme.com", mailroom.dns)
+    acme.publish(spf="v=spf1 ip4:192.0.2.1 -all")
+    store = mailroom.embedded.services.store
+    to = f"scout@{DOMAIN}"
+
+    def digest(n: int) -> bytes:
+        return acme.sign(wire(message("noreply@acme.com", to, "Weekly digest",
+                                      "this week: nothing",
+                                      Message_ID=f"<digest-{n}@acme.com>")))
+
+    for n, (added, what) in enumerate((
+            (b"X-Note: hi\rCc: eve@evil.example\r\n", "a CR not followed by LF"),
+            (b"X-Note: hi\rIn-Reply-To: <eve-1@evil.example>\r\n", "a CR not followed by LF"),
+            (b"X-Note: hi\r\r\n", "a CR not followed by LF"),
+            (b"X-Note: hi\nCc: eve@evil.example\r\n", "an LF not preceded by CR"))):
+        answer = await send(mailroom.port, added + digest(n), rcpts=[to],
+                            mail_from="eve@evil.example")
+        assert answer.code == 550 and "5.6.0" in answer.text, (added, answer)
+        assert f"its header section has {what} (in line 1)" in answer.text, answer
+        assert "end each line with CRLF" in answer.text, answer
+    # a bare CR in a header of the signer's own (line 3: past its DKIM-Signature's lines)
+    signed = digest(9)
+    lines = signed.split(b"\r\n")
+    at = next(i for i, line in enumerate(lines) if line.startswith(b"Subject:"))
+    lines[at] += b"\rCc: eve@evil.example"
+    answer = await send(mailroom.port, b"\r\n".join(lines), rcpts=[to],
+                        mail_from="eve@evil.example")
+    assert answer.code == 550 and f"(in line {at + 1})" in answer.text, answer
+    assert [m for m in await mails.all_mails(store) if m.from_principal.startswith("email:")
+            ] == [], "nothing delivered"
+
+    # a body with a CR and an LF alone, as its signer wrote and signed it: delivered
+    body = (b"From: noreply@acme.com\r\nTo: " + to.encode() + b"\r\nSubject: Odd lines\r\n"
+            b"Message-ID: <digest-10@acme.com>\r\n\r\none\rtwo\nthree\r\n")
+    [ref] = await delivered(mailroom, await send(mailroom.port, acme.sign(body), rcpts=[to],
+                                                 mail_from="eve@evil.example"))
+    [mail] = [m for m in await mails.all_mails(store) if m.ref == ref]
+    assert "DKIM pass (d=acme.com)" in mail.body and "three" in mail.body, mail.body
+
+
+async def test_a_header_line_dkim_reads_otherwise_is_refused(mailroom: Mailroom) -> None:
+    """What DKIM (dkimpy) and the app read as a message's headers must be the same headers,
+    or one reads a header the other does not. A line in a signed message's header section
+    that is no header field stopped dkimpy (its parse raised at DATA: `500 Error:
+    (MessageFormatError) ...`, an answer for a command not understood, naming the library's
+    exception), and a name of a colon was a header to dkimpy and none to the email package
+    (250). Both are refused 550 5.6.0 naming the line; an mbox `From ` line, which both
+    skip, is not (found by review)."""
+    acme = Sender("acme.com", mailroom.dns)
+    acme.publish()
+    to = f"scout@{DOMAIN}"
+    signed = acme.sign(wire(message("noreply@acme.com", to, "Digest", "nothing",
+                                    Message_ID="<digest@acme.com>")))
+    lines = signed.split(b"\r\n")
+    at = next(i for i, line in enumerate(lines) if line.startswith(b"To:"))
+    for odd in (b"Bad line", b"::x: y"):
+        raw = b"\r\n".join(lines[:at] + [odd] + lines[at:])
+        answer = await send(mailroom.port, raw, rcpts=[to], mail_from="noreply@acme.com")
+        assert answer.code == 550 and "5.6.0" in answer.text, (odd, answer)
+        assert f"its header section has a line that is not a header field (line {at + 1})" \
+            in answer.text and "write each header so" in answer.text, answer
+    assert await mails.all_mails(mailroom.embedded.services.store) == []
+    await delivered(mailroom, await send(mailroom.port, b"From acme Mon Dec  7 2026\r\n" + signed,
+                                         rcpts=[to], mail_from="noreply@acme.com"))

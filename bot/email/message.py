@@ -27,6 +27,8 @@ from email import message_from_bytes, policy
 from email.message import EmailMessage, Message
 from typing import Any
 
+import dkim
+
 from bot.email.addresses import header_address, header_addresses
 from bot.email.auth import Verdicts
 from bot.mail.markdown import as_written, disarm_markers
@@ -333,6 +335,52 @@ MIME_SINGLE = ("MIME-Version", "Content-Type", "Content-Transfer-Encoding",
 SIGNED_OR_REFUSED = ("From", "To", "Cc", "Subject", "Message-ID", "In-Reply-To", "References")
 
 
+# A CR or an LF that is not part of a CRLF, and a line of a header section that is no header
+# field (nor a continuation, nor an mbox "From " line, which both readers skip)
+_BARE_LINE_END = re.compile(rb"\r(?!\n)|(?<!\r)\n")
+_FIELD_LINE = re.compile(rb"[\x21-\x39\x3b-\x7e]+:|[ \t]|From ")
+
+
+def check_header_section(raw: bytes, names: list[str]) -> None:
+    """BadMessage unless DKIM (dkimpy) reads the header section of `raw` as the headers
+    `names` the email package read in it. Where they differ, a header can be one reader's
+    and not the other's: dkimpy ends a line at CRLF or at an LF alone, the email package at a
+    CR alone too, so `X-Note: hi<CR>Cc: eve@...` added to a replayed message is one
+    unsigned X-Note to DKIM and a Cc its h= covers (oversigned) to the app. RFC 5322 (2.2,
+    2.3) allows a CR or LF in a header section only as CRLF, and a field is a name, a colon
+    and a value: anything else is refused, saying where. The body's line ends are left as
+    they came: a signature's body hash covers them (dkimpy takes an LF alone as CRLF, as the
+    email package does), so no one but the signer wrote them."""
+    end = raw.find(b"\r\n\r\n")
+    head = raw if end < 0 else raw[:end + 2]
+    if (bare := _BARE_LINE_END.search(head)) is not None:
+        what = "a CR not followed by LF" if bare.group() == b"\r" else \
+            "an LF not preceded by CR"
+        line = head.count(b"\r\n", 0, bare.start()) + 1
+        raise BadMessage(
+            f"its header section has {what} (in line {line}): RFC 5322 allows a CR or an "
+            "LF there only as the CRLF that ends a line, and readers end such a line in "
+            "different places (a DKIM verifier may read one header where this server reads "
+            "two): end each line with CRLF")
+    try:
+        dkim_names: list[str] | None = [
+            name.decode("ascii", "replace").lower() for name, _ in dkim.rfc822_parse(head)[0]]
+    except Exception:  # (a stranger's bytes: whatever dkimpy trips on, they differ)
+        dkim_names = None
+    if dkim_names == [name.lower() for name in names]:
+        return
+    lines = head.split(b"\r\n")
+    odd = next((n for n, text in enumerate(lines, 1)
+                if text and not _FIELD_LINE.match(text) or n == 1 and text[:1] in (b" ", b"\t")),
+               None)
+    where = "" if odd is None else f" (line {odd})"
+    raise BadMessage(
+        f"its header section has a line that is not a header field{where}: RFC 5322 (2.2) "
+        "writes each as a name, a colon and its value, continued on lines that begin with a "
+        "space or a tab, and a DKIM verifier reads its headers otherwise than this server "
+        "does: write each header so")
+
+
 def parse_inbound(raw: bytes) -> Inbound:
     """`raw` as it came over SMTP, taken apart; BadMessage when it names no sender."""
     try:
@@ -340,6 +388,7 @@ def parse_inbound(raw: bytes) -> Inbound:
     except Exception as exc:  # the parser is lenient; anything it still trips on is refused
         raise BadMessage(f"the message cannot be read as RFC 5322 ({type(exc).__name__})") \
             from exc
+    check_header_section(raw, msg.keys())
     for name in (*SINGLE, *MIME_SINGLE):
         if (count := len(msg.get_all(name) or ())) > 1:
             raise BadMessage(f"it has {count} {name} headers; " + (

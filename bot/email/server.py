@@ -9,6 +9,7 @@
 | a message (SIZE or DATA) over the limit | `552 5.3.4` naming the limit |
 | an attachment over its limit, or more attachments than it may carry | `552 5.3.4` naming it |
 | no From address the app takes, or two of a header allowed once (MIME's too) | `550 5.6.0` |
+| a CR or LF alone, or a line no header field, in the header section | `550 5.6.0` alike |
 | its From proven by DKIM alone, and a header acted on or the body not all signed | `550 5.7.1` |
 | the app not started yet, or the forge or the index failing | `451 4.3.0`: send it again later |
 | past a rate: one From's, or one authenticated domain's, to an agent | `451 4.7.1` |
