@@ -16,7 +16,16 @@ from bot.mail.reindex import reindex
 from bot.office.config import load_office
 from bot.store import ledger, mails
 from tests.support import label_names
-from tests.test_email_support import DOMAIN, Mailroom, Sender, mailroom, message, send, wire
+from tests.test_email_support import (
+    DOMAIN,
+    Mailroom,
+    Sender,
+    delivered,
+    mailroom,
+    message,
+    send,
+    wire,
+)
 
 __all__ = ["mailroom"]
 
@@ -305,3 +314,50 @@ async def test_a_message_sent_again_after_a_451_is_charged_only_for_copies_not_d
     store = mailroom.embedded.services.store
     assert [m.subject for m in await mails.all_mails(store)
             if m.to_principal == "agent:scout"].count("Both") == 1
+
+
+async def test_a_header_anyone_can_add_makes_mail_quieter_never_lets_it_in(
+        mailroom: Mailroom) -> None:
+    """Auto-Submitted, Precedence: bulk and List-* mark mail an automaton sent, and anyone
+    can write them (believed unsigned: a list adds them after the author signed). decide()
+    took them first, so a stranger critic refuses (it takes the office only) was refused
+    550, and the same message with `Precedence: bulk` was delivered into critic's vault (250,
+    quiet, not held); a message to builder from outside its policy (held) was delivered
+    quiet and not held; and a forged From failing DMARC, with `Auto-Submitted`, was delivered
+    quiet, not held (found by review). They only make a delivery quiet: what is refused or
+    held without them is refused or held with them. And a policy's refusal comes before
+    DMARC's hold: a forged From to critic was held, delivered, where an honest stranger's
+    message is refused."""
+    Sender("other.example", mailroom.dns).publish()
+    bank = Sender("bank.example", mailroom.dns)
+    bank.publish(spf="v=spf1 ip4:192.0.2.1 -all")  # (no loopback: a From it did not send)
+    store = mailroom.embedded.services.store
+    critic = f"critic@{DOMAIN}"
+    for n, marks in enumerate(({"Precedence": "bulk"}, {"Auto_Submitted": "auto-generated"},
+                               {"List_Id": "<news.other.example>"})):
+        raw = wire(message("eve@other.example", critic, "Hi", "let me in",
+                           Message_ID=f"<bulk-{n}@other.example>", **marks))
+        answer = await send(mailroom.port, raw, rcpts=[critic], mail_from="eve@other.example")
+        assert answer.code == 550 and "critic takes email from the office only" \
+            in answer.text, (marks, answer)
+    # a From failing DMARC is no less refused than one not authenticated: it was held (250),
+    # in critic's vault, its person mentioned at a stranger's word (found with the above)
+    forged = wire(message("ceo@bank.example", critic, "Wire it", "today",
+                          Message_ID="<wire-critic@bank.example>"))
+    answer = await send(mailroom.port, forged, rcpts=[critic], mail_from="ceo@bank.example")
+    assert answer.code == 550 and "ceo@bank.example is not authenticated" in answer.text, answer
+    assert [m for m in await mails.all_mails(store) if m.vault == "acme/critic-vault"] == []
+
+    builder = wire(message("eve@other.example", f"builder@{DOMAIN}", "Offer", "cheap!",
+                           Precedence="bulk", Message_ID="<offer@other.example>"))
+    [held_ref] = await delivered(mailroom, await send(
+        mailroom.port, builder, rcpts=[f"builder@{DOMAIN}"], mail_from="eve@other.example"))
+    forged = wire(message("ceo@bank.example", f"scout@{DOMAIN}", "Wire it", "today",
+                          Auto_Submitted="auto-generated", Message_ID="<wire@bank.example>"))
+    [forged_ref] = await delivered(mailroom, await send(
+        mailroom.port, forged, rcpts=[f"scout@{DOMAIN}"], mail_from="ceo@bank.example"))
+    got = {m.ref: m for m in await mails.all_mails(store)}
+    assert got[held_ref].state == got[forged_ref].state == "mail:held", got
+    held = {e.subject: e.data["reason"] for e in await ledger.entries(store, event="email.held")}
+    assert "builder takes email from" in held[held_ref], held
+    assert "fails DMARC for bank.example" in held[forged_ref], held

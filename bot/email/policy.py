@@ -1,11 +1,14 @@
 """Whether a message from outside reaches an agent, and whether it wakes it. Pure, no I/O.
 
-In order: mail an automaton sent (Auto-Submitted, Precedence: bulk, a report, a list) is
-delivered without waking anyone, never answered automatically (the loop guard over email);
-mail failing DMARC is held, whatever the policy; a sender the agent's `email.policy.accept`
-does not take is refused (550) or held, as its `otherwise` says; and with `wake: false`
-outside mail wakes no one. An allow-list counts a sender only when its From domain is
-authenticated (an aligned SPF or DKIM pass), so a forged From matches nothing.
+In order, the strictest first: a sender the agent's `email.policy.accept` does not take is
+refused (550) where its `otherwise` says so; mail failing DMARC is held, and so is one the
+policy does not take where `otherwise` says hold; mail an automaton sent (Auto-Submitted,
+Precedence: bulk, a report, a list) is delivered without waking anyone, never answered
+automatically (the loop guard over email); and with `wake: false` outside mail wakes no one.
+The automaton's marks come after the rest: anyone can write them (they are believed
+unsigned), so they may make a delivery quiet and nothing more. An allow-list counts a sender
+only when its From domain is authenticated (an aligned SPF or DKIM pass), so a forged From
+matches nothing.
 """
 
 from __future__ import annotations
@@ -67,25 +70,31 @@ def refusing(office: Office, agent: Agent) -> tuple[str, str] | None:
 
 
 def decide(office: Office, agent: Agent, message: Inbound, verdicts: Verdicts) -> Decision:
-    if message.automatic:
-        return Decision("quiet", f"sent by an automaton ({message.automatic}): delivered "
-                                 "without mail:new, it wakes no agent")
-    if verdicts.dmarc == "fail":
-        return Decision("quiet", f"held: fails DMARC for {verdicts.from_domain} (p="
-                                 f"{verdicts.dmarc_policy or 'none'}), its From may be forged;"
-                                 " delivered without mail:new, it wakes no agent", held=True)
+    """The strictest that applies: refused, held, quiet, delivered. (A hold for DMARC came
+    before the policy's refusal, so a forged From was delivered, held, where an honest
+    stranger was refused; the automaton's marks came first of all, found by review.)"""
     policy = policy_of(office, agent)
+    outside = None
     if policy.accept != "anyone" and not (verdicts.aligned and accepts(office, policy,
                                                                        message.sender)):
         what = ("the office only" if policy.accept == "office"
                 else ", ".join(policy.accept) if isinstance(policy.accept, list) else "")
-        why = (f"{agent.slug} takes email from {what}, and {message.sender} is not "
-               + ("among them" if verdicts.aligned else
-                  "authenticated (no aligned SPF or DKIM pass)"))
+        outside = (f"{agent.slug} takes email from {what}, and {message.sender} is not "
+                   + ("among them" if verdicts.aligned else
+                      "authenticated (no aligned SPF or DKIM pass)"))
         if policy.otherwise == "refuse":
-            return Decision("refuse", why)
-        return Decision("quiet", f"held: {why}; delivered without mail:new, it wakes no agent",
-                        held=True)
+            return Decision("refuse", outside)
+    if verdicts.dmarc == "fail":
+        return Decision("quiet", f"held: fails DMARC for {verdicts.from_domain} (p="
+                                 f"{verdicts.dmarc_policy or 'none'}), its From may be forged;"
+                                 " delivered without mail:new, it wakes no agent", held=True)
+    if outside is not None:
+        return Decision("quiet", f"held: {outside}; delivered without mail:new, it wakes no "
+                                 "agent", held=True)
+    # (anyone can write these: they may make a delivery quiet, nothing more)
+    if message.automatic:
+        return Decision("quiet", f"sent by an automaton ({message.automatic}): delivered "
+                                 "without mail:new, it wakes no agent")
     if not policy.wake:
         return Decision("quiet", f"{agent.slug}'s email.policy.wake is off: delivered without "
                                  "mail:new")
