@@ -361,3 +361,33 @@ async def test_a_header_anyone_can_add_makes_mail_quieter_never_lets_it_in(
     held = {e.subject: e.data["reason"] for e in await ledger.entries(store, event="email.held")}
     assert "builder takes email from" in held[held_ref], held
     assert "fails DMARC for bank.example" in held[forged_ref], held
+
+
+async def test_a_copy_counted_over_a_day_ago_is_counted_again(mailroom: Mailroom) -> None:
+    """A rate hit names the copy it counted, so that a message sent again after a 451 is
+    not charged again; that memory is for a day (rates.MESSAGE_KEPT). But its lookup had no
+    age bound, and a key's old hits went only once it was quiet a whole window: while bob
+    kept writing scout, a copy counted a month ago was sent again free, past his rate, and
+    his key's hits were never forgotten (found by review). Counted over a day ago, it is
+    counted as new (451 past his rate), and a busy key's hits older than a day go as it
+    counts."""
+    bob = Sender("example.net", mailroom.dns)
+    bob.publish()
+    scout = f"scout@{DOMAIN}"
+    store = mailroom.embedded.services.store
+    old = wire(message("bob@example.net", scout, "Old", "x", Message_ID="<old@example.net>"))
+    for raw in [old] + [wire(message("bob@example.net", scout, f"Note {n}", "x"))
+                        for n in range(4)]:
+        assert (await send(mailroom.port, raw, rcpts=[scout],
+                           mail_from="bob@example.net")).code == 250
+    # the old message was counted a month ago, by the index's clock (each key's first hit:
+    # bob's and example.net's), and bob has written since without a quiet minute
+    async with store.transaction() as db:
+        await db.execute("UPDATE rate_hits SET at=at-? WHERE id IN (SELECT MIN(id) FROM"
+                         " rate_hits GROUP BY key)", (30 * 86400.0,))
+    assert (await send(mailroom.port, wire(message("bob@example.net", scout, "Note 4", "x")),
+                       rcpts=[scout], mail_from="bob@example.net")).code == 250
+    row = await store.fetchone("SELECT COUNT(*) FROM rate_hits WHERE at<vm_now()-86400")
+    assert row is not None and int(row[0]) == 0, "a busy key's month-old hits are gone"
+    answer = await send(mailroom.port, old, rcpts=[scout], mail_from="bob@example.net")
+    assert answer.code == 451 and f"to {scout}: at most 5 a minute" in answer.text, answer

@@ -2,7 +2,8 @@
 sender, and one authenticated domain's senders together (email-domain-rate:...), sent one agent
 in the last minute (bot.email.policy.SharedSenderRate). Times are the database's clock
 (vm_now()), so the replicas' own clocks need not agree. A hit may name the message it counted
-(schema version 48), which is then not counted again: a message sent again after a 451."""
+(schema version 48), which is then not counted again for a day (MESSAGE_KEPT): a message
+sent again after a 451."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from bot.store.migrations import register_backfill, register_columns
 
 VERSION = 13
 MESSAGE_VERSION = 48
-# how long a hit that names its message is kept (a quiet key's others go after a window): a
-# sender's server sends a message again after a 451 minutes or hours later, and the copies
-# counted before are not charged again (bot.email.server)
+# how long a hit is kept at most, and the message it names remembered (a quiet key's hits
+# naming none go after a window): a sender's server sends a message again after a 451
+# minutes or hours later, and the copies counted before are not charged again
+# (bot.email.server); one sent again later than this is counted as new
 MESSAGE_KEPT = 24 * 3600.0
 
 register_schema("""
@@ -36,15 +38,18 @@ async def admit(store: Store, key: str, limit: int, window: float, *,
     """Count one hit under `key`, or False when `limit` hits are counted in the last `window`
     seconds already (nothing counted). One key's hits are counted one at a time, whichever
     replica counts them. `message`: what is counted is that message (a digest); one
-    counted under `key` before (within MESSAGE_KEPT) is admitted and not counted again."""
+    counted under `key` within MESSAGE_KEPT is admitted and not counted again (one counted
+    before that is counted as new). A key's hits go after MESSAGE_KEPT (one naming no
+    message once no window holds it, when the key is next counted after a quiet window)."""
     async with store.transaction(key) as db:
-        if message is not None and await db.fetchone(
-                "SELECT 1 FROM rate_hits WHERE key=? AND message=? LIMIT 1",
-                (key, message)) is not None:
-            return True
         row = await db.fetchone("SELECT vm_now() AS t")
         assert row is not None
         now = float(row[0])
+        # (within MESSAGE_KEPT: unbounded, a copy counted a month ago was free for ever)
+        if message is not None and await db.fetchone(
+                "SELECT 1 FROM rate_hits WHERE key=? AND message=? AND at>? LIMIT 1",
+                (key, message, now - MESSAGE_KEPT)) is not None:
+            return True
         row = await db.fetchone("SELECT COUNT(*) FROM rate_hits WHERE key=? AND at>?",
                                 (key, now - window))
         assert row is not None
@@ -53,8 +58,11 @@ async def admit(store: Store, key: str, limit: int, window: float, *,
             return False
         await db.execute("INSERT INTO rate_hits(key, at, message) VALUES (?,?,?)",
                          (key, now, message))
-        if counted == 0:  # a key quiet for a window: forget what no window holds any more
-            # (and which messages it counted, after MESSAGE_KEPT)
-            await db.execute("DELETE FROM rate_hits WHERE key=? AND at<=? AND (message IS NULL"
-                             " OR at<=?)", (key, now - window, now - MESSAGE_KEPT))
+        # nothing is kept past MESSAGE_KEPT, forgotten at each hit: a key never quiet for a
+        # window (a busy sender) kept all it ever counted when this waited for one
+        await db.execute("DELETE FROM rate_hits WHERE key=? AND at<=?",
+                         (key, now - MESSAGE_KEPT))
+        if counted == 0:  # a key quiet for a window: what no window holds, naming no message
+            await db.execute("DELETE FROM rate_hits WHERE key=? AND at<=? AND message IS NULL",
+                             (key, now - window))
     return True
