@@ -76,12 +76,21 @@ async def test_what_is_past_its_time_is_pruned_and_nothing_else(
                 # an edit kept for a comment whose `created` never came: gone after the window
                 await db.execute("INSERT INTO early_edits(item, forge_id, body, edited_at)"
                                  " VALUES ('acme/scout-vault#1', ?, 'x', ?)", (n, taken))
+            # an outside sender's counted messages (bot.store.rates): a key never counted
+            # again kept its rows for ever, each sender's (past MESSAGE_KEPT, a day, no
+            # window counts them and no resend is let off for them)
+            for key, at in (("email-rate:acme/scout/a@x.example", OLD),
+                            ("email-rate:acme/scout/b@x.example", NOW - 3600)):
+                await db.execute("INSERT INTO rate_hits(key, at, message) VALUES (?,?,'m')",
+                                 (key, at))
         deleted = await prune(store, now=NOW, keep=7 * DAY)
         assert deleted == {"queue": 2, "deliveries": 3, "idempotency": 1,
                            "console_sessions": 1, "stranger_replies": 1, "oauth_grants": 0,
                            "oauth_consents": 0, "oauth_clients": 0, "api_tokens": 3,
                            "org_signed_taken": 1, "org_signed_comments": 1,
-                           "org_signed_rows": 1, "early_edits": 1}, deleted
+                           "org_signed_rows": 1, "early_edits": 1, "rate_hits": 1}, deleted
+        assert [r["key"] for r in await store.fetchall("SELECT key FROM rate_hits")] == [
+            "email-rate:acme/scout/b@x.example"]
         assert [r["forge_id"] for r in await store.fetchall(
             "SELECT forge_id FROM early_edits")] == [2]
         assert [r["issue"] for r in await store.fetchall(
@@ -133,6 +142,7 @@ PRUNE_INDEXES = {
     "org_signed_comments": {"org_signed_comments_at"},
     "org_signed_rows": {"org_signed_rows_at"},
     "early_edits": {"early_edits_at"},
+    "rate_hits": {"rate_hits_at"},
 }
 
 

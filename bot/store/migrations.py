@@ -147,6 +147,8 @@ NAMES = {
     49: "the entries of VAULTMAIL_OUTBOUND_ALLOW naming an org by its login are bound to the"
         " org account they were first used for: an org made again under the login by another"
         " account does not reach what was allowed for the one before",
+    50: "the rate hits indexed by time: the leader's prune deletes those past a day, which"
+        " a key no sender counts again kept for ever",
 }
 
 

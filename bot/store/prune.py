@@ -20,7 +20,10 @@ transaction holds (it is left to the next prune):
   taken on an event or a comment older than `keep`, so a row that old guards nothing a
   delivery could take again;
 * a comment's edit kept until the comment is indexed (`early_edits`), `keep` after it: its
-  `created` comes within that or not at all (redelivered no later than `keep`).
+  `created` comes within that or not at all (redelivered no later than `keep`);
+* an outside sender's counted messages (`rate_hits`, bot.store.rates), `MESSAGE_KEPT` (a day)
+  after each: no rate's window is that long, and a resend that late is counted as new. (Each
+  hit forgets its own key's old ones; a key no sender counts again is forgotten here.)
 
 Mail, comments, chats and the ledger are the office's record and are never pruned here.
 """
@@ -30,6 +33,7 @@ from __future__ import annotations
 from bot.store.db import Store
 from bot.store.migrations import register_schema
 from bot.store.oauth import KEPT_AFTER_EXPIRY
+from bot.store.rates import MESSAGE_KEPT
 from bot.store.sql import Sql
 from bot.store.strangers import QUIET_FOR
 
@@ -89,6 +93,7 @@ STATEMENTS: dict[str, Sql] = {  # (one per table, in order; read by the tests)
     "org_signed_comments": _batched("org_signed_comments", "comment_id", "taken_at < ?"),
     "org_signed_rows": _batched("org_signed_rows", "issue, event_id", "taken_at < ?"),
     "early_edits": _batched("early_edits", "item, forge_id", "edited_at < ?"),
+    "rate_hits": _batched("rate_hits", "id", "at < ?"),
 }
 
 
@@ -101,7 +106,8 @@ async def prune(store: Store, *, now: float, keep: float) -> dict[str, int]:
               "oauth_grants": now - KEPT_AFTER_EXPIRY, "oauth_consents": now - KEPT_AFTER_EXPIRY,
               "oauth_clients": now - DAY, "api_tokens": now - keep,
               "org_signed_taken": now - keep, "org_signed_comments": now - keep,
-              "org_signed_rows": now - keep, "early_edits": now - keep}
+              "org_signed_rows": now - keep, "early_edits": now - keep,
+              "rate_hits": now - MESSAGE_KEPT}
     deleted: dict[str, int] = {}
     for table, sql in STATEMENTS.items():
         total = 0

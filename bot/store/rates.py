@@ -12,6 +12,7 @@ from bot.store.migrations import register_backfill, register_columns
 
 VERSION = 13
 MESSAGE_VERSION = 48
+PRUNED_VERSION = 50  # the hits found by time, for the leader's prune (bot.store.prune)
 # how long a hit is kept at most, and the message it names remembered (a quiet key's hits
 # naming none go after a window): a sender's server sends a message again after a 451
 # minutes or hours later, and the copies counted before are not charged again
@@ -31,6 +32,8 @@ register_backfill(
     "CREATE INDEX IF NOT EXISTS rate_hits_key_message ON rate_hits(key, message)",
     postgres="CREATE INDEX IF NOT EXISTS rate_hits_key_message ON rate_hits(key, message)",
     version=MESSAGE_VERSION)
+register_schema("CREATE INDEX IF NOT EXISTS rate_hits_at ON rate_hits(at);",
+                version=PRUNED_VERSION)
 
 
 async def admit(store: Store, key: str, limit: int, window: float, *,
