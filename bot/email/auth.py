@@ -290,8 +290,8 @@ def dkim_signatures(message: bytes, resolver: Resolver) -> tuple[str, list[Signa
 
     passed: list[Signature] = []
     for idx in range(min(signatures, MAX_SIGNATURES)):
-        d = dkim.DKIM(message, minkey=1024)
-        try:
+        try:  # (the message is taken apart as the object is made: a malformed one raises)
+            d = dkim.DKIM(message, minkey=1024)
             ok = d.verify(idx=idx, dnsfunc=dnsfunc)
         except dkim.DKIMException:
             ok = False
