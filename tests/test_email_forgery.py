@@ -7,7 +7,7 @@ from __future__ import annotations
 from importlib import resources
 
 from bot.store import attachments, ledger, mails
-from tests.test_email_sending import SCOUT_VAULT, _events, _reply_to_bob_and_carol
+from tests.test_email_sending import SCOUT_VAULT, _events, _parsed, _reply_to_bob_and_carol
 from tests.test_email_support import (
     DOMAIN,
     SIGNED,
@@ -225,40 +225,33 @@ async def test_a_signed_message_with_a_header_added_above_its_signed_one_is_refu
     assert "DKIM pass (d=acme.com)" in mail.body, mail.body
 
 
-async def test_a_header_acted_on_that_dkim_alone_does_not_cover_is_refused(
+async def test_a_subject_or_id_dkim_alone_does_not_cover_is_refused(
         mailroom: Mailroom) -> None:
     """acme.com's DKIM signature is the only proof of its From (its SPF lists no loopback
-    address: a forwarded message). Its signature covers From, To, Subject and Message-ID: a
-    Cc, In-Reply-To or References added by whoever replays it still passes DKIM, and the
-    app took it as the sender's (a Cc the agent's reply copies, DKIM-signed as the office; a
-    thread of the stranger's choosing), as it did text appended after an l=. Each is refused
-    550 5.7.1 naming the header (or the body) and what to do; signed, or proven by SPF, the
-    same headers are delivered."""
+    address: a forwarded message). A Subject or Message-ID its signature leaves out is
+    anyone's who replays it (the mail's title; what it is delivered once by), as is text
+    appended after an l=: each is refused 550 5.7.1 naming the header (or the body) and what
+    to do, as every large signer signs them. Proven by SPF, the same message is delivered."""
     acme = Sender("acme.com", mailroom.dns)
     acme.publish(spf="v=spf1 ip4:192.0.2.1 -all")
     store = mailroom.embedded.services.store
     to = f"scout@{DOMAIN}"
 
-    def digest(n: int, **headers: str) -> bytes:
+    def digest(n: int, signed: tuple[str, ...]) -> bytes:
         return acme.sign(wire(message("noreply@acme.com", to, "Weekly digest",
-                                      "this week: nothing", Message_ID=f"<digest-{n}@acme.com>",
-                                      **headers)),
-                         headers=("from", "to", "subject", "message-id"))
+                                      "this week: nothing", Message_ID=f"<digest-{n}@acme.com>")),
+                         headers=signed)
 
-    for n, added in enumerate((b"Cc: eve@evil.example\r\n",
-                               b"In-Reply-To: <eve-1@evil.example>\r\n",
-                               b"References: <eve-1@evil.example>\r\n")):
-        answer = await send(mailroom.port, added + digest(n), rcpts=[to],
+    for n, (covered, name) in enumerate(((("from", "to", "message-id"), "Subject"),
+                                         (("from", "to", "subject"), "Message-ID"))):
+        answer = await send(mailroom.port, digest(n, covered), rcpts=[to],
                             mail_from="eve@evil.example")
-        name = added.split(b":")[0].decode()
-        assert answer.code == 550 and "5.7.1" in answer.text, (added, answer)
+        assert answer.code == 550 and "5.7.1" in answer.text, (name, answer)
         assert f"its {name} header is not covered by its DKIM signature (d=acme.com)" \
             in answer.text and f"sign the {name} header" in answer.text, answer
-    # (the Cc written by the sender, unsigned: refused alike; two named together)
-    answer = await send(mailroom.port, digest(5, Cc="carol@acme.com",
-                                              In_Reply_To="<x@acme.com>"),
-                        rcpts=[to], mail_from="eve@evil.example")
-    assert answer.code == 550 and "its Cc and In-Reply-To headers are not covered" \
+    answer = await send(mailroom.port, digest(2, ("from", "to")), rcpts=[to],
+                        mail_from="eve@evil.example")
+    assert answer.code == 550 and "its Subject and Message-ID headers are not covered" \
         in answer.text, answer
     # text after the l= the signature covers
     signed = acme.sign(wire(message("noreply@acme.com", to, "Weekly digest", "nothing",
@@ -268,22 +261,132 @@ async def test_a_header_acted_on_that_dkim_alone_does_not_cover_is_refused(
     assert answer.code == 550 and "covers only part of its body (l=)" in answer.text, answer
     assert [m for m in await mails.all_mails(store) if m.from_principal.startswith("email:")
             ] == [], "nothing delivered"
-
-    # signed, the same Cc is delivered, and so is the message whose l= covers its body
-    [ref] = await delivered(mailroom, await send(
-        mailroom.port, acme.sign(wire(message("noreply@acme.com", to, "Weekly digest", "x",
-                                              Message_ID="<digest-7@acme.com>",
-                                              Cc="carol@acme.com"))),
-        rcpts=[to], mail_from="eve@evil.example"))
-    [mail] = [m for m in await mails.all_mails(store) if m.ref == ref]
-    assert "DKIM pass (d=acme.com)" in mail.body and "carol@acme.com" in mail.body
+    # the message whose l= covers its body is delivered; and one its SPF proves (it came
+    # from a server acme.com lists) is acme's whole
     await delivered(mailroom, await send(mailroom.port, signed, rcpts=[to],
                                          mail_from="eve@evil.example"))
-    # and a message its SPF proves (it came from a server acme.com lists) is acme's whole
     acme.publish()
-    await delivered(mailroom, await send(
-        mailroom.port, b"Cc: carol@acme.com\r\n" + digest(8), rcpts=[to],
-        mail_from="noreply@acme.com"))
+    await delivered(mailroom, await send(mailroom.port, digest(8, ("from", "to")),
+                                         rcpts=[to], mail_from="noreply@acme.com"))
+
+
+async def test_a_cc_dkim_alone_does_not_cover_is_delivered_but_not_copied(
+        mailroom: Mailroom) -> None:
+    """A digest acme.com signed over its From, To, Subject and Message-ID (its DKIM the only
+    proof of its From: forwarded), replayed with a Cc added: it still passes DKIM, and the
+    agent's reply-all copied the Cc, DKIM-signed as the office (the stranger mailed by the
+    office at will; on 96416d4 refused, which lost every forwarded message whose signer
+    leaves out the Cc). Delivered, the Cc not read: the reply goes to the sender alone, and
+    the mail says which headers were left unread. Signed, the same Cc is copied."""
+    acme = Sender("acme.com", mailroom.dns)
+    acme.publish(spf="v=spf1 ip4:192.0.2.1 -all")
+    store = mailroom.embedded.services.store
+    scout = mailroom.tools("agent:scout")
+    to = f"scout@{DOMAIN}"
+    digest = acme.sign(wire(message("noreply@acme.com", to, "Weekly digest", "nothing new",
+                                    Message_ID="<digest-1@acme.com>")),
+                       headers=("from", "to", "subject", "message-id"))
+    [ref] = await delivered(mailroom, await send(
+        mailroom.port, b"Cc: eve@evil.example\r\n" + digest, rcpts=[to],
+        mail_from="eve@evil.example"))
+    await mailroom.embedded.settle()
+    [mail] = [m for m in await mails.all_mails(store) if m.ref == ref]
+    assert "DKIM pass (d=acme.com)" in mail.body and "| Cc |" not in mail.body \
+        and '"cc":[]' in mail.body, mail.body
+    assert "| Not signed | `Cc`:" in mail.body, mail.body
+    await scout("mail_reply", mail=ref, body="Thanks.")
+    envelope = await mailroom.relay.next()
+    out = _parsed(envelope.original_content)
+    assert (out["To"], out["Cc"]) == ("noreply@acme.com", None), envelope.original_content
+    assert envelope.rcpt_tos == ["noreply@acme.com"]
+
+    # signed, a Cc is the sender's: copied
+    [ref] = await delivered(mailroom, await send(
+        mailroom.port, acme.sign(wire(message("noreply@acme.com", to, "Weekly digest", "x",
+                                              Message_ID="<digest-2@acme.com>",
+                                              Cc="carol@acme.com"))),
+        rcpts=[to], mail_from="eve@evil.example"))
+    await mailroom.embedded.settle()
+    [mail] = [m for m in await mails.all_mails(store) if m.ref == ref]
+    assert "carol@acme.com" in mail.body and "Not signed" not in mail.body, mail.body
+    await scout("mail_reply", mail=ref, body="Thanks.")
+    out = _parsed((await mailroom.relay.next()).original_content)
+    assert (out["To"], out["Cc"]) == ("noreply@acme.com", "carol@acme.com")
+
+
+async def test_thread_ids_dkim_alone_does_not_cover_put_the_message_in_no_thread(
+        mailroom: Mailroom) -> None:
+    """Bob's question is scout's mail #1. A digest acme.com signed (its DKIM the only proof
+    of its From), replayed with an In-Reply-To and References naming Bob's message added: the
+    app took it into Bob's thread (a comment, a follow-up that woke scout on it: genuine words
+    in a thread of the stranger's choosing; on 96416d4 refused). Delivered as a mail of its
+    own, the ids not read; signed, the same ids thread it."""
+    acme = Sender("acme.com", mailroom.dns)
+    acme.publish(spf="v=spf1 ip4:192.0.2.1 -all")
+    store = mailroom.embedded.services.store
+    to = f"scout@{DOMAIN}"
+    bob = Sender("example.org", mailroom.dns)
+    bob.publish()
+    [bobs] = await delivered(mailroom, await send(
+        mailroom.port, bob.sign(wire(message("bob@example.org", to, "Prices", "EU prices?",
+                                             Message_ID="<q1@example.org>"))),
+        rcpts=[to], mail_from="bob@example.org"))
+    await mailroom.embedded.settle()
+
+    def digest(n: int, **headers: str) -> bytes:
+        return acme.sign(wire(message("noreply@acme.com", to, "Re: Prices", "see attached",
+                                      Message_ID=f"<digest-{n}@acme.com>", **headers)),
+                         headers=("from", "to", "subject", "message-id"))
+
+    [ref] = await delivered(mailroom, await send(
+        mailroom.port, b"In-Reply-To: <q1@example.org>\r\nReferences: <q1@example.org>\r\n"
+        + digest(1), rcpts=[to], mail_from="eve@evil.example"))
+    await mailroom.embedded.settle()
+    assert ref != bobs, "not in Bob's thread"
+    [mail] = [m for m in await mails.all_mails(store) if m.ref == ref]
+    assert mail.in_reply_to is None and "| Not signed | `In-Reply-To`, `References`:" \
+        in mail.body, mail.body
+    vault, _, number = bobs.partition("#")
+    comments = await mailroom.person("marco").comments(vault, int(number))
+    assert not [c for c in comments if "see attached" in c["body"]], comments
+    # signed (as the sender wrote them), the same ids thread it
+    [again] = await delivered(mailroom, await send(
+        mailroom.port, acme.sign(wire(message(
+            "noreply@acme.com", to, "Re: Prices", "see attached",
+            Message_ID="<digest-2@acme.com>", In_Reply_To="<q1@example.org>",
+            References="<q1@example.org>"))),
+        rcpts=[to], mail_from="eve@evil.example"))
+    assert again == bobs
+
+
+async def test_a_forwarded_message_signed_as_microsoft_365_signs_is_delivered(
+        mailroom: Mailroom) -> None:
+    """Microsoft 365 signs From, Date, Subject, Message-ID, Content-Type, MIME-Version and
+    X-MS-Exchange-SenderADCheck: no To, no Cc, no thread ids. Forwarded (its From's SPF does
+    not list the server that brought it), such a message was refused 550 for its To (96416d4),
+    and its sender could not sign more. Delivered: its To and Cc not read (the reply goes to
+    the sender alone), its In-Reply-To not threading it."""
+    contoso = Sender("contoso.example", mailroom.dns)
+    contoso.publish(spf="v=spf1 ip4:192.0.2.1 -all")
+    store = mailroom.embedded.services.store
+    to = f"scout@{DOMAIN}"
+    signed = contoso.sign(wire(message(
+        "Dana <dana@contoso.example>", f"{to}, erin@contoso.example", "Quote",
+        "Our quote is attached.", Message_ID="<AM0PR01MB1@contoso.example>",
+        Cc="frank@contoso.example", In_Reply_To="<none@contoso.example>")),
+        headers=MS365_SIGNED)
+    [ref] = await delivered(mailroom, await send(mailroom.port, signed, rcpts=[to],
+                                                 mail_from="fwd@forwarder.example"))
+    await mailroom.embedded.settle()
+    [mail] = [m for m in await mails.all_mails(store) if m.ref == ref]
+    assert mail.subject == "Quote" and "DKIM pass (d=contoso.example)" in mail.body
+    assert "Our quote is attached." in mail.body
+    assert "| Not signed | `To`, `Cc`, `In-Reply-To`:" in mail.body, mail.body
+    await mailroom.tools("agent:scout")("mail_reply", mail=ref, body="Received.")
+    envelope = await mailroom.relay.next()
+    out = _parsed(envelope.original_content)
+    assert (out["To"], out["Cc"]) == ("dana@contoso.example", None)
+    assert envelope.rcpt_tos == ["dana@contoso.example"]
 
 
 # What a signer that signs the MIME headers signs (dkimpy's default, RFC 4871 5.5's list;
@@ -374,6 +477,10 @@ async def test_a_header_written_above_a_signed_one_makes_no_message_louder(
 # Content-Type, no Content-Transfer-Encoding)
 GMAIL_SIGNED = ("to", "subject", "message-id", "date", "from", "mime-version", "from", "to",
                 "cc", "subject", "date", "message-id", "reply-to")
+# What Microsoft 365's signatures cover (h= of an Exchange Online message): no To, no Cc,
+# no In-Reply-To or References
+MS365_SIGNED = ("from", "date", "subject", "message-id", "content-type", "mime-version",
+                "x-ms-exchange-senderadcheck")
 
 
 async def test_a_forwarded_message_signed_as_gmail_signs_is_delivered(
@@ -382,7 +489,7 @@ async def test_a_forwarded_message_signed_as_gmail_signs_is_delivered(
     server that brought it), signed as Gmail signs, whose signature covers neither its
     Content-Type nor its Content-Transfer-Encoding (nor do RFC 6376 5.4.1's recommended
     headers include them): delivered, with its file. Were the app to ask for those signed, as
-    it asks for its To or Cc, every message forwarded from Gmail would be refused; two of
+    it asks for its Subject, every message forwarded from Gmail would be refused; two of
     either are refused instead (above), which no real signer's message has."""
     mail_domain = Sender("gmail.example", mailroom.dns)
     mail_domain.publish(spf="v=spf1 ip4:192.0.2.1 -all")

@@ -22,7 +22,8 @@ import hashlib
 import html
 import json
 import re
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from email import message_from_bytes, policy
 from email.message import EmailMessage, Message
 from typing import Any
@@ -70,12 +71,28 @@ class Inbound:
     truncated: bool = False
     parts: tuple[Part, ...] = ()  # its attachments, in the message's order
     hops: int | None = None  # X-Vaultmail-Hops: the loop guard's count another office sent
-    headers: tuple[str, ...] = ()  # which of SIGNED_OR_REFUSED it has
+    headers: tuple[str, ...] = ()  # which of SIGNED_OR_REFUSED and SIGNED_OR_UNREAD it has
+    unread: tuple[str, ...] = ()  # those of SIGNED_OR_UNREAD left unread: `signed_only`
 
     @property
     def thread_refs(self) -> list[str]:
         """The message ids this one answers, nearest first."""
         return list(dict.fromkeys([*self.in_reply_to, *reversed(self.references)]))
+
+    def signed_only(self, unsigned: Iterable[str]) -> Inbound:
+        """This message without those of its To, Cc, In-Reply-To and References named in
+        `unsigned` (the headers the DKIM signature that alone proves its From leaves out):
+        read as if absent, so the agent's reply copies no one they name and the message
+        starts a thread of its own (SIGNED_OR_UNREAD)."""
+        left_out = set(unsigned)
+        unread = tuple(name for name in SIGNED_OR_UNREAD if name in left_out)
+        if not unread:
+            return self
+        return replace(self, unread=unread,
+                       to=() if "To" in unread else self.to,
+                       cc=() if "Cc" in unread else self.cc,
+                       in_reply_to=() if "In-Reply-To" in unread else self.in_reply_to,
+                       references=() if "References" in unread else self.references)
 
 
 def message_ids(value: str | None) -> tuple[str, ...]:
@@ -322,17 +339,22 @@ SINGLE = ("From", "Sender", "To", "Cc", "Subject", "Message-ID", "In-Reply-To",
 # part's own are inside the body, which the signature covers whole.)
 MIME_SINGLE = ("MIME-Version", "Content-Type", "Content-Transfer-Encoding",
                "Content-Disposition")
-# The headers the app acts on as the sender's: the mail's sender, title, thread and
-# idempotency, and whom the agent's reply copies (bot.email.outbox: an authenticated
-# message's To and Cc). Where the From is proven by DKIM alone, one of them present but not
-# covered by the signature is anyone's to add to a signed message they replay (a Cc to
-# have the office mail them): refused (bot.email.server). Those that only make a message
+# The headers the app acts on as the sender's: the mail's sender, title and idempotency.
+# Where the From is proven by DKIM alone, one of them present but not covered by the
+# signature is anyone's to add to a signed message they replay: refused (bot.email.server),
+# as every large signer signs them. Those that only make a message
 # quieter (Auto-Submitted, Precedence, List-*, X-Vaultmail-Hops: `automatic_reason`,
 # `hops_of`) are believed unsigned: a mailing list adds them after the author signed.
 # Content-Type and Content-Transfer-Encoding are not asked for either, though they say how
 # the body is read: Gmail signs neither (nor does RFC 6376 5.4.1 recommend them), so every
 # message forwarded from Gmail would be refused; two of either are (MIME_SINGLE).
-SIGNED_OR_REFUSED = ("From", "To", "Cc", "Subject", "Message-ID", "In-Reply-To", "References")
+SIGNED_OR_REFUSED = ("From", "Subject", "Message-ID")
+# Whom the agent's reply copies (bot.email.outbox: an authenticated message's To and Cc) and
+# the thread a message goes into: unsigned under DKIM alone (a Cc added to a replayed signed
+# message to have the office mail the stranger; ids putting genuine words in a thread of
+# theirs), not read (`Inbound.signed_only`): refusing them lost real mail, as Microsoft 365
+# signs none of them, and its sender cannot sign more.
+SIGNED_OR_UNREAD = ("To", "Cc", "In-Reply-To", "References")
 
 
 # A CR or an LF that is not part of a CRLF, and a line of a header section that is no header
@@ -422,7 +444,7 @@ def parse_inbound(raw: bytes) -> Inbound:
         automatic=automatic_reason(msg), text=text,
         report=msg.get_content_type() == "multipart/report", truncated=truncated,
         parts=file_parts(msg), hops=hops_of(msg),
-        headers=tuple(name for name in SIGNED_OR_REFUSED if name in msg))
+        headers=tuple(name for name in (*SIGNED_OR_REFUSED, *SIGNED_OR_UNREAD) if name in msg))
 
 
 # -- the signed body ---------------------------------------------------------------------------
@@ -563,6 +585,10 @@ def render_inbound(message: Inbound, verdicts: Verdicts, *, quiet: str | None = 
             ("Authentication", verdicts.summary())]
     if message.cc:
         rows.append(("Cc", ", ".join(_cell(c) for c in message.cc)))
+    if message.unread:
+        rows.append(("Not signed", ", ".join(_cell(h) for h in message.unread) + ": not "
+                     "covered by the DKIM signature that alone proves its sender; not read (a "
+                     "reply copies no one they name; it answers no thread)"))
     if quiet:
         rows.append(("Wakes no one", quiet))
     table = "\n".join(["| Email | |", "| --- | --- |",

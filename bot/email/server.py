@@ -10,7 +10,8 @@
 | an attachment over its limit, or more attachments than it may carry | `552 5.3.4` naming it |
 | no From address the app takes, or two of a header allowed once (MIME's too) | `550 5.6.0` |
 | a CR or LF alone, or a line no header field, in the header section | `550 5.6.0` alike |
-| its From proven by DKIM alone, and a header acted on or the body not all signed | `550 5.7.1` |
+| its From proven by DKIM alone, its Subject, Message-ID or body not all signed | `550 5.7.1` |
+| ... and its To, Cc, In-Reply-To or References not signed | delivered, those not read |
 | the app not started yet, or the forge or the index failing | `451 4.3.0`: send it again later |
 | past a rate: one From's, or one authenticated domain's, to an agent | `451 4.7.1` |
 | past an address's rate: its messages authenticated (before a lookup), or not | `451 4.7.1` |
@@ -46,7 +47,13 @@ from bot.email.addresses import BadAddress, normalise
 from bot.email.attachments import MAX_ATTACHMENTS, safe_name
 from bot.email.auth import DnsError, Resolver, Verdicts, authenticate, organisational
 from bot.email.intake import EmailIntake
-from bot.email.message import BadMessage, Inbound, parse_dsn, parse_inbound
+from bot.email.message import (
+    SIGNED_OR_REFUSED,
+    BadMessage,
+    Inbound,
+    parse_dsn,
+    parse_inbound,
+)
 from bot.email.policy import SharedSenderRate, refusing
 from bot.mail.mailer import Undeliverable
 
@@ -297,6 +304,8 @@ class SmtpHandler:
         unsigned = unsigned_refusal(message, verdicts)
         if unsigned is not None:
             return unsigned
+        # its To, Cc and thread ids that signature leaves out: delivered, not acted on
+        message = message.signed_only(verdicts.unsigned(message.headers))
         refs: list[str] = []
         # each recipient RCPT took that cannot take it now, with its answer were it alone:
         # the config changed, its vault was closed, or its policy refuses (terms changed)
@@ -367,13 +376,14 @@ class SmtpHandler:
 
 
 def unsigned_refusal(message: Inbound, verdicts: Verdicts) -> str | None:
-    """The 550 for a message whose From only DKIM proves, with a header the app acts on (its
-    To, Cc, Subject, ids) or part of its body that the signature does not cover; else None.
-    Anyone holding a message the domain signed can add those and send it on, and it still
-    passes: a Cc the agent's reply then copies, a subject or a thread of their choosing, text
-    after an l= (RFC 6376 8.2, 8.15). Refused, not read without them: the sender learns what
-    to sign, and nothing is delivered other than as written."""
-    unsigned = verdicts.unsigned(message.headers)
+    """The 550 for a message whose From only DKIM proves, with its Subject or Message-ID or
+    part of its body that the signature does not cover; else None. Anyone holding a message
+    the domain signed can add those and send it on, and it still passes: a subject of their
+    choosing, text after an l= (RFC 6376 8.2, 8.15). Refused, not read without them: every
+    large signer signs them, and the sender learns what to sign. (Its To, Cc and thread ids
+    unsigned are not read instead: `Inbound.signed_only`.)"""
+    unsigned = [name for name in verdicts.unsigned(message.headers)
+                if name in SIGNED_OR_REFUSED]
     domains = ", ".join(verdicts.dkim_domains)
     if unsigned:
         names = " and ".join(unsigned)
