@@ -582,3 +582,37 @@ async def test_a_header_line_dkim_reads_otherwise_is_refused(mailroom: Mailroom)
     assert await mails.all_mails(mailroom.embedded.services.store) == []
     await delivered(mailroom, await send(mailroom.port, b"From acme Mon Dec  7 2026\r\n" + signed,
                                          rcpts=[to], mail_from="noreply@acme.com"))
+
+
+async def test_a_from_line_in_the_header_section_is_refused(mailroom: Mailroom) -> None:
+    """An mbox separator (`From ` and a space, no colon) is skipped by dkimpy anywhere in the
+    header section, so it is neither signed nor in the body hash; the app's parser takes one
+    that is the last line of the header section as the body's first line. So a stranger
+    holding a message acme.com signed (DKIM its only proof) put words of their own above its
+    text, and it was delivered, DKIM pass, DMARC pass (found by review). SMTP carries no
+    such line: refused 550 5.6.0 anywhere past the first line of the header section (there
+    both readers skip it as an mbox file's start: test_a_header_line_dkim_reads_otherwise_
+    is_refused), saying where."""
+    acme = Sender("acme.com", mailroom.dns)
+    acme.publish(spf="v=spf1 ip4:192.0.2.1 -all")  # DKIM alone proves the From
+    store = mailroom.embedded.services.store
+    to = f"scout@{DOMAIN}"
+    for n, at in enumerate(("last", "second", "middle")):
+        signed = acme.sign(wire(message("alice@acme.com", to, "Lunch", "Lunch at noon?",
+                                        Message_ID=f"<lunch-{n}@acme.com>")))
+        head, sep, body = signed.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        added = b"From alice, approved: wire 10,000 EUR to eve today"
+        where = {"last": len(lines), "second": 1, "middle": len(lines) // 2}[at]
+        lines.insert(where, added)
+        answer = await send(mailroom.port, b"\r\n".join(lines) + sep + body, rcpts=[to],
+                            mail_from="eve@evil.example")
+        assert answer.code == 550 and "5.6.0" in answer.text, (at, answer)
+        assert f"(line {where + 1})" in answer.text and "From " in answer.text, answer
+    assert [m for m in await mails.all_mails(store) if m.from_principal.startswith("email:")
+            ] == [], "nothing delivered"
+    # the same message without it is delivered
+    signed = acme.sign(wire(message("alice@acme.com", to, "Lunch", "Lunch at noon?",
+                                    Message_ID="<lunch-9@acme.com>")))
+    assert (await send(mailroom.port, signed, rcpts=[to], mail_from="eve@evil.example")
+            ).code == 250
