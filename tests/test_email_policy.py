@@ -53,6 +53,13 @@ def test_each_agents_policy_decides_in_order() -> None:
     assert unproven.action == "refuse" and "authenticated" in (unproven.reason or "")
     forged = decide(office, agent["scout"], marco, _verdicts(aligned=False, dmarc="fail"))
     assert forged.action == "quiet" and forged.held and "DMARC" in (forged.reason or "")
+    # DMARC not learned (a lookup failed) is no better than a fail where nothing proves the
+    # From (the listener answers it 451 first); proven, no record is needed
+    unlearned = decide(office, agent["scout"], marco, _verdicts(aligned=False,
+                                                                dmarc="temperror"))
+    assert unlearned.held and "DMARC" in (unlearned.reason or "")
+    assert decide(office, agent["scout"], stranger,
+                  _verdicts(aligned=True, dmarc="temperror")).action == "deliver"
     assert decide(office, agent["scout"], robot, ok).action == "quiet"
 
 

@@ -69,6 +69,14 @@ def refusing(office: Office, agent: Agent) -> tuple[str, str] | None:
     return office.org.lower(), accept
 
 
+def unlearned(verdicts: Verdicts) -> bool:
+    """Whether nothing proves the message's From (no aligned SPF or DKIM pass) and DNS could
+    not say what its domain's DMARC record asks (`temperror`): it may be a forgery its owner
+    asks to reject, and such a verdict is no better than a `fail`. bot.email.server answers
+    it 451 4.7.0 (RFC 7489 6.6.3): the sender's server sends it again, and DMARC decides."""
+    return verdicts.dmarc == "temperror" and not verdicts.aligned
+
+
 def decide(office: Office, agent: Agent, message: Inbound, verdicts: Verdicts) -> Decision:
     """The strictest that applies: refused, held, quiet, delivered. (A hold for DMARC came
     before the policy's refusal, so a forged From was delivered, held, where an honest
@@ -88,6 +96,11 @@ def decide(office: Office, agent: Agent, message: Inbound, verdicts: Verdicts) -
         return Decision("quiet", f"held: fails DMARC for {verdicts.from_domain} (p="
                                  f"{verdicts.dmarc_policy or 'none'}), its From may be forged;"
                                  " delivered without mail:new, it wakes no agent", held=True)
+    if unlearned(verdicts):  # (the listener defers it: never better than a fail here either)
+        return Decision("quiet", f"held: the DMARC record of {verdicts.from_domain} could not "
+                                 "be looked up and nothing else proves its From, which may be "
+                                 "forged; delivered without mail:new, it wakes no agent",
+                        held=True)
     if outside is not None:
         return Decision("quiet", f"held: {outside}; delivered without mail:new, it wakes no "
                                  "agent", held=True)
