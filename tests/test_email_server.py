@@ -287,3 +287,38 @@ async def test_one_address_guessing_mailbox_names_is_told_to_try_later(
     assert codes == [550] * limit + [450] * 11, codes
     other = await asyncio.to_thread(_guesses, mailroom.port, ["guess", "scout"], "127.0.0.2")
     assert other == [550, 250], other
+
+
+async def test_a_thread_message_id_another_sender_took_first_keeps_the_real_answer(
+        mailroom: Mailroom) -> None:
+    """A message in a thread was added once per thread and Message-ID, whoever sent it: Eve
+    (authenticated as evil.example) answering Bob's thread with `Message-ID:
+    <q2@example.org>` first had Bob's genuine answer with that id answered `250 delivered`
+    as the same mail and never posted (found by review). The once is per sender now, as the
+    rate's copy is: Bob's answer is posted, and sent again it is posted once."""
+    bob = Sender("example.org", mailroom.dns)
+    bob.publish()
+    evil = Sender("evil.example", mailroom.dns)
+    evil.publish()
+    to = f"scout@{DOMAIN}"
+    [bobs] = await delivered(mailroom, await send(
+        mailroom.port, bob.sign(wire(message("bob@example.org", to, "Prices", "EU prices?",
+                                             Message_ID="<q1@example.org>"))),
+        rcpts=[to], mail_from="bob@example.org"))
+    await mailroom.embedded.settle()
+    thread = {"Message_ID": "<q2@example.org>", "In_Reply_To": "<q1@example.org>",
+              "References": "<q1@example.org>"}
+    eves = evil.sign(wire(message("eve@evil.example", to, "Re: Prices", "never mind, cancel",
+                                  **thread)))
+    assert await delivered(mailroom, await send(mailroom.port, eves, rcpts=[to],
+                                                mail_from="eve@evil.example")) == [bobs]
+    real = bob.sign(wire(message("bob@example.org", to, "Re: Prices", "BOB-REAL: US prices too",
+                                 **thread)))
+    for _ in range(2):  # (the second: its server sending it again)
+        assert await delivered(mailroom, await send(mailroom.port, real, rcpts=[to],
+                                                    mail_from="bob@example.org")) == [bobs]
+    await mailroom.embedded.settle()
+    vault, _, number = bobs.partition("#")
+    bodies = [c["body"] for c in await mailroom.person("marco").comments(vault, int(number))]
+    assert len([b for b in bodies if "BOB-REAL" in b]) == 1, bodies
+    assert len([b for b in bodies if "never mind, cancel" in b]) == 1, bodies

@@ -24,7 +24,7 @@ from bot.email.auth import DnsError, Verdicts
 from bot.email.domains import DomainProofs, Proof, record_name, record_value
 from bot.email.message import Attached, Bounce, Inbound, read_meta, render_inbound
 from bot.email.outgoing import HOPS_HEADER
-from bot.email.policy import Decision, decide
+from bot.email.policy import Decision, decide, sender_key
 from bot.forge import markers
 from bot.forge.errors import ForgeError
 from bot.forge.gitea import GiteaForge, gitea_name
@@ -110,8 +110,10 @@ def with_hops(mailer: Mailer, draft: MailRecord | _Draft, hops: int | None) -> M
                                                        "the mail, its header table added"))
 
 
-def _marker(message_id: str) -> str:
-    return markers.marker("email-in", markers.token(message_id))
+def _marker(who: str, message_id: str) -> str:
+    """The marker of the comment a message (`sender_key`, Message-ID) is in its thread: one
+    per sender, as its once is."""
+    return markers.marker("email-in", markers.token(f"{who.lower()}\n{message_id}"))
 
 
 def as_shown(forge: Forge, text: str) -> str:
@@ -309,7 +311,10 @@ class EmailIntake:
             # mail by email climbs as it does by mail
             quiet = (f"beyond {LOOP_GUARD_HOPS} hops ({HOPS_HEADER}: {message.hops}): "
                      "delivered without mail:new")
+        # (per sender, as the thread's once: another sender's message with this id is
+        # another message, and waits for nothing of this one's)
         async with self.services.lock_for(f"email-in:{office.org.lower()}:{agent.slug}:"
+                                          f"{sender_key(message, verdicts).lower()}:"
                                           f"{message.message_id}"):
             thread = await self.thread_of(box, message)
             if thread is not None and not sent_by(thread, agent.principal):
@@ -443,13 +448,15 @@ class EmailIntake:
                              verdicts: Verdicts, quiet: str | None, *,
                              held: bool = False) -> MailRecord:
         """The message as a comment on the thread's mail, and, unless an automaton sent it
-        (or it is quiet), the mail the agent's turn again (a follow-up): once per Message-ID.
+        (or it is quiet), the mail the agent's turn again (a follow-up): once per sender
+        (`sender_key`) and Message-ID.
         A `held` one says so in its meta line: no reply answers it (bot.email.outbox)."""
         store = self.services.store
         mailer = self.mailer(box.office)
         forge = mailer.forge
         sender = principal_of(message.sender)
-        marker = _marker(message.message_id)
+        who = sender_key(message, verdicts).lower()
+        marker = _marker(who, message.message_id)
         attached = await self._attach(box.office, mail.vault, mail.mail_id, message) \
             if message.parts else ()
         rendered = render_inbound(message, verdicts, quiet=quiet, attached=attached,
@@ -470,8 +477,12 @@ class EmailIntake:
                 await mailer.follow_up(mail, actor, text=message.text)
             return {"mail": mail.mail_id}
 
-        await store.once(f"email-in:{box.office.org.lower()}", f"{mail.ref}\n{message.message_id}",
-                         idempotency.fingerprint([mail.ref, message.message_id]), work)
+        # Once per sender (as the rate counts a copy): keyed by the thread and Message-ID
+        # alone, Eve answering Bob's thread with the id Bob's answer would carry had his
+        # answer taken for hers, answered 250 and never posted (found by review)
+        await store.once(f"email-in:{box.office.org.lower()}",
+                         f"{mail.ref}\n{who}\n{message.message_id}",
+                         idempotency.fingerprint([mail.ref, who, message.message_id]), work)
         return await mails.get_mail(store, mail.mail_id) or mail
 
     async def bounced(self, box: Mailbox, bounce: Bounce) -> str | None:

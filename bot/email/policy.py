@@ -114,6 +114,13 @@ def decide(office: Office, agent: Agent, message: Inbound, verdicts: Verdicts) -
     return Decision("deliver")
 
 
+def sender_key(message: Inbound, verdicts: Verdicts) -> str:
+    """Who sent `message`, as its rate and its once in a thread count it: its From, marked
+    when an aligned SPF or DKIM pass proves it, so a From anyone can write is never the real
+    sender's (nor takes a Message-ID of a thread from them: bot.email.intake)."""
+    return message.sender + (" (authenticated)" if verdicts.aligned else "")
+
+
 class SenderRate:
     """At most `per_minute` messages a minute from one outside sender to one agent (a mail
     storm is answered 451, try later: the sender's server keeps the messages and sends them

@@ -55,7 +55,7 @@ from bot.email.message import (
     parse_dsn,
     parse_inbound,
 )
-from bot.email.policy import SharedSenderRate, refusing, unlearned
+from bot.email.policy import SharedSenderRate, refusing, sender_key, unlearned
 from bot.mail.mailer import Undeliverable
 
 log = logging.getLogger("vaultmail.email")
@@ -334,7 +334,7 @@ class SmtpHandler:
                     continue
                 # an authenticated sender (an aligned SPF or DKIM pass) has a count of its
                 # own: a From anyone can write never spends the real sender's
-                who = message.sender + (" (authenticated)" if verdicts.aligned else "")
+                who = sender_key(message, verdicts)
                 # each copy is charged once: sent again after a 451 (another copy over its
                 # rate, or a recipient lost since RCPT), the copies counted before (delivered
                 # once, bot.email.intake) cost nothing, and are not refused again for them
