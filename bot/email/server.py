@@ -9,7 +9,7 @@
 | a message (SIZE or DATA) over the limit | `552 5.3.4` naming the limit |
 | an attachment over its limit, or more attachments than it may carry | `552 5.3.4` naming it |
 | no From address the app takes, or two of a header allowed once (MIME's too) | `550 5.6.0` |
-| a CR or LF alone, a line no header field, or a `From ` line past the first, in the header section | `550 5.6.0` alike |
+| a bare CR or LF, a line no header field, a `From ` line past the first (headers) | `550 5.6.0` |
 | its From proven by DKIM alone, its Subject, Message-ID or body not all signed | `550 5.7.1` |
 | ... and its To, Cc, In-Reply-To or References not signed | delivered, those not read |
 | its From not authenticated, its domain's DMARC record not to be looked up now | `451 4.7.0` |
