@@ -689,3 +689,31 @@ async def test_a_from_not_authenticated_whose_dmarc_cannot_be_learned_is_deferre
                                                  mail_from="x@evil.example"))
     [mail] = [m for m in await mails.all_mails(store) if m.ref == ref]
     assert mail.state == "mail:held", mail.state
+
+
+async def test_a_message_with_no_message_id_that_dkim_alone_proves_is_refused(
+        mailroom: Mailroom) -> None:
+    """A message acme.com signed that has no Message-ID (its h= may even name message-id, so
+    none can be added) is known by a digest of its bytes, unsigned headers and all: whoever
+    held it replayed it with a header of their own added each time, and each was new mail,
+    DKIM pass, spending alice's and acme.com's rates at the agent (found by review). When
+    DKIM alone proves its From, a message without a Message-ID is refused, saying what to
+    do; proven by SPF (its sending server's), it is delivered as before."""
+    acme = Sender("acme.com", mailroom.dns)
+    acme.publish(spf="v=spf1 ip4:192.0.2.1 -all")  # DKIM alone proves the From
+    to = f"scout@{DOMAIN}"
+    signed = acme.sign(wire(message("alice@acme.com", to, "Invoice", "Please pay invoice 7.")))
+    assert b"Message-ID" not in signed
+    for n in range(2):
+        answer = await send(mailroom.port, f"X-Replay: {n}\r\n".encode() + signed,
+                            rcpts=[to], mail_from="eve@evil.example")
+        assert answer.code == 550 and "5.7.1" in answer.text, answer
+        assert "no Message-ID" in answer.text and "give it a Message-ID" in answer.text, answer
+    store = mailroom.embedded.services.store
+    assert [m for m in await mails.all_mails(store) if m.from_principal.startswith("email:")
+            ] == [], "nothing delivered"
+    bob = Sender("example.org", mailroom.dns)
+    bob.publish()  # its SPF lists the sending server: proven without DKIM's word alone
+    plain = wire(message("bob@example.org", to, "No id", "hello"))
+    assert b"Message-ID" not in plain
+    await delivered(mailroom, await send(mailroom.port, plain, rcpts=[to]))

@@ -10,7 +10,7 @@
 | an attachment over its limit, or more attachments than it may carry | `552 5.3.4` naming it |
 | no From address the app takes, or two of a header allowed once (MIME's too) | `550 5.6.0` |
 | a bare CR or LF, a line no header field, a `From ` line past the first (headers) | `550 5.6.0` |
-| its From proven by DKIM alone, its Subject, Message-ID or body not all signed | `550 5.7.1` |
+| its From proven by DKIM alone: Subject, Message-ID, body unsigned; no Message-ID | `550 5.7.1` |
 | ... and its To, Cc, In-Reply-To or References not signed | delivered, those not read |
 | its From not authenticated, its domain's DMARC record not to be looked up now | `451 4.7.0` |
 | the app not started yet, or the forge or the index failing | `451 4.3.0`: send it again later |
@@ -382,11 +382,12 @@ class SmtpHandler:
 
 def unsigned_refusal(message: Inbound, verdicts: Verdicts) -> str | None:
     """The 550 for a message whose From only DKIM proves, with its Subject or Message-ID or
-    part of its body that the signature does not cover; else None. Anyone holding a message
-    the domain signed can add those and send it on, and it still passes: a subject of their
-    choosing, text after an l= (RFC 6376 8.2, 8.15). Refused, not read without them: every
-    large signer signs them, and the sender learns what to sign. (Its To, Cc and thread ids
-    unsigned are not read instead: `Inbound.signed_only`.)"""
+    part of its body that the signature does not cover, or with no Message-ID; else None.
+    Anyone holding a message the domain signed can add those and send it on, and it still
+    passes: a subject of their choosing, text after an l= (RFC 6376 8.2, 8.15), a header
+    that makes it new mail again. Refused, not read without them: every large signer signs
+    them, and the sender learns what to sign. (Its To, Cc and thread ids unsigned are not
+    read instead: `Inbound.signed_only`.)"""
     unsigned = [name for name in verdicts.unsigned(message.headers)
                 if name in SIGNED_OR_REFUSED]
     domains = ", ".join(verdicts.dkim_domains)
@@ -396,6 +397,13 @@ def unsigned_refusal(message: Inbound, verdicts: Verdicts) -> str | None:
                 f"covered by its DKIM signature (d={domains}), the only proof of its sender: "
                 f"sign the {names} header{'s' if len(unsigned) > 1 else ''}, or send it from "
                 f"a server the SPF record of {verdicts.from_domain} lists")
+    if verdicts.signed is not None and "Message-ID" not in message.headers:
+        # (known once by its Message-ID: without one, by a digest of its bytes, which
+        # anyone holding it changes with a header of their own: new mail at each replay)
+        return (f"550 5.7.1 it has no Message-ID, and its DKIM signature (d={domains}) is "
+                "the only proof of its sender: without one, whoever holds the message could "
+                "deliver it again and again as new mail: give it a Message-ID (signed), or "
+                f"send it from a server the SPF record of {verdicts.from_domain} lists")
     if not verdicts.body_signed:
         return (f"550 5.7.1 its DKIM signature (d={domains}), the only proof of its sender, "
                 "covers only part of its body (l=): sign the whole body, or send it from a "
