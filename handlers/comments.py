@@ -6,9 +6,9 @@ from dataclasses import replace
 from typing import Any
 
 from gidgethub import sansio
-from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
+from bot.app.routing import OrderedRouter
 from bot.errors import InvalidArguments, VaultmailError
 from bot.items.model import item_from_issue
 from bot.items.render import parse_addressing
@@ -18,7 +18,7 @@ from handlers.common import Scene, actor_of, scene
 from handlers.items import office_entries
 from handlers.mail import wait_for_mail
 
-router = Router()
+router = OrderedRouter()
 
 
 def comment_key(repo: str, comment: dict[str, Any]) -> str:

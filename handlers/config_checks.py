@@ -19,16 +19,16 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from gidgethub import sansio
-from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
+from bot.app.routing import OrderedRouter
 from bot.forge.errors import PermissionDenied
 from bot.forge.github import MAX_ANNOTATIONS
 from bot.mail.markdown import as_data
 from bot.office.config import MAX_CONFIG_BYTES, OfficeConfigError, shortened
 from bot.office.source import CONFIG_PATH, CONFIG_REPO, config_text
 
-router = Router()
+router = OrderedRouter()
 CHECK_NAME = "vaultmail config"
 ACTIONS = ("opened", "reopened", "synchronize", "synchronized")
 _AT = re.compile(r" \(line (\d+), column (\d+)\)$")

@@ -6,14 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from gidgethub import sansio
-from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
 from bot.app.listing import follow_keys, follow_vault, relist
+from bot.app.routing import OrderedRouter
 from bot.store import installations
 from labels.catalogue import MAIL_LABELS
 
-router = Router()
+router = OrderedRouter()
 
 
 def _is_vault(repo: str, vaults: set[str] | None) -> bool:

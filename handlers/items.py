@@ -11,9 +11,9 @@ import time
 from typing import Any
 
 from gidgethub import sansio
-from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
+from bot.app.routing import OrderedRouter
 from bot.errors import NotFoundError, VaultmailError
 from bot.forge.errors import NotFound
 from bot.items import waiting
@@ -42,7 +42,7 @@ from bot.store.moves import forge_time
 from handlers.common import Scene, actor_of, repo_now, scene
 from handlers.item_updates import record_update
 
-router = Router()
+router = OrderedRouter()
 
 
 async def _item_scene(event: sansio.Event, ctx: HandlerContext) -> tuple[Scene, Item] | None:

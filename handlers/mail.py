@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from gidgethub import sansio
-from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
+from bot.app.routing import OrderedRouter
 from bot.errors import VaultmailError
 from bot.items.model import kind_of, type_names
 from bot.mail.header import parse_mail_body
@@ -18,8 +18,8 @@ from bot.store.queue import issue_key
 from handlers.common import Scene, scene
 from labels.states import LabelReview, MailState, labels_for, review_label_change
 
-router = Router()
-own_router = Router()
+router = OrderedRouter()
+own_router = OrderedRouter()
 
 _LEDGER_FOR = {MailState.NEW: "mail.sent", MailState.WORKING: "mail.opened",
                MailState.REPLIED: "mail.replied", MailState.CLOSED: "mail.closed"}

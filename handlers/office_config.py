@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from gidgethub import sansio
-from gidgethub.routing import Router
 
 from bot.app.context import HandlerContext
+from bot.app.routing import OrderedRouter
 from bot.forge.once import issue_once
 from bot.mail.markdown import as_data
 from bot.office.config import shortened
@@ -24,7 +24,7 @@ from bot.office.source import CONFIG_PATH, CONFIG_REPO
 from bot.store import ledger
 from handlers.config_checks import SHOWN
 
-router = Router()
+router = OrderedRouter()
 MARKER = "<!-- vaultmail:office-config-error -->"
 TITLE = f"{CONFIG_PATH} was refused"
 
