@@ -22,28 +22,15 @@ Handler = Callable[..., Awaitable[None]]
 
 class OrderedRouter(Router):
     """A `Router` whose `dispatch` runs an event's handlers in the order they were added
-    (`ordered`); routers it is made from are taken in their own order."""
+    (`ordered`); the routers it is made from (each handlers module's) in their own order."""
 
-    def __init__(self, *other_routers: Router) -> None:
+    def __init__(self, *other_routers: OrderedRouter) -> None:
         self._added: list[tuple[Handler, str, dict[str, Any]]] = []
         self._order: dict[Handler, int] = {}
         super().__init__()
         for other in other_routers:
-            if isinstance(other, OrderedRouter):
-                for func, event_type, detail in other._added:
-                    self.add(func, event_type, **detail)
-            else:  # (gidgethub's own: its order is not kept)
-                self._take(other)
-
-    def _take(self, other: Router) -> None:
-        for event_type, callbacks in other._shallow_routes.items():
-            for callback in callbacks:
-                self.add(callback, event_type)
-        for event_type, details in other._deep_routes.items():
-            for key, values in details.items():
-                for value, callbacks in values.items():
-                    for callback in callbacks:
-                        self.add(callback, event_type, **{key: value})
+            for func, event_type, detail in other._added:
+                self.add(func, event_type, **detail)
 
     def add(self, func: Handler, event_type: str, **data_detail: Any) -> None:
         self._added.append((func, event_type, dict(data_detail)))

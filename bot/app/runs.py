@@ -270,13 +270,14 @@ async def _dispatch(services: Services, forge: Forge, agent: Agent, vault: str, 
                     payload: dict[str, Any]) -> None:
     how = agent.run.dispatch
     org = vault.split("/")[0].lower()  # the vault's org: the office the run belongs to
+    # the org as the operator's entries apply to it now (its command, the hosts its URL may
+    # reach): one set for its login alone is for the account the login was bound to, not
+    # whoever took the login since (Services.behalf); asked once, not at every attempt
+    behalf = await services.behalf(org)
     if how == OPERATOR_COMMAND:
-        # the program the operator set for the org as it stands now: one set for its login
-        # alone is for the account the login was bound to (Services.behalf), not whoever took
-        # the login since; another account's run is refused as one with none set, and the
-        # operator is told what to write
-        granted = services.settings.agent_commands.command_for(await services.behalf(org),
-                                                               agent.slug)
+        # another account's run is refused as one with none set, and the operator is told
+        # what to write
+        granted = services.settings.agent_commands.command_for(behalf, agent.slug)
         if granted is None:
             await _refused(services, agent, subject, payload, org, (
                 f"no command is set for {org}'s agent {agent.slug}: `dispatch: command` runs "
@@ -296,8 +297,7 @@ async def _dispatch(services: Services, forge: Forge, agent: Agent, vault: str, 
             else:
                 # signed as delivery run-<n>: a runner drops a replay, or a retry it took
                 await post_signed(await services.keyring.ready_for(org), how, payload,
-                                  outbound=services.settings.outbound,
-                                  office=await services.behalf(org),
+                                  outbound=services.settings.outbound, office=behalf,
                                   event="run",
                                   delivery=f"run-{payload['run']}")
             return
