@@ -31,6 +31,7 @@ from bot.office.config import (
 )
 from bot.store import api_tokens, installations, ledger, mails
 from tests.support import Actor, ToolClient
+from tests.test_outbound_addresses import take_globex_over
 
 MARCO = "human:marco@acme.com"
 CONFIG = "acme/.github/vaultmail.yml"
@@ -196,15 +197,8 @@ async def test_a_command_for_an_org_does_not_run_for_the_next_owner_of_its_login
         assert done.subject == hanks and done.data["exit"] == 0, done.data
         assert len(ran.read_text().splitlines()) == 1, "the org's own run ran its command"
 
-        forge.uninstall_app(first)
-        await emb.settle()
         # the login is another account's now, with its own config asking for the command
-        forge.state.accounts["globex"].id = forge.state.next_id("account")
-        forge.add_user("eve", "eve@evil.test")
-        forge.set_permission("globex/scout-vault", "eve", "admin")
-        forge.set_permission("globex/scout-vault", "evil-scout", "write")
-        forge.install_app(int(app_id), "globex", sender="eve")
-        await emb.settle()
+        await take_globex_over(emb, first, app_id)
         forge.put_file("globex/.github", "vaultmail.yml", yaml.safe_dump(SQUATTER),
                        pusher="eve")
         await emb.settle()

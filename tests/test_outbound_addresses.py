@@ -652,6 +652,20 @@ SQUATTER: dict[str, Any] = {
 }
 
 
+async def take_globex_over(emb: Any, first: int, app_id: str) -> None:
+    """globex's installation `first` gone, and its login another account's now (an org
+    deleted, its name taken): eve's, with evil-scout, which installs the App."""
+    forge = emb.forge
+    forge.uninstall_app(first)
+    await emb.settle()
+    forge.state.accounts["globex"].id = forge.state.next_id("account")
+    forge.add_user("eve", "eve@evil.test")
+    forge.set_permission("globex/scout-vault", "eve", "admin")
+    forge.set_permission("globex/scout-vault", "evil-scout", "write")
+    forge.install_app(int(app_id), "globex", sender="eve")
+    await emb.settle()
+
+
 @pytest.mark.parametrize("host", ["127.0.0.1", "runner.acme.example"],
                          ids=["address", "host name"])
 async def test_an_entry_for_an_org_does_not_pass_to_the_next_owner_of_its_login(
@@ -696,18 +710,11 @@ async def test_an_entry_for_an_org_does_not_pass_to_the_next_owner_of_its_login(
             assert resp.status == 200, await resp.text()
         await until(lambda: "/old/hook" in receiver.paths(), timeout=30)
 
-        forge.uninstall_app(first)
-        await emb.settle()
         # the login is another account's now, with its own config naming the receiver
-        forge.state.accounts["globex"].id = forge.state.next_id("account")
-        forge.add_user("eve", "eve@evil.test")
-        forge.set_permission("globex/scout-vault", "eve", "admin")
-        forge.set_permission("globex/scout-vault", "evil-scout", "write")
+        await take_globex_over(emb, first, app_id)
         squatter = {**SQUATTER, "webhooks": [f"{base}/new/hook"]}
         squatter["agents"] = [{**SQUATTER["agents"][0],
                                "run": {"triggers": ["mail"], "dispatch": f"{base}/new/runs"}}]
-        forge.install_app(int(app_id), "globex", sender="eve")
-        await emb.settle()
         forge.put_file("globex/.github", "vaultmail.yml", yaml.safe_dump(squatter),
                        pusher="eve")
         await emb.settle()
