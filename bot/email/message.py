@@ -105,11 +105,9 @@ def message_ids(value: str | None) -> tuple[str, ...]:
 
 
 def _header(msg: Message, name: str) -> str:
-    try:
-        value = msg.get(name)
-    except Exception:  # a header the parser cannot decode is as good as absent
-        return ""
-    return _one_line(str(value)) if value is not None else ""
+    """The first `name` header's value, on one line ("" where there is none: `_headers`)."""
+    values = _headers(msg, name)
+    return values[0] if values else ""
 
 
 def _one_line(text: str) -> str:
