@@ -104,10 +104,6 @@ class DomainProofs:
         self._known.clear()
         self._failing.clear()
 
-    def vouches(self, domain: str) -> bool:
-        """Whether the operator vouches for `domain` (for some office): no DNS is asked."""
-        return domain.lower().rstrip(".") in self.vouched
-
     async def proof(self, office: Behalf, domain: str) -> Proof:
         """Whether `domain` is the office's of `office.org`, the forge's account
         `office.account` (None: not known yet). DnsError when DNS cannot say now and nothing

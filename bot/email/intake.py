@@ -38,10 +38,9 @@ from bot.mail.mailer import (
     fits,
 )
 from bot.mail.markdown import as_data, blockquote, defuse_mentions
-from bot.names import Behalf
 from bot.office.config import Office
 from bot.office.source import CONFIG_REPO
-from bot.store import idempotency, installations, ledger, mails
+from bot.store import idempotency, ledger, mails
 from bot.store.mails import MailRecord
 from labels.catalogue import MAIL_LABELS
 
@@ -200,13 +199,10 @@ class EmailIntake:
 
     async def _proof(self, office: Office) -> Proof:
         assert office.email is not None
-        if self.proofs.vouches(office.email.domain):
-            # the operator's word is for an account: one by login alone binds the login at
-            # its first use, and tells the operator of another account under it
-            behalf = await self.services.behalf(office.org)
-        else:  # (DNS names the account itself: nothing of the operator's to bind)
-            behalf = Behalf(office.org,
-                            await installations.account_of(self.services.store, office.org))
+        # the office's account, and whether the operator's word for its login (a vouch by
+        # login alone) is its (Services.behalf: bound at its first use); DNS names the
+        # account itself
+        behalf = await self.services.behalf(office.org)
         account = behalf.account
         proof = await self.proofs.proof(behalf, office.email.domain)
         told = (office.org.lower(), account, office.email.domain)
