@@ -26,7 +26,7 @@ from localforge import LocalForge
 from tests import pg
 from tests.deployed import deploy
 from tests.harness.runner import vaultmail
-from tests.support import free_port
+from tests.support import free_port, until
 
 SCOUT = "acme/scout-vault"
 CREATE = "POST /repos/{owner}/{repo}/issues"
@@ -143,6 +143,17 @@ async def test_a_replica_stopped_while_its_create_is_in_flight_leaves_one_mail(
         answered = await asyncio.wait_for(first, GUARD)
         assert answered == retried, "both tries answer the one mail"
 
+        async def handled() -> bool:
+            """The late issue's `opened`, handled (its worker closes it as a duplicate too,
+            writing its comment and deleting the later one): what is read below is final."""
+            await forge.webhooks_idle()
+            for replica in (two.a, two.b):
+                async with s.get(replica.url + "/healthz") as resp:
+                    if (await resp.json())["queue_pending"]:
+                        return False
+            return True
+
+        await until(handled, timeout=GUARD)
         marco = two.marco
         async with s.get(forge.url + f"/repos/{SCOUT}/issues?state=all&per_page=100",
                          headers=marco) as resp:
