@@ -402,6 +402,31 @@ async def test_a_record_naming_the_org_proves_nothing_where_the_index_had_not_it
         assert await mails.all_mails(store) == []
 
 
+async def test_a_refusal_said_before_the_account_was_known_is_said_again_naming_its_id(
+        mailroom: Mailroom) -> None:
+    """The ledger's word on a domain not proven names the record to publish, with the org's
+    id. Said once while the index did not know acme's account yet (the id left as a
+    placeholder), it is said again once the account is known: the first entry must not stand
+    in for the exact one (it did: one entry per org and domain, whichever came first)."""
+    store = mailroom.embedded.services.store
+    mailroom.dns.txts.pop(RECORD, None)
+    raw = wire(message("bob@example.org", f"scout@{DOMAIN}", "Hi", "hello"))
+    async with store.transaction() as db:  # (as an index that has not read the id yet)
+        await db.execute("UPDATE installations SET account_id=NULL WHERE org='acme'")
+    _intake(mailroom).proofs.forget()
+    refused = await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])
+    assert refused.code == 550 and refused.text.startswith("5.7.1"), refused
+    async with store.transaction() as db:  # the listing reads it
+        await db.execute("UPDATE installations SET account_id=? WHERE org='acme'", (ACME_ID,))
+    _intake(mailroom).proofs.forget()
+    refused = await send(mailroom.port, raw, rcpts=[f"scout@{DOMAIN}"])
+    assert refused.code == 550 and refused.text.startswith("5.7.1"), refused
+    said = [e.data["errors"][0] for e in await ledger.entries(
+        store, event="office.config_refused")]
+    assert len(said) == 2 and "<the id of acme" in said[0], said
+    assert f'{RECORD} TXT "vaultmail-office-id={ACME_ID}"' in said[1], said
+
+
 async def _given_up_once(mailroom: Mailroom, sent: dict[str, Any], why: str) -> None:
     """scout's mail to bob was given up once, saying `why`: one bounce (the relay's source),
     the agent's Undelivered mail, one deferral note and one bounce note on its issue."""

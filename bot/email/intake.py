@@ -208,11 +208,14 @@ class EmailIntake:
         told = (office.org.lower(), account, office.email.domain)
         if not proof.proven and told not in self._told:
             where = self.services.offices.where(office.org)
+            # once per domain and account: one said before the index knew the account (its
+            # id a placeholder in the record asked for) does not stand for the exact one
             await ledger.record_once(self.services.store, "office.config_refused", "office",
                                      f"{office.org}/{CONFIG_REPO}",
                                      {"errors": [f"{where}: email.domain: {proof.why}"],
-                                      "email_domain": office.email.domain},
-                                     org=office.org, by=("email_domain",))
+                                      "email_domain": office.email.domain,
+                                      "account": "" if account is None else str(account)},
+                                     org=office.org, by=("email_domain", "account"))
             self._told.add(told)
         return proof
 
