@@ -5,6 +5,8 @@ loads none of the web routes, the console or the MCP server."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import aiohttp
 
 from bot.app.listing import accounts_of, live_of, take_listing
@@ -86,4 +88,7 @@ async def build_gitea_services(settings: Settings, session: aiohttp.ClientSessio
     services.keyring.installed = services.installations.keys  # what legacy keys served
     services.left_office = left_office  # (questions stop waiting on whoever left)
     services.offices.renamed = keyring.renamed
+    # a repository is the office's while its owner is the account the index holds for its
+    # login (bot.forge.gitea: Gitea tells no hook of an org renamed)
+    client.account_of = partial(installations.account_of, store)
     return services

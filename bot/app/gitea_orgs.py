@@ -19,6 +19,7 @@ from functools import partial
 from bot.app.background import Rounds, Work
 from bot.app.listing import CATCH_UP_AT_ONCE, catch_up_office, catch_up_offices, take_listing
 from bot.app.services import Services
+from bot.forge.gitea import GiteaClient
 from bot.store import installations
 
 log = logging.getLogger("vaultmail.gitea_orgs")
@@ -82,6 +83,9 @@ class GiteaOrgs(Rounds):
         self.poll = every
         services.installs_looked_for_every = every  # (NotInstalled's Retry-After)
         services.look_for_orgs = self.look_now
+        client = services.forge_client
+        if isinstance(client, GiteaClient):  # (a repository found another account's)
+            client.owner_changed = self.look_again
         self._turns = asyncio.Semaphore(CATCH_UP_AT_ONCE)
         self._again_after, self._clock = again_after, clock
         self._looked = clock()  # (the start has just looked: bot.app.web)
@@ -94,6 +98,13 @@ class GiteaOrgs(Rounds):
         it shares."""
         if self._looking is None and self._clock() - self._looked < self._again_after:
             return _answer(False)
+        return self._told(self._look())
+
+    def look_again(self) -> Awaitable[bool]:
+        """A look at the bot's orgs now, whenever the last was (the one under way shared):
+        a repository was found another account's than the one the index holds for its
+        login (bot.forge.gitea), so the index is behind the forge, and the office follows
+        its org before its write is tried again."""
         return self._told(self._look())
 
     async def _told(self, looking: asyncio.Future[list[str]]) -> bool:

@@ -783,6 +783,8 @@ class _Caller(abc.ABC):
                 if method != "GET":  # each attempt paced, its turn held for it alone: what
                     # follows a failure (a backoff, a rate limit's wait) waits outside it
                     await turn.enter_async_context(self._write_turn(content, endpoint or method))
+                    # (in its turn: checked just before the write, however long it waited)
+                    await self._before_write(url, url_vars)
                 credentials = await self._credentials()  # (fresh after a long wait)
                 try:
                     async with self.client.semaphore:
@@ -885,6 +887,11 @@ class _Caller(abc.ABC):
             )
             self._count("retries")
             await self._sleep(delay)
+
+    async def _before_write(self, url: str, url_vars: UrlVars | None) -> None:
+        """What a forge checks before each attempt of a write, in its turn (Gitea: whose the
+        repository is, `GiteaForge._before_write`); nothing by default."""
+        return
 
     async def _get(self, url: str, url_vars: UrlVars | None = None, *,
                    read_at_most: int | None = None) -> Any:

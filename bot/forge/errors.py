@@ -74,6 +74,19 @@ class MovedAway(NotFound):
         super().__init__(message, **kw)
 
 
+class OwnerChanged(ForgeError):
+    """A repository's owner is not the account the index holds for its login (Gitea: an org
+    renamed itself, unheard, and another account took its old login): nothing is written to
+    it, nor read from it as the office's. The app has looked at the bot's orgs again by then
+    (bot.app.gitea_orgs), so a retry acts for the office where its org is now."""
+
+    def __init__(self, message: str, *, repo: str, held: int, now: int, **kw: Any) -> None:
+        self.repo = repo
+        self.held = held  # the account the index holds for the login
+        self.now = now  # the repository's owner's, as the forge answers
+        super().__init__(message, **kw)
+
+
 class Unauthorized(ForgeError):
     """401 even after a fresh token / JWT: the app's credentials are rejected."""
 
@@ -118,6 +131,7 @@ __all__ = [
     "MovedAway",
     "NotFound",
     "OutcomeUnknown",
+    "OwnerChanged",
     "PermissionDenied",
     "PutOff",
     "RateLimited",

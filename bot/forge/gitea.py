@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -55,18 +55,20 @@ from .caller import (
     RepoCaller,
     RequestStats,
     SharedBudget,
+    UrlVars,
     _iso,
     _iso_epoch,
     split_repo,
 )
 from .clock import Clock, SystemClock
-from .errors import ForgeError, NotFound
+from .errors import ForgeError, NotFound, OwnerChanged
 from .pacing import Sleep
 
 log = logging.getLogger("vaultmail.forge.gitea")
 
 SYNTHETIC_INSTALLATION_ID = 1  # the one "installation" a Gitea bot has
 PAGE = 50  # Gitea's MAX_RESPONSE_ITEMS default
+REPO_ROUTE = "/repos/{owner}/{repo}"  # every route of one repository begins so
 EDIT_FIELDS = frozenset({"title", "body", "state", "assignees", "milestone"})
 KNOWN_FIELDS = EDIT_FIELDS | {"labels", "state_reason"}
 # the mail states' Gitea names (one exclusive scope, `mail/`) from the app's, and back: both
@@ -165,6 +167,52 @@ class GiteaForge(RepoCaller):
     def _by_app(self, item: Mapping[str, Any]) -> bool:
         user = item.get("user") or {}
         return str(user.get("login", "")).lower() == self.client.bot_login.lower()
+
+    # -- whose a repository is -------------------------------------------------------------------
+    # Gitea names a repository by its owner's login alone, and tells no hook of an org renamed:
+    # until the app's next look at the bot's orgs (bot.app.gitea_orgs) the index holds an
+    # office's vaults under a login another account may have taken meanwhile, with a
+    # repository of the same name. One bot token reaches both: so each write into a repository,
+    # and each read of a file (the office's config, its vaults' files: the office's own
+    # words), first reads whose the repository is now.
+
+    async def _before_write(self, url: str, url_vars: UrlVars | None) -> None:
+        if url.startswith(REPO_ROUTE) and url_vars is not None:
+            await self._owner_checked(str(url_vars["owner"]), str(url_vars["repo"]))
+
+    async def _file(self, repo: str, path: str, ref: str | None = None,
+                    at_most: int | None = None) -> JSON | None:
+        await self._owner_checked(*repo.split("/", 1))
+        return await super()._file(repo, path, ref, at_most)
+
+    async def _owner_checked(self, owner: str, name: str) -> None:
+        """Nothing when `owner/name` is the account's the index holds for `owner` (or the
+        index holds none, or the repository is not found: the request itself then says so);
+        else OwnerChanged, once the app has looked at the bot's orgs (`owner_changed`)."""
+        account_of = self.client.account_of
+        held = None if account_of is None else await account_of(owner)
+        if held is None:
+            return
+        repo = f"{owner}/{name}"
+        try:
+            data = await self._get(REPO_ROUTE, split_repo(repo))
+        except NotFound:
+            return
+        now = (data.get("owner") or {}).get("id") if isinstance(data, dict) else None
+        if not isinstance(now, int) or now == held:
+            return
+        log.warning("a repository is another account's than the one its login is the "
+                    "office's of: nothing of it written or read as the office's; the bot's "
+                    "orgs looked at again", extra={**self._log_extra, "repo": repo,
+                                                   "account_id": held, "owner_id": now})
+        if self.client.owner_changed is not None:
+            await self.client.owner_changed()
+        raise OwnerChanged(
+            f"{repo} is another account's now (id {now}), not the org's its office was made "
+            f"for (id {held}): that org renamed itself, or left the name, and another took "
+            f"it; nothing was written there, and the app has looked at the bot's orgs again "
+            "so the office follows its org: try again", repo=repo, held=held, now=now,
+            url=f"{REPO_ROUTE.format(owner=owner, repo=name)}")
 
     # -- labels by id --------------------------------------------------------------------------
     async def _repo_labels(self, repo: str) -> list[JSON]:
@@ -569,6 +617,13 @@ class GiteaClient:
         self._clock: Clock = clock if clock is not None else SystemClock()
         self.stats = RequestStats()
         self.semaphore = asyncio.Semaphore(max(1, self.config.max_concurrency))
+        # the forge's id of the account the index holds for a login (bot.app.build sets it):
+        # a repository of that login's is written, and its files read, only while it is
+        # that account's (`GiteaForge._owner_checked`)
+        self.account_of: Callable[[str], Awaitable[int | None]] | None = None
+        # told of a repository found another account's: the app's look at the bot's orgs
+        # (bot.app.gitea_orgs), which the office follows
+        self.owner_changed: Callable[[], Awaitable[object]] | None = None
         self._forges: dict[str | None, GiteaForge] = {}  # by org (lower case)
         self._hooks = GiteaHooks()
 

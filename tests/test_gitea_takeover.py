@@ -1,0 +1,124 @@
+"""Gitea tells no hook of an org renamed: the app learns it at its next look at the bot's orgs
+(bot.app.gitea_orgs, every ORGS_EVERY seconds). Until then the index holds the office's
+vaults under the org's old login, which another user may take at once, making an org of
+that name with a repository of the vault's name and adding the bot. Nothing the office
+writes may land there: a write into a repository is made only while its owner is the
+account the index holds for its login (bot.forge.gitea), and one found otherwise has the
+app look at the bot's orgs first, so the office follows its org."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bot.forge.errors import OwnerChanged
+from bot.store import installations, mails
+from tests.test_email_support import (
+    DOMAIN,
+    Mailroom,
+    delivered,
+    message,
+    open_mailroom,
+    send,
+    wire,
+)
+
+
+@pytest.fixture
+async def gitea_room(tmp_path: Path, database_url: str) -> AsyncIterator[Mailroom]:
+    """The mailroom (tests/test_email_support.py) with the local forge speaking Gitea."""
+    async with open_mailroom(tmp_path, database_url, dialect="gitea") as room:
+        yield room
+
+
+def _taken_over(room: Mailroom) -> int:
+    """acme renames itself acme2 (its office's index not told: Gitea sends no hook, and the
+    app's next look is minutes away); eve makes an org called acme with a scout-vault of
+    her own and adds the bot to it. Her org's id."""
+    forge = room.embedded.forge
+    forge.rename_org("acme", "acme2")
+    forge.add_user("eve", "eve@evil.test")
+    forge.add_org("acme", owner="eve")
+    forge.add_repo("acme", "scout-vault")
+    forge.add_org_member("acme", room.embedded.services.app_slug, role="admin")
+    eves = forge.state.account("acme")
+    assert eves is not None
+    return eves.id
+
+
+def _issues_of(room: Mailroom, owner: str, name: str) -> list[str]:
+    repo = room.embedded.forge.state.repo(owner, name)
+    assert repo is not None
+    return [issue.title for issue in repo.issues.values()]
+
+
+async def test_email_to_an_agent_after_its_org_renamed_never_lands_in_the_new_orgs_vault(
+        gitea_room: Mailroom) -> None:
+    """Acted out (review): within the look's window, bob's email to scout was written as an
+    issue in eve's acme/scout-vault (the office's config still named it so), and eve read it.
+    Now the write finds acme/scout-vault is not the office's org's (another id): nothing is
+    written, the app looks at the bot's orgs (acme's office follows it to acme2, eve's acme is
+    a new office), and the email is answered 451; sent again, it is delivered to
+    acme2/scout-vault."""
+    room = gitea_room
+    store = room.embedded.services.store
+    acme_id = await installations.account_of(store, "acme")
+    eve_id = _taken_over(room)
+    raw = wire(message("Bob <bob@example.org>", f"scout@{DOMAIN}", "Prices", "The secret.",
+                       Message_ID="<takeover@example.org>"))
+    first = await send(room.port, raw, rcpts=[f"scout@{DOMAIN}"])
+    assert _issues_of(room, "acme", "scout-vault") == [], "written into eve's vault"
+    assert first.code == 451, first
+    assert await installations.account_of(store, "acme2") == acme_id
+    assert await installations.account_of(store, "acme") == eve_id
+    again = await send(room.port, raw, rcpts=[f"scout@{DOMAIN}"])
+    assert await delivered(room, again) == ["acme2/scout-vault#1"]
+    assert _issues_of(room, "acme2", "scout-vault") == ["Prices"]
+    assert _issues_of(room, "acme", "scout-vault") == []
+    [mail] = await mails.all_mails(store)
+    assert mail.vault == "acme2/scout-vault"
+
+
+async def test_an_agents_mail_after_its_org_renamed_never_lands_in_the_new_orgs_vault(
+        gitea_room: Mailroom) -> None:
+    """The same for mail an agent sends with mail_send (to itself: scout's own vault): the
+    call is refused saying to try again, nothing in eve's vault; again, it is acme2's."""
+    room = gitea_room
+    tools = room.tools("agent:scout")
+    _taken_over(room)
+    args = {"to": "scout", "subject": "Plans", "body": "The secret plans.",
+            "idempotencyKey": "plans-1"}
+    status, refused = await tools.raw("mail_send", args)
+    assert _issues_of(room, "acme", "scout-vault") == [], "written into eve's vault"
+    assert status == 502 and "try again" in str(refused), (status, refused)
+    sent = await tools("mail_send", **args)
+    assert sent["mail"]["vault"] == "acme2/scout-vault", sent
+    assert _issues_of(room, "acme2", "scout-vault") == ["Plans"]
+    assert _issues_of(room, "acme", "scout-vault") == []
+
+
+async def test_the_config_of_the_org_that_took_the_login_is_never_read_as_the_offices(
+        gitea_room: Mailroom) -> None:
+    """The same window: eve's acme has a .github/vaultmail.yml naming her and her own scout.
+    Before, the office's next read of its config (every minute) read hers as acme's office's,
+    whose mail and tokens are the first org's. Now the read finds acme/.github is another
+    account's: nothing of it is read, the app looks at the bot's orgs, and the first org's
+    office, acme2 now, reads its own; eve's is the config of her own new office."""
+    room = gitea_room
+    services, forge = room.embedded.services, room.embedded.forge
+    eve_id = _taken_over(room)
+    forge.add_repo("acme", ".github")
+    forge.put_file("acme/.github", "vaultmail.yml", yaml.safe_dump({
+        "org": "acme",
+        "humans": [{"email": "eve@evil.test", "login": "eve", "permissions": ["editor"]}],
+        "agents": [{"slug": "scout", "login": "eve-scout", "person": "eve@evil.test"}]}))
+    with pytest.raises(OwnerChanged):
+        await services.offices.get(services.forge_for_org("acme"), "acme", fresh=True)
+    assert await installations.account_of(services.store, "acme") == eve_id
+    first = await services.offices.get(services.forge_for_org("acme2"), "acme2")
+    assert first is not None and first.human("eve@evil.test") is None
+    hers = await services.offices.get(services.forge_for_org("acme"), "acme")
+    assert hers is not None and hers.human("eve@evil.test") is not None
