@@ -122,3 +122,21 @@ async def test_the_config_of_the_org_that_took_the_login_is_never_read_as_the_of
     assert first is not None and first.human("eve@evil.test") is None
     hers = await services.offices.get(services.forge_for_org("acme"), "acme")
     assert hers is not None and hers.human("eve@evil.test") is not None
+
+
+async def test_email_to_an_agent_after_its_org_renamed_is_not_bounced_as_moved_away(
+        gitea_room: Mailroom) -> None:
+    """acme renames itself acme2 and nobody takes its old login: within the look's window,
+    Gitea leads acme/scout-vault to acme2/scout-vault, which the request loop follows to no
+    other owner (`MovedAway`). Before, bob's email was refused for good (550: the vault
+    "gone", a bounce ledgered) though its vault is where its org went. Now the same account's
+    repository under the org's new login is that org renamed: the app looks at the bot's
+    orgs, the email is answered 451, and sent again it is acme2's."""
+    room = gitea_room
+    room.embedded.forge.rename_org("acme", "acme2")
+    raw = wire(message("Bob <bob@example.org>", f"scout@{DOMAIN}", "Prices", "x",
+                       Message_ID="<renamed@example.org>"))
+    first = await send(room.port, raw, rcpts=[f"scout@{DOMAIN}"])
+    assert first.code == 451, first
+    again = await send(room.port, raw, rcpts=[f"scout@{DOMAIN}"])
+    assert await delivered(room, again) == ["acme2/scout-vault#1"]

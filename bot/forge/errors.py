@@ -75,15 +75,16 @@ class MovedAway(NotFound):
 
 
 class OwnerChanged(ForgeError):
-    """A repository's owner is not the account the index holds for its login (Gitea: an org
-    renamed itself, unheard, and another account took its old login): nothing is written to
-    it, nor read from it as the office's. The app has looked at the bot's orgs again by then
-    (bot.app.gitea_orgs), so a retry acts for the office where its org is now."""
+    """A repository's login is not the account's the index holds for it (Gitea, which tells
+    no hook of an org renamed: the org renamed itself, and the old name leads to its new
+    one, or another account took the old login): nothing is written to it, nor read from it
+    as the office's. The app has looked at the bot's orgs again by then (bot.app.gitea_orgs),
+    so a retry acts for the office where its org is now."""
 
     def __init__(self, message: str, *, repo: str, held: int, now: int, **kw: Any) -> None:
         self.repo = repo
         self.held = held  # the account the index holds for the login
-        self.now = now  # the repository's owner's, as the forge answers
+        self.now = now  # the repository's owner's, as the forge answers (renamed: `held`)
         super().__init__(message, **kw)
 
 

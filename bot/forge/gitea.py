@@ -51,7 +51,9 @@ from .base import (
     probe,
 )
 from .caller import (
+    _NO_BODY,
     ForgeConfig,
+    Policy,
     RepoCaller,
     RequestStats,
     SharedBudget,
@@ -61,7 +63,7 @@ from .caller import (
     split_repo,
 )
 from .clock import Clock, SystemClock
-from .errors import ForgeError, NotFound, OwnerChanged
+from .errors import ForgeError, MovedAway, NotFound, OwnerChanged
 from .pacing import Sleep
 
 log = logging.getLogger("vaultmail.forge.gitea")
@@ -185,34 +187,71 @@ class GiteaForge(RepoCaller):
         await self._owner_checked(*repo.split("/", 1))
         return await super()._file(repo, path, ref, at_most)
 
+    async def _request(self, method: str, url: str, url_vars: UrlVars | None = None,
+                       data: Any = _NO_BODY, *, policy: Policy | None = None,
+                       content: bool = False,
+                       find_existing: Callable[[], Awaitable[Any]] | None = None,
+                       read_at_most: int | None = None) -> tuple[Any, str | None, int]:
+        try:
+            return await super()._request(method, url, url_vars, data, policy=policy,
+                                          content=content, find_existing=find_existing,
+                                          read_at_most=read_at_most)
+        except MovedAway as exc:  # (Gitea leads an org's old login to its new one)
+            if url.startswith(REPO_ROUTE) and url_vars is not None:
+                await self._renamed_checked(str(url_vars["owner"]), exc)
+            raise
+
     async def _owner_checked(self, owner: str, name: str) -> None:
         """Nothing when `owner/name` is the account's the index holds for `owner` (or the
-        index holds none, or the repository is not found: the request itself then says so);
-        else OwnerChanged, once the app has looked at the bot's orgs (`owner_changed`)."""
+        index holds none, or the repository is not found: the request itself then says
+        so); else OwnerChanged (`_changed`)."""
         account_of = self.client.account_of
         held = None if account_of is None else await account_of(owner)
         if held is None:
             return
         repo = f"{owner}/{name}"
-        try:
+        try:  # (led to its org's new login: OwnerChanged, `_request`)
             data = await self._get(REPO_ROUTE, split_repo(repo))
         except NotFound:
             return
         now = (data.get("owner") or {}).get("id") if isinstance(data, dict) else None
-        if not isinstance(now, int) or now == held:
+        if isinstance(now, int) and now != held:
+            await self._changed(repo, held, now, (
+                f"it is another account's now (id {now}), not the org's its office was "
+                f"made for (id {held}): that org renamed itself, or left the name, and "
+                "another took it"))
+
+    async def _renamed_checked(self, owner: str, moved: MovedAway) -> None:
+        """A request into a repository of `owner` that the forge leads to `moved.now`:
+        OwnerChanged (`_changed`) when that one is the account's the index holds for
+        `owner` (the org renamed itself, unheard); else nothing (it went to another
+        owner: `MovedAway` says so)."""
+        account_of = self.client.account_of
+        held = None if account_of is None else await account_of(owner)
+        if held is None:
             return
-        log.warning("a repository is another account's than the one its login is the "
-                    "office's of: nothing of it written or read as the office's; the bot's "
-                    "orgs looked at again", extra={**self._log_extra, "repo": repo,
-                                                   "account_id": held, "owner_id": now})
+        try:
+            data = await self._get(REPO_ROUTE, split_repo(moved.now))
+        except NotFound:
+            return
+        if isinstance(data, dict) and (data.get("owner") or {}).get("id") == held:
+            await self._changed(moved.was, held, held,
+                                f"its org renamed itself ({moved.now} now)")
+
+    async def _changed(self, repo: str, held: int, now: int, why: str) -> None:
+        """`repo`'s login is not the account's the index holds for it (`why`): the app
+        looks at the bot's orgs (`owner_changed`), then OwnerChanged."""
+        log.warning("a repository's login is not the account's the index holds for it: "
+                    "nothing of it written or read as the office's; the bot's orgs looked at "
+                    "again", extra={**self._log_extra, "repo": repo, "why": why,
+                                    "account_id": held, "owner_id": now})
         if self.client.owner_changed is not None:
             await self.client.owner_changed()
         raise OwnerChanged(
-            f"{repo} is another account's now (id {now}), not the org's its office was made "
-            f"for (id {held}): that org renamed itself, or left the name, and another took "
-            f"it; nothing was written there, and the app has looked at the bot's orgs again "
-            "so the office follows its org: try again", repo=repo, held=held, now=now,
-            url=f"{REPO_ROUTE.format(owner=owner, repo=name)}")
+            f"{repo}: {why}; nothing was written there, and the app has looked at the bot's "
+            "orgs again so the office follows its org: try again", repo=repo, held=held,
+            now=now, url=REPO_ROUTE.format(owner=repo.partition("/")[0],
+                                           repo=repo.partition("/")[2]))
 
     # -- labels by id --------------------------------------------------------------------------
     async def _repo_labels(self, repo: str) -> list[JSON]:
