@@ -42,10 +42,10 @@ def check_name(text: str, what: str) -> str:
 
 # The org such an entry is for: its login in lower case, and the forge account id it names, or
 # None where it names the login alone. A login is not an org: on GitHub an org can be deleted
-# and its login taken by another account, which must not get what the operator set for the
-# org before. So an entry by login alone is bound to the account holding the login when the
-# operator's entries for it are first used (bot.app.services.Services.behalf, kept in the
-# index), and `acme#1234` is account 1234's alone.
+# or renamed and its login taken by another account, which must not get what the operator set
+# for the org before. So an entry by login alone is bound to the first account the index
+# recorded under the login, as it records it (bot.store.installations.bind_logins_in; applied
+# by bot.app.services.Services.behalf), and `acme#1234` is account 1234's alone.
 OrgEntry = tuple[str, int | None]
 _ORG_ACCOUNT = re.compile(r"^(?P<org>[^#]*)#(?P<account>[0-9]+)$", re.ASCII)
 
@@ -67,7 +67,8 @@ class Behalf:
     """An office as the operator's entries for one org are applied to it: its org (its login
     now), the forge account that holds it now (None where the index does not know it: nothing
     to tell owners apart by), and whether the entries naming the login alone are its
-    (`by_login`: false when they were bound to another account at first use). `any_account`:
+    (`by_login`: false when they are bound to another account, the first the index recorded
+    under the login, and, from `Services.behalf`, while no account is known). `any_account`:
     as for the account each entry names (`vaultmail office check`, which cannot ask the
     forge; it sends and runs nothing)."""
 

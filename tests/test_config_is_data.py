@@ -165,12 +165,58 @@ async def _send(emb: Embedded, principal: str, org: str) -> str:
         return str((await resp.json())["mail"]["ref"])
 
 
+async def test_a_command_by_login_does_not_run_while_the_orgs_account_is_not_known(
+        tmp_path: Path, database_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The operator sets scout's program for acme by its login alone (`acme:`). While the
+    index does not know acme's forge account (an index from before it read ids, a forge that
+    gave none: it cannot tell whose acme is), the command does not run: refused as one with
+    no command set, failing closed (the operator told); once the account is known, it runs.
+    Before, an unknown account was taken as the login's: the entries applied to whoever held
+    it."""
+    import logging
+
+    caplog.set_level(logging.WARNING)
+    office = tmp_path / "office.yml"
+    office.write_text(_with_dispatch(_example(), {"scout": "command"}))
+    granted = AgentCommands({"acme": {"scout": CommandDispatch(
+        command=[PYTHON, "-c", "import sys; sys.stdin.read(); print('the operator set me')"])}})
+    emb = await start_embedded(office_path=office, data_dir=tmp_path / "d", port=0,
+                               forge_port=0, database_url=database_url, agent_commands=granted)
+    try:
+        store = emb.services.store
+        account = await installations.account_of(store, "acme")
+        assert account is not None
+        async with store.transaction() as db:  # (as an index that has not read the id yet)
+            await db.execute("UPDATE installations SET account_id=NULL WHERE org='acme'")
+        async with aiohttp.ClientSession() as session:
+            marco = ToolClient(session, emb, MARCO)
+            unknown = (await marco("mail_send", to="scout", subject="A", body="x"))["mail"]
+            await emb.settle()
+            async with store.transaction() as db:  # the listing reads it
+                await db.execute("UPDATE installations SET account_id=? WHERE org='acme'",
+                                 (account,))
+            known = (await marco("mail_send", to="scout", subject="B", body="y"))["mail"]
+        await emb.settle()
+        done = {e.subject: e.data for e in await emb.ledger_events("run.finished")}
+        refused = done[unknown["ref"]]
+        assert refused["exit"] is None and refused["refused"] is True, refused
+        assert refused["error"].startswith("no command is set for acme's agent scout"), refused
+        assert done[known["ref"]]["exit"] == 0, done
+        assert "the operator set me" in done[known["ref"]]["stdout"]
+        [warned] = [r.getMessage() for r in caplog.records
+                    if "not applied while the forge has not said" in r.getMessage()]
+        assert "VAULTMAIL_AGENT_COMMANDS: " in warned and "scout" in warned, warned
+        assert "acme#ID" in warned, warned
+    finally:
+        await emb.stop()
+
+
 async def test_a_command_for_an_org_does_not_run_for_the_next_owner_of_its_login(
         tmp_path: Path, database_url: str, caplog: pytest.LogCaptureFixture) -> None:
     """The operator sets a program for globex's scout (`globex:` in VAULTMAIL_AGENT_COMMANDS,
     the org by its login). globex is deleted, and another account makes an org called globex,
-    installs the App and writes a config whose scout says `dispatch: command`. The command was
-    bound to the account that first used it: the new owner's run is refused as one with no
+    installs the App and writes a config whose scout says `dispatch: command`. The command is
+    bound to the account first recorded as globex: the new owner's run is refused as one with no
     command set (failed, `run.finished` saying so), nothing runs on the app's host, and the
     operator is told what to write. Before, the command went with the login: whoever took it
     had the app run, on its host, the program the operator set for the org that had it."""
@@ -221,6 +267,52 @@ async def test_a_command_for_an_org_does_not_run_for_the_next_owner_of_its_login
         message = warned.getMessage()
         assert "globex (scout)" in message and f"globex#{new}" in message, message
         assert warned.__dict__["agents"] == ["scout"] and warned.__dict__["account"] == new
+    finally:
+        await emb.stop()
+
+
+async def test_a_command_is_the_account_first_installed_under_the_login_not_first_run(
+        tmp_path: Path, database_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The operator sets a program for globex's scout (`globex:`), and globex installs the
+    App but writes no config: nothing of the operator's for it is used yet. globex is
+    deleted, and another account makes an org called globex, installs the App and asks for
+    the command. The command is the account the index recorded under globex first (when its
+    installation was heard), not the one whose run first asks: the new owner's run is refused
+    as one with no command set, nothing runs, and the operator is told. Before, it was bound
+    at its first use: the newcomer's run, which got the program."""
+    import logging
+
+    caplog.set_level(logging.WARNING)
+    ran = tmp_path / "ran"
+    granted = AgentCommands({"globex": {"scout": CommandDispatch(command=[
+        PYTHON, "-c", f"import sys; open({str(ran)!r}, 'a').write(sys.stdin.read() + '\\n')"])}})
+    emb = await start_embedded(data_dir=tmp_path / "d", port=0, forge_port=0,
+                               database_url=database_url, agent_commands=granted)
+    try:
+        forge = emb.forge
+        forge.add_org("globex")  # (no config: the operator's entries are not used for it)
+        for repo in (".github", "scout-vault"):
+            forge.add_repo("globex", repo)
+        (app_id,) = forge.state.apps
+        first = forge.install_app(int(app_id), "globex")
+        await emb.settle()
+        old = forge.state.accounts["globex"].id
+
+        await take_globex_over(emb, first, app_id)
+        forge.put_file("globex/.github", "vaultmail.yml", yaml.safe_dump(SQUATTER),
+                       pusher="eve")
+        await emb.settle()
+        eves = await _send(emb, "human:eve@evil.test", "globex")
+        await emb.settle()
+
+        assert not ran.exists(), "the new owner's run ran the command"
+        [refused] = [e for e in await ledger.entries(emb.services.store, org="globex")
+                     if e.event == "run.finished"]
+        assert refused.subject == eves and refused.data["refused"] is True, refused.data
+        [warned] = {r.getMessage(): r for r in caplog.records
+                    if "VAULTMAIL_AGENT_COMMANDS" in r.getMessage()}.values()
+        assert warned.__dict__["bound_account"] == old, warned.__dict__
+        assert warned.__dict__["account"] == forge.state.accounts["globex"].id != old
     finally:
         await emb.stop()
 
@@ -314,7 +406,7 @@ def test_the_command_setting_names_programs_per_org_and_agent(tmp_path: Path) ->
 
 def test_a_command_may_name_the_account_its_org_is(tmp_path: Path) -> None:
     """`acme#1234:` is for the office whose forge account is 1234, under the login acme;
-    `acme:` for the account the login's entries were bound to at first use (Behalf.by_login),
+    `acme:` for the account the login's entries are bound to (Behalf.by_login),
     which the operator's outbound entries share. Any other holder of the login runs none."""
     commands = tmp_path / "commands.yml"
     commands.write_text('acme:\n  echo: {command: [by-login]}\n  scout: {command: [scout]}\n'

@@ -268,9 +268,8 @@ async def test_a_domain_vouched_for_an_org_is_not_the_next_owner_of_its_login(
     another account makes an org called acme, installs the App and names the domain in its
     config. The vouch named the org by its login, so it went with the login: the domain's
     mail went into the new owner's vault and its agents sent as the domain. The vouch by
-    login alone is bound, as VAULTMAIL_OUTBOUND_ALLOW's entries are, to the account holding
-    the login when the operator's entries for it are first used (a mail, or the config read
-    before any: config-first): for the newcomer the domain is unproven as any is (550 at
+    login alone is bound, as VAULTMAIL_OUTBOUND_ALLOW's entries are, to the first account the
+    index recorded under the login: for the newcomer the domain is unproven as any is (550 at
     RCPT, its outbox defers), and the operator is told what to write."""
     caplog.set_level(logging.WARNING)
     async with open_mailroom(tmp_path, database_url, domains={DOMAIN: "acme"}) as mailroom:
@@ -307,7 +306,7 @@ async def test_a_domain_vouched_for_an_org_is_not_the_next_owner_of_its_login(
         [warned] = {r.getMessage(): r for r in caplog.records
                     if "VAULTMAIL_SMTP_DOMAINS" in r.getMessage()}.values()
         text = warned.getMessage()
-        assert f"acme ({DOMAIN}) were first used by forge account {old}" in text, text
+        assert f"acme ({DOMAIN}) are bound to forge account {old}, the first" in text, text
         assert f"{DOMAIN}=acme#{new}" in text and f"{DOMAIN}=NEWNAME#{old}" in text, text
         assert (warned.__dict__["org"], warned.__dict__["domains"],
                 warned.__dict__["bound_account"], warned.__dict__["account"]) == \

@@ -28,7 +28,7 @@ from bot.app.signed_post import post_signed
 from bot.mail.signing import Keyring
 from bot.names import Behalf
 from bot.office.config import OfficeConfigError
-from bot.store import ledger, mails
+from bot.store import installations, ledger, mails
 from bot.store import outbound as cursors
 from tests.support import ToolClient, served, until
 
@@ -673,7 +673,7 @@ async def test_an_entry_for_an_org_does_not_pass_to_the_next_owner_of_its_login(
         caplog: pytest.LogCaptureFixture) -> None:
     """The operator allows globex's runner (`globex=HOST`, the org by its login). globex is
     deleted, and another account makes an org called globex and installs the App: its config
-    names the same receiver. The entry was bound to the account that first used it, so the
+    names the same receiver. The entry is bound to the account first recorded as globex, so the
     new owner's URLs are refused where another office's are (an address at config load, a
     name once resolved), worded as any refusal, and the receiver gets nothing of theirs; the
     operator is told which entry and what to write. Before, the entry went with the login:
@@ -746,13 +746,87 @@ async def test_an_entry_for_an_org_does_not_pass_to_the_next_owner_of_its_login(
         for error in await refused():
             assert f"{base}/new/" in error and why in error, error
         [warned] = {r.getMessage(): r for r in caplog.records
-                    if "first used by" in r.getMessage()}.values()
+                    if "are bound to forge account" in r.getMessage()}.values()
         entry = f"globex={host}/32" if host[0].isdigit() else f"globex={host}"
-        assert f"globex ({entry}) were first used by" in warned.getMessage(), warned.getMessage()
+        assert f"globex ({entry}) are bound to forge account" in warned.getMessage(), \
+            warned.getMessage()
         assert "globex#" in warned.getMessage(), "it says what to write for the new owner"
         assert warned.__dict__["entries"] == [entry]
     finally:
         await emb.stop()
+
+
+@pytest.mark.parametrize("meanwhile", ["deleted", "renamed"])
+async def test_an_entry_for_a_login_another_account_took_while_the_app_was_down_is_not_theirs(
+        tmp_path: Path, receiver: Receiver, database_url: str, meanwhile: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """globex's office ran on an earlier start, before the operator allowed its runner
+    (`globex=127.0.0.1`, the org by its login). While the app is down, globex is deleted (or
+    renamed initech) and another account makes an org called globex and installs the App; its
+    config names the receiver, and the app starts with the entry. The entry is the account's
+    the index knew as globex first, bound as the index recorded it: the new owner's config is
+    refused as another office's would be, and the operator is told. Before, the entry was
+    bound at its first use, which was the new owner's config read at start: whoever took
+    the login while no app heard it reached the internal hosts allowed for the org."""
+    import logging
+
+    from bot.office.config import parse_office
+    from bot.office.seed import seed_office
+    from bot.store import api_tokens
+    from tests.support import app_key
+
+    caplog.set_level(logging.WARNING)
+    base = f"http://127.0.0.1:{receiver.port}"
+    first = await start_embedded(data_dir=tmp_path, persist_forge=True, port=0, forge_port=0,
+                                 database_url=database_url, app_key=app_key())
+    app_port = int(first.app_url.rsplit(":", 1)[1])
+    forge = first.forge
+    try:
+        seed_office(forge, parse_office(yaml.safe_dump(GLOBEX), "globex.yml", repository=False))
+        (app_id,) = forge.state.apps
+        installed = forge.install_app(int(app_id), "globex")
+        await first.settle()
+        old = forge.state.accounts["globex"].id
+        assert await installations.account_of(first.services.store, "globex") == old
+    finally:
+        await first.runner.cleanup()  # the app stops; meanwhile, on the forge:
+    try:
+        if meanwhile == "renamed":
+            forge.rename_org("globex", "initech")
+        else:
+            forge.uninstall_app(installed)
+            forge.state.accounts["globex"].id = forge.state.next_id("account")
+        squatter = {**SQUATTER, "webhooks": [f"{base}/new/hook"]}
+        seed_office(forge, parse_office(yaml.safe_dump(squatter), "globex.yml",
+                                        repository=False))
+        forge.install_app(int(app_id), "globex", sender="eve")
+        new = forge.state.accounts["globex"].id
+        assert new != old
+        await forge.webhooks_idle()
+    finally:
+        await forge.stop()
+    again = await start_embedded(data_dir=tmp_path, persist_forge=True, port=app_port,
+                                 forge_port=0, database_url=database_url, app_key=app_key(),
+                                 outbound=OutboundPolicy.parse("globex=127.0.0.1"))
+    try:
+        eve = await api_tokens.create_token(again.services.store, "human:eve@evil.test",
+                                            "globex")
+        async with aiohttp.ClientSession() as session, session.post(
+                again.app_url + "/api/v1/tools/mail_send",
+                headers={"Authorization": f"Bearer {eve}"},
+                json={"to": "scout", "subject": "Go", "body": "run"}) as resp:
+            # its config is refused as it is read, naming the URL: the office has none
+            text = await resp.text()
+            assert resp.status == 400 and f"{base}/new/hook" in text, (resp.status, text)
+            assert "is a loopback address" in text, text
+        await again.settle()
+        assert receiver.paths() == []
+        [warned] = {r.getMessage(): r for r in caplog.records
+                    if "VAULTMAIL_OUTBOUND_ALLOW's entries" in r.getMessage()}.values()
+        assert warned.__dict__["bound_account"] == old and warned.__dict__["account"] == new
+        assert f"globex#{new}=" in warned.getMessage(), warned.getMessage()
+    finally:
+        await again.stop()
 
 
 def test_an_entry_may_name_the_account_its_org_is() -> None:

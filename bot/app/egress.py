@@ -24,9 +24,10 @@ goes to (the URL's, else 80 or 443 by scheme), at config load and again once res
 An entry's org is an account, not a login: on GitHub an org can be deleted and its login taken
 by another account, whose config would otherwise reach what was allowed for the org before.
 `acme#1234=10.0.0.5` is for the office whose forge account is 1234 (under the login acme);
-`acme=10.0.0.5` is bound to the account that holds acme when the entry is first used for it
-(`Services.behalf`, kept in the index), and another account under that login is refused as
-another office is. Each check is told the office's account (`Behalf`).
+`acme=10.0.0.5` is bound to the first account the index recorded as acme (`Services.behalf`,
+kept in the index), and another account under that login is refused as another office is, as
+is any while the index knows no account under it. Each check is told the office's account
+(`Behalf`).
 """
 
 from __future__ import annotations
@@ -290,7 +291,7 @@ class OutboundPolicy:
 
     def by_login(self, org: str) -> list[str]:
         """The entries naming `org` by its login alone (`acme=10.0.0.5`), as written: those
-        bound to the account that first uses them."""
+        bound to the first account the index recorded under the login."""
         scope = (org.lower(), None)
         return sorted({f"{org.lower()}={_entry_text(name, port)}"
                        for office, name, port in self.hosts if office == scope}

@@ -51,36 +51,50 @@ def _tell_not_theirs(setting: str, org: str, entries: list[str], first: int,
     outbound entries, the agents given a command, or the email domains vouched for) are not
     account `account`'s, and what to write."""
     extra = {"org": org, "bound_account": first, "account": account}
+    bound = (f"are bound to forge account {first}, the first this app knew as {org}, and "
+             f"{org} is account {account} now (an org deleted or renamed, and its name taken "
+             "by another account)")
     if setting == DOMAINS_SETTING:
         log.warning(
-            "VAULTMAIL_SMTP_DOMAINS's domains for %s (%s) were first used by forge account %d, "
-            "and %s is account %d now (an org deleted and its name taken by another account): "
-            "they are not vouched for it, its mail to them is refused and none is sent from "
-            "them, as for a domain not proven. To vouch for them for the new owner, write %s; "
-            "to keep them the first account's under a new name, %s; else remove them",
-            org, ", ".join(entries), first, org, account,
+            "VAULTMAIL_SMTP_DOMAINS's domains for %s (%s) %s: they are not vouched for it, its "
+            "mail to them is refused and none is sent from them, as for a domain not proven. "
+            "To vouch for them for the new owner, write %s; to keep them the first account's "
+            "under a new name, %s; else remove them",
+            org, ", ".join(entries), bound,
             ",".join(f"{d}={org}#{account}" for d in entries),
             ",".join(f"{d}=NEWNAME#{first}" for d in entries),
             extra={**extra, "domains": entries})
         return
     if setting == ALLOW_SETTING:
         log.warning(
-            "VAULTMAIL_OUTBOUND_ALLOW's entries for %s (%s) were first used by forge "
-            "account %d, and %s is account %d now (an org deleted and its name taken by "
-            "another account): they do not apply to it. To allow the new owner, write its "
-            "entries as %s#%d=HOST; to keep them the first account's under a new name, "
-            "write NEWNAME#%d=HOST; else remove them",
-            org, ", ".join(entries), first, org, account, org, account, first,
+            "VAULTMAIL_OUTBOUND_ALLOW's entries for %s (%s) %s: they do not apply to it. To "
+            "allow the new owner, write its entries as %s#%d=HOST; to keep them the first "
+            "account's under a new name, write NEWNAME#%d=HOST; else remove them",
+            org, ", ".join(entries), bound, org, account, first,
             extra={**extra, "entries": entries})
         return
     log.warning(
-        "VAULTMAIL_AGENT_COMMANDS's commands for %s (%s) were first used by forge account %d, "
-        "and %s is account %d now (an org deleted and its name taken by another account): "
-        "they do not run for it, its runs fail as with no command set. To run them for the "
-        "new owner, write them under `%s#%d:`; to keep them the first account's under a new "
-        "name, under `NEWNAME#%d:`; else remove them",
-        org, ", ".join(entries), first, org, account, org, account, first,
+        "VAULTMAIL_AGENT_COMMANDS's commands for %s (%s) %s: they do not run for it, its runs "
+        "fail as with no command set. To run them for the new owner, write them under "
+        "`%s#%d:`; to keep them the first account's under a new name, under `NEWNAME#%d:`; "
+        "else remove them",
+        org, ", ".join(entries), bound, org, account, first,
         extra={**extra, "agents": entries})
+
+
+ACCOUNT_UNKNOWN = ""  # (`_not_theirs_told`'s setting for `_tell_account_unknown`)
+
+
+def _tell_account_unknown(org: str, named: dict[str, list[str]]) -> None:
+    """The operator's warning that the entries naming `org` by its login alone apply to no
+    one while the index knows no forge account under it."""
+    said = "; ".join(f"{setting}: {', '.join(entries)}" for setting, entries in named.items()
+                     if entries)
+    log.warning(
+        "the entries naming %s by its login alone (%s) are not applied while the forge has not "
+        "said which account %s is (the index has no id for it): they apply once it has, to "
+        "the account the login is bound to; write %s#ID to name the account yourself",
+        org, said, org, org, extra={"org": org, "entries": said})
 
 
 @dataclass
@@ -174,18 +188,25 @@ class Services:
         outbound policy, bot.app.egress; the agents' commands, bot.office.config.
         AgentCommands; the email domains vouched for, bot.email.domains): the forge account
         under its login now, and whether the entries naming the login alone (`acme=10.0.0.5`,
-        `acme:`, `mail.acme.example=acme`) are that account's: they are bound to the account
-        they are first asked for (`login_entries_holder`, one binding for every setting), so
-        an org made again under the login by another account does not reach what the
-        operator allowed the one before, nor run its programs, nor have its mail. The
-        operator is told once (per process) of each account refused so, per setting."""
+        `acme:`, `mail.acme.example=acme`) are that account's: they are bound to the first
+        account the index recorded under the login (`login_entries_holder`, one binding for
+        every setting), so an org made again under the login by another account, heard or
+        not, does not reach what the operator allowed the one before, nor run its programs,
+        nor have its mail. While the index knows no account under the login, they are no
+        one's (failing closed: whose the login is cannot be told). The operator is told once
+        (per process) of each account refused so, per setting."""
         org = org.lower()
         account = await installed.account_of(self.store, org)
         named = {ALLOW_SETTING: self.settings.outbound.by_login(org),
                  COMMANDS_SETTING: self.settings.agent_commands.by_login(org),
                  DOMAINS_SETTING: self.settings.email.vouched_by_login(org)}
-        if account is None or not any(named.values()):
-            return Behalf(org, account, by_login=True)  # (no account: nothing to tell apart)
+        if not any(named.values()):
+            return Behalf(org, account, by_login=True)  # (nothing by login to bind)
+        if account is None:
+            if (ACCOUNT_UNKNOWN, org, 0) not in self._not_theirs_told:
+                self._not_theirs_told.add((ACCOUNT_UNKNOWN, org, 0))
+                _tell_account_unknown(org, named)
+            return Behalf(org, None, by_login=False)
         first = await installed.login_entries_holder(self.store, org, account)
         if first != account:
             for setting, entries in named.items():

@@ -101,13 +101,13 @@ class EmailSettings:
     tls_key: Path | None = None
     # email domains the operator vouches for, {domain: org} (VAULTMAIL_SMTP_DOMAINS,
     # `domain=org` pairs): no DNS proof asked of them (bot.email.domains). The org is an
-    # account, as in VAULTMAIL_OUTBOUND_ALLOW: `acme#1234`, or `acme` bound to the account
-    # holding the login when the operator's entries for it are first used (bot.names.Behalf)
+    # account, as in VAULTMAIL_OUTBOUND_ALLOW: `acme#1234`, or `acme` bound to the first
+    # account the index recorded under the login (bot.names.Behalf)
     domains: Mapping[str, str] = field(default_factory=dict)
 
     def vouched_by_login(self, org: str) -> list[str]:
         """The domains vouched for `org` by its login alone (`domain=acme`): those bound to
-        the account that first uses the operator's entries for it."""
+        the first account the index recorded under the login."""
         return sorted(domain for domain, entry in self.domains.items()
                       if org_entry(entry) == (org.lower(), None))
 

@@ -738,8 +738,8 @@ class AgentCommands:
     """Which agent of which org may run which program on the app's host: the operator's
     setting, never a repository's. An agent whose config says `dispatch: command` runs the
     one set here for its org and slug. An org is written by its login (`acme`: bound to the
-    forge account holding the login when the operator's entries for it are first used, as
-    VAULTMAIL_OUTBOUND_ALLOW's are: bot.names.Behalf) or with its account (`acme#1234`)."""
+    first forge account the index recorded under the login, as VAULTMAIL_OUTBOUND_ALLOW's
+    are: bot.names.Behalf) or with its account (`acme#1234`)."""
 
     by_org: Mapping[str, Mapping[str, CommandDispatch]] = field(default_factory=dict)
 
@@ -754,7 +754,7 @@ class AgentCommands:
 
     def by_login(self, org: str) -> list[str]:
         """The agents of `org` given a program under its login alone (`acme:`): those bound to
-        the account that first uses the operator's entries for it."""
+        the first account the index recorded under the login."""
         return sorted({slug for key, cmds in self.by_org.items()
                        if org_entry(key) == (org.lower(), None) for slug in cmds})
 

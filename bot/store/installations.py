@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 
 from bot.store.db import Store, register_columns, register_schema
 from bot.store.hook_secrets import bind_names_in
@@ -46,12 +47,15 @@ CREATE TABLE IF NOT EXISTS office_file_accounts (
 """, version=FILE_OFFICE)
 
 
-# the account the operator's entries naming an org by its login alone were first used for
-# (VAULTMAIL_OUTBOUND_ALLOW's `acme=10.0.0.5`, VAULTMAIL_AGENT_COMMANDS's `acme:`; bot.names.
-# Behalf): the operator meant that org, not whoever holds the login later (an org deleted and
-# made again under it). One row per login, whichever setting first used it: the login means
-# one account to the operator, so the settings cannot disagree about who the org is (the
-# table is named for the setting that first needed it)
+# the account the operator's entries naming an org by its login alone are for
+# (VAULTMAIL_OUTBOUND_ALLOW's `acme=10.0.0.5`, VAULTMAIL_AGENT_COMMANDS's `acme:`,
+# VAULTMAIL_SMTP_DOMAINS's `mail.acme.example=acme`; bot.names.Behalf): the first account the
+# index recorded under the login (`bind_logins_in`), which is the org the operator knew, not
+# whoever holds the login later (an org deleted or renamed, and the login taken, even while
+# no app heard it). One row per login, for every login, named by a setting or not yet: the
+# login means one account to the operator, so the settings cannot disagree about who the org
+# is, and an entry written later is bound as one written before (the table is named for the
+# setting that first needed it; version 49 bound a login at its entries' first use)
 OUTBOUND_BOUND = 49
 register_schema("""
 CREATE TABLE IF NOT EXISTS outbound_allow_accounts (
@@ -59,6 +63,23 @@ CREATE TABLE IF NOT EXISTS outbound_allow_accounts (
     account_id {int} NOT NULL
 );
 """, version=OUTBOUND_BOUND)
+
+
+async def bind_logins_in(db: Connection, orgs: Iterable[str]) -> None:
+    """In the caller's transaction: each of `orgs` whose login is bound to no account yet
+    (`outbound_allow_accounts`) is bound to the one the index has under it now. Called
+    before the index records another account (or login) for an org, so that a login it knew
+    is bound to the account it knew first, and after, so that a login new to it is bound to
+    the first it records; the row first written stands."""
+    orgs = sorted({org.lower() for org in orgs})
+    if not orgs:
+        return
+    await db.execute(
+        "INSERT INTO outbound_allow_accounts(org, account_id) SELECT org, account_id"
+        " FROM installations WHERE account_id IS NOT NULL AND org IN"
+        f" ({','.join('?' * len(orgs))}) AND org NOT IN (SELECT org FROM"
+        " outbound_allow_accounts) ORDER BY org"  # (one order: two listings never deadlock)
+        " ON CONFLICT(org) DO NOTHING", tuple(orgs))
 
 
 async def _first_account(store: Store, table: str, org: str, now: int) -> int:
@@ -72,9 +93,9 @@ async def _first_account(store: Store, table: str, org: str, now: int) -> int:
 
 
 async def login_entries_holder(store: Store, org: str, now: int) -> int:
-    """The account the operator's entries naming `org` by its login are for: the one first
-    asked for (`now`, the account under `org` now, when none was: they are bound to it from
-    then)."""
+    """The account the operator's entries naming `org` by its login are for: the first the
+    index recorded under it (`bind_logins_in`); `now`, the account under `org` now, where
+    none is bound (a row a replica of a release before wrote: bound to it from then)."""
     row = await store.fetchone("SELECT account_id FROM outbound_allow_accounts WHERE org=?",
                                (org.lower(),))
     if row is not None:
@@ -115,6 +136,7 @@ async def installed(store: Store, org: str, installation_id: int,
     the old one acts in it."""
     org = org.lower()
     async with store.transaction(f"installation:{org}") as db:
+        await bind_logins_in(db, [org])  # (the account it knew, before another's)
         moved = await _retire_if_another(db, org, account_id)
         await db.execute(
             "INSERT INTO installations(org, installation_id, removed_at, account_id)"
@@ -122,6 +144,7 @@ async def installed(store: Store, org: str, installation_id: int,
             " installation_id=excluded.installation_id, removed_at=NULL,"
             " account_id=COALESCE(excluded.account_id, installations.account_id)",
             (org, installation_id, account_id))
+        await bind_logins_in(db, [org])  # (a login new to it: the first account recorded)
     return moved
 
 
@@ -309,9 +332,11 @@ async def _follow(store: Store, old: str, new: str, account_id: int
         row = await db.fetchone("SELECT account_id FROM installations WHERE org=?", (old,))
         if row is None or row["account_id"] not in (None, account_id):
             return False, None
+        await bind_logins_in(db, [old, new])  # (the logins as it knew them, before the move)
         moved = await rename(db, old, new)
         await db.execute("UPDATE installations SET account_id=? WHERE org=?",
                          (account_id, new))
+        await bind_logins_in(db, [new])  # (a login new to it: the renamed org's)
     return True, moved
 
 
@@ -357,6 +382,7 @@ async def listed(store: Store, live: dict[str, int], before: Known,
         if whose.get(org, account) == account:
             continue
         async with store.transaction(f"installation:{org}") as db:
+            await bind_logins_in(db, [org])  # (the account it knew, before another's)
             moved = await _retire_if_another(db, org, account)
             if moved is not None:
                 await db.execute("UPDATE installations SET account_id=? WHERE org=?",
@@ -387,6 +413,7 @@ async def listed(store: Store, live: dict[str, int], before: Known,
         await db.executemany("UPDATE installations SET account_id=? WHERE org=?"
                              " AND account_id IS NULL", sorted(
                                  (account, org) for org, account in accounts_now.items()))
+        await bind_logins_in(db, accounts_now)  # (the logins new to it: the first recorded)
         await bind_names_in(db, accounts_now)  # (its webhook secret of before: its own)
         rows = await db.fetchall(
             "SELECT org, installation_id FROM installations WHERE removed_at IS NULL")
