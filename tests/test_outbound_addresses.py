@@ -756,9 +756,10 @@ async def test_an_entry_for_an_org_does_not_pass_to_the_next_owner_of_its_login(
         await emb.stop()
 
 
+@pytest.mark.parametrize("index", ["this release", "the release before"])
 @pytest.mark.parametrize("meanwhile", ["deleted", "renamed"])
 async def test_an_entry_for_a_login_another_account_took_while_the_app_was_down_is_not_theirs(
-        tmp_path: Path, receiver: Receiver, database_url: str, meanwhile: str,
+        tmp_path: Path, receiver: Receiver, database_url: str, meanwhile: str, index: str,
         caplog: pytest.LogCaptureFixture) -> None:
     """globex's office ran on an earlier start, before the operator allowed its runner
     (`globex=127.0.0.1`, the org by its login). While the app is down, globex is deleted (or
@@ -767,7 +768,9 @@ async def test_an_entry_for_a_login_another_account_took_while_the_app_was_down_
     the index knew as globex first, bound as the index recorded it: the new owner's config is
     refused as another office's would be, and the operator is told. Before, the entry was
     bound at its first use, which was the new owner's config read at start: whoever took
-    the login while no app heard it reached the internal hosts allowed for the org."""
+    the login while no app heard it reached the internal hosts allowed for the org. An index
+    the release before left (no login bound until its entries were used) is bound by the
+    start's listing to the account it knew, before it records the newcomer's."""
     import logging
 
     from bot.office.config import parse_office
@@ -787,7 +790,12 @@ async def test_an_entry_for_a_login_another_account_took_while_the_app_was_down_
         installed = forge.install_app(int(app_id), "globex")
         await first.settle()
         old = forge.state.accounts["globex"].id
-        assert await installations.account_of(first.services.store, "globex") == old
+        store = first.services.store
+        assert await installations.account_of(store, "globex") == old
+        assert await installations.login_entries_holder(store, "globex", 0) == old
+        if index == "the release before":
+            async with store.transaction() as db:
+                await db.execute("DELETE FROM outbound_allow_accounts")
     finally:
         await first.runner.cleanup()  # the app stops; meanwhile, on the forge:
     try:
