@@ -443,17 +443,20 @@ async def test_an_org_name_taken_by_another_account_starts_a_new_office(
     left = {}
     for row in await store.fetchall(_COLUMNS):  # every column naming an office, every table
         table, column = row["t"], row["c"]
-        # (the new owner's; and the login's binding of the operator's entries naming it, to
-        # the account first recorded under it: the old one's, bound to the login by design)
+        # (the new owner's; and the login's binding of the operator's entries and office
+        # file naming it, to the account first recorded under it: the old one's, bound to
+        # the login by design)
         if column in ("org", "office", "chain") and table not in (
                 "installations", "office_members", "office_members_read",
-                "outbound_allow_accounts"):
+                "outbound_allow_accounts", "office_file_accounts"):
             found = await store.fetchone(f"SELECT COUNT(*) AS n FROM {table}"
                                          f" WHERE {column}='globex'")
             if found is not None and found["n"]:
                 left[f"{table}.{column}"] = found["n"]
     assert not left, f"the old office's rows left under its name: {left}"
     assert await installations.login_entries_holder(store, "globex", 0) == old_account
+    assert await installations.file_office_holder(store, "globex", "globex") == (
+        old_account, forge.state.accounts["globex"].id)
 
     eve = await api_tokens.create_token(store, "human:eve@evil.test", "globex")
     new_scout = await api_tokens.create_token(store, "agent:scout", "globex")

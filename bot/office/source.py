@@ -72,7 +72,8 @@ class OfficeSource:
         # an office's names before ({was: now}: Keyring.renamed): its config may still say them
         self.renamed = renamed or (lambda org: {})
         # (the file's org, an org served now): None when the office under that name now is
-        # the org the file was first served to, else (that account, the one there now)
+        # the org the file is for (the first account the index knew under the file's org),
+        # else (that account, the one there now)
         # (bot.store.installations.file_office_holder; set by the services)
         self.file_holder: Callable[[str, str], Awaitable[tuple[int, int] | None]] | None = None
         # the outbound check for an org's URLs as the org stands now (its forge account: an
@@ -285,10 +286,11 @@ class OfficeSource:
         before), naming the first error, or none found."""
         other = self._file_checked.get(org, (0.0, None))[1]
         if self._path is not None and other is not None:
+            named = self._local.org if self._local is not None else org
             return (f"{org} is not the org the operator's office file ({self._path}) serves: "
-                    f"the file was first served to forge account {other[0]} under that name, "
-                    f"and {org} is account {other[1]} now (an org deleted and made again under "
-                    "its name, by whoever made it), so it has no office here")
+                    f"the file is for forge account {other[0]}, the first this app knew as "
+                    f"{named}, and {org} is account {other[1]} now (an org deleted or renamed, "
+                    "and its name taken by another account), so it has no office here")
         refused = self.last_error.get(org)
         if refused is not None:
             more = len(refused.errors) - 1

@@ -35,9 +35,13 @@ CREATE TABLE IF NOT EXISTS installations (
 register_columns("installations", {"account_id": "{int}"}, version=20)
 
 
-# the account the operator's office file (VAULTMAIL_OFFICE) was first served to, by the org
-# the file names: the file speaks for that org (its id), not for whoever holds the login later
-# (an org deleted and made again under it; bot.office.source.OfficeSource)
+# the account the operator's office file (VAULTMAIL_OFFICE) is for, by the org the file
+# names: the file speaks for that org (its id), not for whoever holds the login later (an org
+# deleted and made again under it; bot.office.source.OfficeSource). The login's binding
+# (`bind_logins_in`, `outbound_allow_accounts`), copied here as the index records the login,
+# for a replica of a release before, which reads this alone and binds it at the file's first
+# serve; a row such a release wrote (the account first served) stands (version 45 bound the
+# file at its first serve)
 FILE_OFFICE = 45
 register_schema("""
 CREATE TABLE IF NOT EXISTS office_file_accounts (
@@ -67,18 +71,26 @@ CREATE TABLE IF NOT EXISTS outbound_allow_accounts (
 
 async def bind_logins_in(db: Connection, orgs: Iterable[str]) -> None:
     """In the caller's transaction: each of `orgs` whose login is bound to no account yet
-    (`outbound_allow_accounts`) is bound to the one the index has under it now. Called
+    (`outbound_allow_accounts`) is bound to the one the index has under it now, and the
+    operator's office file naming it (`office_file_accounts`) to the login's account. Called
     before the index records another account (or login) for an org, so that a login it knew
     is bound to the account it knew first, and after, so that a login new to it is bound to
     the first it records; the row first written stands."""
     orgs = sorted({org.lower() for org in orgs})
     if not orgs:
         return
+    among = f"org IN ({','.join('?' * len(orgs))})"
     await db.execute(
         "INSERT INTO outbound_allow_accounts(org, account_id) SELECT org, account_id"
-        " FROM installations WHERE account_id IS NOT NULL AND org IN"
-        f" ({','.join('?' * len(orgs))}) AND org NOT IN (SELECT org FROM"
-        " outbound_allow_accounts) ORDER BY org"  # (one order: two listings never deadlock)
+        f" FROM installations WHERE account_id IS NOT NULL AND {among} AND org NOT IN"
+        " (SELECT org FROM outbound_allow_accounts)"
+        " ORDER BY org"  # (one order: two listings never deadlock)
+        " ON CONFLICT(org) DO NOTHING", tuple(orgs))
+    # (one binding: the file is the login's account, as the entries are)
+    await db.execute(
+        "INSERT INTO office_file_accounts(org, account_id) SELECT org, account_id"
+        f" FROM outbound_allow_accounts WHERE {among} AND org NOT IN"
+        " (SELECT org FROM office_file_accounts) ORDER BY org"
         " ON CONFLICT(org) DO NOTHING", tuple(orgs))
 
 
@@ -105,20 +117,23 @@ async def login_entries_holder(store: Store, org: str, now: int) -> int:
 
 async def file_office_holder(store: Store, named: str, org: str) -> tuple[int, int] | None:
     """Whether the office under `org` now is the org the operator's office file, which names
-    `named`, was first served to (the same account, under its login then or renamed since):
-    None when it is, or when `org`'s account is not known (nothing to tell apart by, as
-    `installed`); else (the account first served, the account under `org` now). The first
-    ask with a known account binds the file to it."""
+    `named`, is for: the first account the index recorded under `named` (`bind_logins_in`),
+    under that login still or renamed since; or, for a row a release before wrote, the
+    account the file was first served to. None when it is, or when `org`'s account is not
+    known (nothing to tell apart by, as `installed`); else (the account the file is for, the
+    account under `org` now)."""
     named, org = named.lower(), org.lower()
     row = await store.fetchone(
-        "SELECT i.account_id AS now, f.account_id AS bound FROM installations i"
-        " LEFT JOIN office_file_accounts f ON f.org=? WHERE i.org=?", (named, org))
+        "SELECT i.account_id AS now, COALESCE(f.account_id, o.account_id) AS bound"
+        " FROM installations i LEFT JOIN office_file_accounts f ON f.org=?"
+        " LEFT JOIN outbound_allow_accounts o ON o.org=? WHERE i.org=?", (named, named, org))
     if row is None or row["now"] is None:
         return None
     now = int(row["now"])
     bound = row["bound"]
-    if bound is None:
-        bound = await _first_account(store, "office_file_accounts", named, now)
+    if bound is None:  # (a login no write of this release recorded: an index of before)
+        bound = await _first_account(store, "office_file_accounts", named,
+                                     await login_entries_holder(store, named, now))
     return None if int(bound) == now else (int(bound), now)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import yaml
 
 from bot.app.embedded import Embedded, start_embedded
@@ -262,3 +263,96 @@ async def test_an_org_name_another_account_took_while_the_app_was_down_starts_a_
         assert [r["subject"] for r in kept] == [secret]
     finally:
         await again.stop()
+
+
+@pytest.mark.parametrize("index", ["this release", "the release before"])
+@pytest.mark.parametrize("meanwhile", ["deleted", "renamed"])
+async def test_an_office_file_set_after_its_org_was_taken_while_the_app_was_down_is_not_theirs(
+        tmp_path: Path, session: aiohttp.ClientSession, database_url: str, meanwhile: str,
+        index: str) -> None:
+    """globex's office ran from its repository. While the app is down, globex is deleted (or
+    renamed initech) and another account makes an org called globex, with a scout-vault of
+    its own, and installs the App; the operator starts the app with VAULTMAIL_OFFICE naming
+    globex. The file is the office of the account the index first knew as globex, bound as
+    the index recorded it: the newcomer is not served it (amy's mail to scout would be
+    written into its scout-vault, its people would act as the file's), and globex renamed
+    initech is. Before, the file was bound to the account it was first served to, the
+    newcomer's when it asked first. An index the release before left (no login bound until
+    used) is bound by the start's listing to the account it knew, before it records the
+    newcomer's."""
+    from bot.office.source import OfficeSource
+    from bot.store import installations
+
+    first = await start_embedded(data_dir=tmp_path, persist_forge=True, port=0, forge_port=0,
+                                 database_url=database_url, app_key=app_key())
+    app_port = int(first.app_url.rsplit(":", 1)[1])
+    forge, app_id = first.forge, _app_id(first)
+    try:
+        await _add_globex(first, tmp_path)
+        installed = forge.install_app(app_id, "globex")
+        await first.settle()
+        old = forge.state.accounts["globex"].id
+        store = first.services.store
+        assert await installations.account_of(store, "globex") == old
+        if index == "the release before":
+            async with store.transaction() as db:
+                await db.execute("DELETE FROM outbound_allow_accounts")
+                await db.execute("DELETE FROM office_file_accounts")
+    finally:
+        await first.runner.cleanup()  # the app stops; meanwhile, on the forge:
+
+    def taken(forge: LocalForge) -> None:
+        if meanwhile == "renamed":
+            forge.rename_org("globex", "initech")
+        else:
+            forge.uninstall_app(installed)
+            forge.state.accounts["globex"].id = forge.state.next_id("account")
+        forge.add_user("eve", "eve@evil.test")
+        seed_office(forge, load_office(tmp_path / "globex.yml"))  # (its own scout-vault)
+        forge.install_app(app_id, "globex", sender="eve")
+
+    again = await _while_down(forge, taken, tmp_path, app_port, database_url)
+    try:
+        new = forge.state.accounts["globex"].id
+        assert new != old
+        services = again.services
+        # the operator's file, VAULTMAIL_OFFICE, as bot.app.build makes the source
+        services.take_offices(OfficeSource(tmp_path / "globex.yml",
+                                           renamed=services.keyring.renamed))
+        amy = await api_tokens.create_token(services.store, "human:amy@globex.test", "globex")
+        vault = forge.state.repo_by_full_name("globex/scout-vault")
+        assert vault is not None
+        before = len(vault.issues)
+        status, body = await _tool(session, again, amy, "mail_send", to="scout",
+                                   subject="GLOBEX-CONFIDENTIAL", body="x")
+        await again.settle()
+        assert status != 200 and body["error"]["code"] == "no_office", body
+        assert "not the org the operator's office file" in body["error"]["message"], body
+        assert f"forge account {old}, the first this app knew as globex" in \
+            body["error"]["message"], body
+        assert len(vault.issues) == before, "nothing written to the newcomer's repository"
+        if meanwhile == "renamed":
+            office = await services.offices.get(services.forge_for_org("initech"), "initech")
+            assert office is not None and office.org == "initech"
+    finally:
+        await again.stop()
+
+
+async def test_an_office_file_for_an_org_installed_later_is_its_office(
+        embedded: Embedded, session: aiohttp.ClientSession, tmp_path: Any) -> None:
+    """VAULTMAIL_OFFICE names globex, which installs the App after the app started: the
+    file is bound to the account the index records for it then, and serves it."""
+    from bot.office.source import OfficeSource
+    from bot.store import installations
+
+    await _add_globex(embedded, tmp_path)
+    services = embedded.services
+    services.take_offices(OfficeSource(tmp_path / "globex.yml",
+                                       renamed=services.keyring.renamed))
+    embedded.forge.install_app(_app_id(embedded), "globex")
+    await embedded.settle()
+    amy = await api_tokens.create_token(services.store, "human:amy@globex.test", "globex")
+    status, body = await _tool(session, embedded, amy, "mail_send", to="scout", subject="Q3",
+                               body="Numbers please")
+    assert status == 200 and body["mail"]["vault"] == "globex/scout-vault", body
+    assert await installations.file_office_holder(services.store, "globex", "globex") is None

@@ -79,3 +79,27 @@ async def test_the_files_org_renamed_keeps_the_operators_office(filed: Embedded)
     await refresh(services)
     office = await services.offices.get(services.forge_for_org("acme-corp"), "acme-corp")
     assert office is not None and office.org == "acme-corp"
+
+
+async def test_an_org_made_again_before_the_file_was_first_served_is_not_served_it(
+        filed: Embedded) -> None:
+    """acme is deleted and made again by another user before anyone asked for its office:
+    the file is the office of the account the index first knew as acme (bound as the index
+    recorded it), not of whoever holds the name at its first use. Before, the newcomer was
+    served it, as the file's first holder."""
+    forge, services = filed.forge, filed.services
+    old = forge.state.accounts["acme"].id
+    forge.state.accounts["acme"].id = forge.state.next_id("account")  # made again
+    assert await refresh(services) == []
+    vault = forge.state.repo_by_full_name("acme/scout-vault")
+    assert vault is not None
+    before = len(vault.issues)
+    async with aiohttp.ClientSession() as session:
+        status, body = await (await _marco(filed, session)).raw(
+            "mail_send", {"to": "scout", "subject": "ACME-CONFIDENTIAL", "body": "x"})
+        await filed.settle()
+    assert status != 200 and body["error"]["code"] == "no_office", body
+    assert f"forge account {old}, the first this app knew as acme" in \
+        body["error"]["message"], body
+    assert len(vault.issues) == before, "nothing written to the newcomer's repository"
+    assert await services.offices.get(services.forge_for_org("acme"), "acme") is None
