@@ -262,9 +262,9 @@ class OutboundPolicy:
         network (10.0.0.0/8) or a host name (hooks.internal.example), each on every port or on
         the one that follows it (127.0.0.1:8080, [::1]:8080, 10.0.0.0/8:8080), each for every
         office, or for one office when its org comes first (acme=10.0.0.5:8080), with its
-        forge account id (acme#1234=10.0.0.5) or without (bound to the account that first
-        uses it). ValueError names the entry that is none of these, or an IPv6 address
-        without brackets that may end in a port (`::1:8080`)."""
+        forge account id (acme#1234=10.0.0.5) or without (bound to the first account the
+        index recorded under the login). ValueError names the entry that is none of these,
+        or an IPv6 address without brackets that may end in a port (`::1:8080`)."""
         networks: list[tuple[Scope, Network, int | None]] = []
         hosts: set[tuple[Scope, str, int | None]] = set()
         for entry in (e for e in re.split(r"[\s,]+", text or "") if e):

@@ -24,8 +24,8 @@ its name; and after a rename it proves nothing for the renamed org either (it na
 The operator may vouch for domains itself (VAULTMAIL_SMTP_DOMAINS, `domain=org` pairs: a host
 that serves one org, a network without DNS); `vaultmail up`'s example office is vouched for
 by the record its embedded resolver adds (bot.app.embedded). A vouch names an account, as a
-record does: `domain=acme#1234`, or `domain=acme` bound to the account holding the login when
-the operator's entries for it are first used (bot.names.Behalf, Services.behalf: the rule of
+record does: `domain=acme#1234`, or `domain=acme` bound to the first account the index
+recorded under the login (bot.names.Behalf, Services.behalf: the rule of
 VAULTMAIL_OUTBOUND_ALLOW and VAULTMAIL_AGENT_COMMANDS), so an org made again under the login
 by another account has the domain unproven, as any other office naming it."""
 

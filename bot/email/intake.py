@@ -200,8 +200,8 @@ class EmailIntake:
     async def _proof(self, office: Office) -> Proof:
         assert office.email is not None
         # the office's account, and whether the operator's word for its login (a vouch by
-        # login alone) is its (Services.behalf: bound at its first use); DNS names the
-        # account itself
+        # login alone) is its (Services.behalf: bound to the first account the index recorded
+        # under the login); DNS names the account itself
         behalf = await self.services.behalf(office.org)
         account = behalf.account
         proof = await self.proofs.proof(behalf, office.email.domain)
