@@ -148,8 +148,8 @@ async def installed(store: Store, org: str, installation_id: int,
     `account_id`. When the index knew `org` as another account's, that office is moved aside
     first (`offices.retire_in`), in the same transaction, and where it went is returned: the
     new owner's office starts empty, reads nothing of the old one's, and no token or grant of
-    the old one acts in it. The operator's entries naming `org` by its login stay the account's
-    the index knew first (`bind_logins_in`)."""
+    the old one acts in it. The operator's entries and office file naming `org` by its login
+    stay the account's the index knew first (`bind_logins_in`)."""
     org = org.lower()
     async with store.transaction(f"installation:{org}") as db:
         await bind_logins_in(db, [org])  # (the account it knew, before another's)
@@ -371,9 +371,9 @@ async def listed(store: Store, live: dict[str, int], before: Known,
     listing, and kept. `accounts_now` ({org: account id}): an account the index knew under
     another login renamed its org, and the office follows it (`rename`); an org the index
     knew as another account's is another office now, the old one moved aside (see
-    `installed`); the login entries of each org stay bound to the account the index knew
-    first, and a login new to it is bound to the account listed (`bind_logins_in`). Returns
-    what is installed now.
+    `installed`); the login entries (and office file) of each org stay bound to the account
+    the index knew first, and a login new to it is bound to the account listed
+    (`bind_logins_in`). Returns what is installed now.
 
     Each org's move is a transaction of its own under that org's key, as a webhook's is,
     and is made only if still due once the key is held (another replica's listing, or a
