@@ -322,3 +322,94 @@ async def test_a_thread_message_id_another_sender_took_first_keeps_the_real_answ
     bodies = [c["body"] for c in await mailroom.person("marco").comments(vault, int(number))]
     assert len([b for b in bodies if "BOB-REAL" in b]) == 1, bodies
     assert len([b for b in bodies if "never mind, cancel" in b]) == 1, bodies
+
+
+async def test_a_message_id_another_sender_took_first_keeps_the_real_senders_mail(
+        mailroom: Mailroom) -> None:
+    """New mail was once per agent and Message-ID, whoever sent it: Eve writing `From:
+    bob@example.org` (nothing proves it: held for DMARC) with the Message-ID Bob's message
+    would carry had Bob's genuine message, DKIM- and SPF-proven, answered `250 delivered` as
+    her held mail and never delivered (mail suppression, found by review). New mail is once
+    per sender as the message proves it (`sender_key`) now: Bob's is mail of its own, and
+    each sent again is still one mail."""
+    bob = Sender("example.org", mailroom.dns)
+    bob.publish()  # p=reject: Eve's From is held
+    to = f"scout@{DOMAIN}"
+    store = mailroom.embedded.services.store
+    forged = wire(message("bob@example.org", to, "Invoice 7", "EVE: pay it to my account",
+                          Message_ID="<invoice-7@example.org>"))
+    [eves] = await delivered(mailroom, await send(mailroom.port, forged, rcpts=[to],
+                                                  mail_from="eve@evil.example"))
+    real = bob.sign(wire(message("bob@example.org", to, "Invoice 7", "BOB-REAL: invoice 7",
+                                 Message_ID="<invoice-7@example.org>")))
+    [bobs] = await delivered(mailroom, await send(mailroom.port, real, rcpts=[to],
+                                                  mail_from="bob@example.org"))
+    assert bobs != eves
+    for raw, mail_from, ref in ((real, "bob@example.org", bobs),
+                                (forged, "eve@evil.example", eves)):  # (their servers' resends)
+        assert await delivered(mailroom, await send(mailroom.port, raw, rcpts=[to],
+                                                    mail_from=mail_from)) == [ref]
+    await mailroom.embedded.settle()
+    found = {m.ref: m for m in await mails.all_mails(store)
+             if m.from_principal == "email:bob@example.org"}
+    assert sorted(found) == sorted([eves, bobs]), found
+    assert found[bobs].state == "mail:new" and "BOB-REAL" in found[bobs].body
+    assert found[eves].state == "mail:held" and "EVE:" in found[eves].body
+
+
+async def test_mail_a_release_before_keyed_by_message_id_alone_stays_one_mail(
+        mailroom: Mailroom) -> None:
+    """Mail the release before made of a message is keyed by the agent and Message-ID
+    alone. Sent again after the upgrade, a message is still that one mail when that mail was
+    made of the same sender's message (its meta line: the From, and whether it was proven),
+    and a message whose Message-ID another sender's mail took under the old key is mail of
+    its own, as it is from now on."""
+    from bot.email.addresses import principal_of
+    from bot.email.auth import authenticate
+    from bot.email.gateway import GATEWAY_KEY
+    from bot.email.intake import subject_of
+    from bot.email.message import parse_inbound, render_inbound
+
+    bob = Sender("example.org", mailroom.dns)
+    bob.publish()
+    to = f"scout@{DOMAIN}"
+    store = mailroom.embedded.services.store
+    intake = mailroom.embedded.runner.app[GATEWAY_KEY].intake
+    assert intake is not None
+    box = await intake.mailbox(to)
+    assert box is not None
+
+    async def as_the_release_before(raw: bytes, mail_from: str) -> str:
+        """The mail the release before made of `raw`, under its key."""
+        inbound = parse_inbound(raw)
+        verdicts = authenticate(raw, ip="127.0.0.1", helo="client.example.org",
+                                mail_from=mail_from, from_domain="example.org",
+                                resolver=mailroom.dns)
+        mailer = intake.mailer(box.office)
+        draft = await mailer.draft(principal_of(inbound.sender), box.agent.principal,
+                                   subject_of(inbound), render_inbound(inbound, verdicts),
+                                   check=False, app_rendered=True,
+                                   idempotency_key=f"email\nscout\n{inbound.message_id}")
+        return (await mailer.deliver(draft)).ref
+
+    genuine = bob.sign(wire(message("bob@example.org", to, "Prices", "BOB: EU prices?",
+                                    Message_ID="<prices@example.org>")))
+    forged = wire(message("bob@example.org", to, "Invoice 8", "EVE: pay it to me",
+                          Message_ID="<invoice-8@example.org>"))
+    old_bobs = await as_the_release_before(genuine, "bob@example.org")
+    old_eves = await as_the_release_before(forged, "eve@evil.example")
+    await mailroom.embedded.settle()
+    # the upgrade: each server sends its message again
+    assert await delivered(mailroom, await send(mailroom.port, genuine, rcpts=[to],
+                                                mail_from="bob@example.org")) == [old_bobs]
+    assert await delivered(mailroom, await send(mailroom.port, forged, rcpts=[to],
+                                                mail_from="eve@evil.example")) == [old_eves]
+    # Bob's own message with the id Eve's took before the upgrade: its own mail
+    real = bob.sign(wire(message("bob@example.org", to, "Invoice 8", "BOB-REAL: invoice 8",
+                                 Message_ID="<invoice-8@example.org>")))
+    [bobs] = await delivered(mailroom, await send(mailroom.port, real, rcpts=[to],
+                                                  mail_from="bob@example.org"))
+    assert bobs not in (old_bobs, old_eves)
+    await mailroom.embedded.settle()
+    assert len([m for m in await mails.all_mails(store)
+                if m.from_principal.startswith("email:")]) == 3

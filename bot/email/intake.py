@@ -2,10 +2,11 @@
 internal mail takes), a comment on its thread when it answers one, or, for a delivery report
 about a reply the app sent, the reply marked bounced and its agent told by mail.
 
-Every outcome is once per Message-ID: a new mail's id is derived from it (`Mailer.draft`'s
-idempotency key), a message in a thread is handled under `Store.once`, and one message id is
-worked on by one task at a time (`lock_for`), so a client that sends a message again (a
-timeout, a retry after a 451) doubles nothing.
+Every outcome is once per sender (as the message proves it: `policy.sender_key`) and
+Message-ID: a new mail's id is derived from them (`Mailer.draft`'s idempotency key), a
+message in a thread is handled under `Store.once`, and one message id is worked on by one
+task at a time (`lock_for`), so a client that sends a message again (a timeout, a retry
+after a 451) doubles nothing, and another sender's message under the same id is not it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from bot.email.auth import DnsError, Verdicts
 from bot.email.domains import DomainProofs, Proof, record_name, record_value
 from bot.email.message import Attached, Bounce, Inbound, read_meta, render_inbound
 from bot.email.outgoing import HOPS_HEADER
-from bot.email.policy import Decision, decide, sender_key
+from bot.email.policy import Decision, decide, key_of_sender, sender_key
 from bot.forge import markers
 from bot.forge.errors import ForgeError
 from bot.forge.gitea import GiteaForge, gitea_name
@@ -36,6 +37,7 @@ from bot.mail.mailer import (
     _Draft,
     _signed,
     fits,
+    keyed_mail_ids,
 )
 from bot.mail.markdown import as_data, blockquote, defuse_mentions
 from bot.office.config import Office
@@ -337,7 +339,7 @@ class EmailIntake:
         office, agent = box.office, box.agent
         mailer = self.mailer(office)
         sender, subject = principal_of(message.sender), subject_of(message)
-        key = f"email\n{agent.slug}\n{message.message_id}"
+        key = await self._new_mail_key(box, message, verdicts)
         draft = await mailer.draft(sender, agent.principal, subject,
                                    render_inbound(message, verdicts, quiet=quiet),
                                    check=False, idempotency_key=key, reply_to=reply_to,
@@ -362,6 +364,27 @@ class EmailIntake:
             # (451 beside a copy delivered) is refused at RCPT, and was ledgered twice
             raise await mailer.bounce(sender, agent.principal, subject, why,
                                       key=closed_key(agent.principal, why)) from exc
+
+    async def _new_mail_key(self, box: Mailbox, message: Inbound, verdicts: Verdicts) -> str:
+        """The idempotency key of the new mail `message` makes: once per agent, sender as
+        the message proves it (`sender_key`) and Message-ID. Keyed by the agent and
+        Message-ID alone, another sender who knew or guessed an id (a reply's In-Reply-To
+        shows it to the whole thread) sent first under it, a forged From held, and the real
+        sender's message was answered 250 as that mail and never delivered (found by review).
+        A release before keyed it so: a mail made under that key of the same sender's message
+        (its meta line's From and `aligned`) is this message's, sent again across the
+        upgrade; another sender's is not."""
+        who = sender_key(message, verdicts).lower()
+        before = f"email\n{box.agent.slug}\n{message.message_id}"
+        org = box.office.org
+        for mail_id in await keyed_mail_ids(self.services, org, principal_of(message.sender),
+                                            before):
+            mail = await mails.get_mail(self.services.store, mail_id, org=org)
+            meta = read_meta(mail.body) if mail is not None else None
+            if meta is not None and meta.message_id == message.message_id and key_of_sender(
+                    meta.sender, meta.verdicts.get("aligned") is True).lower() == who:
+                return before
+        return f"email-from\n{box.agent.slug}\n{who}\n{message.message_id}"
 
     async def _ledger(self, office: Office, record: MailRecord, message: Inbound,
                       verdicts: Verdicts, decision: Decision) -> None:

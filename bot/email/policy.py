@@ -115,10 +115,16 @@ def decide(office: Office, agent: Agent, message: Inbound, verdicts: Verdicts) -
 
 
 def sender_key(message: Inbound, verdicts: Verdicts) -> str:
-    """Who sent `message`, as its rate and its once in a thread count it: its From, marked
-    when an aligned SPF or DKIM pass proves it, so a From anyone can write is never the real
-    sender's (nor takes a Message-ID of a thread from them: bot.email.intake)."""
-    return message.sender + (" (authenticated)" if verdicts.aligned else "")
+    """Who sent `message`, as its rate and its once (new mail, or in a thread) count it: its
+    From, marked when an aligned SPF or DKIM pass proves it, so a From anyone can write is
+    never the real sender's (nor takes a Message-ID from them: bot.email.intake)."""
+    return key_of_sender(message.sender, verdicts.aligned)
+
+
+def key_of_sender(sender: str, authenticated: bool) -> str:
+    """`sender_key` of a message from `sender`, proven (`authenticated`) or not: what a
+    mail's meta line records of it (its From, and its verdicts' `aligned`) says it too."""
+    return sender + (" (authenticated)" if authenticated else "")
 
 
 class SenderRate:
@@ -170,9 +176,10 @@ class SharedSenderRate:
     @staticmethod
     def copy(sender: str, message: Inbound) -> str:
         """What one message is counted as: its sender, Message-ID and the ids it answers,
-        hashed: what its delivery is once per (bot.email.intake: new mail by Message-ID, a
-        comment by the thread's mail and Message-ID), so a message sent again costs nothing
-        and one with the same id sent to another thread is counted."""
+        hashed: what its delivery is once per (bot.email.intake: new mail by sender and
+        Message-ID, a comment by the thread's mail, sender and Message-ID), so a message
+        sent again costs nothing and one with the same id sent to another thread is
+        counted."""
         return hashlib.sha256("\n".join([sender.lower(), message.message_id,
                                          *message.thread_refs]).encode()).hexdigest()[:32]
 
