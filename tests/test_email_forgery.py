@@ -717,3 +717,49 @@ async def test_a_message_with_no_message_id_that_dkim_alone_proves_is_refused(
     plain = wire(message("bob@example.org", to, "No id", "hello"))
     assert b"Message-ID" not in plain
     await delivered(mailroom, await send(mailroom.port, plain, rcpts=[to]))
+
+
+async def test_a_dmarc_fail_from_the_senders_own_dns_failing_is_deferred_not_held(
+        mailroom: Mailroom) -> None:
+    """A genuine message whose From only its DKIM signature (or only SPF) proves, while DNS
+    could not give that signature's key (or the SPF record) now: no aligned pass, DMARC
+    computed `fail`, and the message was held as a possible forgery, waking no one, where a
+    moment later it would have passed (found by review). A lookup that failed decides
+    nothing (RFC 7489 6.6.2, 6.6.3: a temporary error is no definitive result; a 4xx lets
+    the sender's server try again once DNS can say): answered 451 4.7.0 naming what could
+    not be looked up; sent again when DNS answers, it is delivered as mail:new. A lookup of
+    another domain's (a signature of the forger's own) proves nothing either way: a forged
+    From is still held."""
+    acme = Sender("acme.com", mailroom.dns)
+    acme.publish(spf="v=spf1 ip4:192.0.2.1 -all")  # p=reject; DKIM alone proves the From
+    bob = Sender("example.org", mailroom.dns)
+    bob.publish()  # SPF alone proves the From (its messages unsigned)
+    evil = Sender("evil.example", mailroom.dns)
+    evil.publish()
+    to = f"scout@{DOMAIN}"
+    store = mailroom.embedded.services.store
+    alices = acme.sign(wire(message("alice@acme.com", to, "Contract", "ALICE: signed it",
+                                    Message_ID="<contract@acme.com>")))
+    bobs = wire(message("bob@example.org", to, "Prices", "BOB: EU prices?",
+                        Message_ID="<prices@example.org>"))
+    mailroom.dns.failing |= {"s1._domainkey.acme.com", "example.org"}
+    for raw, mail_from, what in (
+            (alices, "alice@acme.com", "the DKIM key s1._domainkey.acme.com"),
+            (bobs, "bob@example.org", "the SPF record of example.org")):
+        answer = await send(mailroom.port, raw, rcpts=[to], mail_from=mail_from)
+        assert answer.code == 451, answer
+        assert answer.text.startswith(f"4.7.0 {what} cannot be looked up now"), answer.text
+        assert "try again later" in answer.text, answer.text
+    # a signature of the forger's own whose key cannot be looked up: still held
+    mailroom.dns.failing.add("s1._domainkey.evil.example")
+    forged = evil.sign(wire(message("alice@acme.com", to, "Contract", "EVE: wire it to me",
+                                    Message_ID="<contract-2@acme.com>")))
+    [held] = await delivered(mailroom, await send(mailroom.port, forged, rcpts=[to],
+                                                  mail_from="x@evil.example"))
+    assert [m.state for m in await mails.all_mails(store) if m.ref == held] == ["mail:held"]
+    mailroom.dns.failing.clear()  # DNS answers again: their servers send them again
+    for raw, mail_from in ((alices, "alice@acme.com"), (bobs, "bob@example.org")):
+        [ref] = await delivered(mailroom, await send(mailroom.port, raw, rcpts=[to],
+                                                     mail_from=mail_from))
+        [mail] = [m for m in await mails.all_mails(store) if m.ref == ref]
+        assert mail.state == "mail:new", (mail_from, mail.state)
