@@ -763,3 +763,29 @@ async def test_a_dmarc_fail_from_the_senders_own_dns_failing_is_deferred_not_hel
                                                      mail_from=mail_from))
         [mail] = [m for m in await mails.all_mails(store) if m.ref == ref]
         assert mail.state == "mail:new", (mail_from, mail.state)
+
+
+async def test_a_sender_the_policy_takes_whose_own_key_is_not_found_now_is_deferred(
+        mailroom: Mailroom) -> None:
+    """builder takes email from example.org only when its From is proven (`otherwise:
+    hold`). Bob's message, which only its DKIM signature proves (example.org publishes no
+    DMARC record), sent while DNS could not give that signature's key: not proven, so held
+    as from a stranger (refused for good under `otherwise: refuse`), where a moment later it
+    was Bob's. Answered 451 4.7.0 naming the key now; sent again, delivered as mail:new."""
+    bob = Sender("example.org", mailroom.dns)
+    bob.publish(spf="v=spf1 ip4:192.0.2.1 -all", dmarc="")  # DKIM alone; no DMARC record
+    to = f"builder@{DOMAIN}"
+    raw = bob.sign(wire(message("bob@example.org", to, "Build", "BOB: build it",
+                                Message_ID="<build@example.org>")))
+    mailroom.dns.failing.add("s1._domainkey.example.org")
+    answer = await send(mailroom.port, raw, rcpts=[to])
+    assert answer.code == 451, answer
+    assert answer.text.startswith("4.7.0 the DKIM key s1._domainkey.example.org cannot be "
+                                  "looked up now"), answer.text
+    assert "try again later" in answer.text, answer.text
+    assert await mails.all_mails(mailroom.embedded.services.store) == []
+    mailroom.dns.failing.clear()
+    [ref] = await delivered(mailroom, await send(mailroom.port, raw, rcpts=[to]))
+    [mail] = [m for m in await mails.all_mails(mailroom.embedded.services.store)
+              if m.ref == ref]
+    assert mail.state == "mail:new", mail.state

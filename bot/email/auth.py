@@ -58,9 +58,10 @@ class Verdicts:
     # (then nothing in it is believed as the sender's). Not recorded: the listener's alone.
     signed: tuple[str, ...] | None = field(default=None, compare=False)
     body_signed: bool = field(default=True, compare=False)
-    # When DMARC is `temperror`: what DNS could not give now that it needs (its record, or
-    # the key or SPF record an aligned pass rests on), as a person reads it. Not recorded:
-    # such a message is deferred (bot.email.server), never delivered.
+    # What DNS could not give now that DMARC needs (when `temperror`: its record, or the key
+    # or SPF record an aligned pass rests on) or, unproven, that would have proven the From
+    # (an aligned pass), as a person reads it; "" when nothing. Not recorded: such a message
+    # is deferred where it decides (bot.email.server, policy.decide), never delivered.
     undecided: str = field(default="", compare=False)
 
     def as_json(self) -> dict[str, Any]:
@@ -434,6 +435,8 @@ def authenticate(message: bytes, *, ip: str, helo: str, mail_from: str, from_dom
             undecided = _unlooked(record[0], from_domain, spf, spf_domain, tuple(unlooked))
     spf_aligned = bool(from_domain) and spf == "pass" and _aligned(spf_domain, from_domain, "r")
     proving = [s for s in passed if from_domain and _aligned(s.domain, from_domain, "r")]
+    if from_domain and not undecided and not (spf_aligned or proving):
+        undecided = _unlooked({}, from_domain, spf, spf_domain, tuple(unlooked))
     # the From proven by DKIM alone: what those signatures cover is all that is the sender's
     signed = None if spf_aligned or not proving else tuple(sorted(
         frozenset[str]().union(*(s.headers for s in proving))))

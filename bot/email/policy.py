@@ -29,7 +29,7 @@ from bot.store.db import Store
 
 @dataclass(frozen=True)
 class Decision:
-    action: Literal["deliver", "quiet", "refuse"]
+    action: Literal["deliver", "quiet", "refuse", "defer"]
     reason: str | None = None
     held: bool = False
 
@@ -89,10 +89,19 @@ def unlearned_why(verdicts: Verdicts) -> str:
 
 
 def decide(office: Office, agent: Agent, message: Inbound, verdicts: Verdicts) -> Decision:
-    """The strictest that applies: refused, held, quiet, delivered. (A hold for DMARC came
+    """The strictest that applies: refused, held, quiet, delivered; deferred (`defer`, 451)
+    first where the policy takes the sender and only a failed lookup leaves it unproven
+    (`Verdicts.undecided`). (A hold for DMARC came
     before the policy's refusal, so a forged From was delivered, held, where an honest
     stranger was refused; the automaton's marks came first of all, found by review.)"""
     policy = policy_of(office, agent)
+    if policy.accept != "anyone" and not verdicts.aligned and verdicts.undecided \
+            and verdicts.dmarc != "fail" and accepts(office, policy, message.sender):
+        # a sender it takes, whom only a lookup that failed for a moment left unproven:
+        # neither held nor refused for good for it (the listener answers 451 4.7.0)
+        return Decision("defer", f"{verdicts.undecided} cannot be looked up now, and it "
+                                 f"may prove {message.sender}, whom {agent.slug} takes email "
+                                 "from: try again later")
     outside = None
     if policy.accept != "anyone" and not (verdicts.aligned and accepts(office, policy,
                                                                        message.sender)):

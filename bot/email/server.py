@@ -13,6 +13,7 @@
 | its From proven by DKIM alone: Subject, Message-ID, body unsigned; no Message-ID | `550 5.7.1` |
 | ... and its To, Cc, In-Reply-To or References not signed | delivered, those not read |
 | its From not proven, DMARC undecided: a record or key it needs not found now | `451 4.7.0` |
+| a sender its policy takes, unproven only for a key or SPF record not found now | `451 4.7.0` |
 | the app not started yet, or the forge or the index failing | `451 4.3.0`: send it again later |
 | past a rate: one From's, or one authenticated domain's, to an agent | `451 4.7.1` |
 | past an address's rate: its messages authenticated (before a lookup), or not | `451 4.7.1` |
@@ -335,6 +336,8 @@ class SmtpHandler:
                         refs.append(said)
                         continue
                 decision = intake.decide(box, message, verdicts)
+                if decision.action == "defer":  # (copies delivered kept: delivered once)
+                    return f"451 4.7.0 {decision.reason}"
                 if decision.action == "refuse":
                     refused.append((rcpt, f"5.7.1 <{rcpt[:200]}>: {decision.reason}"))
                     continue
