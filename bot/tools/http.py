@@ -74,8 +74,20 @@ def members(office: Office) -> set[str]:
 async def office_org(services: Services, principal: str) -> str:
     """The org of the one office that has `principal` (a token that names no org)."""
     await services.follow_index()  # (an org installed that another replica heard of)
-    if services.default_org is not None:
-        return services.default_org
+    if (org := services.default_org) is not None:
+        # the one office, where it has the principal: asked before the token is pinned, so a
+        # refused use pins it nowhere (pinned, `make_call` refused it there and revoked it)
+        office = await services.offices.get(services.forge_for_org(org), org)
+        if office is None:
+            raise VaultmailError(services.offices.why_none(org), code="no_office")
+        if principal not in members(office):
+            reason = (f"{principal} is not in the office config of {org}, the one office "
+                      "here: an admin adds it to vaultmail.yml, or makes a token of someone "
+                      "who is (`vaultmail token create PRINCIPAL`)")
+            await ledger.record(services.store, "run.denied", principal, "tool call",
+                                {"reason": reason}, org=org)
+            raise Denied(reason, ledgered=True)
+        return org
     if not services.installations:
         raise services.not_installed("the App is not installed on any organisation yet: "
                                      "install it, then call again")

@@ -163,6 +163,25 @@ async def test_a_console_sign_in_with_a_token_that_named_no_office_pins_it_to_it
             assert resp.status != 200, "acme took marco out: his session is not evil's marco's"
 
 
+async def test_a_failed_sign_in_pins_no_token_to_an_office_that_does_not_have_it(
+        embedded: Embedded) -> None:
+    """Found by review: on a deployment of one installation, a token made before offices
+    was pinned to that office before anything asked whether the office has its principal;
+    the membership check after it then refused the sign-in and revoked the token there. A
+    failed sign-in left the token pinned to an office it has no rights in, and dead for good
+    (where, with several offices, the same try is refused and leaves it as it was). Now the
+    office is asked first: refused, and the token is neither pinned nor revoked."""
+    store = embedded.services.store
+    ghost = "human:ghost@acme.com"  # in no office's config
+    legacy = await api_tokens.create_token(store, ghost)  # (no office: from before offices)
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        resp = await _token_sign_in(browser, embedded, legacy)
+    assert resp.status == 403, resp.status
+    row = await store.fetchone("SELECT org, revoked_at FROM api_tokens WHERE principal=?",
+                               (ghost,))
+    assert row is not None and (row["org"], row["revoked_at"]) == (None, None), dict(row or {})
+
+
 async def test_a_session_of_no_office_from_before_sign_in_pinned_tokens_ends(
         embedded: Embedded) -> None:
     """A session signed in with such a token before this release kept no office: it ends, and
