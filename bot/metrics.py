@@ -114,6 +114,12 @@ LONG_POLLS = Gauge("vaultmail_long_polls_held", "list_inbox / chat waits being h
 TOOL_CALLS = Counter(
     "vaultmail_tool_calls_total", "Tool calls by tool and outcome (ok or the error code)",
     ["tool", "outcome"], registry=REGISTRY)
+FAILED_TRIES = Counter(
+    "vaultmail_failed_token_tries_total",
+    "API tokens offered and refused, by where (sign_in: the console's form; bearer: "
+    "Authorization on the tools, /mcp and console pages) and outcome (failed: unknown or "
+    "revoked, counted against the address; refused: 429, over the limit, not looked up)",
+    ["place", "outcome"], registry=REGISTRY)
 
 
 class _StoreTransactions(Collector):

@@ -17,6 +17,7 @@ from bot.app.egress import ALLOW_SETTING
 from bot.app.hook_generations import HookGenerations
 from bot.app.notify import Notifier
 from bot.app.settings import DOMAINS_SETTING, Settings
+from bot.app.tries import FailedTries
 from bot.cursors import Cursors
 from bot.errors import NotInstalled
 from bot.mail.signing import Keyrings, former_offices
@@ -123,6 +124,7 @@ class Services:
     background: set[asyncio.Task[None]] = field(default_factory=set)
     notifier: Notifier = field(default_factory=Notifier)
     long_polls: LongPolls = field(default_factory=LongPolls)  # `wait` calls held per API token
+    failed_tries: FailedTries = field(default_factory=FailedTries)  # bad tokens per address
     visibility: Visibility = field(default_factory=Visibility)  # who sees which repository
     bot_user: str | None = None  # gitea: the bot is a plain user, not "<slug>[bot]"
     # set by whoever runs the worker: new deliveries are queued, look now

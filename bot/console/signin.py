@@ -159,9 +159,16 @@ async def token_sign_in(request: web.Request) -> web.StreamResponse:
     if not expected or not hmac.compare_digest(form.get("csrf", "").encode(), expected.encode()):
         return _sign_in_page(request, message="This sign-in form is stale (its CSRF token does "
                              "not match): send it again", error=True, status=403)
+    # an unknown token is counted against the client's address (and everyone's): past the
+    # limit nothing is looked up (`bot.app.tries`); a success is not counted
+    source = client_key(request, services.settings.trusted_proxies)
+    if (refused := services.failed_tries.refusal(source, "sign_in")) is not None:
+        return _sign_in_page(request, message=refused.message, error=True,
+                             status=refused.status, retry_after=refused.retry_after)
     token = form.get("token", "").strip()
     owner = await api_tokens.owner_of(services.store, token)
     if owner is None:
+        services.failed_tries.failed(source, "sign_in")
         return _sign_in_page(request, message="That API token is unknown or revoked: copy one "
                              "from tokens.json (api_tokens) or make one with `vaultmail token "
                              "create PRINCIPAL`", error=True, status=401)

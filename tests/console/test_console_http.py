@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -994,3 +995,88 @@ async def test_a_sign_in_link_too_long_for_its_cookie_says_so(
         [state] = [c for c in resp.headers.getall("Set-Cookie")
                    if c.startswith("vaultmail_oauth=")]
         assert ":acme.corp_1:" in state, state  # (a name: '.' and '_' are a forge's too)
+
+
+async def _metric(embedded: Embedded, place: str, outcome: str) -> float:
+    async with aiohttp.ClientSession() as http, http.get(embedded.app_url + "/metrics") as resp:
+        text = await resp.text()
+    found = re.search(rf'vaultmail_failed_token_tries_total\{{outcome="{outcome}",'
+                      rf'place="{place}"\}} ([0-9.e+]+)', text)
+    return float(found.group(1)) if found else 0.0
+
+
+async def test_failed_token_sign_ins_are_limited_per_address_and_a_success_is_not_charged(
+        embedded: Embedded, caplog: Any) -> None:
+    """Found by review: the sign-in form took API tokens as fast as the server answered, each
+    try a lookup in the index. Now PER_ADDRESS unknown tokens a minute from one address, then
+    429 with Retry-After saying what was wrong, before any lookup (a live token too); a
+    success costs nothing; another address (a trusted proxy's client) is not refused; a
+    client's own X-Forwarded-For moves nothing; each failure is logged with the address,
+    never the token, and counted."""
+    from bot.app.tries import PER_ADDRESS
+
+    caplog.set_level(logging.INFO, logger="vaultmail.tries")
+    url = embedded.app_url + "/console"
+    live = embedded.api_tokens[MARCO]
+    refused_before = await _metric(embedded, "sign_in", "refused")
+
+    async def sign_in(token: str, headers: dict[str, str] | None = None
+                      ) -> tuple[int, str, str | None]:
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+            async with browser.get(url + "/sign-in") as resp:
+                page = await resp.text()
+            async with browser.post(url + "/sign-in/token", data={
+                    "csrf": _field(page, "csrf"), "token": token}, headers=headers or {},
+                    allow_redirects=False) as resp:
+                return resp.status, await resp.text(), resp.headers.get("Retry-After")
+
+    for _ in range(PER_ADDRESS + 3):  # successes are not charged
+        assert (await sign_in(live))[0] == 303
+    spoofed = {"X-Forwarded-For": "203.0.113.9"}  # (no trusted proxy: the client's word)
+    statuses = [(await sign_in(f"vm_guess{n}", spoofed))[0] for n in range(PER_ADDRESS)]
+    assert statuses == [401] * PER_ADDRESS, statuses
+    status, page, wait = await sign_in("vm_one-more")
+    assert (status, wait) == (429, "60"), (status, wait)
+    assert "too many failed tries with an API token from your address" in page, page[-900:]
+    assert (await sign_in(live))[0] == 429, "nothing looked up, a live token too"
+    # behind a trusted proxy, its client is whom the limit counts
+    services = embedded.services
+    services.settings = dataclasses.replace(services.settings,
+                                            trusted_proxies=parse_proxies("127.0.0.1, ::1"))
+    assert (await sign_in(live, {"X-Forwarded-For": "198.51.100.4"}))[0] == 303
+    assert await _metric(embedded, "sign_in", "refused") - refused_before == 2
+    failed = [r for r in caplog.records if r.name == "vaultmail.tries"]
+    assert len([r for r in failed if r.getMessage() == "token try failed"]) == PER_ADDRESS
+    assert all(getattr(r, "client", None) in ("127.0.0.1", "::1") for r in failed), failed
+    assert not any("vm_guess" in str(r.__dict__) for r in caplog.records), "no token logged"
+
+
+async def test_failed_token_sign_ins_from_every_address_together_are_limited_too(
+        embedded: Embedded) -> None:
+    """A backstop for a flood from many addresses: EVERYONE failed sign-ins a minute from
+    all of them together, then 429 for a new address too. The tools' Bearer tokens are not
+    under it (there it would let any outsider lock every agent out)."""
+    from bot.app.tries import EVERYONE, PER_ADDRESS
+
+    services = embedded.services
+    services.settings = dataclasses.replace(services.settings,
+                                            trusted_proxies=parse_proxies("127.0.0.1, ::1"))
+    url = embedded.app_url + "/console"
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        async with browser.get(url + "/sign-in") as resp:
+            csrf = _field(await resp.text(), "csrf")
+
+        async def fail(n: int) -> tuple[int, str]:
+            client = {"X-Forwarded-For": f"10.0.{n // (PER_ADDRESS - 1)}.1"}  # under its own
+            async with browser.post(url + "/sign-in/token", headers=client, data={
+                    "csrf": csrf, "token": f"vm_guess{n}"}, allow_redirects=False) as resp:
+                return resp.status, await resp.text()
+
+        statuses = [(await fail(n))[0] for n in range(EVERYONE)]
+        assert statuses == [401] * EVERYONE, [s for s in statuses if s != 401]
+        status, page = await fail(EVERYONE * PER_ADDRESS)  # an address not seen before
+        assert status == 429 and "from every address together" in page, page[-900:]
+    async with aiohttp.ClientSession() as http, http.post(
+            embedded.app_url + "/api/v1/tools/mail_list", json={},
+            headers={**bearer(embedded, MARCO), "X-Forwarded-For": "10.200.0.1"}) as resp:
+        assert resp.status == 200, await resp.text()
