@@ -219,3 +219,36 @@ async def test_a_first_use_that_lost_the_race_to_pin_a_token_acts_where_the_winn
     assert await pinned(embedded.services, stale, token) == "evil"
     again = await api_tokens.owner_of(store, token)
     assert again is not None and again.org == "evil"
+
+
+async def test_failed_bearer_tokens_are_limited_per_address_and_a_success_is_not_charged(
+        embedded: Embedded, session: aiohttp.ClientSession) -> None:
+    """Found by review: `Authorization: Bearer` took unknown tokens without end (the tools,
+    /mcp, console pages), each a lookup in the index and a log line. The sign-in form's limit
+    per address holds there too: PER_ADDRESS failures a minute, then 429 `too_many_failures`
+    with Retry-After before any lookup, a live token too; over MCP not as a bad token (a
+    client would throw its token away). Successes are not counted."""
+    from bot.app.tries import PER_ADDRESS
+
+    live = {"Authorization": f"Bearer {embedded.api_tokens['agent:scout']}"}
+    tools = embedded.app_url + "/api/v1/tools/mail_list"
+
+    async def call(headers: dict[str, str]) -> tuple[int, Any, str | None]:
+        async with session.post(tools, json={}, headers=headers) as resp:
+            return resp.status, await resp.json(), resp.headers.get("Retry-After")
+
+    for _ in range(PER_ADDRESS + 3):
+        assert (await call(live))[0] == 200
+    statuses = [(await call({"Authorization": f"Bearer vm_guess{n}"}))[0]
+                for n in range(PER_ADDRESS)]
+    assert statuses == [401] * PER_ADDRESS, statuses
+    status, body, wait = await call(live)
+    assert (status, body["error"]["code"], wait) == (429, "too_many_failures", "60"), body
+    async with session.post(embedded.app_url + "/mcp", json={
+            "jsonrpc": "2.0", "id": 1, "method": "ping"}, headers={
+            **live, "Accept": "application/json, text/event-stream"}) as resp:
+        assert resp.status == 429 and resp.headers["Retry-After"] == "60"
+        assert "WWW-Authenticate" not in resp.headers, "not a bad token: try again later"
+    async with session.get(embedded.app_url + "/console/inbox", allow_redirects=False,
+                           headers={"Authorization": "Bearer vm_x"}) as resp:
+        assert resp.status == 429 and resp.headers["Retry-After"] == "60"

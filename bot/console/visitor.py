@@ -17,7 +17,7 @@ from aiohttp import web
 
 from bot.app import cookies
 from bot.app.bodies import json_response
-from bot.app.peers import reached_at
+from bot.app.peers import client_key, reached_at
 from bot.app.services import SERVICES_KEY, Services
 from bot.console import sessions
 from bot.errors import Denied, Unauthenticated
@@ -71,7 +71,8 @@ async def visitor(request: web.Request) -> Visitor:
     services = request.app[SERVICES_KEY]
     header = request.headers.get("Authorization")
     if header:
-        owner = await authenticate(services, header)
+        owner = await authenticate(services, header,
+                                   client_key(request, services.settings.trusted_proxies))
         call = await make_call(services, owner.principal, bearer_key(header), owner.org)
         return Visitor(call, person_of(call), None,
                        TOKEN_LOGIN + api_tokens.token_hash(bearer_key(header) or ""))

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from bot.app.bodies import TOOL_BODY_LIMIT, json_response, loads_json, read_body
 from bot.app.notify import AnswerCopy
+from bot.app.peers import client_key
 from bot.app.services import SERVICES_KEY, Services
 from bot.errors import (
     Denied,
@@ -38,13 +39,22 @@ log = logging.getLogger("vaultmail.tools")
 T = TypeVar("T")
 
 
-async def authenticate(services: Services, header: str | None) -> api_tokens.Owner:
+async def authenticate(services: Services, header: str | None,
+                       source: str | None = None) -> api_tokens.Owner:
+    """The owner of the request's API token. `source`: the client's address (`client_key`),
+    whose unknown tokens are counted and, past the limit, refused unlooked-up
+    (`bot.app.tries`); None for a token already taken once (a long poll's recheck)."""
     if not header or not header.startswith("Bearer "):
         raise Unauthenticated("send Authorization: Bearer <api token> "
                               "(`vaultmail token create PRINCIPAL` makes one)")
+    if source is not None and (
+            refused := services.failed_tries.refusal(source, "bearer")) is not None:
+        raise refused
     token = header[7:].strip()
     owner = await api_tokens.owner_of(services.store, token)
     if owner is None:
+        if source is not None:
+            services.failed_tries.failed(source, "bearer")
         raise Unauthenticated("this API token is unknown or revoked")
     return replace(owner, org=await pinned(services, owner, token))
 
@@ -131,10 +141,10 @@ async def make_call(services: Services, principal: str, token: str | None = None
     return Call(services, principal, office, forge, token_key=token, woken_by=woken_by)
 
 
-async def bearer_call(services: Services, header: str | None) -> Call:
+async def bearer_call(services: Services, header: str | None, source: str | None) -> Call:
     """The call of the request's API token (`authenticate`, then `make_call`). A long poll of
     it asks again whether the token is live when it wakes (`Call.recheck`, `_still_live`)."""
-    owner = await authenticate(services, header)
+    owner = await authenticate(services, header, source)
     call = await make_call(services, owner.principal, bearer_key(header), owner.org,
                            woken_by=owner.woken_by)
     hashed = api_tokens.token_hash(str(header)[7:].strip())
@@ -280,7 +290,8 @@ async def tool_endpoint(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     try:
         header = request.headers.get("Authorization")
-        call = await bearer_call(services, header)
+        call = await bearer_call(services, header,
+                                 client_key(request, services.settings.trusted_proxies))
         try:
             data = await read_body(request, TOOL_BODY_LIMIT, "the request body")
             raw = loads_json(data) if data.strip() else {}  # nesting over 64: 400 bad_json
@@ -294,7 +305,9 @@ async def tool_endpoint(request: web.Request) -> web.Response:
         else:  # the client gave up on its long poll and went away: nobody to answer
             return web.Response(status=499)
     except VaultmailError as exc:
-        log.info("tool refused", extra={"tool": name, "code": exc.code, "reason": exc.message})
+        if exc.code != "too_many_failures":  # (logged once, at the limit: `bot.app.tries`)
+            log.info("tool refused", extra={"tool": name, "code": exc.code,
+                                            "reason": exc.message})
         return json_response(exc.as_json(), status=exc.status,
                              headers=refusal_headers(exc))
     except ForgeError as exc:  # the forge refused or failed: say so, never a stack trace

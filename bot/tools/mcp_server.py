@@ -52,6 +52,7 @@ from mcp.shared.subscriptions import (
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from bot.app.bodies import TOOL_BODY_LIMIT, json_response, read_body
+from bot.app.peers import client_key
 from bot.app.services import SERVICES_KEY, Services
 from bot.errors import (
     ForgeUnavailable,
@@ -840,13 +841,15 @@ async def mcp_endpoint(request: web.Request) -> web.StreamResponse:
     try:
         try:
             owner = await bearer_owner(services, header, mcp_resource(request),
-                                       request.app[CLOCK_KEY].now())
+                                       request.app[CLOCK_KEY].now(),
+                                       client_key(request, services.settings.trusted_proxies))
         except Exception as exc:
             if not unavailable(exc):
                 raise
             raise index_unavailable("mcp") from exc
         principal = owner.principal
-    except (IndexUnavailable, ForgeUnavailable) as exc:  # (not the token's fault: try again)
+    except (IndexUnavailable, ForgeUnavailable, TooManyRequests) as exc:  # (not the token's
+        # fault: try again; too many failed tries from the address, said before any lookup)
         return _rpc_refusal(exc.status, UNAVAILABLE_RPC, exc, headers=cors)
     except VaultmailError as exc:
         # where a client learns how to authenticate (RFC 9728 §5.1); a token that was given
@@ -940,13 +943,22 @@ async def mcp_endpoint(request: web.Request) -> web.StreamResponse:
 
 
 async def bearer_owner(services: Services, header: str | None, resource: str,
-                       now: float) -> api_tokens.Owner:
+                       now: float, source: str | None = None) -> api_tokens.Owner:
     """Who the request's Bearer token acts for: an OAuth access token for this endpoint
-    (`resource`) that is live, bound to its person's office; else an API token."""
+    (`resource`) that is live, bound to its person's office; else an API token. `source`:
+    the client's address, as `authenticate` takes it (an access token refused counts too)."""
     token = header[7:].strip() if header and header.startswith("Bearer ") else ""
-    if is_access_token(token):
+    if not is_access_token(token):
+        return await authenticate(services, header, source)
+    if source is not None and (
+            refused := services.failed_tries.refusal(source, "bearer")) is not None:
+        raise refused
+    try:
         return await access_owner(services, token, resource, now)
-    return await authenticate(services, header)
+    except Unauthenticated:
+        if source is not None:
+            services.failed_tries.failed(source, "bearer")
+        raise
 
 
 async def _office_of(services: Services, owner: api_tokens.Owner) -> str | None:

@@ -29,6 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from bot.app.bodies import json_response
+from bot.app.peers import client_key
 from bot.app.services import SERVICES_KEY, Services
 from bot.errors import InvalidArguments, VaultmailError, forge_refusal, refusal_headers
 from bot.forge.errors import ForgeError
@@ -202,7 +203,9 @@ async def wait_inbox_change(services: Services, call_for: CallFor, after: str | 
 # -- over HTTP, for `vaultmail mcp` on stdio ------------------------------------------------
 
 async def _caller(request: web.Request) -> Call:
-    return await bearer_call(request.app[SERVICES_KEY], request.headers.get("Authorization"))
+    services = request.app[SERVICES_KEY]
+    return await bearer_call(services, request.headers.get("Authorization"),
+                             client_key(request, services.settings.trusted_proxies))
 
 
 class Stopping(VaultmailError):
