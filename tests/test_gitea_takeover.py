@@ -8,12 +8,14 @@ app look at the bot's orgs first, so the office follows its org."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from bot.app.gitea_orgs import look
 from bot.forge.errors import OwnerChanged
 from bot.store import installations, mails
 from tests.test_email_support import (
@@ -140,3 +142,51 @@ async def test_email_to_an_agent_after_its_org_renamed_is_not_bounced_as_moved_a
     assert first.code == 451, first
     again = await send(room.port, raw, rcpts=[f"scout@{DOMAIN}"])
     assert await delivered(room, again) == ["acme2/scout-vault#1"]
+
+
+async def test_mail_sends_at_once_after_its_org_renamed_never_land_in_the_new_orgs_vault(
+        gitea_room: Mailroom) -> None:
+    """Review: four of scout's mail_sends at once in the window. The first write found
+    acme/scout-vault eve's and had the app look at the bot's orgs (the index then holds eve's
+    account under acme); the others, their vault worked out before, came to their turn after
+    the look, and were checked against the account the index held for acme THEN, eve's: they
+    passed, and 'Plans 1..3' were written into eve's vault, indexed as her office's mail. Now
+    each write is checked against the account of the office it was made for: every one is
+    refused, nothing is written there, and sent again they are acme2's."""
+    room = gitea_room
+    tools = room.tools("agent:scout")
+    _taken_over(room)
+    sends = [{"to": "scout", "subject": f"Plans {i}", "body": "The secret plans.",
+              "idempotencyKey": f"plans-{i}"} for i in range(4)]
+    answers = await asyncio.gather(*(tools.raw("mail_send", args) for args in sends))
+    assert _issues_of(room, "acme", "scout-vault") == [], "written into eve's vault"
+    assert [status for status, _ in answers] == [502] * 4, answers
+    assert [m.org for m in await mails.all_mails(room.embedded.services.store)] == []
+    for args in sends:
+        sent = await tools("mail_send", **args)
+        assert sent["mail"]["vault"] == "acme2/scout-vault", sent
+    assert sorted(_issues_of(room, "acme2", "scout-vault")) == [f"Plans {i}" for i in range(4)]
+    assert _issues_of(room, "acme", "scout-vault") == []
+
+
+async def test_a_write_made_for_the_office_before_a_look_is_not_made_for_the_newcomer(
+        gitea_room: Mailroom) -> None:
+    """Review: a look at the bot's orgs (the 5-minute round, or one a delivery asked for) lands
+    while a write of acme's office waits for its turn. The index then holds eve's account
+    under acme, and the write was checked against that: written into eve's vault. Now the
+    forge the office's work was given is the forge of the account the office was made for:
+    after the look its write into eve's acme/scout-vault is refused (OwnerChanged), and the
+    forge for acme now is eve's office's, another one (its own turn, its own label ids)."""
+    room = gitea_room
+    services = room.embedded.services
+    acme_id = await installations.account_of(services.store, "acme")
+    _taken_over(room)
+    forge = services.forge_for_org("acme")  # (the office's work under way, before the look)
+    await look(services)
+    with pytest.raises(OwnerChanged):
+        await forge.create_issue("acme/scout-vault", "Plans", "The secret plans.")
+    assert _issues_of(room, "acme", "scout-vault") == [], "written into eve's vault"
+    assert services.forge_for_org("acme") is not forge
+    assert services.forge_for_org("acme2") is services.forge_for_org("acme2")
+    assert await installations.account_of(services.store, "acme2") == acme_id
+

@@ -84,7 +84,8 @@ async def build_gitea_services(settings: Settings, session: aiohttp.ClientSessio
     services = Services(settings=settings, store=store, forge_client=client,
                         router=build_router(), own_router=build_own_router(), app_slug=login,
                         offices=OfficeSource(settings.office_path),
-                        keyring=keyring, bot_user=login, installations=taken.installed)
+                        keyring=keyring, bot_user=login, installations=taken.installed,
+                        accounts=taken.accounts)
     services.keyring.installed = services.installations.keys  # what legacy keys served
     services.left_office = left_office  # (questions stop waiting on whoever left)
     services.offices.renamed = keyring.renamed

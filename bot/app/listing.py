@@ -26,6 +26,7 @@ class Listing:
     installed: dict[str, int]
     taken: list[str]
     renamed: dict[str, str]
+    accounts: dict[str, int]  # {org: its office's account id} of those installed, where known
 
     def take_into(self, services: Services) -> None:
         """This replica serves what the index has installed now (`services.installations`,
@@ -35,6 +36,8 @@ class Listing:
             services.offices.forget(org)
         services.installations.clear()
         services.installations.update(self.installed)
+        services.accounts.clear()  # (at once with it: the forge an office's work is given)
+        services.accounts.update(self.accounts)
 
 
 async def take_listing(store: Store, keyring: Keyrings, live: dict[str, int],
@@ -55,7 +58,10 @@ async def take_listing(store: Store, keyring: Keyrings, live: dict[str, int],
     taken = installations.taken_over(known, accounts)
     for org in taken:
         keyring.retire(org, installations.archived_name(org, known[org]))
-    return Listing(await installations.listed(store, live, before, accounts), taken, renamed)
+    installed = await installations.listed(store, live, before, accounts)
+    held = await installations.accounts(store)
+    return Listing(installed, taken, renamed,
+                   {org: held[org] for org in installed if org in held})
 
 
 def follow_keys(keyring: Keyrings, whose: dict[str, int], old: str, new: str) -> None:

@@ -111,6 +111,10 @@ class Services:
     keyring: Keyrings
     # org (lower case) -> installation id: read at start, kept by installation events
     installations: dict[str, int] = field(default_factory=dict)
+    # org (lower case) -> the forge's id of the account its office here was made for, as
+    # `installations` is taken (where known): the forge an office's work is given writes
+    # only into that account's repositories (Gitea: bot.forge.gitea, `GiteaForge.account`)
+    accounts: dict[str, int] = field(default_factory=dict)
     # seconds between the app's own looks for new installations (Gitea's, which sends no
     # installation events: bot.app.gitea_orgs sets it); None where the forge tells of each at
     # once (GitHub's installation events)
@@ -310,15 +314,18 @@ class Services:
         too; one uninstalled, suspended, renamed away or installed anew is forgotten, its
         config with it (and its installation's token, when no org has it now)."""
         live = await installed.live(self.store)
+        accounts = await installed.accounts(self.store)
         for org in set(self.installations) | set(live):
             inst = self.installations.get(org)
-            if live.get(org) == inst:
+            if live.get(org) == inst and accounts.get(org) == self.accounts.get(org):
                 continue
             self.offices.forget(org)  # (another office under that name now, or none)
             if inst is not None and inst not in live.values():
                 self.forge_client.forget(inst)
         self.installations.clear()  # (in place: others hold this dict)
         self.installations.update(live)
+        self.accounts.clear()
+        self.accounts.update({org: accounts[org] for org in live if org in accounts})
 
     async def still_installed(self, org: str) -> None:
         """`org` served as the index has it now (`follow_index`); NotInstalled when this
@@ -373,7 +380,8 @@ class Services:
                 f"the App is not installed on {org}, or is suspended there: an owner of {org} "
                 "installs it (the App's page on the forge, Install) or unsuspends it (the org's "
                 "settings, GitHub Apps), then the office works again")
-        return self.forge_client.installation(inst, org=org)
+        return self.forge_client.installation(inst, org=org,
+                                              account=self.accounts.get(org.lower()))
 
     def not_installed(self, message: str) -> NotInstalled:
         """NotInstalled whose Retry-After is when this app may first know of an installation
@@ -388,7 +396,8 @@ class Services:
         inst = installation_id if installation_id is not None else self.default_installation
         if inst is None:
             raise LookupError("no installation id in the event and no default installation")
-        return self.forge_client.installation(inst, org=org)
+        return self.forge_client.installation(
+            inst, org=org, account=None if org is None else self.accounts.get(org.lower()))
 
 
 SERVICES_KEY = web.AppKey("services", Services)

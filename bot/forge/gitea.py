@@ -146,10 +146,14 @@ class GiteaForge(RepoCaller):
     client: GiteaClient
 
     def __init__(self, client: GiteaClient, installation_id: int,
-                 org: str | None = None) -> None:
+                 org: str | None = None, account: int | None = None) -> None:
         self.installation_id = int(installation_id)
         super().__init__(client, self.installation_id)
         self.org = org  # whose writes these are: each org's paced and budgeted apart
+        # the forge's id of the account whose office this forge works for (`org`'s when the
+        # office was resolved): its repositories are written only while they are that
+        # account's, whatever the index holds for the login by the time a write's turn comes
+        self.account = account
         if org is not None:
             self._log_extra["org"] = org
         self._labels: dict[str, dict[str, int]] = {}  # repo -> lower name -> id
@@ -205,8 +209,7 @@ class GiteaForge(RepoCaller):
         """Nothing when `owner/name` is the account's the index holds for `owner` (or the
         index holds none, or the repository is not found: the request itself then says
         so); else OwnerChanged (`_changed`)."""
-        account_of = self.client.account_of
-        held = None if account_of is None else await account_of(owner)
+        held = await self._held(owner)
         if held is None:
             return
         repo = f"{owner}/{name}"
@@ -226,8 +229,7 @@ class GiteaForge(RepoCaller):
         OwnerChanged (`_changed`) when that one is the account's the index holds for
         `owner` (the org renamed itself, unheard); else nothing (it went to another
         owner: `MovedAway` says so)."""
-        account_of = self.client.account_of
-        held = None if account_of is None else await account_of(owner)
+        held = await self._held(owner)
         if held is None:
             return
         try:
@@ -237,6 +239,17 @@ class GiteaForge(RepoCaller):
         if isinstance(data, dict) and (data.get("owner") or {}).get("id") == held:
             await self._changed(moved.was, held, held,
                                 f"its org renamed itself ({moved.now} now)")
+
+    async def _held(self, owner: str) -> int | None:
+        """The account a repository of `owner` must be: this forge's office's (`account`),
+        never the one the index holds for the login by the time of the check (a look at the
+        bot's orgs may have moved the login to another account's office meanwhile, while
+        this write waited for its turn). A forge of no office's (the bot's own calls), or
+        of an office whose account was not known: the index's, as it is now."""
+        if self.account is not None and owner.lower() == self.org:
+            return self.account
+        account_of = self.client.account_of
+        return None if account_of is None else await account_of(owner)
 
     async def _changed(self, repo: str, held: int, now: int, why: str) -> None:
         """`repo`'s login is not the account's the index holds for it (`why`): the app
@@ -663,21 +676,26 @@ class GiteaClient:
         # told of a repository found another account's: the app's look at the bot's orgs
         # (bot.app.gitea_orgs), which the office follows
         self.owner_changed: Callable[[], Awaitable[object]] | None = None
-        self._forges: dict[str | None, GiteaForge] = {}  # by org (lower case)
+        # by org (lower case) and the account whose office it is: after a takeover the
+        # office that had the login and the newcomer's share no forge (its turn, its label ids)
+        self._forges: dict[tuple[str | None, int | None], GiteaForge] = {}
         self._hooks = GiteaHooks()
 
     @property
     def clock(self) -> Clock:
         return self._clock
 
-    def installation(self, installation_id: int | None = None, *,
-                     org: str | None = None) -> GiteaForge:
-        """The bot's forge for `org` (its own pacer and budget), or for no org in particular
-        (the bot's own calls: its user, its orgs)."""
-        key = org.lower() if org else None
+    def installation(self, installation_id: int | None = None, *, org: str | None = None,
+                     account: int | None = None) -> GiteaForge:
+        """The bot's forge for `org`'s office, made for `account` (its own pacer and budget;
+        its repositories written only while they are that account's), or for no org in
+        particular (the bot's own calls: its user, its orgs)."""
+        login = org.lower() if org else None
+        key = (login, account if login is not None else None)
         forge = self._forges.get(key)
         if forge is None:
-            forge = self._forges[key] = GiteaForge(self, SYNTHETIC_INSTALLATION_ID, org=key)
+            forge = self._forges[key] = GiteaForge(self, SYNTHETIC_INSTALLATION_ID, org=login,
+                                                   account=key[1])
         return forge
 
     async def reachable(self) -> int:

@@ -603,8 +603,10 @@ class ForgeClient:
     def clock(self) -> Clock:
         return self.auth.clock
 
-    def installation(self, installation_id: int, *, org: str | None = None) -> GitHubForge:
-        """The installation's forge (`org` adds nothing: an installation is one org's)."""
+    def installation(self, installation_id: int, *, org: str | None = None,
+                     account: int | None = None) -> GitHubForge:
+        """The installation's forge (`org`, `account` add nothing: an installation is one
+        account's, and its token reaches no other's)."""
         iid = int(installation_id)
         forge = self._installations.get(iid)
         if forge is None:
