@@ -190,3 +190,35 @@ async def test_a_write_made_for_the_office_before_a_look_is_not_made_for_the_new
     assert services.forge_for_org("acme2") is services.forge_for_org("acme2")
     assert await installations.account_of(services.store, "acme2") == acme_id
 
+
+async def test_a_mail_read_after_its_org_renamed_is_not_flagged_tampered_from_the_new_orgs_vault(
+        gitea_room: Mailroom) -> None:
+    """Review: bob's email was delivered to acme/scout-vault#1 before acme renamed itself;
+    eve took the login, her acme/scout-vault has an issue #1 of her own. In the window scout
+    read the mail (mail_get: a read, not checked), eve's #1 was read as its issue, did not
+    verify, and the office's genuine mail was flagged tampered, a `mail.tampered` ledgered
+    for good. Now a failed verification is acted on only once the vault is found the
+    office's account's: eve's is not, so the app looks at the bot's orgs, the call says to
+    try again, and nothing is flagged; read again, the mail is acme2's, and verifies."""
+    room = gitea_room
+    services, forge = room.embedded.services, room.embedded.forge
+    raw = wire(message("Bob <bob@example.org>", f"scout@{DOMAIN}", "Prices", "x",
+                       Message_ID="<before@example.org>"))
+    got = await send(room.port, raw, rcpts=[f"scout@{DOMAIN}"])
+    assert await delivered(room, got) == ["acme/scout-vault#1"]
+    [mail] = await mails.all_mails(services.store)
+    _taken_over(room)
+    async with room.session.post(
+            forge.url + "/api/v1/repos/acme/scout-vault/issues",
+            json={"title": "hello", "body": "anything"},
+            headers={"Authorization": f"token {forge.user_token('eve')}"}) as resp:
+        assert resp.status == 201, await resp.text()
+    tools = room.tools("agent:scout")
+    status, answer = await tools.raw("mail_get", {"mail": mail.mail_id})
+    assert status == 502 and "try again" in str(answer), (status, answer)
+    assert await mails.tamper_flag(services.store, mail.mail_id) == 0
+    assert await services.store.fetchall("SELECT event FROM ledger WHERE event=?",
+                                         ("mail.tampered",)) == []
+    again = await tools("mail_get", mail=mail.mail_id)
+    assert again["mail"]["vault"] == "acme2/scout-vault", again
+    assert not again["mail"]["tampered"] and again["verified"], again

@@ -54,6 +54,14 @@ class Forge(Protocol):
 
     installation_id: int
 
+    async def owner_confirmed(self, repo: str) -> None:
+        """Nothing when `repo` is the account's whose office this forge works for (or that
+        cannot be told); else OwnerChanged: asked before what was read from it is held
+        against the office for good (a mail found not to verify). Gitea only, whose one
+        token reaches every org's repositories under a login another account may have
+        taken; a GitHub installation's token reaches only its own account's."""
+        ...
+
     # issues
     async def get_issue(self, repo: str, number: int) -> JSON: ...
 

@@ -980,6 +980,11 @@ class RepoCaller(_Caller):
                         labels: Sequence[str] | None = None,
                         since: str | datetime | None = None) -> AsyncIterator[JSON]: ...
 
+    async def owner_confirmed(self, repo: str) -> None:
+        """(base.Forge.owner_confirmed) Nothing by default: an installation's token reaches
+        only its own account's repositories."""
+        return
+
     # -- files (the contents API: GitHub's and Gitea's alike) --------------------------------
     async def _file(self, repo: str, path: str, ref: str | None = None,
                     at_most: int | None = None) -> JSON | None:

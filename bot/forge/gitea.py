@@ -186,6 +186,12 @@ class GiteaForge(RepoCaller):
         if url.startswith(REPO_ROUTE) and url_vars is not None:
             await self._owner_checked(str(url_vars["owner"]), str(url_vars["repo"]))
 
+    async def owner_confirmed(self, repo: str) -> None:
+        """(base.Forge.owner_confirmed) Issue and comment reads are not checked (one GET
+        more each): what they found is confirmed this way only where the office would hold
+        it against its mail for good (a mail that does not verify: flagged, ledgered)."""
+        await self._owner_checked(*repo.split("/", 1))
+
     async def _file(self, repo: str, path: str, ref: str | None = None,
                     at_most: int | None = None) -> JSON | None:
         await self._owner_checked(*repo.split("/", 1))

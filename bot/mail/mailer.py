@@ -818,6 +818,7 @@ class Mailer:
             said = said[:QUOTED_MAX] + f"\n\n[… {len(said) - QUOTED_MAX:,} characters more]"
         digest = hashlib.sha256(f"{issue.get('updated_at')}\n{said}".encode()).hexdigest()[:16]
         marker = markers.marker("written-over", mail.mail_id, digest)
+        await self.forge.owner_confirmed(mail.vault)  # (as check_tamper: flagged for good)
         async with self.services.lock_for(f"tamper:{mail.mail_id}"):
             fresh = await self._flag_tampered(
                 mail, actor, "edited before it was signed: the signing wrote over the edit, "
@@ -1282,6 +1283,9 @@ class Mailer:
                                app_login=self.services.bot_login, expected_mail_id=mail.mail_id)
         if verdict.valid:
             return True
+        # (the issue read may be another account's, under a login its org left unheard: a
+        # flag and a ledger entry are for good, so its vault is confirmed the office's first)
+        await self.forge.owner_confirmed(mail.vault)
         store = self.services.store
         async with self.services.lock_for(f"tamper:{mail.mail_id}"):
             flag = await mails.tamper_flag(store, mail.mail_id)

@@ -111,6 +111,9 @@ async def scan(forge: Forge, office: Office, keys: Verifier, *, app_login: str,
         report.vaults += 1
         bar.set_postfix_str(vault)
         seen = listed.setdefault(vault.lower(), []) if listed is not None else []
+        # (what is read here becomes the office's index, tamper flags and all: on Gitea the
+        # vault's login may be another account's now, unheard)
+        await forge.owner_confirmed(vault)
         async for issue in forge.iter_issues(vault, state="all"):
             seen.append(issue)
             report.issues += 1
