@@ -58,16 +58,11 @@ class Verdicts:
     # (then nothing in it is believed as the sender's). Not recorded: the listener's alone.
     signed: tuple[str, ...] | None = field(default=None, compare=False)
     body_signed: bool = field(default=True, compare=False)
-    # What DNS could not give now that DMARC needs (when `temperror`: its record, or the key
-    # or SPF record an aligned pass rests on) or, unproven, that would have proven the From
-    # (an aligned pass), as a person reads it; "" when nothing. Not recorded: such a message
-    # is deferred where it decides (bot.email.server, policy.decide), never delivered.
-    undecided: str = field(default="", compare=False)
 
     def as_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["dkim_domains"] = list(self.dkim_domains)
-        del data["signed"], data["body_signed"], data["undecided"]
+        del data["signed"], data["body_signed"]
         return data
 
     def unsigned(self, present: Iterable[str]) -> list[str]:
@@ -277,10 +272,8 @@ def _whole_body(d: dkim.DKIM) -> bool:
     return int(length) >= len(policy.canonicalize_body(d.body))
 
 
-def dkim_signatures(message: bytes, resolver: Resolver, *,
-                    unlooked: list[str] | None = None) -> tuple[str, list[Signature]]:
-    """`check_dkim`'s result, and each signature that verified; `unlooked` is given the
-    names of the keys DNS could not give now (`<selector>._domainkey.<d>`)."""
+def dkim_signatures(message: bytes, resolver: Resolver) -> tuple[str, list[Signature]]:
+    """`check_dkim`'s result, and each signature that verified."""
     signatures = len(re.findall(rb"(?im)^DKIM-Signature:", message))
     if signatures == 0:
         return "none", []
@@ -288,13 +281,11 @@ def dkim_signatures(message: bytes, resolver: Resolver, *,
 
     def dnsfunc(name: bytes, timeout: int = 5) -> bytes:
         nonlocal temp
-        key = name.decode("ascii", "replace").rstrip(".")
         try:
-            return "".join(resolver.txt(key)[:1]).encode()
+            return "".join(resolver.txt(name.decode("ascii", "replace").rstrip("."))
+                           [:1]).encode()
         except DnsError:
             temp = True
-            if unlooked is not None:
-                unlooked.append(key.lower())
             return b""
 
     passed: list[Signature] = []
@@ -358,8 +349,8 @@ def dmarc_record(from_domain: str, resolver: Resolver) -> tuple[dict[str, str] |
 
 
 def _dmarc_result(record: tuple[dict[str, str] | None, bool], from_domain: str, spf: str,
-                  spf_domain: str, dkim_result: str, dkim_domains: tuple[str, ...],
-                  unlooked: tuple[str, ...] = ()) -> tuple[str, str]:
+                  spf_domain: str, dkim_result: str,
+                  dkim_domains: tuple[str, ...]) -> tuple[str, str]:
     tags, subdomain = record
     if tags is None:
         return "none", ""
@@ -369,28 +360,7 @@ def _dmarc_result(record: tuple[dict[str, str] | None, bool], from_domain: str, 
     spf_ok = spf == "pass" and _aligned(spf_domain, from_domain, tags.get("aspf", "r"))
     dkim_ok = dkim_result == "pass" and any(
         _aligned(d, from_domain, tags.get("adkim", "r")) for d in dkim_domains)
-    if spf_ok or dkim_ok:
-        return "pass", policy
-    # no aligned pass, but one may have passed had DNS answered: no definitive result
-    # (RFC 7489 6.6.2), not a fail: the message is deferred, never held as a forgery
-    if _unlooked(tags, from_domain, spf, spf_domain, unlooked):
-        return "temperror", policy
-    return "fail", policy
-
-
-def _unlooked(tags: dict[str, str], from_domain: str, spf: str, spf_domain: str,
-              unlooked: tuple[str, ...]) -> str:
-    """What DNS could not give now that an aligned pass may rest on, under the record's
-    alignment (`tags`): the SPF record of the MAIL FROM's domain, or the key of a signature
-    of the From's; "" when none. A lookup of another domain's (a signature of anyone's
-    own) proves nothing of the From either way."""
-    if spf == "temperror" and _aligned(spf_domain, from_domain, tags.get("aspf", "r")):
-        return f"the SPF record of {spf_domain}"
-    for key in unlooked:
-        domain = key.partition("._domainkey.")[2]
-        if domain and _aligned(domain, from_domain, tags.get("adkim", "r")):
-            return f"the DKIM key {key}"
-    return ""
+    return ("pass" if spf_ok or dkim_ok else "fail"), policy
 
 
 def check_dmarc(from_domain: str, spf: str, spf_domain: str, dkim_result: str,
@@ -417,31 +387,25 @@ def authenticate(message: bytes, *, ip: str, helo: str, mail_from: str, from_dom
     # them all (bot.email.server). Looked up last, a forger whose own DNS answered slowly
     # had it meet the deadline: `temperror` for a forged From, not the `fail` it was.
     record: tuple[dict[str, str] | None, bool] | None = None
-    dmarc, policy, undecided = "permerror", "", ""
+    dmarc, policy = "permerror", ""
     if from_domain:
         try:
             record = dmarc_record(from_domain, resolver)
         except DnsError:
-            dmarc, undecided = "temperror", f"the DMARC record of {from_domain.lower()}"
+            dmarc = "temperror"
     spf_domain = mail_from.rpartition("@")[2].lower() if mail_from else helo.lower()
     spf = check_spf(ip, spf_domain, resolver)
-    unlooked: list[str] = []
-    dkim_result, passed = dkim_signatures(message, resolver, unlooked=unlooked)
+    dkim_result, passed = dkim_signatures(message, resolver)
     dkim_domains = tuple(dict.fromkeys(s.domain for s in passed))
     if record is not None:
         dmarc, policy = _dmarc_result(record, from_domain, spf, spf_domain, dkim_result,
-                                      dkim_domains, tuple(unlooked))
-        if dmarc == "temperror" and record[0] is not None:
-            undecided = _unlooked(record[0], from_domain, spf, spf_domain, tuple(unlooked))
+                                      dkim_domains)
     spf_aligned = bool(from_domain) and spf == "pass" and _aligned(spf_domain, from_domain, "r")
     proving = [s for s in passed if from_domain and _aligned(s.domain, from_domain, "r")]
-    if from_domain and not undecided and not (spf_aligned or proving):
-        undecided = _unlooked({}, from_domain, spf, spf_domain, tuple(unlooked))
     # the From proven by DKIM alone: what those signatures cover is all that is the sender's
     signed = None if spf_aligned or not proving else tuple(sorted(
         frozenset[str]().union(*(s.headers for s in proving))))
     return Verdicts(spf=spf, spf_domain=spf_domain, dkim=dkim_result, dkim_domains=dkim_domains,
                     dmarc=dmarc, dmarc_policy=policy, from_domain=from_domain.lower(),
                     aligned=spf_aligned or bool(proving), signed=signed,
-                    body_signed=signed is None or any(s.whole_body for s in proving),
-                    undecided=undecided)
+                    body_signed=signed is None or any(s.whole_body for s in proving))

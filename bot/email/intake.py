@@ -306,8 +306,6 @@ class EmailIntake:
         when the agent's policy refuses it."""
         office, agent = box.office, box.agent
         decision = self.decide(box, message, verdicts)
-        if decision.action in ("refuse", "defer"):  # (the listener answers these itself)
-            raise ValueError(f"not to be delivered: {decision.reason}")
         quiet = decision.reason if decision.action == "quiet" else None
         if quiet is None and message.hops is not None and message.hops > LOOP_GUARD_HOPS:
             # the loop guard over email: an agent (here or in another office) answering

@@ -29,7 +29,7 @@ from bot.store.db import Store
 
 @dataclass(frozen=True)
 class Decision:
-    action: Literal["deliver", "quiet", "refuse", "defer"]
+    action: Literal["deliver", "quiet", "refuse"]
     reason: str | None = None
     held: bool = False
 
@@ -70,38 +70,18 @@ def refusing(office: Office, agent: Agent) -> tuple[str, str] | None:
 
 
 def unlearned(verdicts: Verdicts) -> bool:
-    """Whether nothing proves the message's From (no aligned SPF or DKIM pass) and DMARC
-    cannot decide now (`temperror`): DNS could not give its domain's record, or the SPF
-    record or DKIM key an aligned pass would rest on (`Verdicts.undecided`). It may be a
-    forgery its owner asks to reject, so it is no better than a `fail`; it may be genuine,
-    so it is no `fail` either. bot.email.server answers it 451 4.7.0 (RFC 7489 6.6.2,
-    6.6.3): the sender's server sends it again, and DMARC decides."""
+    """Whether nothing proves the message's From (no aligned SPF or DKIM pass) and DNS could
+    not say what its domain's DMARC record asks (`temperror`): it may be a forgery its owner
+    asks to reject, and such a verdict is no better than a `fail`. bot.email.server answers
+    it 451 4.7.0 (RFC 7489 6.6.3): the sender's server sends it again, and DMARC decides."""
     return verdicts.dmarc == "temperror" and not verdicts.aligned
 
 
-def unlearned_why(verdicts: Verdicts) -> str:
-    """The 451's words for an `unlearned` message: what DNS could not give, and that it is
-    temporary."""
-    what = verdicts.undecided or f"the DMARC record of {verdicts.from_domain}"
-    return (f"{what} cannot be looked up now, and nothing else proves its From (no aligned "
-            f"SPF or DKIM pass), so DMARC cannot decide whether {verdicts.from_domain} sent "
-            "it: try again later")
-
-
 def decide(office: Office, agent: Agent, message: Inbound, verdicts: Verdicts) -> Decision:
-    """The strictest that applies: refused, held, quiet, delivered; deferred (`defer`, 451)
-    first where the policy takes the sender and only a failed lookup leaves it unproven
-    (`Verdicts.undecided`). (A hold for DMARC came
+    """The strictest that applies: refused, held, quiet, delivered. (A hold for DMARC came
     before the policy's refusal, so a forged From was delivered, held, where an honest
     stranger was refused; the automaton's marks came first of all, found by review.)"""
     policy = policy_of(office, agent)
-    if policy.accept != "anyone" and not verdicts.aligned and verdicts.undecided \
-            and verdicts.dmarc != "fail" and accepts(office, policy, message.sender):
-        # a sender it takes, whom only a lookup that failed for a moment left unproven:
-        # neither held nor refused for good for it (the listener answers 451 4.7.0)
-        return Decision("defer", f"{verdicts.undecided} cannot be looked up now, and it "
-                                 f"may prove {message.sender}, whom {agent.slug} takes email "
-                                 "from: try again later")
     outside = None
     if policy.accept != "anyone" and not (verdicts.aligned and accepts(office, policy,
                                                                        message.sender)):
@@ -117,10 +97,10 @@ def decide(office: Office, agent: Agent, message: Inbound, verdicts: Verdicts) -
                                  f"{verdicts.dmarc_policy or 'none'}), its From may be forged;"
                                  " delivered without mail:new, it wakes no agent", held=True)
     if unlearned(verdicts):  # (the listener defers it: never better than a fail here either)
-        what = verdicts.undecided or f"the DMARC record of {verdicts.from_domain}"
-        return Decision("quiet", f"held: {what} could not be looked up and nothing else "
-                                 "proves its From, which may be forged; delivered without "
-                                 "mail:new, it wakes no agent", held=True)
+        return Decision("quiet", f"held: the DMARC record of {verdicts.from_domain} could not "
+                                 "be looked up and nothing else proves its From, which may be "
+                                 "forged; delivered without mail:new, it wakes no agent",
+                        held=True)
     if outside is not None:
         return Decision("quiet", f"held: {outside}; delivered without mail:new, it wakes no "
                                  "agent", held=True)

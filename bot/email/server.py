@@ -12,8 +12,7 @@
 | a bare CR or LF, a line no header field, a `From ` line past the first (headers) | `550 5.6.0` |
 | its From proven by DKIM alone: Subject, Message-ID, body unsigned; no Message-ID | `550 5.7.1` |
 | ... and its To, Cc, In-Reply-To or References not signed | delivered, those not read |
-| its From not proven, DMARC undecided: a record or key it needs not found now | `451 4.7.0` |
-| a sender its policy takes, unproven only for a key or SPF record not found now | `451 4.7.0` |
+| its From not authenticated, its domain's DMARC record not to be looked up now | `451 4.7.0` |
 | the app not started yet, or the forge or the index failing | `451 4.3.0`: send it again later |
 | past a rate: one From's, or one authenticated domain's, to an agent | `451 4.7.1` |
 | past an address's rate: its messages authenticated (before a lookup), or not | `451 4.7.1` |
@@ -56,13 +55,7 @@ from bot.email.message import (
     parse_dsn,
     parse_inbound,
 )
-from bot.email.policy import (
-    SharedSenderRate,
-    refusing,
-    sender_key,
-    unlearned,
-    unlearned_why,
-)
+from bot.email.policy import SharedSenderRate, refusing, sender_key, unlearned
 from bot.mail.mailer import Undeliverable
 
 log = logging.getLogger("vaultmail.email")
@@ -309,10 +302,10 @@ class SmtpHandler:
         if not verdicts.aligned and not self.peers.admit(address_key(str(peer))):
             return (f"451 4.7.1 too many messages from your address whose From is not "
                     f"authenticated: at most {self.rate.per_minute} a minute; try again later")
-        # (a forged From's fail must not pass as a lookup failed, nor a genuine From's
-        # lookup failed be held as a forgery)
-        if unlearned(verdicts):
-            return f"451 4.7.0 {unlearned_why(verdicts)}"
+        if unlearned(verdicts):  # (a forged From's fail must not pass as a lookup failed)
+            return (f"451 4.7.0 the DMARC record of {verdicts.from_domain} cannot be looked "
+                    "up now, and nothing else proves its From (no aligned SPF or DKIM pass): "
+                    "try again later")
         unsigned = unsigned_refusal(message, verdicts)
         if unsigned is not None:
             return unsigned
@@ -336,8 +329,6 @@ class SmtpHandler:
                         refs.append(said)
                         continue
                 decision = intake.decide(box, message, verdicts)
-                if decision.action == "defer":  # (copies delivered kept: delivered once)
-                    return f"451 4.7.0 {decision.reason}"
                 if decision.action == "refuse":
                     refused.append((rcpt, f"5.7.1 <{rcpt[:200]}>: {decision.reason}"))
                     continue
