@@ -317,7 +317,10 @@ class Services:
         accounts = await installed.accounts(self.store)
         for org in set(self.installations) | set(live):
             inst = self.installations.get(org)
-            if live.get(org) == inst and accounts.get(org) == self.accounts.get(org):
+            was, now = self.accounts.get(org), accounts.get(org)
+            # (an account first learnt, or not kept in memory before, is the same office:
+            # only another account under the login is another office)
+            if live.get(org) == inst and (was is None or now is None or was == now):
                 continue
             self.offices.forget(org)  # (another office under that name now, or none)
             if inst is not None and inst not in live.values():
