@@ -313,8 +313,7 @@ class Services:
         unsuspended or renamed to its name that this replica did not hear of is served here
         too; one uninstalled, suspended, renamed away or installed anew is forgotten, its
         config with it (and its installation's token, when no org has it now)."""
-        live = await installed.live(self.store)
-        accounts = await installed.accounts(self.store)
+        live, accounts = await installed.live_accounts(self.store)
         for org in set(self.installations) | set(live):
             inst = self.installations.get(org)
             was, now = self.accounts.get(org), accounts.get(org)
@@ -328,7 +327,7 @@ class Services:
         self.installations.clear()  # (in place: others hold this dict)
         self.installations.update(live)
         self.accounts.clear()
-        self.accounts.update({org: accounts[org] for org in live if org in accounts})
+        self.accounts.update(accounts)
 
     async def still_installed(self, org: str) -> None:
         """`org` served as the index has it now (`follow_index`); NotInstalled when this

@@ -219,12 +219,8 @@ class GiteaForge(RepoCaller):
         if held is None:
             return
         repo = f"{owner}/{name}"
-        try:  # (led to its org's new login: OwnerChanged, `_request`)
-            data = await self._get(REPO_ROUTE, split_repo(repo))
-        except NotFound:
-            return
-        now = (data.get("owner") or {}).get("id") if isinstance(data, dict) else None
-        if isinstance(now, int) and now != held:
+        now = await self._owner_id(repo)  # (led to its org's new login: OwnerChanged, `_request`)
+        if now is not None and now != held:
             await self._changed(repo, held, now, (
                 f"it is another account's now (id {now}), not the org's its office was "
                 f"made for (id {held}): that org renamed itself, or left the name, and "
@@ -238,13 +234,18 @@ class GiteaForge(RepoCaller):
         held = await self._held(owner)
         if held is None:
             return
-        try:
-            data = await self._get(REPO_ROUTE, split_repo(moved.now))
-        except NotFound:
-            return
-        if isinstance(data, dict) and (data.get("owner") or {}).get("id") == held:
+        if await self._owner_id(moved.now) == held:
             await self._changed(moved.was, held, held,
                                 f"its org renamed itself ({moved.now} now)")
+
+    async def _owner_id(self, repo: str) -> int | None:
+        """The forge's id of `repo`'s owner now; None when the repository is not found."""
+        try:
+            data = await self._get(REPO_ROUTE, split_repo(repo))
+        except NotFound:
+            return None
+        now = (data.get("owner") or {}).get("id") if isinstance(data, dict) else None
+        return now if isinstance(now, int) else None
 
     async def _held(self, owner: str) -> int | None:
         """The account a repository of `owner` must be: this forge's office's (`account`),

@@ -205,9 +205,16 @@ async def live_installation(store: Store, org: str) -> int | None:
 async def live(store: Store) -> dict[str, int]:
     """{org: installation id} of every org the index has installed now, whichever replica
     heard of it."""
-    rows = await store.fetchall("SELECT org, installation_id FROM installations"
+    return (await live_accounts(store))[0]
+
+
+async def live_accounts(store: Store) -> tuple[dict[str, int], dict[str, int]]:
+    """`live`, and {org: the account id its office was made for} of those orgs whose account
+    is known (`accounts`, of the installed only), in one read."""
+    rows = await store.fetchall("SELECT org, installation_id, account_id FROM installations"
                                 " WHERE removed_at IS NULL")
-    return {str(r["org"]): int(r["installation_id"]) for r in rows}
+    return ({str(r["org"]): int(r["installation_id"]) for r in rows},
+            {str(r["org"]): int(r["account_id"]) for r in rows if r["account_id"] is not None})
 
 
 async def live_orgs(store: Store) -> list[str]:
