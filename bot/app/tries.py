@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Awaitable, Callable
+from typing import Literal, TypeVar
 
 from bot import metrics
 from bot.app.peers import PerAddress
-from bot.errors import TooManyRequests
+from bot.errors import TooManyRequests, Unauthenticated
 
 log = logging.getLogger("vaultmail.tries")
 
@@ -30,6 +30,7 @@ EVERYONE = 300  # failed sign-ins a minute from every address together
 WINDOW = 60.0
 EVERYONE_KEY = "*"  # (no address is written so: `client_key` gives an address or a network)
 _BACKSTOPPED: frozenset[Place] = frozenset({"sign_in"})
+T = TypeVar("T")
 
 
 class FailedTries:
@@ -39,6 +40,22 @@ class FailedTries:
                  window: float = WINDOW, timer: Callable[[], float] = time.monotonic) -> None:
         self.addresses = PerAddress(per_address, window, timer=timer)
         self.everyone = PerAddress(everyone, window, size=1, timer=timer)
+
+    async def looked_up(self, source: str | None, place: Place,
+                        look: Callable[[], Awaitable[T]]) -> T:
+        """`look()`, a token's lookup, for a try from `source` (a `client_key`): refused
+        (TooManyRequests) before it past the limit, and counted when it finds the token
+        unknown or revoked (Unauthenticated). `source` None: neither (a token taken once
+        already: a long poll's recheck)."""
+        if source is None:
+            return await look()
+        if (refused := self.refusal(source, place)) is not None:
+            raise refused
+        try:
+            return await look()
+        except Unauthenticated:
+            self.failed(source, place)
+            raise
 
     def refusal(self, address: str, place: Place) -> TooManyRequests | None:
         """The 429 for a try from `address` (a `client_key`) before its token is looked up, or

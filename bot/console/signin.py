@@ -40,10 +40,17 @@ from bot.console.visitor import (
     set_cookie,
     visitor,
 )
-from bot.errors import Denied, ForgeUnavailable, VaultmailError, retry_headers
+from bot.errors import (
+    Denied,
+    ForgeUnavailable,
+    TooManyRequests,
+    Unauthenticated,
+    VaultmailError,
+    retry_headers,
+)
 from bot.names import RULE, is_name
 from bot.store import api_tokens
-from bot.tools.http import make_call, pinned
+from bot.tools.http import make_call, pinned, token_owner
 
 log = logging.getLogger("vaultmail.console")
 STATE_COOKIE = "vaultmail_oauth"
@@ -162,13 +169,14 @@ async def token_sign_in(request: web.Request) -> web.StreamResponse:
     # an unknown token is counted against the client's address (and everyone's): past the
     # limit nothing is looked up (`bot.app.tries`); a success is not counted
     source = client_key(request, services.settings.trusted_proxies)
-    if (refused := services.failed_tries.refusal(source, "sign_in")) is not None:
+    token = form.get("token", "").strip()
+    try:
+        owner = await services.failed_tries.looked_up(source, "sign_in",
+                                                      lambda: token_owner(services, token))
+    except TooManyRequests as refused:
         return _sign_in_page(request, message=refused.message, error=True,
                              status=refused.status, retry_after=refused.retry_after)
-    token = form.get("token", "").strip()
-    owner = await api_tokens.owner_of(services.store, token)
-    if owner is None:
-        services.failed_tries.failed(source, "sign_in")
+    except Unauthenticated:
         return _sign_in_page(request, message="That API token is unknown or revoked: copy one "
                              "from tokens.json (api_tokens) or make one with `vaultmail token "
                              "create PRINCIPAL`", error=True, status=401)

@@ -47,16 +47,18 @@ async def authenticate(services: Services, header: str | None,
     if not header or not header.startswith("Bearer "):
         raise Unauthenticated("send Authorization: Bearer <api token> "
                               "(`vaultmail token create PRINCIPAL` makes one)")
-    if source is not None and (
-            refused := services.failed_tries.refusal(source, "bearer")) is not None:
-        raise refused
     token = header[7:].strip()
+    owner = await services.failed_tries.looked_up(source, "bearer",
+                                                  lambda: token_owner(services, token))
+    return replace(owner, org=await pinned(services, owner, token))
+
+
+async def token_owner(services: Services, token: str) -> api_tokens.Owner:
+    """The owner of API token `token`; Unauthenticated when it is unknown or revoked."""
     owner = await api_tokens.owner_of(services.store, token)
     if owner is None:
-        if source is not None:
-            services.failed_tries.failed(source, "bearer")
         raise Unauthenticated("this API token is unknown or revoked")
-    return replace(owner, org=await pinned(services, owner, token))
+    return owner
 
 
 async def pinned(services: Services, owner: api_tokens.Owner, token: str) -> str:

@@ -950,15 +950,8 @@ async def bearer_owner(services: Services, header: str | None, resource: str,
     token = header[7:].strip() if header and header.startswith("Bearer ") else ""
     if not is_access_token(token):
         return await authenticate(services, header, source)
-    if source is not None and (
-            refused := services.failed_tries.refusal(source, "bearer")) is not None:
-        raise refused
-    try:
-        return await access_owner(services, token, resource, now)
-    except Unauthenticated:
-        if source is not None:
-            services.failed_tries.failed(source, "bearer")
-        raise
+    return await services.failed_tries.looked_up(
+        source, "bearer", lambda: access_owner(services, token, resource, now))
 
 
 async def _office_of(services: Services, owner: api_tokens.Owner) -> str | None:
